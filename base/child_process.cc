@@ -1,0 +1,135 @@
+#include "base/child_process.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <spawn.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace agentix::base {
+
+std::string ExitStatus::Describe() const {
+  if (signal != 0) {
+    const char* name = sigabbrev_np(signal);
+    return absl::StrCat("killed by signal ", signal,
+                        name ? absl::StrCat(" (SIG", name, ")") : "");
+  }
+  return absl::StrCat("exit code ", exit_code);
+}
+
+namespace {
+
+ExitStatus FromWaitStatus(int wstatus) {
+  ExitStatus status;
+  if (WIFSIGNALED(wstatus)) {
+    status.signal = WTERMSIG(wstatus);
+  } else if (WIFEXITED(wstatus)) {
+    status.exit_code = WEXITSTATUS(wstatus);
+  }
+  return status;
+}
+
+}  // namespace
+
+absl::StatusOr<ChildProcess> ChildProcess::Spawn(const SpawnOptions& options) {
+  if (options.path.empty() || options.argv.empty()) {
+    return absl::InvalidArgumentError("spawn: empty path or argv");
+  }
+  // argv/envp are built before posix_spawn so nothing allocates in the child.
+  std::vector<char*> argv;
+  for (const auto& a : options.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const auto& e : options.env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  for (const auto& [from, to] : options.fd_map) {
+    // When from == to, glibc (>= 2.29, as POSIX 2017 asks) clears
+    // FD_CLOEXEC instead of failing, so the fd survives exec either way.
+    posix_spawn_file_actions_adddup2(&actions, from, to);
+  }
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  short flags = 0;
+  if (options.reset_signals) {
+    sigset_t all, none;
+    sigfillset(&all);
+    sigemptyset(&none);
+    posix_spawnattr_setsigdefault(&attr, &all);
+    posix_spawnattr_setsigmask(&attr, &none);
+    flags |= POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK;
+  }
+  posix_spawnattr_setflags(&attr, flags);
+
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, options.path.c_str(), &actions, &attr, argv.data(),
+                       envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    std::string message =
+        absl::StrCat("spawn ", options.path, ": ", strerror(rc));
+    if (rc == ENOENT) return absl::NotFoundError(message);
+    return absl::FailedPreconditionError(message);
+  }
+  ChildProcess child;
+  child.pid_ = pid;
+  return child;
+}
+
+ChildProcess::ChildProcess(ChildProcess&& other) noexcept
+    : pid_(std::exchange(other.pid_, -1)), exit_(std::move(other.exit_)) {}
+
+ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
+  if (this != &other) {
+    if (running()) {
+      Kill();
+      (void)AwaitExit(absl::InfiniteDuration());
+    }
+    pid_ = std::exchange(other.pid_, -1);
+    exit_ = std::move(other.exit_);
+  }
+  return *this;
+}
+
+ChildProcess::~ChildProcess() {
+  if (running()) {
+    Kill();
+    (void)AwaitExit(absl::InfiniteDuration());
+  }
+}
+
+std::optional<ExitStatus> ChildProcess::TryWait() {
+  if (pid_ <= 0 || exit_.has_value()) return exit_;
+  int wstatus = 0;
+  pid_t r = ::waitpid(pid_, &wstatus, WNOHANG);
+  if (r == pid_) exit_ = FromWaitStatus(wstatus);
+  if (r < 0 && errno == ECHILD) exit_ = ExitStatus{};  // reaped elsewhere
+  return exit_;
+}
+
+absl::StatusOr<ExitStatus> ChildProcess::AwaitExit(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration pause = absl::Microseconds(200);
+  while (true) {
+    if (auto status = TryWait()) return *status;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("process ", pid_, " still running"));
+    }
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Milliseconds(20));
+  }
+}
+
+void ChildProcess::Kill(int signal) {
+  if (running()) ::kill(pid_, signal);
+}
+
+}  // namespace agentix::base

@@ -1,0 +1,69 @@
+// An owned child process started with posix_spawn (never a bare fork: the
+// daemon is multi-threaded). The destructor kills and reaps it, so no code
+// path leaks a zombie or an orphan.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace agentix::base {
+
+// How a process ended.
+struct ExitStatus {
+  int exit_code = 0;  // valid when signal == 0
+  int signal = 0;     // the terminating signal, or 0
+
+  // The original's convention: the exit code, or minus the signal number.
+  int returncode() const { return signal != 0 ? -signal : exit_code; }
+  // "exit code 3" / "killed by signal 9 (SIGKILL)".
+  std::string Describe() const;
+};
+
+struct SpawnOptions {
+  std::string path;                    // executable, absolute or relative
+  std::vector<std::string> argv;       // argv[0] included
+  std::vector<std::string> env;        // "K=V" entries; the full environment
+  // (parent fd, child fd) pairs dup2-ed into the child; every other fd the
+  // parent marked O_CLOEXEC is closed by exec.
+  std::vector<std::pair<int, int>> fd_map;
+  // Reset SIGPIPE etc. to default and unblock all signals in the child.
+  bool reset_signals = true;
+};
+
+class ChildProcess {
+ public:
+  // Starts the process. Errors: kInvalidArgument (empty path/argv),
+  // kFailedPrecondition / kNotFound from posix_spawn (errno in the message).
+  static absl::StatusOr<ChildProcess> Spawn(const SpawnOptions& options);
+
+  ChildProcess() = default;
+  ChildProcess(ChildProcess&& other) noexcept;
+  ChildProcess& operator=(ChildProcess&& other) noexcept;
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+  // Sends SIGKILL if still running and reaps.
+  ~ChildProcess();
+
+  pid_t pid() const { return pid_; }
+  bool running() const { return pid_ > 0 && !exit_.has_value(); }
+
+  // Reaps without blocking; returns the exit status once the process ended.
+  std::optional<ExitStatus> TryWait();
+  // Waits up to `timeout` for exit. kDeadlineExceeded if still running.
+  absl::StatusOr<ExitStatus> AwaitExit(absl::Duration timeout);
+  // Sends `signal` (default SIGKILL) if the process is still running.
+  void Kill(int signal = 9);
+
+ private:
+  pid_t pid_ = -1;
+  std::optional<ExitStatus> exit_;
+};
+
+}  // namespace agentix::base

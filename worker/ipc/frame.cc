@@ -1,0 +1,323 @@
+#include "worker/ipc/frame.h"
+
+#include <msgpack.hpp>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace agentix::ipc {
+namespace {
+
+struct TypeName {
+  FrameType type;
+  std::string_view name;
+};
+
+constexpr TypeName kTypeNames[] = {
+    {FrameType::kCall, "call"},
+    {FrameType::kArgChunk, "arg_chunk"},
+    {FrameType::kCancel, "cancel"},
+    {FrameType::kShutdown, "shutdown"},
+    {FrameType::kReady, "ready"},
+    {FrameType::kBootError, "boot_error"},
+    {FrameType::kResultChunk, "result_chunk"},
+    {FrameType::kResult, "result"},
+    {FrameType::kError, "error"},
+};
+
+std::optional<FrameType> ParseType(std::string_view name) {
+  for (const auto& t : kTypeNames) {
+    if (t.name == name) return t.type;
+  }
+  return std::nullopt;
+}
+
+// msgpack's packer writes into anything with write(const char*, size_t).
+struct StringSink {
+  std::string& out;
+  void write(const char* data, size_t size) { out.append(data, size); }
+};
+
+using Packer = msgpack::packer<StringSink>;
+
+void PackStr(Packer& p, std::string_view key, std::string_view value) {
+  p.pack_str(key.size());
+  p.pack_str_body(key.data(), key.size());
+  p.pack_str(value.size());
+  p.pack_str_body(value.data(), value.size());
+}
+
+void PackBin(Packer& p, std::string_view key, std::string_view value) {
+  p.pack_str(key.size());
+  p.pack_str_body(key.data(), key.size());
+  p.pack_bin(value.size());
+  p.pack_bin_body(value.data(), value.size());
+}
+
+template <typename T>
+void PackInt(Packer& p, std::string_view key, T value) {
+  p.pack_str(key.size());
+  p.pack_str_body(key.data(), key.size());
+  p.pack(value);
+}
+
+void PackKey(Packer& p, std::string_view key) {
+  p.pack_str(key.size());
+  p.pack_str_body(key.data(), key.size());
+}
+
+void PackError(Packer& p, const ErrorInfo& e) {
+  PackKey(p, "error");
+  p.pack_map(e.returncode.has_value() ? 6 : 5);
+  PackInt(p, "code", e.code);
+  PackStr(p, "type", e.type);
+  PackStr(p, "message", e.message);
+  PackStr(p, "traceback", e.traceback);
+  PackKey(p, "cancelled");
+  if (e.cancelled) p.pack_true(); else p.pack_false();
+  if (e.returncode.has_value()) PackInt(p, "returncode", *e.returncode);
+}
+
+absl::Status InvalidField(std::string_view key, std::string_view want) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("frame field '", std::string(key), "' is not ",
+                   std::string(want)));
+}
+
+// Reads str or bin into `out`.
+absl::Status ReadBytes(const msgpack::object& o, std::string_view key,
+                       std::string& out) {
+  if (o.type == msgpack::type::STR) {
+    out.assign(o.via.str.ptr, o.via.str.size);
+  } else if (o.type == msgpack::type::BIN) {
+    out.assign(o.via.bin.ptr, o.via.bin.size);
+  } else if (o.type == msgpack::type::NIL) {
+    out.clear();
+  } else {
+    return InvalidField(key, "a string");
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status ReadInt(const msgpack::object& o, std::string_view key, T& out) {
+  if (o.type == msgpack::type::POSITIVE_INTEGER) {
+    out = static_cast<T>(o.via.u64);
+  } else if (o.type == msgpack::type::NEGATIVE_INTEGER) {
+    out = static_cast<T>(o.via.i64);
+  } else {
+    return InvalidField(key, "an integer");
+  }
+  return absl::OkStatus();
+}
+
+std::string_view KeyOf(const msgpack::object_kv& kv) {
+  if (kv.key.type != msgpack::type::STR) return {};
+  return std::string_view(kv.key.via.str.ptr, kv.key.via.str.size);
+}
+
+absl::Status ReadError(const msgpack::object& o, ErrorInfo& e) {
+  if (o.type != msgpack::type::MAP) return InvalidField("error", "a map");
+  for (uint32_t i = 0; i < o.via.map.size; ++i) {
+    const auto& kv = o.via.map.ptr[i];
+    std::string_view key = KeyOf(kv);
+    absl::Status s;
+    if (key == "code") {
+      s = ReadInt(kv.val, key, e.code);
+    } else if (key == "type") {
+      s = ReadBytes(kv.val, key, e.type);
+    } else if (key == "message") {
+      s = ReadBytes(kv.val, key, e.message);
+    } else if (key == "traceback") {
+      s = ReadBytes(kv.val, key, e.traceback);
+    } else if (key == "cancelled") {
+      if (kv.val.type != msgpack::type::BOOLEAN) return InvalidField(key, "a bool");
+      e.cancelled = kv.val.via.boolean;
+    } else if (key == "returncode") {
+      int rc = 0;
+      s = ReadInt(kv.val, key, rc);
+      e.returncode = rc;
+    }
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string_view FrameTypeName(FrameType type) {
+  for (const auto& t : kTypeNames) {
+    if (t.type == type) return t.name;
+  }
+  return "?";
+}
+
+absl::Status AppendFrame(const Frame& f, std::string& out) {
+  const size_t start = out.size();
+  out.append(4, '\0');
+  StringSink sink{out};
+  Packer p(sink);
+  switch (f.type) {
+    case FrameType::kCall:
+      p.pack_map(7);
+      PackStr(p, "t", "call");
+      PackStr(p, "call_id", f.call_id);
+      PackStr(p, "callable", f.callable);
+      PackInt(p, "encoding", f.encoding);
+      PackBin(p, "data", f.data);
+      PackInt(p, "total_size", f.total_size);
+      PackBin(p, "context", f.context);
+      break;
+    case FrameType::kArgChunk:
+    case FrameType::kResultChunk:
+      p.pack_map(3);
+      PackStr(p, "t", FrameTypeName(f.type));
+      PackStr(p, "call_id", f.call_id);
+      PackBin(p, "data", f.data);
+      break;
+    case FrameType::kCancel:
+      p.pack_map(2);
+      PackStr(p, "t", "cancel");
+      PackStr(p, "call_id", f.call_id);
+      break;
+    case FrameType::kShutdown:
+      p.pack_map(1);
+      PackStr(p, "t", "shutdown");
+      break;
+    case FrameType::kReady:
+      p.pack_map(3);
+      PackStr(p, "t", "ready");
+      PackInt(p, "pid", f.pid);
+      PackStr(p, "detail", f.detail);
+      break;
+    case FrameType::kBootError:
+      p.pack_map(2);
+      PackStr(p, "t", "boot_error");
+      PackError(p, f.error);
+      break;
+    case FrameType::kResult:
+      p.pack_map(5);
+      PackStr(p, "t", "result");
+      PackStr(p, "call_id", f.call_id);
+      PackInt(p, "encoding", f.encoding);
+      PackBin(p, "data", f.data);
+      PackInt(p, "total_size", f.total_size);
+      break;
+    case FrameType::kError:
+      p.pack_map(3);
+      PackStr(p, "t", "error");
+      PackStr(p, "call_id", f.call_id);
+      PackError(p, f.error);
+      break;
+  }
+  const size_t body = out.size() - start - 4;
+  if (body > kMaxFrameBytes) {
+    out.resize(start);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "frame of ", body, " bytes exceeds the ", kMaxFrameBytes,
+        "-byte frame limit"));
+  }
+  const uint32_t len = static_cast<uint32_t>(body);
+  unsigned char prefix[4] = {
+      static_cast<unsigned char>(len & 0xff),
+      static_cast<unsigned char>((len >> 8) & 0xff),
+      static_cast<unsigned char>((len >> 16) & 0xff),
+      static_cast<unsigned char>((len >> 24) & 0xff)};
+  std::memcpy(out.data() + start, prefix, 4);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Frame> DecodeFrameBody(std::string_view body) {
+  msgpack::object_handle handle;
+  try {
+    // Limits keep a hostile frame from making msgpack allocate huge arrays.
+    msgpack::unpack_limit limits(/*array=*/64, /*map=*/64, /*str=*/kMaxFrameBytes,
+                                 /*bin=*/kMaxFrameBytes, /*ext=*/0,
+                                 /*depth=*/8);
+    std::size_t offset = 0;
+    handle = msgpack::unpack(body.data(), body.size(), offset, nullptr,
+                             nullptr, limits);
+    if (offset != body.size()) {
+      return absl::InvalidArgumentError("trailing bytes after the frame body");
+    }
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("undecodable frame body: ", e.what()));
+  }
+  const msgpack::object& root = handle.get();
+  if (root.type != msgpack::type::MAP) {
+    return absl::InvalidArgumentError("frame body is not a msgpack map");
+  }
+  Frame f;
+  bool have_type = false;
+  for (uint32_t i = 0; i < root.via.map.size; ++i) {
+    const auto& kv = root.via.map.ptr[i];
+    std::string_view key = KeyOf(kv);
+    absl::Status s;
+    if (key == "t") {
+      std::string name;
+      s = ReadBytes(kv.val, key, name);
+      if (!s.ok()) return s;
+      auto type = ParseType(name);
+      if (!type) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("unknown frame type '", name, "'"));
+      }
+      f.type = *type;
+      have_type = true;
+    } else if (key == "call_id") {
+      s = ReadBytes(kv.val, key, f.call_id);
+    } else if (key == "callable") {
+      s = ReadBytes(kv.val, key, f.callable);
+    } else if (key == "encoding") {
+      s = ReadInt(kv.val, key, f.encoding);
+    } else if (key == "data") {
+      s = ReadBytes(kv.val, key, f.data);
+    } else if (key == "total_size") {
+      s = ReadInt(kv.val, key, f.total_size);
+    } else if (key == "context") {
+      s = ReadBytes(kv.val, key, f.context);
+    } else if (key == "pid") {
+      s = ReadInt(kv.val, key, f.pid);
+    } else if (key == "detail") {
+      s = ReadBytes(kv.val, key, f.detail);
+    } else if (key == "error") {
+      s = ReadError(kv.val, f.error);
+    }
+    if (!s.ok()) return s;
+  }
+  if (!have_type) return absl::InvalidArgumentError("frame has no type ('t')");
+  return f;
+}
+
+absl::StatusOr<std::optional<Frame>> FrameReader::Next() {
+  if (buffered() < 4) return std::optional<Frame>();
+  const auto* p =
+      reinterpret_cast<const unsigned char*>(buffer_.data() + offset_);
+  const uint32_t len = static_cast<uint32_t>(p[0]) |
+                       (static_cast<uint32_t>(p[1]) << 8) |
+                       (static_cast<uint32_t>(p[2]) << 16) |
+                       (static_cast<uint32_t>(p[3]) << 24);
+  if (len > kMaxFrameBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "frame length ", len, " exceeds the ", kMaxFrameBytes,
+        "-byte frame limit"));
+  }
+  if (buffered() - 4 < len) return std::optional<Frame>();
+  auto frame = DecodeFrameBody(
+      std::string_view(buffer_.data() + offset_ + 4, len));
+  offset_ += 4 + len;
+  // Compact once the consumed prefix dominates, keeping appends amortised.
+  if (offset_ == buffer_.size()) {
+    buffer_.clear();
+    offset_ = 0;
+  } else if (offset_ > (1u << 20) && offset_ * 2 > buffer_.size()) {
+    buffer_.erase(0, offset_);
+    offset_ = 0;
+  }
+  if (!frame.ok()) return frame.status();
+  return std::optional<Frame>(std::move(*frame));
+}
+
+}  // namespace agentix::ipc

@@ -1,0 +1,96 @@
+// The worker IPC protocol: the frames the sandbox daemon and the worker
+// exchange over their private socketpair (fd 1023 in the worker), and their
+// codec. Each frame on the wire is a 4-byte little-endian length followed by
+// a msgpack map with string keys; "t" names the frame type.
+//
+// This library is the whole protocol; neither side includes the other's
+// headers. It depends only on msgpack and //base.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace agentix::ipc {
+
+// Largest frame body accepted or produced (the original's MAX_FRAME_BYTES).
+inline constexpr uint32_t kMaxFrameBytes = 256u * 1024 * 1024;
+// Size of the pieces large payloads are cut into (arguments and results).
+inline constexpr size_t kChunkBytes = 1u * 1024 * 1024;
+// The fd number the worker finds its end of the socketpair on.
+inline constexpr int kWorkerChannelFd = 1023;
+
+enum class FrameType {
+  // daemon -> worker
+  kCall,      // call_id, callable, encoding, data (first bytes), total_size, context
+  kArgChunk,  // call_id, data
+  kCancel,    // call_id
+  kShutdown,  // (no fields)
+  // worker -> daemon
+  kReady,        // pid, detail (python version)
+  kBootError,    // error
+  kResultChunk,  // call_id, data
+  kResult,       // call_id, encoding, data (last bytes), total_size
+  kError,        // call_id, error
+};
+
+// "call", "arg_chunk", ... as used in the "t" key.
+std::string_view FrameTypeName(FrameType type);
+
+// A failure carried as data across the process boundary (after SAPI's
+// status.proto): the canonical code plus the Python-facing fields.
+struct ErrorInfo {
+  int code = 2;  // absl::StatusCode; kUnknown by default
+  std::string type;
+  std::string message;
+  std::string traceback;
+  bool cancelled = false;
+  std::optional<int> returncode;
+};
+
+// One decoded frame. Only the fields its type lists are meaningful.
+struct Frame {
+  FrameType type = FrameType::kShutdown;
+  std::string call_id;
+  std::string callable;
+  int encoding = 0;
+  std::string data;
+  uint64_t total_size = 0;
+  std::string context;
+  ErrorInfo error;
+  int64_t pid = 0;
+  std::string detail;
+};
+
+// Appends the encoded frame (length prefix included) to `out`.
+// kResourceExhausted if the body would exceed kMaxFrameBytes.
+absl::Status AppendFrame(const Frame& frame, std::string& out);
+
+// Decodes one frame body (without the length prefix).
+// kInvalidArgument for garbage, a non-map body, an unknown type or a field of
+// the wrong msgpack type.
+absl::StatusOr<Frame> DecodeFrameBody(std::string_view body);
+
+// Accumulates bytes read from a stream socket and cuts them into frames.
+// Not thread-safe; one reader owns it.
+class FrameReader {
+ public:
+  // Appends raw bytes as read from the socket.
+  void Append(const char* data, size_t size) { buffer_.append(data, size); }
+  // Returns the next complete frame, std::nullopt when more bytes are needed,
+  // or an error: kResourceExhausted for a length over kMaxFrameBytes (checked
+  // before any body byte is buffered), kInvalidArgument for a bad body. After
+  // an error the stream is desynchronised and the reader must be discarded.
+  absl::StatusOr<std::optional<Frame>> Next();
+  // Bytes buffered but not yet consumed (a truncated frame at EOF shows here).
+  size_t buffered() const { return buffer_.size() - offset_; }
+
+ private:
+  std::string buffer_;
+  size_t offset_ = 0;
+};
+
+}  // namespace agentix::ipc

@@ -1,0 +1,193 @@
+#include "worker/ipc/frame.h"
+
+#include <catch2/catch.hpp>
+#include <msgpack.hpp>
+
+#include "testing/status_matchers.h"
+
+namespace agentix::ipc {
+namespace {
+
+std::string Encode(const Frame& f) {
+  std::string out;
+  REQUIRE_OK(AppendFrame(f, out));
+  return out;
+}
+
+Frame Decode(const std::string& wire) {
+  FrameReader reader;
+  reader.Append(wire.data(), wire.size());
+  auto next = reader.Next();
+  REQUIRE(next.ok());
+  REQUIRE(next->has_value());
+  return std::move(**next);
+}
+
+TEST_CASE("Every frame type round-trips", "[ipc]") {
+  Frame call;
+  call.type = FrameType::kCall;
+  call.call_id = "abc";
+  call.callable = "pkg.mod::fn";
+  call.encoding = 1;
+  call.data = std::string("\x00\x01binary", 8);
+  call.total_size = 8;
+  call.context = "ctx";
+  Frame got = Decode(Encode(call));
+  REQUIRE(got.type == FrameType::kCall);
+  REQUIRE(got.call_id == "abc");
+  REQUIRE(got.callable == "pkg.mod::fn");
+  REQUIRE(got.encoding == 1);
+  REQUIRE(got.data == call.data);
+  REQUIRE(got.total_size == 8);
+  REQUIRE(got.context == "ctx");
+
+  Frame err;
+  err.type = FrameType::kError;
+  err.call_id = "x";
+  err.error.code = 1;
+  err.error.type = "Cancelled";
+  err.error.message = "remote call cancelled";
+  err.error.traceback = "tb";
+  err.error.cancelled = true;
+  err.error.returncode = -9;
+  got = Decode(Encode(err));
+  REQUIRE(got.type == FrameType::kError);
+  REQUIRE(got.error.type == "Cancelled");
+  REQUIRE(got.error.message == "remote call cancelled");
+  REQUIRE(got.error.traceback == "tb");
+  REQUIRE(got.error.cancelled);
+  REQUIRE(got.error.returncode == -9);
+  REQUIRE(got.error.code == 1);
+
+  for (FrameType t : {FrameType::kArgChunk, FrameType::kCancel,
+                      FrameType::kShutdown, FrameType::kReady,
+                      FrameType::kBootError, FrameType::kResultChunk,
+                      FrameType::kResult}) {
+    Frame f;
+    f.type = t;
+    f.call_id = "id";
+    f.data = "d";
+    f.pid = 42;
+    REQUIRE(Decode(Encode(f)).type == t);
+  }
+}
+
+TEST_CASE("FrameReader yields frames split at any byte", "[ipc]") {
+  Frame a;
+  a.type = FrameType::kResult;
+  a.call_id = "a";
+  a.data = std::string(3000, 'v');
+  Frame b;
+  b.type = FrameType::kCancel;
+  b.call_id = "b";
+  std::string wire = Encode(a) + Encode(b);
+  FrameReader reader;
+  std::vector<Frame> frames;
+  for (char c : wire) {
+    reader.Append(&c, 1);
+    auto next = reader.Next();
+    REQUIRE(next.ok());
+    if (next->has_value()) frames.push_back(std::move(**next));
+  }
+  REQUIRE(frames.size() == 2);
+  REQUIRE(frames[0].data == a.data);
+  REQUIRE(frames[1].call_id == "b");
+  REQUIRE(reader.buffered() == 0);
+}
+
+TEST_CASE("A truncated frame waits for more bytes and shows as buffered",
+          "[ipc]") {
+  Frame a;
+  a.type = FrameType::kCancel;
+  a.call_id = "abc";
+  std::string wire = Encode(a);
+  FrameReader reader;
+  reader.Append(wire.data(), wire.size() - 2);
+  auto next = reader.Next();
+  REQUIRE(next.ok());
+  REQUIRE_FALSE(next->has_value());
+  REQUIRE(reader.buffered() == wire.size() - 2);
+}
+
+TEST_CASE("An oversized length is refused before its body arrives", "[ipc]") {
+  const unsigned char header[4] = {0xff, 0xff, 0xff, 0x7f};
+  FrameReader reader;
+  reader.Append(reinterpret_cast<const char*>(header), 4);
+  auto next = reader.Next();
+  REQUIRE(next.status().code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE(next.status().message().find("frame limit") != std::string::npos);
+}
+
+TEST_CASE("Encoding an oversized frame fails without writing", "[ipc]") {
+  Frame f;
+  f.type = FrameType::kResult;
+  f.data.assign(kMaxFrameBytes, 'x');
+  std::string out = "keep";
+  absl::Status s = AppendFrame(f, out);
+  REQUIRE(s.code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE(out == "keep");
+}
+
+std::string WithPrefix(const std::string& body) {
+  std::string out(4, '\0');
+  out[0] = static_cast<char>(body.size() & 0xff);
+  out[1] = static_cast<char>((body.size() >> 8) & 0xff);
+  out += body;
+  return out;
+}
+
+absl::Status DecodeWire(const std::string& wire) {
+  FrameReader reader;
+  reader.Append(wire.data(), wire.size());
+  return reader.Next().status();
+}
+
+TEST_CASE("Garbage frames give InvalidArgument, never a crash", "[ipc]") {
+  // Not msgpack at all.
+  REQUIRE(DecodeWire(WithPrefix("\xc1\xc1\xc1")).code() ==
+          absl::StatusCode::kInvalidArgument);
+  // msgpack, but not a map.
+  msgpack::sbuffer buf;
+  msgpack::pack(buf, std::vector<int>{1, 2, 3});
+  REQUIRE(DecodeWire(WithPrefix(std::string(buf.data(), buf.size()))).code() ==
+          absl::StatusCode::kInvalidArgument);
+  // A map without a type.
+  buf.clear();
+  msgpack::pack(buf, std::map<std::string, int>{{"x", 1}});
+  REQUIRE(DecodeWire(WithPrefix(std::string(buf.data(), buf.size()))).code() ==
+          absl::StatusCode::kInvalidArgument);
+  // An unknown type.
+  buf.clear();
+  msgpack::pack(buf, std::map<std::string, std::string>{{"t", "explode"}});
+  absl::Status s = DecodeWire(WithPrefix(std::string(buf.data(), buf.size())));
+  REQUIRE(s.code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(s.message().find("explode") != std::string::npos);
+  // A field of the wrong type.
+  buf.clear();
+  msgpack::packer<msgpack::sbuffer> p(buf);
+  p.pack_map(2);
+  p.pack(std::string("t"));
+  p.pack(std::string("cancel"));
+  p.pack(std::string("call_id"));
+  p.pack(std::vector<int>{1});
+  REQUIRE(DecodeWire(WithPrefix(std::string(buf.data(), buf.size()))).code() ==
+          absl::StatusCode::kInvalidArgument);
+  // An empty body.
+  REQUIRE(DecodeWire(WithPrefix("")).code() ==
+          absl::StatusCode::kInvalidArgument);
+  // Trailing bytes after a valid body.
+  buf.clear();
+  msgpack::pack(buf, std::map<std::string, std::string>{{"t", "shutdown"}});
+  REQUIRE(DecodeWire(WithPrefix(std::string(buf.data(), buf.size()) + "x"))
+              .code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("Deeply nested garbage is refused by the unpack limits", "[ipc]") {
+  std::string body(200, '\x91');  // 200 nested one-element arrays
+  body += '\x01';
+  REQUIRE(DecodeWire(WithPrefix(body)).code() ==
+          absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace agentix::ipc

@@ -1,0 +1,56 @@
+#include "worker/ipc/io.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace agentix::ipc {
+
+absl::Status WriteAll(int fd, std::string_view bytes) {
+  while (!bytes.empty()) {
+    ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n > 0) {
+      bytes.remove_prefix(static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd pfd{fd, POLLOUT, 0};
+      ::poll(&pfd, 1, -1);
+      continue;
+    }
+    return absl::UnavailableError(
+        absl::StrCat("frame channel write failed: ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> ReadInto(int fd, FrameReader& reader,
+                                size_t max_bytes) {
+  std::string chunk(max_bytes, '\0');
+  while (true) {
+    ssize_t n = ::read(fd, chunk.data(), chunk.size());
+    if (n >= 0) {
+      reader.Append(chunk.data(), static_cast<size_t>(n));
+      return static_cast<size_t>(n);
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      return absl::UnavailableError("EAGAIN");
+    }
+    return absl::UnavailableError(
+        absl::StrCat("frame channel read failed: ", strerror(errno)));
+  }
+}
+
+bool IsWouldBlock(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable &&
+         status.message() == "EAGAIN";
+}
+
+}  // namespace agentix::ipc
