@@ -1,0 +1,23 @@
+// CallSink: where the session manager sends the events of the calls a host
+// stream owns. The gRPC adapter implements it; tests use a recording fake.
+#pragma once
+
+#include <memory>
+
+#include "agentix/runtime/v1/runtime.pb.h"
+
+namespace agentix::sandbox {
+
+using SandboxEventPtr = std::shared_ptr<const runtime::v1::SandboxEvent>;
+
+class CallSink {
+ public:
+  virtual ~CallSink() = default;
+  // Queues `event` for the host. Thread-safe and non-blocking; may be called
+  // from any thread, never with a SessionManager lock held. Returns false if
+  // the stream behind this sink has ended (the manager keeps the event
+  // retained for a later resume either way).
+  virtual bool Deliver(SandboxEventPtr event) = 0;
+};
+
+}  // namespace agentix::sandbox

@@ -1,0 +1,189 @@
+// agentix-sandboxd: the gRPC server inside a sandbox. Parses flags, builds
+// the session manager and the services, serves until SIGTERM/SIGINT.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/log.h"
+#include "sandbox/runtime_service.h"
+#include "sandbox/session_manager.h"
+
+ABSL_FLAG(std::string, venv, "",
+          "virtualenv whose site-packages the worker imports from");
+ABSL_FLAG(std::string, python_path, "",
+          "extra import roots for the worker, ':'-separated");
+ABSL_FLAG(std::string, worker, "",
+          "agentix-worker binary (default: next to this binary, or "
+          "../worker/agentix-worker as in bazel-bin)");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+ABSL_FLAG(uint64_t, max_payload_bytes, uint64_t{1} << 30,
+          "largest accepted encoded arguments of one call");
+ABSL_FLAG(uint64_t, max_retained_results, 4096,
+          "finished, unacknowledged results kept for resume");
+ABSL_FLAG(int, worker_ready_timeout_s, 15,
+          "seconds a starting worker may take to become ready");
+
+namespace agentix::sandbox {
+namespace {
+
+constexpr char kVersion[] = "0.3.0";
+constexpr char kListenFlag[] = "--listen";
+
+// --listen is repeatable, which absl flags are not: collect every occurrence
+// and hand the rest of argv to absl.
+std::vector<std::string> ExtractListenFlags(int& argc, char** argv) {
+  std::vector<std::string> listen;
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == kListenFlag && i + 1 < argc) {
+      listen.push_back(argv[++i]);
+    } else if (absl::StartsWith(arg, absl::StrCat(kListenFlag, "="))) {
+      listen.push_back(arg.substr(sizeof(kListenFlag)));
+    } else {
+      argv[out++] = argv[i];
+    }
+  }
+  argc = out;
+  return listen;
+}
+
+std::string DefaultWorkerPath() {
+  std::error_code ec;
+  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "agentix-worker";
+  for (auto candidate : {self.parent_path() / "agentix-worker",
+                         self.parent_path().parent_path() / "worker" /
+                             "agentix-worker"}) {
+    if (std::filesystem::exists(candidate, ec)) return candidate.string();
+  }
+  return (self.parent_path() / "agentix-worker").string();
+}
+
+std::vector<std::string> CurrentEnvironment() {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+  return env;
+}
+
+// "unix:///abs/path" -> "/abs/path"; "" for TCP addresses.
+std::string UnixSocketPath(const std::string& address) {
+  constexpr char kPrefix[] = "unix://";
+  if (!absl::StartsWith(address, kPrefix)) return "";
+  return address.substr(sizeof(kPrefix) - 1);
+}
+
+int Run(int argc, char** argv) {
+  std::vector<std::string> listen = ExtractListenFlags(argc, argv);
+  absl::SetProgramUsageMessage(
+      "agentix-sandboxd --listen unix:///abs/path.sock|HOST:PORT "
+      "[--listen ...] [--venv DIR] [--python-path DIR[:DIR]] "
+      "[--worker PATH]");
+  absl::ParseCommandLine(argc, argv);
+  base::SetLogTag("agentix-sandboxd");
+  base::SetMinLogSeverity(base::ParseLogSeverity(absl::GetFlag(FLAGS_log_level)));
+  if (listen.empty()) {
+    AGX_LOG(Error, "at least one --listen address is required "
+                   "(unix:///abs/path.sock or HOST:PORT)");
+    return 2;
+  }
+
+  SessionOptions options;
+  options.worker.worker_path = absl::GetFlag(FLAGS_worker).empty()
+                                   ? DefaultWorkerPath()
+                                   : absl::GetFlag(FLAGS_worker);
+  options.worker.venv = absl::GetFlag(FLAGS_venv);
+  options.worker.python_path = absl::GetFlag(FLAGS_python_path);
+  options.worker.env = CurrentEnvironment();
+  options.worker.ready_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_worker_ready_timeout_s));
+  options.max_payload_bytes = absl::GetFlag(FLAGS_max_payload_bytes);
+  options.max_retained_results = absl::GetFlag(FLAGS_max_retained_results);
+  if (access(options.worker.worker_path.c_str(), X_OK) != 0) {
+    AGX_LOG(Error, "worker binary {} is not executable; pass --worker PATH",
+            options.worker.worker_path);
+    return 2;
+  }
+
+  // Signals are taken synchronously by this thread; block them before gRPC
+  // starts its threads so none of those receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  SessionManager manager(options);
+  RuntimeServiceImpl service(&manager, kVersion);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  std::vector<std::string> socket_paths;
+  std::vector<int> ports(listen.size(), 0);
+  for (size_t i = 0; i < listen.size(); ++i) {
+    std::string path = UnixSocketPath(listen[i]);
+    if (!path.empty()) {
+      if (path.front() != '/') {
+        AGX_LOG(Error, "--listen {}: unix socket paths must be absolute",
+                listen[i]);
+        return 2;
+      }
+      ::unlink(path.c_str());  // a stale socket from a previous run
+      socket_paths.push_back(path);
+    }
+    builder.AddListeningPort(listen[i], grpc::InsecureServerCredentials(),
+                             path.empty() ? &ports[i] : nullptr);
+  }
+  builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server) {
+    AGX_LOG(Error, "could not listen on the requested addresses");
+    return 1;
+  }
+  for (size_t i = 0; i < listen.size(); ++i) {
+    if (UnixSocketPath(listen[i]).empty() && ports[i] == 0) {
+      AGX_LOG(Error, "could not bind {}", listen[i]);
+      return 1;
+    }
+  }
+  server->GetHealthCheckService()->SetServingStatus(
+      "agentix.runtime.v1.RuntimeService", true);
+  for (size_t i = 0; i < listen.size(); ++i) {
+    AGX_LOG(Info, "serving agentix.runtime.v1 on {}{}", listen[i],
+            ports[i] > 0 ? absl::StrCat(" (port ", ports[i], ")") : "");
+  }
+
+  int received = 0;
+  sigwait(&signals, &received);
+  AGX_LOG(Info, "received signal {}; shutting down", received);
+  server->GetHealthCheckService()->Shutdown();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  manager.Shutdown(absl::Seconds(3));
+  server->Wait();
+  for (const auto& path : socket_paths) ::unlink(path.c_str());
+  AGX_LOG(Info, "stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace agentix::sandbox
+
+int main(int argc, char** argv) { return agentix::sandbox::Run(argc, argv); }

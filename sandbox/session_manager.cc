@@ -1,0 +1,397 @@
+#include "sandbox/session_manager.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/log.h"
+
+namespace agentix::sandbox {
+
+using runtime::v1::HostEvent;
+using runtime::v1::SandboxEvent;
+
+SandboxEventPtr MakeCallError(const std::string& call_id, std::string type,
+                              std::string message, absl::StatusCode code,
+                              std::string traceback,
+                              std::optional<int> returncode) {
+  auto event = std::make_shared<SandboxEvent>();
+  auto* error = event->mutable_error();
+  error->set_call_id(call_id);
+  auto* e = error->mutable_error();
+  e->set_cancelled(type == "Cancelled");
+  e->set_type(std::move(type));
+  e->set_message(std::move(message));
+  e->set_traceback(std::move(traceback));
+  e->set_code(static_cast<int>(code));
+  if (returncode.has_value()) e->set_returncode(*returncode);
+  return event;
+}
+
+namespace {
+
+SandboxEventPtr BadRequest(const std::string& call_id, std::string message) {
+  return MakeCallError(call_id, "BadRequest", std::move(message),
+                       absl::StatusCode::kInvalidArgument);
+}
+
+SandboxEventPtr FromWorkerError(const std::string& call_id,
+                                const ipc::ErrorInfo& error) {
+  return MakeCallError(call_id, error.type, error.message,
+                       static_cast<absl::StatusCode>(error.code),
+                       error.traceback, error.returncode);
+}
+
+}  // namespace
+
+SessionManager::SessionManager(SessionOptions options)
+    : options_(std::move(options)) {}
+
+SessionManager::~SessionManager() { Shutdown(absl::Seconds(2)); }
+
+void SessionManager::HandleHostEvent(const std::shared_ptr<CallSink>& sink,
+                                     const HostEvent& event) {
+  std::vector<Delivery> out;
+  {
+    absl::MutexLock lock(&mu_);
+    switch (event.kind_case()) {
+      case HostEvent::kStart:
+        StartCall(sink, event.start(), out);
+        break;
+      case HostEvent::kArgumentChunk:
+        AddArgumentChunk(sink, event.argument_chunk(), out);
+        break;
+      case HostEvent::kCancel:
+        Cancel(event.cancel().call_id(), out);
+        break;
+      case HostEvent::kResume:
+        Resume(sink, event.resume(), out);
+        break;
+      case HostEvent::kAck:
+        Ack(event.ack().call_id());
+        break;
+      case HostEvent::KIND_NOT_SET:
+        out.push_back({sink, BadRequest("", "host event has no kind set")});
+        break;
+    }
+  }
+  Deliver(out);
+  ReapDeadWorkers();
+}
+
+void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
+                               const runtime::v1::StartCall& start,
+                               std::vector<Delivery>& out) {
+  const std::string& id = start.call_id();
+  if (id.empty()) {
+    out.push_back({sink, BadRequest("", "missing call_id")});
+    return;
+  }
+  if (calls_.contains(id)) return;  // at most once per call_id
+  if (shut_down_) {
+    out.push_back({sink, MakeCallError(id, "Unavailable",
+                                       "sandbox daemon is shutting down",
+                                       absl::StatusCode::kUnavailable)});
+    return;
+  }
+  const uint64_t expected = start.arguments_size() == 0
+                                ? start.arguments().size()
+                                : start.arguments_size();
+  if (start.arguments().size() > expected) {
+    out.push_back({sink, BadRequest(id, absl::StrCat(
+                                            "arguments carry ",
+                                            start.arguments().size(),
+                                            " bytes but arguments_size says ",
+                                            expected))});
+    return;
+  }
+  if (expected > options_.max_payload_bytes) {
+    out.push_back(
+        {sink, MakeCallError(
+                   id, "PayloadTooLarge",
+                   absl::StrCat("arguments of ", expected,
+                                " bytes exceed the sandbox limit of ",
+                                options_.max_payload_bytes, " bytes"),
+                   absl::StatusCode::kResourceExhausted)});
+    return;
+  }
+  Call& call = calls_[id];
+  call.sink = sink;
+  auto worker = EnsureWorker();
+  if (!worker.ok()) {
+    Emit(id, call,
+         MakeCallError(id, "WorkerBootError",
+                       absl::StrCat("runtime worker could not be started: ",
+                                    worker.status().message()),
+                       absl::StatusCode::kUnavailable),
+         /*terminal=*/true, out);
+    return;
+  }
+  call.generation = (*worker)->generation();
+  call.args_expected = expected;
+  call.args_received = start.arguments().size();
+
+  ipc::Frame frame;
+  frame.type = ipc::FrameType::kCall;
+  frame.call_id = id;
+  frame.callable = start.callable();
+  frame.encoding = start.encoding() == runtime::v1::ENCODING_UNSPECIFIED
+                       ? runtime::v1::ENCODING_PICKLE
+                       : start.encoding();
+  frame.total_size = expected;
+  frame.context = start.context();
+  const std::string& args = start.arguments();
+  const size_t first = std::min(args.size(), ipc::kChunkBytes);
+  frame.data.assign(args.data(), first);
+  (*worker)->Send(frame);
+  if (args.size() > first) ForwardArguments(id, args.substr(first));
+}
+
+void SessionManager::ForwardArguments(const std::string& call_id,
+                                      const std::string& bytes) {
+  if (!worker_) return;
+  ipc::Frame chunk;
+  chunk.type = ipc::FrameType::kArgChunk;
+  chunk.call_id = call_id;
+  for (size_t off = 0; off < bytes.size(); off += ipc::kChunkBytes) {
+    chunk.data.assign(bytes, off, ipc::kChunkBytes);
+    worker_->Send(chunk);
+  }
+}
+
+void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
+                                      const runtime::v1::ArgumentChunk& chunk,
+                                      std::vector<Delivery>& out) {
+  const std::string& id = chunk.call_id();
+  auto it = calls_.find(id);
+  if (it == calls_.end()) {
+    out.push_back({sink, BadRequest(id, absl::StrCat(
+                                            "argument chunk for unknown call_id '",
+                                            id, "'"))});
+    return;
+  }
+  Call& call = it->second;
+  if (call.terminal) return;  // e.g. cancelled while uploading: nothing to do
+  if (call.args_received + chunk.data().size() > call.args_expected) {
+    Emit(id, call,
+         BadRequest(id, absl::StrCat("argument chunks exceed arguments_size (",
+                                     call.args_expected, " bytes)")),
+         /*terminal=*/true, out);
+    if (worker_ && worker_->generation() == call.generation) {
+      ipc::Frame cancel;
+      cancel.type = ipc::FrameType::kCancel;
+      cancel.call_id = id;
+      worker_->Send(cancel);
+    }
+    return;
+  }
+  call.args_received += chunk.data().size();
+  if (worker_ && worker_->generation() == call.generation) {
+    ForwardArguments(id, chunk.data());
+  }
+}
+
+void SessionManager::Cancel(const std::string& call_id,
+                            std::vector<Delivery>& out) {
+  auto it = calls_.find(call_id);
+  if (it == calls_.end() || it->second.terminal) return;
+  Call& call = it->second;
+  // The owner is told, whoever sent the cancel (the original left it hanging).
+  Emit(call_id, call,
+       MakeCallError(call_id, "Cancelled", "remote call cancelled",
+                     absl::StatusCode::kCancelled),
+       /*terminal=*/true, out);
+  if (worker_ && worker_->generation() == call.generation) {
+    ipc::Frame cancel;
+    cancel.type = ipc::FrameType::kCancel;
+    cancel.call_id = call_id;
+    worker_->Send(cancel);
+  }
+}
+
+void SessionManager::Resume(const std::shared_ptr<CallSink>& sink,
+                            const runtime::v1::ResumeCalls& resume,
+                            std::vector<Delivery>& out) {
+  for (const std::string& id : resume.call_ids()) {
+    auto it = calls_.find(id);
+    if (it == calls_.end()) {
+      out.push_back(
+          {sink, MakeCallError(
+                     id, "ResultUnavailable",
+                     "result is no longer held by the runtime (evicted or "
+                     "unknown call_id); retry as a new call",
+                     absl::StatusCode::kNotFound)});
+      continue;
+    }
+    Call& call = it->second;
+    call.sink = sink;
+    // Replay what was already produced; the rest follows live.
+    for (const auto& event : call.delivered) out.push_back({sink, event});
+  }
+}
+
+void SessionManager::Ack(const std::string& call_id) {
+  auto it = calls_.find(call_id);
+  if (it == calls_.end() || !it->second.terminal) return;
+  retained_order_.erase(it->second.retained_pos);
+  calls_.erase(it);
+}
+
+void SessionManager::Emit(const std::string& call_id, Call& call,
+                          SandboxEventPtr event, bool terminal,
+                          std::vector<Delivery>& out) {
+  call.delivered.push_back(event);
+  if (call.sink) out.push_back({call.sink, std::move(event)});
+  if (!terminal) return;
+  call.terminal = true;
+  call.retained_pos = retained_order_.insert(retained_order_.end(), call_id);
+  while (retained_order_.size() > options_.max_retained_results) {
+    const std::string oldest = retained_order_.front();
+    retained_order_.pop_front();
+    calls_.erase(oldest);
+    if (evicted_++ % 1000 == 0) {
+      AGX_LOG(Warning,
+              "retained-result buffer full (max {}): evicted unacknowledged "
+              "result of call {} (evictions so far: {})",
+              options_.max_retained_results, oldest, evicted_);
+    }
+  }
+}
+
+absl::StatusOr<WorkerProcess*> SessionManager::EnsureWorker() {
+  if (worker_) return worker_.get();
+  // posix_spawn under the lock is deliberate: it takes about a millisecond
+  // and keeps "exactly one live worker" trivially true.
+  auto worker =
+      WorkerProcess::Start(options_.worker, next_generation_, this);
+  if (!worker.ok()) return worker.status();
+  ++next_generation_;
+  ++workers_started_;
+  worker_ = std::move(*worker);
+  return worker_.get();
+}
+
+void SessionManager::OnWorkerFrame(uint64_t generation, ipc::Frame frame) {
+  using ipc::FrameType;
+  if (frame.type == FrameType::kReady || frame.type == FrameType::kBootError) {
+    return;  // WorkerProcess tracks readiness and reports boot errors
+  }
+  if (frame.type != FrameType::kResultChunk &&
+      frame.type != FrameType::kResult && frame.type != FrameType::kError) {
+    AGX_LOG(Warning, "ignoring unexpected '{}' frame from the worker",
+            ipc::FrameTypeName(frame.type));
+    return;
+  }
+  std::vector<Delivery> out;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = calls_.find(frame.call_id);
+    // Closed calls are quiet: late frames (after a cancel, say) are dropped.
+    if (it == calls_.end() || it->second.terminal ||
+        it->second.generation != generation) {
+      return;
+    }
+    Call& call = it->second;
+    auto event = std::make_shared<SandboxEvent>();
+    bool terminal = true;
+    switch (frame.type) {
+      case FrameType::kResultChunk: {
+        auto* chunk = event->mutable_result_chunk();
+        chunk->set_call_id(frame.call_id);
+        chunk->set_data(std::move(frame.data));
+        terminal = false;
+        break;
+      }
+      case FrameType::kResult: {
+        auto* result = event->mutable_result();
+        result->set_call_id(frame.call_id);
+        result->set_encoding(
+            static_cast<runtime::v1::Encoding>(frame.encoding));
+        result->set_value_size(frame.total_size);
+        result->set_value(std::move(frame.data));
+        break;
+      }
+      default:
+        event = std::const_pointer_cast<SandboxEvent>(
+            FromWorkerError(frame.call_id, frame.error));
+        break;
+    }
+    Emit(frame.call_id, call, std::move(event), terminal, out);
+  }
+  Deliver(out);
+}
+
+void SessionManager::OnWorkerExit(uint64_t generation,
+                                  const WorkerExit& exit) {
+  std::vector<Delivery> out;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, call] : calls_) {
+      if (call.terminal || call.generation != generation) continue;
+      Emit(id, call,
+           MakeCallError(id, exit.error_type, exit.message,
+                         absl::StatusCode::kUnavailable, "", exit.returncode),
+           /*terminal=*/true, out);
+    }
+    if (worker_ && worker_->generation() == generation) {
+      // Destroyed later from another thread: this is its reader thread.
+      dead_workers_.push_back(std::move(worker_));
+    }
+  }
+  Deliver(out);
+}
+
+void SessionManager::DetachSink(const CallSink* sink) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, call] : calls_) {
+    if (call.sink.get() == sink) call.sink.reset();
+  }
+}
+
+bool SessionManager::HasOpenCalls(const CallSink* sink) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, call] : calls_) {
+    if (!call.terminal && call.sink.get() == sink) return true;
+  }
+  return false;
+}
+
+SessionInfo SessionManager::Info() {
+  absl::MutexLock lock(&mu_);
+  SessionInfo info;
+  info.worker_pid = worker_ ? worker_->pid() : 0;
+  info.workers_started = workers_started_;
+  for (const auto& [id, call] : calls_) {
+    if (!call.terminal) ++info.calls_in_flight;
+  }
+  return info;
+}
+
+void SessionManager::Shutdown(absl::Duration grace) {
+  std::unique_ptr<WorkerProcess> worker;
+  {
+    absl::MutexLock lock(&mu_);
+    shut_down_ = true;
+    worker = std::move(worker_);
+  }
+  if (worker) worker->Shutdown(grace);
+  worker.reset();  // joins; its exit callback fails any call still running
+  ReapDeadWorkers();
+}
+
+void SessionManager::Deliver(std::vector<Delivery>& out) {
+  for (auto& d : out) d.sink->Deliver(std::move(d.event));
+  out.clear();
+}
+
+void SessionManager::ReapDeadWorkers() {
+  std::vector<std::unique_ptr<WorkerProcess>> dead;
+  {
+    absl::MutexLock lock(&mu_);
+    if (dead_workers_.empty()) return;
+    dead.swap(dead_workers_);
+  }
+  dead.clear();  // joins their threads outside the lock
+}
+
+}  // namespace agentix::sandbox

@@ -1,0 +1,137 @@
+// SessionManager: the daemon's domain logic, free of any gRPC types beyond
+// the proto messages. It owns the worker process, the table of calls (running
+// and finished-but-unacknowledged), and routes host events to the worker and
+// worker frames back to the stream that owns each call.
+//
+// Guarantees (DESIGN.md, reliability contract):
+// - exactly one terminal event (CallResult or CallError) per call_id; frames
+//   for a closed call are dropped;
+// - cancel ends a call with a "Cancelled" error;
+// - a dead worker fails every call it was running with "WorkerDied" (or
+//   "WorkerBootError" if it never became ready) and the next call gets a
+//   fresh worker;
+// - finished calls are retained until acknowledged (bounded, oldest evicted)
+//   so a reconnecting host can `resume` them;
+// - a malformed event gets a "BadRequest" CallError and changes nothing else.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "agentix/runtime/v1/runtime.pb.h"
+#include "sandbox/call_sink.h"
+#include "sandbox/worker_process.h"
+
+namespace agentix::sandbox {
+
+struct SessionOptions {
+  WorkerOptions worker;
+  // Finished, unacknowledged results kept for resume; oldest evicted first.
+  size_t max_retained_results = 4096;
+  // Largest accepted encoded arguments of one call.
+  uint64_t max_payload_bytes = uint64_t{1} << 30;
+};
+
+struct SessionInfo {
+  int64_t worker_pid = 0;
+  uint64_t workers_started = 0;
+  uint64_t calls_in_flight = 0;
+};
+
+class SessionManager : public WorkerProcess::Listener {
+ public:
+  explicit SessionManager(SessionOptions options);
+  // Stops the worker (Shutdown with a short grace) if still running.
+  ~SessionManager() override;
+
+  // Applies one host event arriving on `sink`'s stream. Problems with the
+  // event are reported to `sink` as CallError events. Thread-safe; never
+  // blocks on I/O (starting a worker is a posix_spawn).
+  void HandleHostEvent(const std::shared_ptr<CallSink>& sink,
+                       const runtime::v1::HostEvent& event);
+  // The stream behind `sink` ended. Its calls keep running; their results
+  // are retained until a resume or eviction.
+  void DetachSink(const CallSink* sink);
+  // True if a call owned by `sink` has not reached its terminal event.
+  bool HasOpenCalls(const CallSink* sink);
+  SessionInfo Info();
+  // Asks the worker to exit, waits up to `grace`, then kills it. Running
+  // calls end with WorkerDied. Idempotent.
+  void Shutdown(absl::Duration grace);
+
+  // WorkerProcess::Listener (called on a worker's reader thread).
+  void OnWorkerFrame(uint64_t generation, ipc::Frame frame) override;
+  void OnWorkerExit(uint64_t generation, const WorkerExit& exit) override;
+
+ private:
+  struct Call {
+    std::shared_ptr<CallSink> sink;  // null while no stream owns the call
+    uint64_t generation = 0;         // the worker running it
+    uint64_t args_expected = 0;
+    uint64_t args_received = 0;
+    bool terminal = false;
+    // Every event sent for this call, kept for replay until acknowledged.
+    std::vector<SandboxEventPtr> delivered;
+    std::list<std::string>::iterator retained_pos;
+  };
+  // An event to hand to a sink once the lock is released.
+  struct Delivery {
+    std::shared_ptr<CallSink> sink;
+    SandboxEventPtr event;
+  };
+
+  void StartCall(const std::shared_ptr<CallSink>& sink,
+                 const runtime::v1::StartCall& start,
+                 std::vector<Delivery>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
+                        const runtime::v1::ArgumentChunk& chunk,
+                        std::vector<Delivery>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Cancel(const std::string& call_id, std::vector<Delivery>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Resume(const std::shared_ptr<CallSink>& sink,
+              const runtime::v1::ResumeCalls& resume,
+              std::vector<Delivery>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Ack(const std::string& call_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Records `event` for `call_id` (terminal or not) and queues its delivery.
+  void Emit(const std::string& call_id, Call& call, SandboxEventPtr event,
+            bool terminal, std::vector<Delivery>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends argument bytes to the worker in kChunkBytes pieces.
+  void ForwardArguments(const std::string& call_id, const std::string& bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns the live worker, starting one if needed.
+  absl::StatusOr<WorkerProcess*> EnsureWorker()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Deliver(std::vector<Delivery>& out);
+  // Destroys workers that have exited (joins their threads). Never called
+  // from a worker callback or with mu_ held.
+  void ReapDeadWorkers();
+
+  const SessionOptions options_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Call> calls_ ABSL_GUARDED_BY(mu_);
+  std::list<std::string> retained_order_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<WorkerProcess> worker_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<WorkerProcess>> dead_workers_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t workers_started_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t evicted_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Builds a CallError event (exposed for the adapter and tests).
+SandboxEventPtr MakeCallError(const std::string& call_id, std::string type,
+                              std::string message, absl::StatusCode code,
+                              std::string traceback = "",
+                              std::optional<int> returncode = std::nullopt);
+
+}  // namespace agentix::sandbox

@@ -1,0 +1,349 @@
+#include "sandbox/session_manager.h"
+
+#include <catch2/catch.hpp>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+
+namespace agentix::sandbox {
+namespace {
+
+using runtime::v1::HostEvent;
+using runtime::v1::SandboxEvent;
+
+// Records every delivered event; lets a test wait for a call's terminal one.
+class RecordingSink : public CallSink {
+ public:
+  bool Deliver(SandboxEventPtr event) override {
+    absl::MutexLock lock(&mu_);
+    events_.push_back(std::move(event));
+    return true;
+  }
+
+  // Waits up to 10 s for the terminal event of `call_id`.
+  SandboxEvent AwaitTerminal(const std::string& call_id) {
+    absl::MutexLock lock(&mu_);
+    const SandboxEvent* found = nullptr;
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (const auto& e : events_) {
+        if ((e->has_result() && e->result().call_id() == call_id) ||
+            (e->has_error() && e->error().call_id() == call_id)) {
+          found = e.get();
+          return true;
+        }
+      }
+      return false;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10));
+    REQUIRE(found != nullptr);
+    return *found;
+  }
+
+  int CountTerminal(const std::string& call_id) {
+    absl::MutexLock lock(&mu_);
+    int n = 0;
+    for (const auto& e : events_) {
+      if ((e->has_result() && e->result().call_id() == call_id) ||
+          (e->has_error() && e->error().call_id() == call_id)) {
+        ++n;
+      }
+    }
+    return n;
+  }
+
+  // Concatenated ResultChunk bytes for `call_id`.
+  std::string Chunks(const std::string& call_id) {
+    absl::MutexLock lock(&mu_);
+    std::string out;
+    for (const auto& e : events_) {
+      if (e->has_result_chunk() && e->result_chunk().call_id() == call_id) {
+        out += e->result_chunk().data();
+      }
+    }
+    return out;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<SandboxEventPtr> events_ ABSL_GUARDED_BY(mu_);
+};
+
+SessionOptions FakeWorkerOptions(std::vector<std::string> env = {}) {
+  SessionOptions options;
+  options.worker.worker_path = "testing/fake_worker";
+  options.worker.env = std::move(env);
+  options.worker.ready_timeout = absl::Seconds(5);
+  return options;
+}
+
+HostEvent Start(const std::string& id, const std::string& callable,
+                const std::string& args = "", uint64_t total = 0) {
+  HostEvent e;
+  auto* s = e.mutable_start();
+  s->set_call_id(id);
+  s->set_callable(callable);
+  s->set_arguments(args);
+  s->set_arguments_size(total);
+  return e;
+}
+
+HostEvent Chunk(const std::string& id, const std::string& data) {
+  HostEvent e;
+  e.mutable_argument_chunk()->set_call_id(id);
+  e.mutable_argument_chunk()->set_data(data);
+  return e;
+}
+
+HostEvent CancelEvent(const std::string& id) {
+  HostEvent e;
+  e.mutable_cancel()->set_call_id(id);
+  return e;
+}
+
+HostEvent ResumeEvent(std::vector<std::string> ids) {
+  HostEvent e;
+  for (auto& id : ids) e.mutable_resume()->add_call_ids(id);
+  return e;
+}
+
+HostEvent AckEvent(const std::string& id) {
+  HostEvent e;
+  e.mutable_ack()->set_call_id(id);
+  return e;
+}
+
+TEST_CASE("A call returns its result to the stream that made it",
+          "[sandbox]") {
+  SessionManager manager(FakeWorkerOptions());
+  auto sink = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(sink, Start("c1", "fake::echo", "hello"));
+  SandboxEvent e = sink->AwaitTerminal("c1");
+  REQUIRE(e.has_result());
+  REQUIRE(e.result().value() == "hello");
+  REQUIRE(e.result().value_size() == 5);
+  REQUIRE(manager.Info().workers_started == 1);
+}
+
+TEST_CASE("Large arguments and results travel in chunks", "[sandbox]") {
+  SessionManager manager(FakeWorkerOptions());
+  auto sink = std::make_shared<RecordingSink>();
+  std::string payload(5 * ipc::kChunkBytes + 123, '\0');
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = char(i * 7);
+  const size_t first = ipc::kChunkBytes;
+  manager.HandleHostEvent(
+      sink, Start("big", "fake::echo", payload.substr(0, first),
+                  payload.size()));
+  for (size_t off = first; off < payload.size(); off += ipc::kChunkBytes) {
+    manager.HandleHostEvent(
+        sink, Chunk("big", payload.substr(off, ipc::kChunkBytes)));
+  }
+  SandboxEvent e = sink->AwaitTerminal("big");
+  REQUIRE(e.has_result());
+  REQUIRE(e.result().value_size() == payload.size());
+  REQUIRE(sink->Chunks("big") + e.result().value() == payload);
+}
+
+TEST_CASE("Exactly one terminal event per call", "[sandbox]") {
+  SessionManager manager(FakeWorkerOptions());
+  auto sink = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(sink, Start("d", "fake::double"));
+  REQUIRE(sink->AwaitTerminal("d").result().value() == "first");
+  // A duplicate start of a known id runs nothing.
+  manager.HandleHostEvent(sink, Start("d", "fake::double"));
+  manager.HandleHostEvent(sink, Start("after", "fake::echo", "x"));
+  sink->AwaitTerminal("after");
+  REQUIRE(sink->CountTerminal("d") == 1);
+}
+
+TEST_CASE("Cancel ends the call with Cancelled; late frames are dropped",
+          "[sandbox]") {
+  SessionManager manager(FakeWorkerOptions());
+  auto owner = std::make_shared<RecordingSink>();
+  auto other = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(owner, Start("h", "fake::hang"));
+  manager.HandleHostEvent(owner, Start("l", "fake::late"));
+  // A cancel from another client still tells the caller.
+  manager.HandleHostEvent(other, CancelEvent("h"));
+  manager.HandleHostEvent(owner, CancelEvent("l"));
+  SandboxEvent e = owner->AwaitTerminal("h");
+  REQUIRE(e.has_error());
+  REQUIRE(e.error().error().type() == "Cancelled");
+  REQUIRE(e.error().error().cancelled());
+  REQUIRE(e.error().error().code() == int(absl::StatusCode::kCancelled));
+  REQUIRE(owner->AwaitTerminal("l").error().error().type() == "Cancelled");
+  absl::SleepFor(absl::Milliseconds(400));  // fake::late answers at 200 ms
+  REQUIRE(owner->CountTerminal("l") == 1);
+  REQUIRE(other->CountTerminal("h") == 0);
+  // Cancelling an unknown or finished call is a no-op.
+  manager.HandleHostEvent(owner, CancelEvent("nope"));
+  manager.HandleHostEvent(owner, CancelEvent("h"));
+  REQUIRE(owner->CountTerminal("h") == 1);
+}
+
+TEST_CASE("Worker death fails in-flight calls and the next call respawns",
+          "[sandbox]") {
+  SessionManager manager(FakeWorkerOptions());
+  auto sink = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(sink, Start("p1", "fake::pid"));
+  const std::string pid1 = sink->AwaitTerminal("p1").result().value();
+
+  SECTION("SIGKILL") {
+    manager.HandleHostEvent(sink, Start("slow", "fake::hang"));
+    manager.HandleHostEvent(sink, Start("k", "fake::kill"));
+    SandboxEvent k = sink->AwaitTerminal("k");
+    REQUIRE(k.error().error().type() == "WorkerDied");
+    REQUIRE(k.error().error().returncode() == -9);
+    REQUIRE(k.error().error().message().find("signal 9") != std::string::npos);
+    SandboxEvent slow = sink->AwaitTerminal("slow");
+    REQUIRE(slow.error().error().type() == "WorkerDied");
+  }
+  SECTION("exit code") {
+    manager.HandleHostEvent(sink, Start("x", "fake::exit", "7"));
+    SandboxEvent x = sink->AwaitTerminal("x");
+    REQUIRE(x.error().error().type() == "WorkerDied");
+    REQUIRE(x.error().error().returncode() == 7);
+    REQUIRE(x.error().error().message() ==
+            "runtime worker exited: exit code 7");
+  }
+  SECTION("garbage frame") {
+    manager.HandleHostEvent(sink, Start("g", "fake::garbage"));
+    SandboxEvent g = sink->AwaitTerminal("g");
+    REQUIRE(g.error().error().type() == "WorkerDied");
+    REQUIRE(g.error().error().message().find("frame protocol") !=
+            std::string::npos);
+  }
+  manager.HandleHostEvent(sink, Start("p2", "fake::pid"));
+  SandboxEvent p2 = sink->AwaitTerminal("p2");
+  REQUIRE(p2.has_result());
+  REQUIRE(p2.result().value() != pid1);
+  REQUIRE(manager.Info().workers_started == 2);
+}
+
+TEST_CASE("A worker that cannot boot fails the call with the reason",
+          "[sandbox]") {
+  auto sink = std::make_shared<RecordingSink>();
+  SECTION("boot_error frame") {
+    SessionManager manager(FakeWorkerOptions({"FAKE_WORKER_BOOT=fail"}));
+    manager.HandleHostEvent(sink, Start("b", "fake::echo"));
+    auto e = sink->AwaitTerminal("b").error().error();
+    REQUIRE(e.type() == "WorkerBootError");
+    REQUIRE(e.message() ==
+            "runtime worker failed to boot: ImportError: no module named "
+            "'broken_venv'");
+  }
+  SECTION("exit before ready") {
+    SessionManager manager(FakeWorkerOptions({"FAKE_WORKER_BOOT=exit"}));
+    manager.HandleHostEvent(sink, Start("b", "fake::echo"));
+    auto e = sink->AwaitTerminal("b").error().error();
+    REQUIRE(e.type() == "WorkerBootError");
+    REQUIRE(e.message() ==
+            "runtime worker exited before ready (exit code 4)");
+  }
+  SECTION("never ready") {
+    SessionOptions options = FakeWorkerOptions({"FAKE_WORKER_BOOT=hang"});
+    options.worker.ready_timeout = absl::Milliseconds(300);
+    SessionManager manager(options);
+    manager.HandleHostEvent(sink, Start("b", "fake::echo"));
+    auto e = sink->AwaitTerminal("b").error().error();
+    REQUIRE(e.type() == "WorkerBootError");
+    REQUIRE(e.message().find("did not become ready") != std::string::npos);
+  }
+  SECTION("missing binary") {
+    SessionOptions options = FakeWorkerOptions();
+    options.worker.worker_path = "/nonexistent/agentix-worker";
+    SessionManager manager(options);
+    manager.HandleHostEvent(sink, Start("b", "fake::echo"));
+    auto e = sink->AwaitTerminal("b").error().error();
+    REQUIRE(e.type() == "WorkerBootError");
+    REQUIRE(e.message().find("/nonexistent/agentix-worker") !=
+            std::string::npos);
+  }
+}
+
+TEST_CASE("Malformed host events get BadRequest and change nothing",
+          "[sandbox]") {
+  SessionManager manager(FakeWorkerOptions());
+  auto sink = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(sink, Start("", "fake::echo", "x"));
+  REQUIRE(sink->AwaitTerminal("").error().error().type() == "BadRequest");
+
+  manager.HandleHostEvent(sink, Chunk("ghost", "x"));
+  auto ghost = sink->AwaitTerminal("ghost").error().error();
+  REQUIRE(ghost.type() == "BadRequest");
+  REQUIRE(ghost.message().find("unknown call_id") != std::string::npos);
+
+  manager.HandleHostEvent(sink, Start("over", "fake::echo", "ab", 3));
+  manager.HandleHostEvent(sink, Chunk("over", "cd"));
+  REQUIRE(sink->AwaitTerminal("over").error().error().type() == "BadRequest");
+
+  manager.HandleHostEvent(sink, Start("short", "fake::echo", "abcd", 2));
+  REQUIRE(sink->AwaitTerminal("short").error().error().type() ==
+          "BadRequest");
+
+  SessionOptions small = FakeWorkerOptions();
+  small.max_payload_bytes = 10;
+  SessionManager limited(small);
+  limited.HandleHostEvent(sink, Start("huge", "fake::echo", "x", 11));
+  REQUIRE(sink->AwaitTerminal("huge").error().error().type() ==
+          "PayloadTooLarge");
+
+  manager.HandleHostEvent(sink, Start("ok", "fake::echo", "still serving"));
+  REQUIRE(sink->AwaitTerminal("ok").result().value() == "still serving");
+}
+
+TEST_CASE("Resume re-attaches running calls and replays retained results",
+          "[sandbox]") {
+  SessionManager manager(FakeWorkerOptions());
+  auto a = std::make_shared<RecordingSink>();
+  auto b = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(a, Start("run", "fake::sleep", "200"));
+  manager.HandleHostEvent(a, Start("done", "fake::echo", "kept"));
+  a->AwaitTerminal("done");
+  manager.DetachSink(a.get());
+  manager.HandleHostEvent(b, ResumeEvent({"run", "done", "unknown"}));
+  REQUIRE(b->AwaitTerminal("done").result().value() == "kept");
+  REQUIRE(b->AwaitTerminal("run").result().value() == "done");
+  auto unknown = b->AwaitTerminal("unknown").error().error();
+  REQUIRE(unknown.type() == "ResultUnavailable");
+  REQUIRE(a->CountTerminal("run") == 0);
+
+  // After an ack the result is gone.
+  manager.HandleHostEvent(b, AckEvent("done"));
+  auto c = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(c, ResumeEvent({"done"}));
+  REQUIRE(c->AwaitTerminal("done").error().error().type() ==
+          "ResultUnavailable");
+}
+
+TEST_CASE("Retained results are bounded; the oldest is evicted",
+          "[sandbox]") {
+  SessionOptions options = FakeWorkerOptions();
+  options.max_retained_results = 2;
+  SessionManager manager(options);
+  auto sink = std::make_shared<RecordingSink>();
+  for (const char* id : {"r1", "r2", "r3"}) {
+    manager.HandleHostEvent(sink, Start(id, "fake::echo", id));
+    sink->AwaitTerminal(id);
+  }
+  auto later = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(later, ResumeEvent({"r1", "r3"}));
+  REQUIRE(later->AwaitTerminal("r1").error().error().type() ==
+          "ResultUnavailable");
+  REQUIRE(later->AwaitTerminal("r3").result().value() == "r3");
+}
+
+TEST_CASE("Shutdown fails running calls and refuses new ones", "[sandbox]") {
+  SessionManager manager(FakeWorkerOptions());
+  auto sink = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(sink, Start("h", "fake::hang"));
+  manager.HandleHostEvent(sink, Start("p", "fake::pid"));
+  sink->AwaitTerminal("p");
+  manager.Shutdown(absl::Seconds(2));
+  REQUIRE(sink->AwaitTerminal("h").error().error().type() == "WorkerDied");
+  manager.HandleHostEvent(sink, Start("late", "fake::echo"));
+  REQUIRE(sink->AwaitTerminal("late").error().error().type() ==
+          "Unavailable");
+}
+
+}  // namespace
+}  // namespace agentix::sandbox

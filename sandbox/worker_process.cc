@@ -1,0 +1,263 @@
+#include "sandbox/worker_process.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/log.h"
+#include "worker/ipc/io.h"
+
+namespace agentix::sandbox {
+namespace {
+
+std::string RandomWorkerId() {
+  std::random_device rd;
+  return fmt::format("{:08x}", rd());
+}
+
+// Frames queued for one write are joined up to this size, so many small
+// frames cost one syscall.
+constexpr size_t kCoalesceBytes = 256 * 1024;
+
+// Writes queued frames, joining small neighbours into one syscall.
+bool WriteBatch(int fd, const std::deque<std::string>& batch) {
+  std::string joined;
+  for (const auto& bytes : batch) {
+    if (bytes.size() < kCoalesceBytes && joined.size() < kCoalesceBytes) {
+      joined += bytes;
+      continue;
+    }
+    if (!joined.empty() && !ipc::WriteAll(fd, joined).ok()) return false;
+    joined.clear();
+    if (!ipc::WriteAll(fd, bytes).ok()) return false;
+  }
+  return joined.empty() || ipc::WriteAll(fd, joined).ok();
+}
+
+}  // namespace
+
+WorkerProcess::WorkerProcess(uint64_t generation, Listener* listener)
+    : generation_(generation), listener_(listener) {}
+
+absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
+    const WorkerOptions& options, uint64_t generation, Listener* listener) {
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("socketpair: ", strerror(errno)));
+  }
+  base::UniqueFd parent_end(fds[0]);
+  base::UniqueFd child_end(fds[1]);
+
+  std::unique_ptr<WorkerProcess> worker(
+      new WorkerProcess(generation, listener));
+  worker->worker_id_ = RandomWorkerId();
+  worker->ready_timeout_ = options.ready_timeout;
+
+  base::SpawnOptions spawn;
+  spawn.path = options.worker_path;
+  spawn.argv = {options.worker_path,
+                absl::StrCat("--channel-fd=", ipc::kWorkerChannelFd),
+                absl::StrCat("--worker-id=", worker->worker_id_)};
+  if (!options.venv.empty()) {
+    spawn.argv.push_back(absl::StrCat("--venv=", options.venv));
+  }
+  if (!options.python_path.empty()) {
+    spawn.argv.push_back(absl::StrCat("--python-path=", options.python_path));
+  }
+  for (const auto& a : options.extra_args) spawn.argv.push_back(a);
+  spawn.env = options.env;
+  spawn.env.push_back(absl::StrCat("AGENTIX_WORKER_ID=", worker->worker_id_));
+  spawn.fd_map = {{child_end.get(), ipc::kWorkerChannelFd}};
+
+  auto child = base::ChildProcess::Spawn(spawn);
+  if (!child.ok()) return child.status();
+  worker->pid_ = child->pid();
+  {
+    absl::MutexLock lock(&worker->child_mu_);
+    worker->child_ = std::move(*child);
+  }
+  child_end.Reset();  // only the worker holds its end now: EOF works
+  worker->channel_ = std::move(parent_end);
+  worker->reader_ = std::thread([w = worker.get()] { w->ReaderLoop(); });
+  worker->writer_ = std::thread([w = worker.get()] { w->WriterLoop(); });
+  AGX_LOG(Debug, "worker {} (generation {}) started as pid {}",
+          worker->worker_id_, generation, worker->pid_);
+  return worker;
+}
+
+WorkerProcess::~WorkerProcess() {
+  {
+    absl::MutexLock lock(&out_mu_);
+    writer_stop_ = true;
+  }
+  Kill();
+  if (channel_.valid()) ::shutdown(channel_.get(), SHUT_RDWR);
+  if (reader_.joinable()) reader_.join();
+  if (writer_.joinable()) writer_.join();
+}
+
+void WorkerProcess::Send(const ipc::Frame& frame) {
+  std::string bytes;
+  absl::Status status = ipc::AppendFrame(frame, bytes);
+  if (!status.ok()) {
+    // Payloads are chunked to kChunkBytes, so this is a bug, not bad input.
+    AGX_LOG(Error, "dropping unencodable {} frame: {}",
+            ipc::FrameTypeName(frame.type), status.ToString());
+    return;
+  }
+  absl::MutexLock lock(&out_mu_);
+  if (writer_stop_) return;
+  outbound_.push_back(std::move(bytes));
+}
+
+void WorkerProcess::Kill() {
+  absl::MutexLock lock(&child_mu_);
+  child_.Kill(SIGKILL);
+}
+
+void WorkerProcess::Shutdown(absl::Duration grace) {
+  ipc::Frame shutdown;
+  shutdown.type = ipc::FrameType::kShutdown;
+  Send(shutdown);
+  const absl::Time deadline = absl::Now() + grace;
+  while (absl::Now() < deadline) {
+    {
+      absl::MutexLock lock(&child_mu_);
+      if (!child_.running()) return;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  AGX_LOG(Warning, "worker {} did not exit within {}; killing", worker_id_,
+          absl::FormatDuration(grace));
+  Kill();
+}
+
+void WorkerProcess::WriterLoop() {
+  pthread_setname_np(pthread_self(), "agx-wrk-write");
+  while (true) {
+    std::deque<std::string> batch;
+    {
+      absl::MutexLock lock(&out_mu_);
+      out_mu_.Await(absl::Condition(
+          +[](WorkerProcess* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->out_mu_) {
+            return w->writer_stop_ || !w->outbound_.empty();
+          },
+          this));
+      if (writer_stop_) return;
+      batch.swap(outbound_);
+    }
+    // I/O happens outside the lock. On failure the reader sees the same
+    // breakage as EOF and reports the exit.
+    if (!WriteBatch(channel_.get(), batch)) {
+      absl::MutexLock lock(&out_mu_);
+      writer_stop_ = true;
+      outbound_.clear();
+      return;
+    }
+  }
+}
+
+void WorkerProcess::ReaderLoop() {
+  pthread_setname_np(pthread_self(), "agx-wrk-read");
+  ipc::FrameReader reader;
+  bool ready = false;
+  bool timed_out = false;
+  std::string protocol_error;
+  std::string boot_error;
+  const absl::Time ready_deadline = absl::Now() + ready_timeout_;
+
+  while (protocol_error.empty()) {
+    int timeout_ms = -1;
+    if (!ready) {
+      timeout_ms = static_cast<int>(std::max<int64_t>(
+          0, absl::ToInt64Milliseconds(ready_deadline - absl::Now())));
+    }
+    pollfd pfd{channel_.get(), POLLIN, 0};
+    int rc = ::poll(&pfd, 1, timeout_ms);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc == 0) {
+      timed_out = true;
+      break;
+    }
+    auto n = ipc::ReadInto(channel_.get(), reader);
+    if (!n.ok() || *n == 0) break;  // EOF or a broken channel
+    while (true) {
+      auto next = reader.Next();
+      if (!next.ok()) {
+        protocol_error = std::string(next.status().message());
+        break;
+      }
+      if (!next->has_value()) break;
+      ipc::Frame frame = std::move(**next);
+      if (frame.type == ipc::FrameType::kReady) {
+        ready = true;
+        AGX_LOG(Debug, "worker {} ready: python {}", worker_id_, frame.detail);
+      } else if (frame.type == ipc::FrameType::kBootError) {
+        boot_error = frame.error.type.empty()
+                         ? frame.error.message
+                         : absl::StrCat(frame.error.type, ": ",
+                                        frame.error.message);
+      }
+      listener_->OnWorkerFrame(generation_, std::move(frame));
+    }
+  }
+
+  if (timed_out || !protocol_error.empty()) Kill();
+  {
+    absl::MutexLock lock(&out_mu_);
+    writer_stop_ = true;
+    outbound_.clear();
+  }
+  // Reap: give a worker that is exiting by itself a moment, then insist.
+  std::optional<base::ExitStatus> exit;
+  const absl::Time reap_deadline = absl::Now() + absl::Seconds(2);
+  while (true) {
+    {
+      absl::MutexLock lock(&child_mu_);
+      exit = child_.TryWait();
+      if (!exit && absl::Now() >= reap_deadline) child_.Kill(SIGKILL);
+    }
+    if (exit) break;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+
+  WorkerExit result;
+  result.returncode = exit->returncode();
+  std::string how = exit->Describe();
+  if (exit->signal == SIGKILL && !timed_out && protocol_error.empty()) {
+    how += " (likely OOM-killed or killed from outside)";
+  }
+  if (!boot_error.empty()) {
+    result.error_type = "WorkerBootError";
+    result.message = absl::StrCat("runtime worker failed to boot: ", boot_error);
+  } else if (timed_out) {
+    result.error_type = "WorkerBootError";
+    result.message = absl::StrCat(
+        "runtime worker did not become ready within ",
+        absl::FormatDuration(ready_timeout_), "; killed");
+  } else if (!ready) {
+    result.error_type = "WorkerBootError";
+    result.message =
+        absl::StrCat("runtime worker exited before ready (", how, ")");
+  } else if (!protocol_error.empty()) {
+    result.error_type = "WorkerDied";
+    result.message = absl::StrCat(
+        "runtime worker broke the frame protocol (", protocol_error,
+        "); killed: ", how);
+  } else {
+    result.error_type = "WorkerDied";
+    result.message = absl::StrCat("runtime worker exited: ", how);
+  }
+  AGX_LOG(Info, "worker {} pid {}: {}", worker_id_, pid_, result.message);
+  listener_->OnWorkerExit(generation_, result);
+}
+
+}  // namespace agentix::sandbox

@@ -1,0 +1,107 @@
+// The daemon's handle on one `agentix-worker` process: spawns it with a
+// private socketpair on fd 1023, writes frames from a writer thread, reads
+// frames on a reader thread and reports them (and the process's end) through
+// WorkerProcess::Listener. One instance = one worker generation; a dead
+// worker is replaced by a new instance, never restarted.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "base/child_process.h"
+#include "base/unique_fd.h"
+#include "worker/ipc/frame.h"
+
+namespace agentix::sandbox {
+
+struct WorkerOptions {
+  std::string worker_path;   // the agentix-worker binary
+  std::string venv;          // --venv, may be empty
+  std::string python_path;   // --python-path, may be empty
+  std::vector<std::string> extra_args;
+  // Environment for the worker ("K=V"); AGENTIX_WORKER_ID is added.
+  std::vector<std::string> env;
+  // How long the worker may take to send `ready`.
+  absl::Duration ready_timeout = absl::Seconds(15);
+};
+
+// Why a worker ended, as the calls it was running will be told.
+struct WorkerExit {
+  // "WorkerDied" (it was running and exited or broke the protocol) or
+  // "WorkerBootError" (it never became ready).
+  std::string error_type;
+  // The original's wording, e.g. "runtime worker exited: killed by signal 9
+  // (SIGKILL)" or "runtime worker failed to boot: ...".
+  std::string message;
+  // Exit code, or minus the signal; absent when unknown.
+  std::optional<int> returncode;
+};
+
+class WorkerProcess {
+ public:
+  // Callbacks arrive on the worker's reader thread, never under a lock the
+  // WorkerProcess holds. OnWorkerExit is the last callback for a generation.
+  class Listener {
+   public:
+    virtual ~Listener() = default;
+    virtual void OnWorkerFrame(uint64_t generation, ipc::Frame frame) = 0;
+    virtual void OnWorkerExit(uint64_t generation, const WorkerExit& exit) = 0;
+  };
+
+  // Spawns the worker and starts its threads. Frames may be sent at once;
+  // they are delivered after the worker's `ready`. Errors: spawn failures
+  // (kNotFound for a missing binary, kFailedPrecondition otherwise).
+  static absl::StatusOr<std::unique_ptr<WorkerProcess>> Start(
+      const WorkerOptions& options, uint64_t generation, Listener* listener);
+
+  // Kills the process if still running and joins both threads. Must not be
+  // called from the listener callbacks of this instance.
+  ~WorkerProcess();
+
+  // Queues one frame for the writer thread. Thread-safe, never blocks on
+  // I/O. Frames sent after the worker died are dropped (the exit callback
+  // has told or will tell every caller).
+  void Send(const ipc::Frame& frame);
+  // Asks the worker to finish (`shutdown` frame), waits up to `grace`, then
+  // kills it. Blocks; call from a non-callback thread.
+  void Shutdown(absl::Duration grace);
+  // Sends SIGKILL (used when the protocol is broken).
+  void Kill();
+
+  pid_t pid() const { return pid_; }
+  uint64_t generation() const { return generation_; }
+  const std::string& worker_id() const { return worker_id_; }
+
+ private:
+  WorkerProcess(uint64_t generation, Listener* listener);
+  void ReaderLoop();
+  void WriterLoop();
+
+  const uint64_t generation_;
+  Listener* const listener_;
+  std::string worker_id_;
+  absl::Duration ready_timeout_;
+  base::UniqueFd channel_;
+  pid_t pid_ = -1;
+
+  absl::Mutex child_mu_;
+  base::ChildProcess child_ ABSL_GUARDED_BY(child_mu_);
+
+  absl::Mutex out_mu_;
+  std::deque<std::string> outbound_ ABSL_GUARDED_BY(out_mu_);
+  bool writer_stop_ ABSL_GUARDED_BY(out_mu_) = false;
+
+  std::thread reader_;
+  std::thread writer_;
+};
+
+}  // namespace agentix::sandbox

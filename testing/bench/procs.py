@@ -1,0 +1,112 @@
+"""Process and path helpers shared by every part of the benchmark.
+
+Every process the benchmark starts goes through `start_process`, and every one is
+stopped with `stop_process` (SIGTERM, a grace period, then SIGKILL, then reaped),
+so nothing outlives a run, whether it ends normally, by exception or by Ctrl-C.
+"""
+
+import os
+import select
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+# Applied identically to every process of both stacks (host, server/daemon, worker):
+# keep buffers below 32 MiB on the heap instead of fresh mmap()s and do not give
+# freed memory back eagerly, so large payloads do not pay for first-touching new
+# pages on every call (shared/PERFORMANCE-NOTES.md, item 3).
+MALLOC_TUNABLES = (
+    "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
+)
+
+# The Bazel workspace name: runfiles of this repository live under <runfiles>/agentix.
+WORKSPACE = "agentix"
+
+
+def bench_dir() -> Path:
+    """The directory holding this file (inside the runfiles tree under Bazel).
+
+    Not resolved through symlinks on purpose: under Bazel the runfiles directory is
+    what the workers must import from.
+    """
+    return Path(os.path.abspath(__file__)).parent
+
+
+def runfiles_root() -> Path | None:
+    """The runfiles root (the directory that contains `agentix/`), or None."""
+    env = os.environ.get("RUNFILES_DIR")
+    if env and Path(env, WORKSPACE).is_dir():
+        return Path(env)
+    for parent in bench_dir().parents:
+        if parent.name.endswith(".runfiles"):
+            return parent
+    return None
+
+
+def runfile(relpath: str) -> Path | None:
+    """Path of `relpath` (relative to the workspace root) in the runfiles, if present."""
+    root = runfiles_root()
+    if root is None:
+        return None
+    path = root / WORKSPACE / relpath
+    return path if path.exists() else None
+
+
+def start_process(argv, *, env=None, stdin=None, stdout=None, new_session=False):
+    """Starts a child; `new_session=True` makes it the leader of its own process group."""
+    return subprocess.Popen(
+        [str(a) for a in argv],
+        env=env,
+        stdin=stdin,
+        stdout=stdout,
+        start_new_session=new_session,
+    )
+
+
+def stop_process(proc: subprocess.Popen, *, grace_s: float = 5.0, group: bool = False):
+    """Stops `proc` (and its process group when `group`), escalating to SIGKILL; reaps it."""
+    if proc is None:
+        return
+
+    def send(sig):
+        try:
+            if group:
+                os.killpg(proc.pid, sig)
+            elif proc.poll() is None:
+                proc.send_signal(sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    if proc.poll() is None:
+        send(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    # Group members may outlive the leader: always finish the group with SIGKILL.
+    if group or proc.poll() is None:
+        send(signal.SIGKILL)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def read_line(proc: subprocess.Popen, timeout_s: float) -> str | None:
+    """Reads one line of `proc.stdout` (a binary pipe) within `timeout_s`; None on EOF/timeout."""
+    fd = proc.stdout.fileno()
+    deadline = time.monotonic() + timeout_s
+    buf = b""
+    while not buf.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            return None
+        chunk = os.read(fd, 1)  # byte-wise: never read past the line we want
+        if not chunk:
+            return None
+        buf += chunk
+    return buf.decode("utf-8", "replace").rstrip("\n")

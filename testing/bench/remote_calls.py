@@ -1,0 +1,293 @@
+"""Remote-call benchmark: our gRPC stack vs. a model of the original Socket.IO wire.
+
+    bazel run //testing/bench:remote_calls                 # full run, both stacks
+    bazel run //testing/bench:remote_calls -- --quick      # smoke-sized run
+    bazel run //testing/bench:remote_calls -- --only baseline
+
+Each stack is measured in its own child process (the "host"), which starts that
+stack's server side, runs workloads.run_all() against it and reports one `RESULT`
+line. The stacks:
+
+- ours:     agentix-sandboxd (+ agentix-worker) on a Unix socket, driven by the
+            `agentix` host package (`RuntimeClient(...).remote`).
+- baseline: baseline/ (python-socketio server + Python worker on a msgpack pipe,
+            socketio.AsyncClient host), a model of the original; see README.md.
+
+All processes of both stacks get the same GLIBC_TUNABLES (procs.MALLOC_TUNABLES)
+unless --no-malloc-tunables. Output: human-readable lines, then, LAST, one JSON object
+(see README.md for its keys).
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import socket
+import sys
+import tempfile
+import time
+
+import procs
+import workloads
+
+SIDES = ("baseline", "ours")
+RESULT_PREFIX = "RESULT "
+HEADLINE_KEYS = ("noop_p50_us", "noop_p99_us", "calls_per_s_c1", "calls_per_s_c16",
+                 "calls_per_s_c64", "mb_per_s_1mib", "mb_per_s_16mib", "mb_per_s_64mib")
+SERVER_START_TIMEOUT_S = 30.0
+FIRST_CALL_TIMEOUT_S = 60.0
+
+
+# --------------------------------------------------------------------------- host side
+
+
+def _log_for(side: str):
+    def log(message: str) -> None:
+        print(f"[{side}] {message}", flush=True)
+    return log
+
+
+async def _measure(remote, plan: workloads.Plan, log) -> dict:
+    """Warms the stack up (the first call may start the worker), then runs everything."""
+    import bench_targets  # imported by this top-level name on both sides
+
+    start = time.perf_counter()
+    await asyncio.wait_for(remote(bench_targets.noop), FIRST_CALL_TIMEOUT_S)
+    log(f"first call (may include worker start) took {(time.perf_counter() - start) * 1e3:.1f} ms")
+    tunables = await asyncio.wait_for(remote(bench_targets.glibc_tunables), 10)
+    log(f"worker GLIBC_TUNABLES: {tunables}")
+    results = await workloads.run_all(remote, bench_targets, plan, log)
+    results["worker_glibc_tunables"] = tunables
+    return results
+
+
+def _run_baseline(args, plan, log) -> dict:
+    from baseline.client import BaselineClient
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in [str(procs.bench_dir()), env.get("PYTHONPATH", "")] if p)
+    server = procs.start_process(
+        [sys.executable, "-m", "baseline.server", "--bench-dir", procs.bench_dir()],
+        env=env, stdin=procs.subprocess.PIPE, stdout=procs.subprocess.PIPE)
+    try:
+        line = procs.read_line(server, SERVER_START_TIMEOUT_S)
+        if not line or not line.startswith("LISTENING "):
+            raise RuntimeError(f"baseline server did not start (got {line!r})")
+        url = f"http://127.0.0.1:{int(line.split()[1])}"
+        log(f"baseline server pid {server.pid} listening on {url}")
+
+        async def session():
+            async with BaselineClient(url) as client:
+                return await _measure(client.remote, plan, log)
+
+        return asyncio.run(session())
+    finally:
+        procs.stop_process(server)
+
+
+def _wait_for_unix_socket(path: str, proc, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"agentix-sandboxd exited with code {proc.returncode}")
+        if os.path.exists(path):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.connect(path)
+                    return
+                except OSError:
+                    pass
+        time.sleep(0.05)
+    raise RuntimeError(f"agentix-sandboxd did not listen on {path} within {timeout_s} s")
+
+
+def _run_ours(args, plan, log) -> dict:
+    sandboxd = args.sandboxd or procs.runfile("sandbox/agentix-sandboxd")
+    worker = args.worker or procs.runfile("worker/agentix-worker")
+    if not sandboxd or not worker:
+        raise RuntimeError("agentix-sandboxd / agentix-worker not found in the runfiles "
+                           "(build them, or pass --sandboxd and --worker)")
+    from agentix import RuntimeClient  # the real host package (//host/python:agentix)
+
+    tmp = tempfile.mkdtemp(prefix="agx-bench-", dir="/tmp")  # short: sun_path is 108 bytes
+    sock = os.path.join(tmp, "sandboxd.sock")
+    url = f"unix://{sock}"
+    daemon = procs.start_process(
+        [sandboxd, "--listen", url, "--worker", worker, "--python-path", procs.bench_dir()],
+        stdout=sys.stderr.fileno())  # keep our stdout for the report
+    try:
+        _wait_for_unix_socket(sock, daemon, SERVER_START_TIMEOUT_S)
+        log(f"agentix-sandboxd pid {daemon.pid} listening on {url}")
+
+        async def session():
+            async with RuntimeClient(url) as client:
+                return await _measure(client.remote, plan, log)
+
+        return asyncio.run(session())
+    finally:
+        procs.stop_process(daemon)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_side(args) -> int:
+    """Child mode (--side): measures one stack, prints `RESULT {json}` last."""
+    import signal
+
+    # The parent stops us with SIGTERM: unwind through the finally blocks above.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    plan = workloads.QUICK if args.quick else workloads.FULL
+    log = _log_for(args.side)
+    runner = _run_baseline if args.side == "baseline" else _run_ours
+    results = runner(args, plan, log)
+    print(RESULT_PREFIX + json.dumps(results), flush=True)
+    return 0
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def _machine() -> dict:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"cpus": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),
+            "python": platform.python_version()}
+
+
+def _run_child(side: str, args, env: dict, timeout_s: float) -> tuple[dict | None, str | None]:
+    """Runs one `--side` child, echoing its lines; returns (results, error)."""
+    argv = [sys.executable, os.path.abspath(__file__), "--side", side]
+    if args.quick:
+        argv.append("--quick")
+    if args.sandboxd:
+        argv += ["--sandboxd", args.sandboxd]
+    if args.worker:
+        argv += ["--worker", args.worker]
+    # Own process group, so a timeout or Ctrl-C can stop the child and all it started.
+    child = procs.start_process(argv, env=env, stdout=procs.subprocess.PIPE, new_session=True)
+    results, deadline = None, time.monotonic() + timeout_s
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            line = procs.read_line(child, max(remaining, 0.0))
+            if line is None:
+                break
+            if line.startswith(RESULT_PREFIX):
+                results = json.loads(line[len(RESULT_PREFIX):])
+            else:
+                print(line, flush=True)
+        if child.poll() is None and time.monotonic() >= deadline:
+            return None, f"{side}: timed out after {timeout_s:.0f} s"
+        child.wait(timeout=10)
+    finally:
+        procs.stop_process(child, group=True)
+    if results is None:
+        return None, f"{side}: no result (exit code {child.returncode})"
+    return results, None
+
+
+def _ratio(numerator, denominator):
+    if not numerator or not denominator:
+        return None
+    return round(numerator / denominator, 2)
+
+
+def _summarise(ours: dict | None, base: dict | None, args, tunables: str | None) -> dict:
+    ours = ours or {}
+    report = {key: ours.get(key) for key in HEADLINE_KEYS}
+    report["baseline"] = {key: base.get(key) for key in HEADLINE_KEYS} if base else None
+    base = base or {}
+    ratios = {
+        # > 1 means ours is better in every ratio.
+        "noop_p50_baseline_over_ours": _ratio(base.get("noop_p50_us"), ours.get("noop_p50_us")),
+        "calls_per_s_c64_ours_over_baseline": _ratio(ours.get("calls_per_s_c64"),
+                                                     base.get("calls_per_s_c64")),
+        "mb_per_s_16mib_ours_over_baseline": _ratio(ours.get("mb_per_s_16mib"),
+                                                    base.get("mb_per_s_16mib")),
+    }
+    report["ratios"] = ratios
+
+    def met(ratio, target):
+        return None if ratio is None else ratio >= target
+
+    report["targets_met"] = {
+        "noop_p50_at_most_one_fifth_of_baseline": met(ratios["noop_p50_baseline_over_ours"], 5),
+        "calls_per_s_c64_at_least_3x_baseline": met(ratios["calls_per_s_c64_ours_over_baseline"], 3),
+        "mb_per_s_16mib_at_least_3x_baseline": met(ratios["mb_per_s_16mib_ours_over_baseline"], 3),
+    }
+    report["details"] = {
+        "ours": ours or None,
+        "baseline": base or None,
+        "mode": "quick" if args.quick else "full",
+        "mb_per_s_definition": "2 * payload_bytes / round_trip_seconds / 1e6 (median)",
+        "glibc_tunables": tunables,
+        "machine": _machine(),
+    }
+    return report
+
+
+def _print_table(report: dict) -> None:
+    base = report["baseline"] or {}
+    print(f"{'metric':<18}{'ours':>14}{'baseline':>14}")
+    for key in HEADLINE_KEYS:
+        ours_v, base_v = report.get(key), base.get(key)
+        fmt = lambda v: "-" if v is None else f"{v:,.1f}"
+        print(f"{key:<18}{fmt(ours_v):>14}{fmt(base_v):>14}")
+    for key, value in report["ratios"].items():
+        print(f"ratio {key}: {value}")
+    for key, value in report["targets_met"].items():
+        print(f"target {key}: {value}")
+
+
+def run_driver(args) -> int:
+    env = dict(os.environ)
+    if args.no_malloc_tunables:
+        env.pop("GLIBC_TUNABLES", None)
+        tunables = None
+    else:
+        env["GLIBC_TUNABLES"] = tunables = procs.MALLOC_TUNABLES
+    sides = SIDES if args.only == "all" else (args.only,)
+    timeout_s = 240.0 if args.quick else 600.0
+    results, errors = {}, []
+    for side in sides:
+        print(f"== {side} ({'quick' if args.quick else 'full'}) ==", flush=True)
+        results[side], error = _run_child(side, args, env, timeout_s)
+        if error:
+            errors.append(error)
+            print(f"!! {error}", flush=True)
+    report = _summarise(results.get("ours"), results.get("baseline"), args, tunables)
+    if errors:
+        report["errors"] = errors
+    _print_table(report)
+    print(json.dumps(report), flush=True)
+    return 1 if errors else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Remote-call benchmark (ours vs. baseline).")
+    parser.add_argument("--quick", action="store_true", help="few iterations (smoke run)")
+    parser.add_argument("--only", choices=("all",) + SIDES, default="all",
+                        help="measure only one stack")
+    parser.add_argument("--no-malloc-tunables", action="store_true",
+                        help="do not set GLIBC_TUNABLES (for comparison only)")
+    parser.add_argument("--sandboxd", help="agentix-sandboxd binary (default: from runfiles)")
+    parser.add_argument("--worker", help="agentix-worker binary (default: from runfiles)")
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # internal child mode
+    args = parser.parse_args(argv)
+    if args.side:
+        return run_side(args)
+    try:
+        return run_driver(args)
+    except KeyboardInterrupt:  # children are stopped by _run_child's finally
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

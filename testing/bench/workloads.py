@@ -1,0 +1,139 @@
+"""The benchmark's workloads, written once against `remote(fn, *args)`.
+
+Both stacks run exactly this code; only the `remote` coroutine differs. Definitions:
+
+- noop latency: `remote(noop)` issued sequentially; each call timed with
+  time.perf_counter() around the await. p50 = median; p99 = nearest-rank
+  (the ceil(0.99 n)-th smallest sample). Reported in microseconds.
+- calls/s at N callers: N tasks each loop `await remote(noop)`; after a warm-up
+  period the completions inside a fixed measuring window are counted:
+  calls/s = completions in window / window length.
+- echo MB/s: `remote(echo, payload)` with `payload` random bytes of 1, 16 or 64 MiB;
+  MB/s = 2 x payload bytes / round-trip seconds / 1e6 (the payload crosses the wire
+  twice: argument and result; MB = 10^6 bytes). Median over the repetitions, after
+  one unmeasured warm-up call per size. Each result is checked equal to the payload
+  (outside the timed region).
+"""
+
+import asyncio
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much of each workload to run."""
+    noop_warmup: int
+    noop_calls: int
+    concurrency: tuple[int, ...]
+    conc_warmup_s: float
+    conc_measure_s: float
+    # (key suffix, payload bytes, measured repetitions, warm-up calls)
+    echo: tuple[tuple[str, int, int, int], ...]
+    phase_timeout_s: float
+
+
+FULL = Plan(noop_warmup=300, noop_calls=2000, concurrency=(1, 16, 64),
+            conc_warmup_s=0.5, conc_measure_s=3.0,
+            echo=(("1mib", 1 * MIB, 9, 1), ("16mib", 16 * MIB, 5, 1), ("64mib", 64 * MIB, 3, 1)),
+            phase_timeout_s=180.0)
+QUICK = Plan(noop_warmup=50, noop_calls=200, concurrency=(1, 16, 64),
+             conc_warmup_s=0.2, conc_measure_s=0.5,
+             echo=(("1mib", 1 * MIB, 3, 1), ("16mib", 16 * MIB, 1, 1), ("64mib", 64 * MIB, 1, 0)),
+             phase_timeout_s=120.0)
+
+
+def percentile(sorted_samples: list[float], q: float) -> float:
+    """Nearest-rank percentile of already sorted samples (q in (0, 1])."""
+    rank = max(1, math.ceil(q * len(sorted_samples)))
+    return sorted_samples[rank - 1]
+
+
+async def noop_latency(remote, targets, plan: Plan, log) -> dict:
+    for _ in range(plan.noop_warmup):
+        await remote(targets.noop)
+    samples = []
+    clock = time.perf_counter
+    for _ in range(plan.noop_calls):
+        start = clock()
+        result = await remote(targets.noop)
+        samples.append(clock() - start)
+        if result is not None:
+            raise AssertionError(f"noop returned {result!r}")
+    samples.sort()
+    out = {
+        "noop_p50_us": round(percentile(samples, 0.50) * 1e6, 1),
+        "noop_p99_us": round(percentile(samples, 0.99) * 1e6, 1),
+        "noop_mean_us": round(statistics.fmean(samples) * 1e6, 1),
+    }
+    log(f"noop latency over {plan.noop_calls} sequential calls: p50 {out['noop_p50_us']} us, "
+        f"p99 {out['noop_p99_us']} us, mean {out['noop_mean_us']} us")
+    return out
+
+
+async def calls_per_second(remote, targets, callers: int, plan: Plan, log) -> float:
+    completed = 0
+    stop = False
+
+    async def caller():
+        nonlocal completed
+        while not stop:
+            await remote(targets.noop)
+            completed += 1
+
+    tasks = [asyncio.create_task(caller()) for _ in range(callers)]
+    try:
+        await asyncio.sleep(plan.conc_warmup_s)
+        c0, t0 = completed, time.perf_counter()
+        await asyncio.sleep(plan.conc_measure_s)
+        c1, t1 = completed, time.perf_counter()
+        stop = True
+        await asyncio.gather(*tasks)  # let in-flight calls finish cleanly
+    finally:
+        for task in tasks:
+            task.cancel()
+    rate = (c1 - c0) / (t1 - t0)
+    log(f"calls/s with {callers} concurrent callers over {t1 - t0:.2f} s: {rate:,.0f}")
+    return round(rate, 1)
+
+
+async def echo_throughput(remote, targets, key: str, size: int, reps: int, warmup: int,
+                          log) -> dict:
+    payload = os.urandom(size)
+    for _ in range(warmup):
+        await remote(targets.echo, payload)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        result = await remote(targets.echo, payload)
+        times.append(time.perf_counter() - start)
+        if result != payload:
+            raise AssertionError(f"echo of {size} bytes returned different bytes")
+        del result
+    seconds = statistics.median(times)
+    mb_per_s = 2 * size / seconds / 1e6
+    log(f"echo {size // MIB} MiB: median {seconds * 1e3:.1f} ms over {reps} runs "
+        f"(min {min(times) * 1e3:.1f}, max {max(times) * 1e3:.1f}) -> {mb_per_s:,.0f} MB/s")
+    return {f"mb_per_s_{key}": round(mb_per_s, 1), f"echo_ms_{key}": round(seconds * 1e3, 2)}
+
+
+async def run_all(remote, targets, plan: Plan, log) -> dict:
+    """Runs every workload in order; each phase is bounded by plan.phase_timeout_s."""
+
+    def bounded(coro):
+        return asyncio.wait_for(coro, plan.phase_timeout_s)
+
+    results = {}
+    results.update(await bounded(noop_latency(remote, targets, plan, log)))
+    for callers in plan.concurrency:
+        results[f"calls_per_s_c{callers}"] = await bounded(
+            calls_per_second(remote, targets, callers, plan, log))
+    for key, size, reps, warmup in plan.echo:
+        results.update(await bounded(
+            echo_throughput(remote, targets, key, size, reps, warmup, log)))
+    return results

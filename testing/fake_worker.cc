@@ -1,0 +1,199 @@
+// fake_worker: a stand-in for agentix-worker that speaks the frame protocol
+// (docs/WORKER-PROTOCOL.md) without Python, so the daemon can be tested on
+// its own. Behaviour is chosen by the callable name:
+//   fake::echo     returns the argument bytes (chunked when large)
+//   fake::sleep    returns "done" after <arguments> milliseconds
+//   fake::hang     never answers (until cancelled)
+//   fake::late     answers after 200 ms even if cancelled (a late frame)
+//   fake::double   sends two results for one call
+//   fake::error    fails with ValueError
+//   fake::exit     exits with code <arguments>
+//   fake::kill     SIGKILLs itself
+//   fake::garbage  writes a frame that is not msgpack
+//   fake::pid      returns its own pid as text
+// FAKE_WORKER_BOOT=fail|exit|hang simulates a worker that cannot start.
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <string>
+
+#include "worker/ipc/frame.h"
+#include "worker/ipc/io.h"
+
+namespace {
+
+using agentix::ipc::Frame;
+using agentix::ipc::FrameType;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kFd = agentix::ipc::kWorkerChannelFd;
+
+void Send(const Frame& f) {
+  std::string out;
+  if (!agentix::ipc::AppendFrame(f, out).ok()) std::abort();
+  if (!agentix::ipc::WriteAll(kFd, out).ok()) std::exit(0);
+}
+
+void SendResult(const std::string& id, const std::string& value) {
+  size_t off = 0;
+  while (value.size() - off > agentix::ipc::kChunkBytes) {
+    Frame chunk;
+    chunk.type = FrameType::kResultChunk;
+    chunk.call_id = id;
+    chunk.data = value.substr(off, agentix::ipc::kChunkBytes);
+    Send(chunk);
+    off += agentix::ipc::kChunkBytes;
+  }
+  Frame r;
+  r.type = FrameType::kResult;
+  r.call_id = id;
+  r.encoding = 1;
+  r.data = value.substr(off);
+  r.total_size = value.size();
+  Send(r);
+}
+
+void SendError(const std::string& id, const std::string& type,
+               const std::string& message, int code, bool cancelled) {
+  Frame e;
+  e.type = FrameType::kError;
+  e.call_id = id;
+  e.error.type = type;
+  e.error.message = message;
+  e.error.code = code;
+  e.error.cancelled = cancelled;
+  e.error.traceback = "fake traceback";
+  Send(e);
+}
+
+struct Pending {
+  std::string callable;
+  std::string args;
+  uint64_t total = 0;
+};
+
+}  // namespace
+
+int main() {
+  signal(SIGPIPE, SIG_IGN);
+  const char* boot = std::getenv("FAKE_WORKER_BOOT");
+  std::string boot_mode = boot ? boot : "";
+  if (boot_mode == "exit") return 4;
+  if (boot_mode == "fail") {
+    Frame f;
+    f.type = FrameType::kBootError;
+    f.error.type = "ImportError";
+    f.error.message = "no module named 'broken_venv'";
+    Send(f);
+    return 3;
+  }
+  if (boot_mode == "hang") {
+    pause();
+    return 0;
+  }
+  Frame ready;
+  ready.type = FrameType::kReady;
+  ready.pid = getpid();
+  ready.detail = "fake";
+  Send(ready);
+
+  agentix::ipc::FrameReader reader;
+  std::map<std::string, Pending> assembling;
+  // Timed replies: due time -> (call id, value).
+  std::multimap<Clock::time_point, std::pair<std::string, std::string>> timers;
+  std::set<std::string> cancelled;
+
+  auto start = [&](const std::string& id, Pending& p) {
+    const std::string& fn = p.callable;
+    if (fn == "fake::echo") {
+      SendResult(id, p.args);
+    } else if (fn == "fake::sleep") {
+      timers.emplace(Clock::now() + std::chrono::milliseconds(
+                                        std::atoi(p.args.c_str())),
+                     std::make_pair(id, std::string("done")));
+    } else if (fn == "fake::late") {
+      timers.emplace(Clock::now() + std::chrono::milliseconds(200),
+                     std::make_pair(id, std::string("late")));
+    } else if (fn == "fake::hang") {
+    } else if (fn == "fake::double") {
+      SendResult(id, "first");
+      SendResult(id, "second");
+    } else if (fn == "fake::error") {
+      SendError(id, "ValueError", "bad value", 2, false);
+    } else if (fn == "fake::exit") {
+      std::exit(std::atoi(p.args.c_str()));
+    } else if (fn == "fake::kill") {
+      raise(SIGKILL);
+    } else if (fn == "fake::garbage") {
+      const char junk[] = "\x03\x00\x00\x00\xc1\xc1\xc1";
+      agentix::ipc::WriteAll(kFd, std::string(junk, 7)).IgnoreError();
+    } else if (fn == "fake::pid") {
+      SendResult(id, std::to_string(getpid()));
+    } else {
+      SendError(id, "ModuleNotFoundError", "No module named '" + fn + "'", 3,
+                false);
+    }
+  };
+
+  while (true) {
+    int timeout_ms = -1;
+    if (!timers.empty()) {
+      auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
+          timers.begin()->first - Clock::now());
+      timeout_ms = std::max<int>(0, static_cast<int>(wait.count()));
+    }
+    pollfd pfd{kFd, POLLIN, 0};
+    int rc = poll(&pfd, 1, timeout_ms);
+    while (!timers.empty() && timers.begin()->first <= Clock::now()) {
+      auto [id, value] = timers.begin()->second;
+      timers.erase(timers.begin());
+      // fake::late answers regardless; others honour cancellation.
+      if (!cancelled.count(id) || value == "late") SendResult(id, value);
+    }
+    if (rc <= 0) continue;
+    auto n = agentix::ipc::ReadInto(kFd, reader);
+    if (!n.ok() || *n == 0) return 0;
+    while (true) {
+      auto next = reader.Next();
+      if (!next.ok()) return 5;  // desynchronised
+      if (!next->has_value()) break;
+      Frame f = std::move(**next);
+      switch (f.type) {
+        case FrameType::kCall: {
+          Pending p{f.callable, f.data, f.total_size};
+          if (p.args.size() >= p.total) {
+            start(f.call_id, p);
+          } else {
+            assembling[f.call_id] = std::move(p);
+          }
+          break;
+        }
+        case FrameType::kArgChunk: {
+          auto it = assembling.find(f.call_id);
+          if (it == assembling.end()) break;
+          it->second.args += f.data;
+          if (it->second.args.size() >= it->second.total) {
+            Pending p = std::move(it->second);
+            assembling.erase(it);
+            start(f.call_id, p);
+          }
+          break;
+        }
+        case FrameType::kCancel:
+          cancelled.insert(f.call_id);
+          SendError(f.call_id, "Cancelled", "remote call cancelled", 1, true);
+          break;
+        case FrameType::kShutdown:
+          return 0;
+        default:
+          break;
+      }
+    }
+  }
+}
