@@ -1,0 +1,114 @@
+#include "sandbox/runtime_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <catch2/catch.hpp>
+
+namespace agentix::sandbox {
+namespace {
+
+using runtime::v1::CallsRequest;
+using runtime::v1::CallsResponse;
+
+struct Harness {
+  Harness() : manager(Options()), service(&manager, "test-version") {
+    grpc::ServerBuilder builder;
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+    stub = runtime::v1::RuntimeService::NewStub(
+        server->InProcessChannel(grpc::ChannelArguments()));
+  }
+  ~Harness() {
+    server->Shutdown(std::chrono::system_clock::now() +
+                     std::chrono::seconds(2));
+  }
+  static SessionOptions Options() {
+    SessionOptions o;
+    o.worker.worker_path = "testing/fake_worker";
+    return o;
+  }
+  SessionManager manager;
+  RuntimeServiceImpl service;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<runtime::v1::RuntimeService::Stub> stub;
+};
+
+void AddStart(CallsRequest& req, const std::string& id,
+              const std::string& callable, const std::string& args) {
+  auto* s = req.add_events()->mutable_start();
+  s->set_call_id(id);
+  s->set_callable(callable);
+  s->set_arguments(args);
+}
+
+TEST_CASE("Calls multiplexes a batch of calls on one stream", "[sandbox]") {
+  Harness h;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto stream = h.stub->Calls(&ctx);
+  CallsRequest req;
+  AddStart(req, "a", "fake::echo", "one");
+  AddStart(req, "b", "fake::sleep", "50");
+  AddStart(req, "c", "fake::error", "");
+  REQUIRE(stream->Write(req));
+  // Half-close: the stream must still deliver every result, then finish OK.
+  REQUIRE(stream->WritesDone());
+  std::map<std::string, runtime::v1::SandboxEvent> terminal;
+  CallsResponse resp;
+  while (stream->Read(&resp)) {
+    for (const auto& e : resp.events()) {
+      if (e.has_result()) terminal[e.result().call_id()] = e;
+      if (e.has_error()) terminal[e.error().call_id()] = e;
+    }
+  }
+  grpc::Status status = stream->Finish();
+  REQUIRE(status.ok());
+  REQUIRE(terminal.size() == 3);
+  REQUIRE(terminal["a"].result().value() == "one");
+  REQUIRE(terminal["b"].result().value() == "done");
+  REQUIRE(terminal["c"].error().error().type() == "ValueError");
+  REQUIRE(terminal["c"].error().error().traceback() == "fake traceback");
+}
+
+TEST_CASE("A stream that goes away leaves its call retained for resume",
+          "[sandbox]") {
+  Harness h;
+  {
+    grpc::ClientContext ctx;
+    auto stream = h.stub->Calls(&ctx);
+    CallsRequest req;
+    AddStart(req, "r", "fake::sleep", "100");
+    REQUIRE(stream->Write(req));
+    ctx.TryCancel();
+    stream->Finish();
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto stream = h.stub->Calls(&ctx);
+  CallsRequest req;
+  req.add_events()->mutable_resume()->add_call_ids("r");
+  REQUIRE(stream->Write(req));
+  REQUIRE(stream->WritesDone());
+  CallsResponse resp;
+  std::string value;
+  while (stream->Read(&resp)) {
+    for (const auto& e : resp.events()) {
+      if (e.has_result()) value = e.result().value();
+    }
+  }
+  REQUIRE(stream->Finish().ok());
+  REQUIRE(value == "done");
+}
+
+TEST_CASE("GetInfo reports version and worker state", "[sandbox]") {
+  Harness h;
+  grpc::ClientContext ctx;
+  runtime::v1::GetInfoResponse info;
+  REQUIRE(h.stub->GetInfo(&ctx, runtime::v1::GetInfoRequest(), &info).ok());
+  REQUIRE(info.status() == "ok");
+  REQUIRE(info.version() == "test-version");
+  REQUIRE(info.worker_pid() == 0);  // no call yet: no worker
+}
+
+}  // namespace
+}  // namespace agentix::sandbox
