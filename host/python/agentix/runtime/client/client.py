@@ -1,0 +1,262 @@
+"""`RuntimeClient`: runs functions inside a sandbox over ``RuntimeService``.
+
+One gRPC channel and one ``Calls`` stream per client carry every call
+(`agentix.runtime.client.stream`). The channel is opened by ``async with`` or by
+the first `remote()` / `health()`; connecting is verified with a ``GetInfo``
+probe, so an address that refuses connections fails at once with
+`RuntimeUnreachable` and a silent one fails after ``timeout`` seconds.
+
+If the stream ends or breaks, every pending call fails with
+`RuntimeUnreachable` and the next call connects again. (The daemon keeps such
+calls running and retains their results; re-attaching them with
+``ResumeCalls`` is not implemented yet, so the ``reconnection*`` options are
+accepted but have no effect.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from typing import Any, Awaitable, Callable, TypeVar
+from uuid import uuid4
+
+import grpc
+
+from agentix.runtime.client.errors import CallTimeout, RemoteCallError, RuntimeUnreachable, remote_call_error
+from agentix.runtime.client.result import Failed, Ok, Result
+from agentix.runtime.client.stream import CallsStream, PendingCall
+from agentix.runtime.client.target import grpc_target
+from agentix.runtime.shared.callables import RemoteCallable, display_name_for
+from agentix.runtime.shared.models import HealthResponse, RemoteError
+from agentix.runtime.shared.safepickle import restricted_loads
+from agentix.runtime.v1 import runtime_pb2 as pb
+from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
+from agentix.utils import context
+
+__all__ = ["RuntimeClient"]
+
+R = TypeVar("R")
+
+# gRPC's 4 MiB default is far above what either side sends per message (payloads
+# travel in 1 MiB chunks); the higher cap only guards against a stricter default.
+_MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
+# How long close() waits for queued cancels to reach the daemon.
+_CLOSE_FLUSH_SECONDS = 1.0
+
+
+class RuntimeClient:
+    """Client of one sandbox runtime (``agentix-sandboxd``).
+
+    Args:
+      base_url: ``unix:///abs/path.sock``, ``host:port`` or ``http://host:port``
+        (see `agentix.runtime.client.target.grpc_target`).
+      timeout: seconds allowed for connecting (the ``GetInfo`` probe) and for
+        `health()`. Remote calls are bounded only by `call_deadline`.
+      http_sync_ms: accepted for compatibility and ignored: the original's HTTP
+        fast path has no counterpart, every call uses the gRPC stream.
+      call_deadline: seconds a `remote()` call may take once connected (None: no
+        limit). On expiry the call raises `CallTimeout` and is cancelled in the
+        sandbox.
+      reconnection, reconnection_attempts, reconnection_delay,
+      reconnection_delay_max, randomization_factor: accepted for compatibility;
+        reconnecting and resuming calls is not implemented yet (see module
+        docstring).
+
+    Use as ``async with RuntimeClient(url) as client:`` (connects on entry,
+    closes on exit) or call `close()` yourself. A closed client connects again
+    on its next use.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float = 300,
+        *,
+        http_sync_ms: int | None = 1000,
+        call_deadline: float | None = None,
+        reconnection: bool | None = None,
+        reconnection_attempts: int | None = None,
+        reconnection_delay: float | None = None,
+        reconnection_delay_max: float | None = None,
+        randomization_factor: float | None = None,
+    ) -> None:
+        self.base_url = base_url
+        self.timeout = timeout
+        self.http_sync_ms = http_sync_ms
+        self.call_deadline = call_deadline
+        self.reconnection_options = {
+            name: value
+            for name, value in (
+                ("reconnection", reconnection),
+                ("reconnection_attempts", reconnection_attempts),
+                ("reconnection_delay", reconnection_delay),
+                ("reconnection_delay_max", reconnection_delay_max),
+                ("randomization_factor", randomization_factor),
+            )
+            if value is not None
+        }
+        self._target = grpc_target(base_url)
+        self._channel: grpc.aio.Channel | None = None
+        self._channel_broken = False
+        self._stream: CallsStream | None = None
+        self._pending: dict[str, PendingCall] = {}
+        self._connect_lock = asyncio.Lock()
+
+    async def __aenter__(self) -> RuntimeClient:
+        await self._live_stream()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def remote(self, fn: Callable[..., Awaitable[R]] | Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """Runs ``fn(*args, **kwargs)`` in the sandbox and returns its value.
+
+        `fn` must be an importable top-level function (`RemoteCallable`);
+        otherwise `TypeError` is raised before anything is sent. Arguments are
+        pickled on the host (pickling errors propagate as they are); the value
+        is decoded through `restricted_loads`.
+
+        Raises:
+          RemoteCallError: the call failed in the sandbox (`CallCancelled` when
+            cancelled there, `WorkerExited` when the worker died).
+          CallTimeout: `call_deadline` passed; the sandbox is told to cancel.
+          RuntimeUnreachable: connecting failed, the connection was lost, or the
+            client was closed while the call was in flight.
+          RestrictedUnpickleError: the value is not on the host allowlist.
+        Cancelling the awaiting task cancels the call in the sandbox too.
+        """
+        display_name = display_name_for(fn)
+        callable_ref = RemoteCallable._resolve(fn)
+        arguments = pickle.dumps((args, kwargs), protocol=5)
+        carrier = context.encode() or b""
+        stream = await self._live_stream()
+
+        # Registering and starting happen without yielding to the loop right after
+        # _live_stream() saw the stream alive, so a loss cannot slip in between.
+        call = PendingCall(uuid4().hex, display_name, asyncio.get_running_loop().create_future())
+        self._pending[call.call_id] = call
+        stream.start_call(call.call_id, callable_ref, arguments, carrier)
+        try:
+            async with asyncio.timeout(self.call_deadline) as deadline:
+                outcome = await call.future
+        except TimeoutError:
+            if deadline.expired():
+                raise CallTimeout(
+                    f"remote call '{display_name}' exceeded deadline of {self.call_deadline}s"
+                ) from None
+            raise
+        finally:
+            self._pending.pop(call.call_id, None)
+            if call.future.cancelled():  # local cancellation or deadline
+                stream.cancel_call(call.call_id)
+
+        if isinstance(outcome, RemoteError):
+            raise remote_call_error(display_name, outcome)
+        return restricted_loads(outcome)
+
+    async def try_remote(
+        self, fn: Callable[..., Awaitable[R]] | Callable[..., R], *args: Any, **kwargs: Any
+    ) -> Result[R]:
+        """Like `remote()`, but returns `Ok(value)`, or `Failed(error)` for a
+        `RemoteCallError`, `CallTimeout` or `RuntimeUnreachable`. Misuse
+        (`TypeError`), `RestrictedUnpickleError` and cancellation still raise."""
+        try:
+            return Ok(await self.remote(fn, *args, **kwargs))
+        except (RemoteCallError, CallTimeout, RuntimeUnreachable) as error:
+            return Failed(error)
+
+    async def health(self) -> HealthResponse:
+        """Asks the runtime for its status and version (``GetInfo``).
+
+        Raises `RuntimeUnreachable` when it cannot be reached within `timeout`.
+        """
+        async with self._connect_lock:
+            channel = await self._ready_channel()
+        try:
+            info = await pb_grpc.RuntimeServiceStub(channel).GetInfo(pb.GetInfoRequest(), timeout=self.timeout)
+        except grpc.aio.AioRpcError as error:
+            raise self._unreachable(error) from error
+        return HealthResponse(status=info.status, version=info.version)
+
+    async def close(self) -> None:
+        """Closes the connection. Calls still in flight fail with
+        `RuntimeUnreachable` and are cancelled in the sandbox (best effort).
+        Idempotent; the client connects again if used afterwards."""
+        stream, self._stream = self._stream, None
+        channel, self._channel = self._channel, None
+        in_flight = list(self._pending.values())
+        self._pending.clear()
+        for call in in_flight:
+            call.fail(
+                RuntimeUnreachable(
+                    f"runtime client closed with remote call '{call.display_name}' in flight: {self.base_url}"
+                )
+            )
+        if stream is not None:
+            await stream.aclose([call.call_id for call in in_flight], _CLOSE_FLUSH_SECONDS)
+        if channel is not None:
+            await channel.close()
+
+    async def _live_stream(self) -> CallsStream:
+        """Returns the open Calls stream, connecting first if there is none."""
+        stream = self._stream
+        if stream is not None and stream.alive:
+            return stream
+        async with self._connect_lock:
+            if self._stream is None or not self._stream.alive:
+                channel = await self._ready_channel()
+                rpc = pb_grpc.RuntimeServiceStub(channel).Calls()
+                self._stream = CallsStream(rpc, self._pending, self._stream_lost)
+            return self._stream
+
+    async def _ready_channel(self) -> grpc.aio.Channel:
+        """Returns a usable channel, replacing one that is known broken and
+        probing a new one with GetInfo. Caller holds ``_connect_lock``."""
+        channel = self._channel
+        if channel is not None and not self._channel_broken:
+            if channel.get_state() not in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN):
+                return channel
+        self._channel = None
+        if channel is not None:
+            await channel.close()
+
+        # A private subchannel pool: a fresh channel must not inherit the
+        # reconnect backoff of a broken one to the same address.
+        channel = grpc.aio.insecure_channel(
+            self._target,
+            options=[
+                ("grpc.max_receive_message_length", _MAX_GRPC_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", _MAX_GRPC_MESSAGE_BYTES),
+                ("grpc.use_local_subchannel_pool", 1),
+            ],
+        )
+        try:
+            await pb_grpc.RuntimeServiceStub(channel).GetInfo(pb.GetInfoRequest(), timeout=self.timeout)
+        except BaseException as error:
+            await channel.close()
+            if isinstance(error, grpc.aio.AioRpcError):
+                raise self._unreachable(error) from error
+            raise
+        self._channel = channel
+        self._channel_broken = False
+        return channel
+
+    def _unreachable(self, error: grpc.aio.AioRpcError) -> RuntimeUnreachable:
+        return RuntimeUnreachable(
+            f"runtime server unreachable at {self.base_url}: {error.code().name}: {error.details()}"
+        )
+
+    def _stream_lost(self, stream: CallsStream, error: BaseException | None) -> None:
+        """Fails every pending call of the lost stream; the next call reconnects."""
+        if stream is not self._stream:
+            return
+        self._stream = None
+        self._channel_broken = True
+        lost = list(self._pending.values())
+        self._pending.clear()
+        for call in lost:
+            failure = RuntimeUnreachable(f"runtime server connection lost: {self.base_url}")
+            if error is not None:
+                failure.__cause__ = error
+            call.fail(failure)

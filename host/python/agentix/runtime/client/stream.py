@@ -1,0 +1,329 @@
+"""The host half of one ``RuntimeService.Calls`` stream.
+
+One bidirectional stream carries every call of a client, correlated by
+``call_id``. Two tasks own it:
+
+- the sender writes queued `HostEvent`s. Whatever accumulated while the previous
+  write was in flight goes out in one `CallsRequest` (coalescing is what makes
+  many concurrent small calls cheap), up to about `BATCH_BYTES` per message.
+  Arguments over `CHUNK_BYTES` are sent as a `StartCall` with the first chunk
+  followed by `ArgumentChunk`s; each message takes the queued small events
+  first and then one chunk per unfinished upload in turn, so a small call is
+  never queued behind a large upload.
+- the reader routes `SandboxEvent`s to the `PendingCall` of their ``call_id``:
+  `ResultChunk` bytes accumulate, and a terminal `CallResult` or `CallError`
+  settles the call's future and is acknowledged with `AckResult`. Terminal
+  events for calls nobody awaits any more are acknowledged too, so the daemon
+  can free what it retains.
+
+The table of pending calls belongs to the client (it outlives a stream, which
+is what resuming calls on a new stream needs); this module only reads it and
+removes settled calls. When the stream ends or fails, it reports once through
+``on_lost`` and the client decides what happens to the calls still pending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable
+from typing import Union
+
+import grpc
+
+from agentix.runtime.shared.models import RemoteError
+from agentix.runtime.v1 import runtime_pb2 as pb
+
+__all__ = ["BATCH_BYTES", "CHUNK_BYTES", "CallsStream", "Outcome", "PendingCall"]
+
+_log = logging.getLogger("agentix.runtime.client")
+
+# Largest argument piece in one event; the daemon refuses larger ArgumentChunks.
+CHUNK_BYTES = 1 << 20
+# Soft cap on one outgoing message: events are added while the total stays within
+# it (a single larger event still goes alone). Keeps messages far below the
+# daemon's receive limit.
+BATCH_BYTES = 2 << 20
+# Bytes counted per event on top of its payloads (ids, tags, lengths).
+_EVENT_OVERHEAD = 64
+
+# A call's outcome: the encoded result value, or the sandbox's error report.
+Outcome = Union[bytes, RemoteError]
+
+
+class PendingCall:
+    """A call started on a stream and not yet settled.
+
+    ``future`` receives the `Outcome`, or an exception chosen by the client when
+    the call cannot finish (connection lost, client closed).
+    """
+
+    __slots__ = ("call_id", "display_name", "future", "result_chunks")
+
+    def __init__(self, call_id: str, display_name: str, future: asyncio.Future) -> None:
+        self.call_id = call_id
+        self.display_name = display_name
+        self.future = future
+        self.result_chunks: list[bytes] = []
+
+    def settle(self, outcome: Outcome) -> None:
+        """Delivers `outcome` unless the future is already done (e.g. cancelled)."""
+        if not self.future.done():
+            self.future.set_result(outcome)
+
+    def fail(self, error: BaseException) -> None:
+        """Fails the call with `error` unless the future is already done."""
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+class _Upload:
+    """The argument bytes of one call that still have to follow its StartCall."""
+
+    __slots__ = ("call_id", "data", "offset", "dropped")
+
+    def __init__(self, call_id: str, data: memoryview) -> None:
+        self.call_id = call_id
+        self.data = data
+        self.offset = 0
+        self.dropped = False
+
+    def next_chunk_size(self) -> int:
+        return min(CHUNK_BYTES, len(self.data) - self.offset)
+
+    def take_chunk(self) -> bytes:
+        end = self.offset + CHUNK_BYTES
+        chunk = bytes(self.data[self.offset : end])
+        self.offset = min(end, len(self.data))
+        return chunk
+
+    @property
+    def finished(self) -> bool:
+        return self.offset >= len(self.data)
+
+
+def remote_error_from_proto(error: pb.RemoteError) -> RemoteError:
+    """Converts the wire `RemoteError`; empty tracebacks become None."""
+    return RemoteError(
+        type=error.type,
+        message=error.message,
+        traceback=error.traceback or None,
+        cancelled=error.cancelled,
+        returncode=error.returncode if error.HasField("returncode") else None,
+    )
+
+
+class CallsStream:
+    """Drives one open ``Calls`` RPC; see the module docstring.
+
+    Args:
+      rpc: the stream-stream call object returned by ``stub.Calls()``.
+      pending: the client's table of pending calls, keyed by ``call_id``.
+      on_lost: called once, from this stream's tasks, when the stream ends or
+        fails before `aclose`; receives this stream and the error (None when the
+        server ended the stream cleanly).
+    """
+
+    def __init__(
+        self,
+        rpc: grpc.aio.StreamStreamCall,
+        pending: dict[str, PendingCall],
+        on_lost: Callable[[CallsStream, BaseException | None], None],
+    ) -> None:
+        self._rpc = rpc
+        self._pending = pending
+        self._on_lost = on_lost
+        # (estimated size, event, upload to begin once the event is sent)
+        self._queue: collections.deque[tuple[int, pb.HostEvent, _Upload | None]] = collections.deque()
+        self._uploads: collections.deque[_Upload] = collections.deque()
+        self._uploads_by_id: dict[str, _Upload] = {}
+        self._wakeup = asyncio.Event()
+        self._closing = False
+        self._lost = False
+        self._sender = asyncio.create_task(self._send_loop(), name="agentix-calls-sender")
+        self._reader = asyncio.create_task(self._read_loop(), name="agentix-calls-reader")
+
+    @property
+    def alive(self) -> bool:
+        """True while new calls may be started on this stream."""
+        return not (self._lost or self._closing)
+
+    def start_call(self, call_id: str, callable_ref: str, arguments: bytes, context: bytes) -> None:
+        """Queues the StartCall (and any ArgumentChunks) of a call in `pending`."""
+        first = arguments[:CHUNK_BYTES] if len(arguments) > CHUNK_BYTES else arguments
+        upload = None
+        if len(arguments) > CHUNK_BYTES:
+            upload = _Upload(call_id, memoryview(arguments)[CHUNK_BYTES:])
+            self._uploads_by_id[call_id] = upload
+        event = pb.HostEvent(
+            start=pb.StartCall(
+                call_id=call_id,
+                callable=callable_ref,
+                encoding=pb.ENCODING_PICKLE,
+                arguments=first,
+                arguments_size=len(arguments),
+                context=context,
+            )
+        )
+        self._enqueue(len(first) + len(context) + len(callable_ref) + _EVENT_OVERHEAD, event, upload)
+
+    def cancel_call(self, call_id: str) -> None:
+        """Stops uploading the call's arguments and asks the daemon to cancel it."""
+        self._drop_upload(call_id)
+        if self.alive:
+            self._enqueue(_EVENT_OVERHEAD, pb.HostEvent(cancel=pb.CancelCall(call_id=call_id)))
+
+    async def aclose(self, cancel_ids: list[str], flush_timeout: float) -> None:
+        """Cancels `cancel_ids`, flushes queued events and half-closes the stream
+        (waiting at most `flush_timeout` seconds), then tears it down. The calls
+        in `pending` are the caller's to settle; `on_lost` is not called."""
+        for call_id in cancel_ids:
+            self.cancel_call(call_id)
+        self._closing = True
+        self._wakeup.set()
+        if not self._lost:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._sender), flush_timeout)
+            except (asyncio.TimeoutError, grpc.aio.AioRpcError):
+                _log.debug("runtime stream did not flush within %ss", flush_timeout)
+        self._lost = True
+        self._rpc.cancel()
+        for task in (self._sender, self._reader):
+            task.cancel()
+        await asyncio.gather(self._sender, self._reader, return_exceptions=True)
+
+    def _enqueue(self, size: int, event: pb.HostEvent, upload: _Upload | None = None) -> None:
+        self._queue.append((size, event, upload))
+        self._wakeup.set()
+
+    def _drop_upload(self, call_id: str) -> None:
+        upload = self._uploads_by_id.pop(call_id, None)
+        if upload is not None:
+            upload.dropped = True
+
+    def _take_batch(self) -> list[pb.HostEvent]:
+        """Takes the events of the next message: queued events first, then one
+        argument chunk per unfinished upload, round-robin, within BATCH_BYTES."""
+        batch: list[pb.HostEvent] = []
+        size = 0
+        queue = self._queue
+        while queue:
+            event_size, event, upload = queue[0]
+            if batch and size + event_size > BATCH_BYTES:
+                return batch
+            queue.popleft()
+            batch.append(event)
+            size += event_size
+            if upload is not None and not upload.dropped:
+                self._uploads.append(upload)
+
+        uploads = self._uploads
+        while uploads:
+            upload = uploads[0]
+            if upload.dropped:
+                uploads.popleft()
+                continue
+            chunk_size = upload.next_chunk_size() + _EVENT_OVERHEAD
+            if batch and size + chunk_size > BATCH_BYTES:
+                break
+            uploads.popleft()
+            batch.append(
+                pb.HostEvent(argument_chunk=pb.ArgumentChunk(call_id=upload.call_id, data=upload.take_chunk()))
+            )
+            size += chunk_size
+            if upload.finished:
+                self._uploads_by_id.pop(upload.call_id, None)
+            else:
+                uploads.append(upload)
+        return batch
+
+    async def _send_loop(self) -> None:
+        try:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                while self._queue or self._uploads:
+                    batch = self._take_batch()
+                    if batch:
+                        await self._rpc.write(pb.CallsRequest(events=batch))
+                if self._closing:
+                    await self._rpc.done_writing()
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a write failed: the stream is unusable
+            self._report_lost(exc)
+
+    async def _read_loop(self) -> None:
+        try:
+            async for response in self._rpc:
+                for event in response.events:
+                    self._route(event)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # includes routing bugs: fail calls, never hang them
+            self._report_lost(exc)
+        else:
+            self._report_lost(None)
+
+    def _report_lost(self, error: BaseException | None) -> None:
+        if self._lost:
+            return
+        self._lost = True
+        if self._closing:
+            return
+        _log.debug("runtime stream lost: %r", error)
+        for task in (self._sender, self._reader):
+            if task is not asyncio.current_task():
+                task.cancel()
+        self._rpc.cancel()
+        self._on_lost(self, error)
+
+    def _route(self, event: pb.SandboxEvent) -> None:
+        kind = event.WhichOneof("kind")
+        if kind == "result_chunk":
+            call = self._pending.get(event.result_chunk.call_id)
+            if call is not None:
+                call.result_chunks.append(event.result_chunk.data)
+        elif kind == "result":
+            self._finish(event.result.call_id, self._result_outcome(event.result))
+        elif kind == "error":
+            failure = event.error
+            if failure.HasField("error"):
+                outcome = remote_error_from_proto(failure.error)
+            else:
+                outcome = RemoteError(type="MalformedError", message="the runtime reported an error without details")
+            if not failure.call_id:
+                _log.warning("runtime refused an event of this client: %s: %s", outcome.type, outcome.message)
+                return
+            self._finish(failure.call_id, outcome)
+        elif kind == "stream_item":
+            # Reserved for streaming callables, which this client does not start.
+            _log.debug("ignoring stream item for call %s", event.stream_item.call_id)
+
+    def _result_outcome(self, result: pb.CallResult) -> Outcome:
+        call = self._pending.get(result.call_id)
+        if call is None or not call.result_chunks:
+            value = result.value
+        else:
+            value = b"".join([*call.result_chunks, result.value])
+        if result.encoding not in (pb.ENCODING_UNSPECIFIED, pb.ENCODING_PICKLE):
+            return RemoteError(
+                type="MalformedError",
+                message=f"the runtime answered with encoding {pb.Encoding.Name(result.encoding)}, not pickle",
+            )
+        if result.value_size and result.value_size != len(value):
+            return RemoteError(
+                type="MalformedError",
+                message=f"result value has {len(value)} bytes but the runtime announced {result.value_size}",
+            )
+        return value
+
+    def _finish(self, call_id: str, outcome: Outcome) -> None:
+        """Settles a call on its terminal event and acknowledges the event."""
+        call = self._pending.pop(call_id, None)
+        if call is not None:
+            call.settle(outcome)
+        self._drop_upload(call_id)
+        self._enqueue(_EVENT_OVERHEAD, pb.HostEvent(ack=pb.AckResult(call_id=call_id)))

@@ -1,0 +1,122 @@
+"""Fixtures that start the real `agentix-sandboxd` + `agentix-worker`.
+
+Run through `tools/test`, which builds the binaries and the wheel, installs the
+wheel into a `--system-site-packages` venv of /usr/bin/python3 and runs pytest
+with that venv's interpreter. The same venv is the worker's `--venv`.
+"""
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BAZEL_BIN = Path(os.environ.get("AGENTIX_BAZEL_BIN", REPO / "bazel-bin"))
+SANDBOXD = BAZEL_BIN / "sandbox" / "agentix-sandboxd"
+WORKER = BAZEL_BIN / "worker" / "agentix-worker"
+TARGETS_DIR = REPO / "testing" / "fixtures" / "remote_targets"
+
+sys.path.insert(0, str(TARGETS_DIR))
+
+
+def _venv():
+    if sys.prefix == sys.base_prefix:
+        pytest.exit("run the e2e suite with the venv made by tools/test", 2)
+    return sys.prefix
+
+
+class Daemon:
+    """One running agentix-sandboxd; stops it on `stop()`."""
+
+    def __init__(self, tmp_path, *, tcp=False, extra_args=(), env=None):
+        self.log_path = tmp_path / "sandboxd.log"
+        if tcp:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            self.listen = f"127.0.0.1:{port}"
+            self.url = self.listen
+            self.socket_path = None
+        else:
+            self.socket_path = tmp_path / "sandboxd.sock"
+            self.listen = f"unix://{self.socket_path}"
+            self.url = self.listen
+        argv = [
+            str(SANDBOXD),
+            "--listen", self.listen,
+            "--worker", str(WORKER),
+            "--venv", _venv(),
+            "--python-path", str(TARGETS_DIR),
+            *extra_args,
+        ]
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+        self._wait_ready()
+
+    def _wait_ready(self, timeout=15.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sandboxd exited early:\n{self.log()}")
+            if b"serving agentix.runtime.v1" in self.log_path.read_bytes():
+                return
+            time.sleep(0.02)
+        raise RuntimeError(f"sandboxd not ready in {timeout}s:\n{self.log()}")
+
+    def log(self):
+        return self.log_path.read_text(errors="replace")
+
+    def peak_rss_bytes(self):
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmHWM")
+
+    def stop(self, timeout=15.0):
+        """SIGTERM, wait; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def start_daemon(tmp_path):
+    daemons = []
+
+    def start(**kwargs):
+        d = Daemon(tmp_path, **kwargs)
+        daemons.append(d)
+        return d
+
+    yield start
+    for d in daemons:
+        d.stop()
+
+
+@pytest.fixture
+def daemon(start_daemon):
+    return start_daemon()
+
+
+@pytest.fixture
+async def client(daemon):
+    from agentix import RuntimeClient
+
+    async with RuntimeClient(daemon.url) as c:
+        yield c

@@ -1,0 +1,46 @@
+"""A bare `RuntimeService.Calls` stream for tests that must send what the
+host package never would (garbage arguments, unknown ids, no call_id)."""
+
+import grpc
+
+from agentix.runtime.v1 import runtime_pb2 as pb
+from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
+
+
+class RawStream:
+    def __init__(self, url):
+        self.channel = grpc.aio.insecure_channel(url)
+        self.stub = pb_grpc.RuntimeServiceStub(self.channel)
+        self.call = self.stub.Calls()
+
+    async def send(self, *events):
+        await self.call.write(pb.CallsRequest(events=list(events)))
+
+    async def terminal(self, call_id, timeout=20):
+        """Reads until the terminal event of `call_id`; returns it."""
+        import asyncio
+
+        async def read():
+            while True:
+                resp = await self.call.read()
+                assert resp is not grpc.aio.EOF, "stream ended"
+                for e in resp.events:
+                    kind = e.WhichOneof("kind")
+                    if kind in ("result", "error") and getattr(e, kind).call_id == call_id:
+                        return e
+
+        return await asyncio.wait_for(read(), timeout)
+
+    async def close(self):
+        self.call.cancel()
+        await self.channel.close()
+
+
+def start(call_id, callable_, arguments=b"", size=0, encoding=pb.ENCODING_PICKLE):
+    return pb.HostEvent(start=pb.StartCall(
+        call_id=call_id, callable=callable_, arguments=arguments,
+        arguments_size=size, encoding=encoding))
+
+
+def chunk(call_id, data):
+    return pb.HostEvent(argument_chunk=pb.ArgumentChunk(call_id=call_id, data=data))

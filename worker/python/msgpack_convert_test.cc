@@ -1,0 +1,118 @@
+#include "worker/python/msgpack_convert.h"
+
+#include <catch2/catch.hpp>
+#include <msgpack.hpp>
+
+#include "worker/python/py_error.h"
+#include "worker/python/test_interpreter.h"
+
+namespace agentix::worker {
+namespace {
+
+// repr() of a Python object, consuming the reference.
+std::string Repr(PyObject* object) {
+  REQUIRE(object != nullptr);
+  PyObject* repr = PyObject_Repr(object);
+  Py_DECREF(object);
+  REQUIRE(repr != nullptr);
+  std::string out = PyUnicode_AsUTF8(repr);
+  Py_DECREF(repr);
+  return out;
+}
+
+std::string Encode(const char* expression) {
+  PyObject* value = testing::EvalPython(expression);
+  REQUIRE(value != nullptr);
+  std::string out;
+  const bool ok = PythonToMsgpack(value, out);
+  Py_DECREF(value);
+  if (!ok) {
+    PythonError error = FetchPythonError();
+    FAIL(error.type << ": " << error.message);
+  }
+  return out;
+}
+
+PythonError EncodeError(const char* expression) {
+  PyObject* value = testing::EvalPython(expression);
+  REQUIRE(value != nullptr);
+  std::string out;
+  REQUIRE_FALSE(PythonToMsgpack(value, out));
+  Py_DECREF(value);
+  REQUIRE(PyErr_Occurred());
+  return FetchPythonError();
+}
+
+PythonError DecodeError(const std::string& bytes) {
+  REQUIRE(MsgpackToPython(bytes.data(), bytes.size()) == nullptr);
+  REQUIRE(PyErr_Occurred());
+  return FetchPythonError();
+}
+
+std::string RoundTrip(const char* expression) {
+  const std::string bytes = Encode(expression);
+  return Repr(MsgpackToPython(bytes.data(), bytes.size()));
+}
+
+TEST_CASE("Python values round-trip through msgpack", "[msgpack]") {
+  testing::EnsureInterpreter();
+  REQUIRE(RoundTrip("None") == "None");
+  REQUIRE(RoundTrip("[True, False]") == "[True, False]");
+  REQUIRE(RoundTrip("[0, -1, 127, -32, 2**63 - 1, -2**63, 2**64 - 1]") ==
+          "[0, -1, 127, -32, 9223372036854775807, -9223372036854775808, "
+          "18446744073709551615]");
+  REQUIRE(RoundTrip("1.5") == "1.5");
+  REQUIRE(RoundTrip("'h\\u00e9llo'") == "'héllo'");
+  REQUIRE(RoundTrip("b'\\x00\\xff'") == "b'\\x00\\xff'");
+  REQUIRE(RoundTrip("bytearray(b'ab')") == "b'ab'");
+  REQUIRE(RoundTrip("memoryview(b'cd')") == "b'cd'");
+  // Tuples become lists, as msgpack-python does.
+  REQUIRE(RoundTrip("(1, (2, 3))") == "[1, [2, 3]]");
+  REQUIRE(RoundTrip("{'a': {b'k': [1, {}]}}") == "{'a': {b'k': [1, {}]}}");
+}
+
+TEST_CASE("Types msgpack cannot carry are refused", "[msgpack]") {
+  testing::EnsureInterpreter();
+  PythonError error = EncodeError("{1, 2}");
+  REQUIRE(error.type == "TypeError");
+  REQUIRE(error.message == "agentix.codec: cannot encode <class 'set'>");
+  REQUIRE(EncodeError("2**64").type == "OverflowError");
+  REQUIRE(EncodeError("-2**63 - 1").type == "OverflowError");
+  REQUIRE(EncodeError("'\\ud800'").type == "UnicodeEncodeError");
+  testing::RunPython("_cycle = []\n_cycle.append(_cycle)\n");
+  REQUIRE(EncodeError("_cycle").type == "RecursionError");
+}
+
+TEST_CASE("Bad msgpack input raises ValueError", "[msgpack]") {
+  testing::EnsureInterpreter();
+  REQUIRE(DecodeError("").type == "ValueError");
+  REQUIRE(DecodeError("\x92\x01").type == "ValueError");  // truncated array
+  PythonError trailing = DecodeError(std::string("\x01\x02", 2));
+  REQUIRE(trailing.message == "trailing bytes after the msgpack value");
+  // {1: 2}: int keys are refused (strict_map_key).
+  REQUIRE(DecodeError("\x81\x01\x02").message ==
+          "msgpack map keys must be str or bytes");
+  // fixext1 type 5.
+  REQUIRE(DecodeError(std::string("\xd4\x05\x00", 3)).message ==
+          "unsupported msgpack ext type 5");
+  // Invalid UTF-8 in a str.
+  REQUIRE(DecodeError("\xa1\xff").type == "UnicodeDecodeError");
+}
+
+TEST_CASE("msgpack written by msgpack-cxx decodes", "[msgpack]") {
+  testing::EnsureInterpreter();
+  msgpack::sbuffer buffer;
+  msgpack::packer<msgpack::sbuffer> packer(buffer);
+  packer.pack_array(2);
+  packer.pack_array(2);
+  packer.pack(1);
+  packer.pack(2.5f);
+  packer.pack_map(1);
+  packer.pack(std::string("key"));
+  packer.pack_nil();
+  REQUIRE(Repr(MsgpackToPython(buffer.data(), buffer.size())) ==
+          "[[1, 2.5], {'key': None}]");
+}
+
+}  // namespace
+}  // namespace agentix::worker
