@@ -19,6 +19,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/flags.h"
 #include "base/log.h"
 #include "sandbox/runtime_service.h"
 #include "sandbox/session_manager.h"
@@ -88,7 +89,11 @@ std::string UnixSocketPath(const std::string& address) {
   return address.substr(sizeof(kPrefix) - 1);
 }
 
-int Run(int argc, char** argv) {
+int Run(int argc, char** raw_argv) {
+  std::vector<std::string> storage;
+  std::vector<char*> normalized =
+      base::NormalizeFlagNames(argc, raw_argv, storage);
+  char** argv = normalized.data();
   std::vector<std::string> listen = ExtractListenFlags(argc, argv);
   absl::SetProgramUsageMessage(
       "agentix-sandboxd --listen unix:///abs/path.sock|HOST:PORT "

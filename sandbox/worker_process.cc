@@ -26,6 +26,26 @@ std::string RandomWorkerId() {
 // frames cost one syscall.
 constexpr size_t kCoalesceBytes = 256 * 1024;
 
+// Writes as much of `batch` as the socket takes without blocking; leaves the
+// unwritten rest in `batch`. Returns false if the channel is broken.
+bool TryWriteNow(int fd, std::deque<std::string>& batch) {
+  while (!batch.empty()) {
+    std::string& bytes = batch.front();
+    ssize_t n = ::send(fd, bytes.data(), bytes.size(),
+                       MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno == EAGAIN || errno == EWOULDBLOCK;
+    }
+    if (static_cast<size_t>(n) < bytes.size()) {
+      bytes.erase(0, static_cast<size_t>(n));
+      return true;  // the socket is full: leave the rest to the writer
+    }
+    batch.pop_front();
+  }
+  return true;
+}
+
 // Writes queued frames, joining small neighbours into one syscall.
 bool WriteBatch(int fd, const std::deque<std::string>& batch) {
   std::string joined;
@@ -113,9 +133,29 @@ void WorkerProcess::Send(const ipc::Frame& frame) {
             ipc::FrameTypeName(frame.type), status.ToString());
     return;
   }
+  std::deque<std::string> batch;
+  {
+    absl::MutexLock lock(&out_mu_);
+    if (writer_stop_) return;
+    outbound_.push_back(std::move(bytes));
+    if (writing_) return;  // the current owner writes it
+    writing_ = true;
+    batch.swap(outbound_);
+  }
+  const bool ok = TryWriteNow(channel_.get(), batch);
   absl::MutexLock lock(&out_mu_);
-  if (writer_stop_) return;
-  outbound_.push_back(std::move(bytes));
+  if (!ok) {
+    writer_stop_ = true;  // the reader reports the broken channel
+    outbound_.clear();
+  } else {
+    // Whatever would have blocked goes back in front, in order; the writer
+    // thread takes it (and anything queued meanwhile) from here.
+    while (!batch.empty()) {
+      outbound_.push_front(std::move(batch.back()));
+      batch.pop_back();
+    }
+  }
+  writing_ = false;
 }
 
 void WorkerProcess::Kill() {
@@ -148,16 +188,19 @@ void WorkerProcess::WriterLoop() {
       absl::MutexLock lock(&out_mu_);
       out_mu_.Await(absl::Condition(
           +[](WorkerProcess* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->out_mu_) {
-            return w->writer_stop_ || !w->outbound_.empty();
+            return w->writer_stop_ || (!w->writing_ && !w->outbound_.empty());
           },
           this));
       if (writer_stop_) return;
+      writing_ = true;
       batch.swap(outbound_);
     }
     // I/O happens outside the lock. On failure the reader sees the same
     // breakage as EOF and reports the exit.
-    if (!WriteBatch(channel_.get(), batch)) {
-      absl::MutexLock lock(&out_mu_);
+    const bool ok = WriteBatch(channel_.get(), batch);
+    absl::MutexLock lock(&out_mu_);
+    writing_ = false;
+    if (!ok) {
       writer_stop_ = true;
       outbound_.clear();
       return;

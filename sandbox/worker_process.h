@@ -67,8 +67,9 @@ class WorkerProcess {
   // called from the listener callbacks of this instance.
   ~WorkerProcess();
 
-  // Queues one frame for the writer thread. Thread-safe, never blocks on
-  // I/O. Frames sent after the worker died are dropped (the exit callback
+  // Sends one frame: written at once with a non-blocking write when the
+  // channel is idle, otherwise queued for the writer thread. Thread-safe,
+  // never blocks on I/O. Frames sent after the worker died are dropped (the exit callback
   // has told or will tell every caller).
   void Send(const ipc::Frame& frame);
   // Asks the worker to finish (`shutdown` frame), waits up to `grace`, then
@@ -96,8 +97,12 @@ class WorkerProcess {
   absl::Mutex child_mu_;
   base::ChildProcess child_ ABSL_GUARDED_BY(child_mu_);
 
+  // The channel's write side has one owner at a time (`writing_`): either a
+  // Send() caller writing inline without blocking (the common, low-latency
+  // path) or the writer thread, which takes over whatever would block.
   absl::Mutex out_mu_;
   std::deque<std::string> outbound_ ABSL_GUARDED_BY(out_mu_);
+  bool writing_ ABSL_GUARDED_BY(out_mu_) = false;
   bool writer_stop_ ABSL_GUARDED_BY(out_mu_) = false;
 
   std::thread reader_;
