@@ -38,6 +38,9 @@ def runfiles_root() -> Path | None:
     env = os.environ.get("RUNFILES_DIR")
     if env and Path(env, WORKSPACE).is_dir():
         return Path(env)
+    manifest = os.environ.get("RUNFILES_MANIFEST_FILE", "")
+    if manifest.endswith("_manifest") and Path(manifest[:-len("_manifest")], WORKSPACE).is_dir():
+        return Path(manifest[:-len("_manifest")])
     for parent in bench_dir().parents:
         if parent.name.endswith(".runfiles"):
             return parent
@@ -53,13 +56,14 @@ def runfile(relpath: str) -> Path | None:
     return path if path.exists() else None
 
 
-def start_process(argv, *, env=None, stdin=None, stdout=None, new_session=False):
+def start_process(argv, *, env=None, stdin=None, stdout=None, cwd=None, new_session=False):
     """Starts a child; `new_session=True` makes it the leader of its own process group."""
     return subprocess.Popen(
         [str(a) for a in argv],
         env=env,
         stdin=stdin,
         stdout=stdout,
+        cwd=cwd,
         start_new_session=new_session,
     )
 

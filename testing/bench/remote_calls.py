@@ -24,13 +24,21 @@ import json
 import os
 import platform
 import shutil
+import signal
 import socket
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
-import procs
-import workloads
+# Python puts the symlink-RESOLVED directory of the main script on sys.path[0]; under
+# Bazel that is the source tree. Import the sibling modules from the runfiles tree
+# instead, so that procs.bench_dir() (handed to both workers) points into the runfiles.
+sys.path[0] = os.path.dirname(os.path.abspath(__file__))
+
+import procs  # noqa: E402
+import workloads  # noqa: E402
 
 SIDES = ("baseline", "ours")
 RESULT_PREFIX = "RESULT "
@@ -71,7 +79,8 @@ def _run_baseline(args, plan, log) -> dict:
         p for p in [str(procs.bench_dir()), env.get("PYTHONPATH", "")] if p)
     server = procs.start_process(
         [sys.executable, "-m", "baseline.server", "--bench-dir", procs.bench_dir()],
-        env=env, stdin=procs.subprocess.PIPE, stdout=procs.subprocess.PIPE)
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        cwd=procs.bench_dir())
     try:
         line = procs.read_line(server, SERVER_START_TIMEOUT_S)
         if not line or not line.startswith("LISTENING "):
@@ -108,15 +117,18 @@ def _run_ours(args, plan, log) -> dict:
     sandboxd = args.sandboxd or procs.runfile("sandbox/agentix-sandboxd")
     worker = args.worker or procs.runfile("worker/agentix-worker")
     if not sandboxd or not worker:
-        raise RuntimeError("agentix-sandboxd / agentix-worker not found in the runfiles "
-                           "(build them, or pass --sandboxd and --worker)")
+        raise RuntimeError(
+            f"agentix-sandboxd ({sandboxd}) / agentix-worker ({worker}) not found in the "
+            f"runfiles under {procs.runfiles_root()} (build them, or pass --sandboxd and --worker)")
     from agentix import RuntimeClient  # the real host package (//host/python:agentix)
 
     tmp = tempfile.mkdtemp(prefix="agx-bench-", dir="/tmp")  # short: sun_path is 108 bytes
     sock = os.path.join(tmp, "sandboxd.sock")
     url = f"unix://{sock}"
+    # absl flag spelling (--python_path): this absl does not accept "--python-path".
     daemon = procs.start_process(
-        [sandboxd, "--listen", url, "--worker", worker, "--python-path", procs.bench_dir()],
+        [sandboxd, "--listen", url, f"--worker={worker}",
+         f"--python_path={procs.bench_dir()}", "--log_level=warning"],
         stdout=sys.stderr.fileno())  # keep our stdout for the report
     try:
         _wait_for_unix_socket(sock, daemon, SERVER_START_TIMEOUT_S)
@@ -132,12 +144,23 @@ def _run_ours(args, plan, log) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _exit_with_parent(parent_pid: int) -> None:
+    """Gets SIGTERM when the driver dies, even by SIGKILL (Linux PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != parent_pid:  # the driver died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def run_side(args) -> int:
     """Child mode (--side): measures one stack, prints `RESULT {json}` last."""
-    import signal
-
-    # The parent stops us with SIGTERM: unwind through the finally blocks above.
+    # The driver stops us with SIGTERM: unwind through the finally blocks above,
+    # which stop the server side we started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.parent_pid:
+        _exit_with_parent(args.parent_pid)
     plan = workloads.QUICK if args.quick else workloads.FULL
     log = _log_for(args.side)
     runner = _run_baseline if args.side == "baseline" else _run_ours
@@ -162,7 +185,8 @@ def _machine() -> dict:
 
 def _run_child(side: str, args, env: dict, timeout_s: float) -> tuple[dict | None, str | None]:
     """Runs one `--side` child, echoing its lines; returns (results, error)."""
-    argv = [sys.executable, os.path.abspath(__file__), "--side", side]
+    argv = [sys.executable, os.path.abspath(__file__), "--side", side,
+            "--parent-pid", str(os.getpid())]
     if args.quick:
         argv.append("--quick")
     if args.sandboxd:
@@ -170,7 +194,7 @@ def _run_child(side: str, args, env: dict, timeout_s: float) -> tuple[dict | Non
     if args.worker:
         argv += ["--worker", args.worker]
     # Own process group, so a timeout or Ctrl-C can stop the child and all it started.
-    child = procs.start_process(argv, env=env, stdout=procs.subprocess.PIPE, new_session=True)
+    child = procs.start_process(argv, env=env, stdout=subprocess.PIPE, new_session=True)
     results, deadline = None, time.monotonic() + timeout_s
     try:
         while True:
@@ -245,6 +269,17 @@ def _print_table(report: dict) -> None:
         print(f"target {key}: {value}")
 
 
+def _combine(rounds: list[dict]) -> dict | None:
+    """Per-metric median over the rounds of one side (None if no round succeeded)."""
+    if not rounds:
+        return None
+    combined = {}
+    for key, value in rounds[0].items():
+        values = [r[key] for r in rounds if isinstance(r.get(key), (int, float))]
+        combined[key] = round(statistics.median(values), 2) if values else value
+    return combined
+
+
 def run_driver(args) -> int:
     env = dict(os.environ)
     if args.no_malloc_tunables:
@@ -254,14 +289,31 @@ def run_driver(args) -> int:
         env["GLIBC_TUNABLES"] = tunables = procs.MALLOC_TUNABLES
     sides = SIDES if args.only == "all" else (args.only,)
     timeout_s = 240.0 if args.quick else 600.0
-    results, errors = {}, []
-    for side in sides:
-        print(f"== {side} ({'quick' if args.quick else 'full'}) ==", flush=True)
-        results[side], error = _run_child(side, args, env, timeout_s)
-        if error:
-            errors.append(error)
-            print(f"!! {error}", flush=True)
-    report = _summarise(results.get("ours"), results.get("baseline"), args, tunables)
+    load_start = os.getloadavg()[0]
+    rounds = {side: [] for side in sides}
+    errors = []
+    for index in range(args.rounds):
+        # Alternate the order so that neither stack always runs first (or last) while
+        # the machine's background load changes.
+        order = sides if index % 2 == 0 else tuple(reversed(sides))
+        for side in order:
+            print(f"== {side} ({'quick' if args.quick else 'full'}, round {index + 1}"
+                  f"/{args.rounds}) ==", flush=True)
+            result, error = _run_child(side, args, env, timeout_s)
+            if error:
+                errors.append(error)
+                print(f"!! {error}", flush=True)
+            else:
+                rounds[side].append(result)
+    report = _summarise(_combine(rounds.get("ours")), _combine(rounds.get("baseline")),
+                        args, tunables)
+    report["details"]["rounds"] = args.rounds
+    if args.rounds > 1:
+        report["details"]["per_round"] = {
+            side: [{k: r.get(k) for k in HEADLINE_KEYS} for r in results]
+            for side, results in rounds.items()}
+    report["details"]["loadavg_1m"] = {"start": round(load_start, 2),
+                                       "end": round(os.getloadavg()[0], 2)}
     if errors:
         report["errors"] = errors
     _print_table(report)
@@ -274,17 +326,29 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="few iterations (smoke run)")
     parser.add_argument("--only", choices=("all",) + SIDES, default="all",
                         help="measure only one stack")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure each stack this many times, alternating the order; "
+                             "every metric is the median over the rounds")
     parser.add_argument("--no-malloc-tunables", action="store_true",
                         help="do not set GLIBC_TUNABLES (for comparison only)")
     parser.add_argument("--sandboxd", help="agentix-sandboxd binary (default: from runfiles)")
     parser.add_argument("--worker", help="agentix-worker binary (default: from runfiles)")
-    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # internal child mode
+    # Internal: child mode, measuring one stack for the driver.
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.side:
         return run_side(args)
+
+    def interrupted(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    # Ctrl-C or SIGTERM: _run_child's finally stops the child's whole process group.
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
     try:
         return run_driver(args)
-    except KeyboardInterrupt:  # children are stopped by _run_child's finally
+    except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
 

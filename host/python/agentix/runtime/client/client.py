@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import pickle
-from typing import Any, Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 from uuid import uuid4
 
 import grpc
@@ -136,8 +137,8 @@ class RuntimeClient:
         # _live_stream() saw the stream alive, so a loss cannot slip in between.
         call = PendingCall(uuid4().hex, display_name, asyncio.get_running_loop().create_future())
         self._pending[call.call_id] = call
-        stream.start_call(call.call_id, callable_ref, arguments, carrier)
         try:
+            stream.start_call(call.call_id, callable_ref, arguments, carrier)
             async with asyncio.timeout(self.call_deadline) as deadline:
                 outcome = await call.future
         except TimeoutError:
@@ -167,17 +168,26 @@ class RuntimeClient:
             return Failed(error)
 
     async def health(self) -> HealthResponse:
-        """Asks the runtime for its status and version (``GetInfo``).
+        """Asks the runtime for its status and version.
 
         Raises `RuntimeUnreachable` when it cannot be reached within `timeout`.
         """
+        info = await self._info()
+        return HealthResponse(status=info.status, version=info.version)
+
+    async def _info(self) -> pb.GetInfoResponse:
+        """The runtime's full ``GetInfo`` answer (worker pid, calls in flight, ...),
+        for diagnostics and tests; errors as for `health()`."""
         async with self._connect_lock:
             channel = await self._ready_channel()
         try:
-            info = await pb_grpc.RuntimeServiceStub(channel).GetInfo(pb.GetInfoRequest(), timeout=self.timeout)
+            return await pb_grpc.RuntimeServiceStub(channel).GetInfo(pb.GetInfoRequest(), timeout=self.timeout)
         except grpc.aio.AioRpcError as error:
             raise self._unreachable(error) from error
-        return HealthResponse(status=info.status, version=info.version)
+
+    def _pending_call_ids(self) -> list[str]:
+        """Ids of the calls still awaiting their terminal event, for diagnostics and tests."""
+        return list(self._pending)
 
     async def close(self) -> None:
         """Closes the connection. Calls still in flight fail with

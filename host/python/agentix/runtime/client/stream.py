@@ -7,9 +7,9 @@ One bidirectional stream carries every call of a client, correlated by
   write was in flight goes out in one `CallsRequest` (coalescing is what makes
   many concurrent small calls cheap), up to about `BATCH_BYTES` per message.
   Arguments over `CHUNK_BYTES` are sent as a `StartCall` with the first chunk
-  followed by `ArgumentChunk`s; each message takes the queued small events
-  first and then one chunk per unfinished upload in turn, so a small call is
-  never queued behind a large upload.
+  followed by `ArgumentChunk`s; each message takes the queued events first and
+  then fills up with chunks taken in turn from the unfinished uploads, so a
+  small call is never queued behind a large upload.
 - the reader routes `SandboxEvent`s to the `PendingCall` of their ``call_id``:
   `ResultChunk` bytes accumulate, and a terminal `CallResult` or `CallError`
   settles the call's future and is acknowledged with `AckResult`. Terminal
@@ -151,7 +151,7 @@ class CallsStream:
 
     def start_call(self, call_id: str, callable_ref: str, arguments: bytes, context: bytes) -> None:
         """Queues the StartCall (and any ArgumentChunks) of a call in `pending`."""
-        first = arguments[:CHUNK_BYTES] if len(arguments) > CHUNK_BYTES else arguments
+        first = arguments[:CHUNK_BYTES]
         upload = None
         if len(arguments) > CHUNK_BYTES:
             upload = _Upload(call_id, memoryview(arguments)[CHUNK_BYTES:])
@@ -185,7 +185,7 @@ class CallsStream:
         if not self._lost:
             try:
                 await asyncio.wait_for(asyncio.shield(self._sender), flush_timeout)
-            except (asyncio.TimeoutError, grpc.aio.AioRpcError):
+            except TimeoutError:
                 _log.debug("runtime stream did not flush within %ss", flush_timeout)
         self._lost = True
         self._rpc.cancel()
@@ -203,8 +203,8 @@ class CallsStream:
             upload.dropped = True
 
     def _take_batch(self) -> list[pb.HostEvent]:
-        """Takes the events of the next message: queued events first, then one
-        argument chunk per unfinished upload, round-robin, within BATCH_BYTES."""
+        """Takes the events of the next message, within BATCH_BYTES: queued
+        events first, then argument chunks taken round-robin from the uploads."""
         batch: list[pb.HostEvent] = []
         size = 0
         queue = self._queue
@@ -243,6 +243,9 @@ class CallsStream:
             while True:
                 await self._wakeup.wait()
                 self._wakeup.clear()
+                # Yield once so every task made ready in this loop iteration (e.g. by
+                # one response settling many calls) queues its events first.
+                await asyncio.sleep(0)
                 while self._queue or self._uploads:
                     batch = self._take_batch()
                     if batch:

@@ -1,0 +1,56 @@
+"""Agentix: run Python functions inside sandboxes from a host program.
+
+``await client.remote(fn, *args, **kwargs)`` runs the importable function `fn`
+in the sandbox and returns its value; `try_remote` returns `Ok` / `Failed`
+instead of raising.
+
+`agentix` is a ``pkgutil`` namespace package: plugin distributions add sibling
+modules (``agentix.bash``, ``agentix.files``, ...). Importing it does not import
+gRPC; `RuntimeClient` (and with it gRPC) loads on first access.
+"""
+
+from pkgutil import extend_path
+
+__path__ = extend_path(__path__, __name__)
+
+__version__ = "0.3.0"
+
+from agentix.runtime.client.errors import (  # noqa: E402
+    CallCancelled,
+    CallTimeout,
+    RemoteCallError,
+    RuntimeUnreachable,
+    WorkerExited,
+)
+from agentix.runtime.client.result import Failed, Ok, Result  # noqa: E402
+from agentix.runtime.shared.callables import RemoteCallable  # noqa: E402
+from agentix.runtime.shared.safepickle import RestrictedUnpickleError  # noqa: E402
+from agentix.utils import context  # noqa: E402
+
+__all__ = [
+    "CallCancelled",
+    "CallTimeout",
+    "Failed",
+    "Ok",
+    "RemoteCallError",
+    "RemoteCallable",
+    "RestrictedUnpickleError",
+    "Result",
+    "RuntimeClient",
+    "RuntimeUnreachable",
+    "WorkerExited",
+    "__version__",
+    "context",
+]
+
+
+def __getattr__(name: str):
+    if name == "RuntimeClient":
+        from agentix.runtime.client import RuntimeClient
+
+        return RuntimeClient
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

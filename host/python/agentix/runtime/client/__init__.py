@@ -1,0 +1,38 @@
+"""Host-side remote-call client.
+
+The exceptions and result types import without gRPC; `RuntimeClient` (which
+needs ``grpcio`` and the generated stubs) loads on first access.
+"""
+
+from agentix.runtime.client.errors import (
+    CallCancelled,
+    CallTimeout,
+    RemoteCallError,
+    RuntimeUnreachable,
+    WorkerExited,
+)
+from agentix.runtime.client.result import Failed, Ok, Result
+
+__all__ = [
+    "CallCancelled",
+    "CallTimeout",
+    "Failed",
+    "Ok",
+    "RemoteCallError",
+    "Result",
+    "RuntimeClient",
+    "RuntimeUnreachable",
+    "WorkerExited",
+]
+
+
+def __getattr__(name: str):
+    if name == "RuntimeClient":
+        from agentix.runtime.client.client import RuntimeClient
+
+        return RuntimeClient
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

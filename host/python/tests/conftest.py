@@ -1,0 +1,29 @@
+"""Makes `agentix` and its generated gRPC stubs importable for a direct pytest run.
+
+Under ``bazel test //host/python:unit_tests`` the runfiles already provide both and
+this does nothing. For ``/usr/bin/python3 -m pytest host/python/tests`` it puts
+``host/python`` on ``sys.path`` and, since the stubs are generated rather than
+checked in, takes them from ``bazel-bin`` (``bazel build //host/python:runtime_stubs``).
+"""
+
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+_PACKAGE_ROOT = pathlib.Path(__file__).resolve().parent.parent
+_GENERATED_STUBS = _PACKAGE_ROOT.parent.parent / "bazel-bin" / "host" / "python" / "agentix" / "runtime" / "v1"
+
+if importlib.util.find_spec("agentix") is None:
+    sys.path.insert(0, str(_PACKAGE_ROOT))
+
+import agentix.runtime.v1  # noqa: E402
+
+if importlib.util.find_spec("agentix.runtime.v1.runtime_pb2") is None:
+    if not (_GENERATED_STUBS / "runtime_pb2.py").is_file():
+        pytest.exit(
+            f"generated stubs not found in {_GENERATED_STUBS}: run `bazel build //host/python:runtime_stubs` first",
+            returncode=4,
+        )
+    agentix.runtime.v1.__path__.append(str(_GENERATED_STUBS))

@@ -1,0 +1,138 @@
+"""An in-process stand-in for agentix-sandboxd's RuntimeService, for client tests.
+
+It follows the contract in runtime.proto: reassembles chunked arguments, runs the
+named function in-process, sends large results as ResultChunks plus a final
+CallResult, answers CancelCall with a Cancelled error, and records every request
+so tests can assert on what the client put on the wire. `scripts` replaces the
+execution of a callable with canned events, for answers a real function cannot
+provoke (worker death, malformed events).
+"""
+
+import asyncio
+import inspect
+import pickle
+import traceback
+from collections.abc import Callable
+
+import grpc
+
+from agentix.runtime.shared.callables import RemoteCallable
+from agentix.runtime.v1 import runtime_pb2 as pb
+from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
+from agentix.utils import context
+
+CHUNK = 1 << 20
+
+
+def error_event(call_id, type_, message, **fields):
+    return pb.SandboxEvent(error=pb.CallError(call_id=call_id, error=pb.RemoteError(type=type_, message=message, **fields)))
+
+
+def result_events(call_id, data: bytes) -> list[pb.SandboxEvent]:
+    pieces = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)] or [b""]
+    events = [pb.SandboxEvent(result_chunk=pb.ResultChunk(call_id=call_id, data=piece)) for piece in pieces[:-1]]
+    events.append(
+        pb.SandboxEvent(
+            result=pb.CallResult(call_id=call_id, encoding=pb.ENCODING_PICKLE, value=pieces[-1], value_size=len(data))
+        )
+    )
+    return events
+
+
+class FakeRuntime(pb_grpc.RuntimeServiceServicer):
+    def __init__(self) -> None:
+        self.requests: list[pb.CallsRequest] = []
+        self.scripts: dict[str, Callable[[pb.StartCall], list[pb.SandboxEvent]]] = {}
+        self.started: dict[str, pb.StartCall] = {}
+        self.streams_opened = 0
+        self._drop_streams = asyncio.Event()
+
+    def events(self, kind: str) -> list:
+        """Every host event of `kind` received so far, in order."""
+        return [getattr(e, kind) for r in self.requests for e in r.events if e.WhichOneof("kind") == kind]
+
+    def drop_streams(self) -> None:
+        """Aborts every open Calls stream with UNAVAILABLE (as a crashed connection would)."""
+        self._drop_streams.set()
+
+    async def GetInfo(self, request, context_):
+        return pb.GetInfoResponse(status="ok", version="fake-1.0")
+
+    async def Calls(self, request_iterator, context_):
+        self.streams_opened += 1
+        self._drop_streams.clear()
+        outbox: asyncio.Queue = asyncio.Queue()
+        running: dict[str, asyncio.Task] = {}
+        uploads: dict[str, tuple[pb.StartCall, bytearray]] = {}
+
+        def begin(start: pb.StartCall, arguments: bytes) -> None:
+            self.started[start.call_id] = start
+            running[start.call_id] = asyncio.create_task(self._run(start, arguments, outbox))
+
+        async def read() -> None:
+            async for request in request_iterator:
+                self.requests.append(request)
+                for event in request.events:
+                    kind = event.WhichOneof("kind")
+                    if kind == "start":
+                        start = event.start
+                        if start.call_id in running or start.call_id in uploads:
+                            continue
+                        if start.arguments_size > len(start.arguments):
+                            uploads[start.call_id] = (start, bytearray(start.arguments))
+                        else:
+                            begin(start, start.arguments)
+                    elif kind == "argument_chunk":
+                        chunk = event.argument_chunk
+                        assert len(chunk.data) <= CHUNK, "argument chunk over 1 MiB"
+                        start, buffer = uploads[chunk.call_id]
+                        buffer += chunk.data
+                        if len(buffer) == start.arguments_size:
+                            del uploads[chunk.call_id]
+                            begin(start, bytes(buffer))
+                    elif kind == "cancel":
+                        task = running.get(event.cancel.call_id)
+                        if task is not None:
+                            task.cancel()
+
+        async def write() -> None:
+            # Like the daemon: whatever is ready goes out in one message (up to ~2 MiB).
+            while True:
+                events = await outbox.get()
+                while not outbox.empty() and sum(e.ByteSize() for e in events) < 2 * CHUNK:
+                    events += outbox.get_nowait()
+                await context_.write(pb.CallsResponse(events=events))
+
+        tasks = [asyncio.create_task(read()), asyncio.create_task(write())]
+        dropped = asyncio.create_task(self._drop_streams.wait())
+        try:
+            await asyncio.wait([tasks[0], dropped], return_when=asyncio.FIRST_COMPLETED)
+            if dropped.done():
+                await context_.abort(grpc.StatusCode.UNAVAILABLE, "fake runtime dropped the stream")
+            while any(not t.done() for t in running.values()) or not outbox.empty():
+                await asyncio.sleep(0.01)
+        finally:
+            for task in [*tasks, dropped, *running.values()]:
+                task.cancel()
+
+    async def _run(self, start: pb.StartCall, arguments: bytes, outbox: asyncio.Queue) -> None:
+        call_id = start.call_id
+        script = self.scripts.get(start.callable)
+        if script is not None:
+            for event in script(start):
+                outbox.put_nowait([event])
+            return
+        try:
+            fn = RemoteCallable(start.callable).resolve()
+            args, kwargs = pickle.loads(arguments)
+            with context.attach(context.decode(start.context)):
+                value = fn(*args, **kwargs)
+                if inspect.isawaitable(value):
+                    value = await value
+            events = result_events(call_id, pickle.dumps(value, protocol=5))
+        except asyncio.CancelledError:
+            events = [error_event(call_id, "Cancelled", "remote call cancelled", cancelled=True, code=1)]
+        except Exception as exc:
+            events = [error_event(call_id, type(exc).__name__, str(exc), traceback=traceback.format_exc(), code=2)]
+        for event in events:
+            outbox.put_nowait([event])

@@ -1,0 +1,112 @@
+"""Context propagation: baggage API and the carrier the runtime ships per call."""
+
+import contextvars
+import pickle
+
+import pytest
+
+from agentix.utils import context
+
+
+@pytest.fixture(autouse=True)
+def fresh_context():
+    """Runs each test body's context changes in a throwaway copy."""
+    ctx = contextvars.copy_context()
+    yield ctx
+
+
+def run_isolated(fn):
+    return contextvars.copy_context().run(fn)
+
+
+def test_set_get_snapshot_clear():
+    def body():
+        assert context.get("run") is None
+        assert context.get("run", "default") == "default"
+        context.set(run="r1", step=1)
+        context.set(step=2)
+        assert context.snapshot() == {"run": "r1", "step": 2}
+        context.clear()
+        return context.snapshot()
+
+    assert run_isolated(body) == {}
+
+
+def test_scope_overlays_and_restores():
+    def body():
+        context.set(run="r1")
+        with context.scope(run="r2", extra=True):
+            inside = context.snapshot()
+        return inside, context.snapshot()
+
+    inside, after = run_isolated(body)
+    assert inside == {"run": "r2", "extra": True}
+    assert after == {"run": "r1"}
+
+
+def test_snapshot_is_a_copy():
+    def body():
+        context.set(a=1)
+        snap = context.snapshot()
+        snap["a"] = 2
+        return context.get("a")
+
+    assert run_isolated(body) == 1
+
+
+def test_var_is_idempotent_and_a_real_contextvar():
+    first = context.var("agentix_test_var", default=0)
+    again = context.var("agentix_test_var", default=99)
+    assert first is again
+    assert isinstance(first, contextvars.ContextVar)
+    assert first.get() == 0
+
+
+def test_encode_is_none_when_everything_is_default():
+    assert run_isolated(context.encode) is None
+
+
+def test_encode_carries_non_default_vars_only():
+    counter = context.var("agentix_test_counter", default=0)
+
+    def body():
+        context.set(run="r1")
+        counter.set(0)  # equal to the default: not carried
+        return context.encode()
+
+    assert pickle.loads(run_isolated(body)) == {"agentix_context_baggage": {"run": "r1"}}
+
+
+def test_decode_tolerates_empty_and_non_dict_carriers():
+    assert context.decode(None) == {}
+    assert context.decode(b"") == {}
+    assert context.decode(pickle.dumps([1, 2])) == {}
+    assert context.decode(pickle.dumps({"x": 1})) == {"x": 1}
+
+
+def test_attach_sets_registered_vars_and_resets_them():
+    marker = context.var("agentix_test_attach", default="unset")
+
+    def body():
+        carrier = {"agentix_test_attach": "set", "agentix_context_baggage": {"k": "v"}, "unknown_var": 1}
+        with context.attach(carrier):
+            inside = (marker.get(), context.get("k"))
+        return inside, (marker.get(), context.get("k"))
+
+    inside, after = run_isolated(body)
+    assert inside == ("set", "v")
+    assert after == ("unset", None)
+
+
+def test_round_trip_through_the_carrier():
+    def host():
+        context.set(user="alice")
+        return context.encode()
+
+    carrier = run_isolated(host)
+
+    def sandbox():
+        with context.attach(context.decode(carrier)):
+            return context.get("user")
+
+    assert run_isolated(sandbox) == "alice"
