@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "agentix/runtime/v1/runtime.pb.h"
 
@@ -13,11 +14,12 @@ using SandboxEventPtr = std::shared_ptr<const runtime::v1::SandboxEvent>;
 class CallSink {
  public:
   virtual ~CallSink() = default;
-  // Queues `event` for the host. Thread-safe and non-blocking; may be called
-  // from any thread, never with a SessionManager lock held. Returns false if
-  // the stream behind this sink has ended (the manager keeps the event
-  // retained for a later resume either way).
-  virtual bool Deliver(SandboxEventPtr event) = 0;
+  // Queues `events` (in order) for the host. Thread-safe and non-blocking;
+  // may be called from any thread, never with a SessionManager lock held.
+  // Events handed over together leave in as few stream messages as
+  // possible. Returns false if the stream behind this sink has ended (the
+  // manager keeps the events retained for a later resume either way).
+  virtual bool Deliver(std::vector<SandboxEventPtr> events) = 0;
 };
 
 }  // namespace agentix::sandbox

@@ -30,7 +30,7 @@ class CallsReactor;
 class StreamSink final : public CallSink {
  public:
   explicit StreamSink(CallsReactor* reactor) : reactor_(reactor) {}
-  bool Deliver(SandboxEventPtr event) override;
+  bool Deliver(std::vector<SandboxEventPtr> events) override;
 
   // Called by the reactor.
   void Detach();
@@ -96,12 +96,12 @@ class CallsReactor final
   CallsRequest request_;
 };
 
-bool StreamSink::Deliver(SandboxEventPtr event) {
+bool StreamSink::Deliver(std::vector<SandboxEventPtr> events) {
   CallsReactor* reactor;
   {
     absl::MutexLock lock(&mu_);
     if (reactor_ == nullptr || finished_ || cancelled_) return false;
-    queue_.push_back(std::move(event));
+    for (auto& event : events) queue_.push_back(std::move(event));
     if (write_in_flight_) return true;  // OnWriteDone picks it up
     FillBatch();
     write_in_flight_ = true;

@@ -271,7 +271,18 @@ absl::StatusOr<WorkerProcess*> SessionManager::EnsureWorker() {
   return worker_.get();
 }
 
-void SessionManager::OnWorkerFrame(uint64_t generation, ipc::Frame frame) {
+void SessionManager::OnWorkerFrames(uint64_t generation,
+                                    std::vector<ipc::Frame> frames) {
+  std::vector<Delivery> out;
+  {
+    absl::MutexLock lock(&mu_);
+    for (ipc::Frame& frame : frames) ApplyWorkerFrame(generation, frame, out);
+  }
+  Deliver(out);
+}
+
+void SessionManager::ApplyWorkerFrame(uint64_t generation, ipc::Frame& frame,
+                                      std::vector<Delivery>& out) {
   using ipc::FrameType;
   if (frame.type == FrameType::kReady || frame.type == FrameType::kBootError) {
     return;  // WorkerProcess tracks readiness and reports boot errors
@@ -282,43 +293,40 @@ void SessionManager::OnWorkerFrame(uint64_t generation, ipc::Frame frame) {
             ipc::FrameTypeName(frame.type));
     return;
   }
-  std::vector<Delivery> out;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = calls_.find(frame.call_id);
-    // Closed calls are quiet: late frames (after a cancel, say) are dropped.
-    if (it == calls_.end() || it->second.terminal ||
-        it->second.generation != generation) {
-      return;
-    }
-    Call& call = it->second;
-    auto event = std::make_shared<SandboxEvent>();
-    bool terminal = true;
-    switch (frame.type) {
-      case FrameType::kResultChunk: {
-        auto* chunk = event->mutable_result_chunk();
-        chunk->set_call_id(frame.call_id);
-        chunk->set_data(std::move(frame.data));
-        terminal = false;
-        break;
-      }
-      case FrameType::kResult: {
-        auto* result = event->mutable_result();
-        result->set_call_id(frame.call_id);
-        result->set_encoding(
-            static_cast<runtime::v1::Encoding>(frame.encoding));
-        result->set_value_size(frame.total_size);
-        result->set_value(std::move(frame.data));
-        break;
-      }
-      default:
-        event = std::const_pointer_cast<SandboxEvent>(
-            FromWorkerError(frame.call_id, frame.error));
-        break;
-    }
-    Emit(frame.call_id, call, std::move(event), terminal, out);
+  auto it = calls_.find(frame.call_id);
+  // Closed calls are quiet: late frames (after a cancel, say) are dropped.
+  if (it == calls_.end() || it->second.terminal ||
+      it->second.generation != generation) {
+    return;
   }
-  Deliver(out);
+  Call& call = it->second;
+  SandboxEventPtr event;
+  bool terminal = true;
+  switch (frame.type) {
+    case FrameType::kResultChunk: {
+      auto chunk_event = std::make_shared<SandboxEvent>();
+      auto* chunk = chunk_event->mutable_result_chunk();
+      chunk->set_call_id(frame.call_id);
+      chunk->set_data(std::move(frame.data));
+      event = std::move(chunk_event);
+      terminal = false;
+      break;
+    }
+    case FrameType::kResult: {
+      auto result_event = std::make_shared<SandboxEvent>();
+      auto* result = result_event->mutable_result();
+      result->set_call_id(frame.call_id);
+      result->set_encoding(static_cast<runtime::v1::Encoding>(frame.encoding));
+      result->set_value_size(frame.total_size);
+      result->set_value(std::move(frame.data));
+      event = std::move(result_event);
+      break;
+    }
+    default:
+      event = FromWorkerError(frame.call_id, frame.error);
+      break;
+  }
+  Emit(frame.call_id, call, std::move(event), terminal, out);
 }
 
 void SessionManager::OnWorkerExit(uint64_t generation,
@@ -380,8 +388,22 @@ void SessionManager::Shutdown(absl::Duration grace) {
 }
 
 void SessionManager::Deliver(std::vector<Delivery>& out) {
-  for (auto& d : out) d.sink->Deliver(std::move(d.event));
-  out.clear();
+  // Group by sink (usually one or two), keeping each sink's order.
+  while (!out.empty()) {
+    CallSink* sink = out.front().sink.get();
+    std::shared_ptr<CallSink> owner = out.front().sink;
+    std::vector<SandboxEventPtr> batch;
+    std::vector<Delivery> rest;
+    for (auto& d : out) {
+      if (d.sink.get() == sink) {
+        batch.push_back(std::move(d.event));
+      } else {
+        rest.push_back(std::move(d));
+      }
+    }
+    owner->Deliver(std::move(batch));
+    out.swap(rest);
+  }
 }
 
 void SessionManager::ReapDeadWorkers() {

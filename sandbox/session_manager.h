@@ -66,7 +66,8 @@ class SessionManager : public WorkerProcess::Listener {
   void Shutdown(absl::Duration grace);
 
   // WorkerProcess::Listener (called on a worker's reader thread).
-  void OnWorkerFrame(uint64_t generation, ipc::Frame frame) override;
+  void OnWorkerFrames(uint64_t generation,
+                      std::vector<ipc::Frame> frames) override;
   void OnWorkerExit(uint64_t generation, const WorkerExit& exit) override;
 
  private:
@@ -110,7 +111,12 @@ class SessionManager : public WorkerProcess::Listener {
   // Returns the live worker, starting one if needed.
   absl::StatusOr<WorkerProcess*> EnsureWorker()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands events to their sinks, one batch per sink, preserving order.
   void Deliver(std::vector<Delivery>& out);
+  // Turns one worker frame into an event of its call (if still open).
+  void ApplyWorkerFrame(uint64_t generation, ipc::Frame& frame,
+                        std::vector<Delivery>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Destroys workers that have exited (joins their threads). Never called
   // from a worker callback or with mu_ held.
   void ReapDeadWorkers();

@@ -14,9 +14,9 @@ using runtime::v1::SandboxEvent;
 // Records every delivered event; lets a test wait for a call's terminal one.
 class RecordingSink : public CallSink {
  public:
-  bool Deliver(SandboxEventPtr event) override {
+  bool Deliver(std::vector<SandboxEventPtr> events) override {
     absl::MutexLock lock(&mu_);
-    events_.push_back(std::move(event));
+    for (auto& e : events) events_.push_back(std::move(e));
     return true;
   }
 

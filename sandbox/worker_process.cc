@@ -232,6 +232,7 @@ void WorkerProcess::ReaderLoop() {
     }
     auto n = ipc::ReadInto(channel_.get(), reader);
     if (!n.ok() || *n == 0) break;  // EOF or a broken channel
+    std::vector<ipc::Frame> frames;
     while (true) {
       auto next = reader.Next();
       if (!next.ok()) {
@@ -239,7 +240,7 @@ void WorkerProcess::ReaderLoop() {
         break;
       }
       if (!next->has_value()) break;
-      ipc::Frame frame = std::move(**next);
+      ipc::Frame& frame = frames.emplace_back(std::move(**next));
       if (frame.type == ipc::FrameType::kReady) {
         ready = true;
         AGX_LOG(Debug, "worker {} ready: python {}", worker_id_, frame.detail);
@@ -249,8 +250,8 @@ void WorkerProcess::ReaderLoop() {
                          : absl::StrCat(frame.error.type, ": ",
                                         frame.error.message);
       }
-      listener_->OnWorkerFrame(generation_, std::move(frame));
     }
+    if (!frames.empty()) listener_->OnWorkerFrames(generation_, std::move(frames));
   }
 
   if (timed_out || !protocol_error.empty()) Kill();

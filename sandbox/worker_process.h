@@ -53,7 +53,9 @@ class WorkerProcess {
   class Listener {
    public:
     virtual ~Listener() = default;
-    virtual void OnWorkerFrame(uint64_t generation, ipc::Frame frame) = 0;
+    // Every frame decoded from one read of the channel, in order.
+    virtual void OnWorkerFrames(uint64_t generation,
+                                std::vector<ipc::Frame> frames) = 0;
     virtual void OnWorkerExit(uint64_t generation, const WorkerExit& exit) = 0;
   };
 
