@@ -12,6 +12,7 @@ class RawStream:
         self.channel = grpc.aio.insecure_channel(url)
         self.stub = pb_grpc.RuntimeServiceStub(self.channel)
         self.call = self.stub.Calls()
+        self.seen = {}  # call_id -> terminal event read while awaiting another
 
     async def send(self, *events):
         await self.call.write(pb.CallsRequest(events=list(events)))
@@ -21,13 +22,14 @@ class RawStream:
         import asyncio
 
         async def read():
-            while True:
+            while call_id not in self.seen:
                 resp = await self.call.read()
                 assert resp is not grpc.aio.EOF, "stream ended"
                 for e in resp.events:
                     kind = e.WhichOneof("kind")
-                    if kind in ("result", "error") and getattr(e, kind).call_id == call_id:
-                        return e
+                    if kind in ("result", "error"):
+                        self.seen[getattr(e, kind).call_id] = e
+            return self.seen.pop(call_id)
 
         return await asyncio.wait_for(read(), timeout)
 
