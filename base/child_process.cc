@@ -7,7 +7,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
+#include <deque>
+#include <functional>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 
 namespace agentix::base {
@@ -81,6 +89,61 @@ absl::StatusOr<ChildProcess> ChildProcess::Spawn(const SpawnOptions& options) {
   ChildProcess child;
   child.pid_ = pid;
   return child;
+}
+
+namespace {
+
+// Runs tasks on one thread that lives until the process exits.
+class LauncherThread {
+ public:
+  static LauncherThread& Get() {
+    static LauncherThread* launcher = new LauncherThread();  // never deleted
+    return *launcher;
+  }
+
+  void Run(std::function<void()> task) {
+    absl::Notification done;
+    {
+      absl::MutexLock lock(&mu_);
+      tasks_.push_back([&] {
+        task();
+        done.Notify();
+      });
+    }
+    done.WaitForNotification();
+  }
+
+ private:
+  LauncherThread() {
+    std::thread([this] {
+      pthread_setname_np(pthread_self(), "agx-launcher");
+      while (true) {
+        std::function<void()> task;
+        {
+          absl::MutexLock lock(&mu_);
+          mu_.Await(absl::Condition(
+              +[](std::deque<std::function<void()>>* q) { return !q->empty(); },
+              &tasks_));
+          task = std::move(tasks_.front());
+          tasks_.pop_front();
+        }
+        task();
+      }
+    }).detach();
+  }
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<ChildProcess> ChildProcess::SpawnFromLauncherThread(
+    const SpawnOptions& options) {
+  absl::StatusOr<ChildProcess> result =
+      absl::InternalError("launcher thread did not run");
+  LauncherThread::Get().Run([&] { result = Spawn(options); });
+  return result;
 }
 
 ChildProcess::ChildProcess(ChildProcess&& other) noexcept

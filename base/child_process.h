@@ -42,6 +42,12 @@ class ChildProcess {
   // Starts the process. Errors: kInvalidArgument (empty path/argv),
   // kFailedPrecondition / kNotFound from posix_spawn (errno in the message).
   static absl::StatusOr<ChildProcess> Spawn(const SpawnOptions& options);
+  // Like Spawn, but the fork happens on one process-lifetime launcher
+  // thread. Linux delivers PR_SET_PDEATHSIG when the *thread* that forked
+  // the child exits, so a child that asks for it (agentix-worker does) must
+  // not be forked from a pool thread that may retire (gRPC's may).
+  static absl::StatusOr<ChildProcess> SpawnFromLauncherThread(
+      const SpawnOptions& options);
 
   ChildProcess() = default;
   ChildProcess(ChildProcess&& other) noexcept;

@@ -2,7 +2,11 @@
 
 #include <signal.h>
 
+#include <thread>
+
 #include <catch2/catch.hpp>
+
+#include "absl/time/clock.h"
 
 namespace agentix::base {
 namespace {
@@ -57,6 +61,21 @@ TEST_CASE("ChildProcess::Spawn fails clearly for a missing binary",
   REQUIRE(child.status().code() == absl::StatusCode::kNotFound);
   REQUIRE(child.status().message().find("/nonexistent/agentix-worker") !=
           std::string::npos);
+}
+
+TEST_CASE("A child spawned from the launcher thread survives its caller "
+          "thread", "[base]") {
+  // The child asks to be killed when its parent thread dies; it must still
+  // be running after the thread that requested the spawn has exited.
+  absl::StatusOr<ChildProcess> child =
+      absl::InternalError("not started");
+  std::thread([&] {
+    child = ChildProcess::SpawnFromLauncherThread(Shell(
+        "exec /usr/bin/setpriv --pdeathsig KILL /bin/sleep 30"));
+  }).join();
+  REQUIRE(child.ok());
+  absl::SleepFor(absl::Milliseconds(200));
+  REQUIRE_FALSE(child->TryWait().has_value());
 }
 
 }  // namespace

@@ -97,7 +97,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
   spawn.env.push_back(absl::StrCat("AGENTIX_WORKER_ID=", worker->worker_id_));
   spawn.fd_map = {{child_end.get(), ipc::kWorkerChannelFd}};
 
-  auto child = base::ChildProcess::Spawn(spawn);
+  auto child = base::ChildProcess::SpawnFromLauncherThread(spawn);
   if (!child.ok()) return child.status();
   worker->pid_ = child->pid();
   {

@@ -85,12 +85,16 @@ class Daemon:
         """SIGTERM, wait; returns the exit code."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                raise
+            # Polled rather than a blocking wait(): in a process that has used
+            # grpc.aio, a blocking waitpid was seen to return ~10 s after the
+            # daemon had already exited.
+            deadline = time.monotonic() + timeout
+            while self.proc.poll() is None:
+                if time.monotonic() > deadline:
+                    self.proc.kill()
+                    self.proc.wait()
+                    raise RuntimeError(f"sandboxd ignored SIGTERM:\n{self.log()}")
+                time.sleep(0.01)
         self._log.close()
         return self.proc.returncode
 
