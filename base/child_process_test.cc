@@ -72,6 +72,9 @@ TEST_CASE("A child spawned from the launcher thread survives its caller "
   std::thread([&] {
     child = ChildProcess::SpawnFromLauncherThread(Shell(
         "exec /usr/bin/setpriv --pdeathsig KILL /bin/sleep 30"));
+    // Outlive the child's prctl, so that a plain Spawn from this thread
+    // would get the child killed when the thread exits.
+    absl::SleepFor(absl::Milliseconds(300));
   }).join();
   REQUIRE(child.ok());
   absl::SleepFor(absl::Milliseconds(200));
