@@ -1,0 +1,367 @@
+// Tests the `_agentix_worker` module in-process: an interpreter with the
+// module registered, one end of a socketpair handed to a Channel, the other
+// end spoken to with //worker/ipc from C++.
+#include "worker/channel_module.h"
+
+#include <Python.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "testing/status_matchers.h"
+#include "worker/ipc/frame.h"
+#include "worker/ipc/io.h"
+#include "worker/python/py_error.h"
+#include "worker/python/test_interpreter.h"
+
+namespace agentix::worker {
+namespace {
+
+void EnsureChannelInterpreter() {
+  if (Py_IsInitialized()) return;
+  signal(SIGPIPE, SIG_IGN);  // as worker_main does: EPIPE, not death
+  REQUIRE_OK(RegisterChannelModule());
+  testing::EnsureInterpreter();
+  testing::RunPython("import _agentix_worker as w\n");
+}
+
+// Runs Python source; on failure reports the exception.
+void Py(const std::string& source) {
+  EnsureChannelInterpreter();
+  PyObject* main = PyImport_AddModule("__main__");
+  PyObject* globals = PyModule_GetDict(main);
+  PyObject* result =
+      PyRun_String(source.c_str(), Py_file_input, globals, globals);
+  if (result == nullptr) {
+    PythonError error = FetchPythonError();
+    FAIL(error.type << ": " << error.message << "\n" << error.traceback);
+  }
+  Py_DECREF(result);
+}
+
+// str() of a Python expression's value.
+std::string PyEval(const std::string& expression) {
+  PyObject* value = testing::EvalPython(expression.c_str());
+  if (value == nullptr) {
+    PythonError error = FetchPythonError();
+    FAIL(error.type << ": " << error.message << "\n" << error.traceback);
+  }
+  PyObject* str = PyObject_Str(value);
+  Py_DECREF(value);
+  std::string out = PyUnicode_AsUTF8(str);
+  Py_DECREF(str);
+  return out;
+}
+
+// A socketpair: `worker` goes to a Channel, `peer` stays in C++.
+struct Pair {
+  Pair() {
+    int fds[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
+    worker = fds[0];
+    peer = fds[1];
+    Py(absl::StrCat("ch = w.Channel(", worker, ")\n"));
+  }
+  ~Pair() {
+    Py("del ch\n");
+    if (worker >= 0) close(worker);
+    if (peer >= 0) close(peer);
+  }
+  void Send(const ipc::Frame& frame) {
+    std::string bytes;
+    REQUIRE_OK(ipc::AppendFrame(frame, bytes));
+    REQUIRE_OK(ipc::WriteAll(peer, bytes));
+  }
+  void SendRaw(const std::string& bytes) {
+    REQUIRE_OK(ipc::WriteAll(peer, bytes));
+  }
+  int worker = -1;
+  int peer = -1;
+};
+
+// Collects every frame arriving on `fd` on a thread of its own, so that the
+// worker side can write more than the socket buffer holds.
+class FrameCollector {
+ public:
+  explicit FrameCollector(int fd) : fd_(fd) {
+    thread_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "test-collector");
+      Run();
+    });
+  }
+  ~FrameCollector() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+  // Waits until `n` frames arrived (or `timeout`); returns those received.
+  std::vector<ipc::Frame> Wait(size_t n, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return frames_.size() >= n || failed_;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+    return frames_;
+  }
+
+ private:
+  void Run() {
+    ipc::FrameReader reader;
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (stop_) return;
+      }
+      pollfd pfd{fd_, POLLIN, 0};
+      if (poll(&pfd, 1, 20) <= 0) continue;
+      auto n = ipc::ReadInto(fd_, reader);
+      if (!n.ok() || *n == 0) break;
+      while (true) {
+        auto next = reader.Next();
+        if (!next.ok() || !next->has_value()) {
+          if (!next.ok()) {
+            absl::MutexLock lock(&mu_);
+            failed_ = true;
+          }
+          break;
+        }
+        absl::MutexLock lock(&mu_);
+        frames_.push_back(std::move(**next));
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    failed_ = true;
+  }
+
+  const int fd_;
+  std::thread thread_;
+  absl::Mutex mu_;
+  std::vector<ipc::Frame> frames_ ABSL_GUARDED_BY(mu_);
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+TEST_CASE("read_frames decodes every daemon frame", "[channel]") {
+  Pair pair;
+  REQUIRE(PyEval("ch.read_frames()") == "[]");
+
+  ipc::Frame call;
+  call.type = ipc::FrameType::kCall;
+  call.call_id = "c1";
+  call.callable = "math::factorial";
+  call.encoding = 1;
+  call.data = std::string("\x80\x05\x00", 3);
+  call.total_size = 7;
+  call.context = "ctx";
+  pair.Send(call);
+  ipc::Frame chunk;
+  chunk.type = ipc::FrameType::kArgChunk;
+  chunk.call_id = "c1";
+  chunk.data = "rest";
+  pair.Send(chunk);
+  ipc::Frame cancel;
+  cancel.type = ipc::FrameType::kCancel;
+  cancel.call_id = "c1";
+  pair.Send(cancel);
+  ipc::Frame shutdown;
+  shutdown.type = ipc::FrameType::kShutdown;
+  pair.Send(shutdown);
+
+  Py("frames = ch.read_frames()\n");
+  REQUIRE(PyEval("len(frames)") == "4");
+  REQUIRE(PyEval("frames[0] == (w.CALL, 'c1', 'math::factorial', 1, "
+                 "b'\\x80\\x05\\x00', 7, b'ctx')") == "True");
+  REQUIRE(PyEval("frames[1] == (w.ARG_CHUNK, 'c1', b'rest')") == "True");
+  REQUIRE(PyEval("frames[2] == (w.CANCEL, 'c1')") == "True");
+  REQUIRE(PyEval("frames[3] == (w.SHUTDOWN,)") == "True");
+  REQUIRE(PyEval("ch.read_frames()") == "[]");
+
+  // A frame split across reads is held until complete.
+  std::string bytes;
+  REQUIRE_OK(ipc::AppendFrame(cancel, bytes));
+  pair.SendRaw(bytes.substr(0, 5));
+  REQUIRE(PyEval("ch.read_frames()") == "[]");
+  pair.SendRaw(bytes.substr(5));
+  REQUIRE(PyEval("ch.read_frames() == [(w.CANCEL, 'c1')]") == "True");
+
+  // End of stream: None from then on.
+  close(pair.peer);
+  pair.peer = -1;
+  REQUIRE(PyEval("ch.read_frames()") == "None");
+  REQUIRE(PyEval("ch.read_frames()") == "None");
+}
+
+TEST_CASE("Non-UTF-8 call ids round-trip", "[channel]") {
+  Pair pair;
+  ipc::Frame cancel;
+  cancel.type = ipc::FrameType::kCancel;
+  cancel.call_id = "id\xff";
+  pair.Send(cancel);
+  Py("cid = ch.read_frames()[0][1]\n"
+     "ch.send_error(cid, 1, 'Cancelled', 'm', '', True)\n"
+     "ch.flush()\n");
+  FrameCollector collector(pair.peer);
+  auto frames = collector.Wait(1, absl::Seconds(5));
+  REQUIRE(frames.size() == 1);
+  REQUIRE(frames[0].call_id == "id\xff");
+}
+
+TEST_CASE("A garbage frame makes the channel dead", "[channel]") {
+  Pair pair;
+  pair.SendRaw(std::string("\x03\x00\x00\x00\xc1\xc1\xc1", 7));
+  Py("try:\n"
+     "    ch.read_frames()\n"
+     "    outcome = 'no error'\n"
+     "except w.ProtocolError as e:\n"
+     "    outcome = 'ProtocolError'\n");
+  REQUIRE(PyEval("outcome") == "ProtocolError");
+  // Later reads keep failing even if valid bytes follow.
+  ipc::Frame shutdown;
+  shutdown.type = ipc::FrameType::kShutdown;
+  pair.Send(shutdown);
+  Py("try:\n"
+     "    ch.read_frames()\n"
+     "    outcome = 'no error'\n"
+     "except w.ProtocolError as e:\n"
+     "    outcome = 'ProtocolError'\n");
+  REQUIRE(PyEval("outcome") == "ProtocolError");
+}
+
+TEST_CASE("Worker-to-daemon frames from the daemon are protocol errors",
+          "[channel]") {
+  Pair pair;
+  ipc::Frame result;
+  result.type = ipc::FrameType::kResult;
+  result.call_id = "x";
+  pair.Send(result);
+  Py("try:\n"
+     "    ch.read_frames()\n"
+     "    outcome = 'no error'\n"
+     "except w.ProtocolError as e:\n"
+     "    outcome = str(e)\n");
+  REQUIRE(PyEval("outcome") == "unexpected 'result' frame from the daemon");
+}
+
+TEST_CASE("Oversized frame lengths are refused before reading the body",
+          "[channel]") {
+  Pair pair;
+  pair.SendRaw(std::string("\xff\xff\xff\x7f", 4));
+  Py("try:\n"
+     "    ch.read_frames()\n"
+     "    outcome = 'no error'\n"
+     "except w.ProtocolError as e:\n"
+     "    outcome = str(e)\n");
+  REQUIRE(PyEval("outcome").find("exceeds") != std::string::npos);
+}
+
+TEST_CASE("Sends are queued until flush", "[channel]") {
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  Py("ch.send_ready(42, '3.11.2')\n"
+     "ch.send_result('a', 1, b'value')\n"
+     "ch.send_error('b', 2, 'ValueError', 'bad', 'Traceback...', False)\n");
+  REQUIRE(PyEval("ch.pending_bytes() > 0") == "True");
+  REQUIRE(collector.Wait(1, absl::Milliseconds(100)).empty());
+  Py("ch.flush()\n");
+  REQUIRE(PyEval("ch.pending_bytes()") == "0");
+  auto frames = collector.Wait(3, absl::Seconds(5));
+  REQUIRE(frames.size() == 3);
+  REQUIRE(frames[0].type == ipc::FrameType::kReady);
+  REQUIRE(frames[0].pid == 42);
+  REQUIRE(frames[0].detail == "3.11.2");
+  REQUIRE(frames[1].type == ipc::FrameType::kResult);
+  REQUIRE(frames[1].call_id == "a");
+  REQUIRE(frames[1].encoding == 1);
+  REQUIRE(frames[1].data == "value");
+  REQUIRE(frames[1].total_size == 5);
+  REQUIRE(frames[2].type == ipc::FrameType::kError);
+  REQUIRE(frames[2].error.code == 2);
+  REQUIRE(frames[2].error.type == "ValueError");
+  REQUIRE(frames[2].error.message == "bad");
+  REQUIRE(frames[2].error.traceback == "Traceback...");
+  REQUIRE_FALSE(frames[2].error.cancelled);
+}
+
+TEST_CASE("Large results are cut into result_chunk frames", "[channel]") {
+  constexpr size_t kChunk = ipc::kChunkBytes;
+  const size_t size = GENERATE(
+      size_t{0}, ipc::kChunkBytes - 1, ipc::kChunkBytes, ipc::kChunkBytes + 1,
+      2 * ipc::kChunkBytes, 3 * ipc::kChunkBytes + 5);
+  CAPTURE(size);
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  Py(absl::StrCat("data = bytes(i % 251 for i in range(", size, "))\n",
+                  "ch.send_result('big', 1, memoryview(data))\n"
+                  "ch.flush()\n"));
+  const size_t want_chunks = size <= kChunk ? 0 : (size - 1) / kChunk;
+  auto frames = collector.Wait(want_chunks + 1, absl::Seconds(20));
+  REQUIRE(frames.size() == want_chunks + 1);
+  std::string joined;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    const bool last = i + 1 == frames.size();
+    REQUIRE(frames[i].call_id == "big");
+    REQUIRE(frames[i].type == (last ? ipc::FrameType::kResult
+                                    : ipc::FrameType::kResultChunk));
+    if (!last) REQUIRE(frames[i].data.size() == kChunk);
+    REQUIRE(frames[i].data.size() <= kChunk);
+    joined += frames[i].data;
+  }
+  REQUIRE(frames.back().total_size == size);
+  REQUIRE(joined.size() == size);
+  for (size_t i = 0; i < size; i += 4099) {
+    REQUIRE(static_cast<unsigned char>(joined[i]) == i % 251);
+  }
+}
+
+TEST_CASE("A write to a closed peer raises ChannelError", "[channel]") {
+  Pair pair;
+  close(pair.peer);
+  pair.peer = -1;
+  Py("ch.send_result('a', 1, b'x')\n"
+     "try:\n"
+     "    ch.flush()\n"
+     "    outcome = 'no error'\n"
+     "except w.ChannelError as e:\n"
+     "    outcome = str(e)\n");
+  REQUIRE(PyEval("outcome").find("Broken pipe") != std::string::npos);
+}
+
+TEST_CASE("Bad arguments raise TypeError, not crashes", "[channel]") {
+  Pair pair;
+  Py("errors = []\n"
+     "for f, a in [(ch.send_result, ('a', 1)),\n"
+     "             (ch.send_result, (1, 1, b'')),\n"
+     "             (ch.send_result, ('a', 1, 'not bytes')),\n"
+     "             (ch.send_error, ('a', 'x', 't', 'm', 'tb', False)),\n"
+     "             (ch.send_ready, (1,))]:\n"
+     "    try:\n"
+     "        f(*a)\n"
+     "    except TypeError:\n"
+     "        errors.append('TypeError')\n");
+  REQUIRE(PyEval("errors") ==
+          "['TypeError', 'TypeError', 'TypeError', 'TypeError', 'TypeError']");
+  REQUIRE(PyEval("ch.pending_bytes()") == "0");
+}
+
+TEST_CASE("Module helpers: msgpack and constants", "[channel]") {
+  EnsureChannelInterpreter();
+  REQUIRE(PyEval("w.msgpack_loads(w.msgpack_dumps([[1, 'a'], {'k': b'v'}]))")
+          == "[[1, 'a'], {'k': b'v'}]");
+  REQUIRE(PyEval("w.CHUNK_BYTES") == std::to_string(ipc::kChunkBytes));
+  Py("w.log(0, 'debug line from the channel test')\n");
+}
+
+}  // namespace
+}  // namespace agentix::worker

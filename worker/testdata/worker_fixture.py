@@ -1,0 +1,135 @@
+"""Targets the worker tests call through `--python-path worker/testdata`.
+
+Each function exercises one path of the worker driver: sync and async
+execution, blocking, exceptions of every kind, results pickle cannot carry,
+large values, and reporting on the interpreter's configuration.
+"""
+
+import asyncio
+import os
+import sys
+import time
+
+NOT_CALLABLE = 42
+
+_count = 0
+
+
+def add(a, b=0):
+    return a + b
+
+
+async def async_add(a, b=0):
+    await asyncio.sleep(0)
+    return a + b
+
+
+def echo(value):
+    return value
+
+
+def length(data):
+    return len(data)
+
+
+def big(n):
+    return b"x" * n
+
+
+async def sleep_async(seconds):
+    await asyncio.sleep(seconds)
+    return seconds
+
+
+def sleep_sync(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
+def fail(message):
+    raise ValueError(message)
+
+
+def exit_now(code):
+    raise SystemExit(code)
+
+
+async def interrupt():
+    await asyncio.sleep(0)
+    raise KeyboardInterrupt("stop")
+
+
+def unpicklable():
+    return lambda: None
+
+
+def returns_coroutine():
+    return async_add(1, 2)
+
+
+def unencodable_for_msgpack():
+    return {1, 2, 3}
+
+
+def count():
+    global _count
+    _count += 1
+    return _count
+
+
+async def cancellable(marker):
+    """Sleeps until cancelled; records the cancellation in `marker`."""
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        with open(marker, "w") as f:
+            f.write("cancelled")
+        raise
+    return "not cancelled"
+
+
+def exists(path):
+    return os.path.exists(path)
+
+
+def noisy():
+    print("to stdout through print")
+    print("to stderr through print", file=sys.stderr)
+    os.write(1, b"to fd 1 directly\n")
+    return "ok"
+
+
+def sys_path():
+    return list(sys.path)
+
+
+def interpreter_info():
+    return {
+        "executable": sys.executable,
+        "prefix": sys.prefix,
+        "base_prefix": sys.base_prefix,
+        "version": sys.version.split()[0],
+        "isolated": sys.flags.isolated,
+        "os_file": os.__file__,
+        "argv": list(sys.argv),
+    }
+
+
+def env(name):
+    return os.environ.get(name)
+
+
+def thread_name():
+    """(Python thread name, OS thread name) of the calling thread."""
+    import threading
+    with open(f"/proc/self/task/{threading.get_native_id()}/comm") as f:
+        return threading.current_thread().name, f.read().strip()
+
+
+class Echo:
+    @staticmethod
+    def echo(value):
+        return value
+
+    def method(self, value):
+        return ("method", value)

@@ -1,0 +1,159 @@
+#include "worker/worker.h"
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "base/log.h"
+#include "worker/channel_module.h"
+#include "worker/driver_source.h"
+#include "worker/ipc/frame.h"
+#include "worker/ipc/io.h"
+#include "worker/python/interpreter.h"
+#include "worker/python/py_error.h"
+
+namespace agentix::worker {
+namespace {
+
+constexpr char kDriverModule[] = "_agentix_driver";
+constexpr char kDriverFilename[] = "<agentix-worker driver.py>";
+
+// Tells the daemon why the worker cannot start. Best effort: with no daemon
+// listening there is nobody to tell, so a failed write is only logged.
+void SendBootError(int fd, const absl::Status& status) {
+  AGX_LOG(Error, "worker boot failed: {}", std::string(status.message()));
+  ipc::Frame frame;
+  frame.type = ipc::FrameType::kBootError;
+  frame.error.code = static_cast<int>(status.code());
+  frame.error.type = "WorkerBootError";
+  frame.error.message = std::string(status.message());
+  if (auto tb = status.GetPayload(kTracebackPayloadUrl)) {
+    frame.error.traceback = std::string(*tb);
+  }
+  std::string bytes;
+  absl::Status encoded = ipc::AppendFrame(frame, bytes);
+  if (encoded.ok()) encoded = ipc::WriteAll(fd, bytes);
+  if (!encoded.ok()) {
+    AGX_LOG(Error, "cannot send boot_error: {}",
+            std::string(encoded.message()));
+  }
+}
+
+// A boot failure from the pending Python exception.
+absl::Status BootErrorFromPython(absl::string_view what) {
+  PythonError error = FetchPythonError();
+  absl::Status status(
+      absl::StatusCode::kFailedPrecondition,
+      absl::StrCat(what, ": ", error.type, ": ", error.message));
+  if (!error.traceback.empty()) {
+    status.SetPayload(kTracebackPayloadUrl, absl::Cord(error.traceback));
+  }
+  return status;
+}
+
+// Compiles the embedded driver source and imports it as a module.
+// Returns a new reference or nullptr with a Python error set.
+PyObject* LoadDriver() {
+  PyObject* code = Py_CompileStringExFlags(kDriverSource, kDriverFilename,
+                                           Py_file_input, nullptr, -1);
+  if (code == nullptr) return nullptr;
+  PyObject* module =
+      PyImport_ExecCodeModuleEx(kDriverModule, code, kDriverFilename);
+  Py_DECREF(code);
+  return module;
+}
+
+// Calls driver.main(fd, worker_id) and interprets its (code, clean) answer.
+WorkerExit RunDriver(PyObject* driver, const WorkerOptions& options) {
+  WorkerExit exit{kExitInternal, false};
+  PyObject* result = PyObject_CallMethod(
+      driver, "main", "is", options.channel_fd, options.worker_id.c_str());
+  if (result == nullptr) {
+    PythonError error = FetchPythonError();
+    AGX_LOG(Error, "worker driver failed: {}: {}\n{}", error.type,
+            error.message, error.traceback);
+    return exit;
+  }
+  int code = kExitInternal;
+  int clean = 0;
+  if (!PyArg_ParseTuple(result, "ip", &code, &clean)) {
+    PythonError error = FetchPythonError();
+    AGX_LOG(Error, "worker driver returned a bad exit value: {}",
+            error.message);
+  } else {
+    exit.code = code;
+    exit.finalize = clean != 0;
+  }
+  Py_DECREF(result);
+  return exit;
+}
+
+}  // namespace
+
+WorkerExit RunWorker(const WorkerOptions& options) {
+  const int fd = options.channel_fd;
+  // The channel must exist and must not leak into processes user code
+  // spawns (they would keep the daemon's socket open after we exit).
+  const int fd_flags = fcntl(fd, F_GETFD);
+  if (fd_flags < 0) {
+    AGX_LOG(Error, "frame channel fd {} is not open; was the worker started "
+                   "by agentix-sandboxd?", fd);
+    return {kExitBootError, false};
+  }
+  fcntl(fd, F_SETFD, fd_flags | FD_CLOEXEC);
+
+  absl::Status status = RegisterChannelModule();
+  if (!status.ok()) {
+    SendBootError(fd, status);
+    return {kExitBootError, false};
+  }
+  auto paths = ComputePythonPaths(options.paths, DefaultPythonHome(),
+                                  LinkedPythonVersion());
+  if (!paths.ok()) {
+    SendBootError(fd, paths.status());
+    return {kExitBootError, false};
+  }
+  AGX_LOG(Debug, "python home {}, executable {}, venv '{}'", paths->home,
+          paths->executable, paths->venv);
+  status = InitializeInterpreter(*paths, "agentix-worker");
+  if (!status.ok()) {
+    SendBootError(fd, absl::Status(status.code(),
+                                   absl::StrCat(status.message(),
+                                                " (python home ", paths->home,
+                                                ")")));
+    return {kExitBootError, false};
+  }
+  // From here on this thread holds the GIL.
+  PyObject* driver = LoadDriver();
+  if (driver == nullptr) {
+    SendBootError(fd, BootErrorFromPython("cannot load the worker driver"));
+    return {kExitBootError, false};
+  }
+  WorkerExit exit = RunDriver(driver, options);
+  Py_DECREF(driver);
+  return exit;
+}
+
+void FinalizeWorker(int budget_ms, int exit_code) {
+  std::thread watchdog([budget_ms, exit_code] {
+    pthread_setname_np(pthread_self(), "agx-finalize-wd");
+    std::this_thread::sleep_for(std::chrono::milliseconds(budget_ms));
+    AGX_LOG(Warning, "interpreter finalisation exceeded {} ms; exiting",
+            budget_ms);
+    _exit(exit_code);
+  });
+  watchdog.detach();
+  if (Py_FinalizeEx() != 0) {
+    AGX_LOG(Warning, "errors while finalising the interpreter");
+  }
+}
+
+}  // namespace agentix::worker

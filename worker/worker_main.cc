@@ -1,0 +1,95 @@
+// agentix-worker: runs Python callables for agentix-sandboxd over the frame
+// channel on --channel-fd (docs/WORKER-PROTOCOL.md). Started only by the
+// daemon; see worker.h for the lifecycle and exit codes.
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "base/flags.h"
+#include "base/log.h"
+#include "worker/ipc/frame.h"
+#include "worker/python/path_config.h"
+#include "worker/worker.h"
+
+ABSL_FLAG(std::string, venv, "",
+          "virtualenv (made by /usr/bin/python3 -m venv) whose site-packages "
+          "the worker imports from");
+ABSL_FLAG(std::string, python_path, "",
+          "extra import roots, ':'-separated, placed first on sys.path");
+ABSL_FLAG(std::string, python_home, "",
+          "stdlib prefix (holds lib/python3.11); default: found from the "
+          "loaded libpython, else /usr");
+ABSL_FLAG(int, channel_fd, agentix::ipc::kWorkerChannelFd,
+          "fd of the worker's end of the frame socketpair");
+ABSL_FLAG(std::string, worker_id, "",
+          "id used in logs; default $AGENTIX_WORKER_ID, else random");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+
+namespace {
+
+// How long interpreter finalisation may take before the worker just exits.
+constexpr int kFinalizeBudgetMs = 2000;
+
+std::string RandomWorkerId() {
+  uint32_t value = 0;
+  if (getrandom(&value, sizeof(value), 0) != sizeof(value)) {
+    value = static_cast<uint32_t>(getpid()) * 2654435761u;
+  }
+  return absl::StrFormat("%08x", value);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Die with the daemon. The flag is dropped if the parent is already gone
+  // when it is set, hence the re-check; a parent lost even earlier shows up
+  // as EOF on the channel.
+  const pid_t parent = getppid();
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) return agentix::worker::kExitChannelError;
+  // Write errors on the channel must come back as EPIPE, not kill us.
+  signal(SIGPIPE, SIG_IGN);
+
+  absl::SetProgramUsageMessage(
+      "runs Python callables for agentix-sandboxd over --channel-fd");
+  std::vector<std::string> storage;
+  std::vector<char*> args = agentix::base::NormalizeFlagNames(argc, argv, storage);
+  absl::ParseCommandLine(static_cast<int>(args.size()) - 1, args.data());
+
+  agentix::worker::WorkerOptions options;
+  options.paths.venv = absl::GetFlag(FLAGS_venv);
+  options.paths.python_path =
+      agentix::worker::SplitPythonPath(absl::GetFlag(FLAGS_python_path));
+  options.paths.python_home = absl::GetFlag(FLAGS_python_home);
+  options.channel_fd = absl::GetFlag(FLAGS_channel_fd);
+  options.worker_id = absl::GetFlag(FLAGS_worker_id);
+  if (options.worker_id.empty()) {
+    const char* env = getenv("AGENTIX_WORKER_ID");
+    options.worker_id = env != nullptr && *env != '\0' ? env : RandomWorkerId();
+  }
+  // User code (and its subprocesses) can find out which worker it runs in.
+  setenv("AGENTIX_WORKER_ID", options.worker_id.c_str(), 1);
+
+  agentix::base::SetLogTag("agentix-worker[" + options.worker_id + "]");
+  agentix::base::SetMinLogSeverity(
+      agentix::base::ParseLogSeverity(absl::GetFlag(FLAGS_log_level)));
+
+  const agentix::worker::WorkerExit exit = agentix::worker::RunWorker(options);
+  if (exit.finalize) {
+    agentix::worker::FinalizeWorker(kFinalizeBudgetMs, exit.code);
+  }
+  fflush(nullptr);
+  // Skip static destructors and any atexit work of a half-torn-down
+  // interpreter: the process state no longer matters.
+  _exit(exit.code);
+}

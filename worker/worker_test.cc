@@ -1,0 +1,921 @@
+// End-to-end tests of the agentix-worker binary: spawn it with a socketpair
+// on fd 1023 (as agentix-sandboxd does), speak frames with //worker/ipc, and
+// check replies. Pickles are made and read by Debian's /usr/bin/python3 so
+// that the bytes are compared against the real thing. Every wait is bounded.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <msgpack.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "base/child_process.h"
+#include "base/unique_fd.h"
+#include "testing/status_matchers.h"
+#include "worker/ipc/frame.h"
+#include "worker/ipc/io.h"
+
+namespace agentix::worker {
+namespace {
+
+namespace fs = std::filesystem;
+using ipc::Frame;
+using ipc::FrameType;
+
+constexpr char kPython[] = "/usr/bin/python3";
+
+std::string Runfile(const std::string& path) {
+  return (fs::current_path() / path).string();
+}
+
+std::string WorkerBinary() { return Runfile("worker/agentix-worker"); }
+std::string FixtureDir() { return Runfile("worker/testdata"); }
+
+std::string TempRoot() {
+  const char* dir = getenv("TEST_TMPDIR");
+  return dir != nullptr ? dir : "/tmp";
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out << bytes;
+}
+
+// Runs /usr/bin/python3 -I with `args`; returns its stdout. Bounded.
+std::string RunPython(const std::vector<std::string>& args,
+                      const std::string& python = kPython) {
+  static int counter = 0;
+  const std::string out_path =
+      absl::StrCat(TempRoot(), "/python_out_", getpid(), "_", counter++);
+  base::UniqueFd out(open(out_path.c_str(),
+                          O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  REQUIRE(out.valid());
+  base::SpawnOptions spawn;
+  spawn.path = python;
+  spawn.argv = {python, "-I"};
+  spawn.argv.insert(spawn.argv.end(), args.begin(), args.end());
+  spawn.env = {"PATH=/usr/bin:/bin", "LANG=C.UTF-8"};
+  spawn.fd_map = {{out.get(), 1}};
+  REQUIRE_OK_AND_ASSIGN(base::ChildProcess child,
+                        base::ChildProcess::Spawn(spawn));
+  REQUIRE_OK_AND_ASSIGN(base::ExitStatus exit,
+                        child.AwaitExit(absl::Seconds(60)));
+  REQUIRE(exit.returncode() == 0);
+  std::string text = ReadFile(out_path);
+  fs::remove(out_path);
+  return text;
+}
+
+// pickle.dumps(eval(expression), protocol=5), made by Debian's Python.
+std::string Pickle(const std::string& expression) {
+  return RunPython(
+      {"-c",
+       "import pickle, sys\n"
+       "sys.stdout.buffer.write(pickle.dumps(eval(sys.argv[1]), protocol=5))",
+       expression});
+}
+
+// eval(expression) with v = pickle.loads(bytes), as a str.
+std::string Unpickle(const std::string& bytes,
+                     const std::string& expression = "repr(v)") {
+  static int counter = 0;
+  const std::string path =
+      absl::StrCat(TempRoot(), "/pickle_in_", getpid(), "_", counter++);
+  WriteFile(path, bytes);
+  std::string out = RunPython(
+      {"-c",
+       "import pickle, sys\n"
+       "v = pickle.load(open(sys.argv[1], 'rb'))\n"
+       "sys.stdout.write(str(eval(sys.argv[2])))",
+       path, expression});
+  fs::remove(path);
+  return out;
+}
+
+std::string Msgpack(const std::function<void(msgpack::packer<msgpack::sbuffer>&)>& fill) {
+  msgpack::sbuffer buffer;
+  msgpack::packer<msgpack::sbuffer> packer(buffer);
+  fill(packer);
+  return std::string(buffer.data(), buffer.size());
+}
+
+// What a call ended with.
+struct Reply {
+  bool done = false;
+  bool ok = false;  // result (true) or error (false)
+  std::string value;  // result bytes, chunks joined
+  int encoding = 0;
+  uint64_t total_size = 0;
+  int chunks = 0;  // result_chunk frames before the result
+  ipc::ErrorInfo error;
+};
+
+// How to start a worker.
+struct WorkerArgs {
+  std::vector<std::string> args;  // besides --channel-fd
+  bool python_path = true;        // pass --python-path worker/testdata
+  std::vector<std::string> env = {
+      // Isolation: none of these may influence the worker.
+      "PATH=/root/.pyenv/shims:/root/.pyenv/bin:/usr/bin:/bin",
+      "PYTHONHOME=/nonexistent/pythonhome",
+      "PYTHONPATH=/nonexistent/pythonpath",
+      "PYTHONSTARTUP=/nonexistent/startup.py",
+      "AGENTIX_WORKER_ID=test-worker",
+  };
+};
+
+// One running agentix-worker and the daemon's end of its channel.
+class Worker {
+ public:
+
+  explicit Worker(const WorkerArgs& options = WorkerArgs()) {
+    int fds[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
+    channel_.Reset(fds[0]);
+    base::UniqueFd child_end(fds[1]);
+    base::SpawnOptions spawn;
+    spawn.path = WorkerBinary();
+    spawn.argv = {spawn.path, "--channel-fd=1023"};
+    if (options.python_path) {
+      spawn.argv.push_back(absl::StrCat("--python-path=", FixtureDir()));
+    }
+    spawn.argv.insert(spawn.argv.end(), options.args.begin(),
+                      options.args.end());
+    spawn.env = options.env;
+    spawn.fd_map = {{child_end.get(), ipc::kWorkerChannelFd}};
+    REQUIRE_OK_AND_ASSIGN(child_, base::ChildProcess::Spawn(spawn));
+  }
+
+  ~Worker() {
+    // ChildProcess's destructor SIGKILLs and reaps.
+  }
+
+  // Reads the ready frame; fails the test otherwise.
+  void AwaitReady() {
+    REQUIRE_OK_AND_ASSIGN(Frame ready, Next(absl::Seconds(20)));
+    INFO(ready.error.message);
+    REQUIRE(ready.type == FrameType::kReady);
+    REQUIRE(ready.pid == child_.pid());
+  }
+
+  void Send(const Frame& frame) {
+    std::string bytes;
+    REQUIRE_OK(ipc::AppendFrame(frame, bytes));
+    SendRaw(bytes);
+  }
+  void SendRaw(const std::string& bytes) {
+    REQUIRE_OK(ipc::WriteAll(channel_.get(), bytes));
+  }
+
+  // Starts a call; arguments over kChunkBytes follow as arg_chunk frames.
+  void Call(const std::string& id, const std::string& callable,
+            const std::string& args, int encoding = 1) {
+    Frame call;
+    call.type = FrameType::kCall;
+    call.call_id = id;
+    call.callable = callable;
+    call.encoding = encoding;
+    call.total_size = args.size();
+    const size_t first = std::min(args.size(), ipc::kChunkBytes);
+    call.data = args.substr(0, first);
+    Send(call);
+    for (size_t off = first; off < args.size(); off += ipc::kChunkBytes) {
+      Frame chunk;
+      chunk.type = FrameType::kArgChunk;
+      chunk.call_id = id;
+      chunk.data = args.substr(off, ipc::kChunkBytes);
+      Send(chunk);
+    }
+  }
+
+  void Cancel(const std::string& id) {
+    Frame cancel;
+    cancel.type = FrameType::kCancel;
+    cancel.call_id = id;
+    Send(cancel);
+  }
+
+  void Shutdown() {
+    Frame shutdown;
+    shutdown.type = FrameType::kShutdown;
+    Send(shutdown);
+  }
+
+  void CloseChannel() { channel_.Reset(); }
+
+  // The next frame, or kDeadlineExceeded / kUnavailable (EOF).
+  absl::StatusOr<Frame> Next(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      auto next = reader_.Next();
+      if (!next.ok()) return next.status();
+      if (next->has_value()) return std::move(**next);
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        return absl::DeadlineExceededError("no frame in time");
+      }
+      pollfd pfd{channel_.get(), POLLIN, 0};
+      const int ms =
+          static_cast<int>(absl::ToInt64Milliseconds(left)) + 1;
+      if (poll(&pfd, 1, ms) <= 0) continue;
+      auto n = ipc::ReadInto(channel_.get(), reader_);
+      if (!n.ok()) return n.status();
+      if (*n == 0) return absl::UnavailableError("channel closed");
+    }
+  }
+
+  // Reads frames until every id in `ids` has its terminal frame. Frames for
+  // other ids fail the test.
+  std::map<std::string, Reply> AwaitReplies(const std::set<std::string>& ids,
+                                            absl::Duration timeout) {
+    std::map<std::string, Reply> replies;
+    const absl::Time deadline = absl::Now() + timeout;
+    size_t done = 0;
+    while (done < ids.size()) {
+      auto frame = Next(deadline - absl::Now());
+      INFO("waiting for " << ids.size() - done << " replies");
+      REQUIRE_OK(frame);
+      INFO("frame " << ipc::FrameTypeName(frame->type) << " for "
+                    << frame->call_id);
+      REQUIRE(ids.count(frame->call_id) == 1);
+      Reply& reply = replies[frame->call_id];
+      REQUIRE_FALSE(reply.done);
+      switch (frame->type) {
+        case FrameType::kResultChunk:
+          REQUIRE(frame->data.size() == ipc::kChunkBytes);
+          reply.value += frame->data;
+          ++reply.chunks;
+          continue;
+        case FrameType::kResult:
+          reply.ok = true;
+          reply.value += frame->data;
+          reply.encoding = frame->encoding;
+          reply.total_size = frame->total_size;
+          break;
+        case FrameType::kError:
+          reply.error = frame->error;
+          break;
+        default:
+          FAIL("unexpected frame " << ipc::FrameTypeName(frame->type));
+      }
+      reply.done = true;
+      ++done;
+    }
+    return replies;
+  }
+
+  Reply AwaitReply(const std::string& id,
+                   absl::Duration timeout = absl::Seconds(20)) {
+    return AwaitReplies({id}, timeout)[id];
+  }
+
+  // Calls and waits; the result must be a success. Returns the value bytes.
+  std::string CallOk(const std::string& callable, const std::string& args,
+                     int encoding = 1) {
+    const std::string id = absl::StrCat("ok-", ++ids_);
+    Call(id, callable, args, encoding);
+    Reply reply = AwaitReply(id);
+    INFO(reply.error.type << ": " << reply.error.message << "\n"
+                          << reply.error.traceback);
+    REQUIRE(reply.ok);
+    REQUIRE(reply.total_size == reply.value.size());
+    return reply.value;
+  }
+
+  // Calls and waits; the result must be an error.
+  ipc::ErrorInfo CallError(const std::string& callable,
+                           const std::string& args, int encoding = 1) {
+    const std::string id = absl::StrCat("err-", ++ids_);
+    Call(id, callable, args, encoding);
+    Reply reply = AwaitReply(id);
+    REQUIRE_FALSE(reply.ok);
+    return reply.error;
+  }
+
+  // Asserts no frame arrives within `quiet`.
+  void ExpectSilence(absl::Duration quiet) {
+    auto frame = Next(quiet);
+    if (frame.ok()) {
+      FAIL("unexpected frame " << ipc::FrameTypeName(frame->type) << " for "
+                               << frame->call_id);
+    }
+    REQUIRE(frame.status().code() == absl::StatusCode::kDeadlineExceeded);
+  }
+
+  base::ExitStatus AwaitExit(absl::Duration timeout = absl::Seconds(10)) {
+    auto exit = child_.AwaitExit(timeout);
+    REQUIRE_OK(exit);
+    return *exit;
+  }
+
+  pid_t pid() const { return child_.pid(); }
+
+ private:
+  base::UniqueFd channel_;
+  base::ChildProcess child_;
+  ipc::FrameReader reader_;
+  int ids_ = 0;
+};
+
+// A worker that has sent ready.
+std::unique_ptr<Worker> ReadyWorker(
+    const WorkerArgs& options = WorkerArgs()) {
+  auto worker = std::make_unique<Worker>(options);
+  worker->AwaitReady();
+  return worker;
+}
+
+TEST_CASE("The worker reports ready with its Python version", "[worker]") {
+  Worker worker;
+  REQUIRE_OK_AND_ASSIGN(Frame ready, worker.Next(absl::Seconds(20)));
+  REQUIRE(ready.type == FrameType::kReady);
+  REQUIRE(ready.pid == worker.pid());
+  REQUIRE(ready.detail == "3.11.2");
+  worker.Shutdown();
+  REQUIRE(worker.AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("Builtins run and return protocol-5 pickles", "[worker]") {
+  auto worker = ReadyWorker();
+  std::string value = worker->CallOk("math::factorial", Pickle("((10,), {})"));
+  REQUIRE(value == Pickle("3628800"));
+  REQUIRE(Unpickle(value) == "3628800");
+  value = worker->CallOk("builtins::len", Pickle("(([1, 2, 3],), {})"));
+  REQUIRE(value == std::string("\x80\x05K\x03.", 5));
+  value = worker->CallOk("asyncio::sleep", Pickle("((0, 'slept'), {})"));
+  REQUIRE(Unpickle(value) == "'slept'");
+}
+
+TEST_CASE("Fixture targets: sync, async, static, stateful", "[worker]") {
+  auto worker = ReadyWorker();
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::add",
+                                  Pickle("((2,), {'b': 3})"))) == "5");
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::async_add",
+                                  Pickle("((2, 40), {})"))) == "42");
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::Echo.echo",
+                                  Pickle("(('hi',), {})"))) == "'hi'");
+  REQUIRE(Unpickle(worker->CallOk(
+              "worker_fixture::Echo.method",
+              Pickle("((__import__('types').SimpleNamespace(), 7), {})"))) ==
+          "('method', 7)");
+  // A sync function returning a coroutine: the coroutine is awaited.
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::returns_coroutine",
+                                  Pickle("((), {})"))) == "3");
+  // Module state persists between calls.
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::count",
+                                  Pickle("((), {})"))) == "1");
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::count",
+                                  Pickle("((), {})"))) == "2");
+  // Sync targets run on named pool threads (Python and OS names).
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::thread_name",
+                                  Pickle("((), {})")),
+                   "v[0].startswith('agentix-call_') and v[1]") ==
+          "agentix-call");
+  // User output on fd 1/2 does not disturb the channel.
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::noisy",
+                                  Pickle("((), {})"))) == "'ok'");
+}
+
+TEST_CASE("The interpreter is Debian's, isolated from the environment",
+          "[worker]") {
+  auto worker = ReadyWorker();
+  const std::string info =
+      worker->CallOk("worker_fixture::interpreter_info", Pickle("((), {})"));
+  REQUIRE(Unpickle(info, "v['executable']") == "/usr/bin/python3");
+  REQUIRE(Unpickle(info, "v['prefix']") == "/usr");
+  REQUIRE(Unpickle(info, "v['version']") == "3.11.2");
+  REQUIRE(Unpickle(info, "v['isolated']") == "1");
+  REQUIRE(Unpickle(info, "v['os_file']") == "/usr/lib/python3.11/os.py");
+  REQUIRE(Unpickle(info, "v['argv']") == "['agentix-worker']");
+  // PYTHONPATH / PYTHONHOME in the environment were ignored; the import
+  // roots come first, then the stdlib, then Debian's dist-packages.
+  const std::string path =
+      worker->CallOk("worker_fixture::sys_path", Pickle("((), {})"));
+  REQUIRE(Unpickle(path) ==
+          RunPython({"-c",
+                     "import sys\n"
+                     "print(repr([sys.argv[1]] + [p for p in sys.path "
+                     "if not p.endswith('.zip')]), end='')",
+                     FixtureDir()}));
+  REQUIRE(Unpickle(path, "v[:3]") ==
+          absl::StrCat("['", FixtureDir(),
+                       "', '/usr/lib/python3.11', "
+                       "'/usr/lib/python3.11/lib-dynload']"));
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::env",
+                                  Pickle("(('AGENTIX_WORKER_ID',), {})"))) ==
+          "'test-worker'");
+}
+
+TEST_CASE("Resolve failures are typed errors with code 3", "[worker]") {
+  auto worker = ReadyWorker();
+  const std::string no_args = Pickle("((), {})");
+
+  ipc::ErrorInfo e = worker->CallError("no_such_module_xyz::f", no_args);
+  REQUIRE(e.type == "ModuleNotFoundError");
+  REQUIRE(e.code == 3);
+  REQUIRE(e.message == "No module named 'no_such_module_xyz'");
+  REQUIRE_FALSE(e.cancelled);
+
+  e = worker->CallError("worker_fixture::missing", no_args);
+  REQUIRE(e.type == "AttributeError");
+  REQUIRE(e.code == 3);
+
+  e = worker->CallError("worker_fixture::Echo.missing", no_args);
+  REQUIRE(e.type == "AttributeError");
+
+  e = worker->CallError("worker_fixture::NOT_CALLABLE", no_args);
+  REQUIRE(e.type == "TypeError");
+  REQUIRE(e.code == 3);
+  REQUIRE(e.message.find("not callable") != std::string::npos);
+
+  e = worker->CallError("worker_fixture.add", no_args);
+  REQUIRE(e.type == "ValueError");
+  REQUIRE(e.code == 3);
+  REQUIRE(e.message.rfind("invalid remote callable reference", 0) == 0);
+
+  e = worker->CallError("worker_broken::f", no_args);
+  REQUIRE(e.type == "RuntimeError");
+  REQUIRE(e.message == "worker_broken refuses to import");
+  REQUIRE(e.traceback.find("worker_broken.py") != std::string::npos);
+}
+
+TEST_CASE("Undecodable arguments are ArgumentsDecodeError", "[worker]") {
+  auto worker = ReadyWorker();
+  ipc::ErrorInfo e = worker->CallError("worker_fixture::add", "not a pickle");
+  REQUIRE(e.type == "ArgumentsDecodeError");
+  REQUIRE(e.code == 3);
+  REQUIRE(e.message.rfind("failed to decode arguments: ", 0) == 0);
+  REQUIRE_FALSE(e.traceback.empty());
+
+  e = worker->CallError("worker_fixture::add", Pickle("5"));
+  REQUIRE(e.type == "ArgumentsDecodeError");
+  REQUIRE(e.message == "arguments must be an (args, kwargs) pair, got int");
+
+  // A pickle naming a module that does not exist (STACK_GLOBAL no_such_mod.f).
+  constexpr char kMissingGlobal[] =
+      "\x80\x04\x8c\x0bno_such_mod\x94\x8c\x01" "f\x94\x93\x94.";
+  e = worker->CallError("worker_fixture::add",
+                        std::string(kMissingGlobal, sizeof(kMissingGlobal) - 1));
+  REQUIRE(e.type == "ArgumentsDecodeError");
+  REQUIRE(e.message.find("ModuleNotFoundError") != std::string::npos);
+}
+
+TEST_CASE("User exceptions, BaseExceptions included, become error frames",
+          "[worker]") {
+  auto worker = ReadyWorker();
+  ipc::ErrorInfo e =
+      worker->CallError("worker_fixture::fail", Pickle("(('boom',), {})"));
+  REQUIRE(e.type == "ValueError");
+  REQUIRE(e.message == "boom");
+  REQUIRE(e.code == 2);
+  REQUIRE(e.traceback.find("worker_fixture.py") != std::string::npos);
+  REQUIRE(e.traceback.find("in fail") != std::string::npos);
+  REQUIRE(e.traceback.find("ValueError: boom") != std::string::npos);
+  // The driver's own wrapper frame is trimmed.
+  REQUIRE(e.traceback.find("driver.py") == std::string::npos);
+
+  e = worker->CallError("math::factorial", Pickle("((-1,), {})"));
+  REQUIRE(e.type == "ValueError");
+  REQUIRE(e.traceback == "ValueError: factorial() not defined for negative "
+                         "values\n");
+
+  e = worker->CallError("worker_fixture::exit_now", Pickle("((3,), {})"));
+  REQUIRE(e.type == "SystemExit");
+  REQUIRE(e.message == "3");
+  REQUIRE(e.code == 2);
+
+  e = worker->CallError("worker_fixture::interrupt", Pickle("((), {})"));
+  REQUIRE(e.type == "KeyboardInterrupt");
+  REQUIRE(e.message == "stop");
+
+  e = worker->CallError("worker_fixture::add", Pickle("((), {'c': 1})"));
+  REQUIRE(e.type == "TypeError");
+  REQUIRE(e.code == 2);
+
+  // The worker keeps serving.
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::add",
+                                  Pickle("((1, 2), {})"))) == "3");
+}
+
+TEST_CASE("Unpicklable results are ResultEncodeError", "[worker]") {
+  auto worker = ReadyWorker();
+  ipc::ErrorInfo e =
+      worker->CallError("worker_fixture::unpicklable", Pickle("((), {})"));
+  REQUIRE(e.type == "ResultEncodeError");
+  REQUIRE(e.code == 3);
+  REQUIRE(e.message.rfind("failed to pickle return value: ", 0) == 0);
+}
+
+TEST_CASE("Coroutines run concurrently on the loop", "[worker][timing]") {
+  auto worker = ReadyWorker();
+  const std::string args = Pickle("((0.2,), {})");
+  std::set<std::string> ids;
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 10; ++i) {
+    ids.insert(absl::StrCat("s", i));
+    worker->Call(absl::StrCat("s", i), "worker_fixture::sleep_async", args);
+  }
+  auto replies = worker->AwaitReplies(ids, absl::Seconds(10));
+  const absl::Duration took = absl::Now() - start;
+  INFO("10 x 0.2 s took " << absl::FormatDuration(took));
+  // Serially this would take 2 s; concurrently ~0.2 s plus start-up noise.
+  REQUIRE(took < absl::Milliseconds(1200));
+  for (auto& [id, reply] : replies) REQUIRE(reply.ok);
+}
+
+TEST_CASE("Sync calls run in parallel on the pool", "[worker][timing]") {
+  auto worker = ReadyWorker();
+  const std::string args = Pickle("((0.3,), {})");
+  std::set<std::string> ids;
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 8; ++i) {
+    ids.insert(absl::StrCat("b", i));
+    worker->Call(absl::StrCat("b", i), "worker_fixture::sleep_sync", args);
+  }
+  worker->AwaitReplies(ids, absl::Seconds(10));
+  const absl::Duration took = absl::Now() - start;
+  INFO("8 x 0.3 s blocking took " << absl::FormatDuration(took));
+  REQUIRE(took < absl::Milliseconds(1600));  // serially: 2.4 s
+}
+
+TEST_CASE("A blocking sync call does not stall async calls",
+          "[worker][timing]") {
+  auto worker = ReadyWorker();
+  worker->Call("blocking", "worker_fixture::sleep_sync", Pickle("((2.0,), {})"));
+  const absl::Time start = absl::Now();
+  worker->Call("quick", "worker_fixture::async_add", Pickle("((1, 1), {})"));
+  REQUIRE_OK_AND_ASSIGN(Frame first, worker->Next(absl::Seconds(5)));
+  REQUIRE(first.call_id == "quick");
+  REQUIRE(first.type == FrameType::kResult);
+  REQUIRE(absl::Now() - start < absl::Seconds(1));
+  Reply blocking = worker->AwaitReply("blocking");
+  REQUIRE(blocking.ok);
+}
+
+TEST_CASE("Cancelling a coroutine answers Cancelled and stops the task",
+          "[worker]") {
+  auto worker = ReadyWorker();
+  const std::string marker = absl::StrCat(TempRoot(), "/cancel_marker_",
+                                          getpid());
+  fs::remove(marker);
+  worker->Call("c1", "worker_fixture::cancellable",
+               Pickle(absl::StrCat("(('", marker, "',), {})")));
+  worker->ExpectSilence(absl::Milliseconds(200));
+  worker->Cancel("c1");
+  Reply reply = worker->AwaitReply("c1", absl::Seconds(5));
+  REQUIRE_FALSE(reply.ok);
+  REQUIRE(reply.error.type == "Cancelled");
+  REQUIRE(reply.error.message == "remote call cancelled");
+  REQUIRE(reply.error.code == 1);
+  REQUIRE(reply.error.cancelled);
+  // The coroutine really got CancelledError.
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::exists",
+                                  Pickle(absl::StrCat("(('", marker,
+                                                      "',), {})")))) == "True");
+  // Nothing more for c1; cancelling again or an unknown id is a no-op.
+  worker->Cancel("c1");
+  worker->Cancel("never-started");
+  worker->ExpectSilence(absl::Milliseconds(300));
+}
+
+TEST_CASE("Cancelling a sync call drops its late result", "[worker]") {
+  auto worker = ReadyWorker();
+  worker->Call("s1", "worker_fixture::sleep_sync", Pickle("((0.5,), {})"));
+  worker->ExpectSilence(absl::Milliseconds(100));
+  worker->Cancel("s1");
+  Reply reply = worker->AwaitReply("s1", absl::Seconds(5));
+  REQUIRE(reply.error.type == "Cancelled");
+  REQUIRE(reply.error.cancelled);
+  worker->ExpectSilence(absl::Milliseconds(1000));
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::add",
+                                  Pickle("((1, 2), {})"))) == "3");
+}
+
+TEST_CASE("Cancelling while arguments arrive", "[worker]") {
+  auto worker = ReadyWorker();
+  const std::string args = Pickle("((b'z' * 3000000,), {})");
+  Frame call;
+  call.type = FrameType::kCall;
+  call.call_id = "partial";
+  call.callable = "worker_fixture::length";
+  call.encoding = 1;
+  call.total_size = args.size();
+  call.data = args.substr(0, ipc::kChunkBytes);
+  worker->Send(call);
+  worker->Cancel("partial");
+  Reply reply = worker->AwaitReply("partial", absl::Seconds(5));
+  REQUIRE(reply.error.type == "Cancelled");
+  Frame chunk;
+  chunk.type = FrameType::kArgChunk;
+  chunk.call_id = "partial";
+  chunk.data = args.substr(ipc::kChunkBytes);
+  worker->Send(chunk);
+  worker->ExpectSilence(absl::Milliseconds(300));
+}
+
+TEST_CASE("Large arguments and results travel in chunks", "[worker]") {
+  auto worker = ReadyWorker();
+  // 3 MiB of arguments: a call frame plus arg_chunk frames.
+  std::string value = worker->CallOk("worker_fixture::length",
+                                     Pickle("((b'y' * 3145728,), {})"));
+  REQUIRE(Unpickle(value) == "3145728");
+
+  // A 20 MiB result: result_chunks + the final result with total_size.
+  worker->Call("big", "worker_fixture::big", Pickle("((20 * 1024 * 1024,), {})"));
+  Reply reply = worker->AwaitReply("big", absl::Seconds(60));
+  REQUIRE(reply.ok);
+  REQUIRE(reply.chunks == 20);
+  REQUIRE(reply.total_size == reply.value.size());
+  REQUIRE(reply.total_size > 20u * 1024 * 1024);
+  REQUIRE(Unpickle(reply.value, "len(v) == 20 * 1024 * 1024 and v == b'x' * len(v)") ==
+          "True");
+}
+
+TEST_CASE("Encoding 2 (msgpack) in and out", "[worker]") {
+  auto worker = ReadyWorker();
+  std::string args = Msgpack([](auto& p) {
+    p.pack_array(2);
+    p.pack_array(2);
+    p.pack(2);
+    p.pack(3);
+    p.pack_map(0);
+  });
+  std::string value = worker->CallOk("worker_fixture::add", args, 2);
+  msgpack::object_handle result = msgpack::unpack(value.data(), value.size());
+  REQUIRE(result.get().as<int>() == 5);
+
+  args = Msgpack([](auto& p) {
+    p.pack_array(2);
+    p.pack_array(1);
+    p.pack_array(4);
+    p.pack(std::string("text"));
+    p.pack(1.5);
+    p.pack_nil();
+    p.pack_bin(2);
+    p.pack_bin_body("\x00\x01", 2);
+    p.pack_map(0);
+  });
+  value = worker->CallOk("worker_fixture::echo", args, 2);
+  // The echoed list is the arguments' inner array, byte for byte.
+  REQUIRE(value.size() == args.size() - 3);
+  REQUIRE(value == args.substr(2, value.size()));
+
+  ipc::ErrorInfo e =
+      worker->CallError("worker_fixture::unencodable_for_msgpack",
+                        Msgpack([](auto& p) {
+                          p.pack_array(2);
+                          p.pack_array(0);
+                          p.pack_map(0);
+                        }),
+                        2);
+  REQUIRE(e.type == "ResultEncodeError");
+  REQUIRE(e.message.rfind("failed to encode return value as msgpack", 0) == 0);
+
+  e = worker->CallError("worker_fixture::add", "\xc1", 2);
+  REQUIRE(e.type == "ArgumentsDecodeError");
+}
+
+TEST_CASE("Unknown encodings are refused", "[worker]") {
+  auto worker = ReadyWorker();
+  ipc::ErrorInfo e =
+      worker->CallError("worker_fixture::add", Pickle("((1,), {})"), 7);
+  REQUIRE(e.type == "UnsupportedEncoding");
+  REQUIRE(e.code == 3);
+  // Encoding 0 (unspecified) means pickle.
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::add",
+                                  Pickle("((1,), {})"), 0)) == "1");
+}
+
+TEST_CASE("Many pipelined calls", "[worker][timing]") {
+  auto worker = ReadyWorker();
+  const std::string args = Pickle("((1, 2), {})");
+  std::set<std::string> ids;
+  std::string batch;
+  for (int i = 0; i < 1000; ++i) {
+    const std::string id = absl::StrCat("p", i);
+    ids.insert(id);
+    Frame call;
+    call.type = FrameType::kCall;
+    call.call_id = id;
+    call.callable = i % 2 ? "worker_fixture::async_add" : "worker_fixture::add";
+    call.encoding = 1;
+    call.data = args;
+    call.total_size = args.size();
+    REQUIRE_OK(ipc::AppendFrame(call, batch));
+  }
+  const absl::Time start = absl::Now();
+  worker->SendRaw(batch);
+  auto replies = worker->AwaitReplies(ids, absl::Seconds(30));
+  WARN("1000 pipelined calls took " << absl::FormatDuration(absl::Now() - start));
+  for (auto& [id, reply] : replies) {
+    REQUIRE(reply.value == std::string("\x80\x05K\x03.", 5));
+  }
+
+  const absl::Time seq_start = absl::Now();
+  for (int i = 0; i < 500; ++i) worker->CallOk("worker_fixture::async_add", args);
+  WARN("sequential async round trip: "
+       << absl::FormatDuration((absl::Now() - seq_start) / 500));
+  const absl::Time sync_start = absl::Now();
+  for (int i = 0; i < 500; ++i) worker->CallOk("worker_fixture::add", args);
+  WARN("sequential sync round trip: "
+       << absl::FormatDuration((absl::Now() - sync_start) / 500));
+}
+
+TEST_CASE("Shutdown cancels running calls and exits 0", "[worker]") {
+  auto worker = ReadyWorker();
+  worker->Call("stuck", "worker_fixture::sleep_sync", Pickle("((30,), {})"));
+  worker->Call("waiting", "worker_fixture::sleep_async", Pickle("((30,), {})"));
+  worker->ExpectSilence(absl::Milliseconds(100));
+  const absl::Time start = absl::Now();
+  worker->Shutdown();
+  auto replies = worker->AwaitReplies({"stuck", "waiting"}, absl::Seconds(5));
+  REQUIRE(replies["stuck"].error.type == "Cancelled");
+  REQUIRE(replies["waiting"].error.type == "Cancelled");
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+  REQUIRE(absl::Now() - start < absl::Seconds(5));
+}
+
+TEST_CASE("Shutdown of an idle worker exits 0 promptly", "[worker]") {
+  auto worker = ReadyWorker();
+  const absl::Time start = absl::Now();
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+  REQUIRE(absl::Now() - start < absl::Seconds(2));
+}
+
+TEST_CASE("End of stream exits 0", "[worker]") {
+  auto worker = ReadyWorker();
+  worker->Call("stuck", "worker_fixture::sleep_sync", Pickle("((30,), {})"));
+  worker->CloseChannel();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("A garbage frame desynchronises: the worker exits non-zero",
+          "[worker]") {
+  auto worker = ReadyWorker();
+  worker->SendRaw(std::string("\x04\x00\x00\x00\xc1\xc1\xc1\xc1", 8));
+  const base::ExitStatus exit = worker->AwaitExit();
+  REQUIRE(exit.returncode() == 4);
+}
+
+TEST_CASE("An oversized frame length desynchronises", "[worker]") {
+  auto worker = ReadyWorker();
+  worker->SendRaw(std::string("\xff\xff\xff\xff", 4));
+  REQUIRE(worker->AwaitExit().returncode() == 4);
+}
+
+TEST_CASE("Boot failures send boot_error and exit 3", "[worker]") {
+  WorkerArgs options;
+  std::string expect;
+  SECTION("bad --python-home") {
+    options.args = {"--python-home", "/nonexistent/home"};
+    expect = "/nonexistent/home";
+  }
+  SECTION("bad --venv") {
+    options.args = {"--venv=/nonexistent/venv"};
+    expect = "/nonexistent/venv";
+  }
+  SECTION("a home whose stdlib is broken") {
+    // os.py is there, so the path check passes; CPython itself then fails
+    // (no encodings package) and must not take the process down uncleanly.
+    const std::string home = absl::StrCat(TempRoot(), "/broken_home");
+    fs::create_directories(home + "/lib/python3.11");
+    WriteFile(home + "/lib/python3.11/os.py", "");
+    options.args = {"--python-home=" + home};
+    expect = "Python initialisation failed";
+  }
+  Worker worker(options);
+  REQUIRE_OK_AND_ASSIGN(Frame frame, worker.Next(absl::Seconds(20)));
+  REQUIRE(frame.type == FrameType::kBootError);
+  REQUIRE(frame.error.type == "WorkerBootError");
+  INFO(frame.error.message);
+  REQUIRE(frame.error.message.find(expect) != std::string::npos);
+  REQUIRE(worker.AwaitExit().returncode() == 3);
+}
+
+TEST_CASE("--python-home: a relocated stdlib is used from its new place",
+          "[worker]") {
+  // A bundle-style tree: <home>/lib/python3.11 is Debian's stdlib, moved.
+  const std::string home = absl::StrCat(TempRoot(), "/relocated/python");
+  if (!fs::exists(home)) {
+    fs::create_directories(home + "/lib");
+    fs::create_directory_symlink("/usr/lib/python3.11",
+                                 home + "/lib/python3.11");
+  }
+  WorkerArgs options;
+  options.args = {"--python-home", home};
+  auto worker = ReadyWorker(options);
+  const std::string info =
+      worker->CallOk("worker_fixture::interpreter_info", Pickle("((), {})"));
+  REQUIRE(Unpickle(info, "v['prefix']") == home);
+  REQUIRE(Unpickle(info, "v['os_file']") == home + "/lib/python3.11/os.py");
+  const std::string path =
+      worker->CallOk("worker_fixture::sys_path", Pickle("((), {})"));
+  REQUIRE(Unpickle(path) ==
+          absl::StrCat("['", FixtureDir(), "', '", home, "/lib/python3.11', '",
+                       home, "/lib/python3.11/lib-dynload']"));
+  // C extensions load from the relocated lib-dynload.
+  REQUIRE(Unpickle(worker->CallOk("math::factorial", Pickle("((5,), {})"))) ==
+          "120");
+}
+
+TEST_CASE("A missing channel fd exits 3 without hanging", "[worker]") {
+  base::SpawnOptions spawn;
+  spawn.path = WorkerBinary();
+  spawn.argv = {spawn.path, "--channel-fd=1000"};
+  spawn.env = {"PATH=/usr/bin:/bin"};
+  REQUIRE_OK_AND_ASSIGN(base::ChildProcess child,
+                        base::ChildProcess::Spawn(spawn));
+  REQUIRE_OK_AND_ASSIGN(base::ExitStatus exit, child.AwaitExit(absl::Seconds(10)));
+  REQUIRE(exit.returncode() == 3);
+}
+
+// A venv made by Debian's python3 at test time, with a module and a .pth.
+std::string MakeVenv(const std::string& name, bool system_site) {
+  const std::string dir = absl::StrCat(TempRoot(), "/", name);
+  if (!fs::exists(dir + "/pyvenv.cfg")) {
+    std::vector<std::string> args = {"-m", "venv", "--without-pip"};
+    if (system_site) args.push_back("--system-site-packages");
+    args.push_back(dir);
+    RunPython(args);
+    const std::string site = dir + "/lib/python3.11/site-packages";
+    WriteFile(site + "/venv_marker.py", "def where():\n    return __file__\n");
+    fs::create_directories(dir + "/pth_target");
+    WriteFile(site + "/agentix_test.pth", dir + "/pth_target\n");
+  }
+  return dir;
+}
+
+void CheckVenvWorker(const std::string& venv) {
+  WorkerArgs options;
+  options.args = {"--venv", venv};
+  auto worker = ReadyWorker(options);
+  REQUIRE(Unpickle(worker->CallOk("venv_marker::where", Pickle("((), {})"))) ==
+          absl::StrCat("'", venv, "/lib/python3.11/site-packages/venv_marker.py'"));
+  const std::string info =
+      worker->CallOk("worker_fixture::interpreter_info", Pickle("((), {})"));
+  REQUIRE(Unpickle(info, "v['executable']") == venv + "/bin/python3");
+  REQUIRE(Unpickle(info, "v['prefix']") == venv);
+  REQUIRE(Unpickle(info, "v['base_prefix']") == "/usr");
+  // sys.path is exactly what the venv's own python has (minus the missing
+  // python311.zip), with the import roots in front.
+  const std::string path =
+      worker->CallOk("worker_fixture::sys_path", Pickle("((), {})"));
+  REQUIRE(Unpickle(path) ==
+          RunPython({"-c",
+                     "import sys\n"
+                     "print(repr([sys.argv[1]] + [p for p in sys.path "
+                     "if not p.endswith('.zip')]), end='')",
+                     FixtureDir()},
+                    venv + "/bin/python3"));
+}
+
+TEST_CASE("A venv's site-packages and .pth files are used", "[worker][venv]") {
+  const std::string venv = MakeVenv("venv_plain", /*system_site=*/false);
+  CheckVenvWorker(venv);
+  WorkerArgs options;
+  options.args = {"--venv", venv};
+  auto worker = ReadyWorker(options);
+  const std::string path =
+      worker->CallOk("worker_fixture::sys_path", Pickle("((), {})"));
+  REQUIRE(Unpickle(path, "'/usr/lib/python3/dist-packages' in v") == "False");
+  REQUIRE(Unpickle(path, "v[-1].endswith('/pth_target')") == "True");
+}
+
+TEST_CASE("A --system-site-packages venv also sees Debian's dist-packages",
+          "[worker][venv]") {
+  const std::string venv = MakeVenv("venv_system", /*system_site=*/true);
+  CheckVenvWorker(venv);
+  WorkerArgs options;
+  options.args = {"--venv", venv};
+  auto worker = ReadyWorker(options);
+  const std::string path =
+      worker->CallOk("worker_fixture::sys_path", Pickle("((), {})"));
+  REQUIRE(Unpickle(path, "'/usr/lib/python3/dist-packages' in v") == "True");
+}
+
+}  // namespace
+}  // namespace agentix::worker
