@@ -74,9 +74,7 @@ class CallsReactor final
       sink_->OnReadsDone(manager_);
       return;
     }
-    for (const auto& event : request_.events()) {
-      manager_->HandleHostEvent(sink_, event);
-    }
+    manager_->HandleHostEvents(sink_, request_.events());
     request_.Clear();
     StartRead(&request_);
   }

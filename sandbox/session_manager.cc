@@ -54,29 +54,62 @@ void SessionManager::HandleHostEvent(const std::shared_ptr<CallSink>& sink,
   std::vector<Delivery> out;
   {
     absl::MutexLock lock(&mu_);
-    switch (event.kind_case()) {
-      case HostEvent::kStart:
-        StartCall(sink, event.start(), out);
-        break;
-      case HostEvent::kArgumentChunk:
-        AddArgumentChunk(sink, event.argument_chunk(), out);
-        break;
-      case HostEvent::kCancel:
-        Cancel(event.cancel().call_id(), out);
-        break;
-      case HostEvent::kResume:
-        Resume(sink, event.resume(), out);
-        break;
-      case HostEvent::kAck:
-        Ack(event.ack().call_id());
-        break;
-      case HostEvent::KIND_NOT_SET:
-        out.push_back({sink, BadRequest("", "host event has no kind set")});
-        break;
-    }
+    ApplyHostEvent(sink, event, out);
+    FlushToWorker();
   }
   Deliver(out);
   ReapDeadWorkers();
+}
+
+void SessionManager::HandleHostEvents(
+    const std::shared_ptr<CallSink>& sink,
+    const google::protobuf::RepeatedPtrField<HostEvent>& events) {
+  std::vector<Delivery> out;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const HostEvent& event : events) ApplyHostEvent(sink, event, out);
+    FlushToWorker();
+  }
+  Deliver(out);
+  ReapDeadWorkers();
+}
+
+void SessionManager::ApplyHostEvent(const std::shared_ptr<CallSink>& sink,
+                                    const HostEvent& event,
+                                    std::vector<Delivery>& out) {
+  switch (event.kind_case()) {
+    case HostEvent::kStart:
+      StartCall(sink, event.start(), out);
+      break;
+    case HostEvent::kArgumentChunk:
+      AddArgumentChunk(sink, event.argument_chunk(), out);
+      break;
+    case HostEvent::kCancel:
+      Cancel(event.cancel().call_id(), out);
+      break;
+    case HostEvent::kResume:
+      Resume(sink, event.resume(), out);
+      break;
+    case HostEvent::kAck:
+      Ack(event.ack().call_id());
+      break;
+    case HostEvent::KIND_NOT_SET:
+      out.push_back({sink, BadRequest("", "host event has no kind set")});
+      break;
+  }
+}
+
+void SessionManager::SendToWorker(ipc::Frame frame) {
+  to_worker_.push_back(std::move(frame));
+}
+
+void SessionManager::FlushToWorker() {
+  // Frames queued for a worker that has since died are moot: its exit
+  // callback fails the calls they belonged to.
+  if (worker_ && !to_worker_.empty()) {
+    worker_->Send(to_worker_.data(), to_worker_.size());
+  }
+  to_worker_.clear();
 }
 
 void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
@@ -143,7 +176,7 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
   const std::string& args = start.arguments();
   const size_t first = std::min(args.size(), ipc::kChunkBytes);
   frame.data.assign(args.data(), first);
-  (*worker)->Send(frame);
+  SendToWorker(std::move(frame));
   if (args.size() > first) ForwardArguments(id, args.substr(first));
 }
 
@@ -155,7 +188,7 @@ void SessionManager::ForwardArguments(const std::string& call_id,
   chunk.call_id = call_id;
   for (size_t off = 0; off < bytes.size(); off += ipc::kChunkBytes) {
     chunk.data.assign(bytes, off, ipc::kChunkBytes);
-    worker_->Send(chunk);
+    SendToWorker(chunk);
   }
 }
 
@@ -181,7 +214,7 @@ void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
       ipc::Frame cancel;
       cancel.type = ipc::FrameType::kCancel;
       cancel.call_id = id;
-      worker_->Send(cancel);
+      SendToWorker(std::move(cancel));
     }
     return;
   }
@@ -205,7 +238,7 @@ void SessionManager::Cancel(const std::string& call_id,
     ipc::Frame cancel;
     cancel.type = ipc::FrameType::kCancel;
     cancel.call_id = call_id;
-    worker_->Send(cancel);
+    SendToWorker(std::move(cancel));
   }
 }
 

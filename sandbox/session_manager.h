@@ -55,6 +55,12 @@ class SessionManager : public WorkerProcess::Listener {
   // blocks on I/O (starting a worker is a posix_spawn).
   void HandleHostEvent(const std::shared_ptr<CallSink>& sink,
                        const runtime::v1::HostEvent& event);
+  // The same for every event of one stream message, in order, under one
+  // lock acquisition and with one write to the worker.
+  void HandleHostEvents(
+      const std::shared_ptr<CallSink>& sink,
+      const google::protobuf::RepeatedPtrField<runtime::v1::HostEvent>&
+          events);
   // The stream behind `sink` ended. Its calls keep running; their results
   // are retained until a resume or eviction.
   void DetachSink(const CallSink* sink);
@@ -105,6 +111,14 @@ class SessionManager : public WorkerProcess::Listener {
   void Emit(const std::string& call_id, Call& call, SandboxEventPtr event,
             bool terminal, std::vector<Delivery>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies one host event; frames for the worker go to `to_worker_`.
+  void ApplyHostEvent(const std::shared_ptr<CallSink>& sink,
+                      const runtime::v1::HostEvent& event,
+                      std::vector<Delivery>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues a frame for the current worker; FlushToWorker sends them all.
+  void SendToWorker(ipc::Frame frame) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FlushToWorker() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends argument bytes to the worker in kChunkBytes pieces.
   void ForwardArguments(const std::string& call_id, const std::string& bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -125,6 +139,7 @@ class SessionManager : public WorkerProcess::Listener {
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, Call> calls_ ABSL_GUARDED_BY(mu_);
   std::list<std::string> retained_order_ ABSL_GUARDED_BY(mu_);
+  std::vector<ipc::Frame> to_worker_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<WorkerProcess> worker_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<WorkerProcess>> dead_workers_
       ABSL_GUARDED_BY(mu_);

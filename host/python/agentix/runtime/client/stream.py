@@ -14,7 +14,11 @@ One bidirectional stream carries every call of a client, correlated by
   `ResultChunk` bytes accumulate, and a terminal `CallResult` or `CallError`
   settles the call's future and is acknowledged with `AckResult`. Terminal
   events for calls nobody awaits any more are acknowledged too, so the daemon
-  can free what it retains.
+  can free what it retains. Acknowledgements ride along with the next message
+  the sender writes; only when nothing else goes out for `ACK_DELAY` seconds
+  (or `ACK_BATCH` of them pile up) do they get a message of their own. An
+  ack-only write right after each result would otherwise sit in front of the
+  next call's StartCall.
 
 The table of pending calls belongs to the client (it outlives a stream, which
 is what resuming calls on a new stream needs); this module only reads it and
@@ -47,6 +51,10 @@ CHUNK_BYTES = 1 << 20
 BATCH_BYTES = 2 << 20
 # Bytes counted per event on top of its payloads (ids, tags, lengths).
 _EVENT_OVERHEAD = 64
+# Longest time an acknowledgement waits for a message to ride along with, and
+# how many may wait at most (the daemon retains a result until it is acked).
+ACK_DELAY = 0.05
+ACK_BATCH = 512
 
 # A call's outcome: the encoded result value, or the sandbox's error report.
 Outcome = Union[bytes, RemoteError]
@@ -139,6 +147,9 @@ class CallsStream:
         self._uploads: collections.deque[_Upload] = collections.deque()
         self._uploads_by_id: dict[str, _Upload] = {}
         self._wakeup = asyncio.Event()
+        self._acks: list[str] = []  # call ids whose terminal event awaits an ack
+        self._acks_due = False  # set when the acks may not wait any longer
+        self._ack_timer: asyncio.TimerHandle | None = None
         self._closing = False
         self._lost = False
         self._sender = asyncio.create_task(self._send_loop(), name="agentix-calls-sender")
@@ -181,6 +192,7 @@ class CallsStream:
         for call_id in cancel_ids:
             self.cancel_call(call_id)
         self._closing = True
+        self._acks_due = True
         self._wakeup.set()
         if not self._lost:
             try:
@@ -202,11 +214,26 @@ class CallsStream:
         if upload is not None:
             upload.dropped = True
 
+    def _acks_ready(self) -> None:
+        self._ack_timer = None
+        self._acks_due = True
+        self._wakeup.set()
+
+    def _take_acks(self) -> list[pb.HostEvent]:
+        acks = [pb.HostEvent(ack=pb.AckResult(call_id=call_id)) for call_id in self._acks]
+        self._acks.clear()
+        self._acks_due = False
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+        return acks
+
     def _take_batch(self) -> list[pb.HostEvent]:
-        """Takes the events of the next message, within BATCH_BYTES: queued
-        events first, then argument chunks taken round-robin from the uploads."""
-        batch: list[pb.HostEvent] = []
-        size = 0
+        """Takes the events of the next message, within BATCH_BYTES: waiting
+        acks, then queued events, then argument chunks taken round-robin from
+        the uploads."""
+        batch: list[pb.HostEvent] = self._take_acks() if self._acks else []
+        size = len(batch) * _EVENT_OVERHEAD
         queue = self._queue
         while queue:
             event_size, event, upload = queue[0]
@@ -246,7 +273,7 @@ class CallsStream:
                 # Yield once so every task made ready in this loop iteration (e.g. by
                 # one response settling many calls) queues its events first.
                 await asyncio.sleep(0)
-                while self._queue or self._uploads:
+                while self._queue or self._uploads or (self._acks and self._acks_due):
                     batch = self._take_batch()
                     if batch:
                         await self._rpc.write(pb.CallsRequest(events=batch))
@@ -329,4 +356,8 @@ class CallsStream:
         if call is not None:
             call.settle(outcome)
         self._drop_upload(call_id)
-        self._enqueue(_EVENT_OVERHEAD, pb.HostEvent(ack=pb.AckResult(call_id=call_id)))
+        self._acks.append(call_id)
+        if len(self._acks) >= ACK_BATCH:
+            self._acks_ready()
+        elif self._ack_timer is None:
+            self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY, self._acks_ready)
