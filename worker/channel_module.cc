@@ -7,8 +7,11 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <utility>
@@ -45,6 +48,9 @@ struct ChannelState {
   bool dead = false;  // desynchronised: every later read fails
   std::string dead_reason;
   bool busy = false;  // a write with the GIL released is in flight
+  // Wakes threads waiting in Enter() for `busy` to clear.
+  std::mutex idle_mu;
+  std::condition_variable idle_cv;
 };
 
 struct ChannelObject {
@@ -169,15 +175,26 @@ void SetError(PyObject* type, const absl::Status& status) {
   PyErr_SetString(type, std::string(status.message()).c_str());
 }
 
-// Guards a Channel method against use from a second thread while a write
-// has the GIL released.
+// Waits (with the GIL released) while another thread has a write in flight.
+// Pool threads send their own replies, so several threads use one channel;
+// `busy` is only read and written with the GIL held, and a waiter must let
+// go of the GIL or the writer could never take it back to clear the flag.
 bool Enter(PyObject* self) {
-  if (Channel(self).busy) {
-    PyErr_SetString(PyExc_RuntimeError,
-                    "the worker channel is in use by another thread");
-    return false;
+  ChannelState& st = Channel(self);
+  while (st.busy) {
+    Py_BEGIN_ALLOW_THREADS
+    std::unique_lock<std::mutex> lock(st.idle_mu);
+    // Timed: the notify may land between the check above and this wait.
+    st.idle_cv.wait_for(lock, std::chrono::milliseconds(1));
+    Py_END_ALLOW_THREADS
   }
   return true;
+}
+
+// Marks the end of a write begun with `busy = true`. GIL held.
+void Leave(ChannelState& st) {
+  st.busy = false;
+  st.idle_cv.notify_all();
 }
 
 // Writes everything queued. GIL held on entry and exit.
@@ -190,7 +207,7 @@ bool Flush(PyObject* self) {
     st.out.clear();
     return s;
   });
-  st.busy = false;
+  Leave(st);
   if (!status.ok()) {
     SetError(StateOfChannel(self)->channel_error, status);
     return false;
@@ -451,7 +468,7 @@ PyObject* ChannelSendResult(PyObject* self, PyObject* const* args,
     status = WithoutGil([&] {
       return EncodeResult(st, call_id, static_cast<int>(encoding), data, size);
     });
-    st.busy = false;
+    Leave(st);
   }
   PyBuffer_Release(&view);
   if (!status.ok()) {

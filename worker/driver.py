@@ -258,9 +258,10 @@ class _Worker:
 
     def _finish(self, call, ok, payload):
         """Queues call's terminal frame unless it already has one."""
-        if self._calls.get(call.call_id) is not call:
+        # pop() is atomic under the GIL, so the loop thread and pool threads
+        # (see _run_pooled) agree on who answers a call.
+        if self._calls.pop(call.call_id, None) is not call:
             return  # cancelled (or the worker is stopping): drop the output
-        del self._calls[call.call_id]
         try:
             if ok:
                 self._channel.send_result(call.call_id, call.encoding, payload)
@@ -348,32 +349,42 @@ class _Worker:
             call.task = self._loop.create_task(
                 self._run_coroutine(call, fn, args, kwargs))
             return
-        future = self._pool.submit(_run_sync, call.encoding, fn, args, kwargs)
+        future = self._pool.submit(self._run_pooled, call, fn, args, kwargs)
         call.task = future
         self._sync_futures.add(future)
-        future.add_done_callback(
-            lambda f, call=call: self._sync_done_threadsafe(call, f))
+        future.add_done_callback(self._sync_futures.discard)
 
-    def _sync_done_threadsafe(self, call, future):
+    def _run_pooled(self, call, fn, args, kwargs):
+        """Runs a sync callable on a pool thread and sends its reply from
+        there: handing the result back to the loop first would cost a thread
+        wake-up per call. Never raises."""
+        status, payload = _run_sync(call.encoding, fn, args, kwargs)
+        if status is _AWAIT:
+            self._call_on_loop(self._await_on_loop, call, payload)
+            return
+        if self._calls.pop(call.call_id, None) is not call:
+            return  # cancelled meanwhile, or the worker is stopping
         try:
-            self._loop.call_soon_threadsafe(self._sync_done, call, future)
+            if status:
+                self._channel.send_result(call.call_id, call.encoding, payload)
+            else:
+                type_name, message, tb, code = payload
+                self._channel.send_error(call.call_id, code, type_name,
+                                         message, tb, False)
+            self._channel.flush()
+        except _w.ChannelError as exc:
+            self._call_on_loop(self._channel_failed, exc)
+
+    def _call_on_loop(self, fn, *args):
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:
             pass  # the loop is closed: the worker is exiting
 
-    def _sync_done(self, call, future):
-        self._sync_futures.discard(future)
-        if self._calls.get(call.call_id) is not call or future.cancelled():
-            return
-        try:
-            status, payload = future.result()
-        except BaseException as exc:  # not expected: _run_sync catches all
-            self._finish(call, False, _error(exc, _UNKNOWN))
-            return
-        if status is _AWAIT:
+    def _await_on_loop(self, call, awaitable):
+        if self._calls.get(call.call_id) is call:
             call.task = self._loop.create_task(
-                self._await_value(call, payload))
-        else:
-            self._finish(call, status, payload)
+                self._await_value(call, awaitable))
 
     async def _run_coroutine(self, call, fn, args, kwargs):
         try:
