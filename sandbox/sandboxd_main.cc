@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/flags.h"
 #include "base/log.h"
+#include "base/malloc_tuning.h"
 #include "sandbox/runtime_service.h"
 #include "sandbox/session_manager.h"
 
@@ -191,4 +192,7 @@ int Run(int argc, char** raw_argv) {
 }  // namespace
 }  // namespace agentix::sandbox
 
-int main(int argc, char** argv) { return agentix::sandbox::Run(argc, argv); }
+int main(int argc, char** argv) {
+  agentix::base::TuneMallocForLargeBuffers();
+  return agentix::sandbox::Run(argc, argv);
+}

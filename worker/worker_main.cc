@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "base/flags.h"
 #include "base/log.h"
+#include "base/malloc_tuning.h"
 #include "worker/ipc/frame.h"
 #include "worker/python/path_config.h"
 #include "worker/worker.h"
@@ -51,6 +52,7 @@ std::string RandomWorkerId() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  agentix::base::TuneMallocForLargeBuffers();
   // Die with the daemon. The flag is dropped if the parent is already gone
   // when it is set, hence the re-check; a parent lost even earlier shows up
   // as EOF on the channel.
