@@ -388,16 +388,11 @@ class _Worker:
 
     async def _run_coroutine(self, call, fn, args, kwargs):
         try:
-            value = await fn(*args, **kwargs)
-        except asyncio.CancelledError as exc:
-            if call.cancelled:
-                return
-            outcome = False, _error(exc, _UNKNOWN, skip=1)
+            awaitable = fn(*args, **kwargs)  # e.g. TypeError for bad arguments
         except BaseException as exc:
-            outcome = False, _error(exc, _UNKNOWN, skip=1)
-        else:
-            outcome = _encode_result(call.encoding, value)
-        self._finish(call, *outcome)
+            self._finish(call, False, _error(exc, _UNKNOWN, skip=1))
+            return
+        await self._await_value(call, awaitable)
 
     async def _await_value(self, call, awaitable):
         try:
