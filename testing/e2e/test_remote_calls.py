@@ -301,3 +301,26 @@ async def test_sigterm_stops_cleanly_and_fails_calls_in_flight(start_daemon):
             await asyncio.wait_for(task, 10)
     finally:
         await c.close()
+
+
+async def test_msgpack_encoding_for_non_python_clients(daemon):
+    """A client that speaks only the proto + msgpack: [args, kwargs] in, the
+    value out, no pickle anywhere."""
+    import msgpack
+
+    from agentix.runtime.v1 import runtime_pb2 as pb
+
+    raw = RawStream(daemon.url)
+    try:
+        await raw.send(start("mp", "e2e_targets::greet",
+                             msgpack.packb([["grpc"], {"punctuation": "."}]),
+                             encoding=pb.ENCODING_MSGPACK),
+                       start("mp-bad", "e2e_targets::return_opaque",
+                             msgpack.packb([[1], {}]), encoding=pb.ENCODING_MSGPACK))
+        ok = (await raw.terminal("mp")).result
+        assert ok.encoding == pb.ENCODING_MSGPACK
+        assert msgpack.unpackb(ok.value) == "hello grpc."
+        bad = (await raw.terminal("mp-bad")).error.error
+        assert bad.type == "ResultEncodeError"
+    finally:
+        await raw.close()
