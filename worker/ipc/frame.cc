@@ -24,6 +24,8 @@ constexpr TypeName kTypeNames[] = {
     {FrameType::kResultChunk, "result_chunk"},
     {FrameType::kResult, "result"},
     {FrameType::kError, "error"},
+    {FrameType::kStreamAck, "stream_ack"},
+    {FrameType::kStreamItem, "stream_item"},
 };
 
 std::optional<FrameType> ParseType(std::string_view name) {
@@ -160,7 +162,7 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
   Packer p(sink);
   switch (f.type) {
     case FrameType::kCall:
-      p.pack_map(7);
+      p.pack_map(8);
       PackStr(p, "t", "call");
       PackStr(p, "call_id", f.call_id);
       PackStr(p, "callable", f.callable);
@@ -168,6 +170,21 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       PackBin(p, "data", f.data);
       PackInt(p, "total_size", f.total_size);
       PackBin(p, "context", f.context);
+      PackInt(p, "stream_window", f.stream_window);
+      break;
+    case FrameType::kStreamAck:
+      p.pack_map(3);
+      PackStr(p, "t", "stream_ack");
+      PackStr(p, "call_id", f.call_id);
+      PackInt(p, "index", f.index);
+      break;
+    case FrameType::kStreamItem:
+      p.pack_map(5);
+      PackStr(p, "t", "stream_item");
+      PackStr(p, "call_id", f.call_id);
+      PackInt(p, "index", f.index);
+      PackInt(p, "encoding", f.encoding);
+      PackBin(p, "data", f.data);
       break;
     case FrameType::kArgChunk:
     case FrameType::kResultChunk:
@@ -284,6 +301,10 @@ absl::StatusOr<Frame> DecodeFrameBody(std::string_view body) {
       s = ReadBytes(kv.val, key, f.detail);
     } else if (key == "error") {
       s = ReadError(kv.val, f.error);
+    } else if (key == "stream_window") {
+      s = ReadInt(kv.val, key, f.stream_window);
+    } else if (key == "index") {
+      s = ReadInt(kv.val, key, f.index);
     }
     if (!s.ok()) return s;
   }

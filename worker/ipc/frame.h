@@ -25,16 +25,19 @@ inline constexpr int kWorkerChannelFd = 1023;
 
 enum class FrameType {
   // daemon -> worker
-  kCall,      // call_id, callable, encoding, data (first bytes), total_size, context
-  kArgChunk,  // call_id, data
-  kCancel,    // call_id
-  kShutdown,  // (no fields)
+  kCall,       // call_id, callable, encoding, data (first bytes), total_size,
+               // context, stream_window
+  kArgChunk,   // call_id, data
+  kCancel,     // call_id
+  kShutdown,   // (no fields)
+  kStreamAck,  // call_id, index (the next index the host has not consumed)
   // worker -> daemon
   kReady,        // pid, detail (python version)
   kBootError,    // error
   kResultChunk,  // call_id, data
   kResult,       // call_id, encoding, data (last bytes), total_size
   kError,        // call_id, error
+  kStreamItem,   // call_id, index, encoding, data (one whole encoded item)
 };
 
 // "call", "arg_chunk", ... as used in the "t" key.
@@ -63,6 +66,8 @@ struct Frame {
   ErrorInfo error;
   int64_t pid = 0;
   std::string detail;
+  uint32_t stream_window = 0;  // kCall: non-zero for a streaming call
+  uint64_t index = 0;          // kStreamItem, kStreamAck
 };
 
 // Appends the encoded frame (length prefix included) to `out`.

@@ -32,7 +32,9 @@ TEST_CASE("Every frame type round-trips", "[ipc]") {
   call.data = std::string("\x00\x01binary", 8);
   call.total_size = 8;
   call.context = "ctx";
+  call.stream_window = 16;
   Frame got = Decode(Encode(call));
+  REQUIRE(got.stream_window == 16);
   REQUIRE(got.type == FrameType::kCall);
   REQUIRE(got.call_id == "abc");
   REQUIRE(got.callable == "pkg.mod::fn");
@@ -59,10 +61,22 @@ TEST_CASE("Every frame type round-trips", "[ipc]") {
   REQUIRE(got.error.returncode == -9);
   REQUIRE(got.error.code == 1);
 
+  Frame item;
+  item.type = FrameType::kStreamItem;
+  item.call_id = "s";
+  item.index = 7;
+  item.encoding = 1;
+  item.data = "v";
+  got = Decode(Encode(item));
+  REQUIRE(got.type == FrameType::kStreamItem);
+  REQUIRE(got.index == 7);
+  REQUIRE(got.data == "v");
+  REQUIRE(got.encoding == 1);
+
   for (FrameType t : {FrameType::kArgChunk, FrameType::kCancel,
                       FrameType::kShutdown, FrameType::kReady,
                       FrameType::kBootError, FrameType::kResultChunk,
-                      FrameType::kResult}) {
+                      FrameType::kResult, FrameType::kStreamAck}) {
     Frame f;
     f.type = t;
     f.call_id = "id";
