@@ -93,6 +93,9 @@ void SessionManager::ApplyHostEvent(const std::shared_ptr<CallSink>& sink,
     case HostEvent::kAck:
       Ack(event.ack().call_id());
       break;
+    case HostEvent::kStreamAck:
+      AckStreamItems(event.stream_ack());
+      break;
     case HostEvent::KIND_NOT_SET:
       out.push_back({sink, BadRequest("", "host event has no kind set")});
       break;
@@ -173,6 +176,7 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
                        : start.encoding();
   frame.total_size = expected;
   frame.context = start.context();
+  frame.stream_window = start.stream_window();
   const std::string& args = start.arguments();
   const size_t first = std::min(args.size(), ipc::kChunkBytes);
   frame.data.assign(args.data(), first);
@@ -263,6 +267,30 @@ void SessionManager::Resume(const std::shared_ptr<CallSink>& sink,
   }
 }
 
+void SessionManager::AckStreamItems(const runtime::v1::StreamAck& ack) {
+  auto it = calls_.find(ack.call_id());
+  if (it == calls_.end()) return;
+  Call& call = it->second;
+  // Consumed items need no replay: drop their retained copies, so a long
+  // stream holds at most about one window of items here.
+  auto& delivered = call.delivered;
+  delivered.erase(
+      std::remove_if(delivered.begin(), delivered.end(),
+                     [&](const SandboxEventPtr& e) {
+                       return e->has_stream_item() &&
+                              e->stream_item().index() < ack.next_index();
+                     }),
+      delivered.end());
+  if (call.terminal || !worker_ || worker_->generation() != call.generation) {
+    return;
+  }
+  ipc::Frame frame;
+  frame.type = ipc::FrameType::kStreamAck;
+  frame.call_id = ack.call_id();
+  frame.index = ack.next_index();
+  SendToWorker(std::move(frame));
+}
+
 void SessionManager::Ack(const std::string& call_id) {
   auto it = calls_.find(call_id);
   if (it == calls_.end() || !it->second.terminal) return;
@@ -321,7 +349,8 @@ void SessionManager::ApplyWorkerFrame(uint64_t generation, ipc::Frame& frame,
     return;  // WorkerProcess tracks readiness and reports boot errors
   }
   if (frame.type != FrameType::kResultChunk &&
-      frame.type != FrameType::kResult && frame.type != FrameType::kError) {
+      frame.type != FrameType::kResult && frame.type != FrameType::kError &&
+      frame.type != FrameType::kStreamItem) {
     AGX_LOG(Warning, "ignoring unexpected '{}' frame from the worker",
             ipc::FrameTypeName(frame.type));
     return;
@@ -342,6 +371,17 @@ void SessionManager::ApplyWorkerFrame(uint64_t generation, ipc::Frame& frame,
       chunk->set_call_id(frame.call_id);
       chunk->set_data(std::move(frame.data));
       event = std::move(chunk_event);
+      terminal = false;
+      break;
+    }
+    case FrameType::kStreamItem: {
+      auto item_event = std::make_shared<SandboxEvent>();
+      auto* item = item_event->mutable_stream_item();
+      item->set_call_id(frame.call_id);
+      item->set_index(frame.index);
+      item->set_encoding(static_cast<runtime::v1::Encoding>(frame.encoding));
+      item->set_value(std::move(frame.data));
+      event = std::move(item_event);
       terminal = false;
       break;
     }

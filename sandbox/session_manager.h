@@ -11,7 +11,8 @@
 //   "WorkerBootError" if it never became ready) and the next call gets a
 //   fresh worker;
 // - finished calls are retained until acknowledged (bounded, oldest evicted)
-//   so a reconnecting host can `resume` them;
+//   so a reconnecting host can `resume` them; items of a streaming call are
+//   retained until the host's StreamAck says it consumed them;
 // - a malformed event gets a "BadRequest" CallError and changes nothing else.
 #pragma once
 
@@ -106,6 +107,8 @@ class SessionManager : public WorkerProcess::Listener {
               const runtime::v1::ResumeCalls& resume,
               std::vector<Delivery>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Ack(const std::string& call_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AckStreamItems(const runtime::v1::StreamAck& ack)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Records `event` for `call_id` (terminal or not) and queues its delivery.
   void Emit(const std::string& call_id, Call& call, SandboxEventPtr event,

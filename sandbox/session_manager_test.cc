@@ -51,6 +51,22 @@ class RecordingSink : public CallSink {
     return n;
   }
 
+  // Values of the StreamItems of `call_id`, in arrival order.
+  std::vector<std::string> Items(const std::string& call_id) {
+    absl::MutexLock lock(&mu_);
+    return ItemsLocked(call_id);
+  }
+
+  // Waits up to 10 s until `n` items of `call_id` arrived; returns them.
+  std::vector<std::string> AwaitItems(const std::string& call_id, size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return ItemsLocked(call_id).size() >= n;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+    return ItemsLocked(call_id);
+  }
+
   // Concatenated ResultChunk bytes for `call_id`.
   std::string Chunks(const std::string& call_id) {
     absl::MutexLock lock(&mu_);
@@ -64,6 +80,17 @@ class RecordingSink : public CallSink {
   }
 
  private:
+  std::vector<std::string> ItemsLocked(const std::string& call_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<std::string> out;
+    for (const auto& e : events_) {
+      if (e->has_stream_item() && e->stream_item().call_id() == call_id) {
+        out.push_back(e->stream_item().value());
+      }
+    }
+    return out;
+  }
+
   absl::Mutex mu_;
   std::vector<SandboxEventPtr> events_ ABSL_GUARDED_BY(mu_);
 };
@@ -330,6 +357,37 @@ TEST_CASE("Retained results are bounded; the oldest is evicted",
   REQUIRE(later->AwaitTerminal("r1").error().error().type() ==
           "ResultUnavailable");
   REQUIRE(later->AwaitTerminal("r3").result().value() == "r3");
+}
+
+TEST_CASE("Streaming calls honour the window; acks free retained items",
+          "[sandbox]") {
+  SessionManager manager(FakeWorkerOptions());
+  auto sink = std::make_shared<RecordingSink>();
+  HostEvent start = Start("s", "fake::stream", "5");
+  start.mutable_start()->set_stream_window(2);
+  manager.HandleHostEvent(sink, start);
+  // Only the window's worth arrives before an ack.
+  REQUIRE(sink->AwaitItems("s", 2) == std::vector<std::string>{"0", "1"});
+  absl::SleepFor(absl::Milliseconds(200));
+  REQUIRE(sink->Items("s").size() == 2);
+  REQUIRE(sink->CountTerminal("s") == 0);
+
+  HostEvent ack;
+  ack.mutable_stream_ack()->set_call_id("s");
+  ack.mutable_stream_ack()->set_next_index(2);
+  manager.HandleHostEvent(sink, ack);
+  REQUIRE(sink->AwaitItems("s", 4).size() == 4);
+  ack.mutable_stream_ack()->set_next_index(4);
+  manager.HandleHostEvent(sink, ack);
+  REQUIRE(sink->AwaitTerminal("s").result().value() == "end");
+  REQUIRE(sink->Items("s") ==
+          std::vector<std::string>{"0", "1", "2", "3", "4"});
+
+  // A resumed stream replays only what was not acknowledged.
+  auto later = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(later, ResumeEvent({"s"}));
+  REQUIRE(later->AwaitTerminal("s").result().value() == "end");
+  REQUIRE(later->Items("s") == std::vector<std::string>{"4"});
 }
 
 TEST_CASE("Shutdown fails running calls and refuses new ones", "[sandbox]") {

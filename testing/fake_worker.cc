@@ -11,12 +11,15 @@
 //   fake::kill     SIGKILLs itself
 //   fake::garbage  writes a frame that is not msgpack
 //   fake::pid      returns its own pid as text
+//   fake::stream   streams <arguments> items "0", "1", ... honouring the
+//                  call's stream window and stream_ack frames, then "end"
 // FAKE_WORKER_BOOT=fail|exit|hang simulates a worker that cannot start.
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <map>
@@ -76,7 +79,33 @@ struct Pending {
   std::string callable;
   std::string args;
   uint64_t total = 0;
+  uint32_t window = 0;
 };
+
+// A fake::stream call in progress.
+struct Stream {
+  uint64_t count = 0;   // items to produce
+  uint64_t next = 0;    // next index to send
+  uint64_t acked = 0;   // from the last stream_ack
+  uint32_t window = 1;
+};
+
+// Sends what the window allows; returns true once the stream has ended.
+bool Pump(const std::string& id, Stream& s) {
+  while (s.next < s.count && s.next < s.acked + s.window) {
+    Frame item;
+    item.type = FrameType::kStreamItem;
+    item.call_id = id;
+    item.index = s.next;
+    item.encoding = 1;
+    item.data = std::to_string(s.next);
+    Send(item);
+    ++s.next;
+  }
+  if (s.next < s.count) return false;
+  SendResult(id, "end");
+  return true;
+}
 
 }  // namespace
 
@@ -108,6 +137,7 @@ int main() {
   // Timed replies: due time -> (call id, value).
   std::multimap<Clock::time_point, std::pair<std::string, std::string>> timers;
   std::set<std::string> cancelled;
+  std::map<std::string, Stream> streams;
 
   auto start = [&](const std::string& id, Pending& p) {
     const std::string& fn = p.callable;
@@ -133,6 +163,11 @@ int main() {
     } else if (fn == "fake::garbage") {
       const char junk[] = "\x03\x00\x00\x00\xc1\xc1\xc1";
       agentix::ipc::WriteAll(kFd, std::string(junk, 7)).IgnoreError();
+    } else if (fn == "fake::stream") {
+      Stream st;
+      st.count = std::strtoull(p.args.c_str(), nullptr, 10);
+      st.window = std::max<uint32_t>(1, p.window);
+      if (!Pump(id, st)) streams[id] = st;
     } else if (fn == "fake::pid") {
       SendResult(id, std::to_string(getpid()));
     } else {
@@ -166,7 +201,7 @@ int main() {
       Frame f = std::move(**next);
       switch (f.type) {
         case FrameType::kCall: {
-          Pending p{f.callable, f.data, f.total_size};
+          Pending p{f.callable, f.data, f.total_size, f.stream_window};
           if (p.args.size() >= p.total) {
             start(f.call_id, p);
           } else {
@@ -185,8 +220,16 @@ int main() {
           }
           break;
         }
+        case FrameType::kStreamAck: {
+          auto it = streams.find(f.call_id);
+          if (it == streams.end()) break;
+          it->second.acked = std::max(it->second.acked, f.index);
+          if (Pump(f.call_id, it->second)) streams.erase(it);
+          break;
+        }
         case FrameType::kCancel:
           cancelled.insert(f.call_id);
+          streams.erase(f.call_id);
           SendError(f.call_id, "Cancelled", "remote call cancelled", 1, true);
           break;
         case FrameType::kShutdown:
