@@ -358,3 +358,50 @@ async def test_compatibility_options_are_kept():
     client = RuntimeClient("h:1", 5, http_sync_ms=250, call_deadline=3, reconnection=False, reconnection_delay=0.5)
     assert (client.base_url, client.timeout, client.http_sync_ms, client.call_deadline) == ("h:1", 5, 250, 3)
     assert client.reconnection_options == {"reconnection": False, "reconnection_delay": 0.5}
+
+
+def stream_events(call_id, values, end=None):
+    items = [
+        pb.SandboxEvent(stream_item=pb.StreamItem(call_id=call_id, index=i, encoding=pb.ENCODING_PICKLE, value=pickle.dumps(v)))
+        for i, v in enumerate(values)
+    ]
+    return items + (end if end is not None else result_events(call_id, pickle.dumps(None)))
+
+
+async def test_remote_stream_yields_items_and_acks_them(runtime):
+    runtime.scripts["sandbox_functions::echo"] = lambda start: stream_events(start.call_id, ["a", "b", "c", "d"])
+    async with RuntimeClient(runtime.url, stream_window=2) as client:
+        got = [item async for item in client.remote_stream(sandbox_functions.echo, 1)]
+    assert got == ["a", "b", "c", "d"]
+    (start,) = runtime.events("start")
+    assert start.stream_window == 2
+    # One StreamAck per half window, each saying how many items were consumed.
+    await eventually(lambda: [a.next_index for a in runtime.events("stream_ack")] == [1, 2, 3, 4])
+
+
+async def test_remote_stream_raises_where_the_sandbox_failed(runtime, client):
+    runtime.scripts["sandbox_functions::echo"] = lambda start: stream_events(
+        start.call_id, [1, 2], end=[error_event(start.call_id, "ValueError", "third item failed")]
+    )
+    got = []
+    with pytest.raises(RemoteCallError) as info:
+        async for item in client.remote_stream(sandbox_functions.echo, 1):
+            got.append(item)
+    assert got == [1, 2]
+    assert info.value.error.type == "ValueError"
+
+
+async def test_leaving_a_remote_stream_early_cancels_it(runtime, client):
+    # Two items and no end: the stream is still running when the consumer leaves.
+    runtime.scripts["sandbox_functions::echo"] = lambda start: stream_events(start.call_id, [1, 2], end=[])
+    stream = client.remote_stream(sandbox_functions.echo, 1)
+    async for item in stream:
+        break
+    await stream.aclose()
+    (start,) = runtime.events("start")
+    await eventually(lambda: [c.call_id for c in runtime.events("cancel")] == [start.call_id])
+
+
+async def test_stream_window_must_be_positive():
+    with pytest.raises(ValueError):
+        RuntimeClient("127.0.0.1:1", stream_window=0)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 from uuid import uuid4
 
@@ -25,7 +25,7 @@ import grpc
 
 from agentix.runtime.client.errors import CallTimeout, RemoteCallError, RuntimeUnreachable, remote_call_error
 from agentix.runtime.client.result import Failed, Ok, Result
-from agentix.runtime.client.stream import CallsStream, PendingCall
+from agentix.runtime.client.stream import STREAM_END, CallsStream, PendingCall
 from agentix.runtime.client.target import grpc_target
 from agentix.runtime.shared.callables import RemoteCallable, display_name_for
 from agentix.runtime.shared.models import HealthResponse, RemoteError
@@ -58,6 +58,8 @@ class RuntimeClient:
       call_deadline: seconds a `remote()` call may take once connected (None: no
         limit). On expiry the call raises `CallTimeout` and is cancelled in the
         sandbox.
+      stream_window: how many items of a `remote_stream()` call the sandbox
+        may produce ahead of the consumer (back-pressure).
       reconnection, reconnection_attempts, reconnection_delay,
       reconnection_delay_max, randomization_factor: accepted for compatibility;
         reconnecting and resuming calls is not implemented yet (see module
@@ -75,6 +77,7 @@ class RuntimeClient:
         *,
         http_sync_ms: int | None = 1000,
         call_deadline: float | None = None,
+        stream_window: int = 16,
         reconnection: bool | None = None,
         reconnection_attempts: int | None = None,
         reconnection_delay: float | None = None,
@@ -85,6 +88,9 @@ class RuntimeClient:
         self.timeout = timeout
         self.http_sync_ms = http_sync_ms
         self.call_deadline = call_deadline
+        if stream_window < 1:
+            raise ValueError(f"stream_window must be at least 1 (got {stream_window})")
+        self.stream_window = stream_window
         self.reconnection_options = {
             name: value
             for name, value in (
@@ -155,6 +161,67 @@ class RuntimeClient:
         if isinstance(outcome, RemoteError):
             raise remote_call_error(display_name, outcome)
         return restricted_loads(outcome)
+
+    async def remote_stream(
+        self, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        """Runs a generator, async generator or iterator-returning ``fn`` in
+        the sandbox and yields its items as they are produced.
+
+        At most `stream_window` items are produced ahead of the consumer. An
+        exception in the sandbox is raised here after the items produced
+        before it. Leaving the ``async for`` early (or ``aclose()``) cancels
+        the call in the sandbox, which closes its generator. `call_deadline`
+        bounds the whole stream. Same target rules and errors as `remote()`;
+        a target that returns something not iterable raises `RemoteCallError`
+        with type ``TypeError``.
+        """
+        display_name = display_name_for(fn)
+        callable_ref = RemoteCallable._resolve(fn)
+        arguments = pickle.dumps((args, kwargs), protocol=5)
+        carrier = context.encode() or b""
+        stream = await self._live_stream()
+
+        loop = asyncio.get_running_loop()
+        call = PendingCall(uuid4().hex, display_name, loop.create_future(), streaming=True)
+        self._pending[call.call_id] = call
+        window = self.stream_window
+        # Not asyncio.timeout(): it would cancel whatever the consumer runs
+        # between items, outside this generator.
+        deadline_at = None if self.call_deadline is None else loop.time() + self.call_deadline
+        consumed = acked = 0
+        finished = False
+        try:
+            stream.start_call(call.call_id, callable_ref, arguments, carrier, stream_window=window)
+            while True:
+                if deadline_at is None:
+                    item = await call.items.get()
+                else:
+                    try:
+                        item = await asyncio.wait_for(call.items.get(), max(0.0, deadline_at - loop.time()))
+                    except TimeoutError:
+                        raise CallTimeout(
+                            f"remote stream '{display_name}' exceeded deadline of {self.call_deadline}s"
+                        ) from None
+                if item is STREAM_END:
+                    break
+                consumed += 1
+                # Ack in half-window steps: one StreamAck per few items, and
+                # the producer never waits a full round trip for credit.
+                if consumed - acked >= max(1, window // 2):
+                    stream.ack_stream(call.call_id, consumed)
+                    acked = consumed
+                yield restricted_loads(item)
+            outcome = call.future.result()
+            finished = True
+        finally:
+            self._pending.pop(call.call_id, None)
+            if not finished and not call.future.done():
+                # The consumer stopped early, or the deadline passed.
+                call.future.cancel()
+                stream.cancel_call(call.call_id)
+        if isinstance(outcome, RemoteError):
+            raise remote_call_error(display_name, outcome)
 
     async def try_remote(
         self, fn: Callable[..., Awaitable[R]] | Callable[..., R], *args: Any, **kwargs: Any

@@ -60,30 +60,45 @@ ACK_BATCH = 512
 Outcome = Union[bytes, RemoteError]
 
 
+# Put into a streaming call's item queue once its future is done.
+STREAM_END = object()
+
+
 class PendingCall:
     """A call started on a stream and not yet settled.
 
     ``future`` receives the `Outcome`, or an exception chosen by the client when
-    the call cannot finish (connection lost, client closed).
+    the call cannot finish (connection lost, client closed). A streaming call
+    also has ``items``: the encoded `StreamItem` values in order, followed by
+    `STREAM_END` once the future is done.
     """
 
-    __slots__ = ("call_id", "display_name", "future", "result_chunks")
+    __slots__ = ("call_id", "display_name", "future", "result_chunks", "items")
 
-    def __init__(self, call_id: str, display_name: str, future: asyncio.Future) -> None:
+    def __init__(
+        self, call_id: str, display_name: str, future: asyncio.Future, *, streaming: bool = False
+    ) -> None:
         self.call_id = call_id
         self.display_name = display_name
         self.future = future
         self.result_chunks: list[bytes] = []
+        self.items: asyncio.Queue | None = asyncio.Queue() if streaming else None
 
     def settle(self, outcome: Outcome) -> None:
         """Delivers `outcome` unless the future is already done (e.g. cancelled)."""
         if not self.future.done():
             self.future.set_result(outcome)
+            self._end_items()
 
     def fail(self, error: BaseException) -> None:
         """Fails the call with `error` unless the future is already done."""
         if not self.future.done():
             self.future.set_exception(error)
+            self._end_items()
+
+    def _end_items(self) -> None:
+        if self.items is not None:
+            self.items.put_nowait(STREAM_END)
 
 
 class _Upload:
@@ -160,8 +175,11 @@ class CallsStream:
         """True while new calls may be started on this stream."""
         return not (self._lost or self._closing)
 
-    def start_call(self, call_id: str, callable_ref: str, arguments: bytes, context: bytes) -> None:
-        """Queues the StartCall (and any ArgumentChunks) of a call in `pending`."""
+    def start_call(
+        self, call_id: str, callable_ref: str, arguments: bytes, context: bytes, stream_window: int = 0
+    ) -> None:
+        """Queues the StartCall (and any ArgumentChunks) of a call in `pending`;
+        a non-zero `stream_window` makes it a streaming call."""
         first = arguments[:CHUNK_BYTES]
         upload = None
         if len(arguments) > CHUNK_BYTES:
@@ -175,9 +193,18 @@ class CallsStream:
                 arguments=first,
                 arguments_size=len(arguments),
                 context=context,
+                stream_window=stream_window,
             )
         )
         self._enqueue(len(first) + len(context) + len(callable_ref) + _EVENT_OVERHEAD, event, upload)
+
+    def ack_stream(self, call_id: str, next_index: int) -> None:
+        """Tells the sandbox the items below `next_index` were consumed, which
+        lets it produce more (sent at once: it is flow control)."""
+        if self.alive:
+            self._enqueue(
+                _EVENT_OVERHEAD, pb.HostEvent(stream_ack=pb.StreamAck(call_id=call_id, next_index=next_index))
+            )
 
     def cancel_call(self, call_id: str) -> None:
         """Stops uploading the call's arguments and asks the daemon to cancel it."""
@@ -329,8 +356,10 @@ class CallsStream:
                 return
             self._finish(failure.call_id, outcome)
         elif kind == "stream_item":
-            # Reserved for streaming callables, which this client does not start.
-            _log.debug("ignoring stream item for call %s", event.stream_item.call_id)
+            item = event.stream_item
+            call = self._pending.get(item.call_id)
+            if call is not None and call.items is not None and not call.future.done():
+                call.items.put_nowait(item.value)
 
     def _result_outcome(self, result: pb.CallResult) -> Outcome:
         call = self._pending.get(result.call_id)
