@@ -102,15 +102,20 @@ void SessionManager::ApplyHostEvent(const std::shared_ptr<CallSink>& sink,
   }
 }
 
-void SessionManager::SendToWorker(ipc::Frame frame) {
-  to_worker_.push_back(std::move(frame));
+void SessionManager::SendToWorker(const ipc::Frame& frame) {
+  absl::Status status = ipc::AppendFrame(frame, to_worker_);
+  if (!status.ok()) {
+    // Payloads are chunked to kChunkBytes, so this is a bug, not bad input.
+    AGX_LOG(Error, "dropping unencodable {} frame: {}",
+            ipc::FrameTypeName(frame.type), status.ToString());
+  }
 }
 
 void SessionManager::FlushToWorker() {
   // Frames queued for a worker that has since died are moot: its exit
   // callback fails the calls they belonged to.
   if (worker_ && !to_worker_.empty()) {
-    worker_->Send(to_worker_.data(), to_worker_.size());
+    worker_->SendEncoded(std::move(to_worker_));
   }
   to_worker_.clear();
 }
@@ -180,19 +185,23 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
   const std::string& args = start.arguments();
   const size_t first = std::min(args.size(), ipc::kChunkBytes);
   frame.data.assign(args.data(), first);
-  SendToWorker(std::move(frame));
-  if (args.size() > first) ForwardArguments(id, args.substr(first));
+  SendToWorker(frame);
+  if (args.size() > first) {
+    ForwardArguments(id, std::string_view(args).substr(first));
+  }
 }
 
 void SessionManager::ForwardArguments(const std::string& call_id,
-                                      const std::string& bytes) {
+                                      std::string_view bytes) {
   if (!worker_) return;
-  ipc::Frame chunk;
-  chunk.type = ipc::FrameType::kArgChunk;
-  chunk.call_id = call_id;
   for (size_t off = 0; off < bytes.size(); off += ipc::kChunkBytes) {
-    chunk.data.assign(bytes, off, ipc::kChunkBytes);
-    SendToWorker(chunk);
+    absl::Status status = ipc::AppendDataFrame(
+        ipc::FrameType::kArgChunk, call_id,
+        bytes.substr(off, ipc::kChunkBytes), to_worker_);
+    if (!status.ok()) {
+      AGX_LOG(Error, "dropping unencodable argument chunk: {}",
+              status.ToString());
+    }
   }
 }
 
@@ -218,7 +227,7 @@ void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
       ipc::Frame cancel;
       cancel.type = ipc::FrameType::kCancel;
       cancel.call_id = id;
-      SendToWorker(std::move(cancel));
+      SendToWorker(cancel);
     }
     return;
   }
@@ -242,7 +251,7 @@ void SessionManager::Cancel(const std::string& call_id,
     ipc::Frame cancel;
     cancel.type = ipc::FrameType::kCancel;
     cancel.call_id = call_id;
-    SendToWorker(std::move(cancel));
+    SendToWorker(cancel);
   }
 }
 
@@ -288,7 +297,7 @@ void SessionManager::AckStreamItems(const runtime::v1::StreamAck& ack) {
   frame.type = ipc::FrameType::kStreamAck;
   frame.call_id = ack.call_id();
   frame.index = ack.next_index();
-  SendToWorker(std::move(frame));
+  SendToWorker(frame);
 }
 
 void SessionManager::Ack(const std::string& call_id) {

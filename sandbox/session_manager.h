@@ -119,11 +119,13 @@ class SessionManager : public WorkerProcess::Listener {
                       const runtime::v1::HostEvent& event,
                       std::vector<Delivery>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Queues a frame for the current worker; FlushToWorker sends them all.
-  void SendToWorker(ipc::Frame frame) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Encodes a frame for the current worker; FlushToWorker sends them all.
+  void SendToWorker(const ipc::Frame& frame)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FlushToWorker() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sends argument bytes to the worker in kChunkBytes pieces.
-  void ForwardArguments(const std::string& call_id, const std::string& bytes)
+  // Sends argument bytes to the worker in kChunkBytes pieces, encoded
+  // straight from `bytes` (one copy).
+  void ForwardArguments(const std::string& call_id, std::string_view bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns the live worker, starting one if needed.
   absl::StatusOr<WorkerProcess*> EnsureWorker()
@@ -142,7 +144,7 @@ class SessionManager : public WorkerProcess::Listener {
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, Call> calls_ ABSL_GUARDED_BY(mu_);
   std::list<std::string> retained_order_ ABSL_GUARDED_BY(mu_);
-  std::vector<ipc::Frame> to_worker_ ABSL_GUARDED_BY(mu_);
+  std::string to_worker_ ABSL_GUARDED_BY(mu_);  // encoded, not yet sent
   std::unique_ptr<WorkerProcess> worker_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<WorkerProcess>> dead_workers_
       ABSL_GUARDED_BY(mu_);

@@ -124,16 +124,19 @@ WorkerProcess::~WorkerProcess() {
   if (writer_.joinable()) writer_.join();
 }
 
-void WorkerProcess::Send(const ipc::Frame* frames, size_t count) {
+void WorkerProcess::Send(const ipc::Frame& frame) {
   std::string bytes;
-  for (size_t i = 0; i < count; ++i) {
-    absl::Status status = ipc::AppendFrame(frames[i], bytes);
-    if (!status.ok()) {
-      // Payloads are chunked to kChunkBytes, so this is a bug, not bad input.
-      AGX_LOG(Error, "dropping unencodable {} frame: {}",
-              ipc::FrameTypeName(frames[i].type), status.ToString());
-    }
+  absl::Status status = ipc::AppendFrame(frame, bytes);
+  if (!status.ok()) {
+    // Payloads are chunked to kChunkBytes, so this is a bug, not bad input.
+    AGX_LOG(Error, "dropping unencodable {} frame: {}",
+            ipc::FrameTypeName(frame.type), status.ToString());
+    return;
   }
+  SendEncoded(std::move(bytes));
+}
+
+void WorkerProcess::SendEncoded(std::string bytes) {
   if (bytes.empty()) return;
   std::deque<std::string> batch;
   {

@@ -73,9 +73,10 @@ class WorkerProcess {
   // channel is idle, otherwise queued for the writer thread. Thread-safe,
   // never blocks on I/O. Frames sent after the worker died are dropped (the exit callback
   // has told or will tell every caller).
-  void Send(const ipc::Frame& frame) { Send(&frame, 1); }
-  // Sends `count` frames at `frames` with as few syscalls as possible.
-  void Send(const ipc::Frame* frames, size_t count);
+  void Send(const ipc::Frame& frame);
+  // Sends frames already encoded with the ipc codec (several may be
+  // concatenated), with as few syscalls as possible.
+  void SendEncoded(std::string bytes);
   // Asks the worker to finish (`shutdown` frame), waits up to `grace`, then
   // kills it. Blocks; call from a non-callback thread.
   void Shutdown(absl::Duration grace);

@@ -155,6 +155,47 @@ std::string_view FrameTypeName(FrameType type) {
   return "?";
 }
 
+namespace {
+
+// Writes the little-endian length of the body that follows the 4 bytes
+// reserved at `start`, or undoes the frame if the body is too large.
+absl::Status FinishFrame(size_t start, std::string& out) {
+  const size_t body = out.size() - start - 4;
+  if (body > kMaxFrameBytes) {
+    out.resize(start);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "frame of ", body, " bytes exceeds the ", kMaxFrameBytes,
+        "-byte frame limit"));
+  }
+  const uint32_t len = static_cast<uint32_t>(body);
+  const unsigned char prefix[4] = {
+      static_cast<unsigned char>(len & 0xff),
+      static_cast<unsigned char>((len >> 8) & 0xff),
+      static_cast<unsigned char>((len >> 16) & 0xff),
+      static_cast<unsigned char>((len >> 24) & 0xff)};
+  std::memcpy(out.data() + start, prefix, 4);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status AppendDataFrame(FrameType type, std::string_view call_id,
+                             std::string_view data, std::string& out) {
+  if (type != FrameType::kArgChunk && type != FrameType::kResultChunk) {
+    return absl::InvalidArgumentError("AppendDataFrame: not a chunk type");
+  }
+  const size_t start = out.size();
+  out.reserve(start + 64 + call_id.size() + data.size());
+  out.append(4, '\0');
+  StringSink sink{out};
+  Packer p(sink);
+  p.pack_map(3);
+  PackStr(p, "t", FrameTypeName(type));
+  PackStr(p, "call_id", call_id);
+  PackBin(p, "data", data);
+  return FinishFrame(start, out);
+}
+
 absl::Status AppendFrame(const Frame& f, std::string& out) {
   const size_t start = out.size();
   out.append(4, '\0');
@@ -228,21 +269,7 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       PackError(p, f.error);
       break;
   }
-  const size_t body = out.size() - start - 4;
-  if (body > kMaxFrameBytes) {
-    out.resize(start);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "frame of ", body, " bytes exceeds the ", kMaxFrameBytes,
-        "-byte frame limit"));
-  }
-  const uint32_t len = static_cast<uint32_t>(body);
-  unsigned char prefix[4] = {
-      static_cast<unsigned char>(len & 0xff),
-      static_cast<unsigned char>((len >> 8) & 0xff),
-      static_cast<unsigned char>((len >> 16) & 0xff),
-      static_cast<unsigned char>((len >> 24) & 0xff)};
-  std::memcpy(out.data() + start, prefix, 4);
-  return absl::OkStatus();
+  return FinishFrame(start, out);
 }
 
 absl::StatusOr<Frame> DecodeFrameBody(std::string_view body) {
@@ -253,7 +280,11 @@ absl::StatusOr<Frame> DecodeFrameBody(std::string_view body) {
                                  /*bin=*/kMaxFrameBytes, /*ext=*/0,
                                  /*depth=*/8);
     std::size_t offset = 0;
-    handle = msgpack::unpack(body.data(), body.size(), offset, nullptr,
+    // Strings and binaries reference `body` instead of being copied into
+    // the zone; they are copied once, into the Frame, before returning.
+    auto reference_all = [](msgpack::type::object_type, std::size_t,
+                            void*) { return true; };
+    handle = msgpack::unpack(body.data(), body.size(), offset, reference_all,
                              nullptr, limits);
     if (offset != body.size()) {
       return absl::InvalidArgumentError("trailing bytes after the frame body");

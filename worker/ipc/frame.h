@@ -74,6 +74,12 @@ struct Frame {
 // kResourceExhausted if the body would exceed kMaxFrameBytes.
 absl::Status AppendFrame(const Frame& frame, std::string& out);
 
+// Appends an arg_chunk or result_chunk frame straight from views, so large
+// payload pieces are copied once (into `out`). kInvalidArgument for another
+// type; kResourceExhausted as AppendFrame.
+absl::Status AppendDataFrame(FrameType type, std::string_view call_id,
+                             std::string_view data, std::string& out);
+
 // Decodes one frame body (without the length prefix).
 // kInvalidArgument for garbage, a non-map body, an unknown type or a field of
 // the wrong msgpack type.

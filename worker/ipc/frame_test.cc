@@ -205,3 +205,22 @@ TEST_CASE("Deeply nested garbage is refused by the unpack limits", "[ipc]") {
 
 }  // namespace
 }  // namespace agentix::ipc
+
+namespace agentix::ipc {
+namespace {
+
+TEST_CASE("AppendDataFrame encodes chunks like AppendFrame", "[ipc]") {
+  Frame f;
+  f.type = FrameType::kArgChunk;
+  f.call_id = "abc";
+  f.data = std::string(5000, 'q');
+  std::string a, b;
+  REQUIRE_OK(AppendFrame(f, a));
+  REQUIRE_OK(AppendDataFrame(FrameType::kArgChunk, "abc", f.data, b));
+  REQUIRE(a == b);
+  REQUIRE(AppendDataFrame(FrameType::kCall, "abc", "", b).code() ==
+          absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace agentix::ipc
