@@ -30,6 +30,7 @@ class CallsReactor;
 class StreamSink final : public CallSink {
  public:
   explicit StreamSink(CallsReactor* reactor) : reactor_(reactor) {}
+  ~StreamSink() override { ReleaseBatch(); }
   bool Deliver(std::vector<SandboxEventPtr> events) override;
 
   // Called by the reactor.
@@ -44,6 +45,8 @@ class StreamSink final : public CallSink {
  private:
   // Moves queued events into batch_; returns false if nothing is queued.
   bool FillBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives the events borrowed by batch_ back (without freeing them).
+  void ReleaseBatch();
   // Decides whether the RPC can finish now; returns the status to finish
   // with (the caller calls Finish after unlocking).
   std::optional<grpc::Status> TakeFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -53,7 +56,12 @@ class StreamSink final : public CallSink {
   absl::Mutex mu_;
   CallsReactor* reactor_ ABSL_GUARDED_BY(mu_);
   std::deque<SandboxEventPtr> queue_ ABSL_GUARDED_BY(mu_);
-  CallsResponse batch_;  // owned by the write in flight
+  // The message of the write in flight. Its events are *borrowed* from
+  // `batch_refs_` (the session manager retains the same objects for resume),
+  // so a megabyte chunk is not copied once more per write; serialising only
+  // reads them. ReleaseBatch() must run before batch_ is reused or destroyed.
+  CallsResponse batch_;
+  std::vector<SandboxEventPtr> batch_refs_;
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
@@ -110,15 +118,24 @@ bool StreamSink::Deliver(std::vector<SandboxEventPtr> events) {
 }
 
 bool StreamSink::FillBatch() {
-  batch_.Clear();
+  ReleaseBatch();
   size_t bytes = 0;
+  auto* events = batch_.mutable_events();
   while (!queue_.empty() && bytes < kMaxBatchBytes) {
-    const auto& event = *queue_.front();
-    bytes += event.ByteSizeLong();
-    *batch_.add_events() = event;
+    SandboxEventPtr event = std::move(queue_.front());
     queue_.pop_front();
+    bytes += event->ByteSizeLong();
+    events->UnsafeArenaAddAllocated(
+        const_cast<runtime::v1::SandboxEvent*>(event.get()));
+    batch_refs_.push_back(std::move(event));
   }
-  return batch_.events_size() > 0;
+  return !batch_refs_.empty();
+}
+
+void StreamSink::ReleaseBatch() {
+  auto* events = batch_.mutable_events();
+  while (!events->empty()) events->UnsafeArenaReleaseLast();
+  batch_refs_.clear();
 }
 
 std::optional<grpc::Status> StreamSink::TakeFinish() {
