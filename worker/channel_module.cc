@@ -25,7 +25,13 @@ namespace agentix::worker {
 namespace {
 
 // Frame kinds as the driver sees them.
-enum FrameKind : int { kCall = 1, kArgChunk = 2, kCancel = 3, kShutdown = 4 };
+enum FrameKind : int {
+  kCall = 1,
+  kArgChunk = 2,
+  kCancel = 3,
+  kShutdown = 4,
+  kStreamAck = 5,
+};
 
 // Read syscall size; reused for every read.
 constexpr size_t kReadBufferBytes = 256 * 1024;
@@ -308,12 +314,15 @@ PyObject* FrameToTuple(PyObject* self, const ipc::Frame& f) {
     case ipc::FrameType::kCall:
       return Tuple({PyLong_FromLong(kCall), Str(f.call_id), Str(f.callable),
                     PyLong_FromLong(f.encoding), Bytes(f.data),
-                    PyLong_FromUnsignedLongLong(f.total_size),
-                    Bytes(f.context)});
+                    PyLong_FromUnsignedLongLong(f.total_size), Bytes(f.context),
+                    PyLong_FromUnsignedLong(f.stream_window)});
     case ipc::FrameType::kArgChunk:
       return Tuple({PyLong_FromLong(kArgChunk), Str(f.call_id), Bytes(f.data)});
     case ipc::FrameType::kCancel:
       return Tuple({PyLong_FromLong(kCancel), Str(f.call_id)});
+    case ipc::FrameType::kStreamAck:
+      return Tuple({PyLong_FromLong(kStreamAck), Str(f.call_id),
+                    PyLong_FromUnsignedLongLong(f.index)});
     case ipc::FrameType::kShutdown:
       return Tuple({PyLong_FromLong(kShutdown)});
     default:
@@ -479,6 +488,67 @@ PyObject* ChannelSendResult(PyObject* self, PyObject* const* args,
   Py_RETURN_NONE;
 }
 
+PyObject* ChannelSendItem(PyObject* self, PyObject* const* args,
+                          Py_ssize_t nargs) {
+  if (!Enter(self) || !CheckArgs("send_item", nargs, 4)) return nullptr;
+  ipc::Frame frame;
+  frame.type = ipc::FrameType::kStreamItem;
+  long long index = 0;
+  long long encoding = 0;
+  if (!ToUtf8(args[0], "call_id", "surrogateescape", frame.call_id) ||
+      !ToInt(args[1], "index", index) ||
+      !ToInt(args[2], "encoding", encoding)) {
+    return nullptr;
+  }
+  if (index < 0) {
+    PyErr_SetString(PyExc_ValueError, "index must not be negative");
+    return nullptr;
+  }
+  frame.index = static_cast<uint64_t>(index);
+  frame.encoding = static_cast<int>(encoding);
+  Py_buffer view;
+  if (PyObject_GetBuffer(args[3], &view, PyBUF_CONTIG_RO) != 0) return nullptr;
+  const char* data = static_cast<const char*>(view.buf);
+  const size_t size = static_cast<size_t>(view.len);
+  if (size > ipc::kMaxFrameBytes) {
+    // Refused before copying; AppendFrame catches the last few bytes of
+    // frame overhead below.
+    PyBuffer_Release(&view);
+    PyErr_Format(PyExc_ValueError,
+                 "stream item of %zu bytes exceeds the %u-byte frame limit",
+                 size, ipc::kMaxFrameBytes);
+    return nullptr;
+  }
+  ChannelState& st = Channel(self);
+  auto encode = [&] {
+    frame.data.assign(data, size);
+    return ipc::AppendFrame(frame, st.out);
+  };
+  absl::Status status;
+  if (size < kFlushThreshold) {
+    try {
+      status = encode();
+    } catch (const std::bad_alloc&) {
+      status = absl::ResourceExhaustedError("out of memory");
+    }
+  } else {
+    // Large: copy without the GIL, as send_result does. `view` keeps the
+    // buffer alive.
+    st.busy = true;
+    status = WithoutGil(encode);
+    Leave(st);
+  }
+  PyBuffer_Release(&view);
+  if (!status.ok()) {
+    // Nothing was queued. Only the frame limit (or memory) fails here, so
+    // the driver can fail the call without declaring the channel dead.
+    SetError(PyExc_ValueError, status);
+    return nullptr;
+  }
+  if (st.out.size() >= kFlushThreshold && !Flush(self)) return nullptr;
+  Py_RETURN_NONE;
+}
+
 PyObject* ChannelSendError(PyObject* self, PyObject* const* args,
                            Py_ssize_t nargs) {
   if (!Enter(self) || !CheckArgs("send_error", nargs, 6)) return nullptr;
@@ -521,6 +591,8 @@ PyMethodDef kChannelMethods[] = {
      "send_ready(pid, detail)"},
     {"send_result", Fast<ChannelSendResult>(), METH_FASTCALL,
      "send_result(call_id, encoding, data)"},
+    {"send_item", Fast<ChannelSendItem>(), METH_FASTCALL,
+     "send_item(call_id, index, encoding, data)"},
     {"send_error", Fast<ChannelSendError>(), METH_FASTCALL,
      "send_error(call_id, code, type, message, traceback, cancelled)"},
     {"flush", Guarded<ChannelFlush>, METH_NOARGS, "Write all queued frames."},
@@ -630,6 +702,7 @@ int ExecModule(PyObject* module) {
       AddInt(module, "ARG_CHUNK", kArgChunk) < 0 ||
       AddInt(module, "CANCEL", kCancel) < 0 ||
       AddInt(module, "SHUTDOWN", kShutdown) < 0 ||
+      AddInt(module, "STREAM_ACK", kStreamAck) < 0 ||
       AddInt(module, "CHUNK_BYTES", static_cast<long>(ipc::kChunkBytes)) < 0) {
     return -1;
   }

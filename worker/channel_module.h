@@ -11,12 +11,16 @@
 //     .send_result(call_id, encoding, data)   data: any contiguous buffer;
 //                               over CHUNK_BYTES it is cut into result_chunk
 //                               frames plus a final result with total_size
+//     .send_item(call_id, index, encoding, data)   one stream_item frame;
+//                               ValueError (nothing queued) if it would
+//                               exceed the frame limit
 //     .send_error(call_id, code, type, message, traceback, cancelled)
 //     .flush()                  writes what the send_* calls queued
 //     .pending_bytes()          queued, unwritten bytes
 //     .fileno()
 //   read_frames tuples: (CALL, call_id, callable, encoding, data, total_size,
-//     context), (ARG_CHUNK, call_id, data), (CANCEL, call_id), (SHUTDOWN,)
+//     context, stream_window), (ARG_CHUNK, call_id, data), (CANCEL, call_id),
+//     (STREAM_ACK, call_id, index), (SHUTDOWN,)
 //   msgpack_loads(buffer) / msgpack_dumps(obj)   see msgpack_convert.h
 //   log(severity, message)      0 debug .. 3 error, to stderr via //base:log
 //   set_thread_name(name)       names the calling OS thread (<= 15 bytes)
@@ -25,9 +29,10 @@
 //
 // Sends are queued and written in one syscall by flush() (or as soon as the
 // queue passes 256 KiB), so results finishing in one event-loop iteration
-// share a write. Writes release the GIL. The channel is meant for one thread
-// (the event-loop thread); a second thread entering while a write is in
-// flight gets RuntimeError instead of interleaved frames. No C++ exception
+// share a write. Writes release the GIL. Several threads may use the channel
+// (pool threads send their own replies and stream items): a thread entering
+// while another's write is in flight waits for it, so frames never
+// interleave. No C++ exception
 // crosses into Python: every function returns a value or NULL with a Python
 // exception set.
 #pragma once

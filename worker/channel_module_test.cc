@@ -165,6 +165,7 @@ TEST_CASE("read_frames decodes every daemon frame", "[channel]") {
   call.data = std::string("\x80\x05\x00", 3);
   call.total_size = 7;
   call.context = "ctx";
+  call.stream_window = 16;
   pair.Send(call);
   ipc::Frame chunk;
   chunk.type = ipc::FrameType::kArgChunk;
@@ -175,17 +176,23 @@ TEST_CASE("read_frames decodes every daemon frame", "[channel]") {
   cancel.type = ipc::FrameType::kCancel;
   cancel.call_id = "c1";
   pair.Send(cancel);
+  ipc::Frame ack;
+  ack.type = ipc::FrameType::kStreamAck;
+  ack.call_id = "c1";
+  ack.index = 5000000000;  // beyond 32 bits
+  pair.Send(ack);
   ipc::Frame shutdown;
   shutdown.type = ipc::FrameType::kShutdown;
   pair.Send(shutdown);
 
   Py("frames = ch.read_frames()\n");
-  REQUIRE(PyEval("len(frames)") == "4");
+  REQUIRE(PyEval("len(frames)") == "5");
   REQUIRE(PyEval("frames[0] == (w.CALL, 'c1', 'math::factorial', 1, "
-                 "b'\\x80\\x05\\x00', 7, b'ctx')") == "True");
+                 "b'\\x80\\x05\\x00', 7, b'ctx', 16)") == "True");
   REQUIRE(PyEval("frames[1] == (w.ARG_CHUNK, 'c1', b'rest')") == "True");
   REQUIRE(PyEval("frames[2] == (w.CANCEL, 'c1')") == "True");
-  REQUIRE(PyEval("frames[3] == (w.SHUTDOWN,)") == "True");
+  REQUIRE(PyEval("frames[3] == (w.STREAM_ACK, 'c1', 5000000000)") == "True");
+  REQUIRE(PyEval("frames[4] == (w.SHUTDOWN,)") == "True");
   REQUIRE(PyEval("ch.read_frames()") == "[]");
 
   // A frame split across reads is held until complete.
@@ -294,6 +301,49 @@ TEST_CASE("Sends are queued until flush", "[channel]") {
   REQUIRE_FALSE(frames[2].error.cancelled);
 }
 
+TEST_CASE("send_item queues one stream_item frame", "[channel]") {
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  Py("ch.send_item('s', 0, 1, b'first')\n"
+     "ch.send_item('s', 1, 2, memoryview(b'\\x01'))\n"
+     "ch.flush()\n");
+  auto frames = collector.Wait(2, absl::Seconds(5));
+  REQUIRE(frames.size() == 2);
+  for (size_t i = 0; i < frames.size(); ++i) {
+    REQUIRE(frames[i].type == ipc::FrameType::kStreamItem);
+    REQUIRE(frames[i].call_id == "s");
+    REQUIRE(frames[i].index == i);
+  }
+  REQUIRE(frames[0].encoding == 1);
+  REQUIRE(frames[0].data == "first");
+  REQUIRE(frames[1].encoding == 2);
+  REQUIRE(frames[1].data == "\x01");
+
+  // A large item is written whole, without chunking.
+  Py("ch.send_item('s', 2, 1, bytes(3 * w.CHUNK_BYTES))\n"
+     "ch.flush()\n");
+  frames = collector.Wait(3, absl::Seconds(10));
+  REQUIRE(frames.size() == 3);
+  REQUIRE(frames[2].index == 2);
+  REQUIRE(frames[2].data == std::string(3 * ipc::kChunkBytes, '\0'));
+
+  // Over the frame limit: ValueError, nothing queued, the channel usable.
+  // bytes(n) is calloc'd, so the refused item costs no memory.
+  Py("try:\n"
+     "    ch.send_item('s', 3, 1, bytes(256 * 1024 * 1024 + 1))\n"
+     "    outcome = 'no error'\n"
+     "except ValueError as e:\n"
+     "    outcome = str(e)\n");
+  REQUIRE(PyEval("outcome").find("exceeds") != std::string::npos);
+  REQUIRE(PyEval("ch.pending_bytes()") == "0");
+  Py("try:\n"
+     "    ch.send_item('s', -1, 1, b'')\n"
+     "    outcome = 'no error'\n"
+     "except ValueError as e:\n"
+     "    outcome = 'ValueError'\n");
+  REQUIRE(PyEval("outcome") == "ValueError");
+}
+
 TEST_CASE("Large results are cut into result_chunk frames", "[channel]") {
   constexpr size_t kChunk = ipc::kChunkBytes;
   const size_t size = GENERATE(
@@ -345,13 +395,14 @@ TEST_CASE("Bad arguments raise TypeError, not crashes", "[channel]") {
      "             (ch.send_result, (1, 1, b'')),\n"
      "             (ch.send_result, ('a', 1, 'not bytes')),\n"
      "             (ch.send_error, ('a', 'x', 't', 'm', 'tb', False)),\n"
+     "             (ch.send_item, ('a', 0, 1)),\n"
+     "             (ch.send_item, ('a', 0, 1, 'not bytes')),\n"
      "             (ch.send_ready, (1,))]:\n"
      "    try:\n"
      "        f(*a)\n"
      "    except TypeError:\n"
      "        errors.append('TypeError')\n");
-  REQUIRE(PyEval("errors") ==
-          "['TypeError', 'TypeError', 'TypeError', 'TypeError', 'TypeError']");
+  REQUIRE(PyEval("errors == ['TypeError'] * 7") == "True");
   REQUIRE(PyEval("ch.pending_bytes()") == "0");
 }
 

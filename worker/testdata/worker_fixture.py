@@ -133,3 +133,90 @@ class Echo:
 
     def method(self, value):
         return ("method", value)
+
+
+# ---- streaming targets ------------------------------------------------------
+
+# Tags of the generators whose `finally` ran (see closed()).
+_closed = set()
+
+
+async def agen_count(n):
+    for i in range(n):
+        await asyncio.sleep(0)
+        yield i
+
+
+def gen_count(n):
+    for i in range(n):
+        yield i
+    return "done"
+
+
+def list_of(n):
+    """A plain function returning an iterable (not an iterator)."""
+    return list(range(n))
+
+
+async def returns_agen(n):
+    """A coroutine function whose value is an async iterator."""
+    await asyncio.sleep(0)
+    return agen_count(n)
+
+
+async def returns_list(n):
+    """A coroutine function whose value is a sync iterable."""
+    await asyncio.sleep(0)
+    return list(range(n))
+
+
+def agen_from_sync(n):
+    """A plain function whose value is an async iterator."""
+    return agen_count(n)
+
+
+def gen_then_fail(n):
+    yield from range(n)
+    raise ValueError(f"failed after {n}")
+
+
+async def agen_then_fail(n):
+    for i in range(n):
+        yield i
+    raise ValueError(f"failed after {n}")
+
+
+def gen_forever(tag, delay=0):
+    """Yields 0, 1, ... (sleeping `delay` s before each) until closed."""
+    try:
+        i = 0
+        while True:
+            time.sleep(delay)
+            yield i
+            i += 1
+    finally:
+        _closed.add(tag)
+
+
+async def agen_forever(tag):
+    try:
+        i = 0
+        while True:
+            await asyncio.sleep(0)
+            yield i
+            i += 1
+    finally:
+        _closed.add(tag)
+
+
+def gen_unpicklable(tag):
+    try:
+        yield 1
+        yield lambda: None
+        yield 3
+    finally:
+        _closed.add(tag)
+
+
+def closed(tag):
+    return tag in _closed
