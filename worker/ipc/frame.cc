@@ -26,6 +26,7 @@ constexpr TypeName kTypeNames[] = {
     {FrameType::kError, "error"},
     {FrameType::kStreamAck, "stream_ack"},
     {FrameType::kStreamItem, "stream_item"},
+    {FrameType::kLog, "log"},
 };
 
 std::optional<FrameType> ParseType(std::string_view name) {
@@ -81,6 +82,25 @@ void PackError(Packer& p, const ErrorInfo& e) {
   if (e.returncode.has_value()) PackInt(p, "returncode", *e.returncode);
 }
 
+void PackLog(Packer& p, const LogEntry& l) {
+  PackKey(p, "log");
+  p.pack_map(14);
+  PackStr(p, "logger", l.logger);
+  PackInt(p, "level", l.level);
+  PackStr(p, "level_name", l.level_name);
+  PackStr(p, "message", l.message);
+  PackInt(p, "time_unix_nanos", l.time_unix_nanos);
+  PackStr(p, "file", l.file);
+  PackInt(p, "line", l.line);
+  PackStr(p, "function", l.function);
+  PackStr(p, "module", l.module);
+  PackStr(p, "exception_text", l.exception_text);
+  PackInt(p, "origin", l.origin);
+  PackStr(p, "call_id", l.call_id);
+  PackStr(p, "context", l.context);
+  PackBin(p, "extras", l.extras);
+}
+
 absl::Status InvalidField(std::string_view key, std::string_view want) {
   return absl::InvalidArgumentError(
       absl::StrCat("frame field '", std::string(key), "' is not ",
@@ -117,6 +137,31 @@ absl::Status ReadInt(const msgpack::object& o, std::string_view key, T& out) {
 std::string_view KeyOf(const msgpack::object_kv& kv) {
   if (kv.key.type != msgpack::type::STR) return {};
   return std::string_view(kv.key.via.str.ptr, kv.key.via.str.size);
+}
+
+absl::Status ReadLog(const msgpack::object& o, LogEntry& l) {
+  if (o.type != msgpack::type::MAP) return InvalidField("log", "a map");
+  for (uint32_t i = 0; i < o.via.map.size; ++i) {
+    const auto& kv = o.via.map.ptr[i];
+    std::string_view key = KeyOf(kv);
+    absl::Status s;
+    if (key == "logger") s = ReadBytes(kv.val, key, l.logger);
+    else if (key == "level") s = ReadInt(kv.val, key, l.level);
+    else if (key == "level_name") s = ReadBytes(kv.val, key, l.level_name);
+    else if (key == "message") s = ReadBytes(kv.val, key, l.message);
+    else if (key == "time_unix_nanos") s = ReadInt(kv.val, key, l.time_unix_nanos);
+    else if (key == "file") s = ReadBytes(kv.val, key, l.file);
+    else if (key == "line") s = ReadInt(kv.val, key, l.line);
+    else if (key == "function") s = ReadBytes(kv.val, key, l.function);
+    else if (key == "module") s = ReadBytes(kv.val, key, l.module);
+    else if (key == "exception_text") s = ReadBytes(kv.val, key, l.exception_text);
+    else if (key == "origin") s = ReadInt(kv.val, key, l.origin);
+    else if (key == "call_id") s = ReadBytes(kv.val, key, l.call_id);
+    else if (key == "context") s = ReadBytes(kv.val, key, l.context);
+    else if (key == "extras") s = ReadBytes(kv.val, key, l.extras);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ReadError(const msgpack::object& o, ErrorInfo& e) {
@@ -218,6 +263,11 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       PackStr(p, "t", "stream_ack");
       PackStr(p, "call_id", f.call_id);
       PackInt(p, "index", f.index);
+      break;
+    case FrameType::kLog:
+      p.pack_map(2);
+      PackStr(p, "t", "log");
+      PackLog(p, f.log);
       break;
     case FrameType::kStreamItem:
       p.pack_map(5);
@@ -336,6 +386,8 @@ absl::StatusOr<Frame> DecodeFrameBody(std::string_view body) {
       s = ReadInt(kv.val, key, f.stream_window);
     } else if (key == "index") {
       s = ReadInt(kv.val, key, f.index);
+    } else if (key == "log") {
+      s = ReadLog(kv.val, f.log);
     }
     if (!s.ok()) return s;
   }

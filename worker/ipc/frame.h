@@ -38,6 +38,7 @@ enum class FrameType {
   kResult,       // call_id, encoding, data (last bytes), total_size
   kError,        // call_id, error
   kStreamItem,   // call_id, index, encoding, data (one whole encoded item)
+  kLog,          // log (one log record; see LogEntry)
 };
 
 // "call", "arg_chunk", ... as used in the "t" key.
@@ -54,6 +55,25 @@ struct ErrorInfo {
   std::optional<int> returncode;
 };
 
+// One log record from the worker (agentix.runtime.v1.LogRecord without the
+// daemon-assigned seq and worker id).
+struct LogEntry {
+  std::string logger;
+  int level = 20;
+  std::string level_name;
+  std::string message;
+  int64_t time_unix_nanos = 0;
+  std::string file;
+  int line = 0;
+  std::string function;
+  std::string module;
+  std::string exception_text;
+  int origin = 1;  // agentix.runtime.v1.LogOrigin
+  std::string call_id;
+  std::string context;
+  std::string extras;  // msgpack map, or empty
+};
+
 // One decoded frame. Only the fields its type lists are meaningful.
 struct Frame {
   FrameType type = FrameType::kShutdown;
@@ -68,6 +88,7 @@ struct Frame {
   std::string detail;
   uint32_t stream_window = 0;  // kCall: non-zero for a streaming call
   uint64_t index = 0;          // kStreamItem, kStreamAck
+  LogEntry log;                // kLog
 };
 
 // Appends the encoded frame (length prefix included) to `out`.

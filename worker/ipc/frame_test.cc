@@ -224,3 +224,50 @@ TEST_CASE("AppendDataFrame encodes chunks like AppendFrame", "[ipc]") {
 
 }  // namespace
 }  // namespace agentix::ipc
+
+namespace agentix::ipc {
+namespace {
+
+TEST_CASE("Log frames round-trip every field", "[ipc]") {
+  Frame f;
+  f.type = FrameType::kLog;
+  f.log.logger = "app.db";
+  f.log.level = 30;
+  f.log.level_name = "WARNING";
+  f.log.message = "slow query";
+  f.log.time_unix_nanos = 1795940000123456789;
+  f.log.file = "/x/app.py";
+  f.log.line = 42;
+  f.log.function = "run";
+  f.log.module = "app";
+  f.log.exception_text = "Traceback...";
+  f.log.origin = 2;
+  f.log.call_id = "c1";
+  f.log.context = "sandbox-h-worker-1";
+  f.log.extras = std::string("\x81\xa1k\x01", 4);
+  std::string wire;
+  REQUIRE_OK(AppendFrame(f, wire));
+  FrameReader reader;
+  reader.Append(wire.data(), wire.size());
+  auto next = reader.Next();
+  REQUIRE(next.ok());
+  const LogEntry& l = (*next)->log;
+  REQUIRE((*next)->type == FrameType::kLog);
+  REQUIRE(l.logger == "app.db");
+  REQUIRE(l.level == 30);
+  REQUIRE(l.level_name == "WARNING");
+  REQUIRE(l.message == "slow query");
+  REQUIRE(l.time_unix_nanos == 1795940000123456789);
+  REQUIRE(l.file == "/x/app.py");
+  REQUIRE(l.line == 42);
+  REQUIRE(l.function == "run");
+  REQUIRE(l.module == "app");
+  REQUIRE(l.exception_text == "Traceback...");
+  REQUIRE(l.origin == 2);
+  REQUIRE(l.call_id == "c1");
+  REQUIRE(l.context == "sandbox-h-worker-1");
+  REQUIRE(l.extras == f.log.extras);
+}
+
+}  // namespace
+}  // namespace agentix::ipc
