@@ -5,81 +5,52 @@
 #include <utility>
 
 #include "absl/synchronization/mutex.h"
+#include "sandbox/batching_writer.h"
 
 namespace agentix::sandbox {
 namespace {
 
 using runtime::v1::CallsRequest;
 using runtime::v1::CallsResponse;
-
-// One outbound message carries queued events up to about this many bytes,
-// which keeps every message far below gRPC's 4 MiB default limit's
-// multiples and lets small results ride along with big chunks.
-constexpr size_t kMaxBatchBytes = 4u << 20;
+using runtime::v1::LogsRequest;
+using runtime::v1::LogsResponse;
 
 class CallsReactor;
 
-// The CallSink of one Calls stream. Outlives its reactor when the session
-// manager still holds it; after Detach() every Deliver() is refused.
-//
-// Threading: Deliver() runs on worker reader threads and gRPC threads;
-// StartWrite and Finish are called outside mu_ because gRPC may run a
-// reaction (which takes mu_) before they return. Finish is only ever called
-// while no write is in flight, so OnDone (which deletes the reactor) cannot
-// race a StartWrite that was decided under the lock.
-class StreamSink final : public CallSink {
+struct CallsEvents {
+  static auto* Get(CallsResponse& r) { return r.mutable_events(); }
+};
+using CallsWriter = BatchingWriter<CallsRequest, CallsResponse,
+                                   runtime::v1::SandboxEvent, CallsEvents>;
+
+// The CallSink of one Calls stream. Outlives its reactor while the session
+// manager still holds it. A half-closed stream finishes once every call it
+// owns has reached its terminal event.
+class StreamSink final : public CallSink, public CallsWriter {
  public:
-  explicit StreamSink(CallsReactor* reactor) : reactor_(reactor) {}
-  ~StreamSink() override { ReleaseBatch(); }
+  StreamSink(CallsReactor* reactor, SessionManager* manager);
   bool Deliver(std::vector<SandboxEventPtr> events) override;
 
-  // Called by the reactor.
-  void Detach();
-  // A write finished; starts the next one if events are queued.
-  void OnWriteDone(bool ok);
-  // The host half-closed: finish once every owned call has ended.
-  void OnReadsDone(SessionManager* manager);
-  // The RPC was cancelled: finish as soon as no write is in flight.
-  void OnCancel();
-
  private:
-  // Moves queued events into batch_; returns false if nothing is queued.
-  bool FillBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives the events borrowed by batch_ back (without freeing them).
-  void ReleaseBatch();
-  // Decides whether the RPC can finish now; returns the status to finish
-  // with (the caller calls Finish after unlocking).
-  std::optional<grpc::Status> TakeFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishOutsideLock(std::optional<grpc::Status> status,
-                         CallsReactor* reactor);
+  // Lock order is writer -> manager; the manager never calls a sink while
+  // holding its own lock.
+  bool ReadyToFinish() override { return !manager_->HasOpenCalls(this); }
 
-  absl::Mutex mu_;
-  CallsReactor* reactor_ ABSL_GUARDED_BY(mu_);
-  std::deque<SandboxEventPtr> queue_ ABSL_GUARDED_BY(mu_);
-  // The message of the write in flight. Its events are *borrowed* from
-  // `batch_refs_` (the session manager retains the same objects for resume),
-  // so a megabyte chunk is not copied once more per write; serialising only
-  // reads them. ReleaseBatch() must run before batch_ is reused or destroyed.
-  CallsResponse batch_;
-  std::vector<SandboxEventPtr> batch_refs_;
-  bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
-  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  SessionManager* manager_ ABSL_GUARDED_BY(mu_) = nullptr;
+  SessionManager* const manager_;
 };
 
 class CallsReactor final
     : public grpc::ServerBidiReactor<CallsRequest, CallsResponse> {
  public:
   explicit CallsReactor(SessionManager* manager)
-      : manager_(manager), sink_(std::make_shared<StreamSink>(this)) {
+      : manager_(manager),
+        sink_(std::make_shared<StreamSink>(this, manager)) {
     StartRead(&request_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
-      sink_->OnReadsDone(manager_);
+      sink_->OnReadsDone();
       return;
     }
     manager_->HandleHostEvents(sink_, request_.events());
@@ -102,112 +73,70 @@ class CallsReactor final
   CallsRequest request_;
 };
 
+StreamSink::StreamSink(CallsReactor* reactor, SessionManager* manager)
+    : CallsWriter(reactor), manager_(manager) {}
+
 bool StreamSink::Deliver(std::vector<SandboxEventPtr> events) {
-  CallsReactor* reactor;
-  {
-    absl::MutexLock lock(&mu_);
-    if (reactor_ == nullptr || finished_ || cancelled_) return false;
-    for (auto& event : events) queue_.push_back(std::move(event));
-    if (write_in_flight_) return true;  // OnWriteDone picks it up
-    FillBatch();
-    write_in_flight_ = true;
-    reactor = reactor_;
+  // A half-closed stream re-checks ReadyToFinish when this write completes.
+  return Enqueue(std::move(events));
+}
+
+struct LogsRecords {
+  static auto* Get(LogsResponse& r) { return r.mutable_records(); }
+};
+using LogsWriter = BatchingWriter<LogsRequest, LogsResponse,
+                                  runtime::v1::LogRecord, LogsRecords>;
+
+// One Logs stream: subscribes to the log buffer on SubscribeLogs, forwards
+// AckLogs, finishes when the host half-closes.
+class LogsSink final : public LogSubscriber, public LogsWriter {
+ public:
+  using LogsWriter::LogsWriter;
+  void Deliver(std::vector<LogRecordPtr> records) override {
+    Enqueue(std::move(records));
   }
-  reactor->StartWrite(&batch_);
-  return true;
-}
+};
 
-bool StreamSink::FillBatch() {
-  ReleaseBatch();
-  size_t bytes = 0;
-  auto* events = batch_.mutable_events();
-  while (!queue_.empty() && bytes < kMaxBatchBytes) {
-    SandboxEventPtr event = std::move(queue_.front());
-    queue_.pop_front();
-    bytes += event->ByteSizeLong();
-    events->UnsafeArenaAddAllocated(
-        const_cast<runtime::v1::SandboxEvent*>(event.get()));
-    batch_refs_.push_back(std::move(event));
+class LogsReactor final
+    : public grpc::ServerBidiReactor<LogsRequest, LogsResponse> {
+ public:
+  explicit LogsReactor(LogBuffer* logs)
+      : logs_(logs), sink_(std::make_shared<LogsSink>(this)) {
+    StartRead(&request_);
   }
-  return !batch_refs_.empty();
-}
 
-void StreamSink::ReleaseBatch() {
-  auto* events = batch_.mutable_events();
-  while (!events->empty()) events->UnsafeArenaReleaseLast();
-  batch_refs_.clear();
-}
-
-std::optional<grpc::Status> StreamSink::TakeFinish() {
-  if (finished_ || write_in_flight_ || reactor_ == nullptr) return std::nullopt;
-  if (cancelled_) {
-    finished_ = true;
-    return grpc::Status::CANCELLED;
-  }
-  if (!reads_done_ || !queue_.empty()) return std::nullopt;
-  // Lock order is sink -> manager; the manager never calls a sink while
-  // holding its own lock.
-  if (manager_->HasOpenCalls(this)) return std::nullopt;
-  finished_ = true;
-  return grpc::Status::OK;
-}
-
-void StreamSink::FinishOutsideLock(std::optional<grpc::Status> status,
-                                   CallsReactor* reactor) {
-  if (status.has_value()) reactor->Finish(*status);
-}
-
-void StreamSink::OnWriteDone(bool ok) {
-  CallsReactor* reactor = nullptr;
-  std::optional<grpc::Status> finish;
-  bool write_next = false;
-  {
-    absl::MutexLock lock(&mu_);
-    reactor = reactor_;
-    if (!ok) cancelled_ = true;  // the stream is broken
-    write_next = !cancelled_ && FillBatch();
-    if (!write_next) {
-      write_in_flight_ = false;
-      finish = TakeFinish();
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      sink_->OnReadsDone();
+      return;
     }
+    if (request_.has_subscribe()) {
+      if (!subscribed_) {
+        subscribed_ = true;
+        logs_->Subscribe(sink_, request_.subscribe().after_seq());
+      }
+    } else if (request_.has_ack()) {
+      logs_->Ack(request_.ack().seq());
+    }
+    request_.Clear();
+    StartRead(&request_);
   }
-  if (write_next) {
-    reactor->StartWrite(&batch_);
-  } else {
-    FinishOutsideLock(finish, reactor);
-  }
-}
 
-void StreamSink::OnReadsDone(SessionManager* manager) {
-  std::optional<grpc::Status> finish;
-  CallsReactor* reactor;
-  {
-    absl::MutexLock lock(&mu_);
-    reads_done_ = true;
-    manager_ = manager;
-    reactor = reactor_;
-    finish = TakeFinish();
-  }
-  FinishOutsideLock(finish, reactor);
-}
+  void OnWriteDone(bool ok) override { sink_->OnWriteDone(ok); }
+  void OnCancel() override { sink_->OnCancel(); }
 
-void StreamSink::OnCancel() {
-  std::optional<grpc::Status> finish;
-  CallsReactor* reactor;
-  {
-    absl::MutexLock lock(&mu_);
-    cancelled_ = true;
-    reactor = reactor_;
-    finish = TakeFinish();
+  void OnDone() override {
+    logs_->Unsubscribe(sink_.get());
+    sink_->Detach();
+    delete this;
   }
-  FinishOutsideLock(finish, reactor);
-}
 
-void StreamSink::Detach() {
-  absl::MutexLock lock(&mu_);
-  reactor_ = nullptr;
-  queue_.clear();
-}
+ private:
+  LogBuffer* const logs_;
+  std::shared_ptr<LogsSink> sink_;
+  LogsRequest request_;
+  bool subscribed_ = false;  // only touched by read reactions
+};
 
 }  // namespace
 
@@ -218,6 +147,11 @@ RuntimeServiceImpl::RuntimeServiceImpl(SessionManager* manager,
 grpc::ServerBidiReactor<CallsRequest, CallsResponse>* RuntimeServiceImpl::Calls(
     grpc::CallbackServerContext* /*context*/) {
   return new CallsReactor(manager_);
+}
+
+grpc::ServerBidiReactor<LogsRequest, LogsResponse>* RuntimeServiceImpl::Logs(
+    grpc::CallbackServerContext* /*context*/) {
+  return new LogsReactor(&manager_->logs());
 }
 
 grpc::ServerUnaryReactor* RuntimeServiceImpl::GetInfo(

@@ -20,6 +20,10 @@ class RuntimeServiceImpl final
                           runtime::v1::CallsResponse>*
   Calls(grpc::CallbackServerContext* context) override;
 
+  grpc::ServerBidiReactor<runtime::v1::LogsRequest,
+                          runtime::v1::LogsResponse>*
+  Logs(grpc::CallbackServerContext* context) override;
+
   grpc::ServerUnaryReactor* GetInfo(
       grpc::CallbackServerContext* context,
       const runtime::v1::GetInfoRequest* request,

@@ -100,6 +100,55 @@ TEST_CASE("A stream that goes away leaves its call retained for resume",
   REQUIRE(value == "done");
 }
 
+TEST_CASE("Logs delivers worker log records, buffered before subscribing",
+          "[sandbox]") {
+  Harness h;
+  // A call logs before anyone listens on Logs.
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(20));
+    auto calls = h.stub->Calls(&ctx);
+    CallsRequest req;
+    AddStart(req, "l1", "fake::log", "first");
+    AddStart(req, "l2", "fake::log", "second");
+    REQUIRE(calls->Write(req));
+    REQUIRE(calls->WritesDone());
+    CallsResponse resp;
+    while (calls->Read(&resp)) {
+    }
+    REQUIRE(calls->Finish().ok());
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto logs = h.stub->Logs(&ctx);
+  runtime::v1::LogsRequest subscribe;
+  subscribe.mutable_subscribe()->set_after_seq(0);
+  REQUIRE(logs->Write(subscribe));
+  std::vector<runtime::v1::LogRecord> got;
+  runtime::v1::LogsResponse resp;
+  while (got.size() < 2 && logs->Read(&resp)) {
+    for (const auto& r : resp.records()) got.push_back(r);
+  }
+  REQUIRE(got.size() == 2);
+  REQUIRE(got[0].message() == "first");
+  REQUIRE(got[0].seq() == 1);
+  REQUIRE(got[0].logger() == "fake");
+  REQUIRE(got[0].level_name() == "WARNING");
+  REQUIRE(got[0].call_id() == "l1");
+  REQUIRE(got[0].worker_id().size() == 8);
+  REQUIRE(got[1].message() == "second");
+  REQUIRE(got[1].seq() == 2);
+  runtime::v1::LogsRequest ack;
+  ack.mutable_ack()->set_seq(2);
+  REQUIRE(logs->Write(ack));
+  REQUIRE(logs->WritesDone());
+  while (logs->Read(&resp)) {
+  }
+  REQUIRE(logs->Finish().ok());
+  REQUIRE(h.manager.logs().buffered() == 0);
+}
+
 TEST_CASE("GetInfo reports version and worker state", "[sandbox]") {
   Harness h;
   grpc::ClientContext ctx;

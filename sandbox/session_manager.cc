@@ -45,7 +45,7 @@ SandboxEventPtr FromWorkerError(const std::string& call_id,
 }  // namespace
 
 SessionManager::SessionManager(SessionOptions options)
-    : options_(std::move(options)) {}
+    : options_(std::move(options)), logs_(options_.log_buffer_records) {}
 
 SessionManager::~SessionManager() { Shutdown(absl::Seconds(2)); }
 
@@ -344,10 +344,25 @@ absl::StatusOr<WorkerProcess*> SessionManager::EnsureWorker() {
 void SessionManager::OnWorkerFrames(uint64_t generation,
                                     std::vector<ipc::Frame> frames) {
   std::vector<Delivery> out;
+  std::vector<ipc::LogEntry> log_entries;
+  std::string worker_id;
   {
     absl::MutexLock lock(&mu_);
-    for (ipc::Frame& frame : frames) ApplyWorkerFrame(generation, frame, out);
+    for (ipc::Frame& frame : frames) {
+      if (frame.type == ipc::FrameType::kLog) {
+        log_entries.push_back(std::move(frame.log));
+      } else {
+        ApplyWorkerFrame(generation, frame, out);
+      }
+    }
+    if (!log_entries.empty() && worker_ &&
+        worker_->generation() == generation) {
+      worker_id = worker_->worker_id();
+    }
   }
+  // Logs first: a record written before a call returned is delivered before
+  // its result on any host that reads both streams promptly.
+  if (!log_entries.empty()) logs_.Append(log_entries, worker_id);
   Deliver(out);
 }
 

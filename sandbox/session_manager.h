@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "agentix/runtime/v1/runtime.pb.h"
 #include "sandbox/call_sink.h"
+#include "sandbox/log_buffer.h"
 #include "sandbox/worker_process.h"
 
 namespace agentix::sandbox {
@@ -37,6 +38,8 @@ struct SessionOptions {
   size_t max_retained_results = 4096;
   // Largest accepted encoded arguments of one call.
   uint64_t max_payload_bytes = uint64_t{1} << 30;
+  // Log records kept for hosts that have not received them yet.
+  size_t log_buffer_records = 10000;
 };
 
 struct SessionInfo {
@@ -68,6 +71,8 @@ class SessionManager : public WorkerProcess::Listener {
   // True if a call owned by `sink` has not reached its terminal event.
   bool HasOpenCalls(const CallSink* sink);
   SessionInfo Info();
+  // The worker's log records, for RuntimeService.Logs.
+  LogBuffer& logs() { return logs_; }
   // Asks the worker to exit, waits up to `grace`, then kills it. Running
   // calls end with WorkerDied. Idempotent.
   void Shutdown(absl::Duration grace);
@@ -141,6 +146,7 @@ class SessionManager : public WorkerProcess::Listener {
   void ReapDeadWorkers();
 
   const SessionOptions options_;
+  LogBuffer logs_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, Call> calls_ ABSL_GUARDED_BY(mu_);
   std::list<std::string> retained_order_ ABSL_GUARDED_BY(mu_);

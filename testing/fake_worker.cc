@@ -11,6 +11,8 @@
 //   fake::kill     SIGKILLs itself
 //   fake::garbage  writes a frame that is not msgpack
 //   fake::pid      returns its own pid as text
+//   fake::log      sends a log record "<arguments>" (logger "fake"), then
+//                  returns "logged"
 //   fake::stream   streams <arguments> items "0", "1", ... honouring the
 //                  call's stream window and stream_ack frames, then "end"
 // FAKE_WORKER_BOOT=fail|exit|hang simulates a worker that cannot start.
@@ -168,6 +170,16 @@ int main() {
       st.count = std::strtoull(p.args.c_str(), nullptr, 10);
       st.window = std::max<uint32_t>(1, p.window);
       if (!Pump(id, st)) streams[id] = st;
+    } else if (fn == "fake::log") {
+      Frame log;
+      log.type = FrameType::kLog;
+      log.log.logger = "fake";
+      log.log.level = 30;
+      log.log.level_name = "WARNING";
+      log.log.message = p.args;
+      log.log.call_id = id;
+      Send(log);
+      SendResult(id, "logged");
     } else if (fn == "fake::pid") {
       SendResult(id, std::to_string(getpid()));
     } else {

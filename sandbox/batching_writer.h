@@ -1,0 +1,166 @@
+// BatchingWriter: the write side of one server bidi stream, shared by the
+// Calls and Logs streams. Producers on any thread hand it items; it keeps at
+// most one write in flight and puts everything queued meanwhile into the next
+// message (up to about kMaxBatchBytes), which is what makes many small
+// events cheap.
+//
+// Threading: Enqueue() runs on worker reader threads and gRPC threads;
+// StartWrite and Finish are called outside mu_ because gRPC may run a
+// reaction (which takes mu_) before they return. Finish is only ever called
+// while no write is in flight, so OnDone (which deletes the reactor) cannot
+// race a StartWrite that was decided under the lock. After Detach() every
+// Enqueue() is refused.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+
+namespace agentix::sandbox {
+
+// One outbound message carries queued items up to about this many bytes:
+// far below gRPC's limits, and small items ride along with big chunks.
+inline constexpr size_t kMaxBatchBytes = 4u << 20;
+
+// `Field::Get(Response&)` returns the Response's repeated Item field, e.g.
+// `struct Events { static auto* Get(CallsResponse& r) {
+//    return r.mutable_events(); } };`.
+template <typename Request, typename Response, typename Item, typename Field>
+class BatchingWriter {
+ public:
+  using Reactor = grpc::ServerBidiReactor<Request, Response>;
+  using ItemPtr = std::shared_ptr<const Item>;
+
+  explicit BatchingWriter(Reactor* reactor) : reactor_(reactor) {}
+  virtual ~BatchingWriter() { ReleaseBatch(); }
+
+  // Queues `items` in order; returns false once the stream has ended.
+  bool Enqueue(std::vector<ItemPtr> items) {
+    Reactor* reactor;
+    {
+      absl::MutexLock lock(&mu_);
+      if (reactor_ == nullptr || finished_ || cancelled_) return false;
+      for (auto& item : items) queue_.push_back(std::move(item));
+      if (write_in_flight_) return true;  // OnWriteDone picks them up
+      FillBatch();
+      write_in_flight_ = true;
+      reactor = reactor_;
+    }
+    reactor->StartWrite(&batch_);
+    return true;
+  }
+
+  // Reactor hooks.
+  void OnWriteDone(bool ok) {
+    Reactor* reactor = nullptr;
+    std::optional<grpc::Status> finish;
+    bool write_next = false;
+    {
+      absl::MutexLock lock(&mu_);
+      reactor = reactor_;
+      if (!ok) cancelled_ = true;  // the stream is broken
+      write_next = !cancelled_ && FillBatch();
+      if (!write_next) {
+        write_in_flight_ = false;
+        finish = TakeFinish();
+      }
+    }
+    if (write_next) {
+      reactor->StartWrite(&batch_);
+    } else {
+      FinishOutsideLock(finish, reactor);
+    }
+  }
+  // The host half-closed: finish once nothing remains (see ReadyToFinish).
+  void OnReadsDone() { UpdateAndMaybeFinish([this] { reads_done_ = true; }); }
+  // The RPC was cancelled: finish as soon as no write is in flight.
+  void OnCancel() { UpdateAndMaybeFinish([this] { cancelled_ = true; }); }
+  // The reactor is gone (OnDone).
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    reactor_ = nullptr;
+    queue_.clear();
+  }
+
+ protected:
+  // Whether a half-closed stream may finish now (nothing queued, no write in
+  // flight). Called with mu_ held; must not call back into this object.
+  virtual bool ReadyToFinish() { return true; }
+
+ private:
+  template <typename Update>
+  void UpdateAndMaybeFinish(Update update) {
+    std::optional<grpc::Status> finish;
+    Reactor* reactor;
+    {
+      absl::MutexLock lock(&mu_);
+      update();
+      reactor = reactor_;
+      finish = TakeFinish();
+    }
+    FinishOutsideLock(finish, reactor);
+  }
+
+  // Moves queued items into batch_; returns false if nothing is queued.
+  // The message *borrows* the items (the producers may retain the same
+  // objects), so a megabyte chunk is not copied once more per write;
+  // serialising only reads them, and protobuf's cached sizes are atomic.
+  bool FillBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ReleaseBatch();
+    size_t bytes = 0;
+    auto* field = Field::Get(batch_);
+    while (!queue_.empty() && bytes < kMaxBatchBytes) {
+      ItemPtr item = std::move(queue_.front());
+      queue_.pop_front();
+      bytes += item->ByteSizeLong();
+      field->UnsafeArenaAddAllocated(const_cast<Item*>(item.get()));
+      batch_refs_.push_back(std::move(item));
+    }
+    return !batch_refs_.empty();
+  }
+
+  // Gives the borrowed items back without freeing them. Must run before
+  // batch_ is reused or destroyed.
+  void ReleaseBatch() {
+    auto* field = Field::Get(batch_);
+    while (!field->empty()) field->UnsafeArenaReleaseLast();
+    batch_refs_.clear();
+  }
+
+  std::optional<grpc::Status> TakeFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || write_in_flight_ || reactor_ == nullptr) {
+      return std::nullopt;
+    }
+    if (cancelled_) {
+      finished_ = true;
+      return grpc::Status::CANCELLED;
+    }
+    if (!reads_done_ || !queue_.empty() || !ReadyToFinish()) {
+      return std::nullopt;
+    }
+    finished_ = true;
+    return grpc::Status::OK;
+  }
+
+  static void FinishOutsideLock(std::optional<grpc::Status> status,
+                                Reactor* reactor) {
+    if (status.has_value()) reactor->Finish(*status);
+  }
+
+  absl::Mutex mu_;
+  Reactor* reactor_ ABSL_GUARDED_BY(mu_);
+  std::deque<ItemPtr> queue_ ABSL_GUARDED_BY(mu_);
+  Response batch_;                  // the message of the write in flight
+  std::vector<ItemPtr> batch_refs_;  // keeps batch_'s borrowed items alive
+  bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace agentix::sandbox
