@@ -37,6 +37,9 @@ ABSL_FLAG(uint64_t, max_payload_bytes, uint64_t{1} << 30,
           "largest accepted encoded arguments of one call");
 ABSL_FLAG(uint64_t, max_retained_results, 4096,
           "finished, unacknowledged results kept for resume");
+ABSL_FLAG(uint64_t, log_buffer_records, 10000,
+          "sandbox log records kept for hosts that have not received them "
+          "(oldest dropped first, with a warning record)");
 ABSL_FLAG(int, worker_ready_timeout_s, 15,
           "seconds a starting worker may take to become ready");
 
@@ -120,6 +123,7 @@ int Run(int argc, char** raw_argv) {
       absl::Seconds(absl::GetFlag(FLAGS_worker_ready_timeout_s));
   options.max_payload_bytes = absl::GetFlag(FLAGS_max_payload_bytes);
   options.max_retained_results = absl::GetFlag(FLAGS_max_retained_results);
+  options.log_buffer_records = absl::GetFlag(FLAGS_log_buffer_records);
   if (access(options.worker.worker_path.c_str(), X_OK) != 0) {
     AGX_LOG(Error, "worker binary {} is not executable; pass --worker PATH",
             options.worker.worker_path);
