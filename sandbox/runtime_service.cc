@@ -1,10 +1,9 @@
 #include "sandbox/runtime_service.h"
 
-#include <deque>
 #include <memory>
 #include <utility>
+#include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "sandbox/batching_writer.h"
 
 namespace agentix::sandbox {
