@@ -2,7 +2,8 @@
 
 ``await client.remote(fn, *args, **kwargs)`` runs the importable function `fn`
 in the sandbox and returns its value; `try_remote` returns `Ok` / `Failed`
-instead of raising.
+instead of raising. Sandbox log records are replayed into the host's stdlib
+logging; `configure_logging` (``agentix.log``) sets up a handler and format.
 
 `agentix` is a ``pkgutil`` namespace package: plugin distributions add sibling
 modules (``agentix.bash``, ``agentix.files``, ...). Importing it does not import
@@ -25,7 +26,8 @@ from agentix.runtime.client.errors import (  # noqa: E402
 from agentix.runtime.client.result import Failed, Ok, Result  # noqa: E402
 from agentix.runtime.shared.callables import RemoteCallable  # noqa: E402
 from agentix.runtime.shared.safepickle import RestrictedUnpickleError  # noqa: E402
-from agentix.utils import context  # noqa: E402
+from agentix.utils import context, log  # noqa: E402
+from agentix.utils.log import configure_logging  # noqa: E402
 
 __all__ = [
     "CallCancelled",
@@ -40,7 +42,9 @@ __all__ = [
     "RuntimeUnreachable",
     "WorkerExited",
     "__version__",
+    "configure_logging",
     "context",
+    "log",
 ]
 
 

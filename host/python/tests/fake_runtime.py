@@ -6,6 +6,14 @@ CallResult, answers CancelCall with a Cancelled error, and records every request
 so tests can assert on what the client put on the wire. `scripts` replaces the
 execution of a callable with canned events, for answers a real function cannot
 provoke (worker death, malformed events).
+
+`Logs` serves `log_records` (the daemon's buffer; `add_logs` appends and wakes
+the open streams): on SubscribeLogs it sends the records with seq > after_seq
+in responses of `log_batch` records, then live ones as they are added. Each
+subscription's after_seq goes to `log_subscriptions` and each AckLogs seq to
+`log_acks`. `logs_honour_after_seq = False` makes it replay the whole buffer on
+every subscription (to test the host's dedup); `logs_implemented = False`
+answers UNIMPLEMENTED like an older daemon.
 """
 
 import asyncio
@@ -28,6 +36,15 @@ def error_event(call_id, type_, message, **fields):
     return pb.SandboxEvent(error=pb.CallError(call_id=call_id, error=pb.RemoteError(type=type_, message=message, **fields)))
 
 
+def log_record(seq: int, message: str = "", **fields) -> pb.LogRecord:
+    """A LogRecord with sensible defaults (logger "sandbox.test", INFO, origin LOGGING)."""
+    fields.setdefault("logger", "sandbox.test")
+    fields.setdefault("level", 20)
+    fields.setdefault("level_name", "INFO")
+    fields.setdefault("origin", pb.LOG_ORIGIN_LOGGING)
+    return pb.LogRecord(seq=seq, message=message or f"record {seq}", **fields)
+
+
 def result_events(call_id, data: bytes) -> list[pb.SandboxEvent]:
     pieces = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)] or [b""]
     events = [pb.SandboxEvent(result_chunk=pb.ResultChunk(call_id=call_id, data=piece)) for piece in pieces[:-1]]
@@ -46,6 +63,15 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
         self.started: dict[str, pb.StartCall] = {}
         self.streams_opened = 0
         self._drop_streams = asyncio.Event()
+        self.log_records: list[pb.LogRecord] = []
+        self.log_batch = 100
+        self.log_subscriptions: list[int] = []
+        self.log_acks: list[int] = []
+        self.logs_opened = 0
+        self.logs_implemented = True
+        self.logs_honour_after_seq = True
+        self._logs_changed = asyncio.Event()
+        self._log_drops = 0
 
     def events(self, kind: str) -> list:
         """Every host event of `kind` received so far, in order."""
@@ -54,6 +80,53 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
     def drop_streams(self) -> None:
         """Aborts every open Calls stream with UNAVAILABLE (as a crashed connection would)."""
         self._drop_streams.set()
+
+    def add_logs(self, *records: pb.LogRecord) -> None:
+        """Appends records to the buffer; open Logs streams send them at once."""
+        self.log_records.extend(records)
+        self._wake_logs()
+
+    def drop_logs(self) -> None:
+        """Aborts every open Logs stream with UNAVAILABLE (Calls streams stay up)."""
+        self._log_drops += 1
+        self._wake_logs()
+
+    def _wake_logs(self) -> None:
+        changed, self._logs_changed = self._logs_changed, asyncio.Event()
+        changed.set()
+
+    async def Logs(self, request_iterator, context_):
+        self.logs_opened += 1
+        if not self.logs_implemented:
+            await context_.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
+        requests = request_iterator.__aiter__()
+        first = await anext(requests)
+        assert first.WhichOneof("kind") == "subscribe", "Logs must start with SubscribeLogs"
+        after_seq = first.subscribe.after_seq
+        self.log_subscriptions.append(after_seq)
+        sent = after_seq if self.logs_honour_after_seq else 0
+        drops = self._log_drops
+
+        async def read_acks() -> None:
+            async for request in requests:
+                assert request.WhichOneof("kind") == "ack", "only AckLogs may follow SubscribeLogs"
+                self.log_acks.append(request.ack.seq)
+
+        reader = asyncio.create_task(read_acks())
+        try:
+            while True:
+                changed = self._logs_changed
+                if self._log_drops != drops:
+                    await context_.abort(grpc.StatusCode.UNAVAILABLE, "fake runtime dropped the log stream")
+                due = [record for record in self.log_records if record.seq > sent]
+                for i in range(0, len(due), self.log_batch):
+                    await context_.write(pb.LogsResponse(records=due[i : i + self.log_batch]))
+                if due:
+                    sent = due[-1].seq
+                    continue
+                await changed.wait()
+        finally:
+            reader.cancel()
 
     async def GetInfo(self, request, context_):
         return pb.GetInfoResponse(status="ok", version="fake-1.0")

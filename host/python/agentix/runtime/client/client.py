@@ -11,6 +11,11 @@ If the stream ends or breaks, every pending call fails with
 calls running and retains their results; re-attaching them with
 ``ResumeCalls`` is not implemented yet, so the ``reconnection*`` options are
 accepted but have no effect.)
+
+Whenever the Calls stream is opened, a ``Logs`` stream is opened beside it (if
+it is not already running) that replays the sandbox's log records into the
+host's stdlib logging (`agentix.runtime.client.logs`); ``logs=False`` turns
+that off.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from uuid import uuid4
 import grpc
 
 from agentix.runtime.client.errors import CallTimeout, RemoteCallError, RuntimeUnreachable, remote_call_error
+from agentix.runtime.client.logs import LogCursor, LogsStream
 from agentix.runtime.client.result import Failed, Ok, Result
 from agentix.runtime.client.stream import STREAM_END, CallsStream, PendingCall
 from agentix.runtime.client.target import grpc_target
@@ -64,6 +70,8 @@ class RuntimeClient:
       reconnection_delay_max, randomization_factor: accepted for compatibility;
         reconnecting and resuming calls is not implemented yet (see module
         docstring).
+      logs: replay the sandbox's log records into the host's logging (True),
+        or do not subscribe to them at all (False).
 
     Use as ``async with RuntimeClient(url) as client:`` (connects on entry,
     closes on exit) or call `close()` yourself. A closed client connects again
@@ -83,6 +91,7 @@ class RuntimeClient:
         reconnection_delay: float | None = None,
         reconnection_delay_max: float | None = None,
         randomization_factor: float | None = None,
+        logs: bool = True,
     ) -> None:
         self.base_url = base_url
         self.timeout = timeout
@@ -108,6 +117,11 @@ class RuntimeClient:
         self._stream: CallsStream | None = None
         self._pending: dict[str, PendingCall] = {}
         self._connect_lock = asyncio.Lock()
+        self.logs = logs
+        self._logs: LogsStream | None = None
+        self._logs_channel: grpc.aio.Channel | None = None
+        self._logs_unimplemented = False
+        self._log_cursor = LogCursor()
 
     async def __aenter__(self) -> RuntimeClient:
         await self._live_stream()
@@ -262,6 +276,8 @@ class RuntimeClient:
         Idempotent; the client connects again if used afterwards."""
         stream, self._stream = self._stream, None
         channel, self._channel = self._channel, None
+        logs, self._logs = self._logs, None
+        self._logs_channel = None
         in_flight = list(self._pending.values())
         self._pending.clear()
         for call in in_flight:
@@ -272,6 +288,8 @@ class RuntimeClient:
             )
         if stream is not None:
             await stream.aclose([call.call_id for call in in_flight], _CLOSE_FLUSH_SECONDS)
+        if logs is not None:
+            await logs.aclose()
         if channel is not None:
             await channel.close()
 
@@ -285,7 +303,24 @@ class RuntimeClient:
                 channel = await self._ready_channel()
                 rpc = pb_grpc.RuntimeServiceStub(channel).Calls()
                 self._stream = CallsStream(rpc, self._pending, self._stream_lost)
+                self._ensure_logs(channel)
             return self._stream
+
+    def _ensure_logs(self, channel: grpc.aio.Channel) -> None:
+        """Opens the Logs stream on `channel` unless one is running there, it is
+        turned off, or the daemon does not implement it. Called whenever a Calls
+        stream is opened; does not wait for anything."""
+        if not self.logs or self._logs_unimplemented:
+            return
+        previous = self._logs
+        if previous is not None and previous.alive and self._logs_channel is channel:
+            return
+        rpc = pb_grpc.RuntimeServiceStub(channel).Logs()
+        self._logs = LogsStream(rpc, self._log_cursor, self._logs_not_implemented, previous=previous)
+        self._logs_channel = channel
+
+    def _logs_not_implemented(self) -> None:
+        self._logs_unimplemented = True
 
     async def _ready_channel(self) -> grpc.aio.Channel:
         """Returns a usable channel, replacing one that is known broken and

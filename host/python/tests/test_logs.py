@@ -1,0 +1,305 @@
+"""Sandbox log records replayed into host logging (RuntimeService.Logs)."""
+
+import asyncio
+import logging
+import time
+
+import msgpack
+import pytest
+import pytest_asyncio
+
+import sandbox_functions
+from agentix import RuntimeClient
+from agentix.runtime.v1 import runtime_pb2 as pb
+from fake_runtime import FakeRuntime, log_record
+from test_client import eventually, serve
+
+pytestmark = pytest.mark.asyncio
+
+
+class ListHandler(logging.Handler):
+    """Keeps every record it handles; `fail_on` messages make emit raise (after keeping them)."""
+
+    def __init__(self, fail_on=()) -> None:
+        super().__init__(logging.NOTSET)
+        self.records: list[logging.LogRecord] = []
+        self.fail_on = set(fail_on)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        if record.getMessage() in self.fail_on:
+            raise RuntimeError(f"handler refuses {record.getMessage()!r}")
+
+    @property
+    def messages(self) -> list[str]:
+        return [record.getMessage() for record in self.records]
+
+
+@pytest.fixture
+def capture():
+    """capture(name, level=DEBUG, handler=None) attaches a ListHandler to logger `name`."""
+    attached = []
+
+    def attach(name, level=logging.DEBUG, handler=None):
+        logger = logging.getLogger(name)
+        handler = handler or ListHandler()
+        attached.append((logger, handler, logger.level, logger.propagate))
+        logger.setLevel(level)
+        logger.propagate = False
+        logger.addHandler(handler)
+        return handler
+
+    yield attach
+    for logger, handler, level, propagate in attached:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+@pytest_asyncio.fixture
+async def runtime():
+    fake = FakeRuntime()
+    server, port = await serve(fake, "127.0.0.1:0")
+    fake.url = f"127.0.0.1:{port}"
+    yield fake
+    await server.stop(None)
+
+
+@pytest_asyncio.fixture
+async def client(runtime):
+    client = RuntimeClient(runtime.url)
+    yield client
+    await client.close()
+
+
+async def test_record_fields_are_replayed(runtime, client, capture):
+    handler = capture("sandbox.test")
+    created_ns = 1_700_000_000_123_456_789
+    extras = msgpack.packb(
+        {"user": "u1", "attempt": 3, "tags": ["a", "b"], "msg": "spoofed", "lineno": 1, "agentix_context": "spoofed"}
+    )
+    runtime.add_logs(
+        log_record(
+            1,
+            "50% done for user u1",
+            level=logging.WARNING,
+            level_name="WARNING",
+            time_unix_nanos=created_ns,
+            file="/app/mypkg/tools.py",
+            line=42,
+            function="run",
+            module="tools",
+            exception_text="Traceback (most recent call last):\nValueError: bad",
+            worker_id="1a2b3c4d",
+            call_id="c" * 32,
+            context="sandbox-box-worker-1a2b3c4d",
+            extras=extras,
+        )
+    )
+    await client.remote(sandbox_functions.add, 1, 2)
+    await eventually(lambda: handler.records)
+
+    (record,) = handler.records
+    assert record.name == "sandbox.test"
+    assert (record.levelno, record.levelname) == (logging.WARNING, "WARNING")
+    assert record.getMessage() == "50% done for user u1" and record.args == ()
+    assert (record.pathname, record.filename, record.lineno) == ("/app/mypkg/tools.py", "tools.py", 42)
+    assert (record.funcName, record.module) == ("run", "tools")
+    assert record.exc_text == "Traceback (most recent call last):\nValueError: bad"
+    assert record.exc_info is None
+    assert (record.user, record.attempt, record.tags) == ("u1", 3, ["a", "b"])
+    assert record.agentix_context == "sandbox-box-worker-1a2b3c4d"
+    assert record.agentix_call_id == "c" * 32
+    assert record.agentix_worker_id == "1a2b3c4d"
+    assert record.agentix_origin == "logging"
+    assert record.created == pytest.approx(1_700_000_000.123456789)
+    assert record.msecs == 123.0
+    formatted = logging.Formatter("%(asctime)s %(message)s").format(record)
+    assert formatted.endswith("ValueError: bad") and ",123 50% done" in formatted
+
+
+async def test_unnamed_and_captured_output_records(runtime, client, capture):
+    default = capture("agentix.sandbox")
+    stdout = capture("agentix.sandbox.stdout")
+    runtime.add_logs(
+        log_record(1, "no logger", logger="", origin=pb.LOG_ORIGIN_RUNTIME),
+        log_record(2, "printed line", logger="agentix.sandbox.stdout", origin=pb.LOG_ORIGIN_STDOUT, level=20),
+        log_record(3, "custom level", logger="", level=25, level_name="NOTICE"),
+    )
+    await client.remote(sandbox_functions.add, 1, 2)
+    await eventually(lambda: len(default.records) == 2 and stdout.records)
+
+    runtime_record, custom = default.records
+    assert runtime_record.getMessage() == "no logger"
+    assert runtime_record.agentix_origin == "runtime"
+    assert runtime_record.agentix_context == "sandbox"  # none sent
+    assert runtime_record.agentix_call_id == ""
+    assert (custom.levelno, custom.levelname) == (25, "NOTICE")
+    (printed,) = stdout.records
+    assert printed.agentix_origin == "stdout"
+    assert printed.funcName == "" and printed.lineno == 0
+
+
+async def test_records_below_the_logger_level_are_skipped(runtime, client, capture):
+    handler = capture("sandbox.test", level=logging.WARNING)
+    runtime.add_logs(
+        log_record(1, "debug", level=logging.DEBUG),
+        log_record(2, "info", level=logging.INFO),
+        log_record(3, "warning", level=logging.WARNING),
+        log_record(4, "error", level=logging.ERROR),
+    )
+    await client.remote(sandbox_functions.add, 1, 2)
+    await eventually(lambda: runtime.log_acks and runtime.log_acks[-1] == 4)
+    assert handler.messages == ["warning", "error"]
+
+
+async def test_records_arrive_in_order_and_each_response_is_acked_once(runtime, client, capture):
+    handler = capture("sandbox.test")
+    runtime.log_batch = 2
+    runtime.add_logs(*(log_record(seq) for seq in range(1, 6)))
+    await client.remote(sandbox_functions.add, 1, 2)
+    await eventually(lambda: runtime.log_acks and runtime.log_acks[-1] == 5)
+    assert handler.messages == [f"record {seq}" for seq in range(1, 6)]
+    # Three responses ([1, 2], [3, 4], [5]): at most one ack each, never backwards.
+    assert len(runtime.log_acks) <= 3
+    assert set(runtime.log_acks) <= {2, 4, 5}
+    assert runtime.log_acks == sorted(runtime.log_acks)
+    assert runtime.log_subscriptions == [0]
+
+
+async def test_live_records_are_replayed_while_connected(runtime, client, capture):
+    handler = capture("sandbox.test")
+    await client.remote(sandbox_functions.add, 1, 2)
+    runtime.add_logs(log_record(1, "later"))
+    await eventually(lambda: handler.messages == ["later"])
+    runtime.add_logs(log_record(2, "even later"))
+    await eventually(lambda: handler.messages == ["later", "even later"])
+
+
+async def test_resubscribing_resumes_after_the_last_seq_and_never_replays_twice(runtime, client, capture):
+    handler = capture("sandbox.test")
+    runtime.logs_honour_after_seq = False  # a daemon that resends its whole buffer
+    runtime.add_logs(*(log_record(seq) for seq in (1, 2, 3)))
+    await client.remote(sandbox_functions.add, 1, 2)
+    await eventually(lambda: len(handler.records) == 3)
+
+    runtime.drop_streams()
+    runtime.drop_logs()
+    await eventually(lambda: client._stream is None and not client._logs.alive)
+    runtime.add_logs(log_record(4))
+    assert await client.remote(sandbox_functions.add, 1, 2) == 3  # reconnects both streams
+    await eventually(lambda: len(handler.records) == 4)
+    await asyncio.sleep(0.05)
+
+    assert handler.messages == [f"record {seq}" for seq in (1, 2, 3, 4)]
+    assert runtime.log_subscriptions == [0, 3]
+    assert runtime.log_acks[-1] == 4
+
+
+async def test_close_and_reuse_resume_after_the_last_seq(runtime, capture):
+    handler = capture("sandbox.test")
+    runtime.add_logs(log_record(1), log_record(2))
+    client = RuntimeClient(runtime.url)
+    async with client:
+        await eventually(lambda: len(handler.records) == 2)
+    runtime.add_logs(log_record(3))
+    await asyncio.sleep(0.05)
+    assert len(handler.records) == 2  # closed: nothing replayed
+    async with client:
+        await eventually(lambda: len(handler.records) == 3)
+    assert runtime.log_subscriptions == [0, 2]
+
+
+async def test_a_raising_handler_does_not_stop_later_records(runtime, client, capture, caplog):
+    handler = capture("sandbox.test", handler=ListHandler(fail_on={"record 2", "record 3"}))
+    runtime.add_logs(*(log_record(seq) for seq in (1, 2, 3, 4)))
+    with caplog.at_level(logging.DEBUG, logger="agentix.runtime.client"):
+        await client.remote(sandbox_functions.add, 1, 2)
+        await eventually(lambda: len(handler.records) == 4)
+        runtime.add_logs(log_record(5))
+        await eventually(lambda: len(handler.records) == 5)
+    assert handler.messages == [f"record {seq}" for seq in range(1, 6)]
+    failures = [r for r in caplog.records if r.name == "agentix.runtime.client" and "replaying" in r.getMessage()]
+    assert [r.levelno for r in failures] == [logging.WARNING, logging.DEBUG]
+    assert "handler refuses 'record 2'" in failures[0].exc_text
+    await eventually(lambda: runtime.log_acks[-1] == 5)
+
+
+async def test_unimplemented_logs_do_not_disturb_calls(runtime, caplog):
+    runtime.logs_implemented = False
+    with caplog.at_level(logging.DEBUG, logger="agentix.runtime.client"):
+        async with RuntimeClient(runtime.url) as client:
+            assert await client.remote(sandbox_functions.add, 1, 2) == 3
+            await eventually(lambda: client._logs is not None and not client._logs.alive)
+            assert await client.remote(sandbox_functions.add, 2, 2) == 4
+            runtime.drop_streams()
+            await eventually(lambda: client._stream is None)
+            assert await client.remote(sandbox_functions.add, 3, 2) == 5  # reconnected
+    assert runtime.streams_opened == 2
+    assert runtime.logs_opened == 1  # not asked again after UNIMPLEMENTED
+    notes = [r for r in caplog.records if "does not implement Logs" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].levelno == logging.DEBUG
+
+
+async def test_a_lost_log_stream_leaves_calls_alone_and_reopens_on_the_next_connect(runtime, client, capture):
+    handler = capture("sandbox.test")
+    runtime.add_logs(log_record(1))
+    await client.remote(sandbox_functions.add, 1, 2)
+    await eventually(lambda: len(handler.records) == 1)
+
+    runtime.drop_logs()
+    await eventually(lambda: not client._logs.alive)
+    assert await client.remote(sandbox_functions.add, 1, 2) == 3
+    assert runtime.streams_opened == 1 and runtime.logs_opened == 1
+
+    runtime.add_logs(log_record(2))
+    runtime.drop_streams()
+    await eventually(lambda: client._stream is None)
+    assert await client.remote(sandbox_functions.add, 1, 2) == 3
+    await eventually(lambda: len(handler.records) == 2)
+    assert runtime.logs_opened == 2 and runtime.log_subscriptions == [0, 1]
+
+
+async def test_logs_false_does_not_subscribe(runtime, capture):
+    handler = capture("sandbox.test")
+    runtime.add_logs(log_record(1))
+    async with RuntimeClient(runtime.url, logs=False) as client:
+        assert client.logs is False
+        assert await client.remote(sandbox_functions.add, 1, 2) == 3
+        await asyncio.sleep(0.05)
+    assert runtime.logs_opened == 0 and handler.records == []
+
+
+async def test_close_waits_for_a_batch_being_replayed(runtime, capture):
+    class SlowHandler(ListHandler):
+        def emit(self, record):
+            time.sleep(0.02)
+            super().emit(record)
+
+    handler = capture("sandbox.test", handler=SlowHandler())
+    runtime.add_logs(*(log_record(seq) for seq in range(1, 11)))
+    client = RuntimeClient(runtime.url)
+    await client.remote(sandbox_functions.add, 1, 2)
+    await eventually(lambda: handler.records)
+    await client.close()
+    count = len(handler.records)
+    await asyncio.sleep(0.1)
+    assert len(handler.records) == count  # nothing replayed after close() returned
+    assert count == 10  # the batch in progress was finished
+
+
+async def test_log_replay_does_not_block_the_event_loop(runtime, client, capture):
+    class BlockingHandler(ListHandler):
+        def emit(self, record):
+            time.sleep(0.5)
+            super().emit(record)
+
+    handler = capture("sandbox.test", handler=BlockingHandler())
+    await client.remote(sandbox_functions.add, 1, 2)
+    started = time.monotonic()
+    runtime.add_logs(log_record(1))
+    await asyncio.sleep(0.05)  # the record is being handled now
+    assert await client.remote(sandbox_functions.add, 1, 2) == 3
+    assert time.monotonic() - started < 0.3
+    assert handler.records == []
+    await eventually(lambda: handler.records)
