@@ -36,7 +36,9 @@ class BatchingWriter {
   using Reactor = grpc::ServerBidiReactor<Request, Response>;
   using ItemPtr = std::shared_ptr<const Item>;
 
-  explicit BatchingWriter(Reactor* reactor) : reactor_(reactor) {}
+  // `header` holds the non-repeated fields every message carries.
+  explicit BatchingWriter(Reactor* reactor, Response header = Response())
+      : reactor_(reactor), batch_(std::move(header)) {}
   virtual ~BatchingWriter() { ReleaseBatch(); }
 
   // Queues `items` in order; returns false once the stream has ended.

@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include <fmt/format.h>
+
 #include "base/log.h"
 
 namespace agentix::sandbox {
@@ -41,7 +44,14 @@ int64_t NowUnixNanos() {
 
 }  // namespace
 
-LogBuffer::LogBuffer(size_t capacity) : capacity_(std::max<size_t>(1, capacity)) {}
+std::string RandomInstanceId() {
+  std::random_device rd;
+  return fmt::format("{:08x}{:08x}", rd(), rd());
+}
+
+LogBuffer::LogBuffer(size_t capacity)
+    : capacity_(std::max<size_t>(1, capacity)),
+      instance_id_(RandomInstanceId()) {}
 
 LogRecordPtr LogBuffer::Store(LogRecord record) {
   record.set_seq(next_seq_++);
@@ -103,7 +113,8 @@ void LogBuffer::Append(const std::vector<ipc::LogEntry>& entries,
 }
 
 void LogBuffer::Subscribe(const std::shared_ptr<LogSubscriber>& subscriber,
-                          uint64_t after_seq) {
+                          uint64_t after_seq, const std::string& instance_id) {
+  if (!instance_id.empty() && instance_id != instance_id_) after_seq = 0;
   std::vector<LogRecordPtr> records;
   {
     absl::MutexLock lock(&mu_);

@@ -39,12 +39,17 @@ class LogBuffer {
   void Append(const std::vector<ipc::LogEntry>& entries,
               const std::string& worker_id);
   // Adds `subscriber` and delivers the backlog with seq > `after_seq`
-  // (preceded by the drop warning, if records were lost). Thread-safe.
+  // (followed by the drop warning, if records were lost). An `instance_id`
+  // that is set and differs from ours means `after_seq` counted in another
+  // daemon: the whole backlog is sent. Thread-safe.
   void Subscribe(const std::shared_ptr<LogSubscriber>& subscriber,
-                 uint64_t after_seq);
+                 uint64_t after_seq, const std::string& instance_id = "");
   void Unsubscribe(const LogSubscriber* subscriber);
   // Frees every record with seq <= `seq`.
   void Ack(uint64_t seq);
+
+  // Random per LogBuffer (i.e. per daemon process); see LogsResponse.
+  const std::string& instance_id() const { return instance_id_; }
 
   // For tests and GetInfo.
   size_t buffered();
@@ -63,6 +68,7 @@ class LogBuffer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t capacity_;
+  const std::string instance_id_;
   absl::Mutex mu_;
   std::deque<LogRecordPtr> backlog_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<LogSubscriber>> subscribers_

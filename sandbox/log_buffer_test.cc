@@ -63,6 +63,15 @@ TEST_CASE("Resubscribing after a seq skips what was seen; acks free space",
   buffer.Unsubscribe(sub.get());
   buffer.Append(Entry("d"), "w");
   REQUIRE(sub->got().size() == 1);  // unsubscribed: nothing more
+
+  // A cursor from another daemon instance does not skip anything here.
+  auto other = std::make_shared<RecordingSubscriber>();
+  buffer.Subscribe(other, 3, "not-this-daemon");
+  REQUIRE(other->got().size() == 2);  // "c" and "d" (a and b were acked)
+  auto same = std::make_shared<RecordingSubscriber>();
+  buffer.Subscribe(same, 3, buffer.instance_id());
+  REQUIRE(same->got().size() == 1);  // "d"
+  REQUIRE(buffer.instance_id().size() == 16);
 }
 
 TEST_CASE("Overflow drops the oldest and says so in one warning record",

@@ -90,9 +90,18 @@ using LogsWriter = BatchingWriter<LogsRequest, LogsResponse,
 // AckLogs, finishes when the host half-closes.
 class LogsSink final : public LogSubscriber, public LogsWriter {
  public:
-  using LogsWriter::LogsWriter;
+  LogsSink(grpc::ServerBidiReactor<LogsRequest, LogsResponse>* reactor,
+           const std::string& instance_id)
+      : LogsWriter(reactor, Header(instance_id)) {}
   void Deliver(std::vector<LogRecordPtr> records) override {
     Enqueue(std::move(records));
+  }
+
+ private:
+  static LogsResponse Header(const std::string& instance_id) {
+    LogsResponse header;
+    header.set_instance_id(instance_id);
+    return header;
   }
 };
 
@@ -100,7 +109,8 @@ class LogsReactor final
     : public grpc::ServerBidiReactor<LogsRequest, LogsResponse> {
  public:
   explicit LogsReactor(LogBuffer* logs)
-      : logs_(logs), sink_(std::make_shared<LogsSink>(this)) {
+      : logs_(logs),
+        sink_(std::make_shared<LogsSink>(this, logs->instance_id())) {
     StartRead(&request_);
   }
 
@@ -112,7 +122,8 @@ class LogsReactor final
     if (request_.has_subscribe()) {
       if (!subscribed_) {
         subscribed_ = true;
-        logs_->Subscribe(sink_, request_.subscribe().after_seq());
+        logs_->Subscribe(sink_, request_.subscribe().after_seq(),
+                         request_.subscribe().instance_id());
       }
     } else if (request_.has_ack()) {
       logs_->Ack(request_.ack().seq());

@@ -303,3 +303,17 @@ async def test_log_replay_does_not_block_the_event_loop(runtime, client, capture
     assert time.monotonic() - started < 0.3
     assert handler.records == []
     await eventually(lambda: handler.records)
+
+
+async def test_cursor_follows_a_restarted_daemon():
+    from agentix.runtime.client.logs import LogCursor
+
+    cursor = LogCursor()
+    cursor.adopt("daemon-a")
+    cursor.last_seq = 40
+    cursor.adopt("daemon-a")
+    assert cursor.last_seq == 40
+    cursor.adopt("")  # an older daemon without instance ids: no change
+    assert cursor.last_seq == 40
+    cursor.adopt("daemon-b")  # restarted: numbering starts again
+    assert (cursor.instance_id, cursor.last_seq) == ("daemon-b", 0)

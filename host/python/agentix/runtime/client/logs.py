@@ -54,14 +54,24 @@ _RESERVED_KEYS = frozenset(
 
 
 class LogCursor:
-    """The seq of the last record a client has replayed (0: none yet). Shared by
-    the client's successive `LogsStream`s, so a new one resumes where the last
-    one stopped."""
+    """The seq of the last record a client has replayed (0: none yet) and the
+    daemon instance that seq counts in. Shared by the client's successive
+    `LogsStream`s, so a new one resumes where the last one stopped; a daemon
+    that restarted (new instance id) numbers from 1 again, and the cursor
+    follows."""
 
-    __slots__ = ("last_seq",)
+    __slots__ = ("last_seq", "instance_id")
 
     def __init__(self) -> None:
         self.last_seq = 0
+        self.instance_id = ""
+
+    def adopt(self, instance_id: str) -> None:
+        """Switches to the numbering of `instance_id` if it is a new one."""
+        if instance_id and instance_id != self.instance_id:
+            if self.instance_id:
+                self.last_seq = 0
+            self.instance_id = instance_id
 
 
 def decode_extras(data: bytes) -> dict[str, object]:
@@ -180,9 +190,13 @@ class LogsStream:
             if self._previous is not None:
                 await self._previous.aclose()
                 self._previous = None
-            await self._rpc.write(pb.LogsRequest(subscribe=pb.SubscribeLogs(after_seq=self._cursor.last_seq)))
+            cursor = self._cursor
+            await self._rpc.write(
+                pb.LogsRequest(subscribe=pb.SubscribeLogs(after_seq=cursor.last_seq, instance_id=cursor.instance_id))
+            )
             acked = None
             async for response in self._rpc:
+                self._cursor.adopt(response.instance_id)
                 if not response.records:
                     continue
                 # The batch is replayed off the event loop; shielded so that a
