@@ -5,16 +5,24 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <exception>
 #include <memory>
+#include <msgpack.hpp>
 #include <mutex>
 #include <new>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "base/log.h"
 #include "worker/ipc/frame.h"
@@ -42,10 +50,76 @@ constexpr size_t kMaxReadPerCall = 8 * 1024 * 1024;
 // Queued output is written once it reaches this size, without waiting for
 // flush().
 constexpr size_t kFlushThreshold = 256 * 1024;
+// Encoded log frames waiting for the sender beyond this make producers wait
+// (Python senders with the GIL released, drainers before their next read):
+// a daemon that stops reading must not make the worker grow without bound.
+constexpr size_t kMaxQueuedLogBytes = 16u * 1024 * 1024;
+// Captured lines waiting for the durable-log thread beyond this are dropped:
+// the file is a best-effort copy and must never slow user output down.
+constexpr size_t kMaxDurableBytes = 16u * 1024 * 1024;
+// Longest captured line; longer output is cut into lines of this size.
+constexpr size_t kMaxLineBytes = 64 * 1024;
+
+constexpr int kOriginStdout = 2;
+constexpr int kOriginStderr = 3;
+
+// One captured line for the durable log file.
+struct StdioLine {
+  int origin = kOriginStdout;
+  int64_t time_unix_nanos = 0;
+  std::string text;
+};
+
+// The part of a channel that threads without the GIL use too: the fd, the
+// write lock and the log queue. Shared (shared_ptr) between the Channel and
+// the sender and drainer threads, so a thread abandoned at shutdown never
+// outlives what it touches.
+//
+// Lock order: `mu` is a leaf. Nobody waits for the GIL while holding it, and
+// a thread holding the GIL takes it only briefly or after releasing the GIL
+// (AcquireWrite, WaitIdle), so it cannot deadlock against the GIL.
+struct Writer {
+  int fd = -1;
+  std::mutex mu;
+  // A write to `fd` is in flight: the channel's fd is written by one thread
+  // at a time, whichever holds `busy` (a Python sender with the GIL released,
+  // or the log sender thread).
+  bool busy = false;
+  std::condition_variable idle_cv;  // `busy` cleared
+  // Encoded log frames not yet written, in the order they were produced.
+  std::string logs;
+  std::condition_variable logs_cv;   // logs queued, or the sender must stop
+  std::condition_variable space_cv;  // `logs` shrank (or logging gave up)
+  bool sender_running = false;
+  bool sender_stop = false;
+  bool failed = false;  // a log write failed: later records are dropped
+  std::thread sender;
+  // Captured lines for the durable log, when enabled.
+  bool durable = false;
+  bool capture_done = false;  // no more lines will come
+  std::deque<StdioLine> durable_lines;
+  size_t durable_bytes = 0;
+  std::condition_variable durable_cv;
+  // Drainer threads still reading.
+  int drainers = 0;
+  std::condition_variable drainers_cv;
+  // What stdout/stderr log frames carry (set when capture starts).
+  std::string context;
+  std::string stdout_extras;
+  std::string stderr_extras;
+};
+
+// fd-level capture of stdout/stderr; owned by the ChannelState.
+struct Capture {
+  int saved_stderr = -1;
+  std::vector<std::thread> drainers;
+  bool stopped = false;
+};
 
 // The C++ side of a Channel object. Touched only with the GIL held, except
-// `out`/`fd` during a write, which the `busy` flag protects.
+// `out` during a write, which the writer's `busy` flag protects.
 struct ChannelState {
+  std::shared_ptr<Writer> writer;
   int fd = -1;
   ipc::FrameReader reader;
   std::unique_ptr<char[]> read_buffer;
@@ -53,10 +127,7 @@ struct ChannelState {
   bool eof = false;
   bool dead = false;  // desynchronised: every later read fails
   std::string dead_reason;
-  bool busy = false;  // a write with the GIL released is in flight
-  // Wakes threads waiting in Enter() for `busy` to clear.
-  std::mutex idle_mu;
-  std::condition_variable idle_cv;
+  std::unique_ptr<Capture> capture;
 };
 
 struct ChannelObject {
@@ -182,38 +253,87 @@ void SetError(PyObject* type, const absl::Status& status) {
 }
 
 // Waits (with the GIL released) while another thread has a write in flight.
-// Pool threads send their own replies, so several threads use one channel;
-// `busy` is only read and written with the GIL held, and a waiter must let
-// go of the GIL or the writer could never take it back to clear the flag.
+// Pool threads send their own replies, so several threads use one channel:
+// `out` is appended to only with the GIL held and while no Python-side
+// write is in flight, and such a write starts only with the GIL held, so
+// passing Enter() makes `out` ours until we let go of the GIL. (The log
+// sender thread may take `busy` meanwhile; it never touches `out`.)
 bool Enter(PyObject* self) {
-  ChannelState& st = Channel(self);
-  while (st.busy) {
+  Writer& w = *Channel(self).writer;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(w.mu);
+      if (!w.busy) return true;
+    }
+    // A waiter must let go of the GIL: the writer may need it to finish.
+    // Checked again once the GIL is back: another thread may have started
+    // a write while this one waited for the GIL.
     Py_BEGIN_ALLOW_THREADS
-    std::unique_lock<std::mutex> lock(st.idle_mu);
-    // Timed: the notify may land between the check above and this wait.
-    st.idle_cv.wait_for(lock, std::chrono::milliseconds(1));
+    {
+      std::unique_lock<std::mutex> lock(w.mu);
+      w.idle_cv.wait(lock, [&w] { return !w.busy; });
+    }
     Py_END_ALLOW_THREADS
   }
-  return true;
 }
 
-// Marks the end of a write begun with `busy = true`. GIL held.
-void Leave(ChannelState& st) {
-  st.busy = false;
-  st.idle_cv.notify_all();
+// Takes the write lock (`busy`), waiting with the GIL released. GIL held on
+// entry and exit.
+void AcquireWrite(Writer& w) {
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    if (!w.busy) {
+      w.busy = true;
+      return;
+    }
+  }
+  Py_BEGIN_ALLOW_THREADS
+  {
+    std::unique_lock<std::mutex> lock(w.mu);
+    w.idle_cv.wait(lock, [&w] { return !w.busy; });
+    w.busy = true;
+  }
+  Py_END_ALLOW_THREADS
+}
+
+// Ends a write begun with AcquireWrite. Any thread.
+void Leave(Writer& w) {
+  std::lock_guard<std::mutex> lock(w.mu);
+  w.busy = false;
+  w.idle_cv.notify_all();
+}
+
+// With the write lock held: takes the queued log frames, so they go out
+// ahead of what the caller writes next (a record logged before a call
+// returned then precedes its result). No GIL needed.
+std::string TakeLogs(Writer& w) {
+  std::string logs;
+  std::lock_guard<std::mutex> lock(w.mu);
+  logs.swap(w.logs);
+  w.space_cv.notify_all();
+  return logs;
+}
+
+// With the write lock held and without the GIL: writes the queued logs and
+// then `out`.
+absl::Status WriteQueued(Writer& w, std::string& out) {
+  std::string logs = TakeLogs(w);
+  absl::Status status;
+  if (!logs.empty()) status = ipc::WriteAll(w.fd, logs);
+  if (status.ok()) status = ipc::WriteAll(w.fd, out);
+  out.clear();
+  return status;
 }
 
 // Writes everything queued. GIL held on entry and exit.
 bool Flush(PyObject* self) {
   ChannelState& st = Channel(self);
   if (st.out.empty()) return true;
-  st.busy = true;
-  absl::Status status = WithoutGil([&st] {
-    absl::Status s = ipc::WriteAll(st.fd, st.out);
-    st.out.clear();
-    return s;
-  });
-  Leave(st);
+  Writer& w = *st.writer;
+  AcquireWrite(w);
+  absl::Status status =
+      WithoutGil([&w, &st] { return WriteQueued(w, st.out); });
+  Leave(w);
   if (!status.ok()) {
     SetError(StateOfChannel(self)->channel_error, status);
     return false;
@@ -273,7 +393,295 @@ PyCFunction Fast() {
       reinterpret_cast<void (*)()>(&GuardedFast<Fn>));
 }
 
+// ---- worker diagnostics -----------------------------------------------------
+
+// Once stdout/stderr are captured, fd 2 is a pipe into the log stream; the
+// worker's own diagnostics go to the saved original stderr instead, in
+// //base:log's line format (base::LogLine always writes fd 2). -1: fd 2.
+std::atomic<int> g_diag_fd{-1};
+// "agentix-worker[<id>]"; set before g_diag_fd, never changed afterwards.
+std::string* g_diag_tag = nullptr;
+
+void DiagLine(base::LogSeverity severity, const std::string& message) {
+  const int fd = g_diag_fd.load();
+  if (fd < 0) {
+    base::LogLine(severity, message);
+    return;
+  }
+  static constexpr char kLetters[] = "DIWE";
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  tm tm_utc;
+  gmtime_r(&ts.tv_sec, &tm_utc);
+  const std::string line = fmt::format(
+      "{:02}:{:02}:{:02}.{:03} {} {} {}\n", tm_utc.tm_hour, tm_utc.tm_min,
+      tm_utc.tm_sec, ts.tv_nsec / 1000000, *g_diag_tag,
+      kLetters[static_cast<int>(severity) & 3], message);
+  // One write per line so concurrent lines do not interleave.
+  ssize_t ignored = ::write(fd, line.data(), line.size());
+  (void)ignored;
+}
+
+// ---- log frames -------------------------------------------------------------
+
+int64_t NowUnixNanos() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// Appends `data` to `out` as valid UTF-8, each invalid sequence replaced by
+// U+FFFD (Python's errors="replace" for captured bytes, without the GIL).
+void AppendUtf8Replacing(const char* data, size_t size, std::string& out) {
+  static constexpr char kReplacement[] = "\xEF\xBF\xBD";
+  const auto* p = reinterpret_cast<const unsigned char*>(data);
+  size_t i = 0;
+  while (i < size) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      out.push_back(static_cast<char>(c));
+      ++i;
+      continue;
+    }
+    size_t need = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the 2nd byte
+    if (c >= 0xC2 && c <= 0xDF) {
+      need = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      need = 2;
+      if (c == 0xE0) lo = 0xA0;  // overlong
+      if (c == 0xED) hi = 0x9F;  // surrogates
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      need = 3;
+      if (c == 0xF0) lo = 0x90;  // overlong
+      if (c == 0xF4) hi = 0x8F;  // above U+10FFFF
+    }
+    size_t len = 1;
+    bool ok = need > 0;
+    for (size_t k = 1; ok && k <= need; ++k) {
+      if (i + k >= size) {
+        ok = false;
+        break;
+      }
+      const unsigned char b = p[i + k];
+      if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) {
+        ok = false;
+        break;
+      }
+      len = k + 1;
+    }
+    if (ok) {
+      out.append(data + i, need + 1);
+      i += need + 1;
+    } else {
+      out.append(kReplacement);
+      i += len;  // the maximal invalid prefix, as CPython does
+    }
+  }
+}
+
+// msgpack {"agentix_stream": stream, "worker_id": id}: the extras of a
+// captured line (as the original's /log records carried).
+std::string StdioExtras(const char* stream, const std::string& worker_id) {
+  msgpack::sbuffer buffer;
+  msgpack::packer<msgpack::sbuffer> packer(buffer);
+  packer.pack_map(2);
+  packer.pack(std::string("agentix_stream"));
+  packer.pack(std::string(stream));
+  packer.pack(std::string("worker_id"));
+  packer.pack(worker_id);
+  return std::string(buffer.data(), buffer.size());
+}
+
+// Encodes the log frame of one captured line (text already valid UTF-8).
+absl::Status AppendStdioFrame(const Writer& w, int origin, int64_t time_ns,
+                              const std::string& text,
+                              const std::string& call_id, std::string& out) {
+  ipc::Frame frame;
+  frame.type = ipc::FrameType::kLog;
+  ipc::LogEntry& log = frame.log;
+  const bool is_stdout = origin == kOriginStdout;
+  log.logger = is_stdout ? "agentix.sandbox.stdout" : "agentix.sandbox.stderr";
+  log.level = 20;
+  log.level_name = "INFO";
+  log.message = text;
+  log.time_unix_nanos = time_ns;
+  log.module = "stdio";
+  log.origin = origin;
+  log.call_id = call_id;
+  log.context = w.context;
+  log.extras = is_stdout ? w.stdout_extras : w.stderr_extras;
+  return ipc::AppendFrame(frame, out);
+}
+
+// Appends encoded log frames to the queue and wakes the sender. Waits while
+// the queue is over kMaxQueuedLogBytes; must be called without the GIL.
+// Records are dropped once a log write failed or the sender has stopped.
+void QueueLogs(Writer& w, std::string& frames,
+               std::vector<StdioLine>* durable) {
+  std::unique_lock<std::mutex> lock(w.mu);
+  w.space_cv.wait(lock, [&w] {
+    return w.logs.size() < kMaxQueuedLogBytes || w.failed ||
+           !w.sender_running;
+  });
+  if (w.failed || !w.sender_running) return;
+  if (w.logs.empty()) {
+    w.logs.swap(frames);
+  } else {
+    w.logs.append(frames);
+  }
+  w.logs_cv.notify_one();
+  if (durable != nullptr && w.durable && !w.capture_done) {
+    for (StdioLine& line : *durable) {
+      if (w.durable_bytes + line.text.size() > kMaxDurableBytes) break;
+      w.durable_bytes += line.text.size();
+      w.durable_lines.push_back(std::move(line));
+    }
+    w.durable_cv.notify_one();
+  }
+}
+
+// The log sender thread: writes queued log frames as soon as the channel is
+// free, so records from any thread reach the daemon promptly, batched by
+// whatever accumulated during the previous write. Never touches Python.
+void SendLogs(std::shared_ptr<Writer> writer) {
+  pthread_setname_np(pthread_self(), "agx-log-sender");
+  Writer& w = *writer;
+  std::string batch;
+  std::unique_lock<std::mutex> lock(w.mu);
+  while (true) {
+    w.logs_cv.wait(lock, [&w] { return !w.logs.empty() || w.sender_stop; });
+    if (w.logs.empty()) break;  // stopping, and everything is written
+    w.idle_cv.wait(lock, [&w] { return !w.busy; });
+    w.busy = true;
+    batch.swap(w.logs);  // whatever is queued now, in order
+    w.space_cv.notify_all();
+    lock.unlock();
+    const absl::Status status = ipc::WriteAll(w.fd, batch);
+    batch.clear();
+    lock.lock();
+    w.busy = false;
+    w.idle_cv.notify_all();
+    if (!status.ok()) {
+      // The daemon is gone; the driver finds out from its own writes.
+      w.failed = true;
+      w.logs.clear();
+      w.space_cv.notify_all();
+      break;
+    }
+  }
+  w.sender_running = false;
+  w.space_cv.notify_all();
+}
+
+// Starts the sender thread unless it runs (or was stopped: then records
+// are dropped). GIL held; the lock is taken only briefly.
+void EnsureSender(const std::shared_ptr<Writer>& writer) {
+  Writer& w = *writer;
+  std::lock_guard<std::mutex> lock(w.mu);
+  if (w.sender_running || w.sender_stop || w.failed) return;
+  try {
+    w.sender = std::thread(SendLogs, writer);
+    w.sender_running = true;
+  } catch (const std::exception&) {
+    // No thread: logging degrades to dropping records, calls are unaffected.
+    w.failed = true;
+  }
+}
+
+// Stops the sender after it wrote what is queued, waiting at most
+// `timeout_ms` (it may be stuck writing to a daemon that stopped reading;
+// then it is abandoned, which is safe: it owns its Writer). No GIL.
+void StopSender(const std::shared_ptr<Writer>& writer, int timeout_ms) {
+  Writer& w = *writer;
+  std::unique_lock<std::mutex> lock(w.mu);
+  if (!w.sender.joinable()) return;
+  w.sender_stop = true;
+  w.logs_cv.notify_all();
+  const bool done = w.space_cv.wait_for(
+      lock, std::chrono::milliseconds(timeout_ms),
+      [&w] { return !w.sender_running; });
+  std::thread sender = std::move(w.sender);
+  lock.unlock();
+  if (done) {
+    sender.join();
+  } else {
+    sender.detach();
+  }
+}
+
+// A drainer thread: reads one capture pipe until EOF and turns each line into
+// a log frame. It never takes the GIL, so a full pipe cannot wait on Python.
+void Drain(std::shared_ptr<Writer> writer, int fd, int origin) {
+  pthread_setname_np(pthread_self(), origin == kOriginStdout ? "agx-stdout"
+                                                             : "agx-stderr");
+  Writer& w = *writer;
+  std::unique_ptr<char[]> buffer(new char[kMaxLineBytes]);
+  std::string pending;  // bytes of the current, unfinished line
+  std::string frames;
+  std::vector<StdioLine> lines;
+  const std::string no_call_id;  // fd-level output cannot be attributed
+  auto emit = [&](const char* data, size_t size, int64_t now) {
+    if (size > 0 && data[size - 1] == '\r') --size;
+    StdioLine line;
+    line.origin = origin;
+    line.time_unix_nanos = now;
+    AppendUtf8Replacing(data, size, line.text);
+    absl::Status status =
+        AppendStdioFrame(w, origin, now, line.text, no_call_id, frames);
+    (void)status;  // a 64 KiB line always fits a frame
+    lines.push_back(std::move(line));
+  };
+  auto queue = [&] {
+    if (frames.empty()) return;
+    QueueLogs(w, frames, &lines);
+    frames.clear();
+    lines.clear();
+  };
+  while (true) {
+    const ssize_t n = ::read(fd, buffer.get(), kMaxLineBytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    const int64_t now = NowUnixNanos();
+    const char* data = buffer.get();
+    size_t size = static_cast<size_t>(n);
+    while (size > 0) {
+      const void* nl = memchr(data, '\n', size);
+      if (nl == nullptr) {
+        pending.append(data, size);
+        break;
+      }
+      const size_t len = static_cast<size_t>(static_cast<const char*>(nl) - data);
+      if (pending.empty()) {
+        emit(data, len, now);
+      } else {
+        pending.append(data, len);
+        emit(pending.data(), pending.size(), now);
+        pending.clear();
+      }
+      data += len + 1;
+      size -= len + 1;
+    }
+    // A line without a newline is cut once it reaches the limit.
+    size_t cut = 0;
+    while (pending.size() - cut >= kMaxLineBytes) {
+      emit(pending.data() + cut, kMaxLineBytes, now);
+      cut += kMaxLineBytes;
+    }
+    if (cut > 0) pending.erase(0, cut);
+    queue();
+  }
+  if (!pending.empty()) emit(pending.data(), pending.size(), NowUnixNanos());
+  queue();
+  ::close(fd);
+  std::lock_guard<std::mutex> lock(w.mu);
+  --w.drainers;
+  w.drainers_cv.notify_all();
+}
+
 // ---- Channel ----------------------------------------------------------------
+
+void StopCapture(ChannelState& st, int timeout_ms);  // below
 
 PyObject* ChannelNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   static const char* kKeywords[] = {"fd", nullptr};
@@ -296,6 +704,15 @@ PyObject* ChannelNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
     Py_DECREF(self);
     return PyErr_NoMemory();
   }
+  try {
+    state->writer = std::make_shared<Writer>();
+  } catch (const std::bad_alloc&) {
+    delete state;
+    delete[] buffer;
+    Py_DECREF(self);
+    return PyErr_NoMemory();
+  }
+  state->writer->fd = fd;
   state->fd = fd;
   state->read_buffer.reset(buffer);
   reinterpret_cast<ChannelObject*>(self)->state = state;
@@ -304,7 +721,14 @@ PyObject* ChannelNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
 
 void ChannelDealloc(PyObject* self) {
   PyTypeObject* type = Py_TYPE(self);
-  delete reinterpret_cast<ChannelObject*>(self)->state;
+  ChannelState* state = reinterpret_cast<ChannelObject*>(self)->state;
+  // The drainers and the sender use the channel's fd: they end (or are
+  // abandoned, still owning the Writer) before the owner may close it.
+  Py_BEGIN_ALLOW_THREADS
+  StopCapture(*state, 1000);
+  StopSender(state->writer, 1000);
+  Py_END_ALLOW_THREADS
+  delete state;
   type->tp_free(self);
   Py_DECREF(type);  // heap types are owned by their instances
 }
@@ -436,8 +860,7 @@ absl::Status EncodeResult(ChannelState& st, const std::string& call_id,
     if (!status.ok()) return status;
     offset += kChunk;
     if (st.out.size() >= kFlushThreshold) {
-      status = ipc::WriteAll(st.fd, st.out);
-      st.out.clear();
+      status = WriteQueued(*st.writer, st.out);
       if (!status.ok()) return status;
     }
   }
@@ -473,11 +896,11 @@ PyObject* ChannelSendResult(PyObject* self, PyObject* const* args,
     }
   } else {
     // Large: encode and write without the GIL. `view` keeps the buffer alive.
-    st.busy = true;
+    AcquireWrite(*st.writer);
     status = WithoutGil([&] {
       return EncodeResult(st, call_id, static_cast<int>(encoding), data, size);
     });
-    Leave(st);
+    Leave(*st.writer);
   }
   PyBuffer_Release(&view);
   if (!status.ok()) {
@@ -534,9 +957,9 @@ PyObject* ChannelSendItem(PyObject* self, PyObject* const* args,
   } else {
     // Large: copy without the GIL, as send_result does. `view` keeps the
     // buffer alive.
-    st.busy = true;
+    AcquireWrite(*st.writer);
     status = WithoutGil(encode);
-    Leave(st);
+    Leave(*st.writer);
   }
   PyBuffer_Release(&view);
   if (!status.ok()) {
@@ -571,6 +994,313 @@ PyObject* ChannelSendError(PyObject* self, PyObject* const* args,
   Py_RETURN_NONE;
 }
 
+// ---- logs and capture ---------------------------------------------------------
+
+// Set in a child forked by user code: it has no sender thread, may have
+// been forked while another thread held a Writer's lock, and shares the
+// channel fd with the worker. Its records are dropped (the driver also
+// points its sys.stdout/sys.stderr back at the fds, which the worker's
+// drainers still read).
+std::atomic<bool> g_in_forked_child{false};
+
+// Queues encoded log frames. GIL held: the common case only appends under the
+// leaf lock; a full queue is waited on with the GIL released.
+void QueueLogsFromPython(const std::shared_ptr<Writer>& writer,
+                         std::string& frames,
+                         std::vector<StdioLine>* durable) {
+  if (g_in_forked_child.load(std::memory_order_relaxed)) return;
+  EnsureSender(writer);
+  Writer& w = *writer;
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    if (w.failed || !w.sender_running) return;  // dropped
+    if (w.logs.size() < kMaxQueuedLogBytes &&
+        (durable == nullptr || !w.durable)) {
+      w.logs.append(frames);
+      w.logs_cv.notify_one();
+      return;
+    }
+  }
+  Py_BEGIN_ALLOW_THREADS
+  QueueLogs(w, frames, durable);
+  Py_END_ALLOW_THREADS
+}
+
+PyObject* ChannelSendLog(PyObject* self, PyObject* const* args,
+                         Py_ssize_t nargs) {
+  if (!CheckArgs("send_log", nargs, 14)) return nullptr;
+  ipc::Frame frame;
+  frame.type = ipc::FrameType::kLog;
+  ipc::LogEntry& log = frame.log;
+  long long level = 0, time_ns = 0, line = 0, origin = 0;
+  constexpr const char* kText = "backslashreplace";
+  if (!ToUtf8(args[0], "logger", kText, log.logger) ||
+      !ToInt(args[1], "level", level) ||
+      !ToUtf8(args[2], "level_name", kText, log.level_name) ||
+      !ToUtf8(args[3], "message", kText, log.message) ||
+      !ToInt(args[4], "time_unix_nanos", time_ns) ||
+      !ToUtf8(args[5], "file", kText, log.file) ||
+      !ToInt(args[6], "line", line) ||
+      !ToUtf8(args[7], "function", kText, log.function) ||
+      !ToUtf8(args[8], "module", kText, log.module) ||
+      !ToUtf8(args[9], "exception_text", kText, log.exception_text) ||
+      !ToInt(args[10], "origin", origin) ||
+      !ToUtf8(args[11], "call_id", "surrogateescape", log.call_id) ||
+      !ToUtf8(args[12], "context", kText, log.context)) {
+    return nullptr;
+  }
+  if (args[13] != Py_None) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[13], &view, PyBUF_CONTIG_RO) != 0) {
+      return nullptr;
+    }
+    log.extras.assign(static_cast<const char*>(view.buf),
+                      static_cast<size_t>(view.len));
+    PyBuffer_Release(&view);
+  }
+  log.level = static_cast<int>(level);
+  log.time_unix_nanos = time_ns;
+  log.line = static_cast<int>(line);
+  log.origin = static_cast<int>(origin);
+  std::string frames;
+  absl::Status status = ipc::AppendFrame(frame, frames);
+  if (!status.ok()) {
+    SetError(PyExc_ValueError, status);
+    return nullptr;
+  }
+  QueueLogsFromPython(Channel(self).writer, frames, nullptr);
+  Py_RETURN_NONE;
+}
+
+PyObject* ChannelSendStdio(PyObject* self, PyObject* const* args,
+                           Py_ssize_t nargs) {
+  if (!CheckArgs("send_stdio", nargs, 3)) return nullptr;
+  long long origin = 0;
+  std::string text;
+  std::string call_id;
+  if (!ToInt(args[0], "origin", origin) ||
+      !ToUtf8(args[1], "text", "backslashreplace", text) ||
+      !ToUtf8(args[2], "call_id", "surrogateescape", call_id)) {
+    return nullptr;
+  }
+  if (origin != kOriginStdout && origin != kOriginStderr) {
+    PyErr_SetString(PyExc_ValueError, "origin must be 2 (stdout) or 3");
+    return nullptr;
+  }
+  const std::shared_ptr<Writer>& writer = Channel(self).writer;
+  std::vector<StdioLine> lines(1);
+  lines[0].origin = static_cast<int>(origin);
+  lines[0].time_unix_nanos = NowUnixNanos();
+  std::string frames;
+  absl::Status status =
+      AppendStdioFrame(*writer, lines[0].origin, lines[0].time_unix_nanos,
+                       text, call_id, frames);
+  if (!status.ok()) {
+    SetError(PyExc_ValueError, status);
+    return nullptr;
+  }
+  lines[0].text = std::move(text);
+  QueueLogsFromPython(writer, frames, &lines);
+  Py_RETURN_NONE;
+}
+
+// Restores fds 0..2 and ends the drainers (bounded). No GIL: touches no
+// Python.
+void StopCapture(ChannelState& st, int timeout_ms) {
+  Capture* capture = st.capture.get();
+  if (capture == nullptr || capture->stopped) return;
+  capture->stopped = true;
+  Writer& w = *st.writer;
+  // Closing our write ends (fds 1 and 2) gives the drainers EOF once every
+  // child that inherited them is gone too.
+  const int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (devnull >= 0) {
+    ::dup2(devnull, 1);
+    ::close(devnull);
+  }
+  g_diag_fd.store(-1);
+  ::dup2(capture->saved_stderr, 2);
+  ::close(capture->saved_stderr);
+  capture->saved_stderr = -1;
+  bool drained = false;
+  {
+    std::unique_lock<std::mutex> lock(w.mu);
+    drained = w.drainers_cv.wait_for(lock,
+                                     std::chrono::milliseconds(timeout_ms),
+                                     [&w] { return w.drainers == 0; });
+    w.capture_done = true;
+    w.durable_cv.notify_all();
+  }
+  for (std::thread& t : capture->drainers) {
+    // A child still holding a pipe keeps its drainer reading: abandoned, it
+    // owns the Writer it uses.
+    if (drained) {
+      t.join();
+    } else {
+      t.detach();
+    }
+  }
+  capture->drainers.clear();
+  if (!drained) {
+    DiagLine(base::LogSeverity::kWarning,
+             "captured output still open after shutdown (a child process "
+             "holds stdout/stderr); its later lines are lost");
+  }
+}
+
+PyObject* ChannelStartCapture(PyObject* self, PyObject* const* args,
+                              Py_ssize_t nargs) {
+  if (!CheckArgs("start_capture", nargs, 2)) return nullptr;
+  std::string worker_id;
+  std::string context;
+  if (!ToUtf8(args[0], "worker_id", "backslashreplace", worker_id) ||
+      !ToUtf8(args[1], "context", "backslashreplace", context)) {
+    return nullptr;
+  }
+  ChannelState& st = Channel(self);
+  if (st.capture != nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "stdio capture already started");
+    return nullptr;
+  }
+  Writer& w = *st.writer;
+  w.context = context;
+  w.stdout_extras = StdioExtras("stdout", worker_id);
+  w.stderr_extras = StdioExtras("stderr", worker_id);
+  int out_pipe[2], err_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0) {
+    return PyErr_SetFromErrno(PyExc_OSError);
+  }
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    PyErr_SetFromErrno(PyExc_OSError);
+    ::close(out_pipe[0]);
+    ::close(out_pipe[1]);
+    return nullptr;
+  }
+  // The worker's own diagnostics keep the real stderr (/dev/null if it had
+  // none). CLOEXEC: children see only the capture pipes.
+  int saved = ::fcntl(2, F_DUPFD_CLOEXEC, 3);
+  if (saved < 0) saved = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  if (saved < 0) {
+    PyErr_SetFromErrno(PyExc_OSError);
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) {
+      ::close(fd);
+    }
+    return nullptr;
+  }
+  auto capture = std::make_unique<Capture>();
+  capture->saved_stderr = saved;
+  if (g_diag_tag == nullptr) {
+    g_diag_tag = new std::string("agentix-worker[" + worker_id + "]");
+  }
+  g_diag_fd.store(saved);
+  // Children must not read what the daemon's stdin holds.
+  const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (devnull >= 0) {
+    ::dup2(devnull, 0);
+    ::close(devnull);
+  }
+  // dup2 clears FD_CLOEXEC on 1 and 2: children inherit the write ends.
+  ::dup2(out_pipe[1], 1);
+  ::dup2(err_pipe[1], 2);
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  EnsureSender(st.writer);
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    w.drainers = 2;
+  }
+  st.capture = std::move(capture);
+  try {
+    st.capture->drainers.emplace_back(Drain, st.writer, out_pipe[0],
+                                      kOriginStdout);
+  } catch (const std::exception&) {
+    ::close(out_pipe[0]);
+    std::lock_guard<std::mutex> lock(w.mu);
+    --w.drainers;
+  }
+  try {
+    st.capture->drainers.emplace_back(Drain, st.writer, err_pipe[0],
+                                      kOriginStderr);
+  } catch (const std::exception&) {
+    ::close(err_pipe[0]);
+    std::lock_guard<std::mutex> lock(w.mu);
+    --w.drainers;
+  }
+  if (st.capture->drainers.size() != 2) {
+    // Without a drainer a pipe would fill and block its writers for good.
+    Py_BEGIN_ALLOW_THREADS
+    StopCapture(st, 1000);
+    Py_END_ALLOW_THREADS
+    PyErr_SetString(PyExc_RuntimeError, "cannot start the capture threads");
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* ChannelStopCapture(PyObject* self, PyObject* arg) {
+  long long timeout_ms = 0;
+  if (!ToInt(arg, "timeout_ms", timeout_ms)) return nullptr;
+  ChannelState& st = Channel(self);
+  const int ms = static_cast<int>(std::max(0LL, std::min(timeout_ms, 60000LL)));
+  Py_BEGIN_ALLOW_THREADS
+  const auto start = std::chrono::steady_clock::now();
+  StopCapture(st, ms);
+  const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - start);
+  StopSender(st.writer,
+             std::max(100, ms - static_cast<int>(spent.count())));
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
+PyObject* ChannelSetDurable(PyObject* self, PyObject* arg) {
+  const int enabled = PyObject_IsTrue(arg);
+  if (enabled < 0) return nullptr;
+  Writer& w = *Channel(self).writer;
+  std::lock_guard<std::mutex> lock(w.mu);
+  w.durable = enabled != 0;
+  if (!w.durable) {
+    w.durable_lines.clear();
+    w.durable_bytes = 0;
+  }
+  w.durable_cv.notify_all();
+  Py_RETURN_NONE;
+}
+
+PyObject* ChannelWaitStdioLines(PyObject* self, PyObject* /*unused*/) {
+  std::shared_ptr<Writer> writer = Channel(self).writer;
+  Writer& w = *writer;
+  std::deque<StdioLine> lines;
+  Py_BEGIN_ALLOW_THREADS
+  {
+    std::unique_lock<std::mutex> lock(w.mu);
+    w.durable_cv.wait(lock, [&w] {
+      return !w.durable_lines.empty() || w.capture_done || !w.durable;
+    });
+    lines.swap(w.durable_lines);
+    w.durable_bytes = 0;
+  }
+  Py_END_ALLOW_THREADS
+  if (lines.empty()) Py_RETURN_NONE;
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(lines.size()));
+  if (list == nullptr) return nullptr;
+  Py_ssize_t i = 0;
+  for (const StdioLine& line : lines) {
+    PyObject* tuple =
+        Tuple({PyLong_FromLong(line.origin),
+               PyLong_FromLongLong(line.time_unix_nanos),
+               PyUnicode_DecodeUTF8(line.text.data(),
+                                    static_cast<Py_ssize_t>(line.text.size()),
+                                    "replace")});
+    if (tuple == nullptr) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyList_SET_ITEM(list, i++, tuple);
+  }
+  return list;
+}
+
 PyObject* ChannelFlush(PyObject* self, PyObject* /*unused*/) {
   if (!Enter(self) || !Flush(self)) return nullptr;
   Py_RETURN_NONE;
@@ -595,6 +1325,20 @@ PyMethodDef kChannelMethods[] = {
      "send_item(call_id, index, encoding, data)"},
     {"send_error", Fast<ChannelSendError>(), METH_FASTCALL,
      "send_error(call_id, code, type, message, traceback, cancelled)"},
+    {"send_log", Fast<ChannelSendLog>(), METH_FASTCALL,
+     "send_log(logger, level, level_name, message, time_unix_nanos, file, "
+     "line, function, module, exception_text, origin, call_id, context, "
+     "extras)"},
+    {"send_stdio", Fast<ChannelSendStdio>(), METH_FASTCALL,
+     "send_stdio(origin, text, call_id): one captured line"},
+    {"start_capture", Fast<ChannelStartCapture>(), METH_FASTCALL,
+     "start_capture(worker_id, context)"},
+    {"stop_capture", Guarded<ChannelStopCapture>, METH_O,
+     "stop_capture(timeout_ms)"},
+    {"set_durable", Guarded<ChannelSetDurable>, METH_O,
+     "set_durable(enabled): queue captured lines for wait_stdio_lines()"},
+    {"wait_stdio_lines", Guarded<ChannelWaitStdioLines>, METH_NOARGS,
+     "Captured lines for the durable log; None once capture ended."},
     {"flush", Guarded<ChannelFlush>, METH_NOARGS, "Write all queued frames."},
     {"pending_bytes", ChannelPendingBytes, METH_NOARGS,
      "Bytes queued but not yet written."},
@@ -648,7 +1392,7 @@ PyObject* Log(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
   const auto severity = static_cast<base::LogSeverity>(level);
   if (severity >= base::MinLogSeverity()) {
     try {
-      base::LogLine(severity, message);
+      DiagLine(severity, message);
     } catch (const std::exception&) {
       // Logging must never fail a call.
     }
@@ -682,6 +1426,10 @@ int AddInt(PyObject* module, const char* name, long value) {
 }
 
 int ExecModule(PyObject* module) {
+  static std::once_flag atfork_once;
+  std::call_once(atfork_once, [] {
+    pthread_atfork(nullptr, nullptr, [] { g_in_forked_child.store(true); });
+  });
   ModuleState* ms = StateOfModule(module);
   ms->protocol_error = PyErr_NewExceptionWithDoc(
       "_agentix_worker.ProtocolError",

@@ -15,6 +15,22 @@
 //                               ValueError (nothing queued) if it would
 //                               exceed the frame limit
 //     .send_error(call_id, code, type, message, traceback, cancelled)
+//     .send_log(logger, level, level_name, message, time_unix_nanos, file,
+//               line, function, module, exception_text, origin, call_id,
+//               context, extras)   one `log` frame (extras: msgpack bytes
+//                               or None); see "Logs" below
+//     .send_stdio(origin, text, call_id)   one stdout (2) / stderr (3) line
+//                               as a `log` frame (and to the durable log)
+//     .start_capture(worker_id, context)   fd 0 -> /dev/null, fds 1/2 ->
+//                               pipes drained by C++ threads into log frames;
+//                               log() then writes to the saved real stderr
+//     .stop_capture(timeout_ms) restores fds 1/2 (/dev/null, real stderr),
+//                               waits (bounded) for the drainers and for the
+//                               queued log frames to be written
+//     .set_durable(enabled) / .wait_stdio_lines()   captured lines for the
+//                               durable log thread: a list of (origin,
+//                               time_unix_nanos, text), None once capture
+//                               ended or the durable log was disabled
 //     .flush()                  writes what the send_* calls queued
 //     .pending_bytes()          queued, unwritten bytes
 //     .fileno()
@@ -32,7 +48,18 @@
 // share a write. Writes release the GIL. Several threads may use the channel
 // (pool threads send their own replies and stream items): a thread entering
 // while another's write is in flight waits for it, so frames never
-// interleave. No C++ exception
+// interleave.
+//
+// Logs: log frames do not go through the send queue above. They are queued
+// on a C++ list and written by a sender thread as soon as the channel is
+// free (batching whatever accumulated), so records from any thread reach the
+// daemon promptly. The drainer threads read the capture pipes and queue
+// their lines without ever taking the GIL, so a full pipe never waits on
+// Python. The fd is written by one thread at a time: the holder of the
+// writer's `busy` flag, which lives under a leaf mutex that no thread holds
+// while waiting for the GIL. A Python-side write sends the queued log frames
+// first, so a record logged before a call returned precedes its result.
+// No C++ exception
 // crosses into Python: every function returns a value or NULL with a Python
 // exception set.
 #pragma once

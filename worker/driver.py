@@ -17,14 +17,29 @@ Invariant: every call ends in exactly one `result` or `error` frame, whatever
 the user code raises (BaseException included), unless the daemon cancelled it
 first, in which case the `Cancelled` error is the one frame and the call's
 later output is dropped. The protocol is docs/WORKER-PROTOCOL.md.
+
+Logs: every call runs with `_call_id` (a contextvar) set to its id: loop
+tasks inherit it from `_start`, pool functions run in a copy of that context.
+One handler on the root logger turns each `logging` record into a `log`
+frame carrying that id. fds 1 and 2 are pipes drained by C++ threads
+(channel_module.cc) into stdout/stderr `log` frames; those cannot be
+attributed. Python-level writes to sys.stdout/sys.stderr (print) are: the
+wrappers turn each complete line into a `log` frame with the writer's call id
+right away and never write it to the fd. The durable log file gets the
+records and the captured lines.
 """
 
 import asyncio
 import collections.abc
+import contextvars
 import importlib
 import inspect
+import io
+import logging
+import logging.handlers
 import os
 import pickle
+import socket
 import sys
 import threading
 import traceback
@@ -64,6 +79,39 @@ _GENERATOR = object()
 _STREAM_ONLY = (types.GeneratorType, collections.abc.AsyncIterator)
 # Iterable, but refused as a stream's value: almost surely a mistake.
 _NOT_STREAMS = (str, bytes, bytearray)
+
+
+# The id of the call the running task or thread works for ("" outside
+# calls). Set for the duration of every call; read by the log handler and the
+# stdout/stderr wrappers.
+_call_id = contextvars.ContextVar("agentix_call_id", default="")
+
+# agentix.runtime.v1.LogOrigin
+_ORIGIN_LOGGING = 1
+_ORIGIN_STDOUT = 2
+_ORIGIN_STDERR = 3
+
+# How long shutdown waits for the capture threads to drain and send.
+_CAPTURE_STOP_MS = 1000
+# A Python-level line longer than this (in characters) is cut, as the
+# drainers cut fd-level lines at 64 KiB.
+_MAX_LINE_CHARS = 65536
+# Durable log rotation (SPEC 3.4).
+_DURABLE_MAX_BYTES = 64 * 1024 * 1024
+_DEFAULT_LOG_DIR = "/tmp/agentix"
+_DEFAULT_FORMAT = "%(asctime)s [%(agentix_context)s] [%(name)s] %(message)s"
+# Records of these loggers never become log frames (SPEC 4): the bridge's own
+# plumbing would feed back into itself.
+_UNFORWARDED = ("agentix.sio", "agentix.utils.log")
+# LogRecord attributes that are not `extra=` fields.
+_STANDARD_KEYS = frozenset((
+    "name", "msg", "args", "levelname", "levelno", "pathname", "filename",
+    "module", "exc_info", "exc_text", "stack_info", "lineno", "funcName",
+    "created", "msecs", "relativeCreated", "thread", "threadName",
+    "processName", "process", "taskName", "message", "asctime",
+    "agentix_context"))
+_MSGPACK_INT = (-(1 << 63), 1 << 64)
+_MAX_EXTRAS_DEPTH = 16
 
 
 def _log(severity, message):
@@ -434,6 +482,15 @@ class _Worker:
     # ---- execution ---------------------------------------------------------
 
     def _start(self, call, data):
+        # Tasks created meanwhile copy this context; pool work runs in a copy
+        # of it (_submit). Module imports by resolve() count as the call's.
+        token = _call_id.set(call.call_id)
+        try:
+            self._start_call(call, data)
+        finally:
+            _call_id.reset(token)
+
+    def _start_call(self, call, data):
         if call.encoding not in (_PICKLE, _MSGPACK):
             self._finish(call, False, (
                 "UnsupportedEncoding",
@@ -465,8 +522,10 @@ class _Worker:
             self._submit(call, self._run_pooled, call, fn, args, kwargs)
 
     def _submit(self, call, fn, *args):
-        """Runs fn(*args) on the pool as call's task."""
-        future = self._pool.submit(fn, *args)
+        """Runs fn(*args) on the pool as call's task, in a copy of the
+        current context (which holds the call's id): pool threads do not
+        inherit contexts."""
+        future = self._pool.submit(contextvars.copy_context().run, fn, *args)
         call.task = future
         self._sync_futures.add(future)
         future.add_done_callback(self._sync_futures.discard)
@@ -780,6 +839,340 @@ class _Worker:
         return self.exit_code, clean
 
 
+# ---- logs ------------------------------------------------------------------
+
+
+def _coerce(value, depth=0):
+    """value as something msgpack can carry (SPEC 4): scalars and bytes
+    kept, lists and tuples as lists, dict keys as str, anything else
+    repr()."""
+    if value is None or isinstance(value, (bool, float, str, bytes)):
+        return value
+    if isinstance(value, int):
+        if _MSGPACK_INT[0] <= value < _MSGPACK_INT[1]:
+            return value
+    elif depth < _MAX_EXTRAS_DEPTH:
+        if isinstance(value, (list, tuple)):
+            return [_coerce(item, depth + 1) for item in value]
+        if isinstance(value, dict):
+            return {str(k): _coerce(v, depth + 1) for k, v in value.items()}
+    try:
+        return repr(value)
+    except BaseException:
+        return f"<unrepresentable {type(value).__name__} object>"
+
+
+def _extras(record):
+    """The msgpack map of record's extra attributes, or None."""
+    extras = None
+    for key, value in record.__dict__.items():
+        if key in _STANDARD_KEYS or key.startswith("_"):
+            continue
+        if extras is None:
+            extras = {}
+        extras[key] = _coerce(value)
+    if extras is None:
+        return None
+    try:
+        return _w.msgpack_dumps(extras)
+    except BaseException:
+        return None
+
+
+_FORMATTER = logging.Formatter()
+
+
+class _LogBridge(logging.Handler):
+    """Root-logger handler: each record becomes one `log` frame, sent by the
+    channel's sender thread, so records from any thread go out promptly and
+    in order. Never raises into the logging call."""
+
+    def __init__(self, channel, context):
+        super().__init__()
+        self._channel = channel
+        self._context = context
+
+    def createLock(self):
+        # send_log is thread-safe; a handler lock would only serialise
+        # threads that log.
+        self.lock = None
+
+    def handleError(self, record):
+        pass  # emit() swallows its errors; nothing to print them to
+
+    def emit(self, record):
+        try:
+            name = record.name
+            if name.startswith(_UNFORWARDED):
+                return
+            try:
+                message = record.getMessage()
+            except Exception:
+                message = _text(record.msg)
+            exc_text = record.exc_text
+            if record.exc_info and not exc_text:
+                exc_text = record.exc_text = _FORMATTER.formatException(
+                    record.exc_info)
+            if record.stack_info:
+                exc_text = (f"{exc_text}\n{record.stack_info}"
+                            if exc_text else record.stack_info)
+            context = getattr(record, "agentix_context", None)
+            self._channel.send_log(
+                name, record.levelno, record.levelname, message,
+                int(record.created * 1e9), record.pathname or "",
+                record.lineno or 0, record.funcName or "",
+                record.module or "", exc_text or "", _ORIGIN_LOGGING,
+                _call_id.get(),
+                context if isinstance(context, str) else self._context,
+                _extras(record))
+        except Exception:
+            pass
+
+
+class _CapturedStream(io.TextIOWrapper):
+    """sys.stdout / sys.stderr: a line-buffered, write-through text wrapper
+    of fd 1 / fd 2 whose write() does not reach the fd. Each complete line
+    goes straight out as a stdout/stderr `log` frame tagged with the
+    writer's call id; the fd-level path could not tell whose it was.
+    Unfinished lines wait per thread: until the next newline, until the
+    thread writes for another call (then they go out as a line of their
+    own), until flush(), or until shutdown. `buffer` (and fileno()) still
+    reach the fd and are captured unattributed, like child processes."""
+
+    def __init__(self, fd, origin, channel):
+        super().__init__(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
+                         errors="backslashreplace", line_buffering=True,
+                         write_through=True)
+        self._origin = origin
+        self._channel = channel
+        self._pending = {}  # thread id -> (call id, unfinished line)
+
+    def _send(self, line, call_id):
+        if line.endswith("\r"):
+            line = line[:-1]
+        try:
+            self._channel.send_stdio(self._origin, line, call_id)
+        except Exception:
+            pass  # output must never fail the call
+
+    def write(self, s):
+        if not isinstance(s, str):
+            raise TypeError(
+                f"write() argument must be str, not {type(s).__name__}")
+        thread = threading.get_ident()
+        call_id = _call_id.get()
+        pending = self._pending.pop(thread, None)
+        text = s
+        if pending is not None:
+            if pending[0] == call_id:
+                text = pending[1] + s
+            else:
+                self._send(pending[1], pending[0])
+        if "\n" in text:
+            lines = text.split("\n")
+            text = lines.pop()
+            for line in lines:
+                while len(line) > _MAX_LINE_CHARS:
+                    self._send(line[:_MAX_LINE_CHARS], call_id)
+                    line = line[_MAX_LINE_CHARS:]
+                self._send(line, call_id)
+        while len(text) >= _MAX_LINE_CHARS:
+            self._send(text[:_MAX_LINE_CHARS], call_id)
+            text = text[_MAX_LINE_CHARS:]
+        if text:
+            self._pending[thread] = (call_id, text)
+        return len(s)
+
+    def flush(self):
+        pending = self._pending.pop(threading.get_ident(), None)
+        if pending is not None:
+            self._send(pending[1], pending[0])
+        super().flush()
+
+    def flush_all(self):
+        """Sends every thread's unfinished line (at shutdown)."""
+        while self._pending:
+            try:
+                _, (call_id, text) = self._pending.popitem()
+            except KeyError:
+                break
+            self._send(text, call_id)
+
+
+def _expand_context(template, worker_id):
+    """$AGENTIX_LOG_CONTEXT placeholders (SPEC 4); unknown ones stay."""
+    host = socket.gethostname()
+    for key, value in (("{uname}", host), ("{hostname}", host),
+                       ("{pid}", str(os.getpid())), ("{id}", worker_id)):
+        template = template.replace(key, value)
+    return template
+
+
+class _DurableHandler(logging.handlers.RotatingFileHandler):
+    """The durable log file (SPEC 3.4). A write failure detaches it for good
+    and says so once on the stderr stream."""
+
+    def __init__(self, path, channel):
+        super().__init__(path, maxBytes=_DURABLE_MAX_BYTES, backupCount=1,
+                         encoding="utf-8")
+        self._channel = channel
+        self.detached = False
+
+    def handleError(self, record):
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, OSError):
+            return  # a record that does not fit the format: skip it
+        self.detach(f"after a write failure ({_text(exc)})")
+
+    def detach(self, why):
+        if self.detached:
+            return
+        self.detached = True
+        try:
+            self._channel.set_durable(False)
+            logging.getLogger().removeHandler(self)
+            self.close()
+        except Exception:
+            pass
+        try:
+            self._channel.send_stdio(
+                _ORIGIN_STDERR, f"agentix: durable sandbox log detached {why}; "
+                "later output is stream-only", "")
+        except Exception:
+            pass
+
+
+def _open_durable(channel, worker_id, context):
+    """The durable log handler, or None when disabled or impossible."""
+    log_dir = os.environ.get("AGENTIX_LOG_DIR", _DEFAULT_LOG_DIR)
+    if not log_dir:
+        return None
+    path = os.path.join(log_dir, f"sandbox-{worker_id}.log")
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        handler = _DurableHandler(path, channel)
+    except Exception as exc:
+        try:
+            channel.send_stdio(
+                _ORIGIN_STDERR, "agentix: durable sandbox log detached: cannot "
+                f"open {path}: {_text(exc)}; later output is stream-only", "")
+        except Exception:
+            pass
+        return None
+    handler.setFormatter(logging.Formatter(
+        os.environ.get("AGENTIX_LOG_FORMAT") or _DEFAULT_FORMAT))
+
+    def add_context(record):
+        # Records made without our factory still format.
+        if not hasattr(record, "agentix_context"):
+            record.agentix_context = context
+        return True
+
+    handler.addFilter(add_context)
+    return handler
+
+
+def _pump_durable(channel, handler, context):
+    """Thread: appends captured stdout/stderr lines to the durable log."""
+    _w.set_thread_name("agentix-durable")
+    names = {_ORIGIN_STDOUT: "agentix.sandbox.stdout",
+             _ORIGIN_STDERR: "agentix.sandbox.stderr"}
+    while True:
+        lines = channel.wait_stdio_lines()
+        if lines is None or handler.detached:
+            return
+        for origin, time_ns, text in lines:
+            try:
+                record = logging.LogRecord(names[origin], logging.INFO, "", 0,
+                                           text, None, None)
+                record.created = time_ns / 1e9
+                record.msecs = (time_ns // 1000000) % 1000
+                record.module = "stdio"
+                record.agentix_context = context
+                handler.handle(record)
+            except Exception:
+                pass
+
+
+class _Logs:
+    """The worker's log plumbing, set up at boot and torn down at exit."""
+
+    def __init__(self, channel, worker_id):
+        self._channel = channel
+        self._streams = ()
+        self._durable = None
+        self._pump = None
+        self._saved = (sys.stdout, sys.stderr)
+        self._factory = None
+        context = os.environ.get("AGENTIX_LOG_CONTEXT")
+        self.context = _expand_context(
+            context or "sandbox-{hostname}-worker-{id}", worker_id)
+        self._worker_id = worker_id
+
+    def start(self):
+        channel, context = self._channel, self.context
+        try:
+            channel.start_capture(self._worker_id, context)
+        except Exception as exc:
+            _log(_ERROR, f"cannot capture stdout/stderr: {_text(exc)}")
+        else:
+            self._streams = (
+                _CapturedStream(1, _ORIGIN_STDOUT, channel),
+                _CapturedStream(2, _ORIGIN_STDERR, channel))
+            sys.stdout, sys.stderr = self._streams
+
+        factory = logging.getLogRecordFactory()
+
+        def make_record(*args, **kwargs):
+            record = factory(*args, **kwargs)
+            record.agentix_context = context
+            return record
+
+        logging.setLogRecordFactory(make_record)
+        root = logging.getLogger()
+        bridge = _LogBridge(channel, context)
+        root.addHandler(bridge)
+        if root.level == logging.NOTSET or root.level > logging.INFO:
+            root.setLevel(logging.INFO)
+
+        self._durable = _open_durable(channel, self._worker_id, context)
+        if self._durable is not None:
+            root.addHandler(self._durable)
+            if self._streams:
+                channel.set_durable(True)
+                self._pump = threading.Thread(
+                    target=_pump_durable, name="agentix-durable-log",
+                    args=(channel, self._durable, context), daemon=True)
+                self._pump.start()
+
+        def after_fork_in_child():
+            # The channel is the parent's (channel_module.cc drops what a
+            # child sends): output goes to fds 1/2, still drained by the
+            # worker, and records are not forwarded.
+            sys.stdout, sys.stderr = self._saved
+            root.removeHandler(bridge)
+
+        os.register_at_fork(after_in_child=after_fork_in_child)
+
+    def stop(self):
+        """Sends what is pending and restores fds and streams. Bounded."""
+        for stream in self._streams:
+            stream.flush_all()
+        sys.stdout, sys.stderr = self._saved
+        try:
+            self._channel.stop_capture(_CAPTURE_STOP_MS)
+        except Exception as exc:
+            _log(_WARNING, f"while stopping capture: {_text(exc)}")
+        if self._pump is not None:
+            self._pump.join(_CAPTURE_STOP_MS / 1000)
+        if self._durable is not None:
+            try:
+                self._channel.set_durable(False)
+                self._durable.flush()
+            except Exception:
+                pass
+
+
 def _on_loop_error(loop, context):
     message = context.get("message") or "event loop error"
     exc = context.get("exception")
@@ -792,10 +1185,19 @@ def _on_loop_error(loop, context):
 def main(channel_fd, worker_id):
     """Serves calls until shutdown or end of stream. Returns (exit_code,
     clean) for worker.cc."""
+    channel = _w.Channel(channel_fd)
+    logs = _Logs(channel, worker_id)
+    logs.start()
+    try:
+        return _serve(channel, channel_fd, worker_id)
+    finally:
+        logs.stop()
+
+
+def _serve(channel, channel_fd, worker_id):
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     loop.set_exception_handler(_on_loop_error)
-    channel = _w.Channel(channel_fd)
     worker = _Worker(loop, channel)
     loop.add_reader(channel_fd, worker.on_readable)
     try:

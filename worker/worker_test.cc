@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -171,6 +173,16 @@ class Worker {
     spawn.argv.insert(spawn.argv.end(), options.args.begin(),
                       options.args.end());
     spawn.env = options.env;
+    // Durable logs go to the test's temporary directory unless a test says
+    // otherwise.
+    bool has_log_dir = false;
+    for (const std::string& var : spawn.env) {
+      has_log_dir = has_log_dir || var.rfind("AGENTIX_LOG_DIR=", 0) == 0;
+    }
+    if (!has_log_dir) {
+      spawn.env.push_back(
+          absl::StrCat("AGENTIX_LOG_DIR=", TempRoot(), "/agentix-logs"));
+    }
     spawn.fd_map = {{child_end.get(), ipc::kWorkerChannelFd}};
     REQUIRE_OK_AND_ASSIGN(child_, base::ChildProcess::Spawn(spawn));
   }
@@ -243,8 +255,45 @@ class Worker {
 
   void CloseChannel() { channel_.Reset(); }
 
-  // The next frame, or kDeadlineExceeded / kUnavailable (EOF).
+  // The next frame that is not a `log` frame (those are set aside in
+  // logs()), or kDeadlineExceeded / kUnavailable (EOF).
   absl::StatusOr<Frame> Next(absl::Duration timeout) {
+    if (!held_.empty()) {
+      Frame frame = std::move(held_.front());
+      held_.pop_front();
+      return frame;
+    }
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      absl::StatusOr<Frame> frame = NextAny(deadline - absl::Now());
+      if (!frame.ok() || frame->type != FrameType::kLog) return frame;
+      logs_.push_back(std::move(frame->log));
+    }
+  }
+
+  // Reads frames until `done(logs())` holds; other frames are kept for
+  // Next(). False on timeout or end of stream.
+  bool AwaitLogs(
+      const std::function<bool(const std::vector<ipc::LogEntry>&)>& done,
+      absl::Duration timeout = absl::Seconds(20)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (!done(logs_)) {
+      absl::StatusOr<Frame> frame = NextAny(deadline - absl::Now());
+      if (!frame.ok()) return false;
+      if (frame->type == FrameType::kLog) {
+        logs_.push_back(std::move(frame->log));
+      } else {
+        held_.push_back(std::move(*frame));
+      }
+    }
+    return true;
+  }
+
+  // Log records received so far, in arrival order.
+  const std::vector<ipc::LogEntry>& logs() const { return logs_; }
+
+  // Every frame, `log` frames included.
+  absl::StatusOr<Frame> NextAny(absl::Duration timeout) {
     const absl::Time deadline = absl::Now() + timeout;
     while (true) {
       auto next = reader_.Next();
@@ -398,6 +447,8 @@ class Worker {
   base::ChildProcess child_;
   ipc::FrameReader reader_;
   int ids_ = 0;
+  std::vector<ipc::LogEntry> logs_;
+  std::deque<Frame> held_;  // read by AwaitLogs, not yet by Next
 };
 
 // A worker that has sent ready.
@@ -1212,6 +1263,305 @@ TEST_CASE("Shutdown cancels streams and exits 0 promptly", "[worker][stream]") {
   REQUIRE(replies["ss"].error.type == "Cancelled");
   REQUIRE(worker->AwaitExit().returncode() == 0);
   REQUIRE(absl::Now() - start < absl::Seconds(3));
+}
+
+// ---- logs -------------------------------------------------------------------
+
+// The records of `logger` among `logs`.
+std::vector<ipc::LogEntry> LogsOf(const std::vector<ipc::LogEntry>& logs,
+                                  const std::string& logger) {
+  std::vector<ipc::LogEntry> out;
+  for (const ipc::LogEntry& log : logs) {
+    if (log.logger == logger) out.push_back(log);
+  }
+  return out;
+}
+
+// Waits until `logger` has a record with `message`; returns it.
+ipc::LogEntry AwaitLog(Worker& worker, const std::string& logger,
+                       const std::string& message) {
+  ipc::LogEntry found;
+  const bool ok = worker.AwaitLogs([&](const std::vector<ipc::LogEntry>& logs) {
+    for (const ipc::LogEntry& log : logs) {
+      if (log.logger == logger && log.message == message) {
+        found = log;
+        return true;
+      }
+    }
+    return false;
+  });
+  INFO("waiting for " << logger << ": " << message);
+  REQUIRE(ok);
+  return found;
+}
+
+const std::string kStdout = "agentix.sandbox.stdout";
+const std::string kStderr = "agentix.sandbox.stderr";
+
+// The msgpack map `extras` as key -> the value's msgpack text form.
+std::map<std::string, std::string> Extras(const std::string& extras) {
+  std::map<std::string, std::string> out;
+  if (extras.empty()) return out;
+  msgpack::object_handle handle = msgpack::unpack(extras.data(), extras.size());
+  const msgpack::object& map = handle.get();
+  REQUIRE(map.type == msgpack::type::MAP);
+  for (uint32_t i = 0; i < map.via.map.size; ++i) {
+    const msgpack::object_kv& kv = map.via.map.ptr[i];
+    std::ostringstream value;
+    value << kv.val;
+    out[kv.key.as<std::string>()] = value.str();
+  }
+  return out;
+}
+
+TEST_CASE("logging records become log frames with the call's id",
+          "[worker][logs]") {
+  auto worker = ReadyWorker();
+  const int64_t before = absl::ToUnixNanos(absl::Now());
+  worker->Call("lw", "worker_fixture::log_warning", Pickle("((), {})"));
+  REQUIRE(worker->AwaitReply("lw").ok);
+  ipc::LogEntry log = AwaitLog(*worker, "app", "x 1");
+  CHECK(log.level == 30);
+  CHECK(log.level_name == "WARNING");
+  CHECK(log.call_id == "lw");
+  CHECK(log.origin == 1);
+  CHECK(log.module == "worker_fixture");
+  CHECK(log.function == "log_warning");
+  CHECK(absl::EndsWith(log.file, "worker_fixture.py"));
+  CHECK(log.line > 0);
+  CHECK(log.exception_text.empty());
+  CHECK(log.time_unix_nanos >= before - 1000000000);
+  CHECK(log.time_unix_nanos <= absl::ToUnixNanos(absl::Now()));
+  CHECK(absl::StartsWith(log.context, "sandbox-"));
+  CHECK(absl::EndsWith(log.context, "-worker-test-worker"));
+  CHECK(Extras(log.extras) == std::map<std::string, std::string>{{"k", "1"}});
+
+  worker->Call("le", "worker_fixture::log_exception", Pickle("((), {})"));
+  REQUIRE(worker->AwaitReply("le").ok);
+  log = AwaitLog(*worker, "app", "failed");
+  CHECK(log.level_name == "ERROR");
+  CHECK(log.call_id == "le");
+  CHECK(absl::StrContains(log.exception_text, "Traceback"));
+  CHECK(absl::StrContains(log.exception_text, "ValueError: boom"));
+
+  // A coroutine's records and prints carry its id too.
+  worker->Call("la", "worker_fixture::log_async", Pickle("(('t',), {})"));
+  REQUIRE(worker->AwaitReply("la").ok);
+  CHECK(AwaitLog(*worker, "app.async", "async t").call_id == "la");
+  CHECK(AwaitLog(*worker, kStdout, "async print t").call_id == "la");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("Extras are coerced; only agentix.sio and agentix.utils.log stay",
+          "[worker][logs]") {
+  auto worker = ReadyWorker();
+  worker->Call("x", "worker_fixture::log_extras", Pickle("((), {})"));
+  REQUIRE(worker->AwaitReply("x").ok);
+  ipc::LogEntry log = AwaitLog(*worker, "app", "extras");
+  std::map<std::string, std::string> extras = Extras(log.extras);
+  CHECK(extras["num"] == "2");
+  CHECK(extras["text"] == "\"t\"");
+  CHECK(extras["seq"] == "[1,[2,\"BIN(size:1)\"]]");
+  CHECK(extras["mapping"] == "{\"3\":null}");
+  CHECK(extras["obj"] == "\"<class 'object'>\"");
+  CHECK(extras.count("_hidden") == 0);
+  CHECK(extras.size() == 5);
+  AwaitLog(*worker, "agentix.other", "forwarded");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+  CHECK(LogsOf(worker->logs(), "agentix.sio.ns").empty());
+  CHECK(LogsOf(worker->logs(), "agentix.utils.log").empty());
+}
+
+TEST_CASE("print, fd writes and child processes become stdout/stderr logs",
+          "[worker][logs]") {
+  auto worker = ReadyWorker();
+  worker->Call("pr", "worker_fixture::print_lines", Pickle("((), {})"));
+  REQUIRE(worker->AwaitReply("pr").ok);
+  ipc::LogEntry log = AwaitLog(*worker, kStdout, "hi");
+  // Python-level writes are attributed to the call.
+  CHECK(log.call_id == "pr");
+  CHECK(log.origin == 2);
+  CHECK(log.level == 20);
+  CHECK(log.level_name == "INFO");
+  CHECK(log.module == "stdio");
+  CHECK(Extras(log.extras) ==
+        std::map<std::string, std::string>{
+            {"agentix_stream", "\"stdout\""},
+            {"worker_id", "\"test-worker\""}});
+  log = AwaitLog(*worker, kStderr, "to stderr");
+  CHECK(log.call_id == "pr");
+  CHECK(log.origin == 3);
+  CHECK(AwaitLog(*worker, kStdout, "partial").call_id == "pr");
+
+  worker->Call("fd", "worker_fixture::write_fds", Pickle("((), {})"));
+  REQUIRE(worker->AwaitReply("fd").ok);
+  log = AwaitLog(*worker, kStdout, "raw");
+  // fd-level output cannot be attributed.
+  CHECK(log.call_id.empty());
+  CHECK(log.origin == 2);
+  CHECK(absl::StartsWith(log.context, "sandbox-"));
+  CHECK(AwaitLog(*worker, kStderr, "raw err").origin == 3);
+  AwaitLog(*worker, kStdout, "bad \xEF\xBF\xBD utf8");
+
+  worker->Call("ch", "worker_fixture::run_child", Pickle("((), {})"));
+  Reply reply = worker->AwaitReply("ch");
+  INFO(reply.error.message << reply.error.traceback);
+  REQUIRE(reply.ok);
+  AwaitLog(*worker, kStdout, "hi");
+  CHECK(AwaitLog(*worker, kStderr, "err").call_id.empty());
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("A line over 64 KiB is cut; the rest comes at the end",
+          "[worker][logs]") {
+  auto worker = ReadyWorker();
+  worker->Call("ll", "worker_fixture::long_line",
+               Pickle("((70 * 1024,), {})"));
+  REQUIRE(worker->AwaitReply("ll").ok);
+  AwaitLog(*worker, kStdout, std::string(65536, 'y'));
+  // The remainder (no newline) is flushed when the worker shuts down.
+  worker->Shutdown();
+  AwaitLog(*worker, kStdout, std::string(70 * 1024 - 65536, 'y'));
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("A burst of output does not block the call", "[worker][logs]") {
+  auto worker = ReadyWorker();
+  const absl::Time start = absl::Now();
+  worker->Call("b", "worker_fixture::burst", Pickle("((100000,), {})"));
+  Reply reply = worker->AwaitReply("b", absl::Seconds(30));
+  INFO(reply.error.message << reply.error.traceback);
+  REQUIRE(reply.ok);
+  WARN("burst of 3 x 100000 bytes took "
+       << absl::FormatDuration(absl::Now() - start));
+  auto count = [](const std::vector<ipc::LogEntry>& logs, char c) {
+    size_t n = 0;
+    for (const ipc::LogEntry& log : logs) {
+      if (log.logger == kStdout && !log.message.empty() &&
+          log.message[0] == c) {
+        n += log.message.size();
+      }
+    }
+    return n;
+  };
+  REQUIRE(worker->AwaitLogs([&](const std::vector<ipc::LogEntry>& logs) {
+    return count(logs, 'b') == 99000 && count(logs, 'f') == 99000 &&
+           count(logs, 'c') == 100000;
+  }));
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("Records keep their order per producer", "[worker][logs]") {
+  auto worker = ReadyWorker();
+  constexpr int kCount = 300;
+  worker->Call("o", "worker_fixture::ordered",
+               Pickle(absl::StrCat("((", kCount, ",), {})")));
+  REQUIRE(worker->AwaitReply("o").ok);
+  REQUIRE(worker->AwaitLogs([&](const std::vector<ipc::LogEntry>& logs) {
+    return LogsOf(logs, "app.order").size() == kCount &&
+           LogsOf(logs, kStdout).size() == 2 * kCount;
+  }));
+  std::vector<ipc::LogEntry> records = LogsOf(worker->logs(), "app.order");
+  std::vector<std::string> prints, fds;
+  for (const ipc::LogEntry& log : LogsOf(worker->logs(), kStdout)) {
+    (absl::StartsWith(log.message, "print") ? prints : fds)
+        .push_back(log.message);
+  }
+  REQUIRE(prints.size() == kCount);
+  REQUIRE(fds.size() == kCount);
+  for (int i = 0; i < kCount; ++i) {
+    CHECK(records[i].message == absl::StrCat("seq ", i));
+    CHECK(records[i].call_id == "o");
+    CHECK(prints[i] == absl::StrCat("print ", i));
+    CHECK(fds[i] == absl::StrCat("fd ", i));
+  }
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("The durable log file gets records and captured output",
+          "[worker][logs]") {
+  const std::string dir = absl::StrCat(TempRoot(), "/durable-", getpid());
+  fs::remove_all(dir);
+  WorkerArgs args;
+  args.env.push_back("AGENTIX_LOG_DIR=" + dir + "/nested");
+  auto worker = ReadyWorker(args);
+  worker->Call("p", "worker_fixture::print_lines", Pickle("((), {})"));
+  REQUIRE(worker->AwaitReply("p").ok);
+  worker->Call("f", "worker_fixture::write_fds", Pickle("((), {})"));
+  REQUIRE(worker->AwaitReply("f").ok);
+  worker->Call("l", "worker_fixture::log_warning", Pickle("((), {})"));
+  REQUIRE(worker->AwaitReply("l").ok);
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+  const std::string text = ReadFile(dir + "/nested/sandbox-test-worker.log");
+  INFO(text);
+  CHECK(absl::StrContains(text, "[agentix.sandbox.stdout] hi\n"));
+  CHECK(absl::StrContains(text, "[agentix.sandbox.stderr] to stderr\n"));
+  CHECK(absl::StrContains(text, "[agentix.sandbox.stdout] raw\n"));
+  CHECK(absl::StrContains(text, "[agentix.sandbox.stderr] raw err\n"));
+  CHECK(absl::StrContains(text, "-worker-test-worker] [app] x 1\n"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("AGENTIX_LOG_DIR=\"\" disables the durable log", "[worker][logs]") {
+  const std::string id = absl::StrCat("nolog-", getpid());
+  WorkerArgs args;
+  args.args.push_back("--worker-id=" + id);
+  args.env.push_back("AGENTIX_LOG_DIR=");
+  auto worker = ReadyWorker(args);
+  worker->Call("p", "worker_fixture::print_lines", Pickle("((), {})"));
+  REQUIRE(worker->AwaitReply("p").ok);
+  AwaitLog(*worker, kStdout, "hi");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+  // Empty is not unset: the default directory is not used either.
+  CHECK_FALSE(fs::exists("/tmp/agentix/sandbox-" + id + ".log"));
+  CHECK_FALSE(fs::exists("sandbox-" + id + ".log"));
+  // No record says the file was detached: it was never wanted.
+  for (const ipc::LogEntry& log : worker->logs()) {
+    CHECK_FALSE(absl::StrContains(log.message, "durable sandbox log"));
+  }
+}
+
+TEST_CASE("An unusable log dir detaches the durable log with one record",
+          "[worker][logs]") {
+  const std::string file = absl::StrCat(TempRoot(), "/not-a-dir-", getpid());
+  WriteFile(file, "x");
+  WorkerArgs args;
+  args.env.push_back("AGENTIX_LOG_DIR=" + file);
+  auto worker = ReadyWorker(args);
+  REQUIRE(worker->AwaitLogs([](const std::vector<ipc::LogEntry>& logs) {
+    for (const ipc::LogEntry& l : logs) {
+      if (l.logger == kStderr &&
+          absl::StartsWith(l.message, "agentix: durable sandbox log detached")) {
+        return true;
+      }
+    }
+    return false;
+  }));
+  // Calls work as usual.
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::add",
+                                  Pickle("((1, 2), {})"))) == "3");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+  fs::remove(file);
+}
+
+TEST_CASE("A forked child's output is captured; its records are dropped",
+          "[worker][logs]") {
+  auto worker = ReadyWorker();
+  worker->Call("fk", "worker_fixture::fork_child", Pickle("((), {})"));
+  REQUIRE(worker->AwaitReply("fk").ok);
+  CHECK(AwaitLog(*worker, kStdout, "printed in a forked child").call_id.empty());
+  CHECK(AwaitLog(*worker, "app", "parent after fork").call_id == "fk");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+  CHECK(LogsOf(worker->logs(), "app.child").empty());
 }
 
 }  // namespace

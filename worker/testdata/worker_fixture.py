@@ -6,7 +6,9 @@ large values, and reporting on the interpreter's configuration.
 """
 
 import asyncio
+import logging
 import os
+import subprocess
 import sys
 import time
 
@@ -97,6 +99,101 @@ def noisy():
     print("to stderr through print", file=sys.stderr)
     os.write(1, b"to fd 1 directly\n")
     return "ok"
+
+
+# ---- logging and captured output -------------------------------------------
+
+
+def log_warning():
+    logging.getLogger("app").warning("x %s", 1, extra={"k": 1})
+    return "logged"
+
+
+def log_exception():
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        logging.getLogger("app").exception("failed")
+    return "logged"
+
+
+async def log_async(tag):
+    await asyncio.sleep(0)
+    logging.getLogger("app.async").info("async %s", tag)
+    print(f"async print {tag}")
+    return tag
+
+
+def log_extras():
+    logging.getLogger("app").info(
+        "extras", extra={"num": 2, "text": "t", "seq": (1, [2, b"b"]),
+                         "mapping": {3: None}, "obj": object, "_hidden": 1})
+    # Forwarded: only agentix.sio* and agentix.utils.log* are not.
+    logging.getLogger("agentix.sio.ns").warning("not forwarded")
+    logging.getLogger("agentix.utils.log").warning("not forwarded")
+    logging.getLogger("agentix.other").warning("forwarded")
+    return "logged"
+
+
+def print_lines():
+    print("hi")
+    print("to", "stderr", file=sys.stderr)
+    sys.stdout.write("part")
+    sys.stdout.write("ial\r\n")
+    return "printed"
+
+
+def write_fds():
+    os.write(1, b"raw\n")
+    os.write(2, b"raw err\n")
+    os.write(1, b"bad \xff utf8\n")
+    return "written"
+
+
+def run_child():
+    subprocess.run(["sh", "-c", "echo hi; echo err >&2"], check=True,
+                   timeout=30)
+    return "ran"
+
+
+def long_line(size):
+    os.write(1, b"y" * size)
+    return "written"
+
+
+def burst(size):
+    """Writes `size` bytes three ways: print(), fd 1 and a child, in
+    100-byte lines; any of them would block on an undrained pipe."""
+    line = "b" * 99 + "\n"
+    for _ in range(size // 100):
+        sys.stdout.write(line)
+    os.write(1, line.replace("b", "f").encode() * (size // 100))
+    subprocess.run(["sh", "-c", f"head -c {size} /dev/zero | tr '\\0' c"],
+                   check=True, timeout=30)
+    os.write(1, b"\n")
+    return "done"
+
+
+def fork_child():
+    pid = os.fork()
+    if pid == 0:
+        try:
+            print("printed in a forked child")
+            logging.getLogger("app.child").warning("logged in a forked child")
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    logging.getLogger("app").warning("parent after fork")
+    return "forked"
+
+
+def ordered(n):
+    log = logging.getLogger("app.order")
+    for i in range(n):
+        log.info("seq %d", i)
+        print(f"print {i}")
+        os.write(1, b"fd %d\n" % i)
+    return n
 
 
 def sys_path():
