@@ -1,0 +1,116 @@
+"""The /log channel end to end: sandbox logging and captured output replayed
+into the host's stdlib logging, attributed to their calls, nothing dropped
+silently."""
+
+import asyncio
+import logging
+import os
+import time
+
+import pytest
+
+import e2e_targets as t
+from agentix import RuntimeClient
+
+pytestmark = pytest.mark.asyncio
+
+
+class Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+    def named(self, prefix):
+        return [r for r in self.records if r.name.startswith(prefix)]
+
+
+@pytest.fixture
+def collected():
+    handler = Collect()
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    yield handler
+    root.removeHandler(handler)
+    root.setLevel(old_level)
+
+
+async def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_logging_records_are_replayed_with_their_fields(client, collected):
+    await client.remote(t.log_things, "tok1")
+    await wait_for(lambda: len(collected.named("e2e.app")) >= 2)
+    warned, failed = collected.named("e2e.app")[:2]
+    assert warned.levelno == logging.WARNING
+    assert warned.getMessage() == "warned tok1"
+    assert warned.token == "tok1" and warned.n == 1
+    assert warned.funcName == "log_things"
+    assert warned.agentix_call_id
+    assert failed.levelno == logging.ERROR
+    assert "KeyError: 'tok1'" in failed.exc_text
+    assert failed.agentix_call_id == warned.agentix_call_id
+    assert not [r for r in collected.named("e2e.app") if "invisible" in r.getMessage()]
+
+
+async def test_stdout_stderr_and_child_process_output_arrive_as_records(client, collected):
+    await client.remote(t.print_things, "tok2")
+    def lines(name):
+        return [r.getMessage() for r in collected.named(name)]
+    await wait_for(lambda: "child-err tok2" in lines("agentix.sandbox.stderr")
+                   and "child-out tok2" in lines("agentix.sandbox.stdout"))
+    out = lines("agentix.sandbox.stdout")
+    assert "printed tok2" in out and "raw tok2" in out and "child-out tok2" in out
+    assert "child-err tok2" in lines("agentix.sandbox.stderr")
+
+
+async def test_concurrent_calls_each_get_their_own_records(client, collected):
+    tokens = [f"c{i}" for i in range(20)]
+    assert await asyncio.gather(*(client.remote(t.log_and_print_async, k) for k in tokens)) == tokens
+    await wait_for(lambda: len(collected.named("e2e.concurrent")) >= 20)
+    call_of = {}
+    for r in collected.named("e2e.concurrent"):
+        token = r.getMessage().split()[-1]
+        call_of[token] = r.agentix_call_id
+    assert sorted(call_of) == sorted(tokens)
+    assert len(set(call_of.values())) == 20  # one distinct call per token
+    printed = {r.getMessage().split()[-1]: r for r in collected.named("agentix.sandbox.stdout")
+               if r.getMessage().startswith("print from")}
+    await wait_for(lambda: len({r.getMessage() for r in collected.named("agentix.sandbox.stdout")
+                                if r.getMessage().startswith("print from")}) >= 20)
+
+
+async def test_records_before_a_listener_are_kept_and_drops_are_reported(start_daemon, collected):
+    d = start_daemon(extra_args=["--log-buffer-records", "50"])
+    async with RuntimeClient(d.url, logs=False) as quiet:
+        assert await quiet.remote(t.log_many, 120) == 120
+    async with RuntimeClient(d.url) as listening:
+        await listening.remote(t.add, 1, 1)
+        await wait_for(lambda: any("were dropped" in r.getMessage() for r in collected.records))
+        kept = [r.getMessage() for r in collected.named("e2e.many")]
+        # The newest records survive, in order; the drop is reported once.
+        assert kept and kept == sorted(kept, key=lambda m: int(m.split()[-1]))
+        assert kept[-1] == "record 119"
+        warnings = [r for r in collected.records if "were dropped" in r.getMessage()]
+        assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+
+
+async def test_durable_log_file(start_daemon, tmp_path):
+    log_dir = tmp_path / "agentix-logs"
+    d = start_daemon(env={"AGENTIX_LOG_DIR": str(log_dir)})
+    async with RuntimeClient(d.url) as c:
+        await c.remote(t.print_things, "tok3")
+        await c.remote(t.log_things, "tok3")
+    await wait_for(lambda: any(log_dir.glob("sandbox-*.log")))
+    (path,) = log_dir.glob("sandbox-*.log")
+    await wait_for(lambda: "warned tok3" in path.read_text(errors="replace"))
+    text = path.read_text(errors="replace")
+    assert "printed tok3" in text and "child-err tok3" in text
