@@ -324,6 +324,27 @@ class _Call:
         self.stream = _Stream(stream_window) if stream_window else None
 
 
+_context_mod = None
+_context_missing_reported = False
+
+
+def _context_module():
+    """agentix.utils.context from the sandbox's venv, or None if the venv has
+    no agentix (then there is nothing a call could read the context with)."""
+    global _context_mod, _context_missing_reported
+    if _context_mod is None:
+        try:
+            import agentix.utils.context as module
+        except ImportError:
+            if not _context_missing_reported:
+                _context_missing_reported = True
+                _log(_DEBUG, "agentix is not importable in the sandbox; "
+                             "propagated call context is ignored")
+            return None
+        _context_mod = module
+    return _context_mod
+
+
 class _Worker:
     """Per-process call bookkeeping; all methods run on the loop thread."""
 
@@ -484,9 +505,24 @@ class _Worker:
     def _start(self, call, data):
         # Tasks created meanwhile copy this context; pool work runs in a copy
         # of it (_submit). Module imports by resolve() count as the call's.
+        # The host's propagated context (agentix.context: baggage, registered
+        # vars, trace scope) is attached the same way.
         token = _call_id.set(call.call_id)
         try:
-            self._start_call(call, data)
+            if not call.context:
+                self._start_call(call, data)
+                return
+            context = _context_module()
+            if context is None:
+                self._start_call(call, data)
+                return
+            try:
+                values = context.decode(call.context)
+            except BaseException as exc:
+                self._finish(call, False, _error(exc, _INVALID_ARGUMENT, skip=1))
+                return
+            with context.attach(values):
+                self._start_call(call, data)
         finally:
             _call_id.reset(token)
 
