@@ -47,6 +47,8 @@ R = TypeVar("R")
 # gRPC's 4 MiB default is far above what either side sends per message (payloads
 # travel in 1 MiB chunks); the higher cap only guards against a stricter default.
 _MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
+# Shortest interval between attempts to re-open a lost Logs stream.
+_LOGS_REOPEN_SECONDS = 1.0
 # How long close() waits for queued cancels to reach the daemon.
 _CLOSE_FLUSH_SECONDS = 1.0
 
@@ -121,6 +123,7 @@ class RuntimeClient:
         self._logs: LogsStream | None = None
         self._logs_channel: grpc.aio.Channel | None = None
         self._logs_unimplemented = False
+        self._logs_reopened_at = float("-inf")
         self._log_cursor = LogCursor()
 
     async def __aenter__(self) -> RuntimeClient:
@@ -297,6 +300,15 @@ class RuntimeClient:
         """Returns the open Calls stream, connecting first if there is none."""
         stream = self._stream
         if stream is not None and stream.alive:
+            logs = self._logs
+            if logs is not None and not logs.alive and self._channel is not None:
+                # The Logs stream broke while calls kept working: re-open it
+                # (at most once per _LOGS_REOPEN_SECONDS, so a daemon that
+                # keeps failing it costs nothing per call).
+                now = asyncio.get_running_loop().time()
+                if now - self._logs_reopened_at >= _LOGS_REOPEN_SECONDS:
+                    self._logs_reopened_at = now
+                    self._ensure_logs(self._channel)
             return stream
         async with self._connect_lock:
             if self._stream is None or not self._stream.alive:

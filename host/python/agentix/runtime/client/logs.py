@@ -215,12 +215,12 @@ class LogsStream:
                 _log.debug("the runtime does not implement Logs; sandbox logs are not replayed")
                 self._on_unimplemented()
             elif not self._done:
-                _log.debug("sandbox log stream lost (re-opened on the next connect): %s", error.code().name)
+                _log.debug("sandbox log stream lost (re-opened by the next call): %s", error.code().name)
         except Exception as error:  # never let the log stream disturb the client
             if not self._done:
-                _log.debug("sandbox log stream failed (re-opened on the next connect): %r", error)
+                _log.debug("sandbox log stream failed (re-opened by the next call): %r", error)
         else:
-            _log.debug("the runtime ended the sandbox log stream (re-opened on the next connect)")
+            _log.debug("the runtime ended the sandbox log stream (re-opened by the next call)")
         finally:
             self._done = True
 
