@@ -33,6 +33,7 @@ LogRecord FromEntry(const ipc::LogEntry& e, const std::string& worker_id) {
   r.set_call_id(e.call_id);
   r.set_context(e.context);
   r.set_extras(e.extras);
+  r.set_stack_info(e.stack_info);
   return r;
 }
 

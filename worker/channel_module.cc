@@ -1028,7 +1028,7 @@ void QueueLogsFromPython(const std::shared_ptr<Writer>& writer,
 
 PyObject* ChannelSendLog(PyObject* self, PyObject* const* args,
                          Py_ssize_t nargs) {
-  if (!CheckArgs("send_log", nargs, 14)) return nullptr;
+  if (!CheckArgs("send_log", nargs, 15)) return nullptr;
   ipc::Frame frame;
   frame.type = ipc::FrameType::kLog;
   ipc::LogEntry& log = frame.log;
@@ -1046,7 +1046,8 @@ PyObject* ChannelSendLog(PyObject* self, PyObject* const* args,
       !ToUtf8(args[9], "exception_text", kText, log.exception_text) ||
       !ToInt(args[10], "origin", origin) ||
       !ToUtf8(args[11], "call_id", "surrogateescape", log.call_id) ||
-      !ToUtf8(args[12], "context", kText, log.context)) {
+      !ToUtf8(args[12], "context", kText, log.context) ||
+      !ToUtf8(args[14], "stack_info", kText, log.stack_info)) {
     return nullptr;
   }
   if (args[13] != Py_None) {
@@ -1328,7 +1329,7 @@ PyMethodDef kChannelMethods[] = {
     {"send_log", Fast<ChannelSendLog>(), METH_FASTCALL,
      "send_log(logger, level, level_name, message, time_unix_nanos, file, "
      "line, function, module, exception_text, origin, call_id, context, "
-     "extras)"},
+     "extras, stack_info)"},
     {"send_stdio", Fast<ChannelSendStdio>(), METH_FASTCALL,
      "send_stdio(origin, text, call_id): one captured line"},
     {"start_capture", Fast<ChannelStartCapture>(), METH_FASTCALL,

@@ -949,9 +949,6 @@ class _LogBridge(logging.Handler):
             if record.exc_info and not exc_text:
                 exc_text = record.exc_text = _FORMATTER.formatException(
                     record.exc_info)
-            if record.stack_info:
-                exc_text = (f"{exc_text}\n{record.stack_info}"
-                            if exc_text else record.stack_info)
             context = getattr(record, "agentix_context", None)
             self._channel.send_log(
                 name, record.levelno, record.levelname, message,
@@ -960,7 +957,7 @@ class _LogBridge(logging.Handler):
                 record.module or "", exc_text or "", _ORIGIN_LOGGING,
                 _call_id.get(),
                 context if isinstance(context, str) else self._context,
-                _extras(record))
+                _extras(record), record.stack_info or "")
         except Exception:
             pass
 

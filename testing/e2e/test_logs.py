@@ -59,6 +59,11 @@ async def test_logging_records_are_replayed_with_their_fields(client, collected)
     assert "KeyError: 'tok1'" in failed.exc_text
     assert failed.agentix_call_id == warned.agentix_call_id
     assert not [r for r in collected.named("e2e.app") if "invisible" in r.getMessage()]
+    await wait_for(lambda: len(collected.named("e2e.app")) >= 3)
+    stacked = collected.named("e2e.app")[2]
+    assert stacked.getMessage() == "stacked tok1"
+    assert stacked.stack_info.startswith("Stack (most recent call last)")
+    assert "log_things" in stacked.stack_info and not stacked.exc_text
 
 
 async def test_stdout_stderr_and_child_process_output_arrive_as_records(client, collected):

@@ -84,7 +84,7 @@ void PackError(Packer& p, const ErrorInfo& e) {
 
 void PackLog(Packer& p, const LogEntry& l) {
   PackKey(p, "log");
-  p.pack_map(14);
+  p.pack_map(15);
   PackStr(p, "logger", l.logger);
   PackInt(p, "level", l.level);
   PackStr(p, "level_name", l.level_name);
@@ -99,6 +99,7 @@ void PackLog(Packer& p, const LogEntry& l) {
   PackStr(p, "call_id", l.call_id);
   PackStr(p, "context", l.context);
   PackBin(p, "extras", l.extras);
+  PackStr(p, "stack_info", l.stack_info);
 }
 
 absl::Status InvalidField(std::string_view key, std::string_view want) {
@@ -159,6 +160,7 @@ absl::Status ReadLog(const msgpack::object& o, LogEntry& l) {
     else if (key == "call_id") s = ReadBytes(kv.val, key, l.call_id);
     else if (key == "context") s = ReadBytes(kv.val, key, l.context);
     else if (key == "extras") s = ReadBytes(kv.val, key, l.extras);
+    else if (key == "stack_info") s = ReadBytes(kv.val, key, l.stack_info);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();

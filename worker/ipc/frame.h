@@ -72,6 +72,7 @@ struct LogEntry {
   std::string call_id;
   std::string context;
   std::string extras;  // msgpack map, or empty
+  std::string stack_info;
 };
 
 // One decoded frame. Only the fields its type lists are meaningful.

@@ -245,6 +245,7 @@ TEST_CASE("Log frames round-trip every field", "[ipc]") {
   f.log.call_id = "c1";
   f.log.context = "sandbox-h-worker-1";
   f.log.extras = std::string("\x81\xa1k\x01", 4);
+  f.log.stack_info = "Stack (most recent call last):";
   std::string wire;
   REQUIRE_OK(AppendFrame(f, wire));
   FrameReader reader;
@@ -267,6 +268,7 @@ TEST_CASE("Log frames round-trip every field", "[ipc]") {
   REQUIRE(l.call_id == "c1");
   REQUIRE(l.context == "sandbox-h-worker-1");
   REQUIRE(l.extras == f.log.extras);
+  REQUIRE(l.stack_info == f.log.stack_info);
 }
 
 }  // namespace

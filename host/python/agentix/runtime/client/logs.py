@@ -125,6 +125,7 @@ def replay_record(record: pb.LogRecord) -> None:
     if record.module:
         replayed.module = record.module
     replayed.exc_text = record.exception_text or None
+    replayed.stack_info = record.stack_info or None
     if record.level_name and replayed.levelname == f"Level {level}":
         replayed.levelname = record.level_name
     replayed.agentix_context = record.context or _DEFAULT_CONTEXT
