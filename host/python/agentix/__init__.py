@@ -4,6 +4,8 @@
 in the sandbox and returns its value; `try_remote` returns `Ok` / `Failed`
 instead of raising. Sandbox log records are replayed into the host's stdlib
 logging; `configure_logging` (``agentix.log``) sets up a handler and format.
+``agentix.trace`` records traces and spans (`agentix.utils.trace`); the current
+trace/span travels with every remote call through ``agentix.context``.
 
 `agentix` is a ``pkgutil`` namespace package: plugin distributions add sibling
 modules (``agentix.bash``, ``agentix.files``, ...). Importing it does not import
@@ -26,7 +28,7 @@ from agentix.runtime.client.errors import (  # noqa: E402
 from agentix.runtime.client.result import Failed, Ok, Result  # noqa: E402
 from agentix.runtime.shared.callables import RemoteCallable  # noqa: E402
 from agentix.runtime.shared.safepickle import RestrictedUnpickleError  # noqa: E402
-from agentix.utils import context, log  # noqa: E402
+from agentix.utils import context, log, trace  # noqa: E402
 from agentix.utils.log import configure_logging  # noqa: E402
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "configure_logging",
     "context",
     "log",
+    "trace",
 ]
 
 
