@@ -34,3 +34,13 @@ async def test_a_context_that_cannot_be_decoded_fails_the_call(daemon):
         assert error.traceback
     finally:
         await raw.close()
+
+
+async def test_sandbox_spans_are_children_of_the_host_span(client):
+    from agentix import trace
+
+    with trace.trace("host-trace") as t_, trace.span("host-span") as s:
+        ids = await client.remote(t.open_span)
+    assert ids == {"trace_id": t_.trace_id, "parent_id": s.span_id}
+    # Without a host span the sandbox's span is a root of no trace.
+    assert (await client.remote(t.open_span))["parent_id"] is None
