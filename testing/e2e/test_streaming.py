@@ -33,7 +33,12 @@ async def test_back_pressure_and_cancel_on_early_exit(daemon, target):
         stream = c.remote_stream(target)
         first = await stream.__anext__()
         assert first == 1
-        await asyncio.sleep(0.5)  # the consumer stalls: the producer must wait
+        # The consumer stalls: the producer fills the window, then waits.
+        for _ in range(100):
+            if (await c.remote(t.stream_state))["produced"] >= 4:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
         produced = (await c.remote(t.stream_state))["produced"]
         assert 4 <= produced <= 5, produced  # the window, plus one item in hand
         await stream.aclose()  # leaving early cancels the call in the sandbox
