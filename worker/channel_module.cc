@@ -871,6 +871,25 @@ absl::Status EncodeResult(ChannelState& st, const std::string& call_id,
   return ipc::AppendFrame(frame, st.out);
 }
 
+// Runs `encode` (which appends `size` payload bytes to st.out): small
+// payloads are a memcpy with the GIL held; large ones are copied with the
+// GIL released, holding the channel's write side. The caller's Py_buffer
+// keeps the payload alive throughout.
+template <typename Encode>
+absl::Status EncodeSized(ChannelState& st, size_t size, Encode&& encode) {
+  if (size < kFlushThreshold) {
+    try {
+      return encode();
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError("out of memory");
+    }
+  }
+  AcquireWrite(*st.writer);
+  absl::Status status = WithoutGil(encode);
+  Leave(*st.writer);
+  return status;
+}
+
 PyObject* ChannelSendResult(PyObject* self, PyObject* const* args,
                             Py_ssize_t nargs) {
   if (!Enter(self) || !CheckArgs("send_result", nargs, 3)) return nullptr;
@@ -885,23 +904,9 @@ PyObject* ChannelSendResult(PyObject* self, PyObject* const* args,
   ChannelState& st = Channel(self);
   const char* data = static_cast<const char*>(view.buf);
   const size_t size = static_cast<size_t>(view.len);
-  absl::Status status;
-  if (size < kFlushThreshold) {
-    // Small: a memcpy into the queue; no reason to drop the GIL.
-    try {
-      status = EncodeResult(st, call_id, static_cast<int>(encoding), data,
-                            size);
-    } catch (const std::bad_alloc&) {
-      status = absl::ResourceExhaustedError("out of memory");
-    }
-  } else {
-    // Large: encode and write without the GIL. `view` keeps the buffer alive.
-    AcquireWrite(*st.writer);
-    status = WithoutGil([&] {
-      return EncodeResult(st, call_id, static_cast<int>(encoding), data, size);
-    });
-    Leave(*st.writer);
-  }
+  absl::Status status = EncodeSized(st, size, [&] {
+    return EncodeResult(st, call_id, static_cast<int>(encoding), data, size);
+  });
   PyBuffer_Release(&view);
   if (!status.ok()) {
     SetError(StateOfChannel(self)->channel_error, status);
@@ -947,20 +952,7 @@ PyObject* ChannelSendItem(PyObject* self, PyObject* const* args,
     frame.data.assign(data, size);
     return ipc::AppendFrame(frame, st.out);
   };
-  absl::Status status;
-  if (size < kFlushThreshold) {
-    try {
-      status = encode();
-    } catch (const std::bad_alloc&) {
-      status = absl::ResourceExhaustedError("out of memory");
-    }
-  } else {
-    // Large: copy without the GIL, as send_result does. `view` keeps the
-    // buffer alive.
-    AcquireWrite(*st.writer);
-    status = WithoutGil(encode);
-    Leave(*st.writer);
-  }
+  absl::Status status = EncodeSized(st, size, encode);
   PyBuffer_Release(&view);
   if (!status.ok()) {
     // Nothing was queued. Only the frame limit (or memory) fails here, so
