@@ -7,11 +7,14 @@ import asyncio
 import sys
 import time
 
-from agentix import RemoteCallError, RuntimeClient
+from agentix import RemoteCallError, RuntimeClient, configure_logging
 from hello_agentix import tools
 
 
 async def main(url):
+    # The sandbox's logging records and its stdout/stderr lines are replayed
+    # into this process's logging, under their own logger names.
+    configure_logging()
     async with RuntimeClient(url) as sandbox:
         t0 = time.perf_counter()
         print("add(2, 3)              =", await sandbox.remote(tools.add, 2, 3))
@@ -36,6 +39,7 @@ async def main(url):
         for i in range(n):
             await sandbox.remote(tools.add, i, 1)
         per_call = (time.perf_counter() - t2) / n
+        await asyncio.sleep(0.1)  # let the last sandbox log lines arrive before the summary
         print(f"timings: first call (starts the worker) {first * 1000:.1f} ms; "
               f"sequential round trip {per_call * 1e6:.0f} µs/call over {n} calls")
 

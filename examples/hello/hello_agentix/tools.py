@@ -1,6 +1,7 @@
 """Ordinary Python functions; nothing here knows about Agentix."""
 
 import asyncio
+import logging
 import os
 import platform
 import sys
@@ -11,6 +12,7 @@ def add(a, b):
 
 
 def word_count(text):
+    logging.getLogger("hello_agentix").info("counting words in %d characters", len(text))
     counts = {}
     for word in text.lower().split():
         counts[word] = counts.get(word, 0) + 1
@@ -31,6 +33,7 @@ async def slow_square(x, delay=0.2):
 
 
 def describe_sandbox():
+    print("describe_sandbox was called")  # captured and replayed on the host
     return {
         "pid": os.getpid(),
         "python": sys.version.split()[0],
