@@ -1,22 +1,135 @@
 #include "sandbox/log_buffer.h"
 
-#include <algorithm>
+#include <msgpack.hpp>
+
 #include <chrono>
-#include <random>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include <fmt/format.h>
-
-#include "base/log.h"
 
 namespace agentix::sandbox {
 
+using runtime::v1::Attribute;
 using runtime::v1::LogRecord;
+using runtime::v1::TraceEvent;
 
 namespace {
 
-LogRecord FromEntry(const ipc::LogEntry& e, const std::string& worker_id) {
+int64_t NowUnixNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// "trace_<32 hex>" / "span_<24 hex>" -> the OpenTelemetry byte id of
+// `bytes` bytes (leading hex digits); empty if the id is not of that form.
+std::string OtelId(const std::string& agentix_id, size_t bytes) {
+  const size_t underscore = agentix_id.find('_');
+  const std::string hex = underscore == std::string::npos
+                              ? agentix_id
+                              : agentix_id.substr(underscore + 1);
+  if (hex.size() < 2 * bytes) return "";
+  std::string out;
+  for (size_t i = 0; i < bytes; ++i) {
+    unsigned value = 0;
+    for (size_t j = 0; j < 2; ++j) {
+      const char c = hex[2 * i + j];
+      value <<= 4;
+      if (c >= '0' && c <= '9') value |= c - '0';
+      else if (c >= 'a' && c <= 'f') value |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F') value |= c - 'A' + 10;
+      else return "";
+    }
+    out.push_back(static_cast<char>(value));
+  }
+  return out;
+}
+
+// Sets `value` from a msgpack scalar; other types become their msgpack
+// text form (the worker already sends repr() for non-scalars).
+void SetValue(const msgpack::object& o, runtime::v1::AttributeValue& value) {
+  switch (o.type) {
+    case msgpack::type::STR:
+      value.set_string_value(std::string(o.via.str.ptr, o.via.str.size));
+      break;
+    case msgpack::type::BIN:
+      value.set_bytes_value(std::string(o.via.bin.ptr, o.via.bin.size));
+      break;
+    case msgpack::type::BOOLEAN:
+      value.set_bool_value(o.via.boolean);
+      break;
+    case msgpack::type::POSITIVE_INTEGER:
+      value.set_int_value(static_cast<int64_t>(o.via.u64));
+      break;
+    case msgpack::type::NEGATIVE_INTEGER:
+      value.set_int_value(o.via.i64);
+      break;
+    case msgpack::type::FLOAT32:
+    case msgpack::type::FLOAT64:
+      value.set_double_value(o.via.f64);
+      break;
+    default: {
+      std::ostringstream text;
+      text << o;
+      value.set_string_value(text.str());
+    }
+  }
+}
+
+// Appends the entries of a msgpack map of str -> scalar. A payload that is
+// not such a map is kept visible as one attribute rather than dropped.
+void AppendAttributes(
+    const std::string& packed,
+    google::protobuf::RepeatedPtrField<Attribute>* attributes) {
+  if (packed.empty()) return;
+  try {
+    msgpack::object_handle handle = msgpack::unpack(packed.data(), packed.size());
+    const msgpack::object& root = handle.get();
+    if (root.type != msgpack::type::MAP) throw msgpack::type_error();
+    for (uint32_t i = 0; i < root.via.map.size; ++i) {
+      const auto& kv = root.via.map.ptr[i];
+      if (kv.key.type != msgpack::type::STR) continue;
+      Attribute* a = attributes->Add();
+      a->set_key(std::string(kv.key.via.str.ptr, kv.key.via.str.size));
+      SetValue(kv.val, *a->mutable_value());
+    }
+  } catch (const std::exception& e) {
+    Attribute* a = attributes->Add();
+    a->set_key("agentix.undecodable_attributes");
+    a->mutable_value()->set_string_value(e.what());
+  }
+}
+
+// Appends span events from a msgpack array of [name, time_unix_nanos, map].
+void AppendEvents(const std::string& packed, TraceEvent& event) {
+  if (packed.empty()) return;
+  try {
+    msgpack::object_handle handle = msgpack::unpack(packed.data(), packed.size());
+    const msgpack::object& root = handle.get();
+    if (root.type != msgpack::type::ARRAY) throw msgpack::type_error();
+    for (uint32_t i = 0; i < root.via.array.size; ++i) {
+      const msgpack::object& e = root.via.array.ptr[i];
+      if (e.type != msgpack::type::ARRAY || e.via.array.size < 2) continue;
+      auto* record = event.add_events();
+      record->set_name(e.via.array.ptr[0].as<std::string>());
+      record->set_time_unix_nanos(e.via.array.ptr[1].as<int64_t>());
+      if (e.via.array.size > 2) {
+        msgpack::sbuffer attrs;
+        msgpack::pack(attrs, e.via.array.ptr[2]);
+        AppendAttributes(std::string(attrs.data(), attrs.size()),
+                         record->mutable_attributes());
+      }
+    }
+  } catch (const std::exception& e) {
+    auto* record = event.add_events();
+    record->set_name("agentix.undecodable_events");
+  }
+}
+
+}  // namespace
+
+LogRecord ToLogRecord(const ipc::LogEntry& e, const std::string& worker_id) {
   LogRecord r;
   r.set_logger(e.logger);
   r.set_level(e.level);
@@ -37,121 +150,64 @@ LogRecord FromEntry(const ipc::LogEntry& e, const std::string& worker_id) {
   return r;
 }
 
-int64_t NowUnixNanos() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
+TraceEvent ToTraceEvent(const ipc::TraceEntry& t,
+                        const std::string& worker_id) {
+  TraceEvent e;
+  e.set_kind(static_cast<runtime::v1::TraceEventKind>(t.kind));
+  e.set_trace_id(OtelId(t.trace_id, 16));
+  e.set_span_id(OtelId(t.span_id, 8));
+  e.set_parent_span_id(OtelId(t.parent_id, 8));
+  e.set_agentix_trace_id(t.trace_id);
+  e.set_agentix_span_id(t.span_id);
+  e.set_agentix_parent_id(t.parent_id);
+  e.set_name(t.name);
+  e.set_start_time_unix_nanos(t.start_time_unix_nanos);
+  e.set_end_time_unix_nanos(t.end_time_unix_nanos);
+  AppendAttributes(t.attributes, e.mutable_attributes());
+  AppendEvents(t.events, e);
+  e.set_status(static_cast<runtime::v1::SpanStatusCode>(t.status));
+  e.set_status_description(t.status_description);
+  e.set_error_message(t.error_message);
+  AppendAttributes(t.error_data, e.mutable_error_data());
+  e.set_call_id(t.call_id);
+  e.set_worker_id(worker_id);
+  return e;
 }
 
-}  // namespace
-
-std::string RandomInstanceId() {
-  std::random_device rd;
-  return fmt::format("{:08x}{:08x}", rd(), rd());
-}
-
-LogBuffer::LogBuffer(size_t capacity)
-    : capacity_(std::max<size_t>(1, capacity)),
-      instance_id_(RandomInstanceId()) {}
-
-LogRecordPtr LogBuffer::Store(LogRecord record) {
-  record.set_seq(next_seq_++);
-  auto ptr = std::make_shared<const LogRecord>(std::move(record));
-  backlog_.push_back(ptr);
-  while (backlog_.size() > capacity_) {
-    backlog_.pop_front();
-    ++unreported_drops_;
-    if (dropped_total_++ % 1000 == 0) {
-      AGX_LOG(Warning,
-              "log buffer full ({} records, nobody acknowledging): dropping "
-              "the oldest; {} dropped so far",
-              capacity_, dropped_total_);
-    }
-  }
-  return ptr;
-}
-
-void LogBuffer::ReportDrops(std::vector<LogRecordPtr>& out) {
-  if (unreported_drops_ == 0) return;
-  // Storing the warning in a full backlog evicts one more record: count it.
-  const uint64_t dropped =
-      unreported_drops_ + (backlog_.size() >= capacity_ ? 1 : 0);
+LogRecord DropWarning(uint64_t dropped, size_t capacity,
+                      const std::string& what) {
   LogRecord warning;
   warning.set_logger("agentix.sandbox");
   warning.set_level(30);
   warning.set_level_name("WARNING");
   warning.set_message(absl::StrCat(
-      dropped,
-      " sandbox log records were dropped: the daemon's log buffer (",
-      capacity_, " records) filled up before a host received them"));
+      dropped, " sandbox ", what,
+      " were dropped: the daemon's buffer (", capacity,
+      " entries) filled up before a host received them"));
   warning.set_time_unix_nanos(NowUnixNanos());
   warning.set_origin(runtime::v1::LOG_ORIGIN_RUNTIME);
-  out.push_back(Store(std::move(warning)));
-  unreported_drops_ = 0;
+  return warning;
 }
 
-void LogBuffer::Append(const ipc::LogEntry& entry,
-                       const std::string& worker_id) {
-  Append(std::vector<ipc::LogEntry>{entry}, worker_id);
+std::unique_ptr<LogBuffer> MakeLogBuffer(size_t capacity) {
+  return std::make_unique<LogBuffer>(
+      capacity, "log",
+      [](uint64_t dropped, size_t cap) -> std::optional<LogRecord> {
+        return DropWarning(dropped, cap, "log records");
+      },
+      /*reports_into_self=*/true);
 }
 
-void LogBuffer::Append(const std::vector<ipc::LogEntry>& entries,
-                       const std::string& worker_id) {
-  std::vector<LogRecordPtr> records;
-  std::vector<std::shared_ptr<LogSubscriber>> subscribers;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& e : entries) {
-      records.push_back(Store(FromEntry(e, worker_id)));
-    }
-    if (subscribers_.empty()) return;  // kept in the backlog
-    // Overflow can only happen here with subscribers that do not ack; they
-    // learn about it in the same delivery.
-    ReportDrops(records);
-    subscribers = subscribers_;
-  }
-  for (auto& s : subscribers) s->Deliver(records);
-}
-
-void LogBuffer::Subscribe(const std::shared_ptr<LogSubscriber>& subscriber,
-                          uint64_t after_seq, const std::string& instance_id) {
-  if (!instance_id.empty() && instance_id != instance_id_) after_seq = 0;
-  std::vector<LogRecordPtr> records;
-  {
-    absl::MutexLock lock(&mu_);
-    subscribers_.push_back(subscriber);
-    std::vector<LogRecordPtr> drop_warning;
-    ReportDrops(drop_warning);
-    for (const auto& r : backlog_) {
-      if (r->seq() > after_seq) records.push_back(r);
-    }
-  }
-  if (!records.empty()) subscriber->Deliver(std::move(records));
-}
-
-void LogBuffer::Unsubscribe(const LogSubscriber* subscriber) {
-  absl::MutexLock lock(&mu_);
-  subscribers_.erase(
-      std::remove_if(subscribers_.begin(), subscribers_.end(),
-                     [&](const auto& s) { return s.get() == subscriber; }),
-      subscribers_.end());
-}
-
-void LogBuffer::Ack(uint64_t seq) {
-  absl::MutexLock lock(&mu_);
-  while (!backlog_.empty() && backlog_.front()->seq() <= seq) {
-    backlog_.pop_front();
-  }
-}
-
-size_t LogBuffer::buffered() {
-  absl::MutexLock lock(&mu_);
-  return backlog_.size();
-}
-
-uint64_t LogBuffer::dropped_total() {
-  absl::MutexLock lock(&mu_);
-  return dropped_total_;
+std::unique_ptr<TraceBuffer> MakeTraceBuffer(size_t capacity,
+                                             LogBuffer* logs) {
+  return std::make_unique<TraceBuffer>(
+      capacity, "trace",
+      [logs](uint64_t dropped, size_t cap) -> std::optional<TraceEvent> {
+        // Lock order trace -> log; the log buffer never calls back here.
+        logs->Append({DropWarning(dropped, cap, "trace events")});
+        return std::nullopt;
+      },
+      /*reports_into_self=*/false);
 }
 
 }  // namespace agentix::sandbox

@@ -1,6 +1,7 @@
 #include "sandbox/log_buffer.h"
 
 #include <catch2/catch.hpp>
+#include <msgpack.hpp>
 
 #include "absl/synchronization/mutex.h"
 
@@ -23,22 +24,24 @@ class RecordingSubscriber : public LogSubscriber {
   std::vector<LogRecordPtr> got_ ABSL_GUARDED_BY(mu_);
 };
 
-ipc::LogEntry Entry(const std::string& message) {
+runtime::v1::LogRecord Entry(const std::string& message,
+                             const std::string& worker = "w") {
   ipc::LogEntry e;
   e.logger = "app";
   e.message = message;
   e.call_id = "c1";
-  return e;
+  return ToLogRecord(e, worker);
 }
 
 TEST_CASE("Records before any subscriber are buffered and replayed in order",
           "[logs]") {
-  LogBuffer buffer(100);
-  buffer.Append(Entry("one"), "w1");
-  buffer.Append(Entry("two"), "w1");
+  auto owned = MakeLogBuffer(100);
+  LogBuffer& buffer = *owned;
+  buffer.Append({Entry("one", "w1")});
+  buffer.Append({Entry("two", "w1")});
   auto sub = std::make_shared<RecordingSubscriber>();
   buffer.Subscribe(sub, 0);
-  buffer.Append(Entry("three"), "w2");
+  buffer.Append({Entry("three", "w2")});
   auto got = sub->got();
   REQUIRE(got.size() == 3);
   REQUIRE(got[0]->message() == "one");
@@ -52,8 +55,9 @@ TEST_CASE("Records before any subscriber are buffered and replayed in order",
 
 TEST_CASE("Resubscribing after a seq skips what was seen; acks free space",
           "[logs]") {
-  LogBuffer buffer(100);
-  for (const char* m : {"a", "b", "c"}) buffer.Append(Entry(m), "w");
+  auto owned = MakeLogBuffer(100);
+  LogBuffer& buffer = *owned;
+  for (const char* m : {"a", "b", "c"}) buffer.Append({Entry(m)});
   auto sub = std::make_shared<RecordingSubscriber>();
   buffer.Subscribe(sub, 2);
   REQUIRE(sub->got().size() == 1);
@@ -61,7 +65,7 @@ TEST_CASE("Resubscribing after a seq skips what was seen; acks free space",
   buffer.Ack(2);
   REQUIRE(buffer.buffered() == 1);
   buffer.Unsubscribe(sub.get());
-  buffer.Append(Entry("d"), "w");
+  buffer.Append({Entry("d")});
   REQUIRE(sub->got().size() == 1);  // unsubscribed: nothing more
 
   // A cursor from another daemon instance does not skip anything here.
@@ -76,8 +80,9 @@ TEST_CASE("Resubscribing after a seq skips what was seen; acks free space",
 
 TEST_CASE("Overflow drops the oldest and says so in one warning record",
           "[logs]") {
-  LogBuffer buffer(3);
-  for (int i = 0; i < 10; ++i) buffer.Append(Entry(std::to_string(i)), "w");
+  auto owned = MakeLogBuffer(3);
+  LogBuffer& buffer = *owned;
+  for (int i = 0; i < 10; ++i) buffer.Append({Entry(std::to_string(i))});
   REQUIRE(buffer.dropped_total() == 7);
   auto sub = std::make_shared<RecordingSubscriber>();
   buffer.Subscribe(sub, 0);
@@ -93,14 +98,67 @@ TEST_CASE("Overflow drops the oldest and says so in one warning record",
 }
 
 TEST_CASE("Every subscriber gets every record", "[logs]") {
-  LogBuffer buffer(10);
+  auto owned = MakeLogBuffer(10);
+  LogBuffer& buffer = *owned;
   auto a = std::make_shared<RecordingSubscriber>();
   auto b = std::make_shared<RecordingSubscriber>();
   buffer.Subscribe(a, 0);
   buffer.Subscribe(b, 0);
-  buffer.Append({Entry("x"), Entry("y")}, "w");
+  buffer.Append({Entry("x"), Entry("y")});
   REQUIRE(a->got().size() == 2);
   REQUIRE(b->got().size() == 2);
+}
+
+TEST_CASE("Trace events carry OpenTelemetry ids; their drops go to the logs",
+          "[traces]") {
+  auto logs = MakeLogBuffer(100);
+  auto traces = MakeTraceBuffer(2, logs.get());
+  ipc::TraceEntry t;
+  t.kind = 4;
+  t.trace_id = "trace_000102030405060708090a0b0c0d0e0f";
+  t.span_id = "span_a0a1a2a3a4a5a6a7a8a9aaab";
+  t.parent_id = "";
+  t.name = "step";
+  msgpack::sbuffer attrs;
+  msgpack::packer<msgpack::sbuffer> p(attrs);
+  p.pack_map(3);
+  p.pack(std::string("n"));
+  p.pack(7);
+  p.pack(std::string("s"));
+  p.pack(std::string("v"));
+  p.pack(std::string("f"));
+  p.pack(1.5);
+  t.attributes.assign(attrs.data(), attrs.size());
+  runtime::v1::TraceEvent e = ToTraceEvent(t, "w1");
+  REQUIRE(e.trace_id() == std::string("\x00\x01\x02\x03\x04\x05\x06\x07"
+                                      "\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f",
+                                      16));
+  REQUIRE(e.span_id().size() == 8);
+  REQUIRE(static_cast<unsigned char>(e.span_id()[0]) == 0xa0);
+  REQUIRE(e.parent_span_id().empty());
+  REQUIRE(e.agentix_span_id() == t.span_id);
+  REQUIRE(e.attributes_size() == 3);
+  REQUIRE(e.attributes(0).value().int_value() == 7);
+  REQUIRE(e.attributes(1).value().string_value() == "v");
+  REQUIRE(e.attributes(2).value().double_value() == 1.5);
+  REQUIRE(e.worker_id() == "w1");
+
+  for (int i = 0; i < 5; ++i) traces->Append({e});
+  auto log_sub = std::make_shared<RecordingSubscriber>();
+  logs->Subscribe(log_sub, 0);
+  class TraceSink : public TraceSubscriber {
+   public:
+    void Deliver(std::vector<TraceEventPtr> events) override {
+      count += events.size();
+    }
+    size_t count = 0;
+  };
+  auto trace_sub = std::make_shared<TraceSink>();
+  traces->Subscribe(trace_sub, 0);
+  REQUIRE(trace_sub->count == 2);
+  auto got = log_sub->got();
+  REQUIRE(got.size() == 1);
+  REQUIRE(got[0]->message().find("3 sandbox trace events were dropped") == 0);
 }
 
 }  // namespace

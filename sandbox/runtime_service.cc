@@ -80,38 +80,44 @@ bool StreamSink::Deliver(std::vector<SandboxEventPtr> events) {
   return Enqueue(std::move(events));
 }
 
-struct LogsRecords {
-  static auto* Get(LogsResponse& r) { return r.mutable_records(); }
-};
-using LogsWriter = BatchingWriter<LogsRequest, LogsResponse,
-                                  runtime::v1::LogRecord, LogsRecords>;
-
-// One Logs stream: subscribes to the log buffer on SubscribeLogs, forwards
-// AckLogs, finishes when the host half-closes.
-class LogsSink final : public LogSubscriber, public LogsWriter {
+// The write side of a Logs or Traces stream: a subscriber of the side
+// channel's buffer whose responses all carry the daemon's instance id.
+template <typename Request, typename Response, typename Record,
+          typename Field>
+class SideChannelSink final
+    : public SeqBuffer<Record>::Subscriber,
+      public BatchingWriter<Request, Response, Record, Field> {
  public:
-  LogsSink(grpc::ServerBidiReactor<LogsRequest, LogsResponse>* reactor,
-           const std::string& instance_id)
-      : LogsWriter(reactor, Header(instance_id)) {}
-  void Deliver(std::vector<LogRecordPtr> records) override {
-    Enqueue(std::move(records));
+  SideChannelSink(grpc::ServerBidiReactor<Request, Response>* reactor,
+                  const std::string& instance_id)
+      : BatchingWriter<Request, Response, Record, Field>(reactor,
+                                                         Header(instance_id)) {}
+  void Deliver(std::vector<std::shared_ptr<const Record>> records) override {
+    this->Enqueue(std::move(records));
   }
 
  private:
-  static LogsResponse Header(const std::string& instance_id) {
-    LogsResponse header;
+  static Response Header(const std::string& instance_id) {
+    Response header;
     header.set_instance_id(instance_id);
     return header;
   }
 };
 
-class LogsReactor final
-    : public grpc::ServerBidiReactor<LogsRequest, LogsResponse> {
+// One Logs or Traces stream: subscribes to the buffer on the first
+// subscribe request (later ones are ignored), forwards acks, finishes when
+// the host half-closes.
+template <typename Request, typename Response, typename Record,
+          typename Field>
+class SideChannelReactor final
+    : public grpc::ServerBidiReactor<Request, Response> {
  public:
-  explicit LogsReactor(LogBuffer* logs)
-      : logs_(logs),
-        sink_(std::make_shared<LogsSink>(this, logs->instance_id())) {
-    StartRead(&request_);
+  using Sink = SideChannelSink<Request, Response, Record, Field>;
+
+  explicit SideChannelReactor(SeqBuffer<Record>* buffer)
+      : buffer_(buffer),
+        sink_(std::make_shared<Sink>(this, buffer->instance_id())) {
+    this->StartRead(&request_);
   }
 
   void OnReadDone(bool ok) override {
@@ -122,31 +128,46 @@ class LogsReactor final
     if (request_.has_subscribe()) {
       if (!subscribed_) {
         subscribed_ = true;
-        logs_->Subscribe(sink_, request_.subscribe().after_seq(),
-                         request_.subscribe().instance_id());
+        buffer_->Subscribe(sink_, request_.subscribe().after_seq(),
+                           request_.subscribe().instance_id());
       }
     } else if (request_.has_ack()) {
-      logs_->Ack(request_.ack().seq());
+      buffer_->Ack(request_.ack().seq());
     }
     request_.Clear();
-    StartRead(&request_);
+    this->StartRead(&request_);
   }
 
   void OnWriteDone(bool ok) override { sink_->OnWriteDone(ok); }
   void OnCancel() override { sink_->OnCancel(); }
 
   void OnDone() override {
-    logs_->Unsubscribe(sink_.get());
+    buffer_->Unsubscribe(sink_.get());
     sink_->Detach();
     delete this;
   }
 
  private:
-  LogBuffer* const logs_;
-  std::shared_ptr<LogsSink> sink_;
-  LogsRequest request_;
+  SeqBuffer<Record>* const buffer_;
+  std::shared_ptr<Sink> sink_;
+  Request request_;
   bool subscribed_ = false;  // only touched by read reactions
 };
+
+struct LogsRecords {
+  static auto* Get(LogsResponse& r) { return r.mutable_records(); }
+};
+using LogsReactor = SideChannelReactor<LogsRequest, LogsResponse,
+                                       runtime::v1::LogRecord, LogsRecords>;
+
+struct TracesEvents {
+  static auto* Get(runtime::v1::TracesResponse& r) {
+    return r.mutable_events();
+  }
+};
+using TracesReactor =
+    SideChannelReactor<runtime::v1::TracesRequest, runtime::v1::TracesResponse,
+                       runtime::v1::TraceEvent, TracesEvents>;
 
 }  // namespace
 
@@ -162,6 +183,12 @@ grpc::ServerBidiReactor<CallsRequest, CallsResponse>* RuntimeServiceImpl::Calls(
 grpc::ServerBidiReactor<LogsRequest, LogsResponse>* RuntimeServiceImpl::Logs(
     grpc::CallbackServerContext* /*context*/) {
   return new LogsReactor(&manager_->logs());
+}
+
+grpc::ServerBidiReactor<runtime::v1::TracesRequest,
+                        runtime::v1::TracesResponse>*
+RuntimeServiceImpl::Traces(grpc::CallbackServerContext* /*context*/) {
+  return new TracesReactor(&manager_->traces());
 }
 
 grpc::ServerUnaryReactor* RuntimeServiceImpl::GetInfo(

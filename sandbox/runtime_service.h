@@ -24,6 +24,10 @@ class RuntimeServiceImpl final
                           runtime::v1::LogsResponse>*
   Logs(grpc::CallbackServerContext* context) override;
 
+  grpc::ServerBidiReactor<runtime::v1::TracesRequest,
+                          runtime::v1::TracesResponse>*
+  Traces(grpc::CallbackServerContext* context) override;
+
   grpc::ServerUnaryReactor* GetInfo(
       grpc::CallbackServerContext* context,
       const runtime::v1::GetInfoRequest* request,

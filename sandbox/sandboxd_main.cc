@@ -40,6 +40,9 @@ ABSL_FLAG(uint64_t, max_retained_results, 4096,
 ABSL_FLAG(uint64_t, log_buffer_records, 10000,
           "sandbox log records kept for hosts that have not received them "
           "(oldest dropped first, with a warning record)");
+ABSL_FLAG(uint64_t, trace_buffer_events, 10000,
+          "sandbox trace events kept for hosts that have not received them "
+          "(oldest dropped first, reported on the log stream)");
 ABSL_FLAG(int, worker_ready_timeout_s, 15,
           "seconds a starting worker may take to become ready");
 
@@ -124,6 +127,7 @@ int Run(int argc, char** raw_argv) {
   options.max_payload_bytes = absl::GetFlag(FLAGS_max_payload_bytes);
   options.max_retained_results = absl::GetFlag(FLAGS_max_retained_results);
   options.log_buffer_records = absl::GetFlag(FLAGS_log_buffer_records);
+  options.trace_buffer_events = absl::GetFlag(FLAGS_trace_buffer_events);
   if (access(options.worker.worker_path.c_str(), X_OK) != 0) {
     AGX_LOG(Error, "worker binary {} is not executable; pass --worker PATH",
             options.worker.worker_path);

@@ -45,7 +45,9 @@ SandboxEventPtr FromWorkerError(const std::string& call_id,
 }  // namespace
 
 SessionManager::SessionManager(SessionOptions options)
-    : options_(std::move(options)), logs_(options_.log_buffer_records) {}
+    : options_(std::move(options)),
+      logs_(MakeLogBuffer(options_.log_buffer_records)),
+      traces_(MakeTraceBuffer(options_.trace_buffer_events, logs_.get())) {}
 
 SessionManager::~SessionManager() { Shutdown(absl::Seconds(2)); }
 
@@ -344,25 +346,32 @@ absl::StatusOr<WorkerProcess*> SessionManager::EnsureWorker() {
 void SessionManager::OnWorkerFrames(uint64_t generation,
                                     std::vector<ipc::Frame> frames) {
   std::vector<Delivery> out;
-  std::vector<ipc::LogEntry> log_entries;
   std::string worker_id;
   {
     absl::MutexLock lock(&mu_);
     for (ipc::Frame& frame : frames) {
-      if (frame.type == ipc::FrameType::kLog) {
-        log_entries.push_back(std::move(frame.log));
-      } else {
+      if (frame.type != ipc::FrameType::kLog &&
+          frame.type != ipc::FrameType::kTrace) {
         ApplyWorkerFrame(generation, frame, out);
       }
     }
-    if (!log_entries.empty() && worker_ &&
-        worker_->generation() == generation) {
+    if (worker_ && worker_->generation() == generation) {
       worker_id = worker_->worker_id();
     }
   }
-  // Logs first: a record written before a call returned is delivered before
-  // its result on any host that reads both streams promptly.
-  if (!log_entries.empty()) logs_.Append(log_entries, worker_id);
+  std::vector<runtime::v1::LogRecord> records;
+  std::vector<runtime::v1::TraceEvent> trace_events;
+  for (const ipc::Frame& frame : frames) {
+    if (frame.type == ipc::FrameType::kLog) {
+      records.push_back(ToLogRecord(frame.log, worker_id));
+    } else if (frame.type == ipc::FrameType::kTrace) {
+      trace_events.push_back(ToTraceEvent(frame.trace, worker_id));
+    }
+  }
+  // Side channels first: a record written before a call returned is
+  // delivered before its result on any host that reads both promptly.
+  if (!records.empty()) logs_->Append(std::move(records));
+  if (!trace_events.empty()) traces_->Append(std::move(trace_events));
   Deliver(out);
 }
 

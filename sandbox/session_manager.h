@@ -38,8 +38,9 @@ struct SessionOptions {
   size_t max_retained_results = 4096;
   // Largest accepted encoded arguments of one call.
   uint64_t max_payload_bytes = uint64_t{1} << 30;
-  // Log records kept for hosts that have not received them yet.
+  // Log records and trace events kept for hosts that have not received them.
   size_t log_buffer_records = 10000;
+  size_t trace_buffer_events = 10000;
 };
 
 struct SessionInfo {
@@ -71,8 +72,10 @@ class SessionManager : public WorkerProcess::Listener {
   // True if a call owned by `sink` has not reached its terminal event.
   bool HasOpenCalls(const CallSink* sink);
   SessionInfo Info();
-  // The worker's log records, for RuntimeService.Logs.
-  LogBuffer& logs() { return logs_; }
+  // The worker's log records and trace events, for RuntimeService.Logs and
+  // RuntimeService.Traces.
+  LogBuffer& logs() { return *logs_; }
+  TraceBuffer& traces() { return *traces_; }
   // Asks the worker to exit, waits up to `grace`, then kills it. Running
   // calls end with WorkerDied. Idempotent.
   void Shutdown(absl::Duration grace);
@@ -146,7 +149,8 @@ class SessionManager : public WorkerProcess::Listener {
   void ReapDeadWorkers();
 
   const SessionOptions options_;
-  LogBuffer logs_;
+  const std::unique_ptr<LogBuffer> logs_;
+  const std::unique_ptr<TraceBuffer> traces_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, Call> calls_ ABSL_GUARDED_BY(mu_);
   std::list<std::string> retained_order_ ABSL_GUARDED_BY(mu_);

@@ -27,6 +27,7 @@ constexpr TypeName kTypeNames[] = {
     {FrameType::kStreamAck, "stream_ack"},
     {FrameType::kStreamItem, "stream_item"},
     {FrameType::kLog, "log"},
+    {FrameType::kTrace, "trace"},
 };
 
 std::optional<FrameType> ParseType(std::string_view name) {
@@ -102,6 +103,25 @@ void PackLog(Packer& p, const LogEntry& l) {
   PackStr(p, "stack_info", l.stack_info);
 }
 
+void PackTrace(Packer& p, const TraceEntry& t) {
+  PackKey(p, "trace");
+  p.pack_map(14);
+  PackInt(p, "kind", t.kind);
+  PackStr(p, "trace_id", t.trace_id);
+  PackStr(p, "span_id", t.span_id);
+  PackStr(p, "parent_id", t.parent_id);
+  PackStr(p, "name", t.name);
+  PackInt(p, "start_time_unix_nanos", t.start_time_unix_nanos);
+  PackInt(p, "end_time_unix_nanos", t.end_time_unix_nanos);
+  PackBin(p, "attributes", t.attributes);
+  PackBin(p, "events", t.events);
+  PackInt(p, "status", t.status);
+  PackStr(p, "status_description", t.status_description);
+  PackStr(p, "error_message", t.error_message);
+  PackBin(p, "error_data", t.error_data);
+  PackStr(p, "call_id", t.call_id);
+}
+
 absl::Status InvalidField(std::string_view key, std::string_view want) {
   return absl::InvalidArgumentError(
       absl::StrCat("frame field '", std::string(key), "' is not ",
@@ -161,6 +181,31 @@ absl::Status ReadLog(const msgpack::object& o, LogEntry& l) {
     else if (key == "context") s = ReadBytes(kv.val, key, l.context);
     else if (key == "extras") s = ReadBytes(kv.val, key, l.extras);
     else if (key == "stack_info") s = ReadBytes(kv.val, key, l.stack_info);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadTrace(const msgpack::object& o, TraceEntry& t) {
+  if (o.type != msgpack::type::MAP) return InvalidField("trace", "a map");
+  for (uint32_t i = 0; i < o.via.map.size; ++i) {
+    const auto& kv = o.via.map.ptr[i];
+    std::string_view key = KeyOf(kv);
+    absl::Status s;
+    if (key == "kind") s = ReadInt(kv.val, key, t.kind);
+    else if (key == "trace_id") s = ReadBytes(kv.val, key, t.trace_id);
+    else if (key == "span_id") s = ReadBytes(kv.val, key, t.span_id);
+    else if (key == "parent_id") s = ReadBytes(kv.val, key, t.parent_id);
+    else if (key == "name") s = ReadBytes(kv.val, key, t.name);
+    else if (key == "start_time_unix_nanos") s = ReadInt(kv.val, key, t.start_time_unix_nanos);
+    else if (key == "end_time_unix_nanos") s = ReadInt(kv.val, key, t.end_time_unix_nanos);
+    else if (key == "attributes") s = ReadBytes(kv.val, key, t.attributes);
+    else if (key == "events") s = ReadBytes(kv.val, key, t.events);
+    else if (key == "status") s = ReadInt(kv.val, key, t.status);
+    else if (key == "status_description") s = ReadBytes(kv.val, key, t.status_description);
+    else if (key == "error_message") s = ReadBytes(kv.val, key, t.error_message);
+    else if (key == "error_data") s = ReadBytes(kv.val, key, t.error_data);
+    else if (key == "call_id") s = ReadBytes(kv.val, key, t.call_id);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -270,6 +315,11 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       p.pack_map(2);
       PackStr(p, "t", "log");
       PackLog(p, f.log);
+      break;
+    case FrameType::kTrace:
+      p.pack_map(2);
+      PackStr(p, "t", "trace");
+      PackTrace(p, f.trace);
       break;
     case FrameType::kStreamItem:
       p.pack_map(5);
@@ -390,6 +440,8 @@ absl::StatusOr<Frame> DecodeFrameBody(std::string_view body) {
       s = ReadInt(kv.val, key, f.index);
     } else if (key == "log") {
       s = ReadLog(kv.val, f.log);
+    } else if (key == "trace") {
+      s = ReadTrace(kv.val, f.trace);
     }
     if (!s.ok()) return s;
   }

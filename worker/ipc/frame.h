@@ -39,6 +39,7 @@ enum class FrameType {
   kError,        // call_id, error
   kStreamItem,   // call_id, index, encoding, data (one whole encoded item)
   kLog,          // log (one log record; see LogEntry)
+  kTrace,        // trace (one trace/span lifecycle event; see TraceEntry)
 };
 
 // "call", "arg_chunk", ... as used in the "t" key.
@@ -75,6 +76,26 @@ struct LogEntry {
   std::string stack_info;
 };
 
+// One trace or span lifecycle event from the worker's agentix.trace
+// forwarding processor (agentix.runtime.v1.TraceEvent before the daemon adds
+// seq, worker id and the OpenTelemetry byte ids).
+struct TraceEntry {
+  int kind = 0;            // agentix.runtime.v1.TraceEventKind
+  std::string trace_id;    // "trace_<32 hex>"
+  std::string span_id;     // "span_<24 hex>", empty for trace events
+  std::string parent_id;   // empty for root spans
+  std::string name;
+  int64_t start_time_unix_nanos = 0;
+  int64_t end_time_unix_nanos = 0;
+  std::string attributes;  // msgpack map: str -> str/bool/int/float/bin
+  std::string events;      // msgpack array of [name, time_unix_nanos, map]
+  int status = 0;          // agentix.runtime.v1.SpanStatusCode
+  std::string status_description;
+  std::string error_message;
+  std::string error_data;  // msgpack map, as `attributes`
+  std::string call_id;
+};
+
 // One decoded frame. Only the fields its type lists are meaningful.
 struct Frame {
   FrameType type = FrameType::kShutdown;
@@ -90,6 +111,7 @@ struct Frame {
   uint32_t stream_window = 0;  // kCall: non-zero for a streaming call
   uint64_t index = 0;          // kStreamItem, kStreamAck
   LogEntry log;                // kLog
+  TraceEntry trace;            // kTrace
 };
 
 // Appends the encoded frame (length prefix included) to `out`.

@@ -1,0 +1,173 @@
+// SeqBuffer: the daemon's store of one side channel's records (log records,
+// trace events) between the worker and the hosts subscribed to that
+// channel's stream. It numbers records with a daemon-wide seq (surviving
+// worker respawns), keeps a bounded backlog until a host acknowledges it,
+// broadcasts to every subscriber, and hands overflow to a reporter instead
+// of losing records silently.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "absl/synchronization/mutex.h"
+#include "base/log.h"
+
+namespace agentix::sandbox {
+
+// A random id per buffer, i.e. per daemon process (see LogsResponse).
+inline std::string RandomInstanceId() {
+  std::random_device rd;
+  return fmt::format("{:08x}{:08x}", rd(), rd());
+}
+
+// `Record` is a proto message with set_seq()/seq().
+template <typename Record>
+class SeqBuffer {
+ public:
+  using RecordPtr = std::shared_ptr<const Record>;
+
+  // Receives records for one stream.
+  class Subscriber {
+   public:
+    virtual ~Subscriber() = default;
+    // Queues `records` (in seq order) for the host. Thread-safe and
+    // non-blocking; never called with a buffer lock held.
+    virtual void Deliver(std::vector<RecordPtr> records) = 0;
+  };
+
+  // Called with the buffer's lock held when records were lost to overflow
+  // and a subscriber is there to be told: returns a record to store (and
+  // deliver) in this buffer, or nullopt after reporting elsewhere. Must not
+  // call back into this buffer.
+  using DropReporter =
+      std::function<std::optional<Record>(uint64_t dropped, size_t capacity)>;
+
+  // `reports_into_self`: the reporter returns its report for this buffer
+  // (so storing it evicts one more record, which the report then counts).
+  SeqBuffer(size_t capacity, std::string what, DropReporter reporter,
+            bool reports_into_self)
+      : capacity_(std::max<size_t>(1, capacity)),
+        what_(std::move(what)),
+        reporter_(std::move(reporter)),
+        reports_into_self_(reports_into_self),
+        instance_id_(RandomInstanceId()) {}
+
+  // Numbers and stores `records`, delivering them to every subscriber.
+  // Thread-safe.
+  void Append(std::vector<Record> records) {
+    std::vector<RecordPtr> stored;
+    std::vector<std::shared_ptr<Subscriber>> subscribers;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& r : records) stored.push_back(Store(std::move(r)));
+      if (subscribers_.empty()) return;  // kept in the backlog
+      ReportDrops(stored);
+      subscribers = subscribers_;
+    }
+    for (auto& s : subscribers) s->Deliver(stored);
+  }
+
+  // Adds `subscriber` and delivers the backlog with seq > `after_seq`
+  // (followed by the drop report, if records were lost). An `instance_id`
+  // that is set and differs from ours means `after_seq` counted in another
+  // daemon: the whole backlog is sent. Thread-safe.
+  void Subscribe(const std::shared_ptr<Subscriber>& subscriber,
+                 uint64_t after_seq, const std::string& instance_id = "") {
+    if (!instance_id.empty() && instance_id != instance_id_) after_seq = 0;
+    std::vector<RecordPtr> records;
+    {
+      absl::MutexLock lock(&mu_);
+      subscribers_.push_back(subscriber);
+      std::vector<RecordPtr> report;
+      ReportDrops(report);  // stored in the backlog, delivered below
+      for (const auto& r : backlog_) {
+        if (r->seq() > after_seq) records.push_back(r);
+      }
+    }
+    if (!records.empty()) subscriber->Deliver(std::move(records));
+  }
+
+  void Unsubscribe(const Subscriber* subscriber) {
+    absl::MutexLock lock(&mu_);
+    subscribers_.erase(
+        std::remove_if(subscribers_.begin(), subscribers_.end(),
+                       [&](const auto& s) { return s.get() == subscriber; }),
+        subscribers_.end());
+  }
+
+  // Frees every record with seq <= `seq`.
+  void Ack(uint64_t seq) {
+    absl::MutexLock lock(&mu_);
+    while (!backlog_.empty() && backlog_.front()->seq() <= seq) {
+      backlog_.pop_front();
+    }
+  }
+
+  const std::string& instance_id() const { return instance_id_; }
+  size_t buffered() {
+    absl::MutexLock lock(&mu_);
+    return backlog_.size();
+  }
+  uint64_t dropped_total() {
+    absl::MutexLock lock(&mu_);
+    return dropped_total_;
+  }
+
+ private:
+  // Adds a record to the backlog, evicting the oldest past capacity.
+  RecordPtr Store(Record record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    record.set_seq(next_seq_++);
+    auto ptr = std::make_shared<const Record>(std::move(record));
+    backlog_.push_back(ptr);
+    while (backlog_.size() > capacity_) {
+      backlog_.pop_front();
+      ++unreported_drops_;
+      if (dropped_total_++ % 1000 == 0) {
+        AGX_LOG(Warning,
+                "{} buffer full ({} entries, nobody acknowledging): dropping "
+                "the oldest; {} dropped so far",
+                what_, capacity_, dropped_total_);
+      }
+    }
+    return ptr;
+  }
+
+  // Hands the drops since the last report to the reporter; a record it
+  // returns is stored here and appended to `out`.
+  void ReportDrops(std::vector<RecordPtr>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (unreported_drops_ == 0) return;
+    // Storing the report in a full backlog evicts one more record: count it.
+    const uint64_t dropped =
+        unreported_drops_ +
+        (reports_into_self_ && backlog_.size() >= capacity_ ? 1 : 0);
+    std::optional<Record> report = reporter_(dropped, capacity_);
+    if (report.has_value()) {
+      out.push_back(Store(std::move(*report)));
+    }
+    unreported_drops_ = 0;
+  }
+
+  const size_t capacity_;
+  const std::string what_;
+  const DropReporter reporter_;
+  const bool reports_into_self_;
+  const std::string instance_id_;
+  absl::Mutex mu_;
+  std::deque<RecordPtr> backlog_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Subscriber>> subscribers_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t unreported_drops_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t dropped_total_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace agentix::sandbox
