@@ -19,6 +19,13 @@
 //               line, function, module, exception_text, origin, call_id,
 //               context, extras)   one `log` frame (extras: msgpack bytes
 //                               or None); see "Logs" below
+//     .send_trace(kind, trace_id, span_id, parent_id, name,
+//                 start_time_unix_nanos, end_time_unix_nanos, attributes,
+//                 events, status, status_description, error_message,
+//                 error_data, call_id)   one `trace` frame (attributes,
+//                               events, error_data: msgpack bytes or None);
+//                               queued and sent like a log frame, so it is
+//                               ordered with the records around it
 //     .send_stdio(origin, text, call_id)   one stdout (2) / stderr (3) line
 //                               as a `log` frame (and to the durable log)
 //     .start_capture(worker_id, context)   fd 0 -> /dev/null, fds 1/2 ->

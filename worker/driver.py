@@ -27,9 +27,15 @@ attributed. Python-level writes to sys.stdout/sys.stderr (print) are: the
 wrappers turn each complete line into a `log` frame with the writer's call id
 right away and never write it to the fd. The durable log file gets the
 records and the captured lines.
+
+Traces: if the venv has agentix, one `agentix.trace` Processor registered at
+boot (`_TraceForwarder`) turns every trace/span start and end into a `trace`
+frame with the opener's call id; it rides the log queue, so it is ordered
+with the records around it.
 """
 
 import asyncio
+import calendar
 import collections.abc
 import contextvars
 import importlib
@@ -45,6 +51,7 @@ import threading
 import traceback
 import types
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 
 import _agentix_worker as _w
 
@@ -962,6 +969,207 @@ class _LogBridge(logging.Handler):
             pass
 
 
+# ---- traces ----------------------------------------------------------------
+
+# agentix.runtime.v1.TraceEventKind / SpanStatusCode
+_TRACE_START, _TRACE_END, _SPAN_START, _SPAN_END = 1, 2, 3, 4
+_SPAN_STATUS = {"unset": 0, "ok": 1, "error": 2}
+# TraceEvent attributes are int64 (OTel AnyValue); larger ints go as repr.
+_INT64 = (-(1 << 63), 1 << 63)
+_NANOS = 1_000_000_000
+
+
+def _attribute(value):
+    """value as an attribute scalar (str/bool/int/float/bytes), anything
+    else as its repr(); None for None (the key is then left out)."""
+    if value is None:
+        return None
+    # Subclasses (enums, str/int wrappers) become their plain base value:
+    # msgpack carries only the base types, and repr() would hide the value.
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        if _INT64[0] <= value < _INT64[1]:
+            return int(value)
+    elif isinstance(value, float):
+        return float(value)
+    elif isinstance(value, bytes):
+        return bytes(value)
+    try:
+        return repr(value)
+    except BaseException:
+        return f"<unrepresentable {type(value).__name__} object>"
+
+
+def _attribute_map(mapping):
+    """A dict of attribute scalars from `mapping` (keys as str)."""
+    out = {}
+    if isinstance(mapping, dict):
+        for key, value in list(mapping.items()):
+            value = _attribute(value)
+            if value is not None:
+                out[key if isinstance(key, str) else _text(key)] = value
+    return out
+
+
+def _attributes(mapping):
+    """The msgpack map of `mapping`'s attributes, or None if it has none."""
+    out = _attribute_map(mapping)
+    return _w.msgpack_dumps(out) if out else None
+
+
+def _unix_nanos(stamp):
+    """An agentix timestamp (ISO-8601 UTC "YYYY-MM-DDTHH:MM:SS.ffffffZ", or
+    a datetime) as Unix nanoseconds; 0 if missing or unreadable."""
+    try:
+        if isinstance(stamp, str):
+            if len(stamp) == 27 and stamp[19] == "." and stamp[26] == "Z":
+                # agentix's own format: slicing is ~10x cheaper than parsing.
+                seconds = calendar.timegm((
+                    int(stamp[0:4]), int(stamp[5:7]), int(stamp[8:10]),
+                    int(stamp[11:13]), int(stamp[14:16]), int(stamp[17:19]),
+                    0, 0, 0))
+                return seconds * _NANOS + int(stamp[20:26]) * 1000
+            stamp = datetime.fromisoformat(stamp)
+        if isinstance(stamp, datetime):
+            if stamp.tzinfo is None:
+                stamp = stamp.replace(tzinfo=timezone.utc)
+            return (calendar.timegm(stamp.utctimetuple()) * _NANOS
+                    + stamp.microsecond * 1000)
+    except Exception:
+        pass
+    return 0
+
+
+def _events(events):
+    """msgpack [[name, time_unix_nanos, {attributes}], ...], or None."""
+    if not events:
+        return None
+    out = []
+    for event in list(events):
+        out.append([_text(getattr(event, "name", "")),
+                    _unix_nanos(getattr(event, "timestamp", None)),
+                    _attribute_map(getattr(event, "attributes", None))])
+    return _w.msgpack_dumps(out)
+
+
+def _trace_forwarder_class(base):
+    class _TraceForwarder(base):
+        """Sends each trace/span lifecycle event as a `trace` frame (the
+        original's _ForwardProcessor). Never raises into the traced code:
+        failures are counted, and the first one is reported on stderr."""
+
+        def __init__(self, channel):
+            super().__init__()
+            self._channel = channel
+            self.enabled = True
+            self.failures = 0
+            # Set while this thread forwards: a repr() or a log handler run
+            # by the forwarding that opens a span must not forward again.
+            self._busy = threading.local()
+
+        def __repr__(self):
+            return "<agentix-worker trace forwarder>"
+
+        def _forward(self, kind, item):
+            if not self.enabled or getattr(self._busy, "on", False):
+                return
+            self._busy.on = True
+            try:
+                self._send(kind, item)
+            except BaseException as exc:
+                self.failures += 1
+                if self.failures == 1:
+                    _log(_WARNING, "cannot forward a trace event "
+                         f"({type(exc).__name__}: {_text(exc)}); "
+                         "dropping it (later failures are only counted)")
+            finally:
+                self._busy.on = False
+
+        def _send(self, kind, item):
+            call_id = _call_id.get()
+            trace_id = _text(item.trace_id)
+            if kind == _TRACE_START:
+                self._channel.send_trace(
+                    kind, trace_id, "", "", _text(item.name),
+                    _unix_nanos(item.started_at), 0,
+                    _attributes(item.metadata), None, 0, "", "", None,
+                    call_id)
+                return
+            if kind == _TRACE_END:
+                self._channel.send_trace(
+                    kind, trace_id, "", "", "", 0, _unix_nanos(item.ended_at),
+                    None, None, 0, "", "", None, call_id)
+                return
+            parent_id = item.parent_id
+            parent_id = "" if parent_id is None else _text(parent_id)
+            if kind == _SPAN_START:
+                self._channel.send_trace(
+                    kind, trace_id, _text(item.span_id), parent_id,
+                    _text(item.name), _unix_nanos(item.started_at), 0,
+                    _attributes(item.attrs), None, 0, "", "", None, call_id)
+                return
+            error = item.error
+            error_message, error_data = "", None
+            if error is not None:
+                error_message = _text(getattr(error, "message", error))
+                error_data = _attributes(getattr(error, "data", None))
+            description = item.status_description
+            self._channel.send_trace(
+                kind, trace_id, _text(item.span_id), parent_id,
+                _text(item.name), _unix_nanos(item.started_at),
+                _unix_nanos(item.ended_at), _attributes(item.attrs),
+                _events(item.events), _SPAN_STATUS.get(item.status, 0),
+                "" if description is None else _text(description),
+                error_message, error_data, call_id)
+
+        def on_trace_start(self, trace):
+            self._forward(_TRACE_START, trace)
+
+        def on_trace_end(self, trace):
+            self._forward(_TRACE_END, trace)
+
+        def on_span_start(self, span):
+            self._forward(_SPAN_START, span)
+
+        def on_span_end(self, span):
+            self._forward(_SPAN_END, span)
+
+    return _TraceForwarder
+
+
+def _start_trace_forwarding(channel):
+    """Registers the forwarding processor if the venv has agentix; returns it
+    (None without agentix)."""
+    try:
+        import agentix.utils.trace as trace_module
+    except ImportError:
+        _log(_DEBUG, "agentix is not importable in the sandbox; "
+                     "traces and spans are not forwarded")
+        return None
+    except Exception as exc:
+        _log(_WARNING, "importing agentix.utils.trace failed "
+             f"({type(exc).__name__}: {_text(exc)}); traces and spans are "
+             "not forwarded")
+        return None
+    try:
+        forwarder = _trace_forwarder_class(trace_module.Processor)(channel)
+        trace_module.add_processor(forwarder)
+    except Exception as exc:
+        _log(_WARNING, "cannot register the trace forwarder "
+             f"({type(exc).__name__}: {_text(exc)})")
+        return None
+
+    def after_fork_in_child():
+        # The channel is the parent's: a child's spans are not forwarded.
+        forwarder.enabled = False
+
+    os.register_at_fork(after_in_child=after_fork_in_child)
+    return forwarder
+
+
 class _CapturedStream(io.TextIOWrapper):
     """sys.stdout / sys.stderr: a line-buffered, write-through text wrapper
     of fd 1 / fd 2 whose write() does not reach the fd. Each complete line
@@ -1221,9 +1429,13 @@ def main(channel_fd, worker_id):
     channel = _w.Channel(channel_fd)
     logs = _Logs(channel, worker_id)
     logs.start()
+    forwarder = _start_trace_forwarding(channel)
     try:
         return _serve(channel, channel_fd, worker_id)
     finally:
+        if forwarder is not None:
+            # Spans closed during interpreter teardown have nowhere to go.
+            forwarder.enabled = False
         logs.stop()
 
 

@@ -255,8 +255,8 @@ class Worker {
 
   void CloseChannel() { channel_.Reset(); }
 
-  // The next frame that is not a `log` frame (those are set aside in
-  // logs()), or kDeadlineExceeded / kUnavailable (EOF).
+  // The next frame that is not a `log` or `trace` frame (those are set
+  // aside in logs() / traces()), or kDeadlineExceeded / kUnavailable (EOF).
   absl::StatusOr<Frame> Next(absl::Duration timeout) {
     if (!held_.empty()) {
       Frame frame = std::move(held_.front());
@@ -266,10 +266,37 @@ class Worker {
     const absl::Time deadline = absl::Now() + timeout;
     while (true) {
       absl::StatusOr<Frame> frame = NextAny(deadline - absl::Now());
-      if (!frame.ok() || frame->type != FrameType::kLog) return frame;
-      logs_.push_back(std::move(frame->log));
+      if (!frame.ok() || !SetAside(*frame)) return frame;
     }
   }
+
+  // Keeps a `log` or `trace` frame in logs() / traces(); false for others.
+  bool SetAside(Frame& frame) {
+    if (frame.type == FrameType::kLog) {
+      logs_.push_back(std::move(frame.log));
+      return true;
+    }
+    if (frame.type == FrameType::kTrace) {
+      traces_.push_back(std::move(frame.trace));
+      return true;
+    }
+    return false;
+  }
+
+  // Reads frames until traces() holds at least `count` events; other frames
+  // are kept for Next(). False on timeout or end of stream.
+  bool AwaitTraces(size_t count, absl::Duration timeout = absl::Seconds(20)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (traces_.size() < count) {
+      absl::StatusOr<Frame> frame = NextAny(deadline - absl::Now());
+      if (!frame.ok()) return false;
+      if (!SetAside(*frame)) held_.push_back(std::move(*frame));
+    }
+    return true;
+  }
+
+  // Trace events received so far, in arrival order.
+  const std::vector<ipc::TraceEntry>& traces() const { return traces_; }
 
   // Reads frames until `done(logs())` holds; other frames are kept for
   // Next(). False on timeout or end of stream.
@@ -280,11 +307,7 @@ class Worker {
     while (!done(logs_)) {
       absl::StatusOr<Frame> frame = NextAny(deadline - absl::Now());
       if (!frame.ok()) return false;
-      if (frame->type == FrameType::kLog) {
-        logs_.push_back(std::move(frame->log));
-      } else {
-        held_.push_back(std::move(*frame));
-      }
+      if (!SetAside(*frame)) held_.push_back(std::move(*frame));
     }
     return true;
   }
@@ -448,6 +471,7 @@ class Worker {
   ipc::FrameReader reader_;
   int ids_ = 0;
   std::vector<ipc::LogEntry> logs_;
+  std::vector<ipc::TraceEntry> traces_;
   std::deque<Frame> held_;  // read by AwaitLogs, not yet by Next
 };
 
@@ -1562,6 +1586,195 @@ TEST_CASE("A forked child's output is captured; its records are dropped",
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
   CHECK(LogsOf(worker->logs(), "app.child").empty());
+}
+
+// ---- traces -----------------------------------------------------------------
+
+// A worker that can import agentix: the fixtures plus the built wheel (a zip
+// on sys.path), whose agentix.utils.trace is what sandbox code uses.
+std::unique_ptr<Worker> TracingWorker() {
+  std::string wheel;
+  for (const auto& entry : fs::directory_iterator(Runfile("host/python"))) {
+    if (entry.path().extension() == ".whl") wheel = entry.path().string();
+  }
+  REQUIRE_FALSE(wheel.empty());
+  WorkerArgs options;
+  options.python_path = false;
+  options.args = {absl::StrCat("--python-path=", FixtureDir(), ":", wheel)};
+  return ReadyWorker(options);
+}
+
+msgpack::object_handle Unpack(const std::string& bytes) {
+  REQUIRE_FALSE(bytes.empty());
+  return msgpack::unpack(bytes.data(), bytes.size());
+}
+
+const ipc::TraceEntry* FindSpan(const std::vector<ipc::TraceEntry>& traces,
+                                int kind, const std::string& name) {
+  for (const ipc::TraceEntry& t : traces) {
+    if (t.kind == kind && t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+TEST_CASE("agentix.trace traces and spans become trace frames in order",
+          "[worker][trace]") {
+  auto worker = TracingWorker();
+  CHECK(Unpickle(worker->CallOk("worker_fixture::trace_processors",
+                                Pickle("((), {})"))) ==
+        "['_TraceForwarder']");
+  const int64_t before = absl::ToUnixNanos(absl::Now());
+  worker->Call("tr", "worker_fixture::traced", Pickle("((), {})"));
+  Reply reply = worker->AwaitReply("tr");
+  INFO(reply.error.message << reply.error.traceback);
+  REQUIRE(reply.ok);
+  const int64_t after = absl::ToUnixNanos(absl::Now());
+  const std::string trace_id = Unpickle(reply.value, "v[0]");
+  const std::string outer_id = Unpickle(reply.value, "v[1]");
+  const std::string inner_id = Unpickle(reply.value, "v[2]");
+  REQUIRE(worker->AwaitTraces(6));
+  const std::vector<ipc::TraceEntry>& t = worker->traces();
+  REQUIRE(t.size() == 6);
+  const std::vector<std::pair<int, std::string>> want = {
+      {1, "t"}, {3, "outer"}, {3, "inner"}, {4, "inner"}, {4, "outer"},
+      {2, ""}};
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("event " << i);
+    CHECK(t[i].kind == want[i].first);
+    CHECK(t[i].name == want[i].second);
+    CHECK(t[i].trace_id == trace_id);
+    CHECK(t[i].call_id == "tr");
+  }
+  // trace start: metadata as attributes, started_at in ns.
+  CHECK(t[0].span_id.empty());
+  CHECK(Extras(t[0].attributes) == std::map<std::string, std::string>{{"k", "1"}});
+  CHECK(t[0].start_time_unix_nanos >= before - 1000000);
+  CHECK(t[0].start_time_unix_nanos <= after);
+  CHECK(t[0].end_time_unix_nanos == 0);
+  // span starts: ids and the parent link.
+  CHECK(t[1].span_id == outer_id);
+  CHECK(t[1].parent_id.empty());
+  CHECK(Extras(t[1].attributes) == std::map<std::string, std::string>{{"a", "1"}});
+  CHECK(t[1].start_time_unix_nanos >= t[0].start_time_unix_nanos);
+  CHECK(t[2].span_id == inner_id);
+  CHECK(t[2].parent_id == outer_id);
+  CHECK(t[2].attributes.empty());
+  // inner end: ok status with its description, one event.
+  CHECK(t[3].span_id == inner_id);
+  CHECK(t[3].parent_id == outer_id);
+  CHECK(t[3].status == 1);
+  CHECK(t[3].status_description == "fine");
+  CHECK(t[3].error_message.empty());
+  CHECK(t[3].start_time_unix_nanos == t[2].start_time_unix_nanos);
+  CHECK(t[3].end_time_unix_nanos >= t[3].start_time_unix_nanos);
+  {
+    msgpack::object_handle events = Unpack(t[3].events);
+    const msgpack::object& list = events.get();
+    REQUIRE(list.type == msgpack::type::ARRAY);
+    REQUIRE(list.via.array.size == 1);
+    const msgpack::object& event = list.via.array.ptr[0];
+    REQUIRE(event.type == msgpack::type::ARRAY);
+    REQUIRE(event.via.array.size == 3);
+    CHECK(event.via.array.ptr[0].as<std::string>() == "ev");
+    const int64_t when = event.via.array.ptr[1].as<int64_t>();
+    CHECK(when >= t[3].start_time_unix_nanos);
+    CHECK(when <= t[3].end_time_unix_nanos);
+    const auto attrs =
+        event.via.array.ptr[2].as<std::map<std::string, int64_t>>();
+    CHECK(attrs == std::map<std::string, int64_t>{{"x", 2}});
+  }
+  // outer end: set_error makes the status error, with message and data.
+  CHECK(t[4].span_id == outer_id);
+  CHECK(t[4].status == 2);
+  CHECK(t[4].status_description == "bad");
+  CHECK(t[4].error_message == "bad");
+  CHECK(Extras(t[4].error_data) == std::map<std::string, std::string>{{"code", "7"}});
+  CHECK(Extras(t[4].attributes) == std::map<std::string, std::string>{{"a", "1"}});
+  CHECK(t[4].events.empty());
+  // trace end.
+  CHECK(t[5].end_time_unix_nanos >= t[4].end_time_unix_nanos);
+  CHECK(t[5].end_time_unix_nanos <= after + 1000000);
+  CHECK(t[5].start_time_unix_nanos == 0);
+  // With a processor registered, agentix.trace does not warn.
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+  CHECK(LogsOf(worker->logs(), "agentix.trace").empty());
+}
+
+TEST_CASE("Span attributes are coerced to scalars; others arrive as repr",
+          "[worker][trace]") {
+  auto worker = TracingWorker();
+  const std::string span_id = Unpickle(
+      worker->CallOk("worker_fixture::traced_odd_attributes",
+                     Pickle("((), {})")),
+      "v");
+  REQUIRE(worker->AwaitTraces(2));
+  const ipc::TraceEntry& end = worker->traces()[1];
+  CHECK(end.kind == 4);
+  CHECK(end.span_id == span_id);
+  CHECK(end.trace_id == "trace_unbound");
+  msgpack::object_handle handle = Unpack(end.attributes);
+  const msgpack::object& map = handle.get();
+  REQUIRE(map.type == msgpack::type::MAP);
+  std::map<std::string, msgpack::object> attrs;
+  for (uint32_t i = 0; i < map.via.map.size; ++i) {
+    attrs[map.via.map.ptr[i].key.as<std::string>()] = map.via.map.ptr[i].val;
+  }
+  CHECK(attrs.size() == 6);  // `none` is left out
+  CHECK(attrs.count("none") == 0);
+  REQUIRE(attrs.count("obj") == 1);
+  CHECK(attrs["obj"].type == msgpack::type::STR);
+  CHECK(attrs["obj"].as<std::string>() == "<opaque>");
+  CHECK(attrs["big"].type == msgpack::type::STR);
+  CHECK(attrs["big"].as<std::string>() == "1180591620717411303424");
+  CHECK(attrs["s"].as<std::string>() == "x");
+  CHECK(attrs["f"].as<double>() == 1.5);
+  CHECK(attrs["b"].type == msgpack::type::BOOLEAN);
+  CHECK(attrs["b"].as<bool>());
+  CHECK(attrs["raw"].type == msgpack::type::BIN);
+  CHECK(attrs["raw"].as<std::string>() == std::string("\x00\xff", 2));
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("Spans from pool threads and tasks carry their call's id",
+          "[worker][trace]") {
+  auto worker = TracingWorker();
+  worker->Call("ps", "worker_fixture::traced_sync", Pickle("(('sync',), {})"));
+  worker->Call("pa", "worker_fixture::traced_async",
+               Pickle("(('async',), {})"));
+  auto replies = worker->AwaitReplies({"ps", "pa"}, absl::Seconds(20));
+  REQUIRE(replies["ps"].ok);
+  REQUIRE(replies["pa"].ok);
+  REQUIRE(worker->AwaitTraces(6));
+  const auto& t = worker->traces();
+  for (int kind : {3, 4}) {
+    const ipc::TraceEntry* sync = FindSpan(t, kind, "sync");
+    const ipc::TraceEntry* async = FindSpan(t, kind, "async");
+    const ipc::TraceEntry* child = FindSpan(t, kind, "async-child");
+    REQUIRE(sync != nullptr);
+    REQUIRE(async != nullptr);
+    REQUIRE(child != nullptr);
+    CHECK(sync->call_id == "ps");
+    CHECK(async->call_id == "pa");
+    CHECK(child->call_id == "pa");
+    CHECK(child->parent_id == async->span_id);
+  }
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("Without agentix, tracing code fails alone and nothing is sent",
+          "[worker][trace]") {
+  auto worker = ReadyWorker();
+  ipc::ErrorInfo error =
+      worker->CallError("worker_fixture::traced", Pickle("((), {})"));
+  CHECK(error.type == "ModuleNotFoundError");
+  CHECK(Unpickle(worker->CallOk("worker_fixture::add", Pickle("((1, 2), {})"))) ==
+        "3");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+  CHECK(worker->traces().empty());
 }
 
 }  // namespace

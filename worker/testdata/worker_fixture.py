@@ -317,3 +317,57 @@ def gen_unpicklable(tag):
 
 def closed(tag):
     return tag in _closed
+
+
+# ---- traces (need agentix on the path; imported lazily so that workers
+# without it still load this module) ------------------------------------------
+
+
+def traced():
+    """A trace with two nested spans: an event, a status and an error."""
+    from agentix import trace
+    with trace.trace("t", k=1) as t:
+        with trace.span("outer", a=1) as outer:
+            with trace.span("inner") as inner:
+                inner.add_event("ev", x=2)
+                inner.set_status("ok", "fine")
+            outer.set_error("bad", code=7)
+    return [t.trace_id, outer.span_id, inner.span_id]
+
+
+class _Opaque:
+    def __repr__(self):
+        return "<opaque>"
+
+
+def traced_odd_attributes():
+    from agentix import trace
+    with trace.span("odd", obj=_Opaque(), big=1 << 70, none=None, s="x",
+                    f=1.5, b=True, raw=b"\x00\xff") as s:
+        pass
+    return s.span_id
+
+
+def traced_sync(tag):
+    """Runs on a pool thread."""
+    from agentix import trace
+    with trace.span(tag):
+        pass
+
+
+async def traced_async(tag):
+    """A span in the call's task and one in a task it starts."""
+    from agentix import trace
+
+    async def child():
+        with trace.span(tag + "-child"):
+            await asyncio.sleep(0)
+
+    with trace.span(tag):
+        await asyncio.create_task(child())
+
+
+def trace_processors():
+    """Names of the registered trace processors' classes."""
+    from agentix import trace
+    return [type(p).__name__ for p in trace.get_processors()]
