@@ -14,6 +14,11 @@ subscription's after_seq goes to `log_subscriptions` and each AckLogs seq to
 `log_acks`. `logs_honour_after_seq = False` makes it replay the whole buffer on
 every subscription (to test the host's dedup); `logs_implemented = False`
 answers UNIMPLEMENTED like an older daemon.
+
+`Traces` works the same way on `trace_events` (`add_traces`, `drop_traces`,
+`trace_batch`, `trace_subscriptions` as (after_seq, instance_id) pairs,
+`trace_acks`, `traces_opened`, `traces_honour_after_seq`,
+`traces_implemented`). Every TracesResponse carries `instance_id`.
 """
 
 import asyncio
@@ -45,6 +50,32 @@ def log_record(seq: int, message: str = "", **fields) -> pb.LogRecord:
     return pb.LogRecord(seq=seq, message=message or f"record {seq}", **fields)
 
 
+def trace_event(seq: int, kind: int, **fields) -> pb.TraceEvent:
+    """A TraceEvent; ``attributes`` / ``error_data`` may be given as dicts."""
+    for name in ("attributes", "error_data"):
+        if isinstance(fields.get(name), dict):
+            fields[name] = attributes(fields[name])
+    return pb.TraceEvent(seq=seq, kind=kind, **fields)
+
+
+def attributes(values: dict) -> list[pb.Attribute]:
+    """Typed wire attributes for a dict of str/bool/int/float/bytes values."""
+    out = []
+    for key, value in values.items():
+        if isinstance(value, bool):
+            typed = pb.AttributeValue(bool_value=value)
+        elif isinstance(value, int):
+            typed = pb.AttributeValue(int_value=value)
+        elif isinstance(value, float):
+            typed = pb.AttributeValue(double_value=value)
+        elif isinstance(value, bytes):
+            typed = pb.AttributeValue(bytes_value=value)
+        else:
+            typed = pb.AttributeValue(string_value=str(value))
+        out.append(pb.Attribute(key=key, value=typed))
+    return out
+
+
 def result_events(call_id, data: bytes) -> list[pb.SandboxEvent]:
     pieces = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)] or [b""]
     events = [pb.SandboxEvent(result_chunk=pb.ResultChunk(call_id=call_id, data=piece)) for piece in pieces[:-1]]
@@ -72,6 +103,15 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
         self.logs_honour_after_seq = True
         self._logs_changed = asyncio.Event()
         self._log_drops = 0
+        self.instance_id = "fake-instance-1"
+        self.trace_events: list[pb.TraceEvent] = []
+        self.trace_batch = 100
+        self.trace_subscriptions: list[tuple[int, str]] = []
+        self.trace_acks: list[int] = []
+        self.traces_opened = 0
+        self.traces_implemented = True
+        self.traces_honour_after_seq = True
+        self._trace_drops = 0
 
     def events(self, kind: str) -> list:
         """Every host event of `kind` received so far, in order."""
@@ -90,6 +130,50 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
         """Aborts every open Logs stream with UNAVAILABLE (Calls streams stay up)."""
         self._log_drops += 1
         self._wake_logs()
+
+    def add_traces(self, *events: pb.TraceEvent) -> None:
+        """Appends trace events to the buffer; open Traces streams send them at once."""
+        self.trace_events.extend(events)
+        self._wake_logs()
+
+    def drop_traces(self) -> None:
+        """Aborts every open Traces stream with UNAVAILABLE (other streams stay up)."""
+        self._trace_drops += 1
+        self._wake_logs()
+
+    async def Traces(self, request_iterator, context_):
+        self.traces_opened += 1
+        if not self.traces_implemented:
+            await context_.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
+        requests = request_iterator.__aiter__()
+        first = await anext(requests)
+        assert first.WhichOneof("kind") == "subscribe", "Traces must start with SubscribeTraces"
+        self.trace_subscriptions.append((first.subscribe.after_seq, first.subscribe.instance_id))
+        sent = first.subscribe.after_seq if self.traces_honour_after_seq else 0
+        drops = self._trace_drops
+
+        async def read_acks() -> None:
+            async for request in requests:
+                assert request.WhichOneof("kind") == "ack", "only AckTraces may follow SubscribeTraces"
+                self.trace_acks.append(request.ack.seq)
+
+        reader = asyncio.create_task(read_acks())
+        try:
+            while True:
+                changed = self._logs_changed
+                if self._trace_drops != drops:
+                    await context_.abort(grpc.StatusCode.UNAVAILABLE, "fake runtime dropped the trace stream")
+                due = [event for event in self.trace_events if event.seq > sent]
+                for i in range(0, len(due), self.trace_batch):
+                    await context_.write(
+                        pb.TracesResponse(events=due[i : i + self.trace_batch], instance_id=self.instance_id)
+                    )
+                if due:
+                    sent = due[-1].seq
+                    continue
+                await changed.wait()
+        finally:
+            reader.cancel()
 
     def _wake_logs(self) -> None:
         changed, self._logs_changed = self._logs_changed, asyncio.Event()

@@ -12,10 +12,14 @@ calls running and retains their results; re-attaching them with
 ``ResumeCalls`` is not implemented yet, so the ``reconnection*`` options are
 accepted but have no effect.)
 
-Whenever the Calls stream is opened, a ``Logs`` stream is opened beside it (if
-it is not already running) that replays the sandbox's log records into the
-host's stdlib logging (`agentix.runtime.client.logs`); ``logs=False`` turns
-that off.
+Whenever the Calls stream is opened, a ``Logs`` and a ``Traces`` stream are
+opened beside it (each unless already running): the first replays the
+sandbox's log records into the host's stdlib logging
+(`agentix.runtime.client.logs`), the second the sandbox's trace and span
+events into the host's trace processors (`agentix.runtime.client.traces`).
+``logs=False`` / ``traces=False`` turn them off. Either one, when lost while
+calls keep working, is re-opened by the next call (at most once per second
+each); a daemon that does not implement one is not asked for it again.
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ import grpc
 
 from agentix.runtime.client.errors import CallTimeout, RemoteCallError, RuntimeUnreachable, remote_call_error
 from agentix.runtime.client.logs import LogCursor, LogsStream
+from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream
 from agentix.runtime.client.result import Failed, Ok, Result
 from agentix.runtime.client.stream import STREAM_END, CallsStream, PendingCall
 from agentix.runtime.client.target import grpc_target
+from agentix.runtime.client.traces import TraceCursor, TracesStream
 from agentix.runtime.shared.callables import RemoteCallable, display_name_for
 from agentix.runtime.shared.models import HealthResponse, RemoteError
 from agentix.runtime.shared.safepickle import restricted_loads
@@ -47,10 +53,48 @@ R = TypeVar("R")
 # gRPC's 4 MiB default is far above what either side sends per message (payloads
 # travel in 1 MiB chunks); the higher cap only guards against a stricter default.
 _MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
-# Shortest interval between attempts to re-open a lost Logs stream.
-_LOGS_REOPEN_SECONDS = 1.0
+# Shortest interval between attempts to re-open a lost Logs or Traces stream.
+_FEED_REOPEN_SECONDS = 1.0
 # How long close() waits for queued cancels to reach the daemon.
 _CLOSE_FLUSH_SECONDS = 1.0
+
+
+class _Feed:
+    """One subscription stream of a client (``Logs`` or ``Traces``): the
+    current stream, the channel it runs on, the cursor its successive
+    streams share, whether the daemon lacks the RPC, and when it was last
+    re-opened. `flag` names the client attribute that turns it on."""
+
+    __slots__ = ("flag", "stream_type", "cursor", "stream", "channel", "unimplemented", "reopened_at")
+
+    def __init__(self, flag: str, stream_type: type[SubscriptionStream], cursor: SeqCursor) -> None:
+        self.flag = flag
+        self.stream_type = stream_type
+        self.cursor = cursor
+        self.stream: SubscriptionStream | None = None
+        self.channel: grpc.aio.Channel | None = None
+        self.unimplemented = False
+        self.reopened_at = float("-inf")
+
+    def ensure(self, channel: grpc.aio.Channel) -> None:
+        """Opens the stream on `channel` unless one is running there or the
+        daemon does not implement it. Does not wait for anything."""
+        if self.unimplemented:
+            return
+        previous = self.stream
+        if previous is not None and previous.alive and self.channel is channel:
+            return
+        rpc = getattr(pb_grpc.RuntimeServiceStub(channel), self.stream_type.rpc_name)()
+        self.stream = self.stream_type(rpc, self.cursor, self._not_implemented, previous=previous)
+        self.channel = channel
+
+    def _not_implemented(self) -> None:
+        self.unimplemented = True
+
+    def detach(self) -> SubscriptionStream | None:
+        """Forgets the stream and channel and returns the stream (to close)."""
+        stream, self.stream, self.channel = self.stream, None, None
+        return stream
 
 
 class RuntimeClient:
@@ -74,6 +118,9 @@ class RuntimeClient:
         docstring).
       logs: replay the sandbox's log records into the host's logging (True),
         or do not subscribe to them at all (False).
+      traces: replay the sandbox's trace and span events into the host's
+        `agentix.trace` processors (True), or do not subscribe to them at
+        all (False).
 
     Use as ``async with RuntimeClient(url) as client:`` (connects on entry,
     closes on exit) or call `close()` yourself. A closed client connects again
@@ -94,6 +141,7 @@ class RuntimeClient:
         reconnection_delay_max: float | None = None,
         randomization_factor: float | None = None,
         logs: bool = True,
+        traces: bool = True,
     ) -> None:
         self.base_url = base_url
         self.timeout = timeout
@@ -120,11 +168,18 @@ class RuntimeClient:
         self._pending: dict[str, PendingCall] = {}
         self._connect_lock = asyncio.Lock()
         self.logs = logs
-        self._logs: LogsStream | None = None
-        self._logs_channel: grpc.aio.Channel | None = None
-        self._logs_unimplemented = False
-        self._logs_reopened_at = float("-inf")
-        self._log_cursor = LogCursor()
+        self.traces = traces
+        self._feeds = (_Feed("logs", LogsStream, LogCursor()), _Feed("traces", TracesStream, TraceCursor()))
+
+    @property
+    def _logs(self) -> LogsStream | None:
+        """The current Logs stream (None before the first connection or after close())."""
+        return self._feeds[0].stream
+
+    @property
+    def _traces(self) -> TracesStream | None:
+        """The current Traces stream (None before the first connection or after close())."""
+        return self._feeds[1].stream
 
     async def __aenter__(self) -> RuntimeClient:
         await self._live_stream()
@@ -279,8 +334,7 @@ class RuntimeClient:
         Idempotent; the client connects again if used afterwards."""
         stream, self._stream = self._stream, None
         channel, self._channel = self._channel, None
-        logs, self._logs = self._logs, None
-        self._logs_channel = None
+        feeds = [feed.detach() for feed in self._feeds]
         in_flight = list(self._pending.values())
         self._pending.clear()
         for call in in_flight:
@@ -291,8 +345,9 @@ class RuntimeClient:
             )
         if stream is not None:
             await stream.aclose([call.call_id for call in in_flight], _CLOSE_FLUSH_SECONDS)
-        if logs is not None:
-            await logs.aclose()
+        for feed_stream in feeds:
+            if feed_stream is not None:
+                await feed_stream.aclose()
         if channel is not None:
             await channel.close()
 
@@ -300,39 +355,33 @@ class RuntimeClient:
         """Returns the open Calls stream, connecting first if there is none."""
         stream = self._stream
         if stream is not None and stream.alive:
-            logs = self._logs
-            if logs is not None and not logs.alive and self._channel is not None:
-                # The Logs stream broke while calls kept working: re-open it
-                # (at most once per _LOGS_REOPEN_SECONDS, so a daemon that
-                # keeps failing it costs nothing per call).
-                now = asyncio.get_running_loop().time()
-                if now - self._logs_reopened_at >= _LOGS_REOPEN_SECONDS:
-                    self._logs_reopened_at = now
-                    self._ensure_logs(self._channel)
+            for feed in self._feeds:
+                feed_stream = feed.stream
+                if feed_stream is not None and not feed_stream.alive and self._channel is not None:
+                    # The Logs/Traces stream broke while calls kept working:
+                    # re-open it (at most once per _FEED_REOPEN_SECONDS, so a
+                    # daemon that keeps failing it costs nothing per call).
+                    now = asyncio.get_running_loop().time()
+                    if now - feed.reopened_at >= _FEED_REOPEN_SECONDS and getattr(self, feed.flag):
+                        feed.reopened_at = now
+                        feed.ensure(self._channel)
             return stream
         async with self._connect_lock:
             if self._stream is None or not self._stream.alive:
                 channel = await self._ready_channel()
                 rpc = pb_grpc.RuntimeServiceStub(channel).Calls()
                 self._stream = CallsStream(rpc, self._pending, self._stream_lost)
-                self._ensure_logs(channel)
+                self._ensure_feeds(channel)
             return self._stream
 
-    def _ensure_logs(self, channel: grpc.aio.Channel) -> None:
-        """Opens the Logs stream on `channel` unless one is running there, it is
-        turned off, or the daemon does not implement it. Called whenever a Calls
-        stream is opened; does not wait for anything."""
-        if not self.logs or self._logs_unimplemented:
-            return
-        previous = self._logs
-        if previous is not None and previous.alive and self._logs_channel is channel:
-            return
-        rpc = pb_grpc.RuntimeServiceStub(channel).Logs()
-        self._logs = LogsStream(rpc, self._log_cursor, self._logs_not_implemented, previous=previous)
-        self._logs_channel = channel
-
-    def _logs_not_implemented(self) -> None:
-        self._logs_unimplemented = True
+    def _ensure_feeds(self, channel: grpc.aio.Channel) -> None:
+        """Opens the Logs and Traces streams on `channel`, each unless one is
+        running there, it is turned off (``logs`` / ``traces``), or the daemon
+        does not implement it. Called whenever a Calls stream is opened and
+        when a lost one is re-opened; does not wait for anything."""
+        for feed in self._feeds:
+            if getattr(self, feed.flag):
+                feed.ensure(channel)
 
     async def _ready_channel(self) -> grpc.aio.Channel:
         """Returns a usable channel, replacing one that is known broken and

@@ -15,12 +15,10 @@ asked again.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Sequence
 
-import grpc
-
+from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream
 from agentix.runtime.v1 import runtime_pb2 as pb
 
 __all__ = ["DEFAULT_LOGGER", "LogCursor", "LogsStream", "replay_record"]
@@ -53,25 +51,11 @@ _RESERVED_KEYS = frozenset(
 )
 
 
-class LogCursor:
-    """The seq of the last record a client has replayed (0: none yet) and the
-    daemon instance that seq counts in. Shared by the client's successive
-    `LogsStream`s, so a new one resumes where the last one stopped; a daemon
-    that restarted (new instance id) numbers from 1 again, and the cursor
-    follows."""
+class LogCursor(SeqCursor):
+    """The seq of the last log record a client has replayed and the daemon
+    instance it counts in (see `SeqCursor`)."""
 
-    __slots__ = ("last_seq", "instance_id")
-
-    def __init__(self) -> None:
-        self.last_seq = 0
-        self.instance_id = ""
-
-    def adopt(self, instance_id: str) -> None:
-        """Switches to the numbering of `instance_id` if it is a new one."""
-        if instance_id and instance_id != self.instance_id:
-            if self.instance_id:
-                self.last_seq = 0
-            self.instance_id = instance_id
+    __slots__ = ()
 
 
 def decode_extras(data: bytes) -> dict[str, object]:
@@ -140,115 +124,24 @@ def replay_record(record: pb.LogRecord) -> None:
     logger.handle(replayed)
 
 
-class LogsStream:
-    """Drives one open ``Logs`` RPC; see the module docstring.
+class LogsStream(SubscriptionStream):
+    """Drives one open ``Logs`` RPC; see the module docstring and
+    `SubscriptionStream` (same arguments, with a `LogCursor`)."""
 
-    Args:
-      rpc: the stream-stream call object returned by ``stub.Logs()``.
-      cursor: the client's `LogCursor`; subscribing uses ``cursor.last_seq``,
-        and it is advanced as records are replayed.
-      on_unimplemented: called (once) when the daemon answers UNIMPLEMENTED.
-      previous: the stream this one replaces; this one subscribes only after
-        `previous` has stopped, so records are never replayed concurrently or
-        out of order.
-    """
+    rpc_name = "Logs"
+    noun = "sandbox log record"
 
-    def __init__(
-        self,
-        rpc: grpc.aio.StreamStreamCall,
-        cursor: LogCursor,
-        on_unimplemented: Callable[[], None],
-        previous: LogsStream | None = None,
-    ) -> None:
-        self._rpc = rpc
-        self._cursor = cursor
-        self._on_unimplemented = on_unimplemented
-        self._previous = previous
-        self._replaying: asyncio.Future | None = None
-        self._handler_failures = 0
-        self._done = False
-        self._task = asyncio.create_task(self._run(), name="agentix-logs")
+    def _subscribe_request(self, after_seq: int, instance_id: str) -> pb.LogsRequest:
+        return pb.LogsRequest(subscribe=pb.SubscribeLogs(after_seq=after_seq, instance_id=instance_id))
 
-    @property
-    def alive(self) -> bool:
-        """True until the stream has ended, failed or been closed."""
-        return not self._done
+    def _ack_request(self, seq: int) -> pb.LogsRequest:
+        return pb.LogsRequest(ack=pb.AckLogs(seq=seq))
 
-    async def aclose(self) -> None:
-        """Stops the stream and waits until no record of it is being replayed.
-        Idempotent; never raises (except when the caller is cancelled)."""
-        self._done = True
-        self._rpc.cancel()
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-        if self._previous is not None:  # closed before the previous stream had stopped
-            await self._previous.aclose()
-        if self._replaying is not None:
-            await asyncio.gather(self._replaying, return_exceptions=True)
+    def _items(self, response: pb.LogsResponse) -> Sequence[pb.LogRecord]:
+        return response.records
 
-    async def _run(self) -> None:
-        try:
-            if self._previous is not None:
-                await self._previous.aclose()
-                self._previous = None
-            cursor = self._cursor
-            await self._rpc.write(
-                pb.LogsRequest(subscribe=pb.SubscribeLogs(after_seq=cursor.last_seq, instance_id=cursor.instance_id))
-            )
-            acked = None
-            async for response in self._rpc:
-                self._cursor.adopt(response.instance_id)
-                if not response.records:
-                    continue
-                # The batch is replayed off the event loop; shielded so that a
-                # close() in the middle still lets it finish (aclose waits).
-                self._replaying = asyncio.ensure_future(asyncio.to_thread(self._replay_batch, list(response.records)))
-                await asyncio.shield(self._replaying)
-                self._replaying = None
-                last = self._cursor.last_seq
-                if last and last != acked:
-                    await self._rpc.write(pb.LogsRequest(ack=pb.AckLogs(seq=last)))
-                    acked = last
-        except asyncio.CancelledError:
-            raise
-        except grpc.aio.AioRpcError as error:
-            if error.code() == grpc.StatusCode.UNIMPLEMENTED:
-                _log.debug("the runtime does not implement Logs; sandbox logs are not replayed")
-                self._on_unimplemented()
-            elif not self._done:
-                _log.debug("sandbox log stream lost (re-opened by the next call): %s", error.code().name)
-        except Exception as error:  # never let the log stream disturb the client
-            if not self._done:
-                _log.debug("sandbox log stream failed (re-opened by the next call): %r", error)
-        else:
-            _log.debug("the runtime ended the sandbox log stream (re-opened by the next call)")
-        finally:
-            self._done = True
+    def _replay(self, item: pb.LogRecord) -> None:
+        replay_record(item)
 
-    def _replay_batch(self, records: list[pb.LogRecord]) -> None:
-        """Replays, in order, the records not seen yet, advancing the cursor.
-        A record whose handling raises is reported and skipped."""
-        cursor = self._cursor
-        for record in records:
-            if record.seq <= cursor.last_seq:
-                continue
-            try:
-                replay_record(record)
-            except Exception:
-                self._report_handler_failure(record)
-            cursor.last_seq = record.seq
-
-    def _report_handler_failure(self, record: pb.LogRecord) -> None:
-        # The first failure of a stream as a warning, later ones at debug: a
-        # handler that always raises would otherwise double every record.
-        self._handler_failures += 1
-        try:
-            _log.log(
-                logging.WARNING if self._handler_failures == 1 else logging.DEBUG,
-                "replaying sandbox log record %d (logger %r) failed; continuing with the next",
-                record.seq,
-                record.logger or DEFAULT_LOGGER,
-                exc_info=True,
-            )
-        except Exception:  # the failing handler may be the one this goes to
-            pass
+    def _describe(self, item: pb.LogRecord) -> str:
+        return f"logger {item.logger or DEFAULT_LOGGER!r}"

@@ -1,0 +1,199 @@
+"""What the host halves of ``RuntimeService.Logs`` and ``RuntimeService.Traces``
+share: a seq cursor and a stream that subscribes, replays and acknowledges.
+
+Both RPCs follow one contract (runtime.proto): the host sends one subscribe
+message carrying the last seq it has seen and the daemon instance that seq
+counts in, then the daemon sends batches of items in seq order, and the host
+acknowledges what it has handled. A `SubscriptionStream` subclass says how to
+build those messages and how to replay one item; everything else (ordering,
+dedup by seq, one ack per response, replay off the event loop, failure and
+UNIMPLEMENTED handling, closing) lives here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+
+__all__ = ["SeqCursor", "SubscriptionStream"]
+
+_log = logging.getLogger("agentix.runtime.client")
+
+
+class SeqCursor:
+    """The seq of the last item a client has replayed (0: none yet) and the
+    daemon instance that seq counts in. Shared by the client's successive
+    streams of one kind, so a new one resumes where the last one stopped; a
+    daemon that restarted (new instance id) numbers from 1 again, and the
+    cursor follows."""
+
+    __slots__ = ("last_seq", "instance_id")
+
+    def __init__(self) -> None:
+        self.last_seq = 0
+        self.instance_id = ""
+
+    def adopt(self, instance_id: str) -> None:
+        """Switches to the numbering of `instance_id` if it is a new one; an
+        empty id (a daemon that sends none) changes nothing."""
+        if instance_id and instance_id != self.instance_id:
+            if self.instance_id:
+                self.last_seq = 0
+            self.instance_id = instance_id
+
+
+class SubscriptionStream:
+    """Drives one open subscription RPC (``Logs`` or ``Traces``).
+
+    It subscribes with ``cursor.last_seq`` and ``cursor.instance_id``, then
+    for every response: adopts its instance id, replays (in a worker thread,
+    in order) the items whose seq is above ``cursor.last_seq``, advancing the
+    cursor past each, and writes one ack for the last seq replayed (none when
+    the response held nothing new). An item whose replay raises is reported
+    (the first one of a stream as a WARNING, later ones at DEBUG) and skipped.
+
+    It runs as its own task and never raises into the client: UNIMPLEMENTED
+    calls `on_unimplemented` once; any other end or failure just marks the
+    stream not `alive` (the client re-opens it).
+
+    Args:
+      rpc: the stream-stream call object (``stub.Logs()`` / ``stub.Traces()``).
+      cursor: the client's cursor for this kind of item.
+      on_unimplemented: called when the daemon answers UNIMPLEMENTED.
+      previous: the stream this one replaces; this one subscribes only after
+        `previous` has stopped, so items are never replayed concurrently or
+        out of order.
+
+    Subclasses set `rpc_name`, `noun` and implement `_subscribe_request`,
+    `_ack_request`, `_items`, `_replay` and `_describe`.
+    """
+
+    rpc_name = ""  # the RPC, for messages: "Logs"
+    noun = ""  # one item, for messages: "sandbox log record"
+
+    def __init__(
+        self,
+        rpc: grpc.aio.StreamStreamCall,
+        cursor: SeqCursor,
+        on_unimplemented: Callable[[], None],
+        previous: SubscriptionStream | None = None,
+    ) -> None:
+        self._rpc = rpc
+        self._cursor = cursor
+        self._on_unimplemented = on_unimplemented
+        self._previous = previous
+        self._replaying: asyncio.Future | None = None
+        self._handler_failures = 0
+        self._done = False
+        self._task = asyncio.create_task(self._run(), name=f"agentix-{self.rpc_name.lower()}")
+
+    # ── subclass hooks ──────────────────────────────────────────────
+
+    def _subscribe_request(self, after_seq: int, instance_id: str) -> Any:
+        raise NotImplementedError
+
+    def _ack_request(self, seq: int) -> Any:
+        raise NotImplementedError
+
+    def _items(self, response: Any) -> Sequence[Any]:
+        """The items (each with a ``seq``) of one response."""
+        raise NotImplementedError
+
+    def _replay(self, item: Any) -> None:
+        """Replays one item on the host; runs in a worker thread."""
+        raise NotImplementedError
+
+    def _describe(self, item: Any) -> str:
+        """A short description of `item` for the failure report."""
+        return ""
+
+    # ── driving the stream ──────────────────────────────────────────
+
+    @property
+    def alive(self) -> bool:
+        """True until the stream has ended, failed or been closed."""
+        return not self._done
+
+    async def aclose(self) -> None:
+        """Stops the stream and waits until no item of it is being replayed.
+        Idempotent; never raises (except when the caller is cancelled)."""
+        self._done = True
+        self._rpc.cancel()
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        if self._previous is not None:  # closed before the previous stream had stopped
+            await self._previous.aclose()
+        if self._replaying is not None:
+            await asyncio.gather(self._replaying, return_exceptions=True)
+
+    async def _run(self) -> None:
+        feed = self.noun.rsplit(" ", 1)[0]  # "sandbox log record" -> "sandbox log"
+        try:
+            if self._previous is not None:
+                await self._previous.aclose()
+                self._previous = None
+            cursor = self._cursor
+            await self._rpc.write(self._subscribe_request(cursor.last_seq, cursor.instance_id))
+            acked = None
+            async for response in self._rpc:
+                cursor.adopt(response.instance_id)
+                items = list(self._items(response))
+                if not items:
+                    continue
+                # The batch is replayed off the event loop; shielded so that a
+                # close() in the middle still lets it finish (aclose waits).
+                self._replaying = asyncio.ensure_future(asyncio.to_thread(self._replay_batch, items))
+                await asyncio.shield(self._replaying)
+                self._replaying = None
+                last = cursor.last_seq
+                if last and last != acked:
+                    await self._rpc.write(self._ack_request(last))
+                    acked = last
+        except asyncio.CancelledError:
+            raise
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                _log.debug("the runtime does not implement %s; %ss are not replayed", self.rpc_name, self.noun)
+                self._on_unimplemented()
+            elif not self._done:
+                _log.debug("%s stream lost (re-opened by the next call): %s", feed, error.code().name)
+        except Exception as error:  # never let this stream disturb the client
+            if not self._done:
+                _log.debug("%s stream failed (re-opened by the next call): %r", feed, error)
+        else:
+            _log.debug("the runtime ended the %s stream (re-opened by the next call)", feed)
+        finally:
+            self._done = True
+
+    def _replay_batch(self, items: list[Any]) -> None:
+        """Replays, in order, the items not seen yet, advancing the cursor.
+        An item whose replay raises is reported and skipped."""
+        cursor = self._cursor
+        for item in items:
+            if item.seq <= cursor.last_seq:
+                continue
+            try:
+                self._replay(item)
+            except Exception:
+                self._report_failure(item)
+            cursor.last_seq = item.seq
+
+    def _report_failure(self, item: Any) -> None:
+        # The first failure of a stream as a warning, later ones at debug: a
+        # handler that always raises would otherwise double every item.
+        self._handler_failures += 1
+        try:
+            _log.log(
+                logging.WARNING if self._handler_failures == 1 else logging.DEBUG,
+                "replaying %s %d (%s) failed; continuing with the next",
+                self.noun,
+                item.seq,
+                self._describe(item),
+                exc_info=True,
+            )
+        except Exception:  # the failing handler may be the one this goes to
+            pass

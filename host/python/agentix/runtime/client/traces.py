@@ -1,0 +1,163 @@
+"""The host half of ``RuntimeService.Traces``: trace and span lifecycle events
+from the sandbox replayed into the host's trace processors (`agentix.trace`).
+
+A `TracesStream` subscribes with the last seq its client has seen, then
+replays every event of every `TracesResponse` in order (`replay_event`) and
+acknowledges each response with one `AckTraces`. Events whose seq is not
+above the last one seen are dropped, so resubscribing never replays an event
+twice. Delivery, failure handling and closing are those of the ``Logs``
+stream (`agentix.runtime.client.subscription.SubscriptionStream`): its own
+task, replay in a worker thread, a lost stream re-opened by the next call, a
+daemon without ``Traces`` (UNIMPLEMENTED) not asked again.
+
+Each event becomes a fresh `Trace` or `Span` handed to
+``agentix.utils.trace._dispatch``, so replayed items get the same processor
+order, disabling (``set_tracing_disabled``) and error handling as local ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream
+from agentix.runtime.v1 import runtime_pb2 as pb
+from agentix.utils import trace as _trace
+from agentix.utils.trace import Span, SpanError, SpanEvent, Trace
+
+__all__ = ["TraceCursor", "TracesStream", "replay_event", "trace_item"]
+
+_STATUSES = {
+    pb.SPAN_STATUS_CODE_UNSET: "unset",
+    pb.SPAN_STATUS_CODE_OK: "ok",
+    pb.SPAN_STATUS_CODE_ERROR: "error",
+}
+
+_METHODS = {
+    pb.TRACE_EVENT_KIND_TRACE_START: "on_trace_start",
+    pb.TRACE_EVENT_KIND_TRACE_END: "on_trace_end",
+    pb.TRACE_EVENT_KIND_SPAN_START: "on_span_start",
+    pb.TRACE_EVENT_KIND_SPAN_END: "on_span_end",
+}
+
+
+class TraceCursor(SeqCursor):
+    """The seq of the last trace event a client has replayed and the daemon
+    instance it counts in (see `SeqCursor`)."""
+
+    __slots__ = ()
+
+
+def iso_from_nanos(nanos: int) -> str | None:
+    """``nanos`` since the epoch as the ISO-8601 UTC string `agentix.trace`
+    uses (``YYYY-MM-DDTHH:MM:SS.ffffffZ``, truncated to microseconds); None
+    for 0 or less (not set)."""
+    if nanos <= 0:
+        return None
+    seconds, rest = divmod(nanos, 1_000_000_000)
+    moment = datetime.fromtimestamp(seconds, timezone.utc).replace(microsecond=rest // 1000)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def attribute_value(value: pb.AttributeValue) -> Any:
+    """The Python value of the set member of the oneof (str, bool, int,
+    float or bytes); None when none is set."""
+    kind = value.WhichOneof("value")
+    return None if kind is None else getattr(value, kind)
+
+
+def attributes(items: Iterable[pb.Attribute]) -> dict[str, Any]:
+    """``{key: value}`` in wire order (a repeated key: the last one wins)."""
+    return {item.key: attribute_value(item.value) for item in items}
+
+
+def trace_item(event: pb.TraceEvent) -> Trace | Span | None:
+    """The fresh `Trace` or `Span` an event describes; None for a kind this
+    host does not know (UNSPECIFIED or newer).
+
+    TRACE_START / TRACE_END: ``Trace(agentix_trace_id, name, metadata,
+    started_at, ended_at)``; metadata comes from the attributes on TRACE_START
+    only (TRACE_END carries ``name=""`` and no metadata, as in the original).
+    SPAN_START / SPAN_END: ``Span(agentix_span_id, agentix_trace_id,
+    agentix_parent_id or None, name, attrs, started_at, ended_at, status,
+    status_description or None, error, events)``, where attrs gets
+    ``call_id`` (``setdefault``: a span attribute of that name wins) when the
+    event names a call, and error is ``SpanError(error_message, error_data or
+    None)`` when ``error_message`` is set. Timestamps unset on the wire
+    (0) are None (an event's timestamp "").
+    """
+    kind = event.kind
+    started_at = iso_from_nanos(event.start_time_unix_nanos)
+    ended_at = iso_from_nanos(event.end_time_unix_nanos)
+    if kind in (pb.TRACE_EVENT_KIND_TRACE_START, pb.TRACE_EVENT_KIND_TRACE_END):
+        metadata = attributes(event.attributes) if kind == pb.TRACE_EVENT_KIND_TRACE_START else {}
+        return Trace(
+            trace_id=event.agentix_trace_id,
+            name=event.name,
+            metadata=metadata,
+            started_at=started_at,
+            ended_at=ended_at,
+        )
+    if kind in (pb.TRACE_EVENT_KIND_SPAN_START, pb.TRACE_EVENT_KIND_SPAN_END):
+        attrs = attributes(event.attributes)
+        if event.call_id:
+            attrs.setdefault("call_id", event.call_id)
+        error = None
+        if event.error_message:
+            error = SpanError(message=event.error_message, data=attributes(event.error_data) or None)
+        return Span(
+            span_id=event.agentix_span_id,
+            trace_id=event.agentix_trace_id,
+            parent_id=event.agentix_parent_id or None,
+            name=event.name,
+            attrs=attrs,
+            started_at=started_at,
+            ended_at=ended_at,
+            status=_STATUSES.get(event.status, "unset"),
+            status_description=event.status_description or None,
+            error=error,
+            events=[
+                SpanEvent(
+                    name=record.name,
+                    timestamp=iso_from_nanos(record.time_unix_nanos) or "",
+                    attributes=attributes(record.attributes),
+                )
+                for record in event.events
+            ],
+        )
+    return None
+
+
+def replay_event(event: pb.TraceEvent) -> None:
+    """Hands one sandbox trace event to the host's trace processors:
+    ``_dispatch("on_trace_start" | "on_trace_end" | "on_span_start" |
+    "on_span_end", trace_item(event))``. Events of an unknown kind are
+    ignored. Processor exceptions are handled by ``_dispatch`` (logged and
+    swallowed)."""
+    item = trace_item(event)
+    if item is not None:
+        _trace._dispatch(_METHODS[event.kind], item)
+
+
+class TracesStream(SubscriptionStream):
+    """Drives one open ``Traces`` RPC; see the module docstring and
+    `SubscriptionStream` (same arguments, with a `TraceCursor`)."""
+
+    rpc_name = "Traces"
+    noun = "sandbox trace event"
+
+    def _subscribe_request(self, after_seq: int, instance_id: str) -> pb.TracesRequest:
+        return pb.TracesRequest(subscribe=pb.SubscribeTraces(after_seq=after_seq, instance_id=instance_id))
+
+    def _ack_request(self, seq: int) -> pb.TracesRequest:
+        return pb.TracesRequest(ack=pb.AckTraces(seq=seq))
+
+    def _items(self, response: pb.TracesResponse) -> Sequence[pb.TraceEvent]:
+        return response.events
+
+    def _replay(self, item: pb.TraceEvent) -> None:
+        replay_event(item)
+
+    def _describe(self, item: pb.TraceEvent) -> str:
+        return f"{pb.TraceEventKind.Name(item.kind) if item.kind in _METHODS else item.kind} {item.name!r}"

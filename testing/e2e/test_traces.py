@@ -1,0 +1,69 @@
+"""The /trace channel end to end: spans opened in the sandbox are replayed
+into the host's agentix.trace processors, as children of the host span that
+made the call, each attributed to its call."""
+
+import asyncio
+import time
+
+import pytest
+
+import e2e_targets as t
+from agentix import trace
+
+pytestmark = pytest.mark.asyncio
+
+
+class Recorder(trace.Processor):
+    def __init__(self):
+        self.started, self.ended = [], []
+
+    def on_span_start(self, span):
+        self.started.append(span)
+
+    def on_span_end(self, span):
+        self.ended.append(span)
+
+    def named(self, name):
+        return [s for s in self.ended if s.name == name]
+
+
+@pytest.fixture
+def recorder():
+    r = Recorder()
+    trace.add_processor(r)
+    yield r
+    trace.remove_processor(r)
+
+
+async def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_sandbox_spans_reach_host_processors_under_the_host_span(client, recorder):
+    with trace.trace("host-trace") as host_trace, trace.span("host-span") as host_span:
+        assert await client.remote(t.traced_work, "tk") == "tk"
+    await wait_for(lambda: recorder.named("outer") and recorder.named("failing"))
+    (outer,) = recorder.named("outer")
+    (inner,) = recorder.named("inner")
+    (failing,) = recorder.named("failing")
+    assert outer.trace_id == host_trace.trace_id
+    assert outer.parent_id == host_span.span_id
+    assert inner.parent_id == outer.span_id and failing.parent_id == outer.span_id
+    assert outer.attrs["token"] == "tk" and outer.attrs["call_id"]
+    assert inner.attrs["depth"] == 2
+    assert outer.status == "ok"
+    assert [e.name for e in outer.events] == ["started"]
+    assert failing.status == "error" and "boom tk" in failing.error.message
+    assert outer.started_at and outer.ended_at and outer.ended_at >= outer.started_at
+
+
+async def test_concurrent_calls_get_their_own_spans(client, recorder):
+    tokens = [f"s{i}" for i in range(20)]
+    assert await asyncio.gather(*(client.remote(t.traced_async, k) for k in tokens)) == tokens
+    await wait_for(lambda: len(recorder.named("async-span")) >= 20)
+    call_of = {s.attrs["token"]: s.attrs["call_id"] for s in recorder.named("async-span")}
+    assert sorted(call_of) == sorted(tokens)
+    assert len(set(call_of.values())) == 20
