@@ -67,3 +67,40 @@ async def test_concurrent_calls_get_their_own_spans(client, recorder):
     call_of = {s.attrs["token"]: s.attrs["call_id"] for s in recorder.named("async-span")}
     assert sorted(call_of) == sorted(tokens)
     assert len(set(call_of.values())) == 20
+
+
+async def test_twenty_calls_logging_printing_and_tracing_are_each_attributed(client, recorder):
+    import logging
+
+    records = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    handler = Collect()
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)  # captured output is replayed at INFO
+    try:
+        tokens = [f"a{i}" for i in range(20)]
+        assert await asyncio.gather(*(client.remote(t.log_print_trace, k) for k in tokens)) == tokens
+
+        def by_token(prefix, name):
+            return {r.getMessage().split()[-1]: r.agentix_call_id for r in records
+                    if r.name == name and r.getMessage().startswith(prefix)}
+
+        await wait_for(lambda: len(by_token("log", "e2e.all")) == 20
+                       and len(by_token("print", "agentix.sandbox.stdout")) == 20
+                       and len(recorder.named("attributed")) == 20)
+        logged = by_token("log", "e2e.all")
+        printed = by_token("print", "agentix.sandbox.stdout")
+        spans = {s.attrs["token"]: s.attrs["call_id"] for s in recorder.named("attributed")}
+        # Every token's log record, printed line and span name the same call,
+        # and the 20 calls are distinct.
+        assert logged == printed == spans
+        assert len(set(spans.values())) == 20
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
