@@ -46,6 +46,18 @@ std::string OtelId(const std::string& agentix_id, size_t bytes) {
   return out;
 }
 
+// Bounds for decoding the worker's msgpack payloads: they hold flat maps and
+// short lists, so anything deeper or larger is refused (and reported as
+// undecodable) instead of being followed.
+msgpack::object_handle UnpackBounded(const std::string& packed) {
+  const msgpack::unpack_limit limits(/*array=*/4096, /*map=*/4096,
+                                     /*str=*/1 << 24, /*bin=*/1 << 24,
+                                     /*ext=*/0, /*depth=*/4);
+  std::size_t offset = 0;
+  return msgpack::unpack(packed.data(), packed.size(), offset, nullptr,
+                         nullptr, limits);
+}
+
 // Sets `value` from a msgpack scalar; other types become their msgpack
 // text form (the worker already sends repr() for non-scalars).
 void SetValue(const msgpack::object& o, runtime::v1::AttributeValue& value) {
@@ -84,7 +96,7 @@ void AppendAttributes(
     google::protobuf::RepeatedPtrField<Attribute>* attributes) {
   if (packed.empty()) return;
   try {
-    msgpack::object_handle handle = msgpack::unpack(packed.data(), packed.size());
+    msgpack::object_handle handle = UnpackBounded(packed);
     const msgpack::object& root = handle.get();
     if (root.type != msgpack::type::MAP) throw msgpack::type_error();
     for (uint32_t i = 0; i < root.via.map.size; ++i) {
@@ -105,7 +117,7 @@ void AppendAttributes(
 void AppendEvents(const std::string& packed, TraceEvent& event) {
   if (packed.empty()) return;
   try {
-    msgpack::object_handle handle = msgpack::unpack(packed.data(), packed.size());
+    msgpack::object_handle handle = UnpackBounded(packed);
     const msgpack::object& root = handle.get();
     if (root.type != msgpack::type::ARRAY) throw msgpack::type_error();
     for (uint32_t i = 0; i < root.via.array.size; ++i) {
