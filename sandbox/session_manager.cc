@@ -53,14 +53,9 @@ SessionManager::~SessionManager() { Shutdown(absl::Seconds(2)); }
 
 void SessionManager::HandleHostEvent(const std::shared_ptr<CallSink>& sink,
                                      const HostEvent& event) {
-  std::vector<Delivery> out;
-  {
-    absl::MutexLock lock(&mu_);
-    ApplyHostEvent(sink, event, out);
-    FlushToWorker();
-  }
-  Deliver(out);
-  ReapDeadWorkers();
+  google::protobuf::RepeatedPtrField<HostEvent> one;
+  *one.Add() = event;
+  HandleHostEvents(sink, one);
 }
 
 void SessionManager::HandleHostEvents(
