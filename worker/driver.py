@@ -335,6 +335,16 @@ _context_mod = None
 _context_missing_reported = False
 
 
+def _env_log_level():
+    """The level $AGENTIX_LOG_LEVEL names (a level name or number), or
+    INFO when it is unset or unknown."""
+    value = os.environ.get("AGENTIX_LOG_LEVEL", "").strip()
+    if value.isdigit():
+        return int(value)
+    level = logging.getLevelName(value.upper()) if value else logging.INFO
+    return level if isinstance(level, int) else logging.INFO
+
+
 def _context_module():
     """agentix.utils.context from the sandbox's venv, or None if the venv has
     no agentix (then there is nothing a call could read the context with)."""
@@ -1373,6 +1383,10 @@ class _Logs:
         root = logging.getLogger()
         bridge = _LogBridge(channel, context)
         root.addHandler(bridge)
+        # As the original worker: the level comes from $AGENTIX_LOG_LEVEL
+        # (configure_logging; unknown names mean INFO), then the bridge raises
+        # it to at least INFO so the host sees INFO records by default.
+        root.setLevel(_env_log_level())
         if root.level == logging.NOTSET or root.level > logging.INFO:
             root.setLevel(logging.INFO)
 

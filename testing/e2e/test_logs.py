@@ -119,3 +119,12 @@ async def test_durable_log_file(start_daemon, tmp_path):
     await wait_for(lambda: "warned tok3" in path.read_text(errors="replace"))
     text = path.read_text(errors="replace")
     assert "printed tok3" in text and "child-err tok3" in text
+
+
+async def test_agentix_log_level_lowers_the_sandbox_level(start_daemon, collected):
+    from agentix import RuntimeClient
+
+    d = start_daemon(env={"AGENTIX_LOG_LEVEL": "debug"})
+    async with RuntimeClient(d.url) as c:
+        await c.remote(t.log_things, "tok4")
+        await wait_for(lambda: any(r.getMessage() == "invisible tok4" for r in collected.named("e2e.app")))
