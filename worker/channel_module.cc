@@ -1018,6 +1018,29 @@ void QueueLogsFromPython(const std::shared_ptr<Writer>& writer,
   Py_END_ALLOW_THREADS
 }
 
+// Copies a msgpack buffer argument (bytes or None) into `out`. GIL held.
+bool OptionalBuffer(PyObject* object, std::string& out) {
+  if (object == Py_None) return true;
+  Py_buffer view;
+  if (PyObject_GetBuffer(object, &view, PyBUF_CONTIG_RO) != 0) return false;
+  out.assign(static_cast<const char*>(view.buf), static_cast<size_t>(view.len));
+  PyBuffer_Release(&view);
+  return true;
+}
+
+// Encodes `frame` and puts it on the log queue (see ChannelSendTrace for
+// why side-channel frames do not go through `out`). GIL held.
+bool QueueSideChannelFrame(PyObject* self, const ipc::Frame& frame) {
+  std::string frames;
+  absl::Status status = ipc::AppendFrame(frame, frames);
+  if (!status.ok()) {
+    SetError(PyExc_ValueError, status);
+    return false;
+  }
+  QueueLogsFromPython(Channel(self).writer, frames, nullptr);
+  return true;
+}
+
 PyObject* ChannelSendLog(PyObject* self, PyObject* const* args,
                          Py_ssize_t nargs) {
   if (!CheckArgs("send_log", nargs, 15)) return nullptr;
@@ -1042,37 +1065,13 @@ PyObject* ChannelSendLog(PyObject* self, PyObject* const* args,
       !ToUtf8(args[14], "stack_info", kText, log.stack_info)) {
     return nullptr;
   }
-  if (args[13] != Py_None) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[13], &view, PyBUF_CONTIG_RO) != 0) {
-      return nullptr;
-    }
-    log.extras.assign(static_cast<const char*>(view.buf),
-                      static_cast<size_t>(view.len));
-    PyBuffer_Release(&view);
-  }
+  if (!OptionalBuffer(args[13], log.extras)) return nullptr;
   log.level = static_cast<int>(level);
   log.time_unix_nanos = time_ns;
   log.line = static_cast<int>(line);
   log.origin = static_cast<int>(origin);
-  std::string frames;
-  absl::Status status = ipc::AppendFrame(frame, frames);
-  if (!status.ok()) {
-    SetError(PyExc_ValueError, status);
-    return nullptr;
-  }
-  QueueLogsFromPython(Channel(self).writer, frames, nullptr);
+  if (!QueueSideChannelFrame(self, frame)) return nullptr;
   Py_RETURN_NONE;
-}
-
-// Copies a msgpack buffer argument (bytes or None) into `out`. GIL held.
-bool OptionalBuffer(PyObject* object, std::string& out) {
-  if (object == Py_None) return true;
-  Py_buffer view;
-  if (PyObject_GetBuffer(object, &view, PyBUF_CONTIG_RO) != 0) return false;
-  out.assign(static_cast<const char*>(view.buf), static_cast<size_t>(view.len));
-  PyBuffer_Release(&view);
-  return true;
 }
 
 // One `trace` frame. It rides the log queue, not `out`: trace events come
@@ -1117,13 +1116,7 @@ PyObject* ChannelSendTrace(PyObject* self, PyObject* const* args,
   t.start_time_unix_nanos = start_ns;
   t.end_time_unix_nanos = end_ns;
   t.status = static_cast<int>(status);
-  std::string frames;
-  absl::Status encoded = ipc::AppendFrame(frame, frames);
-  if (!encoded.ok()) {
-    SetError(PyExc_ValueError, encoded);
-    return nullptr;
-  }
-  QueueLogsFromPython(Channel(self).writer, frames, nullptr);
+  if (!QueueSideChannelFrame(self, frame)) return nullptr;
   Py_RETURN_NONE;
 }
 
