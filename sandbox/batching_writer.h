@@ -46,7 +46,9 @@ class BatchingWriter {
     Reactor* reactor;
     {
       absl::MutexLock lock(&mu_);
-      if (reactor_ == nullptr || finished_ || cancelled_) return false;
+      if (reactor_ == nullptr || finished_ || cancelled_ || failure_) {
+        return false;
+      }
       for (auto& item : items) queue_.push_back(std::move(item));
       if (write_in_flight_) return true;  // OnWriteDone picks them up
       FillBatch();
@@ -55,6 +57,39 @@ class BatchingWriter {
     }
     reactor->StartWrite(&batch_);
     return true;
+  }
+
+  // Sets the non-repeated fields every later message carries. Only before
+  // the first write (the stream's handshake decides them).
+  void SetHeader(Response header) {
+    absl::MutexLock lock(&mu_);
+    if (!write_in_flight_) batch_ = std::move(header);
+  }
+
+  // Writes `first` (a handshake message outside the batching) before
+  // anything queued. Call once, before any Enqueue.
+  void WriteFirst(Response first) {
+    Reactor* reactor;
+    {
+      absl::MutexLock lock(&mu_);
+      if (reactor_ == nullptr || finished_ || cancelled_ || failure_ ||
+          write_in_flight_) {
+        return;
+      }
+      first_ = std::move(first);
+      write_in_flight_ = true;
+      reactor = reactor_;
+    }
+    reactor->StartWrite(&first_);
+  }
+
+  // Ends the stream with `status` (not OK) as soon as no write is in
+  // flight; queued items are discarded and later Enqueues refused.
+  void Fail(grpc::Status status) {
+    UpdateAndMaybeFinish([&] {
+      if (!failure_) failure_ = std::move(status);
+      queue_.clear();
+    });
   }
 
   // Reactor hooks.
@@ -66,7 +101,7 @@ class BatchingWriter {
       absl::MutexLock lock(&mu_);
       reactor = reactor_;
       if (!ok) cancelled_ = true;  // the stream is broken
-      write_next = !cancelled_ && FillBatch();
+      write_next = !cancelled_ && !failure_ && FillBatch();
       if (!write_next) {
         write_in_flight_ = false;
         finish = TakeFinish();
@@ -142,6 +177,10 @@ class BatchingWriter {
       finished_ = true;
       return grpc::Status::CANCELLED;
     }
+    if (failure_) {
+      finished_ = true;
+      return *failure_;
+    }
     if (!reads_done_ || !queue_.empty() || !ReadyToFinish()) {
       return std::nullopt;
     }
@@ -158,11 +197,13 @@ class BatchingWriter {
   Reactor* reactor_ ABSL_GUARDED_BY(mu_);
   std::deque<ItemPtr> queue_ ABSL_GUARDED_BY(mu_);
   Response batch_;                  // the message of the write in flight
+  Response first_;                  // WriteFirst's message
   std::vector<ItemPtr> batch_refs_;  // keeps batch_'s borrowed items alive
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::Status> failure_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace agentix::sandbox

@@ -186,19 +186,24 @@ TraceEvent ToTraceEvent(const ipc::TraceEntry& t,
   return e;
 }
 
-LogRecord DropWarning(uint64_t dropped, size_t capacity,
-                      const std::string& what) {
+LogRecord RuntimeWarning(std::string logger, std::string message) {
   LogRecord warning;
-  warning.set_logger("agentix.sandbox");
+  warning.set_logger(std::move(logger));
   warning.set_level(30);
   warning.set_level_name("WARNING");
-  warning.set_message(absl::StrCat(
-      dropped, " sandbox ", what,
-      " were dropped: the daemon's buffer (", capacity,
-      " entries) filled up before a host received them"));
+  warning.set_message(std::move(message));
   warning.set_time_unix_nanos(NowUnixNanos());
   warning.set_origin(runtime::v1::LOG_ORIGIN_RUNTIME);
   return warning;
+}
+
+LogRecord DropWarning(uint64_t dropped, size_t capacity,
+                      const std::string& what) {
+  return RuntimeWarning(
+      "agentix.sandbox",
+      absl::StrCat(dropped, " sandbox ", what,
+                   " were dropped: the daemon's buffer (", capacity,
+                   " entries) filled up before a host received them"));
 }
 
 std::unique_ptr<LogBuffer> MakeLogBuffer(size_t capacity) {

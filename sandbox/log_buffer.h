@@ -27,6 +27,9 @@ runtime::v1::LogRecord ToLogRecord(const ipc::LogEntry& entry,
 runtime::v1::TraceEvent ToTraceEvent(const ipc::TraceEntry& entry,
                                      const std::string& worker_id);
 
+// A WARNING record from the daemon itself (origin RUNTIME), stamped now.
+runtime::v1::LogRecord RuntimeWarning(std::string logger, std::string message);
+
 // The WARNING record that reports `dropped` lost `what` ("log records").
 runtime::v1::LogRecord DropWarning(uint64_t dropped, size_t capacity,
                                    const std::string& what);

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/grpc_status.h"
 #include "sandbox/batching_writer.h"
 
 namespace agentix::sandbox {
@@ -169,6 +170,100 @@ using TracesReactor =
     SideChannelReactor<runtime::v1::TracesRequest, runtime::v1::TracesResponse,
                        runtime::v1::TraceEvent, TracesEvents>;
 
+struct NamespaceEvents {
+  static auto* Get(runtime::v1::NamespaceResponse& r) {
+    return r.mutable_events();
+  }
+};
+
+// The write side of one Namespace stream.
+class NamespaceSink final
+    : public NamespaceSubscriber,
+      public BatchingWriter<runtime::v1::NamespaceRequest,
+                            runtime::v1::NamespaceResponse,
+                            runtime::v1::NamespaceEvent, NamespaceEvents> {
+ public:
+  using BatchingWriter::BatchingWriter;
+  bool Deliver(std::vector<NamespaceEventPtr> events) override {
+    return Enqueue(std::move(events));
+  }
+};
+
+// One Namespace stream: OpenNamespace registers it with the hub (answered
+// by an `opened` message), later events go to the worker.
+class NamespaceReactor final
+    : public grpc::ServerBidiReactor<runtime::v1::NamespaceRequest,
+                                     runtime::v1::NamespaceResponse> {
+ public:
+  explicit NamespaceReactor(SessionManager* manager)
+      : manager_(manager), sink_(std::make_shared<NamespaceSink>(this)) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      sink_->OnReadsDone();
+      return;
+    }
+    if (request_.has_open()) {
+      Open(request_.open().namespace_());
+    } else if (request_.has_event()) {
+      if (name_.empty()) {
+        sink_->Fail(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                 "send OpenNamespace before any event"));
+        return;
+      }
+      absl::Status sent = manager_->SendNamespaceEvent(name_, request_.event());
+      if (!sent.ok()) {
+        sink_->Fail(base::ToGrpcStatus(sent));
+        return;
+      }
+    }
+    request_.Clear();
+    StartRead(&request_);
+  }
+
+  void OnWriteDone(bool ok) override { sink_->OnWriteDone(ok); }
+  void OnCancel() override { sink_->OnCancel(); }
+
+  void OnDone() override {
+    manager_->namespaces().Unsubscribe(sink_.get());
+    sink_->Detach();
+    delete this;
+  }
+
+ private:
+  void Open(const std::string& name) {
+    if (!name_.empty()) {
+      sink_->Fail(grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          "this stream already carries namespace " + name_ +
+              "; open one stream per namespace"));
+      return;
+    }
+    absl::Status valid = NamespaceHub::CheckName(name);
+    if (!valid.ok()) {
+      sink_->Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                               std::string(valid.message())));
+      return;
+    }
+    name_ = name;
+    runtime::v1::NamespaceResponse header;
+    header.set_namespace_(name);
+    header.set_instance_id(manager_->logs().instance_id());
+    sink_->SetHeader(header);
+    header.set_opened(true);
+    // The handshake is written before the stream can receive events.
+    sink_->WriteFirst(std::move(header));
+    manager_->namespaces().Subscribe(name, sink_);
+  }
+
+  SessionManager* const manager_;
+  std::shared_ptr<NamespaceSink> sink_;
+  runtime::v1::NamespaceRequest request_;
+  std::string name_;  // only touched by read reactions
+};
+
 }  // namespace
 
 RuntimeServiceImpl::RuntimeServiceImpl(SessionManager* manager,
@@ -189,6 +284,12 @@ grpc::ServerBidiReactor<runtime::v1::TracesRequest,
                         runtime::v1::TracesResponse>*
 RuntimeServiceImpl::Traces(grpc::CallbackServerContext* /*context*/) {
   return new TracesReactor(&manager_->traces());
+}
+
+grpc::ServerBidiReactor<runtime::v1::NamespaceRequest,
+                        runtime::v1::NamespaceResponse>*
+RuntimeServiceImpl::Namespace(grpc::CallbackServerContext* /*context*/) {
+  return new NamespaceReactor(manager_);
 }
 
 grpc::ServerUnaryReactor* RuntimeServiceImpl::GetInfo(

@@ -28,6 +28,10 @@ class RuntimeServiceImpl final
                           runtime::v1::TracesResponse>*
   Traces(grpc::CallbackServerContext* context) override;
 
+  grpc::ServerBidiReactor<runtime::v1::NamespaceRequest,
+                          runtime::v1::NamespaceResponse>*
+  Namespace(grpc::CallbackServerContext* context) override;
+
   grpc::ServerUnaryReactor* GetInfo(
       grpc::CallbackServerContext* context,
       const runtime::v1::GetInfoRequest* request,

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
+#include "base/status_macros.h"
 
 namespace agentix::sandbox {
 
@@ -346,7 +347,8 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
     absl::MutexLock lock(&mu_);
     for (ipc::Frame& frame : frames) {
       if (frame.type != ipc::FrameType::kLog &&
-          frame.type != ipc::FrameType::kTrace) {
+          frame.type != ipc::FrameType::kTrace &&
+          frame.type != ipc::FrameType::kNamespaceEvent) {
         ApplyWorkerFrame(generation, frame, out);
       }
     }
@@ -356,18 +358,110 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
   }
   std::vector<runtime::v1::LogRecord> records;
   std::vector<runtime::v1::TraceEvent> trace_events;
+  std::vector<const ipc::Frame*> namespace_events;
   for (const ipc::Frame& frame : frames) {
     if (frame.type == ipc::FrameType::kLog) {
       records.push_back(ToLogRecord(frame.log, worker_id));
     } else if (frame.type == ipc::FrameType::kTrace) {
       trace_events.push_back(ToTraceEvent(frame.trace, worker_id));
+    } else if (frame.type == ipc::FrameType::kNamespaceEvent) {
+      namespace_events.push_back(&frame);
     }
   }
   // Side channels first: a record written before a call returned is
   // delivered before its result on any host that reads both promptly.
   if (!records.empty()) logs_->Append(std::move(records));
   if (!trace_events.empty()) traces_->Append(std::move(trace_events));
+  if (!namespace_events.empty()) RouteNamespaceEvents(namespace_events);
   Deliver(out);
+}
+
+namespace {
+
+std::shared_ptr<const runtime::v1::NamespaceEvent> ToNamespaceEvent(
+    const ipc::Frame& frame) {
+  auto event = std::make_shared<runtime::v1::NamespaceEvent>();
+  event->set_event(frame.ns.event);
+  event->set_data(frame.data);
+  event->set_request_id(frame.ns.request_id);
+  if (frame.ns.has_error) {
+    auto* error = event->mutable_error();
+    error->set_type(frame.ns.error_type);
+    error->set_message(frame.ns.error_message);
+    error->set_status_code(frame.ns.status_code);
+  }
+  return event;
+}
+
+}  // namespace
+
+void SessionManager::RouteNamespaceEvents(
+    const std::vector<const ipc::Frame*>& frames) {
+  // Consecutive events of one namespace go out as one batch.
+  size_t begin = 0;
+  while (begin < frames.size()) {
+    const std::string& name = frames[begin]->ns.name;
+    size_t end = begin;
+    std::vector<NamespaceEventPtr> batch;
+    while (end < frames.size() && frames[end]->ns.name == name) {
+      batch.push_back(ToNamespaceEvent(*frames[end]));
+      ++end;
+    }
+    if (namespaces_.Broadcast(name, batch) == 0) {
+      // As in the original, an event with no listening host is not kept,
+      // but it is never lost silently: the first one of each event name is
+      // reported to the hosts' logs.
+      std::vector<runtime::v1::LogRecord> warnings;
+      {
+        absl::MutexLock lock(&mu_);
+        for (size_t i = begin; i < end; ++i) {
+          const std::string& event = frames[i]->ns.event;
+          if (!unrouted_reported_.insert(absl::StrCat(name, std::string(1, '\0'), event)).second) {
+            continue;
+          }
+          warnings.push_back(RuntimeWarning("agentix.sio", absl::StrCat(
+              "sandbox emitted event '", event, "' on namespace ", name,
+              " while no host had it open; the event was dropped (later "
+              "drops of this event are not reported). Register the "
+              "namespace on the host (RuntimeClient.register_namespace) "
+              "before the first call.")));
+        }
+      }
+      if (!warnings.empty()) logs_->Append(std::move(warnings));
+    }
+    begin = end;
+  }
+}
+
+absl::Status SessionManager::SendNamespaceEvent(
+    const std::string& name, const runtime::v1::NamespaceEvent& event) {
+  ipc::Frame frame;
+  frame.type = ipc::FrameType::kNamespaceEvent;
+  frame.ns.name = name;
+  frame.ns.event = event.event();
+  frame.ns.request_id = event.request_id();
+  if (event.has_error()) {
+    frame.ns.has_error = true;
+    frame.ns.error_type = event.error().type();
+    frame.ns.error_message = event.error().message();
+    frame.ns.status_code = event.error().status_code();
+  }
+  frame.data = event.data();
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) {
+    return absl::UnavailableError("sandbox daemon is shutting down");
+  }
+  auto worker = EnsureWorker();
+  if (!worker.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("runtime worker could not be started: ",
+                     worker.status().message()));
+  }
+  std::string encoded;
+  AGX_RETURN_IF_ERROR(ipc::AppendFrame(frame, encoded));
+  to_worker_.append(encoded);
+  FlushToWorker();
+  return absl::OkStatus();
 }
 
 void SessionManager::ApplyWorkerFrame(uint64_t generation, ipc::Frame& frame,

@@ -23,11 +23,13 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agentix/runtime/v1/runtime.pb.h"
 #include "sandbox/call_sink.h"
 #include "sandbox/log_buffer.h"
+#include "sandbox/namespace_hub.h"
 #include "sandbox/worker_process.h"
 
 namespace agentix::sandbox {
@@ -76,6 +78,13 @@ class SessionManager : public WorkerProcess::Listener {
   // RuntimeService.Traces.
   LogBuffer& logs() { return *logs_; }
   TraceBuffer& traces() { return *traces_; }
+  // The host streams open on each plugin namespace (RuntimeService.Namespace).
+  NamespaceHub& namespaces() { return namespaces_; }
+  // Forwards one host event of namespace `name` to the worker, starting it
+  // if needed. Unavailable if no worker can be started or the daemon is
+  // shutting down; ResourceExhausted if it exceeds the worker frame limit.
+  absl::Status SendNamespaceEvent(const std::string& name,
+                                  const runtime::v1::NamespaceEvent& event);
   // Asks the worker to exit, waits up to `grace`, then kills it. Running
   // calls end with WorkerDied. Idempotent.
   void Shutdown(absl::Duration grace);
@@ -144,6 +153,9 @@ class SessionManager : public WorkerProcess::Listener {
   void ApplyWorkerFrame(uint64_t generation, ipc::Frame& frame,
                         std::vector<Delivery>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Broadcasts the worker's namespace events (in order) to the host streams
+  // open on their namespaces; reports events nobody received. Not under mu_.
+  void RouteNamespaceEvents(const std::vector<const ipc::Frame*>& frames);
   // Destroys workers that have exited (joins their threads). Never called
   // from a worker callback or with mu_ held.
   void ReapDeadWorkers();
@@ -151,6 +163,7 @@ class SessionManager : public WorkerProcess::Listener {
   const SessionOptions options_;
   const std::unique_ptr<LogBuffer> logs_;
   const std::unique_ptr<TraceBuffer> traces_;
+  NamespaceHub namespaces_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, Call> calls_ ABSL_GUARDED_BY(mu_);
   std::list<std::string> retained_order_ ABSL_GUARDED_BY(mu_);
@@ -162,6 +175,8 @@ class SessionManager : public WorkerProcess::Listener {
   uint64_t workers_started_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t evicted_ ABSL_GUARDED_BY(mu_) = 0;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  // "namespace\0event" pairs already reported as emitted with no listener.
+  absl::flat_hash_set<std::string> unrouted_reported_ ABSL_GUARDED_BY(mu_);
 };
 
 // Builds a CallError event (exposed for the adapter and tests).

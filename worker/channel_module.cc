@@ -39,6 +39,7 @@ enum FrameKind : int {
   kCancel = 3,
   kShutdown = 4,
   kStreamAck = 5,
+  kNamespaceEvent = 6,
 };
 
 // Read syscall size; reused for every read.
@@ -749,6 +750,14 @@ PyObject* FrameToTuple(PyObject* self, const ipc::Frame& f) {
                     PyLong_FromUnsignedLongLong(f.index)});
     case ipc::FrameType::kShutdown:
       return Tuple({PyLong_FromLong(kShutdown)});
+    case ipc::FrameType::kNamespaceEvent: {
+      PyObject* error_type = f.ns.has_error ? Str(f.ns.error_type)
+                                            : Py_NewRef(Py_None);
+      return Tuple({PyLong_FromLong(kNamespaceEvent), Str(f.ns.name),
+                    Str(f.ns.event), Bytes(f.data), Str(f.ns.request_id),
+                    error_type, Str(f.ns.error_message),
+                    PyLong_FromLong(f.ns.status_code)});
+    }
     default:
       break;
   }
@@ -1120,6 +1129,39 @@ PyObject* ChannelSendTrace(PyObject* self, PyObject* const* args,
   Py_RETURN_NONE;
 }
 
+// send_ns_event(namespace, event, data, request_id, error_type,
+// error_message, status_code): one plugin-namespace event for the hosts.
+// `data` is the msgpack payload; error_type None means no error. Rides the
+// log queue like trace frames: emitted from any thread, kept in order with
+// the records around it.
+PyObject* ChannelSendNamespaceEvent(PyObject* self, PyObject* const* args,
+                                    Py_ssize_t nargs) {
+  if (!CheckArgs("send_ns_event", nargs, 7)) return nullptr;
+  ipc::Frame frame;
+  frame.type = ipc::FrameType::kNamespaceEvent;
+  ipc::NamespaceEntry& ns = frame.ns;
+  long long status_code = 0;
+  constexpr const char* kText = "surrogateescape";
+  if (!ToUtf8(args[0], "namespace", kText, ns.name) ||
+      !ToUtf8(args[1], "event", kText, ns.event) ||
+      !OptionalBuffer(args[2], frame.data) ||
+      !ToUtf8(args[3], "request_id", kText, ns.request_id) ||
+      !ToUtf8(args[5], "error_message", "backslashreplace",
+              ns.error_message) ||
+      !ToInt(args[6], "status_code", status_code)) {
+    return nullptr;
+  }
+  if (args[4] != Py_None) {
+    if (!ToUtf8(args[4], "error_type", "backslashreplace", ns.error_type)) {
+      return nullptr;
+    }
+    ns.has_error = true;
+  }
+  ns.status_code = static_cast<int>(status_code);
+  if (!QueueSideChannelFrame(self, frame)) return nullptr;
+  Py_RETURN_NONE;
+}
+
 PyObject* ChannelSendStdio(PyObject* self, PyObject* const* args,
                            Py_ssize_t nargs) {
   if (!CheckArgs("send_stdio", nargs, 3)) return nullptr;
@@ -1382,6 +1424,9 @@ PyMethodDef kChannelMethods[] = {
      "nanos, end_time_unix_nanos, attributes, events, status, "
      "status_description, error_message, error_data, call_id): one `trace` "
      "frame, queued with the log frames"},
+    {"send_ns_event", Fast<ChannelSendNamespaceEvent>(), METH_FASTCALL,
+     "send_ns_event(namespace, event, data, request_id, error_type, "
+     "error_message, status_code): a plugin-namespace event for the hosts."},
     {"send_stdio", Fast<ChannelSendStdio>(), METH_FASTCALL,
      "send_stdio(origin, text, call_id): one captured line"},
     {"start_capture", Fast<ChannelStartCapture>(), METH_FASTCALL,
@@ -1504,6 +1549,7 @@ int ExecModule(PyObject* module) {
       AddInt(module, "CANCEL", kCancel) < 0 ||
       AddInt(module, "SHUTDOWN", kShutdown) < 0 ||
       AddInt(module, "STREAM_ACK", kStreamAck) < 0 ||
+      AddInt(module, "NS_EVENT", kNamespaceEvent) < 0 ||
       AddInt(module, "CHUNK_BYTES", static_cast<long>(ipc::kChunkBytes)) < 0) {
     return -1;
   }

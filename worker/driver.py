@@ -108,8 +108,10 @@ _DURABLE_MAX_BYTES = 64 * 1024 * 1024
 _DEFAULT_LOG_DIR = "/tmp/agentix"
 _DEFAULT_FORMAT = "%(asctime)s [%(agentix_context)s] [%(name)s] %(message)s"
 # Records of these loggers never become log frames (SPEC 4): the bridge's own
-# plumbing would feed back into itself.
-_UNFORWARDED = ("agentix.sio", "agentix.utils.log")
+# plumbing would feed back into itself. (The original also held back
+# "agentix.sio", whose events carried the logs; here logs have their own
+# channel, so plugin-namespace warnings reach the host like any record.)
+_UNFORWARDED = ("agentix.utils.log",)
 # LogRecord attributes that are not `extra=` fields.
 _STANDARD_KEYS = frozenset((
     "name", "msg", "args", "levelname", "levelno", "pathname", "filename",
@@ -411,6 +413,8 @@ class _Worker:
                     self._on_stream_ack(frame[1], frame[2])
                 elif kind == _w.CANCEL:
                     self._on_cancel(frame[1])
+                elif kind == _w.NS_EVENT:
+                    _deliver_namespace_event(frame[1], frame[2], frame[3])
                 else:
                     _log(_DEBUG, "shutdown requested")
                     self.stop(EXIT_OK, notify=True)
@@ -1180,6 +1184,78 @@ def _start_trace_forwarding(channel):
     return forwarder
 
 
+# agentix.sio when the venv has agentix (set by _start_namespaces), else None.
+_sio = None
+_sio_missing_reported = False
+
+
+class _NamespaceBridge:
+    """What agentix.sio sends plugin-namespace events through: the channel's
+    side-channel queue (thread-safe, in order with log records)."""
+
+    def __init__(self, channel):
+        self._channel = channel
+        self.enabled = True
+
+    def emit(self, namespace, event, payload, request_id, error):
+        if not self.enabled:
+            raise RuntimeError("agentix.sio: events can only be emitted by "
+                               "the running sandbox worker (not during its "
+                               "shutdown, not from a forked child)")
+        if error is None:
+            self._channel.send_ns_event(namespace, event, payload, request_id,
+                                        None, "", 0)
+            return
+        status = error.get("status_code")
+        self._channel.send_ns_event(
+            namespace, event, payload, request_id,
+            str(error.get("type", "Error")), str(error.get("message", "")),
+            status if type(status) is int and -2**31 <= status < 2**31 else 0)
+
+
+def _start_namespaces(channel):
+    """Installs the agentix.sio bridge if the venv has agentix; returns it."""
+    global _sio
+    try:
+        import agentix.sio as sio_module
+    except ImportError:
+        _log(_DEBUG, "agentix is not importable in the sandbox; plugin "
+                     "namespaces are unavailable")
+        return None
+    except Exception as exc:
+        _log(_WARNING, "importing agentix.sio failed "
+             f"({type(exc).__name__}: {_text(exc)}); plugin namespaces are "
+             "unavailable")
+        return None
+    bridge = _NamespaceBridge(channel)
+    sio_module._install(bridge)
+
+    def after_fork_in_child():
+        bridge.enabled = False
+
+    os.register_at_fork(after_in_child=after_fork_in_child)
+    _sio = sio_module
+    return bridge
+
+
+def _deliver_namespace_event(namespace, event, payload):
+    """Hands one host event to agentix.sio (on the loop); never raises."""
+    global _sio_missing_reported
+    if _sio is None:
+        if not _sio_missing_reported:
+            _sio_missing_reported = True
+            logging.getLogger("agentix.sio").warning(
+                "event %r for namespace %s dropped: the sandbox's venv has no "
+                "agentix package, so no agentix.Namespace can receive it",
+                event, namespace)
+        return
+    try:
+        _sio._deliver(namespace, event, payload)
+    except Exception:
+        logging.getLogger("agentix.sio").exception(
+            "delivering event %r of namespace %s failed", event, namespace)
+
+
 class _CapturedStream(io.TextIOWrapper):
     """sys.stdout / sys.stderr: a line-buffered, write-through text wrapper
     of fd 1 / fd 2 whose write() does not reach the fd. Each complete line
@@ -1444,9 +1520,12 @@ def main(channel_fd, worker_id):
     logs = _Logs(channel, worker_id)
     logs.start()
     forwarder = _start_trace_forwarding(channel)
+    namespaces = _start_namespaces(channel)
     try:
         return _serve(channel, channel_fd, worker_id)
     finally:
+        if namespaces is not None:
+            namespaces.enabled = False
         if forwarder is not None:
             # Spans closed during interpreter teardown have nowhere to go.
             forwarder.enabled = False

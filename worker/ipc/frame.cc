@@ -28,6 +28,7 @@ constexpr TypeName kTypeNames[] = {
     {FrameType::kStreamItem, "stream_item"},
     {FrameType::kLog, "log"},
     {FrameType::kTrace, "trace"},
+    {FrameType::kNamespaceEvent, "ns_event"},
 };
 
 std::optional<FrameType> ParseType(std::string_view name) {
@@ -69,6 +70,19 @@ void PackInt(Packer& p, std::string_view key, T value) {
 void PackKey(Packer& p, std::string_view key) {
   p.pack_str(key.size());
   p.pack_str_body(key.data(), key.size());
+}
+
+void PackNamespace(Packer& p, const NamespaceEntry& n) {
+  PackKey(p, "ns");
+  p.pack_map(n.has_error ? 6 : 3);
+  PackStr(p, "name", n.name);
+  PackStr(p, "event", n.event);
+  PackStr(p, "request_id", n.request_id);
+  if (n.has_error) {
+    PackStr(p, "error_type", n.error_type);
+    PackStr(p, "error_message", n.error_message);
+    PackInt(p, "status_code", n.status_code);
+  }
 }
 
 void PackError(Packer& p, const ErrorInfo& e) {
@@ -211,6 +225,23 @@ absl::Status ReadTrace(const msgpack::object& o, TraceEntry& t) {
   return absl::OkStatus();
 }
 
+absl::Status ReadNamespace(const msgpack::object& o, NamespaceEntry& n) {
+  if (o.type != msgpack::type::MAP) return InvalidField("ns", "a map");
+  for (uint32_t i = 0; i < o.via.map.size; ++i) {
+    const auto& kv = o.via.map.ptr[i];
+    std::string_view key = KeyOf(kv);
+    absl::Status s;
+    if (key == "name") s = ReadBytes(kv.val, key, n.name);
+    else if (key == "event") s = ReadBytes(kv.val, key, n.event);
+    else if (key == "request_id") s = ReadBytes(kv.val, key, n.request_id);
+    else if (key == "error_type") { s = ReadBytes(kv.val, key, n.error_type); n.has_error = true; }
+    else if (key == "error_message") s = ReadBytes(kv.val, key, n.error_message);
+    else if (key == "status_code") s = ReadInt(kv.val, key, n.status_code);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadError(const msgpack::object& o, ErrorInfo& e) {
   if (o.type != msgpack::type::MAP) return InvalidField("error", "a map");
   for (uint32_t i = 0; i < o.via.map.size; ++i) {
@@ -320,6 +351,12 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       p.pack_map(2);
       PackStr(p, "t", "trace");
       PackTrace(p, f.trace);
+      break;
+    case FrameType::kNamespaceEvent:
+      p.pack_map(3);
+      PackStr(p, "t", "ns_event");
+      PackNamespace(p, f.ns);
+      PackBin(p, "data", f.data);
       break;
     case FrameType::kStreamItem:
       p.pack_map(5);
@@ -442,6 +479,8 @@ absl::StatusOr<Frame> DecodeFrameBody(std::string_view body) {
       s = ReadLog(kv.val, f.log);
     } else if (key == "trace") {
       s = ReadTrace(kv.val, f.trace);
+    } else if (key == "ns") {
+      s = ReadNamespace(kv.val, f.ns);
     }
     if (!s.ok()) return s;
   }

@@ -31,6 +31,8 @@ enum class FrameType {
   kCancel,     // call_id
   kShutdown,   // (no fields)
   kStreamAck,  // call_id, index (the next index the host has not consumed)
+  // both directions
+  kNamespaceEvent,  // ns (see NamespaceEntry), data (msgpack payload)
   // worker -> daemon
   kReady,        // pid, detail (python version)
   kBootError,    // error
@@ -96,6 +98,18 @@ struct TraceEntry {
   std::string call_id;
 };
 
+// One plugin-namespace event (agentix.runtime.v1.NamespaceEvent plus its
+// namespace); the payload travels in Frame::data.
+struct NamespaceEntry {
+  std::string name;  // "/abridge"
+  std::string event;
+  std::string request_id;  // informational, may be empty
+  bool has_error = false;
+  std::string error_type;
+  std::string error_message;
+  int status_code = 0;
+};
+
 // One decoded frame. Only the fields its type lists are meaningful.
 struct Frame {
   FrameType type = FrameType::kShutdown;
@@ -112,6 +126,7 @@ struct Frame {
   uint64_t index = 0;          // kStreamItem, kStreamAck
   LogEntry log;                // kLog
   TraceEntry trace;            // kTrace
+  NamespaceEntry ns;           // kNamespaceEvent
 };
 
 // Appends the encoded frame (length prefix included) to `out`.

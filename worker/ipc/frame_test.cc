@@ -318,5 +318,48 @@ TEST_CASE("Trace frames round-trip every field", "[ipc]") {
   REQUIRE(t.call_id == "c9");
 }
 
+TEST_CASE("Namespace event frames round-trip, with and without an error",
+          "[ipc]") {
+  Frame f;
+  f.type = FrameType::kNamespaceEvent;
+  f.ns.name = "/abridge";
+  f.ns.event = "/v1/messages:error";
+  f.ns.request_id = "r1";
+  f.data = std::string("\x81\xa1k\xc4\x01\x00", 6);  // {"k": b"\0"}
+  Frame plain = Decode(Encode(f));
+  REQUIRE(plain.type == FrameType::kNamespaceEvent);
+  REQUIRE(plain.ns.name == "/abridge");
+  REQUIRE(plain.ns.event == "/v1/messages:error");
+  REQUIRE(plain.ns.request_id == "r1");
+  REQUIRE_FALSE(plain.ns.has_error);
+  REQUIRE(plain.data == f.data);
+
+  f.ns.has_error = true;
+  f.ns.error_type = "HTTPError";
+  f.ns.error_message = "upstream said no";
+  f.ns.status_code = 503;
+  Frame failed = Decode(Encode(f));
+  REQUIRE(failed.ns.has_error);
+  REQUIRE(failed.ns.error_type == "HTTPError");
+  REQUIRE(failed.ns.error_message == "upstream said no");
+  REQUIRE(failed.ns.status_code == 503);
+}
+
+TEST_CASE("A namespace frame whose ns field is not a map is refused", "[ipc]") {
+  std::string body;
+  {
+    msgpack::sbuffer buffer;
+    msgpack::packer<msgpack::sbuffer> p(buffer);
+    p.pack_map(2);
+    p.pack(std::string("t"));
+    p.pack(std::string("ns_event"));
+    p.pack(std::string("ns"));
+    p.pack(7);
+    body.assign(buffer.data(), buffer.size());
+  }
+  auto frame = DecodeFrameBody(body);
+  REQUIRE(frame.status().code() == absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace agentix::ipc

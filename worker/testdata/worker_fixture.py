@@ -128,8 +128,8 @@ def log_extras():
     logging.getLogger("app").info(
         "extras", extra={"num": 2, "text": "t", "seq": (1, [2, b"b"]),
                          "mapping": {3: None}, "obj": object, "_hidden": 1})
-    # Forwarded: only agentix.sio* and agentix.utils.log* are not.
-    logging.getLogger("agentix.sio.ns").warning("not forwarded")
+    # Forwarded: everything but agentix.utils.log*.
+    logging.getLogger("agentix.sio.ns").warning("forwarded too")
     logging.getLogger("agentix.utils.log").warning("not forwarded")
     logging.getLogger("agentix.other").warning("forwarded")
     return "logged"

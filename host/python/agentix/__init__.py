@@ -25,19 +25,24 @@ from agentix.runtime.client.errors import (  # noqa: E402
     RuntimeUnreachable,
     WorkerExited,
 )
+from agentix.runtime.client._sio_facade import AsyncClientNamespace, request_handler  # noqa: E402
 from agentix.runtime.client.result import Failed, Ok, Result  # noqa: E402
 from agentix.runtime.shared.callables import RemoteCallable  # noqa: E402
 from agentix.runtime.shared.safepickle import RestrictedUnpickleError  # noqa: E402
+from agentix.sio import Namespace, RemoteSioError, register_namespace  # noqa: E402
 from agentix.utils import context, log, trace  # noqa: E402
 from agentix.utils.log import configure_logging  # noqa: E402
 
 __all__ = [
+    "AsyncClientNamespace",
     "CallCancelled",
     "CallTimeout",
     "Failed",
+    "Namespace",
     "Ok",
     "RemoteCallError",
     "RemoteCallable",
+    "RemoteSioError",
     "RestrictedUnpickleError",
     "Result",
     "RuntimeClient",
@@ -47,6 +52,8 @@ __all__ = [
     "configure_logging",
     "context",
     "log",
+    "register_namespace",
+    "request_handler",
     "trace",
 ]
 

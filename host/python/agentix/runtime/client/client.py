@@ -20,6 +20,11 @@ events into the host's trace processors (`agentix.runtime.client.traces`).
 ``logs=False`` / ``traces=False`` turn them off. Either one, when lost while
 calls keep working, is re-opened by the next call (at most once per second
 each); a daemon that does not implement one is not asked for it again.
+
+Plugin namespaces (`agentix.AsyncClientNamespace`) registered with
+`register_namespace` before the first connection get one ``Namespace``
+stream each, opened with the Calls stream and confirmed by the daemon
+before the first call is sent (`agentix.runtime.client.namespaces`).
 """
 
 from __future__ import annotations
@@ -34,11 +39,14 @@ import grpc
 
 from agentix.runtime.client.errors import CallTimeout, RemoteCallError, RuntimeUnreachable, remote_call_error
 from agentix.runtime.client.logs import LogCursor, LogsStream
+from agentix.runtime.client._sio_facade import RESERVED_NAMESPACES, AsyncClientNamespace
+from agentix.runtime.client.namespaces import NamespaceStream
 from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream
 from agentix.runtime.client.result import Failed, Ok, Result
 from agentix.runtime.client.stream import STREAM_END, CallsStream, PendingCall
 from agentix.runtime.client.target import grpc_target
 from agentix.runtime.client.traces import TraceCursor, TracesStream
+from agentix.runtime.shared import codec
 from agentix.runtime.shared.callables import RemoteCallable, display_name_for
 from agentix.runtime.shared.models import HealthResponse, RemoteError
 from agentix.runtime.shared.safepickle import restricted_loads
@@ -170,6 +178,10 @@ class RuntimeClient:
         self.logs = logs
         self.traces = traces
         self._feeds = (_Feed("logs", LogsStream, LogCursor()), _Feed("traces", TracesStream, TraceCursor()))
+        self._namespaces: dict[str, AsyncClientNamespace] = {}
+        self._namespace_streams: dict[str, NamespaceStream] = {}
+        self._namespaces_reopened_at = float("-inf")
+        self._connected_once = False
 
     @property
     def _logs(self) -> LogsStream | None:
@@ -180,6 +192,28 @@ class RuntimeClient:
     def _traces(self) -> TracesStream | None:
         """The current Traces stream (None before the first connection or after close())."""
         return self._feeds[1].stream
+
+    def register_namespace(self, ns: AsyncClientNamespace) -> AsyncClientNamespace:
+        """Adds a plugin namespace; must precede the first connection (the
+        set of streams is fixed when the client connects). Returns `ns`.
+
+        Raises:
+          RuntimeError: the client has already connected.
+          ValueError: the path does not start with "/", is reserved
+            (``/rpc``, ``/log``, ``/trace``) or is already registered.
+        """
+        if self._connected_once:
+            raise RuntimeError("register_namespace must be called before entering the async context")
+        path = getattr(ns, "namespace", None)
+        if not isinstance(path, str) or not path.startswith("/") or path == "/":
+            raise ValueError(f"namespace must be a path starting with '/' (e.g. '/myplugin'), got {path!r}")
+        if path in RESERVED_NAMESPACES:
+            raise ValueError(f"namespace {path!r} is reserved by agentix-core; choose another path for the plugin")
+        if path in self._namespaces:
+            raise ValueError(f"namespace {path!r} already registered")
+        ns.client = self
+        self._namespaces[path] = ns
+        return ns
 
     async def __aenter__(self) -> RuntimeClient:
         await self._live_stream()
@@ -348,6 +382,10 @@ class RuntimeClient:
         for feed_stream in feeds:
             if feed_stream is not None:
                 await feed_stream.aclose()
+        namespace_streams = list(self._namespace_streams.values())
+        self._namespace_streams.clear()
+        for namespace_stream in namespace_streams:
+            await namespace_stream.aclose()
         if channel is not None:
             await channel.close()
 
@@ -365,14 +403,78 @@ class RuntimeClient:
                     if now - feed.reopened_at >= _FEED_REOPEN_SECONDS and getattr(self, feed.flag):
                         feed.reopened_at = now
                         feed.ensure(self._channel)
+            if self._namespaces and self._channel is not None and not self._namespaces_alive():
+                now = asyncio.get_running_loop().time()
+                if now - self._namespaces_reopened_at >= _FEED_REOPEN_SECONDS:
+                    self._namespaces_reopened_at = now
+                    self._open_namespaces(self._channel)  # not awaited: calls go on
             return stream
         async with self._connect_lock:
             if self._stream is None or not self._stream.alive:
                 channel = await self._ready_channel()
+                self._connected_once = True
                 rpc = pb_grpc.RuntimeServiceStub(channel).Calls()
                 self._stream = CallsStream(rpc, self._pending, self._stream_lost)
                 self._ensure_feeds(channel)
+                # Events the sandbox emits during the first call must find
+                # the host's namespaces open: wait for the daemon's answer.
+                await self._confirm_namespaces(self._open_namespaces(channel))
             return self._stream
+
+    def _namespaces_alive(self) -> bool:
+        return all(
+            (stream := self._namespace_streams.get(path)) is not None and stream.alive for path in self._namespaces
+        )
+
+    def _open_namespaces(self, channel: grpc.aio.Channel) -> list[NamespaceStream]:
+        """Opens a Namespace stream for every registered namespace that has
+        no live one; returns the new streams (not yet confirmed)."""
+        opened = []
+        for path, ns in self._namespaces.items():
+            current = self._namespace_streams.get(path)
+            if current is not None and current.alive:
+                continue
+            stream = NamespaceStream(pb_grpc.RuntimeServiceStub(channel).Namespace(), ns)
+            self._namespace_streams[path] = stream
+            opened.append(stream)
+        return opened
+
+    async def _confirm_namespaces(self, streams: list[NamespaceStream]) -> None:
+        """Waits until the daemon has confirmed each new stream.
+
+        Raises ValueError when it refuses a namespace, RuntimeUnreachable
+        when a stream fails or no answer comes within `timeout`."""
+        for stream in streams:
+            try:
+                await stream.wait_opened(self.timeout)
+            except TimeoutError:
+                raise RuntimeUnreachable(
+                    f"runtime at {self.base_url} did not confirm namespace {stream.ns.namespace} "
+                    f"within {self.timeout}s"
+                ) from None
+            except RuntimeError as error:
+                raise RuntimeUnreachable(f"runtime at {self.base_url}: {error}") from error
+
+    async def _emit_namespace_event(self, path: str, event: str, data: Any) -> None:
+        """Sends one event of a registered namespace (AsyncClientNamespace.emit)."""
+        payload = codec.pack(data)
+        error = None
+        if event.endswith(":error") and isinstance(data, dict) and isinstance(data.get("error"), dict):
+            error = data["error"]
+        request_id = data.get("request_id") if isinstance(data, dict) else None
+        await self._live_stream()
+        stream = self._namespace_streams.get(path)
+        if stream is None or not stream.alive:
+            async with self._connect_lock:
+                channel = await self._ready_channel()
+                await self._confirm_namespaces(self._open_namespaces(channel))
+            stream = self._namespace_streams[path]
+        await stream.send(event, payload, request_id if isinstance(request_id, str) else "", error)
+
+    async def _close_namespace(self, path: str) -> None:
+        stream = self._namespace_streams.pop(path, None)
+        if stream is not None:
+            await stream.aclose()
 
     def _ensure_feeds(self, channel: grpc.aio.Channel) -> None:
         """Opens the Logs and Traces streams on `channel`, each unless one is

@@ -1,0 +1,151 @@
+"""Plugin namespaces, host side: `AsyncClientNamespace` and
+`request_handler` (the original's ``_sio_facade``). No gRPC here: plugin
+modules import these in sandboxes too.
+
+A plugin subclasses `AsyncClientNamespace` (same surface as the original's,
+which was python-socketio's class): ``on_<event>`` methods receive the
+decoded payload of the sandbox's events, `emit` sends events to the
+sandbox's `agentix.Namespace` of the same path, and `trigger_event` is the
+single entry point every event goes through — plugins may override it (the
+lifecycle events ``connect`` / ``disconnect`` / ``connect_error`` arrive with
+no payload; data events with the msgpack payload bytes as ``args[0]``,
+decodable with `agentix.runtime.shared.codec.unpack`).
+
+Register before connecting: ``client.register_namespace(ns)``; the client
+then opens one ``RuntimeService.Namespace`` stream per registered namespace
+(`agentix.runtime.client.namespaces`) and waits until the daemon confirms
+each, so the sandbox can use them from its first call on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from agentix.runtime.shared import codec
+from agentix.sio import RESERVED_NAMESPACES
+
+if TYPE_CHECKING:
+    from agentix.runtime.client.client import RuntimeClient
+
+__all__ = ["AsyncClientNamespace", "RESERVED_NAMESPACES", "request_handler"]
+
+_log = logging.getLogger("agentix.sio")
+
+_LIFECYCLE = frozenset({"connect", "disconnect", "connect_error"})
+
+
+class AsyncClientNamespace:
+    """A plugin's host-side endpoint of one namespace (see module docstring).
+
+    Handlers: ``on_<event>(self, data)``; a coroutine handler runs as a
+    detached task (exceptions logged), so a slow handler never delays other
+    events or remote calls. An event with no handler is logged once per
+    event name.
+    """
+
+    def __init__(self, namespace: str | None = None) -> None:
+        self.namespace = namespace or "/"
+        self.client: RuntimeClient | None = None
+        self._detached_tasks: set[asyncio.Task] = set()
+        self._warned_unhandled: set[str] = set()
+
+    async def trigger_event(self, event: str, *args: Any) -> Any:
+        """Dispatches one event to its ``on_<event>`` handler."""
+        handler = getattr(self, "on_" + event, None)
+        if event in _LIFECYCLE:
+            if handler is None:
+                return None
+            result = handler(*args)
+            return await result if inspect.isawaitable(result) else result
+        if handler is None or not callable(handler):
+            if event not in self._warned_unhandled:
+                self._warned_unhandled.add(event)
+                _log.warning(
+                    "namespace %s received event %r with no handler. A typo in an on_<event> method or a "
+                    "mismatched namespace string silently drops the event.",
+                    self.namespace,
+                    event,
+                )
+            return None
+        data = codec.unpack(args[0]) if args and isinstance(args[0], (bytes, bytearray, memoryview)) else (
+            args[0] if args else None
+        )
+        result = handler(data)
+        if inspect.isawaitable(result):
+            self._detach(event, result)
+        return None
+
+    def _detach(self, event: str, awaitable: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(awaitable)
+        self._detached_tasks.add(task)
+
+        def done(task: asyncio.Task) -> None:
+            self._detached_tasks.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                _log.error(
+                    "namespace %s: handler for %r raised", self.namespace, event, exc_info=task.exception()
+                )
+
+        task.add_done_callback(done)
+
+    async def emit(self, event: str, data: Any = None, namespace: str | None = None, callback: Any = None) -> None:
+        """Sends `event` with `data` (msgpack-encoded) to the sandbox.
+
+        Raises RuntimeError if the namespace is not registered with a
+        connected client, TypeError if `data` cannot be encoded."""
+        if callback is not None:
+            raise TypeError("AsyncClientNamespace.emit: callbacks are not supported; use request/reply events")
+        if namespace not in (None, self.namespace):
+            raise ValueError(f"this namespace object carries {self.namespace}, not {namespace}")
+        client = self.client
+        if client is None:
+            raise RuntimeError(
+                f"namespace {self.namespace} is not registered with a RuntimeClient "
+                "(call client.register_namespace(ns) before the first call)"
+            )
+        await client._emit_namespace_event(self.namespace, event, data)
+
+    async def disconnect(self) -> None:
+        """Closes this namespace's stream (the client's calls are unaffected)."""
+        if self.client is not None:
+            await self.client._close_namespace(self.namespace)
+
+
+def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[None]]]:
+    """Turns ``on_<event>(self, body)`` into the answering side of the
+    sandbox's ``Namespace.request(event, body)``: the return value is sent as
+    ``<event>:result {request_id, value}``, an exception as ``<event>:error
+    {request_id, error: {type, message[, status_code]}}`` (the sandbox raises
+    `RemoteSioError`). A payload that is not a request envelope is passed
+    as the body with request_id None."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Awaitable[None]]:
+        @functools.wraps(fn)
+        async def handle(self: AsyncClientNamespace, payload: Any) -> None:
+            if isinstance(payload, dict) and "request_id" in payload:
+                request_id, body = payload.get("request_id"), payload.get("data")
+            else:
+                request_id, body = None, payload
+            try:
+                value = fn(self, body)
+                if inspect.isawaitable(value):
+                    value = await value
+                reply = {"request_id": request_id, "value": value}
+                codec.pack(reply)  # an unencodable value becomes an error reply
+            except Exception as exc:
+                error: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
+                status = getattr(exc, "status_code", None)
+                if isinstance(status, int) and not isinstance(status, bool):
+                    error["status_code"] = status
+                await self.emit(f"{event}:error", {"request_id": request_id, "error": error})
+                return
+            await self.emit(f"{event}:result", reply)
+
+        return handle
+
+    return decorate

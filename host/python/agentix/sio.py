@@ -1,0 +1,318 @@
+"""Plugin namespaces, sandbox side: `Namespace` and `register_namespace`.
+
+Code running in a sandbox subclasses `Namespace` to talk to host code (an
+`agentix.AsyncClientNamespace` registered with the same namespace path)
+while remote calls run::
+
+    class Proxy(agentix.Namespace):
+        namespace = "/llm"
+
+        def on_config(self, data):          # host -> sandbox event
+            ...
+
+    proxy = agentix.register_namespace(Proxy())
+    await proxy.emit("progress", {"step": 3})                 # sandbox -> host
+    answer = await proxy.request("complete", {"prompt": p})   # ... and wait for the reply
+
+Events travel over the daemon's ``RuntimeService.Namespace`` streams; the
+agentix worker installs the bridge (`_install`) when it starts. Payloads are
+msgpack (`agentix.runtime.shared.codec`). A request is the event
+``{request_id, data}``; the host answers ``<event>:result {request_id,
+value}`` or ``<event>:error {request_id, error: {type, message}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol
+
+from agentix.runtime.shared import codec
+
+__all__ = ["RESERVED_NAMESPACES", "Namespace", "RemoteSioError", "register_namespace"]
+
+RESERVED_NAMESPACES = frozenset({"/rpc", "/trace", "/log"})
+
+_log = logging.getLogger("agentix.sio")
+
+_NOT_INSTALLED = "agentix.sio is not installed — only callable from inside a sandbox runtime worker."
+
+
+class RemoteSioError(RuntimeError):
+    """The host's handler of a `Namespace.request` raised.
+
+    ``str(error)`` is ``"type: message"``; ``.type``, ``.message`` and
+    ``.status_code`` (an int the handler chose, else None) are attributes."""
+
+    def __init__(self, type: str, message: str, status_code: Any = None) -> None:  # noqa: A002
+        super().__init__(f"{type}: {message}")
+        self.type = type
+        self.message = message
+        self.status_code = status_code if isinstance(status_code, int) and not isinstance(status_code, bool) else None
+
+
+class _Bridge(Protocol):
+    """What the worker provides: sends one event to the hosts (thread-safe,
+    non-blocking)."""
+
+    def emit(self, namespace: str, event: str, payload: bytes, request_id: str, error: dict | None) -> None: ...
+
+
+_bridge: _Bridge | None = None
+_registry: dict[str, Namespace] = {}
+_registry_lock = threading.Lock()
+_warned_unregistered: set[str] = set()
+
+
+class Namespace:
+    """A plugin's sandbox-side endpoint of one namespace.
+
+    Set the class attribute ``namespace = "/path"`` or pass it to
+    ``__init__``. Every ``on_<event>`` method (sync or async) handles
+    `event`; `on` adds handlers for names that are not identifiers (such as
+    ``"x:result"``). Core namespaces (``/rpc``, ``/log``, ``/trace``) are
+    refused unless the class sets ``_allow_reserved = True``.
+    """
+
+    namespace: ClassVar[str | None] = None
+    _allow_reserved: ClassVar[bool] = False
+
+    def __init__(self, namespace: str | None = None) -> None:
+        path = namespace if namespace is not None else type(self).namespace
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise ValueError(f"namespace must be a string starting with '/', got {path!r}")
+        if path in RESERVED_NAMESPACES and not self._allow_reserved:
+            raise ValueError(
+                f"namespace {path!r} is reserved by agentix-core (reserved: {sorted(RESERVED_NAMESPACES)}); "
+                "choose another path for the plugin"
+            )
+        self.namespace = path
+        self._handlers: dict[str, list[Callable[[Any], Any]]] = {}
+        self._warned_unhandled: set[str] = set()
+        # Strong references: a detached handler task must not be collected mid-run.
+        self._detached_tasks: set[asyncio.Task] = set()
+        # request_id -> (loop, future) of requests awaiting their reply.
+        self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        self._pending_lock = threading.Lock()
+        for name in dir(type(self)):
+            if name.startswith("on_") and name != "on_":
+                handler = getattr(self, name)
+                if callable(handler):
+                    self._handlers.setdefault(name[3:], []).append(handler)
+
+    # ── handlers ────────────────────────────────────────────────────
+
+    def on(self, event: str, handler: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """Adds `handler` for `event` (after the existing ones); returns it."""
+        self._handlers.setdefault(event, []).append(handler)
+        return handler
+
+    def off(self, event: str, handler: Callable[[Any], Any] | None = None) -> None:
+        """Removes `handler` for `event`, or every handler of `event`."""
+        if handler is None:
+            self._handlers.pop(event, None)
+            return
+        handlers = self._handlers.get(event, [])
+        if handler in handlers:
+            handlers.remove(handler)
+        if not handlers:
+            self._handlers.pop(event, None)
+
+    def registered_handlers(self) -> dict[str, list[Callable[[Any], Any]]]:
+        """A snapshot: event -> its handlers, in call order."""
+        return {event: list(handlers) for event, handlers in self._handlers.items()}
+
+    # ── sending ─────────────────────────────────────────────────────
+
+    async def emit(self, event: str, data: Any = None) -> None:
+        """Sends `event` with `data` to every host that has this namespace
+        open. Does not wait for the hosts. Raises RuntimeError outside a
+        sandbox worker and TypeError for data msgpack cannot encode."""
+        self._send(event, data)
+
+    def _send(self, event: str, data: Any, error: dict | None = None) -> None:
+        bridge = _bridge
+        if bridge is None:
+            raise RuntimeError(_NOT_INSTALLED)
+        request_id = data.get("request_id") if isinstance(data, dict) else None
+        if error is None and event.endswith(":error") and isinstance(data, dict):
+            error = data.get("error") if isinstance(data.get("error"), dict) else None
+        bridge.emit(
+            self.namespace,
+            event,
+            codec.pack(data),
+            request_id if isinstance(request_id, str) else "",
+            error,
+        )
+
+    async def request(self, event: str, data: Any = None, *, timeout: float | None = 300.0) -> Any:
+        """Sends `event` as a request and returns the host handler's reply
+        value.
+
+        Raises:
+          RemoteSioError: the host's handler raised (its type and message).
+          TimeoutError: no reply within `timeout` seconds.
+          RuntimeError: called outside a sandbox worker.
+        """
+        if _bridge is None:
+            raise RuntimeError(_NOT_INSTALLED)
+        self._ensure_reply_handlers(event)
+        request_id = uuid.uuid4().hex
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        with self._pending_lock:
+            self._pending[request_id] = (loop, future)
+        try:
+            self._send(event, {"request_id": request_id, "data": data})
+            try:
+                async with asyncio.timeout(timeout):
+                    return await future
+            except TimeoutError:
+                raise TimeoutError(
+                    f"namespace {self.namespace}: no reply to request {event!r} within {timeout} s"
+                ) from None
+        finally:
+            with self._pending_lock:
+                self._pending.pop(request_id, None)
+
+    def _ensure_reply_handlers(self, event: str) -> None:
+        for suffix, handler in ((":result", self._on_reply_result), (":error", self._on_reply_error)):
+            name = event + suffix
+            if handler not in self._handlers.get(name, []):
+                self.on(name, handler)
+
+    def _on_reply_result(self, payload: Any) -> None:
+        if isinstance(payload, dict):
+            self._resolve(payload.get("request_id"), value=payload.get("value"))
+
+    def _on_reply_error(self, payload: Any) -> None:
+        if not isinstance(payload, dict):
+            return
+        error = payload.get("error")
+        if not isinstance(error, dict):
+            error = {"type": "RemoteSioError", "message": repr(error)}
+        self._resolve(
+            payload.get("request_id"),
+            error=RemoteSioError(
+                str(error.get("type", "Error")), str(error.get("message", "")), error.get("status_code")
+            ),
+        )
+
+    def _resolve(self, request_id: Any, *, value: Any = None, error: BaseException | None = None) -> None:
+        with self._pending_lock:
+            entry = self._pending.get(request_id) if isinstance(request_id, str) else None
+        if entry is None:
+            return  # a late reply to a request that timed out
+        loop, future = entry
+
+        def settle() -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
+
+        if loop.is_closed():
+            return
+        try:
+            if asyncio.get_running_loop() is loop:
+                settle()
+                return
+        except RuntimeError:
+            pass
+        loop.call_soon_threadsafe(settle)
+
+    # ── receiving ───────────────────────────────────────────────────
+
+    def _dispatch(self, event: str, payload: Any) -> None:
+        """Runs every handler of `event` with `payload`: sync ones inline
+        (exceptions logged), coroutines as detached tasks (exceptions logged).
+        Runs on the worker's event loop."""
+        handlers = self._handlers.get(event)
+        if not handlers:
+            if event not in self._warned_unhandled:
+                self._warned_unhandled.add(event)
+                _log.warning(
+                    "namespace %s received event %r with no handler (registered: %s). A typo in an "
+                    "on_<event> method or a mismatched namespace string silently drops the event.",
+                    self.namespace,
+                    event,
+                    sorted(self._handlers),
+                )
+            return
+        for handler in list(handlers):
+            try:
+                result = handler(payload)
+            except Exception:
+                _log.exception("namespace %s: handler for %r raised", self.namespace, event)
+                continue
+            if inspect.isawaitable(result):
+                task = asyncio.ensure_future(result)
+                self._detached_tasks.add(task)
+                task.add_done_callback(self._handler_task_done(event))
+
+    def _handler_task_done(self, event: str) -> Callable[[asyncio.Task], None]:
+        def done(task: asyncio.Task) -> None:
+            self._detached_tasks.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                _log.error(
+                    "namespace %s: handler for %r raised",
+                    self.namespace,
+                    event,
+                    exc_info=task.exception(),
+                )
+
+        return done
+
+
+def register_namespace(ns: Namespace) -> Namespace:
+    """Makes `ns` receive the events hosts send on its namespace; returns it.
+
+    Raises ValueError if the path is already registered."""
+    if not isinstance(ns, Namespace):
+        raise TypeError(f"register_namespace expects an agentix.Namespace, got {type(ns).__name__}")
+    with _registry_lock:
+        if ns.namespace in _registry:
+            raise ValueError(f"namespace {ns.namespace!r} already registered")
+        _registry[ns.namespace] = ns
+    return ns
+
+
+def _install(bridge: _Bridge | None) -> None:
+    """Called by the agentix worker at start (None to uninstall)."""
+    global _bridge
+    _bridge = bridge
+
+
+def _deliver(namespace: str, event: str, payload: bytes) -> None:
+    """Called by the agentix worker, on its event loop, for each host event.
+    Events for a namespace nobody registered are dropped (as the original)."""
+    ns = _registry.get(namespace)
+    if ns is None:
+        # Dropped as in the original, but said once per namespace.
+        if namespace not in _warned_unregistered:
+            _warned_unregistered.add(namespace)
+            _log.warning(
+                "event %r for namespace %s dropped: no agentix.Namespace with that path is registered "
+                "in the sandbox (later events of this namespace are dropped without a warning)",
+                event,
+                namespace,
+            )
+        return
+    try:
+        data = codec.unpack(payload)
+    except Exception as exc:
+        _log.warning(
+            "namespace %s: event %r dropped: its payload is not valid msgpack (%s: %s)",
+            namespace,
+            event,
+            type(exc).__name__,
+            exc,
+        )
+        return
+    ns._dispatch(event, data)

@@ -1,0 +1,73 @@
+#include "sandbox/namespace_hub.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace agentix::sandbox {
+
+absl::Status NamespaceHub::CheckName(absl::string_view name) {
+  if (name.empty() || name[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "namespace '", name, "' must start with '/' (e.g. '/myplugin')"));
+  }
+  if (name == "/") {
+    return absl::InvalidArgumentError(
+        "namespace '/' cannot be opened: name the plugin's namespace");
+  }
+  if (name == "/rpc" || name == "/log" || name == "/trace") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "namespace '", name,
+        "' is reserved by agentix-core; choose another name for the plugin"));
+  }
+  return absl::OkStatus();
+}
+
+void NamespaceHub::Subscribe(const std::string& name,
+                             std::shared_ptr<NamespaceSubscriber> subscriber) {
+  absl::MutexLock lock(&mu_);
+  subscribers_[name].push_back(std::move(subscriber));
+}
+
+void NamespaceHub::Unsubscribe(const NamespaceSubscriber* subscriber) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = subscribers_.begin(); it != subscribers_.end();) {
+    auto& list = it->second;
+    list.erase(std::remove_if(list.begin(), list.end(),
+                              [subscriber](const auto& s) {
+                                return s.get() == subscriber;
+                              }),
+               list.end());
+    if (list.empty()) {
+      subscribers_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+size_t NamespaceHub::Broadcast(const std::string& name,
+                               const std::vector<NamespaceEventPtr>& events) {
+  std::vector<std::shared_ptr<NamespaceSubscriber>> targets;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = subscribers_.find(name);
+    if (it != subscribers_.end()) targets = it->second;
+  }
+  // Outside mu_: Deliver takes the stream writer's lock, and a reaction
+  // holding that lock may call Unsubscribe.
+  size_t delivered = 0;
+  for (const auto& target : targets) {
+    if (target->Deliver(events)) ++delivered;
+  }
+  return delivered;
+}
+
+size_t NamespaceHub::Subscribers(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  auto it = subscribers_.find(name);
+  return it == subscribers_.end() ? 0 : it->second.size();
+}
+
+}  // namespace agentix::sandbox

@@ -1,0 +1,54 @@
+// NamespaceHub: which host streams have which plugin namespace open, and the
+// broadcast of the sandbox's namespace events to them (DESIGN.md, side
+// channels: "/<plugin>", the daemon is namespace-opaque). The hub never
+// looks inside an event: it routes by namespace name only.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "agentix/runtime/v1/runtime.pb.h"
+
+namespace agentix::sandbox {
+
+using NamespaceEventPtr = std::shared_ptr<const runtime::v1::NamespaceEvent>;
+
+// The write side of one host Namespace stream.
+class NamespaceSubscriber {
+ public:
+  virtual ~NamespaceSubscriber() = default;
+  // Queues `events` for the host; false once the stream has ended.
+  virtual bool Deliver(std::vector<NamespaceEventPtr> events) = 0;
+};
+
+class NamespaceHub {
+ public:
+  // OK for a name a plugin may open; InvalidArgument (with the reason) for
+  // "", "/", names not starting with "/", and the core's /rpc, /log, /trace.
+  static absl::Status CheckName(absl::string_view name);
+
+  // `subscriber` receives every event broadcast on `name` from now on.
+  void Subscribe(const std::string& name,
+                 std::shared_ptr<NamespaceSubscriber> subscriber);
+  // Forgets `subscriber` on every namespace. Idempotent.
+  void Unsubscribe(const NamespaceSubscriber* subscriber);
+  // Hands `events` (all of namespace `name`) to every subscriber of `name`;
+  // returns how many accepted them.
+  size_t Broadcast(const std::string& name,
+                   const std::vector<NamespaceEventPtr>& events);
+  // Number of open streams on `name`.
+  size_t Subscribers(const std::string& name);
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string,
+                      std::vector<std::shared_ptr<NamespaceSubscriber>>>
+      subscribers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace agentix::sandbox

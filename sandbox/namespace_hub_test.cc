@@ -1,0 +1,72 @@
+#include "sandbox/namespace_hub.h"
+
+#include <catch2/catch.hpp>
+
+namespace agentix::sandbox {
+namespace {
+
+class Recorder : public NamespaceSubscriber {
+ public:
+  bool Deliver(std::vector<NamespaceEventPtr> events) override {
+    if (closed) return false;
+    for (auto& e : events) received.push_back(e->event());
+    return true;
+  }
+  std::vector<std::string> received;
+  bool closed = false;
+};
+
+NamespaceEventPtr Event(const std::string& name) {
+  auto e = std::make_shared<runtime::v1::NamespaceEvent>();
+  e->set_event(name);
+  return e;
+}
+
+TEST_CASE("Plugin namespace names: reserved and malformed ones are refused",
+          "[namespace]") {
+  CHECK(NamespaceHub::CheckName("/abridge").ok());
+  CHECK(NamespaceHub::CheckName("/v1/proxy").ok());
+  for (const char* bad : {"", "/", "abridge", "/rpc", "/log", "/trace"}) {
+    absl::Status status = NamespaceHub::CheckName(bad);
+    INFO(bad);
+    CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  }
+  CHECK(NamespaceHub::CheckName("/log").message().find("reserved") !=
+        std::string::npos);
+}
+
+TEST_CASE("Broadcast reaches every stream on the namespace and no other",
+          "[namespace]") {
+  NamespaceHub hub;
+  auto a = std::make_shared<Recorder>();
+  auto b = std::make_shared<Recorder>();
+  auto other = std::make_shared<Recorder>();
+  hub.Subscribe("/x", a);
+  hub.Subscribe("/x", b);
+  hub.Subscribe("/y", other);
+  REQUIRE(hub.Broadcast("/x", {Event("e1"), Event("e2")}) == 2);
+  CHECK(a->received == std::vector<std::string>{"e1", "e2"});
+  CHECK(b->received == std::vector<std::string>{"e1", "e2"});
+  CHECK(other->received.empty());
+  CHECK(hub.Broadcast("/nobody", {Event("e")}) == 0);
+}
+
+TEST_CASE("Unsubscribed or ended streams do not count as delivered",
+          "[namespace]") {
+  NamespaceHub hub;
+  auto a = std::make_shared<Recorder>();
+  auto b = std::make_shared<Recorder>();
+  hub.Subscribe("/x", a);
+  hub.Subscribe("/x", b);
+  b->closed = true;
+  CHECK(hub.Broadcast("/x", {Event("e")}) == 1);
+  hub.Unsubscribe(a.get());
+  hub.Unsubscribe(a.get());  // idempotent
+  CHECK(hub.Subscribers("/x") == 1);
+  hub.Unsubscribe(b.get());
+  CHECK(hub.Subscribers("/x") == 0);
+  CHECK(hub.Broadcast("/x", {Event("e")}) == 0);
+}
+
+}  // namespace
+}  // namespace agentix::sandbox

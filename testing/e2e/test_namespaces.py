@@ -1,0 +1,290 @@
+"""Plugin namespaces end to end: a plugin written against the original API
+(agentix.Namespace in the sandbox, agentix.AsyncClientNamespace +
+request_handler on the host) exchanging events and requests while calls run,
+over RuntimeService.Namespace streams of the real daemon."""
+
+import asyncio
+import logging
+import time
+
+import grpc
+import pytest
+
+import e2e_targets as t
+import plugin_targets as p
+from agentix import AsyncClientNamespace, RuntimeClient, request_handler
+from agentix.runtime.shared.codec import pack, unpack
+from agentix.runtime.v1 import runtime_pb2 as pb
+from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.asyncio
+
+
+class HostEcho(AsyncClientNamespace):
+    """The host half, exactly as an original plugin would write it."""
+
+    def __init__(self):
+        super().__init__("/echo")
+        self.progress = []
+        self.pongs = []
+        self.lifecycle = []
+
+    def on_connect(self):
+        self.lifecycle.append("connect")
+
+    def on_disconnect(self):
+        self.lifecycle.append("disconnect")
+
+    def on_progress(self, data):
+        self.progress.append(data)
+
+    def on_pong(self, data):
+        self.pongs.append(data)
+
+    @request_handler("answer")
+    async def on_answer(self, body):
+        if body["q"] == "fail":
+            error = LookupError("no answer for 'fail'")
+            error.status_code = 404
+            raise error
+        await asyncio.sleep(0.05)  # the sandbox call keeps waiting meanwhile
+        return {"a": body["q"].upper()}
+
+
+class Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+    def messages(self, name):
+        return [r.getMessage() for r in self.records if r.name == name]
+
+
+@pytest.fixture
+def collected():
+    handler = Collect()
+    root = logging.getLogger()
+    old = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    yield handler
+    root.removeHandler(handler)
+    root.setLevel(old)
+
+
+@pytest.fixture
+async def plugin(daemon):
+    host = HostEcho()
+    client = RuntimeClient(daemon.url)
+    client.register_namespace(host)
+    async with client:
+        yield client, host
+
+
+async def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_sandbox_requests_an_answer_from_the_host_while_the_call_runs(plugin):
+    client, host = plugin
+    assert await client.remote(p.ask, "hello") == {"a": "HELLO"}
+    # Events emitted before and after the request, in order, from the same call.
+    await wait_for(lambda: len(host.progress) >= 2)
+    assert host.progress == [{"stage": "asking", "q": "hello"}, {"stage": "answered", "q": "hello"}]
+    assert host.lifecycle == ["connect"]
+
+
+async def test_concurrent_calls_each_get_their_own_answer(plugin):
+    client, _ = plugin
+    questions = [f"q{i}" for i in range(20)]
+    answers = await asyncio.gather(*(client.remote(p.ask, q) for q in questions))
+    assert answers == [{"a": q.upper()} for q in questions]
+
+
+async def test_a_raising_host_handler_becomes_remote_sio_error_in_the_sandbox(plugin):
+    client, _ = plugin
+    text, type_, message, status = await client.remote(p.ask_failing, "fail")
+    assert type_ == "LookupError"
+    assert message == "no answer for 'fail'"
+    assert text == "LookupError: no answer for 'fail'"
+    assert status == 404
+
+
+async def test_a_request_nobody_answers_times_out_in_the_sandbox(plugin, collected):
+    client, _ = plugin
+    result = await client.remote(p.ask_nobody, 0.5)
+    assert result.startswith("TimeoutError: namespace /echo: no reply to request 'silent'")
+    # The host had no on_silent: it says so once, with the original's wording.
+    warnings = [m for m in collected.messages("agentix.sio") if "'silent'" in m]
+    assert len(warnings) == 1 and "with no handler" in warnings[0]
+
+
+async def test_host_events_reach_sync_and_async_sandbox_handlers(plugin):
+    client, host = plugin
+    await client.remote(p.registered_events)  # registers the sandbox namespace
+    await host.emit("config", {"model": "m1", "blob": b"\x00\xff"})
+    await host.emit("ping", [1, 2])
+    async def configs():
+        return await client.remote(p.configs_seen)
+    deadline = time.monotonic() + 10
+    while not (seen := await configs()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert seen == [{"model": "m1", "blob": b"\x00\xff"}]
+    await wait_for(lambda: host.pongs)
+    assert host.pongs == [{"echo": [1, 2]}]
+
+
+async def test_unhandled_sandbox_event_is_warned_once_on_the_host(plugin, collected):
+    client, host = plugin
+    await client.remote(p.registered_events)
+    for _ in range(3):
+        await host.emit("no_such_event", 1)
+    await client.remote(p.emit_many, 1)  # a round trip after the three events
+    await wait_for(lambda: any("no_such_event" in m for m in collected.messages("agentix.sio")))
+    await asyncio.sleep(0.2)
+    warnings = [m for m in collected.messages("agentix.sio") if "no_such_event" in m]
+    assert len(warnings) == 1
+    assert "received event 'no_such_event' with no handler" in warnings[0]
+    assert "silently drops the event" in warnings[0]
+
+
+async def test_abridge_style_trigger_event_override_with_binary_bodies(daemon):
+    class Proxy(AsyncClientNamespace):
+        """Like abridge's Proxy: overrides trigger_event, decodes payloads
+        itself with codec.unpack, answers path-named requests."""
+
+        def __init__(self):
+            super().__init__("/echo")
+            self.lifecycle = []
+
+        async def trigger_event(self, event, *args):
+            if event in ("connect", "disconnect", "connect_error"):
+                self.lifecycle.append(event)
+                return await super().trigger_event(event, *args)
+            payload = unpack(args[0])
+            if event == "/v1/messages":
+                body = payload["data"]["body"]
+                await self.emit(
+                    "/v1/messages:result",
+                    {"request_id": payload["request_id"],
+                     "value": {"body": body[::-1], "media_type": "application/octet-stream", "status_code": 200}},
+                )
+
+    proxy = Proxy()
+    client = RuntimeClient(daemon.url)
+    client.register_namespace(proxy)
+    async with client:
+        body = bytes(range(256)) * 4096  # 1 MiB of binary
+        reply = await client.remote(p.proxy_request, "/v1/messages", body)
+        assert reply == {"body": body[::-1], "media_type": "application/octet-stream", "status_code": 200}
+    await wait_for(lambda: proxy.lifecycle == ["connect", "disconnect"])
+
+
+async def test_a_slow_host_handler_never_delays_calls(daemon):
+    class Slow(AsyncClientNamespace):
+        async def on_progress(self, data):
+            await asyncio.sleep(30)
+
+    client = RuntimeClient(daemon.url)
+    client.register_namespace(Slow("/echo"))
+    async with client:
+        await client.remote(p.emit_many, 5)
+        started = time.monotonic()
+        assert await client.remote(abs, -5) == 5
+        assert time.monotonic() - started < 5
+
+
+async def test_registration_rules(daemon):
+    client = RuntimeClient(daemon.url)
+    for bad in ("/log", "/trace", "/rpc"):
+        with pytest.raises(ValueError, match="reserved"):
+            client.register_namespace(AsyncClientNamespace(bad))
+    with pytest.raises(ValueError, match="start"):
+        client.register_namespace(AsyncClientNamespace("echo"))
+    client.register_namespace(AsyncClientNamespace("/one"))
+    with pytest.raises(ValueError, match="already registered"):
+        client.register_namespace(AsyncClientNamespace("/one"))
+    async with client:
+        with pytest.raises(RuntimeError, match="before entering the async context"):
+            client.register_namespace(AsyncClientNamespace("/two"))
+        # Sandbox side: reserved paths and duplicates are refused too.
+        assert "reserved by agentix-core" in await client.remote(p.claim_reserved, "/trace")
+        assert await client.remote(p.claim_reserved, "/mine") == "accepted"
+        assert await client.remote(p.register_twice) == "namespace '/echo' already registered"
+
+
+async def test_daemon_refuses_reserved_and_malformed_namespaces(daemon):
+    async with grpc.aio.insecure_channel(daemon.url) as channel:
+        stub = pb_grpc.RuntimeServiceStub(channel)
+        for name in ("/rpc", "/log", "/trace", "/", "nope"):
+            call = stub.Namespace()
+            await call.write(pb.NamespaceRequest(open=pb.OpenNamespace(namespace=name)))
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                async for _ in call:
+                    pass
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, name
+        # An event before OpenNamespace is a protocol error, not a crash.
+        call = stub.Namespace()
+        await call.write(pb.NamespaceRequest(event=pb.NamespaceEvent(event="e", data=pack(1))))
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for _ in call:
+                pass
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        # The daemon keeps serving.
+        await stub.GetInfo(pb.GetInfoRequest(), timeout=10)
+
+
+async def test_undecodable_payload_is_reported_and_nothing_breaks(daemon, collected):
+    async with RuntimeClient(daemon.url) as client:
+        await client.remote(p.registered_events)
+        async with grpc.aio.insecure_channel(daemon.url) as channel:
+            call = pb_grpc.RuntimeServiceStub(channel).Namespace()
+            await call.write(pb.NamespaceRequest(open=pb.OpenNamespace(namespace="/echo")))
+            first = await call.read()
+            assert first.opened and first.namespace == "/echo" and first.instance_id
+            await call.write(pb.NamespaceRequest(event=pb.NamespaceEvent(event="config", data=b"\xc1garbage")))
+            await call.write(pb.NamespaceRequest(event=pb.NamespaceEvent(event="config", data=pack({"ok": 1}))))
+            deadline = time.monotonic() + 10
+            while not (seen := await client.remote(p.configs_seen)) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert seen == [{"ok": 1}]
+            await call.done_writing()
+        await wait_for(lambda: any("not valid msgpack" in m for m in collected.messages("agentix.sio")))
+
+
+async def test_events_with_no_listening_host_are_reported_not_silently_lost(client, collected):
+    assert await client.remote(p.emit_unheard, 3) == 3
+    await wait_for(lambda: any("/lonely" in m for m in collected.messages("agentix.sio")))
+    await asyncio.sleep(0.2)
+    reports = [m for m in collected.messages("agentix.sio") if "/lonely" in m]
+    assert len(reports) == 1
+    assert "no host had it open" in reports[0] and "'tick'" in reports[0]
+
+
+async def test_raw_stream_sees_request_ids_and_errors_without_decoding(daemon):
+    """A client in another language reads request ids and errors from the
+    proto fields alone."""
+    async with grpc.aio.insecure_channel(daemon.url) as channel:
+        stub = pb_grpc.RuntimeServiceStub(channel)
+        ns = stub.Namespace()
+        await ns.write(pb.NamespaceRequest(open=pb.OpenNamespace(namespace="/echo")))
+        assert (await ns.read()).opened
+        async with RuntimeClient(daemon.url) as client:
+            task = asyncio.ensure_future(client.remote(p.ask_failing, "x"))
+            request = None
+            while request is None:
+                response = await asyncio.wait_for(ns.read(), 10)
+                request = next((e for e in response.events if e.event == "answer"), None)
+            assert request.request_id and unpack(request.data)["request_id"] == request.request_id
+            reply = {"request_id": request.request_id, "error": {"type": "Busy", "message": "later", "status_code": 503}}
+            await ns.write(pb.NamespaceRequest(event=pb.NamespaceEvent(
+                event="answer:error", data=pack(reply), request_id=request.request_id,
+                error=pb.NamespaceError(type="Busy", message="later", status_code=503))))
+            assert await asyncio.wait_for(task, 10) == ["Busy: later", "Busy", "later", 503]
+        await ns.done_writing()
