@@ -1,0 +1,252 @@
+"""agentix.sio (sandbox side of plugin namespaces) and the host facade
+(AsyncClientNamespace, request_handler), without a daemon: a recording
+bridge stands in for the worker's channel."""
+
+import asyncio
+import logging
+
+import pytest
+
+import agentix
+import agentix.sio as sio
+from agentix import AsyncClientNamespace, Namespace, RemoteSioError, register_namespace, request_handler
+from agentix.runtime.shared.codec import pack, unpack
+
+
+class RecordingBridge:
+    def __init__(self):
+        self.sent = []
+
+    def emit(self, namespace, event, payload, request_id, error):
+        self.sent.append((namespace, event, unpack(payload), request_id, error))
+
+
+@pytest.fixture
+def bridge():
+    recording = RecordingBridge()
+    sio._install(recording)
+    yield recording
+    sio._install(None)
+    sio._registry.clear()
+
+
+def test_public_names():
+    assert sorted(sio.__all__) == ["Namespace", "RESERVED_NAMESPACES", "RemoteSioError", "register_namespace"]
+    for name in ("Namespace", "RemoteSioError", "register_namespace", "AsyncClientNamespace", "request_handler"):
+        assert name in agentix.__all__
+    assert sio.RESERVED_NAMESPACES == {"/rpc", "/log", "/trace"}
+
+
+def test_namespace_path_rules():
+    class Plugin(Namespace):
+        namespace = "/plugin"
+
+    assert Plugin().namespace == "/plugin"
+    assert Namespace("/other").namespace == "/other"
+    with pytest.raises(ValueError, match="starting with '/'"):
+        Namespace("plugin")
+    with pytest.raises(ValueError, match="starting with '/'"):
+        Namespace()
+    for reserved in ("/rpc", "/log", "/trace"):
+        with pytest.raises(ValueError, match=f"namespace '{reserved}' is reserved by agentix-core"):
+            Namespace(reserved)
+
+    class Core(Namespace):
+        _allow_reserved = True
+
+    assert Core("/trace").namespace == "/trace"
+
+
+def test_handlers_on_off_and_snapshot():
+    calls = []
+
+    class Plugin(Namespace):
+        namespace = "/p"
+
+        def on_hello(self, data):
+            calls.append(("hello", data))
+
+    ns = Plugin()
+
+    def extra(data):
+        calls.append(("extra", data))
+
+    assert ns.on("x:result", extra) is extra
+    snapshot = ns.registered_handlers()
+    assert sorted(snapshot) == ["hello", "x:result"]
+    snapshot["hello"].clear()  # a snapshot, not the live table
+    ns._dispatch("hello", 1)
+    ns._dispatch("x:result", 2)
+    assert calls == [("hello", 1), ("extra", 2)]
+    ns.off("x:result", extra)
+    assert "x:result" not in ns.registered_handlers()
+    ns.off("hello")
+    assert ns.registered_handlers() == {}
+
+
+def test_register_namespace_rejects_duplicates(bridge):
+    first = register_namespace(Namespace("/dup"))
+    assert sio._registry["/dup"] is first
+    with pytest.raises(ValueError, match="namespace '/dup' already registered"):
+        register_namespace(Namespace("/dup"))
+    with pytest.raises(TypeError):
+        register_namespace(object())
+
+
+async def test_emit_outside_a_worker_raises():
+    with pytest.raises(RuntimeError, match="only callable from inside a sandbox runtime worker"):
+        await Namespace("/p").emit("e", 1)
+    with pytest.raises(RuntimeError, match="only callable from inside a sandbox runtime worker"):
+        await Namespace("/p").request("e", 1)
+
+
+async def test_emit_goes_through_the_bridge(bridge):
+    ns = Namespace("/p")
+    await ns.emit("evt", {"k": b"\x00", "t": (1, 2)})
+    assert bridge.sent == [("/p", "evt", {"k": b"\x00", "t": [1, 2]}, "", None)]
+
+
+async def test_request_result_error_and_timeout(bridge):
+    ns = register_namespace(Namespace("/p"))
+    task = asyncio.ensure_future(ns.request("ask", {"q": 1}, timeout=5))
+    await asyncio.sleep(0)
+    namespace, event, payload, request_id, _ = bridge.sent[-1]
+    assert (namespace, event, payload["data"]) == ("/p", "ask", {"q": 1})
+    assert request_id == payload["request_id"] and len(request_id) == 32
+    sio._deliver("/p", "ask:result", pack({"request_id": "someone-else", "value": 0}))
+    sio._deliver("/p", "ask:result", pack({"request_id": request_id, "value": {"a": 2}}))
+    assert await task == {"a": 2}
+
+    task = asyncio.ensure_future(ns.request("ask", None, timeout=5))
+    await asyncio.sleep(0)
+    request_id = bridge.sent[-1][3]
+    sio._deliver("/p", "ask:error", pack({"request_id": request_id,
+                                          "error": {"type": "KeyError", "message": "m", "status_code": 418}}))
+    with pytest.raises(RemoteSioError) as info:
+        await task
+    assert str(info.value) == "KeyError: m"
+    assert (info.value.type, info.value.message, info.value.status_code) == ("KeyError", "m", 418)
+    assert isinstance(info.value, RuntimeError)
+
+    with pytest.raises(TimeoutError, match="no reply to request 'ask' within 0.05 s"):
+        await ns.request("ask", None, timeout=0.05)
+    assert ns._pending == {}
+
+
+async def test_request_from_another_thread_and_loop(bridge):
+    ns = register_namespace(Namespace("/p"))
+    loop = asyncio.get_running_loop()
+    result = loop.run_in_executor(None, lambda: asyncio.run(ns.request("ask", 1, timeout=5)))
+    while not bridge.sent:
+        await asyncio.sleep(0.01)
+    sio._deliver("/p", "ask:result", pack({"request_id": bridge.sent[-1][3], "value": "from loop"}))
+    assert await result == "from loop"
+
+
+def test_remote_sio_error_status_code_is_int_only():
+    assert RemoteSioError("T", "m", "500").status_code is None
+    assert RemoteSioError("T", "m", True).status_code is None
+    assert RemoteSioError("T", "m", 502).status_code == 502
+
+
+async def test_dispatch_logs_failures_and_unhandled_events_once(bridge, caplog):
+    class Plugin(Namespace):
+        namespace = "/p"
+
+        def on_sync_fail(self, data):
+            raise ValueError("sync boom")
+
+        async def on_async_fail(self, data):
+            raise KeyError("async boom")
+
+    ns = register_namespace(Plugin())
+    caplog.set_level(logging.DEBUG, logger="agentix.sio")
+    sio._deliver("/p", "sync_fail", pack(1))
+    sio._deliver("/p", "async_fail", pack(1))
+    assert len(ns._detached_tasks) == 1  # held strongly while it runs
+    await asyncio.sleep(0.01)
+    assert not ns._detached_tasks
+    for _ in range(2):
+        sio._deliver("/p", "typo", pack(1))
+    sio._deliver("/p", "bad", b"\xc1")
+    sio._deliver("/unregistered", "e", pack(1))
+    sio._deliver("/unregistered", "e", pack(1))
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("'sync_fail' raised" in m for m in messages)
+    assert any("'async_fail' raised" in m for m in messages)
+    unhandled = [m for m in messages if "'typo' with no handler" in m]
+    assert len(unhandled) == 1
+    assert "registered: ['async_fail', 'sync_fail']" in unhandled[0]
+    assert any("'bad' dropped: its payload is not valid msgpack" in m for m in messages)
+    assert len([m for m in messages if "/unregistered" in m]) == 1
+
+
+async def test_host_namespace_dispatch_and_lifecycle(caplog):
+    seen = []
+
+    class Host(AsyncClientNamespace):
+        def on_connect(self):
+            seen.append("connect")
+
+        def on_data(self, data):
+            seen.append(data)
+
+        async def on_slow(self, data):
+            await asyncio.sleep(10)
+
+    ns = Host("/h")
+    await ns.trigger_event("connect")
+    await ns.trigger_event("data", pack({"x": b"\x01"}))
+    started = asyncio.get_running_loop().time()
+    await ns.trigger_event("slow", pack(None))  # detached: returns at once
+    assert asyncio.get_running_loop().time() - started < 1
+    assert len(ns._detached_tasks) == 1
+    await ns.trigger_event("disconnect")  # no handler: fine
+    caplog.set_level(logging.WARNING, logger="agentix.sio")
+    await ns.trigger_event("missing", pack(1))
+    await ns.trigger_event("missing", pack(1))
+    assert seen == ["connect", {"x": b"\x01"}]
+    assert len([r for r in caplog.records if "'missing' with no handler" in r.getMessage()]) == 1
+    for task in list(ns._detached_tasks):
+        task.cancel()
+    with pytest.raises(RuntimeError, match="not registered with a RuntimeClient"):
+        await ns.emit("e", 1)
+
+
+class FakeClient:
+    def __init__(self):
+        self.sent = []
+
+    async def _emit_namespace_event(self, path, event, data):
+        pack(data)
+        self.sent.append((path, event, data))
+
+
+async def test_request_handler_replies():
+    class Host(AsyncClientNamespace):
+        @request_handler("ask")
+        async def on_ask(self, body):
+            if body == "fail":
+                error = LookupError("nope")
+                error.status_code = 404
+                raise error
+            if body == "unencodable":
+                return object()
+            return {"echo": body}
+
+        @request_handler("plain")
+        def on_plain(self, body):
+            return body * 2
+
+    ns = Host("/h")
+    ns.client = FakeClient()
+    await ns.on_ask({"request_id": "r1", "data": "hi"})
+    await ns.on_ask({"request_id": "r2", "data": "fail"})
+    await ns.on_ask({"request_id": "r3", "data": "unencodable"})
+    await ns.on_plain(21)  # not an envelope: body as is, request_id None
+    sent = ns.client.sent
+    assert sent[0] == ("/h", "ask:result", {"request_id": "r1", "value": {"echo": "hi"}})
+    assert sent[1] == ("/h", "ask:error",
+                       {"request_id": "r2", "error": {"type": "LookupError", "message": "nope", "status_code": 404}})
+    assert sent[2][1] == "ask:error" and sent[2][2]["error"]["type"] == "TypeError"
+    assert sent[3] == ("/h", "plain:result", {"request_id": None, "value": 42})
