@@ -4,10 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -20,8 +22,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/flags.h"
+#include "base/status_macros.h"
 #include "base/log.h"
 #include "base/malloc_tuning.h"
+#include "sandbox/auth.h"
 #include "sandbox/runtime_service.h"
 #include "sandbox/session_manager.h"
 
@@ -43,6 +47,13 @@ ABSL_FLAG(uint64_t, log_buffer_records, 10000,
 ABSL_FLAG(uint64_t, trace_buffer_events, 10000,
           "sandbox trace events kept for hosts that have not received them "
           "(oldest dropped first, reported on the log stream)");
+ABSL_FLAG(std::string, token_file, "",
+          "file holding the bearer token every RPC must carry "
+          "(mode 0600; default: $AGENTIX_TOKEN; neither: no token check)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate (chain) for TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: require client certificates it signed (mutual TLS)");
 ABSL_FLAG(int, worker_ready_timeout_s, 15,
           "seconds a starting worker may take to become ready");
 
@@ -96,6 +107,30 @@ std::string UnixSocketPath(const std::string& address) {
   return address.substr(sizeof(kPrefix) - 1);
 }
 
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>>
+LoadServerCredentials() {
+  ServerSecurityOptions security;
+  AGX_ASSIGN_OR_RETURN(security.token,
+                       LoadToken(absl::GetFlag(FLAGS_token_file),
+                                 std::getenv(kTokenEnvVar)));
+  for (auto [flag, value, pem] :
+       {std::tuple{"--tls-cert", absl::GetFlag(FLAGS_tls_cert),
+                   &security.tls_cert_pem},
+        std::tuple{"--tls-key", absl::GetFlag(FLAGS_tls_key),
+                   &security.tls_key_pem},
+        std::tuple{"--tls-client-ca", absl::GetFlag(FLAGS_tls_client_ca),
+                   &security.tls_client_ca_pem}}) {
+    if (value.empty()) continue;
+    AGX_ASSIGN_OR_RETURN(*pem, ReadPemFile(value, flag));
+  }
+  AGX_LOG(Info, "security: {}, {}",
+          security.tls_cert_pem.empty()
+              ? "plaintext"
+              : (security.tls_client_ca_pem.empty() ? "TLS" : "mutual TLS"),
+          security.token.empty() ? "no token check" : "bearer token required");
+  return MakeServerCredentials(security);
+}
+
 int Run(int argc, char** raw_argv) {
   std::vector<std::string> storage;
   std::vector<char*> normalized =
@@ -134,6 +169,21 @@ int Run(int argc, char** raw_argv) {
     return 2;
   }
 
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      LoadServerCredentials();
+  if (!credentials.ok()) {
+    AGX_LOG(Error, "{}", std::string(credentials.status().message()));
+    return 2;
+  }
+  // The worker must not inherit the token.
+  const std::string token_entry = absl::StrCat(kTokenEnvVar, "=");
+  auto& env = options.worker.env;
+  env.erase(std::remove_if(env.begin(), env.end(),
+                           [&](const std::string& entry) {
+                             return absl::StartsWith(entry, token_entry);
+                           }),
+            env.end());
+
   // Signals are taken synchronously by this thread; block them before gRPC
   // starts its threads so none of those receives them.
   sigset_t signals;
@@ -162,12 +212,16 @@ int Run(int argc, char** raw_argv) {
       ::unlink(path.c_str());  // a stale socket from a previous run
       socket_paths.push_back(path);
     }
-    builder.AddListeningPort(listen[i], grpc::InsecureServerCredentials(),
+    builder.AddListeningPort(listen[i], *credentials,
                              path.empty() ? &ports[i] : nullptr);
   }
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(64 << 20);
+  // Unix sockets are created owner-only (0600): whoever can connect can run
+  // code in the sandbox.
+  const mode_t old_umask = ::umask(0177);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ::umask(old_umask);
   if (!server) {
     AGX_LOG(Error, "could not listen on the requested addresses");
     return 1;

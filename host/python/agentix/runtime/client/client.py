@@ -30,6 +30,7 @@ before the first call is sent (`agentix.runtime.client.namespaces`).
 from __future__ import annotations
 
 import asyncio
+import os
 import pickle
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -44,7 +45,7 @@ from agentix.runtime.client.namespaces import NamespaceStream
 from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream
 from agentix.runtime.client.result import Failed, Ok, Result
 from agentix.runtime.client.stream import STREAM_END, CallsStream, PendingCall
-from agentix.runtime.client.target import grpc_target
+from agentix.runtime.client.target import grpc_target, wants_tls
 from agentix.runtime.client.traces import TraceCursor, TracesStream
 from agentix.runtime.shared import codec
 from agentix.runtime.shared.callables import RemoteCallable, display_name_for
@@ -67,6 +68,32 @@ _FEED_REOPEN_SECONDS = 1.0
 _CLOSE_FLUSH_SECONDS = 1.0
 
 
+_TOKEN_ENV = "AGENTIX_TOKEN"
+
+
+class _TlsFiles:
+    """The TLS settings of a client: whether to use TLS and its credentials."""
+
+    def __init__(
+        self, url: str, ca_file: str | None, cert_file: str | None, key_file: str | None, server_name: str | None
+    ) -> None:
+        if (cert_file is None) != (key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together (mutual TLS needs both)")
+        self.enabled = wants_tls(url) or any(f is not None for f in (ca_file, cert_file, key_file))
+        self.files = (ca_file, cert_file, key_file)
+        self.server_name = server_name
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        def read(path: str | None) -> bytes | None:
+            if path is None:
+                return None
+            with open(path, "rb") as f:
+                return f.read()
+
+        ca, cert, key = (read(path) for path in self.files)
+        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
 class _Feed:
     """One subscription stream of a client (``Logs`` or ``Traces``): the
     current stream, the channel it runs on, the cursor its successive
@@ -84,7 +111,7 @@ class _Feed:
         self.unimplemented = False
         self.reopened_at = float("-inf")
 
-    def ensure(self, channel: grpc.aio.Channel) -> None:
+    def ensure(self, channel: grpc.aio.Channel, metadata: tuple | None) -> None:
         """Opens the stream on `channel` unless one is running there or the
         daemon does not implement it. Does not wait for anything."""
         if self.unimplemented:
@@ -92,7 +119,7 @@ class _Feed:
         previous = self.stream
         if previous is not None and previous.alive and self.channel is channel:
             return
-        rpc = getattr(pb_grpc.RuntimeServiceStub(channel), self.stream_type.rpc_name)()
+        rpc = getattr(pb_grpc.RuntimeServiceStub(channel), self.stream_type.rpc_name)(metadata=metadata)
         self.stream = self.stream_type(rpc, self.cursor, self._not_implemented, previous=previous)
         self.channel = channel
 
@@ -129,6 +156,15 @@ class RuntimeClient:
       traces: replay the sandbox's trace and span events into the host's
         `agentix.trace` processors (True), or do not subscribe to them at
         all (False).
+      token: the sandbox's bearer token, sent with every RPC (default: the
+        ``AGENTIX_TOKEN`` environment variable; neither: none is sent). A
+        daemon started with ``--token-file`` refuses RPCs without it
+        (`RuntimeUnreachable` saying UNAUTHENTICATED).
+      tls_ca_file, tls_cert_file, tls_key_file, tls_server_name: TLS for
+        ``https://`` URLs or when any file is given: the CA bundle that
+        signed the daemon's certificate (default: the system roots), the
+        client certificate and key for mutual TLS, and the name to verify
+        the daemon's certificate against instead of the URL's host.
 
     Use as ``async with RuntimeClient(url) as client:`` (connects on entry,
     closes on exit) or call `close()` yourself. A closed client connects again
@@ -150,6 +186,11 @@ class RuntimeClient:
         randomization_factor: float | None = None,
         logs: bool = True,
         traces: bool = True,
+        token: str | None = None,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+        tls_server_name: str | None = None,
     ) -> None:
         self.base_url = base_url
         self.timeout = timeout
@@ -170,6 +211,11 @@ class RuntimeClient:
             if value is not None
         }
         self._target = grpc_target(base_url)
+        if token is None:
+            token = os.environ.get(_TOKEN_ENV) or None
+        # Sent with every RPC; the daemon checks it before any handler runs.
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._tls = _TlsFiles(base_url, tls_ca_file, tls_cert_file, tls_key_file, tls_server_name)
         self._channel: grpc.aio.Channel | None = None
         self._channel_broken = False
         self._stream: CallsStream | None = None
@@ -354,7 +400,9 @@ class RuntimeClient:
         async with self._connect_lock:
             channel = await self._ready_channel()
         try:
-            return await pb_grpc.RuntimeServiceStub(channel).GetInfo(pb.GetInfoRequest(), timeout=self.timeout)
+            return await pb_grpc.RuntimeServiceStub(channel).GetInfo(
+                pb.GetInfoRequest(), timeout=self.timeout, metadata=self._metadata
+            )
         except grpc.aio.AioRpcError as error:
             raise self._unreachable(error) from error
 
@@ -402,7 +450,7 @@ class RuntimeClient:
                     now = asyncio.get_running_loop().time()
                     if now - feed.reopened_at >= _FEED_REOPEN_SECONDS and getattr(self, feed.flag):
                         feed.reopened_at = now
-                        feed.ensure(self._channel)
+                        feed.ensure(self._channel, self._metadata)
             if self._namespaces and self._channel is not None and not self._namespaces_alive():
                 now = asyncio.get_running_loop().time()
                 if now - self._namespaces_reopened_at >= _FEED_REOPEN_SECONDS:
@@ -413,7 +461,7 @@ class RuntimeClient:
             if self._stream is None or not self._stream.alive:
                 channel = await self._ready_channel()
                 self._connected_once = True
-                rpc = pb_grpc.RuntimeServiceStub(channel).Calls()
+                rpc = pb_grpc.RuntimeServiceStub(channel).Calls(metadata=self._metadata)
                 self._stream = CallsStream(rpc, self._pending, self._stream_lost)
                 self._ensure_feeds(channel)
                 # Events the sandbox emits during the first call must find
@@ -434,7 +482,7 @@ class RuntimeClient:
             current = self._namespace_streams.get(path)
             if current is not None and current.alive:
                 continue
-            stream = NamespaceStream(pb_grpc.RuntimeServiceStub(channel).Namespace(), ns)
+            stream = NamespaceStream(pb_grpc.RuntimeServiceStub(channel).Namespace(metadata=self._metadata), ns)
             self._namespace_streams[path] = stream
             opened.append(stream)
         return opened
@@ -483,7 +531,7 @@ class RuntimeClient:
         when a lost one is re-opened; does not wait for anything."""
         for feed in self._feeds:
             if getattr(self, feed.flag):
-                feed.ensure(channel)
+                feed.ensure(channel, self._metadata)
 
     async def _ready_channel(self) -> grpc.aio.Channel:
         """Returns a usable channel, replacing one that is known broken and
@@ -498,16 +546,21 @@ class RuntimeClient:
 
         # A private subchannel pool: a fresh channel must not inherit the
         # reconnect backoff of a broken one to the same address.
-        channel = grpc.aio.insecure_channel(
-            self._target,
-            options=[
-                ("grpc.max_receive_message_length", _MAX_GRPC_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", _MAX_GRPC_MESSAGE_BYTES),
-                ("grpc.use_local_subchannel_pool", 1),
-            ],
-        )
+        options = [
+            ("grpc.max_receive_message_length", _MAX_GRPC_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", _MAX_GRPC_MESSAGE_BYTES),
+            ("grpc.use_local_subchannel_pool", 1),
+        ]
+        if self._tls.enabled:
+            if self._tls.server_name:
+                options.append(("grpc.ssl_target_name_override", self._tls.server_name))
+            channel = grpc.aio.secure_channel(self._target, self._tls.credentials(), options=options)
+        else:
+            channel = grpc.aio.insecure_channel(self._target, options=options)
         try:
-            await pb_grpc.RuntimeServiceStub(channel).GetInfo(pb.GetInfoRequest(), timeout=self.timeout)
+            await pb_grpc.RuntimeServiceStub(channel).GetInfo(
+                pb.GetInfoRequest(), timeout=self.timeout, metadata=self._metadata
+            )
         except BaseException as error:
             await channel.close()
             if isinstance(error, grpc.aio.AioRpcError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-__all__ = ["grpc_target"]
+__all__ = ["grpc_target", "wants_tls"]
 
 
 def grpc_target(url: str) -> str:
@@ -14,11 +14,12 @@ def grpc_target(url: str) -> str:
       - ``unix:///abs/path.sock`` (or ``unix:/abs/path.sock``): passed through;
       - ``host:port``, ``[v6addr]:port``: passed through;
       - ``http://host:port`` (or ``http://host``, port 80), the original's
-        URL form: the scheme and an empty ``/`` path are dropped.
+        URL form: the scheme and an empty ``/`` path are dropped;
+      - ``https://host:port`` (or ``https://host``, port 443): the same, and
+        the client uses TLS (`wants_tls`).
 
-    Raises `ValueError` for anything else: ``https://`` (the runtime speaks
-    plaintext gRPC; transport security is the provider's), a URL path, query or
-    credentials, or a missing port.
+    Raises `ValueError` for anything else: another scheme, a URL path, query
+    or credentials, or a missing port.
     """
     if not isinstance(url, str) or not url.strip():
         raise ValueError(f"runtime URL must be a non-empty string (got {url!r})")
@@ -38,13 +39,16 @@ def _unix_target(url: str) -> str:
 
 def _http_target(url: str) -> str:
     parts = urlsplit(url)
-    if parts.scheme == "https":
-        raise ValueError(f"unsupported runtime URL {url!r}: the runtime speaks plaintext gRPC, not TLS")
-    if parts.scheme != "http":
-        raise ValueError(f"unsupported runtime URL {url!r}: scheme must be unix or http")
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"unsupported runtime URL {url!r}: scheme must be unix, http or https")
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         raise ValueError(f"unsupported runtime URL {url!r}: a path, query or fragment cannot be honoured")
-    return _host_port(url, parts.netloc, default_port=80)
+    return _host_port(url, parts.netloc, default_port=443 if parts.scheme == "https" else 80)
+
+
+def wants_tls(url: str) -> bool:
+    """True for ``https://`` runtime URLs."""
+    return isinstance(url, str) and url.startswith("https://")
 
 
 def _host_port(url: str, netloc: str, default_port: int | None) -> str:
