@@ -243,8 +243,10 @@ int Run(int argc, char** raw_argv) {
   sigwait(&signals, &received);
   AGX_LOG(Info, "received signal {}; shutting down", received);
   server->GetHealthCheckService()->Shutdown();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  // Calls in flight end first, with a definite error their hosts receive
+  // while the streams are still open; then the server drains (bounded).
   manager.Shutdown(absl::Seconds(3));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   server->Wait();
   for (const auto& path : socket_paths) ::unlink(path.c_str());
   AGX_LOG(Info, "stopped");

@@ -127,6 +127,17 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
     return;
   }
   if (calls_.contains(id)) return;  // at most once per call_id
+  if (finished_ids_.contains(id)) {
+    // A host re-sending the start of a call it still awaits after a
+    // reconnect: the call ran and its result is gone. Never run it again.
+    out.push_back({sink, MakeCallError(
+                             id, "ResultUnavailable",
+                             "this call already ran and its result is no "
+                             "longer held by the runtime (acknowledged or "
+                             "evicted); retry as a new call",
+                             absl::StatusCode::kNotFound)});
+    return;
+  }
   if (shut_down_) {
     out.push_back({sink, MakeCallError(id, "Unavailable",
                                        "sandbox daemon is shutting down",
@@ -208,6 +219,9 @@ void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
                                       std::vector<Delivery>& out) {
   const std::string& id = chunk.call_id();
   auto it = calls_.find(id);
+  if (it == calls_.end() && finished_ids_.contains(id)) {
+    return;  // a resumed upload of a call that already finished
+  }
   if (it == calls_.end()) {
     out.push_back({sink, BadRequest(id, absl::StrCat(
                                             "argument chunk for unknown call_id '",
@@ -216,7 +230,23 @@ void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
   }
   Call& call = it->second;
   if (call.terminal) return;  // e.g. cancelled while uploading: nothing to do
-  if (call.args_received + chunk.data().size() > call.args_expected) {
+  std::string_view data = chunk.data();
+  if (chunk.has_offset()) {
+    // A host resuming an upload after a reconnect sends pieces again from
+    // where it lost track; the bytes already received are skipped.
+    if (chunk.offset() > call.args_received) {
+      out.push_back({sink, BadRequest(id, absl::StrCat(
+                                              "argument chunk at offset ",
+                                              chunk.offset(), " leaves a gap (",
+                                              call.args_received,
+                                              " bytes received)"))});
+      return;
+    }
+    const uint64_t seen = call.args_received - chunk.offset();
+    if (seen >= data.size()) return;
+    data.remove_prefix(seen);
+  }
+  if (call.args_received + data.size() > call.args_expected) {
     Emit(id, call,
          BadRequest(id, absl::StrCat("argument chunks exceed arguments_size (",
                                      call.args_expected, " bytes)")),
@@ -229,9 +259,9 @@ void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
     }
     return;
   }
-  call.args_received += chunk.data().size();
+  call.args_received += data.size();
   if (worker_ && worker_->generation() == call.generation) {
-    ForwardArguments(id, chunk.data());
+    ForwardArguments(id, data);
   }
 }
 
@@ -303,6 +333,16 @@ void SessionManager::Ack(const std::string& call_id) {
   if (it == calls_.end() || !it->second.terminal) return;
   retained_order_.erase(it->second.retained_pos);
   calls_.erase(it);
+  RememberFinished(call_id);
+}
+
+void SessionManager::RememberFinished(const std::string& call_id) {
+  if (!finished_ids_.insert(call_id).second) return;
+  finished_order_.push_back(call_id);
+  while (finished_order_.size() > kRememberedFinishedCalls) {
+    finished_ids_.erase(finished_order_.front());
+    finished_order_.pop_front();
+  }
 }
 
 void SessionManager::Emit(const std::string& call_id, Call& call,
@@ -317,6 +357,7 @@ void SessionManager::Emit(const std::string& call_id, Call& call,
     const std::string oldest = retained_order_.front();
     retained_order_.pop_front();
     calls_.erase(oldest);
+    RememberFinished(oldest);
     if (evicted_++ % 1000 == 0) {
       AGX_LOG(Warning,
               "retained-result buffer full (max {}): evicted unacknowledged "

@@ -156,6 +156,10 @@ class SessionManager : public WorkerProcess::Listener {
   // Broadcasts the worker's namespace events (in order) to the host streams
   // open on their namespaces; reports events nobody received. Not under mu_.
   void RouteNamespaceEvents(const std::vector<const ipc::Frame*>& frames);
+  // Remembers that `call_id` finished and its result was freed, so that a
+  // repeated StartCall for it is refused instead of run again.
+  void RememberFinished(const std::string& call_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Destroys workers that have exited (joins their threads). Never called
   // from a worker callback or with mu_ held.
   void ReapDeadWorkers();
@@ -174,6 +178,12 @@ class SessionManager : public WorkerProcess::Listener {
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t workers_started_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t evicted_ ABSL_GUARDED_BY(mu_) = 0;
+  // Ids of calls whose results were acknowledged or evicted (bounded, oldest
+  // forgotten first): execution stays at most once when a reconnecting host
+  // re-sends a StartCall (about 100 bytes per id).
+  static constexpr size_t kRememberedFinishedCalls = 65536;
+  absl::flat_hash_set<std::string> finished_ids_ ABSL_GUARDED_BY(mu_);
+  std::list<std::string> finished_order_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   // "namespace\0event" pairs already reported as emitted with no listener.
   absl::flat_hash_set<std::string> unrouted_reported_ ABSL_GUARDED_BY(mu_);

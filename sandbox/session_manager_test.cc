@@ -342,6 +342,37 @@ TEST_CASE("Resume re-attaches running calls and replays retained results",
           "ResultUnavailable");
 }
 
+TEST_CASE("A re-sent StartCall never runs a call twice", "[sandbox]") {
+  SessionOptions options = FakeWorkerOptions();
+  options.max_retained_results = 1;
+  SessionManager manager(options);
+  auto a = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(a, Start("acked", "fake::echo", "x"));
+  a->AwaitTerminal("acked");
+  manager.HandleHostEvent(a, AckEvent("acked"));
+  manager.HandleHostEvent(a, Start("evicted", "fake::echo", "y"));
+  a->AwaitTerminal("evicted");
+  manager.HandleHostEvent(a, Start("newest", "fake::echo", "z"));  // evicts
+  a->AwaitTerminal("newest");
+  manager.HandleHostEvent(a, Start("running", "fake::sleep", "300"));
+
+  // A reconnecting host re-sends every start, then resumes.
+  auto b = std::make_shared<RecordingSink>();
+  for (const char* id : {"acked", "evicted", "newest", "running", "fresh"}) {
+    manager.HandleHostEvent(b, Start(id, "fake::echo", "again"));
+  }
+  manager.HandleHostEvent(
+      b, ResumeEvent({"acked", "evicted", "newest", "running", "fresh"}));
+  for (const char* id : {"acked", "evicted"}) {
+    REQUIRE(b->AwaitTerminal(id).error().error().type() ==
+            "ResultUnavailable");
+  }
+  REQUIRE(b->AwaitTerminal("newest").result().value() == "z");
+  REQUIRE(b->AwaitTerminal("running").result().value() == "done");
+  REQUIRE(b->AwaitTerminal("fresh").result().value() == "again");
+  REQUIRE(b->CountTerminal("fresh") == 1);
+}
+
 TEST_CASE("Retained results are bounded; the oldest is evicted",
           "[sandbox]") {
   SessionOptions options = FakeWorkerOptions();

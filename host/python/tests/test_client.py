@@ -280,26 +280,51 @@ async def test_close_fails_in_flight_calls_and_cancels_them(runtime):
     await client.close()
 
 
-async def test_lost_stream_fails_pending_calls_and_next_call_reconnects(runtime, client):
+async def test_lost_stream_fails_pending_calls_when_reconnection_is_off(runtime):
+    client = RuntimeClient(runtime.url, reconnection=False)
+    try:
+        task = asyncio.create_task(client.remote(sandbox_functions.sleep_forever))
+        await eventually(lambda: runtime.started)
+        runtime.drop_streams()
+        with pytest.raises(RuntimeUnreachable) as info:
+            await asyncio.wait_for(task, 5)
+        assert str(info.value) == f"runtime server connection lost: {runtime.url}"
+        assert client._pending_call_ids() == []
+        assert await client.remote(sandbox_functions.add, 3, 4) == 7
+        assert runtime.streams_opened == 2
+    finally:
+        await client.close()
+
+
+async def test_lost_stream_reconnects_and_resumes_pending_calls(runtime, client):
     task = asyncio.create_task(client.remote(sandbox_functions.sleep_forever))
     await eventually(lambda: runtime.started)
+    (call_id,) = runtime.started
     runtime.drop_streams()
-    with pytest.raises(RuntimeUnreachable) as info:
-        await asyncio.wait_for(task, 5)
-    assert str(info.value) == f"runtime server connection lost: {runtime.url}"
-    assert client._pending_call_ids() == []
-    assert await client.remote(sandbox_functions.add, 3, 4) == 7
+    # A new stream re-sends the call's start (the daemon dedups call ids) and resumes it.
+    await eventually(lambda: runtime.events("resume"))
     assert runtime.streams_opened == 2
+    assert list(runtime.events("resume")[0].call_ids) == [call_id]
+    assert [s.call_id for s in runtime.events("start")] == [call_id, call_id]
+    assert not task.done()
+    assert await client.remote(sandbox_functions.add, 3, 4) == 7
+    await client.close()
+    with pytest.raises(RuntimeUnreachable, match="closed"):
+        await task
 
 
-async def test_server_going_away_fails_pending_calls(runtime, client):
-    task = asyncio.create_task(client.remote(sandbox_functions.sleep_forever))
-    await eventually(lambda: runtime.started)
-    await runtime.server.stop(None)
-    with pytest.raises(RuntimeUnreachable, match="connection lost"):
-        await asyncio.wait_for(task, 5)
-    with pytest.raises(RuntimeUnreachable, match="unreachable"):
-        await asyncio.wait_for(client.remote(sandbox_functions.add, 1, 1), 5)
+async def test_server_going_away_fails_pending_calls_after_reconnect_attempts(runtime):
+    client = RuntimeClient(runtime.url, reconnection_attempts=3, reconnection_delay=0.05)
+    try:
+        task = asyncio.create_task(client.remote(sandbox_functions.sleep_forever))
+        await eventually(lambda: runtime.started)
+        await runtime.server.stop(None)
+        with pytest.raises(RuntimeUnreachable, match="connection lost.*reconnecting failed 3 times"):
+            await asyncio.wait_for(task, 10)
+        with pytest.raises(RuntimeUnreachable, match="unreachable"):
+            await asyncio.wait_for(client.remote(sandbox_functions.add, 1, 1), 5)
+    finally:
+        await client.close()
 
 
 async def test_unreachable_runtime_fails_fast():

@@ -6,11 +6,15 @@ the first `remote()` / `health()`; connecting is verified with a ``GetInfo``
 probe, so an address that refuses connections fails at once with
 `RuntimeUnreachable` and a silent one fails after ``timeout`` seconds.
 
-If the stream ends or breaks, every pending call fails with
-`RuntimeUnreachable` and the next call connects again. (The daemon keeps such
-calls running and retains their results; re-attaching them with
-``ResumeCalls`` is not implemented yet, so the ``reconnection*`` options are
-accepted but have no effect.)
+If the stream ends or breaks while calls are in flight, the client reconnects
+by itself (with backoff, see `RuntimeClient`) and resumes them on a new
+stream: it sends each call's StartCall again (the daemon runs a call_id at
+most once and refuses to re-run a finished one) and ``ResumeCalls``, and the
+daemon replays what they produced; streamed items and result chunks that
+arrive twice are dropped. Calls whose arguments were larger than
+`_RESEND_ARGUMENTS_BYTES` are only resumed (if their start never reached the
+daemon they fail with ``ResultUnavailable``). When reconnecting fails, or with
+``reconnection=False``, pending calls fail with `RuntimeUnreachable`.
 
 Whenever the Calls stream is opened, a ``Logs`` and a ``Traces`` stream are
 opened beside it (each unless already running): the first replays the
@@ -30,8 +34,10 @@ before the first call is sent (`agentix.runtime.client.namespaces`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import pickle
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 from uuid import uuid4
@@ -44,7 +50,7 @@ from agentix.runtime.client._sio_facade import RESERVED_NAMESPACES, AsyncClientN
 from agentix.runtime.client.namespaces import NamespaceStream
 from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream
 from agentix.runtime.client.result import Failed, Ok, Result
-from agentix.runtime.client.stream import STREAM_END, CallsStream, PendingCall
+from agentix.runtime.client.stream import STREAM_END, CallsStream, PendingCall, StartRequest
 from agentix.runtime.client.target import grpc_target, wants_tls
 from agentix.runtime.client.traces import TraceCursor, TracesStream
 from agentix.runtime.shared import codec
@@ -56,6 +62,8 @@ from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
 from agentix.utils import context
 
 __all__ = ["RuntimeClient"]
+
+_log = logging.getLogger("agentix.runtime.client")
 
 R = TypeVar("R")
 
@@ -69,6 +77,14 @@ _CLOSE_FLUSH_SECONDS = 1.0
 
 
 _TOKEN_ENV = "AGENTIX_TOKEN"
+# Reconnection defaults (see RuntimeClient).
+_RECONNECT_ATTEMPTS = 8
+_RECONNECT_DELAY = 0.25
+_RECONNECT_DELAY_MAX = 5.0
+_RANDOMIZATION = 0.5
+# Arguments up to this size are kept until the call ends so its StartCall can
+# be sent again after a reconnect; larger calls are only resumed.
+_RESEND_ARGUMENTS_BYTES = 16 * 1024 * 1024
 
 
 class _TlsFiles:
@@ -148,9 +164,14 @@ class RuntimeClient:
       stream_window: how many items of a `remote_stream()` call the sandbox
         may produce ahead of the consumer (back-pressure).
       reconnection, reconnection_attempts, reconnection_delay,
-      reconnection_delay_max, randomization_factor: accepted for compatibility;
-        reconnecting and resuming calls is not implemented yet (see module
-        docstring).
+      reconnection_delay_max, randomization_factor: what happens when the
+        connection breaks with calls in flight. By default the client
+        reconnects by itself and resumes them (first attempt at once, then
+        after `reconnection_delay` = 0.25 s doubling up to
+        `reconnection_delay_max` = 5 s, each ±`randomization_factor` = 0.5;
+        `reconnection_attempts` = 8 attempts, 0 = unlimited); when every
+        attempt fails they fail with `RuntimeUnreachable`.
+        ``reconnection=False`` fails them at once.
       logs: replay the sandbox's log records into the host's logging (True),
         or do not subscribe to them at all (False).
       traces: replay the sandbox's trace and span events into the host's
@@ -210,6 +231,14 @@ class RuntimeClient:
             )
             if value is not None
         }
+        # Reconnecting (the original's socketio defaults, but a first attempt
+        # at once and a bounded number of attempts, so no call waits forever).
+        self._reconnect_enabled = reconnection is not False
+        self._reconnect_attempts = _RECONNECT_ATTEMPTS if reconnection_attempts is None else reconnection_attempts
+        self._reconnect_delay = _RECONNECT_DELAY if reconnection_delay is None else reconnection_delay
+        self._reconnect_delay_max = _RECONNECT_DELAY_MAX if reconnection_delay_max is None else reconnection_delay_max
+        self._randomization = _RANDOMIZATION if randomization_factor is None else randomization_factor
+        self._reconnector: asyncio.Task | None = None
         self._target = grpc_target(base_url)
         if token is None:
             token = os.environ.get(_TOKEN_ENV) or None
@@ -293,7 +322,12 @@ class RuntimeClient:
 
         # Registering and starting happen without yielding to the loop right after
         # _live_stream() saw the stream alive, so a loss cannot slip in between.
-        call = PendingCall(uuid4().hex, display_name, asyncio.get_running_loop().create_future())
+        call = PendingCall(
+            uuid4().hex,
+            display_name,
+            asyncio.get_running_loop().create_future(),
+            start=self._start_request(callable_ref, arguments, carrier, 0),
+        )
         self._pending[call.call_id] = call
         try:
             stream.start_call(call.call_id, callable_ref, arguments, carrier)
@@ -335,7 +369,13 @@ class RuntimeClient:
         stream = await self._live_stream()
 
         loop = asyncio.get_running_loop()
-        call = PendingCall(uuid4().hex, display_name, loop.create_future(), streaming=True)
+        call = PendingCall(
+            uuid4().hex,
+            display_name,
+            loop.create_future(),
+            streaming=True,
+            start=self._start_request(callable_ref, arguments, carrier, self.stream_window),
+        )
         self._pending[call.call_id] = call
         window = self.stream_window
         # Not asyncio.timeout(): it would cancel whatever the consumer runs
@@ -358,9 +398,11 @@ class RuntimeClient:
                 if item is STREAM_END:
                     break
                 consumed += 1
+                call.consumed = consumed
                 # Ack in half-window steps: one StreamAck per few items, and
                 # the producer never waits a full round trip for credit.
                 if consumed - acked >= max(1, window // 2):
+                    stream = self._stream or stream  # the stream may have been replaced by a reconnect
                     stream.ack_stream(call.call_id, consumed)
                     acked = consumed
                 yield restricted_loads(item)
@@ -414,6 +456,9 @@ class RuntimeClient:
         """Closes the connection. Calls still in flight fail with
         `RuntimeUnreachable` and are cancelled in the sandbox (best effort).
         Idempotent; the client connects again if used afterwards."""
+        reconnector, self._reconnector = self._reconnector, None
+        if reconnector is not None:
+            reconnector.cancel()
         stream, self._stream = self._stream, None
         channel, self._channel = self._channel, None
         feeds = [feed.detach() for feed in self._feeds]
@@ -463,6 +508,8 @@ class RuntimeClient:
                 self._connected_once = True
                 rpc = pb_grpc.RuntimeServiceStub(channel).Calls(metadata=self._metadata)
                 self._stream = CallsStream(rpc, self._pending, self._stream_lost)
+                if self._pending:  # calls of a lost stream: re-attach them
+                    self._stream.resume(list(self._pending.values()))
                 self._ensure_feeds(channel)
                 # Events the sandbox emits during the first call must find
                 # the host's namespaces open: wait for the daemon's answer.
@@ -575,16 +622,62 @@ class RuntimeClient:
             f"runtime server unreachable at {self.base_url}: {error.code().name}: {error.details()}"
         )
 
+    @staticmethod
+    def _start_request(callable_ref: str, arguments: bytes, context: bytes, stream_window: int) -> StartRequest | None:
+        if len(arguments) > _RESEND_ARGUMENTS_BYTES:
+            return None
+        return StartRequest(callable_ref, arguments, context, stream_window)
+
     def _stream_lost(self, stream: CallsStream, error: BaseException | None) -> None:
-        """Fails every pending call of the lost stream; the next call reconnects."""
+        """Reconnects and resumes the pending calls of the lost stream (or
+        fails them when reconnection is off); without pending calls the next
+        call reconnects."""
         if stream is not self._stream:
             return
         self._stream = None
         self._channel_broken = True
+        if not self._pending:
+            return
+        if not self._reconnect_enabled:
+            self._fail_pending(f"runtime server connection lost: {self.base_url}", error)
+            return
+        if self._reconnector is None or self._reconnector.done():
+            self._reconnector = asyncio.get_running_loop().create_task(
+                self._reconnect(error), name="agentix-reconnect"
+            )
+
+    def _fail_pending(self, message: str, cause: BaseException | None) -> None:
         lost = list(self._pending.values())
         self._pending.clear()
         for call in lost:
-            failure = RuntimeUnreachable(f"runtime server connection lost: {self.base_url}")
-            if error is not None:
-                failure.__cause__ = error
+            failure = RuntimeUnreachable(message)
+            if cause is not None:
+                failure.__cause__ = cause
             call.fail(failure)
+
+    async def _reconnect(self, error: BaseException | None) -> None:
+        """Opens a new stream (which resumes the pending calls), retrying
+        with backoff; fails the pending calls when every attempt failed."""
+        attempt = 0
+        last: BaseException | None = error
+        while self._pending:
+            stream = self._stream
+            if stream is not None and stream.alive:
+                return  # a new call reconnected meanwhile (and resumed them)
+            try:
+                await self._live_stream()
+                _log.info("reconnected to %s; resumed %d call(s)", self.base_url, len(self._pending))
+                return
+            except (RuntimeUnreachable, OSError, grpc.aio.AioRpcError) as failure:
+                last = failure
+            attempt += 1
+            if self._reconnect_attempts and attempt >= self._reconnect_attempts:
+                self._fail_pending(
+                    f"runtime server connection lost: {self.base_url} "
+                    f"(reconnecting failed {attempt} times; last: {last})",
+                    last,
+                )
+                return
+            delay = min(self._reconnect_delay * 2 ** (attempt - 1), self._reconnect_delay_max)
+            delay *= 1 + self._randomization * (2 * random.random() - 1)
+            await asyncio.sleep(max(0.0, delay))

@@ -39,7 +39,7 @@ import grpc
 from agentix.runtime.shared.models import RemoteError
 from agentix.runtime.v1 import runtime_pb2 as pb
 
-__all__ = ["BATCH_BYTES", "CHUNK_BYTES", "CallsStream", "Outcome", "PendingCall"]
+__all__ = ["BATCH_BYTES", "CHUNK_BYTES", "CallsStream", "Outcome", "PendingCall", "StartRequest"]
 
 _log = logging.getLogger("agentix.runtime.client")
 
@@ -73,16 +73,28 @@ class PendingCall:
     `STREAM_END` once the future is done.
     """
 
-    __slots__ = ("call_id", "display_name", "future", "result_chunks", "items")
+    __slots__ = ("call_id", "display_name", "future", "result_chunks", "items", "start", "received", "consumed")
 
     def __init__(
-        self, call_id: str, display_name: str, future: asyncio.Future, *, streaming: bool = False
+        self,
+        call_id: str,
+        display_name: str,
+        future: asyncio.Future,
+        *,
+        streaming: bool = False,
+        start: StartRequest | None = None,
     ) -> None:
         self.call_id = call_id
         self.display_name = display_name
         self.future = future
         self.result_chunks: list[bytes] = []
         self.items: asyncio.Queue | None = asyncio.Queue() if streaming else None
+        # What re-sends the call after a reconnect (None: resume only).
+        self.start = start
+        # StreamItems received (index of the next one expected) and consumed
+        # by the caller (what the last StreamAck said).
+        self.received = 0
+        self.consumed = 0
 
     def settle(self, outcome: Outcome) -> None:
         """Delivers `outcome` unless the future is already done (e.g. cancelled)."""
@@ -101,6 +113,19 @@ class PendingCall:
             self.items.put_nowait(STREAM_END)
 
 
+class StartRequest:
+    """The StartCall of a call, kept so it can be sent again on a new stream
+    after a reconnect (the daemon never runs a call_id twice)."""
+
+    __slots__ = ("callable_ref", "arguments", "context", "stream_window")
+
+    def __init__(self, callable_ref: str, arguments: bytes, context: bytes, stream_window: int) -> None:
+        self.callable_ref = callable_ref
+        self.arguments = arguments
+        self.context = context
+        self.stream_window = stream_window
+
+
 class _Upload:
     """The argument bytes of one call that still have to follow its StartCall."""
 
@@ -115,11 +140,13 @@ class _Upload:
     def next_chunk_size(self) -> int:
         return min(CHUNK_BYTES, len(self.data) - self.offset)
 
-    def take_chunk(self) -> bytes:
-        end = self.offset + CHUNK_BYTES
-        chunk = bytes(self.data[self.offset : end])
+    def take_chunk(self) -> tuple[int, bytes]:
+        """The next piece and its offset within the whole arguments."""
+        start = self.offset
+        end = start + CHUNK_BYTES
+        chunk = bytes(self.data[start:end])
         self.offset = min(end, len(self.data))
-        return chunk
+        return CHUNK_BYTES + start, chunk
 
     @property
     def finished(self) -> bool:
@@ -197,6 +224,25 @@ class CallsStream:
             )
         )
         self._enqueue(len(first) + len(context) + len(callable_ref) + _EVENT_OVERHEAD, event, upload)
+
+    def resume(self, calls: list[PendingCall]) -> None:
+        """Re-attaches `calls` (pending from a lost stream) to this one: sends
+        each retained StartCall again (the daemon starts calls it never saw,
+        ignores ones it knows and refuses finished ones), then ResumeCalls
+        for all (the daemon replays what it produced for them), then the
+        flow-control state of streaming calls."""
+        for call in calls:
+            call.result_chunks = []  # the daemon replays chunks from the start
+            start = call.start
+            if start is not None:
+                self.start_call(call.call_id, start.callable_ref, start.arguments, start.context, start.stream_window)
+        self._enqueue(
+            _EVENT_OVERHEAD * (1 + len(calls)),
+            pb.HostEvent(resume=pb.ResumeCalls(call_ids=[call.call_id for call in calls])),
+        )
+        for call in calls:
+            if call.items is not None and call.consumed:
+                self.ack_stream(call.call_id, call.consumed)
 
     def ack_stream(self, call_id: str, next_index: int) -> None:
         """Tells the sandbox the items below `next_index` were consumed, which
@@ -282,8 +328,9 @@ class CallsStream:
             if batch and size + chunk_size > BATCH_BYTES:
                 break
             uploads.popleft()
+            offset, data = upload.take_chunk()
             batch.append(
-                pb.HostEvent(argument_chunk=pb.ArgumentChunk(call_id=upload.call_id, data=upload.take_chunk()))
+                pb.HostEvent(argument_chunk=pb.ArgumentChunk(call_id=upload.call_id, data=data, offset=offset))
             )
             size += chunk_size
             if upload.finished:
@@ -358,7 +405,9 @@ class CallsStream:
         elif kind == "stream_item":
             item = event.stream_item
             call = self._pending.get(item.call_id)
-            if call is not None and call.items is not None and not call.future.done():
+            # Items replayed after a resume that arrived before are skipped.
+            if call is not None and call.items is not None and not call.future.done() and item.index >= call.received:
+                call.received = item.index + 1
                 call.items.put_nowait(item.value)
 
     def _result_outcome(self, result: pb.CallResult) -> Outcome:

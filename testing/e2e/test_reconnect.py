@@ -1,0 +1,155 @@
+"""Reconnect and resume end to end: a proxy cuts the host<->daemon connection
+at random moments; every call still ends exactly once with its result, runs
+once in the sandbox, and every log record and span arrives exactly once."""
+
+import asyncio
+import collections
+import logging
+import random
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import e2e_targets as t
+from agentix import RuntimeClient, trace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "proxy"))
+from cutting_proxy import CuttingProxy  # noqa: E402
+
+pytestmark = pytest.mark.asyncio
+
+
+class Spans(trace.Processor):
+    def __init__(self):
+        self.steps = collections.Counter()
+
+    def on_span_end(self, span):
+        if span.name == "chaos-step":
+            self.steps[span.attrs["step"]] += 1
+
+
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.steps = collections.Counter()
+
+    def emit(self, record):
+        if record.name == "e2e.chaos":
+            self.steps[int(record.getMessage().rsplit(" ", 1)[1])] += 1
+
+
+@pytest.fixture
+def proxy(daemon, tmp_path):
+    p = CuttingProxy(str(tmp_path / "proxy.sock"), str(daemon.socket_path))
+    p.start()
+    yield p
+    p.stop()
+
+
+@pytest.fixture
+def observed():
+    spans, records = Spans(), Records()
+    trace.add_processor(spans)
+    root = logging.getLogger()
+    old = root.level
+    root.addHandler(records)
+    root.setLevel(logging.DEBUG)
+    yield spans, records
+    root.removeHandler(records)
+    root.setLevel(old)
+    trace.remove_processor(spans)
+
+
+async def test_a_call_survives_a_cut_while_it_runs(daemon, proxy, observed):
+    spans, records = observed
+    async with RuntimeClient(proxy.url) as client:
+        call = asyncio.ensure_future(client.remote(t.chaos_step, 7, 0.6))
+        await asyncio.sleep(0.3)
+        assert proxy.cut() >= 1
+        assert await asyncio.wait_for(call, 20) == 14
+        assert proxy.connections >= 2  # it reconnected
+    async with RuntimeClient(daemon.url, logs=False, traces=False) as direct:  # not a second replayer
+        assert await direct.remote(t.chaos_executions) == {7: 1}
+        deadline = time.monotonic() + 10
+        while (records.steps[7], spans.steps[7]) != (1, 1) and time.monotonic() < deadline:
+            await direct.remote(t.add, 0, 0)
+            await asyncio.sleep(0.1)
+    assert records.steps[7] == 1 and spans.steps[7] == 1
+
+
+async def test_2000_calls_through_random_cuts_lose_and_duplicate_nothing(daemon, proxy, observed):
+    spans, records = observed
+    n, concurrency = 2000, 32
+    results = {}
+    errors = []
+    rng = random.Random(1234)
+
+    async with RuntimeClient(proxy.url) as client:
+        queue = list(range(n))
+
+        async def caller():
+            while queue:
+                i = queue.pop()
+                try:
+                    results.setdefault(i, []).append(await client.remote(t.chaos_step, i, 0.01))
+                except Exception as error:  # counted as lost below
+                    errors.append((i, repr(error)))
+
+        async def cutter():
+            while True:
+                await asyncio.sleep(rng.uniform(0.02, 0.12))
+                await asyncio.to_thread(proxy.cut)
+
+        cutting = asyncio.ensure_future(cutter())
+        started = time.monotonic()
+        await asyncio.wait_for(asyncio.gather(*(caller() for _ in range(concurrency))), 240)
+        elapsed = time.monotonic() - started
+        cutting.cancel()
+        cuts = proxy.cuts
+        # Records and spans of the last calls may still be on their way (a
+        # broken Logs/Traces stream is re-opened by the next call).
+        deadline = time.monotonic() + 30
+        while (len(records.steps) < n or len(spans.steps) < n) and time.monotonic() < deadline:
+            await client.remote(t.add, 0, 0)
+            await asyncio.sleep(0.2)
+
+    lost = [i for i in range(n) if i not in results]
+    duplicated = [i for i, values in results.items() if len(values) != 1]
+    wrong = [i for i, values in results.items() if values != [2 * i]]
+    print(f"{n} calls in {elapsed:.1f}s through {cuts} cuts; errors: {errors[:5]}")
+    assert cuts >= 10, "the proxy should have cut the connection many times"
+    assert errors == [] and lost == [] and duplicated == [] and wrong == []
+
+    async with RuntimeClient(daemon.url, logs=False, traces=False) as direct:  # not a second replayer
+        executions = await direct.remote(t.chaos_executions)
+        assert sorted(executions) == list(range(n))
+        assert set(executions.values()) == {1}, "a call ran twice"
+    missing_records = [i for i in range(n) if records.steps[i] == 0]
+    missing_spans = [i for i in range(n) if spans.steps[i] == 0]
+    assert missing_records == [] and missing_spans == []
+    assert set(records.steps.values()) == {1}, "a log record arrived twice"
+    assert set(spans.steps.values()) == {1}, "a span arrived twice"
+
+
+async def test_large_uploads_and_streams_resume_across_cuts(daemon, proxy):
+    import hashlib
+
+    data = bytes(random.Random(5).getrandbits(8) for _ in range(1 << 16)) * 192  # 12 MiB
+    async with RuntimeClient(proxy.url) as client:
+        for attempt in range(3):
+            call = asyncio.ensure_future(client.remote(t.chaos_digest, f"big{attempt}", data))
+            await asyncio.sleep(0.02 * (attempt + 1))  # mid-upload, most likely
+            proxy.cut()
+            assert await asyncio.wait_for(call, 60) == hashlib.sha256(data).hexdigest()
+        # A stream cut mid-way: every item once, in order.
+        items = []
+        async for item in client.remote_stream(t.count_sync, 200):
+            items.append(item)
+            if len(items) in (50, 120):
+                proxy.cut()
+        assert items == [10 * i for i in range(200)]
+    async with RuntimeClient(daemon.url, logs=False, traces=False) as direct:
+        executions = await direct.remote(t.chaos_executions)
+        assert {k: v for k, v in executions.items() if str(k).startswith("big")} == {"big0": 1, "big1": 1, "big2": 1}
