@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import os
 import platform as platform_module
@@ -544,8 +545,10 @@ class LocalProvider(SandboxProvider):
                     hasher.update(chunk)
             digest = self._tar_digests[key] = hasher.hexdigest()
         root = self.cache_dir / "bundles" / f"sha256-{digest}"
-        manifest = None
-        if not has_bootstrap(root):
+        if has_bootstrap(root):
+            manifest_path = root / "manifest.json"
+            manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
+        else:
             manifest = _read_manifest(tar)
             extract_nix_tree(tar, root, manifest=manifest)
         label = name or (f"{manifest.get('name')}:{manifest.get('tag')}" if manifest and manifest.get("name") else None)
@@ -650,11 +653,9 @@ async def _exited(process: subprocess.Popen[bytes], timeout: float) -> bool:
 def _read_manifest(tar: Path) -> dict | None:
     """The tarball's top-level manifest.json, if any; one with a ``format``
     other than ``agentix-bundle`` is refused."""
-    import json
-
     with tarfile.open(tar, "r:*") as archive:
         for member in archive:
-            if member.name.lstrip("./") == "manifest.json" and member.isfile():
+            if member.isfile() and member.name.split("/")[-1] == "manifest.json" and member.name.strip("./") == "manifest.json":
                 handle = archive.extractfile(member)
                 assert handle is not None
                 manifest = json.loads(handle.read())
