@@ -54,6 +54,19 @@ def _try_write(path):
     return "ok"
 
 
+def _rewrite_same(path):
+    # Writes the current value back: detects a writable global sysctl
+    # without changing anything if it is writable.
+    with open(path) as handle:
+        value = handle.read()
+    try:
+        with open(path, "w") as handle:
+            handle.write(value)
+    except OSError as error:
+        return errno.errorcode.get(error.errno, str(error.errno))
+    return "ok"
+
+
 def facts():
     processes = {}
     for entry in os.listdir("/proc"):
@@ -72,6 +85,9 @@ def facts():
         "nix_write": _try_write("/nix/agentix-probe"),
         "root_write": _try_write("/agentix-probe"),
         "tmp_write": _try_write("/tmp/agentix-probe"),
+        "sysctl_write": _rewrite_same("/proc/sys/kernel/core_pattern"),
+        "uid": os.getuid(),
+        "cap_eff": [line.split()[1] for line in open("/proc/self/status") if line.startswith("CapEff:")][0],
         "env_home": os.environ.get("HOME"),
         "host_secret": os.environ.get("AGENTIX_E2E_HOST_SECRET"),
         "config_env": os.environ.get("AGENTIX_E2E_CONFIG_ENV"),
@@ -225,6 +241,9 @@ async def test_isolation(dev_bundle, dirs):
     # read-only root and bundle, writable scratch /tmp.
     assert facts["usr_write"] == "EROFS" and facts["nix_write"] == "EROFS" and facts["root_write"] == "EROFS"
     assert facts["tmp_write"] == "ok"
+    # uid 0 without capabilities, and global kernel settings out of reach.
+    assert facts["cap_eff"] == "0000000000000000"
+    assert facts["sysctl_write"] == "EROFS"
     # the environment is the provider's plus the config's, not the host's.
     assert facts["host_secret"] is None and facts["config_env"] == "given" and facts["env_home"] == "/tmp"
 

@@ -77,7 +77,8 @@ def test_bwrap_command_line(tmp_path):
     assert _pairs(argv, "--symlink") == [("usr/bin", "/bin")]
     assert _pairs(argv, "--bind") == [(str(tmp_path / "run"), "/run/agentix")]
     assert _pairs(argv, "--tmpfs") == ["/", "/tmp", "/run"]
-    assert _pairs(argv, "--remount-ro") == ["/"]
+    assert _pairs(argv, "--remount-ro") == ["/proc", "/"]
+    assert argv.index("--proc") < argv.index("--remount-ro")
     assert argv[argv.index("--proc") + 1] == "/proc" and argv[argv.index("--dev") + 1] == "/dev"
     assert argv[-1] == "/nix/runtime/bootstrap.sh"
     assert "--unshare-net" not in LocalProvider(share_net=True)._argv("bwrap", "s", root, root, root)

@@ -487,6 +487,10 @@ class LocalProvider(SandboxProvider):
             "--tmpfs", "/tmp",
             "--tmpfs", "/run",
             "--bind", str(run_dir), SANDBOX_RUN_DIR,
+            # The sandbox runs as uid 0 (without capabilities): /proc/sys and
+            # friends are owned by uid 0 and global, so a writable /proc would
+            # let it change e.g. the host's kernel.core_pattern.
+            "--remount-ro", "/proc",
             "--remount-ro", "/",
             "--chdir", "/tmp",
             *self.config.extra_bwrap_args,
