@@ -464,3 +464,30 @@ async def test_rootfs_directory_and_bundle_tarball(dirs, tmp_path):
     assert deployed.metadata["name"] == "probe:v1"  # from the manifest kept in the cache
     assert (Path(deployed.bundle) / "nix" / "runtime" / "bootstrap.sh").is_file()
     assert Path(deployed.bundle).parent == dirs[1] / "bundles"
+
+
+async def test_a_symlink_in_place_of_the_socket_is_not_trusted(dirs, tmp_path):
+    """A hostile bootstrap points the socket path at another socket on the host
+    that does answer health checks; the provider must not take it as the sandbox."""
+    import grpc
+
+    def check(request, context):
+        return b"\x08\x01"  # HealthCheckResponse{status: SERVING}
+
+    handler = grpc.method_handlers_generic_handler(
+        "grpc.health.v1.Health",
+        {"Check": grpc.unary_unary_rpc_method_handler(check, lambda data: data, lambda data: data)},
+    )
+    decoy = grpc.aio.server()
+    decoy.add_generic_rpc_handlers((handler,))
+    decoy.add_insecure_port(f"unix://{tmp_path / 'decoy.sock'}")
+    await decoy.start()
+    bundle = _write_bundle(
+        tmp_path / "bundle", f"#!/bin/sh\nln -s {tmp_path / 'decoy.sock'} /run/agentix/agentix.sock\nexec sleep 600\n"
+    )
+    try:
+        provider = make_provider(dirs, ready_timeout=1.0, stop_grace=0.2)
+        with pytest.raises(TimeoutError, match="not serving"):
+            await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+    finally:
+        await decoy.stop(None)

@@ -509,7 +509,7 @@ class LocalProvider(SandboxProvider):
                     f"sandbox {running.sandbox_id} exited with code {code} before its runtime came up; "
                     f"its output ends with:\n{_tail(running.log_path)}"
                 )
-            if running.socket_path.exists():
+            if _is_socket(running.socket_path):
                 if await _health_ok(running.socket_path, timeout=max(0.1, min(2.0, deadline - loop.time()))):
                     return
             if loop.time() >= deadline:
@@ -634,6 +634,15 @@ class LocalProvider(SandboxProvider):
         if left:
             _log.warning("sandbox %s: could not remove cgroups %s", running.sandbox_id, left)
         await asyncio.to_thread(shutil.rmtree, running.host_dir, True)
+
+
+def _is_socket(path: Path) -> bool:
+    """True for a real socket: the sandbox owns the directory, and a symlink
+    there would send the host's connection to some other socket on the host."""
+    try:
+        return stat.S_ISSOCK(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _signal(pid: int, signum: int) -> None:
