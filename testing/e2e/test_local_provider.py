@@ -33,8 +33,13 @@ from agentix import WorkerExited
 from agentix.provider import SandboxConfig, SandboxResource, providers
 from agentix.provider.local import LocalProvider, LocalProviderConfig
 
-if shutil.which("bwrap") is None:
-    pytest.exit("bubblewrap is required for the local provider tests: apt-get install bubblewrap", 2)
+
+
+@pytest.fixture(autouse=True)
+def _needs_bubblewrap():
+    # A failure, not a skip: tools/setup installs bubblewrap, so its absence is a broken setup.
+    if shutil.which("bwrap") is None:
+        pytest.fail("bubblewrap is required for the local provider tests: apt-get install bubblewrap")
 
 PROBE_SOURCE = '''
 """Probes run inside a local sandbox by testing/e2e/test_local_provider.py."""
@@ -256,6 +261,7 @@ async def test_memory_limit_kills_the_worker_not_the_sandbox(dev_bundle, dirs):
     async with provider.session(config) as sandbox:
         cgroups = _cgroup_paths(provider, sandbox.sandbox_id)
         assert int((cgroups["memory"] / "memory.limit_in_bytes").read_text()) == 200 << 20
+        assert int((cgroups["memory"] / "memory.memsw.limit_in_bytes").read_text()) == 200 << 20
         assert await sandbox.remote(probe.allocate, 20) == 20 << 20
         with pytest.raises(WorkerExited):
             await sandbox.remote(probe.allocate, 400)

@@ -40,6 +40,7 @@ from agentix.provider.base import (
     SandboxId,
     SandboxInfo,
     SandboxProvider,
+    SandboxResource,
 )
 from agentix.runtime import BUNDLE_NIX_ROOT, BUNDLE_RUNTIME_ENTRYPOINT, LISTEN_ENV
 
@@ -415,9 +416,9 @@ class LocalProvider(SandboxProvider):
                 f"platform {requested!r} cannot be honoured (leave SandboxConfig.platform unset)"
             )
 
-    def _apply_limits(self, cgroups: _Cgroups, resource: object) -> None:
-        memory = getattr(resource, "memory", None) or self.config.memory
-        cpu = getattr(resource, "cpu", None)
+    def _apply_limits(self, cgroups: _Cgroups, resource: SandboxResource | None) -> None:
+        memory = (resource.memory if resource else None) or self.config.memory
+        cpu = resource.cpu if resource else None
         wanted: list[tuple[str, str, str, bool]] = []  # controller, file, value, explicitly requested
         if memory is not None:
             wanted.append(("memory", "memory.limit_in_bytes", str(parse_memory(memory)), True))
@@ -434,6 +435,8 @@ class LocalProvider(SandboxProvider):
                     if controller == "cpu":
                         cgroups.write("cpu", "cpu.cfs_period_us", "100000")
                     cgroups.write(controller, name, value)
+                    if controller == "memory":
+                        _limit_swap_too(cgroups, value)
                 except OSError as error:
                     problem = f"cannot set {name}={value}: {error.strerror}"
             if problem is None:
@@ -634,6 +637,15 @@ class LocalProvider(SandboxProvider):
         if left:
             _log.warning("sandbox %s: could not remove cgroups %s", running.sandbox_id, left)
         await asyncio.to_thread(shutil.rmtree, running.host_dir, True)
+
+
+def _limit_swap_too(cgroups: _Cgroups, value: str) -> None:
+    """memory+swap = memory, so a machine with swap cannot page the sandbox
+    past its limit. Absent without swap accounting: nothing to do then."""
+    try:
+        cgroups.write("memory", "memory.memsw.limit_in_bytes", value)
+    except FileNotFoundError:
+        pass
 
 
 def _is_socket(path: Path) -> bool:
