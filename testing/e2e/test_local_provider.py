@@ -497,3 +497,48 @@ async def test_a_symlink_in_place_of_the_socket_is_not_trusted(dirs, tmp_path):
             await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
     finally:
         await decoy.stop(None)
+
+
+_CRASHING_HOST = """
+import asyncio, os, signal, sys
+from agentix.provider import SandboxConfig
+from agentix.provider.local import LocalProvider
+
+async def main():
+    provider = LocalProvider(runtime_dir=sys.argv[1], cache_dir=sys.argv[2])
+    sandbox = await provider.create(SandboxConfig(image="host", bundle=sys.argv[3], resource={"memory": "256m"}))
+    paths = provider._sandboxes[sandbox.sandbox_id].cgroups.paths.values()
+    print(sandbox.sandbox_id, *paths, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # no delete(), no cleanup of any kind
+
+asyncio.run(main())
+"""
+
+
+async def test_leftovers_of_a_killed_host_process_are_pruned(dev_bundle, dirs):
+    import subprocess
+
+    runtime_dir, cache_dir = dirs
+    crashed = subprocess.run(
+        [sys.executable, "-c", _CRASHING_HOST, str(runtime_dir), str(cache_dir), str(dev_bundle)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert crashed.returncode == -9, crashed.stderr
+    sandbox_id, *cgroup_paths = crashed.stdout.split()
+    cgroup_paths = [Path(path) for path in cgroup_paths]
+    assert len(cgroup_paths) == 2  # memory and pids
+    # --die-with-parent: the sandbox's processes die with the host process...
+    deadline = time.monotonic() + 10
+    while any((path / "cgroup.procs").read_text().strip() for path in cgroup_paths):
+        assert time.monotonic() < deadline, "sandbox processes outlived their host process"
+        time.sleep(0.05)
+    # ...but its directory and cgroups stay until a provider prunes them.
+    assert (runtime_dir / sandbox_id).is_dir() and all(path.is_dir() for path in cgroup_paths)
+
+    provider = make_provider(dirs)
+    async with provider.session(SandboxConfig(image="host", bundle=str(dev_bundle))) as live:
+        # The first create pruned the dead one; a live sandbox is never pruned.
+        assert not (runtime_dir / sandbox_id).exists()
+        assert [path for path in cgroup_paths if path.exists()] == []
+        assert make_provider(dirs).prune() == []
+        assert await live.remote(e2e_targets.add, 1, 2) == 3

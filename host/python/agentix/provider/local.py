@@ -52,6 +52,7 @@ _log = logging.getLogger(__name__)
 SANDBOX_RUN_DIR = "/run/agentix"
 SANDBOX_SOCKET = f"{SANDBOX_RUN_DIR}/agentix.sock"
 _SOCKET_NAME = "agentix.sock"
+_OWNER_FILE = "owner.json"
 # Top-level entries of the root that the sandbox gets fresh instead of from the root.
 _FRESH_TOP_LEVEL = {"dev", "proc", "sys", "tmp", "run", "nix"}
 # sun_path is 108 bytes including the terminating NUL.
@@ -336,6 +337,7 @@ class LocalProvider(SandboxProvider):
         # (realpath, size, mtime) of a bundle tarball -> its sha256, so a
         # create does not re-hash an unchanged tarball.
         self._tar_digests: dict[tuple[str, int, int], str] = {}
+        self._pruned = False
 
     async def __aenter__(self) -> LocalProvider:
         return self
@@ -366,6 +368,9 @@ class LocalProvider(SandboxProvider):
 
         sandbox_id = f"local-{secrets.token_hex(6)}"
         _private_dir(self.runtime_dir)
+        if not self._pruned:
+            self._pruned = True
+            await asyncio.to_thread(self.prune)
         host_dir = self.runtime_dir / sandbox_id
         host_dir.mkdir(mode=0o700)
         run_dir = host_dir / "run"
@@ -387,6 +392,11 @@ class LocalProvider(SandboxProvider):
         )
         try:
             self._apply_limits(running.cgroups, resource)
+            # Who owns this directory and what else to remove, for prune()
+            # after a host process that died without deleting its sandboxes.
+            (host_dir / _OWNER_FILE).write_text(
+                json.dumps({"owner": _process_identity(os.getpid()), "cgroups": [str(p) for p in running.cgroups.paths.values()]})
+            )
             argv = self._argv(bwrap, sandbox_id, root, nix_dir, run_dir)
             if running.cgroups.paths:
                 argv = ["/bin/sh", "-c", _ENTER_CGROUPS, "agentix-enter-cgroups", *running.cgroups.procs_files(), "--", *argv]
@@ -595,6 +605,46 @@ class LocalProvider(SandboxProvider):
             "a root filesystem directory, or an OCI image layout (oci:DIR[:REF]); images are not pulled"
         )
 
+    def prune(self) -> list[str]:
+        """Removes the leftovers (host directory, cgroups) of sandboxes whose
+        creating process is gone — one killed before it could `delete` them.
+        Their processes died with it (``--die-with-parent``). Runs once
+        before the first `create`; returns the pruned sandbox ids."""
+        pruned = []
+        try:
+            entries = list(os.scandir(self.runtime_dir))
+        except FileNotFoundError:
+            return pruned
+        for entry in entries:
+            if not entry.name.startswith("local-") or entry.name in self._sandboxes:
+                continue
+            try:
+                record = json.loads(Path(entry.path, _OWNER_FILE).read_text())
+                owner = record["owner"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # being created right now, or not ours to judge
+            if _process_identity(int(owner.split()[0])) == owner:
+                continue  # its provider process is alive
+            for path in map(Path, record.get("cgroups", [])):
+                try:
+                    for pid in (path / "cgroup.procs").read_text().split():
+                        _signal(int(pid), signal.SIGKILL)
+                except OSError:
+                    pass
+                for _ in range(100):
+                    try:
+                        path.rmdir()
+                        break
+                    except FileNotFoundError:
+                        break
+                    except OSError:
+                        time.sleep(0.01)
+            shutil.rmtree(entry.path, ignore_errors=True)
+            pruned.append(entry.name)
+        if pruned:
+            _log.info("removed leftovers of sandboxes whose provider process is gone: %s", ", ".join(pruned))
+        return pruned
+
     # ------------------------------------------------------------ get / delete
 
     async def get(self, sandbox_id: SandboxId) -> SandboxInfo:
@@ -637,6 +687,16 @@ class LocalProvider(SandboxProvider):
         if left:
             _log.warning("sandbox %s: could not remove cgroups %s", running.sandbox_id, left)
         await asyncio.to_thread(shutil.rmtree, running.host_dir, True)
+
+
+def _process_identity(pid: int) -> str:
+    """``"<pid> <start time>"``: tells a live process from a later one that
+    reused its pid ("" when no such process)."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return f"{pid} {stat_line.rsplit(')', 1)[1].split()[19]}"
 
 
 def _limit_swap_too(cgroups: _Cgroups, value: str) -> None:
