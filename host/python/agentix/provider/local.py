@@ -639,6 +639,10 @@ class LocalProvider(SandboxProvider):
                         break
                     except OSError:
                         time.sleep(0.01)
+                try:  # the shared parent, once its last sandbox is gone
+                    path.parent.rmdir()
+                except OSError:
+                    pass
             shutil.rmtree(entry.path, ignore_errors=True)
             pruned.append(entry.name)
         if pruned:
