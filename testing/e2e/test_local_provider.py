@@ -1,0 +1,544 @@
+"""End to end: `LocalProvider` runs the real daemon and worker under bubblewrap.
+
+The bundle here is a development one: ``nix/runtime/bootstrap.sh`` execs the
+Bazel-built ``agentix-sandboxd`` and ``agentix-worker`` by their absolute host
+paths, which the sandbox sees because its root is the host's root (read-only).
+The worker's Python path is the e2e fixtures plus ``/nix/runtime/probe``, a
+module of probes written into the bundle by this file (the host imports the
+same file, so its functions are valid remote targets).
+
+Run: bazel build //... && tools/make_venv $PWD/.venv-test &&
+     .venv-test/bin/python -m pytest -q -p no:cacheprovider -o asyncio_mode=auto \
+         --timeout=120 testing/e2e/test_local_provider.py
+"""
+
+import io
+import json
+import hashlib
+import os
+import shutil
+import socket
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import SANDBOXD, TARGETS_DIR, WORKER, _venv
+
+import e2e_targets
+from agentix import WorkerExited
+from agentix.provider import SandboxConfig, SandboxResource, providers
+from agentix.provider.local import LocalProvider, LocalProviderConfig
+
+
+
+@pytest.fixture(autouse=True)
+def _needs_bubblewrap():
+    # A failure, not a skip: tools/setup installs bubblewrap, so its absence is a broken setup.
+    if shutil.which("bwrap") is None:
+        pytest.fail("bubblewrap is required for the local provider tests: apt-get install bubblewrap")
+
+PROBE_SOURCE = '''
+"""Probes run inside a local sandbox by testing/e2e/test_local_provider.py."""
+import errno
+import os
+import socket
+import threading
+
+
+def _try_write(path):
+    try:
+        with open(path, "w") as handle:
+            handle.write("x")
+    except OSError as error:
+        return errno.errorcode.get(error.errno, str(error.errno))
+    os.unlink(path)
+    return "ok"
+
+
+def _rewrite_same(path):
+    # Writes the current value back: detects a writable global sysctl
+    # without changing anything if it is writable.
+    with open(path) as handle:
+        value = handle.read()
+    try:
+        with open(path, "w") as handle:
+            handle.write(value)
+    except OSError as error:
+        return errno.errorcode.get(error.errno, str(error.errno))
+    return "ok"
+
+
+def facts():
+    processes = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    processes[int(entry)] = handle.read().replace(b"\\0", b" ").decode(errors="replace")
+            except OSError:
+                pass
+    return {
+        "pid": os.getpid(),
+        "hostname": socket.gethostname(),
+        "interfaces": [name for _, name in socket.if_nameindex()],
+        "processes": processes,
+        "usr_write": _try_write("/usr/agentix-probe"),
+        "nix_write": _try_write("/nix/agentix-probe"),
+        "root_write": _try_write("/agentix-probe"),
+        "tmp_write": _try_write("/tmp/agentix-probe"),
+        "sysctl_write": _rewrite_same("/proc/sys/kernel/core_pattern"),
+        "uid": os.getuid(),
+        "cap_eff": [line.split()[1] for line in open("/proc/self/status") if line.startswith("CapEff:")][0],
+        "env_home": os.environ.get("HOME"),
+        "host_secret": os.environ.get("AGENTIX_E2E_HOST_SECRET"),
+        "config_env": os.environ.get("AGENTIX_E2E_CONFIG_ENV"),
+    }
+
+
+def connect_tcp(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            return "connected"
+    except OSError as error:
+        return type(error).__name__
+
+
+def allocate(megabytes):
+    data = b"\\x01" * (megabytes << 20)  # written, so every page is really charged
+    return len(data)
+
+
+def start_threads(count):
+    stop = threading.Event()
+    threads = []
+    try:
+        for _ in range(count):
+            thread = threading.Thread(target=stop.wait)
+            thread.start()
+            threads.append(thread)
+    except RuntimeError:
+        pass
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    return len(threads)
+'''
+
+
+def _write_bundle(directory: Path, bootstrap: str, probe: bool = False) -> Path:
+    runtime = directory / "nix" / "runtime"
+    runtime.mkdir(parents=True)
+    (runtime / "bootstrap.sh").write_text(bootstrap)
+    (runtime / "bootstrap.sh").chmod(0o755)
+    if probe:
+        (runtime / "probe").mkdir()
+        (runtime / "probe" / "local_sandbox_probe.py").write_text(PROBE_SOURCE)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def dev_bundle():
+    directory = Path(tempfile.mkdtemp(prefix="agx-bundle-"))
+    python_path = f"{TARGETS_DIR}:/nix/runtime/probe"
+    _write_bundle(
+        directory,
+        "#!/bin/sh\n"
+        f'exec {os.path.realpath(SANDBOXD)} --listen "$AGENTIX_LISTEN" '
+        f"--worker {os.path.realpath(WORKER)} --venv {_venv()} --python-path {python_path}\n",
+        probe=True,
+    )
+    sys.path.insert(0, str(directory / "nix" / "runtime" / "probe"))
+    yield directory
+    sys.path.remove(str(directory / "nix" / "runtime" / "probe"))
+    shutil.rmtree(directory)
+
+
+@pytest.fixture
+def dirs():
+    """Short private runtime and cache dirs (a socket path must fit in 108 bytes)."""
+    base = Path(tempfile.mkdtemp(prefix="agx-"))
+    yield base / "run", base / "cache"
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def make_provider(dirs, **settings):
+    runtime_dir, cache_dir = dirs
+    return LocalProvider(LocalProviderConfig(runtime_dir=str(runtime_dir), cache_dir=str(cache_dir), **settings))
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _descendants(pid):
+    found = []
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        for task in os.listdir(f"/proc/{current}/task") if os.path.isdir(f"/proc/{current}/task") else []:
+            try:
+                children = Path(f"/proc/{current}/task/{task}/children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                found.append(child)
+                pending.append(child)
+    return found
+
+
+def _cgroup_paths(provider, sandbox_id):
+    return dict(provider._sandboxes[sandbox_id].cgroups.paths)
+
+
+async def test_entry_point_names_the_local_provider():
+    assert providers().get("local") is LocalProvider
+
+
+async def test_session_runs_remote_calls(dev_bundle, dirs):
+    provider = make_provider(dirs)
+    async with provider.session(SandboxConfig(image="host", bundle=str(dev_bundle))) as sandbox:
+        assert sandbox.sandbox_id.startswith("local-") and len(sandbox.sandbox_id) == len("local-") + 12
+        assert sandbox.runtime_url == f"unix://{dirs[0]}/{sandbox.sandbox_id}/run/agentix.sock"
+        assert await sandbox.remote(e2e_targets.add, 2, 3) == 5
+        assert await sandbox.remote(e2e_targets.async_add, 4, 5) == 9
+        assert [item async for item in sandbox.remote_stream(e2e_targets.count_sync, 3)] == [0, 10, 20]
+        info = await provider.get(sandbox.sandbox_id)
+        assert info.status == "running" and info.runtime_url == sandbox.runtime_url
+    with pytest.raises(KeyError, match="no sandbox"):
+        await provider.get(sandbox.sandbox_id)
+
+
+async def test_isolation(dev_bundle, dirs):
+    import local_sandbox_probe as probe
+
+    os.environ["AGENTIX_E2E_HOST_SECRET"] = "must-not-leak"
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    try:
+        provider = make_provider(dirs)
+        config = SandboxConfig(image="host", bundle=str(dev_bundle), env={"AGENTIX_E2E_CONFIG_ENV": "given"})
+        async with provider.session(config) as sandbox:
+            facts = await sandbox.remote(probe.facts)
+            tcp = await sandbox.remote(probe.connect_tcp, listener.getsockname()[1])
+    finally:
+        listener.close()
+        del os.environ["AGENTIX_E2E_HOST_SECRET"]
+
+    # pid namespace: the worker is a low pid and sees only the sandbox's processes.
+    assert facts["pid"] < 100, facts
+    assert len(facts["processes"]) <= 5, facts["processes"]
+    assert not any("pytest" in cmdline for cmdline in facts["processes"].values()), facts["processes"]
+    # net namespace: loopback only, the host's listener unreachable.
+    assert facts["interfaces"] == ["lo"]
+    assert tcp == "ConnectionRefusedError"
+    # uts namespace.
+    assert facts["hostname"] == sandbox.sandbox_id != socket.gethostname()
+    # read-only root and bundle, writable scratch /tmp.
+    assert facts["usr_write"] == "EROFS" and facts["nix_write"] == "EROFS" and facts["root_write"] == "EROFS"
+    assert facts["tmp_write"] == "ok"
+    # uid 0 without capabilities, and global kernel settings out of reach.
+    assert facts["cap_eff"] == "0000000000000000"
+    assert facts["sysctl_write"] == "EROFS"
+    # the environment is the provider's plus the config's, not the host's.
+    assert facts["host_secret"] is None and facts["config_env"] == "given" and facts["env_home"] == "/tmp"
+
+
+async def test_memory_limit_kills_the_worker_not_the_sandbox(dev_bundle, dirs):
+    import local_sandbox_probe as probe
+
+    provider = make_provider(dirs)
+    config = SandboxConfig(image="host", bundle=str(dev_bundle), resource=SandboxResource(memory="200m"))
+    async with provider.session(config) as sandbox:
+        cgroups = _cgroup_paths(provider, sandbox.sandbox_id)
+        assert int((cgroups["memory"] / "memory.limit_in_bytes").read_text()) == 200 << 20
+        assert int((cgroups["memory"] / "memory.memsw.limit_in_bytes").read_text()) == 200 << 20
+        assert await sandbox.remote(probe.allocate, 20) == 20 << 20
+        with pytest.raises(WorkerExited):
+            await sandbox.remote(probe.allocate, 400)
+        assert "oom_kill 1" in (cgroups["memory"] / "memory.oom_control").read_text()
+        # The daemon survived and starts a fresh worker.
+        assert await sandbox.remote(e2e_targets.add, 1, 1) == 2
+
+
+async def test_pids_limit(dev_bundle, dirs):
+    import local_sandbox_probe as probe
+
+    provider = make_provider(dirs, pids_max=64)
+    async with provider.session(SandboxConfig(image="host", bundle=str(dev_bundle))) as sandbox:
+        cgroups = _cgroup_paths(provider, sandbox.sandbox_id)
+        assert (cgroups["pids"] / "pids.max").read_text().strip() == "64"
+        started = await sandbox.remote(probe.start_threads, 200)
+        assert 0 < started < 64
+        assert int((cgroups["pids"] / "pids.events").read_text().split()[1]) >= 1
+        assert await sandbox.remote(e2e_targets.add, 1, 2) == 3
+
+
+async def test_delete_leaves_nothing(dev_bundle, dirs):
+    provider = make_provider(dirs)
+    sandbox = await provider.create(SandboxConfig(image="host", bundle=str(dev_bundle), resource=SandboxResource(memory="1g")))
+    worker_pid_inside = await sandbox.remote(e2e_targets.getpid)
+    assert worker_pid_inside < 100
+    running = provider._sandboxes[sandbox.sandbox_id]
+    bwrap_pid = running.process.pid
+    tree = [bwrap_pid, *_descendants(bwrap_pid)]
+    assert len(tree) >= 4  # bwrap, the namespace's init, sandboxd, the worker
+    cgroups = _cgroup_paths(provider, sandbox.sandbox_id)
+    host_dir = running.host_dir
+    await sandbox.aclose()
+
+    started = time.monotonic()
+    await provider.delete(sandbox.sandbox_id)
+    assert time.monotonic() - started < 5.0  # the daemon stops on SIGTERM, no SIGKILL wait
+    assert [pid for pid in tree if _alive(pid)] == []
+    assert not host_dir.exists()
+    assert [path for path in cgroups.values() if path.exists()] == []
+    assert list(dirs[0].iterdir()) == []
+    with pytest.raises(KeyError, match="no sandbox"):
+        await provider.delete(sandbox.sandbox_id)
+
+
+async def test_session_deletes_when_the_body_raises(dev_bundle, dirs):
+    provider = make_provider(dirs)
+    with pytest.raises(ZeroDivisionError):
+        async with provider.session(SandboxConfig(image="host", bundle=str(dev_bundle))) as sandbox:
+            await sandbox.remote(e2e_targets.noop)
+            1 / 0
+    assert provider._sandboxes == {}
+    assert list(dirs[0].iterdir()) == []
+
+
+async def test_call_deadline_reaches_the_client(dev_bundle, dirs):
+    from agentix import CallTimeout
+
+    provider = make_provider(dirs)
+    async with provider.session(SandboxConfig(image="host", bundle=str(dev_bundle)), call_deadline=0.5) as sandbox:
+        with pytest.raises(CallTimeout):
+            await sandbox.remote(e2e_targets.async_sleep, 5)
+
+
+async def test_failing_bootstrap_reports_its_output(dirs):
+    bundle = _write_bundle(Path(tempfile.mkdtemp(prefix="agx-bad-")), "#!/bin/sh\necho 'no daemon here: broken bundle' >&2\nexit 3\n")
+    try:
+        provider = make_provider(dirs)
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"exited with code 3[\s\S]*no daemon here: broken bundle"):
+            await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+        assert time.monotonic() - started < 10
+        assert provider._sandboxes == {}
+        assert list(dirs[0].iterdir()) == []
+    finally:
+        shutil.rmtree(bundle)
+
+
+async def test_silent_bootstrap_times_out_and_is_killed(dirs):
+    bundle = _write_bundle(Path(tempfile.mkdtemp(prefix="agx-slow-")), "#!/bin/sh\necho waiting forever\nexec sleep 600\n")
+    try:
+        provider = make_provider(dirs, ready_timeout=1.0, stop_grace=0.5)
+        with pytest.raises(TimeoutError, match="waiting forever"):
+            await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+        assert list(dirs[0].iterdir()) == []
+    finally:
+        shutil.rmtree(bundle)
+
+
+async def test_bad_inputs_are_refused_before_anything_starts(dev_bundle, dirs, tmp_path):
+    provider = make_provider(dirs)
+    with pytest.raises(ValueError, match="does not exist"):
+        await provider.create(SandboxConfig(image="host", bundle=str(tmp_path / "missing")))
+    with pytest.raises(ValueError, match="not a bundle"):
+        await provider.create(SandboxConfig(image="host", bundle=str(tmp_path)))
+    with pytest.raises(ValueError, match="images are not pulled"):
+        await provider.create(SandboxConfig(image="docker.io/library/python:3.11", bundle=str(dev_bundle)))
+    with pytest.raises(ValueError, match="platform"):
+        await provider.create(SandboxConfig(image="host", bundle=str(dev_bundle), platform="linux/s390x"))
+    with pytest.raises(ValueError, match="GPU"):
+        await provider.create(SandboxConfig(image="host", bundle=str(dev_bundle), resource=SandboxResource(gpu=1)))
+    assert not dirs[0].exists() or list(dirs[0].iterdir()) == []
+
+
+def _busybox_tree(files):
+    """(name, TarInfo, bytes|None) members of a tiny static-busybox root."""
+    busybox = Path("/bin/busybox").read_bytes()
+    members = []
+    for name in ("bin", "etc"):
+        info = tarfile.TarInfo(name)
+        info.type, info.mode = tarfile.DIRTYPE, 0o755
+        members.append((info, None))
+    info = tarfile.TarInfo("bin/busybox")
+    info.size, info.mode = len(busybox), 0o755
+    members.append((info, busybox))
+    for applet in ("sh", "cat", "echo"):
+        info = tarfile.TarInfo(f"bin/{applet}")
+        info.type, info.linkname = tarfile.SYMTYPE, "busybox"
+        members.append((info, None))
+    for name, data in files.items():
+        info = tarfile.TarInfo(name)
+        info.size, info.mode = len(data), 0o644
+        members.append((info, data))
+    return members
+
+
+def _tar_bytes(members, gzip=False):
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz" if gzip else "w") as archive:
+        for info, data in members:
+            archive.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buffer.getvalue()
+
+
+def _oci_layout(directory, layers):
+    blobs = directory / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+
+    def put(data):
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        return {"digest": f"sha256:{digest}", "size": len(data)}
+
+    config = put(json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers"}}).encode())
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", **put(layer)} for layer in layers],
+    }
+    descriptor = put(json.dumps(manifest).encode())
+    (directory / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    (directory / "index.json").write_text(json.dumps({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json", **descriptor,
+            "annotations": {"org.opencontainers.image.ref.name": "v1"},
+        }],
+    }))
+
+
+# The daemon cannot run over a busybox root (it needs the host's libraries),
+# so these bundles print what the root holds and exit: the error carries it.
+_SHOW_ROOT = "#!/bin/sh\necho \"marker=$(cat /etc/marker) gone=$(cat /etc/gone 2>&1)\" >&2\nexit 7\n"
+
+
+async def test_oci_layout_root(dirs, tmp_path):
+    base = _busybox_tree({"etc/marker": b"from-oci-layer-2\n", "etc/gone": b"lower layer\n"})
+    upper = [(tarfile.TarInfo("etc"), None)]
+    upper[0][0].type = tarfile.DIRTYPE
+    for name, data in (("etc/marker", b"from-oci-layer-2\n"), ("etc/.wh.gone", b"")):
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        upper.append((info, data))
+    _oci_layout(tmp_path / "layout", [_tar_bytes(base, gzip=True), _tar_bytes(upper, gzip=True)])
+    bundle = _write_bundle(tmp_path / "bundle", _SHOW_ROOT)
+
+    provider = make_provider(dirs)
+    for image in (f"oci:{tmp_path / 'layout'}:v1", str(tmp_path / "layout")):
+        with pytest.raises(RuntimeError, match="code 7[\\s\\S]*marker=from-oci-layer-2 gone=cat: can't open '/etc/gone'"):
+            await provider.create(SandboxConfig(image=image, bundle=str(bundle)))
+    unpacked = list((dirs[1] / "rootfs").iterdir())
+    assert len(unpacked) == 1 and unpacked[0].name.startswith("sha256-")  # unpacked once, reused
+    with pytest.raises(ValueError, match="no image tagged 'v2'"):
+        await provider.create(SandboxConfig(image=f"oci:{tmp_path / 'layout'}:v2", bundle=str(bundle)))
+
+
+async def test_rootfs_directory_and_bundle_tarball(dirs, tmp_path):
+    root = tmp_path / "rootfs"
+    root.mkdir()
+    with tarfile.open(fileobj=io.BytesIO(_tar_bytes(_busybox_tree({"etc/marker": b"rootfs-dir\n"})))) as archive:
+        archive.extractall(root)
+    bundle_tar = tmp_path / "bundle.tar"
+    bootstrap = _SHOW_ROOT.encode()
+    info = tarfile.TarInfo("nix/runtime/bootstrap.sh")
+    info.size, info.mode = len(bootstrap), 0o755
+    manifest = json.dumps({"format": "agentix-bundle", "name": "probe", "tag": "v1"}).encode()
+    manifest_info = tarfile.TarInfo("manifest.json")
+    manifest_info.size = len(manifest)
+    bundle_tar.write_bytes(_tar_bytes([(manifest_info, manifest), (info, bootstrap)]))
+
+    provider = make_provider(dirs)
+    with pytest.raises(RuntimeError, match="marker=rootfs-dir"):
+        await provider.create(SandboxConfig(image=str(root), bundle=str(bundle_tar)))
+    deployed = await provider.deploy_bundle(bundle_tar)
+    assert deployed.metadata["name"] == "probe:v1"  # from the manifest kept in the cache
+    assert (Path(deployed.bundle) / "nix" / "runtime" / "bootstrap.sh").is_file()
+    assert Path(deployed.bundle).parent == dirs[1] / "bundles"
+
+
+async def test_a_symlink_in_place_of_the_socket_is_not_trusted(dirs, tmp_path):
+    """A hostile bootstrap points the socket path at another socket on the host
+    that does answer health checks; the provider must not take it as the sandbox."""
+    import grpc
+
+    def check(request, context):
+        return b"\x08\x01"  # HealthCheckResponse{status: SERVING}
+
+    handler = grpc.method_handlers_generic_handler(
+        "grpc.health.v1.Health",
+        {"Check": grpc.unary_unary_rpc_method_handler(check, lambda data: data, lambda data: data)},
+    )
+    decoy = grpc.aio.server()
+    decoy.add_generic_rpc_handlers((handler,))
+    decoy.add_insecure_port(f"unix://{tmp_path / 'decoy.sock'}")
+    await decoy.start()
+    bundle = _write_bundle(
+        tmp_path / "bundle", f"#!/bin/sh\nln -s {tmp_path / 'decoy.sock'} /run/agentix/agentix.sock\nexec sleep 600\n"
+    )
+    try:
+        provider = make_provider(dirs, ready_timeout=1.0, stop_grace=0.2)
+        with pytest.raises(TimeoutError, match="not serving"):
+            await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+    finally:
+        await decoy.stop(None)
+
+
+_CRASHING_HOST = """
+import asyncio, os, signal, sys
+from agentix.provider import SandboxConfig
+from agentix.provider.local import LocalProvider
+
+async def main():
+    provider = LocalProvider(runtime_dir=sys.argv[1], cache_dir=sys.argv[2])
+    sandbox = await provider.create(SandboxConfig(image="host", bundle=sys.argv[3], resource={"memory": "256m"}))
+    paths = provider._sandboxes[sandbox.sandbox_id].cgroups.paths.values()
+    print(sandbox.sandbox_id, *paths, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # no delete(), no cleanup of any kind
+
+asyncio.run(main())
+"""
+
+
+async def test_leftovers_of_a_killed_host_process_are_pruned(dev_bundle, dirs):
+    import subprocess
+
+    runtime_dir, cache_dir = dirs
+    crashed = subprocess.run(
+        [sys.executable, "-c", _CRASHING_HOST, str(runtime_dir), str(cache_dir), str(dev_bundle)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert crashed.returncode == -9, crashed.stderr
+    sandbox_id, *cgroup_paths = crashed.stdout.split()
+    cgroup_paths = [Path(path) for path in cgroup_paths]
+    assert len(cgroup_paths) == 2  # memory and pids
+    # --die-with-parent: the sandbox's processes die with the host process...
+    deadline = time.monotonic() + 10
+    while any((path / "cgroup.procs").read_text().strip() for path in cgroup_paths):
+        assert time.monotonic() < deadline, "sandbox processes outlived their host process"
+        time.sleep(0.05)
+    # ...but its directory and cgroups stay until a provider prunes them.
+    assert (runtime_dir / sandbox_id).is_dir() and all(path.is_dir() for path in cgroup_paths)
+
+    provider = make_provider(dirs)
+    async with provider.session(SandboxConfig(image="host", bundle=str(dev_bundle))) as live:
+        # The first create pruned the dead one; a live sandbox is never pruned.
+        assert not (runtime_dir / sandbox_id).exists()
+        assert [path for path in cgroup_paths if path.exists()] == []
+        assert make_provider(dirs).prune() == []
+        assert await live.remote(e2e_targets.add, 1, 2) == 3
