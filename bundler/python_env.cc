@@ -122,7 +122,23 @@ absl::Status RemoveBuildArtefacts(const std::string& venv_dir) {
       if (it->is_directory(ec)) it.disable_recursion_pending();
     }
   }
-  for (const auto& path : doomed) fs::remove_all(path, ec);
+  for (const auto& path : doomed) {
+    fs::remove_all(path, ec);
+    if (path.filename() != "direct_url.json") continue;
+    // RECORD lists direct_url.json with its hash: drop that line too, or the
+    // RECORD would still differ with the path the project was built from.
+    const fs::path record = path.parent_path() / "RECORD";
+    absl::StatusOr<std::string> text = ReadFile(record.string());
+    if (!text.ok()) continue;
+    const std::string entry =
+        (path.parent_path().filename() / "direct_url.json").string() + ",";
+    std::string kept;
+    for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+      if (line.empty() || absl::StartsWith(line, entry)) continue;
+      absl::StrAppend(&kept, line, "\n");
+    }
+    AGX_RETURN_IF_ERROR(WriteFile(record.string(), kept));
+  }
   return absl::OkStatus();
 }
 
