@@ -94,7 +94,7 @@ std::string Megabytes(uint64_t bytes) {
 
 }  // namespace
 
-absl::StatusOr<BundleResult> BuildBundle(const BundleOptions& options) {
+static absl::StatusOr<BundleResult> BuildBundleStages(const BundleOptions& options) {
   const absl::Time started = absl::Now();
   BundleResult result;
 
@@ -106,6 +106,12 @@ absl::StatusOr<BundleResult> BuildBundle(const BundleOptions& options) {
   const std::string tag = !options.tag.empty()       ? options.tag
                           : !spec.version.empty()    ? spec.version
                                                      : "latest";
+  // Every declared system package is checked before anything is written.
+  std::map<std::string, std::vector<std::string>> package_executables;
+  for (const std::string& package : spec.system_packages) {
+    AGX_ASSIGN_OR_RETURN(package_executables[package],
+                         PackageExecutables(package));
+  }
   pyproject_stage.Done(fmt::format(
       "{} {} ({} dependencies, {} system packages)", name, tag,
       spec.dependencies.size(), spec.system_packages.size()));
@@ -153,8 +159,7 @@ absl::StatusOr<BundleResult> BuildBundle(const BundleOptions& options) {
   fs::create_symlink("python3.11", root / "python/bin/python3", ec);
   size_t system_binaries = 0;
   for (const std::string& package : spec.system_packages) {
-    AGX_ASSIGN_OR_RETURN(std::vector<std::string> executables,
-                         PackageExecutables(package));
+    const std::vector<std::string>& executables = package_executables[package];
     for (const std::string& exe : executables) {
       const fs::path target = root / "bin" / fs::path(exe).filename();
       if (fs::exists(target, ec)) continue;  // ours win over a package's
@@ -351,6 +356,20 @@ absl::StatusOr<BundleResult> BuildBundle(const BundleOptions& options) {
   result.tree = tree.string();
   fmt::print(stderr, "[bundler] done in {:.1f} s\n",
              absl::ToDoubleSeconds(absl::Now() - started));
+  return result;
+}
+
+absl::StatusOr<BundleResult> BuildBundle(const BundleOptions& options) {
+  absl::StatusOr<BundleResult> result = BuildBundleStages(options);
+  if (!result.ok()) {
+    // No half-built tree may be mistaken for a bundle.
+    const fs::path out = options.output_dir;
+    for (const fs::path& partial : {out / "nix", out / ".work", out / "oci"}) {
+      (void)RemoveTree(partial.string());
+    }
+    std::error_code ec;
+    if (fs::is_directory(out, ec) && fs::is_empty(out, ec)) fs::remove(out, ec);
+  }
   return result;
 }
 

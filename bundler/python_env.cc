@@ -43,6 +43,7 @@ std::vector<std::string> PipEnvironment() {
 
 absl::Status OfflineError(const std::string& requirement,
                           const VenvOptions& options) {
+  const std::string name = RequirementName(requirement);
   return absl::FailedPreconditionError(absl::StrCat(
       "dependency '", requirement,
       "' is not available offline: it is in no --wheelhouse (",
@@ -53,8 +54,8 @@ absl::Status OfflineError(const std::string& requirement,
       "directory and pass --wheelhouse DIR (make one where the index is "
       "reachable with `pip wheel -w DIR '",
       requirement, "'`), declare a local path source ([tool.uv.sources] ",
-      requirement, " = { path = \"...\" }), or install its Debian package "
-      "(apt-get install python3-", requirement, ")"));
+      name, " = { path = \"...\" }), or install its Debian package "
+      "(apt-get install python3-", name, ")"));
 }
 
 // Rewrites venv/bin: absolute staging paths in scripts become runtime paths
@@ -143,6 +144,12 @@ absl::Status RemoveBuildArtefacts(const std::string& venv_dir) {
 }
 
 }  // namespace
+
+std::string RequirementName(absl::string_view requirement) {
+  requirement = absl::StripAsciiWhitespace(requirement);
+  size_t end = requirement.find_first_of("<>=!~;[ (@");
+  return std::string(absl::StripAsciiWhitespace(requirement.substr(0, end)));
+}
 
 bool ExcludedFromStdlib(const std::string& rel, bool is_directory) {
   const std::string name = fs::path(rel).filename().string();

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "bundler/file_tree.h"
 
 namespace agentix::bundler {
@@ -41,6 +42,9 @@ struct VenvReport {
   std::vector<std::string> copied_from_system;  // "name version"
   size_t files = 0;
 };
+
+// "msgpack[x]>=1.0; python_version>'3'" -> "msgpack".
+std::string RequirementName(absl::string_view requirement);
 
 // Offline pip output -> the requirement it could not satisfy, or "".
 std::string MissingRequirementFromPipError(const std::string& pip_stderr);
