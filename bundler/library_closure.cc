@@ -123,7 +123,9 @@ absl::StatusOr<LibraryClosure> ResolveLibraryClosure(
       }
     }
 
-    const std::string origin = fs::path(file).parent_path().string();
+    // $ORIGIN is the directory of the file itself, after symlinks
+    // (/proc/self/exe, bazel-bin's runfiles links).
+    const std::string origin = fs::path(Canonical(file)).parent_path().string();
     std::vector<std::string> dirs;
     // The loader ignores DT_RPATH when DT_RUNPATH is present.
     if (info->runpath.empty()) {
