@@ -200,6 +200,23 @@ static absl::StatusOr<BundleResult> BuildBundleStages(const BundleOptions& optio
           ? "nothing"
           : absl::StrJoin(venv_report.copied_from_system, ", ")));
 
+  // -- bytecode ---------------------------------------------------------------
+  // Without .pyc files every worker start would compile the stdlib and the
+  // project again (the tree is read-only at run time, nothing is cached).
+  Stage bytecode_stage("bytecode");
+  size_t pycs = 0;
+  for (const auto& [staged, runtime] :
+       std::vector<std::pair<fs::path, std::string>>{
+           {root / "python/lib/python3.11",
+            options.runtime_root + "/python/lib/python3.11"},
+           {root / "venv/lib/python3.11/site-packages",
+            options.runtime_root + "/venv/lib/python3.11/site-packages"}}) {
+    AGX_ASSIGN_OR_RETURN(size_t count, CompileBytecode(options.python,
+                                                       staged.string(), runtime));
+    pycs += count;
+  }
+  bytecode_stage.Done(fmt::format("{} .pyc files (unchecked-hash)", pycs));
+
   // -- libraries ------------------------------------------------------------
   Stage libraries_stage("libraries");
   std::vector<std::string> elf_roots = ElfFilesUnder(root / "bin");

@@ -284,4 +284,27 @@ absl::StatusOr<VenvReport> BuildVenv(const VenvOptions& options,
   return venv_report;
 }
 
+absl::StatusOr<size_t> CompileBytecode(const std::string& python,
+                                       const std::string& dir,
+                                       const std::string& runtime_dir) {
+  AGX_ASSIGN_OR_RETURN(
+      CommandResult result,
+      RunCommand({python, "-m", "compileall", "-q", "-j0",
+                  "--invalidation-mode", "unchecked-hash", "-d", runtime_dir,
+                  dir},
+                 {"PYTHONHASHSEED=0", "SOURCE_DATE_EPOCH=315532800"}));
+  if (result.exit.signal != 0) {
+    return absl::InternalError(absl::StrCat("compileall ", dir, " ",
+                                            result.exit.Describe()));
+  }
+  size_t count = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec);
+       it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec) break;
+    if (it->path().extension() == ".pyc") ++count;
+  }
+  return count;
+}
+
 }  // namespace agentix::bundler

@@ -56,4 +56,15 @@ std::string MissingRequirementFromPipError(const std::string& pip_stderr);
 absl::StatusOr<VenvReport> BuildVenv(const VenvOptions& options,
                                      const std::string& venv_dir);
 
+// Precompiles every module under `dir` to unchecked-hash .pyc files whose
+// recorded source path is `runtime_dir` (where `dir` lives at run time).
+// Hash-based pycs carry no source mtime, and with a fixed hash seed and a
+// fixed recorded path the bytes only depend on the sources, so the bundle
+// stays deterministic; "unchecked" because a bundle is read-only: imports
+// skip hashing the source. Returns the number of .pyc files. Modules that
+// do not compile (test data written for Python 2) are skipped, not errors.
+absl::StatusOr<size_t> CompileBytecode(const std::string& python,
+                                       const std::string& dir,
+                                       const std::string& runtime_dir);
+
 }  // namespace agentix::bundler

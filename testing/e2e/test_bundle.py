@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -65,7 +66,8 @@ def bundle(tmp_path_factory):
 
 
 def test_build_reports_each_stage_with_timing(bundle):
-    for stage in ("pyproject", "binaries", "stdlib", "venv", "libraries",
+    for stage in ("pyproject", "binaries", "stdlib", "venv", "bytecode",
+                  "libraries",
                   "patch", "manifest", "tarball", "oci"):
         lines = [l for l in bundle["stderr"].splitlines()
                  if l.startswith(f"[bundler] {stage}: ")]
@@ -87,6 +89,9 @@ def test_tree_layout_and_manifest(bundle):
         assert (site / rel).exists(), rel
     assert not list(site.glob("*.egg-link")) and not list(site.glob("__editable__*"))
     assert not (root / "python/lib/python3.11/test").exists()
+    # Precompiled, so a read-only bundle does not compile on every start.
+    assert (root / "python/lib/python3.11/__pycache__/os.cpython-311.pyc").exists()
+    assert (site / "bundle_app/__pycache__/__init__.cpython-311.pyc").exists()
     assert "include-system-site-packages = false" in (root / "venv/pyvenv.cfg").read_text()
 
     manifest = json.loads((out / "manifest.json").read_text())
@@ -161,14 +166,26 @@ def busybox_root(path):
     return path
 
 
+def accepts(path):
+    """True once the daemon listens: the socket file appears at bind(),
+    a moment before listen(), and a client that connects in between is
+    refused."""
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(str(path))
+            return True
+        except OSError:
+            return False
+
+
 async def wait_for_socket(path, proc, log, timeout=20.0):
     deadline = time.monotonic() + timeout
-    while not path.exists():
+    while not accepts(path):
         if proc.poll() is not None:
             raise AssertionError(f"bootstrap exited {proc.returncode}:\n{log.read_text()}")
         if time.monotonic() > deadline:
             raise AssertionError(f"no socket after {timeout}s:\n{log.read_text()}")
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.02)
 
 
 def stop(proc):
@@ -263,7 +280,7 @@ async def test_podman_runs_the_oci_layout(bundle, tmp_path):
     try:
         assert done.returncode == 0, done.stderr
         deadline = time.monotonic() + 20
-        while not (sockdir / "agentix.sock").exists():
+        while not accepts(sockdir / "agentix.sock"):
             assert time.monotonic() < deadline, subprocess.run(
                 [*podman, "logs", name], capture_output=True, text=True).stderr
             await asyncio.sleep(0.05)
