@@ -185,6 +185,7 @@ static absl::StatusOr<BundleResult> BuildBundleStages(const BundleOptions& optio
   venv.python = options.python;
   venv.project_dir = options.project_dir;
   venv.work_dir = work.string();
+  venv.output_dir = options.output_dir;
   venv.wheelhouses = options.wheelhouses;
   venv.path_dependencies = spec.path_dependencies;
   venv.agentix_wheel = options.agentix_wheel;

@@ -199,7 +199,16 @@ absl::StatusOr<VenvReport> BuildVenv(const VenvOptions& options,
       (fs::path(options.work_dir) / "project").string();
   AGX_RETURN_IF_ERROR(RemoveTree(project_copy));
   AGX_RETURN_IF_ERROR(
-      CopyTree(options.project_dir, project_copy, ExcludedFromProjectCopy)
+      CopyTree(options.project_dir, project_copy,
+               [&](const std::string& rel, bool is_directory) {
+                 // An --output inside the project holds this very copy.
+                 const fs::path absolute =
+                     (fs::path(options.project_dir) / rel).lexically_normal();
+                 return ExcludedFromProjectCopy(rel, is_directory) ||
+                        (!options.output_dir.empty() &&
+                         absolute == fs::path(options.output_dir)
+                                         .lexically_normal());
+               })
           .status());
 
   const std::string venv_python = (fs::path(venv_dir) / "bin/python").string();

@@ -28,6 +28,7 @@ struct VenvOptions {
   std::string python = "/usr/bin/python3";  // makes the venv, runs pip
   std::string project_dir;                  // the project (not modified)
   std::string work_dir;      // scratch: the project copy pip builds from
+  std::string output_dir;    // left out of that copy when inside the project
   std::vector<std::string> wheelhouses;       // --find-links dirs
   std::vector<std::string> path_dependencies;  // local projects
   std::string agentix_wheel;                  // installed with --no-deps
