@@ -296,3 +296,34 @@ async def test_podman_runs_the_oci_layout(bundle, tmp_path):
         subprocess.run([*podman, "rmi", "-a", "-f"], capture_output=True,
                        timeout=60)
         shutil.rmtree(store, ignore_errors=True)
+
+
+def test_wheelhouse_provides_a_dependency(tmp_path):
+    """A dependency that is nowhere on the machine installs from --wheelhouse."""
+    lib = tmp_path / "padlib"
+    (lib / "agentix_padlib").mkdir(parents=True)
+    (lib / "agentix_padlib" / "__init__.py").write_text(
+        "def pad(s, n):\n    return s.rjust(n)\n")
+    (lib / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=61"]\n'
+        'build-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "agentix-padlib"\nversion = "1.2"\n')
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        ["/usr/bin/python3", "-m", "pip", "wheel", "-q", "--no-index",
+         "--no-build-isolation", "--no-deps", "-w", str(wheels), str(lib)],
+        check=True, capture_output=True, timeout=120,
+        env={**os.environ, "PIP_CONFIG_FILE": "/dev/null"})
+    project = tmp_path / "p"
+    (project / "p").mkdir(parents=True)
+    (project / "p" / "__init__.py").write_text("")
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=61"]\n'
+        'build-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "p"\nversion = "1"\n'
+        'dependencies = ["agentix-padlib>=1.1"]\n')
+    out = tmp_path / "out"
+    build(project, out, "--wheelhouse", str(wheels))
+    site = out / "nix/runtime/venv/lib/python3.11/site-packages"
+    assert (site / "agentix_padlib" / "__init__.py").exists()
+    assert (site / "agentix_padlib-1.2.dist-info").is_dir()
