@@ -23,7 +23,8 @@ ABSL_FLAG(std::string, output, "",
           "output directory (default: PATH/dist/agentix-bundle); it receives "
           "nix/, manifest.json, NAME-TAG.bundle.tar and oci/");
 ABSL_FLAG(std::string, name, "",
-          "bundle name (default: [project].name without an 'agentix-' prefix)");
+          "bundle name, or NAME:TAG (default: [project].name without an "
+          "'agentix-' prefix)");
 ABSL_FLAG(std::string, tag, "",
           "bundle tag (default: [project].version, else 'latest')");
 ABSL_FLAG(std::string, sandboxd, "",
@@ -130,6 +131,19 @@ int main(int argc, char** raw_argv) {
           : UserPath(absl::GetFlag(FLAGS_output));
   options.name = absl::GetFlag(FLAGS_name);
   options.tag = absl::GetFlag(FLAGS_tag);
+  // --name NAME:TAG, as the original's `agentix build -n`.
+  const size_t colon = options.name.find(':');
+  if (colon != std::string::npos) {
+    if (!options.tag.empty() || colon == 0 || colon + 1 == options.name.size()) {
+      fmt::print(stderr,
+                 "[bundler] error: --name {} must be NAME or NAME:TAG with "
+                 "both sides non-empty (and then no --tag)\n",
+                 options.name);
+      return 2;
+    }
+    options.tag = options.name.substr(colon + 1);
+    options.name.resize(colon);
+  }
   for (const auto& dir : wheelhouses) {
     std::error_code ec;
     if (!fs::is_directory(UserPath(dir), ec)) {
