@@ -33,6 +33,9 @@ ABSL_FLAG(std::string, venv, "",
           "virtualenv whose site-packages the worker imports from");
 ABSL_FLAG(std::string, python_path, "",
           "extra import roots for the worker, ':'-separated");
+ABSL_FLAG(std::string, python_home, "",
+          "stdlib prefix for the worker (holds lib/python3.11), passed on as "
+          "its --python-home; a bundle's bootstrap.sh sets it");
 ABSL_FLAG(std::string, worker, "",
           "agentix-worker binary (default: next to this binary, or "
           "../worker/agentix-worker as in bazel-bin)");
@@ -140,6 +143,7 @@ int Run(int argc, char** raw_argv) {
   absl::SetProgramUsageMessage(
       "agentix-sandboxd --listen unix:///abs/path.sock|HOST:PORT "
       "[--listen ...] [--venv DIR] [--python-path DIR[:DIR]] "
+      "[--python-home DIR] "
       "[--worker PATH]");
   absl::ParseCommandLine(argc, argv);
   base::SetLogTag("agentix-sandboxd");
@@ -156,6 +160,10 @@ int Run(int argc, char** raw_argv) {
                                    : absl::GetFlag(FLAGS_worker);
   options.worker.venv = absl::GetFlag(FLAGS_venv);
   options.worker.python_path = absl::GetFlag(FLAGS_python_path);
+  if (!absl::GetFlag(FLAGS_python_home).empty()) {
+    options.worker.extra_args.push_back(
+        absl::StrCat("--python-home=", absl::GetFlag(FLAGS_python_home)));
+  }
   options.worker.env = CurrentEnvironment();
   options.worker.ready_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_worker_ready_timeout_s));

@@ -1,0 +1,46 @@
+#include "bundler/bootstrap_script.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+
+namespace agentix::bundler {
+
+std::string RuntimePath(const std::string& runtime_root) {
+  return absl::StrCat(runtime_root, "/venv/bin:", runtime_root, "/bin");
+}
+
+std::string BootstrapScript(const std::string& runtime_root) {
+  // No LD_LIBRARY_PATH: every bundled ELF file names the bundle's loader and
+  // carries DT_RPATH=@ROOT@/lib, so the bundle's libraries are used without
+  // leaking into programs of the task image that user code starts.
+  constexpr char kTemplate[] = R"SH(#!@ROOT@/bin/sh
+# Entry point of an agentix bundle: starts agentix-sandboxd.
+# AGENTIX_LISTEN (e.g. unix:///run/agentix/agentix.sock; several separated by
+# spaces) or AGENTIX_BIND_HOST/AGENTIX_BIND_PORT (default 0.0.0.0:8000);
+# AGENTIX_PYTHON_PATH, AGENTIX_LOG_LEVEL; extra arguments go to the daemon.
+set -eu
+R=@ROOT@
+export PATH="@PATH@${PATH:+:$PATH}"
+export AGENTIX_RUNTIME="$R"
+set --  --worker "$R/bin/agentix-worker" --venv "$R/venv" \
+  --python-home "$R/python" --log-level "${AGENTIX_LOG_LEVEL:-info}" "$@"
+if [ -n "${AGENTIX_PYTHON_PATH:-}" ]; then
+  set -- --python-path "$AGENTIX_PYTHON_PATH" "$@"
+fi
+if [ -n "${AGENTIX_LISTEN:-}" ]; then
+  for address in $AGENTIX_LISTEN; do
+    case "$address" in
+      unix://*) mkdir -p "$(dirname "${address#unix://}")" 2>/dev/null || true ;;
+    esac
+    set -- --listen "$address" "$@"
+  done
+else
+  set -- --listen "${AGENTIX_BIND_HOST:-0.0.0.0}:${AGENTIX_BIND_PORT:-8000}" "$@"
+fi
+exec "$R/bin/agentix-sandboxd" "$@"
+)SH";
+  return absl::StrReplaceAll(
+      kTemplate, {{"@ROOT@", runtime_root}, {"@PATH@", RuntimePath(runtime_root)}});
+}
+
+}  // namespace agentix::bundler

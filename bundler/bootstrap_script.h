@@ -1,0 +1,26 @@
+// The bundle's entry point, /nix/runtime/bootstrap.sh: a POSIX sh script
+// (run by the bundle's own busybox, so the task image needs no shell) that
+// execs agentix-sandboxd with the bundle's worker, venv and stdlib.
+//
+// Environment contract (for providers):
+//   AGENTIX_LISTEN      listen address(es), space-separated, e.g.
+//                       unix:///run/agentix/agentix.sock; when unset:
+//   AGENTIX_BIND_HOST   TCP host (default 0.0.0.0)
+//   AGENTIX_BIND_PORT   TCP port (default 8000)
+//   AGENTIX_PYTHON_PATH extra import roots, ':'-separated (optional)
+//   AGENTIX_LOG_LEVEL   daemon log level (default info)
+//   AGENTIX_LOG_DIR     sandbox log files (the worker's; default /tmp/agentix)
+// Extra arguments to bootstrap.sh are passed to agentix-sandboxd.
+#pragma once
+
+#include <string>
+
+namespace agentix::bundler {
+
+// The script for a bundle rooted at `runtime_root` (/nix/runtime).
+std::string BootstrapScript(const std::string& runtime_root);
+
+// The PATH the bundle's processes get in front of the task image's.
+std::string RuntimePath(const std::string& runtime_root);
+
+}  // namespace agentix::bundler

@@ -1,0 +1,329 @@
+"""The bundler end to end: build the fixture project into a bundle, run it
+self-contained, check determinism and the errors a user sees.
+
+Self-containment is proven by running the bundle under bubblewrap over a root
+that holds nothing but a static busybox: no Python, no libc, none of our
+libraries. The bundle is mounted read-only at /nix, `bootstrap.sh` starts the
+daemon on a Unix socket in a bind-mounted directory, and this process (the
+host) calls the project's functions through it.
+
+Needs `bazel build //...` (for bazel-bin/bundler/bundler and its runfiles),
+bubblewrap and busybox-static (tools/setup).
+"""
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import BAZEL_BIN, REPO
+
+BUNDLER = BAZEL_BIN / "bundler" / "bundler"
+PROJECT = REPO / "testing" / "fixtures" / "bundle_project"
+BUILD_TIMEOUT_S = 240
+RUNTIME = "/nix/runtime"
+
+sys.path.insert(0, str(PROJECT))
+import bundle_app  # noqa: E402  (the host needs the functions' names only)
+
+
+def build(project, output, *extra, check=True):
+    done = subprocess.run(
+        [str(BUNDLER), "build", str(project), "--output", str(output), *extra],
+        capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(f"bundler failed ({done.returncode}):\n{done.stderr}")
+    return done
+
+
+def summary(stdout):
+    return dict(line.split(": ", 1) for line in stdout.strip().splitlines())
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    if not BUNDLER.exists():
+        pytest.fail(f"{BUNDLER} missing: run `bazel build //...` first")
+    out = tmp_path_factory.mktemp("bundle") / "out"
+    started = time.monotonic()
+    done = build(PROJECT, out)
+    info = summary(done.stdout)
+    info["stderr"] = done.stderr
+    info["seconds"] = time.monotonic() - started
+    info["out"] = out
+    return info
+
+
+def test_build_reports_each_stage_with_timing(bundle):
+    for stage in ("pyproject", "binaries", "stdlib", "venv", "bytecode",
+                  "libraries",
+                  "patch", "manifest", "tarball", "oci"):
+        lines = [l for l in bundle["stderr"].splitlines()
+                 if l.startswith(f"[bundler] {stage}: ")]
+        assert lines and lines[0].endswith(" s"), (stage, bundle["stderr"])
+
+
+def test_tree_layout_and_manifest(bundle):
+    out = bundle["out"]
+    root = out / "nix" / "runtime"
+    for rel in ("bootstrap.sh", "bin/agentix-sandboxd", "bin/agentix-worker",
+                "bin/patchelf", "bin/sh", "lib/ld-linux-x86-64.so.2",
+                "lib/libc.so.6", "lib/libpython3.11.so.1.0",
+                "python/lib/python3.11/os.py", "python/lib/python3.11/lib-dynload",
+                "venv/pyvenv.cfg"):
+        assert (root / rel).exists(), rel
+    site = root / "venv/lib/python3.11/site-packages"
+    for rel in ("bundle_app/__init__.py", "bundle_helper/__init__.py",
+                "msgpack/__init__.py", "agentix/__init__.py"):
+        assert (site / rel).exists(), rel
+    assert not list(site.glob("*.egg-link")) and not list(site.glob("__editable__*"))
+    assert not (root / "python/lib/python3.11/test").exists()
+    # Precompiled, so a read-only bundle does not compile on every start.
+    assert (root / "python/lib/python3.11/__pycache__/os.cpython-311.pyc").exists()
+    assert (site / "bundle_app/__pycache__/__init__.cpython-311.pyc").exists()
+    assert "include-system-site-packages = false" in (root / "venv/pyvenv.cfg").read_text()
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["format"] == "agentix-bundle"
+    assert manifest["name"] == "bundle-fixture" and manifest["tag"] == "0.1.0"
+    assert manifest["digest"] == bundle["digest"]
+    tarball = Path(bundle["tarball"])
+    assert tarball.name == "bundle-fixture-0.1.0.bundle.tar"
+    assert hashlib.sha256(tarball.read_bytes()).hexdigest() == bundle["sha256"]
+
+    # Every dynamically linked executable loads the bundle's loader.
+    for name in ("agentix-sandboxd", "agentix-worker", "patchelf"):
+        interp = subprocess.run(
+            ["patchelf", "--print-interpreter", str(root / "bin" / name)],
+            capture_output=True, text=True, check=True).stdout.strip()
+        assert interp == f"{RUNTIME}/lib/ld-linux-x86-64.so.2", name
+        rpath = subprocess.run(
+            ["patchelf", "--print-rpath", str(root / "bin" / name)],
+            capture_output=True, text=True, check=True).stdout.strip()
+        assert rpath == f"{RUNTIME}/lib", name
+
+
+def test_same_input_gives_the_same_tarball(bundle, tmp_path):
+    again = summary(build(PROJECT, tmp_path / "again").stdout)
+    assert again["sha256"] == bundle["sha256"]
+    assert again["digest"] == bundle["digest"]
+
+
+def test_missing_pyproject_is_a_clear_error(tmp_path):
+    empty = tmp_path / "empty-project"
+    empty.mkdir()
+    done = build(empty, tmp_path / "out", check=False)
+    assert done.returncode == 1
+    assert f"no pyproject.toml in {empty}" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_system_package_is_a_clear_error(tmp_path):
+    project = tmp_path / "p"
+    project.mkdir()
+    (project / "pyproject.toml").write_text(
+        '[project]\nname = "p"\n[tool.agentix]\n'
+        'system-packages = ["agentix-no-such-package"]\n')
+    done = build(project, tmp_path / "out", check=False)
+    assert done.returncode == 1
+    assert ("system package 'agentix-no-such-package' is not a Debian package "
+            "known to apt") in done.stderr
+
+
+def test_dependency_not_available_offline_names_it(tmp_path):
+    project = tmp_path / "p"
+    (project / "p").mkdir(parents=True)
+    (project / "p" / "__init__.py").write_text("")
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=61"]\n'
+        'build-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "p"\nversion = "1"\n'
+        'dependencies = ["agentix-not-on-this-machine>=2"]\n')
+    done = build(project, tmp_path / "out", check=False)
+    assert done.returncode == 1
+    assert ("dependency 'agentix-not-on-this-machine>=2' is not available "
+            "offline") in done.stderr
+    assert "--wheelhouse DIR" in done.stderr
+
+
+def busybox_root(path):
+    """A root with a static busybox and the mount points bwrap needs."""
+    for d in ("bin", "dev", "proc", "tmp", "nix", "run/agentix"):
+        (path / d).mkdir(parents=True)
+    shutil.copy("/bin/busybox", path / "bin" / "busybox")
+    os.symlink("busybox", path / "bin" / "sh")
+    return path
+
+
+def accepts(path):
+    """True once the daemon listens: the socket file appears at bind(),
+    a moment before listen(), and a client that connects in between is
+    refused."""
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(str(path))
+            return True
+        except OSError:
+            return False
+
+
+async def wait_for_socket(path, proc, log, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not accepts(path):
+        if proc.poll() is not None:
+            raise AssertionError(f"bootstrap exited {proc.returncode}:\n{log.read_text()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no socket after {timeout}s:\n{log.read_text()}")
+        await asyncio.sleep(0.02)
+
+
+def stop(proc):
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+async def call_everything(socket_path):
+    from agentix import RuntimeClient
+
+    async with RuntimeClient(f"unix://{socket_path}") as sandbox:
+        assert await asyncio.wait_for(sandbox.remote(bundle_app.add, 2, 3), 30) == 5
+        packed = await sandbox.remote(bundle_app.msgpack_roundtrip, {"a": [1, 2]})
+        assert packed["value"] == {"a": [1, 2]}
+        assert packed["from"].startswith(f"{RUNTIME}/venv/")
+        assert await sandbox.remote(bundle_app.greet, "host") == \
+            "hello, host, from bundle_helper"
+        assert (await sandbox.remote(bundle_app.tool_version)).startswith("patchelf ")
+        info = await sandbox.remote(bundle_app.runtime_info)
+    assert info["prefix"] == f"{RUNTIME}/venv"
+    assert info["base_prefix"] == f"{RUNTIME}/python"
+    assert info["stdlib"] == f"{RUNTIME}/python/lib/python3.11"
+    assert info["sha256"] == hashlib.sha256(b"agentix").hexdigest()
+    assert info["sqlite"] and info["openssl"].startswith("OpenSSL")
+    assert info["python_exists"] is False
+
+
+async def test_bundle_runs_self_contained_in_a_busybox_root(bundle, tmp_path):
+    if shutil.which("bwrap") is None:
+        pytest.fail("bubblewrap missing: run tools/setup")
+    root = busybox_root(tmp_path / "root")
+    assert sorted(p.name for p in (root / "bin").iterdir()) == ["busybox", "sh"]
+    assert not (root / "usr").exists() and not (root / "lib").exists()
+    sockdir = tmp_path / "sock"
+    sockdir.mkdir()
+    log = tmp_path / "bootstrap.log"
+    with open(log, "wb") as log_file:
+        proc = subprocess.Popen(
+            ["bwrap", "--bind", str(root), "/",
+             "--ro-bind", str(bundle["out"] / "nix"), "/nix",
+             "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+             "--bind", str(sockdir), "/run/agentix",
+             "--unshare-pid", "--unshare-net", "--unshare-ipc",
+             "--die-with-parent", "--clearenv",
+             "--setenv", "AGENTIX_LISTEN", "unix:///run/agentix/agentix.sock",
+             f"{RUNTIME}/bootstrap.sh"],
+            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        await wait_for_socket(sockdir / "agentix.sock", proc, log)
+        await asyncio.wait_for(call_everything(sockdir / "agentix.sock"), 60)
+    finally:
+        stop(proc)
+    assert "serving agentix.runtime.v1 on unix:///run/agentix/agentix.sock" in \
+        log.read_text()
+
+
+def test_oci_layout_validates(bundle):
+    if shutil.which("oci-image-tool") is None:
+        pytest.skip("oci-image-tool not installed (tools/setup installs it)")
+    done = subprocess.run(
+        ["oci-image-tool", "validate", "--type", "image", "--ref",
+         "name=0.1.0",
+         bundle["oci"]],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Validation succeeded" in done.stdout + done.stderr
+
+
+async def test_podman_runs_the_oci_layout(bundle, tmp_path):
+    if shutil.which("podman") is None or shutil.which("runc") is None:
+        pytest.skip("podman/runc not installed (tools/setup installs them)")
+    # podman refuses a runroot path longer than 50 characters.
+    store = Path(tempfile.mkdtemp(prefix="agx-podman-", dir="/tmp"))
+    podman = ["podman", "--root", str(store / "root"), "--runroot",
+              str(store / "run"), "--storage-driver", "vfs", "--runtime", "runc",
+              "--cgroup-manager", "cgroupfs", "--events-backend", "file"]
+    sockdir = tmp_path / "sock"
+    sockdir.mkdir()
+    name = f"agentix-bundle-test-{os.getpid()}"
+    done = subprocess.run(
+        [*podman, "run", "-d", "--name", name, "--network", "none",
+         "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096",
+         "-v", f"{sockdir}:/run/agentix",
+         "-e", "AGENTIX_LISTEN=unix:///run/agentix/agentix.sock",
+         f"oci:{bundle['oci']}:0.1.0"],
+        capture_output=True, text=True, timeout=120)
+    try:
+        assert done.returncode == 0, done.stderr
+        deadline = time.monotonic() + 20
+        while not accepts(sockdir / "agentix.sock"):
+            assert time.monotonic() < deadline, subprocess.run(
+                [*podman, "logs", name], capture_output=True, text=True).stderr
+            await asyncio.sleep(0.05)
+        from agentix import RuntimeClient
+
+        async with RuntimeClient(f"unix://{sockdir}/agentix.sock") as sandbox:
+            assert await asyncio.wait_for(
+                sandbox.remote(bundle_app.greet, "podman"), 30) == \
+                "hello, podman, from bundle_helper"
+    finally:
+        subprocess.run([*podman, "rm", "-f", "-t", "2", name],
+                       capture_output=True, timeout=60)
+        subprocess.run([*podman, "rmi", "-a", "-f"], capture_output=True,
+                       timeout=60)
+        shutil.rmtree(store, ignore_errors=True)
+
+
+def test_wheelhouse_provides_a_dependency(tmp_path):
+    """A dependency that is nowhere on the machine installs from --wheelhouse."""
+    lib = tmp_path / "padlib"
+    (lib / "agentix_padlib").mkdir(parents=True)
+    (lib / "agentix_padlib" / "__init__.py").write_text(
+        "def pad(s, n):\n    return s.rjust(n)\n")
+    (lib / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=61"]\n'
+        'build-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "agentix-padlib"\nversion = "1.2"\n')
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        ["/usr/bin/python3", "-m", "pip", "wheel", "-q", "--no-index",
+         "--no-build-isolation", "--no-deps", "-w", str(wheels), str(lib)],
+        check=True, capture_output=True, timeout=120,
+        env={**os.environ, "PIP_CONFIG_FILE": "/dev/null"})
+    project = tmp_path / "p"
+    (project / "p").mkdir(parents=True)
+    (project / "p" / "__init__.py").write_text("")
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=61"]\n'
+        'build-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "p"\nversion = "1"\n'
+        'dependencies = ["agentix-padlib>=1.1"]\n')
+    out = tmp_path / "out"
+    build(project, out, "--wheelhouse", str(wheels))
+    site = out / "nix/runtime/venv/lib/python3.11/site-packages"
+    assert (site / "agentix_padlib" / "__init__.py").exists()
+    assert (site / "agentix_padlib-1.2.dist-info").is_dir()
