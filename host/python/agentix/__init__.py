@@ -26,6 +26,18 @@ from agentix.runtime.client.errors import (  # noqa: E402
     WorkerExited,
 )
 from agentix.runtime.client._sio_facade import AsyncClientNamespace, request_handler  # noqa: E402
+from agentix.provider import (  # noqa: E402
+    BundleDeployer,
+    DeployedBundle,
+    Sandbox,
+    SandboxConfig,
+    SandboxId,
+    SandboxInfo,
+    SandboxProvider,
+    SandboxResource,
+    providers,
+    register_provider,
+)
 from agentix.runtime.client.result import Failed, Ok, Result  # noqa: E402
 from agentix.runtime.shared.callables import RemoteCallable  # noqa: E402
 from agentix.runtime.shared.safepickle import RestrictedUnpickleError  # noqa: E402
@@ -35,8 +47,10 @@ from agentix.utils.log import configure_logging  # noqa: E402
 
 __all__ = [
     "AsyncClientNamespace",
+    "BundleDeployer",
     "CallCancelled",
     "CallTimeout",
+    "DeployedBundle",
     "Failed",
     "Namespace",
     "Ok",
@@ -47,12 +61,20 @@ __all__ = [
     "Result",
     "RuntimeClient",
     "RuntimeUnreachable",
+    "Sandbox",
+    "SandboxConfig",
+    "SandboxId",
+    "SandboxInfo",
+    "SandboxProvider",
+    "SandboxResource",
     "WorkerExited",
     "__version__",
     "configure_logging",
     "context",
     "log",
+    "providers",
     "register_namespace",
+    "register_provider",
     "request_handler",
     "trace",
 ]

@@ -19,10 +19,13 @@ LISTEN_ENV = "AGENTIX_LISTEN"
 BIND_HOST_ENV = "AGENTIX_BIND_HOST"
 BIND_PORT_ENV = "AGENTIX_BIND_PORT"
 
+from agentix.runtime.shared.env import get_env_without_agentix  # noqa: E402
+
 __all__ = [
     "BIND_HOST_ENV",
     "BIND_PORT_ENV",
     "BUNDLE_NIX_ROOT",
     "BUNDLE_RUNTIME_ENTRYPOINT",
     "LISTEN_ENV",
+    "get_env_without_agentix",
 ]
