@@ -10,6 +10,8 @@ std::string RuntimePath(const std::string& runtime_root) {
 }
 
 std::string BootstrapScript(const std::string& runtime_root) {
+  // --prestart-worker: a sandbox exists to run calls; the worker's start
+  // (~170 ms of Python imports) then overlaps the provider's readiness wait.
   // No LD_LIBRARY_PATH: every bundled ELF file names the bundle's loader and
   // carries DT_RPATH=@ROOT@/lib, so the bundle's libraries are used without
   // leaking into programs of the task image that user code starts.
@@ -23,7 +25,8 @@ R=@ROOT@
 export PATH="@PATH@${PATH:+:$PATH}"
 export AGENTIX_RUNTIME="$R"
 set --  --worker "$R/bin/agentix-worker" --venv "$R/venv" \
-  --python-home "$R/python" --log-level "${AGENTIX_LOG_LEVEL:-info}" "$@"
+  --python-home "$R/python" --log-level "${AGENTIX_LOG_LEVEL:-info}" \
+  --prestart-worker "$@"
 if [ -n "${AGENTIX_PYTHON_PATH:-}" ]; then
   set -- --python-path "$AGENTIX_PYTHON_PATH" "$@"
 fi

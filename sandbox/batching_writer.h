@@ -14,6 +14,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -49,8 +50,12 @@ class BatchingWriter {
       if (reactor_ == nullptr || finished_ || cancelled_ || failure_) {
         return false;
       }
-      for (auto& item : items) queue_.push_back(std::move(item));
-      if (write_in_flight_) return true;  // OnWriteDone picks them up
+      for (auto& item : items) {
+        queued_bytes_ += item->ByteSizeLong();
+        queue_.push_back(std::move(item));
+      }
+      // OnWriteDone (or WriteFirst) picks them up.
+      if (write_in_flight_ || awaiting_first_) return true;
       FillBatch();
       write_in_flight_ = true;
       reactor = reactor_;
@@ -66,12 +71,20 @@ class BatchingWriter {
     if (!write_in_flight_) batch_ = std::move(header);
   }
 
+  // Makes items enqueued from now on wait until WriteFirst has written the
+  // stream's handshake message.
+  void HoldUntilFirst() {
+    absl::MutexLock lock(&mu_);
+    awaiting_first_ = true;
+  }
+
   // Writes `first` (a handshake message outside the batching) before
-  // anything queued. Call once, before any Enqueue.
+  // anything queued; queued items follow it.
   void WriteFirst(Response first) {
     Reactor* reactor;
     {
       absl::MutexLock lock(&mu_);
+      awaiting_first_ = false;
       if (reactor_ == nullptr || finished_ || cancelled_ || failure_ ||
           write_in_flight_) {
         return;
@@ -89,7 +102,20 @@ class BatchingWriter {
     UpdateAndMaybeFinish([&] {
       if (!failure_) failure_ = std::move(status);
       queue_.clear();
+      queued_bytes_ = 0;
     });
+  }
+
+  // Back-pressure on a peer that does not read: true (and remembered) when
+  // more than `high_bytes` wait to be written, in which case the caller
+  // stops reading the stream; OnBacklogCleared() runs once the backlog
+  // falls below a quarter of that.
+  bool PauseReadsIfBacklogged(size_t high_bytes) {
+    absl::MutexLock lock(&mu_);
+    if (queued_bytes_ <= high_bytes || finished_ || cancelled_) return false;
+    resume_below_ = high_bytes / 4;
+    reads_paused_ = true;
+    return true;
   }
 
   // Reactor hooks.
@@ -97,6 +123,7 @@ class BatchingWriter {
     Reactor* reactor = nullptr;
     std::optional<grpc::Status> finish;
     bool write_next = false;
+    bool resume_reads = false;
     {
       absl::MutexLock lock(&mu_);
       reactor = reactor_;
@@ -106,7 +133,13 @@ class BatchingWriter {
         write_in_flight_ = false;
         finish = TakeFinish();
       }
+      if (reads_paused_ && !cancelled_ && !finished_ &&
+          queued_bytes_ < resume_below_) {
+        reads_paused_ = false;
+        resume_reads = true;
+      }
     }
+    if (resume_reads) OnBacklogCleared();
     if (write_next) {
       reactor->StartWrite(&batch_);
     } else {
@@ -122,12 +155,16 @@ class BatchingWriter {
     absl::MutexLock lock(&mu_);
     reactor_ = nullptr;
     queue_.clear();
+    queued_bytes_ = 0;
   }
 
  protected:
   // Whether a half-closed stream may finish now (nothing queued, no write in
   // flight). Called with mu_ held; must not call back into this object.
   virtual bool ReadyToFinish() { return true; }
+  // Called (outside the lock) when reads paused by PauseReadsIfBacklogged
+  // may resume.
+  virtual void OnBacklogCleared() {}
 
  private:
   template <typename Update>
@@ -154,7 +191,9 @@ class BatchingWriter {
     while (!queue_.empty() && bytes < kMaxBatchBytes) {
       ItemPtr item = std::move(queue_.front());
       queue_.pop_front();
-      bytes += item->ByteSizeLong();
+      const size_t size = item->ByteSizeLong();
+      bytes += size;
+      queued_bytes_ -= std::min(queued_bytes_, size);
       field->UnsafeArenaAddAllocated(const_cast<Item*>(item.get()));
       batch_refs_.push_back(std::move(item));
     }
@@ -204,6 +243,10 @@ class BatchingWriter {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<grpc::Status> failure_ ABSL_GUARDED_BY(mu_);
+  bool awaiting_first_ ABSL_GUARDED_BY(mu_) = false;
+  size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // serialized size of queue_
+  bool reads_paused_ ABSL_GUARDED_BY(mu_) = false;
+  size_t resume_below_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace agentix::sandbox

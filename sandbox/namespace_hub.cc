@@ -24,21 +24,29 @@ absl::Status NamespaceHub::CheckName(absl::string_view name) {
   return absl::OkStatus();
 }
 
-void NamespaceHub::Subscribe(const std::string& name,
-                             std::shared_ptr<NamespaceSubscriber> subscriber) {
+absl::Status NamespaceHub::Subscribe(
+    const std::string& name, std::shared_ptr<NamespaceSubscriber> subscriber) {
   absl::MutexLock lock(&mu_);
+  if (open_streams_ >= max_streams_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "too many namespace streams open (", max_streams_,
+        "); close some or start the daemon with a higher "
+        "--max-namespace-streams"));
+  }
+  ++open_streams_;
   subscribers_[name].push_back(std::move(subscriber));
+  return absl::OkStatus();
 }
 
 void NamespaceHub::Unsubscribe(const NamespaceSubscriber* subscriber) {
   absl::MutexLock lock(&mu_);
   for (auto it = subscribers_.begin(); it != subscribers_.end();) {
     auto& list = it->second;
-    list.erase(std::remove_if(list.begin(), list.end(),
-                              [subscriber](const auto& s) {
-                                return s.get() == subscriber;
-                              }),
-               list.end());
+    const auto removed = std::remove_if(
+        list.begin(), list.end(),
+        [subscriber](const auto& s) { return s.get() == subscriber; });
+    open_streams_ -= static_cast<size_t>(list.end() - removed);
+    list.erase(removed, list.end());
     if (list.empty()) {
       subscribers_.erase(it++);
     } else {

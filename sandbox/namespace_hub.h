@@ -32,9 +32,13 @@ class NamespaceHub {
   // "", "/", names not starting with "/", and the core's /rpc, /log, /trace.
   static absl::Status CheckName(absl::string_view name);
 
+  // At most `max_streams` streams may be open at once (over all names).
+  explicit NamespaceHub(size_t max_streams = 256) : max_streams_(max_streams) {}
+
   // `subscriber` receives every event broadcast on `name` from now on.
-  void Subscribe(const std::string& name,
-                 std::shared_ptr<NamespaceSubscriber> subscriber);
+  // ResourceExhausted when `max_streams` are already open.
+  absl::Status Subscribe(const std::string& name,
+                         std::shared_ptr<NamespaceSubscriber> subscriber);
   // Forgets `subscriber` on every namespace. Idempotent.
   void Unsubscribe(const NamespaceSubscriber* subscriber);
   // Hands `events` (all of namespace `name`) to every subscriber of `name`;
@@ -45,7 +49,9 @@ class NamespaceHub {
   size_t Subscribers(const std::string& name);
 
  private:
+  const size_t max_streams_;
   absl::Mutex mu_;
+  size_t open_streams_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string,
                       std::vector<std::shared_ptr<NamespaceSubscriber>>>
       subscribers_ ABSL_GUARDED_BY(mu_);

@@ -41,9 +41,9 @@ TEST_CASE("Broadcast reaches every stream on the namespace and no other",
   auto a = std::make_shared<Recorder>();
   auto b = std::make_shared<Recorder>();
   auto other = std::make_shared<Recorder>();
-  hub.Subscribe("/x", a);
-  hub.Subscribe("/x", b);
-  hub.Subscribe("/y", other);
+  REQUIRE(hub.Subscribe("/x", a).ok());
+  REQUIRE(hub.Subscribe("/x", b).ok());
+  REQUIRE(hub.Subscribe("/y", other).ok());
   REQUIRE(hub.Broadcast("/x", {Event("e1"), Event("e2")}) == 2);
   CHECK(a->received == std::vector<std::string>{"e1", "e2"});
   CHECK(b->received == std::vector<std::string>{"e1", "e2"});
@@ -56,8 +56,8 @@ TEST_CASE("Unsubscribed or ended streams do not count as delivered",
   NamespaceHub hub;
   auto a = std::make_shared<Recorder>();
   auto b = std::make_shared<Recorder>();
-  hub.Subscribe("/x", a);
-  hub.Subscribe("/x", b);
+  REQUIRE(hub.Subscribe("/x", a).ok());
+  REQUIRE(hub.Subscribe("/x", b).ok());
   b->closed = true;
   CHECK(hub.Broadcast("/x", {Event("e")}) == 1);
   hub.Unsubscribe(a.get());
@@ -66,6 +66,20 @@ TEST_CASE("Unsubscribed or ended streams do not count as delivered",
   hub.Unsubscribe(b.get());
   CHECK(hub.Subscribers("/x") == 0);
   CHECK(hub.Broadcast("/x", {Event("e")}) == 0);
+}
+
+TEST_CASE("The number of open namespace streams is bounded", "[namespace]") {
+  NamespaceHub hub(/*max_streams=*/2);
+  auto a = std::make_shared<Recorder>();
+  auto b = std::make_shared<Recorder>();
+  auto c = std::make_shared<Recorder>();
+  REQUIRE(hub.Subscribe("/x", a).ok());
+  REQUIRE(hub.Subscribe("/y", b).ok());
+  absl::Status refused = hub.Subscribe("/z", c);
+  CHECK(refused.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(refused.message().find("--max-namespace-streams") != std::string::npos);
+  hub.Unsubscribe(a.get());
+  CHECK(hub.Subscribe("/z", c).ok());
 }
 
 }  // namespace

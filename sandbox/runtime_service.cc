@@ -35,9 +35,16 @@ class StreamSink final : public CallSink, public CallsWriter {
   // Lock order is writer -> manager; the manager never calls a sink while
   // holding its own lock.
   bool ReadyToFinish() override { return !manager_->HasOpenCalls(this); }
+  void OnBacklogCleared() override;
 
+  CallsReactor* const reactor_;
   SessionManager* const manager_;
 };
+
+// A host that stops reading its results must not make the daemon buffer
+// without bound: past this many unwritten bytes the stream's reads pause
+// (no new calls or chunks are taken from it) until the backlog drains.
+constexpr size_t kPauseReadsAboveBytes = 64u << 20;
 
 class CallsReactor final
     : public grpc::ServerBidiReactor<CallsRequest, CallsResponse> {
@@ -55,8 +62,12 @@ class CallsReactor final
     }
     manager_->HandleHostEvents(sink_, request_.events());
     request_.Clear();
+    if (sink_->PauseReadsIfBacklogged(kPauseReadsAboveBytes)) return;
     StartRead(&request_);
   }
+
+  // The write backlog drained: take host events again.
+  void ResumeReads() { StartRead(&request_); }
 
   void OnWriteDone(bool ok) override { sink_->OnWriteDone(ok); }
   void OnCancel() override { sink_->OnCancel(); }
@@ -74,7 +85,9 @@ class CallsReactor final
 };
 
 StreamSink::StreamSink(CallsReactor* reactor, SessionManager* manager)
-    : CallsWriter(reactor), manager_(manager) {}
+    : CallsWriter(reactor), reactor_(reactor), manager_(manager) {}
+
+void StreamSink::OnBacklogCleared() { reactor_->ResumeReads(); }
 
 bool StreamSink::Deliver(std::vector<SandboxEventPtr> events) {
   // A half-closed stream re-checks ReadyToFinish when this write completes.
@@ -253,9 +266,16 @@ class NamespaceReactor final
     header.set_instance_id(manager_->logs().instance_id());
     sink_->SetHeader(header);
     header.set_opened(true);
-    // The handshake is written before the stream can receive events.
+    // Events broadcast from the moment of subscribing wait behind the
+    // handshake, so `opened` is always the first message.
+    sink_->HoldUntilFirst();
+    absl::Status subscribed = manager_->namespaces().Subscribe(name, sink_);
+    if (!subscribed.ok()) {
+      name_.clear();
+      sink_->Fail(base::ToGrpcStatus(subscribed));
+      return;
+    }
     sink_->WriteFirst(std::move(header));
-    manager_->namespaces().Subscribe(name, sink_);
   }
 
   SessionManager* const manager_;

@@ -50,6 +50,11 @@ ABSL_FLAG(uint64_t, log_buffer_records, 10000,
 ABSL_FLAG(uint64_t, trace_buffer_events, 10000,
           "sandbox trace events kept for hosts that have not received them "
           "(oldest dropped first, reported on the log stream)");
+ABSL_FLAG(bool, prestart_worker, false,
+          "start the worker with the daemon instead of on the first call "
+          "(bundles do: its start then overlaps the host's readiness wait)");
+ABSL_FLAG(uint64_t, max_namespace_streams, 256,
+          "plugin-namespace streams open at once (RESOURCE_EXHAUSTED beyond)");
 ABSL_FLAG(std::string, token_file, "",
           "file holding the bearer token every RPC must carry "
           "(mode 0600; default: $AGENTIX_TOKEN; neither: no token check)");
@@ -171,6 +176,7 @@ int Run(int argc, char** raw_argv) {
   options.max_retained_results = absl::GetFlag(FLAGS_max_retained_results);
   options.log_buffer_records = absl::GetFlag(FLAGS_log_buffer_records);
   options.trace_buffer_events = absl::GetFlag(FLAGS_trace_buffer_events);
+  options.max_namespace_streams = absl::GetFlag(FLAGS_max_namespace_streams);
   if (access(options.worker.worker_path.c_str(), X_OK) != 0) {
     AGX_LOG(Error, "worker binary {} is not executable; pass --worker PATH",
             options.worker.worker_path);
@@ -203,6 +209,14 @@ int Run(int argc, char** raw_argv) {
 
   SessionManager manager(options);
   RuntimeServiceImpl service(&manager, kVersion);
+  if (absl::GetFlag(FLAGS_prestart_worker)) {
+    absl::Status started = manager.StartWorker();
+    if (!started.ok()) {
+      // Not fatal: the first call tries again and reports the reason.
+      AGX_LOG(Warning, "could not start the worker early: {}",
+              std::string(started.message()));
+    }
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

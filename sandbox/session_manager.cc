@@ -48,7 +48,8 @@ SandboxEventPtr FromWorkerError(const std::string& call_id,
 SessionManager::SessionManager(SessionOptions options)
     : options_(std::move(options)),
       logs_(MakeLogBuffer(options_.log_buffer_records)),
-      traces_(MakeTraceBuffer(options_.trace_buffer_events, logs_.get())) {}
+      traces_(MakeTraceBuffer(options_.trace_buffer_events, logs_.get())),
+      namespaces_(options_.max_namespace_streams) {}
 
 SessionManager::~SessionManager() { Shutdown(absl::Seconds(2)); }
 
@@ -598,6 +599,12 @@ bool SessionManager::HasOpenCalls(const CallSink* sink) {
     if (!call.terminal && call.sink.get() == sink) return true;
   }
   return false;
+}
+
+absl::Status SessionManager::StartWorker() {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError("shutting down");
+  return EnsureWorker().status();
 }
 
 SessionInfo SessionManager::Info() {

@@ -43,6 +43,8 @@ struct SessionOptions {
   // Log records and trace events kept for hosts that have not received them.
   size_t log_buffer_records = 10000;
   size_t trace_buffer_events = 10000;
+  // Plugin-namespace streams open at once, over all hosts.
+  size_t max_namespace_streams = 256;
 };
 
 struct SessionInfo {
@@ -74,6 +76,10 @@ class SessionManager : public WorkerProcess::Listener {
   // True if a call owned by `sink` has not reached its terminal event.
   bool HasOpenCalls(const CallSink* sink);
   SessionInfo Info();
+  // Starts the worker now if none is running (it otherwise starts with the
+  // first call that needs it). Errors as posix_spawn reports them; a worker
+  // that fails later in its boot is reported to the calls that wait for it.
+  absl::Status StartWorker();
   // The worker's log records and trace events, for RuntimeService.Logs and
   // RuntimeService.Traces.
   LogBuffer& logs() { return *logs_; }

@@ -1,5 +1,7 @@
 #include "sandbox/worker_process.h"
 
+#include <fcntl.h>
+
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -95,10 +97,18 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
   for (const auto& a : options.extra_args) spawn.argv.push_back(a);
   spawn.env = options.env;
   spawn.env.push_back(absl::StrCat("AGENTIX_WORKER_ID=", worker->worker_id_));
-  spawn.fd_map = {{child_end.get(), ipc::kWorkerChannelFd}};
+  int err_pipe[2];
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("pipe: ", strerror(errno)));
+  }
+  base::UniqueFd err_read(err_pipe[0]);
+  base::UniqueFd err_write(err_pipe[1]);
+  spawn.fd_map = {{child_end.get(), ipc::kWorkerChannelFd},
+                  {err_write.get(), 2}};
 
   auto child = base::ChildProcess::SpawnFromLauncherThread(spawn);
   if (!child.ok()) return child.status();
+  err_write.Reset();  // EOF once the worker (and whoever inherited it) exits
   worker->pid_ = child->pid();
   {
     absl::MutexLock lock(&worker->child_mu_);
@@ -108,6 +118,10 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
   worker->channel_ = std::move(parent_end);
   worker->reader_ = std::thread([w = worker.get()] { w->ReaderLoop(); });
   worker->writer_ = std::thread([w = worker.get()] { w->WriterLoop(); });
+  worker->stderr_reader_ = std::thread(
+      [w = worker.get(), fd = std::move(err_read)]() mutable {
+        w->StderrLoop(std::move(fd));
+      });
   AGX_LOG(Debug, "worker {} (generation {}) started as pid {}",
           worker->worker_id_, generation, worker->pid_);
   return worker;
@@ -122,6 +136,43 @@ WorkerProcess::~WorkerProcess() {
   if (channel_.valid()) ::shutdown(channel_.get(), SHUT_RDWR);
   if (reader_.joinable()) reader_.join();
   if (writer_.joinable()) writer_.join();
+  if (stderr_reader_.joinable()) stderr_reader_.join();
+}
+
+void WorkerProcess::StderrLoop(base::UniqueFd pipe) {
+  pthread_setname_np(pthread_self(), "agx-wrk-err");
+  char buffer[4096];
+  while (true) {
+    const ssize_t n = ::read(pipe.get(), buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    // Passed through unchanged: the daemon's stderr is where operators look.
+    ssize_t ignored = ::write(2, buffer, static_cast<size_t>(n));
+    (void)ignored;
+    absl::MutexLock lock(&stderr_mu_);
+    stderr_tail_.append(buffer, static_cast<size_t>(n));
+    if (stderr_tail_.size() > 2 * kStderrTailBytes) {
+      stderr_tail_.erase(0, stderr_tail_.size() - kStderrTailBytes);
+    }
+  }
+  absl::MutexLock lock(&stderr_mu_);
+  stderr_eof_ = true;
+}
+
+std::string WorkerProcess::StderrTail() {
+  absl::MutexLock lock(&stderr_mu_);
+  // The pipe reaches EOF just after the exit; a crash report written in the
+  // worker's last moments is worth a short wait.
+  stderr_mu_.AwaitWithTimeout(absl::Condition(&stderr_eof_),
+                              absl::Milliseconds(300));
+  std::string tail = stderr_tail_.size() > kStderrTailBytes
+                         ? stderr_tail_.substr(stderr_tail_.size() -
+                                               kStderrTailBytes)
+                         : stderr_tail_;
+  while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) {
+    tail.pop_back();
+  }
+  return tail;
 }
 
 void WorkerProcess::Send(const ipc::Frame& frame) {
@@ -304,6 +355,10 @@ void WorkerProcess::ReaderLoop() {
   } else {
     result.error_type = "WorkerDied";
     result.message = absl::StrCat("runtime worker exited: ", how);
+  }
+  const std::string tail = StderrTail();
+  if (!tail.empty() && boot_error.empty()) {
+    absl::StrAppend(&result.message, "; last stderr output:\n", tail);
   }
   AGX_LOG(Info, "worker {} pid {}: {}", worker_id_, pid_, result.message);
   listener_->OnWorkerExit(generation_, result);

@@ -112,6 +112,18 @@ class WorkerProcess {
 
   std::thread reader_;
   std::thread writer_;
+
+  // The worker's own stderr (its diagnostics, faulthandler's crash report;
+  // Python-level output is captured into log frames instead): copied to the
+  // daemon's stderr as it comes, the last kStderrTailBytes kept for the
+  // WorkerDied message.
+  void StderrLoop(base::UniqueFd pipe);
+  std::string StderrTail();
+  static constexpr size_t kStderrTailBytes = 2048;
+  absl::Mutex stderr_mu_;
+  std::string stderr_tail_ ABSL_GUARDED_BY(stderr_mu_);
+  bool stderr_eof_ ABSL_GUARDED_BY(stderr_mu_) = false;
+  std::thread stderr_reader_;
 };
 
 }  // namespace agentix::sandbox

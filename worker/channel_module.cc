@@ -1498,6 +1498,13 @@ PyObject* Log(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
+// The fd of the worker's original stderr (the daemon reads it; crash reports
+// belong there), or 2 before capture started.
+PyObject* DiagnosticFd(PyObject* /*module*/, PyObject* /*unused*/) {
+  const int fd = g_diag_fd.load();
+  return PyLong_FromLong(fd < 0 ? 2 : fd);
+}
+
 PyObject* SetThreadName(PyObject* /*module*/, PyObject* arg) {
   std::string name;
   if (!ToUtf8(arg, "name", "backslashreplace", name)) return nullptr;
@@ -1514,6 +1521,8 @@ PyMethodDef kModuleMethods[] = {
      "Encode a value as msgpack."},
     {"log", Fast<Log>(), METH_FASTCALL,
      "log(severity, message): 0 debug, 1 info, 2 warning, 3 error."},
+    {"diagnostic_fd", DiagnosticFd, METH_NOARGS,
+     "The fd of the worker's original stderr (the daemon's diagnostics)."},
     {"set_thread_name", Guarded<SetThreadName>, METH_O,
      "Sets the calling OS thread's name (as shown by ps/top)."},
     {nullptr, nullptr, 0, nullptr},

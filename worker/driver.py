@@ -964,8 +964,16 @@ class _LogBridge(logging.Handler):
                 return
             try:
                 message = record.getMessage()
-            except Exception:
-                message = _text(record.msg)
+            except Exception as exc:
+                # Forwarded anyway, with what went wrong (logging itself would
+                # only print "--- Logging error ---" to stderr).
+                try:
+                    args = repr(record.args)
+                except Exception:
+                    args = "<unrepresentable>"
+                message = (f"{_text(record.msg)} [agentix: formatting the "
+                           f"message failed: {type(exc).__name__}: "
+                           f"{_text(exc)}; args={args}]")
             exc_text = record.exc_text
             if record.exc_info and not exc_text:
                 exc_text = record.exc_text = _FORMATTER.formatException(
@@ -1447,6 +1455,14 @@ class _Logs:
                 _CapturedStream(1, _ORIGIN_STDOUT, channel),
                 _CapturedStream(2, _ORIGIN_STDERR, channel))
             sys.stdout, sys.stderr = self._streams
+        # A crash in native code kills the process before any log frame can
+        # leave; faulthandler writes the Python stacks to the original stderr,
+        # which the daemon keeps and quotes in the WorkerDied error.
+        try:
+            import faulthandler
+            faulthandler.enable(file=_w.diagnostic_fd(), all_threads=True)
+        except Exception as exc:
+            _log(_WARNING, f"cannot enable faulthandler: {_text(exc)}")
 
         factory = logging.getLogRecordFactory()
 

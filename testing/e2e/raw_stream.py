@@ -9,7 +9,9 @@ from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
 
 class RawStream:
     def __init__(self, url):
-        self.channel = grpc.aio.insecure_channel(url)
+        # Batched responses may exceed gRPC's 4 MiB default (the daemon
+        # batches up to ~4 MiB of events, plus framing).
+        self.channel = grpc.aio.insecure_channel(url, options=[("grpc.max_receive_message_length", 64 << 20)])
         self.stub = pb_grpc.RuntimeServiceStub(self.channel)
         self.call = self.stub.Calls()
         self.seen = {}  # call_id -> terminal event read while awaiting another

@@ -128,3 +128,12 @@ async def test_agentix_log_level_lowers_the_sandbox_level(start_daemon, collecte
     async with RuntimeClient(d.url) as c:
         await c.remote(t.log_things, "tok4")
         await wait_for(lambda: any(r.getMessage() == "invisible tok4" for r in collected.named("e2e.app")))
+
+
+async def test_a_record_whose_message_cannot_be_formatted_arrives_with_the_error(client, collected):
+    assert await client.remote(t.log_badly_formatted) == "logged"
+    await wait_for(lambda: collected.named("e2e.badfmt"))
+    (record,) = collected.named("e2e.badfmt")
+    message = record.getMessage()
+    assert message.startswith("value %d of %s [agentix: formatting the message failed: TypeError")
+    assert "args=('not-a-number',)" in message

@@ -288,3 +288,17 @@ async def test_raw_stream_sees_request_ids_and_errors_without_decoding(daemon):
                 error=pb.NamespaceError(type="Busy", message="later", status_code=503))))
             assert await asyncio.wait_for(task, 10) == ["Busy: later", "Busy", "later", 503]
         await ns.done_writing()
+
+
+async def test_namespace_streams_are_bounded(start_daemon):
+    daemon = start_daemon(extra_args=["--max-namespace-streams", "1"])
+    first = RuntimeClient(daemon.url)
+    first.register_namespace(HostEcho())
+    async with first:
+        second = RuntimeClient(daemon.url)
+        second.register_namespace(AsyncClientNamespace("/other"))
+        with pytest.raises(Exception, match="RESOURCE_EXHAUSTED.*--max-namespace-streams"):
+            async with second:
+                pass
+        await second.close()
+        assert await first.remote(p.ask, "still") == {"a": "STILL"}

@@ -1,4 +1,5 @@
-"""Ordinary Python functions; nothing here knows about Agentix."""
+"""Ordinary Python functions. Only `summarize` knows about Agentix: it opens
+spans with `agentix.trace`, which the host sees as children of its own."""
 
 import asyncio
 import logging
@@ -36,10 +37,25 @@ def describe_sandbox():
     print("describe_sandbox was called")  # captured and replayed on the host
     return {
         "pid": os.getpid(),
+        "hostname": platform.node(),
         "python": sys.version.split()[0],
+        "sys.prefix": sys.prefix,
         "machine": platform.machine(),
         "cwd": os.getcwd(),
+        "/usr/bin/python3 exists": os.path.exists("/usr/bin/python3"),
     }
+
+
+def summarize(texts):
+    from agentix import trace
+
+    with trace.span("summarize", documents=len(texts)):
+        total = 0
+        for i, text in enumerate(texts):
+            with trace.span("count-words", index=i):
+                total += len(text.split())
+        logging.getLogger("hello_agentix").info("summarized %d documents: %d words", len(texts), total)
+    return total
 
 
 def fail(message):

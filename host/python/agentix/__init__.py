@@ -9,7 +9,8 @@ trace/span travels with every remote call through ``agentix.context``.
 
 `agentix` is a ``pkgutil`` namespace package: plugin distributions add sibling
 modules (``agentix.bash``, ``agentix.files``, ...). Importing it does not import
-gRPC; `RuntimeClient` (and with it gRPC) loads on first access.
+gRPC; `RuntimeClient` (and with it gRPC) and the provider API load on first
+access.
 """
 
 from pkgutil import extend_path
@@ -26,18 +27,6 @@ from agentix.runtime.client.errors import (  # noqa: E402
     WorkerExited,
 )
 from agentix.runtime.client._sio_facade import AsyncClientNamespace, request_handler  # noqa: E402
-from agentix.provider import (  # noqa: E402
-    BundleDeployer,
-    DeployedBundle,
-    Sandbox,
-    SandboxConfig,
-    SandboxId,
-    SandboxInfo,
-    SandboxProvider,
-    SandboxResource,
-    providers,
-    register_provider,
-)
 from agentix.runtime.client.result import Failed, Ok, Result  # noqa: E402
 from agentix.runtime.shared.callables import RemoteCallable  # noqa: E402
 from agentix.runtime.shared.safepickle import RestrictedUnpickleError  # noqa: E402
@@ -80,11 +69,33 @@ __all__ = [
 ]
 
 
+# Loaded on first access: the provider API imports importlib.metadata (~30 ms),
+# which every sandbox worker would otherwise pay at start without using it.
+_PROVIDER_NAMES = frozenset(
+    {
+        "BundleDeployer",
+        "DeployedBundle",
+        "Sandbox",
+        "SandboxConfig",
+        "SandboxId",
+        "SandboxInfo",
+        "SandboxProvider",
+        "SandboxResource",
+        "providers",
+        "register_provider",
+    }
+)
+
+
 def __getattr__(name: str):
     if name == "RuntimeClient":
         from agentix.runtime.client import RuntimeClient
 
         return RuntimeClient
+    if name in _PROVIDER_NAMES:
+        import agentix.provider
+
+        return getattr(agentix.provider, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
