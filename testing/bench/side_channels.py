@@ -59,7 +59,7 @@ class Plan:
 
 
 FULL = Plan(logs=100_000, logs_warmup=2_000, spans=10_000, spans_warmup=500,
-            requests=2_000, requests_warmup=200, phase_timeout_s=240.0)
+            requests=2_000, requests_warmup=200, phase_timeout_s=480.0)
 QUICK = Plan(logs=3_000, logs_warmup=300, spans=500, spans_warmup=100,
              requests=200, requests_warmup=50, phase_timeout_s=60.0)
 
@@ -150,9 +150,60 @@ def _span_counter(arrivals: _Arrivals):
     return SpanCounter()
 
 
-async def _burst(remote, fn, n: int, arrivals: _Arrivals, timeout_s: float) -> dict:
+def _children(pid: int) -> list:
+    """Child processes of `pid` (of any of its threads)."""
+    children = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children += [int(p) for p in f.read().split()]
+        except OSError:
+            pass
+    return sorted(children)
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """utime + stime of `pid` (all its threads) in seconds, None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _Cpu:
+    """CPU seconds used by the host, the server/daemon and the worker during a phase:
+    where the time goes, independent of how busy the rest of the machine is."""
+
+    def __init__(self, server_pid: int):
+        self._server = server_pid
+
+    def pids(self) -> dict:
+        workers = _children(self._server)
+        pids = {"host": os.getpid(), "server": self._server}
+        if workers:
+            pids["worker"] = workers[0]
+        return pids
+
+    def snapshot(self) -> dict:
+        return {name: _cpu_seconds(pid) for name, pid in self.pids().items()}
+
+    @staticmethod
+    def used(before: dict, after: dict) -> dict:
+        return {name: round(after[name] - before[name], 2) for name in after
+                if before.get(name) is not None and after[name] is not None}
+
+
+async def _burst(remote, fn, n: int, arrivals: _Arrivals, timeout_s: float,
+                 cpu: _Cpu | None = None) -> dict:
     """Runs `fn(n)` remotely; times from the call's start to the n-th arrival."""
     arrivals.reset(n)
+    cpu_before = cpu.snapshot() if cpu else None
     start = time.perf_counter()
     await asyncio.wait_for(remote(fn, n), timeout_s)
     returned = time.perf_counter()
@@ -160,14 +211,19 @@ async def _burst(remote, fn, n: int, arrivals: _Arrivals, timeout_s: float) -> d
     last = arrivals.last_at if arrivals.last_at is not None else returned
     first = arrivals.first_at if arrivals.first_at is not None else returned
     elapsed = last - start
-    return {"n": n, "received": arrivals.count, "complete": complete,
-            "per_s": round(arrivals.count / elapsed, 1) if arrivals.count else 0.0,
-            "call_returned_s": round(returned - start, 3),
-            "first_arrival_s": round(first - start, 3),
-            "last_arrival_s": round(elapsed, 3)}
+    result = {"n": n, "received": arrivals.count, "complete": complete,
+              "per_s": round(arrivals.count / elapsed, 1) if arrivals.count else 0.0,
+              "call_returned_s": round(returned - start, 3),
+              "first_arrival_s": round(first - start, 3),
+              "last_arrival_s": round(elapsed, 3)}
+    if cpu:
+        used = _Cpu.used(cpu_before, cpu.snapshot())
+        result["cpu_s"] = used
+        result["cpu_us_per_item"] = {name: round(v * 1e6 / n, 1) for name, v in used.items()}
+    return result
 
 
-async def _measure(remote, impl: str, plan: Plan, log) -> dict:
+async def _measure(remote, impl: str, plan: Plan, log, cpu: _Cpu, batches=None) -> dict:
     import bench_targets
     import side_targets
 
@@ -188,11 +244,17 @@ async def _measure(remote, impl: str, plan: Plan, log) -> dict:
     warm = await _burst(remote, side_targets.log_burst, plan.logs_warmup, arrivals,
                         plan.phase_timeout_s)
     log(f"logs warm-up: {warm['received']}/{warm['n']} records, {warm['per_s']:,.0f}/s")
+    if batches is not None:
+        batches.take("logs")  # forget the warm-up's responses
     logs = await _burst(remote, side_targets.log_burst, plan.logs, arrivals,
-                        plan.phase_timeout_s)
+                        plan.phase_timeout_s, cpu)
     log(f"logs: {logs['received']:,}/{logs['n']:,} records in {logs['last_arrival_s']} s "
         f"= {logs['per_s']:,.0f}/s (call returned after {logs['call_returned_s']} s, "
         f"first record at {logs['first_arrival_s']} s)")
+    log(f"logs: CPU µs per record: {logs.get('cpu_us_per_item')}")
+    if batches is not None:
+        logs["stream"] = batches.take("logs")
+        log(f"logs: Logs stream responses: {logs['stream']}")
     if not logs["complete"]:
         log(f"!! only {logs['received']} of {logs['n']} records arrived")
     results["log_records_per_s"] = logs["per_s"] if logs["complete"] else None
@@ -204,11 +266,17 @@ async def _measure(remote, impl: str, plan: Plan, log) -> dict:
     warm = await _burst(remote, side_targets.span_burst, plan.spans_warmup, arrivals,
                         plan.phase_timeout_s)
     log(f"spans warm-up: {warm['received']}/{warm['n']} spans, {warm['per_s']:,.0f}/s")
+    if batches is not None:
+        batches.take("traces")
     spans = await _burst(remote, side_targets.span_burst, plan.spans, arrivals,
-                         plan.phase_timeout_s)
+                         plan.phase_timeout_s, cpu)
     log(f"spans: {spans['received']:,}/{spans['n']:,} in {spans['last_arrival_s']} s "
         f"= {spans['per_s']:,.0f}/s (call returned after {spans['call_returned_s']} s, "
         f"first span at {spans['first_arrival_s']} s)")
+    log(f"spans: CPU µs per span: {spans.get('cpu_us_per_item')}")
+    if batches is not None:
+        spans["stream"] = batches.take("traces")
+        log(f"spans: Traces stream responses: {spans['stream']}")
     if not spans["complete"]:
         log(f"!! only {spans['received']} of {spans['n']} spans arrived")
     results["spans_per_s"] = spans["per_s"] if spans["complete"] else None
@@ -229,6 +297,36 @@ async def _measure(remote, impl: str, plan: Plan, log) -> dict:
     for message in warnings.messages:
         log(f"host saw warning: {message}")
     return results
+
+
+class _Batches:
+    """Diagnostics for ours: how many items each Logs / Traces response carried.
+
+    Wraps `_items` of the host package's stream classes in this (benchmark) process
+    only; every response passes through it once."""
+
+    def __init__(self):
+        from agentix.runtime.client.logs import LogsStream
+        from agentix.runtime.client.traces import TracesStream
+
+        self.sizes = {"logs": [], "traces": []}
+        for name, cls in (("logs", LogsStream), ("traces", TracesStream)):
+            original = cls._items
+            sizes = self.sizes[name]
+
+            def items(stream, response, _original=original, _sizes=sizes):
+                result = _original(stream, response)
+                _sizes.append(len(result))
+                return result
+
+            cls._items = items
+
+    def take(self, name: str) -> dict:
+        sizes, self.sizes[name][:] = list(self.sizes[name]), []
+        if not sizes:
+            return {}
+        return {"responses": len(sizes), "items_per_response_mean": round(statistics.fmean(sizes), 1),
+                "items_per_response_max": max(sizes)}
 
 
 def _host_namespace(base):
@@ -278,7 +376,7 @@ def _run_baseline(args, plan, log, tmp) -> dict:
             client = BaselineClient(url, side_channels=True,
                                     namespaces=[_host_namespace(AsyncClientNamespace)])
             async with client:
-                return await _measure(client.remote, "baseline", plan, log)
+                return await _measure(client.remote, "baseline", plan, log, _Cpu(server.pid))
 
         return asyncio.run(session())
     finally:
@@ -300,10 +398,15 @@ def _run_ours(args, plan, log, tmp) -> dict:
     # The worker needs the agentix package for agentix.trace / agentix.Namespace: the
     # host package's directory from the runfiles goes on its --python_path, after the
     # bench directory (same sources as a venv with the wheel installed).
+    daemon_log_path = os.path.join(tmp, "sandboxd.log")
+    daemon_log = open(daemon_log_path, "wb")
+    # The daemon's output goes to a file (a log-buffer overflow warns every 1,000
+    # records); its warnings are summarised in the result instead.
     daemon = procs.start_process(
         [sandboxd, "--listen", url, f"--worker={worker}",
          f"--python_path={procs.bench_dir()}:{_host_python_dir()}", "--log_level=warning"],
-        env=env, stdout=sys.stderr.fileno())
+        env=env, stdout=daemon_log)
+    results = None
     try:
         _wait_for_unix_socket(sock, daemon, SERVER_START_TIMEOUT_S)
         log(f"agentix-sandboxd pid {daemon.pid} listening on {url}")
@@ -312,11 +415,23 @@ def _run_ours(args, plan, log, tmp) -> dict:
             client = RuntimeClient(url)
             client.register_namespace(_host_namespace(None))
             async with client:
-                return await _measure(client.remote, "agentix", plan, log)
+                return await _measure(client.remote, "agentix", plan, log, _Cpu(daemon.pid),
+                                      _Batches())
 
-        return asyncio.run(session())
+        results = asyncio.run(session())
+        return results
     finally:
         procs.stop_process(daemon)
+        daemon_log.close()
+        with open(daemon_log_path, "rb") as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
+        warnings = [l for l in lines if " W " in l or " E " in l]
+        if warnings:
+            log(f"agentix-sandboxd wrote {len(warnings)} warning/error lines; first: "
+                f"{warnings[0][:200]!r}; last: {warnings[-1][:200]!r}")
+        if results is not None:
+            results["daemon_warning_lines"] = len(warnings)
+            results["daemon_warnings_sample"] = [w[:200] for w in warnings[:2] + warnings[-1:]]
 
 
 def run_side(args) -> int:
@@ -428,7 +543,7 @@ def _print_table(report: dict) -> None:
 def run_driver(args) -> int:
     env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES)
     sides = SIDES if args.only == "all" else (args.only,)
-    timeout_s = 150.0 if args.quick else 600.0
+    timeout_s = 150.0 if args.quick else 1200.0
     load_start = os.getloadavg()[0]
     rounds = {side: [] for side in sides}
     errors = []
