@@ -205,9 +205,13 @@ async def _burst(remote, fn, n: int, arrivals: _Arrivals, timeout_s: float,
     arrivals.reset(n)
     cpu_before = cpu.snapshot() if cpu else None
     start = time.perf_counter()
-    await asyncio.wait_for(remote(fn, n), timeout_s)
-    returned = time.perf_counter()
-    complete = await arrivals.wait(max(timeout_s - (returned - start), 1.0))
+    try:
+        await asyncio.wait_for(remote(fn, n), timeout_s)
+        returned = time.perf_counter()
+        complete = await arrivals.wait(max(timeout_s - (returned - start), 1.0))
+    except asyncio.TimeoutError:  # the call itself did not finish in time
+        returned = time.perf_counter()
+        complete = False
     last = arrivals.last_at if arrivals.last_at is not None else returned
     first = arrivals.first_at if arrivals.first_at is not None else returned
     elapsed = last - start
@@ -283,9 +287,15 @@ async def _measure(remote, impl: str, plan: Plan, log, cpu: _Cpu, batches=None) 
     results["spans"] = spans
 
     # Namespace requests: timed inside the sandbox, per request.
-    latencies = await asyncio.wait_for(
-        remote(side_targets.ns_roundtrips, impl, plan.requests, plan.requests_warmup),
-        plan.phase_timeout_s)
+    try:
+        latencies = await asyncio.wait_for(
+            remote(side_targets.ns_roundtrips, impl, plan.requests, plan.requests_warmup),
+            plan.phase_timeout_s)
+    except asyncio.TimeoutError:
+        log(f"!! namespace requests did not finish within {plan.phase_timeout_s:.0f} s")
+        results["ns_request_p50_us"] = None
+        results["warnings"] = warnings.messages
+        return results
     ordered = sorted(latencies)
     results["ns_request_p50_us"] = round(statistics.median(ordered), 1)
     results["ns_request_p99_us"] = round(ordered[max(0, -(-99 * len(ordered) // 100) - 1)], 1)
@@ -405,7 +415,7 @@ def _run_ours(args, plan, log, tmp) -> dict:
     daemon = procs.start_process(
         [sandboxd, "--listen", url, f"--worker={worker}",
          f"--python_path={procs.bench_dir()}:{_host_python_dir()}", "--log_level=warning"],
-        env=env, stdout=daemon_log)
+        env=env, stdout=daemon_log, stderr=subprocess.STDOUT)
     results = None
     try:
         _wait_for_unix_socket(sock, daemon, SERVER_START_TIMEOUT_S)
