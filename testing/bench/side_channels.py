@@ -303,6 +303,13 @@ async def _measure(remote, impl: str, plan: Plan, log, cpu: _Cpu, batches=None) 
     results["ns_requests"] = len(ordered)
     log(f"namespace request round trip: p50 {results['ns_request_p50_us']:,.0f} µs, "
         f"p99 {results['ns_request_p99_us']:,.0f} µs over {len(ordered)} requests")
+    # Diagnostics (not a headline figure): the two legs of a request, timestamped.
+    legs = await asyncio.wait_for(
+        remote(side_targets.ns_legs, impl, max(plan.requests // 4, 50)), plan.phase_timeout_s)
+    results["ns_leg_up_p50_us"] = legs["up_p50_us"]
+    results["ns_leg_down_p50_us"] = legs["down_p50_us"]
+    log(f"namespace request legs (p50): sandbox→host handler {legs['up_p50_us']:,.0f} µs, "
+        f"host handler→sandbox {legs['down_p50_us']:,.0f} µs")
     results["warnings"] = warnings.messages
     for message in warnings.messages:
         log(f"host saw warning: {message}")
@@ -351,6 +358,8 @@ def _host_namespace(base):
     class BenchHost(base):
         @request_handler("echo")
         async def on_echo(self, body):
+            if "sent" in body:  # ns_legs diagnostics only
+                return {**body, "host_received": time.perf_counter()}
             return body
 
     return BenchHost(side_targets.NAMESPACE)

@@ -14,6 +14,10 @@ coroutine (`Namespace.request` is async).
   latencies in µs (perf_counter around each await). `impl` picks the sandbox API:
   "agentix" (ours: `agentix.Namespace`) or "baseline" (`baseline.sio.Namespace`, the model
   of the original's).
+- `ns_legs(impl, n)`: diagnostics, after the measured requests: n requests whose body
+  carries the sandbox's send time; the host handler adds its own receive time
+  (`time.perf_counter`, CLOCK_MONOTONIC: one clock for every process of the machine).
+  Returns the median sandbox→host and host→sandbox legs in µs.
 """
 
 import logging
@@ -71,3 +75,18 @@ async def ns_roundtrips(impl, n, warmup):
         if reply != {"i": i, "text": "ping"}:
             raise AssertionError(f"request {i}: unexpected reply {reply!r}")
     return latencies
+
+
+async def ns_legs(impl, n):
+    ns = _namespace(impl)
+    perf = time.perf_counter
+    up, down = [], []
+    for i in range(n):
+        sent = perf()
+        reply = await ns.request("echo", {"i": i, "sent": sent}, timeout=30)
+        back = perf()
+        up.append((reply["host_received"] - sent) * 1e6)
+        down.append((back - reply["host_received"]) * 1e6)
+    up.sort()
+    down.sort()
+    return {"up_p50_us": round(up[len(up) // 2], 1), "down_p50_us": round(down[len(down) // 2], 1)}
