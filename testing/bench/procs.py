@@ -56,13 +56,15 @@ def runfile(relpath: str) -> Path | None:
     return path if path.exists() else None
 
 
-def start_process(argv, *, env=None, stdin=None, stdout=None, cwd=None, new_session=False):
+def start_process(argv, *, env=None, stdin=None, stdout=None, stderr=None, cwd=None,
+                  new_session=False):
     """Starts a child; `new_session=True` makes it the leader of its own process group."""
     return subprocess.Popen(
         [str(a) for a in argv],
         env=env,
         stdin=stdin,
         stdout=stdout,
+        stderr=stderr,
         cwd=cwd,
         start_new_session=new_session,
     )

@@ -51,9 +51,18 @@ class _LargeMessageSession(aiohttp.ClientSession):
 class BaselineClient:
     """`async with BaselineClient(url) as c: await c.remote(fn, *args)`."""
 
-    def __init__(self, url: str, connect_timeout_s: float = 10.0):
+    def __init__(self, url: str, connect_timeout_s: float = 10.0, *,
+                 side_channels: bool = False, namespaces=()):
+        """`side_channels=True` connects `/trace` and `/log` too, with the original's
+        host bridges (baseline/host_sio.py), and the extra `namespaces`
+        (`host_sio.AsyncClientNamespace` objects), as the original client does. Off by
+        default so that the remote-call benchmark keeps measuring `/rpc` alone."""
         self._url = url
         self._connect_timeout_s = connect_timeout_s
+        self._extra_namespaces = []
+        if side_channels:
+            from baseline.host_sio import HostLogNamespace, HostTraceNamespace
+            self._extra_namespaces = [HostTraceNamespace(), HostLogNamespace(), *namespaces]
         self._pending: dict[str, asyncio.Future] = {}
         self._http: aiohttp.ClientSession | None = None
         self._sio: socketio.AsyncClient | None = None
@@ -64,7 +73,10 @@ class BaselineClient:
                                          http_session=self._http)
         self._sio.on("call:result", self._on_result, namespace=NAMESPACE)
         self._sio.on("call:error", self._on_error, namespace=NAMESPACE)
-        await self._sio.connect(self._url, transports=["websocket"], namespaces=[NAMESPACE],
+        for ns in self._extra_namespaces:
+            self._sio.register_namespace(ns)
+        await self._sio.connect(self._url, transports=["websocket"],
+                                namespaces=[NAMESPACE, *(ns.namespace for ns in self._extra_namespaces)],
                                 wait_timeout=self._connect_timeout_s)
         return self
 

@@ -17,9 +17,16 @@ What it models (SPEC §2.1-2.7):
   `call:error {call_id, error}`; the host's `ack {call_id}` frees it.
 - One worker subprocess on a u32-LE msgpack pipe (stdin/stdout), one writer task.
 
+- Side channels (SPEC §6.3): `/log` and `/trace` forwarders registered at startup, one
+  more per worker `sio_open {namespace}` (not `/`, `/rpc` or an open one); a forwarder
+  is a catch-all `socketio.AsyncNamespace` that sends every non-lifecycle event to the
+  worker as `sio_inbound {namespace, event, data(unpacked)}`. A worker
+  `sio_emit {namespace, event, data}` is re-packed and broadcast on that namespace
+  (no `to=`), awaited in the worker read loop, so events leave in pipe order.
+
 Differences from the original: aiohttp instead of uvicorn (the ASGI server is not
-installed here; see README), no `POST /call` HTTP fast path, no `/trace` / `/log` /
-plugin forwarding, no cancel/resume handling beyond what the benchmark needs.
+installed here; see README), no `POST /call` HTTP fast path, no cancel/resume handling
+beyond what the benchmark needs.
 """
 
 import argparse
@@ -69,6 +76,12 @@ class WorkerLink:
         self._waiters: dict[str, asyncio.Future] = {}
         self._tasks: list[asyncio.Task] = []
         self._ready = asyncio.Event()
+        self.on_sio_frame = None  # async (frame) -> None, set by SideChannels
+
+    def send_inbound(self, namespace: str, event: str, data) -> None:
+        """Forwards one host event on a plugin/core namespace to the worker."""
+        self._outbound.put_nowait({"type": "sio_inbound", "namespace": namespace,
+                                   "event": event, "data": data})
 
     async def start(self) -> None:
         env = dict(os.environ)
@@ -107,6 +120,11 @@ class WorkerLink:
                     future = self._waiters.get(frame.get("call_id"))
                     if future is not None and not future.done():
                         future.set_result(frame)
+                elif kind in ("sio_open", "sio_emit") and self.on_sio_frame is not None:
+                    try:
+                        await self.on_sio_frame(frame)
+                    except Exception as exc:  # SIO layer errors are swallowed
+                        print(f"baseline server: {kind} failed: {exc!r}", file=sys.stderr)
         except Exception as exc:  # any failure closes the link, like the original
             print(f"baseline server: worker read loop failed: {exc!r}", file=sys.stderr)
         finally:
@@ -197,6 +215,49 @@ class RpcServer:
             self._pending_results.pop(request.get("call_id"), None)
 
 
+class _Forwarder(socketio.AsyncNamespace):
+    """Catch-all server namespace: host events → `sio_inbound` frames to the worker."""
+
+    def __init__(self, namespace: str, worker: WorkerLink):
+        super().__init__(namespace)
+        self._worker = worker
+
+    async def trigger_event(self, event, *args):
+        if event in ("connect", "disconnect"):
+            return None  # accept every connection
+        data = args[1] if len(args) > 1 else None
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            data = unpack(bytes(data))
+        self._worker.send_inbound(self.namespace, event, data)
+        return None
+
+
+class SideChannels:
+    """The original's plugin/side-channel forwarding (`sio.py:393-449`)."""
+
+    def __init__(self, sio: socketio.AsyncServer, worker: WorkerLink):
+        self._sio = sio
+        self._worker = worker
+        self._open: set[str] = set()
+        for namespace in ("/trace", "/log"):  # pre-registered: hosts connect at once
+            self._open_namespace(namespace)
+        worker.on_sio_frame = self.on_frame
+
+    def _open_namespace(self, namespace) -> None:
+        if (not isinstance(namespace, str) or not namespace.startswith("/")
+                or namespace in ("/", NAMESPACE) or namespace in self._open):
+            return
+        self._open.add(namespace)
+        self._sio.register_namespace(_Forwarder(namespace, self._worker))
+
+    async def on_frame(self, frame: dict) -> None:
+        if frame["type"] == "sio_open":
+            self._open_namespace(frame.get("namespace"))
+        else:  # sio_emit: re-pack and broadcast
+            await self._sio.emit(frame.get("event"), pack(frame.get("data")),
+                                 namespace=frame.get("namespace"))
+
+
 async def _wait_for_stop() -> None:
     """Returns on SIGTERM/SIGINT or when stdin reaches EOF (the parent went away)."""
     loop = asyncio.get_running_loop()
@@ -226,6 +287,7 @@ async def _main(bench_dir: str) -> None:
 
     worker = WorkerLink(bench_dir)
     RpcServer(sio, worker)
+    SideChannels(sio, worker)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -7,8 +7,16 @@ resolves "module::qualname", `pickle.loads` the (args, kwargs), runs the functio
 `pickle.dumps` the value and queues a `result` frame (or an `error` frame). One writer
 task drains the unbounded outbound queue.
 
-Not modelled: the original's fd-level stdout/stderr capture pipes, durable log file,
-log/trace bridges and context propagation (the benchmark targets print nothing).
+Side channels (baseline/sio.py): at boot the worker installs the original's `/log`
+bridge (root handler), the durable log file (`$AGENTIX_LOG_DIR`, default /tmp/agentix,
+empty disables) and, when `agentix.trace` is importable, the `/trace` forwarding
+processor; `sio_inbound` frames are dispatched to the registered namespaces; every call
+runs with `DISPATCH_CALL_ID` set. Events leave as `sio_open` / `sio_emit` frames through
+the same outbound queue as results.
+
+Not modelled: the original's fd-level stdout/stderr capture pipes, the worker's stderr
+console handler and host→sandbox context propagation (the benchmark targets print
+nothing and send no context).
 """
 
 import asyncio
@@ -17,8 +25,10 @@ import inspect
 import os
 import pickle
 import sys
+import threading
 import traceback
 
+from baseline import sio
 from baseline.codec import read_frame, write_frame
 
 
@@ -43,10 +53,21 @@ class Worker:
         self._writer = writer
         self._outbound: asyncio.Queue = asyncio.Queue()
         self._calls: dict[str, asyncio.Task] = {}
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+
+    def send(self, frame: dict) -> None:
+        """Queues one frame for the server; callable from any thread."""
+        if threading.get_ident() == self._loop_thread:
+            self._outbound.put_nowait(frame)
+        else:
+            self._loop.call_soon_threadsafe(self._outbound.put_nowait, frame)
 
     async def run(self) -> None:
         writer_task = asyncio.create_task(self._write_loop())
         self._outbound.put_nowait({"type": "ready"})
+        sio.install(self.send, str(os.getpid()),
+                    os.environ.get("AGENTIX_LOG_DIR", "/tmp/agentix"))
         try:
             while True:
                 frame = await read_frame(self._reader)
@@ -62,6 +83,8 @@ class Worker:
                     task = self._calls.get(frame.get("call_id"))
                     if task is not None:
                         task.cancel()
+                elif kind == "sio_inbound":
+                    sio.deliver(frame.get("namespace"), frame.get("event"), frame.get("data"))
                 elif kind == "shutdown":
                     break
         except (asyncio.IncompleteReadError, ValueError) as exc:
@@ -73,6 +96,7 @@ class Worker:
 
     async def _run_call(self, frame: dict) -> None:
         call_id = frame["call_id"]
+        sio.DISPATCH_CALL_ID.set(call_id)  # this task's context; copied into to_thread
         try:
             fn = resolve(frame["callable"])
             args, kwargs = pickle.loads(frame["arguments"])

@@ -1,0 +1,626 @@
+"""Side-channel benchmark: logs, spans and plugin-namespace requests, ours vs. the baseline.
+
+    bazel run //testing/bench:side_channels                  # one round, both stacks
+    bazel run //testing/bench:side_channels -- --rounds 3    # alternating rounds, medians
+    bazel run //testing/bench:side_channels -- --quick       # smoke-sized
+    bazel run //testing/bench:side_channels -- --only ours   # or --only baseline
+
+Each stack is measured in its own child process (the "host"), like remote_calls.py:
+
+- ours:     agentix-sandboxd (+ agentix-worker, with the agentix package on its
+            --python_path) on a Unix socket, `agentix.RuntimeClient` (logs and traces on).
+- baseline: baseline/ (python-socketio server + Python worker), with the original's
+            /log, /trace and plugin-namespace forwarding modelled (baseline/sio.py,
+            baseline/host_sio.py, README.md).
+
+Metrics (definitions in README.md): `log_records_per_s` (100,000 sandbox `logging`
+records replayed into a host handler), `spans_per_s` (sandbox spans reaching a host
+`agentix.trace` Processor's on_span_end), `ns_request_p50_us` (sandbox
+`Namespace.request` answered by a host `request_handler`, timed in the sandbox).
+Output: human-readable lines, then LAST one JSON object.
+"""
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+# As in remote_calls.py: import siblings from the runfiles tree, not the source tree.
+sys.path[0] = os.path.dirname(os.path.abspath(__file__))
+
+import procs  # noqa: E402
+from remote_calls import (  # noqa: E402  (generic helpers, shared on purpose)
+    _combine, _exit_with_parent, _machine, _wait_for_unix_socket)
+
+SIDES = ("baseline", "ours")
+RESULT_PREFIX = "RESULT "
+HEADLINE_KEYS = ("log_records_per_s", "spans_per_s", "ns_request_p50_us")
+SERVER_START_TIMEOUT_S = 30.0
+FIRST_CALL_TIMEOUT_S = 60.0
+STALL_S = 20.0  # a phase gives up when nothing arrived for this long
+
+
+class Plan:
+    def __init__(self, logs, logs_warmup, spans, spans_warmup, requests, requests_warmup,
+                 phase_timeout_s):
+        self.logs, self.logs_warmup = logs, logs_warmup
+        self.spans, self.spans_warmup = spans, spans_warmup
+        self.requests, self.requests_warmup = requests, requests_warmup
+        self.phase_timeout_s = phase_timeout_s
+
+
+FULL = Plan(logs=100_000, logs_warmup=2_000, spans=10_000, spans_warmup=500,
+            requests=2_000, requests_warmup=200, phase_timeout_s=480.0)
+QUICK = Plan(logs=3_000, logs_warmup=300, spans=500, spans_warmup=100,
+             requests=200, requests_warmup=50, phase_timeout_s=60.0)
+
+
+# --------------------------------------------------------------------------- host side
+
+
+def _log_for(side: str):
+    def log(message: str) -> None:
+        print(f"[{side}] {message}", flush=True)
+    return log
+
+
+class _Arrivals:
+    """Counts items arriving on any thread; signals the loop when `target` is reached."""
+
+    def __init__(self, loop):
+        self._loop = loop
+        self._lock = threading.Lock()
+        self.reset(0)
+
+    def reset(self, target: int) -> None:
+        with self._lock:
+            self.count = 0
+            self.target = target
+            self.first_at = self.last_at = None
+            self.done = asyncio.Event()
+
+    def hit(self) -> None:
+        now = time.perf_counter()
+        with self._lock:
+            self.count += 1
+            if self.first_at is None:
+                self.first_at = now
+            self.last_at = now
+            if self.count == self.target:
+                self._loop.call_soon_threadsafe(self.done.set)
+
+    async def wait(self, timeout_s: float) -> bool:
+        """True when the target arrived; False on a stall or the phase deadline."""
+        deadline = time.monotonic() + timeout_s
+        seen, seen_at = -1, time.monotonic()
+        while time.monotonic() < deadline:
+            try:
+                await asyncio.wait_for(self.done.wait(), 1.0)
+                return True
+            except asyncio.TimeoutError:
+                pass
+            if self.count != seen:
+                seen, seen_at = self.count, time.monotonic()
+            elif time.monotonic() - seen_at > STALL_S:
+                return False
+        return False
+
+
+class _RecordCounter(logging.Handler):
+    def __init__(self, arrivals: _Arrivals):
+        super().__init__(logging.DEBUG)
+        self._arrivals = arrivals
+
+    def createLock(self):
+        self.lock = None  # _Arrivals locks
+
+    def emit(self, record):
+        self._arrivals.hit()
+
+
+class _Warnings(logging.Handler):
+    """Keeps WARNING+ records from other loggers (e.g. "records dropped") to report."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        if len(self.messages) < 20:
+            self.messages.append(f"{record.name}: {record.getMessage()}"[:300])
+
+
+def _span_counter(arrivals: _Arrivals):
+    from agentix import trace
+
+    class SpanCounter(trace.Processor):
+        def on_span_end(self, span):
+            if span.name == "s":
+                arrivals.hit()
+
+    return SpanCounter()
+
+
+def _children(pid: int) -> list:
+    """Child processes of `pid` (of any of its threads)."""
+    children = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children += [int(p) for p in f.read().split()]
+        except OSError:
+            pass
+    return sorted(children)
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """utime + stime of `pid` (all its threads) in seconds, None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _Cpu:
+    """CPU seconds used by the host, the server/daemon and the worker during a phase:
+    where the time goes, independent of how busy the rest of the machine is."""
+
+    def __init__(self, server_pid: int):
+        self._server = server_pid
+
+    def pids(self) -> dict:
+        workers = _children(self._server)
+        pids = {"host": os.getpid(), "server": self._server}
+        if workers:
+            pids["worker"] = workers[0]
+        return pids
+
+    def snapshot(self) -> dict:
+        return {name: _cpu_seconds(pid) for name, pid in self.pids().items()}
+
+    @staticmethod
+    def used(before: dict, after: dict) -> dict:
+        return {name: round(after[name] - before[name], 2) for name in after
+                if before.get(name) is not None and after[name] is not None}
+
+
+async def _burst(remote, fn, n: int, arrivals: _Arrivals, timeout_s: float,
+                 cpu: _Cpu | None = None) -> dict:
+    """Runs `fn(n)` remotely; times from the call's start to the n-th arrival."""
+    arrivals.reset(n)
+    cpu_before = cpu.snapshot() if cpu else None
+    start = time.perf_counter()
+    try:
+        await asyncio.wait_for(remote(fn, n), timeout_s)
+        returned = time.perf_counter()
+        complete = await arrivals.wait(max(timeout_s - (returned - start), 1.0))
+    except asyncio.TimeoutError:  # the call itself did not finish in time
+        returned = time.perf_counter()
+        complete = False
+    last = arrivals.last_at if arrivals.last_at is not None else returned
+    first = arrivals.first_at if arrivals.first_at is not None else returned
+    elapsed = last - start
+    result = {"n": n, "received": arrivals.count, "complete": complete,
+              "per_s": round(arrivals.count / elapsed, 1) if arrivals.count else 0.0,
+              "call_returned_s": round(returned - start, 3),
+              "first_arrival_s": round(first - start, 3),
+              "last_arrival_s": round(elapsed, 3)}
+    if cpu:
+        used = _Cpu.used(cpu_before, cpu.snapshot())
+        result["cpu_s"] = used
+        result["cpu_us_per_item"] = {name: round(v * 1e6 / n, 1) for name, v in used.items()}
+    return result
+
+
+async def _measure(remote, impl: str, plan: Plan, log, cpu: _Cpu, batches=None) -> dict:
+    import bench_targets
+    import side_targets
+
+    start = time.perf_counter()
+    await asyncio.wait_for(remote(bench_targets.noop), FIRST_CALL_TIMEOUT_S)
+    log(f"first call (may include worker start) took {(time.perf_counter() - start) * 1e3:.1f} ms")
+    loop = asyncio.get_running_loop()
+    results = {}
+
+    # Logs: sandbox logging → host handler on the same logger name.
+    arrivals = _Arrivals(loop)
+    logger = logging.getLogger(side_targets.LOGGER)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    logger.addHandler(_RecordCounter(arrivals))
+    warnings = _Warnings()
+    logging.getLogger().addHandler(warnings)
+    warm = await _burst(remote, side_targets.log_burst, plan.logs_warmup, arrivals,
+                        plan.phase_timeout_s)
+    log(f"logs warm-up: {warm['received']}/{warm['n']} records, {warm['per_s']:,.0f}/s")
+    if batches is not None:
+        batches.take("logs")  # forget the warm-up's responses
+    logs = await _burst(remote, side_targets.log_burst, plan.logs, arrivals,
+                        plan.phase_timeout_s, cpu)
+    log(f"logs: {logs['received']:,}/{logs['n']:,} records in {logs['last_arrival_s']} s "
+        f"= {logs['per_s']:,.0f}/s (call returned after {logs['call_returned_s']} s, "
+        f"first record at {logs['first_arrival_s']} s)")
+    log(f"logs: CPU µs per record: {logs.get('cpu_us_per_item')}")
+    if batches is not None:
+        logs["stream"] = batches.take("logs")
+        log(f"logs: Logs stream responses: {logs['stream']}")
+    if not logs["complete"]:
+        log(f"!! only {logs['received']} of {logs['n']} records arrived")
+    results["log_records_per_s"] = logs["per_s"] if logs["complete"] else None
+    results["logs"] = logs
+
+    # Spans: sandbox agentix.trace spans → host Processor.on_span_end.
+    from agentix import trace
+    trace.add_processor(_span_counter(arrivals))
+    warm = await _burst(remote, side_targets.span_burst, plan.spans_warmup, arrivals,
+                        plan.phase_timeout_s)
+    log(f"spans warm-up: {warm['received']}/{warm['n']} spans, {warm['per_s']:,.0f}/s")
+    if batches is not None:
+        batches.take("traces")
+    spans = await _burst(remote, side_targets.span_burst, plan.spans, arrivals,
+                         plan.phase_timeout_s, cpu)
+    log(f"spans: {spans['received']:,}/{spans['n']:,} in {spans['last_arrival_s']} s "
+        f"= {spans['per_s']:,.0f}/s (call returned after {spans['call_returned_s']} s, "
+        f"first span at {spans['first_arrival_s']} s)")
+    log(f"spans: CPU µs per span: {spans.get('cpu_us_per_item')}")
+    if batches is not None:
+        spans["stream"] = batches.take("traces")
+        log(f"spans: Traces stream responses: {spans['stream']}")
+    if not spans["complete"]:
+        log(f"!! only {spans['received']} of {spans['n']} spans arrived")
+    results["spans_per_s"] = spans["per_s"] if spans["complete"] else None
+    results["spans"] = spans
+
+    # Namespace requests: timed inside the sandbox, per request.
+    try:
+        latencies = await asyncio.wait_for(
+            remote(side_targets.ns_roundtrips, impl, plan.requests, plan.requests_warmup),
+            plan.phase_timeout_s)
+    except asyncio.TimeoutError:
+        log(f"!! namespace requests did not finish within {plan.phase_timeout_s:.0f} s")
+        results["ns_request_p50_us"] = None
+        results["warnings"] = warnings.messages
+        return results
+    ordered = sorted(latencies)
+    results["ns_request_p50_us"] = round(statistics.median(ordered), 1)
+    results["ns_request_p99_us"] = round(ordered[max(0, -(-99 * len(ordered) // 100) - 1)], 1)
+    results["ns_request_mean_us"] = round(statistics.fmean(ordered), 1)
+    results["ns_requests"] = len(ordered)
+    log(f"namespace request round trip: p50 {results['ns_request_p50_us']:,.0f} µs, "
+        f"p99 {results['ns_request_p99_us']:,.0f} µs over {len(ordered)} requests")
+    # Diagnostics (not a headline figure): the two legs of a request, timestamped.
+    legs = await asyncio.wait_for(
+        remote(side_targets.ns_legs, impl, max(plan.requests // 4, 50)), plan.phase_timeout_s)
+    results["ns_leg_up_p50_us"] = legs["up_p50_us"]
+    results["ns_leg_down_p50_us"] = legs["down_p50_us"]
+    log(f"namespace request legs (p50): sandbox→host handler {legs['up_p50_us']:,.0f} µs, "
+        f"host handler→sandbox {legs['down_p50_us']:,.0f} µs")
+    results["warnings"] = warnings.messages
+    for message in warnings.messages:
+        log(f"host saw warning: {message}")
+    return results
+
+
+class _Batches:
+    """Diagnostics for ours: how many items each Logs / Traces response carried.
+
+    Wraps `_items` of the host package's stream classes in this (benchmark) process
+    only; every response passes through it once."""
+
+    def __init__(self):
+        from agentix.runtime.client.logs import LogsStream
+        from agentix.runtime.client.traces import TracesStream
+
+        self.sizes = {"logs": [], "traces": []}
+        for name, cls in (("logs", LogsStream), ("traces", TracesStream)):
+            original = cls._items
+            sizes = self.sizes[name]
+
+            def items(stream, response, _original=original, _sizes=sizes):
+                result = _original(stream, response)
+                _sizes.append(len(result))
+                return result
+
+            cls._items = items
+
+    def take(self, name: str) -> dict:
+        sizes, self.sizes[name][:] = list(self.sizes[name]), []
+        if not sizes:
+            return {}
+        return {"responses": len(sizes), "items_per_response_mean": round(statistics.fmean(sizes), 1),
+                "items_per_response_max": max(sizes)}
+
+
+def _host_namespace(base):
+    """The host half of the `/bench` namespace on `base` (ours or the baseline's)."""
+    import side_targets
+
+    if base is None:
+        from agentix import AsyncClientNamespace as base, request_handler
+    else:
+        from baseline.host_sio import request_handler
+
+    class BenchHost(base):
+        @request_handler("echo")
+        async def on_echo(self, body):
+            if "sent" in body:  # ns_legs diagnostics only
+                return {**body, "host_received": time.perf_counter()}
+            return body
+
+    return BenchHost(side_targets.NAMESPACE)
+
+
+def _host_python_dir() -> str:
+    """The directory holding the `agentix` package this host imports (in the runfiles)."""
+    import agentix
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(agentix.__file__)))
+
+
+def _run_baseline(args, plan, log, tmp) -> dict:
+    from baseline.client import BaselineClient
+    from baseline.host_sio import AsyncClientNamespace
+
+    env = dict(os.environ)
+    # The worker imports baseline/, side_targets and (for spans) agentix.trace.
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in [str(procs.bench_dir()), _host_python_dir(), env.get("PYTHONPATH", "")] if p)
+    env["AGENTIX_LOG_DIR"] = tmp
+    server = procs.start_process(
+        [sys.executable, "-m", "baseline.server", "--bench-dir", procs.bench_dir()],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=procs.bench_dir())
+    try:
+        line = procs.read_line(server, SERVER_START_TIMEOUT_S)
+        if not line or not line.startswith("LISTENING "):
+            raise RuntimeError(f"baseline server did not start (got {line!r})")
+        url = f"http://127.0.0.1:{int(line.split()[1])}"
+        log(f"baseline server pid {server.pid} listening on {url}")
+
+        async def session():
+            client = BaselineClient(url, side_channels=True,
+                                    namespaces=[_host_namespace(AsyncClientNamespace)])
+            async with client:
+                return await _measure(client.remote, "baseline", plan, log, _Cpu(server.pid))
+
+        return asyncio.run(session())
+    finally:
+        procs.stop_process(server)
+
+
+def _run_ours(args, plan, log, tmp) -> dict:
+    sandboxd = args.sandboxd or procs.runfile("sandbox/agentix-sandboxd")
+    worker = args.worker or procs.runfile("worker/agentix-worker")
+    if not sandboxd or not worker:
+        raise RuntimeError(
+            f"agentix-sandboxd ({sandboxd}) / agentix-worker ({worker}) not found in the "
+            f"runfiles under {procs.runfiles_root()} (build them, or pass --sandboxd and --worker)")
+    from agentix import RuntimeClient
+
+    sock = os.path.join(tmp, "sandboxd.sock")
+    url = f"unix://{sock}"
+    env = dict(os.environ, AGENTIX_LOG_DIR=tmp)
+    # The worker needs the agentix package for agentix.trace / agentix.Namespace: the
+    # host package's directory from the runfiles goes on its --python_path, after the
+    # bench directory (same sources as a venv with the wheel installed).
+    daemon_log_path = os.path.join(tmp, "sandboxd.log")
+    daemon_log = open(daemon_log_path, "wb")
+    # The daemon's output goes to a file (a log-buffer overflow warns every 1,000
+    # records); its warnings are summarised in the result instead.
+    daemon = procs.start_process(
+        [sandboxd, "--listen", url, f"--worker={worker}",
+         f"--python_path={procs.bench_dir()}:{_host_python_dir()}", "--log_level=warning"],
+        env=env, stdout=daemon_log, stderr=subprocess.STDOUT)
+    results = None
+    try:
+        _wait_for_unix_socket(sock, daemon, SERVER_START_TIMEOUT_S)
+        log(f"agentix-sandboxd pid {daemon.pid} listening on {url}")
+
+        async def session():
+            client = RuntimeClient(url)
+            client.register_namespace(_host_namespace(None))
+            async with client:
+                return await _measure(client.remote, "agentix", plan, log, _Cpu(daemon.pid),
+                                      _Batches())
+
+        results = asyncio.run(session())
+        return results
+    finally:
+        procs.stop_process(daemon)
+        daemon_log.close()
+        with open(daemon_log_path, "rb") as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
+        warnings = [l for l in lines if " W " in l or " E " in l]
+        if warnings:
+            log(f"agentix-sandboxd wrote {len(warnings)} warning/error lines; first: "
+                f"{warnings[0][:200]!r}; last: {warnings[-1][:200]!r}")
+        if results is not None:
+            results["daemon_warning_lines"] = len(warnings)
+            results["daemon_warnings_sample"] = [w[:200] for w in warnings[:2] + warnings[-1:]]
+
+
+def run_side(args) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.parent_pid:
+        _exit_with_parent(args.parent_pid)
+    plan = QUICK if args.quick else FULL
+    log = _log_for(args.side)
+    runner = _run_baseline if args.side == "baseline" else _run_ours
+    tmp = tempfile.mkdtemp(prefix="agx-side-", dir="/tmp")  # socket + durable logs
+    try:
+        results = runner(args, plan, log, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(RESULT_PREFIX + json.dumps(results), flush=True)
+    return 0
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def _run_child(side: str, args, env: dict, timeout_s: float):
+    argv = [sys.executable, os.path.abspath(__file__), "--side", side,
+            "--parent-pid", str(os.getpid())]
+    if args.quick:
+        argv.append("--quick")
+    if args.sandboxd:
+        argv += ["--sandboxd", args.sandboxd]
+    if args.worker:
+        argv += ["--worker", args.worker]
+    child = procs.start_process(argv, env=env, stdout=subprocess.PIPE, new_session=True)
+    results, deadline = None, time.monotonic() + timeout_s
+    try:
+        while True:
+            line = procs.read_line(child, max(deadline - time.monotonic(), 0.0))
+            if line is None:
+                break
+            if line.startswith(RESULT_PREFIX):
+                results = json.loads(line[len(RESULT_PREFIX):])
+            else:
+                print(line, flush=True)
+        if child.poll() is None and time.monotonic() >= deadline:
+            return None, f"{side}: timed out after {timeout_s:.0f} s"
+        child.wait(timeout=10)
+    finally:
+        procs.stop_process(child, group=True)
+    if results is None:
+        return None, f"{side}: no result (exit code {child.returncode})"
+    return results, None
+
+
+def _ratio(numerator, denominator):
+    if not numerator or not denominator:
+        return None
+    return round(numerator / denominator, 2)
+
+
+def _summarise(ours, base, args) -> dict:
+    report = {key: (ours or {}).get(key) for key in HEADLINE_KEYS}
+    report["baseline"] = {key: base.get(key) for key in HEADLINE_KEYS} if base else None
+    o, b = ours or {}, base or {}
+    ratios = {  # > 1 means ours is better in every ratio
+        "log_records_per_s_ours_over_baseline": _ratio(o.get("log_records_per_s"),
+                                                       b.get("log_records_per_s")),
+        "spans_per_s_ours_over_baseline": _ratio(o.get("spans_per_s"), b.get("spans_per_s")),
+        "ns_request_p50_baseline_over_ours": _ratio(b.get("ns_request_p50_us"),
+                                                    o.get("ns_request_p50_us")),
+    }
+    report["ratios"] = ratios
+
+    def met(ratio, target):
+        return None if ratio is None else ratio >= target
+
+    report["targets_met"] = {
+        "log_records_per_s_at_least_10x_baseline": met(
+            ratios["log_records_per_s_ours_over_baseline"], 10),
+        "spans_per_s_at_least_10x_baseline": met(ratios["spans_per_s_ours_over_baseline"], 10),
+        "ns_request_p50_at_most_one_fifth_of_baseline": met(
+            ratios["ns_request_p50_baseline_over_ours"], 5),
+    }
+    plan = QUICK if args.quick else FULL
+    report["details"] = {
+        "ours": ours, "baseline": base, "mode": "quick" if args.quick else "full",
+        "workload": {"log_records": plan.logs, "spans": plan.spans,
+                     "ns_requests": plan.requests, "ns_requests_warmup": plan.requests_warmup},
+        "definitions": {
+            "log_records_per_s": "records / (n-th record in the host handler - remote() start)",
+            "spans_per_s": "spans / (n-th on_span_end in the host processor - remote() start)",
+            "ns_request_p50_us": "median of per-request perf_counter round trips in the sandbox",
+        },
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
+        "machine": _machine(),
+    }
+    return report
+
+
+def _print_table(report: dict) -> None:
+    base = report["baseline"] or {}
+    print(f"{'metric':<20}{'ours':>14}{'baseline':>14}")
+    for key in HEADLINE_KEYS:
+        fmt = lambda v: "-" if v is None else f"{v:,.1f}"  # noqa: E731
+        print(f"{key:<20}{fmt(report.get(key)):>14}{fmt(base.get(key)):>14}")
+    for key, value in report["ratios"].items():
+        print(f"ratio {key}: {value}")
+    for key, value in report["targets_met"].items():
+        print(f"target {key}: {value}")
+
+
+def run_driver(args) -> int:
+    env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES)
+    sides = SIDES if args.only == "all" else (args.only,)
+    timeout_s = 150.0 if args.quick else 1200.0
+    load_start = os.getloadavg()[0]
+    rounds = {side: [] for side in sides}
+    errors = []
+    for index in range(args.rounds):
+        order = sides if index % 2 == 0 else tuple(reversed(sides))
+        for side in order:
+            print(f"== {side} ({'quick' if args.quick else 'full'}, round {index + 1}"
+                  f"/{args.rounds}) ==", flush=True)
+            result, error = _run_child(side, args, env, timeout_s)
+            if error:
+                errors.append(error)
+                print(f"!! {error}", flush=True)
+            else:
+                rounds[side].append(result)
+    os.environ["GLIBC_TUNABLES"] = procs.MALLOC_TUNABLES  # reported in details
+    report = _summarise(_combine(rounds.get("ours")), _combine(rounds.get("baseline")), args)
+    report["details"]["rounds"] = args.rounds
+    report["details"]["per_round"] = {
+        side: [{k: r.get(k) for k in HEADLINE_KEYS} for r in results]
+        for side, results in rounds.items()}
+    report["details"]["loadavg_1m"] = {"start": round(load_start, 2),
+                                       "end": round(os.getloadavg()[0], 2)}
+    missing = [f"{side}: {key} not measured" for side, results in rounds.items()
+               for r in results for key in HEADLINE_KEYS if r.get(key) is None]
+    if errors or missing:
+        report["errors"] = errors + sorted(set(missing))
+    _print_table(report)
+    print(json.dumps(report), flush=True)
+    return 1 if errors or missing else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Side-channel benchmark (ours vs. baseline).")
+    parser.add_argument("--quick", action="store_true", help="small workloads (smoke run)")
+    parser.add_argument("--only", choices=("all",) + SIDES, default="all",
+                        help="measure only one stack")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure each stack this many times, alternating the order; "
+                             "every metric is the median over the rounds")
+    parser.add_argument("--sandboxd", help="agentix-sandboxd binary (default: from runfiles)")
+    parser.add_argument("--worker", help="agentix-worker binary (default: from runfiles)")
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.side:
+        return run_side(args)
+
+    def interrupted(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
+    try:
+        return run_driver(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
