@@ -21,6 +21,7 @@ class SandboxLifecycleSmokeTest(unittest.TestCase):
         binary = os.path.join(BENCH_DIR, "sandbox_lifecycle")
         proc = subprocess.run([sys.executable, binary, "--quick"],
                               stdout=subprocess.PIPE, text=True, timeout=800)
+        sys.stderr.write(proc.stdout)  # the figures, for the test log
         self.assertEqual(proc.returncode, 0, proc.stdout[-6000:])
         lines = [l for l in proc.stdout.splitlines() if l.strip()]
         report = json.loads(lines[-1])  # the JSON object is the LAST line
