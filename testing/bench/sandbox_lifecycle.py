@@ -589,14 +589,17 @@ def main(argv=None) -> int:
 
     async def guarded():
         task = asyncio.current_task()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        def on_sigterm():
+            report["error"] = "terminated (SIGTERM)"
+            task.cancel()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
         await run_all(args, tools, work, report)
 
     try:
         asyncio.run(guarded())
     except (KeyboardInterrupt, asyncio.CancelledError):
-        report["error"] = "interrupted"
-        code = 130
+        report.setdefault("error", "interrupted (SIGINT)")
+        code = 143 if "SIGTERM" in report["error"] else 130
     except Exception as error:  # report what we have, then fail
         report["error"] = f"{type(error).__name__}: {error}"
         log(f"error: {report['error']}")
