@@ -1,0 +1,54 @@
+"""Smoke test: the lifecycle benchmark runs (--quick) and reports sane numbers.
+
+Builds examples/hello once, starts three sandboxes (busybox root) with the local
+provider, and checks the LAST stdout line: every key present, positive numbers.
+No timing thresholds: it must pass on a slow or busy machine.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+HEADLINE = ("create_to_first_call_ms", "delete_ms", "bundle_build_s", "create_ms", "first_call_ms")
+
+
+class SandboxLifecycleSmokeTest(unittest.TestCase):
+    def test_quick_run_reports_every_key(self):
+        # The py_binary's launcher, from this test's runfiles (it is a data dep).
+        binary = os.path.join(BENCH_DIR, "sandbox_lifecycle")
+        proc = subprocess.run([sys.executable, binary, "--quick"],
+                              stdout=subprocess.PIPE, text=True, timeout=800)
+        sys.stderr.write(proc.stdout)  # the figures, for the test log
+        self.assertEqual(proc.returncode, 0, proc.stdout[-6000:])
+        lines = [l for l in proc.stdout.splitlines() if l.strip()]
+        report = json.loads(lines[-1])  # the JSON object is the LAST line
+
+        for key in HEADLINE:
+            self.assertIsInstance(report[key], (int, float), key)
+            self.assertGreater(report[key], 0, key)
+        self.assertIn("bundle_build_repeat_s", report)  # null with --quick
+        self.assertIsInstance(report["target_met"], bool)
+        self.assertEqual(report["target_met"], report["create_to_first_call_ms"] < 300)
+        self.assertAlmostEqual(report["create_ms"] + report["first_call_ms"],
+                               report["create_to_first_call_ms"],
+                               delta=0.5 * report["create_to_first_call_ms"])
+        details = report["details"]
+        self.assertEqual(details["runs"], 3)
+        self.assertEqual(details["image"], "busybox")
+        self.assertEqual(len(details["loadavg_start"]), 3)
+        self.assertGreater(details["machine"]["cpus"], 0)
+        for key in ("create_to_first_call_ms", "create_ms", "first_call_ms", "delete_ms"):
+            self.assertGreaterEqual(details["p90"][key], report[key], key)
+        main = details["main"]
+        self.assertEqual(len(main["samples"]["create_to_first_call_ms"]), 3)
+        # The daemon log gave the worker's timestamps (--log-level debug by default).
+        self.assertGreater(main["stats"]["call.worker_boot_ms"]["median"], 0)
+        self.assertIsNotNone(details["bundle"]["fresh"]["sha256"])
+        self.assertNotIn("error", report)
+
+
+if __name__ == "__main__":
+    unittest.main()
