@@ -435,7 +435,10 @@ except MemoryError:
     outcome = "MemoryError"
 except BaseException as exc:
     outcome = type(exc).__name__
-rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+# VmHWM: this process's peak RSS (ru_maxrss would carry over the parent's peak,
+# which Linux keeps across fork and exec).
+with open("/proc/self/status") as status:
+    rss_kb = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
 print(outcome, rss_kb, round(time.monotonic() - start, 3))
 """
 
