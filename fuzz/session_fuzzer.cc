@@ -28,6 +28,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "agentix/runtime/v1/runtime.pb.h"
 #include "sandbox/session_manager.h"
@@ -144,6 +145,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     options.max_payload_bytes = kMaxPayloadBytes;
     SessionManager manager(options);
     manager.HandleHostEvents(sink, request.events());
+    // Give the fake worker a moment to answer, so its result, chunk, stream
+    // and error frames go through the manager too (fake::hang and long
+    // fake::sleep calls stay open and end at shutdown).
+    for (int i = 0; i < 20 && manager.Info().calls_in_flight > 0; ++i) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
     // Ends every call still open (WorkerDied) and joins the worker threads.
     manager.Shutdown(absl::Seconds(2));
   }
