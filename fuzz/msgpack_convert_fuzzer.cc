@@ -8,8 +8,8 @@
 // - an accepted value re-encodes, and its encoding is a fixed point:
 //   encode(decode(encode(v))) == encode(v);
 // - no Python object leaks: the whole check runs twice and the second run
-//   must end with as many pymalloc blocks allocated as it started with (the
-//   first run warms CPython's free lists). LeakSanitizer cannot see these
+//   must not end with more pymalloc blocks allocated than it started with
+//   (the first run warms CPython's free lists). LeakSanitizer cannot see these
 //   (pymalloc serves small objects from its own mmap'ed arenas), and it is
 //   off for this target because the embedded interpreter is never finalised
 //   (CPython leaks its runtime state at exit by design).
@@ -100,10 +100,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const Py_ssize_t before = _Py_GetAllocatedBlocks();
   CheckOnce(data, size);
   const Py_ssize_t after = _Py_GetAllocatedBlocks();
-  if (after != before) {
+  // Fewer blocks is fine: a cyclic-GC pass triggered by the run may free
+  // unrelated garbage (seen after ~10^6 deeply nested inputs).
+  if (after > before) {
     std::fprintf(stderr, "msgpack_convert_fuzzer: %zd -> %zd blocks\n",
                  before, after);
-    Fail("Python objects leaked (allocated blocks changed)");
+    Fail("Python objects leaked (allocated blocks grew)");
   }
   return 0;
 }
