@@ -191,7 +191,8 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
                        : start.encoding();
   frame.total_size = expected;
   frame.context = start.context();
-  frame.stream_window = start.stream_window();
+  frame.stream_window =
+      std::min(start.stream_window(), options_.max_stream_window);
   const std::string& args = start.arguments();
   const size_t first = std::min(args.size(), ipc::kChunkBytes);
   frame.data.assign(args.data(), first);

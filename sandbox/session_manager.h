@@ -40,6 +40,10 @@ struct SessionOptions {
   size_t max_retained_results = 4096;
   // Largest accepted encoded arguments of one call.
   uint64_t max_payload_bytes = uint64_t{1} << 30;
+  // Largest stream window passed to the worker; a StartCall asking for more
+  // gets this many. Unacknowledged items are retained here for replay, so
+  // the host's window (up to 2^32-1) must not size the daemon's memory.
+  uint32_t max_stream_window = 1024;
   // Log records and trace events kept for hosts that have not received them.
   size_t log_buffer_records = 10000;
   size_t trace_buffer_events = 10000;

@@ -421,6 +421,20 @@ TEST_CASE("Streaming calls honour the window; acks free retained items",
   REQUIRE(later->Items("s") == std::vector<std::string>{"4"});
 }
 
+TEST_CASE("A huge stream window is capped, so unacknowledged items stay "
+          "bounded", "[sandbox]") {
+  SessionOptions options = FakeWorkerOptions();
+  options.max_stream_window = 3;
+  SessionManager manager(options);
+  auto sink = std::make_shared<RecordingSink>();
+  HostEvent start = Start("s", "fake::stream", "1000");
+  start.mutable_start()->set_stream_window(4000000000u);
+  manager.HandleHostEvent(sink, start);
+  REQUIRE(sink->AwaitItems("s", 3).size() == 3);
+  absl::SleepFor(absl::Milliseconds(200));
+  REQUIRE(sink->Items("s").size() == 3);
+}
+
 TEST_CASE("Shutdown fails running calls and refuses new ones", "[sandbox]") {
   SessionManager manager(FakeWorkerOptions());
   auto sink = std::make_shared<RecordingSink>();

@@ -221,6 +221,17 @@ bool Pack(Packer& packer, PyObject* object) {
 
 PyObject* MsgpackToPython(const char* data, size_t size) {
   try {
+    // msgpack-cxx reserves room for every element an array or map header
+    // claims (up to 2^32 of them) before reading any, so a few hostile bytes
+    // could cost gigabytes (found by //fuzz:msgpack_convert_fuzzer). A first
+    // pass with the allocation-free null_visitor proves the input holds every
+    // claimed element; after it, what unpack allocates is bounded by `size`.
+    msgpack::null_visitor validator;
+    std::size_t checked = 0;
+    if (!msgpack::parse(data, size, checked, validator)) {
+      PyErr_SetString(PyExc_ValueError, "malformed or truncated msgpack");
+      return nullptr;
+    }
     msgpack::unpack_limit limits(0xffffffff, 0xffffffff, 0xffffffff,
                                  0xffffffff, 0xffffffff, kMaxDepth);
     std::size_t offset = 0;

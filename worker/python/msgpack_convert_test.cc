@@ -99,6 +99,23 @@ TEST_CASE("Bad msgpack input raises ValueError", "[msgpack]") {
   REQUIRE(DecodeError("\xa1\xff").type == "UnicodeDecodeError");
 }
 
+TEST_CASE("Container headers claiming more elements than the input holds "
+          "are refused before anything is allocated", "[msgpack]") {
+  testing::EnsureInterpreter();
+  // map32 / array32 claiming 2^32-1 entries: msgpack-cxx alone would reserve
+  // about 128 GiB (MemoryError) or, for ~17 million entries, 1 GiB.
+  REQUIRE(DecodeError("\xdf\xff\xff\xff\xff\xa1k\x01").message ==
+          "malformed or truncated msgpack");
+  REQUIRE(DecodeError("\xdd\xff\xff\xff\xff\x01").message ==
+          "malformed or truncated msgpack");
+  // The 14-byte input the fuzzer found: a map32 of 0x010381a1 entries
+  // nested in arrays.
+  REQUIRE(DecodeError(std::string("\x92\x93\x01\x92\x01\xdf\x01\x03\x81\xa1"
+                                  "\x0e\x92\x01\x02",
+                                  14))
+              .type == "ValueError");
+}
+
 TEST_CASE("msgpack written by msgpack-cxx decodes", "[msgpack]") {
   testing::EnsureInterpreter();
   msgpack::sbuffer buffer;

@@ -21,6 +21,22 @@ only a closed set of value types is safe against all three.
 EXT1/EXT2/EXT4 opcodes are refused up front: the unpickler serves them from
 ``copyreg``'s extension cache without consulting ``find_class``.
 
+Two more holes an allowlist of names alone leaves open are closed here:
+
+- BUILD applied to a *class* the stream named (not to an instance) makes
+  pickle's default ``__setstate__`` run ``setattr(cls, key, value)``, which
+  would rewrite that class (``fractions.Fraction.__repr__``,
+  ``pathlib.PurePath.__str__``, ...) for the whole host process. Every mutable
+  class handed out is snapshotted; a load that changed one is undone and
+  refused. Allowlisted functions are handed out as fresh per-load wrappers, so
+  there is nothing shared to change.
+- Size arguments: ``bytes(n)`` / ``bytearray(n)`` through REDUCE or NEWOBJ
+  would allocate ``n`` bytes from a few bytes of stream, and
+  ``Fraction("1e100000000")`` would compute ``10**100000000``. These
+  constructors are served through bounded stand-ins that refuse an integer
+  size and an exponent beyond ``_MAX_FRACTION_EXPONENT``, and otherwise return
+  the real ``bytes``/``bytearray``/``Fraction``.
+
 Relaxing: `allow_type(Class)` trusts one exact class; ``AGENTIX_PICKLE_TRUST=1``
 (or ``true``/``yes``, read on every call) restores plain ``pickle.loads``.
 
@@ -29,10 +45,12 @@ Host -> sandbox arguments are plain pickle: that direction is trusted.
 
 from __future__ import annotations
 
+import fractions
 import io
 import os
 import pickle
 import pickletools
+import re
 from typing import Any
 
 __all__ = [
@@ -100,11 +118,78 @@ _SAFE_BUILTIN_TYPES: frozenset[type] = frozenset(
     {complex, range, slice, bytearray, frozenset, set, list, dict, tuple, bytes, str, int, float, bool}
 )
 
+_MISSING = object()
+
 _EXTENSION_OPCODES = frozenset({"EXT1", "EXT2", "EXT4"})
 # The first byte of each EXT opcode; a stream without any of them has none.
 _EXTENSION_OPCODE_BYTES = (b"\x82", b"\x83", b"\x84")
 
 _allowed_types: dict[_GlobalName, type] = {}
+
+# Py_TPFLAGS_IMMUTABLETYPE (3.10+): builtin and most C types cannot be changed.
+_IMMUTABLE_TYPE_FLAG = 1 << 8
+# 10**10000 takes microseconds; 10**100000000 takes minutes.
+_MAX_FRACTION_EXPONENT = 10000
+_FRACTION_EXPONENT = re.compile(r"[eE]\s*([-+]?[0-9_]+)")
+
+
+def _refuse_size(kind: str, args: tuple) -> None:
+    if args and isinstance(args[0], int):
+        raise RestrictedUnpickleError(
+            f"refusing {kind}({args[0]!r}) in a sandbox return value: a size argument "
+            f"would allocate memory the stream does not carry"
+        )
+
+
+class _BoundedBytes(bytes):
+    """Serves ``builtins.bytes``: the real constructor, minus ``bytes(n)``."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        _refuse_size("bytes", args)
+        return bytes(*args, **kwargs)
+
+
+class _BoundedByteArray(bytearray):
+    """Serves ``builtins.bytearray``: the real constructor, minus ``bytearray(n)``."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        _refuse_size("bytearray", args)
+        return bytearray(*args, **kwargs)
+
+
+class _BoundedFraction(fractions.Fraction):
+    """Serves ``fractions.Fraction``: refuses huge decimal exponents in strings."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        for arg in args:
+            if isinstance(arg, str):
+                for match in _FRACTION_EXPONENT.finditer(arg):
+                    if abs(int(match.group(1))) > _MAX_FRACTION_EXPONENT:
+                        raise RestrictedUnpickleError(
+                            f"refusing Fraction({arg[:40]!r}): exponent beyond "
+                            f"{_MAX_FRACTION_EXPONENT}"
+                        )
+        return fractions.Fraction(*args, **kwargs)
+
+
+_BOUNDED_CONSTRUCTORS: dict[_GlobalName, type] = {
+    ("builtins", "bytes"): _BoundedBytes,
+    ("builtins", "bytearray"): _BoundedByteArray,
+    ("fractions", "Fraction"): _BoundedFraction,
+}
+
+
+def _fresh_wrapper(function: Any) -> Any:
+    """A per-load stand-in for an allowlisted function (BUILD can only touch it)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return function(*args, **kwargs)
+
+    return call
+
+
+def _class_state(cls: type) -> tuple:
+    return (dict(cls.__dict__), cls.__bases__, cls.__name__, cls.__qualname__)
 
 
 class RestrictedUnpickleError(pickle.UnpicklingError):
@@ -127,13 +212,68 @@ def _trust_enabled() -> bool:
 
 
 class RestrictedUnpickler(pickle.Unpickler):
-    """A `pickle.Unpickler` whose ``find_class`` enforces the allowlist."""
+    """A `pickle.Unpickler` whose ``find_class`` enforces the allowlist.
+
+    ``load()`` also refuses (and undoes) a stream that modified a class it named.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # id -> (class, state before this load) for every mutable class handed out.
+        self._class_states: dict[int, tuple[type, tuple]] = {}
+
+    def load(self) -> Any:
+        try:
+            value = super().load()
+        finally:
+            changed = self._undo_class_changes()
+        if changed:
+            raise RestrictedUnpickleError(
+                f"refusing a pickle stream that modified the host class(es) "
+                f"{', '.join(changed)} (BUILD applied to a class); the change was undone"
+            )
+        return value
+
+    def _undo_class_changes(self) -> list[str]:
+        changed = []
+        for cls, before in self._class_states.values():
+            if _class_state(cls) == before:
+                continue
+            changed.append(f"{cls.__module__}.{before[3]}")
+            namespace, bases, name, qualname = before
+            for key in set(cls.__dict__) - set(namespace):
+                delattr(cls, key)
+            for key, value in namespace.items():
+                if cls.__dict__.get(key, _MISSING) is not value:
+                    try:
+                        setattr(cls, key, value)
+                    except (AttributeError, TypeError):  # read-only slots (__dict__, ...)
+                        pass
+            if cls.__bases__ != bases:
+                cls.__bases__ = bases
+            cls.__name__, cls.__qualname__ = name, qualname
+        return changed
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise RestrictedUnpickleError("refusing a persistent id: sandbox return values have none")
 
     def find_class(self, module: str, name: str) -> Any:
+        found = self._find_allowed(module, name)
+        if isinstance(found, type):
+            if not found.__flags__ & _IMMUTABLE_TYPE_FLAG and id(found) not in self._class_states:
+                self._class_states[id(found)] = (found, _class_state(found))
+            return found
+        return _fresh_wrapper(found)
+
+    def _find_allowed(self, module: str, name: str) -> Any:
         global_name = (module, name)
         registered = _allowed_types.get(global_name)
         if registered is not None:
             return registered
+
+        bounded = _BOUNDED_CONSTRUCTORS.get(global_name)
+        if bounded is not None:
+            return bounded
 
         if global_name in SAFE_TYPES:
             found = super().find_class(module, name)
@@ -148,6 +288,10 @@ class RestrictedUnpickler(pickle.Unpickler):
             return super().find_class(module, name)
 
         if module == "builtins":
+            if "." in name:  # a dotted path walks attributes: no value type needs one
+                raise RestrictedUnpickleError(
+                    f"refusing builtins.{name}: dotted names are not on the host allowlist"
+                )
             found = super().find_class(module, name)
             if isinstance(found, type) and (found in _SAFE_BUILTIN_TYPES or issubclass(found, BaseException)):
                 return found
@@ -183,8 +327,9 @@ def _check_opcodes(data: bytes) -> None:
 def restricted_loads(data: bytes) -> Any:
     """Decodes sandbox-produced pickle bytes through the host allowlist.
 
-    Raises `RestrictedUnpickleError` for a refused global, an extension opcode or
-    a malformed stream; errors raised by an admitted constructor propagate as
+    Raises `RestrictedUnpickleError` for a refused global, an extension opcode,
+    a stream that modified a class it named, a size argument to ``bytes`` or
+    ``bytearray``, or a malformed stream; errors raised by an admitted constructor propagate as
     they are. ``AGENTIX_PICKLE_TRUST=1`` bypasses every check.
     """
     if _trust_enabled():
@@ -198,6 +343,13 @@ def restricted_loads(data: bytes) -> Any:
     try:
         return RestrictedUnpickler(io.BytesIO(data)).load()
     except RestrictedUnpickleError:
+        raise
+    except pickle.UnpicklingError as exc:
+        # The unpickler's own complaint (a truncated FRAME, a bad memo index):
+        # malformed in ways the opcode scan does not model.
+        _check_opcodes(data)
+        if type(exc) is pickle.UnpicklingError:
+            raise RestrictedUnpickleError(f"refusing malformed pickle stream: {exc}") from exc
         raise
     except Exception:
         _check_opcodes(data)

@@ -1,0 +1,258 @@
+// Writes the seed corpora of the fuzz targets with the project's own
+// encoders, so every seed is a valid input the real code produces:
+//   bazel run //fuzz:make_seeds -- $PWD/fuzz/corpus
+// (tools/fuzz --seeds does this with the fuzz build).
+#include <msgpack.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "agentix/runtime/v1/runtime.pb.h"
+#include "worker/ipc/frame.h"
+
+namespace {
+
+using agentix::ipc::Frame;
+using agentix::ipc::FrameType;
+using agentix::runtime::v1::CallsRequest;
+using agentix::runtime::v1::HostEvent;
+
+bool Write(const std::string& dir, const std::string& name,
+           const std::string& bytes) {
+  std::ofstream out(dir + "/" + name, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return static_cast<bool>(out);
+}
+
+std::string Encode(const Frame& f) {
+  std::string out;
+  if (!agentix::ipc::AppendFrame(f, out).ok()) std::abort();
+  return out;
+}
+
+std::vector<std::pair<std::string, Frame>> Frames() {
+  std::vector<std::pair<std::string, Frame>> v;
+  Frame f;
+  f.type = FrameType::kCall;
+  f.call_id = "c1";
+  f.callable = "mod::fn";
+  f.encoding = 2;
+  f.data = std::string("\x92\x91\x01\x80", 4);
+  f.total_size = 4;
+  f.context = "ctx";
+  f.stream_window = 4;
+  v.push_back({"call", f});
+  f = Frame();
+  f.type = FrameType::kArgChunk;
+  f.call_id = "c1";
+  f.data = "more";
+  v.push_back({"arg_chunk", f});
+  f = Frame();
+  f.type = FrameType::kCancel;
+  f.call_id = "c1";
+  v.push_back({"cancel", f});
+  f = Frame();
+  f.type = FrameType::kShutdown;
+  v.push_back({"shutdown", f});
+  f = Frame();
+  f.type = FrameType::kStreamAck;
+  f.call_id = "c1";
+  f.index = 3;
+  v.push_back({"stream_ack", f});
+  f = Frame();
+  f.type = FrameType::kReady;
+  f.pid = 1234;
+  f.detail = "3.11";
+  v.push_back({"ready", f});
+  f = Frame();
+  f.type = FrameType::kBootError;
+  f.error.type = "ImportError";
+  f.error.message = "no module";
+  f.error.returncode = 3;
+  v.push_back({"boot_error", f});
+  f = Frame();
+  f.type = FrameType::kResultChunk;
+  f.call_id = "c1";
+  f.data = "chunk";
+  v.push_back({"result_chunk", f});
+  f = Frame();
+  f.type = FrameType::kResult;
+  f.call_id = "c1";
+  f.encoding = 1;
+  f.data = "value";
+  f.total_size = 10;
+  v.push_back({"result", f});
+  f = Frame();
+  f.type = FrameType::kError;
+  f.call_id = "c1";
+  f.error.code = 1;
+  f.error.type = "Cancelled";
+  f.error.message = "remote call cancelled";
+  f.error.traceback = "Traceback";
+  f.error.cancelled = true;
+  v.push_back({"error", f});
+  f = Frame();
+  f.type = FrameType::kStreamItem;
+  f.call_id = "c1";
+  f.index = 7;
+  f.encoding = 1;
+  f.data = "item";
+  v.push_back({"stream_item", f});
+  f = Frame();
+  f.type = FrameType::kLog;
+  f.log.logger = "agentix.sandbox.stdout";
+  f.log.level = 30;
+  f.log.level_name = "WARNING";
+  f.log.message = "hello";
+  f.log.time_unix_nanos = 1700000000000000000;
+  f.log.file = "x.py";
+  f.log.line = 3;
+  f.log.origin = 2;
+  f.log.call_id = "c1";
+  f.log.extras = std::string("\x81\xa1k\xa1v", 5);
+  v.push_back({"log", f});
+  f = Frame();
+  f.type = FrameType::kTrace;
+  f.trace.kind = 2;
+  f.trace.trace_id = "trace_0123";
+  f.trace.span_id = "span_4567";
+  f.trace.name = "work";
+  f.trace.start_time_unix_nanos = 1;
+  f.trace.end_time_unix_nanos = 2;
+  f.trace.attributes = std::string("\x81\xa1k\x01", 4);
+  f.trace.events = std::string("\x91\x93\xa1" "e\x05\x80", 6);
+  f.trace.status = 1;
+  v.push_back({"trace", f});
+  return v;
+}
+
+template <typename T>
+std::string Pack(const T& value) {
+  msgpack::sbuffer buffer;
+  msgpack::pack(buffer, value);
+  return std::string(buffer.data(), buffer.size());
+}
+
+bool WriteFrameSeeds(const std::string& dir) {
+  bool ok = true;
+  std::string all(1, '\x2a');  // piece-size seed byte, then the stream
+  for (const auto& [name, frame] : Frames()) {
+    const std::string wire = Encode(frame);
+    // As a stream: one seed byte + the framed bytes.
+    ok &= Write(dir, "stream_" + name, std::string(1, '\x07') + wire);
+    // As a bare body (what DecodeFrameBody sees).
+    ok &= Write(dir, "body_" + name, wire.substr(4));
+    all += wire;
+  }
+  ok &= Write(dir, "stream_all", all);
+  return ok;
+}
+
+bool WriteMsgpackSeeds(const std::string& dir) {
+  bool ok = true;
+  ok &= Write(dir, "nil", Pack(msgpack::type::nil_t()));
+  ok &= Write(dir, "bool", Pack(true));
+  ok &= Write(dir, "uint64_max", Pack(uint64_t{18446744073709551615u}));
+  ok &= Write(dir, "int64_min", Pack(int64_t{-9223372036854775807 - 1}));
+  ok &= Write(dir, "double", Pack(3.25));
+  ok &= Write(dir, "float32", Pack(1.5f));
+  ok &= Write(dir, "str", Pack(std::string("h\xc3\xa9llo")));
+  ok &= Write(dir, "bin",
+              Pack(std::vector<char>{'\x00', '\xff', '\x10'}));
+  // [args, kwargs] as a call's arguments travel with encoding 2.
+  ok &= Write(dir, "call_args",
+              Pack(std::make_tuple(
+                  std::make_tuple(1, std::string("two"), 3.0),
+                  std::map<std::string, std::vector<int>>{{"k", {1, 2}}})));
+  ok &= Write(dir, "nested",
+              Pack(std::vector<std::map<std::string, std::vector<bool>>>{
+                  {{"a", {true, false}}}, {}}));
+  // Refused inputs, kept as seeds so the error paths are covered at once.
+  ok &= Write(dir, "ext", std::string("\xd4\x01\x02", 3));
+  ok &= Write(dir, "int_key_map", std::string("\x81\x01\x02", 3));
+  ok &= Write(dir, "bad_utf8", std::string("\xa2\xc3\x28", 3));
+  ok &= Write(dir, "truncated_array", std::string("\x93\x01", 2));
+  ok &= Write(dir, "trailing", std::string("\x01\x02", 2));
+  return ok;
+}
+
+HostEvent Start(const std::string& id, const std::string& callable,
+                const std::string& args, uint64_t total = 0,
+                uint32_t window = 0) {
+  HostEvent e;
+  auto* s = e.mutable_start();
+  s->set_call_id(id);
+  s->set_callable(callable);
+  s->set_arguments(args);
+  s->set_arguments_size(total);
+  s->set_stream_window(window);
+  return e;
+}
+
+bool WriteSession(const std::string& dir, const std::string& name,
+                  const std::vector<HostEvent>& events) {
+  CallsRequest request;
+  for (const auto& e : events) *request.add_events() = e;
+  return Write(dir, name, request.SerializeAsString());
+}
+
+bool WriteSessionSeeds(const std::string& dir) {
+  bool ok = true;
+  HostEvent chunk;
+  chunk.mutable_argument_chunk()->set_call_id("a");
+  chunk.mutable_argument_chunk()->set_data("world");
+  HostEvent cancel;
+  cancel.mutable_cancel()->set_call_id("h");
+  HostEvent resume;
+  resume.mutable_resume()->add_call_ids("e");
+  resume.mutable_resume()->add_call_ids("unknown");
+  HostEvent ack;
+  ack.mutable_ack()->set_call_id("e");
+  HostEvent stream_ack;
+  stream_ack.mutable_stream_ack()->set_call_id("s");
+  stream_ack.mutable_stream_ack()->set_next_index(2);
+  ok &= WriteSession(dir, "echo", {Start("e", "fake::echo", "hello")});
+  ok &= WriteSession(dir, "chunked",
+                     {Start("a", "fake::echo", "hello ", 11), chunk});
+  ok &= WriteSession(dir, "chunk_overflow",
+                     {Start("a", "fake::echo", "hi", 3), chunk});
+  ok &= WriteSession(dir, "cancel", {Start("h", "fake::hang", ""), cancel});
+  ok &= WriteSession(dir, "resume_ack",
+                     {Start("e", "fake::echo", "x"), resume, ack});
+  ok &= WriteSession(dir, "stream",
+                     {Start("s", "fake::stream", "5", 0, 2), stream_ack});
+  ok &= WriteSession(dir, "errors",
+                     {Start("r", "fake::error", ""),
+                      Start("m", "no.such::thing", "")});
+  ok &= WriteSession(dir, "bad_requests",
+                     {HostEvent(), Start("", "fake::echo", "x"),
+                      Start("big", "fake::echo", "", 1ull << 40),
+                      Start("short", "fake::echo", "toolong", 3)});
+  ok &= WriteSession(dir, "worker_dies",
+                     {Start("k", "fake::hang", ""),
+                      Start("x", "fake::exit", "7")});
+  ok &= WriteSession(dir, "garbage", {Start("g", "fake::garbage", "")});
+  ok &= WriteSession(dir, "double", {Start("d", "fake::double", "")});
+  return ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: make_seeds CORPUS_DIR\n");
+    return 2;
+  }
+  const std::string root = argv[1];
+  bool ok = WriteFrameSeeds(root + "/frame_fuzzer") &&
+            WriteMsgpackSeeds(root + "/msgpack_convert_fuzzer") &&
+            WriteSessionSeeds(root + "/session_fuzzer");
+  if (!ok) {
+    std::fprintf(stderr, "make_seeds: could not write under %s (do the "
+                 "<target> directories exist?)\n", root.c_str());
+    return 1;
+  }
+  return 0;
+}
