@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "base/grpc_status.h"
+#include "base/log.h"
 #include "sandbox/batching_writer.h"
 
 namespace agentix::sandbox {
@@ -189,6 +190,9 @@ struct NamespaceEvents {
   }
 };
 
+// Delivered to the sandbox's agentix.sio when a host opens a namespace.
+constexpr char kHostConnectedEvent[] = "agentix:host_connected";
+
 // The write side of one Namespace stream.
 class NamespaceSink final
     : public NamespaceSubscriber,
@@ -224,6 +228,13 @@ class NamespaceReactor final
       if (name_.empty()) {
         sink_->Fail(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                                  "send OpenNamespace before any event"));
+        return;
+      }
+      if (request_.event().event() == kHostConnectedEvent) {
+        sink_->Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 std::string("event name ") +
+                                     kHostConnectedEvent +
+                                     " is reserved for the daemon"));
         return;
       }
       absl::Status sent = manager_->SendNamespaceEvent(name_, request_.event());
@@ -276,6 +287,16 @@ class NamespaceReactor final
       return;
     }
     sink_->WriteFirst(std::move(header));
+    // Tells the sandbox a host is listening, so requests whose event or
+    // reply a broken connection lost are sent again (agentix.sio).
+    runtime::v1::NamespaceEvent connected;
+    connected.set_event(kHostConnectedEvent);
+    connected.set_data(std::string(1, '\xc0'));  // msgpack nil
+    absl::Status told = manager_->SendNamespaceEvent(name, connected);
+    if (!told.ok()) {
+      AGX_LOG(Debug, "namespace {}: worker not told of the host: {}", name,
+              std::string(told.message()));
+    }
   }
 
   SessionManager* const manager_;

@@ -44,6 +44,9 @@ ABSL_FLAG(uint64_t, max_payload_bytes, uint64_t{1} << 30,
           "largest accepted encoded arguments of one call");
 ABSL_FLAG(uint64_t, max_retained_results, 4096,
           "finished, unacknowledged results kept for resume");
+ABSL_FLAG(uint64_t, max_retained_bytes, uint64_t{512} << 20,
+          "total size of finished, unacknowledged results kept for resume "
+          "(oldest evicted first; the newest is always kept)");
 ABSL_FLAG(uint64_t, log_buffer_records, 10000,
           "sandbox log records kept for hosts that have not received them "
           "(oldest dropped first, with a warning record)");
@@ -174,6 +177,7 @@ int Run(int argc, char** raw_argv) {
       absl::Seconds(absl::GetFlag(FLAGS_worker_ready_timeout_s));
   options.max_payload_bytes = absl::GetFlag(FLAGS_max_payload_bytes);
   options.max_retained_results = absl::GetFlag(FLAGS_max_retained_results);
+  options.max_retained_bytes = absl::GetFlag(FLAGS_max_retained_bytes);
   options.log_buffer_records = absl::GetFlag(FLAGS_log_buffer_records);
   options.trace_buffer_events = absl::GetFlag(FLAGS_trace_buffer_events);
   options.max_namespace_streams = absl::GetFlag(FLAGS_max_namespace_streams);

@@ -334,6 +334,7 @@ void SessionManager::Ack(const std::string& call_id) {
   auto it = calls_.find(call_id);
   if (it == calls_.end() || !it->second.terminal) return;
   retained_order_.erase(it->second.retained_pos);
+  retained_bytes_ -= std::min(retained_bytes_, it->second.retained_bytes);
   calls_.erase(it);
   RememberFinished(call_id);
 }
@@ -355,16 +356,29 @@ void SessionManager::Emit(const std::string& call_id, Call& call,
   if (!terminal) return;
   call.terminal = true;
   call.retained_pos = retained_order_.insert(retained_order_.end(), call_id);
-  while (retained_order_.size() > options_.max_retained_results) {
+  call.retained_bytes = 0;
+  for (const auto& e : call.delivered) call.retained_bytes += e->ByteSizeLong();
+  retained_bytes_ += call.retained_bytes;
+  // Bounded by count and by bytes: a host whose acks were lost (e.g. in a
+  // connection cut) must not pin large results for ever.
+  while (retained_order_.size() > options_.max_retained_results ||
+         (retained_bytes_ > options_.max_retained_bytes &&
+          retained_order_.size() > 1)) {
     const std::string oldest = retained_order_.front();
     retained_order_.pop_front();
-    calls_.erase(oldest);
+    auto victim = calls_.find(oldest);
+    if (victim != calls_.end()) {
+      retained_bytes_ -= std::min(retained_bytes_, victim->second.retained_bytes);
+      calls_.erase(victim);
+    }
     RememberFinished(oldest);
     if (evicted_++ % 1000 == 0) {
       AGX_LOG(Warning,
-              "retained-result buffer full (max {}): evicted unacknowledged "
-              "result of call {} (evictions so far: {})",
-              options_.max_retained_results, oldest, evicted_);
+              "retained-result buffer full (max {} results, {} bytes): "
+              "evicted unacknowledged result of call {} (evictions so far: "
+              "{})",
+              options_.max_retained_results, options_.max_retained_bytes,
+              oldest, evicted_);
     }
   }
 }

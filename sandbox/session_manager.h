@@ -38,6 +38,8 @@ struct SessionOptions {
   WorkerOptions worker;
   // Finished, unacknowledged results kept for resume; oldest evicted first.
   size_t max_retained_results = 4096;
+  // ... and their total serialized size; the newest result is always kept.
+  uint64_t max_retained_bytes = uint64_t{512} << 20;
   // Largest accepted encoded arguments of one call.
   uint64_t max_payload_bytes = uint64_t{1} << 30;
   // Largest stream window passed to the worker; a StartCall asking for more
@@ -114,6 +116,7 @@ class SessionManager : public WorkerProcess::Listener {
     // Every event sent for this call, kept for replay until acknowledged.
     std::vector<SandboxEventPtr> delivered;
     std::list<std::string>::iterator retained_pos;
+    uint64_t retained_bytes = 0;  // of `delivered`, once terminal
   };
   // An event to hand to a sink once the lock is released.
   struct Delivery {
@@ -188,6 +191,7 @@ class SessionManager : public WorkerProcess::Listener {
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t workers_started_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t evicted_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t retained_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Ids of calls whose results were acknowledged or evicted (bounded, oldest
   // forgotten first): execution stays at most once when a reconnecting host
   // re-sends a StartCall (about 100 bytes per id).

@@ -390,6 +390,23 @@ TEST_CASE("Retained results are bounded; the oldest is evicted",
   REQUIRE(later->AwaitTerminal("r3").result().value() == "r3");
 }
 
+TEST_CASE("Retained results are bounded by bytes too", "[sandbox]") {
+  SessionOptions options = FakeWorkerOptions();
+  options.max_retained_bytes = 250;  // about two 100-byte results
+  SessionManager manager(options);
+  auto sink = std::make_shared<RecordingSink>();
+  const std::string value(100, 'v');
+  for (const char* id : {"b1", "b2", "b3"}) {
+    manager.HandleHostEvent(sink, Start(id, "fake::echo", value));
+    sink->AwaitTerminal(id);
+  }
+  auto later = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(later, ResumeEvent({"b1", "b3"}));
+  REQUIRE(later->AwaitTerminal("b1").error().error().type() ==
+          "ResultUnavailable");
+  REQUIRE(later->AwaitTerminal("b3").result().value() == value);
+}
+
 TEST_CASE("Streaming calls honour the window; acks free retained items",
           "[sandbox]") {
   SessionManager manager(FakeWorkerOptions());

@@ -102,6 +102,7 @@ async def run(args):
     outcomes = collections.Counter()
     lost_samples, op_kind = [], {}
     completed = set()
+    in_flight = set()
     records, spans = Records(), Spans()
     root = logging.getLogger()
     root.addHandler(records)
@@ -130,6 +131,13 @@ async def run(args):
 
         async def one(kind):
             op = next_op(kind)
+            in_flight.add(op)
+            try:
+                await one_op(kind, op)
+            finally:
+                in_flight.discard(op)
+
+        async def one_op(kind, op):
             try:
                 if kind == "small":
                     x = rng.randrange(1 << 30)
@@ -193,8 +201,9 @@ async def run(args):
         async def reporter():
             while True:
                 await asyncio.sleep(30)
+                running = collections.Counter(op_kind[op] for op in in_flight)
                 print(f"[chaos] {time.strftime('%H:%M:%S')} {dict(outcomes)} cuts={proxy.cuts} "
-                      f"rss={peak_rss_mb(daemon.pid):.0f} MiB", flush=True)
+                      f"rss={peak_rss_mb(daemon.pid):.0f} MiB in-flight={dict(running)}", flush=True)
 
         async with client:
             injectors = [asyncio.ensure_future(f()) for f in (cutter, killer, reporter)]
@@ -209,9 +218,12 @@ async def run(args):
             while time.monotonic() < wait_until and any(
                 records.ops[op] == 0 or spans.ops[op] == 0 for op in completed
             ):
-                await client.remote(targets.worker_pid)
+                try:
+                    await asyncio.wait_for(client.remote(targets.worker_pid), 10)
+                except Exception as error:
+                    print(f"[chaos] final call failed: {error!r}", flush=True)
                 await asyncio.sleep(0.5)
-        info = await direct._info()
+        info = await asyncio.wait_for(direct._info(), 30)
         await direct.close()
         executions = collections.Counter(ledger.read_text().split()) if ledger.exists() else collections.Counter()
         duplicated = sorted(op for op, n in executions.items() if n > 1)
@@ -258,6 +270,10 @@ def main():
     parser.add_argument("--sandboxd", default=str(ROOT / "sandbox" / "agentix-sandboxd"))
     parser.add_argument("--worker", default=str(ROOT / "worker" / "agentix-worker"))
     args = parser.parse_args()
+    # `kill -USR1 <pid>` prints every thread's Python stack (diagnosing a stall).
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     logging.getLogger("agentix").setLevel(logging.WARNING)
     print(f"[chaos] {args.minutes} min, {args.concurrency} callers, seed {args.seed}", flush=True)
     started = time.monotonic()

@@ -65,6 +65,8 @@ class _Bridge(Protocol):
 _bridge: _Bridge | None = None
 _registry: dict[str, Namespace] = {}
 _registry_lock = threading.Lock()
+# Sent by the daemon (never by a host) when a host opens a namespace stream.
+_HOST_CONNECTED = "agentix:host_connected"
 _warned_unregistered: set[str] = set()
 
 
@@ -95,8 +97,9 @@ class Namespace:
         self._warned_unhandled: set[str] = set()
         # Strong references: a detached handler task must not be collected mid-run.
         self._detached_tasks: set[asyncio.Task] = set()
-        # request_id -> (loop, future) of requests awaiting their reply.
-        self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        # request_id -> (loop, future, event, payload) of requests awaiting
+        # their reply; the payload is sent again when a host (re)connects.
+        self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future, str, bytes]] = {}
         self._pending_lock = threading.Lock()
         for name in dir(type(self)):
             if name.startswith("on_") and name != "on_":
@@ -135,19 +138,31 @@ class Namespace:
         self._send(event, data)
 
     def _send(self, event: str, data: Any, error: dict | None = None) -> None:
-        bridge = _bridge
-        if bridge is None:
+        if _bridge is None:
             raise RuntimeError(_NOT_INSTALLED)
         request_id = data.get("request_id") if isinstance(data, dict) else None
         if error is None and event.endswith(":error") and isinstance(data, dict):
             error = data.get("error") if isinstance(data.get("error"), dict) else None
-        bridge.emit(
-            self.namespace,
-            event,
-            codec.pack(data),
-            request_id if isinstance(request_id, str) else "",
-            error,
-        )
+        self._send_packed(event, codec.pack(data), request_id if isinstance(request_id, str) else "", error)
+
+    def _send_packed(self, event: str, payload: bytes, request_id: str, error: dict | None = None) -> None:
+        bridge = _bridge
+        if bridge is None:
+            raise RuntimeError(_NOT_INSTALLED)
+        bridge.emit(self.namespace, event, payload, request_id, error)
+
+    def _host_connected(self) -> None:
+        """A host (re)opened this namespace: requests still awaiting a reply
+        are sent again with their request_id, since the first send or its
+        reply may have been lost with a broken connection. Hosts answer a
+        repeated request_id once (`request_handler` replays its reply)."""
+        with self._pending_lock:
+            waiting = [(request_id, entry[2], entry[3]) for request_id, entry in self._pending.items()]
+        for request_id, event, payload in waiting:
+            try:
+                self._send_packed(event, payload, request_id)
+            except Exception:
+                _log.exception("namespace %s: re-sending request %r failed", self.namespace, event)
 
     async def request(self, event: str, data: Any = None, *, timeout: float | None = 300.0) -> Any:
         """Sends `event` as a request and returns the host handler's reply
@@ -164,10 +179,12 @@ class Namespace:
         request_id = uuid.uuid4().hex
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
+        envelope = {"request_id": request_id, "data": data}
+        payload = codec.pack(envelope)
         with self._pending_lock:
-            self._pending[request_id] = (loop, future)
+            self._pending[request_id] = (loop, future, event, payload)
         try:
-            self._send(event, {"request_id": request_id, "data": data})
+            self._send_packed(event, payload, request_id)
             try:
                 async with asyncio.timeout(timeout):
                     return await future
@@ -206,8 +223,8 @@ class Namespace:
         with self._pending_lock:
             entry = self._pending.get(request_id) if isinstance(request_id, str) else None
         if entry is None:
-            return  # a late reply to a request that timed out
-        loop, future = entry
+            return  # a late or repeated reply
+        loop, future = entry[0], entry[1]
 
         def settle() -> None:
             if future.done():
@@ -293,6 +310,10 @@ def _deliver(namespace: str, event: str, payload: bytes) -> None:
     """Called by the agentix worker, on its event loop, for each host event.
     Events for a namespace nobody registered are dropped (as the original)."""
     ns = _registry.get(namespace)
+    if event == _HOST_CONNECTED:
+        if ns is not None:
+            ns._host_connected()
+        return
     if ns is None:
         # Dropped as in the original, but said once per namespace.
         if namespace not in _warned_unregistered:

@@ -484,10 +484,7 @@ def write_corpus(directory: pathlib.Path = CORPUS_DIR) -> None:
 
 
 def _committed() -> dict[str, bytes]:
-    if not CORPUS_DIR.is_dir():
-        # Under `bazel test //host/python:unit_tests` only tests/*.py are in the runfiles;
-        # the payloads above are the same bytes and are checked either way.
-        pytest.skip("malicious_pickles/ is not in this test's runfiles")
+    assert CORPUS_DIR.is_dir(), f"{CORPUS_DIR} is missing (a data dependency of //host/python:unit_tests)"
     return {p.name: p.read_bytes() for p in sorted(CORPUS_DIR.glob("*.pickle"))}
 
 

@@ -250,3 +250,37 @@ async def test_request_handler_replies():
                        {"request_id": "r2", "error": {"type": "LookupError", "message": "nope", "status_code": 404}})
     assert sent[2][1] == "ask:error" and sent[2][2]["error"]["type"] == "TypeError"
     assert sent[3] == ("/h", "plain:result", {"request_id": None, "value": 42})
+
+
+async def test_pending_requests_are_sent_again_when_a_host_connects(bridge):
+    ns = register_namespace(Namespace("/p"))
+    task = asyncio.ensure_future(ns.request("ask", {"q": 1}, timeout=5))
+    await asyncio.sleep(0)
+    first = bridge.sent[-1]
+    sio._deliver("/p", "agentix:host_connected", pack(None))
+    assert bridge.sent[-1] == first  # the same request, same request_id
+    assert len(bridge.sent) == 2
+    sio._deliver("/p", "ask:result", pack({"request_id": first[3], "value": 7}))
+    assert await task == 7
+    sio._deliver("/p", "agentix:host_connected", pack(None))  # nothing pending any more
+    sio._deliver("/unregistered", "agentix:host_connected", pack(None))  # silent
+    assert len(bridge.sent) == 2
+
+
+async def test_request_handler_answers_a_repeated_request_once():
+    calls = []
+
+    class Host(AsyncClientNamespace):
+        @request_handler("ask")
+        async def on_ask(self, body):
+            calls.append(body)
+            await asyncio.sleep(0.05)
+            return body + 1
+
+    ns = Host("/h")
+    ns.client = FakeClient()
+    envelope = {"request_id": "r1", "data": 1}
+    await asyncio.gather(ns.on_ask(envelope), ns.on_ask(envelope))  # the second while in progress
+    await ns.on_ask(envelope)  # after the answer: the reply is replayed
+    assert calls == [1]
+    assert ns.client.sent == [("/h", "ask:result", {"request_id": "r1", "value": 2})] * 2

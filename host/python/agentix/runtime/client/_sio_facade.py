@@ -20,6 +20,7 @@ each, so the sandbox can use them from its first call on.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import inspect
 import logging
@@ -37,6 +38,19 @@ __all__ = ["AsyncClientNamespace", "RESERVED_NAMESPACES", "request_handler"]
 _log = logging.getLogger("agentix.sio")
 
 _LIFECYCLE = frozenset({"connect", "disconnect", "connect_error"})
+
+
+# Replies kept per namespace object for repeated request ids.
+_REMEMBERED_REPLIES = 1024
+_IN_PROGRESS = object()
+
+
+def _replies_of(ns: Any) -> collections.OrderedDict:
+    replies = getattr(ns, "_agentix_replies", None)
+    if replies is None:
+        replies = collections.OrderedDict()
+        ns._agentix_replies = replies
+    return replies
 
 
 class AsyncClientNamespace:
@@ -131,6 +145,19 @@ def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., 
                 request_id, body = payload.get("request_id"), payload.get("data")
             else:
                 request_id, body = None, payload
+            # The sandbox sends a request again after a reconnect (its first
+            # send or our reply may have been lost): answer each id once,
+            # replaying the reply to repeats.
+            replies = _replies_of(self)
+            if request_id is not None:
+                if request_id in replies:
+                    previous = replies[request_id]
+                    if previous is not _IN_PROGRESS:
+                        await self.emit(*previous)
+                    return
+                replies[request_id] = _IN_PROGRESS
+                while len(replies) > _REMEMBERED_REPLIES:
+                    replies.popitem(last=False)
             try:
                 value = fn(self, body)
                 if inspect.isawaitable(value):
@@ -142,9 +169,12 @@ def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., 
                 status = getattr(exc, "status_code", None)
                 if isinstance(status, int) and not isinstance(status, bool):
                     error["status_code"] = status
-                await self.emit(f"{event}:error", {"request_id": request_id, "error": error})
-                return
-            await self.emit(f"{event}:result", reply)
+                answer = (f"{event}:error", {"request_id": request_id, "error": error})
+            else:
+                answer = (f"{event}:result", reply)
+            if request_id is not None:
+                replies[request_id] = answer
+            await self.emit(*answer)
 
         return handle
 

@@ -239,6 +239,8 @@ class RuntimeClient:
         self._reconnect_delay_max = _RECONNECT_DELAY_MAX if reconnection_delay_max is None else reconnection_delay_max
         self._randomization = _RANDOMIZATION if randomization_factor is None else randomization_factor
         self._reconnector: asyncio.Task | None = None
+        # Acks a lost stream never wrote; the next stream sends them.
+        self._orphan_acks: list[str] = []
         self._target = grpc_target(base_url)
         if token is None:
             token = os.environ.get(_TOKEN_ENV) or None
@@ -510,6 +512,9 @@ class RuntimeClient:
                 self._stream = CallsStream(rpc, self._pending, self._stream_lost)
                 if self._pending:  # calls of a lost stream: re-attach them
                     self._stream.resume(list(self._pending.values()))
+                if self._orphan_acks:
+                    self._stream.ack_results(self._orphan_acks)
+                    self._orphan_acks = []
                 self._ensure_feeds(channel)
                 # Events the sandbox emits during the first call must find
                 # the host's namespaces open: wait for the daemon's answer.
@@ -636,6 +641,7 @@ class RuntimeClient:
             return
         self._stream = None
         self._channel_broken = True
+        self._orphan_acks.extend(stream.take_unsent_acks())
         if not self._pending:
             return
         if not self._reconnect_enabled:

@@ -244,6 +244,17 @@ class CallsStream:
             if call.items is not None and call.consumed:
                 self.ack_stream(call.call_id, call.consumed)
 
+    def take_unsent_acks(self) -> list[str]:
+        """The ids whose AckResult this (lost) stream never wrote; the client
+        sends them on the next stream so the daemon can free the results."""
+        acks, self._acks = self._acks, []
+        return acks
+
+    def ack_results(self, call_ids: list[str]) -> None:
+        """Acknowledges terminal events received on an earlier stream."""
+        self._acks.extend(call_ids)
+        self._acks_ready()
+
     def ack_stream(self, call_id: str, next_index: int) -> None:
         """Tells the sandbox the items below `next_index` were consumed, which
         lets it produce more (sent at once: it is flow control)."""
