@@ -153,3 +153,27 @@ async def test_large_uploads_and_streams_resume_across_cuts(daemon, proxy):
     async with RuntimeClient(daemon.url, logs=False, traces=False) as direct:
         executions = await direct.remote(t.chaos_executions)
         assert {k: v for k, v in executions.items() if str(k).startswith("big")} == {"big0": 1, "big1": 1, "big2": 1}
+
+
+async def test_namespace_streams_of_cut_connections_are_released(start_daemon, tmp_path):
+    from agentix import AsyncClientNamespace
+
+    daemon = start_daemon(extra_args=["--max-namespace-streams", "3"])
+    proxy = CuttingProxy(str(tmp_path / "ns-proxy.sock"), str(daemon.socket_path))
+    proxy.start()
+    try:
+        client = RuntimeClient(proxy.url)
+        client.register_namespace(AsyncClientNamespace("/cuts"))
+        async with client:
+            for _ in range(10):
+                assert await client.remote(t.add, 1, 1) == 2
+                proxy.cut()
+                await asyncio.sleep(0.3)
+            assert await client.remote(t.add, 2, 2) == 4
+        # Streams of cut connections were released: a new host can open one.
+        fresh = RuntimeClient(daemon.url, logs=False, traces=False)
+        fresh.register_namespace(AsyncClientNamespace("/cuts"))
+        async with fresh:
+            assert await fresh.remote(t.add, 3, 3) == 6
+    finally:
+        proxy.stop()
