@@ -56,6 +56,11 @@ ABSL_FLAG(uint64_t, trace_buffer_events, 10000,
 ABSL_FLAG(bool, prestart_worker, false,
           "start the worker with the daemon instead of on the first call "
           "(bundles do: its start then overlaps the host's readiness wait)");
+ABSL_FLAG(uint64_t, max_concurrent_calls, 0,
+          "calls running at once (0: no limit); more wait in a queue");
+ABSL_FLAG(uint64_t, max_queued_calls, 10000,
+          "calls waiting for a slot; beyond, calls fail with TooManyCalls "
+          "(RESOURCE_EXHAUSTED)");
 ABSL_FLAG(uint64_t, max_namespace_streams, 256,
           "plugin-namespace streams open at once (RESOURCE_EXHAUSTED beyond)");
 ABSL_FLAG(std::string, token_file, "",
@@ -181,6 +186,8 @@ int Run(int argc, char** raw_argv) {
   options.log_buffer_records = absl::GetFlag(FLAGS_log_buffer_records);
   options.trace_buffer_events = absl::GetFlag(FLAGS_trace_buffer_events);
   options.max_namespace_streams = absl::GetFlag(FLAGS_max_namespace_streams);
+  options.max_concurrent_calls = absl::GetFlag(FLAGS_max_concurrent_calls);
+  options.max_queued_calls = absl::GetFlag(FLAGS_max_queued_calls);
   if (access(options.worker.worker_path.c_str(), X_OK) != 0) {
     AGX_LOG(Error, "worker binary {} is not executable; pass --worker PATH",
             options.worker.worker_path);

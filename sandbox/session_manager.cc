@@ -67,6 +67,7 @@ void SessionManager::HandleHostEvents(
   {
     absl::MutexLock lock(&mu_);
     for (const HostEvent& event : events) ApplyHostEvent(sink, event, out);
+    DispatchQueued(out);
     FlushToWorker();
   }
   Deliver(out);
@@ -168,6 +169,37 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
   }
   Call& call = calls_[id];
   call.sink = sink;
+  call.args_expected = expected;
+  call.args_received = start.arguments().size();
+  const size_t limit = options_.max_concurrent_calls;
+  if (limit > 0 && (running_calls_ >= limit || !call_queue_.empty())) {
+    if (call_queue_.size() >= options_.max_queued_calls) {
+      Emit(id, call,
+           MakeCallError(
+               id, "TooManyCalls",
+               absl::StrCat(running_calls_, " calls are running and ",
+                            call_queue_.size(),
+                            " waiting (--max-concurrent-calls ", limit,
+                            ", --max-queued-calls ",
+                            options_.max_queued_calls, "); retry later"),
+               absl::StatusCode::kResourceExhausted),
+           /*terminal=*/true, out);
+      return;
+    }
+    call.queued = true;
+    call.start = start;
+    call.start.clear_arguments();
+    call.queued_args = start.arguments();
+    call_queue_.push_back(id);
+    return;
+  }
+  Dispatch(id, call, start, start.arguments(), out);
+}
+
+void SessionManager::Dispatch(const std::string& id, Call& call,
+                              const runtime::v1::StartCall& start,
+                              std::string_view args,
+                              std::vector<Delivery>& out) {
   auto worker = EnsureWorker();
   if (!worker.ok()) {
     Emit(id, call,
@@ -179,8 +211,8 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
     return;
   }
   call.generation = (*worker)->generation();
-  call.args_expected = expected;
-  call.args_received = start.arguments().size();
+  call.dispatched = true;
+  ++running_calls_;
 
   ipc::Frame frame;
   frame.type = ipc::FrameType::kCall;
@@ -189,16 +221,29 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
   frame.encoding = start.encoding() == runtime::v1::ENCODING_UNSPECIFIED
                        ? runtime::v1::ENCODING_PICKLE
                        : start.encoding();
-  frame.total_size = expected;
+  frame.total_size = call.args_expected;
   frame.context = start.context();
   frame.stream_window =
       std::min(start.stream_window(), options_.max_stream_window);
-  const std::string& args = start.arguments();
   const size_t first = std::min(args.size(), ipc::kChunkBytes);
   frame.data.assign(args.data(), first);
   SendToWorker(frame);
-  if (args.size() > first) {
-    ForwardArguments(id, std::string_view(args).substr(first));
+  if (args.size() > first) ForwardArguments(id, args.substr(first));
+}
+
+void SessionManager::DispatchQueued(std::vector<Delivery>& out) {
+  const size_t limit = options_.max_concurrent_calls;
+  while (!call_queue_.empty() && !shut_down_ &&
+         (limit == 0 || running_calls_ < limit)) {
+    const std::string id = std::move(call_queue_.front());
+    call_queue_.pop_front();
+    auto it = calls_.find(id);
+    if (it == calls_.end() || !it->second.queued) continue;
+    Call& call = it->second;
+    call.queued = false;
+    std::string args = std::move(call.queued_args);
+    call.queued_args.clear();
+    Dispatch(id, call, call.start, args, out);
   }
 }
 
@@ -262,7 +307,9 @@ void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
     return;
   }
   call.args_received += data.size();
-  if (worker_ && worker_->generation() == call.generation) {
+  if (call.queued) {
+    call.queued_args.append(data.data(), data.size());
+  } else if (worker_ && worker_->generation() == call.generation) {
     ForwardArguments(id, data);
   }
 }
@@ -355,6 +402,17 @@ void SessionManager::Emit(const std::string& call_id, Call& call,
   if (call.sink) out.push_back({call.sink, std::move(event)});
   if (!terminal) return;
   call.terminal = true;
+  if (call.dispatched) {
+    call.dispatched = false;
+    --running_calls_;
+  }
+  if (call.queued) {  // cancelled or refused while waiting
+    call.queued = false;
+    call.queued_args.clear();
+    call_queue_.erase(
+        std::remove(call_queue_.begin(), call_queue_.end(), call_id),
+        call_queue_.end());
+  }
   call.retained_pos = retained_order_.insert(retained_order_.end(), call_id);
   call.retained_bytes = 0;
   for (const auto& e : call.delivered) call.retained_bytes += e->ByteSizeLong();
@@ -411,6 +469,10 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
     }
     if (worker_ && worker_->generation() == generation) {
       worker_id = worker_->worker_id();
+    }
+    if (!call_queue_.empty()) {
+      DispatchQueued(out);
+      FlushToWorker();
     }
   }
   std::vector<runtime::v1::LogRecord> records;
@@ -597,6 +659,11 @@ void SessionManager::OnWorkerExit(uint64_t generation,
       // Destroyed later from another thread: this is its reader thread.
       dead_workers_.push_back(std::move(worker_));
     }
+    // Waiting calls go to the next worker.
+    if (!call_queue_.empty()) {
+      DispatchQueued(out);
+      FlushToWorker();
+    }
   }
   Deliver(out);
 }
@@ -635,11 +702,25 @@ SessionInfo SessionManager::Info() {
 
 void SessionManager::Shutdown(absl::Duration grace) {
   std::unique_ptr<WorkerProcess> worker;
+  std::vector<Delivery> out;
   {
     absl::MutexLock lock(&mu_);
     shut_down_ = true;
     worker = std::move(worker_);
+    while (!call_queue_.empty()) {
+      const std::string id = call_queue_.front();
+      auto it = calls_.find(id);
+      if (it == calls_.end() || it->second.terminal) {
+        call_queue_.pop_front();
+        continue;
+      }
+      Emit(id, it->second,  // removes it from the queue
+           MakeCallError(id, "Unavailable", "sandbox daemon is shutting down",
+                         absl::StatusCode::kUnavailable),
+           /*terminal=*/true, out);
+    }
   }
+  Deliver(out);
   if (worker) worker->Shutdown(grace);
   worker.reset();  // joins; its exit callback fails any call still running
   ReapDeadWorkers();

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <list>
 #include <memory>
 #include <string>
@@ -38,7 +39,12 @@ struct SessionOptions {
   WorkerOptions worker;
   // Finished, unacknowledged results kept for resume; oldest evicted first.
   size_t max_retained_results = 4096;
-  // ... and their total serialized size; the newest result is always kept.
+  // Calls running at once (0: no limit); more wait in a queue of at most
+  // max_queued_calls, beyond which a call fails with TooManyCalls
+  // (RESOURCE_EXHAUSTED).
+  size_t max_concurrent_calls = 0;
+  size_t max_queued_calls = 10000;
+  // Finished results' total serialized size; the newest is always kept.
   uint64_t max_retained_bytes = uint64_t{512} << 20;
   // Largest accepted encoded arguments of one call.
   uint64_t max_payload_bytes = uint64_t{1} << 30;
@@ -117,6 +123,13 @@ class SessionManager : public WorkerProcess::Listener {
     std::vector<SandboxEventPtr> delivered;
     std::list<std::string>::iterator retained_pos;
     uint64_t retained_bytes = 0;  // of `delivered`, once terminal
+    // Counted against max_concurrent_calls until terminal.
+    bool dispatched = false;
+    // Waiting for a slot (max_concurrent_calls): the StartCall without its
+    // arguments, and the argument bytes received so far.
+    bool queued = false;
+    runtime::v1::StartCall start;
+    std::string queued_args;
   };
   // An event to hand to a sink once the lock is released.
   struct Delivery {
@@ -140,6 +153,14 @@ class SessionManager : public WorkerProcess::Listener {
   void AckStreamItems(const runtime::v1::StreamAck& ack)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Sends a call's frame and the argument bytes received so far to the
+  // worker (starting one if needed) and counts it as running.
+  void Dispatch(const std::string& id, Call& call,
+                const runtime::v1::StartCall& start, std::string_view args,
+                std::vector<Delivery>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Dispatches queued calls while slots are free.
+  void DispatchQueued(std::vector<Delivery>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records `event` for `call_id` (terminal or not) and queues its delivery.
   void Emit(const std::string& call_id, Call& call, SandboxEventPtr event,
             bool terminal, std::vector<Delivery>& out)
@@ -192,6 +213,8 @@ class SessionManager : public WorkerProcess::Listener {
   uint64_t workers_started_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t evicted_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t retained_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t running_calls_ ABSL_GUARDED_BY(mu_) = 0;  // dispatched, not terminal
+  std::deque<std::string> call_queue_ ABSL_GUARDED_BY(mu_);
   // Ids of calls whose results were acknowledged or evicted (bounded, oldest
   // forgotten first): execution stays at most once when a reconnecting host
   // re-sends a StartCall (about 100 bytes per id).

@@ -390,6 +390,30 @@ TEST_CASE("Retained results are bounded; the oldest is evicted",
   REQUIRE(later->AwaitTerminal("r3").result().value() == "r3");
 }
 
+TEST_CASE("Concurrent calls are limited; excess waits, then is refused",
+          "[sandbox]") {
+  SessionOptions options = FakeWorkerOptions();
+  options.max_concurrent_calls = 1;
+  options.max_queued_calls = 2;
+  SessionManager manager(options);
+  auto sink = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(sink, Start("slow", "fake::sleep", "300"));
+  manager.HandleHostEvent(sink, Start("waits", "fake::echo", "w"));
+  manager.HandleHostEvent(sink, Start("dropped", "fake::echo", "d"));
+  manager.HandleHostEvent(sink, Start("refused", "fake::echo", "r"));
+  auto refused = sink->AwaitTerminal("refused").error().error();
+  REQUIRE(refused.type() == "TooManyCalls");
+  REQUIRE(refused.message().find("--max-concurrent-calls 1") !=
+          std::string::npos);
+  manager.HandleHostEvent(sink, CancelEvent("dropped"));  // while queued
+  REQUIRE(sink->AwaitTerminal("dropped").error().error().type() ==
+          "Cancelled");
+  REQUIRE(sink->CountTerminal("waits") == 0);  // still waiting for the slot
+  REQUIRE(sink->AwaitTerminal("slow").result().value() == "done");
+  REQUIRE(sink->AwaitTerminal("waits").result().value() == "w");
+  REQUIRE(sink->CountTerminal("dropped") == 1);
+}
+
 TEST_CASE("Retained results are bounded by bytes too", "[sandbox]") {
   SessionOptions options = FakeWorkerOptions();
   options.max_retained_bytes = 250;  // about two 100-byte results

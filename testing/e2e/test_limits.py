@@ -57,3 +57,20 @@ async def test_a_host_that_stops_reading_is_throttled_and_loses_nothing(daemon):
     assert done == {f"big{i}" for i in range(big)} | {f"more{i}" for i in range(more)}
     await asyncio.wait_for(sender, 60)
     await raw.close()
+
+
+async def test_concurrent_calls_are_limited_with_a_bounded_queue(start_daemon):
+    import e2e_targets as t
+    from agentix import RemoteCallError
+
+    daemon = start_daemon(extra_args=["--max-concurrent-calls", "2", "--max-queued-calls", "2"])
+    async with RuntimeClient(daemon.url) as client:
+        started = time.monotonic()
+        outcomes = await asyncio.gather(
+            *(client.remote(t.blocking_sleep, 0.5) for _ in range(6)), return_exceptions=True
+        )
+        elapsed = time.monotonic() - started
+    refused = [o for o in outcomes if isinstance(o, RemoteCallError)]
+    assert len(refused) == 2 and all(o.error.type == "TooManyCalls" for o in refused)
+    assert sum(1 for o in outcomes if not isinstance(o, BaseException)) == 4
+    assert elapsed >= 0.9  # two rounds of two: the queue waited for free slots
