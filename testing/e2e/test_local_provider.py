@@ -166,8 +166,17 @@ def dirs():
     shutil.rmtree(base, ignore_errors=True)
 
 
+def _repo_binds():
+    """The sandbox gets a fresh /tmp: a checkout under /tmp (as CI may use)
+    would hide the test venv and the fixtures the dev bundle names, so it is
+    bound read-only at its own path."""
+    repo = str(Path(TARGETS_DIR).parents[2])
+    return ["--ro-bind", repo, repo] if repo.startswith("/tmp/") else []
+
+
 def make_provider(dirs, **settings):
     runtime_dir, cache_dir = dirs
+    settings.setdefault("extra_bwrap_args", _repo_binds())
     return LocalProvider(LocalProviderConfig(runtime_dir=str(runtime_dir), cache_dir=str(cache_dir), **settings))
 
 
@@ -505,7 +514,7 @@ from agentix.provider import SandboxConfig
 from agentix.provider.local import LocalProvider
 
 async def main():
-    provider = LocalProvider(runtime_dir=sys.argv[1], cache_dir=sys.argv[2])
+    provider = LocalProvider(runtime_dir=sys.argv[1], cache_dir=sys.argv[2], extra_bwrap_args=sys.argv[4:])
     sandbox = await provider.create(SandboxConfig(image="host", bundle=sys.argv[3], resource={"memory": "256m"}))
     paths = provider._sandboxes[sandbox.sandbox_id].cgroups.paths.values()
     print(sandbox.sandbox_id, *paths, flush=True)
@@ -520,7 +529,7 @@ async def test_leftovers_of_a_killed_host_process_are_pruned(dev_bundle, dirs):
 
     runtime_dir, cache_dir = dirs
     crashed = subprocess.run(
-        [sys.executable, "-c", _CRASHING_HOST, str(runtime_dir), str(cache_dir), str(dev_bundle)],
+        [sys.executable, "-c", _CRASHING_HOST, str(runtime_dir), str(cache_dir), str(dev_bundle), *_repo_binds()],
         capture_output=True, text=True, timeout=60,
     )
     assert crashed.returncode == -9, crashed.stderr
