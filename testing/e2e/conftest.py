@@ -5,7 +5,7 @@ wheel into a `--system-site-packages` venv of /usr/bin/python3 and runs pytest
 with that venv's interpreter. The same venv is the worker's `--venv`.
 """
 
-import asyncio
+import logging
 import os
 import signal
 import socket
@@ -124,3 +124,34 @@ async def client(daemon):
 
     async with RuntimeClient(daemon.url) as c:
         yield c
+
+
+class CollectedRecords(logging.Handler):
+    """Every log record the host's logging tree sees during a test."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+    def named(self, prefix):
+        """Records of loggers whose name starts with `prefix`."""
+        return [r for r in self.records if r.name.startswith(prefix)]
+
+    def messages(self, name):
+        """The messages of logger `name`, in order."""
+        return [r.getMessage() for r in self.records if r.name == name]
+
+
+@pytest.fixture
+def collected():
+    handler = CollectedRecords()
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    yield handler
+    root.removeHandler(handler)
+    root.setLevel(old_level)

@@ -4,7 +4,6 @@ silently."""
 
 import asyncio
 import logging
-import os
 import time
 
 import pytest
@@ -13,30 +12,6 @@ import e2e_targets as t
 from agentix import RuntimeClient
 
 pytestmark = pytest.mark.asyncio
-
-
-class Collect(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.records = []
-
-    def emit(self, record):
-        self.records.append(record)
-
-    def named(self, prefix):
-        return [r for r in self.records if r.name.startswith(prefix)]
-
-
-@pytest.fixture
-def collected():
-    handler = Collect()
-    root = logging.getLogger()
-    old_level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG)
-    yield handler
-    root.removeHandler(handler)
-    root.setLevel(old_level)
 
 
 async def wait_for(predicate, timeout=10.0):
@@ -87,10 +62,11 @@ async def test_concurrent_calls_each_get_their_own_records(client, collected):
         call_of[token] = r.agentix_call_id
     assert sorted(call_of) == sorted(tokens)
     assert len(set(call_of.values())) == 20  # one distinct call per token
-    printed = {r.getMessage().split()[-1]: r for r in collected.named("agentix.sandbox.stdout")
-               if r.getMessage().startswith("print from")}
     await wait_for(lambda: len({r.getMessage() for r in collected.named("agentix.sandbox.stdout")
                                 if r.getMessage().startswith("print from")}) >= 20)
+    printed = {r.getMessage().split()[-1]: r.agentix_call_id for r in collected.named("agentix.sandbox.stdout")
+               if r.getMessage().startswith("print from")}
+    assert printed == call_of  # each print attributed to the call that printed it
 
 
 async def test_records_before_a_listener_are_kept_and_drops_are_reported(start_daemon, collected):

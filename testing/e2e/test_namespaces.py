@@ -4,13 +4,11 @@ request_handler on the host) exchanging events and requests while calls run,
 over RuntimeService.Namespace streams of the real daemon."""
 
 import asyncio
-import logging
 import time
 
 import grpc
 import pytest
 
-import e2e_targets as t
 import plugin_targets as p
 from agentix import AsyncClientNamespace, RuntimeClient, request_handler
 from agentix.runtime.shared.codec import pack, unpack
@@ -49,30 +47,6 @@ class HostEcho(AsyncClientNamespace):
             raise error
         await asyncio.sleep(0.05)  # the sandbox call keeps waiting meanwhile
         return {"a": body["q"].upper()}
-
-
-class Collect(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.records = []
-
-    def emit(self, record):
-        self.records.append(record)
-
-    def messages(self, name):
-        return [r.getMessage() for r in self.records if r.name == name]
-
-
-@pytest.fixture
-def collected():
-    handler = Collect()
-    root = logging.getLogger()
-    old = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG)
-    yield handler
-    root.removeHandler(handler)
-    root.setLevel(old)
 
 
 @pytest.fixture
