@@ -78,4 +78,9 @@ size_t NamespaceHub::Subscribers(const std::string& name) {
   return it == subscribers_.end() ? 0 : it->second.size();
 }
 
+size_t NamespaceHub::OpenStreams() {
+  absl::MutexLock lock(&mu_);
+  return open_streams_;
+}
+
 }  // namespace agentix::sandbox

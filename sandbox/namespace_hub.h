@@ -47,6 +47,8 @@ class NamespaceHub {
                    const std::vector<NamespaceEventPtr>& events);
   // Number of open streams on `name`.
   size_t Subscribers(const std::string& name);
+  // Number of open streams, over all names.
+  size_t OpenStreams();
 
  private:
   const size_t max_streams_;

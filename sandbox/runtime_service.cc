@@ -343,6 +343,8 @@ grpc::ServerUnaryReactor* RuntimeServiceImpl::GetInfo(
   response->set_worker_pid(info.worker_pid);
   response->set_workers_started(info.workers_started);
   response->set_calls_in_flight(info.calls_in_flight);
+  response->set_calls_queued(info.calls_queued);
+  response->set_namespace_streams(info.namespace_streams);
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -695,8 +695,10 @@ SessionInfo SessionManager::Info() {
   info.worker_pid = worker_ ? worker_->pid() : 0;
   info.workers_started = workers_started_;
   for (const auto& [id, call] : calls_) {
-    if (!call.terminal) ++info.calls_in_flight;
+    if (!call.terminal && !call.queued) ++info.calls_in_flight;
   }
+  info.calls_queued = call_queue_.size();
+  info.namespace_streams = namespaces_.OpenStreams();
   return info;
 }
 

@@ -63,6 +63,8 @@ struct SessionInfo {
   int64_t worker_pid = 0;
   uint64_t workers_started = 0;
   uint64_t calls_in_flight = 0;
+  uint64_t calls_queued = 0;
+  uint64_t namespace_streams = 0;
 };
 
 class SessionManager : public WorkerProcess::Listener {

@@ -202,8 +202,13 @@ async def run(args):
             while True:
                 await asyncio.sleep(30)
                 running = collections.Counter(op_kind[op] for op in in_flight)
+                try:
+                    streams = (await asyncio.wait_for(direct._info(), 5)).namespace_streams
+                except Exception as error:
+                    streams = repr(error)
                 print(f"[chaos] {time.strftime('%H:%M:%S')} {dict(outcomes)} cuts={proxy.cuts} "
-                      f"rss={peak_rss_mb(daemon.pid):.0f} MiB in-flight={dict(running)}", flush=True)
+                      f"rss={peak_rss_mb(daemon.pid):.0f} MiB in-flight={dict(running)} "
+                      f"namespace-streams={streams}", flush=True)
 
         async with client:
             injectors = [asyncio.ensure_future(f()) for f in (cutter, killer, reporter)]

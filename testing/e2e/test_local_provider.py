@@ -222,6 +222,16 @@ async def test_session_runs_remote_calls(dev_bundle, dirs):
         assert [item async for item in sandbox.remote_stream(e2e_targets.count_sync, 3)] == [0, 10, 20]
         info = await provider.get(sandbox.sandbox_id)
         assert info.status == "running" and info.runtime_url == sandbox.runtime_url
+        # Each sandbox has its own token: without it the daemon refuses every RPC,
+        # and the worker never sees it.
+        assert sandbox.token and len(sandbox.token) >= 32 and sandbox.token not in repr(sandbox)
+        assert await sandbox.remote(os.getenv, "AGENTIX_TOKEN") is None
+        from agentix import RuntimeClient, RuntimeUnreachable
+
+        for wrong in ("", "not-the-token"):
+            with pytest.raises(RuntimeUnreachable, match="UNAUTHENTICATED"):
+                async with RuntimeClient(sandbox.runtime_url, token=wrong or None, timeout=5):
+                    pass
     with pytest.raises(KeyError, match="no sandbox"):
         await provider.get(sandbox.sandbox_id)
 

@@ -167,6 +167,9 @@ class Sandbox:
     runtime_url: str
     status: str = "running"
     call_deadline: float | None = None
+    # The bearer token the sandbox's daemon requires (None: none, or
+    # $AGENTIX_TOKEN); never shown in repr.
+    token: str | None = field(default=None, repr=False, compare=False)
     _client: RuntimeClient | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -176,7 +179,7 @@ class Sandbox:
         if client is None:
             from agentix.runtime.client.client import RuntimeClient
 
-            client = self._client = RuntimeClient(self.runtime_url, call_deadline=self.call_deadline)
+            client = self._client = RuntimeClient(self.runtime_url, call_deadline=self.call_deadline, token=self.token)
         else:
             client.call_deadline = self.call_deadline
         return client

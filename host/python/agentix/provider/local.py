@@ -58,6 +58,8 @@ _FRESH_TOP_LEVEL = {"dev", "proc", "sys", "tmp", "run", "nix"}
 # sun_path is 108 bytes including the terminating NUL.
 _MAX_SOCKET_PATH = 107
 _TAIL_BYTES = 8192
+# The daemon's token variable (sandbox/auth.h): a fresh token per sandbox.
+_TOKEN_ENV = "AGENTIX_TOKEN"
 _MACHINE_PLATFORM = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}.get(
     platform_module.machine(), f"linux/{platform_module.machine()}"
 )
@@ -244,6 +246,7 @@ class _Running:
     process: subprocess.Popen[bytes]
     cgroups: _Cgroups
     runtime_url: str
+    token: str = ""
 
 
 def _children(pid: int) -> list[int]:
@@ -289,7 +292,7 @@ def _private_dir(path: Path) -> None:
         )
 
 
-async def _health_ok(socket_path: Path, timeout: float) -> bool:
+async def _health_ok(socket_path: Path, timeout: float, token: str = "") -> bool:
     """One ``grpc.health.v1.Health/Check`` on the daemon's socket. Hand-encoded
     (an empty request; the reply's field 1 is the status, 1 = SERVING) because
     Debian's grpcio ships without the grpc_health package."""
@@ -302,7 +305,8 @@ async def _health_ok(socket_path: Path, timeout: float) -> bool:
             request_serializer=lambda _: b"",
             response_deserializer=lambda data: data,
         )
-        reply = await check(None, timeout=timeout)
+        metadata = (("authorization", f"Bearer {token}"),) if token else None
+        reply = await check(None, timeout=timeout, metadata=metadata)
         return reply[:2] == b"\x08\x01"
     except grpc.aio.AioRpcError as error:
         # Something answered gRPC on the socket but has no health service: it is up.
@@ -389,6 +393,8 @@ class LocalProvider(SandboxProvider):
             process=None,  # type: ignore[arg-type]  # set below
             cgroups=_Cgroups(self.config.cgroup_root, self.config.cgroup_parent, sandbox_id),
             runtime_url=f"unix://{socket_path}",
+            # Every RPC to the sandbox's daemon must carry it (docs/PROVIDERS.md).
+            token=secrets.token_urlsafe(32),
         )
         try:
             self._apply_limits(running.cgroups, resource)
@@ -401,6 +407,7 @@ class LocalProvider(SandboxProvider):
             if running.cgroups.paths:
                 argv = ["/bin/sh", "-c", _ENTER_CGROUPS, "agentix-enter-cgroups", *running.cgroups.procs_files(), "--", *argv]
             env = self._sandbox_env(sandbox_id, config.env)
+            env[_TOKEN_ENV] = running.token
             with open(running.log_path, "wb") as log:
                 running.process = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, close_fds=True
@@ -414,7 +421,9 @@ class LocalProvider(SandboxProvider):
             await asyncio.shield(self._teardown(running))
             raise
         _log.debug("sandbox %s ready at %s", sandbox_id, running.runtime_url)
-        return Sandbox(sandbox_id=SandboxId(sandbox_id), runtime_url=running.runtime_url, status="running")
+        return Sandbox(
+            sandbox_id=SandboxId(sandbox_id), runtime_url=running.runtime_url, status="running", token=running.token
+        )
 
     def _check_platform(self, requested: str | None) -> None:
         if requested is None:
@@ -523,7 +532,9 @@ class LocalProvider(SandboxProvider):
                     f"its output ends with:\n{_tail(running.log_path)}"
                 )
             if _is_socket(running.socket_path):
-                if await _health_ok(running.socket_path, timeout=max(0.1, min(2.0, deadline - loop.time()))):
+                if await _health_ok(
+                    running.socket_path, timeout=max(0.1, min(2.0, deadline - loop.time())), token=running.token
+                ):
                     return
             if loop.time() >= deadline:
                 raise TimeoutError(
