@@ -641,7 +641,7 @@ class RuntimeClient:
             return
         self._stream = None
         self._channel_broken = True
-        self._orphan_acks.extend(stream.take_unsent_acks())
+        self._orphan_acks = [*self._orphan_acks, *stream.take_unsent_acks()][-2 * 4096 :]
         if not self._pending:
             return
         if not self._reconnect_enabled:

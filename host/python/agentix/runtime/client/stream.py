@@ -55,6 +55,8 @@ _EVENT_OVERHEAD = 64
 # how many may wait at most (the daemon retains a result until it is acked).
 ACK_DELAY = 0.05
 ACK_BATCH = 512
+# How many written acks a stream remembers for re-sending after a cut.
+RECENT_ACKS = 4096
 
 # A call's outcome: the encoded result value, or the sandbox's error report.
 Outcome = Union[bytes, RemoteError]
@@ -190,6 +192,10 @@ class CallsStream:
         self._uploads_by_id: dict[str, _Upload] = {}
         self._wakeup = asyncio.Event()
         self._acks: list[str] = []  # call ids whose terminal event awaits an ack
+        # Acks written lately: a connection cut can lose them in flight, so
+        # they are sent again on the next stream (the daemon ignores acks of
+        # results it no longer holds).
+        self._recent_acks: collections.deque[str] = collections.deque(maxlen=RECENT_ACKS)
         self._acks_due = False  # set when the acks may not wait any longer
         self._ack_timer: asyncio.TimerHandle | None = None
         self._closing = False
@@ -245,9 +251,12 @@ class CallsStream:
                 self.ack_stream(call.call_id, call.consumed)
 
     def take_unsent_acks(self) -> list[str]:
-        """The ids whose AckResult this (lost) stream never wrote; the client
-        sends them on the next stream so the daemon can free the results."""
-        acks, self._acks = self._acks, []
+        """The ids whose AckResult this (lost) stream never wrote, or wrote
+        lately (it may not have arrived); the client sends them on the next
+        stream so the daemon can free the results."""
+        acks = [*self._recent_acks, *self._acks]
+        self._acks = []
+        self._recent_acks.clear()
         return acks
 
     def ack_results(self, call_ids: list[str]) -> None:
@@ -305,6 +314,7 @@ class CallsStream:
 
     def _take_acks(self) -> list[pb.HostEvent]:
         acks = [pb.HostEvent(ack=pb.AckResult(call_id=call_id)) for call_id in self._acks]
+        self._recent_acks.extend(self._acks)
         self._acks.clear()
         self._acks_due = False
         if self._ack_timer is not None:
