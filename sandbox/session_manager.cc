@@ -149,12 +149,15 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
   const uint64_t expected = start.arguments_size() == 0
                                 ? start.arguments().size()
                                 : start.arguments_size();
+  // A refused call has had its one terminal event: its id is remembered so
+  // that chunks still on their way for it are dropped, not answered again.
   if (start.arguments().size() > expected) {
     out.push_back({sink, BadRequest(id, absl::StrCat(
                                             "arguments carry ",
                                             start.arguments().size(),
                                             " bytes but arguments_size says ",
                                             expected))});
+    RememberFinished(id);
     return;
   }
   if (expected > options_.max_payload_bytes) {
@@ -165,6 +168,7 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
                                 " bytes exceed the sandbox limit of ",
                                 options_.max_payload_bytes, " bytes"),
                    absl::StatusCode::kResourceExhausted)});
+    RememberFinished(id);
     return;
   }
   Call& call = calls_[id];

@@ -342,6 +342,18 @@ TEST_CASE("Resume re-attaches running calls and replays retained results",
           "ResultUnavailable");
 }
 
+TEST_CASE("A refused call gets one terminal event, even if chunks follow",
+          "[sandbox]") {
+  SessionManager manager(FakeWorkerOptions());
+  auto sink = std::make_shared<RecordingSink>();
+  // arguments (5 bytes) larger than arguments_size (3): refused at once.
+  manager.HandleHostEvent(sink, Start("a", "fake::echo", "hello", 3));
+  manager.HandleHostEvent(sink, Chunk("a", "world"));
+  REQUIRE(sink->AwaitTerminal("a").error().error().type() == "BadRequest");
+  absl::SleepFor(absl::Milliseconds(50));
+  REQUIRE(sink->CountTerminal("a") == 1);
+}
+
 TEST_CASE("A re-sent StartCall never runs a call twice", "[sandbox]") {
   SessionOptions options = FakeWorkerOptions();
   options.max_retained_results = 1;

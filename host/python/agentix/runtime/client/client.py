@@ -87,6 +87,26 @@ _RANDOMIZATION = 0.5
 _RESEND_ARGUMENTS_BYTES = 16 * 1024 * 1024
 
 
+# Closing a channel or a stream waits for gRPC to wind its calls down; after
+# a broken connection that was seen to take for ever, and it must never hold
+# up a reconnect (which runs under the connect lock) or close().
+_CLOSE_SECONDS = 2.0
+# Longest wait for the daemon to confirm a namespace stream (under the
+# connect lock, so it must be short).
+_CONFIRM_SECONDS = 15.0
+
+
+async def _bounded(awaitable: Awaitable[Any], what: str) -> None:
+    try:
+        await asyncio.wait_for(awaitable, _CLOSE_SECONDS)
+    except TimeoutError:
+        _log.debug("%s took over %ss; left to finish in the background", what, _CLOSE_SECONDS)
+
+
+async def _close_channel(channel: grpc.aio.Channel) -> None:
+    await _bounded(channel.close(), "closing a gRPC channel")
+
+
 class _TlsFiles:
     """The TLS settings of a client: whether to use TLS and its credentials."""
 
@@ -480,9 +500,9 @@ class RuntimeClient:
         namespace_streams = list(self._namespace_streams.values())
         self._namespace_streams.clear()
         for namespace_stream in namespace_streams:
-            await namespace_stream.aclose()
+            await _bounded(namespace_stream.aclose(), "closing a namespace stream")
         if channel is not None:
-            await channel.close()
+            await _close_channel(channel)
 
     async def _live_stream(self) -> CallsStream:
         """Returns the open Calls stream, connecting first if there is none."""
@@ -546,11 +566,11 @@ class RuntimeClient:
         when a stream fails or no answer comes within `timeout`."""
         for stream in streams:
             try:
-                await stream.wait_opened(self.timeout)
+                await stream.wait_opened(min(self.timeout, _CONFIRM_SECONDS))
             except TimeoutError:
                 raise RuntimeUnreachable(
                     f"runtime at {self.base_url} did not confirm namespace {stream.ns.namespace} "
-                    f"within {self.timeout}s"
+                    f"within {min(self.timeout, _CONFIRM_SECONDS)}s"
                 ) from None
             except RuntimeError as error:
                 raise RuntimeUnreachable(f"runtime at {self.base_url}: {error}") from error
@@ -594,7 +614,7 @@ class RuntimeClient:
                 return channel
         self._channel = None
         if channel is not None:
-            await channel.close()
+            await _close_channel(channel)
 
         # A private subchannel pool: a fresh channel must not inherit the
         # reconnect backoff of a broken one to the same address.
@@ -614,7 +634,7 @@ class RuntimeClient:
                 pb.GetInfoRequest(), timeout=self.timeout, metadata=self._metadata
             )
         except BaseException as error:
-            await channel.close()
+            await _close_channel(channel)
             if isinstance(error, grpc.aio.AioRpcError):
                 raise self._unreachable(error) from error
             raise
