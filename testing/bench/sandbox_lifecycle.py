@@ -243,11 +243,11 @@ def _install_hooks(local_mod, timeline: Timeline):
         return local_mod._lifecycle_bench_provider  # installed once per process
     health_ok = getattr(local_mod, "_health_ok", None)
     if health_ok is not None:
-        async def timed_health_ok(socket_path, timeout):
+        async def timed_health_ok(socket_path, timeout, **kwargs):
             timeline.mark("first_probe")
             timeline.marks["last_probe"] = time.time()
             timeline.probes += 1
-            ok = await health_ok(socket_path, timeout)
+            ok = await health_ok(socket_path, timeout, **kwargs)
             if ok:
                 timeline.mark("healthy")
             return ok
