@@ -210,6 +210,19 @@ async def run(args):
                       f"rss={peak_rss_mb(daemon.pid):.0f} MiB in-flight={dict(running)} "
                       f"namespace-streams={streams}", flush=True)
 
+        def dump_state():
+            # `kill -USR2 <pid>`: the client's connection state and where every task waits.
+            print(f"[chaos] client: stream alive={client._stream is not None and client._stream.alive} "
+                  f"channel={client._channel!r} lock={client._connect_lock.locked()} "
+                  f"reconnector={client._reconnector!r}", flush=True)
+            for path, ns_stream in client._namespace_streams.items():
+                print(f"[chaos] namespace {path}: done={ns_stream._done} task_done={ns_stream._task.done()} "
+                      f"opened={ns_stream._opened!r}", flush=True)
+            for task in asyncio.all_tasks():
+                task.print_stack(limit=6, file=sys.stdout)
+            sys.stdout.flush()
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, dump_state)
         async with client:
             injectors = [asyncio.ensure_future(f()) for f in (cutter, killer, reporter)]
             try:
