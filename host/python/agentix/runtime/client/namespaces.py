@@ -15,6 +15,9 @@ from agentix.runtime.v1 import runtime_pb2 as pb
 
 __all__ = ["NamespaceStream"]
 
+# Seconds a new Namespace stream may take to be confirmed by the daemon.
+OPEN_TIMEOUT = 10.0
+
 _log = logging.getLogger("agentix.sio")
 
 
@@ -64,9 +67,20 @@ class NamespaceStream:
         self._rpc.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
 
+    def _open_timed_out(self) -> None:
+        if not self._opened.done():
+            _log.debug("namespace %s: no answer to OpenNamespace within %ss; re-opened by the next call",
+                       self.ns.namespace, OPEN_TIMEOUT)
+            self._rpc.cancel()
+            self._task.cancel()  # the stuck write may not notice the RPC's cancellation
+
     async def _run(self) -> None:
         ns = self.ns
         connected = False
+        # A stream opened while its connection is being cut was seen to hang
+        # in its first write for ever; the client re-opens streams that end,
+        # so one that does not open in time is ended.
+        watchdog = asyncio.get_running_loop().call_later(OPEN_TIMEOUT, self._open_timed_out)
         try:
             await self._rpc.write(pb.NamespaceRequest(open=pb.OpenNamespace(namespace=ns.namespace)))
             async for response in self._rpc:
@@ -96,6 +110,7 @@ class NamespaceStream:
         except Exception:
             _log.exception("namespace %s: stream failed; re-opened by the next call", ns.namespace)
         finally:
+            watchdog.cancel()
             self._done = True
             if not self._opened.done():
                 self._opened.set_exception(RuntimeError(f"namespace {ns.namespace}: stream ended before it opened"))
