@@ -580,9 +580,9 @@ absl::Status SessionManager::SendNamespaceEvent(
         absl::StrCat("runtime worker could not be started: ",
                      worker.status().message()));
   }
-  std::string encoded;
-  AGX_RETURN_IF_ERROR(ipc::AppendFrame(frame, encoded));
-  to_worker_.append(encoded);
+  // Encoded straight into the outgoing buffer (a refused frame leaves it
+  // unchanged), not through a temporary copy of a payload that may be large.
+  AGX_RETURN_IF_ERROR(ipc::AppendFrame(frame, to_worker_));
   FlushToWorker();
   return absl::OkStatus();
 }
