@@ -51,6 +51,7 @@ from agentix.runtime.client.namespaces import NamespaceStream
 from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream
 from agentix.runtime.client.result import Failed, Ok, Result
 from agentix.runtime.client.stream import STREAM_END, CallsStream, PendingCall, StartRequest
+from agentix.runtime.client import wire
 from agentix.runtime.client.target import grpc_target, wants_tls
 from agentix.runtime.client.traces import TraceCursor, TracesStream
 from agentix.runtime.shared import codec
@@ -528,7 +529,13 @@ class RuntimeClient:
             if self._stream is None or not self._stream.alive:
                 channel = await self._ready_channel()
                 self._connected_once = True
-                rpc = pb_grpc.RuntimeServiceStub(channel).Calls(metadata=self._metadata)
+                # Not the generated stub: argument and result chunks bypass
+                # protobuf messages (wire.py).
+                rpc = channel.stream_stream(
+                    wire.CALLS_METHOD,
+                    request_serializer=wire.serialize_request,
+                    response_deserializer=wire.parse_calls_response,
+                )(metadata=self._metadata)
                 self._stream = CallsStream(rpc, self._pending, self._stream_lost)
                 if self._pending:  # calls of a lost stream: re-attach them
                     self._stream.resume(list(self._pending.values()))

@@ -36,6 +36,7 @@ from typing import Union
 
 import grpc
 
+from agentix.runtime.client import wire
 from agentix.runtime.shared.models import RemoteError
 from agentix.runtime.v1 import runtime_pb2 as pb
 
@@ -51,6 +52,10 @@ CHUNK_BYTES = 1 << 20
 BATCH_BYTES = 2 << 20
 # Bytes counted per event on top of its payloads (ids, tags, lengths).
 _EVENT_OVERHEAD = 64
+# From this size on, a StartCall's first argument piece is written without
+# copying it into a protobuf message (see wire.py); below it the generated
+# class is cheaper.
+_RAW_START_BYTES = 64 << 10
 # Longest time an acknowledgement waits for a message to ride along with, and
 # how many may wait at most (the daemon retains a result until it is acked).
 ACK_DELAY = 0.05
@@ -142,17 +147,37 @@ class _Upload:
     def next_chunk_size(self) -> int:
         return min(CHUNK_BYTES, len(self.data) - self.offset)
 
-    def take_chunk(self) -> tuple[int, bytes]:
-        """The next piece and its offset within the whole arguments."""
+    def take_chunk(self) -> tuple[int, memoryview]:
+        """The next piece (not copied) and its offset within the whole arguments."""
         start = self.offset
         end = start + CHUNK_BYTES
-        chunk = bytes(self.data[start:end])
+        chunk = self.data[start:end]
         self.offset = min(end, len(self.data))
         return CHUNK_BYTES + start, chunk
 
     @property
     def finished(self) -> bool:
         return self.offset >= len(self.data)
+
+
+def _encode_batch(batch: list[pb.HostEvent | list]) -> pb.CallsRequest | bytes:
+    """One CallsRequest from a batch of events and encoded events (wire.py),
+    in order; bytes when anything was encoded by hand."""
+    if all(type(event) is pb.HostEvent for event in batch):
+        return pb.CallsRequest(events=batch)
+    pieces: list = []
+    run: list[pb.HostEvent] = []
+    for event in batch:
+        if type(event) is pb.HostEvent:
+            run.append(event)
+            continue
+        if run:
+            pieces.append(pb.CallsRequest(events=run).SerializeToString())
+            run = []
+        pieces.extend(event)
+    if run:
+        pieces.append(pb.CallsRequest(events=run).SerializeToString())
+    return b"".join(pieces)
 
 
 def remote_error_from_proto(error: pb.RemoteError) -> RemoteError:
@@ -186,8 +211,9 @@ class CallsStream:
         self._rpc = rpc
         self._pending = pending
         self._on_lost = on_lost
-        # (estimated size, event, upload to begin once the event is sent)
-        self._queue: collections.deque[tuple[int, pb.HostEvent, _Upload | None]] = collections.deque()
+        # (estimated size, event, upload to begin once the event is sent); an
+        # event is a HostEvent or the pieces of an encoded one (wire.py)
+        self._queue: collections.deque[tuple[int, pb.HostEvent | list, _Upload | None]] = collections.deque()
         self._uploads: collections.deque[_Upload] = collections.deque()
         self._uploads_by_id: dict[str, _Upload] = {}
         self._wakeup = asyncio.Event()
@@ -213,23 +239,26 @@ class CallsStream:
     ) -> None:
         """Queues the StartCall (and any ArgumentChunks) of a call in `pending`;
         a non-zero `stream_window` makes it a streaming call."""
-        first = arguments[:CHUNK_BYTES]
         upload = None
         if len(arguments) > CHUNK_BYTES:
             upload = _Upload(call_id, memoryview(arguments)[CHUNK_BYTES:])
             self._uploads_by_id[call_id] = upload
-        event = pb.HostEvent(
-            start=pb.StartCall(
-                call_id=call_id,
-                callable=callable_ref,
-                encoding=pb.ENCODING_PICKLE,
-                arguments=first,
-                arguments_size=len(arguments),
-                context=context,
-                stream_window=stream_window,
-            )
+        start = pb.StartCall(
+            call_id=call_id,
+            callable=callable_ref,
+            encoding=pb.ENCODING_PICKLE,
+            arguments_size=len(arguments),
+            context=context,
+            stream_window=stream_window,
         )
-        self._enqueue(len(first) + len(context) + len(callable_ref) + _EVENT_OVERHEAD, event, upload)
+        first_size = min(len(arguments), CHUNK_BYTES)
+        event: pb.HostEvent | list
+        if first_size >= _RAW_START_BYTES:
+            event = wire.start_call_event(start, memoryview(arguments)[:CHUNK_BYTES])
+        else:
+            start.arguments = arguments
+            event = pb.HostEvent(start=start)
+        self._enqueue(first_size + len(context) + len(callable_ref) + _EVENT_OVERHEAD, event, upload)
 
     def resume(self, calls: list[PendingCall]) -> None:
         """Re-attaches `calls` (pending from a lost stream) to this one: sends
@@ -322,7 +351,7 @@ class CallsStream:
             self._ack_timer = None
         return acks
 
-    def _take_batch(self) -> list[pb.HostEvent]:
+    def _take_batch(self) -> list[pb.HostEvent | list]:
         """Takes the events of the next message, within BATCH_BYTES: waiting
         acks, then queued events, then argument chunks taken round-robin from
         the uploads."""
@@ -350,9 +379,7 @@ class CallsStream:
                 break
             uploads.popleft()
             offset, data = upload.take_chunk()
-            batch.append(
-                pb.HostEvent(argument_chunk=pb.ArgumentChunk(call_id=upload.call_id, data=data, offset=offset))
-            )
+            batch.append(wire.argument_chunk_event(upload.call_id, data, offset))
             size += chunk_size
             if upload.finished:
                 self._uploads_by_id.pop(upload.call_id, None)
@@ -371,7 +398,7 @@ class CallsStream:
                 while self._queue or self._uploads or (self._acks and self._acks_due):
                     batch = self._take_batch()
                     if batch:
-                        await self._rpc.write(pb.CallsRequest(events=batch))
+                        await self._rpc.write(_encode_batch(batch))
                 if self._closing:
                     await self._rpc.done_writing()
                     return
@@ -383,7 +410,7 @@ class CallsStream:
     async def _read_loop(self) -> None:
         try:
             async for response in self._rpc:
-                for event in response.events:
+                for event in response:  # wire.parse_calls_response: a list of events
                     self._route(event)
         except asyncio.CancelledError:
             raise
@@ -405,7 +432,12 @@ class CallsStream:
         self._rpc.cancel()
         self._on_lost(self, error)
 
-    def _route(self, event: pb.SandboxEvent) -> None:
+    def _route(self, event: pb.SandboxEvent | wire.RawResultChunk) -> None:
+        if type(event) is wire.RawResultChunk:
+            call = self._pending.get(event.call_id)
+            if call is not None:
+                call.result_chunks.append(event.data)
+            return
         kind = event.WhichOneof("kind")
         if kind == "result_chunk":
             call = self._pending.get(event.result_chunk.call_id)

@@ -1,0 +1,180 @@
+"""Protobuf wire encoding for the bulk events of the ``Calls`` stream.
+
+Argument chunks and result chunks carry up to a MiB of bytes each. Going
+through protobuf messages costs three copies of those bytes per direction
+(into the message, out of it by ``SerializeToString`` / attribute access, and
+the slice we started from); on this kind of VM a copy of 16 MiB is 3-5 ms.
+So the Calls stream's serializer accepts ready-made ``bytes``, argument
+chunks are written here straight from a memoryview of the pickled arguments
+(one join), and the deserializer hands result chunks over as memoryviews into
+the received message. Everything else still goes through the generated
+classes; the bytes produced and accepted are exactly what protobuf would
+produce and accept (``tests/test_wire.py`` checks both ways).
+
+Field numbers are those of ``agentix/runtime/v1/runtime.proto``.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+from agentix.runtime.v1 import runtime_pb2 as pb
+
+__all__ = [
+    "CALLS_METHOD",
+    "RawResultChunk",
+    "argument_chunk_event",
+    "parse_calls_response",
+    "serialize_request",
+    "start_call_event",
+]
+
+CALLS_METHOD = "/agentix.runtime.v1.RuntimeService/Calls"
+
+# Tags (field number << 3 | wire type); wire type 2 is length-delimited, 0 varint.
+_EVENTS = 1 << 3 | 2  # CallsRequest.events / CallsResponse.events
+_HOST_START = 1 << 3 | 2  # HostEvent.start
+_HOST_ARGUMENT_CHUNK = 2 << 3 | 2  # HostEvent.argument_chunk
+_CHUNK_CALL_ID = 1 << 3 | 2  # ArgumentChunk.call_id / ResultChunk.call_id
+_CHUNK_DATA = 2 << 3 | 2  # ArgumentChunk.data / ResultChunk.data
+_CHUNK_OFFSET = 3 << 3 | 0  # ArgumentChunk.offset
+_START_ARGUMENTS = 4 << 3 | 2  # StartCall.arguments
+_SANDBOX_RESULT_CHUNK = 1 << 3 | 2  # SandboxEvent.result_chunk
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _length_header(tag: int, length: int) -> bytes:
+    return bytes((tag,)) + _varint(length)
+
+
+def argument_chunk_event(call_id: str, data: memoryview, offset: int) -> list:
+    """The pieces of one ``CallsRequest.events`` entry holding
+    ``HostEvent{argument_chunk: {call_id, data, offset}}``; joined with other
+    entries they form a CallsRequest. ``data`` is not copied here."""
+    ident = call_id.encode()
+    chunk_head = _length_header(_CHUNK_CALL_ID, len(ident)) + ident
+    chunk_tail = bytes((_CHUNK_OFFSET,)) + _varint(offset)
+    chunk_size = len(chunk_head) + len(_length_header(_CHUNK_DATA, len(data))) + len(data) + len(chunk_tail)
+    event_head = _length_header(_HOST_ARGUMENT_CHUNK, chunk_size)
+    return [
+        _length_header(_EVENTS, len(event_head) + chunk_size),
+        event_head,
+        chunk_head,
+        _length_header(_CHUNK_DATA, len(data)),
+        data,
+        chunk_tail,
+    ]
+
+
+def start_call_event(start: pb.StartCall, arguments: memoryview) -> list:
+    """The pieces of one ``CallsRequest.events`` entry holding
+    ``HostEvent{start}`` where ``start`` has no ``arguments`` set and
+    ``arguments`` is appended without a copy (protobuf accepts fields in any
+    order)."""
+    head = start.SerializeToString()
+    arguments_head = _length_header(_START_ARGUMENTS, len(arguments)) if len(arguments) else b""
+    start_size = len(head) + len(arguments_head) + len(arguments)
+    event_head = _length_header(_HOST_START, start_size)
+    return [
+        _length_header(_EVENTS, len(event_head) + start_size),
+        event_head,
+        head,
+        arguments_head,
+        arguments,
+    ]
+
+
+def serialize_request(request: Union[bytes, pb.CallsRequest]) -> bytes:
+    """The Calls stream's request serializer: ready-made bytes pass through."""
+    if isinstance(request, bytes):
+        return request
+    return request.SerializeToString()
+
+
+class RawResultChunk:
+    """A ``SandboxEvent.result_chunk`` read without protobuf: ``data`` is a
+    memoryview into the received message."""
+
+    __slots__ = ("call_id", "data")
+
+    def __init__(self, call_id: str, data: memoryview) -> None:
+        self.call_id = call_id
+        self.data = data
+
+
+class _Malformed(Exception):
+    pass
+
+
+def _read_varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= end or shift > 63:
+            raise _Malformed
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _read_result_chunk(buf: memoryview, pos: int, end: int) -> RawResultChunk | None:
+    """ResultChunk fields in buf[pos:end]; None if anything but call_id and
+    data is there (the caller then lets protobuf parse the event)."""
+    call_id = ""
+    data = buf[0:0]
+    while pos < end:
+        tag, pos = _read_varint(buf, pos, end)
+        if tag not in (_CHUNK_CALL_ID, _CHUNK_DATA):
+            return None
+        length, pos = _read_varint(buf, pos, end)
+        if length > end - pos:
+            raise _Malformed
+        if tag == _CHUNK_CALL_ID:
+            call_id = str(buf[pos : pos + length], "utf-8")
+        else:
+            data = buf[pos : pos + length]
+        pos += length
+    return RawResultChunk(call_id, data)
+
+
+def parse_calls_response(message: bytes) -> list:
+    """The Calls stream's response deserializer: the message's events, each a
+    ``pb.SandboxEvent`` or, for result chunks, a `RawResultChunk`.
+
+    Anything this reader does not expect (unknown fields, a malformed
+    message) is left to protobuf, which parses it or raises as it would have."""
+    buf = memoryview(message)
+    end = len(buf)
+    events: list = []
+    try:
+        pos = 0
+        while pos < end:
+            tag, pos = _read_varint(buf, pos, end)
+            if tag != _EVENTS:
+                raise _Malformed
+            length, pos = _read_varint(buf, pos, end)
+            event_end = pos + length
+            if event_end > end:
+                raise _Malformed
+            chunk = None
+            if length and buf[pos] == _SANDBOX_RESULT_CHUNK:
+                inner, inner_pos = _read_varint(buf, pos + 1, event_end)
+                if inner_pos + inner == event_end:  # the event is that one field
+                    chunk = _read_result_chunk(buf, inner_pos, event_end)
+            if chunk is None:
+                chunk = pb.SandboxEvent.FromString(buf[pos:event_end].tobytes())
+            events.append(chunk)
+            pos = event_end
+    except Exception:  # _Malformed, a bad UTF-8 id, protobuf's DecodeError
+        return list(pb.CallsResponse.FromString(message).events)
+    return events

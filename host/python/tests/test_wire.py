@@ -1,0 +1,93 @@
+"""The hand-written Calls wire pieces must mean exactly what protobuf means."""
+
+import os
+
+import pytest
+
+from agentix.runtime.client import stream as stream_module
+from agentix.runtime.client import wire
+from agentix.runtime.v1 import runtime_pb2 as pb
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 300, 16_383, 16_384, 1 << 20])
+@pytest.mark.parametrize("offset", [0, 1, 127, 128, 1 << 20, (1 << 35) + 5])
+def test_argument_chunk_event_parses_as_protobuf(size, offset):
+    data = os.urandom(size)
+    encoded = b"".join(wire.argument_chunk_event("call-é-1", memoryview(data), offset))
+    request = pb.CallsRequest.FromString(encoded)
+    (event,) = request.events
+    assert event.WhichOneof("kind") == "argument_chunk"
+    assert event.argument_chunk.call_id == "call-é-1"
+    assert event.argument_chunk.data == data
+    assert event.argument_chunk.HasField("offset") and event.argument_chunk.offset == offset
+
+
+@pytest.mark.parametrize("size", [0, 5, 200, 70_000])
+def test_start_call_event_parses_as_protobuf(size):
+    arguments = os.urandom(size)
+    start = pb.StartCall(call_id="c1", callable="m::f", encoding=pb.ENCODING_PICKLE,
+                         arguments_size=size + 10, context=b"ctx", stream_window=4)
+    encoded = b"".join(wire.start_call_event(start, memoryview(arguments)))
+    (event,) = pb.CallsRequest.FromString(encoded).events
+    expected = pb.StartCall()
+    expected.CopyFrom(start)
+    expected.arguments = arguments
+    assert event.start == expected
+
+
+def test_mixed_batch_keeps_event_order():
+    data = os.urandom(3000)
+    batch = [
+        pb.HostEvent(ack=pb.AckResult(call_id="a")),
+        wire.argument_chunk_event("b", memoryview(data), 10),
+        pb.HostEvent(cancel=pb.CancelCall(call_id="c")),
+        pb.HostEvent(ack=pb.AckResult(call_id="d")),
+        wire.argument_chunk_event("e", memoryview(data)[:7], 20),
+    ]
+    encoded = stream_module._encode_batch(batch)
+    events = pb.CallsRequest.FromString(wire.serialize_request(encoded)).events
+    assert [event.WhichOneof("kind") for event in events] == ["ack", "argument_chunk", "cancel", "ack", "argument_chunk"]
+    assert events[1].argument_chunk.data == data and events[4].argument_chunk.data == data[:7]
+
+
+def test_all_protobuf_batch_stays_a_message():
+    batch = [pb.HostEvent(ack=pb.AckResult(call_id="a"))]
+    request = stream_module._encode_batch(batch)
+    assert isinstance(request, pb.CallsRequest)
+    assert wire.serialize_request(request) == request.SerializeToString()
+
+
+def test_parse_calls_response_reads_chunks_without_protobuf_and_the_rest_with_it():
+    data = os.urandom(200_000)
+    response = pb.CallsResponse(events=[
+        pb.SandboxEvent(result_chunk=pb.ResultChunk(call_id="x", data=data)),
+        pb.SandboxEvent(result=pb.CallResult(call_id="x", value=b"tail", value_size=200_004)),
+        pb.SandboxEvent(result_chunk=pb.ResultChunk(call_id="y", data=b"")),
+        pb.SandboxEvent(stream_item=pb.StreamItem(call_id="z", index=3, value=b"item")),
+    ])
+    events = wire.parse_calls_response(response.SerializeToString())
+    assert isinstance(events[0], wire.RawResultChunk)
+    assert events[0].call_id == "x" and bytes(events[0].data) == data
+    assert events[1] == response.events[1]
+    assert isinstance(events[2], wire.RawResultChunk) and events[2].call_id == "y" and bytes(events[2].data) == b""
+    assert events[3] == response.events[3]
+
+
+def test_parse_calls_response_leaves_unknown_shapes_to_protobuf():
+    chunk = pb.SandboxEvent(result_chunk=pb.ResultChunk(call_id="x", data=b"abc")).SerializeToString()
+    # An unknown field inside the ResultChunk: protobuf keeps the known ones.
+    inner = pb.ResultChunk(call_id="x", data=b"abc").SerializeToString() + bytes([9 << 3 | 0, 1])
+    event = bytes([1 << 3 | 2, len(inner)]) + inner
+    message = bytes([1 << 3 | 2, len(chunk)]) + chunk + bytes([1 << 3 | 2, len(event)]) + event
+    events = wire.parse_calls_response(message)
+    assert bytes(events[0].data) == b"abc"
+    assert isinstance(events[1], pb.SandboxEvent) and events[1].result_chunk.data == b"abc"
+
+
+@pytest.mark.parametrize("garbage", [b"\x0a\x05abc", b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", b"\xff"])
+def test_parse_calls_response_raises_like_protobuf_on_garbage(garbage):
+    with pytest.raises(Exception) as ours:
+        wire.parse_calls_response(garbage)
+    with pytest.raises(Exception) as theirs:
+        pb.CallsResponse.FromString(garbage)
+    assert type(ours.value) is type(theirs.value)
