@@ -772,10 +772,12 @@ bool StartUpload(ChannelState& st, const ipc::Frame& f, std::string_view data) {
   if (data.size() >= f.total_size || st.uploads.count(f.call_id) != 0) {
     return false;
   }
-  Upload upload;
+  // Inserted before allocating: a throwing emplace then leaks nothing.
+  Upload& upload = st.uploads[f.call_id];
   upload.total = f.total_size;
   upload.received = data.size();
   if (f.total_size <= static_cast<uint64_t>(PY_SSIZE_T_MAX)) {
+    // total_size >= 1 here, so this is a fresh object, never a shared one.
     upload.buffer = PyBytes_FromStringAndSize(
         nullptr, static_cast<Py_ssize_t>(f.total_size));
   }
@@ -784,7 +786,6 @@ bool StartUpload(ChannelState& st, const ipc::Frame& f, std::string_view data) {
   } else {
     std::memcpy(PyBytes_AS_STRING(upload.buffer), data.data(), data.size());
   }
-  st.uploads.emplace(f.call_id, upload);
   return true;
 }
 
