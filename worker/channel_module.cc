@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <memory>
@@ -18,7 +19,9 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -35,11 +38,11 @@ namespace {
 // Frame kinds as the driver sees them.
 enum FrameKind : int {
   kCall = 1,
-  kArgChunk = 2,
   kCancel = 3,
   kShutdown = 4,
   kStreamAck = 5,
   kNamespaceEvent = 6,
+  kArgs = 7,  // a chunked call's complete arguments (see Upload)
 };
 
 // Read syscall size; reused for every read.
@@ -117,6 +120,16 @@ struct Capture {
   bool stopped = false;
 };
 
+// A call's arguments arriving in arg_chunk frames, assembled where they end
+// up: the bytes object is allocated once with the announced total_size and
+// each chunk is copied into it straight from the read buffer. Python sees it
+// only once complete (until then a bytes object may still be filled).
+struct Upload {
+  PyObject* buffer = nullptr;  // owned; nullptr if it could not be allocated
+  uint64_t total = 0;
+  uint64_t received = 0;
+};
+
 // The C++ side of a Channel object. Touched only with the GIL held, except
 // `out` during a write, which the writer's `busy` flag protects.
 struct ChannelState {
@@ -125,10 +138,20 @@ struct ChannelState {
   ipc::FrameReader reader;
   std::unique_ptr<char[]> read_buffer;
   std::string out;  // encoded frames not yet written
+  // Calls whose arguments are still arriving, by call id.
+  std::unordered_map<std::string, Upload> uploads;
   bool eof = false;
   bool dead = false;  // desynchronised: every later read fails
   std::string dead_reason;
   std::unique_ptr<Capture> capture;
+
+  ChannelState() = default;
+  ChannelState(const ChannelState&) = delete;
+  ChannelState& operator=(const ChannelState&) = delete;
+  // Deleted with the GIL held (ChannelDealloc).
+  ~ChannelState() {
+    for (auto& [id, upload] : uploads) Py_XDECREF(upload.buffer);
+  }
 };
 
 struct ChannelObject {
@@ -734,17 +757,90 @@ void ChannelDealloc(PyObject* self) {
   Py_DECREF(type);  // heap types are owned by their instances
 }
 
-PyObject* FrameToTuple(PyObject* self, const ipc::Frame& f) {
+PyObject* BytesOf(std::string_view data) {
+  return PyBytes_FromStringAndSize(data.data(),
+                                   static_cast<Py_ssize_t>(data.size()));
+}
+
+// A call frame whose first piece is short of total_size starts an Upload
+// (unless one runs for that id: the driver ignores the duplicate call, and
+// the chunks keep going to the first). Its tuple then carries None for the
+// data and the arguments follow in one ARGS tuple. An Upload whose buffer
+// cannot be allocated still counts the bytes, so the driver can fail the
+// call once the last one arrived.
+bool StartUpload(ChannelState& st, const ipc::Frame& f, std::string_view data) {
+  if (data.size() >= f.total_size || st.uploads.count(f.call_id) != 0) {
+    return false;
+  }
+  // Inserted before allocating: a throwing emplace then leaks nothing.
+  Upload& upload = st.uploads[f.call_id];
+  upload.total = f.total_size;
+  upload.received = data.size();
+  if (f.total_size <= static_cast<uint64_t>(PY_SSIZE_T_MAX)) {
+    // total_size >= 1 here, so this is a fresh object, never a shared one.
+    upload.buffer = PyBytes_FromStringAndSize(
+        nullptr, static_cast<Py_ssize_t>(f.total_size));
+  }
+  if (upload.buffer == nullptr) {
+    PyErr_Clear();  // reported as the call's error when complete
+  } else {
+    std::memcpy(PyBytes_AS_STRING(upload.buffer), data.data(), data.size());
+  }
+  return true;
+}
+
+// Copies an arg_chunk into its Upload. Returns the ARGS tuple once the last
+// byte arrived, Py_None while more are due (or the chunk belongs to no
+// upload: cancelled, complete or never announced, dropped as before), NULL
+// on error. ARGS is (ARGS, call_id, data, received): data is the complete
+// bytes, or None when received != total_size (an over-long upload; the
+// driver reports the count) or the buffer could not be allocated.
+PyObject* AddChunk(ChannelState& st, const ipc::Frame& f,
+                   std::string_view data) {
+  auto it = st.uploads.find(f.call_id);
+  if (it == st.uploads.end()) Py_RETURN_NONE;
+  Upload& upload = it->second;
+  const bool fits = data.size() <= upload.total - upload.received;
+  if (fits && upload.buffer != nullptr) {
+    std::memcpy(PyBytes_AS_STRING(upload.buffer) + upload.received,
+                data.data(), data.size());
+  }
+  upload.received += data.size();
+  if (upload.received < upload.total) Py_RETURN_NONE;
+  PyObject* buffer = upload.buffer;
+  if (!fits) Py_CLEAR(buffer);
+  const uint64_t received = upload.received;
+  st.uploads.erase(it);
+  return Tuple({PyLong_FromLong(kArgs), Str(f.call_id),
+                buffer != nullptr ? buffer : Py_NewRef(Py_None),
+                PyLong_FromUnsignedLongLong(received)});
+}
+
+// The tuple for one frame from the daemon (see channel_module.h); Py_None
+// for a frame Python does not see; NULL with an exception set on error.
+// `data` is the frame's payload (a view into the read buffer).
+PyObject* FrameToTuple(PyObject* self, const ipc::Frame& f,
+                       std::string_view data) {
+  ChannelState& st = Channel(self);
   switch (f.type) {
-    case ipc::FrameType::kCall:
+    case ipc::FrameType::kCall: {
+      PyObject* first =
+          StartUpload(st, f, data) ? Py_NewRef(Py_None) : BytesOf(data);
       return Tuple({PyLong_FromLong(kCall), Str(f.call_id), Str(f.callable),
-                    PyLong_FromLong(f.encoding), Bytes(f.data),
+                    PyLong_FromLong(f.encoding), first,
                     PyLong_FromUnsignedLongLong(f.total_size), Bytes(f.context),
                     PyLong_FromUnsignedLong(f.stream_window)});
+    }
     case ipc::FrameType::kArgChunk:
-      return Tuple({PyLong_FromLong(kArgChunk), Str(f.call_id), Bytes(f.data)});
-    case ipc::FrameType::kCancel:
+      return AddChunk(st, f, data);
+    case ipc::FrameType::kCancel: {
+      auto it = st.uploads.find(f.call_id);
+      if (it != st.uploads.end()) {
+        Py_XDECREF(it->second.buffer);
+        st.uploads.erase(it);
+      }
       return Tuple({PyLong_FromLong(kCancel), Str(f.call_id)});
+    }
     case ipc::FrameType::kStreamAck:
       return Tuple({PyLong_FromLong(kStreamAck), Str(f.call_id),
                     PyLong_FromUnsignedLongLong(f.index)});
@@ -754,14 +850,13 @@ PyObject* FrameToTuple(PyObject* self, const ipc::Frame& f) {
       PyObject* error_type = f.ns.has_error ? Str(f.ns.error_type)
                                             : Py_NewRef(Py_None);
       return Tuple({PyLong_FromLong(kNamespaceEvent), Str(f.ns.name),
-                    Str(f.ns.event), Bytes(f.data), Str(f.ns.request_id),
+                    Str(f.ns.event), BytesOf(data), Str(f.ns.request_id),
                     error_type, Str(f.ns.error_message),
                     PyLong_FromLong(f.ns.status_code)});
     }
     default:
       break;
   }
-  ChannelState& st = Channel(self);
   st.dead = true;
   st.dead_reason = "unexpected '" + std::string(ipc::FrameTypeName(f.type)) +
                    "' frame from the daemon";
@@ -807,7 +902,8 @@ PyObject* ChannelReadFrames(PyObject* self, PyObject* /*unused*/) {
     PyObject* list = PyList_New(0);
     if (list == nullptr) return nullptr;
     while (true) {
-      absl::StatusOr<std::optional<ipc::Frame>> next = st.reader.Next();
+      std::string_view data;  // valid until the next ReadAvailable
+      absl::StatusOr<std::optional<ipc::Frame>> next = st.reader.Next(&data);
       if (!next.ok()) {
         st.dead = true;
         st.dead_reason = std::string(next.status().message());
@@ -816,7 +912,11 @@ PyObject* ChannelReadFrames(PyObject* self, PyObject* /*unused*/) {
         return nullptr;
       }
       if (!next->has_value()) break;
-      PyObject* tuple = FrameToTuple(self, **next);
+      PyObject* tuple = FrameToTuple(self, **next, data);
+      if (tuple == Py_None) {
+        Py_DECREF(tuple);
+        continue;
+      }
       if (tuple == nullptr || PyList_Append(list, tuple) != 0) {
         Py_XDECREF(tuple);
         Py_DECREF(list);
@@ -850,53 +950,78 @@ PyObject* ChannelSendReady(PyObject* self, PyObject* const* args,
   Py_RETURN_NONE;
 }
 
-// Encodes a result (chunked when large) into st.out, writing whenever the
-// queue passes kFlushThreshold. Runs without the GIL.
-absl::Status EncodeResult(ChannelState& st, const std::string& call_id,
-                          int encoding, const char* data, size_t size) {
+// Sends encoded frames given as pieces (headers, slices of the caller's
+// payload, trailers). Small ones are copied into st.out like any frame; from
+// kFlushThreshold on, the pieces are written where they are, with writev,
+// after the queued logs and st.out, holding the channel's write side with
+// the GIL released, so the payload is never copied and no other thread's
+// frames interleave. GIL held on entry and exit; the caller's Py_buffer
+// keeps the payload alive throughout. kUnavailable if the write failed.
+absl::Status SendPieces(ChannelState& st,
+                        const std::vector<std::string_view>& pieces) {
+  size_t size = 0;
+  for (std::string_view piece : pieces) size += piece.size();
+  if (size < kFlushThreshold) {
+    try {
+      for (std::string_view piece : pieces) st.out.append(piece);
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError("out of memory");
+    }
+    return absl::OkStatus();
+  }
+  Writer& w = *st.writer;
+  AcquireWrite(w);
+  absl::Status status = WithoutGil([&w, &st, &pieces] {
+    const std::string logs = TakeLogs(w);
+    std::vector<std::string_view> all;
+    all.reserve(pieces.size() + 2);
+    all.push_back(logs);
+    all.push_back(st.out);
+    all.insert(all.end(), pieces.begin(), pieces.end());
+    absl::Status written = ipc::WriteAll(w.fd, all);
+    st.out.clear();
+    return written;
+  });
+  Leave(w);
+  return status;
+}
+
+// The frames of a result as pieces: kChunkBytes-sized `result_chunk` frames
+// (all sharing one header) and the final `result` frame with the last
+// (1..kChunkBytes) bytes, so the payload is referenced, not copied. The
+// header strings are stored in `headers` and must outlive the pieces.
+absl::Status ResultPieces(const std::string& call_id, int encoding,
+                          std::string_view data, std::string (&headers)[3],
+                          std::vector<std::string_view>& pieces) {
   constexpr size_t kChunk = ipc::kChunkBytes;
-  // The final `result` frame carries the last (1..kChunk) bytes; everything
-  // before it goes out in kChunk-sized `result_chunk` frames.
+  const size_t size = data.size();
   size_t last = size;
   if (size > kChunk) last = size % kChunk == 0 ? kChunk : size % kChunk;
+  const size_t chunks = (size - last) / kChunk;
   ipc::Frame frame;
   frame.call_id = call_id;
-  frame.type = ipc::FrameType::kResultChunk;
-  size_t offset = 0;
-  while (size - offset > last) {
-    frame.data.assign(data + offset, kChunk);
-    absl::Status status = ipc::AppendFrame(frame, st.out);
+  std::string unused_tail;  // chunk frames end with their payload
+  if (chunks > 0) {
+    frame.type = ipc::FrameType::kResultChunk;
+    absl::Status status =
+        ipc::EncodeFrameAround(frame, kChunk, headers[0], unused_tail);
     if (!status.ok()) return status;
-    offset += kChunk;
-    if (st.out.size() >= kFlushThreshold) {
-      status = WriteQueued(*st.writer, st.out);
-      if (!status.ok()) return status;
-    }
   }
   frame.type = ipc::FrameType::kResult;
   frame.encoding = encoding;
   frame.total_size = size;
-  frame.data.assign(data + offset, size - offset);
-  return ipc::AppendFrame(frame, st.out);
-}
-
-// Runs `encode` (which appends `size` payload bytes to st.out): small
-// payloads are a memcpy with the GIL held; large ones are copied with the
-// GIL released, holding the channel's write side. The caller's Py_buffer
-// keeps the payload alive throughout.
-template <typename Encode>
-absl::Status EncodeSized(ChannelState& st, size_t size, Encode&& encode) {
-  if (size < kFlushThreshold) {
-    try {
-      return encode();
-    } catch (const std::bad_alloc&) {
-      return absl::ResourceExhaustedError("out of memory");
-    }
+  absl::Status status =
+      ipc::EncodeFrameAround(frame, last, headers[1], headers[2]);
+  if (!status.ok()) return status;
+  pieces.reserve(2 * chunks + 3);
+  for (size_t i = 0; i < chunks; ++i) {
+    pieces.push_back(headers[0]);
+    pieces.push_back(data.substr(i * kChunk, kChunk));
   }
-  AcquireWrite(*st.writer);
-  absl::Status status = WithoutGil(encode);
-  Leave(*st.writer);
-  return status;
+  pieces.push_back(headers[1]);
+  pieces.push_back(data.substr(chunks * kChunk));
+  pieces.push_back(headers[2]);
+  return absl::OkStatus();
 }
 
 PyObject* ChannelSendResult(PyObject* self, PyObject* const* args,
@@ -911,11 +1036,13 @@ PyObject* ChannelSendResult(PyObject* self, PyObject* const* args,
   Py_buffer view;
   if (PyObject_GetBuffer(args[2], &view, PyBUF_CONTIG_RO) != 0) return nullptr;
   ChannelState& st = Channel(self);
-  const char* data = static_cast<const char*>(view.buf);
-  const size_t size = static_cast<size_t>(view.len);
-  absl::Status status = EncodeSized(st, size, [&] {
-    return EncodeResult(st, call_id, static_cast<int>(encoding), data, size);
-  });
+  const std::string_view data(static_cast<const char*>(view.buf),
+                              static_cast<size_t>(view.len));
+  std::string headers[3];
+  std::vector<std::string_view> pieces;
+  absl::Status status = ResultPieces(call_id, static_cast<int>(encoding), data,
+                                     headers, pieces);
+  if (status.ok()) status = SendPieces(st, pieces);
   PyBuffer_Release(&view);
   if (!status.ok()) {
     SetError(StateOfChannel(self)->channel_error, status);
@@ -957,16 +1084,19 @@ PyObject* ChannelSendItem(PyObject* self, PyObject* const* args,
     return nullptr;
   }
   ChannelState& st = Channel(self);
-  auto encode = [&] {
-    frame.data.assign(data, size);
-    return ipc::AppendFrame(frame, st.out);
-  };
-  absl::Status status = EncodeSized(st, size, encode);
+  std::string head, tail;
+  absl::Status status = ipc::EncodeFrameAround(frame, size, head, tail);
+  if (!status.ok()) {
+    // Nothing was queued. Only the frame limit fails here, so the driver
+    // can fail the call without declaring the channel dead.
+    PyBuffer_Release(&view);
+    SetError(PyExc_ValueError, status);
+    return nullptr;
+  }
+  status = SendPieces(st, {head, std::string_view(data, size), tail});
   PyBuffer_Release(&view);
   if (!status.ok()) {
-    // Nothing was queued. Only the frame limit (or memory) fails here, so
-    // the driver can fail the call without declaring the channel dead.
-    SetError(PyExc_ValueError, status);
+    SetError(StateOfChannel(self)->channel_error, status);
     return nullptr;
   }
   if (st.out.size() >= kFlushThreshold && !Flush(self)) return nullptr;
@@ -1554,7 +1684,7 @@ int ExecModule(PyObject* module) {
       PyModule_AddObjectRef(module, "ChannelError", ms->channel_error) < 0 ||
       PyModule_AddObjectRef(module, "Channel", ms->channel_type) < 0 ||
       AddInt(module, "CALL", kCall) < 0 ||
-      AddInt(module, "ARG_CHUNK", kArgChunk) < 0 ||
+      AddInt(module, "ARGS", kArgs) < 0 ||
       AddInt(module, "CANCEL", kCancel) < 0 ||
       AddInt(module, "SHUTDOWN", kShutdown) < 0 ||
       AddInt(module, "STREAM_ACK", kStreamAck) < 0 ||

@@ -10,7 +10,11 @@
 //     .send_ready(pid, detail)
 //     .send_result(call_id, encoding, data)   data: any contiguous buffer;
 //                               over CHUNK_BYTES it is cut into result_chunk
-//                               frames plus a final result with total_size
+//                               frames plus a final result with total_size.
+//                               From 256 KiB on (results and items) the
+//                               frames are written at once with writev,
+//                               headers around slices of `data`, so the
+//                               payload is not copied
 //     .send_item(call_id, index, encoding, data)   one stream_item frame;
 //                               ValueError (nothing queued) if it would
 //                               exceed the frame limit
@@ -42,8 +46,16 @@
 //     .pending_bytes()          queued, unwritten bytes
 //     .fileno()
 //   read_frames tuples: (CALL, call_id, callable, encoding, data, total_size,
-//     context, stream_window), (ARG_CHUNK, call_id, data), (CANCEL, call_id),
-//     (STREAM_ACK, call_id, index), (SHUTDOWN,)
+//     context, stream_window), (ARGS, call_id, data, received),
+//     (CANCEL, call_id), (STREAM_ACK, call_id, index), (SHUTDOWN,),
+//     (NS_EVENT, namespace, event, data, request_id, error_type,
+//     error_message, status_code).
+//     A call whose first piece is short of total_size has data None: the
+//     channel assembles its arg_chunk frames into one bytes object of
+//     total_size (allocated once, each chunk copied in straight from the
+//     read buffer) and delivers it as ARGS after the last byte; data is None
+//     there if received != total_size (over-long) or memory ran out. A
+//     cancel drops the assembly; chunks for no assembly are dropped.
 //   msgpack_loads(buffer) / msgpack_dumps(obj)   see msgpack_convert.h
 //   log(severity, message)      0 debug .. 3 error, to stderr via //base:log
 //   set_thread_name(name)       names the calling OS thread (<= 15 bytes)

@@ -187,9 +187,11 @@ TEST_CASE("read_frames decodes every daemon frame", "[channel]") {
 
   Py("frames = ch.read_frames()\n");
   REQUIRE(PyEval("len(frames)") == "5");
+  // The short first piece makes the channel assemble the arguments.
   REQUIRE(PyEval("frames[0] == (w.CALL, 'c1', 'math::factorial', 1, "
-                 "b'\\x80\\x05\\x00', 7, b'ctx', 16)") == "True");
-  REQUIRE(PyEval("frames[1] == (w.ARG_CHUNK, 'c1', b'rest')") == "True");
+                 "None, 7, b'ctx', 16)") == "True");
+  REQUIRE(PyEval("frames[1] == (w.ARGS, 'c1', b'\\x80\\x05\\x00rest', 7)") ==
+          "True");
   REQUIRE(PyEval("frames[2] == (w.CANCEL, 'c1')") == "True");
   REQUIRE(PyEval("frames[3] == (w.STREAM_ACK, 'c1', 5000000000)") == "True");
   REQUIRE(PyEval("frames[4] == (w.SHUTDOWN,)") == "True");
@@ -373,6 +375,185 @@ TEST_CASE("Large results are cut into result_chunk frames", "[channel]") {
   for (size_t i = 0; i < size; i += 4099) {
     REQUIRE(static_cast<unsigned char>(joined[i]) == i % 251);
   }
+}
+
+// Reads every frame the channel has now (the peer wrote them all already).
+std::string ReadAll() {
+  return PyEval("repr([ch.read_frames() for _ in range(4)])");
+}
+
+ipc::Frame CallFrame(const std::string& id, const std::string& first,
+                     uint64_t total) {
+  ipc::Frame call;
+  call.type = ipc::FrameType::kCall;
+  call.call_id = id;
+  call.callable = "m::f";
+  call.encoding = 1;
+  call.data = first;
+  call.total_size = total;
+  return call;
+}
+
+ipc::Frame ChunkFrame(const std::string& id, const std::string& data) {
+  ipc::Frame chunk;
+  chunk.type = ipc::FrameType::kArgChunk;
+  chunk.call_id = id;
+  chunk.data = data;
+  return chunk;
+}
+
+TEST_CASE("Chunked arguments arrive as one bytes object of total_size",
+          "[channel][args]") {
+  constexpr size_t kChunk = ipc::kChunkBytes;
+  // Over kMaxReadPerCall (8 MiB), so it spans several read_frames calls.
+  const size_t total = GENERATE(ipc::kChunkBytes + 1, 2 * ipc::kChunkBytes,
+                                9 * ipc::kChunkBytes + 17);
+  CAPTURE(total);
+  Pair pair;
+  std::string args(total, '\0');
+  for (size_t i = 0; i < total; ++i) args[i] = static_cast<char>(i % 253);
+  std::thread sender([&] {
+    pair.Send(CallFrame("big", args.substr(0, kChunk), total));
+    for (size_t off = kChunk; off < total; off += kChunk) {
+      pair.Send(ChunkFrame("big", args.substr(off, kChunk)));
+    }
+  });
+  Py("import select\n"
+     "got = []\n"
+     "while not any(f[0] == w.ARGS for f in got):\n"
+     "    select.select([ch.fileno()], [], [], 10)\n"
+     "    got += ch.read_frames()\n");
+  sender.join();
+  REQUIRE(PyEval("len(got)") == "2");
+  REQUIRE(PyEval("got[0][:4] + got[0][5:]") ==
+          absl::StrCat("(1, 'big', 'm::f', 1, ", total, ", b'', 0)"));
+  REQUIRE(PyEval("got[0][4] is None") == "True");
+  REQUIRE(PyEval("got[1][:2] == (w.ARGS, 'big')") == "True");
+  REQUIRE(PyEval("type(got[1][2]).__name__") == "bytes");
+  REQUIRE(PyEval("got[1][3]") == std::to_string(total));
+  REQUIRE(PyEval(absl::StrCat("got[1][2] == bytes(i % 253 for i in range(",
+                              total, "))")) == "True");
+  Py("del got\n");
+}
+
+TEST_CASE("Over-long chunked arguments report their size without data",
+          "[channel][args]") {
+  Pair pair;
+  pair.Send(CallFrame("c", "abcd", 10));
+  pair.Send(ChunkFrame("c", "efgh"));
+  pair.Send(ChunkFrame("c", "ijklm"));  // 13 bytes of 10
+  pair.Send(ChunkFrame("c", "late"));   // no assembly left: dropped
+  REQUIRE(ReadAll() ==
+          "[[(1, 'c', 'm::f', 1, None, 10, b'', 0), (7, 'c', None, 13)], [], "
+          "[], []]");
+}
+
+TEST_CASE("A cancel mid-upload drops the assembly and later chunks",
+          "[channel][args]") {
+  Pair pair;
+  pair.Send(CallFrame("c", "abcd", 10));
+  pair.Send(ChunkFrame("c", "ef"));
+  ipc::Frame cancel;
+  cancel.type = ipc::FrameType::kCancel;
+  cancel.call_id = "c";
+  pair.Send(cancel);
+  pair.Send(ChunkFrame("c", "ghij"));     // after the cancel: dropped
+  pair.Send(ChunkFrame("nobody", "xy"));  // unknown call: dropped
+  REQUIRE(ReadAll() ==
+          "[[(1, 'c', 'm::f', 1, None, 10, b'', 0), (3, 'c')], [], [], []]");
+  // The id can start again, with a fresh buffer.
+  pair.Send(CallFrame("c", "0123", 6));
+  pair.Send(ChunkFrame("c", "45"));
+  REQUIRE(ReadAll() ==
+          "[[(1, 'c', 'm::f', 1, None, 6, b'', 0), (7, 'c', b'012345', 6)], "
+          "[], [], []]");
+}
+
+TEST_CASE("A duplicate call frame leaves the running assembly alone",
+          "[channel][args]") {
+  Pair pair;
+  pair.Send(CallFrame("c", "abc", 6));
+  pair.Send(CallFrame("c", "xyz", 6));  // the driver ignores it
+  pair.Send(ChunkFrame("c", "def"));
+  // Arguments that arrive whole are passed as they are.
+  pair.Send(CallFrame("small", "whole", 5));
+  REQUIRE(ReadAll() ==
+          "[[(1, 'c', 'm::f', 1, None, 6, b'', 0), "
+          "(1, 'c', 'm::f', 1, b'xyz', 6, b'', 0), (7, 'c', b'abcdef', 6), "
+          "(1, 'small', 'm::f', 1, b'whole', 5, b'', 0)], [], [], []]");
+}
+
+// Reads raw bytes from `fd` until they end with `tail` (or 20 s passed).
+std::string ReadUntilEnd(int fd, const std::string& tail) {
+  std::string got;
+  char buffer[65536];
+  while (got.size() < tail.size() ||
+         got.compare(got.size() - tail.size(), tail.size(), tail) != 0) {
+    pollfd pfd{fd, POLLIN, 0};
+    if (poll(&pfd, 1, 20000) <= 0) break;
+    const ssize_t n = read(fd, buffer, sizeof buffer);
+    if (n <= 0) break;
+    got.append(buffer, static_cast<size_t>(n));
+  }
+  return got;
+}
+
+TEST_CASE("Large results are written unchanged on the wire, after logs and "
+          "queued frames", "[channel]") {
+  constexpr size_t kChunk = ipc::kChunkBytes;
+  const size_t size =
+      GENERATE(size_t{300 * 1024}, ipc::kChunkBytes, ipc::kChunkBytes + 1,
+               3 * ipc::kChunkBytes, 3 * ipc::kChunkBytes + 5);
+  CAPTURE(size);
+  std::string data(size, '\0');
+  for (size_t i = 0; i < size; ++i) data[i] = static_cast<char>(i % 251);
+  // What the channel sent before it stopped copying: a small result queued
+  // first, AppendFrame-encoded chunk frames, the final result frame.
+  ipc::Frame small;
+  small.type = ipc::FrameType::kResult;
+  small.call_id = "small";
+  small.encoding = 2;
+  small.data = "tiny";
+  small.total_size = 4;
+  std::string want;
+  REQUIRE_OK(ipc::AppendFrame(small, want));
+  size_t last = size <= kChunk ? size : (size % kChunk ? size % kChunk : kChunk);
+  size_t offset = 0;
+  for (; size - offset > last; offset += kChunk) {
+    ipc::Frame chunk = ChunkFrame("big", data.substr(offset, kChunk));
+    chunk.type = ipc::FrameType::kResultChunk;
+    REQUIRE_OK(ipc::AppendFrame(chunk, want));
+  }
+  ipc::Frame result;
+  result.type = ipc::FrameType::kResult;
+  result.call_id = "big";
+  result.encoding = 1;
+  result.data = data.substr(offset);
+  result.total_size = size;
+  REQUIRE_OK(ipc::AppendFrame(result, want));
+
+  Pair pair;
+  std::string got;
+  std::thread reader([&] { got = ReadUntilEnd(pair.peer, want); });
+  Py(absl::StrCat(
+      "data = bytearray(i % 251 for i in range(", size, "))\n",
+      "ch.send_result('small', 2, b'tiny')\n"
+      "ch.send_log('lg', 20, 'INFO', 'before', 1, 'f.py', 1, 'fn', 'm', '', "
+      "1, 'big', '', None, '')\n"
+      "ch.send_result('big', 1, memoryview(data))\n"
+      "ch.flush()\n"
+      "data[:] = b''  # the buffer is released again: resizing works\n"));
+  reader.join();
+  // The log record (queued before) comes first, then `want` unchanged.
+  ipc::FrameReader frames;
+  frames.Append(got.data(), got.size());
+  auto log = frames.Next();
+  REQUIRE(log.ok());
+  REQUIRE(log->has_value());
+  REQUIRE((*log)->type == ipc::FrameType::kLog);
+  REQUIRE((*log)->log.message == "before");
+  REQUIRE(frames.buffered() == want.size());
+  REQUIRE(got.substr(got.size() - want.size()) == want);
 }
 
 TEST_CASE("A write to a closed peer raises ChannelError", "[channel]") {

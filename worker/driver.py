@@ -316,7 +316,7 @@ class _Stream:
 
 class _Call:
     __slots__ = ("call_id", "reference", "encoding", "total_size", "context",
-                 "parts", "received", "task", "cancelled", "stream")
+                 "receiving", "received", "task", "cancelled", "stream")
 
     def __init__(self, call_id, reference, encoding, total_size, context,
                  stream_window):
@@ -326,8 +326,9 @@ class _Call:
         self.encoding = encoding or _PICKLE
         self.total_size = total_size
         self.context = context
-        self.parts = None  # argument pieces while chunks are still arriving
-        self.received = 0
+        # The channel assembles chunked arguments; an ARGS tuple ends this.
+        self.receiving = False
+        self.received = 0  # argument bytes received
         self.task = None  # asyncio.Task or concurrent Future once running
         self.cancelled = False
         self.stream = _Stream(stream_window) if stream_window else None
@@ -407,8 +408,8 @@ class _Worker:
                 kind = frame[0]
                 if kind == _w.CALL:
                     self._on_call(*frame[1:])
-                elif kind == _w.ARG_CHUNK:
-                    self._on_arg_chunk(frame[1], frame[2])
+                elif kind == _w.ARGS:
+                    self._on_args(frame[1], frame[2], frame[3])
                 elif kind == _w.STREAM_ACK:
                     self._on_stream_ack(frame[1], frame[2])
                 elif kind == _w.CANCEL:
@@ -478,33 +479,33 @@ class _Worker:
         call = _Call(call_id, reference, encoding, total_size, context,
                      stream_window)
         self._calls[call_id] = call
-        if len(data) >= total_size:
-            self._start(call, data)
+        if data is None:
+            call.receiving = True  # the rest comes in chunks
         else:
-            call.parts = [data]
             call.received = len(data)
+            self._start(call, data)
 
     def _on_stream_ack(self, call_id, index):
         call = self._calls.get(call_id)
         if call is not None and call.stream is not None:
             call.stream.ack(index)
 
-    def _on_arg_chunk(self, call_id, data):
+    def _on_args(self, call_id, data, received):
+        """A chunked call's arguments, assembled by the channel: data is
+        None if received != total_size or they could not be allocated."""
         call = self._calls.get(call_id)
-        if call is None or call.parts is None:
+        if call is None or not call.receiving:
             return  # cancelled while its arguments were arriving
-        call.parts.append(data)
-        call.received += len(data)
-        if call.received >= call.total_size:
-            parts, call.parts = call.parts, None
-            self._start(call, b"".join(parts))
+        call.receiving = False
+        call.received = received
+        self._start(call, data)
 
     def _on_cancel(self, call_id):
         call = self._calls.pop(call_id, None)
         if call is None:
             return  # already answered, or never seen
         call.cancelled = True
-        call.parts = None
+        call.receiving = False
         if call.task is not None:
             # A task gets CancelledError at its next await; a pool function
             # that has not started never runs; a running one is abandoned.
@@ -554,11 +555,17 @@ class _Worker:
                 f"unsupported argument encoding {call.encoding} "
                 "(supported: 1 = pickle, 2 = msgpack)", "", _INVALID_ARGUMENT))
             return
-        if len(data) != call.total_size:
+        if call.received != call.total_size:
             self._finish(call, False, (
                 "ArgumentsDecodeError",
-                f"received {len(data)} argument bytes, but total_size is "
+                f"received {call.received} argument bytes, but total_size is "
                 f"{call.total_size}", "", _INVALID_ARGUMENT))
+            return
+        if data is None:
+            self._finish(call, False, (
+                "ArgumentsDecodeError",
+                f"out of memory for {call.total_size} argument bytes", "",
+                _INVALID_ARGUMENT))
             return
         try:
             fn = resolve(call.reference)

@@ -771,6 +771,33 @@ TEST_CASE("Cancelling while arguments arrive", "[worker]") {
   worker->ExpectSilence(absl::Milliseconds(300));
 }
 
+TEST_CASE("Over-long chunked arguments are ArgumentsDecodeError", "[worker]") {
+  auto worker = ReadyWorker();
+  const std::string args = Pickle("((b'z' * 1500000,), {})");
+  Frame call;
+  call.type = FrameType::kCall;
+  call.call_id = "long";
+  call.callable = "worker_fixture::length";
+  call.encoding = 1;
+  call.total_size = args.size() - 10;
+  call.data = args.substr(0, ipc::kChunkBytes);
+  worker->Send(call);
+  Frame chunk;
+  chunk.type = FrameType::kArgChunk;
+  chunk.call_id = "long";
+  chunk.data = args.substr(ipc::kChunkBytes);
+  worker->Send(chunk);
+  Reply reply = worker->AwaitReply("long", absl::Seconds(5));
+  REQUIRE(reply.error.type == "ArgumentsDecodeError");
+  REQUIRE(reply.error.code == 3);
+  REQUIRE(reply.error.message ==
+          absl::StrCat("received ", args.size(), " argument bytes, but "
+                       "total_size is ", args.size() - 10));
+  // The call is over: its later chunks are dropped.
+  worker->Send(chunk);
+  worker->ExpectSilence(absl::Milliseconds(300));
+}
+
 TEST_CASE("Large arguments and results travel in chunks", "[worker]") {
   auto worker = ReadyWorker();
   // 3 MiB of arguments: a call frame plus arg_chunk frames.

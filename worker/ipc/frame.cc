@@ -169,6 +169,21 @@ absl::Status ReadInt(const msgpack::object& o, std::string_view key, T& out) {
   return absl::OkStatus();
 }
 
+// Reads str or bin as a view into the decoded body (see FrameReader::Next).
+absl::Status ReadView(const msgpack::object& o, std::string_view key,
+                      std::string_view& out) {
+  if (o.type == msgpack::type::STR) {
+    out = std::string_view(o.via.str.ptr, o.via.str.size);
+  } else if (o.type == msgpack::type::BIN) {
+    out = std::string_view(o.via.bin.ptr, o.via.bin.size);
+  } else if (o.type == msgpack::type::NIL) {
+    out = {};
+  } else {
+    return InvalidField(key, "a string");
+  }
+  return absl::OkStatus();
+}
+
 std::string_view KeyOf(const msgpack::object_kv& kv) {
   if (kv.key.type != msgpack::type::STR) return {};
   return std::string_view(kv.key.via.str.ptr, kv.key.via.str.size);
@@ -280,12 +295,10 @@ std::string_view FrameTypeName(FrameType type) {
 
 namespace {
 
-// Writes the little-endian length of the body that follows the 4 bytes
-// reserved at `start`, or undoes the frame if the body is too large.
-absl::Status FinishFrame(size_t start, std::string& out) {
-  const size_t body = out.size() - start - 4;
+// Writes the little-endian length `body` into the 4 bytes at `at`, or fails
+// if the body is too large.
+absl::Status PutLength(size_t body, char* at) {
   if (body > kMaxFrameBytes) {
-    out.resize(start);
     return absl::ResourceExhaustedError(absl::StrCat(
         "frame of ", body, " bytes exceeds the ", kMaxFrameBytes,
         "-byte frame limit"));
@@ -296,8 +309,16 @@ absl::Status FinishFrame(size_t start, std::string& out) {
       static_cast<unsigned char>((len >> 8) & 0xff),
       static_cast<unsigned char>((len >> 16) & 0xff),
       static_cast<unsigned char>((len >> 24) & 0xff)};
-  std::memcpy(out.data() + start, prefix, 4);
+  std::memcpy(at, prefix, 4);
   return absl::OkStatus();
+}
+
+// Writes the length of the body that follows the 4 bytes reserved at
+// `start`, or undoes the frame if the body is too large.
+absl::Status FinishFrame(size_t start, std::string& out) {
+  absl::Status status = PutLength(out.size() - start - 4, out.data() + start);
+  if (!status.ok()) out.resize(start);
+  return status;
 }
 
 }  // namespace
@@ -317,6 +338,51 @@ absl::Status AppendDataFrame(FrameType type, std::string_view call_id,
   PackStr(p, "call_id", call_id);
   PackBin(p, "data", data);
   return FinishFrame(start, out);
+}
+
+absl::Status EncodeFrameAround(const Frame& f, size_t data_size,
+                               std::string& head, std::string& tail) {
+  head.assign(4, '\0');
+  tail.clear();
+  StringSink head_sink{head};
+  Packer h(head_sink);
+  StringSink tail_sink{tail};
+  Packer t(tail_sink);
+  // Field order as in AppendFrame, so the bytes are identical.
+  switch (f.type) {
+    case FrameType::kArgChunk:
+    case FrameType::kResultChunk:
+      h.pack_map(3);
+      PackStr(h, "t", FrameTypeName(f.type));
+      PackStr(h, "call_id", f.call_id);
+      break;
+    case FrameType::kResult:
+      h.pack_map(5);
+      PackStr(h, "t", "result");
+      PackStr(h, "call_id", f.call_id);
+      PackInt(h, "encoding", f.encoding);
+      PackInt(t, "total_size", f.total_size);
+      break;
+    case FrameType::kStreamItem:
+      h.pack_map(5);
+      PackStr(h, "t", "stream_item");
+      PackStr(h, "call_id", f.call_id);
+      PackInt(h, "index", f.index);
+      PackInt(h, "encoding", f.encoding);
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "EncodeFrameAround: '", std::string(FrameTypeName(f.type)),
+          "' frames do not end with their payload"));
+  }
+  PackKey(h, "data");
+  if (data_size > kMaxFrameBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "frame payload of ", data_size, " bytes exceeds the ", kMaxFrameBytes,
+        "-byte frame limit"));
+  }
+  h.pack_bin(static_cast<uint32_t>(data_size));
+  return PutLength(head.size() - 4 + data_size + tail.size(), head.data());
 }
 
 absl::Status AppendFrame(const Frame& f, std::string& out) {
@@ -411,7 +477,10 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
   return FinishFrame(start, out);
 }
 
-absl::StatusOr<Frame> DecodeFrameBody(std::string_view body) {
+namespace {
+
+absl::StatusOr<Frame> DecodeBody(std::string_view body,
+                                 std::string_view* data_view) {
   msgpack::object_handle handle;
   try {
     // Limits keep a hostile frame from making msgpack allocate huge arrays.
@@ -460,7 +529,8 @@ absl::StatusOr<Frame> DecodeFrameBody(std::string_view body) {
     } else if (key == "encoding") {
       s = ReadInt(kv.val, key, f.encoding);
     } else if (key == "data") {
-      s = ReadBytes(kv.val, key, f.data);
+      s = data_view != nullptr ? ReadView(kv.val, key, *data_view)
+                               : ReadBytes(kv.val, key, f.data);
     } else if (key == "total_size") {
       s = ReadInt(kv.val, key, f.total_size);
     } else if (key == "context") {
@@ -488,7 +558,27 @@ absl::StatusOr<Frame> DecodeFrameBody(std::string_view body) {
   return f;
 }
 
-absl::StatusOr<std::optional<Frame>> FrameReader::Next() {
+}  // namespace
+
+absl::StatusOr<Frame> DecodeFrameBody(std::string_view body) {
+  return DecodeBody(body, nullptr);
+}
+
+void FrameReader::Append(const char* data, size_t size) {
+  // Compacted here rather than in Next(), so views Next() returned stay
+  // valid until now; appends stay amortised.
+  if (offset_ == buffer_.size()) {
+    buffer_.clear();
+    offset_ = 0;
+  } else if (offset_ > (1u << 20) && offset_ * 2 > buffer_.size()) {
+    buffer_.erase(0, offset_);
+    offset_ = 0;
+  }
+  buffer_.append(data, size);
+}
+
+absl::StatusOr<std::optional<Frame>> FrameReader::Next(
+    std::string_view* data) {
   if (buffered() < 4) return std::optional<Frame>();
   const auto* p =
       reinterpret_cast<const unsigned char*>(buffer_.data() + offset_);
@@ -502,17 +592,10 @@ absl::StatusOr<std::optional<Frame>> FrameReader::Next() {
         "-byte frame limit"));
   }
   if (buffered() - 4 < len) return std::optional<Frame>();
-  auto frame = DecodeFrameBody(
-      std::string_view(buffer_.data() + offset_ + 4, len));
+  if (data != nullptr) *data = {};
+  auto frame =
+      DecodeBody(std::string_view(buffer_.data() + offset_ + 4, len), data);
   offset_ += 4 + len;
-  // Compact once the consumed prefix dominates, keeping appends amortised.
-  if (offset_ == buffer_.size()) {
-    buffer_.clear();
-    offset_ = 0;
-  } else if (offset_ > (1u << 20) && offset_ * 2 > buffer_.size()) {
-    buffer_.erase(0, offset_);
-    offset_ = 0;
-  }
   if (!frame.ok()) return frame.status();
   return std::optional<Frame>(std::move(*frame));
 }

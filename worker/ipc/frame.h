@@ -139,6 +139,15 @@ absl::Status AppendFrame(const Frame& frame, std::string& out);
 absl::Status AppendDataFrame(FrameType type, std::string_view call_id,
                              std::string_view data, std::string& out);
 
+// Encodes `frame` (kArgChunk, kResultChunk, kResult or kStreamItem) around a
+// payload of `data_size` bytes that the caller sends itself, e.g. with
+// writev, so a large payload is never copied: head + payload + tail is
+// exactly what AppendFrame produces with frame.data = payload. `head` (length
+// prefix included) and `tail` are replaced; frame.data is ignored.
+// kInvalidArgument for another type; kResourceExhausted as AppendFrame.
+absl::Status EncodeFrameAround(const Frame& frame, size_t data_size,
+                               std::string& head, std::string& tail);
+
 // Decodes one frame body (without the length prefix).
 // kInvalidArgument for garbage, a non-map body, an unknown type or a field of
 // the wrong msgpack type.
@@ -148,13 +157,19 @@ absl::StatusOr<Frame> DecodeFrameBody(std::string_view body);
 // Not thread-safe; one reader owns it.
 class FrameReader {
  public:
-  // Appends raw bytes as read from the socket.
-  void Append(const char* data, size_t size) { buffer_.append(data, size); }
+  // Appends raw bytes as read from the socket. Invalidates the views
+  // Next(&data) returned.
+  void Append(const char* data, size_t size);
   // Returns the next complete frame, std::nullopt when more bytes are needed,
   // or an error: kResourceExhausted for a length over kMaxFrameBytes (checked
   // before any body byte is buffered), kInvalidArgument for a bad body. After
   // an error the stream is desynchronised and the reader must be discarded.
-  absl::StatusOr<std::optional<Frame>> Next();
+  //
+  // With `data`, the frame's "data" field is not copied into Frame::data but
+  // returned in *data as a view into the reader's buffer, valid until the
+  // next Append (large argument chunks are then copied once, straight to
+  // where they belong).
+  absl::StatusOr<std::optional<Frame>> Next(std::string_view* data = nullptr);
   // Bytes buffered but not yet consumed (a truncated frame at EOF shows here).
   size_t buffered() const { return buffer_.size() - offset_; }
 

@@ -3,7 +3,15 @@
 #include <catch2/catch.hpp>
 #include <msgpack.hpp>
 
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+#include <vector>
+
 #include "testing/status_matchers.h"
+#include "worker/ipc/io.h"
 
 namespace agentix::ipc {
 namespace {
@@ -359,6 +367,111 @@ TEST_CASE("A namespace frame whose ns field is not a map is refused", "[ipc]") {
   }
   auto frame = DecodeFrameBody(body);
   REQUIRE(frame.status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace agentix::ipc
+
+namespace agentix::ipc {
+namespace {
+
+TEST_CASE("EncodeFrameAround gives AppendFrame's bytes around the payload",
+          "[ipc]") {
+  const std::string payload(300000, 'p');
+  for (FrameType type : {FrameType::kArgChunk, FrameType::kResultChunk,
+                         FrameType::kResult, FrameType::kStreamItem}) {
+    Frame f;
+    f.type = type;
+    f.call_id = "call-7";
+    f.encoding = 2;
+    f.index = 70000;
+    f.total_size = (1u << 20) * 16 + 3;
+    for (size_t size : {size_t{0}, size_t{31}, size_t{300}, payload.size()}) {
+      f.data = payload.substr(0, size);
+      std::string want;
+      REQUIRE_OK(AppendFrame(f, want));
+      std::string head = "stale", tail = "stale";
+      REQUIRE_OK(EncodeFrameAround(f, size, head, tail));
+      REQUIRE(head + f.data + tail == want);
+    }
+  }
+  Frame call;
+  call.type = FrameType::kCall;
+  std::string head, tail;
+  REQUIRE(EncodeFrameAround(call, 1, head, tail).code() ==
+          absl::StatusCode::kInvalidArgument);
+  Frame chunk;
+  chunk.type = FrameType::kResultChunk;
+  REQUIRE(EncodeFrameAround(chunk, kMaxFrameBytes, head, tail).code() ==
+          absl::StatusCode::kResourceExhausted);
+}
+
+TEST_CASE("Next(&data) returns the payload as a view into the buffer",
+          "[ipc]") {
+  Frame chunk;
+  chunk.type = FrameType::kArgChunk;
+  chunk.call_id = "c";
+  chunk.data = std::string(5000, 'a');
+  Frame cancel;
+  cancel.type = FrameType::kCancel;
+  cancel.call_id = "c";
+  std::string wire;
+  REQUIRE_OK(AppendFrame(chunk, wire));
+  REQUIRE_OK(AppendFrame(cancel, wire));
+  FrameReader reader;
+  reader.Append(wire.data(), wire.size());
+  std::string_view data = "stale";
+  auto first = reader.Next(&data);
+  REQUIRE(first.ok());
+  REQUIRE(first->has_value());
+  REQUIRE((*first)->data.empty());  // not copied
+  REQUIRE(data == chunk.data);
+  // A frame without a "data" field leaves the view empty.
+  auto second = reader.Next(&data);
+  REQUIRE(second.ok());
+  REQUIRE((*second)->type == FrameType::kCancel);
+  REQUIRE(data.empty());
+  // The view survives Next() calls that find nothing, until Append.
+  auto none = reader.Next(&data);
+  REQUIRE(none.ok());
+  REQUIRE(!none->has_value());
+  REQUIRE(reader.buffered() == 0);
+}
+
+}  // namespace
+}  // namespace agentix::ipc
+
+namespace agentix::ipc {
+namespace {
+
+TEST_CASE("WriteAll(pieces) writes the concatenation, in order", "[ipc]") {
+  int fds[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
+  // More pieces than one writev takes, empty ones included, and more bytes
+  // than the socket buffer holds (partial writes).
+  std::vector<std::string> storage;
+  std::string want;
+  for (int i = 0; i < 300; ++i) {
+    storage.push_back(std::string(i % 7 == 0 ? 0 : 1000 + i * 37, 'a' + i % 26));
+    want += storage.back();
+  }
+  std::vector<std::string_view> pieces(storage.begin(), storage.end());
+  std::string got;
+  std::thread reader([&] {
+    char buffer[65536];
+    while (got.size() < want.size()) {
+      const ssize_t n = read(fds[1], buffer, sizeof buffer);
+      if (n <= 0) break;
+      got.append(buffer, static_cast<size_t>(n));
+    }
+  });
+  REQUIRE_OK(WriteAll(fds[0], pieces));
+  reader.join();
+  REQUIRE(got == want);
+  close(fds[1]);
+  signal(SIGPIPE, SIG_IGN);  // as the worker and daemon do: EPIPE, not death
+  REQUIRE(WriteAll(fds[0], pieces).code() == absl::StatusCode::kUnavailable);
+  close(fds[0]);
 }
 
 }  // namespace

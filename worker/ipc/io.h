@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "worker/ipc/frame.h"
 
 namespace agentix::ipc {
@@ -11,6 +12,9 @@ namespace agentix::ipc {
 // Writes all of `bytes` to `fd`, retrying on EINTR and waiting in poll() when
 // the fd is non-blocking and full. kUnavailable if the peer is gone.
 absl::Status WriteAll(int fd, std::string_view bytes);
+// The same for the concatenation of `pieces`, written with writev: frame
+// headers and payloads that live apart go out without being copied together.
+absl::Status WriteAll(int fd, absl::Span<const std::string_view> pieces);
 
 // Reads what is available (at most `max_bytes`) from `fd` into `reader`.
 // Returns the byte count; 0 means end of stream. For a non-blocking fd with
