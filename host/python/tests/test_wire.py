@@ -50,11 +50,13 @@ def test_mixed_batch_keeps_event_order():
     assert events[1].argument_chunk.data == data and events[4].argument_chunk.data == data[:7]
 
 
-def test_all_protobuf_batch_stays_a_message():
-    batch = [pb.HostEvent(ack=pb.AckResult(call_id="a"))]
-    request = stream_module._encode_batch(batch)
-    assert isinstance(request, pb.CallsRequest)
-    assert wire.serialize_request(request) == request.SerializeToString()
+def test_protobuf_events_are_framed_exactly_as_protobuf_would():
+    batch = [
+        pb.HostEvent(ack=pb.AckResult(call_id="a")),
+        pb.HostEvent(start=pb.StartCall(call_id="b", callable="m::f", arguments=b"x" * 300, arguments_size=300)),
+        pb.HostEvent(stream_ack=pb.StreamAck(call_id="c", next_index=7)),
+    ]
+    assert stream_module._encode_batch(batch) == pb.CallsRequest(events=batch).SerializeToString()
 
 
 def test_parse_calls_response_reads_chunks_without_protobuf_and_the_rest_with_it():

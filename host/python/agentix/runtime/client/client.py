@@ -352,12 +352,16 @@ class RuntimeClient:
             start=self._start_request(callable_ref, arguments, carrier, 0),
         )
         self._pending[call.call_id] = call
+        deadline = None
         try:
             stream.start_call(call.call_id, callable_ref, arguments, carrier)
-            async with asyncio.timeout(self.call_deadline) as deadline:
+            if self.call_deadline is None:
                 outcome = await call.future
+            else:
+                async with asyncio.timeout(self.call_deadline) as deadline:
+                    outcome = await call.future
         except TimeoutError:
-            if deadline.expired():
+            if deadline is not None and deadline.expired():
                 raise CallTimeout(
                     f"remote call '{display_name}' exceeded deadline of {self.call_deadline}s"
                 ) from None

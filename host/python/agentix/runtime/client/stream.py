@@ -163,20 +163,13 @@ class _Upload:
 def _encode_batch(batch: list[pb.HostEvent | list]) -> pb.CallsRequest | bytes:
     """One CallsRequest from a batch of events and encoded events (wire.py),
     in order; bytes when anything was encoded by hand."""
-    if all(type(event) is pb.HostEvent for event in batch):
-        return pb.CallsRequest(events=batch)
     pieces: list = []
-    run: list[pb.HostEvent] = []
     for event in batch:
         if type(event) is pb.HostEvent:
-            run.append(event)
-            continue
-        if run:
-            pieces.append(pb.CallsRequest(events=run).SerializeToString())
-            run = []
-        pieces.extend(event)
-    if run:
-        pieces.append(pb.CallsRequest(events=run).SerializeToString())
+            # Cheaper than copying the events into a new CallsRequest message.
+            pieces.extend(wire.request_event(event.SerializeToString()))
+        else:
+            pieces.extend(event)
     return b"".join(pieces)
 
 
@@ -338,17 +331,17 @@ class CallsStream:
 
     def _acks_ready(self) -> None:
         self._ack_timer = None
-        self._acks_due = True
-        self._wakeup.set()
+        if self._acks:
+            self._acks_due = True
+            self._wakeup.set()
 
     def _take_acks(self) -> list[pb.HostEvent]:
         acks = [pb.HostEvent(ack=pb.AckResult(call_id=call_id)) for call_id in self._acks]
         self._recent_acks.extend(self._acks)
         self._acks.clear()
+        # A pending ack timer stays: when it fires with no acks waiting it does
+        # nothing, which is cheaper than cancelling and re-arming it per call.
         self._acks_due = False
-        if self._ack_timer is not None:
-            self._ack_timer.cancel()
-            self._ack_timer = None
         return acks
 
     def _take_batch(self) -> list[pb.HostEvent | list]:
@@ -390,11 +383,12 @@ class CallsStream:
     async def _send_loop(self) -> None:
         try:
             while True:
+                # No extra yield is needed for coalescing: the sender resumes in
+                # the loop iteration after the one in which the first event was
+                # queued, so every task made ready with it (e.g. by one response
+                # settling many calls) has queued its events by then.
                 await self._wakeup.wait()
                 self._wakeup.clear()
-                # Yield once so every task made ready in this loop iteration (e.g. by
-                # one response settling many calls) queues its events first.
-                await asyncio.sleep(0)
                 while self._queue or self._uploads or (self._acks and self._acks_due):
                     batch = self._take_batch()
                     if batch:
@@ -408,10 +402,15 @@ class CallsStream:
             self._report_lost(exc)
 
     async def _read_loop(self) -> None:
+        read = self._rpc.read  # cheaper than the call's async iterator
+        route = self._route
         try:
-            async for response in self._rpc:
+            while True:
+                response = await read()
+                if response is grpc.aio.EOF:
+                    break
                 for event in response:  # wire.parse_calls_response: a list of events
-                    self._route(event)
+                    route(event)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # includes routing bugs: fail calls, never hang them

@@ -24,6 +24,7 @@ __all__ = [
     "CALLS_METHOD",
     "RawResultChunk",
     "argument_chunk_event",
+    "request_event",
     "parse_calls_response",
     "serialize_request",
     "start_call_event",
@@ -53,6 +54,11 @@ def _varint(value: int) -> bytes:
 
 def _length_header(tag: int, length: int) -> bytes:
     return bytes((tag,)) + _varint(length)
+
+
+def request_event(host_event: bytes) -> tuple[bytes, bytes]:
+    """The pieces of one ``CallsRequest.events`` entry for a serialized HostEvent."""
+    return _length_header(_EVENTS, len(host_event)), host_event
 
 
 def argument_chunk_event(call_id: str, data: memoryview, offset: int) -> list:
