@@ -136,7 +136,6 @@ struct ChannelState {
   std::shared_ptr<Writer> writer;
   int fd = -1;
   ipc::FrameReader reader;
-  std::unique_ptr<char[]> read_buffer;
   std::string out;  // encoded frames not yet written
   // Calls whose arguments are still arriving, by call id.
   std::unordered_map<std::string, Upload> uploads;
@@ -721,10 +720,7 @@ PyObject* ChannelNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   PyObject* self = type->tp_alloc(type, 0);
   if (self == nullptr) return nullptr;
   auto* state = new (std::nothrow) ChannelState;
-  char* buffer = new (std::nothrow) char[kReadBufferBytes];
-  if (state == nullptr || buffer == nullptr) {
-    delete state;
-    delete[] buffer;
+  if (state == nullptr) {
     Py_DECREF(self);
     return PyErr_NoMemory();
   }
@@ -732,13 +728,11 @@ PyObject* ChannelNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
     state->writer = std::make_shared<Writer>();
   } catch (const std::bad_alloc&) {
     delete state;
-    delete[] buffer;
     Py_DECREF(self);
     return PyErr_NoMemory();
   }
   state->writer->fd = fd;
   state->fd = fd;
-  state->read_buffer.reset(buffer);
   reinterpret_cast<ChannelObject*>(self)->state = state;
   return self;
 }
@@ -869,9 +863,8 @@ PyObject* FrameToTuple(PyObject* self, const ipc::Frame& f,
 bool ReadAvailable(ChannelState& st) {
   size_t total = 0;
   while (!st.eof && total < kMaxReadPerCall) {
-    const ssize_t n = ::read(st.fd, st.read_buffer.get(), kReadBufferBytes);
+    const ssize_t n = st.reader.ReadFrom(st.fd, kReadBufferBytes);
     if (n > 0) {
-      st.reader.Append(st.read_buffer.get(), static_cast<size_t>(n));
       total += static_cast<size_t>(n);
       // A short read means the socket is drained; skip the EAGAIN round trip.
       if (static_cast<size_t>(n) < kReadBufferBytes) break;
