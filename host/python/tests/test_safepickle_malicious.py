@@ -369,6 +369,11 @@ def test_payload_is_refused_without_side_effects(name, marker):
     with pytest.raises(RestrictedUnpickleError):
         restricted_loads(with_marker(ALL[name], str(marker)))
     assert not marker.exists()
+    # Results arrive in pieces; the chunked loader refuses exactly the same.
+    data = with_marker(ALL[name], str(marker))
+    with pytest.raises(RestrictedUnpickleError):
+        safepickle.restricted_loads_chunks([data[:5], data[5:9], data[9:]])
+    assert not marker.exists()
     # No allowlisted class was left modified (BUILD-on-class payloads are undone).
     assert dict(fractions.Fraction.__dict__) == dict(state_before[0])
     assert pathlib.PosixPath.__bases__ == state_before[1]

@@ -63,8 +63,9 @@ ACK_BATCH = 512
 # How many written acks a stream remembers for re-sending after a cut.
 RECENT_ACKS = 4096
 
-# A call's outcome: the encoded result value, or the sandbox's error report.
-Outcome = Union[bytes, RemoteError]
+# A call's outcome: the encoded result value (bytes, or the list of pieces it
+# arrived in), or the sandbox's error report.
+Outcome = Union[bytes, list, RemoteError]
 
 
 # Put into a streaming call's item queue once its future is done.
@@ -464,19 +465,23 @@ class CallsStream:
 
     def _result_outcome(self, result: pb.CallResult) -> Outcome:
         call = self._pending.get(result.call_id)
+        value: bytes | list
         if call is None or not call.result_chunks:
             value = result.value
+            size = len(value)
         else:
-            value = b"".join([*call.result_chunks, result.value])
+            # Left in pieces: restricted_loads_chunks decodes them unjoined.
+            value = [*call.result_chunks, result.value]
+            size = sum(len(piece) for piece in value)
         if result.encoding not in (pb.ENCODING_UNSPECIFIED, pb.ENCODING_PICKLE):
             return RemoteError(
                 type="MalformedError",
                 message=f"the runtime answered with encoding {pb.Encoding.Name(result.encoding)}, not pickle",
             )
-        if result.value_size and result.value_size != len(value):
+        if result.value_size and result.value_size != size:
             return RemoteError(
                 type="MalformedError",
-                message=f"result value has {len(value)} bytes but the runtime announced {result.value_size}",
+                message=f"result value has {size} bytes but the runtime announced {result.value_size}",
             )
         return value
 
