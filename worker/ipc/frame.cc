@@ -428,20 +428,18 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       PackBin(p, "data", f.data);
       break;
     case FrameType::kStreamItem:
-      p.pack_map(5);
-      PackStr(p, "t", "stream_item");
-      PackStr(p, "call_id", f.call_id);
-      PackInt(p, "index", f.index);
-      PackInt(p, "encoding", f.encoding);
-      PackBin(p, "data", f.data);
-      break;
     case FrameType::kArgChunk:
     case FrameType::kResultChunk:
-      p.pack_map(3);
-      PackStr(p, "t", FrameTypeName(f.type));
-      PackStr(p, "call_id", f.call_id);
-      PackBin(p, "data", f.data);
-      break;
+    case FrameType::kResult: {
+      // Frames that end with their payload: one encoder for both paths, so
+      // the copying and the zero-copy senders put the same bytes on the wire.
+      out.resize(start);
+      std::string head, tail;
+      absl::Status status = EncodeFrameAround(f, f.data.size(), head, tail);
+      if (!status.ok()) return status;
+      out.append(head).append(f.data).append(tail);
+      return absl::OkStatus();
+    }
     case FrameType::kCancel:
       p.pack_map(2);
       PackStr(p, "t", "cancel");
@@ -461,14 +459,6 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       p.pack_map(2);
       PackStr(p, "t", "boot_error");
       PackError(p, f.error);
-      break;
-    case FrameType::kResult:
-      p.pack_map(5);
-      PackStr(p, "t", "result");
-      PackStr(p, "call_id", f.call_id);
-      PackInt(p, "encoding", f.encoding);
-      PackBin(p, "data", f.data);
-      PackInt(p, "total_size", f.total_size);
       break;
     case FrameType::kError:
       p.pack_map(3);
