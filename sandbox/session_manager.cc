@@ -69,8 +69,9 @@ void SessionManager::HandleHostEvents(
     for (const HostEvent& event : events) ApplyHostEvent(sink, event, out);
     DispatchQueued(out);
     FlushToWorker();
+    Post(out);
   }
-  Deliver(out);
+  DeliverPosted();
   ReapDeadWorkers();
 }
 
@@ -478,6 +479,7 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
       DispatchQueued(out);
       FlushToWorker();
     }
+    Post(out);
   }
   std::vector<runtime::v1::LogRecord> records;
   std::vector<runtime::v1::TraceEvent> trace_events;
@@ -496,7 +498,7 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
   if (!records.empty()) logs_->Append(std::move(records));
   if (!trace_events.empty()) traces_->Append(std::move(trace_events));
   if (!namespace_events.empty()) RouteNamespaceEvents(namespace_events);
-  Deliver(out);
+  DeliverPosted();
 }
 
 namespace {
@@ -668,8 +670,9 @@ void SessionManager::OnWorkerExit(uint64_t generation,
       DispatchQueued(out);
       FlushToWorker();
     }
+    Post(out);
   }
-  Deliver(out);
+  DeliverPosted();
 }
 
 void SessionManager::DetachSink(const CallSink* sink) {
@@ -683,6 +686,11 @@ bool SessionManager::HasOpenCalls(const CallSink* sink) {
   absl::MutexLock lock(&mu_);
   for (const auto& [id, call] : calls_) {
     if (!call.terminal && call.sink.get() == sink) return true;
+  }
+  // Posted events not yet handed to the sink (e.g. a terminal one) keep it
+  // open; handing them over writes to it, which asks again.
+  for (const Delivery& d : posted_) {
+    if (d.sink.get() == sink) return true;
   }
   return false;
 }
@@ -725,11 +733,44 @@ void SessionManager::Shutdown(absl::Duration grace) {
                          absl::StatusCode::kUnavailable),
            /*terminal=*/true, out);
     }
+    Post(out);
   }
-  Deliver(out);
+  DeliverPosted();
   if (worker) worker->Shutdown(grace);
   worker.reset();  // joins; its exit callback fails any call still running
   ReapDeadWorkers();
+}
+
+void SessionManager::Post(std::vector<Delivery>& out) {
+  if (posted_.empty()) {
+    posted_.swap(out);
+  } else {
+    posted_.insert(posted_.end(), std::make_move_iterator(out.begin()),
+                   std::make_move_iterator(out.end()));
+  }
+  out.clear();
+}
+
+void SessionManager::DeliverPosted() {
+  {
+    absl::MutexLock lock(&mu_);
+    // Another thread is delivering: it takes what was posted meanwhile
+    // (ours included) once its current batch is handed over, in order.
+    if (delivering_now_ || posted_.empty()) return;
+    delivering_now_ = true;
+  }
+  while (true) {
+    std::vector<Delivery> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      if (posted_.empty()) {
+        delivering_now_ = false;
+        return;
+      }
+      batch.swap(posted_);
+    }
+    Deliver(batch);
+  }
 }
 
 void SessionManager::Deliver(std::vector<Delivery>& out) {

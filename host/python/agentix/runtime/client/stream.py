@@ -458,10 +458,26 @@ class CallsStream:
         elif kind == "stream_item":
             item = event.stream_item
             call = self._pending.get(item.call_id)
-            # Items replayed after a resume that arrived before are skipped.
-            if call is not None and call.items is not None and not call.future.done() and item.index >= call.received:
-                call.received = item.index + 1
-                call.items.put_nowait(item.value)
+            if call is None or call.items is None or call.future.done():
+                return
+            if item.index < call.received:
+                return  # replayed after a resume, and received before
+            if item.index > call.received:
+                # Items before it never came and never will (the daemon sends
+                # them in order and replays what was not acked): fail the call
+                # instead of handing the consumer a list with a hole in it.
+                self._pending.pop(item.call_id, None)
+                call.settle(
+                    RemoteError(
+                        type="MalformedError",
+                        message=f"stream item {item.index} arrived while item {call.received} was expected; "
+                        f"items {call.received}..{item.index - 1} were lost",
+                    )
+                )
+                self.cancel_call(item.call_id)
+                return
+            call.received = item.index + 1
+            call.items.put_nowait(item.value)
 
     def _result_outcome(self, result: pb.CallResult) -> Outcome:
         call = self._pending.get(result.call_id)
