@@ -310,3 +310,13 @@ def test_chunked_loading_refuses_what_restricted_loads_refuses():
         with pytest.raises(RestrictedUnpickleError) as chunked:
             safepickle.restricted_loads_chunks(_splits(stream, 1, 2))
         assert str(chunked.value) == str(joined.value)
+
+
+def test_chunked_loading_never_allocates_a_claimed_frame_length():
+    # FRAME announcing 1 TiB followed by two bytes: refused as truncated, as
+    # restricted_loads does, instead of allocating what the stream claims.
+    stream = b"\x80\x04\x95" + (1 << 40).to_bytes(8, "little") + b"N."
+    with pytest.raises(RestrictedUnpickleError, match="malformed"):
+        restricted_loads(stream)
+    with pytest.raises(RestrictedUnpickleError, match="malformed"):
+        safepickle.restricted_loads_chunks([stream[:5], stream[5:]])

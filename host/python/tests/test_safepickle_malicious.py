@@ -428,11 +428,14 @@ _CHILD = r"""
 import resource, sys, time
 limit = 1 << 30
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-from agentix.runtime.shared.safepickle import RestrictedUnpickleError, restricted_loads
+from agentix.runtime.shared.safepickle import RestrictedUnpickleError, restricted_loads, restricted_loads_chunks
 data = sys.stdin.buffer.read()
 start = time.monotonic()
 try:
-    restricted_loads(data)
+    if sys.argv[1] == "chunks":  # as a result arrives: in pieces
+        restricted_loads_chunks([data[:3], data[3:11], data[11:]])
+    else:
+        restricted_loads(data)
     outcome = "ACCEPTED"
 except RestrictedUnpickleError:
     outcome = "RestrictedUnpickleError"
@@ -448,12 +451,13 @@ print(outcome, rss_kb, round(time.monotonic() - start, 3))
 """
 
 
+@pytest.mark.parametrize("loader", ["whole", "chunks"])
 @pytest.mark.parametrize("name", sorted(HUGE))
-def test_huge_allocation_is_refused_without_allocating(name):
+def test_huge_allocation_is_refused_without_allocating(name, loader):
     package_root = pathlib.Path(safepickle.__file__).resolve().parents[3]
     env = dict(os.environ, PYTHONPATH=str(package_root))
     result = subprocess.run(
-        [sys.executable, "-c", _CHILD],
+        [sys.executable, "-c", _CHILD, loader],
         input=HUGE[name],
         capture_output=True,
         env=env,

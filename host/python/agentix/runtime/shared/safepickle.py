@@ -398,8 +398,11 @@ class _ChunkReader:
         return filled
 
     def read(self, size: int = -1) -> bytes:
-        if size is None or size < 0:
-            size = sum(len(chunk) for chunk in self._chunks[self._index :]) - self._offset
+        # Never more than what is left: a stream may claim any frame length,
+        # and the buffer is allocated before it is filled.
+        left = sum(len(chunk) for chunk in self._chunks[self._index :]) - self._offset
+        if size is None or size < 0 or size > left:
+            size = left
         buffer = bytearray(size)
         return bytes(memoryview(buffer)[: self.readinto(buffer)])
 
