@@ -282,16 +282,25 @@ void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
   }
   Call& call = it->second;
   if (call.terminal) return;  // e.g. cancelled while uploading: nothing to do
+  // A broken upload ends the call: its one terminal event is this error, and
+  // the worker is told to drop it.
+  auto fail_call = [&](std::string message) {
+    Emit(id, call, BadRequest(id, std::move(message)), /*terminal=*/true, out);
+    if (worker_ && worker_->generation() == call.generation) {
+      ipc::Frame cancel;
+      cancel.type = ipc::FrameType::kCancel;
+      cancel.call_id = id;
+      SendToWorker(cancel);
+    }
+  };
   std::string_view data = chunk.data();
   if (chunk.has_offset()) {
     // A host resuming an upload after a reconnect sends pieces again from
     // where it lost track; the bytes already received are skipped.
     if (chunk.offset() > call.args_received) {
-      out.push_back({sink, BadRequest(id, absl::StrCat(
-                                              "argument chunk at offset ",
-                                              chunk.offset(), " leaves a gap (",
-                                              call.args_received,
-                                              " bytes received)"))});
+      fail_call(absl::StrCat("argument chunk at offset ", chunk.offset(),
+                             " leaves a gap (", call.args_received,
+                             " bytes received)"));
       return;
     }
     const uint64_t seen = call.args_received - chunk.offset();
@@ -299,16 +308,8 @@ void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
     data.remove_prefix(seen);
   }
   if (call.args_received + data.size() > call.args_expected) {
-    Emit(id, call,
-         BadRequest(id, absl::StrCat("argument chunks exceed arguments_size (",
-                                     call.args_expected, " bytes)")),
-         /*terminal=*/true, out);
-    if (worker_ && worker_->generation() == call.generation) {
-      ipc::Frame cancel;
-      cancel.type = ipc::FrameType::kCancel;
-      cancel.call_id = id;
-      SendToWorker(cancel);
-    }
+    fail_call(absl::StrCat("argument chunks exceed arguments_size (",
+                           call.args_expected, " bytes)"));
     return;
   }
   call.args_received += data.size();

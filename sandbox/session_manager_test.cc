@@ -355,6 +355,26 @@ TEST_CASE("A refused call gets one terminal event, even if chunks follow",
   REQUIRE(sink->CountTerminal("a") == 1);
 }
 
+TEST_CASE("An argument chunk that leaves a gap ends the call, once",
+          "[sandbox]") {
+  // Fuzzer finding: the gap error used to go out while the call went on, so
+  // the call had two terminal events.
+  SessionManager manager(FakeWorkerOptions());
+  auto sink = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(sink, Start("g", "fake::echo", "ab", 6));
+  HostEvent gap = Chunk("g", "ef");
+  gap.mutable_argument_chunk()->set_offset(4);  // 2 bytes received so far
+  manager.HandleHostEvent(sink, gap);
+  auto error = sink->AwaitTerminal("g").error().error();
+  REQUIRE(error.type() == "BadRequest");
+  REQUIRE(error.message().find("leaves a gap") != std::string::npos);
+  manager.HandleHostEvent(sink, Chunk("g", "cdef"));  // too late: dropped
+  absl::SleepFor(absl::Milliseconds(50));
+  REQUIRE(sink->CountTerminal("g") == 1);
+  manager.HandleHostEvent(sink, Start("ok", "fake::echo", "still serving"));
+  REQUIRE(sink->AwaitTerminal("ok").result().value() == "still serving");
+}
+
 TEST_CASE("A re-sent StartCall never runs a call twice", "[sandbox]") {
   SessionOptions options = FakeWorkerOptions();
   options.max_retained_results = 1;
