@@ -174,11 +174,10 @@ class SeqBuffer {
     if (unreported_drops_ == 0) return;
     // Storing the report in a full backlog evicts one more record: count it
     // if that one never reached a host.
-    const uint64_t dropped =
-        unreported_drops_ + (reports_into_self_ && backlog_.size() >= capacity_ &&
-                                     !backlog_.front().delivered
-                                 ? 1
-                                 : 0);
+    const bool evicts_undelivered = reports_into_self_ &&
+                                    backlog_.size() >= capacity_ &&
+                                    !backlog_.front().delivered;
+    const uint64_t dropped = unreported_drops_ + (evicts_undelivered ? 1 : 0);
     std::optional<Record> report = reporter_(dropped, capacity_);
     if (report.has_value()) {
       // Delivered right after by the caller (Append or Subscribe).

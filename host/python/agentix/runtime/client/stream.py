@@ -161,9 +161,9 @@ class _Upload:
         return self.offset >= len(self.data)
 
 
-def _encode_batch(batch: list[pb.HostEvent | list]) -> pb.CallsRequest | bytes:
-    """One CallsRequest from a batch of events and encoded events (wire.py),
-    in order; bytes when anything was encoded by hand."""
+def _encode_batch(batch: list[pb.HostEvent | list]) -> bytes:
+    """The encoded CallsRequest carrying a batch of events and hand-encoded
+    events (wire.py), in order."""
     pieces: list = []
     for event in batch:
         if type(event) is pb.HostEvent:
