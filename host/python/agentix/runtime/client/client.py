@@ -539,7 +539,7 @@ class RuntimeClient:
                 # protobuf messages (wire.py).
                 rpc = channel.stream_stream(
                     wire.CALLS_METHOD,
-                    request_serializer=wire.serialize_request,
+                    request_serializer=None,  # CallsStream writes encoded bytes
                     response_deserializer=wire.parse_calls_response,
                 )(metadata=self._metadata)
                 self._stream = CallsStream(rpc, self._pending, self._stream_lost)
