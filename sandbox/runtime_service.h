@@ -6,6 +6,7 @@
 #include <string>
 
 #include "agentix/runtime/v1/runtime.grpc.pb.h"
+#include "sandbox/flush_scheduler.h"
 #include "sandbox/session_manager.h"
 
 namespace agentix::sandbox {
@@ -40,6 +41,8 @@ class RuntimeServiceImpl final
  private:
   SessionManager* const manager_;
   const std::string version_;
+  // Runs the Logs and Traces streams' delayed (coalesced) writes.
+  FlushScheduler flush_scheduler_;
 };
 
 }  // namespace agentix::sandbox

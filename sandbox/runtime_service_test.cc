@@ -2,6 +2,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <thread>
+
 #include <catch2/catch.hpp>
 
 namespace agentix::sandbox {
@@ -147,6 +149,70 @@ TEST_CASE("Logs delivers worker log records, buffered before subscribing",
   }
   REQUIRE(logs->Finish().ok());
   REQUIRE(h.manager.logs().buffered() == 0);
+}
+
+// Runs `callable` with `args` on its own Calls stream until it finishes.
+void RunCall(Harness& h, const std::string& callable, const std::string& args) {
+  static int calls_made = 0;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto calls = h.stub->Calls(&ctx);
+  CallsRequest req;
+  AddStart(req, "run-" + std::to_string(++calls_made), callable, args);
+  REQUIRE(calls->Write(req));
+  REQUIRE(calls->WritesDone());
+  CallsResponse resp;
+  while (calls->Read(&resp)) {
+  }
+  REQUIRE(calls->Finish().ok());
+}
+
+TEST_CASE("A burst of log records is coalesced into few Logs messages",
+          "[sandbox]") {
+  Harness h;
+  RunCall(h, "fake::log", "worker started");  // the worker is up
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto logs = h.stub->Logs(&ctx);
+  runtime::v1::LogsRequest subscribe;
+  subscribe.mutable_subscribe()->set_after_seq(1);
+  REQUIRE(logs->Write(subscribe));
+  // 2,000 records, one worker write every 50 µs: sent one message per
+  // record while the stream is free, they would reach the host in about as
+  // many messages.
+  constexpr int kRecords = 2000;
+  std::vector<std::string> got;
+  int messages = 0;
+  runtime::v1::LogsResponse resp;
+  // Read while the burst runs, as a host does.
+  const auto start = std::chrono::steady_clock::now();
+  std::thread reader([&] {
+    while (got.size() < kRecords && logs->Read(&resp)) {
+      ++messages;
+      for (const auto& r : resp.records()) got.push_back(r.message());
+    }
+  });
+  RunCall(h, "fake::logs", std::to_string(kRecords) + ":50");
+  reader.join();
+  const auto burst_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now() - start)
+                            .count();
+  // Every record, in order: the last ones of the burst, held back for
+  // coalescing, are written when the delay is over.
+  REQUIRE(got.size() == kRecords);
+  for (int i = 0; i < kRecords; ++i) REQUIRE(got[i] == std::to_string(i));
+  // At most one message per millisecond of the burst, plus the first one,
+  // which goes out at once (the records are far below the size that goes
+  // out regardless).
+  INFO("messages: " << messages << " in " << burst_ms << " ms");
+  CHECK(messages <= burst_ms + 1);
+  // A lone record after a quiet moment is delivered as well.
+  RunCall(h, "fake::log", "lone");
+  REQUIRE(logs->Read(&resp));
+  REQUIRE(resp.records_size() == 1);
+  REQUIRE(resp.records(0).message() == "lone");
+  ctx.TryCancel();
+  logs->Finish();
 }
 
 TEST_CASE("GetInfo reports version and worker state", "[sandbox]") {

@@ -13,6 +13,9 @@
 //   fake::pid      returns its own pid as text
 //   fake::log      sends a log record "<arguments>" (logger "fake"), then
 //                  returns "logged"
+//   fake::logs     arguments "N:GAP_US": sends N log records "0", "1", ...
+//                  each in its own write, GAP_US microseconds apart, then
+//                  returns "logged"
 //   fake::stream   streams <arguments> items "0", "1", ... honouring the
 //                  call's stream window and stream_ack frames, then "end"
 // FAKE_WORKER_BOOT=fail|exit|hang simulates a worker that cannot start.
@@ -179,6 +182,22 @@ int main() {
       log.log.message = p.args;
       log.log.call_id = id;
       Send(log);
+      SendResult(id, "logged");
+    } else if (fn == "fake::logs") {
+      char* rest = nullptr;
+      const uint64_t count = std::strtoull(p.args.c_str(), &rest, 10);
+      const long gap_us = *rest == ':' ? std::strtol(rest + 1, nullptr, 10) : 0;
+      Frame log;
+      log.type = FrameType::kLog;
+      log.log.logger = "fake";
+      log.log.level = 20;
+      log.log.level_name = "INFO";
+      log.log.call_id = id;
+      for (uint64_t i = 0; i < count; ++i) {
+        log.log.message = std::to_string(i);
+        Send(log);
+        if (gap_us > 0) usleep(static_cast<useconds_t>(gap_us));
+      }
       SendResult(id, "logged");
     } else if (fn == "fake::pid") {
       SendResult(id, std::to_string(getpid()));
