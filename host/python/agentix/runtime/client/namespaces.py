@@ -83,7 +83,8 @@ class NamespaceStream:
         watchdog = asyncio.get_running_loop().call_later(OPEN_TIMEOUT, self._open_timed_out)
         try:
             await self._rpc.write(pb.NamespaceRequest(open=pb.OpenNamespace(namespace=ns.namespace)))
-            async for response in self._rpc:
+            read = self._rpc.read  # cheaper than the call's async iterator
+            while (response := await read()) is not grpc.aio.EOF:
                 if response.opened:
                     if not self._opened.done():
                         self._opened.set_result(None)
