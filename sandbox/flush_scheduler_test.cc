@@ -30,6 +30,13 @@ class Recorder : public Flushable {
   std::vector<std::string>* order_;
 };
 
+// Waits (at most 10 s) until `order` holds at least `n` names; mu held.
+bool AwaitFlushes(absl::Mutex& mu, const std::vector<std::string>& order,
+                  size_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  auto enough = [&order, n] { return order.size() >= n; };
+  return mu.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+}
+
 TEST_CASE("Flushes run at their time, earliest first", "[sandbox]") {
   absl::Mutex mu;
   std::vector<std::string> order;
@@ -41,10 +48,7 @@ TEST_CASE("Flushes run at their time, earliest first", "[sandbox]") {
   scheduler.FlushAt(start + std::chrono::milliseconds(60), late);
   scheduler.FlushAt(start + std::chrono::milliseconds(20), early);
   absl::MutexLock lock(&mu);
-  REQUIRE(mu.AwaitWithTimeout(
-      absl::Condition(
-          +[](std::vector<std::string>* o) { return o->size() == 2; }, &order),
-      absl::Seconds(10)));
+  REQUIRE(AwaitFlushes(mu, order, 2));
   REQUIRE(order == std::vector<std::string>{"early", "late"});
   CHECK(early->flushed_at >= start + std::chrono::milliseconds(20));
   CHECK(late->flushed_at >= start + std::chrono::milliseconds(60));
@@ -58,10 +62,7 @@ TEST_CASE("A flush that is already due runs at once", "[sandbox]") {
   scheduler.FlushAt(FlushScheduler::Clock::now() - std::chrono::seconds(1),
                     target);
   absl::MutexLock lock(&mu);
-  REQUIRE(mu.AwaitWithTimeout(
-      absl::Condition(
-          +[](std::vector<std::string>* o) { return !o->empty(); }, &order),
-      absl::Seconds(10)));
+  REQUIRE(AwaitFlushes(mu, order, 1));
 }
 
 TEST_CASE("A target destroyed before its time is not flushed", "[sandbox]") {
@@ -76,10 +77,7 @@ TEST_CASE("A target destroyed before its time is not flushed", "[sandbox]") {
       FlushScheduler::Clock::now() + std::chrono::milliseconds(40), kept);
   gone.reset();
   absl::MutexLock lock(&mu);
-  REQUIRE(mu.AwaitWithTimeout(
-      absl::Condition(
-          +[](std::vector<std::string>* o) { return !o->empty(); }, &order),
-      absl::Seconds(10)));
+  REQUIRE(AwaitFlushes(mu, order, 1));
   REQUIRE(order == std::vector<std::string>{"kept"});
 }
 
