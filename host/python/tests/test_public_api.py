@@ -47,6 +47,17 @@ def test_all_names_resolve():
         assert name in agentix.__all__
 
 
+def test_agentix_offers_every_provider_name_lazily():
+    # agentix lists the provider names itself (importing agentix.provider at
+    # `import agentix` would cost every host its start-up time): the two
+    # lists must not drift apart.
+    import agentix.provider
+
+    assert agentix._PROVIDER_NAMES == set(agentix.provider.__all__)
+    for name in agentix.provider.__all__:
+        assert getattr(agentix, name) is getattr(agentix.provider, name), name
+
+
 def test_runtime_client_module_exports():
     import agentix.runtime.client as client_module
 
