@@ -26,7 +26,6 @@ import platform
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,10 +37,9 @@ import time
 sys.path[0] = os.path.dirname(os.path.abspath(__file__))
 
 import procs  # noqa: E402
+import stack_rounds  # noqa: E402
 import workloads  # noqa: E402
 
-SIDES = ("baseline", "ours")
-RESULT_PREFIX = "RESULT "
 HEADLINE_KEYS = ("noop_p50_us", "noop_p99_us", "calls_per_s_c1", "calls_per_s_c16",
                  "calls_per_s_c64", "mb_per_s_1mib", "mb_per_s_16mib", "mb_per_s_64mib")
 SERVER_START_TIMEOUT_S = 30.0
@@ -165,7 +163,7 @@ def run_side(args) -> int:
     log = _log_for(args.side)
     runner = _run_baseline if args.side == "baseline" else _run_ours
     results = runner(args, plan, log)
-    print(RESULT_PREFIX + json.dumps(results), flush=True)
+    stack_rounds.print_result(results)
     return 0
 
 
@@ -181,39 +179,6 @@ def _machine() -> dict:
         pass
     return {"cpus": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),
             "python": platform.python_version()}
-
-
-def _run_child(side: str, args, env: dict, timeout_s: float) -> tuple[dict | None, str | None]:
-    """Runs one `--side` child, echoing its lines; returns (results, error)."""
-    argv = [sys.executable, os.path.abspath(__file__), "--side", side,
-            "--parent-pid", str(os.getpid())]
-    if args.quick:
-        argv.append("--quick")
-    if args.sandboxd:
-        argv += ["--sandboxd", args.sandboxd]
-    if args.worker:
-        argv += ["--worker", args.worker]
-    # Own process group, so a timeout or Ctrl-C can stop the child and all it started.
-    child = procs.start_process(argv, env=env, stdout=subprocess.PIPE, new_session=True)
-    results, deadline = None, time.monotonic() + timeout_s
-    try:
-        while True:
-            remaining = deadline - time.monotonic()
-            line = procs.read_line(child, max(remaining, 0.0))
-            if line is None:
-                break
-            if line.startswith(RESULT_PREFIX):
-                results = json.loads(line[len(RESULT_PREFIX):])
-            else:
-                print(line, flush=True)
-        if child.poll() is None and time.monotonic() >= deadline:
-            return None, f"{side}: timed out after {timeout_s:.0f} s"
-        child.wait(timeout=10)
-    finally:
-        procs.stop_process(child, group=True)
-    if results is None:
-        return None, f"{side}: no result (exit code {child.returncode})"
-    return results, None
 
 
 def _ratio(numerator, denominator):
@@ -269,17 +234,6 @@ def _print_table(report: dict) -> None:
         print(f"target {key}: {value}")
 
 
-def _combine(rounds: list[dict]) -> dict | None:
-    """Per-metric median over the rounds of one side (None if no round succeeded)."""
-    if not rounds:
-        return None
-    combined = {}
-    for key, value in rounds[0].items():
-        values = [r[key] for r in rounds if isinstance(r.get(key), (int, float))]
-        combined[key] = round(statistics.median(values), 2) if values else value
-    return combined
-
-
 def run_driver(args) -> int:
     env = dict(os.environ)
     if args.no_malloc_tunables:
@@ -287,33 +241,11 @@ def run_driver(args) -> int:
         tunables = None
     else:
         env["GLIBC_TUNABLES"] = tunables = procs.MALLOC_TUNABLES
-    sides = SIDES if args.only == "all" else (args.only,)
     timeout_s = 240.0 if args.quick else 600.0
-    load_start = os.getloadavg()[0]
-    rounds = {side: [] for side in sides}
-    errors = []
-    for index in range(args.rounds):
-        # Alternate the order so that neither stack always runs first (or last) while
-        # the machine's background load changes.
-        order = sides if index % 2 == 0 else tuple(reversed(sides))
-        for side in order:
-            print(f"== {side} ({'quick' if args.quick else 'full'}, round {index + 1}"
-                  f"/{args.rounds}) ==", flush=True)
-            result, error = _run_child(side, args, env, timeout_s)
-            if error:
-                errors.append(error)
-                print(f"!! {error}", flush=True)
-            else:
-                rounds[side].append(result)
-    report = _summarise(_combine(rounds.get("ours")), _combine(rounds.get("baseline")),
-                        args, tunables)
-    report["details"]["rounds"] = args.rounds
-    if args.rounds > 1:
-        report["details"]["per_round"] = {
-            side: [{k: r.get(k) for k in HEADLINE_KEYS} for r in results]
-            for side, results in rounds.items()}
-    report["details"]["loadavg_1m"] = {"start": round(load_start, 2),
-                                       "end": round(os.getloadavg()[0], 2)}
+    rounds = stack_rounds.Rounds(__file__, args, env, timeout_s)
+    report = _summarise(rounds.combined("ours"), rounds.combined("baseline"), args, tunables)
+    report["details"].update(rounds.details(HEADLINE_KEYS))
+    errors = rounds.errors
     if errors:
         report["errors"] = errors
     _print_table(report)
@@ -323,34 +255,13 @@ def run_driver(args) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Remote-call benchmark (ours vs. baseline).")
-    parser.add_argument("--quick", action="store_true", help="few iterations (smoke run)")
-    parser.add_argument("--only", choices=("all",) + SIDES, default="all",
-                        help="measure only one stack")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="measure each stack this many times, alternating the order; "
-                             "every metric is the median over the rounds")
+    stack_rounds.add_arguments(parser, quick_help="few iterations (smoke run)")
     parser.add_argument("--no-malloc-tunables", action="store_true",
                         help="do not set GLIBC_TUNABLES (for comparison only)")
-    parser.add_argument("--sandboxd", help="agentix-sandboxd binary (default: from runfiles)")
-    parser.add_argument("--worker", help="agentix-worker binary (default: from runfiles)")
-    # Internal: child mode, measuring one stack for the driver.
-    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
-    parser.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.side:
         return run_side(args)
-
-    def interrupted(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    # Ctrl-C or SIGTERM: _run_child's finally stops the child's whole process group.
-    signal.signal(signal.SIGINT, interrupted)
-    signal.signal(signal.SIGTERM, interrupted)
-    try:
-        return run_driver(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return stack_rounds.run_interruptibly(run_driver, args)
 
 
 if __name__ == "__main__":

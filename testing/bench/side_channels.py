@@ -38,11 +38,10 @@ import time
 sys.path[0] = os.path.dirname(os.path.abspath(__file__))
 
 import procs  # noqa: E402
+import stack_rounds  # noqa: E402
 from remote_calls import (  # noqa: E402  (generic helpers, shared on purpose)
-    _combine, _exit_with_parent, _machine, _wait_for_unix_socket)
+    _exit_with_parent, _machine, _wait_for_unix_socket)
 
-SIDES = ("baseline", "ours")
-RESULT_PREFIX = "RESULT "
 HEADLINE_KEYS = ("log_records_per_s", "spans_per_s", "ns_request_p50_us")
 SERVER_START_TIMEOUT_S = 30.0
 FIRST_CALL_TIMEOUT_S = 60.0
@@ -465,41 +464,11 @@ def run_side(args) -> int:
         results = runner(args, plan, log, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(RESULT_PREFIX + json.dumps(results), flush=True)
+    stack_rounds.print_result(results)
     return 0
 
 
 # --------------------------------------------------------------------------- driver
-
-
-def _run_child(side: str, args, env: dict, timeout_s: float):
-    argv = [sys.executable, os.path.abspath(__file__), "--side", side,
-            "--parent-pid", str(os.getpid())]
-    if args.quick:
-        argv.append("--quick")
-    if args.sandboxd:
-        argv += ["--sandboxd", args.sandboxd]
-    if args.worker:
-        argv += ["--worker", args.worker]
-    child = procs.start_process(argv, env=env, stdout=subprocess.PIPE, new_session=True)
-    results, deadline = None, time.monotonic() + timeout_s
-    try:
-        while True:
-            line = procs.read_line(child, max(deadline - time.monotonic(), 0.0))
-            if line is None:
-                break
-            if line.startswith(RESULT_PREFIX):
-                results = json.loads(line[len(RESULT_PREFIX):])
-            else:
-                print(line, flush=True)
-        if child.poll() is None and time.monotonic() >= deadline:
-            return None, f"{side}: timed out after {timeout_s:.0f} s"
-        child.wait(timeout=10)
-    finally:
-        procs.stop_process(child, group=True)
-    if results is None:
-        return None, f"{side}: no result (exit code {child.returncode})"
-    return results, None
 
 
 def _ratio(numerator, denominator):
@@ -561,31 +530,13 @@ def _print_table(report: dict) -> None:
 
 def run_driver(args) -> int:
     env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES)
-    sides = SIDES if args.only == "all" else (args.only,)
     timeout_s = 150.0 if args.quick else 1200.0
-    load_start = os.getloadavg()[0]
-    rounds = {side: [] for side in sides}
-    errors = []
-    for index in range(args.rounds):
-        order = sides if index % 2 == 0 else tuple(reversed(sides))
-        for side in order:
-            print(f"== {side} ({'quick' if args.quick else 'full'}, round {index + 1}"
-                  f"/{args.rounds}) ==", flush=True)
-            result, error = _run_child(side, args, env, timeout_s)
-            if error:
-                errors.append(error)
-                print(f"!! {error}", flush=True)
-            else:
-                rounds[side].append(result)
+    rounds = stack_rounds.Rounds(__file__, args, env, timeout_s)
     os.environ["GLIBC_TUNABLES"] = procs.MALLOC_TUNABLES  # reported in details
-    report = _summarise(_combine(rounds.get("ours")), _combine(rounds.get("baseline")), args)
-    report["details"]["rounds"] = args.rounds
-    report["details"]["per_round"] = {
-        side: [{k: r.get(k) for k in HEADLINE_KEYS} for r in results]
-        for side, results in rounds.items()}
-    report["details"]["loadavg_1m"] = {"start": round(load_start, 2),
-                                       "end": round(os.getloadavg()[0], 2)}
-    missing = [f"{side}: {key} not measured" for side, results in rounds.items()
+    report = _summarise(rounds.combined("ours"), rounds.combined("baseline"), args)
+    report["details"].update(rounds.details(HEADLINE_KEYS))
+    errors = rounds.errors
+    missing = [f"{side}: {key} not measured" for side, results in rounds.results.items()
                for r in results for key in HEADLINE_KEYS if r.get(key) is None]
     if errors or missing:
         report["errors"] = errors + sorted(set(missing))
@@ -596,31 +547,11 @@ def run_driver(args) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Side-channel benchmark (ours vs. baseline).")
-    parser.add_argument("--quick", action="store_true", help="small workloads (smoke run)")
-    parser.add_argument("--only", choices=("all",) + SIDES, default="all",
-                        help="measure only one stack")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="measure each stack this many times, alternating the order; "
-                             "every metric is the median over the rounds")
-    parser.add_argument("--sandboxd", help="agentix-sandboxd binary (default: from runfiles)")
-    parser.add_argument("--worker", help="agentix-worker binary (default: from runfiles)")
-    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
-    parser.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    stack_rounds.add_arguments(parser, quick_help="small workloads (smoke run)")
     args = parser.parse_args(argv)
     if args.side:
         return run_side(args)
-
-    def interrupted(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGINT, interrupted)
-    signal.signal(signal.SIGTERM, interrupted)
-    try:
-        return run_driver(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-
+    return stack_rounds.run_interruptibly(run_driver, args)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,140 @@
+"""The parent process of a two-stack benchmark (remote_calls.py, side_channels.py).
+
+Each script measures one stack per child process (`--side ours|baseline`), which
+prints its results as one line `RESULT <json>`. The parent runs the children for a
+number of rounds, alternating which stack goes first so that neither always meets
+the same background load, takes the per-metric median over the rounds and reports
+the load average. What is measured, summarised and printed stays in each script.
+"""
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import procs
+
+SIDES = ("baseline", "ours")
+RESULT_PREFIX = "RESULT "
+
+
+def add_arguments(parser, *, quick_help: str) -> None:
+    """The options every two-stack benchmark takes (and the internal child ones)."""
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--only", choices=("all",) + SIDES, default="all",
+                        help="measure only one stack")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure each stack this many times, alternating the order; "
+                             "every metric is the median over the rounds")
+    parser.add_argument("--sandboxd", help="agentix-sandboxd binary (default: from runfiles)")
+    parser.add_argument("--worker", help="agentix-worker binary (default: from runfiles)")
+    # Internal: child mode, measuring one stack for the driver.
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+
+
+def print_result(results: dict) -> None:
+    """A child's last word: its results, for the parent to pick up."""
+    print(RESULT_PREFIX + json.dumps(results), flush=True)
+
+
+def run_child(script: str, side: str, args, env: dict,
+              timeout_s: float) -> tuple[dict | None, str | None]:
+    """Runs `script --side side` (passing on --quick, --sandboxd, --worker), echoing its
+    lines; returns (results, None) or (None, what went wrong)."""
+    argv = [sys.executable, os.path.abspath(script), "--side", side,
+            "--parent-pid", str(os.getpid())]
+    if args.quick:
+        argv.append("--quick")
+    if args.sandboxd:
+        argv += ["--sandboxd", args.sandboxd]
+    if args.worker:
+        argv += ["--worker", args.worker]
+    # Own process group, so a timeout or Ctrl-C can stop the child and all it started.
+    child = procs.start_process(argv, env=env, stdout=subprocess.PIPE, new_session=True)
+    results, deadline = None, time.monotonic() + timeout_s
+    try:
+        while True:
+            line = procs.read_line(child, max(deadline - time.monotonic(), 0.0))
+            if line is None:
+                break
+            if line.startswith(RESULT_PREFIX):
+                results = json.loads(line[len(RESULT_PREFIX):])
+            else:
+                print(line, flush=True)
+        if child.poll() is None and time.monotonic() >= deadline:
+            return None, f"{side}: timed out after {timeout_s:.0f} s"
+        child.wait(timeout=10)
+    finally:
+        procs.stop_process(child, group=True)
+    if results is None:
+        return None, f"{side}: no result (exit code {child.returncode})"
+    return results, None
+
+
+class Rounds:
+    """The results of `run` for each stack, the errors met and the load average."""
+
+    def __init__(self, script: str, args, env: dict, timeout_s: float) -> None:
+        self.sides = SIDES if args.only == "all" else (args.only,)
+        self.count = args.rounds
+        self.load_start = os.getloadavg()[0]
+        self.results = {side: [] for side in self.sides}
+        self.errors = []
+        for index in range(args.rounds):
+            order = self.sides if index % 2 == 0 else tuple(reversed(self.sides))
+            for side in order:
+                print(f"== {side} ({'quick' if args.quick else 'full'}, round {index + 1}"
+                      f"/{args.rounds}) ==", flush=True)
+                result, error = run_child(script, side, args, env, timeout_s)
+                if error:
+                    self.errors.append(error)
+                    print(f"!! {error}", flush=True)
+                else:
+                    self.results[side].append(result)
+
+    def combined(self, side: str) -> dict | None:
+        """Per-metric median over the rounds of one side (None if no round succeeded)."""
+        return combine(self.results.get(side))
+
+    def details(self, headline_keys) -> dict:
+        """`rounds`, `per_round` (the headline figures of each round) and `loadavg_1m`."""
+        return {
+            "rounds": self.count,
+            "per_round": {side: [{key: result.get(key) for key in headline_keys}
+                                 for result in results]
+                          for side, results in self.results.items()},
+            "loadavg_1m": {"start": round(self.load_start, 2),
+                           "end": round(os.getloadavg()[0], 2)},
+        }
+
+
+def combine(rounds: list[dict] | None) -> dict | None:
+    """Per-metric median over the rounds of one side (None if no round succeeded)."""
+    if not rounds:
+        return None
+    combined = {}
+    for key, value in rounds[0].items():
+        values = [r[key] for r in rounds if isinstance(r.get(key), (int, float))]
+        combined[key] = round(statistics.median(values), 2) if values else value
+    return combined
+
+
+def run_interruptibly(driver, args) -> int:
+    """Runs `driver(args)`; Ctrl-C or SIGTERM ends it with 130 after run_child's cleanup
+    has stopped the running child's whole process group."""
+
+    def interrupted(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
+    try:
+        return driver(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
