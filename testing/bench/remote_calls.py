@@ -181,35 +181,18 @@ def _machine() -> dict:
             "python": platform.python_version()}
 
 
-def _ratio(numerator, denominator):
-    if not numerator or not denominator:
-        return None
-    return round(numerator / denominator, 2)
+TARGETS = (
+    stack_rounds.Target("noop_p50_baseline_over_ours", "noop_p50_us", True, 5,
+                        "noop_p50_at_most_one_fifth_of_baseline"),
+    stack_rounds.Target("calls_per_s_c64_ours_over_baseline", "calls_per_s_c64", False, 3,
+                        "calls_per_s_c64_at_least_3x_baseline"),
+    stack_rounds.Target("mb_per_s_16mib_ours_over_baseline", "mb_per_s_16mib", False, 3,
+                        "mb_per_s_16mib_at_least_3x_baseline"),
+)
 
 
 def _summarise(ours: dict | None, base: dict | None, args, tunables: str | None) -> dict:
-    ours = ours or {}
-    report = {key: ours.get(key) for key in HEADLINE_KEYS}
-    report["baseline"] = {key: base.get(key) for key in HEADLINE_KEYS} if base else None
-    base = base or {}
-    ratios = {
-        # > 1 means ours is better in every ratio.
-        "noop_p50_baseline_over_ours": _ratio(base.get("noop_p50_us"), ours.get("noop_p50_us")),
-        "calls_per_s_c64_ours_over_baseline": _ratio(ours.get("calls_per_s_c64"),
-                                                     base.get("calls_per_s_c64")),
-        "mb_per_s_16mib_ours_over_baseline": _ratio(ours.get("mb_per_s_16mib"),
-                                                    base.get("mb_per_s_16mib")),
-    }
-    report["ratios"] = ratios
-
-    def met(ratio, target):
-        return None if ratio is None else ratio >= target
-
-    report["targets_met"] = {
-        "noop_p50_at_most_one_fifth_of_baseline": met(ratios["noop_p50_baseline_over_ours"], 5),
-        "calls_per_s_c64_at_least_3x_baseline": met(ratios["calls_per_s_c64_ours_over_baseline"], 3),
-        "mb_per_s_16mib_at_least_3x_baseline": met(ratios["mb_per_s_16mib_ours_over_baseline"], 3),
-    }
+    report = stack_rounds.headline(ours, base, HEADLINE_KEYS, TARGETS)
     report["details"] = {
         "ours": ours or None,
         "baseline": base or None,
@@ -219,19 +202,6 @@ def _summarise(ours: dict | None, base: dict | None, args, tunables: str | None)
         "machine": _machine(),
     }
     return report
-
-
-def _print_table(report: dict) -> None:
-    base = report["baseline"] or {}
-    print(f"{'metric':<18}{'ours':>14}{'baseline':>14}")
-    for key in HEADLINE_KEYS:
-        ours_v, base_v = report.get(key), base.get(key)
-        fmt = lambda v: "-" if v is None else f"{v:,.1f}"
-        print(f"{key:<18}{fmt(ours_v):>14}{fmt(base_v):>14}")
-    for key, value in report["ratios"].items():
-        print(f"ratio {key}: {value}")
-    for key, value in report["targets_met"].items():
-        print(f"target {key}: {value}")
 
 
 def run_driver(args) -> int:
@@ -248,7 +218,7 @@ def run_driver(args) -> int:
     errors = rounds.errors
     if errors:
         report["errors"] = errors
-    _print_table(report)
+    stack_rounds.print_table(report, HEADLINE_KEYS)
     print(json.dumps(report), flush=True)
     return 1 if errors else 0
 

@@ -471,35 +471,18 @@ def run_side(args) -> int:
 # --------------------------------------------------------------------------- driver
 
 
-def _ratio(numerator, denominator):
-    if not numerator or not denominator:
-        return None
-    return round(numerator / denominator, 2)
+TARGETS = (
+    stack_rounds.Target("log_records_per_s_ours_over_baseline", "log_records_per_s", False, 10,
+                        "log_records_per_s_at_least_10x_baseline"),
+    stack_rounds.Target("spans_per_s_ours_over_baseline", "spans_per_s", False, 10,
+                        "spans_per_s_at_least_10x_baseline"),
+    stack_rounds.Target("ns_request_p50_baseline_over_ours", "ns_request_p50_us", True, 5,
+                        "ns_request_p50_at_most_one_fifth_of_baseline"),
+)
 
 
 def _summarise(ours, base, args) -> dict:
-    report = {key: (ours or {}).get(key) for key in HEADLINE_KEYS}
-    report["baseline"] = {key: base.get(key) for key in HEADLINE_KEYS} if base else None
-    o, b = ours or {}, base or {}
-    ratios = {  # > 1 means ours is better in every ratio
-        "log_records_per_s_ours_over_baseline": _ratio(o.get("log_records_per_s"),
-                                                       b.get("log_records_per_s")),
-        "spans_per_s_ours_over_baseline": _ratio(o.get("spans_per_s"), b.get("spans_per_s")),
-        "ns_request_p50_baseline_over_ours": _ratio(b.get("ns_request_p50_us"),
-                                                    o.get("ns_request_p50_us")),
-    }
-    report["ratios"] = ratios
-
-    def met(ratio, target):
-        return None if ratio is None else ratio >= target
-
-    report["targets_met"] = {
-        "log_records_per_s_at_least_10x_baseline": met(
-            ratios["log_records_per_s_ours_over_baseline"], 10),
-        "spans_per_s_at_least_10x_baseline": met(ratios["spans_per_s_ours_over_baseline"], 10),
-        "ns_request_p50_at_most_one_fifth_of_baseline": met(
-            ratios["ns_request_p50_baseline_over_ours"], 5),
-    }
+    report = stack_rounds.headline(ours, base, HEADLINE_KEYS, TARGETS)
     plan = QUICK if args.quick else FULL
     report["details"] = {
         "ours": ours, "baseline": base, "mode": "quick" if args.quick else "full",
@@ -516,18 +499,6 @@ def _summarise(ours, base, args) -> dict:
     return report
 
 
-def _print_table(report: dict) -> None:
-    base = report["baseline"] or {}
-    print(f"{'metric':<20}{'ours':>14}{'baseline':>14}")
-    for key in HEADLINE_KEYS:
-        fmt = lambda v: "-" if v is None else f"{v:,.1f}"  # noqa: E731
-        print(f"{key:<20}{fmt(report.get(key)):>14}{fmt(base.get(key)):>14}")
-    for key, value in report["ratios"].items():
-        print(f"ratio {key}: {value}")
-    for key, value in report["targets_met"].items():
-        print(f"target {key}: {value}")
-
-
 def run_driver(args) -> int:
     env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES)
     timeout_s = 150.0 if args.quick else 1200.0
@@ -540,7 +511,7 @@ def run_driver(args) -> int:
                for r in results for key in HEADLINE_KEYS if r.get(key) is None]
     if errors or missing:
         report["errors"] = errors + sorted(set(missing))
-    _print_table(report)
+    stack_rounds.print_table(report, HEADLINE_KEYS)
     print(json.dumps(report), flush=True)
     return 1 if errors or missing else 0
 

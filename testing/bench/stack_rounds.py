@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 import procs
 
@@ -122,6 +123,55 @@ def combine(rounds: list[dict] | None) -> dict | None:
         values = [r[key] for r in rounds if isinstance(r.get(key), (int, float))]
         combined[key] = round(statistics.median(values), 2) if values else value
     return combined
+
+
+class Target(NamedTuple):
+    """One headline target: the ratio `ratio` of `key` (ours against the baseline,
+    oriented so that > 1 means ours is better) must be at least `at_least`."""
+
+    ratio: str  # e.g. "noop_p50_baseline_over_ours"
+    key: str  # e.g. "noop_p50_us"
+    lower_is_better: bool
+    at_least: float
+    name: str  # e.g. "noop_p50_at_most_one_fifth_of_baseline"
+
+
+def _ratio(numerator, denominator):
+    if not numerator or not denominator:
+        return None
+    return round(numerator / denominator, 2)
+
+
+def headline(ours: dict | None, base: dict | None, headline_keys, targets) -> dict:
+    """The report's headline: ours and the baseline's figures for `headline_keys`,
+    `ratios` and `targets_met` (None where a figure is missing)."""
+    o, b = ours or {}, base or {}
+    report = {key: o.get(key) for key in headline_keys}
+    report["baseline"] = {key: b.get(key) for key in headline_keys} if base else None
+    report["ratios"] = {
+        t.ratio: _ratio(b.get(t.key), o.get(t.key)) if t.lower_is_better
+        else _ratio(o.get(t.key), b.get(t.key))
+        for t in targets}
+    report["targets_met"] = {
+        t.name: None if report["ratios"][t.ratio] is None
+        else report["ratios"][t.ratio] >= t.at_least
+        for t in targets}
+    return report
+
+
+def print_table(report: dict, headline_keys) -> None:
+    """The headline as a table, then the ratios and targets, one per line."""
+    base = report["baseline"] or {}
+    width = max(len(key) for key in headline_keys) + 2
+    print(f"{'metric':<{width}}{'ours':>14}{'baseline':>14}")
+    for key in headline_keys:
+        def fmt(value):
+            return "-" if value is None else f"{value:,.1f}"
+        print(f"{key:<{width}}{fmt(report.get(key)):>14}{fmt(base.get(key)):>14}")
+    for key, value in report["ratios"].items():
+        print(f"ratio {key}: {value}")
+    for key, value in report["targets_met"].items():
+        print(f"target {key}: {value}")
 
 
 def run_interruptibly(driver, args) -> int:
