@@ -171,6 +171,42 @@ TEST_CASE("Large arguments and results travel in chunks", "[sandbox]") {
   REQUIRE(sink->Chunks("big") + e.result().value() == payload);
 }
 
+TEST_CASE("Argument chunks of every size in one message arrive in order",
+          "[sandbox]") {
+  // Chunks far below and at kChunkBytes, and a re-sent overlap (trimmed):
+  // the worker must see the bytes once each, in order.
+  SessionManager manager(FakeWorkerOptions());
+  auto sink = std::make_shared<RecordingSink>();
+  const std::vector<size_t> sizes = {100, 70 * 1024, 10, ipc::kChunkBytes,
+                                     5, 64 * 1024, 64 * 1024 - 1};
+  size_t total = 0;
+  for (size_t size : sizes) total += size;
+  std::string payload(total, '\0');
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = char(i * 13 + 1);
+  google::protobuf::RepeatedPtrField<HostEvent> events;
+  *events.Add() = Start("mixed", "fake::echo", payload.substr(0, sizes[0]),
+                        payload.size());
+  size_t off = sizes[0];
+  for (size_t i = 1; i < sizes.size(); ++i) {
+    HostEvent chunk = Chunk("mixed", payload.substr(off, sizes[i]));
+    chunk.mutable_argument_chunk()->set_offset(off);
+    *events.Add() = chunk;
+    if (i == 3) {
+      // The same large chunk again from 1,000 bytes into it (a resumed
+      // upload): only its unseen part counts, here none of it.
+      HostEvent again =
+          Chunk("mixed", payload.substr(off + 1000, sizes[i] - 1000));
+      again.mutable_argument_chunk()->set_offset(off + 1000);
+      *events.Add() = again;
+    }
+    off += sizes[i];
+  }
+  manager.HandleHostEvents(sink, events);
+  SandboxEvent e = sink->AwaitTerminal("mixed");
+  REQUIRE(e.has_result());
+  REQUIRE(sink->Chunks("mixed") + e.result().value() == payload);
+}
+
 TEST_CASE("Exactly one terminal event per call", "[sandbox]") {
   SessionManager manager(FakeWorkerOptions());
   auto sink = std::make_shared<RecordingSink>();
