@@ -133,6 +133,23 @@ async def test_request_result_error_and_timeout(bridge):
     assert ns._pending == {}
 
 
+async def test_request_without_timeout_waits_and_a_cancelled_one_cleans_up(bridge):
+    ns = register_namespace(Namespace("/p"))
+    task = asyncio.ensure_future(ns.request("ask", 1, timeout=None))
+    await asyncio.sleep(0.1)
+    assert not task.done()
+    sio._deliver("/p", "ask:result", pack({"request_id": bridge.sent[-1][3], "value": "late"}))
+    assert await task == "late"
+
+    task = asyncio.ensure_future(ns.request("ask", 2, timeout=0.05))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert ns._pending == {}
+    await asyncio.sleep(0.1)  # its timer, cancelled, must not fire into anything
+
+
 async def test_request_from_another_thread_and_loop(bridge):
     ns = register_namespace(Namespace("/p"))
     loop = asyncio.get_running_loop()
