@@ -48,6 +48,7 @@ import pickle
 import socket
 import sys
 import threading
+import time
 import traceback
 import types
 from concurrent.futures import ThreadPoolExecutor
@@ -928,8 +929,12 @@ def _coerce(value, depth=0):
 
 def _extras(record):
     """The msgpack map of record's extra attributes, or None."""
+    attributes = record.__dict__
+    # Most records have no extras: one set difference in C says so.
+    if not attributes.keys() - _STANDARD_KEYS:
+        return None
     extras = None
-    for key, value in record.__dict__.items():
+    for key, value in attributes.items():
         if key in _STANDARD_KEYS or key.startswith("_"):
             continue
         if extras is None:
@@ -1350,15 +1355,65 @@ def _expand_context(template, worker_id):
     return template
 
 
+class _DurableFormatter(logging.Formatter):
+    """A Formatter whose default asctime reuses the date and time of the
+    previous record when the second is the same: localtime() and strftime()
+    per record were a good part of the durable log's cost."""
+
+    _second = (None, "")  # (int(created), its formatted date and time)
+
+    def formatTime(self, record, datefmt=None):
+        if datefmt:
+            return super().formatTime(record, datefmt)
+        second, text = self._second  # one tuple: consistent across threads
+        created = int(record.created)
+        if second != created:
+            text = time.strftime(self.default_time_format,
+                                 self.converter(created))
+            self._second = (created, text)
+        return self.default_msec_format % (text, record.msecs)
+
+
 class _DurableHandler(logging.handlers.RotatingFileHandler):
     """The durable log file (SPEC 3.4). A write failure detaches it for good
-    and says so once on the stderr stream."""
+    and says so once on the stderr stream.
+
+    Each record is formatted once and the file's size is counted here: the
+    stdlib's rollover check formats every record a second time and stats
+    and seeks the file, which cost more than the write itself."""
 
     def __init__(self, path, channel):
         super().__init__(path, maxBytes=_DURABLE_MAX_BYTES, backupCount=1,
                          encoding="utf-8")
         self._channel = channel
         self.detached = False
+        # As the stdlib: something that is not a regular file (/dev/null)
+        # is never rotated.
+        self._rotates = os.path.isfile(self.baseFilename)
+        self._size = self.stream.tell()
+
+    def doRollover(self):
+        super().doRollover()
+        self._size = 0 if self.stream is None else self.stream.tell()
+
+    def emit(self, record):
+        # Handler.handle holds the lock: one thread at a time.
+        try:
+            text = self.format(record) + self.terminator
+            size = len(text) if text.isascii() else len(
+                text.encode("utf-8", "surrogatepass"))
+            if self.stream is None:  # closed by a failed rollover
+                self.stream = self._open()
+                self._size = self.stream.tell()
+            if self._rotates and self._size + size >= self.maxBytes:
+                self.doRollover()
+            self.stream.write(text)
+            self.stream.flush()
+            self._size += size
+        except RecursionError:
+            raise
+        except Exception:
+            self.handleError(record)
 
     def handleError(self, record):
         exc = sys.exc_info()[1]
@@ -1401,7 +1456,7 @@ def _open_durable(channel, worker_id, context):
         except Exception:
             pass
         return None
-    handler.setFormatter(logging.Formatter(
+    handler.setFormatter(_DurableFormatter(
         os.environ.get("AGENTIX_LOG_FORMAT") or _DEFAULT_FORMAT))
 
     def add_context(record):

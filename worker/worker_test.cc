@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <msgpack.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -1556,6 +1557,47 @@ TEST_CASE("The durable log file gets records and captured output",
   CHECK(absl::StrContains(text, "[agentix.sandbox.stdout] raw\n"));
   CHECK(absl::StrContains(text, "[agentix.sandbox.stderr] raw err\n"));
   CHECK(absl::StrContains(text, "-worker-test-worker] [app] x 1\n"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("The durable log rotates by bytes, keeping whole lines",
+          "[worker][logs]") {
+  const std::string dir = absl::StrCat(TempRoot(), "/rotate-", getpid());
+  fs::remove_all(dir);
+  WorkerArgs args;
+  args.env.push_back("AGENTIX_LOG_DIR=" + dir);
+  auto worker = ReadyWorker(args);
+  constexpr int kRecords = 300;
+  constexpr int kMaxBytes = 8192;
+  worker->Call("r", "worker_fixture::durable_rotation",
+               Pickle(absl::StrCat("((", kRecords, ", ", kMaxBytes, "), {})")));
+  REQUIRE(worker->AwaitReply("r").ok);
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+  const std::string path = dir + "/sandbox-test-worker.log";
+  const std::string backup = ReadFile(path + ".1");
+  const std::string current = ReadFile(path);
+  // Each file stays under the limit in bytes (the records hold two-byte
+  // characters), and together they end with the last records, in order.
+  CHECK(backup.size() < kMaxBytes);
+  CHECK(current.size() < kMaxBytes);
+  const std::regex line(
+      R"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} \[[^\]]*-worker-test-worker\] )"
+      R"(\[app\.rotate\] rotate (\d{4}) (\xC3\xA9){40})");
+  int expected = -1;
+  for (const std::string* text : {&backup, &current}) {
+    std::istringstream lines(*text);
+    std::string one;
+    while (std::getline(lines, one)) {
+      std::smatch match;
+      if (!std::regex_match(one, match, line)) continue;  // earlier records
+      const int index = std::stoi(match[1]);
+      if (expected >= 0) CHECK(index == expected);
+      expected = index + 1;
+    }
+    CHECK(text->back() == '\n');
+  }
+  CHECK(expected == kRecords);
   fs::remove_all(dir);
 }
 

@@ -109,6 +109,17 @@ def log_warning():
     return "logged"
 
 
+def durable_rotation(records, max_bytes):
+    """Lowers the durable log's size limit, then logs `records` records of
+    two-byte characters (the limit counts bytes)."""
+    handler = next(h for h in logging.getLogger().handlers
+                   if type(h).__name__ == "_DurableHandler")
+    handler.maxBytes = max_bytes
+    for i in range(records):
+        logging.getLogger("app.rotate").info("rotate %04d %s", i, "\u00e9" * 40)
+    return "logged"
+
+
 def log_exception():
     try:
         raise ValueError("boom")
