@@ -1037,34 +1037,60 @@ def _attribute(value):
         return f"<unrepresentable {type(value).__name__} object>"
 
 
+# Attribute values of these exact types are sent as they are (ints after a
+# range check): the common case skips _attribute's isinstance() chain.
+_PLAIN_ATTRIBUTES = frozenset((str, float, bool, bytes))
+
+
 def _attribute_map(mapping):
     """A dict of attribute scalars from `mapping` (keys as str)."""
     out = {}
     if isinstance(mapping, dict):
         for key, value in list(mapping.items()):
-            value = _attribute(value)
-            if value is not None:
-                out[key if isinstance(key, str) else _text(key)] = value
+            kind = type(value)
+            if kind not in _PLAIN_ATTRIBUTES and not (
+                    kind is int and _INT64[0] <= value < _INT64[1]):
+                value = _attribute(value)
+                if value is None:
+                    continue
+            out[key if isinstance(key, str) else _text(key)] = value
     return out
 
 
 def _attributes(mapping):
     """The msgpack map of `mapping`'s attributes, or None if it has none."""
+    if not mapping:
+        return None
     out = _attribute_map(mapping)
     return _w.msgpack_dumps(out) if out else None
+
+
+def _str(value):
+    """value if it is a str (the common case: no call to _text)."""
+    return value if type(value) is str else _text(value)
+
+
+# The last "YYYY-MM-DDTHH:MM:SS" _unix_nanos converted, with its Unix
+# seconds: a span's stamps (and the next span's) mostly share their second.
+_last_second = ("", 0)
 
 
 def _unix_nanos(stamp):
     """An agentix timestamp (ISO-8601 UTC "YYYY-MM-DDTHH:MM:SS.ffffffZ", or
     a datetime) as Unix nanoseconds; 0 if missing or unreadable."""
+    global _last_second
     try:
         if isinstance(stamp, str):
             if len(stamp) == 27 and stamp[19] == "." and stamp[26] == "Z":
                 # agentix's own format: slicing is ~10x cheaper than parsing.
-                seconds = calendar.timegm((
-                    int(stamp[0:4]), int(stamp[5:7]), int(stamp[8:10]),
-                    int(stamp[11:13]), int(stamp[14:16]), int(stamp[17:19]),
-                    0, 0, 0))
+                head, seconds = _last_second  # one tuple: thread-safe
+                if stamp[:19] != head:
+                    head = stamp[:19]
+                    seconds = calendar.timegm((
+                        int(head[0:4]), int(head[5:7]), int(head[8:10]),
+                        int(head[11:13]), int(head[14:16]), int(head[17:19]),
+                        0, 0, 0))
+                    _last_second = (head, seconds)
                 return seconds * _NANOS + int(stamp[20:26]) * 1000
             stamp = datetime.fromisoformat(stamp)
         if isinstance(stamp, datetime):
@@ -1123,41 +1149,44 @@ def _trace_forwarder_class(base):
                 self._busy.on = False
 
         def _send(self, kind, item):
-            call_id = _call_id.get()
-            trace_id = _text(item.trace_id)
-            if kind == _TRACE_START:
+            # Span events first: they are most of the traffic.
+            if kind == _SPAN_END:
+                parent_id = item.parent_id
+                error = item.error
+                error_message, error_data = "", None
+                if error is not None:
+                    error_message = _text(getattr(error, "message", error))
+                    error_data = _attributes(getattr(error, "data", None))
+                description = item.status_description
+                events = item.events
                 self._channel.send_trace(
-                    kind, trace_id, "", "", _text(item.name),
+                    kind, _str(item.trace_id), _str(item.span_id),
+                    "" if parent_id is None else _str(parent_id),
+                    _str(item.name), _unix_nanos(item.started_at),
+                    _unix_nanos(item.ended_at), _attributes(item.attrs),
+                    _events(events) if events else None,
+                    _SPAN_STATUS.get(item.status, 0),
+                    "" if description is None else _str(description),
+                    error_message, error_data, _call_id.get())
+            elif kind == _SPAN_START:
+                parent_id = item.parent_id
+                self._channel.send_trace(
+                    kind, _str(item.trace_id), _str(item.span_id),
+                    "" if parent_id is None else _str(parent_id),
+                    _str(item.name), _unix_nanos(item.started_at), 0,
+                    _attributes(item.attrs), None, 0, "", "", None,
+                    _call_id.get())
+            elif kind == _TRACE_START:
+                self._channel.send_trace(
+                    kind, _str(item.trace_id), "", "", _str(item.name),
                     _unix_nanos(item.started_at), 0,
                     _attributes(item.metadata), None, 0, "", "", None,
-                    call_id)
-                return
-            if kind == _TRACE_END:
+                    _call_id.get())
+            else:
                 self._channel.send_trace(
-                    kind, trace_id, "", "", "", 0, _unix_nanos(item.ended_at),
-                    None, None, 0, "", "", None, call_id)
-                return
-            parent_id = item.parent_id
-            parent_id = "" if parent_id is None else _text(parent_id)
-            if kind == _SPAN_START:
-                self._channel.send_trace(
-                    kind, trace_id, _text(item.span_id), parent_id,
-                    _text(item.name), _unix_nanos(item.started_at), 0,
-                    _attributes(item.attrs), None, 0, "", "", None, call_id)
-                return
-            error = item.error
-            error_message, error_data = "", None
-            if error is not None:
-                error_message = _text(getattr(error, "message", error))
-                error_data = _attributes(getattr(error, "data", None))
-            description = item.status_description
-            self._channel.send_trace(
-                kind, trace_id, _text(item.span_id), parent_id,
-                _text(item.name), _unix_nanos(item.started_at),
-                _unix_nanos(item.ended_at), _attributes(item.attrs),
-                _events(item.events), _SPAN_STATUS.get(item.status, 0),
-                "" if description is None else _text(description),
-                error_message, error_data, call_id)
+                    kind, _str(item.trace_id), "", "", "", 0,
+                    _unix_nanos(item.ended_at), None, None, 0, "", "", None,
+                    _call_id.get())
 
         def on_trace_start(self, trace):
             self._forward(_TRACE_START, trace)

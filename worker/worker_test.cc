@@ -1806,6 +1806,27 @@ TEST_CASE("Span attributes are coerced to scalars; others arrive as repr",
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
 
+TEST_CASE("Span stamps become Unix nanoseconds, across seconds",
+          "[worker][trace]") {
+  auto worker = TracingWorker();
+  worker->CallOk("worker_fixture::traced_stamps", Pickle("((), {})"));
+  REQUIRE(worker->AwaitTraces(4));
+  const auto& t = worker->traces();
+  constexpr int64_t k20240102T030405 = 1704164645;  // Unix seconds
+  constexpr int64_t kNs = 1000000000;
+  CHECK(t[0].start_time_unix_nanos == k20240102T030405 * kNs + 123456000);
+  CHECK(t[0].end_time_unix_nanos == k20240102T030405 * kNs + 999999000);
+  CHECK(t[1].start_time_unix_nanos == k20240102T030405 * kNs + 1000);
+  CHECK(t[1].end_time_unix_nanos == (k20240102T030405 + 1) * kNs);
+  // Not agentix's own format: parsed by datetime.
+  CHECK(t[2].start_time_unix_nanos == (k20240102T030405 + 1) * kNs + 500000000);
+  CHECK(t[2].end_time_unix_nanos == 946684799 * kNs + 2000);
+  CHECK(t[3].start_time_unix_nanos == k20240102T030405 * kNs + 7000);
+  CHECK(t[3].end_time_unix_nanos == 0);  // unreadable
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
 TEST_CASE("Spans from pool threads and tasks carry their call's id",
           "[worker][trace]") {
   auto worker = TracingWorker();
