@@ -61,6 +61,14 @@ constexpr size_t kMaxQueuedLogBytes = 16u * 1024 * 1024;
 // Captured lines waiting for the durable-log thread beyond this are dropped:
 // the file is a best-effort copy and must never slow user output down.
 constexpr size_t kMaxDurableBytes = 16u * 1024 * 1024;
+// Once woken, the log sender waits this long before taking the queue unless
+// kLingerBytes are already there: a burst of records then goes out in one
+// write, and its producers wake the sender once per batch instead of once per
+// record (each wake cost the producer more than encoding its record). Calls'
+// results and namespace events do not wait for it: they take the queue
+// themselves (TakeLogs).
+constexpr auto kLinger = std::chrono::microseconds(200);
+constexpr size_t kLingerBytes = 64 * 1024;
 // Longest captured line; longer output is cut into lines of this size.
 constexpr size_t kMaxLineBytes = 64 * 1024;
 
@@ -580,8 +588,9 @@ void QueueLogs(Writer& w, std::string& frames,
 }
 
 // The log sender thread: writes queued log frames as soon as the channel is
-// free, so records from any thread reach the daemon promptly, batched by
-// whatever accumulated during the previous write. Never touches Python.
+// free, so records from any thread reach the daemon promptly (within
+// kLinger), batched by whatever accumulated during the linger and the previous
+// write. Never touches Python.
 void SendLogs(std::shared_ptr<Writer> writer) {
   pthread_setname_np(pthread_self(), "agx-log-sender");
   Writer& w = *writer;
@@ -594,6 +603,13 @@ void SendLogs(std::shared_ptr<Writer> writer) {
       w.sender_asleep = false;  // also when woken spuriously or by StopSender
     }
     if (w.logs.empty()) break;  // stopping, and everything is written
+    if (w.logs.size() < kLingerBytes && !w.sender_stop) {
+      // Not asleep meanwhile: producers just queue.
+      lock.unlock();
+      std::this_thread::sleep_for(kLinger);
+      lock.lock();
+      if (w.logs.empty()) continue;  // taken by a call's result meanwhile
+    }
     w.idle_cv.wait(lock, [&w] { return !w.busy; });
     w.busy = true;
     batch.swap(w.logs);  // whatever is queued now, in order
