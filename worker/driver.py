@@ -1419,11 +1419,15 @@ class _DurableHandler(logging.handlers.RotatingFileHandler):
         # As the stdlib: something that is not a regular file (/dev/null)
         # is never rotated.
         self._rotates = os.path.isfile(self.baseFilename)
-        self._size = self.stream.tell()
+        self._size = self._current_size()
+
+    def _current_size(self):
+        # A FIFO cannot tell(); it is not rotated, so its size does not matter.
+        return self.stream.tell() if self._rotates and self.stream else 0
 
     def doRollover(self):
         super().doRollover()
-        self._size = 0 if self.stream is None else self.stream.tell()
+        self._size = self._current_size()
 
     def emit(self, record):
         # Handler.handle holds the lock: one thread at a time.
@@ -1433,7 +1437,7 @@ class _DurableHandler(logging.handlers.RotatingFileHandler):
                 text.encode("utf-8", "surrogatepass"))
             if self.stream is None:  # closed by a failed rollover
                 self.stream = self._open()
-                self._size = self.stream.tell()
+                self._size = self._current_size()
             if self._rotates and self._size + size >= self.maxBytes:
                 self.doRollover()
             self.stream.write(text)
