@@ -1411,10 +1411,11 @@ class _DurableHandler(logging.handlers.RotatingFileHandler):
     stdlib's rollover check formats every record a second time and stats
     and seeks the file, which cost more than the write itself."""
 
-    def __init__(self, path, channel):
+    def __init__(self, path, channel, context):
         super().__init__(path, maxBytes=_DURABLE_MAX_BYTES, backupCount=1,
                          encoding="utf-8")
         self._channel = channel
+        self._context = context
         self.detached = False
         # As the stdlib: something that is not a regular file (/dev/null)
         # is never rotated.
@@ -1432,6 +1433,11 @@ class _DurableHandler(logging.handlers.RotatingFileHandler):
     def emit(self, record):
         # Handler.handle holds the lock: one thread at a time.
         try:
+            if not hasattr(record, "agentix_context"):
+                # Made without our record factory: still formats. (Here
+                # rather than in a filter: a filter is one more call per
+                # record.)
+                record.agentix_context = self._context
             text = self.format(record) + self.terminator
             size = len(text) if text.isascii() else len(
                 text.encode("utf-8", "surrogatepass"))
@@ -1480,7 +1486,7 @@ def _open_durable(channel, worker_id, context):
     path = os.path.join(log_dir, f"sandbox-{worker_id}.log")
     try:
         os.makedirs(log_dir, exist_ok=True)
-        handler = _DurableHandler(path, channel)
+        handler = _DurableHandler(path, channel, context)
     except Exception as exc:
         try:
             channel.send_stdio(
@@ -1491,14 +1497,6 @@ def _open_durable(channel, worker_id, context):
         return None
     handler.setFormatter(_DurableFormatter(
         os.environ.get("AGENTIX_LOG_FORMAT") or _DEFAULT_FORMAT))
-
-    def add_context(record):
-        # Records made without our factory still format.
-        if not hasattr(record, "agentix_context"):
-            record.agentix_context = context
-        return True
-
-    handler.addFilter(add_context)
     return handler
 
 

@@ -1548,9 +1548,13 @@ TEST_CASE("The durable log file gets records and captured output",
   REQUIRE(worker->AwaitReply("f").ok);
   worker->Call("l", "worker_fixture::log_warning", Pickle("((), {})"));
   REQUIRE(worker->AwaitReply("l").ok);
+  worker->Call("r", "worker_fixture::log_raw_record", Pickle("((), {})"));
+  REQUIRE(worker->AwaitReply("r").ok);
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
   const std::string text = ReadFile(dir + "/nested/sandbox-test-worker.log");
+  // A record made without the worker's record factory gets the context.
+  CHECK(absl::StrContains(text, "-worker-test-worker] [app.raw] raw record\n"));
   INFO(text);
   CHECK(absl::StrContains(text, "[agentix.sandbox.stdout] hi\n"));
   CHECK(absl::StrContains(text, "[agentix.sandbox.stderr] to stderr\n"));

@@ -109,6 +109,14 @@ def log_warning():
     return "logged"
 
 
+def log_raw_record():
+    """A record made without the record factory (no agentix_context)."""
+    record = logging.LogRecord("app.raw", logging.INFO, __file__, 1,
+                               "raw record", None, None)
+    logging.getLogger("app.raw").handle(record)
+    return "logged"
+
+
 def durable_rotation(records, max_bytes):
     """Lowers the durable log's size limit, then logs `records` records of
     two-byte characters (the limit counts bytes)."""
