@@ -61,6 +61,14 @@ constexpr size_t kMaxQueuedLogBytes = 16u * 1024 * 1024;
 // Captured lines waiting for the durable-log thread beyond this are dropped:
 // the file is a best-effort copy and must never slow user output down.
 constexpr size_t kMaxDurableBytes = 16u * 1024 * 1024;
+// Once woken, the log sender waits this long before taking the queue unless
+// kLingerBytes are already there: a burst of records then goes out in one
+// write, and its producers wake the sender once per batch instead of once per
+// record (each wake cost the producer more than encoding its record). Calls'
+// results and namespace events do not wait for it: they take the queue
+// themselves (TakeLogs).
+constexpr auto kLinger = std::chrono::microseconds(200);
+constexpr size_t kLingerBytes = 64 * 1024;
 // Longest captured line; longer output is cut into lines of this size.
 constexpr size_t kMaxLineBytes = 64 * 1024;
 
@@ -93,6 +101,10 @@ struct Writer {
   // Encoded log frames not yet written, in the order they were produced.
   std::string logs;
   std::condition_variable logs_cv;   // logs queued, or the sender must stop
+  // The sender sleeps on logs_cv. Producers wake it only then (and only
+  // once): a futex wake per record cost more than encoding it, and a sender
+  // that is busy writing finds what was queued meanwhile by itself.
+  bool sender_asleep = false;
   std::condition_variable space_cv;  // `logs` shrank (or logging gave up)
   bool sender_running = false;
   bool sender_stop = false;
@@ -537,6 +549,15 @@ absl::Status AppendStdioFrame(const Writer& w, int origin, int64_t time_ns,
   return ipc::AppendFrame(frame, out);
 }
 
+// With `mu` held, after queueing: whether the caller must wake the sender
+// (notify logs_cv once `mu` is released, so the sender does not wake up
+// only to block on it). True at most once per sleep of the sender.
+bool TakeSenderWake(Writer& w) {
+  if (!w.sender_asleep) return false;
+  w.sender_asleep = false;
+  return true;
+}
+
 // Appends encoded log frames to the queue and wakes the sender. Waits while
 // the queue is over kMaxQueuedLogBytes; must be called without the GIL.
 // Records are dropped once a log write failed or the sender has stopped.
@@ -553,7 +574,7 @@ void QueueLogs(Writer& w, std::string& frames,
   } else {
     w.logs.append(frames);
   }
-  w.logs_cv.notify_one();
+  const bool wake = TakeSenderWake(w);
   if (durable != nullptr && w.durable && !w.capture_done) {
     for (StdioLine& line : *durable) {
       if (w.durable_bytes + line.text.size() > kMaxDurableBytes) break;
@@ -562,19 +583,33 @@ void QueueLogs(Writer& w, std::string& frames,
     }
     w.durable_cv.notify_one();
   }
+  lock.unlock();
+  if (wake) w.logs_cv.notify_one();
 }
 
 // The log sender thread: writes queued log frames as soon as the channel is
-// free, so records from any thread reach the daemon promptly, batched by
-// whatever accumulated during the previous write. Never touches Python.
+// free, so records from any thread reach the daemon promptly (within
+// kLinger), batched by whatever accumulated during the linger and the previous
+// write. Never touches Python.
 void SendLogs(std::shared_ptr<Writer> writer) {
   pthread_setname_np(pthread_self(), "agx-log-sender");
   Writer& w = *writer;
   std::string batch;
   std::unique_lock<std::mutex> lock(w.mu);
   while (true) {
-    w.logs_cv.wait(lock, [&w] { return !w.logs.empty() || w.sender_stop; });
+    while (w.logs.empty() && !w.sender_stop) {
+      w.sender_asleep = true;
+      w.logs_cv.wait(lock);
+      w.sender_asleep = false;  // also when woken spuriously or by StopSender
+    }
     if (w.logs.empty()) break;  // stopping, and everything is written
+    if (w.logs.size() < kLingerBytes && !w.sender_stop) {
+      // Not asleep meanwhile: producers just queue.
+      lock.unlock();
+      std::this_thread::sleep_for(kLinger);
+      lock.lock();
+      if (w.logs.empty()) continue;  // taken by a call's result meanwhile
+    }
     w.idle_cv.wait(lock, [&w] { return !w.busy; });
     w.busy = true;
     batch.swap(w.logs);  // whatever is queued now, in order
@@ -598,10 +633,9 @@ void SendLogs(std::shared_ptr<Writer> writer) {
 }
 
 // Starts the sender thread unless it runs (or was stopped: then records
-// are dropped). GIL held; the lock is taken only briefly.
-void EnsureSender(const std::shared_ptr<Writer>& writer) {
+// are dropped). `mu` held (and the GIL).
+void EnsureSenderLocked(const std::shared_ptr<Writer>& writer) {
   Writer& w = *writer;
-  std::lock_guard<std::mutex> lock(w.mu);
   if (w.sender_running || w.sender_stop || w.failed) return;
   try {
     w.sender = std::thread(SendLogs, writer);
@@ -1133,15 +1167,17 @@ void QueueLogsFromPython(const std::shared_ptr<Writer>& writer,
                          std::string& frames,
                          std::vector<StdioLine>* durable) {
   if (g_in_forked_child.load(std::memory_order_relaxed)) return;
-  EnsureSender(writer);
   Writer& w = *writer;
   {
-    std::lock_guard<std::mutex> lock(w.mu);
+    std::unique_lock<std::mutex> lock(w.mu);
+    EnsureSenderLocked(writer);
     if (w.failed || !w.sender_running) return;  // dropped
     if (w.logs.size() < kMaxQueuedLogBytes &&
         (durable == nullptr || !w.durable)) {
       w.logs.append(frames);
-      w.logs_cv.notify_one();
+      const bool wake = TakeSenderWake(w);
+      lock.unlock();
+      if (wake) w.logs_cv.notify_one();
       return;
     }
   }
@@ -1454,9 +1490,9 @@ PyObject* ChannelStartCapture(PyObject* self, PyObject* const* args,
   ::dup2(err_pipe[1], 2);
   ::close(out_pipe[1]);
   ::close(err_pipe[1]);
-  EnsureSender(st.writer);
   {
     std::lock_guard<std::mutex> lock(w.mu);
+    EnsureSenderLocked(st.writer);
     w.drainers = 2;
   }
   st.capture = std::move(capture);

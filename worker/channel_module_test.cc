@@ -585,6 +585,59 @@ TEST_CASE("Large results are written unchanged on the wire, after logs and "
   REQUIRE(got.substr(got.size() - want.size()) == want);
 }
 
+TEST_CASE("A record queued while the log sender sleeps wakes it",
+          "[channel]") {
+  // Producers wake the sender only when it sleeps (Writer::sender_asleep):
+  // each record here is queued after the previous one went out, mostly with
+  // the sender asleep, sometimes while it is still finishing its write.
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  for (int i = 0; i < 40; ++i) {
+    Py(absl::StrCat("ch.send_log('lg', 20, 'INFO', 'r", i,
+                    "', 1, 'f.py', 1, 'fn', 'm', '', 1, 'c', '', None, '')\n"));
+    auto frames = collector.Wait(i + 1, absl::Seconds(5));
+    REQUIRE(frames.size() == static_cast<size_t>(i + 1));
+    REQUIRE(frames[i].log.message == absl::StrCat("r", i));
+    if (i % 2 == 0) usleep(1000);
+  }
+}
+
+TEST_CASE("Records and trace events from several threads all go out, each "
+          "thread's in order",
+          "[channel]") {
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  constexpr int kThreads = 4, kEach = 3000;
+  Py(absl::StrCat(
+      "import threading\n"
+      "def produce(t):\n"
+      "    for i in range(", kEach, "):\n"
+      "        if i % 3:\n"
+      "            ch.send_log('lg', 20, 'INFO', f'{t} {i}', 1, 'f.py', 1, "
+      "'fn', 'm', '', 1, 'c', '', None, '')\n"
+      "        else:\n"
+      "            ch.send_trace(3, f'{t} {i}', 'span_1', '', 's', 1, 0, None, "
+      "None, 0, '', '', None, 'c')\n"
+      "threads = [threading.Thread(target=produce, args=(t,)) for t in range(",
+      kThreads, ")]\n"
+      "for thread in threads: thread.start()\n"
+      "for thread in threads: thread.join()\n"));
+  auto frames = collector.Wait(kThreads * kEach, absl::Seconds(20));
+  REQUIRE(frames.size() == static_cast<size_t>(kThreads * kEach));
+  std::vector<int> next(kThreads, 0);
+  for (const ipc::Frame& frame : frames) {
+    const std::string& text = frame.type == ipc::FrameType::kLog
+                                  ? frame.log.message
+                                  : frame.trace.trace_id;
+    const int t = text[0] - '0';
+    REQUIRE(t >= 0);
+    REQUIRE(t < kThreads);
+    REQUIRE(text == absl::StrCat(t, " ", next[t]));
+    REQUIRE((frame.type == ipc::FrameType::kTrace) == (next[t] % 3 == 0));
+    ++next[t];
+  }
+}
+
 TEST_CASE("A write to a closed peer raises ChannelError", "[channel]") {
   Pair pair;
   close(pair.peer);

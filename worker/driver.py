@@ -48,6 +48,7 @@ import pickle
 import socket
 import sys
 import threading
+import time
 import traceback
 import types
 from concurrent.futures import ThreadPoolExecutor
@@ -928,8 +929,12 @@ def _coerce(value, depth=0):
 
 def _extras(record):
     """The msgpack map of record's extra attributes, or None."""
+    attributes = record.__dict__
+    # Most records have no extras: one set difference in C says so.
+    if not attributes.keys() - _STANDARD_KEYS:
+        return None
     extras = None
-    for key, value in record.__dict__.items():
+    for key, value in attributes.items():
         if key in _STANDARD_KEYS or key.startswith("_"):
             continue
         if extras is None:
@@ -1032,34 +1037,60 @@ def _attribute(value):
         return f"<unrepresentable {type(value).__name__} object>"
 
 
+# Attribute values of these exact types are sent as they are (ints after a
+# range check): the common case skips _attribute's isinstance() chain.
+_PLAIN_ATTRIBUTES = frozenset((str, float, bool, bytes))
+
+
 def _attribute_map(mapping):
     """A dict of attribute scalars from `mapping` (keys as str)."""
     out = {}
     if isinstance(mapping, dict):
         for key, value in list(mapping.items()):
-            value = _attribute(value)
-            if value is not None:
-                out[key if isinstance(key, str) else _text(key)] = value
+            kind = type(value)
+            if kind not in _PLAIN_ATTRIBUTES and not (
+                    kind is int and _INT64[0] <= value < _INT64[1]):
+                value = _attribute(value)
+                if value is None:
+                    continue
+            out[key if isinstance(key, str) else _text(key)] = value
     return out
 
 
 def _attributes(mapping):
     """The msgpack map of `mapping`'s attributes, or None if it has none."""
+    if not mapping:
+        return None
     out = _attribute_map(mapping)
     return _w.msgpack_dumps(out) if out else None
+
+
+def _str(value):
+    """value if it is a str (the common case: no call to _text)."""
+    return value if type(value) is str else _text(value)
+
+
+# The last "YYYY-MM-DDTHH:MM:SS" _unix_nanos converted, with its Unix
+# seconds: a span's stamps (and the next span's) mostly share their second.
+_last_second = ("", 0)
 
 
 def _unix_nanos(stamp):
     """An agentix timestamp (ISO-8601 UTC "YYYY-MM-DDTHH:MM:SS.ffffffZ", or
     a datetime) as Unix nanoseconds; 0 if missing or unreadable."""
+    global _last_second
     try:
         if isinstance(stamp, str):
             if len(stamp) == 27 and stamp[19] == "." and stamp[26] == "Z":
                 # agentix's own format: slicing is ~10x cheaper than parsing.
-                seconds = calendar.timegm((
-                    int(stamp[0:4]), int(stamp[5:7]), int(stamp[8:10]),
-                    int(stamp[11:13]), int(stamp[14:16]), int(stamp[17:19]),
-                    0, 0, 0))
+                head, seconds = _last_second  # one tuple: thread-safe
+                if stamp[:19] != head:
+                    head = stamp[:19]
+                    seconds = calendar.timegm((
+                        int(head[0:4]), int(head[5:7]), int(head[8:10]),
+                        int(head[11:13]), int(head[14:16]), int(head[17:19]),
+                        0, 0, 0))
+                    _last_second = (head, seconds)
                 return seconds * _NANOS + int(stamp[20:26]) * 1000
             stamp = datetime.fromisoformat(stamp)
         if isinstance(stamp, datetime):
@@ -1118,41 +1149,44 @@ def _trace_forwarder_class(base):
                 self._busy.on = False
 
         def _send(self, kind, item):
-            call_id = _call_id.get()
-            trace_id = _text(item.trace_id)
-            if kind == _TRACE_START:
+            # Span events first: they are most of the traffic.
+            if kind == _SPAN_END:
+                parent_id = item.parent_id
+                error = item.error
+                error_message, error_data = "", None
+                if error is not None:
+                    error_message = _text(getattr(error, "message", error))
+                    error_data = _attributes(getattr(error, "data", None))
+                description = item.status_description
+                events = item.events
                 self._channel.send_trace(
-                    kind, trace_id, "", "", _text(item.name),
+                    kind, _str(item.trace_id), _str(item.span_id),
+                    "" if parent_id is None else _str(parent_id),
+                    _str(item.name), _unix_nanos(item.started_at),
+                    _unix_nanos(item.ended_at), _attributes(item.attrs),
+                    _events(events) if events else None,
+                    _SPAN_STATUS.get(item.status, 0),
+                    "" if description is None else _str(description),
+                    error_message, error_data, _call_id.get())
+            elif kind == _SPAN_START:
+                parent_id = item.parent_id
+                self._channel.send_trace(
+                    kind, _str(item.trace_id), _str(item.span_id),
+                    "" if parent_id is None else _str(parent_id),
+                    _str(item.name), _unix_nanos(item.started_at), 0,
+                    _attributes(item.attrs), None, 0, "", "", None,
+                    _call_id.get())
+            elif kind == _TRACE_START:
+                self._channel.send_trace(
+                    kind, _str(item.trace_id), "", "", _str(item.name),
                     _unix_nanos(item.started_at), 0,
                     _attributes(item.metadata), None, 0, "", "", None,
-                    call_id)
-                return
-            if kind == _TRACE_END:
+                    _call_id.get())
+            else:
                 self._channel.send_trace(
-                    kind, trace_id, "", "", "", 0, _unix_nanos(item.ended_at),
-                    None, None, 0, "", "", None, call_id)
-                return
-            parent_id = item.parent_id
-            parent_id = "" if parent_id is None else _text(parent_id)
-            if kind == _SPAN_START:
-                self._channel.send_trace(
-                    kind, trace_id, _text(item.span_id), parent_id,
-                    _text(item.name), _unix_nanos(item.started_at), 0,
-                    _attributes(item.attrs), None, 0, "", "", None, call_id)
-                return
-            error = item.error
-            error_message, error_data = "", None
-            if error is not None:
-                error_message = _text(getattr(error, "message", error))
-                error_data = _attributes(getattr(error, "data", None))
-            description = item.status_description
-            self._channel.send_trace(
-                kind, trace_id, _text(item.span_id), parent_id,
-                _text(item.name), _unix_nanos(item.started_at),
-                _unix_nanos(item.ended_at), _attributes(item.attrs),
-                _events(item.events), _SPAN_STATUS.get(item.status, 0),
-                "" if description is None else _text(description),
-                error_message, error_data, call_id)
+                    kind, _str(item.trace_id), "", "", "", 0,
+                    _unix_nanos(item.ended_at), None, None, 0, "", "", None,
+                    _call_id.get())
 
         def on_trace_start(self, trace):
             self._forward(_TRACE_START, trace)
@@ -1350,15 +1384,75 @@ def _expand_context(template, worker_id):
     return template
 
 
+class _DurableFormatter(logging.Formatter):
+    """A Formatter whose default asctime reuses the date and time of the
+    previous record when the second is the same: localtime() and strftime()
+    per record were a good part of the durable log's cost."""
+
+    _second = (None, "")  # (int(created), its formatted date and time)
+
+    def formatTime(self, record, datefmt=None):
+        if datefmt:
+            return super().formatTime(record, datefmt)
+        second, text = self._second  # one tuple: consistent across threads
+        created = int(record.created)
+        if second != created:
+            text = time.strftime(self.default_time_format,
+                                 self.converter(created))
+            self._second = (created, text)
+        return self.default_msec_format % (text, record.msecs)
+
+
 class _DurableHandler(logging.handlers.RotatingFileHandler):
     """The durable log file (SPEC 3.4). A write failure detaches it for good
-    and says so once on the stderr stream."""
+    and says so once on the stderr stream.
 
-    def __init__(self, path, channel):
+    Each record is formatted once and the file's size is counted here: the
+    stdlib's rollover check formats every record a second time and stats
+    and seeks the file, which cost more than the write itself."""
+
+    def __init__(self, path, channel, context):
         super().__init__(path, maxBytes=_DURABLE_MAX_BYTES, backupCount=1,
                          encoding="utf-8")
         self._channel = channel
+        self._context = context
         self.detached = False
+        # As the stdlib: something that is not a regular file (/dev/null)
+        # is never rotated.
+        self._rotates = os.path.isfile(self.baseFilename)
+        self._size = self._current_size()
+
+    def _current_size(self):
+        # A FIFO cannot tell(); it is not rotated, so its size does not matter.
+        return self.stream.tell() if self._rotates and self.stream else 0
+
+    def doRollover(self):
+        super().doRollover()
+        self._size = self._current_size()
+
+    def emit(self, record):
+        # Handler.handle holds the lock: one thread at a time.
+        try:
+            if not hasattr(record, "agentix_context"):
+                # Made without our record factory: still formats. (Here
+                # rather than in a filter: a filter is one more call per
+                # record.)
+                record.agentix_context = self._context
+            text = self.format(record) + self.terminator
+            size = len(text) if text.isascii() else len(
+                text.encode("utf-8", "surrogatepass"))
+            if self.stream is None:  # closed by a failed rollover
+                self.stream = self._open()
+                self._size = self._current_size()
+            if self._rotates and self._size + size >= self.maxBytes:
+                self.doRollover()
+            self.stream.write(text)
+            self.stream.flush()
+            self._size += size
+        except RecursionError:
+            raise
+        except Exception:
+            self.handleError(record)
 
     def handleError(self, record):
         exc = sys.exc_info()[1]
@@ -1392,7 +1486,7 @@ def _open_durable(channel, worker_id, context):
     path = os.path.join(log_dir, f"sandbox-{worker_id}.log")
     try:
         os.makedirs(log_dir, exist_ok=True)
-        handler = _DurableHandler(path, channel)
+        handler = _DurableHandler(path, channel, context)
     except Exception as exc:
         try:
             channel.send_stdio(
@@ -1401,16 +1495,8 @@ def _open_durable(channel, worker_id, context):
         except Exception:
             pass
         return None
-    handler.setFormatter(logging.Formatter(
+    handler.setFormatter(_DurableFormatter(
         os.environ.get("AGENTIX_LOG_FORMAT") or _DEFAULT_FORMAT))
-
-    def add_context(record):
-        # Records made without our factory still format.
-        if not hasattr(record, "agentix_context"):
-            record.agentix_context = context
-        return True
-
-    handler.addFilter(add_context)
     return handler
 
 

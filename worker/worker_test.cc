@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <msgpack.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -1547,15 +1548,60 @@ TEST_CASE("The durable log file gets records and captured output",
   REQUIRE(worker->AwaitReply("f").ok);
   worker->Call("l", "worker_fixture::log_warning", Pickle("((), {})"));
   REQUIRE(worker->AwaitReply("l").ok);
+  worker->Call("r", "worker_fixture::log_raw_record", Pickle("((), {})"));
+  REQUIRE(worker->AwaitReply("r").ok);
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
   const std::string text = ReadFile(dir + "/nested/sandbox-test-worker.log");
+  // A record made without the worker's record factory gets the context.
+  CHECK(absl::StrContains(text, "-worker-test-worker] [app.raw] raw record\n"));
   INFO(text);
   CHECK(absl::StrContains(text, "[agentix.sandbox.stdout] hi\n"));
   CHECK(absl::StrContains(text, "[agentix.sandbox.stderr] to stderr\n"));
   CHECK(absl::StrContains(text, "[agentix.sandbox.stdout] raw\n"));
   CHECK(absl::StrContains(text, "[agentix.sandbox.stderr] raw err\n"));
   CHECK(absl::StrContains(text, "-worker-test-worker] [app] x 1\n"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("The durable log rotates by bytes, keeping whole lines",
+          "[worker][logs]") {
+  const std::string dir = absl::StrCat(TempRoot(), "/rotate-", getpid());
+  fs::remove_all(dir);
+  WorkerArgs args;
+  args.env.push_back("AGENTIX_LOG_DIR=" + dir);
+  auto worker = ReadyWorker(args);
+  constexpr int kRecords = 300;
+  constexpr int kMaxBytes = 8192;
+  worker->Call("r", "worker_fixture::durable_rotation",
+               Pickle(absl::StrCat("((", kRecords, ", ", kMaxBytes, "), {})")));
+  REQUIRE(worker->AwaitReply("r").ok);
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+  const std::string path = dir + "/sandbox-test-worker.log";
+  const std::string backup = ReadFile(path + ".1");
+  const std::string current = ReadFile(path);
+  // Each file stays under the limit in bytes (the records hold two-byte
+  // characters), and together they end with the last records, in order.
+  CHECK(backup.size() < kMaxBytes);
+  CHECK(current.size() < kMaxBytes);
+  const std::regex line(
+      R"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} \[[^\]]*-worker-test-worker\] )"
+      R"(\[app\.rotate\] rotate (\d{4}) (\xC3\xA9){40})");
+  int expected = -1;
+  for (const std::string* text : {&backup, &current}) {
+    std::istringstream lines(*text);
+    std::string one;
+    while (std::getline(lines, one)) {
+      std::smatch match;
+      if (!std::regex_match(one, match, line)) continue;  // earlier records
+      const int index = std::stoi(match[1]);
+      if (expected >= 0) CHECK(index == expected);
+      expected = index + 1;
+    }
+    CHECK(text->back() == '\n');
+  }
+  CHECK(expected == kRecords);
   fs::remove_all(dir);
 }
 
@@ -1760,6 +1806,27 @@ TEST_CASE("Span attributes are coerced to scalars; others arrive as repr",
   CHECK(attrs["b"].as<bool>());
   CHECK(attrs["raw"].type == msgpack::type::BIN);
   CHECK(attrs["raw"].as<std::string>() == std::string("\x00\xff", 2));
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("Span stamps become Unix nanoseconds, across seconds",
+          "[worker][trace]") {
+  auto worker = TracingWorker();
+  worker->CallOk("worker_fixture::traced_stamps", Pickle("((), {})"));
+  REQUIRE(worker->AwaitTraces(4));
+  const auto& t = worker->traces();
+  constexpr int64_t k20240102T030405 = 1704164645;  // Unix seconds
+  constexpr int64_t kNs = 1000000000;
+  CHECK(t[0].start_time_unix_nanos == k20240102T030405 * kNs + 123456000);
+  CHECK(t[0].end_time_unix_nanos == k20240102T030405 * kNs + 999999000);
+  CHECK(t[1].start_time_unix_nanos == k20240102T030405 * kNs + 1000);
+  CHECK(t[1].end_time_unix_nanos == (k20240102T030405 + 1) * kNs);
+  // Not agentix's own format: parsed by datetime.
+  CHECK(t[2].start_time_unix_nanos == (k20240102T030405 + 1) * kNs + 500000000);
+  CHECK(t[2].end_time_unix_nanos == 946684799 * kNs + 2000);
+  CHECK(t[3].start_time_unix_nanos == k20240102T030405 * kNs + 7000);
+  CHECK(t[3].end_time_unix_nanos == 0);  // unreadable
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }

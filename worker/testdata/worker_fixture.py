@@ -109,6 +109,25 @@ def log_warning():
     return "logged"
 
 
+def log_raw_record():
+    """A record made without the record factory (no agentix_context)."""
+    record = logging.LogRecord("app.raw", logging.INFO, __file__, 1,
+                               "raw record", None, None)
+    logging.getLogger("app.raw").handle(record)
+    return "logged"
+
+
+def durable_rotation(records, max_bytes):
+    """Lowers the durable log's size limit, then logs `records` records of
+    two-byte characters (the limit counts bytes)."""
+    handler = next(h for h in logging.getLogger().handlers
+                   if type(h).__name__ == "_DurableHandler")
+    handler.maxBytes = max_bytes
+    for i in range(records):
+        logging.getLogger("app.rotate").info("rotate %04d %s", i, "\u00e9" * 40)
+    return "logged"
+
+
 def log_exception():
     try:
         raise ValueError("boom")
@@ -346,6 +365,27 @@ def traced_odd_attributes():
                     f=1.5, b=True, raw=b"\x00\xff") as s:
         pass
     return s.span_id
+
+
+def traced_stamps():
+    """Ended spans with given stamps, in turn sharing and changing seconds
+    (the forwarder reuses the last second it converted), a datetime and
+    unreadable ones."""
+    import datetime
+    from agentix.utils import trace
+    stamps = [
+        ("2024-01-02T03:04:05.123456Z", "2024-01-02T03:04:05.999999Z"),
+        ("2024-01-02T03:04:05.000001Z", "2024-01-02T03:04:06.000000Z"),
+        ("2024-01-02T03:04:06.5Z", "1999-12-31T23:59:59.000002Z"),
+        (datetime.datetime(2024, 1, 2, 3, 4, 5, 7, datetime.timezone.utc),
+         "2024-01-02T03:04:xx.000000Z"),
+    ]
+    for i, (start, end) in enumerate(stamps):
+        span = trace.Span(span_id=f"span_{i}", trace_id="trace_stamps",
+                          parent_id=None, name=f"stamp{i}",
+                          started_at=start, ended_at=end)
+        trace._dispatch("on_span_end", span)
+    return len(stamps)
 
 
 def traced_sync(tag):

@@ -3,12 +3,14 @@ scope isolation and propagation through the context carrier (SPEC §5)."""
 
 import asyncio
 import contextvars
+import datetime
 import io
 import json
 import logging
 import pickle
 import re
 import threading
+import uuid
 
 import pytest
 
@@ -72,6 +74,23 @@ def test_id_formats_and_uniqueness():
     assert len(trace_ids) == len(span_ids) == 100
     assert all(re.fullmatch(r"trace_[0-9a-f]{32}", i) for i in trace_ids)
     assert all(re.fullmatch(r"span_[0-9a-f]{24}", i) for i in span_ids)
+
+
+def test_ids_keep_the_uuid4_version_and_variant_bits():
+    # Ids are cut from uuid4s: version nibble 4 at hex 12, variant 8-b at hex 16.
+    for value in [tr.gen_trace_id()[6:] for _ in range(50)] + [tr.gen_span_id()[5:] for _ in range(50)]:
+        assert value[12] == "4" and value[16] in "89ab", value
+        assert uuid.UUID(value.ljust(32, "0")).version == 4
+
+
+def test_now_matches_the_clock_across_seconds(monkeypatch):
+    # _now reuses the formatted second; a new second must be formatted afresh.
+    for ns in (1_700_000_000_123_456_789, 1_700_000_000_999_999_999, 1_700_000_001_000_000_000,
+               1_700_000_000_000_001_000, 951_782_400_000_000_000):
+        monkeypatch.setattr(tr.time, "time_ns", lambda ns=ns: ns)
+        epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+        expected = epoch + datetime.timedelta(microseconds=ns // 1000)
+        assert tr._now() == expected.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def test_timestamps_are_iso_utc_microseconds_and_ordered(calls):

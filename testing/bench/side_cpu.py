@@ -1,0 +1,201 @@
+"""Worker CPU per forwarded log record and per span, by thread, A/B.
+
+Drives `side_targets.log_burst` and `side_targets.span_burst` through a real
+agentix-sandboxd (+ agentix-worker) on a Unix socket, waits until the host
+has every record / span, and reads the worker's per-thread on-CPU time
+(schedstat, ns resolution) around each burst. Run from a venv with the agentix
+host package (tools/make_venv), after `bazel build //sandbox/... //worker/...`:
+
+    .venv-test/bin/python testing/bench/side_cpu.py [--rounds 5]
+    .venv-test/bin/python testing/bench/side_cpu.py \\
+        --worker /tmp/before/agentix-worker --agentix /tmp/before/python \\
+        --worker bazel-bin/worker/agentix-worker --agentix host/python
+
+Each --worker is measured in every round (alternating order, so a noisy
+neighbour hits both); --agentix gives, per --worker, the directory holding the
+`agentix` package the sandbox imports (its trace module runs there too).
+Medians over the rounds are printed.
+"""
+
+import argparse
+import asyncio
+import glob
+import logging
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(BENCH_DIR))
+sys.path.insert(0, BENCH_DIR)
+
+import side_targets  # noqa: E402  (by this name on both sides)
+from agentix import RuntimeClient, trace  # noqa: E402
+
+
+def thread_cpu_ns(pid):
+    """{thread name: on-CPU ns summed over the threads of that name}."""
+    out = {}
+    for task in glob.glob(f"/proc/{pid}/task/*"):
+        try:
+            with open(f"{task}/comm") as f:
+                name = f.read().strip()
+            with open(f"{task}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except OSError:
+            continue  # the thread ended meanwhile
+        out[name] = out.get(name, 0) + ns
+    return out
+
+
+def children(pid):
+    found = []
+    for path in glob.glob(f"/proc/{pid}/task/*/children"):
+        with open(path) as f:
+            found += [int(x) for x in f.read().split()]
+    return found
+
+
+class Counter:
+    """Counts arrivals (host log handler / span processor) from any thread."""
+
+    def __init__(self):
+        self.count = 0
+
+    def hit(self):
+        self.count += 1  # one GIL-held increment; exactness is checked below
+
+    async def wait_for(self, n, timeout_s=120.0):
+        deadline = time.monotonic() + timeout_s
+        while self.count < n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.count}/{n} arrived")
+            await asyncio.sleep(0.005)
+
+
+def install_counters():
+    records, spans = Counter(), Counter()
+
+    class Records(logging.Handler):
+        def emit(self, record):
+            records.hit()
+
+    logger = logging.getLogger(side_targets.LOGGER)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    logger.addHandler(Records())
+
+    class Spans(trace.Processor):
+        def on_span_end(self, span):
+            if span.name == "s":
+                spans.hit()
+
+    trace.add_processor(Spans())
+    return records, spans
+
+
+async def burst(client, worker_pid, fn, n, counter):
+    counter.count = 0
+    before = thread_cpu_ns(worker_pid)
+    start = time.perf_counter()
+    await client.remote(fn, n)
+    await counter.wait_for(n)
+    wall = time.perf_counter() - start
+    time.sleep(0.02)  # the sender thread may still be returning from a write
+    after = thread_cpu_ns(worker_pid)
+    if counter.count != n:
+        raise AssertionError(f"{counter.count} arrived, {n} sent")
+    per_thread = {name: (after[name] - before.get(name, 0)) / 1e3 / n
+                  for name in after}
+    return {"total": sum(per_thread.values()), "rate": n / wall, **per_thread}
+
+
+async def measure(sock, daemon_pid, records_n, spans_n, counters):
+    records, spans = counters
+    records.count = spans.count = 0
+    async with RuntimeClient(f"unix://{sock}") as client:
+        await client.remote(side_targets.log_burst, 2000)  # starts the worker
+        await client.remote(side_targets.span_burst, 500)
+        await records.wait_for(2000)
+        await spans.wait_for(500)
+        (worker,) = children(daemon_pid)
+        logs = await burst(client, worker, side_targets.log_burst, records_n,
+                           records)
+        span = await burst(client, worker, side_targets.span_burst, spans_n,
+                           spans)
+    return logs, span
+
+
+def run_one(sandboxd, worker, agentix_dir, records_n, spans_n, counters):
+    tmp = tempfile.mkdtemp(prefix="agx-side-cpu-", dir="/tmp")  # short sun_path
+    sock = os.path.join(tmp, "sandboxd.sock")
+    env = dict(os.environ, AGENTIX_LOG_DIR=tmp)
+    daemon = subprocess.Popen(
+        [sandboxd, "--listen", f"unix://{sock}", f"--worker={worker}",
+         f"--python_path={BENCH_DIR}:{agentix_dir}", "--log_level=error"],
+        env=env)
+    try:
+        while not os.path.exists(sock):
+            if daemon.poll() is not None:
+                sys.exit(f"agentix-sandboxd exited with {daemon.returncode}")
+            time.sleep(0.05)
+        return asyncio.run(measure(sock, daemon.pid, records_n, spans_n,
+                                   counters))
+    finally:
+        daemon.terminate()
+        daemon.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def summary(samples):
+    keys = sorted({k for s in samples for k in s}, key=lambda k: (k != "rate", k != "total", k))
+    parts = []
+    for key in keys:
+        value = statistics.median(s.get(key, 0.0) for s in samples)
+        if key == "rate":
+            parts.append(f"{value:,.0f}/s")
+        elif value >= 0.05:
+            parts.append(f"{key} {value:.1f}")
+    return ", ".join(parts)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--records", type=int, default=50_000)
+    parser.add_argument("--spans", type=int, default=10_000)
+    parser.add_argument("--sandboxd",
+                        default=f"{REPO}/bazel-bin/sandbox/agentix-sandboxd")
+    parser.add_argument("--worker", action="append")
+    parser.add_argument("--agentix", action="append")
+    args = parser.parse_args()
+    import agentix
+    workers = args.worker or [f"{REPO}/bazel-bin/worker/agentix-worker"]
+    default_agentix = os.path.dirname(os.path.dirname(agentix.__file__))
+    dirs = [os.path.abspath(d) for d in (args.agentix or [])]
+    dirs += [default_agentix] * (len(workers) - len(dirs))
+    counters = install_counters()
+    results = {i: ([], []) for i in range(len(workers))}
+    print(f"load {os.getloadavg()[0]:.2f}", flush=True)
+    for r in range(args.rounds):
+        order = range(len(workers)) if r % 2 == 0 else reversed(range(len(workers)))
+        for i in order:
+            logs, spans = run_one(args.sandboxd, workers[i], dirs[i], args.records,
+                                  args.spans, counters)
+            results[i][0].append(logs)
+            results[i][1].append(spans)
+            print(f"round {r + 1} worker {i}: record {logs['total']:.1f} µs, "
+                  f"span {spans['total']:.1f} µs", flush=True)
+    print(f"load {os.getloadavg()[0]:.2f}")
+    for i, worker in enumerate(workers):
+        print(f"worker {i}: {worker} (agentix from {dirs[i]})")
+        print(f"  µs per record (median of {args.rounds}): {summary(results[i][0])}")
+        print(f"  µs per span   (median of {args.rounds}): {summary(results[i][1])}")
+
+
+if __name__ == "__main__":
+    main()
