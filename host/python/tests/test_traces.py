@@ -302,6 +302,10 @@ async def test_timestamps_and_values_of_unset_fields():
     assert iso_from_nanos(0) is None
     assert iso_from_nanos(1) == "1970-01-01T00:00:00.000000Z"
     assert iso_from_nanos(T0) == "2023-11-14T22:13:20.123456Z"
+    # The second's text is reused within a second and replaced after it.
+    assert iso_from_nanos(T0 + 1_000) == "2023-11-14T22:13:20.123457Z"
+    assert iso_from_nanos(T0 + 900_000_000) == "2023-11-14T22:13:21.023456Z"
+    assert iso_from_nanos(T0) == "2023-11-14T22:13:20.123456Z"
     assert attribute_value(pb.AttributeValue()) is None
     assert attribute_value(pb.AttributeValue(int_value=-5)) == -5
     span = trace_item(

@@ -126,15 +126,21 @@ def gen_span_id() -> str:
 _stamp_second: tuple[int, str] = (-1, "")
 
 
-def _now() -> str:
-    """The current time as ISO-8601 UTC with microseconds: ``YYYY-MM-DDTHH:MM:SS.ffffffZ``."""
+def iso_from_unix_micros(micros: int) -> str:
+    """``micros`` since the epoch (not negative) as ISO-8601 UTC:
+    ``YYYY-MM-DDTHH:MM:SS.ffffffZ``, the form every agentix timestamp has."""
     global _stamp_second
-    seconds, micros = divmod(time.time_ns() // 1000, 1_000_000)
+    seconds, fraction = divmod(micros, 1_000_000)
     second, text = _stamp_second
     if second != seconds:
         text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
         _stamp_second = (seconds, text)
-    return f"{text}.{micros:06d}Z"
+    return f"{text}.{fraction:06d}Z"
+
+
+def _now() -> str:
+    """The current time as ISO-8601 UTC with microseconds: ``YYYY-MM-DDTHH:MM:SS.ffffffZ``."""
+    return iso_from_unix_micros(time.time_ns() // 1000)
 
 
 # ── data types ──────────────────────────────────────────────────────
