@@ -323,3 +323,66 @@ async def test_cursor_follows_a_restarted_daemon():
     assert cursor.last_seq == 40
     cursor.adopt("daemon-b")  # restarted: numbering starts again
     assert (cursor.instance_id, cursor.last_seq) == ("daemon-b", 0)
+
+
+_WIRE_RECORDS = [
+    log_record(1, "plain", time_unix_nanos=1_700_000_000_123_456_789, file="/app/pkg/tools.py", line=42,
+               function="run", worker_id="w1", call_id="c1", context="ctx"),
+    log_record(2, "module sent, exception", level=logging.ERROR, level_name="ERROR", time_unix_nanos=5,
+               file="/app/pkg/tools.py", module="other", exception_text="Traceback\nValueError: x",
+               stack_info="Stack (most recent call last):"),
+    log_record(3, "custom level", level=25, level_name="NOTICE", time_unix_nanos=1_999_999_999_999_999_999,
+               file="", origin=pb.LOG_ORIGIN_STDOUT),
+    log_record(4, "no name known", level=7, level_name="", time_unix_nanos=1_000_000_000, file="weird.name.py"),
+    log_record(5, "unnamed logger", logger="", time_unix_nanos=2_000_000_000, origin=pb.LOG_ORIGIN_RUNTIME),
+]
+
+
+@pytest.mark.parametrize("configured", [False, True], ids=["stdlib factory", "configure_logging factory"])
+async def test_batch_replay_makes_the_records_makerecord_makes(capture, configured):
+    # The batch replayer builds records from a template (RecordBatch); they
+    # must be what the makeRecord path gives, attribute for attribute.
+    from agentix.runtime.client.logs import RecordBatch
+    from agentix.utils.log._config import _install_context_factory
+
+    saved = logging.getLogRecordFactory()
+    if configured:
+        _install_context_factory("host-context")
+    try:
+        fast = capture("sandbox.test", level=1)
+        default = capture("agentix.sandbox", level=1)
+        batch = RecordBatch()
+        assert batch._template is not None
+        for record in _WIRE_RECORDS:
+            batch.replay(record)
+        via_template = fast.records + default.records
+        fast.records.clear()
+        default.records.clear()
+        slow = RecordBatch(template=False)
+        for record in _WIRE_RECORDS:
+            slow.replay(record)
+        via_make_record = fast.records + default.records
+    finally:
+        logging.setLogRecordFactory(saved)
+    assert len(via_template) == len(via_make_record) == len(_WIRE_RECORDS)
+    for made, expected in zip(via_template, via_make_record):
+        got, want = vars(made), vars(expected)
+        assert got.pop("relativeCreated") == pytest.approx(want.pop("relativeCreated"))
+        assert got == want
+        assert type(made) is logging.LogRecord
+
+
+async def test_a_custom_record_factory_is_used(capture):
+    from agentix.runtime.client.logs import RecordBatch
+
+    class Tagged(logging.LogRecord):
+        pass
+
+    saved = logging.getLogRecordFactory()
+    logging.setLogRecordFactory(Tagged)
+    try:
+        handler = capture("sandbox.test")
+        RecordBatch().replay(_WIRE_RECORDS[0])
+    finally:
+        logging.setLogRecordFactory(saved)
+    assert type(handler.records[0]) is Tagged

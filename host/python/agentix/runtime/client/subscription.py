@@ -111,6 +111,11 @@ class SubscriptionStream:
         """A short description of `item` for the failure report."""
         return ""
 
+    def _batch_replayer(self) -> Callable[[Any], None]:
+        """What replays the items of one response (called once per response,
+        on the replay thread); `_replay` unless a subclass has per-batch state."""
+        return self._replay
+
     # ── driving the stream ──────────────────────────────────────────
 
     @property
@@ -174,11 +179,12 @@ class SubscriptionStream:
         """Replays, in order, the items not seen yet, advancing the cursor.
         An item whose replay raises is reported and skipped."""
         cursor = self._cursor
+        replay = self._batch_replayer()
         for item in items:
             if item.seq <= cursor.last_seq:
                 continue
             try:
-                self._replay(item)
+                replay(item)
             except Exception:
                 self._report_failure(item)
             cursor.last_seq = item.seq
