@@ -91,8 +91,11 @@ class BatchingWriter {
     {
       absl::MutexLock lock(&mu_);
       flush_scheduled_ = false;
+      // Another write may have gone since this flush was scheduled: then
+      // HoldBack holds the items again (and schedules the next flush).
       if (reactor_ == nullptr || finished_ || cancelled_ || failure_ ||
-          write_in_flight_ || awaiting_first_ || queue_.empty()) {
+          write_in_flight_ || awaiting_first_ || queue_.empty() ||
+          HoldBack()) {
         return;
       }
       reactor = StartBatch();

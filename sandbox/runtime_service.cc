@@ -96,15 +96,6 @@ bool StreamSink::Deliver(std::vector<SandboxEventPtr> events) {
   return Enqueue(std::move(events));
 }
 
-// How long a Logs or Traces message may be held back to gather a burst's
-// records, and how much it may gather before it goes anyway. A host pays a
-// fixed cost per message, so a burst of 30,000 records/s costs it several
-// times less in ~30-record messages than in the 3-10-record ones that
-// back-to-back writes give (docs/PERFORMANCE.md); 1 ms is far below what a
-// person reading logs or a trace processor notices.
-constexpr std::chrono::milliseconds kSideChannelCoalesceDelay{1};
-constexpr size_t kSideChannelCoalesceBytes = 256 << 10;
-
 // The write side of a Logs or Traces stream: a subscriber of the side
 // channel's buffer whose responses all carry the daemon's instance id.
 template <typename Request, typename Response, typename Record,
