@@ -1,4 +1,5 @@
-"""Worker CPU per forwarded log record and per span, by thread, A/B.
+"""Worker CPU per forwarded log record and per span, by thread (and the
+host's and the daemon's), A/B.
 
 Drives `side_targets.log_burst` and `side_targets.span_burst` through a real
 agentix-sandboxd (+ agentix-worker) on a Unix socket, waits until the host
@@ -11,10 +12,16 @@ host package (tools/make_venv), after `bazel build //sandbox/... //worker/...`:
         --worker /tmp/before/agentix-worker --agentix /tmp/before/python \\
         --worker bazel-bin/worker/agentix-worker --agentix host/python
 
-Each --worker is measured in every round (alternating order, so a noisy
-neighbour hits both); --agentix gives, per --worker, the directory holding the
+    .venv-test/bin/python testing/bench/side_cpu.py \\
+        --sandboxd /tmp/before/agentix-sandboxd --sandboxd bazel-bin/sandbox/agentix-sandboxd
+
+Each variant (the i-th --sandboxd, --worker and --agentix; a single one of a
+kind serves every variant) is measured in every round (alternating order, so a
+noisy neighbour hits both); --agentix gives the directory holding the
 `agentix` package the sandbox imports (its trace module runs there too).
-Medians over the rounds are printed.
+Medians over the rounds are printed: the worker's threads by name, its
+`total`, and `host` / `daemon` (this process, all threads; the daemon's
+process) per record / span.
 """
 
 import argparse
@@ -98,20 +105,28 @@ def install_counters():
     return records, spans
 
 
-async def burst(client, worker_pid, fn, n, counter):
+def process_cpu_ns(pid):
+    return sum(thread_cpu_ns(pid).values())
+
+
+async def burst(client, worker_pid, daemon_pid, fn, n, counter):
     counter.count = 0
     before = thread_cpu_ns(worker_pid)
+    host_before, daemon_before = process_cpu_ns(os.getpid()), process_cpu_ns(daemon_pid)
     start = time.perf_counter()
     await client.remote(fn, n)
     await counter.wait_for(n)
     wall = time.perf_counter() - start
     time.sleep(0.02)  # the sender thread may still be returning from a write
     after = thread_cpu_ns(worker_pid)
+    host = (process_cpu_ns(os.getpid()) - host_before) / 1e3 / n
+    daemon = (process_cpu_ns(daemon_pid) - daemon_before) / 1e3 / n
     if counter.count != n:
         raise AssertionError(f"{counter.count} arrived, {n} sent")
     per_thread = {name: (after[name] - before.get(name, 0)) / 1e3 / n
                   for name in after}
-    return {"total": sum(per_thread.values()), "rate": n / wall, **per_thread}
+    return {"total": sum(per_thread.values()), "rate": n / wall, "host": host,
+            "daemon": daemon, **per_thread}
 
 
 async def measure(sock, daemon_pid, records_n, spans_n, counters):
@@ -123,10 +138,10 @@ async def measure(sock, daemon_pid, records_n, spans_n, counters):
         await records.wait_for(2000)
         await spans.wait_for(500)
         (worker,) = children(daemon_pid)
-        logs = await burst(client, worker, side_targets.log_burst, records_n,
-                           records)
-        span = await burst(client, worker, side_targets.span_burst, spans_n,
-                           spans)
+        logs = await burst(client, worker, daemon_pid, side_targets.log_burst,
+                           records_n, records)
+        span = await burst(client, worker, daemon_pid, side_targets.span_burst,
+                           spans_n, spans)
     return logs, span
 
 
@@ -152,7 +167,9 @@ def run_one(sandboxd, worker, agentix_dir, records_n, spans_n, counters):
 
 
 def summary(samples):
-    keys = sorted({k for s in samples for k in s}, key=lambda k: (k != "rate", k != "total", k))
+    first = ("rate", "host", "daemon", "total")
+    keys = sorted({k for s in samples for k in s},
+                  key=lambda k: (first.index(k) if k in first else len(first), k))
     parts = []
     for key in keys:
         value = statistics.median(s.get(key, 0.0) for s in samples)
@@ -168,31 +185,37 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--records", type=int, default=50_000)
     parser.add_argument("--spans", type=int, default=10_000)
-    parser.add_argument("--sandboxd",
-                        default=f"{REPO}/bazel-bin/sandbox/agentix-sandboxd")
+    parser.add_argument("--sandboxd", action="append")
     parser.add_argument("--worker", action="append")
     parser.add_argument("--agentix", action="append")
     args = parser.parse_args()
     import agentix
-    workers = args.worker or [f"{REPO}/bazel-bin/worker/agentix-worker"]
     default_agentix = os.path.dirname(os.path.dirname(agentix.__file__))
-    dirs = [os.path.abspath(d) for d in (args.agentix or [])]
-    dirs += [default_agentix] * (len(workers) - len(dirs))
+    daemons = args.sandboxd or [f"{REPO}/bazel-bin/sandbox/agentix-sandboxd"]
+    workers = args.worker or [f"{REPO}/bazel-bin/worker/agentix-worker"]
+    dirs = [os.path.abspath(d) for d in (args.agentix or [default_agentix])]
+    count = max(len(daemons), len(workers), len(dirs))
+    for name, values in (("--sandboxd", daemons), ("--worker", workers), ("--agentix", dirs)):
+        if len(values) not in (1, count):
+            sys.exit(f"give {name} once or {count} times")
+    variants = [(daemons[i if len(daemons) > 1 else 0], workers[i if len(workers) > 1 else 0],
+                 dirs[i if len(dirs) > 1 else 0]) for i in range(count)]
     counters = install_counters()
-    results = {i: ([], []) for i in range(len(workers))}
+    results = {i: ([], []) for i in range(count)}
     print(f"load {os.getloadavg()[0]:.2f}", flush=True)
     for r in range(args.rounds):
-        order = range(len(workers)) if r % 2 == 0 else reversed(range(len(workers)))
+        order = range(count) if r % 2 == 0 else reversed(range(count))
         for i in order:
-            logs, spans = run_one(args.sandboxd, workers[i], dirs[i], args.records,
-                                  args.spans, counters)
+            daemon, worker, agentix_dir = variants[i]
+            logs, spans = run_one(daemon, worker, agentix_dir, args.records, args.spans,
+                                  counters)
             results[i][0].append(logs)
             results[i][1].append(spans)
-            print(f"round {r + 1} worker {i}: record {logs['total']:.1f} µs, "
-                  f"span {spans['total']:.1f} µs", flush=True)
+            print(f"round {r + 1} variant {i}: record {logs['total']:.1f} µs, "
+                  f"span {spans['total']:.1f} µs (worker)", flush=True)
     print(f"load {os.getloadavg()[0]:.2f}")
-    for i, worker in enumerate(workers):
-        print(f"worker {i}: {worker} (agentix from {dirs[i]})")
+    for i, (daemon, worker, agentix_dir) in enumerate(variants):
+        print(f"variant {i}: {daemon}, {worker} (agentix from {agentix_dir})")
         print(f"  µs per record (median of {args.rounds}): {summary(results[i][0])}")
         print(f"  µs per span   (median of {args.rounds}): {summary(results[i][1])}")
 
