@@ -39,6 +39,8 @@ _METHODS = {
     pb.TRACE_EVENT_KIND_SPAN_START: "on_span_start",
     pb.TRACE_EVENT_KIND_SPAN_END: "on_span_end",
 }
+_TRACE_KINDS = frozenset({pb.TRACE_EVENT_KIND_TRACE_START, pb.TRACE_EVENT_KIND_TRACE_END})
+_iso_from_micros = _trace.iso_from_unix_micros
 
 
 class TraceCursor(SeqCursor):
@@ -66,7 +68,12 @@ def attribute_value(value: pb.AttributeValue) -> Any:
 
 def attributes(items: Iterable[pb.Attribute]) -> dict[str, Any]:
     """``{key: value}`` in wire order (a repeated key: the last one wins)."""
-    return {item.key: attribute_value(item.value) for item in items}
+    out = {}
+    for item in items:
+        value = item.value
+        kind = value.WhichOneof("value")
+        out[item.key] = None if kind is None else getattr(value, kind)
+    return out
 
 
 def trace_item(event: pb.TraceEvent) -> Trace | Span | None:
@@ -85,9 +92,13 @@ def trace_item(event: pb.TraceEvent) -> Trace | Span | None:
     (0) are None (an event's timestamp "").
     """
     kind = event.kind
-    started_at = iso_from_nanos(event.start_time_unix_nanos)
-    ended_at = iso_from_nanos(event.end_time_unix_nanos)
-    if kind in (pb.TRACE_EVENT_KIND_TRACE_START, pb.TRACE_EVENT_KIND_TRACE_END):
+    if kind not in _METHODS:
+        return None
+    nanos = event.start_time_unix_nanos
+    started_at = _iso_from_micros(nanos // 1000) if nanos > 0 else None
+    nanos = event.end_time_unix_nanos
+    ended_at = _iso_from_micros(nanos // 1000) if nanos > 0 else None
+    if kind in _TRACE_KINDS:
         metadata = attributes(event.attributes) if kind == pb.TRACE_EVENT_KIND_TRACE_START else {}
         return Trace(
             trace_id=event.agentix_trace_id,
@@ -96,34 +107,37 @@ def trace_item(event: pb.TraceEvent) -> Trace | Span | None:
             started_at=started_at,
             ended_at=ended_at,
         )
-    if kind in (pb.TRACE_EVENT_KIND_SPAN_START, pb.TRACE_EVENT_KIND_SPAN_END):
-        attrs = attributes(event.attributes)
-        if event.call_id:
-            attrs.setdefault("call_id", event.call_id)
-        error = None
-        if event.error_message:
-            error = SpanError(message=event.error_message, data=attributes(event.error_data) or None)
-        return Span(
-            span_id=event.agentix_span_id,
-            trace_id=event.agentix_trace_id,
-            parent_id=event.agentix_parent_id or None,
-            name=event.name,
-            attrs=attrs,
-            started_at=started_at,
-            ended_at=ended_at,
-            status=_STATUSES.get(event.status, "unset"),
-            status_description=event.status_description or None,
-            error=error,
-            events=[
-                SpanEvent(
-                    name=record.name,
-                    timestamp=iso_from_nanos(record.time_unix_nanos) or "",
-                    attributes=attributes(record.attributes),
-                )
-                for record in event.events
-            ],
-        )
-    return None
+    wire_attributes = event.attributes
+    attrs = attributes(wire_attributes) if wire_attributes else {}
+    call_id = event.call_id
+    if call_id:
+        attrs.setdefault("call_id", call_id)
+    error = None
+    if event.error_message:
+        error = SpanError(message=event.error_message, data=attributes(event.error_data) or None)
+    wire_events = event.events
+    return Span(
+        span_id=event.agentix_span_id,
+        trace_id=event.agentix_trace_id,
+        parent_id=event.agentix_parent_id or None,
+        name=event.name,
+        attrs=attrs,
+        started_at=started_at,
+        ended_at=ended_at,
+        status=_STATUSES.get(event.status, "unset"),
+        status_description=event.status_description or None,
+        error=error,
+        events=[
+            SpanEvent(
+                name=record.name,
+                timestamp=iso_from_nanos(record.time_unix_nanos) or "",
+                attributes=attributes(record.attributes),
+            )
+            for record in wire_events
+        ]
+        if wire_events
+        else [],
+    )
 
 
 def replay_event(event: pb.TraceEvent) -> None:
