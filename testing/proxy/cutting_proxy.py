@@ -80,9 +80,11 @@ class CuttingProxy:
             self._server.close()
             for writer in list(self._writers):
                 writer.transport.abort()
-            for task in list(self._handlers):
+            handlers = list(self._handlers)
+            for task in handlers:
                 task.cancel()
-            loop.run_until_complete(asyncio.gather(*self._handlers, return_exceptions=True))
+            if handlers:  # gather() of nothing would look for this thread's (unset) loop
+                loop.run_until_complete(asyncio.gather(*handlers, return_exceptions=True))
             loop.close()
 
     async def _handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
