@@ -17,7 +17,12 @@
 // eventfd (loop.add_reader) and drain() takes everything and resets it.
 //
 // Lifetime. The Reactor is shared by the Python object and gRPC (two refs); the
-// last of tp_dealloc and OnDone deletes it. A hold keeps the call from finishing
+// last of tp_dealloc and OnDone lets go of it. It is never deleted on a gRPC
+// thread: it holds the grpc::Channel, and releasing the last reference to a
+// channel from a callback shuts gRPC's callback completion queue down from one
+// of its own threads (seen as "assertion failed: prior > 0" and an abort in
+// grpc 1.51). When OnDone comes last, the reactor is parked and deleted by the
+// next Python call into this module (without the GIL). A hold keeps the call from finishing
 // while Python may still start a write: it is removed once no more writes can
 // start (the stream is dead or half-closed) and none is in flight. The eventfd
 // belongs to the Reactor, so a late reaction never writes to a closed fd.
@@ -29,6 +34,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -56,6 +62,10 @@ constexpr char kCallsMethod[] = "/agentix.runtime.v1.RuntimeService/Calls";
 constexpr size_t kCoalesceBytes = 4 << 20;
 // From this size on, copies run without the GIL.
 constexpr size_t kReleaseGilBytes = 64 << 10;
+
+class Reactor;
+void Park(Reactor* reactor);
+void ReapParked();
 
 class Reactor final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
@@ -248,7 +258,7 @@ class Reactor final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byt
       SignalLocked();
       last = --refs_ == 0;
     }
-    if (last) delete this;
+    if (last) Park(this);
   }
 
  private:
@@ -412,10 +422,36 @@ void Channel_dealloc(ChannelObject* self) {
     delete channel;  // the last reference may shut the channel down
     Py_END_ALLOW_THREADS
   }
+  ReapParked();
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
 PyTypeObject ChannelType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// Reactors whose OnDone came after the Python object let go (see Lifetime).
+std::mutex g_parked_mu;
+std::vector<Reactor*>* g_parked = new std::vector<Reactor*>;  // never destroyed
+std::atomic<bool> g_any_parked{false};
+
+void Park(Reactor* reactor) {
+  std::lock_guard<std::mutex> lock(g_parked_mu);
+  g_parked->push_back(reactor);
+  g_any_parked.store(true, std::memory_order_release);
+}
+
+// Deletes the parked reactors. Called with the GIL held; releases it.
+void ReapParked() {
+  if (!g_any_parked.load(std::memory_order_acquire)) return;
+  std::vector<Reactor*> parked;
+  {
+    std::lock_guard<std::mutex> lock(g_parked_mu);
+    g_any_parked.store(false, std::memory_order_relaxed);
+    parked.swap(*g_parked);
+  }
+  Py_BEGIN_ALLOW_THREADS
+  for (Reactor* reactor : parked) delete reactor;
+  Py_END_ALLOW_THREADS
+}
 
 // ---------------------------------------------------------------- CallsTransport
 
@@ -437,6 +473,7 @@ int Transport_init(TransportObject* self, PyObject* args, PyObject* kwargs) {
                                    &metadata)) {
     return -1;
   }
+  ReapParked();
   if (self->reactor != nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "CallsTransport is already initialized");
     return -1;
@@ -493,6 +530,7 @@ void Transport_dealloc(TransportObject* self) {
     }
     Py_END_ALLOW_THREADS
   }
+  ReapParked();
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
@@ -593,6 +631,7 @@ PyObject* Transport_close(TransportObject* self, PyObject*) {
     reactor->Detach();
     Py_END_ALLOW_THREADS
   }
+  ReapParked();
   Py_RETURN_NONE;
 }
 
@@ -647,6 +686,7 @@ PyObject* MessageBytes(const std::vector<grpc::Slice>& slices) {
 // drain() -> (list[bytes], (code, details) | None, below: bool)
 PyObject* Transport_drain(TransportObject* self, PyObject*) {
   if (self->reactor == nullptr) return ClosedError();
+  ReapParked();  // reactors of earlier streams
   try {
     Reactor::Drained drained = self->reactor->Drain();
     PyObject* messages = PyList_New(static_cast<Py_ssize_t>(drained.messages.size()));

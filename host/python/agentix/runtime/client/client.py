@@ -50,7 +50,7 @@ from agentix.runtime.client._sio_facade import RESERVED_NAMESPACES, AsyncClientN
 from agentix.runtime.client.namespaces import NamespaceStream
 from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream
 from agentix.runtime.client.result import Failed, Ok, Result
-from agentix.runtime.client.stream import STREAM_END, CallsStream, PendingCall, StartRequest
+from agentix.runtime.client.stream import STREAM_END, CallsStream, NativeCallsStream, PendingCall, StartRequest
 from agentix.runtime.client import wire
 from agentix.runtime.client.target import grpc_target, wants_tls
 from agentix.runtime.client.traces import TraceCursor, TracesStream
@@ -78,6 +78,21 @@ _CLOSE_FLUSH_SECONDS = 1.0
 
 
 _TOKEN_ENV = "AGENTIX_TOKEN"
+# "0" turns the native Calls transport off (grpc.aio is used instead).
+_NATIVE_TRANSPORT_ENV = "AGENTIX_NATIVE_TRANSPORT"
+
+
+def _native_calls_module():
+    """The native Calls transport (``_native_calls``, a C++ extension over
+    grpc++), or None when it is turned off or not built/importable."""
+    if os.environ.get(_NATIVE_TRANSPORT_ENV, "1").strip() == "0":
+        return None
+    try:
+        from agentix.runtime.client import _native_calls
+    except ImportError as error:
+        _log.debug("native Calls transport unavailable, using grpc.aio: %s", error)
+        return None
+    return _native_calls
 # Reconnection defaults (see RuntimeClient).
 _RECONNECT_ATTEMPTS = 8
 _RECONNECT_DELAY = 0.25
@@ -120,7 +135,9 @@ class _TlsFiles:
         self.files = (ca_file, cert_file, key_file)
         self.server_name = server_name
 
-    def credentials(self) -> grpc.ChannelCredentials:
+    def pem(self) -> tuple[bytes | None, bytes | None, bytes | None]:
+        """The CA bundle, certificate chain and key (None where not given)."""
+
         def read(path: str | None) -> bytes | None:
             if path is None:
                 return None
@@ -128,6 +145,10 @@ class _TlsFiles:
                 return f.read()
 
         ca, cert, key = (read(path) for path in self.files)
+        return ca, cert, key
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        ca, cert, key = self.pem()
         return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
 
 
@@ -270,6 +291,10 @@ class RuntimeClient:
         self._tls = _TlsFiles(base_url, tls_ca_file, tls_cert_file, tls_key_file, tls_server_name)
         self._channel: grpc.aio.Channel | None = None
         self._channel_broken = False
+        # With the native transport, the Calls stream runs on a grpc++ channel
+        # to the same target, made and replaced together with `_channel`.
+        self._native = _native_calls_module()
+        self._native_channel = None
         self._stream: CallsStream | None = None
         self._pending: dict[str, PendingCall] = {}
         self._connect_lock = asyncio.Lock()
@@ -488,6 +513,7 @@ class RuntimeClient:
             reconnector.cancel()
         stream, self._stream = self._stream, None
         channel, self._channel = self._channel, None
+        self._native_channel = None
         feeds = [feed.detach() for feed in self._feeds]
         in_flight = list(self._pending.values())
         self._pending.clear()
@@ -533,14 +559,18 @@ class RuntimeClient:
             if self._stream is None or not self._stream.alive:
                 channel = await self._ready_channel()
                 self._connected_once = True
-                # Not the generated stub: argument and result chunks bypass
-                # protobuf messages (wire.py).
-                rpc = channel.stream_stream(
-                    wire.CALLS_METHOD,
-                    request_serializer=wire.serialize_request,
-                    response_deserializer=wire.parse_calls_response,
-                )(metadata=self._metadata)
-                self._stream = CallsStream(rpc, self._pending, self._stream_lost)
+                if self._native_channel is not None:
+                    transport = self._native.CallsTransport(self._native_channel, self._metadata)
+                    self._stream = NativeCallsStream(transport, self._pending, self._stream_lost)
+                else:
+                    # Not the generated stub: argument and result chunks bypass
+                    # protobuf messages (wire.py).
+                    rpc = channel.stream_stream(
+                        wire.CALLS_METHOD,
+                        request_serializer=wire.serialize_request,
+                        response_deserializer=wire.parse_calls_response,
+                    )(metadata=self._metadata)
+                    self._stream = CallsStream(rpc, self._pending, self._stream_lost)
                 if self._pending:  # calls of a lost stream: re-attach them
                     self._stream.resume(list(self._pending.values()))
                 if self._orphan_acks:
@@ -624,6 +654,7 @@ class RuntimeClient:
             if channel.get_state() not in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN):
                 return channel
         self._channel = None
+        self._native_channel = None
         if channel is not None:
             await _close_channel(channel)
 
@@ -649,6 +680,11 @@ class RuntimeClient:
             if isinstance(error, grpc.aio.AioRpcError):
                 raise self._unreachable(error) from error
             raise
+        if self._native is not None:
+            # Connects by itself when the Calls stream starts on it.
+            self._native_channel = self._native.Channel(
+                self._target, self._tls.pem() if self._tls.enabled else None, options
+            )
         self._channel = channel
         self._channel_broken = False
         return channel
