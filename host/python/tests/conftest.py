@@ -30,7 +30,7 @@ if importlib.util.find_spec("agentix.runtime.v1.runtime_pb2") is None:
 
 import agentix.runtime.client  # noqa: E402
 
-# The native Calls transport (//host/python:agentix/runtime/client/_native_calls.so),
+# The native Calls transport (built by `bazel build //host/python:agentix`),
 # when built; without it the client uses grpc.aio.
 _GENERATED_CLIENT = _GENERATED_STUBS.parent / "client"
 if importlib.util.find_spec("agentix.runtime.client._native_calls") is None and _GENERATED_CLIENT.is_dir():

@@ -64,7 +64,7 @@ def transport(request, monkeypatch):
     """Every test runs with the native Calls transport and with grpc.aio."""
     if request.param == "native":
         # Fails (does not skip) when the extension is not built: run
-        # `bazel build //host/python:agentix` (conftest.py finds it there).
+        # `bazel build //host/python:agentix` (conftest.py finds it in bazel-bin).
         import agentix.runtime.client._native_calls  # noqa: F401
 
         monkeypatch.delenv("AGENTIX_NATIVE_TRANSPORT", raising=False)
