@@ -6,6 +6,7 @@ import gc
 
 import grpc
 import pytest
+import pytest_asyncio
 
 from agentix.runtime.client import _native_calls as native
 from agentix.runtime.client import wire
@@ -39,7 +40,7 @@ class RawCalls:
         self.half_closed.set()
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def server():
     servers = []
 
