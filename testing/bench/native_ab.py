@@ -33,7 +33,8 @@ sys.path[0] = os.path.dirname(os.path.abspath(__file__))
 
 import procs  # noqa: E402
 
-TRANSPORTS = ("native", "aio")
+ALL_TRANSPORTS = ("native", "aio")
+TRANSPORTS = ALL_TRANSPORTS
 
 
 def _percentile(samples: list[float], q: float) -> float:
@@ -41,13 +42,13 @@ def _percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _client(url: str, transport: str):
+def _client(url: str, transport: str, feeds: bool):
     from agentix import RuntimeClient
 
     saved = os.environ.get("AGENTIX_NATIVE_TRANSPORT")
     os.environ["AGENTIX_NATIVE_TRANSPORT"] = "1" if transport == "native" else "0"
     try:
-        return RuntimeClient(url, logs=False, traces=False)
+        return RuntimeClient(url, logs=feeds, traces=feeds)
     finally:
         if saved is None:
             del os.environ["AGENTIX_NATIVE_TRANSPORT"]
@@ -105,7 +106,7 @@ async def _echo_mb_per_s(client, targets, size: int) -> float:
 async def _run(url: str, args) -> dict:
     import bench_targets
 
-    clients = {name: _client(url, name) for name in TRANSPORTS}
+    clients = {name: _client(url, name, not args.no_feeds) for name in TRANSPORTS}
     for name, client in clients.items():
         await client.__aenter__()
         kind = type(client._stream).__name__
@@ -132,21 +133,28 @@ async def _run(url: str, args) -> dict:
     finally:
         for client in clients.values():
             await client.close()
-    keys = rounds["native"][0].keys()
+    keys = rounds[TRANSPORTS[0]][0].keys()
     medians = {name: {key: statistics.median(r[key] for r in rounds[name]) for key in keys} for name in TRANSPORTS}
-    ratios = {key: medians["native"][key] / medians["aio"][key] for key in keys}
+    ratios = {}
+    if len(TRANSPORTS) == 2:
+        ratios = {key: medians["native"][key] / medians["aio"][key] for key in keys}
     return {"rounds": args.rounds, "calls": args.calls, "medians": medians, "native_over_aio": ratios}
 
 
 def main() -> int:
+    global TRANSPORTS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--conc-seconds", type=float, default=1.0)
+    parser.add_argument("--no-feeds", action="store_true", help="clients without the Logs and Traces streams")
+    parser.add_argument("--only", choices=TRANSPORTS, help="run one transport only (its own process, no A/B)")
     parser.add_argument("--sandboxd", help="agentix-sandboxd binary (default: from runfiles)")
     parser.add_argument("--worker", help="agentix-worker binary (default: from runfiles)")
     args = parser.parse_args()
+    if args.only:
+        TRANSPORTS = (args.only,)
     sandboxd = args.sandboxd or procs.runfile("sandbox/agentix-sandboxd")
     worker = args.worker or procs.runfile("worker/agentix-worker")
     if not sandboxd or not worker:
@@ -179,10 +187,11 @@ def main() -> int:
             f"c16 {m['calls_per_s_c16']:8.0f}/s  echo16MiB {m['echo_16mib_mb_per_s']:6.0f} MB/s"
         )
     r = report["native_over_aio"]
-    print(
-        f"native/aio: noop p50 {r['p50_us']:.2f}  p99 {r['p99_us']:.2f}  cpu/call {r['cpu_us_per_call']:.2f}  "
-        f"c16 {r['calls_per_s_c16']:.2f}  echo16MiB {r['echo_16mib_mb_per_s']:.2f}"
-    )
+    if r:
+        print(
+            f"native/aio: noop p50 {r['p50_us']:.2f}  p99 {r['p99_us']:.2f}  cpu/call {r['cpu_us_per_call']:.2f}  "
+            f"c16 {r['calls_per_s_c16']:.2f}  echo16MiB {r['echo_16mib_mb_per_s']:.2f}"
+        )
     print(json.dumps(report))
     return 0
 
