@@ -380,27 +380,29 @@ int Channel_init(ChannelObject* self, PyObject* args, PyObject* kwargs) {
       }
       Py_DECREF(seq);
     }
-    std::shared_ptr<grpc::ChannelCredentials> credentials;
-    if (tls == Py_None) {
-      credentials = grpc::InsecureChannelCredentials();
-    } else {
+    const bool use_tls = tls != Py_None;
+    grpc::SslCredentialsOptions ssl;
+    if (use_tls) {
       PyObject *root, *chain, *key;
       if (!PyArg_ParseTuple(tls, "OOO", &root, &chain, &key)) return -1;
-      grpc::SslCredentialsOptions ssl;
       if (!ReadOptionalBytes(root, &ssl.pem_root_certs, "root certificates") ||
           !ReadOptionalBytes(chain, &ssl.pem_cert_chain, "certificate chain") ||
           !ReadOptionalBytes(key, &ssl.pem_private_key, "private key")) {
         return -1;
       }
-      credentials = grpc::SslCredentials(ssl);
     }
     std::string target_copy(target);
     std::shared_ptr<grpc::Channel> channel;
-    Py_BEGIN_ALLOW_THREADS
-    channel = grpc::CreateCustomChannel(target_copy, credentials, channel_args);
+    Py_BEGIN_ALLOW_THREADS  // credentials and channels take gRPC's locks
+    try {
+      auto credentials = use_tls ? grpc::SslCredentials(ssl) : grpc::InsecureChannelCredentials();
+      if (credentials) channel = grpc::CreateCustomChannel(target_copy, credentials, channel_args);
+    } catch (...) {
+      channel = nullptr;
+    }
     Py_END_ALLOW_THREADS
     if (!channel) {
-      PyErr_SetString(PyExc_RuntimeError, "grpc::CreateCustomChannel failed");
+      PyErr_SetString(PyExc_RuntimeError, "could not create the gRPC channel (credentials or target refused)");
       return -1;
     }
     delete self->channel;
