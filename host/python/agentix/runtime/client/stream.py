@@ -20,6 +20,10 @@ One bidirectional stream carries every call of a client, correlated by
   ack-only write right after each result would otherwise sit in front of the
   next call's StartCall.
 
+`NativeCallsStream` does the same over the ``_native_calls`` extension (grpc++)
+without either task: events are handed to the extension as they are queued and
+responses are routed from a ``loop.add_reader`` callback on its eventfd.
+
 The table of pending calls belongs to the client (it outlives a stream, which
 is what resuming calls on a new stream needs); this module only reads it and
 removes settled calls. When the stream ends or fails, it reports once through
