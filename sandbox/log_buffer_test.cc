@@ -87,14 +87,57 @@ TEST_CASE("Overflow drops the oldest and says so in one warning record",
   auto sub = std::make_shared<RecordingSubscriber>();
   buffer.Subscribe(sub, 0);
   auto got = sub->got();
-  REQUIRE(got.size() == 3);  // "8", "9" and the warning; "7" made room
-  REQUIRE(got[0]->message() == "8");
-  REQUIRE(got[1]->message() == "9");
-  REQUIRE(got[2]->level_name() == "WARNING");
-  REQUIRE(got[2]->origin() == runtime::v1::LOG_ORIGIN_RUNTIME);
-  REQUIRE(got[2]->message().find("8 sandbox log records were dropped") == 0);
+  // "7", "8", "9" and the warning: storing the warning evicts "7", but only
+  // after it was handed to this subscriber, so it is not lost.
+  REQUIRE(got.size() == 4);
+  REQUIRE(got[0]->message() == "7");
+  REQUIRE(got[2]->message() == "9");
+  REQUIRE(got[3]->level_name() == "WARNING");
+  REQUIRE(got[3]->origin() == runtime::v1::LOG_ORIGIN_RUNTIME);
+  REQUIRE(got[3]->message().find("7 sandbox log records were dropped") == 0);
   // Seqs stay increasing across the warning.
-  REQUIRE(got[2]->seq() > got[1]->seq());
+  REQUIRE(got[3]->seq() > got[2]->seq());
+}
+
+TEST_CASE("Evicting records a connected host already got is not a drop",
+          "[logs]") {
+  // Acks trail deliveries during a burst; the backlog only exists for
+  // replay after a reconnect.
+  auto owned = MakeLogBuffer(3);
+  LogBuffer& buffer = *owned;
+  auto sub = std::make_shared<RecordingSubscriber>();
+  buffer.Subscribe(sub, 0);
+  for (int i = 0; i < 100; ++i) buffer.Append({Entry(std::to_string(i))});
+  auto got = sub->got();
+  REQUIRE(got.size() == 100);
+  for (const auto& r : got) REQUIRE(r->level_name() != "WARNING");
+  REQUIRE(buffer.dropped_total() == 0);
+  REQUIRE(buffer.buffered() == 3);
+}
+
+TEST_CASE("A resuming host is told how many records it can no longer get",
+          "[logs]") {
+  auto owned = MakeLogBuffer(3);
+  LogBuffer& buffer = *owned;
+  auto first = std::make_shared<RecordingSubscriber>();
+  buffer.Subscribe(first, 0);
+  for (int i = 1; i <= 10; ++i) buffer.Append({Entry(std::to_string(i))});
+  buffer.Unsubscribe(first.get());
+  // The host had received up to seq 4 when its stream broke; 5..7 were
+  // evicted meanwhile (delivered on the broken stream, never acknowledged).
+  auto resumed = std::make_shared<RecordingSubscriber>();
+  buffer.Subscribe(resumed, 4, buffer.instance_id());
+  auto got = resumed->got();
+  REQUIRE(got.size() == 4);
+  REQUIRE(got[0]->message() == "8");
+  REQUIRE(got[2]->message() == "10");
+  REQUIRE(got[3]->level_name() == "WARNING");
+  REQUIRE(got[3]->message().find("3 sandbox log records were dropped") == 0);
+
+  // A host that is up to date misses nothing and hears no warning.
+  auto current = std::make_shared<RecordingSubscriber>();
+  buffer.Subscribe(current, got[3]->seq(), buffer.instance_id());
+  REQUIRE(current->got().empty());
 }
 
 TEST_CASE("Every subscriber gets every record", "[logs]") {

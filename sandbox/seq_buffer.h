@@ -4,6 +4,12 @@
 // worker respawns), keeps a bounded backlog until a host acknowledges it,
 // broadcasts to every subscriber, and hands overflow to a reporter instead
 // of losing records silently.
+//
+// What counts as lost: a record evicted before any subscriber got it, or a
+// record a resuming host asks for (seq above its cursor) that was evicted
+// before that host acknowledged it. Evicting a record that was already
+// delivered is not a loss by itself: the host normally has it, and acks
+// routinely trail deliveries by thousands of records during a burst.
 #pragma once
 
 #include <algorithm>
@@ -68,8 +74,9 @@ class SeqBuffer {
     std::vector<std::shared_ptr<Subscriber>> subscribers;
     {
       absl::MutexLock lock(&mu_);
-      for (auto& r : records) stored.push_back(Store(std::move(r)));
-      if (subscribers_.empty()) return;  // kept in the backlog
+      const bool delivering = !subscribers_.empty();
+      for (auto& r : records) stored.push_back(Store(std::move(r), delivering));
+      if (!delivering) return;  // kept in the backlog
       ReportDrops(stored);
       subscribers = subscribers_;
     }
@@ -79,7 +86,9 @@ class SeqBuffer {
   // Adds `subscriber` and delivers the backlog with seq > `after_seq`
   // (followed by the drop report, if records were lost). An `instance_id`
   // that is set and differs from ours means `after_seq` counted in another
-  // daemon: the whole backlog is sent. Thread-safe.
+  // daemon: the whole backlog is sent. A resuming host (our instance,
+  // `after_seq` > 0) whose next records were evicted meanwhile is told how
+  // many it missed. Thread-safe.
   void Subscribe(const std::shared_ptr<Subscriber>& subscriber,
                  uint64_t after_seq, const std::string& instance_id = "") {
     if (!instance_id.empty() && instance_id != instance_id_) after_seq = 0;
@@ -87,11 +96,20 @@ class SeqBuffer {
     {
       absl::MutexLock lock(&mu_);
       subscribers_.push_back(subscriber);
-      std::vector<RecordPtr> report;
-      ReportDrops(report);  // stored in the backlog, delivered below
-      for (const auto& r : backlog_) {
-        if (r->seq() > after_seq) records.push_back(r);
+      const uint64_t oldest_kept =
+          backlog_.empty() ? next_seq_ : backlog_.front().record->seq();
+      if (after_seq > 0 && after_seq + 1 < oldest_kept) {
+        // Every seq in (after_seq, oldest_kept) is gone; undelivered drops
+        // among them are part of this count, not reported twice.
+        unreported_drops_ = oldest_kept - 1 - after_seq;
       }
+      for (auto& entry : backlog_) {
+        entry.delivered = true;
+        if (entry.record->seq() > after_seq) records.push_back(entry.record);
+      }
+      // Taken after the backlog: storing the report may evict its oldest
+      // record, which this subscriber then still receives.
+      ReportDrops(records);
     }
     if (!records.empty()) subscriber->Deliver(std::move(records));
   }
@@ -107,7 +125,7 @@ class SeqBuffer {
   // Frees every record with seq <= `seq`.
   void Ack(uint64_t seq) {
     absl::MutexLock lock(&mu_);
-    while (!backlog_.empty() && backlog_.front()->seq() <= seq) {
+    while (!backlog_.empty() && backlog_.front().record->seq() <= seq) {
       backlog_.pop_front();
     }
   }
@@ -123,13 +141,21 @@ class SeqBuffer {
   }
 
  private:
+  struct Entry {
+    RecordPtr record;
+    bool delivered;  // handed to at least one subscriber
+  };
+
   // Adds a record to the backlog, evicting the oldest past capacity.
-  RecordPtr Store(Record record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  RecordPtr Store(Record record, bool delivered)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     record.set_seq(next_seq_++);
     auto ptr = std::make_shared<const Record>(std::move(record));
-    backlog_.push_back(ptr);
+    backlog_.push_back({ptr, delivered});
     while (backlog_.size() > capacity_) {
+      const bool was_delivered = backlog_.front().delivered;
       backlog_.pop_front();
+      if (was_delivered) continue;  // the host has it (see the top comment)
       ++unreported_drops_;
       if (dropped_total_++ % 1000 == 0) {
         AGX_LOG(Warning,
@@ -146,13 +172,16 @@ class SeqBuffer {
   void ReportDrops(std::vector<RecordPtr>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (unreported_drops_ == 0) return;
-    // Storing the report in a full backlog evicts one more record: count it.
-    const uint64_t dropped =
-        unreported_drops_ +
-        (reports_into_self_ && backlog_.size() >= capacity_ ? 1 : 0);
+    // Storing the report in a full backlog evicts one more record: count it
+    // if that one never reached a host.
+    const bool evicts_undelivered = reports_into_self_ &&
+                                    backlog_.size() >= capacity_ &&
+                                    !backlog_.front().delivered;
+    const uint64_t dropped = unreported_drops_ + (evicts_undelivered ? 1 : 0);
     std::optional<Record> report = reporter_(dropped, capacity_);
     if (report.has_value()) {
-      out.push_back(Store(std::move(*report)));
+      // Delivered right after by the caller (Append or Subscribe).
+      out.push_back(Store(std::move(*report), /*delivered=*/true));
     }
     unreported_drops_ = 0;
   }
@@ -163,7 +192,7 @@ class SeqBuffer {
   const bool reports_into_self_;
   const std::string instance_id_;
   absl::Mutex mu_;
-  std::deque<RecordPtr> backlog_ ABSL_GUARDED_BY(mu_);
+  std::deque<Entry> backlog_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Subscriber>> subscribers_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t unreported_drops_ ABSL_GUARDED_BY(mu_) = 0;

@@ -69,8 +69,9 @@ void SessionManager::HandleHostEvents(
     for (const HostEvent& event : events) ApplyHostEvent(sink, event, out);
     DispatchQueued(out);
     FlushToWorker();
+    Post(out);
   }
-  Deliver(out);
+  DeliverPosted();
   ReapDeadWorkers();
 }
 
@@ -281,16 +282,25 @@ void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
   }
   Call& call = it->second;
   if (call.terminal) return;  // e.g. cancelled while uploading: nothing to do
+  // A broken upload ends the call: its one terminal event is this error, and
+  // the worker is told to drop it.
+  auto fail_call = [&](std::string message) {
+    Emit(id, call, BadRequest(id, std::move(message)), /*terminal=*/true, out);
+    if (worker_ && worker_->generation() == call.generation) {
+      ipc::Frame cancel;
+      cancel.type = ipc::FrameType::kCancel;
+      cancel.call_id = id;
+      SendToWorker(cancel);
+    }
+  };
   std::string_view data = chunk.data();
   if (chunk.has_offset()) {
     // A host resuming an upload after a reconnect sends pieces again from
     // where it lost track; the bytes already received are skipped.
     if (chunk.offset() > call.args_received) {
-      out.push_back({sink, BadRequest(id, absl::StrCat(
-                                              "argument chunk at offset ",
-                                              chunk.offset(), " leaves a gap (",
-                                              call.args_received,
-                                              " bytes received)"))});
+      fail_call(absl::StrCat("argument chunk at offset ", chunk.offset(),
+                             " leaves a gap (", call.args_received,
+                             " bytes received)"));
       return;
     }
     const uint64_t seen = call.args_received - chunk.offset();
@@ -298,16 +308,8 @@ void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
     data.remove_prefix(seen);
   }
   if (call.args_received + data.size() > call.args_expected) {
-    Emit(id, call,
-         BadRequest(id, absl::StrCat("argument chunks exceed arguments_size (",
-                                     call.args_expected, " bytes)")),
-         /*terminal=*/true, out);
-    if (worker_ && worker_->generation() == call.generation) {
-      ipc::Frame cancel;
-      cancel.type = ipc::FrameType::kCancel;
-      cancel.call_id = id;
-      SendToWorker(cancel);
-    }
+    fail_call(absl::StrCat("argument chunks exceed arguments_size (",
+                           call.args_expected, " bytes)"));
     return;
   }
   call.args_received += data.size();
@@ -478,6 +480,7 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
       DispatchQueued(out);
       FlushToWorker();
     }
+    Post(out);
   }
   std::vector<runtime::v1::LogRecord> records;
   std::vector<runtime::v1::TraceEvent> trace_events;
@@ -496,7 +499,7 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
   if (!records.empty()) logs_->Append(std::move(records));
   if (!trace_events.empty()) traces_->Append(std::move(trace_events));
   if (!namespace_events.empty()) RouteNamespaceEvents(namespace_events);
-  Deliver(out);
+  DeliverPosted();
 }
 
 namespace {
@@ -668,8 +671,9 @@ void SessionManager::OnWorkerExit(uint64_t generation,
       DispatchQueued(out);
       FlushToWorker();
     }
+    Post(out);
   }
-  Deliver(out);
+  DeliverPosted();
 }
 
 void SessionManager::DetachSink(const CallSink* sink) {
@@ -683,6 +687,11 @@ bool SessionManager::HasOpenCalls(const CallSink* sink) {
   absl::MutexLock lock(&mu_);
   for (const auto& [id, call] : calls_) {
     if (!call.terminal && call.sink.get() == sink) return true;
+  }
+  // Posted events not yet handed to the sink (e.g. a terminal one) keep it
+  // open; handing them over writes to it, which asks again.
+  for (const Delivery& d : posted_) {
+    if (d.sink.get() == sink) return true;
   }
   return false;
 }
@@ -725,11 +734,44 @@ void SessionManager::Shutdown(absl::Duration grace) {
                          absl::StatusCode::kUnavailable),
            /*terminal=*/true, out);
     }
+    Post(out);
   }
-  Deliver(out);
+  DeliverPosted();
   if (worker) worker->Shutdown(grace);
   worker.reset();  // joins; its exit callback fails any call still running
   ReapDeadWorkers();
+}
+
+void SessionManager::Post(std::vector<Delivery>& out) {
+  if (posted_.empty()) {
+    posted_.swap(out);
+  } else {
+    posted_.insert(posted_.end(), std::make_move_iterator(out.begin()),
+                   std::make_move_iterator(out.end()));
+  }
+  out.clear();
+}
+
+void SessionManager::DeliverPosted() {
+  {
+    absl::MutexLock lock(&mu_);
+    // Another thread is delivering: it takes what was posted meanwhile
+    // (ours included) once its current batch is handed over, in order.
+    if (delivering_now_ || posted_.empty()) return;
+    delivering_now_ = true;
+  }
+  while (true) {
+    std::vector<Delivery> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      if (posted_.empty()) {
+        delivering_now_ = false;
+        return;
+      }
+      batch.swap(posted_);
+    }
+    Deliver(batch);
+  }
 }
 
 void SessionManager::Deliver(std::vector<Delivery>& out) {

@@ -87,7 +87,8 @@ class SessionManager : public WorkerProcess::Listener {
   // The stream behind `sink` ended. Its calls keep running; their results
   // are retained until a resume or eviction.
   void DetachSink(const CallSink* sink);
-  // True if a call owned by `sink` has not reached its terminal event.
+  // True if a call owned by `sink` has not reached its terminal event, or
+  // events posted for `sink` still wait to be handed to it.
   bool HasOpenCalls(const CallSink* sink);
   SessionInfo Info();
   // Starts the worker now if none is running (it otherwise starts with the
@@ -183,6 +184,17 @@ class SessionManager : public WorkerProcess::Listener {
   // Returns the live worker, starting one if needed.
   absl::StatusOr<WorkerProcess*> EnsureWorker()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves `out` to the end of `posted_`. Events are posted under mu_ and
+  // handed to the sinks (outside it) by DeliverPosted, so every sink gets
+  // them in the order they were produced under the lock, whichever thread
+  // produced them: e.g. a resumed stream's replay before the items its
+  // worker produces right after the resume.
+  void Post(std::vector<Delivery>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands every posted event to its sink, in order; called without mu_
+  // after posting. One thread delivers at a time: a caller that finds
+  // another delivering returns at once (that thread takes its events too),
+  // so it never blocks, even when a sink's Deliver re-enters the manager.
+  void DeliverPosted() ABSL_LOCKS_EXCLUDED(mu_);
   // Hands events to their sinks, one batch per sink, preserving order.
   void Deliver(std::vector<Delivery>& out);
   // Turns one worker frame into an event of its call (if still open).
@@ -217,6 +229,10 @@ class SessionManager : public WorkerProcess::Listener {
   uint64_t retained_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   size_t running_calls_ ABSL_GUARDED_BY(mu_) = 0;  // dispatched, not terminal
   std::deque<std::string> call_queue_ ABSL_GUARDED_BY(mu_);
+  // Events produced under mu_ and not yet handed to their sinks, in order
+  // (Post / DeliverPosted), and whether a thread is handing them over.
+  std::vector<Delivery> posted_ ABSL_GUARDED_BY(mu_);
+  bool delivering_now_ ABSL_GUARDED_BY(mu_) = false;
   // Ids of calls whose results were acknowledged or evicted (bounded, oldest
   // forgotten first): execution stays at most once when a reconnecting host
   // re-sends a StartCall (about 100 bytes per id).

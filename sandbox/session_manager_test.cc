@@ -1,5 +1,6 @@
 #include "sandbox/session_manager.h"
 
+#include <atomic>
 #include <catch2/catch.hpp>
 
 #include "absl/synchronization/mutex.h"
@@ -354,6 +355,26 @@ TEST_CASE("A refused call gets one terminal event, even if chunks follow",
   REQUIRE(sink->CountTerminal("a") == 1);
 }
 
+TEST_CASE("An argument chunk that leaves a gap ends the call, once",
+          "[sandbox]") {
+  // Fuzzer finding: the gap error used to go out while the call went on, so
+  // the call had two terminal events.
+  SessionManager manager(FakeWorkerOptions());
+  auto sink = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(sink, Start("g", "fake::echo", "ab", 6));
+  HostEvent gap = Chunk("g", "ef");
+  gap.mutable_argument_chunk()->set_offset(4);  // 2 bytes received so far
+  manager.HandleHostEvent(sink, gap);
+  auto error = sink->AwaitTerminal("g").error().error();
+  REQUIRE(error.type() == "BadRequest");
+  REQUIRE(error.message().find("leaves a gap") != std::string::npos);
+  manager.HandleHostEvent(sink, Chunk("g", "cdef"));  // too late: dropped
+  absl::SleepFor(absl::Milliseconds(50));
+  REQUIRE(sink->CountTerminal("g") == 1);
+  manager.HandleHostEvent(sink, Start("ok", "fake::echo", "still serving"));
+  REQUIRE(sink->AwaitTerminal("ok").result().value() == "still serving");
+}
+
 TEST_CASE("A re-sent StartCall never runs a call twice", "[sandbox]") {
   SessionOptions options = FakeWorkerOptions();
   options.max_retained_results = 1;
@@ -486,6 +507,51 @@ TEST_CASE("A huge stream window is capped, so unacknowledged items stay "
   REQUIRE(sink->AwaitItems("s", 3).size() == 3);
   absl::SleepFor(absl::Milliseconds(200));
   REQUIRE(sink->Items("s").size() == 3);
+}
+
+// Holds its first delivery for a while before recording it, as a gRPC
+// thread preempted between the manager's lock and the hand-over would.
+class SlowFirstDeliverySink : public RecordingSink {
+ public:
+  bool Deliver(std::vector<SandboxEventPtr> events) override {
+    if (!delayed_.exchange(true)) absl::SleepFor(absl::Milliseconds(300));
+    return RecordingSink::Deliver(std::move(events));
+  }
+
+ private:
+  std::atomic<bool> delayed_{false};
+};
+
+TEST_CASE("A resumed stream gets its replayed items before later ones",
+          "[sandbox]") {
+  SessionManager manager(FakeWorkerOptions());
+  auto a = std::make_shared<RecordingSink>();
+  HostEvent start = Start("s", "fake::stream", "6");
+  start.mutable_start()->set_stream_window(2);
+  manager.HandleHostEvent(a, start);
+  REQUIRE(a->AwaitItems("s", 2).size() == 2);
+  manager.DetachSink(a.get());
+
+  // A reconnecting host resumes the call and re-sends its StreamAck in the
+  // same message: the replay of items 0 and 1 is handed to the new stream
+  // (slowly) while the worker, given credit, already produces 2 and 3. The
+  // new stream must still see them in order: a host that has item 2 skips
+  // a later item 1 as a duplicate, which would lose it.
+  auto b = std::make_shared<SlowFirstDeliverySink>();
+  google::protobuf::RepeatedPtrField<HostEvent> events;
+  *events.Add() = ResumeEvent({"s"});
+  HostEvent ack;
+  ack.mutable_stream_ack()->set_call_id("s");
+  ack.mutable_stream_ack()->set_next_index(2);
+  *events.Add() = ack;
+  manager.HandleHostEvents(b, events);
+  REQUIRE(b->AwaitItems("s", 4) ==
+          std::vector<std::string>{"0", "1", "2", "3"});
+  ack.mutable_stream_ack()->set_next_index(6);
+  manager.HandleHostEvent(b, ack);
+  REQUIRE(b->AwaitTerminal("s").result().value() == "end");
+  REQUIRE(b->Items("s") ==
+          std::vector<std::string>{"0", "1", "2", "3", "4", "5"});
 }
 
 TEST_CASE("Shutdown fails running calls and refuses new ones", "[sandbox]") {

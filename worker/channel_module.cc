@@ -136,7 +136,6 @@ struct ChannelState {
   std::shared_ptr<Writer> writer;
   int fd = -1;
   ipc::FrameReader reader;
-  std::unique_ptr<char[]> read_buffer;
   std::string out;  // encoded frames not yet written
   // Calls whose arguments are still arriving, by call id.
   std::unordered_map<std::string, Upload> uploads;
@@ -721,10 +720,7 @@ PyObject* ChannelNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   PyObject* self = type->tp_alloc(type, 0);
   if (self == nullptr) return nullptr;
   auto* state = new (std::nothrow) ChannelState;
-  char* buffer = new (std::nothrow) char[kReadBufferBytes];
-  if (state == nullptr || buffer == nullptr) {
-    delete state;
-    delete[] buffer;
+  if (state == nullptr) {
     Py_DECREF(self);
     return PyErr_NoMemory();
   }
@@ -732,13 +728,11 @@ PyObject* ChannelNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
     state->writer = std::make_shared<Writer>();
   } catch (const std::bad_alloc&) {
     delete state;
-    delete[] buffer;
     Py_DECREF(self);
     return PyErr_NoMemory();
   }
   state->writer->fd = fd;
   state->fd = fd;
-  state->read_buffer.reset(buffer);
   reinterpret_cast<ChannelObject*>(self)->state = state;
   return self;
 }
@@ -869,9 +863,8 @@ PyObject* FrameToTuple(PyObject* self, const ipc::Frame& f,
 bool ReadAvailable(ChannelState& st) {
   size_t total = 0;
   while (!st.eof && total < kMaxReadPerCall) {
-    const ssize_t n = ::read(st.fd, st.read_buffer.get(), kReadBufferBytes);
+    const ssize_t n = st.reader.ReadFrom(st.fd, kReadBufferBytes);
     if (n > 0) {
-      st.reader.Append(st.read_buffer.get(), static_cast<size_t>(n));
       total += static_cast<size_t>(n);
       // A short read means the socket is drained; skip the EAGAIN round trip.
       if (static_cast<size_t>(n) < kReadBufferBytes) break;
@@ -1180,6 +1173,43 @@ bool QueueSideChannelFrame(PyObject* self, const ipc::Frame& frame) {
   return true;
 }
 
+// Like QueueSideChannelFrame, but when no write is in flight the calling
+// thread writes the queued log frames and this one itself instead of waking
+// the log sender thread: a namespace request's round trip waits on it (a
+// thread wake-up is tens of microseconds here). Order is kept: queued
+// records go first. GIL held on entry and exit.
+bool SendSideChannelFrameNow(PyObject* self, const ipc::Frame& frame) {
+  Writer& w = *Channel(self).writer;
+  bool write_now = false;
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    // Otherwise a writer is busy (the frame queues behind it, as before), or
+    // the queue's own rules apply (dropping after a failure, forked child).
+    write_now = !w.busy && !w.failed && w.sender_running &&
+                !g_in_forked_child.load(std::memory_order_relaxed);
+    if (write_now) w.busy = true;
+  }
+  if (!write_now) return QueueSideChannelFrame(self, frame);
+  std::string frames;
+  absl::Status status = ipc::AppendFrame(frame, frames);
+  if (!status.ok()) {
+    Leave(w);
+    SetError(PyExc_ValueError, status);
+    return false;
+  }
+  status = WithoutGil([&w, &frames] {
+    std::string out = TakeLogs(w);
+    out.append(frames);
+    return ipc::WriteAll(w.fd, out);
+  });
+  if (!status.ok()) {
+    std::lock_guard<std::mutex> lock(w.mu);
+    w.failed = true;  // as the sender thread does: the daemon is gone
+  }
+  Leave(w);
+  return true;
+}
+
 PyObject* ChannelSendLog(PyObject* self, PyObject* const* args,
                          Py_ssize_t nargs) {
   if (!CheckArgs("send_log", nargs, 15)) return nullptr;
@@ -1288,7 +1318,7 @@ PyObject* ChannelSendNamespaceEvent(PyObject* self, PyObject* const* args,
     ns.has_error = true;
   }
   ns.status_code = static_cast<int>(status_code);
-  if (!QueueSideChannelFrame(self, frame)) return nullptr;
+  if (!SendSideChannelFrameNow(self, frame)) return nullptr;
   Py_RETURN_NONE;
 }
 

@@ -303,6 +303,35 @@ TEST_CASE("Sends are queued until flush", "[channel]") {
   REQUIRE_FALSE(frames[2].error.cancelled);
 }
 
+TEST_CASE("Namespace events go out without a flush, after earlier records",
+          "[channel]") {
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  // The first record starts the log sender; the event after the second is
+  // then written by the emitting thread itself (see SendSideChannelFrameNow),
+  // queued records first. Neither needs flush().
+  Py("ch.send_log('lg', 20, 'INFO', 'one', 1, 'f.py', 1, 'fn', 'm', '', 1, "
+     "'c', '', None, '')\n"
+     "ch.send_log('lg', 20, 'INFO', 'two', 1, 'f.py', 1, 'fn', 'm', '', 1, "
+     "'c', '', None, '')\n"
+     "ch.send_ns_event('/plugin', 'ask', b'\\x81', 'r1', None, '', 0)\n"
+     "ch.send_ns_event('/plugin', 'fail', None, 'r2', 'KeyError', 'k', 404)\n");
+  auto frames = collector.Wait(4, absl::Seconds(5));
+  REQUIRE(frames.size() == 4);
+  REQUIRE(frames[0].log.message == "one");
+  REQUIRE(frames[1].log.message == "two");
+  REQUIRE(frames[2].type == ipc::FrameType::kNamespaceEvent);
+  REQUIRE(frames[2].ns.name == "/plugin");
+  REQUIRE(frames[2].ns.event == "ask");
+  REQUIRE(frames[2].ns.request_id == "r1");
+  REQUIRE(frames[2].data == "\x81");
+  REQUIRE_FALSE(frames[2].ns.has_error);
+  REQUIRE(frames[3].ns.event == "fail");
+  REQUIRE(frames[3].ns.has_error);
+  REQUIRE(frames[3].ns.error_type == "KeyError");
+  REQUIRE(frames[3].ns.status_code == 404);
+}
+
 TEST_CASE("send_item queues one stream_item frame", "[channel]") {
   Pair pair;
   FrameCollector collector(pair.peer);

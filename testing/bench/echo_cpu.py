@@ -1,4 +1,4 @@
-"""CPU time the worker and the daemon spend per 16 MiB echo.
+"""CPU time the host, the worker and the daemon spend per 16 MiB echo.
 
 Drives `bench_targets.echo` through a real agentix-sandboxd (+ agentix-worker)
 on a Unix socket and reads each process's on-CPU time around every call.
@@ -74,8 +74,9 @@ def main():
         daemon.terminate()
         daemon.wait()
         shutil.rmtree(tmp, ignore_errors=True)
-    worker_ms, daemon_ms, wall_ms = result
+    worker_ms, daemon_ms, host_ms, wall_ms = result
     print(f"{args.mib} MiB echo x{args.calls}: "
+          f"host CPU median {statistics.median(host_ms):.1f} ms, "
           f"worker CPU median {statistics.median(worker_ms):.1f} ms, "
           f"daemon CPU median {statistics.median(daemon_ms):.1f} ms, "
           f"wall median {statistics.median(wall_ms):.1f} ms")
@@ -83,21 +84,22 @@ def main():
 
 async def run(sock, daemon_pid, calls, size):
     data = os.urandom(size)
-    worker_ms, daemon_ms, wall_ms = [], [], []
+    worker_ms, daemon_ms, host_ms, wall_ms = [], [], [], []
     async with RuntimeClient(f"unix://{sock}") as client:
         for _ in range(3):  # warm-up; the first call starts the worker
             assert await client.remote(bench_targets.echo, data) == data
         (worker,) = children(daemon_pid)
         for _ in range(calls):
-            w0, d0 = cpu_ms(worker), cpu_ms(daemon_pid)
+            w0, d0, h0 = cpu_ms(worker), cpu_ms(daemon_pid), cpu_ms(os.getpid())
             t0 = time.perf_counter()
             out = await client.remote(bench_targets.echo, data)
             wall_ms.append((time.perf_counter() - t0) * 1000)
             time.sleep(0.02)  # let both processes finish their side
+            host_ms.append(cpu_ms(os.getpid()) - h0)  # all threads, grpc's included
             worker_ms.append(cpu_ms(worker) - w0)
             daemon_ms.append(cpu_ms(daemon_pid) - d0)
             assert out == data
-    return worker_ms, daemon_ms, wall_ms
+    return worker_ms, daemon_ms, host_ms, wall_ms
 
 
 if __name__ == "__main__":

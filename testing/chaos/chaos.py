@@ -68,6 +68,30 @@ class Spans(trace.Processor):
             self.ops[span.attrs.get("op")] += 1
 
 
+def stream_diff(items, n):
+    """How a stream's received items differ from range(n), compactly: the
+    count, the missing and repeated indices, whether the order broke, and the
+    list itself when it is short."""
+    counts = collections.Counter(items)
+    missing = [i for i in range(n) if counts[i] == 0]
+    repeated = sorted(i for i, c in counts.items() if c > 1 and isinstance(i, int))
+    unexpected = [i for i in counts if not (isinstance(i, int) and 0 <= i < n)]
+    backwards = [pos + 1 for pos, (a, b) in enumerate(zip(items, items[1:]))
+                 if isinstance(a, int) and isinstance(b, int) and b <= a]
+    parts = [f"{len(items)} of {n} items"]
+    if missing:
+        parts.append(f"missing {missing}")
+    if repeated:
+        parts.append(f"repeated {repeated}")
+    if unexpected:
+        parts.append(f"unexpected {unexpected[:5]!r}")
+    if backwards:
+        parts.append(f"out of order at positions {backwards[:5]}")
+    if len(items) <= 3 * n:
+        parts.append(f"received {items!r}")
+    return "; ".join(parts)
+
+
 def peak_rss_mb(pid):
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -138,6 +162,7 @@ async def run(args):
                 in_flight.discard(op)
 
         async def one_op(kind, op):
+            wrong = "wrong result"
             try:
                 if kind == "small":
                     x = rng.randrange(1 << 30)
@@ -147,11 +172,21 @@ async def run(args):
                     ok = await asyncio.wait_for(client.remote(targets.echo, op, data), CALL_TIMEOUT) == data
 
                 elif kind == "stream":
+                    received = []
 
                     async def collect():
-                        return [item async for item in client.remote_stream(targets.stream, op, 20)]
+                        async for item in client.remote_stream(targets.stream, op, 20):
+                            received.append(item)
 
-                    ok = await asyncio.wait_for(collect(), CALL_TIMEOUT) == list(range(20))
+                    try:
+                        await asyncio.wait_for(collect(), CALL_TIMEOUT)
+                    except Exception as error:
+                        # Say how far the stream got before it failed.
+                        error.add_note(f"after {len(received)} of 20 items")
+                        raise
+                    ok = received == list(range(20))
+                    if not ok:
+                        wrong = f"wrong item list: {stream_diff(received, 20)}"
                 elif kind == "ask":
                     value = rng.randrange(1000)
                     ok = await asyncio.wait_for(client.remote(targets.ask, op, value), CALL_TIMEOUT) == 2 * value
@@ -167,14 +202,16 @@ async def run(args):
             except Exception as error:
                 outcomes["lost"] += 1
                 if len(lost_samples) < 10:
-                    lost_samples.append(f"{op}: {type(error).__name__}: {error}"[:300])
+                    notes = "; ".join(getattr(error, "__notes__", ()))
+                    lost_samples.append(f"{op}: {type(error).__name__}: {error}{' (' + notes + ')' if notes else ''}"[:300])
                 return
             if ok:
                 outcomes["done"] += 1
                 completed.add(op)
             else:
                 outcomes["lost"] += 1
-                lost_samples.append(f"{op}: wrong result")
+                if len(lost_samples) < 10:
+                    lost_samples.append(f"{op}: {wrong}"[:300])
 
         kinds = ["small"] * 50 + ["echo"] * 15 + ["stream"] * 15 + ["ask"] * 15 + ["pressure"] * 5
 

@@ -2,6 +2,9 @@
 
 #include <msgpack.hpp>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -425,20 +428,18 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       PackBin(p, "data", f.data);
       break;
     case FrameType::kStreamItem:
-      p.pack_map(5);
-      PackStr(p, "t", "stream_item");
-      PackStr(p, "call_id", f.call_id);
-      PackInt(p, "index", f.index);
-      PackInt(p, "encoding", f.encoding);
-      PackBin(p, "data", f.data);
-      break;
     case FrameType::kArgChunk:
     case FrameType::kResultChunk:
-      p.pack_map(3);
-      PackStr(p, "t", FrameTypeName(f.type));
-      PackStr(p, "call_id", f.call_id);
-      PackBin(p, "data", f.data);
-      break;
+    case FrameType::kResult: {
+      // Frames that end with their payload: one encoder for both paths, so
+      // the copying and the zero-copy senders put the same bytes on the wire.
+      out.resize(start);
+      std::string head, tail;
+      absl::Status status = EncodeFrameAround(f, f.data.size(), head, tail);
+      if (!status.ok()) return status;
+      out.append(head).append(f.data).append(tail);
+      return absl::OkStatus();
+    }
     case FrameType::kCancel:
       p.pack_map(2);
       PackStr(p, "t", "cancel");
@@ -458,14 +459,6 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       p.pack_map(2);
       PackStr(p, "t", "boot_error");
       PackError(p, f.error);
-      break;
-    case FrameType::kResult:
-      p.pack_map(5);
-      PackStr(p, "t", "result");
-      PackStr(p, "call_id", f.call_id);
-      PackInt(p, "encoding", f.encoding);
-      PackBin(p, "data", f.data);
-      PackInt(p, "total_size", f.total_size);
       break;
     case FrameType::kError:
       p.pack_map(3);
@@ -564,24 +557,46 @@ absl::StatusOr<Frame> DecodeFrameBody(std::string_view body) {
   return DecodeBody(body, nullptr);
 }
 
-void FrameReader::Append(const char* data, size_t size) {
+char* FrameReader::Reserve(size_t n) {
   // Compacted here rather than in Next(), so views Next() returned stay
   // valid until now; appends stay amortised.
-  if (offset_ == buffer_.size()) {
-    buffer_.clear();
-    offset_ = 0;
-  } else if (offset_ > (1u << 20) && offset_ * 2 > buffer_.size()) {
-    buffer_.erase(0, offset_);
+  if (offset_ == size_) {
+    size_ = offset_ = 0;
+  } else if (offset_ > (1u << 20) && offset_ * 2 > size_) {
+    std::memmove(buffer_.get(), buffer_.get() + offset_, size_ - offset_);
+    size_ -= offset_;
     offset_ = 0;
   }
-  buffer_.append(data, size);
+  if (capacity_ - size_ < n) {
+    const size_t live = size_ - offset_;
+    const size_t capacity = std::max(capacity_ * 2, live + n);
+    std::unique_ptr<char[]> grown(new char[capacity]);
+    if (live > 0) std::memcpy(grown.get(), buffer_.get() + offset_, live);
+    buffer_ = std::move(grown);
+    capacity_ = capacity;
+    size_ = live;
+    offset_ = 0;
+  }
+  return buffer_.get() + size_;
+}
+
+void FrameReader::Append(const char* data, size_t size) {
+  if (size == 0) return;
+  std::memcpy(Reserve(size), data, size);
+  size_ += size;
+}
+
+ssize_t FrameReader::ReadFrom(int fd, size_t max_bytes) {
+  const ssize_t n = ::read(fd, Reserve(max_bytes), max_bytes);
+  if (n > 0) size_ += static_cast<size_t>(n);
+  return n;
 }
 
 absl::StatusOr<std::optional<Frame>> FrameReader::Next(
     std::string_view* data) {
   if (buffered() < 4) return std::optional<Frame>();
   const auto* p =
-      reinterpret_cast<const unsigned char*>(buffer_.data() + offset_);
+      reinterpret_cast<const unsigned char*>(buffer_.get() + offset_);
   const uint32_t len = static_cast<uint32_t>(p[0]) |
                        (static_cast<uint32_t>(p[1]) << 8) |
                        (static_cast<uint32_t>(p[2]) << 16) |
@@ -594,7 +609,7 @@ absl::StatusOr<std::optional<Frame>> FrameReader::Next(
   if (buffered() - 4 < len) return std::optional<Frame>();
   if (data != nullptr) *data = {};
   auto frame =
-      DecodeBody(std::string_view(buffer_.data() + offset_ + 4, len), data);
+      DecodeBody(std::string_view(buffer_.get() + offset_ + 4, len), data);
   offset_ += 4 + len;
   if (!frame.ok()) return frame.status();
   return std::optional<Frame>(std::move(*frame));

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -160,6 +161,11 @@ class FrameReader {
   // Appends raw bytes as read from the socket. Invalidates the views
   // Next(&data) returned.
   void Append(const char* data, size_t size);
+  // One read(2) of at most `max_bytes` from `fd` straight into the buffer
+  // (no intermediate copy: payloads are large). Returns read(2)'s result
+  // (-1 with errno set on failure; EINTR is not retried). Invalidates the
+  // views Next(&data) returned.
+  ssize_t ReadFrom(int fd, size_t max_bytes);
   // Returns the next complete frame, std::nullopt when more bytes are needed,
   // or an error: kResourceExhausted for a length over kMaxFrameBytes (checked
   // before any body byte is buffered), kInvalidArgument for a bad body. After
@@ -171,11 +177,17 @@ class FrameReader {
   // where they belong).
   absl::StatusOr<std::optional<Frame>> Next(std::string_view* data = nullptr);
   // Bytes buffered but not yet consumed (a truncated frame at EOF shows here).
-  size_t buffered() const { return buffer_.size() - offset_; }
+  size_t buffered() const { return size_ - offset_; }
 
  private:
-  std::string buffer_;
-  size_t offset_ = 0;
+  // Room for `n` more bytes at buffer_ + size_: compacts consumed bytes
+  // away or grows. Not zero-filled (a std::string would fill every read).
+  char* Reserve(size_t n);
+
+  std::unique_ptr<char[]> buffer_;
+  size_t capacity_ = 0;
+  size_t size_ = 0;    // bytes filled
+  size_t offset_ = 0;  // bytes consumed by Next()
 };
 
 }  // namespace agentix::ipc

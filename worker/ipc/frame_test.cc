@@ -438,6 +438,51 @@ TEST_CASE("Next(&data) returns the payload as a view into the buffer",
   REQUIRE(reader.buffered() == 0);
 }
 
+TEST_CASE("ReadFrom reads frames straight from a socket, across reads",
+          "[ipc]") {
+  int fds[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  // Payloads of several sizes, so frames straddle reads of 64 KiB and the
+  // buffer both compacts and grows.
+  std::string wire;
+  std::vector<std::string> payloads;
+  for (size_t size : {10u, 70000u, 3u << 20, 1u, (1u << 20) + 7}) {
+    Frame f;
+    f.type = FrameType::kResultChunk;
+    f.call_id = "c" + std::to_string(payloads.size());
+    f.data = std::string(size, static_cast<char>('a' + payloads.size()));
+    payloads.push_back(f.data);
+    REQUIRE_OK(AppendFrame(f, wire));
+  }
+  absl::Status written;  // checked after join: Catch2 asserts on one thread
+  std::thread writer([&] { written = WriteAll(fds[0], wire); });
+  FrameReader reader;
+  std::vector<Frame> got;
+  size_t total = 0;
+  while (got.size() < payloads.size()) {
+    const ssize_t n = reader.ReadFrom(fds[1], 64 << 10);
+    REQUIRE(n > 0);
+    total += static_cast<size_t>(n);
+    while (true) {
+      auto next = reader.Next();
+      REQUIRE(next.ok());
+      if (!next->has_value()) break;
+      got.push_back(std::move(**next));
+    }
+  }
+  writer.join();
+  REQUIRE_OK(written);
+  REQUIRE(total == wire.size());
+  REQUIRE(reader.buffered() == 0);
+  for (size_t i = 0; i < payloads.size(); ++i) {
+    REQUIRE(got[i].call_id == "c" + std::to_string(i));
+    REQUIRE(got[i].data == payloads[i]);
+  }
+  close(fds[0]);
+  REQUIRE(reader.ReadFrom(fds[1], 16) == 0);  // end of stream
+  close(fds[1]);
+}
+
 }  // namespace
 }  // namespace agentix::ipc
 

@@ -84,21 +84,9 @@ absl::Status WriteAll(int fd, absl::Span<const std::string_view> pieces) {
 
 absl::StatusOr<size_t> ReadInto(int fd, FrameReader& reader,
                                 size_t max_bytes) {
-  // One uninitialised scratch buffer per reading thread: allocating and
-  // zero-filling a fresh megabyte per read cost tens of microseconds on
-  // every small call.
-  thread_local std::unique_ptr<char[]> scratch;
-  thread_local size_t scratch_size = 0;
-  if (scratch_size < max_bytes) {
-    scratch.reset(new char[max_bytes]);
-    scratch_size = max_bytes;
-  }
   while (true) {
-    ssize_t n = ::read(fd, scratch.get(), max_bytes);
-    if (n >= 0) {
-      reader.Append(scratch.get(), static_cast<size_t>(n));
-      return static_cast<size_t>(n);
-    }
+    ssize_t n = reader.ReadFrom(fd, max_bytes);
+    if (n >= 0) return static_cast<size_t>(n);
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       return absl::UnavailableError("EAGAIN");

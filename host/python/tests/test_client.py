@@ -436,6 +436,35 @@ async def test_remote_stream_raises_where_the_sandbox_failed(runtime, client):
     assert info.value.error.type == "ValueError"
 
 
+async def test_a_stream_with_a_gap_fails_instead_of_skipping_items(runtime, client):
+    # Item 2 never arrives: the consumer gets 0 and 1, then a typed error,
+    # never [0, 1, 3, 4] as if nothing were missing; the call is cancelled.
+    def script(start):
+        events = stream_events(start.call_id, [0, 1, 2, 3, 4])
+        return events[:2] + events[3:]
+
+    runtime.scripts["sandbox_functions::echo"] = script
+    got = []
+    with pytest.raises(RemoteCallError) as info:
+        async for item in client.remote_stream(sandbox_functions.echo, 1):
+            got.append(item)
+    assert got == [0, 1]
+    assert info.value.error.type == "MalformedError"
+    assert "items 2..2 were lost" in info.value.error.message
+    (start,) = runtime.events("start")
+    await eventually(lambda: [c.call_id for c in runtime.events("cancel")] == [start.call_id])
+
+
+async def test_replayed_stream_items_are_skipped(runtime, client):
+    # A resume replays items the host has: each is yielded once.
+    def script(start):
+        events = stream_events(start.call_id, [0, 1, 2, 3], end=[])
+        return events[:3] + events[1:] + result_events(start.call_id, pickle.dumps(None))
+
+    runtime.scripts["sandbox_functions::echo"] = script
+    assert [item async for item in client.remote_stream(sandbox_functions.echo, 1)] == [0, 1, 2, 3]
+
+
 async def test_leaving_a_remote_stream_early_cancels_it(runtime, client):
     # Two items and no end: the stream is still running when the consumer leaves.
     runtime.scripts["sandbox_functions::echo"] = lambda start: stream_events(start.call_id, [1, 2], end=[])

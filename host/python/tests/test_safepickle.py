@@ -1,6 +1,7 @@
 """The sandbox -> host allowlist: what decodes, what is refused, and with which message."""
 
 import collections
+import copyreg
 import dataclasses
 import datetime
 import decimal
@@ -253,3 +254,69 @@ def test_restricted_unpickler_enforces_the_allowlist_directly():
 
 def test_error_is_an_unpickling_error():
     assert issubclass(RestrictedUnpickleError, pickle.UnpicklingError)
+
+
+class _Point:
+    pass
+
+
+@pytest.mark.parametrize("code", [1, 300, 70000])
+def test_extension_opcodes_are_refused_while_copyreg_has_extensions(code):
+    # With a registered extension, an EXT opcode would fetch the object from
+    # copyreg's registry and cache without find_class: it must be refused up
+    # front (the fast path relies on the registry being empty).
+    copyreg.add_extension(__name__, "_Point", code)
+    try:
+        stream = pickle.dumps(_Point, protocol=2)
+        assert stream[2] in (0x82, 0x83, 0x84)
+        pickle.loads(stream)  # fills copyreg's extension cache
+        with pytest.raises(RestrictedUnpickleError, match="extension opcodes"):
+            restricted_loads(stream)
+        with pytest.raises(RestrictedUnpickleError, match="extension opcodes"):
+            safepickle.restricted_loads_chunks([stream[:3], stream[3:]])
+    finally:
+        copyreg.remove_extension(__name__, "_Point", code)
+
+
+def _splits(data, *sizes):
+    pieces, start = [], 0
+    for size in sizes:
+        pieces.append(data[start : start + size])
+        start += size
+    pieces.append(data[start:])
+    return pieces
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4, 5])
+def test_chunked_loading_equals_joined_loading(protocol):
+    value = {"text": "é" * 1000 + "\nline", "items": list(range(2000)), "nested": [(1.5, None, True)]}
+    if protocol >= 3:  # protocols 0-2 spell bytes through _codecs.encode, which is refused
+        value["big"] = os.urandom(300_000)
+    data = pickle.dumps(value, protocol=protocol)
+    for pieces in (
+        [data],
+        _splits(data, 1, 1, 7),
+        _splits(data, 100_000, 3),
+        [memoryview(piece) for piece in _splits(data, 5000, 5000, 250_000)],
+        [b"", data, b""],
+    ):
+        assert safepickle.restricted_loads_chunks(pieces) == value
+
+
+def test_chunked_loading_refuses_what_restricted_loads_refuses():
+    for stream in (global_stream("os", "system", b"(S'true'\ntR."), b"\xff\x00garbage", b"\x80\x02\x82\x01."):
+        with pytest.raises(RestrictedUnpickleError) as joined:
+            restricted_loads(stream)
+        with pytest.raises(RestrictedUnpickleError) as chunked:
+            safepickle.restricted_loads_chunks(_splits(stream, 1, 2))
+        assert str(chunked.value) == str(joined.value)
+
+
+def test_chunked_loading_never_allocates_a_claimed_frame_length():
+    # FRAME announcing 1 TiB followed by two bytes: refused as truncated, as
+    # restricted_loads does, instead of allocating what the stream claims.
+    stream = b"\x80\x04\x95" + (1 << 40).to_bytes(8, "little") + b"N."
+    with pytest.raises(RestrictedUnpickleError, match="malformed"):
+        restricted_loads(stream)
+    with pytest.raises(RestrictedUnpickleError, match="malformed"):
+        safepickle.restricted_loads_chunks([stream[:5], stream[5:]])

@@ -369,6 +369,11 @@ def test_payload_is_refused_without_side_effects(name, marker):
     with pytest.raises(RestrictedUnpickleError):
         restricted_loads(with_marker(ALL[name], str(marker)))
     assert not marker.exists()
+    # Results arrive in pieces; the chunked loader refuses exactly the same.
+    data = with_marker(ALL[name], str(marker))
+    with pytest.raises(RestrictedUnpickleError):
+        safepickle.restricted_loads_chunks([data[:5], data[5:9], data[9:]])
+    assert not marker.exists()
     # No allowlisted class was left modified (BUILD-on-class payloads are undone).
     assert dict(fractions.Fraction.__dict__) == dict(state_before[0])
     assert pathlib.PosixPath.__bases__ == state_before[1]
@@ -423,11 +428,14 @@ _CHILD = r"""
 import resource, sys, time
 limit = 1 << 30
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-from agentix.runtime.shared.safepickle import RestrictedUnpickleError, restricted_loads
+from agentix.runtime.shared.safepickle import RestrictedUnpickleError, restricted_loads, restricted_loads_chunks
 data = sys.stdin.buffer.read()
 start = time.monotonic()
 try:
-    restricted_loads(data)
+    if sys.argv[1] == "chunks":  # as a result arrives: in pieces
+        restricted_loads_chunks([data[:3], data[3:11], data[11:]])
+    else:
+        restricted_loads(data)
     outcome = "ACCEPTED"
 except RestrictedUnpickleError:
     outcome = "RestrictedUnpickleError"
@@ -443,12 +451,13 @@ print(outcome, rss_kb, round(time.monotonic() - start, 3))
 """
 
 
+@pytest.mark.parametrize("loader", ["whole", "chunks"])
 @pytest.mark.parametrize("name", sorted(HUGE))
-def test_huge_allocation_is_refused_without_allocating(name):
+def test_huge_allocation_is_refused_without_allocating(name, loader):
     package_root = pathlib.Path(safepickle.__file__).resolve().parents[3]
     env = dict(os.environ, PYTHONPATH=str(package_root))
     result = subprocess.run(
-        [sys.executable, "-c", _CHILD],
+        [sys.executable, "-c", _CHILD, loader],
         input=HUGE[name],
         capture_output=True,
         env=env,

@@ -45,7 +45,7 @@ def test_mixed_batch_keeps_event_order():
         wire.argument_chunk_event("e", memoryview(data)[:7], 20),
     ]
     encoded = stream_module._encode_batch(batch)
-    events = pb.CallsRequest.FromString(wire.serialize_request(encoded)).events
+    events = pb.CallsRequest.FromString(encoded).events
     assert [event.WhichOneof("kind") for event in events] == ["ack", "argument_chunk", "cancel", "ack", "argument_chunk"]
     assert events[1].argument_chunk.data == data and events[4].argument_chunk.data == data[:7]
 

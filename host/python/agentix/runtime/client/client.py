@@ -57,7 +57,7 @@ from agentix.runtime.client.traces import TraceCursor, TracesStream
 from agentix.runtime.shared import codec
 from agentix.runtime.shared.callables import RemoteCallable, display_name_for
 from agentix.runtime.shared.models import HealthResponse, RemoteError
-from agentix.runtime.shared.safepickle import restricted_loads
+from agentix.runtime.shared.safepickle import restricted_loads, restricted_loads_chunks
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
 from agentix.utils import context
@@ -398,6 +398,8 @@ class RuntimeClient:
 
         if isinstance(outcome, RemoteError):
             raise remote_call_error(display_name, outcome)
+        if isinstance(outcome, list):
+            return restricted_loads_chunks(outcome)
         return restricted_loads(outcome)
 
     async def remote_stream(
@@ -567,7 +569,7 @@ class RuntimeClient:
                     # protobuf messages (wire.py).
                     rpc = channel.stream_stream(
                         wire.CALLS_METHOD,
-                        request_serializer=wire.serialize_request,
+                        request_serializer=None,  # CallsStream writes encoded bytes
                         response_deserializer=wire.parse_calls_response,
                     )(metadata=self._metadata)
                     self._stream = CallsStream(rpc, self._pending, self._stream_lost)

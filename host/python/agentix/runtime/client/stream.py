@@ -76,8 +76,9 @@ ACK_BATCH = 512
 # How many written acks a stream remembers for re-sending after a cut.
 RECENT_ACKS = 4096
 
-# A call's outcome: the encoded result value, or the sandbox's error report.
-Outcome = Union[bytes, RemoteError]
+# A call's outcome: the encoded result value (bytes, or the list of pieces it
+# arrived in), or the sandbox's error report.
+Outcome = Union[bytes, list, RemoteError]
 
 
 # Put into a streaming call's item queue once its future is done.
@@ -174,13 +175,14 @@ class _Upload:
 
 
 def _encode_batch(batch: list[pb.HostEvent | list]) -> bytes:
-    """One CallsRequest from a batch of events and encoded events (wire.py), in order."""
+    """The encoded CallsRequest carrying a batch of events and hand-encoded
+    events (wire.py), in order."""
     return b"".join(_batch_pieces(batch))
 
 
 def _batch_pieces(batch: list[pb.HostEvent | list]) -> list:
     """The pieces (bytes and memoryviews) whose concatenation is the
-    CallsRequest of a batch of events and encoded events (wire.py)."""
+    CallsRequest of a batch of events and hand-encoded events (wire.py)."""
     pieces: list = []
     for event in batch:
         if type(event) is pb.HostEvent:
@@ -488,26 +490,46 @@ class CallsStream:
         elif kind == "stream_item":
             item = event.stream_item
             call = self._pending.get(item.call_id)
-            # Items replayed after a resume that arrived before are skipped.
-            if call is not None and call.items is not None and not call.future.done() and item.index >= call.received:
-                call.received = item.index + 1
-                call.items.put_nowait(item.value)
+            if call is None or call.items is None or call.future.done():
+                return
+            if item.index < call.received:
+                return  # replayed after a resume, and received before
+            if item.index > call.received:
+                # Items before it never came and never will (the daemon sends
+                # them in order and replays what was not acked): fail the call
+                # instead of handing the consumer a list with a hole in it.
+                self._pending.pop(item.call_id, None)
+                call.settle(
+                    RemoteError(
+                        type="MalformedError",
+                        message=f"stream item {item.index} arrived while item {call.received} was expected; "
+                        f"items {call.received}..{item.index - 1} were lost",
+                    )
+                )
+                self.cancel_call(item.call_id)
+                return
+            call.received = item.index + 1
+            call.items.put_nowait(item.value)
 
     def _result_outcome(self, result: pb.CallResult) -> Outcome:
         call = self._pending.get(result.call_id)
+        value: bytes | list
         if call is None or not call.result_chunks:
             value = result.value
+            size = len(value)
         else:
-            value = b"".join([*call.result_chunks, result.value])
+            # Left in pieces: restricted_loads_chunks decodes them unjoined.
+            value = [*call.result_chunks, result.value]
+            size = sum(len(piece) for piece in value)
         if result.encoding not in (pb.ENCODING_UNSPECIFIED, pb.ENCODING_PICKLE):
             return RemoteError(
                 type="MalformedError",
                 message=f"the runtime answered with encoding {pb.Encoding.Name(result.encoding)}, not pickle",
             )
-        if result.value_size and result.value_size != len(value):
+        if result.value_size and result.value_size != size:
             return RemoteError(
                 type="MalformedError",
-                message=f"result value has {len(value)} bytes but the runtime announced {result.value_size}",
+                message=f"result value has {size} bytes but the runtime announced {result.value_size}",
             )
         return value
 

@@ -4,8 +4,8 @@ Argument chunks and result chunks carry up to a MiB of bytes each. Going
 through protobuf messages costs three copies of those bytes per direction
 (into the message, out of it by ``SerializeToString`` / attribute access, and
 the slice we started from); on this kind of VM a copy of 16 MiB is 3-5 ms.
-So the Calls stream's serializer accepts ready-made ``bytes``, argument
-chunks are written here straight from a memoryview of the pickled arguments
+So the Calls stream carries ready-made ``bytes`` (no request serializer),
+argument chunks are written here straight from a memoryview of the pickled arguments
 (one join), and the deserializer hands result chunks over as memoryviews into
 the received message. Everything else still goes through the generated
 classes; the bytes produced and accepted are exactly what protobuf would
@@ -16,7 +16,6 @@ Field numbers are those of ``agentix/runtime/v1/runtime.proto``.
 
 from __future__ import annotations
 
-from typing import Union
 
 from agentix.runtime.v1 import runtime_pb2 as pb
 
@@ -26,7 +25,6 @@ __all__ = [
     "argument_chunk_event",
     "request_event",
     "parse_calls_response",
-    "serialize_request",
     "start_call_event",
 ]
 
@@ -96,13 +94,6 @@ def start_call_event(start: pb.StartCall, arguments: memoryview) -> list:
         arguments_head,
         arguments,
     ]
-
-
-def serialize_request(request: Union[bytes, pb.CallsRequest]) -> bytes:
-    """The Calls stream's request serializer: ready-made bytes pass through."""
-    if isinstance(request, bytes):
-        return request
-    return request.SerializeToString()
 
 
 class RawResultChunk:

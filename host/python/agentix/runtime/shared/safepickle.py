@@ -45,6 +45,7 @@ Host -> sandbox arguments are plain pickle: that direction is trusted.
 
 from __future__ import annotations
 
+import copyreg
 import fractions
 import io
 import os
@@ -332,25 +333,92 @@ def restricted_loads(data: bytes) -> Any:
     ``bytearray``, or a malformed stream; errors raised by an admitted constructor propagate as
     they are. ``AGENTIX_PICKLE_TRUST=1`` bypasses every check.
     """
+    return _restricted_load(io.BytesIO(data), lambda: data)
+
+
+def restricted_loads_chunks(chunks: list) -> Any:
+    """`restricted_loads` of the concatenation of `chunks` (bytes-like
+    objects) without building it: large ``bytes`` values are copied straight
+    out of the chunks (a result arrives in MiB-sized pieces; joining them
+    first would cost one more copy of the whole value)."""
+    return _restricted_load(_ChunkReader(chunks), lambda: b"".join(chunks))
+
+
+def _restricted_load(file: Any, whole: Any) -> Any:
     if _trust_enabled():
-        return pickle.loads(data)
-    # Scanning opcodes in Python costs ~15x the load itself, so it runs up front
-    # only when an EXT opcode is possible. Otherwise it runs only if loading fails,
-    # which reports a malformed stream exactly as an up-front scan would.
-    if any(marker in data for marker in _EXTENSION_OPCODE_BYTES):
-        _check_opcodes(data)
-        return RestrictedUnpickler(io.BytesIO(data)).load()
+        return pickle.load(file)
+    # EXT opcodes fetch objects through copyreg's extension registry and
+    # cache without asking find_class, so they must be refused up front when
+    # that registry is in use. With it empty (the normal case) they can only
+    # fail, and are then reported by the scan below. Scanning opcodes in
+    # Python costs ~15x the load itself (and a copy of every large value), so
+    # otherwise it runs only if loading fails, which reports a malformed
+    # stream exactly as an up-front scan would.
+    if copyreg._inverted_registry or copyreg._extension_cache:
+        data = whole()
+        if any(marker in data for marker in _EXTENSION_OPCODE_BYTES):
+            _check_opcodes(data)
     try:
-        return RestrictedUnpickler(io.BytesIO(data)).load()
+        return RestrictedUnpickler(file).load()
     except RestrictedUnpickleError:
         raise
     except pickle.UnpicklingError as exc:
         # The unpickler's own complaint (a truncated FRAME, a bad memo index):
         # malformed in ways the opcode scan does not model.
-        _check_opcodes(data)
+        _check_opcodes(whole())
         if type(exc) is pickle.UnpicklingError:
             raise RestrictedUnpickleError(f"refusing malformed pickle stream: {exc}") from exc
         raise
     except Exception:
-        _check_opcodes(data)
+        _check_opcodes(whole())
         raise
+
+
+class _ChunkReader:
+    """A read-only binary file over a list of buffers, for the unpickler
+    (which uses ``readinto`` for large values)."""
+
+    def __init__(self, chunks: list) -> None:
+        self._chunks = [memoryview(chunk).cast("B") for chunk in chunks if len(chunk)]
+        self._index = 0  # current chunk
+        self._offset = 0  # position in it
+
+    def readinto(self, buffer: Any) -> int:
+        target = memoryview(buffer).cast("B")
+        filled = 0
+        while filled < len(target) and self._index < len(self._chunks):
+            chunk = self._chunks[self._index]
+            count = min(len(target) - filled, len(chunk) - self._offset)
+            target[filled : filled + count] = chunk[self._offset : self._offset + count]
+            filled += count
+            self._offset += count
+            if self._offset == len(chunk):
+                self._index += 1
+                self._offset = 0
+        return filled
+
+    def read(self, size: int = -1) -> bytes:
+        # Never more than what is left: a stream may claim any frame length,
+        # and the buffer is allocated before it is filled.
+        left = sum(len(chunk) for chunk in self._chunks[self._index :]) - self._offset
+        if size is None or size < 0 or size > left:
+            size = left
+        buffer = bytearray(size)
+        return bytes(memoryview(buffer)[: self.readinto(buffer)])
+
+    def readline(self) -> bytes:
+        line = bytearray()
+        while self._index < len(self._chunks):
+            chunk = self._chunks[self._index]
+            end = bytes(chunk[self._offset :]).find(b"\n")
+            if end >= 0:
+                line += chunk[self._offset : self._offset + end + 1]
+                self._offset += end + 1
+                if self._offset == len(chunk):
+                    self._index += 1
+                    self._offset = 0
+                return bytes(line)
+            line += chunk[self._offset :]
+            self._index += 1
+            self._offset = 0
+        return bytes(line)
