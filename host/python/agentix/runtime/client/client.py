@@ -84,13 +84,14 @@ _NATIVE_TRANSPORT_ENV = "AGENTIX_NATIVE_TRANSPORT"
 
 def _native_calls_module():
     """The native Calls transport (``_native_calls``, a C++ extension over
-    grpc++), or None when it is turned off or not built/importable."""
+    grpc++), or None when it is turned off or cannot be loaded."""
     if os.environ.get(_NATIVE_TRANSPORT_ENV, "1").strip() == "0":
         return None
     try:
         from agentix.runtime.client import _native_calls
-    except ImportError as error:
-        _log.debug("native Calls transport unavailable, using grpc.aio: %s", error)
+    except Exception as error:  # not built, another interpreter, libgrpc++ missing, ...
+        # Not worth more than DEBUG: grpc.aio does the same job, a bit slower.
+        _log.debug("native Calls transport unavailable, using grpc.aio: %r", error)
         return None
     return _native_calls
 # Reconnection defaults (see RuntimeClient).
@@ -561,8 +562,8 @@ class RuntimeClient:
             if self._stream is None or not self._stream.alive:
                 channel = await self._ready_channel()
                 self._connected_once = True
-                if self._native_channel is not None:
-                    transport = self._native.CallsTransport(self._native_channel, self._metadata)
+                transport = self._native_transport()
+                if transport is not None:
                     self._stream = NativeCallsStream(transport, self._pending, self._stream_lost)
                 else:
                     # Not the generated stub: argument and result chunks bypass
@@ -683,13 +684,34 @@ class RuntimeClient:
                 raise self._unreachable(error) from error
             raise
         if self._native is not None:
-            # Connects by itself when the Calls stream starts on it.
-            self._native_channel = self._native.Channel(
-                self._target, self._tls.pem() if self._tls.enabled else None, options
-            )
+            try:
+                # Connects by itself when the Calls stream starts on it.
+                self._native_channel = self._native.Channel(
+                    self._target, self._tls.pem() if self._tls.enabled else None, options
+                )
+            except Exception as error:
+                self._native_failed(error)
         self._channel = channel
         self._channel_broken = False
         return channel
+
+    def _native_transport(self):
+        """A new native ``CallsTransport`` on the current channel, or None for
+        grpc.aio (turned off, or the extension refused)."""
+        if self._native_channel is None:
+            return None
+        try:
+            return self._native.CallsTransport(self._native_channel, self._metadata)
+        except Exception as error:
+            self._native_failed(error)
+            return None
+
+    def _native_failed(self, error: Exception) -> None:
+        """The extension refused what grpc.aio accepted: this client goes on
+        with grpc.aio (same behaviour, a bit slower) rather than failing."""
+        _log.debug("native Calls transport failed, using grpc.aio from now on: %r", error)
+        self._native = None
+        self._native_channel = None
 
     def _unreachable(self, error: grpc.aio.AioRpcError) -> RuntimeUnreachable:
         return RuntimeUnreachable(
