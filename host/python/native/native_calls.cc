@@ -1,321 +1,43 @@
-// agentix.runtime.client._native_calls: the host's Calls stream driven by grpc++'s
-// callback API instead of grpc.aio (see stream.py, NativeCallsStream).
+// agentix.runtime.client._native_calls: the host's Calls stream over grpc++
+// (calls_reactor.h) as a CPython extension; stream.py's NativeCallsStream
+// drives it. This file is the Python edge only: argument parsing, buffers,
+// the GIL, and turning C++ failures into Python exceptions.
 //
-// Messages stay opaque bytes in both directions: Python encodes CallsRequests
-// (stream.py / wire.py) and parses CallsResponses (wire.parse_calls_response).
-//
-// Threads. Python calls write()/writes_done()/cancel()/drain() on the asyncio
-// loop's thread; gRPC runs the reactions (OnReadDone, OnWriteDone, ...) on its
-// own threads, and possibly inline inside StartWrite() & co. on the calling
-// thread. All shared state sits behind `mu_`, which is never held while calling
-// into gRPC and never held while waiting for the GIL (reactions never touch
-// Python). The GIL is released around every gRPC call.
-//
-// Notifications. Reactions queue what Python must see (received messages, the
-// final status, "pending writes fell below the asked threshold") and write an
-// eventfd only when that queue goes from empty to non-empty; the loop watches the
-// eventfd (loop.add_reader) and drain() takes everything and resets it.
-//
-// Lifetime. The Reactor is shared by the Python object and gRPC (two refs); the
-// last of tp_dealloc and OnDone lets go of it. It is never deleted on a gRPC
-// thread: it holds the grpc::Channel, and releasing the last reference to a
-// channel from a callback shuts gRPC's callback completion queue down from one
-// of its own threads (seen as "assertion failed: prior > 0" and an abort in
-// grpc 1.51). When OnDone comes last, the reactor is parked and deleted by the
-// next Python call into this module (without the GIL). A hold keeps the call from finishing
-// while Python may still start a write: it is removed once no more writes can
-// start (the stream is dead or half-closed) and none is in flight. The eventfd
-// belongs to the Reactor, so a late reaction never writes to a closed fd.
-//
-// No C++ exception crosses into Python: every entry point catches them.
+// The GIL is released around every call into gRPC and every large copy;
+// reactions never touch Python. No C++ exception crosses into Python: every
+// entry point that can throw catches and converts.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <sys/eventfd.h>
-#include <unistd.h>
 
-#include <atomic>
-#include <cerrno>
-#include <cstdint>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <grpc/slice.h>
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/support/byte_buffer.h>
-#include <grpcpp/support/client_callback.h>
+
+#include "host/python/native/calls_reactor.h"
 
 namespace {
 
-using Stub = grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer>;
+using agentix::host::CallsReactor;
 
-constexpr char kCallsMethod[] = "/agentix.runtime.v1.RuntimeService/Calls";
-// Queued writes are joined into one message (a concatenation of serialized
-// CallsRequests is a CallsRequest) up to this size; one larger write goes alone.
-constexpr size_t kCoalesceBytes = 4 << 20;
 // From this size on, copies run without the GIL.
 constexpr size_t kReleaseGilBytes = 64 << 10;
 
-class Reactor;
-void Park(Reactor* reactor);
-void ReapParked();
-
-class Reactor final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
- public:
-  explicit Reactor(int efd) : efd_(efd) {}
-  ~Reactor() override { close(efd_); }
-
-  int fd() const { return efd_; }
-
-  // Starts the call; may run reactions inline. Called once, without the GIL.
-  void Start(std::shared_ptr<grpc::Channel> channel, const std::vector<std::pair<std::string, std::string>>& metadata) {
-    for (const auto& [key, value] : metadata) context_.AddMetadata(key, value);
-    stub_ = std::make_unique<Stub>(std::move(channel));
-    stub_->PrepareBidiStreamingCall(&context_, kCallsMethod, grpc::StubOptions(), this);
-    AddHold();
-    StartRead(&read_buf_);
-    StartCall();
-  }
-
-  // Queues one message (or starts writing it at once). Returns the bytes not yet
-  // written after it, or -1 when the stream takes no more writes.
-  long long Write(grpc::Slice slice) {
-    const size_t size = slice.size();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (dead_ || writes_done_requested_) return -1;
-      pending_bytes_ += size;
-      if (writing_) {
-        queue_.push_back(std::move(slice));
-        return static_cast<long long>(pending_bytes_);
-      }
-      writing_ = true;
-      inflight_bytes_ = size;
-      write_buf_ = grpc::ByteBuffer(&slice, 1);
-    }
-    StartWrite(&write_buf_);
-    std::lock_guard<std::mutex> lock(mu_);
-    return static_cast<long long>(pending_bytes_);
-  }
-
-  // Half-closes the stream after the queued writes.
-  void WritesDone() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (dead_ || writes_done_requested_) return;
-      writes_done_requested_ = true;
-      if (writing_) return;  // OnWriteDone starts it
-      writes_done_inflight_ = true;
-    }
-    StartWritesDone();
-  }
-
-  void Cancel() { context_.TryCancel(); }
-
-  // Bytes queued or in flight (+1 while a half-close is in flight).
-  long long Pending() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return PendingLocked();
-  }
-
-  // Asks for a notification once Pending() <= threshold (at once if it is).
-  void NotifyBelow(long long threshold) {
-    std::lock_guard<std::mutex> lock(mu_);
-    notify_below_ = threshold;
-    CheckNotifyLocked();
-  }
-
-  struct Drained {
-    std::vector<std::vector<grpc::Slice>> messages;
-    bool has_status = false;
-    int code = 0;
-    std::string message;
-    bool below = false;
-  };
-
-  Drained Drain() {
-    Drained out;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (signalled_) {
-      uint64_t value;
-      while (read(efd_, &value, sizeof value) < 0 && errno == EINTR) {
-      }
-      signalled_ = false;
-    }
-    out.messages.swap(received_);
-    if (done_ && !status_taken_) {
-      status_taken_ = true;
-      out.has_status = true;
-      out.code = status_code_;
-      out.message = status_message_;
-    }
-    out.below = below_fired_;
-    below_fired_ = false;
-    return out;
-  }
-
-  // The Python object lets go; deletes the reactor if gRPC is done with it.
-  void Detach() {
-    context_.TryCancel();  // while still holding our reference
-    bool last;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      last = --refs_ == 0;
-    }
-    if (last) delete this;
-  }
-
-  void OnReadDone(bool ok) override {
-    if (ok) {
-      std::vector<grpc::Slice> slices;
-      grpc::Status dumped = read_buf_.Dump(&slices);
-      read_buf_.Clear();
-      if (dumped.ok()) {
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          received_.push_back(std::move(slices));
-          SignalLocked();
-        }
-        StartRead(&read_buf_);
-        return;
-      }
-      context_.TryCancel();
-    }
-    bool release;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      dead_ = true;
-      release = ReleaseLocked();
-    }
-    if (release) RemoveHold();
-  }
-
-  void OnWriteDone(bool ok) override {
-    bool start_write = false, start_writes_done = false, release = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      pending_bytes_ -= inflight_bytes_;
-      inflight_bytes_ = 0;
-      if (!ok) {
-        dead_ = true;
-        queue_.clear();
-        pending_bytes_ = 0;
-      }
-      if (!dead_ && !queue_.empty()) {
-        std::vector<grpc::Slice> slices;
-        size_t size = 0;
-        while (!queue_.empty() && (slices.empty() || size + queue_.front().size() <= kCoalesceBytes)) {
-          size += queue_.front().size();
-          slices.push_back(std::move(queue_.front()));
-          queue_.pop_front();
-        }
-        write_buf_ = grpc::ByteBuffer(slices.data(), slices.size());
-        inflight_bytes_ = size;
-        start_write = true;
-      } else {
-        writing_ = false;
-        if (!dead_ && writes_done_requested_) {
-          writes_done_inflight_ = true;
-          start_writes_done = true;
-        }
-        release = ReleaseLocked();
-      }
-      CheckNotifyLocked();
-    }
-    if (start_write) StartWrite(&write_buf_);
-    if (start_writes_done) StartWritesDone();
-    if (release) RemoveHold();
-  }
-
-  void OnWritesDoneDone(bool ok) override {
-    bool release;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      writes_done_inflight_ = false;
-      half_closed_ = true;
-      if (!ok) dead_ = true;
-      release = ReleaseLocked();
-      CheckNotifyLocked();
-    }
-    if (release) RemoveHold();
-  }
-
-  void OnDone(const grpc::Status& status) override {
-    bool last;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-      dead_ = true;
-      status_code_ = status.error_code();
-      status_message_ = status.error_message();
-      SignalLocked();
-      last = --refs_ == 0;
-    }
-    if (last) Park(this);
-  }
-
- private:
-  long long PendingLocked() const {
-    return static_cast<long long>(pending_bytes_) + (writes_done_inflight_ ? 1 : 0);
-  }
-
-  void SignalLocked() {
-    if (signalled_) return;
-    signalled_ = true;
-    uint64_t one = 1;
-    while (write(efd_, &one, sizeof one) < 0 && errno == EINTR) {
-    }
-  }
-
-  void CheckNotifyLocked() {
-    if (notify_below_ >= 0 && PendingLocked() <= notify_below_) {
-      notify_below_ = -1;
-      below_fired_ = true;
-      SignalLocked();
-    }
-  }
-
-  // True exactly once: when no write can start any more and none is running.
-  bool ReleaseLocked() {
-    if (hold_released_ || writing_ || writes_done_inflight_) return false;
-    if (!dead_ && !half_closed_) return false;
-    hold_released_ = true;
-    return true;
-  }
-
-  const int efd_;
-  grpc::ClientContext context_;
-  std::unique_ptr<Stub> stub_;
-  grpc::ByteBuffer read_buf_;
-  grpc::ByteBuffer write_buf_;  // the one write in flight
-
-  std::mutex mu_;
-  int refs_ = 2;  // the Python object and gRPC (until OnDone)
-  std::deque<grpc::Slice> queue_;
-  size_t pending_bytes_ = 0;
-  size_t inflight_bytes_ = 0;
-  bool writing_ = false;
-  bool writes_done_requested_ = false;
-  bool writes_done_inflight_ = false;
-  bool half_closed_ = false;
-  bool dead_ = false;
-  bool hold_released_ = false;
-  long long notify_below_ = -1;
-  bool below_fired_ = false;
-  bool signalled_ = false;
-  std::vector<std::vector<grpc::Slice>> received_;
-  bool done_ = false;
-  bool status_taken_ = false;
-  int status_code_ = 0;
-  std::string status_message_;
-};
+// Deletes the parked reactors (calls_reactor.h, Lifetime). Called with the
+// GIL held; releases it while deleting (a reactor's channel may shut down).
+void ReapParked() {
+  if (!CallsReactor::AnyParked()) return;
+  Py_BEGIN_ALLOW_THREADS
+  CallsReactor::ReapParked();
+  Py_END_ALLOW_THREADS
+}
 
 // ---------------------------------------------------------------- Channel
 
@@ -430,36 +152,11 @@ void Channel_dealloc(ChannelObject* self) {
 
 PyTypeObject ChannelType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
-// Reactors whose OnDone came after the Python object let go (see Lifetime).
-std::mutex g_parked_mu;
-std::vector<Reactor*>* g_parked = new std::vector<Reactor*>;  // never destroyed
-std::atomic<bool> g_any_parked{false};
-
-void Park(Reactor* reactor) {
-  std::lock_guard<std::mutex> lock(g_parked_mu);
-  g_parked->push_back(reactor);
-  g_any_parked.store(true, std::memory_order_release);
-}
-
-// Deletes the parked reactors. Called with the GIL held; releases it.
-void ReapParked() {
-  if (!g_any_parked.load(std::memory_order_acquire)) return;
-  std::vector<Reactor*> parked;
-  {
-    std::lock_guard<std::mutex> lock(g_parked_mu);
-    g_any_parked.store(false, std::memory_order_relaxed);
-    parked.swap(*g_parked);
-  }
-  Py_BEGIN_ALLOW_THREADS
-  for (Reactor* reactor : parked) delete reactor;
-  Py_END_ALLOW_THREADS
-}
-
 // ---------------------------------------------------------------- CallsTransport
 
 struct TransportObject {
   PyObject_HEAD
-  Reactor* reactor;
+  CallsReactor* reactor;
 };
 
 PyObject* ClosedError() {
@@ -486,7 +183,7 @@ int Transport_init(TransportObject* self, PyObject* args, PyObject* kwargs) {
     return -1;
   }
   try {
-    std::vector<std::pair<std::string, std::string>> pairs;
+    CallsReactor::Metadata pairs;
     if (metadata != Py_None) {
       PyObject* seq = PySequence_Fast(metadata, "metadata must be a sequence of (key, value) pairs");
       if (seq == nullptr) return -1;
@@ -506,7 +203,7 @@ int Transport_init(TransportObject* self, PyObject* args, PyObject* kwargs) {
       PyErr_SetFromErrno(PyExc_OSError);
       return -1;
     }
-    auto* reactor = new Reactor(efd);
+    auto* reactor = new CallsReactor(efd);
     std::shared_ptr<grpc::Channel> shared = *channel;
     Py_BEGIN_ALLOW_THREADS
     reactor->Start(std::move(shared), pairs);
@@ -522,7 +219,7 @@ int Transport_init(TransportObject* self, PyObject* args, PyObject* kwargs) {
 }
 
 void Transport_dealloc(TransportObject* self) {
-  Reactor* reactor = self->reactor;
+  CallsReactor* reactor = self->reactor;
   self->reactor = nullptr;
   if (reactor != nullptr) {
     Py_BEGIN_ALLOW_THREADS
@@ -594,7 +291,7 @@ PyObject* Transport_write(TransportObject* self, PyObject* data) {
     }
     grpc::Slice slice(raw, grpc::Slice::STEAL_REF);
     long long pending;
-    Reactor* reactor = self->reactor;
+    CallsReactor* reactor = self->reactor;
     Py_BEGIN_ALLOW_THREADS
     pending = reactor->Write(std::move(slice));
     Py_END_ALLOW_THREADS
@@ -609,7 +306,7 @@ PyObject* Transport_write(TransportObject* self, PyObject* data) {
 
 PyObject* Transport_writes_done(TransportObject* self, PyObject*) {
   if (self->reactor == nullptr) return ClosedError();
-  Reactor* reactor = self->reactor;
+  CallsReactor* reactor = self->reactor;
   Py_BEGIN_ALLOW_THREADS
   reactor->WritesDone();
   Py_END_ALLOW_THREADS
@@ -618,7 +315,7 @@ PyObject* Transport_writes_done(TransportObject* self, PyObject*) {
 
 PyObject* Transport_cancel(TransportObject* self, PyObject*) {
   if (self->reactor == nullptr) Py_RETURN_NONE;
-  Reactor* reactor = self->reactor;
+  CallsReactor* reactor = self->reactor;
   Py_BEGIN_ALLOW_THREADS
   reactor->Cancel();
   Py_END_ALLOW_THREADS
@@ -626,7 +323,7 @@ PyObject* Transport_cancel(TransportObject* self, PyObject*) {
 }
 
 PyObject* Transport_close(TransportObject* self, PyObject*) {
-  Reactor* reactor = self->reactor;
+  CallsReactor* reactor = self->reactor;
   self->reactor = nullptr;
   if (reactor != nullptr) {
     Py_BEGIN_ALLOW_THREADS
@@ -690,7 +387,7 @@ PyObject* Transport_drain(TransportObject* self, PyObject*) {
   if (self->reactor == nullptr) return ClosedError();
   ReapParked();  // reactors of earlier streams
   try {
-    Reactor::Drained drained = self->reactor->Drain();
+    CallsReactor::Drained drained = self->reactor->Drain();
     PyObject* messages = PyList_New(static_cast<Py_ssize_t>(drained.messages.size()));
     if (messages == nullptr) return nullptr;
     for (size_t i = 0; i < drained.messages.size(); ++i) {
