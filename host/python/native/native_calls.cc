@@ -119,6 +119,10 @@ int Channel_init(ChannelObject* self, PyObject* args, PyObject* kwargs) {
     try {
       auto credentials = use_tls ? grpc::SslCredentials(ssl) : grpc::InsecureChannelCredentials();
       if (credentials) channel = grpc::CreateCustomChannel(target_copy, credentials, channel_args);
+      // Start connecting now: the client creates this channel next to its
+      // grpc.aio one, and the first call should not wait for a second
+      // connection set up only when its stream starts.
+      if (channel) channel->GetState(/*try_to_connect=*/true);
     } catch (...) {
       channel = nullptr;
     }

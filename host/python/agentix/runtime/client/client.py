@@ -674,6 +674,17 @@ class RuntimeClient:
             channel = grpc.aio.secure_channel(self._target, self._tls.credentials(), options=options)
         else:
             channel = grpc.aio.insecure_channel(self._target, options=options)
+        native_channel = None
+        if self._native is not None:
+            try:
+                # Made before the probe: it starts connecting at once, so its
+                # connection is set up while GetInfo runs, not after it
+                # (which made a first call wait for two connections in turn).
+                native_channel = self._native.Channel(
+                    self._target, self._tls.pem() if self._tls.enabled else None, options
+                )
+            except Exception as error:
+                self._native_failed(error)
         try:
             await pb_grpc.RuntimeServiceStub(channel).GetInfo(
                 pb.GetInfoRequest(), timeout=self.timeout, metadata=self._metadata
@@ -683,14 +694,7 @@ class RuntimeClient:
             if isinstance(error, grpc.aio.AioRpcError):
                 raise self._unreachable(error) from error
             raise
-        if self._native is not None:
-            try:
-                # Connects by itself when the Calls stream starts on it.
-                self._native_channel = self._native.Channel(
-                    self._target, self._tls.pem() if self._tls.enabled else None, options
-                )
-            except Exception as error:
-                self._native_failed(error)
+        self._native_channel = native_channel
         self._channel = channel
         self._channel_broken = False
         return channel
