@@ -14,6 +14,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/flags.h"
@@ -91,17 +92,25 @@ std::string FlagOr(const std::string& value, const std::string& runfile) {
   return value.empty() ? Runfile(runfile) : UserPath(value);
 }
 
-// The one agentix-*.whl that //host/python:wheel puts in the runfiles.
-std::string AgentixWheel() {
+// The one agentix-*.whl that //host/python:wheel puts in the runfiles. Found
+// by pattern: its name carries the version and the platform tag
+// (host/python/BUILD.bazel), which are that package's to change.
+absl::StatusOr<std::string> AgentixWheel() {
   const fs::path dir = fs::path(Runfile("host/python"));
+  std::vector<std::string> found;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     if (absl::StartsWith(name, "agentix-") && absl::EndsWith(name, ".whl")) {
-      return entry.path().string();
+      found.push_back(entry.path().string());
     }
   }
-  return (dir / "agentix-py3-none-any.whl").string();
+  if (found.size() != 1) {
+    return absl::NotFoundError(absl::StrCat(
+        "expected one agentix-*.whl in ", dir.string(), ", found ",
+        found.size(), " (build //host/python:wheel, or pass --wheel)"));
+  }
+  return found.front();
 }
 
 }  // namespace
@@ -156,9 +165,17 @@ int main(int argc, char** raw_argv) {
   options.sandboxd =
       FlagOr(absl::GetFlag(FLAGS_sandboxd), "sandbox/agentix-sandboxd");
   options.worker = FlagOr(absl::GetFlag(FLAGS_worker), "worker/agentix-worker");
-  options.agentix_wheel = absl::GetFlag(FLAGS_wheel).empty()
-                              ? AgentixWheel()
-                              : UserPath(absl::GetFlag(FLAGS_wheel));
+  if (absl::GetFlag(FLAGS_wheel).empty()) {
+    absl::StatusOr<std::string> wheel = AgentixWheel();
+    if (!wheel.ok()) {
+      fmt::print(stderr, "[bundler] error: {}\n",
+                 std::string(wheel.status().message()));
+      return 2;
+    }
+    options.agentix_wheel = *wheel;
+  } else {
+    options.agentix_wheel = UserPath(absl::GetFlag(FLAGS_wheel));
+  }
   options.closure_helper = Runfile("bundler/dist_closure.py");
 
   absl::StatusOr<agentix::bundler::BundleResult> result =

@@ -44,7 +44,8 @@ fi
 built=("$work"/dist/*.whl)
 if [[ ${#built[@]} -ne 1 || "$(basename "${built[0]}")" != "$(basename "$out")" ]]; then
   echo "build_wheel.sh: expected $(basename "$out"), setuptools built: ${built[*]}" >&2
-  echo "(the version in pyproject.toml and host/python/BUILD.bazel must agree)" >&2
+  echo "(the version in pyproject.toml and host/python/BUILD.bazel must agree, and WHEEL_TAG" >&2
+  echo " there must be the tag of /usr/bin/python3 and this platform)" >&2
   exit 1
 fi
 mv "${built[0]}" "$out"

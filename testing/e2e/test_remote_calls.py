@@ -324,3 +324,16 @@ async def test_msgpack_encoding_for_non_python_clients(daemon):
         assert bad.type == "ResultEncodeError"
     finally:
         await raw.close()
+
+
+async def test_the_installed_package_carries_calls_natively_unless_turned_off(client):
+    """The wheel ships the native Calls transport and the client uses it by
+    default; AGENTIX_NATIVE_TRANSPORT=0 (this suite can run under it too)
+    selects grpc.aio."""
+    import os
+
+    from agentix.runtime.client.stream import CallsStream, NativeCallsStream
+
+    assert await client.remote(t.add, 1, 1) == 2
+    native_off = os.environ.get("AGENTIX_NATIVE_TRANSPORT", "1").strip() == "0"
+    assert type(client._stream) is (CallsStream if native_off else NativeCallsStream)

@@ -27,3 +27,11 @@ if importlib.util.find_spec("agentix.runtime.v1.runtime_pb2") is None:
             returncode=4,
         )
     agentix.runtime.v1.__path__.append(str(_GENERATED_STUBS))
+
+import agentix.runtime.client  # noqa: E402
+
+# The native Calls transport (built by `bazel build //host/python:agentix`),
+# when built; without it the client uses grpc.aio.
+_GENERATED_CLIENT = _GENERATED_STUBS.parent / "client"
+if importlib.util.find_spec("agentix.runtime.client._native_calls") is None and _GENERATED_CLIENT.is_dir():
+    agentix.runtime.client.__path__.append(str(_GENERATED_CLIENT))

@@ -252,20 +252,33 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
                         if task is not None:
                             task.cancel()
 
+        # One send on the call at a time. grpc.aio's abort() sends the initial
+        # metadata too while the first write() that carries them has not
+        # completed; core then refuses the whole batch (TOO_MANY_OPERATIONS),
+        # abort() raises ExecuteBatchError, no status is sent and the client's
+        # stream stays open. A client that sees the first result before this
+        # loop has seen that write complete (the native transport does) would
+        # otherwise be left waiting by drop_streams().
+        send_lock = asyncio.Lock()
+
         async def write() -> None:
             # Like the daemon: whatever is ready goes out in one message (up to ~2 MiB).
             while True:
                 events = await outbox.get()
                 while not outbox.empty() and sum(e.ByteSize() for e in events) < 2 * CHUNK:
                     events += outbox.get_nowait()
-                await context_.write(pb.CallsResponse(events=events))
+                async with send_lock:
+                    if self._drop_streams.is_set():
+                        return
+                    await context_.write(pb.CallsResponse(events=events))
 
         tasks = [asyncio.create_task(read()), asyncio.create_task(write())]
         dropped = asyncio.create_task(self._drop_streams.wait())
         try:
             await asyncio.wait([tasks[0], dropped], return_when=asyncio.FIRST_COMPLETED)
             if dropped.done():
-                await context_.abort(grpc.StatusCode.UNAVAILABLE, "fake runtime dropped the stream")
+                async with send_lock:
+                    await context_.abort(grpc.StatusCode.UNAVAILABLE, "fake runtime dropped the stream")
             while any(not t.done() for t in running.values()) or not outbox.empty():
                 await asyncio.sleep(0.01)
         finally:

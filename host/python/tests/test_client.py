@@ -23,7 +23,7 @@ from agentix import (
     WorkerExited,
     context,
 )
-from agentix.runtime.client.stream import BATCH_BYTES, CHUNK_BYTES
+from agentix.runtime.client.stream import BATCH_BYTES, CHUNK_BYTES, CallsStream, NativeCallsStream
 from agentix.runtime.shared import safepickle
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
@@ -59,11 +59,31 @@ async def runtime():
     await server.stop(None)
 
 
+@pytest.fixture(autouse=True, params=["native", "aio"])
+def transport(request, monkeypatch):
+    """Every test runs with the native Calls transport and with grpc.aio."""
+    if request.param == "native":
+        # Fails (does not skip) when the extension is not built: run
+        # `bazel build //host/python:agentix` (conftest.py finds it in bazel-bin).
+        import agentix.runtime.client._native_calls  # noqa: F401
+
+        monkeypatch.delenv("AGENTIX_NATIVE_TRANSPORT", raising=False)
+    else:
+        monkeypatch.setenv("AGENTIX_NATIVE_TRANSPORT", "0")
+    return request.param
+
+
 @pytest_asyncio.fixture
 async def client(runtime):
     client = RuntimeClient(runtime.url)
     yield client
     await client.close()
+
+
+async def test_the_selected_transport_carries_the_calls(client, transport):
+    assert await client.remote(sandbox_functions.add, 2, 3) == 5
+    expected = NativeCallsStream if transport == "native" else CallsStream
+    assert type(client._stream) is expected
 
 
 async def test_remote_returns_the_value(client):

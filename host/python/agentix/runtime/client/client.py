@@ -50,7 +50,7 @@ from agentix.runtime.client._sio_facade import RESERVED_NAMESPACES, AsyncClientN
 from agentix.runtime.client.namespaces import NamespaceStream
 from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream
 from agentix.runtime.client.result import Failed, Ok, Result
-from agentix.runtime.client.stream import STREAM_END, CallsStream, PendingCall, StartRequest
+from agentix.runtime.client.stream import STREAM_END, CallsStream, NativeCallsStream, PendingCall, StartRequest
 from agentix.runtime.client import wire
 from agentix.runtime.client.target import grpc_target, wants_tls
 from agentix.runtime.client.traces import TraceCursor, TracesStream
@@ -78,6 +78,22 @@ _CLOSE_FLUSH_SECONDS = 1.0
 
 
 _TOKEN_ENV = "AGENTIX_TOKEN"
+# "0" turns the native Calls transport off (grpc.aio is used instead).
+_NATIVE_TRANSPORT_ENV = "AGENTIX_NATIVE_TRANSPORT"
+
+
+def _native_calls_module():
+    """The native Calls transport (``_native_calls``, a C++ extension over
+    grpc++), or None when it is turned off or cannot be loaded."""
+    if os.environ.get(_NATIVE_TRANSPORT_ENV, "1").strip() == "0":
+        return None
+    try:
+        from agentix.runtime.client import _native_calls
+    except Exception as error:  # not built, another interpreter, libgrpc++ missing, ...
+        # Not worth more than DEBUG: grpc.aio does the same job, a bit slower.
+        _log.debug("native Calls transport unavailable, using grpc.aio: %r", error)
+        return None
+    return _native_calls
 # Reconnection defaults (see RuntimeClient).
 _RECONNECT_ATTEMPTS = 8
 _RECONNECT_DELAY = 0.25
@@ -120,7 +136,9 @@ class _TlsFiles:
         self.files = (ca_file, cert_file, key_file)
         self.server_name = server_name
 
-    def credentials(self) -> grpc.ChannelCredentials:
+    def pem(self) -> tuple[bytes | None, bytes | None, bytes | None]:
+        """The CA bundle, certificate chain and key (None where not given)."""
+
         def read(path: str | None) -> bytes | None:
             if path is None:
                 return None
@@ -128,6 +146,10 @@ class _TlsFiles:
                 return f.read()
 
         ca, cert, key = (read(path) for path in self.files)
+        return ca, cert, key
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        ca, cert, key = self.pem()
         return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
 
 
@@ -270,6 +292,10 @@ class RuntimeClient:
         self._tls = _TlsFiles(base_url, tls_ca_file, tls_cert_file, tls_key_file, tls_server_name)
         self._channel: grpc.aio.Channel | None = None
         self._channel_broken = False
+        # With the native transport, the Calls stream runs on a grpc++ channel
+        # to the same target, made and replaced together with `_channel`.
+        self._native = _native_calls_module()
+        self._native_channel = None
         self._stream: CallsStream | None = None
         self._pending: dict[str, PendingCall] = {}
         self._connect_lock = asyncio.Lock()
@@ -490,6 +516,7 @@ class RuntimeClient:
             reconnector.cancel()
         stream, self._stream = self._stream, None
         channel, self._channel = self._channel, None
+        self._native_channel = None
         feeds = [feed.detach() for feed in self._feeds]
         in_flight = list(self._pending.values())
         self._pending.clear()
@@ -535,14 +562,18 @@ class RuntimeClient:
             if self._stream is None or not self._stream.alive:
                 channel = await self._ready_channel()
                 self._connected_once = True
-                # Not the generated stub: argument and result chunks bypass
-                # protobuf messages (wire.py).
-                rpc = channel.stream_stream(
-                    wire.CALLS_METHOD,
-                    request_serializer=None,  # CallsStream writes encoded bytes
-                    response_deserializer=wire.parse_calls_response,
-                )(metadata=self._metadata)
-                self._stream = CallsStream(rpc, self._pending, self._stream_lost)
+                transport = self._native_transport()
+                if transport is not None:
+                    self._stream = NativeCallsStream(transport, self._pending, self._stream_lost)
+                else:
+                    # Not the generated stub: argument and result chunks bypass
+                    # protobuf messages (wire.py).
+                    rpc = channel.stream_stream(
+                        wire.CALLS_METHOD,
+                        request_serializer=None,  # CallsStream writes encoded bytes
+                        response_deserializer=wire.parse_calls_response,
+                    )(metadata=self._metadata)
+                    self._stream = CallsStream(rpc, self._pending, self._stream_lost)
                 if self._pending:  # calls of a lost stream: re-attach them
                     self._stream.resume(list(self._pending.values()))
                 if self._orphan_acks:
@@ -626,6 +657,7 @@ class RuntimeClient:
             if channel.get_state() not in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN):
                 return channel
         self._channel = None
+        self._native_channel = None
         if channel is not None:
             await _close_channel(channel)
 
@@ -642,6 +674,17 @@ class RuntimeClient:
             channel = grpc.aio.secure_channel(self._target, self._tls.credentials(), options=options)
         else:
             channel = grpc.aio.insecure_channel(self._target, options=options)
+        native_channel = None
+        if self._native is not None:
+            try:
+                # Made before the probe: it starts connecting at once, so its
+                # connection is set up while GetInfo runs, not after it
+                # (which made a first call wait for two connections in turn).
+                native_channel = self._native.Channel(
+                    self._target, self._tls.pem() if self._tls.enabled else None, options
+                )
+            except Exception as error:
+                self._native_failed(error)
         try:
             await pb_grpc.RuntimeServiceStub(channel).GetInfo(
                 pb.GetInfoRequest(), timeout=self.timeout, metadata=self._metadata
@@ -651,9 +694,28 @@ class RuntimeClient:
             if isinstance(error, grpc.aio.AioRpcError):
                 raise self._unreachable(error) from error
             raise
+        self._native_channel = native_channel
         self._channel = channel
         self._channel_broken = False
         return channel
+
+    def _native_transport(self):
+        """A new native ``CallsTransport`` on the current channel, or None for
+        grpc.aio (turned off, or the extension refused)."""
+        if self._native_channel is None:
+            return None
+        try:
+            return self._native.CallsTransport(self._native_channel, self._metadata)
+        except Exception as error:
+            self._native_failed(error)
+            return None
+
+    def _native_failed(self, error: Exception) -> None:
+        """The extension refused what grpc.aio accepted: this client goes on
+        with grpc.aio (same behaviour, a bit slower) rather than failing."""
+        _log.debug("native Calls transport failed, using grpc.aio from now on: %r", error)
+        self._native = None
+        self._native_channel = None
 
     def _unreachable(self, error: grpc.aio.AioRpcError) -> RuntimeUnreachable:
         return RuntimeUnreachable(

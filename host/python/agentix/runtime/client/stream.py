@@ -20,6 +20,10 @@ One bidirectional stream carries every call of a client, correlated by
   ack-only write right after each result would otherwise sit in front of the
   next call's StartCall.
 
+`NativeCallsStream` does the same over the ``_native_calls`` extension (grpc++)
+without either task: events are handed to the extension as they are queued and
+responses are routed from a ``loop.add_reader`` callback on its eventfd.
+
 The table of pending calls belongs to the client (it outlives a stream, which
 is what resuming calls on a new stream needs); this module only reads it and
 removes settled calls. When the stream ends or fails, it reports once through
@@ -40,7 +44,16 @@ from agentix.runtime.client import wire
 from agentix.runtime.shared.models import RemoteError
 from agentix.runtime.v1 import runtime_pb2 as pb
 
-__all__ = ["BATCH_BYTES", "CHUNK_BYTES", "CallsStream", "Outcome", "PendingCall", "StartRequest"]
+__all__ = [
+    "BATCH_BYTES",
+    "CHUNK_BYTES",
+    "CallsStream",
+    "NativeCallsStream",
+    "NativeStreamError",
+    "Outcome",
+    "PendingCall",
+    "StartRequest",
+]
 
 _log = logging.getLogger("agentix.runtime.client")
 
@@ -164,6 +177,12 @@ class _Upload:
 def _encode_batch(batch: list[pb.HostEvent | list]) -> bytes:
     """The encoded CallsRequest carrying a batch of events and hand-encoded
     events (wire.py), in order."""
+    return b"".join(_batch_pieces(batch))
+
+
+def _batch_pieces(batch: list[pb.HostEvent | list]) -> list:
+    """The pieces (bytes and memoryviews) whose concatenation is the
+    CallsRequest of a batch of events and hand-encoded events (wire.py)."""
     pieces: list = []
     for event in batch:
         if type(event) is pb.HostEvent:
@@ -171,7 +190,7 @@ def _encode_batch(batch: list[pb.HostEvent | list]) -> bytes:
             pieces.extend(wire.request_event(event.SerializeToString()))
         else:
             pieces.extend(event)
-    return b"".join(pieces)
+    return pieces
 
 
 def remote_error_from_proto(error: pb.RemoteError) -> RemoteError:
@@ -203,6 +222,13 @@ class CallsStream:
         on_lost: Callable[[CallsStream, BaseException | None], None],
     ) -> None:
         self._rpc = rpc
+        self._init_state(pending, on_lost)
+        self._sender = asyncio.create_task(self._send_loop(), name="agentix-calls-sender")
+        self._reader = asyncio.create_task(self._read_loop(), name="agentix-calls-reader")
+
+    def _init_state(
+        self, pending: dict[str, PendingCall], on_lost: Callable[[CallsStream, BaseException | None], None]
+    ) -> None:
         self._pending = pending
         self._on_lost = on_lost
         # (estimated size, event, upload to begin once the event is sent); an
@@ -220,8 +246,6 @@ class CallsStream:
         self._ack_timer: asyncio.TimerHandle | None = None
         self._closing = False
         self._lost = False
-        self._sender = asyncio.create_task(self._send_loop(), name="agentix-calls-sender")
-        self._reader = asyncio.create_task(self._read_loop(), name="agentix-calls-reader")
 
     @property
     def alive(self) -> bool:
@@ -323,6 +347,10 @@ class CallsStream:
 
     def _enqueue(self, size: int, event: pb.HostEvent, upload: _Upload | None = None) -> None:
         self._queue.append((size, event, upload))
+        self._kick()
+
+    def _kick(self) -> None:
+        """Something was queued: get it written."""
         self._wakeup.set()
 
     def _drop_upload(self, call_id: str) -> None:
@@ -334,7 +362,7 @@ class CallsStream:
         self._ack_timer = None
         if self._acks:
             self._acks_due = True
-            self._wakeup.set()
+            self._kick()
 
     def _take_acks(self) -> list[pb.HostEvent]:
         acks = [pb.HostEvent(ack=pb.AckResult(call_id=call_id)) for call_id in self._acks]
@@ -426,11 +454,15 @@ class CallsStream:
         if self._closing:
             return
         _log.debug("runtime stream lost: %r", error)
+        self._teardown()
+        self._on_lost(self, error)
+
+    def _teardown(self) -> None:
+        """Stops the stream's tasks and cancels the RPC (after a loss)."""
         for task in (self._sender, self._reader):
             if task is not asyncio.current_task():
                 task.cancel()
         self._rpc.cancel()
-        self._on_lost(self, error)
 
     def _route(self, event: pb.SandboxEvent | wire.RawResultChunk) -> None:
         if type(event) is wire.RawResultChunk:
@@ -512,3 +544,154 @@ class CallsStream:
             self._acks_ready()
         elif self._ack_timer is None:
             self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY, self._acks_ready)
+
+
+# Bytes a NativeCallsStream hands to its transport ahead of the wire while
+# arguments are uploading; the rest follows once the transport has written
+# them. Like CallsStream's sender awaiting each write, this keeps a large
+# upload from sitting in memory twice and a small call from queueing behind
+# more than about one message of it.
+NATIVE_WRITE_AHEAD = BATCH_BYTES
+
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class NativeStreamError(grpc.RpcError):
+    """How a NativeCallsStream reports a Calls RPC that ended with a non-OK
+    status (the grpc.aio path reports an ``AioRpcError``)."""
+
+    def __init__(self, code: int, details: str) -> None:
+        self._code = _STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN)
+        self._details = details
+        super().__init__(f"{self._code.name}: {details}")
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+class NativeCallsStream(CallsStream):
+    """A `CallsStream` over ``_native_calls.CallsTransport`` (grpc++'s
+    callback API in a C++ extension) instead of grpc.aio.
+
+    No tasks: the first event queued in a loop iteration is encoded and
+    handed to the transport at once (which writes it at once when idle);
+    events queued after it in the same iteration go out together in the next
+    one (many calls started together make one message, as with `CallsStream`),
+    and what queues up in the transport while a write is in flight is joined
+    into its next message. Responses are taken from it in a
+    ``loop.add_reader`` callback on its eventfd. Batching is `CallsStream`'s:
+    acks ride along with the next write, arguments over `CHUNK_BYTES` are
+    uploaded in chunks taken in turn with the other events; an upload stops
+    once `NATIVE_WRITE_AHEAD` bytes are waiting in the transport and goes on
+    when they are written.
+
+    Args:
+      transport: a new ``CallsTransport``; this stream owns and closes it.
+      pending, on_lost: as for `CallsStream`.
+    """
+
+    def __init__(
+        self,
+        transport,
+        pending: dict[str, PendingCall],
+        on_lost: Callable[[CallsStream, BaseException | None], None],
+    ) -> None:
+        self._transport = transport
+        self._init_state(pending, on_lost)
+        self._loop = asyncio.get_running_loop()
+        self._fd = transport.fileno()
+        self._loop.add_reader(self._fd, self._on_readable)
+        self._watching = True
+        self._throttled = False  # waiting for the transport to drain
+        self._deferred = False  # wrote in this loop iteration: later events wait for the next
+        self._half_closed = False
+        self._flushed: asyncio.Future | None = None  # aclose() waits for it
+
+    def _kick(self) -> None:
+        if self._lost or self._throttled or self._deferred:
+            return
+        self._flush()
+        self._deferred = True
+        self._loop.call_soon(self._end_deferral)
+
+    def _end_deferral(self) -> None:
+        self._deferred = False
+        if self._queue and not self._lost and not self._throttled:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Writes what is queued, up to NATIVE_WRITE_AHEAD bytes waiting in
+        the transport; half-closes once everything is written when closing."""
+        transport = self._transport
+        try:
+            while self._queue or self._uploads or (self._acks and self._acks_due):
+                batch = self._take_batch()
+                if not batch:
+                    continue
+                waiting = transport.write(_batch_pieces(batch))
+                if waiting < 0:
+                    return  # the stream is ending: drain() brings its status
+                if waiting >= NATIVE_WRITE_AHEAD and (self._queue or self._uploads):
+                    self._throttled = True
+                    transport.notify_below(0)
+                    return
+            if self._closing and not self._half_closed:
+                self._half_closed = True
+                transport.writes_done()
+                transport.notify_below(0)
+        except Exception as exc:  # the transport refused: the stream is unusable
+            self._report_lost(exc)
+
+    def _on_readable(self) -> None:
+        route = self._route
+        try:
+            messages, status, below = self._transport.drain()
+            for message in messages:
+                for event in wire.parse_calls_response(message):
+                    route(event)
+            if status is not None:
+                self._settle_flushed()
+                code, details = status
+                self._report_lost(None if code == 0 else NativeStreamError(code, details))
+                self._unwatch()
+                return
+            if below:
+                self._throttled = False
+                if self._half_closed:
+                    self._settle_flushed()
+                elif not self._lost:
+                    self._flush()
+        except Exception as exc:  # includes routing bugs: fail calls, never hang them
+            self._report_lost(exc)
+
+    def _settle_flushed(self) -> None:
+        if self._flushed is not None and not self._flushed.done():
+            self._flushed.set_result(None)
+
+    def _unwatch(self) -> None:
+        if self._watching:
+            self._watching = False
+            self._loop.remove_reader(self._fd)
+
+    def _teardown(self) -> None:
+        self._unwatch()  # before the transport may close its eventfd
+        self._transport.close()
+
+    async def aclose(self, cancel_ids: list[str], flush_timeout: float) -> None:
+        for call_id in cancel_ids:
+            self.cancel_call(call_id)
+        self._closing = True
+        self._acks_due = True
+        if not self._lost:
+            self._flushed = self._loop.create_future()
+            if not self._throttled:
+                self._flush()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._flushed), flush_timeout)
+            except TimeoutError:
+                _log.debug("runtime stream did not flush within %ss", flush_timeout)
+        self._lost = True
+        self._teardown()

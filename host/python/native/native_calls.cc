@@ -1,0 +1,488 @@
+// agentix.runtime.client._native_calls: the host's Calls stream over grpc++
+// (calls_reactor.h) as a CPython extension; stream.py's NativeCallsStream
+// drives it. This file is the Python edge only: argument parsing, buffers,
+// the GIL, and turning C++ failures into Python exceptions.
+//
+// The GIL is released around every call into gRPC and every large copy;
+// reactions never touch Python. No C++ exception crosses into Python: every
+// entry point that can throw catches and converts.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <sys/eventfd.h>
+
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <grpc/slice.h>
+#include <grpcpp/grpcpp.h>
+
+#include "host/python/native/calls_reactor.h"
+
+namespace {
+
+using agentix::host::CallsReactor;
+
+// From this size on, copies run without the GIL.
+constexpr size_t kReleaseGilBytes = 64 << 10;
+
+// Deletes the parked reactors (calls_reactor.h, Lifetime). Called with the
+// GIL held; releases it while deleting (a reactor's channel may shut down).
+void ReapParked() {
+  if (!CallsReactor::AnyParked()) return;
+  Py_BEGIN_ALLOW_THREADS
+  CallsReactor::ReapParked();
+  Py_END_ALLOW_THREADS
+}
+
+// ---------------------------------------------------------------- Channel
+
+struct ChannelObject {
+  PyObject_HEAD
+  std::shared_ptr<grpc::Channel>* channel;
+};
+
+bool ReadOptionalBytes(PyObject* obj, std::string* out, const char* what) {
+  if (obj == Py_None) return true;
+  char* data;
+  Py_ssize_t size;
+  if (PyBytes_AsStringAndSize(obj, &data, &size) < 0) {
+    PyErr_Format(PyExc_TypeError, "%s must be bytes or None", what);
+    return false;
+  }
+  out->assign(data, static_cast<size_t>(size));
+  return true;
+}
+
+int Channel_init(ChannelObject* self, PyObject* args, PyObject* kwargs) {
+  static const char* kwlist[] = {"target", "tls", "options", nullptr};
+  const char* target;
+  PyObject* tls = Py_None;
+  PyObject* options = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|OO", const_cast<char**>(kwlist), &target, &tls, &options)) {
+    return -1;
+  }
+  try {
+    grpc::ChannelArguments channel_args;
+    if (options != Py_None) {
+      PyObject* seq = PySequence_Fast(options, "options must be a sequence of (name, value) pairs");
+      if (seq == nullptr) return -1;
+      Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+        const char* name;
+        PyObject* value;
+        if (!PyArg_ParseTuple(item, "sO", &name, &value)) {
+          Py_DECREF(seq);
+          return -1;
+        }
+        if (PyLong_Check(value)) {
+          long v = PyLong_AsLong(value);
+          if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+          }
+          channel_args.SetInt(name, static_cast<int>(v));
+        } else if (PyUnicode_Check(value)) {
+          const char* v = PyUnicode_AsUTF8(value);
+          if (v == nullptr) {
+            Py_DECREF(seq);
+            return -1;
+          }
+          channel_args.SetString(name, v);
+        } else {
+          Py_DECREF(seq);
+          PyErr_Format(PyExc_TypeError, "channel option %s: value must be int or str", name);
+          return -1;
+        }
+      }
+      Py_DECREF(seq);
+    }
+    const bool use_tls = tls != Py_None;
+    grpc::SslCredentialsOptions ssl;
+    if (use_tls) {
+      PyObject *root, *chain, *key;
+      if (!PyArg_ParseTuple(tls, "OOO", &root, &chain, &key)) return -1;
+      if (!ReadOptionalBytes(root, &ssl.pem_root_certs, "root certificates") ||
+          !ReadOptionalBytes(chain, &ssl.pem_cert_chain, "certificate chain") ||
+          !ReadOptionalBytes(key, &ssl.pem_private_key, "private key")) {
+        return -1;
+      }
+    }
+    std::string target_copy(target);
+    std::shared_ptr<grpc::Channel> channel;
+    Py_BEGIN_ALLOW_THREADS  // credentials and channels take gRPC's locks
+    try {
+      auto credentials = use_tls ? grpc::SslCredentials(ssl) : grpc::InsecureChannelCredentials();
+      if (credentials) channel = grpc::CreateCustomChannel(target_copy, credentials, channel_args);
+      // Start connecting now: the client creates this channel next to its
+      // grpc.aio one, and the first call should not wait for a second
+      // connection set up only when its stream starts.
+      if (channel) channel->GetState(/*try_to_connect=*/true);
+    } catch (...) {
+      channel = nullptr;
+    }
+    Py_END_ALLOW_THREADS
+    if (!channel) {
+      PyErr_SetString(PyExc_RuntimeError, "could not create the gRPC channel (credentials or target refused)");
+      return -1;
+    }
+    delete self->channel;
+    self->channel = new std::shared_ptr<grpc::Channel>(std::move(channel));
+    return 0;
+  } catch (const std::exception& e) {
+    PyErr_Format(PyExc_RuntimeError, "native channel: %s", e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "native channel: unknown C++ exception");
+  }
+  return -1;
+}
+
+void Channel_dealloc(ChannelObject* self) {
+  std::shared_ptr<grpc::Channel>* channel = self->channel;
+  self->channel = nullptr;
+  if (channel != nullptr) {
+    Py_BEGIN_ALLOW_THREADS
+    delete channel;  // the last reference may shut the channel down
+    Py_END_ALLOW_THREADS
+  }
+  ReapParked();
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+PyTypeObject ChannelType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// ---------------------------------------------------------------- CallsTransport
+
+struct TransportObject {
+  PyObject_HEAD
+  CallsReactor* reactor;
+};
+
+PyObject* ClosedError() {
+  PyErr_SetString(PyExc_ValueError, "CallsTransport is closed");
+  return nullptr;
+}
+
+int Transport_init(TransportObject* self, PyObject* args, PyObject* kwargs) {
+  static const char* kwlist[] = {"channel", "metadata", nullptr};
+  PyObject* channel_obj;
+  PyObject* metadata = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!|O", const_cast<char**>(kwlist), &ChannelType, &channel_obj,
+                                   &metadata)) {
+    return -1;
+  }
+  ReapParked();
+  if (self->reactor != nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "CallsTransport is already initialized");
+    return -1;
+  }
+  auto* channel = reinterpret_cast<ChannelObject*>(channel_obj)->channel;
+  if (channel == nullptr) {
+    PyErr_SetString(PyExc_ValueError, "channel is not initialized");
+    return -1;
+  }
+  try {
+    CallsReactor::Metadata pairs;
+    if (metadata != Py_None) {
+      PyObject* seq = PySequence_Fast(metadata, "metadata must be a sequence of (key, value) pairs");
+      if (seq == nullptr) return -1;
+      Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        const char *key, *value;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "ss", &key, &value)) {
+          Py_DECREF(seq);
+          return -1;
+        }
+        pairs.emplace_back(key, value);
+      }
+      Py_DECREF(seq);
+    }
+    int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (efd < 0) {
+      PyErr_SetFromErrno(PyExc_OSError);
+      return -1;
+    }
+    auto* reactor = new CallsReactor(efd);
+    std::shared_ptr<grpc::Channel> shared = *channel;
+    Py_BEGIN_ALLOW_THREADS
+    reactor->Start(std::move(shared), pairs);
+    Py_END_ALLOW_THREADS
+    self->reactor = reactor;
+    return 0;
+  } catch (const std::exception& e) {
+    PyErr_Format(PyExc_RuntimeError, "native Calls stream: %s", e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "native Calls stream: unknown C++ exception");
+  }
+  return -1;
+}
+
+void Transport_dealloc(TransportObject* self) {
+  CallsReactor* reactor = self->reactor;
+  self->reactor = nullptr;
+  if (reactor != nullptr) {
+    Py_BEGIN_ALLOW_THREADS
+    try {
+      reactor->Detach();
+    } catch (...) {
+    }
+    Py_END_ALLOW_THREADS
+  }
+  ReapParked();
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+// Buffers of the pieces of one write, released when done.
+class Pieces {
+ public:
+  ~Pieces() {
+    for (Py_buffer& view : views_) PyBuffer_Release(&view);
+  }
+  bool Add(PyObject* obj) {
+    views_.emplace_back();
+    if (PyObject_GetBuffer(obj, &views_.back(), PyBUF_SIMPLE) < 0) {
+      views_.pop_back();
+      return false;
+    }
+    total_ += static_cast<size_t>(views_.back().len);
+    return true;
+  }
+  size_t total() const { return total_; }
+  void CopyTo(char* out) const {
+    for (const Py_buffer& view : views_) {
+      std::memcpy(out, view.buf, static_cast<size_t>(view.len));
+      out += view.len;
+    }
+  }
+
+ private:
+  std::vector<Py_buffer> views_;
+  size_t total_ = 0;
+};
+
+PyObject* Transport_write(TransportObject* self, PyObject* data) {
+  if (self->reactor == nullptr) return ClosedError();
+  try {
+    Pieces pieces;
+    if (PyList_Check(data) || PyTuple_Check(data)) {
+      PyObject* seq = PySequence_Fast(data, "");
+      if (seq == nullptr) return nullptr;
+      Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        if (!pieces.Add(PySequence_Fast_GET_ITEM(seq, i))) {
+          Py_DECREF(seq);
+          return nullptr;
+        }
+      }
+      Py_DECREF(seq);
+    } else if (!pieces.Add(data)) {
+      return nullptr;
+    }
+    const size_t total = pieces.total();
+    grpc_slice raw = grpc_slice_malloc(total);
+    char* out = reinterpret_cast<char*>(GRPC_SLICE_START_PTR(raw));
+    if (total >= kReleaseGilBytes) {
+      Py_BEGIN_ALLOW_THREADS
+      pieces.CopyTo(out);
+      Py_END_ALLOW_THREADS
+    } else {
+      pieces.CopyTo(out);
+    }
+    grpc::Slice slice(raw, grpc::Slice::STEAL_REF);
+    long long pending;
+    CallsReactor* reactor = self->reactor;
+    Py_BEGIN_ALLOW_THREADS
+    pending = reactor->Write(std::move(slice));
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLongLong(pending);
+  } catch (const std::exception& e) {
+    PyErr_Format(PyExc_RuntimeError, "native write: %s", e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "native write: unknown C++ exception");
+  }
+  return nullptr;
+}
+
+PyObject* Transport_writes_done(TransportObject* self, PyObject*) {
+  if (self->reactor == nullptr) return ClosedError();
+  CallsReactor* reactor = self->reactor;
+  Py_BEGIN_ALLOW_THREADS
+  reactor->WritesDone();
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
+PyObject* Transport_cancel(TransportObject* self, PyObject*) {
+  if (self->reactor == nullptr) Py_RETURN_NONE;
+  CallsReactor* reactor = self->reactor;
+  Py_BEGIN_ALLOW_THREADS
+  reactor->Cancel();
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
+PyObject* Transport_close(TransportObject* self, PyObject*) {
+  CallsReactor* reactor = self->reactor;
+  self->reactor = nullptr;
+  if (reactor != nullptr) {
+    Py_BEGIN_ALLOW_THREADS
+    reactor->Detach();
+    Py_END_ALLOW_THREADS
+  }
+  ReapParked();
+  Py_RETURN_NONE;
+}
+
+PyObject* Transport_pending(TransportObject* self, PyObject*) {
+  if (self->reactor == nullptr) return ClosedError();
+  return PyLong_FromLongLong(self->reactor->Pending());
+}
+
+PyObject* Transport_notify_below(TransportObject* self, PyObject* arg) {
+  if (self->reactor == nullptr) return ClosedError();
+  long long threshold = PyLong_AsLongLong(arg);
+  if (threshold == -1 && PyErr_Occurred()) return nullptr;
+  if (threshold < 0) {
+    PyErr_SetString(PyExc_ValueError, "threshold must be >= 0");
+    return nullptr;
+  }
+  self->reactor->NotifyBelow(threshold);
+  Py_RETURN_NONE;
+}
+
+PyObject* Transport_fileno(TransportObject* self, PyObject*) {
+  if (self->reactor == nullptr) return ClosedError();
+  return PyLong_FromLong(self->reactor->fd());
+}
+
+PyObject* MessageBytes(const std::vector<grpc::Slice>& slices) {
+  size_t total = 0;
+  for (const grpc::Slice& s : slices) total += s.size();
+  if (slices.size() == 1) {
+    return PyBytes_FromStringAndSize(reinterpret_cast<const char*>(slices[0].begin()),
+                                     static_cast<Py_ssize_t>(total));
+  }
+  PyObject* bytes = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(total));
+  if (bytes == nullptr) return nullptr;
+  char* out = PyBytes_AS_STRING(bytes);
+  auto copy = [&] {
+    for (const grpc::Slice& s : slices) {
+      std::memcpy(out, s.begin(), s.size());
+      out += s.size();
+    }
+  };
+  if (total >= kReleaseGilBytes) {
+    Py_BEGIN_ALLOW_THREADS
+    copy();
+    Py_END_ALLOW_THREADS
+  } else {
+    copy();
+  }
+  return bytes;
+}
+
+// drain() -> (list[bytes], (code, details) | None, below: bool)
+PyObject* Transport_drain(TransportObject* self, PyObject*) {
+  if (self->reactor == nullptr) return ClosedError();
+  ReapParked();  // reactors of earlier streams
+  try {
+    CallsReactor::Drained drained = self->reactor->Drain();
+    PyObject* messages = PyList_New(static_cast<Py_ssize_t>(drained.messages.size()));
+    if (messages == nullptr) return nullptr;
+    for (size_t i = 0; i < drained.messages.size(); ++i) {
+      PyObject* bytes = MessageBytes(drained.messages[i]);
+      if (bytes == nullptr) {
+        Py_DECREF(messages);
+        return nullptr;
+      }
+      PyList_SET_ITEM(messages, static_cast<Py_ssize_t>(i), bytes);
+    }
+    PyObject* status;
+    if (drained.has_status) {
+      status = Py_BuildValue("(is#)", drained.code, drained.message.data(),
+                             static_cast<Py_ssize_t>(drained.message.size()));
+      if (status == nullptr) {
+        // Not UTF-8: keep the code, replace the text.
+        PyErr_Clear();
+        status = Py_BuildValue("(is)", drained.code, "(status message is not UTF-8)");
+      }
+      if (status == nullptr) {
+        Py_DECREF(messages);
+        return nullptr;
+      }
+    } else {
+      status = Py_NewRef(Py_None);
+    }
+    return Py_BuildValue("(NNO)", messages, status, drained.below ? Py_True : Py_False);
+  } catch (const std::exception& e) {
+    PyErr_Format(PyExc_RuntimeError, "native drain: %s", e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "native drain: unknown C++ exception");
+  }
+  return nullptr;
+}
+
+PyMethodDef kTransportMethods[] = {
+    {"write", reinterpret_cast<PyCFunction>(Transport_write), METH_O,
+     "write(data) -> int: queues one message (bytes-like, or a list/tuple of bytes-like pieces joined); "
+     "returns the bytes not yet written, or -1 when the stream takes no more writes. Never blocks."},
+    {"writes_done", reinterpret_cast<PyCFunction>(Transport_writes_done), METH_NOARGS,
+     "Half-closes the stream once the queued writes are written."},
+    {"cancel", reinterpret_cast<PyCFunction>(Transport_cancel), METH_NOARGS, "Cancels the call."},
+    {"close", reinterpret_cast<PyCFunction>(Transport_close), METH_NOARGS,
+     "Cancels the call and lets go of it; the object is unusable afterwards."},
+    {"pending", reinterpret_cast<PyCFunction>(Transport_pending), METH_NOARGS,
+     "Bytes queued or in flight (+1 while a half-close is in flight)."},
+    {"notify_below", reinterpret_cast<PyCFunction>(Transport_notify_below), METH_O,
+     "notify_below(n): the next drain() reports below=True once pending() <= n."},
+    {"fileno", reinterpret_cast<PyCFunction>(Transport_fileno), METH_NOARGS,
+     "The eventfd that becomes readable when drain() has something."},
+    {"drain", reinterpret_cast<PyCFunction>(Transport_drain), METH_NOARGS,
+     "drain() -> (messages: list[bytes], status: (code, details) | None, below: bool); resets the eventfd."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyTypeObject TransportType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyModuleDef kModule = {PyModuleDef_HEAD_INIT};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__native_calls() {
+  ChannelType.tp_name = "agentix.runtime.client._native_calls.Channel";
+  ChannelType.tp_basicsize = sizeof(ChannelObject);
+  ChannelType.tp_flags = Py_TPFLAGS_DEFAULT;
+  ChannelType.tp_doc = "Channel(target, tls=None, options=None): a grpc++ channel. "
+                       "tls: (root_pem | None, cert_chain_pem | None, key_pem | None).";
+  ChannelType.tp_new = PyType_GenericNew;
+  ChannelType.tp_init = reinterpret_cast<initproc>(Channel_init);
+  ChannelType.tp_dealloc = reinterpret_cast<destructor>(Channel_dealloc);
+
+  TransportType.tp_name = "agentix.runtime.client._native_calls.CallsTransport";
+  TransportType.tp_basicsize = sizeof(TransportObject);
+  TransportType.tp_flags = Py_TPFLAGS_DEFAULT;
+  TransportType.tp_doc = "CallsTransport(channel, metadata=None): one open RuntimeService.Calls stream.";
+  TransportType.tp_new = PyType_GenericNew;
+  TransportType.tp_init = reinterpret_cast<initproc>(Transport_init);
+  TransportType.tp_dealloc = reinterpret_cast<destructor>(Transport_dealloc);
+  TransportType.tp_methods = kTransportMethods;
+
+  kModule.m_name = "agentix.runtime.client._native_calls";
+  kModule.m_doc = "The host's Calls stream over grpc++ (see stream.NativeCallsStream).";
+  kModule.m_size = -1;
+
+  if (PyType_Ready(&ChannelType) < 0 || PyType_Ready(&TransportType) < 0) return nullptr;
+  PyObject* module = PyModule_Create(&kModule);
+  if (module == nullptr) return nullptr;
+  if (PyModule_AddObjectRef(module, "Channel", reinterpret_cast<PyObject*>(&ChannelType)) < 0 ||
+      PyModule_AddObjectRef(module, "CallsTransport", reinterpret_cast<PyObject*>(&TransportType)) < 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
+}

@@ -1,0 +1,83 @@
+"""Which transport carries the Calls stream: the native extension unless
+AGENTIX_NATIVE_TRANSPORT=0, and grpc.aio whenever the extension cannot be
+loaded or refuses — the client never fails because of it."""
+
+import logging
+import sys
+import types
+
+import pytest
+import pytest_asyncio
+
+import agentix.runtime.client
+import sandbox_functions
+from agentix import RuntimeClient
+from agentix.runtime.client.stream import CallsStream, NativeCallsStream
+from fake_runtime import FakeRuntime
+from test_client import serve
+
+pytestmark = pytest.mark.asyncio
+_MODULE = "agentix.runtime.client._native_calls"
+
+
+@pytest_asyncio.fixture
+async def runtime():
+    fake = FakeRuntime()
+    server, port = await serve(fake, "127.0.0.1:0")
+    fake.url = f"127.0.0.1:{port}"
+    yield fake
+    await server.stop(None)
+
+
+@pytest.fixture
+def native_on(monkeypatch):
+    monkeypatch.delenv("AGENTIX_NATIVE_TRANSPORT", raising=False)
+
+
+def replace_extension(monkeypatch, module) -> None:
+    """Makes `from agentix.runtime.client import _native_calls` find `module`
+    (None: the import fails with ImportError)."""
+    monkeypatch.delattr(agentix.runtime.client, "_native_calls", raising=False)
+    monkeypatch.setitem(sys.modules, _MODULE, module)
+
+
+async def calls_transport_of(url: str) -> type:
+    async with RuntimeClient(url) as client:
+        assert await client.remote(sandbox_functions.add, 2, 3) == 5
+        return type(client._stream)
+
+
+async def test_native_by_default_and_grpc_aio_when_turned_off(runtime, monkeypatch, native_on):
+    assert await calls_transport_of(runtime.url) is NativeCallsStream
+    monkeypatch.setenv("AGENTIX_NATIVE_TRANSPORT", "0")
+    assert await calls_transport_of(runtime.url) is CallsStream
+
+
+async def test_an_extension_that_does_not_import_means_grpc_aio(runtime, monkeypatch, native_on, caplog):
+    replace_extension(monkeypatch, None)
+    with caplog.at_level(logging.DEBUG, logger="agentix.runtime.client"):
+        assert await calls_transport_of(runtime.url) is CallsStream
+    (note,) = [r for r in caplog.records if "native Calls transport unavailable" in r.getMessage()]
+    assert note.levelno == logging.DEBUG
+
+
+class _Refusing(Exception):
+    pass
+
+
+def _refuse(*args, **kwargs):
+    raise _Refusing("refused")
+
+
+@pytest.mark.parametrize("refusing", ["Channel", "CallsTransport"])
+async def test_an_extension_that_refuses_means_grpc_aio(runtime, monkeypatch, native_on, caplog, refusing):
+    from agentix.runtime.client import _native_calls as real
+
+    fake = types.SimpleNamespace(Channel=real.Channel, CallsTransport=real.CallsTransport)
+    setattr(fake, refusing, _refuse)
+    replace_extension(monkeypatch, fake)
+    with caplog.at_level(logging.DEBUG, logger="agentix.runtime.client"):
+        assert await calls_transport_of(runtime.url) is CallsStream
+    notes = [r for r in caplog.records if "native Calls transport failed" in r.getMessage()]
+    assert [r.levelno for r in notes] == [logging.DEBUG]
+    assert "refused" in notes[0].getMessage()
