@@ -244,6 +244,24 @@ TEST_CASE("Cancel ends the call with Cancelled; late frames are dropped",
   REQUIRE(owner->CountTerminal("h") == 1);
 }
 
+TEST_CASE("A crash report longer than the usual stderr tail is quoted whole",
+          "[sandbox]") {
+  SessionManager manager(FakeWorkerOptions());
+  auto sink = std::make_shared<RecordingSink>();
+  // ~9 KiB of report (every thread's stack): far over the 2 KiB tail.
+  manager.HandleHostEvent(sink, Start("c", "fake::crash", "200"));
+  SandboxEvent c = sink->AwaitTerminal("c");
+  REQUIRE(c.error().error().type() == "WorkerDied");
+  const std::string& message = c.error().error().message();
+  INFO(message);
+  CHECK(message.find("last stderr output:\nFatal Python error: "
+                     "Segmentation fault") != std::string::npos);
+  CHECK(message.find("line 0 in frame") != std::string::npos);
+  CHECK(message.find("line 199 in frame") != std::string::npos);
+  CHECK(message.find("Extension modules: fake") != std::string::npos);
+  CHECK(message.find("noise before the crash") == std::string::npos);
+}
+
 TEST_CASE("Worker death fails in-flight calls and the next call respawns",
           "[sandbox]") {
   SessionManager manager(FakeWorkerOptions());

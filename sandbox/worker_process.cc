@@ -9,7 +9,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -151,8 +153,8 @@ void WorkerProcess::StderrLoop(base::UniqueFd pipe) {
     (void)ignored;
     absl::MutexLock lock(&stderr_mu_);
     stderr_tail_.append(buffer, static_cast<size_t>(n));
-    if (stderr_tail_.size() > 2 * kStderrTailBytes) {
-      stderr_tail_.erase(0, stderr_tail_.size() - kStderrTailBytes);
+    if (stderr_tail_.size() > 2 * kStderrKeptBytes) {
+      stderr_tail_.erase(0, stderr_tail_.size() - kStderrKeptBytes);
     }
   }
   absl::MutexLock lock(&stderr_mu_);
@@ -165,10 +167,15 @@ std::string WorkerProcess::StderrTail() {
   // worker's last moments is worth a short wait.
   stderr_mu_.AwaitWithTimeout(absl::Condition(&stderr_eof_),
                               absl::Milliseconds(300));
-  std::string tail = stderr_tail_.size() > kStderrTailBytes
-                         ? stderr_tail_.substr(stderr_tail_.size() -
-                                               kStderrTailBytes)
-                         : stderr_tail_;
+  const std::string_view kept =
+      std::string_view(stderr_tail_)
+          .substr(stderr_tail_.size() -
+                  std::min(stderr_tail_.size(), kStderrKeptBytes));
+  const size_t report = kept.rfind("Fatal Python error");
+  std::string tail(report != std::string_view::npos
+                       ? kept.substr(report)
+                       : kept.substr(kept.size() -
+                                     std::min(kept.size(), kStderrTailBytes)));
   while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) {
     tail.pop_back();
   }

@@ -115,11 +115,14 @@ class WorkerProcess {
 
   // The worker's own stderr (its diagnostics, faulthandler's crash report;
   // Python-level output is captured into log frames instead): copied to the
-  // daemon's stderr as it comes, the last kStderrTailBytes kept for the
-  // WorkerDied message.
+  // daemon's stderr as it comes, the last kStderrKeptBytes kept for the
+  // WorkerDied message, which quotes the last kStderrTailBytes, or a crash
+  // report whole from its "Fatal Python error" line (up to kStderrKeptBytes:
+  // with every thread's stack it is often longer than the usual tail).
   void StderrLoop(base::UniqueFd pipe);
   std::string StderrTail();
   static constexpr size_t kStderrTailBytes = 2048;
+  static constexpr size_t kStderrKeptBytes = 16384;
   absl::Mutex stderr_mu_;
   std::string stderr_tail_ ABSL_GUARDED_BY(stderr_mu_);
   bool stderr_eof_ ABSL_GUARDED_BY(stderr_mu_) = false;

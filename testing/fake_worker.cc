@@ -9,6 +9,8 @@
 //   fake::error    fails with ValueError
 //   fake::exit     exits with code <arguments>
 //   fake::kill     SIGKILLs itself
+//   fake::crash    writes a crash report ("Fatal Python error: ..." and
+//                  <arguments> lines of stack) to stderr, then SIGKILLs itself
 //   fake::garbage  writes a frame that is not msgpack
 //   fake::pid      returns its own pid as text
 //   fake::log      sends a log record "<arguments>" (logger "fake"), then
@@ -164,6 +166,18 @@ int main() {
     } else if (fn == "fake::exit") {
       std::exit(std::atoi(p.args.c_str()));
     } else if (fn == "fake::kill") {
+      raise(SIGKILL);
+    } else if (fn == "fake::crash") {
+      std::string report =
+          "noise before the crash\n"
+          "Fatal Python error: Segmentation fault\n\n";
+      const long lines = std::strtol(p.args.c_str(), nullptr, 10);
+      for (long i = 0; i < lines; ++i) {
+        report += "  File \"/app/deep.py\", line " + std::to_string(i) +
+                  " in frame\n";
+      }
+      report += "\nExtension modules: fake (total: 1)\n";
+      agentix::ipc::WriteAll(2, report).IgnoreError();
       raise(SIGKILL);
     } else if (fn == "fake::garbage") {
       const char junk[] = "\x03\x00\x00\x00\xc1\xc1\xc1";
