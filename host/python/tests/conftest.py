@@ -35,3 +35,19 @@ import agentix.runtime.client  # noqa: E402
 _GENERATED_CLIENT = _GENERATED_STUBS.parent / "client"
 if importlib.util.find_spec("agentix.runtime.client._native_calls") is None and _GENERATED_CLIENT.is_dir():
     agentix.runtime.client.__path__.append(str(_GENERATED_CLIENT))
+
+
+import pytest_asyncio  # noqa: E402
+
+from fake_runtime import FakeRuntime, serve  # noqa: E402
+
+
+@pytest_asyncio.fixture
+async def runtime():
+    """A FakeRuntime served on a loopback port (``.url``, ``.server``)."""
+    fake = FakeRuntime()
+    server, port = await serve(fake, "127.0.0.1:0")
+    fake.url = f"127.0.0.1:{port}"
+    fake.server = server
+    yield fake
+    await server.stop(None)

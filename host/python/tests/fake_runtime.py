@@ -306,3 +306,12 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
             events = [error_event(call_id, type(exc).__name__, str(exc), traceback=traceback.format_exc(), code=2)]
         for event in events:
             outbox.put_nowait([event])
+
+
+async def serve(fake: FakeRuntime, address: str):
+    """Starts a grpc.aio server for `fake` on `address`; returns (server, port)."""
+    server = grpc.aio.server()
+    pb_grpc.add_RuntimeServiceServicer_to_server(fake, server)
+    port = server.add_insecure_port(address)
+    await server.start()
+    return server, port

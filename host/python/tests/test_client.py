@@ -6,7 +6,6 @@ import pickle
 import tempfile
 import time
 
-import grpc
 import pytest
 import pytest_asyncio
 
@@ -26,8 +25,7 @@ from agentix import (
 from agentix.runtime.client.stream import BATCH_BYTES, CHUNK_BYTES, CallsStream, NativeCallsStream
 from agentix.runtime.shared import safepickle
 from agentix.runtime.v1 import runtime_pb2 as pb
-from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
-from fake_runtime import FakeRuntime, error_event, result_events
+from fake_runtime import FakeRuntime, error_event, result_events, serve
 
 pytestmark = pytest.mark.asyncio
 MiB = 1 << 20
@@ -39,24 +37,6 @@ async def eventually(predicate, timeout=5.0):
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.005)
-
-
-async def serve(fake: FakeRuntime, address: str):
-    server = grpc.aio.server()
-    pb_grpc.add_RuntimeServiceServicer_to_server(fake, server)
-    port = server.add_insecure_port(address)
-    await server.start()
-    return server, port
-
-
-@pytest_asyncio.fixture
-async def runtime():
-    fake = FakeRuntime()
-    server, port = await serve(fake, "127.0.0.1:0")
-    fake.url = f"127.0.0.1:{port}"
-    fake.server = server
-    yield fake
-    await server.stop(None)
 
 
 @pytest.fixture(autouse=True, params=["native", "aio"])

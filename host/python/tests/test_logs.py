@@ -11,8 +11,8 @@ import pytest_asyncio
 import sandbox_functions
 from agentix import RuntimeClient
 from agentix.runtime.v1 import runtime_pb2 as pb
-from fake_runtime import FakeRuntime, log_record
-from test_client import eventually, serve
+from fake_runtime import log_record
+from test_client import eventually
 
 pytestmark = pytest.mark.asyncio
 
@@ -54,15 +54,6 @@ def capture():
         logger.removeHandler(handler)
         logger.setLevel(level)
         logger.propagate = propagate
-
-
-@pytest_asyncio.fixture
-async def runtime():
-    fake = FakeRuntime()
-    server, port = await serve(fake, "127.0.0.1:0")
-    fake.url = f"127.0.0.1:{port}"
-    yield fake
-    await server.stop(None)
 
 
 @pytest_asyncio.fixture

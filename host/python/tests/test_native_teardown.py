@@ -23,8 +23,7 @@ _SCRIPT = textwrap.dedent(
     import asyncio, gc
     import sandbox_functions
     from agentix import RuntimeClient
-    from fake_runtime import FakeRuntime
-    from test_client import serve
+    from fake_runtime import FakeRuntime, serve
 
     left_open = []
 

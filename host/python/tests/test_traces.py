@@ -11,8 +11,8 @@ import sandbox_functions
 from agentix import RuntimeClient
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.utils import trace
-from fake_runtime import FakeRuntime, trace_event
-from test_client import eventually, serve
+from fake_runtime import trace_event
+from test_client import eventually
 
 pytestmark = pytest.mark.asyncio
 
@@ -58,15 +58,6 @@ def recorder():
     yield processor
     trace.set_processors(saved)
     trace.set_tracing_disabled(False)
-
-
-@pytest_asyncio.fixture
-async def runtime():
-    fake = FakeRuntime()
-    server, port = await serve(fake, "127.0.0.1:0")
-    fake.url = f"127.0.0.1:{port}"
-    yield fake
-    await server.stop(None)
 
 
 @pytest_asyncio.fixture

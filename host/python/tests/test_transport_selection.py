@@ -7,26 +7,14 @@ import sys
 import types
 
 import pytest
-import pytest_asyncio
 
 import agentix.runtime.client
 import sandbox_functions
 from agentix import RuntimeClient
 from agentix.runtime.client.stream import CallsStream, NativeCallsStream
-from fake_runtime import FakeRuntime
-from test_client import serve
 
 pytestmark = pytest.mark.asyncio
 _MODULE = "agentix.runtime.client._native_calls"
-
-
-@pytest_asyncio.fixture
-async def runtime():
-    fake = FakeRuntime()
-    server, port = await serve(fake, "127.0.0.1:0")
-    fake.url = f"127.0.0.1:{port}"
-    yield fake
-    await server.stop(None)
 
 
 @pytest.fixture
