@@ -12,7 +12,6 @@ Run from a venv with the agentix host package (tools/make_venv), after
 
 import argparse
 import asyncio
-import glob
 import os
 import shutil
 import statistics
@@ -26,28 +25,13 @@ REPO = os.path.dirname(os.path.dirname(BENCH_DIR))
 sys.path.insert(0, BENCH_DIR)
 
 import bench_targets  # noqa: E402  (by this name on both sides)
+import procs  # noqa: E402
 from agentix import RuntimeClient  # noqa: E402
 
 
 def cpu_ms(pid):
-    """On-CPU time of all of pid's threads. schedstat has ns resolution;
-    /proc/<pid>/stat counts 10 ms ticks, too coarse for one echo."""
-    total = 0
-    for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
-        try:
-            with open(path) as f:
-                total += int(f.read().split()[0])
-        except OSError:
-            pass  # the thread ended meanwhile
-    return total / 1e6
-
-
-def children(pid):
-    found = []
-    for path in glob.glob(f"/proc/{pid}/task/*/children"):
-        with open(path) as f:
-            found += [int(x) for x in f.read().split()]
-    return found
+    """On-CPU time of all of pid's threads, in ms."""
+    return sum(procs.thread_cpu_ns(pid).values()) / 1e6
 
 
 def main():
@@ -88,7 +72,7 @@ async def run(sock, daemon_pid, calls, size):
     async with RuntimeClient(f"unix://{sock}") as client:
         for _ in range(3):  # warm-up; the first call starts the worker
             assert await client.remote(bench_targets.echo, data) == data
-        (worker,) = children(daemon_pid)
+        (worker,) = procs.children(daemon_pid)
         for _ in range(calls):
             w0, d0, h0 = cpu_ms(worker), cpu_ms(daemon_pid), cpu_ms(os.getpid())
             t0 = time.perf_counter()

@@ -5,6 +5,7 @@ stopped with `stop_process` (SIGTERM, a grace period, then SIGKILL, then reaped)
 so nothing outlives a run, whether it ends normally, by exception or by Ctrl-C.
 """
 
+import glob
 import os
 import select
 import signal
@@ -116,3 +117,35 @@ def read_line(proc: subprocess.Popen, timeout_s: float) -> str | None:
             return None
         buf += chunk
     return buf.decode("utf-8", "replace").rstrip("\n")
+
+
+def children(pid: int) -> list[int]:
+    """Child processes of `pid` (started by any of its threads), sorted."""
+    found = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(p) for p in f.read().split()]
+        except OSError:
+            pass  # the thread ended meanwhile
+    return sorted(found)
+
+
+def thread_cpu_ns(pid: int) -> dict[str, int]:
+    """{thread name: on-CPU ns summed over pid's threads of that name}.
+    schedstat has ns resolution; /proc/<pid>/stat counts 10 ms ticks."""
+    out = {}
+    for task in glob.glob(f"/proc/{pid}/task/*"):
+        try:
+            with open(f"{task}/comm") as f:
+                name = f.read().strip()
+            with open(f"{task}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except OSError:
+            continue  # the thread ended meanwhile
+        out[name] = out.get(name, 0) + ns
+    return out

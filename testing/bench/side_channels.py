@@ -149,22 +149,6 @@ def _span_counter(arrivals: _Arrivals):
     return SpanCounter()
 
 
-def _children(pid: int) -> list:
-    """Child processes of `pid` (of any of its threads)."""
-    children = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return []
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                children += [int(p) for p in f.read().split()]
-        except OSError:
-            pass
-    return sorted(children)
-
-
 def _cpu_seconds(pid: int) -> float | None:
     """utime + stime of `pid` (all its threads) in seconds, None if it is gone."""
     try:
@@ -183,7 +167,7 @@ class _Cpu:
         self._server = server_pid
 
     def pids(self) -> dict:
-        workers = _children(self._server)
+        workers = procs.children(self._server)
         pids = {"host": os.getpid(), "server": self._server}
         if workers:
             pids["worker"] = workers[0]

@@ -26,7 +26,6 @@ process) per record / span.
 
 import argparse
 import asyncio
-import glob
 import logging
 import os
 import shutil
@@ -40,31 +39,9 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(BENCH_DIR))
 sys.path.insert(0, BENCH_DIR)
 
+import procs  # noqa: E402
 import side_targets  # noqa: E402  (by this name on both sides)
 from agentix import RuntimeClient, trace  # noqa: E402
-
-
-def thread_cpu_ns(pid):
-    """{thread name: on-CPU ns summed over the threads of that name}."""
-    out = {}
-    for task in glob.glob(f"/proc/{pid}/task/*"):
-        try:
-            with open(f"{task}/comm") as f:
-                name = f.read().strip()
-            with open(f"{task}/schedstat") as f:
-                ns = int(f.read().split()[0])
-        except OSError:
-            continue  # the thread ended meanwhile
-        out[name] = out.get(name, 0) + ns
-    return out
-
-
-def children(pid):
-    found = []
-    for path in glob.glob(f"/proc/{pid}/task/*/children"):
-        with open(path) as f:
-            found += [int(x) for x in f.read().split()]
-    return found
 
 
 class Counter:
@@ -106,19 +83,19 @@ def install_counters():
 
 
 def process_cpu_ns(pid):
-    return sum(thread_cpu_ns(pid).values())
+    return sum(procs.thread_cpu_ns(pid).values())
 
 
 async def burst(client, worker_pid, daemon_pid, fn, n, counter):
     counter.count = 0
-    before = thread_cpu_ns(worker_pid)
+    before = procs.thread_cpu_ns(worker_pid)
     host_before, daemon_before = process_cpu_ns(os.getpid()), process_cpu_ns(daemon_pid)
     start = time.perf_counter()
     await client.remote(fn, n)
     await counter.wait_for(n)
     wall = time.perf_counter() - start
     time.sleep(0.02)  # the sender thread may still be returning from a write
-    after = thread_cpu_ns(worker_pid)
+    after = procs.thread_cpu_ns(worker_pid)
     host = (process_cpu_ns(os.getpid()) - host_before) / 1e3 / n
     daemon = (process_cpu_ns(daemon_pid) - daemon_before) / 1e3 / n
     if counter.count != n:
@@ -137,7 +114,7 @@ async def measure(sock, daemon_pid, records_n, spans_n, counters):
         await client.remote(side_targets.span_burst, 500)
         await records.wait_for(2000)
         await spans.wait_for(500)
-        (worker,) = children(daemon_pid)
+        (worker,) = procs.children(daemon_pid)
         logs = await burst(client, worker, daemon_pid, side_targets.log_burst,
                            records_n, records)
         span = await burst(client, worker, daemon_pid, side_targets.span_burst,
