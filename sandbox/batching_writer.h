@@ -4,8 +4,8 @@
 // message (up to about kMaxBatchBytes), which is what makes many small
 // events cheap. With coalescing on (the Logs and Traces streams) it also
 // holds a small message back for a moment during a burst, because every
-// message costs the host a fixed ~200 µs of Python however few items it
-// carries (docs/PERFORMANCE.md).
+// message costs the host a fixed 300-500 µs of Python however few items it
+// carries (docs/DECISIONS.md).
 //
 // Threading: Enqueue() runs on worker reader threads and gRPC threads;
 // StartWrite and Finish are called outside mu_ because gRPC may run a
@@ -222,8 +222,8 @@ class BatchingWriter {
     FinishOutsideLock(finish, reactor);
   }
 
-  // Whether coalescing holds the queued items back now; if so, a Flush is
-  // WriteHeldBack is scheduled for when they may go.
+  // Whether coalescing holds the queued items back now; if so, a call of
+  // WriteHeldBack is scheduled (once) for when they may go.
   bool HoldBack() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!coalescing_.has_value() || queued_bytes_ >= coalescing_->min_bytes) {
       return false;
