@@ -246,9 +246,6 @@ class LogsStream(SubscriptionStream):
     def _items(self, response: pb.LogsResponse) -> Sequence[pb.LogRecord]:
         return response.records
 
-    def _replay(self, item: pb.LogRecord) -> None:
-        replay_record(item)
-
     def _batch_replayer(self) -> Callable[[pb.LogRecord], None]:
         return RecordBatch().replay
 

@@ -69,7 +69,7 @@ class SubscriptionStream:
         out of order.
 
     Subclasses set `rpc_name`, `noun` and implement `_subscribe_request`,
-    `_ack_request`, `_items`, `_replay` and `_describe`.
+    `_ack_request`, `_items`, `_batch_replayer` and `_describe`.
     """
 
     rpc_name = ""  # the RPC, for messages: "Logs"
@@ -103,18 +103,15 @@ class SubscriptionStream:
         """The items (each with a ``seq``) of one response."""
         raise NotImplementedError
 
-    def _replay(self, item: Any) -> None:
-        """Replays one item on the host; runs in a worker thread."""
-        raise NotImplementedError
-
     def _describe(self, item: Any) -> str:
         """A short description of `item` for the failure report."""
         return ""
 
     def _batch_replayer(self) -> Callable[[Any], None]:
-        """What replays the items of one response (called once per response,
-        on the replay thread); `_replay` unless a subclass has per-batch state."""
-        return self._replay
+        """What replays the items of one response on the host, one call per
+        item; asked for once per response, on the replay thread (a worker
+        thread), so it may hold per-batch state."""
+        raise NotImplementedError
 
     # ── driving the stream ──────────────────────────────────────────
 

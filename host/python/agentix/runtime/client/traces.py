@@ -17,7 +17,7 @@ order, disabling (``set_tracing_disabled``) and error handling as local ones.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream
@@ -167,8 +167,8 @@ class TracesStream(SubscriptionStream):
     def _items(self, response: pb.TracesResponse) -> Sequence[pb.TraceEvent]:
         return response.events
 
-    def _replay(self, item: pb.TraceEvent) -> None:
-        replay_event(item)
+    def _batch_replayer(self) -> Callable[[pb.TraceEvent], None]:
+        return replay_event
 
     def _describe(self, item: pb.TraceEvent) -> str:
         return f"{pb.TraceEventKind.Name(item.kind) if item.kind in _METHODS else item.kind} {item.name!r}"
