@@ -140,18 +140,12 @@ class RecordBatch:
         filename, module = _file_parts.get(path) or _split_path(path)
         nanos = record.time_unix_nanos
         created = nanos / 1e9
-        levelname = logging.getLevelName(level)
-        if record.level_name and levelname == f"Level {level}":
-            levelname = record.level_name
         attrs.update(
-            name=name, msg=record.message, args=(), levelname=levelname, levelno=level,
-            pathname=path, filename=filename, module=record.module or module,
-            exc_info=None, exc_text=record.exception_text or None, stack_info=record.stack_info or None,
-            lineno=record.line, funcName=record.function, created=created,
-            msecs=float(nanos % 1_000_000_000 // 1_000_000),
-            relativeCreated=created * 1000 + self._relative_ms,
-            agentix_context=record.context or _DEFAULT_CONTEXT, agentix_call_id=record.call_id,
-            agentix_worker_id=record.worker_id, agentix_origin=_ORIGINS.get(record.origin, "unspecified"),
+            _sandbox_fields(record),
+            name=name, msg=record.message, args=(), levelno=level,
+            levelname=_level_name(logging.getLevelName(level), record),
+            pathname=path, filename=filename, module=record.module or module, exc_info=None, lineno=record.line,
+            created=created, msecs=_msecs(nanos), relativeCreated=created * 1000 + self._relative_ms,
         )
         replayed = _new_record(logging.LogRecord)
         replayed.__dict__ = attrs
@@ -170,23 +164,41 @@ def _made_record(logger: logging.Logger, level: int, record: pb.LogRecord) -> lo
         for key, value in extras.items():
             if key not in vars(replayed):
                 setattr(replayed, key, value)
-    replayed.funcName = record.function
+    for key, value in _sandbox_fields(record).items():
+        setattr(replayed, key, value)
     if record.module:
         replayed.module = record.module
-    replayed.exc_text = record.exception_text or None
-    replayed.stack_info = record.stack_info or None
-    if record.level_name and replayed.levelname == f"Level {level}":
-        replayed.levelname = record.level_name
-    replayed.agentix_context = record.context or _DEFAULT_CONTEXT
-    replayed.agentix_call_id = record.call_id
-    replayed.agentix_worker_id = record.worker_id
-    replayed.agentix_origin = _ORIGINS.get(record.origin, "unspecified")
+    replayed.levelname = _level_name(replayed.levelname, record)
     if record.time_unix_nanos > 0:
         created = record.time_unix_nanos / 1e9
         replayed.relativeCreated += (created - replayed.created) * 1000
         replayed.created = created
-        replayed.msecs = float(record.time_unix_nanos % 1_000_000_000 // 1_000_000)
+        replayed.msecs = _msecs(record.time_unix_nanos)
     return replayed
+
+
+def _sandbox_fields(record: pb.LogRecord) -> dict[str, Any]:
+    """The attributes every replayed record takes from the wire as they are."""
+    return {
+        "funcName": record.function,
+        "exc_text": record.exception_text or None,
+        "stack_info": record.stack_info or None,
+        "agentix_context": record.context or _DEFAULT_CONTEXT,
+        "agentix_call_id": record.call_id,
+        "agentix_worker_id": record.worker_id,
+        "agentix_origin": _ORIGINS.get(record.origin, "unspecified"),
+    }
+
+
+def _level_name(host_name: str, record: pb.LogRecord) -> str:
+    """The host's name for the level, or the sandbox's where the host has none."""
+    level = record.level
+    return record.level_name if record.level_name and host_name == f"Level {level}" else host_name
+
+
+def _msecs(nanos: int) -> float:
+    """LogRecord.msecs of a wire time: whole milliseconds of its second."""
+    return float(nanos % 1_000_000_000 // 1_000_000)
 
 
 _MAKE_RECORD = logging.Logger.makeRecord
