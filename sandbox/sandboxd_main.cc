@@ -25,6 +25,7 @@
 #include "base/status_macros.h"
 #include "base/log.h"
 #include "base/malloc_tuning.h"
+#include "base/mutex_tuning.h"
 #include "sandbox/auth.h"
 #include "sandbox/runtime_service.h"
 #include "sandbox/session_manager.h"
@@ -291,5 +292,6 @@ int Run(int argc, char** raw_argv) {
 
 int main(int argc, char** argv) {
   agentix::base::TuneMallocForLargeBuffers();
+  agentix::base::DisableMutexDeadlockDetection();
   return agentix::sandbox::Run(argc, argv);
 }

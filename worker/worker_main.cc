@@ -18,6 +18,7 @@
 #include "base/flags.h"
 #include "base/log.h"
 #include "base/malloc_tuning.h"
+#include "base/mutex_tuning.h"
 #include "worker/ipc/frame.h"
 #include "worker/python/path_config.h"
 #include "worker/worker.h"
@@ -53,6 +54,7 @@ std::string RandomWorkerId() {
 
 int main(int argc, char** argv) {
   agentix::base::TuneMallocForLargeBuffers();
+  agentix::base::DisableMutexDeadlockDetection();
   // Die with the daemon. The flag is dropped if the parent is already gone
   // when it is set, hence the re-check; a parent lost even earlier shows up
   // as EOF on the channel.

@@ -21,6 +21,7 @@
 #include <grpc/slice.h>
 #include <grpcpp/grpcpp.h>
 
+#include "base/mutex_tuning.h"
 #include "host/python/native/calls_reactor.h"
 
 namespace {
@@ -454,6 +455,9 @@ PyModuleDef kModule = {PyModuleDef_HEAD_INIT};
 }  // namespace
 
 PyMODINIT_FUNC PyInit__native_calls() {
+  // This process's gRPC (grpcio's too: both use Debian's Abseil) locks an
+  // absl::Mutex on every hop of a call; see mutex_tuning.h.
+  agentix::base::DisableMutexDeadlockDetection();
   ChannelType.tp_name = "agentix.runtime.client._native_calls.Channel";
   ChannelType.tp_basicsize = sizeof(ChannelObject);
   ChannelType.tp_flags = Py_TPFLAGS_DEFAULT;
