@@ -51,7 +51,7 @@ import threading
 import time
 import traceback
 import types
-from concurrent.futures import ThreadPoolExecutor
+import queue
 from datetime import datetime, timezone
 
 import _agentix_worker as _w
@@ -315,6 +315,102 @@ class _Stream:
             self.cond.notify_all()
 
 
+class _PoolJob:
+    """One sync callable queued on a `_SyncPool`: `cancel()` before it starts
+    and it never runs; once it runs, cancel() does nothing (the call's reply
+    is dropped instead, see _Worker._finish)."""
+
+    __slots__ = ("pool", "fn", "args")
+
+    def __init__(self, pool, fn, args):
+        self.pool = pool
+        self.fn = fn
+        self.args = args
+
+    def cancel(self):
+        self.pool.withdraw(self)
+
+
+class _SyncPool:
+    """The threads sync callables run on: up to `max_threads`, started when
+    a job finds none idle, named for the OS as agentix-call.
+
+    Cheaper per call than concurrent.futures.ThreadPoolExecutor (no Future,
+    no done callbacks, no Python-level semaphore): submit() costs ~0.6 us of
+    the loop thread against ~8 us (docs/PERFORMANCE.md, "Worker: sync
+    calls"). What it keeps from it: a job never waits behind a running one
+    while fewer than max_threads run (each submit either takes an idle
+    thread's token or starts a thread), a job cancelled before it starts
+    never runs, and shutdown() stops idle threads without waiting for
+    running ones. The threads are daemon threads: an idle one never holds up
+    the interpreter's exit (finish() finalises only when none is busy).
+    Claims go through single dict/list operations, which are atomic under
+    the GIL, so the loop thread and pool threads need no lock.
+    """
+
+    def __init__(self, max_threads):
+        self._max_threads = max_threads
+        self._jobs = queue.SimpleQueue()
+        self._queued = {}  # jobs not started yet (claimed by pop: run or cancel)
+        self._running = set()  # jobs whose function is running
+        self._idle = []  # one token per idle thread not yet promised a job
+        self._threads = []
+        self._stopped = False
+
+    def submit(self, fn, *args):
+        job = _PoolJob(self, fn, args)
+        self._queued[job] = None
+        try:
+            self._idle.pop()
+        except IndexError:
+            if len(self._threads) < self._max_threads:
+                thread = threading.Thread(
+                    target=self._serve, daemon=True,
+                    name=f"agentix-call_{len(self._threads)}")
+                self._threads.append(thread)
+                thread.start()
+        self._jobs.put(job)
+        return job
+
+    def withdraw(self, job):
+        """Keeps `job` from starting if it has not yet (see _PoolJob)."""
+        self._queued.pop(job, None)
+
+    def busy(self):
+        """True while a submitted function is still running."""
+        return bool(self._running)
+
+    def shutdown(self):
+        """Drops the jobs not started and stops the threads once they are
+        idle; does not wait."""
+        self._stopped = True
+        self._queued.clear()
+        for _ in self._threads:
+            self._jobs.put(None)
+
+    def _serve(self):
+        _w.set_thread_name("agentix-call")
+        get, queued, running = self._jobs.get, self._queued, self._running
+        while (job := get()) is not None:
+            # Counted as running before it is claimed, so busy() is never
+            # False while a claimed job has yet to start.
+            running.add(job)
+            try:
+                if queued.pop(job, _CANCELLED_JOB) is not _CANCELLED_JOB:
+                    job.fn(*job.args)
+            except BaseException as exc:  # the job functions never raise
+                _log(_ERROR, f"sync call pool: {_text(exc)}")
+            finally:
+                running.discard(job)
+            job = None  # let its arguments go while idle
+            if self._stopped:
+                return
+            self._idle.append(None)
+
+
+_CANCELLED_JOB = object()
+
+
 class _Call:
     __slots__ = ("call_id", "reference", "encoding", "total_size", "context",
                  "receiving", "received", "task", "cancelled", "stream")
@@ -330,7 +426,7 @@ class _Call:
         # The channel assembles chunked arguments; an ARGS tuple ends this.
         self.receiving = False
         self.received = 0  # argument bytes received
-        self.task = None  # asyncio.Task or concurrent Future once running
+        self.task = None  # asyncio.Task or _PoolJob once running
         self.cancelled = False
         self.stream = _Stream(stream_window) if stream_window else None
 
@@ -375,12 +471,9 @@ class _Worker:
         # Calls that have not had their terminal frame yet, receiving or
         # running. A call leaves exactly when that frame is queued.
         self._calls = {}
-        # Pool futures whose function may still be running (abandoned ones
-        # included): shutdown must not wait on them.
-        self._sync_futures = set()
-        self._pool = ThreadPoolExecutor(
-            max_workers=_SYNC_THREADS, thread_name_prefix="agentix-call",
-            initializer=_w.set_thread_name, initargs=("agentix-call",))
+        # Sync callables' threads; shutdown must not wait on a function that
+        # is still running there (abandoned ones included).
+        self._pool = _SyncPool(_SYNC_THREADS)
         # True while on_readable handles a batch of frames: replies produced
         # meanwhile share one write at the end of the batch.
         self._in_batch = False
@@ -590,10 +683,7 @@ class _Worker:
         """Runs fn(*args) on the pool as call's task, in a copy of the
         current context (which holds the call's id): pool threads do not
         inherit contexts."""
-        future = self._pool.submit(contextvars.copy_context().run, fn, *args)
-        call.task = future
-        self._sync_futures.add(future)
-        future.add_done_callback(self._sync_futures.discard)
+        call.task = self._pool.submit(contextvars.copy_context().run, fn, *args)
 
     def _run_pooled(self, call, fn, args, kwargs):
         """Runs a sync callable on a pool thread and sends its reply from
@@ -892,8 +982,8 @@ class _Worker:
                     asyncio.wait(tasks, timeout=_CANCEL_GRACE_SECONDS))
             except BaseException as exc:
                 _log(_WARNING, f"while cancelling calls: {_text(exc)}")
-        clean = all(f.done() for f in self._sync_futures)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        clean = not self._pool.busy()
+        self._pool.shutdown()
         if clean and all(t.done() for t in tasks):
             self._loop.close()
         for stream in (sys.stdout, sys.stderr):

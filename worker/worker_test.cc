@@ -750,6 +750,43 @@ TEST_CASE("Cancelling a sync call drops its late result", "[worker]") {
                                   Pickle("((1, 2), {})"))) == "3");
 }
 
+TEST_CASE("A sync call cancelled while waiting for a pool thread never runs",
+          "[worker]") {
+  auto worker = ReadyWorker();
+  const std::string marker =
+      absl::StrCat(TempRoot(), "/pool_marker_", getpid());
+  const std::string touch_args = Pickle(absl::StrCat("(('", marker, "',), {})"));
+  const std::string second = Pickle("((1.0,), {})");
+  const std::string half = Pickle("((0.5,), {})");
+  // Every one of the pool's 64 threads busy for a second.
+  std::set<std::string> ids;
+  for (int i = 0; i < 64; ++i) {
+    ids.insert(absl::StrCat("busy", i));
+    worker->Call(absl::StrCat("busy", i), "worker_fixture::sleep_sync", second);
+  }
+  fs::remove(marker);
+  worker->Call("queued", "worker_fixture::touch", touch_args);
+  worker->Cancel("queued");
+  ids.insert("queued");
+  // (Starting 64 threads takes a while, so the replies come in any order.)
+  auto replies = worker->AwaitReplies(ids, absl::Seconds(30));
+  REQUIRE(replies["queued"].error.type == "Cancelled");
+  for (int i = 0; i < 64; ++i) REQUIRE(replies[absl::StrCat("busy", i)].ok);
+  // The freed threads took nothing left over: the cancelled call never ran.
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::exists", touch_args)) ==
+          "False");
+  // One queued behind busy threads and not cancelled runs once one is free.
+  ids.erase("queued");
+  for (const std::string& id : ids) {
+    worker->Call(id, "worker_fixture::sleep_sync", half);
+  }
+  worker->Call("later", "worker_fixture::touch", touch_args);
+  ids.insert("later");
+  REQUIRE(worker->AwaitReplies(ids, absl::Seconds(30))["later"].ok);
+  REQUIRE(fs::exists(marker));
+  fs::remove(marker);
+}
+
 TEST_CASE("Cancelling while arguments arrive", "[worker]") {
   auto worker = ReadyWorker();
   const std::string args = Pickle("((b'z' * 3000000,), {})");

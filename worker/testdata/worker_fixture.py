@@ -94,6 +94,12 @@ def exists(path):
     return os.path.exists(path)
 
 
+def touch(path):
+    with open(path, "w"):
+        pass
+    return path
+
+
 def noisy():
     print("to stdout through print")
     print("to stderr through print", file=sys.stderr)
