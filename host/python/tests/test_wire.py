@@ -22,17 +22,27 @@ def test_argument_chunk_event_parses_as_protobuf(size, offset):
     assert event.argument_chunk.HasField("offset") and event.argument_chunk.offset == offset
 
 
-@pytest.mark.parametrize("size", [0, 5, 200, 70_000])
-def test_start_call_event_parses_as_protobuf(size):
+@pytest.mark.parametrize("size", [0, 5, 127, 128, 200, 70_000])
+@pytest.mark.parametrize(
+    "call_id, callable_ref, context, stream_window",
+    [("c1", "m::f", b"ctx", 4), ("", "", b"", 0), ("é" * 40, "mod.sub::Cls.method", b"x" * 300, 1 << 20)],
+)
+def test_start_call_event_is_what_protobuf_would_write(size, call_id, callable_ref, context, stream_window):
     arguments = os.urandom(size)
-    start = pb.StartCall(call_id="c1", callable="m::f", encoding=pb.ENCODING_PICKLE,
-                         arguments_size=size + 10, context=b"ctx", stream_window=4)
-    encoded = b"".join(wire.start_call_event(start, memoryview(arguments)))
-    (event,) = pb.CallsRequest.FromString(encoded).events
-    expected = pb.StartCall()
-    expected.CopyFrom(start)
-    expected.arguments = arguments
-    assert event.start == expected
+    for total in (size, size + 10, 0):
+        encoded = b"".join(
+            wire.start_call_event(call_id, callable_ref, memoryview(arguments), total, context, stream_window)
+        )
+        start = pb.StartCall(
+            call_id=call_id,
+            callable=callable_ref,
+            encoding=pb.ENCODING_PICKLE,
+            arguments=arguments,
+            arguments_size=total,
+            context=context,
+            stream_window=stream_window,
+        )
+        assert encoded == pb.CallsRequest(events=[pb.HostEvent(start=start)]).SerializeToString()
 
 
 def test_mixed_batch_keeps_event_order():

@@ -65,10 +65,6 @@ CHUNK_BYTES = 1 << 20
 BATCH_BYTES = 2 << 20
 # Bytes counted per event on top of its payloads (ids, tags, lengths).
 _EVENT_OVERHEAD = 64
-# From this size on, a StartCall's first argument piece is written without
-# copying it into a protobuf message (see wire.py); below it the generated
-# class is cheaper.
-_RAW_START_BYTES = 64 << 10
 # Longest time an acknowledgement waits for a message to ride along with, and
 # how many may wait at most (the daemon retains a result until it is acked).
 ACK_DELAY = 0.05
@@ -261,21 +257,9 @@ class CallsStream:
         if len(arguments) > CHUNK_BYTES:
             upload = _Upload(call_id, memoryview(arguments)[CHUNK_BYTES:])
             self._uploads_by_id[call_id] = upload
-        start = pb.StartCall(
-            call_id=call_id,
-            callable=callable_ref,
-            encoding=pb.ENCODING_PICKLE,
-            arguments_size=len(arguments),
-            context=context,
-            stream_window=stream_window,
-        )
         first_size = min(len(arguments), CHUNK_BYTES)
-        event: pb.HostEvent | list
-        if first_size >= _RAW_START_BYTES:
-            event = wire.start_call_event(start, memoryview(arguments)[:CHUNK_BYTES])
-        else:
-            start.arguments = arguments
-            event = pb.HostEvent(start=start)
+        first = arguments if first_size == len(arguments) else memoryview(arguments)[:first_size]
+        event = wire.start_call_event(call_id, callable_ref, first, len(arguments), context, stream_window)
         self._enqueue(first_size + len(context) + len(callable_ref) + _EVENT_OVERHEAD, event, upload)
 
     def resume(self, calls: list[PendingCall]) -> None:

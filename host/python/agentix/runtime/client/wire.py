@@ -7,8 +7,9 @@ the slice we started from); on this kind of VM a copy of 16 MiB is 3-5 ms.
 So the Calls stream carries ready-made ``bytes`` (no request serializer),
 argument chunks are written here straight from a memoryview of the pickled arguments
 (one join), and the deserializer hands result chunks over as memoryviews into
-the received message. Everything else still goes through the generated
-classes; the bytes produced and accepted are exactly what protobuf would
+the received message. StartCall events, one per call, are encoded here too
+(cheaper than building messages). Everything else still goes through the
+generated classes; the bytes produced and accepted are exactly what protobuf would
 produce and accept (``tests/test_wire.py`` checks both ways).
 
 Field numbers are those of ``agentix/runtime/v1/runtime.proto``.
@@ -37,7 +38,13 @@ _HOST_ARGUMENT_CHUNK = 2 << 3 | 2  # HostEvent.argument_chunk
 _CHUNK_CALL_ID = 1 << 3 | 2  # ArgumentChunk.call_id / ResultChunk.call_id
 _CHUNK_DATA = 2 << 3 | 2  # ArgumentChunk.data / ResultChunk.data
 _CHUNK_OFFSET = 3 << 3 | 0  # ArgumentChunk.offset
+_START_CALL_ID = 1 << 3 | 2  # StartCall.call_id
+_START_CALLABLE = 2 << 3 | 2  # StartCall.callable
+_START_ENCODING_PICKLE = bytes((3 << 3 | 0, pb.ENCODING_PICKLE))  # StartCall.encoding
 _START_ARGUMENTS = 4 << 3 | 2  # StartCall.arguments
+_START_ARGUMENTS_SIZE = 5 << 3 | 0  # StartCall.arguments_size
+_START_CONTEXT = 6 << 3 | 2  # StartCall.context
+_START_STREAM_WINDOW = 7 << 3 | 0  # StartCall.stream_window
 _SANDBOX_RESULT_CHUNK = 1 << 3 | 2  # SandboxEvent.result_chunk
 
 
@@ -78,22 +85,42 @@ def argument_chunk_event(call_id: str, data: memoryview, offset: int) -> list:
     ]
 
 
-def start_call_event(start: pb.StartCall, arguments: memoryview) -> list:
+def start_call_event(
+    call_id: str,
+    callable_ref: str,
+    arguments: bytes | memoryview,
+    arguments_size: int,
+    context: bytes,
+    stream_window: int,
+) -> list:
     """The pieces of one ``CallsRequest.events`` entry holding
-    ``HostEvent{start}`` where ``start`` has no ``arguments`` set and
-    ``arguments`` is appended without a copy (protobuf accepts fields in any
-    order)."""
-    head = start.SerializeToString()
-    arguments_head = _length_header(_START_ARGUMENTS, len(arguments)) if len(arguments) else b""
-    start_size = len(head) + len(arguments_head) + len(arguments)
+    ``HostEvent{start: StartCall{...}}`` with pickle encoding, where
+    ``arguments`` is the first chunk of the arguments (not copied here).
+    Fields in number order, zero values left out: the bytes protobuf would
+    produce, for less than half the cost of building the messages (2.3 vs
+    5.4 µs for a noop call)."""
+    ident = call_id.encode()
+    ref = callable_ref.encode()
+    head = b"".join(
+        (
+            _length_header(_START_CALL_ID, len(ident)) if ident else b"",
+            ident,
+            _length_header(_START_CALLABLE, len(ref)) if ref else b"",
+            ref,
+            _START_ENCODING_PICKLE,
+            _length_header(_START_ARGUMENTS, len(arguments)) if len(arguments) else b"",
+        )
+    )
+    tail = b"".join(
+        (
+            bytes((_START_ARGUMENTS_SIZE,)) + _varint(arguments_size) if arguments_size else b"",
+            _length_header(_START_CONTEXT, len(context)) + context if context else b"",
+            bytes((_START_STREAM_WINDOW,)) + _varint(stream_window) if stream_window else b"",
+        )
+    )
+    start_size = len(head) + len(arguments) + len(tail)
     event_head = _length_header(_HOST_START, start_size)
-    return [
-        _length_header(_EVENTS, len(event_head) + start_size),
-        event_head,
-        head,
-        arguments_head,
-        arguments,
-    ]
+    return [_length_header(_EVENTS, len(event_head) + start_size), event_head, head, arguments, tail]
 
 
 class RawResultChunk:
