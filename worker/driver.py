@@ -374,7 +374,8 @@ class _SyncPool:
 
     def withdraw(self, job):
         """Keeps `job` from starting if it has not yet (see _PoolJob)."""
-        self._queued.pop(job, None)
+        if self._queued.pop(job, _CANCELLED_JOB) is not _CANCELLED_JOB:
+            job.fn = job.args = None
 
     def busy(self):
         """True while a submitted function is still running."""
@@ -402,7 +403,11 @@ class _SyncPool:
                 _log(_ERROR, f"sync call pool: {_text(exc)}")
             finally:
                 running.discard(job)
-            job = None  # let its arguments go while idle
+                # The call holds its job (call.task) and the job the call:
+                # drop the arguments now rather than when the cycle collector
+                # runs (a 16 MiB argument kept alive costs fresh pages later).
+                job.fn = job.args = None
+            job = None
             if self._stopped:
                 return
             self._idle.append(None)

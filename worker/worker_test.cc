@@ -787,6 +787,17 @@ TEST_CASE("A sync call cancelled while waiting for a pool thread never runs",
   fs::remove(marker);
 }
 
+TEST_CASE("A finished sync call lets go of its arguments at once",
+          "[worker]") {
+  auto worker = ReadyWorker();
+  // Without the cycle collector, only reference counting frees them: a
+  // call's arguments must not wait for it (a big one would keep its pages).
+  worker->CallOk("worker_fixture::disable_gc", Pickle("((), {})"));
+  worker->CallOk("worker_fixture::echo", Pickle("((b'x' * 100000,), {})"));
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::pool_jobs_holding_arguments",
+                                  Pickle("((), {})"))) == "0");
+}
+
 TEST_CASE("Cancelling while arguments arrive", "[worker]") {
   auto worker = ReadyWorker();
   const std::string args = Pickle("((b'z' * 3000000,), {})");

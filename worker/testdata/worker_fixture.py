@@ -6,6 +6,7 @@ large values, and reporting on the interpreter's configuration.
 """
 
 import asyncio
+import gc
 import logging
 import os
 import subprocess
@@ -92,6 +93,17 @@ async def cancellable(marker):
 
 def exists(path):
     return os.path.exists(path)
+
+
+def disable_gc():
+    gc.disable()
+
+
+def pool_jobs_holding_arguments():
+    """How many sync-pool jobs other than the running one still hold their
+    arguments (the worker's driver names the class _PoolJob)."""
+    return sum(1 for o in gc.get_objects()
+               if type(o).__name__ == "_PoolJob" and o.args is not None) - 1
 
 
 def touch(path):
