@@ -112,6 +112,15 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
         self.traces_implemented = True
         self.traces_honour_after_seq = True
         self._trace_drops = 0
+        # Namespace streams: the host events received per namespace, the
+        # open streams' outboxes, refusals (path -> (StatusCode, details)),
+        # namespaces never confirmed, and an optional answer to host events.
+        self.namespace_events: dict[str, list[pb.NamespaceEvent]] = {}
+        self._namespace_outboxes: dict[str, list[asyncio.Queue]] = {}
+        self.namespace_refusals: dict[str, tuple[grpc.StatusCode, str]] = {}
+        self.namespace_silent: set[str] = set()
+        self.namespace_answer: Callable[[str, pb.NamespaceEvent], list[pb.NamespaceEvent]] | None = None
+        self.namespaces_opened = 0
 
     def events(self, kind: str) -> list:
         """Every host event of `kind` received so far, in order."""
@@ -211,6 +220,53 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
                 await changed.wait()
         finally:
             reader.cancel()
+
+    def emit_namespace(self, path: str, *events: pb.NamespaceEvent) -> None:
+        """Sends `events` in one NamespaceResponse on every open stream of `path`."""
+        for outbox in self._namespace_outboxes.get(path, []):
+            outbox.put_nowait(pb.NamespaceResponse(namespace=path, events=events))
+
+    def drop_namespaces(self, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE, details: str = "dropped") -> None:
+        """Ends every open Namespace stream with `code`."""
+        for outboxes in self._namespace_outboxes.values():
+            for outbox in outboxes:
+                outbox.put_nowait((code, details))
+
+    async def Namespace(self, request_iterator, context_):
+        first = await context_.read()
+        if first is grpc.aio.EOF or first.WhichOneof("kind") != "open":
+            await context_.abort(grpc.StatusCode.FAILED_PRECONDITION, "the first message must be OpenNamespace")
+        path = first.open.namespace
+        if not path.startswith("/") or path in ("/", "/rpc", "/log", "/trace"):
+            await context_.abort(grpc.StatusCode.INVALID_ARGUMENT, f"namespace {path!r} cannot be opened")
+        if path in self.namespace_refusals:
+            await context_.abort(*self.namespace_refusals[path])
+        self.namespaces_opened += 1
+        if path in self.namespace_silent:
+            await asyncio.Event().wait()
+        outbox: asyncio.Queue = asyncio.Queue()
+        self._namespace_outboxes.setdefault(path, []).append(outbox)
+        received = self.namespace_events.setdefault(path, [])
+
+        async def read() -> None:
+            while (request := await context_.read()) is not grpc.aio.EOF:
+                received.append(request.event)
+                if self.namespace_answer is not None:
+                    answer = self.namespace_answer(path, request.event)
+                    if answer:
+                        outbox.put_nowait(pb.NamespaceResponse(namespace=path, events=answer))
+            outbox.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            await context_.write(pb.NamespaceResponse(namespace=path, opened=True, instance_id=self.instance_id))
+            while (item := await outbox.get()) is not None:
+                if isinstance(item, tuple):
+                    await context_.abort(*item)
+                await context_.write(item)
+        finally:
+            reader.cancel()
+            self._namespace_outboxes[path].remove(outbox)
 
     async def GetInfo(self, request, context_):
         return pb.GetInfoResponse(status="ok", version="fake-1.0")

@@ -65,6 +65,8 @@ class NamespaceStream:
             return
         self._done = True
         self._rpc.cancel()
+        if self._task is asyncio.current_task():
+            return  # closed from inside a trigger: waiting would wait for itself
         await asyncio.gather(self._task, return_exceptions=True)
 
     def _open_timed_out(self) -> None:
@@ -91,6 +93,8 @@ class NamespaceStream:
                     connected = True
                     await self._trigger("connect")
                 for event in response.events:
+                    if self._done:  # a trigger closed the stream
+                        break
                     await self._trigger(event.event, event.data)
         except asyncio.CancelledError:
             pass

@@ -1,0 +1,280 @@
+"""The host's Namespace streams (agentix.runtime.client.namespaces) against
+FakeRuntime's Namespace method."""
+
+import asyncio
+import logging
+import time
+
+import grpc
+import pytest
+import pytest_asyncio
+
+import sandbox_functions
+from agentix import AsyncClientNamespace, RuntimeClient, request_handler
+from agentix.runtime.client import namespaces
+from agentix.runtime.client.errors import RuntimeUnreachable
+from agentix.runtime.client.namespaces import NamespaceStream
+from agentix.runtime.shared.codec import pack, unpack
+from agentix.runtime.v1 import runtime_pb2 as pb
+
+pytestmark = pytest.mark.asyncio
+
+
+async def eventually(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.005)
+
+
+class Recorder(AsyncClientNamespace):
+    def __init__(self, path="/plug"):
+        super().__init__(path)
+        self.seen = []
+
+    def on_connect(self):
+        self.seen.append("connect")
+
+    def on_disconnect(self):
+        self.seen.append("disconnect")
+
+    def on_connect_error(self, data):
+        self.seen.append(("connect_error", data))
+
+    def on_tick(self, data):
+        self.seen.append(("tick", data))
+
+    @request_handler("echo")
+    async def on_echo(self, body):
+        return body
+
+
+def event(name, data, request_id=""):
+    return pb.NamespaceEvent(event=name, data=pack(data), request_id=request_id)
+
+
+@pytest_asyncio.fixture
+async def plugin(runtime):
+    ns = Recorder()
+    client = RuntimeClient(runtime.url)
+    client.register_namespace(ns)
+    async with client:
+        yield client, ns
+
+
+async def test_a_registered_namespace_gets_an_open_stream(plugin):
+    client, ns = plugin
+    stream = client._namespace_streams["/plug"]
+    assert type(stream) is NamespaceStream
+    assert stream.alive and ns.seen == ["connect"]
+
+
+async def test_events_arrive_in_order_and_host_events_carry_their_fields(runtime, plugin):
+    client, ns = plugin
+    runtime.emit_namespace("/plug", event("tick", 1), event("tick", 2))
+    runtime.emit_namespace("/plug", event("tick", 3))
+    await eventually(lambda: len(ns.seen) == 4)
+    assert ns.seen == ["connect", ("tick", 1), ("tick", 2), ("tick", 3)]
+
+    await ns.emit("config", {"k": b"\x00"})
+    await ns.emit("x:error", {"request_id": "r1", "error": {"type": "Busy", "message": "later", "status_code": 503}})
+    await eventually(lambda: len(runtime.namespace_events.get("/plug", [])) == 2)
+    first, second = runtime.namespace_events["/plug"]
+    assert (first.event, unpack(first.data), first.request_id) == ("config", {"k": b"\x00"}, "")
+    assert not first.HasField("error")
+    assert (second.event, second.request_id) == ("x:error", "r1")
+    assert (second.error.type, second.error.message, second.error.status_code) == ("Busy", "later", 503)
+
+
+async def test_a_request_is_answered_by_the_request_handler(runtime, plugin):
+    client, ns = plugin
+    runtime.emit_namespace("/plug", event("echo", {"request_id": "q1", "data": {"i": 7}}, "q1"))
+    await eventually(lambda: runtime.namespace_events.get("/plug"))
+    (reply,) = runtime.namespace_events["/plug"]
+    assert reply.event == "echo:result" and reply.request_id == "q1"
+    assert unpack(reply.data) == {"request_id": "q1", "value": {"i": 7}}
+
+
+async def test_many_requests_in_flight_each_get_their_answer(runtime, plugin):
+    client, ns = plugin
+    for i in range(200):
+        runtime.emit_namespace("/plug", event("echo", {"request_id": f"q{i}", "data": i}, f"q{i}"))
+    await eventually(lambda: len(runtime.namespace_events.get("/plug", [])) == 200)
+    replies = {e.request_id: unpack(e.data)["value"] for e in runtime.namespace_events["/plug"]}
+    assert replies == {f"q{i}": i for i in range(200)}
+
+
+async def test_a_large_event_goes_out_whole(runtime, plugin):
+    client, ns = plugin
+    blob = bytes(range(256)) * (12 << 10)  # 3 MiB
+    await ns.emit("big", blob)
+    await ns.emit("after", 1)
+    await eventually(lambda: len(runtime.namespace_events.get("/plug", [])) == 2)
+    big, after = runtime.namespace_events["/plug"]
+    assert unpack(big.data) == blob and after.event == "after"
+
+
+async def test_triggers_run_one_at_a_time_in_order(runtime):
+    class Slow(AsyncClientNamespace):
+        def __init__(self):
+            super().__init__("/plug")
+            self.log = []
+
+        async def trigger_event(self, event, *args):
+            self.log.append(("start", event))
+            if event == "tick" and unpack(args[0]) % 2 == 0:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0)
+            self.log.append(("end", event))
+
+    ns = Slow()
+    client = RuntimeClient(runtime.url)
+    client.register_namespace(ns)
+    async with client:
+        for i in range(6):
+            runtime.emit_namespace("/plug", event("tick", i), event("tick", i + 100))
+        await eventually(lambda: len(ns.log) == 2 + 24)
+    await eventually(lambda: ns.log[-1] == ("end", "disconnect"))
+    starts = [entry for entry in ns.log if entry[0] == "start"]
+    assert [e for _, e in starts] == ["connect"] + ["tick"] * 12 + ["disconnect"]
+    # Never two triggers at once: starts and ends alternate.
+    assert [kind for kind, _ in ns.log] == ["start", "end"] * 14
+
+
+async def test_a_raising_trigger_is_logged_and_the_next_event_still_arrives(runtime, caplog):
+    class Failing(Recorder):
+        def on_tick(self, data):
+            if data == 1:
+                raise KeyError("boom")
+            super().on_tick(data)
+
+    ns = Failing()
+    client = RuntimeClient(runtime.url)
+    client.register_namespace(ns)
+    with caplog.at_level(logging.ERROR, logger="agentix.sio"):
+        async with client:
+            runtime.emit_namespace("/plug", event("tick", 1), event("tick", 2))
+            await eventually(lambda: ("tick", 2) in ns.seen)
+    assert any("handling event 'tick' raised" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_refused_namespace_raises_value_error_and_delivers_connect_error(runtime):
+    runtime.namespace_refusals["/plug"] = (grpc.StatusCode.INVALID_ARGUMENT, "not that one")
+    ns = Recorder()
+    client = RuntimeClient(runtime.url)
+    client.register_namespace(ns)
+    with pytest.raises(ValueError, match="namespace /plug: the sandbox refused it: INVALID_ARGUMENT: not that one"):
+        async with client:
+            pass
+    await client.close()
+    assert ns.seen == [("connect_error", {"message": "not that one"})]
+
+
+async def test_a_namespace_refused_for_lack_of_room_is_unreachable(runtime):
+    runtime.namespace_refusals["/plug"] = (grpc.StatusCode.RESOURCE_EXHAUSTED, "too many (--max-namespace-streams)")
+    client = RuntimeClient(runtime.url)
+    client.register_namespace(Recorder())
+    with pytest.raises(RuntimeUnreachable, match="RESOURCE_EXHAUSTED.*--max-namespace-streams"):
+        async with client:
+            pass
+    await client.close()
+
+
+async def test_an_unconfirmed_stream_is_ended_by_the_watchdog(runtime, monkeypatch):
+    monkeypatch.setattr(namespaces, "OPEN_TIMEOUT", 0.2)
+    runtime.namespace_silent.add("/plug")
+    ns = Recorder()
+    client = RuntimeClient(runtime.url)
+    client.register_namespace(ns)
+    started = time.monotonic()
+    with pytest.raises(RuntimeUnreachable, match="stream ended before it opened"):
+        async with client:
+            pass
+    assert time.monotonic() - started < 5
+    await client.close()
+    assert ns.seen == []
+
+
+async def test_a_lost_stream_warns_disconnects_and_is_reopened_by_the_next_call(runtime, plugin, caplog):
+    client, ns = plugin
+    with caplog.at_level(logging.WARNING, logger="agentix.sio"):
+        runtime.drop_namespaces(grpc.StatusCode.UNAVAILABLE, "cut")
+        await eventually(lambda: ns.seen == ["connect", "disconnect"])
+    (warning,) = [r for r in caplog.records if r.name == "agentix.sio"]
+    assert warning.levelno == logging.WARNING
+    assert warning.getMessage() == (
+        "namespace /plug: stream to the sandbox lost (UNAVAILABLE: cut); re-opened by the next call"
+    )
+    stream = client._namespace_streams["/plug"]
+    assert not stream.alive
+    with pytest.raises(RuntimeError, match="namespace /plug: the stream to the sandbox is closed"):
+        await stream.send("e", pack(1), "", None)
+    client._namespaces_reopened_at = float("-inf")
+    assert await client.remote(sandbox_functions.add, 1, 2) == 3
+    await eventually(lambda: client._namespace_streams["/plug"].alive and ns.seen[-1] == "connect")
+    assert runtime.namespaces_opened == 2
+
+
+async def test_aclose_is_idempotent_and_disconnects_once(runtime, plugin, caplog):
+    client, ns = plugin
+    stream = client._namespace_streams["/plug"]
+    with caplog.at_level(logging.WARNING, logger="agentix.sio"):
+        await ns.disconnect()
+        await stream.aclose()
+    assert not stream.alive
+    assert ns.seen == ["connect", "disconnect"]
+    assert not [r for r in caplog.records if r.name == "agentix.sio"]
+    with pytest.raises(RuntimeError, match="the stream to the sandbox is closed"):
+        await stream.send("e", pack(1), "", None)
+
+
+async def test_a_handler_may_close_its_own_namespace(runtime):
+    class Quitter(Recorder):
+        async def trigger_event(self, event, *args):
+            await super().trigger_event(event, *args)
+            if event == "tick":
+                await self.disconnect()
+
+    ns = Quitter()
+    client = RuntimeClient(runtime.url)
+    client.register_namespace(ns)
+    async with client:
+        runtime.emit_namespace("/plug", event("tick", 1), event("tick", 2))
+        await eventually(lambda: "disconnect" in ns.seen)
+        await asyncio.sleep(0.05)
+        assert ns.seen == ["connect", ("tick", 1), "disconnect"]
+
+
+async def test_triggers_and_handlers_run_inside_a_task(runtime):
+    """As on grpc.aio (where the stream's task runs every trigger): code that
+    needs a current task (asyncio.timeout, anyio, sniffio) works in an
+    overridden trigger_event, in a coroutine lifecycle handler and in a sync
+    data handler."""
+
+    class Needy(AsyncClientNamespace):
+        def __init__(self):
+            super().__init__("/plug")
+            self.seen = []
+
+        async def on_connect(self):
+            async with asyncio.timeout(5):
+                await asyncio.sleep(0)
+            self.seen.append(("connect", asyncio.current_task() is not None))
+
+        def on_tick(self, data):
+            self.seen.append(("tick", data, asyncio.current_task() is not None))
+
+    class NeedyOverride(Needy):
+        async def trigger_event(self, event, *args):
+            async with asyncio.timeout(5):
+                return await super().trigger_event(event, *args)
+
+    for cls in (Needy, NeedyOverride):
+        ns = cls()
+        client = RuntimeClient(runtime.url)
+        client.register_namespace(ns)
+        async with client:
+            runtime.emit_namespace("/plug", event("tick", 1))
+            await eventually(lambda: len(ns.seen) == 2)
+        assert ns.seen == [("connect", True), ("tick", 1, True)], cls.__name__
