@@ -1622,10 +1622,11 @@ def _on_loop_error(loop, context):
     _log(_WARNING, message)
 
 
-def main(channel_fd, worker_id):
+def main(channel_fd, worker_id, payload_fd=-1):
     """Serves calls until shutdown or end of stream. Returns (exit_code,
-    clean) for worker.cc."""
-    channel = _w.Channel(channel_fd)
+    clean) for worker.cc. `payload_fd`: the daemon's shared payload area, or
+    -1."""
+    channel = _w.Channel(channel_fd, payload_fd)
     logs = _Logs(channel, worker_id)
     logs.start()
     forwarder = _start_trace_forwarding(channel)
