@@ -1090,13 +1090,36 @@ absl::Status ResultPieces(const std::string& call_id, int encoding,
   return absl::OkStatus();
 }
 
+// The bytes [offset, offset + size) of the concatenation of `parts`, as
+// views into them.
+std::vector<std::string_view> SliceParts(
+    const std::vector<std::string_view>& parts, size_t offset, size_t size) {
+  std::vector<std::string_view> out;
+  for (std::string_view part : parts) {
+    if (size == 0) break;
+    if (offset >= part.size()) {
+      offset -= part.size();
+      continue;
+    }
+    const std::string_view piece = part.substr(offset, size);
+    out.push_back(piece);
+    size -= piece.size();
+    offset = 0;
+  }
+  return out;
+}
+
 // A large result with a payload area: each piece is copied into the ring
 // and announced by a small frame written at once (so the daemon copies it
 // out while the next is copied in); a piece that does not fit now (or is
-// small) goes inline around the caller's buffer. Like SendPieces' large
-// path: queued logs and st.out first, the write side held, the GIL released.
+// small) goes inline around the caller's buffers. The result is the
+// concatenation of `parts` (a pickle written as pieces: its large values
+// are never joined). Like SendPieces' large path: queued logs and st.out
+// first, the write side held, the GIL released.
 absl::Status SendResultViaRing(ChannelState& st, const std::string& call_id,
-                               int encoding, std::string_view data) {
+                               int encoding,
+                               const std::vector<std::string_view>& parts,
+                               size_t size) {
   Writer& w = *st.writer;
   AcquireWrite(w);
   absl::Status status = WithoutGil([&]() -> absl::Status {
@@ -1106,38 +1129,39 @@ absl::Status SendResultViaRing(ChannelState& st, const std::string& call_id,
     st.out.clear();
     if (!written.ok()) return written;
     constexpr size_t kChunk = ipc::kChunkBytes;
-    const size_t size = data.size();
     size_t last = size;
     if (size > kChunk) last = size % kChunk == 0 ? kChunk : size % kChunk;
     const size_t chunks = (size - last) / kChunk;
     std::string head, tail;
     for (size_t i = 0; i <= chunks; ++i) {
       const bool final = i == chunks;
-      const std::string_view piece =
-          final ? data.substr(chunks * kChunk) : data.substr(i * kChunk, kChunk);
+      const size_t piece_size = final ? last : kChunk;
+      std::vector<std::string_view> piece =
+          SliceParts(parts, i * kChunk, piece_size);
       ipc::Frame frame;
-      frame.type = final ? ipc::FrameType::kResult
-                         : ipc::FrameType::kResultChunk;
+      frame.type =
+          final ? ipc::FrameType::kResult : ipc::FrameType::kResultChunk;
       frame.call_id = call_id;
       if (final) {
         frame.encoding = encoding;
         frame.total_size = size;
       }
       std::optional<uint64_t> pos;
-      if (piece.size() >= ipc::kRingMinPieceBytes) {
+      if (piece_size >= ipc::kRingMinPieceBytes) {
         pos = st.payloads->Put(piece);
       }
       if (pos) {
         frame.in_ring = true;
         frame.ring_pos = *pos;
-        frame.ring_size = piece.size();
+        frame.ring_size = piece_size;
         head.clear();
         written = ipc::AppendFrame(frame, head);
         if (written.ok()) written = ipc::WriteAll(w.fd, head);
       } else {
-        written = ipc::EncodeFrameAround(frame, piece.size(), head, tail);
-        const std::string_view pieces[] = {head, piece, tail};
-        if (written.ok()) written = ipc::WriteAll(w.fd, pieces);
+        written = ipc::EncodeFrameAround(frame, piece_size, head, tail);
+        piece.insert(piece.begin(), head);
+        piece.push_back(tail);
+        if (written.ok()) written = ipc::WriteAll(w.fd, piece);
       }
       if (!written.ok()) return written;
     }
@@ -1146,6 +1170,42 @@ absl::Status SendResultViaRing(ChannelState& st, const std::string& call_id,
   Leave(w);
   return status;
 }
+
+// Buffers of the parts of a result, released when done.
+class ResultParts {
+ public:
+  ResultParts() = default;
+  ResultParts(const ResultParts&) = delete;
+  ResultParts& operator=(const ResultParts&) = delete;
+  ~ResultParts() {
+    for (Py_buffer& view : views_) PyBuffer_Release(&view);
+  }
+  // `data`: one buffer, or a list of buffers. False with a Python error set.
+  bool Take(PyObject* data) {
+    if (!PyList_Check(data)) return Add(data);
+    views_.reserve(static_cast<size_t>(PyList_GET_SIZE(data)));
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(data); ++i) {
+      if (!Add(PyList_GET_ITEM(data, i))) return false;
+    }
+    return true;
+  }
+  const std::vector<std::string_view>& parts() const { return parts_; }
+  size_t size() const { return size_; }
+
+ private:
+  bool Add(PyObject* object) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(object, &view, PyBUF_CONTIG_RO) != 0) return false;
+    views_.push_back(view);
+    parts_.emplace_back(static_cast<const char*>(view.buf),
+                        static_cast<size_t>(view.len));
+    size_ += static_cast<size_t>(view.len);
+    return true;
+  }
+  std::vector<Py_buffer> views_;
+  std::vector<std::string_view> parts_;
+  size_t size_ = 0;
+};
 
 PyObject* ChannelSendResult(PyObject* self, PyObject* const* args,
                             Py_ssize_t nargs) {
@@ -1156,22 +1216,33 @@ PyObject* ChannelSendResult(PyObject* self, PyObject* const* args,
       !ToInt(args[1], "encoding", encoding)) {
     return nullptr;
   }
-  Py_buffer view;
-  if (PyObject_GetBuffer(args[2], &view, PyBUF_CONTIG_RO) != 0) return nullptr;
   ChannelState& st = Channel(self);
-  const std::string_view data(static_cast<const char*>(view.buf),
-                              static_cast<size_t>(view.len));
   absl::Status status;
-  if (st.payloads != nullptr && data.size() >= kFlushThreshold) {
-    status = SendResultViaRing(st, call_id, static_cast<int>(encoding), data);
-  } else {
-    std::string headers[3];
-    std::vector<std::string_view> pieces;
-    status = ResultPieces(call_id, static_cast<int>(encoding), data, headers,
-                          pieces);
-    if (status.ok()) status = SendPieces(st, pieces);
+  {
+    ResultParts result;
+    // The list is not changed while we hold the GIL; its items' buffers stay
+    // exported (hence unchanged) until `result` ends.
+    if (!result.Take(args[2])) return nullptr;
+    if (st.payloads != nullptr && result.size() >= kFlushThreshold) {
+      status = SendResultViaRing(st, call_id, static_cast<int>(encoding),
+                                 result.parts(), result.size());
+    } else {
+      std::string joined;
+      std::string_view data;
+      if (result.parts().size() == 1) {
+        data = result.parts()[0];
+      } else {
+        joined.reserve(result.size());
+        for (std::string_view part : result.parts()) joined.append(part);
+        data = joined;
+      }
+      std::string headers[3];
+      std::vector<std::string_view> pieces;
+      status = ResultPieces(call_id, static_cast<int>(encoding), data, headers,
+                            pieces);
+      if (status.ok()) status = SendPieces(st, pieces);
+    }
   }
-  PyBuffer_Release(&view);
   if (!status.ok()) {
     SetError(StateOfChannel(self)->channel_error, status);
     return nullptr;

@@ -11,7 +11,8 @@
 //                               raises ProtocolError on a bad frame (the
 //                               channel is then dead) or OSError
 //     .send_ready(pid, detail)
-//     .send_result(call_id, encoding, data)   data: any contiguous buffer;
+//     .send_result(call_id, encoding, data)   data: any contiguous buffer,
+//                               or a list of them (their concatenation);
 //                               over CHUNK_BYTES it is cut into result_chunk
 //                               frames plus a final result with total_size.
 //                               From 256 KiB on (results and items) the

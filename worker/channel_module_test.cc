@@ -407,6 +407,35 @@ TEST_CASE("Large results are cut into result_chunk frames", "[channel]") {
   }
 }
 
+TEST_CASE("A result given as a list of parts is their concatenation",
+          "[channel]") {
+  const size_t size = GENERATE(size_t{3}, 300 * 1024, 2 * ipc::kChunkBytes + 7);
+  CAPTURE(size);
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  Py(absl::StrCat("data = bytes(i % 251 for i in range(", size, "))\n",
+                  "ch.send_result('p', 1, [data[:1], bytearray(data[1:2]), "
+                  "memoryview(data)[2:]])\n"
+                  "ch.flush()\n"));
+  const size_t want = size <= ipc::kChunkBytes ? 1 : 3;
+  auto frames = collector.Wait(want, absl::Seconds(20));
+  REQUIRE(frames.size() == want);
+  std::string joined;
+  for (const ipc::Frame& f : frames) joined += f.data;
+  REQUIRE(frames.back().total_size == size);
+  REQUIRE(joined.size() == size);
+  for (size_t i = 0; i < size; i += 997) {
+    REQUIRE(static_cast<unsigned char>(joined[i]) == i % 251);
+  }
+  Py("try:\n"
+     "    ch.send_result('p', 1, [b'ok', 5])\n"
+     "    outcome = 'no error'\n"
+     "except TypeError:\n"
+     "    outcome = 'TypeError'\n"
+     "del data\n");
+  REQUIRE(PyEval("outcome") == "TypeError");
+}
+
 // Reads every frame the channel has now (the peer wrote them all already).
 std::string ReadAll() {
   return PyEval("repr([ch.read_frames() for _ in range(4)])");
@@ -536,8 +565,10 @@ TEST_CASE("Large results go through the payload ring while it has room",
   RingPair pair(2 * kChunk);
   FrameCollector collector(pair.peer);
   const size_t size = 3 * kChunk + 70 * 1024;
+  // As a list of parts (a pickle written in pieces), cut across them.
   Py(absl::StrCat("data = bytes(i % 239 for i in range(", size, "))\n",
-                  "ch.send_result('big', 1, memoryview(data))\n"
+                  "ch.send_result('big', 1, [data[:5], memoryview(data)[5:",
+                  kChunk + 9, "], b'', data[", kChunk + 9, ":]])\n"
                   "ch.flush()\n"));
   auto frames = collector.Wait(4, absl::Seconds(20));
   REQUIRE(frames.size() == 4);

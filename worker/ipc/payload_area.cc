@@ -121,7 +121,13 @@ void PayloadArea::CloseFd() {
 }
 
 std::optional<uint64_t> PayloadArea::Put(std::string_view data) {
-  const uint64_t size = data.size();
+  return Put(absl::MakeConstSpan(&data, 1));
+}
+
+std::optional<uint64_t> PayloadArea::Put(
+    absl::Span<const std::string_view> parts) {
+  uint64_t size = 0;
+  for (std::string_view part : parts) size += part.size();
   if (size == 0 || size > ring_bytes_) return std::nullopt;
   uint64_t pos = out_tail_;
   const uint64_t at = pos % ring_bytes_;
@@ -133,7 +139,12 @@ std::optional<uint64_t> PayloadArea::Put(std::string_view data) {
       pos + size - released > ring_bytes_) {
     return std::nullopt;
   }
-  std::memcpy(out_ring_ + pos % ring_bytes_, data.data(), size);
+  char* out = out_ring_ + pos % ring_bytes_;
+  for (std::string_view part : parts) {
+    if (part.empty()) continue;
+    std::memcpy(out, part.data(), part.size());
+    out += part.size();
+  }
   out_tail_ = pos + size;
   return pos;
 }

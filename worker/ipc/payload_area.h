@@ -28,6 +28,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace agentix::ipc {
 
@@ -63,6 +64,8 @@ class PayloadArea {
   // Copies `data` into the outgoing ring and returns its position, or
   // std::nullopt when it does not fit now (send it inline).
   std::optional<uint64_t> Put(std::string_view data);
+  // The same for the concatenation of `parts`, gathered into one piece.
+  std::optional<uint64_t> Put(absl::Span<const std::string_view> parts);
   // The bytes of a payload the peer put at `pos`: a view into the incoming
   // ring, valid until Release() passes it. kInvalidArgument for a piece
   // outside the ring, empty, or before what was already released.

@@ -81,6 +81,20 @@ TEST_CASE("A full ring refuses until the consumer releases; pieces never wrap",
   CHECK_FALSE(p.daemon->Put("").has_value());
 }
 
+TEST_CASE("Put gathers parts into one piece", "[ipc][payload]") {
+  Pair p = MakePair(64 * 1024);
+  const std::string a = Bytes(5000, 'a'), b = Bytes(7, 'b'),
+                    c = Bytes(9000, 'c');
+  const std::string_view parts[] = {a, "", b, c};
+  auto pos = p.daemon->Put(parts);
+  REQUIRE(pos.has_value());
+  auto view = p.worker->Get(*pos, a.size() + b.size() + c.size());
+  REQUIRE(view.ok());
+  CHECK(*view == a + b + c);
+  const std::string_view empty[] = {"", ""};
+  CHECK_FALSE(p.daemon->Put(empty).has_value());
+}
+
 TEST_CASE("Bad references from the peer are refused", "[ipc][payload]") {
   Pair p = MakePair(64 * 1024);
   CHECK(p.worker->Get(0, 0).status().code() ==
