@@ -221,10 +221,14 @@ class _Pieces(list):
     """A file for pickle.dump that keeps what it is handed: the pickler's
     frames, and large bytes values themselves (pickle writes those straight
     to the file), so a big result is never copied into one pickle.
+    Anything mutable (a large bytearray) is copied, as pickle.dumps would:
+    send_result reads the pieces with the GIL released.
     Channel.send_result takes the list as the concatenation."""
 
     __slots__ = ()
-    write = list.append
+
+    def write(self, data):
+        self.append(data if type(data) is bytes else bytes(data))
 
 
 def _encode_result(encoding, value, item=None):
