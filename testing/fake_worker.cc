@@ -142,7 +142,8 @@ int main(int argc, char** argv) {
     const std::string arg = argv[i];
     const std::string flag = "--payload-fd=";
     if (arg.rfind(flag, 0) == 0) {
-      auto area = agentix::ipc::PayloadArea::Map(std::atoi(arg.c_str() + flag.size()));
+      auto area =
+          agentix::ipc::PayloadArea::Map(std::atoi(arg.c_str() + flag.size()));
       if (!area.ok()) return 6;
       payloads = std::move(*area);
     }

@@ -532,8 +532,8 @@ TEST_CASE("Arguments in the payload ring assemble like inline ones",
   for (size_t i = 0; i < total; ++i) args[i] = static_cast<char>(i % 241);
   size_t in_ring = 0;
   std::thread sender([&] {
-    ipc::Frame call = pair.Place(CallFrame("big", "", total),
-                                 args.substr(0, kChunk));
+    ipc::Frame call =
+        pair.Place(CallFrame("big", "", total), args.substr(0, kChunk));
     in_ring += call.in_ring;
     pair.Send(call);
     for (size_t off = kChunk; off < total; off += kChunk) {
@@ -568,7 +568,8 @@ TEST_CASE("Large results go through the payload ring while it has room",
   // As a list of parts (a pickle written in pieces), cut across them.
   Py(absl::StrCat("data = bytes(i % 239 for i in range(", size, "))\n",
                   "ch.send_result('big', 1, [data[:5], memoryview(data)[5:",
-                  kChunk + 9, "], b'', data[", kChunk + 9, ":]])\n"
+                  kChunk + 9, "], b'', data[", kChunk + 9,
+                  ":]])\n"
                   "ch.flush()\n"));
   auto frames = collector.Wait(4, absl::Seconds(20));
   REQUIRE(frames.size() == 4);
@@ -630,11 +631,14 @@ TEST_CASE("A ring reference without a payload area is a protocol error",
 TEST_CASE("Channel refuses a payload_fd that is not a payload area",
           "[channel][ring]") {
   Pair pair;
-  Py(absl::StrCat("try:\n"
-                  "    w.Channel(", pair.worker, ", ", dup(pair.peer), ")\n"
-                  "    outcome = 'no error'\n"
-                  "except OSError:\n"
-                  "    outcome = 'OSError'\n"));
+  Py(
+      absl::StrCat("try:\n"
+                   "    w.Channel(",
+                   pair.worker, ", ", dup(pair.peer),
+                   ")\n"
+                   "    outcome = 'no error'\n"
+                   "except OSError:\n"
+                   "    outcome = 'OSError'\n"));
   REQUIRE(PyEval("outcome") == "OSError");
 }
 

@@ -7,7 +7,9 @@ Run from a venv with the agentix host package (tools/make_venv), after
 
     .venv-test/bin/python testing/bench/echo_cpu.py [--calls 20] [--worker PATH]
 
---worker lets two worker builds be compared under the same daemon.
+--worker lets two worker builds be compared under the same daemon, --sandboxd
+two daemon builds; --daemon-arg passes a daemon flag (e.g.
+--daemon-arg=--payload_ring_bytes=0 for the socketpair-only path).
 """
 
 import argparse

@@ -614,9 +614,9 @@ absl::StatusOr<Frame> DecodeBody(std::string_view body,
     f.in_ring = true;
     if (!CarriesRingPayload(f.type) || !has_ring_pos || !has_ring_size ||
         f.ring_size == 0 || has_inline_data) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "bad ring payload reference in a '",
-          std::string(FrameTypeName(f.type)), "' frame"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad ring payload reference in a '",
+                       std::string(FrameTypeName(f.type)), "' frame"));
     }
   }
   return f;
