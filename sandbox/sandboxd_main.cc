@@ -71,6 +71,10 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate (chain) for TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle: require client certificates it signed (mutual TLS)");
+ABSL_FLAG(uint64_t, payload_ring_bytes, agentix::ipc::kDefaultRingBytes,
+          "bytes per shared-memory payload ring between the daemon and its "
+          "worker (two per worker; pages are allocated on first use); 0 "
+          "sends every payload through the worker's socketpair");
 ABSL_FLAG(int, worker_ready_timeout_s, 15,
           "seconds a starting worker may take to become ready");
 
@@ -179,6 +183,7 @@ int Run(int argc, char** raw_argv) {
         absl::StrCat("--python-home=", absl::GetFlag(FLAGS_python_home)));
   }
   options.worker.env = CurrentEnvironment();
+  options.worker.payload_ring_bytes = absl::GetFlag(FLAGS_payload_ring_bytes);
   options.worker.ready_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_worker_ready_timeout_s));
   options.max_payload_bytes = absl::GetFlag(FLAGS_max_payload_bytes);

@@ -231,7 +231,9 @@ void SessionManager::Dispatch(const std::string& id, Call& call,
   frame.stream_window =
       std::min(start.stream_window(), options_.max_stream_window);
   const size_t first = std::min(args.size(), ipc::kChunkBytes);
-  frame.data.assign(args.data(), first);
+  if (!PutInRing(args.substr(0, first), frame)) {
+    frame.data.assign(args.data(), first);
+  }
   SendToWorker(frame);
   if (args.size() > first) ForwardArguments(id, args.substr(first));
 }
@@ -256,14 +258,33 @@ void SessionManager::ForwardArguments(const std::string& call_id,
                                       std::string_view bytes) {
   if (!worker_) return;
   for (size_t off = 0; off < bytes.size(); off += ipc::kChunkBytes) {
-    absl::Status status = ipc::AppendDataFrame(
-        ipc::FrameType::kArgChunk, call_id,
-        bytes.substr(off, ipc::kChunkBytes), to_worker_);
+    const std::string_view piece = bytes.substr(off, ipc::kChunkBytes);
+    ipc::Frame frame;
+    frame.type = ipc::FrameType::kArgChunk;
+    absl::Status status;
+    if (PutInRing(piece, frame)) {
+      frame.call_id = call_id;
+      status = ipc::AppendFrame(frame, to_worker_);
+    } else {
+      status = ipc::AppendDataFrame(ipc::FrameType::kArgChunk, call_id, piece,
+                                    to_worker_);
+    }
     if (!status.ok()) {
       AGX_LOG(Error, "dropping unencodable argument chunk: {}",
               status.ToString());
     }
   }
+}
+
+bool SessionManager::PutInRing(std::string_view piece, ipc::Frame& frame) {
+  ipc::PayloadArea* ring = worker_ ? worker_->payloads() : nullptr;
+  if (ring == nullptr || piece.size() < ipc::kRingMinPieceBytes) return false;
+  const std::optional<uint64_t> pos = ring->Put(piece);
+  if (!pos) return false;
+  frame.in_ring = true;
+  frame.ring_pos = *pos;
+  frame.ring_size = piece.size();
+  return true;
 }
 
 void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,

@@ -177,9 +177,14 @@ class SessionManager : public WorkerProcess::Listener {
   void SendToWorker(const ipc::Frame& frame)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FlushToWorker() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sends argument bytes to the worker in kChunkBytes pieces, encoded
-  // straight from `bytes` (one copy).
+  // Sends argument bytes to the worker in kChunkBytes pieces, each copied
+  // once: into the worker's payload ring, or encoded inline.
   void ForwardArguments(const std::string& call_id, std::string_view bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies a large `piece` into the live worker's payload ring and points
+  // `frame` at it; false (frame untouched) when it goes inline. Called only
+  // while encoding into to_worker_, so the ring fills in frame order.
+  bool PutInRing(std::string_view piece, ipc::Frame& frame)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns the live worker, starting one if needed.
   absl::StatusOr<WorkerProcess*> EnsureWorker()

@@ -153,7 +153,15 @@ TEST_CASE("A call returns its result to the stream that made it",
 }
 
 TEST_CASE("Large arguments and results travel in chunks", "[sandbox]") {
-  SessionManager manager(FakeWorkerOptions());
+  SessionOptions options = FakeWorkerOptions();
+  SECTION("through the payload ring") {}
+  SECTION("through a ring too small for a chunk") {
+    options.worker.payload_ring_bytes = 512 * 1024;
+  }
+  SECTION("through the socketpair only") {
+    options.worker.payload_ring_bytes = 0;
+  }
+  SessionManager manager(options);
   auto sink = std::make_shared<RecordingSink>();
   std::string payload(5 * ipc::kChunkBytes + 123, '\0');
   for (size_t i = 0; i < payload.size(); ++i) payload[i] = char(i * 7);
@@ -174,8 +182,13 @@ TEST_CASE("Large arguments and results travel in chunks", "[sandbox]") {
 TEST_CASE("Argument chunks of every size in one message arrive in order",
           "[sandbox]") {
   // Chunks far below and at kChunkBytes, and a re-sent overlap (trimmed):
-  // the worker must see the bytes once each, in order.
-  SessionManager manager(FakeWorkerOptions());
+  // the worker must see the bytes once each, in order, whichever way each
+  // piece travels (a small ring takes some and refuses others).
+  SessionOptions options = FakeWorkerOptions();
+  SECTION("default ring") {}
+  SECTION("small ring") { options.worker.payload_ring_bytes = 128 * 1024; }
+  SECTION("no ring") { options.worker.payload_ring_bytes = 0; }
+  SessionManager manager(options);
   auto sink = std::make_shared<RecordingSink>();
   const std::vector<size_t> sizes = {100, 70 * 1024, 10, ipc::kChunkBytes,
                                      5, 64 * 1024, 64 * 1024 - 1};
@@ -293,6 +306,14 @@ TEST_CASE("Worker death fails in-flight calls and the next call respawns",
     REQUIRE(g.error().error().type() == "WorkerDied");
     REQUIRE(g.error().error().message().find("frame protocol") !=
             std::string::npos);
+  }
+  SECTION("ring reference outside the payload ring") {
+    manager.HandleHostEvent(sink, Start("r", "fake::bad_ring"));
+    SandboxEvent r = sink->AwaitTerminal("r");
+    REQUIRE(r.error().error().type() == "WorkerDied");
+    REQUIRE(r.error().error().message().find("frame protocol") !=
+            std::string::npos);
+    REQUIRE(r.error().error().message().find("ring") != std::string::npos);
   }
   manager.HandleHostEvent(sink, Start("p2", "fake::pid"));
   SandboxEvent p2 = sink->AwaitTerminal("p2");

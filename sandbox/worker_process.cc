@@ -99,6 +99,18 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
   for (const auto& a : options.extra_args) spawn.argv.push_back(a);
   spawn.env = options.env;
   spawn.env.push_back(absl::StrCat("AGENTIX_WORKER_ID=", worker->worker_id_));
+  if (options.payload_ring_bytes > 0) {
+    auto area = ipc::PayloadArea::Create(options.payload_ring_bytes);
+    if (area.ok()) {
+      worker->payloads_ = std::move(*area);
+      spawn.argv.push_back(
+          absl::StrCat("--payload-fd=", ipc::kWorkerPayloadFd));
+    } else {
+      // Not fatal: payloads then all take the socketpair.
+      AGX_LOG(Warning, "no payload area for worker {}: {}", worker->worker_id_,
+              area.status().ToString());
+    }
+  }
   int err_pipe[2];
   if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
     return absl::ResourceExhaustedError(absl::StrCat("pipe: ", strerror(errno)));
@@ -107,10 +119,14 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
   base::UniqueFd err_write(err_pipe[1]);
   spawn.fd_map = {{child_end.get(), ipc::kWorkerChannelFd},
                   {err_write.get(), 2}};
+  if (worker->payloads_) {
+    spawn.fd_map.push_back({worker->payloads_->fd(), ipc::kWorkerPayloadFd});
+  }
 
   auto child = base::ChildProcess::SpawnFromLauncherThread(spawn);
   if (!child.ok()) return child.status();
   err_write.Reset();  // EOF once the worker (and whoever inherited it) exits
+  if (worker->payloads_) worker->payloads_->CloseFd();  // the mapping stays
   worker->pid_ = child->pid();
   {
     absl::MutexLock lock(&worker->child_mu_);
@@ -271,6 +287,19 @@ void WorkerProcess::WriterLoop() {
   }
 }
 
+absl::Status WorkerProcess::TakeRingPayload(ipc::Frame& frame) {
+  if (payloads_ == nullptr) {
+    return absl::InvalidArgumentError(
+        "ring payload reference without a payload area");
+  }
+  auto view = payloads_->Get(frame.ring_pos, frame.ring_size);
+  if (!view.ok()) return view.status();
+  frame.data.assign(view->data(), view->size());
+  payloads_->Release(frame.ring_pos + frame.ring_size);
+  frame.in_ring = false;
+  return absl::OkStatus();
+}
+
 void WorkerProcess::ReaderLoop() {
   pthread_setname_np(pthread_self(), "agx-wrk-read");
   ipc::FrameReader reader;
@@ -304,6 +333,14 @@ void WorkerProcess::ReaderLoop() {
       }
       if (!next->has_value()) break;
       ipc::Frame& frame = frames.emplace_back(std::move(**next));
+      if (frame.in_ring) {
+        absl::Status taken = TakeRingPayload(frame);
+        if (!taken.ok()) {
+          protocol_error = std::string(taken.message());
+          frames.pop_back();
+          break;
+        }
+      }
       if (frame.type == ipc::FrameType::kReady) {
         ready = true;
         AGX_LOG(Debug, "worker {} ready: python {}", worker_id_, frame.detail);

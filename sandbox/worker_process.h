@@ -20,6 +20,7 @@
 #include "base/child_process.h"
 #include "base/unique_fd.h"
 #include "worker/ipc/frame.h"
+#include "worker/ipc/payload_area.h"
 
 namespace agentix::sandbox {
 
@@ -32,6 +33,9 @@ struct WorkerOptions {
   std::vector<std::string> env;
   // How long the worker may take to send `ready`.
   absl::Duration ready_timeout = absl::Seconds(15);
+  // Bytes per payload ring shared with the worker (worker/ipc/payload_area.h);
+  // 0: every payload goes through the socketpair.
+  size_t payload_ring_bytes = ipc::kDefaultRingBytes;
 };
 
 // Why a worker ended, as the calls it was running will be told.
@@ -83,6 +87,12 @@ class WorkerProcess {
   // Sends SIGKILL (used when the protocol is broken).
   void Kill();
 
+  // The payload area shared with this worker, or nullptr (off, or it could
+  // not be made). Its producer side (Put) is the caller's: one thread at a
+  // time, in the order the frames referencing the pieces are sent. The
+  // reader thread resolves the worker's ring references itself.
+  ipc::PayloadArea* payloads() const { return payloads_.get(); }
+
   pid_t pid() const { return pid_; }
   uint64_t generation() const { return generation_; }
   const std::string& worker_id() const { return worker_id_; }
@@ -91,12 +101,16 @@ class WorkerProcess {
   WorkerProcess(uint64_t generation, Listener* listener);
   void ReaderLoop();
   void WriterLoop();
+  // Copies a frame's payload out of the worker's ring into frame.data and
+  // hands the space back. kInvalidArgument for a bad reference.
+  absl::Status TakeRingPayload(ipc::Frame& frame);
 
   const uint64_t generation_;
   Listener* const listener_;
   std::string worker_id_;
   absl::Duration ready_timeout_;
   base::UniqueFd channel_;
+  std::unique_ptr<ipc::PayloadArea> payloads_;
   pid_t pid_ = -1;
 
   absl::Mutex child_mu_;

@@ -12,6 +12,7 @@
 //   fake::crash    writes a crash report ("Fatal Python error: ..." and
 //                  <arguments> lines of stack) to stderr, then SIGKILLs itself
 //   fake::garbage  writes a frame that is not msgpack
+//   fake::bad_ring answers with a ring reference outside the payload ring
 //   fake::pid      returns its own pid as text
 //   fake::log      sends a log record "<arguments>" (logger "fake"), then
 //                  returns "logged"
@@ -21,6 +22,9 @@
 //   fake::stream   streams <arguments> items "0", "1", ... honouring the
 //                  call's stream window and stream_ack frames, then "end"
 // FAKE_WORKER_BOOT=fail|exit|hang simulates a worker that cannot start.
+// With --payload-fd=N (as the daemon passes it) payloads may arrive in the
+// payload area's ring, and result pieces of kRingMinPieceBytes or more are
+// sent through it while it has room, as agentix-worker does.
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -35,6 +39,7 @@
 
 #include "worker/ipc/frame.h"
 #include "worker/ipc/io.h"
+#include "worker/ipc/payload_area.h"
 
 namespace {
 
@@ -43,6 +48,7 @@ using agentix::ipc::FrameType;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kFd = agentix::ipc::kWorkerChannelFd;
+std::unique_ptr<agentix::ipc::PayloadArea> payloads;
 
 void Send(const Frame& f) {
   std::string out;
@@ -51,12 +57,27 @@ void Send(const Frame& f) {
 }
 
 void SendResult(const std::string& id, const std::string& value) {
+  // A piece goes into the ring when it is large and fits, inline otherwise.
+  auto place = [](Frame& f, std::string_view piece) {
+    std::optional<uint64_t> pos;
+    if (payloads && piece.size() >= agentix::ipc::kRingMinPieceBytes) {
+      pos = payloads->Put(piece);
+    }
+    if (pos) {
+      f.in_ring = true;
+      f.ring_pos = *pos;
+      f.ring_size = piece.size();
+    } else {
+      f.data = std::string(piece);
+    }
+  };
+  const std::string_view all(value);
   size_t off = 0;
   while (value.size() - off > agentix::ipc::kChunkBytes) {
     Frame chunk;
     chunk.type = FrameType::kResultChunk;
     chunk.call_id = id;
-    chunk.data = value.substr(off, agentix::ipc::kChunkBytes);
+    place(chunk, all.substr(off, agentix::ipc::kChunkBytes));
     Send(chunk);
     off += agentix::ipc::kChunkBytes;
   }
@@ -64,7 +85,7 @@ void SendResult(const std::string& id, const std::string& value) {
   r.type = FrameType::kResult;
   r.call_id = id;
   r.encoding = 1;
-  r.data = value.substr(off);
+  place(r, all.substr(off));
   r.total_size = value.size();
   Send(r);
 }
@@ -116,7 +137,17 @@ bool Pump(const std::string& id, Stream& s) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const std::string flag = "--payload-fd=";
+    if (arg.rfind(flag, 0) == 0) {
+      auto area =
+          agentix::ipc::PayloadArea::Map(std::atoi(arg.c_str() + flag.size()));
+      if (!area.ok()) return 6;
+      payloads = std::move(*area);
+    }
+  }
   signal(SIGPIPE, SIG_IGN);
   const char* boot = std::getenv("FAKE_WORKER_BOOT");
   std::string boot_mode = boot ? boot : "";
@@ -182,6 +213,16 @@ int main() {
     } else if (fn == "fake::garbage") {
       const char junk[] = "\x03\x00\x00\x00\xc1\xc1\xc1";
       agentix::ipc::WriteAll(kFd, std::string(junk, 7)).IgnoreError();
+    } else if (fn == "fake::bad_ring") {
+      // A result said to lie in the ring, but past its end.
+      Frame r;
+      r.type = FrameType::kResult;
+      r.call_id = id;
+      r.in_ring = true;
+      r.ring_pos = uint64_t{1} << 40;
+      r.ring_size = uint64_t{1} << 30;
+      r.total_size = r.ring_size;
+      Send(r);
     } else if (fn == "fake::stream") {
       Stream st;
       st.count = std::strtoull(p.args.c_str(), nullptr, 10);
@@ -244,6 +285,13 @@ int main() {
       if (!next.ok()) return 5;  // desynchronised
       if (!next->has_value()) break;
       Frame f = std::move(**next);
+      if (f.in_ring) {
+        if (!payloads) return 5;
+        auto piece = payloads->Get(f.ring_pos, f.ring_size);
+        if (!piece.ok()) return 5;
+        f.data.assign(piece->data(), piece->size());
+        payloads->Release(f.ring_pos + f.ring_size);
+      }
       switch (f.type) {
         case FrameType::kCall: {
           Pending p{f.callable, f.data, f.total_size, f.stream_window};

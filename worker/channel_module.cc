@@ -30,6 +30,7 @@
 #include "base/log.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/io.h"
+#include "worker/ipc/payload_area.h"
 #include "worker/python/msgpack_convert.h"
 
 namespace agentix::worker {
@@ -149,6 +150,9 @@ struct ChannelState {
   int fd = -1;
   ipc::FrameReader reader;
   std::string out;  // encoded frames not yet written
+  // Shared with the daemon for large payload pieces (payload_area.h), or
+  // nullptr. Get/Release: the reader (GIL held); Put: the write owner.
+  std::unique_ptr<ipc::PayloadArea> payloads;
   // Calls whose arguments are still arriving, by call id.
   std::unordered_map<std::string, Upload> uploads;
   bool eof = false;
@@ -741,11 +745,26 @@ void Drain(std::shared_ptr<Writer> writer, int fd, int origin) {
 void StopCapture(ChannelState& st, int timeout_ms);  // below
 
 PyObject* ChannelNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
-  static const char* kKeywords[] = {"fd", nullptr};
+  static const char* kKeywords[] = {"fd", "payload_fd", nullptr};
   int fd = -1;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i:Channel",
-                                   const_cast<char**>(kKeywords), &fd)) {
+  int payload_fd = -1;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|i:Channel",
+                                   const_cast<char**>(kKeywords), &fd,
+                                   &payload_fd)) {
     return nullptr;
+  }
+  std::unique_ptr<ipc::PayloadArea> payloads;
+  if (payload_fd >= 0) {
+    // Mapped, then closed: the mapping is all we use, and the fd must not
+    // leak into processes user code starts.
+    auto area = ipc::PayloadArea::Map(payload_fd);
+    if (!area.ok()) {
+      PyErr_SetString(PyExc_OSError,
+                      std::string(area.status().message()).c_str());
+      return nullptr;
+    }
+    ::close(payload_fd);
+    payloads = std::move(*area);
   }
   const int flags = fcntl(fd, F_GETFL);
   if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
@@ -767,6 +786,7 @@ PyObject* ChannelNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   }
   state->writer->fd = fd;
   state->fd = fd;
+  state->payloads = std::move(payloads);
   reinterpret_cast<ChannelObject*>(self)->state = state;
   return self;
 }
@@ -939,7 +959,26 @@ PyObject* ChannelReadFrames(PyObject* self, PyObject* /*unused*/) {
         return nullptr;
       }
       if (!next->has_value()) break;
-      PyObject* tuple = FrameToTuple(self, **next, data);
+      const ipc::Frame& frame = **next;
+      if (frame.in_ring) {
+        absl::StatusOr<std::string_view> piece =
+            st.payloads != nullptr
+                ? st.payloads->Get(frame.ring_pos, frame.ring_size)
+                : absl::InvalidArgumentError(
+                      "ring payload reference without a payload area");
+        if (!piece.ok()) {
+          st.dead = true;
+          st.dead_reason = std::string(piece.status().message());
+          PyErr_SetString(ms->protocol_error, st.dead_reason.c_str());
+          Py_DECREF(list);
+          return nullptr;
+        }
+        data = *piece;
+      }
+      PyObject* tuple = FrameToTuple(self, frame, data);
+      // The payload has been copied out (or dropped): the daemon may reuse
+      // its space.
+      if (frame.in_ring) st.payloads->Release(frame.ring_pos + frame.ring_size);
       if (tuple == Py_None) {
         Py_DECREF(tuple);
         continue;
@@ -1051,6 +1090,123 @@ absl::Status ResultPieces(const std::string& call_id, int encoding,
   return absl::OkStatus();
 }
 
+// The bytes [offset, offset + size) of the concatenation of `parts`, as
+// views into them.
+std::vector<std::string_view> SliceParts(
+    const std::vector<std::string_view>& parts, size_t offset, size_t size) {
+  std::vector<std::string_view> out;
+  for (std::string_view part : parts) {
+    if (size == 0) break;
+    if (offset >= part.size()) {
+      offset -= part.size();
+      continue;
+    }
+    const std::string_view piece = part.substr(offset, size);
+    out.push_back(piece);
+    size -= piece.size();
+    offset = 0;
+  }
+  return out;
+}
+
+// A large result with a payload area: each piece is copied into the ring
+// and announced by a small frame written at once (so the daemon copies it
+// out while the next is copied in); a piece that does not fit now (or is
+// small) goes inline around the caller's buffers. The result is the
+// concatenation of `parts` (a pickle written as pieces: its large values
+// are never joined). Like SendPieces' large path: queued logs and st.out
+// first, the write side held, the GIL released.
+absl::Status SendResultViaRing(ChannelState& st, const std::string& call_id,
+                               int encoding,
+                               const std::vector<std::string_view>& parts,
+                               size_t size) {
+  Writer& w = *st.writer;
+  AcquireWrite(w);
+  absl::Status status = WithoutGil([&]() -> absl::Status {
+    const std::string logs = TakeLogs(w);
+    const std::string_view queued[] = {logs, st.out};
+    absl::Status written = ipc::WriteAll(w.fd, queued);
+    st.out.clear();
+    if (!written.ok()) return written;
+    constexpr size_t kChunk = ipc::kChunkBytes;
+    size_t last = size;
+    if (size > kChunk) last = size % kChunk == 0 ? kChunk : size % kChunk;
+    const size_t chunks = (size - last) / kChunk;
+    std::string head, tail;
+    for (size_t i = 0; i <= chunks; ++i) {
+      const bool final = i == chunks;
+      const size_t piece_size = final ? last : kChunk;
+      std::vector<std::string_view> piece =
+          SliceParts(parts, i * kChunk, piece_size);
+      ipc::Frame frame;
+      frame.type =
+          final ? ipc::FrameType::kResult : ipc::FrameType::kResultChunk;
+      frame.call_id = call_id;
+      if (final) {
+        frame.encoding = encoding;
+        frame.total_size = size;
+      }
+      std::optional<uint64_t> pos;
+      if (piece_size >= ipc::kRingMinPieceBytes) {
+        pos = st.payloads->Put(piece);
+      }
+      if (pos) {
+        frame.in_ring = true;
+        frame.ring_pos = *pos;
+        frame.ring_size = piece_size;
+        head.clear();
+        written = ipc::AppendFrame(frame, head);
+        if (written.ok()) written = ipc::WriteAll(w.fd, head);
+      } else {
+        written = ipc::EncodeFrameAround(frame, piece_size, head, tail);
+        piece.insert(piece.begin(), head);
+        piece.push_back(tail);
+        if (written.ok()) written = ipc::WriteAll(w.fd, piece);
+      }
+      if (!written.ok()) return written;
+    }
+    return absl::OkStatus();
+  });
+  Leave(w);
+  return status;
+}
+
+// Buffers of the parts of a result, released when done.
+class ResultParts {
+ public:
+  ResultParts() = default;
+  ResultParts(const ResultParts&) = delete;
+  ResultParts& operator=(const ResultParts&) = delete;
+  ~ResultParts() {
+    for (Py_buffer& view : views_) PyBuffer_Release(&view);
+  }
+  // `data`: one buffer, or a list of buffers. False with a Python error set.
+  bool Take(PyObject* data) {
+    if (!PyList_Check(data)) return Add(data);
+    views_.reserve(static_cast<size_t>(PyList_GET_SIZE(data)));
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(data); ++i) {
+      if (!Add(PyList_GET_ITEM(data, i))) return false;
+    }
+    return true;
+  }
+  const std::vector<std::string_view>& parts() const { return parts_; }
+  size_t size() const { return size_; }
+
+ private:
+  bool Add(PyObject* object) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(object, &view, PyBUF_CONTIG_RO) != 0) return false;
+    views_.push_back(view);
+    parts_.emplace_back(static_cast<const char*>(view.buf),
+                        static_cast<size_t>(view.len));
+    size_ += static_cast<size_t>(view.len);
+    return true;
+  }
+  std::vector<Py_buffer> views_;
+  std::vector<std::string_view> parts_;
+  size_t size_ = 0;
+};
+
 PyObject* ChannelSendResult(PyObject* self, PyObject* const* args,
                             Py_ssize_t nargs) {
   if (!Enter(self) || !CheckArgs("send_result", nargs, 3)) return nullptr;
@@ -1060,17 +1216,33 @@ PyObject* ChannelSendResult(PyObject* self, PyObject* const* args,
       !ToInt(args[1], "encoding", encoding)) {
     return nullptr;
   }
-  Py_buffer view;
-  if (PyObject_GetBuffer(args[2], &view, PyBUF_CONTIG_RO) != 0) return nullptr;
   ChannelState& st = Channel(self);
-  const std::string_view data(static_cast<const char*>(view.buf),
-                              static_cast<size_t>(view.len));
-  std::string headers[3];
-  std::vector<std::string_view> pieces;
-  absl::Status status = ResultPieces(call_id, static_cast<int>(encoding), data,
-                                     headers, pieces);
-  if (status.ok()) status = SendPieces(st, pieces);
-  PyBuffer_Release(&view);
+  absl::Status status;
+  {
+    ResultParts result;
+    // The list is not changed while we hold the GIL; its items' buffers stay
+    // exported (hence unchanged) until `result` ends.
+    if (!result.Take(args[2])) return nullptr;
+    if (st.payloads != nullptr && result.size() >= kFlushThreshold) {
+      status = SendResultViaRing(st, call_id, static_cast<int>(encoding),
+                                 result.parts(), result.size());
+    } else {
+      std::string joined;
+      std::string_view data;
+      if (result.parts().size() == 1) {
+        data = result.parts()[0];
+      } else {
+        joined.reserve(result.size());
+        for (std::string_view part : result.parts()) joined.append(part);
+        data = joined;
+      }
+      std::string headers[3];
+      std::vector<std::string_view> pieces;
+      status = ResultPieces(call_id, static_cast<int>(encoding), data, headers,
+                            pieces);
+      if (status.ok()) status = SendPieces(st, pieces);
+    }
+  }
   if (!status.ok()) {
     SetError(StateOfChannel(self)->channel_error, status);
     return nullptr;

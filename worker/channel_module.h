@@ -2,19 +2,25 @@
 // channel (docs/WORKER-PROTOCOL.md) and to the C++ helpers it needs.
 //
 // Python sees:
-//   Channel(fd)                 owns no fd; sets it non-blocking
+//   Channel(fd, payload_fd=-1)  owns no fd; sets it non-blocking. With
+//                               payload_fd: maps the daemon's payload area
+//                               (worker/ipc/payload_area.h) and closes the
+//                               fd; OSError if it is not one
 //     .read_frames()            everything readable now, decoded, as a list of
 //                               tuples (see below); None at end of stream;
 //                               raises ProtocolError on a bad frame (the
 //                               channel is then dead) or OSError
 //     .send_ready(pid, detail)
-//     .send_result(call_id, encoding, data)   data: any contiguous buffer;
+//     .send_result(call_id, encoding, data)   data: any contiguous buffer,
+//                               or a list of them (their concatenation);
 //                               over CHUNK_BYTES it is cut into result_chunk
 //                               frames plus a final result with total_size.
 //                               From 256 KiB on (results and items) the
 //                               frames are written at once with writev,
 //                               headers around slices of `data`, so the
-//                               payload is not copied
+//                               payload is not copied; with a payload area,
+//                               result pieces of 64 KiB or more are copied
+//                               into its ring instead while it has room
 //     .send_item(call_id, index, encoding, data)   one stream_item frame;
 //                               ValueError (nothing queued) if it would
 //                               exceed the frame limit

@@ -21,6 +21,7 @@
 #include "testing/status_matchers.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/io.h"
+#include "worker/ipc/payload_area.h"
 #include "worker/python/py_error.h"
 #include "worker/python/test_interpreter.h"
 
@@ -406,6 +407,35 @@ TEST_CASE("Large results are cut into result_chunk frames", "[channel]") {
   }
 }
 
+TEST_CASE("A result given as a list of parts is their concatenation",
+          "[channel]") {
+  const size_t size = GENERATE(size_t{3}, 300 * 1024, 2 * ipc::kChunkBytes + 7);
+  CAPTURE(size);
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  Py(absl::StrCat("data = bytes(i % 251 for i in range(", size, "))\n",
+                  "ch.send_result('p', 1, [data[:1], bytearray(data[1:2]), "
+                  "memoryview(data)[2:]])\n"
+                  "ch.flush()\n"));
+  const size_t want = size <= ipc::kChunkBytes ? 1 : 3;
+  auto frames = collector.Wait(want, absl::Seconds(20));
+  REQUIRE(frames.size() == want);
+  std::string joined;
+  for (const ipc::Frame& f : frames) joined += f.data;
+  REQUIRE(frames.back().total_size == size);
+  REQUIRE(joined.size() == size);
+  for (size_t i = 0; i < size; i += 997) {
+    REQUIRE(static_cast<unsigned char>(joined[i]) == i % 251);
+  }
+  Py("try:\n"
+     "    ch.send_result('p', 1, [b'ok', 5])\n"
+     "    outcome = 'no error'\n"
+     "except TypeError:\n"
+     "    outcome = 'TypeError'\n"
+     "del data\n");
+  REQUIRE(PyEval("outcome") == "TypeError");
+}
+
 // Reads every frame the channel has now (the peer wrote them all already).
 std::string ReadAll() {
   return PyEval("repr([ch.read_frames() for _ in range(4)])");
@@ -463,6 +493,153 @@ TEST_CASE("Chunked arguments arrive as one bytes object of total_size",
   REQUIRE(PyEval(absl::StrCat("got[1][2] == bytes(i % 253 for i in range(",
                               total, "))")) == "True");
   Py("del got\n");
+}
+
+// A Pair whose Channel also maps a payload area; `daemon` is the peer's
+// side of it.
+struct RingPair : Pair {
+  explicit RingPair(size_t ring_bytes) {
+    auto area = ipc::PayloadArea::Create(ring_bytes);
+    REQUIRE(area.ok());
+    daemon = std::move(*area);
+    // The Channel closes the fd it is given; the daemon keeps its own.
+    Py(absl::StrCat("ch = w.Channel(", worker, ", ", dup(daemon->fd()), ")\n"));
+  }
+  // The frame for `piece`, in the ring when it fits.
+  ipc::Frame Place(ipc::Frame frame, const std::string& piece) {
+    auto pos = daemon->Put(piece);
+    if (pos) {
+      frame.in_ring = true;
+      frame.ring_pos = *pos;
+      frame.ring_size = piece.size();
+      frame.data.clear();
+    } else {
+      frame.data = piece;
+    }
+    return frame;
+  }
+  std::unique_ptr<ipc::PayloadArea> daemon;
+};
+
+TEST_CASE("Arguments in the payload ring assemble like inline ones",
+          "[channel][args][ring]") {
+  constexpr size_t kChunk = ipc::kChunkBytes;
+  // A ring of 2.5 chunks: some pieces fit, the rest go inline, and the ring
+  // is only reusable if the channel releases what it copied.
+  RingPair pair(kChunk * 5 / 2);
+  const size_t total = 9 * kChunk + 17;
+  std::string args(total, '\0');
+  for (size_t i = 0; i < total; ++i) args[i] = static_cast<char>(i % 241);
+  size_t in_ring = 0;
+  std::thread sender([&] {
+    ipc::Frame call =
+        pair.Place(CallFrame("big", "", total), args.substr(0, kChunk));
+    in_ring += call.in_ring;
+    pair.Send(call);
+    for (size_t off = kChunk; off < total; off += kChunk) {
+      ipc::Frame chunk =
+          pair.Place(ChunkFrame("big", ""), args.substr(off, kChunk));
+      in_ring += chunk.in_ring;
+      pair.Send(chunk);
+      if (off == 4 * kChunk) absl::SleepFor(absl::Milliseconds(200));
+    }
+  });
+  Py("import select\n"
+     "got = []\n"
+     "while not any(f[0] == w.ARGS for f in got):\n"
+     "    select.select([ch.fileno()], [], [], 10)\n"
+     "    got += ch.read_frames()\n");
+  sender.join();
+  // At least the first pieces, and some after the pause (space released).
+  CHECK(in_ring >= 3);
+  REQUIRE(PyEval("got[0][4] is None") == "True");
+  REQUIRE(PyEval("got[1][3]") == std::to_string(total));
+  REQUIRE(PyEval(absl::StrCat("got[1][2] == bytes(i % 241 for i in range(",
+                              total, "))")) == "True");
+  Py("del got\n");
+}
+
+TEST_CASE("Large results go through the payload ring while it has room",
+          "[channel][ring]") {
+  constexpr size_t kChunk = ipc::kChunkBytes;
+  RingPair pair(2 * kChunk);
+  FrameCollector collector(pair.peer);
+  const size_t size = 3 * kChunk + 70 * 1024;
+  // As a list of parts (a pickle written in pieces), cut across them.
+  Py(absl::StrCat("data = bytes(i % 239 for i in range(", size, "))\n",
+                  "ch.send_result('big', 1, [data[:5], memoryview(data)[5:",
+                  kChunk + 9, "], b'', data[", kChunk + 9,
+                  ":]])\n"
+                  "ch.flush()\n"));
+  auto frames = collector.Wait(4, absl::Seconds(20));
+  REQUIRE(frames.size() == 4);
+  std::string joined;
+  size_t in_ring = 0;
+  for (ipc::Frame& f : frames) {
+    if (f.in_ring) {
+      ++in_ring;
+      auto piece = pair.daemon->Get(f.ring_pos, f.ring_size);
+      REQUIRE(piece.ok());
+      joined.append(*piece);
+      pair.daemon->Release(f.ring_pos + f.ring_size);
+    } else {
+      joined += f.data;
+    }
+  }
+  // The collector releases only after all were sent: two chunks fit.
+  CHECK(in_ring == 2);
+  REQUIRE(frames.back().type == ipc::FrameType::kResult);
+  REQUIRE(frames.back().total_size == size);
+  REQUIRE(joined.size() == size);
+  for (size_t i = 0; i < size; i += 4093) {
+    REQUIRE(static_cast<unsigned char>(joined[i]) == i % 239);
+  }
+  Py("del data\n");
+}
+
+TEST_CASE("A ring reference outside the ring is a protocol error",
+          "[channel][ring]") {
+  RingPair pair(1 << 20);
+  ipc::Frame chunk = ChunkFrame("x", "");
+  chunk.in_ring = true;
+  chunk.ring_pos = (1 << 20) - 10;
+  chunk.ring_size = 100;
+  pair.Send(chunk);
+  Py("try:\n"
+     "    ch.read_frames()\n"
+     "    outcome = 'no error'\n"
+     "except w.ProtocolError as e:\n"
+     "    outcome = 'ProtocolError'\n");
+  REQUIRE(PyEval("outcome") == "ProtocolError");
+}
+
+TEST_CASE("A ring reference without a payload area is a protocol error",
+          "[channel][ring]") {
+  Pair pair;
+  ipc::Frame chunk = ChunkFrame("x", "");
+  chunk.in_ring = true;
+  chunk.ring_size = 100;
+  pair.Send(chunk);
+  Py("try:\n"
+     "    ch.read_frames()\n"
+     "    outcome = 'no error'\n"
+     "except w.ProtocolError as e:\n"
+     "    outcome = 'ProtocolError'\n");
+  REQUIRE(PyEval("outcome") == "ProtocolError");
+}
+
+TEST_CASE("Channel refuses a payload_fd that is not a payload area",
+          "[channel][ring]") {
+  Pair pair;
+  Py(
+      absl::StrCat("try:\n"
+                   "    w.Channel(",
+                   pair.worker, ", ", dup(pair.peer),
+                   ")\n"
+                   "    outcome = 'no error'\n"
+                   "except OSError:\n"
+                   "    outcome = 'OSError'\n"));
+  REQUIRE(PyEval("outcome") == "OSError");
 }
 
 TEST_CASE("Over-long chunked arguments report their size without data",

@@ -217,13 +217,32 @@ def _decode_arguments(encoding, data):
     return args, kwargs
 
 
+class _Pieces(list):
+    """A file for pickle.dump that keeps what it is handed: the pickler's
+    frames, and large bytes values themselves (pickle writes those straight
+    to the file), so a big result is never copied into one pickle.
+    Anything mutable (a large bytearray) is copied, as pickle.dumps would:
+    send_result reads the pieces with the GIL released.
+    Channel.send_result takes the list as the concatenation."""
+
+    __slots__ = ()
+
+    def write(self, data):
+        self.append(data if type(data) is bytes else bytes(data))
+
+
 def _encode_result(encoding, value, item=None):
-    """(True, bytes) or (False, error) for a call's return value, or for
-    stream item number `item`."""
+    """(True, payload) or (False, error) for a call's return value (payload:
+    bytes, or for pickle a _Pieces list), or for stream item number `item`
+    (payload: bytes)."""
     try:
         if encoding == _MSGPACK:
             return True, _w.msgpack_dumps(value)
-        return True, pickle.dumps(value, protocol=5)
+        if item is not None:
+            return True, pickle.dumps(value, protocol=5)
+        pieces = _Pieces()
+        pickle.dump(value, pieces, protocol=5)
+        return True, pieces
     except BaseException as exc:
         what = "return value" if item is None else f"stream item {item}"
         how = "encode {} as msgpack" if encoding == _MSGPACK else "pickle {}"
@@ -1717,10 +1736,11 @@ def _on_loop_error(loop, context):
     _log(_WARNING, message)
 
 
-def main(channel_fd, worker_id):
+def main(channel_fd, worker_id, payload_fd=-1):
     """Serves calls until shutdown or end of stream. Returns (exit_code,
-    clean) for worker.cc."""
-    channel = _w.Channel(channel_fd)
+    clean) for worker.cc. `payload_fd`: the daemon's shared payload area, or
+    -1."""
+    channel = _w.Channel(channel_fd, payload_fd)
     logs = _Logs(channel, worker_id)
     logs.start()
     forwarder = _start_trace_forwarding(channel)

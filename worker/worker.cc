@@ -71,11 +71,13 @@ PyObject* LoadDriver() {
   return module;
 }
 
-// Calls driver.main(fd, worker_id) and interprets its (code, clean) answer.
+// Calls driver.main(fd, worker_id, payload_fd) and interprets its (code,
+// clean) answer.
 WorkerExit RunDriver(PyObject* driver, const WorkerOptions& options) {
   WorkerExit exit{kExitInternal, false};
-  PyObject* result = PyObject_CallMethod(
-      driver, "main", "is", options.channel_fd, options.worker_id.c_str());
+  PyObject* result =
+      PyObject_CallMethod(driver, "main", "isi", options.channel_fd,
+                          options.worker_id.c_str(), options.payload_fd);
   if (result == nullptr) {
     PythonError error = FetchPythonError();
     AGX_LOG(Error, "worker driver failed: {}: {}\n{}", error.type,

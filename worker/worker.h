@@ -22,6 +22,8 @@ inline constexpr int kExitInternal = 6;       // the driver itself failed
 struct WorkerOptions {
   PathOptions paths;
   int channel_fd = 1023;
+  // The daemon's shared payload area (worker/ipc/payload_area.h), or -1.
+  int payload_fd = -1;
   std::string worker_id;
 };
 

@@ -33,6 +33,8 @@ ABSL_FLAG(std::string, python_home, "",
           "loaded libpython, else /usr");
 ABSL_FLAG(int, channel_fd, agentix::ipc::kWorkerChannelFd,
           "fd of the worker's end of the frame socketpair");
+ABSL_FLAG(int, payload_fd, -1,
+          "fd of the daemon's shared payload area (memfd), or -1 for none");
 ABSL_FLAG(std::string, worker_id, "",
           "id used in logs; default $AGENTIX_WORKER_ID, else random");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
@@ -76,6 +78,7 @@ int main(int argc, char** argv) {
       agentix::worker::SplitPythonPath(absl::GetFlag(FLAGS_python_path));
   options.paths.python_home = absl::GetFlag(FLAGS_python_home);
   options.channel_fd = absl::GetFlag(FLAGS_channel_fd);
+  options.payload_fd = absl::GetFlag(FLAGS_payload_fd);
   options.worker_id = absl::GetFlag(FLAGS_worker_id);
   if (options.worker_id.empty()) {
     const char* env = getenv("AGENTIX_WORKER_ID");

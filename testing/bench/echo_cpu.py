@@ -7,7 +7,9 @@ Run from a venv with the agentix host package (tools/make_venv), after
 
     .venv-test/bin/python testing/bench/echo_cpu.py [--calls 20] [--worker PATH]
 
---worker lets two worker builds be compared under the same daemon.
+--worker lets two worker builds be compared under the same daemon, --sandboxd
+two daemon builds; --daemon-arg passes a daemon flag (e.g.
+--daemon-arg=--payload_ring_bytes=0 for the socketpair-only path).
 """
 
 import argparse
@@ -42,12 +44,16 @@ def main():
                         default=f"{REPO}/bazel-bin/sandbox/agentix-sandboxd")
     parser.add_argument("--worker",
                         default=f"{REPO}/bazel-bin/worker/agentix-worker")
+    parser.add_argument("--daemon-arg", action="append", default=[],
+                        help="extra agentix-sandboxd flag (repeatable), e.g. "
+                        "--daemon-arg=--payload_ring_bytes=0")
     args = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="agx-cpu-", dir="/tmp")  # short sun_path
     sock = os.path.join(tmp, "sandboxd.sock")
     daemon = subprocess.Popen(
         [args.sandboxd, "--listen", f"unix://{sock}", f"--worker={args.worker}",
-         f"--python_path={BENCH_DIR}", "--log_level=warning"])
+         f"--python_path={BENCH_DIR}", "--log_level=warning",
+         *args.daemon_arg])
     try:
         while not os.path.exists(sock):
             if daemon.poll() is not None:

@@ -388,7 +388,59 @@ absl::Status EncodeFrameAround(const Frame& f, size_t data_size,
   return PutLength(head.size() - 4 + data_size + tail.size(), head.data());
 }
 
+namespace {
+
+// A frame whose payload lies in a payload ring: the fields of its inline
+// form, with ring_pos and ring_size where "data" would be.
+absl::Status AppendRingFrame(const Frame& f, std::string& out) {
+  const size_t start = out.size();
+  out.append(4, '\0');
+  StringSink sink{out};
+  Packer p(sink);
+  switch (f.type) {
+    case FrameType::kCall:
+      p.pack_map(9);
+      PackStr(p, "t", "call");
+      PackStr(p, "call_id", f.call_id);
+      PackStr(p, "callable", f.callable);
+      PackInt(p, "encoding", f.encoding);
+      PackInt(p, "total_size", f.total_size);
+      PackBin(p, "context", f.context);
+      PackInt(p, "stream_window", f.stream_window);
+      break;
+    case FrameType::kArgChunk:
+    case FrameType::kResultChunk:
+      p.pack_map(4);
+      PackStr(p, "t", FrameTypeName(f.type));
+      PackStr(p, "call_id", f.call_id);
+      break;
+    case FrameType::kResult:
+      p.pack_map(6);
+      PackStr(p, "t", "result");
+      PackStr(p, "call_id", f.call_id);
+      PackInt(p, "encoding", f.encoding);
+      PackInt(p, "total_size", f.total_size);
+      break;
+    default:
+      out.resize(start);
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", std::string(FrameTypeName(f.type)),
+                       "' frames carry no ring payload"));
+  }
+  PackInt(p, "ring_pos", f.ring_pos);
+  PackInt(p, "ring_size", f.ring_size);
+  return FinishFrame(start, out);
+}
+
+bool CarriesRingPayload(FrameType type) {
+  return type == FrameType::kCall || type == FrameType::kArgChunk ||
+         type == FrameType::kResultChunk || type == FrameType::kResult;
+}
+
+}  // namespace
+
 absl::Status AppendFrame(const Frame& f, std::string& out) {
+  if (f.in_ring) return AppendRingFrame(f, out);
   const size_t start = out.size();
   out.append(4, '\0');
   StringSink sink{out};
@@ -500,6 +552,9 @@ absl::StatusOr<Frame> DecodeBody(std::string_view body,
   }
   Frame f;
   bool have_type = false;
+  bool has_inline_data = false;
+  bool has_ring_pos = false;
+  bool has_ring_size = false;
   for (uint32_t i = 0; i < root.via.map.size; ++i) {
     const auto& kv = root.via.map.ptr[i];
     std::string_view key = KeyOf(kv);
@@ -544,10 +599,26 @@ absl::StatusOr<Frame> DecodeBody(std::string_view body,
       s = ReadTrace(kv.val, f.trace);
     } else if (key == "ns") {
       s = ReadNamespace(kv.val, f.ns);
+    } else if (key == "ring_pos") {
+      s = ReadInt(kv.val, key, f.ring_pos);
+      has_ring_pos = true;
+    } else if (key == "ring_size") {
+      s = ReadInt(kv.val, key, f.ring_size);
+      has_ring_size = true;
     }
     if (!s.ok()) return s;
+    if (key == "data") has_inline_data = true;
   }
   if (!have_type) return absl::InvalidArgumentError("frame has no type ('t')");
+  if (has_ring_pos || has_ring_size) {
+    f.in_ring = true;
+    if (!CarriesRingPayload(f.type) || !has_ring_pos || !has_ring_size ||
+        f.ring_size == 0 || has_inline_data) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad ring payload reference in a '",
+                       std::string(FrameTypeName(f.type)), "' frame"));
+    }
+  }
   return f;
 }
 

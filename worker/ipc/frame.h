@@ -128,10 +128,17 @@ struct Frame {
   LogEntry log;                // kLog
   TraceEntry trace;            // kTrace
   NamespaceEntry ns;           // kNamespaceEvent
+  // kCall, kArgChunk, kResultChunk, kResult: the payload lies in the
+  // sender's payload ring (payload_area.h) at ring_pos, ring_size bytes,
+  // instead of in "data" (keys "ring_pos", "ring_size"; "data" is absent).
+  bool in_ring = false;
+  uint64_t ring_pos = 0;
+  uint64_t ring_size = 0;
 };
 
 // Appends the encoded frame (length prefix included) to `out`.
-// kResourceExhausted if the body would exceed kMaxFrameBytes.
+// kResourceExhausted if the body would exceed kMaxFrameBytes;
+// kInvalidArgument for `in_ring` on a type that carries no ring payload.
 absl::Status AppendFrame(const Frame& frame, std::string& out);
 
 // Appends an arg_chunk or result_chunk frame straight from views, so large

@@ -103,3 +103,37 @@ def test_parse_calls_response_raises_like_protobuf_on_garbage(garbage):
     with pytest.raises(Exception) as theirs:
         pb.CallsResponse.FromString(garbage)
     assert type(ours.value) is type(theirs.value)
+
+
+@pytest.mark.parametrize("split", [[], [1], [5, 9], [3, 3, 3]])
+def test_events_from_a_list_of_views_mean_their_concatenation(split):
+    data = os.urandom(12)
+    cuts = [0, *split, len(data)]
+    views = [memoryview(data)[a:b] for a, b in zip(cuts, cuts[1:])]
+    chunk = b"".join(wire.argument_chunk_event("c", views, 7))
+    assert chunk == b"".join(wire.argument_chunk_event("c", memoryview(data), 7))
+    assert b"".join(wire.start_call_event("c1", "m::f", views, 12, b"", 0)) == b"".join(
+        wire.start_call_event("c1", "m::f", memoryview(data), 12, b"", 0)
+    )
+
+
+def test_pickle_pieces_is_pickle_dumps_without_copying_large_bytes():
+    import pickle
+
+    big = os.urandom(3 << 20)
+    args = ((big, "x"), {"k": bytearray(b"m" * 200_000)})
+    pieces = wire.pickle_pieces(args, 1 << 20)
+    assert type(pieces) is wire.Pieces
+    joined = b"".join(pieces.views)
+    assert len(pieces) == len(joined)
+    assert pickle.loads(joined) == args
+    # The bytes value is the caller's own object; the bytearray was copied.
+    assert any(view.obj is big for view in pieces.views)
+    assert not any(type(view.obj) is bytearray for view in pieces.views)
+    for start, end in [(0, 1), (5, 1 << 20), ((1 << 20) - 3, (2 << 20) + 9), (0, len(joined)),
+                       (len(joined) - 4, len(joined))]:
+        assert b"".join(wire.byte_views(pieces, start, end)) == joined[start:end]
+    # Small pickles are plain bytes, equal to pickle.dumps.
+    small = wire.pickle_pieces(((b"abc",), {}), 1 << 20)
+    assert type(small) is bytes and pickle.loads(small) == ((b"abc",), {})
+    assert b"".join(wire.byte_views(small, 1, 4)) == small[1:4]

@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import pickle
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -50,7 +49,7 @@ from agentix.runtime.client._sio_facade import RESERVED_NAMESPACES, AsyncClientN
 from agentix.runtime.client.namespaces import NamespaceStream
 from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream
 from agentix.runtime.client.result import Failed, Ok, Result
-from agentix.runtime.client.stream import STREAM_END, CallsStream, NativeCallsStream, PendingCall, StartRequest
+from agentix.runtime.client.stream import CHUNK_BYTES, STREAM_END, CallsStream, NativeCallsStream, PendingCall, StartRequest
 from agentix.runtime.client import wire
 from agentix.runtime.client.target import grpc_target, wants_tls
 from agentix.runtime.client.traces import TraceCursor, TracesStream
@@ -387,7 +386,8 @@ class RuntimeClient:
         """
         display_name = display_name_for(fn)
         callable_ref = RemoteCallable._resolve(fn)
-        arguments = pickle.dumps((args, kwargs), protocol=5)
+        # In pieces when large: a big bytes argument is not copied into the pickle.
+        arguments = wire.pickle_pieces((args, kwargs), CHUNK_BYTES)
         carrier = context.encode() or b""
         stream = await self._live_stream()
 
@@ -441,7 +441,8 @@ class RuntimeClient:
         """
         display_name = display_name_for(fn)
         callable_ref = RemoteCallable._resolve(fn)
-        arguments = pickle.dumps((args, kwargs), protocol=5)
+        # In pieces when large: a big bytes argument is not copied into the pickle.
+        arguments = wire.pickle_pieces((args, kwargs), CHUNK_BYTES)
         carrier = context.encode() or b""
         stream = await self._live_stream()
 
@@ -745,7 +746,9 @@ class RuntimeClient:
         )
 
     @staticmethod
-    def _start_request(callable_ref: str, arguments: bytes, context: bytes, stream_window: int) -> StartRequest | None:
+    def _start_request(
+        callable_ref: str, arguments: bytes | wire.Pieces, context: bytes, stream_window: int
+    ) -> StartRequest | None:
         if len(arguments) > _RESEND_ARGUMENTS_BYTES:
             return None
         return StartRequest(callable_ref, arguments, context, stream_window)

@@ -136,7 +136,7 @@ class StartRequest:
 
     __slots__ = ("callable_ref", "arguments", "context", "stream_window")
 
-    def __init__(self, callable_ref: str, arguments: bytes, context: bytes, stream_window: int) -> None:
+    def __init__(self, callable_ref: str, arguments: bytes | wire.Pieces, context: bytes, stream_window: int) -> None:
         self.callable_ref = callable_ref
         self.arguments = arguments
         self.context = context
@@ -144,26 +144,26 @@ class StartRequest:
 
 
 class _Upload:
-    """The argument bytes of one call that still have to follow its StartCall."""
+    """The argument bytes of one call that still have to follow its StartCall
+    (which carried the first CHUNK_BYTES)."""
 
     __slots__ = ("call_id", "data", "offset", "dropped")
 
-    def __init__(self, call_id: str, data: memoryview) -> None:
+    def __init__(self, call_id: str, data: bytes | wire.Pieces) -> None:
         self.call_id = call_id
-        self.data = data
-        self.offset = 0
+        self.data = data  # the whole arguments
+        self.offset = CHUNK_BYTES
         self.dropped = False
 
     def next_chunk_size(self) -> int:
         return min(CHUNK_BYTES, len(self.data) - self.offset)
 
-    def take_chunk(self) -> tuple[int, memoryview]:
-        """The next piece (not copied) and its offset within the whole arguments."""
+    def take_chunk(self) -> tuple[int, list[memoryview]]:
+        """The next piece (views, not copies) and its offset within the whole arguments."""
         start = self.offset
-        end = start + CHUNK_BYTES
-        chunk = self.data[start:end]
-        self.offset = min(end, len(self.data))
-        return CHUNK_BYTES + start, chunk
+        end = min(start + CHUNK_BYTES, len(self.data))
+        self.offset = end
+        return start, wire.byte_views(self.data, start, end)
 
     @property
     def finished(self) -> bool:
@@ -249,16 +249,17 @@ class CallsStream:
         return not (self._lost or self._closing)
 
     def start_call(
-        self, call_id: str, callable_ref: str, arguments: bytes, context: bytes, stream_window: int = 0
+        self, call_id: str, callable_ref: str, arguments: bytes | wire.Pieces, context: bytes, stream_window: int = 0
     ) -> None:
         """Queues the StartCall (and any ArgumentChunks) of a call in `pending`;
-        a non-zero `stream_window` makes it a streaming call."""
+        a non-zero `stream_window` makes it a streaming call. `arguments`:
+        the pickled (args, kwargs), `wire.Pieces` only when over CHUNK_BYTES."""
         upload = None
         if len(arguments) > CHUNK_BYTES:
-            upload = _Upload(call_id, memoryview(arguments)[CHUNK_BYTES:])
+            upload = _Upload(call_id, arguments)
             self._uploads_by_id[call_id] = upload
         first_size = min(len(arguments), CHUNK_BYTES)
-        first = arguments if first_size == len(arguments) else memoryview(arguments)[:first_size]
+        first = arguments if first_size == len(arguments) else wire.byte_views(arguments, 0, first_size)
         event = wire.start_call_event(call_id, callable_ref, first, len(arguments), context, stream_window)
         self._enqueue(first_size + len(context) + len(callable_ref) + _EVENT_OVERHEAD, event, upload)
 

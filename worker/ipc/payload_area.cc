@@ -1,0 +1,171 @@
+#include "worker/ipc/payload_area.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace agentix::ipc {
+namespace {
+
+// Header page: magic, ring size, then each ring's release counter on its own
+// cache line.
+constexpr size_t kHeaderBytes = 4096;
+constexpr uint64_t kMagic = 0x314c594150584741ull;  // "AGXPAYL1"
+constexpr size_t kMagicOffset = 0;
+constexpr size_t kRingBytesOffset = 8;
+constexpr size_t kToWorkerReleasedOffset = 64;   // written by the worker
+constexpr size_t kToDaemonReleasedOffset = 128;  // written by the daemon
+constexpr size_t kPageBytes = 4096;
+
+uint64_t* Word(char* base, size_t offset) {
+  return reinterpret_cast<uint64_t*>(base + offset);
+}
+
+}  // namespace
+
+PayloadArea::PayloadArea(Side side, int fd, char* base, size_t map_bytes,
+                         size_t ring_bytes)
+    : side_(side),
+      fd_(fd),
+      base_(base),
+      map_bytes_(map_bytes),
+      ring_bytes_(ring_bytes) {
+  char* to_worker = base_ + kHeaderBytes;
+  char* to_daemon = to_worker + ring_bytes_;
+  const bool daemon = side_ == Side::kDaemon;
+  out_ring_ = daemon ? to_worker : to_daemon;
+  in_ring_ = daemon ? to_daemon : to_worker;
+  out_released_ =
+      Word(base_, daemon ? kToWorkerReleasedOffset : kToDaemonReleasedOffset);
+  in_released_ =
+      Word(base_, daemon ? kToDaemonReleasedOffset : kToWorkerReleasedOffset);
+}
+
+absl::StatusOr<std::unique_ptr<PayloadArea>> PayloadArea::Create(
+    size_t ring_bytes) {
+  ring_bytes = (ring_bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
+  if (ring_bytes == 0) {
+    return absl::InvalidArgumentError("payload ring size must not be zero");
+  }
+  const int fd = ::memfd_create("agentix-payloads", MFD_CLOEXEC);
+  if (fd < 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("memfd_create: ", strerror(errno)));
+  }
+  const size_t map_bytes = kHeaderBytes + 2 * ring_bytes;
+  if (::ftruncate(fd, static_cast<off_t>(map_bytes)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("ftruncate payload area: ", strerror(err)));
+  }
+  void* base =
+      ::mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    const int err = errno;
+    ::close(fd);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("mmap payload area: ", strerror(err)));
+  }
+  char* b = static_cast<char*>(base);
+  *Word(b, kMagicOffset) = kMagic;
+  *Word(b, kRingBytesOffset) = ring_bytes;
+  return std::unique_ptr<PayloadArea>(
+      new PayloadArea(Side::kDaemon, fd, b, map_bytes, ring_bytes));
+}
+
+absl::StatusOr<std::unique_ptr<PayloadArea>> PayloadArea::Map(int fd) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload area fd ", fd, ": ", strerror(errno)));
+  }
+  const size_t map_bytes = static_cast<size_t>(st.st_size);
+  if (map_bytes < kHeaderBytes + 2 * kPageBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "payload area fd ", fd, " is too small (", map_bytes, " bytes)"));
+  }
+  void* base =
+      ::mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mmap payload area: ", strerror(errno)));
+  }
+  char* b = static_cast<char*>(base);
+  const uint64_t ring_bytes = *Word(b, kRingBytesOffset);
+  if (*Word(b, kMagicOffset) != kMagic || ring_bytes == 0 ||
+      ring_bytes % kPageBytes != 0 ||
+      kHeaderBytes + 2 * ring_bytes != map_bytes) {
+    ::munmap(base, map_bytes);
+    return absl::InvalidArgumentError(
+        absl::StrCat("fd ", fd, " does not hold a payload area"));
+  }
+  return std::unique_ptr<PayloadArea>(new PayloadArea(
+      Side::kWorker, -1, b, map_bytes, static_cast<size_t>(ring_bytes)));
+}
+
+PayloadArea::~PayloadArea() {
+  ::munmap(base_, map_bytes_);
+  CloseFd();
+}
+
+void PayloadArea::CloseFd() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+std::optional<uint64_t> PayloadArea::Put(std::string_view data) {
+  return Put(absl::MakeConstSpan(&data, 1));
+}
+
+std::optional<uint64_t> PayloadArea::Put(
+    absl::Span<const std::string_view> parts) {
+  uint64_t size = 0;
+  for (std::string_view part : parts) size += part.size();
+  if (size == 0 || size > ring_bytes_) return std::nullopt;
+  uint64_t pos = out_tail_;
+  const uint64_t at = pos % ring_bytes_;
+  if (at + size > ring_bytes_) pos += ring_bytes_ - at;  // never wraps
+  const uint64_t released = __atomic_load_n(out_released_, __ATOMIC_ACQUIRE);
+  // The peer writes `released`: anything but a position between what it
+  // could have seen and our tail means garbage, and garbage means "no room".
+  if (released > out_tail_ || out_tail_ - released > ring_bytes_ ||
+      pos + size - released > ring_bytes_) {
+    return std::nullopt;
+  }
+  char* out = out_ring_ + pos % ring_bytes_;
+  for (std::string_view part : parts) {
+    if (part.empty()) continue;
+    std::memcpy(out, part.data(), part.size());
+    out += part.size();
+  }
+  out_tail_ = pos + size;
+  return pos;
+}
+
+absl::StatusOr<std::string_view> PayloadArea::Get(uint64_t pos,
+                                                  uint64_t size) const {
+  if (size == 0 || size > ring_bytes_ ||
+      pos % ring_bytes_ + size > ring_bytes_ || pos < in_done_ ||
+      pos > UINT64_MAX - size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "payload piece at ", pos, " (", size, " bytes) is outside the ",
+        ring_bytes_, "-byte ring or already released"));
+  }
+  return std::string_view(in_ring_ + pos % ring_bytes_,
+                          static_cast<size_t>(size));
+}
+
+void PayloadArea::Release(uint64_t end) {
+  if (end <= in_done_) return;
+  in_done_ = end;
+  __atomic_store_n(in_released_, end, __ATOMIC_RELEASE);
+}
+
+}  // namespace agentix::ipc

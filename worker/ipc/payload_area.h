@@ -1,0 +1,94 @@
+// Shared memory between the daemon and one worker for large payload pieces
+// (argument and result chunks), so they cross as one memcpy into the area
+// and one out of it instead of through the socketpair (a kernel copy on each
+// side, plus skb allocation and memcg charging per 64 KiB).
+//
+// One memfd: a header page with the two consumers' release counters, then
+// one ring per direction. A frame whose payload lies in a ring carries
+// (ring_pos, ring_size) instead of "data" (frame.h); the frames stay on the
+// socket, in order, so a ring is consumed in the order it was filled and
+// needs no allocator: the producer appends at its tail, the consumer
+// publishes how far it has copied (monotonic byte positions; a piece never
+// wraps, the producer skips a ring's end instead). A piece that does not fit
+// now is sent inline as before, so a full ring (a busy or stuck consumer)
+// only falls back to the socket and its backpressure.
+//
+// Roles: each side is the producer of one ring and the consumer of the
+// other. Put() is called by one thread at a time (the daemon: under the
+// session lock; the worker: while owning the channel's write side), Get()
+// and Release() by the one reader. The peer is not trusted: positions and
+// sizes from frames are checked against the ring, and a garbage release
+// counter only makes Put() fall back to the socket.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace agentix::ipc {
+
+// The fd number the worker finds the area on (passed as --payload-fd).
+inline constexpr int kWorkerPayloadFd = 1022;
+// Default bytes per ring (two rings per worker; pages are allocated on
+// first use and then reused).
+inline constexpr size_t kDefaultRingBytes = 16u * 1024 * 1024;
+// Pieces smaller than this go inline: the socket is cheap for them.
+inline constexpr size_t kRingMinPieceBytes = 64u * 1024;
+
+class PayloadArea {
+ public:
+  enum class Side { kDaemon, kWorker };
+
+  // Daemon: a fresh memfd (close-on-exec) holding two rings of `ring_bytes`
+  // (rounded up to whole pages). kResourceExhausted if it cannot be made.
+  static absl::StatusOr<std::unique_ptr<PayloadArea>> Create(size_t ring_bytes);
+  // Worker: maps the area behind `fd` (which stays the caller's).
+  // kInvalidArgument for an fd that is not such an area.
+  static absl::StatusOr<std::unique_ptr<PayloadArea>> Map(int fd);
+
+  ~PayloadArea();
+  PayloadArea(const PayloadArea&) = delete;
+  PayloadArea& operator=(const PayloadArea&) = delete;
+
+  // The memfd (daemon side; -1 on the worker side and after CloseFd()).
+  int fd() const { return fd_; }
+  // Closes the daemon's fd once the worker holds its copy; the mapping stays.
+  void CloseFd();
+  size_t ring_bytes() const { return ring_bytes_; }
+
+  // Copies `data` into the outgoing ring and returns its position, or
+  // std::nullopt when it does not fit now (send it inline).
+  std::optional<uint64_t> Put(std::string_view data);
+  // The same for the concatenation of `parts`, gathered into one piece.
+  std::optional<uint64_t> Put(absl::Span<const std::string_view> parts);
+  // The bytes of a payload the peer put at `pos`: a view into the incoming
+  // ring, valid until Release() passes it. kInvalidArgument for a piece
+  // outside the ring, empty, or before what was already released.
+  absl::StatusOr<std::string_view> Get(uint64_t pos, uint64_t size) const;
+  // Hands the incoming ring back to the producer up to `end` (pos + size of
+  // the last piece taken out; earlier pieces are released with it).
+  void Release(uint64_t end);
+
+ private:
+  PayloadArea(Side side, int fd, char* base, size_t map_bytes,
+              size_t ring_bytes);
+
+  const Side side_;
+  int fd_;
+  char* const base_;
+  const size_t map_bytes_;
+  const size_t ring_bytes_;
+  char* out_ring_;
+  const char* in_ring_;
+  uint64_t* out_released_;  // written by the peer
+  uint64_t* in_released_;   // written by us
+  uint64_t out_tail_ = 0;   // producer: the end of the last piece put
+  uint64_t in_done_ = 0;    // consumer: what we released last
+};
+
+}  // namespace agentix::ipc

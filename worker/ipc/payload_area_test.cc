@@ -1,0 +1,208 @@
+#include "worker/ipc/payload_area.h"
+
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <msgpack.hpp>
+#include <string>
+
+#include "testing/status_matchers.h"
+#include "worker/ipc/frame.h"
+
+namespace agentix::ipc {
+namespace {
+
+struct Pair {
+  std::unique_ptr<PayloadArea> daemon;
+  std::unique_ptr<PayloadArea> worker;
+};
+
+Pair MakePair(size_t ring_bytes) {
+  auto daemon = PayloadArea::Create(ring_bytes);
+  REQUIRE(daemon.ok());
+  auto worker = PayloadArea::Map((*daemon)->fd());
+  REQUIRE(worker.ok());
+  (*daemon)->CloseFd();
+  return {std::move(*daemon), std::move(*worker)};
+}
+
+std::string Bytes(size_t n, char seed) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>(seed + i * 7);
+  return s;
+}
+
+TEST_CASE("Pieces cross both rings in order", "[ipc][payload]") {
+  Pair p = MakePair(64 * 1024);
+  REQUIRE(p.daemon->ring_bytes() == 64 * 1024);
+  REQUIRE(p.worker->ring_bytes() == 64 * 1024);
+  const std::string a = Bytes(20000, 'a'), b = Bytes(30000, 'b');
+  auto pa = p.daemon->Put(a);
+  auto pb = p.daemon->Put(b);
+  REQUIRE(pa.has_value());
+  REQUIRE(pb.has_value());
+  auto va = p.worker->Get(*pa, a.size());
+  auto vb = p.worker->Get(*pb, b.size());
+  REQUIRE(va.ok());
+  REQUIRE(vb.ok());
+  CHECK(*va == a);
+  CHECK(*vb == b);
+  p.worker->Release(*pb + b.size());
+  // The other direction is independent.
+  const std::string c = Bytes(1000, 'c');
+  auto pc = p.worker->Put(c);
+  REQUIRE(pc.has_value());
+  CHECK(*pc == 0);
+  auto vc = p.daemon->Get(*pc, c.size());
+  REQUIRE(vc.ok());
+  CHECK(*vc == c);
+}
+
+TEST_CASE("A full ring refuses until the consumer releases; pieces never wrap",
+          "[ipc][payload]") {
+  Pair p = MakePair(64 * 1024);
+  const std::string piece = Bytes(24 * 1024, 'x');
+  auto first = p.daemon->Put(piece);
+  auto second = p.daemon->Put(piece);
+  REQUIRE(first.has_value());
+  REQUIRE(second.has_value());
+  // 48 KiB used: a third 24 KiB piece would wrap, so it must skip to the
+  // ring's start, which is still in use.
+  CHECK_FALSE(p.daemon->Put(piece).has_value());
+  p.worker->Release(*first + piece.size());
+  auto third = p.daemon->Put(piece);
+  REQUIRE(third.has_value());
+  CHECK(*third == 64 * 1024);  // the ring's start, one lap on
+  auto view = p.worker->Get(*third, piece.size());
+  REQUIRE(view.ok());
+  CHECK(*view == piece);
+  // Too big for the ring at all, and empty: inline.
+  CHECK_FALSE(p.daemon->Put(Bytes(65 * 1024, 'y')).has_value());
+  CHECK_FALSE(p.daemon->Put("").has_value());
+}
+
+TEST_CASE("Put gathers parts into one piece", "[ipc][payload]") {
+  Pair p = MakePair(64 * 1024);
+  const std::string a = Bytes(5000, 'a'), b = Bytes(7, 'b'),
+                    c = Bytes(9000, 'c');
+  const std::string_view parts[] = {a, "", b, c};
+  auto pos = p.daemon->Put(parts);
+  REQUIRE(pos.has_value());
+  auto view = p.worker->Get(*pos, a.size() + b.size() + c.size());
+  REQUIRE(view.ok());
+  CHECK(*view == a + b + c);
+  const std::string_view empty[] = {"", ""};
+  CHECK_FALSE(p.daemon->Put(empty).has_value());
+}
+
+TEST_CASE("Bad references from the peer are refused", "[ipc][payload]") {
+  Pair p = MakePair(64 * 1024);
+  CHECK(p.worker->Get(0, 0).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK_FALSE(p.worker->Get(0, 65 * 1024).ok());
+  CHECK_FALSE(p.worker->Get(60 * 1024, 8 * 1024).ok());  // would wrap
+  CHECK_FALSE(p.worker->Get(UINT64_MAX - 10, 100).ok());
+  p.worker->Release(4096);
+  CHECK_FALSE(p.worker->Get(0, 100).ok());  // already released
+  CHECK(p.worker->Get(4096, 100).ok());
+}
+
+TEST_CASE("A garbage release counter only makes Put fall back",
+          "[ipc][payload]") {
+  Pair p = MakePair(64 * 1024);
+  // The worker claims to have released bytes that were never put.
+  p.worker->Release(1u << 30);
+  CHECK_FALSE(p.daemon->Put(Bytes(100, 'z')).has_value());
+}
+
+TEST_CASE("Map refuses an fd that is not a payload area", "[ipc][payload]") {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  CHECK(PayloadArea::Map(fds[0]).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  ::close(fds[0]);
+  ::close(fds[1]);
+}
+
+Frame RoundTrip(const Frame& f) {
+  std::string wire;
+  REQUIRE_OK(AppendFrame(f, wire));
+  FrameReader reader;
+  reader.Append(wire.data(), wire.size());
+  auto next = reader.Next();
+  REQUIRE(next.ok());
+  REQUIRE(next->has_value());
+  return std::move(**next);
+}
+
+TEST_CASE("Ring payload references round-trip in the four payload frames",
+          "[ipc][payload]") {
+  for (FrameType type : {FrameType::kCall, FrameType::kArgChunk,
+                         FrameType::kResultChunk, FrameType::kResult}) {
+    Frame f;
+    f.type = type;
+    f.call_id = "c1";
+    f.callable = type == FrameType::kCall ? "m::f" : "";
+    f.encoding = type == FrameType::kArgChunk ? 0 : 1;
+    f.total_size =
+        type == FrameType::kArgChunk || type == FrameType::kResultChunk
+            ? 0
+            : 5u << 20;
+    f.in_ring = true;
+    f.ring_pos = 123456789;
+    f.ring_size = 1 << 20;
+    Frame back = RoundTrip(f);
+    CHECK(back.type == type);
+    CHECK(back.call_id == "c1");
+    CHECK(back.in_ring);
+    CHECK(back.ring_pos == 123456789);
+    CHECK(back.ring_size == 1u << 20);
+    CHECK(back.data.empty());
+    CHECK(back.total_size == f.total_size);
+    CHECK(back.callable == f.callable);
+  }
+  Frame log;
+  log.type = FrameType::kLog;
+  log.in_ring = true;
+  log.ring_size = 1;
+  std::string out;
+  CHECK(AppendFrame(log, out).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(out.empty());
+}
+
+TEST_CASE("Malformed ring references are typed errors", "[ipc][payload]") {
+  auto decode = [](std::initializer_list<std::pair<std::string, int>> ints,
+                   bool with_data, const std::string& type) {
+    msgpack::sbuffer buf;
+    msgpack::packer<msgpack::sbuffer> p(buf);
+    p.pack_map(ints.size() + 2 + (with_data ? 1 : 0));
+    p.pack(std::string("t"));
+    p.pack(type);
+    p.pack(std::string("call_id"));
+    p.pack(std::string("c"));
+    for (const auto& [k, v] : ints) {
+      p.pack(k);
+      p.pack(v);
+    }
+    if (with_data) {
+      p.pack(std::string("data"));
+      p.pack_bin(1);
+      p.pack_bin_body("x", 1);
+    }
+    return DecodeFrameBody(std::string_view(buf.data(), buf.size())).status();
+  };
+  CHECK(decode({{"ring_pos", 0}, {"ring_size", 10}}, false, "arg_chunk").ok());
+  CHECK(decode({{"ring_pos", 0}}, false, "arg_chunk").code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(
+      decode({{"ring_pos", 0}, {"ring_size", 0}}, false, "arg_chunk").code() ==
+      absl::StatusCode::kInvalidArgument);
+  CHECK(
+      decode({{"ring_pos", 0}, {"ring_size", 10}}, true, "arg_chunk").code() ==
+      absl::StatusCode::kInvalidArgument);
+  CHECK(decode({{"ring_pos", 0}, {"ring_size", 10}}, false, "cancel").code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace agentix::ipc
