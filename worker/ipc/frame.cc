@@ -343,40 +343,64 @@ absl::Status AppendDataFrame(FrameType type, std::string_view call_id,
   return FinishFrame(start, out);
 }
 
-absl::Status EncodeFrameAround(const Frame& f, size_t data_size,
-                               std::string& head, std::string& tail) {
+namespace {
+
+// The fields of a frame that carries a payload, other than the payload
+// itself: those that come before it go to `head`, those after it to `tail`,
+// in a map sized for them plus `payload_fields` entries (1 for "data", 2 for
+// ring_pos and ring_size). One field list for the inline, the zero-copy and
+// the ring encodings. False for a type without a payload.
+bool PackPayloadFrameFields(const Frame& f, uint32_t payload_fields,
+                            Packer& head, Packer& tail) {
+  switch (f.type) {
+    case FrameType::kCall:
+      head.pack_map(7 + payload_fields);
+      PackStr(head, "t", "call");
+      PackStr(head, "call_id", f.call_id);
+      PackStr(head, "callable", f.callable);
+      PackInt(head, "encoding", f.encoding);
+      PackInt(tail, "total_size", f.total_size);
+      PackBin(tail, "context", f.context);
+      PackInt(tail, "stream_window", f.stream_window);
+      return true;
+    case FrameType::kArgChunk:
+    case FrameType::kResultChunk:
+      head.pack_map(2 + payload_fields);
+      PackStr(head, "t", FrameTypeName(f.type));
+      PackStr(head, "call_id", f.call_id);
+      return true;
+    case FrameType::kResult:
+      head.pack_map(4 + payload_fields);
+      PackStr(head, "t", "result");
+      PackStr(head, "call_id", f.call_id);
+      PackInt(head, "encoding", f.encoding);
+      PackInt(tail, "total_size", f.total_size);
+      return true;
+    case FrameType::kStreamItem:
+      head.pack_map(4 + payload_fields);
+      PackStr(head, "t", "stream_item");
+      PackStr(head, "call_id", f.call_id);
+      PackInt(head, "index", f.index);
+      PackInt(head, "encoding", f.encoding);
+      return true;
+    default:
+      return false;
+  }
+}
+
+// EncodeFrameAround for every type with a payload (kCall included).
+absl::Status EncodeAround(const Frame& f, size_t data_size, std::string& head,
+                          std::string& tail) {
   head.assign(4, '\0');
   tail.clear();
   StringSink head_sink{head};
   Packer h(head_sink);
   StringSink tail_sink{tail};
   Packer t(tail_sink);
-  // Field order as in AppendFrame, so the bytes are identical.
-  switch (f.type) {
-    case FrameType::kArgChunk:
-    case FrameType::kResultChunk:
-      h.pack_map(3);
-      PackStr(h, "t", FrameTypeName(f.type));
-      PackStr(h, "call_id", f.call_id);
-      break;
-    case FrameType::kResult:
-      h.pack_map(5);
-      PackStr(h, "t", "result");
-      PackStr(h, "call_id", f.call_id);
-      PackInt(h, "encoding", f.encoding);
-      PackInt(t, "total_size", f.total_size);
-      break;
-    case FrameType::kStreamItem:
-      h.pack_map(5);
-      PackStr(h, "t", "stream_item");
-      PackStr(h, "call_id", f.call_id);
-      PackInt(h, "index", f.index);
-      PackInt(h, "encoding", f.encoding);
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "EncodeFrameAround: '", std::string(FrameTypeName(f.type)),
-          "' frames do not end with their payload"));
+  if (!PackPayloadFrameFields(f, 1, h, t)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", std::string(FrameTypeName(f.type)),
+                     "' frames carry no payload"));
   }
   PackKey(h, "data");
   if (data_size > kMaxFrameBytes) {
@@ -388,53 +412,40 @@ absl::Status EncodeFrameAround(const Frame& f, size_t data_size,
   return PutLength(head.size() - 4 + data_size + tail.size(), head.data());
 }
 
-namespace {
+}  // namespace
 
-// A frame whose payload lies in a payload ring: the fields of its inline
-// form, with ring_pos and ring_size where "data" would be.
-absl::Status AppendRingFrame(const Frame& f, std::string& out) {
-  const size_t start = out.size();
-  out.append(4, '\0');
-  StringSink sink{out};
-  Packer p(sink);
-  switch (f.type) {
-    case FrameType::kCall:
-      p.pack_map(9);
-      PackStr(p, "t", "call");
-      PackStr(p, "call_id", f.call_id);
-      PackStr(p, "callable", f.callable);
-      PackInt(p, "encoding", f.encoding);
-      PackInt(p, "total_size", f.total_size);
-      PackBin(p, "context", f.context);
-      PackInt(p, "stream_window", f.stream_window);
-      break;
-    case FrameType::kArgChunk:
-    case FrameType::kResultChunk:
-      p.pack_map(4);
-      PackStr(p, "t", FrameTypeName(f.type));
-      PackStr(p, "call_id", f.call_id);
-      break;
-    case FrameType::kResult:
-      p.pack_map(6);
-      PackStr(p, "t", "result");
-      PackStr(p, "call_id", f.call_id);
-      PackInt(p, "encoding", f.encoding);
-      PackInt(p, "total_size", f.total_size);
-      break;
-    default:
-      out.resize(start);
-      return absl::InvalidArgumentError(
-          absl::StrCat("'", std::string(FrameTypeName(f.type)),
-                       "' frames carry no ring payload"));
+absl::Status EncodeFrameAround(const Frame& f, size_t data_size,
+                               std::string& head, std::string& tail) {
+  if (f.type == FrameType::kCall) {
+    return absl::InvalidArgumentError(
+        "EncodeFrameAround: 'call' frames do not end with their payload");
   }
-  PackInt(p, "ring_pos", f.ring_pos);
-  PackInt(p, "ring_size", f.ring_size);
-  return FinishFrame(start, out);
+  return EncodeAround(f, data_size, head, tail);
 }
+
+namespace {
 
 bool CarriesRingPayload(FrameType type) {
   return type == FrameType::kCall || type == FrameType::kArgChunk ||
          type == FrameType::kResultChunk || type == FrameType::kResult;
+}
+
+// A frame whose payload lies in a payload ring: the fields of its inline
+// form, with ring_pos and ring_size where "data" would be.
+absl::Status AppendRingFrame(const Frame& f, std::string& out) {
+  if (!CarriesRingPayload(f.type)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", std::string(FrameTypeName(f.type)),
+                     "' frames carry no ring payload"));
+  }
+  const size_t start = out.size();
+  out.append(4, '\0');
+  StringSink sink{out};
+  Packer p(sink);
+  PackPayloadFrameFields(f, 2, p, p);
+  PackInt(p, "ring_pos", f.ring_pos);
+  PackInt(p, "ring_size", f.ring_size);
+  return FinishFrame(start, out);
 }
 
 }  // namespace
@@ -446,17 +457,6 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
   StringSink sink{out};
   Packer p(sink);
   switch (f.type) {
-    case FrameType::kCall:
-      p.pack_map(8);
-      PackStr(p, "t", "call");
-      PackStr(p, "call_id", f.call_id);
-      PackStr(p, "callable", f.callable);
-      PackInt(p, "encoding", f.encoding);
-      PackBin(p, "data", f.data);
-      PackInt(p, "total_size", f.total_size);
-      PackBin(p, "context", f.context);
-      PackInt(p, "stream_window", f.stream_window);
-      break;
     case FrameType::kStreamAck:
       p.pack_map(3);
       PackStr(p, "t", "stream_ack");
@@ -479,15 +479,16 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       PackNamespace(p, f.ns);
       PackBin(p, "data", f.data);
       break;
+    case FrameType::kCall:
     case FrameType::kStreamItem:
     case FrameType::kArgChunk:
     case FrameType::kResultChunk:
     case FrameType::kResult: {
-      // Frames that end with their payload: one encoder for both paths, so
-      // the copying and the zero-copy senders put the same bytes on the wire.
+      // Frames with a payload: one field list for every path, so the
+      // copying, zero-copy and ring senders agree on the wire.
       out.resize(start);
       std::string head, tail;
-      absl::Status status = EncodeFrameAround(f, f.data.size(), head, tail);
+      absl::Status status = EncodeAround(f, f.data.size(), head, tail);
       if (!status.ok()) return status;
       out.append(head).append(f.data).append(tail);
       return absl::OkStatus();
