@@ -24,6 +24,7 @@ answers UNIMPLEMENTED like an older daemon.
 import asyncio
 import inspect
 import pickle
+import time
 import traceback
 from collections.abc import Callable
 
@@ -371,3 +372,12 @@ async def serve(fake: FakeRuntime, address: str):
     port = server.add_insecure_port(address)
     await server.start()
     return server, port
+
+
+async def eventually(predicate, timeout=5.0):
+    """Waits until predicate() is true; AssertionError after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.005)

@@ -26,18 +26,10 @@ from agentix import (
 from agentix.runtime.client.stream import BATCH_BYTES, CHUNK_BYTES, CallsStream, NativeCallsStream
 from agentix.runtime.shared import safepickle
 from agentix.runtime.v1 import runtime_pb2 as pb
-from fake_runtime import FakeRuntime, error_event, result_events, serve
+from fake_runtime import FakeRuntime, error_event, eventually, result_events, serve
 
 pytestmark = pytest.mark.asyncio
 MiB = 1 << 20
-
-
-async def eventually(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
 
 
 @pytest.fixture(autouse=True, params=["native", "aio"])

@@ -16,16 +16,9 @@ from agentix.runtime.client.errors import RuntimeUnreachable
 from agentix.runtime.client.namespaces import NamespaceStream
 from agentix.runtime.shared.codec import pack, unpack
 from agentix.runtime.v1 import runtime_pb2 as pb
+from fake_runtime import eventually
 
 pytestmark = pytest.mark.asyncio
-
-
-async def eventually(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
 
 
 class Recorder(AsyncClientNamespace):
