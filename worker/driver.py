@@ -378,7 +378,6 @@ class _SyncPool:
 
     def submit(self, fn, *args):
         job = _PoolJob(self, fn, args)
-        self._queued[job] = None
         try:
             self._idle.pop()
         except IndexError:
@@ -386,8 +385,9 @@ class _SyncPool:
                 thread = threading.Thread(
                     target=self._serve, daemon=True,
                     name=f"agentix-call_{len(self._threads)}")
+                thread.start()  # may raise (no more threads): nothing counted yet
                 self._threads.append(thread)
-                thread.start()
+        self._queued[job] = None
         self._jobs.put(job)
         return job
 
