@@ -64,6 +64,16 @@ std::string PyEval(const std::string& expression) {
   return out;
 }
 
+// Runs a Python statement that should raise `exception` (a Python
+// expression naming the type): its str(), or kNoError when nothing was
+// raised. Any other exception fails the test.
+constexpr char kNoError[] = "<no error>";
+std::string Raised(const std::string& statement, const std::string& exception) {
+  Py("try:\n    " + statement + "\n    outcome = None\nexcept " + exception +
+     " as e:\n    outcome = str(e)\n");
+  return PyEval("outcome") == "None" ? kNoError : PyEval("outcome");
+}
+
 // A socketpair: `worker` goes to a Channel, `peer` stays in C++.
 struct Pair {
   Pair() {
@@ -231,22 +241,12 @@ TEST_CASE("Non-UTF-8 call ids round-trip", "[channel]") {
 TEST_CASE("A garbage frame makes the channel dead", "[channel]") {
   Pair pair;
   pair.SendRaw(std::string("\x03\x00\x00\x00\xc1\xc1\xc1", 7));
-  Py("try:\n"
-     "    ch.read_frames()\n"
-     "    outcome = 'no error'\n"
-     "except w.ProtocolError as e:\n"
-     "    outcome = 'ProtocolError'\n");
-  REQUIRE(PyEval("outcome") == "ProtocolError");
+  REQUIRE(Raised("ch.read_frames()", "w.ProtocolError") != kNoError);
   // Later reads keep failing even if valid bytes follow.
   ipc::Frame shutdown;
   shutdown.type = ipc::FrameType::kShutdown;
   pair.Send(shutdown);
-  Py("try:\n"
-     "    ch.read_frames()\n"
-     "    outcome = 'no error'\n"
-     "except w.ProtocolError as e:\n"
-     "    outcome = 'ProtocolError'\n");
-  REQUIRE(PyEval("outcome") == "ProtocolError");
+  REQUIRE(Raised("ch.read_frames()", "w.ProtocolError") != kNoError);
 }
 
 TEST_CASE("Worker-to-daemon frames from the daemon are protocol errors",
@@ -256,24 +256,16 @@ TEST_CASE("Worker-to-daemon frames from the daemon are protocol errors",
   result.type = ipc::FrameType::kResult;
   result.call_id = "x";
   pair.Send(result);
-  Py("try:\n"
-     "    ch.read_frames()\n"
-     "    outcome = 'no error'\n"
-     "except w.ProtocolError as e:\n"
-     "    outcome = str(e)\n");
-  REQUIRE(PyEval("outcome") == "unexpected 'result' frame from the daemon");
+  REQUIRE(Raised("ch.read_frames()", "w.ProtocolError") ==
+          "unexpected 'result' frame from the daemon");
 }
 
 TEST_CASE("Oversized frame lengths are refused before reading the body",
           "[channel]") {
   Pair pair;
   pair.SendRaw(std::string("\xff\xff\xff\x7f", 4));
-  Py("try:\n"
-     "    ch.read_frames()\n"
-     "    outcome = 'no error'\n"
-     "except w.ProtocolError as e:\n"
-     "    outcome = str(e)\n");
-  REQUIRE(PyEval("outcome").find("exceeds") != std::string::npos);
+  REQUIRE(Raised("ch.read_frames()", "w.ProtocolError").find("exceeds") !=
+          std::string::npos);
 }
 
 TEST_CASE("Sends are queued until flush", "[channel]") {
@@ -361,26 +353,18 @@ TEST_CASE("send_item queues one stream_item frame", "[channel]") {
 
   // Over the frame limit: ValueError, nothing queued, the channel usable.
   // bytes(n) is calloc'd, so the refused item costs no memory.
-  Py("try:\n"
-     "    ch.send_item('s', 3, 1, bytes(256 * 1024 * 1024 + 1))\n"
-     "    outcome = 'no error'\n"
-     "except ValueError as e:\n"
-     "    outcome = str(e)\n");
-  REQUIRE(PyEval("outcome").find("exceeds") != std::string::npos);
+  REQUIRE(Raised("ch.send_item('s', 3, 1, bytes(256 * 1024 * 1024 + 1))",
+                 "ValueError")
+              .find("exceeds") != std::string::npos);
   REQUIRE(PyEval("ch.pending_bytes()") == "0");
-  Py("try:\n"
-     "    ch.send_item('s', -1, 1, b'')\n"
-     "    outcome = 'no error'\n"
-     "except ValueError as e:\n"
-     "    outcome = 'ValueError'\n");
-  REQUIRE(PyEval("outcome") == "ValueError");
+  REQUIRE(Raised("ch.send_item('s', -1, 1, b'')", "ValueError") != kNoError);
 }
 
 TEST_CASE("Large results are cut into result_chunk frames", "[channel]") {
   constexpr size_t kChunk = ipc::kChunkBytes;
-  const size_t size = GENERATE(
-      size_t{0}, ipc::kChunkBytes - 1, ipc::kChunkBytes, ipc::kChunkBytes + 1,
-      2 * ipc::kChunkBytes, 3 * ipc::kChunkBytes + 5);
+  const size_t size = GENERATE(size_t{0}, ipc::kChunkBytes - 1,
+                               ipc::kChunkBytes, ipc::kChunkBytes + 1,
+                               2 * ipc::kChunkBytes, 3 * ipc::kChunkBytes + 5);
   CAPTURE(size);
   Pair pair;
   FrameCollector collector(pair.peer);
@@ -394,8 +378,8 @@ TEST_CASE("Large results are cut into result_chunk frames", "[channel]") {
   for (size_t i = 0; i < frames.size(); ++i) {
     const bool last = i + 1 == frames.size();
     REQUIRE(frames[i].call_id == "big");
-    REQUIRE(frames[i].type == (last ? ipc::FrameType::kResult
-                                    : ipc::FrameType::kResultChunk));
+    REQUIRE(frames[i].type ==
+            (last ? ipc::FrameType::kResult : ipc::FrameType::kResultChunk));
     if (!last) REQUIRE(frames[i].data.size() == kChunk);
     REQUIRE(frames[i].data.size() <= kChunk);
     joined += frames[i].data;
@@ -605,12 +589,7 @@ TEST_CASE("A ring reference outside the ring is a protocol error",
   chunk.ring_pos = (1 << 20) - 10;
   chunk.ring_size = 100;
   pair.Send(chunk);
-  Py("try:\n"
-     "    ch.read_frames()\n"
-     "    outcome = 'no error'\n"
-     "except w.ProtocolError as e:\n"
-     "    outcome = 'ProtocolError'\n");
-  REQUIRE(PyEval("outcome") == "ProtocolError");
+  REQUIRE(Raised("ch.read_frames()", "w.ProtocolError") != kNoError);
 }
 
 TEST_CASE("A ring reference without a payload area is a protocol error",
@@ -620,12 +599,7 @@ TEST_CASE("A ring reference without a payload area is a protocol error",
   chunk.in_ring = true;
   chunk.ring_size = 100;
   pair.Send(chunk);
-  Py("try:\n"
-     "    ch.read_frames()\n"
-     "    outcome = 'no error'\n"
-     "except w.ProtocolError as e:\n"
-     "    outcome = 'ProtocolError'\n");
-  REQUIRE(PyEval("outcome") == "ProtocolError");
+  REQUIRE(Raised("ch.read_frames()", "w.ProtocolError") != kNoError);
 }
 
 TEST_CASE("Channel refuses a payload_fd that is not a payload area",
@@ -704,8 +678,10 @@ std::string ReadUntilEnd(int fd, const std::string& tail) {
   return got;
 }
 
-TEST_CASE("Large results are written unchanged on the wire, after logs and "
-          "queued frames", "[channel]") {
+TEST_CASE(
+    "Large results are written unchanged on the wire, after logs and "
+    "queued frames",
+    "[channel]") {
   constexpr size_t kChunk = ipc::kChunkBytes;
   const size_t size =
       GENERATE(size_t{300 * 1024}, ipc::kChunkBytes, ipc::kChunkBytes + 1,
@@ -723,7 +699,8 @@ TEST_CASE("Large results are written unchanged on the wire, after logs and "
   small.total_size = 4;
   std::string want;
   REQUIRE_OK(ipc::AppendFrame(small, want));
-  size_t last = size <= kChunk ? size : (size % kChunk ? size % kChunk : kChunk);
+  size_t last =
+      size <= kChunk ? size : (size % kChunk ? size % kChunk : kChunk);
   size_t offset = 0;
   for (; size - offset > last; offset += kChunk) {
     ipc::Frame chunk = ChunkFrame("big", data.substr(offset, kChunk));
@@ -762,8 +739,7 @@ TEST_CASE("Large results are written unchanged on the wire, after logs and "
   REQUIRE(got.substr(got.size() - want.size()) == want);
 }
 
-TEST_CASE("A record queued while the log sender sleeps wakes it",
-          "[channel]") {
+TEST_CASE("A record queued while the log sender sleeps wakes it", "[channel]") {
   // Producers wake the sender only when it sleeps (Writer::sender_asleep):
   // each record here is queued after the previous one went out, mostly with
   // the sender asleep, sometimes while it is still finishing its write.
@@ -779,16 +755,19 @@ TEST_CASE("A record queued while the log sender sleeps wakes it",
   }
 }
 
-TEST_CASE("Records and trace events from several threads all go out, each "
-          "thread's in order",
-          "[channel]") {
+TEST_CASE(
+    "Records and trace events from several threads all go out, each "
+    "thread's in order",
+    "[channel]") {
   Pair pair;
   FrameCollector collector(pair.peer);
   constexpr int kThreads = 4, kEach = 3000;
   Py(absl::StrCat(
       "import threading\n"
       "def produce(t):\n"
-      "    for i in range(", kEach, "):\n"
+      "    for i in range(",
+      kEach,
+      "):\n"
       "        if i % 3:\n"
       "            ch.send_log('lg', 20, 'INFO', f'{t} {i}', 1, 'f.py', 1, "
       "'fn', 'm', '', 1, 'c', '', None, '')\n"
@@ -796,7 +775,8 @@ TEST_CASE("Records and trace events from several threads all go out, each "
       "            ch.send_trace(3, f'{t} {i}', 'span_1', '', 's', 1, 0, None, "
       "None, 0, '', '', None, 'c')\n"
       "threads = [threading.Thread(target=produce, args=(t,)) for t in range(",
-      kThreads, ")]\n"
+      kThreads,
+      ")]\n"
       "for thread in threads: thread.start()\n"
       "for thread in threads: thread.join()\n"));
   auto frames = collector.Wait(kThreads * kEach, absl::Seconds(20));
@@ -848,8 +828,8 @@ TEST_CASE("Bad arguments raise TypeError, not crashes", "[channel]") {
 
 TEST_CASE("Module helpers: msgpack and constants", "[channel]") {
   EnsureChannelInterpreter();
-  REQUIRE(PyEval("w.msgpack_loads(w.msgpack_dumps([[1, 'a'], {'k': b'v'}]))")
-          == "[[1, 'a'], {'k': b'v'}]");
+  REQUIRE(PyEval("w.msgpack_loads(w.msgpack_dumps([[1, 'a'], {'k': b'v'}]))") ==
+          "[[1, 'a'], {'k': b'v'}]");
   REQUIRE(PyEval("w.CHUNK_BYTES") == std::to_string(ipc::kChunkBytes));
   Py("w.log(0, 'debug line from the channel test')\n");
 }
