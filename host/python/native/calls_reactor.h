@@ -1,40 +1,31 @@
-// CallsReactor: one RuntimeService.Calls stream driven by grpc++'s callback
-// API, for the host's native transport (native_calls.cc is its Python face).
-// No Python here: messages are opaque bytes in both directions.
+// CallsReactor: one RuntimeService.Calls stream driven by grpc++'s
+// completion-queue API, for the host's native transport (native_calls.cc is
+// its Python face). No Python here: messages are opaque bytes both ways.
 //
 // Threads. The owner calls Write()/WritesDone()/Cancel()/Drain() from one
-// thread (the asyncio loop's); gRPC runs the reactions (OnReadDone,
-// OnWriteDone, ...) on its own threads, and possibly inline inside
-// StartWrite() & co. on the calling thread. All shared state sits behind
-// `mu_`, which is never held while calling into gRPC.
+// thread (the asyncio loop's; a write starts there at once when none is in
+// flight). One thread per process polls the completion queue all reactors
+// share and handles every completion: the only thread gRPC wakes for them.
+// (grpc++'s callback API ran completions on two process-wide threads that
+// handed each event between them: ~9 thread wake-ups per call in the host
+// instead of ~3; docs/PERFORMANCE.md, "Host transport on a completion
+// queue".) Shared state sits behind `mu_`, never held while calling gRPC.
 //
-// Notifications. Reactions queue what the owner must see (received messages,
-// the final status, "pending writes fell below the asked threshold") and write
-// an eventfd only when that queue goes from empty to non-empty; the owner
-// watches the eventfd and Drain() takes everything and resets it.
+// Notifications. Completions queue what the owner must see (received
+// messages, the final status, "pending writes fell below the asked
+// threshold") and write an eventfd only when that queue goes from empty to
+// non-empty; the owner watches the eventfd and Drain() takes everything and
+// resets it.
 //
-// Lifetime. The reactor has two owners: the Python object (until Detach())
-// and gRPC (until OnDone()). It holds the grpc::Channel, and must never be
-// deleted on a gRPC thread. Why: with grpc 1.51 on Linux every channel that
-// ran a callback-API call holds a reference to one process-wide callback
-// completion queue (CompletionQueue::CallbackAlternativeCQ), and destroying
-// the last such channel shuts that queue down and joins its threads — the
-// very threads that run reactions. Done from a reaction, that joins the
-// calling thread and frees the queue under it: "assertion failed: prior > 0"
-// and an abort (host/python/tests/test_native_teardown.py reproduces the
-// order). So when OnDone() comes last, the reactor is parked instead, and
-// ReapParked() deletes it on the next call from Python (without the GIL). At
-// interpreter exit a parked reactor may simply stay; nothing runs it again.
-// The eventfd belongs to the reactor, so a late reaction never writes to a
-// closed fd.
-//
-// A hold keeps the call from finishing while the owner may still start a
-// write: it is removed once no more writes can start (the stream is dead or
-// half-closed) and none is in flight.
+// Lifetime. Two owners: the Python object (until Detach()) and the polling
+// thread (until the call has finished and its last operation completed).
+// The last one deletes the reactor; the eventfd belongs to it, so a late
+// completion never writes a closed fd.
 #ifndef AGENTIX_HOST_PYTHON_NATIVE_CALLS_REACTOR_H_
 #define AGENTIX_HOST_PYTHON_NATIVE_CALLS_REACTOR_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -45,11 +36,10 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/byte_buffer.h>
-#include <grpcpp/support/client_callback.h>
 
 namespace agentix::host {
 
-class CallsReactor final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+class CallsReactor final {
  public:
   using Metadata = std::vector<std::pair<std::string, std::string>>;
 
@@ -58,7 +48,7 @@ class CallsReactor final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
 
   int fd() const { return efd_; }
 
-  // Starts the call; may run reactions inline. Called once.
+  // Starts the call and its polling thread. Called once.
   void Start(std::shared_ptr<grpc::Channel> channel, const Metadata& metadata);
 
   // Queues one message (or starts writing it at once). Returns the bytes not
@@ -87,46 +77,59 @@ class CallsReactor final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
   // Everything queued for the owner since the last Drain(); resets the eventfd.
   Drained Drain();
 
-  // The owner lets go (cancelling the call); deletes the reactor if gRPC is
-  // done with it. The object must not be used afterwards.
+  // The owner lets go (cancelling the call); the reactor is deleted once its
+  // polling thread is done too. The object must not be used afterwards.
   void Detach();
 
-  // Deletes the reactors whose OnDone came after their Detach (see Lifetime).
-  // Must not be called on a gRPC thread.
-  static void ReapParked();
-  // True when ReapParked() has something to do (cheap).
-  static bool AnyParked();
-
-  void OnReadDone(bool ok) override;
-  void OnWriteDone(bool ok) override;
-  void OnWritesDoneDone(bool ok) override;
-  void OnDone(const grpc::Status& status) override;
+  // Handles one completion of the shared queue (`tag` from Tag()); called
+  // on its polling thread only.
+  static void Complete(void* tag, bool ok);
 
  private:
-  ~CallsReactor() override;
+  enum class Op { kStart, kRead, kWrite, kWritesDone, kFinish };
+  static constexpr int kOps = 5;
+  // What a completion-queue tag points at.
+  struct Completion {
+    CallsReactor* reactor;
+    Op op;
+  };
+  void* Tag(Op op) { return &tags_[static_cast<int>(op)]; }
+
+  ~CallsReactor();
+
+  void OnReadDone(bool ok);
+  void OnWriteDone(bool ok);
+  void OnWritesDoneDone(bool ok);
+  void OnFinished();
+  // One operation completed; shuts the queue down when it was the last one
+  // of a finished call.
+  void OpDone();
 
   long long PendingLocked() const;
   void SignalLocked();
   void CheckNotifyLocked();
-  bool ReleaseLocked();
 
   const int efd_;
   grpc::ClientContext context_;
+  Completion tags_[kOps];
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer>> stub_;
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream_;
   grpc::ByteBuffer read_buf_;
   grpc::ByteBuffer write_buf_;  // the one write in flight
+  grpc::Status status_;
 
   std::mutex mu_;
-  int refs_ = 2;  // the owner and gRPC (until OnDone)
+  int refs_ = 2;  // the owner, and the polling thread until the last completion
+  bool started_ = false;
+  int ops_ = 0;  // operations started and not yet completed
   std::deque<grpc::Slice> queue_;
   size_t pending_bytes_ = 0;
   size_t inflight_bytes_ = 0;
   bool writing_ = false;
   bool writes_done_requested_ = false;
   bool writes_done_inflight_ = false;
-  bool half_closed_ = false;
   bool dead_ = false;
-  bool hold_released_ = false;
   long long notify_below_ = -1;
   bool below_fired_ = false;
   bool signalled_ = false;

@@ -4,8 +4,9 @@
 // the GIL, and turning C++ failures into Python exceptions.
 //
 // The GIL is released around every call into gRPC and every large copy;
-// reactions never touch Python. No C++ exception crosses into Python: every
-// entry point that can throw catches and converts.
+// completions (handled on the polling thread) never touch Python. No C++
+// exception crosses into Python: every entry point that can throw catches
+// and converts.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -30,15 +31,6 @@ using agentix::host::CallsReactor;
 
 // From this size on, copies run without the GIL.
 constexpr size_t kReleaseGilBytes = 64 << 10;
-
-// Deletes the parked reactors (calls_reactor.h, Lifetime). Called with the
-// GIL held; releases it while deleting (a reactor's channel may shut down).
-void ReapParked() {
-  if (!CallsReactor::AnyParked()) return;
-  Py_BEGIN_ALLOW_THREADS
-  CallsReactor::ReapParked();
-  Py_END_ALLOW_THREADS
-}
 
 // ---------------------------------------------------------------- Channel
 
@@ -151,7 +143,6 @@ void Channel_dealloc(ChannelObject* self) {
     delete channel;  // the last reference may shut the channel down
     Py_END_ALLOW_THREADS
   }
-  ReapParked();
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
@@ -177,7 +168,6 @@ int Transport_init(TransportObject* self, PyObject* args, PyObject* kwargs) {
                                    &metadata)) {
     return -1;
   }
-  ReapParked();
   if (self->reactor != nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "CallsTransport is already initialized");
     return -1;
@@ -234,7 +224,6 @@ void Transport_dealloc(TransportObject* self) {
     }
     Py_END_ALLOW_THREADS
   }
-  ReapParked();
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
@@ -335,7 +324,6 @@ PyObject* Transport_close(TransportObject* self, PyObject*) {
     reactor->Detach();
     Py_END_ALLOW_THREADS
   }
-  ReapParked();
   Py_RETURN_NONE;
 }
 
@@ -390,7 +378,6 @@ PyObject* MessageBytes(const std::vector<grpc::Slice>& slices) {
 // drain() -> (list[bytes], (code, details) | None, below: bool)
 PyObject* Transport_drain(TransportObject* self, PyObject*) {
   if (self->reactor == nullptr) return ClosedError();
-  ReapParked();  // reactors of earlier streams
   try {
     CallsReactor::Drained drained = self->reactor->Drain();
     PyObject* messages = PyList_New(static_cast<Py_ssize_t>(drained.messages.size()));

@@ -1,13 +1,13 @@
 """Clients on the native Calls transport come and go, and the interpreter
 exits with some still open, without gRPC aborting the process.
 
-Why this needs its own test: with grpc 1.51 on Linux, every grpc::Channel
-that ran a callback-API call holds a reference to one process-wide callback
-completion queue, and destroying the last such channel shuts that queue down
-and joins its threads. Destroying it from a reaction (one of those threads)
-aborted the process ("assertion failed: prior > 0"); _native_calls therefore
-never releases a channel on a gRPC thread (see "Lifetime" in
-native/calls_reactor.h). The failure only shows as a dead process, so each
+Why this needs its own test: the transport first ran on grpc++'s callback
+API, where (grpc 1.51, Linux) every grpc::Channel that ran a callback-API call
+holds a reference to one process-wide callback completion queue, and
+destroying the last such channel from one of that queue's threads aborted the
+process ("assertion failed: prior > 0"). It now runs on a completion queue of
+its own that is never shut down (native/calls_reactor.h), and these orders of
+teardown must stay harmless. The failure only shows as a dead process, so each
 scenario runs in a child interpreter and its exit status is checked.
 """
 

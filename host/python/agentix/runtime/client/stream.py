@@ -559,7 +559,7 @@ class NativeStreamError(grpc.RpcError):
 
 class NativeCallsStream(CallsStream):
     """A `CallsStream` over ``_native_calls.CallsTransport`` (grpc++'s
-    callback API in a C++ extension) instead of grpc.aio.
+    completion-queue API in a C++ extension) instead of grpc.aio.
 
     No tasks: the first event queued in a loop iteration is encoded and
     handed to the transport at once (which writes it at once when idle);
