@@ -21,6 +21,11 @@
 // thread (until the call has finished and its last operation completed).
 // The last one deletes the reactor; the eventfd belongs to it, so a late
 // completion never writes a closed fd.
+//
+// Fork. The polling thread does not exist in a child forked after the first
+// stream; streams opened there would wait for ever. gRPC itself does not
+// support that use without GRPC_ENABLE_FORK_SUPPORT either; clients must be
+// made after the fork (as with grpc.aio).
 #ifndef AGENTIX_HOST_PYTHON_NATIVE_CALLS_REACTOR_H_
 #define AGENTIX_HOST_PYTHON_NATIVE_CALLS_REACTOR_H_
 
