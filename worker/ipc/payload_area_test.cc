@@ -3,11 +3,9 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-#include <msgpack.hpp>
 #include <string>
 
 #include "testing/status_matchers.h"
-#include "worker/ipc/frame.h"
 
 namespace agentix::ipc {
 namespace {
@@ -122,86 +120,6 @@ TEST_CASE("Map refuses an fd that is not a payload area", "[ipc][payload]") {
         absl::StatusCode::kInvalidArgument);
   ::close(fds[0]);
   ::close(fds[1]);
-}
-
-Frame RoundTrip(const Frame& f) {
-  std::string wire;
-  REQUIRE_OK(AppendFrame(f, wire));
-  FrameReader reader;
-  reader.Append(wire.data(), wire.size());
-  auto next = reader.Next();
-  REQUIRE(next.ok());
-  REQUIRE(next->has_value());
-  return std::move(**next);
-}
-
-TEST_CASE("Ring payload references round-trip in the four payload frames",
-          "[ipc][payload]") {
-  for (FrameType type : {FrameType::kCall, FrameType::kArgChunk,
-                         FrameType::kResultChunk, FrameType::kResult}) {
-    Frame f;
-    f.type = type;
-    f.call_id = "c1";
-    f.callable = type == FrameType::kCall ? "m::f" : "";
-    f.encoding = type == FrameType::kArgChunk ? 0 : 1;
-    f.total_size =
-        type == FrameType::kArgChunk || type == FrameType::kResultChunk
-            ? 0
-            : 5u << 20;
-    f.in_ring = true;
-    f.ring_pos = 123456789;
-    f.ring_size = 1 << 20;
-    Frame back = RoundTrip(f);
-    CHECK(back.type == type);
-    CHECK(back.call_id == "c1");
-    CHECK(back.in_ring);
-    CHECK(back.ring_pos == 123456789);
-    CHECK(back.ring_size == 1u << 20);
-    CHECK(back.data.empty());
-    CHECK(back.total_size == f.total_size);
-    CHECK(back.callable == f.callable);
-  }
-  Frame log;
-  log.type = FrameType::kLog;
-  log.in_ring = true;
-  log.ring_size = 1;
-  std::string out;
-  CHECK(AppendFrame(log, out).code() == absl::StatusCode::kInvalidArgument);
-  CHECK(out.empty());
-}
-
-TEST_CASE("Malformed ring references are typed errors", "[ipc][payload]") {
-  auto decode = [](std::initializer_list<std::pair<std::string, int>> ints,
-                   bool with_data, const std::string& type) {
-    msgpack::sbuffer buf;
-    msgpack::packer<msgpack::sbuffer> p(buf);
-    p.pack_map(ints.size() + 2 + (with_data ? 1 : 0));
-    p.pack(std::string("t"));
-    p.pack(type);
-    p.pack(std::string("call_id"));
-    p.pack(std::string("c"));
-    for (const auto& [k, v] : ints) {
-      p.pack(k);
-      p.pack(v);
-    }
-    if (with_data) {
-      p.pack(std::string("data"));
-      p.pack_bin(1);
-      p.pack_bin_body("x", 1);
-    }
-    return DecodeFrameBody(std::string_view(buf.data(), buf.size())).status();
-  };
-  CHECK(decode({{"ring_pos", 0}, {"ring_size", 10}}, false, "arg_chunk").ok());
-  CHECK(decode({{"ring_pos", 0}}, false, "arg_chunk").code() ==
-        absl::StatusCode::kInvalidArgument);
-  CHECK(
-      decode({{"ring_pos", 0}, {"ring_size", 0}}, false, "arg_chunk").code() ==
-      absl::StatusCode::kInvalidArgument);
-  CHECK(
-      decode({{"ring_pos", 0}, {"ring_size", 10}}, true, "arg_chunk").code() ==
-      absl::StatusCode::kInvalidArgument);
-  CHECK(decode({{"ring_pos", 0}, {"ring_size", 10}}, false, "cancel").code() ==
-        absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
