@@ -356,8 +356,8 @@ class _SyncPool:
 
     Cheaper per call than concurrent.futures.ThreadPoolExecutor (no Future,
     no done callbacks, no Python-level semaphore): submit() costs ~0.6 us of
-    the loop thread against ~8 us (docs/PERFORMANCE.md, "Worker: sync
-    calls"). What it keeps from it: a job never waits behind a running one
+    the loop thread against ~8 us (docs/PERFORMANCE.md, "Per-call work
+    trimmed"). What it keeps from it: a job never waits behind a running one
     while fewer than max_threads run (each submit either takes an idle
     thread's token or starts a thread), a job cancelled before it starts
     never runs, and shutdown() stops idle threads without waiting for
