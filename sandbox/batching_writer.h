@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "sandbox/server_stream.h"
 
 namespace agentix::sandbox {
 
@@ -39,7 +40,7 @@ inline constexpr size_t kMaxBatchBytes = 4u << 20;
 template <typename Request, typename Response, typename Item, typename Field>
 class BatchingWriter {
  public:
-  using Reactor = grpc::ServerBidiReactor<Request, Response>;
+  using Reactor = ServerStream<Request, Response>;
   using ItemPtr = std::shared_ptr<const Item>;
 
   // `header` holds the non-repeated fields every message carries.

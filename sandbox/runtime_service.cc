@@ -1,6 +1,7 @@
 #include "sandbox/runtime_service.h"
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -48,14 +49,16 @@ class StreamSink final : public CallSink, public CallsWriter {
 // (no new calls or chunks are taken from it) until the backlog drains.
 constexpr size_t kPauseReadsAboveBytes = 64u << 20;
 
-class CallsReactor final
-    : public grpc::ServerBidiReactor<CallsRequest, CallsResponse> {
+class CallsReactor final : public ServerStream<CallsRequest, CallsResponse> {
  public:
   explicit CallsReactor(SessionManager* manager)
-      : manager_(manager),
-        sink_(std::make_shared<StreamSink>(this, manager)) {
-    StartRead(&request_);
-  }
+      : manager_(manager), sink_(std::make_shared<StreamSink>(this, manager)) {}
+
+  // The write backlog drained: take host events again.
+  void ResumeReads() { StartRead(&request_); }
+
+ private:
+  void OnStart() override { StartRead(&request_); }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
@@ -68,9 +71,6 @@ class CallsReactor final
     StartRead(&request_);
   }
 
-  // The write backlog drained: take host events again.
-  void ResumeReads() { StartRead(&request_); }
-
   void OnWriteDone(bool ok) override { sink_->OnWriteDone(ok); }
   void OnCancel() override { sink_->OnCancel(); }
 
@@ -80,7 +80,6 @@ class CallsReactor final
     delete this;
   }
 
- private:
   SessionManager* const manager_;
   std::shared_ptr<StreamSink> sink_;
   CallsRequest request_;
@@ -98,8 +97,7 @@ bool StreamSink::Deliver(std::vector<SandboxEventPtr> events) {
 
 // The write side of a Logs or Traces stream: a subscriber of the side
 // channel's buffer whose responses all carry the daemon's instance id.
-template <typename Request, typename Response, typename Record,
-          typename Field>
+template <typename Request, typename Response, typename Record, typename Field>
 class SideChannelSink final
     : public SeqBuffer<Record>::Subscriber,
       public BatchingWriter<Request, Response, Record, Field>,
@@ -107,7 +105,7 @@ class SideChannelSink final
       public std::enable_shared_from_this<
           SideChannelSink<Request, Response, Record, Field>> {
  public:
-  SideChannelSink(grpc::ServerBidiReactor<Request, Response>* reactor,
+  SideChannelSink(ServerStream<Request, Response>* reactor,
                   const std::string& instance_id)
       : BatchingWriter<Request, Response, Record, Field>(reactor,
                                                          Header(instance_id)) {}
@@ -137,10 +135,8 @@ class SideChannelSink final
 // One Logs or Traces stream: subscribes to the buffer on the first
 // subscribe request (later ones are ignored), forwards acks, finishes when
 // the host half-closes.
-template <typename Request, typename Response, typename Record,
-          typename Field>
-class SideChannelReactor final
-    : public grpc::ServerBidiReactor<Request, Response> {
+template <typename Request, typename Response, typename Record, typename Field>
+class SideChannelReactor final : public ServerStream<Request, Response> {
  public:
   using Sink = SideChannelSink<Request, Response, Record, Field>;
 
@@ -148,8 +144,10 @@ class SideChannelReactor final
       : buffer_(buffer),
         sink_(std::make_shared<Sink>(this, buffer->instance_id())) {
     sink_->CoalesceWith(scheduler);
-    this->StartRead(&request_);
   }
+
+ private:
+  void OnStart() override { this->StartRead(&request_); }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
@@ -178,7 +176,6 @@ class SideChannelReactor final
     delete this;
   }
 
- private:
   SeqBuffer<Record>* const buffer_;
   std::shared_ptr<Sink> sink_;
   Request request_;
@@ -225,13 +222,14 @@ class NamespaceSink final
 // One Namespace stream: OpenNamespace registers it with the hub (answered
 // by an `opened` message), later events go to the worker.
 class NamespaceReactor final
-    : public grpc::ServerBidiReactor<runtime::v1::NamespaceRequest,
-                                     runtime::v1::NamespaceResponse> {
+    : public ServerStream<runtime::v1::NamespaceRequest,
+                          runtime::v1::NamespaceResponse> {
  public:
   explicit NamespaceReactor(SessionManager* manager)
-      : manager_(manager), sink_(std::make_shared<NamespaceSink>(this)) {
-    StartRead(&request_);
-  }
+      : manager_(manager), sink_(std::make_shared<NamespaceSink>(this)) {}
+
+ private:
+  void OnStart() override { StartRead(&request_); }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
@@ -272,13 +270,11 @@ class NamespaceReactor final
     delete this;
   }
 
- private:
   void Open(const std::string& name) {
     if (!name_.empty()) {
-      sink_->Fail(grpc::Status(
-          grpc::StatusCode::FAILED_PRECONDITION,
-          "this stream already carries namespace " + name_ +
-              "; open one stream per namespace"));
+      sink_->Fail(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                               "this stream already carries namespace " +
+                                   name_ + "; open one stream per namespace"));
       return;
     }
     absl::Status valid = NamespaceHub::CheckName(name);
@@ -321,49 +317,117 @@ class NamespaceReactor final
   std::string name_;  // only touched by read reactions
 };
 
+// One GetInfo call.
+class InfoCall final {
+ public:
+  using RequestCall = std::function<void(
+      grpc::ServerContext*, runtime::v1::GetInfoRequest*,
+      grpc::ServerAsyncResponseWriter<runtime::v1::GetInfoResponse>*,
+      grpc::ServerCompletionQueue*, void*)>;
+
+  // Awaits the next GetInfo call (and, once it arrives, the one after).
+  static void AwaitNext(RequestCall request_call,
+                        grpc::ServerCompletionQueue* cq,
+                        SessionManager* manager, const std::string* version) {
+    auto* call = new InfoCall(std::move(request_call), cq, manager, version);
+    call->request_call_(&call->context_, &call->request_, &call->writer_, cq,
+                        &call->accepted_);
+  }
+
+ private:
+  InfoCall(RequestCall request_call, grpc::ServerCompletionQueue* cq,
+           SessionManager* manager, const std::string* version)
+      : request_call_(std::move(request_call)),
+        cq_(cq),
+        manager_(manager),
+        version_(version) {}
+
+  void Accepted(bool ok) {
+    if (!ok) {  // the server is shutting down
+      delete this;
+      return;
+    }
+    AwaitNext(request_call_, cq_, manager_, version_);
+    SessionInfo info = manager_->Info();
+    response_.set_status("ok");
+    response_.set_version(*version_);
+    response_.set_worker_pid(info.worker_pid);
+    response_.set_workers_started(info.workers_started);
+    response_.set_calls_in_flight(info.calls_in_flight);
+    response_.set_calls_queued(info.calls_queued);
+    response_.set_namespace_streams(info.namespace_streams);
+    writer_.Finish(response_, grpc::Status::OK, &finished_);
+  }
+  void Finished(bool /*ok*/) { delete this; }
+
+  const RequestCall request_call_;
+  grpc::ServerCompletionQueue* const cq_;
+  SessionManager* const manager_;
+  const std::string* const version_;
+  grpc::ServerContext context_;
+  runtime::v1::GetInfoRequest request_;
+  runtime::v1::GetInfoResponse response_;
+  grpc::ServerAsyncResponseWriter<runtime::v1::GetInfoResponse> writer_{
+      &context_};
+  MemberCompletion<InfoCall, &InfoCall::Accepted> accepted_{this};
+  MemberCompletion<InfoCall, &InfoCall::Finished> finished_{this};
+};
+
+// Awaits the next call of one streaming method with a stream from `make()`
+// and, once that call arrives, the one after.
+template <typename Stream, typename Make>
+void AwaitNext(typename Stream::RequestCall request_call,
+               grpc::ServerCompletionQueue* cq, Make make) {
+  Stream* stream = make();
+  stream->AwaitCall(request_call, cq, [request_call, cq, make] {
+    AwaitNext<Stream>(request_call, cq, make);
+  });
+}
+
 }  // namespace
 
 RuntimeServiceImpl::RuntimeServiceImpl(SessionManager* manager,
                                        std::string version)
     : manager_(manager), version_(std::move(version)) {}
 
-grpc::ServerBidiReactor<CallsRequest, CallsResponse>* RuntimeServiceImpl::Calls(
-    grpc::CallbackServerContext* /*context*/) {
-  return new CallsReactor(manager_);
-}
+void RuntimeServiceImpl::Start(grpc::ServerCompletionQueue* cq) {
+  using Service = runtime::v1::RuntimeService::AsyncService;
+  Service* service = &service_;
+  SessionManager* manager = manager_;
+  FlushScheduler* scheduler = &flush_scheduler_;
 
-grpc::ServerBidiReactor<LogsRequest, LogsResponse>* RuntimeServiceImpl::Logs(
-    grpc::CallbackServerContext* /*context*/) {
-  return new LogsReactor(&manager_->logs(), &flush_scheduler_);
-}
-
-grpc::ServerBidiReactor<runtime::v1::TracesRequest,
-                        runtime::v1::TracesResponse>*
-RuntimeServiceImpl::Traces(grpc::CallbackServerContext* /*context*/) {
-  return new TracesReactor(&manager_->traces(), &flush_scheduler_);
-}
-
-grpc::ServerBidiReactor<runtime::v1::NamespaceRequest,
-                        runtime::v1::NamespaceResponse>*
-RuntimeServiceImpl::Namespace(grpc::CallbackServerContext* /*context*/) {
-  return new NamespaceReactor(manager_);
-}
-
-grpc::ServerUnaryReactor* RuntimeServiceImpl::GetInfo(
-    grpc::CallbackServerContext* context,
-    const runtime::v1::GetInfoRequest* /*request*/,
-    runtime::v1::GetInfoResponse* response) {
-  SessionInfo info = manager_->Info();
-  response->set_status("ok");
-  response->set_version(version_);
-  response->set_worker_pid(info.worker_pid);
-  response->set_workers_started(info.workers_started);
-  response->set_calls_in_flight(info.calls_in_flight);
-  response->set_calls_queued(info.calls_queued);
-  response->set_namespace_streams(info.namespace_streams);
-  auto* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  AwaitNext<CallsReactor>(
+      [service](auto* context, auto* stream, auto* queue, void* tag) {
+        service->RequestCalls(context, stream, queue, queue, tag);
+      },
+      cq, [manager] { return new CallsReactor(manager); });
+  AwaitNext<LogsReactor>(
+      [service](auto* context, auto* stream, auto* queue, void* tag) {
+        service->RequestLogs(context, stream, queue, queue, tag);
+      },
+      cq,
+      [manager, scheduler] {
+        return new LogsReactor(&manager->logs(), scheduler);
+      });
+  AwaitNext<TracesReactor>(
+      [service](auto* context, auto* stream, auto* queue, void* tag) {
+        service->RequestTraces(context, stream, queue, queue, tag);
+      },
+      cq,
+      [manager, scheduler] {
+        return new TracesReactor(&manager->traces(), scheduler);
+      });
+  AwaitNext<NamespaceReactor>(
+      [service](auto* context, auto* stream, auto* queue, void* tag) {
+        service->RequestNamespace(context, stream, queue, queue, tag);
+      },
+      cq, [manager] { return new NamespaceReactor(manager); });
+  InfoCall::AwaitNext(
+      [service](auto* context, auto* request, auto* writer, auto* queue,
+                void* tag) {
+        service->RequestGetInfo(context, request, writer, queue, queue, tag);
+      },
+      cq, manager_, &version_);
 }
 
 }  // namespace agentix::sandbox

@@ -1,14 +1,16 @@
-// RuntimeService: the gRPC callback adapter over SessionManager. It converts
+// RuntimeService: the gRPC adapter over SessionManager. It converts
 // stream messages to manager calls and manager events to stream writes; all
 // decisions live in the manager.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <string>
 
 #include "agentix/runtime/v1/runtime.grpc.pb.h"
 #include "sandbox/flush_scheduler.h"
+#include "sandbox/server_stream.h"
 #include "sandbox/session_manager.h"
 
 namespace agentix::sandbox {
@@ -24,37 +26,31 @@ namespace agentix::sandbox {
 inline constexpr std::chrono::milliseconds kSideChannelCoalesceDelay{4};
 inline constexpr size_t kSideChannelCoalesceBytes = 256 << 10;
 
-class RuntimeServiceImpl final
-    : public runtime::v1::RuntimeService::CallbackService {
+// Serves every RuntimeService method with the completion-queue API; the
+// reactions run on the thread that polls the queue (server_stream.h).
+class RuntimeServiceImpl final {
  public:
-  // `manager` must outlive the service (and the grpc::Server serving it).
+  // `manager` must outlive the service; the service must outlive the
+  // grpc::Server serving it and the thread polling its queue.
   RuntimeServiceImpl(SessionManager* manager, std::string version);
 
-  grpc::ServerBidiReactor<runtime::v1::CallsRequest,
-                          runtime::v1::CallsResponse>*
-  Calls(grpc::CallbackServerContext* context) override;
+  RuntimeServiceImpl(const RuntimeServiceImpl&) = delete;
+  RuntimeServiceImpl& operator=(const RuntimeServiceImpl&) = delete;
 
-  grpc::ServerBidiReactor<runtime::v1::LogsRequest,
-                          runtime::v1::LogsResponse>*
-  Logs(grpc::CallbackServerContext* context) override;
-
-  grpc::ServerBidiReactor<runtime::v1::TracesRequest,
-                          runtime::v1::TracesResponse>*
-  Traces(grpc::CallbackServerContext* context) override;
-
-  grpc::ServerBidiReactor<runtime::v1::NamespaceRequest,
-                          runtime::v1::NamespaceResponse>*
-  Namespace(grpc::CallbackServerContext* context) override;
-
-  grpc::ServerUnaryReactor* GetInfo(
-      grpc::CallbackServerContext* context,
-      const runtime::v1::GetInfoRequest* request,
-      runtime::v1::GetInfoResponse* response) override;
+  // Before BuildAndStart.
+  void AddTo(grpc::ServerBuilder& builder) {
+    builder.RegisterService(&service_);
+  }
+  // After BuildAndStart: takes calls on `cq` (a queue of the same server,
+  // polled by a CompletionQueueThread).
+  void Start(grpc::ServerCompletionQueue* cq);
 
  private:
   SessionManager* const manager_;
   const std::string version_;
-  // Runs the Logs and Traces streams' delayed (coalesced) writes.
+  runtime::v1::RuntimeService::AsyncService service_;
+  // Runs the Logs and Traces streams' delayed (coalesced) writes. Outlives
+  // the streams: the queue's thread deletes the last ones as it stops.
   FlushScheduler flush_scheduler_;
 };
 

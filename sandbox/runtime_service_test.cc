@@ -2,9 +2,8 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <thread>
-
 #include <catch2/catch.hpp>
+#include <thread>
 
 namespace agentix::sandbox {
 namespace {
@@ -15,14 +14,18 @@ using runtime::v1::CallsResponse;
 struct Harness {
   Harness() : manager(Options()), service(&manager, "test-version") {
     grpc::ServerBuilder builder;
-    builder.RegisterService(&service);
+    service.AddTo(builder);
+    cq = builder.AddCompletionQueue();
     server = builder.BuildAndStart();
+    reactions = std::make_unique<CompletionQueueThread>(cq.get(), "test-cq");
+    service.Start(cq.get());
     stub = runtime::v1::RuntimeService::NewStub(
         server->InProcessChannel(grpc::ChannelArguments()));
   }
   ~Harness() {
     server->Shutdown(std::chrono::system_clock::now() +
                      std::chrono::seconds(2));
+    reactions->Stop();
   }
   static SessionOptions Options() {
     SessionOptions o;
@@ -31,7 +34,9 @@ struct Harness {
   }
   SessionManager manager;
   RuntimeServiceImpl service;
+  std::unique_ptr<grpc::ServerCompletionQueue> cq;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<CompletionQueueThread> reactions;
   std::unique_ptr<runtime::v1::RuntimeService::Stub> stub;
 };
 

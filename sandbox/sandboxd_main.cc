@@ -14,7 +14,6 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -27,7 +26,9 @@
 #include "base/malloc_tuning.h"
 #include "base/mutex_tuning.h"
 #include "sandbox/auth.h"
+#include "sandbox/health_service.h"
 #include "sandbox/runtime_service.h"
+#include "sandbox/server_stream.h"
 #include "sandbox/session_manager.h"
 
 ABSL_FLAG(std::string, venv, "",
@@ -235,7 +236,6 @@ int Run(int argc, char** raw_argv) {
     }
   }
 
-  grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   std::vector<std::string> socket_paths;
@@ -254,7 +254,13 @@ int Run(int argc, char** raw_argv) {
     builder.AddListeningPort(listen[i], *credentials,
                              path.empty() ? &ports[i] : nullptr);
   }
-  builder.RegisterService(&service);
+  service.AddTo(builder);
+  // grpc.health.v1 of our own on the same queue: grpc++'s default one would
+  // bring the callback API's threads back (health_service.h).
+  HealthService health({"agentix.runtime.v1.RuntimeService"});
+  health.AddTo(builder);
+  std::unique_ptr<grpc::ServerCompletionQueue> cq =
+      builder.AddCompletionQueue();
   builder.SetMaxReceiveMessageSize(64 << 20);
   // Unix sockets are created owner-only (0600): whoever can connect can run
   // code in the sandbox.
@@ -271,8 +277,10 @@ int Run(int argc, char** raw_argv) {
       return 1;
     }
   }
-  server->GetHealthCheckService()->SetServingStatus(
-      "agentix.runtime.v1.RuntimeService", true);
+  // Every reaction of every call runs on this one thread (server_stream.h).
+  CompletionQueueThread reactions(cq.get(), "agx-grpc");
+  service.Start(cq.get());
+  health.Start(cq.get());
   for (size_t i = 0; i < listen.size(); ++i) {
     AGX_LOG(Info, "serving agentix.runtime.v1 on {}{}", listen[i],
             ports[i] > 0 ? absl::StrCat(" (port ", ports[i], ")") : "");
@@ -281,12 +289,13 @@ int Run(int argc, char** raw_argv) {
   int received = 0;
   sigwait(&signals, &received);
   AGX_LOG(Info, "received signal {}; shutting down", received);
-  server->GetHealthCheckService()->Shutdown();
+  health.Shutdown();
   // Calls in flight end first, with a definite error their hosts receive
   // while the streams are still open; then the server drains (bounded).
   manager.Shutdown(absl::Seconds(3));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   server->Wait();
+  reactions.Stop();
   for (const auto& path : socket_paths) ::unlink(path.c_str());
   AGX_LOG(Info, "stopped");
   return 0;

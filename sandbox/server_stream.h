@@ -1,0 +1,161 @@
+// ServerStream: one server bidi stream on grpc++'s completion-queue API,
+// shaped like grpc::ServerBidiReactor (StartRead / StartWrite / Finish and
+// On* reactions), so the daemon's stream logic reads like callback code.
+//
+// Why not the callback API: grpc 1.51 runs callback-server reactions on two
+// process-wide "nexting" threads that hand every event between them. `perf
+// sched` counted ~11.5 of their wake-ups in the daemon per namespace request
+// (docs/PERFORMANCE.md, "Daemon server on a completion queue"). Here one
+// thread of the daemon polls the completion queue every stream shares and
+// runs each reaction itself.
+//
+// Threads. Reactions run on the polling thread, one at a time, so a reaction
+// must not block: it would hold up every stream. StartRead, StartWrite and
+// Finish may be called from any thread, under the reactor API's rules: at
+// most one read and one write in flight, Finish once and with no write in
+// flight, nothing after Finish.
+//
+// Lifetime. A stream object is made before its call arrives (AwaitCall);
+// OnStart() runs when the call does. OnDone() runs once, last, after Finish
+// has completed and every other operation too; it usually deletes the
+// stream. A stream whose call never arrives (the server shut down) is
+// deleted without any reaction.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <functional>
+#include <thread>
+
+namespace agentix::sandbox {
+
+// What every tag on the daemon's completion queue points at.
+class Completion {
+ public:
+  virtual void Complete(bool ok) = 0;
+
+ protected:
+  ~Completion() = default;
+};
+
+// A Completion that calls `Method` of its owner.
+template <typename Owner, void (Owner::*Method)(bool)>
+class MemberCompletion final : public Completion {
+ public:
+  explicit MemberCompletion(Owner* owner) : owner_(owner) {}
+  void Complete(bool ok) override { (owner_->*Method)(ok); }
+
+ private:
+  Owner* const owner_;
+};
+
+// Runs every completion of `cq` (tags are Completion*) on one thread named
+// `name`, until Stop(): call that after the server's Shutdown(), so that
+// no new operation can start.
+class CompletionQueueThread {
+ public:
+  CompletionQueueThread(grpc::ServerCompletionQueue* cq, const char* name);
+  ~CompletionQueueThread() { Stop(); }
+
+  CompletionQueueThread(const CompletionQueueThread&) = delete;
+  CompletionQueueThread& operator=(const CompletionQueueThread&) = delete;
+
+  // Shuts the queue down, runs what is left on it, joins the thread.
+  void Stop();
+
+ private:
+  grpc::ServerCompletionQueue* const cq_;
+  std::thread thread_;
+};
+
+template <typename Request, typename Response>
+class ServerStream {
+ public:
+  using Stream = grpc::ServerAsyncReaderWriter<Response, Request>;
+  // A bound RequestX method of the generated AsyncService.
+  using RequestCall = std::function<void(grpc::ServerContext*, Stream*,
+                                         grpc::ServerCompletionQueue*, void*)>;
+
+  virtual ~ServerStream() = default;
+
+  ServerStream(const ServerStream&) = delete;
+  ServerStream& operator=(const ServerStream&) = delete;
+
+  // Registers this stream for the next call `request_call` receives on
+  // `cq`; `on_accepted` runs when it arrives, before OnStart() (to await the
+  // call after it). Once, right after construction.
+  void AwaitCall(const RequestCall& request_call,
+                 grpc::ServerCompletionQueue* cq,
+                 std::function<void()> on_accepted) {
+    on_accepted_ = std::move(on_accepted);
+    context_.AsyncNotifyWhenDone(&done_);
+    request_call(&context_, &stream_, cq, &accepted_);
+  }
+
+  void StartRead(Request* request) {
+    ops_.fetch_add(1, std::memory_order_relaxed);
+    stream_.Read(request, &read_done_);
+  }
+  // The message is serialized before this returns.
+  void StartWrite(const Response* response) {
+    ops_.fetch_add(1, std::memory_order_relaxed);
+    stream_.Write(*response, &write_done_);
+  }
+  void Finish(grpc::Status status) {
+    ops_.fetch_add(1, std::memory_order_relaxed);
+    stream_.Finish(status, &finish_done_);
+  }
+
+ protected:
+  ServerStream() : stream_(&context_) {}
+
+  virtual void OnStart() = 0;
+  virtual void OnReadDone(bool ok) = 0;
+  virtual void OnWriteDone(bool /*ok*/) {}
+  // The call was cancelled (by the host, a deadline or a broken
+  // connection); reads and writes in flight fail. Finish is still due.
+  virtual void OnCancel() {}
+  virtual void OnDone() = 0;
+
+ private:
+  void Accepted(bool ok) {
+    if (!ok) {  // the server is shutting down: no call, no done tag
+      delete this;
+      return;
+    }
+    // One count for the done tag, one that Finish's completion releases.
+    ops_.store(2, std::memory_order_relaxed);
+    if (on_accepted_) std::exchange(on_accepted_, nullptr)();
+    OnStart();
+  }
+  void ReadDone(bool ok) {
+    OnReadDone(ok);
+    Release(1);
+  }
+  void WriteDone(bool ok) {
+    OnWriteDone(ok);
+    Release(1);
+  }
+  void FinishDone(bool /*ok*/) { Release(2); }
+  void CallDone(bool /*ok*/) {
+    if (context_.IsCancelled()) OnCancel();
+    Release(1);
+  }
+  void Release(int n) {
+    if (ops_.fetch_sub(n, std::memory_order_acq_rel) == n) OnDone();
+  }
+
+  grpc::ServerContext context_;
+  Stream stream_;
+  std::function<void()> on_accepted_;
+  // Operations in flight, plus one until Finish has completed.
+  std::atomic<int> ops_{0};
+  MemberCompletion<ServerStream, &ServerStream::Accepted> accepted_{this};
+  MemberCompletion<ServerStream, &ServerStream::ReadDone> read_done_{this};
+  MemberCompletion<ServerStream, &ServerStream::WriteDone> write_done_{this};
+  MemberCompletion<ServerStream, &ServerStream::FinishDone> finish_done_{this};
+  MemberCompletion<ServerStream, &ServerStream::CallDone> done_{this};
+};
+
+}  // namespace agentix::sandbox
