@@ -18,6 +18,16 @@ from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
 pytestmark = pytest.mark.asyncio
 
 
+@pytest.fixture(autouse=True, params=["native", "aio"])
+def transport(request, monkeypatch):
+    """Every test runs with the host's streams on the native transport and on grpc.aio."""
+    if request.param == "native":
+        monkeypatch.delenv("AGENTIX_NATIVE_TRANSPORT", raising=False)
+    else:
+        monkeypatch.setenv("AGENTIX_NATIVE_TRANSPORT", "0")
+    return request.param
+
+
 class HostEcho(AsyncClientNamespace):
     """The host half, exactly as an original plugin would write it."""
 
@@ -72,6 +82,15 @@ async def test_sandbox_requests_an_answer_from_the_host_while_the_call_runs(plug
     await wait_for(lambda: len(host.progress) >= 2)
     assert host.progress == [{"stage": "asking", "q": "hello"}, {"stage": "answered", "q": "hello"}]
     assert host.lifecycle == ["connect"]
+
+
+async def test_the_selected_transport_carries_the_namespace(plugin, transport):
+    from agentix.runtime.client.namespaces import NamespaceStream, NativeNamespaceStream
+
+    client, _ = plugin
+    assert await client.remote(p.ask, "which") == {"a": "WHICH"}
+    stream = client._namespace_streams["/echo"]
+    assert type(stream) is (NativeNamespaceStream if transport == "native" else NamespaceStream)
 
 
 async def test_concurrent_calls_each_get_their_own_answer(plugin):

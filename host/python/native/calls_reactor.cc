@@ -11,9 +11,8 @@
 namespace agentix::host {
 namespace {
 
-constexpr char kCallsMethod[] = "/agentix.runtime.v1.RuntimeService/Calls";
-// Queued writes are joined into one message (a concatenation of serialized
-// CallsRequests is a CallsRequest) up to this size; one larger write goes alone.
+// With coalescing, queued writes are joined into one message up to this
+// size; one larger write goes alone.
 constexpr size_t kCoalesceBytes = 4 << 20;
 
 // The process's one completion queue for these streams, and the thread that
@@ -34,7 +33,8 @@ grpc::CompletionQueue* SharedQueue() {
 
 }  // namespace
 
-CallsReactor::CallsReactor(int efd) : efd_(efd) {
+CallsReactor::CallsReactor(int efd, std::string method, bool coalesce)
+    : efd_(efd), method_(std::move(method)), coalesce_(coalesce) {
   for (int op = 0; op < kOps; ++op) tags_[op] = {this, static_cast<Op>(op)};
 }
 
@@ -46,7 +46,7 @@ void CallsReactor::Start(std::shared_ptr<grpc::Channel> channel, const Metadata&
   for (const auto& [key, value] : metadata) context_.AddMetadata(key, value);
   channel_ = std::move(channel);
   stub_ = std::make_unique<grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer>>(channel_);
-  stream_ = stub_->PrepareCall(&context_, kCallsMethod, SharedQueue());
+  stream_ = stub_->PrepareCall(&context_, method_, SharedQueue());
   {
     std::lock_guard<std::mutex> lock(mu_);
     started_ = true;
@@ -193,7 +193,7 @@ void CallsReactor::OnWriteDone(bool ok) {
     if (!dead_ && !queue_.empty()) {
       std::vector<grpc::Slice> slices;
       size_t size = 0;
-      while (!queue_.empty() && (slices.empty() || size + queue_.front().size() <= kCoalesceBytes)) {
+      while (!queue_.empty() && (slices.empty() || (coalesce_ && size + queue_.front().size() <= kCoalesceBytes))) {
         size += queue_.front().size();
         slices.push_back(std::move(queue_.front()));
         queue_.pop_front();

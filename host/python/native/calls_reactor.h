@@ -1,6 +1,13 @@
-// CallsReactor: one RuntimeService.Calls stream driven by grpc++'s
+// CallsReactor: one bidirectional stream (RuntimeService.Calls, or another
+// method such as RuntimeService.Namespace) driven by grpc++'s
 // completion-queue API, for the host's native transport (native_calls.cc is
 // its Python face). No Python here: messages are opaque bytes both ways.
+//
+// Coalescing. With `coalesce` (the Calls stream), writes queued while one is
+// in flight go out as one message: a concatenation of serialized
+// CallsRequests is a CallsRequest. Messages whose concatenation means
+// something else (NamespaceRequest is a oneof) need it off; each write is
+// then one message.
 //
 // Threads. The owner calls Write()/WritesDone()/Cancel()/Drain() from one
 // thread (the asyncio loop's; a write starts there at once when none is in
@@ -48,8 +55,9 @@ class CallsReactor final {
  public:
   using Metadata = std::vector<std::pair<std::string, std::string>>;
 
-  // Takes ownership of `efd` (an eventfd). Delete only through Detach().
-  explicit CallsReactor(int efd);
+  // Takes ownership of `efd` (an eventfd). `method` is the full method path
+  // ("/package.Service/Method"). Delete only through Detach().
+  CallsReactor(int efd, std::string method, bool coalesce);
 
   int fd() const { return efd_; }
 
@@ -115,6 +123,8 @@ class CallsReactor final {
   void CheckNotifyLocked();
 
   const int efd_;
+  const std::string method_;  // outlives the call
+  const bool coalesce_;
   grpc::ClientContext context_;
   Completion tags_[kOps];
   std::shared_ptr<grpc::Channel> channel_;

@@ -1,6 +1,7 @@
-// agentix.runtime.client._native_calls: the host's Calls stream over grpc++
-// (calls_reactor.h) as a CPython extension; stream.py's NativeCallsStream
-// drives it. This file is the Python edge only: argument parsing, buffers,
+// agentix.runtime.client._native_calls: the host's Calls stream (and its
+// Namespace streams) over grpc++ (calls_reactor.h) as a CPython extension;
+// stream.py's NativeCallsStream and namespaces.py's NativeNamespaceStream
+// drive it. This file is the Python edge only: argument parsing, buffers,
 // the GIL, and turning C++ failures into Python exceptions.
 //
 // The GIL is released around every call into gRPC and every large copy;
@@ -28,6 +29,9 @@
 namespace {
 
 using agentix::host::CallsReactor;
+
+// The method a transport opens unless told otherwise.
+constexpr char kCallsMethod[] = "/agentix.runtime.v1.RuntimeService/Calls";
 
 // From this size on, copies run without the GIL.
 constexpr size_t kReleaseGilBytes = 64 << 10;
@@ -161,12 +165,24 @@ PyObject* ClosedError() {
 }
 
 int Transport_init(TransportObject* self, PyObject* args, PyObject* kwargs) {
-  static const char* kwlist[] = {"channel", "metadata", nullptr};
+  static const char* kwlist[] = {"channel", "metadata", "method", "coalesce", nullptr};
   PyObject* channel_obj;
   PyObject* metadata = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!|O", const_cast<char**>(kwlist), &ChannelType, &channel_obj,
-                                   &metadata)) {
+  const char* method = kCallsMethod;
+  PyObject* coalesce = Py_None;  // None: on for the Calls method only
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!|O$sO", const_cast<char**>(kwlist), &ChannelType, &channel_obj,
+                                   &metadata, &method, &coalesce)) {
     return -1;
+  }
+  if (method[0] != '/' || std::strchr(method + 1, '/') == nullptr) {
+    PyErr_Format(PyExc_ValueError, "method must be a full path like %s, got %s", kCallsMethod, method);
+    return -1;
+  }
+  bool join = std::strcmp(method, kCallsMethod) == 0;
+  if (coalesce != Py_None) {
+    int truth = PyObject_IsTrue(coalesce);
+    if (truth < 0) return -1;
+    join = truth != 0;
   }
   if (self->reactor != nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "CallsTransport is already initialized");
@@ -198,7 +214,7 @@ int Transport_init(TransportObject* self, PyObject* args, PyObject* kwargs) {
       PyErr_SetFromErrno(PyExc_OSError);
       return -1;
     }
-    auto* reactor = new CallsReactor(efd);
+    auto* reactor = new CallsReactor(efd, method, join);
     std::shared_ptr<grpc::Channel> shared = *channel;
     Py_BEGIN_ALLOW_THREADS
     reactor->Start(std::move(shared), pairs);
@@ -206,9 +222,9 @@ int Transport_init(TransportObject* self, PyObject* args, PyObject* kwargs) {
     self->reactor = reactor;
     return 0;
   } catch (const std::exception& e) {
-    PyErr_Format(PyExc_RuntimeError, "native Calls stream: %s", e.what());
+    PyErr_Format(PyExc_RuntimeError, "native stream: %s", e.what());
   } catch (...) {
-    PyErr_SetString(PyExc_RuntimeError, "native Calls stream: unknown C++ exception");
+    PyErr_SetString(PyExc_RuntimeError, "native stream: unknown C++ exception");
   }
   return -1;
 }
@@ -457,14 +473,18 @@ PyMODINIT_FUNC PyInit__native_calls() {
   TransportType.tp_name = "agentix.runtime.client._native_calls.CallsTransport";
   TransportType.tp_basicsize = sizeof(TransportObject);
   TransportType.tp_flags = Py_TPFLAGS_DEFAULT;
-  TransportType.tp_doc = "CallsTransport(channel, metadata=None): one open RuntimeService.Calls stream.";
+  TransportType.tp_doc =
+      "CallsTransport(channel, metadata=None, *, method='/agentix.runtime.v1.RuntimeService/Calls', "
+      "coalesce=None): one open bidirectional stream of `method` (bytes in, bytes out). coalesce: join "
+      "writes queued behind one in flight into one message (default: only for Calls, whose messages "
+      "concatenate); otherwise every write is one message.";
   TransportType.tp_new = PyType_GenericNew;
   TransportType.tp_init = reinterpret_cast<initproc>(Transport_init);
   TransportType.tp_dealloc = reinterpret_cast<destructor>(Transport_dealloc);
   TransportType.tp_methods = kTransportMethods;
 
   kModule.m_name = "agentix.runtime.client._native_calls";
-  kModule.m_doc = "The host's Calls stream over grpc++ (see stream.NativeCallsStream).";
+  kModule.m_doc = "The host's Calls and Namespace streams over grpc++ (stream.NativeCallsStream, namespaces.NativeNamespaceStream).";
   kModule.m_size = -1;
 
   if (PyType_Ready(&ChannelType) < 0 || PyType_Ready(&TransportType) < 0) return nullptr;

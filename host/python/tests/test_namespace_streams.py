@@ -1,7 +1,9 @@
 """The host's Namespace streams (agentix.runtime.client.namespaces) against
-FakeRuntime's Namespace method."""
+FakeRuntime's Namespace method, on the native transport and on grpc.aio:
+both must behave the same towards the namespace object and the client."""
 
 import asyncio
+import importlib
 import logging
 import time
 
@@ -13,12 +15,24 @@ import sandbox_functions
 from agentix import AsyncClientNamespace, RuntimeClient, request_handler
 from agentix.runtime.client import namespaces
 from agentix.runtime.client.errors import RuntimeUnreachable
-from agentix.runtime.client.namespaces import NamespaceStream
+from agentix.runtime.client.namespaces import NamespaceStream, NativeNamespaceStream
 from agentix.runtime.shared.codec import pack, unpack
 from agentix.runtime.v1 import runtime_pb2 as pb
 from fake_runtime import eventually
 
 pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture(autouse=True, params=["native", "aio"])
+def transport(request, monkeypatch):
+    """Every test runs with the native transport and with grpc.aio."""
+    if request.param == "native":
+        importlib.import_module("agentix.runtime.client._native_calls")  # fails (not skips) when not built
+
+        monkeypatch.delenv("AGENTIX_NATIVE_TRANSPORT", raising=False)
+    else:
+        monkeypatch.setenv("AGENTIX_NATIVE_TRANSPORT", "0")
+    return request.param
 
 
 class Recorder(AsyncClientNamespace):
@@ -56,10 +70,10 @@ async def plugin(runtime):
         yield client, ns
 
 
-async def test_a_registered_namespace_gets_an_open_stream(plugin):
+async def test_the_selected_transport_carries_the_namespace(plugin, transport):
     client, ns = plugin
     stream = client._namespace_streams["/plug"]
-    assert type(stream) is NamespaceStream
+    assert type(stream) is (NativeNamespaceStream if transport == "native" else NamespaceStream)
     assert stream.alive and ns.seen == ["connect"]
 
 
@@ -100,7 +114,7 @@ async def test_many_requests_in_flight_each_get_their_answer(runtime, plugin):
 
 async def test_a_large_event_goes_out_whole(runtime, plugin):
     client, ns = plugin
-    blob = bytes(range(256)) * (12 << 10)  # 3 MiB
+    blob = bytes(range(256)) * (12 << 10)  # 3 MiB: more than the native send-ahead
     await ns.emit("big", blob)
     await ns.emit("after", 1)
     await eventually(lambda: len(runtime.namespace_events.get("/plug", [])) == 2)

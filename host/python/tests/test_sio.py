@@ -234,8 +234,9 @@ class FakeClient:
     def __init__(self):
         self.sent = []
 
-    async def _emit_namespace_event(self, path, event, data):
-        pack(data)
+    async def _emit_namespace_event(self, path, event, data, payload=None):
+        # A payload handed over must be what emit() would have packed.
+        assert payload is None or payload == pack(data)
         self.sent.append((path, event, data))
 
 
@@ -267,6 +268,28 @@ async def test_request_handler_replies():
                        {"request_id": "r2", "error": {"type": "LookupError", "message": "nope", "status_code": 404}})
     assert sent[2][1] == "ask:error" and sent[2][2]["error"]["type"] == "TypeError"
     assert sent[3] == ("/h", "plain:result", {"request_id": None, "value": 42})
+
+
+async def test_request_handler_replies_through_an_overridden_emit():
+    class Host(AsyncClientNamespace):
+        def __init__(self):
+            super().__init__("/h")
+            self.emitted = []
+
+        async def emit(self, event, data=None, namespace=None, callback=None):
+            self.emitted.append((event, data))
+            await super().emit(event, data)
+
+        @request_handler("ask")
+        async def on_ask(self, body):
+            return body
+
+    ns = Host()
+    ns.client = FakeClient()
+    await ns.on_ask({"request_id": "r1", "data": 5})
+    await ns.on_ask({"request_id": "r1", "data": 5})  # repeated: the reply is replayed
+    assert ns.emitted == [("ask:result", {"request_id": "r1", "value": 5})] * 2
+    assert ns.client.sent == [("/h", "ask:result", {"request_id": "r1", "value": 5})] * 2
 
 
 async def test_pending_requests_are_sent_again_when_a_host_connects(bridge):

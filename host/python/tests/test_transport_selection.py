@@ -1,4 +1,5 @@
-"""Which transport carries the Calls stream: the native extension unless
+"""Which transport carries the Calls stream (and the Namespace streams with
+it): the native extension unless
 AGENTIX_NATIVE_TRANSPORT=0, and grpc.aio whenever the extension cannot be
 loaded or refuses — the client never fails because of it."""
 
@@ -69,3 +70,33 @@ async def test_an_extension_that_refuses_means_grpc_aio(runtime, monkeypatch, na
     notes = [r for r in caplog.records if "native Calls transport failed" in r.getMessage()]
     assert [r.levelno for r in notes] == [logging.DEBUG]
     assert "refused" in notes[0].getMessage()
+
+
+async def test_namespace_streams_follow_the_calls_stream_and_fall_back_alike(runtime, monkeypatch, native_on, caplog):
+    from agentix import AsyncClientNamespace
+    from agentix.runtime.client import _native_calls as real
+    from agentix.runtime.client.namespaces import NamespaceStream, NativeNamespaceStream
+
+    async def namespace_transport_of() -> type:
+        client = RuntimeClient(runtime.url)
+        client.register_namespace(AsyncClientNamespace("/plug"))
+        async with client:
+            assert await client.remote(sandbox_functions.add, 2, 3) == 5
+            return type(client._namespace_streams["/plug"])
+
+    assert await namespace_transport_of() is NativeNamespaceStream
+    monkeypatch.setenv("AGENTIX_NATIVE_TRANSPORT", "0")
+    assert await namespace_transport_of() is NamespaceStream
+    monkeypatch.delenv("AGENTIX_NATIVE_TRANSPORT")
+
+    def refuse_namespace(channel, metadata=None, **options):
+        if "method" in options:
+            raise _Refusing("refused the Namespace method")
+        return real.CallsTransport(channel, metadata, **options)
+
+    replace_extension(monkeypatch, types.SimpleNamespace(Channel=real.Channel, CallsTransport=refuse_namespace))
+    with caplog.at_level(logging.DEBUG, logger="agentix.runtime.client"):
+        assert await namespace_transport_of() is NamespaceStream
+    notes = [r for r in caplog.records if "native Calls transport failed" in r.getMessage()]
+    assert [r.levelno for r in notes] == [logging.DEBUG]
+    assert "refused the Namespace method" in notes[0].getMessage()

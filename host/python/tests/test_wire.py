@@ -137,3 +137,21 @@ def test_pickle_pieces_is_pickle_dumps_without_copying_large_bytes():
     small = wire.pickle_pieces(((b"abc",), {}), 1 << 20)
     assert type(small) is bytes and pickle.loads(small) == ((b"abc",), {})
     assert b"".join(wire.byte_views(small, 1, 4)) == small[1:4]
+
+
+@pytest.mark.parametrize("event", ["", "e", "answer:result", "/v1/messages:error", "é" * 70])
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 16383, 16384, 1 << 20])
+@pytest.mark.parametrize("request_id", ["", "0123456789abcdef0123456789abcdef"])
+def test_namespace_event_request_is_what_protobuf_serializes(event, size, request_id):
+    payload = os.urandom(size)
+    expected = pb.NamespaceRequest(
+        event=pb.NamespaceEvent(event=event, data=payload, request_id=request_id)
+    ).SerializeToString()
+    assert b"".join(wire.namespace_event_request(event, payload, request_id)) == expected
+
+
+def test_namespace_event_request_refuses_what_protobuf_refuses():
+    with pytest.raises(ValueError):
+        pb.NamespaceEvent(event="\udc80")
+    with pytest.raises(ValueError):  # UnicodeEncodeError
+        wire.namespace_event_request("\udc80", b"", "")

@@ -70,12 +70,27 @@ class AsyncClientNamespace:
 
     async def trigger_event(self, event: str, *args: Any) -> Any:
         """Dispatches one event to its ``on_<event>`` handler."""
-        handler = getattr(self, "on_" + event, None)
         if event in _LIFECYCLE:
+            handler = getattr(self, "on_" + event, None)
             if handler is None:
                 return None
             result = handler(*args)
             return await result if inspect.isawaitable(result) else result
+        self._trigger_data_event(event, *args)
+        return None
+
+    def _detaches(self, event: str) -> bool:
+        """True when `event`'s handler is a coroutine function: triggering it
+        then runs none of the plugin's code, which all runs in the handler's
+        own task (`request_handler` handlers are such)."""
+        return inspect.iscoroutinefunction(getattr(self, "on_" + event, None))
+
+    def _trigger_data_event(self, event: str, *args: Any) -> None:
+        """`trigger_event` of a data event, which never awaits anything: a
+        sync handler runs, a coroutine handler is detached. The host's
+        streams call it directly (no coroutine, no task step) when a
+        namespace does not override `trigger_event`."""
+        handler = getattr(self, "on_" + event, None)
         if handler is None or not callable(handler):
             if event not in self._warned_unhandled:
                 self._warned_unhandled.add(event)
@@ -85,14 +100,13 @@ class AsyncClientNamespace:
                     self.namespace,
                     event,
                 )
-            return None
+            return
         data = codec.unpack(args[0]) if args and isinstance(args[0], (bytes, bytearray, memoryview)) else (
             args[0] if args else None
         )
         result = handler(data)
         if inspect.isawaitable(result):
             self._detach(event, result)
-        return None
 
     def _detach(self, event: str, awaitable: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(awaitable)
@@ -163,7 +177,7 @@ def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., 
                 if inspect.isawaitable(value):
                     value = await value
                 reply = {"request_id": request_id, "value": value}
-                codec.pack(reply)  # an unencodable value becomes an error reply
+                packed = codec.pack(reply)  # an unencodable value becomes an error reply
             except Exception as exc:
                 error: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
                 status = getattr(exc, "status_code", None)
@@ -172,6 +186,12 @@ def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., 
                 answer = (f"{event}:error", {"request_id": request_id, "error": error})
             else:
                 answer = (f"{event}:result", reply)
+                if type(self).emit is AsyncClientNamespace.emit and self.client is not None:
+                    # emit() would pack the reply again: send the bytes at hand.
+                    if request_id is not None:
+                        replies[request_id] = answer
+                    await self.client._emit_namespace_event(self.namespace, answer[0], reply, packed)
+                    return
             if request_id is not None:
                 replies[request_id] = answer
             await self.emit(*answer)

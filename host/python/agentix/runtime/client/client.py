@@ -28,7 +28,9 @@ each); a daemon that does not implement one is not asked for it again.
 Plugin namespaces (`agentix.AsyncClientNamespace`) registered with
 `register_namespace` before the first connection get one ``Namespace``
 stream each, opened with the Calls stream and confirmed by the daemon
-before the first call is sent (`agentix.runtime.client.namespaces`).
+before the first call is sent (`agentix.runtime.client.namespaces`); like
+the Calls stream, it runs on the native transport unless that is off or
+unavailable.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ import grpc
 from agentix.runtime.client.errors import CallTimeout, RemoteCallError, RuntimeUnreachable, remote_call_error
 from agentix.runtime.client.logs import LogCursor, LogsStream
 from agentix.runtime.client._sio_facade import RESERVED_NAMESPACES, AsyncClientNamespace
-from agentix.runtime.client.namespaces import NamespaceStream
+from agentix.runtime.client.namespaces import NAMESPACE_METHOD, NamespaceStream, NativeNamespaceStream
 from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream
 from agentix.runtime.client.result import Failed, Ok, Result
 from agentix.runtime.client.stream import CHUNK_BYTES, STREAM_END, CallsStream, NativeCallsStream, PendingCall, StartRequest
@@ -99,7 +101,8 @@ _call_ids = _CallIds()
 
 
 _TOKEN_ENV = "AGENTIX_TOKEN"
-# "0" turns the native Calls transport off (grpc.aio is used instead).
+# "0" turns the native transport off (grpc.aio carries the Calls and the
+# Namespace streams instead).
 _NATIVE_TRANSPORT_ENV = "AGENTIX_NATIVE_TRANSPORT"
 
 
@@ -324,7 +327,7 @@ class RuntimeClient:
         self.traces = traces
         self._feeds = (_Feed("logs", LogsStream, LogCursor()), _Feed("traces", TracesStream, TraceCursor()))
         self._namespaces: dict[str, AsyncClientNamespace] = {}
-        self._namespace_streams: dict[str, NamespaceStream] = {}
+        self._namespace_streams: dict[str, NamespaceStream | NativeNamespaceStream] = {}
         self._namespaces_reopened_at = float("-inf")
         self._connected_once = False
 
@@ -613,7 +616,7 @@ class RuntimeClient:
             (stream := self._namespace_streams.get(path)) is not None and stream.alive for path in self._namespaces
         )
 
-    def _open_namespaces(self, channel: grpc.aio.Channel) -> list[NamespaceStream]:
+    def _open_namespaces(self, channel: grpc.aio.Channel) -> list[NamespaceStream | NativeNamespaceStream]:
         """Opens a Namespace stream for every registered namespace that has
         no live one; returns the new streams (not yet confirmed)."""
         opened = []
@@ -621,12 +624,22 @@ class RuntimeClient:
             current = self._namespace_streams.get(path)
             if current is not None and current.alive:
                 continue
-            stream = NamespaceStream(pb_grpc.RuntimeServiceStub(channel).Namespace(metadata=self._metadata), ns)
+            stream = self._namespace_stream(channel, ns)
             self._namespace_streams[path] = stream
             opened.append(stream)
         return opened
 
-    async def _confirm_namespaces(self, streams: list[NamespaceStream]) -> None:
+    def _namespace_stream(
+        self, channel: grpc.aio.Channel, ns: AsyncClientNamespace
+    ) -> NamespaceStream | NativeNamespaceStream:
+        """A new Namespace stream for `ns`: on the native transport like the
+        Calls stream when it is in use, else on grpc.aio."""
+        transport = self._native_transport(NAMESPACE_METHOD)
+        if transport is not None:
+            return NativeNamespaceStream(transport, ns)
+        return NamespaceStream(pb_grpc.RuntimeServiceStub(channel).Namespace(metadata=self._metadata), ns)
+
+    async def _confirm_namespaces(self, streams: list[NamespaceStream | NativeNamespaceStream]) -> None:
         """Waits until the daemon has confirmed each new stream.
 
         Raises ValueError when it refuses a namespace, RuntimeUnreachable
@@ -642,9 +655,11 @@ class RuntimeClient:
             except RuntimeError as error:
                 raise RuntimeUnreachable(f"runtime at {self.base_url}: {error}") from error
 
-    async def _emit_namespace_event(self, path: str, event: str, data: Any) -> None:
-        """Sends one event of a registered namespace (AsyncClientNamespace.emit)."""
-        payload = codec.pack(data)
+    async def _emit_namespace_event(self, path: str, event: str, data: Any, payload: bytes | None = None) -> None:
+        """Sends one event of a registered namespace (AsyncClientNamespace.emit);
+        `payload`, when given, is ``codec.pack(data)`` already."""
+        if payload is None:
+            payload = codec.pack(data)
         error = None
         if event.endswith(":error") and isinstance(data, dict) and isinstance(data.get("error"), dict):
             error = data["error"]
@@ -722,13 +737,16 @@ class RuntimeClient:
         self._channel_broken = False
         return channel
 
-    def _native_transport(self):
-        """A new native ``CallsTransport`` on the current channel, or None for
-        grpc.aio (turned off, or the extension refused)."""
+    def _native_transport(self, method: str = wire.CALLS_METHOD):
+        """A new native ``CallsTransport`` on the current channel for
+        `method` (Calls: coalescing writes, any other: a message per write),
+        or None for grpc.aio (turned off, or the extension refused)."""
         if self._native_channel is None:
             return None
         try:
-            return self._native.CallsTransport(self._native_channel, self._metadata)
+            if method == wire.CALLS_METHOD:
+                return self._native.CallsTransport(self._native_channel, self._metadata)
+            return self._native.CallsTransport(self._native_channel, self._metadata, method=method, coalesce=False)
         except Exception as error:
             self._native_failed(error)
             return None

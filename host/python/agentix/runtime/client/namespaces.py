@@ -1,24 +1,61 @@
 """The host half of ``RuntimeService.Namespace``: one stream per plugin
 namespace registered with a `RuntimeClient` (see
-`agentix.runtime.client._sio_facade` for the plugin-facing classes)."""
+`agentix.runtime.client._sio_facade` for the plugin-facing classes).
+
+`NativeNamespaceStream` runs it over the ``_native_calls`` extension (grpc++
+on a completion queue), like the Calls stream; `NamespaceStream` over
+grpc.aio when the native transport is off or unavailable. Both behave the
+same towards the namespace object and the client."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from typing import Any
 
 import grpc
 
-from agentix.runtime.client._sio_facade import AsyncClientNamespace
+from agentix.runtime.client import wire
+from agentix.runtime.client._sio_facade import _LIFECYCLE, AsyncClientNamespace
 from agentix.runtime.v1 import runtime_pb2 as pb
 
-__all__ = ["NamespaceStream"]
+__all__ = ["NAMESPACE_METHOD", "NamespaceStream", "NativeNamespaceStream"]
+
+NAMESPACE_METHOD = "/agentix.runtime.v1.RuntimeService/Namespace"
 
 # Seconds a new Namespace stream may take to be confirmed by the daemon.
 OPEN_TIMEOUT = 10.0
 
+# Bytes a NativeNamespaceStream lets wait in its transport before send()
+# waits for them to be written (grpc.aio's write waits for every message).
+NATIVE_SEND_AHEAD = 2 << 20
+
 _log = logging.getLogger("agentix.sio")
+
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def _event_request(event: str, payload: bytes, request_id: str, error: dict | None) -> pb.NamespaceRequest:
+    """The NamespaceRequest carrying one host event."""
+    message = pb.NamespaceEvent(event=event, data=payload, request_id=request_id)
+    if error is not None:
+        status = error.get("status_code")
+        message.error.type = str(error.get("type", "Error"))
+        message.error.message = str(error.get("message", ""))
+        if isinstance(status, int) and not isinstance(status, bool) and -(2**31) <= status < 2**31:
+            message.error.status_code = status
+    return pb.NamespaceRequest(event=message)
+
+
+def _closed(ns: AsyncClientNamespace) -> RuntimeError:
+    return RuntimeError(f"namespace {ns.namespace}: the stream to the sandbox is closed")
+
+
+def _plain_trigger(ns: AsyncClientNamespace) -> bool:
+    """True when `ns` uses AsyncClientNamespace.trigger_event as it is: its
+    data events can then go to `_trigger_data_event` without a coroutine."""
+    return getattr(getattr(ns, "trigger_event", None), "__func__", None) is AsyncClientNamespace.trigger_event
 
 
 class NamespaceStream:
@@ -47,17 +84,11 @@ class NamespaceStream:
             await asyncio.shield(self._opened)
 
     async def send(self, event: str, payload: bytes, request_id: str, error: dict | None) -> None:
-        message = pb.NamespaceEvent(event=event, data=payload, request_id=request_id)
-        if error is not None:
-            status = error.get("status_code")
-            message.error.type = str(error.get("type", "Error"))
-            message.error.message = str(error.get("message", ""))
-            if isinstance(status, int) and not isinstance(status, bool) and -(2**31) <= status < 2**31:
-                message.error.status_code = status
+        request = _event_request(event, payload, request_id, error)
         async with self._write_lock:
             if self._done:
-                raise RuntimeError(f"namespace {self.ns.namespace}: the stream to the sandbox is closed")
-            await self._rpc.write(pb.NamespaceRequest(event=message))
+                raise _closed(self.ns)
+            await self._rpc.write(request)
 
     async def aclose(self) -> None:
         """Ends the stream; delivers ``disconnect``. Idempotent."""
@@ -86,6 +117,7 @@ class NamespaceStream:
         try:
             await self._rpc.write(pb.NamespaceRequest(open=pb.OpenNamespace(namespace=ns.namespace)))
             read = self._rpc.read  # cheaper than the call's async iterator
+            plain = _plain_trigger(ns)
             while (response := await read()) is not grpc.aio.EOF:
                 if response.opened:
                     if not self._opened.done():
@@ -95,7 +127,10 @@ class NamespaceStream:
                 for event in response.events:
                     if self._done:  # a trigger closed the stream
                         break
-                    await self._trigger(event.event, event.data)
+                    if plain:
+                        self._trigger_now(event.event, event.data)
+                    else:
+                        await self._trigger(event.event, event.data)
         except asyncio.CancelledError:
             pass
         except grpc.aio.AioRpcError as error:
@@ -129,3 +164,206 @@ class NamespaceStream:
             await self.ns.trigger_event(event, *args)
         except Exception:
             _log.exception("namespace %s: handling event %r raised", self.ns.namespace, event)
+
+    def _trigger_now(self, event: str, data: bytes) -> None:
+        try:
+            self.ns._trigger_data_event(event, data)
+        except Exception:
+            _log.exception("namespace %s: handling event %r raised", self.ns.namespace, event)
+
+
+class NativeNamespaceStream:
+    """A `NamespaceStream` over ``_native_calls.CallsTransport`` opened on
+    the Namespace method instead of grpc.aio.
+
+    Responses are taken from the transport in a ``loop.add_reader``
+    callback on its eventfd, and triggered one at a time, in order:
+
+    - A data event whose handler is a coroutine function (as every
+      `request_handler` is), of a namespace with the plain
+      ``AsyncClientNamespace.trigger_event``, is handled right in that
+      callback: the handler is detached as its own task, as that trigger
+      would, so no plugin code runs outside a task, and no task step is
+      spent per event.
+    - Anything else (a sync handler, an overridden ``trigger_event``, the
+      lifecycle events) goes to a dispatcher task that awaits each trigger,
+      so that code runs inside a task as on grpc.aio; later events wait
+      behind it until it has run them all.
+
+    Writes are handed to the transport without waiting; `send` waits only
+    while more than `NATIVE_SEND_AHEAD` bytes are not yet written.
+
+    Args:
+      transport: a new ``CallsTransport`` opened on `NAMESPACE_METHOD`
+        without coalescing; this stream owns and closes it.
+      ns: the namespace object events are delivered to.
+    """
+
+    def __init__(self, transport: Any, ns: AsyncClientNamespace) -> None:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._transport = transport
+        self.ns = ns
+        self._opened: asyncio.Future = loop.create_future()
+        self._done = False  # no more sends
+        self._ended = False  # the transport is closed; nothing more is read
+        self._connected = False
+        self._plain = _plain_trigger(ns)
+        self._backlog: collections.deque[tuple[str, tuple]] = collections.deque()
+        self._dispatcher: asyncio.Task | None = None  # awaiting the backlog's triggers
+        self._finished: asyncio.Future = loop.create_future()  # ended, every event delivered
+        self._below: asyncio.Future | None = None  # send() waits for the transport to drain
+        self._fd = transport.fileno()
+        loop.add_reader(self._fd, self._on_readable)
+        # A stream opened while its connection is being cut was seen to hang
+        # (grpc.aio); the client re-opens streams that end, so one that does
+        # not open in time is ended.
+        self._watchdog = loop.call_later(OPEN_TIMEOUT, self._open_timed_out)
+        # -1 (no more writes) means the stream is ending: drain() brings the status.
+        transport.write(pb.NamespaceRequest(open=pb.OpenNamespace(namespace=ns.namespace)).SerializeToString())
+
+    @property
+    def alive(self) -> bool:
+        return not self._done
+
+    async def wait_opened(self, timeout: float) -> None:
+        """As `NamespaceStream.wait_opened`."""
+        async with asyncio.timeout(timeout):
+            await asyncio.shield(self._opened)
+
+    async def send(self, event: str, payload: bytes, request_id: str, error: dict | None) -> None:
+        if self._done:
+            raise _closed(self.ns)
+        if error is None and type(payload) is bytes:
+            message = wire.namespace_event_request(event, payload, request_id)
+        else:
+            message = _event_request(event, payload, request_id, error).SerializeToString()
+        waiting = self._transport.write(message)
+        if waiting < 0:
+            raise _closed(self.ns)
+        if waiting > NATIVE_SEND_AHEAD:
+            if self._below is None:
+                self._below = self._loop.create_future()
+                self._transport.notify_below(NATIVE_SEND_AHEAD)
+            await asyncio.shield(self._below)
+
+    async def aclose(self) -> None:
+        """Ends the stream; delivers ``disconnect``. Idempotent."""
+        if not self._ended:
+            self._backlog.clear()  # what the host closed on is not delivered
+            self._end(None)
+        current = asyncio.current_task()
+        if self._finished.done() or (current is not None and current is self._dispatcher):
+            return  # (closed from inside a trigger: waiting would wait for itself)
+        try:
+            await asyncio.shield(self._finished)
+        except asyncio.CancelledError:
+            if self._dispatcher is not None:
+                self._dispatcher.cancel()
+            raise
+
+    def _open_timed_out(self) -> None:
+        if not self._opened.done():
+            _log.debug("namespace %s: no answer to OpenNamespace within %ss; re-opened by the next call",
+                       self.ns.namespace, OPEN_TIMEOUT)
+            self._end(None)
+
+    def _on_readable(self) -> None:
+        if self._ended:
+            return
+        try:
+            messages, status, below = self._transport.drain()
+            parse = pb.NamespaceResponse.FromString
+            for message in messages:
+                response = parse(message)
+                if response.opened:
+                    if not self._opened.done():
+                        self._opened.set_result(None)
+                    self._connected = True
+                    self._deliver("connect", ())
+                for event in response.events:
+                    if self._ended:  # a trigger closed the stream
+                        return
+                    self._deliver(event.event, (event.data,))
+                if self._ended:
+                    return
+            if below:
+                self._wake_senders()
+            if status is not None:
+                self._end(status)
+        except Exception:
+            _log.exception("namespace %s: stream failed; re-opened by the next call", self.ns.namespace)
+            self._end(None)
+
+    def _end(self, status: tuple[int, str] | None) -> None:
+        """Closes the transport and reports the end as the grpc.aio stream
+        does: `status` is the RPC's (code, details), None when the host ended
+        it (aclose, the open watchdog) or a failure was already logged."""
+        if self._ended:
+            return
+        self._ended = True
+        self._watchdog.cancel()
+        closed_by_host = self._done
+        self._done = True
+        self._loop.remove_reader(self._fd)  # before the transport closes its eventfd
+        self._transport.close()
+        self._wake_senders()
+        ns = self.ns
+        if status is not None and status[0] != 0:
+            code = _STATUS_CODES.get(status[0], grpc.StatusCode.UNKNOWN)
+            details = status[1]
+            if not self._opened.done():
+                kind = ValueError if code == grpc.StatusCode.INVALID_ARGUMENT else RuntimeError
+                self._opened.set_exception(
+                    kind(f"namespace {ns.namespace}: the sandbox refused it: {code.name}: {details}")
+                )
+                self._deliver("connect_error", ({"message": details},))
+            elif not closed_by_host:
+                _log.warning(
+                    "namespace %s: stream to the sandbox lost (%s: %s); re-opened by the next call",
+                    ns.namespace,
+                    code.name,
+                    details,
+                )
+        if not self._opened.done():
+            self._opened.set_exception(RuntimeError(f"namespace {ns.namespace}: stream ended before it opened"))
+        # Retrieved here so an unawaited failure is not reported as lost.
+        self._opened.exception()
+        if self._connected:
+            self._deliver("disconnect", ())
+        self._check_finished()
+
+    def _wake_senders(self) -> None:
+        below, self._below = self._below, None
+        if below is not None and not below.done():
+            below.set_result(None)
+
+    def _deliver(self, event: str, args: tuple) -> None:
+        """Triggers `event` now, or after the triggers before it have ended."""
+        if self._dispatcher is None and self._plain and event not in _LIFECYCLE and self.ns._detaches(event):
+            try:
+                self.ns._trigger_data_event(event, *args)
+            except Exception:
+                _log.exception("namespace %s: handling event %r raised", self.ns.namespace, event)
+            return
+        self._backlog.append((event, args))
+        if self._dispatcher is None:
+            self._dispatcher = self._loop.create_task(self._dispatch(), name=f"agentix-namespace{self.ns.namespace}")
+
+    async def _dispatch(self) -> None:
+        ns = self.ns
+        try:
+            backlog = self._backlog
+            while backlog:
+                event, args = backlog.popleft()
+                try:
+                    await ns.trigger_event(event, *args)
+                except Exception:
+                    _log.exception("namespace %s: handling event %r raised", ns.namespace, event)
+        finally:
+            self._dispatcher = None
+            self._check_finished()
+
+    def _check_finished(self) -> None:
+        if self._ended and self._dispatcher is None and not self._backlog and not self._finished.done():
+            self._finished.set_result(None)

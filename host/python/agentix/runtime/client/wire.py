@@ -1,4 +1,5 @@
-"""Protobuf wire encoding for the bulk events of the ``Calls`` stream.
+"""Protobuf wire encoding for the bulk events of the ``Calls`` stream, and
+for the host's events on a ``Namespace`` stream.
 
 Argument chunks and result chunks carry up to a MiB of bytes each. Going
 through protobuf messages costs three copies of those bytes per direction
@@ -13,6 +14,11 @@ the received message. StartCall events, one per call, are encoded here too
 (cheaper than building messages). Everything else still goes through the
 generated classes; the bytes produced and accepted are exactly what protobuf would
 produce and accept (``tests/test_wire.py`` checks both ways).
+
+A host event on a Namespace stream (`namespace_event_request`) is encoded
+here too: it is the per-request write of a plugin's request handler, and
+building a NamespaceEvent inside a NamespaceRequest and serializing it costs
+several times more than these few bytes of framing.
 
 Field numbers are those of ``agentix/runtime/v1/runtime.proto``.
 """
@@ -30,6 +36,7 @@ __all__ = [
     "argument_chunk_event",
     "request_event",
     "byte_views",
+    "namespace_event_request",
     "parse_calls_response",
     "pickle_pieces",
     "start_call_event",
@@ -52,15 +59,24 @@ _START_ARGUMENTS_SIZE = 5 << 3 | 0  # StartCall.arguments_size
 _START_CONTEXT = 6 << 3 | 2  # StartCall.context
 _START_STREAM_WINDOW = 7 << 3 | 0  # StartCall.stream_window
 _SANDBOX_RESULT_CHUNK = 1 << 3 | 2  # SandboxEvent.result_chunk
+_NS_REQUEST_EVENT = bytes((2 << 3 | 2,))  # NamespaceRequest.event
+_NS_EVENT_NAME = bytes((1 << 3 | 2,))  # NamespaceEvent.event
+_NS_EVENT_DATA = bytes((2 << 3 | 2,))  # NamespaceEvent.data
+_NS_EVENT_REQUEST_ID = bytes((3 << 3 | 2,))  # NamespaceEvent.request_id
 
 
 def _varint(value: int) -> bytes:
+    if value <= 0x7F:
+        return _SMALL_VARINTS[value]
     out = bytearray()
     while value > 0x7F:
         out.append(value & 0x7F | 0x80)
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+_SMALL_VARINTS = [bytes((value,)) for value in range(0x80)]
 
 
 def _length_header(tag: int, length: int) -> bytes:
@@ -126,6 +142,22 @@ def byte_views(data: bytes | Pieces, start: int, end: int) -> list[memoryview]:
     if type(data) is Pieces:
         return data.slice(start, end)
     return [memoryview(data)[start:end]]
+
+
+def namespace_event_request(event: str, payload: bytes, request_id: str) -> list:
+    """The pieces (joined: the serialized message) of
+    ``NamespaceRequest{event: {event, data: payload, request_id}}``, exactly
+    as protobuf serializes it (empty fields left out); `payload` is not
+    copied here. Raises UnicodeEncodeError for names protobuf refuses too.
+    Events with an ``error`` go through the generated classes."""
+    name = event.encode()
+    ident = request_id.encode()
+    head = _NS_EVENT_NAME + _varint(len(name)) + name if name else b""
+    if payload:
+        head += _NS_EVENT_DATA + _varint(len(payload))
+    tail = _NS_EVENT_REQUEST_ID + _varint(len(ident)) + ident if ident else b""
+    size = len(head) + len(payload) + len(tail)
+    return [_NS_REQUEST_EVENT + _varint(size) + head, payload, tail]
 
 
 def request_event(host_event: bytes) -> tuple[bytes, bytes]:
