@@ -27,11 +27,11 @@ import asyncio
 import inspect
 import logging
 import threading
-import uuid
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
 from agentix.runtime.shared import codec
+from agentix.runtime.shared.ids import UniqueIds
 
 __all__ = ["RESERVED_NAMESPACES", "Namespace", "RemoteSioError", "register_namespace"]
 
@@ -68,6 +68,8 @@ _registry_lock = threading.Lock()
 # Sent by the daemon (never by a host) when a host opens a namespace stream.
 _HOST_CONNECTED = "agentix:host_connected"
 _warned_unregistered: set[str] = set()
+# Request ids (unique across sandboxes; see UniqueIds).
+_request_ids = UniqueIds()
 
 
 class Namespace:
@@ -176,7 +178,7 @@ class Namespace:
         if _bridge is None:
             raise RuntimeError(_NOT_INSTALLED)
         self._ensure_reply_handlers(event)
-        request_id = uuid.uuid4().hex
+        request_id = _request_ids.next()
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
         envelope = {"request_id": request_id, "data": data}
@@ -229,24 +231,14 @@ class Namespace:
         if entry is None:
             return  # a late or repeated reply
         loop, future = entry[0], entry[1]
-
-        def settle() -> None:
-            if future.done():
-                return
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(value)
-
-        if loop.is_closed():
-            return
         try:
-            if asyncio.get_running_loop() is loop:
-                settle()
-                return
-        except RuntimeError:
-            pass
-        loop.call_soon_threadsafe(settle)
+            here = asyncio.get_running_loop()
+        except RuntimeError:  # not on a loop's thread
+            here = None
+        if here is loop:  # the common case: replies arrive on the request's loop
+            _settle(future, value, error)
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(_settle, future, value, error)
 
     # ── receiving ───────────────────────────────────────────────────
 
@@ -289,6 +281,15 @@ class Namespace:
                 )
 
         return done
+
+
+def _settle(future: asyncio.Future, value: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
 
 
 def _expire(future: asyncio.Future, message: str) -> None:
