@@ -7,9 +7,10 @@
 // message costs the host a fixed 300-500 µs of Python however few items it
 // carries (docs/DECISIONS.md).
 //
-// Threading: Enqueue() runs on worker reader threads and gRPC threads;
-// StartWrite and Finish are called outside mu_ because gRPC may run a
-// reaction (which takes mu_) before they return. Finish is only ever called
+// Threading: Enqueue() runs on worker reader threads and the daemon's
+// completion-queue thread; StartWrite and Finish are called outside mu_, so
+// that thread's reactions (which take mu_) never wait behind a producer
+// that is inside gRPC. Finish is only ever called
 // while no write is in flight, so OnDone (which deletes the reactor) cannot
 // race a StartWrite that was decided under the lock. After Detach() every
 // Enqueue() is refused.

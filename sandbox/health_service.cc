@@ -15,8 +15,9 @@ using grpc::health::v1::HealthCheckResponse;
 class CheckCall final {
  public:
   explicit CheckCall(HealthService* health) : health_(health) {
-    health->service_.RequestCheck(&context_, &request_, &writer_, health->cq_,
-                                  health->cq_, &accepted_);
+    grpc::ServerCompletionQueue* cq = health->thread_->cq();
+    health->service_.RequestCheck(&context_, &request_, &writer_, cq, cq,
+                                  &accepted_);
   }
 
  private:
@@ -25,6 +26,7 @@ class CheckCall final {
       delete this;
       return;
     }
+    health_->thread_->AddLive();
     health_->AwaitCheck();
     const HealthService::Status status = health_->StatusOf(request_.service());
     if (status == HealthCheckResponse::SERVICE_UNKNOWN) {
@@ -37,7 +39,11 @@ class CheckCall final {
     response_.set_status(status);
     writer_.Finish(response_, grpc::Status::OK, &finished_);
   }
-  void Finished(bool /*ok*/) { delete this; }
+  void Finished(bool /*ok*/) {
+    CompletionQueueThread* const thread = health_->thread_;
+    delete this;
+    thread->RemoveLive();
+  }
 
   HealthService* const health_;
   grpc::ServerContext context_;
@@ -55,8 +61,9 @@ class HealthService::Watcher final {
  public:
   explicit Watcher(HealthService* health) : health_(health) {
     context_.AsyncNotifyWhenDone(&done_);
-    health->service_.RequestWatch(&context_, &request_, &writer_, health->cq_,
-                                  health->cq_, &accepted_);
+    grpc::ServerCompletionQueue* cq = health->thread_->cq();
+    health->service_.RequestWatch(&context_, &request_, &writer_, cq, cq,
+                                  &accepted_);
   }
 
   const std::string& service() const { return request_.service(); }
@@ -100,6 +107,7 @@ class HealthService::Watcher final {
       delete this;
       return;
     }
+    health_->thread_->AddLive();
     ops_.store(2, std::memory_order_relaxed);  // the done tag; until Finish
     health_->AwaitWatch();
     absl::MutexLock lock(&health_->mu_);
@@ -127,7 +135,10 @@ class HealthService::Watcher final {
   }
   void FinishDone(bool /*ok*/) { Release(2); }
   void Release(int n) {
-    if (ops_.fetch_sub(n, std::memory_order_acq_rel) == n) delete this;
+    if (ops_.fetch_sub(n, std::memory_order_acq_rel) != n) return;
+    CompletionQueueThread* const thread = health_->thread_;
+    delete this;
+    thread->RemoveLive();
   }
 
   HealthService* const health_;
@@ -161,8 +172,8 @@ HealthService::HealthService(const std::vector<std::string>& services) {
 
 HealthService::~HealthService() = default;
 
-void HealthService::Start(grpc::ServerCompletionQueue* cq) {
-  cq_ = cq;
+void HealthService::Start(CompletionQueueThread* thread) {
+  thread_ = thread;
   AwaitCheck();
   AwaitWatch();
 }

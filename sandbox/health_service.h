@@ -20,6 +20,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "sandbox/server_stream.h"
 
 namespace agentix::sandbox {
 
@@ -38,7 +39,7 @@ class HealthService {
     builder.RegisterService(&service_);
   }
   // After BuildAndStart: answers calls; reactions run on the queue's thread.
-  void Start(grpc::ServerCompletionQueue* cq);
+  void Start(CompletionQueueThread* thread);
   // Every service NOT_SERVING from now on (watchers are told); for a server
   // about to stop.
   void Shutdown();
@@ -58,7 +59,7 @@ class HealthService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   grpc::health::v1::Health::AsyncService service_;
-  grpc::ServerCompletionQueue* cq_ = nullptr;
+  CompletionQueueThread* thread_ = nullptr;
 
   absl::Mutex mu_;
   std::map<std::string, Status> statuses_ ABSL_GUARDED_BY(mu_);

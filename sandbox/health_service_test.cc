@@ -22,7 +22,7 @@ struct Harness {
     cq = builder.AddCompletionQueue();
     server = builder.BuildAndStart();
     reactions = std::make_unique<CompletionQueueThread>(cq.get(), "test-cq");
-    health.Start(cq.get());
+    health.Start(reactions.get());
     stub = Health::NewStub(server->InProcessChannel(grpc::ChannelArguments()));
   }
   ~Harness() {

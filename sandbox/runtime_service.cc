@@ -327,18 +327,19 @@ class InfoCall final {
 
   // Awaits the next GetInfo call (and, once it arrives, the one after).
   static void AwaitNext(RequestCall request_call,
-                        grpc::ServerCompletionQueue* cq,
+                        CompletionQueueThread* thread,
                         SessionManager* manager, const std::string* version) {
-    auto* call = new InfoCall(std::move(request_call), cq, manager, version);
-    call->request_call_(&call->context_, &call->request_, &call->writer_, cq,
+    auto* call = new InfoCall(std::move(request_call), thread, manager, version);
+    call->request_call_(&call->context_, &call->request_, &call->writer_,
+                        thread->cq(),
                         &call->accepted_);
   }
 
  private:
-  InfoCall(RequestCall request_call, grpc::ServerCompletionQueue* cq,
+  InfoCall(RequestCall request_call, CompletionQueueThread* thread,
            SessionManager* manager, const std::string* version)
       : request_call_(std::move(request_call)),
-        cq_(cq),
+        thread_(thread),
         manager_(manager),
         version_(version) {}
 
@@ -347,7 +348,8 @@ class InfoCall final {
       delete this;
       return;
     }
-    AwaitNext(request_call_, cq_, manager_, version_);
+    thread_->AddLive();
+    AwaitNext(request_call_, thread_, manager_, version_);
     SessionInfo info = manager_->Info();
     response_.set_status("ok");
     response_.set_version(*version_);
@@ -358,10 +360,14 @@ class InfoCall final {
     response_.set_namespace_streams(info.namespace_streams);
     writer_.Finish(response_, grpc::Status::OK, &finished_);
   }
-  void Finished(bool /*ok*/) { delete this; }
+  void Finished(bool /*ok*/) {
+    CompletionQueueThread* const thread = thread_;
+    delete this;
+    thread->RemoveLive();
+  }
 
   const RequestCall request_call_;
-  grpc::ServerCompletionQueue* const cq_;
+  CompletionQueueThread* const thread_;
   SessionManager* const manager_;
   const std::string* const version_;
   grpc::ServerContext context_;
@@ -377,10 +383,10 @@ class InfoCall final {
 // and, once that call arrives, the one after.
 template <typename Stream, typename Make>
 void AwaitNext(typename Stream::RequestCall request_call,
-               grpc::ServerCompletionQueue* cq, Make make) {
+               CompletionQueueThread* thread, Make make) {
   Stream* stream = make();
-  stream->AwaitCall(request_call, cq, [request_call, cq, make] {
-    AwaitNext<Stream>(request_call, cq, make);
+  stream->AwaitCall(request_call, thread, [request_call, thread, make] {
+    AwaitNext<Stream>(request_call, thread, make);
   });
 }
 
@@ -390,7 +396,7 @@ RuntimeServiceImpl::RuntimeServiceImpl(SessionManager* manager,
                                        std::string version)
     : manager_(manager), version_(std::move(version)) {}
 
-void RuntimeServiceImpl::Start(grpc::ServerCompletionQueue* cq) {
+void RuntimeServiceImpl::Start(CompletionQueueThread* thread) {
   using Service = runtime::v1::RuntimeService::AsyncService;
   Service* service = &service_;
   SessionManager* manager = manager_;
@@ -400,12 +406,12 @@ void RuntimeServiceImpl::Start(grpc::ServerCompletionQueue* cq) {
       [service](auto* context, auto* stream, auto* queue, void* tag) {
         service->RequestCalls(context, stream, queue, queue, tag);
       },
-      cq, [manager] { return new CallsReactor(manager); });
+      thread, [manager] { return new CallsReactor(manager); });
   AwaitNext<LogsReactor>(
       [service](auto* context, auto* stream, auto* queue, void* tag) {
         service->RequestLogs(context, stream, queue, queue, tag);
       },
-      cq,
+      thread,
       [manager, scheduler] {
         return new LogsReactor(&manager->logs(), scheduler);
       });
@@ -413,7 +419,7 @@ void RuntimeServiceImpl::Start(grpc::ServerCompletionQueue* cq) {
       [service](auto* context, auto* stream, auto* queue, void* tag) {
         service->RequestTraces(context, stream, queue, queue, tag);
       },
-      cq,
+      thread,
       [manager, scheduler] {
         return new TracesReactor(&manager->traces(), scheduler);
       });
@@ -421,13 +427,13 @@ void RuntimeServiceImpl::Start(grpc::ServerCompletionQueue* cq) {
       [service](auto* context, auto* stream, auto* queue, void* tag) {
         service->RequestNamespace(context, stream, queue, queue, tag);
       },
-      cq, [manager] { return new NamespaceReactor(manager); });
+      thread, [manager] { return new NamespaceReactor(manager); });
   InfoCall::AwaitNext(
       [service](auto* context, auto* request, auto* writer, auto* queue,
                 void* tag) {
         service->RequestGetInfo(context, request, writer, queue, queue, tag);
       },
-      cq, manager_, &version_);
+      thread, manager_, &version_);
 }
 
 }  // namespace agentix::sandbox

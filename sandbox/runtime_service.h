@@ -41,9 +41,9 @@ class RuntimeServiceImpl final {
   void AddTo(grpc::ServerBuilder& builder) {
     builder.RegisterService(&service_);
   }
-  // After BuildAndStart: takes calls on `cq` (a queue of the same server,
-  // polled by a CompletionQueueThread).
-  void Start(grpc::ServerCompletionQueue* cq);
+  // After BuildAndStart: takes calls on the queue `thread` polls (one of
+  // the same server's).
+  void Start(CompletionQueueThread* thread);
 
  private:
   SessionManager* const manager_;

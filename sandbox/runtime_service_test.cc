@@ -18,7 +18,7 @@ struct Harness {
     cq = builder.AddCompletionQueue();
     server = builder.BuildAndStart();
     reactions = std::make_unique<CompletionQueueThread>(cq.get(), "test-cq");
-    service.Start(cq.get());
+    service.Start(reactions.get());
     stub = runtime::v1::RuntimeService::NewStub(
         server->InProcessChannel(grpc::ChannelArguments()));
   }

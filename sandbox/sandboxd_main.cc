@@ -279,8 +279,8 @@ int Run(int argc, char** raw_argv) {
   }
   // Every reaction of every call runs on this one thread (server_stream.h).
   CompletionQueueThread reactions(cq.get(), "agx-grpc");
-  service.Start(cq.get());
-  health.Start(cq.get());
+  service.Start(&reactions);
+  health.Start(&reactions);
   for (size_t i = 0; i < listen.size(); ++i) {
     AGX_LOG(Info, "serving agentix.runtime.v1 on {}{}", listen[i],
             ports[i] > 0 ? absl::StrCat(" (port ", ports[i], ")") : "");

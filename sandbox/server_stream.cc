@@ -1,8 +1,31 @@
 #include "sandbox/server_stream.h"
 
+#include <grpcpp/alarm.h>
 #include <pthread.h>
 
+#include "base/log.h"
+
 namespace agentix::sandbox {
+namespace {
+
+// Marks the moment the polling thread reaches it.
+class Barrier final : public Completion {
+ public:
+  void Complete(bool /*ok*/) override {
+    absl::MutexLock lock(&mu_);
+    reached_ = true;
+  }
+  bool WaitUntil(absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithDeadline(absl::Condition(&reached_), deadline);
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool reached_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
 
 CompletionQueueThread::CompletionQueueThread(grpc::ServerCompletionQueue* cq,
                                              const char* name)
@@ -15,8 +38,53 @@ CompletionQueueThread::CompletionQueueThread(grpc::ServerCompletionQueue* cq,
   pthread_setname_np(thread_.native_handle(), name);
 }
 
-void CompletionQueueThread::Stop() {
-  if (!thread_.joinable()) return;
+void CompletionQueueThread::AddLive() {
+  absl::MutexLock lock(&mu_);
+  ++live_;
+}
+
+void CompletionQueueThread::RemoveLive() {
+  absl::MutexLock lock(&mu_);
+  --live_;
+}
+
+bool CompletionQueueThread::DrainQueued(absl::Time deadline) {
+  Barrier barrier;
+  grpc::Alarm alarm;
+  alarm.Set(cq_, gpr_now(GPR_CLOCK_MONOTONIC), &barrier);
+  if (barrier.WaitUntil(deadline)) return true;
+  alarm.Cancel();  // its completion still comes, before the alarm goes
+  barrier.WaitUntil(absl::InfiniteFuture());
+  return false;
+}
+
+void CompletionQueueThread::Stop(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  const absl::Time deadline = absl::Now() + grace;
+  // A call whose arrival is still queued becomes live when it runs: wait
+  // for the live ones, run what is queued, check again.
+  while (true) {
+    int live;
+    {
+      absl::MutexLock lock(&mu_);
+      auto none_live = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return live_ == 0;
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&none_live), deadline);
+      live = live_;
+    }
+    if (live > 0) {
+      AGX_LOG(Warning, "{} calls still running at shutdown", live);
+      break;
+    }
+    if (!DrainQueued(deadline)) break;
+    absl::MutexLock lock(&mu_);
+    if (live_ == 0) break;
+  }
   cq_->Shutdown();
   thread_.join();
 }

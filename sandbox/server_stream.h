@@ -28,6 +28,9 @@
 #include <functional>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
 namespace agentix::sandbox {
 
 // What every tag on the daemon's completion queue points at.
@@ -51,8 +54,14 @@ class MemberCompletion final : public Completion {
 };
 
 // Runs every completion of `cq` (tags are Completion*) on one thread named
-// `name`, until Stop(): call that after the server's Shutdown(), so that
-// no new operation can start.
+// `name`, until Stop().
+//
+// Stopping. gRPC aborts the process if an operation starts on a queue that
+// has been shut down, and a call's last reactions (Finish after the
+// cancellation that the server's Shutdown() brings) come after Shutdown()
+// returns. So calls count themselves live from their arrival to their last
+// completion (AddLive/RemoveLive), and Stop() shuts the queue down only
+// once none is live and every completion queued before has run.
 class CompletionQueueThread {
  public:
   CompletionQueueThread(grpc::ServerCompletionQueue* cq, const char* name);
@@ -61,12 +70,25 @@ class CompletionQueueThread {
   CompletionQueueThread(const CompletionQueueThread&) = delete;
   CompletionQueueThread& operator=(const CompletionQueueThread&) = delete;
 
-  // Shuts the queue down, runs what is left on it, joins the thread.
-  void Stop();
+  grpc::ServerCompletionQueue* cq() const { return cq_; }
+
+  // A call arrived / had its last completion. Any thread.
+  void AddLive();
+  void RemoveLive();
+
+  // After the server's Shutdown(): waits (at most `grace`) for the live
+  // calls to end, shuts the queue down, runs what is left, joins the thread.
+  void Stop(absl::Duration grace = absl::Seconds(10));
 
  private:
+  // Whether every completion queued before this call has run.
+  bool DrainQueued(absl::Time deadline);
+
   grpc::ServerCompletionQueue* const cq_;
   std::thread thread_;
+  absl::Mutex mu_;
+  int live_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 template <typename Request, typename Response>
@@ -83,14 +105,15 @@ class ServerStream {
   ServerStream& operator=(const ServerStream&) = delete;
 
   // Registers this stream for the next call `request_call` receives on
-  // `cq`; `on_accepted` runs when it arrives, before OnStart() (to await the
-  // call after it). Once, right after construction.
+  // the queue `thread` polls; `on_accepted` runs when it arrives, before
+  // OnStart() (to await the call after it). Once, right after construction.
   void AwaitCall(const RequestCall& request_call,
-                 grpc::ServerCompletionQueue* cq,
+                 CompletionQueueThread* thread,
                  std::function<void()> on_accepted) {
+    thread_ = thread;
     on_accepted_ = std::move(on_accepted);
     context_.AsyncNotifyWhenDone(&done_);
-    request_call(&context_, &stream_, cq, &accepted_);
+    request_call(&context_, &stream_, thread->cq(), &accepted_);
   }
 
   void StartRead(Request* request) {
@@ -124,6 +147,7 @@ class ServerStream {
       delete this;
       return;
     }
+    thread_->AddLive();
     // One count for the done tag, one that Finish's completion releases.
     ops_.store(2, std::memory_order_relaxed);
     if (on_accepted_) std::exchange(on_accepted_, nullptr)();
@@ -143,11 +167,15 @@ class ServerStream {
     Release(1);
   }
   void Release(int n) {
-    if (ops_.fetch_sub(n, std::memory_order_acq_rel) == n) OnDone();
+    if (ops_.fetch_sub(n, std::memory_order_acq_rel) != n) return;
+    CompletionQueueThread* const thread = thread_;
+    OnDone();  // may delete this
+    thread->RemoveLive();
   }
 
   grpc::ServerContext context_;
   Stream stream_;
+  CompletionQueueThread* thread_ = nullptr;
   std::function<void()> on_accepted_;
   // Operations in flight, plus one until Finish has completed.
   std::atomic<int> ops_{0};

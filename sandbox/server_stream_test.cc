@@ -1,0 +1,198 @@
+#include "sandbox/server_stream.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "agentix/runtime/v1/runtime.grpc.pb.h"
+
+namespace agentix::sandbox {
+namespace {
+
+using runtime::v1::NamespaceRequest;
+using runtime::v1::NamespaceResponse;
+using Service = runtime::v1::RuntimeService::AsyncService;
+
+struct Counters {
+  std::atomic<int> started{0};
+  std::atomic<int> cancelled{0};
+  std::atomic<int> done{0};
+};
+
+// Answers every event with a response naming it; finishes OK when the
+// client half-closes.
+class EchoStream final
+    : public ServerStream<NamespaceRequest, NamespaceResponse> {
+ public:
+  explicit EchoStream(Counters* counters) : counters_(counters) {}
+
+ private:
+  void OnStart() override {
+    ++counters_->started;
+    StartRead(&request_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      if (!finishing_.exchange(true)) Finish(grpc::Status::OK);
+      return;
+    }
+    response_.Clear();
+    response_.set_namespace_(request_.event().event());
+    StartWrite(&response_);
+  }
+  void OnWriteDone(bool ok) override {
+    if (ok) StartRead(&request_);
+  }
+  void OnCancel() override {
+    ++counters_->cancelled;
+    if (!finishing_.exchange(true)) Finish(grpc::Status::CANCELLED);
+  }
+  void OnDone() override {
+    ++counters_->done;
+    delete this;
+  }
+
+  Counters* const counters_;
+  NamespaceRequest request_;
+  NamespaceResponse response_;
+  std::atomic<bool> finishing_{false};
+};
+
+void AwaitNext(Service* service, CompletionQueueThread* thread,
+               Counters* counters) {
+  auto* stream = new EchoStream(counters);
+  stream->AwaitCall(
+      [service](grpc::ServerContext* context, EchoStream::Stream* s,
+                grpc::ServerCompletionQueue* queue, void* tag) {
+        service->RequestNamespace(context, s, queue, queue, tag);
+      },
+      thread,
+      [service, thread, counters] { AwaitNext(service, thread, counters); });
+}
+
+struct Harness {
+  Harness() {
+    grpc::ServerBuilder builder;
+    builder.RegisterService(&service);
+    cq = builder.AddCompletionQueue();
+    server = builder.BuildAndStart();
+    reactions = std::make_unique<CompletionQueueThread>(cq.get(), "test-cq");
+    AwaitNext(&service, reactions.get(), &counters);
+    stub = runtime::v1::RuntimeService::NewStub(
+        server->InProcessChannel(grpc::ChannelArguments()));
+  }
+  void Stop() {
+    if (!server) return;
+    server->Shutdown(std::chrono::system_clock::now() +
+                     std::chrono::seconds(2));
+    reactions->Stop();
+    server.reset();
+  }
+  ~Harness() { Stop(); }
+
+  Counters counters;
+  Service service;
+  std::unique_ptr<grpc::ServerCompletionQueue> cq;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<CompletionQueueThread> reactions;
+  std::unique_ptr<runtime::v1::RuntimeService::Stub> stub;
+};
+
+NamespaceRequest Event(const std::string& name) {
+  NamespaceRequest request;
+  request.mutable_event()->set_event(name);
+  return request;
+}
+
+bool Eventually(const std::function<bool()>& condition) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+TEST_CASE("A stream reads, writes and finishes after the half-close",
+          "[server_stream]") {
+  Harness h;
+  grpc::ClientContext context;
+  auto stream = h.stub->Namespace(&context);
+  NamespaceResponse response;
+  for (const char* name : {"a", "b", "c"}) {
+    REQUIRE(stream->Write(Event(name)));
+    REQUIRE(stream->Read(&response));
+    CHECK(response.namespace_() == name);
+  }
+  REQUIRE(stream->WritesDone());
+  CHECK_FALSE(stream->Read(&response));
+  CHECK(stream->Finish().ok());
+  REQUIRE(Eventually([&] { return h.counters.done == 1; }));
+  CHECK(h.counters.cancelled == 0);
+}
+
+TEST_CASE("Concurrent streams each get their own call", "[server_stream]") {
+  Harness h;
+  constexpr int kStreams = 8;
+  std::vector<std::thread> clients;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < kStreams; ++i) {
+    clients.emplace_back([&, i] {
+      grpc::ClientContext context;
+      auto stream = h.stub->Namespace(&context);
+      NamespaceResponse response;
+      const std::string name = "s" + std::to_string(i);
+      if (stream->Write(Event(name)) && stream->Read(&response) &&
+          response.namespace_() == name && stream->WritesDone() &&
+          !stream->Read(&response) && stream->Finish().ok()) {
+        ++ok;
+      }
+    });
+  }
+  for (auto& client : clients) client.join();
+  CHECK(ok == kStreams);
+  REQUIRE(Eventually([&] { return h.counters.done == kStreams; }));
+}
+
+TEST_CASE("A cancelled call gets OnCancel, then OnDone once",
+          "[server_stream]") {
+  Harness h;
+  grpc::ClientContext context;
+  auto stream = h.stub->Namespace(&context);
+  NamespaceResponse response;
+  REQUIRE(stream->Write(Event("x")));
+  REQUIRE(stream->Read(&response));
+  context.TryCancel();
+  while (stream->Read(&response)) {
+  }
+  CHECK(stream->Finish().error_code() == grpc::StatusCode::CANCELLED);
+  REQUIRE(Eventually([&] { return h.counters.done == 1; }));
+  CHECK(h.counters.cancelled == 1);
+  h.Stop();
+  CHECK(h.counters.done == 1);
+}
+
+TEST_CASE("Shutting down ends open streams and frees the awaiting ones",
+          "[server_stream]") {
+  Harness h;
+  grpc::ClientContext context;
+  auto stream = h.stub->Namespace(&context);
+  NamespaceResponse response;
+  REQUIRE(stream->Write(Event("x")));
+  REQUIRE(stream->Read(&response));
+  // The open stream is cancelled by the shutdown; the stream awaiting the
+  // next call is deleted without a reaction (no OnStart, no OnDone).
+  h.Stop();
+  CHECK(h.counters.started == 1);
+  CHECK(h.counters.done == 1);
+  CHECK_FALSE(stream->Read(&response));
+}
+
+}  // namespace
+}  // namespace agentix::sandbox
