@@ -150,6 +150,33 @@ async def test_request_without_timeout_waits_and_a_cancelled_one_cleans_up(bridg
     await asyncio.sleep(0.1)  # its timer, cancelled, must not fire into anything
 
 
+async def test_request_deadlines_each_fire_on_time_whatever_is_pending(bridge):
+    """Deadlines share one timer per loop: a shorter timeout than the one it
+    is armed for, and several requests in a row, all still fail on time."""
+    ns = register_namespace(Namespace("/p"))
+    loop = asyncio.get_running_loop()
+    long_wait = asyncio.ensure_future(ns.request("ask", 0, timeout=30))
+    await asyncio.sleep(0)
+    started = loop.time()
+    with pytest.raises(TimeoutError, match="within 0.05 s"):
+        await ns.request("ask", 1, timeout=0.05)
+    first = loop.time() - started
+    answered = asyncio.ensure_future(ns.request("ask", 2, timeout=0.1))
+    later = [asyncio.ensure_future(ns.request("ask", i, timeout=0.1 + 0.05 * i)) for i in (3, 4)]
+    await asyncio.sleep(0)
+    sio._deliver("/p", "ask:result", pack({"request_id": bridge.sent[-3][3], "value": "ok"}))
+    assert await answered == "ok"
+    for task in later:
+        with pytest.raises(TimeoutError):
+            await task
+    assert 0.04 < first < 1 and loop.time() - started < 2
+    assert not long_wait.done()
+    long_wait.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await long_wait
+    assert ns._pending == {}
+
+
 async def test_request_from_another_thread_and_loop(bridge):
     ns = register_namespace(Namespace("/p"))
     loop = asyncio.get_running_loop()
