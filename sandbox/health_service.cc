@@ -39,11 +39,7 @@ class CheckCall final {
     response_.set_status(status);
     writer_.Finish(response_, grpc::Status::OK, &finished_);
   }
-  void Finished(bool /*ok*/) {
-    CompletionQueueThread* const thread = health_->thread_;
-    delete this;
-    thread->RemoveLive();
-  }
+  void Finished(bool /*ok*/) { RetireCall(this, health_->thread_); }
 
   HealthService* const health_;
   grpc::ServerContext context_;
@@ -135,10 +131,9 @@ class HealthService::Watcher final {
   }
   void FinishDone(bool /*ok*/) { Release(2); }
   void Release(int n) {
-    if (ops_.fetch_sub(n, std::memory_order_acq_rel) != n) return;
-    CompletionQueueThread* const thread = health_->thread_;
-    delete this;
-    thread->RemoveLive();
+    if (ops_.fetch_sub(n, std::memory_order_acq_rel) == n) {
+      RetireCall(this, health_->thread_);
+    }
   }
 
   HealthService* const health_;

@@ -6,7 +6,7 @@
 #include <chrono>
 #include <memory>
 
-#include "sandbox/server_stream.h"
+#include "sandbox/test_server.h"
 
 namespace agentix::sandbox {
 namespace {
@@ -16,19 +16,12 @@ using grpc::health::v1::HealthCheckRequest;
 using grpc::health::v1::HealthCheckResponse;
 
 struct Harness {
-  Harness() : health({"pkg.Service"}) {
-    grpc::ServerBuilder builder;
-    health.AddTo(builder);
-    cq = builder.AddCompletionQueue();
-    server = builder.BuildAndStart();
-    reactions = std::make_unique<CompletionQueueThread>(cq.get(), "test-cq");
-    health.Start(reactions.get());
-    stub = Health::NewStub(server->InProcessChannel(grpc::ChannelArguments()));
-  }
-  ~Harness() {
-    server->Shutdown(std::chrono::system_clock::now() +
-                     std::chrono::seconds(2));
-    reactions->Stop();
+  Harness()
+      : health({"pkg.Service"}), server([this](grpc::ServerBuilder& builder) {
+          health.AddTo(builder);
+        }) {
+    health.Start(server.reactions());
+    stub = Health::NewStub(server.Channel());
   }
   grpc::Status Check(const std::string& service, HealthCheckResponse* reply) {
     grpc::ClientContext context;
@@ -38,10 +31,20 @@ struct Harness {
     request.set_service(service);
     return stub->Check(&context, request, reply);
   }
+  // Opens a Watch of `service` and reads its first reply into `reply`.
+  std::unique_ptr<grpc::ClientReader<HealthCheckResponse>> Watch(
+      grpc::ClientContext* context, const std::string& service,
+      HealthCheckResponse* reply) {
+    context->set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::seconds(10));
+    HealthCheckRequest request;
+    request.set_service(service);
+    auto reader = stub->Watch(context, request);
+    REQUIRE(reader->Read(reply));
+    return reader;
+  }
   HealthService health;
-  std::unique_ptr<grpc::ServerCompletionQueue> cq;
-  std::unique_ptr<grpc::Server> server;
-  std::unique_ptr<CompletionQueueThread> reactions;
+  TestServer server;
   std::unique_ptr<Health::Stub> stub;
 };
 
@@ -74,13 +77,8 @@ TEST_CASE("Watch sends the status, then the change at Shutdown, then ends",
           "[health]") {
   Harness h;
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(10));
-  HealthCheckRequest request;
-  request.set_service("pkg.Service");
-  auto reader = h.stub->Watch(&context, request);
   HealthCheckResponse reply;
-  REQUIRE(reader->Read(&reply));
+  auto reader = h.Watch(&context, "pkg.Service", &reply);
   CHECK(reply.status() == HealthCheckResponse::SERVING);
   h.health.Shutdown();
   REQUIRE(reader->Read(&reply));
@@ -92,13 +90,8 @@ TEST_CASE("Watch sends the status, then the change at Shutdown, then ends",
 TEST_CASE("Watch of an unknown service reports SERVICE_UNKNOWN", "[health]") {
   Harness h;
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(10));
-  HealthCheckRequest request;
-  request.set_service("no.Such");
-  auto reader = h.stub->Watch(&context, request);
   HealthCheckResponse reply;
-  REQUIRE(reader->Read(&reply));
+  auto reader = h.Watch(&context, "no.Such", &reply);
   CHECK(reply.status() == HealthCheckResponse::SERVICE_UNKNOWN);
   context.TryCancel();
   while (reader->Read(&reply)) {
@@ -111,10 +104,8 @@ TEST_CASE("A watcher that goes away leaves the service serving others",
   Harness h;
   for (int i = 0; i < 3; ++i) {
     grpc::ClientContext context;
-    HealthCheckRequest request;
-    auto reader = h.stub->Watch(&context, request);
     HealthCheckResponse reply;
-    REQUIRE(reader->Read(&reply));
+    auto reader = h.Watch(&context, "", &reply);
     context.TryCancel();
     while (reader->Read(&reply)) {
     }

@@ -329,7 +329,8 @@ class InfoCall final {
   static void AwaitNext(RequestCall request_call,
                         CompletionQueueThread* thread,
                         SessionManager* manager, const std::string* version) {
-    auto* call = new InfoCall(std::move(request_call), thread, manager, version);
+    auto* call =
+        new InfoCall(std::move(request_call), thread, manager, version);
     call->request_call_(&call->context_, &call->request_, &call->writer_,
                         thread->cq(),
                         &call->accepted_);
@@ -360,11 +361,7 @@ class InfoCall final {
     response_.set_namespace_streams(info.namespace_streams);
     writer_.Finish(response_, grpc::Status::OK, &finished_);
   }
-  void Finished(bool /*ok*/) {
-    CompletionQueueThread* const thread = thread_;
-    delete this;
-    thread->RemoveLive();
-  }
+  void Finished(bool /*ok*/) { RetireCall(this, thread_); }
 
   const RequestCall request_call_;
   CompletionQueueThread* const thread_;

@@ -2,8 +2,11 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <catch2/catch.hpp>
 #include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "sandbox/test_server.h"
 
 namespace agentix::sandbox {
 namespace {
@@ -12,20 +15,12 @@ using runtime::v1::CallsRequest;
 using runtime::v1::CallsResponse;
 
 struct Harness {
-  Harness() : manager(Options()), service(&manager, "test-version") {
-    grpc::ServerBuilder builder;
-    service.AddTo(builder);
-    cq = builder.AddCompletionQueue();
-    server = builder.BuildAndStart();
-    reactions = std::make_unique<CompletionQueueThread>(cq.get(), "test-cq");
-    service.Start(reactions.get());
-    stub = runtime::v1::RuntimeService::NewStub(
-        server->InProcessChannel(grpc::ChannelArguments()));
-  }
-  ~Harness() {
-    server->Shutdown(std::chrono::system_clock::now() +
-                     std::chrono::seconds(2));
-    reactions->Stop();
+  Harness()
+      : manager(Options()),
+        service(&manager, "test-version"),
+        server([this](grpc::ServerBuilder& b) { service.AddTo(b); }) {
+    service.Start(server.reactions());
+    stub = runtime::v1::RuntimeService::NewStub(server.Channel());
   }
   static SessionOptions Options() {
     SessionOptions o;
@@ -34,9 +29,7 @@ struct Harness {
   }
   SessionManager manager;
   RuntimeServiceImpl service;
-  std::unique_ptr<grpc::ServerCompletionQueue> cq;
-  std::unique_ptr<grpc::Server> server;
-  std::unique_ptr<CompletionQueueThread> reactions;
+  TestServer server;
   std::unique_ptr<runtime::v1::RuntimeService::Stub> stub;
 };
 

@@ -91,6 +91,14 @@ class CompletionQueueThread {
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// Deletes the object of a call that has had its last completion and tells
+// `thread` (the counterpart of its AddLive).
+template <typename Call>
+void RetireCall(Call* call, CompletionQueueThread* thread) {
+  delete call;
+  thread->RemoveLive();
+}
+
 template <typename Request, typename Response>
 class ServerStream {
  public:
@@ -107,8 +115,7 @@ class ServerStream {
   // Registers this stream for the next call `request_call` receives on
   // the queue `thread` polls; `on_accepted` runs when it arrives, before
   // OnStart() (to await the call after it). Once, right after construction.
-  void AwaitCall(const RequestCall& request_call,
-                 CompletionQueueThread* thread,
+  void AwaitCall(const RequestCall& request_call, CompletionQueueThread* thread,
                  std::function<void()> on_accepted) {
     thread_ = thread;
     on_accepted_ = std::move(on_accepted);

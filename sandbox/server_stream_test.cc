@@ -3,13 +3,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <memory>
 #include <thread>
 
-#include <catch2/catch.hpp>
-
 #include "agentix/runtime/v1/runtime.grpc.pb.h"
+#include "sandbox/test_server.h"
 
 namespace agentix::sandbox {
 namespace {
@@ -76,30 +76,18 @@ void AwaitNext(Service* service, CompletionQueueThread* thread,
 }
 
 struct Harness {
-  Harness() {
-    grpc::ServerBuilder builder;
-    builder.RegisterService(&service);
-    cq = builder.AddCompletionQueue();
-    server = builder.BuildAndStart();
-    reactions = std::make_unique<CompletionQueueThread>(cq.get(), "test-cq");
-    AwaitNext(&service, reactions.get(), &counters);
-    stub = runtime::v1::RuntimeService::NewStub(
-        server->InProcessChannel(grpc::ChannelArguments()));
+  Harness()
+      : server([this](grpc::ServerBuilder& builder) {
+          builder.RegisterService(&service);
+        }) {
+    AwaitNext(&service, server.reactions(), &counters);
+    stub = runtime::v1::RuntimeService::NewStub(server.Channel());
   }
-  void Stop() {
-    if (!server) return;
-    server->Shutdown(std::chrono::system_clock::now() +
-                     std::chrono::seconds(2));
-    reactions->Stop();
-    server.reset();
-  }
-  ~Harness() { Stop(); }
+  void Stop() { server.Stop(); }
 
   Counters counters;
   Service service;
-  std::unique_ptr<grpc::ServerCompletionQueue> cq;
-  std::unique_ptr<grpc::Server> server;
-  std::unique_ptr<CompletionQueueThread> reactions;
+  TestServer server;
   std::unique_ptr<runtime::v1::RuntimeService::Stub> stub;
 };
 
@@ -160,14 +148,22 @@ TEST_CASE("Concurrent streams each get their own call", "[server_stream]") {
   REQUIRE(Eventually([&] { return h.counters.done == kStreams; }));
 }
 
+// A Namespace stream that has answered one event.
+std::unique_ptr<grpc::ClientReaderWriter<NamespaceRequest, NamespaceResponse>>
+OpenStream(Harness& h, grpc::ClientContext* context) {
+  auto stream = h.stub->Namespace(context);
+  NamespaceResponse response;
+  REQUIRE(stream->Write(Event("x")));
+  REQUIRE(stream->Read(&response));
+  return stream;
+}
+
 TEST_CASE("A cancelled call gets OnCancel, then OnDone once",
           "[server_stream]") {
   Harness h;
   grpc::ClientContext context;
-  auto stream = h.stub->Namespace(&context);
+  auto stream = OpenStream(h, &context);
   NamespaceResponse response;
-  REQUIRE(stream->Write(Event("x")));
-  REQUIRE(stream->Read(&response));
   context.TryCancel();
   while (stream->Read(&response)) {
   }
@@ -182,10 +178,8 @@ TEST_CASE("Shutting down ends open streams and frees the awaiting ones",
           "[server_stream]") {
   Harness h;
   grpc::ClientContext context;
-  auto stream = h.stub->Namespace(&context);
+  auto stream = OpenStream(h, &context);
   NamespaceResponse response;
-  REQUIRE(stream->Write(Event("x")));
-  REQUIRE(stream->Read(&response));
   // The open stream is cancelled by the shutdown; the stream awaiting the
   // next call is deleted without a reaction (no OnStart, no OnDone).
   h.Stop();

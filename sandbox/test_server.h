@@ -1,0 +1,49 @@
+// TestServer: a gRPC server for the daemon's unit tests, serving what `add`
+// registers on one completion queue polled by a CompletionQueueThread, with
+// an in-process channel to it.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+
+#include "sandbox/server_stream.h"
+
+namespace agentix::sandbox {
+
+class TestServer {
+ public:
+  // The services `add` registers must outlive this object.
+  explicit TestServer(const std::function<void(grpc::ServerBuilder&)>& add) {
+    grpc::ServerBuilder builder;
+    add(builder);
+    cq_ = builder.AddCompletionQueue();
+    server_ = builder.BuildAndStart();
+    reactions_ = std::make_unique<CompletionQueueThread>(cq_.get(), "test-cq");
+  }
+  ~TestServer() { Stop(); }
+
+  CompletionQueueThread* reactions() { return reactions_.get(); }
+  std::shared_ptr<grpc::Channel> Channel() {
+    return server_->InProcessChannel(grpc::ChannelArguments());
+  }
+
+  // Shuts the server down (calls still open are cancelled after 2 s) and
+  // stops the queue's thread. Idempotent.
+  void Stop() {
+    if (!server_) return;
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::seconds(2));
+    reactions_->Stop();
+    server_.reset();
+  }
+
+ private:
+  std::unique_ptr<grpc::ServerCompletionQueue> cq_;  // outlives the server
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<CompletionQueueThread> reactions_;
+};
+
+}  // namespace agentix::sandbox
