@@ -376,15 +376,31 @@ class InfoCall final {
   MemberCompletion<InfoCall, &InfoCall::Finished> finished_{this};
 };
 
-// Awaits the next call of one streaming method with a stream from `make()`
-// and, once that call arrives, the one after.
+using AsyncService = runtime::v1::RuntimeService::AsyncService;
+
+// A streaming method's RequestX of the generated service.
+template <typename Stream>
+using RequestMethod = void (AsyncService::*)(grpc::ServerContext*,
+                                             typename Stream::Stream*,
+                                             grpc::CompletionQueue*,
+                                             grpc::ServerCompletionQueue*,
+                                             void*);
+
+// Awaits the next call of `method` with a stream from `make()` and, once
+// that call arrives, the one after.
 template <typename Stream, typename Make>
-void AwaitNext(typename Stream::RequestCall request_call,
+void AwaitNext(AsyncService* service, RequestMethod<Stream> method,
                CompletionQueueThread* thread, Make make) {
   Stream* stream = make();
-  stream->AwaitCall(request_call, thread, [request_call, thread, make] {
-    AwaitNext<Stream>(request_call, thread, make);
-  });
+  stream->AwaitCall(
+      [service, method](grpc::ServerContext* context,
+                        typename Stream::Stream* call,
+                        grpc::ServerCompletionQueue* queue, void* tag) {
+        (service->*method)(context, call, queue, queue, tag);
+      },
+      thread, [service, method, thread, make] {
+        AwaitNext<Stream>(service, method, thread, make);
+      });
 }
 
 }  // namespace
@@ -394,37 +410,23 @@ RuntimeServiceImpl::RuntimeServiceImpl(SessionManager* manager,
     : manager_(manager), version_(std::move(version)) {}
 
 void RuntimeServiceImpl::Start(CompletionQueueThread* thread) {
-  using Service = runtime::v1::RuntimeService::AsyncService;
-  Service* service = &service_;
+  AsyncService* service = &service_;
   SessionManager* manager = manager_;
   FlushScheduler* scheduler = &flush_scheduler_;
 
-  AwaitNext<CallsReactor>(
-      [service](auto* context, auto* stream, auto* queue, void* tag) {
-        service->RequestCalls(context, stream, queue, queue, tag);
-      },
-      thread, [manager] { return new CallsReactor(manager); });
-  AwaitNext<LogsReactor>(
-      [service](auto* context, auto* stream, auto* queue, void* tag) {
-        service->RequestLogs(context, stream, queue, queue, tag);
-      },
-      thread,
-      [manager, scheduler] {
-        return new LogsReactor(&manager->logs(), scheduler);
-      });
+  AwaitNext<CallsReactor>(service, &AsyncService::RequestCalls, thread,
+                          [manager] { return new CallsReactor(manager); });
+  AwaitNext<LogsReactor>(service, &AsyncService::RequestLogs, thread,
+                         [manager, scheduler] {
+                           return new LogsReactor(&manager->logs(), scheduler);
+                         });
   AwaitNext<TracesReactor>(
-      [service](auto* context, auto* stream, auto* queue, void* tag) {
-        service->RequestTraces(context, stream, queue, queue, tag);
-      },
-      thread,
-      [manager, scheduler] {
+      service, &AsyncService::RequestTraces, thread, [manager, scheduler] {
         return new TracesReactor(&manager->traces(), scheduler);
       });
   AwaitNext<NamespaceReactor>(
-      [service](auto* context, auto* stream, auto* queue, void* tag) {
-        service->RequestNamespace(context, stream, queue, queue, tag);
-      },
-      thread, [manager] { return new NamespaceReactor(manager); });
+      service, &AsyncService::RequestNamespace, thread,
+      [manager] { return new NamespaceReactor(manager); });
   InfoCall::AwaitNext(
       [service](auto* context, auto* request, auto* writer, auto* queue,
                 void* tag) {
