@@ -36,6 +36,18 @@ constexpr char kCallsMethod[] = "/agentix.runtime.v1.RuntimeService/Calls";
 // From this size on, copies run without the GIL.
 constexpr size_t kReleaseGilBytes = 64 << 10;
 
+// Turns the C++ exception being handled into a Python RuntimeError
+// "<what>: <its message>". Only inside a catch block.
+void SetErrorFromCxx(const char* what) {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    PyErr_Format(PyExc_RuntimeError, "%s: %s", what, e.what());
+  } catch (...) {
+    PyErr_Format(PyExc_RuntimeError, "%s: unknown C++ exception", what);
+  }
+}
+
 // ---------------------------------------------------------------- Channel
 
 struct ChannelObject {
@@ -131,10 +143,8 @@ int Channel_init(ChannelObject* self, PyObject* args, PyObject* kwargs) {
     delete self->channel;
     self->channel = new std::shared_ptr<grpc::Channel>(std::move(channel));
     return 0;
-  } catch (const std::exception& e) {
-    PyErr_Format(PyExc_RuntimeError, "native channel: %s", e.what());
   } catch (...) {
-    PyErr_SetString(PyExc_RuntimeError, "native channel: unknown C++ exception");
+    SetErrorFromCxx("native channel");
   }
   return -1;
 }
@@ -221,10 +231,8 @@ int Transport_init(TransportObject* self, PyObject* args, PyObject* kwargs) {
     Py_END_ALLOW_THREADS
     self->reactor = reactor;
     return 0;
-  } catch (const std::exception& e) {
-    PyErr_Format(PyExc_RuntimeError, "native stream: %s", e.what());
   } catch (...) {
-    PyErr_SetString(PyExc_RuntimeError, "native stream: unknown C++ exception");
+    SetErrorFromCxx("native stream");
   }
   return -1;
 }
@@ -306,10 +314,8 @@ PyObject* Transport_write(TransportObject* self, PyObject* data) {
     pending = reactor->Write(std::move(slice));
     Py_END_ALLOW_THREADS
     return PyLong_FromLongLong(pending);
-  } catch (const std::exception& e) {
-    PyErr_Format(PyExc_RuntimeError, "native write: %s", e.what());
   } catch (...) {
-    PyErr_SetString(PyExc_RuntimeError, "native write: unknown C++ exception");
+    SetErrorFromCxx("native write");
   }
   return nullptr;
 }
@@ -423,10 +429,8 @@ PyObject* Transport_drain(TransportObject* self, PyObject*) {
       status = Py_NewRef(Py_None);
     }
     return Py_BuildValue("(NNO)", messages, status, drained.below ? Py_True : Py_False);
-  } catch (const std::exception& e) {
-    PyErr_Format(PyExc_RuntimeError, "native drain: %s", e.what());
   } catch (...) {
-    PyErr_SetString(PyExc_RuntimeError, "native drain: unknown C++ exception");
+    SetErrorFromCxx("native drain");
   }
   return nullptr;
 }
