@@ -100,6 +100,8 @@ def _native_calls_module():
         _log.debug("native Calls transport unavailable, using grpc.aio: %r", error)
         return None
     return _native_calls
+
+
 # Reconnection defaults (see RuntimeClient).
 _RECONNECT_ATTEMPTS = 8
 _RECONNECT_DELAY = 0.25

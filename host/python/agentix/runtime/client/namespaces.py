@@ -18,6 +18,7 @@ import grpc
 
 from agentix.runtime.client import wire
 from agentix.runtime.client._sio_facade import _LIFECYCLE, AsyncClientNamespace
+from agentix.runtime.client.stream import NativeStreamError
 from agentix.runtime.v1 import runtime_pb2 as pb
 
 __all__ = ["NAMESPACE_METHOD", "NamespaceStream", "NativeNamespaceStream"]
@@ -32,8 +33,6 @@ OPEN_TIMEOUT = 10.0
 NATIVE_SEND_AHEAD = 2 << 20
 
 _log = logging.getLogger("agentix.sio")
-
-_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def _event_request(event: str, payload: bytes, request_id: str, error: dict | None) -> pb.NamespaceRequest:
@@ -58,20 +57,15 @@ def _plain_trigger(ns: AsyncClientNamespace) -> bool:
     return getattr(getattr(ns, "trigger_event", None), "__func__", None) is AsyncClientNamespace.trigger_event
 
 
-class NamespaceStream:
-    """One open ``RuntimeService.Namespace`` stream: reads the sandbox's
-    events into ``ns.trigger_event`` (in order, one at a time) and writes the
-    host's events. Never raises into the client: a failure ends the stream
-    (``alive`` False), delivers ``disconnect`` and is re-opened by the next
-    call."""
+class _StreamBase:
+    """What both kinds of stream share: the daemon's confirmation, the
+    open watchdog, how an RPC error is reported, a data event triggered
+    without a coroutine."""
 
-    def __init__(self, rpc: grpc.aio.StreamStreamCall, ns: AsyncClientNamespace) -> None:
-        self._rpc = rpc
+    def __init__(self, ns: AsyncClientNamespace) -> None:
         self.ns = ns
-        self._write_lock = asyncio.Lock()
         self._opened: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._done = False
-        self._task = asyncio.create_task(self._run(), name=f"agentix-namespace{ns.namespace}")
+        self._done = False  # no more sends
 
     @property
     def alive(self) -> bool:
@@ -82,6 +76,63 @@ class NamespaceStream:
         daemon refuses the namespace, RuntimeError when the stream fails."""
         async with asyncio.timeout(timeout):
             await asyncio.shield(self._opened)
+
+    def _open_timed_out(self) -> None:
+        if not self._opened.done():
+            _log.debug("namespace %s: no answer to OpenNamespace within %ss; re-opened by the next call",
+                       self.ns.namespace, OPEN_TIMEOUT)
+            self._abandon()
+
+    def _abandon(self) -> None:
+        """Ends a stream the daemon did not confirm in time."""
+        raise NotImplementedError
+
+    def _report_error(self, error: grpc.RpcError, closed_by_host: bool) -> bool:
+        """Reports the RPC ending with `error`: to `wait_opened` when it had
+        not opened (True: connect_error is due), else as a warning unless the
+        host closed it."""
+        ns = self.ns
+        if not self._opened.done():
+            kind = ValueError if error.code() == grpc.StatusCode.INVALID_ARGUMENT else RuntimeError
+            self._opened.set_exception(
+                kind(f"namespace {ns.namespace}: the sandbox refused it: {error.code().name}: {error.details()}")
+            )
+            return True
+        if not closed_by_host:
+            _log.warning(
+                "namespace %s: stream to the sandbox lost (%s: %s); re-opened by the next call",
+                ns.namespace,
+                error.code().name,
+                error.details(),
+            )
+        return False
+
+    def _settle_opened(self) -> None:
+        """The stream has ended: `wait_opened` fails if it had not opened."""
+        if not self._opened.done():
+            self._opened.set_exception(RuntimeError(f"namespace {self.ns.namespace}: stream ended before it opened"))
+        # Retrieved here so an unawaited failure is not reported as lost.
+        self._opened.exception()
+
+    def _trigger_now(self, event: str, data: bytes) -> None:
+        try:
+            self.ns._trigger_data_event(event, data)
+        except Exception:
+            _log.exception("namespace %s: handling event %r raised", self.ns.namespace, event)
+
+
+class NamespaceStream(_StreamBase):
+    """One open ``RuntimeService.Namespace`` stream: reads the sandbox's
+    events into ``ns.trigger_event`` (in order, one at a time) and writes the
+    host's events. Never raises into the client: a failure ends the stream
+    (``alive`` False), delivers ``disconnect`` and is re-opened by the next
+    call."""
+
+    def __init__(self, rpc: grpc.aio.StreamStreamCall, ns: AsyncClientNamespace) -> None:
+        super().__init__(ns)
+        self._rpc = rpc
+        self._write_lock = asyncio.Lock()
+        self._task = asyncio.create_task(self._run(), name=f"agentix-namespace{ns.namespace}")
 
     async def send(self, event: str, payload: bytes, request_id: str, error: dict | None) -> None:
         request = _event_request(event, payload, request_id, error)
@@ -100,12 +151,9 @@ class NamespaceStream:
             return  # closed from inside a trigger: waiting would wait for itself
         await asyncio.gather(self._task, return_exceptions=True)
 
-    def _open_timed_out(self) -> None:
-        if not self._opened.done():
-            _log.debug("namespace %s: no answer to OpenNamespace within %ss; re-opened by the next call",
-                       self.ns.namespace, OPEN_TIMEOUT)
-            self._rpc.cancel()
-            self._task.cancel()  # the stuck write may not notice the RPC's cancellation
+    def _abandon(self) -> None:
+        self._rpc.cancel()
+        self._task.cancel()  # the stuck write may not notice the RPC's cancellation
 
     async def _run(self) -> None:
         ns = self.ns
@@ -134,28 +182,14 @@ class NamespaceStream:
         except asyncio.CancelledError:
             pass
         except grpc.aio.AioRpcError as error:
-            if not self._opened.done():
-                kind = ValueError if error.code() == grpc.StatusCode.INVALID_ARGUMENT else RuntimeError
-                self._opened.set_exception(
-                    kind(f"namespace {ns.namespace}: the sandbox refused it: {error.code().name}: {error.details()}")
-                )
+            if self._report_error(error, closed_by_host=self._done):
                 await self._trigger("connect_error", {"message": error.details()})
-            elif not self._done:
-                _log.warning(
-                    "namespace %s: stream to the sandbox lost (%s: %s); re-opened by the next call",
-                    ns.namespace,
-                    error.code().name,
-                    error.details(),
-                )
         except Exception:
             _log.exception("namespace %s: stream failed; re-opened by the next call", ns.namespace)
         finally:
             watchdog.cancel()
             self._done = True
-            if not self._opened.done():
-                self._opened.set_exception(RuntimeError(f"namespace {ns.namespace}: stream ended before it opened"))
-            # Retrieved here so an unawaited failure is not reported as lost.
-            self._opened.exception()
+            self._settle_opened()
             if connected:
                 await self._trigger("disconnect")
 
@@ -165,14 +199,8 @@ class NamespaceStream:
         except Exception:
             _log.exception("namespace %s: handling event %r raised", self.ns.namespace, event)
 
-    def _trigger_now(self, event: str, data: bytes) -> None:
-        try:
-            self.ns._trigger_data_event(event, data)
-        except Exception:
-            _log.exception("namespace %s: handling event %r raised", self.ns.namespace, event)
 
-
-class NativeNamespaceStream:
+class NativeNamespaceStream(_StreamBase):
     """A `NamespaceStream` over ``_native_calls.CallsTransport`` opened on
     the Namespace method instead of grpc.aio.
 
@@ -200,12 +228,10 @@ class NativeNamespaceStream:
     """
 
     def __init__(self, transport: Any, ns: AsyncClientNamespace) -> None:
+        super().__init__(ns)
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._transport = transport
-        self.ns = ns
-        self._opened: asyncio.Future = loop.create_future()
-        self._done = False  # no more sends
         self._ended = False  # the transport is closed; nothing more is read
         self._connected = False
         self._plain = _plain_trigger(ns)
@@ -221,15 +247,6 @@ class NativeNamespaceStream:
         self._watchdog = loop.call_later(OPEN_TIMEOUT, self._open_timed_out)
         # -1 (no more writes) means the stream is ending: drain() brings the status.
         transport.write(pb.NamespaceRequest(open=pb.OpenNamespace(namespace=ns.namespace)).SerializeToString())
-
-    @property
-    def alive(self) -> bool:
-        return not self._done
-
-    async def wait_opened(self, timeout: float) -> None:
-        """As `NamespaceStream.wait_opened`."""
-        async with asyncio.timeout(timeout):
-            await asyncio.shield(self._opened)
 
     async def send(self, event: str, payload: bytes, request_id: str, error: dict | None) -> None:
         if self._done:
@@ -262,11 +279,8 @@ class NativeNamespaceStream:
                 self._dispatcher.cancel()
             raise
 
-    def _open_timed_out(self) -> None:
-        if not self._opened.done():
-            _log.debug("namespace %s: no answer to OpenNamespace within %ss; re-opened by the next call",
-                       self.ns.namespace, OPEN_TIMEOUT)
-            self._end(None)
+    def _abandon(self) -> None:
+        self._end(None)
 
     def _on_readable(self) -> None:
         if self._ended:
@@ -308,27 +322,11 @@ class NativeNamespaceStream:
         self._loop.remove_reader(self._fd)  # before the transport closes its eventfd
         self._transport.close()
         self._wake_senders()
-        ns = self.ns
         if status is not None and status[0] != 0:
-            code = _STATUS_CODES.get(status[0], grpc.StatusCode.UNKNOWN)
-            details = status[1]
-            if not self._opened.done():
-                kind = ValueError if code == grpc.StatusCode.INVALID_ARGUMENT else RuntimeError
-                self._opened.set_exception(
-                    kind(f"namespace {ns.namespace}: the sandbox refused it: {code.name}: {details}")
-                )
-                self._deliver("connect_error", ({"message": details},))
-            elif not closed_by_host:
-                _log.warning(
-                    "namespace %s: stream to the sandbox lost (%s: %s); re-opened by the next call",
-                    ns.namespace,
-                    code.name,
-                    details,
-                )
-        if not self._opened.done():
-            self._opened.set_exception(RuntimeError(f"namespace {ns.namespace}: stream ended before it opened"))
-        # Retrieved here so an unawaited failure is not reported as lost.
-        self._opened.exception()
+            error = NativeStreamError(*status)
+            if self._report_error(error, closed_by_host):
+                self._deliver("connect_error", ({"message": error.details()},))
+        self._settle_opened()
         if self._connected:
             self._deliver("disconnect", ())
         self._check_finished()
@@ -341,10 +339,7 @@ class NativeNamespaceStream:
     def _deliver(self, event: str, args: tuple) -> None:
         """Triggers `event` now, or after the triggers before it have ended."""
         if self._dispatcher is None and self._plain and event not in _LIFECYCLE and self.ns._detaches(event):
-            try:
-                self.ns._trigger_data_event(event, *args)
-            except Exception:
-                _log.exception("namespace %s: handling event %r raised", self.ns.namespace, event)
+            self._trigger_now(event, *args)
             return
         self._backlog.append((event, args))
         if self._dispatcher is None:

@@ -59,10 +59,10 @@ _START_ARGUMENTS_SIZE = 5 << 3 | 0  # StartCall.arguments_size
 _START_CONTEXT = 6 << 3 | 2  # StartCall.context
 _START_STREAM_WINDOW = 7 << 3 | 0  # StartCall.stream_window
 _SANDBOX_RESULT_CHUNK = 1 << 3 | 2  # SandboxEvent.result_chunk
-_NS_REQUEST_EVENT = bytes((2 << 3 | 2,))  # NamespaceRequest.event
-_NS_EVENT_NAME = bytes((1 << 3 | 2,))  # NamespaceEvent.event
-_NS_EVENT_DATA = bytes((2 << 3 | 2,))  # NamespaceEvent.data
-_NS_EVENT_REQUEST_ID = bytes((3 << 3 | 2,))  # NamespaceEvent.request_id
+_NS_REQUEST_EVENT = 2 << 3 | 2  # NamespaceRequest.event
+_NS_EVENT_NAME = 1 << 3 | 2  # NamespaceEvent.event
+_NS_EVENT_DATA = 2 << 3 | 2  # NamespaceEvent.data
+_NS_EVENT_REQUEST_ID = 3 << 3 | 2  # NamespaceEvent.request_id
 
 
 def _varint(value: int) -> bytes:
@@ -152,12 +152,12 @@ def namespace_event_request(event: str, payload: bytes, request_id: str) -> list
     Events with an ``error`` go through the generated classes."""
     name = event.encode()
     ident = request_id.encode()
-    head = _NS_EVENT_NAME + _varint(len(name)) + name if name else b""
+    head = _length_header(_NS_EVENT_NAME, len(name)) + name if name else b""
     if payload:
-        head += _NS_EVENT_DATA + _varint(len(payload))
-    tail = _NS_EVENT_REQUEST_ID + _varint(len(ident)) + ident if ident else b""
+        head += _length_header(_NS_EVENT_DATA, len(payload))
+    tail = _length_header(_NS_EVENT_REQUEST_ID, len(ident)) + ident if ident else b""
     size = len(head) + len(payload) + len(tail)
-    return [_NS_REQUEST_EVENT + _varint(size) + head, payload, tail]
+    return [_length_header(_NS_REQUEST_EVENT, size) + head, payload, tail]
 
 
 def request_event(host_event: bytes) -> tuple[bytes, bytes]:
