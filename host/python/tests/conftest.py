@@ -6,6 +6,7 @@ this does nothing. For ``/usr/bin/python3 -m pytest host/python/tests`` it puts
 checked in, takes them from ``bazel-bin`` (``bazel build //host/python:runtime_stubs``).
 """
 
+import importlib
 import importlib.util
 import pathlib
 import sys
@@ -40,6 +41,20 @@ if importlib.util.find_spec("agentix.runtime.client._native_calls") is None and 
 import pytest_asyncio  # noqa: E402
 
 from fake_runtime import FakeRuntime, serve  # noqa: E402
+
+
+@pytest.fixture(params=["native", "aio"])
+def transport(request, monkeypatch):
+    """Runs a test with the host's streams on the native transport, then on
+    grpc.aio; modules opt in with ``pytest.mark.usefixtures("transport")``."""
+    if request.param == "native":
+        # Fails (does not skip) when the extension is not built: run
+        # `bazel build //host/python:agentix` (found in bazel-bin above).
+        importlib.import_module("agentix.runtime.client._native_calls")
+        monkeypatch.delenv("AGENTIX_NATIVE_TRANSPORT", raising=False)
+    else:
+        monkeypatch.setenv("AGENTIX_NATIVE_TRANSPORT", "0")
+    return request.param
 
 
 @pytest_asyncio.fixture

@@ -28,22 +28,9 @@ from agentix.runtime.shared import safepickle
 from agentix.runtime.v1 import runtime_pb2 as pb
 from fake_runtime import FakeRuntime, error_event, eventually, result_events, serve
 
-pytestmark = pytest.mark.asyncio
+# Every test runs with the native Calls transport and with grpc.aio.
+pytestmark = [pytest.mark.asyncio, pytest.mark.usefixtures("transport")]
 MiB = 1 << 20
-
-
-@pytest.fixture(autouse=True, params=["native", "aio"])
-def transport(request, monkeypatch):
-    """Every test runs with the native Calls transport and with grpc.aio."""
-    if request.param == "native":
-        # Fails (does not skip) when the extension is not built: run
-        # `bazel build //host/python:agentix` (conftest.py finds it in bazel-bin).
-        import agentix.runtime.client._native_calls  # noqa: F401
-
-        monkeypatch.delenv("AGENTIX_NATIVE_TRANSPORT", raising=False)
-    else:
-        monkeypatch.setenv("AGENTIX_NATIVE_TRANSPORT", "0")
-    return request.param
 
 
 @pytest_asyncio.fixture

@@ -3,7 +3,6 @@ FakeRuntime's Namespace method, on the native transport and on grpc.aio:
 both must behave the same towards the namespace object and the client."""
 
 import asyncio
-import importlib
 import logging
 import time
 
@@ -20,19 +19,8 @@ from agentix.runtime.shared.codec import pack, unpack
 from agentix.runtime.v1 import runtime_pb2 as pb
 from fake_runtime import eventually
 
-pytestmark = pytest.mark.asyncio
-
-
-@pytest.fixture(autouse=True, params=["native", "aio"])
-def transport(request, monkeypatch):
-    """Every test runs with the native transport and with grpc.aio."""
-    if request.param == "native":
-        importlib.import_module("agentix.runtime.client._native_calls")  # fails (not skips) when not built
-
-        monkeypatch.delenv("AGENTIX_NATIVE_TRANSPORT", raising=False)
-    else:
-        monkeypatch.setenv("AGENTIX_NATIVE_TRANSPORT", "0")
-    return request.param
+# Every test runs with the native transport and with grpc.aio.
+pytestmark = [pytest.mark.asyncio, pytest.mark.usefixtures("transport")]
 
 
 class Recorder(AsyncClientNamespace):
