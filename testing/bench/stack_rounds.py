@@ -115,14 +115,28 @@ class Rounds:
 
 
 def combine(rounds: list[dict] | None) -> dict | None:
-    """Per-metric median over the rounds of one side (None if no round succeeded)."""
+    """Per-metric median over the rounds of one side (None if no round succeeded).
+    Nested records (a phase's CPU per item, say) are combined key by key the same
+    way, so every number in a side's details is a median over the rounds."""
     if not rounds:
         return None
-    combined = {}
-    for key, value in rounds[0].items():
-        values = [r[key] for r in rounds if isinstance(r.get(key), (int, float))]
-        combined[key] = round(statistics.median(values), 2) if values else value
-    return combined
+    return _combine_values(rounds)
+
+
+def _combine_values(values: list):
+    """Numbers: their median (rounds that lack one are left out). Flags: true only
+    if true in every round. Records: key by key. Anything else (text, lists of
+    warnings): the first round's."""
+    first = values[0]
+    if isinstance(first, dict):
+        return {key: _combine_values([v.get(key) if isinstance(v, dict) else None for v in values])
+                for key in first}
+    if isinstance(first, bool):
+        return all(v is True for v in values)
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if numbers:
+        return round(statistics.median(numbers), 2)
+    return first
 
 
 class Target(NamedTuple):

@@ -1,0 +1,41 @@
+"""How a two-stack benchmark combines its rounds into one side's figures."""
+
+import unittest
+
+import stack_rounds
+
+
+class CombineTest(unittest.TestCase):
+    def test_numbers_are_medians_at_every_depth(self):
+        rounds = [
+            {"p50": 30.0, "logs": {"cpu_us_per_item": {"host": 20.5, "worker": 32.5}, "n": 100}},
+            {"p50": 10.0, "logs": {"cpu_us_per_item": {"host": 18.1, "worker": 27.3}, "n": 100}},
+            {"p50": 20.0, "logs": {"cpu_us_per_item": {"host": 17.0, "worker": 27.0}, "n": 100}},
+        ]
+        combined = stack_rounds.combine(rounds)
+        self.assertEqual(combined["p50"], 20.0)
+        self.assertEqual(combined["logs"]["cpu_us_per_item"], {"host": 18.1, "worker": 27.3})
+        self.assertEqual(combined["logs"]["n"], 100)
+
+    def test_a_round_without_a_figure_is_left_out(self):
+        combined = stack_rounds.combine([{"p50": None}, {"p50": 4.0}, {"p50": 6.0}])
+        self.assertEqual(combined["p50"], 5.0)
+        self.assertIsNone(stack_rounds.combine([{"p50": None}])["p50"])
+
+    def test_flags_hold_only_if_every_round_held(self):
+        combined = stack_rounds.combine([{"complete": True}, {"complete": False}, {"complete": True}])
+        self.assertIs(combined["complete"], False)
+        self.assertIs(stack_rounds.combine([{"ok": True}, {"ok": True}])["ok"], True)
+
+    def test_text_and_lists_come_from_the_first_round(self):
+        combined = stack_rounds.combine([{"mode": "full", "warnings": ["a"]},
+                                         {"mode": "full", "warnings": []}])
+        self.assertEqual(combined, {"mode": "full", "warnings": ["a"]})
+
+    def test_no_rounds_is_none(self):
+        self.assertIsNone(stack_rounds.combine([]))
+        self.assertIsNone(stack_rounds.combine(None))
+
+
+if __name__ == "__main__":
+    unittest.main()
