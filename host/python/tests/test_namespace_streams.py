@@ -44,6 +44,10 @@ class Recorder(AsyncClientNamespace):
     async def on_echo(self, body):
         return body
 
+    @request_handler("blob")
+    async def on_blob(self, body):
+        return bytes([body]) * (3 << 20)  # more than the native send-ahead
+
 
 def event(name, data, request_id=""):
     return pb.NamespaceEvent(event=name, data=pack(data), request_id=request_id)
@@ -98,6 +102,17 @@ async def test_many_requests_in_flight_each_get_their_answer(runtime, plugin):
     await eventually(lambda: len(runtime.namespace_events.get("/plug", [])) == 200)
     replies = {e.request_id: unpack(e.data)["value"] for e in runtime.namespace_events["/plug"]}
     assert replies == {f"q{i}": i for i in range(200)}
+
+
+async def test_large_replies_written_while_writes_back_up_all_arrive_whole(runtime, plugin):
+    # The first reply fills the transport past its send-ahead; the handlers
+    # answering after it must wait for the writes instead of piling on more.
+    client, ns = plugin
+    for i in range(4):
+        runtime.emit_namespace("/plug", event("blob", {"request_id": f"b{i}", "data": i}, f"b{i}"))
+    await eventually(lambda: len(runtime.namespace_events.get("/plug", [])) == 4, timeout=30)
+    replies = {e.request_id: unpack(e.data)["value"] for e in runtime.namespace_events["/plug"]}
+    assert replies == {f"b{i}": bytes([i]) * (3 << 20) for i in range(4)}
 
 
 async def test_a_large_event_goes_out_whole(runtime, plugin):

@@ -258,8 +258,20 @@ async def test_host_namespace_dispatch_and_lifecycle(caplog):
 
 
 class FakeClient:
-    def __init__(self):
+    """Records what a namespace sends. `nowait`: whether the stream takes
+    replies without waiting (the fast path of request_handler)."""
+
+    def __init__(self, nowait=False):
         self.sent = []
+        self.nowait = nowait
+
+    def _send_namespace_event_nowait(self, path, event, payload, request_id):
+        if not self.nowait:
+            return False
+        data = unpack(payload)
+        assert request_id == (data.get("request_id") if isinstance(data.get("request_id"), str) else "")
+        self.sent.append((path, event, data))
+        return True
 
     async def _emit_namespace_event(self, path, event, data, payload=None):
         # A payload handed over must be what emit() would have packed.
@@ -267,7 +279,8 @@ class FakeClient:
         self.sent.append((path, event, data))
 
 
-async def test_request_handler_replies():
+@pytest.mark.parametrize("nowait", [False, True], ids=["awaited", "nowait"])
+async def test_request_handler_replies(nowait):
     class Host(AsyncClientNamespace):
         @request_handler("ask")
         async def on_ask(self, body):
@@ -284,7 +297,7 @@ async def test_request_handler_replies():
             return body * 2
 
     ns = Host("/h")
-    ns.client = FakeClient()
+    ns.client = FakeClient(nowait)
     await ns.on_ask({"request_id": "r1", "data": "hi"})
     await ns.on_ask({"request_id": "r2", "data": "fail"})
     await ns.on_ask({"request_id": "r3", "data": "unencodable"})

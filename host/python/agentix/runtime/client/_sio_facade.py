@@ -25,6 +25,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
+from types import CoroutineType
 from typing import TYPE_CHECKING, Any
 
 from agentix.runtime.shared import codec
@@ -65,7 +66,9 @@ class AsyncClientNamespace:
     def __init__(self, namespace: str | None = None) -> None:
         self.namespace = namespace or "/"
         self.client: RuntimeClient | None = None
-        self._detached_tasks: set[asyncio.Task] = set()
+        # Handler tasks still running -> their event. Strong references: a
+        # detached task must not be collected mid-run.
+        self._detached_tasks: dict[asyncio.Task, str] = {}
         self._warned_unhandled: set[str] = set()
 
     async def trigger_event(self, event: str, *args: Any) -> Any:
@@ -78,12 +81,6 @@ class AsyncClientNamespace:
             return await result if inspect.isawaitable(result) else result
         self._trigger_data_event(event, *args)
         return None
-
-    def _detaches(self, event: str) -> bool:
-        """True when `event`'s handler is a coroutine function: triggering it
-        then runs none of the plugin's code, which all runs in the handler's
-        own task (`request_handler` handlers are such)."""
-        return inspect.iscoroutinefunction(getattr(self, "on_" + event, None))
 
     def _trigger_data_event(self, event: str, *args: Any) -> None:
         """`trigger_event` of a data event, which never awaits anything: a
@@ -108,18 +105,29 @@ class AsyncClientNamespace:
         if inspect.isawaitable(result):
             self._detach(event, result)
 
+    def _detach_coroutine_event(self, event: str, data: bytes, loop: asyncio.AbstractEventLoop) -> bool:
+        """`_trigger_data_event` for the host's streams, in one lookup: when
+        `event`'s handler is a coroutine function, starts it on `data` decoded
+        as a detached task of `loop` and returns True; otherwise does nothing
+        and returns False (the stream then triggers the event the usual way).
+        Raises what decoding or calling the handler raises."""
+        handler = getattr(self, "on_" + event, None)
+        if handler is None or not inspect.iscoroutinefunction(handler):
+            return False
+        self._start_detached(event, loop.create_task(handler(codec.unpack(data))))
+        return True
+
     def _detach(self, event: str, awaitable: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(awaitable)
-        self._detached_tasks.add(task)
+        self._start_detached(event, asyncio.ensure_future(awaitable))
 
-        def done(task: asyncio.Task) -> None:
-            self._detached_tasks.discard(task)
-            if not task.cancelled() and task.exception() is not None:
-                _log.error(
-                    "namespace %s: handler for %r raised", self.namespace, event, exc_info=task.exception()
-                )
+    def _start_detached(self, event: str, task: asyncio.Future) -> None:
+        self._detached_tasks[task] = event
+        task.add_done_callback(self._detached_done)
 
-        task.add_done_callback(done)
+    def _detached_done(self, task: asyncio.Future) -> None:
+        event = self._detached_tasks.pop(task, None)
+        if not task.cancelled() and task.exception() is not None:
+            _log.error("namespace %s: handler for %r raised", self.namespace, event, exc_info=task.exception())
 
     async def emit(self, event: str, data: Any = None, namespace: str | None = None, callback: Any = None) -> None:
         """Sends `event` with `data` (msgpack-encoded) to the sandbox.
@@ -152,6 +160,8 @@ def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., 
     `RemoteSioError`). A payload that is not a request envelope is passed
     as the body with request_id None."""
 
+    result_event, error_event = f"{event}:result", f"{event}:error"
+
     def decorate(fn: Callable[..., Any]) -> Callable[..., Awaitable[None]]:
         @functools.wraps(fn)
         async def handle(self: AsyncClientNamespace, payload: Any) -> None:
@@ -174,7 +184,7 @@ def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., 
                     replies.popitem(last=False)
             try:
                 value = fn(self, body)
-                if inspect.isawaitable(value):
+                if type(value) is CoroutineType or inspect.isawaitable(value):
                     value = await value
                 reply = {"request_id": request_id, "value": value}
                 packed = codec.pack(reply)  # an unencodable value becomes an error reply
@@ -183,14 +193,18 @@ def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., 
                 status = getattr(exc, "status_code", None)
                 if isinstance(status, int) and not isinstance(status, bool):
                     error["status_code"] = status
-                answer = (f"{event}:error", {"request_id": request_id, "error": error})
+                answer = (error_event, {"request_id": request_id, "error": error})
             else:
-                answer = (f"{event}:result", reply)
-                if type(self).emit is AsyncClientNamespace.emit and self.client is not None:
-                    # emit() would pack the reply again: send the bytes at hand.
+                answer = (result_event, reply)
+                client = self.client
+                if type(self).emit is AsyncClientNamespace.emit and client is not None:
+                    # emit() would pack the reply again: send the bytes at hand,
+                    # straight to the stream when it takes them without waiting.
                     if request_id is not None:
                         replies[request_id] = answer
-                    await self.client._emit_namespace_event(self.namespace, answer[0], reply, packed)
+                    ident = request_id if isinstance(request_id, str) else ""
+                    if not client._send_namespace_event_nowait(self.namespace, result_event, packed, ident):
+                        await client._emit_namespace_event(self.namespace, result_event, reply, packed)
                     return
             if request_id is not None:
                 replies[request_id] = answer

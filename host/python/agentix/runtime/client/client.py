@@ -639,6 +639,13 @@ class RuntimeClient:
             except RuntimeError as error:
                 raise RuntimeUnreachable(f"runtime at {self.base_url}: {error}") from error
 
+    def _send_namespace_event_nowait(self, path: str, event: str, payload: bytes, request_id: str) -> bool:
+        """`_emit_namespace_event` of an encoded event without an error,
+        when its namespace's stream is open and takes it without waiting
+        (`request_handler`'s replies); False when nothing was sent."""
+        stream = self._namespace_streams.get(path)
+        return stream is not None and stream.alive and stream.send_nowait(event, payload, request_id)
+
     async def _emit_namespace_event(self, path: str, event: str, data: Any, payload: bytes | None = None) -> None:
         """Sends one event of a registered namespace (AsyncClientNamespace.emit);
         `payload`, when given, is ``codec.pack(data)`` already."""

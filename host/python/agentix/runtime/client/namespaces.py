@@ -71,6 +71,12 @@ class _StreamBase:
     def alive(self) -> bool:
         return not self._done
 
+    def send_nowait(self, event: str, payload: bytes, request_id: str) -> bool:
+        """Sends one event when that needs no waiting; False when nothing was
+        sent (`send` must be awaited instead). Raises RuntimeError when the
+        stream is closed."""
+        return False
+
     async def wait_opened(self, timeout: float) -> None:
         """Waits for the daemon's confirmation. Raises ValueError when the
         daemon refuses the namespace, RuntimeError when the stream fails."""
@@ -249,6 +255,19 @@ class NativeNamespaceStream(_StreamBase):
         transport.write(pb.NamespaceRequest(open=pb.OpenNamespace(namespace=ns.namespace)).SerializeToString())
 
     async def send(self, event: str, payload: bytes, request_id: str, error: dict | None) -> None:
+        if self._write(event, payload, request_id, error):
+            await asyncio.shield(self._below)
+
+    def send_nowait(self, event: str, payload: bytes, request_id: str) -> bool:
+        if self._below is not None:
+            return False  # earlier writes are backed up: wait behind them in send()
+        self._write(event, payload, request_id, None)
+        return True
+
+    def _write(self, event: str, payload: bytes, request_id: str, error: dict | None) -> bool:
+        """Hands one event to the transport. True when more than
+        `NATIVE_SEND_AHEAD` bytes now wait to be written; `_below` resolves
+        once they no longer do."""
         if self._done:
             raise _closed(self.ns)
         if error is None and type(payload) is bytes:
@@ -258,11 +277,12 @@ class NativeNamespaceStream(_StreamBase):
         waiting = self._transport.write(message)
         if waiting < 0:
             raise _closed(self.ns)
-        if waiting > NATIVE_SEND_AHEAD:
-            if self._below is None:
-                self._below = self._loop.create_future()
-                self._transport.notify_below(NATIVE_SEND_AHEAD)
-            await asyncio.shield(self._below)
+        if waiting <= NATIVE_SEND_AHEAD:
+            return False
+        if self._below is None:
+            self._below = self._loop.create_future()
+            self._transport.notify_below(NATIVE_SEND_AHEAD)
+        return True
 
     async def aclose(self) -> None:
         """Ends the stream; delivers ``disconnect``. Idempotent."""
@@ -338,9 +358,13 @@ class NativeNamespaceStream(_StreamBase):
 
     def _deliver(self, event: str, args: tuple) -> None:
         """Triggers `event` now, or after the triggers before it have ended."""
-        if self._dispatcher is None and self._plain and event not in _LIFECYCLE and self.ns._detaches(event):
-            self._trigger_now(event, *args)
-            return
+        if self._dispatcher is None and self._plain and event not in _LIFECYCLE:
+            try:
+                if self.ns._detach_coroutine_event(event, args[0], self._loop):
+                    return
+            except Exception:
+                _log.exception("namespace %s: handling event %r raised", self.ns.namespace, event)
+                return
         self._backlog.append((event, args))
         if self._dispatcher is None:
             self._dispatcher = self._loop.create_task(self._dispatch(), name=f"agentix-namespace{self.ns.namespace}")
