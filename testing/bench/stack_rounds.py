@@ -77,20 +77,39 @@ def run_child(script: str, side: str, args, env: dict,
     return results, None
 
 
+def cpu_probe_ms(repeats: int = 5) -> float:
+    """Milliseconds a fixed pure-Python workload takes here now (median of
+    `repeats`). These VMs run at different speeds from one minute to the next
+    (up to ~2x), and the baseline's Python-bound figures follow that speed more
+    than ours, so each round records it next to its figures."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        total = 0
+        for i in range(100_000):
+            total += i * i
+        times.append((time.perf_counter() - start) * 1e3)
+    return round(statistics.median(times), 2)
+
+
 class Rounds:
-    """The results of `run` for each stack, the errors met and the load average."""
+    """The results of `run` for each stack, the errors met, the load average
+    and the CPU probe (`cpu_probe_ms`) taken before each round."""
 
     def __init__(self, script: str, args, env: dict, timeout_s: float) -> None:
         self.sides = SIDES if args.only == "all" else (args.only,)
         self.count = args.rounds
         self.load_start = os.getloadavg()[0]
         self.results = {side: [] for side in self.sides}
+        self.cpu_probes = {side: [] for side in self.sides}
         self.errors = []
         for index in range(args.rounds):
             order = self.sides if index % 2 == 0 else tuple(reversed(self.sides))
             for side in order:
+                probe = cpu_probe_ms()
+                self.cpu_probes[side].append(probe)
                 print(f"== {side} ({'quick' if args.quick else 'full'}, round {index + 1}"
-                      f"/{args.rounds}) ==", flush=True)
+                      f"/{args.rounds}; CPU probe {probe:.1f} ms) ==", flush=True)
                 result, error = run_child(script, side, args, env, timeout_s)
                 if error:
                     self.errors.append(error)
@@ -103,12 +122,15 @@ class Rounds:
         return combine(self.results.get(side))
 
     def details(self, headline_keys) -> dict:
-        """`rounds`, `per_round` (the headline figures of each round) and `loadavg_1m`."""
+        """`rounds`, `per_round` (the headline figures of each round),
+        `cpu_probe_ms` (per side, before each of its rounds, failed ones
+        included) and `loadavg_1m`."""
         return {
             "rounds": self.count,
             "per_round": {side: [{key: result.get(key) for key in headline_keys}
                                  for result in results]
                           for side, results in self.results.items()},
+            "cpu_probe_ms": self.cpu_probes,
             "loadavg_1m": {"start": round(self.load_start, 2),
                            "end": round(os.getloadavg()[0], 2)},
         }

@@ -1,6 +1,8 @@
 """How a two-stack benchmark combines its rounds into one side's figures."""
 
+import types
 import unittest
+from unittest import mock
 
 import stack_rounds
 
@@ -35,6 +37,30 @@ class CombineTest(unittest.TestCase):
     def test_no_rounds_is_none(self):
         self.assertIsNone(stack_rounds.combine([]))
         self.assertIsNone(stack_rounds.combine(None))
+
+
+class RoundsTest(unittest.TestCase):
+    def test_rounds_alternate_and_record_a_cpu_probe_before_each(self):
+        ran = []
+
+        def fake_child(script, side, args, env, timeout_s):
+            ran.append(side)
+            return {"p50": float(len(ran))}, None
+
+        args = types.SimpleNamespace(only="all", rounds=2, quick=True)
+        with mock.patch.object(stack_rounds, "run_child", fake_child), \
+                mock.patch.object(stack_rounds, "cpu_probe_ms", side_effect=[1.0, 2.0, 3.0, 4.0]):
+            rounds = stack_rounds.Rounds("script.py", args, {}, 1.0)
+        self.assertEqual(ran, ["baseline", "ours", "ours", "baseline"])
+        details = rounds.details(["p50"])
+        self.assertEqual(details["cpu_probe_ms"], {"baseline": [1.0, 4.0], "ours": [2.0, 3.0]})
+        self.assertEqual(details["per_round"], {"baseline": [{"p50": 1.0}, {"p50": 4.0}],
+                                                "ours": [{"p50": 2.0}, {"p50": 3.0}]})
+
+    def test_the_cpu_probe_is_a_median_of_positive_timings(self):
+        with mock.patch.object(stack_rounds.time, "perf_counter",
+                               side_effect=[0.0, 0.004, 1.0, 1.002, 2.0, 2.009]):
+            self.assertEqual(stack_rounds.cpu_probe_ms(repeats=3), 4.0)
 
 
 if __name__ == "__main__":
