@@ -59,3 +59,43 @@ def test_pydantic_nesting_is_bounded():
     with pytest.raises(ExtDecodeError):
         unpack(payload)
     assert codec._pydantic_depth == 0
+
+
+def test_a_failed_pack_leaves_nothing_behind_for_the_next():
+    # pack reuses one Packer per thread: a value refused halfway must not leave
+    # its first bytes in front of the next value's.
+    with pytest.raises(TypeError):
+        pack({"a": "partly written", "b": object()})
+    assert pack({"c": 1}) == msgpack.packb({"c": 1}, use_bin_type=True)
+
+
+def test_nested_and_concurrent_packs_each_get_their_own_bytes():
+    import threading
+
+    class Model:
+        model_fields = {"a": None}
+
+        def model_dump(self, mode):
+            return {"inner": [1, 2, 3]}  # packed by a pack() nested in the outer one
+
+    outer = {"m": Model(), "after": "tail"}
+    assert unpack(pack(outer)) == {"m": {"inner": [1, 2, 3]}, "after": "tail"}
+
+    results, errors = [], []
+
+    def worker(n):
+        try:
+            for i in range(2000):
+                value = {"thread": n, "i": i, "m": Model()}
+                if unpack(pack(value)) != {"thread": n, "i": i, "m": {"inner": [1, 2, 3]}}:
+                    errors.append((n, i))
+            results.append(n)
+        except Exception as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and sorted(results) == [0, 1, 2, 3]

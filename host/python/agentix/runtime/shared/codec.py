@@ -15,6 +15,7 @@ built-in converter (basic types only, no extension types) stands in.
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 __all__ = ["ExtDecodeError", "pack", "unpack"]
@@ -114,13 +115,28 @@ def _decode_ext(code: int, data: bytes) -> Any:
     return _msgpack.ExtType(code, data)
 
 
+# Each thread's idle Packer (see `pack`).
+_packers = threading.local()
+
+
 def pack(obj: Any) -> bytes:
     """Encodes `obj` as msgpack (see the module docstring).
 
     Raises TypeError for values msgpack cannot represent."""
     if _msgpack is None:
         return _worker_module().msgpack_dumps(obj)
-    return _msgpack.packb(obj, default=_encode_ext, use_bin_type=True)
+    # A Packer per thread, reused: making one costs about as much as packing
+    # a small value (a namespace request's envelope). It is taken out while
+    # in use, so a nested pack (a pydantic extension value) makes its own.
+    packer = getattr(_packers, "idle", None)
+    if packer is None:
+        packer = _msgpack.Packer(default=_encode_ext, use_bin_type=True)
+    else:
+        _packers.idle = None
+    try:
+        return packer.pack(obj)  # resets the Packer's buffer when it raises, too
+    finally:
+        _packers.idle = packer
 
 
 def unpack(buf: bytes | bytearray | memoryview) -> Any:
