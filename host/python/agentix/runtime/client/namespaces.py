@@ -226,6 +226,8 @@ class NativeNamespaceStream(_StreamBase):
 
     Writes are handed to the transport without waiting; `send` waits only
     while more than `NATIVE_SEND_AHEAD` bytes are not yet written.
+    `send_nowait` (how a `request_handler` replies) writes without a
+    coroutine at all, unless earlier writes are backed up that far.
 
     Args:
       transport: a new ``CallsTransport`` opened on `NAMESPACE_METHOD`
