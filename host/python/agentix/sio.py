@@ -97,8 +97,7 @@ class Namespace:
         self.namespace = path
         self._handlers: dict[str, list[Callable[[Any], Any]]] = {}
         self._warned_unhandled: set[str] = set()
-        # Strong references: a detached handler task must not be collected mid-run.
-        self._detached_tasks: set[asyncio.Task] = set()
+        self._detached_tasks = _DetachedTasks(self)
         # request_id -> _Pending of requests awaiting their reply; the
         # payload is sent again when a host (re)connects.
         self._pending: dict[str, _Pending] = {}
@@ -300,22 +299,35 @@ class Namespace:
                 _log.exception("namespace %s: handler for %r raised", self.namespace, event)
                 continue
             if inspect.isawaitable(result):
-                task = asyncio.ensure_future(result)
-                self._detached_tasks.add(task)
-                task.add_done_callback(self._handler_task_done(event))
+                self._detached_tasks.start(event, asyncio.ensure_future(result))
 
-    def _handler_task_done(self, event: str) -> Callable[[asyncio.Task], None]:
-        def done(task: asyncio.Task) -> None:
-            self._detached_tasks.discard(task)
-            if not task.cancelled() and task.exception() is not None:
-                _log.error(
-                    "namespace %s: handler for %r raised",
-                    self.namespace,
-                    event,
-                    exc_info=task.exception(),
-                )
 
-        return done
+class _DetachedTasks:
+    """The handler tasks of one namespace object (sandbox or host side) that
+    run detached from the code that started them: held strongly until they
+    end (a task must not be collected mid-run), a failure logged with the
+    namespace and the event. ``len()`` and iteration give the running ones."""
+
+    def __init__(self, owner: Any) -> None:
+        self._owner = owner  # has .namespace
+        self._events: dict[asyncio.Future, str] = {}  # task -> its event
+
+    def start(self, event: str, task: asyncio.Future) -> None:
+        self._events[task] = event
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Future) -> None:
+        event = self._events.pop(task, None)
+        if not task.cancelled() and task.exception() is not None:
+            _log.error(
+                "namespace %s: handler for %r raised", self._owner.namespace, event, exc_info=task.exception()
+            )
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def __iter__(self):
+        return iter(list(self._events))
 
 
 def _settle(future: asyncio.Future, value: Any, error: BaseException | None) -> None:

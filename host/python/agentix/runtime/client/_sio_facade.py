@@ -29,7 +29,7 @@ from types import CoroutineType
 from typing import TYPE_CHECKING, Any
 
 from agentix.runtime.shared import codec
-from agentix.sio import RESERVED_NAMESPACES
+from agentix.sio import RESERVED_NAMESPACES, _DetachedTasks
 
 if TYPE_CHECKING:
     from agentix.runtime.client.client import RuntimeClient
@@ -66,9 +66,7 @@ class AsyncClientNamespace:
     def __init__(self, namespace: str | None = None) -> None:
         self.namespace = namespace or "/"
         self.client: RuntimeClient | None = None
-        # Handler tasks still running -> their event. Strong references: a
-        # detached task must not be collected mid-run.
-        self._detached_tasks: dict[asyncio.Task, str] = {}
+        self._detached_tasks = _DetachedTasks(self)
         self._warned_unhandled: set[str] = set()
 
     async def trigger_event(self, event: str, *args: Any) -> Any:
@@ -114,20 +112,11 @@ class AsyncClientNamespace:
         handler = getattr(self, "on_" + event, None)
         if handler is None or not inspect.iscoroutinefunction(handler):
             return False
-        self._start_detached(event, loop.create_task(handler(codec.unpack(data))))
+        self._detached_tasks.start(event, loop.create_task(handler(codec.unpack(data))))
         return True
 
     def _detach(self, event: str, awaitable: Awaitable[Any]) -> None:
-        self._start_detached(event, asyncio.ensure_future(awaitable))
-
-    def _start_detached(self, event: str, task: asyncio.Future) -> None:
-        self._detached_tasks[task] = event
-        task.add_done_callback(self._detached_done)
-
-    def _detached_done(self, task: asyncio.Future) -> None:
-        event = self._detached_tasks.pop(task, None)
-        if not task.cancelled() and task.exception() is not None:
-            _log.error("namespace %s: handler for %r raised", self.namespace, event, exc_info=task.exception())
+        self._detached_tasks.start(event, asyncio.ensure_future(awaitable))
 
     async def emit(self, event: str, data: Any = None, namespace: str | None = None, callback: Any = None) -> None:
         """Sends `event` with `data` (msgpack-encoded) to the sandbox.

@@ -59,8 +59,7 @@ def _plain_trigger(ns: AsyncClientNamespace) -> bool:
 
 class _StreamBase:
     """What both kinds of stream share: the daemon's confirmation, the
-    open watchdog, how an RPC error is reported, a data event triggered
-    without a coroutine."""
+    open watchdog, how an RPC error is reported."""
 
     def __init__(self, ns: AsyncClientNamespace) -> None:
         self.ns = ns
@@ -119,12 +118,6 @@ class _StreamBase:
             self._opened.set_exception(RuntimeError(f"namespace {self.ns.namespace}: stream ended before it opened"))
         # Retrieved here so an unawaited failure is not reported as lost.
         self._opened.exception()
-
-    def _trigger_now(self, event: str, data: bytes) -> None:
-        try:
-            self.ns._trigger_data_event(event, data)
-        except Exception:
-            _log.exception("namespace %s: handling event %r raised", self.ns.namespace, event)
 
 
 class NamespaceStream(_StreamBase):
@@ -198,6 +191,13 @@ class NamespaceStream(_StreamBase):
             self._settle_opened()
             if connected:
                 await self._trigger("disconnect")
+
+    def _trigger_now(self, event: str, data: bytes) -> None:
+        """A data event of a namespace with the plain trigger_event, without a coroutine."""
+        try:
+            self.ns._trigger_data_event(event, data)
+        except Exception:
+            _log.exception("namespace %s: handling event %r raised", self.ns.namespace, event)
 
     async def _trigger(self, event: str, *args: Any) -> None:
         try:
