@@ -11,45 +11,6 @@ namespace agentix::sandbox {
 using grpc::health::v1::HealthCheckRequest;
 using grpc::health::v1::HealthCheckResponse;
 
-// One Check call: answered as soon as it arrives.
-class CheckCall final {
- public:
-  explicit CheckCall(HealthService* health) : health_(health) {
-    grpc::ServerCompletionQueue* cq = health->thread_->cq();
-    health->service_.RequestCheck(&context_, &request_, &writer_, cq, cq,
-                                  &accepted_);
-  }
-
- private:
-  void Accepted(bool ok) {
-    if (!ok) {  // the server is shutting down
-      delete this;
-      return;
-    }
-    health_->thread_->AddLive();
-    health_->AwaitCheck();
-    const HealthService::Status status = health_->StatusOf(request_.service());
-    if (status == HealthCheckResponse::SERVICE_UNKNOWN) {
-      writer_.FinishWithError(
-          grpc::Status(grpc::StatusCode::NOT_FOUND,
-                       "unknown service " + request_.service()),
-          &finished_);
-      return;
-    }
-    response_.set_status(status);
-    writer_.Finish(response_, grpc::Status::OK, &finished_);
-  }
-  void Finished(bool /*ok*/) { RetireCall(this, health_->thread_); }
-
-  HealthService* const health_;
-  grpc::ServerContext context_;
-  HealthCheckRequest request_;
-  HealthCheckResponse response_;
-  grpc::ServerAsyncResponseWriter<HealthCheckResponse> writer_{&context_};
-  MemberCompletion<CheckCall, &CheckCall::Accepted> accepted_{this};
-  MemberCompletion<CheckCall, &CheckCall::Finished> finished_{this};
-};
-
 // One Watch call: writes the watched service's status when it arrives and
 // whenever it changes (the latest status wins while a write is in flight),
 // until the host goes away or the service shuts down.
@@ -173,7 +134,23 @@ void HealthService::Start(CompletionQueueThread* thread) {
   AwaitWatch();
 }
 
-void HealthService::AwaitCheck() { new CheckCall(this); }
+void HealthService::AwaitCheck() {
+  UnaryCall<HealthCheckRequest, HealthCheckResponse>::AwaitNext(
+      [this](auto* context, auto* request, auto* writer, auto* queue,
+             void* tag) {
+        service_.RequestCheck(context, request, writer, queue, queue, tag);
+      },
+      [this](const HealthCheckRequest& request, HealthCheckResponse* response) {
+        const Status status = StatusOf(request.service());
+        if (status == HealthCheckResponse::SERVICE_UNKNOWN) {
+          return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                              "unknown service " + request.service());
+        }
+        response->set_status(status);
+        return grpc::Status::OK;
+      },
+      thread_);
+}
 void HealthService::AwaitWatch() { new Watcher(this); }
 
 void HealthService::Shutdown() {

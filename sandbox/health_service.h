@@ -52,7 +52,6 @@ class HealthService {
  private:
   void AwaitCheck();
   void AwaitWatch();
-  friend class CheckCall;
   friend class Watcher;
   void Unwatch(Watcher* watcher);
   Status StatusOfLocked(const std::string& service)

@@ -317,65 +317,6 @@ class NamespaceReactor final
   std::string name_;  // only touched by read reactions
 };
 
-// One GetInfo call.
-class InfoCall final {
- public:
-  using RequestCall = std::function<void(
-      grpc::ServerContext*, runtime::v1::GetInfoRequest*,
-      grpc::ServerAsyncResponseWriter<runtime::v1::GetInfoResponse>*,
-      grpc::ServerCompletionQueue*, void*)>;
-
-  // Awaits the next GetInfo call (and, once it arrives, the one after).
-  static void AwaitNext(RequestCall request_call,
-                        CompletionQueueThread* thread,
-                        SessionManager* manager, const std::string* version) {
-    auto* call =
-        new InfoCall(std::move(request_call), thread, manager, version);
-    call->request_call_(&call->context_, &call->request_, &call->writer_,
-                        thread->cq(),
-                        &call->accepted_);
-  }
-
- private:
-  InfoCall(RequestCall request_call, CompletionQueueThread* thread,
-           SessionManager* manager, const std::string* version)
-      : request_call_(std::move(request_call)),
-        thread_(thread),
-        manager_(manager),
-        version_(version) {}
-
-  void Accepted(bool ok) {
-    if (!ok) {  // the server is shutting down
-      delete this;
-      return;
-    }
-    thread_->AddLive();
-    AwaitNext(request_call_, thread_, manager_, version_);
-    SessionInfo info = manager_->Info();
-    response_.set_status("ok");
-    response_.set_version(*version_);
-    response_.set_worker_pid(info.worker_pid);
-    response_.set_workers_started(info.workers_started);
-    response_.set_calls_in_flight(info.calls_in_flight);
-    response_.set_calls_queued(info.calls_queued);
-    response_.set_namespace_streams(info.namespace_streams);
-    writer_.Finish(response_, grpc::Status::OK, &finished_);
-  }
-  void Finished(bool /*ok*/) { RetireCall(this, thread_); }
-
-  const RequestCall request_call_;
-  CompletionQueueThread* const thread_;
-  SessionManager* const manager_;
-  const std::string* const version_;
-  grpc::ServerContext context_;
-  runtime::v1::GetInfoRequest request_;
-  runtime::v1::GetInfoResponse response_;
-  grpc::ServerAsyncResponseWriter<runtime::v1::GetInfoResponse> writer_{
-      &context_};
-  MemberCompletion<InfoCall, &InfoCall::Accepted> accepted_{this};
-  MemberCompletion<InfoCall, &InfoCall::Finished> finished_{this};
-};
-
 using AsyncService = runtime::v1::RuntimeService::AsyncService;
 
 // A streaming method's RequestX of the generated service.
@@ -427,12 +368,27 @@ void RuntimeServiceImpl::Start(CompletionQueueThread* thread) {
   AwaitNext<NamespaceReactor>(
       service, &AsyncService::RequestNamespace, thread,
       [manager] { return new NamespaceReactor(manager); });
-  InfoCall::AwaitNext(
-      [service](auto* context, auto* request, auto* writer, auto* queue,
-                void* tag) {
-        service->RequestGetInfo(context, request, writer, queue, queue, tag);
-      },
-      thread, manager_, &version_);
+  const std::string* version = &version_;
+  UnaryCall<runtime::v1::GetInfoRequest, runtime::v1::GetInfoResponse>::
+      AwaitNext(
+          [service](auto* context, auto* request, auto* writer, auto* queue,
+                    void* tag) {
+            service->RequestGetInfo(context, request, writer, queue, queue,
+                                    tag);
+          },
+          [manager, version](const runtime::v1::GetInfoRequest& /*request*/,
+                             runtime::v1::GetInfoResponse* response) {
+            SessionInfo info = manager->Info();
+            response->set_status("ok");
+            response->set_version(*version);
+            response->set_worker_pid(info.worker_pid);
+            response->set_workers_started(info.workers_started);
+            response->set_calls_in_flight(info.calls_in_flight);
+            response->set_calls_queued(info.calls_queued);
+            response->set_namespace_streams(info.namespace_streams);
+            return grpc::Status::OK;
+          },
+          thread);
 }
 
 }  // namespace agentix::sandbox

@@ -1,6 +1,7 @@
 // ServerStream: one server bidi stream on grpc++'s completion-queue API,
 // shaped like grpc::ServerBidiReactor (StartRead / StartWrite / Finish and
 // On* reactions), so the daemon's stream logic reads like callback code.
+// UnaryCall: the same for a unary method answered at once.
 //
 // Why not the callback API: grpc 1.51 runs callback-server reactions on two
 // process-wide "nexting" threads that hand every event between them. `perf
@@ -27,6 +28,7 @@
 #include <atomic>
 #include <functional>
 #include <thread>
+#include <utility>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -98,6 +100,61 @@ void RetireCall(Call* call, CompletionQueueThread* thread) {
   delete call;
   thread->RemoveLive();
 }
+
+// One unary call on the queue `thread` polls, answered as soon as it
+// arrives: `answer` (run on that thread) fills the response, or returns the
+// error status to finish with. Each call, once it arrives, awaits the next.
+template <typename Request, typename Response>
+class UnaryCall final {
+ public:
+  using Writer = grpc::ServerAsyncResponseWriter<Response>;
+  // A bound RequestX method of the generated AsyncService.
+  using RequestCall =
+      std::function<void(grpc::ServerContext*, Request*, Writer*,
+                         grpc::ServerCompletionQueue*, void*)>;
+  using Answer = std::function<grpc::Status(const Request&, Response*)>;
+
+  static void AwaitNext(RequestCall request_call, Answer answer,
+                        CompletionQueueThread* thread) {
+    auto* call =
+        new UnaryCall(std::move(request_call), std::move(answer), thread);
+    call->request_call_(&call->context_, &call->request_, &call->writer_,
+                        thread->cq(), &call->accepted_);
+  }
+
+ private:
+  UnaryCall(RequestCall request_call, Answer answer,
+            CompletionQueueThread* thread)
+      : request_call_(std::move(request_call)),
+        answer_(std::move(answer)),
+        thread_(thread) {}
+
+  void Accepted(bool ok) {
+    if (!ok) {  // the server is shutting down
+      delete this;
+      return;
+    }
+    thread_->AddLive();
+    AwaitNext(request_call_, answer_, thread_);
+    const grpc::Status status = answer_(request_, &response_);
+    if (status.ok()) {
+      writer_.Finish(response_, status, &finished_);
+    } else {
+      writer_.FinishWithError(status, &finished_);
+    }
+  }
+  void Finished(bool /*ok*/) { RetireCall(this, thread_); }
+
+  const RequestCall request_call_;
+  const Answer answer_;
+  CompletionQueueThread* const thread_;
+  grpc::ServerContext context_;
+  Request request_;
+  Response response_;
+  Writer writer_{&context_};
+  MemberCompletion<UnaryCall, &UnaryCall::Accepted> accepted_{this};
+  MemberCompletion<UnaryCall, &UnaryCall::Finished> finished_{this};
+};
 
 template <typename Request, typename Response>
 class ServerStream {
