@@ -238,6 +238,31 @@ bool WriteSessionSeeds(const std::string& dir) {
   return ok;
 }
 
+bool WriteNamespaceSeeds(const std::string& dir) {
+  using agentix::runtime::v1::NamespaceResponse;
+  NamespaceResponse opened;
+  opened.set_namespace_("/llm");
+  opened.set_opened(true);
+  opened.set_instance_id("d41d8cd98f00b204");
+  NamespaceResponse events;
+  events.set_namespace_("/llm");
+  auto* request = events.add_events();
+  request->set_event("complete");
+  request->set_data(
+      "\x82\xaarequest_id\xa1x\xa4"
+      "data\xc0");
+  request->set_request_id("x");
+  auto* reply = events.add_events();
+  reply->set_event("complete:error");
+  reply->set_data("\x80");
+  reply->mutable_error()->set_type("ValueError");
+  reply->mutable_error()->set_message("température");
+  reply->mutable_error()->set_status_code(429);
+  events.add_events()->set_event("agentix:host_connected");
+  return Write(dir, "opened", opened.SerializeAsString()) &&
+         Write(dir, "events", events.SerializeAsString());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -248,6 +273,7 @@ int main(int argc, char** argv) {
   const std::string root = argv[1];
   bool ok = WriteFrameSeeds(root + "/frame_fuzzer") &&
             WriteMsgpackSeeds(root + "/msgpack_convert_fuzzer") &&
+            WriteNamespaceSeeds(root + "/namespace_wire_fuzzer") &&
             WriteSessionSeeds(root + "/session_fuzzer");
   if (!ok) {
     std::fprintf(stderr, "make_seeds: could not write under %s (do the "

@@ -16,7 +16,9 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -25,6 +27,7 @@
 
 #include "base/mutex_tuning.h"
 #include "host/python/native/calls_reactor.h"
+#include "host/python/native/namespace_wire.h"
 
 namespace {
 
@@ -457,6 +460,56 @@ PyMethodDef kTransportMethods[] = {
 
 PyTypeObject TransportType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
+// ------------------------------------------------------- Namespace events
+
+// namespace_events(message) -> (opened, [(event, data), ...]) | None
+PyObject* NamespaceEvents(PyObject*, PyObject* message) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(message, &view, PyBUF_SIMPLE) < 0) return nullptr;
+  PyObject* result = nullptr;
+  try {
+    std::optional<agentix::host::NamespaceResponseView> decoded = agentix::host::DecodeNamespaceResponse(
+        std::string_view(static_cast<const char*>(view.buf), static_cast<size_t>(view.len)));
+    if (!decoded) {
+      result = Py_NewRef(Py_None);
+    } else if (PyObject* events = PyList_New(static_cast<Py_ssize_t>(decoded->events.size()))) {
+      bool ok = true;
+      for (size_t i = 0; ok && i < decoded->events.size(); ++i) {
+        const agentix::host::NamespaceEventView& event = decoded->events[i];
+        // (Not Py_BuildValue: it turns an empty view's null pointer into None.
+        // The decoder has checked the name's UTF-8.)
+        PyObject* name = PyUnicode_DecodeUTF8(event.event.empty() ? "" : event.event.data(),
+                                              static_cast<Py_ssize_t>(event.event.size()), "strict");
+        PyObject* data = name == nullptr ? nullptr
+                                         : PyBytes_FromStringAndSize(event.data.empty() ? "" : event.data.data(),
+                                                                     static_cast<Py_ssize_t>(event.data.size()));
+        PyObject* item = data == nullptr ? nullptr : PyTuple_Pack(2, name, data);
+        Py_XDECREF(name);
+        Py_XDECREF(data);
+        ok = item != nullptr;
+        if (ok) PyList_SET_ITEM(events, static_cast<Py_ssize_t>(i), item);
+      }
+      if (ok) {
+        result = Py_BuildValue("(ON)", decoded->opened ? Py_True : Py_False, events);
+      } else {
+        Py_DECREF(events);
+      }
+    }
+  } catch (...) {
+    SetErrorFromCxx("native namespace_events");
+  }
+  PyBuffer_Release(&view);
+  return result;
+}
+
+PyMethodDef kModuleMethods[] = {
+    {"namespace_events", NamespaceEvents, METH_O,
+     "namespace_events(message) -> (opened, [(event, data), ...]) | None: the parts of a serialized "
+     "NamespaceResponse the host acts on, or None when only protobuf should judge the bytes (malformed, "
+     "or a form this decoder does not read; see namespace_wire.h)."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
 PyModuleDef kModule = {PyModuleDef_HEAD_INIT};
 
 }  // namespace
@@ -490,6 +543,7 @@ PyMODINIT_FUNC PyInit__native_calls() {
   kModule.m_name = "agentix.runtime.client._native_calls";
   kModule.m_doc = "The host's Calls and Namespace streams over grpc++ (stream.NativeCallsStream, namespaces.NativeNamespaceStream).";
   kModule.m_size = -1;
+  kModule.m_methods = kModuleMethods;
 
   if (PyType_Ready(&ChannelType) < 0 || PyType_Ready(&TransportType) < 0) return nullptr;
   PyObject* module = PyModule_Create(&kModule);

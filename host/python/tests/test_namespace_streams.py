@@ -288,3 +288,30 @@ async def test_triggers_and_handlers_run_inside_a_task(runtime):
             runtime.emit_namespace("/plug", event("tick", 1))
             await eventually(lambda: len(ns.seen) == 2)
         assert ns.seen == [("connect", True), ("tick", 1, True)], cls.__name__
+
+
+async def test_events_the_native_decoder_leaves_to_protobuf_arrive_the_same(runtime, transport, monkeypatch):
+    # The native decoder hands rare message forms to protobuf; make it hand
+    # over every message, and the stream must deliver exactly as before.
+    handed_over = []
+
+    def protobuf_only():
+        def decode(message):
+            handed_over.append(message)
+            return None
+
+        return decode
+
+    monkeypatch.setattr(namespaces, "_native_decoder", protobuf_only)
+    ns = Recorder()
+    client = RuntimeClient(runtime.url)
+    client.register_namespace(ns)
+    async with client:
+        runtime.emit_namespace("/plug", event("tick", 1), event("tick", 2))
+        runtime.emit_namespace("/plug", event("echo", {"request_id": "q1", "data": "hé"}, "q1"))
+        await eventually(lambda: len(ns.seen) == 3 and runtime.namespace_events.get("/plug"))
+        assert ns.seen == ["connect", ("tick", 1), ("tick", 2)]
+        (reply,) = runtime.namespace_events["/plug"]
+        assert unpack(reply.data) == {"request_id": "q1", "value": "hé"}
+    if transport == "native":
+        assert handed_over  # every message went by protobuf
