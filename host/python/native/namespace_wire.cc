@@ -97,62 +97,59 @@ bool ReadString(WireReader& in, int wire_type, std::string_view* out) {
          IsValidUtf8(*out);
 }
 
-// NamespaceError {1: type, 2: message, 3: status_code}: validated only.
-bool CheckNamespaceError(std::string_view bytes) {
+// Reads the message in `bytes` field by field: `read_field(in, field,
+// wire_type)` reads each field's value from `in` (false: refuse the
+// message). False when a tag cannot be read or a field was refused.
+template <typename ReadField>
+bool ReadFields(std::string_view bytes, ReadField read_field) {
   WireReader in(bytes);
   while (!in.done()) {
     uint32_t field;
     int wire_type;
-    if (!in.Tag(&field, &wire_type)) return false;
+    if (!in.Tag(&field, &wire_type) || !read_field(in, field, wire_type)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// NamespaceError {1: type, 2: message, 3: status_code}: validated only.
+bool CheckNamespaceError(std::string_view bytes) {
+  return ReadFields(bytes, [](WireReader& in, uint32_t field, int wire_type) {
     std::string_view text;
     uint64_t number;
-    bool ok;
     switch (field) {
       case 1:
       case 2:
-        ok = ReadString(in, wire_type, &text);
-        break;
+        return ReadString(in, wire_type, &text);
       case 3:
-        ok = wire_type == kVarint && in.Varint(&number);
-        break;
+        return wire_type == kVarint && in.Varint(&number);
       default:
-        ok = in.SkipUnknown(wire_type);
+        return in.SkipUnknown(wire_type);
     }
-    if (!ok) return false;
-  }
-  return true;
+  });
 }
 
 // NamespaceEvent {1: event, 2: data, 3: request_id, 4: error}. A field
 // given twice keeps its last value, as protobuf does.
 bool DecodeNamespaceEvent(std::string_view bytes, NamespaceEventView* out) {
-  WireReader in(bytes);
-  while (!in.done()) {
-    uint32_t field;
-    int wire_type;
-    if (!in.Tag(&field, &wire_type)) return false;
+  return ReadFields(bytes, [out](WireReader& in, uint32_t field,
+                                 int wire_type) {
     std::string_view value;
-    bool ok;
     switch (field) {
       case 1:
-        ok = ReadString(in, wire_type, &out->event);
-        break;
+        return ReadString(in, wire_type, &out->event);
       case 2:
-        ok = wire_type == kLengthDelimited && in.LengthDelimited(&out->data);
-        break;
+        return wire_type == kLengthDelimited && in.LengthDelimited(&out->data);
       case 3:
-        ok = ReadString(in, wire_type, &value);
-        break;
+        return ReadString(in, wire_type, &value);
       case 4:
-        ok = wire_type == kLengthDelimited && in.LengthDelimited(&value) &&
-             CheckNamespaceError(value);
-        break;
+        return wire_type == kLengthDelimited && in.LengthDelimited(&value) &&
+               CheckNamespaceError(value);
       default:
-        ok = in.SkipUnknown(wire_type);
+        return in.SkipUnknown(wire_type);
     }
-    if (!ok) return false;
-  }
-  return true;
+  });
 }
 
 }  // namespace
@@ -161,32 +158,27 @@ std::optional<NamespaceResponseView> DecodeNamespaceResponse(
     std::string_view bytes) {
   // NamespaceResponse {1: namespace, 2: opened, 3: instance_id, 4: events}.
   NamespaceResponseView response;
-  WireReader in(bytes);
-  while (!in.done()) {
-    uint32_t field;
-    int wire_type;
-    if (!in.Tag(&field, &wire_type)) return std::nullopt;
-    std::string_view value;
-    uint64_t number;
-    bool ok;
-    switch (field) {
-      case 1:
-      case 3:
-        ok = ReadString(in, wire_type, &value);
-        break;
-      case 2:
-        ok = wire_type == kVarint && in.Varint(&number);
-        if (ok) response.opened = number != 0;
-        break;
-      case 4:
-        ok = wire_type == kLengthDelimited && in.LengthDelimited(&value) &&
-             DecodeNamespaceEvent(value, &response.events.emplace_back());
-        break;
-      default:
-        ok = in.SkipUnknown(wire_type);
-    }
-    if (!ok) return std::nullopt;
-  }
+  const bool read = ReadFields(
+      bytes, [&response](WireReader& in, uint32_t field, int wire_type) {
+        std::string_view value;
+        uint64_t number;
+        switch (field) {
+          case 1:
+          case 3:
+            return ReadString(in, wire_type, &value);
+          case 2:
+            if (wire_type != kVarint || !in.Varint(&number)) return false;
+            response.opened = number != 0;
+            return true;
+          case 4:
+            return wire_type == kLengthDelimited &&
+                   in.LengthDelimited(&value) &&
+                   DecodeNamespaceEvent(value, &response.events.emplace_back());
+          default:
+            return in.SkipUnknown(wire_type);
+        }
+      });
+  if (!read) return std::nullopt;
   return response;
 }
 
