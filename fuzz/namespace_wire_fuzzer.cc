@@ -16,6 +16,7 @@
 #include <string>
 
 #include "agentix/runtime/v1/runtime.pb.h"
+#include "base/utf8.h"
 #include "host/python/native/namespace_wire.h"
 
 namespace {
@@ -41,7 +42,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto& event = view->events[static_cast<size_t>(i)];
     if (event.event != parsed.events(i).event()) Fail("event name differs");
     if (event.data != parsed.events(i).data()) Fail("event payload differs");
-    if (!agentix::host::IsValidUtf8(event.event)) Fail("name not UTF-8");
+    if (!agentix::base::IsValidUtf8(event.event)) Fail("name not UTF-8");
   }
   return 0;
 }

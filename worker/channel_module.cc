@@ -28,6 +28,7 @@
 #include <fmt/format.h>
 
 #include "base/log.h"
+#include "base/utf8.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/io.h"
 #include "worker/ipc/payload_area.h"
@@ -473,48 +474,25 @@ int64_t NowUnixNanos() {
 // U+FFFD (Python's errors="replace" for captured bytes, without the GIL).
 void AppendUtf8Replacing(const char* data, size_t size, std::string& out) {
   static constexpr char kReplacement[] = "\xEF\xBF\xBD";
-  const auto* p = reinterpret_cast<const unsigned char*>(data);
-  size_t i = 0;
-  while (i < size) {
-    const unsigned char c = p[i];
-    if (c < 0x80) {
-      out.push_back(static_cast<char>(c));
-      ++i;
-      continue;
+  std::string_view rest(data, size);
+  while (!rest.empty()) {
+    size_t ascii = 0;
+    while (ascii < rest.size() &&
+           static_cast<unsigned char>(rest[ascii]) < 0x80) {
+      ++ascii;
     }
-    size_t need = 0;
-    unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the 2nd byte
-    if (c >= 0xC2 && c <= 0xDF) {
-      need = 1;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      need = 2;
-      if (c == 0xE0) lo = 0xA0;  // overlong
-      if (c == 0xED) hi = 0x9F;  // surrogates
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      need = 3;
-      if (c == 0xF0) lo = 0x90;  // overlong
-      if (c == 0xF4) hi = 0x8F;  // above U+10FFFF
-    }
-    size_t len = 1;
-    bool ok = need > 0;
-    for (size_t k = 1; ok && k <= need; ++k) {
-      if (i + k >= size) {
-        ok = false;
-        break;
-      }
-      const unsigned char b = p[i + k];
-      if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) {
-        ok = false;
-        break;
-      }
-      len = k + 1;
-    }
-    if (ok) {
-      out.append(data + i, need + 1);
-      i += need + 1;
+    out.append(rest.data(), ascii);
+    rest.remove_prefix(ascii);
+    if (rest.empty()) break;
+    size_t invalid = 0;
+    const size_t length = base::Utf8SequenceLength(rest, &invalid);
+    if (length > 0) {
+      out.append(rest.data(), length);
+      rest.remove_prefix(length);
     } else {
+      // The maximal invalid prefix becomes one U+FFFD, as CPython does.
       out.append(kReplacement);
-      i += len;  // the maximal invalid prefix, as CPython does
+      rest.remove_prefix(invalid);
     }
   }
 }

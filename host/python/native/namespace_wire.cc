@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "base/utf8.h"
+
 namespace agentix::host {
 namespace {
 
@@ -94,7 +96,7 @@ class WireReader {
 // A proto3 string field's value: length-delimited, valid UTF-8.
 bool ReadString(WireReader& in, int wire_type, std::string_view* out) {
   return wire_type == kLengthDelimited && in.LengthDelimited(out) &&
-         IsValidUtf8(*out);
+         base::IsValidUtf8(*out);
 }
 
 // Reads the message in `bytes` field by field: `read_field(in, field,
@@ -180,43 +182,6 @@ std::optional<NamespaceResponseView> DecodeNamespaceResponse(
       });
   if (!read) return std::nullopt;
   return response;
-}
-
-bool IsValidUtf8(std::string_view text) {
-  const auto* p = reinterpret_cast<const uint8_t*>(text.data());
-  const uint8_t* const end = p + text.size();
-  while (p < end) {
-    const uint8_t lead = *p;
-    if (lead < 0x80) {
-      ++p;
-      continue;
-    }
-    // The allowed range of the second byte depends on the lead byte
-    // (RFC 3629, table 3-7 of the Unicode standard); later ones are
-    // 0x80..0xBF.
-    size_t length;
-    uint8_t low = 0x80, high = 0xBF;
-    if (lead >= 0xC2 && lead <= 0xDF) {
-      length = 2;
-    } else if (lead >= 0xE0 && lead <= 0xEF) {
-      length = 3;
-      if (lead == 0xE0) low = 0xA0;   // no overlong forms
-      if (lead == 0xED) high = 0x9F;  // no surrogates
-    } else if (lead >= 0xF0 && lead <= 0xF4) {
-      length = 4;
-      if (lead == 0xF0) low = 0x90;   // no overlong forms
-      if (lead == 0xF4) high = 0x8F;  // nothing above U+10FFFF
-    } else {
-      return false;
-    }
-    if (static_cast<size_t>(end - p) < length) return false;
-    if (p[1] < low || p[1] > high) return false;
-    for (size_t i = 2; i < length; ++i) {
-      if (p[i] < 0x80 || p[i] > 0xBF) return false;
-    }
-    p += length;
-  }
-  return true;
 }
 
 }  // namespace agentix::host

@@ -36,10 +36,6 @@ struct NamespaceResponseView {
 std::optional<NamespaceResponseView> DecodeNamespaceResponse(
     std::string_view bytes);
 
-// True when `text` is well-formed UTF-8 (RFC 3629: no overlong forms, no
-// surrogates, nothing above U+10FFFF), as protobuf requires of proto3 strings.
-bool IsValidUtf8(std::string_view text);
-
 }  // namespace agentix::host
 
 #endif  // AGENTIX_HOST_PYTHON_NATIVE_NAMESPACE_WIRE_H_

@@ -188,22 +188,5 @@ TEST_CASE("Malformed or doubtful responses are left to protobuf",
   }
 }
 
-TEST_CASE("UTF-8 validation follows RFC 3629", "[namespace_wire]") {
-  for (const char* valid : {"", "ascii", "\xc2\x80", "\xdf\xbf", "\xe0\xa0\x80",
-                            "\xe2\x82\xac", "\xed\x9f\xbf", "\xee\x80\x80",
-                            "\xf0\x90\x80\x80", "\xf4\x8f\xbf\xbf"}) {
-    CAPTURE(std::string(valid));
-    CHECK(IsValidUtf8(valid));
-  }
-  for (const char* invalid :
-       {"\x80", "\xbf", "\xc0\x80", "\xc1\xbf", "\xc2", "\xc2\x41",
-        "\xe0\x80\x80", "\xe0\x9f\xbf", "\xed\xa0\x80", "\xed\xbf\xbf",
-        "\xe2\x82", "\xf0\x80\x80\x80", "\xf0\x8f\xbf\xbf", "\xf4\x90\x80\x80",
-        "\xf5\x80\x80\x80", "\xff", "ok\xe2\x28\xa1"}) {
-    CAPTURE(std::string(invalid));
-    CHECK_FALSE(IsValidUtf8(invalid));
-  }
-}
-
 }  // namespace
 }  // namespace agentix::host
