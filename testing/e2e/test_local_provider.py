@@ -149,7 +149,7 @@ def dev_bundle():
         directory,
         "#!/bin/sh\n"
         f'exec {os.path.realpath(SANDBOXD)} --listen "$AGENTIX_LISTEN" '
-        f"--worker {os.path.realpath(WORKER)} --venv {_venv()} --python-path {python_path}\n",
+        f'--worker {os.path.realpath(WORKER)} --venv {_venv()} --python-path {python_path} "$@"\n',
         probe=True,
     )
     sys.path.insert(0, str(directory / "nix" / "runtime" / "probe"))
