@@ -220,7 +220,8 @@ def reopen_fds(flood_megabytes):
 
 
 def proc_texts():
-    """Every /proc/<pid>/environ and cmdline the sandbox can read, concatenated."""
+    """Every /proc/<pid>/environ and cmdline the sandbox can read, and what
+    every pipe it can reopen through /proc/<pid>/fd holds, concatenated."""
     texts = []
     for pid in os.listdir("/proc"):
         for name in ("environ", "cmdline"):
@@ -229,6 +230,23 @@ def proc_texts():
                     texts.append(handle.read().decode(errors="replace"))
             except OSError:
                 pass
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if not os.readlink(f"/proc/{pid}/fd/{fd}").startswith("pipe:"):
+                    continue
+                handle = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK)
+            except OSError:
+                continue
+            try:
+                texts.append(os.read(handle, 1 << 16).decode(errors="replace"))
+            except OSError:
+                pass
+            finally:
+                os.close(handle)
     return "\\n".join(texts)
 
 
