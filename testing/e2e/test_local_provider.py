@@ -505,6 +505,23 @@ async def test_token_is_in_no_sandbox_visible_environment(dev_bundle, dirs):
     assert sandbox.token not in texts and "AGENTIX_TOKEN" not in texts
 
 
+
+async def test_entry_point_that_drops_the_token_fails_closed(dirs, tmp_path):
+    """The token reaches the daemon only as arguments of the entry point: one
+    that drops them starts a daemon without a token check, which `create`
+    refuses (and tears down) instead of handing out an open sandbox."""
+    bundle = _write_bundle(
+        tmp_path / "bundle",
+        "#!/bin/sh\n"
+        f'exec {os.path.realpath(SANDBOXD)} --listen "$AGENTIX_LISTEN" '
+        f"--worker {os.path.realpath(WORKER)} --venv {_venv()}\n",
+    )
+    provider = make_provider(dirs)
+    with pytest.raises(RuntimeError, match="answers without the token"):
+        await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+    assert list(dirs[0].iterdir()) == []
+
+
 async def test_memory_limit_kills_the_worker_not_the_sandbox(dev_bundle, dirs):
     import local_sandbox_probe as probe
 

@@ -379,10 +379,15 @@ def _private_dir(path: Path) -> None:
         )
 
 
+class _TokenNotEnforced(RuntimeError):
+    """The daemon serves without checking the sandbox's token."""
+
+
 async def _health_ok(socket_path: Path, timeout: float, token: str = "") -> bool:
     """One ``grpc.health.v1.Health/Check`` on the daemon's socket. Hand-encoded
     (an empty request; the reply's field 1 is the status, 1 = SERVING) because
-    Debian's grpcio ships without the grpc_health package."""
+    Debian's grpcio ships without the grpc_health package. With a token, a
+    second check without it must be refused (else `_TokenNotEnforced`)."""
     import grpc
 
     channel = grpc.aio.insecure_channel(f"unix://{socket_path}", options=[("grpc.use_local_subchannel_pool", 1)])
@@ -394,7 +399,21 @@ async def _health_ok(socket_path: Path, timeout: float, token: str = "") -> bool
         )
         metadata = (("authorization", f"Bearer {token}"),) if token else None
         reply = await check(None, timeout=timeout, metadata=metadata)
-        return reply[:2] == b"\x08\x01"
+        if reply[:2] != b"\x08\x01":
+            return False
+        if token:
+            # Fail closed: an entry point that drops its arguments leaves the
+            # daemon without --token-file, i.e. without a token check.
+            try:
+                await check(None, timeout=timeout)
+            except grpc.aio.AioRpcError as error:
+                if error.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    return True
+            raise _TokenNotEnforced(
+                "the sandbox's daemon answers without the token: its entry point must pass its arguments "
+                "(--token-file /proc/self/fd/N) to agentix-sandboxd, as a bundle's bootstrap.sh does"
+            )
+        return True
     except grpc.aio.AioRpcError as error:
         # Something answered gRPC on the socket but has no health service: it is up.
         return error.code() == grpc.StatusCode.UNIMPLEMENTED
