@@ -333,10 +333,8 @@ async def probe_bwrap(provider, local_mod, nix_dir: Path, root: Path, command: l
     step), to time pieces of create in isolation. Returns medians in ms, or an error."""
     bwrap = shutil.which(provider.config.bwrap)
     times = []
-    with tempfile.TemporaryDirectory(prefix="agx-probe-", dir="/tmp") as tmp:
-        run_dir = Path(tmp) / "run"
-        run_dir.mkdir()
-        argv = provider._argv(bwrap, "local-probe", root, nix_dir, run_dir)
+    with tempfile.TemporaryDirectory(prefix="agx-probe-", dir="/tmp"):
+        argv = provider._argv(bwrap, "local-probe", root, nix_dir)
         argv = argv[:-1] + command  # replace the entry point (bootstrap.sh)
         env = provider._sandbox_env("local-probe", None)
         for _ in range(runs):
@@ -369,10 +367,8 @@ async def probe_worker(provider, nix_dir: Path, root: Path, runs: int) -> dict:
 
     bwrap = shutil.which(provider.config.bwrap)
     times = []
-    with tempfile.TemporaryDirectory(prefix="agx-probe-", dir="/tmp") as tmp:
-        run_dir = Path(tmp) / "run"
-        run_dir.mkdir()
-        base_argv = provider._argv(bwrap, "local-probe", root, nix_dir, run_dir)[:-1]
+    with tempfile.TemporaryDirectory(prefix="agx-probe-", dir="/tmp"):
+        base_argv = provider._argv(bwrap, "local-probe", root, nix_dir)[:-1]
         for _ in range(runs):
             parent, child = socket.socketpair()
             env = provider._sandbox_env("local-probe", None)

@@ -12,6 +12,7 @@ Run: bazel build //... && tools/make_venv $PWD/.venv-test &&
          --timeout=120 testing/e2e/test_local_provider.py
 """
 
+import asyncio
 import io
 import json
 import hashlib
@@ -112,6 +113,143 @@ def allocate(megabytes):
     return len(data)
 
 
+def _errno_name(number):
+    return errno.errorcode.get(number, str(number))
+
+
+def _libc_call(name, *args):
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    ctypes.set_errno(0)
+    result = getattr(libc, name)(*args)
+    return "ok" if result == 0 else _errno_name(ctypes.get_errno())
+
+
+def kernel_escapes():
+    """Namespace, mount, keyring and ptrace calls from sandbox code: their errno names."""
+    import ctypes
+
+    status = {line.split(":")[0]: line.split()[1] for line in open("/proc/self/status") if ":" in line and line.split()[1:]}
+    return {
+        "unshare_user": _libc_call("unshare", 0x10000000),  # CLONE_NEWUSER
+        "unshare_ns": _libc_call("unshare", 0x00020000),  # CLONE_NEWNS
+        "unshare_user_ns": _libc_call("unshare", 0x10020000),
+        "mount_tmpfs": _libc_call("mount", b"none", b"/tmp", b"tmpfs", ctypes.c_ulong(0), None),
+        "umount_proc": _libc_call("umount2", b"/proc", 0),
+        "keyctl": _libc_call("syscall", 250, 0, ctypes.c_long(-3), 0),  # KEYCTL_GET_KEYRING_ID(session)
+        "ptrace_init": _libc_call("ptrace", 16, 1, None, None),  # PTRACE_ATTACH to pid 1
+        "bpf": _libc_call("syscall", 321, 0, None, 0),
+        "cap_bnd": status["CapBnd"],
+        "cap_eff": status["CapEff"],
+        "seccomp": status.get("Seccomp"),
+    }
+
+
+def writable_mounts():
+    """(mount point, fs type, size= option) of every read-write mount but
+    bwrap's single device nodes (/dev/null and friends: writes reach the device)."""
+    import stat as stat_module
+
+    found = []
+    for line in open("/proc/self/mountinfo"):
+        fields = line.split()
+        dash = fields.index("-")
+        if "rw" in fields[5].split(",") and not stat_module.S_ISCHR(os.stat(fields[4]).st_mode):
+            size = [o for o in fields[dash + 3].split(",") if o.startswith("size=")]
+            found.append((fields[4], fields[dash + 1], size[0] if size else None))
+    return sorted(found)
+
+
+def fill(directory, megabytes):
+    """Writes up to `megabytes` MiB into `directory`: (bytes written, errno name or "ok")."""
+    path = os.path.join(directory, "agentix-fill")
+    chunk = b"\\x01" * (1 << 20)
+    written = 0
+    outcome = "ok"
+    try:
+        with open(path, "wb", buffering=0) as handle:
+            for _ in range(megabytes):
+                written += handle.write(chunk)
+    except OSError as error:
+        outcome = _errno_name(error.errno)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    return written, outcome
+
+
+def reopen_fds(flood_megabytes):
+    """Opens every /proc/<pid>/fd/<n> of other processes for writing. Returns
+    {path: errno name, or (fd kind, link target)}; each pipe opened gets
+    `flood_megabytes` MiB and a forged log line written into it."""
+    import stat as stat_module
+
+    found = {}
+    for pid in sorted(p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError as error:
+            found[f"/proc/{pid}/fd"] = _errno_name(error.errno)
+            continue
+        for fd in fds:
+            path = f"/proc/{pid}/fd/{fd}"
+            try:
+                target = os.readlink(path)
+                handle = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+            except OSError as error:
+                found[path] = _errno_name(error.errno)
+                continue
+            mode = os.fstat(handle).st_mode
+            kind = ("reg" if stat_module.S_ISREG(mode) else "fifo" if stat_module.S_ISFIFO(mode)
+                    else "chr" if stat_module.S_ISCHR(mode) else oct(stat_module.S_IFMT(mode)))
+            found[path] = (kind, target)
+            try:
+                if kind == "fifo" and target.startswith("pipe:") and fd in ("1", "2"):
+                    os.set_blocking(handle, True)
+                    chunk = b"y" * (1 << 20)
+                    for _ in range(flood_megabytes):
+                        os.write(handle, chunk)
+                    os.write(handle, b"\\nFORGED by sandbox code\\n")
+            except OSError:
+                pass
+            finally:
+                os.close(handle)
+    return found
+
+
+def proc_texts():
+    """Every /proc/<pid>/environ and cmdline the sandbox can read, and what
+    every pipe it can reopen through /proc/<pid>/fd holds, concatenated."""
+    texts = []
+    for pid in os.listdir("/proc"):
+        for name in ("environ", "cmdline"):
+            try:
+                with open(f"/proc/{pid}/{name}", "rb") as handle:
+                    texts.append(handle.read().decode(errors="replace"))
+            except OSError:
+                pass
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if not os.readlink(f"/proc/{pid}/fd/{fd}").startswith("pipe:"):
+                    continue
+                handle = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK)
+            except OSError:
+                continue
+            try:
+                texts.append(os.read(handle, 1 << 16).decode(errors="replace"))
+            except OSError:
+                pass
+            finally:
+                os.close(handle)
+    return "\\n".join(texts)
+
+
 def start_threads(count):
     stop = threading.Event()
     threads = []
@@ -149,7 +287,7 @@ def dev_bundle():
         directory,
         "#!/bin/sh\n"
         f'exec {os.path.realpath(SANDBOXD)} --listen "$AGENTIX_LISTEN" '
-        f"--worker {os.path.realpath(WORKER)} --venv {_venv()} --python-path {python_path}\n",
+        f'--worker {os.path.realpath(WORKER)} --venv {_venv()} --python-path {python_path} "$@"\n',
         probe=True,
     )
     sys.path.insert(0, str(directory / "nix" / "runtime" / "probe"))
@@ -270,6 +408,118 @@ async def test_isolation(dev_bundle, dirs):
     assert facts["sysctl_write"] == "EROFS"
     # the environment is the provider's plus the config's, not the host's.
     assert facts["host_secret"] is None and facts["config_env"] == "given" and facts["env_home"] == "/tmp"
+
+
+# The boundaries of issue 17 item 6: sandbox code attacks them, each attack
+# gets its definite outcome, and the sandbox keeps serving afterwards.
+
+
+async def test_host_files_are_not_reachable_through_proc_fds(dev_bundle, dirs):
+    """Every fd of another process the sandbox can reopen through /proc (the
+    namespace's init's, the daemon's) is no host file: the daemon's output is
+    a pipe the host drains into a capped sandbox.log, so 64 MiB written into
+    it leaves at most `log_max_bytes` on the host."""
+    import local_sandbox_probe as probe
+
+    provider = make_provider(dirs)
+    async with provider.session(SandboxConfig(image="host", bundle=str(dev_bundle))) as sandbox:
+        host_dir = dirs[0] / sandbox.sandbox_id
+        processes = (await sandbox.remote(probe.facts))["processes"]
+        daemon = next(pid for pid, cmdline in processes.items() if "agentix-sandboxd" in cmdline)
+        found = await sandbox.remote(probe.reopen_fds, 64)
+        await asyncio.sleep(0.5)  # the drain thread catches up
+        logs = sum(path.stat().st_size for path in host_dir.glob("sandbox.log*"))
+        assert await sandbox.remote(e2e_targets.add, 1, 1) == 2
+
+    host_files = {path: got for path, got in found.items()
+                  if isinstance(got, tuple) and got[0] == "reg" and not got[1].startswith("/memfd:")}
+    assert host_files == {}, found
+    # pid 1 (bwrap's init) and the daemon: refused, or a pipe / device node, never a file.
+    for pid in (1, daemon):
+        for path, got in found.items():
+            if path.startswith(f"/proc/{pid}/fd/"):
+                assert isinstance(got, str) or got[0] in ("fifo", "chr"), (path, got)
+    daemon_out = found.get(f"/proc/{daemon}/fd/1", found.get(f"/proc/{daemon}/fd"))
+    assert daemon_out in ("EACCES", "EPERM") or daemon_out[0] == "fifo", daemon_out
+    # 64 MiB (several times over) went into the pipe; the host kept its cap.
+    assert 0 < logs <= LocalProviderConfig().log_max_bytes
+
+
+async def test_writable_mounts_are_capped_tmpfs(dev_bundle, dirs):
+    """Only the documented tmpfs mounts are writable, each with its size: 600
+    MiB written into each fails with ENOSPC at the quota (/dev, /, /nix:
+    EROFS), under a 256 MB memory limit, and the sandbox keeps serving."""
+    import local_sandbox_probe as probe
+
+    # The documented defaults (docs/PROVIDERS.md).
+    sizes = {"/run/agentix": 1 << 20, "/run": 16 << 20, "/dev/shm": 64 << 20, "/tmp": 1 << 30}
+    config = SandboxConfig(image="host", bundle=str(dev_bundle), resource=SandboxResource(memory="256m"))
+    async with make_provider(dirs).session(config) as sandbox:
+        mounts = await sandbox.remote(probe.writable_mounts)
+        fills = {path: await sandbox.remote(probe.fill, path, 600)
+                 for path in ("/run/agentix", "/run", "/dev/shm", "/dev", "/", "/nix")}
+        assert await sandbox.remote(e2e_targets.add, 1, 1) == 2
+    # devpts and mqueue hold no file data; everything else writable is a sized tmpfs.
+    assert [m for m in mounts if m[1] not in ("devpts", "mqueue")] == sorted(
+        (path, "tmpfs", f"size={size >> 10}k") for path, size in sizes.items()
+    ), mounts
+    # /tmp's default (1 GiB) is above the memory limit: its quota is checked with a smaller one.
+    async with make_provider(dirs, tmp_size="32m").session(config) as sandbox:
+        fills["/tmp"] = await sandbox.remote(probe.fill, "/tmp", 600)
+        assert await sandbox.remote(e2e_targets.add, 1, 1) == 2
+    sizes["/tmp"] = 32 << 20
+
+    for path, size in sizes.items():
+        written, outcome = fills[path]
+        assert outcome == "ENOSPC" and size - (1 << 20) <= written <= size, (path, fills[path])
+    assert fills["/dev"] == (0, "EROFS") and fills["/"] == (0, "EROFS") and fills["/nix"] == (0, "EROFS")
+
+
+async def test_kernel_escapes_are_refused(dev_bundle, dirs):
+    """New user or mount namespaces, mounts, the keyring, ptrace and bpf fail
+    with EPERM (seccomp); the capability bounding set is empty."""
+    import local_sandbox_probe as probe
+
+    provider = make_provider(dirs)
+    async with provider.session(SandboxConfig(image="host", bundle=str(dev_bundle))) as sandbox:
+        got = await sandbox.remote(probe.kernel_escapes)
+        assert await sandbox.remote(e2e_targets.add, 1, 1) == 2
+
+    for call in ("unshare_user", "unshare_ns", "unshare_user_ns", "mount_tmpfs", "umount_proc", "keyctl",
+                 "ptrace_init", "bpf"):
+        assert got[call] == "EPERM", (call, got)
+    assert got["cap_bnd"] == got["cap_eff"] == "0000000000000000", got
+    assert got["seccomp"] == "2", got  # SECCOMP_MODE_FILTER
+
+
+async def test_token_is_in_no_sandbox_visible_environment(dev_bundle, dirs):
+    """The daemon's token reaches it through a pipe: no /proc/*/environ or
+    cmdline readable in the sandbox holds it (bwrap's init's included)."""
+    import local_sandbox_probe as probe
+
+    provider = make_provider(dirs)
+    async with provider.session(SandboxConfig(image="host", bundle=str(dev_bundle))) as sandbox:
+        texts = await sandbox.remote(probe.proc_texts)
+        assert await sandbox.remote(e2e_targets.add, 1, 1) == 2
+    assert "AGENTIX_SANDBOX_ID" in texts  # the environments were readable
+    assert sandbox.token not in texts and "AGENTIX_TOKEN" not in texts
+
+
+
+async def test_entry_point_that_drops_the_token_fails_closed(dirs, tmp_path):
+    """The token reaches the daemon only as arguments of the entry point: one
+    that drops them starts a daemon without a token check, which `create`
+    refuses (and tears down) instead of handing out an open sandbox."""
+    bundle = _write_bundle(
+        tmp_path / "bundle",
+        "#!/bin/sh\n"
+        f'exec {os.path.realpath(SANDBOXD)} --listen "$AGENTIX_LISTEN" '
+        f"--worker {os.path.realpath(WORKER)} --venv {_venv()}\n",
+    )
+    provider = make_provider(dirs)
+    with pytest.raises(RuntimeError, match="answers without the token"):
+        await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+    assert list(dirs[0].iterdir()) == []
 
 
 async def test_memory_limit_kills_the_worker_not_the_sandbox(dev_bundle, dirs):

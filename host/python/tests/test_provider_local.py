@@ -4,6 +4,7 @@ enforce. The sandboxes themselves are tested in testing/e2e/test_local_provider.
 
 import logging
 import os
+import struct
 
 import pytest
 
@@ -65,23 +66,70 @@ def test_bwrap_command_line(tmp_path):
         (root / name).mkdir(parents=True)
     os.symlink("usr/bin", root / "bin")
     (root / "marker").write_text("")
-    argv = LocalProvider()._argv("/usr/bin/bwrap", "local-0123456789ab", root, tmp_path / "b" / "nix", tmp_path / "run")
-    for flag in ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session"):
+    provider = LocalProvider(tmp_size="100m", run_size=4096, shm_size="1m")
+    argv = provider._argv("/usr/bin/bwrap", "local-0123456789ab", root, tmp_path / "b" / "nix", seccomp_fd=7)
+    for flag in ("--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                 "--die-with-parent", "--new-session"):
         assert flag in argv
     assert _pairs(argv, "--hostname") == ["local-0123456789ab"]
     assert _pairs(argv, "--cap-drop") == ["ALL"]
+    assert _pairs(argv, "--seccomp") == ["7"]
     assert _pairs(argv, "--ro-bind") == [
         (str(root / "etc"), "/etc"), (str(root / "marker"), "/marker"), (str(root / "usr"), "/usr"),
         (str(tmp_path / "b" / "nix"), "/nix"),
     ]
     assert _pairs(argv, "--symlink") == [("usr/bin", "/bin")]
-    assert _pairs(argv, "--bind") == [(str(tmp_path / "run"), "/run/agentix")]
-    assert _pairs(argv, "--tmpfs") == ["/", "/tmp", "/run"]
-    assert _pairs(argv, "--remount-ro") == ["/proc", "/"]
-    assert argv.index("--proc") < argv.index("--remount-ro")
+    # No host directory is writable from inside: every writable mount is a capped tmpfs.
+    assert _pairs(argv, "--bind") == []
+    assert _pairs(argv, "--tmpfs") == ["/", "/dev/shm", "/tmp", "/run", "/run/agentix"]
+    sizes = {argv[i + 3]: int(argv[i + 1]) for i, arg in enumerate(argv) if arg == "--size"}
+    assert sizes == {"/dev/shm": 1 << 20, "/tmp": 100 << 20, "/run": 4096, "/run/agentix": 1 << 20}
+    assert _pairs(argv, "--remount-ro") == ["/dev", "/proc", "/"]
+    assert argv.index("--proc") < argv.index("--remount-ro", argv.index("--proc"))
     assert argv[argv.index("--proc") + 1] == "/proc" and argv[argv.index("--dev") + 1] == "/dev"
     assert argv[-1] == "/nix/runtime/bootstrap.sh"
-    assert "--unshare-net" not in LocalProvider(share_net=True)._argv("bwrap", "s", root, root, root)
+    assert "--unshare-net" not in LocalProvider(share_net=True)._argv("bwrap", "s", root, root)
+    assert "--seccomp" not in LocalProvider()._argv("bwrap", "s", root, root)
+
+
+def test_tmpfs_sizes_and_log_cap_are_validated():
+    with pytest.raises(ValueError, match="memory size"):
+        LocalProvider(tmp_size="lots")
+    with pytest.raises(ValueError, match="log_max_bytes"):
+        LocalProvider(log_max_bytes=100)
+
+
+def test_seccomp_program_shape():
+    from agentix.provider import _seccomp
+
+    program = _seccomp.deny_filter("x86_64")
+    assert len(program) % 8 == 0 and len(program) // 8 < 4096  # BPF_MAXINSNS
+    insns = [struct.unpack("=HBBI", program[i:i + 8]) for i in range(0, len(program), 8)]
+    # Starts by checking the audit arch (x86_64), killing anything else; ends allowing.
+    assert insns[0] == (0x20, 0, 0, 4) and insns[1] == (0x15, 1, 0, 0xC000003E) and insns[2] == (0x06, 0, 0, 0x80000000)
+    assert insns[-1] == (0x06, 0, 0, 0x7FFF0000)
+    denied = {k for code, jt, jf, k in insns if code == 0x15 and (jt, jf) == (0, 1)}
+    assert {165, 166, 155, 250, 101, 175, 313, 246, 321, 298, 323, 304, 308} <= denied  # mount ... setns
+    assert _seccomp.deny_filter("aarch64") != program
+    with pytest.raises(ValueError, match="no seccomp syscall table"):
+        _seccomp.deny_filter("mips")
+
+
+def test_log_drain_caps_what_reaches_the_host(tmp_path):
+    from agentix.provider.local import _LogDrain
+
+    read_fd, write_fd = os.pipe()
+    drain = _LogDrain(read_fd, tmp_path / "sandbox.log", max_bytes=64 << 10)
+    chunk = b"x" * 4095 + b"\n"
+    for _ in range(1024):  # 4 MiB through a 64 KiB cap
+        os.write(write_fd, chunk)
+    os.write(write_fd, b"the last line\n")
+    os.close(write_fd)
+    drain.join(10.0)
+    sizes = [path.stat().st_size for path in tmp_path.iterdir()]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["sandbox.log", "sandbox.log.1"]
+    assert sum(sizes) <= 64 << 10 and max(sizes) <= 32 << 10
+    assert (tmp_path / "sandbox.log").read_bytes().endswith(b"the last line\n")
 
 
 def test_sandbox_env_is_not_the_hosts_and_listen_is_the_providers(monkeypatch):

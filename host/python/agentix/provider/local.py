@@ -1,14 +1,18 @@
 """`LocalProvider`: sandboxes on this machine with bubblewrap, no container engine.
 
-Each sandbox is one ``bwrap`` process tree with fresh pid, network, IPC, UTS,
-cgroup and mount namespaces, all capabilities dropped, a read-only root (the
+Each sandbox is one ``bwrap`` process tree with fresh user, pid, network, IPC,
+UTS, cgroup and mount namespaces, all capabilities (and the bounding set)
+dropped, a seccomp filter (`agentix.provider._seccomp`), a read-only root (the
 host's root, a rootfs directory or an unpacked OCI image layout), the bundle's
-``nix/`` read-only at ``/nix``, tmpfs at ``/tmp`` and ``/run``, and a per-sandbox
-host directory bind-mounted at ``/run/agentix``: the sandbox's
-``/nix/runtime/bootstrap.sh`` starts ``agentix-sandboxd`` on
-``unix:///run/agentix/agentix.sock``, which the host reaches through that
-directory. Memory, pids and CPU limits go through cgroup v1 where the machine
-has it. `delete` stops the whole tree and removes everything `create` made.
+``nix/`` read-only at ``/nix``, and size-capped tmpfs at ``/tmp``, ``/run``,
+``/dev/shm`` and ``/run/agentix``: the sandbox's ``/nix/runtime/bootstrap.sh``
+starts ``agentix-sandboxd`` on ``unix:///run/agentix/agentix.sock``, which the
+host reaches through ``/proc/<sandbox init>/root`` (no host directory is
+writable from inside). The daemon's token comes through a pipe
+(``--token-file /proc/self/fd/N``), never the environment; its stdout and
+stderr go through a pipe the host drains into a size-capped ``sandbox.log``.
+Memory, pids and CPU limits go through cgroup v1 where the machine has it.
+`delete` stops the whole tree and removes everything `create` made.
 docs/PROVIDERS.md explains each choice.
 """
 
@@ -27,10 +31,12 @@ import signal
 import stat
 import subprocess
 import tarfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentix.provider import _seccomp
 from agentix.provider._extract import extract_nix_tree, has_bootstrap
 from agentix.provider._oci import unpack_oci_layout
 from agentix.provider.base import (
@@ -48,7 +54,8 @@ __all__ = ["LocalProvider", "LocalProviderConfig", "parse_memory"]
 
 _log = logging.getLogger(__name__)
 
-# Inside the sandbox: where the host's per-sandbox directory is mounted and the daemon listens.
+# Inside the sandbox: the daemon's socket directory (a small tmpfs the host
+# reaches through /proc/<sandbox init>/root) and socket.
 SANDBOX_RUN_DIR = "/run/agentix"
 SANDBOX_SOCKET = f"{SANDBOX_RUN_DIR}/agentix.sock"
 _SOCKET_NAME = "agentix.sock"
@@ -58,8 +65,9 @@ _FRESH_TOP_LEVEL = {"dev", "proc", "sys", "tmp", "run", "nix"}
 # sun_path is 108 bytes including the terminating NUL.
 _MAX_SOCKET_PATH = 107
 _TAIL_BYTES = 8192
-# The daemon's token variable (sandbox/auth.h): a fresh token per sandbox.
-_TOKEN_ENV = "AGENTIX_TOKEN"
+# Size of the tmpfs at /run/agentix: it holds a socket; a sandbox must not
+# fill memory through the one directory the host looks into.
+_SOCKET_DIR_BYTES = 1 << 20
 _MACHINE_PLATFORM = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}.get(
     platform_module.machine(), f"linux/{platform_module.machine()}"
 )
@@ -124,6 +132,14 @@ class LocalProviderConfig:
       ``<cgroup_root>/<controller>/<this process's cgroup>/<cgroup_parent>/<id>``.
     share_net: keep the host's network namespace (default False: only a
       private loopback).
+    tmp_size, run_size, shm_size: byte caps (``"1g"`` style, as `memory`)
+      of the tmpfs at ``/tmp``, ``/run`` and ``/dev/shm``; a write beyond
+      fails with ENOSPC. ``/run/agentix`` (the socket) is 1 MiB. tmpfs pages
+      also count against the memory limit.
+    log_max_bytes: cap on ``sandbox.log`` plus its one rotated predecessor
+      ``sandbox.log.1`` (the daemon's and worker's stdout/stderr).
+    seccomp: install the seccomp filter of `agentix.provider._seccomp`
+      (default True; False only for a kernel or architecture it breaks).
     extra_bwrap_args: appended before the entry point, for what this class
       does not model.
     """
@@ -139,6 +155,11 @@ class LocalProviderConfig:
     cgroup_root: str = "/sys/fs/cgroup"
     cgroup_parent: str = "agentix"
     share_net: bool = False
+    tmp_size: int | str = "1g"
+    run_size: int | str = "16m"
+    shm_size: int | str = "64m"
+    log_max_bytes: int = 16 << 20
+    seccomp: bool = True
     extra_bwrap_args: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -148,6 +169,14 @@ class LocalProviderConfig:
             raise ValueError(f"pids_max must be a positive int or None (got {self.pids_max!r})")
         if self.memory is not None:
             parse_memory(self.memory)
+        for size in (self.tmp_size, self.run_size, self.shm_size):
+            parse_memory(size)
+        if isinstance(self.log_max_bytes, bool) or self.log_max_bytes < 2 * _TAIL_BYTES:
+            raise ValueError(f"log_max_bytes must be an int >= {2 * _TAIL_BYTES} (got {self.log_max_bytes!r})")
+        if self.seccomp and not _seccomp.supported():
+            raise ValueError(
+                f"no seccomp filter for {platform_module.machine()}: pass LocalProviderConfig(seccomp=False) to run without"
+            )
         if not self.cgroup_parent or ".." in self.cgroup_parent.split("/"):
             raise ValueError(f"cgroup_parent must be a relative cgroup name (got {self.cgroup_parent!r})")
 
@@ -237,6 +266,55 @@ class _Cgroups:
         return left
 
 
+class _LogDrain:
+    """Copies the sandbox's stdout and stderr (the read end of a pipe) into
+    ``sandbox.log`` on a thread of its own, at most ``max_bytes / 2`` per
+    file: beyond, ``sandbox.log`` becomes ``sandbox.log.1`` (replacing the
+    previous one) and a new one starts. The pipe is drained to the end even
+    when the files cannot be written, so the sandbox never blocks on it.
+
+    Why a pipe: a host file as the sandbox's stdout could be reopened from
+    inside through ``/proc/<pid>/fd/1`` — read, truncated or grown without
+    bound. A pipe reopened that way is still only this capped stream."""
+
+    def __init__(self, read_fd: int, path: Path, max_bytes: int) -> None:
+        self.path = path
+        self._fd = read_fd
+        self._half = max_bytes // 2
+        self._thread = threading.Thread(target=self._run, name=f"agentix-log-{path.parent.name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        out = None
+        written = 0
+        try:
+            out = open(self.path, "ab", buffering=0)
+            while data := os.read(self._fd, 1 << 16):
+                while data and out is not None:
+                    try:
+                        if written >= self._half:
+                            out.close()
+                            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+                            out = open(self.path, "wb", buffering=0)
+                            written = 0
+                        piece = data[: self._half - written]
+                        out.write(piece)
+                        written += len(piece)
+                        data = data[len(piece):]
+                    except OSError:  # the directory is being removed: keep draining
+                        out = None
+        except OSError:
+            pass
+        finally:
+            os.close(self._fd)
+            if out is not None:
+                out.close()
+
+    def join(self, timeout: float) -> None:
+        """Waits until the sandbox's side is closed and everything is written."""
+        self._thread.join(timeout)
+
+
 @dataclass
 class _Running:
     sandbox_id: str
@@ -247,6 +325,7 @@ class _Running:
     cgroups: _Cgroups
     runtime_url: str
     token: str = ""
+    log: _LogDrain | None = None
 
 
 def _children(pid: int) -> list[int]:
@@ -265,14 +344,22 @@ def _children(pid: int) -> list[int]:
 
 
 def _tail(path: Path, limit: int = _TAIL_BYTES) -> str:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - limit))
-            data = handle.read()
-    except OSError:
-        return ""
+    """The last `limit` bytes of `path`, preceded by its rotated
+    predecessor ``<path>.1`` when `path` alone is shorter."""
+    data = b""
+    size = 0
+    for part in (path, path.with_name(path.name + ".1")):
+        try:
+            with open(part, "rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                part_size = handle.tell()
+                handle.seek(max(0, part_size - (limit - len(data))))
+                data = handle.read() + data
+                size += part_size
+        except OSError:
+            pass
+        if len(data) >= limit:
+            break
     text = data.decode(errors="replace").strip()
     return ("…" + text) if size > limit else text
 
@@ -292,10 +379,15 @@ def _private_dir(path: Path) -> None:
         )
 
 
+class _TokenNotEnforced(RuntimeError):
+    """The daemon serves without checking the sandbox's token."""
+
+
 async def _health_ok(socket_path: Path, timeout: float, token: str = "") -> bool:
     """One ``grpc.health.v1.Health/Check`` on the daemon's socket. Hand-encoded
     (an empty request; the reply's field 1 is the status, 1 = SERVING) because
-    Debian's grpcio ships without the grpc_health package."""
+    Debian's grpcio ships without the grpc_health package. With a token, a
+    second check without it must be refused (else `_TokenNotEnforced`)."""
     import grpc
 
     channel = grpc.aio.insecure_channel(f"unix://{socket_path}", options=[("grpc.use_local_subchannel_pool", 1)])
@@ -307,7 +399,21 @@ async def _health_ok(socket_path: Path, timeout: float, token: str = "") -> bool
         )
         metadata = (("authorization", f"Bearer {token}"),) if token else None
         reply = await check(None, timeout=timeout, metadata=metadata)
-        return reply[:2] == b"\x08\x01"
+        if reply[:2] != b"\x08\x01":
+            return False
+        if token:
+            # Fail closed: an entry point that drops its arguments leaves the
+            # daemon without --token-file, i.e. without a token check.
+            try:
+                await check(None, timeout=timeout)
+            except grpc.aio.AioRpcError as error:
+                if error.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    return True
+            raise _TokenNotEnforced(
+                "the sandbox's daemon answers without the token: its entry point must pass its arguments "
+                "(--token-file /proc/self/fd/N) to agentix-sandboxd, as a bundle's bootstrap.sh does"
+            )
+        return True
     except grpc.aio.AioRpcError as error:
         # Something answered gRPC on the socket but has no health service: it is up.
         return error.code() == grpc.StatusCode.UNIMPLEMENTED
@@ -377,9 +483,10 @@ class LocalProvider(SandboxProvider):
             await asyncio.to_thread(self.prune)
         host_dir = self.runtime_dir / sandbox_id
         host_dir.mkdir(mode=0o700)
-        run_dir = host_dir / "run"
-        run_dir.mkdir(mode=0o700)
-        socket_path = run_dir / _SOCKET_NAME
+        # Made a symlink to /proc/<sandbox init>/root/run/agentix once the
+        # sandbox is set up (_wait_ready): the socket directory is the
+        # sandbox's own small tmpfs, not a host directory it could fill.
+        socket_path = host_dir / "run" / _SOCKET_NAME
         if len(str(socket_path)) > _MAX_SOCKET_PATH:
             shutil.rmtree(host_dir)
             raise RuntimeError(
@@ -403,15 +510,8 @@ class LocalProvider(SandboxProvider):
             (host_dir / _OWNER_FILE).write_text(
                 json.dumps({"owner": _process_identity(os.getpid()), "cgroups": [str(p) for p in running.cgroups.paths.values()]})
             )
-            argv = self._argv(bwrap, sandbox_id, root, nix_dir, run_dir)
-            if running.cgroups.paths:
-                argv = ["/bin/sh", "-c", _ENTER_CGROUPS, "agentix-enter-cgroups", *running.cgroups.procs_files(), "--", *argv]
             env = self._sandbox_env(sandbox_id, config.env)
-            env[_TOKEN_ENV] = running.token
-            with open(running.log_path, "wb") as log:
-                running.process = subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, close_fds=True
-                )
+            self._start(running, bwrap, root, nix_dir, env)
             self._sandboxes[sandbox_id] = running
             await self._wait_ready(running)
         except BaseException:
@@ -424,6 +524,40 @@ class LocalProvider(SandboxProvider):
         return Sandbox(
             sandbox_id=SandboxId(sandbox_id), runtime_url=running.runtime_url, status="running", token=running.token
         )
+
+    def _start(self, running: _Running, bwrap: str, root: Path, nix_dir: Path, env: dict[str, str]) -> None:
+        """Starts the bwrap tree of `running`. What it gets besides argv and env:
+        the token through a pipe (``--token-file /proc/self/fd/N``: nothing
+        in the sandbox can read it once the daemon has), the seccomp filter
+        on an fd, and a pipe as stdout and stderr (drained by `_LogDrain`)."""
+        opened: list[int] = []
+        try:
+            token_read, token_write = os.pipe()
+            opened += [token_read, token_write]
+            os.write(token_write, running.token.encode())  # 43 bytes: fits the pipe buffer
+            os.close(token_write)
+            opened.remove(token_write)
+            passed = [token_read]
+            seccomp_fd = None
+            if self.config.seccomp:
+                seccomp_fd = _seccomp.filter_fd()
+                opened.append(seccomp_fd)
+                passed.append(seccomp_fd)
+            argv = self._argv(bwrap, running.sandbox_id, root, nix_dir, seccomp_fd=seccomp_fd)
+            argv += ["--token-file", f"/proc/self/fd/{token_read}"]  # the entry point passes these to the daemon
+            if running.cgroups.paths:
+                argv = ["/bin/sh", "-c", _ENTER_CGROUPS, "agentix-enter-cgroups", *running.cgroups.procs_files(), "--", *argv]
+            log_read, log_write = os.pipe()
+            opened += [log_read, log_write]
+            running.process = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log_write, stderr=log_write, env=env, close_fds=True,
+                pass_fds=passed,
+            )
+            opened.remove(log_read)
+            running.log = _LogDrain(log_read, running.log_path, self.config.log_max_bytes)
+        finally:
+            for fd in opened:
+                os.close(fd)
 
     def _check_platform(self, requested: str | None) -> None:
         if requested is None:
@@ -482,14 +616,20 @@ class LocalProvider(SandboxProvider):
         env[LISTEN_ENV] = f"unix://{SANDBOX_SOCKET}"  # the provider's to choose: it waits on that socket
         return env
 
-    def _argv(self, bwrap: str, sandbox_id: str, root: Path, nix_dir: Path, run_dir: Path) -> list[str]:
+    def _argv(self, bwrap: str, sandbox_id: str, root: Path, nix_dir: Path, seccomp_fd: int | None = None) -> list[str]:
+        config = self.config
         argv = [
             bwrap,
-            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            *([] if self.config.share_net else ["--unshare-net"]),
+            # A user namespace: without it bwrap run by root keeps the host's
+            # capability bounding set (it only clears it in a new one). The
+            # sandbox's uid 0 still maps to the caller's uid.
+            "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            *([] if config.share_net else ["--unshare-net"]),
             "--hostname", sandbox_id,
             "--die-with-parent", "--new-session",
             "--cap-drop", "ALL",
+            # Applied last, to the namespace's init too: see _seccomp.
+            *([] if seccomp_fd is None else ["--seccomp", str(seccomp_fd)]),
             # The root: an empty tmpfs holding read-only binds of the root's
             # top-level entries, remounted read-only at the end. Mount points
             # (/nix, /run/agentix) can then be made even when the root lacks them.
@@ -505,17 +645,24 @@ class LocalProvider(SandboxProvider):
         argv += [
             "--ro-bind", str(nix_dir), BUNDLE_NIX_ROOT,
             "--proc", "/proc",
+            # /dev is a tmpfs of device nodes: read-only (devices stay
+            # usable), with a capped tmpfs for /dev/shm.
             "--dev", "/dev",
-            "--tmpfs", "/tmp",
-            "--tmpfs", "/run",
-            "--bind", str(run_dir), SANDBOX_RUN_DIR,
+            "--remount-ro", "/dev",
+            "--size", str(parse_memory(config.shm_size)), "--tmpfs", "/dev/shm",
+            # Every writable mount is a capped tmpfs; no host directory is writable.
+            "--size", str(parse_memory(config.tmp_size)), "--tmpfs", "/tmp",
+            "--size", str(parse_memory(config.run_size)), "--tmpfs", "/run",
+            # A mount point: the sandbox cannot rename or replace it, so the
+            # host's path through /proc/<init>/root always reaches this tmpfs.
+            "--size", str(_SOCKET_DIR_BYTES), "--tmpfs", SANDBOX_RUN_DIR,
             # The sandbox runs as uid 0 (without capabilities): /proc/sys and
             # friends are owned by uid 0 and global, so a writable /proc would
             # let it change e.g. the host's kernel.core_pattern.
             "--remount-ro", "/proc",
             "--remount-ro", "/",
             "--chdir", "/tmp",
-            *self.config.extra_bwrap_args,
+            *config.extra_bwrap_args,
             BUNDLE_RUNTIME_ENTRYPOINT,
         ]
         return argv
@@ -527,10 +674,14 @@ class LocalProvider(SandboxProvider):
         while True:
             code = running.process.poll()
             if code is not None:
+                if running.log is not None:
+                    running.log.join(2.0)
                 raise RuntimeError(
                     f"sandbox {running.sandbox_id} exited with code {code} before its runtime came up; "
                     f"its output ends with:\n{_tail(running.log_path)}"
                 )
+            if not running.socket_path.parent.is_symlink():
+                _link_socket_dir(running)
             if _is_socket(running.socket_path):
                 if await _health_ok(
                     running.socket_path, timeout=max(0.1, min(2.0, deadline - loop.time())), token=running.token
@@ -699,10 +850,23 @@ class LocalProvider(SandboxProvider):
                     _log.error("sandbox %s: bwrap (pid %d) survived SIGKILL", running.sandbox_id, process.pid)
         for pid in running.cgroups.pids():  # nothing can leave a pid namespace, but be sure
             _signal(pid, signal.SIGKILL)
+        if running.log is not None:
+            await asyncio.to_thread(running.log.join, 2.0)
         left = await asyncio.to_thread(running.cgroups.remove)
         if left:
             _log.warning("sandbox %s: could not remove cgroups %s", running.sandbox_id, left)
         await asyncio.to_thread(shutil.rmtree, running.host_dir, True)
+
+
+def _link_socket_dir(running: _Running) -> None:
+    """Points ``<host dir>/run`` at the sandbox's ``/run/agentix`` through
+    ``/proc/<init>/root``, once the init has forked the entry point: bwrap
+    forks it after the mounts and the pivot_root, so the path cannot reach
+    the host's own ``/run/agentix`` in the meantime."""
+    inits = _children(running.process.pid)  # bwrap's one child: the pid namespace's init
+    if len(inits) != 1 or not _children(inits[0]):
+        return
+    running.socket_path.parent.symlink_to(f"/proc/{inits[0]}/root{SANDBOX_RUN_DIR}")
 
 
 def _process_identity(pid: int) -> str:
