@@ -427,3 +427,13 @@ def test_expected_sha256_must_match_the_bytes_extracted(tmp_path):
     digest = hashlib.sha256(tar.read_bytes()).hexdigest()
     extract_nix_tree(tar, root, expected_sha256=digest)
     assert json.loads((root / ".agentix-verified.json").read_text()) == {"format": 1, "sha256": digest}
+
+
+@pytest.mark.parametrize("mode", ["w", "w:gz", "w:bz2", "w:xz"])
+def test_plain_and_compressed_bundles_extract(tmp_path, mode):
+    tar = tmp_path / "bundle.tar"
+    with tarfile.open(tar, mode) as archive:
+        for info, data in [_dir("nix"), _dir("nix/runtime"), _file(*BOOTSTRAP)]:
+            archive.addfile(info, io.BytesIO(data) if data is not None else None)
+    nix = extract_nix_tree(tar, tmp_path / "cache" / "root")
+    assert (nix / "runtime" / "bootstrap.sh").read_bytes() == BOOTSTRAP[1]

@@ -159,14 +159,12 @@ def test_layer_modes_drop_setuid_sticky_and_group_world_write(tmp_path):
 
 
 def test_layer_symlink_resolving_above_the_root_through_an_earlier_link_is_refused(tmp_path):
-    outside = tmp_path / "outside"
-    outside.mkdir()
     layout = _layout(tmp_path / "layout", [_layer([
         _dir("x"), _symlink("x/up", ".."), _symlink("x/passwd", "up/../etc/passwd"),
     ])])
     with pytest.raises(UnsafeArchiveError, match="'x/passwd' refused \\(symlink leaves the tree\\)"):
         unpack_oci_layout(layout, None, tmp_path / "cache")
-    assert [e.name for e in (tmp_path / "cache").iterdir()] == [] and os.listdir(outside) == []
+    assert [e.name for e in (tmp_path / "cache").iterdir()] == []  # no entry, no staging left
 
 
 def test_absolute_layer_symlinks_stay_inside_the_image(tmp_path):
