@@ -10,7 +10,7 @@ import tarfile
 import pytest
 
 from agentix.provider._extract import ExtractLimits, UnsafeArchiveError, extract_nix_tree
-from agentix.provider._oci import ImageDigestError, _apply_layer, unpack_oci_layout
+from agentix.provider._oci import _apply_layer
 
 BOOTSTRAP = ("nix/runtime/bootstrap.sh", b"#!/bin/sh\nexec true\n", 0o755)
 
