@@ -718,6 +718,54 @@ async def test_oci_layout_root(dirs, tmp_path):
         await provider.create(SandboxConfig(image=f"oci:{tmp_path / 'layout'}:v2", bundle=str(bundle)))
 
 
+async def test_hostile_layouts_and_tarballs_are_refused_and_the_cache_keeps_serving(dirs, tmp_path):
+    # Issue 17 item 7: a layout whose index.json claims the good image's digest
+    # must not run (nor replace) the good image; a bundle tarball with a link
+    # resolving through an earlier `..` link, or a sparse bomb, is refused.
+    from agentix.provider._extract import UnsafeArchiveError
+    from agentix.provider._oci import ImageDigestError
+
+    bundle = _write_bundle(tmp_path / "bundle", _SHOW_ROOT)
+    good = tmp_path / "good"
+    _oci_layout(good, [_tar_bytes(_busybox_tree({"etc/marker": b"good-image\n", "etc/gone": b"-\n"}), gzip=True)])
+    provider = make_provider(dirs)
+    with pytest.raises(RuntimeError, match="marker=good-image"):
+        await provider.create(SandboxConfig(image=f"oci:{good}:v1", bundle=str(bundle)))
+    good_digest = json.loads((good / "index.json").read_text())["manifests"][0]["digest"]
+
+    evil = tmp_path / "evil"
+    _oci_layout(evil, [_tar_bytes(_busybox_tree({"etc/marker": b"evil-image\n", "etc/gone": b"-\n"}), gzip=True)])
+    index = json.loads((evil / "index.json").read_text())
+    evil_manifest = (evil / "blobs" / "sha256" / index["manifests"][0]["digest"].partition(":")[2]).read_bytes()
+    (evil / "blobs" / "sha256" / good_digest.partition(":")[2]).write_bytes(evil_manifest)
+    index["manifests"][0]["digest"] = good_digest
+    (evil / "index.json").write_text(json.dumps(index))
+    with pytest.raises(ImageDigestError, match=f"manifest blob does not match its descriptor: descriptor says {good_digest}"):
+        await provider.create(SandboxConfig(image=f"oci:{evil}:v1", bundle=str(bundle)))
+
+    up = tarfile.TarInfo("nix/runtime/up")
+    up.type, up.linkname = tarfile.SYMTYPE, ".."
+    passwd = tarfile.TarInfo("nix/runtime/passwd")
+    passwd.type, passwd.linkname = tarfile.SYMTYPE, "up/../etc/passwd"
+    bootstrap = tarfile.TarInfo("nix/runtime/bootstrap.sh")
+    bootstrap.size, bootstrap.mode = len(_SHOW_ROOT), 0o4777
+    hostile = tmp_path / "hostile.tar"
+    hostile.write_bytes(_tar_bytes([(bootstrap, _SHOW_ROOT.encode()), (up, None), (passwd, None)]))
+    with pytest.raises(UnsafeArchiveError, match="'nix/runtime/passwd' refused \\(symlink leaves the tree\\)"):
+        await provider.deploy_bundle(hostile)
+    assert not (dirs[1] / "bundles").exists() or list((dirs[1] / "bundles").iterdir()) == []
+
+    # The provider keeps serving: the good image (cache entry untouched) and a good tarball.
+    with pytest.raises(RuntimeError, match="marker=good-image"):
+        await provider.create(SandboxConfig(image=f"oci:{good}:v1", bundle=str(bundle)))
+    assert [entry.name for entry in (dirs[1] / "rootfs").iterdir()] == [f"sha256-{good_digest.partition(':')[2]}"]
+    safe = tmp_path / "safe.tar"
+    safe.write_bytes(_tar_bytes([(bootstrap, _SHOW_ROOT.encode())]))
+    deployed = await provider.deploy_bundle(safe)
+    script = Path(deployed.bundle) / "nix" / "runtime" / "bootstrap.sh"
+    assert oct(os.stat(script).st_mode & 0o7777) == oct(0o755)  # setuid and world write dropped
+
+
 async def test_rootfs_directory_and_bundle_tarball(dirs, tmp_path):
     root = tmp_path / "rootfs"
     root.mkdir()

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentix.provider import _seccomp
-from agentix.provider._extract import extract_nix_tree, has_bootstrap
+from agentix.provider._extract import extract_nix_tree, has_bootstrap, is_verified_bundle, read_manifest_member
 from agentix.provider._oci import unpack_oci_layout
 from agentix.provider.base import (
     DeployedBundle,
@@ -725,12 +725,12 @@ class LocalProvider(SandboxProvider):
                     hasher.update(chunk)
             digest = self._tar_digests[key] = hasher.hexdigest()
         root = self.cache_dir / "bundles" / f"sha256-{digest}"
-        if has_bootstrap(root):
+        if is_verified_bundle(root, digest):
             manifest_path = root / "manifest.json"
             manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
         else:
             manifest = _read_manifest(tar)
-            extract_nix_tree(tar, root, manifest=manifest)
+            extract_nix_tree(tar, root, manifest=manifest, expected_sha256=digest)
         label = name or (f"{manifest.get('name')}:{manifest.get('tag')}" if manifest and manifest.get("name") else None)
         metadata = {"cache": str(root)}
         if label:
@@ -918,15 +918,9 @@ async def _exited(process: subprocess.Popen[bytes], timeout: float) -> bool:
 def _read_manifest(tar: Path) -> dict | None:
     """The tarball's top-level manifest.json, if any; one with a ``format``
     other than ``agentix-bundle`` is refused."""
-    with tarfile.open(tar, "r:*") as archive:
-        for member in archive:
-            if member.isfile() and member.name.split("/")[-1] == "manifest.json" and member.name.strip("./") == "manifest.json":
-                handle = archive.extractfile(member)
-                assert handle is not None
-                manifest = json.loads(handle.read())
-                break
-        else:
-            return None
+    manifest = read_manifest_member(tar)  # under the extraction caps
+    if manifest is None:
+        return None
     if not isinstance(manifest, dict):
         raise ValueError(f"{tar}: manifest.json is not a JSON object")
     if manifest.get("format", "agentix-bundle") != "agentix-bundle":
