@@ -213,7 +213,11 @@ def _charge_items(kind: str, args: tuple, kwargs: dict) -> None:
         if isinstance(arg, (str, bytes, bytearray, memoryview)):
             units += len(arg) // 8
         elif isinstance(arg, range):
-            units += 8 * len(arg) if len(arg) < (1 << 56) else 1 << 62
+            # Each item is a new int object; len() overflows past sys.maxsize.
+            try:
+                units += 8 * len(arg)
+            except OverflowError:
+                units += 1 << 64
         else:
             try:
                 units += len(arg)
