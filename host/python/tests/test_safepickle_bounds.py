@@ -1,0 +1,213 @@
+"""Issue 17, items 3 and 4: the restricted loader bounds the work a stream can ask
+for, and allowlisted instances end up as their public constructor made them.
+
+Streams whose refusal must also be shown not to allocate (memo indices, huge
+ranges, quadratic conversions) are in `test_safepickle_malicious.huge_payloads`,
+loaded in a child process with an address-space limit; these are the in-process
+cases: forged instances, the budget's edges, and legitimate values that must
+keep decoding.
+"""
+
+from __future__ import annotations
+
+import collections
+import decimal
+import fractions
+import pathlib
+import pickle
+import struct
+import sys
+import time
+import tracemalloc
+import uuid
+
+import pytest
+
+from agentix.runtime.shared import safepickle
+from agentix.runtime.shared.safepickle import RestrictedUnpickleError, restricted_loads, restricted_loads_chunks
+
+
+@pytest.fixture(autouse=True)
+def strict_policy(monkeypatch):
+    monkeypatch.setattr(safepickle, "_allowed_types", {})
+    monkeypatch.delenv("AGENTIX_PICKLE_TRUST", raising=False)
+
+
+def refused_quickly(stream: bytes, match: str = "") -> RestrictedUnpickleError:
+    """Loads `stream` whole and in pieces; both refuse within 1 s and 16 MiB."""
+    for load in (restricted_loads, lambda data: restricted_loads_chunks([data[:3], data[3:7], data[7:]])):
+        tracemalloc.start()
+        start = time.monotonic()
+        try:
+            with pytest.raises(RestrictedUnpickleError, match=match) as info:
+                load(stream)
+        finally:
+            _, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+        assert time.monotonic() - start < 1.0
+        assert peak < 16 << 20, f"peak {peak} bytes"
+    return info.value
+
+
+# --- item 4: forged allowlisted instances -------------------------------------------------
+
+
+def forged_path_stream(ok: pathlib.Path, secret: pathlib.Path) -> bytes:
+    """A PosixPath made from `ok`, whose private ``_str`` BUILD sets to `secret`."""
+    return (
+        f"cpathlib\nPosixPath\n(V{ok}\ntR(N}}V_str\nV{secret}\nstb.".encode()
+    )
+
+
+def test_forged_path_string_is_rebuilt_from_the_constructor_arguments(tmp_path):
+    (tmp_path / "reports").mkdir()
+    ok = tmp_path / "reports" / "ok.txt"
+    ok.write_text("report")
+    secret = tmp_path / "secret"
+    secret.write_text("host secret")
+    path = restricted_loads(forged_path_stream(ok, secret))
+    assert type(path) is pathlib.PosixPath
+    assert path.name == "ok.txt" and path.is_relative_to(tmp_path / "reports")
+    assert str(path) == str(ok) and path.__fspath__() == str(ok)
+    assert path.read_text() == "report"
+
+
+def test_forged_path_parts_are_refused(tmp_path):
+    stream = b"cpathlib\nPosixPath\n(Vreports/ok.txt\ntR(N}V_parts\n(lp0\nV/etc\naVpasswd\nastb."
+    refused_quickly(stream, "PosixPath whose _parts was set by the stream")
+
+
+@pytest.mark.parametrize("name", ["PurePath", "PurePosixPath", "Path", "PosixPath"])
+def test_every_path_class_is_checked(name):
+    stream = f"cpathlib\n{name}\n(Vok\ntR(N}}V_drv\nV//host\nstb.".encode()
+    refused_quickly(stream, "was set by the stream")
+
+
+def test_forged_fraction_is_refused():
+    stream = b"cfractions\nFraction\n(I1\nI3\ntR(N}(V_numerator\nI7\nV_denominator\nI2\nutb."
+    refused_quickly(stream, "Fraction whose _numerator was set by the stream")
+
+
+def test_uuid_int_outside_128_bits_is_refused():
+    stream = b"\x80\x02cuuid\nUUID\n)\x81}Vint\nL" + str(2**200).encode() + b"L\nsb."
+    refused_quickly(stream, "not a 128-bit integer")
+
+
+def test_attributes_forged_on_a_counter_are_refused():
+    stream = b"ccollections\nCounter\n)R}Vmost_common\nI1\nsb."
+    refused_quickly(stream, "Counter with attributes set by the stream")
+
+
+def test_an_unconstructed_path_cannot_be_made():
+    # copyreg._reconstructor(cls, object, None) is object.__new__(cls): with the
+    # real class it yields a PosixPath no constructor ran for, ready for BUILD.
+    stream = b"ccopyreg\n_reconstructor\n(cpathlib\nPosixPath\ncbuiltins\nobject\nNtR(N}V_str\nV/etc/passwd\nstb."
+    try:
+        value = restricted_loads(stream)
+    except (RestrictedUnpickleError, AttributeError, TypeError):
+        return
+    assert not isinstance(value, pathlib.PurePath)
+
+
+@pytest.mark.parametrize("module,name", [("pathlib", "PosixPath"), ("builtins", "list"), ("builtins", "int"),
+                                         ("fractions", "Fraction"), ("decimal", "Decimal")])
+def test_build_on_a_stand_in_class_is_refused(module, name):
+    stream = f"c{module}\n{name}\n(N}}V__new__\ncbuiltins\ntuple\nstb0N.".encode()
+    refused_quickly(stream, "refusing to set __new__ on the host class")
+
+
+# --- item 3: the budget's edges -------------------------------------------------------------
+
+
+def test_int_of_a_decimal_is_bounded_by_its_digits():
+    stream = b"cbuiltins\nint\n(cdecimal\nDecimal\n(V1e%d\ntRtR."
+    assert restricted_loads(stream % 4299) == 10**4299
+    refused_quickly(stream % 4301, "4301 decimal digits")
+
+
+def test_int_of_long_text_is_refused_whatever_the_interpreter_limit(monkeypatch):
+    previous = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        refused_quickly(b"cbuiltins\nint\n(V" + b"9" * 100000 + b"\ntR.", "100000 decimal digits")
+    finally:
+        sys.set_int_max_str_digits(previous)
+
+
+def test_range_materialized_within_the_budget_decodes():
+    assert restricted_loads(b"cbuiltins\nlist\n(cbuiltins\nrange\n(I1000\ntRtR.") == list(range(1000))
+    refused_quickly(b"cbuiltins\nlist\n(cbuiltins\nrange\n(I1000000\ntRtR.", "more work than its size allows")
+
+
+def test_a_range_too_long_for_len_is_refused():
+    refused_quickly(b"cbuiltins\ntuple\n(cbuiltins\nrange\n(L" + b"9" * 30 + b"L\ntRtR.", "more work")
+
+
+def test_str_of_a_container_is_refused():
+    refused_quickly(b"cbuiltins\nstr\n((lp0\nI1\natR.", "str\\(\\) of a list")
+
+
+def test_memo_index_within_the_stream_is_accepted():
+    # Protocols 2 and 3 memoize with BINPUT, then LONG_BINPUT from index 256 on.
+    value = [f"item {i}" for i in range(2000)]
+    for protocol in (1, 2, 3):
+        data = pickle.dumps(value, protocol=protocol)
+        assert b"r" in data
+        assert restricted_loads(data) == value
+        assert restricted_loads_chunks([data[:100], data[100:101], data[101:]]) == value
+
+
+def test_memo_index_beyond_the_stream_is_refused_in_pieces_too():
+    stream = b"\x80\x02Nr" + struct.pack("<I", 1 << 20) + b"."
+    refused_quickly(stream, "memo index 1048576 in a 9-byte")
+    # Split inside the opcode's argument: the walk reads across pieces.
+    with pytest.raises(RestrictedUnpickleError, match="memo index"):
+        restricted_loads_chunks([stream[:4], stream[4:6], stream[6:]])
+
+
+def test_a_large_legitimate_stream_fits_its_budget():
+    # Protocol 3 pickles a set as set([...]): the constructor copies every item.
+    values = [set(range(300000)), collections.Counter({str(i): i for i in range(100000)}),
+              bytearray(b"x" * (4 << 20)), 7**50000]
+    for value in values:
+        for protocol in (3, 4, 5):
+            assert restricted_loads(pickle.dumps(value, protocol=protocol)) == value
+
+
+# --- legitimate values keep their types --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pathlib.PurePosixPath("/a/b"),
+        pathlib.PosixPath("reports/ok.txt"),
+        pathlib.PurePath("x"),
+        fractions.Fraction(-7, 3),
+        decimal.Decimal("-1.25e-3"),
+        uuid.UUID(int=2**127 + 5),
+        collections.Counter("aab"),
+        collections.OrderedDict(a=1),
+        collections.deque([1, 2], maxlen=5),
+        {pathlib.PurePosixPath("/k"): fractions.Fraction(1, 2)},
+    ],
+    ids=lambda value: type(value).__name__,
+)
+@pytest.mark.parametrize("protocol", [3, 4, 5])
+def test_allowlisted_values_keep_their_exact_type(value, protocol):
+    decoded = restricted_loads(pickle.dumps(value, protocol=protocol))
+    assert decoded == value and type(decoded) is type(value)
+    if isinstance(value, pathlib.PurePath):
+        assert str(decoded) == str(value) and hash(decoded) == hash(value)
+
+
+@pytest.mark.parametrize("cls", [list, dict, set, int, str, bytes, fractions.Fraction, decimal.Decimal,
+                                 pathlib.PosixPath, collections.Counter])
+def test_a_returned_class_is_the_real_class(cls):
+    assert restricted_loads(pickle.dumps(cls, protocol=5)) is cls
+
+
+def test_defaultdict_factory_is_the_real_class():
+    value = collections.defaultdict(set, {"a": {1}})
+    decoded = restricted_loads(pickle.dumps(value, protocol=5))
+    assert decoded == value and decoded.default_factory is set
