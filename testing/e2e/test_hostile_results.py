@@ -104,7 +104,7 @@ async def test_forged_path_reads_the_file_its_constructor_named(client, tmp_path
     assert path.read_text() == "report"
     # A forged component is refused outright.
     with pytest.raises(RestrictedUnpickleError, match="_parts was set by the stream"):
-        await client.remote(t.return_raw_pickle, b"cpathlib\nPosixPath\n(Vok\ntR(N}V_parts\n(lp0\nV/etc\natb.")
+        await client.remote(t.return_raw_pickle, b"cpathlib\nPosixPath\n(Vok\ntR(N}V_parts\n(lp0\nV/etc\nastb.")
     assert await client.remote(t.add, 1, 2) == 3
 
 
