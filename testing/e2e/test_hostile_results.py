@@ -20,6 +20,7 @@ import pytest
 import e2e_targets as t
 from agentix import RestrictedUnpickleError, ResultTooLarge, RuntimeClient
 from agentix.runtime.client import client as client_module
+from agentix.runtime.shared import safepickle
 
 pytestmark = pytest.mark.asyncio
 
@@ -139,9 +140,9 @@ async def test_large_results_decode_off_the_event_loop(client, monkeypatch):
     threads = []
 
     def recording(load):
-        def decode(data):
+        def decode(data, **kwargs):
             threads.append(threading.current_thread() is threading.main_thread())
-            return load(data)
+            return load(data, **kwargs)
 
         return decode
 
@@ -152,3 +153,21 @@ async def test_large_results_decode_off_the_event_loop(client, monkeypatch):
     assert await client.remote(t.make_bytes, 3 * MiB) == b"x" * (3 * MiB)
     # On the loop's (main) thread only for the small one.
     assert threads == [True, False, False]
+
+
+async def test_small_result_waits_off_the_loop_for_a_concurrent_decode(client):
+    # While another thread's decode holds the host classes (a large result of an
+    # allow_type class), a small result of such a class is decoded on a worker
+    # thread instead of blocking the event loop.
+    safepickle.allow_type(t.Opaque)
+    try:
+        safepickle._class_lock.acquire()
+        releaser = threading.Timer(0.5, safepickle._class_lock.release)
+        releaser.start()
+        with LoopWatch() as watch:
+            assert await client.remote(t.return_opaque, 5) == t.Opaque(5)
+        assert watch.longest < 0.4, f"the event loop stalled {watch.longest:.2f} s"
+        releaser.join()
+    finally:
+        safepickle._allowed_types.pop((t.Opaque.__module__, t.Opaque.__qualname__), None)
+    assert await client.remote(t.add, 1, 2) == 3

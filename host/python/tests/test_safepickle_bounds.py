@@ -11,12 +11,14 @@ keep decoding.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import decimal
 import fractions
 import pathlib
 import pickle
 import struct
 import sys
+import threading
 import time
 import tracemalloc
 import uuid
@@ -211,3 +213,84 @@ def test_defaultdict_factory_is_the_real_class():
     value = collections.defaultdict(set, {"a": {1}})
     decoded = restricted_loads(pickle.dumps(value, protocol=5))
     assert decoded == value and decoded.default_factory is set
+
+
+# --- loads on two threads (large results decode on a worker thread) ----------------------
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+
+
+class PausingFile:
+    """A stream that stops being readable at `pause_at` until `go` is set."""
+
+    def __init__(self, data: bytes, pause_at: int) -> None:
+        self._data, self._pos, self._pause_at = data, 0, pause_at
+        self.reached, self.go = threading.Event(), threading.Event()
+
+    def _wait(self, end: int) -> None:
+        if self._pos <= self._pause_at < end:
+            self.reached.set()
+            assert self.go.wait(10)
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self._data) if size < 0 else self._pos + size
+        self._wait(end)
+        out = self._data[self._pos : end]
+        self._pos += len(out)
+        return out
+
+    def readline(self) -> bytes:
+        end = self._data.index(b"\n", self._pos) + 1
+        self._wait(end)
+        out = self._data[self._pos : end]
+        self._pos = end
+        return out
+
+
+def test_a_concurrent_load_cannot_keep_a_class_change_another_load_undid():
+    safepickle.allow_type(Point)
+    name = f"c{__name__}\nPoint\n".encode()
+    # Load 1 sets Point.pwned (BUILD on the class), then pauses before it ends.
+    poisoning = name + b"(N}Vpwned\nI1\nstb"
+    first = PausingFile(poisoning + b"0N.", len(poisoning))
+    # Load 2 names Point while it is changed; without mutual exclusion it
+    # snapshots the change, and "restores" it after load 1 undid it.
+    second = PausingFile(name + b")\x81}Vx\nI1\nsb.", len(name))
+    outcomes = {}
+
+    def load(key, file):
+        try:
+            outcomes[key] = safepickle.RestrictedUnpickler(file).load()
+        except Exception as exc:  # noqa: BLE001 - recorded for the assertions
+            outcomes[key] = exc
+
+    one = threading.Thread(target=load, args=("first", first))
+    two = threading.Thread(target=load, args=("second", second))
+    one.start()
+    assert first.reached.wait(10)
+    two.start()
+    second.reached.wait(0.5)  # reached at once without the lock; with it, waits for load 1
+    first.go.set()
+    one.join(10)
+    assert second.reached.wait(10)
+    second.go.set()
+    two.join(10)
+    poisoned = Point.__dict__.get("pwned")
+    if poisoned is not None:
+        del Point.pwned
+    assert poisoned is None, "the class kept a change a refused load made"
+    assert isinstance(outcomes["first"], RestrictedUnpickleError)
+    assert outcomes["second"] == Point(1)
+
+
+def test_a_load_that_would_wait_raises_decode_busy_when_asked_not_to():
+    safepickle.allow_type(Point)
+    data = pickle.dumps(Point(3), protocol=5)
+    with safepickle._class_lock:
+        with pytest.raises(safepickle.DecodeBusy):
+            restricted_loads(data, wait=False)
+        assert restricted_loads(pickle.dumps([1, "a"], protocol=5), wait=False) == [1, "a"]  # no class: no wait
+    assert restricted_loads(data, wait=False) == Point(3)

@@ -66,7 +66,7 @@ from agentix.runtime.shared import codec
 from agentix.runtime.shared.callables import RemoteCallable, display_name_for
 from agentix.runtime.shared.ids import UniqueIds
 from agentix.runtime.shared.models import HealthResponse, RemoteError
-from agentix.runtime.shared.safepickle import restricted_loads, restricted_loads_chunks
+from agentix.runtime.shared.safepickle import DecodeBusy, restricted_loads, restricted_loads_chunks
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
 from agentix.utils import context
@@ -134,6 +134,17 @@ _CLOSE_SECONDS = 2.0
 # Longest wait for the daemon to confirm a namespace stream (under the
 # connect lock, so it must be short).
 _CONFIRM_SECONDS = 15.0
+
+
+async def _decode_item(loop: asyncio.AbstractEventLoop, item: bytes) -> Any:
+    """A streamed item's value: decoded inline when small, else (or when another
+    thread's decode holds the classes it names) on a worker thread."""
+    if len(item) < _INLINE_DECODE_BYTES:
+        try:
+            return restricted_loads(item, wait=False)
+        except DecodeBusy:
+            pass
+    return await loop.run_in_executor(None, restricted_loads, item)
 
 
 async def _bounded(awaitable: Awaitable[Any], what: str) -> None:
@@ -441,9 +452,12 @@ class RuntimeClient:
             raise remote_call_error(display_name, outcome)
         if isinstance(outcome, list):
             return await asyncio.get_running_loop().run_in_executor(None, restricted_loads_chunks, outcome)
-        if len(outcome) >= _INLINE_DECODE_BYTES:
-            return await asyncio.get_running_loop().run_in_executor(None, restricted_loads, outcome)
-        return restricted_loads(outcome)
+        if len(outcome) < _INLINE_DECODE_BYTES:
+            try:
+                return restricted_loads(outcome, wait=False)
+            except DecodeBusy:  # a worker thread is decoding a value of a mutable class
+                pass
+        return await asyncio.get_running_loop().run_in_executor(None, restricted_loads, outcome)
 
     async def remote_stream(
         self, fn: Callable[..., Any], *args: Any, **kwargs: Any
@@ -504,10 +518,7 @@ class RuntimeClient:
                     stream = self._stream or stream  # the stream may have been replaced by a reconnect
                     stream.ack_stream(call.call_id, consumed)
                     acked = consumed
-                if len(item) >= _INLINE_DECODE_BYTES:
-                    yield await loop.run_in_executor(None, restricted_loads, item)
-                else:
-                    yield restricted_loads(item)
+                yield await _decode_item(loop, item)
             outcome = call.future.result()
             finished = True
         finally:

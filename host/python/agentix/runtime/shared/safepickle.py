@@ -566,18 +566,33 @@ def _trust_enabled() -> bool:
     return os.environ.get("AGENTIX_PICKLE_TRUST", "").strip().lower() in ("1", "true", "yes")
 
 
+# Held by a load from the first mutable host class it hands out until it has
+# undone any change to them: loads interleaving on two threads (the event
+# loop's and a decoding thread) would otherwise snapshot each other's changes
+# and "restore" them for good.
+_class_lock = threading.Lock()
+
+
+class DecodeBusy(Exception):
+    """``restricted_loads(..., wait=False)`` would have waited for another
+    thread's load of a mutable class (decode on a worker thread instead)."""
+
+
 class RestrictedUnpickler(pickle.Unpickler):
     """A `pickle.Unpickler` whose ``find_class`` enforces the allowlist.
 
     ``load()`` also refuses (and undoes) a stream that modified a class it named.
     """
 
-    def __init__(self, *args: Any, stream_bytes: int = 0, **kwargs: Any) -> None:
-        """`stream_bytes` (the stream's length) sizes the work budget of `load`."""
+    def __init__(self, *args: Any, stream_bytes: int = 0, wait: bool = True, **kwargs: Any) -> None:
+        """`stream_bytes` (the stream's length) sizes the work budget of `load`;
+        `wait=False` raises `DecodeBusy` instead of waiting for another load."""
         super().__init__(*args, **kwargs)
         # id -> (class, state before this load) for every mutable class handed out.
         self._class_states: dict[int, tuple[type, tuple]] = {}
         self._stream_bytes = stream_bytes
+        self._wait = wait
+        self._holds_classes = False
 
     def load(self) -> Any:
         state = _LoadState(self._stream_bytes)
@@ -587,7 +602,12 @@ class RestrictedUnpickler(pickle.Unpickler):
             try:
                 value = super().load()
             finally:
-                changed = self._undo_class_changes()
+                try:
+                    changed = self._undo_class_changes()
+                finally:
+                    if self._holds_classes:
+                        self._holds_classes = False
+                        _class_lock.release()
         finally:
             _current.state = outer
         if changed:
@@ -632,6 +652,10 @@ class RestrictedUnpickler(pickle.Unpickler):
                 and not isinstance(found, _Sealed)
                 and id(found) not in self._class_states
             ):
+                if not self._holds_classes:
+                    if not _class_lock.acquire(self._wait):
+                        raise DecodeBusy(f"another thread is decoding with host class {module}.{name}")
+                    self._holds_classes = True
                 self._class_states[id(found)] = (found, _class_state(found))
             return found
         return _fresh_wrapper(found)
@@ -815,7 +839,7 @@ def _needs_memo_check(chunks: list) -> bool:
     return any(_MEMO_OPCODE_BYTES.search(chunk) is not None for chunk in chunks)
 
 
-def restricted_loads(data: bytes) -> Any:
+def restricted_loads(data: bytes, *, wait: bool = True) -> Any:
     """Decodes sandbox-produced pickle bytes through the host allowlist.
 
     Raises `RestrictedUnpickleError` for a refused global, an extension opcode,
@@ -826,8 +850,12 @@ def restricted_loads(data: bytes) -> Any:
     stream set, or a malformed stream; errors raised by an admitted
     constructor propagate as they are. ``AGENTIX_PICKLE_TRUST=1`` bypasses
     every check.
+
+    A load that names a mutable host class (one registered with `allow_type`)
+    excludes other such loads until it is done; with ``wait=False`` (the
+    event loop's thread) it raises `DecodeBusy` instead of waiting.
     """
-    return _restricted_load(io.BytesIO(data), lambda: data, [data], len(data))
+    return _restricted_load(io.BytesIO(data), lambda: data, [data], len(data), wait)
 
 
 def restricted_loads_chunks(chunks: list) -> Any:
@@ -840,7 +868,7 @@ def restricted_loads_chunks(chunks: list) -> Any:
     )
 
 
-def _restricted_load(file: Any, whole: Any, chunks: list, total: int) -> Any:
+def _restricted_load(file: Any, whole: Any, chunks: list, total: int, wait: bool = True) -> Any:
     if _trust_enabled():
         return pickle.load(file)
     # EXT opcodes fetch objects through copyreg's extension registry and
@@ -857,8 +885,8 @@ def _restricted_load(file: Any, whole: Any, chunks: list, total: int) -> Any:
     if _needs_memo_check(chunks):
         _check_memo([chunk if isinstance(chunk, bytes) else memoryview(chunk).cast("B") for chunk in chunks], total)
     try:
-        return RestrictedUnpickler(file, stream_bytes=total).load()
-    except RestrictedUnpickleError:
+        return RestrictedUnpickler(file, stream_bytes=total, wait=wait).load()
+    except (RestrictedUnpickleError, DecodeBusy):
         raise
     except pickle.UnpicklingError as exc:
         # The unpickler's own complaint (a truncated FRAME, a bad memo index):
