@@ -406,12 +406,21 @@ def _new_fraction(*args: Any, **kwargs: Any) -> fractions.Fraction:
     return fractions.Fraction(*args, **kwargs)
 
 
-def _slot_names(cls: type) -> list[str]:
-    names = []
-    for klass in cls.__mro__:
-        slots = klass.__dict__.get("__slots__", ())
-        names.extend([slots] if isinstance(slots, str) else slots)
-    return [name for name in names if name not in ("__dict__", "__weakref__")]
+# type -> ((slot name, descriptor), ...) of the slots `_check_rebuilt` compares.
+_SLOT_DESCRIPTORS: dict[type, tuple[tuple[str, Any], ...]] = {}
+
+
+def _slot_descriptors(cls: type) -> tuple[tuple[str, Any], ...]:
+    found = _SLOT_DESCRIPTORS.get(cls)
+    if found is None:
+        pairs = []
+        for klass in cls.__mro__:
+            slots = klass.__dict__.get("__slots__", ())
+            for name in [slots] if isinstance(slots, str) else slots:
+                if name not in ("__dict__", "__weakref__") and name in klass.__dict__:
+                    pairs.append((name, klass.__dict__[name]))
+        found = _SLOT_DESCRIPTORS[cls] = tuple(pairs)
+    return found
 
 
 def _check_rebuilt(instance: Any, fresh: Any) -> None:
@@ -422,14 +431,7 @@ def _check_rebuilt(instance: Any, fresh: Any) -> None:
     checked state instead of trusted.
     """
     cls = type(instance)
-    for name in _slot_names(cls):
-        descriptor = None
-        for klass in cls.__mro__:
-            if name in klass.__dict__:
-                descriptor = klass.__dict__[name]
-                break
-        if descriptor is None:
-            continue
+    for name, descriptor in _slot_descriptors(cls):
         have = _slot_value(descriptor, instance)
         if have is _MISSING:
             continue
@@ -747,12 +749,53 @@ def _opcode_layouts() -> dict[int, tuple[int, int, bool]]:
 
 
 _LAYOUTS = _opcode_layouts()
+# The same indexed by opcode byte; None for unknown opcodes and STOP (the walk ends).
+_LAYOUT_TABLE = [None if code == ord(".") else _LAYOUTS.get(code) for code in range(256)]
 _PUT, _LONG_BINPUT, _STOP = ord("p"), ord("r"), ord(".")
 # A memo index is at most the number of objects memoized before it, each at
 # least one opcode byte; this much slack admits hand-written BINPUT streams.
 _MEMO_SLACK = 256
-_MEMO_OPCODE_BYTES = re.compile(rb"[pr]")
-_NEWLINE = re.compile(rb"\n")
+
+
+class _ForwardBytes:
+    """The pieces of a stream, read forward: ``buf`` holds ``stream[base:]``
+    from the read position on, one piece converted to bytes at a time (pieces
+    that lie wholly inside a skipped argument are never copied)."""
+
+    __slots__ = ("buf", "base", "_pieces")
+
+    def __init__(self, chunks: list) -> None:
+        self._pieces = iter(chunks)
+        self.buf = b""
+        self.base = 0
+
+    def cover(self, pos: int, end: int) -> bool:
+        """Makes ``buf`` hold ``stream[pos:end]``; False if the stream is shorter."""
+        buf, base = self.buf, self.base
+        while base + len(buf) < end:
+            piece = next(self._pieces, None)
+            if piece is None:
+                return False
+            piece_start = base + len(buf)
+            if piece_start + len(piece) <= pos:  # inside a skipped argument
+                buf, base = b"", piece_start + len(piece)
+                continue
+            kept = buf[pos - base :] if pos - base < len(buf) else b""
+            buf = kept + bytes(piece[max(0, pos - piece_start) :])
+            base = pos if kept else max(pos, piece_start)
+        self.buf, self.base = buf, base
+        return True
+
+    def line_end(self, pos: int) -> int:
+        """The position after the newline that ends the line at `pos`, or -1."""
+        searched = pos
+        while True:
+            found = self.buf.find(b"\n", max(searched, self.base) - self.base)
+            if found >= 0:
+                return self.base + found + 1
+            searched = self.base + len(self.buf)
+            if not self.cover(pos, searched + 1):
+                return -1
 
 
 def _check_memo(chunks: list, total: int) -> None:
@@ -761,82 +804,113 @@ def _check_memo(chunks: list, total: int) -> None:
     The C unpickler grows its memo table to twice the largest index it is
     given, before storing anything: one 9-byte ``LONG_BINPUT 0x8000000``
     costs 2 GiB. Only those two opcodes carry a free-form index (``BINPUT`` is
-    one byte, ``MEMOIZE`` takes the next slot), and a protocol-4/5 stream (what
-    the worker sends) has neither, so this walk runs only for streams holding
-    a ``p`` or ``r`` byte, and skips over large arguments without reading
-    them. A stream it cannot follow is left to the loader, which refuses it.
+    one byte, ``MEMOIZE`` takes the next slot), so this walk runs only for
+    streams holding a ``p`` or ``r`` byte, and skips over large arguments
+    without reading them. A stream it cannot follow is left to the loader,
+    which refuses it.
     """
     limit = total + _MEMO_SLACK
-    starts = []
-    offset = 0
-    for chunk in chunks:
-        starts.append(offset)
-        offset += len(chunk)
-
-    def take(pos: int, size: int) -> bytes:
-        index = bisect.bisect_right(starts, pos) - 1
-        out = bytes(chunks[index][pos - starts[index] : pos - starts[index] + size])
-        while len(out) < size and index + 1 < len(chunks):
-            index += 1
-            out += bytes(chunks[index][: size - len(out)])
-        return out
-
-    def line_end(pos: int) -> int:
-        index = bisect.bisect_right(starts, pos) - 1
-        at = pos - starts[index]
-        while index < len(chunks):
-            found = _NEWLINE.search(chunks[index], at)
-            if found is not None:
-                return starts[index] + found.end()
-            index += 1
-            at = 0
-        return -1
-
-    single = chunks[0] if len(chunks) == 1 else None
+    if len(chunks) == 1 and type(chunks[0]) is bytes:
+        _check_memo_bytes(chunks[0], limit)
+        return
+    stream = _ForwardBytes(chunks)
+    layouts = _LAYOUTS
     pos = 0
     while pos < total:
-        code = single[pos] if single is not None else take(pos, 1)[0]
-        pos += 1
-        layout = _LAYOUTS.get(code)
+        if pos + 9 > stream.base + len(stream.buf):  # an opcode and its largest fixed argument
+            stream.cover(pos, min(pos + 9, total))
+        buf, base = stream.buf, stream.base
+        code = buf[pos - base]
+        layout = layouts.get(code)
         if layout is None or code == _STOP:
             return
+        pos += 1
         kind, size, signed = layout
-        if code == _LONG_BINPUT:
-            index = int.from_bytes(take(pos, 4), "little")
-            pos += 4
-        elif code == _PUT:
-            end = line_end(pos)
-            if end < 0:
-                return
-            try:
-                index = int(take(pos, end - pos - 1)) if end - pos <= 24 else limit
-            except ValueError:
-                return
-            pos = end
-        elif kind == _FIXED:
+        if kind == _FIXED:
+            if code == _LONG_BINPUT:
+                if pos + 4 > base + len(buf):
+                    return
+                index = int.from_bytes(buf[pos - base : pos - base + 4], "little")
+                if index >= limit:
+                    _refuse_memo(index, total)
             pos += size
-            continue
         elif kind == _LENGTH:
-            length = int.from_bytes(take(pos, size), "little", signed=signed)
+            if pos + size > base + len(buf):
+                return
+            length = int.from_bytes(buf[pos - base : pos - base + size], "little", signed=signed)
             if length < 0:
                 return
             pos += size + length
-            continue
         else:
+            start = pos
             for _ in range(size):
-                pos = line_end(pos)
+                pos = stream.line_end(pos)
                 if pos < 0:
                     return
-            continue
-        if not 0 <= index < limit:
-            raise RestrictedUnpickleError(
-                f"refusing memo index {index} in a {total}-byte pickle stream: the unpickler "
-                f"would size its memo table by it"
-            )
+            if code == _PUT:
+                text = stream.buf[start - stream.base : pos - stream.base] if pos - start <= 24 else b""
+                try:
+                    index = int(text) if text else limit
+                except ValueError:
+                    return
+                if not 0 <= index < limit:
+                    _refuse_memo(index, total)
+
+
+def _check_memo_bytes(data: bytes, limit: int) -> None:
+    """`_check_memo` of one bytes object (the common case, kept tight)."""
+    total = len(data)
+    layouts = _LAYOUT_TABLE
+    from_bytes = int.from_bytes
+    pos = 0
+    while pos < total:
+        code = data[pos]
+        layout = layouts[code]
+        if layout is None:
+            return
+        pos += 1
+        kind, size, signed = layout
+        if kind == _FIXED:
+            if code == _LONG_BINPUT:
+                if pos + 4 > total:
+                    return  # truncated: the loader refuses it
+                index = from_bytes(data[pos : pos + 4], "little")
+                if index >= limit:
+                    _refuse_memo(index, total)
+            pos += size
+        elif kind == _LENGTH:
+            length = from_bytes(data[pos : pos + size], "little", signed=signed)
+            if length < 0:
+                return
+            pos += size + length
+        else:
+            start = pos
+            for _ in range(size):
+                pos = data.find(b"\n", pos) + 1
+                if pos == 0:
+                    return
+            if code == _PUT:
+                try:
+                    index = int(data[start:pos]) if pos - start <= 24 else limit
+                except ValueError:
+                    return
+                if not 0 <= index < limit:
+                    _refuse_memo(index, total)
+
+
+def _refuse_memo(index: int, total: int) -> None:
+    raise RestrictedUnpickleError(
+        f"refusing memo index {index} in a {total}-byte pickle stream: the unpickler "
+        f"would size its memo table by it"
+    )
 
 
 def _needs_memo_check(chunks: list) -> bool:
-    return any(_MEMO_OPCODE_BYTES.search(chunk) is not None for chunk in chunks)
+    for chunk in chunks:
+        data = chunk if isinstance(chunk, bytes) else bytes(chunk)
+        if data.find(b"r") >= 0 or data.find(b"p") >= 0:
+            return True
+    return False
 
 
 def restricted_loads(data: bytes, *, wait: bool = True) -> Any:
@@ -855,7 +929,8 @@ def restricted_loads(data: bytes, *, wait: bool = True) -> Any:
     excludes other such loads until it is done; with ``wait=False`` (the
     event loop's thread) it raises `DecodeBusy` instead of waiting.
     """
-    return _restricted_load(io.BytesIO(data), lambda: data, [data], len(data), wait)
+    scan = data.find(b"r") >= 0 or data.find(b"p") >= 0
+    return _restricted_load(io.BytesIO(data), lambda: data, [data], len(data), wait, scan)
 
 
 def restricted_loads_chunks(chunks: list) -> Any:
@@ -863,12 +938,11 @@ def restricted_loads_chunks(chunks: list) -> Any:
     objects) without building it: large ``bytes`` values are copied straight
     out of the chunks (a result arrives in MiB-sized pieces; joining them
     first would cost one more copy of the whole value)."""
-    return _restricted_load(
-        _ChunkReader(chunks), lambda: b"".join(chunks), chunks, sum(len(chunk) for chunk in chunks)
-    )
+    total = sum(len(chunk) for chunk in chunks)
+    return _restricted_load(_ChunkReader(chunks), lambda: b"".join(chunks), chunks, total, True, _needs_memo_check(chunks))
 
 
-def _restricted_load(file: Any, whole: Any, chunks: list, total: int, wait: bool = True) -> Any:
+def _restricted_load(file: Any, whole: Any, chunks: list, total: int, wait: bool, scan: bool) -> Any:
     if _trust_enabled():
         return pickle.load(file)
     # EXT opcodes fetch objects through copyreg's extension registry and
@@ -882,8 +956,8 @@ def _restricted_load(file: Any, whole: Any, chunks: list, total: int, wait: bool
         data = whole()
         if any(marker in data for marker in _EXTENSION_OPCODE_BYTES):
             _check_opcodes(data)
-    if _needs_memo_check(chunks):
-        _check_memo([chunk if isinstance(chunk, bytes) else memoryview(chunk).cast("B") for chunk in chunks], total)
+    if scan:
+        _check_memo(chunks, total)
     try:
         return RestrictedUnpickler(file, stream_bytes=total, wait=wait).load()
     except (RestrictedUnpickleError, DecodeBusy):
