@@ -16,6 +16,7 @@ import decimal
 import fractions
 import pathlib
 import pickle
+import random
 import struct
 import sys
 import threading
@@ -294,3 +295,30 @@ def test_a_load_that_would_wait_raises_decode_busy_when_asked_not_to():
             restricted_loads(data, wait=False)
         assert restricted_loads(pickle.dumps([1, "a"], protocol=5), wait=False) == [1, "a"]  # no class: no wait
     assert restricted_loads(data, wait=False) == Point(3)
+
+
+def test_the_memo_walk_agrees_whole_and_in_pieces():
+    """The single-buffer walk and the one over pieces refuse exactly the same streams."""
+    rng = random.Random(17)
+    alphabet = b"prq\x80\x02NX\x8c\x94\n0123456789.(tlas"
+
+    def refused(chunks, total):
+        try:
+            safepickle._check_memo(chunks, total)
+        except RestrictedUnpickleError:
+            return True
+        return False
+
+    seen = set()
+    for i in range(3000):
+        if i % 3 == 0:
+            value = [rng.choice([1, "pr" * rng.randint(0, 50), b"rrr", None, {"a": i}]) for _ in range(rng.randint(0, 300))]
+            data = pickle.dumps(value, rng.randint(0, 5))
+        else:
+            data = bytes(rng.choice(alphabet) for _ in range(rng.randint(1, 60)))
+        cuts = sorted({rng.randint(1, max(1, len(data) - 1)) for _ in range(3)})
+        pieces = [memoryview(data[a:b]) for a, b in zip([0, *cuts], [*cuts, len(data)]) if b > a]
+        whole = refused([data], len(data))
+        assert whole == refused(pieces, len(data)), data
+        seen.add(whole)
+    assert seen == {True, False}
