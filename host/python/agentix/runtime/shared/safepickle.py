@@ -251,9 +251,9 @@ def _check_number(kind: str, arg: Any) -> None:
         _charge(_int_digits(arg) // 64 + 1, f"{kind}(int)")
     elif isinstance(arg, decimal.Decimal):
         if arg.is_finite():
-            # Converting to an exact integer or ratio materializes 10**exponent.
-            _refuse_digits(f"{kind}(Decimal) with exponent {arg.as_tuple().exponent}",
-                           max(abs(arg.adjusted()), len(arg.as_tuple().digits)))
+            # Converting to an exact integer or ratio materializes 10**exponent
+            # and converts the coefficient: both quadratic in their digits.
+            _refuse_digits(f"{kind}(Decimal) of magnitude 1e{arg.adjusted()}", max(abs(arg.adjusted()), len(str(arg))))
     elif isinstance(arg, fractions.Fraction):
         _charge(_digit_cost(_int_digits(arg.numerator) + _int_digits(arg.denominator)) // 64 + 1, f"{kind}(Fraction)")
     elif isinstance(arg, (str, bytes, bytearray)):
@@ -394,13 +394,6 @@ def _new_fraction(*args: Any, **kwargs: Any) -> fractions.Fraction:
                     f"refusing Fraction of a {digits}-digit integer: the limit is {_FRACTION_ARG_DIGITS}"
                 )
             _charge(_digit_cost(digits) // 64 + 1, "Fraction(int)")
-        elif isinstance(arg, decimal.Decimal):
-            if arg.is_finite() and abs(arg.as_tuple().exponent) > _MAX_FRACTION_EXPONENT:
-                raise RestrictedUnpickleError(
-                    f"refusing Fraction(Decimal) with exponent {arg.as_tuple().exponent}: beyond "
-                    f"{_MAX_FRACTION_EXPONENT}"
-                )
-            _check_number("Fraction", arg)
         else:
             _check_number("Fraction", arg)
     return fractions.Fraction(*args, **kwargs)
