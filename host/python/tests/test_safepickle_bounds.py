@@ -133,6 +133,8 @@ def test_int_of_long_text_is_refused_whatever_the_interpreter_limit(monkeypatch)
     sys.set_int_max_str_digits(0)
     try:
         refused_quickly(b"cbuiltins\nint\n(V" + b"9" * 100000 + b"\ntR.", "100000 decimal digits")
+        refused_quickly(b"cbuiltins\nint\n(V" + b"9" * 100000 + b"\nI0\ntR.", "100000 decimal digits")  # base 0
+        assert restricted_loads(b"cbuiltins\nint\n(V" + b"f" * 100000 + b"\nI16\ntR.") == 16**100000 - 1
     finally:
         sys.set_int_max_str_digits(previous)
 

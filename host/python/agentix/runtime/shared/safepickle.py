@@ -349,10 +349,10 @@ class _BoundedInt(int, metaclass=_Sealed):
         if args and isinstance(args[0], (str, bytes, bytearray)):
             base = args[1] if len(args) > 1 else kwargs.get("base", 10)
             text = args[0]
-            if isinstance(base, int) and base & (base - 1):  # not a power of two: quadratic
-                _refuse_digits("int(text)", len(text))
-            else:
+            if base in (2, 4, 8, 16, 32):  # linear; any other base (0 reads decimal) is quadratic
                 _charge(len(text) // 8 + 1, "int(text)")
+            else:
+                _refuse_digits("int(text)", len(text))
         else:
             for arg in args:
                 _check_number("int", arg)
