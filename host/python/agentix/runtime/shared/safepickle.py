@@ -63,7 +63,6 @@ Host -> sandbox arguments are plain pickle: that direction is trusted.
 
 from __future__ import annotations
 
-import bisect
 import collections
 import copyreg
 import decimal
