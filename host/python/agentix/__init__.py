@@ -23,6 +23,7 @@ from agentix.runtime.client.errors import (  # noqa: E402
     CallCancelled,
     CallTimeout,
     RemoteCallError,
+    ResultTooLarge,
     RuntimeUnreachable,
     WorkerExited,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "RemoteSioError",
     "RestrictedUnpickleError",
     "Result",
+    "ResultTooLarge",
     "RuntimeClient",
     "RuntimeUnreachable",
     "Sandbox",

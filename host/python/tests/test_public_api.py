@@ -62,7 +62,7 @@ def test_runtime_client_module_exports():
     import agentix.runtime.client as client_module
 
     assert sorted(client_module.__all__) == [
-        "CallCancelled", "CallTimeout", "Failed", "Ok", "RemoteCallError", "Result",
+        "CallCancelled", "CallTimeout", "Failed", "Ok", "RemoteCallError", "Result", "ResultTooLarge",
         "RuntimeClient", "RuntimeUnreachable", "WorkerExited",
     ]
     assert client_module.RuntimeClient is agentix.RuntimeClient

@@ -327,6 +327,48 @@ def huge_payloads() -> dict[str, bytes]:
             Fraction
             (V1e100000000
             tR."""),
+        # Issue 17, item 3: work out of proportion to the bytes.
+        # The unpickler sized its memo table by the index: 2 GiB from 9 bytes.
+        "memo_long_binput_2to27": b"\x80\x02Nr\x00\x00\x00\x08.",
+        "memo_put_2to27": b"Np134217728\n.",
+        "list_of_range_3e8": text("""
+            cbuiltins
+            list
+            (cbuiltins
+            range
+            (I300000000
+            tRtR."""),
+        # Never allocates, but iterates 10**18 times.
+        "deque_of_range_maxlen_1": text("""
+            ccollections
+            deque
+            (cbuiltins
+            range
+            (L1000000000000000000L
+            tRI1
+            tR."""),
+        "int_of_decimal_1e1000000": text("""
+            cbuiltins
+            int
+            (cdecimal
+            Decimal
+            (V1e1000000
+            tRtR."""),
+        "fraction_of_decimal_1e100000000": text("""
+            cfractions
+            Fraction
+            (cdecimal
+            Decimal
+            (V1e100000000
+            tRtR."""),
+        "decimal_of_int_2to1000000": b"\x80\x02cdecimal\nDecimal\n\x8b"
+        + struct.pack("<i", 125001) + b"\x00" * 125000 + b"\x01\x85R.",
+        # One 1,000-item list copied by tuple() 100,000 times through memo references.
+        "tuple_copies_via_memo": b"\x80\x02cbuiltins\ntuple\nq\x01]q\x02(" + b"K\x01" * 1000
+        + b"e(" + b"h\x01h\x02\x85R" * 100000 + b"l.",
+        # str() of a list of 1,000 references to a 4 KiB string, 1,000 times.
+        "str_of_memo_list": b"\x80\x02cbuiltins\nstr\nq\x01X\x00\x10\x00\x00" + b"a" * 4096
+        + b"q\x02(" + b"h\x02" * 1000 + b"lq\x03(" + b"h\x01h\x03\x85R" * 1000 + b"l.",
     }
 
 

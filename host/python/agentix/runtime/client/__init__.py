@@ -8,6 +8,7 @@ from agentix.runtime.client.errors import (
     CallCancelled,
     CallTimeout,
     RemoteCallError,
+    ResultTooLarge,
     RuntimeUnreachable,
     WorkerExited,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "Ok",
     "RemoteCallError",
     "Result",
+    "ResultTooLarge",
     "RuntimeClient",
     "RuntimeUnreachable",
     "WorkerExited",

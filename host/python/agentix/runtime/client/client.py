@@ -50,7 +50,15 @@ from agentix.runtime.client._sio_facade import RESERVED_NAMESPACES, AsyncClientN
 from agentix.runtime.client.namespaces import NAMESPACE_METHOD, NamespaceStream, NativeNamespaceStream
 from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream
 from agentix.runtime.client.result import Failed, Ok, Result
-from agentix.runtime.client.stream import CHUNK_BYTES, STREAM_END, CallsStream, NativeCallsStream, PendingCall, StartRequest
+from agentix.runtime.client.stream import (
+    CHUNK_BYTES,
+    MAX_RESULT_BYTES,
+    STREAM_END,
+    CallsStream,
+    NativeCallsStream,
+    PendingCall,
+    StartRequest,
+)
 from agentix.runtime.client import wire
 from agentix.runtime.client.target import grpc_target, wants_tls
 from agentix.runtime.client.traces import TraceCursor, TracesStream
@@ -58,7 +66,7 @@ from agentix.runtime.shared import codec
 from agentix.runtime.shared.callables import RemoteCallable, display_name_for
 from agentix.runtime.shared.ids import UniqueIds
 from agentix.runtime.shared.models import HealthResponse, RemoteError
-from agentix.runtime.shared.safepickle import restricted_loads, restricted_loads_chunks
+from agentix.runtime.shared.safepickle import DecodeBusy, restricted_loads, restricted_loads_chunks
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
 from agentix.utils import context
@@ -83,6 +91,13 @@ _call_ids = UniqueIds()
 
 
 _TOKEN_ENV = "AGENTIX_TOKEN"
+# Default for `max_result_bytes` when the argument is not given.
+_MAX_RESULT_BYTES_ENV = "AGENTIX_MAX_RESULT_BYTES"
+# Results this large or larger are decoded on a worker thread: decoding is
+# bounded (safepickle's per-load budget grows with the stream), but a large
+# stream may still take milliseconds the event loop should not stall for.
+# Smaller results decode inline, without a thread hop.
+_INLINE_DECODE_BYTES = 64 * 1024
 # "0" turns the native transport off (grpc.aio carries the Calls and the
 # Namespace streams instead).
 _NATIVE_TRANSPORT_ENV = "AGENTIX_NATIVE_TRANSPORT"
@@ -119,6 +134,17 @@ _CLOSE_SECONDS = 2.0
 # Longest wait for the daemon to confirm a namespace stream (under the
 # connect lock, so it must be short).
 _CONFIRM_SECONDS = 15.0
+
+
+async def _decode_item(loop: asyncio.AbstractEventLoop, item: bytes) -> Any:
+    """A streamed item's value: decoded inline when small, else (or when another
+    thread's decode holds the classes it names) on a worker thread."""
+    if len(item) < _INLINE_DECODE_BYTES:
+        try:
+            return restricted_loads(item, wait=False)
+        except DecodeBusy:
+            pass
+    return await loop.run_in_executor(None, restricted_loads, item)
 
 
 async def _bounded(awaitable: Awaitable[Any], what: str) -> None:
@@ -237,6 +263,10 @@ class RuntimeClient:
         signed the daemon's certificate (default: the system roots), the
         client certificate and key for mutual TLS, and the name to verify
         the daemon's certificate against instead of the URL's host.
+      max_result_bytes: the largest encoded result (and streamed item) a call
+        may return (default: the ``AGENTIX_MAX_RESULT_BYTES`` environment
+        variable, else 1 GiB). A larger one is dropped as it arrives and the
+        call fails with `ResultTooLarge`; the client keeps working.
 
     Use as ``async with RuntimeClient(url) as client:`` (connects on entry,
     closes on exit) or call `close()` yourself. A closed client connects again
@@ -263,8 +293,14 @@ class RuntimeClient:
         tls_cert_file: str | None = None,
         tls_key_file: str | None = None,
         tls_server_name: str | None = None,
+        max_result_bytes: int | None = None,
     ) -> None:
         self.base_url = base_url
+        if max_result_bytes is None:
+            max_result_bytes = int(os.environ.get(_MAX_RESULT_BYTES_ENV) or MAX_RESULT_BYTES)
+        if max_result_bytes < 1:
+            raise ValueError(f"max_result_bytes must be at least 1 (got {max_result_bytes})")
+        self.max_result_bytes = max_result_bytes
         self.timeout = timeout
         self.http_sync_ms = http_sync_ms
         self.call_deadline = call_deadline
@@ -368,7 +404,12 @@ class RuntimeClient:
           CallTimeout: `call_deadline` passed; the sandbox is told to cancel.
           RuntimeUnreachable: connecting failed, the connection was lost, or the
             client was closed while the call was in flight.
-          RestrictedUnpickleError: the value is not on the host allowlist.
+          RestrictedUnpickleError: the value is not on the host allowlist, or
+            asks for work out of proportion to its size (safepickle's bounds).
+          ResultTooLarge: the encoded value exceeds `max_result_bytes` (a
+            `RestrictedUnpickleError`).
+        Results of 64 KiB or more are decoded on a worker thread, smaller ones
+        on the event loop.
         Cancelling the awaiting task cancels the call in the sandbox too.
         """
         display_name = display_name_for(fn)
@@ -385,6 +426,7 @@ class RuntimeClient:
             display_name,
             asyncio.get_running_loop().create_future(),
             start=self._start_request(callable_ref, arguments, carrier, 0),
+            max_result_bytes=self.max_result_bytes,
         )
         self._pending[call.call_id] = call
         deadline = None
@@ -409,8 +451,13 @@ class RuntimeClient:
         if isinstance(outcome, RemoteError):
             raise remote_call_error(display_name, outcome)
         if isinstance(outcome, list):
-            return restricted_loads_chunks(outcome)
-        return restricted_loads(outcome)
+            return await asyncio.get_running_loop().run_in_executor(None, restricted_loads_chunks, outcome)
+        if len(outcome) < _INLINE_DECODE_BYTES:
+            try:
+                return restricted_loads(outcome, wait=False)
+            except DecodeBusy:  # a worker thread is decoding a value of a mutable class
+                pass
+        return await asyncio.get_running_loop().run_in_executor(None, restricted_loads, outcome)
 
     async def remote_stream(
         self, fn: Callable[..., Any], *args: Any, **kwargs: Any
@@ -440,6 +487,7 @@ class RuntimeClient:
             loop.create_future(),
             streaming=True,
             start=self._start_request(callable_ref, arguments, carrier, self.stream_window),
+            max_result_bytes=self.max_result_bytes,
         )
         self._pending[call.call_id] = call
         window = self.stream_window
@@ -470,7 +518,7 @@ class RuntimeClient:
                     stream = self._stream or stream  # the stream may have been replaced by a reconnect
                     stream.ack_stream(call.call_id, consumed)
                     acked = consumed
-                yield restricted_loads(item)
+                yield await _decode_item(loop, item)
             outcome = call.future.result()
             finished = True
         finally:

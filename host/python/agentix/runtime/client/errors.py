@@ -8,11 +8,13 @@
 from __future__ import annotations
 
 from agentix.runtime.shared.models import RemoteError
+from agentix.runtime.shared.safepickle import RestrictedUnpickleError
 
 __all__ = [
     "CallCancelled",
     "CallTimeout",
     "RemoteCallError",
+    "ResultTooLarge",
     "RuntimeUnreachable",
     "WorkerExited",
     "remote_call_error",
@@ -53,6 +55,13 @@ class WorkerExited(RemoteCallError):
 
 class CallTimeout(RuntimeError):
     """The call outlived the client's ``call_deadline``; the sandbox was told to cancel it."""
+
+
+class ResultTooLarge(RestrictedUnpickleError):
+    """The call's encoded result (or one streamed item) exceeds the client's
+    ``max_result_bytes``; it was dropped unread and the sandbox told to
+    cancel the call. Like any `RestrictedUnpickleError`, `try_remote` raises
+    it rather than returning `Failed`."""
 
 
 class RuntimeUnreachable(RuntimeError):

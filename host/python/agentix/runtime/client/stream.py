@@ -41,6 +41,7 @@ from typing import Union
 import grpc
 
 from agentix.runtime.client import wire
+from agentix.runtime.client.errors import ResultTooLarge
 from agentix.runtime.shared.models import RemoteError
 from agentix.runtime.v1 import runtime_pb2 as pb
 
@@ -76,6 +77,10 @@ RECENT_ACKS = 4096
 # arrived in), or the sandbox's error report.
 Outcome = Union[bytes, list, RemoteError]
 
+# Default cap on one call's encoded result (and on one streamed item): the
+# daemon's default --max-payload-bytes for arguments.
+MAX_RESULT_BYTES = 1 << 30
+
 
 # Put into a streaming call's item queue once its future is done.
 STREAM_END = object()
@@ -90,7 +95,18 @@ class PendingCall:
     `STREAM_END` once the future is done.
     """
 
-    __slots__ = ("call_id", "display_name", "future", "result_chunks", "items", "start", "received", "consumed")
+    __slots__ = (
+        "call_id",
+        "display_name",
+        "future",
+        "result_chunks",
+        "items",
+        "start",
+        "received",
+        "consumed",
+        "max_result_bytes",
+        "result_bytes",
+    )
 
     def __init__(
         self,
@@ -100,6 +116,7 @@ class PendingCall:
         *,
         streaming: bool = False,
         start: StartRequest | None = None,
+        max_result_bytes: int = MAX_RESULT_BYTES,
     ) -> None:
         self.call_id = call_id
         self.display_name = display_name
@@ -112,6 +129,9 @@ class PendingCall:
         # by the caller (what the last StreamAck said).
         self.received = 0
         self.consumed = 0
+        # Encoded result bytes received so far, refused beyond the cap.
+        self.max_result_bytes = max_result_bytes
+        self.result_bytes = 0
 
     def settle(self, outcome: Outcome) -> None:
         """Delivers `outcome` unless the future is already done (e.g. cancelled)."""
@@ -271,6 +291,7 @@ class CallsStream:
         flow-control state of streaming calls."""
         for call in calls:
             call.result_chunks = []  # the daemon replays chunks from the start
+            call.result_bytes = 0
             start = call.start
             if start is not None:
                 self.start_call(call.call_id, start.callable_ref, start.arguments, start.context, start.stream_window)
@@ -453,13 +474,13 @@ class CallsStream:
         if type(event) is wire.RawResultChunk:
             call = self._pending.get(event.call_id)
             if call is not None:
-                call.result_chunks.append(event.data)
+                self._add_chunk(call, event.data)
             return
         kind = event.WhichOneof("kind")
         if kind == "result_chunk":
             call = self._pending.get(event.result_chunk.call_id)
             if call is not None:
-                call.result_chunks.append(event.result_chunk.data)
+                self._add_chunk(call, event.result_chunk.data)
         elif kind == "result":
             self._finish(event.result.call_id, self._result_outcome(event.result))
         elif kind == "error":
@@ -494,9 +515,32 @@ class CallsStream:
                 self.cancel_call(item.call_id)
                 return
             call.received = item.index + 1
+            if len(item.value) > call.max_result_bytes:
+                self._refuse_result(call, len(item.value), f"stream item {item.index}")
+                return
             call.items.put_nowait(item.value)
 
-    def _result_outcome(self, result: pb.CallResult) -> Outcome:
+    def _add_chunk(self, call: PendingCall, data: bytes | memoryview) -> None:
+        call.result_bytes += len(data)
+        if call.result_bytes > call.max_result_bytes:
+            self._refuse_result(call, call.result_bytes, "result")
+        else:
+            call.result_chunks.append(data)
+
+    def _refuse_result(self, call: PendingCall, size: int, what: str) -> None:
+        """Fails `call` with `ResultTooLarge`, drops what it received and
+        cancels it in the sandbox; its terminal event is acknowledged unread."""
+        self._pending.pop(call.call_id, None)
+        call.result_chunks = []
+        call.fail(
+            ResultTooLarge(
+                f"remote call '{call.display_name}': {what} of at least {size} bytes exceeds "
+                f"max_result_bytes={call.max_result_bytes}"
+            )
+        )
+        self.cancel_call(call.call_id)
+
+    def _result_outcome(self, result: pb.CallResult) -> Outcome | ResultTooLarge:
         call = self._pending.get(result.call_id)
         value: bytes | list
         if call is None or not call.result_chunks:
@@ -516,13 +560,22 @@ class CallsStream:
                 type="MalformedError",
                 message=f"result value has {size} bytes but the runtime announced {result.value_size}",
             )
+        if call is not None and size > call.max_result_bytes:
+            call.result_chunks = []
+            return ResultTooLarge(
+                f"remote call '{call.display_name}': result of {size} bytes exceeds "
+                f"max_result_bytes={call.max_result_bytes}"
+            )
         return value
 
-    def _finish(self, call_id: str, outcome: Outcome) -> None:
+    def _finish(self, call_id: str, outcome: Outcome | ResultTooLarge) -> None:
         """Settles a call on its terminal event and acknowledges the event."""
         call = self._pending.pop(call_id, None)
         if call is not None:
-            call.settle(outcome)
+            if isinstance(outcome, ResultTooLarge):
+                call.fail(outcome)
+            else:
+                call.settle(outcome)
         self._drop_upload(call_id)
         self._acks.append(call_id)
         if len(self._acks) >= ACK_BATCH:
