@@ -34,6 +34,7 @@
 #include "sandbox/runtime_service.h"
 #include "sandbox/server_stream.h"
 #include "sandbox/session_manager.h"
+#include "sandbox/socket_path.h"
 
 ABSL_FLAG(std::string, venv, "",
           "virtualenv whose site-packages the worker imports from");
@@ -217,26 +218,6 @@ ConnectionLimits ConnectionLimitsFromFlags() {
   return limits;
 }
 
-// The socket file this daemon bound, to remove at shutdown only if it is
-// still ours: a newer daemon may have replaced it at the same path.
-struct BoundSocket {
-  std::string path;
-  dev_t dev = 0;
-  ino_t ino = 0;
-};
-
-void RemoveOwnSocket(const BoundSocket& socket) {
-  struct stat st;
-  if (::lstat(socket.path.c_str(), &st) != 0) return;
-  if (!S_ISSOCK(st.st_mode) || st.st_dev != socket.dev ||
-      st.st_ino != socket.ino) {
-    AGX_LOG(Info, "leaving {}: it is no longer this daemon's socket",
-            socket.path);
-    return;
-  }
-  ::unlink(socket.path.c_str());
-}
-
 int Run(int argc, char** raw_argv) {
   std::vector<std::string> storage;
   std::vector<char*> normalized =
@@ -372,13 +353,7 @@ int Run(int argc, char** raw_argv) {
       return 1;
     }
   }
-  std::vector<BoundSocket> bound_sockets;
-  for (const auto& path : socket_paths) {
-    struct stat st;
-    if (::lstat(path.c_str(), &st) == 0) {
-      bound_sockets.push_back({path, st.st_dev, st.st_ino});
-    }
-  }
+  for (const auto& path : socket_paths) ClaimSocketPath(path);
   // Every reaction of every call runs on this one thread (server_stream.h).
   CompletionQueueThread reactions(cq.get(), "agx-grpc");
   service.Start(&reactions);
@@ -398,7 +373,7 @@ int Run(int argc, char** raw_argv) {
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   server->Wait();
   reactions.Stop();
-  for (const auto& socket : bound_sockets) RemoveOwnSocket(socket);
+  RemoveOwnSocketPaths();
   AGX_LOG(Info, "stopped");
   return 0;
 }
