@@ -148,10 +148,13 @@ async def _works(url):
         return (await client.health()).status
 
 
-async def test_idle_connections_beyond_the_fd_limit_do_not_kill_the_listeners(sandboxd, tmp_path):
+@pytest.mark.parametrize("caps", [[], ["--max-unauthenticated-connections-per-peer", "1000"]],
+                         ids=["default-caps", "only-the-total-cap"])
+async def test_idle_connections_beyond_the_fd_limit_do_not_kill_the_listeners(sandboxd, tmp_path, caps):
     # 600 idle connections against 256 descriptors: on gRPC's own, accept4
-    # fails with EMFILE and gRPC drops the listener for good.
-    daemon = sandboxd(extra_args=_token_args(tmp_path), nofile=256).wait_ready()
+    # fails with EMFILE and gRPC drops the listener for good. Here the caps
+    # (the total one lowered to fit the limit) close the excess at accept.
+    daemon = sandboxd(extra_args=[*_token_args(tmp_path), *caps], nofile=256).wait_ready()
     attack = _open_idle(daemon.port, 600)
     unix_attack = []
     for _ in range(100):
@@ -167,6 +170,7 @@ async def test_idle_connections_beyond_the_fd_limit_do_not_kill_the_listeners(sa
     assert await _works(daemon.tcp_url) == "ok"
     assert await _works(daemon.unix_url) == "ok"
     assert "Failed accept4" not in daemon.log()
+    assert "refused at a cap" in daemon.log()
 
 
 async def test_connections_without_an_authenticated_rpc_are_shut_down(sandboxd, tmp_path):
