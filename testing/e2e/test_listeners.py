@@ -278,3 +278,26 @@ async def test_a_stopping_daemon_leaves_a_newer_daemons_socket(sandboxd, tmp_pat
     async with RuntimeClient(f"unix://{path}", timeout=10) as client:
         assert await client.remote(t.add, 2, 2) == 4
     assert new.proc.poll() is None
+
+
+async def test_busy_authenticated_clients_are_never_timed_out(sandboxd, tmp_path):
+    # Which connection authenticated is learnt from the thread that read the
+    # call's headers; under concurrent load on every gRPC thread no busy
+    # authenticated connection may be taken for an idle one.
+    daemon = sandboxd(extra_args=[*_token_args(tmp_path), "--auth-timeout-s", "1"]).wait_ready()
+    clients = [RuntimeClient(url, token=TOKEN, timeout=10)
+               for url in [daemon.unix_url, daemon.tcp_url] * 6]
+    for client in clients:
+        await client.__aenter__()
+    try:
+        async def busy(client):
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                assert await client.remote(t.add, 1, 1) == 2
+                assert (await client.health()).status == "ok"
+
+        await asyncio.gather(*[busy(client) for client in clients])
+    finally:
+        for client in clients:
+            await client.__aexit__(None, None, None)
+    assert "connection limits:" not in daemon.log()
