@@ -76,7 +76,8 @@ ABSL_FLAG(std::string, token_file, "",
           "empty or blank file or $AGENTIX_TOKEN is refused)");
 ABSL_FLAG(uint64_t, max_connections, 1024,
           "connections open at once, authenticated or not; more are closed "
-          "at accept (lowered to the open-file limit less 64)");
+          "at accept (the open-file soft limit is raised to fit, up to the "
+          "hard limit; the cap is lowered to that limit less 64)");
 ABSL_FLAG(uint64_t, max_unauthenticated_connections_per_peer, 64,
           "connections from one IP address that have not made an "
           "authenticated RPC yet (all Unix-socket peers count as one); more "
@@ -186,23 +187,28 @@ LoadServerCredentials(std::string token) {
   return MakeServerCredentials(security);
 }
 
-// The open-file soft limit raised to the hard one (connections, worker
-// pipes and rings all need descriptors); returns the soft limit in force.
-uint64_t RaiseOpenFileLimit() {
+// Descriptors kept for everything but connections, so that a full set of
+// connections never starves the worker or gRPC itself.
+constexpr uint64_t kReservedFds = 64;
+
+// Raises the open-file soft limit towards `wanted` (no further than the
+// hard limit, never lowered: the worker inherits it, and programs that
+// loop over every possible descriptor suffer from a huge one); returns the
+// soft limit in force.
+uint64_t RaiseOpenFileLimit(uint64_t wanted) {
   struct rlimit limit;
   if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 1024;
-  if (limit.rlim_cur < limit.rlim_max) {
-    struct rlimit raised = {limit.rlim_max, limit.rlim_max};
+  const rlim_t target = std::min<rlim_t>(wanted, limit.rlim_max);
+  if (limit.rlim_cur < target) {
+    struct rlimit raised = {target, limit.rlim_max};
     if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
   }
   return limit.rlim_cur;
 }
 
-ConnectionLimits ConnectionLimitsFromFlags() {
-  // Descriptors kept for everything but connections, so that a full set of
-  // connections never starves the worker or gRPC itself.
-  constexpr uint64_t kReservedFds = 64;
-  const uint64_t fd_limit = RaiseOpenFileLimit();
+// The caps from the flags, --max-connections lowered to what `fd_limit`
+// leaves after kReservedFds.
+ConnectionLimits ConnectionLimitsFromFlags(uint64_t fd_limit) {
   const uint64_t room = fd_limit > 2 * kReservedFds ? fd_limit - kReservedFds
                                                     : fd_limit / 2;
   ConnectionLimits limits;
@@ -278,7 +284,10 @@ int Run(int argc, char** raw_argv) {
     AGX_LOG(Error, "{}", std::string(credentials.status().message()));
     return 2;
   }
-  absl::Status guarded = StartConnectionGuard(ConnectionLimitsFromFlags());
+  const uint64_t fd_limit = RaiseOpenFileLimit(
+      absl::GetFlag(FLAGS_max_connections) + 2 * kReservedFds);
+  absl::Status guarded =
+      StartConnectionGuard(ConnectionLimitsFromFlags(fd_limit));
   if (!guarded.ok()) {
     AGX_LOG(Error, "{}", std::string(guarded.message()));
     return 2;
