@@ -10,6 +10,10 @@ std::string RuntimePath(const std::string& runtime_root) {
 }
 
 std::string BootstrapScript(const std::string& runtime_root) {
+  // The TCP default is loopback: a daemon reachable from every interface is
+  // one any host on the network can hold connections to, so that takes an
+  // explicit AGENTIX_BIND_HOST (a container whose port is published from
+  // its own network namespace needs AGENTIX_BIND_HOST=0.0.0.0).
   // --prestart-worker: a sandbox exists to run calls; the worker's start
   // (~170 ms of Python imports) then overlaps the provider's readiness wait.
   // No LD_LIBRARY_PATH: every bundled ELF file names the bundle's loader and
@@ -18,7 +22,8 @@ std::string BootstrapScript(const std::string& runtime_root) {
   constexpr char kTemplate[] = R"SH(#!@ROOT@/bin/sh
 # Entry point of an agentix bundle: starts agentix-sandboxd.
 # AGENTIX_LISTEN (e.g. unix:///run/agentix/agentix.sock; several separated by
-# spaces) or AGENTIX_BIND_HOST/AGENTIX_BIND_PORT (default 0.0.0.0:8000);
+# spaces) or AGENTIX_BIND_HOST/AGENTIX_BIND_PORT (default 127.0.0.1:8000: all
+# interfaces only when asked for, e.g. AGENTIX_BIND_HOST=0.0.0.0);
 # AGENTIX_PYTHON_PATH, AGENTIX_LOG_LEVEL; extra arguments go to the daemon.
 set -eu
 R=@ROOT@
@@ -38,7 +43,7 @@ if [ -n "${AGENTIX_LISTEN:-}" ]; then
     set -- --listen "$address" "$@"
   done
 else
-  set -- --listen "${AGENTIX_BIND_HOST:-0.0.0.0}:${AGENTIX_BIND_PORT:-8000}" "$@"
+  set -- --listen "${AGENTIX_BIND_HOST:-127.0.0.1}:${AGENTIX_BIND_PORT:-8000}" "$@"
 fi
 exec "$R/bin/agentix-sandboxd" "$@"
 )SH";

@@ -60,11 +60,20 @@ TEST_CASE("bootstrap.sh listens on AGENTIX_LISTEN", "[bundler]") {
 
 TEST_CASE("bootstrap.sh falls back to AGENTIX_BIND_HOST/PORT", "[bundler]") {
   const std::string root = FakeRuntime();
-  CHECK(Run(root, {}).find("--listen\n0.0.0.0:8000\n") != std::string::npos);
+  // Loopback unless all interfaces are asked for by name; a set but empty
+  // host is the default too.
+  for (const auto& env : {std::vector<std::string>{},
+                          std::vector<std::string>{"AGENTIX_BIND_HOST="}}) {
+    const std::string out = Run(root, env);
+    CHECK(out.find("--listen\n127.0.0.1:8000\n") != std::string::npos);
+    CHECK(out.find("0.0.0.0") == std::string::npos);
+  }
+  CHECK(Run(root, {"AGENTIX_BIND_HOST=0.0.0.0"})
+            .find("--listen\n0.0.0.0:8000\n") != std::string::npos);
   const std::string out = Run(
-      root, {"AGENTIX_BIND_HOST=127.0.0.1", "AGENTIX_BIND_PORT=9001",
+      root, {"AGENTIX_BIND_HOST=10.1.2.3", "AGENTIX_BIND_PORT=9001",
              "AGENTIX_PYTHON_PATH=/work/a:/work/b", "PATH=/usr/bin"});
-  CHECK(out.find("--listen\n127.0.0.1:9001\n") != std::string::npos);
+  CHECK(out.find("--listen\n10.1.2.3:9001\n") != std::string::npos);
   CHECK(out.find("--python-path\n/work/a:/work/b\n") != std::string::npos);
   CHECK(out.find(":" + root + "/bin:/usr/bin\n") != std::string::npos);
 }

@@ -12,6 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "sandbox/connection_guard.h"
 
 namespace agentix::sandbox {
 namespace {
@@ -24,20 +25,23 @@ absl::string_view SliceView(const grpc_slice& slice) {
 
 // The core processor: runs in gRPC's server auth filter for every incoming
 // call, before the call reaches any service. Non-blocking, so gRPC runs it
-// inline on the transport thread.
+// inline on the transport thread that read the call's headers, which is what
+// lets it mark that connection authenticated (connection_guard.h). Without a
+// token every call passes and marks its connection.
 void CheckBearerToken(void* state, grpc_auth_context* /*context*/,
                       const grpc_metadata* md, size_t num_md,
                       grpc_process_auth_metadata_done_cb done,
                       void* user_data) {
   const std::string& token = *static_cast<const std::string*>(state);
-  bool ok = false;
-  for (size_t i = 0; i < num_md; ++i) {
+  bool ok = token.empty();
+  for (size_t i = 0; !ok && i < num_md; ++i) {
     if (SliceView(md[i].key) == kAuthorizationKey) {
       ok = BearerTokenMatches(token, SliceView(md[i].value));
       break;
     }
   }
   if (ok) {
+    MarkCurrentConnectionAuthenticated();
     done(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_OK, nullptr);
   } else {
     done(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_UNAUTHENTICATED,
@@ -90,7 +94,14 @@ absl::StatusOr<std::string> LoadToken(const std::string& token_file,
                                       const char* env_value) {
   if (token_file.empty()) {
     if (env_value == nullptr) return std::string();
-    return std::string(absl::StripAsciiWhitespace(env_value));
+    std::string token(absl::StripAsciiWhitespace(env_value));
+    if (token.empty()) {
+      // Set but blank is a mistake, not a request to run without a check.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "$", kTokenEnvVar, " is set but empty or blank; set a token, or "
+          "unset it to run without a token check"));
+    }
+    return token;
   }
   struct stat st;
   if (::stat(token_file.c_str(), &st) != 0) {
@@ -162,13 +173,12 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     return absl::InvalidArgumentError(
         "gRPC refused the TLS certificate or key");
   }
-  if (!options.token.empty()) {
-    grpc_auth_metadata_processor processor;
-    processor.process = CheckBearerToken;
-    processor.destroy = DestroyToken;
-    processor.state = new std::string(options.token);
-    grpc_server_credentials_set_auth_metadata_processor(core, processor);
-  }
+  // Installed without a token too: it marks connections that made an RPC.
+  grpc_auth_metadata_processor processor;
+  processor.process = CheckBearerToken;
+  processor.destroy = DestroyToken;
+  processor.state = new std::string(options.token);
+  grpc_server_credentials_set_auth_metadata_processor(core, processor);
   return std::make_shared<CoreServerCredentials>(core);
 }
 

@@ -22,7 +22,8 @@ inline constexpr char kBearerPrefix[] = "Bearer ";
 inline constexpr char kTokenEnvVar[] = "AGENTIX_TOKEN";
 
 struct ServerSecurityOptions {
-  // Required bearer token; empty disables the check.
+  // Required bearer token; empty disables the check (every call is then
+  // accepted, and still marks its connection as having made an RPC).
   std::string token;
   // PEM contents; empty cert and key mean plaintext. A client CA makes the
   // server require and verify client certificates (mutual TLS).
@@ -32,9 +33,10 @@ struct ServerSecurityOptions {
 };
 
 // The token to require: the contents of `token_file` (surrounding
-// whitespace stripped) if given, else `env_value` (may be null), else "".
-// FailedPrecondition if the file is readable or writable by group or
-// others; NotFound / InvalidArgument for a missing or empty file.
+// whitespace stripped) if given, else `env_value` (may be null, stripped),
+// else "" (no token check). Never fails open: FailedPrecondition if the
+// file is readable or writable by group or others; NotFound for a missing
+// file; InvalidArgument for an empty or blank file or `env_value`.
 absl::StatusOr<std::string> LoadToken(const std::string& token_file,
                                       const char* env_value);
 

@@ -57,6 +57,14 @@ TEST_CASE("Without a file the environment value is used", "[auth]") {
   CHECK(LoadToken("", nullptr)->empty());
 }
 
+TEST_CASE("A set but blank environment token is refused, not open", "[auth]") {
+  for (const char* blank : {"", " ", "\t\n "}) {
+    auto token = LoadToken("", blank);
+    CHECK(token.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(token.status().message().find("AGENTIX_TOKEN") != std::string::npos);
+  }
+}
+
 TEST_CASE("TLS options must come in complete sets", "[auth]") {
   ServerSecurityOptions only_cert;
   only_cert.tls_cert_pem = "-----BEGIN CERTIFICATE-----";

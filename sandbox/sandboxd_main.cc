@@ -1,11 +1,14 @@
 // agentix-sandboxd: the gRPC server inside a sandbox. Parses flags, builds
 // the session manager and the services, serves until SIGTERM/SIGINT.
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -26,10 +29,12 @@
 #include "base/malloc_tuning.h"
 #include "base/mutex_tuning.h"
 #include "sandbox/auth.h"
+#include "sandbox/connection_guard.h"
 #include "sandbox/health_service.h"
 #include "sandbox/runtime_service.h"
 #include "sandbox/server_stream.h"
 #include "sandbox/session_manager.h"
+#include "sandbox/socket_path.h"
 
 ABSL_FLAG(std::string, venv, "",
           "virtualenv whose site-packages the worker imports from");
@@ -67,7 +72,20 @@ ABSL_FLAG(uint64_t, max_namespace_streams, 256,
           "plugin-namespace streams open at once (RESOURCE_EXHAUSTED beyond)");
 ABSL_FLAG(std::string, token_file, "",
           "file holding the bearer token every RPC must carry "
-          "(mode 0600; default: $AGENTIX_TOKEN; neither: no token check)");
+          "(mode 0600; default: $AGENTIX_TOKEN; neither: no token check; an "
+          "empty or blank file or $AGENTIX_TOKEN is refused)");
+ABSL_FLAG(uint64_t, max_connections, 1024,
+          "connections open at once, authenticated or not; more are closed "
+          "at accept (the open-file soft limit is raised to fit, up to the "
+          "hard limit; the cap is lowered to that limit less 64)");
+ABSL_FLAG(uint64_t, max_unauthenticated_connections_per_peer, 64,
+          "connections from one IP address that have not made an "
+          "authenticated RPC yet (all Unix-socket peers count as one); more "
+          "are closed at accept");
+ABSL_FLAG(double, auth_timeout_s, 10,
+          "seconds a connection may stay open without making an "
+          "authenticated RPC (any RPC without a token check); then it is "
+          "shut down");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate (chain) for TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
@@ -129,12 +147,24 @@ std::string UnixSocketPath(const std::string& address) {
   return address.substr(sizeof(kPrefix) - 1);
 }
 
+// Reads the token and wipes $AGENTIX_TOKEN from this process: out of
+// environ (so no child inherits it) and its bytes on the initial stack (so
+// /proc/<pid>/environ no longer shows it either).
+absl::StatusOr<std::string> TakeToken() {
+  char* env_value = std::getenv(kTokenEnvVar);
+  absl::StatusOr<std::string> token =
+      LoadToken(absl::GetFlag(FLAGS_token_file), env_value);
+  if (env_value != nullptr) {
+    std::memset(env_value, 0, std::strlen(env_value));
+    ::unsetenv(kTokenEnvVar);
+  }
+  return token;
+}
+
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>>
-LoadServerCredentials() {
+LoadServerCredentials(std::string token) {
   ServerSecurityOptions security;
-  AGX_ASSIGN_OR_RETURN(security.token,
-                       LoadToken(absl::GetFlag(FLAGS_token_file),
-                                 std::getenv(kTokenEnvVar)));
+  security.token = std::move(token);
   for (auto [flag, value, pem] :
        {std::tuple{"--tls-cert", absl::GetFlag(FLAGS_tls_cert),
                    &security.tls_cert_pem},
@@ -150,7 +180,48 @@ LoadServerCredentials() {
               ? "plaintext"
               : (security.tls_client_ca_pem.empty() ? "TLS" : "mutual TLS"),
           security.token.empty() ? "no token check" : "bearer token required");
+  if (security.token.empty()) {
+    AGX_LOG(Warning, "no --token-file and no ${}: whoever can connect can run "
+                     "code here", kTokenEnvVar);
+  }
   return MakeServerCredentials(security);
+}
+
+// Descriptors kept for everything but connections, so that a full set of
+// connections never starves the worker or gRPC itself.
+constexpr uint64_t kReservedFds = 64;
+
+// Raises the open-file soft limit towards `wanted` (no further than the
+// hard limit, never lowered: the worker inherits it, and programs that
+// loop over every possible descriptor suffer from a huge one); returns the
+// soft limit in force.
+uint64_t RaiseOpenFileLimit(uint64_t wanted) {
+  struct rlimit limit;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 1024;
+  const rlim_t target = std::min<rlim_t>(wanted, limit.rlim_max);
+  if (limit.rlim_cur < target) {
+    struct rlimit raised = {target, limit.rlim_max};
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
+  }
+  return limit.rlim_cur;
+}
+
+// The caps from the flags, --max-connections lowered to what `fd_limit`
+// leaves after kReservedFds.
+ConnectionLimits ConnectionLimitsFromFlags(uint64_t fd_limit) {
+  const uint64_t room = fd_limit > 2 * kReservedFds ? fd_limit - kReservedFds
+                                                    : fd_limit / 2;
+  ConnectionLimits limits;
+  limits.max_connections = absl::GetFlag(FLAGS_max_connections);
+  if (limits.max_connections > room) {
+    AGX_LOG(Info, "--max-connections {} lowered to {} (open-file limit {})",
+            limits.max_connections, room, fd_limit);
+    limits.max_connections = room;
+  }
+  limits.max_unauthenticated_per_peer =
+      absl::GetFlag(FLAGS_max_unauthenticated_connections_per_peer);
+  limits.auth_timeout = absl::Seconds(absl::GetFlag(FLAGS_auth_timeout_s));
+  return limits;
 }
 
 int Run(int argc, char** raw_argv) {
@@ -167,6 +238,12 @@ int Run(int argc, char** raw_argv) {
   absl::ParseCommandLine(argc, argv);
   base::SetLogTag("agentix-sandboxd");
   base::SetMinLogSeverity(base::ParseLogSeverity(absl::GetFlag(FLAGS_log_level)));
+  // First, so that no failure below leaves the token in the environment.
+  absl::StatusOr<std::string> token = TakeToken();
+  if (!token.ok()) {
+    AGX_LOG(Error, "{}", std::string(token.status().message()));
+    return 2;
+  }
   if (listen.empty()) {
     AGX_LOG(Error, "at least one --listen address is required "
                    "(unix:///abs/path.sock or HOST:PORT)");
@@ -202,9 +279,17 @@ int Run(int argc, char** raw_argv) {
   }
 
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      LoadServerCredentials();
+      LoadServerCredentials(std::move(token).value());
   if (!credentials.ok()) {
     AGX_LOG(Error, "{}", std::string(credentials.status().message()));
+    return 2;
+  }
+  const uint64_t fd_limit = RaiseOpenFileLimit(
+      absl::GetFlag(FLAGS_max_connections) + 2 * kReservedFds);
+  absl::Status guarded =
+      StartConnectionGuard(ConnectionLimitsFromFlags(fd_limit));
+  if (!guarded.ok()) {
+    AGX_LOG(Error, "{}", std::string(guarded.message()));
     return 2;
   }
   // The worker must not inherit the token.
@@ -277,6 +362,7 @@ int Run(int argc, char** raw_argv) {
       return 1;
     }
   }
+  for (const auto& path : socket_paths) ClaimSocketPath(path);
   // Every reaction of every call runs on this one thread (server_stream.h).
   CompletionQueueThread reactions(cq.get(), "agx-grpc");
   service.Start(&reactions);
@@ -296,7 +382,7 @@ int Run(int argc, char** raw_argv) {
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   server->Wait();
   reactions.Stop();
-  for (const auto& path : socket_paths) ::unlink(path.c_str());
+  RemoveOwnSocketPaths();
   AGX_LOG(Info, "stopped");
   return 0;
 }
@@ -305,6 +391,10 @@ int Run(int argc, char** raw_argv) {
 }  // namespace agentix::sandbox
 
 int main(int argc, char** argv) {
+  // Not dumpable: processes of the same uid (sandbox code among them)
+  // cannot ptrace this one or read its memory, environ or fds under
+  // /proc/<pid>. The worker is exec'd, which makes it dumpable again.
+  ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   agentix::base::TuneMallocForLargeBuffers();
   agentix::base::DisableMutexDeadlockDetection();
   return agentix::sandbox::Run(argc, argv);

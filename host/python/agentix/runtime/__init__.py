@@ -7,7 +7,8 @@ mounts the bundle's ``nix/`` tree at `BUNDLE_NIX_ROOT` and starts
 `BUNDLE_RUNTIME_ENTRYPOINT`, which starts ``agentix-sandboxd`` listening on
 ``$AGENTIX_LISTEN`` (any ``--listen`` address, e.g.
 ``unix:///run/agentix/agentix.sock``) or, when that is unset, on
-``$AGENTIX_BIND_HOST:$AGENTIX_BIND_PORT`` (default ``0.0.0.0:8000``).
+``$AGENTIX_BIND_HOST:$AGENTIX_BIND_PORT`` (default ``127.0.0.1:8000``; all
+interfaces only with ``AGENTIX_BIND_HOST=0.0.0.0``).
 """
 
 # Where a provider mounts the bundle's nix/ tree inside the sandbox.
