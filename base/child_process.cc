@@ -115,7 +115,8 @@ absl::StatusOr<ChildProcess> ChildProcess::Spawn(const SpawnOptions& options) {
     }
   }
   if (action_rc == 0) {
-    action_rc = posix_spawn_file_actions_addclosefrom_np(&actions, max_target + 1);
+    action_rc =
+        posix_spawn_file_actions_addclosefrom_np(&actions, max_target + 1);
   }
   if (action_rc != 0) {
     posix_spawn_file_actions_destroy(&actions);

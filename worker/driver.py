@@ -1533,7 +1533,7 @@ class _DurableHandler(logging.handlers.RotatingFileHandler):
         self._channel = channel
         self._context = context
         self.detached = False
-        # _open admits regular files only; kept for a stream swapped by tests.
+        # True: _open admits regular files only (the stdlib's guard, kept).
         self._rotates = os.path.isfile(self.baseFilename)
         self._size = self._current_size()
 
@@ -1542,8 +1542,9 @@ class _DurableHandler(logging.handlers.RotatingFileHandler):
         symlink in its place points to, and only if it is a regular file of
         ours with no other name (a hard link planted to make us append to, or
         expose, another of our files). Also used to reopen after rotation."""
+        # O_NONBLOCK: a FIFO planted there cannot hang the worker's boot.
         flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                 | os.O_CLOEXEC | os.O_NONBLOCK)  # NONBLOCK: a FIFO can't hang us
+                 | os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             fd = os.open(self.baseFilename, flags, 0o600)
         except OSError as exc:
@@ -1669,8 +1670,8 @@ def _open_durable(channel, worker_id, context):
         _log(_WARNING, f"durable sandbox log disabled: {why}")
         try:
             channel.send_stdio(
-                _ORIGIN_STDERR, f"agentix: durable sandbox log detached: {why}; "
-                "later output is stream-only", "")
+                _ORIGIN_STDERR, "agentix: durable sandbox log detached: "
+                f"{why}; later output is stream-only", "")
         except Exception:
             pass
         return None
