@@ -1,22 +1,27 @@
 #include "base/child_process.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <deque>
 #include <functional>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/unique_fd.h"
 
 namespace agentix::base {
 
@@ -55,12 +60,70 @@ absl::StatusOr<ChildProcess> ChildProcess::Spawn(const SpawnOptions& options) {
   for (const auto& e : options.env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
 
+  // The fds the child gets. A source that is itself a low fd (at most the
+  // highest target) could be overwritten by an earlier dup2 before its own
+  // turn, so it is first staged above every target.
+  int max_target = 2;
+  std::set<int> targets;
+  for (const auto& [from, to] : options.fd_map) {
+    if (from < 0 || to < 0 || !targets.insert(to).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spawn: bad fd_map entry ", from, " -> ", to));
+    }
+    max_target = std::max(max_target, to);
+  }
+  struct rlimit nofile {};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 &&
+      nofile.rlim_cur != RLIM_INFINITY &&
+      static_cast<rlim_t>(max_target) >= nofile.rlim_cur) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spawn ", options.path, ": the child's fd ", max_target,
+        " is not below the open-file limit (RLIMIT_NOFILE ", nofile.rlim_cur,
+        ")"));
+  }
+  std::vector<UniqueFd> staged;
+  std::vector<std::pair<int, int>> fd_map = options.fd_map;
+  for (auto& [from, to] : fd_map) {
+    if (from > max_target) continue;
+    const int high = ::fcntl(from, F_DUPFD_CLOEXEC, max_target + 1);
+    if (high < 0) {
+      const int err = errno;
+      std::string message = absl::StrCat("spawn: cannot stage fd ", from,
+                                         " for the child: ", strerror(err));
+      if (err == EBADF) return absl::InvalidArgumentError(message);
+      return absl::ResourceExhaustedError(message);
+    }
+    staged.emplace_back(high);
+    from = high;
+  }
+
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  for (const auto& [from, to] : options.fd_map) {
-    // When from == to, glibc (>= 2.29, as POSIX 2017 asks) clears
-    // FD_CLOEXEC instead of failing, so the fd survives exec either way.
-    posix_spawn_file_actions_adddup2(&actions, from, to);
+  int action_rc = 0;
+  for (const auto& [from, to] : fd_map) {
+    // dup2 clears FD_CLOEXEC on the copy (sources are all distinct from
+    // their targets here), so exactly these fds survive exec.
+    if (action_rc == 0) {
+      action_rc = posix_spawn_file_actions_adddup2(&actions, from, to);
+    }
+  }
+  // Everything else goes, whether or not its owner remembered O_CLOEXEC:
+  // the gaps below the highest target, then all above it (close_range).
+  for (int fd = 3; fd < max_target && action_rc == 0; ++fd) {
+    if (targets.count(fd) == 0) {
+      action_rc = posix_spawn_file_actions_addclose(&actions, fd);
+    }
+  }
+  if (action_rc == 0) {
+    action_rc =
+        posix_spawn_file_actions_addclosefrom_np(&actions, max_target + 1);
+  }
+  if (action_rc != 0) {
+    posix_spawn_file_actions_destroy(&actions);
+    // EBADF: a target at or above RLIMIT_NOFILE.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spawn ", options.path, ": cannot map fds up to ", max_target, ": ",
+        strerror(action_rc)));
   }
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);

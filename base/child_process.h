@@ -30,8 +30,11 @@ struct SpawnOptions {
   std::string path;                    // executable, absolute or relative
   std::vector<std::string> argv;       // argv[0] included
   std::vector<std::string> env;        // "K=V" entries; the full environment
-  // (parent fd, child fd) pairs dup2-ed into the child; every other fd the
-  // parent marked O_CLOEXEC is closed by exec.
+  // (parent fd, child fd) pairs dup2-ed into the child. Child fds must be
+  // distinct and below RLIMIT_NOFILE; a parent fd may be any open fd (even
+  // another pair's child fd). Every other fd above 2 is closed in the child,
+  // O_CLOEXEC or not: what the parent holds or inherited (listening and
+  // client sockets, epoll fds, log files) never reaches a child.
   std::vector<std::pair<int, int>> fd_map;
   // Reset SIGPIPE etc. to default and unblock all signals in the child.
   bool reset_signals = true;
@@ -39,7 +42,8 @@ struct SpawnOptions {
 
 class ChildProcess {
  public:
-  // Starts the process. Errors: kInvalidArgument (empty path/argv),
+  // Starts the process. Errors: kInvalidArgument (empty path/argv, a bad
+  // fd_map), kResourceExhausted (no fd left to stage fd_map),
   // kFailedPrecondition / kNotFound from posix_spawn (errno in the message).
   static absl::StatusOr<ChildProcess> Spawn(const SpawnOptions& options);
   // Like Spawn, but the fork happens on one process-lifetime launcher

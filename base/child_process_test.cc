@@ -1,12 +1,18 @@
 #include "base/child_process.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <string>
 #include <thread>
 
 #include <catch2/catch.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/unique_fd.h"
 
 namespace agentix::base {
 namespace {
@@ -79,6 +85,77 @@ TEST_CASE("A child spawned from the launcher thread survives its caller "
   REQUIRE(child.ok());
   absl::SleepFor(absl::Milliseconds(200));
   REQUIRE_FALSE(child->TryWait().has_value());
+}
+
+// Runs `script` with its stdout on a pipe and returns what it printed.
+std::string Output(SpawnOptions o) {
+  int out[2];
+  REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+  UniqueFd read_end(out[0]);
+  UniqueFd write_end(out[1]);
+  o.fd_map.push_back({write_end.get(), 1});
+  auto child = ChildProcess::Spawn(o);
+  REQUIRE(child.ok());
+  write_end.Reset();
+  std::string text;
+  char buffer[512];
+  ssize_t n;
+  while ((n = ::read(read_end.get(), buffer, sizeof(buffer))) > 0) {
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  auto exit = child->AwaitExit(absl::Seconds(10));
+  REQUIRE(exit.ok());
+  REQUIRE(exit->exit_code == 0);
+  return text;
+}
+
+// Lists the fds the shell itself has open, one a line.
+constexpr char kListFds[] = "/bin/ls /proc/$$/fd";
+
+TEST_CASE("A child gets only stdio and its mapped fds, CLOEXEC or not",
+          "[base]") {
+  // A stray fd the parent forgot to mark CLOEXEC (or inherited), and one
+  // that it did mark: neither reaches the child.
+  UniqueFd stray(::open("/dev/null", O_RDONLY));
+  UniqueFd marked(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  REQUIRE(stray.valid());
+  REQUIRE(marked.valid());
+  UniqueFd wanted(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  SpawnOptions o = Shell(kListFds);
+  o.fd_map.push_back({wanted.get(), 7});
+  CHECK(Output(o) == "0\n1\n2\n7\n");
+}
+
+TEST_CASE("fd_map sources may be each other's targets", "[base]") {
+  // Swapping two fds clobbers one of them with naive dup2s.
+  int p1[2], p2[2];
+  REQUIRE(::pipe2(p1, O_CLOEXEC) == 0);
+  REQUIRE(::pipe2(p2, O_CLOEXEC) == 0);
+  UniqueFd r1(p1[0]), w1(p1[1]), r2(p2[0]), w2(p2[1]);
+  REQUIRE(::write(w1.get(), "one", 3) == 3);
+  REQUIRE(::write(w2.get(), "two", 3) == 3);
+  w1.Reset();
+  w2.Reset();
+  // In the child, r2's number holds pipe 1 and r1's holds pipe 2.
+  SpawnOptions o = Shell(absl::StrCat("head -c3 <&", r2.get(), "; head -c3 <&",
+                                      r1.get()));
+  o.fd_map = {{r1.get(), r2.get()}, {r2.get(), r1.get()}};
+  CHECK(Output(o) == "onetwo");
+}
+
+TEST_CASE("A child fd beyond RLIMIT_NOFILE is a clear error", "[base]") {
+  struct rlimit saved {};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+  UniqueFd fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  SpawnOptions o = Shell("true");
+  o.fd_map.push_back({fd.get(), 200});
+  struct rlimit low = saved;
+  low.rlim_cur = 64;
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+  auto child = ChildProcess::Spawn(o);
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &saved) == 0);
+  REQUIRE(child.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(child.status().message().find("RLIMIT_NOFILE 64") != std::string::npos);
 }
 
 }  // namespace

@@ -117,7 +117,15 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
   }
   base::UniqueFd err_read(err_pipe[0]);
   base::UniqueFd err_write(err_pipe[1]);
-  spawn.fd_map = {{child_end.get(), ipc::kWorkerChannelFd},
+  // The worker gets exactly these fds (the spawn closes all others): the
+  // daemon's stdin is not the worker's to read.
+  base::UniqueFd null_in(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!null_in.valid()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("open /dev/null: ", strerror(errno)));
+  }
+  spawn.fd_map = {{null_in.get(), 0},
+                  {child_end.get(), ipc::kWorkerChannelFd},
                   {err_write.get(), 2}};
   if (worker->payloads_) {
     spawn.fd_map.push_back({worker->payloads_->fd(), ipc::kWorkerPayloadFd});

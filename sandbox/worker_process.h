@@ -1,5 +1,5 @@
 // The daemon's handle on one `agentix-worker` process: spawns it with a
-// private socketpair on fd 1023, writes frames from a writer thread, reads
+// private socketpair on fd 3, writes frames from a writer thread, reads
 // frames on a reader thread and reports them (and the process's end) through
 // WorkerProcess::Listener. One instance = one worker generation; a dead
 // worker is replaced by a new instance, never restarted.

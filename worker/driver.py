@@ -38,6 +38,7 @@ import asyncio
 import calendar
 import collections.abc
 import contextvars
+import errno
 import importlib
 import inspect
 import io
@@ -46,6 +47,7 @@ import logging.handlers
 import os
 import pickle
 import socket
+import stat
 import sys
 import threading
 import time
@@ -1531,10 +1533,40 @@ class _DurableHandler(logging.handlers.RotatingFileHandler):
         self._channel = channel
         self._context = context
         self.detached = False
-        # As the stdlib: something that is not a regular file (/dev/null)
-        # is never rotated.
+        # True: _open admits regular files only (the stdlib's guard, kept).
         self._rotates = os.path.isfile(self.baseFilename)
         self._size = self._current_size()
+
+    def _open(self):
+        """Opens (or creates, mode 0600) the log file itself, never what a
+        symlink in its place points to, and only if it is a regular file of
+        ours with no other name (a hard link planted to make us append to, or
+        expose, another of our files). Also used to reopen after rotation."""
+        # O_NONBLOCK: a FIFO planted there cannot hang the worker's boot.
+        flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                 | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            fd = os.open(self.baseFilename, flags, 0o600)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise _LogRefused("it is a symlink") from None
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise _LogRefused("it is not a regular file")
+            if st.st_uid != os.geteuid():
+                raise _LogRefused(f"it is owned by uid {st.st_uid}, not this "
+                                  f"worker's uid {os.geteuid()}")
+            if st.st_nlink != 1:
+                raise _LogRefused(f"it has {st.st_nlink} hard links")
+            if st.st_mode & 0o077:
+                os.fchmod(fd, 0o600)  # ours: made private, not refused
+            os.set_blocking(fd, True)
+            return open(fd, "a", encoding=self.encoding, errors=self.errors)
+        except BaseException:
+            os.close(fd)
+            raise
 
     def _current_size(self):
         # A FIFO cannot tell(); it is not rotated, so its size does not matter.
@@ -1592,20 +1624,54 @@ class _DurableHandler(logging.handlers.RotatingFileHandler):
             pass
 
 
+class _LogRefused(OSError):
+    """The durable log's directory or file is not safely ours."""
+
+
+def _private_log_dir(log_dir):
+    """Creates `log_dir` (mode 0700; missing parents as os.makedirs makes
+    them), or checks the existing one: a directory, not a symlink, owned by
+    this uid and writable by no one else. Anyone else who can write there
+    could have planted the log file or a link in its place beforehand, so
+    such a directory is refused, not repaired. Raises OSError."""
+    try:
+        os.makedirs(log_dir, mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(log_dir)
+    if stat.S_ISLNK(st.st_mode):
+        raise _LogRefused(f"its directory {log_dir} is a symlink")
+    if not stat.S_ISDIR(st.st_mode):
+        raise _LogRefused(f"{log_dir} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise _LogRefused(f"its directory {log_dir} is owned by uid "
+                          f"{st.st_uid}, not this worker's uid {os.geteuid()}")
+    if st.st_mode & 0o022:
+        raise _LogRefused(f"its directory {log_dir} is writable by group or "
+                          f"others (mode {stat.S_IMODE(st.st_mode):o})")
+
+
 def _open_durable(channel, worker_id, context):
-    """The durable log handler, or None when disabled or impossible."""
+    """The durable log handler, or None when disabled or impossible (then
+    the reason goes to the daemon's log and the stderr stream, and calls
+    run as usual)."""
     log_dir = os.environ.get("AGENTIX_LOG_DIR", _DEFAULT_LOG_DIR)
     if not log_dir:
         return None
     path = os.path.join(log_dir, f"sandbox-{worker_id}.log")
     try:
-        os.makedirs(log_dir, exist_ok=True)
+        _private_log_dir(log_dir)
         handler = _DurableHandler(path, channel, context)
     except Exception as exc:
+        why = f"cannot open {path}: {_text(exc)}"
+        if isinstance(exc, _LogRefused):
+            why = (f"refusing {path}: {_text(exc)} (set AGENTIX_LOG_DIR to a "
+                   "private directory, or to \"\" to turn the log off)")
+        _log(_WARNING, f"durable sandbox log disabled: {why}")
         try:
             channel.send_stdio(
-                _ORIGIN_STDERR, "agentix: durable sandbox log detached: cannot "
-                f"open {path}: {_text(exc)}; later output is stream-only", "")
+                _ORIGIN_STDERR, "agentix: durable sandbox log detached: "
+                f"{why}; later output is stream-only", "")
         except Exception:
             pass
         return None

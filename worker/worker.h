@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "worker/ipc/frame.h"
 #include "worker/python/path_config.h"
 
 namespace agentix::worker {
@@ -21,7 +22,7 @@ inline constexpr int kExitInternal = 6;       // the driver itself failed
 
 struct WorkerOptions {
   PathOptions paths;
-  int channel_fd = 1023;
+  int channel_fd = ipc::kWorkerChannelFd;
   // The daemon's shared payload area (worker/ipc/payload_area.h), or -1.
   int payload_fd = -1;
   std::string worker_id;

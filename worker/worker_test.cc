@@ -1,12 +1,14 @@
 // End-to-end tests of the agentix-worker binary: spawn it with a socketpair
-// on fd 1023 (as agentix-sandboxd does), speak frames with //worker/ipc, and
+// on fd 3 (as agentix-sandboxd does), speak frames with //worker/ipc, and
 // check replies. Pickles are made and read by Debian's /usr/bin/python3 so
 // that the bytes are compared against the real thing. Every wait is bounded.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -167,7 +169,8 @@ class Worker {
     base::UniqueFd child_end(fds[1]);
     base::SpawnOptions spawn;
     spawn.path = WorkerBinary();
-    spawn.argv = {spawn.path, "--channel-fd=1023"};
+    spawn.argv = {spawn.path,
+                  absl::StrCat("--channel-fd=", ipc::kWorkerChannelFd)};
     if (options.python_path) {
       spawn.argv.push_back(absl::StrCat("--python-path=", FixtureDir()));
     }
@@ -1064,6 +1067,44 @@ TEST_CASE("A missing channel fd exits 3 without hanging", "[worker]") {
   REQUIRE(exit.returncode() == 3);
 }
 
+TEST_CASE("The worker boots and serves under a low open-file limit",
+          "[worker]") {
+  // The channel's fd number must be valid under `ulimit -n 64`; the limit is
+  // inherited by the worker and restored here once it is spawned.
+  struct rlimit saved {};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+  struct rlimit low = saved;
+  low.rlim_cur = 64;
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+  auto worker = std::make_unique<Worker>();
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &saved) == 0);
+  worker->AwaitReady();
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::add",
+                                  Pickle("((1, 2), {})"))) == "3");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("The worker and its children hold no fd of the spawner's",
+          "[worker]") {
+  // A stray fd of the test (as a daemon's socket it forgot to mark CLOEXEC).
+  const std::string secret = absl::StrCat(TempRoot(), "/secret-", getpid());
+  WriteFile(secret, "s3cret");
+  base::UniqueFd stray(::open(secret.c_str(), O_RDONLY));
+  REQUIRE(stray.valid());
+  auto worker = ReadyWorker();
+  const std::string fds =
+      worker->CallOk("worker_fixture::open_fds", Pickle("((), {})"));
+  INFO(Unpickle(fds));
+  CHECK(Unpickle(fds, absl::StrCat("'", secret, "' not in str(v['worker'])")) ==
+        "True");
+  // A process the user code starts without close_fds gets stdio only: the
+  // channel is close-on-exec.
+  CHECK(Unpickle(fds, "v['child']") == "[0, 1, 2]");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
 // A venv made by Debian's python3 at test time, with a module and a .pth.
 std::string MakeVenv(const std::string& name, bool system_site) {
   const std::string dir = absl::StrCat(TempRoot(), "/", name);
@@ -1695,6 +1736,125 @@ TEST_CASE("An unusable log dir detaches the durable log with one record",
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
   fs::remove(file);
+}
+
+// Mode bits of `path` (lstat).
+mode_t ModeOf(const std::string& path) {
+  struct stat st {};
+  REQUIRE(::lstat(path.c_str(), &st) == 0);
+  return st.st_mode & 07777;
+}
+
+// Starts a worker with AGENTIX_LOG_DIR=`dir`, waits for the one record that
+// says the durable log was refused, and checks that calls still work.
+void ExpectLogRefused(const std::string& dir, const std::string& reason) {
+  WorkerArgs args;
+  args.env.push_back("AGENTIX_LOG_DIR=" + dir);
+  auto worker = ReadyWorker(args);
+  std::string said;
+  REQUIRE(worker->AwaitLogs([&](const std::vector<ipc::LogEntry>& logs) {
+    for (const ipc::LogEntry& l : logs) {
+      if (l.logger == kStderr &&
+          absl::StartsWith(l.message,
+                           "agentix: durable sandbox log detached: refusing")) {
+        said = l.message;
+        return true;
+      }
+    }
+    return false;
+  }));
+  INFO(said);
+  CHECK(absl::StrContains(said, reason));
+  CHECK(absl::StrContains(said, "AGENTIX_LOG_DIR"));
+  worker->Call("p", "worker_fixture::print_lines", Pickle("((), {})"));
+  REQUIRE(worker->AwaitReply("p").ok);
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::add",
+                                  Pickle("((1, 2), {})"))) == "3");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("A fresh durable log dir is 0700 and the log file 0600",
+          "[worker][logs]") {
+  const std::string dir = absl::StrCat(TempRoot(), "/private-", getpid());
+  fs::remove_all(dir);
+  const mode_t old_umask = ::umask(0);  // the modes must not rely on a umask
+  WorkerArgs args;
+  args.env.push_back("AGENTIX_LOG_DIR=" + dir);
+  auto worker = ReadyWorker(args);
+  ::umask(old_umask);
+  worker->Call("p", "worker_fixture::print_lines", Pickle("((), {})"));
+  REQUIRE(worker->AwaitReply("p").ok);
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+  CHECK(ModeOf(dir) == 0700);
+  CHECK(ModeOf(dir + "/sandbox-test-worker.log") == 0600);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("A durable log dir others can write to is refused",
+          "[worker][logs]") {
+  const std::string dir = absl::StrCat(TempRoot(), "/open-", getpid());
+  fs::remove_all(dir);
+  fs::create_directory(dir);
+  REQUIRE(::chmod(dir.c_str(), 01777) == 0);  // like /tmp
+  ExpectLogRefused(dir, "is writable by group or others (mode 1777)");
+  CHECK_FALSE(fs::exists(dir + "/sandbox-test-worker.log"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("A durable log dir owned by another uid is refused",
+          "[worker][logs]") {
+  const std::string dir = absl::StrCat(TempRoot(), "/theirs-", getpid());
+  fs::remove_all(dir);
+  fs::create_directory(dir);
+  // Pre-created by someone else (the test runs as root, which can chown).
+  REQUIRE(::chown(dir.c_str(), 65534, 65534) == 0);
+  REQUIRE(::chmod(dir.c_str(), 0700) == 0);
+  ExpectLogRefused(dir, "is owned by uid 65534");
+  CHECK_FALSE(fs::exists(dir + "/sandbox-test-worker.log"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("A symlink as the durable log dir is refused", "[worker][logs]") {
+  const std::string target = absl::StrCat(TempRoot(), "/target-", getpid());
+  const std::string link = absl::StrCat(TempRoot(), "/link-", getpid());
+  fs::remove_all(target);
+  fs::remove(link);
+  fs::create_directory(target);
+  REQUIRE(::chmod(target.c_str(), 0700) == 0);
+  fs::create_directory_symlink(target, link);
+  ExpectLogRefused(link, "is a symlink");
+  CHECK(fs::is_empty(target));
+  fs::remove(link);
+  fs::remove_all(target);
+}
+
+TEST_CASE("A planted log file (symlink, hard link, another uid's) is refused",
+          "[worker][logs]") {
+  const std::string dir = absl::StrCat(TempRoot(), "/planted-", getpid());
+  const std::string log = dir + "/sandbox-test-worker.log";
+  const std::string victim = dir + "/victim";
+  fs::remove_all(dir);
+  fs::create_directory(dir);
+  REQUIRE(::chmod(dir.c_str(), 0700) == 0);
+  WriteFile(victim, "");
+  SECTION("symlink") {
+    fs::create_symlink(victim, log);
+    ExpectLogRefused(dir, "is a symlink");
+  }
+  SECTION("hard link") {
+    fs::create_hard_link(victim, log);
+    ExpectLogRefused(dir, "has 2 hard links");
+  }
+  SECTION("another uid's file") {
+    WriteFile(log, "");
+    REQUIRE(::chown(log.c_str(), 65534, 65534) == 0);
+    ExpectLogRefused(dir, "is owned by uid 65534");
+    CHECK(ReadFile(log).empty());
+  }
+  CHECK(ReadFile(victim).empty());
+  fs::remove_all(dir);
 }
 
 TEST_CASE("A forked child's output is captured; its records are dropped",

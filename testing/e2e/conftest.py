@@ -34,7 +34,7 @@ def _venv():
 class Daemon:
     """One running agentix-sandboxd; stops it on `stop()`."""
 
-    def __init__(self, tmp_path, *, tcp=False, extra_args=(), env=None):
+    def __init__(self, tmp_path, *, tcp=False, extra_args=(), env=None, popen_kwargs=None):
         self.log_path = tmp_path / "sandboxd.log"
         if tcp:
             with socket.socket() as s:
@@ -58,7 +58,7 @@ class Daemon:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             argv, stdout=self._log, stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, **(env or {})}, **(popen_kwargs or {}),
         )
         self._wait_ready()
 

@@ -1,5 +1,5 @@
 // The worker IPC protocol: the frames the sandbox daemon and the worker
-// exchange over their private socketpair (fd 1023 in the worker), and their
+// exchange over their private socketpair (fd 3 in the worker), and their
 // codec. Each frame on the wire is a 4-byte little-endian length followed by
 // a msgpack map with string keys; "t" names the frame type.
 //
@@ -21,8 +21,10 @@ namespace agentix::ipc {
 inline constexpr uint32_t kMaxFrameBytes = 256u * 1024 * 1024;
 // Size of the pieces large payloads are cut into (arguments and results).
 inline constexpr size_t kChunkBytes = 1u * 1024 * 1024;
-// The fd number the worker finds its end of the socketpair on.
-inline constexpr int kWorkerChannelFd = 1023;
+// The fd number the worker finds its end of the socketpair on. Low, so that
+// it is valid under any open-file limit (a worker run with `ulimit -n 64`
+// must still boot); the spawn closes every other fd above 2.
+inline constexpr int kWorkerChannelFd = 3;
 
 enum class FrameType {
   // daemon -> worker

@@ -32,8 +32,9 @@
 
 namespace agentix::ipc {
 
-// The fd number the worker finds the area on (passed as --payload-fd).
-inline constexpr int kWorkerPayloadFd = 1022;
+// The fd number the worker finds the area on (passed as --payload-fd); next
+// to the channel's (frame.h) for the same reason.
+inline constexpr int kWorkerPayloadFd = 4;
 // Default bytes per ring (two rings per worker; pages are allocated on
 // first use and then reused).
 inline constexpr size_t kDefaultRingBytes = 16u * 1024 * 1024;
