@@ -41,9 +41,19 @@ _log = logging.getLogger("agentix.sio")
 _LIFECYCLE = frozenset({"connect", "disconnect", "connect_error"})
 
 
-# Replies kept per namespace object for repeated request ids.
+# Replies kept per namespace object for repeated request ids; only ids that
+# are ints or strings of at most _REMEMBERED_ID_CHARS characters (the
+# sandbox's are 32 hex digits) are remembered, others are answered without.
 _REMEMBERED_REPLIES = 1024
+_REMEMBERED_ID_CHARS = 128
 _IN_PROGRESS = object()
+# Distinct unhandled event names warned about per namespace object.
+_WARNED_EVENTS = 256
+
+
+def _rememberable(request_id: Any) -> bool:
+    kind = type(request_id)
+    return (kind is str and len(request_id) <= _REMEMBERED_ID_CHARS) or kind is int
 
 
 def _replies_of(ns: Any) -> collections.OrderedDict:
@@ -60,7 +70,7 @@ class AsyncClientNamespace:
     Handlers: ``on_<event>(self, data)``; a coroutine handler runs as a
     detached task (exceptions logged), so a slow handler never delays other
     events or remote calls. An event with no handler is logged once per
-    event name.
+    event name, for the first 256 names.
     """
 
     def __init__(self, namespace: str | None = None) -> None:
@@ -87,13 +97,16 @@ class AsyncClientNamespace:
         namespace does not override `trigger_event`."""
         handler = getattr(self, "on_" + event, None)
         if handler is None or not callable(handler):
-            if event not in self._warned_unhandled:
-                self._warned_unhandled.add(event)
+            warned = self._warned_unhandled
+            if event not in warned and len(warned) < _WARNED_EVENTS:
+                warned.add(event)
                 _log.warning(
                     "namespace %s received event %r with no handler. A typo in an on_<event> method or a "
-                    "mismatched namespace string silently drops the event.",
+                    "mismatched namespace string silently drops the event.%s",
                     self.namespace,
                     event,
+                    f" ({_WARNED_EVENTS} event names reported: later names without a handler are not.)"
+                    if len(warned) == _WARNED_EVENTS else "",
                 )
             return
         data = codec.unpack(args[0]) if args and isinstance(args[0], (bytes, bytearray, memoryview)) else (
@@ -162,7 +175,8 @@ def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., 
             # send or our reply may have been lost): answer each id once,
             # replaying the reply to repeats.
             replies = _replies_of(self)
-            if request_id is not None:
+            remember = _rememberable(request_id)
+            if remember:
                 if request_id in replies:
                     previous = replies[request_id]
                     if previous is not _IN_PROGRESS:
@@ -189,13 +203,13 @@ def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., 
                 if type(self).emit is AsyncClientNamespace.emit and client is not None:
                     # emit() would pack the reply again: send the bytes at hand,
                     # straight to the stream when it takes them without waiting.
-                    if request_id is not None:
+                    if remember:
                         replies[request_id] = answer
                     ident = request_id if isinstance(request_id, str) else ""
                     if not client._send_namespace_event_nowait(self.namespace, result_event, packed, ident):
                         await client._emit_namespace_event(self.namespace, result_event, reply, packed)
                     return
-            if request_id is not None:
+            if remember:
                 replies[request_id] = answer
             await self.emit(*answer)
 
