@@ -176,18 +176,22 @@ class RecordBatch:
             self._relative_ms = made.relativeCreated - made.created * 1000
 
     def replay(self, record: pb.LogRecord) -> None:
-        logger = _loggers.get(record.logger) or _logger_named(record.logger)
+        wire_name = record.logger
+        logger = _loggers.get(wire_name) or _logger_named(wire_name)
         level = record.level
         if not (logger.isEnabledFor(level) if 0 <= level <= MAX_CACHED_LEVEL else _enabled_uncached(logger, level)):
             return
+        if len(wire_name) > MAX_LOGGER_NAME_CHARS:
+            wire_name = wire_name[:MAX_LOGGER_NAME_CHARS]
         if (self._template is not None and not record.extras and record.time_unix_nanos > 0
                 and type(logger).makeRecord is _MAKE_RECORD):
-            replayed = self._from_template(logger.name, level, record)
+            replayed = self._from_template(logger.name, level, record, wire_name)
         else:
             replayed = _made_record(logger, level, record)
+            replayed.agentix_logger = wire_name
         logger.handle(replayed)
 
-    def _from_template(self, name: str, level: int, record: pb.LogRecord) -> logging.LogRecord:
+    def _from_template(self, name: str, level: int, record: pb.LogRecord, wire_name: str) -> logging.LogRecord:
         attrs = self._template.copy()
         path = record.file
         filename, module = _file_parts.get(path) or _split_path(path)
@@ -195,7 +199,7 @@ class RecordBatch:
         created = nanos / 1e9
         attrs.update(
             _sandbox_fields(record),
-            name=name, msg=record.message, args=(), levelno=level,
+            name=name, msg=record.message, args=(), levelno=level, agentix_logger=wire_name,
             levelname=_level_name(logging.getLevelName(level), record),
             pathname=path, filename=filename, module=record.module or module, exc_info=None, lineno=record.line,
             created=created, msecs=_msecs(nanos), relativeCreated=created * 1000 + self._relative_ms,
@@ -240,7 +244,6 @@ def _sandbox_fields(record: pb.LogRecord) -> dict[str, Any]:
         "agentix_call_id": record.call_id,
         "agentix_worker_id": record.worker_id,
         "agentix_origin": _ORIGINS.get(record.origin, "unspecified"),
-        "agentix_logger": record.logger[:MAX_LOGGER_NAME_CHARS],
     }
 
 
