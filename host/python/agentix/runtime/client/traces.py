@@ -168,14 +168,15 @@ def trace_item(event: pb.TraceEvent) -> Trace | Span | None:
     if event.error_message:
         error = SpanError(message=event.error_message, data=attributes(event.error_data) or None)
     wire_events = event.events
-    if len(wire_events) > MAX_EVENTS:
+    if wire_events and len(wire_events) > MAX_EVENTS:
         attrs[DROPPED_EVENTS] = len(wire_events) - MAX_EVENTS
         wire_events = wire_events[:MAX_EVENTS]
+    name = event.name
     return Span(
         span_id=span_id,
         trace_id=trace_id,
         parent_id=parent_id or None,
-        name=_name(event.name),
+        name=name if len(name) <= MAX_NAME_CHARS else name[:MAX_NAME_CHARS],
         attrs=attrs,
         started_at=started_at,
         ended_at=ended_at,
