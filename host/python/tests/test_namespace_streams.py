@@ -368,3 +368,20 @@ async def test_over_long_request_ids_are_answered_but_not_remembered(runtime, pl
     answers = [unpack(e.data) for e in runtime.namespace_events["/plug"]]
     assert sorted(a["value"] for a in answers) == [1, 1, 2]
     assert list(ns._agentix_replies) == ["q1"]
+
+
+async def test_remembered_replies_are_bounded_in_bytes(runtime, plugin, monkeypatch):
+    from agentix.runtime.client import _sio_facade
+
+    client, ns = plugin
+    monkeypatch.setattr(_sio_facade, "_REMEMBERED_REPLY_BYTES", 8 << 20)
+    for i in range(12):  # "blob" answers 3 MiB each
+        runtime.emit_namespace("/plug", event("blob", {"request_id": f"b{i}", "data": i}, f"b{i}"))
+    await eventually(lambda: len(runtime.namespace_events.get("/plug", [])) == 12, timeout=30)
+    replies = ns._agentix_replies
+    assert len(replies) == 2 and list(replies) == ["b10", "b11"]
+    assert sum(len(pack(replies.get(i)[1])) for i in replies) <= 8 << 20
+    # A repeat of a remembered id gets its answer again without a second call.
+    runtime.emit_namespace("/plug", event("blob", {"request_id": "b11", "data": 0}, "b11"))
+    await eventually(lambda: len(runtime.namespace_events["/plug"]) == 13, timeout=30)
+    assert unpack(runtime.namespace_events["/plug"][-1].data)["value"] == bytes([11]) * (3 << 20)
