@@ -113,3 +113,107 @@ async def test_a_record_whose_message_cannot_be_formatted_arrives_with_the_error
     message = record.getMessage()
     assert message.startswith("value %d of %s [agentix: formatting the message failed: TypeError")
     assert "args=('not-a-number',)" in message
+
+
+# The host of test_hostile_logger_names..., in its own process: the limit on
+# the host loggers replay creates is per process, and its address space is
+# limited so that unbounded growth fails with MemoryError instead of taking
+# the machine. Prints its figures as JSON.
+_HOST = r"""
+import asyncio, gc, json, logging, resource, sys, time
+sys.path.insert(0, sys.argv[3])
+limit = int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+import hostile_names
+from agentix import RuntimeClient
+
+def status(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+
+def rss():
+    return status("VmRSS")
+
+class Keep(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.by_name, self.huge, self.done, self.distinct = {}, None, False, 0
+    def emit(self, record):
+        message = record.getMessage()
+        if not message.startswith(("huge name", "distinct", "done")):
+            return
+        self.by_name[record.name] = self.by_name.get(record.name, 0) + 1
+        if message == "huge name":
+            self.huge = (record.name, len(getattr(record, "agentix_logger", "")))
+        elif message == "done":
+            self.done = True
+        else:
+            self.distinct += 1
+
+async def main():
+    keep = Keep()
+    root = logging.getLogger()
+    root.addHandler(keep)
+    root.setLevel(logging.INFO)
+    async with RuntimeClient(sys.argv[1]) as client:
+        assert await client.remote(hostile_names.add, 1, 2) == 3
+        gc.collect()
+        loggers_before, rss_before = len(logging.Logger.manager.loggerDict), rss()
+        sent = await client.remote(hostile_names.log_hostile_names, 100_000, 3_000)
+        deadline = time.monotonic() + 60
+        while not keep.done and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        later = await client.remote(hostile_names.add, 2, 3)
+        gc.collect()
+        print(json.dumps({
+            "sent": sent, "done": keep.done, "huge": keep.huge, "distinct": keep.distinct, "later": later,
+            "by_name": {k: v for k, v in keep.by_name.items() if not k.startswith("e2e.distinct.")},
+            "logger_dict_growth": len(logging.Logger.manager.loggerDict) - loggers_before,
+            "rss_growth": rss() - rss_before, "vm_peak": status("VmPeak"),
+        }))
+
+asyncio.run(main())
+"""
+
+
+async def test_hostile_logger_names_are_bounded_on_the_host(daemon):
+    # One record under a 200 KB name of 100,000 dotted parts (stdlib
+    # getLogger: a placeholder per prefix, ~10 GB) and 3,000 distinct names
+    # (a logger each, kept for good): the host creates at most its limit of
+    # loggers, replays every record, and goes on serving.
+    import json
+    import subprocess
+    import sys
+
+    from pathlib import Path
+
+    from agentix.runtime.client.logs import DEFAULT_MAX_SANDBOX_LOGGERS, FALLBACK_LOGGER, MAX_LOGGER_NAME_CHARS
+
+    targets = Path(__file__).resolve().parents[1] / "fixtures" / "remote_targets"
+
+    host = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _HOST, daemon.url, str(3 << 30), str(targets),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(host.communicate(), timeout=60)
+    finally:
+        if host.returncode is None:  # timed out (old code: still making placeholders)
+            host.kill()
+            await host.wait()
+    assert host.returncode == 0, f"the host failed ({host.returncode}): {err.decode(errors='replace')[-3000:]}"
+    figures = json.loads(out.decode().splitlines()[-1])
+    print(figures)
+    assert figures["done"] and figures["later"] == 5 and figures["sent"] == 3_002
+    # The huge name arrived, under the fallback logger, its name cut.
+    assert figures["huge"] == [FALLBACK_LOGGER, MAX_LOGGER_NAME_CHARS]
+    assert figures["distinct"] == 3_000  # every record arrived
+    limit = DEFAULT_MAX_SANDBOX_LOGGERS
+    # The first `limit` names and the placeholders "e2e", "e2e.distinct";
+    # the fallback logger (and "agentix.sandbox") — old code: 3,000 and more.
+    assert figures["logger_dict_growth"] <= limit + 4
+    # Past the limit, records go to the fallback (+ the huge one; "done" too
+    # unless its logger was made before the limit was reached).
+    assert set(figures["by_name"]) <= {FALLBACK_LOGGER, "e2e.hostile"}
+    assert figures["by_name"][FALLBACK_LOGGER] >= 3_000 - limit + 1
+    assert figures["rss_growth"] < 64 << 20

@@ -295,3 +295,20 @@ async def test_namespace_streams_are_bounded(start_daemon):
                 pass
         await second.close()
         assert await first.remote(p.ask, "still") == {"a": "STILL"}
+
+
+async def test_forged_lifecycle_events_and_hostile_names_from_the_sandbox_are_dropped(plugin, collected):
+    # issue 17, item 1: the sandbox chooses event names; only the host's
+    # stream says connect/disconnect, and odd or many names stay bounded.
+    import hostile_names
+
+    client, host = plugin
+    assert await client.remote(hostile_names.emit_hostile_events, 1_000) == 1_000
+    await wait_for(lambda: {"stage": "after hostile events"} in host.progress)
+    assert host.lifecycle == ["connect"]  # no forged disconnect / connect reached the plugin
+    assert len(host._warned_unhandled) <= 256
+    drops = [m for m in collected.messages("agentix.sio") if "dropped an event from the sandbox" in m]
+    assert len(drops) == 6 and all(len(m) < 500 for m in drops)
+    unhandled = [m for m in collected.messages("agentix.sio") if "with no handler" in m]
+    assert len(unhandled) == 256
+    assert await client.remote(p.ask, "still") == {"a": "STILL"}

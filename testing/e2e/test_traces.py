@@ -104,3 +104,23 @@ async def test_twenty_calls_logging_printing_and_tracing_are_each_attributed(cli
     finally:
         root.removeHandler(handler)
         root.setLevel(old_level)
+
+
+async def test_oversized_sandbox_spans_are_bounded_on_the_host(client, recorder):
+    # issue 17, item 1: names cut, OTel's attribute and event limits, an
+    # over-long id refused; later spans and calls are replayed as usual.
+    import hostile_names
+    from agentix.runtime.client import traces
+
+    assert await client.remote(hostile_names.oversized_spans) == "done"
+    await wait_for(lambda: recorder.named("ordinary"))
+    (big,) = [s for s in recorder.ended if s.name.startswith("nnn")]
+    assert big.name == "n" * traces.MAX_NAME_CHARS
+    assert len(big.attrs) == traces.MAX_ATTRIBUTES + 3  # + the two dropped counts and call_id
+    assert big.attrs["agentix.dropped_events"] == 1_000 - traces.MAX_EVENTS
+    assert big.attrs["agentix.dropped_attributes"] == 1_000 - traces.MAX_ATTRIBUTES
+    assert all(len(key) <= traces.MAX_KEY_CHARS for key in big.attrs)
+    assert len(big.events) == traces.MAX_EVENTS and all(len(e.name) == traces.MAX_NAME_CHARS for e in big.events)
+    assert not recorder.named("long id") and not [s for s in recorder.started if s.name == "long id"]
+    assert await client.remote(t.traced_work, "after") == "after"
+    await wait_for(lambda: recorder.named("outer"))

@@ -377,3 +377,212 @@ async def test_a_custom_record_factory_is_used(capture):
     finally:
         logging.setLogRecordFactory(saved)
     assert type(handler.records[0]) is Tagged
+
+
+# ── sandbox-chosen names, levels and extras are bounded (issue 17, item 1) ──
+
+# Replays the records `make_records(**params)` yields in a fresh interpreter
+# (the logger limit is per process) under an address-space limit, so code
+# that grows without bound fails with MemoryError instead of taking the
+# machine; prints the figures as JSON.
+_CHILD = r"""
+import gc, json, logging, resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
+from agentix.runtime.client import logs
+from agentix.runtime.v1 import runtime_pb2 as pb
+
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+
+class Keep(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.count, self.first, self.by_logger = 0, None, {}
+    def emit(self, record):
+        self.count += 1
+        self.first = self.first or (record.name, getattr(record, "agentix_logger", None), record.getMessage())
+        self.by_logger[record.name] = self.by_logger.get(record.name, 0) + 1
+
+kept, warnings = Keep(), Keep()
+root = logging.getLogger()
+root.setLevel(logging.INFO)
+root.addHandler(kept)
+logging.getLogger("agentix.runtime.client").addHandler(warnings)
+logging.getLogger("agentix.runtime.client").propagate = False
+names = json.loads(sys.stdin.read())
+logging.getLogger(logs.FALLBACK_LOGGER)  # the fallback exists before the figures are taken
+gc.collect()
+loggers_before, rss_before, started = len(logging.Logger.manager.loggerDict), rss(), time.monotonic()
+for batch_start in range(0, len(names), 1000):
+    replay = logs.RecordBatch().replay
+    for i, name in enumerate(names[batch_start:batch_start + 1000], batch_start):
+        if name.startswith("*"):  # "*<parts>": that many dotted parts
+            name = ".".join(["a"] * int(name[1:]))
+        replay(pb.LogRecord(seq=i + 1, logger=name, level=logging.WARNING, message=f"m{i}",
+                            time_unix_nanos=1_700_000_000_000_000_000))
+after = logs.RecordBatch().replay
+after(pb.LogRecord(seq=len(names) + 1, logger="agentix.sandbox.later", level=logging.WARNING, message="later",
+                   time_unix_nanos=1_700_000_000_000_000_000))
+gc.collect()
+print(json.dumps({
+    "seconds": time.monotonic() - started,
+    "logger_dict_growth": len(logging.Logger.manager.loggerDict) - loggers_before,
+    "cache": len(logs._loggers),
+    "rss_growth": rss() - rss_before,
+    "replayed": kept.count,
+    "first": kept.first,
+    "by_logger": {k: v for k, v in kept.by_logger.items() if not k.startswith("n.")},
+    "warnings": warnings.count,
+    "counts": logs.replay_counts(),
+}))
+"""
+
+
+def _replay_in_child(names: list[str], address_space: int = 2 << 30, timeout: float = 120) -> dict:
+    """Runs _CHILD over `names` ("*N": a name of N dotted parts, made in the child)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env.pop("AGENTIX_MAX_SANDBOX_LOGGERS", None)
+    done = subprocess.run([sys.executable, "-c", _CHILD, str(address_space)], input=json.dumps(names), env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"the replaying host failed ({done.returncode}): {done.stderr[-2000:]}"
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+async def test_a_200kb_dotted_logger_name_creates_no_loggers_and_is_replayed_under_the_fallback():
+    from agentix.runtime.client.logs import FALLBACK_LOGGER, MAX_LOGGER_NAME_CHARS
+
+    # 100,000 parts, 200 KB: stdlib getLogger would make a placeholder per
+    # prefix (~10 GB; the child's 2 GiB address space fails first on old code).
+    parts = 100_000
+    figures = _replay_in_child([f"*{parts}", f"*{parts}", "fine.name"])
+    assert figures["seconds"] < 20
+    assert figures["replayed"] == 4  # both huge-name records, the valid one, the later one
+    name, sandbox_name, message = figures["first"]
+    assert (name, message) == (FALLBACK_LOGGER, "m0")
+    assert sandbox_name == ".".join(["a"] * parts)[:MAX_LOGGER_NAME_CHARS]
+    assert figures["by_logger"] == {FALLBACK_LOGGER: 2, "fine.name": 1, "agentix.sandbox.later": 1}
+    # fine.name and agentix.sandbox.later (+ its placeholder parent at most).
+    assert figures["logger_dict_growth"] <= 4
+    assert figures["rss_growth"] < 20 << 20
+    assert figures["warnings"] == 1  # once, not per record
+    assert figures["counts"]["fallback_invalid"] == 2
+
+
+async def test_200k_distinct_logger_names_create_at_most_the_limit_of_host_loggers():
+    from agentix.runtime.client.logs import DEFAULT_MAX_SANDBOX_LOGGERS, FALLBACK_LOGGER
+
+    figures = _replay_in_child([f"n.{i}" for i in range(200_000)])
+    limit = DEFAULT_MAX_SANDBOX_LOGGERS
+    assert figures["replayed"] == 200_001  # every record arrives
+    # The first `limit` names got their loggers (and "n" its one
+    # placeholder); the rest, and the later record's new name, the fallback.
+    assert figures["logger_dict_growth"] == limit + 1  # old code: 200,002
+    assert figures["rss_growth"] < 40 << 20  # old code: ~300 MiB kept
+    assert figures["cache"] <= limit
+    assert figures["by_logger"] == {FALLBACK_LOGGER: 200_000 - limit + 1}
+    assert figures["counts"] == {"loggers_created": limit, "fallback_invalid": 0,
+                                 "fallback_limit": 200_000 - limit + 1}
+    assert figures["warnings"] == 1
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "x" * 201,
+        ".".join(["p"] * 17),
+        "a..b",
+        ".lead",
+        "trail.",
+        "bad\nname",
+        "tab\tname",
+        "nul\x00name",
+    ],
+    ids=["long", "17-parts", "empty-part", "leading-dot", "trailing-dot", "newline", "tab", "nul"],
+)
+async def test_a_name_the_host_does_not_take_is_replayed_under_the_fallback(capture, name):
+    from agentix.runtime.client import logs
+
+    fallback = capture(logs.FALLBACK_LOGGER)
+    before = set(logging.Logger.manager.loggerDict)
+    counts = logs.replay_counts()
+    logs.RecordBatch().replay(log_record(1, "odd", logger=name, time_unix_nanos=1))
+    assert set(logging.Logger.manager.loggerDict) == before
+    (record,) = fallback.records
+    assert record.getMessage() == "odd"
+    assert record.agentix_logger == name[: logs.MAX_LOGGER_NAME_CHARS]
+    assert logs.replay_counts()["fallback_invalid"] == counts["fallback_invalid"] + 1
+    assert logs.replay_counts()["loggers_created"] == counts["loggers_created"]
+
+
+@pytest.mark.parametrize("name", ["x" * 200, ".".join(["p"] * 16), "ünïcode.name with space"])
+async def test_names_within_the_bounds_keep_their_logger(capture, name):
+    from agentix.runtime.client import logs
+
+    assert logs.valid_logger_name(name)
+    handler = capture(name)  # the host's own logger: used whatever the limit
+    logs.RecordBatch().replay(log_record(1, "kept", logger=name, time_unix_nanos=1))
+    (record,) = handler.records
+    assert (record.name, record.agentix_logger) == (name, name)
+
+
+async def test_the_logger_limit_is_configurable(monkeypatch):
+    from agentix.runtime.client import logs
+
+    with pytest.raises(ValueError):
+        logs.set_max_sandbox_loggers(-1)
+    monkeypatch.setattr(logs, "_max_loggers", logs.max_sandbox_loggers())
+    logs.set_max_sandbox_loggers(5)
+    assert logs.max_sandbox_loggers() == 5
+    monkeypatch.setenv("AGENTIX_MAX_SANDBOX_LOGGERS", "12")
+    assert logs._max_loggers_from_env() == 12
+    monkeypatch.setenv("AGENTIX_MAX_SANDBOX_LOGGERS", "lots")
+    assert logs._max_loggers_from_env() == logs.DEFAULT_MAX_SANDBOX_LOGGERS
+
+
+async def test_distinct_levels_do_not_grow_the_loggers_level_cache(capture):
+    from agentix.runtime.client.logs import RecordBatch
+
+    handler = capture("sandbox.levels", level=logging.INFO)
+    logger = logging.getLogger("sandbox.levels")
+    replay = RecordBatch().replay
+    for i in range(20_000):
+        replay(log_record(i + 1, f"level {i}", logger="sandbox.levels", level=1000 + i, time_unix_nanos=1))
+    replay(log_record(30_000, "negative", logger="sandbox.levels", level=-5, time_unix_nanos=1))
+    replay(log_record(30_001, "low", logger="sandbox.levels", level=5, time_unix_nanos=1))
+    assert len(handler.records) == 20_000  # every high level passes INFO, -5 and 5 do not
+    assert len(logger._cache) <= 101
+
+
+async def test_oversized_extras_are_dropped_not_decoded(capture):
+    from agentix.runtime.client.logs import MAX_EXTRAS_BYTES, RecordBatch
+
+    handler = capture("sandbox.extras")
+    # 200,000 empty maps in one array: 200 KB that decode to ~13 MB of dicts.
+    bomb = msgpack.packb({"bomb": [{}] * 200_000})
+    assert len(bomb) > MAX_EXTRAS_BYTES
+    small = msgpack.packb({"fine": [1, 2]})
+    RecordBatch().replay(log_record(1, "bomb", logger="sandbox.extras", extras=bomb, time_unix_nanos=1))
+    RecordBatch().replay(log_record(2, "small", logger="sandbox.extras", extras=small, time_unix_nanos=1))
+    bombed, fine = handler.records
+    assert bombed.getMessage() == "bomb" and not hasattr(bombed, "bomb")
+    assert fine.fine == [1, 2]
+
+
+async def test_long_file_paths_are_not_kept_by_the_path_cache(capture):
+    from agentix.runtime.client import logs
+
+    handler = capture("sandbox.paths")
+    replay = logs.RecordBatch().replay
+    for i in range(1000):
+        replay(log_record(i + 1, "p", logger="sandbox.paths", file=f"/{i}/" + "d" * 20_000 + "/mod.py",
+                          time_unix_nanos=1))
+    assert len(handler.records) == 1000 and handler.records[-1].filename == "mod.py"
+    assert sum(map(len, logs._file_parts)) <= logs._FILE_PARTS_MAX * logs._FILE_PART_CHARS
+    assert all(len(path) <= logs._FILE_PART_CHARS for path in logs._file_parts)

@@ -315,3 +315,73 @@ async def test_events_the_native_decoder_leaves_to_protobuf_arrive_the_same(runt
         assert unpack(reply.data) == {"request_id": "q1", "value": "hé"}
     if transport == "native":
         assert handed_over  # every message went by protobuf
+
+
+# ── sandbox-chosen event names and request ids are bounded (issue 17, item 1) ──
+
+
+async def test_sandbox_events_with_names_the_host_refuses_are_dropped(runtime, plugin, caplog):
+    client, ns = plugin
+    refused = ["disconnect", "connect", "connect_error", "", "t" * 100_000, "bad\nname", "nul\x00"]
+    with caplog.at_level(logging.DEBUG, logger="agentix.sio"):
+        runtime.emit_namespace("/plug", *(event(name, 0) for name in refused), event("tick", 1))
+        await eventually(lambda: ("tick", 1) in ns.seen)
+        runtime.emit_namespace("/plug", event("disconnect", 0), event("tick", 2))
+        await eventually(lambda: ("tick", 2) in ns.seen)
+    # No forged lifecycle event reached the plugin; the stream is still up.
+    assert ns.seen == ["connect", ("tick", 1), ("tick", 2)]
+    assert client._namespace_streams["/plug"].alive
+    drops = [r for r in caplog.records if "dropped an event from the sandbox" in r.getMessage()]
+    assert len(drops) == len(refused) + 1
+    assert [r.levelno for r in drops] == [logging.WARNING] + [logging.DEBUG] * len(refused)
+    assert all(len(r.getMessage()) < 500 for r in drops)
+    runtime.emit_namespace("/plug", event("echo", {"request_id": "q1", "data": 5}, "q1"))
+    await eventually(lambda: runtime.namespace_events.get("/plug"))
+    assert unpack(runtime.namespace_events["/plug"][0].data) == {"request_id": "q1", "value": 5}
+
+
+async def test_event_names_at_the_bound_are_delivered():
+    assert namespaces.valid_event_name("e" * namespaces.MAX_EVENT_NAME_CHARS)
+    assert namespaces.valid_event_name("ünï:result")
+    assert not namespaces.valid_event_name("e" * (namespaces.MAX_EVENT_NAME_CHARS + 1))
+
+
+async def test_distinct_unhandled_event_names_are_reported_a_bounded_number_of_times(runtime, plugin, caplog):
+    client, ns = plugin
+    with caplog.at_level(logging.WARNING, logger="agentix.sio"):
+        for start in range(0, 2_000, 500):
+            runtime.emit_namespace("/plug", *(event(f"nohandler{i}", i) for i in range(start, start + 500)))
+        runtime.emit_namespace("/plug", event("tick", 1))
+        await eventually(lambda: ("tick", 1) in ns.seen, timeout=20)
+    warned = [r for r in caplog.records if "with no handler" in r.getMessage()]
+    assert len(ns._warned_unhandled) == len(warned) == 256
+    assert "later names without a handler are not" in warned[-1].getMessage()
+
+
+async def test_over_long_request_ids_are_answered_but_not_remembered(runtime, plugin):
+    client, ns = plugin
+    long_id = "r" * 1_000_000
+    for _ in range(2):  # a repeat of a remembered id would get the first reply again, not a new answer
+        runtime.emit_namespace("/plug", event("echo", {"request_id": long_id, "data": 1}))
+    runtime.emit_namespace("/plug", event("echo", {"request_id": "q1", "data": 2}, "q1"))
+    await eventually(lambda: len(runtime.namespace_events.get("/plug", [])) == 3)
+    answers = [unpack(e.data) for e in runtime.namespace_events["/plug"]]
+    assert sorted(a["value"] for a in answers) == [1, 1, 2]
+    assert list(ns._agentix_replies) == ["q1"]
+
+
+async def test_remembered_replies_are_bounded_in_bytes(runtime, plugin, monkeypatch):
+    from agentix.runtime.client import _sio_facade
+
+    client, ns = plugin
+    monkeypatch.setattr(_sio_facade, "_REMEMBERED_REPLY_BYTES", 8 << 20)
+    for i in range(12):  # "blob" answers 3 MiB each
+        runtime.emit_namespace("/plug", event("blob", {"request_id": f"b{i}", "data": i}, f"b{i}"))
+    await eventually(lambda: len(runtime.namespace_events.get("/plug", [])) == 12, timeout=30)
+    replies = ns._agentix_replies
+    assert len(replies) == 2 and list(replies) == ["b10", "b11"]
+    assert sum(len(pack(replies.get(i)[1])) for i in replies) <= 8 << 20
+    # A repeat of a remembered id gets its answer again without a second call.
+    runtime.emit_namespace("/plug", event("blob", {"request_id": "b11", "data": 0}, "b11"))
+    await eventually(lambda: len(runtime.namespace_events["/plug"]) == 13, timeout=30)
+    assert unpack(runtime.namespace_events["/plug"][-1].data)["value"] == bytes([11]) * (3 << 20)

@@ -308,3 +308,83 @@ async def test_timestamps_and_values_of_unset_fields():
     assert span.error is None and span.status == "unset" and span.status_description is None
     assert span.events == [trace.SpanEvent("e", "", {})]
     assert trace_item(pb.TraceEvent(kind=pb.TRACE_EVENT_KIND_UNSPECIFIED)) is None
+
+
+# ── sandbox-chosen sizes are bounded (issue 17, item 1) ──
+
+
+def _many(count: int, key_size: int = 8) -> list[pb.Attribute]:
+    return [pb.Attribute(key=f"{i:0{key_size}d}", value=pb.AttributeValue(int_value=i)) for i in range(count)]
+
+
+async def test_oversized_names_keys_attribute_and_event_counts_are_bounded(runtime, client, recorder):
+    from agentix.runtime.client import traces
+
+    huge = "n" * 1_000_000
+    span_end = trace_event(
+        2, pb.TRACE_EVENT_KIND_SPAN_END, agentix_trace_id=TRACE_ID, agentix_span_id=ROOT_ID, name=huge,
+        start_time_unix_nanos=T0, end_time_unix_nanos=T0 + 1,
+        attributes=_many(10_000) + [pb.Attribute(key="k" * 100_000, value=pb.AttributeValue(bool_value=True))],
+        events=[pb.SpanEventRecord(name="e" * 5_000, time_unix_nanos=T0, attributes=_many(200)) for _ in range(1_000)],
+        error_message="bad", error_data=_many(3_000),
+    )
+    runtime.add_traces(
+        trace_event(1, pb.TRACE_EVENT_KIND_TRACE_START, agentix_trace_id=TRACE_ID, name=huge,
+                    start_time_unix_nanos=T0, attributes=_many(1_000)),
+        span_end,
+        trace_event(3, pb.TRACE_EVENT_KIND_SPAN_START, agentix_trace_id=TRACE_ID, agentix_span_id=CHILD_ID,
+                    name="fine", attributes=[pb.Attribute(key="k" * 100_000, value=pb.AttributeValue(int_value=1))]),
+    )
+    await client.remote(sandbox_functions.add, 1, 2)
+    await eventually(lambda: len(recorder.calls) == 3)
+    (_, started), (_, ended), (_, fine) = recorder.calls
+    assert started["name"] == huge[: traces.MAX_NAME_CHARS]
+    assert len(started["metadata"]) == traces.MAX_ATTRIBUTES + 1
+    assert started["metadata"]["agentix.dropped_attributes"] == 1_000 - traces.MAX_ATTRIBUTES
+    assert len(ended["name"]) == traces.MAX_NAME_CHARS
+    assert len(ended["attrs"]) == traces.MAX_ATTRIBUTES + 2  # + the dropped counts of attributes and events
+    assert ended["attrs"]["agentix.dropped_attributes"] == 10_001 - traces.MAX_ATTRIBUTES
+    assert ended["attrs"]["agentix.dropped_events"] == 1_000 - traces.MAX_EVENTS
+    assert len(ended["events"]) == traces.MAX_EVENTS
+    assert all(len(e["name"]) == traces.MAX_NAME_CHARS and len(e["attributes"]) == traces.MAX_ATTRIBUTES + 1
+               for e in ended["events"])
+    assert len(ended["error"]["data"]) == traces.MAX_ATTRIBUTES + 1
+    assert fine["name"] == "fine" and fine["attrs"] == {"k" * traces.MAX_KEY_CHARS: 1}
+    # And the stream goes on.
+    runtime.add_traces(trace_event(4, pb.TRACE_EVENT_KIND_SPAN_END, agentix_trace_id=TRACE_ID,
+                                   agentix_span_id=CHILD_ID, name="fine"))
+    await eventually(lambda: len(recorder.calls) == 4)
+
+
+async def test_an_event_with_an_over_long_id_is_refused_and_later_ones_replayed(runtime, client, recorder, caplog):
+    from agentix.runtime.client import traces
+
+    long_id = "span_" + "x" * 1_000_000
+    runtime.add_traces(
+        trace_event(1, pb.TRACE_EVENT_KIND_SPAN_START, agentix_trace_id=TRACE_ID, agentix_span_id=long_id, name="a"),
+        trace_event(2, pb.TRACE_EVENT_KIND_SPAN_START, agentix_trace_id="t" * 200, agentix_span_id=ROOT_ID, name="b"),
+        trace_event(3, pb.TRACE_EVENT_KIND_SPAN_START, agentix_trace_id=TRACE_ID, agentix_span_id=ROOT_ID,
+                    agentix_parent_id="p" * (traces.MAX_ID_CHARS + 1), name="c"),
+        trace_event(4, pb.TRACE_EVENT_KIND_SPAN_START, agentix_trace_id=TRACE_ID,
+                    agentix_span_id="s" * traces.MAX_ID_CHARS, name="d"),
+    )
+    with caplog.at_level(logging.DEBUG, logger="agentix.runtime.client"):
+        await client.remote(sandbox_functions.add, 1, 2)
+        await eventually(lambda: runtime.trace_acks and runtime.trace_acks[-1] == 4)
+    assert [item["name"] for _, item in recorder.calls] == ["d"]
+    refused = [r for r in caplog.records if "failed; continuing" in r.getMessage()]
+    assert len(refused) == 3 and refused[0].levelno == logging.WARNING
+    assert all(len(r.getMessage()) < 2_000 for r in refused)
+    assert "more than 128" in str(refused[0].exc_info[1])
+
+
+async def test_the_console_processor_keeps_a_bounded_number_of_open_spans():
+    import io
+
+    console = trace.ConsoleProcessor(stream=io.StringIO())
+    for i in range(console.MAX_OPEN_SPANS + 5_000):  # starts whose end never comes
+        console.on_span_start(trace.Span(span_id=f"span_{i}", trace_id=TRACE_ID, parent_id=None, name="s"))
+    assert len(console._depth) == console.MAX_OPEN_SPANS
+    # The newest are kept: a child of the last one is indented under it.
+    console.on_span_start(trace.Span(span_id="child", trace_id=TRACE_ID, parent_id=f"span_{i}", name="c"))
+    assert console._depth["child"] == 2

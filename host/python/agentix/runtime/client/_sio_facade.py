@@ -41,15 +41,69 @@ _log = logging.getLogger("agentix.sio")
 _LIFECYCLE = frozenset({"connect", "disconnect", "connect_error"})
 
 
-# Replies kept per namespace object for repeated request ids.
+# Replies kept per namespace object for repeated request ids: at most
+# _REMEMBERED_REPLIES of them and _REMEMBERED_REPLY_BYTES of packed replies
+# (the oldest go first), and only for ids that are ints or strings of at most
+# _REMEMBERED_ID_CHARS characters (the sandbox's are 32 hex digits); others are
+# answered without being remembered.
 _REMEMBERED_REPLIES = 1024
+_REMEMBERED_REPLY_BYTES = 64 << 20
+_REMEMBERED_ID_CHARS = 128
 _IN_PROGRESS = object()
+# Distinct unhandled event names warned about per namespace object.
+_WARNED_EVENTS = 256
 
 
-def _replies_of(ns: Any) -> collections.OrderedDict:
+def _rememberable(request_id: Any) -> bool:
+    kind = type(request_id)
+    return (kind is str and len(request_id) <= _REMEMBERED_ID_CHARS) or kind is int
+
+
+class _RememberedReplies:
+    """The answers of one namespace object by request id, oldest first,
+    within the bounds above."""
+
+    __slots__ = ("_entries", "_bytes")
+
+    def __init__(self) -> None:
+        self._entries: collections.OrderedDict[Any, tuple[Any, int]] = collections.OrderedDict()
+        self._bytes = 0
+
+    def __contains__(self, request_id: Any) -> bool:
+        return request_id in self._entries
+
+    def __iter__(self):
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def bytes(self) -> int:
+        """The sizes of the remembered replies, added up."""
+        return self._bytes
+
+    def get(self, request_id: Any) -> Any:
+        return self._entries[request_id][0]
+
+    def put(self, request_id: Any, answer: Any, size: int = 0) -> None:
+        """Remembers `answer` (`size` bytes packed) for `request_id`, then
+        forgets the oldest answers while over a bound (this one too when it
+        alone is larger than the byte bound)."""
+        previous = self._entries.pop(request_id, None)
+        if previous is not None:
+            self._bytes -= previous[1]
+        self._entries[request_id] = (answer, size)
+        self._bytes += size
+        entries = self._entries
+        while entries and (len(entries) > _REMEMBERED_REPLIES or self._bytes > _REMEMBERED_REPLY_BYTES):
+            self._bytes -= entries.popitem(last=False)[1][1]
+
+
+def _replies_of(ns: Any) -> _RememberedReplies:
     replies = getattr(ns, "_agentix_replies", None)
     if replies is None:
-        replies = collections.OrderedDict()
+        replies = _RememberedReplies()
         ns._agentix_replies = replies
     return replies
 
@@ -60,7 +114,7 @@ class AsyncClientNamespace:
     Handlers: ``on_<event>(self, data)``; a coroutine handler runs as a
     detached task (exceptions logged), so a slow handler never delays other
     events or remote calls. An event with no handler is logged once per
-    event name.
+    event name, for the first 256 names.
     """
 
     def __init__(self, namespace: str | None = None) -> None:
@@ -87,13 +141,16 @@ class AsyncClientNamespace:
         namespace does not override `trigger_event`."""
         handler = getattr(self, "on_" + event, None)
         if handler is None or not callable(handler):
-            if event not in self._warned_unhandled:
-                self._warned_unhandled.add(event)
+            warned = self._warned_unhandled
+            if event not in warned and len(warned) < _WARNED_EVENTS:
+                warned.add(event)
                 _log.warning(
                     "namespace %s received event %r with no handler. A typo in an on_<event> method or a "
-                    "mismatched namespace string silently drops the event.",
+                    "mismatched namespace string silently drops the event.%s",
                     self.namespace,
                     event,
+                    f" ({_WARNED_EVENTS} event names reported: later names without a handler are not.)"
+                    if len(warned) == _WARNED_EVENTS else "",
                 )
             return
         data = codec.unpack(args[0]) if args and isinstance(args[0], (bytes, bytearray, memoryview)) else (
@@ -147,7 +204,11 @@ def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., 
     ``<event>:result {request_id, value}``, an exception as ``<event>:error
     {request_id, error: {type, message[, status_code]}}`` (the sandbox raises
     `RemoteSioError`). A payload that is not a request envelope is passed
-    as the body with request_id None."""
+    as the body with request_id None.
+
+    A repeated request id gets the first answer again, not a second call:
+    answers are remembered for the last 1,024 ids (ints, or strings of at
+    most 128 characters) and 64 MiB of packed replies per namespace object."""
 
     result_event, error_event = f"{event}:result", f"{event}:error"
 
@@ -162,15 +223,14 @@ def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., 
             # send or our reply may have been lost): answer each id once,
             # replaying the reply to repeats.
             replies = _replies_of(self)
-            if request_id is not None:
+            remember = _rememberable(request_id)
+            if remember:
                 if request_id in replies:
-                    previous = replies[request_id]
+                    previous = replies.get(request_id)
                     if previous is not _IN_PROGRESS:
                         await self.emit(*previous)
                     return
-                replies[request_id] = _IN_PROGRESS
-                while len(replies) > _REMEMBERED_REPLIES:
-                    replies.popitem(last=False)
+                replies.put(request_id, _IN_PROGRESS)
             try:
                 value = fn(self, body)
                 if type(value) is CoroutineType or inspect.isawaitable(value):
@@ -183,20 +243,22 @@ def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., 
                 if isinstance(status, int) and not isinstance(status, bool):
                     error["status_code"] = status
                 answer = (error_event, {"request_id": request_id, "error": error})
+                size = len(error["message"]) + len(error["type"])
             else:
+                size = len(packed)
                 answer = (result_event, reply)
                 client = self.client
                 if type(self).emit is AsyncClientNamespace.emit and client is not None:
                     # emit() would pack the reply again: send the bytes at hand,
                     # straight to the stream when it takes them without waiting.
-                    if request_id is not None:
-                        replies[request_id] = answer
+                    if remember:
+                        replies.put(request_id, answer, size)
                     ident = request_id if isinstance(request_id, str) else ""
                     if not client._send_namespace_event_nowait(self.namespace, result_event, packed, ident):
                         await client._emit_namespace_event(self.namespace, result_event, reply, packed)
                     return
-            if request_id is not None:
-                replies[request_id] = answer
+            if remember:
+                replies.put(request_id, answer, size)
             await self.emit(*answer)
 
         return handle

@@ -11,6 +11,24 @@ the handlers run in a worker thread (a slow handler delays logs, not the event
 loop), and a failure of the stream only ends log delivery until the client
 connects again. A daemon without ``Logs`` (UNIMPLEMENTED) is remembered and not
 asked again.
+
+The sandbox chooses its logger names, levels and extras, so replay bounds what
+they can make the host keep (`logging.getLogger` keeps every logger, and a
+placeholder for each dotted prefix, for the life of the process):
+
+- A name is taken as it is only when `valid_logger_name` accepts it (at most
+  `MAX_LOGGER_NAME_CHARS` characters and `MAX_LOGGER_NAME_PARTS` dotted parts,
+  no empty part, printable characters only), and replay creates at most
+  `max_sandbox_loggers()` host loggers per process (default
+  `DEFAULT_MAX_SANDBOX_LOGGERS`, ``$AGENTIX_MAX_SANDBOX_LOGGERS`` or
+  `set_max_sandbox_loggers`); loggers the host already has are always used.
+  Other records are replayed under `FALLBACK_LOGGER`. Every replayed record
+  carries the sandbox's name, cut to `MAX_LOGGER_NAME_CHARS`, in
+  ``record.agentix_logger``. Each of the two reasons is warned about once per
+  process; `replay_counts` gives the running counts.
+- Levels outside 0..`MAX_CACHED_LEVEL` are checked without
+  ``Logger.isEnabledFor``, whose per-logger cache keeps every level it is asked.
+- Extras larger than `MAX_EXTRAS_BYTES` are dropped, not decoded.
 """
 
 from __future__ import annotations
@@ -25,7 +43,20 @@ from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.utils.log._config import _ContextRecordFactory
 
-__all__ = ["DEFAULT_LOGGER", "LogCursor", "LogsStream", "replay_record"]
+__all__ = [
+    "DEFAULT_LOGGER",
+    "DEFAULT_MAX_SANDBOX_LOGGERS",
+    "FALLBACK_LOGGER",
+    "LogCursor",
+    "LogsStream",
+    "MAX_LOGGER_NAME_CHARS",
+    "MAX_LOGGER_NAME_PARTS",
+    "max_sandbox_loggers",
+    "replay_counts",
+    "replay_record",
+    "set_max_sandbox_loggers",
+    "valid_logger_name",
+]
 
 _log = logging.getLogger("agentix.runtime.client")
 
@@ -33,6 +64,20 @@ _log = logging.getLogger("agentix.runtime.client")
 DEFAULT_LOGGER = "agentix.sandbox"
 # agentix_context of records that carry none.
 _DEFAULT_CONTEXT = "sandbox"
+# The logger of records whose name the host does not take (see the module docstring).
+FALLBACK_LOGGER = "agentix.sandbox.other"
+
+# A sandbox logger name is taken as it is only within these bounds.
+MAX_LOGGER_NAME_CHARS = 200
+MAX_LOGGER_NAME_PARTS = 16
+# Host loggers replay creates per process before it uses FALLBACK_LOGGER.
+DEFAULT_MAX_SANDBOX_LOGGERS = 1000
+_MAX_LOGGERS_ENV = "AGENTIX_MAX_SANDBOX_LOGGERS"
+# Levels checked with Logger.isEnabledFor (whose cache keeps each one asked).
+MAX_CACHED_LEVEL = 100
+# Extras are msgpack; small input can decode to many objects (an empty map is
+# one byte, a dict 64), so larger extras are dropped.
+MAX_EXTRAS_BYTES = 64 * 1024
 
 _ORIGINS = {
     pb.LOG_ORIGIN_LOGGING: "logging",
@@ -43,7 +88,9 @@ _ORIGINS = {
 
 # Attributes a replayed record gets from the wire fields; extras may not
 # overwrite them (nor any standard LogRecord attribute: makeRecord refuses those).
-_AGENTIX_KEYS = frozenset({"agentix_context", "agentix_call_id", "agentix_worker_id", "agentix_origin"})
+_AGENTIX_KEYS = frozenset(
+    {"agentix_context", "agentix_call_id", "agentix_worker_id", "agentix_origin", "agentix_logger"}
+)
 _RESERVED_KEYS = frozenset(
     {
         *vars(logging.LogRecord("", logging.INFO, "", 0, "", (), None)),
@@ -64,9 +111,13 @@ class LogCursor(SeqCursor):
 
 def decode_extras(data: bytes) -> dict[str, object]:
     """The msgpack map of `LogRecord.extras` as ``{str: value}``, without the
-    keys a replayed record sets itself. Empty, undecodable or non-map data
-    (or no msgpack installed) gives ``{}``."""
+    keys a replayed record sets itself. Empty, undecodable or non-map data,
+    data over `MAX_EXTRAS_BYTES` (or no msgpack installed) gives ``{}``."""
     if not data:
+        return {}
+    if len(data) > MAX_EXTRAS_BYTES:
+        _warn_once("extras", "dropping the extras of a sandbox log record: %d bytes, more than the %d replay "
+                   "decodes (reported once)", len(data), MAX_EXTRAS_BYTES)
         return {}
     try:
         import msgpack
@@ -84,12 +135,14 @@ def decode_extras(data: bytes) -> dict[str, object]:
 def replay_record(record: pb.LogRecord) -> None:
     """Hands one sandbox record to the host's logging, as if logged here.
 
-    Logger ``record.logger`` (or `DEFAULT_LOGGER`); nothing happens when that
-    logger is not enabled for the level. The `logging.LogRecord` is made with
+    Logger ``record.logger`` (or `DEFAULT_LOGGER`; `FALLBACK_LOGGER` for a
+    name the host does not take, see the module docstring); nothing happens
+    when that logger is not enabled for the level. The `logging.LogRecord` is made with
     ``makeRecord(name, level, fn=file, lno=line, msg=message, args=(),
     exc_info=None, extra=<decoded extras>)`` and then gets ``funcName``,
     ``module`` (when sent), ``exc_text``, ``agentix_context``,
-    ``agentix_call_id``, ``agentix_worker_id``, ``agentix_origin``, the
+    ``agentix_call_id``, ``agentix_worker_id``, ``agentix_origin``,
+    ``agentix_logger`` (the sandbox's name, cut to `MAX_LOGGER_NAME_CHARS`), the
     sandbox's level name for levels the host has no name for, and
     ``created``/``msecs``/``relativeCreated`` from ``time_unix_nanos`` (the
     sandbox's clock; host time when the record carries none). Exceptions from
@@ -123,18 +176,22 @@ class RecordBatch:
             self._relative_ms = made.relativeCreated - made.created * 1000
 
     def replay(self, record: pb.LogRecord) -> None:
-        logger = _loggers.get(record.logger) or _logger_named(record.logger)
+        wire_name = record.logger
+        logger = _loggers.get(wire_name) or _logger_named(wire_name)
         level = record.level
-        if not logger.isEnabledFor(level):
+        if not (logger.isEnabledFor(level) if 0 <= level <= MAX_CACHED_LEVEL else _enabled_uncached(logger, level)):
             return
+        if len(wire_name) > MAX_LOGGER_NAME_CHARS:
+            wire_name = wire_name[:MAX_LOGGER_NAME_CHARS]
         if (self._template is not None and not record.extras and record.time_unix_nanos > 0
                 and type(logger).makeRecord is _MAKE_RECORD):
-            replayed = self._from_template(logger.name, level, record)
+            replayed = self._from_template(logger.name, level, record, wire_name)
         else:
             replayed = _made_record(logger, level, record)
+            replayed.agentix_logger = wire_name
         logger.handle(replayed)
 
-    def _from_template(self, name: str, level: int, record: pb.LogRecord) -> logging.LogRecord:
+    def _from_template(self, name: str, level: int, record: pb.LogRecord, wire_name: str) -> logging.LogRecord:
         attrs = self._template.copy()
         path = record.file
         filename, module = _file_parts.get(path) or _split_path(path)
@@ -142,7 +199,7 @@ class RecordBatch:
         created = nanos / 1e9
         attrs.update(
             _sandbox_fields(record),
-            name=name, msg=record.message, args=(), levelno=level,
+            name=name, msg=record.message, args=(), levelno=level, agentix_logger=wire_name,
             levelname=_level_name(logging.getLevelName(level), record),
             pathname=path, filename=filename, module=record.module or module, exc_info=None, lineno=record.line,
             created=created, msecs=_msecs(nanos), relativeCreated=created * 1000 + self._relative_ms,
@@ -190,6 +247,11 @@ def _sandbox_fields(record: pb.LogRecord) -> dict[str, Any]:
     }
 
 
+def _enabled_uncached(logger: logging.Logger, level: int) -> bool:
+    """``logger.isEnabledFor(level)`` without adding `level` to its cache."""
+    return not logger.disabled and logger.manager.disable < level and level >= logger.getEffectiveLevel()
+
+
 def _level_name(host_name: str, record: pb.LogRecord) -> str:
     """The host's name for the level, or the sandbox's where the host has none."""
     level = record.level
@@ -204,22 +266,151 @@ def _msecs(nanos: int) -> float:
 _MAKE_RECORD = logging.Logger.makeRecord
 _new_record = object.__new__
 
-# Loggers by wire name ("" is DEFAULT_LOGGER). logging never forgets a logger,
-# so neither does this; it saves getLogger's module lock per record.
+# Loggers by wire name ("" is DEFAULT_LOGGER): names valid_logger_name accepts
+# whose logger the host already had or replay created (at most
+# _max_loggers of those). It saves getLogger's module lock per record.
 _loggers: dict[str, logging.Logger] = {}
 _loggers_lock = threading.Lock()
+_created = 0  # loggers replay created
+_fallbacks = {"invalid": 0, "limit": 0}  # records replayed under FALLBACK_LOGGER, by reason
+_warned: set[str] = set()
+
+
+def _max_loggers_from_env() -> int:
+    text = os.environ.get(_MAX_LOGGERS_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_SANDBOX_LOGGERS
+    try:
+        value = int(text)
+        if value < 0:
+            raise ValueError("negative")
+    except ValueError:
+        _log.warning("%s=%r is not a whole number >= 0; using %d", _MAX_LOGGERS_ENV, text,
+                     DEFAULT_MAX_SANDBOX_LOGGERS)
+        return DEFAULT_MAX_SANDBOX_LOGGERS
+    return value
+
+
+_max_loggers = _max_loggers_from_env()
+
+
+def max_sandbox_loggers() -> int:
+    """The most host loggers log replay creates in this process."""
+    return _max_loggers
+
+
+def set_max_sandbox_loggers(limit: int) -> None:
+    """Sets how many host loggers log replay may create in this process
+    (default `DEFAULT_MAX_SANDBOX_LOGGERS`, or ``$AGENTIX_MAX_SANDBOX_LOGGERS``
+    at import). Loggers already created stay in use. Raises ValueError for a
+    negative `limit`."""
+    global _max_loggers
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError(f"the sandbox logger limit must be an int >= 0, not {limit!r}")
+    _max_loggers = limit
+
+
+def replay_counts() -> dict[str, int]:
+    """This process's figures: ``loggers_created`` (host loggers replay
+    created), ``fallback_invalid`` and ``fallback_limit`` (records replayed
+    under `FALLBACK_LOGGER` for a name `valid_logger_name` refuses, or a new
+    name past the logger limit)."""
+    with _loggers_lock:
+        return {
+            "loggers_created": _created,
+            "fallback_invalid": _fallbacks["invalid"],
+            "fallback_limit": _fallbacks["limit"],
+        }
+
+
+def valid_logger_name(name: str) -> bool:
+    """Whether replay takes `name` as a host logger name: at most
+    `MAX_LOGGER_NAME_CHARS` characters and `MAX_LOGGER_NAME_PARTS` dotted
+    parts, none of them empty, all characters printable."""
+    return (
+        len(name) <= MAX_LOGGER_NAME_CHARS
+        and name.count(".") < MAX_LOGGER_NAME_PARTS
+        and name.isprintable()
+        and ".." not in name
+        and not name.startswith(".")
+        and not name.endswith(".")
+    )
 
 
 def _logger_named(name: str) -> logging.Logger:
-    logger = logging.getLogger(name or DEFAULT_LOGGER)
+    """The host logger of wire name `name` (see the module docstring); the
+    cache is filled here."""
+    global _created
+    if not name:
+        logger = logging.getLogger(DEFAULT_LOGGER)
+        _loggers[""] = logger
+        return logger
+    if not valid_logger_name(name):
+        return _fallback("invalid", name)
+    existing = logging.Logger.manager.loggerDict.get(name)
     with _loggers_lock:
-        _loggers[name] = logger
-    return logger
+        logger = _loggers.get(name)
+        if logger is not None:
+            return logger
+        if not isinstance(existing, logging.Logger):
+            if _created >= _max_loggers:
+                logger = None
+            else:
+                _created += 1
+                logger = logging.getLogger(name)
+        else:
+            logger = existing
+        if logger is not None:
+            _loggers[name] = logger
+            return logger
+    return _fallback("limit", name)
 
 
-# (filename, module) by pathname, as LogRecord.__init__ derives them.
+def _fallback(reason: str, name: str) -> logging.Logger:
+    """FALLBACK_LOGGER for a record named `name`, counted; warned about once
+    per reason."""
+    with _loggers_lock:
+        _fallbacks[reason] += 1
+    shown = name[:MAX_LOGGER_NAME_CHARS]
+    if reason == "invalid":
+        _warn_once(
+            reason,
+            "a sandbox log record names logger %r (%d characters), which the host does not take (more than %d "
+            "characters or %d dotted parts, an empty part or an unprintable character); such records are "
+            "replayed under logger %r, the sandbox's name (cut) in record.agentix_logger (reported once)",
+            shown, len(name), MAX_LOGGER_NAME_CHARS, MAX_LOGGER_NAME_PARTS, FALLBACK_LOGGER,
+        )
+    else:
+        _warn_once(
+            reason,
+            "log replay has created %d host loggers for sandbox records, its limit (%s); records under other "
+            "new logger names, the first being %r, are replayed under logger %r, the sandbox's name in "
+            "record.agentix_logger (reported once)",
+            _max_loggers, _MAX_LOGGERS_ENV, shown, FALLBACK_LOGGER,
+        )
+    global _fallback_logger
+    if _fallback_logger is None:
+        _fallback_logger = logging.getLogger(FALLBACK_LOGGER)
+    return _fallback_logger
+
+
+_fallback_logger: logging.Logger | None = None
+
+
+def _warn_once(key: str, message: str, *args: Any) -> None:
+    """Logs `message` at WARNING the first time `key` is given in this process."""
+    with _loggers_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    _log.warning(message, *args)
+
+
+# (filename, module) by pathname, as LogRecord.__init__ derives them; only
+# paths of at most _FILE_PART_CHARS characters are kept.
 _file_parts: dict[str, tuple[str, str]] = {}
 _FILE_PARTS_MAX = 4096
+_FILE_PART_CHARS = 512
 
 
 def _split_path(path: str) -> tuple[str, str]:
@@ -228,6 +419,8 @@ def _split_path(path: str) -> tuple[str, str]:
         parts = (filename, os.path.splitext(filename)[0])
     except (TypeError, ValueError, AttributeError):
         parts = (path, "Unknown module")
+    if len(path) > _FILE_PART_CHARS:
+        return parts
     if len(_file_parts) >= _FILE_PARTS_MAX:
         _file_parts.clear()
     _file_parts[path] = parts
@@ -262,4 +455,4 @@ class LogsStream(SubscriptionStream):
         return RecordBatch().replay
 
     def _describe(self, item: pb.LogRecord) -> str:
-        return f"logger {item.logger or DEFAULT_LOGGER!r}"
+        return f"logger {item.logger[:MAX_LOGGER_NAME_CHARS] or DEFAULT_LOGGER!r}"

@@ -5,7 +5,14 @@ namespace registered with a `RuntimeClient` (see
 `NativeNamespaceStream` runs it over the ``_native_calls`` extension (grpc++
 on a completion queue), like the Calls stream; `NamespaceStream` over
 grpc.aio when the native transport is off or unavailable. Both behave the
-same towards the namespace object and the client."""
+same towards the namespace object and the client.
+
+Event names come from the sandbox: one that `valid_event_name` refuses (empty,
+longer than `MAX_EVENT_NAME_CHARS`, with an unprintable character, or a
+lifecycle name, which only the host's stream itself delivers) is dropped
+before any handler sees it; the first one of a stream is logged at WARNING,
+later ones at DEBUG. The ``namespace`` of a response is not used (each stream
+delivers to the namespace object it was opened for)."""
 
 from __future__ import annotations
 
@@ -22,7 +29,7 @@ from agentix.runtime.client._sio_facade import _LIFECYCLE, AsyncClientNamespace
 from agentix.runtime.client.stream import NativeStreamError
 from agentix.runtime.v1 import runtime_pb2 as pb
 
-__all__ = ["NAMESPACE_METHOD", "NamespaceStream", "NativeNamespaceStream"]
+__all__ = ["MAX_EVENT_NAME_CHARS", "NAMESPACE_METHOD", "NamespaceStream", "NativeNamespaceStream", "valid_event_name"]
 
 NAMESPACE_METHOD = "/agentix.runtime.v1.RuntimeService/Namespace"
 
@@ -34,6 +41,16 @@ OPEN_TIMEOUT = 10.0
 NATIVE_SEND_AHEAD = 2 << 20
 
 _log = logging.getLogger("agentix.sio")
+
+# The longest event name a sandbox may send to the host.
+MAX_EVENT_NAME_CHARS = 256
+
+
+def valid_event_name(event: str) -> bool:
+    """Whether the host delivers a sandbox event named `event`: 1 to
+    `MAX_EVENT_NAME_CHARS` printable characters, and not ``connect``,
+    ``disconnect`` or ``connect_error`` (the stream's own events)."""
+    return 0 < len(event) <= MAX_EVENT_NAME_CHARS and event not in _LIFECYCLE and event.isprintable()
 
 
 def _event_request(event: str, payload: bytes, request_id: str, error: dict | None) -> pb.NamespaceRequest:
@@ -79,6 +96,7 @@ class _StreamBase:
         self.ns = ns
         self._opened: asyncio.Future = asyncio.get_running_loop().create_future()
         self._done = False  # no more sends
+        self._refused = 0  # sandbox events dropped for their name
 
     @property
     def alive(self) -> bool:
@@ -95,6 +113,16 @@ class _StreamBase:
         daemon refuses the namespace, RuntimeError when the stream fails."""
         async with asyncio.timeout(timeout):
             await asyncio.shield(self._opened)
+
+    def _refuse(self, event: str) -> None:
+        """Drops a sandbox event whose name `valid_event_name` refuses."""
+        self._refused += 1
+        _log.log(
+            logging.WARNING if self._refused == 1 else logging.DEBUG,
+            "namespace %s: dropped an event from the sandbox named %r (%d characters): an event name is 1 to %d "
+            "printable characters and not a lifecycle event (%d dropped on this stream; later ones at DEBUG)",
+            self.ns.namespace, event[:64], len(event), MAX_EVENT_NAME_CHARS, self._refused,
+        )
 
     def _open_timed_out(self) -> None:
         if not self._opened.done():
@@ -188,10 +216,13 @@ class NamespaceStream(_StreamBase):
                 for event in response.events:
                     if self._done:  # a trigger closed the stream
                         break
-                    if plain:
-                        self._trigger_now(event.event, event.data)
+                    name = event.event
+                    if not valid_event_name(name):
+                        self._refuse(name)
+                    elif plain:
+                        self._trigger_now(name, event.data)
                     else:
-                        await self._trigger(event.event, event.data)
+                        await self._trigger(name, event.data)
         except asyncio.CancelledError:
             pass
         except grpc.aio.AioRpcError as error:
@@ -340,7 +371,10 @@ class NativeNamespaceStream(_StreamBase):
                 for event, data in events:
                     if self._ended:  # a trigger closed the stream
                         return
-                    self._deliver(event, (data,))
+                    if 0 < len(event) <= MAX_EVENT_NAME_CHARS and event not in _LIFECYCLE and event.isprintable():
+                        self._deliver(event, (data,))
+                    else:
+                        self._refuse(event)
                 if self._ended:
                     return
             if below:

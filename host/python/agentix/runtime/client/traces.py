@@ -13,11 +13,20 @@ daemon without ``Traces`` (UNIMPLEMENTED) not asked again.
 Each event becomes a fresh `Trace` or `Span` handed to
 ``agentix.utils.trace._dispatch``, so replayed items get the same processor
 order, disabling (``set_tracing_disabled``) and error handling as local ones.
+
+What the sandbox chooses is bounded before processors see it: names (of
+traces, spans and span events) are cut to `MAX_NAME_CHARS`, attribute keys to
+`MAX_KEY_CHARS`; a trace, span, span event or error keeps its first
+`MAX_ATTRIBUTES` attributes and a span its first `MAX_EVENTS` events (as
+OpenTelemetry's default limits), the number left out in the attribute
+``agentix.dropped_attributes`` / ``agentix.dropped_events``. An event whose
+agentix ids are longer than `MAX_ID_CHARS` is refused (ValueError: the stream
+reports and skips it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream
@@ -25,7 +34,26 @@ from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.utils import trace as _trace
 from agentix.utils.trace import Span, SpanError, SpanEvent, Trace
 
-__all__ = ["TraceCursor", "TracesStream", "replay_event", "trace_item"]
+__all__ = [
+    "MAX_ATTRIBUTES",
+    "MAX_EVENTS",
+    "MAX_ID_CHARS",
+    "MAX_KEY_CHARS",
+    "MAX_NAME_CHARS",
+    "TraceCursor",
+    "TracesStream",
+    "replay_event",
+    "trace_item",
+]
+
+# Bounds on what a sandbox's trace events make the host build (module docstring).
+MAX_NAME_CHARS = 1024
+MAX_KEY_CHARS = 256
+MAX_ATTRIBUTES = 128
+MAX_EVENTS = 128
+MAX_ID_CHARS = 128
+DROPPED_ATTRIBUTES = "agentix.dropped_attributes"
+DROPPED_EVENTS = "agentix.dropped_events"
 
 _STATUSES = {
     pb.SPAN_STATUS_CODE_UNSET: "unset",
@@ -66,14 +94,32 @@ def attribute_value(value: pb.AttributeValue) -> Any:
     return None if kind is None else getattr(value, kind)
 
 
-def attributes(items: Iterable[pb.Attribute]) -> dict[str, Any]:
-    """``{key: value}`` in wire order (a repeated key: the last one wins)."""
+def attributes(items: Sequence[pb.Attribute]) -> dict[str, Any]:
+    """``{key: value}`` of the first `MAX_ATTRIBUTES` wire items, in wire
+    order (a repeated key: the last one wins), keys cut to `MAX_KEY_CHARS`;
+    ``agentix.dropped_attributes`` counts the items left out, if any."""
     out = {}
-    for item in items:
+    count = len(items)
+    for item in items[:MAX_ATTRIBUTES] if count > MAX_ATTRIBUTES else items:
         value = item.value
         kind = value.WhichOneof("value")
-        out[item.key] = None if kind is None else getattr(value, kind)
+        key = item.key
+        out[key if len(key) <= MAX_KEY_CHARS else key[:MAX_KEY_CHARS]] = None if kind is None else getattr(value, kind)
+    if count > MAX_ATTRIBUTES:
+        out[DROPPED_ATTRIBUTES] = count - MAX_ATTRIBUTES
     return out
+
+
+def _name(name: str) -> str:
+    return name if len(name) <= MAX_NAME_CHARS else name[:MAX_NAME_CHARS]
+
+
+def _check_ids(event: pb.TraceEvent) -> None:
+    """Raises ValueError when an agentix id of `event` is longer than `MAX_ID_CHARS`."""
+    for field in ("agentix_trace_id", "agentix_span_id", "agentix_parent_id"):
+        length = len(getattr(event, field))
+        if length > MAX_ID_CHARS:
+            raise ValueError(f"trace event refused: its {field} has {length} characters, more than {MAX_ID_CHARS}")
 
 
 def trace_item(event: pb.TraceEvent) -> Trace | Span | None:
@@ -89,11 +135,17 @@ def trace_item(event: pb.TraceEvent) -> Trace | Span | None:
     ``call_id`` (``setdefault``: a span attribute of that name wins) when the
     event names a call, and error is ``SpanError(error_message, error_data or
     None)`` when ``error_message`` is set. Timestamps unset on the wire
-    (0) are None (an event's timestamp "").
+    (0) are None (an event's timestamp ""). Sandbox-chosen sizes are bounded
+    as the module docstring says (ValueError for an over-long id).
     """
     kind = event.kind
     if kind not in _METHODS:
         return None
+    trace_id = event.agentix_trace_id
+    span_id = event.agentix_span_id
+    parent_id = event.agentix_parent_id
+    if len(trace_id) > MAX_ID_CHARS or len(span_id) > MAX_ID_CHARS or len(parent_id) > MAX_ID_CHARS:
+        _check_ids(event)
     nanos = event.start_time_unix_nanos
     started_at = _iso_from_micros(nanos // 1000) if nanos > 0 else None
     nanos = event.end_time_unix_nanos
@@ -101,8 +153,8 @@ def trace_item(event: pb.TraceEvent) -> Trace | Span | None:
     if kind in _TRACE_KINDS:
         metadata = attributes(event.attributes) if kind == pb.TRACE_EVENT_KIND_TRACE_START else {}
         return Trace(
-            trace_id=event.agentix_trace_id,
-            name=event.name,
+            trace_id=trace_id,
+            name=_name(event.name),
             metadata=metadata,
             started_at=started_at,
             ended_at=ended_at,
@@ -116,11 +168,15 @@ def trace_item(event: pb.TraceEvent) -> Trace | Span | None:
     if event.error_message:
         error = SpanError(message=event.error_message, data=attributes(event.error_data) or None)
     wire_events = event.events
+    if wire_events and len(wire_events) > MAX_EVENTS:
+        attrs[DROPPED_EVENTS] = len(wire_events) - MAX_EVENTS
+        wire_events = wire_events[:MAX_EVENTS]
+    name = event.name
     return Span(
-        span_id=event.agentix_span_id,
-        trace_id=event.agentix_trace_id,
-        parent_id=event.agentix_parent_id or None,
-        name=event.name,
+        span_id=span_id,
+        trace_id=trace_id,
+        parent_id=parent_id or None,
+        name=name if len(name) <= MAX_NAME_CHARS else name[:MAX_NAME_CHARS],
         attrs=attrs,
         started_at=started_at,
         ended_at=ended_at,
@@ -129,7 +185,7 @@ def trace_item(event: pb.TraceEvent) -> Trace | Span | None:
         error=error,
         events=[
             SpanEvent(
-                name=record.name,
+                name=_name(record.name),
                 timestamp=iso_from_nanos(record.time_unix_nanos) or "",
                 attributes=attributes(record.attributes),
             )
@@ -171,4 +227,5 @@ class TracesStream(SubscriptionStream):
         return replay_event
 
     def _describe(self, item: pb.TraceEvent) -> str:
-        return f"{pb.TraceEventKind.Name(item.kind) if item.kind in _METHODS else item.kind} {item.name!r}"
+        kind = pb.TraceEventKind.Name(item.kind) if item.kind in _METHODS else item.kind
+        return f"{kind} {item.name[:MAX_NAME_CHARS]!r}"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import sys
@@ -39,12 +40,18 @@ class ConsoleProcessor(Processor):
             event <name> {attributes}            (printed at span end)
           span end <name> <status>[: error] (1.2 ms)
         trace end <name> <trace_id> (3.4 ms)
+
+    The depths of at most `MAX_OPEN_SPANS` started spans are kept (the oldest
+    go first): spans that never end, such as a sandbox's replayed starts
+    whose end never comes, cannot grow it without bound.
     """
+
+    MAX_OPEN_SPANS = 10_000
 
     def __init__(self, stream: IO[str] | None = None) -> None:
         self._stream = stream
         self._lock = threading.Lock()
-        self._depth: dict[str, int] = {}
+        self._depth: collections.OrderedDict[str, int] = collections.OrderedDict()
 
     def _write(self, depth: int, text: str) -> None:
         stream = self._stream if self._stream is not None else sys.stderr
@@ -63,6 +70,8 @@ class ConsoleProcessor(Processor):
         with self._lock:
             depth = self._depth.get(span.parent_id, 0) + 1 if span.parent_id else 1
             self._depth[span.span_id] = depth
+            if len(self._depth) > self.MAX_OPEN_SPANS:
+                self._depth.popitem(last=False)
         attrs = f" {span.attrs}" if span.attrs else ""
         self._write(depth, f"span start {span.name} {span.span_id}{attrs}")
 
