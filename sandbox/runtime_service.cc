@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
 #include "base/log.h"
 #include "sandbox/batching_writer.h"
@@ -68,6 +69,16 @@ class CallsReactor final : public ServerStream<CallsRequest, CallsResponse> {
     manager_->HandleHostEvents(sink_, request_.events());
     request_.Clear();
     if (sink_->PauseReadsIfBacklogged(kPauseReadsAboveBytes)) return;
+    StartRead(&request_);
+  }
+
+  // As any malformed event (the Calls contract): a BadRequest CallError,
+  // and the stream stays open.
+  void OnBadMessage(const std::string& error) override {
+    sink_->Deliver({MakeCallError(
+        "", "BadRequest",
+        "unparseable CallsRequest message (" + error + "); it was ignored",
+        absl::StatusCode::kInvalidArgument)});
     StartRead(&request_);
   }
 
@@ -167,6 +178,13 @@ class SideChannelReactor final : public ServerStream<Request, Response> {
     this->StartRead(&request_);
   }
 
+  void OnBadMessage(const std::string& error) override {
+    sink_->Fail(grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        std::string("unparseable ") + Request::descriptor()->name() +
+            " message (" + error + ")"));
+  }
+
   void OnWriteDone(bool ok) override { sink_->OnWriteDone(ok); }
   void OnCancel() override { sink_->OnCancel(); }
 
@@ -206,6 +224,22 @@ struct NamespaceEvents {
 // Delivered to the sandbox's agentix.sio when a host opens a namespace.
 constexpr char kHostConnectedEvent[] = "agentix:host_connected";
 
+// Host-chosen names the daemon forwards to the worker (which keeps handlers
+// and pending requests by them) are bounded like call ids.
+absl::Status CheckEvent(const runtime::v1::NamespaceEvent& event) {
+  if (event.event().size() > kMaxEventNameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("event name of ", event.event().size(),
+                     " bytes exceeds the limit of ", kMaxEventNameBytes));
+  }
+  if (event.request_id().size() > kMaxCallIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_id of ", event.request_id().size(),
+                     " bytes exceeds the limit of ", kMaxCallIdBytes));
+  }
+  return absl::OkStatus();
+}
+
 // The write side of one Namespace stream.
 class NamespaceSink final
     : public NamespaceSubscriber,
@@ -244,6 +278,11 @@ class NamespaceReactor final
                                  "send OpenNamespace before any event"));
         return;
       }
+      const absl::Status valid = CheckEvent(request_.event());
+      if (!valid.ok()) {
+        sink_->Fail(base::ToGrpcStatus(valid));
+        return;
+      }
       if (request_.event().event() == kHostConnectedEvent) {
         sink_->Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                  std::string("event name ") +
@@ -259,6 +298,12 @@ class NamespaceReactor final
     }
     request_.Clear();
     StartRead(&request_);
+  }
+
+  void OnBadMessage(const std::string& error) override {
+    sink_->Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                             "unparseable NamespaceRequest message (" + error +
+                                 ")"));
   }
 
   void OnWriteDone(bool ok) override { sink_->OnWriteDone(ok); }
@@ -317,7 +362,7 @@ class NamespaceReactor final
   std::string name_;  // only touched by read reactions
 };
 
-using AsyncService = runtime::v1::RuntimeService::AsyncService;
+using AsyncService = RuntimeServiceImpl::Service;
 
 // A streaming method's RequestX of the generated service.
 template <typename Stream>

@@ -30,6 +30,15 @@ inline constexpr size_t kSideChannelCoalesceBytes = 256 << 10;
 // reactions run on the thread that polls the queue (server_stream.h).
 class RuntimeServiceImpl final {
  public:
+  // The streaming methods are raw: their streams parse each message
+  // themselves, to answer an unparseable one (server_stream.h).
+  using Service = runtime::v1::RuntimeService::WithRawMethod_Calls<
+      runtime::v1::RuntimeService::WithRawMethod_Logs<
+          runtime::v1::RuntimeService::WithRawMethod_Traces<
+              runtime::v1::RuntimeService::WithRawMethod_Namespace<
+                  runtime::v1::RuntimeService::WithAsyncMethod_GetInfo<
+                      runtime::v1::RuntimeService::Service>>>>>;
+
   // `manager` must outlive the service; the service must outlive the
   // grpc::Server serving it and the thread polling its queue.
   RuntimeServiceImpl(SessionManager* manager, std::string version);
@@ -48,7 +57,7 @@ class RuntimeServiceImpl final {
  private:
   SessionManager* const manager_;
   const std::string version_;
-  runtime::v1::RuntimeService::AsyncService service_;
+  Service service_;
   // Runs the Logs and Traces streams' delayed (coalesced) writes. Outlives
   // the streams: the queue's thread deletes the last ones as it stops.
   FlushScheduler flush_scheduler_;

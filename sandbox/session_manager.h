@@ -13,7 +13,10 @@
 // - finished calls are retained until acknowledged (bounded, oldest evicted)
 //   so a reconnecting host can `resume` them; items of a streaming call are
 //   retained until the host's StreamAck says it consumed them;
-// - a malformed event gets a "BadRequest" CallError and changes nothing else.
+// - a malformed event gets a "BadRequest" CallError and changes nothing else;
+//   so does a call_id longer than kMaxCallIdBytes (it is never stored);
+// - an upload that makes no progress for `upload_idle_timeout` ends its call
+//   with "UploadTimeout" and frees what had arrived.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +24,7 @@
 #include <list>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -35,6 +39,11 @@
 
 namespace agentix::sandbox {
 
+// Longest accepted call_id (and namespace request_id): every id is kept as a
+// hash-map key and remembered after its call (kRememberedFinishedCalls), so
+// its length must not be the host's choice. Python hosts send 32 hex chars.
+inline constexpr size_t kMaxCallIdBytes = 256;
+
 struct SessionOptions {
   WorkerOptions worker;
   // Finished, unacknowledged results kept for resume; oldest evicted first.
@@ -48,6 +57,9 @@ struct SessionOptions {
   uint64_t max_retained_bytes = uint64_t{512} << 20;
   // Largest accepted encoded arguments of one call.
   uint64_t max_payload_bytes = uint64_t{1} << 30;
+  // A call whose announced arguments stop arriving for this long fails with
+  // UploadTimeout (DEADLINE_EXCEEDED) and its partial arguments are freed.
+  absl::Duration upload_idle_timeout = absl::Seconds(60);
   // Largest stream window passed to the worker; a StartCall asking for more
   // gets this many. Unacknowledged items are retained here for replay, so
   // the host's window (up to 2^32-1) must not size the daemon's memory.
@@ -121,6 +133,7 @@ class SessionManager : public WorkerProcess::Listener {
     uint64_t generation = 0;         // the worker running it
     uint64_t args_expected = 0;
     uint64_t args_received = 0;
+    absl::Time last_upload_progress;  // while args_received < args_expected
     bool terminal = false;
     // Every event sent for this call, kept for replay until acknowledged.
     std::vector<SandboxEventPtr> delivered;
@@ -216,6 +229,14 @@ class SessionManager : public WorkerProcess::Listener {
   // Destroys workers that have exited (joins their threads). Never called
   // from a worker callback or with mu_ held.
   void ReapDeadWorkers();
+  // The upload watchdog's thread: fails calls whose arguments stopped
+  // arriving (options_.upload_idle_timeout) until Shutdown.
+  void WatchUploads();
+  void ExpireUploads(absl::Time now, std::vector<Delivery>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a running call with `event` and tells its worker to drop it.
+  void FailCall(const std::string& id, Call& call, SandboxEventPtr event,
+                std::vector<Delivery>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SessionOptions options_;
   const std::unique_ptr<LogBuffer> logs_;
@@ -245,6 +266,9 @@ class SessionManager : public WorkerProcess::Listener {
   absl::flat_hash_set<std::string> finished_ids_ ABSL_GUARDED_BY(mu_);
   std::list<std::string> finished_order_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  // Calls whose arguments are still arriving (watched for idleness).
+  absl::flat_hash_set<std::string> uploading_ ABSL_GUARDED_BY(mu_);
+  std::thread upload_watch_;
   // "namespace\0event" pairs already reported as emitted with no listener.
   absl::flat_hash_set<std::string> unrouted_reported_ ABSL_GUARDED_BY(mu_);
 };

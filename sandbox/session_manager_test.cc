@@ -629,6 +629,74 @@ TEST_CASE("A resumed stream gets its replayed items before later ones",
           std::vector<std::string>{"0", "1", "2", "3", "4", "5"});
 }
 
+TEST_CASE("Over-long call ids are refused and never stored", "[sandbox]") {
+  SessionManager manager(FakeWorkerOptions());
+  auto sink = std::make_shared<RecordingSink>();
+  const std::string id(kMaxCallIdBytes + 1, 'i');
+  manager.HandleHostEvent(sink, Start(id, "fake::echo", "x"));
+  auto e = sink->AwaitTerminal("").error().error();
+  REQUIRE(e.type() == "BadRequest");
+  REQUIRE(e.code() == static_cast<int>(absl::StatusCode::kInvalidArgument));
+  REQUIRE(e.message().find("exceeds the limit of 256") != std::string::npos);
+  REQUIRE(sink->CountTerminal(id) == 0);  // never echoed back
+  REQUIRE(manager.Info().calls_in_flight == 0);
+  // Nor are they stored by chunks or resumes.
+  auto other = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(other, Chunk(id, "x"));
+  REQUIRE(other->AwaitTerminal("").error().error().type() == "BadRequest");
+  auto third = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(third, ResumeEvent({id}));
+  REQUIRE(third->AwaitTerminal("").error().error().type() == "BadRequest");
+  // The limit itself is accepted, and the daemon keeps serving.
+  const std::string longest(kMaxCallIdBytes, 'k');
+  manager.HandleHostEvent(sink, Start(longest, "fake::echo", "ok"));
+  REQUIRE(sink->AwaitTerminal(longest).result().value() == "ok");
+}
+
+TEST_CASE("An upload that stops arriving fails with UploadTimeout",
+          "[sandbox]") {
+  SessionOptions options = FakeWorkerOptions();
+  options.upload_idle_timeout = absl::Milliseconds(200);
+  SessionManager manager(options);
+  auto sink = std::make_shared<RecordingSink>();
+  // Announces 1 GiB, sends 3 bytes, then nothing.
+  manager.HandleHostEvent(sink, Start("stuck", "fake::echo", "abc", 1 << 30));
+  // One that keeps making progress is not cut.
+  manager.HandleHostEvent(sink, Start("slow", "fake::echo", "a", 4));
+  for (const char* piece : {"b", "c"}) {
+    absl::SleepFor(absl::Milliseconds(120));
+    manager.HandleHostEvent(sink, Chunk("slow", piece));
+  }
+  absl::SleepFor(absl::Milliseconds(120));
+  manager.HandleHostEvent(sink, Chunk("slow", "d"));
+  REQUIRE(sink->AwaitTerminal("slow").result().value() == "abcd");
+  auto e = sink->AwaitTerminal("stuck").error().error();
+  REQUIRE(e.type() == "UploadTimeout");
+  REQUIRE(e.code() == static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  REQUIRE(sink->CountTerminal("stuck") == 1);
+  REQUIRE(manager.Info().calls_in_flight == 0);
+  // Late chunks of the failed upload change nothing.
+  manager.HandleHostEvent(sink, Chunk("stuck", "more"));
+  manager.HandleHostEvent(sink, Start("after", "fake::echo", "served"));
+  REQUIRE(sink->AwaitTerminal("after").result().value() == "served");
+  REQUIRE(sink->CountTerminal("stuck") == 1);
+}
+
+TEST_CASE("A queued call whose upload stalls fails and frees its slot",
+          "[sandbox]") {
+  SessionOptions options = FakeWorkerOptions();
+  options.upload_idle_timeout = absl::Milliseconds(100);
+  options.max_concurrent_calls = 1;
+  SessionManager manager(options);
+  auto sink = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(sink, Start("busy", "fake::sleep", "300"));
+  manager.HandleHostEvent(sink, Start("waiting", "fake::echo", "xy", 100));
+  REQUIRE(sink->AwaitTerminal("waiting").error().error().type() ==
+          "UploadTimeout");
+  REQUIRE(sink->AwaitTerminal("busy").result().value() == "done");
+  REQUIRE(manager.Info().calls_queued == 0);
+}
+
 TEST_CASE("Shutdown fails running calls and refuses new ones", "[sandbox]") {
   SessionManager manager(FakeWorkerOptions());
   auto sink = std::make_shared<RecordingSink>();
