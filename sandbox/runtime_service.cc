@@ -34,6 +34,10 @@ class StreamSink final : public CallSink, public CallsWriter {
  public:
   StreamSink(CallsReactor* reactor, SessionManager* manager);
   bool Deliver(std::vector<SandboxEventPtr> events) override;
+  size_t UnwrittenBytes() override { return QueuedBytes(); }
+  void Abort(const std::string& message) override {
+    Fail(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, message));
+  }
 
  private:
   // Lock order is writer -> manager; the manager never calls a sink while
@@ -53,7 +57,9 @@ constexpr size_t kPauseReadsAboveBytes = 64u << 20;
 class CallsReactor final : public ServerStream<CallsRequest, CallsResponse> {
  public:
   explicit CallsReactor(SessionManager* manager)
-      : manager_(manager), sink_(std::make_shared<StreamSink>(this, manager)) {}
+      : manager_(manager), sink_(std::make_shared<StreamSink>(this, manager)) {
+    manager_->RegisterSink(sink_);
+  }
 
   // The write backlog drained: take host events again.
   void ResumeReads() { StartRead(&request_); }
@@ -88,6 +94,7 @@ class CallsReactor final : public ServerStream<CallsRequest, CallsResponse> {
   void OnDone() override {
     sink_->Detach();
     manager_->DetachSink(sink_.get());
+    manager_->ReleaseMemorySoon();
     delete this;
   }
 
@@ -97,7 +104,9 @@ class CallsReactor final : public ServerStream<CallsRequest, CallsResponse> {
 };
 
 StreamSink::StreamSink(CallsReactor* reactor, SessionManager* manager)
-    : CallsWriter(reactor), reactor_(reactor), manager_(manager) {}
+    : CallsWriter(reactor), reactor_(reactor), manager_(manager) {
+  ShareQueuedBytes(manager->unwritten_result_bytes());
+}
 
 void StreamSink::OnBacklogCleared() { reactor_->ResumeReads(); }
 
@@ -151,10 +160,19 @@ class SideChannelReactor final : public ServerStream<Request, Response> {
  public:
   using Sink = SideChannelSink<Request, Response, Record, Field>;
 
-  SideChannelReactor(SeqBuffer<Record>* buffer, FlushScheduler* scheduler)
-      : buffer_(buffer),
+  SideChannelReactor(SessionManager* manager, SeqBuffer<Record>* buffer,
+                     FlushScheduler* scheduler)
+      : manager_(manager),
+        buffer_(buffer),
         sink_(std::make_shared<Sink>(this, buffer->instance_id())) {
     sink_->CoalesceWith(scheduler);
+    sink_->SetQueueLimit(
+        kSideChannelMaxUnwrittenBytes,
+        grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                     std::string("this subscriber left more than ") +
+                         std::to_string(kSideChannelMaxUnwrittenBytes) +
+                         " bytes unread; subscribe again with after_seq "
+                         "(the records stay buffered until acknowledged)"));
   }
 
  private:
@@ -168,8 +186,13 @@ class SideChannelReactor final : public ServerStream<Request, Response> {
     if (request_.has_subscribe()) {
       if (!subscribed_) {
         subscribed_ = true;
-        buffer_->Subscribe(sink_, request_.subscribe().after_seq(),
-                           request_.subscribe().instance_id());
+        absl::Status subscribed =
+            buffer_->Subscribe(sink_, request_.subscribe().after_seq(),
+                               request_.subscribe().instance_id());
+        if (!subscribed.ok()) {
+          sink_->Fail(base::ToGrpcStatus(subscribed));
+          return;
+        }
       }
     } else if (request_.has_ack()) {
       buffer_->Ack(request_.ack().seq());
@@ -191,9 +214,11 @@ class SideChannelReactor final : public ServerStream<Request, Response> {
   void OnDone() override {
     buffer_->Unsubscribe(sink_.get());
     sink_->Detach();
+    manager_->ReleaseMemorySoon();
     delete this;
   }
 
+  SessionManager* const manager_;
   SeqBuffer<Record>* const buffer_;
   std::shared_ptr<Sink> sink_;
   Request request_;
@@ -404,11 +429,11 @@ void RuntimeServiceImpl::Start(CompletionQueueThread* thread) {
                           [manager] { return new CallsReactor(manager); });
   AwaitNext<LogsReactor>(service, &AsyncService::RequestLogs, thread,
                          [manager, scheduler] {
-                           return new LogsReactor(&manager->logs(), scheduler);
+                           return new LogsReactor(manager, &manager->logs(), scheduler);
                          });
   AwaitNext<TracesReactor>(
       service, &AsyncService::RequestTraces, thread, [manager, scheduler] {
-        return new TracesReactor(&manager->traces(), scheduler);
+        return new TracesReactor(manager, &manager->traces(), scheduler);
       });
   AwaitNext<NamespaceReactor>(
       service, &AsyncService::RequestNamespace, thread,

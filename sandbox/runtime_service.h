@@ -26,6 +26,12 @@ namespace agentix::sandbox {
 inline constexpr std::chrono::milliseconds kSideChannelCoalesceDelay{4};
 inline constexpr size_t kSideChannelCoalesceBytes = 256 << 10;
 
+// A Logs or Traces subscriber that stops reading is ended (RESOURCE_EXHAUSTED)
+// once this much waits for it: every subscriber gets every record, so an
+// idle one would otherwise hold each new record for ever. The records stay
+// in the shared buffer (until acknowledged) for its resubscription.
+inline constexpr size_t kSideChannelMaxUnwrittenBytes = 16u << 20;
+
 // Serves every RuntimeService method with the completion-queue API; the
 // reactions run on the thread that polls the queue (server_stream.h).
 class RuntimeServiceImpl final {

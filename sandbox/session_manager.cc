@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
+#include "base/malloc_tuning.h"
 #include "base/status_macros.h"
 
 namespace agentix::sandbox {
@@ -59,6 +60,8 @@ SessionManager::SessionManager(SessionOptions options)
       logs_(MakeLogBuffer(options_.log_buffer_records)),
       traces_(MakeTraceBuffer(options_.trace_buffer_events, logs_.get())),
       namespaces_(options_.max_namespace_streams) {
+  logs_->SetMaxSubscribers(options_.max_log_subscribers);
+  traces_->SetMaxSubscribers(options_.max_log_subscribers);
   upload_watch_ = std::thread([this] { WatchUploads(); });
 }
 
@@ -71,24 +74,30 @@ void SessionManager::WatchUploads() {
                                          absl::Milliseconds(5), absl::Seconds(1));
   while (true) {
     std::vector<Delivery> out;
+    bool release = false;
     {
       absl::MutexLock lock(&mu_);
       auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return shut_down_ || !uploading_.empty();
+        return shut_down_ || !uploading_.empty() || release_memory_;
       };
       mu_.Await(absl::Condition(&wake));
       if (shut_down_) return;
-      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return shut_down_;
-      };
-      if (mu_.AwaitWithTimeout(absl::Condition(&stop), tick)) return;
-      ExpireUploads(absl::Now(), out);
-      if (out.empty()) continue;
-      DispatchQueued(out);
-      FlushToWorker();
-      Post(out);
+      release = std::exchange(release_memory_, false);
+      if (!release) {
+        auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return shut_down_;
+        };
+        if (mu_.AwaitWithTimeout(absl::Condition(&stop), tick)) return;
+        ExpireUploads(absl::Now(), out);
+        if (!out.empty()) {
+          DispatchQueued(out);
+          FlushToWorker();
+          Post(out);
+        }
+      }
     }
-    DeliverPosted();
+    if (release) base::ReleaseFreeMemory();
+    if (!out.empty()) DeliverPosted();
   }
 }
 
@@ -616,6 +625,64 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
   if (!trace_events.empty()) traces_->Append(std::move(trace_events));
   if (!namespace_events.empty()) RouteNamespaceEvents(namespace_events);
   DeliverPosted();
+  ThrottleResults();
+}
+
+void SessionManager::ThrottleResults() {
+  const auto cap = static_cast<int64_t>(options_.max_retained_bytes);
+  int64_t lowest = unwritten_->load(std::memory_order_relaxed);
+  if (lowest <= cap) return;
+  // Not reading the worker's pipe makes it wait: its calls produce no more
+  // until the hosts have taken what they were sent.
+  absl::Time progress = absl::Now();
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (shut_down_) return;
+    }
+    const int64_t now_bytes = unwritten_->load(std::memory_order_relaxed);
+    if (now_bytes <= cap) return;
+    if (now_bytes < lowest) {
+      lowest = now_bytes;
+      progress = absl::Now();
+    } else if (absl::Now() - progress >= options_.stalled_host_timeout) {
+      AbortMostBacklogged();
+      lowest = unwritten_->load(std::memory_order_relaxed);
+      progress = absl::Now();
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+void SessionManager::AbortMostBacklogged() {
+  std::vector<std::shared_ptr<CallSink>> sinks;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [ptr, weak] : sinks_) {
+      if (auto sink = weak.lock()) sinks.push_back(std::move(sink));
+    }
+  }
+  std::shared_ptr<CallSink> worst;
+  size_t worst_bytes = 0;
+  for (const auto& sink : sinks) {
+    const size_t bytes = sink->UnwrittenBytes();
+    if (bytes > worst_bytes) {
+      worst = sink;
+      worst_bytes = bytes;
+    }
+  }
+  if (!worst) return;
+  AGX_LOG(Warning,
+          "a host stream has not read {} bytes of results for {}: ending it "
+          "(its calls stay retained for a resume)",
+          worst_bytes, absl::FormatDuration(options_.stalled_host_timeout));
+  worst->Abort(absl::StrCat(
+      "the host did not read its results (", worst_bytes,
+      " bytes unwritten) for ",
+      absl::FormatDuration(options_.stalled_host_timeout),
+      " while the daemon's unwritten results exceeded --max-retained-bytes (",
+      options_.max_retained_bytes,
+      "); reconnect and resume the calls"));
 }
 
 namespace {
@@ -792,8 +859,19 @@ void SessionManager::OnWorkerExit(uint64_t generation,
   DeliverPosted();
 }
 
+void SessionManager::ReleaseMemorySoon() {
+  absl::MutexLock lock(&mu_);
+  release_memory_ = true;
+}
+
+void SessionManager::RegisterSink(const std::shared_ptr<CallSink>& sink) {
+  absl::MutexLock lock(&mu_);
+  sinks_[sink.get()] = sink;
+}
+
 void SessionManager::DetachSink(const CallSink* sink) {
   absl::MutexLock lock(&mu_);
+  sinks_.erase(sink);
   for (auto& [id, call] : calls_) {
     if (call.sink.get() == sink) call.sink.reset();
   }

@@ -19,6 +19,7 @@
 //   with "UploadTimeout" and frees what had arrived.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <list>
@@ -60,6 +61,12 @@ struct SessionOptions {
   // A call whose announced arguments stop arriving for this long fails with
   // UploadTimeout (DEADLINE_EXCEEDED) and its partial arguments are freed.
   absl::Duration upload_idle_timeout = absl::Seconds(60);
+  // Results handed to host streams but not yet written (a host that stops
+  // reading) are bounded too: past max_retained_bytes of them the worker's
+  // output waits (back-pressure), and if no stream makes progress for
+  // `stalled_host_timeout`, the stream with the largest backlog is ended
+  // with RESOURCE_EXHAUSTED (its calls stay retained for a resume).
+  absl::Duration stalled_host_timeout = absl::Seconds(20);
   // Largest stream window passed to the worker; a StartCall asking for more
   // gets this many. Unacknowledged items are retained here for replay, so
   // the host's window (up to 2^32-1) must not size the daemon's memory.
@@ -67,6 +74,8 @@ struct SessionOptions {
   // Log records and trace events kept for hosts that have not received them.
   size_t log_buffer_records = 10000;
   size_t trace_buffer_events = 10000;
+  // Logs (and, separately, Traces) streams subscribed at once.
+  size_t max_log_subscribers = 64;
   // Plugin-namespace streams open at once, over all hosts.
   size_t max_namespace_streams = 256;
 };
@@ -96,9 +105,16 @@ class SessionManager : public WorkerProcess::Listener {
       const std::shared_ptr<CallSink>& sink,
       const google::protobuf::RepeatedPtrField<runtime::v1::HostEvent>&
           events);
+  // A host stream opened: `sink` is a candidate for AbortMostBacklogged
+  // until DetachSink.
+  void RegisterSink(const std::shared_ptr<CallSink>& sink);
   // The stream behind `sink` ended. Its calls keep running; their results
   // are retained until a resume or eviction.
   void DetachSink(const CallSink* sink);
+  // A host stream ended: soon, on a background thread, freed memory is
+  // given back to the OS (base::ReleaseFreeMemory), so what a departed
+  // client made the daemon hold does not stay resident.
+  void ReleaseMemorySoon();
   // True if a call owned by `sink` has not reached its terminal event, or
   // events posted for `sink` still wait to be handed to it.
   bool HasOpenCalls(const CallSink* sink);
@@ -107,6 +123,11 @@ class SessionManager : public WorkerProcess::Listener {
   // first call that needs it). Errors as posix_spawn reports them; a worker
   // that fails later in its boot is reported to the calls that wait for it.
   absl::Status StartWorker();
+  // Bytes queued in host streams' writers and not yet written; every Calls
+  // stream's writer adds to it (BatchingWriter::ShareQueuedBytes).
+  std::shared_ptr<std::atomic<int64_t>> unwritten_result_bytes() {
+    return unwritten_;
+  }
   // The worker's log records and trace events, for RuntimeService.Logs and
   // RuntimeService.Traces.
   LogBuffer& logs() { return *logs_; }
@@ -232,6 +253,13 @@ class SessionManager : public WorkerProcess::Listener {
   // The upload watchdog's thread: fails calls whose arguments stopped
   // arriving (options_.upload_idle_timeout) until Shutdown.
   void WatchUploads();
+  // Back-pressure on the worker (called on its reader thread, without mu_):
+  // waits while more than max_retained_bytes of results are unwritten,
+  // ending the most backlogged stream when none progresses for
+  // stalled_host_timeout.
+  void ThrottleResults() ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends the host stream with the largest unwritten backlog.
+  void AbortMostBacklogged() ABSL_LOCKS_EXCLUDED(mu_);
   void ExpireUploads(absl::Time now, std::vector<Delivery>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a running call with `event` and tells its worker to drop it.
@@ -269,6 +297,11 @@ class SessionManager : public WorkerProcess::Listener {
   // Calls whose arguments are still arriving (watched for idleness).
   absl::flat_hash_set<std::string> uploading_ ABSL_GUARDED_BY(mu_);
   std::thread upload_watch_;
+  bool release_memory_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<const CallSink*, std::weak_ptr<CallSink>> sinks_
+      ABSL_GUARDED_BY(mu_);
+  const std::shared_ptr<std::atomic<int64_t>> unwritten_ =
+      std::make_shared<std::atomic<int64_t>>(0);
   // "namespace\0event" pairs already reported as emitted with no listener.
   absl::flat_hash_set<std::string> unrouted_reported_ ABSL_GUARDED_BY(mu_);
 };
