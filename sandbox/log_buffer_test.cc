@@ -152,6 +152,28 @@ TEST_CASE("Every subscriber gets every record", "[logs]") {
   REQUIRE(b->got().size() == 2);
 }
 
+TEST_CASE("Subscribers are bounded; a refused one gets nothing", "[logs]") {
+  auto owned = MakeLogBuffer(10);
+  LogBuffer& buffer = *owned;
+  buffer.SetMaxSubscribers(2);
+  buffer.Append({Entry("backlog")});
+  auto a = std::make_shared<RecordingSubscriber>();
+  auto b = std::make_shared<RecordingSubscriber>();
+  auto c = std::make_shared<RecordingSubscriber>();
+  REQUIRE(buffer.Subscribe(a, 0).ok());
+  REQUIRE(buffer.Subscribe(b, 0).ok());
+  absl::Status refused = buffer.Subscribe(c, 0);
+  REQUIRE(refused.code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE(refused.message().find("--max-log-subscribers") !=
+          std::string::npos);
+  buffer.Append({Entry("live")});
+  REQUIRE(c->got().empty());
+  REQUIRE(a->got().size() == 2);
+  // A departed subscriber frees its place.
+  buffer.Unsubscribe(a.get());
+  REQUIRE(buffer.Subscribe(c, 0).ok());
+}
+
 TEST_CASE("Trace events carry OpenTelemetry ids; their drops go to the logs",
           "[traces]") {
   auto logs = MakeLogBuffer(100);

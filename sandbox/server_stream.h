@@ -199,6 +199,7 @@ class ServerStream {
   void StartWrite(const Response* response) {
     ops_.fetch_add(1, std::memory_order_relaxed);
     bool own_buffer = false;
+    write_bytes_.Clear();  // the last write took its own reference
     const grpc::Status serialized = grpc::SerializationTraits<Response>::Serialize(
         *response, &write_bytes_, &own_buffer);
     if (!serialized.ok()) {

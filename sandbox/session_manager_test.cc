@@ -697,6 +697,73 @@ TEST_CASE("A queued call whose upload stalls fails and frees its slot",
   REQUIRE(manager.Info().calls_queued == 0);
 }
 
+// A stream whose host never reads: what it is handed stays unwritten (and
+// counted in the manager's total, as the real writer does) until Abort.
+class StalledSink : public RecordingSink {
+ public:
+  explicit StalledSink(std::shared_ptr<std::atomic<int64_t>> total)
+      : total_(std::move(total)) {}
+  bool Deliver(std::vector<SandboxEventPtr> events) override {
+    if (aborted_) return false;
+    for (const auto& e : events) {
+      unwritten_ += e->ByteSizeLong();
+      *total_ += static_cast<int64_t>(e->ByteSizeLong());
+    }
+    return RecordingSink::Deliver(std::move(events));
+  }
+  size_t UnwrittenBytes() override { return unwritten_; }
+  void Abort(const std::string& message) override {
+    aborted_ = true;
+    message_ = message;
+    *total_ -= static_cast<int64_t>(unwritten_.exchange(0));
+  }
+  bool aborted() const { return aborted_; }
+  std::string message() const { return message_; }
+
+ private:
+  const std::shared_ptr<std::atomic<int64_t>> total_;
+  std::atomic<size_t> unwritten_{0};
+  std::atomic<bool> aborted_{false};
+  std::string message_;
+};
+
+TEST_CASE("Unwritten results are bounded: the worker waits, a stalled "
+          "stream is ended",
+          "[sandbox]") {
+  SessionOptions options = FakeWorkerOptions();
+  options.max_retained_bytes = 64 << 10;
+  options.stalled_host_timeout = absl::Milliseconds(300);
+  SessionManager manager(options);
+  auto stalled = std::make_shared<StalledSink>(manager.unwritten_result_bytes());
+  manager.RegisterSink(stalled);
+  const std::string big(40 << 10, 'b');  // 160 KiB in all: over the bound
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 4; ++i) {
+    manager.HandleHostEvent(stalled,
+                            Start("big" + std::to_string(i), "fake::echo", big));
+  }
+  // Handed over, never written: past the bound the worker's output waits.
+  while (*manager.unwritten_result_bytes() <= int64_t{64 << 10}) {
+    REQUIRE(absl::Now() - start < absl::Seconds(10));
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  // A reading host's call waits behind the paused worker output, then is
+  // answered once the stalled stream has been ended.
+  auto reader = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(reader, Start("small", "fake::echo", "hi"));
+  REQUIRE(reader->AwaitTerminal("small").result().value() == "hi");
+  REQUIRE(stalled->aborted());
+  REQUIRE(absl::Now() - start >= absl::Milliseconds(300));
+  REQUIRE(stalled->message().find("did not read") != std::string::npos);
+  // Once ended, nothing of that stream is left unwritten.
+  REQUIRE(*manager.unwritten_result_bytes() == 0);
+  manager.DetachSink(stalled.get());
+  // The stalled host's calls were retained (within the bound) for resume.
+  auto resumed = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(resumed, ResumeEvent({"big3"}));
+  REQUIRE(resumed->AwaitTerminal("big3").has_result());
+}
+
 TEST_CASE("Shutdown fails running calls and refuses new ones", "[sandbox]") {
   SessionManager manager(FakeWorkerOptions());
   auto sink = std::make_shared<RecordingSink>();
