@@ -82,6 +82,14 @@ class BatchingWriter {
     queue_limit_status_ = std::move(status);
   }
 
+  // Caps one message at about `bytes` (default kMaxBatchBytes). Each stream
+  // holds its message in flight serialized, so streams that may be many and
+  // idle use small ones. Before the first Enqueue.
+  void SetMaxBatchBytes(size_t bytes) {
+    absl::MutexLock lock(&mu_);
+    max_batch_bytes_ = bytes;
+  }
+
   // Adds every change of this writer's unwritten bytes to `*total` (shared
   // by the writers whose backlog is bounded together). Before the first
   // Enqueue; `total` must outlive this writer (hence shared).
@@ -299,7 +307,7 @@ class BatchingWriter {
     ReleaseBatch();
     size_t bytes = 0;
     auto* field = Field::Get(batch_);
-    while (!queue_.empty() && bytes < kMaxBatchBytes) {
+    while (!queue_.empty() && bytes < max_batch_bytes_) {
       ItemPtr item = std::move(queue_.front());
       queue_.pop_front();
       const size_t size = item->ByteSizeLong();
@@ -369,6 +377,7 @@ class BatchingWriter {
   size_t resume_below_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<Coalescing> coalescing_ ABSL_GUARDED_BY(mu_);
   size_t queue_limit_bytes_ ABSL_GUARDED_BY(mu_) = SIZE_MAX;
+  size_t max_batch_bytes_ ABSL_GUARDED_BY(mu_) = kMaxBatchBytes;
   grpc::Status queue_limit_status_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<std::atomic<int64_t>> shared_queued_ ABSL_GUARDED_BY(mu_);
   Clock::time_point last_write_ ABSL_GUARDED_BY(mu_) = Clock::time_point::min();

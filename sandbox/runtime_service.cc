@@ -166,6 +166,7 @@ class SideChannelReactor final : public ServerStream<Request, Response> {
         buffer_(buffer),
         sink_(std::make_shared<Sink>(this, buffer->instance_id())) {
     sink_->CoalesceWith(scheduler);
+    sink_->SetMaxBatchBytes(kSideChannelMaxBatchBytes);
     sink_->SetQueueLimit(
         kSideChannelMaxUnwrittenBytes,
         grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,

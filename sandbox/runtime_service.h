@@ -30,7 +30,11 @@ inline constexpr size_t kSideChannelCoalesceBytes = 256 << 10;
 // once this much waits for it: every subscriber gets every record, so an
 // idle one would otherwise hold each new record for ever. The records stay
 // in the shared buffer (until acknowledged) for its resubscription.
-inline constexpr size_t kSideChannelMaxUnwrittenBytes = 16u << 20;
+inline constexpr size_t kSideChannelMaxUnwrittenBytes = 8u << 20;
+// A Logs or Traces message carries at most about this much (a thousand or
+// more records): what each subscriber holds serialized while its write is
+// in flight, however many subscribers there are.
+inline constexpr size_t kSideChannelMaxBatchBytes = 256u << 10;
 
 // Serves every RuntimeService method with the completion-queue API; the
 // reactions run on the thread that polls the queue (server_stream.h).
