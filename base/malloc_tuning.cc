@@ -11,4 +11,6 @@ void TuneMallocForLargeBuffers() {
   mallopt(M_TRIM_THRESHOLD, 128 << 20);
 }
 
+void ReleaseFreeMemory() { malloc_trim(0); }
+
 }  // namespace agentix::base

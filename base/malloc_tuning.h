@@ -10,4 +10,10 @@ namespace agentix::base {
 // set: an explicit operator choice wins. Call first thing in main().
 void TuneMallocForLargeBuffers();
 
+// Gives freed heap memory back to the OS (malloc_trim), e.g. after a client
+// that made the process hold a lot has gone: glibc otherwise keeps freed
+// pages below the top of the heap mapped for good. Takes a few ms on a
+// large heap; call it from a background thread.
+void ReleaseFreeMemory();
+
 }  // namespace agentix::base

@@ -19,7 +19,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -47,7 +49,11 @@ class BatchingWriter {
   // `header` holds the non-repeated fields every message carries.
   explicit BatchingWriter(Reactor* reactor, Response header = Response())
       : reactor_(reactor), batch_(std::move(header)) {}
-  virtual ~BatchingWriter() { ReleaseBatch(); }
+  virtual ~BatchingWriter() {
+    ReleaseBatch();
+    absl::MutexLock lock(&mu_);
+    ClearQueue();
+  }
 
   // Coalescing: a message that would carry less than `min_bytes` is not
   // written sooner than `delay` after the previous one; the items wait (at
@@ -67,21 +73,68 @@ class BatchingWriter {
     coalescing_ = std::move(coalescing);
   }
 
+  // A peer that does not read must not make this writer buffer without
+  // bound: once more than `bytes` wait to be written, the stream ends with
+  // `status` and its queue is freed. Before the first Enqueue.
+  void SetQueueLimit(size_t bytes, grpc::Status status) {
+    absl::MutexLock lock(&mu_);
+    queue_limit_bytes_ = bytes;
+    queue_limit_status_ = std::move(status);
+  }
+
+  // Caps one message at about `bytes` (default kMaxBatchBytes). Each stream
+  // holds its message in flight serialized, so streams that may be many and
+  // idle use small ones. Before the first Enqueue.
+  void SetMaxBatchBytes(size_t bytes) {
+    absl::MutexLock lock(&mu_);
+    max_batch_bytes_ = bytes;
+  }
+
+  // Adds every change of this writer's unwritten bytes to `*total` (shared
+  // by the writers whose backlog is bounded together). Before the first
+  // Enqueue; `total` must outlive this writer (hence shared).
+  void ShareQueuedBytes(std::shared_ptr<std::atomic<int64_t>> total) {
+    absl::MutexLock lock(&mu_);
+    shared_queued_ = std::move(total);
+  }
+
+  // Bytes waiting to be written (not counting the write in flight).
+  size_t QueuedBytes() {
+    absl::MutexLock lock(&mu_);
+    return queued_bytes_;
+  }
+
   // Queues `items` in order; returns false once the stream has ended.
   bool Enqueue(std::vector<ItemPtr> items) {
     Reactor* reactor;
+    std::optional<grpc::Status> finish;
+    bool over_limit = false;
     {
       absl::MutexLock lock(&mu_);
       if (reactor_ == nullptr || finished_ || cancelled_ || failure_) {
         return false;
       }
+      size_t added = 0;
       for (auto& item : items) {
-        queued_bytes_ += item->ByteSizeLong();
+        added += item->ByteSizeLong();
         queue_.push_back(std::move(item));
       }
-      // OnWriteDone, WriteFirst or WriteHeldBack picks them up.
-      if (write_in_flight_ || awaiting_first_ || HoldBack()) return true;
-      reactor = StartBatch();
+      AddQueued(static_cast<int64_t>(added));
+      reactor = reactor_;
+      over_limit = queued_bytes_ > queue_limit_bytes_;
+      if (over_limit) {
+        failure_ = queue_limit_status_;
+        ClearQueue();
+        finish = TakeFinish();
+      } else {
+        // OnWriteDone, WriteFirst or WriteHeldBack picks them up.
+        if (write_in_flight_ || awaiting_first_ || HoldBack()) return true;
+        StartBatch();
+      }
+    }
+    if (over_limit) {
+      FinishOutsideLock(finish, reactor);
+      return false;
     }
     reactor->StartWrite(&batch_);
     return true;
@@ -142,8 +195,7 @@ class BatchingWriter {
   void Fail(grpc::Status status) {
     UpdateAndMaybeFinish([&] {
       if (!failure_) failure_ = std::move(status);
-      queue_.clear();
-      queued_bytes_ = 0;
+      ClearQueue();
     });
   }
 
@@ -198,8 +250,7 @@ class BatchingWriter {
   void Detach() {
     absl::MutexLock lock(&mu_);
     reactor_ = nullptr;
-    queue_.clear();
-    queued_bytes_ = 0;
+    ClearQueue();
   }
 
  protected:
@@ -256,12 +307,12 @@ class BatchingWriter {
     ReleaseBatch();
     size_t bytes = 0;
     auto* field = Field::Get(batch_);
-    while (!queue_.empty() && bytes < kMaxBatchBytes) {
+    while (!queue_.empty() && bytes < max_batch_bytes_) {
       ItemPtr item = std::move(queue_.front());
       queue_.pop_front();
       const size_t size = item->ByteSizeLong();
       bytes += size;
-      queued_bytes_ -= std::min(queued_bytes_, size);
+      AddQueued(-static_cast<int64_t>(std::min(queued_bytes_, size)));
       field->UnsafeArenaAddAllocated(const_cast<Item*>(item.get()));
       batch_refs_.push_back(std::move(item));
     }
@@ -274,6 +325,15 @@ class BatchingWriter {
     auto* field = Field::Get(batch_);
     while (!field->empty()) field->UnsafeArenaReleaseLast();
     batch_refs_.clear();
+  }
+
+  void AddQueued(int64_t delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    queued_bytes_ = static_cast<size_t>(static_cast<int64_t>(queued_bytes_) + delta);
+    if (shared_queued_) shared_queued_->fetch_add(delta, std::memory_order_relaxed);
+  }
+  void ClearQueue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    queue_.clear();
+    AddQueued(-static_cast<int64_t>(queued_bytes_));
   }
 
   std::optional<grpc::Status> TakeFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -316,6 +376,10 @@ class BatchingWriter {
   bool reads_paused_ ABSL_GUARDED_BY(mu_) = false;
   size_t resume_below_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<Coalescing> coalescing_ ABSL_GUARDED_BY(mu_);
+  size_t queue_limit_bytes_ ABSL_GUARDED_BY(mu_) = SIZE_MAX;
+  size_t max_batch_bytes_ ABSL_GUARDED_BY(mu_) = kMaxBatchBytes;
+  grpc::Status queue_limit_status_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<std::atomic<int64_t>> shared_queued_ ABSL_GUARDED_BY(mu_);
   Clock::time_point last_write_ ABSL_GUARDED_BY(mu_) = Clock::time_point::min();
   bool flush_scheduled_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -2,7 +2,9 @@
 // stream owns. The gRPC adapter implements it; tests use a recording fake.
 #pragma once
 
+#include <cstddef>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "agentix/runtime/v1/runtime.pb.h"
@@ -20,6 +22,11 @@ class CallSink {
   // possible. Returns false if the stream behind this sink has ended (the
   // manager keeps the events retained for a later resume either way).
   virtual bool Deliver(std::vector<SandboxEventPtr> events) = 0;
+  // Bytes handed over by Deliver and not yet written to the host.
+  virtual size_t UnwrittenBytes() { return 0; }
+  // Ends the stream (RESOURCE_EXHAUSTED, `message`), dropping what is
+  // unwritten: its host stopped reading. The calls stay retained.
+  virtual void Abort(const std::string& /*message*/) {}
 };
 
 }  // namespace agentix::sandbox

@@ -40,7 +40,7 @@ TEST_CASE("Records before any subscriber are buffered and replayed in order",
   buffer.Append({Entry("one", "w1")});
   buffer.Append({Entry("two", "w1")});
   auto sub = std::make_shared<RecordingSubscriber>();
-  buffer.Subscribe(sub, 0);
+  REQUIRE(buffer.Subscribe(sub, 0).ok());
   buffer.Append({Entry("three", "w2")});
   auto got = sub->got();
   REQUIRE(got.size() == 3);
@@ -59,7 +59,7 @@ TEST_CASE("Resubscribing after a seq skips what was seen; acks free space",
   LogBuffer& buffer = *owned;
   for (const char* m : {"a", "b", "c"}) buffer.Append({Entry(m)});
   auto sub = std::make_shared<RecordingSubscriber>();
-  buffer.Subscribe(sub, 2);
+  REQUIRE(buffer.Subscribe(sub, 2).ok());
   REQUIRE(sub->got().size() == 1);
   REQUIRE(sub->got()[0]->message() == "c");
   buffer.Ack(2);
@@ -70,10 +70,10 @@ TEST_CASE("Resubscribing after a seq skips what was seen; acks free space",
 
   // A cursor from another daemon instance does not skip anything here.
   auto other = std::make_shared<RecordingSubscriber>();
-  buffer.Subscribe(other, 3, "not-this-daemon");
+  REQUIRE(buffer.Subscribe(other, 3, "not-this-daemon").ok());
   REQUIRE(other->got().size() == 2);  // "c" and "d" (a and b were acked)
   auto same = std::make_shared<RecordingSubscriber>();
-  buffer.Subscribe(same, 3, buffer.instance_id());
+  REQUIRE(buffer.Subscribe(same, 3, buffer.instance_id()).ok());
   REQUIRE(same->got().size() == 1);  // "d"
   REQUIRE(buffer.instance_id().size() == 16);
 }
@@ -85,7 +85,7 @@ TEST_CASE("Overflow drops the oldest and says so in one warning record",
   for (int i = 0; i < 10; ++i) buffer.Append({Entry(std::to_string(i))});
   REQUIRE(buffer.dropped_total() == 7);
   auto sub = std::make_shared<RecordingSubscriber>();
-  buffer.Subscribe(sub, 0);
+  REQUIRE(buffer.Subscribe(sub, 0).ok());
   auto got = sub->got();
   // "7", "8", "9" and the warning: storing the warning evicts "7", but only
   // after it was handed to this subscriber, so it is not lost.
@@ -106,7 +106,7 @@ TEST_CASE("Evicting records a connected host already got is not a drop",
   auto owned = MakeLogBuffer(3);
   LogBuffer& buffer = *owned;
   auto sub = std::make_shared<RecordingSubscriber>();
-  buffer.Subscribe(sub, 0);
+  REQUIRE(buffer.Subscribe(sub, 0).ok());
   for (int i = 0; i < 100; ++i) buffer.Append({Entry(std::to_string(i))});
   auto got = sub->got();
   REQUIRE(got.size() == 100);
@@ -120,13 +120,13 @@ TEST_CASE("A resuming host is told how many records it can no longer get",
   auto owned = MakeLogBuffer(3);
   LogBuffer& buffer = *owned;
   auto first = std::make_shared<RecordingSubscriber>();
-  buffer.Subscribe(first, 0);
+  REQUIRE(buffer.Subscribe(first, 0).ok());
   for (int i = 1; i <= 10; ++i) buffer.Append({Entry(std::to_string(i))});
   buffer.Unsubscribe(first.get());
   // The host had received up to seq 4 when its stream broke; 5..7 were
   // evicted meanwhile (delivered on the broken stream, never acknowledged).
   auto resumed = std::make_shared<RecordingSubscriber>();
-  buffer.Subscribe(resumed, 4, buffer.instance_id());
+  REQUIRE(buffer.Subscribe(resumed, 4, buffer.instance_id()).ok());
   auto got = resumed->got();
   REQUIRE(got.size() == 4);
   REQUIRE(got[0]->message() == "8");
@@ -136,7 +136,7 @@ TEST_CASE("A resuming host is told how many records it can no longer get",
 
   // A host that is up to date misses nothing and hears no warning.
   auto current = std::make_shared<RecordingSubscriber>();
-  buffer.Subscribe(current, got[3]->seq(), buffer.instance_id());
+  REQUIRE(buffer.Subscribe(current, got[3]->seq(), buffer.instance_id()).ok());
   REQUIRE(current->got().empty());
 }
 
@@ -145,11 +145,33 @@ TEST_CASE("Every subscriber gets every record", "[logs]") {
   LogBuffer& buffer = *owned;
   auto a = std::make_shared<RecordingSubscriber>();
   auto b = std::make_shared<RecordingSubscriber>();
-  buffer.Subscribe(a, 0);
-  buffer.Subscribe(b, 0);
+  REQUIRE(buffer.Subscribe(a, 0).ok());
+  REQUIRE(buffer.Subscribe(b, 0).ok());
   buffer.Append({Entry("x"), Entry("y")});
   REQUIRE(a->got().size() == 2);
   REQUIRE(b->got().size() == 2);
+}
+
+TEST_CASE("Subscribers are bounded; a refused one gets nothing", "[logs]") {
+  auto owned = MakeLogBuffer(10);
+  LogBuffer& buffer = *owned;
+  buffer.SetMaxSubscribers(2);
+  buffer.Append({Entry("backlog")});
+  auto a = std::make_shared<RecordingSubscriber>();
+  auto b = std::make_shared<RecordingSubscriber>();
+  auto c = std::make_shared<RecordingSubscriber>();
+  REQUIRE(buffer.Subscribe(a, 0).ok());
+  REQUIRE(buffer.Subscribe(b, 0).ok());
+  absl::Status refused = buffer.Subscribe(c, 0);
+  REQUIRE(refused.code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE(refused.message().find("--max-log-subscribers") !=
+          std::string::npos);
+  buffer.Append({Entry("live")});
+  REQUIRE(c->got().empty());
+  REQUIRE(a->got().size() == 2);
+  // A departed subscriber frees its place.
+  buffer.Unsubscribe(a.get());
+  REQUIRE(buffer.Subscribe(c, 0).ok());
 }
 
 TEST_CASE("Trace events carry OpenTelemetry ids; their drops go to the logs",
@@ -188,7 +210,7 @@ TEST_CASE("Trace events carry OpenTelemetry ids; their drops go to the logs",
 
   for (int i = 0; i < 5; ++i) traces->Append({e});
   auto log_sub = std::make_shared<RecordingSubscriber>();
-  logs->Subscribe(log_sub, 0);
+  REQUIRE(logs->Subscribe(log_sub, 0).ok());
   class TraceSink : public TraceSubscriber {
    public:
     void Deliver(std::vector<TraceEventPtr> events) override {
@@ -197,7 +219,7 @@ TEST_CASE("Trace events carry OpenTelemetry ids; their drops go to the logs",
     size_t count = 0;
   };
   auto trace_sub = std::make_shared<TraceSink>();
-  traces->Subscribe(trace_sub, 0);
+  REQUIRE(traces->Subscribe(trace_sub, 0).ok());
   REQUIRE(trace_sub->count == 2);
   auto got = log_sub->got();
   REQUIRE(got.size() == 1);

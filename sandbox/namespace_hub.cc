@@ -8,6 +8,11 @@
 namespace agentix::sandbox {
 
 absl::Status NamespaceHub::CheckName(absl::string_view name) {
+  if (name.size() > kMaxNamespaceBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("namespace name of ", name.size(),
+                     " bytes exceeds the limit of ", kMaxNamespaceBytes));
+  }
   if (name.empty() || name[0] != '/') {
     return absl::InvalidArgumentError(absl::StrCat(
         "namespace '", name, "' must start with '/' (e.g. '/myplugin')"));

@@ -16,6 +16,11 @@
 
 namespace agentix::sandbox {
 
+// Longest accepted namespace name and event name (host-chosen strings kept
+// as map keys here and in the worker).
+inline constexpr size_t kMaxNamespaceBytes = 256;
+inline constexpr size_t kMaxEventNameBytes = 1024;
+
 using NamespaceEventPtr = std::shared_ptr<const runtime::v1::NamespaceEvent>;
 
 // The write side of one host Namespace stream.
@@ -29,7 +34,8 @@ class NamespaceSubscriber {
 class NamespaceHub {
  public:
   // OK for a name a plugin may open; InvalidArgument (with the reason) for
-  // "", "/", names not starting with "/", and the core's /rpc, /log, /trace.
+  // "", "/", names not starting with "/", names longer than
+  // kMaxNamespaceBytes, and the core's /rpc, /log, /trace.
   static absl::Status CheckName(absl::string_view name);
 
   // At most `max_streams` streams may be open at once (over all names).

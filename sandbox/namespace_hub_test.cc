@@ -33,6 +33,11 @@ TEST_CASE("Plugin namespace names: reserved and malformed ones are refused",
   }
   CHECK(NamespaceHub::CheckName("/log").message().find("reserved") !=
         std::string::npos);
+  // Length is bounded (names are map keys here and in the worker).
+  CHECK(NamespaceHub::CheckName("/" + std::string(kMaxNamespaceBytes - 1, 'n'))
+            .ok());
+  CHECK(NamespaceHub::CheckName("/" + std::string(kMaxNamespaceBytes, 'n'))
+            .code() == absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("Broadcast reaches every stream on the namespace and no other",

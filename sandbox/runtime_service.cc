@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
 #include "base/log.h"
 #include "sandbox/batching_writer.h"
@@ -33,6 +34,10 @@ class StreamSink final : public CallSink, public CallsWriter {
  public:
   StreamSink(CallsReactor* reactor, SessionManager* manager);
   bool Deliver(std::vector<SandboxEventPtr> events) override;
+  size_t UnwrittenBytes() override { return QueuedBytes(); }
+  void Abort(const std::string& message) override {
+    Fail(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, message));
+  }
 
  private:
   // Lock order is writer -> manager; the manager never calls a sink while
@@ -52,7 +57,9 @@ constexpr size_t kPauseReadsAboveBytes = 64u << 20;
 class CallsReactor final : public ServerStream<CallsRequest, CallsResponse> {
  public:
   explicit CallsReactor(SessionManager* manager)
-      : manager_(manager), sink_(std::make_shared<StreamSink>(this, manager)) {}
+      : manager_(manager), sink_(std::make_shared<StreamSink>(this, manager)) {
+    manager_->RegisterSink(sink_);
+  }
 
   // The write backlog drained: take host events again.
   void ResumeReads() { StartRead(&request_); }
@@ -71,12 +78,23 @@ class CallsReactor final : public ServerStream<CallsRequest, CallsResponse> {
     StartRead(&request_);
   }
 
+  // As any malformed event (the Calls contract): a BadRequest CallError,
+  // and the stream stays open.
+  void OnBadMessage(const std::string& error) override {
+    sink_->Deliver({MakeCallError(
+        "", "BadRequest",
+        "unparseable CallsRequest message (" + error + "); it was ignored",
+        absl::StatusCode::kInvalidArgument)});
+    StartRead(&request_);
+  }
+
   void OnWriteDone(bool ok) override { sink_->OnWriteDone(ok); }
   void OnCancel() override { sink_->OnCancel(); }
 
   void OnDone() override {
     sink_->Detach();
     manager_->DetachSink(sink_.get());
+    manager_->ReleaseMemorySoon();
     delete this;
   }
 
@@ -86,7 +104,9 @@ class CallsReactor final : public ServerStream<CallsRequest, CallsResponse> {
 };
 
 StreamSink::StreamSink(CallsReactor* reactor, SessionManager* manager)
-    : CallsWriter(reactor), reactor_(reactor), manager_(manager) {}
+    : CallsWriter(reactor), reactor_(reactor), manager_(manager) {
+  ShareQueuedBytes(manager->unwritten_result_bytes());
+}
 
 void StreamSink::OnBacklogCleared() { reactor_->ResumeReads(); }
 
@@ -140,10 +160,20 @@ class SideChannelReactor final : public ServerStream<Request, Response> {
  public:
   using Sink = SideChannelSink<Request, Response, Record, Field>;
 
-  SideChannelReactor(SeqBuffer<Record>* buffer, FlushScheduler* scheduler)
-      : buffer_(buffer),
+  SideChannelReactor(SessionManager* manager, SeqBuffer<Record>* buffer,
+                     FlushScheduler* scheduler)
+      : manager_(manager),
+        buffer_(buffer),
         sink_(std::make_shared<Sink>(this, buffer->instance_id())) {
     sink_->CoalesceWith(scheduler);
+    sink_->SetMaxBatchBytes(kSideChannelMaxBatchBytes);
+    sink_->SetQueueLimit(
+        kSideChannelMaxUnwrittenBytes,
+        grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                     std::string("this subscriber left more than ") +
+                         std::to_string(kSideChannelMaxUnwrittenBytes) +
+                         " bytes unread; subscribe again with after_seq "
+                         "(the records stay buffered until acknowledged)"));
   }
 
  private:
@@ -157,8 +187,13 @@ class SideChannelReactor final : public ServerStream<Request, Response> {
     if (request_.has_subscribe()) {
       if (!subscribed_) {
         subscribed_ = true;
-        buffer_->Subscribe(sink_, request_.subscribe().after_seq(),
-                           request_.subscribe().instance_id());
+        absl::Status subscribed =
+            buffer_->Subscribe(sink_, request_.subscribe().after_seq(),
+                               request_.subscribe().instance_id());
+        if (!subscribed.ok()) {
+          sink_->Fail(base::ToGrpcStatus(subscribed));
+          return;
+        }
       }
     } else if (request_.has_ack()) {
       buffer_->Ack(request_.ack().seq());
@@ -167,15 +202,24 @@ class SideChannelReactor final : public ServerStream<Request, Response> {
     this->StartRead(&request_);
   }
 
+  void OnBadMessage(const std::string& error) override {
+    sink_->Fail(grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        std::string("unparseable ") + Request::descriptor()->name() +
+            " message (" + error + ")"));
+  }
+
   void OnWriteDone(bool ok) override { sink_->OnWriteDone(ok); }
   void OnCancel() override { sink_->OnCancel(); }
 
   void OnDone() override {
     buffer_->Unsubscribe(sink_.get());
     sink_->Detach();
+    manager_->ReleaseMemorySoon();
     delete this;
   }
 
+  SessionManager* const manager_;
   SeqBuffer<Record>* const buffer_;
   std::shared_ptr<Sink> sink_;
   Request request_;
@@ -205,6 +249,22 @@ struct NamespaceEvents {
 
 // Delivered to the sandbox's agentix.sio when a host opens a namespace.
 constexpr char kHostConnectedEvent[] = "agentix:host_connected";
+
+// Host-chosen names the daemon forwards to the worker (which keeps handlers
+// and pending requests by them) are bounded like call ids.
+absl::Status CheckEvent(const runtime::v1::NamespaceEvent& event) {
+  if (event.event().size() > kMaxEventNameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("event name of ", event.event().size(),
+                     " bytes exceeds the limit of ", kMaxEventNameBytes));
+  }
+  if (event.request_id().size() > kMaxCallIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_id of ", event.request_id().size(),
+                     " bytes exceeds the limit of ", kMaxCallIdBytes));
+  }
+  return absl::OkStatus();
+}
 
 // The write side of one Namespace stream.
 class NamespaceSink final
@@ -244,6 +304,11 @@ class NamespaceReactor final
                                  "send OpenNamespace before any event"));
         return;
       }
+      const absl::Status valid = CheckEvent(request_.event());
+      if (!valid.ok()) {
+        sink_->Fail(base::ToGrpcStatus(valid));
+        return;
+      }
       if (request_.event().event() == kHostConnectedEvent) {
         sink_->Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                  std::string("event name ") +
@@ -259,6 +324,12 @@ class NamespaceReactor final
     }
     request_.Clear();
     StartRead(&request_);
+  }
+
+  void OnBadMessage(const std::string& error) override {
+    sink_->Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                             "unparseable NamespaceRequest message (" + error +
+                                 ")"));
   }
 
   void OnWriteDone(bool ok) override { sink_->OnWriteDone(ok); }
@@ -317,7 +388,7 @@ class NamespaceReactor final
   std::string name_;  // only touched by read reactions
 };
 
-using AsyncService = runtime::v1::RuntimeService::AsyncService;
+using AsyncService = RuntimeServiceImpl::Service;
 
 // A streaming method's RequestX of the generated service.
 template <typename Stream>
@@ -359,11 +430,11 @@ void RuntimeServiceImpl::Start(CompletionQueueThread* thread) {
                           [manager] { return new CallsReactor(manager); });
   AwaitNext<LogsReactor>(service, &AsyncService::RequestLogs, thread,
                          [manager, scheduler] {
-                           return new LogsReactor(&manager->logs(), scheduler);
+                           return new LogsReactor(manager, &manager->logs(), scheduler);
                          });
   AwaitNext<TracesReactor>(
       service, &AsyncService::RequestTraces, thread, [manager, scheduler] {
-        return new TracesReactor(&manager->traces(), scheduler);
+        return new TracesReactor(manager, &manager->traces(), scheduler);
       });
   AwaitNext<NamespaceReactor>(
       service, &AsyncService::RequestNamespace, thread,

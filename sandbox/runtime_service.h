@@ -26,10 +26,29 @@ namespace agentix::sandbox {
 inline constexpr std::chrono::milliseconds kSideChannelCoalesceDelay{4};
 inline constexpr size_t kSideChannelCoalesceBytes = 256 << 10;
 
+// A Logs or Traces subscriber that stops reading is ended (RESOURCE_EXHAUSTED)
+// once this much waits for it: every subscriber gets every record, so an
+// idle one would otherwise hold each new record for ever. The records stay
+// in the shared buffer (until acknowledged) for its resubscription.
+inline constexpr size_t kSideChannelMaxUnwrittenBytes = 8u << 20;
+// A Logs or Traces message carries at most about this much (a thousand or
+// more records): what each subscriber holds serialized while its write is
+// in flight, however many subscribers there are.
+inline constexpr size_t kSideChannelMaxBatchBytes = 256u << 10;
+
 // Serves every RuntimeService method with the completion-queue API; the
 // reactions run on the thread that polls the queue (server_stream.h).
 class RuntimeServiceImpl final {
  public:
+  // The streaming methods are raw: their streams parse each message
+  // themselves, to answer an unparseable one (server_stream.h).
+  using Service = runtime::v1::RuntimeService::WithRawMethod_Calls<
+      runtime::v1::RuntimeService::WithRawMethod_Logs<
+          runtime::v1::RuntimeService::WithRawMethod_Traces<
+              runtime::v1::RuntimeService::WithRawMethod_Namespace<
+                  runtime::v1::RuntimeService::WithAsyncMethod_GetInfo<
+                      runtime::v1::RuntimeService::Service>>>>>;
+
   // `manager` must outlive the service; the service must outlive the
   // grpc::Server serving it and the thread polling its queue.
   RuntimeServiceImpl(SessionManager* manager, std::string version);
@@ -48,7 +67,7 @@ class RuntimeServiceImpl final {
  private:
   SessionManager* const manager_;
   const std::string version_;
-  runtime::v1::RuntimeService::AsyncService service_;
+  Service service_;
   // Runs the Logs and Traces streams' delayed (coalesced) writes. Outlives
   // the streams: the queue's thread deletes the last ones as it stops.
   FlushScheduler flush_scheduler_;

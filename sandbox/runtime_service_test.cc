@@ -41,6 +41,95 @@ void AddStart(CallsRequest& req, const std::string& id,
   s->set_arguments(args);
 }
 
+// A stream of `method` that sends raw bytes, as a broken or hostile client
+// would; reads raw bytes too.
+std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
+RawStream(Harness& h, const char* method, grpc::ClientContext* ctx) {
+  return std::unique_ptr<
+      grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer,
+                                                grpc::ByteBuffer>::
+          Create(h.server.Channel().get(),
+                 grpc::internal::RpcMethod(
+                     method, grpc::internal::RpcMethod::BIDI_STREAMING),
+                 ctx));
+}
+
+grpc::ByteBuffer Bytes(const std::string& s) {
+  grpc::Slice slice(s);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// Not a protobuf: field 1 (length-delimited) claims 100 bytes, 2 follow.
+constexpr char kGarbage[] = "\x0a\x64zz";
+
+template <typename Message>
+Message Parse(grpc::ByteBuffer& buffer) {
+  Message m;
+  REQUIRE(grpc::SerializationTraits<Message>::Deserialize(&buffer, &m).ok());
+  return m;
+}
+
+TEST_CASE("An unparseable Calls message gets BadRequest; the stream goes on",
+          "[sandbox]") {
+  Harness h;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto stream =
+      RawStream(h, "/agentix.runtime.v1.RuntimeService/Calls", &ctx);
+  REQUIRE(stream->Write(Bytes(kGarbage)));
+  grpc::ByteBuffer raw;
+  REQUIRE(stream->Read(&raw));
+  CallsResponse resp = Parse<CallsResponse>(raw);
+  REQUIRE(resp.events_size() == 1);
+  const auto& error = resp.events(0).error().error();
+  REQUIRE(error.type() == "BadRequest");
+  REQUIRE(error.code() == static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  // The same stream still runs calls.
+  CallsRequest req;
+  AddStart(req, "after", "fake::echo", "served");
+  std::string bytes;
+  REQUIRE(req.SerializeToString(&bytes));
+  REQUIRE(stream->Write(Bytes(bytes)));
+  REQUIRE(stream->WritesDone());
+  std::string value;
+  while (stream->Read(&raw)) {
+    const CallsResponse got = Parse<CallsResponse>(raw);
+    for (const auto& e : got.events()) {
+      if (e.has_result()) value = e.result().value();
+    }
+  }
+  REQUIRE(stream->Finish().ok());
+  REQUIRE(value == "served");
+}
+
+TEST_CASE("An unparseable Logs, Traces or Namespace message ends that stream "
+          "with INVALID_ARGUMENT",
+          "[sandbox]") {
+  Harness h;
+  for (const char* method : {"/agentix.runtime.v1.RuntimeService/Logs",
+                             "/agentix.runtime.v1.RuntimeService/Traces",
+                             "/agentix.runtime.v1.RuntimeService/Namespace"}) {
+    INFO(method);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(20));
+    auto stream = RawStream(h, method, &ctx);
+    REQUIRE(stream->Write(Bytes(kGarbage)));
+    grpc::ByteBuffer raw;
+    while (stream->Read(&raw)) {
+    }
+    grpc::Status status = stream->Finish();
+    REQUIRE(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    REQUIRE(status.error_message().find("unparseable") != std::string::npos);
+  }
+  // The daemon keeps serving.
+  grpc::ClientContext ctx;
+  runtime::v1::GetInfoResponse info;
+  REQUIRE(h.stub->GetInfo(&ctx, runtime::v1::GetInfoRequest(), &info).ok());
+  REQUIRE(info.status() == "ok");
+}
+
 TEST_CASE("Calls multiplexes a batch of calls on one stream", "[sandbox]") {
   Harness h;
   grpc::ClientContext ctx;

@@ -96,6 +96,17 @@ ABSL_FLAG(uint64_t, payload_ring_bytes, agentix::ipc::kDefaultRingBytes,
           "sends every payload through the worker's socketpair");
 ABSL_FLAG(int, worker_ready_timeout_s, 15,
           "seconds a starting worker may take to become ready");
+ABSL_FLAG(double, upload_idle_timeout_s, 60,
+          "seconds a call's announced arguments may stop arriving before it "
+          "fails with UploadTimeout (DEADLINE_EXCEEDED) and they are freed");
+ABSL_FLAG(double, stalled_host_timeout_s, 20,
+          "while more than --max-retained-bytes of results wait unwritten "
+          "(the worker's output is then paused), seconds without progress "
+          "before the most backlogged Calls stream is ended "
+          "(RESOURCE_EXHAUSTED; its calls stay retained for a resume)");
+ABSL_FLAG(uint64_t, max_log_subscribers, 64,
+          "Logs streams (and, separately, Traces streams) subscribed at once "
+          "(RESOURCE_EXHAUSTED beyond)");
 
 namespace agentix::sandbox {
 namespace {
@@ -272,6 +283,11 @@ int Run(int argc, char** raw_argv) {
   options.max_namespace_streams = absl::GetFlag(FLAGS_max_namespace_streams);
   options.max_concurrent_calls = absl::GetFlag(FLAGS_max_concurrent_calls);
   options.max_queued_calls = absl::GetFlag(FLAGS_max_queued_calls);
+  options.upload_idle_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_upload_idle_timeout_s));
+  options.stalled_host_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_stalled_host_timeout_s));
+  options.max_log_subscribers = absl::GetFlag(FLAGS_max_log_subscribers);
   if (access(options.worker.worker_path.c_str(), X_OK) != 0) {
     AGX_LOG(Error, "worker binary {} is not executable; pass --worker PATH",
             options.worker.worker_path);

@@ -24,6 +24,7 @@
 
 #include <fmt/format.h>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "base/log.h"
 
@@ -89,12 +90,20 @@ class SeqBuffer {
   // daemon: the whole backlog is sent. A resuming host (our instance,
   // `after_seq` > 0) whose next records were evicted meanwhile is told how
   // many it missed. Thread-safe.
-  void Subscribe(const std::shared_ptr<Subscriber>& subscriber,
-                 uint64_t after_seq, const std::string& instance_id = "") {
+  // ResourceExhausted (nothing delivered) when max_subscribers are there.
+  absl::Status Subscribe(const std::shared_ptr<Subscriber>& subscriber,
+                         uint64_t after_seq,
+                         const std::string& instance_id = "") {
     if (!instance_id.empty() && instance_id != instance_id_) after_seq = 0;
     std::vector<RecordPtr> records;
     {
       absl::MutexLock lock(&mu_);
+      if (subscribers_.size() >= max_subscribers_) {
+        return absl::ResourceExhaustedError(fmt::format(
+            "too many {} subscribers ({}); close some or start the daemon "
+            "with a higher --max-log-subscribers",
+            what_, max_subscribers_));
+      }
       subscribers_.push_back(subscriber);
       const uint64_t oldest_kept =
           backlog_.empty() ? next_seq_ : backlog_.front().record->seq();
@@ -112,6 +121,13 @@ class SeqBuffer {
       ReportDrops(records);
     }
     if (!records.empty()) subscriber->Deliver(std::move(records));
+    return absl::OkStatus();
+  }
+
+  // Subscribers allowed at once (each holds what it has not read yet).
+  void SetMaxSubscribers(size_t n) {
+    absl::MutexLock lock(&mu_);
+    max_subscribers_ = std::max<size_t>(1, n);
   }
 
   void Unsubscribe(const Subscriber* subscriber) {
@@ -195,6 +211,7 @@ class SeqBuffer {
   std::deque<Entry> backlog_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Subscriber>> subscribers_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  size_t max_subscribers_ ABSL_GUARDED_BY(mu_) = SIZE_MAX;
   uint64_t unreported_drops_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t dropped_total_ ABSL_GUARDED_BY(mu_) = 0;
 };

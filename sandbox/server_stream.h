@@ -16,6 +16,13 @@
 // most one read and one write in flight, Finish once and with no write in
 // flight, nothing after Finish.
 //
+// Parsing. The stream carries raw bytes (the service registers the method
+// with WithRawMethod_X) and parses each message itself: gRPC's own parsing
+// reports an unparseable message exactly like a half-close (a failed read),
+// so the daemon could not tell the host its message was garbage. Here such a
+// message runs OnBadMessage() instead, and the stream may go on reading.
+// The work is the same (gRPC would parse and serialize these very buffers).
+//
 // Lifetime. A stream object is made before its call arrives (AwaitCall);
 // OnStart() runs when the call does. OnDone() runs once, last, after Finish
 // has completed and every other operation too; it usually deletes the
@@ -24,9 +31,12 @@
 #pragma once
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/async_stream.h>
+#include <grpcpp/support/byte_buffer.h>
 
 #include <atomic>
 #include <functional>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -159,7 +169,7 @@ class UnaryCall final {
 template <typename Request, typename Response>
 class ServerStream {
  public:
-  using Stream = grpc::ServerAsyncReaderWriter<Response, Request>;
+  using Stream = grpc::ServerAsyncReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
   // A bound RequestX method of the generated AsyncService.
   using RequestCall = std::function<void(grpc::ServerContext*, Stream*,
                                          grpc::ServerCompletionQueue*, void*)>;
@@ -182,12 +192,21 @@ class ServerStream {
 
   void StartRead(Request* request) {
     ops_.fetch_add(1, std::memory_order_relaxed);
-    stream_.Read(request, &read_done_);
+    read_into_ = request;
+    stream_.Read(&read_bytes_, &read_done_);
   }
   // The message is serialized before this returns.
   void StartWrite(const Response* response) {
     ops_.fetch_add(1, std::memory_order_relaxed);
-    stream_.Write(*response, &write_done_);
+    bool own_buffer = false;
+    write_bytes_.Clear();  // the last write took its own reference
+    const grpc::Status serialized = grpc::SerializationTraits<Response>::Serialize(
+        *response, &write_bytes_, &own_buffer);
+    if (!serialized.ok()) {
+      // Only a message over 2 GiB fails; the batching writers stay far below.
+      write_bytes_.Clear();
+    }
+    stream_.Write(write_bytes_, &write_done_);
   }
   void Finish(grpc::Status status) {
     ops_.fetch_add(1, std::memory_order_relaxed);
@@ -199,6 +218,9 @@ class ServerStream {
 
   virtual void OnStart() = 0;
   virtual void OnReadDone(bool ok) = 0;
+  // A message arrived that does not parse as a Request (the read is over;
+  // `*request` is cleared). `error` says why.
+  virtual void OnBadMessage(const std::string& error) = 0;
   virtual void OnWriteDone(bool /*ok*/) {}
   // The call was cancelled (by the host, a deadline or a broken
   // connection); reads and writes in flight fail. Finish is still due.
@@ -218,6 +240,19 @@ class ServerStream {
     OnStart();
   }
   void ReadDone(bool ok) {
+    if (ok) {
+      read_into_->Clear();
+      const grpc::Status parsed =
+          grpc::SerializationTraits<Request>::Deserialize(&read_bytes_,
+                                                          read_into_);
+      read_bytes_.Clear();
+      if (!parsed.ok()) {
+        read_into_->Clear();
+        OnBadMessage(parsed.error_message());
+        Release(1);
+        return;
+      }
+    }
     OnReadDone(ok);
     Release(1);
   }
@@ -239,6 +274,9 @@ class ServerStream {
 
   grpc::ServerContext context_;
   Stream stream_;
+  grpc::ByteBuffer read_bytes_;
+  Request* read_into_ = nullptr;
+  grpc::ByteBuffer write_bytes_;
   CompletionQueueThread* thread_ = nullptr;
   std::function<void()> on_accepted_;
   // Operations in flight, plus one until Finish has completed.

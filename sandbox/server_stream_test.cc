@@ -16,12 +16,19 @@ namespace {
 
 using runtime::v1::NamespaceRequest;
 using runtime::v1::NamespaceResponse;
-using Service = runtime::v1::RuntimeService::AsyncService;
+// Streams parse their own messages: the method is registered raw.
+using Service = runtime::v1::RuntimeService::WithRawMethod_Namespace<
+    runtime::v1::RuntimeService::WithAsyncMethod_Calls<
+        runtime::v1::RuntimeService::WithAsyncMethod_Logs<
+            runtime::v1::RuntimeService::WithAsyncMethod_Traces<
+                runtime::v1::RuntimeService::WithAsyncMethod_GetInfo<
+                    runtime::v1::RuntimeService::Service>>>>>;
 
 struct Counters {
   std::atomic<int> started{0};
   std::atomic<int> cancelled{0};
   std::atomic<int> done{0};
+  std::atomic<int> bad{0};
 };
 
 // Answers every event with a response naming it; finishes OK when the
@@ -44,6 +51,12 @@ class EchoStream final
     response_.Clear();
     response_.set_namespace_(request_.event().event());
     StartWrite(&response_);
+  }
+  void OnBadMessage(const std::string& /*error*/) override {
+    ++counters_->bad;
+    if (!finishing_.exchange(true)) {
+      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad"));
+    }
   }
   void OnWriteDone(bool ok) override {
     if (ok) StartRead(&request_);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
+#include "base/malloc_tuning.h"
 #include "base/status_macros.h"
 
 namespace agentix::sandbox {
@@ -36,6 +37,15 @@ SandboxEventPtr BadRequest(const std::string& call_id, std::string message) {
                        absl::StatusCode::kInvalidArgument);
 }
 
+// An over-long id is neither stored nor echoed: the error carries its length.
+bool IdTooLong(const std::string& id) { return id.size() > kMaxCallIdBytes; }
+
+SandboxEventPtr IdTooLongError(const std::string& id) {
+  return BadRequest("", absl::StrCat("call_id of ", id.size(),
+                                     " bytes exceeds the limit of ",
+                                     kMaxCallIdBytes, " bytes"));
+}
+
 SandboxEventPtr FromWorkerError(const std::string& call_id,
                                 const ipc::ErrorInfo& error) {
   return MakeCallError(call_id, error.type, error.message,
@@ -49,9 +59,87 @@ SessionManager::SessionManager(SessionOptions options)
     : options_(std::move(options)),
       logs_(MakeLogBuffer(options_.log_buffer_records)),
       traces_(MakeTraceBuffer(options_.trace_buffer_events, logs_.get())),
-      namespaces_(options_.max_namespace_streams) {}
+      namespaces_(options_.max_namespace_streams) {
+  logs_->SetMaxSubscribers(options_.max_log_subscribers);
+  traces_->SetMaxSubscribers(options_.max_log_subscribers);
+  upload_watch_ = std::thread([this] { WatchUploads(); });
+}
 
 SessionManager::~SessionManager() { Shutdown(absl::Seconds(2)); }
+
+void SessionManager::WatchUploads() {
+  // Sleeps while no upload is in progress; otherwise checks a few times per
+  // timeout (at most once a second), so an idle upload ends within ~1.25x.
+  const absl::Duration tick = std::clamp(options_.upload_idle_timeout / 4,
+                                         absl::Milliseconds(5), absl::Seconds(1));
+  while (true) {
+    std::vector<Delivery> out;
+    bool release = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return shut_down_ || !uploading_.empty() || release_memory_;
+      };
+      mu_.Await(absl::Condition(&wake));
+      if (shut_down_) return;
+      release = std::exchange(release_memory_, false);
+      if (!release) {
+        auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return shut_down_;
+        };
+        if (mu_.AwaitWithTimeout(absl::Condition(&stop), tick)) return;
+        ExpireUploads(absl::Now(), out);
+        if (!out.empty()) {
+          DispatchQueued(out);
+          FlushToWorker();
+          Post(out);
+        }
+      }
+    }
+    if (release) base::ReleaseFreeMemory();
+    if (!out.empty()) DeliverPosted();
+  }
+}
+
+void SessionManager::ExpireUploads(absl::Time now, std::vector<Delivery>& out) {
+  std::vector<std::string> expired;
+  for (const std::string& id : uploading_) {
+    auto it = calls_.find(id);
+    if (it == calls_.end() ||
+        now - it->second.last_upload_progress >= options_.upload_idle_timeout) {
+      expired.push_back(id);
+    }
+  }
+  for (const std::string& id : expired) {
+    uploading_.erase(id);
+    auto it = calls_.find(id);
+    if (it == calls_.end() || it->second.terminal) continue;
+    Call& call = it->second;
+    FailCall(id, call,
+             MakeCallError(
+                 id, "UploadTimeout",
+                 absl::StrCat("arguments incomplete: ", call.args_received,
+                              " of ", call.args_expected,
+                              " bytes arrived and none for ",
+                              absl::FormatDuration(options_.upload_idle_timeout),
+                              " (--upload-idle-timeout-s)"),
+                 absl::StatusCode::kDeadlineExceeded),
+             out);
+  }
+}
+
+void SessionManager::FailCall(const std::string& id, Call& call,
+                              SandboxEventPtr event,
+                              std::vector<Delivery>& out) {
+  Emit(id, call, std::move(event), /*terminal=*/true, out);
+  if (worker_ && call.generation != 0 &&
+      worker_->generation() == call.generation) {
+    ipc::Frame cancel;
+    cancel.type = ipc::FrameType::kCancel;
+    cancel.call_id = id;
+    SendToWorker(cancel);
+  }
+}
 
 void SessionManager::HandleHostEvent(const std::shared_ptr<CallSink>& sink,
                                      const HostEvent& event) {
@@ -129,6 +217,10 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
     out.push_back({sink, BadRequest("", "missing call_id")});
     return;
   }
+  if (IdTooLong(id)) {
+    out.push_back({sink, IdTooLongError(id)});
+    return;
+  }
   if (calls_.contains(id)) return;  // at most once per call_id
   if (finished_ids_.contains(id)) {
     // A host re-sending the start of a call it still awaits after a
@@ -176,6 +268,10 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
   call.sink = sink;
   call.args_expected = expected;
   call.args_received = start.arguments().size();
+  if (call.args_received < expected) {
+    call.last_upload_progress = absl::Now();
+    uploading_.insert(id);
+  }
   const size_t limit = options_.max_concurrent_calls;
   if (limit > 0 && (running_calls_ >= limit || !call_queue_.empty())) {
     if (call_queue_.size() >= options_.max_queued_calls) {
@@ -291,6 +387,10 @@ void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
                                       const runtime::v1::ArgumentChunk& chunk,
                                       std::vector<Delivery>& out) {
   const std::string& id = chunk.call_id();
+  if (IdTooLong(id)) {
+    out.push_back({sink, IdTooLongError(id)});
+    return;
+  }
   auto it = calls_.find(id);
   if (it == calls_.end() && finished_ids_.contains(id)) {
     return;  // a resumed upload of a call that already finished
@@ -306,13 +406,7 @@ void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
   // A broken upload ends the call: its one terminal event is this error, and
   // the worker is told to drop it.
   auto fail_call = [&](std::string message) {
-    Emit(id, call, BadRequest(id, std::move(message)), /*terminal=*/true, out);
-    if (worker_ && worker_->generation() == call.generation) {
-      ipc::Frame cancel;
-      cancel.type = ipc::FrameType::kCancel;
-      cancel.call_id = id;
-      SendToWorker(cancel);
-    }
+    FailCall(id, call, BadRequest(id, std::move(message)), out);
   };
   std::string_view data = chunk.data();
   if (chunk.has_offset()) {
@@ -334,6 +428,11 @@ void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
     return;
   }
   call.args_received += data.size();
+  if (call.args_received == call.args_expected) {
+    uploading_.erase(id);
+  } else if (!data.empty()) {
+    call.last_upload_progress = absl::Now();
+  }
   if (call.queued) {
     call.queued_args.append(data.data(), data.size());
   } else if (worker_ && worker_->generation() == call.generation) {
@@ -363,6 +462,10 @@ void SessionManager::Resume(const std::shared_ptr<CallSink>& sink,
                             const runtime::v1::ResumeCalls& resume,
                             std::vector<Delivery>& out) {
   for (const std::string& id : resume.call_ids()) {
+    if (IdTooLong(id)) {
+      out.push_back({sink, IdTooLongError(id)});
+      continue;
+    }
     auto it = calls_.find(id);
     if (it == calls_.end()) {
       out.push_back(
@@ -429,6 +532,7 @@ void SessionManager::Emit(const std::string& call_id, Call& call,
   if (call.sink) out.push_back({call.sink, std::move(event)});
   if (!terminal) return;
   call.terminal = true;
+  if (call.args_received < call.args_expected) uploading_.erase(call_id);
   if (call.dispatched) {
     call.dispatched = false;
     --running_calls_;
@@ -521,6 +625,64 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
   if (!trace_events.empty()) traces_->Append(std::move(trace_events));
   if (!namespace_events.empty()) RouteNamespaceEvents(namespace_events);
   DeliverPosted();
+  ThrottleResults();
+}
+
+void SessionManager::ThrottleResults() {
+  const auto cap = static_cast<int64_t>(options_.max_retained_bytes);
+  int64_t lowest = unwritten_->load(std::memory_order_relaxed);
+  if (lowest <= cap) return;
+  // Not reading the worker's pipe makes it wait: its calls produce no more
+  // until the hosts have taken what they were sent.
+  absl::Time progress = absl::Now();
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (shut_down_) return;
+    }
+    const int64_t now_bytes = unwritten_->load(std::memory_order_relaxed);
+    if (now_bytes <= cap) return;
+    if (now_bytes < lowest) {
+      lowest = now_bytes;
+      progress = absl::Now();
+    } else if (absl::Now() - progress >= options_.stalled_host_timeout) {
+      AbortMostBacklogged();
+      lowest = unwritten_->load(std::memory_order_relaxed);
+      progress = absl::Now();
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+void SessionManager::AbortMostBacklogged() {
+  std::vector<std::shared_ptr<CallSink>> sinks;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [ptr, weak] : sinks_) {
+      if (auto sink = weak.lock()) sinks.push_back(std::move(sink));
+    }
+  }
+  std::shared_ptr<CallSink> worst;
+  size_t worst_bytes = 0;
+  for (const auto& sink : sinks) {
+    const size_t bytes = sink->UnwrittenBytes();
+    if (bytes > worst_bytes) {
+      worst = sink;
+      worst_bytes = bytes;
+    }
+  }
+  if (!worst) return;
+  AGX_LOG(Warning,
+          "a host stream has not read {} bytes of results for {}: ending it "
+          "(its calls stay retained for a resume)",
+          worst_bytes, absl::FormatDuration(options_.stalled_host_timeout));
+  worst->Abort(absl::StrCat(
+      "the host did not read its results (", worst_bytes,
+      " bytes unwritten) for ",
+      absl::FormatDuration(options_.stalled_host_timeout),
+      " while the daemon's unwritten results exceeded --max-retained-bytes (",
+      options_.max_retained_bytes,
+      "); reconnect and resume the calls"));
 }
 
 namespace {
@@ -697,8 +859,19 @@ void SessionManager::OnWorkerExit(uint64_t generation,
   DeliverPosted();
 }
 
+void SessionManager::ReleaseMemorySoon() {
+  absl::MutexLock lock(&mu_);
+  release_memory_ = true;
+}
+
+void SessionManager::RegisterSink(const std::shared_ptr<CallSink>& sink) {
+  absl::MutexLock lock(&mu_);
+  sinks_[sink.get()] = sink;
+}
+
 void SessionManager::DetachSink(const CallSink* sink) {
   absl::MutexLock lock(&mu_);
+  sinks_.erase(sink);
   for (auto& [id, call] : calls_) {
     if (call.sink.get() == sink) call.sink.reset();
   }
@@ -758,6 +931,10 @@ void SessionManager::Shutdown(absl::Duration grace) {
     Post(out);
   }
   DeliverPosted();
+  if (upload_watch_.joinable() &&
+      upload_watch_.get_id() != std::this_thread::get_id()) {
+    upload_watch_.join();
+  }
   if (worker) worker->Shutdown(grace);
   worker.reset();  // joins; its exit callback fails any call still running
   ReapDeadWorkers();

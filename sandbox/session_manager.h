@@ -13,14 +13,19 @@
 // - finished calls are retained until acknowledged (bounded, oldest evicted)
 //   so a reconnecting host can `resume` them; items of a streaming call are
 //   retained until the host's StreamAck says it consumed them;
-// - a malformed event gets a "BadRequest" CallError and changes nothing else.
+// - a malformed event gets a "BadRequest" CallError and changes nothing else;
+//   so does a call_id longer than kMaxCallIdBytes (it is never stored);
+// - an upload that makes no progress for `upload_idle_timeout` ends its call
+//   with "UploadTimeout" and frees what had arrived.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <list>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -35,6 +40,11 @@
 
 namespace agentix::sandbox {
 
+// Longest accepted call_id (and namespace request_id): every id is kept as a
+// hash-map key and remembered after its call (kRememberedFinishedCalls), so
+// its length must not be the host's choice. Python hosts send 32 hex chars.
+inline constexpr size_t kMaxCallIdBytes = 256;
+
 struct SessionOptions {
   WorkerOptions worker;
   // Finished, unacknowledged results kept for resume; oldest evicted first.
@@ -48,6 +58,15 @@ struct SessionOptions {
   uint64_t max_retained_bytes = uint64_t{512} << 20;
   // Largest accepted encoded arguments of one call.
   uint64_t max_payload_bytes = uint64_t{1} << 30;
+  // A call whose announced arguments stop arriving for this long fails with
+  // UploadTimeout (DEADLINE_EXCEEDED) and its partial arguments are freed.
+  absl::Duration upload_idle_timeout = absl::Seconds(60);
+  // Results handed to host streams but not yet written (a host that stops
+  // reading) are bounded too: past max_retained_bytes of them the worker's
+  // output waits (back-pressure), and if no stream makes progress for
+  // `stalled_host_timeout`, the stream with the largest backlog is ended
+  // with RESOURCE_EXHAUSTED (its calls stay retained for a resume).
+  absl::Duration stalled_host_timeout = absl::Seconds(20);
   // Largest stream window passed to the worker; a StartCall asking for more
   // gets this many. Unacknowledged items are retained here for replay, so
   // the host's window (up to 2^32-1) must not size the daemon's memory.
@@ -55,6 +74,8 @@ struct SessionOptions {
   // Log records and trace events kept for hosts that have not received them.
   size_t log_buffer_records = 10000;
   size_t trace_buffer_events = 10000;
+  // Logs (and, separately, Traces) streams subscribed at once.
+  size_t max_log_subscribers = 64;
   // Plugin-namespace streams open at once, over all hosts.
   size_t max_namespace_streams = 256;
 };
@@ -84,9 +105,16 @@ class SessionManager : public WorkerProcess::Listener {
       const std::shared_ptr<CallSink>& sink,
       const google::protobuf::RepeatedPtrField<runtime::v1::HostEvent>&
           events);
+  // A host stream opened: `sink` is a candidate for AbortMostBacklogged
+  // until DetachSink.
+  void RegisterSink(const std::shared_ptr<CallSink>& sink);
   // The stream behind `sink` ended. Its calls keep running; their results
   // are retained until a resume or eviction.
   void DetachSink(const CallSink* sink);
+  // A host stream ended: soon, on a background thread, freed memory is
+  // given back to the OS (base::ReleaseFreeMemory), so what a departed
+  // client made the daemon hold does not stay resident.
+  void ReleaseMemorySoon();
   // True if a call owned by `sink` has not reached its terminal event, or
   // events posted for `sink` still wait to be handed to it.
   bool HasOpenCalls(const CallSink* sink);
@@ -95,6 +123,11 @@ class SessionManager : public WorkerProcess::Listener {
   // first call that needs it). Errors as posix_spawn reports them; a worker
   // that fails later in its boot is reported to the calls that wait for it.
   absl::Status StartWorker();
+  // Bytes queued in host streams' writers and not yet written; every Calls
+  // stream's writer adds to it (BatchingWriter::ShareQueuedBytes).
+  std::shared_ptr<std::atomic<int64_t>> unwritten_result_bytes() {
+    return unwritten_;
+  }
   // The worker's log records and trace events, for RuntimeService.Logs and
   // RuntimeService.Traces.
   LogBuffer& logs() { return *logs_; }
@@ -121,6 +154,7 @@ class SessionManager : public WorkerProcess::Listener {
     uint64_t generation = 0;         // the worker running it
     uint64_t args_expected = 0;
     uint64_t args_received = 0;
+    absl::Time last_upload_progress;  // while args_received < args_expected
     bool terminal = false;
     // Every event sent for this call, kept for replay until acknowledged.
     std::vector<SandboxEventPtr> delivered;
@@ -216,6 +250,21 @@ class SessionManager : public WorkerProcess::Listener {
   // Destroys workers that have exited (joins their threads). Never called
   // from a worker callback or with mu_ held.
   void ReapDeadWorkers();
+  // The upload watchdog's thread: fails calls whose arguments stopped
+  // arriving (options_.upload_idle_timeout) until Shutdown.
+  void WatchUploads();
+  // Back-pressure on the worker (called on its reader thread, without mu_):
+  // waits while more than max_retained_bytes of results are unwritten,
+  // ending the most backlogged stream when none progresses for
+  // stalled_host_timeout.
+  void ThrottleResults() ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends the host stream with the largest unwritten backlog.
+  void AbortMostBacklogged() ABSL_LOCKS_EXCLUDED(mu_);
+  void ExpireUploads(absl::Time now, std::vector<Delivery>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a running call with `event` and tells its worker to drop it.
+  void FailCall(const std::string& id, Call& call, SandboxEventPtr event,
+                std::vector<Delivery>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SessionOptions options_;
   const std::unique_ptr<LogBuffer> logs_;
@@ -245,6 +294,14 @@ class SessionManager : public WorkerProcess::Listener {
   absl::flat_hash_set<std::string> finished_ids_ ABSL_GUARDED_BY(mu_);
   std::list<std::string> finished_order_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  // Calls whose arguments are still arriving (watched for idleness).
+  absl::flat_hash_set<std::string> uploading_ ABSL_GUARDED_BY(mu_);
+  std::thread upload_watch_;
+  bool release_memory_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<const CallSink*, std::weak_ptr<CallSink>> sinks_
+      ABSL_GUARDED_BY(mu_);
+  const std::shared_ptr<std::atomic<int64_t>> unwritten_ =
+      std::make_shared<std::atomic<int64_t>>(0);
   // "namespace\0event" pairs already reported as emitted with no listener.
   absl::flat_hash_set<std::string> unrouted_reported_ ABSL_GUARDED_BY(mu_);
 };

@@ -629,6 +629,141 @@ TEST_CASE("A resumed stream gets its replayed items before later ones",
           std::vector<std::string>{"0", "1", "2", "3", "4", "5"});
 }
 
+TEST_CASE("Over-long call ids are refused and never stored", "[sandbox]") {
+  SessionManager manager(FakeWorkerOptions());
+  auto sink = std::make_shared<RecordingSink>();
+  const std::string id(kMaxCallIdBytes + 1, 'i');
+  manager.HandleHostEvent(sink, Start(id, "fake::echo", "x"));
+  auto e = sink->AwaitTerminal("").error().error();
+  REQUIRE(e.type() == "BadRequest");
+  REQUIRE(e.code() == static_cast<int>(absl::StatusCode::kInvalidArgument));
+  REQUIRE(e.message().find("exceeds the limit of 256") != std::string::npos);
+  REQUIRE(sink->CountTerminal(id) == 0);  // never echoed back
+  REQUIRE(manager.Info().calls_in_flight == 0);
+  // Nor are they stored by chunks or resumes.
+  auto other = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(other, Chunk(id, "x"));
+  REQUIRE(other->AwaitTerminal("").error().error().type() == "BadRequest");
+  auto third = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(third, ResumeEvent({id}));
+  REQUIRE(third->AwaitTerminal("").error().error().type() == "BadRequest");
+  // The limit itself is accepted, and the daemon keeps serving.
+  const std::string longest(kMaxCallIdBytes, 'k');
+  manager.HandleHostEvent(sink, Start(longest, "fake::echo", "ok"));
+  REQUIRE(sink->AwaitTerminal(longest).result().value() == "ok");
+}
+
+TEST_CASE("An upload that stops arriving fails with UploadTimeout",
+          "[sandbox]") {
+  SessionOptions options = FakeWorkerOptions();
+  options.upload_idle_timeout = absl::Milliseconds(200);
+  SessionManager manager(options);
+  auto sink = std::make_shared<RecordingSink>();
+  // Announces 1 GiB, sends 3 bytes, then nothing.
+  manager.HandleHostEvent(sink, Start("stuck", "fake::echo", "abc", 1 << 30));
+  // One that keeps making progress is not cut.
+  manager.HandleHostEvent(sink, Start("slow", "fake::echo", "a", 4));
+  for (const char* piece : {"b", "c"}) {
+    absl::SleepFor(absl::Milliseconds(120));
+    manager.HandleHostEvent(sink, Chunk("slow", piece));
+  }
+  absl::SleepFor(absl::Milliseconds(120));
+  manager.HandleHostEvent(sink, Chunk("slow", "d"));
+  REQUIRE(sink->AwaitTerminal("slow").result().value() == "abcd");
+  auto e = sink->AwaitTerminal("stuck").error().error();
+  REQUIRE(e.type() == "UploadTimeout");
+  REQUIRE(e.code() == static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  REQUIRE(sink->CountTerminal("stuck") == 1);
+  REQUIRE(manager.Info().calls_in_flight == 0);
+  // Late chunks of the failed upload change nothing.
+  manager.HandleHostEvent(sink, Chunk("stuck", "more"));
+  manager.HandleHostEvent(sink, Start("after", "fake::echo", "served"));
+  REQUIRE(sink->AwaitTerminal("after").result().value() == "served");
+  REQUIRE(sink->CountTerminal("stuck") == 1);
+}
+
+TEST_CASE("A queued call whose upload stalls fails and frees its slot",
+          "[sandbox]") {
+  SessionOptions options = FakeWorkerOptions();
+  options.upload_idle_timeout = absl::Milliseconds(100);
+  options.max_concurrent_calls = 1;
+  SessionManager manager(options);
+  auto sink = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(sink, Start("busy", "fake::sleep", "300"));
+  manager.HandleHostEvent(sink, Start("waiting", "fake::echo", "xy", 100));
+  REQUIRE(sink->AwaitTerminal("waiting").error().error().type() ==
+          "UploadTimeout");
+  REQUIRE(sink->AwaitTerminal("busy").result().value() == "done");
+  REQUIRE(manager.Info().calls_queued == 0);
+}
+
+// A stream whose host never reads: what it is handed stays unwritten (and
+// counted in the manager's total, as the real writer does) until Abort.
+class StalledSink : public RecordingSink {
+ public:
+  explicit StalledSink(std::shared_ptr<std::atomic<int64_t>> total)
+      : total_(std::move(total)) {}
+  bool Deliver(std::vector<SandboxEventPtr> events) override {
+    if (aborted_) return false;
+    for (const auto& e : events) {
+      unwritten_ += e->ByteSizeLong();
+      *total_ += static_cast<int64_t>(e->ByteSizeLong());
+    }
+    return RecordingSink::Deliver(std::move(events));
+  }
+  size_t UnwrittenBytes() override { return unwritten_; }
+  void Abort(const std::string& message) override {
+    aborted_ = true;
+    message_ = message;
+    *total_ -= static_cast<int64_t>(unwritten_.exchange(0));
+  }
+  bool aborted() const { return aborted_; }
+  std::string message() const { return message_; }
+
+ private:
+  const std::shared_ptr<std::atomic<int64_t>> total_;
+  std::atomic<size_t> unwritten_{0};
+  std::atomic<bool> aborted_{false};
+  std::string message_;
+};
+
+TEST_CASE("Unwritten results are bounded: the worker waits, a stalled "
+          "stream is ended",
+          "[sandbox]") {
+  SessionOptions options = FakeWorkerOptions();
+  options.max_retained_bytes = 64 << 10;
+  options.stalled_host_timeout = absl::Milliseconds(300);
+  SessionManager manager(options);
+  auto stalled = std::make_shared<StalledSink>(manager.unwritten_result_bytes());
+  manager.RegisterSink(stalled);
+  const std::string big(40 << 10, 'b');  // 160 KiB in all: over the bound
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 4; ++i) {
+    manager.HandleHostEvent(stalled,
+                            Start("big" + std::to_string(i), "fake::echo", big));
+  }
+  // Handed over, never written: past the bound the worker's output waits.
+  while (*manager.unwritten_result_bytes() <= int64_t{64 << 10}) {
+    REQUIRE(absl::Now() - start < absl::Seconds(10));
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  // A reading host's call waits behind the paused worker output, then is
+  // answered once the stalled stream has been ended.
+  auto reader = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(reader, Start("small", "fake::echo", "hi"));
+  REQUIRE(reader->AwaitTerminal("small").result().value() == "hi");
+  REQUIRE(stalled->aborted());
+  REQUIRE(absl::Now() - start >= absl::Milliseconds(300));
+  REQUIRE(stalled->message().find("did not read") != std::string::npos);
+  // Once ended, nothing of that stream is left unwritten.
+  REQUIRE(*manager.unwritten_result_bytes() == 0);
+  manager.DetachSink(stalled.get());
+  // The stalled host's calls were retained (within the bound) for resume.
+  auto resumed = std::make_shared<RecordingSink>();
+  manager.HandleHostEvent(resumed, ResumeEvent({"big3"}));
+  REQUIRE(resumed->AwaitTerminal("big3").has_result());
+}
+
 TEST_CASE("Shutdown fails running calls and refuses new ones", "[sandbox]") {
   SessionManager manager(FakeWorkerOptions());
   auto sink = std::make_shared<RecordingSink>();
