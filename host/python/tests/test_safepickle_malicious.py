@@ -498,6 +498,9 @@ print(outcome, rss_kb, round(time.monotonic() - start, 3))
 def test_huge_allocation_is_refused_without_allocating(name, loader):
     package_root = pathlib.Path(safepickle.__file__).resolve().parents[3]
     env = dict(os.environ, PYTHONPATH=str(package_root))
+    # The child is pure Python under an address-space limit, which a preloaded
+    # sanitizer runtime (--config=asan) could not map its shadow memory in.
+    env.pop("LD_PRELOAD", None)
     result = subprocess.run(
         [sys.executable, "-c", _CHILD, loader],
         input=HUGE[name],
