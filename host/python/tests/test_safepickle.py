@@ -104,10 +104,12 @@ def test_builtin_exceptions_decode():
 
 
 def test_safe_types_is_the_exact_reviewed_set():
-    assert len(SAFE_TYPES) == 32
+    assert len(SAFE_TYPES) == 36  # the original's 32 and agentix.bash.run_stream's 4 event types
     assert ("datetime", "datetime") in SAFE_TYPES
     assert ("pathlib._local", "PosixPath") in SAFE_TYPES
     assert ("agentix.bash", "BashResult") in SAFE_TYPES
+    for event in ("BashStdout", "BashStderr", "BashExit", "BashError"):
+        assert ("agentix.bash", event) in SAFE_TYPES
     assert all(isinstance(module, str) and isinstance(name, str) for module, name in SAFE_TYPES)
 
 

@@ -122,6 +122,12 @@ SAFE_TYPES: frozenset[_GlobalName] = frozenset(
         ("agentix.agents.claude_code.agent", "ClaudeCodeResult"),
         ("agentix.agents.qwen_code", "Result"),
         ("agentix.plugins.datasets.swe.env", "PrepareEnvResult"),
+        # The stream items of the original's `agentix.bash.run_stream` (runtime-basic):
+        # dataclasses of str/int fields, yielded through `remote_stream`.
+        ("agentix.bash", "BashStdout"),
+        ("agentix.bash", "BashStderr"),
+        ("agentix.bash", "BashExit"),
+        ("agentix.bash", "BashError"),
     }
 )
 
