@@ -84,7 +84,6 @@ __all__ = [
     "RestrictedUnpickleError",
     "RestrictedUnpickler",
     "SAFE_TYPES",
-    "admitted_class",
     "allow_type",
     "restricted_loads",
 ]
