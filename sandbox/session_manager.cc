@@ -48,9 +48,18 @@ SandboxEventPtr IdTooLongError(const std::string& id) {
 
 SandboxEventPtr FromWorkerError(const std::string& call_id,
                                 const ipc::ErrorInfo& error) {
-  return MakeCallError(call_id, error.type, error.message,
-                       static_cast<absl::StatusCode>(error.code),
-                       error.traceback, error.returncode);
+  auto event = std::make_shared<SandboxEvent>(*MakeCallError(
+      call_id, error.type, error.message,
+      static_cast<absl::StatusCode>(error.code), error.traceback,
+      error.returncode));
+  auto* e = event->mutable_error()->mutable_error();
+  e->set_type_module(error.type_module);
+  e->set_type_qualname(error.type_qualname);
+  // The worker bounds the state; a worker that does not is not forwarded.
+  if (error.state.size() <= ipc::kMaxExceptionStateBytes) {
+    e->set_state(error.state);
+  }
+  return event;
 }
 
 }  // namespace

@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from agentix.runtime.client.errors import CallTimeout, RemoteCallError, RuntimeUnreachable, remote_call_error
+from agentix.runtime.client.errors import CallTimeout, RemoteCallError, RuntimeUnreachable, remote_call_error_async
 from agentix.runtime.client.logs import LogCursor, LogsStream
 from agentix.runtime.client._sio_facade import RESERVED_NAMESPACES, AsyncClientNamespace
 from agentix.runtime.client.namespaces import NAMESPACE_METHOD, NamespaceStream, NativeNamespaceStream
@@ -400,7 +400,10 @@ class RuntimeClient:
 
         Raises:
           RemoteCallError: the call failed in the sandbox (`CallCancelled` when
-            cancelled there, `WorkerExited` when the worker died).
+            cancelled there, `WorkerExited` when the worker died). When the
+            sandbox exception's class is admitted on the host (builtin
+            exceptions, `allow_type` classes), also an instance of that class
+            with its args (see `agentix.runtime.client.errors`).
           CallTimeout: `call_deadline` passed; the sandbox is told to cancel.
           RuntimeUnreachable: connecting failed, the connection was lost, or the
             client was closed while the call was in flight.
@@ -449,7 +452,7 @@ class RuntimeClient:
                 stream.cancel_call(call.call_id)
 
         if isinstance(outcome, RemoteError):
-            raise remote_call_error(display_name, outcome)
+            raise await remote_call_error_async(display_name, outcome)
         if isinstance(outcome, list):
             return await asyncio.get_running_loop().run_in_executor(None, restricted_loads_chunks, outcome)
         if len(outcome) < _INLINE_DECODE_BYTES:
@@ -528,7 +531,7 @@ class RuntimeClient:
                 call.future.cancel()
                 stream.cancel_call(call.call_id)
         if isinstance(outcome, RemoteError):
-            raise remote_call_error(display_name, outcome)
+            raise await remote_call_error_async(display_name, outcome)
 
     async def try_remote(
         self, fn: Callable[..., Awaitable[R]] | Callable[..., R], *args: Any, **kwargs: Any

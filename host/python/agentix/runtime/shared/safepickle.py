@@ -63,16 +63,19 @@ Host -> sandbox arguments are plain pickle: that direction is trusted.
 
 from __future__ import annotations
 
+import builtins
 import collections
 import copyreg
 import decimal
 import fractions
+import importlib
 import io
 import os
 import pathlib
 import pickle
 import pickletools
 import re
+import sys
 import threading
 import uuid
 from typing import Any, Callable
@@ -1020,3 +1023,36 @@ class _ChunkReader:
             self._index += 1
             self._offset = 0
         return bytes(line)
+
+
+def admitted_class(module: str, qualname: str) -> type | None:
+    """The class the allowlist admits as ``module.qualname``, or None.
+
+    Admitted: a class registered with `allow_type`; a builtin value type or
+    exception class; a `SAFE_TYPES` class whose module is already imported.
+    Nothing is imported, so a sandbox-chosen name cannot run a module's
+    import-time code on the host. With ``AGENTIX_PICKLE_TRUST=1`` any class
+    importable on the host is admitted (its module imported if need be).
+    """
+    registered = _allowed_types.get((module, qualname))
+    if registered is not None:
+        return registered
+    if module == "builtins":
+        found = getattr(builtins, qualname, None) if qualname.isidentifier() else None
+        if isinstance(found, type) and (found in _SAFE_BUILTIN_TYPES or issubclass(found, BaseException)):
+            return found
+        return None
+    trusted = _trust_enabled()
+    if (module, qualname) not in SAFE_TYPES and not trusted:
+        return None
+    if "<" in qualname:  # <locals>: not reachable by name
+        return None
+    found: Any = sys.modules.get(module)
+    if found is None and trusted:
+        try:
+            found = importlib.import_module(module)
+        except Exception:
+            return None
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return found if isinstance(found, type) else None
