@@ -1047,8 +1047,13 @@ def _restricted_load(open_file: Any, whole: Any, chunks: list, total: int, wait:
             # The C loader stopped at the first numpy global (work before it
             # is bounded by the same budget); numpy values need the loader
             # whose BUILD can check them.
-            from agentix.runtime.shared import _numpy_support
-
+            try:
+                from agentix.runtime.shared import _numpy_support
+            except ImportError as exc:
+                raise RestrictedUnpickleError(
+                    f"refusing a sandbox return value that holds numpy values: numpy is not "
+                    f"importable on the host ({exc})"
+                ) from exc
             return _numpy_support.NumpyUnpickler(open_file(), stream_bytes=total, wait=wait).load()
     except (RestrictedUnpickleError, DecodeBusy):
         raise
