@@ -33,7 +33,9 @@ directly, so a stream naming numpy is loaded by the pure-Python unpickler
   refused;
 - every array is charged its byte size against the load's budget, and its data
   must be present in the stream (no ``ndarray((10**10,), "f8")`` from a few
-  bytes).
+  bytes);
+- the pure-Python loader runs at most `MAX_OPCODES` opcodes (it is ~30x slower
+  per opcode than the C one); streams that do not name numpy never use it.
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ from agentix.runtime.shared.safepickle import (
     _Sealed,
 )
 
+# Opcodes a stream naming numpy may run (~1.5 s at pure-Python speed, ~0.3 us
+# each): a hostile stream of N bytes would otherwise cost the host ~N/6 us of
+# decoding, 40x the C loader's. Legitimate numpy streams are a few opcodes per
+# array; 4M opcodes is a list of ~550,000 numpy scalars (7 opcodes each).
+MAX_OPCODES = 1 << 22
 # numpy's limit on dimensions is 32 (numpy 1) or 64 (numpy 2).
 _MAX_DIMS = 64
 # No array may claim more bytes than this, whatever its data (numpy's own
@@ -308,8 +315,32 @@ class NumpyUnpickler(_RestrictedLoading, pickle._Unpickler):  # type: ignore[nam
         self._setup(stream_bytes, wait)
 
     def _base_load(self) -> Any:
+        """``pickle._Unpickler.load`` with a bound on the opcodes it runs."""
+        self._unframer = pickle._Unframer(self._file_read, self._file_readline)  # type: ignore[attr-defined]
+        self.read = self._unframer.read
+        self.readinto = self._unframer.readinto
+        self.readline = self._unframer.readline
+        self.metastack: list = []
+        self.stack: list = []
+        self.append = self.stack.append
+        self.proto = 0
+        read = self.read
+        dispatch = self.dispatch
+        left = MAX_OPCODES
         try:
-            return pickle._Unpickler.load(self)  # type: ignore[attr-defined]
+            while True:
+                key = read(1)
+                if not key:
+                    raise EOFError
+                left -= 1
+                if left < 0:
+                    raise _refuse(
+                        f"a stream of more than {MAX_OPCODES} opcodes that names numpy (decoded at "
+                        f"pure-Python speed): return numpy data as arrays rather than as many scalars"
+                    )
+                dispatch[key[0]](self)
+        except pickle._Stop as stop:  # type: ignore[attr-defined]
+            return stop.value
         except (IndexError, EOFError, struct.error) as exc:  # the pure-Python machine's own complaints
             raise RestrictedUnpickleError(f"refusing malformed pickle stream: {type(exc).__name__}: {exc}") from exc
 
