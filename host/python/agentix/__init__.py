@@ -2,10 +2,10 @@
 
 ``await client.remote(fn, *args, **kwargs)`` runs the importable function `fn`
 in the sandbox and returns its value; `try_remote` returns `Ok` / `Failed`
-instead of raising. Results are decoded through an allowlist (numpy arrays and the
-standard value types included); `allow_type(Class)` and
-`allow_callable(module, name)` admit more. Sandbox log records are replayed into the host's stdlib
-logging; `configure_logging` (``agentix.log``) sets up a handler and format.
+instead of raising. Results are decoded through an allowlist (the standard
+value types and numpy arrays included); `allow_type(Class)` and
+`allow_callable(module, name)` admit more. Sandbox log records are replayed
+into the host's stdlib logging; `configure_logging` (``agentix.log``) sets up a handler and format.
 ``agentix.trace`` records traces and spans (`agentix.utils.trace`); the current
 trace/span travels with every remote call through ``agentix.context``.
 

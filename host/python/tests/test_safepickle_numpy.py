@@ -117,6 +117,11 @@ def test_dtypes_and_arrays_inside_containers(protocol):
     assert got["view"][0] == a.dtype and got["view"][1] == numpy.float32(2)
 
 
+def test_the_numpy_classes_themselves_come_back_as_the_real_ones():
+    assert restricted_loads(pickle.dumps(numpy.ndarray, protocol=5)) is numpy.ndarray
+    assert restricted_loads(pickle.dumps(numpy.dtype, protocol=5)) is numpy.dtype
+
+
 @pytest.mark.parametrize("protocol", [4, 5])
 @pytest.mark.parametrize(
     "value",

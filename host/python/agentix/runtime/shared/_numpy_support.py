@@ -48,6 +48,7 @@ from typing import Any
 import numpy
 
 from agentix.runtime.shared.safepickle import (
+    _REAL_CLASSES,
     RestrictedUnpickleError,
     _charge,
     _RestrictedLoading,
@@ -294,6 +295,10 @@ def _new_scalar(dtype: Any, data: Any) -> Any:
     _charge(len(data) // 8 + 1, "a numpy scalar")
     return _scalar(dtype, data)
 
+
+# A returned class is given back as the real one.
+_REAL_CLASSES[_NdarrayStandIn] = numpy.ndarray
+_REAL_CLASSES[_DtypeStandIn] = numpy.dtype
 
 # (module, name) -> what the stream gets. Modules are numpy 1 and numpy 2 spellings.
 _GLOBALS: dict[tuple[str, str], Any] = {("numpy", "ndarray"): _NdarrayStandIn, ("numpy", "dtype"): _DtypeStandIn}
