@@ -81,6 +81,7 @@ import pathlib
 import pickle
 import pickletools
 import re
+import sys
 import threading
 import uuid
 from typing import Any, Callable
@@ -624,9 +625,11 @@ class DecodeBusy(Exception):
 
 def _import_global(module: str, name: str) -> Any:
     """``module.name``, imported (only for names already on the allowlist)."""
-    import importlib
+    found: Any = sys.modules.get(module)
+    if found is None:
+        import importlib
 
-    found: Any = importlib.import_module(module)
+        found = importlib.import_module(module)
     for part in name.split("."):
         found = getattr(found, part)
     return found
