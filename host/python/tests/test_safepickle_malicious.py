@@ -314,6 +314,20 @@ def _np_reconstruct(state: bytes, cls: bytes = _g("numpy", "ndarray")) -> bytes:
     return _RECONSTRUCT + b"(" + cls + _i(0) + b"\x85C\x01bt" + b"R" + state + b"b"
 
 
+def _np_shared_fields_dtype(levels: int) -> bytes:
+    """Nested structured dtypes whose two fields share the level below (through the
+    memo): the expanded structure doubles per level while the stream grows linearly."""
+    stream = b"\x80\x05" + _F8 + b"q\x00"
+    size = 8
+    for level in range(1, levels + 1):
+        below = b"h" + bytes([level - 1])
+        fields = b"}" + _u("a") + below + _i(0) + b"\x86s" + _u("b") + below + _i(size) + b"\x86s"
+        state = b"(" + _i(3) + _u("|") + b"N" + _u("a") + _u("b") + b"\x86" + fields + _i(2 * size) + _i(1) + _i(16) + b"t"
+        stream += _np_dtype(f"V{2 * size}", state) + b"q" + bytes([level])
+        size *= 2
+    return stream + b"."
+
+
 def numpy_payloads() -> dict[str, bytes]:
     """numpy values a sandbox could forge: each is refused (the huge ones are below)."""
     object_field = _u("a") + b"\x85}" + _u("a") + _np_dtype("O", _np_state("|")) + _i(0) + b"\x86s"
@@ -334,6 +348,7 @@ def numpy_payloads() -> dict[str, bytes]:
         "numpy_dtype_singleton_itemsize": b"\x80\x05" + _np_dtype("f8", _np_state(itemsize=4096), copy=False) + b".",
         # A void dtype whose flags claim it holds objects (NPY_ITEM_HASOBJECT and friends).
         "numpy_dtype_forged_flags": b"\x80\x05" + _np_dtype("V8", _np_state("|", itemsize=8, alignment=1, flags=0x3F)) + b".",
+        "numpy_dtype_shared_fields_exponential": _np_shared_fields_dtype(24),
         "numpy_dtype_code_not_a_code": b"\x80\x05" + _g("numpy", "dtype") + _u("[('a','O')]") + b"\x85R.",
         # ndarray(shape, dtype, buffer, offset, strides) would read anywhere in the buffer (or past it).
         "numpy_ndarray_direct_negative_strides": b"\x80\x05" + _g("numpy", "ndarray") + b"(" + _i(4) + b"\x85"

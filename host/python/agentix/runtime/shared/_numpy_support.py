@@ -71,6 +71,10 @@ _BYTE_ORDERS = ("<", ">", "|", "=")
 # NPY_ALIGNED_STRUCT in a dtype's flags (a signed char in the state).
 _ALIGNED_STRUCT = 0x80
 _ORDERS = ("C", "F", "A")
+# Fields of a structured dtype, counted through nesting (a nested dtype once per
+# use), and its nesting depth.
+_MAX_DTYPE_FIELDS = 1 << 16
+_MAX_DTYPE_DEPTH = 32
 
 try:  # numpy >= 2 keeps the implementation in numpy._core
     from numpy._core.multiarray import scalar as _scalar
@@ -142,9 +146,15 @@ def _is_int(value: Any) -> bool:
     return type(value) is int
 
 
-def _build_dtype(pending: _PendingDtype, state: Any) -> numpy.dtype:
+def _build_dtype(pending: _PendingDtype, state: Any, shapes: dict[int, tuple[Any, int, int]]) -> numpy.dtype:
     """Builds a dtype from its pickled state through numpy's public
-    constructors, and refuses it unless that reproduces the state exactly."""
+    constructors, and refuses it unless that reproduces the state exactly.
+
+    `shapes` maps each dtype built so far in this load (by id, kept alive) to
+    (dtype, fields counted through nesting, depth): fields may share one
+    nested dtype through the memo, so a dtype's expanded structure could grow
+    exponentially with a linear stream; it is bounded instead.
+    """
     if type(state) is not tuple or len(state) not in (8, 9) or state[0] not in (3, 4):
         raise _refuse("a numpy dtype state that numpy does not write")
     version, order, subarray, names, fields, itemsize, alignment, flags = state[:8]
@@ -171,11 +181,13 @@ def _build_dtype(pending: _PendingDtype, state: Any) -> numpy.dtype:
                 raise _refuse("a structured numpy dtype with too many fields")
             _charge(len(names) + 1, "a structured numpy dtype")
             formats, offsets, titles = [], [], []
+            children = []
             for name in names:
                 field = fields.get(name)
                 if type(field) is not tuple or len(field) not in (2, 3) or not _is_int(field[1]):
                     raise _refuse(f"a structured numpy dtype whose field {name!r} is malformed")
                 formats.append(_checked_dtype(field[0], "a numpy dtype field"))
+                children.append(formats[-1])
                 offsets.append(field[1])
                 title = field[2] if len(field) == 3 else None
                 if title is not None and type(title) is not str:
@@ -191,8 +203,10 @@ def _build_dtype(pending: _PendingDtype, state: Any) -> numpy.dtype:
             base, shape = subarray
             if type(shape) is not tuple or len(shape) > _MAX_DIMS or not all(_is_int(n) and n >= 0 for n in shape):
                 raise _refuse("a numpy subarray dtype with a malformed shape")
-            fresh = numpy.dtype((_checked_dtype(base, "a numpy subarray dtype"), shape))
+            children = [_checked_dtype(base, "a numpy subarray dtype")]
+            fresh = numpy.dtype((children[0], shape))
         else:
+            children = []
             if fields is not None:
                 raise _refuse("a numpy dtype with fields but no names")
             fresh = numpy.dtype(code + unit)
@@ -208,16 +222,31 @@ def _build_dtype(pending: _PendingDtype, state: Any) -> numpy.dtype:
             f"any value. Return a numeric array (or .tolist()), or set AGENTIX_PICKLE_TRUST=1 "
             f"to trust the sandbox fully"
         )
+    size, depth = 1, 1
+    for child in children:
+        known = shapes.get(id(child))
+        if known is None or known[0] is not child:
+            raise _refuse("a numpy dtype whose fields were not built in this stream")
+        size += known[1]
+        depth = max(depth, known[2] + 1)
+    if size > _MAX_DTYPE_FIELDS or depth > _MAX_DTYPE_DEPTH:
+        raise _refuse(
+            f"a numpy dtype of {size} fields nested {depth} deep (the limits are {_MAX_DTYPE_FIELDS} and "
+            f"{_MAX_DTYPE_DEPTH})"
+        )
     rebuilt = fresh.__reduce__()
     if rebuilt[1][0] != code or not _same_state(rebuilt[2], state):
-        raise _refuse(f"a numpy dtype whose pickled state is not the one its constructor makes ({fresh})")
+        raise _refuse(f"a numpy dtype whose pickled state is not the one its constructor makes ({str(fresh)[:200]})")
+    shapes[id(fresh)] = (fresh, size, depth)
     return fresh
 
 
 def _same_state(made: Any, given: Any) -> bool:
-    """Exact structural equality (dtypes compared by their own pickled state)."""
+    """Exact structural equality. A nested dtype must be the very object the
+    stream built (numpy keeps the field dtypes it is given), so nothing is
+    compared twice however the stream shares them."""
     if isinstance(made, numpy.dtype):
-        return isinstance(given, numpy.dtype) and _same_state(made.__reduce__()[1:], given.__reduce__()[1:])
+        return made is given
     if type(made) is not type(given):
         return False
     if type(made) is tuple:
@@ -317,6 +346,8 @@ class NumpyUnpickler(_RestrictedLoading, pickle._Unpickler):  # type: ignore[nam
     def __init__(self, file: Any, *, stream_bytes: int = 0, wait: bool = True) -> None:
         pickle._Unpickler.__init__(self, file)  # type: ignore[attr-defined]
         self._file = file
+        # id -> (dtype, fields through nesting, depth) of every dtype built by this load.
+        self._dtype_shapes: dict[int, tuple[Any, int, int]] = {}
         self._setup(stream_bytes, wait)
 
     def _base_load(self) -> Any:
@@ -364,7 +395,7 @@ class NumpyUnpickler(_RestrictedLoading, pickle._Unpickler):  # type: ignore[nam
         state = stack.pop()
         inst = stack[-1]
         if isinstance(inst, _PendingDtype) and inst.built is None:
-            inst.built = stack[-1] = _build_dtype(inst, state)
+            inst.built = stack[-1] = _build_dtype(inst, state, self._dtype_shapes)
         elif isinstance(inst, _PendingArray) and inst.built is None:
             inst.built = stack[-1] = _build_array(state)
         elif isinstance(inst, (numpy.ndarray, numpy.dtype, numpy.generic, _PendingDtype, _PendingArray)):
