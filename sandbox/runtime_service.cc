@@ -143,6 +143,7 @@ class SideChannelSink final
     this->Enqueue(std::move(records));
   }
   void Flush() override { this->WriteHeldBack(); }
+  void FlushNow() override { this->WriteNow(); }
 
  private:
   static Response Header(const std::string& instance_id) {

@@ -49,6 +49,8 @@ class SeqBuffer {
     // Queues `records` (in seq order) for the host. Thread-safe and
     // non-blocking; never called with a buffer lock held.
     virtual void Deliver(std::vector<RecordPtr> records) = 0;
+    // Writes what coalescing holds back without further delay.
+    virtual void FlushNow() {}
   };
 
   // Called with the buffer's lock held when records were lost to overflow
@@ -69,19 +71,34 @@ class SeqBuffer {
         instance_id_(RandomInstanceId()) {}
 
   // Numbers and stores `records`, delivering them to every subscriber.
+  // Returns the seq of the first one (the others follow it by one each).
   // Thread-safe.
-  void Append(std::vector<Record> records) {
+  uint64_t Append(std::vector<Record> records) {
     std::vector<RecordPtr> stored;
     std::vector<std::shared_ptr<Subscriber>> subscribers;
+    uint64_t first;
     {
       absl::MutexLock lock(&mu_);
+      first = next_seq_;
       const bool delivering = !subscribers_.empty();
       for (auto& r : records) stored.push_back(Store(std::move(r), delivering));
-      if (!delivering) return;  // kept in the backlog
+      if (!delivering) return first;  // kept in the backlog
       ReportDrops(stored);
       subscribers = subscribers_;
     }
     for (auto& s : subscribers) s->Deliver(stored);
+    return first;
+  }
+
+  // Asks every subscriber to write what it holds back now: a call's result
+  // waits on the host for its records (the side-channel barrier).
+  void FlushSubscribers() {
+    std::vector<std::shared_ptr<Subscriber>> subscribers;
+    {
+      absl::MutexLock lock(&mu_);
+      subscribers = subscribers_;
+    }
+    for (auto& s : subscribers) s->FlushNow();
   }
 
   // Adds `subscriber` and delivers the backlog with seq > `after_seq`

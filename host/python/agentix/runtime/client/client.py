@@ -57,6 +57,7 @@ from agentix.runtime.client.stream import (
     CallsStream,
     NativeCallsStream,
     PendingCall,
+    SideBarrier,
     StartRequest,
 )
 from agentix.runtime.client import wire
@@ -84,6 +85,10 @@ _MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
 _FEED_REOPEN_SECONDS = 1.0
 # How long close() waits for queued cancels to reach the daemon.
 _CLOSE_FLUSH_SECONDS = 1.0
+# A call's result waits for the sandbox's records it carries the seq of (the
+# side-channel barrier) as long as replay makes progress; it stops waiting
+# once none is replayed for this long (docs/RELIABILITY.md).
+_BARRIER_IDLE_SECONDS = 2.0
 
 
 # Call ids: see UniqueIds.
@@ -218,6 +223,20 @@ class _Feed:
 
     def _not_implemented(self) -> None:
         self.unimplemented = True
+
+    async def wait_replayed(self, seq: int) -> None:
+        """Waits until this feed has replayed up to `seq` (a call's barrier),
+        across a re-opened stream, while replay makes progress; returns at
+        once when there is no live stream."""
+        cursor = self.cursor
+        while cursor.last_seq < seq:
+            stream = self.stream
+            if stream is None or not stream.alive:
+                return
+            before = cursor.last_seq
+            await stream.wait_replayed(seq, _BARRIER_IDLE_SECONDS)
+            if self.stream is stream and cursor.last_seq == before:
+                return  # no progress for the whole bound
 
     def detach(self) -> SubscriptionStream | None:
         """Forgets the stream and channel and returns the stream (to close)."""
@@ -448,6 +467,8 @@ class RuntimeClient:
             if call.future.cancelled():  # local cancellation or deadline
                 stream.cancel_call(call.call_id)
 
+        if call.barrier is not None:
+            await self._side_barrier(call.barrier)
         if isinstance(outcome, RemoteError):
             raise remote_call_error(display_name, outcome)
         if isinstance(outcome, list):
@@ -510,6 +531,9 @@ class RuntimeClient:
                         ) from None
                 if item is STREAM_END:
                     break
+                if type(item) is SideBarrier:
+                    await self._side_barrier(item)
+                    continue
                 consumed += 1
                 call.consumed = consumed
                 # Ack in half-window steps: one StreamAck per few items, and
@@ -521,6 +545,8 @@ class RuntimeClient:
                 yield await _decode_item(loop, item)
             outcome = call.future.result()
             finished = True
+            if call.barrier is not None:
+                await self._side_barrier(call.barrier)
         finally:
             self._pending.pop(call.call_id, None)
             if not finished and not call.future.done():
@@ -529,6 +555,14 @@ class RuntimeClient:
                 stream.cancel_call(call.call_id)
         if isinstance(outcome, RemoteError):
             raise remote_call_error(display_name, outcome)
+
+    async def _side_barrier(self, barrier: SideBarrier) -> None:
+        """Waits until the log records and trace events `barrier` names have
+        been handed to the host's logging and trace processors (bounded: see
+        `_BARRIER_IDLE_SECONDS`)."""
+        for feed, seq in zip(self._feeds, (barrier.log_seq, barrier.trace_seq)):
+            if seq > feed.cursor.last_seq:
+                await feed.wait_replayed(seq)
 
     async def try_remote(
         self, fn: Callable[..., Awaitable[R]] | Callable[..., R], *args: Any, **kwargs: Any

@@ -87,6 +87,8 @@ class SubscriptionStream:
         self._on_unimplemented = on_unimplemented
         self._previous = previous
         self._replaying: asyncio.Future | None = None
+        # Futures of `wait_replayed` callers, woken after each replayed batch.
+        self._waiters: list[asyncio.Future] = []
         self._handler_failures = 0
         self._done = False
         self._task = asyncio.create_task(self._run(), name=f"agentix-{self.rpc_name.lower()}")
@@ -120,6 +122,30 @@ class SubscriptionStream:
         """True until the stream has ended, failed or been closed."""
         return not self._done
 
+    async def wait_replayed(self, seq: int, idle_timeout: float) -> bool:
+        """Waits until every item up to `seq` has been replayed (the
+        side-channel barrier of a call's result). Gives up when the stream
+        ends or nothing is replayed for `idle_timeout` seconds; returns
+        whether the cursor reached `seq`."""
+        cursor = self._cursor
+        loop = asyncio.get_running_loop()
+        while cursor.last_seq < seq and not self._done:
+            before = cursor.last_seq
+            waiter = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await asyncio.wait_for(waiter, idle_timeout)
+            except TimeoutError:
+                if cursor.last_seq == before:
+                    break
+        return cursor.last_seq >= seq
+
+    def _wake_waiters(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
     async def aclose(self) -> None:
         """Stops the stream and waits until no item of it is being replayed.
         Idempotent; never raises (except when the caller is cancelled)."""
@@ -152,6 +178,8 @@ class SubscriptionStream:
                 self._replaying = asyncio.ensure_future(asyncio.to_thread(self._replay_batch, items))
                 await asyncio.shield(self._replaying)
                 self._replaying = None
+                if self._waiters:
+                    self._wake_waiters()
                 last = cursor.last_seq
                 if last and last != acked:
                     await self._rpc.write(self._ack_request(last))
@@ -171,6 +199,7 @@ class SubscriptionStream:
             _log.debug("the runtime ended the %s stream (re-opened by the next call)", feed)
         finally:
             self._done = True
+            self._wake_waiters()
 
     def _replay_batch(self, items: list[Any]) -> None:
         """Replays, in order, the items not seen yet, advancing the cursor.
