@@ -280,6 +280,7 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
   }
   Call& call = calls_[id];
   call.sink = sink;
+  call.client = sink->client_id();
   call.args_expected = expected;
   call.args_received = start.arguments().size();
   if (call.args_received < expected) {
@@ -622,11 +623,15 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
   uint64_t first_trace = 0;
   if (!log_frames.empty() || !trace_frames.empty()) {
     std::string worker_id;
+    std::vector<std::string> log_owners;
+    std::vector<std::string> trace_owners;
     {
       absl::MutexLock lock(&mu_);
       if (worker_ && worker_->generation() == generation) {
         worker_id = worker_->worker_id();
       }
+      log_owners = OwnersOf(log_frames);
+      trace_owners = OwnersOf(trace_frames);
     }
     if (!log_frames.empty()) {
       std::vector<runtime::v1::LogRecord> records;
@@ -634,7 +639,7 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
       for (const ipc::Frame* f : log_frames) {
         records.push_back(ToLogRecord(f->log, worker_id));
       }
-      first_log = logs_->Append(std::move(records));
+      first_log = logs_->Append(std::move(records), log_owners);
     }
     if (!trace_frames.empty()) {
       std::vector<runtime::v1::TraceEvent> events;
@@ -642,7 +647,7 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
       for (const ipc::Frame* f : trace_frames) {
         events.push_back(ToTraceEvent(f->trace, worker_id));
       }
-      first_trace = traces_->Append(std::move(events));
+      first_trace = traces_->Append(std::move(events), trace_owners);
     }
   }
   std::vector<Delivery> out;
@@ -678,6 +683,27 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
   }
   DeliverPosted();
   ThrottleResults();
+}
+
+std::vector<std::string> SessionManager::OwnersOf(
+    const std::vector<const ipc::Frame*>& frames) {
+  std::vector<std::string> owners;
+  owners.reserve(frames.size());
+  const std::string* last_id = nullptr;
+  const std::string* last_owner = nullptr;
+  static const std::string kNone;
+  for (const ipc::Frame* frame : frames) {
+    const std::string& id = frame->type == ipc::FrameType::kLog
+                                ? frame->log.call_id
+                                : frame->trace.call_id;
+    if (last_id == nullptr || *last_id != id) {
+      last_id = &id;
+      auto it = id.empty() ? calls_.end() : calls_.find(id);
+      last_owner = it == calls_.end() ? &kNone : &it->second.client;
+    }
+    owners.push_back(*last_owner);
+  }
+  return owners;
 }
 
 void SessionManager::TrackSeqs(const std::vector<const ipc::Frame*>& frames,

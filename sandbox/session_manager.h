@@ -171,6 +171,9 @@ class SessionManager : public WorkerProcess::Listener {
     // seq of the records and trace events tagged with this call, and the
     // seqs of unattributed ones when the call was dispatched (those that
     // appear later, while it runs, count as possibly its own).
+    // The host client that started it (CallSink::client_id): its records
+    // go to that client's Logs and Traces streams.
+    std::string client;
     uint64_t log_seq = 0;
     uint64_t trace_seq = 0;
     uint64_t unattributed_log_mark = 0;
@@ -249,6 +252,11 @@ class SessionManager : public WorkerProcess::Listener {
   bool StampBarrier(const Call& call, runtime::v1::SandboxEvent& event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Notes the seqs the side channels gave a batch of worker records.
+  // The client of each frame's call ("" for none, or a call no longer
+  // known): where its log record or trace event goes.
+  std::vector<std::string> OwnersOf(
+      const std::vector<const ipc::Frame*>& frames)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `frames` (log or trace frames, numbered from `first` on) update their
   // calls' `call_seq`, or `unattributed` when they name none.
   void TrackSeqs(const std::vector<const ipc::Frame*>& frames, uint64_t first,

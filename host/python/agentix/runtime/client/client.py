@@ -83,16 +83,21 @@ R = TypeVar("R")
 _MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
 # Shortest interval between attempts to re-open a lost Logs or Traces stream.
 _FEED_REOPEN_SECONDS = 1.0
-# How long close() waits for queued cancels to reach the daemon.
+# How long close() waits for queued cancels to reach the daemon, and at
+# most for the Logs/Traces streams to go quiet (_CLOSE_QUIET_SECONDS without
+# a record: the daemon holds one back at most 4 ms).
 _CLOSE_FLUSH_SECONDS = 1.0
+_CLOSE_QUIET_SECONDS = 0.03
 # A call's result waits for the sandbox's records it carries the seq of (the
 # side-channel barrier) as long as replay makes progress; it stops waiting
 # once none is replayed for this long (docs/RELIABILITY.md).
 _BARRIER_IDLE_SECONDS = 2.0
 
 
-# Call ids: see UniqueIds.
+# Call ids (and client ids): see UniqueIds.
 _call_ids = UniqueIds()
+# The metadata key that names a client (RuntimeClient.client_id) to the daemon.
+_CLIENT_ID_HEADER = "agentix-client-id"
 
 
 _TOKEN_ENV = "AGENTIX_TOKEN"
@@ -351,7 +356,13 @@ class RuntimeClient:
         if token is None:
             token = os.environ.get(_TOKEN_ENV) or None
         # Sent with every RPC; the daemon checks it before any handler runs.
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        # Names this client to the daemon on every RPC: the log records and
+        # trace events of its calls go to its own Logs/Traces streams only.
+        self.client_id = _call_ids.next()
+        client_header = (_CLIENT_ID_HEADER, self.client_id)
+        self._metadata = (
+            (("authorization", f"Bearer {token}"), client_header) if token else (client_header,)
+        )
         self._tls = _TlsFiles(base_url, tls_ca_file, tls_cert_file, tls_key_file, tls_server_name)
         self._channel: grpc.aio.Channel | None = None
         self._channel_broken = False
@@ -606,6 +617,13 @@ class RuntimeClient:
         reconnector, self._reconnector = self._reconnector, None
         if reconnector is not None:
             reconnector.cancel()
+        # What the sandbox emitted before close() is replayed first (bounded).
+        live_feeds = [feed.stream for feed in self._feeds if feed.stream is not None and feed.stream.alive]
+        if live_feeds:
+            await asyncio.gather(
+                *(feed.settle(_CLOSE_QUIET_SECONDS, _CLOSE_FLUSH_SECONDS) for feed in live_feeds),
+                return_exceptions=True,
+            )
         stream, self._stream = self._stream, None
         channel, self._channel = self._channel, None
         self._native_channel = None
