@@ -173,9 +173,9 @@ class SeqBuffer {
       for (auto& entry : backlog_) {
         const uint64_t seq = entry.record->seq();
         const bool send =
-            entry.owner.empty()
-                ? !entry.delivered || (after_seq > 0 && seq > after_seq)
-                : entry.owner == client && seq > after_seq;
+            seq > after_seq && (entry.owner.empty()
+                                    ? !entry.delivered || after_seq > 0
+                                    : entry.owner == client);
         if (!send) continue;
         entry.delivered = true;
         records.push_back(entry.record);
@@ -202,15 +202,17 @@ class SeqBuffer {
         subscribers_.end());
   }
 
-  // Frees the records with seq <= `seq` that have reached a subscriber,
-  // from the oldest on: another client's records that still wait for it
-  // stay (until capacity evicts them, which counts as a drop).
+  // Frees the records with seq <= `seq`, except another client's call
+  // records that have not reached it yet: they wait for it (until capacity
+  // evicts them, which counts as a drop).
   void Ack(uint64_t seq) {
     absl::MutexLock lock(&mu_);
-    while (!backlog_.empty() && backlog_.front().record->seq() <= seq &&
-           backlog_.front().delivered) {
-      backlog_.pop_front();
-    }
+    auto end = backlog_.begin();
+    while (end != backlog_.end() && end->record->seq() <= seq) ++end;
+    auto kept = std::remove_if(backlog_.begin(), end, [](const Entry& e) {
+      return e.delivered || e.owner.empty();
+    });
+    backlog_.erase(kept, end);
   }
 
   const std::string& instance_id() const { return instance_id_; }
