@@ -259,7 +259,7 @@ class SubscriptionStream:
         for item in items:
             if item.seq <= cursor.last_seq:
                 continue
-            if not item.call_id and not once.first_time(cursor.instance_id, item.seq):
+            if not item.call_id and cursor.instance_id and not once.first_time(cursor.instance_id, item.seq):
                 cursor.last_seq = item.seq  # another client here replayed it
                 continue
             try:
