@@ -16,6 +16,9 @@ std::string BootstrapScript(const std::string& runtime_root) {
   // its own network namespace needs AGENTIX_BIND_HOST=0.0.0.0).
   // --prestart-worker: a sandbox exists to run calls; the worker's start
   // (~170 ms of Python imports) then overlaps the provider's readiness wait.
+  // AGENTIX_ADDED_PATH records what was put in front of PATH, so that
+  // agentix.runtime.shared.env.image_env() gives user subprocesses the task
+  // image's PATH (the original's contract, SPEC §3.7).
   // No LD_LIBRARY_PATH: every bundled ELF file names the bundle's loader and
   // carries DT_RPATH=@ROOT@/lib, so the bundle's libraries are used without
   // leaking into programs of the task image that user code starts.
@@ -28,6 +31,7 @@ std::string BootstrapScript(const std::string& runtime_root) {
 set -eu
 R=@ROOT@
 export PATH="@PATH@${PATH:+:$PATH}"
+export AGENTIX_ADDED_PATH="@PATH@"
 export AGENTIX_RUNTIME="$R"
 set --  --worker "$R/bin/agentix-worker" --venv "$R/venv" \
   --python-home "$R/python" --log-level "${AGENTIX_LOG_LEVEL:-info}" \

@@ -22,7 +22,8 @@ std::string FakeRuntime() {
   fs::create_symlink("/bin/busybox", root + "/bin/sh");
   REQUIRE_OK(WriteFile(root + "/bin/agentix-sandboxd",
                        "#!/bin/busybox sh\nfor a in \"$@\"; do echo \"$a\"; "
-                       "done\necho \"PATH=$PATH\"\n",
+                       "done\necho \"PATH=$PATH\"\n"
+                       "echo \"AGENTIX_ADDED_PATH=$AGENTIX_ADDED_PATH\"\n",
                        /*executable=*/true));
   REQUIRE_OK(WriteFile(root + "/bootstrap.sh", BootstrapScript(root),
                        /*executable=*/true));
@@ -76,6 +77,9 @@ TEST_CASE("bootstrap.sh falls back to AGENTIX_BIND_HOST/PORT", "[bundler]") {
   CHECK(out.find("--listen\n10.1.2.3:9001\n") != std::string::npos);
   CHECK(out.find("--python-path\n/work/a:/work/b\n") != std::string::npos);
   CHECK(out.find(":" + root + "/bin:/usr/bin\n") != std::string::npos);
+  // What was put in front of PATH is recorded, for image_env() to take off.
+  CHECK(out.find("\nAGENTIX_ADDED_PATH=" + root + "/venv/bin:" + root +
+                 "/bin\n") != std::string::npos);
 }
 
 }  // namespace

@@ -159,6 +159,35 @@ TEST_CASE("Calls multiplexes a batch of calls on one stream", "[sandbox]") {
   REQUIRE(terminal["c"].error().error().traceback() == "fake traceback");
 }
 
+TEST_CASE("An exception's class and state are forwarded, the state bounded",
+          "[sandbox]") {
+  Harness h;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto stream = h.stub->Calls(&ctx);
+  CallsRequest req;
+  AddStart(req, "small", "fake::error_state", "100");
+  AddStart(req, "big", "fake::error_state", std::to_string(64 * 1024 + 1));
+  REQUIRE(stream->Write(req));
+  REQUIRE(stream->WritesDone());
+  std::map<std::string, runtime::v1::RemoteError> errors;
+  CallsResponse resp;
+  while (stream->Read(&resp)) {
+    for (const auto& e : resp.events()) {
+      if (e.has_error()) errors[e.error().call_id()] = e.error().error();
+    }
+  }
+  REQUIRE(stream->Finish().ok());
+  REQUIRE(errors.size() == 2);
+  REQUIRE(errors["small"].type_module() == "builtins");
+  REQUIRE(errors["small"].type_qualname() == "ValueError");
+  REQUIRE(errors["small"].state() == std::string(100, 's'));
+  // Over the bound: the error goes through without its state.
+  REQUIRE(errors["big"].type() == "ValueError");
+  REQUIRE(errors["big"].type_qualname() == "ValueError");
+  REQUIRE(errors["big"].state().empty());
+}
+
 TEST_CASE("A stream that goes away leaves its call retained for resume",
           "[sandbox]") {
   Harness h;

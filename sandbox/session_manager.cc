@@ -62,9 +62,17 @@ SandboxEventPtr IdTooLongError(const std::string& id) {
 
 std::shared_ptr<SandboxEvent> FromWorkerError(const std::string& call_id,
                                               const ipc::ErrorInfo& error) {
-  return NewCallError(call_id, error.type, error.message,
-                      static_cast<absl::StatusCode>(error.code),
-                      error.traceback, error.returncode);
+  auto event = NewCallError(call_id, error.type, error.message,
+                            static_cast<absl::StatusCode>(error.code),
+                            error.traceback, error.returncode);
+  auto* e = event->mutable_error()->mutable_error();
+  e->set_type_module(error.type_module);
+  e->set_type_qualname(error.type_qualname);
+  // The worker bounds the state; a worker that does not is not forwarded.
+  if (error.state.size() <= ipc::kMaxExceptionStateBytes) {
+    e->set_state(error.state);
+  }
+  return event;
 }
 
 }  // namespace

@@ -7,6 +7,9 @@
 //   fake::late     answers after 200 ms even if cancelled (a late frame)
 //   fake::double   sends two results for one call
 //   fake::error    fails with ValueError
+//   fake::error_state  fails with ValueError carrying type_module/qualname
+//                  and a state of <arguments> bytes (unbounded, as a hostile
+//                  worker could)
 //   fake::exit     exits with code <arguments>
 //   fake::kill     SIGKILLs itself
 //   fake::crash    writes a crash report ("Fatal Python error: ..." and
@@ -194,6 +197,16 @@ int main(int argc, char** argv) {
       SendResult(id, "second");
     } else if (fn == "fake::error") {
       SendError(id, "ValueError", "bad value", 2, false);
+    } else if (fn == "fake::error_state") {
+      Frame e;
+      e.type = FrameType::kError;
+      e.call_id = id;
+      e.error.type = "ValueError";
+      e.error.message = "bad value";
+      e.error.type_module = "builtins";
+      e.error.type_qualname = "ValueError";
+      e.error.state.assign(std::strtoul(p.args.c_str(), nullptr, 10), 's');
+      Send(e);
     } else if (fn == "fake::exit") {
       std::exit(std::atoi(p.args.c_str()));
     } else if (fn == "fake::kill") {

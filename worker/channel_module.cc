@@ -1385,7 +1385,12 @@ PyObject* ChannelSendError(PyObject* self, PyObject* const* args,
                            Py_ssize_t nargs) {
   // Before Enter(): it may let go of the GIL.
   CatchUpCapture(*Channel(self).writer);
-  if (!Enter(self) || !CheckArgs("send_error", nargs, 6)) return nullptr;
+  if (!Enter(self)) return nullptr;
+  if (nargs != 6 && nargs != 9) {
+    PyErr_Format(PyExc_TypeError,
+                 "send_error() takes 6 or 9 arguments (%zd given)", nargs);
+    return nullptr;
+  }
   ipc::Frame frame;
   frame.type = ipc::FrameType::kError;
   long long code = 0;
@@ -1401,6 +1406,26 @@ PyObject* ChannelSendError(PyObject* self, PyObject* const* args,
   if (cancelled < 0) return nullptr;
   frame.error.code = static_cast<int>(code);
   frame.error.cancelled = cancelled != 0;
+  if (nargs == 9) {
+    if (!ToUtf8(args[6], "type_module", "backslashreplace",
+                frame.error.type_module) ||
+        !ToUtf8(args[7], "type_qualname", "backslashreplace",
+                frame.error.type_qualname)) {
+      return nullptr;
+    }
+    if (args[8] != Py_None) {
+      Py_buffer view;
+      if (PyObject_GetBuffer(args[8], &view, PyBUF_CONTIG_RO) != 0) {
+        return nullptr;
+      }
+      // An over-large state is dropped, not refused: the error still goes.
+      if (static_cast<size_t>(view.len) <= ipc::kMaxExceptionStateBytes) {
+        frame.error.state.assign(static_cast<const char*>(view.buf),
+                                 static_cast<size_t>(view.len));
+      }
+      PyBuffer_Release(&view);
+    }
+  }
   if (!Queue(self, frame)) return nullptr;
   Py_RETURN_NONE;
 }
@@ -1864,7 +1889,8 @@ PyMethodDef kChannelMethods[] = {
     {"send_item", Fast<ChannelSendItem>(), METH_FASTCALL,
      "send_item(call_id, index, encoding, data)"},
     {"send_error", Fast<ChannelSendError>(), METH_FASTCALL,
-     "send_error(call_id, code, type, message, traceback, cancelled)"},
+     "send_error(call_id, code, type, message, traceback, cancelled"
+     "[, type_module, type_qualname, state])"},
     {"send_log", Fast<ChannelSendLog>(), METH_FASTCALL,
      "send_log(logger, level, level_name, message, time_unix_nanos, file, "
      "line, function, module, exception_text, origin, call_id, context, "

@@ -24,7 +24,11 @@
 //     .send_item(call_id, index, encoding, data)   one stream_item frame;
 //                               ValueError (nothing queued) if it would
 //                               exceed the frame limit
-//     .send_error(call_id, code, type, message, traceback, cancelled)
+//     .send_error(call_id, code, type, message, traceback, cancelled
+//                 [, type_module, type_qualname, state])   state: the
+//                               exception's pickled (args, members, dict),
+//                               bytes or None; dropped beyond
+//                               ipc::kMaxExceptionStateBytes
 //     .send_log(logger, level, level_name, message, time_unix_nanos, file,
 //               line, function, module, exception_text, origin, call_id,
 //               context, extras)   one `log` frame (extras: msgpack bytes

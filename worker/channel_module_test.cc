@@ -268,6 +268,35 @@ TEST_CASE("Oversized frame lengths are refused before reading the body",
           std::string::npos);
 }
 
+TEST_CASE("send_error carries an exception's class and bounded state",
+          "[channel]") {
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  Py("ch.send_error('a', 2, 'KeyError', \"'k'\", 'tb', False, 'builtins',\n"
+     "              'KeyError', b'\\x80\\x04state')\n"
+     "ch.send_error('b', 2, 'ValueError', 'big', '', False, 'builtins',\n"
+     "              'ValueError', b'x' * (64 * 1024 + 1))\n"
+     "ch.send_error('c', 2, 'E', 'm', '', False, 'mod', 'E', None)\n"
+     "try:\n"
+     "    ch.send_error('d', 2, 'E', 'm', '', False, 'mod')\n"
+     "except TypeError:\n"
+     "    pass\n"
+     "else:\n"
+     "    raise AssertionError('7 arguments accepted')\n"
+     "ch.flush()\n");
+  auto frames = collector.Wait(3, absl::Seconds(5));
+  REQUIRE(frames.size() == 3);
+  REQUIRE(frames[0].error.type_module == "builtins");
+  REQUIRE(frames[0].error.type_qualname == "KeyError");
+  REQUIRE(frames[0].error.state == "\x80\x04state");
+  // Over the bound: dropped, the error itself still sent.
+  REQUIRE(frames[1].call_id == "b");
+  REQUIRE(frames[1].error.message == "big");
+  REQUIRE(frames[1].error.state.empty());
+  REQUIRE(frames[2].error.type_module == "mod");
+  REQUIRE(frames[2].error.state.empty());
+}
+
 TEST_CASE("Sends are queued until flush", "[channel]") {
   Pair pair;
   FrameCollector collector(pair.peer);

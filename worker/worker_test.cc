@@ -1033,11 +1033,17 @@ TEST_CASE("Boot failures send boot_error and exit 3", "[worker]") {
 TEST_CASE("--python-home: a relocated stdlib is used from its new place",
           "[worker]") {
   // A bundle-style tree: <home>/lib/python3.11 is Debian's stdlib, moved.
+  // Like the bundler, it leaves out dist-packages (there once Debian's
+  // python3-numpy or the like is installed), which site.py would add.
   const std::string home = absl::StrCat(TempRoot(), "/relocated/python");
   if (!fs::exists(home)) {
-    fs::create_directories(home + "/lib");
-    fs::create_directory_symlink("/usr/lib/python3.11",
-                                 home + "/lib/python3.11");
+    const std::string stdlib = home + "/lib/python3.11";
+    fs::create_directories(stdlib);
+    for (const auto& entry : fs::directory_iterator("/usr/lib/python3.11")) {
+      const std::string name = entry.path().filename().string();
+      if (name == "dist-packages" || name == "site-packages") continue;
+      fs::create_symlink(entry.path(), stdlib + "/" + name);
+    }
   }
   WorkerArgs options;
   options.args = {"--python-home", home};

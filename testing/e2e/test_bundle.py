@@ -210,6 +210,14 @@ async def call_everything(socket_path):
             "hello, host, from bundle_helper"
         assert (await sandbox.remote(bundle_app.tool_version)).startswith("patchelf ")
         info = await sandbox.remote(bundle_app.runtime_info)
+        # The bootstrap records what it put in front of PATH, so image_env()
+        # (what the original's bash plugin runs task commands with) takes it off.
+        from agentix.runtime.shared.env import image_env
+
+        worker_path = await sandbox.remote(os.getenv, "PATH")
+        image_path = (await sandbox.remote(image_env))["PATH"]
+    assert worker_path.startswith(f"{RUNTIME}/venv/bin:{RUNTIME}/bin")
+    assert image_path and worker_path.endswith(image_path) and RUNTIME not in image_path
     assert info["prefix"] == f"{RUNTIME}/venv"
     assert info["base_prefix"] == f"{RUNTIME}/python"
     assert info["stdlib"] == f"{RUNTIME}/python/lib/python3.11"

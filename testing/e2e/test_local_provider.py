@@ -586,6 +586,27 @@ async def test_session_deletes_when_the_body_raises(dev_bundle, dirs):
     assert list(dirs[0].iterdir()) == []
 
 
+async def test_sandbox_health_and_async_with(dev_bundle, dirs):
+    """The original's `Sandbox.health()` and ``async with sandbox:`` (SPEC §1.1):
+    leaving the block closes the sandbox's client, not the sandbox."""
+    provider = make_provider(dirs)
+    sandbox = await provider.create(SandboxConfig(image="host", bundle=str(dev_bundle)))
+    try:
+        async with sandbox as entered:
+            assert entered is sandbox
+            health = await sandbox.health()
+            assert health.status == "ok" and health.version
+            assert await sandbox.remote(e2e_targets.add, 1, 2) == 3
+            assert sandbox._client is not None
+        assert sandbox._client is None  # closed on the way out
+        async with sandbox:  # the sandbox still runs: a fresh client
+            assert (await sandbox.health()).status == "ok"
+            assert await sandbox.remote(e2e_targets.add, 2, 2) == 4
+        assert sandbox._client is None
+    finally:
+        await provider.delete(sandbox.sandbox_id)
+
+
 async def test_call_deadline_reaches_the_client(dev_bundle, dirs):
     from agentix import CallTimeout
 

@@ -90,7 +90,9 @@ void PackNamespace(Packer& p, const NamespaceEntry& n) {
 
 void PackError(Packer& p, const ErrorInfo& e) {
   PackKey(p, "error");
-  p.pack_map(e.returncode.has_value() ? 6 : 5);
+  p.pack_map(5 + (e.returncode.has_value() ? 1 : 0) +
+             (e.type_module.empty() ? 0 : 1) +
+             (e.type_qualname.empty() ? 0 : 1) + (e.state.empty() ? 0 : 1));
   PackInt(p, "code", e.code);
   PackStr(p, "type", e.type);
   PackStr(p, "message", e.message);
@@ -98,6 +100,9 @@ void PackError(Packer& p, const ErrorInfo& e) {
   PackKey(p, "cancelled");
   if (e.cancelled) p.pack_true(); else p.pack_false();
   if (e.returncode.has_value()) PackInt(p, "returncode", *e.returncode);
+  if (!e.type_module.empty()) PackStr(p, "type_module", e.type_module);
+  if (!e.type_qualname.empty()) PackStr(p, "type_qualname", e.type_qualname);
+  if (!e.state.empty()) PackBin(p, "state", e.state);
 }
 
 void PackLog(Packer& p, const LogEntry& l) {
@@ -281,6 +286,12 @@ absl::Status ReadError(const msgpack::object& o, ErrorInfo& e) {
       int rc = 0;
       s = ReadInt(kv.val, key, rc);
       e.returncode = rc;
+    } else if (key == "type_module") {
+      s = ReadBytes(kv.val, key, e.type_module);
+    } else if (key == "type_qualname") {
+      s = ReadBytes(kv.val, key, e.type_qualname);
+    } else if (key == "state") {
+      s = ReadBytes(kv.val, key, e.state);
     }
     if (!s.ok()) return s;
   }

@@ -7,6 +7,7 @@
 // headers. It depends only on msgpack and //base.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <memory>
@@ -59,7 +60,19 @@ struct ErrorInfo {
   std::string traceback;
   bool cancelled = false;
   std::optional<int> returncode;
+  // For an exception raised by Python code: its class's __module__ and
+  // __qualname__, and its (args, members, __dict__) pickled (protocol 4) when
+  // that fits kMaxExceptionStateBytes; empty otherwise. The host decodes the
+  // state through its allowlist only.
+  std::string type_module;
+  std::string type_qualname;
+  std::string state;
 };
+
+// Bound on ErrorInfo::state: larger states are dropped by the worker (and by
+// the daemon if a worker sends one anyway); the host then raises the plain
+// RemoteCallError.
+inline constexpr size_t kMaxExceptionStateBytes = 64 * 1024;
 
 // One log record from the worker (agentix.runtime.v1.LogRecord without the
 // daemon-assigned seq and worker id).

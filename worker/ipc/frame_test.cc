@@ -68,6 +68,21 @@ TEST_CASE("Every frame type round-trips", "[ipc]") {
   REQUIRE(got.error.cancelled);
   REQUIRE(got.error.returncode == -9);
   REQUIRE(got.error.code == 1);
+  REQUIRE(got.error.type_module.empty());
+  REQUIRE(got.error.state.empty());
+
+  // A Python exception's class and pickled state (binary, NULs included).
+  err.error.cancelled = false;
+  err.error.returncode.reset();
+  err.error.type = "AppError";
+  err.error.type_module = "app.errors";
+  err.error.type_qualname = "Outer.AppError";
+  err.error.state = std::string("\x80\x04\x00state", 8);
+  got = Decode(Encode(err));
+  REQUIRE(got.error.type_module == "app.errors");
+  REQUIRE(got.error.type_qualname == "Outer.AppError");
+  REQUIRE(got.error.state == err.error.state);
+  REQUIRE_FALSE(got.error.returncode.has_value());
 
   Frame item;
   item.type = FrameType::kStreamItem;

@@ -2,8 +2,10 @@
 
 ``await client.remote(fn, *args, **kwargs)`` runs the importable function `fn`
 in the sandbox and returns its value; `try_remote` returns `Ok` / `Failed`
-instead of raising. Sandbox log records are replayed into the host's stdlib
-logging; `configure_logging` (``agentix.log``) sets up a handler and format.
+instead of raising. Results are decoded through an allowlist (the standard
+value types and numpy arrays included); `allow_type(Class)` and
+`allow_callable(module, name)` admit more. Sandbox log records are replayed
+into the host's stdlib logging; `configure_logging` (``agentix.log``) sets up a handler and format.
 ``agentix.trace`` records traces and spans (`agentix.utils.trace`); the current
 trace/span travels with every remote call through ``agentix.context``.
 
@@ -30,7 +32,7 @@ from agentix.runtime.client.errors import (  # noqa: E402
 from agentix.runtime.client._sio_facade import AsyncClientNamespace, request_handler  # noqa: E402
 from agentix.runtime.client.result import Failed, Ok, Result  # noqa: E402
 from agentix.runtime.shared.callables import RemoteCallable  # noqa: E402
-from agentix.runtime.shared.safepickle import RestrictedUnpickleError  # noqa: E402
+from agentix.runtime.shared.safepickle import RestrictedUnpickleError, allow_callable, allow_type  # noqa: E402
 from agentix.sio import Namespace, RemoteSioError, register_namespace  # noqa: E402
 from agentix.utils import context, log, trace  # noqa: E402
 from agentix.utils.log import configure_logging  # noqa: E402
@@ -60,6 +62,8 @@ __all__ = [
     "SandboxResource",
     "WorkerExited",
     "__version__",
+    "allow_callable",
+    "allow_type",
     "configure_logging",
     "context",
     "log",

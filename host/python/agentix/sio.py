@@ -164,25 +164,48 @@ class Namespace:
         """A host (re)opened this namespace: requests still awaiting a reply
         are sent again with their request_id, since the first send or its
         reply may have been lost with a broken connection. Hosts answer a
-        repeated request_id once (`request_handler` replays its reply)."""
+        repeated request_id once (`request_handler` replays its reply).
+        A request sent through a replaced `emit` is sent again through it."""
         with self._pending_lock:
-            waiting = [(request_id, entry.event, entry.payload) for request_id, entry in self._pending.items()]
-        for request_id, event, payload in waiting:
+            waiting = list(self._pending.items())
+        for request_id, entry in waiting:
             try:
-                self._send_packed(event, payload, request_id)
+                if entry.payload is None:
+                    entry.loop.call_soon_threadsafe(self._emit_again, entry)
+                else:
+                    self._send_packed(entry.event, entry.payload, request_id)
             except Exception:
-                _log.exception("namespace %s: re-sending request %r failed", self.namespace, event)
+                _log.exception("namespace %s: re-sending request %r failed", self.namespace, entry.event)
+
+    def _emit_again(self, entry: _Pending) -> None:
+        """On `entry`'s loop: sends a pending request again through `emit`."""
+        if not entry.future.done():
+            self._detached_tasks.start(entry.event, asyncio.ensure_future(self.emit(entry.event, entry.envelope)))
+
+    def _emit_hook(self) -> Callable[..., Any] | None:
+        """`self.emit` when a plugin or a test replaced it (on the instance,
+        in a subclass or on `Namespace`), else None: the default `emit`,
+        which `request` inlines."""
+        emit = self.__dict__.get("emit")
+        if emit is not None:
+            return emit
+        return None if type(self).emit is _NAMESPACE_EMIT else self.emit
 
     async def request(self, event: str, data: Any = None, *, timeout: float | None = 300.0) -> Any:
         """Sends `event` as a request and returns the host handler's reply
         value.
 
+        The request is the event ``{request_id, data}`` sent through `emit`,
+        as in the original: a plugin or a test that replaces or overrides
+        `emit` sees it (and then also any re-send after a host reconnects).
+
         Raises:
           RemoteSioError: the host's handler raised (its type and message).
           TimeoutError: no reply within `timeout` seconds.
-          RuntimeError: called outside a sandbox worker.
+          RuntimeError: called outside a sandbox worker (with the default `emit`).
         """
-        if _bridge is None:
+        emit = self._emit_hook()
+        if emit is None and _bridge is None:
             raise RuntimeError(_NOT_INSTALLED)
         if event not in self._reply_events:
             self._ensure_reply_handlers(event)
@@ -190,17 +213,22 @@ class Namespace:
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
         envelope = {"request_id": request_id, "data": data}
-        payload = codec.pack(envelope)
+        # With the default emit the envelope is packed here, once: the bytes
+        # are sent and kept for a re-send (emit would pack it again).
+        payload = codec.pack(envelope) if emit is None else None
         # Deadlines fail the future from a timer, not asyncio.timeout(): this
         # is the sandbox's hot path, and the context manager costs ~10 µs
         # more per request here (it also tracks the task to cancel it).
         deadline = None if timeout is None else loop.time() + timeout
         with self._pending_lock:
-            self._pending[request_id] = _Pending(loop, future, event, payload, deadline, timeout)
+            self._pending[request_id] = _Pending(loop, future, event, payload, envelope, deadline, timeout)
         try:
-            self._send_packed(event, payload, request_id)
             if deadline is not None:
                 self._arm_expiry(loop, deadline)
+            if emit is None:
+                self._send_packed(event, payload, request_id)
+            else:
+                await emit(event, envelope)
             return await future
         finally:
             with self._pending_lock:
@@ -302,32 +330,61 @@ class Namespace:
                 self._detached_tasks.start(event, asyncio.ensure_future(result))
 
 
-class _DetachedTasks:
+class _DetachedTasks(set):
     """The handler tasks of one namespace object (sandbox or host side) that
-    run detached from the code that started them: held strongly until they
-    end (a task must not be collected mid-run), a failure logged with the
-    namespace and the event. ``len()`` and iteration give the running ones."""
+    run detached from the code that started them: a `set` (the original's
+    ``_detached_tasks`` was a plain set, and plugins ``add`` / ``discard``
+    their own tasks in it) that holds each task strongly until it ends (a
+    task must not be collected mid-run), then drops it and logs its failure
+    with the namespace (and the event, for the handlers agentix starts).
+
+    A task a plugin adds and removes itself (``add(task)`` then
+    ``task.add_done_callback(s.discard)``) works as with the original;
+    one it forgets to remove is dropped when it ends all the same."""
+
+    __slots__ = ("_owner", "_events")
 
     def __init__(self, owner: Any) -> None:
+        super().__init__()
         self._owner = owner  # has .namespace
-        self._events: dict[asyncio.Future, str] = {}  # task -> its event
+        self._events: dict[asyncio.Future, str] = {}  # task -> the event it handles
 
     def start(self, event: str, task: asyncio.Future) -> None:
+        """Holds `task`, which handles `event`, until it ends."""
+        set.add(self, task)
         self._events[task] = event
         task.add_done_callback(self._done)
 
+    def add(self, task: Any) -> None:
+        """Holds `task` until it ends (a future or task; anything else is
+        kept as a plain set would keep it)."""
+        if task in self:
+            return
+        set.add(self, task)
+        if isinstance(task, asyncio.Future):
+            task.add_done_callback(self._done)
+
     def _done(self, task: asyncio.Future) -> None:
+        self.discard(task)
         event = self._events.pop(task, None)
-        if not task.cancelled() and task.exception() is not None:
-            _log.error(
-                "namespace %s: handler for %r raised", self._owner.namespace, event, exc_info=task.exception()
-            )
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is None:
+            return
+        if event is None:
+            _log.error("namespace %s: detached task %s raised", self._owner.namespace,
+                       _task_name(task), exc_info=error)
+        else:
+            _log.error("namespace %s: handler for %r raised", self._owner.namespace, event, exc_info=error)
 
-    def __len__(self) -> int:
-        return len(self._events)
 
-    def __iter__(self):
-        return iter(list(self._events))
+def _task_name(task: asyncio.Future) -> str:
+    get_name = getattr(task, "get_name", None)
+    return repr(get_name()) if get_name is not None else repr(task)
+
+
+_NAMESPACE_EMIT = Namespace.emit
 
 
 def _settle(future: asyncio.Future, value: Any, error: BaseException | None) -> None:
@@ -345,7 +402,8 @@ class _Pending(NamedTuple):
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     event: str
-    payload: bytes
+    payload: bytes | None  # packed envelope; None: sent through a replaced emit
+    envelope: dict[str, Any]
     deadline: float | None  # loop.time() by which it fails, None: never
     timeout: float | None
 

@@ -168,6 +168,7 @@ def test_default_pids_limit_is_only_logged(tmp_path, caplog):
     assert "pids limit not enforced" in caplog.text
 
 
+@pytest.mark.asyncio
 async def test_unknown_sandbox_ids(tmp_path):
     provider = LocalProvider(runtime_dir=str(tmp_path))
     with pytest.raises(KeyError, match="no sandbox 'local-nope'"):
@@ -176,6 +177,7 @@ async def test_unknown_sandbox_ids(tmp_path):
         await provider.delete(SandboxId("local-nope"))
 
 
+@pytest.mark.asyncio
 async def test_bad_references_fail_before_anything_is_made(tmp_path):
     provider = LocalProvider(runtime_dir=str(tmp_path / "run"), cache_dir=str(tmp_path / "cache"))
     (tmp_path / "plain.txt").write_text("not a tar")
@@ -191,6 +193,7 @@ async def test_bad_references_fail_before_anything_is_made(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.asyncio
 async def test_missing_bwrap_says_how_to_install_it(tmp_path):
     provider = LocalProvider(bwrap=str(tmp_path / "no-bwrap"))
     with pytest.raises(RuntimeError, match="apt-get install bubblewrap"):

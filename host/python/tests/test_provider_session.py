@@ -59,6 +59,7 @@ def _use_fake_client(sandbox, provider):
     sandbox._client = FakeClient(provider.events, fail_close=provider.fail_close)
 
 
+@pytest.mark.asyncio
 async def test_session_creates_stamps_yields_then_closes_and_deletes():
     provider = FakeProvider()
     async with provider.session(CONFIG, call_deadline=12.5) as sandbox:
@@ -71,12 +72,14 @@ async def test_session_creates_stamps_yields_then_closes_and_deletes():
     assert sandbox._client is None
 
 
+@pytest.mark.asyncio
 async def test_session_without_deadline_keeps_the_providers_value():
     provider = FakeProvider(deadline_from_create=3.0)
     async with provider.session(CONFIG) as sandbox:
         assert sandbox.call_deadline == 3.0
 
 
+@pytest.mark.asyncio
 async def test_delete_runs_even_if_aclose_raises():
     provider = FakeProvider(fail_close=True)
     with pytest.raises(OSError, match="close failed"):
@@ -85,6 +88,7 @@ async def test_delete_runs_even_if_aclose_raises():
     assert provider.events[-2:] == ["aclose", ("delete", "fake-1")]
 
 
+@pytest.mark.asyncio
 async def test_body_exception_propagates_after_cleanup():
     provider = FakeProvider()
     with pytest.raises(ZeroDivisionError):
@@ -94,6 +98,7 @@ async def test_body_exception_propagates_after_cleanup():
     assert provider.events[-2:] == ["aclose", ("delete", "fake-1")]
 
 
+@pytest.mark.asyncio
 async def test_failed_create_deletes_nothing():
     class Failing(FakeProvider):
         async def create(self, config):
@@ -117,6 +122,7 @@ def test_providers_and_deployers_are_runtime_checkable():
     assert isinstance(Deployer(), BundleDeployer)
 
 
+@pytest.mark.asyncio
 async def test_lazy_client_is_a_runtime_client_with_the_sandbox_deadline():
     from agentix.runtime.client.client import RuntimeClient
 
@@ -132,6 +138,7 @@ async def test_lazy_client_is_a_runtime_client_with_the_sandbox_deadline():
     await sandbox.aclose()  # idempotent
 
 
+@pytest.mark.asyncio
 async def test_sandbox_delegates_try_remote_and_remote_stream():
     events = []
     sandbox = Sandbox(sandbox_id=SandboxId("s"), runtime_url="unix:///x.sock")

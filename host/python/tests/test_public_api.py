@@ -74,7 +74,8 @@ def test_shared_exports():
 
     assert MAX_MESSAGE_BYTES == 268435456
     assert sorted(safepickle.__all__) == [
-        "RestrictedUnpickleError", "RestrictedUnpickler", "SAFE_TYPES", "allow_type", "restricted_loads",
+        "RestrictedUnpickleError", "RestrictedUnpickler", "SAFE_TYPES", "allow_callable", "allow_type",
+        "restricted_loads",
     ]
 
 

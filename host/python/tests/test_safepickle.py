@@ -25,10 +25,10 @@ from agentix.runtime.shared.safepickle import (
 )
 
 NOT_ALLOWED = (
-    "refusing to reconstruct {name}: it is not on the host allowlist for sandbox return values. "
-    "If this is a return type you trust, import its class and call "
-    "agentix.runtime.shared.safepickle.allow_type(Class) before the call; "
-    "or set AGENTIX_PICKLE_TRUST=1 to trust the sandbox fully."
+    "refusing to reconstruct {module}.{name}: it is not on the host allowlist for sandbox return values. "
+    "If you trust it: for a class, call agentix.allow_type({module}.{name}) (after importing {module}); "
+    "for a function that rebuilds a value, call agentix.allow_callable('{module}', '{name}'); before the "
+    "call. Or set AGENTIX_PICKLE_TRUST=1 to trust the sandbox fully."
 )
 
 
@@ -104,17 +104,22 @@ def test_builtin_exceptions_decode():
 
 
 def test_safe_types_is_the_exact_reviewed_set():
-    assert len(SAFE_TYPES) == 32
+    # The original's 32 less its 2 numpy classes (numpy values are served by
+    # _numpy_support's checked constructors), and agentix.bash.run_stream's 4 event types.
+    assert len(SAFE_TYPES) == 34
+    assert not any(module.split(".")[0] == "numpy" for module, _ in SAFE_TYPES)
     assert ("datetime", "datetime") in SAFE_TYPES
     assert ("pathlib._local", "PosixPath") in SAFE_TYPES
     assert ("agentix.bash", "BashResult") in SAFE_TYPES
+    for event in ("BashStdout", "BashStderr", "BashExit", "BashError"):
+        assert ("agentix.bash", event) in SAFE_TYPES
     assert all(isinstance(module, str) and isinstance(name, str) for module, name in SAFE_TYPES)
 
 
 def test_unlisted_class_is_refused_with_fix():
     with pytest.raises(RestrictedUnpickleError) as info:
         restricted_loads(pickle.dumps(Point(1, 2)))
-    assert str(info.value) == NOT_ALLOWED.format(name=f"{__name__}.Point")
+    assert str(info.value) == NOT_ALLOWED.format(module=__name__, name="Point")
 
 
 @pytest.mark.parametrize(
@@ -125,7 +130,7 @@ def test_process_spawning_globals_are_refused(module, name):
     stream = global_stream(module, name, b"(S'touch /tmp/agentix-pwned'\ntR.")
     with pytest.raises(RestrictedUnpickleError) as info:
         restricted_loads(stream)
-    assert str(info.value) == NOT_ALLOWED.format(name=f"{module}.{name}")
+    assert str(info.value) == NOT_ALLOWED.format(module=module, name=name)
 
 
 class _SystemGadget:
@@ -218,12 +223,19 @@ def test_allow_type_returns_the_registered_class_without_importing():
 def test_allow_type_requires_a_class():
     with pytest.raises(TypeError) as info:
         allow_type(Point(1, 2))
-    assert str(info.value) == "allow_type() requires a class"
+    assert str(info.value) == (
+        "allow_type() requires a class; for a function that rebuilds a value use agentix.allow_callable(module, name)"
+    )
 
 
-def test_only_exact_type_trust_exists():
+def test_only_exact_trust_exists(monkeypatch):
+    """No module-wide trust; `allow_callable` admits one named function, not its neighbours."""
     assert not hasattr(safepickle, "allow_module")
-    assert not hasattr(safepickle, "allow_callable")
+    monkeypatch.setattr(safepickle, "_allowed_callables", {})
+    safepickle.allow_callable("operator", "add")
+    assert restricted_loads(global_stream("operator", "add", b"(I1\nI2\ntR.")) == 3
+    with pytest.raises(RestrictedUnpickleError):
+        restricted_loads(global_stream("operator", "sub", b"(I1\nI2\ntR."))
 
 
 def test_safe_type_entry_must_resolve_to_a_class(monkeypatch):

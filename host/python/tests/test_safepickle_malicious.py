@@ -273,9 +273,110 @@ def handwritten_payloads() -> dict[str, bytes]:
     }
 
 
+# --- numpy: hand-written so the bytes do not depend on the numpy version ----------------
+
+
+def _u(value: str) -> bytes:
+    """SHORT_BINUNICODE."""
+    data = value.encode()
+    return b"\x8c" + bytes([len(data)]) + data
+
+
+def _g(module: str, name: str) -> bytes:
+    """STACK_GLOBAL module.name."""
+    return _u(module) + _u(name) + b"\x93"
+
+
+def _i(value: int) -> bytes:
+    """INT (protocol 0: any size)."""
+    return b"I%d\n" % value
+
+
+def _np_state(order: str = "<", names: bytes = b"N", fields: bytes = b"N", itemsize: int = -1,
+              alignment: int = -1, flags: int = 0) -> bytes:
+    """A dtype's BUILD state: (3, order, subarray, names, fields, itemsize, alignment, flags)."""
+    return b"(" + _i(3) + _u(order) + b"N" + names + fields + _i(itemsize) + _i(alignment) + _i(flags) + b"t"
+
+
+def _np_dtype(code: str, state: bytes | None = None, copy: bool = True) -> bytes:
+    """numpy.dtype(code, False, copy) then BUILD(state), as numpy pickles a dtype."""
+    return (_g("numpy", "dtype") + _u(code) + b"\x89" + (b"\x88" if copy else b"\x89") + b"\x87R"
+            + (state if state is not None else _np_state()) + b"b")
+
+
+_F8 = _np_dtype("f8")
+_RECONSTRUCT = _g("numpy.core.multiarray", "_reconstruct")
+_FROMBUFFER = _g("numpy.core.numeric", "_frombuffer")
+
+
+def _np_reconstruct(state: bytes, cls: bytes = _g("numpy", "ndarray")) -> bytes:
+    """_reconstruct(cls, (0,), b'b') then BUILD(state)."""
+    return _RECONSTRUCT + b"(" + cls + _i(0) + b"\x85C\x01bt" + b"R" + state + b"b"
+
+
+def _np_shared_fields_dtype(levels: int) -> bytes:
+    """Nested structured dtypes whose two fields share the level below (through the
+    memo): the expanded structure doubles per level while the stream grows linearly."""
+    stream = b"\x80\x05" + _F8 + b"q\x00"
+    size = 8
+    for level in range(1, levels + 1):
+        below = b"h" + bytes([level - 1])
+        fields = b"}" + _u("a") + below + _i(0) + b"\x86s" + _u("b") + below + _i(size) + b"\x86s"
+        state = b"(" + _i(3) + _u("|") + b"N" + _u("a") + _u("b") + b"\x86" + fields + _i(2 * size) + _i(1) + _i(16) + b"t"
+        stream += _np_dtype(f"V{2 * size}", state) + b"q" + bytes([level])
+        size *= 2
+    return stream + b"."
+
+
+def numpy_payloads() -> dict[str, bytes]:
+    """numpy values a sandbox could forge: each is refused (the huge ones are below)."""
+    object_field = _u("a") + b"\x85}" + _u("a") + _np_dtype("O", _np_state("|")) + _i(0) + b"\x86s"
+    return {
+        # An object array can carry any value: refused by its dtype, whatever it holds.
+        "numpy_object_dtype_array": b"\x80\x05" + _np_reconstruct(
+            b"(" + _i(1) + _i(1) + b"\x85" + _np_dtype("O", _np_state("|")) + b"\x89]" + _u("x") + b"at") + b".",
+        "numpy_scalar_object_dtype": b"\x80\x05" + _g("numpy.core.multiarray", "scalar")
+        + _np_dtype("O", _np_state("|")) + _u("x") + b"\x86R.",
+        # A structured dtype with an object field: numpy would read pointers from array data.
+        "numpy_dtype_object_field": b"\x80\x05" + _np_dtype(
+            "V8", b"(" + _i(3) + _u("|") + b"N" + object_field + _i(8) + _i(1) + _i(16) + b"t") + b".",
+        # A field far outside the item: numpy's constructor refuses it, so the stream may not set it.
+        "numpy_dtype_field_offset_outside_item": b"\x80\x05" + _np_dtype(
+            "V8", b"(" + _i(3) + _u("|") + b"N" + _u("a") + b"\x85}" + _u("a") + _F8 + _i(1000)
+            + b"\x86s" + _i(8) + _i(1) + _i(16) + b"t") + b".",
+        # BUILD on numpy's shared float64 dtype (copy=False) to change its item size.
+        "numpy_dtype_singleton_itemsize": b"\x80\x05" + _np_dtype("f8", _np_state(itemsize=4096), copy=False) + b".",
+        # A void dtype whose flags claim it holds objects (NPY_ITEM_HASOBJECT and friends).
+        "numpy_dtype_forged_flags": b"\x80\x05" + _np_dtype("V8", _np_state("|", itemsize=8, alignment=1, flags=0x3F)) + b".",
+        "numpy_dtype_shared_fields_exponential": _np_shared_fields_dtype(24),
+        "numpy_dtype_code_not_a_code": b"\x80\x05" + _g("numpy", "dtype") + _u("[('a','O')]") + b"\x85R.",
+        # ndarray(shape, dtype, buffer, offset, strides) would read anywhere in the buffer (or past it).
+        "numpy_ndarray_direct_negative_strides": b"\x80\x05" + _g("numpy", "ndarray") + b"(" + _i(4) + b"\x85"
+        + _u("f8") + _g("builtins", "bytes") + b"C\x20" + b"\x00" * 32 + b"\x85R" + _i(24) + _i(-64) + b"\x85tR.",
+        "numpy_reconstruct_subclass": b"\x80\x05" + _np_reconstruct(
+            b"(" + _i(1) + _i(1) + b"\x85" + _F8 + b"\x89C\x08" + b"\x00" * 8 + b"t", cls=_g("numpy.ma.core", "MaskedArray"))
+        + b".",
+        "numpy_reconstruct_of_a_builtin": b"\x80\x05" + _np_reconstruct(b"N", cls=_g("builtins", "list")) + b".",
+        # A second BUILD on a built array would replace its memory under existing views.
+        "numpy_build_on_a_built_array": b"\x80\x05" + _FROMBUFFER + b"(C\x08" + b"\x00" * 8 + _F8 + _i(1) + b"\x85"
+        + _u("C") + b"tR(" + _i(1) + _i(2) + b"\x85" + _F8 + b"\x89C\x10" + b"\x00" * 16 + b"tb.",
+        "numpy_out_of_band_buffer": b"\x80\x05" + _FROMBUFFER + b"(\x97" + _F8 + _i(1) + b"\x85" + _u("C") + b"tR.",
+        "numpy_negative_shape": b"\x80\x05" + _FROMBUFFER + b"(C\x00" + _F8 + _i(-1) + b"\x85" + _u("C") + b"tR.",
+        "numpy_array_data_is_not_bytes": b"\x80\x05" + _np_reconstruct(
+            b"(" + _i(1) + _i(1) + b"\x85" + _F8 + b"\x89" + _u("abcdefgh") + b"t") + b".",
+        "numpy_scalar_short_data": b"\x80\x05" + _g("numpy.core.multiarray", "scalar") + _F8 + b"C\x02ab\x86R.",
+        # numpy functions beyond the three value constructors (numpy.load would unpickle a file).
+        "numpy_load_pickle_file": b"\x80\x05" + _g("numpy", "load") + _u(PLACEHOLDER) + b"\x85R.",
+        "numpy2_core_names_too": b"\x80\x05" + _g("numpy._core.multiarray", "_reconstruct")
+        + b"(" + _g("numpy", "ndarray") + _i(0) + b"\x85C\x01btR(" + _i(1) + _i(1) + b"\x85"
+        + _np_dtype("O", _np_state("|")) + b"\x89]" + _u("x") + b"atb.",
+    }
+
+
 def payloads() -> dict[str, bytes]:
     out = crafted_payloads()
     out.update(handwritten_payloads())
+    out.update(numpy_payloads())
     return out
 
 
@@ -366,6 +467,21 @@ def huge_payloads() -> dict[str, bytes]:
         # One 1,000-item list copied by tuple() 100,000 times through memo references.
         "tuple_copies_via_memo": b"\x80\x02cbuiltins\ntuple\nq\x01]q\x02(" + b"K\x01" * 1000
         + b"e(" + b"h\x01h\x02\x85R" * 100000 + b"l.",
+        # numpy: an array's size with no data behind it (10**10 float64 = 80 GB).
+        "numpy_reconstruct_shape_without_data": b"\x80\x05" + _np_reconstruct(
+            b"(" + _i(1) + _i(10**10) + b"\x85" + _F8 + b"\x89C\x08" + b"\x00" * 8 + b"t") + b".",
+        "numpy_frombuffer_shape_without_data": b"\x80\x05" + _FROMBUFFER + b"(C\x08" + b"\x00" * 8 + _F8
+        + _i(10**10) + b"\x85" + _u("C") + b"tR.",
+        "numpy_ndarray_newobj_shape": b"\x80\x05" + _g("numpy", "ndarray") + b"(" + _i(10**10) + b"\x85" + _u("f8")
+        + b"t\x81.",
+        "numpy_copyreg_newobj_ndarray_shape": b"\x80\x05" + _g("copyreg", "__newobj__") + b"(" + _g("numpy", "ndarray")
+        + _i(10**10) + b"\x85" + _u("f8") + b"tR.",
+        "numpy_subarray_dtype_scalar": b"\x80\x05" + _g("numpy.core.multiarray", "scalar") + _np_dtype(
+            "V8", b"(" + _i(3) + _u("|") + _F8 + _i(10**8) + b"\x85\x86NN" + _i(8 * 10**8) + _i(8) + _i(0) + b"t")
+        + b"C\x08" + b"\x00" * 8 + b"\x86R.",
+        # Views of one 64 KiB buffer, 3,000 times: each is charged its size.
+        "numpy_views_of_one_buffer": b"\x80\x05\x96" + (1 << 16).to_bytes(8, "little") + b"\x00" * (1 << 16) + b"\x94"
+        + _F8 + b"\x94" + _FROMBUFFER + b"\x94(" + (b"h\x02(h\x00h\x01M\x00\x20\x85" + _u("C") + b"tR") * 3000 + b"l.",
         # str() of a list of 1,000 references to a 4 KiB string, 1,000 times.
         "str_of_memo_list": b"\x80\x02cbuiltins\nstr\nq\x01X\x00\x10\x00\x00" + b"a" * 4096
         + b"q\x02(" + b"h\x02" * 1000 + b"lq\x03(" + b"h\x01h\x03\x85R" * 1000 + b"l.",
@@ -498,6 +614,9 @@ print(outcome, rss_kb, round(time.monotonic() - start, 3))
 def test_huge_allocation_is_refused_without_allocating(name, loader):
     package_root = pathlib.Path(safepickle.__file__).resolve().parents[3]
     env = dict(os.environ, PYTHONPATH=str(package_root))
+    # The child is pure Python under an address-space limit, which a preloaded
+    # sanitizer runtime (--config=asan) could not map its shadow memory in.
+    env.pop("LD_PRELOAD", None)
     result = subprocess.run(
         [sys.executable, "-c", _CHILD, loader],
         input=HUGE[name],

@@ -93,6 +93,7 @@ def test_register_namespace_rejects_duplicates(bridge):
         register_namespace(object())
 
 
+@pytest.mark.asyncio
 async def test_emit_outside_a_worker_raises():
     with pytest.raises(RuntimeError, match="only callable from inside a sandbox runtime worker"):
         await Namespace("/p").emit("e", 1)
@@ -100,12 +101,14 @@ async def test_emit_outside_a_worker_raises():
         await Namespace("/p").request("e", 1)
 
 
+@pytest.mark.asyncio
 async def test_emit_goes_through_the_bridge(bridge):
     ns = Namespace("/p")
     await ns.emit("evt", {"k": b"\x00", "t": (1, 2)})
     assert bridge.sent == [("/p", "evt", {"k": b"\x00", "t": [1, 2]}, "", None)]
 
 
+@pytest.mark.asyncio
 async def test_request_result_error_and_timeout(bridge):
     ns = register_namespace(Namespace("/p"))
     task = asyncio.ensure_future(ns.request("ask", {"q": 1}, timeout=5))
@@ -133,6 +136,7 @@ async def test_request_result_error_and_timeout(bridge):
     assert ns._pending == {}
 
 
+@pytest.mark.asyncio
 async def test_request_without_timeout_waits_and_a_cancelled_one_cleans_up(bridge):
     ns = register_namespace(Namespace("/p"))
     task = asyncio.ensure_future(ns.request("ask", 1, timeout=None))
@@ -150,6 +154,7 @@ async def test_request_without_timeout_waits_and_a_cancelled_one_cleans_up(bridg
     await asyncio.sleep(0.1)  # its timer, cancelled, must not fire into anything
 
 
+@pytest.mark.asyncio
 async def test_request_deadlines_each_fire_on_time_whatever_is_pending(bridge):
     """Deadlines share one timer per loop: a shorter timeout than the one it
     is armed for, and several requests in a row, all still fail on time."""
@@ -177,6 +182,7 @@ async def test_request_deadlines_each_fire_on_time_whatever_is_pending(bridge):
     assert ns._pending == {}
 
 
+@pytest.mark.asyncio
 async def test_request_from_another_thread_and_loop(bridge):
     ns = register_namespace(Namespace("/p"))
     loop = asyncio.get_running_loop()
@@ -193,6 +199,7 @@ def test_remote_sio_error_status_code_is_int_only():
     assert RemoteSioError("T", "m", 502).status_code == 502
 
 
+@pytest.mark.asyncio
 async def test_dispatch_logs_failures_and_unhandled_events_once(bridge, caplog):
     class Plugin(Namespace):
         namespace = "/p"
@@ -225,6 +232,7 @@ async def test_dispatch_logs_failures_and_unhandled_events_once(bridge, caplog):
     assert len([m for m in messages if "/unregistered" in m]) == 1
 
 
+@pytest.mark.asyncio
 async def test_host_namespace_dispatch_and_lifecycle(caplog):
     seen = []
 
@@ -279,6 +287,7 @@ class FakeClient:
         self.sent.append((path, event, data))
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize("nowait", [False, True], ids=["awaited", "nowait"])
 async def test_request_handler_replies(nowait):
     class Host(AsyncClientNamespace):
@@ -310,6 +319,7 @@ async def test_request_handler_replies(nowait):
     assert sent[3] == ("/h", "plain:result", {"request_id": None, "value": 42})
 
 
+@pytest.mark.asyncio
 async def test_request_handler_replies_through_an_overridden_emit():
     class Host(AsyncClientNamespace):
         def __init__(self):
@@ -332,6 +342,7 @@ async def test_request_handler_replies_through_an_overridden_emit():
     assert ns.client.sent == [("/h", "ask:result", {"request_id": "r1", "value": 5})] * 2
 
 
+@pytest.mark.asyncio
 async def test_pending_requests_are_sent_again_when_a_host_connects(bridge):
     ns = register_namespace(Namespace("/p"))
     task = asyncio.ensure_future(ns.request("ask", {"q": 1}, timeout=5))
@@ -347,6 +358,7 @@ async def test_pending_requests_are_sent_again_when_a_host_connects(bridge):
     assert len(bridge.sent) == 2
 
 
+@pytest.mark.asyncio
 async def test_request_handler_answers_a_repeated_request_once():
     calls = []
 

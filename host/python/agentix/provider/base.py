@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, NewType, Protocol, TypeVar, runtime_check
 if TYPE_CHECKING:  # importing the client would import gRPC
     from agentix.runtime.client.client import RuntimeClient
     from agentix.runtime.client.result import Result
+    from agentix.runtime.shared.models import HealthResponse
 
 __all__ = [
     "BundleDeployer",
@@ -158,8 +159,8 @@ class Sandbox:
 
     The `RuntimeClient` behind `remote` & co. is created on first use (not by
     the provider), with this sandbox's ``call_deadline`` (seconds per call,
-    None = unbounded; changes apply to later calls). `aclose()` closes that
-    client; it does not delete the sandbox — `SandboxProvider.delete` (or
+    None = unbounded; changes apply to later calls). `aclose()` (or leaving
+    ``async with sandbox:``) closes that client; it does not delete the sandbox — `SandboxProvider.delete` (or
     leaving `session()`) does.
     """
 
@@ -199,6 +200,11 @@ class Sandbox:
         (`RuntimeClient.remote_stream`); use with ``async for``."""
         return self.client.remote_stream(fn, *args, **kwargs)
 
+    async def health(self) -> HealthResponse:
+        """The sandbox runtime's status and version (`RuntimeClient.health`);
+        raises `agentix.RuntimeUnreachable` when it does not answer."""
+        return await self.client.health()
+
     def register_namespace(self, namespace: Any) -> Any:
         """Attaches a host-side plugin namespace (``agentix.AsyncClientNamespace``)
         to this sandbox's client; returns what the client's method returns."""
@@ -215,6 +221,14 @@ class Sandbox:
         client, self._client = self._client, None
         if client is not None:
             await client.close()
+
+    async def __aenter__(self) -> Sandbox:
+        """``async with sandbox:`` gives the sandbox itself; leaving it closes the
+        client (`aclose`), not the sandbox."""
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 @runtime_checkable

@@ -11,22 +11,47 @@ mounts the bundle's ``nix/`` tree at `BUNDLE_NIX_ROOT` and starts
 interfaces only with ``AGENTIX_BIND_HOST=0.0.0.0``).
 """
 
-# Where a provider mounts the bundle's nix/ tree inside the sandbox.
-BUNDLE_NIX_ROOT = "/nix"
-# The sandbox's entry point inside the bundle.
-BUNDLE_RUNTIME_ENTRYPOINT = "/nix/runtime/bootstrap.sh"
-# Environment variables the entry point reads to decide where the daemon listens.
-LISTEN_ENV = "AGENTIX_LISTEN"
-BIND_HOST_ENV = "AGENTIX_BIND_HOST"
-BIND_PORT_ENV = "AGENTIX_BIND_PORT"
-
-from agentix.runtime.shared.env import get_env_without_agentix  # noqa: E402
+# The bundle's runtime contract lives in agentix.runtime.shared.env (the
+# sandbox side imports it too); these are its re-exports under the original's
+# names, e.g. ``from agentix.runtime import BUNDLE_RUNTIME_ENTRYPOINT``.
+from agentix.runtime.shared.env import (
+    AGENTIX_ADDED_LD_LIBRARY_PATH,
+    AGENTIX_ADDED_PATH,
+    BIND_HOST_ENV,
+    BIND_PORT_ENV,
+    BUNDLE_NIX_ROOT,
+    BUNDLE_RUNTIME_BASH,
+    BUNDLE_RUNTIME_BIN,
+    BUNDLE_RUNTIME_ENTRYPOINT,
+    BUNDLE_RUNTIME_ENV,
+    BUNDLE_RUNTIME_INCLUDE,
+    BUNDLE_RUNTIME_LIB,
+    BUNDLE_RUNTIME_PATH_ENTRIES,
+    BUNDLE_RUNTIME_PKGCONFIG_DIRS,
+    BUNDLE_RUNTIME_ROOT,
+    BUNDLE_RUNTIME_VENV,
+    BUNDLE_RUNTIME_VENV_BIN,
+    LISTEN_ENV,
+    get_env_without_agentix,
+)
 
 __all__ = [
+    "AGENTIX_ADDED_LD_LIBRARY_PATH",
+    "AGENTIX_ADDED_PATH",
     "BIND_HOST_ENV",
     "BIND_PORT_ENV",
     "BUNDLE_NIX_ROOT",
+    "BUNDLE_RUNTIME_BASH",
+    "BUNDLE_RUNTIME_BIN",
     "BUNDLE_RUNTIME_ENTRYPOINT",
+    "BUNDLE_RUNTIME_ENV",
+    "BUNDLE_RUNTIME_INCLUDE",
+    "BUNDLE_RUNTIME_LIB",
+    "BUNDLE_RUNTIME_PATH_ENTRIES",
+    "BUNDLE_RUNTIME_PKGCONFIG_DIRS",
+    "BUNDLE_RUNTIME_ROOT",
+    "BUNDLE_RUNTIME_VENV",
+    "BUNDLE_RUNTIME_VENV_BIN",
     "LISTEN_ENV",
     "get_env_without_agentix",
 ]

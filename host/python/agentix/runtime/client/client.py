@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from agentix.runtime.client.errors import CallTimeout, RemoteCallError, RuntimeUnreachable, remote_call_error
+from agentix.runtime.client.errors import CallTimeout, RemoteCallError, RuntimeUnreachable, remote_call_error_async
 from agentix.runtime.client.logs import LogCursor, LogsStream
 from agentix.runtime.client._sio_facade import RESERVED_NAMESPACES, AsyncClientNamespace
 from agentix.runtime.client.namespaces import NAMESPACE_METHOD, NamespaceStream, NativeNamespaceStream
@@ -430,7 +430,10 @@ class RuntimeClient:
 
         Raises:
           RemoteCallError: the call failed in the sandbox (`CallCancelled` when
-            cancelled there, `WorkerExited` when the worker died).
+            cancelled there, `WorkerExited` when the worker died). When the
+            sandbox exception's class is admitted on the host (builtin
+            exceptions, `allow_type` classes), also an instance of that class
+            with its args (see `agentix.runtime.client.errors`).
           CallTimeout: `call_deadline` passed; the sandbox is told to cancel.
           RuntimeUnreachable: connecting failed, the connection was lost, or the
             client was closed while the call was in flight.
@@ -481,7 +484,7 @@ class RuntimeClient:
         if call.barrier is not None:
             await self._side_barrier(call.barrier)
         if isinstance(outcome, RemoteError):
-            raise remote_call_error(display_name, outcome)
+            raise await remote_call_error_async(display_name, outcome)
         if isinstance(outcome, list):
             return await asyncio.get_running_loop().run_in_executor(None, restricted_loads_chunks, outcome)
         if len(outcome) < _INLINE_DECODE_BYTES:
@@ -565,7 +568,7 @@ class RuntimeClient:
                 call.future.cancel()
                 stream.cancel_call(call.call_id)
         if isinstance(outcome, RemoteError):
-            raise remote_call_error(display_name, outcome)
+            raise await remote_call_error_async(display_name, outcome)
 
     async def _side_barrier(self, barrier: SideBarrier) -> None:
         """Waits until the log records and trace events `barrier` names have

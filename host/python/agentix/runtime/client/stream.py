@@ -233,6 +233,9 @@ def remote_error_from_proto(error: pb.RemoteError) -> RemoteError:
         traceback=error.traceback or None,
         cancelled=error.cancelled,
         returncode=error.returncode if error.HasField("returncode") else None,
+        type_module=error.type_module or None,
+        type_qualname=error.type_qualname or None,
+        state=error.state or None,
     )
 
 

@@ -15,21 +15,76 @@ from collections.abc import Mapping
 
 __all__ = [
     "ADDED_PREFIX",
+    "AGENTIX_ADDED_LD_LIBRARY_PATH",
     "AGENTIX_ADDED_PATH",
+    "AGENTIX_SAVED_PREFIX",
+    "BIND_HOST_ENV",
+    "BIND_PORT_ENV",
+    "BUNDLE_NIX_ROOT",
     "BUNDLE_RUNTIME_BASH",
+    "BUNDLE_RUNTIME_BIN",
+    "BUNDLE_RUNTIME_ENTRYPOINT",
+    "BUNDLE_RUNTIME_ENV",
+    "BUNDLE_RUNTIME_INCLUDE",
+    "BUNDLE_RUNTIME_LIB",
+    "BUNDLE_RUNTIME_PATH_ENTRIES",
+    "BUNDLE_RUNTIME_PKGCONFIG_DIRS",
     "BUNDLE_RUNTIME_ROOT",
+    "BUNDLE_RUNTIME_VENV",
+    "BUNDLE_RUNTIME_VENV_BIN",
+    "LISTEN_ENV",
     "SAVED_PREFIX",
     "get_env_without_agentix",
     "image_env",
 ]
 
-BUNDLE_RUNTIME_ROOT = "/nix/runtime"
+# The bundle's layout inside the sandbox (docs/BUNDLE.md), under the original's
+# names: a provider mounts the bundle's nix/ tree at BUNDLE_NIX_ROOT.
+BUNDLE_NIX_ROOT = "/nix"
+BUNDLE_RUNTIME_ROOT = f"{BUNDLE_NIX_ROOT}/runtime"
+# Executables (the daemon, the worker, busybox, and whatever the project's
+# closures add), shared libraries and headers of the bundle.
+BUNDLE_RUNTIME_BIN = f"{BUNDLE_RUNTIME_ROOT}/bin"
+BUNDLE_RUNTIME_LIB = f"{BUNDLE_RUNTIME_ROOT}/lib"
+BUNDLE_RUNTIME_INCLUDE = f"{BUNDLE_RUNTIME_ROOT}/include"
+# The project's venv and its bin/ (python and console scripts).
+BUNDLE_RUNTIME_VENV = f"{BUNDLE_RUNTIME_ROOT}/venv"
+BUNDLE_RUNTIME_VENV_BIN = f"{BUNDLE_RUNTIME_VENV}/bin"
 # The bash shipped in the bundle: a shell that exists even on an image without one.
-BUNDLE_RUNTIME_BASH = "/nix/runtime/bin/bash"
+BUNDLE_RUNTIME_BASH = f"{BUNDLE_RUNTIME_BIN}/bash"
+BUNDLE_RUNTIME_PKGCONFIG_DIRS: tuple[str, ...] = (
+    f"{BUNDLE_RUNTIME_LIB}/pkgconfig",
+    f"{BUNDLE_RUNTIME_ROOT}/share/pkgconfig",
+)
+# The entry point a provider runs (docs/BUNDLE.md, "bootstrap.sh").
+BUNDLE_RUNTIME_ENTRYPOINT = f"{BUNDLE_RUNTIME_ROOT}/bootstrap.sh"
+# The search-path variables the bundle may put its directories in front of,
+# and those directories (in order).
+BUNDLE_RUNTIME_PATH_ENTRIES: dict[str, tuple[str, ...]] = {
+    "PATH": (BUNDLE_RUNTIME_VENV_BIN, BUNDLE_RUNTIME_BIN),
+    "LD_LIBRARY_PATH": (BUNDLE_RUNTIME_LIB,),
+    "LIBRARY_PATH": (BUNDLE_RUNTIME_LIB,),
+    "CPATH": (BUNDLE_RUNTIME_INCLUDE,),
+    "C_INCLUDE_PATH": (BUNDLE_RUNTIME_INCLUDE,),
+    "CPLUS_INCLUDE_PATH": (BUNDLE_RUNTIME_INCLUDE,),
+    "PKG_CONFIG_PATH": BUNDLE_RUNTIME_PKGCONFIG_DIRS,
+    "CMAKE_PREFIX_PATH": (BUNDLE_RUNTIME_ROOT,),
+}
+# The same, each joined with ':' (the bundle targets Linux).
+BUNDLE_RUNTIME_ENV: dict[str, str] = {name: ":".join(dirs) for name, dirs in BUNDLE_RUNTIME_PATH_ENTRIES.items()}
+
+# Variables the entry point reads to decide where the daemon listens:
+# LISTEN_ENV (any --listen address) or, when it is unset, BIND_HOST_ENV:BIND_PORT_ENV.
+LISTEN_ENV = "AGENTIX_LISTEN"
+BIND_HOST_ENV = "AGENTIX_BIND_HOST"
+BIND_PORT_ENV = "AGENTIX_BIND_PORT"
+
 ADDED_PREFIX = "AGENTIX_ADDED_"
 SAVED_PREFIX = "AGENTIX_SAVED_"
-# Name of the variable listing the PATH entries the bundle prepended.
+AGENTIX_SAVED_PREFIX = SAVED_PREFIX  # the original's name
+# Name of the variable listing the PATH entries the bundle prepended (and the same for LD_LIBRARY_PATH).
 AGENTIX_ADDED_PATH = ADDED_PREFIX + "PATH"
+AGENTIX_ADDED_LD_LIBRARY_PATH = ADDED_PREFIX + "LD_LIBRARY_PATH"
 
 
 def get_env_without_agentix(
@@ -66,13 +121,14 @@ def get_env_without_agentix(
 
 
 def image_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """`get_env_without_agentix` plus ``BASH_ENV=$HOME/.bashrc`` when that file
-    exists and ``BASH_ENV`` is unset, so non-interactive bash in the sandbox
-    sees the image's shell setup. Meaningful inside the sandbox only."""
-    env = get_env_without_agentix()
-    home = env.get("HOME")
-    if "BASH_ENV" not in env and home and os.path.isfile(os.path.join(home, ".bashrc")):
-        env["BASH_ENV"] = os.path.join(home, ".bashrc")
-    if extra:
-        env.update(extra)
+    """`get_env_without_agentix(extra)` plus ``BASH_ENV=$HOME/.bashrc`` when
+    that file exists and ``BASH_ENV`` is unset, so non-interactive bash in the
+    sandbox sees the image's shell setup. `extra` is merged first, so its
+    ``HOME`` or ``BASH_ENV`` decide (``HOME`` defaults to ``~``). Meaningful
+    inside the sandbox only."""
+    env = get_env_without_agentix(extra)
+    home = env.get("HOME") or os.path.expanduser("~")
+    bashrc = os.path.join(home, ".bashrc")
+    if "BASH_ENV" not in env and os.path.isfile(bashrc):
+        env["BASH_ENV"] = bashrc
     return env

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["HealthResponse", "RemoteError"]
 
@@ -25,7 +25,10 @@ class RemoteError:
     ``"ResultUnavailable"``, ...); ``traceback`` is the formatted sandbox traceback
     when there is one; ``cancelled`` is true exactly for ``"Cancelled"``;
     ``returncode`` is the worker's exit code (minus the signal number) for
-    ``"WorkerDied"``.
+    ``"WorkerDied"``. For an exception raised by Python code, ``type_module``
+    and ``type_qualname`` name its class (``"builtins"``, ``"ValueError"``) and
+    ``state`` holds its arguments and attributes as the sandbox pickled them
+    (decoded only through the host allowlist; see `remote_call_error`).
     """
 
     type: str
@@ -33,3 +36,6 @@ class RemoteError:
     traceback: str | None = None
     cancelled: bool = False
     returncode: int | None = None
+    type_module: str | None = None
+    type_qualname: str | None = None
+    state: bytes | None = field(default=None, repr=False)

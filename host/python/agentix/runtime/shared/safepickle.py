@@ -7,7 +7,8 @@ callables the stream names, so the host decodes through an exact allowlist:
 
 1. classes registered with `allow_type` (returned as registered, never imported);
 2. `SAFE_TYPES`: reviewed value types, imported and required to be classes;
-3. inert reconstruction helpers (``copyreg`` and numpy's ``_reconstruct``);
+3. inert reconstruction helpers (``copyreg``) and functions registered with
+   `allow_callable`;
 4. ``builtins``: the builtin value types and every exception class, nothing else
    (no ``eval``, ``exec``, ``getattr``, ``__import__``, ...);
 5. anything else is refused *without importing its module*, so a stream cannot
@@ -55,7 +56,14 @@ Work out of proportion to the bytes is bounded per load (see `restricted_loads`)
   changed its state (a ``PosixPath`` whose ``_str`` names another file) is
   refused.
 
-Relaxing: `allow_type(Class)` trusts one exact class; ``AGENTIX_PICKLE_TRUST=1``
+numpy arrays, dtypes and scalars are decoded by `_numpy_support` (a stream
+naming numpy is loaded by the pure-Python unpickler, whose BUILD it controls):
+numeric, bool, string, datetime and structured-of-those dtypes, rebuilt through
+numpy's public constructors, with every array's data present in the stream and
+charged to the budget; object dtypes are refused.
+
+Relaxing: `allow_type(Class)` trusts one exact class, `allow_callable(module,
+name)` one reconstruction function; ``AGENTIX_PICKLE_TRUST=1``
 (or ``true``/``yes``, read on every call) restores plain ``pickle.loads``.
 
 Host -> sandbox arguments are plain pickle: that direction is trusted.
@@ -63,16 +71,19 @@ Host -> sandbox arguments are plain pickle: that direction is trusted.
 
 from __future__ import annotations
 
+import builtins
 import collections
 import copyreg
 import decimal
 import fractions
+import importlib
 import io
 import os
 import pathlib
 import pickle
 import pickletools
 import re
+import sys
 import threading
 import uuid
 from typing import Any, Callable
@@ -81,6 +92,7 @@ __all__ = [
     "RestrictedUnpickleError",
     "RestrictedUnpickler",
     "SAFE_TYPES",
+    "allow_callable",
     "allow_type",
     "restricted_loads",
 ]
@@ -113,8 +125,6 @@ SAFE_TYPES: frozenset[_GlobalName] = frozenset(
         ("pathlib._local", "Path"),
         ("pathlib._local", "PosixPath"),
         ("pathlib._local", "WindowsPath"),
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
         # First-party plugin results: part of the bundle the host itself deploys.
         ("agentix.bridge.proxy", "TunnelHandle"),
         ("agentix.bash", "BashResult"),
@@ -122,6 +132,12 @@ SAFE_TYPES: frozenset[_GlobalName] = frozenset(
         ("agentix.agents.claude_code.agent", "ClaudeCodeResult"),
         ("agentix.agents.qwen_code", "Result"),
         ("agentix.plugins.datasets.swe.env", "PrepareEnvResult"),
+        # The stream items of the original's `agentix.bash.run_stream` (runtime-basic):
+        # dataclasses of str/int fields, yielded through `remote_stream`.
+        ("agentix.bash", "BashStdout"),
+        ("agentix.bash", "BashStderr"),
+        ("agentix.bash", "BashExit"),
+        ("agentix.bash", "BashError"),
     }
 )
 
@@ -131,8 +147,6 @@ _SAFE_CALLABLES: frozenset[_GlobalName] = frozenset(
         ("copyreg", "_reconstructor"),
         ("copyreg", "__newobj__"),
         ("copyreg", "__newobj_ex__"),
-        ("numpy._core.multiarray", "_reconstruct"),  # numpy >= 2
-        ("numpy.core.multiarray", "_reconstruct"),  # numpy < 2
     }
 )
 
@@ -149,6 +163,8 @@ _EXTENSION_OPCODES = frozenset({"EXT1", "EXT2", "EXT4"})
 _EXTENSION_OPCODE_BYTES = (b"\x82", b"\x83", b"\x84")
 
 _allowed_types: dict[_GlobalName, type] = {}
+# Functions registered with `allow_callable`.
+_allowed_callables: dict[_GlobalName, Callable[..., Any]] = {}
 
 # Py_TPFLAGS_IMMUTABLETYPE (3.10+): builtin and most C types cannot be changed.
 _IMMUTABLE_TYPE_FLAG = 1 << 8
@@ -549,11 +565,54 @@ def allow_type(cls: type) -> None:
     """Trusts exactly `cls` (by ``__module__`` and ``__qualname__``) in return values.
 
     Only that class is admitted, not its module or subclasses; the stream gets
-    the registered class object itself.
+    the registered class object itself. A dataclass or any plain class whose
+    instances pickle by class and ``__dict__`` needs nothing more. Exported as
+    ``agentix.allow_type``.
     """
     if not isinstance(cls, type):
-        raise TypeError("allow_type() requires a class")
+        raise TypeError(
+            "allow_type() requires a class; for a function that rebuilds a value use "
+            "agentix.allow_callable(module, name)"
+        )
     _allowed_types[(cls.__module__, cls.__qualname__)] = cls
+
+
+def allow_callable(module: str, name: str) -> Callable[..., Any]:
+    """Trusts one reconstruction function, named as the stream names it.
+
+    For values whose ``__reduce__`` returns ``(function, args)`` with a
+    function rather than a class (``module.name``, as a refusal message
+    spells it). The host imports `module` now, so the function must be
+    importable and must be a plain function (classes go to `allow_type`);
+    the stream then calls it with arguments that are themselves decoded
+    through the allowlist, so admit only functions that build a value from
+    their arguments and do nothing else. Returns the function. Exported as
+    ``agentix.allow_callable``.
+    """
+    if not isinstance(module, str) or not isinstance(name, str) or not module or not name:
+        raise TypeError("allow_callable() takes a module name and a function name (two strings)")
+    import importlib
+
+    found: Any = importlib.import_module(module)
+    for part in name.split("."):
+        found = getattr(found, part)
+    if isinstance(found, type):
+        raise TypeError(f"{module}.{name} is a class: use agentix.allow_type({module}.{name})")
+    if not callable(found):
+        raise TypeError(f"{module}.{name} is not callable")
+    _allowed_callables[(module, name)] = found
+    return found
+
+
+def _refusal_advice(module: str, name: str) -> str:
+    """The calls that admit `module.name`, for a refusal message (the module is
+    not imported to find out whether it names a class or a function)."""
+    return (
+        f"If you trust it: for a class, call agentix.allow_type({module}.{name}) (after "
+        f"importing {module}); for a function that rebuilds a value, call "
+        f"agentix.allow_callable({module!r}, {name!r}); before the call. Or set "
+        f"AGENTIX_PICKLE_TRUST=1 to trust the sandbox fully."
+    )
 
 
 def _trust_enabled() -> bool:
@@ -572,21 +631,39 @@ class DecodeBusy(Exception):
     thread's load of a mutable class (decode on a worker thread instead)."""
 
 
-class RestrictedUnpickler(pickle.Unpickler):
-    """A `pickle.Unpickler` whose ``find_class`` enforces the allowlist.
+def _import_global(module: str, name: str) -> Any:
+    """``module.name``, imported (only for names already on the allowlist)."""
+    found: Any = sys.modules.get(module)
+    if found is None:
+        import importlib
 
-    ``load()`` also refuses (and undoes) a stream that modified a class it named.
-    """
+        found = importlib.import_module(module)
+    for part in name.split("."):
+        found = getattr(found, part)
+    return found
 
-    def __init__(self, *args: Any, stream_bytes: int = 0, wait: bool = True, **kwargs: Any) -> None:
-        """`stream_bytes` (the stream's length) sizes the work budget of `load`;
-        `wait=False` raises `DecodeBusy` instead of waiting for another load."""
-        super().__init__(*args, **kwargs)
+
+class _UseNumpyLoader(Exception):
+    """Raised by the C loader at the first numpy global: the stream is loaded
+    again by `_numpy_support`'s pure-Python loader, whose BUILD it controls."""
+
+
+class _RestrictedLoading:
+    """The allowlist and the per-load checks, over either unpickler
+    (`RestrictedUnpickler` over the C one, `_numpy_support`'s over the
+    pure-Python one); the class using it sets `_base_load`."""
+
+    _base_load: Callable[[Any], Any]
+
+    def _setup(self, stream_bytes: int, wait: bool) -> None:
         # id -> (class, state before this load) for every mutable class handed out.
         self._class_states: dict[int, tuple[type, tuple]] = {}
         self._stream_bytes = stream_bytes
         self._wait = wait
         self._holds_classes = False
+
+    def _numpy_global(self, module: str, name: str) -> Any:
+        raise _UseNumpyLoader()
 
     def load(self) -> Any:
         state = _LoadState(self._stream_bytes)
@@ -594,7 +671,7 @@ class RestrictedUnpickler(pickle.Unpickler):
         _current.state = state
         try:
             try:
-                value = super().load()
+                value = self._base_load()
             finally:
                 try:
                     changed = self._undo_class_changes()
@@ -638,7 +715,7 @@ class RestrictedUnpickler(pickle.Unpickler):
     def persistent_load(self, pid: Any) -> Any:
         raise RestrictedUnpickleError("refusing a persistent id: sandbox return values have none")
 
-    def find_class(self, module: str, name: str) -> Any:
+    def find_class(self, module: str, name: str) -> Any:  # type: ignore[override]
         found = self._find_allowed(module, name)
         if isinstance(found, type):
             if (
@@ -665,7 +742,7 @@ class RestrictedUnpickler(pickle.Unpickler):
             return bounded
 
         if global_name in SAFE_TYPES:
-            found = super().find_class(module, name)
+            found = _import_global(module, name)
             if not isinstance(found, type):
                 raise RestrictedUnpickleError(
                     f"refusing to reconstruct {module}.{name}: the allowlisted value "
@@ -674,14 +751,21 @@ class RestrictedUnpickler(pickle.Unpickler):
             return found
 
         if global_name in _SAFE_CALLABLES:
-            return super().find_class(module, name)
+            return _import_global(module, name)
+
+        function = _allowed_callables.get(global_name)
+        if function is not None:
+            return function
+
+        if module == "numpy" or module.startswith("numpy."):
+            return self._numpy_global(module, name)
 
         if module == "builtins":
             if "." in name:  # a dotted path walks attributes: no value type needs one
                 raise RestrictedUnpickleError(
                     f"refusing builtins.{name}: dotted names are not on the host allowlist"
                 )
-            found = super().find_class(module, name)
+            found = _import_global(module, name)
             if isinstance(found, type) and (found in _SAFE_BUILTIN_TYPES or issubclass(found, BaseException)):
                 return found
             raise RestrictedUnpickleError(
@@ -692,10 +776,25 @@ class RestrictedUnpickler(pickle.Unpickler):
 
         raise RestrictedUnpickleError(
             f"refusing to reconstruct {module}.{name}: it is not on the host allowlist for "
-            f"sandbox return values. If this is a return type you trust, import its class "
-            f"and call agentix.runtime.shared.safepickle.allow_type(Class) before the call; "
-            f"or set AGENTIX_PICKLE_TRUST=1 to trust the sandbox fully."
+            f"sandbox return values. {_refusal_advice(module, name)}"
         )
+
+
+class RestrictedUnpickler(_RestrictedLoading, pickle.Unpickler):
+    """A `pickle.Unpickler` whose ``find_class`` enforces the allowlist.
+
+    ``load()`` also refuses (and undoes) a stream that modified a class it
+    named. A stream naming numpy makes ``load()`` raise `_UseNumpyLoader`
+    (`restricted_loads` then loads it with `_numpy_support`).
+    """
+
+    _base_load = pickle.Unpickler.load
+
+    def __init__(self, *args: Any, stream_bytes: int = 0, wait: bool = True, **kwargs: Any) -> None:
+        """`stream_bytes` (the stream's length) sizes the work budget of `load`;
+        `wait=False` raises `DecodeBusy` instead of waiting for another load."""
+        pickle.Unpickler.__init__(self, *args, **kwargs)
+        self._setup(stream_bytes, wait)
 
 
 def _check_opcodes(data: bytes) -> None:
@@ -922,7 +1021,7 @@ def restricted_loads(data: bytes, *, wait: bool = True) -> Any:
     event loop's thread) it raises `DecodeBusy` instead of waiting.
     """
     scan = data.find(b"r") >= 0 or data.find(b"p") >= 0
-    return _restricted_load(io.BytesIO(data), lambda: data, [data], len(data), wait, scan)
+    return _restricted_load(lambda: io.BytesIO(data), lambda: data, [data], len(data), wait, scan)
 
 
 def restricted_loads_chunks(chunks: list) -> Any:
@@ -931,12 +1030,14 @@ def restricted_loads_chunks(chunks: list) -> Any:
     out of the chunks (a result arrives in MiB-sized pieces; joining them
     first would cost one more copy of the whole value)."""
     total = sum(len(chunk) for chunk in chunks)
-    return _restricted_load(_ChunkReader(chunks), lambda: b"".join(chunks), chunks, total, True, _needs_memo_check(chunks))
+    return _restricted_load(
+        lambda: _ChunkReader(chunks), lambda: b"".join(chunks), chunks, total, True, _needs_memo_check(chunks)
+    )
 
 
-def _restricted_load(file: Any, whole: Any, chunks: list, total: int, wait: bool, scan: bool) -> Any:
+def _restricted_load(open_file: Any, whole: Any, chunks: list, total: int, wait: bool, scan: bool) -> Any:
     if _trust_enabled():
-        return pickle.load(file)
+        return pickle.load(open_file())
     # EXT opcodes fetch objects through copyreg's extension registry and
     # cache without asking find_class, so they must be refused up front when
     # that registry is in use. With it empty (the normal case) they can only
@@ -951,7 +1052,20 @@ def _restricted_load(file: Any, whole: Any, chunks: list, total: int, wait: bool
     if scan:
         _check_memo(chunks, total)
     try:
-        return RestrictedUnpickler(file, stream_bytes=total, wait=wait).load()
+        try:
+            return RestrictedUnpickler(open_file(), stream_bytes=total, wait=wait).load()
+        except _UseNumpyLoader:
+            # The C loader stopped at the first numpy global (work before it
+            # is bounded by the same budget); numpy values need the loader
+            # whose BUILD can check them.
+            try:
+                from agentix.runtime.shared import _numpy_support
+            except ImportError as exc:
+                raise RestrictedUnpickleError(
+                    f"refusing a sandbox return value that holds numpy values: numpy is not "
+                    f"importable on the host ({exc})"
+                ) from exc
+            return _numpy_support.NumpyUnpickler(open_file(), stream_bytes=total, wait=wait).load()
     except (RestrictedUnpickleError, DecodeBusy):
         raise
     except pickle.UnpicklingError as exc:
@@ -1014,3 +1128,36 @@ class _ChunkReader:
             self._index += 1
             self._offset = 0
         return bytes(line)
+
+
+def admitted_class(module: str, qualname: str) -> type | None:
+    """The class the allowlist admits as ``module.qualname``, or None.
+
+    Admitted: a class registered with `allow_type`; a builtin value type or
+    exception class; a `SAFE_TYPES` class whose module is already imported.
+    Nothing is imported, so a sandbox-chosen name cannot run a module's
+    import-time code on the host. With ``AGENTIX_PICKLE_TRUST=1`` any class
+    importable on the host is admitted (its module imported if need be).
+    """
+    registered = _allowed_types.get((module, qualname))
+    if registered is not None:
+        return registered
+    if module == "builtins":
+        found = getattr(builtins, qualname, None) if qualname.isidentifier() else None
+        if isinstance(found, type) and (found in _SAFE_BUILTIN_TYPES or issubclass(found, BaseException)):
+            return found
+        return None
+    trusted = _trust_enabled()
+    if (module, qualname) not in SAFE_TYPES and not trusted:
+        return None
+    if "<" in qualname:  # <locals>: not reachable by name
+        return None
+    found: Any = sys.modules.get(module)
+    if found is None and trusted:
+        try:
+            found = importlib.import_module(module)
+        except Exception:
+            return None
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return found if isinstance(found, type) else None
