@@ -158,6 +158,23 @@ class BatchingWriter {
     reactor->StartWrite(&batch_);
   }
 
+  // Writes the queued items now, even if coalescing would hold them back;
+  // items queued while that write is in flight follow it at once too.
+  void WriteNow() {
+    Reactor* reactor;
+    {
+      absl::MutexLock lock(&mu_);
+      if (queue_.empty()) return;
+      urgent_ = true;
+      if (reactor_ == nullptr || finished_ || cancelled_ || failure_ ||
+          write_in_flight_ || awaiting_first_) {
+        return;
+      }
+      reactor = StartBatch();
+    }
+    reactor->StartWrite(&batch_);
+  }
+
   // Sets the non-repeated fields every later message carries. Only before
   // the first write (the stream's handshake decides them).
   void SetHeader(Response header) {
@@ -278,7 +295,8 @@ class BatchingWriter {
   // Whether coalescing holds the queued items back now; if so, a call of
   // WriteHeldBack is scheduled (once) for when they may go.
   bool HoldBack() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!coalescing_.has_value() || queued_bytes_ >= coalescing_->min_bytes) {
+    if (!coalescing_.has_value() || urgent_ ||
+        queued_bytes_ >= coalescing_->min_bytes) {
       return false;
     }
     const Clock::time_point may_write = last_write_ + coalescing_->delay;
@@ -316,6 +334,7 @@ class BatchingWriter {
       field->UnsafeArenaAddAllocated(const_cast<Item*>(item.get()));
       batch_refs_.push_back(std::move(item));
     }
+    if (queue_.empty()) urgent_ = false;
     return !batch_refs_.empty();
   }
 
@@ -382,6 +401,8 @@ class BatchingWriter {
   std::shared_ptr<std::atomic<int64_t>> shared_queued_ ABSL_GUARDED_BY(mu_);
   Clock::time_point last_write_ ABSL_GUARDED_BY(mu_) = Clock::time_point::min();
   bool flush_scheduled_ ABSL_GUARDED_BY(mu_) = false;
+  // WriteNow asked for the queued items to go without coalescing delay.
+  bool urgent_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace agentix::sandbox

@@ -27,6 +27,13 @@ class CallSink {
   // Ends the stream (RESOURCE_EXHAUSTED, `message`), dropping what is
   // unwritten: its host stopped reading. The calls stay retained.
   virtual void Abort(const std::string& /*message*/) {}
+  // The host client behind this stream (its `agentix-client-id` metadata),
+  // or "": the log records and trace events of its calls go to the Logs and
+  // Traces streams of the same client only.
+  virtual const std::string& client_id() const {
+    static const std::string kNone;
+    return kNone;
+  }
 };
 
 }  // namespace agentix::sandbox

@@ -10,6 +10,9 @@ namespace {
 
 class RecordingSubscriber : public LogSubscriber {
  public:
+  explicit RecordingSubscriber(std::string client = "")
+      : client_(std::move(client)) {}
+  const std::string& client_id() const override { return client_; }
   void Deliver(std::vector<LogRecordPtr> records) override {
     absl::MutexLock lock(&mu_);
     for (auto& r : records) got_.push_back(r);
@@ -20,9 +23,16 @@ class RecordingSubscriber : public LogSubscriber {
   }
 
  private:
+  const std::string client_;
   absl::Mutex mu_;
   std::vector<LogRecordPtr> got_ ABSL_GUARDED_BY(mu_);
 };
+
+std::vector<std::string> Messages(RecordingSubscriber& sub) {
+  std::vector<std::string> out;
+  for (const auto& r : sub.got()) out.push_back(r->message());
+  return out;
+}
 
 runtime::v1::LogRecord Entry(const std::string& message,
                              const std::string& worker = "w") {
@@ -71,7 +81,8 @@ TEST_CASE("Resubscribing after a seq skips what was seen; acks free space",
   // A cursor from another daemon instance does not skip anything here.
   auto other = std::make_shared<RecordingSubscriber>();
   REQUIRE(buffer.Subscribe(other, 3, "not-this-daemon").ok());
-  REQUIRE(other->got().size() == 2);  // "c" and "d" (a and b were acked)
+  // A new client gets what nobody received ("d"), not "c" again.
+  REQUIRE(other->got().size() == 1);
   auto same = std::make_shared<RecordingSubscriber>();
   REQUIRE(buffer.Subscribe(same, 3, buffer.instance_id()).ok());
   REQUIRE(same->got().size() == 1);  // "d"
@@ -224,6 +235,52 @@ TEST_CASE("Trace events carry OpenTelemetry ids; their drops go to the logs",
   auto got = log_sub->got();
   REQUIRE(got.size() == 1);
   REQUIRE(got[0]->message().find("3 sandbox trace events were dropped") == 0);
+}
+
+}  // namespace
+}  // namespace agentix::sandbox
+
+namespace agentix::sandbox {
+namespace {
+
+TEST_CASE("A call's records go to its client only; others to every client",
+          "[logs]") {
+  auto owned = MakeLogBuffer(100);
+  LogBuffer& buffer = *owned;
+  auto a = std::make_shared<RecordingSubscriber>("client-a");
+  auto b = std::make_shared<RecordingSubscriber>("client-b");
+  REQUIRE(buffer.Subscribe(a, 0).ok());
+  REQUIRE(buffer.Subscribe(b, 0).ok());
+  buffer.Append({Entry("of-a"), Entry("of-b"), Entry("of-none")},
+                {"client-a", "client-b", ""});
+  REQUIRE(Messages(*a) == std::vector<std::string>{"of-a", "of-none"});
+  REQUIRE(Messages(*b) == std::vector<std::string>{"of-b", "of-none"});
+  // A record of client c's call waits for c, even when others acknowledge.
+  buffer.Append({Entry("of-c")}, {"client-c"});
+  buffer.Ack(100);
+  REQUIRE(buffer.buffered() == 1);
+  auto c = std::make_shared<RecordingSubscriber>("client-c");
+  REQUIRE(buffer.Subscribe(c, 0).ok());
+  REQUIRE(Messages(*c) == std::vector<std::string>{"of-c"});
+  REQUIRE(Messages(*a).size() == 2);
+}
+
+TEST_CASE("Records of no call kept while nobody listens go to one client once",
+          "[logs]") {
+  auto owned = MakeLogBuffer(100);
+  LogBuffer& buffer = *owned;
+  buffer.Append({Entry("kept-1"), Entry("kept-2")});
+  buffer.Append({Entry("of-gone")}, {"client-gone"});
+  auto first = std::make_shared<RecordingSubscriber>("client-1");
+  REQUIRE(buffer.Subscribe(first, 0).ok());
+  REQUIRE(Messages(*first) == std::vector<std::string>{"kept-1", "kept-2"});
+  auto second = std::make_shared<RecordingSubscriber>("client-2");
+  REQUIRE(buffer.Subscribe(second, 0).ok());
+  REQUIRE(second->got().empty());
+  // The first client, resuming after "kept-1", gets "kept-2" again.
+  auto resumed = std::make_shared<RecordingSubscriber>("client-1");
+  REQUIRE(buffer.Subscribe(resumed, first->got()[0]->seq()).ok());
+  REQUIRE(Messages(*resumed) == std::vector<std::string>{"kept-2"});
 }
 
 }  // namespace

@@ -21,6 +21,16 @@ using runtime::v1::LogsResponse;
 
 class CallsReactor;
 
+// The `agentix-client-id` metadata of a call: which host client (one
+// RuntimeClient) a stream belongs to, so that the records of its calls go
+// to it alone. Ids longer than kMaxCallIdBytes are ignored (not stored).
+std::string ClientIdOf(const grpc::ServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("agentix-client-id");
+  if (it == metadata.end() || it->second.size() > kMaxCallIdBytes) return "";
+  return std::string(it->second.data(), it->second.size());
+}
+
 struct CallsEvents {
   static auto* Get(CallsResponse& r) { return r.mutable_events(); }
 };
@@ -38,6 +48,9 @@ class StreamSink final : public CallSink, public CallsWriter {
   void Abort(const std::string& message) override {
     Fail(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, message));
   }
+  const std::string& client_id() const override { return client_id_; }
+  // Once, in OnStart, before any event of the stream is handled.
+  void SetClientId(std::string id) { client_id_ = std::move(id); }
 
  private:
   // Lock order is writer -> manager; the manager never calls a sink while
@@ -47,6 +60,7 @@ class StreamSink final : public CallSink, public CallsWriter {
 
   CallsReactor* const reactor_;
   SessionManager* const manager_;
+  std::string client_id_;
 };
 
 // A host that stops reading its results must not make the daemon buffer
@@ -65,7 +79,10 @@ class CallsReactor final : public ServerStream<CallsRequest, CallsResponse> {
   void ResumeReads() { StartRead(&request_); }
 
  private:
-  void OnStart() override { StartRead(&request_); }
+  void OnStart() override {
+    sink_->SetClientId(ClientIdOf(server_context()));
+    StartRead(&request_);
+  }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
@@ -143,6 +160,10 @@ class SideChannelSink final
     this->Enqueue(std::move(records));
   }
   void Flush() override { this->WriteHeldBack(); }
+  void FlushNow() override { this->WriteNow(); }
+  const std::string& client_id() const override { return client_id_; }
+  // Once, before subscribing.
+  void SetClientId(std::string id) { client_id_ = std::move(id); }
 
  private:
   static Response Header(const std::string& instance_id) {
@@ -150,6 +171,8 @@ class SideChannelSink final
     header.set_instance_id(instance_id);
     return header;
   }
+
+  std::string client_id_;
 };
 
 // One Logs or Traces stream: subscribes to the buffer on the first
@@ -187,6 +210,7 @@ class SideChannelReactor final : public ServerStream<Request, Response> {
     if (request_.has_subscribe()) {
       if (!subscribed_) {
         subscribed_ = true;
+        sink_->SetClientId(ClientIdOf(this->server_context()));
         absl::Status subscribed =
             buffer_->Subscribe(sink_, request_.subscribe().after_seq(),
                                request_.subscribe().instance_id());

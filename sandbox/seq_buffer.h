@@ -49,6 +49,14 @@ class SeqBuffer {
     // Queues `records` (in seq order) for the host. Thread-safe and
     // non-blocking; never called with a buffer lock held.
     virtual void Deliver(std::vector<RecordPtr> records) = 0;
+    // Writes what coalescing holds back without further delay.
+    virtual void FlushNow() {}
+    // The host client this stream serves ("" when it named none): records
+    // of that client's calls go to its streams only.
+    virtual const std::string& client_id() const {
+      static const std::string kNone;
+      return kNone;
+    }
   };
 
   // Called with the buffer's lock held when records were lost to overflow
@@ -68,20 +76,66 @@ class SeqBuffer {
         reports_into_self_(reports_into_self),
         instance_id_(RandomInstanceId()) {}
 
-  // Numbers and stores `records`, delivering them to every subscriber.
-  // Thread-safe.
-  void Append(std::vector<Record> records) {
-    std::vector<RecordPtr> stored;
+  // Numbers and stores `records`. A record whose `owners` entry is set (the
+  // client whose call emitted it) goes to that client's subscribers only,
+  // any other to every subscriber; one nobody received is kept for the
+  // next subscriber that may have it (see Subscribe). `owners` is empty or
+  // parallel to `records`. Returns the seq of the first record (the others
+  // follow it by one each). Thread-safe.
+  uint64_t Append(std::vector<Record> records,
+                  const std::vector<std::string>& owners = {}) {
+    std::vector<std::pair<std::shared_ptr<Subscriber>,
+                          std::vector<RecordPtr>>> deliveries;
+    uint64_t first;
+    {
+      absl::MutexLock lock(&mu_);
+      first = next_seq_;
+      if (subscribers_.empty()) {
+        for (size_t i = 0; i < records.size(); ++i) {
+          Store(std::move(records[i]), i < owners.size() ? owners[i] : "",
+                /*delivered=*/false);
+        }
+        return first;  // kept in the backlog
+      }
+      deliveries.reserve(subscribers_.size());
+      for (const auto& s : subscribers_) deliveries.push_back({s, {}});
+      std::vector<RecordPtr> reports;
+      for (size_t i = 0; i < records.size(); ++i) {
+        const std::string& owner = i < owners.size() ? owners[i] : kNoOwner;
+        bool delivered = false;
+        for (const auto& d : deliveries) {
+          if (owner.empty() || d.first->client_id() == owner) {
+            delivered = true;
+            break;
+          }
+        }
+        RecordPtr ptr = Store(std::move(records[i]), owner, delivered);
+        for (auto& d : deliveries) {
+          if (owner.empty() || d.first->client_id() == owner) {
+            d.second.push_back(ptr);
+          }
+        }
+      }
+      ReportDrops(reports);
+      for (auto& d : deliveries) {
+        d.second.insert(d.second.end(), reports.begin(), reports.end());
+      }
+    }
+    for (auto& d : deliveries) {
+      if (!d.second.empty()) d.first->Deliver(std::move(d.second));
+    }
+    return first;
+  }
+
+  // Asks every subscriber to write what it holds back now: a call's result
+  // waits on the host for its records (the side-channel barrier).
+  void FlushSubscribers() {
     std::vector<std::shared_ptr<Subscriber>> subscribers;
     {
       absl::MutexLock lock(&mu_);
-      const bool delivering = !subscribers_.empty();
-      for (auto& r : records) stored.push_back(Store(std::move(r), delivering));
-      if (!delivering) return;  // kept in the backlog
-      ReportDrops(stored);
       subscribers = subscribers_;
     }
-    for (auto& s : subscribers) s->Deliver(stored);
+    for (auto& s : subscribers) s->FlushNow();
   }
 
   // Adds `subscriber` and delivers the backlog with seq > `after_seq`
@@ -112,9 +166,19 @@ class SeqBuffer {
         // among them are part of this count, not reported twice.
         unreported_drops_ = oldest_kept - 1 - after_seq;
       }
+      // Its own calls' records after its cursor; records of no call that
+      // nobody received yet (kept for the next client, delivered once), or,
+      // for a client resuming its stream, those after its cursor.
+      const std::string& client = subscriber->client_id();
       for (auto& entry : backlog_) {
+        const uint64_t seq = entry.record->seq();
+        const bool send =
+            seq > after_seq && (entry.owner.empty()
+                                    ? !entry.delivered || after_seq > 0
+                                    : entry.owner == client);
+        if (!send) continue;
         entry.delivered = true;
-        if (entry.record->seq() > after_seq) records.push_back(entry.record);
+        records.push_back(entry.record);
       }
       // Taken after the backlog: storing the report may evict its oldest
       // record, which this subscriber then still receives.
@@ -138,12 +202,17 @@ class SeqBuffer {
         subscribers_.end());
   }
 
-  // Frees every record with seq <= `seq`.
+  // Frees the records with seq <= `seq`, except another client's call
+  // records that have not reached it yet: they wait for it (until capacity
+  // evicts them, which counts as a drop).
   void Ack(uint64_t seq) {
     absl::MutexLock lock(&mu_);
-    while (!backlog_.empty() && backlog_.front().record->seq() <= seq) {
-      backlog_.pop_front();
-    }
+    auto end = backlog_.begin();
+    while (end != backlog_.end() && end->record->seq() <= seq) ++end;
+    auto kept = std::remove_if(backlog_.begin(), end, [](const Entry& e) {
+      return e.delivered || e.owner.empty();
+    });
+    backlog_.erase(kept, end);
   }
 
   const std::string& instance_id() const { return instance_id_; }
@@ -159,15 +228,17 @@ class SeqBuffer {
  private:
   struct Entry {
     RecordPtr record;
-    bool delivered;  // handed to at least one subscriber
+    std::string owner;  // the client whose call emitted it, or ""
+    bool delivered;     // handed to at least one subscriber
   };
+  inline static const std::string kNoOwner;
 
   // Adds a record to the backlog, evicting the oldest past capacity.
-  RecordPtr Store(Record record, bool delivered)
+  RecordPtr Store(Record record, const std::string& owner, bool delivered)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     record.set_seq(next_seq_++);
     auto ptr = std::make_shared<const Record>(std::move(record));
-    backlog_.push_back({ptr, delivered});
+    backlog_.push_back({ptr, owner, delivered});
     while (backlog_.size() > capacity_) {
       const bool was_delivered = backlog_.front().delivered;
       backlog_.pop_front();
@@ -197,7 +268,7 @@ class SeqBuffer {
     std::optional<Record> report = reporter_(dropped, capacity_);
     if (report.has_value()) {
       // Delivered right after by the caller (Append or Subscribe).
-      out.push_back(Store(std::move(*report), /*delivered=*/true));
+      out.push_back(Store(std::move(*report), kNoOwner, /*delivered=*/true));
     }
     unreported_drops_ = 0;
   }

@@ -216,6 +216,9 @@ class ServerStream {
  protected:
   ServerStream() : stream_(&context_) {}
 
+  // The call's context (its metadata is there from OnStart on).
+  const grpc::ServerContext& server_context() const { return context_; }
+
   virtual void OnStart() = 0;
   virtual void OnReadDone(bool ok) = 0;
   // A message arrived that does not parse as a Request (the read is over;

@@ -13,10 +13,14 @@ namespace agentix::sandbox {
 using runtime::v1::HostEvent;
 using runtime::v1::SandboxEvent;
 
-SandboxEventPtr MakeCallError(const std::string& call_id, std::string type,
-                              std::string message, absl::StatusCode code,
-                              std::string traceback,
-                              std::optional<int> returncode) {
+namespace {
+
+std::shared_ptr<SandboxEvent> NewCallError(const std::string& call_id,
+                                           std::string type,
+                                           std::string message,
+                                           absl::StatusCode code,
+                                           std::string traceback,
+                                           std::optional<int> returncode) {
   auto event = std::make_shared<SandboxEvent>();
   auto* error = event->mutable_error();
   error->set_call_id(call_id);
@@ -28,6 +32,16 @@ SandboxEventPtr MakeCallError(const std::string& call_id, std::string type,
   e->set_code(static_cast<int>(code));
   if (returncode.has_value()) e->set_returncode(*returncode);
   return event;
+}
+
+}  // namespace
+
+SandboxEventPtr MakeCallError(const std::string& call_id, std::string type,
+                              std::string message, absl::StatusCode code,
+                              std::string traceback,
+                              std::optional<int> returncode) {
+  return NewCallError(call_id, std::move(type), std::move(message), code,
+                      std::move(traceback), returncode);
 }
 
 namespace {
@@ -46,12 +60,11 @@ SandboxEventPtr IdTooLongError(const std::string& id) {
                                      kMaxCallIdBytes, " bytes"));
 }
 
-SandboxEventPtr FromWorkerError(const std::string& call_id,
-                                const ipc::ErrorInfo& error) {
-  auto event = std::make_shared<SandboxEvent>(*MakeCallError(
-      call_id, error.type, error.message,
-      static_cast<absl::StatusCode>(error.code), error.traceback,
-      error.returncode));
+std::shared_ptr<SandboxEvent> FromWorkerError(const std::string& call_id,
+                                              const ipc::ErrorInfo& error) {
+  auto event = NewCallError(call_id, error.type, error.message,
+                            static_cast<absl::StatusCode>(error.code),
+                            error.traceback, error.returncode);
   auto* e = event->mutable_error()->mutable_error();
   e->set_type_module(error.type_module);
   e->set_type_qualname(error.type_qualname);
@@ -275,6 +288,7 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
   }
   Call& call = calls_[id];
   call.sink = sink;
+  call.client = sink->client_id();
   call.args_expected = expected;
   call.args_received = start.arguments().size();
   if (call.args_received < expected) {
@@ -322,6 +336,8 @@ void SessionManager::Dispatch(const std::string& id, Call& call,
   }
   call.generation = (*worker)->generation();
   call.dispatched = true;
+  call.unattributed_log_mark = unattributed_log_seq_;
+  call.unattributed_trace_mark = unattributed_trace_seq_;
   ++running_calls_;
 
   ipc::Frame frame;
@@ -596,19 +612,69 @@ absl::StatusOr<WorkerProcess*> SessionManager::EnsureWorker() {
 
 void SessionManager::OnWorkerFrames(uint64_t generation,
                                     std::vector<ipc::Frame> frames) {
+  std::vector<const ipc::Frame*> log_frames;
+  std::vector<const ipc::Frame*> trace_frames;
+  std::vector<const ipc::Frame*> namespace_events;
+  for (const ipc::Frame& frame : frames) {
+    if (frame.type == ipc::FrameType::kLog) {
+      log_frames.push_back(&frame);
+    } else if (frame.type == ipc::FrameType::kTrace) {
+      trace_frames.push_back(&frame);
+    } else if (frame.type == ipc::FrameType::kNamespaceEvent) {
+      namespace_events.push_back(&frame);
+    }
+  }
+  // Side channels first: the worker writes what a call logged before its
+  // result, so the records are numbered before the result is emitted and
+  // the result carries their seqs (the barrier the host waits on).
+  uint64_t first_log = 0;
+  uint64_t first_trace = 0;
+  if (!log_frames.empty() || !trace_frames.empty()) {
+    std::string worker_id;
+    std::vector<std::string> log_owners;
+    std::vector<std::string> trace_owners;
+    {
+      absl::MutexLock lock(&mu_);
+      if (worker_ && worker_->generation() == generation) {
+        worker_id = worker_->worker_id();
+      }
+      log_owners = OwnersOf(log_frames);
+      trace_owners = OwnersOf(trace_frames);
+    }
+    if (!log_frames.empty()) {
+      std::vector<runtime::v1::LogRecord> records;
+      records.reserve(log_frames.size());
+      for (const ipc::Frame* f : log_frames) {
+        records.push_back(ToLogRecord(f->log, worker_id));
+      }
+      first_log = logs_->Append(std::move(records), log_owners);
+    }
+    if (!trace_frames.empty()) {
+      std::vector<runtime::v1::TraceEvent> events;
+      events.reserve(trace_frames.size());
+      for (const ipc::Frame* f : trace_frames) {
+        events.push_back(ToTraceEvent(f->trace, worker_id));
+      }
+      first_trace = traces_->Append(std::move(events), trace_owners);
+    }
+  }
   std::vector<Delivery> out;
-  std::string worker_id;
+  bool barrier = false;
   {
     absl::MutexLock lock(&mu_);
+    if (!log_frames.empty()) {
+      TrackSeqs(log_frames, first_log, &Call::log_seq, unattributed_log_seq_);
+    }
+    if (!trace_frames.empty()) {
+      TrackSeqs(trace_frames, first_trace, &Call::trace_seq,
+                unattributed_trace_seq_);
+    }
     for (ipc::Frame& frame : frames) {
       if (frame.type != ipc::FrameType::kLog &&
           frame.type != ipc::FrameType::kTrace &&
           frame.type != ipc::FrameType::kNamespaceEvent) {
-        ApplyWorkerFrame(generation, frame, out);
+        barrier |= ApplyWorkerFrame(generation, frame, out);
       }
-    }
-    if (worker_ && worker_->generation() == generation) {
-      worker_id = worker_->worker_id();
     }
     if (!call_queue_.empty()) {
       DispatchQueued(out);
@@ -616,25 +682,91 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
     }
     Post(out);
   }
-  std::vector<runtime::v1::LogRecord> records;
-  std::vector<runtime::v1::TraceEvent> trace_events;
-  std::vector<const ipc::Frame*> namespace_events;
-  for (const ipc::Frame& frame : frames) {
-    if (frame.type == ipc::FrameType::kLog) {
-      records.push_back(ToLogRecord(frame.log, worker_id));
-    } else if (frame.type == ipc::FrameType::kTrace) {
-      trace_events.push_back(ToTraceEvent(frame.trace, worker_id));
-    } else if (frame.type == ipc::FrameType::kNamespaceEvent) {
-      namespace_events.push_back(&frame);
-    }
-  }
-  // Side channels first: a record written before a call returned is
-  // delivered before its result on any host that reads both promptly.
-  if (!records.empty()) logs_->Append(std::move(records));
-  if (!trace_events.empty()) traces_->Append(std::move(trace_events));
   if (!namespace_events.empty()) RouteNamespaceEvents(namespace_events);
+  if (barrier) {
+    // A host waits for these records before it returns the result: they
+    // must not sit out the Logs stream's coalescing delay.
+    logs_->FlushSubscribers();
+    traces_->FlushSubscribers();
+  }
   DeliverPosted();
   ThrottleResults();
+}
+
+std::vector<std::string> SessionManager::OwnersOf(
+    const std::vector<const ipc::Frame*>& frames) {
+  std::vector<std::string> owners;
+  owners.reserve(frames.size());
+  const std::string* last_id = nullptr;
+  const std::string* last_owner = nullptr;
+  static const std::string kNone;
+  for (const ipc::Frame* frame : frames) {
+    const std::string& id = frame->type == ipc::FrameType::kLog
+                                ? frame->log.call_id
+                                : frame->trace.call_id;
+    if (last_id == nullptr || *last_id != id) {
+      last_id = &id;
+      auto it = id.empty() ? calls_.end() : calls_.find(id);
+      last_owner = it == calls_.end() ? &kNone : &it->second.client;
+    }
+    owners.push_back(*last_owner);
+  }
+  return owners;
+}
+
+void SessionManager::TrackSeqs(const std::vector<const ipc::Frame*>& frames,
+                               uint64_t first,
+                               uint64_t Call::*call_seq,
+                               uint64_t& unattributed) {
+  const std::string* last_id = nullptr;
+  Call* last_call = nullptr;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    const ipc::Frame& frame = *frames[i];
+    const std::string& id = frame.type == ipc::FrameType::kLog
+                                ? frame.log.call_id
+                                : frame.trace.call_id;
+    const uint64_t seq = first + i;
+    if (id.empty()) {
+      unattributed = seq;
+      continue;
+    }
+    if (last_id == nullptr || *last_id != id) {
+      auto it = calls_.find(id);
+      last_id = &id;
+      last_call = it == calls_.end() || it->second.terminal ? nullptr
+                                                            : &it->second;
+    }
+    if (last_call != nullptr) last_call->*call_seq = seq;
+  }
+}
+
+bool SessionManager::StampBarrier(const Call& call, SandboxEvent& event) {
+  uint64_t log_seq = call.log_seq;
+  if (unattributed_log_seq_ > call.unattributed_log_mark) {
+    log_seq = std::max(log_seq, unattributed_log_seq_);
+  }
+  uint64_t trace_seq = call.trace_seq;
+  if (unattributed_trace_seq_ > call.unattributed_trace_mark) {
+    trace_seq = std::max(trace_seq, unattributed_trace_seq_);
+  }
+  if (log_seq == 0 && trace_seq == 0) return false;
+  switch (event.kind_case()) {
+    case SandboxEvent::kResult:
+      event.mutable_result()->set_log_seq(log_seq);
+      event.mutable_result()->set_trace_seq(trace_seq);
+      break;
+    case SandboxEvent::kError:
+      event.mutable_error()->set_log_seq(log_seq);
+      event.mutable_error()->set_trace_seq(trace_seq);
+      break;
+    case SandboxEvent::kStreamItem:
+      event.mutable_stream_item()->set_log_seq(log_seq);
+      event.mutable_stream_item()->set_trace_seq(trace_seq);
+      break;
+    default:
+      return false;
+  }
+  return true;
 }
 
 void SessionManager::ThrottleResults() {
@@ -782,27 +914,27 @@ absl::Status SessionManager::SendNamespaceEvent(
   return absl::OkStatus();
 }
 
-void SessionManager::ApplyWorkerFrame(uint64_t generation, ipc::Frame& frame,
+bool SessionManager::ApplyWorkerFrame(uint64_t generation, ipc::Frame& frame,
                                       std::vector<Delivery>& out) {
   using ipc::FrameType;
   if (frame.type == FrameType::kReady || frame.type == FrameType::kBootError) {
-    return;  // WorkerProcess tracks readiness and reports boot errors
+    return false;  // WorkerProcess tracks readiness and reports boot errors
   }
   if (frame.type != FrameType::kResultChunk &&
       frame.type != FrameType::kResult && frame.type != FrameType::kError &&
       frame.type != FrameType::kStreamItem) {
     AGX_LOG(Warning, "ignoring unexpected '{}' frame from the worker",
             ipc::FrameTypeName(frame.type));
-    return;
+    return false;
   }
   auto it = calls_.find(frame.call_id);
   // Closed calls are quiet: late frames (after a cancel, say) are dropped.
   if (it == calls_.end() || it->second.terminal ||
       it->second.generation != generation) {
-    return;
+    return false;
   }
   Call& call = it->second;
-  SandboxEventPtr event;
+  std::shared_ptr<SandboxEvent> event;
   bool terminal = true;
   switch (frame.type) {
     case FrameType::kResultChunk: {
@@ -839,7 +971,10 @@ void SessionManager::ApplyWorkerFrame(uint64_t generation, ipc::Frame& frame,
       event = FromWorkerError(frame.call_id, frame.error);
       break;
   }
+  const bool barrier =
+      frame.type != FrameType::kResultChunk && StampBarrier(call, *event);
   Emit(frame.call_id, call, std::move(event), terminal, out);
+  return barrier;
 }
 
 void SessionManager::OnWorkerExit(uint64_t generation,
@@ -849,10 +984,11 @@ void SessionManager::OnWorkerExit(uint64_t generation,
     absl::MutexLock lock(&mu_);
     for (auto& [id, call] : calls_) {
       if (call.terminal || call.generation != generation) continue;
-      Emit(id, call,
-           MakeCallError(id, exit.error_type, exit.message,
-                         absl::StatusCode::kUnavailable, "", exit.returncode),
-           /*terminal=*/true, out);
+      auto event = NewCallError(id, exit.error_type, exit.message,
+                                absl::StatusCode::kUnavailable, "",
+                                exit.returncode);
+      StampBarrier(call, *event);  // what it logged before the worker died
+      Emit(id, call, std::move(event), /*terminal=*/true, out);
     }
     if (worker_ && worker_->generation() == generation) {
       // Destroyed later from another thread: this is its reader thread.

@@ -167,6 +167,17 @@ class SessionManager : public WorkerProcess::Listener {
     bool queued = false;
     runtime::v1::StartCall start;
     std::string queued_args;
+    // The side-channel barrier (CallResult.log_seq / trace_seq): the last
+    // seq of the records and trace events tagged with this call, and the
+    // seqs of unattributed ones when the call was dispatched (those that
+    // appear later, while it runs, count as possibly its own).
+    // The host client that started it (CallSink::client_id): its records
+    // go to that client's Logs and Traces streams.
+    std::string client;
+    uint64_t log_seq = 0;
+    uint64_t trace_seq = 0;
+    uint64_t unattributed_log_mark = 0;
+    uint64_t unattributed_trace_mark = 0;
   };
   // An event to hand to a sink once the lock is released.
   struct Delivery {
@@ -236,8 +247,24 @@ class SessionManager : public WorkerProcess::Listener {
   void DeliverPosted() ABSL_LOCKS_EXCLUDED(mu_);
   // Hands events to their sinks, one batch per sink, preserving order.
   void Deliver(std::vector<Delivery>& out);
-  // Turns one worker frame into an event of its call (if still open).
-  void ApplyWorkerFrame(uint64_t generation, ipc::Frame& frame,
+  // Sets `event`'s barrier fields from what `call` emitted so far; returns
+  // whether any is set.
+  bool StampBarrier(const Call& call, runtime::v1::SandboxEvent& event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Notes the seqs the side channels gave a batch of worker records.
+  // The client of each frame's call ("" for none, or a call no longer
+  // known): where its log record or trace event goes.
+  std::vector<std::string> OwnersOf(
+      const std::vector<const ipc::Frame*>& frames)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `frames` (log or trace frames, numbered from `first` on) update their
+  // calls' `call_seq`, or `unattributed` when they name none.
+  void TrackSeqs(const std::vector<const ipc::Frame*>& frames, uint64_t first,
+                 uint64_t Call::*call_seq, uint64_t& unattributed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Turns one worker frame into an event of its call (if still open);
+  // returns whether that event carries a side-channel barrier.
+  bool ApplyWorkerFrame(uint64_t generation, ipc::Frame& frame,
                         std::vector<Delivery>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Broadcasts the worker's namespace events (in order) to the host streams
@@ -302,6 +329,9 @@ class SessionManager : public WorkerProcess::Listener {
       ABSL_GUARDED_BY(mu_);
   const std::shared_ptr<std::atomic<int64_t>> unwritten_ =
       std::make_shared<std::atomic<int64_t>>(0);
+  // The last seq of a log record / trace event that named no call.
+  uint64_t unattributed_log_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t unattributed_trace_seq_ ABSL_GUARDED_BY(mu_) = 0;
   // "namespace\0event" pairs already reported as emitted with no listener.
   absl::flat_hash_set<std::string> unrouted_reported_ ABSL_GUARDED_BY(mu_);
 };

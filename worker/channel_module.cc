@@ -4,6 +4,7 @@
 #include <Python.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <time.h>
 #include <unistd.h>
@@ -84,6 +85,27 @@ struct StdioLine {
   std::string text;
 };
 
+// Set in a child forked by user code: it has no sender thread, may have
+// been forked while another thread held a Writer's lock, and shares the
+// channel fd with the worker. Its records are dropped (the driver also
+// points its sys.stdout/sys.stderr back at the fds, which the worker's
+// drainers still read).
+std::atomic<bool> g_in_forked_child{false};
+
+// The read end of one capture pipe (fd 1 or fd 2). Its drainer thread reads
+// it, and so does a thread about to send a call's result (CatchUpCapture):
+// whoever holds `mu` reads what the pipe holds and queues its lines, so
+// once a thread has taken `mu` and found the pipe empty, every line written
+// before is on the log queue. Lock order: `mu` before Writer::mu; nobody
+// waits for it while holding the GIL.
+struct CapturePipe {
+  std::mutex mu;
+  int fd = -1;  // non-blocking; -1 when capture is off or the drainer ended
+  int origin = 2;
+  std::string pending;  // bytes of the current, unfinished line
+  std::unique_ptr<char[]> buffer;
+};
+
 // The part of a channel that threads without the GIL use too: the fd, the
 // write lock and the log queue. Shared (shared_ptr) between the Channel and
 // the sender and drainer threads, so a thread abandoned at shutdown never
@@ -118,6 +140,9 @@ struct Writer {
   std::deque<StdioLine> durable_lines;
   size_t durable_bytes = 0;
   std::condition_variable durable_cv;
+  // The capture pipes (stdout, stderr), once capture started.
+  CapturePipe pipes[2];
+  std::atomic<bool> capturing{false};
   // Drainer threads still reading.
   int drainers = 0;
   std::condition_variable drainers_cv;
@@ -649,17 +674,15 @@ void StopSender(const std::shared_ptr<Writer>& writer, int timeout_ms) {
   }
 }
 
-// A drainer thread: reads one capture pipe until EOF and turns each line into
-// a log frame. It never takes the GIL, so a full pipe cannot wait on Python.
-void Drain(std::shared_ptr<Writer> writer, int fd, int origin) {
-  pthread_setname_np(pthread_self(), origin == kOriginStdout ? "agx-stdout"
-                                                             : "agx-stderr");
-  Writer& w = *writer;
-  std::unique_ptr<char[]> buffer(new char[kMaxLineBytes]);
-  std::string pending;  // bytes of the current, unfinished line
+// With `p.mu` held and without the GIL: reads what pipe `p` holds (it is
+// non-blocking), turns each complete line into a log frame and queues them.
+// Returns false at EOF or on a read error; `at_eof` also sends the
+// unfinished line.
+bool ReadAvailable(Writer& w, CapturePipe& p, bool at_eof_flushes) {
   std::string frames;
   std::vector<StdioLine> lines;
   const std::string no_call_id;  // fd-level output cannot be attributed
+  const int origin = p.origin;
   auto emit = [&](const char* data, size_t size, int64_t now) {
     if (size > 0 && data[size - 1] == '\r') --size;
     StdioLine line;
@@ -671,19 +694,19 @@ void Drain(std::shared_ptr<Writer> writer, int fd, int origin) {
     (void)status;  // a 64 KiB line always fits a frame
     lines.push_back(std::move(line));
   };
-  auto queue = [&] {
-    if (frames.empty()) return;
-    QueueLogs(w, frames, &lines);
-    frames.clear();
-    lines.clear();
-  };
+  bool open = true;
   while (true) {
-    const ssize_t n = ::read(fd, buffer.get(), kMaxLineBytes);
+    const ssize_t n = ::read(p.fd, p.buffer.get(), kMaxLineBytes);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (n <= 0) {
+      open = false;
+      break;
+    }
     const int64_t now = NowUnixNanos();
-    const char* data = buffer.get();
+    const char* data = p.buffer.get();
     size_t size = static_cast<size_t>(n);
+    std::string& pending = p.pending;
     while (size > 0) {
       const void* nl = memchr(data, '\n', size);
       if (nl == nullptr) {
@@ -708,14 +731,88 @@ void Drain(std::shared_ptr<Writer> writer, int fd, int origin) {
       cut += kMaxLineBytes;
     }
     if (cut > 0) pending.erase(0, cut);
-    queue();
+    if (frames.size() >= kLingerBytes) {
+      QueueLogs(w, frames, &lines);
+      frames.clear();
+      lines.clear();
+    }
+    // A pipe read returns all it holds up to the size asked: a short read
+    // emptied it.
+    if (static_cast<size_t>(n) < kMaxLineBytes) break;
   }
-  if (!pending.empty()) emit(pending.data(), pending.size(), NowUnixNanos());
-  queue();
-  ::close(fd);
+  if (!open && at_eof_flushes && !p.pending.empty()) {
+    emit(p.pending.data(), p.pending.size(), NowUnixNanos());
+    p.pending.clear();
+  }
+  if (!frames.empty()) QueueLogs(w, frames, &lines);
+  return open;
+}
+
+// A drainer thread: reads one capture pipe until EOF and turns each line into
+// a log frame. It never takes the GIL, so a full pipe cannot wait on Python.
+void Drain(std::shared_ptr<Writer> writer, int index) {
+  Writer& w = *writer;
+  CapturePipe& p = w.pipes[index];
+  pthread_setname_np(pthread_self(), p.origin == kOriginStdout ? "agx-stdout"
+                                                               : "agx-stderr");
+  while (true) {
+    pollfd pfd{};
+    {
+      std::lock_guard<std::mutex> lock(p.mu);
+      pfd.fd = p.fd;
+    }
+    pfd.events = POLLIN;
+    const int ready = ::poll(&pfd, 1, -1);
+    if (ready < 0 && errno != EINTR) break;
+    std::lock_guard<std::mutex> lock(p.mu);
+    if (!ReadAvailable(w, p, /*at_eof_flushes=*/true)) {
+      ::close(p.fd);
+      p.fd = -1;
+      break;
+    }
+  }
   std::lock_guard<std::mutex> lock(w.mu);
   --w.drainers;
   w.drainers_cv.notify_all();
+}
+
+// The side-channel barrier's worker half: before a call's result, item or
+// error is queued, the lines already written to fds 1 and 2 (by the call,
+// os.write, a child process) are read and queued, so they reach the daemon
+// ahead of it. Costs one poll() when the pipes are empty. GIL held on entry
+// and exit; released only to wait for a drainer or to read.
+void CatchUpCapture(Writer& w) {
+  if (!w.capturing.load(std::memory_order_acquire) ||
+      g_in_forked_child.load(std::memory_order_relaxed)) {
+    return;
+  }
+  std::unique_lock<std::mutex> locks[2];
+  for (int i = 0; i < 2; ++i) {
+    locks[i] = std::unique_lock<std::mutex>(w.pipes[i].mu, std::try_to_lock);
+    if (!locks[i].owns_lock()) {
+      // A drainer is queueing lines (its lock is only ever held without the
+      // GIL): wait for it with the GIL released.
+      Py_BEGIN_ALLOW_THREADS
+      locks[i].lock();
+      Py_END_ALLOW_THREADS
+    }
+  }
+  pollfd fds[2];
+  int count = 0;
+  int which[2];
+  for (int i = 0; i < 2; ++i) {
+    if (w.pipes[i].fd < 0) continue;
+    fds[count] = pollfd{w.pipes[i].fd, POLLIN, 0};
+    which[count++] = i;
+  }
+  if (count == 0 || ::poll(fds, count, 0) <= 0) return;
+  Py_BEGIN_ALLOW_THREADS
+  for (int k = 0; k < count; ++k) {
+    if (fds[k].revents & POLLIN) {
+      ReadAvailable(w, w.pipes[which[k]], /*at_eof_flushes=*/false);
+    }
+  }
+  Py_END_ALLOW_THREADS
 }
 
 // ---- Channel ----------------------------------------------------------------
@@ -1187,6 +1284,8 @@ class ResultParts {
 
 PyObject* ChannelSendResult(PyObject* self, PyObject* const* args,
                             Py_ssize_t nargs) {
+  // Before Enter(): it may let go of the GIL.
+  CatchUpCapture(*Channel(self).writer);
   if (!Enter(self) || !CheckArgs("send_result", nargs, 3)) return nullptr;
   std::string call_id;
   long long encoding = 0;
@@ -1231,6 +1330,8 @@ PyObject* ChannelSendResult(PyObject* self, PyObject* const* args,
 
 PyObject* ChannelSendItem(PyObject* self, PyObject* const* args,
                           Py_ssize_t nargs) {
+  // Before Enter(): it may let go of the GIL.
+  CatchUpCapture(*Channel(self).writer);
   if (!Enter(self) || !CheckArgs("send_item", nargs, 4)) return nullptr;
   ipc::Frame frame;
   frame.type = ipc::FrameType::kStreamItem;
@@ -1282,6 +1383,8 @@ PyObject* ChannelSendItem(PyObject* self, PyObject* const* args,
 
 PyObject* ChannelSendError(PyObject* self, PyObject* const* args,
                            Py_ssize_t nargs) {
+  // Before Enter(): it may let go of the GIL.
+  CatchUpCapture(*Channel(self).writer);
   if (!Enter(self)) return nullptr;
   if (nargs != 6 && nargs != 9) {
     PyErr_Format(PyExc_TypeError,
@@ -1329,12 +1432,6 @@ PyObject* ChannelSendError(PyObject* self, PyObject* const* args,
 
 // ---- logs and capture ---------------------------------------------------------
 
-// Set in a child forked by user code: it has no sender thread, may have
-// been forked while another thread held a Writer's lock, and shares the
-// channel fd with the worker. Its records are dropped (the driver also
-// points its sys.stdout/sys.stderr back at the fds, which the worker's
-// drainers still read).
-std::atomic<bool> g_in_forked_child{false};
 
 // Queues encoded log frames. GIL held: the common case only appends under the
 // leaf lock; a full queue is waited on with the GIL released.
@@ -1572,6 +1669,7 @@ void StopCapture(ChannelState& st, int timeout_ms) {
   if (capture == nullptr || capture->stopped) return;
   capture->stopped = true;
   Writer& w = *st.writer;
+  w.capturing.store(false, std::memory_order_release);
   // Closing our write ends (fds 1 and 2) gives the drainers EOF once every
   // child that inherited them is gone too.
   const int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -1670,23 +1768,29 @@ PyObject* ChannelStartCapture(PyObject* self, PyObject* const* args,
     EnsureSenderLocked(st.writer);
     w.drainers = 2;
   }
+  const int read_ends[2] = {out_pipe[0], err_pipe[0]};
+  for (int i = 0; i < 2; ++i) {
+    CapturePipe& pipe = w.pipes[i];
+    std::lock_guard<std::mutex> lock(pipe.mu);
+    pipe.origin = i == 0 ? kOriginStdout : kOriginStderr;
+    pipe.buffer.reset(new char[kMaxLineBytes]);
+    const int flags = ::fcntl(read_ends[i], F_GETFL);
+    ::fcntl(read_ends[i], F_SETFL, flags | O_NONBLOCK);
+    pipe.fd = read_ends[i];
+  }
   st.capture = std::move(capture);
-  try {
-    st.capture->drainers.emplace_back(Drain, st.writer, out_pipe[0],
-                                      kOriginStdout);
-  } catch (const std::exception&) {
-    ::close(out_pipe[0]);
-    std::lock_guard<std::mutex> lock(w.mu);
-    --w.drainers;
+  for (int i = 0; i < 2; ++i) {
+    try {
+      st.capture->drainers.emplace_back(Drain, st.writer, i);
+    } catch (const std::exception&) {
+      std::lock_guard<std::mutex> pipe_lock(w.pipes[i].mu);
+      ::close(w.pipes[i].fd);
+      w.pipes[i].fd = -1;
+      std::lock_guard<std::mutex> lock(w.mu);
+      --w.drainers;
+    }
   }
-  try {
-    st.capture->drainers.emplace_back(Drain, st.writer, err_pipe[0],
-                                      kOriginStderr);
-  } catch (const std::exception&) {
-    ::close(err_pipe[0]);
-    std::lock_guard<std::mutex> lock(w.mu);
-    --w.drainers;
-  }
+  w.capturing.store(true, std::memory_order_release);
   if (st.capture->drainers.size() != 2) {
     // Without a drainer a pipe would fill and block its writers for good.
     Py_BEGIN_ALLOW_THREADS

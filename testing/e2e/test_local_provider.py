@@ -880,3 +880,35 @@ async def test_leftovers_of_a_killed_host_process_are_pruned(dev_bundle, dirs):
         assert [path for path in cgroup_paths if path.exists()] == []
         assert make_provider(dirs).prune() == []
         assert await live.remote(e2e_targets.add, 1, 2) == 3
+
+
+async def test_ending_a_session_right_after_a_call_delivers_its_lines(dev_bundle, dirs):
+    import logging
+
+    import barrier_targets
+
+    class Keep(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.DEBUG)
+            self.lines = []
+
+        def emit(self, record):
+            if record.name == "agentix.sandbox.stdout":
+                self.lines.append(record.getMessage())
+
+    keep = Keep()
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(keep)
+    root.setLevel(logging.DEBUG)
+    try:
+        provider = make_provider(dirs)
+        for round_ in range(3):
+            async with provider.session(SandboxConfig(image="host", bundle=str(dev_bundle))) as sandbox:
+                assert await sandbox.remote(barrier_targets.print_lines, 300, f"last-{round_}") == 300
+            assert [line for line in keep.lines if line.startswith(f"last-{round_} ")] == [
+                f"last-{round_} {i}" for i in range(300)
+            ]
+    finally:
+        root.removeHandler(keep)
+        root.setLevel(old_level)

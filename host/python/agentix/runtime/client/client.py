@@ -57,6 +57,7 @@ from agentix.runtime.client.stream import (
     CallsStream,
     NativeCallsStream,
     PendingCall,
+    SideBarrier,
     StartRequest,
 )
 from agentix.runtime.client import wire
@@ -82,12 +83,21 @@ R = TypeVar("R")
 _MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
 # Shortest interval between attempts to re-open a lost Logs or Traces stream.
 _FEED_REOPEN_SECONDS = 1.0
-# How long close() waits for queued cancels to reach the daemon.
+# How long close() waits for queued cancels to reach the daemon, and at
+# most for the Logs/Traces streams to go quiet (_CLOSE_QUIET_SECONDS without
+# a record: the daemon holds one back at most 4 ms).
 _CLOSE_FLUSH_SECONDS = 1.0
+_CLOSE_QUIET_SECONDS = 0.03
+# A call's result waits for the sandbox's records it carries the seq of (the
+# side-channel barrier) as long as replay makes progress; it stops waiting
+# once none is replayed for this long (docs/RELIABILITY.md).
+_BARRIER_IDLE_SECONDS = 2.0
 
 
-# Call ids: see UniqueIds.
+# Call ids (and client ids): see UniqueIds.
 _call_ids = UniqueIds()
+# The metadata key that names a client (RuntimeClient.client_id) to the daemon.
+_CLIENT_ID_HEADER = "agentix-client-id"
 
 
 _TOKEN_ENV = "AGENTIX_TOKEN"
@@ -219,6 +229,20 @@ class _Feed:
     def _not_implemented(self) -> None:
         self.unimplemented = True
 
+    async def wait_replayed(self, seq: int) -> None:
+        """Waits until this feed has replayed up to `seq` (a call's barrier),
+        across a re-opened stream, while replay makes progress; returns at
+        once when there is no live stream."""
+        cursor = self.cursor
+        while cursor.last_seq < seq:
+            stream = self.stream
+            if stream is None or not stream.alive:
+                return
+            before = cursor.last_seq
+            await stream.wait_replayed(seq, _BARRIER_IDLE_SECONDS)
+            if self.stream is stream and cursor.last_seq == before:
+                return  # no progress for the whole bound
+
     def detach(self) -> SubscriptionStream | None:
         """Forgets the stream and channel and returns the stream (to close)."""
         stream, self.stream, self.channel = self.stream, None, None
@@ -332,7 +356,13 @@ class RuntimeClient:
         if token is None:
             token = os.environ.get(_TOKEN_ENV) or None
         # Sent with every RPC; the daemon checks it before any handler runs.
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        # Names this client to the daemon on every RPC: the log records and
+        # trace events of its calls go to its own Logs/Traces streams only.
+        self.client_id = _call_ids.next()
+        client_header = (_CLIENT_ID_HEADER, self.client_id)
+        self._metadata = (
+            (("authorization", f"Bearer {token}"), client_header) if token else (client_header,)
+        )
         self._tls = _TlsFiles(base_url, tls_ca_file, tls_cert_file, tls_key_file, tls_server_name)
         self._channel: grpc.aio.Channel | None = None
         self._channel_broken = False
@@ -451,6 +481,8 @@ class RuntimeClient:
             if call.future.cancelled():  # local cancellation or deadline
                 stream.cancel_call(call.call_id)
 
+        if call.barrier is not None:
+            await self._side_barrier(call.barrier)
         if isinstance(outcome, RemoteError):
             raise await remote_call_error_async(display_name, outcome)
         if isinstance(outcome, list):
@@ -513,6 +545,9 @@ class RuntimeClient:
                         ) from None
                 if item is STREAM_END:
                     break
+                if type(item) is SideBarrier:
+                    await self._side_barrier(item)
+                    continue
                 consumed += 1
                 call.consumed = consumed
                 # Ack in half-window steps: one StreamAck per few items, and
@@ -524,6 +559,8 @@ class RuntimeClient:
                 yield await _decode_item(loop, item)
             outcome = call.future.result()
             finished = True
+            if call.barrier is not None:
+                await self._side_barrier(call.barrier)
         finally:
             self._pending.pop(call.call_id, None)
             if not finished and not call.future.done():
@@ -532,6 +569,14 @@ class RuntimeClient:
                 stream.cancel_call(call.call_id)
         if isinstance(outcome, RemoteError):
             raise await remote_call_error_async(display_name, outcome)
+
+    async def _side_barrier(self, barrier: SideBarrier) -> None:
+        """Waits until the log records and trace events `barrier` names have
+        been handed to the host's logging and trace processors (bounded: see
+        `_BARRIER_IDLE_SECONDS`)."""
+        for feed, seq in zip(self._feeds, (barrier.log_seq, barrier.trace_seq)):
+            if seq > feed.cursor.last_seq:
+                await feed.wait_replayed(seq)
 
     async def try_remote(
         self, fn: Callable[..., Awaitable[R]] | Callable[..., R], *args: Any, **kwargs: Any
@@ -575,6 +620,13 @@ class RuntimeClient:
         reconnector, self._reconnector = self._reconnector, None
         if reconnector is not None:
             reconnector.cancel()
+        # What the sandbox emitted before close() is replayed first (bounded).
+        live_feeds = [feed.stream for feed in self._feeds if feed.stream is not None and feed.stream.alive]
+        if live_feeds:
+            await asyncio.gather(
+                *(feed.settle(_CLOSE_QUIET_SECONDS, _CLOSE_FLUSH_SECONDS) for feed in live_feeds),
+                return_exceptions=True,
+            )
         stream, self._stream = self._stream, None
         channel, self._channel = self._channel, None
         self._native_channel = None

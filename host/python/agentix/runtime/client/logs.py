@@ -39,7 +39,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream
+from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream, _ReplayedOnce
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.utils.log._config import _ContextRecordFactory
 
@@ -435,11 +435,72 @@ def _is_stdlib_factory(factory: Any) -> bool:
     return factory is logging.LogRecord
 
 
+# "0" turns the default handler of sandbox output off (see DefaultSandboxHandler).
+_DEFAULT_HANDLER_ENV = "AGENTIX_SANDBOX_LOG_HANDLER"
+_default_handler: DefaultSandboxHandler | None = None
+
+
+class DefaultSandboxHandler(logging.StreamHandler):
+    """What makes sandbox output visible on a host that configured no logging:
+    a handler on logger `DEFAULT_LOGGER` (``agentix.sandbox``: captured
+    stdout/stderr lines and the runtime's own warnings), writing to stderr in
+    ``agentix.configure_logging``'s default format, as the original's
+    ``configure_logging`` default gave. It prints only while the root logger
+    has no handler of its own: once the host configures logging, records go
+    there alone.
+
+    Installed by the first `LogsStream` of the process unless the root logger
+    already had a handler then, or ``$AGENTIX_SANDBOX_LOG_HANDLER`` is ``0``;
+    `remove_default_handler` takes it away."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if logging.getLogger().handlers:
+            return
+        super().emit(record)
+
+
+def install_default_handler() -> None:
+    """Installs `DefaultSandboxHandler` (once per process) when the host has
+    configured no logging and ``$AGENTIX_SANDBOX_LOG_HANDLER`` is not ``0``;
+    the ``agentix.sandbox`` logger then passes INFO records (unless its level
+    was set)."""
+    global _default_handler
+    if _default_handler is not None or os.environ.get(_DEFAULT_HANDLER_ENV, "").strip() == "0":
+        return
+    if logging.getLogger().handlers:
+        return
+    from agentix.utils.log._config import DEFAULT_FORMAT
+
+    handler = DefaultSandboxHandler()
+    handler.setFormatter(logging.Formatter(os.environ.get("AGENTIX_LOG_FORMAT") or DEFAULT_FORMAT))
+    logger = logging.getLogger(DEFAULT_LOGGER)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    _default_handler = handler
+
+
+def remove_default_handler() -> None:
+    """Removes the handler `install_default_handler` installed (and keeps it
+    from being installed later in this process)."""
+    global _default_handler
+    handler = _default_handler
+    _default_handler = DefaultSandboxHandler()  # a placeholder: never again
+    if handler is not None:
+        logging.getLogger(DEFAULT_LOGGER).removeHandler(handler)
+
+
 class LogsStream(SubscriptionStream):
     """Drives one open ``Logs`` RPC; see the module docstring and
     `SubscriptionStream` (same arguments, with a `LogCursor`)."""
 
+    _replayed_once = _ReplayedOnce()
     rpc_name = "Logs"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        install_default_handler()
+        super().__init__(*args, **kwargs)
+
     noun = "sandbox log record"
 
     def _subscribe_request(self, after_seq: int, instance_id: str) -> pb.LogsRequest:

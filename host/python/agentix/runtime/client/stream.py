@@ -86,6 +86,19 @@ MAX_RESULT_BYTES = 1 << 30
 STREAM_END = object()
 
 
+class SideBarrier:
+    """The seqs of the last log record and trace event a call emitted before
+    one of its events (``CallResult.log_seq`` / ``trace_seq``): the host
+    replays up to them before it hands that event to the caller. In a
+    streaming call's item queue it precedes the item it guards."""
+
+    __slots__ = ("log_seq", "trace_seq")
+
+    def __init__(self, log_seq: int, trace_seq: int) -> None:
+        self.log_seq = log_seq
+        self.trace_seq = trace_seq
+
+
 class PendingCall:
     """A call started on a stream and not yet settled.
 
@@ -106,6 +119,7 @@ class PendingCall:
         "consumed",
         "max_result_bytes",
         "result_bytes",
+        "barrier",
     )
 
     def __init__(
@@ -132,6 +146,8 @@ class PendingCall:
         # Encoded result bytes received so far, refused beyond the cap.
         self.max_result_bytes = max_result_bytes
         self.result_bytes = 0
+        # What its terminal event says to replay before returning (None: nothing).
+        self.barrier: SideBarrier | None = None
 
     def settle(self, outcome: Outcome) -> None:
         """Delivers `outcome` unless the future is already done (e.g. cancelled)."""
@@ -485,9 +501,14 @@ class CallsStream:
             if call is not None:
                 self._add_chunk(call, event.result_chunk.data)
         elif kind == "result":
-            self._finish(event.result.call_id, self._result_outcome(event.result))
+            result = event.result
+            if result.log_seq or result.trace_seq:
+                self._set_barrier(result.call_id, result.log_seq, result.trace_seq)
+            self._finish(result.call_id, self._result_outcome(result))
         elif kind == "error":
             failure = event.error
+            if failure.log_seq or failure.trace_seq:
+                self._set_barrier(failure.call_id, failure.log_seq, failure.trace_seq)
             if failure.HasField("error"):
                 outcome = remote_error_from_proto(failure.error)
             else:
@@ -521,7 +542,14 @@ class CallsStream:
             if len(item.value) > call.max_result_bytes:
                 self._refuse_result(call, len(item.value), f"stream item {item.index}")
                 return
+            if item.log_seq or item.trace_seq:
+                call.items.put_nowait(SideBarrier(item.log_seq, item.trace_seq))
             call.items.put_nowait(item.value)
+
+    def _set_barrier(self, call_id: str, log_seq: int, trace_seq: int) -> None:
+        call = self._pending.get(call_id)
+        if call is not None:
+            call.barrier = SideBarrier(log_seq, trace_seq)
 
     def _add_chunk(self, call: PendingCall, data: bytes | memoryview) -> None:
         call.result_bytes += len(data)

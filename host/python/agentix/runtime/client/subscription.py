@@ -13,7 +13,9 @@ UNIMPLEMENTED handling, closing) lives here.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +24,30 @@ import grpc
 __all__ = ["SeqCursor", "SubscriptionStream"]
 
 _log = logging.getLogger("agentix.runtime.client")
+
+
+class _ReplayedOnce:
+    """Which items of no call this process has replayed, by daemon instance
+    and seq (the newest `capacity` of them). The daemon sends such an item to
+    every client subscribed; several clients of one process replay it once."""
+
+    def __init__(self, capacity: int = 65536) -> None:
+        self._capacity = capacity
+        self._seen: set[tuple[str, int]] = set()
+        self._order: collections.deque[tuple[str, int]] = collections.deque()
+        self._lock = threading.Lock()
+
+    def first_time(self, instance_id: str, seq: int) -> bool:
+        """True the first time (`instance_id`, `seq`) is asked for."""
+        key = (instance_id, seq)
+        with self._lock:
+            if key in self._seen:
+                return False
+            self._seen.add(key)
+            self._order.append(key)
+            if len(self._order) > self._capacity:
+                self._seen.discard(self._order.popleft())
+            return True
 
 
 class SeqCursor:
@@ -74,6 +100,9 @@ class SubscriptionStream:
 
     rpc_name = ""  # the RPC, for messages: "Logs"
     noun = ""  # one item, for messages: "sandbox log record"
+    # Items of no call replayed by any stream of this kind in the process
+    # (each subclass has its own).
+    _replayed_once = _ReplayedOnce()
 
     def __init__(
         self,
@@ -87,6 +116,10 @@ class SubscriptionStream:
         self._on_unimplemented = on_unimplemented
         self._previous = previous
         self._replaying: asyncio.Future | None = None
+        # Futures of `wait_replayed` callers, woken after each replayed batch.
+        self._waiters: list[asyncio.Future] = []
+        # Loop time of the last response (see settle).
+        self._last_activity = asyncio.get_running_loop().time()
         self._handler_failures = 0
         self._done = False
         self._task = asyncio.create_task(self._run(), name=f"agentix-{self.rpc_name.lower()}")
@@ -120,6 +153,46 @@ class SubscriptionStream:
         """True until the stream has ended, failed or been closed."""
         return not self._done
 
+    async def wait_replayed(self, seq: int, idle_timeout: float) -> bool:
+        """Waits until every item up to `seq` has been replayed (the
+        side-channel barrier of a call's result). Gives up when the stream
+        ends or nothing is replayed for `idle_timeout` seconds; returns
+        whether the cursor reached `seq`."""
+        cursor = self._cursor
+        loop = asyncio.get_running_loop()
+        while cursor.last_seq < seq and not self._done:
+            before = cursor.last_seq
+            waiter = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await asyncio.wait_for(waiter, idle_timeout)
+            except TimeoutError:
+                if cursor.last_seq == before:
+                    break
+        return cursor.last_seq >= seq
+
+    async def settle(self, quiet: float, bound: float) -> None:
+        """Waits until nothing has arrived for `quiet` seconds (what the
+        sandbox emitted before has then been replayed: the daemon holds a
+        record back at most a few milliseconds), at most `bound` seconds.
+        Returns at once when the stream has ended."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + bound
+        while not self._done:
+            now = loop.time()
+            idle = now - self._last_activity
+            if self._replaying is None and idle >= quiet:
+                return
+            if now >= deadline:
+                return
+            await asyncio.sleep(min(max(quiet - idle, 0.005), deadline - now))
+
+    def _wake_waiters(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
     async def aclose(self) -> None:
         """Stops the stream and waits until no item of it is being replayed.
         Idempotent; never raises (except when the caller is cancelled)."""
@@ -142,7 +215,9 @@ class SubscriptionStream:
             await self._rpc.write(self._subscribe_request(cursor.last_seq, cursor.instance_id))
             acked = None
             read = self._rpc.read  # cheaper than the call's async iterator
+            loop = asyncio.get_running_loop()
             while (response := await read()) is not grpc.aio.EOF:
+                self._last_activity = loop.time()
                 cursor.adopt(response.instance_id)
                 items = list(self._items(response))
                 if not items:
@@ -152,6 +227,8 @@ class SubscriptionStream:
                 self._replaying = asyncio.ensure_future(asyncio.to_thread(self._replay_batch, items))
                 await asyncio.shield(self._replaying)
                 self._replaying = None
+                if self._waiters:
+                    self._wake_waiters()
                 last = cursor.last_seq
                 if last and last != acked:
                     await self._rpc.write(self._ack_request(last))
@@ -171,14 +248,19 @@ class SubscriptionStream:
             _log.debug("the runtime ended the %s stream (re-opened by the next call)", feed)
         finally:
             self._done = True
+            self._wake_waiters()
 
     def _replay_batch(self, items: list[Any]) -> None:
         """Replays, in order, the items not seen yet, advancing the cursor.
         An item whose replay raises is reported and skipped."""
         cursor = self._cursor
         replay = self._batch_replayer()
+        once = self._replayed_once
         for item in items:
             if item.seq <= cursor.last_seq:
+                continue
+            if not item.call_id and cursor.instance_id and not once.first_time(cursor.instance_id, item.seq):
+                cursor.last_seq = item.seq  # another client here replayed it
                 continue
             try:
                 replay(item)
