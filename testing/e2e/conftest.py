@@ -5,6 +5,7 @@ wheel into a `--system-site-packages` venv of /usr/bin/python3 and runs pytest
 with that venv's interpreter. The same venv is the worker's `--venv`.
 """
 
+import contextlib
 import logging
 import os
 import signal
@@ -145,13 +146,22 @@ class CollectedRecords(logging.Handler):
         return [r.getMessage() for r in self.records if r.name == name]
 
 
-@pytest.fixture
-def collected():
-    handler = CollectedRecords()
+@contextlib.contextmanager
+def on_root_logger(handler):
+    """`handler` on the host's root logger at DEBUG for the block; the root's
+    level and handlers as they were afterwards."""
     root = logging.getLogger()
     old_level = root.level
     root.addHandler(handler)
     root.setLevel(logging.DEBUG)
-    yield handler
-    root.removeHandler(handler)
-    root.setLevel(old_level)
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+
+
+@pytest.fixture
+def collected():
+    with on_root_logger(CollectedRecords()) as handler:
+        yield handler

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SANDBOXD, TARGETS_DIR, WORKER, _venv
+from conftest import SANDBOXD, TARGETS_DIR, WORKER, _venv, on_root_logger
 
 import e2e_targets
 from agentix import WorkerExited
@@ -896,12 +896,7 @@ async def test_ending_a_session_right_after_a_call_delivers_its_lines(dev_bundle
             if record.name == "agentix.sandbox.stdout":
                 self.lines.append(record.getMessage())
 
-    keep = Keep()
-    root = logging.getLogger()
-    old_level = root.level
-    root.addHandler(keep)
-    root.setLevel(logging.DEBUG)
-    try:
+    with on_root_logger(Keep()) as keep:
         provider = make_provider(dirs)
         for round_ in range(3):
             async with provider.session(SandboxConfig(image="host", bundle=str(dev_bundle))) as sandbox:
@@ -909,6 +904,3 @@ async def test_ending_a_session_right_after_a_call_delivers_its_lines(dev_bundle
             assert [line for line in keep.lines if line.startswith(f"last-{round_} ")] == [
                 f"last-{round_} {i}" for i in range(300)
             ]
-    finally:
-        root.removeHandler(keep)
-        root.setLevel(old_level)

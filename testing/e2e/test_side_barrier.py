@@ -10,6 +10,7 @@ import logging
 import pytest
 
 import barrier_targets as t
+from conftest import on_root_logger
 from agentix import RemoteCallError, RuntimeClient, trace
 
 pytestmark = pytest.mark.asyncio
@@ -28,14 +29,8 @@ class Seen(logging.Handler):
 
 @pytest.fixture
 def seen():
-    handler = Seen()
-    root = logging.getLogger()
-    old_level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG)
-    yield handler
-    root.removeHandler(handler)
-    root.setLevel(old_level)
+    with on_root_logger(Seen()) as handler:
+        yield handler
 
 
 async def test_records_and_prints_are_replayed_before_remote_returns(client, seen):
@@ -135,14 +130,8 @@ class Lines(logging.Handler):
 
 @pytest.fixture
 def lines():
-    handler = Lines()
-    root = logging.getLogger()
-    old_level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG)
-    yield handler
-    root.removeHandler(handler)
-    root.setLevel(old_level)
+    with on_root_logger(Lines()) as handler:
+        yield handler
 
 
 async def test_two_clients_in_one_process_print_each_line_once(daemon, lines):
