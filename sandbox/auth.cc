@@ -205,11 +205,7 @@ absl::Status TokenGate::Arm(absl::string_view token) {
         "this daemon was not started with --admin-token-file; it cannot be "
         "activated");
   }
-  AGX_RETURN_IF_ERROR(CheckRuntimeToken(token));
-  if (BearerTokenMatches(token_, absl::StrCat(kBearerPrefix, token))) {
-    return absl::InvalidArgumentError(
-        "the runtime token must differ from the admin token");
-  }
+  AGX_RETURN_IF_ERROR(CheckCandidate(token));
   absl::MutexLock lock(&arm_mu_);
   if (armed_.load(std::memory_order_relaxed)) {
     if (IsRuntimeToken(token)) return absl::OkStatus();
@@ -218,6 +214,16 @@ absl::Status TokenGate::Arm(absl::string_view token) {
   }
   runtime_token_ = std::string(token);
   armed_.store(true, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+absl::Status TokenGate::CheckCandidate(absl::string_view token) const {
+  AGX_RETURN_IF_ERROR(CheckRuntimeToken(token));
+  if (armable_ &&
+      BearerTokenMatches(token_, absl::StrCat(kBearerPrefix, token))) {
+    return absl::InvalidArgumentError(
+        "the runtime token must differ from the admin token");
+  }
   return absl::OkStatus();
 }
 

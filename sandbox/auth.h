@@ -60,6 +60,8 @@ class TokenGate {
   // printable ASCII without spaces (it could not travel in the header), or
   // the admin token itself.
   absl::Status Arm(absl::string_view token);
+  // Arm's InvalidArgument checks alone (nothing changes).
+  absl::Status CheckCandidate(absl::string_view token) const;
   bool armable() const { return armable_; }
   bool armed() const { return armed_.load(std::memory_order_acquire); }
   // Whether `token` is the one Arm() accepted (false while unarmed).
