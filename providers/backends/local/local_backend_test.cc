@@ -37,6 +37,13 @@ std::string MakeTemp(const std::string& base) {
   return path;
 }
 
+// Per test process: cgroup paths are machine-wide, and Bazel may run
+// several copies of this test at once.
+const std::string& CgroupParent() {
+  static const std::string* parent = new std::string(absl::StrCat("agentix-test-", getpid()));
+  return *parent;
+}
+
 std::string TestTmp() { return getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp"; }
 
 // A bundle directory whose bootstrap.sh runs `body`.
@@ -91,7 +98,7 @@ struct Fixture {
     state = MakeTemp("/tmp");
     LocalBackendOptions options;
     options.state_dir = state + "/s";
-    options.cgroup_parent = "agentix-test";
+    options.cgroup_parent = CgroupParent();
     options.seccomp = seccomp;
     options.token_flag = "--token-file";
     options.tmp_bytes = 8 << 20;
@@ -199,7 +206,7 @@ TEST_CASE("a sandbox comes up on a real socket, isolated, and Destroy leaves not
 
   const std::string record = Slurp(f.state + "/s/iso-1/state.json");
   CHECK(absl::StrContains(record, "\"pids\""));  // the default pids cgroup
-  const std::string pids_cgroup = "/sys/fs/cgroup/pids/agentix-test/iso-1";
+  const std::string pids_cgroup = "/sys/fs/cgroup/pids/" + CgroupParent() + "/iso-1";
   CHECK(Slurp(pids_cgroup + "/pids.max") == "1024\n");
 
   const absl::Time destroy = absl::Now();
@@ -243,7 +250,7 @@ TEST_CASE("a memory limit OOM-kills the sandbox: exit 137 and oom_killed") {
   CHECK(f.backend->ResolveEndpoint(ref).status().code() == absl::StatusCode::kFailedPrecondition);
   REQUIRE_OK(f.backend->Destroy(ref, absl::Seconds(1)));
   // Nested under providerd's own memory cgroup, not at the hierarchy's root.
-  CHECK(!Exists("/sys/fs/cgroup/memory/agentix-test/oom-1"));
+  CHECK(!Exists("/sys/fs/cgroup/memory/" + CgroupParent() + "/oom-1"));
 }
 
 TEST_CASE("a pids limit stops forks inside the sandbox") {
@@ -256,7 +263,7 @@ TEST_CASE("a pids limit stops forks inside the sandbox") {
   spec.spec.mutable_resources()->set_pids(16);
   REQUIRE_OK_AND_ASSIGN(BackendRef ref, f.backend->Launch(spec, absl::Now() + absl::Seconds(10)));
   INFO(WaitLog(*f.backend, ref, "spawned"));
-  const std::string cgroup = "/sys/fs/cgroup/pids/agentix-test/pids-1";
+  const std::string cgroup = "/sys/fs/cgroup/pids/" + CgroupParent() + "/pids-1";
   CHECK(Slurp(cgroup + "/pids.max") == "16\n");
   // bwrap, its init, the shell and the sleeps that fit: never 40 sleeps.
   int current = 0;
@@ -339,6 +346,7 @@ TEST_CASE("bad specs are refused before anything is made") {
 TEST_CASE("a leftover of a SIGKILLed owner is listed and Destroy cleans it") {
   const std::string state = MakeTemp("/tmp");
   const std::string bundle = MakeBundle(kListen);
+  (void)CgroupParent();  // the parent's pid names it, in the owner too
   int ready[2];
   REQUIRE(pipe(ready) == 0);
   pid_t owner = fork();
@@ -347,7 +355,7 @@ TEST_CASE("a leftover of a SIGKILLed owner is listed and Destroy cleans it") {
     close(ready[0]);
     LocalBackendOptions options;
     options.state_dir = state + "/s";
-    options.cgroup_parent = "agentix-test";
+    options.cgroup_parent = CgroupParent();
     auto backend = NewLocalBackend(options);
     if (!backend.ok()) _exit(2);
     LaunchSpec spec;
@@ -374,14 +382,14 @@ TEST_CASE("a leftover of a SIGKILLed owner is listed and Destroy cleans it") {
 
   LocalBackendOptions options;
   options.state_dir = state + "/s";
-  options.cgroup_parent = "agentix-test";
+  options.cgroup_parent = CgroupParent();
   REQUIRE_OK_AND_ASSIGN(auto backend, NewLocalBackend(options));
   REQUIRE_OK_AND_ASSIGN(auto owned, backend->ListOwned("owner"));
   REQUIRE(owned.size() == 1);
   CHECK(owned[0].value == "left-1:u1");
   const std::string record = Slurp(state + "/s/left-1/state.json");
   CHECK(absl::StrContains(record, "\"memory\""));
-  const std::string pids_cgroup = "/sys/fs/cgroup/pids/agentix-test/left-1";
+  const std::string pids_cgroup = "/sys/fs/cgroup/pids/" + CgroupParent() + "/left-1";
   CHECK(Exists(pids_cgroup));
   // --die-with-parent: the sandbox died with its owner.
   bool empty = false;
