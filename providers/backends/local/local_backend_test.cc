@@ -343,6 +343,74 @@ TEST_CASE("bad specs are refused before anything is made") {
   CHECK(absl::StrContains(caps.version(), "bubblewrap"));
 }
 
+TEST_CASE("a symlink planted as the socket is never an endpoint") {
+  Fixture f;
+  // A real socket elsewhere in the sandbox, and a symlink to it where the
+  // daemon's socket belongs.
+  const std::string bundle = MakeBundle(
+      "exec /usr/bin/python3 -c 'import os,socket,time\n"
+      "s=socket.socket(socket.AF_UNIX); s.bind(\"/run/agentix/real.sock\"); s.listen()\n"
+      "os.symlink(\"/run/agentix/real.sock\", \"/run/agentix/agentix.sock\")\n"
+      "print(\"planted\", flush=True); time.sleep(3600)'\n");
+  REQUIRE_OK_AND_ASSIGN(BackendRef ref, f.backend->Launch(f.Spec("plant", bundle), absl::Now() + absl::Seconds(10)));
+  REQUIRE(absl::StrContains(WaitLog(*f.backend, ref, "planted"), "planted"));
+  for (int i = 0; i < 20; ++i) {
+    CHECK(f.backend->ResolveEndpoint(ref).status().code() == absl::StatusCode::kUnavailable);
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  REQUIRE_OK(f.backend->Destroy(ref, absl::Milliseconds(100)));
+}
+
+TEST_CASE("scratch, nofile, cpu and HOST network reach the sandbox") {
+  Fixture f;
+  const std::string bundle = MakeBundle(
+      "echo \"nofile: $(ulimit -n)\"\n"
+      "echo \"tmp-kb: $(df -k /tmp | tail -1 | awk '{print $2}')\"\n"
+      "echo \"ifaces: $(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | sort | tr '\\n' ' ')\"\n"
+      "echo reported; exec sleep 60\n");
+  LaunchSpec spec = f.Spec("res-1", bundle);
+  spec.spec.mutable_resources()->set_scratch_bytes(4 << 20);
+  spec.spec.mutable_resources()->set_nofile(77);
+  spec.spec.mutable_resources()->set_cpu_millis(250);
+  spec.spec.mutable_network()->set_mode(pb::Network::HOST);
+  REQUIRE_OK_AND_ASSIGN(BackendRef ref, f.backend->Launch(spec, absl::Now() + absl::Seconds(10)));
+  const std::string log = WaitLog(*f.backend, ref, "reported");
+  INFO(log);
+  CHECK(absl::StrContains(log, "nofile: 77\n"));
+  CHECK(absl::StrContains(log, "tmp-kb: 4096\n"));
+  CHECK_FALSE(absl::StrContains(log, "ifaces: lo \n"));  // the host's interfaces
+  const std::string record = Slurp(f.state + "/s/res-1/state.json");
+  const size_t at = record.find("/sys/fs/cgroup/cpu/");
+  REQUIRE(at != std::string::npos);
+  const std::string cpu = record.substr(at, record.find('"', at) - at);
+  CHECK(Slurp(cpu + "/cpu.cfs_quota_us") == "25000\n");
+  CHECK(Slurp(cpu + "/cpu.cfs_period_us") == "100000\n");
+  REQUIRE_OK(f.backend->Destroy(ref, absl::Milliseconds(100)));
+  CHECK(!Exists(cpu));
+}
+
+TEST_CASE("bwrap failing before it starts the sandbox: START_FAILED with its output, nothing left") {
+  const std::string state = MakeTemp("/tmp");
+  LocalBackendOptions options;
+  options.state_dir = state + "/s";
+  options.cgroup_parent = CgroupParent();
+  options.extra_bwrap_args = {"--no-such-bwrap-flag"};
+  REQUIRE_OK_AND_ASSIGN(auto backend, NewLocalBackend(options));
+  LaunchSpec spec;
+  spec.sandbox_id = "fail-1";
+  spec.spec.mutable_bundle()->set_path(MakeBundle(kListen));
+  auto ref = backend->Launch(spec, absl::Now() + absl::Seconds(10));
+  REQUIRE_FALSE(ref.ok());
+  CHECK(ref.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(ReasonOf(ref.status()) == kReasonStartFailed);
+  CHECK(absl::StrContains(ref.status().message(), "no-such-bwrap-flag"));
+  CHECK(!Exists(state + "/s/fail-1"));
+  CHECK(!Exists("/sys/fs/cgroup/pids/" + CgroupParent() + "/fail-1"));
+  backend.reset();
+  rmdir((state + "/s").c_str());
+  rmdir(state.c_str());
+}
+
 TEST_CASE("a leftover of a SIGKILLed owner is listed and Destroy cleans it") {
   const std::string state = MakeTemp("/tmp");
   const std::string bundle = MakeBundle(kListen);
@@ -400,7 +468,19 @@ TEST_CASE("a leftover of a SIGKILLed owner is listed and Destroy cleans it") {
   CHECK(empty);
   REQUIRE_OK_AND_ASSIGN(Observed observed, backend->Inspect(owned[0]));
   CHECK(observed.state == Observed::State::kExited);
+  // Something still alive in the leftover's cgroup is killed by Destroy.
+  pid_t straggler = fork();
+  REQUIRE(straggler >= 0);
+  if (straggler == 0) {
+    execl("/bin/sleep", "sleep", "60", nullptr);
+    _exit(127);
+  }
+  std::ofstream(pids_cgroup + "/cgroup.procs") << straggler;
+  REQUIRE(Slurp(pids_cgroup + "/cgroup.procs") == absl::StrCat(straggler, "\n"));
   REQUIRE_OK(backend->Destroy(owned[0], absl::Seconds(1)));
+  REQUIRE(waitpid(straggler, &status, 0) == straggler);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGKILL);
   CHECK(!Exists(state + "/s/left-1"));
   CHECK(!Exists(pids_cgroup));
   REQUIRE_OK_AND_ASSIGN(auto after, backend->ListOwned("owner"));
