@@ -350,7 +350,8 @@ TEST_CASE("a symlink planted as the socket is never an endpoint") {
   const std::string bundle = MakeBundle(
       "exec /usr/bin/python3 -c 'import os,socket,time\n"
       "s=socket.socket(socket.AF_UNIX); s.bind(\"/run/agentix/real.sock\"); s.listen()\n"
-      "os.symlink(\"/run/agentix/real.sock\", \"/run/agentix/agentix.sock\")\n"
+      // Relative: followed from providerd's side it reaches that socket.
+      "os.symlink(\"real.sock\", \"/run/agentix/agentix.sock\")\n"
       "print(\"planted\", flush=True); time.sleep(3600)'\n");
   REQUIRE_OK_AND_ASSIGN(BackendRef ref, f.backend->Launch(f.Spec("plant", bundle), absl::Now() + absl::Seconds(10)));
   REQUIRE(absl::StrContains(WaitLog(*f.backend, ref, "planted"), "planted"));
