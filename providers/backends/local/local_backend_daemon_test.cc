@@ -13,7 +13,14 @@
 #include <fstream>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
+#include <dirent.h>
+#include <sstream>
+#include <thread>
 #include "absl/time/clock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "providers/backends/local/local_backend.h"
@@ -42,7 +49,7 @@ grpc::Status Check(const std::string& target, const std::string& token,
   return stub->Check(&context, health::HealthCheckRequest(), response);
 }
 
-TEST_CASE("the real daemon serves health on the endpoint with the piped admin token") {
+std::string BundleWithDaemon() {
   char daemon[PATH_MAX];
   REQUIRE(realpath("sandbox/agentix-sandboxd", daemon) != nullptr);
   const std::string bundle = MakeTemp(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp");
@@ -51,7 +58,103 @@ TEST_CASE("the real daemon serves health on the endpoint with the piped admin to
   const std::string script = bundle + "/nix/runtime/bootstrap.sh";
   std::ofstream(script) << "#!/bin/sh\nexec " << daemon << " --worker /bin/true \"$@\"\n";
   REQUIRE(chmod(script.c_str(), 0755) == 0);
+  return bundle;
+}
 
+int OpenFds() {
+  int n = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  while (dirent* entry = readdir(dir)) n += entry->d_name[0] != '.';
+  closedir(dir);
+  return n;
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Proportional set size (KiB) of the processes listed in `procs`.
+long PssKb(const std::string& procs) {
+  long total = 0;
+  for (absl::string_view pid : absl::StrSplit(procs, '\n', absl::SkipEmpty())) {
+    for (absl::string_view line : absl::StrSplit(Slurp(absl::StrCat("/proc/", pid, "/smaps_rollup")), '\n')) {
+      if (absl::ConsumePrefix(&line, "Pss:")) {
+        long kb = 0;
+        if (absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::StripSuffix(absl::StripAsciiWhitespace(line), "kB")), &kb)) total += kb;
+      }
+    }
+  }
+  return total;
+}
+
+TEST_CASE("ten concurrent launches: all serve, 3 fds each in providerd, idle memory per sandbox") {
+  const std::string bundle = BundleWithDaemon();
+  const std::string state = MakeTemp("/tmp");
+  LocalBackendOptions options;
+  options.state_dir = state + "/s";
+  options.cgroup_parent = absl::StrCat("agentix-test-", getpid());
+  options.token_flag = "--token-file";
+  REQUIRE_OK_AND_ASSIGN(auto backend, NewLocalBackend(options));
+  {
+    // gRPC keeps a few fds of its own once used: count after that.
+    health::HealthCheckResponse ignored;
+    (void)Check("unix://" + state + "/absent.sock", "", &ignored);
+  }
+  const int before = OpenFds();
+  constexpr int kCount = 10;
+  std::vector<absl::StatusOr<BackendRef>> refs(kCount, absl::UnknownError(""));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kCount; ++i) {
+    threads.emplace_back([&, i] {
+      LaunchSpec spec;
+      spec.sandbox_id = absl::StrCat("c", i);
+      spec.uid = "u";
+      spec.instance = "test";
+      spec.admin_token = absl::StrCat("t", i);
+      spec.spec.mutable_bundle()->set_path(bundle);
+      refs[i] = backend->Launch(spec, absl::Now() + absl::Seconds(20));
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int i = 0; i < kCount; ++i) {
+    REQUIRE_OK(refs[i].status());
+    health::HealthCheckResponse response;
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      auto endpoint = backend->ResolveEndpoint(*refs[i]);
+      if (endpoint.ok() && Check(endpoint->target(), absl::StrCat("t", i), &response).ok()) break;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    CHECK(response.status() == health::HealthCheckResponse::SERVING);
+  }
+  const int per_sandbox_fds = (OpenFds() - before) / kCount;
+  long pss_kb = 0;
+  for (int i = 0; i < kCount; ++i) {
+    pss_kb += PssKb(Slurp(absl::StrCat("/sys/fs/cgroup/pids/", options.cgroup_parent, "/c", i, "/cgroup.procs")));
+  }
+  WARN("providerd fds per sandbox: " << per_sandbox_fds << "; idle PSS per sandbox (bwrap, init, daemon): "
+                                      << pss_kb / kCount << " KiB");
+  CHECK(per_sandbox_fds <= 8);
+  CHECK(pss_kb / kCount > 0);
+  CHECK(pss_kb / kCount < 10 * 1024);  // >= 100 idle sandboxes per GiB
+  threads.clear();
+  for (int i = 0; i < kCount; ++i) {
+    threads.emplace_back([&, i] { CHECK(backend->Destroy(*refs[i], absl::Seconds(2)).ok()); });
+  }
+  for (auto& thread : threads) thread.join();
+  CHECK(OpenFds() == before);
+  REQUIRE_OK_AND_ASSIGN(auto owned, backend->ListOwned("test"));
+  CHECK(owned.empty());
+  backend.reset();
+  CHECK(rmdir((state + "/s").c_str()) == 0);  // empty: every sandbox directory is gone
+  rmdir(state.c_str());
+}
+
+TEST_CASE("the real daemon serves health on the endpoint with the piped admin token") {
+  const std::string bundle = BundleWithDaemon();
   const std::string state = MakeTemp("/tmp");
   LocalBackendOptions options;
   options.state_dir = state + "/s";
