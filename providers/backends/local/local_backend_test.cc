@@ -455,6 +455,20 @@ TEST_CASE("bwrap failing before it starts the sandbox: START_FAILED with its out
   rmdir(state.c_str());
 }
 
+TEST_CASE("Destroy of a half-made leftover removes the cgroups its id would have") {
+  Fixture f;
+  // As a providerd killed between making the directory and the cgroups
+  // and recording them would leave it.
+  REQUIRE(mkdir((f.state + "/s/half-1").c_str(), 0700) == 0);
+  const std::string parent = "/sys/fs/cgroup/pids/" + CgroupParent();
+  mkdir(parent.c_str(), 0755);
+  REQUIRE(mkdir((parent + "/half-1").c_str(), 0755) == 0);
+  REQUIRE_OK(f.backend->Destroy(BackendRef{"half-1:u"}, absl::Seconds(1)));
+  CHECK(!Exists(f.state + "/s/half-1"));
+  CHECK(!Exists(parent + "/half-1"));
+  CHECK(!Exists(parent));  // the shared parent, once empty
+}
+
 TEST_CASE("a leftover of a SIGKILLed owner is listed and Destroy cleans it") {
   const std::string state = MakeTemp("/tmp");
   const std::string bundle = MakeBundle(kListen);
