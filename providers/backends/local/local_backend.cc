@@ -565,7 +565,9 @@ absl::Status LocalBackend::Validate(const LaunchSpec& launch) const {
   }
   if (options_.require_limits) {
     const std::pair<const char*, bool> wanted[] = {
-        {"memory", r.memory_bytes() > 0}, {"pids", r.pids() > 0}, {"cpu", r.cpu_millis() > 0}};
+        {"memory", r.memory_bytes() > 0 || options_.default_memory_bytes > 0},
+        {"pids", r.pids() > 0},
+        {"cpu", r.cpu_millis() > 0}};
     for (const auto& [controller, asked] : wanted) {
       if (asked && !Unusable(controller).empty()) {
         return unenforceable(absl::StrCat(
@@ -587,7 +589,8 @@ absl::Status LocalBackend::MakeCgroups(const LaunchSpec& launch, Record& record)
   std::vector<Want> wants;
   const int64_t memory = r.memory_bytes() > 0 ? r.memory_bytes() : options_.default_memory_bytes;
   if (memory > 0) {
-    wants.push_back({"memory", {{"memory.limit_in_bytes", std::to_string(memory)}}, r.memory_bytes() > 0});
+    // The operator's default counts as asked for too, as in local.py.
+    wants.push_back({"memory", {{"memory.limit_in_bytes", std::to_string(memory)}}, true});
   }
   const int64_t pids = r.pids() > 0 ? r.pids() : options_.default_pids_max;
   if (pids > 0) wants.push_back({"pids", {{"pids.max", std::to_string(pids)}}, r.pids() > 0});
@@ -601,7 +604,7 @@ absl::Status LocalBackend::MakeCgroups(const LaunchSpec& launch, Record& record)
     std::string problem = Unusable(want.controller);
     std::string dir;
     if (problem.empty()) {
-      dir = SandboxCgroupPath(options_.cgroup_root, want.controller, own_[want.controller],
+      dir = SandboxCgroupPath(options_.cgroup_root, want.controller, own_.at(want.controller),
                               options_.cgroup_parent, launch.sandbox_id);
       const std::string parent = dir.substr(0, dir.rfind('/'));
       // The shared parent may be removed by a Destroy between the two
@@ -850,7 +853,9 @@ absl::Status LocalBackend::Start(const LaunchSpec& launch, const std::string& ro
   while (true) {
     const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
     pollfd pfd{info_read.get(), POLLIN, 0};
-    if (ms <= 0 || ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(ms, 60000))) == 0) {
+    const int polled = ms <= 0 ? 0 : ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(ms, 60000)));
+    if (polled < 0 && errno == EINTR) continue;
+    if (polled == 0) {
       return ProviderError(absl::StatusCode::kDeadlineExceeded, kReasonStartFailed,
                            absl::StrCat("sandbox ", record.id, ": bwrap did not start in time"));
     }
