@@ -1633,6 +1633,14 @@ void ControllerImpl::Replenish(Pool& pool) {
       }
     }
   }
+  // A lowered max_total trims unclaimed members, oldest first.
+  while (counts.ready > 0 && counts.ready + counts.creating > pool.spec.max_total()) {
+    std::string mid = pool.ready.front();
+    pool.ready.pop_front();
+    if (members_.at(mid).generation != pool.generation) counts.stale--;
+    DestroyMember(mid);
+    counts.ready--;
+  }
   int n = MembersToStart(pool.spec, counts);
   for (int i = 0; i < n; ++i) {
     Member m;
@@ -1699,7 +1707,10 @@ void ControllerImpl::RunMemberLaunch(const std::string& member_id) {
     Member& m = members_.at(member_id);
     auto pit = pools_.find(m.pool);
     if (pit != pools_.end()) pit->second.creating.erase(member_id);
-    if (endpoint.ok() && !m.doomed && !shutting_down_ && pit != pools_.end()) {
+    bool over_total = pit != pools_.end() &&
+                      static_cast<int>(pit->second.ready.size() + pit->second.creating.size()) >=
+                          pit->second.spec.max_total();
+    if (endpoint.ok() && !m.doomed && !shutting_down_ && pit != pools_.end() && !over_total) {
       Pool& pool = pit->second;
       m.ready = true;
       m.endpoint = *endpoint;

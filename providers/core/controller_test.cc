@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include <atomic>
+#include <mutex>
 #include <catch2/catch.hpp>
 #include <set>
 #include <thread>
@@ -841,6 +842,268 @@ TEST_CASE("Controller: a restart replays the journal: records, request ids and p
   REQUIRE_OK_AND_ASSIGN(pb::Sandbox again, third.controller->GetSandbox(live.sandbox.id()));
   CHECK(again.status().exit().reason() == pb::Exit::BACKEND_LOST);
   CHECK(third.controller->Metrics().counters["backend_lost"] == 0);
+}
+
+pb::WarmPool PoolOf(const std::string& name, int min_ready, int max_total) {
+  pb::WarmPool pool;
+  pool.set_name(name);
+  *pool.mutable_template_() = Req("").spec();
+  pool.set_min_ready(min_ready);
+  pool.set_max_total(max_total);
+  return pool;
+}
+
+TEST_CASE("Pools: a claim pops a ready member, arms it with the request's env and token, "
+          "and returns WARM; members are never listed or reused",
+          "[controller][pool]") {
+  Harness h;
+  h.Start();
+  REQUIRE_OK(h.controller->CreateWarmPool(PoolOf("p", 2, 2)));
+  REQUIRE(Eventually([&] { return h.controller->GetWarmPool("p")->status().ready() == 2; }));
+  CHECK(CountSandboxes(*h.controller) == 0);  // members are not sandboxes yet
+  CHECK(h.agent->all().empty());              // nor armed
+  pb::CreateSandboxRequest req = Req("warm");
+  req.mutable_spec()->set_warm_pool("p");
+  (*req.mutable_spec()->mutable_env())["K"] = "v";
+  (*req.mutable_labels())["team"] = "ml";
+  req.mutable_spec()->mutable_ttl()->set_seconds(60);  // not in the key
+  REQUIRE_OK_AND_ASSIGN(CreateResult warm, CreateSync(*h.controller, req));
+  CHECK(warm.sandbox.status().launch() == pb::SandboxStatus::WARM);
+  CHECK(warm.sandbox.status().phase() == pb::SandboxStatus::READY);
+  CHECK(warm.sandbox.pool() == "p");
+  CHECK(warm.sandbox.labels().at("agentix.dev/pool") == "p");
+  CHECK(warm.sandbox.labels().at("team") == "ml");
+  auto params = h.agent->all();
+  REQUIRE(params.size() == 1);
+  CHECK(params[0].env.at("K") == "v");
+  CHECK(params[0].token == warm.access_token);
+  CHECK(params[0].sandbox_id == warm.sandbox.id());
+  // Without naming the pool, an exact key match is served from it too.
+  REQUIRE_OK_AND_ASSIGN(CreateResult matched, CreateSync(*h.controller, Req("match")));
+  CHECK(matched.sandbox.status().launch() == pb::SandboxStatus::WARM);
+  CHECK(matched.sandbox.status().endpoint().target() !=
+        warm.sandbox.status().endpoint().target());
+  // The pool refills with new members; a deleted sandbox's member never returns.
+  REQUIRE_OK(DeleteSync(*h.controller, warm.sandbox.id()));
+  REQUIRE(Eventually([&] { return h.controller->GetWarmPool("p")->status().ready() == 2; }));
+  auto status = h.controller->GetWarmPool("p")->status();
+  CHECK(status.claimed() == 2);
+  CHECK(status.total() == 2);
+  CHECK(h.world->launches() == 4);
+  auto m = h.controller->Metrics();
+  CHECK(m.acquire_seconds.count == 2);
+  CHECK(m.counters["pool_claims"] == 2);
+  CHECK(m.pools["p"].ready() == 2);
+  // DeleteWarmPool destroys the unclaimed members, not the claimed sandbox.
+  REQUIRE_OK(h.controller->DeleteWarmPool("p", false));
+  REQUIRE(Eventually([&] { return h.world->live() == 1; }));
+  REQUIRE_OK_AND_ASSIGN(pb::Sandbox still, h.controller->GetSandbox(matched.sandbox.id()));
+  CHECK(still.status().phase() == pb::SandboxStatus::READY);
+}
+
+TEST_CASE("Pools: misses start cold (counted), wait for a member, or fail", "[controller][pool]") {
+  Harness h;
+  FakeConfig config;
+  config.ready_after = absl::Milliseconds(150);
+  h.world->set_config(config);
+  h.Start();
+  REQUIRE_OK(h.controller->CreateWarmPool(PoolOf("p", 1, 1)));
+  pb::CreateSandboxRequest cold = Req("cold");
+  cold.mutable_spec()->set_warm_pool("p");
+  REQUIRE_OK_AND_ASSIGN(CreateResult c, CreateSync(*h.controller, cold));
+  CHECK(c.sandbox.status().launch() == pb::SandboxStatus::COLD);
+  CHECK(h.controller->GetWarmPool("p")->status().cold_fallbacks() == 1);
+  REQUIRE(Eventually([&] { return h.controller->GetWarmPool("p")->status().ready() == 1; }));
+  // Claim the member, then wait for the next one.
+  pb::CreateSandboxRequest first = Req("first");
+  first.mutable_spec()->set_warm_pool("p");
+  REQUIRE_OK_AND_ASSIGN(CreateResult f, CreateSync(*h.controller, first));
+  CHECK(f.sandbox.status().launch() == pb::SandboxStatus::WARM);
+  pb::CreateSandboxRequest waiting = Req("waiting");
+  waiting.mutable_spec()->set_warm_pool("p");
+  waiting.set_on_pool_miss(pb::CreateSandboxRequest::WAIT_FOR_MEMBER);
+  REQUIRE_OK_AND_ASSIGN(CreateResult w, CreateSync(*h.controller, waiting));
+  CHECK(w.sandbox.status().launch() == pb::SandboxStatus::WARM);
+  CHECK(h.controller->GetWarmPool("p")->status().cold_fallbacks() == 1);
+  // Lowering max_total trims unclaimed members at once.
+  REQUIRE(Eventually([&] { return h.world->live_with_label("agentix.dev/pool", "p") == 3; }));
+  REQUIRE_OK(h.controller->UpdateWarmPool(PoolOf("p", 0, 0)));
+  REQUIRE(Eventually([&] { return h.world->live_with_label("agentix.dev/pool", "p") == 2; }));
+  CHECK(h.controller->GetWarmPool("p")->status().total() == 0);
+  // WAIT_FOR_MEMBER ends READY_TIMEOUT when none comes in time.
+  pb::CreateSandboxRequest starved = Req("starved");
+  starved.mutable_spec()->set_warm_pool("p");
+  starved.set_on_pool_miss(pb::CreateSandboxRequest::WAIT_FOR_MEMBER);
+  starved.mutable_ready_timeout()->set_nanos(200 * 1000000);
+  auto s = CreateSync(*h.controller, starved);
+  CHECK(s.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(ReasonOf(s.status()) == kReasonReadyTimeout);
+}
+
+TEST_CASE("Pools: a burst of 200 claims never takes a pool above max_total and it refills "
+          "to min_ready",
+          "[controller][pool]") {
+  Harness h;
+  FakeConfig config;
+  config.launch_latency = absl::Milliseconds(2);
+  h.world->set_config(config);
+  h.Start();
+  pb::WarmPool pool = PoolOf("burst", 20, 30);
+  pool.set_max_creating(8);
+  REQUIRE_OK(h.controller->CreateWarmPool(pool));
+  REQUIRE(Eventually([&] { return h.controller->GetWarmPool("burst")->status().ready() == 20; }));
+  std::atomic<bool> sampling{true};
+  std::atomic<int> max_total{0}, max_creating{0}, samples{0};
+  std::thread sampler([&] {
+    while (sampling) {
+      auto st = h.controller->GetWarmPool("burst")->status();
+      max_total = std::max<int>(max_total, st.total());
+      max_creating = std::max<int>(max_creating, st.creating());
+      samples++;
+      absl::SleepFor(absl::Microseconds(200));
+    }
+  });
+  std::atomic<int> warm{0}, cold{0}, failed{0};
+  std::vector<std::thread> threads;
+  std::mutex ids_mu;
+  std::set<std::string> ids;
+  for (int t = 0; t < 20; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 10; ++i) {
+        pb::CreateSandboxRequest req = Req("b-" + std::to_string(t) + "-" + std::to_string(i));
+        req.mutable_spec()->set_warm_pool("burst");
+        auto r = CreateSync(*h.controller, req);
+        if (!r.ok()) {
+          failed++;
+          continue;
+        }
+        (r->sandbox.status().launch() == pb::SandboxStatus::WARM ? warm : cold)++;
+        std::lock_guard<std::mutex> lock(ids_mu);
+        ids.insert(r->sandbox.status().endpoint().target());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(failed == 0);
+  CHECK(warm + cold == 200);
+  CHECK(warm >= 20);
+  CHECK(ids.size() == 200);  // no member served twice
+  REQUIRE(Eventually([&] { return h.controller->GetWarmPool("burst")->status().ready() == 20; }));
+  sampling = false;
+  sampler.join();
+  CHECK(samples > 10);
+  CHECK(max_total <= 30);
+  CHECK(max_creating <= 8);
+  auto st = h.controller->GetWarmPool("burst")->status();
+  CHECK(st.claimed() == warm);
+  CHECK(st.cold_fallbacks() == cold);
+  CHECK(st.total() == 20);
+  // Unclaimed members in the backend: exactly the 20 ready ones.
+  CHECK(h.world->live() == 200 + 20);
+}
+
+TEST_CASE("Pools: consecutive failed starts mark the pool degraded, back off, keep the "
+          "error, and recover",
+          "[controller][pool]") {
+  Harness h;
+  FakeConfig config;
+  config.fail_launches = 3;
+  h.world->set_config(config);
+  h.Start();
+  pb::WarmPool pool = PoolOf("flaky", 1, 1);
+  REQUIRE_OK(h.controller->CreateWarmPool(pool));
+  REQUIRE(Eventually([&] { return h.controller->GetWarmPool("flaky")->status().degraded(); }));
+  auto st = h.controller->GetWarmPool("flaky")->status();
+  CHECK(st.failure_streak() == 3);
+  CHECK(st.last_error().find("boom") != std::string::npos);
+  CHECK(st.ready() == 0);
+  absl::SleepFor(absl::Milliseconds(300));
+  CHECK(h.world->launches() == 3);  // backing off, not hammering
+  // After the back-off (1 s) the next start succeeds and clears the state.
+  REQUIRE(Eventually([&] { return h.controller->GetWarmPool("flaky")->status().ready() == 1; },
+                     absl::Seconds(5)));
+  st = h.controller->GetWarmPool("flaky")->status();
+  CHECK_FALSE(st.degraded());
+  CHECK(st.failure_streak() == 0);
+}
+
+TEST_CASE("Pools: UpdateWarmPool RECREATE replaces unclaimed members; ON_REPLENISH rolls "
+          "them; member_max_age recycles",
+          "[controller][pool]") {
+  Harness h;
+  h.Start();
+  REQUIRE_OK(h.controller->CreateWarmPool(PoolOf("p", 3, 3)));
+  REQUIRE(Eventually([&] { return h.controller->GetWarmPool("p")->status().ready() == 3; }));
+  pb::WarmPool changed = PoolOf("p", 3, 3);
+  changed.mutable_template_()->mutable_resources()->set_pids(64);
+  REQUIRE_OK_AND_ASSIGN(pb::WarmPool updated, h.controller->UpdateWarmPool(changed));
+  CHECK(updated.status().observed_generation() == 2);
+  REQUIRE(Eventually([&] {
+    return h.controller->GetWarmPool("p")->status().ready() == 3 && h.world->live() == 3;
+  }));
+  CHECK(h.world->launches() == 6);
+  CHECK(h.world->live_with_label("agentix.dev/pool", "p") == 3);
+  {
+    absl::MutexLock lock(&h.world->mu);
+    for (auto& [ref, s] : h.world->sandboxes) CHECK(s.spec.spec.resources().pids() == 64);
+  }
+  // A request for the old spec no longer matches; the new one does.
+  REQUIRE_OK_AND_ASSIGN(CreateResult old_spec, CreateSync(*h.controller, Req("old")));
+  CHECK(old_spec.sandbox.status().launch() == pb::SandboxStatus::COLD);
+  pb::CreateSandboxRequest new_spec = Req("new");
+  new_spec.mutable_spec()->mutable_resources()->set_pids(64);
+  REQUIRE_OK_AND_ASSIGN(CreateResult n, CreateSync(*h.controller, new_spec));
+  CHECK(n.sandbox.status().launch() == pb::SandboxStatus::WARM);
+
+  // ON_REPLENISH: stale members are rolled one at a time, never above max_total.
+  pb::WarmPool rolled = changed;
+  rolled.mutable_template_()->mutable_resources()->set_pids(128);
+  rolled.set_update_strategy(pb::WarmPool::ON_REPLENISH);
+  REQUIRE(Eventually([&] { return h.controller->GetWarmPool("p")->status().ready() == 3; }));
+  REQUIRE_OK(h.controller->UpdateWarmPool(rolled));
+  REQUIRE(Eventually([&] {
+    absl::MutexLock lock(&h.world->mu);
+    int fresh = 0;
+    for (auto& [ref, s] : h.world->sandboxes) {
+      if (s.spec.spec.resources().pids() == 128) ++fresh;
+    }
+    return fresh == 3;
+  }));
+  REQUIRE(Eventually([&] { return h.world->live_with_label("agentix.dev/pool", "p") == 3 + 1; }));
+
+  // member_max_age: members are replaced as they age.
+  pb::WarmPool aging = PoolOf("aging", 1, 1);
+  aging.mutable_template_()->set_image("aging");
+  aging.mutable_member_max_age()->set_nanos(200 * 1000000);
+  REQUIRE_OK(h.controller->CreateWarmPool(aging));
+  int before = h.world->launches();
+  REQUIRE(Eventually([&] { return h.world->launches() >= before + 3; }, absl::Seconds(5)));
+  CHECK(h.world->live_with_label("agentix.dev/pool", "aging") <= 1);
+  CHECK(h.controller->Metrics().counters["pool_recycled"] >= 2);
+}
+
+TEST_CASE("Controller: Shutdown refuses new creates and answers waiters", "[controller]") {
+  Harness h;
+  FakeConfig config;
+  config.ready_after = absl::Seconds(30);
+  h.world->set_config(config);
+  h.Start();
+  absl::Notification done;
+  absl::StatusOr<CreateResult> result = absl::UnknownError("");
+  h.controller->CreateSandbox(Req("s"), "", [&](absl::StatusOr<CreateResult> r) {
+    result = r;
+    done.Notify();
+  });
+  REQUIRE(Eventually([&] { return h.world->live() == 1; }));
+  absl::Time start = absl::Now();
+  h.controller->Shutdown(true);
+  CHECK(absl::Now() - start < absl::Seconds(2));
+  REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  CHECK_FALSE(result.ok());
+  CHECK(h.world->live() == 0);
+  auto refused = CreateSync(*h.controller, Req("after"));
+  CHECK(refused.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(ReasonOf(refused.status()) == kReasonShuttingDown);
 }
 
 }  // namespace
