@@ -1106,5 +1106,36 @@ TEST_CASE("Controller: Shutdown refuses new creates and answers waiters", "[cont
   CHECK(ReasonOf(refused.status()) == kReasonShuttingDown);
 }
 
+TEST_CASE("Controller: the journal is compacted while running, so it stays bounded",
+          "[controller][journal]") {
+  Harness h;
+  h.Start();
+  REQUIRE_OK_AND_ASSIGN(CreateResult a, CreateSync(*h.controller, Req("busy")));
+  auto size = [&] {
+    FILE* f = fopen((h.options.state_dir + "/journal").c_str(), "rb");
+    REQUIRE(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fclose(f);
+    return n;
+  };
+  long max_size = 0;
+  for (int i = 0; i < 30000; ++i) {
+    pb::ExtendSandboxRequest extend;
+    extend.set_id(a.sandbox.id());
+    extend.mutable_ttl()->set_seconds(100 + i);
+    REQUIRE(h.controller->ExtendSandbox(extend).ok());
+    if (i % 1000 == 0) max_size = std::max(max_size, size());
+  }
+  // One record is ~0.3 KB: without compaction this would be ~9 MB.
+  CHECK(max_size < 4 * 1024 * 1024);
+  // And what is left still replays.
+  h.controller.reset();
+  Harness second(h);
+  second.Start();
+  REQUIRE_OK_AND_ASSIGN(pb::Sandbox back, second.controller->GetSandbox(a.sandbox.id()));
+  CHECK(back.status().exit().reason() == pb::Exit::BACKEND_LOST);
+}
+
 }  // namespace
 }  // namespace agentix::providers
