@@ -794,7 +794,7 @@ TEST_CASE("Controller: a restart replays the journal: records, request ids and p
   {  // a torn record at the end (kill -9 mid-write)
     FILE* f = fopen((h.options.state_dir + "/journal").c_str(), "ab");
     REQUIRE(f);
-    fwrite("\x40\x00\x00\x00\x12\x34", 1, 6, f);
+    fwrite("\x40\x00\x00\x00\x12\x34\x56\x78\x01\x02\x03\x04", 1, 12, f);
     fclose(f);
   }
   CHECK(h.world->live() == 3);  // live + orphan + foreign
@@ -1135,6 +1135,24 @@ TEST_CASE("Controller: the journal is compacted while running, so it stays bound
   second.Start();
   REQUIRE_OK_AND_ASSIGN(pb::Sandbox back, second.controller->GetSandbox(a.sandbox.id()));
   CHECK(back.status().exit().reason() == pb::Exit::BACKEND_LOST);
+}
+
+TEST_CASE("Controller: max_sandboxes refuses creates with QUOTA_EXCEEDED and a retry delay",
+          "[controller][errors]") {
+  Harness h;
+  h.options.max_sandboxes = 2;
+  h.Start();
+  REQUIRE_OK_AND_ASSIGN(CreateResult a, CreateSync(*h.controller, Req("q1")));
+  REQUIRE_OK(CreateSync(*h.controller, Req("q2")));
+  auto refused = CreateSync(*h.controller, Req("q3"));
+  CHECK(refused.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(ReasonOf(refused.status()) == kReasonQuota);
+  CHECK(RetryAfterOf(refused.status()).has_value());
+  CHECK(h.world->launches() == 2);
+  REQUIRE_OK(DeleteSync(*h.controller, a.sandbox.id()));
+  // The same request id succeeds once there is room: the refusal kept nothing.
+  REQUIRE_OK_AND_ASSIGN(CreateResult later, CreateSync(*h.controller, Req("q3")));
+  CHECK_FALSE(later.replayed);
 }
 
 }  // namespace
