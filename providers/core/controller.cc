@@ -141,6 +141,13 @@ class ControllerImpl final : public SandboxController, public EventSink {
   void OnObserved(const BackendRef& ref, const Observed& observed) override;
 
  private:
+  enum class TaskKind { kExpire, kIdle, kRetention, kRequestExpiry, kWaitTimeout,
+                        kPoolTick, kMemberAge, kMemberWaitTimeout };
+  struct Task {
+    TaskKind kind;
+    std::string id;
+    uint64_t extra = 0;
+  };
   struct WaitWaiter {
     Phase until;
     WaitCallback done;
@@ -161,6 +168,7 @@ class ControllerImpl final : public SandboxController, public EventSink {
     pb::Exit stop_exit;
     std::optional<Observed> exited;  // backend event while starting
     bool waiting_for_member = false;
+    std::optional<std::multimap<absl::Time, Task>::iterator> expire_task;
     bool wait_ready = true;
     google::protobuf::Map<std::string, std::string> env;  // not in records
     std::vector<std::pair<bool, CreateCallback>> create_waiters;  // replayed?
@@ -198,19 +206,20 @@ class ControllerImpl final : public SandboxController, public EventSink {
     int64_t cold_fallbacks = 0;
     std::deque<std::string> waiters;  // sandbox ids (WAIT_FOR_MEMBER)
   };
-  enum class TaskKind { kExpire, kIdle, kRetention, kRequestExpiry, kWaitTimeout,
-                        kPoolTick, kMemberAge, kMemberWaitTimeout };
-  struct Task {
-    TaskKind kind;
-    std::string id;
-    uint64_t extra = 0;
-  };
 
   // --- helpers (mu_ held) ---
-  void Schedule(absl::Time when, Task task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  using TaskIt = std::multimap<absl::Time, Task>::iterator;
+  TaskIt Schedule(absl::Time when, Task task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     bool earliest = tasks_.empty() || when < tasks_.begin()->first;
-    tasks_.emplace(when, std::move(task));
+    TaskIt it = tasks_.emplace(when, std::move(task));
     if (earliest) reaper_cv_.Signal();
+    return it;
+  }
+  // At most one pending expiry task per sandbox, however often it is
+  // extended.
+  void ScheduleExpire(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (e.expire_task) tasks_.erase(*e.expire_task);
+    e.expire_task = Schedule(e.expire, Task{TaskKind::kExpire, e.record.id()});
   }
   void Publish(Entry& e, pb::SandboxEvent::Type type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     hub_.Publish(type, &e.record);
@@ -738,7 +747,7 @@ void ControllerImpl::CreateSandbox(const pb::CreateSandboxRequest& request,
   std::string request_id = request.request_id().empty() ? idempotency_key : request.request_id();
   Backend* backend = nullptr;
   absl::Status valid = ValidateCreate(request, request_id, &backend);
-  std::string payload_hash = valid.ok() ? PayloadHash(request) : "";
+  std::string payload_hash = PayloadHash(request);
   Later later;
   absl::Status error;
   {
@@ -750,7 +759,7 @@ void ControllerImpl::CreateSandbox(const pb::CreateSandboxRequest& request,
                !request_id.empty() && rit != requests_.end()) {
       // A replay is answered before validation so a changed server config
       // cannot turn a retry into an error; only the payload must match.
-      if (rit->second.payload_hash != payload_hash || !valid.ok()) {
+      if (rit->second.payload_hash != payload_hash) {
         error = Invalid(kReasonRequestIdReused,
                         absl::StrCat("request_id '", request_id,
                                      "' was used for another request (sandbox ",
@@ -866,7 +875,7 @@ void ControllerImpl::CreateSandbox(const pb::CreateSandboxRequest& request,
           Entry& entry = it->second;
           requests_[request_id] = req;
           Schedule(req.expiry, Task{TaskKind::kRequestExpiry, request_id});
-          Schedule(entry.expire, Task{TaskKind::kExpire, id});
+          ScheduleExpire(entry);
           Publish(entry, pb::SandboxEvent::ADDED);
           JournalSandbox(entry);
           entry.env = spec.env();
@@ -1092,6 +1101,14 @@ void ControllerImpl::MakeReady(const std::string& id, const pb::Endpoint& endpoi
         stop_exit.set_reason(pb::Exit::DELETED);
         stop_exit.set_message("providerd shut down during the start");
       }
+    } else if (auto exited = early_exits_.find(e.ref.value); exited != early_exits_.end()) {
+      // It died while being armed (a warm member has no readiness poll).
+      stop = true;
+      const Observed& o = exited->second.first;
+      stop_exit.set_reason(o.oom_killed ? pb::Exit::OOM_KILLED : pb::Exit::START_FAILED);
+      stop_exit.set_message(absl::StrCat("exited while being activated", o.reason.empty() ? "" : ": ",
+                                         o.reason));
+      early_exits_.erase(exited);
     } else {
       absl::Time now = absl::Now();
       pb::SandboxStatus* st = e.record.mutable_status();
@@ -1148,6 +1165,10 @@ void ControllerImpl::MarkTerminated(Entry& e, pb::Exit exit, Later* later) {
   *st->mutable_end_time() = ToProto(now);
   if (e.delete_started != absl::Time()) Observe(&delete_hist_, now - e.delete_started);
   if (!e.ref.value.empty()) ref_owner_.erase(e.ref.value);
+  if (e.expire_task) {
+    tasks_.erase(*e.expire_task);
+    e.expire_task.reset();
+  }
   e.env.clear();
   SetPhase(e, pb::SandboxStatus::TERMINATED, later);
   Schedule(now + options_.retention, Task{TaskKind::kRetention, e.record.id()});
@@ -1267,9 +1288,10 @@ void ControllerImpl::RunTask(const Task& task, Later* later) {
       auto it = sandboxes_.find(task.id);
       if (it == sandboxes_.end()) return;
       Entry& e = it->second;
+      e.expire_task.reset();  // this one, already popped
       if (!Live(e.record.status().phase())) return;
       if (e.expire > now) {  // extended meanwhile
-        Schedule(e.expire, task);
+        ScheduleExpire(e);
         return;
       }
       counters_["reaped_ttl"]++;
@@ -1528,7 +1550,7 @@ absl::StatusOr<pb::Sandbox> ControllerImpl::ExtendSandbox(const pb::ExtendSandbo
   *e.record.mutable_status()->mutable_expire_time() = ToProto(e.expire);
   Publish(e, pb::SandboxEvent::MODIFIED);
   JournalSandbox(e);
-  Schedule(e.expire, Task{TaskKind::kExpire, request.id()});
+  ScheduleExpire(e);
   return e.record;
 }
 

@@ -1155,5 +1155,26 @@ TEST_CASE("Controller: max_sandboxes refuses creates with QUOTA_EXCEEDED and a r
   CHECK_FALSE(later.replayed);
 }
 
+TEST_CASE("Pools: a member that dies while waiting is dropped and replaced, never claimed",
+          "[controller][pool]") {
+  Harness h;
+  h.Start();
+  REQUIRE_OK(h.controller->CreateWarmPool(PoolOf("p", 1, 1)));
+  REQUIRE(Eventually([&] { return h.controller->GetWarmPool("p")->status().ready() == 1; }));
+  std::string member;
+  {
+    absl::MutexLock lock(&h.world->mu);
+    REQUIRE(h.world->sandboxes.size() == 1);
+    member = h.world->sandboxes.begin()->second.spec.sandbox_id;
+  }
+  REQUIRE(h.backend->Exit(member, 1, false));
+  REQUIRE(Eventually([&] {
+    return h.world->launches() == 2 && h.controller->GetWarmPool("p")->status().ready() == 1;
+  }));
+  REQUIRE_OK_AND_ASSIGN(CreateResult warm, CreateSync(*h.controller, Req("w")));
+  CHECK(warm.sandbox.status().launch() == pb::SandboxStatus::WARM);
+  CHECK(warm.sandbox.status().endpoint().target() != "fake://" + member);
+}
+
 }  // namespace
 }  // namespace agentix::providers
