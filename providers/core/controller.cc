@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "providers/core/errors.h"
 #include "providers/core/ids.h"
 #include "providers/core/journal.h"
@@ -1914,8 +1915,13 @@ absl::StatusOr<pb::WarmPool> ControllerImpl::UpdateWarmPool(const pb::WarmPool& 
                          absl::StrCat("no warm pool '", spec.name(), "'"));
   }
   Pool& pool = it->second;
-  bool template_changed = pool.spec.template_().SerializeAsString() != t.SerializeAsString() ||
-                          pool.spec.labels_size() != spec.labels_size();
+  // Members carry the template and the pool's labels; the sizes do not.
+  pb::WarmPool before, after;
+  *before.mutable_template_() = pool.spec.template_();
+  *before.mutable_labels() = pool.spec.labels();
+  *after.mutable_template_() = t;
+  *after.mutable_labels() = spec.labels();
+  bool template_changed = !google::protobuf::util::MessageDifferencer::Equals(before, after);
   pool.spec = spec;
   if (template_changed) {
     pool.generation++;

@@ -1034,6 +1034,10 @@ TEST_CASE("Pools: UpdateWarmPool RECREATE replaces unclaimed members; ON_REPLENI
   h.Start();
   REQUIRE_OK(h.controller->CreateWarmPool(PoolOf("p", 3, 3)));
   REQUIRE(Eventually([&] { return h.controller->GetWarmPool("p")->status().ready() == 3; }));
+  // Only sizes changed: the members stay.
+  REQUIRE_OK_AND_ASSIGN(pb::WarmPool same, h.controller->UpdateWarmPool(PoolOf("p", 3, 4)));
+  CHECK(same.status().observed_generation() == 1);
+  CHECK(h.world->launches() == 3);
   pb::WarmPool changed = PoolOf("p", 3, 3);
   changed.mutable_template_()->mutable_resources()->set_pids(64);
   REQUIRE_OK_AND_ASSIGN(pb::WarmPool updated, h.controller->UpdateWarmPool(changed));
