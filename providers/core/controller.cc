@@ -31,7 +31,11 @@ namespace {
 using Phase = pb::SandboxStatus::Phase;
 using Later = std::vector<std::function<void()>>;
 
-constexpr int kWorkers = 16;
+// Starts hold a thread while they poll for readiness (up to ready_timeout),
+// so they get their own threads: a burst of slow starts never delays a
+// delete, an Activate or an idle check.
+constexpr int kLaunchWorkers = 16;
+constexpr int kWorkers = 8;
 constexpr size_t kLogTailBytes = 64 * 1024;
 constexpr absl::Duration kMaxWait = absl::Seconds(55);
 constexpr char kLabelSandboxId[] = "agentix.dev/sandbox-id";
@@ -239,7 +243,8 @@ class ControllerImpl final : public SandboxController, public EventSink {
   void Notify(Entry& e, Later* later) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<CreateResult> CreateOutcome(const Entry& e, bool replayed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Submit(std::function<void()> task);
+  void Submit(std::function<void()> task);        // short blocking calls
+  void SubmitLaunch(std::function<void()> task);  // starts
   void Run(Later& later) {
     for (auto& f : later) f();
     later.clear();
@@ -287,6 +292,7 @@ class ControllerImpl final : public SandboxController, public EventSink {
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<Journal> journal_;
   std::unique_ptr<WorkPool> workers_;
+  std::unique_ptr<WorkPool> launch_workers_;
   std::thread reaper_;
   std::map<std::string, Entry> sandboxes_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, RequestEntry> requests_ ABSL_GUARDED_BY(mu_);
@@ -434,6 +440,7 @@ absl::Status ControllerImpl::Start() {
     caps[name] = *probed;
   }
   workers_ = std::make_unique<WorkPool>(kWorkers);
+  launch_workers_ = std::make_unique<WorkPool>(kLaunchWorkers);
   absl::Time now = absl::Now();
   // Everything to destroy: live sandboxes' refs (they died with us) and
   // every owned leftover the journal does not keep.
@@ -590,7 +597,8 @@ void ControllerImpl::Shutdown(bool destroy_all) {
     BackendRef r = ref;
     workers_->Submit([backend, r] { (void)backend->Destroy(r, absl::ZeroDuration()); });
   }
-  workers_->Stop();  // launches in flight see shutting_down_ and unwind
+  launch_workers_->Stop();  // launches in flight see shutting_down_ and unwind
+  workers_->Stop();
   if (reaper_.joinable()) reaper_.join();
   for (auto& [name, backend] : backends_) backend->Shutdown();
   {
@@ -623,6 +631,12 @@ void ControllerImpl::Shutdown(bool destroy_all) {
 void ControllerImpl::Submit(std::function<void()> task) {
   if (!workers_->Submit(std::move(task))) {
     fprintf(stderr, "providerd: a task was refused during shutdown\n");
+  }
+}
+
+void ControllerImpl::SubmitLaunch(std::function<void()> task) {
+  if (!launch_workers_->Submit(std::move(task))) {
+    fprintf(stderr, "providerd: a start was refused during shutdown\n");
   }
 }
 
@@ -722,8 +736,7 @@ void ControllerImpl::Notify(Entry& e, Later* later) {
   for (auto it = e.wait_waiters.begin(); it != e.wait_waiters.end();) {
     Phase until = it->second.until;
     bool reached = phase >= until;
-    bool impossible = Terminal(phase) && until < phase &&
-                      until >= pb::SandboxStatus::READY &&
+    bool impossible = Terminal(phase) && until == pb::SandboxStatus::READY &&
                       !e.record.status().has_ready_time();
     if (reached || Terminal(phase)) {
       pb::WaitSandboxResponse resp;
@@ -897,7 +910,7 @@ void ControllerImpl::CreateSandbox(const pb::CreateSandboxRequest& request,
               counters_["pool_cold_fallbacks"]++;
             }
             std::string sid = id;
-            Submit([this, sid] { RunLaunch(sid); });
+            SubmitLaunch([this, sid] { RunLaunch(sid); });
           }
         }
       }
@@ -1715,7 +1728,7 @@ void ControllerImpl::Replenish(Pool& pool) {
     pool.creating.insert(m.id);
     std::string mid = m.id;
     members_[mid] = std::move(m);
-    Submit([this, mid] { RunMemberLaunch(mid); });
+    SubmitLaunch([this, mid] { RunMemberLaunch(mid); });
   }
 }
 

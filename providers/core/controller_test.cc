@@ -1180,5 +1180,28 @@ TEST_CASE("Pools: a member that dies while waiting is dropped and replaced, neve
   CHECK(warm.sandbox.status().endpoint().target() != "fake://" + member);
 }
 
+TEST_CASE("Controller: deletes are not queued behind a burst of slow starts",
+          "[controller][delete]") {
+  Harness h;
+  h.Start();
+  REQUIRE_OK_AND_ASSIGN(CreateResult ready, CreateSync(*h.controller, Req("ready")));
+  FakeConfig slow;
+  slow.ready_after = absl::Seconds(2);
+  h.world->set_config(slow);
+  std::atomic<int> answered{0};
+  for (int i = 0; i < 40; ++i) {  // more than there are start threads
+    h.controller->CreateSandbox(Req("slow-" + std::to_string(i)), "",
+                                [&](absl::StatusOr<CreateResult>) { answered++; });
+  }
+  REQUIRE(Eventually([&] { return h.world->live() >= 17; }));
+  absl::Time start = absl::Now();
+  REQUIRE_OK_AND_ASSIGN(pb::Sandbox deleted, DeleteSync(*h.controller, ready.sandbox.id()));
+  CHECK(deleted.status().phase() == pb::SandboxStatus::TERMINATED);
+  CHECK(absl::Now() - start < absl::Milliseconds(500));
+  CHECK(answered == 0);
+  h.controller->Shutdown(true);
+  CHECK(answered == 40);
+}
+
 }  // namespace
 }  // namespace agentix::providers
