@@ -1,4 +1,4 @@
-#include "sandbox/auth.h"
+#include "auth/server_auth.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,7 +8,7 @@
 #include <fstream>
 #include <string>
 
-namespace agentix::sandbox {
+namespace agentix::auth {
 namespace {
 
 std::string TempFile(const std::string& contents, mode_t mode) {
@@ -82,4 +82,4 @@ TEST_CASE("TLS options must come in complete sets", "[auth]") {
 }
 
 }  // namespace
-}  // namespace agentix::sandbox
+}  // namespace agentix::auth
