@@ -1,26 +1,55 @@
-// The daemon's use of //auth: the same token check, which here also marks
-// the calling connection authenticated for the connection guard
-// (connection_guard.h), with a hint that names the Python client.
+// Transport security and authentication of agentix-sandboxd: TLS / mutual
+// TLS with gRPC's own credentials and a per-sandbox bearer token checked on
+// every RPC (the runtime services, health and reflection alike) before any
+// handler runs.
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include <grpcpp/security/server_credentials.h>
 
 #include "absl/status/statusor.h"
-#include "auth/server_auth.h"
+#include "absl/strings/string_view.h"
 
 namespace agentix::sandbox {
 
-using auth::BearerTokenMatches;
-using auth::kTokenEnvVar;
-using auth::LoadToken;
-using auth::ReadPemFile;
-using auth::ServerSecurityOptions;
+// The metadata key and scheme hosts send the token with:
+// "authorization: Bearer <token>".
+inline constexpr char kAuthorizationKey[] = "authorization";
+inline constexpr char kBearerPrefix[] = "Bearer ";
+// Environment variable read when no --token-file is given.
+inline constexpr char kTokenEnvVar[] = "AGENTIX_TOKEN";
 
-// auth::MakeServerCredentials with the connection guard's hook and the
-// daemon's UNAUTHENTICATED message.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeDaemonCredentials(
-    ServerSecurityOptions options);
+struct ServerSecurityOptions {
+  // Required bearer token; empty disables the check (every call is then
+  // accepted, and still marks its connection as having made an RPC).
+  std::string token;
+  // PEM contents; empty cert and key mean plaintext. A client CA makes the
+  // server require and verify client certificates (mutual TLS).
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
+  std::string tls_client_ca_pem;
+};
+
+// The token to require: the contents of `token_file` (surrounding
+// whitespace stripped) if given, else `env_value` (may be null, stripped),
+// else "" (no token check). Never fails open: FailedPrecondition if the
+// file is readable or writable by group or others; NotFound for a missing
+// file; InvalidArgument for an empty or blank file or `env_value`.
+absl::StatusOr<std::string> LoadToken(const std::string& token_file,
+                                      const char* env_value);
+
+// Reads a whole PEM file; errors name the flag.
+absl::StatusOr<std::string> ReadPemFile(const std::string& path,
+                                        absl::string_view flag);
+
+// Whether `presented` (the authorization header value) carries `token`.
+// Takes the same time for every presented value of a given length.
+bool BearerTokenMatches(absl::string_view token, absl::string_view presented);
+
+// Credentials for every listening port of the daemon.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const ServerSecurityOptions& options);
 
 }  // namespace agentix::sandbox

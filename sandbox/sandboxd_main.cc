@@ -195,7 +195,7 @@ LoadServerCredentials(std::string token) {
     AGX_LOG(Warning, "no --token-file and no ${}: whoever can connect can run "
                      "code here", kTokenEnvVar);
   }
-  return MakeDaemonCredentials(std::move(security));
+  return MakeServerCredentials(security);
 }
 
 // Descriptors kept for everything but connections, so that a full set of
