@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "base/log.h"
 #include "base/status_macros.h"
+#include "providers/backends/local/local_backend.h"
 #include "providers/service/metrics_text.h"
 
 namespace agentix::providers {
@@ -86,8 +87,24 @@ absl::StatusOr<base::UniqueFd> Lock(const std::string& path,
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<Backend>>> MakeLocalBackends(
-    const LocalFlags& /*flags*/, const std::string& /*sandbox_dir*/) {
-  return absl::UnimplementedError("the local backend is not built in yet");
+    const LocalFlags& flags, const std::string& sandbox_dir) {
+  local::LocalBackendOptions options;
+  options.bwrap = flags.bwrap;
+  options.state_dir = sandbox_dir;
+  options.cgroup_root = flags.cgroup_root;
+  options.default_pids_max = flags.pids_max;
+  options.default_memory_bytes = flags.memory_bytes;
+  options.tmp_bytes = flags.tmp_bytes;
+  options.run_bytes = flags.run_bytes;
+  options.shm_bytes = flags.shm_bytes;
+  options.log_max_bytes = flags.log_max_bytes;
+  options.seccomp = flags.seccomp;
+  options.require_limits = flags.require_limits;
+  AGX_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
+                       local::NewLocalBackend(std::move(options)));
+  std::vector<std::unique_ptr<Backend>> backends;
+  backends.push_back(std::move(backend));
+  return backends;
 }
 
 absl::StatusOr<std::unique_ptr<DaemonAgent>> MakeGrpcAgent() {
