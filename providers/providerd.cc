@@ -24,6 +24,7 @@
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "providers/backends/local/local_backend.h"
+#include "providers/core/grpc_daemon_agent.h"
 #include "providers/service/metrics_text.h"
 
 namespace agentix::providers {
@@ -108,7 +109,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Backend>>> MakeLocalBackends(
 }
 
 absl::StatusOr<std::unique_ptr<DaemonAgent>> MakeGrpcAgent() {
-  return absl::UnimplementedError("the daemon agent is not built in yet");
+  return std::unique_ptr<DaemonAgent>(std::make_unique<GrpcDaemonAgent>());
 }
 
 }  // namespace
@@ -165,6 +166,18 @@ absl::StatusOr<std::unique_ptr<Providerd>> Providerd::Start(
         "the default socket directory"));
     config.listen.push_back(absl::StrCat("unix://", path));
   }
+  for (const std::string& address : config.listen) {
+    const std::string path = UnixSocketPath(address);
+    if (path.empty()) continue;
+    if (path.front() != '/') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--listen ", address, ": unix socket paths must be absolute"));
+    }
+    AGX_ASSIGN_OR_RETURN(base::UniqueFd lock,
+                         Lock(absl::StrCat(path, ".lock"),
+                              absl::StrCat("the socket ", path)));
+    p->locks_.push_back(std::move(lock));
+  }
   if (config.state_dir.empty()) config.state_dir = DefaultStateDir();
   if (config.state_dir.size() > kMaxStateDirBytes ||
       config.state_dir.front() != '/') {
@@ -179,19 +192,10 @@ absl::StatusOr<std::unique_ptr<Providerd>> Providerd::Start(
       Lock(absl::StrCat(config.state_dir, "/providerd.lock"),
            absl::StrCat("the state directory ", config.state_dir)));
   p->locks_.push_back(std::move(state_lock));
+  // Ours now: whatever socket is there is a dead providerd's.
   for (const std::string& address : config.listen) {
     const std::string path = UnixSocketPath(address);
-    if (path.empty()) continue;
-    if (path.front() != '/') {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--listen ", address, ": unix socket paths must be absolute"));
-    }
-    AGX_ASSIGN_OR_RETURN(base::UniqueFd lock,
-                         Lock(absl::StrCat(path, ".lock"),
-                              absl::StrCat("the socket ", path)));
-    p->locks_.push_back(std::move(lock));
-    // Ours now: whatever socket is there is a dead providerd's.
-    ::unlink(path.c_str());
+    if (!path.empty()) ::unlink(path.c_str());
   }
   config.controller.state_dir = config.state_dir;
 
@@ -267,8 +271,9 @@ absl::StatusOr<std::unique_ptr<Providerd>> Providerd::Start(
     AGX_LOG(Info, "serving {} on {}", kServiceName, address);
   }
   if (p->metrics_) {
-    AGX_LOG(Info, "metrics on http://{}/metrics (port {})",
-            p->config_.metrics_listen, p->metrics_->port());
+    const std::string& m = p->config_.metrics_listen;
+    AGX_LOG(Info, "metrics on http://{}{}/metrics",
+            m.substr(0, m.rfind(':') + 1), p->metrics_->port());
   }
   return p;
 }
