@@ -156,9 +156,12 @@ absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
 }
 
 absl::StatusOr<std::unique_ptr<Providerd>> Providerd::Start(
-    ProviderdConfig config,
-    std::shared_ptr<grpc::ServerCredentials> credentials) {
+    ProviderdConfig config, auth::ServerSecurityOptions security) {
   std::unique_ptr<Providerd> p(new Providerd());
+  config.service.token = security.token;
+  security.handler_checked_prefix = kProviderServicePathPrefix;
+  AGX_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                       auth::MakeServerCredentials(security));
   if (config.listen.empty()) {
     const std::string path = DefaultSocketPath();
     AGX_RETURN_IF_ERROR(MakePrivateDir(

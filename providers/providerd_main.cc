@@ -148,7 +148,7 @@ std::string UnixSocketPath(const std::string& address) {
   return address.substr(sizeof(kPrefix) - 1);
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> LoadCredentials() {
+absl::StatusOr<auth::ServerSecurityOptions> LoadSecurity() {
   auth::ServerSecurityOptions security;
   if (!absl::GetFlag(FLAGS_token_file).empty()) {
     AGX_ASSIGN_OR_RETURN(security.token,
@@ -173,7 +173,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> LoadCredentials() {
               ? "plaintext"
               : (security.tls_client_ca_pem.empty() ? "TLS" : "mutual TLS"),
           security.token.empty() ? "no token check" : "bearer token required");
-  return auth::MakeServerCredentials(security);
+  // Checked now, so that a bad certificate is reported before anything
+  // else starts.
+  AGX_RETURN_IF_ERROR(auth::MakeServerCredentials(security).status());
+  return security;
 }
 
 absl::StatusOr<int64_t> SizeFlag(absl::string_view flag,
@@ -287,10 +290,9 @@ int Run(int argc, char** raw_argv) {
     AGX_LOG(Error, "{}", std::string(config.status().message()));
     return 2;
   }
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      LoadCredentials();
-  if (!credentials.ok()) {
-    AGX_LOG(Error, "{}", std::string(credentials.status().message()));
+  absl::StatusOr<auth::ServerSecurityOptions> security = LoadSecurity();
+  if (!security.ok()) {
+    AGX_LOG(Error, "{}", std::string(security.status().message()));
     return 2;
   }
 
@@ -304,7 +306,7 @@ int Run(int argc, char** raw_argv) {
   signal(SIGPIPE, SIG_IGN);
 
   absl::StatusOr<std::unique_ptr<Providerd>> providerd =
-      Providerd::Start(*std::move(config), *credentials);
+      Providerd::Start(*std::move(config), *std::move(security));
   if (!providerd.ok()) {
     AGX_LOG(Error, "{}", std::string(providerd.status().message()));
     return providerd.status().code() == absl::StatusCode::kInvalidArgument ||
