@@ -93,6 +93,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Backend>>> MakeLocalBackends(
   options.bwrap = flags.bwrap;
   options.state_dir = sandbox_dir;
   options.cgroup_root = flags.cgroup_root;
+  options.cgroup_parent = flags.cgroup_parent;
+  options.extra_bwrap_args = flags.extra_bwrap_args;
   options.default_pids_max = flags.pids_max;
   options.default_memory_bytes = flags.memory_bytes;
   options.tmp_bytes = flags.tmp_bytes;

@@ -37,6 +37,8 @@ struct LocalFlags {
   bool seccomp = true;
   bool require_limits = true;
   std::string cgroup_root = "/sys/fs/cgroup";
+  std::string cgroup_parent = "agentix";
+  std::vector<std::string> extra_bwrap_args;
 };
 
 struct ProviderdConfig {
