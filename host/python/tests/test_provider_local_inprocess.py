@@ -1,5 +1,5 @@
-"""LocalProvider pieces that need no bubblewrap run: sizes, settings, the
-bwrap command line, the sandbox environment, limits the machine cannot
+"""InProcessLocalProvider (the pre-service LocalProvider, kept as the benchmark baseline):
+pieces that need no bubblewrap run: sizes, settings, the bwrap command line, the sandbox environment, limits the machine cannot
 enforce. The sandboxes themselves are tested in testing/e2e/test_local_provider.py."""
 
 import logging
@@ -9,7 +9,8 @@ import struct
 import pytest
 
 from agentix.provider import SandboxConfig, SandboxId, SandboxResource
-from agentix.provider.local import LocalProvider, LocalProviderConfig, _Cgroups, parse_memory
+from agentix.provider._local_inprocess import InProcessLocalProvider as LocalProvider
+from agentix.provider._local_inprocess import LocalProviderConfig, _Cgroups, parse_memory
 from agentix.runtime import (
     BIND_HOST_ENV,
     BIND_PORT_ENV,
@@ -116,7 +117,7 @@ def test_seccomp_program_shape():
 
 
 def test_log_drain_caps_what_reaches_the_host(tmp_path):
-    from agentix.provider.local import _LogDrain
+    from agentix.provider._local_inprocess import _LogDrain
 
     read_fd, write_fd = os.pipe()
     drain = _LogDrain(read_fd, tmp_path / "sandbox.log", max_bytes=64 << 10)
@@ -201,7 +202,7 @@ async def test_missing_bwrap_says_how_to_install_it(tmp_path):
 
 
 def test_unsafe_runtime_dir_is_refused(tmp_path):
-    from agentix.provider.local import _private_dir
+    from agentix.provider._local_inprocess import _private_dir
 
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o777)

@@ -1,4 +1,11 @@
-"""`LocalProvider`: sandboxes on this machine with bubblewrap, no container engine.
+"""`InProcessLocalProvider`: sandboxes on this machine with bubblewrap, run by
+this Python process itself (no provider service).
+
+This was `LocalProvider` before the provider service: `LocalProvider` is now a
+client of ``agentix-providerd`` (`agentix.provider.local`), whose local backend
+does what this module does. It stays as the baseline the provider benchmark
+measures against and is not exported (import it from here). It shares
+`LocalProviderConfig` with `LocalProvider`.
 
 Each sandbox is one ``bwrap`` process tree with fresh user, pid, network, IPC,
 UTS, cgroup and mount namespaces, all capabilities (and the bounding set)
@@ -24,7 +31,6 @@ import json
 import logging
 import os
 import platform as platform_module
-import re
 import secrets
 import shutil
 import signal
@@ -34,11 +40,13 @@ import tarfile
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from pathlib import Path
 
 from agentix.provider import _seccomp
 from agentix.provider._extract import extract_nix_tree, has_bootstrap, is_verified_bundle, read_manifest_member
 from agentix.provider._oci import unpack_oci_layout
+from agentix.provider._sizes import parse_memory
 from agentix.provider.base import (
     DeployedBundle,
     Sandbox,
@@ -50,9 +58,13 @@ from agentix.provider.base import (
 )
 from agentix.runtime import BUNDLE_NIX_ROOT, BUNDLE_RUNTIME_ENTRYPOINT, LISTEN_ENV
 
-__all__ = ["LocalProvider", "LocalProviderConfig", "parse_memory"]
+if TYPE_CHECKING:
+    from agentix.provider.local import LocalProvider
 
-_log = logging.getLogger(__name__)
+__all__ = ["InProcessLocalProvider", "LocalProviderConfig", "parse_memory"]
+
+# The name it had as agentix.provider.local, so logging configured for it still applies.
+_log = logging.getLogger("agentix.provider.local")
 
 # Inside the sandbox: the daemon's socket directory (a small tmpfs the host
 # reaches through /proc/<sandbox init>/root) and socket.
@@ -75,27 +87,9 @@ _PLATFORM_ALIASES = {
     "linux/amd64": {"linux/amd64", "linux/x86-64", "linux/x86_64", "amd64", "x86-64", "x86_64"},
     "linux/arm64": {"linux/arm64", "linux/arm64/v8", "linux/aarch64", "arm64", "aarch64"},
 }
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*", re.IGNORECASE)
-_SIZE_FACTORS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 # Enters the cgroups named before "--" (cgroup.procs files), then execs the rest:
 # the whole sandbox tree starts inside its cgroups, with no window outside.
 _ENTER_CGROUPS = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
-
-
-def parse_memory(value: int | str) -> int:
-    """Bytes for a memory size: an int, or ``"512m"``, ``"16g"``, ``"1GiB"``,
-    ``"2048k"``, ``"100000"`` (suffixes are powers of 1024, as Docker's)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value <= 0:
-            raise ValueError(f"memory must be > 0 bytes (got {value})")
-        return value
-    match = _SIZE.fullmatch(str(value))
-    if not match or (match.group(3) and not match.group(2) and match.group(3).lower() != "b"):
-        raise ValueError(f"cannot read memory size {value!r}: use bytes or a number with k, m, g or t (e.g. '512m')")
-    size = int(float(match.group(1)) * _SIZE_FACTORS[match.group(2).lower()])
-    if size <= 0:
-        raise ValueError(f"memory must be > 0 bytes (got {value!r})")
-    return size
 
 
 def _default_runtime_dir() -> Path:
@@ -181,6 +175,9 @@ class LocalProviderConfig:
             raise ValueError(f"cgroup_parent must be a relative cgroup name (got {self.cgroup_parent!r})")
 
     def to_provider(self) -> LocalProvider:
+        """A `LocalProvider` (the provider service's client) with these settings."""
+        from agentix.provider.local import LocalProvider
+
         return LocalProvider(self)
 
 
@@ -421,8 +418,8 @@ async def _health_ok(socket_path: Path, timeout: float, token: str = "") -> bool
         await channel.close()
 
 
-class LocalProvider(SandboxProvider):
-    """Sandboxes on this machine with bubblewrap (see the module docstring).
+class InProcessLocalProvider(SandboxProvider):
+    """Sandboxes on this machine with bubblewrap, run by this process (see the module docstring).
 
     `SandboxConfig` fields:
       image: ``"host"`` (or ``"/"``, ``""``) for the host's root read-only; a
@@ -449,7 +446,7 @@ class LocalProvider(SandboxProvider):
         self._tar_digests: dict[tuple[str, int, int], str] = {}
         self._pruned = False
 
-    async def __aenter__(self) -> LocalProvider:
+    async def __aenter__(self) -> InProcessLocalProvider:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
