@@ -91,6 +91,7 @@ class FakeProviderService(pb_grpc.ProviderServiceServicer):
         self.drop_logs_after: int | None = None
         self.counter = 0
         self.endpoint_prefix = "unix:///tmp/fake-providerd"
+        self.pids_limit = False  # what GetCapabilities says of the local backend
 
     # ---------------------------------------------------------------- helpers
 
@@ -345,7 +346,7 @@ class FakeProviderService(pb_grpc.ProviderServiceServicer):
     async def GetCapabilities(self, request, context):
         await self._enter("GetCapabilities", request, context)
         return pb.Capabilities(
-            backends=[pb.BackendCapabilities(name="local", memory_limit=True)], default_backend="local",
+            backends=[pb.BackendCapabilities(name="local", memory_limit=True, pids_limit=self.pids_limit)], default_backend="local",
             version="fake", instance="fake",
         )
 

@@ -136,6 +136,13 @@ class LocalProviderConfig:
       (default True; False only for a kernel or architecture it breaks).
     extra_bwrap_args: appended before the entry point, for what this class
       does not model.
+    ttl: seconds a sandbox of `LocalProvider` outlives this process if it
+      dies without deleting it (the provider service then ends it); renewed
+      every ``ttl / 3`` while the provider is open. Unused in-process (there
+      sandboxes die with the process).
+
+    Which of these `LocalProvider` sends with each sandbox and which make it
+    start a providerd of its own is in `agentix.provider.local`.
     """
 
     bwrap: str = "bwrap"
@@ -155,10 +162,13 @@ class LocalProviderConfig:
     log_max_bytes: int = 16 << 20
     seccomp: bool = True
     extra_bwrap_args: list[str] = field(default_factory=list)
+    ttl: float = 300.0
 
     def __post_init__(self) -> None:
         if self.ready_timeout <= 0 or self.stop_grace < 0:
             raise ValueError("ready_timeout must be > 0 and stop_grace >= 0")
+        if isinstance(self.ttl, bool) or not isinstance(self.ttl, (int, float)) or not self.ttl >= 3:
+            raise ValueError(f"ttl must be a number of seconds >= 3 (got {self.ttl!r})")
         if self.pids_max is not None and (isinstance(self.pids_max, bool) or self.pids_max < 1):
             raise ValueError(f"pids_max must be a positive int or None (got {self.pids_max!r})")
         if self.memory is not None:

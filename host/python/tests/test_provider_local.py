@@ -1,0 +1,341 @@
+"""LocalProvider as a client of agentix-providerd (a fake ProviderService here):
+which providerd it uses ($AGENTIX_PROVIDER_URL, the per-user default socket,
+started when none answers, or a private one for server-level settings), how
+its settings reach the requests, and starting a providerd binary."""
+
+import asyncio
+import os
+import shutil
+import stat
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from agentix.provider import SandboxConfig, SandboxResource
+from agentix.provider import local as local_module
+from agentix.provider.local import LocalProvider, LocalProviderConfig, default_socket, find_providerd, spawn_providerd
+from agentix.provider.v1 import provider_pb2 as pb
+from fake_provider import FakeProviderService, serve_provider
+
+
+@pytest.fixture
+def short_dir():
+    path = Path(tempfile.mkdtemp(prefix="agx-", dir="/tmp"))  # sun_path is 108 bytes
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def bundle(short_dir):
+    nix = short_dir / "bundle" / "nix" / "runtime"
+    nix.mkdir(parents=True)
+    (nix / "bootstrap.sh").write_text("#!/bin/sh\n")
+    return short_dir / "bundle"
+
+
+@pytest.fixture
+def no_spawn(monkeypatch):
+    """Fails the test if LocalProvider tries to start a providerd."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"spawn_providerd called: {args} {kwargs}")
+
+    monkeypatch.setattr(local_module, "spawn_providerd", refuse)
+
+
+@pytest.fixture
+def environment(monkeypatch, short_dir):
+    monkeypatch.delenv("AGENTIX_PROVIDER_URL", raising=False)
+    monkeypatch.delenv("AGENTIX_PROVIDER_TOKEN", raising=False)
+    runtime = short_dir / "xdg"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    return runtime
+
+
+@pytest_asyncio.fixture
+async def fake(short_dir):
+    service = FakeProviderService()
+    service.socket = short_dir / "p.sock"
+    service.url = f"unix://{service.socket}"
+    server = await serve_provider(service, service.socket)
+    yield service
+    await server.stop(None)
+
+
+def _creates(service):
+    return [request for method, request in service.calls if method == "CreateSandbox"]
+
+
+def test_it_is_still_the_local_entry_point():
+    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert 'local = "agentix.provider.local:LocalProvider"' in pyproject
+    assert LocalProviderConfig(pids_max=7).to_provider().config.pids_max == 7
+
+
+def test_default_socket(monkeypatch, short_dir):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_dir))
+    assert default_socket() == short_dir / "agentix" / "providerd.sock"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_dir / "missing"))
+    assert default_socket() == Path(f"/tmp/agentix-{os.getuid()}/providerd.sock")
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert default_socket() == Path(f"/tmp/agentix-{os.getuid()}/providerd.sock")
+
+
+@pytest.mark.asyncio
+async def test_uses_the_provider_url_and_maps_its_settings(environment, fake, bundle, monkeypatch, no_spawn):
+    monkeypatch.setenv("AGENTIX_PROVIDER_URL", fake.url)
+    provider = LocalProvider(memory="256m", tmp_size="64m", share_net=True, ready_timeout=7, stop_grace=1.5, ttl=60)
+    config = SandboxConfig(image="host", bundle=str(bundle), env={"K": "v"}, resource=SandboxResource(cpu=0.5))
+    sandbox = await provider.create(config)
+    assert provider.url == fake.url
+    (request,) = _creates(fake)
+    spec = request.spec
+    assert spec.image == "host" and spec.bundle.path == str((bundle / "nix").resolve())
+    assert dict(spec.env) == {"K": "v"}
+    assert (spec.resources.cpu_millis, spec.resources.memory_bytes, spec.resources.scratch_bytes) == (
+        500, 256 << 20, 64 << 20,
+    )
+    assert spec.resources.pids == 0  # the default cap is providerd's own
+    assert spec.network.mode == pb.Network.HOST
+    assert spec.ttl.seconds == 60 and request.ready_timeout.seconds == 7
+    assert sandbox.token == fake.tokens[sandbox.sandbox_id]
+    assert sandbox.runtime_url == fake.records[sandbox.sandbox_id].status.endpoint.target
+    await provider.aclose()
+    (delete,) = [r for m, r in fake.calls if m == "DeleteSandbox"]
+    assert delete.id == sandbox.sandbox_id and delete.grace.ToTimedelta().total_seconds() == 1.5
+    assert fake.records[sandbox.sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
+
+
+@pytest.mark.asyncio
+async def test_default_settings_send_only_what_the_sandbox_needs(environment, fake, bundle, monkeypatch, no_spawn):
+    monkeypatch.setenv("AGENTIX_PROVIDER_URL", fake.url)
+    async with LocalProvider() as provider:
+        async with provider.session(SandboxConfig(image="/", bundle=str(bundle / "nix"))) as sandbox:
+            assert (await provider.get(sandbox.sandbox_id)).status == "running"
+    (request,) = _creates(fake)
+    assert not request.spec.HasField("resources") and not request.spec.HasField("network")
+    assert request.spec.image == "host" and request.spec.ttl.seconds == 300
+    assert request.ready_timeout.seconds == 30
+
+
+@pytest.mark.asyncio
+async def test_pids_cap_goes_where_the_service_can_enforce_it(environment, fake, bundle, monkeypatch, caplog):
+    monkeypatch.setenv("AGENTIX_PROVIDER_URL", fake.url)
+    provider = LocalProvider(pids_max=64)
+    await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+    assert _creates(fake)[-1].spec.resources.pids == 0
+    assert "pids limit not enforced" in caplog.text
+    await provider.aclose()
+
+    fake.pids_limit = True
+    provider = LocalProvider(pids_max=64)
+    await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+    assert _creates(fake)[-1].spec.resources.pids == 64
+    await provider.aclose()
+
+
+@pytest.mark.asyncio
+async def test_uses_the_default_socket_when_one_answers(environment, bundle, no_spawn):
+    socket = default_socket()
+    socket.parent.mkdir(mode=0o700)
+    service = FakeProviderService()
+    server = await serve_provider(service, socket)
+    try:
+        async with LocalProvider() as provider:
+            await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+            assert provider.url == f"unix://{socket}"
+        assert len(_creates(service)) == 1
+    finally:
+        await server.stop(None)
+
+
+@pytest.mark.asyncio
+async def test_starts_the_default_providerd_once_when_none_answers(environment, bundle, monkeypatch):
+    loop = asyncio.get_running_loop()
+    started = []
+    servers = []
+
+    def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
+        started.append((socket, log, list(flags), detach))
+        service = FakeProviderService()
+        servers.append((service, asyncio.run_coroutine_threadsafe(serve_provider(service, socket), loop).result()))
+        return None
+
+    monkeypatch.setattr(local_module, "spawn_providerd", fake_spawn)
+    stale = default_socket()
+    stale.parent.mkdir(mode=0o700)
+    import socket as socket_module
+
+    leftover = socket_module.socket(socket_module.AF_UNIX)
+    leftover.bind(str(stale))  # a socket file nobody listens on (a providerd that died)
+    leftover.close()
+    first, second = LocalProvider(), LocalProvider()
+    await asyncio.gather(
+        first.create(SandboxConfig(image="host", bundle=str(bundle))),
+        second.create(SandboxConfig(image="host", bundle=str(bundle))),
+    )
+    assert len(started) == 1
+    socket, log, flags, detach = started[0]
+    state = environment / "agentix" / "providerd"
+    assert (socket, log, flags, detach) == (stale, state / "providerd.log", [f"--state-dir={state}"], True)
+    assert stat.S_IMODE(os.stat(stale.parent).st_mode) == 0o700
+    assert len(_creates(servers[0][0])) == 2
+    await first.aclose()
+    await second.aclose()
+    await servers[0][1].stop(None)
+
+
+@pytest.mark.asyncio
+async def test_server_level_settings_start_a_private_providerd(environment, bundle, monkeypatch, short_dir):
+    loop = asyncio.get_running_loop()
+    started = []
+    servers = []
+
+    def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
+        started.append((socket, list(flags), detach))
+        service = FakeProviderService()
+        servers.append((service, asyncio.run_coroutine_threadsafe(serve_provider(service, socket), loop).result()))
+        import subprocess
+
+        return subprocess.Popen(["sleep", "60"])
+
+    monkeypatch.setattr(local_module, "spawn_providerd", fake_spawn)
+    monkeypatch.setenv("AGENTIX_PROVIDER_URL", "unix:///nowhere.sock")  # server-level settings win over it
+    provider = LocalProvider(
+        run_size="32m", shm_size=1 << 20, log_max_bytes=1 << 20, seccomp=False, require_limits=False,
+        cgroup_root="/cg", cgroup_parent="mine", extra_bwrap_args=["--setenv", "A", "b"], pids_max=None,
+        runtime_dir=str(short_dir / "state"),
+    )
+    sandbox = await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+    ((socket, flags, detach),) = started
+    assert detach is False and socket.name == "providerd.sock" and socket.parent.name.startswith("agentix-pd-")
+    assert flags == [
+        f"--state-dir={short_dir / 'state'}", f"--local-run-size={32 << 20}", f"--local-shm-size={1 << 20}",
+        f"--local-log-max-bytes={1 << 20}", "--local-seccomp=false", "--local-require-limits=false",
+        "--local-cgroup-root=/cg", "--local-cgroup-parent=mine", "--local-pids-max=0",
+        "--local-extra-bwrap-arg=--setenv", "--local-extra-bwrap-arg=A", "--local-extra-bwrap-arg=b",
+    ]
+    assert provider.url == f"unix://{socket}"
+    process = provider._providerd.process
+    await provider.aclose()
+    assert process.poll() is not None  # stopped with the provider
+    assert not socket.parent.exists()
+    assert servers[0][0].records[sandbox.sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
+    await servers[0][1].stop(None)
+
+
+@pytest.mark.asyncio
+async def test_bad_configs_fail_before_any_providerd_is_used(environment, short_dir, bundle, no_spawn):
+    provider = LocalProvider(cache_dir=str(short_dir / "cache"))
+    (short_dir / "plain.txt").write_text("not a tar")
+    cases = [
+        (SandboxConfig(image="host", bundle=str(short_dir / "missing")), "does not exist"),
+        (SandboxConfig(image="host", bundle=str(short_dir / "plain.txt")), "neither a bundle directory nor a tarball"),
+        (SandboxConfig(image="host", bundle=str(short_dir), platform="linux/arm64"), "platform"),
+        (SandboxConfig(image="host", bundle=str(short_dir), resource=SandboxResource(gpu=2)), "GPU"),
+        (SandboxConfig(image=str(short_dir / "no-root"), bundle=str(bundle)), "not usable"),
+    ]
+    for config, message in cases:
+        with pytest.raises(ValueError, match=message):
+            await provider.create(config)
+    assert provider.url is None
+    with pytest.raises(RuntimeError, match="apt-get install bubblewrap"):
+        await LocalProvider(bwrap=str(short_dir / "no-bwrap")).create(SandboxConfig(image="host", bundle=str(short_dir)))
+
+
+@pytest.mark.asyncio
+async def test_unknown_ids_are_key_errors_and_prune_is_a_no_op(environment, fake, monkeypatch):
+    monkeypatch.setenv("AGENTIX_PROVIDER_URL", fake.url)
+    async with LocalProvider() as provider:
+        assert provider.prune() == []
+        for call in (provider.get, provider.delete):
+            with pytest.raises(KeyError, match="no sandbox 'local-nope'"):
+                await call("local-nope")
+
+
+@pytest.mark.asyncio
+async def test_sandboxes_of_another_process_can_be_reached_and_deleted(environment, fake, bundle, monkeypatch):
+    monkeypatch.setenv("AGENTIX_PROVIDER_URL", fake.url)
+    async with LocalProvider() as mine, LocalProvider() as theirs:
+        sandbox = await theirs.create(SandboxConfig(image="host", bundle=str(bundle)))
+        assert (await mine.get(sandbox.sandbox_id)).runtime_url == sandbox.runtime_url
+        await mine.delete(sandbox.sandbox_id)
+        assert fake.records[sandbox.sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
+
+
+@pytest.mark.asyncio
+async def test_ttl_is_renewed_while_the_provider_is_open(environment, fake, bundle, monkeypatch):
+    monkeypatch.setenv("AGENTIX_PROVIDER_URL", fake.url)
+    provider = LocalProvider(ttl=3)
+    sandbox = await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+    await asyncio.sleep(1.3)
+    extends = [r for m, r in fake.calls if m == "ExtendSandbox"]
+    assert [(r.id, r.ttl.seconds) for r in extends] == [(sandbox.sandbox_id, 3)]
+    await provider.aclose()
+    await asyncio.sleep(1.2)
+    assert len([r for m, r in fake.calls if m == "ExtendSandbox"]) == 1  # stopped with the provider
+
+
+# ------------------------------------------------------- starting the binary
+
+def _script(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/sh\n" + textwrap.dedent(body))
+    path.chmod(0o755)
+    return path
+
+
+READY_SCRIPT = """\
+    fd=""; while [ $# -gt 0 ]; do [ "$1" = --ready-fd ] && fd=$2; shift; done
+    echo "pid $$ ppid $PPID sid $(cut -d' ' -f6 /proc/$$/stat)" > "$(dirname "$0")/who"
+    echo "started" >&2
+    echo ready > "/dev/fd/$fd"
+    exec sleep 30
+"""
+
+
+def test_find_providerd(monkeypatch, short_dir):
+    binary = _script(short_dir / "agentix-providerd", "exit 0\n")
+    monkeypatch.setenv("AGENTIX_PROVIDERD", str(binary))
+    assert find_providerd() == str(binary)
+    monkeypatch.setenv("AGENTIX_PROVIDERD", str(short_dir / "nothing"))
+    with pytest.raises(FileNotFoundError, match="not an executable"):
+        find_providerd()
+    monkeypatch.delenv("AGENTIX_PROVIDERD")
+    monkeypatch.setenv("PATH", str(short_dir))
+    assert find_providerd() == str(binary)
+
+
+def test_spawn_a_private_providerd_and_stop_it(monkeypatch, short_dir):
+    binary = _script(short_dir / "agentix-providerd", READY_SCRIPT)
+    process = spawn_providerd(short_dir / "p.sock", short_dir / "log", ["--x=1"], detach=False, binary=str(binary))
+    try:
+        assert process.poll() is None
+        assert "started" in (short_dir / "log").read_text()
+        pid, ppid, sid = (int(v) for v in (short_dir / "who").read_text().split()[1::2])
+        assert pid == process.pid and sid == pid  # its own session
+    finally:
+        asyncio.run(local_module._Providerd(process, short_dir / "p.sock", short_dir / "log", None).stop())
+    assert process.poll() is not None
+
+
+def test_spawn_a_detached_providerd_that_outlives_its_starter(short_dir):
+    binary = _script(short_dir / "agentix-providerd", READY_SCRIPT)
+    assert spawn_providerd(short_dir / "p.sock", short_dir / "log", [], detach=True, binary=str(binary)) is None
+    pid, ppid, sid = (int(v) for v in (short_dir / "who").read_text().split()[1::2])
+    try:
+        assert ppid != os.getpid()  # not this process's child: nothing to reap, nothing that dies with it
+        os.kill(pid, 0)
+    finally:
+        os.kill(pid, 15)
+
+
+def test_a_providerd_that_fails_to_start_reports_its_log(short_dir):
+    binary = _script(short_dir / "agentix-providerd", "echo 'unknown flag --local-bogus' >&2\nexit 2\n")
+    with pytest.raises(RuntimeError, match="unknown flag --local-bogus"):
+        spawn_providerd(short_dir / "p.sock", short_dir / "log", [], detach=False, binary=str(binary), timeout=5)
+    with pytest.raises(RuntimeError, match="did not report ready"):
+        spawn_providerd(short_dir / "p.sock", short_dir / "log", [], detach=True, binary=str(binary), timeout=5)
