@@ -244,7 +244,7 @@ async def test_bad_configs_fail_before_any_providerd_is_used(environment, short_
             await provider.create(config)
     assert provider.url is None
     with pytest.raises(RuntimeError, match="apt-get install bubblewrap"):
-        await LocalProvider(bwrap=str(short_dir / "no-bwrap")).create(SandboxConfig(image="host", bundle=str(short_dir)))
+        await LocalProvider(bwrap=str(short_dir / "no-bwrap")).create(SandboxConfig(image="host", bundle=str(bundle)))
 
 
 @pytest.mark.asyncio

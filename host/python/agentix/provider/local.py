@@ -293,7 +293,9 @@ def _lock(path: Path, timeout: float) -> int:
         except BlockingIOError:
             if time.monotonic() >= deadline:
                 os.close(fd)
-                raise TimeoutError(f"{path} stayed locked for {timeout}s (another process starting providerd?)") from None
+                raise TimeoutError(
+                    f"{path} stayed locked for {timeout}s (another process starting providerd?)"
+                ) from None
             time.sleep(0.05)
 
 
@@ -436,12 +438,14 @@ class LocalProvider(SandboxProvider):
             raise ValueError("the local provider cannot give a sandbox GPUs (SandboxResource.gpu must be None)")
         if self._server_flags and shutil.which(self.config.bwrap) is None:
             # Checked here only for a private providerd: a shared one has its own.
-            raise RuntimeError(f"bubblewrap not found ({self.config.bwrap!r}): install it with `apt-get install bubblewrap`")
+            raise RuntimeError(
+                f"bubblewrap not found ({self.config.bwrap!r}): install it with `apt-get install bubblewrap`"
+            )
         nix_dir = await asyncio.to_thread(self._files._bundle_nix_dir, config.bundle)
         root = await asyncio.to_thread(self._files._root_dir, config.image)
         service = await self._connect()
         spec = await self._spec(service, config, nix_dir, root)
-        sandbox = await service.create(None, spec=spec, ready_timeout=self.config.ready_timeout)  # type: ignore[arg-type]
+        sandbox = await service.create(None, spec=spec, ready_timeout=self.config.ready_timeout)
         self._owned.add(sandbox.sandbox_id)
         self._renew()
         return sandbox

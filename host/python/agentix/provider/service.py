@@ -322,6 +322,10 @@ class ServiceProvider(SandboxProvider):
                 await asyncio.sleep(self._delay(attempt, error))
         raise AssertionError("unreachable")
 
+    async def _on_sandbox(self, method: str, request: Any, sandbox_id: str, timeout: float | None = None) -> Any:
+        """`_unary` for an RPC about one sandbox (NOT_FOUND says which)."""
+        return await self._unary(method, request, what=_about(sandbox_id), sandbox_id=sandbox_id, timeout=timeout)
+
     def _error(self, rpc_error: Any, what: str, sandbox_id: str | None = None) -> ProviderError:
         error = from_rpc_error(rpc_error, what=what)
         if sandbox_id is not None and error.code == "NOT_FOUND":
@@ -340,7 +344,7 @@ class ServiceProvider(SandboxProvider):
 
     async def create(
         self,
-        config: SandboxConfig,
+        config: SandboxConfig | None,
         *,
         labels: Mapping[str, str] | None = None,
         annotations: Mapping[str, str] | None = None,
@@ -356,7 +360,8 @@ class ServiceProvider(SandboxProvider):
         once it is READY, with its runtime URL and access token. `labels` add
         to the provider's; `ttl` / `ready_timeout` override its defaults;
         `on_pool_miss` is ``"cold_start"``, ``"wait_for_member"`` or ``"fail"``.
-        `spec` replaces the one made from `config` (`spec_from_config`)."""
+        `spec` replaces the one made from `config` (`spec_from_config`; then
+        `config` may be None)."""
         response = await self.create_sandbox(
             config, labels=labels, annotations=annotations, sandbox_id=sandbox_id, ttl=ttl,
             ready_timeout=ready_timeout, warm_pool=warm_pool, on_pool_miss=on_pool_miss, request_id=request_id,
@@ -452,11 +457,11 @@ class ServiceProvider(SandboxProvider):
 
     async def describe(self, sandbox_id: str) -> pb.Sandbox:
         """The service's whole record of the sandbox."""
-        return await self._unary("GetSandbox", _pb().GetSandboxRequest(id=sandbox_id), what=_about(sandbox_id), sandbox_id=sandbox_id)
+        return await self._on_sandbox("GetSandbox", _pb().GetSandboxRequest(id=sandbox_id), sandbox_id)
 
     async def credentials(self, sandbox_id: str) -> str:
         """The sandbox's runtime access token (for a sandbox another process made)."""
-        reply = await self._unary("GetSandboxCredentials", _pb().GetSandboxRequest(id=sandbox_id), what=_about(sandbox_id), sandbox_id=sandbox_id)
+        reply = await self._on_sandbox("GetSandboxCredentials", _pb().GetSandboxRequest(id=sandbox_id), sandbox_id)
         return reply.access_token
 
     async def connect(self, sandbox_id: str) -> Sandbox:
@@ -483,7 +488,7 @@ class ServiceProvider(SandboxProvider):
         if grace is not None:
             request.grace.CopyFrom(_duration(grace))
         timeout = self.rpc_timeout + (grace or 2.0)
-        reply = await self._unary("DeleteSandbox", request, what=_about(sandbox_id), sandbox_id=sandbox_id, timeout=timeout)
+        reply = await self._on_sandbox("DeleteSandbox", request, sandbox_id, timeout=timeout)
         return reply.sandbox
 
     # --------------------------------------------------------- the service's own
@@ -647,7 +652,7 @@ class ServiceProvider(SandboxProvider):
         while True:
             left = _WAIT_SLICE if deadline is None else max(0.0, min(_WAIT_SLICE, deadline - loop.time()))
             request = pb.WaitSandboxRequest(id=sandbox_id, until=target, timeout=_duration(left))
-            reply = await self._unary("WaitSandbox", request, what=_about(sandbox_id), sandbox_id=sandbox_id, timeout=left + self.rpc_timeout)
+            reply = await self._on_sandbox("WaitSandbox", request, sandbox_id, timeout=left + self.rpc_timeout)
             if reply.reached:
                 return reply.sandbox
             if reply.sandbox.status.phase == pb.SandboxStatus.TERMINATED:
@@ -662,7 +667,7 @@ class ServiceProvider(SandboxProvider):
         """Sets the sandbox's expiry to now + `ttl` seconds (capped by the
         service's maximum lifetime); returns its record."""
         request = _pb().ExtendSandboxRequest(id=sandbox_id, ttl=_duration(ttl))
-        return await self._unary("ExtendSandbox", request, what=_about(sandbox_id), sandbox_id=sandbox_id)
+        return await self._on_sandbox("ExtendSandbox", request, sandbox_id)
 
     async def logs(self, sandbox_id: str, *, follow: bool = False, offset: int = 0) -> AsyncIterator[bytes]:
         """Yields the sandbox's output (bootstrap, daemon and worker
