@@ -9,6 +9,7 @@ import shutil
 import stat
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,15 @@ async def fake(short_dir):
     server = await serve_provider(service, service.socket)
     yield service
     await server.stop(None)
+
+
+def _stale_socket(path):
+    """A socket file nobody listens on (left by a providerd that died)."""
+    import socket as socket_module
+
+    leftover = socket_module.socket(socket_module.AF_UNIX)
+    leftover.bind(str(path))
+    leftover.close()
 
 
 def _creates(service):
@@ -161,6 +171,7 @@ async def test_starts_the_default_providerd_once_when_none_answers(environment, 
 
     def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
         started.append((socket, log, list(flags), detach))
+        time.sleep(0.5)  # a real start takes a while: the other provider finds nobody meanwhile
         service = FakeProviderService()
         servers.append((service, asyncio.run_coroutine_threadsafe(serve_provider(service, socket), loop).result()))
         return None
@@ -168,11 +179,7 @@ async def test_starts_the_default_providerd_once_when_none_answers(environment, 
     monkeypatch.setattr(local_module, "spawn_providerd", fake_spawn)
     stale = default_socket()
     stale.parent.mkdir(mode=0o700)
-    import socket as socket_module
-
-    leftover = socket_module.socket(socket_module.AF_UNIX)
-    leftover.bind(str(stale))  # a socket file nobody listens on (a providerd that died)
-    leftover.close()
+    _stale_socket(stale)
     first, second = LocalProvider(), LocalProvider()
     await asyncio.gather(
         first.create(SandboxConfig(image="host", bundle=str(bundle))),
@@ -187,6 +194,34 @@ async def test_starts_the_default_providerd_once_when_none_answers(environment, 
     await first.aclose()
     await second.aclose()
     await servers[0][1].stop(None)
+
+
+@pytest.mark.asyncio
+async def test_a_providerd_started_while_waiting_for_the_lock_is_used(environment, monkeypatch):
+    """Both callers find nobody before the lock; the second, once it has the
+    lock, must find the first one's providerd and not start another (without
+    the lock, or without the check under it, both would start one)."""
+    loop = asyncio.get_running_loop()
+    started = []
+    servers = []
+
+    def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
+        started.append(socket)
+        time.sleep(0.3)
+        servers.append(asyncio.run_coroutine_threadsafe(serve_provider(FakeProviderService(), socket), loop).result())
+
+    async def answers(url):
+        await asyncio.sleep(0.05)
+        return bool(servers)  # someone answers once a providerd was started
+
+    monkeypatch.setattr(local_module, "spawn_providerd", fake_spawn)
+    monkeypatch.setattr(local_module, "_answers", answers)
+    socket = default_socket()
+    socket.parent.mkdir(mode=0o700)
+    _stale_socket(socket)  # something there, so that the checks before the lock run
+    urls = await asyncio.gather(local_module.ensure_default_providerd(), local_module.ensure_default_providerd())
+    assert urls == [f"unix://{socket}"] * 2 and started == [socket]
+    await servers[0].stop(None)
 
 
 @pytest.mark.asyncio
