@@ -187,8 +187,7 @@ async def test_starts_the_default_providerd_once_when_none_answers(environment, 
     )
     assert len(started) == 1
     socket, log, flags, detach = started[0]
-    state = environment / "agentix" / "providerd"
-    assert (socket, log, flags, detach) == (stale, state / "providerd.log", [f"--state-dir={state}"], True)
+    assert (socket, log, flags, detach) == (stale, environment / "agentix" / "providerd.log", [], True)
     assert stat.S_IMODE(os.stat(stale.parent).st_mode) == 0o700
     assert len(_creates(servers[0][0])) == 2
     await first.aclose()
@@ -247,7 +246,7 @@ async def test_server_level_settings_start_a_private_providerd(environment, bund
     )
     sandbox = await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
     ((socket, flags, detach),) = started
-    assert detach is False and socket.name == "providerd.sock" and socket.parent.name.startswith("agentix-pd-")
+    assert detach is False and socket.name == "providerd.sock" and socket.parent.name.startswith("agx-")
     assert flags == [
         f"--state-dir={short_dir / 'state'}", f"--local-run-size={32 << 20}", f"--local-shm-size={1 << 20}",
         f"--local-log-max-bytes={1 << 20}", "--local-seccomp=false", "--local-require-limits=false",
@@ -261,6 +260,29 @@ async def test_server_level_settings_start_a_private_providerd(environment, bund
     assert not socket.parent.exists()
     assert servers[0][0].records[sandbox.sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
     await servers[0][1].stop(None)
+
+
+@pytest.mark.asyncio
+async def test_a_private_providerd_gets_a_short_state_dir_of_its_own(environment, bundle, monkeypatch):
+    loop = asyncio.get_running_loop()
+    started = []
+    servers = []
+
+    def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
+        started.append((socket, log, list(flags)))
+        servers.append(asyncio.run_coroutine_threadsafe(serve_provider(FakeProviderService(), socket), loop).result())
+        return None
+
+    monkeypatch.setattr(local_module, "spawn_providerd", fake_spawn)
+    async with LocalProvider(seccomp=False) as provider:
+        await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+        ((socket, log, flags),) = started
+        state = socket.parent / "s"
+        assert flags == ["--local-seccomp=false", f"--state-dir={state}"] and log == socket.parent / "providerd.log"
+        assert len(str(state)) <= 22  # providerd's limit: the sandboxes' sockets live under it
+        assert stat.S_IMODE(os.stat(socket.parent).st_mode) == 0o700
+    assert not socket.parent.exists()
+    await servers[0].stop(None)
 
 
 @pytest.mark.asyncio

@@ -315,11 +315,12 @@ async def ensure_default_providerd(socket: Path | None = None, *, timeout: float
         with contextlib.suppress(FileNotFoundError):
             if socket.is_socket():
                 socket.unlink()  # left by a providerd that died
-        state = socket.with_name("providerd")
-        await asyncio.to_thread(_private_dir, state)
-        log = state / "providerd.log"
+        # Its state (journal, sandbox directories) goes to providerd's own
+        # default, /var/tmp/agx-<uid>: short enough for the sandboxes' socket
+        # paths, and kept across reboots like the journal should be.
+        log = socket.with_name("providerd.log")
         _log.info("starting agentix-providerd on %s (log: %s)", url, log)
-        await asyncio.to_thread(spawn_providerd, socket, log, [f"--state-dir={state}"], detach=True, timeout=timeout)
+        await asyncio.to_thread(spawn_providerd, socket, log, [], detach=True, timeout=timeout)
     finally:
         os.close(lock)
     return url
@@ -408,13 +409,13 @@ class LocalProvider(SandboxProvider):
         return self._service
 
     async def _start_private(self) -> str:
-        base = os.environ.get("XDG_RUNTIME_DIR")
-        base = base if base and os.path.isdir(base) else None
-        private = Path(tempfile.mkdtemp(prefix="agentix-pd-", dir=base or "/tmp"))
+        # Short: providerd's state directory holds the sandboxes' sockets
+        # (at most 22 bytes, see its --state-dir).
+        private = Path(tempfile.mkdtemp(prefix="agx-", dir="/tmp"))
         socket = private / "providerd.sock"
         flags = list(self._server_flags)
         if not any(flag.startswith("--state-dir=") for flag in flags):
-            flags.append(f"--state-dir={private / 'state'}")
+            flags.append(f"--state-dir={private / 's'}")
         _log.info("starting a private agentix-providerd for this LocalProvider: %s", " ".join(flags))
         try:
             process = await asyncio.to_thread(
