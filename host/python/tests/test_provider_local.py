@@ -172,6 +172,7 @@ async def test_starts_the_default_providerd_once_when_none_answers(environment, 
     def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
         started.append((socket, log, list(flags), detach))
         time.sleep(0.5)  # a real start takes a while: the other provider finds nobody meanwhile
+        socket.unlink(missing_ok=True)  # as providerd does with a stale socket, under its own lock
         service = FakeProviderService()
         servers.append((service, asyncio.run_coroutine_threadsafe(serve_provider(service, socket), loop).result()))
         return None

@@ -302,19 +302,19 @@ def _lock(path: Path, timeout: float) -> int:
 async def ensure_default_providerd(socket: Path | None = None, *, timeout: float = START_TIMEOUT) -> str:
     """The URL of the per-user providerd at `socket` (default `default_socket`),
     started (detached) when none answers there. Two processes starting it at
-    once start one: the check and the start happen under ``<socket>.lock``."""
+    once start one: the check and the start happen under ``<socket>.start-lock``."""
     socket = socket or default_socket()
     url = f"unix://{socket}"
     if socket.exists() and await _answers(url):
         return url
     await asyncio.to_thread(_private_dir, socket.parent)
-    lock = await asyncio.to_thread(_lock, socket.with_name(socket.name + ".lock"), timeout + 10)
+    # Not <socket>.lock: providerd itself holds that one while it serves.
+    lock = await asyncio.to_thread(_lock, socket.with_name(socket.name + ".start-lock"), timeout + 10)
     try:
         if socket.exists() and await _answers(url):
             return url  # another process started it while we waited for the lock
-        with contextlib.suppress(FileNotFoundError):
-            if socket.is_socket():
-                socket.unlink()  # left by a providerd that died
+        # A socket file left by a providerd that died is providerd's to
+        # remove (under its own <socket>.lock, so never a live one's).
         # Its state (journal, sandbox directories) goes to providerd's own
         # default, /var/tmp/agx-<uid>: short enough for the sandboxes' socket
         # paths, and kept across reboots like the journal should be.
