@@ -104,7 +104,7 @@ async def test_uses_the_provider_url_and_maps_its_settings(environment, fake, bu
     assert provider.url == fake.url
     (request,) = _creates(fake)
     spec = request.spec
-    assert spec.image == "host" and spec.bundle.path == str((bundle / "nix").resolve())
+    assert spec.image == "host" and spec.bundle.path == str(bundle.resolve())
     assert dict(spec.env) == {"K": "v"}
     assert (spec.resources.cpu_millis, spec.resources.memory_bytes, spec.resources.scratch_bytes) == (
         500, 256 << 20, 64 << 20,
@@ -129,6 +129,7 @@ async def test_default_settings_send_only_what_the_sandbox_needs(environment, fa
     (request,) = _creates(fake)
     assert not request.spec.HasField("resources") and not request.spec.HasField("network")
     assert request.spec.image == "host" and request.spec.ttl.seconds == 300
+    assert request.spec.bundle.path == str(bundle.resolve())  # given as its nix/ directory: one spelling
     assert request.ready_timeout.seconds == 30
 
 

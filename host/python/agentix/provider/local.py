@@ -31,7 +31,8 @@ best effort, as it always was), ``tmp_size`` → ``resources.scratch_bytes``,
 ``share_net`` → network HOST, ``ready_timeout`` → the request's
 ``ready_timeout``, ``stop_grace`` → the delete's grace. Bundle tarballs and
 OCI image layouts are unpacked here, into ``cache_dir`` as before (the
-service runs on this machine), and passed to it as directories.
+service runs on this machine), and passed to it as directories (the bundle
+as its resolved directory, the one holding ``nix/``).
 
 Sandboxes belong to the service: another process can list, reach and delete
 them (``agentix sandbox ls``). Each gets a TTL of ``LocalProviderConfig.ttl``
@@ -459,8 +460,12 @@ class LocalProvider(SandboxProvider):
             pids = self.config.pids_max if await self._pids_limit_available(service) else None
         tmp_default = _DEFAULTS["tmp_size"].default
         scratch = None if parse_memory(self.config.tmp_size) == parse_memory(tmp_default) else self.config.tmp_size
+        # The bundle directory (the one holding nix/), resolved: one spelling
+        # per bundle, so a warm pool made with that directory matches (the
+        # service compares paths as given).
+        bundle = nix_dir.parent if nix_dir.name == "nix" else nix_dir
         resolved = SandboxConfig(
-            image="host" if str(root) == "/" else str(root), bundle=str(nix_dir), env=config.env, resource=resource,
+            image="host" if str(root) == "/" else str(root), bundle=str(bundle), env=config.env, resource=resource,
         )
         return spec_from_config(
             resolved, ttl=self.config.ttl, pids=pids, scratch_bytes=scratch,
