@@ -517,6 +517,9 @@ class LocalProvider(SandboxProvider):
             await asyncio.shield(service.delete(sandbox_id, grace=self.config.stop_grace))
         finally:
             self._owned.discard(sandbox_id)
+            if not self._owned and self._renewer is not None:
+                self._renewer.cancel()  # nothing left to renew
+                self._renewer = None
 
     def prune(self) -> list[str]:
         """Kept for compatibility: the provider service removes the leftovers
