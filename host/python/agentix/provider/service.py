@@ -232,7 +232,7 @@ class ServiceProvider(SandboxProvider):
         self.address = address
         self._target = grpc_target(address)  # ValueError for an address it cannot use
         self.token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)
-        self.tls = wants_tls(address) or tls_ca_file is not None if tls is None else bool(tls)
+        self.tls = (wants_tls(address) or tls_ca_file is not None) if tls is None else bool(tls)
         self.tls_ca_file = tls_ca_file
         self.tls_server_name = tls_server_name
         self.backend = backend or ""
@@ -257,6 +257,8 @@ class ServiceProvider(SandboxProvider):
         """The stub, on a channel of the running loop (made on first use; a
         channel belongs to one event loop)."""
         loop = asyncio.get_running_loop()
+        # A channel of another (finished) loop cannot be closed from this one:
+        # it is dropped, and grpc frees it with its last reference.
         if self._stub is None or self._loop is not loop:
             import grpc
 
