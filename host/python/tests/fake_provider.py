@@ -92,6 +92,7 @@ class FakeProviderService(pb_grpc.ProviderServiceServicer):
         self.counter = 0
         self.endpoint_prefix = "unix:///tmp/fake-providerd"
         self.pids_limit = False  # what GetCapabilities says of the local backend
+        self.ready_delay = 0.0  # seconds a first CreateSandbox takes after making the record
 
     # ---------------------------------------------------------------- helpers
 
@@ -192,6 +193,7 @@ class FakeProviderService(pb_grpc.ProviderServiceServicer):
         self.logs.setdefault(sandbox_id, f"log of {sandbox_id}\n".encode())
         self.requests[request.request_id] = (payload_bytes, sandbox_id)
         self._emit(pb.SandboxEvent.ADDED, record)
+        await asyncio.sleep(self.ready_delay)  # made, not yet answered (a cancel here leaves it made)
         if self.drop_response_after_create:
             self.drop_response_after_create -= 1
             await _abort(context, grpc.StatusCode.UNAVAILABLE, "", "connection reset (injected)")

@@ -16,7 +16,9 @@ Every `create` carries a fresh UUID ``request_id`` and retries UNAVAILABLE,
 DEADLINE_EXCEEDED (not a sandbox's own READY_TIMEOUT), RESOURCE_EXHAUSTED
 (after ``agentix-retry-after-ms``) and ABORTED with that same id, a bounded
 number of times: the service makes such a retry return the sandbox the first
-attempt made, never a second one. Errors are `agentix.provider.errors` classes.
+attempt made, never a second one. A cancelled `create` replays its request in
+the background and deletes what it returns. Errors are
+`agentix.provider.errors` classes.
 """
 
 from __future__ import annotations
@@ -247,6 +249,7 @@ class ServiceProvider(SandboxProvider):
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._collectors: set[asyncio.Task[None]] = set()  # deletes after cancelled creates
 
     def __repr__(self) -> str:
         return f"ServiceProvider({self.address!r})"
@@ -287,7 +290,10 @@ class ServiceProvider(SandboxProvider):
         return items or None
 
     async def aclose(self) -> None:
-        """Closes the channel (sandboxes are the service's and keep running)."""
+        """Closes the channel (sandboxes are the service's and keep running),
+        after the deletes of cancelled creates still under way."""
+        if self._collectors:
+            await asyncio.gather(*self._collectors, return_exceptions=True)
         channel, self._channel, self._stub, self._loop = self._channel, None, None, None
         if channel is not None:
             try:
@@ -426,6 +432,10 @@ class ServiceProvider(SandboxProvider):
         for attempt in range(self.create_attempts):
             try:
                 response = await self._service().CreateSandbox(request, timeout=deadline, metadata=self._metadata())
+            except asyncio.CancelledError:
+                # The service goes on creating it; nobody will use it.
+                self._collect_later(request, deadline)
+                raise
             except grpc.aio.AioRpcError as rpc_error:
                 error = self._error(rpc_error, what)
                 retry = error.code in _CREATE_RETRY and error.reason not in ("READY_TIMEOUT", "REQUEST_ID_REUSED")
@@ -447,6 +457,25 @@ class ServiceProvider(SandboxProvider):
                 )
             return response
         raise AssertionError("unreachable")
+
+    def _collect_later(self, request: pb.CreateSandboxRequest, deadline: float) -> None:
+        """After a cancelled create: replays it (same request_id, so the
+        service answers with the sandbox it made, once it is up) and deletes
+        that sandbox, in the background. If this loop ends first, the
+        sandbox's TTL ends it."""
+
+        async def collect() -> None:
+            try:
+                response = await self._service().CreateSandbox(request, timeout=deadline, metadata=self._metadata())
+                await self.delete(response.sandbox.id, allow_missing=True)
+                _log.debug("deleted sandbox %s of a cancelled create", response.sandbox.id)
+            except Exception as error:  # noqa: BLE001 - best effort; the TTL is the backstop
+                _log.info("could not delete the sandbox of a cancelled create (request %s): %s",
+                          request.request_id, error)
+
+        task = asyncio.get_running_loop().create_task(collect())
+        self._collectors.add(task)
+        task.add_done_callback(self._collectors.discard)
 
     async def get(self, sandbox_id: SandboxId) -> SandboxInfo:
         """Where the sandbox listens and its status (``"running"`` when READY).
