@@ -243,3 +243,22 @@ async def test_the_cli_lists_and_deletes(user_env, bundle):
         missing = subprocess.run([*cli, "sandbox", "get", "sbx-nope"], env=env, capture_output=True, text=True,
                                  timeout=60)
         assert missing.returncode == 1 and "SANDBOX_NOT_FOUND (NOT_FOUND)" in missing.stderr
+
+
+async def test_a_cancelled_create_leaves_no_sandbox_running(user_env, bundle):
+    local = LocalProvider()
+    creating = asyncio.ensure_future(local.create(SandboxConfig(image="host", bundle=str(bundle))))
+    url = None
+    while url is None:  # the per-user providerd is up once the provider has a URL
+        await asyncio.sleep(0.005)
+        url = local.url
+    await asyncio.sleep(0.03)  # the create is under way on the service
+    creating.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await creating
+    await local.aclose()  # waits for the background delete
+    client = ServiceProvider(url)
+    records = await client.list(include_terminated=True)
+    assert len(records) == 1
+    assert (records[0].status.phase, records[0].status.exit.reason) == (pb.SandboxStatus.TERMINATED, pb.Exit.DELETED)
+    await client.aclose()
