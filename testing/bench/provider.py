@@ -531,13 +531,15 @@ async def run_all(args, tools: dict, work: Path, report: dict) -> None:
         order = ("ours", "baseline") if round_index % 2 == 0 else ("baseline", "ours")
         for side in order:
             if side == "ours" and args.only in (None, "ours"):
-                pd = harness.Providerd(work / f"pd{round_index}", binary=tools["providerd"])
+                pd_dir = Path(tempfile.mkdtemp(prefix="pb-", dir="/tmp"))  # short: see Providerd.state_dir
+                pd = harness.Providerd(pd_dir, binary=tools["providerd"])
                 await asyncio.to_thread(pd.start)
                 log(f"round {round_index + 1}: agentix-providerd pid {pd.pid} on {pd.target}")
                 try:
                     ours_rounds.append(await measure_ours(args, harness, pd, bundle, mark))
                 finally:
                     pd.stop()
+                    shutil.rmtree(pd_dir, ignore_errors=True)
             elif side == "baseline" and args.only in (None, "baseline"):
                 baseline_rounds.append(await measure_baseline(args, bundle, work))
             log(f"load average now {_loadavg()}")

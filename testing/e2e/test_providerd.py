@@ -153,7 +153,7 @@ async def delete_everything(api: Api) -> list[str]:
 
 @pytest.fixture
 def pd_dir():
-    directory = Path(tempfile.mkdtemp(prefix="agx-pd-"))  # short: sun_path is 108 bytes
+    directory = Path(tempfile.mkdtemp(prefix="pd-", dir="/tmp"))  # short: see Providerd.state_dir
     yield directory
     shutil.rmtree(directory, ignore_errors=True)
 
@@ -330,16 +330,26 @@ async def test_1000_creates_over_100_request_ids_with_drops_and_a_kill9_make_exa
     """1,000 concurrent creates over 100 request ids, many of them dropped by
     the client (short deadlines, cancellation), and a `kill -9` of providerd +
     restart while they are in flight: exactly 100 sandboxes, one per request
-    id; every retry of an id answers the same sandbox with replayed=true."""
+    id; every answer for an id names the same sandbox, and every retry after
+    the first answer is a replay (replayed=true).
+
+    The kill takes the sandboxes of that moment with it (bubblewrap
+    --die-with-parent): after the restart they are TERMINATED/BACKEND_LOST,
+    a replay of one that had been READY returns it (replayed=true), and one
+    that never got READY is answered FAILED_PRECONDITION/SANDBOX_TERMINATED
+    naming it: the documented answer when an equivalent response is no
+    longer possible. Neither makes a second sandbox."""
     rng = random.Random(19)
     request_ids = [str(uuid.uuid4()) for _ in range(100)]
     spec = make_spec(bundle, ttl=600)
     labels = {rid: {"suite": "idem", "n": str(n)} for n, rid in enumerate(request_ids)}
     answers = collections.defaultdict(list)  # rid -> [(stage, sandbox id, replayed, phase)]
+    definite = collections.defaultdict(list)  # rid -> [(stage, reason, details)]: the did-not-start answer
     failures = collections.Counter()          # (stage, code)
     unexpected = []
 
     async def attempt(stage, rid, *, timeout, cancel_after=None):
+        """The response, or the error's code."""
         call = api.stub.CreateSandbox(pb.CreateSandboxRequest(request_id=rid, spec=spec, labels=labels[rid]),
                                       metadata=api.md, timeout=timeout)
         if cancel_after is not None:
@@ -348,31 +358,37 @@ async def test_1000_creates_over_100_request_ids_with_drops_and_a_kill9_make_exa
             response = await call
         except asyncio.CancelledError:
             failures[(stage, "CANCELLED")] += 1
-            return None
+            return grpc.StatusCode.CANCELLED
         except grpc.aio.AioRpcError as error:
             failures[(stage, error.code().name)] += 1
-            if error.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
-                                    grpc.StatusCode.UNAVAILABLE):
+            if error.code() == grpc.StatusCode.FAILED_PRECONDITION \
+                    and harness.error_reason(error) == "SANDBOX_TERMINATED":
+                definite[rid].append((stage, harness.error_reason(error), error.details()))
+            elif error.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+                                      grpc.StatusCode.UNAVAILABLE):
                 unexpected.append((stage, rid, error.code().name, harness.error_reason(error), error.details()))
             return error.code()
         answers[rid].append((stage, response.sandbox.id, response.replayed, _phase(response.sandbox)))
         return response
 
-    # Stage A: 10 attempts per id, all at once: 3 with a short deadline, 3 cancelled, 4 patient.
-    plan = []
-    for rid in request_ids:
-        for k in range(10):
-            if k < 3:
-                plan.append(dict(timeout=rng.uniform(0.005, 0.4)))
-            elif k < 6:
-                plan.append(dict(timeout=CREATE_TIMEOUT_S, cancel_after=rng.uniform(0.0, 0.6)))
-            else:
-                plan.append(dict(timeout=CREATE_TIMEOUT_S))
-            plan[-1]["rid"] = rid
-    rng.shuffle(plan)
-    stage_a = [asyncio.create_task(attempt("A", **p)) for p in plan]
+    def plan(ids, per_id):
+        """`per_id` attempts per id: 30% with a short deadline, 30% cancelled, 40% patient."""
+        attempts = []
+        for rid in ids:
+            for k in range(per_id):
+                if k % 10 < 3:
+                    attempts.append(dict(rid=rid, timeout=rng.uniform(0.005, 0.4)))
+                elif k % 10 < 6:
+                    attempts.append(dict(rid=rid, timeout=CREATE_TIMEOUT_S, cancel_after=rng.uniform(0.0, 0.6)))
+                else:
+                    attempts.append(dict(rid=rid, timeout=CREATE_TIMEOUT_S))
+        rng.shuffle(attempts)
+        return attempts
 
-    # kill -9 once some creates have completed and many are still in flight.
+    # Stage A1: 500 attempts over the first 50 ids, all at once; kill -9 once
+    # some have been answered and many are still in flight.
+    stage_a1 = [asyncio.create_task(attempt("A", **p)) for p in plan(request_ids[:50], 10)]
+
     async def some_answered():
         while sum(len(v) for v in answers.values()) < 10:
             await asyncio.sleep(0.01)
@@ -381,26 +397,29 @@ async def test_1000_creates_over_100_request_ids_with_drops_and_a_kill9_make_exa
         await asyncio.wait_for(some_answered(), 60)
     except asyncio.TimeoutError:
         pass  # then the kill lands with everything in flight, which is a valid drop too
-    in_flight = sum(1 for t in stage_a if not t.done())
+    in_flight = sum(1 for t in stage_a1 if not t.done())
     pd.kill9()
     await asyncio.to_thread(pd.start)
-    await asyncio.wait_for(asyncio.gather(*stage_a), 120)
+    # Stage A2: 500 more over all 100 ids, right after the restart, with the same drops.
+    stage_a2 = [asyncio.create_task(attempt("A", **p)) for p in plan(request_ids, 5)]
+    await asyncio.wait_for(asyncio.gather(*stage_a1, *stage_a2), 150)
+    assert len(stage_a1) + len(stage_a2) == 1000
     assert in_flight > 0, "the kill must hit creates in flight"
     assert failures[("A", "UNAVAILABLE")] > 0, failures
     assert failures[("A", "DEADLINE_EXCEEDED")] + failures[("A", "CANCELLED")] > 0, failures
 
-    # Stage B: every id retried (same request id, same payload) until it answers.
+    # Stage B: every id retried (same request id, same payload) until it gets an answer.
     async def until_answered(rid):
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline:
             outcome = await attempt("B", rid, timeout=CREATE_TIMEOUT_S)
-            if not isinstance(outcome, grpc.StatusCode):
-                return outcome
+            if not isinstance(outcome, grpc.StatusCode) or outcome == grpc.StatusCode.FAILED_PRECONDITION:
+                return
             await asyncio.sleep(0.2)
         raise AssertionError(f"{rid} never answered")
 
     await asyncio.wait_for(asyncio.gather(*(until_answered(rid) for rid in request_ids)), 200)
-    # Stage C: one more retry each: all replays.
+    # Stage C: one more retry each.
     await asyncio.wait_for(asyncio.gather(*(attempt("C", rid, timeout=CREATE_TIMEOUT_S) for rid in request_ids)),
                            120)
     assert not unexpected, unexpected[:10]
@@ -410,16 +429,31 @@ async def test_1000_creates_over_100_request_ids_with_drops_and_a_kill9_make_exa
     assert len(listed) == 100, (len(listed), failures)
     assert set(by_request) == set(request_ids) and set(by_request.values()) == {1}
     record = {s.request_id: s for s in listed}
+    fresh_after_restart = 0
     for rid in request_ids:
-        seen = answers[rid]
-        assert {sandbox_id for _, sandbox_id, _, _ in seen} == {record[rid].id}, (rid, seen)
+        seen, mine = answers[rid], record[rid]
+        assert {sandbox_id for _, sandbox_id, _, _ in seen} <= {mine.id}, (rid, seen, mine.id)
         assert sum(1 for _, _, replayed, _ in seen if not replayed) <= 1, (rid, seen)
+        for stage, _, details in definite[rid]:
+            # Only a sandbox that never got READY, lost in the kill, is answered this way.
+            assert mine.id in details, (rid, details)
+            assert _phase(mine) == "TERMINATED" and _reason(mine) == "BACKEND_LOST", mine
+            assert not mine.status.ready_time.seconds, mine
         stage_c = [a for a in seen if a[0] == "C"]
-        assert len(stage_c) == 1 and stage_c[0][2] is True, (rid, seen)
-    # Ids answered before the kill are replays after it.
+        if stage_c:
+            assert stage_c[0][2] is True, (rid, seen)
+        else:
+            assert [d for d in definite[rid] if d[0] == "C"], (rid, seen, definite[rid])
+        if _phase(mine) == "READY":
+            fresh_after_restart += 1
+            assert stage_c and stage_c[0][3] == "READY"
+        else:
+            assert _reason(mine) == "BACKEND_LOST", mine
+    # Once an id has been answered, every later answer is a replay.
     for rid in request_ids:
-        if any(stage == "A" for stage, *_ in answers[rid]):
+        if any(stage == "A" for stage, *_ in answers[rid]) or definite[rid]:
             assert all(replayed for stage, _, replayed, _ in answers[rid] if stage != "A"), answers[rid]
+    assert fresh_after_restart > 0, "no id was created after the restart: the kill came too late to test it"
     assert pd.starts == 2
 
 
@@ -704,7 +738,7 @@ async def test_200_claim_burst_on_a_pool_min20_max30_stays_bounded_and_refills(a
 def bad_input_pd(bundle):
     """One providerd for every bad-input case, holding one READY sandbox made
     with a known request id (for the reused-id case)."""
-    directory = Path(tempfile.mkdtemp(prefix="agx-pdbad-"))
+    directory = Path(tempfile.mkdtemp(prefix="pd-", dir="/tmp"))
     service = harness.Providerd(directory).start()
     existing = {"request_id": str(uuid.uuid4())}
     try:

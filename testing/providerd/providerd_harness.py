@@ -142,7 +142,12 @@ class Providerd:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.binary = Path(binary or find_providerd())
         self.instance = instance or f"e2e-{secrets.token_hex(4)}"
-        self.state_dir = self.workdir / "state"
+        # providerd keeps its sandboxes' socket directories under the state
+        # dir, so it must be short (sun_path is 108 bytes): providerd refuses
+        # one longer than 22 bytes.
+        self.state_dir = self.workdir / "s"
+        if len(str(self.state_dir)) > 22:
+            raise ValueError(f"state dir {self.state_dir} is longer than 22 bytes: use a short work dir")
         self.socket_path = self.workdir / "pd.sock"
         self.target = f"unix://{self.socket_path}"
         self.token = secrets.token_hex(24)
