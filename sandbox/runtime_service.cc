@@ -426,42 +426,45 @@ using RequestMethod = void (AsyncService::*)(grpc::ServerContext*,
 // that call arrives, the one after.
 template <typename Stream, typename Make>
 void AwaitNext(AsyncService* service, RequestMethod<Stream> method,
-               CompletionQueueThread* thread, Make make) {
+               CompletionQueueThread* thread, StreamActivity* activity,
+               Make make) {
   Stream* stream = make();
+  stream->CountIn(activity);
   stream->AwaitCall(
       [service, method](grpc::ServerContext* context,
                         typename Stream::Stream* call,
                         grpc::ServerCompletionQueue* queue, void* tag) {
         (service->*method)(context, call, queue, queue, tag);
       },
-      thread, [service, method, thread, make] {
-        AwaitNext<Stream>(service, method, thread, make);
+      thread, [service, method, thread, activity, make] {
+        AwaitNext<Stream>(service, method, thread, activity, make);
       });
 }
 
 }  // namespace
 
 RuntimeServiceImpl::RuntimeServiceImpl(SessionManager* manager,
-                                       std::string version)
-    : manager_(manager), version_(std::move(version)) {}
+                                       std::string version,
+                                       StreamActivity* activity)
+    : manager_(manager), version_(std::move(version)), activity_(activity) {}
 
 void RuntimeServiceImpl::Start(CompletionQueueThread* thread) {
   AsyncService* service = &service_;
   SessionManager* manager = manager_;
   FlushScheduler* scheduler = &flush_scheduler_;
 
-  AwaitNext<CallsReactor>(service, &AsyncService::RequestCalls, thread,
+  AwaitNext<CallsReactor>(service, &AsyncService::RequestCalls, thread, activity_,
                           [manager] { return new CallsReactor(manager); });
-  AwaitNext<LogsReactor>(service, &AsyncService::RequestLogs, thread,
+  AwaitNext<LogsReactor>(service, &AsyncService::RequestLogs, thread, activity_,
                          [manager, scheduler] {
                            return new LogsReactor(manager, &manager->logs(), scheduler);
                          });
   AwaitNext<TracesReactor>(
-      service, &AsyncService::RequestTraces, thread, [manager, scheduler] {
+      service, &AsyncService::RequestTraces, thread, activity_, [manager, scheduler] {
         return new TracesReactor(manager, &manager->traces(), scheduler);
       });
   AwaitNext<NamespaceReactor>(
-      service, &AsyncService::RequestNamespace, thread,
+      service, &AsyncService::RequestNamespace, thread, activity_,
       [manager] { return new NamespaceReactor(manager); });
   const std::string* version = &version_;
   UnaryCall<runtime::v1::GetInfoRequest, runtime::v1::GetInfoResponse>::

@@ -51,7 +51,10 @@ class RuntimeServiceImpl final {
 
   // `manager` must outlive the service; the service must outlive the
   // grpc::Server serving it and the thread polling its queue.
-  RuntimeServiceImpl(SessionManager* manager, std::string version);
+  // `activity` (may be null; must outlive the streams) counts the open
+  // streams for SandboxAdmin.GetStatus.
+  RuntimeServiceImpl(SessionManager* manager, std::string version,
+                     StreamActivity* activity = nullptr);
 
   RuntimeServiceImpl(const RuntimeServiceImpl&) = delete;
   RuntimeServiceImpl& operator=(const RuntimeServiceImpl&) = delete;
@@ -67,6 +70,7 @@ class RuntimeServiceImpl final {
  private:
   SessionManager* const manager_;
   const std::string version_;
+  StreamActivity* const activity_;
   Service service_;
   // Runs the Logs and Traces streams' delayed (coalesced) writes. Outlives
   // the streams: the queue's thread deletes the last ones as it stops.

@@ -22,12 +22,14 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/flags.h"
 #include "base/status_macros.h"
 #include "base/log.h"
 #include "base/malloc_tuning.h"
 #include "base/mutex_tuning.h"
+#include "sandbox/admin_service.h"
 #include "sandbox/auth.h"
 #include "sandbox/connection_guard.h"
 #include "sandbox/health_service.h"
@@ -74,6 +76,15 @@ ABSL_FLAG(std::string, token_file, "",
           "file holding the bearer token every RPC must carry "
           "(mode 0600; default: $AGENTIX_TOKEN; neither: no token check; an "
           "empty or blank file or $AGENTIX_TOKEN is refused)");
+ABSL_FLAG(std::string, admin_token_file, "",
+          "activation mode, for warm pools: file (mode 0600, or a pipe such "
+          "as /proc/self/fd/N, read to EOF) holding the admin token. The "
+          "daemon starts unarmed: it serves agentix.runtime.v1.SandboxAdmin "
+          "and grpc.health.v1 to that token, and answers every runtime RPC "
+          "FAILED_PRECONDITION until SandboxAdmin.Activate gives it the "
+          "runtime token (and the worker's env); then runtime RPCs need that "
+          "token. Excludes --token-file and $AGENTIX_TOKEN; with "
+          "--prestart-worker the worker starts at activation");
 ABSL_FLAG(uint64_t, max_connections, 1024,
           "connections open at once, authenticated or not; more are closed "
           "at accept (the open-file soft limit is raised to fit, up to the "
@@ -172,10 +183,29 @@ absl::StatusOr<std::string> TakeToken() {
   return token;
 }
 
+// Reads --admin-token-file (empty: not in activation mode) and closes the
+// descriptor a /proc/self/fd/N or /dev/fd/N path names, so that nothing
+// later (the worker is spawned with only its own fds anyway) can re-read it.
+absl::StatusOr<std::string> TakeAdminToken() {
+  const std::string path = absl::GetFlag(FLAGS_admin_token_file);
+  if (path.empty()) return std::string();
+  absl::StatusOr<std::string> token = LoadTokenFile(path, "--admin-token-file");
+  for (absl::string_view prefix : {"/proc/self/fd/", "/dev/fd/"}) {
+    int fd = -1;
+    if (absl::StartsWith(path, prefix) &&
+        absl::SimpleAtoi(absl::string_view(path).substr(prefix.size()), &fd) &&
+        fd > 2) {
+      ::close(fd);
+    }
+  }
+  return token;
+}
+
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>>
-LoadServerCredentials(std::string token) {
+LoadServerCredentials(std::string token, std::shared_ptr<TokenGate> gate) {
   ServerSecurityOptions security;
   security.token = std::move(token);
+  security.gate = std::move(gate);
   for (auto [flag, value, pem] :
        {std::tuple{"--tls-cert", absl::GetFlag(FLAGS_tls_cert),
                    &security.tls_cert_pem},
@@ -190,8 +220,11 @@ LoadServerCredentials(std::string token) {
           security.tls_cert_pem.empty()
               ? "plaintext"
               : (security.tls_client_ca_pem.empty() ? "TLS" : "mutual TLS"),
-          security.token.empty() ? "no token check" : "bearer token required");
-  if (security.token.empty()) {
+          security.gate != nullptr
+              ? "unarmed until SandboxAdmin.Activate (admin token required)"
+              : (security.token.empty() ? "no token check"
+                                        : "bearer token required"));
+  if (security.token.empty() && security.gate == nullptr) {
     AGX_LOG(Warning, "no --token-file and no ${}: whoever can connect can run "
                      "code here", kTokenEnvVar);
   }
@@ -255,6 +288,22 @@ int Run(int argc, char** raw_argv) {
     AGX_LOG(Error, "{}", std::string(token.status().message()));
     return 2;
   }
+  absl::StatusOr<std::string> admin_token = TakeAdminToken();
+  if (!admin_token.ok()) {
+    AGX_LOG(Error, "{}", std::string(admin_token.status().message()));
+    return 2;
+  }
+  // Activation mode: the runtime token comes from Activate alone.
+  std::shared_ptr<TokenGate> gate;
+  if (!admin_token->empty()) {
+    if (!token->empty()) {
+      AGX_LOG(Error, "--admin-token-file excludes --token-file and ${}: the "
+                     "runtime token comes from SandboxAdmin.Activate",
+              kTokenEnvVar);
+      return 2;
+    }
+    gate = TokenGate::Armable(*std::move(admin_token));
+  }
   if (listen.empty()) {
     AGX_LOG(Error, "at least one --listen address is required "
                    "(unix:///abs/path.sock or HOST:PORT)");
@@ -295,7 +344,7 @@ int Run(int argc, char** raw_argv) {
   }
 
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      LoadServerCredentials(std::move(token).value());
+      LoadServerCredentials(std::move(token).value(), gate);
   if (!credentials.ok()) {
     AGX_LOG(Error, "{}", std::string(credentials.status().message()));
     return 2;
@@ -327,8 +376,15 @@ int Run(int argc, char** raw_argv) {
   signal(SIGPIPE, SIG_IGN);
 
   SessionManager manager(options);
-  RuntimeServiceImpl service(&manager, kVersion);
-  if (absl::GetFlag(FLAGS_prestart_worker)) {
+  StreamActivity activity;
+  RuntimeServiceImpl service(&manager, kVersion, &activity);
+  // In activation mode the worker starts at Activate at the earliest, so the
+  // env it gives reaches user code.
+  std::unique_ptr<SandboxAdminService> admin;
+  if (gate != nullptr) {
+    admin = std::make_unique<SandboxAdminService>(
+        gate, &manager, &activity, absl::GetFlag(FLAGS_prestart_worker));
+  } else if (absl::GetFlag(FLAGS_prestart_worker)) {
     absl::Status started = manager.StartWorker();
     if (!started.ok()) {
       // Not fatal: the first call tries again and reports the reason.
@@ -356,6 +412,7 @@ int Run(int argc, char** raw_argv) {
                              path.empty() ? &ports[i] : nullptr);
   }
   service.AddTo(builder);
+  if (admin) admin->AddTo(builder);
   // grpc.health.v1 of our own on the same queue: grpc++'s default one would
   // bring the callback API's threads back (health_service.h).
   HealthService health({"agentix.runtime.v1.RuntimeService"});
@@ -382,6 +439,7 @@ int Run(int argc, char** raw_argv) {
   // Every reaction of every call runs on this one thread (server_stream.h).
   CompletionQueueThread reactions(cq.get(), "agx-grpc");
   service.Start(&reactions);
+  if (admin) admin->Start(&reactions);
   health.Start(&reactions);
   for (size_t i = 0; i < listen.size(); ++i) {
     AGX_LOG(Info, "serving agentix.runtime.v1 on {}{}", listen[i],

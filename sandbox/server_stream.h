@@ -42,6 +42,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "sandbox/stream_activity.h"
 
 namespace agentix::sandbox {
 
@@ -190,6 +191,10 @@ class ServerStream {
     request_call(&context_, &stream_, thread->cq(), &accepted_);
   }
 
+  // Counts this stream in `activity` from its arrival to its end (null: not
+  // counted). Before AwaitCall.
+  void CountIn(StreamActivity* activity) { activity_ = activity; }
+
   void StartRead(Request* request) {
     ops_.fetch_add(1, std::memory_order_relaxed);
     read_into_ = request;
@@ -239,6 +244,7 @@ class ServerStream {
     thread_->AddLive();
     // One count for the done tag, one that Finish's completion releases.
     ops_.store(2, std::memory_order_relaxed);
+    if (activity_ != nullptr) activity_->Opened();
     if (on_accepted_) std::exchange(on_accepted_, nullptr)();
     OnStart();
   }
@@ -271,7 +277,9 @@ class ServerStream {
   void Release(int n) {
     if (ops_.fetch_sub(n, std::memory_order_acq_rel) != n) return;
     CompletionQueueThread* const thread = thread_;
+    StreamActivity* const activity = activity_;
     OnDone();  // may delete this
+    if (activity != nullptr) activity->Closed();
     thread->RemoveLive();
   }
 
@@ -281,6 +289,7 @@ class ServerStream {
   Request* read_into_ = nullptr;
   grpc::ByteBuffer write_bytes_;
   CompletionQueueThread* thread_ = nullptr;
+  StreamActivity* activity_ = nullptr;
   std::function<void()> on_accepted_;
   // Operations in flight, plus one until Finish has completed.
   std::atomic<int> ops_{0};

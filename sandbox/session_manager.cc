@@ -562,6 +562,8 @@ void SessionManager::Emit(const std::string& call_id, Call& call,
     call.dispatched = false;
     --running_calls_;
   }
+  // One clock read per burst of calls, not per call, when calls overlap.
+  if (running_calls_ == 0) last_call_end_ = absl::Now();
   if (call.queued) {  // cancelled or refused while waiting
     call.queued = false;
     call.queued_args.clear();
@@ -601,8 +603,25 @@ absl::StatusOr<WorkerProcess*> SessionManager::EnsureWorker() {
   if (worker_) return worker_.get();
   // posix_spawn under the lock is deliberate: it takes about a millisecond
   // and keeps "exactly one live worker" trivially true.
-  auto worker =
-      WorkerProcess::Start(options_.worker, next_generation_, this);
+  absl::StatusOr<std::unique_ptr<WorkerProcess>> worker;
+  if (extra_env_.empty()) {
+    worker = WorkerProcess::Start(options_.worker, next_generation_, this);
+  } else {
+    WorkerOptions with_env = options_.worker;
+    absl::flat_hash_set<std::string_view> keys;
+    for (const std::string& entry : extra_env_) {
+      keys.insert(std::string_view(entry).substr(0, entry.find('=')));
+    }
+    auto& env = with_env.env;
+    env.erase(std::remove_if(env.begin(), env.end(),
+                             [&](const std::string& entry) {
+                               return keys.contains(std::string_view(entry).substr(
+                                   0, entry.find('=')));
+                             }),
+              env.end());
+    env.insert(env.end(), extra_env_.begin(), extra_env_.end());
+    worker = WorkerProcess::Start(with_env, next_generation_, this);
+  }
   if (!worker.ok()) return worker.status();
   ++next_generation_;
   ++workers_started_;
@@ -1041,9 +1060,31 @@ absl::Status SessionManager::StartWorker() {
   return EnsureWorker().status();
 }
 
+absl::Status SessionManager::AddWorkerEnv(
+    const std::vector<std::string>& entries) {
+  absl::MutexLock lock(&mu_);
+  if (worker_) {
+    return absl::FailedPreconditionError(
+        "the worker is already running; its environment cannot change");
+  }
+  // A key given again replaces its earlier entry.
+  for (const std::string& entry : entries) {
+    const std::string_view key = std::string_view(entry).substr(0, entry.find('='));
+    extra_env_.erase(
+        std::remove_if(extra_env_.begin(), extra_env_.end(),
+                       [&](const std::string& e) {
+                         return std::string_view(e).substr(0, e.find('=')) == key;
+                       }),
+        extra_env_.end());
+    extra_env_.push_back(entry);
+  }
+  return absl::OkStatus();
+}
+
 SessionInfo SessionManager::Info() {
   absl::MutexLock lock(&mu_);
   SessionInfo info;
+  info.last_call_end = last_call_end_;
   info.worker_pid = worker_ ? worker_->pid() : 0;
   info.workers_started = workers_started_;
   for (const auto& [id, call] : calls_) {

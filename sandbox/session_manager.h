@@ -86,6 +86,10 @@ struct SessionInfo {
   uint64_t calls_in_flight = 0;
   uint64_t calls_queued = 0;
   uint64_t namespace_streams = 0;
+  // When a call last reached its terminal event with no other call running
+  // (the manager's construction until the first): the start of the idle
+  // time SandboxAdmin.GetStatus reports.
+  absl::Time last_call_end;
 };
 
 class SessionManager : public WorkerProcess::Listener {
@@ -123,6 +127,12 @@ class SessionManager : public WorkerProcess::Listener {
   // first call that needs it). Errors as posix_spawn reports them; a worker
   // that fails later in its boot is reported to the calls that wait for it.
   absl::Status StartWorker();
+  // Adds "K=V" entries to the environment of workers started from now on
+  // (SandboxAdmin.Activate's env); they replace the daemon's own entries of
+  // the same keys (the environment holds each key once).
+  // FailedPrecondition if a worker is already running: its environment can
+  // no longer change.
+  absl::Status AddWorkerEnv(const std::vector<std::string>& entries);
   // Bytes queued in host streams' writers and not yet written; every Calls
   // stream's writer adds to it (BatchingWriter::ShareQueuedBytes).
   std::shared_ptr<std::atomic<int64_t>> unwritten_result_bytes() {
@@ -305,6 +315,9 @@ class SessionManager : public WorkerProcess::Listener {
   std::vector<std::unique_ptr<WorkerProcess>> dead_workers_
       ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
+  // Entries AddWorkerEnv put before options_.worker.env's.
+  std::vector<std::string> extra_env_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_call_end_ ABSL_GUARDED_BY(mu_) = absl::Now();
   uint64_t workers_started_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t evicted_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t retained_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -17,6 +17,8 @@
 //   fake::garbage  writes a frame that is not msgpack
 //   fake::bad_ring answers with a ring reference outside the payload ring
 //   fake::pid      returns its own pid as text
+//   fake::env      returns the value of the environment variable named
+//                  <arguments>, or "<unset>"
 //   fake::log      sends a log record "<arguments>" (logger "fake"), then
 //                  returns "logged"
 //   fake::logs     arguments "N:GAP_US": sends N log records "0", "1", ...
@@ -269,6 +271,9 @@ int main(int argc, char** argv) {
       SendResult(id, "logged");
     } else if (fn == "fake::pid") {
       SendResult(id, std::to_string(getpid()));
+    } else if (fn == "fake::env") {
+      const char* value = std::getenv(p.args.c_str());
+      SendResult(id, value != nullptr ? value : "<unset>");
     } else {
       SendError(id, "ModuleNotFoundError", "No module named '" + fn + "'", 3,
                 false);

@@ -3,7 +3,8 @@
 Under ``bazel test //host/python:unit_tests`` the runfiles already provide both and
 this does nothing. For ``/usr/bin/python3 -m pytest host/python/tests`` it puts
 ``host/python`` on ``sys.path`` and, since the stubs are generated rather than
-checked in, takes them from ``bazel-bin`` (``bazel build //host/python:runtime_stubs``).
+checked in, takes them from ``bazel-bin`` (``bazel build //host/python:runtime_stubs
+//host/python:provider_stubs``).
 """
 
 import importlib
@@ -28,6 +29,18 @@ if importlib.util.find_spec("agentix.runtime.v1.runtime_pb2") is None:
             returncode=4,
         )
     agentix.runtime.v1.__path__.append(str(_GENERATED_STUBS))
+
+import agentix.provider.v1  # noqa: E402
+
+_GENERATED_PROVIDER_STUBS = _GENERATED_STUBS.parent.parent / "provider" / "v1"
+if importlib.util.find_spec("agentix.provider.v1.provider_pb2") is None:
+    if not (_GENERATED_PROVIDER_STUBS / "provider_pb2.py").is_file():
+        pytest.exit(
+            f"generated stubs not found in {_GENERATED_PROVIDER_STUBS}: "
+            "run `bazel build //host/python:provider_stubs` first",
+            returncode=4,
+        )
+    agentix.provider.v1.__path__.append(str(_GENERATED_PROVIDER_STUBS))
 
 import agentix.runtime.client  # noqa: E402
 

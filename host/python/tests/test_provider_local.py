@@ -1,214 +1,341 @@
-"""LocalProvider pieces that need no bubblewrap run: sizes, settings, the
-bwrap command line, the sandbox environment, limits the machine cannot
-enforce. The sandboxes themselves are tested in testing/e2e/test_local_provider.py."""
+"""LocalProvider as a client of agentix-providerd (a fake ProviderService here):
+which providerd it uses ($AGENTIX_PROVIDER_URL, the per-user default socket,
+started when none answers, or a private one for server-level settings), how
+its settings reach the requests, and starting a providerd binary."""
 
-import logging
+import asyncio
 import os
-import struct
+import shutil
+import stat
+import tempfile
+import textwrap
+from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
-from agentix.provider import SandboxConfig, SandboxId, SandboxResource
-from agentix.provider.local import LocalProvider, LocalProviderConfig, _Cgroups, parse_memory
-from agentix.runtime import (
-    BIND_HOST_ENV,
-    BIND_PORT_ENV,
-    BUNDLE_NIX_ROOT,
-    BUNDLE_RUNTIME_ENTRYPOINT,
-    LISTEN_ENV,
-)
+from agentix.provider import SandboxConfig, SandboxResource
+from agentix.provider import local as local_module
+from agentix.provider.local import LocalProvider, LocalProviderConfig, default_socket, find_providerd, spawn_providerd
+from agentix.provider.v1 import provider_pb2 as pb
+from fake_provider import FakeProviderService, serve_provider
 
 
-@pytest.mark.parametrize(
-    "value, expected",
-    [(4096, 4096), ("100000", 100000), ("512m", 512 << 20), ("16g", 16 << 30), ("1GiB", 1 << 30),
-     ("2048k", 2 << 20), ("1.5g", 3 << 29), (" 64M ", 64 << 20), ("10b", 10)],
-)
-def test_parse_memory(value, expected):
-    assert parse_memory(value) == expected
+@pytest.fixture
+def short_dir():
+    path = Path(tempfile.mkdtemp(prefix="agx-", dir="/tmp"))  # sun_path is 108 bytes
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.mark.parametrize("value", ["", "lots", "12x", "-1m", "0", 0, "m"])
-def test_parse_memory_refuses_what_it_cannot_read(value):
-    with pytest.raises(ValueError, match="memory"):
-        parse_memory(value)
+@pytest.fixture
+def bundle(short_dir):
+    nix = short_dir / "bundle" / "nix" / "runtime"
+    nix.mkdir(parents=True)
+    (nix / "bootstrap.sh").write_text("#!/bin/sh\n")
+    return short_dir / "bundle"
 
 
-@pytest.mark.parametrize(
-    "settings",
-    [{"ready_timeout": 0}, {"stop_grace": -1}, {"pids_max": 0}, {"memory": "lots"}, {"cgroup_parent": "../x"}],
-)
-def test_config_validation(settings):
-    with pytest.raises(ValueError):
-        LocalProviderConfig(**settings)
+@pytest.fixture
+def no_spawn(monkeypatch):
+    """Fails the test if LocalProvider tries to start a providerd."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"spawn_providerd called: {args} {kwargs}")
+
+    monkeypatch.setattr(local_module, "spawn_providerd", refuse)
 
 
-def test_settings_as_keywords_or_config_not_both():
-    assert LocalProvider(pids_max=5).config.pids_max == 5
+@pytest.fixture
+def environment(monkeypatch, short_dir):
+    monkeypatch.delenv("AGENTIX_PROVIDER_URL", raising=False)
+    monkeypatch.delenv("AGENTIX_PROVIDER_TOKEN", raising=False)
+    runtime = short_dir / "xdg"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    return runtime
+
+
+@pytest_asyncio.fixture
+async def fake(short_dir):
+    service = FakeProviderService()
+    service.socket = short_dir / "p.sock"
+    service.url = f"unix://{service.socket}"
+    server = await serve_provider(service, service.socket)
+    yield service
+    await server.stop(None)
+
+
+def _creates(service):
+    return [request for method, request in service.calls if method == "CreateSandbox"]
+
+
+def test_it_is_still_the_local_entry_point():
+    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert 'local = "agentix.provider.local:LocalProvider"' in pyproject
     assert LocalProviderConfig(pids_max=7).to_provider().config.pids_max == 7
-    with pytest.raises(TypeError, match="either"):
-        LocalProvider(LocalProviderConfig(), pids_max=5)
 
 
-def test_bootstrap_constants():
-    assert (BIND_HOST_ENV, BIND_PORT_ENV, LISTEN_ENV) == ("AGENTIX_BIND_HOST", "AGENTIX_BIND_PORT", "AGENTIX_LISTEN")
-    assert (BUNDLE_NIX_ROOT, BUNDLE_RUNTIME_ENTRYPOINT) == ("/nix", "/nix/runtime/bootstrap.sh")
+def test_default_socket(monkeypatch, short_dir):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_dir))
+    assert default_socket() == short_dir / "agentix" / "providerd.sock"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_dir / "missing"))
+    assert default_socket() == Path(f"/tmp/agentix-{os.getuid()}/providerd.sock")
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert default_socket() == Path(f"/tmp/agentix-{os.getuid()}/providerd.sock")
 
 
-def _pairs(argv, flag):
-    return [tuple(argv[i + 1:i + 3]) if flag in ("--ro-bind", "--bind", "--symlink") else argv[i + 1]
-            for i, arg in enumerate(argv) if arg == flag]
+@pytest.mark.asyncio
+async def test_uses_the_provider_url_and_maps_its_settings(environment, fake, bundle, monkeypatch, no_spawn):
+    monkeypatch.setenv("AGENTIX_PROVIDER_URL", fake.url)
+    provider = LocalProvider(memory="256m", tmp_size="64m", share_net=True, ready_timeout=7, stop_grace=1.5, ttl=60)
+    config = SandboxConfig(image="host", bundle=str(bundle), env={"K": "v"}, resource=SandboxResource(cpu=0.5))
+    sandbox = await provider.create(config)
+    assert provider.url == fake.url
+    (request,) = _creates(fake)
+    spec = request.spec
+    assert spec.image == "host" and spec.bundle.path == str((bundle / "nix").resolve())
+    assert dict(spec.env) == {"K": "v"}
+    assert (spec.resources.cpu_millis, spec.resources.memory_bytes, spec.resources.scratch_bytes) == (
+        500, 256 << 20, 64 << 20,
+    )
+    assert spec.resources.pids == 0  # the default cap is providerd's own
+    assert spec.network.mode == pb.Network.HOST
+    assert spec.ttl.seconds == 60 and request.ready_timeout.seconds == 7
+    assert sandbox.token == fake.tokens[sandbox.sandbox_id]
+    assert sandbox.runtime_url == fake.records[sandbox.sandbox_id].status.endpoint.target
+    await provider.aclose()
+    (delete,) = [r for m, r in fake.calls if m == "DeleteSandbox"]
+    assert delete.id == sandbox.sandbox_id and delete.grace.ToTimedelta().total_seconds() == 1.5
+    assert fake.records[sandbox.sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
 
 
-def test_bwrap_command_line(tmp_path):
-    root = tmp_path / "root"
-    for name in ("usr", "etc", "proc", "tmp", "nix", "run", "dev", "sys"):
-        (root / name).mkdir(parents=True)
-    os.symlink("usr/bin", root / "bin")
-    (root / "marker").write_text("")
-    provider = LocalProvider(tmp_size="100m", run_size=4096, shm_size="1m")
-    argv = provider._argv("/usr/bin/bwrap", "local-0123456789ab", root, tmp_path / "b" / "nix", seccomp_fd=7)
-    for flag in ("--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-                 "--die-with-parent", "--new-session"):
-        assert flag in argv
-    assert _pairs(argv, "--hostname") == ["local-0123456789ab"]
-    assert _pairs(argv, "--cap-drop") == ["ALL"]
-    assert _pairs(argv, "--seccomp") == ["7"]
-    assert _pairs(argv, "--ro-bind") == [
-        (str(root / "etc"), "/etc"), (str(root / "marker"), "/marker"), (str(root / "usr"), "/usr"),
-        (str(tmp_path / "b" / "nix"), "/nix"),
-    ]
-    assert _pairs(argv, "--symlink") == [("usr/bin", "/bin")]
-    # No host directory is writable from inside: every writable mount is a capped tmpfs.
-    assert _pairs(argv, "--bind") == []
-    assert _pairs(argv, "--tmpfs") == ["/", "/dev/shm", "/tmp", "/run", "/run/agentix"]
-    sizes = {argv[i + 3]: int(argv[i + 1]) for i, arg in enumerate(argv) if arg == "--size"}
-    assert sizes == {"/dev/shm": 1 << 20, "/tmp": 100 << 20, "/run": 4096, "/run/agentix": 1 << 20}
-    assert _pairs(argv, "--remount-ro") == ["/dev", "/proc", "/"]
-    assert argv.index("--proc") < argv.index("--remount-ro", argv.index("--proc"))
-    assert argv[argv.index("--proc") + 1] == "/proc" and argv[argv.index("--dev") + 1] == "/dev"
-    assert argv[-1] == "/nix/runtime/bootstrap.sh"
-    assert "--unshare-net" not in LocalProvider(share_net=True)._argv("bwrap", "s", root, root)
-    assert "--seccomp" not in LocalProvider()._argv("bwrap", "s", root, root)
+@pytest.mark.asyncio
+async def test_default_settings_send_only_what_the_sandbox_needs(environment, fake, bundle, monkeypatch, no_spawn):
+    monkeypatch.setenv("AGENTIX_PROVIDER_URL", fake.url)
+    async with LocalProvider() as provider:
+        async with provider.session(SandboxConfig(image="/", bundle=str(bundle / "nix"))) as sandbox:
+            assert (await provider.get(sandbox.sandbox_id)).status == "running"
+    (request,) = _creates(fake)
+    assert not request.spec.HasField("resources") and not request.spec.HasField("network")
+    assert request.spec.image == "host" and request.spec.ttl.seconds == 300
+    assert request.ready_timeout.seconds == 30
 
 
-def test_tmpfs_sizes_and_log_cap_are_validated():
-    with pytest.raises(ValueError, match="memory size"):
-        LocalProvider(tmp_size="lots")
-    with pytest.raises(ValueError, match="log_max_bytes"):
-        LocalProvider(log_max_bytes=100)
-
-
-def test_seccomp_program_shape():
-    from agentix.provider import _seccomp
-
-    program = _seccomp.deny_filter("x86_64")
-    assert len(program) % 8 == 0 and len(program) // 8 < 4096  # BPF_MAXINSNS
-    insns = [struct.unpack("=HBBI", program[i:i + 8]) for i in range(0, len(program), 8)]
-    # Starts by checking the audit arch (x86_64), killing anything else; ends allowing.
-    assert insns[0] == (0x20, 0, 0, 4) and insns[1] == (0x15, 1, 0, 0xC000003E) and insns[2] == (0x06, 0, 0, 0x80000000)
-    assert insns[-1] == (0x06, 0, 0, 0x7FFF0000)
-    denied = {k for code, jt, jf, k in insns if code == 0x15 and (jt, jf) == (0, 1)}
-    assert {165, 166, 155, 250, 101, 175, 313, 246, 321, 298, 323, 304, 308} <= denied  # mount ... setns
-    assert _seccomp.deny_filter("aarch64") != program
-    with pytest.raises(ValueError, match="no seccomp syscall table"):
-        _seccomp.deny_filter("mips")
-
-
-def test_log_drain_caps_what_reaches_the_host(tmp_path):
-    from agentix.provider.local import _LogDrain
-
-    read_fd, write_fd = os.pipe()
-    drain = _LogDrain(read_fd, tmp_path / "sandbox.log", max_bytes=64 << 10)
-    chunk = b"x" * 4095 + b"\n"
-    for _ in range(1024):  # 4 MiB through a 64 KiB cap
-        os.write(write_fd, chunk)
-    os.write(write_fd, b"the last line\n")
-    os.close(write_fd)
-    drain.join(10.0)
-    sizes = [path.stat().st_size for path in tmp_path.iterdir()]
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["sandbox.log", "sandbox.log.1"]
-    assert sum(sizes) <= 64 << 10 and max(sizes) <= 32 << 10
-    assert (tmp_path / "sandbox.log").read_bytes().endswith(b"the last line\n")
-
-
-def test_sandbox_env_is_not_the_hosts_and_listen_is_the_providers(monkeypatch):
-    monkeypatch.setenv("SECRET_TOKEN", "host-only")
-    env = LocalProvider()._sandbox_env("local-x", {"FOO": "bar", LISTEN_ENV: "0.0.0.0:1"})
-    assert "SECRET_TOKEN" not in env
-    assert env["FOO"] == "bar" and env["AGENTIX_SANDBOX_ID"] == "local-x"
-    assert env[LISTEN_ENV] == "unix:///run/agentix/agentix.sock"
-
-
-def _provider_without_cgroups(tmp_path, **settings):
-    return LocalProvider(cgroup_root=str(tmp_path / "no-cgroups"), **settings)
-
-
-def test_requested_limit_that_cannot_be_enforced_fails(tmp_path):
-    provider = _provider_without_cgroups(tmp_path)
-    with pytest.raises(RuntimeError, match="memory limit not enforced.*require_limits=False"):
-        provider._apply_limits(_Cgroups(provider.config.cgroup_root, "agentix", "local-x"), SandboxResource(memory="1g"))
-    with pytest.raises(RuntimeError, match="cpu limit not enforced"):
-        provider._apply_limits(_Cgroups(provider.config.cgroup_root, "agentix", "local-x"), SandboxResource(cpu=1))
-
-
-def test_unenforceable_limits_are_logged_when_allowed(tmp_path, caplog):
-    provider = _provider_without_cgroups(tmp_path, require_limits=False)
-    cgroups = _Cgroups(provider.config.cgroup_root, "agentix", "local-x")
-    with caplog.at_level(logging.WARNING, logger="agentix.provider.local"):
-        provider._apply_limits(cgroups, SandboxResource(memory="1g"))
-    assert "memory limit not enforced" in caplog.text and "pids limit not enforced" in caplog.text
-    assert cgroups.paths == {}
-
-
-def test_default_pids_limit_is_only_logged(tmp_path, caplog):
-    provider = _provider_without_cgroups(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="agentix.provider.local"):
-        provider._apply_limits(_Cgroups(provider.config.cgroup_root, "agentix", "local-x"), None)
+@pytest.mark.asyncio
+async def test_pids_cap_goes_where_the_service_can_enforce_it(environment, fake, bundle, monkeypatch, caplog):
+    monkeypatch.setenv("AGENTIX_PROVIDER_URL", fake.url)
+    provider = LocalProvider(pids_max=64)
+    await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+    assert _creates(fake)[-1].spec.resources.pids == 0
     assert "pids limit not enforced" in caplog.text
+    await provider.aclose()
+
+    fake.pids_limit = True
+    provider = LocalProvider(pids_max=64)
+    await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+    assert _creates(fake)[-1].spec.resources.pids == 64
+    await provider.aclose()
 
 
 @pytest.mark.asyncio
-async def test_unknown_sandbox_ids(tmp_path):
-    provider = LocalProvider(runtime_dir=str(tmp_path))
-    with pytest.raises(KeyError, match="no sandbox 'local-nope'"):
-        await provider.get(SandboxId("local-nope"))
-    with pytest.raises(KeyError, match="no sandbox 'local-nope'"):
-        await provider.delete(SandboxId("local-nope"))
+async def test_uses_the_default_socket_when_one_answers(environment, bundle, no_spawn):
+    socket = default_socket()
+    socket.parent.mkdir(mode=0o700)
+    service = FakeProviderService()
+    server = await serve_provider(service, socket)
+    try:
+        async with LocalProvider() as provider:
+            await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+            assert provider.url == f"unix://{socket}"
+        assert len(_creates(service)) == 1
+    finally:
+        await server.stop(None)
 
 
 @pytest.mark.asyncio
-async def test_bad_references_fail_before_anything_is_made(tmp_path):
-    provider = LocalProvider(runtime_dir=str(tmp_path / "run"), cache_dir=str(tmp_path / "cache"))
-    (tmp_path / "plain.txt").write_text("not a tar")
+async def test_starts_the_default_providerd_once_when_none_answers(environment, bundle, monkeypatch):
+    loop = asyncio.get_running_loop()
+    started = []
+    servers = []
+
+    def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
+        started.append((socket, log, list(flags), detach))
+        service = FakeProviderService()
+        servers.append((service, asyncio.run_coroutine_threadsafe(serve_provider(service, socket), loop).result()))
+        return None
+
+    monkeypatch.setattr(local_module, "spawn_providerd", fake_spawn)
+    stale = default_socket()
+    stale.parent.mkdir(mode=0o700)
+    import socket as socket_module
+
+    leftover = socket_module.socket(socket_module.AF_UNIX)
+    leftover.bind(str(stale))  # a socket file nobody listens on (a providerd that died)
+    leftover.close()
+    first, second = LocalProvider(), LocalProvider()
+    await asyncio.gather(
+        first.create(SandboxConfig(image="host", bundle=str(bundle))),
+        second.create(SandboxConfig(image="host", bundle=str(bundle))),
+    )
+    assert len(started) == 1
+    socket, log, flags, detach = started[0]
+    state = environment / "agentix" / "providerd"
+    assert (socket, log, flags, detach) == (stale, state / "providerd.log", [f"--state-dir={state}"], True)
+    assert stat.S_IMODE(os.stat(stale.parent).st_mode) == 0o700
+    assert len(_creates(servers[0][0])) == 2
+    await first.aclose()
+    await second.aclose()
+    await servers[0][1].stop(None)
+
+
+@pytest.mark.asyncio
+async def test_server_level_settings_start_a_private_providerd(environment, bundle, monkeypatch, short_dir):
+    loop = asyncio.get_running_loop()
+    started = []
+    servers = []
+
+    def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
+        started.append((socket, list(flags), detach))
+        service = FakeProviderService()
+        servers.append((service, asyncio.run_coroutine_threadsafe(serve_provider(service, socket), loop).result()))
+        import subprocess
+
+        return subprocess.Popen(["sleep", "60"])
+
+    monkeypatch.setattr(local_module, "spawn_providerd", fake_spawn)
+    monkeypatch.setenv("AGENTIX_PROVIDER_URL", "unix:///nowhere.sock")  # server-level settings win over it
+    provider = LocalProvider(
+        run_size="32m", shm_size=1 << 20, log_max_bytes=1 << 20, seccomp=False, require_limits=False,
+        cgroup_root="/cg", cgroup_parent="mine", extra_bwrap_args=["--setenv", "A", "b"], pids_max=None,
+        runtime_dir=str(short_dir / "state"),
+    )
+    sandbox = await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+    ((socket, flags, detach),) = started
+    assert detach is False and socket.name == "providerd.sock" and socket.parent.name.startswith("agentix-pd-")
+    assert flags == [
+        f"--state-dir={short_dir / 'state'}", f"--local-run-size={32 << 20}", f"--local-shm-size={1 << 20}",
+        f"--local-log-max-bytes={1 << 20}", "--local-seccomp=false", "--local-require-limits=false",
+        "--local-cgroup-root=/cg", "--local-cgroup-parent=mine", "--local-pids-max=0",
+        "--local-extra-bwrap-arg=--setenv", "--local-extra-bwrap-arg=A", "--local-extra-bwrap-arg=b",
+    ]
+    assert provider.url == f"unix://{socket}"
+    process = provider._providerd.process
+    await provider.aclose()
+    assert process.poll() is not None  # stopped with the provider
+    assert not socket.parent.exists()
+    assert servers[0][0].records[sandbox.sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
+    await servers[0][1].stop(None)
+
+
+@pytest.mark.asyncio
+async def test_bad_configs_fail_before_any_providerd_is_used(environment, short_dir, bundle, no_spawn):
+    provider = LocalProvider(cache_dir=str(short_dir / "cache"))
+    (short_dir / "plain.txt").write_text("not a tar")
     cases = [
-        (SandboxConfig(image="host", bundle=str(tmp_path / "missing")), "does not exist"),
-        (SandboxConfig(image="host", bundle=str(tmp_path / "plain.txt")), "neither a bundle directory nor a tarball"),
-        (SandboxConfig(image="host", bundle=str(tmp_path), platform="linux/arm64"), "platform"),
-        (SandboxConfig(image="host", bundle=str(tmp_path), resource=SandboxResource(gpu=2)), "GPU"),
+        (SandboxConfig(image="host", bundle=str(short_dir / "missing")), "does not exist"),
+        (SandboxConfig(image="host", bundle=str(short_dir / "plain.txt")), "neither a bundle directory nor a tarball"),
+        (SandboxConfig(image="host", bundle=str(short_dir), platform="linux/arm64"), "platform"),
+        (SandboxConfig(image="host", bundle=str(short_dir), resource=SandboxResource(gpu=2)), "GPU"),
+        (SandboxConfig(image=str(short_dir / "no-root"), bundle=str(bundle)), "not usable"),
     ]
     for config, message in cases:
         with pytest.raises(ValueError, match=message):
             await provider.create(config)
-    assert not (tmp_path / "run").exists()
+    assert provider.url is None
+    with pytest.raises(RuntimeError, match="apt-get install bubblewrap"):
+        await LocalProvider(bwrap=str(short_dir / "no-bwrap")).create(SandboxConfig(image="host", bundle=str(short_dir)))
 
 
 @pytest.mark.asyncio
-async def test_missing_bwrap_says_how_to_install_it(tmp_path):
-    provider = LocalProvider(bwrap=str(tmp_path / "no-bwrap"))
-    with pytest.raises(RuntimeError, match="apt-get install bubblewrap"):
-        await provider.create(SandboxConfig(image="host", bundle=str(tmp_path)))
+async def test_unknown_ids_are_key_errors_and_prune_is_a_no_op(environment, fake, monkeypatch):
+    monkeypatch.setenv("AGENTIX_PROVIDER_URL", fake.url)
+    async with LocalProvider() as provider:
+        assert provider.prune() == []
+        for call in (provider.get, provider.delete):
+            with pytest.raises(KeyError, match="no sandbox 'local-nope'"):
+                await call("local-nope")
 
 
-def test_unsafe_runtime_dir_is_refused(tmp_path):
-    from agentix.provider.local import _private_dir
+@pytest.mark.asyncio
+async def test_sandboxes_of_another_process_can_be_reached_and_deleted(environment, fake, bundle, monkeypatch):
+    monkeypatch.setenv("AGENTIX_PROVIDER_URL", fake.url)
+    async with LocalProvider() as mine, LocalProvider() as theirs:
+        sandbox = await theirs.create(SandboxConfig(image="host", bundle=str(bundle)))
+        assert (await mine.get(sandbox.sandbox_id)).runtime_url == sandbox.runtime_url
+        await mine.delete(sandbox.sandbox_id)
+        assert fake.records[sandbox.sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
 
-    shared = tmp_path / "shared"
-    shared.mkdir(mode=0o777)
-    shared.chmod(0o777)
-    with pytest.raises(RuntimeError, match="mode 0700"):
-        _private_dir(shared)
-    link = tmp_path / "link"
-    link.symlink_to(tmp_path)
-    with pytest.raises(RuntimeError, match="mode 0700"):
-        _private_dir(link)
+
+@pytest.mark.asyncio
+async def test_ttl_is_renewed_while_the_provider_is_open(environment, fake, bundle, monkeypatch):
+    monkeypatch.setenv("AGENTIX_PROVIDER_URL", fake.url)
+    provider = LocalProvider(ttl=3)
+    sandbox = await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+    await asyncio.sleep(1.3)
+    extends = [r for m, r in fake.calls if m == "ExtendSandbox"]
+    assert [(r.id, r.ttl.seconds) for r in extends] == [(sandbox.sandbox_id, 3)]
+    await provider.aclose()
+    await asyncio.sleep(1.2)
+    assert len([r for m, r in fake.calls if m == "ExtendSandbox"]) == 1  # stopped with the provider
+
+
+# ------------------------------------------------------- starting the binary
+
+def _script(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/sh\n" + textwrap.dedent(body))
+    path.chmod(0o755)
+    return path
+
+
+READY_SCRIPT = """\
+    fd=""; while [ $# -gt 0 ]; do [ "$1" = --ready-fd ] && fd=$2; shift; done
+    echo "pid $$ ppid $PPID sid $(cut -d' ' -f6 /proc/$$/stat)" > "$(dirname "$0")/who"
+    echo "started" >&2
+    echo ready > "/dev/fd/$fd"
+    exec sleep 30
+"""
+
+
+def test_find_providerd(monkeypatch, short_dir):
+    binary = _script(short_dir / "agentix-providerd", "exit 0\n")
+    monkeypatch.setenv("AGENTIX_PROVIDERD", str(binary))
+    assert find_providerd() == str(binary)
+    monkeypatch.setenv("AGENTIX_PROVIDERD", str(short_dir / "nothing"))
+    with pytest.raises(FileNotFoundError, match="not an executable"):
+        find_providerd()
+    monkeypatch.delenv("AGENTIX_PROVIDERD")
+    monkeypatch.setenv("PATH", str(short_dir))
+    assert find_providerd() == str(binary)
+
+
+def test_spawn_a_private_providerd_and_stop_it(monkeypatch, short_dir):
+    binary = _script(short_dir / "agentix-providerd", READY_SCRIPT)
+    process = spawn_providerd(short_dir / "p.sock", short_dir / "log", ["--x=1"], detach=False, binary=str(binary))
+    try:
+        assert process.poll() is None
+        assert "started" in (short_dir / "log").read_text()
+        pid, ppid, sid = (int(v) for v in (short_dir / "who").read_text().split()[1::2])
+        assert pid == process.pid and sid == pid  # its own session
+    finally:
+        asyncio.run(local_module._Providerd(process, short_dir / "p.sock", short_dir / "log", None).stop())
+    assert process.poll() is not None
+
+
+def test_spawn_a_detached_providerd_that_outlives_its_starter(short_dir):
+    binary = _script(short_dir / "agentix-providerd", READY_SCRIPT)
+    assert spawn_providerd(short_dir / "p.sock", short_dir / "log", [], detach=True, binary=str(binary)) is None
+    pid, ppid, sid = (int(v) for v in (short_dir / "who").read_text().split()[1::2])
+    try:
+        assert ppid != os.getpid()  # not this process's child: nothing to reap, nothing that dies with it
+        os.kill(pid, 0)
+    finally:
+        os.kill(pid, 15)
+
+
+def test_a_providerd_that_fails_to_start_reports_its_log(short_dir):
+    binary = _script(short_dir / "agentix-providerd", "echo 'unknown flag --local-bogus' >&2\nexit 2\n")
+    with pytest.raises(RuntimeError, match="unknown flag --local-bogus"):
+        spawn_providerd(short_dir / "p.sock", short_dir / "log", [], detach=False, binary=str(binary), timeout=5)
+    with pytest.raises(RuntimeError, match="did not report ready"):
+        spawn_providerd(short_dir / "p.sock", short_dir / "log", [], detach=True, binary=str(binary), timeout=5)

@@ -1,44 +1,68 @@
-"""`LocalProvider`: sandboxes on this machine with bubblewrap, no container engine.
+"""`LocalProvider`: sandboxes on this machine, run by the provider service.
 
-Each sandbox is one ``bwrap`` process tree with fresh user, pid, network, IPC,
-UTS, cgroup and mount namespaces, all capabilities (and the bounding set)
-dropped, a seccomp filter (`agentix.provider._seccomp`), a read-only root (the
-host's root, a rootfs directory or an unpacked OCI image layout), the bundle's
-``nix/`` read-only at ``/nix``, and size-capped tmpfs at ``/tmp``, ``/run``,
-``/dev/shm`` and ``/run/agentix``: the sandbox's ``/nix/runtime/bootstrap.sh``
-starts ``agentix-sandboxd`` on ``unix:///run/agentix/agentix.sock``, which the
-host reaches through ``/proc/<sandbox init>/root`` (no host directory is
-writable from inside). The daemon's token comes through a pipe
-(``--token-file /proc/self/fd/N``), never the environment; its stdout and
-stderr go through a pipe the host drains into a size-capped ``sandbox.log``.
-Memory, pids and CPU limits go through cgroup v1 where the machine has it.
-`delete` stops the whole tree and removes everything `create` made.
-docs/PROVIDERS.md explains each choice.
+`LocalProvider` keeps the API it had when it ran bubblewrap itself
+(`LocalProviderConfig`, ``create/get/delete/session/prune/deploy_bundle/aclose``,
+``async with``) and is now a client of ``agentix-providerd``, whose local
+backend runs each sandbox under bubblewrap with the isolation, limits and
+teardown docs/PROVIDERS.md describes. Which providerd:
+
+1. the one at ``$AGENTIX_PROVIDER_URL``, when set;
+2. else the per-user one at ``$XDG_RUNTIME_DIR/agentix/providerd.sock`` (else
+   ``/tmp/agentix-<uid>/providerd.sock``), which `LocalProvider` starts when
+   none answers there (``agentix-providerd --listen unix://… --ready-fd N``,
+   detached in its own session so that it outlives this process and serves
+   the next one; its log is ``providerd.log`` beside the socket; a lock file
+   makes two processes starting at once start one);
+3. but a PRIVATE providerd, started for this provider alone and stopped by
+   `aclose`, when a setting only a server can apply differs from its default
+   (``bwrap``, ``runtime_dir``, ``run_size``, ``shm_size``, ``log_max_bytes``,
+   ``seccomp``, ``require_limits``, ``cgroup_root``, ``cgroup_parent``,
+   ``extra_bwrap_args``, ``pids_max=None``).
+
+The binary is ``$AGENTIX_PROVIDERD``, else ``agentix-providerd`` beside the
+package (``agentix/bin/``), on ``PATH``, or in a Bazel output tree
+(``$AGENTIX_BAZEL_BIN``, or the ``bazel-bin`` of the repository holding this
+package or of the working directory).
+
+Per sandbox, the config goes into the request: ``memory`` (when the
+`SandboxConfig` has none) → ``resources.memory_bytes``, ``pids_max`` →
+``resources.pids`` (only where the service can enforce it: the default cap is
+best effort, as it always was), ``tmp_size`` → ``resources.scratch_bytes``,
+``share_net`` → network HOST, ``ready_timeout`` → the request's
+``ready_timeout``, ``stop_grace`` → the delete's grace. Bundle tarballs and
+OCI image layouts are unpacked here, into ``cache_dir`` as before (the
+service runs on this machine), and passed to it as directories.
+
+Sandboxes belong to the service: another process can list, reach and delete
+them (``agentix sandbox ls``). Each gets a TTL of ``LocalProviderConfig.ttl``
+(300 s) that this provider renews every ``ttl / 3`` while it is open, so a
+process that dies without deleting its sandboxes leaks them for at most
+``ttl``; `aclose` deletes the ones it made.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
+import contextlib
+import fcntl
 import logging
 import os
-import platform as platform_module
-import re
-import secrets
 import shutil
 import signal
-import stat
 import subprocess
-import tarfile
-import threading
+import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import MISSING
 from pathlib import Path
 
-from agentix.provider import _seccomp
-from agentix.provider._extract import extract_nix_tree, has_bootstrap, is_verified_bundle, read_manifest_member
-from agentix.provider._oci import unpack_oci_layout
+from agentix.provider._local_inprocess import (
+    InProcessLocalProvider,
+    LocalProviderConfig,
+    _default_cache_dir,
+    _private_dir,
+)
+from agentix.provider._sizes import parse_memory
 from agentix.provider.base import (
     DeployedBundle,
     Sandbox,
@@ -48,406 +72,293 @@ from agentix.provider.base import (
     SandboxProvider,
     SandboxResource,
 )
-from agentix.runtime import BUNDLE_NIX_ROOT, BUNDLE_RUNTIME_ENTRYPOINT, LISTEN_ENV
+from agentix.provider.errors import ProviderError
+from agentix.provider.service import URL_ENV, ServiceProvider, spec_from_config
 
-__all__ = ["LocalProvider", "LocalProviderConfig", "parse_memory"]
+__all__ = ["LocalProvider", "LocalProviderConfig", "default_socket", "find_providerd", "parse_memory"]
 
 _log = logging.getLogger(__name__)
 
-# Inside the sandbox: the daemon's socket directory (a small tmpfs the host
-# reaches through /proc/<sandbox init>/root) and socket.
-SANDBOX_RUN_DIR = "/run/agentix"
-SANDBOX_SOCKET = f"{SANDBOX_RUN_DIR}/agentix.sock"
-_SOCKET_NAME = "agentix.sock"
-_OWNER_FILE = "owner.json"
-# Top-level entries of the root that the sandbox gets fresh instead of from the root.
-_FRESH_TOP_LEVEL = {"dev", "proc", "sys", "tmp", "run", "nix"}
-# sun_path is 108 bytes including the terminating NUL.
-_MAX_SOCKET_PATH = 107
-_TAIL_BYTES = 8192
-# Size of the tmpfs at /run/agentix: it holds a socket; a sandbox must not
-# fill memory through the one directory the host looks into.
-_SOCKET_DIR_BYTES = 1 << 20
-_MACHINE_PLATFORM = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}.get(
-    platform_module.machine(), f"linux/{platform_module.machine()}"
-)
-_PLATFORM_ALIASES = {
-    "linux/amd64": {"linux/amd64", "linux/x86-64", "linux/x86_64", "amd64", "x86-64", "x86_64"},
-    "linux/arm64": {"linux/arm64", "linux/arm64/v8", "linux/aarch64", "arm64", "aarch64"},
-}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*", re.IGNORECASE)
-_SIZE_FACTORS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-# Enters the cgroups named before "--" (cgroup.procs files), then execs the rest:
-# the whole sandbox tree starts inside its cgroups, with no window outside.
-_ENTER_CGROUPS = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+PROVIDERD_ENV = "AGENTIX_PROVIDERD"
+_BINARY = "agentix-providerd"
+# Where Bazel puts the binary, relative to bazel-bin.
+_BAZEL_PATHS = ("providers/agentix-providerd", "providers/service/agentix-providerd")
+_DEFAULTS = LocalProviderConfig.__dataclass_fields__
+# How long a started providerd may take to report ready on its --ready-fd.
+START_TIMEOUT = 30.0
+# How long "does one answer there?" may take.
+_PROBE_TIMEOUT = 2.0
 
 
-def parse_memory(value: int | str) -> int:
-    """Bytes for a memory size: an int, or ``"512m"``, ``"16g"``, ``"1GiB"``,
-    ``"2048k"``, ``"100000"`` (suffixes are powers of 1024, as Docker's)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value <= 0:
-            raise ValueError(f"memory must be > 0 bytes (got {value})")
-        return value
-    match = _SIZE.fullmatch(str(value))
-    if not match or (match.group(3) and not match.group(2) and match.group(3).lower() != "b"):
-        raise ValueError(f"cannot read memory size {value!r}: use bytes or a number with k, m, g or t (e.g. '512m')")
-    size = int(float(match.group(1)) * _SIZE_FACTORS[match.group(2).lower()])
-    if size <= 0:
-        raise ValueError(f"memory must be > 0 bytes (got {value!r})")
-    return size
-
-
-def _default_runtime_dir() -> Path:
+def default_socket() -> Path:
+    """The per-user providerd socket: ``$XDG_RUNTIME_DIR/agentix/providerd.sock``,
+    else ``/tmp/agentix-<uid>/providerd.sock``."""
     base = os.environ.get("XDG_RUNTIME_DIR")
     if base and os.path.isdir(base):
-        return Path(base) / "agentix-sandboxes"
-    return Path("/tmp") / f"agentix-sandboxes-{os.getuid()}"
+        return Path(base) / "agentix" / "providerd.sock"
+    return Path("/tmp") / f"agentix-{os.getuid()}" / "providerd.sock"
 
 
-def _default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "agentix" / "local"
+def find_providerd() -> str:
+    """The ``agentix-providerd`` binary (see the module docstring for where
+    it is looked for); `FileNotFoundError` with what to do when none is found."""
+    explicit = os.environ.get(PROVIDERD_ENV)
+    if explicit:
+        if os.access(explicit, os.X_OK):
+            return explicit
+        raise FileNotFoundError(f"${PROVIDERD_ENV} is {explicit!r}, which is not an executable file")
+    package = Path(__file__).resolve().parent.parent
+    candidates = [package / "bin" / _BINARY]
+    on_path = shutil.which(_BINARY)
+    if on_path:
+        candidates.append(Path(on_path))
+    trees = []
+    if os.environ.get("AGENTIX_BAZEL_BIN"):
+        trees.append(Path(os.environ["AGENTIX_BAZEL_BIN"]))
+    trees += [parent / "bazel-bin" for parent in package.parents]
+    trees.append(Path.cwd() / "bazel-bin")
+    candidates += [tree / rel for tree in trees for rel in _BAZEL_PATHS]
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    raise FileNotFoundError(
+        f"{_BINARY} not found (looked at ${PROVIDERD_ENV}, {package / 'bin'}, PATH and bazel-bin): build it with "
+        f"`bazel build //providers/...`, put it on PATH or set {PROVIDERD_ENV}; or set {URL_ENV} to a running one"
+    )
 
 
-@dataclass
-class LocalProviderConfig:
-    """Settings of a `LocalProvider` (all optional).
+def _server_flags(config: LocalProviderConfig) -> list[str]:
+    """providerd flags for the settings only a server applies, for those that
+    differ from their defaults ([] when all are default)."""
+    flags: list[str] = []
 
-    bwrap: the bubblewrap binary.
-    runtime_dir: where per-sandbox host directories (socket, log) live; created
-      mode 0700. Default ``$XDG_RUNTIME_DIR/agentix-sandboxes``, else
-      ``/tmp/agentix-sandboxes-<uid>``.
-    cache_dir: where bundle tarballs and OCI layouts are unpacked, once per
-      digest. Default ``~/.cache/agentix/local``.
-    ready_timeout: seconds for the daemon to answer a health check after start.
-    stop_grace: seconds between SIGTERM and SIGKILL on `delete`.
-    pids_max: default cap on processes + threads per sandbox (None: no cap).
-    memory: default memory limit (bytes or ``"512m"``) when a config has none.
-    require_limits: a limit that cannot be enforced here (no writable cgroup
-      v1 controller) fails `create` (True) or is logged and skipped (False).
-      The *default* ``pids_max`` is only logged either way.
-    cgroup_root: where the cgroup v1 controllers are mounted.
-    cgroup_parent: sandboxes' cgroups go to
-      ``<cgroup_root>/<controller>/<this process's cgroup>/<cgroup_parent>/<id>``.
-    share_net: keep the host's network namespace (default False: only a
-      private loopback).
-    tmp_size, run_size, shm_size: byte caps (``"1g"`` style, as `memory`)
-      of the tmpfs at ``/tmp``, ``/run`` and ``/dev/shm``; a write beyond
-      fails with ENOSPC. ``/run/agentix`` (the socket) is 1 MiB. tmpfs pages
-      also count against the memory limit.
-    log_max_bytes: cap on ``sandbox.log`` plus its one rotated predecessor
-      ``sandbox.log.1`` (the daemon's and worker's stdout/stderr).
-    seccomp: install the seccomp filter of `agentix.provider._seccomp`
-      (default True; False only for a kernel or architecture it breaks).
-    extra_bwrap_args: appended before the entry point, for what this class
-      does not model.
-    """
+    def changed(name: str) -> bool:
+        default = _DEFAULTS[name]
+        value = getattr(config, name)
+        if default.default_factory is not MISSING:
+            return value != default.default_factory()
+        return value != default.default
 
-    bwrap: str = "bwrap"
-    runtime_dir: str | None = None
-    cache_dir: str | None = None
-    ready_timeout: float = 30.0
-    stop_grace: float = 5.0
-    pids_max: int | None = 1024
-    memory: int | str | None = None
-    require_limits: bool = True
-    cgroup_root: str = "/sys/fs/cgroup"
-    cgroup_parent: str = "agentix"
-    share_net: bool = False
-    tmp_size: int | str = "1g"
-    run_size: int | str = "16m"
-    shm_size: int | str = "64m"
-    log_max_bytes: int = 16 << 20
-    seccomp: bool = True
-    extra_bwrap_args: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if self.ready_timeout <= 0 or self.stop_grace < 0:
-            raise ValueError("ready_timeout must be > 0 and stop_grace >= 0")
-        if self.pids_max is not None and (isinstance(self.pids_max, bool) or self.pids_max < 1):
-            raise ValueError(f"pids_max must be a positive int or None (got {self.pids_max!r})")
-        if self.memory is not None:
-            parse_memory(self.memory)
-        for size in (self.tmp_size, self.run_size, self.shm_size):
-            parse_memory(size)
-        if isinstance(self.log_max_bytes, bool) or self.log_max_bytes < 2 * _TAIL_BYTES:
-            raise ValueError(f"log_max_bytes must be an int >= {2 * _TAIL_BYTES} (got {self.log_max_bytes!r})")
-        if self.seccomp and not _seccomp.supported():
-            raise ValueError(
-                f"no seccomp filter for {platform_module.machine()}: pass LocalProviderConfig(seccomp=False) to run without"
-            )
-        if not self.cgroup_parent or ".." in self.cgroup_parent.split("/"):
-            raise ValueError(f"cgroup_parent must be a relative cgroup name (got {self.cgroup_parent!r})")
-
-    def to_provider(self) -> LocalProvider:
-        return LocalProvider(self)
+    if changed("bwrap"):
+        flags.append(f"--bwrap={shutil.which(config.bwrap) or config.bwrap}")
+    if changed("runtime_dir") and config.runtime_dir:
+        flags.append(f"--state-dir={config.runtime_dir}")
+    sizes = {"run_size": "--local-run-size", "shm_size": "--local-shm-size"}
+    for name, flag in sizes.items():
+        if changed(name):
+            flags.append(f"{flag}={parse_memory(getattr(config, name))}")
+    if changed("log_max_bytes"):
+        flags.append(f"--local-log-max-bytes={config.log_max_bytes}")
+    if changed("seccomp"):
+        flags.append(f"--local-seccomp={'true' if config.seccomp else 'false'}")
+    if changed("require_limits"):
+        flags.append(f"--local-require-limits={'true' if config.require_limits else 'false'}")
+    if changed("cgroup_root"):
+        flags.append(f"--local-cgroup-root={config.cgroup_root}")
+    if changed("cgroup_parent"):
+        flags.append(f"--local-cgroup-parent={config.cgroup_parent}")
+    if config.pids_max is None:
+        flags.append("--local-pids-max=0")
+    flags += [f"--local-extra-bwrap-arg={arg}" for arg in config.extra_bwrap_args]
+    return flags
 
 
-class _Cgroups:
-    """The cgroup v1 directories of one sandbox (one per controller used)."""
+class _Providerd:
+    """One agentix-providerd this process started."""
 
-    def __init__(self, root: str, parent: str, sandbox_id: str) -> None:
-        self.root = Path(root)
-        self.parent = parent
-        self.sandbox_id = sandbox_id
-        self.paths: dict[str, Path] = {}
+    def __init__(self, process: subprocess.Popen[bytes] | None, socket: Path, log: Path, private_dir: Path | None):
+        self.process = process
+        self.socket = socket
+        self.log = log
+        self.private_dir = private_dir  # removed on stop (private providerds only)
 
-    def _own(self, controller: str) -> str | None:
-        try:
-            lines = Path("/proc/self/cgroup").read_text().splitlines()
-        except OSError:
-            return None
-        for line in lines:
-            _, controllers, path = line.split(":", 2)
-            if controller in controllers.split(","):
-                return path
-        return None
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket}"
 
-    def make(self, controller: str) -> Path | str:
-        """Creates this sandbox's cgroup for `controller`; returns it, or the
-        reason it cannot (a string)."""
-        mount = self.root / controller
-        own = self._own(controller)
-        if own is None or not (mount / "cgroup.procs").is_file():
-            return f"cgroup v1 controller {controller!r} is not mounted at {mount}"
-        # Under our own cgroup: the sandbox stays inside whatever accounting
-        # this process is under (a VM slice, a CI job's limit).
-        path = mount / own.lstrip("/") / self.parent / self.sandbox_id
-        try:
-            path.mkdir(parents=True, mode=0o755)
-        except OSError as error:
-            return f"cannot create {path}: {error.strerror}"
-        self.paths[controller] = path
-        return path
-
-    def write(self, controller: str, name: str, value: str) -> None:
-        (self.paths[controller] / name).write_text(value)
-
-    def procs_files(self) -> list[str]:
-        return [str(path / "cgroup.procs") for path in self.paths.values()]
-
-    def pids(self) -> set[int]:
-        found: set[int] = set()
-        for path in self.paths.values():
-            try:
-                found.update(int(line) for line in (path / "cgroup.procs").read_text().split())
-            except OSError:
-                pass
-        return found
-
-    def read(self, controller: str, name: str) -> str | None:
-        path = self.paths.get(controller)
-        try:
-            return (path / name).read_text() if path else None
-        except OSError:
-            return None
-
-    def remove(self) -> list[str]:
-        """Removes the cgroups (they must be empty); returns what could not be removed."""
-        left = []
-        for controller, path in list(self.paths.items()):
-            for _ in range(100):  # exiting tasks leave the cgroup a moment after they die
-                try:
-                    path.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.01)
-            else:
-                left.append(str(path))
-                continue
-            del self.paths[controller]
-            try:  # the shared parent, once its last sandbox is gone
-                path.parent.rmdir()
-            except OSError:
-                pass
-        return left
+    async def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout`; removes its private directory."""
+        process = self.process
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while process.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            if process.poll() is None:
+                process.kill()
+                await asyncio.to_thread(process.wait)
+        if self.private_dir is not None:
+            await asyncio.to_thread(shutil.rmtree, self.private_dir, True)
 
 
-class _LogDrain:
-    """Copies the sandbox's stdout and stderr (the read end of a pipe) into
-    ``sandbox.log`` on a thread of its own, at most ``max_bytes / 2`` per
-    file: beyond, ``sandbox.log`` becomes ``sandbox.log.1`` (replacing the
-    previous one) and a new one starts. The pipe is drained to the end even
-    when the files cannot be written, so the sandbox never blocks on it.
-
-    Why a pipe: a host file as the sandbox's stdout could be reopened from
-    inside through ``/proc/<pid>/fd/1`` — read, truncated or grown without
-    bound. A pipe reopened that way is still only this capped stream."""
-
-    def __init__(self, read_fd: int, path: Path, max_bytes: int) -> None:
-        self.path = path
-        self._fd = read_fd
-        self._half = max_bytes // 2
-        self._thread = threading.Thread(target=self._run, name=f"agentix-log-{path.parent.name}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        out = None
-        written = 0
-        try:
-            out = open(self.path, "ab", buffering=0)
-            while data := os.read(self._fd, 1 << 16):
-                while data and out is not None:
-                    try:
-                        if written >= self._half:
-                            out.close()
-                            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-                            out = open(self.path, "wb", buffering=0)
-                            written = 0
-                        piece = data[: self._half - written]
-                        out.write(piece)
-                        written += len(piece)
-                        data = data[len(piece):]
-                    except OSError:  # the directory is being removed: keep draining
-                        out = None
-        except OSError:
-            pass
-        finally:
-            os.close(self._fd)
-            if out is not None:
-                out.close()
-
-    def join(self, timeout: float) -> None:
-        """Waits until the sandbox's side is closed and everything is written."""
-        self._thread.join(timeout)
-
-
-@dataclass
-class _Running:
-    sandbox_id: str
-    host_dir: Path
-    socket_path: Path
-    log_path: Path
-    process: subprocess.Popen[bytes]
-    cgroups: _Cgroups
-    runtime_url: str
-    token: str = ""
-    log: _LogDrain | None = None
-
-
-def _children(pid: int) -> list[int]:
-    """Direct children of `pid` (all threads), from /proc."""
-    result: list[int] = []
+def _log_tail(path: Path, limit: int = 4096) -> str:
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - limit))
+            return handle.read().decode(errors="replace").strip()
     except OSError:
-        return result
-    for task in tasks:
-        try:
-            result.extend(int(child) for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split())
-        except OSError:
-            pass
-    return result
+        return ""
 
 
-def _tail(path: Path, limit: int = _TAIL_BYTES) -> str:
-    """The last `limit` bytes of `path`, preceded by its rotated
-    predecessor ``<path>.1`` when `path` alone is shorter."""
-    data = b""
-    size = 0
-    for part in (path, path.with_name(path.name + ".1")):
-        try:
-            with open(part, "rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                part_size = handle.tell()
-                handle.seek(max(0, part_size - (limit - len(data))))
-                data = handle.read() + data
-                size += part_size
-        except OSError:
-            pass
-        if len(data) >= limit:
-            break
-    text = data.decode(errors="replace").strip()
-    return ("…" + text) if size > limit else text
+def _wait_ready_fd(read_fd: int, timeout: float) -> bytes:
+    """What providerd writes on its --ready-fd (b"" when it closed it first, or on timeout)."""
+    import select
 
-
-def _private_dir(path: Path) -> None:
-    """Creates `path` mode 0700, or checks that an existing one is a real
-    directory of ours that nobody else can enter (it is under /tmp by default)."""
+    deadline = time.monotonic() + timeout
     try:
-        path.mkdir(mode=0o700, parents=True)
-    except FileExistsError:
-        pass
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise RuntimeError(
-            f"{path} must be a directory owned by uid {os.getuid()} with mode 0700; "
-            "remove it or set LocalProviderConfig.runtime_dir"
-        )
-
-
-class _TokenNotEnforced(RuntimeError):
-    """The daemon serves without checking the sandbox's token."""
-
-
-async def _health_ok(socket_path: Path, timeout: float, token: str = "") -> bool:
-    """One ``grpc.health.v1.Health/Check`` on the daemon's socket. Hand-encoded
-    (an empty request; the reply's field 1 is the status, 1 = SERVING) because
-    Debian's grpcio ships without the grpc_health package. With a token, a
-    second check without it must be refused (else `_TokenNotEnforced`)."""
-    import grpc
-
-    channel = grpc.aio.insecure_channel(f"unix://{socket_path}", options=[("grpc.use_local_subchannel_pool", 1)])
-    try:
-        check = channel.unary_unary(
-            "/grpc.health.v1.Health/Check",
-            request_serializer=lambda _: b"",
-            response_deserializer=lambda data: data,
-        )
-        metadata = (("authorization", f"Bearer {token}"),) if token else None
-        reply = await check(None, timeout=timeout, metadata=metadata)
-        if reply[:2] != b"\x08\x01":
-            return False
-        if token:
-            # Fail closed: an entry point that drops its arguments leaves the
-            # daemon without --token-file, i.e. without a token check.
-            try:
-                await check(None, timeout=timeout)
-            except grpc.aio.AioRpcError as error:
-                if error.code() == grpc.StatusCode.UNAUTHENTICATED:
-                    return True
-            raise _TokenNotEnforced(
-                "the sandbox's daemon answers without the token: its entry point must pass its arguments "
-                "(--token-file /proc/self/fd/N) to agentix-sandboxd, as a bundle's bootstrap.sh does"
-            )
-        return True
-    except grpc.aio.AioRpcError as error:
-        # Something answered gRPC on the socket but has no health service: it is up.
-        return error.code() == grpc.StatusCode.UNIMPLEMENTED
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return b""
+            ready, _, _ = select.select([read_fd], [], [], left)
+            if ready:
+                return os.read(read_fd, 4096)
     finally:
-        await channel.close()
+        os.close(read_fd)
+
+
+def spawn_providerd(
+    socket: Path, log: Path, extra_flags: Sequence[str] = (), *, detach: bool, binary: str | None = None,
+    timeout: float = START_TIMEOUT,
+) -> subprocess.Popen[bytes] | None:
+    """Starts ``agentix-providerd --listen unix://<socket> --ready-fd N`` with its
+    output appended to `log`, and returns once it reports ready on fd N.
+
+    `detach`: in a session of its own and not this process's child (so it
+    outlives it; returns None); else a child that gets SIGTERM when this
+    process dies (``setpriv --pdeathsig``), returned for `_Providerd.stop`.
+    `RuntimeError` with its log's tail when it exits or stays silent."""
+    binary = binary or find_providerd()
+    read_fd, write_fd = os.pipe()
+    argv = [binary, "--listen", f"unix://{socket}", "--ready-fd", str(write_fd), *extra_flags]
+    if detach:
+        # sh starts it in the background and exits: init (or a subreaper)
+        # adopts it, so it is nobody's zombie and outlives this process.
+        argv = ["/bin/sh", "-c", '"$@" &', "agentix-start-providerd", *argv]
+    elif shutil.which("setpriv"):
+        argv = ["setpriv", "--pdeathsig", "TERM", "--", *argv]
+    with open(log, "ab") as out:
+        try:
+            process = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, pass_fds=(write_fd,), close_fds=True,
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+    if detach:
+        process.wait()
+    said = _wait_ready_fd(read_fd, timeout)
+    if said:
+        return None if detach else process
+    if not detach and process.poll() is None:
+        process.kill()
+        process.wait()
+    raise RuntimeError(
+        f"{binary} did not report ready within {timeout}s (or exited); its log {log} ends with:\n{_log_tail(log)}"
+    )
+
+
+async def _answers(url: str) -> bool:
+    """True when a provider service answers at `url`."""
+    client = ServiceProvider(url, rpc_timeout=_PROBE_TIMEOUT)
+    try:
+        await client._unary("GetCapabilities", _capabilities_request(), what="probe", attempts=1)
+        return True
+    except ProviderError as error:
+        # Something answered: only an unreachable socket means "nobody".
+        return error.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+    finally:
+        await client.aclose()
+
+
+def _capabilities_request():
+    from agentix.provider.v1 import provider_pb2
+
+    return provider_pb2.GetCapabilitiesRequest()
+
+
+def _lock(path: Path, timeout: float) -> int:
+    """An exclusive flock on `path` (its fd; close it to unlock), waited for
+    at most `timeout` seconds."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise TimeoutError(f"{path} stayed locked for {timeout}s (another process starting providerd?)") from None
+            time.sleep(0.05)
+
+
+async def ensure_default_providerd(socket: Path | None = None, *, timeout: float = START_TIMEOUT) -> str:
+    """The URL of the per-user providerd at `socket` (default `default_socket`),
+    started (detached) when none answers there. Two processes starting it at
+    once start one: the check and the start happen under ``<socket>.lock``."""
+    socket = socket or default_socket()
+    url = f"unix://{socket}"
+    if socket.exists() and await _answers(url):
+        return url
+    await asyncio.to_thread(_private_dir, socket.parent)
+    lock = await asyncio.to_thread(_lock, socket.with_name(socket.name + ".lock"), timeout + 10)
+    try:
+        if socket.exists() and await _answers(url):
+            return url  # another process started it while we waited for the lock
+        with contextlib.suppress(FileNotFoundError):
+            if socket.is_socket():
+                socket.unlink()  # left by a providerd that died
+        state = socket.with_name("providerd")
+        await asyncio.to_thread(_private_dir, state)
+        log = state / "providerd.log"
+        _log.info("starting agentix-providerd on %s (log: %s)", url, log)
+        await asyncio.to_thread(spawn_providerd, socket, log, [f"--state-dir={state}"], detach=True, timeout=timeout)
+    finally:
+        os.close(lock)
+    return url
 
 
 class LocalProvider(SandboxProvider):
-    """Sandboxes on this machine with bubblewrap (see the module docstring).
+    """Sandboxes on this machine through ``agentix-providerd`` (module docstring).
 
     `SandboxConfig` fields:
       image: ``"host"`` (or ``"/"``, ``""``) for the host's root read-only; a
         directory holding a root filesystem; or an OCI image layout directory,
-        as ``oci:DIR[:REF]`` or a directory with an ``oci-layout`` file. Images
-        are not pulled.
+        as ``oci:DIR[:REF]`` or a directory with an ``oci-layout`` file
+        (unpacked here, once per digest). Images are not pulled.
       bundle: a directory holding ``nix/runtime/bootstrap.sh`` (or that ``nix``
         directory itself), or a bundle tarball (unpacked once per sha256 into
         the cache).
-      platform: must be this machine's (``linux/amd64`` here) or None.
+      platform: must be this machine's or None.
       env: added to the sandbox's environment (which does not inherit the host's).
-      resource: ``memory`` and ``cpu`` through cgroup v1; ``gpu`` is refused.
+      resource: ``memory`` and ``cpu`` through cgroups; ``gpu`` is refused.
     """
 
     def __init__(self, config: LocalProviderConfig | None = None, **kwargs: object) -> None:
         if config is not None and kwargs:
             raise TypeError("pass either a LocalProviderConfig or keyword settings, not both")
         self.config = config if config is not None else LocalProviderConfig(**kwargs)  # type: ignore[arg-type]
-        self.runtime_dir = Path(self.config.runtime_dir) if self.config.runtime_dir else _default_runtime_dir()
         self.cache_dir = Path(self.config.cache_dir) if self.config.cache_dir else _default_cache_dir()
-        self._sandboxes: dict[str, _Running] = {}
-        # (realpath, size, mtime) of a bundle tarball -> its sha256, so a
-        # create does not re-hash an unchanged tarball.
-        self._tar_digests: dict[tuple[str, int, int], str] = {}
-        self._pruned = False
+        # Bundle and image references are resolved here, with the in-process
+        # provider's (cached, hardened) unpacking: the service runs on this machine.
+        self._files = InProcessLocalProvider(self.config)
+        self._server_flags = _server_flags(self.config)
+        self._service: ServiceProvider | None = None
+        self._providerd: _Providerd | None = None
+        self._starting: asyncio.Lock | None = None
+        self._owned: set[str] = set()
+        self._renewer: asyncio.Task[None] | None = None
+        self._pids_enforceable: bool | None = None
+
+    @property
+    def url(self) -> str | None:
+        """The providerd this provider talks to (None before the first use)."""
+        return self._service.address if self._service is not None else None
 
     async def __aenter__(self) -> LocalProvider:
         return self
@@ -456,473 +367,156 @@ class LocalProvider(SandboxProvider):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Deletes every sandbox this provider still runs."""
-        for sandbox_id in list(self._sandboxes):
-            await self.delete(SandboxId(sandbox_id))
+        """Deletes every sandbox this provider made and still runs, stops its
+        private providerd (if it started one) and closes the channel."""
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None:
+            renewer.cancel()
+            with contextlib.suppress(BaseException):
+                await renewer
+        try:
+            for sandbox_id in list(self._owned):
+                try:
+                    await self.delete(SandboxId(sandbox_id))
+                except KeyError:
+                    self._owned.discard(sandbox_id)
+        finally:
+            service, self._service = self._service, None
+            if service is not None:
+                await service.aclose()
+            providerd, self._providerd = self._providerd, None
+            if providerd is not None:
+                await providerd.stop()
+
+    # ------------------------------------------------------------- the service
+
+    async def _connect(self) -> ServiceProvider:
+        if self._service is not None:
+            return self._service
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._service is not None:
+                return self._service
+            if self._server_flags:
+                url = await self._start_private()
+            else:
+                url = os.environ.get(URL_ENV) or await ensure_default_providerd()
+            self._service = ServiceProvider(url)
+        return self._service
+
+    async def _start_private(self) -> str:
+        base = os.environ.get("XDG_RUNTIME_DIR")
+        base = base if base and os.path.isdir(base) else None
+        private = Path(tempfile.mkdtemp(prefix="agentix-pd-", dir=base or "/tmp"))
+        socket = private / "providerd.sock"
+        flags = list(self._server_flags)
+        if not any(flag.startswith("--state-dir=") for flag in flags):
+            flags.append(f"--state-dir={private / 'state'}")
+        _log.info("starting a private agentix-providerd for this LocalProvider: %s", " ".join(flags))
+        try:
+            process = await asyncio.to_thread(
+                spawn_providerd, socket, private / "providerd.log", flags, detach=False
+            )
+        except BaseException:
+            shutil.rmtree(private, ignore_errors=True)
+            raise
+        self._providerd = _Providerd(process, socket, private / "providerd.log", private)
+        return self._providerd.url
 
     # ------------------------------------------------------------------ create
 
     async def create(self, config: SandboxConfig) -> Sandbox:
         if not isinstance(config, SandboxConfig):
             raise TypeError(f"create() needs a SandboxConfig (got {type(config).__name__})")
-        self._check_platform(config.platform)
+        # What was refused before anything was made stays refused here, with the same errors.
+        self._files._check_platform(config.platform)
         resource = config.resource
         if resource is not None and resource.gpu:
             raise ValueError("the local provider cannot give a sandbox GPUs (SandboxResource.gpu must be None)")
-        bwrap = shutil.which(self.config.bwrap)
-        if bwrap is None:
+        if self._server_flags and shutil.which(self.config.bwrap) is None:
+            # Checked here only for a private providerd: a shared one has its own.
             raise RuntimeError(f"bubblewrap not found ({self.config.bwrap!r}): install it with `apt-get install bubblewrap`")
-        # Slow, cached steps (unpacking) run off the event loop.
-        nix_dir = await asyncio.to_thread(self._bundle_nix_dir, config.bundle)
-        root = await asyncio.to_thread(self._root_dir, config.image)
+        nix_dir = await asyncio.to_thread(self._files._bundle_nix_dir, config.bundle)
+        root = await asyncio.to_thread(self._files._root_dir, config.image)
+        service = await self._connect()
+        spec = await self._spec(service, config, nix_dir, root)
+        sandbox = await service.create(None, spec=spec, ready_timeout=self.config.ready_timeout)  # type: ignore[arg-type]
+        self._owned.add(sandbox.sandbox_id)
+        self._renew()
+        return sandbox
 
-        sandbox_id = f"local-{secrets.token_hex(6)}"
-        _private_dir(self.runtime_dir)
-        if not self._pruned:
-            self._pruned = True
-            await asyncio.to_thread(self.prune)
-        host_dir = self.runtime_dir / sandbox_id
-        host_dir.mkdir(mode=0o700)
-        # Made a symlink to /proc/<sandbox init>/root/run/agentix once the
-        # sandbox is set up (_wait_ready): the socket directory is the
-        # sandbox's own small tmpfs, not a host directory it could fill.
-        socket_path = host_dir / "run" / _SOCKET_NAME
-        if len(str(socket_path)) > _MAX_SOCKET_PATH:
-            shutil.rmtree(host_dir)
-            raise RuntimeError(
-                f"socket path {socket_path} is longer than a Unix socket allows; set a shorter LocalProviderConfig.runtime_dir"
-            )
-        running = _Running(
-            sandbox_id=sandbox_id,
-            host_dir=host_dir,
-            socket_path=socket_path,
-            log_path=host_dir / "sandbox.log",
-            process=None,  # type: ignore[arg-type]  # set below
-            cgroups=_Cgroups(self.config.cgroup_root, self.config.cgroup_parent, sandbox_id),
-            runtime_url=f"unix://{socket_path}",
-            # Every RPC to the sandbox's daemon must carry it (docs/PROVIDERS.md).
-            token=secrets.token_urlsafe(32),
+    async def _spec(self, service: ServiceProvider, config: SandboxConfig, nix_dir: Path, root: Path):
+        memory = (config.resource.memory if config.resource else None) or self.config.memory
+        resource = SandboxResource(cpu=config.resource.cpu if config.resource else None, memory=memory)
+        pids = None
+        if self.config.pids_max is not None and self.config.pids_max != _DEFAULTS["pids_max"].default:
+            pids = self.config.pids_max if await self._pids_limit_available(service) else None
+        tmp_default = _DEFAULTS["tmp_size"].default
+        scratch = None if parse_memory(self.config.tmp_size) == parse_memory(tmp_default) else self.config.tmp_size
+        resolved = SandboxConfig(
+            image="host" if str(root) == "/" else str(root), bundle=str(nix_dir), env=config.env, resource=resource,
         )
-        try:
-            self._apply_limits(running.cgroups, resource)
-            # Who owns this directory and what else to remove, for prune()
-            # after a host process that died without deleting its sandboxes.
-            (host_dir / _OWNER_FILE).write_text(
-                json.dumps({"owner": _process_identity(os.getpid()), "cgroups": [str(p) for p in running.cgroups.paths.values()]})
-            )
-            env = self._sandbox_env(sandbox_id, config.env)
-            self._start(running, bwrap, root, nix_dir, env)
-            self._sandboxes[sandbox_id] = running
-            await self._wait_ready(running)
-        except BaseException:
-            # Cancelled or failed: leave nothing behind (shielded so a
-            # cancellation cannot interrupt the cleanup itself).
-            self._sandboxes.pop(sandbox_id, None)
-            await asyncio.shield(self._teardown(running))
-            raise
-        _log.debug("sandbox %s ready at %s", sandbox_id, running.runtime_url)
-        return Sandbox(
-            sandbox_id=SandboxId(sandbox_id), runtime_url=running.runtime_url, status="running", token=running.token
+        return spec_from_config(
+            resolved, ttl=self.config.ttl, pids=pids, scratch_bytes=scratch,
+            network="host" if self.config.share_net else None,
         )
 
-    def _start(self, running: _Running, bwrap: str, root: Path, nix_dir: Path, env: dict[str, str]) -> None:
-        """Starts the bwrap tree of `running`. What it gets besides argv and env:
-        the token through a pipe (``--token-file /proc/self/fd/N``: nothing
-        in the sandbox can read it once the daemon has), the seccomp filter
-        on an fd, and a pipe as stdout and stderr (drained by `_LogDrain`)."""
-        opened: list[int] = []
-        try:
-            token_read, token_write = os.pipe()
-            opened += [token_read, token_write]
-            os.write(token_write, running.token.encode())  # 43 bytes: fits the pipe buffer
-            os.close(token_write)
-            opened.remove(token_write)
-            passed = [token_read]
-            seccomp_fd = None
-            if self.config.seccomp:
-                seccomp_fd = _seccomp.filter_fd()
-                opened.append(seccomp_fd)
-                passed.append(seccomp_fd)
-            argv = self._argv(bwrap, running.sandbox_id, root, nix_dir, seccomp_fd=seccomp_fd)
-            argv += ["--token-file", f"/proc/self/fd/{token_read}"]  # the entry point passes these to the daemon
-            if running.cgroups.paths:
-                argv = ["/bin/sh", "-c", _ENTER_CGROUPS, "agentix-enter-cgroups", *running.cgroups.procs_files(), "--", *argv]
-            log_read, log_write = os.pipe()
-            opened += [log_read, log_write]
-            running.process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log_write, stderr=log_write, env=env, close_fds=True,
-                pass_fds=passed,
-            )
-            opened.remove(log_read)
-            running.log = _LogDrain(log_read, running.log_path, self.config.log_max_bytes)
-        finally:
-            for fd in opened:
-                os.close(fd)
+    async def _pids_limit_available(self, service: ServiceProvider) -> bool:
+        """The pids cap is best effort (as in-process): sent only where the
+        service's backend can enforce it, logged otherwise."""
+        if self._pids_enforceable is None:
+            capabilities = await service.capabilities()
+            name = capabilities.default_backend
+            self._pids_enforceable = any(b.pids_limit for b in capabilities.backends if b.name == name)
+            if not self._pids_enforceable:
+                _log.warning("pids limit not enforced: the provider service's %s backend cannot set one here", name)
+        return self._pids_enforceable
 
-    def _check_platform(self, requested: str | None) -> None:
-        if requested is None:
-            return
-        wanted = requested.strip().lower()
-        if wanted not in _PLATFORM_ALIASES.get(_MACHINE_PLATFORM, {_MACHINE_PLATFORM}):
-            raise ValueError(
-                f"the local provider runs sandboxes on this machine ({_MACHINE_PLATFORM}); "
-                f"platform {requested!r} cannot be honoured (leave SandboxConfig.platform unset)"
-            )
+    def _renew(self) -> None:
+        """Keeps this provider's sandboxes' TTL ahead of now while it is open."""
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.get_running_loop().create_task(self._renew_loop())
 
-    def _apply_limits(self, cgroups: _Cgroups, resource: SandboxResource | None) -> None:
-        memory = (resource.memory if resource else None) or self.config.memory
-        cpu = resource.cpu if resource else None
-        wanted: list[tuple[str, str, str, bool]] = []  # controller, file, value, explicitly requested
-        if memory is not None:
-            wanted.append(("memory", "memory.limit_in_bytes", str(parse_memory(memory)), True))
-        if cpu is not None:
-            period = 100_000
-            wanted.append(("cpu", "cpu.cfs_quota_us", str(max(1000, int(cpu * period))), True))
-        if self.config.pids_max is not None:
-            wanted.append(("pids", "pids.max", str(self.config.pids_max), False))
-        for controller, name, value, requested in wanted:
-            made = cgroups.paths.get(controller) or cgroups.make(controller)
-            problem = made if isinstance(made, str) else None
-            if problem is None:
+    async def _renew_loop(self) -> None:
+        while self._owned:
+            await asyncio.sleep(self.config.ttl / 3)
+            service = self._service
+            if service is None:
+                return
+            for sandbox_id in list(self._owned):
                 try:
-                    if controller == "cpu":
-                        cgroups.write("cpu", "cpu.cfs_period_us", "100000")
-                    cgroups.write(controller, name, value)
-                    if controller == "memory":
-                        _limit_swap_too(cgroups, value)
-                except OSError as error:
-                    problem = f"cannot set {name}={value}: {error.strerror}"
-            if problem is None:
-                continue
-            message = f"sandbox {cgroups.sandbox_id}: {controller} limit not enforced: {problem}"
-            if requested and self.config.require_limits:
-                raise RuntimeError(
-                    f"{message}. Run where cgroup v1 is writable (as root), or pass "
-                    "LocalProviderConfig(require_limits=False) to run without the limit."
-                )
-            _log.warning("%s", message)
+                    await service.extend(sandbox_id, self.config.ttl)
+                except KeyError:
+                    self._owned.discard(sandbox_id)
+                except ProviderError as error:
+                    _log.warning("could not renew the TTL of sandbox %s: %s", sandbox_id, error.describe())
 
-    def _sandbox_env(self, sandbox_id: str, extra: dict[str, str] | None) -> dict[str, str]:
-        # Not the host's environment: nothing of the host (tokens, paths)
-        # leaks in unless the config says so.
-        env = {
-            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": "/tmp",
-            "TMPDIR": "/tmp",
-            "LANG": "C.UTF-8",
-            "AGENTIX_SANDBOX_ID": sandbox_id,
-        }
-        env.update(extra or {})
-        env[LISTEN_ENV] = f"unix://{SANDBOX_SOCKET}"  # the provider's to choose: it waits on that socket
-        return env
+    # ------------------------------------------------------------ get / delete
 
-    def _argv(self, bwrap: str, sandbox_id: str, root: Path, nix_dir: Path, seccomp_fd: int | None = None) -> list[str]:
-        config = self.config
-        argv = [
-            bwrap,
-            # A user namespace: without it bwrap run by root keeps the host's
-            # capability bounding set (it only clears it in a new one). The
-            # sandbox's uid 0 still maps to the caller's uid.
-            "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            *([] if config.share_net else ["--unshare-net"]),
-            "--hostname", sandbox_id,
-            "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL",
-            # Applied last, to the namespace's init too: see _seccomp.
-            *([] if seccomp_fd is None else ["--seccomp", str(seccomp_fd)]),
-            # The root: an empty tmpfs holding read-only binds of the root's
-            # top-level entries, remounted read-only at the end. Mount points
-            # (/nix, /run/agentix) can then be made even when the root lacks them.
-            "--tmpfs", "/",
-        ]
-        for entry in sorted(os.scandir(root), key=lambda e: e.name):
-            if entry.name in _FRESH_TOP_LEVEL:
-                continue
-            if entry.is_symlink():
-                argv += ["--symlink", os.readlink(entry.path), f"/{entry.name}"]
-            elif entry.is_dir() or entry.is_file():
-                argv += ["--ro-bind", entry.path, f"/{entry.name}"]
-        argv += [
-            "--ro-bind", str(nix_dir), BUNDLE_NIX_ROOT,
-            "--proc", "/proc",
-            # /dev is a tmpfs of device nodes: read-only (devices stay
-            # usable), with a capped tmpfs for /dev/shm.
-            "--dev", "/dev",
-            "--remount-ro", "/dev",
-            "--size", str(parse_memory(config.shm_size)), "--tmpfs", "/dev/shm",
-            # Every writable mount is a capped tmpfs; no host directory is writable.
-            "--size", str(parse_memory(config.tmp_size)), "--tmpfs", "/tmp",
-            "--size", str(parse_memory(config.run_size)), "--tmpfs", "/run",
-            # A mount point: the sandbox cannot rename or replace it, so the
-            # host's path through /proc/<init>/root always reaches this tmpfs.
-            "--size", str(_SOCKET_DIR_BYTES), "--tmpfs", SANDBOX_RUN_DIR,
-            # The sandbox runs as uid 0 (without capabilities): /proc/sys and
-            # friends are owned by uid 0 and global, so a writable /proc would
-            # let it change e.g. the host's kernel.core_pattern.
-            "--remount-ro", "/proc",
-            "--remount-ro", "/",
-            "--chdir", "/tmp",
-            *config.extra_bwrap_args,
-            BUNDLE_RUNTIME_ENTRYPOINT,
-        ]
-        return argv
+    async def get(self, sandbox_id: SandboxId) -> SandboxInfo:
+        """Where the sandbox listens and its status (any sandbox of the
+        service, not only this provider's); `KeyError` for an unknown id."""
+        return await (await self._connect()).get(sandbox_id)
 
-    async def _wait_ready(self, running: _Running) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.ready_timeout
-        delay = 0.005
-        while True:
-            code = running.process.poll()
-            if code is not None:
-                if running.log is not None:
-                    running.log.join(2.0)
-                raise RuntimeError(
-                    f"sandbox {running.sandbox_id} exited with code {code} before its runtime came up; "
-                    f"its output ends with:\n{_tail(running.log_path)}"
-                )
-            if not running.socket_path.parent.is_symlink():
-                _link_socket_dir(running)
-            if _is_socket(running.socket_path):
-                if await _health_ok(
-                    running.socket_path, timeout=max(0.1, min(2.0, deadline - loop.time())), token=running.token
-                ):
-                    return
-            if loop.time() >= deadline:
-                raise TimeoutError(
-                    f"sandbox {running.sandbox_id}: runtime not serving on {running.runtime_url} after "
-                    f"{self.config.ready_timeout}s; its output ends with:\n{_tail(running.log_path)}"
-                )
-            # A short, flat interval: a sandbox comes up in ~40-80 ms, and a
-            # backoff to 50 ms cost up to 40 ms of every create (measured).
-            await asyncio.sleep(delay)
+    async def delete(self, sandbox_id: SandboxId) -> None:
+        """Deletes the sandbox (stopping it with ``stop_grace``) and returns
+        once everything it had is removed; `KeyError` for an unknown id."""
+        service = await self._connect()
+        try:
+            await asyncio.shield(service.delete(sandbox_id, grace=self.config.stop_grace))
+        finally:
+            self._owned.discard(sandbox_id)
 
-    # ------------------------------------------------------------- bundle/root
-
-    def _bundle_nix_dir(self, bundle: str) -> Path:
-        path = Path(bundle).expanduser()
-        if not path.exists():
-            raise ValueError(f"bundle {bundle!r} does not exist (expected a bundle directory or tarball)")
-        if path.is_dir():
-            if has_bootstrap(path):
-                return (path / "nix").resolve()
-            if (path / "runtime" / "bootstrap.sh").is_file():  # the nix/ directory itself
-                return path.resolve()
-            raise ValueError(f"{bundle} is not a bundle: it has no nix/runtime/bootstrap.sh")
-        deployed = self._deploy_tarball(path)
-        return Path(deployed.bundle) / "nix"
-
-    def _deploy_tarball(self, tar: Path, name: str | None = None, platform: str | None = None) -> DeployedBundle:
-        if not tar.is_file() or not tarfile.is_tarfile(tar):
-            raise ValueError(f"bundle {str(tar)!r} is neither a bundle directory nor a tarball")
-        real = os.path.realpath(tar)
-        info = os.stat(real)
-        key = (real, info.st_size, info.st_mtime_ns)
-        digest = self._tar_digests.get(key)
-        if digest is None:
-            hasher = hashlib.sha256()
-            with open(real, "rb") as handle:
-                for chunk in iter(lambda: handle.read(1 << 20), b""):
-                    hasher.update(chunk)
-            digest = self._tar_digests[key] = hasher.hexdigest()
-        root = self.cache_dir / "bundles" / f"sha256-{digest}"
-        if is_verified_bundle(root, digest):
-            manifest_path = root / "manifest.json"
-            manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
-        else:
-            manifest = _read_manifest(tar)
-            extract_nix_tree(tar, root, manifest=manifest, expected_sha256=digest)
-        label = name or (f"{manifest.get('name')}:{manifest.get('tag')}" if manifest and manifest.get("name") else None)
-        metadata = {"cache": str(root)}
-        if label:
-            metadata["name"] = label
-        return DeployedBundle(
-            bundle=str(root),
-            platform=platform or (manifest or {}).get("platform"),
-            metadata=metadata,
-            hints={"inspect contents": f"ls -la {root}/nix/", "remove from cache": f"rm -rf {root}"},
-        )
+    def prune(self) -> list[str]:
+        """Kept for compatibility: the provider service removes the leftovers
+        of sandboxes itself (at its start and by their TTL); returns []."""
+        return []
 
     async def deploy_bundle(
         self, bundle: Path, *, name: str | None = None, platform: str | None = None
     ) -> DeployedBundle:
         """Unpacks bundle tarball `bundle` into the cache (once per sha256) and
         returns the directory to use as `SandboxConfig.bundle`."""
-        return await asyncio.to_thread(self._deploy_tarball, Path(bundle), name, platform)
+        return await self._files.deploy_bundle(bundle, name=name, platform=platform)
 
-    def _root_dir(self, image: str) -> Path:
-        if image in ("", "host", "/"):
-            return Path("/")
-        if image.startswith("oci:"):
-            spec = image[4:]
-            layout, ref = (spec, None) if os.path.isdir(spec) else (spec.rpartition(":")[0], spec.rpartition(":")[2])
-            if not os.path.isdir(layout):
-                raise ValueError(f"image {image!r}: {layout!r} is not an OCI layout directory")
-            return unpack_oci_layout(Path(layout), ref or None, self.cache_dir / "rootfs")
-        path = Path(image).expanduser()
-        if path.is_dir():
-            if (path / "oci-layout").is_file():
-                return unpack_oci_layout(path, None, self.cache_dir / "rootfs")
-            return path.resolve()
-        raise ValueError(
-            f"image {image!r} is not usable by the local provider: use 'host' (this machine's root, read-only), "
-            "a root filesystem directory, or an OCI image layout (oci:DIR[:REF]); images are not pulled"
-        )
-
-    def prune(self) -> list[str]:
-        """Removes the leftovers (host directory, cgroups) of sandboxes whose
-        creating process is gone — one killed before it could `delete` them.
-        Their processes died with it (``--die-with-parent``). Runs once
-        before the first `create`; returns the pruned sandbox ids."""
-        pruned = []
-        try:
-            entries = list(os.scandir(self.runtime_dir))
-        except FileNotFoundError:
-            return pruned
-        for entry in entries:
-            if not entry.name.startswith("local-") or entry.name in self._sandboxes:
-                continue
-            try:
-                record = json.loads(Path(entry.path, _OWNER_FILE).read_text())
-                owner = record["owner"]
-            except (OSError, ValueError, KeyError, TypeError):
-                continue  # being created right now, or not ours to judge
-            if _process_identity(int(owner.split()[0])) == owner:
-                continue  # its provider process is alive
-            for path in map(Path, record.get("cgroups", [])):
-                try:
-                    for pid in (path / "cgroup.procs").read_text().split():
-                        _signal(int(pid), signal.SIGKILL)
-                except OSError:
-                    pass
-                for _ in range(100):
-                    try:
-                        path.rmdir()
-                        break
-                    except FileNotFoundError:
-                        break
-                    except OSError:
-                        time.sleep(0.01)
-                try:  # the shared parent, once its last sandbox is gone
-                    path.parent.rmdir()
-                except OSError:
-                    pass
-            shutil.rmtree(entry.path, ignore_errors=True)
-            pruned.append(entry.name)
-        if pruned:
-            _log.info("removed leftovers of sandboxes whose provider process is gone: %s", ", ".join(pruned))
-        return pruned
-
-    # ------------------------------------------------------------ get / delete
-
-    async def get(self, sandbox_id: SandboxId) -> SandboxInfo:
-        running = self._lookup(sandbox_id)
-        code = running.process.poll()
-        status = "running" if code is None else f"exited ({code})"
-        return SandboxInfo(sandbox_id=SandboxId(sandbox_id), runtime_url=running.runtime_url, status=status)
-
-    async def delete(self, sandbox_id: SandboxId) -> None:
-        running = self._lookup(sandbox_id)
-        del self._sandboxes[sandbox_id]
-        await asyncio.shield(self._teardown(running))
-
-    def _lookup(self, sandbox_id: str) -> _Running:
-        running = self._sandboxes.get(sandbox_id)
-        if running is None:
-            raise KeyError(f"no sandbox {sandbox_id!r} was created by this LocalProvider (or it was deleted)")
-        return running
-
-    async def _teardown(self, running: _Running) -> None:
-        """SIGTERM the sandbox's processes, SIGKILL the tree after the grace
-        period, then remove its cgroups and host directory."""
-        process = running.process
-        if process is not None and process.poll() is None:
-            # bwrap -> the namespace's init -> the entry point (the daemon).
-            # The daemon stops its worker on SIGTERM.
-            for init in _children(process.pid):
-                for pid in _children(init):
-                    _signal(pid, signal.SIGTERM)
-            if not await _exited(process, self.config.stop_grace):
-                # Killing the namespace's init kills everything in the pid
-                # namespace; --die-with-parent covers the init if bwrap goes first.
-                for pid in (*_children(process.pid), process.pid, *running.cgroups.pids()):
-                    _signal(pid, signal.SIGKILL)
-                if not await _exited(process, 10.0):
-                    _log.error("sandbox %s: bwrap (pid %d) survived SIGKILL", running.sandbox_id, process.pid)
-        for pid in running.cgroups.pids():  # nothing can leave a pid namespace, but be sure
-            _signal(pid, signal.SIGKILL)
-        if running.log is not None:
-            await asyncio.to_thread(running.log.join, 2.0)
-        left = await asyncio.to_thread(running.cgroups.remove)
-        if left:
-            _log.warning("sandbox %s: could not remove cgroups %s", running.sandbox_id, left)
-        await asyncio.to_thread(shutil.rmtree, running.host_dir, True)
-
-
-def _link_socket_dir(running: _Running) -> None:
-    """Points ``<host dir>/run`` at the sandbox's ``/run/agentix`` through
-    ``/proc/<init>/root``, once the init has forked the entry point: bwrap
-    forks it after the mounts and the pivot_root, so the path cannot reach
-    the host's own ``/run/agentix`` in the meantime."""
-    inits = _children(running.process.pid)  # bwrap's one child: the pid namespace's init
-    if len(inits) != 1 or not _children(inits[0]):
-        return
-    running.socket_path.parent.symlink_to(f"/proc/{inits[0]}/root{SANDBOX_RUN_DIR}")
-
-
-def _process_identity(pid: int) -> str:
-    """``"<pid> <start time>"``: tells a live process from a later one that
-    reused its pid ("" when no such process)."""
-    try:
-        stat_line = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return f"{pid} {stat_line.rsplit(')', 1)[1].split()[19]}"
-
-
-def _limit_swap_too(cgroups: _Cgroups, value: str) -> None:
-    """memory+swap = memory, so a machine with swap cannot page the sandbox
-    past its limit. Absent without swap accounting: nothing to do then."""
-    try:
-        cgroups.write("memory", "memory.memsw.limit_in_bytes", value)
-    except FileNotFoundError:
-        pass
-
-
-def _is_socket(path: Path) -> bool:
-    """True for a real socket: the sandbox owns the directory, and a symlink
-    there would send the host's connection to some other socket on the host."""
-    try:
-        return stat.S_ISSOCK(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
-def _signal(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-async def _exited(process: subprocess.Popen[bytes], timeout: float) -> bool:
-    """Polls (never a blocking waitpid on the loop) until `process` exits and is reaped."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while process.poll() is None:
-        if loop.time() >= deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
-
-
-def _read_manifest(tar: Path) -> dict | None:
-    """The tarball's top-level manifest.json, if any; one with a ``format``
-    other than ``agentix-bundle`` is refused."""
-    manifest = read_manifest_member(tar)  # under the extraction caps
-    if manifest is None:
-        return None
-    if not isinstance(manifest, dict):
-        raise ValueError(f"{tar}: manifest.json is not a JSON object")
-    if manifest.get("format", "agentix-bundle") != "agentix-bundle":
-        raise ValueError(f"{tar}: manifest.json format is {manifest.get('format')!r}, not an agentix bundle")
-    return manifest

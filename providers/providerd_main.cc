@@ -1,0 +1,326 @@
+// agentix-providerd: the provider service. Parses flags, builds the local
+// backend, the daemon agent and the SandboxController, serves
+// agentix.provider.v1.ProviderService (plus grpc.health.v1 and reflection)
+// and, optionally, Prometheus metrics, until SIGTERM/SIGINT.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "auth/server_auth.h"
+#include "base/flags.h"
+#include "base/log.h"
+#include "base/status_macros.h"
+#include "base/unique_fd.h"
+#include "providers/core/controller.h"
+#include "providers/providerd.h"
+#include "providers/service/metrics_http.h"
+#include "providers/service/metrics_text.h"
+#include "providers/service/provider_service.h"
+
+ABSL_FLAG(std::string, state_dir, "",
+          "directory of the journal (sandboxes and request ids survive a "
+          "restart through it) and of the local sandboxes' directories, "
+          "which hold their sockets: keep it short (at most 22 bytes, "
+          "unix socket paths are limited to 107). Default /var/tmp/agx-<uid>");
+ABSL_FLAG(std::string, instance, "providerd",
+          "this providerd's name: sandboxes are labelled with it, and on "
+          "start every leftover sandbox of this instance the journal does "
+          "not keep is destroyed");
+ABSL_FLAG(std::string, token_file, "",
+          "file holding the bearer token every RPC (health and reflection "
+          "too) must carry as 'authorization: Bearer <token>' (mode 0600; "
+          "none: no token check). There is no environment variable: "
+          "sandboxes inherit providerd's environment");
+ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate (chain) for TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: require client certificates it signed (mutual TLS)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT for Prometheus metrics (GET /metrics, plain HTTP, no "
+          "token: bind it to a trusted interface); empty: no listener");
+ABSL_FLAG(int64_t, default_ttl_s, 300,
+          "lifetime of a sandbox whose spec sets no ttl, in seconds");
+ABSL_FLAG(int64_t, max_lifetime_s, 86400,
+          "largest ttl a spec or ExtendSandbox may ask for, in seconds "
+          "(above: INVALID_ARGUMENT TTL_ABOVE_MAX_LIFETIME)");
+ABSL_FLAG(int64_t, ready_timeout_s, 120,
+          "how long a create waits for READY when the request sets no "
+          "ready_timeout, in seconds");
+ABSL_FLAG(int64_t, retention_s, 3600,
+          "how long TERMINATED records stay visible to Get/List/Wait, in "
+          "seconds");
+ABSL_FLAG(int64_t, max_sandboxes, 0,
+          "live sandboxes at once, pool members included (0: no limit; "
+          "beyond: RESOURCE_EXHAUSTED QUOTA_EXCEEDED)");
+ABSL_FLAG(bool, destroy_on_exit, true,
+          "on SIGTERM/SIGINT destroy every sandbox (they die with providerd "
+          "anyway: bubblewrap --die-with-parent); false keeps only the "
+          "journal's records, whose sandboxes a restart reports "
+          "BACKEND_LOST");
+ABSL_FLAG(int, ready_fd, -1,
+          "after the server listens, write one byte to this inherited fd and "
+          "close it (for a parent waiting on a pipe)");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+ABSL_FLAG(std::string, bwrap, "bwrap",
+          "bubblewrap binary of the local backend (a name is looked up on "
+          "PATH)");
+ABSL_FLAG(int64_t, local_pids_max, 1024,
+          "local backend: pids.max of a sandbox whose spec sets none (0: no "
+          "default)");
+ABSL_FLAG(std::string, local_memory, "0",
+          "local backend: memory limit of a sandbox whose spec sets none, "
+          "e.g. 2g (0: none)");
+ABSL_FLAG(std::string, local_tmp_size, "1g",
+          "local backend: size of a sandbox's /tmp tmpfs when its spec sets "
+          "no scratch_bytes");
+ABSL_FLAG(std::string, local_run_size, "16m",
+          "local backend: size of a sandbox's /run tmpfs");
+ABSL_FLAG(std::string, local_shm_size, "64m",
+          "local backend: size of a sandbox's /dev/shm tmpfs");
+ABSL_FLAG(std::string, local_log_max_bytes, "16m",
+          "local backend: cap on a sandbox's kept output (older output is "
+          "dropped; StreamSandboxLogs reports it as truncated)");
+ABSL_FLAG(bool, local_seccomp, true,
+          "local backend: install the seccomp filter in every sandbox");
+ABSL_FLAG(bool, local_require_limits, true,
+          "local backend: refuse (FAILED_PRECONDITION LIMIT_NOT_ENFORCEABLE) "
+          "a spec asking for a limit this machine cannot enforce; false: "
+          "log it and go on without the limit");
+ABSL_FLAG(std::string, local_cgroup_root, "/sys/fs/cgroup",
+          "local backend: where the cgroup v1 controllers are mounted");
+
+namespace agentix::providers {
+namespace {
+
+constexpr char kListenFlag[] = "--listen";
+constexpr char kServiceName[] = "agentix.provider.v1.ProviderService";
+
+// --listen is repeatable, which absl flags are not: collect every occurrence
+// and hand the rest of argv to absl.
+std::vector<std::string> ExtractListenFlags(int& argc, char** argv) {
+  std::vector<std::string> listen;
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == kListenFlag && i + 1 < argc) {
+      listen.push_back(argv[++i]);
+    } else if (absl::StartsWith(arg, absl::StrCat(kListenFlag, "="))) {
+      listen.push_back(arg.substr(sizeof(kListenFlag)));
+    } else {
+      argv[out++] = argv[i];
+    }
+  }
+  argc = out;
+  return listen;
+}
+
+// "unix:///abs/path" -> "/abs/path"; "" for TCP addresses.
+std::string UnixSocketPath(const std::string& address) {
+  constexpr char kPrefix[] = "unix://";
+  if (!absl::StartsWith(address, kPrefix)) return "";
+  return address.substr(sizeof(kPrefix) - 1);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> LoadCredentials() {
+  auth::ServerSecurityOptions security;
+  if (!absl::GetFlag(FLAGS_token_file).empty()) {
+    AGX_ASSIGN_OR_RETURN(security.token,
+                         auth::LoadToken(absl::GetFlag(FLAGS_token_file),
+                                         nullptr));
+  }
+  for (auto [flag, value, pem] :
+       {std::tuple{"--tls-cert", absl::GetFlag(FLAGS_tls_cert),
+                   &security.tls_cert_pem},
+        std::tuple{"--tls-key", absl::GetFlag(FLAGS_tls_key),
+                   &security.tls_key_pem},
+        std::tuple{"--tls-client-ca", absl::GetFlag(FLAGS_tls_client_ca),
+                   &security.tls_client_ca_pem}}) {
+    if (value.empty()) continue;
+    AGX_ASSIGN_OR_RETURN(*pem, auth::ReadPemFile(value, flag));
+  }
+  security.denied_message =
+      "missing or wrong bearer token: send 'authorization: Bearer <token>' "
+      "(ServiceProvider(address, token=...))";
+  AGX_LOG(Info, "security: {}, {}",
+          security.tls_cert_pem.empty()
+              ? "plaintext"
+              : (security.tls_client_ca_pem.empty() ? "TLS" : "mutual TLS"),
+          security.token.empty() ? "no token check" : "bearer token required");
+  return auth::MakeServerCredentials(security);
+}
+
+absl::StatusOr<int64_t> SizeFlag(absl::string_view flag,
+                                 const std::string& value) {
+  absl::StatusOr<int64_t> bytes = ParseByteSize(value);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " ", value, ": ", bytes.status().message()));
+  }
+  return bytes;
+}
+
+absl::StatusOr<ProviderdConfig> ConfigFromFlags(std::vector<std::string> listen) {
+  ProviderdConfig config;
+  config.listen = std::move(listen);
+  config.state_dir = absl::GetFlag(FLAGS_state_dir);
+  config.controller.instance = absl::GetFlag(FLAGS_instance);
+  for (auto [flag, value, out] :
+       {std::tuple{"default-ttl-s", absl::GetFlag(FLAGS_default_ttl_s),
+                   &config.controller.default_ttl},
+        std::tuple{"max-lifetime-s", absl::GetFlag(FLAGS_max_lifetime_s),
+                   &config.controller.max_lifetime},
+        std::tuple{"ready-timeout-s", absl::GetFlag(FLAGS_ready_timeout_s),
+                   &config.controller.default_ready_timeout},
+        std::tuple{"retention-s", absl::GetFlag(FLAGS_retention_s),
+                   &config.controller.retention}}) {
+    if (value <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, " must be positive, not ", value));
+    }
+    *out = absl::Seconds(value);
+  }
+  if (config.controller.default_ttl > config.controller.max_lifetime) {
+    return absl::InvalidArgumentError(
+        "--default-ttl-s must not exceed --max-lifetime-s");
+  }
+  if (absl::GetFlag(FLAGS_max_sandboxes) < 0) {
+    return absl::InvalidArgumentError("--max-sandboxes must not be negative");
+  }
+  config.controller.max_sandboxes =
+      static_cast<int>(absl::GetFlag(FLAGS_max_sandboxes));
+  config.destroy_on_exit = absl::GetFlag(FLAGS_destroy_on_exit);
+  config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+
+  LocalFlags& local = config.local;
+  local.bwrap = absl::GetFlag(FLAGS_bwrap);
+  local.pids_max = absl::GetFlag(FLAGS_local_pids_max);
+  local.cgroup_root = absl::GetFlag(FLAGS_local_cgroup_root);
+  local.seccomp = absl::GetFlag(FLAGS_local_seccomp);
+  local.require_limits = absl::GetFlag(FLAGS_local_require_limits);
+  AGX_ASSIGN_OR_RETURN(local.memory_bytes,
+                       SizeFlag("local-memory", absl::GetFlag(FLAGS_local_memory)));
+  AGX_ASSIGN_OR_RETURN(local.tmp_bytes, SizeFlag("local-tmp-size",
+                                                 absl::GetFlag(FLAGS_local_tmp_size)));
+  AGX_ASSIGN_OR_RETURN(local.run_bytes, SizeFlag("local-run-size",
+                                                 absl::GetFlag(FLAGS_local_run_size)));
+  AGX_ASSIGN_OR_RETURN(local.shm_bytes, SizeFlag("local-shm-size",
+                                                 absl::GetFlag(FLAGS_local_shm_size)));
+  AGX_ASSIGN_OR_RETURN(
+      local.log_max_bytes,
+      SizeFlag("local-log-max-bytes", absl::GetFlag(FLAGS_local_log_max_bytes)));
+  if (local.pids_max < 0) {
+    return absl::InvalidArgumentError("--local-pids-max must not be negative");
+  }
+  return config;
+}
+
+// Writes one byte to --ready-fd and closes it.
+void SignalReady(int fd) {
+  if (fd < 0) return;
+  const char byte = '1';
+  if (::write(fd, &byte, 1) != 1) {
+    AGX_LOG(Warning, "--ready-fd {}: {}", fd, std::strerror(errno));
+  }
+  ::close(fd);
+}
+
+int Run(int argc, char** raw_argv) {
+  std::vector<std::string> storage;
+  std::vector<char*> normalized =
+      base::NormalizeFlagNames(argc, raw_argv, storage);
+  char** argv = normalized.data();
+  std::vector<std::string> listen = ExtractListenFlags(argc, argv);
+  absl::SetProgramUsageMessage(
+      "agentix-providerd [--listen unix:///abs/path.sock|HOST:PORT ...] "
+      "[--state-dir DIR] [--token-file FILE] [--metrics-listen HOST:PORT]\n"
+      "Serves agentix.provider.v1.ProviderService: creates, watches and "
+      "deletes sandboxes (bubblewrap on this machine) and keeps warm pools.\n"
+      "--listen is repeatable; without one, it listens on "
+      "unix://$XDG_RUNTIME_DIR/agentix/providerd.sock, else "
+      "unix:///tmp/agentix-<uid>/providerd.sock. It prints "
+      "'agentix-providerd serving on ADDRESS[, ...]' on stdout once "
+      "listening.");
+  absl::ParseCommandLine(argc, argv);
+  base::SetLogTag("agentix-providerd");
+  base::SetMinLogSeverity(base::ParseLogSeverity(absl::GetFlag(FLAGS_log_level)));
+
+  absl::StatusOr<ProviderdConfig> config = ConfigFromFlags(std::move(listen));
+  if (!config.ok()) {
+    AGX_LOG(Error, "{}", std::string(config.status().message()));
+    return 2;
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      LoadCredentials();
+  if (!credentials.ok()) {
+    AGX_LOG(Error, "{}", std::string(credentials.status().message()));
+    return 2;
+  }
+
+  // Signals are taken synchronously by this thread; block them before any
+  // thread starts so none of those receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  absl::StatusOr<std::unique_ptr<Providerd>> providerd =
+      Providerd::Start(*std::move(config), *credentials);
+  if (!providerd.ok()) {
+    AGX_LOG(Error, "{}", std::string(providerd.status().message()));
+    return providerd.status().code() == absl::StatusCode::kInvalidArgument ||
+                   providerd.status().code() ==
+                       absl::StatusCode::kFailedPrecondition
+               ? 2
+               : 1;
+  }
+  std::printf("agentix-providerd serving on %s\n",
+              absl::StrJoin((*providerd)->addresses(), ", ").c_str());
+  std::fflush(stdout);
+  SignalReady(absl::GetFlag(FLAGS_ready_fd));
+
+  int received = 0;
+  sigwait(&signals, &received);
+  AGX_LOG(Info, "received signal {}; shutting down", received);
+  (*providerd)->Stop();
+  providerd->reset();
+  AGX_LOG(Info, "stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace agentix::providers
+
+int main(int argc, char** argv) {
+  // Not dumpable: other processes of the same uid cannot ptrace this one or
+  // read its memory (every sandbox's token is in it).
+  ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  return agentix::providers::Run(argc, argv);
+}
