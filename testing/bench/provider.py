@@ -132,6 +132,27 @@ def _pss_bytes(pids) -> int:
     return total
 
 
+def _density(n: int, before: int, after: int, pss: int, processes: int) -> dict:
+    """Idle sandboxes per GiB from MemAvailable before/after (the headline), and
+    from the sandboxes' own PSS. MemAvailable is machine-wide: when other
+    processes freed more than the sandboxes took (delta <= 0) the headline
+    falls back to the PSS figure and says so."""
+    used = before - after
+    r = {"idle_pss_mib_per_sandbox": round(pss / n / 2**20, 2),
+         "idle_sandboxes_per_gib_pss": round(n / (pss / 2**30), 1) if pss > 0 else None,
+         "idle_processes_per_sandbox": round(processes / n, 2), "density_n": n,
+         "memavailable_delta_mib": round(used / 2**20, 1)}
+    if used > 0:
+        r["idle_sandboxes_per_gib"] = round(n / (used / 2**30), 1)
+        r["idle_mib_per_sandbox"] = round(used / n / 2**20, 2)
+        r["density_method"] = "MemAvailable"
+    else:
+        r["idle_sandboxes_per_gib"] = r["idle_sandboxes_per_gib_pss"]
+        r["idle_mib_per_sandbox"] = r["idle_pss_mib_per_sandbox"]
+        r["density_method"] = "PSS (MemAvailable rose: noise from other processes)"
+    return r
+
+
 def _fd_count(pid: int) -> int:
     try:
         return len(os.listdir(f"/proc/{pid}/fd"))
@@ -400,14 +421,10 @@ async def density_ours(args, ours: Ours, harness) -> dict:
     pids = harness.processes_with([ours.mark.encode(), str(ours.bundle).encode()])
     pss = _pss_bytes(pids)
     fds_after = _fd_count(ours.pd.pid)
-    used = max(before - after, 1)
-    r = {"idle_sandboxes_per_gib": round(n / (used / 2**30), 1),
-         "idle_mib_per_sandbox": round(used / n / 2**20, 2),
-         "idle_pss_mib_per_sandbox": round(pss / n / 2**20, 2),
-         "idle_processes_per_sandbox": round(len(pids) / n, 2),
-         "providerd_fds_per_sandbox": round((fds_after - fds_before) / n, 2),
-         "density_n": n, "density_create_s": round(elapsed, 1)}
-    log(f"[ours] density at N={n}: MemAvailable -{used / 2**20:.0f} MiB = {r['idle_mib_per_sandbox']} MiB each "
+    r = _density(n, before, after, pss, len(pids))
+    r["providerd_fds_per_sandbox"] = round((fds_after - fds_before) / n, 2)
+    r["density_create_s"] = round(elapsed, 1)
+    log(f"[ours] density at N={n}: MemAvailable -{r['memavailable_delta_mib']} MiB = {r['idle_mib_per_sandbox']} MiB each "
         f"-> {r['idle_sandboxes_per_gib']} per GiB (PSS {r['idle_pss_mib_per_sandbox']} MiB each, "
         f"{r['idle_processes_per_sandbox']} processes each, providerd +{r['providerd_fds_per_sandbox']} fds each)")
     semaphore = asyncio.Semaphore(16)
@@ -434,7 +451,7 @@ def _inprocess_provider_class():
         return LocalProvider, LocalProviderConfig, "agentix.provider.local.LocalProvider"
 
 
-async def measure_baseline(args, bundle: Path, work: Path) -> dict:
+async def measure_baseline(args, harness, bundle: Path, mark: str, work: Path) -> dict:
     from agentix.provider import SandboxConfig
     import bench_targets
 
@@ -485,11 +502,12 @@ async def measure_baseline(args, bundle: Path, work: Path) -> dict:
 
             await asyncio.gather(*(one() for _ in range(n)))
             await _settle_memory()
-            used = max(before - _meminfo("MemAvailable"), 1)
-            r["idle_sandboxes_per_gib"] = round(n / (used / 2**30), 1)
-            r["idle_mib_per_sandbox"] = round(used / n / 2**20, 2)
+            after = _meminfo("MemAvailable")
+            pids = harness.processes_with([mark.encode(), str(bundle).encode()])
+            r.update(_density(n, before, after, _pss_bytes(pids), len(pids)))
             log(f"[baseline] density at N={n}: {r['idle_mib_per_sandbox']} MiB each -> "
-                f"{r['idle_sandboxes_per_gib']} per GiB")
+                f"{r['idle_sandboxes_per_gib']} per GiB ({r['density_method']}; PSS {r['idle_pss_mib_per_sandbox']} "
+                f"MiB each, {r['idle_processes_per_sandbox']} processes each)")
             for sandbox in made:
                 await asyncio.wait_for(provider.delete(sandbox.sandbox_id), DELETE_TIMEOUT_S)
         else:
@@ -541,7 +559,7 @@ async def run_all(args, tools: dict, work: Path, report: dict) -> None:
                     pd.stop()
                     shutil.rmtree(pd_dir, ignore_errors=True)
             elif side == "baseline" and args.only in (None, "baseline"):
-                baseline_rounds.append(await measure_baseline(args, bundle, work))
+                baseline_rounds.append(await measure_baseline(args, harness, bundle, mark, work))
             log(f"load average now {_loadavg()}")
     ours = _merge_rounds(ours_rounds) if ours_rounds else {}
     for key in HEADLINE:
