@@ -27,6 +27,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -118,8 +119,8 @@ ABSL_FLAG(std::string, local_cgroup_root, "/sys/fs/cgroup",
 namespace agentix::providers {
 namespace {
 
+constexpr char kVersion[] = "0.3.0";
 constexpr char kListenFlag[] = "--listen";
-constexpr char kServiceName[] = "agentix.provider.v1.ProviderService";
 
 // --listen is repeatable, which absl flags are not: collect every occurrence
 // and hand the rest of argv to absl.
@@ -190,6 +191,7 @@ absl::StatusOr<ProviderdConfig> ConfigFromFlags(std::vector<std::string> listen)
   config.listen = std::move(listen);
   config.state_dir = absl::GetFlag(FLAGS_state_dir);
   config.controller.instance = absl::GetFlag(FLAGS_instance);
+  config.controller.version = kVersion;
   for (auto [flag, value, out] :
        {std::tuple{"default-ttl-s", absl::GetFlag(FLAGS_default_ttl_s),
                    &config.controller.default_ttl},
@@ -257,15 +259,25 @@ int Run(int argc, char** raw_argv) {
   char** argv = normalized.data();
   std::vector<std::string> listen = ExtractListenFlags(argc, argv);
   absl::SetProgramUsageMessage(
-      "agentix-providerd [--listen unix:///abs/path.sock|HOST:PORT ...] "
-      "[--state-dir DIR] [--token-file FILE] [--metrics-listen HOST:PORT]\n"
-      "Serves agentix.provider.v1.ProviderService: creates, watches and "
-      "deletes sandboxes (bubblewrap on this machine) and keeps warm pools.\n"
-      "--listen is repeatable; without one, it listens on "
+      "agentix-providerd [--listen ADDRESS ...] [--state-dir DIR] "
+      "[--token-file FILE] [--metrics-listen HOST:PORT] [flags]\n\n"
+      "Serves agentix.provider.v1.ProviderService (with grpc.health.v1 and "
+      "reflection): creates, watches and deletes sandboxes (bubblewrap on "
+      "this machine) and keeps warm pools. Prints 'agentix-providerd serving "
+      "on ADDRESS[, ...]' on stdout once listening.\n\n"
+      "  --listen ADDRESS  unix:///abs/path.sock or HOST:PORT (port 0: any "
+      "free one); repeatable; unix sockets are made mode 0600. Default: "
       "unix://$XDG_RUNTIME_DIR/agentix/providerd.sock, else "
-      "unix:///tmp/agentix-<uid>/providerd.sock. It prints "
-      "'agentix-providerd serving on ADDRESS[, ...]' on stdout once "
-      "listening.");
+      "unix:///tmp/agentix-<uid>/providerd.sock (directory made 0700).");
+  // --help lists this file's flags (absl's default looks for a file named
+  // like the binary, which ours is not).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "providers/providerd_main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.version_string = [] { return absl::StrCat("agentix-providerd ", kVersion, "\n"); };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   base::SetLogTag("agentix-providerd");
   base::SetMinLogSeverity(base::ParseLogSeverity(absl::GetFlag(FLAGS_log_level)));
