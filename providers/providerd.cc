@@ -24,6 +24,7 @@
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "providers/backends/local/local_backend.h"
+#include "providers/core/grpc_daemon_agent.h"
 #include "providers/service/metrics_text.h"
 
 namespace agentix::providers {
@@ -108,7 +109,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Backend>>> MakeLocalBackends(
 }
 
 absl::StatusOr<std::unique_ptr<DaemonAgent>> MakeGrpcAgent() {
-  return absl::UnimplementedError("the daemon agent is not built in yet");
+  return std::make_unique<GrpcDaemonAgent>();
 }
 
 }  // namespace
