@@ -62,16 +62,32 @@ def _needs_bubblewrap_and_providerd():
         pytest.fail(f"{harness.find_providerd()} is missing: bazel build //providers:agentix-providerd")
 
 
-@pytest.fixture(scope="module")
-def bundle():
-    """A development bundle; its daemons carry a mark in their environment."""
+Bundle = collections.namedtuple("Bundle", "path mark")
+
+
+def _dev_bundle():
     directory = Path(tempfile.mkdtemp(prefix="agx-pdb-"))
     mark = f"pdtest-{secrets.token_hex(6)}"
     harness.write_dev_bundle(directory, sandboxd=SANDBOXD, worker=WORKER,
                              python_path=str(TARGETS_DIR), venv=_venv(), mark=mark)
-    bundle_info = collections.namedtuple("Bundle", "path mark")(directory, mark)
-    yield bundle_info
-    shutil.rmtree(directory, ignore_errors=True)
+    return Bundle(directory, mark)
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    """A development bundle; its daemons carry a mark in their environment,
+    so a test finds its sandboxes' processes (and only those)."""
+    made = _dev_bundle()
+    yield made
+    shutil.rmtree(made.path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def bad_bundle():
+    """The bad-input cases' own bundle (their providerd lives across tests)."""
+    made = _dev_bundle()
+    yield made
+    shutil.rmtree(made.path, ignore_errors=True)
 
 
 def sandbox_processes(bundle) -> dict[int, str]:
@@ -735,7 +751,7 @@ async def test_200_claim_burst_on_a_pool_min20_max30_stays_bounded_and_refills(a
 
 
 @pytest.fixture(scope="module")
-def bad_input_pd(bundle):
+def bad_input_pd(bad_bundle):
     """One providerd for every bad-input case, holding one READY sandbox made
     with a known request id (for the reused-id case)."""
     directory = Path(tempfile.mkdtemp(prefix="pd-", dir="/tmp"))
@@ -745,7 +761,7 @@ def bad_input_pd(bundle):
         with grpc.insecure_channel(service.target) as channel:
             stub = pb_grpc.ProviderServiceStub(channel)
             response = stub.CreateSandbox(pb.CreateSandboxRequest(
-                request_id=existing["request_id"], spec=make_spec(bundle), labels={"team": "red"}),
+                request_id=existing["request_id"], spec=make_spec(bad_bundle), labels={"team": "red"}),
                 metadata=service.metadata, timeout=CREATE_TIMEOUT_S)
             existing["id"] = response.sandbox.id
             capabilities = stub.GetCapabilities(pb.GetCapabilitiesRequest(), metadata=service.metadata, timeout=10)
@@ -785,10 +801,8 @@ def _bad_cases(bundle, existing, capabilities, scratch: Path):
     def spec_with(**fields):
         spec = make_spec(bundle)
         for name, value in fields.items():
-            if name == "resources":
-                spec.resources.CopyFrom(value)
-            elif name == "network":
-                spec.network.CopyFrom(value)
+            if hasattr(value, "CopyFrom"):
+                getattr(spec, name).CopyFrom(value)
             else:
                 setattr(spec, name, value)
         return spec
@@ -874,7 +888,8 @@ async def _snapshot(stub, md):
 
 
 @pytest.mark.parametrize("case", BAD_CASES)
-async def test_bad_input_gets_a_definite_error_and_changes_nothing(case, bad_input_pd, bundle, tmp_path):
+async def test_bad_input_gets_a_definite_error_and_changes_nothing(case, bad_input_pd, bad_bundle, tmp_path):
+    bundle = bad_bundle
     service, existing, capabilities = bad_input_pd
     local = _local(capabilities)
     if case == "a gpu on a machine without":
@@ -909,9 +924,15 @@ async def test_bad_input_gets_a_definite_error_and_changes_nothing(case, bad_inp
         await channel.close()
 
 
-async def test_delete_unknown_with_allow_missing_is_ok(api):
+async def test_delete_unknown_with_allow_missing_is_ok_and_makes_nothing(api):
+    _, before = await api.list_all(include_terminated=True)
     response = await api.stub.DeleteSandbox(pb.DeleteSandboxRequest(id="sbx-never-made", allow_missing=True),
                                             metadata=api.md, timeout=10)
-    assert not response.sandbox.id
+    assert not response.sandbox.uid and response.sandbox.status.phase in (Phase.PHASE_UNSPECIFIED, Phase.TERMINATED)
     await api.stub.DeleteWarmPool(pb.DeleteWarmPoolRequest(name="never-made", allow_missing=True),
                                   metadata=api.md, timeout=10)
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await api.get("sbx-never-made")
+    assert error.value.code() == grpc.StatusCode.NOT_FOUND
+    listed, after = await api.list_all(include_terminated=True)
+    assert listed == [] and after.resource_version == before.resource_version
