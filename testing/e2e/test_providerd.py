@@ -141,9 +141,8 @@ class Api:
         await self.channel.close()
 
 
-async def delete_everything(api: Api) -> list[str]:
-    """Deletes every pool and sandbox (bounded); returns every id and uid ever listed."""
-    names = []
+async def delete_everything(api: Api) -> list:
+    """Deletes every pool and sandbox (bounded); returns every record ever listed."""
     try:
         pools = await api.stub.ListWarmPools(pb.ListWarmPoolsRequest(), metadata=api.md, timeout=10)
         for pool in pools.pools:
@@ -152,7 +151,6 @@ async def delete_everything(api: Api) -> list[str]:
     except grpc.aio.AioRpcError:
         pass
     sandboxes, _ = await api.list_all(include_terminated=True)
-    names += [s.id for s in sandboxes] + [s.uid for s in sandboxes]
     live = [s.id for s in sandboxes if s.status.phase != Phase.TERMINATED]
     semaphore = asyncio.Semaphore(16)
 
@@ -164,7 +162,7 @@ async def delete_everything(api: Api) -> list[str]:
                 pass
 
     await asyncio.wait_for(asyncio.gather(*(one(i) for i in live)), 180)
-    return names
+    return sandboxes
 
 
 @pytest.fixture
@@ -181,18 +179,23 @@ async def pd(pd_dir, bundle):
     and nothing of this module's sandboxes may be left on the machine."""
     service = harness.Providerd(pd_dir).start()
     yield service
-    names = []
+    records = []
     if service.proc.poll() is None:
         api = Api(service)
         try:
-            names = await delete_everything(api)
+            records = await delete_everything(api)
         finally:
             await api.close()
     service.stop()
+    names = [s.id for s in records] + [s.uid for s in records]
     left = await asyncio.to_thread(harness.wait_until, lambda: not (
         sandbox_processes(bundle) or harness.cgroup_dirs(names)), 10.0)
-    assert left, (f"left behind after the test: processes {sandbox_processes(bundle)}, "
-                  f"cgroups {harness.cgroup_dirs(names)}\n{service.log()}")
+    if not left:
+        cgroups = harness.cgroup_dirs(names)
+        owners = [f"{s.id} {_phase(s)}/{_reason(s)} ready={s.status.ready_time.seconds > 0}" for s in records
+                  if any(s.id in c or (s.uid and s.uid in c) for c in cgroups)]
+        raise AssertionError(f"left behind after the test: processes {sandbox_processes(bundle)}, "
+                             f"cgroups {cgroups} of {owners}\n{service.log()}")
 
 
 @pytest.fixture
@@ -634,16 +637,23 @@ async def test_orphans_are_destroyed_within_5s_of_a_restart_after_kill9(api, pd,
     TERMINATED/BACKEND_LOST with no process, cgroup or mount left."""
     ready = await asyncio.gather(*(api.create(make_spec(bundle), labels={"suite": "orphan"}) for _ in range(3)))
     tokens = {r.sandbox.id: r.credentials.access_token for r in ready}
+    assert harness.cgroup_dirs([r.sandbox.id for r in ready]), "the local backend made no cgroup: nothing to check"
+    assert sandbox_processes(bundle)
+    # Then 10 more, answered PENDING, and the kill right away: it lands in
+    # the middle of their launches (directories, cgroups, bwrap half made).
     starting = await asyncio.gather(*(api.create(make_spec(bundle), labels={"suite": "orphan"},
                                                  wait=pb.CreateSandboxRequest.RETURN_PENDING)
-                                      for _ in range(2)))
+                                      for _ in range(10)))
     records = [r.sandbox for r in ready + starting]
     names = [s.id for s in records] + [s.uid for s in records]
-    assert harness.cgroup_dirs(names), "the local backend made no cgroup: nothing to check"
-    assert sandbox_processes(bundle)
     pd.kill9()
     await asyncio.to_thread(pd.start)
     restarted = pd.started_at
+
+    def paths_named(names):
+        """Files or directories under providerd's state dir named by a sandbox."""
+        return [os.path.join(d, n) for d, dirs, files in os.walk(pd.state_dir)
+                for n in dirs + files if n in names]
 
     def settled():
         """Done when every sandbox is READY or TERMINATED and the terminated
@@ -658,7 +668,7 @@ async def test_orphans_are_destroyed_within_5s_of_a_restart_after_kill9(api, pd,
             return None
         dead = [s for s in current if s.status.phase == Phase.TERMINATED]
         dead_names = [s.id for s in dead] + [s.uid for s in dead]
-        if harness.cgroup_dirs(dead_names) or harness.mounts_with(dead_names):
+        if harness.cgroup_dirs(dead_names) or harness.mounts_with(dead_names) or paths_named(dead_names):
             return None
         if len(dead) == len(current) and sandbox_processes(bundle):
             return None
@@ -666,8 +676,8 @@ async def test_orphans_are_destroyed_within_5s_of_a_restart_after_kill9(api, pd,
 
     current = await asyncio.to_thread(harness.wait_until, settled, 5.0 - (time.monotonic() - restarted), 0.05)
     elapsed = time.monotonic() - restarted
-    assert current, (f"not settled {elapsed:.1f} s after the restart: "
-                     f"cgroups {harness.cgroup_dirs(names)}, processes {sandbox_processes(bundle)}\n{pd.log()}")
+    assert current, (f"not settled {elapsed:.1f} s after the restart: cgroups {harness.cgroup_dirs(names)}, "
+                     f"paths {paths_named(names)}, processes {sandbox_processes(bundle)}\n{pd.log()}")
     assert elapsed <= 5.0
     for sandbox in current:
         if sandbox.status.phase == Phase.TERMINATED:
