@@ -443,6 +443,8 @@ async def test_1000_creates_over_100_request_ids_with_drops_and_a_kill9_make_exa
                            120)
     assert not unexpected, unexpected[:10]
 
+    print(f"idempotency: {in_flight} in flight at the kill; failures {dict(failures)}; "
+          f"definite answers {sum(map(len, definite.values()))}")
     listed, _ = await api.list_all("suite=idem", include_terminated=True, page_size=37)
     by_request = collections.Counter(s.request_id for s in listed)
     assert len(listed) == 100, (len(listed), failures)
@@ -563,6 +565,7 @@ async def test_watch_killed_100_times_during_1000_transitions_has_no_gap(api, bu
     await asyncio.wait_for(killed_task, 60)
     ref_task.cancel()
 
+    print(f"watch: {len(reference)} events, {kills} stream kills, {duplicates} duplicates dropped")
     assert kills >= 100, kills
     assert len(reference) >= 1000, len(reference)
     versions = [e.resource_version for e in reference]
@@ -709,6 +712,23 @@ async def test_200_claim_burst_on_a_pool_min20_max30_stays_bounded_and_refills(a
             await asyncio.sleep(0.01)
 
     sampler = asyncio.create_task(sample())
+    # Independently of the pool's own status: live daemons of this bundle
+    # minus the claimed sandboxes not yet TERMINATED (listed before and after
+    # the count, the larger taken) are the pool's members.
+    member_counts = []  # (daemons, claimed live)
+
+    def daemons():
+        return sum(1 for cmdline in sandbox_processes(bundle).values() if "agentix-sandboxd" in cmdline)
+
+    async def count_members():
+        while not stop.is_set():
+            before, _ = await api.list_all("suite=burst")
+            running = await asyncio.to_thread(daemons)
+            after, _ = await api.list_all("suite=burst")
+            member_counts.append((running, max(len(before), len(after))))
+            await asyncio.sleep(0.02)
+
+    counter = asyncio.create_task(count_members())
 
     async def ready_at_least(n):
         while not samples or samples[-1][1] < n:
@@ -741,8 +761,15 @@ async def test_200_claim_burst_on_a_pool_min20_max30_stays_bounded_and_refills(a
     refilled = await asyncio.wait_for(ready_at_least(20), 60)
     stop.set()
     await sampler
+    await counter
     await asyncio.wait_for(asyncio.gather(*deletes), 60)
 
+    most_members = max(running - claimed for running, claimed in member_counts)
+    print(f"burst: 200 claims in {last_claim - min(t for t, _ in claims):.1f} s, max total "
+          f"{max(s[3] for s in samples)} (status) / {most_members} (daemons - claimed), refilled "
+          f"{refilled - last_claim:.2f} s after the last claim, {len(samples)} + {len(member_counts)} samples")
+    assert most_members <= 30, f"{most_members} live pool daemons (> max_total 30)"
+    assert len(member_counts) > 20, "the daemons were not counted continuously"
     assert len(claims) == 200
     assert len({r.sandbox.id for _, r in claims}) == 200
     for _, response in claims:
