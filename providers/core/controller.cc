@@ -282,7 +282,25 @@ class ControllerImpl final : public SandboxController, public EventSink {
   std::map<std::string, RequestEntry> requests_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Pool> pools_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Observed> early_exits_ ABSL_GUARDED_BY(mu_);  // by ref
+  // Exits seen for refs no sandbox owns yet (a launch in flight, a pool
+  // member), by ref, with when they came: entries nobody collects (exits of
+  // what we destroyed ourselves) are purged after a minute.
+  std::map<std::string, std::pair<Observed, absl::Time>> early_exits_ ABSL_GUARDED_BY(mu_);
+  void RememberExit(const std::string& ref, const Observed& observed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::Time now = absl::Now();
+    if (early_exits_.size() >= 256) {
+      for (auto it = early_exits_.begin(); it != early_exits_.end();) {
+        it = it->second.second < now - absl::Minutes(1) ? early_exits_.erase(it) : std::next(it);
+      }
+    }
+    early_exits_[ref] = {observed, now};
+  }
+  // Rewrites the journal with only live state once it holds many more
+  // records than that (so it does not grow for ever between restarts).
+  void MaybeCompact() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<JournalRecord> LiveRecords() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t appended_since_compaction_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, std::string> ref_owner_ ABSL_GUARDED_BY(mu_);  // ref -> id
   std::multimap<absl::Time, Task> tasks_ ABSL_GUARDED_BY(mu_);
   uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
@@ -306,6 +324,38 @@ void ControllerImpl::JournalSandbox(const Entry& e) {
   if (absl::Status s = journal_->Append(r); !s.ok()) {
     fprintf(stderr, "providerd: journal: %s\n", s.ToString().c_str());
   }
+  ++appended_since_compaction_;
+  MaybeCompact();
+}
+
+std::vector<JournalRecord> ControllerImpl::LiveRecords() {
+  std::vector<JournalRecord> live;
+  for (auto& [id, e] : sandboxes_) {
+    live.push_back({kSandboxRecord, false, id,
+                    {e.record.SerializeAsString(), e.ref.value, e.access_token,
+                     e.admin_token, e.spec_hash, e.backend}});
+  }
+  for (auto& [rid, req] : requests_) {
+    live.push_back({kRequestRecord, false, rid,
+                    {req.sandbox_id, req.payload_hash,
+                     std::to_string(absl::ToUnixMicros(req.expiry))}});
+  }
+  for (auto& [name, pool] : pools_) {
+    pb::WarmPool spec = pool.spec;
+    spec.clear_status();
+    live.push_back({kPoolRecord, false, name,
+                    {spec.SerializeAsString(), std::to_string(pool.generation)}});
+  }
+  return live;
+}
+
+void ControllerImpl::MaybeCompact() {
+  int64_t live = sandboxes_.size() + requests_.size() + pools_.size();
+  if (appended_since_compaction_ < std::max<int64_t>(10000, 4 * live)) return;
+  if (absl::Status s = journal_->Rewrite(LiveRecords()); !s.ok()) {
+    fprintf(stderr, "providerd: journal compaction: %s\n", s.ToString().c_str());
+  }
+  appended_since_compaction_ = 0;
 }
 
 absl::Status ControllerImpl::JournalRequest(const std::string& request_id,
@@ -315,6 +365,7 @@ absl::Status ControllerImpl::JournalRequest(const std::string& request_id,
   r.type = kRequestRecord;
   r.key = request_id;
   r.fields = {req.sandbox_id, req.payload_hash, std::to_string(absl::ToUnixMicros(req.expiry))};
+  ++appended_since_compaction_;
   return journal_->Append(r);
 }
 
@@ -340,6 +391,8 @@ void ControllerImpl::JournalErase(uint8_t type, const std::string& key) {
   if (absl::Status s = journal_->Append(r); !s.ok()) {
     fprintf(stderr, "providerd: journal: %s\n", s.ToString().c_str());
   }
+  ++appended_since_compaction_;
+  MaybeCompact();
 }
 
 // ---------------------------------------------------------------- start/stop
@@ -425,23 +478,7 @@ absl::Status ControllerImpl::Start() {
       Schedule(req.expiry, Task{TaskKind::kRequestExpiry, rid});
     }
     // Compact: only live state is kept.
-    std::vector<JournalRecord> live;
-    for (auto& [id, e] : sandboxes_) {
-      live.push_back({kSandboxRecord, false, id,
-                      {e.record.SerializeAsString(), e.ref.value, e.access_token,
-                       e.admin_token, e.spec_hash, e.backend}});
-    }
-    for (auto& [rid, req] : requests_) {
-      live.push_back({kRequestRecord, false, rid,
-                      {req.sandbox_id, req.payload_hash,
-                       std::to_string(absl::ToUnixMicros(req.expiry))}});
-    }
-    for (auto& [name, pool] : pools_) {
-      pb::WarmPool spec = pool.spec;
-      spec.clear_status();
-      live.push_back({kPoolRecord, false, name,
-                      {spec.SerializeAsString(), std::to_string(pool.generation)}});
-    }
+    std::vector<JournalRecord> live = LiveRecords();
     if (absl::Status s = journal_->Rewrite(live); !s.ok()) return s;
   }
   for (auto& [name, backend] : backends_) {
@@ -866,7 +903,7 @@ std::optional<Observed> ControllerImpl::TakeEarlyExit(const std::string& ref) {
   absl::MutexLock lock(&mu_);
   auto it = early_exits_.find(ref);
   if (it == early_exits_.end()) return std::nullopt;
-  Observed o = it->second;
+  Observed o = it->second.first;
   early_exits_.erase(it);
   return o;
 }
@@ -1166,7 +1203,7 @@ void ControllerImpl::OnObserved(const BackendRef& ref, const Observed& observed)
     auto owner = ref_owner_.find(ref.value);
     if (owner == ref_owner_.end()) {
       // A launch still in flight, or a pool member: remember it.
-      early_exits_[ref.value] = observed;
+      RememberExit(ref.value, observed);
       for (auto& [mid, m] : members_) {
         if (m.ref.value == ref.value && m.ready) {
           Pool& pool = pools_[m.pool];
@@ -1194,7 +1231,7 @@ void ControllerImpl::OnObserved(const BackendRef& ref, const Observed& observed)
       if (exit.reason() == pb::Exit::BACKEND_LOST) counters_["backend_lost"]++;
       BeginTerminate(e, exit, absl::ZeroDuration(), &later);
     } else if (phase == pb::SandboxStatus::STARTING || phase == pb::SandboxStatus::PENDING) {
-      early_exits_[ref.value] = observed;
+      RememberExit(ref.value, observed);
     }
   }
   Run(later);
@@ -1633,6 +1670,14 @@ void ControllerImpl::Replenish(Pool& pool) {
       }
     }
   }
+  // A lowered max_total trims unclaimed members, oldest first.
+  while (counts.ready > 0 && counts.ready + counts.creating > pool.spec.max_total()) {
+    std::string mid = pool.ready.front();
+    pool.ready.pop_front();
+    if (members_.at(mid).generation != pool.generation) counts.stale--;
+    DestroyMember(mid);
+    counts.ready--;
+  }
   int n = MembersToStart(pool.spec, counts);
   for (int i = 0; i < n; ++i) {
     Member m;
@@ -1699,7 +1744,10 @@ void ControllerImpl::RunMemberLaunch(const std::string& member_id) {
     Member& m = members_.at(member_id);
     auto pit = pools_.find(m.pool);
     if (pit != pools_.end()) pit->second.creating.erase(member_id);
-    if (endpoint.ok() && !m.doomed && !shutting_down_ && pit != pools_.end()) {
+    bool over_total = pit != pools_.end() &&
+                      static_cast<int>(pit->second.ready.size() + pit->second.creating.size()) >=
+                          pit->second.spec.max_total();
+    if (endpoint.ok() && !m.doomed && !shutting_down_ && pit != pools_.end() && !over_total) {
       Pool& pool = pit->second;
       m.ready = true;
       m.endpoint = *endpoint;
