@@ -255,6 +255,57 @@ async def test_bundle_runs_self_contained_in_a_busybox_root(bundle, tmp_path):
         log.read_text()
 
 
+async def test_bootstrap_passes_the_admin_token_file_through(bundle, tmp_path):
+    """providerd starts warm-pool members as `bootstrap.sh --listen ...
+    --admin-token-file /proc/self/fd/N`: the bundle's daemon starts unarmed,
+    Activate arms it, and its worker sees Activate's env."""
+    import grpc
+
+    from admin_client import ADMIN, SERVING, Admin, bearer, pb, token_pipe
+    from admin_client import RUNTIME as RUNTIME_TOKEN
+    from agentix import RuntimeClient
+
+    root = busybox_root(tmp_path / "root")
+    sockdir = tmp_path / "sock"
+    sockdir.mkdir()
+    log = tmp_path / "bootstrap.log"
+    with token_pipe() as fd, open(log, "wb") as log_file:
+        proc = subprocess.Popen(
+            ["bwrap", "--bind", str(root), "/",
+             "--ro-bind", str(bundle["out"] / "nix"), "/nix",
+             "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+             "--bind", str(sockdir), "/run/agentix",
+             "--unshare-pid", "--unshare-net", "--unshare-ipc",
+             "--die-with-parent", "--clearenv",
+             f"{RUNTIME}/bootstrap.sh",
+             "--listen", "unix:///run/agentix/agentix.sock",
+             "--admin-token-file", f"/proc/self/fd/{fd}"],
+            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+            pass_fds=(fd,))
+    try:
+        socket_path = sockdir / "agentix.sock"
+        await wait_for_socket(socket_path, proc, log)
+        url = f"unix://{socket_path}"
+        async with grpc.aio.insecure_channel(url) as channel:
+            admin = Admin(channel)
+            assert await admin.health(b"", timeout=10, metadata=bearer(ADMIN)) == SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await admin.get_info(b"", timeout=10)
+            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            # bootstrap.sh passes --prestart-worker: it must wait for Activate.
+            assert not (await admin.get_status()).worker_running
+            await admin.activate(pb.ActivateRequest(token=RUNTIME_TOKEN, env={"POOL_USER": "u1"},
+                                                    sandbox_id="warm-1"),
+                                 timeout=10, metadata=bearer(ADMIN))
+        async with RuntimeClient(url, token=RUNTIME_TOKEN) as sandbox:
+            assert await asyncio.wait_for(sandbox.remote(bundle_app.add, 2, 3), 30) == 5
+            assert await sandbox.remote(os.getenv, "POOL_USER") == "u1"
+            assert await sandbox.remote(os.getenv, "AGENTIX_SANDBOX_ID") == "warm-1"
+    finally:
+        stop(proc)
+    assert "unarmed until SandboxAdmin.Activate" in log.read_text()
+
+
 def test_oci_layout_validates(bundle):
     if shutil.which("oci-image-tool") is None:
         pytest.skip("oci-image-tool not installed (tools/setup installs it)")
