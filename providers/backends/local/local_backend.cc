@@ -795,6 +795,14 @@ absl::Status LocalBackend::Start(const LaunchSpec& launch, const std::string& ro
   info_write.Reset();
   token_read.Reset();
   sandbox->pidfd.Reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  if (!sandbox->pidfd.valid()) {
+    // Without a pidfd the exit would never be seen (Linux >= 5.3 has it).
+    const std::string error = Errno("pidfd_open");
+    ::kill(pid, SIGKILL);
+    int ignored;
+    ::waitpid(pid, &ignored, 0);
+    return absl::FailedPreconditionError(absl::StrCat("sandbox ", record.id, ": ", error));
+  }
   record.bwrap_pid = pid;
   record.bwrap_start = StartTime(pid);
   sandbox->log = std::make_shared<SandboxLog>(sandbox->dir, options_.log_max_bytes);

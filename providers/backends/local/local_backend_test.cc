@@ -37,6 +37,13 @@ std::string MakeTemp(const std::string& base) {
   return path;
 }
 
+// Per test process: cgroup paths are machine-wide, and Bazel may run
+// several copies of this test at once.
+const std::string& CgroupParent() {
+  static const std::string* parent = new std::string(absl::StrCat("agentix-test-", getpid()));
+  return *parent;
+}
+
 std::string TestTmp() { return getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp"; }
 
 // A bundle directory whose bootstrap.sh runs `body`.
@@ -91,7 +98,7 @@ struct Fixture {
     state = MakeTemp("/tmp");
     LocalBackendOptions options;
     options.state_dir = state + "/s";
-    options.cgroup_parent = "agentix-test";
+    options.cgroup_parent = CgroupParent();
     options.seccomp = seccomp;
     options.token_flag = "--token-file";
     options.tmp_bytes = 8 << 20;
@@ -199,7 +206,7 @@ TEST_CASE("a sandbox comes up on a real socket, isolated, and Destroy leaves not
 
   const std::string record = Slurp(f.state + "/s/iso-1/state.json");
   CHECK(absl::StrContains(record, "\"pids\""));  // the default pids cgroup
-  const std::string pids_cgroup = "/sys/fs/cgroup/pids/agentix-test/iso-1";
+  const std::string pids_cgroup = "/sys/fs/cgroup/pids/" + CgroupParent() + "/iso-1";
   CHECK(Slurp(pids_cgroup + "/pids.max") == "1024\n");
 
   const absl::Time destroy = absl::Now();
@@ -243,7 +250,7 @@ TEST_CASE("a memory limit OOM-kills the sandbox: exit 137 and oom_killed") {
   CHECK(f.backend->ResolveEndpoint(ref).status().code() == absl::StatusCode::kFailedPrecondition);
   REQUIRE_OK(f.backend->Destroy(ref, absl::Seconds(1)));
   // Nested under providerd's own memory cgroup, not at the hierarchy's root.
-  CHECK(!Exists("/sys/fs/cgroup/memory/agentix-test/oom-1"));
+  CHECK(!Exists("/sys/fs/cgroup/memory/" + CgroupParent() + "/oom-1"));
 }
 
 TEST_CASE("a pids limit stops forks inside the sandbox") {
@@ -256,7 +263,7 @@ TEST_CASE("a pids limit stops forks inside the sandbox") {
   spec.spec.mutable_resources()->set_pids(16);
   REQUIRE_OK_AND_ASSIGN(BackendRef ref, f.backend->Launch(spec, absl::Now() + absl::Seconds(10)));
   INFO(WaitLog(*f.backend, ref, "spawned"));
-  const std::string cgroup = "/sys/fs/cgroup/pids/agentix-test/pids-1";
+  const std::string cgroup = "/sys/fs/cgroup/pids/" + CgroupParent() + "/pids-1";
   CHECK(Slurp(cgroup + "/pids.max") == "16\n");
   // bwrap, its init, the shell and the sleeps that fit: never 40 sleeps.
   int current = 0;
@@ -336,9 +343,79 @@ TEST_CASE("bad specs are refused before anything is made") {
   CHECK(absl::StrContains(caps.version(), "bubblewrap"));
 }
 
+TEST_CASE("a symlink planted as the socket is never an endpoint") {
+  Fixture f;
+  // A real socket elsewhere in the sandbox, and a symlink to it where the
+  // daemon's socket belongs.
+  const std::string bundle = MakeBundle(
+      "exec /usr/bin/python3 -c 'import os,socket,time\n"
+      "s=socket.socket(socket.AF_UNIX); s.bind(\"/run/agentix/real.sock\"); s.listen()\n"
+      // Relative: followed from providerd's side it reaches that socket.
+      "os.symlink(\"real.sock\", \"/run/agentix/agentix.sock\")\n"
+      "print(\"planted\", flush=True); time.sleep(3600)'\n");
+  REQUIRE_OK_AND_ASSIGN(BackendRef ref, f.backend->Launch(f.Spec("plant", bundle), absl::Now() + absl::Seconds(10)));
+  REQUIRE(absl::StrContains(WaitLog(*f.backend, ref, "planted"), "planted"));
+  for (int i = 0; i < 20; ++i) {
+    CHECK(f.backend->ResolveEndpoint(ref).status().code() == absl::StatusCode::kUnavailable);
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  REQUIRE_OK(f.backend->Destroy(ref, absl::Milliseconds(100)));
+}
+
+TEST_CASE("scratch, nofile, cpu and HOST network reach the sandbox") {
+  Fixture f;
+  const std::string bundle = MakeBundle(
+      "echo \"nofile: $(ulimit -n)\"\n"
+      "echo \"tmp-kb: $(df -k /tmp | tail -1 | awk '{print $2}')\"\n"
+      "echo \"ifaces: $(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | sort | tr '\\n' ' ')\"\n"
+      "echo reported; exec sleep 60\n");
+  LaunchSpec spec = f.Spec("res-1", bundle);
+  spec.spec.mutable_resources()->set_scratch_bytes(4 << 20);
+  spec.spec.mutable_resources()->set_nofile(77);
+  spec.spec.mutable_resources()->set_cpu_millis(250);
+  spec.spec.mutable_network()->set_mode(pb::Network::HOST);
+  REQUIRE_OK_AND_ASSIGN(BackendRef ref, f.backend->Launch(spec, absl::Now() + absl::Seconds(10)));
+  const std::string log = WaitLog(*f.backend, ref, "reported");
+  INFO(log);
+  CHECK(absl::StrContains(log, "nofile: 77\n"));
+  CHECK(absl::StrContains(log, "tmp-kb: 4096\n"));
+  CHECK_FALSE(absl::StrContains(log, "ifaces: lo \n"));  // the host's interfaces
+  const std::string record = Slurp(f.state + "/s/res-1/state.json");
+  const size_t at = record.find("/sys/fs/cgroup/cpu/");
+  REQUIRE(at != std::string::npos);
+  const std::string cpu = record.substr(at, record.find('"', at) - at);
+  CHECK(Slurp(cpu + "/cpu.cfs_quota_us") == "25000\n");
+  CHECK(Slurp(cpu + "/cpu.cfs_period_us") == "100000\n");
+  REQUIRE_OK(f.backend->Destroy(ref, absl::Milliseconds(100)));
+  CHECK(!Exists(cpu));
+}
+
+TEST_CASE("bwrap failing before it starts the sandbox: START_FAILED with its output, nothing left") {
+  const std::string state = MakeTemp("/tmp");
+  LocalBackendOptions options;
+  options.state_dir = state + "/s";
+  options.cgroup_parent = CgroupParent();
+  options.extra_bwrap_args = {"--no-such-bwrap-flag"};
+  REQUIRE_OK_AND_ASSIGN(auto backend, NewLocalBackend(options));
+  LaunchSpec spec;
+  spec.sandbox_id = "fail-1";
+  spec.spec.mutable_bundle()->set_path(MakeBundle(kListen));
+  auto ref = backend->Launch(spec, absl::Now() + absl::Seconds(10));
+  REQUIRE_FALSE(ref.ok());
+  CHECK(ref.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(ReasonOf(ref.status()) == kReasonStartFailed);
+  CHECK(absl::StrContains(ref.status().message(), "no-such-bwrap-flag"));
+  CHECK(!Exists(state + "/s/fail-1"));
+  CHECK(!Exists("/sys/fs/cgroup/pids/" + CgroupParent() + "/fail-1"));
+  backend.reset();
+  rmdir((state + "/s").c_str());
+  rmdir(state.c_str());
+}
+
 TEST_CASE("a leftover of a SIGKILLed owner is listed and Destroy cleans it") {
   const std::string state = MakeTemp("/tmp");
   const std::string bundle = MakeBundle(kListen);
+  (void)CgroupParent();  // the parent's pid names it, in the owner too
   int ready[2];
   REQUIRE(pipe(ready) == 0);
   pid_t owner = fork();
@@ -347,7 +424,7 @@ TEST_CASE("a leftover of a SIGKILLed owner is listed and Destroy cleans it") {
     close(ready[0]);
     LocalBackendOptions options;
     options.state_dir = state + "/s";
-    options.cgroup_parent = "agentix-test";
+    options.cgroup_parent = CgroupParent();
     auto backend = NewLocalBackend(options);
     if (!backend.ok()) _exit(2);
     LaunchSpec spec;
@@ -374,14 +451,14 @@ TEST_CASE("a leftover of a SIGKILLed owner is listed and Destroy cleans it") {
 
   LocalBackendOptions options;
   options.state_dir = state + "/s";
-  options.cgroup_parent = "agentix-test";
+  options.cgroup_parent = CgroupParent();
   REQUIRE_OK_AND_ASSIGN(auto backend, NewLocalBackend(options));
   REQUIRE_OK_AND_ASSIGN(auto owned, backend->ListOwned("owner"));
   REQUIRE(owned.size() == 1);
   CHECK(owned[0].value == "left-1:u1");
   const std::string record = Slurp(state + "/s/left-1/state.json");
   CHECK(absl::StrContains(record, "\"memory\""));
-  const std::string pids_cgroup = "/sys/fs/cgroup/pids/agentix-test/left-1";
+  const std::string pids_cgroup = "/sys/fs/cgroup/pids/" + CgroupParent() + "/left-1";
   CHECK(Exists(pids_cgroup));
   // --die-with-parent: the sandbox died with its owner.
   bool empty = false;
@@ -392,7 +469,19 @@ TEST_CASE("a leftover of a SIGKILLed owner is listed and Destroy cleans it") {
   CHECK(empty);
   REQUIRE_OK_AND_ASSIGN(Observed observed, backend->Inspect(owned[0]));
   CHECK(observed.state == Observed::State::kExited);
+  // Something still alive in the leftover's cgroup is killed by Destroy.
+  pid_t straggler = fork();
+  REQUIRE(straggler >= 0);
+  if (straggler == 0) {
+    execl("/bin/sleep", "sleep", "60", nullptr);
+    _exit(127);
+  }
+  std::ofstream(pids_cgroup + "/cgroup.procs") << straggler;
+  REQUIRE(Slurp(pids_cgroup + "/cgroup.procs") == absl::StrCat(straggler, "\n"));
   REQUIRE_OK(backend->Destroy(owned[0], absl::Seconds(1)));
+  REQUIRE(waitpid(straggler, &status, 0) == straggler);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGKILL);
   CHECK(!Exists(state + "/s/left-1"));
   CHECK(!Exists(pids_cgroup));
   REQUIRE_OK_AND_ASSIGN(auto after, backend->ListOwned("owner"));

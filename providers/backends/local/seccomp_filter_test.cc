@@ -50,10 +50,28 @@ TEST_CASE("the x86_64 program checks the arch first, denies the table and ends a
   CHECK(clone3_enosys);
 }
 
-TEST_CASE("the same program bytes as the Python builder (_seccomp.py) for x86_64") {
-  REQUIRE_OK_AND_ASSIGN(auto program, DenyFilter("x86_64"));
+// 64-bit FNV-1a of the program's bytes.
+uint64_t Fnv1a(const std::vector<sock_filter>& program) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(program.data());
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < program.size() * sizeof(sock_filter); ++i) {
+    hash = (hash ^ bytes[i]) * 0x100000001b3ull;
+  }
+  return hash;
+}
+
+TEST_CASE("the same program bytes as the Python builder (_seccomp.py)") {
+  // Golden values from host/python/agentix/provider/_seccomp.py's
+  // deny_filter(arch) (len and FNV-1a of its bytes): the two builders must
+  // not drift while the Python LocalProvider still has its own.
+  REQUIRE_OK_AND_ASSIGN(auto x86, DenyFilter("x86_64"));
   // 4 arch/nr + 2 x32 + 52 denied x 2 + clone3 2 + unshare 5 + clone 5 + ioctl 6 + final 1.
-  CHECK(program.size() == 4 + 2 + 52 * 2 + 2 + 5 + 5 + 6 + 1);
+  CHECK(x86.size() == 4 + 2 + 52 * 2 + 2 + 5 + 5 + 6 + 1);
+  CHECK(x86.size() * sizeof(sock_filter) == 1032);
+  CHECK(Fnv1a(x86) == 0x58ea1f651fb38b07ull);
+  REQUIRE_OK_AND_ASSIGN(auto arm, DenyFilter("aarch64"));
+  CHECK(arm.size() * sizeof(sock_filter) == 936);
+  CHECK(Fnv1a(arm) == 0xcdfb3f385943cb09ull);
 }
 
 TEST_CASE("aarch64 has its own table and no x32 check; unknown arches are refused") {
