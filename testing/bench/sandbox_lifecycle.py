@@ -261,7 +261,7 @@ def _install_hooks(local_mod, timeline: Timeline):
             return done
         local_mod._exited = timed_exited
 
-    class TimedLocalProvider(local_mod.LocalProvider):
+    class TimedLocalProvider(local_mod.InProcessLocalProvider):
         async def _wait_ready(self, running):
             # Called right after subprocess.Popen of the sandbox tree.
             timeline.mark("spawned")
@@ -419,7 +419,9 @@ def _summary(runs: list[dict]) -> dict:
 async def measure_sandboxes(args, bundle_dir: Path, image: str, image_label: str,
                             runs: int, warmup: bool, probes: bool) -> dict:
     from agentix import SandboxConfig  # //host/python:agentix
-    import agentix.provider.local as local_mod
+    # The in-process provider: this benchmark times its steps (bwrap, health
+    # polls); the provider service's figures are //testing/bench:provider's.
+    import agentix.provider._local_inprocess as local_mod
     from hello_agentix import tools as hello_tools  # same module::qualname as in the sandbox
 
     timeline = TIMELINE

@@ -1,4 +1,6 @@
-"""End to end: `LocalProvider` runs the real daemon and worker under bubblewrap.
+"""End to end: the in-process local provider (`InProcessLocalProvider`, what
+`LocalProvider` was before the provider service; the benchmark's baseline)
+runs the real daemon and worker under bubblewrap.
 
 The bundle here is a development one: ``nix/runtime/bootstrap.sh`` execs the
 Bazel-built ``agentix-sandboxd`` and ``agentix-worker`` by their absolute host
@@ -32,7 +34,10 @@ from conftest import SANDBOXD, TARGETS_DIR, WORKER, _venv, on_root_logger
 import e2e_targets
 from agentix import WorkerExited
 from agentix.provider import SandboxConfig, SandboxResource, providers
-from agentix.provider.local import LocalProvider, LocalProviderConfig
+# These tests drive the bubblewrap implementation itself (they look into its
+# records); `LocalProvider` is now the provider service's client.
+from agentix.provider._local_inprocess import InProcessLocalProvider as LocalProvider
+from agentix.provider._local_inprocess import LocalProviderConfig
 
 
 
@@ -347,7 +352,9 @@ def _cgroup_paths(provider, sandbox_id):
 
 
 async def test_entry_point_names_the_local_provider():
-    assert providers().get("local") is LocalProvider
+    import agentix.provider.local
+
+    assert providers().get("local") is agentix.provider.local.LocalProvider
 
 
 async def test_session_runs_remote_calls(dev_bundle, dirs):
@@ -840,7 +847,7 @@ async def test_a_symlink_in_place_of_the_socket_is_not_trusted(dirs, tmp_path):
 _CRASHING_HOST = """
 import asyncio, os, signal, sys
 from agentix.provider import SandboxConfig
-from agentix.provider.local import LocalProvider
+from agentix.provider._local_inprocess import InProcessLocalProvider as LocalProvider
 
 async def main():
     provider = LocalProvider(runtime_dir=sys.argv[1], cache_dir=sys.argv[2], extra_bwrap_args=sys.argv[4:])

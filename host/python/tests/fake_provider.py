@@ -92,6 +92,7 @@ class FakeProviderService(pb_grpc.ProviderServiceServicer):
         self.counter = 0
         self.endpoint_prefix = "unix:///tmp/fake-providerd"
         self.pids_limit = False  # what GetCapabilities says of the local backend
+        self.ready_delay = 0.0  # seconds a first CreateSandbox takes after making the record
 
     # ---------------------------------------------------------------- helpers
 
@@ -100,7 +101,9 @@ class FakeProviderService(pb_grpc.ProviderServiceServicer):
         metadata = {key: value for key, value in context.invocation_metadata()}
         self.metadata_seen.append(metadata)
         if self.token is not None and metadata.get("authorization") != f"Bearer {self.token}":
-            await _abort(context, grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED", "a valid bearer token is required")
+            await _abort(
+                context, grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED", "a valid bearer token is required"
+            )
         for fault in self.faults:
             if fault.method == method:
                 self.faults.remove(fault)
@@ -157,10 +160,13 @@ class FakeProviderService(pb_grpc.ProviderServiceServicer):
             )
         spec = request.spec
         if spec.bundle.path.endswith("not-a-bundle"):
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_BUNDLE", f"{spec.bundle.path} is not a bundle")
+            await _abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_BUNDLE", f"{spec.bundle.path} is not a bundle"
+            )
         if spec.resources.gpus:
             await _abort(
-                context, grpc.StatusCode.FAILED_PRECONDITION, "LIMIT_NOT_ENFORCEABLE", "local backend has no GPU support"
+                context, grpc.StatusCode.FAILED_PRECONDITION, "LIMIT_NOT_ENFORCEABLE",
+                "local backend has no GPU support",
             )
         if spec.image == "fail-start":
             await _abort(
@@ -187,6 +193,7 @@ class FakeProviderService(pb_grpc.ProviderServiceServicer):
         self.logs.setdefault(sandbox_id, f"log of {sandbox_id}\n".encode())
         self.requests[request.request_id] = (payload_bytes, sandbox_id)
         self._emit(pb.SandboxEvent.ADDED, record)
+        await asyncio.sleep(self.ready_delay)  # made, not yet answered (a cancel here leaves it made)
         if self.drop_response_after_create:
             self.drop_response_after_create -= 1
             await _abort(context, grpc.StatusCode.UNAVAILABLE, "", "connection reset (injected)")
@@ -277,7 +284,9 @@ class FakeProviderService(pb_grpc.ProviderServiceServicer):
         await self._enter("ExtendSandbox", request, context)
         record = await self._record(request.id, context)
         if record.status.phase == pb.SandboxStatus.TERMINATED:
-            await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, "SANDBOX_TERMINATED", f"{request.id} is terminated")
+            await _abort(
+                context, grpc.StatusCode.FAILED_PRECONDITION, "SANDBOX_TERMINATED", f"{request.id} is terminated"
+            )
         record.status.expire_time.FromSeconds(1_000_000 + request.ttl.seconds)
         self._emit(pb.SandboxEvent.MODIFIED, record)
         return record
@@ -346,8 +355,8 @@ class FakeProviderService(pb_grpc.ProviderServiceServicer):
     async def GetCapabilities(self, request, context):
         await self._enter("GetCapabilities", request, context)
         return pb.Capabilities(
-            backends=[pb.BackendCapabilities(name="local", memory_limit=True, pids_limit=self.pids_limit)], default_backend="local",
-            version="fake", instance="fake",
+            backends=[pb.BackendCapabilities(name="local", memory_limit=True, pids_limit=self.pids_limit)],
+            default_backend="local", version="fake", instance="fake",
         )
 
 

@@ -96,7 +96,9 @@ async def test_sandbox_rm(fake):
     status, out, _ = await run("sandbox", "rm", "sbx-1", "sbx-2", "--grace", "0.5", "--url", fake.url)
     assert (status, out) == (0, "deleted sbx-1\ndeleted sbx-2\n")
     deletes = [r for m, r in fake.calls if m == "DeleteSandbox"]
-    assert [(r.id, r.wait, r.grace.nanos) for r in deletes] == [("sbx-1", True, 500_000_000), ("sbx-2", True, 500_000_000)]
+    assert [(r.id, r.wait, r.grace.nanos) for r in deletes] == [
+        ("sbx-1", True, 500_000_000), ("sbx-2", True, 500_000_000),
+    ]
     status, out, _ = await run("sandbox", "rm", "sbx-3", "--json", "--url", fake.url)
     assert json.loads(out)["deleted"][0]["status"]["exit"]["reason"] == "DELETED"
 
@@ -206,3 +208,18 @@ def _with_stub_paths(code):
         f"agentix.provider.v1.__path__[:] = {list(agentix.provider.v1.__path__)!r}; "
         f"agentix.runtime.v1.__path__[:] = {list(agentix.runtime.v1.__path__)!r}; " + code
     )
+
+
+@pytest.mark.asyncio
+async def test_ls_shows_age_and_expiry_of_live_sandboxes_only(fake):
+    import time
+
+    now = int(time.time())
+    fake.records["sbx-1"].status.create_time.FromSeconds(now - 125)
+    fake.records["sbx-1"].status.expire_time.FromSeconds(now + 3600 + 330)
+    fake.records["sbx-2"].status.expire_time.FromSeconds(now + 60)
+    fake.set_phase("sbx-2", pb.SandboxStatus.TERMINATED, pb.Exit.TTL_EXPIRED)
+    _, out, _ = await run("sandbox", "ls", "--all", "--url", fake.url)
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
+    assert rows["sbx-1"][2] == "COLD" and rows["sbx-1"][3] in ("2m5s", "2m6s") and rows["sbx-1"][4:6] == ["in", "1h5m"]
+    assert rows["sbx-2"][1:5] == ["TERMINATED", "(TTL_EXPIRED)", "COLD", "-"] and rows["sbx-2"][5] == "-"

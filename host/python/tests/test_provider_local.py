@@ -9,6 +9,7 @@ import shutil
 import stat
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,15 @@ async def fake(short_dir):
     await server.stop(None)
 
 
+def _stale_socket(path):
+    """A socket file nobody listens on (left by a providerd that died)."""
+    import socket as socket_module
+
+    leftover = socket_module.socket(socket_module.AF_UNIX)
+    leftover.bind(str(path))
+    leftover.close()
+
+
 def _creates(service):
     return [request for method, request in service.calls if method == "CreateSandbox"]
 
@@ -94,7 +104,7 @@ async def test_uses_the_provider_url_and_maps_its_settings(environment, fake, bu
     assert provider.url == fake.url
     (request,) = _creates(fake)
     spec = request.spec
-    assert spec.image == "host" and spec.bundle.path == str((bundle / "nix").resolve())
+    assert spec.image == "host" and spec.bundle.path == str(bundle.resolve())
     assert dict(spec.env) == {"K": "v"}
     assert (spec.resources.cpu_millis, spec.resources.memory_bytes, spec.resources.scratch_bytes) == (
         500, 256 << 20, 64 << 20,
@@ -119,6 +129,7 @@ async def test_default_settings_send_only_what_the_sandbox_needs(environment, fa
     (request,) = _creates(fake)
     assert not request.spec.HasField("resources") and not request.spec.HasField("network")
     assert request.spec.image == "host" and request.spec.ttl.seconds == 300
+    assert request.spec.bundle.path == str(bundle.resolve())  # given as its nix/ directory: one spelling
     assert request.ready_timeout.seconds == 30
 
 
@@ -161,6 +172,8 @@ async def test_starts_the_default_providerd_once_when_none_answers(environment, 
 
     def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
         started.append((socket, log, list(flags), detach))
+        time.sleep(0.5)  # a real start takes a while: the other provider finds nobody meanwhile
+        socket.unlink(missing_ok=True)  # as providerd does with a stale socket, under its own lock
         service = FakeProviderService()
         servers.append((service, asyncio.run_coroutine_threadsafe(serve_provider(service, socket), loop).result()))
         return None
@@ -168,11 +181,7 @@ async def test_starts_the_default_providerd_once_when_none_answers(environment, 
     monkeypatch.setattr(local_module, "spawn_providerd", fake_spawn)
     stale = default_socket()
     stale.parent.mkdir(mode=0o700)
-    import socket as socket_module
-
-    leftover = socket_module.socket(socket_module.AF_UNIX)
-    leftover.bind(str(stale))  # a socket file nobody listens on (a providerd that died)
-    leftover.close()
+    _stale_socket(stale)
     first, second = LocalProvider(), LocalProvider()
     await asyncio.gather(
         first.create(SandboxConfig(image="host", bundle=str(bundle))),
@@ -180,13 +189,40 @@ async def test_starts_the_default_providerd_once_when_none_answers(environment, 
     )
     assert len(started) == 1
     socket, log, flags, detach = started[0]
-    state = environment / "agentix" / "providerd"
-    assert (socket, log, flags, detach) == (stale, state / "providerd.log", [f"--state-dir={state}"], True)
+    assert (socket, log, flags, detach) == (stale, environment / "agentix" / "providerd.log", [], True)
     assert stat.S_IMODE(os.stat(stale.parent).st_mode) == 0o700
     assert len(_creates(servers[0][0])) == 2
     await first.aclose()
     await second.aclose()
     await servers[0][1].stop(None)
+
+
+@pytest.mark.asyncio
+async def test_a_providerd_started_while_waiting_for_the_lock_is_used(environment, monkeypatch):
+    """Both callers find nobody before the lock; the second, once it has the
+    lock, must find the first one's providerd and not start another (without
+    the lock, or without the check under it, both would start one)."""
+    loop = asyncio.get_running_loop()
+    started = []
+    servers = []
+
+    def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
+        started.append(socket)
+        time.sleep(0.3)
+        servers.append(asyncio.run_coroutine_threadsafe(serve_provider(FakeProviderService(), socket), loop).result())
+
+    async def answers(url):
+        await asyncio.sleep(0.05)
+        return bool(servers)  # someone answers once a providerd was started
+
+    monkeypatch.setattr(local_module, "spawn_providerd", fake_spawn)
+    monkeypatch.setattr(local_module, "_answers", answers)
+    socket = default_socket()
+    socket.parent.mkdir(mode=0o700)
+    _stale_socket(socket)  # something there, so that the checks before the lock run
+    urls = await asyncio.gather(local_module.ensure_default_providerd(), local_module.ensure_default_providerd())
+    assert urls == [f"unix://{socket}"] * 2 and started == [socket]
+    await servers[0].stop(None)
 
 
 @pytest.mark.asyncio
@@ -212,7 +248,7 @@ async def test_server_level_settings_start_a_private_providerd(environment, bund
     )
     sandbox = await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
     ((socket, flags, detach),) = started
-    assert detach is False and socket.name == "providerd.sock" and socket.parent.name.startswith("agentix-pd-")
+    assert detach is False and socket.name == "providerd.sock" and socket.parent.name.startswith("agx-")
     assert flags == [
         f"--state-dir={short_dir / 'state'}", f"--local-run-size={32 << 20}", f"--local-shm-size={1 << 20}",
         f"--local-log-max-bytes={1 << 20}", "--local-seccomp=false", "--local-require-limits=false",
@@ -226,6 +262,29 @@ async def test_server_level_settings_start_a_private_providerd(environment, bund
     assert not socket.parent.exists()
     assert servers[0][0].records[sandbox.sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
     await servers[0][1].stop(None)
+
+
+@pytest.mark.asyncio
+async def test_a_private_providerd_gets_a_short_state_dir_of_its_own(environment, bundle, monkeypatch):
+    loop = asyncio.get_running_loop()
+    started = []
+    servers = []
+
+    def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
+        started.append((socket, log, list(flags)))
+        servers.append(asyncio.run_coroutine_threadsafe(serve_provider(FakeProviderService(), socket), loop).result())
+        return None
+
+    monkeypatch.setattr(local_module, "spawn_providerd", fake_spawn)
+    async with LocalProvider(seccomp=False) as provider:
+        await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+        ((socket, log, flags),) = started
+        state = socket.parent / "s"
+        assert flags == ["--local-seccomp=false", f"--state-dir={state}"] and log == socket.parent / "providerd.log"
+        assert len(str(state)) <= 22  # providerd's limit: the sandboxes' sockets live under it
+        assert stat.S_IMODE(os.stat(socket.parent).st_mode) == 0o700
+    assert not socket.parent.exists()
+    await servers[0].stop(None)
 
 
 @pytest.mark.asyncio
@@ -244,7 +303,7 @@ async def test_bad_configs_fail_before_any_providerd_is_used(environment, short_
             await provider.create(config)
     assert provider.url is None
     with pytest.raises(RuntimeError, match="apt-get install bubblewrap"):
-        await LocalProvider(bwrap=str(short_dir / "no-bwrap")).create(SandboxConfig(image="host", bundle=str(short_dir)))
+        await LocalProvider(bwrap=str(short_dir / "no-bwrap")).create(SandboxConfig(image="host", bundle=str(bundle)))
 
 
 @pytest.mark.asyncio

@@ -1,6 +1,7 @@
-"""InProcessLocalProvider (the pre-service LocalProvider, kept as the benchmark baseline):
-pieces that need no bubblewrap run: sizes, settings, the bwrap command line, the sandbox environment, limits the machine cannot
-enforce. The sandboxes themselves are tested in testing/e2e/test_local_provider.py."""
+"""InProcessLocalProvider (the pre-service LocalProvider, kept as the benchmark
+baseline): pieces that need no bubblewrap run: sizes, settings, the bwrap
+command line, the sandbox environment, limits the machine cannot enforce. The
+sandboxes themselves are tested in testing/e2e/test_local_provider.py."""
 
 import logging
 import os

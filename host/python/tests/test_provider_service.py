@@ -156,6 +156,21 @@ async def test_a_dropped_response_is_collected_by_the_retry_not_made_twice(servi
 
 
 @pytest.mark.asyncio
+async def test_a_cancelled_create_deletes_what_the_service_made(service, provider):
+    service.ready_delay = 0.5
+    creating = asyncio.ensure_future(provider.create(CONFIG))
+    await asyncio.sleep(0.2)
+    assert list(service.records) == ["sbx-1"]
+    creating.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await creating
+    await provider.aclose()  # waits for the background delete
+    assert service.records["sbx-1"].status.phase == pb.SandboxStatus.TERMINATED
+    creates = [r.request_id for m, r in service.calls if m == "CreateSandbox"]
+    assert len(creates) == 2 and len(set(creates)) == 1  # collected by a replay, not a new sandbox
+
+
+@pytest.mark.asyncio
 async def test_retries_are_bounded(service):
     provider = ServiceProvider(service.url, create_attempts=3, max_retry_delay=0.01)
     service.faults = [Fault("CreateSandbox", grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN", message="going away")] * 5

@@ -133,6 +133,14 @@ def _span(seconds: float) -> str:
     return f"{sign}{whole}s"
 
 
+def _expires(status: Any, now: float) -> str:
+    from agentix.provider.v1 import provider_pb2 as pb
+
+    if status.phase == pb.SandboxStatus.TERMINATED or not status.expire_time.seconds:
+        return "-"
+    return "in " + _span(status.expire_time.seconds - now)
+
+
 def _table(rows: list[list[str]], out: IO[str]) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -149,7 +157,7 @@ def _sandbox_rows(records: Sequence[Any], now: float) -> list[list[str]]:
         if status.phase == pb.SandboxStatus.TERMINATED and status.exit.reason:
             phase += f" ({pb.Exit.Reason.Name(status.exit.reason)})"
         launch = pb.SandboxStatus.Launch.Name(status.launch) if status.launch else "-"
-        expires = "-" if not status.expire_time.seconds else "in " + _span(status.expire_time.seconds - now)
+        expires = _expires(status, now)
         labels = ",".join(f"{k}={v}" for k, v in sorted(record.labels.items())) or "-"
         rows.append([record.id, phase, launch, _ago(status.create_time, now), expires, record.pool or "-", labels])
     return rows
@@ -170,7 +178,7 @@ def _print_sandbox(record: Any, out: IO[str]) -> None:
         ("bundle", record.spec.bundle.path or record.spec.bundle.oci_reference),
         ("pool", record.pool or "-"),
         ("age", _ago(status.create_time, now)),
-        ("expires", "-" if not status.expire_time.seconds else "in " + _span(status.expire_time.seconds - now)),
+        ("expires", _expires(status, now)),
         ("labels", ",".join(f"{k}={v}" for k, v in sorted(record.labels.items())) or "-"),
         ("request_id", record.request_id),
         ("resource_version", str(record.resource_version)),

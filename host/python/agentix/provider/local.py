@@ -31,7 +31,8 @@ best effort, as it always was), ``tmp_size`` → ``resources.scratch_bytes``,
 ``share_net`` → network HOST, ``ready_timeout`` → the request's
 ``ready_timeout``, ``stop_grace`` → the delete's grace. Bundle tarballs and
 OCI image layouts are unpacked here, into ``cache_dir`` as before (the
-service runs on this machine), and passed to it as directories.
+service runs on this machine), and passed to it as directories (the bundle
+as its resolved directory, the one holding ``nix/``).
 
 Sandboxes belong to the service: another process can list, reach and delete
 them (``agentix sandbox ls``). Each gets a TTL of ``LocalProviderConfig.ttl``
@@ -293,31 +294,34 @@ def _lock(path: Path, timeout: float) -> int:
         except BlockingIOError:
             if time.monotonic() >= deadline:
                 os.close(fd)
-                raise TimeoutError(f"{path} stayed locked for {timeout}s (another process starting providerd?)") from None
+                raise TimeoutError(
+                    f"{path} stayed locked for {timeout}s (another process starting providerd?)"
+                ) from None
             time.sleep(0.05)
 
 
 async def ensure_default_providerd(socket: Path | None = None, *, timeout: float = START_TIMEOUT) -> str:
     """The URL of the per-user providerd at `socket` (default `default_socket`),
     started (detached) when none answers there. Two processes starting it at
-    once start one: the check and the start happen under ``<socket>.lock``."""
+    once start one: the check and the start happen under ``<socket>.start-lock``."""
     socket = socket or default_socket()
     url = f"unix://{socket}"
     if socket.exists() and await _answers(url):
         return url
     await asyncio.to_thread(_private_dir, socket.parent)
-    lock = await asyncio.to_thread(_lock, socket.with_name(socket.name + ".lock"), timeout + 10)
+    # Not <socket>.lock: providerd itself holds that one while it serves.
+    lock = await asyncio.to_thread(_lock, socket.with_name(socket.name + ".start-lock"), timeout + 10)
     try:
         if socket.exists() and await _answers(url):
             return url  # another process started it while we waited for the lock
-        with contextlib.suppress(FileNotFoundError):
-            if socket.is_socket():
-                socket.unlink()  # left by a providerd that died
-        state = socket.with_name("providerd")
-        await asyncio.to_thread(_private_dir, state)
-        log = state / "providerd.log"
+        # A socket file left by a providerd that died is providerd's to
+        # remove (under its own <socket>.lock, so never a live one's).
+        # Its state (journal, sandbox directories) goes to providerd's own
+        # default, /var/tmp/agx-<uid>: short enough for the sandboxes' socket
+        # paths, and kept across reboots like the journal should be.
+        log = socket.with_name("providerd.log")
         _log.info("starting agentix-providerd on %s (log: %s)", url, log)
-        await asyncio.to_thread(spawn_providerd, socket, log, [f"--state-dir={state}"], detach=True, timeout=timeout)
+        await asyncio.to_thread(spawn_providerd, socket, log, [], detach=True, timeout=timeout)
     finally:
         os.close(lock)
     return url
@@ -406,13 +410,13 @@ class LocalProvider(SandboxProvider):
         return self._service
 
     async def _start_private(self) -> str:
-        base = os.environ.get("XDG_RUNTIME_DIR")
-        base = base if base and os.path.isdir(base) else None
-        private = Path(tempfile.mkdtemp(prefix="agentix-pd-", dir=base or "/tmp"))
+        # Short: providerd's state directory holds the sandboxes' sockets
+        # (at most 22 bytes, see its --state-dir).
+        private = Path(tempfile.mkdtemp(prefix="agx-", dir="/tmp"))
         socket = private / "providerd.sock"
         flags = list(self._server_flags)
         if not any(flag.startswith("--state-dir=") for flag in flags):
-            flags.append(f"--state-dir={private / 'state'}")
+            flags.append(f"--state-dir={private / 's'}")
         _log.info("starting a private agentix-providerd for this LocalProvider: %s", " ".join(flags))
         try:
             process = await asyncio.to_thread(
@@ -436,12 +440,14 @@ class LocalProvider(SandboxProvider):
             raise ValueError("the local provider cannot give a sandbox GPUs (SandboxResource.gpu must be None)")
         if self._server_flags and shutil.which(self.config.bwrap) is None:
             # Checked here only for a private providerd: a shared one has its own.
-            raise RuntimeError(f"bubblewrap not found ({self.config.bwrap!r}): install it with `apt-get install bubblewrap`")
+            raise RuntimeError(
+                f"bubblewrap not found ({self.config.bwrap!r}): install it with `apt-get install bubblewrap`"
+            )
         nix_dir = await asyncio.to_thread(self._files._bundle_nix_dir, config.bundle)
         root = await asyncio.to_thread(self._files._root_dir, config.image)
         service = await self._connect()
         spec = await self._spec(service, config, nix_dir, root)
-        sandbox = await service.create(None, spec=spec, ready_timeout=self.config.ready_timeout)  # type: ignore[arg-type]
+        sandbox = await service.create(None, spec=spec, ready_timeout=self.config.ready_timeout)
         self._owned.add(sandbox.sandbox_id)
         self._renew()
         return sandbox
@@ -454,8 +460,12 @@ class LocalProvider(SandboxProvider):
             pids = self.config.pids_max if await self._pids_limit_available(service) else None
         tmp_default = _DEFAULTS["tmp_size"].default
         scratch = None if parse_memory(self.config.tmp_size) == parse_memory(tmp_default) else self.config.tmp_size
+        # The bundle directory (the one holding nix/), resolved: one spelling
+        # per bundle, so a warm pool made with that directory matches (the
+        # service compares paths as given).
+        bundle = nix_dir.parent if nix_dir.name == "nix" else nix_dir
         resolved = SandboxConfig(
-            image="host" if str(root) == "/" else str(root), bundle=str(nix_dir), env=config.env, resource=resource,
+            image="host" if str(root) == "/" else str(root), bundle=str(bundle), env=config.env, resource=resource,
         )
         return spec_from_config(
             resolved, ttl=self.config.ttl, pids=pids, scratch_bytes=scratch,
@@ -507,6 +517,9 @@ class LocalProvider(SandboxProvider):
             await asyncio.shield(service.delete(sandbox_id, grace=self.config.stop_grace))
         finally:
             self._owned.discard(sandbox_id)
+            if not self._owned and self._renewer is not None:
+                self._renewer.cancel()  # nothing left to renew
+                self._renewer = None
 
     def prune(self) -> list[str]:
         """Kept for compatibility: the provider service removes the leftovers

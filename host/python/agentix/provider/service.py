@@ -16,7 +16,9 @@ Every `create` carries a fresh UUID ``request_id`` and retries UNAVAILABLE,
 DEADLINE_EXCEEDED (not a sandbox's own READY_TIMEOUT), RESOURCE_EXHAUSTED
 (after ``agentix-retry-after-ms``) and ABORTED with that same id, a bounded
 number of times: the service makes such a retry return the sandbox the first
-attempt made, never a second one. Errors are `agentix.provider.errors` classes.
+attempt made, never a second one. A cancelled `create` replays its request in
+the background and deletes what it returns. Errors are
+`agentix.provider.errors` classes.
 """
 
 from __future__ import annotations
@@ -232,7 +234,7 @@ class ServiceProvider(SandboxProvider):
         self.address = address
         self._target = grpc_target(address)  # ValueError for an address it cannot use
         self.token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)
-        self.tls = wants_tls(address) or tls_ca_file is not None if tls is None else bool(tls)
+        self.tls = (wants_tls(address) or tls_ca_file is not None) if tls is None else bool(tls)
         self.tls_ca_file = tls_ca_file
         self.tls_server_name = tls_server_name
         self.backend = backend or ""
@@ -247,6 +249,7 @@ class ServiceProvider(SandboxProvider):
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._collectors: set[asyncio.Task[None]] = set()  # deletes after cancelled creates
 
     def __repr__(self) -> str:
         return f"ServiceProvider({self.address!r})"
@@ -257,6 +260,8 @@ class ServiceProvider(SandboxProvider):
         """The stub, on a channel of the running loop (made on first use; a
         channel belongs to one event loop)."""
         loop = asyncio.get_running_loop()
+        # A channel of another (finished) loop cannot be closed from this one:
+        # it is dropped, and grpc frees it with its last reference.
         if self._stub is None or self._loop is not loop:
             import grpc
 
@@ -285,7 +290,10 @@ class ServiceProvider(SandboxProvider):
         return items or None
 
     async def aclose(self) -> None:
-        """Closes the channel (sandboxes are the service's and keep running)."""
+        """Closes the channel (sandboxes are the service's and keep running),
+        after the deletes of cancelled creates still under way."""
+        if self._collectors:
+            await asyncio.gather(*self._collectors, return_exceptions=True)
         channel, self._channel, self._stub, self._loop = self._channel, None, None, None
         if channel is not None:
             try:
@@ -322,6 +330,10 @@ class ServiceProvider(SandboxProvider):
                 await asyncio.sleep(self._delay(attempt, error))
         raise AssertionError("unreachable")
 
+    async def _on_sandbox(self, method: str, request: Any, sandbox_id: str, timeout: float | None = None) -> Any:
+        """`_unary` for an RPC about one sandbox (NOT_FOUND says which)."""
+        return await self._unary(method, request, what=_about(sandbox_id), sandbox_id=sandbox_id, timeout=timeout)
+
     def _error(self, rpc_error: Any, what: str, sandbox_id: str | None = None) -> ProviderError:
         error = from_rpc_error(rpc_error, what=what)
         if sandbox_id is not None and error.code == "NOT_FOUND":
@@ -340,7 +352,7 @@ class ServiceProvider(SandboxProvider):
 
     async def create(
         self,
-        config: SandboxConfig,
+        config: SandboxConfig | None,
         *,
         labels: Mapping[str, str] | None = None,
         annotations: Mapping[str, str] | None = None,
@@ -356,7 +368,8 @@ class ServiceProvider(SandboxProvider):
         once it is READY, with its runtime URL and access token. `labels` add
         to the provider's; `ttl` / `ready_timeout` override its defaults;
         `on_pool_miss` is ``"cold_start"``, ``"wait_for_member"`` or ``"fail"``.
-        `spec` replaces the one made from `config` (`spec_from_config`)."""
+        `spec` replaces the one made from `config` (`spec_from_config`; then
+        `config` may be None)."""
         response = await self.create_sandbox(
             config, labels=labels, annotations=annotations, sandbox_id=sandbox_id, ttl=ttl,
             ready_timeout=ready_timeout, warm_pool=warm_pool, on_pool_miss=on_pool_miss, request_id=request_id,
@@ -419,6 +432,10 @@ class ServiceProvider(SandboxProvider):
         for attempt in range(self.create_attempts):
             try:
                 response = await self._service().CreateSandbox(request, timeout=deadline, metadata=self._metadata())
+            except asyncio.CancelledError:
+                # The service goes on creating it; nobody will use it.
+                self._collect_later(request, deadline)
+                raise
             except grpc.aio.AioRpcError as rpc_error:
                 error = self._error(rpc_error, what)
                 retry = error.code in _CREATE_RETRY and error.reason not in ("READY_TIMEOUT", "REQUEST_ID_REUSED")
@@ -441,6 +458,25 @@ class ServiceProvider(SandboxProvider):
             return response
         raise AssertionError("unreachable")
 
+    def _collect_later(self, request: pb.CreateSandboxRequest, deadline: float) -> None:
+        """After a cancelled create: replays it (same request_id, so the
+        service answers with the sandbox it made, once it is up) and deletes
+        that sandbox, in the background. If this loop ends first, the
+        sandbox's TTL ends it."""
+
+        async def collect() -> None:
+            try:
+                response = await self._service().CreateSandbox(request, timeout=deadline, metadata=self._metadata())
+                await self.delete(response.sandbox.id, allow_missing=True)
+                _log.debug("deleted sandbox %s of a cancelled create", response.sandbox.id)
+            except Exception as error:  # noqa: BLE001 - best effort; the TTL is the backstop
+                _log.info("could not delete the sandbox of a cancelled create (request %s): %s",
+                          request.request_id, error)
+
+        task = asyncio.get_running_loop().create_task(collect())
+        self._collectors.add(task)
+        task.add_done_callback(self._collectors.discard)
+
     async def get(self, sandbox_id: SandboxId) -> SandboxInfo:
         """Where the sandbox listens and its status (``"running"`` when READY).
         `KeyError` (`NotFound`) for an id the service does not know."""
@@ -452,11 +488,11 @@ class ServiceProvider(SandboxProvider):
 
     async def describe(self, sandbox_id: str) -> pb.Sandbox:
         """The service's whole record of the sandbox."""
-        return await self._unary("GetSandbox", _pb().GetSandboxRequest(id=sandbox_id), what=_about(sandbox_id), sandbox_id=sandbox_id)
+        return await self._on_sandbox("GetSandbox", _pb().GetSandboxRequest(id=sandbox_id), sandbox_id)
 
     async def credentials(self, sandbox_id: str) -> str:
         """The sandbox's runtime access token (for a sandbox another process made)."""
-        reply = await self._unary("GetSandboxCredentials", _pb().GetSandboxRequest(id=sandbox_id), what=_about(sandbox_id), sandbox_id=sandbox_id)
+        reply = await self._on_sandbox("GetSandboxCredentials", _pb().GetSandboxRequest(id=sandbox_id), sandbox_id)
         return reply.access_token
 
     async def connect(self, sandbox_id: str) -> Sandbox:
@@ -483,7 +519,7 @@ class ServiceProvider(SandboxProvider):
         if grace is not None:
             request.grace.CopyFrom(_duration(grace))
         timeout = self.rpc_timeout + (grace or 2.0)
-        reply = await self._unary("DeleteSandbox", request, what=_about(sandbox_id), sandbox_id=sandbox_id, timeout=timeout)
+        reply = await self._on_sandbox("DeleteSandbox", request, sandbox_id, timeout=timeout)
         return reply.sandbox
 
     # --------------------------------------------------------- the service's own
@@ -647,7 +683,7 @@ class ServiceProvider(SandboxProvider):
         while True:
             left = _WAIT_SLICE if deadline is None else max(0.0, min(_WAIT_SLICE, deadline - loop.time()))
             request = pb.WaitSandboxRequest(id=sandbox_id, until=target, timeout=_duration(left))
-            reply = await self._unary("WaitSandbox", request, what=_about(sandbox_id), sandbox_id=sandbox_id, timeout=left + self.rpc_timeout)
+            reply = await self._on_sandbox("WaitSandbox", request, sandbox_id, timeout=left + self.rpc_timeout)
             if reply.reached:
                 return reply.sandbox
             if reply.sandbox.status.phase == pb.SandboxStatus.TERMINATED:
@@ -662,7 +698,7 @@ class ServiceProvider(SandboxProvider):
         """Sets the sandbox's expiry to now + `ttl` seconds (capped by the
         service's maximum lifetime); returns its record."""
         request = _pb().ExtendSandboxRequest(id=sandbox_id, ttl=_duration(ttl))
-        return await self._unary("ExtendSandbox", request, what=_about(sandbox_id), sandbox_id=sandbox_id)
+        return await self._on_sandbox("ExtendSandbox", request, sandbox_id)
 
     async def logs(self, sandbox_id: str, *, follow: bool = False, offset: int = 0) -> AsyncIterator[bytes]:
         """Yields the sandbox's output (bootstrap, daemon and worker
