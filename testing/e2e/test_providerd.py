@@ -553,7 +553,7 @@ async def test_watch_killed_100_times_during_1000_transitions_has_no_gap(api, bu
             extend_versions[sandbox.resource_version] = harness.ts_seconds(sandbox.status.expire_time)
             await asyncio.sleep(rng.uniform(0, 0.004))
 
-    await asyncio.wait_for(asyncio.gather(*(extend(n) for n in range(950))), 120)
+    await asyncio.wait_for(asyncio.gather(*(extend(n) for n in range(1000))), 120)
     finals = {s.id: s for s in await asyncio.gather(*(api.delete(i) for i in ids))}
 
     async def reference_has_finals():
@@ -587,6 +587,29 @@ async def test_watch_killed_100_times_during_1000_transitions_has_no_gap(api, bu
         current = await api.get(sandbox_id)
         assert _phase(last[sandbox_id]) == "TERMINATED" and _reason(last[sandbox_id]) == "DELETED"
         assert last[sandbox_id].resource_version == current.resource_version == finals[sandbox_id].resource_version
+
+
+async def test_watch_from_a_fresh_lists_version_misses_nothing(api, bundle):
+    """List on a providerd where nothing has happened yet, then changes, then
+    Watch from the List's (epoch, resource_version): the changes in between
+    arrive (the List+Watch pattern has no window)."""
+    _, first = await api.list_all()
+    made = await api.create(make_spec(bundle), labels={"suite": "fresh"},
+                            wait=pb.CreateSandboxRequest.RETURN_PENDING)
+    events = []
+
+    async def watch():
+        request = pb.WatchSandboxesRequest(resource_version=first.resource_version, epoch=first.epoch)
+        async for event in api.stub.WatchSandboxes(request, metadata=api.md):
+            events.append(event)
+            if event.sandbox.id == made.sandbox.id and _phase(event.sandbox) == "READY":
+                return
+
+    await asyncio.wait_for(watch(), 60)
+    mine = [e for e in events if e.sandbox.id == made.sandbox.id]
+    assert mine and mine[0].resource_version == made.sandbox.resource_version, \
+        [(e.resource_version, _phase(e.sandbox)) for e in events]
+    assert mine[0].resource_version == first.resource_version + 1
 
 
 # --------------------------------------------------------------------------- TTL (T10)
