@@ -134,22 +134,22 @@ def _pss_bytes(pids) -> int:
 
 def _density(n: int, before: int, after: int, pss: int, processes: int) -> dict:
     """Idle sandboxes per GiB from MemAvailable before/after (the headline), and
-    from the sandboxes' own PSS. MemAvailable is machine-wide: when other
-    processes freed more than the sandboxes took (delta <= 0) the headline
-    falls back to the PSS figure and says so."""
+    from the sandboxes' own PSS. MemAvailable is machine-wide: when it fell by
+    less than the sandboxes' own PSS (other processes freed memory meanwhile)
+    the headline falls back to the PSS figure and says so (density_method)."""
     used = before - after
     r = {"idle_pss_mib_per_sandbox": round(pss / n / 2**20, 2),
          "idle_sandboxes_per_gib_pss": round(n / (pss / 2**30), 1) if pss > 0 else None,
          "idle_processes_per_sandbox": round(processes / n, 2), "density_n": n,
          "memavailable_delta_mib": round(used / 2**20, 1)}
-    if used > 0:
+    if used >= pss:
         r["idle_sandboxes_per_gib"] = round(n / (used / 2**30), 1)
         r["idle_mib_per_sandbox"] = round(used / n / 2**20, 2)
         r["density_method"] = "MemAvailable"
-    else:
+    else:  # less than the sandboxes' own pages: others freed memory meanwhile
         r["idle_sandboxes_per_gib"] = r["idle_sandboxes_per_gib_pss"]
         r["idle_mib_per_sandbox"] = r["idle_pss_mib_per_sandbox"]
-        r["density_method"] = "PSS (MemAvailable rose: noise from other processes)"
+        r["density_method"] = "PSS (MemAvailable fell less than the sandboxes' PSS: other processes freed memory)"
     return r
 
 
