@@ -186,16 +186,26 @@ async def pd(pd_dir, bundle):
             records = await delete_everything(api)
         finally:
             await api.close()
+    # The local backend's sandbox directories (<state-dir>/sb/<id>, pool
+    # members' included) name every sandbox it still holds.
+    sandbox_dirs = service.state_dir / "sb"
+    held = sorted(os.listdir(sandbox_dirs)) if sandbox_dirs.is_dir() else []
     service.stop()
-    names = [s.id for s in records] + [s.uid for s in records]
-    left = await asyncio.to_thread(harness.wait_until, lambda: not (
-        sandbox_processes(bundle) or harness.cgroup_dirs(names)), 10.0)
+    names = [s.id for s in records] + [s.uid for s in records] + held
+    names += [s.status.backend_ref.split(":")[0] for s in records if s.status.backend_ref]
+
+    def remaining():
+        return (sandbox_processes(bundle) or harness.cgroup_dirs(names)
+                or (sandbox_dirs.is_dir() and os.listdir(sandbox_dirs)))
+
+    left = await asyncio.to_thread(harness.wait_until, lambda: not remaining(), 10.0)
     if not left:
         cgroups = harness.cgroup_dirs(names)
         owners = [f"{s.id} {_phase(s)}/{_reason(s)} ready={s.status.ready_time.seconds > 0}" for s in records
                   if any(s.id in c or (s.uid and s.uid in c) for c in cgroups)]
         raise AssertionError(f"left behind after the test: processes {sandbox_processes(bundle)}, "
-                             f"cgroups {cgroups} of {owners}\n{service.log()}")
+                             f"cgroups {cgroups} of {owners}, sandbox dirs "
+                             f"{os.listdir(sandbox_dirs) if sandbox_dirs.is_dir() else []}\n{service.log()}")
 
 
 @pytest.fixture
