@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "providers/core/errors.h"
 #include "providers/core/ids.h"
 #include "providers/core/journal.h"
@@ -30,7 +31,11 @@ namespace {
 using Phase = pb::SandboxStatus::Phase;
 using Later = std::vector<std::function<void()>>;
 
-constexpr int kWorkers = 16;
+// Starts hold a thread while they poll for readiness (up to ready_timeout),
+// so they get their own threads: a burst of slow starts never delays a
+// delete, an Activate or an idle check.
+constexpr int kLaunchWorkers = 16;
+constexpr int kWorkers = 8;
 constexpr size_t kLogTailBytes = 64 * 1024;
 constexpr absl::Duration kMaxWait = absl::Seconds(55);
 constexpr char kLabelSandboxId[] = "agentix.dev/sandbox-id";
@@ -141,6 +146,13 @@ class ControllerImpl final : public SandboxController, public EventSink {
   void OnObserved(const BackendRef& ref, const Observed& observed) override;
 
  private:
+  enum class TaskKind { kExpire, kIdle, kRetention, kRequestExpiry, kWaitTimeout,
+                        kPoolTick, kMemberAge, kMemberWaitTimeout };
+  struct Task {
+    TaskKind kind;
+    std::string id;
+    uint64_t extra = 0;
+  };
   struct WaitWaiter {
     Phase until;
     WaitCallback done;
@@ -161,6 +173,7 @@ class ControllerImpl final : public SandboxController, public EventSink {
     pb::Exit stop_exit;
     std::optional<Observed> exited;  // backend event while starting
     bool waiting_for_member = false;
+    std::optional<std::multimap<absl::Time, Task>::iterator> expire_task;
     bool wait_ready = true;
     google::protobuf::Map<std::string, std::string> env;  // not in records
     std::vector<std::pair<bool, CreateCallback>> create_waiters;  // replayed?
@@ -198,19 +211,20 @@ class ControllerImpl final : public SandboxController, public EventSink {
     int64_t cold_fallbacks = 0;
     std::deque<std::string> waiters;  // sandbox ids (WAIT_FOR_MEMBER)
   };
-  enum class TaskKind { kExpire, kIdle, kRetention, kRequestExpiry, kWaitTimeout,
-                        kPoolTick, kMemberAge, kMemberWaitTimeout };
-  struct Task {
-    TaskKind kind;
-    std::string id;
-    uint64_t extra = 0;
-  };
 
   // --- helpers (mu_ held) ---
-  void Schedule(absl::Time when, Task task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  using TaskIt = std::multimap<absl::Time, Task>::iterator;
+  TaskIt Schedule(absl::Time when, Task task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     bool earliest = tasks_.empty() || when < tasks_.begin()->first;
-    tasks_.emplace(when, std::move(task));
+    TaskIt it = tasks_.emplace(when, std::move(task));
     if (earliest) reaper_cv_.Signal();
+    return it;
+  }
+  // At most one pending expiry task per sandbox, however often it is
+  // extended.
+  void ScheduleExpire(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (e.expire_task) tasks_.erase(*e.expire_task);
+    e.expire_task = Schedule(e.expire, Task{TaskKind::kExpire, e.record.id()});
   }
   void Publish(Entry& e, pb::SandboxEvent::Type type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     hub_.Publish(type, &e.record);
@@ -229,7 +243,8 @@ class ControllerImpl final : public SandboxController, public EventSink {
   void Notify(Entry& e, Later* later) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<CreateResult> CreateOutcome(const Entry& e, bool replayed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Submit(std::function<void()> task);
+  void Submit(std::function<void()> task);        // short blocking calls
+  void SubmitLaunch(std::function<void()> task);  // starts
   void Run(Later& later) {
     for (auto& f : later) f();
     later.clear();
@@ -277,6 +292,7 @@ class ControllerImpl final : public SandboxController, public EventSink {
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<Journal> journal_;
   std::unique_ptr<WorkPool> workers_;
+  std::unique_ptr<WorkPool> launch_workers_;
   std::thread reaper_;
   std::map<std::string, Entry> sandboxes_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, RequestEntry> requests_ ABSL_GUARDED_BY(mu_);
@@ -424,6 +440,7 @@ absl::Status ControllerImpl::Start() {
     caps[name] = *probed;
   }
   workers_ = std::make_unique<WorkPool>(kWorkers);
+  launch_workers_ = std::make_unique<WorkPool>(kLaunchWorkers);
   absl::Time now = absl::Now();
   // Everything to destroy: live sandboxes' refs (they died with us) and
   // every owned leftover the journal does not keep.
@@ -580,7 +597,8 @@ void ControllerImpl::Shutdown(bool destroy_all) {
     BackendRef r = ref;
     workers_->Submit([backend, r] { (void)backend->Destroy(r, absl::ZeroDuration()); });
   }
-  workers_->Stop();  // launches in flight see shutting_down_ and unwind
+  launch_workers_->Stop();  // launches in flight see shutting_down_ and unwind
+  workers_->Stop();
   if (reaper_.joinable()) reaper_.join();
   for (auto& [name, backend] : backends_) backend->Shutdown();
   {
@@ -613,6 +631,12 @@ void ControllerImpl::Shutdown(bool destroy_all) {
 void ControllerImpl::Submit(std::function<void()> task) {
   if (!workers_->Submit(std::move(task))) {
     fprintf(stderr, "providerd: a task was refused during shutdown\n");
+  }
+}
+
+void ControllerImpl::SubmitLaunch(std::function<void()> task) {
+  if (!launch_workers_->Submit(std::move(task))) {
+    fprintf(stderr, "providerd: a start was refused during shutdown\n");
   }
 }
 
@@ -712,8 +736,7 @@ void ControllerImpl::Notify(Entry& e, Later* later) {
   for (auto it = e.wait_waiters.begin(); it != e.wait_waiters.end();) {
     Phase until = it->second.until;
     bool reached = phase >= until;
-    bool impossible = Terminal(phase) && until < phase &&
-                      until >= pb::SandboxStatus::READY &&
+    bool impossible = Terminal(phase) && until == pb::SandboxStatus::READY &&
                       !e.record.status().has_ready_time();
     if (reached || Terminal(phase)) {
       pb::WaitSandboxResponse resp;
@@ -738,7 +761,7 @@ void ControllerImpl::CreateSandbox(const pb::CreateSandboxRequest& request,
   std::string request_id = request.request_id().empty() ? idempotency_key : request.request_id();
   Backend* backend = nullptr;
   absl::Status valid = ValidateCreate(request, request_id, &backend);
-  std::string payload_hash = valid.ok() ? PayloadHash(request) : "";
+  std::string payload_hash = PayloadHash(request);
   Later later;
   absl::Status error;
   {
@@ -750,7 +773,7 @@ void ControllerImpl::CreateSandbox(const pb::CreateSandboxRequest& request,
                !request_id.empty() && rit != requests_.end()) {
       // A replay is answered before validation so a changed server config
       // cannot turn a retry into an error; only the payload must match.
-      if (rit->second.payload_hash != payload_hash || !valid.ok()) {
+      if (rit->second.payload_hash != payload_hash) {
         error = Invalid(kReasonRequestIdReused,
                         absl::StrCat("request_id '", request_id,
                                      "' was used for another request (sandbox ",
@@ -866,7 +889,7 @@ void ControllerImpl::CreateSandbox(const pb::CreateSandboxRequest& request,
           Entry& entry = it->second;
           requests_[request_id] = req;
           Schedule(req.expiry, Task{TaskKind::kRequestExpiry, request_id});
-          Schedule(entry.expire, Task{TaskKind::kExpire, id});
+          ScheduleExpire(entry);
           Publish(entry, pb::SandboxEvent::ADDED);
           JournalSandbox(entry);
           entry.env = spec.env();
@@ -887,7 +910,7 @@ void ControllerImpl::CreateSandbox(const pb::CreateSandboxRequest& request,
               counters_["pool_cold_fallbacks"]++;
             }
             std::string sid = id;
-            Submit([this, sid] { RunLaunch(sid); });
+            SubmitLaunch([this, sid] { RunLaunch(sid); });
           }
         }
       }
@@ -1092,6 +1115,14 @@ void ControllerImpl::MakeReady(const std::string& id, const pb::Endpoint& endpoi
         stop_exit.set_reason(pb::Exit::DELETED);
         stop_exit.set_message("providerd shut down during the start");
       }
+    } else if (auto exited = early_exits_.find(e.ref.value); exited != early_exits_.end()) {
+      // It died while being armed (a warm member has no readiness poll).
+      stop = true;
+      const Observed& o = exited->second.first;
+      stop_exit.set_reason(o.oom_killed ? pb::Exit::OOM_KILLED : pb::Exit::START_FAILED);
+      stop_exit.set_message(absl::StrCat("exited while being activated", o.reason.empty() ? "" : ": ",
+                                         o.reason));
+      early_exits_.erase(exited);
     } else {
       absl::Time now = absl::Now();
       pb::SandboxStatus* st = e.record.mutable_status();
@@ -1148,6 +1179,10 @@ void ControllerImpl::MarkTerminated(Entry& e, pb::Exit exit, Later* later) {
   *st->mutable_end_time() = ToProto(now);
   if (e.delete_started != absl::Time()) Observe(&delete_hist_, now - e.delete_started);
   if (!e.ref.value.empty()) ref_owner_.erase(e.ref.value);
+  if (e.expire_task) {
+    tasks_.erase(*e.expire_task);
+    e.expire_task.reset();
+  }
   e.env.clear();
   SetPhase(e, pb::SandboxStatus::TERMINATED, later);
   Schedule(now + options_.retention, Task{TaskKind::kRetention, e.record.id()});
@@ -1267,9 +1302,10 @@ void ControllerImpl::RunTask(const Task& task, Later* later) {
       auto it = sandboxes_.find(task.id);
       if (it == sandboxes_.end()) return;
       Entry& e = it->second;
+      e.expire_task.reset();  // this one, already popped
       if (!Live(e.record.status().phase())) return;
       if (e.expire > now) {  // extended meanwhile
-        Schedule(e.expire, task);
+        ScheduleExpire(e);
         return;
       }
       counters_["reaped_ttl"]++;
@@ -1528,7 +1564,7 @@ absl::StatusOr<pb::Sandbox> ControllerImpl::ExtendSandbox(const pb::ExtendSandbo
   *e.record.mutable_status()->mutable_expire_time() = ToProto(e.expire);
   Publish(e, pb::SandboxEvent::MODIFIED);
   JournalSandbox(e);
-  Schedule(e.expire, Task{TaskKind::kExpire, request.id()});
+  ScheduleExpire(e);
   return e.record;
 }
 
@@ -1692,7 +1728,7 @@ void ControllerImpl::Replenish(Pool& pool) {
     pool.creating.insert(m.id);
     std::string mid = m.id;
     members_[mid] = std::move(m);
-    Submit([this, mid] { RunMemberLaunch(mid); });
+    SubmitLaunch([this, mid] { RunMemberLaunch(mid); });
   }
 }
 
@@ -1892,8 +1928,13 @@ absl::StatusOr<pb::WarmPool> ControllerImpl::UpdateWarmPool(const pb::WarmPool& 
                          absl::StrCat("no warm pool '", spec.name(), "'"));
   }
   Pool& pool = it->second;
-  bool template_changed = pool.spec.template_().SerializeAsString() != t.SerializeAsString() ||
-                          pool.spec.labels_size() != spec.labels_size();
+  // Members carry the template and the pool's labels; the sizes do not.
+  pb::WarmPool before, after;
+  *before.mutable_template_() = pool.spec.template_();
+  *before.mutable_labels() = pool.spec.labels();
+  *after.mutable_template_() = t;
+  *after.mutable_labels() = spec.labels();
+  bool template_changed = !google::protobuf::util::MessageDifferencer::Equals(before, after);
   pool.spec = spec;
   if (template_changed) {
     pool.generation++;

@@ -794,7 +794,7 @@ TEST_CASE("Controller: a restart replays the journal: records, request ids and p
   {  // a torn record at the end (kill -9 mid-write)
     FILE* f = fopen((h.options.state_dir + "/journal").c_str(), "ab");
     REQUIRE(f);
-    fwrite("\x40\x00\x00\x00\x12\x34", 1, 6, f);
+    fwrite("\x40\x00\x00\x00\x12\x34\x56\x78\x01\x02\x03\x04", 1, 12, f);
     fclose(f);
   }
   CHECK(h.world->live() == 3);  // live + orphan + foreign
@@ -1034,6 +1034,10 @@ TEST_CASE("Pools: UpdateWarmPool RECREATE replaces unclaimed members; ON_REPLENI
   h.Start();
   REQUIRE_OK(h.controller->CreateWarmPool(PoolOf("p", 3, 3)));
   REQUIRE(Eventually([&] { return h.controller->GetWarmPool("p")->status().ready() == 3; }));
+  // Only sizes changed: the members stay.
+  REQUIRE_OK_AND_ASSIGN(pb::WarmPool same, h.controller->UpdateWarmPool(PoolOf("p", 3, 4)));
+  CHECK(same.status().observed_generation() == 1);
+  CHECK(h.world->launches() == 3);
   pb::WarmPool changed = PoolOf("p", 3, 3);
   changed.mutable_template_()->mutable_resources()->set_pids(64);
   REQUIRE_OK_AND_ASSIGN(pb::WarmPool updated, h.controller->UpdateWarmPool(changed));
@@ -1135,6 +1139,68 @@ TEST_CASE("Controller: the journal is compacted while running, so it stays bound
   second.Start();
   REQUIRE_OK_AND_ASSIGN(pb::Sandbox back, second.controller->GetSandbox(a.sandbox.id()));
   CHECK(back.status().exit().reason() == pb::Exit::BACKEND_LOST);
+}
+
+TEST_CASE("Controller: max_sandboxes refuses creates with QUOTA_EXCEEDED and a retry delay",
+          "[controller][errors]") {
+  Harness h;
+  h.options.max_sandboxes = 2;
+  h.Start();
+  REQUIRE_OK_AND_ASSIGN(CreateResult a, CreateSync(*h.controller, Req("q1")));
+  REQUIRE_OK(CreateSync(*h.controller, Req("q2")));
+  auto refused = CreateSync(*h.controller, Req("q3"));
+  CHECK(refused.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(ReasonOf(refused.status()) == kReasonQuota);
+  CHECK(RetryAfterOf(refused.status()).has_value());
+  CHECK(h.world->launches() == 2);
+  REQUIRE_OK(DeleteSync(*h.controller, a.sandbox.id()));
+  // The same request id succeeds once there is room: the refusal kept nothing.
+  REQUIRE_OK_AND_ASSIGN(CreateResult later, CreateSync(*h.controller, Req("q3")));
+  CHECK_FALSE(later.replayed);
+}
+
+TEST_CASE("Pools: a member that dies while waiting is dropped and replaced, never claimed",
+          "[controller][pool]") {
+  Harness h;
+  h.Start();
+  REQUIRE_OK(h.controller->CreateWarmPool(PoolOf("p", 1, 1)));
+  REQUIRE(Eventually([&] { return h.controller->GetWarmPool("p")->status().ready() == 1; }));
+  std::string member;
+  {
+    absl::MutexLock lock(&h.world->mu);
+    REQUIRE(h.world->sandboxes.size() == 1);
+    member = h.world->sandboxes.begin()->second.spec.sandbox_id;
+  }
+  REQUIRE(h.backend->Exit(member, 1, false));
+  REQUIRE(Eventually([&] {
+    return h.world->launches() == 2 && h.controller->GetWarmPool("p")->status().ready() == 1;
+  }));
+  REQUIRE_OK_AND_ASSIGN(CreateResult warm, CreateSync(*h.controller, Req("w")));
+  CHECK(warm.sandbox.status().launch() == pb::SandboxStatus::WARM);
+  CHECK(warm.sandbox.status().endpoint().target() != "fake://" + member);
+}
+
+TEST_CASE("Controller: deletes are not queued behind a burst of slow starts",
+          "[controller][delete]") {
+  Harness h;
+  h.Start();
+  REQUIRE_OK_AND_ASSIGN(CreateResult ready, CreateSync(*h.controller, Req("ready")));
+  FakeConfig slow;
+  slow.ready_after = absl::Seconds(2);
+  h.world->set_config(slow);
+  std::atomic<int> answered{0};
+  for (int i = 0; i < 40; ++i) {  // more than there are start threads
+    h.controller->CreateSandbox(Req("slow-" + std::to_string(i)), "",
+                                [&](absl::StatusOr<CreateResult>) { answered++; });
+  }
+  REQUIRE(Eventually([&] { return h.world->live() >= 17; }));
+  absl::Time start = absl::Now();
+  REQUIRE_OK_AND_ASSIGN(pb::Sandbox deleted, DeleteSync(*h.controller, ready.sandbox.id()));
+  CHECK(deleted.status().phase() == pb::SandboxStatus::TERMINATED);
+  CHECK(absl::Now() - start < absl::Milliseconds(500));
+  CHECK(answered == 0);
+  h.controller->Shutdown(true);
+  CHECK(answered == 40);
 }
 
 }  // namespace
