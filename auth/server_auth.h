@@ -34,6 +34,12 @@ struct ServerSecurityOptions {
   // must be cheap and non-blocking (the daemon's connection guard marks the
   // connection). Null: nothing.
   void (*on_authenticated)() = nullptr;
+  // Methods whose ":path" starts with this (e.g. "/pkg.Service/") pass the
+  // filter: their handlers check the token themselves, which lets them
+  // answer UNAUTHENTICATED with trailing metadata (a reason), something the
+  // filter cannot send. Every other method (health, reflection) is checked
+  // here. Empty: every method is checked here.
+  std::string handler_checked_prefix;
   // The UNAUTHENTICATED message callers see (how to send the token).
   std::string denied_message =
       "missing or wrong bearer token: send 'authorization: Bearer <token>'";

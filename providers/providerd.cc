@@ -93,6 +93,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Backend>>> MakeLocalBackends(
   options.bwrap = flags.bwrap;
   options.state_dir = sandbox_dir;
   options.cgroup_root = flags.cgroup_root;
+  options.cgroup_parent = flags.cgroup_parent;
+  options.extra_bwrap_args = flags.extra_bwrap_args;
   options.default_pids_max = flags.pids_max;
   options.default_memory_bytes = flags.memory_bytes;
   options.tmp_bytes = flags.tmp_bytes;
@@ -110,6 +112,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Backend>>> MakeLocalBackends(
 
 absl::StatusOr<std::unique_ptr<DaemonAgent>> MakeGrpcAgent() {
   return std::make_unique<GrpcDaemonAgent>();
+
+  return std::unique_ptr<DaemonAgent>(std::make_unique<GrpcDaemonAgent>());
 }
 
 }  // namespace
@@ -156,15 +160,30 @@ absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
 }
 
 absl::StatusOr<std::unique_ptr<Providerd>> Providerd::Start(
-    ProviderdConfig config,
-    std::shared_ptr<grpc::ServerCredentials> credentials) {
+    ProviderdConfig config, auth::ServerSecurityOptions security) {
   std::unique_ptr<Providerd> p(new Providerd());
+  config.service.token = security.token;
+  security.handler_checked_prefix = kProviderServicePathPrefix;
+  AGX_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                       auth::MakeServerCredentials(security));
   if (config.listen.empty()) {
     const std::string path = DefaultSocketPath();
     AGX_RETURN_IF_ERROR(MakePrivateDir(
         std::filesystem::path(path).parent_path().string(),
         "the default socket directory"));
     config.listen.push_back(absl::StrCat("unix://", path));
+  }
+  for (const std::string& address : config.listen) {
+    const std::string path = UnixSocketPath(address);
+    if (path.empty()) continue;
+    if (path.front() != '/') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--listen ", address, ": unix socket paths must be absolute"));
+    }
+    AGX_ASSIGN_OR_RETURN(base::UniqueFd lock,
+                         Lock(absl::StrCat(path, ".lock"),
+                              absl::StrCat("the socket ", path)));
+    p->locks_.push_back(std::move(lock));
   }
   if (config.state_dir.empty()) config.state_dir = DefaultStateDir();
   if (config.state_dir.size() > kMaxStateDirBytes ||
@@ -180,19 +199,10 @@ absl::StatusOr<std::unique_ptr<Providerd>> Providerd::Start(
       Lock(absl::StrCat(config.state_dir, "/providerd.lock"),
            absl::StrCat("the state directory ", config.state_dir)));
   p->locks_.push_back(std::move(state_lock));
+  // Ours now: whatever socket is there is a dead providerd's.
   for (const std::string& address : config.listen) {
     const std::string path = UnixSocketPath(address);
-    if (path.empty()) continue;
-    if (path.front() != '/') {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--listen ", address, ": unix socket paths must be absolute"));
-    }
-    AGX_ASSIGN_OR_RETURN(base::UniqueFd lock,
-                         Lock(absl::StrCat(path, ".lock"),
-                              absl::StrCat("the socket ", path)));
-    p->locks_.push_back(std::move(lock));
-    // Ours now: whatever socket is there is a dead providerd's.
-    ::unlink(path.c_str());
+    if (!path.empty()) ::unlink(path.c_str());
   }
   config.controller.state_dir = config.state_dir;
 
@@ -268,8 +278,9 @@ absl::StatusOr<std::unique_ptr<Providerd>> Providerd::Start(
     AGX_LOG(Info, "serving {} on {}", kServiceName, address);
   }
   if (p->metrics_) {
-    AGX_LOG(Info, "metrics on http://{}/metrics (port {})",
-            p->config_.metrics_listen, p->metrics_->port());
+    const std::string& m = p->config_.metrics_listen;
+    AGX_LOG(Info, "metrics on http://{}{}/metrics",
+            m.substr(0, m.rfind(':') + 1), p->metrics_->port());
   }
   return p;
 }

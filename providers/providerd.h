@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "auth/server_auth.h"
 #include "base/unique_fd.h"
 #include "providers/backend.h"
 #include "providers/core/controller.h"
@@ -36,6 +37,8 @@ struct LocalFlags {
   bool seccomp = true;
   bool require_limits = true;
   std::string cgroup_root = "/sys/fs/cgroup";
+  std::string cgroup_parent = "agentix";
+  std::vector<std::string> extra_bwrap_args;
 };
 
 struct ProviderdConfig {
@@ -78,9 +81,11 @@ class Providerd {
   // holds the state directory or a socket path, or a directory is not
   // owner-only; InvalidArgument for bad config; Unavailable when an address
   // cannot be bound.
+  // `security`: the token (checked on every RPC: by the service's handlers
+  // for ProviderService, so its UNAUTHENTICATED has a reason, by gRPC's auth
+  // filter for health and reflection) and TLS.
   static absl::StatusOr<std::unique_ptr<Providerd>> Start(
-      ProviderdConfig config,
-      std::shared_ptr<grpc::ServerCredentials> credentials);
+      ProviderdConfig config, auth::ServerSecurityOptions security);
   // Stop(), if not done.
   ~Providerd();
 

@@ -115,30 +115,43 @@ ABSL_FLAG(bool, local_require_limits, true,
           "log it and go on without the limit");
 ABSL_FLAG(std::string, local_cgroup_root, "/sys/fs/cgroup",
           "local backend: where the cgroup v1 controllers are mounted");
+ABSL_FLAG(std::string, local_cgroup_parent, "agentix",
+          "local backend: the cgroup made under providerd's own one of each "
+          "controller, holding one cgroup per sandbox");
 
 namespace agentix::providers {
 namespace {
 
 constexpr char kVersion[] = "0.3.0";
 constexpr char kListenFlag[] = "--listen";
+// Repeatable too: one extra bubblewrap argument each (before the entry
+// point), for what the local backend does not model.
+constexpr char kExtraBwrapArgFlag[] = "--local-extra-bwrap-arg";
 
-// --listen is repeatable, which absl flags are not: collect every occurrence
-// and hand the rest of argv to absl.
-std::vector<std::string> ExtractListenFlags(int& argc, char** argv) {
-  std::vector<std::string> listen;
+// --listen and --local-extra-bwrap-arg are repeatable, which absl flags are
+// not: collect every occurrence of `flag` (spelled with dashes; argv is not
+// normalized yet) and hand the rest of argv on.
+std::vector<std::string> ExtractRepeatedFlag(absl::string_view flag, int& argc,
+                                             char** argv) {
+  std::vector<std::string> values;
+  const std::string with_value = absl::StrCat(flag, "=");
   int out = 1;
   for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == kListenFlag && i + 1 < argc) {
-      listen.push_back(argv[++i]);
-    } else if (absl::StartsWith(arg, absl::StrCat(kListenFlag, "="))) {
-      listen.push_back(arg.substr(sizeof(kListenFlag)));
+    const absl::string_view arg = argv[i];
+    if (arg == "--") {  // the rest is not flags
+      while (i < argc) argv[out++] = argv[i++];
+      break;
+    }
+    if (arg == flag && i + 1 < argc) {
+      values.emplace_back(argv[++i]);
+    } else if (absl::StartsWith(arg, with_value)) {
+      values.emplace_back(arg.substr(with_value.size()));
     } else {
       argv[out++] = argv[i];
     }
   }
   argc = out;
-  return listen;
+  return values;
 }
 
 // "unix:///abs/path" -> "/abs/path"; "" for TCP addresses.
@@ -148,7 +161,7 @@ std::string UnixSocketPath(const std::string& address) {
   return address.substr(sizeof(kPrefix) - 1);
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> LoadCredentials() {
+absl::StatusOr<auth::ServerSecurityOptions> LoadSecurity() {
   auth::ServerSecurityOptions security;
   if (!absl::GetFlag(FLAGS_token_file).empty()) {
     AGX_ASSIGN_OR_RETURN(security.token,
@@ -173,7 +186,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> LoadCredentials() {
               ? "plaintext"
               : (security.tls_client_ca_pem.empty() ? "TLS" : "mutual TLS"),
           security.token.empty() ? "no token check" : "bearer token required");
-  return auth::MakeServerCredentials(security);
+  // Checked now, so that a bad certificate is reported before anything
+  // else starts.
+  AGX_RETURN_IF_ERROR(auth::MakeServerCredentials(security).status());
+  return security;
 }
 
 absl::StatusOr<int64_t> SizeFlag(absl::string_view flag,
@@ -223,6 +239,7 @@ absl::StatusOr<ProviderdConfig> ConfigFromFlags(std::vector<std::string> listen)
   local.bwrap = absl::GetFlag(FLAGS_bwrap);
   local.pids_max = absl::GetFlag(FLAGS_local_pids_max);
   local.cgroup_root = absl::GetFlag(FLAGS_local_cgroup_root);
+  local.cgroup_parent = absl::GetFlag(FLAGS_local_cgroup_parent);
   local.seccomp = absl::GetFlag(FLAGS_local_seccomp);
   local.require_limits = absl::GetFlag(FLAGS_local_require_limits);
   AGX_ASSIGN_OR_RETURN(local.memory_bytes,
@@ -253,11 +270,14 @@ void SignalReady(int fd) {
 }
 
 int Run(int argc, char** raw_argv) {
+  std::vector<std::string> listen =
+      ExtractRepeatedFlag(kListenFlag, argc, raw_argv);
+  std::vector<std::string> extra_bwrap_args =
+      ExtractRepeatedFlag(kExtraBwrapArgFlag, argc, raw_argv);
   std::vector<std::string> storage;
   std::vector<char*> normalized =
       base::NormalizeFlagNames(argc, raw_argv, storage);
   char** argv = normalized.data();
-  std::vector<std::string> listen = ExtractListenFlags(argc, argv);
   absl::SetProgramUsageMessage(
       "agentix-providerd [--listen ADDRESS ...] [--state-dir DIR] "
       "[--token-file FILE] [--metrics-listen HOST:PORT] [flags]\n\n"
@@ -268,7 +288,9 @@ int Run(int argc, char** raw_argv) {
       "  --listen ADDRESS  unix:///abs/path.sock or HOST:PORT (port 0: any "
       "free one); repeatable; unix sockets are made mode 0600. Default: "
       "unix://$XDG_RUNTIME_DIR/agentix/providerd.sock, else "
-      "unix:///tmp/agentix-<uid>/providerd.sock (directory made 0700).");
+      "unix:///tmp/agentix-<uid>/providerd.sock (directory made 0700).\n"
+      "  --local-extra-bwrap-arg ARG  one more bubblewrap argument (before "
+      "the entry point); repeatable.");
   // --help lists this file's flags (absl's default looks for a file named
   // like the binary, which ours is not).
   absl::FlagsUsageConfig usage;
@@ -283,14 +305,14 @@ int Run(int argc, char** raw_argv) {
   base::SetMinLogSeverity(base::ParseLogSeverity(absl::GetFlag(FLAGS_log_level)));
 
   absl::StatusOr<ProviderdConfig> config = ConfigFromFlags(std::move(listen));
+  if (config.ok()) config->local.extra_bwrap_args = std::move(extra_bwrap_args);
   if (!config.ok()) {
     AGX_LOG(Error, "{}", std::string(config.status().message()));
     return 2;
   }
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      LoadCredentials();
-  if (!credentials.ok()) {
-    AGX_LOG(Error, "{}", std::string(credentials.status().message()));
+  absl::StatusOr<auth::ServerSecurityOptions> security = LoadSecurity();
+  if (!security.ok()) {
+    AGX_LOG(Error, "{}", std::string(security.status().message()));
     return 2;
   }
 
@@ -304,7 +326,7 @@ int Run(int argc, char** raw_argv) {
   signal(SIGPIPE, SIG_IGN);
 
   absl::StatusOr<std::unique_ptr<Providerd>> providerd =
-      Providerd::Start(*std::move(config), *credentials);
+      Providerd::Start(*std::move(config), *std::move(security));
   if (!providerd.ok()) {
     AGX_LOG(Error, "{}", std::string(providerd.status().message()));
     return providerd.status().code() == absl::StatusCode::kInvalidArgument ||

@@ -11,6 +11,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <grpcpp/generic/generic_stub.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <memory>
@@ -19,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
 #include "agentix/provider/v1/provider.grpc.pb.h"
 #include "auth/server_auth.h"
 #include "base/unique_fd.h"
@@ -86,10 +89,8 @@ class Harness {
     };
     auth::ServerSecurityOptions security;
     security.token = options.token;
-    auto credentials = auth::MakeServerCredentials(security);
-    REQUIRE(credentials.ok());
     REQUIRE_OK_AND_ASSIGN(providerd_,
-                          Providerd::Start(std::move(config), *credentials));
+                          Providerd::Start(std::move(config), security));
     REQUIRE(providerd_->addresses() ==
             std::vector<std::string>{absl::StrCat("unix://", socket_)});
     channel_ = grpc::CreateChannel(providerd_->addresses()[0],
@@ -282,6 +283,7 @@ TEST_CASE("errors carry their code and reason in the trailing metadata",
       auto context = h.Ctx(token);
       grpc::Status status = h.stub_->ListSandboxes(context.get(), request, &listed);
       CHECK(status.error_code() == StatusCode::UNAUTHENTICATED);
+      CHECK(Trailer(*context, kReasonMetadataKey) == kReasonUnauthenticated);
       CHECK(listed.sandboxes_size() == 0);
       auto health_stub = health::Health::NewStub(h.channel_);
       health::HealthCheckRequest check;
@@ -297,6 +299,38 @@ TEST_CASE("errors carry their code and reason in the trailing metadata",
     }
     CHECK(h.world_->launches() == 0);
   }
+}
+
+TEST_CASE("every ProviderService method refuses a caller without the token",
+          "[providerd]") {
+  Harness h;
+  const google::protobuf::ServiceDescriptor* service =
+      pb::Sandbox::descriptor()->file()->FindServiceByName("ProviderService");
+  REQUIRE(service != nullptr);
+  REQUIRE(service->method_count() == 15);
+  grpc::GenericStub generic(h.channel_);
+  for (int i = 0; i < service->method_count(); ++i) {
+    const std::string method =
+        absl::StrCat("/", service->full_name(), "/", service->method(i)->name());
+    INFO(method);
+    for (const std::string token : {"", "wrong"}) {
+      auto context = h.Ctx(token);
+      grpc::Slice empty("");  // an empty message parses as any request
+      grpc::ByteBuffer request(&empty, 1);
+      grpc::ByteBuffer response;
+      absl::Notification done;
+      grpc::Status status;
+      generic.UnaryCall(context.get(), method, grpc::StubOptions(), &request,
+                        &response, [&](grpc::Status s) {
+                          status = std::move(s);
+                          done.Notify();
+                        });
+      REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+      CHECK(status.error_code() == StatusCode::UNAUTHENTICATED);
+      CHECK(Trailer(*context, kReasonMetadataKey) == kReasonUnauthenticated);
+    }
+  }
+  CHECK(h.world_->launches() == 0);
 }
 
 TEST_CASE("health reports the service SERVING", "[providerd]") {
@@ -482,7 +516,7 @@ TEST_CASE("one providerd per state dir and socket; stop destroys sandboxes",
     return absl::StatusOr<std::vector<std::unique_ptr<Backend>>>(
         std::vector<std::unique_ptr<Backend>>());
   };
-  auto refused = Providerd::Start(config, grpc::InsecureServerCredentials());
+  auto refused = Providerd::Start(config, {});
   CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK(std::filesystem::exists(h.socket_));
   // The running one still serves.

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "auth/server_auth.h"
 #include "base/grpc_status.h"
 #include "base/log.h"
 #include "providers/core/errors.h"
@@ -39,6 +40,14 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
   reactor->Finish(FinishStatus(context, status));
   return reactor;
 }
+
+// A server stream refused before it started: finishes at once.
+template <typename T>
+class RefusedWriter final : public grpc::ServerWriteReactor<T> {
+ public:
+  explicit RefusedWriter(const grpc::Status& status) { this->Finish(status); }
+  void OnDone() override { delete this; }
+};
 
 }  // namespace
 
@@ -295,6 +304,29 @@ ProviderServiceImpl::~ProviderServiceImpl() {
   }
 }
 
+absl::Status ProviderServiceImpl::Authenticate(
+    grpc::CallbackServerContext* context) const {
+  if (options_.token.empty()) return absl::OkStatus();
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find("authorization");
+  if (it != metadata.end() &&
+      auth::BearerTokenMatches(
+          options_.token,
+          absl::string_view(it->second.data(), it->second.size()))) {
+    return absl::OkStatus();
+  }
+  return ProviderError(
+      absl::StatusCode::kUnauthenticated, kReasonUnauthenticated,
+      "missing or wrong bearer token: send 'authorization: Bearer <token>' "
+      "(ServiceProvider(address, token=...))");
+}
+
+grpc::ServerUnaryReactor* ProviderServiceImpl::Refuse(
+    grpc::CallbackServerContext* context) const {
+  absl::Status status = Authenticate(context);
+  return status.ok() ? nullptr : Answer(context, status);
+}
+
 size_t ProviderServiceImpl::live_log_streams() {
   absl::MutexLock lock(&mu_);
   return log_threads_;
@@ -309,6 +341,7 @@ grpc::ServerUnaryReactor* ProviderServiceImpl::CreateSandbox(
     grpc::CallbackServerContext* context,
     const pb::CreateSandboxRequest* request,
     pb::CreateSandboxResponse* response) {
+  if (grpc::ServerUnaryReactor* refused = Refuse(context)) return refused;
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   std::string idempotency_key;
   const auto& metadata = context->client_metadata();
@@ -336,12 +369,14 @@ grpc::ServerUnaryReactor* ProviderServiceImpl::CreateSandbox(
 grpc::ServerUnaryReactor* ProviderServiceImpl::GetSandbox(
     grpc::CallbackServerContext* context, const pb::GetSandboxRequest* request,
     pb::Sandbox* response) {
+  if (grpc::ServerUnaryReactor* refused = Refuse(context)) return refused;
   return Answer(context, controller_->GetSandbox(request->id()), response);
 }
 
 grpc::ServerUnaryReactor* ProviderServiceImpl::GetSandboxCredentials(
     grpc::CallbackServerContext* context, const pb::GetSandboxRequest* request,
     pb::Credentials* response) {
+  if (grpc::ServerUnaryReactor* refused = Refuse(context)) return refused;
   return Answer(context, controller_->GetCredentials(request->id()), response);
 }
 
@@ -349,12 +384,16 @@ grpc::ServerUnaryReactor* ProviderServiceImpl::ListSandboxes(
     grpc::CallbackServerContext* context,
     const pb::ListSandboxesRequest* request,
     pb::ListSandboxesResponse* response) {
+  if (grpc::ServerUnaryReactor* refused = Refuse(context)) return refused;
   return Answer(context, controller_->ListSandboxes(*request), response);
 }
 
 grpc::ServerWriteReactor<pb::SandboxEvent>* ProviderServiceImpl::WatchSandboxes(
     grpc::CallbackServerContext* context,
     const pb::WatchSandboxesRequest* request) {
+  if (absl::Status status = Authenticate(context); !status.ok()) {
+    return new RefusedWriter<pb::SandboxEvent>(FinishStatus(context, status));
+  }
   auto* reactor = new WatchReactor(context, options_.max_watch_queue);
   reactor->Subscribe(controller_, *request);
   return reactor;
@@ -363,6 +402,7 @@ grpc::ServerWriteReactor<pb::SandboxEvent>* ProviderServiceImpl::WatchSandboxes(
 grpc::ServerUnaryReactor* ProviderServiceImpl::WaitSandbox(
     grpc::CallbackServerContext* context, const pb::WaitSandboxRequest* request,
     pb::WaitSandboxResponse* response) {
+  if (grpc::ServerUnaryReactor* refused = Refuse(context)) return refused;
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   controller_->WaitSandbox(
       *request, [context, response,
@@ -376,6 +416,7 @@ grpc::ServerUnaryReactor* ProviderServiceImpl::WaitSandbox(
 grpc::ServerUnaryReactor* ProviderServiceImpl::ExtendSandbox(
     grpc::CallbackServerContext* context,
     const pb::ExtendSandboxRequest* request, pb::Sandbox* response) {
+  if (grpc::ServerUnaryReactor* refused = Refuse(context)) return refused;
   return Answer(context, controller_->ExtendSandbox(*request), response);
 }
 
@@ -383,6 +424,7 @@ grpc::ServerUnaryReactor* ProviderServiceImpl::DeleteSandbox(
     grpc::CallbackServerContext* context,
     const pb::DeleteSandboxRequest* request,
     pb::DeleteSandboxResponse* response) {
+  if (grpc::ServerUnaryReactor* refused = Refuse(context)) return refused;
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   controller_->DeleteSandbox(
       *request,
@@ -396,6 +438,9 @@ grpc::ServerUnaryReactor* ProviderServiceImpl::DeleteSandbox(
 grpc::ServerWriteReactor<pb::LogChunk>* ProviderServiceImpl::StreamSandboxLogs(
     grpc::CallbackServerContext* context,
     const pb::StreamSandboxLogsRequest* request) {
+  if (absl::Status status = Authenticate(context); !status.ok()) {
+    return new RefusedWriter<pb::LogChunk>(FinishStatus(context, status));
+  }
   auto* reactor = new LogReactor(this, context);
   {
     absl::MutexLock lock(&mu_);
@@ -420,6 +465,7 @@ grpc::ServerWriteReactor<pb::LogChunk>* ProviderServiceImpl::StreamSandboxLogs(
 grpc::ServerUnaryReactor* ProviderServiceImpl::CreateWarmPool(
     grpc::CallbackServerContext* context,
     const pb::CreateWarmPoolRequest* request, pb::WarmPool* response) {
+  if (grpc::ServerUnaryReactor* refused = Refuse(context)) return refused;
   return Answer(context, controller_->CreateWarmPool(request->pool()),
                 response);
 }
@@ -427,6 +473,7 @@ grpc::ServerUnaryReactor* ProviderServiceImpl::CreateWarmPool(
 grpc::ServerUnaryReactor* ProviderServiceImpl::UpdateWarmPool(
     grpc::CallbackServerContext* context,
     const pb::UpdateWarmPoolRequest* request, pb::WarmPool* response) {
+  if (grpc::ServerUnaryReactor* refused = Refuse(context)) return refused;
   return Answer(context, controller_->UpdateWarmPool(request->pool()),
                 response);
 }
@@ -434,6 +481,7 @@ grpc::ServerUnaryReactor* ProviderServiceImpl::UpdateWarmPool(
 grpc::ServerUnaryReactor* ProviderServiceImpl::GetWarmPool(
     grpc::CallbackServerContext* context, const pb::GetWarmPoolRequest* request,
     pb::WarmPool* response) {
+  if (grpc::ServerUnaryReactor* refused = Refuse(context)) return refused;
   return Answer(context, controller_->GetWarmPool(request->name()), response);
 }
 
@@ -441,6 +489,7 @@ grpc::ServerUnaryReactor* ProviderServiceImpl::ListWarmPools(
     grpc::CallbackServerContext* context,
     const pb::ListWarmPoolsRequest* /*request*/,
     pb::ListWarmPoolsResponse* response) {
+  if (grpc::ServerUnaryReactor* refused = Refuse(context)) return refused;
   for (pb::WarmPool& pool : controller_->ListWarmPools()) {
     *response->add_pools() = std::move(pool);
   }
@@ -451,6 +500,7 @@ grpc::ServerUnaryReactor* ProviderServiceImpl::DeleteWarmPool(
     grpc::CallbackServerContext* context,
     const pb::DeleteWarmPoolRequest* request,
     pb::DeleteWarmPoolResponse* /*response*/) {
+  if (grpc::ServerUnaryReactor* refused = Refuse(context)) return refused;
   return Answer(context, controller_->DeleteWarmPool(request->name(),
                                                      request->allow_missing()));
 }
@@ -459,6 +509,7 @@ grpc::ServerUnaryReactor* ProviderServiceImpl::GetCapabilities(
     grpc::CallbackServerContext* context,
     const pb::GetCapabilitiesRequest* /*request*/,
     pb::Capabilities* response) {
+  if (grpc::ServerUnaryReactor* refused = Refuse(context)) return refused;
   *response = controller_->GetCapabilities();
   return Answer(context, absl::OkStatus());
 }

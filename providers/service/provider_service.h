@@ -14,6 +14,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstddef>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -25,6 +26,9 @@ namespace agentix::providers {
 
 inline constexpr char kReasonMetadataKey[] = "agentix-error-reason";
 inline constexpr char kRetryAfterMetadataKey[] = "agentix-retry-after-ms";
+// The method-path prefix of this service (for the auth filter's exemption).
+inline constexpr char kProviderServicePathPrefix[] =
+    "/agentix.provider.v1.ProviderService/";
 // Client metadata accepted as CreateSandboxRequest.request_id when that is
 // empty.
 inline constexpr char kIdempotencyKeyMetadataKey[] = "x-idempotency-key";
@@ -36,6 +40,11 @@ inline constexpr char kReasonWatchClientTooSlow[] = "WATCH_CLIENT_TOO_SLOW";
 inline constexpr char kReasonTooManyLogStreams[] = "TOO_MANY_LOG_STREAMS";
 
 struct ProviderServiceOptions {
+  // Bearer token every RPC of this service must carry ("authorization:
+  // Bearer <token>"); empty: no check. Checked here rather than in gRPC's
+  // auth filter (auth::ServerSecurityOptions::handler_checked_prefix) so
+  // that UNAUTHENTICATED carries its reason like every other error.
+  std::string token;
   // Events buffered for one watch client before it is ended.
   size_t max_watch_queue = 4096;
   // StreamSandboxLogs calls at once (each holds a thread of its own).
@@ -124,6 +133,10 @@ class ProviderServiceImpl final
  private:
   friend class LogReactor;
   void LogThreadDone();
+  // OK, or UNAUTHENTICATED with its reason when the caller lacks the token.
+  absl::Status Authenticate(grpc::CallbackServerContext* context) const;
+  // A finished DefaultReactor when the caller lacks the token, else null.
+  grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context) const;
 
   SandboxController* const controller_;
   const ProviderServiceOptions options_;

@@ -139,13 +139,15 @@ TEST_CASE("ten concurrent launches: all serve, 3 fds each in providerd, idle mem
                                       << pss_kb / kCount << " KiB");
   CHECK(per_sandbox_fds <= 8);
   CHECK(pss_kb / kCount > 0);
+#ifndef __SANITIZE_ADDRESS__  // an ASan-built daemon carries its shadow memory
   CHECK(pss_kb / kCount < 10 * 1024);  // >= 100 idle sandboxes per GiB
+#endif
   threads.clear();
   for (int i = 0; i < kCount; ++i) {
     threads.emplace_back([&, i] { CHECK(backend->Destroy(*refs[i], absl::Seconds(2)).ok()); });
   }
   for (auto& thread : threads) thread.join();
-  CHECK(OpenFds() == before);
+  CHECK(OpenFds() <= before);  // gRPC may have dropped some of its own meanwhile
   REQUIRE_OK_AND_ASSIGN(auto owned, backend->ListOwned("test"));
   CHECK(owned.empty());
   backend.reset();

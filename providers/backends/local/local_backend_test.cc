@@ -16,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -94,7 +95,7 @@ class Events : public EventSink {
 };
 
 struct Fixture {
-  Fixture(bool seccomp = true) {
+  explicit Fixture(bool seccomp = true, int64_t log_max_bytes = 16 << 20) {
     state = MakeTemp("/tmp");
     LocalBackendOptions options;
     options.state_dir = state + "/s";
@@ -102,6 +103,7 @@ struct Fixture {
     options.seccomp = seccomp;
     options.token_flag = "--token-file";
     options.tmp_bytes = 8 << 20;
+    options.log_max_bytes = log_max_bytes;
     auto made = NewLocalBackend(options);
     REQUIRE_OK(made.status());
     backend = std::move(*made);
@@ -209,11 +211,24 @@ TEST_CASE("a sandbox comes up on a real socket, isolated, and Destroy leaves not
   const std::string pids_cgroup = "/sys/fs/cgroup/pids/" + CgroupParent() + "/iso-1";
   CHECK(Slurp(pids_cgroup + "/pids.max") == "1024\n");
 
+  // Every process of the tree, from the pids cgroup.
+  const std::string listed = Slurp(pids_cgroup + "/cgroup.procs");
+  std::vector<int> tree;
+  for (absl::string_view pid : absl::StrSplit(listed, '\n', absl::SkipEmpty())) {
+    int value;
+    REQUIRE(absl::SimpleAtoi(pid, &value));
+    tree.push_back(value);
+  }
+  CHECK(tree.size() >= 3);  // bwrap, its init, python3
   const absl::Time destroy = absl::Now();
   REQUIRE_OK(f.backend->Destroy(ref, absl::Seconds(2)));
   INFO("destroy " << absl::FormatDuration(absl::Now() - destroy));
   CHECK(!Exists(f.state + "/s/iso-1"));
   CHECK(!Exists(pids_cgroup));
+  for (int pid : tree) {
+    INFO("pid " << pid);
+    CHECK(kill(pid, 0) != 0);
+  }
   REQUIRE_OK_AND_ASSIGN(Observed gone, f.backend->Inspect(ref));
   CHECK(gone.state == Observed::State::kMissing);
   REQUIRE_OK(f.backend->Destroy(ref, absl::Seconds(1)));  // missing: OK
@@ -297,6 +312,34 @@ TEST_CASE("a sandbox whose entry point exits is reported with its code and outpu
   } collect;
   REQUIRE_OK(f.backend->StreamLogs(ref, 0, /*follow=*/true, &collect));  // ends with the sandbox
   CHECK(collect.data == "about to fail\n");
+  REQUIRE_OK(f.backend->Destroy(ref, absl::Seconds(1)));
+}
+
+TEST_CASE("a chatty sandbox's output is drained and capped; StreamLogs says what was rotated away") {
+  Fixture f(/*seccomp=*/true, /*log_max_bytes=*/64 << 10);
+  const std::string bundle = MakeBundle(
+      "head -c 4194304 /dev/zero | tr '\\0' x\necho; echo the last line\n");
+  REQUIRE_OK_AND_ASSIGN(BackendRef ref, f.backend->Launch(f.Spec("chat-1", bundle), absl::Now() + absl::Seconds(10)));
+  auto event = f.events.WaitFor(ref.value, absl::Seconds(20));
+  REQUIRE(event.has_value());
+  CHECK(event->exit_code == std::optional<int>(0));  // never blocked on its pipe
+  struct stat a, b;
+  REQUIRE(stat((f.state + "/s/chat-1/sandbox.log").c_str(), &a) == 0);
+  REQUIRE(stat((f.state + "/s/chat-1/sandbox.log.1").c_str(), &b) == 0);
+  CHECK(a.st_size + b.st_size <= 64 << 10);
+  CHECK(absl::EndsWith(f.backend->LogTail(ref, 100), "xx\nthe last line\n"));
+  struct First : LogSink {
+    int64_t offset = -1;
+    bool truncated = false;
+    bool OnLogData(int64_t at, absl::string_view, bool was_truncated) override {
+      offset = at;
+      truncated = was_truncated;
+      return false;  // one chunk is enough
+    }
+  } first;
+  REQUIRE_OK(f.backend->StreamLogs(ref, 0, /*follow=*/false, &first));
+  CHECK(first.truncated);
+  CHECK(first.offset == 4194304 + 15 - a.st_size - b.st_size);
   REQUIRE_OK(f.backend->Destroy(ref, absl::Seconds(1)));
 }
 
