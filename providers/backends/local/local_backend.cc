@@ -565,7 +565,9 @@ absl::Status LocalBackend::Validate(const LaunchSpec& launch) const {
   }
   if (options_.require_limits) {
     const std::pair<const char*, bool> wanted[] = {
-        {"memory", r.memory_bytes() > 0}, {"pids", r.pids() > 0}, {"cpu", r.cpu_millis() > 0}};
+        {"memory", r.memory_bytes() > 0 || options_.default_memory_bytes > 0},
+        {"pids", r.pids() > 0},
+        {"cpu", r.cpu_millis() > 0}};
     for (const auto& [controller, asked] : wanted) {
       if (asked && !Unusable(controller).empty()) {
         return unenforceable(absl::StrCat(
@@ -587,7 +589,8 @@ absl::Status LocalBackend::MakeCgroups(const LaunchSpec& launch, Record& record)
   std::vector<Want> wants;
   const int64_t memory = r.memory_bytes() > 0 ? r.memory_bytes() : options_.default_memory_bytes;
   if (memory > 0) {
-    wants.push_back({"memory", {{"memory.limit_in_bytes", std::to_string(memory)}}, r.memory_bytes() > 0});
+    // The operator's default counts as asked for too, as in local.py.
+    wants.push_back({"memory", {{"memory.limit_in_bytes", std::to_string(memory)}}, true});
   }
   const int64_t pids = r.pids() > 0 ? r.pids() : options_.default_pids_max;
   if (pids > 0) wants.push_back({"pids", {{"pids.max", std::to_string(pids)}}, r.pids() > 0});
@@ -601,11 +604,19 @@ absl::Status LocalBackend::MakeCgroups(const LaunchSpec& launch, Record& record)
     std::string problem = Unusable(want.controller);
     std::string dir;
     if (problem.empty()) {
-      dir = SandboxCgroupPath(options_.cgroup_root, want.controller, own_[want.controller],
+      dir = SandboxCgroupPath(options_.cgroup_root, want.controller, own_.at(want.controller),
                               options_.cgroup_parent, launch.sandbox_id);
       const std::string parent = dir.substr(0, dir.rfind('/'));
-      ::mkdir(parent.c_str(), 0755);
-      if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+      // The shared parent may be removed by a Destroy between the two
+      // mkdirs (it removes it once empty): make it again then.
+      int made = -1;
+      for (int attempt = 0; attempt < 5 && made != 0; ++attempt) {
+        ::mkdir(parent.c_str(), 0755);
+        made = ::mkdir(dir.c_str(), 0755);
+        if (made != 0 && errno == EEXIST) made = 0;
+        if (made != 0 && errno != ENOENT) break;
+      }
+      if (made != 0) {
         problem = Errno("cannot create " + dir);
       } else {
         record.cgroups[want.controller] = dir;
@@ -657,7 +668,10 @@ absl::StatusOr<BackendRef> LocalBackend::Launch(const LaunchSpec& launch, absl::
     }
     return absl::FailedPreconditionError(Errno("mkdir " + sandbox->dir));
   }
-  absl::Status made = MakeCgroups(launch, record);
+  // Recorded before and after the cgroups are made, so a providerd killed
+  // in between leaves a leftover ListOwned finds.
+  absl::Status made = WriteRecord(sandbox->dir, record);
+  if (made.ok()) made = MakeCgroups(launch, record);
   if (made.ok()) made = WriteRecord(sandbox->dir, record);  // before anything runs
   if (made.ok()) made = Start(launch, root, nix_dir, sandbox, deadline);
   if (!made.ok()) {
@@ -839,7 +853,9 @@ absl::Status LocalBackend::Start(const LaunchSpec& launch, const std::string& ro
   while (true) {
     const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
     pollfd pfd{info_read.get(), POLLIN, 0};
-    if (ms <= 0 || ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(ms, 60000))) == 0) {
+    const int polled = ms <= 0 ? 0 : ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(ms, 60000)));
+    if (polled < 0 && errno == EINTR) continue;
+    if (polled == 0) {
       return ProviderError(absl::StatusCode::kDeadlineExceeded, kReasonStartFailed,
                            absl::StrCat("sandbox ", record.id, ": bwrap did not start in time"));
     }
@@ -1113,25 +1129,21 @@ absl::Status LocalBackend::Destroy(const BackendRef& ref, absl::Duration grace) 
   const std::string dir = absl::StrCat(options_.state_dir, "/", id);
   std::shared_ptr<Sandbox> sandbox = Find(id);
   if (sandbox == nullptr) {
-    std::optional<Record> record = ReadRecord(dir);
-    if (!record) {
-      // Being created right now by another call, or a half-made leftover.
-      struct stat st;
-      if (::lstat(dir.c_str(), &st) == 0) {
-        Record bare;
-        bare.id = id;
-        for (const char* controller : kControllers) {
-          auto own = own_.find(controller);
-          if (own != own_.end()) {
-            bare.cgroups[controller] = SandboxCgroupPath(options_.cgroup_root, controller, own->second,
-                                                         options_.cgroup_parent, id);
-          }
-        }
-        KillAndRemove(bare, dir);
+    // A leftover (or one being made right now by another call): whatever
+    // its record says, plus the cgroups this id would have, in case
+    // providerd died before it recorded them.
+    struct stat st;
+    if (::lstat(dir.c_str(), &st) != 0) return absl::OkStatus();
+    Record record = ReadRecord(dir).value_or(Record{});
+    record.id = id;
+    for (const char* controller : kControllers) {
+      auto own = own_.find(controller);
+      if (own != own_.end() && !record.cgroups.count(controller)) {
+        record.cgroups[controller] = SandboxCgroupPath(options_.cgroup_root, controller,
+                                                       own->second, options_.cgroup_parent, id);
       }
-      return absl::OkStatus();
     }
-    KillAndRemove(*record, dir);
+    KillAndRemove(record, dir);
     return absl::OkStatus();
   }
   pid_t bwrap, init;

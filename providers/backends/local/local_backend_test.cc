@@ -455,6 +455,59 @@ TEST_CASE("bwrap failing before it starts the sandbox: START_FAILED with its out
   rmdir(state.c_str());
 }
 
+TEST_CASE("Destroy of a half-made leftover removes the cgroups its id would have") {
+  Fixture f;
+  // As a providerd killed between making the directory and the cgroups
+  // and recording them would leave it.
+  REQUIRE(mkdir((f.state + "/s/half-1").c_str(), 0700) == 0);
+  const std::string parent = "/sys/fs/cgroup/pids/" + CgroupParent();
+  mkdir(parent.c_str(), 0755);
+  REQUIRE(mkdir((parent + "/half-1").c_str(), 0755) == 0);
+  REQUIRE_OK(f.backend->Destroy(BackendRef{"half-1:u"}, absl::Seconds(1)));
+  CHECK(!Exists(f.state + "/s/half-1"));
+  CHECK(!Exists(parent + "/half-1"));
+  CHECK(!Exists(parent));  // the shared parent, once empty
+}
+
+TEST_CASE("a limit this machine cannot enforce: refused with require_limits, else run without") {
+  const std::string state = MakeTemp("/tmp");
+  const std::string no_cgroups = MakeTemp(TestTmp());  // nothing mounted here
+  const std::string bundle = MakeBundle("echo started; exec sleep 60\n");
+  for (bool require : {true, false}) {
+    LocalBackendOptions options;
+    options.state_dir = state + "/s";
+    options.cgroup_root = no_cgroups;
+    options.require_limits = require;
+    REQUIRE_OK_AND_ASSIGN(auto backend, NewLocalBackend(options));
+    REQUIRE_OK_AND_ASSIGN(auto caps, backend->Probe());
+    CHECK_FALSE(caps.memory_limit());
+    CHECK_FALSE(caps.pids_limit());
+    CHECK(absl::StrContains(caps.detail(), "not mounted"));
+    LaunchSpec spec;
+    spec.sandbox_id = "nolimit";
+    spec.spec.mutable_bundle()->set_path(bundle);
+    spec.spec.mutable_resources()->set_memory_bytes(64 << 20);
+    if (require) {
+      absl::Status status = backend->Validate(spec);
+      CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
+      CHECK(ReasonOf(status) == kReasonLimitNotEnforceable);
+      CHECK(absl::StrContains(status.message(), "memory limit not enforceable"));
+      CHECK(backend->Launch(spec, absl::Now() + absl::Seconds(5)).status().code() ==
+            absl::StatusCode::kFailedPrecondition);
+      CHECK(!Exists(state + "/s/nolimit"));
+    } else {
+      REQUIRE_OK(backend->Validate(spec));
+      REQUIRE_OK_AND_ASSIGN(BackendRef ref, backend->Launch(spec, absl::Now() + absl::Seconds(5)));
+      CHECK(absl::StrContains(WaitLog(*backend, ref, "started"), "started"));
+      CHECK_FALSE(absl::StrContains(Slurp(state + "/s/nolimit/state.json"), "\"memory\""));
+      REQUIRE_OK(backend->Destroy(ref, absl::Milliseconds(100)));
+      CHECK(!Exists(state + "/s/nolimit"));
+    }
+  }
+  rmdir((state + "/s").c_str());
+  rmdir(state.c_str());
+}
+
 TEST_CASE("a leftover of a SIGKILLed owner is listed and Destroy cleans it") {
   const std::string state = MakeTemp("/tmp");
   const std::string bundle = MakeBundle(kListen);
