@@ -5,7 +5,9 @@ is the whole programming model. `SandboxProvider` (`agentix.provider.base`)
 is the interface every backend implements; `providers()` finds backends through
 the ``agentix.provider`` entry-point group (`agentix.provider._plugin`), and
 `register_provider` adds one in-process. The built-in backend is ``local``
-(`agentix.provider.local.LocalProvider`, bubblewrap on this machine).
+(`agentix.provider.local.LocalProvider`, bubblewrap on this machine through the
+per-user provider service); `agentix.provider.service.ServiceProvider` talks to
+any ``agentix-providerd``, and `agentix.provider.errors` holds its errors.
 
 `agentix.provider` is a ``pkgutil`` namespace package: plugin distributions add
 siblings such as ``agentix.provider.docker``. Importing it does not import gRPC.
