@@ -111,8 +111,6 @@ absl::StatusOr<std::vector<std::unique_ptr<Backend>>> MakeLocalBackends(
 }
 
 absl::StatusOr<std::unique_ptr<DaemonAgent>> MakeGrpcAgent() {
-  return std::make_unique<GrpcDaemonAgent>();
-
   return std::unique_ptr<DaemonAgent>(std::make_unique<GrpcDaemonAgent>());
 }
 
