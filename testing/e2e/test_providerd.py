@@ -769,6 +769,7 @@ async def test_200_claim_burst_on_a_pool_min20_max30_stays_bounded_and_refills(a
         return samples[-1][0]
 
     await asyncio.wait_for(ready_at_least(20), 90)
+    await asyncio.sleep(1.0)  # still sampling: the initial fill must stop within the bound
     claims = []
     deletes = []
 
@@ -792,6 +793,7 @@ async def test_200_claim_burst_on_a_pool_min20_max30_stays_bounded_and_refills(a
     await asyncio.wait_for(asyncio.gather(*(claim(n) for n in range(200))), 240)
     last_claim = max(t for t, _ in claims)
     refilled = await asyncio.wait_for(ready_at_least(20), 60)
+    await asyncio.sleep(2.0)  # still sampling: refilling must stop within the bound too
     stop.set()
     await sampler
     await counter
