@@ -214,14 +214,20 @@ class Ours:
         except Exception as error:  # cleanup goes on
             log(f"cleanup: pools: {error}")
         token = ""
-        live = []
+        live, names = [], set()
         for _ in range(1000):
-            page = await self.stub.ListSandboxes(pb.ListSandboxesRequest(page_token=token, page_size=1000),
+            page = await self.stub.ListSandboxes(pb.ListSandboxesRequest(page_token=token, page_size=1000,
+                                                                         include_terminated=True),
                                                  metadata=self.md, timeout=10)
-            live += [s.id for s in page.sandboxes]
+            live += [s.id for s in page.sandboxes if s.status.phase != pb.SandboxStatus.TERMINATED]
+            names |= {s.id for s in page.sandboxes} | {s.uid for s in page.sandboxes}
+            names |= {s.status.backend_ref.split(":")[0] for s in page.sandboxes if s.status.backend_ref}
             token = page.next_page_token
             if not token:
                 break
+        held = self.pd.state_dir / "sb"  # the local backend's sandbox dirs, pool members' too
+        if held.is_dir():
+            names |= set(os.listdir(held))
         semaphore = asyncio.Semaphore(16)
 
         async def one(i):
@@ -232,6 +238,7 @@ class Ours:
                     pass
 
         await asyncio.gather(*(one(i) for i in live))
+        return names
 
     async def close(self):
         await self.channel.close()
@@ -391,7 +398,7 @@ async def measure_ours(args, harness, pd, bundle: Path, mark: str) -> dict:
     finally:
         await watch.stop()
         try:
-            await asyncio.wait_for(ours.delete_all(), 300)
+            r["_sandbox_names"] = sorted(await asyncio.wait_for(ours.delete_all(), 300))
         finally:
             await ours.close()
     return r
@@ -554,10 +561,21 @@ async def run_all(args, tools: dict, work: Path, report: dict) -> None:
                 await asyncio.to_thread(pd.start)
                 log(f"round {round_index + 1}: agentix-providerd pid {pd.pid} on {pd.target}")
                 try:
-                    ours_rounds.append(await measure_ours(args, harness, pd, bundle, mark))
+                    measured = await measure_ours(args, harness, pd, bundle, mark)
                 finally:
                     pd.stop()
-                    shutil.rmtree(pd_dir, ignore_errors=True)
+                # Nothing of any sandbox made in the round may be left: cgroups named by
+                # their ids (pool members' included) or processes of the bundle.
+                names = measured.pop("_sandbox_names", [])
+                await asyncio.to_thread(harness.wait_until, lambda: not harness.cgroup_dirs(names), 5.0)
+                leftover = harness.cgroup_dirs(names) + [
+                    f"pid {pid}: {cmd}" for pid, cmd in harness.processes_with([mark.encode()]).items()]
+                measured["sandboxes_made"] = len([n for n in names if n.startswith(("sbx-", "wp-"))])
+                measured["leftovers"] = len(leftover)
+                log(f"round {round_index + 1}: {measured['sandboxes_made']} sandboxes and pool members made; "
+                    f"left behind after providerd stopped: {leftover or 'nothing'}")
+                ours_rounds.append(measured)
+                shutil.rmtree(pd_dir, ignore_errors=True)
             elif side == "baseline" and args.only in (None, "baseline"):
                 baseline_rounds.append(await measure_baseline(args, harness, bundle, mark, work))
             log(f"load average now {_loadavg()}")

@@ -42,6 +42,8 @@ class ProviderBenchSmokeTest(unittest.TestCase):
         self.assertEqual(len(details["loadavg_start"]), 3)
         self.assertEqual(details["ours"]["density_n"], 10)
         self.assertEqual(details["ours"]["warm_misses"], 0)  # every measured claim was a pool hit
+        self.assertEqual(details["ours"]["leftovers"], 0)  # no cgroup or process of a sandbox left
+        self.assertGreater(details["ours"]["sandboxes_made"], 0)
 
 
 if __name__ == "__main__":
