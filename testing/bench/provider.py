@@ -572,6 +572,12 @@ async def run_all(args, tools: dict, work: Path, report: dict) -> None:
                     f"pid {pid}: {cmd}" for pid, cmd in harness.processes_with([mark.encode()]).items()]
                 measured["sandboxes_made"] = len([n for n in names if n.startswith(("sbx-", "wp-"))])
                 measured["leftovers"] = len(leftover)
+                # providerd's warnings and errors (a cgroup it could not remove says why here).
+                complaints = [line for line in pd.log().splitlines()
+                              if " agentix-providerd W " in line or " agentix-providerd E " in line]
+                measured["providerd_warnings"] = len(complaints)
+                for line in complaints[:5]:
+                    log(f"round {round_index + 1}: providerd said: {line}")
                 log(f"round {round_index + 1}: {measured['sandboxes_made']} sandboxes and pool members made; "
                     f"left behind after providerd stopped: {leftover or 'nothing'}")
                 ours_rounds.append(measured)
