@@ -651,6 +651,8 @@ async def test_ttl_expiry_terminates_within_one_second(api, bundle):
 
     await asyncio.wait_for(all_ended(), 30)
     watcher.cancel()
+    print("ttl: TERMINATED event after expire_time, ms: " + ", ".join(
+        f"{(arrivals[i][0] - harness.ts_seconds(arrivals[i][1].status.expire_time)) * 1000:.0f}" for i in ids))
     for sandbox_id in ids:
         arrived, sandbox = arrivals[sandbox_id]
         expire = harness.ts_seconds(sandbox.status.expire_time)
@@ -714,6 +716,9 @@ async def test_orphans_are_destroyed_within_5s_of_a_restart_after_kill9(api, pd,
     elapsed = time.monotonic() - restarted
     assert current, (f"not settled {elapsed:.1f} s after the restart: cgroups {harness.cgroup_dirs(names)}, "
                      f"paths {paths_named(names)}, processes {sandbox_processes(bundle)}\n{pd.log()}")
+    print(f"orphans: settled {elapsed:.2f} s after the restart: "
+          f"{sum(1 for s in current if s.status.phase == Phase.TERMINATED)} lost and cleaned, "
+          f"{sum(1 for s in current if s.status.phase == Phase.READY)} re-adopted")
     assert elapsed <= 5.0
     for sandbox in current:
         if sandbox.status.phase == Phase.TERMINATED:
