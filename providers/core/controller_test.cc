@@ -1000,6 +1000,10 @@ TEST_CASE("Pools: a burst of 200 claims never takes a pool above max_total and i
   CHECK(st.total() == 20);
   // Unclaimed members in the backend: exactly the 20 ready ones.
   CHECK(h.world->live() == 200 + 20);
+  auto m = h.controller->Metrics();
+  fprintf(stderr, "burst: %d warm (mean acquire %.2f ms), %d cold (mean create %.2f ms)\n",
+          warm.load(), 1000 * m.acquire_seconds.sum_seconds / std::max<uint64_t>(1, m.acquire_seconds.count),
+          cold.load(), 1000 * m.create_seconds.sum_seconds / std::max<uint64_t>(1, m.create_seconds.count));
 }
 
 TEST_CASE("Pools: consecutive failed starts mark the pool degraded, back off, keep the "
