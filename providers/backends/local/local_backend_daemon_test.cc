@@ -164,7 +164,7 @@ TEST_CASE("the real daemon serves health on the endpoint with the piped admin to
   options.token_flag = "--token-file";  // --admin-token-file comes with issue 19's daemon part
   REQUIRE_OK_AND_ASSIGN(auto backend, NewLocalBackend(options));
 
-  std::vector<double> ready_ms;
+  std::vector<double> ready_ms, destroy_ms;
   for (int i = 0; i < 7; ++i) {
     LaunchSpec spec;
     spec.sandbox_id = absl::StrCat("d", i);
@@ -192,8 +192,15 @@ TEST_CASE("the real daemon serves health on the endpoint with the piped admin to
     // Fail closed: the daemon got the token, so a call without it is refused.
     CHECK(Check(target, "", &response).error_code() == grpc::StatusCode::UNAUTHENTICATED);
     CHECK(Check(target, "wrong", &response).error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    const absl::Time destroy = absl::Now();
     REQUIRE_OK(backend->Destroy(ref, absl::Seconds(2)));
+    destroy_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - destroy));
   }
+  std::sort(destroy_ms.begin(), destroy_ms.end());
+  WARN("Destroy (SIGTERM path), ms: p50 " << destroy_ms[destroy_ms.size() / 2] << ", max "
+                                          << destroy_ms.back());
+  // The daemon exits on SIGTERM: Destroy does not wait out the 2 s grace.
+  CHECK(destroy_ms.back() < 1500);
   std::sort(ready_ms.begin(), ready_ms.end());
   WARN("cold Launch -> health SERVING, ms: min " << ready_ms.front() << ", p50 "
                                                   << ready_ms[ready_ms.size() / 2] << ", max "

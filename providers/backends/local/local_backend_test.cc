@@ -110,6 +110,10 @@ struct Fixture {
     REQUIRE_OK(backend->Watch(&events));
   }
   ~Fixture() {
+    // A failed test leaves no sandbox, cgroup or directory behind.
+    if (auto owned = backend->ListOwned("test"); owned.ok()) {
+      for (const BackendRef& ref : *owned) (void)backend->Destroy(ref, absl::ZeroDuration());
+    }
     backend.reset();
     rmdir((state + "/s").c_str());
     rmdir(state.c_str());
