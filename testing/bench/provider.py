@@ -431,8 +431,8 @@ async def density_ours(args, ours: Ours, harness) -> dict:
     r = _density(n, before, after, pss, len(pids))
     r["providerd_fds_per_sandbox"] = round((fds_after - fds_before) / n, 2)
     r["density_create_s"] = round(elapsed, 1)
-    log(f"[ours] density at N={n}: MemAvailable -{r['memavailable_delta_mib']} MiB = {r['idle_mib_per_sandbox']} MiB each "
-        f"-> {r['idle_sandboxes_per_gib']} per GiB (PSS {r['idle_pss_mib_per_sandbox']} MiB each, "
+    log(f"[ours] density at N={n}: MemAvailable fell {r['memavailable_delta_mib']} MiB; {r['idle_mib_per_sandbox']} MiB each "
+        f"-> {r['idle_sandboxes_per_gib']} per GiB by {r['density_method']} (PSS {r['idle_pss_mib_per_sandbox']} MiB each, "
         f"{r['idle_processes_per_sandbox']} processes each, providerd +{r['providerd_fds_per_sandbox']} fds each)")
     semaphore = asyncio.Semaphore(16)
 
