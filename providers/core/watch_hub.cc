@@ -81,7 +81,11 @@ absl::StatusOr<std::unique_ptr<WatchHandle>> WatchHub::Subscribe(
     return ProviderError(absl::StatusCode::kInvalidArgument, kReasonInvalidSpec,
                          "resource_version must not be negative");
   }
-  if (from > 0) {
+  // Version 0 with an epoch resumes from the start of that epoch: it is
+  // what List returns before anything changed, and "from now" would drop
+  // the changes between that List and this Watch.
+  const bool resume = from > 0 || !subscription.epoch.empty();
+  if (resume) {
     auto too_old = [&](absl::string_view why) {
       return ProviderError(absl::StatusCode::kOutOfRange, kReasonWatchExpired,
                            absl::StrCat("cannot resume at resource_version ", from,
@@ -105,7 +109,7 @@ absl::StatusOr<std::unique_ptr<WatchHandle>> WatchHub::Subscribe(
     *event->mutable_sandbox() = std::move(sandbox);
     sub->queue.push_back(std::move(event));
   }
-  if (from > 0) {
+  if (resume) {
     for (const EventPtr& event : ring_) {
       if (event->resource_version() > from &&
           sub->selector.MatchesMap(event->sandbox().labels())) {

@@ -39,8 +39,9 @@ class WatchHub {
 
   struct Subscription {
     LabelSelector selector;
-    int64_t resource_version = 0;  // 0: from now
-    std::string epoch;             // required with resource_version > 0
+    int64_t resource_version = 0;  // 0 without an epoch: from now
+    std::string epoch;             // required with resource_version > 0;
+                                   // with 0: from the epoch's start
     bool bookmarks = false;
     std::vector<pb::Sandbox> initial;  // sent first as ADDED
   };

@@ -97,6 +97,30 @@ TEST_CASE("Watch hub: too old, other epoch or future versions are OUT_OF_RANGE",
   CHECK(subscribe(0, "").ok());
 }
 
+TEST_CASE("Watch hub: version 0 of this epoch (a List before any change) misses nothing",
+          "[watch]") {
+  WatchHub hub("e1", 100, absl::Seconds(10));
+  int64_t listed = hub.current_version();  // what List answers on a fresh hub
+  REQUIRE(listed == 0);
+  for (int i = 0; i < 3; ++i) {  // changes between the List and the Watch
+    pb::Sandbox s = Box("s" + std::to_string(i));
+    hub.Publish(pb::SandboxEvent::ADDED, &s);
+  }
+  Recorder rec;
+  WatchHub::Subscription sub;
+  sub.resource_version = listed;
+  sub.epoch = "e1";
+  REQUIRE_OK_AND_ASSIGN(auto handle, hub.Subscribe(std::move(sub), &rec));
+  auto events = rec.WaitFor(3);
+  REQUIRE(events.size() == 3);
+  CHECK(events[0].resource_version() == 1);
+  WatchHub::Subscription other;
+  other.epoch = "e0";  // version 0 of another epoch: relist
+  auto refused = hub.Subscribe(std::move(other), &rec);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == absl::StatusCode::kOutOfRange);
+}
+
 TEST_CASE("Watch hub: selector filtering, initial state, bookmarks, dropped observers",
           "[watch]") {
   WatchHub hub("e1", 100, absl::Milliseconds(50));

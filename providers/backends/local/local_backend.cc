@@ -1219,6 +1219,11 @@ absl::StatusOr<std::vector<BackendRef>> LocalBackend::ListOwned(absl::string_vie
     std::optional<Record> record = ReadRecord(absl::StrCat(options_.state_dir, "/", name));
     if (record && record->id == name && record->instance == instance) {
       refs.push_back(BackendRef{RefValue(record->id, record->uid)});
+    } else if (!record) {
+      // Half made: its owner died between mkdir and state.json, after
+      // making cgroups perhaps. The state dir is locked to this providerd,
+      // so it is ours; Destroy removes it and the cgroups its id names.
+      refs.push_back(BackendRef{name});
     }
   }
   return refs;

@@ -1,0 +1,50 @@
+"""Smoke test: the provider benchmark runs (--quick) and reports sane numbers.
+
+Starts its own agentix-providerd, a few cold and warm sandboxes, N=10 idle
+sandboxes, and the in-process baseline, and checks the LAST stdout line: every
+headline key a positive number, the baseline's keys present. No timing
+thresholds: it must pass on a slow or busy machine.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+HEADLINE = ("warm_acquire_p50_ms", "warm_acquire_p99_ms", "warm_acquire_c16_p50_ms",
+            "cold_create_to_first_call_p50_ms", "delete_p50_ms", "watch_event_p50_ms",
+            "idle_sandboxes_per_gib")
+
+
+class ProviderBenchSmokeTest(unittest.TestCase):
+    def test_quick_run_reports_every_key(self):
+        binary = os.path.join(BENCH_DIR, "provider")  # the py_binary's launcher (a data dep)
+        proc = subprocess.run([sys.executable, binary, "--quick"], stdout=subprocess.PIPE, text=True,
+                              timeout=800)
+        sys.stderr.write(proc.stdout)  # the figures, for the test log
+        self.assertEqual(proc.returncode, 0, proc.stdout[-6000:])
+        lines = [l for l in proc.stdout.splitlines() if l.strip()]
+        report = json.loads(lines[-1])  # the JSON object is the LAST line
+        self.assertNotIn("error", report)
+        for key in HEADLINE:
+            self.assertIsInstance(report[key], (int, float), key)
+            self.assertGreater(report[key], 0, key)
+        self.assertLessEqual(report["warm_acquire_p50_ms"], report["warm_acquire_p99_ms"])
+        baseline = report["baseline"]
+        for key in HEADLINE:
+            self.assertIn(key, baseline)
+        for key in ("cold_create_to_first_call_p50_ms", "delete_p50_ms", "idle_sandboxes_per_gib"):
+            self.assertGreater(baseline[key], 0, key)
+        details = report["details"]
+        self.assertTrue(details["quick"])
+        self.assertEqual(len(details["loadavg_start"]), 3)
+        self.assertEqual(details["ours"]["density_n"], 10)
+        self.assertEqual(details["ours"]["warm_misses"], 0)  # every measured claim was a pool hit
+        self.assertEqual(details["ours"]["leftovers"], 0)  # no cgroup or process of a sandbox left
+        self.assertGreater(details["ours"]["sandboxes_made"], 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
