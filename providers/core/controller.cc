@@ -176,6 +176,7 @@ class ControllerImpl final : public SandboxController, public EventSink {
     std::optional<std::multimap<absl::Time, Task>::iterator> expire_task;
     bool wait_ready = true;
     google::protobuf::Map<std::string, std::string> env;  // not in records
+    bool env_journaled = false;  // recovered with its env: can be relaunched
     std::vector<std::pair<bool, CreateCallback>> create_waiters;  // replayed?
     std::map<uint64_t, WaitWaiter> wait_waiters;
     std::vector<DeleteCallback> delete_waiters;
@@ -330,13 +331,24 @@ class ControllerImpl final : public SandboxController, public EventSink {
 
 // ---------------------------------------------------------------- journal
 
+namespace {
+// The env a sandbox is armed with stays out of its record (Get/List/Watch
+// never show it) but is journaled beside it, so a create that a restart
+// interrupted can be launched again with it.
+std::string EnvField(const google::protobuf::Map<std::string, std::string>& env) {
+  pb::SandboxSpec holder;
+  *holder.mutable_env() = env;
+  return holder.SerializeAsString();
+}
+}  // namespace
+
 void ControllerImpl::JournalSandbox(const Entry& e) {
   if (!journal_) return;
   JournalRecord r;
   r.type = kSandboxRecord;
   r.key = e.record.id();
   r.fields = {e.record.SerializeAsString(), e.ref.value, e.access_token, e.admin_token,
-              e.spec_hash, e.backend};
+              e.spec_hash, e.backend, EnvField(e.env)};
   if (absl::Status s = journal_->Append(r); !s.ok()) {
     fprintf(stderr, "providerd: journal: %s\n", s.ToString().c_str());
   }
@@ -349,7 +361,7 @@ std::vector<JournalRecord> ControllerImpl::LiveRecords() {
   for (auto& [id, e] : sandboxes_) {
     live.push_back({kSandboxRecord, false, id,
                     {e.record.SerializeAsString(), e.ref.value, e.access_token,
-                     e.admin_token, e.spec_hash, e.backend}});
+                     e.admin_token, e.spec_hash, e.backend, EnvField(e.env)}});
   }
   for (auto& [rid, req] : requests_) {
     live.push_back({kRequestRecord, false, rid,
@@ -446,6 +458,7 @@ absl::Status ControllerImpl::Start() {
   // every owned leftover the journal does not keep.
   std::vector<std::pair<Backend*, BackendRef>> doomed;
   std::set<std::string> doomed_refs;
+  std::vector<std::string> resumed;  // creates to launch again
   {
     absl::MutexLock lock(&mu_);
     journal_ = std::move(*journal);
@@ -459,6 +472,11 @@ absl::Status ControllerImpl::Start() {
         e.admin_token = r.fields[3];
         e.spec_hash = r.fields[4];
         e.backend = r.fields[5];
+        if (r.fields.size() >= 7) {
+          pb::SandboxSpec holder;
+          if (holder.ParseFromString(r.fields[6])) e.env = holder.env();
+          e.env_journaled = true;
+        }
         sandboxes_[r.key] = std::move(e);
       } else if (r.type == kRequestRecord && r.fields.size() >= 3) {
         RequestEntry req{r.fields[0], r.fields[1],
@@ -474,6 +492,31 @@ absl::Status ControllerImpl::Start() {
     }
     for (auto& [id, e] : sandboxes_) {
       pb::SandboxStatus* st = e.record.mutable_status();
+      if (Live(st->phase()) && !st->has_ready_time() &&
+          st->phase() != pb::SandboxStatus::TERMINATING && e.env_journaled &&
+          backends_.count(e.backend) && FromProto(st->expire_time()) > now) {
+        // A create the restart interrupted goes on: what was launched died
+        // with us, so launch it again (a new attempt, same id and tokens).
+        // Its request id then answers READY, not a lost sandbox.
+        if (!e.ref.value.empty() && doomed_refs.insert(e.ref.value).second) {
+          doomed.emplace_back(backends_.at(e.backend).get(), e.ref);
+        }
+        e.ref = BackendRef{};
+        st->clear_endpoint();
+        st->clear_backend_ref();
+        st->set_phase(pb::SandboxStatus::PENDING);
+        st->set_launch(pb::SandboxStatus::COLD);
+        e.record.set_uid(RandomId("", 26));
+        e.expire = FromProto(st->expire_time());
+        e.ready_deadline = now + options_.default_ready_timeout;
+        e.started = now;
+        e.wait_ready = true;
+        ScheduleExpire(e);
+        Publish(e, pb::SandboxEvent::MODIFIED);
+        resumed.push_back(id);
+        counters_["creates_resumed"]++;
+        continue;
+      }
       if (Live(st->phase())) {
         pb::Exit* exit = st->mutable_exit();
         exit->set_reason(pb::Exit::BACKEND_LOST);
@@ -538,6 +581,9 @@ absl::Status ControllerImpl::Start() {
     absl::MutexLock lock(&mu_);
     started_ = true;
     for (auto& [name, pool] : pools_) Replenish(pool);
+  }
+  for (const std::string& id : resumed) {
+    SubmitLaunch([this, id] { RunLaunch(id); });
   }
   reaper_ = std::thread([this] { ReaperLoop(); });
   return absl::OkStatus();
@@ -891,8 +937,8 @@ void ControllerImpl::CreateSandbox(const pb::CreateSandboxRequest& request,
           Schedule(req.expiry, Task{TaskKind::kRequestExpiry, request_id});
           ScheduleExpire(entry);
           Publish(entry, pb::SandboxEvent::ADDED);
-          JournalSandbox(entry);
           entry.env = spec.env();
+          JournalSandbox(entry);
           if (entry.wait_ready) {
             entry.create_waiters.emplace_back(false, std::move(done));
           } else {

@@ -1,5 +1,7 @@
 #include "providers/core/controller.h"
 
+#include <fstream>
+#include <iterator>
 #include <stdlib.h>
 
 #include <atomic>
@@ -842,6 +844,63 @@ TEST_CASE("Controller: a restart replays the journal: records, request ids and p
   REQUIRE_OK_AND_ASSIGN(pb::Sandbox again, third.controller->GetSandbox(live.sandbox.id()));
   CHECK(again.status().exit().reason() == pb::Exit::BACKEND_LOST);
   CHECK(third.controller->Metrics().counters["backend_lost"] == 0);
+}
+
+TEST_CASE("Controller: a create a restart interrupted goes on: its request id answers READY "
+          "(replayed, same id and token, armed with its env), not a lost sandbox",
+          "[controller][restart]") {
+  Harness h;
+  FakeConfig slow;
+  slow.ready_after = absl::Seconds(30);  // never ready before the "kill"
+  h.world->set_config(slow);
+  h.Start();
+  pb::CreateSandboxRequest req = Req("interrupted");
+  (*req.mutable_spec()->mutable_env())["MODE"] = "eval";
+  req.set_wait(pb::CreateSandboxRequest::RETURN_PENDING);
+  REQUIRE_OK_AND_ASSIGN(CreateResult first, CreateSync(*h.controller, req));
+  REQUIRE(Eventually([&] {
+    auto sb = h.controller->GetSandbox(first.sandbox.id());
+    return sb.ok() && !sb->status().backend_ref().empty();
+  }));
+  std::string old_ref = h.controller->GetSandbox(first.sandbox.id())->status().backend_ref();
+  // kill -9: the journal stays as it is now (a graceful Shutdown would
+  // record the start as ended), and what was launched is left behind.
+  const std::string journal = h.options.state_dir + "/journal";
+  std::string saved;
+  {
+    std::ifstream in(journal, std::ios::binary);
+    saved.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  h.controller->Shutdown(false);
+  h.controller.reset();
+  {
+    std::ofstream out(journal, std::ios::binary | std::ios::trunc);
+    out << saved;
+  }
+
+  h.world->set_config(FakeConfig{});
+  Harness second(h);
+  second.Start();
+  req.set_wait(pb::CreateSandboxRequest::WAIT_READY);
+  REQUIRE_OK_AND_ASSIGN(CreateResult replay, CreateSync(*second.controller, req));
+  CHECK(replay.replayed);
+  CHECK(replay.sandbox.id() == first.sandbox.id());
+  CHECK(replay.access_token == first.access_token);
+  CHECK(replay.sandbox.status().phase() == pb::SandboxStatus::READY);
+  CHECK(replay.sandbox.status().backend_ref() != old_ref);
+  CHECK(replay.sandbox.spec().env().empty());  // env never shows in records
+  bool armed_with_env = false;
+  for (const ActivateParams& p : h.agent->all()) {
+    if (p.sandbox_id == first.sandbox.id() && p.env.count("MODE") &&
+        p.env.at("MODE") == "eval" && p.token == first.access_token) {
+      armed_with_env = true;
+    }
+  }
+  CHECK(armed_with_env);
+  auto destroyed = h.world->destroyed();
+  CHECK(std::count(destroyed.begin(), destroyed.end(), old_ref) == 1);
+  CHECK(second.controller->Metrics().counters["creates_resumed"] == 1);
+  CHECK(second.controller->Metrics().counters["backend_lost"] == 0);
 }
 
 pb::WarmPool PoolOf(const std::string& name, int min_ready, int max_total) {
