@@ -327,6 +327,26 @@ async def test_sandboxes_of_another_process_can_be_reached_and_deleted(environme
 
 
 @pytest.mark.asyncio
+async def test_a_deleted_sandbox_is_unknown_as_before(environment, fake, bundle, monkeypatch):
+    # The service keeps a deleted sandbox's record for a while; LocalProvider
+    # answers as the in-process provider did: KeyError for get and delete.
+    monkeypatch.setenv("AGENTIX_PROVIDER_URL", fake.url)
+    async with LocalProvider() as provider:
+        sandbox = await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+        await provider.delete(sandbox.sandbox_id)
+        for call in (provider.get, provider.delete):
+            with pytest.raises(KeyError, match=f"no sandbox '{sandbox.sandbox_id}'.*it was deleted"):
+                await call(sandbox.sandbox_id)
+        assert [m for m, _ in fake.calls].count("DeleteSandbox") == 1  # the second delete asked nothing to go
+        # A sandbox that ended otherwise is still reported, and deleted without error.
+        other = await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+        fake.records[other.sandbox_id].status.phase = pb.SandboxStatus.TERMINATED
+        fake.records[other.sandbox_id].status.exit.reason = pb.Exit.TTL_EXPIRED
+        assert (await provider.get(other.sandbox_id)).status == "terminated (ttl_expired)"
+        await provider.delete(other.sandbox_id)
+
+
+@pytest.mark.asyncio
 async def test_ttl_is_renewed_while_the_provider_is_open(environment, fake, bundle, monkeypatch):
     monkeypatch.setenv("AGENTIX_PROVIDER_URL", fake.url)
     provider = LocalProvider(ttl=3)
