@@ -383,7 +383,10 @@ def providerd():
     service = Providerd(base)
     (base / "x").mkdir(mode=0o700)
     wrapper = base / "agentix-providerd"
-    wrapper.write_text(f'#!/bin/sh\nexec {PROVIDERD} "$@" --state-dir={service.state}\n')
+    # A checkout under /tmp is bound into the sandboxes by the service (a
+    # server-level setting, so LocalProvider itself keeps its defaults).
+    binds = " ".join(f"--local-extra-bwrap-arg={arg}" for arg in _repo_binds())
+    wrapper.write_text(f'#!/bin/sh\nexec {PROVIDERD} "$@" --state-dir={service.state} {binds}\n')
     wrapper.chmod(0o755)
     saved = {name: os.environ.get(name) for name in
              ("XDG_RUNTIME_DIR", "AGENTIX_PROVIDERD", "AGENTIX_PROVIDER_URL", "AGENTIX_PROVIDER_TOKEN")}
@@ -432,9 +435,9 @@ def make_provider(providerd, dirs, **settings):
     """A LocalProvider with the defaults users get (it finds, or starts, the
     module's providerd); `settings` are per-sandbox ones (no private providerd)."""
     _, cache_dir = dirs
-    if _repo_binds():
-        settings.setdefault("extra_bwrap_args", _repo_binds())  # a private providerd then
-    return LocalProvider(LocalProviderConfig(cache_dir=str(cache_dir), **settings))
+    provider = LocalProvider(LocalProviderConfig(cache_dir=str(cache_dir), **settings))
+    assert provider._server_flags == [], "a server-level setting would start a private providerd"
+    return provider
 
 
 def make_inprocess_provider(dirs, **settings):

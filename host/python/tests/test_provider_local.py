@@ -63,6 +63,7 @@ async def fake(short_dir):
     service.socket = short_dir / "p.sock"
     service.url = f"unix://{service.socket}"
     server = await serve_provider(service, service.socket)
+    service.server = server
     yield service
     await server.stop(None)
 
@@ -195,6 +196,42 @@ async def test_starts_the_default_providerd_once_when_none_answers(environment, 
     await first.aclose()
     await second.aclose()
     await servers[0][1].stop(None)
+
+
+@pytest.mark.asyncio
+async def test_a_per_user_providerd_that_died_is_started_again(environment, bundle, monkeypatch):
+    loop = asyncio.get_running_loop()
+    servers = []
+
+    def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
+        socket.unlink(missing_ok=True)
+        service = FakeProviderService()
+        servers.append((service, asyncio.run_coroutine_threadsafe(serve_provider(service, socket), loop).result()))
+
+    monkeypatch.setattr(local_module, "spawn_providerd", fake_spawn)
+    async with LocalProvider() as provider:
+        first = await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+        await servers[0][1].stop(None)  # providerd died: nothing listens on the socket
+        second = await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+        assert len(servers) == 2 and len(_creates(servers[1][0])) == 1
+        assert provider.url == f"unix://{default_socket()}"
+        assert first.sandbox_id in servers[0][0].records and second.sandbox_id in servers[1][0].records
+        assert (await provider.get(second.sandbox_id)).status == "running"
+    assert servers[1][0].records[second.sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
+    await servers[1][1].stop(None)
+
+
+@pytest.mark.asyncio
+async def test_a_named_service_that_died_is_not_restarted_and_aclose_does_not_raise(
+    environment, fake, bundle, monkeypatch, no_spawn
+):
+    monkeypatch.setenv("AGENTIX_PROVIDER_URL", fake.url)
+    provider = LocalProvider()
+    sandbox = await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+    await fake.server.stop(None)
+    with pytest.raises(ConnectionError, match="is agentix-providerd running"):
+        await provider.get(sandbox.sandbox_id)
+    await provider.aclose()  # logged, not raised
 
 
 @pytest.mark.asyncio
