@@ -476,6 +476,33 @@ async def _backend_ref(provider, sandbox_id):
         return (await client.describe(sandbox_id)).status.backend_ref
 
 
+def _in_cgroups_of(sandbox_id):
+    """(pid, controller) of every process in a cgroup of the sandbox, and the
+    sandbox's cgroup directories that exist (found from the process table:
+    what the local backend makes is <controller root>/<providerd's own>/agentix/<id>)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                text = Path(f"/proc/{entry}/cgroup").read_text()
+            except OSError:
+                continue
+            found += [(int(entry), line) for line in text.splitlines() if line.endswith(f"/agentix/{sandbox_id}")]
+    dirs = [path for path in Path("/sys/fs/cgroup").glob(f"*/**/agentix/{sandbox_id}")]
+    return found, dirs
+
+
+def _failed_sandbox_left_nothing(providerd, error, before):
+    """The sandbox a failed create names (its message says "sandbox <id>")
+    has no directory, no cgroup and no process left."""
+    import re
+
+    sandbox_id = re.search(r"sandbox (sbx-[a-z0-9]+)", str(error.value)).group(1)
+    assert providerd.entries() == before
+    assert not providerd.sandbox_dir(sandbox_id).exists()
+    assert _in_cgroups_of(sandbox_id) == ([], [])
+
+
 def _wait_until(predicate, timeout, what):
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -674,9 +701,9 @@ async def test_entry_point_that_drops_the_token_fails_closed(dirs, tmp_path, pro
     )
     provider = make_provider(providerd, dirs)
     before = providerd.entries()
-    with pytest.raises(RuntimeError, match="answers without a token"):
+    with pytest.raises(RuntimeError, match="answers without a token") as error:
         await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
-    assert providerd.entries() == before
+    _failed_sandbox_left_nothing(providerd, error, before)
     await provider.aclose()
 
 
@@ -725,6 +752,8 @@ async def test_delete_leaves_nothing(dev_bundle, dirs, providerd):
     assert len(tree) >= 4  # bwrap, the namespace's init, sandboxd, the worker
     cgroups = providerd.cgroups(sandbox.sandbox_id)
     assert set(cgroups) >= {"memory", "pids"} and all(path.is_dir() for path in cgroups.values())
+    members, found_dirs = _in_cgroups_of(sandbox.sandbox_id)
+    assert {pid for pid, _ in members} >= set(tree[1:]) and sorted(found_dirs) == sorted(cgroups.values())
     await sandbox.aclose()
 
     started = time.monotonic()
@@ -733,6 +762,7 @@ async def test_delete_leaves_nothing(dev_bundle, dirs, providerd):
     assert [pid for pid in tree if _alive(pid)] == []
     assert not host_dir.exists()
     assert [path for path in cgroups.values() if path.exists()] == []
+    assert _in_cgroups_of(sandbox.sandbox_id) == ([], [])
     with pytest.raises(KeyError):
         await provider.delete(sandbox.sandbox_id)
     await provider.aclose()
@@ -788,10 +818,10 @@ async def test_failing_bootstrap_reports_its_output(dirs, providerd):
         provider = make_provider(providerd, dirs)
         before = providerd.entries()
         started = time.monotonic()
-        with pytest.raises(RuntimeError, match=r"exited with code 3[\s\S]*no daemon here: broken bundle"):
+        with pytest.raises(RuntimeError, match=r"exited with code 3[\s\S]*no daemon here: broken bundle") as error:
             await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
         assert time.monotonic() - started < 10
-        assert providerd.entries() == before
+        _failed_sandbox_left_nothing(providerd, error, before)
         await provider.aclose()
     finally:
         shutil.rmtree(bundle)
@@ -803,10 +833,10 @@ async def test_silent_bootstrap_times_out_and_is_killed(dirs, providerd):
         provider = make_provider(providerd, dirs, ready_timeout=1.0, stop_grace=0.5)
         before = providerd.entries()
         started = time.monotonic()
-        with pytest.raises(TimeoutError, match="waiting forever"):
+        with pytest.raises(TimeoutError, match="waiting forever") as error:
             await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
         assert time.monotonic() - started < 10
-        assert providerd.entries() == before
+        _failed_sandbox_left_nothing(providerd, error, before)  # `sleep 600` killed with it
         await provider.aclose()
     finally:
         shutil.rmtree(bundle)
@@ -1031,10 +1061,10 @@ async def test_a_symlink_in_place_of_the_socket_is_not_trusted(dirs, tmp_path, p
     try:
         provider = make_provider(providerd, dirs, ready_timeout=1.5, stop_grace=0.2)
         before = providerd.entries()
-        with pytest.raises(TimeoutError, match="agentix.sock is not a socket but a symlink \\(not trusted\\)"):
+        with pytest.raises(TimeoutError, match="agentix.sock is not a socket but a symlink \\(not trusted\\)") as error:
             await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
         assert reached == []
-        assert providerd.entries() == before
+        _failed_sandbox_left_nothing(providerd, error, before)
         await provider.aclose()
     finally:
         await decoy.stop(None)
