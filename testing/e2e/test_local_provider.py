@@ -476,10 +476,18 @@ async def _backend_ref(provider, sandbox_id):
         return (await client.describe(sandbox_id)).status.backend_ref
 
 
-def _in_cgroups_of(sandbox_id):
-    """(pid, controller) of every process in a cgroup of the sandbox, and the
-    sandbox's cgroup directories that exist (found from the process table:
-    what the local backend makes is <controller root>/<providerd's own>/agentix/<id>)."""
+def _in_cgroups_of(providerd, sandbox_id):
+    """(pid, cgroup line) of every process in a cgroup of the sandbox, and the
+    sandbox's cgroup directories that exist: what the local backend makes is
+    /sys/fs/cgroup/<controller>/<providerd's own cgroup>/agentix/<id>."""
+    [pid] = providerd.pids()
+    dirs = []
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, own = line.split(":", 2)
+        for controller in set(controllers.split(",")) & {"memory", "pids", "cpu"}:
+            path = Path("/sys/fs/cgroup", controller, own.lstrip("/"), "agentix", sandbox_id)
+            if path.exists():
+                dirs.append(path)
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -488,7 +496,6 @@ def _in_cgroups_of(sandbox_id):
             except OSError:
                 continue
             found += [(int(entry), line) for line in text.splitlines() if line.endswith(f"/agentix/{sandbox_id}")]
-    dirs = [path for path in Path("/sys/fs/cgroup").glob(f"*/**/agentix/{sandbox_id}")]
     return found, dirs
 
 
@@ -500,7 +507,7 @@ def _failed_sandbox_left_nothing(providerd, error, before):
     sandbox_id = re.search(r"sandbox (sbx-[a-z0-9]+)", str(error.value)).group(1)
     assert providerd.entries() == before
     assert not providerd.sandbox_dir(sandbox_id).exists()
-    assert _in_cgroups_of(sandbox_id) == ([], [])
+    assert _in_cgroups_of(providerd, sandbox_id) == ([], [])
 
 
 def _wait_until(predicate, timeout, what):
@@ -752,7 +759,7 @@ async def test_delete_leaves_nothing(dev_bundle, dirs, providerd):
     assert len(tree) >= 4  # bwrap, the namespace's init, sandboxd, the worker
     cgroups = providerd.cgroups(sandbox.sandbox_id)
     assert set(cgroups) >= {"memory", "pids"} and all(path.is_dir() for path in cgroups.values())
-    members, found_dirs = _in_cgroups_of(sandbox.sandbox_id)
+    members, found_dirs = _in_cgroups_of(providerd, sandbox.sandbox_id)
     assert {pid for pid, _ in members} >= set(tree[1:]) and sorted(found_dirs) == sorted(cgroups.values())
     await sandbox.aclose()
 
@@ -762,7 +769,7 @@ async def test_delete_leaves_nothing(dev_bundle, dirs, providerd):
     assert [pid for pid in tree if _alive(pid)] == []
     assert not host_dir.exists()
     assert [path for path in cgroups.values() if path.exists()] == []
-    assert _in_cgroups_of(sandbox.sandbox_id) == ([], [])
+    assert _in_cgroups_of(providerd, sandbox.sandbox_id) == ([], [])
     with pytest.raises(KeyError):
         await provider.delete(sandbox.sandbox_id)
     await provider.aclose()
@@ -1089,7 +1096,7 @@ async def test_a_killed_host_process_leaks_its_sandboxes_for_at_most_their_ttl(d
     """local.py: sandboxes belong to the service; one whose host process died
     without deleting it lives (reachable, for another process to use or
     delete) until its TTL, then providerd removes everything it had."""
-    ttl = 4.0
+    ttl = 8.0  # room for the checks below on a loaded machine
     crashed = await asyncio.to_thread(
         subprocess.run, [sys.executable, "-c", _CRASHING_HOST, str(dirs[1]), str(dev_bundle), str(ttl)],
         capture_output=True, text=True, timeout=60,
@@ -1112,7 +1119,7 @@ async def test_a_killed_host_process_leaks_its_sandboxes_for_at_most_their_ttl(d
         await asyncio.to_thread(
             _wait_until, lambda: not providerd.sandbox_dir(sandbox_id).exists(), ttl + 15, "sandbox outlived its TTL"
         )
-        assert time.monotonic() - died >= ttl - 1.5  # not before it
+        assert time.monotonic() - died >= ttl - 3  # not before it
         record = await client.describe(sandbox_id)
         assert record.status.exit.reason == record.status.exit.TTL_EXPIRED
     assert [pid for pid in tree if _alive(pid)] == []
