@@ -421,8 +421,9 @@ class LocalProvider(SandboxProvider):
             if self._server_flags:
                 url = await self._start_private()
             else:
-                url = os.environ.get(URL_ENV) or await ensure_default_providerd()
-                self._per_user = not os.environ.get(URL_ENV)
+                named = os.environ.get(URL_ENV)
+                url = named or await ensure_default_providerd()
+                self._per_user = not named
             self._service = ServiceProvider(url)
         return self._service
 
