@@ -158,7 +158,10 @@ async def test_local_provider_starts_the_per_user_providerd_which_outlives_it(us
             record = await ServiceProvider(provider.url).describe(sandbox.sandbox_id)
             assert record.spec.resources.memory_bytes == 256 << 20
             assert record.spec.bundle.path == str(bundle.resolve())
-        assert (await provider.get(sandbox.sandbox_id)).status == "terminated (deleted)"
+        # The service keeps the record; LocalProvider, as before, knows no deleted sandbox.
+        assert (await ServiceProvider(provider.url).get(sandbox.sandbox_id)).status == "terminated (deleted)"
+        with pytest.raises(KeyError, match="it was deleted"):
+            await provider.get(sandbox.sandbox_id)
     (pid,) = _providerds(str(user_env))
     assert _ppid(pid) != os.getpid()  # detached: not this process's child
     assert (user_env / "xdg" / "agentix" / "providerd.log").is_file()
@@ -239,7 +242,9 @@ async def test_the_cli_lists_and_deletes(user_env, bundle):
         removed = subprocess.run([*cli, "sandbox", "rm", sandbox.sandbox_id], env=env, capture_output=True,
                                  text=True, timeout=60)
         assert (removed.returncode, removed.stdout) == (0, f"deleted {sandbox.sandbox_id}\n")
-        assert (await local.get(sandbox.sandbox_id)).status == "terminated (deleted)"
+        assert (await ServiceProvider(local.url).get(sandbox.sandbox_id)).status == "terminated (deleted)"
+        with pytest.raises(KeyError, match="it was deleted"):
+            await local.delete(sandbox.sandbox_id)
         missing = subprocess.run([*cli, "sandbox", "get", "sbx-nope"], env=env, capture_output=True, text=True,
                                  timeout=60)
         assert missing.returncode == 1 and "SANDBOX_NOT_FOUND (NOT_FOUND)" in missing.stderr

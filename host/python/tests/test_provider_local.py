@@ -63,6 +63,7 @@ async def fake(short_dir):
     service.socket = short_dir / "p.sock"
     service.url = f"unix://{service.socket}"
     server = await serve_provider(service, service.socket)
+    service.server = server
     yield service
     await server.stop(None)
 
@@ -198,6 +199,42 @@ async def test_starts_the_default_providerd_once_when_none_answers(environment, 
 
 
 @pytest.mark.asyncio
+async def test_a_per_user_providerd_that_died_is_started_again(environment, bundle, monkeypatch):
+    loop = asyncio.get_running_loop()
+    servers = []
+
+    def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
+        socket.unlink(missing_ok=True)
+        service = FakeProviderService()
+        servers.append((service, asyncio.run_coroutine_threadsafe(serve_provider(service, socket), loop).result()))
+
+    monkeypatch.setattr(local_module, "spawn_providerd", fake_spawn)
+    async with LocalProvider() as provider:
+        first = await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+        await servers[0][1].stop(None)  # providerd died: nothing listens on the socket
+        second = await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+        assert len(servers) == 2 and len(_creates(servers[1][0])) == 1
+        assert provider.url == f"unix://{default_socket()}"
+        assert first.sandbox_id in servers[0][0].records and second.sandbox_id in servers[1][0].records
+        assert (await provider.get(second.sandbox_id)).status == "running"
+    assert servers[1][0].records[second.sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
+    await servers[1][1].stop(None)
+
+
+@pytest.mark.asyncio
+async def test_a_named_service_that_died_is_not_restarted_and_aclose_does_not_raise(
+    environment, fake, bundle, monkeypatch, no_spawn
+):
+    monkeypatch.setenv("AGENTIX_PROVIDER_URL", fake.url)
+    provider = LocalProvider()
+    sandbox = await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+    await fake.server.stop(None)
+    with pytest.raises(ConnectionError, match="is agentix-providerd running"):
+        await provider.get(sandbox.sandbox_id)
+    await provider.aclose()  # logged, not raised
+
+
+@pytest.mark.asyncio
 async def test_a_providerd_started_while_waiting_for_the_lock_is_used(environment, monkeypatch):
     """Both callers find nobody before the lock; the second, once it has the
     lock, must find the first one's providerd and not start another (without
@@ -324,6 +361,26 @@ async def test_sandboxes_of_another_process_can_be_reached_and_deleted(environme
         assert (await mine.get(sandbox.sandbox_id)).runtime_url == sandbox.runtime_url
         await mine.delete(sandbox.sandbox_id)
         assert fake.records[sandbox.sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
+
+
+@pytest.mark.asyncio
+async def test_a_deleted_sandbox_is_unknown_as_before(environment, fake, bundle, monkeypatch):
+    # The service keeps a deleted sandbox's record for a while; LocalProvider
+    # answers as the in-process provider did: KeyError for get and delete.
+    monkeypatch.setenv("AGENTIX_PROVIDER_URL", fake.url)
+    async with LocalProvider() as provider:
+        sandbox = await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+        await provider.delete(sandbox.sandbox_id)
+        for call in (provider.get, provider.delete):
+            with pytest.raises(KeyError, match=f"no sandbox '{sandbox.sandbox_id}'.*it was deleted"):
+                await call(sandbox.sandbox_id)
+        assert [m for m, _ in fake.calls].count("DeleteSandbox") == 1  # the second delete asked nothing to go
+        # A sandbox that ended otherwise is still reported, and deleted without error.
+        other = await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
+        fake.records[other.sandbox_id].status.phase = pb.SandboxStatus.TERMINATED
+        fake.records[other.sandbox_id].status.exit.reason = pb.Exit.TTL_EXPIRED
+        assert (await provider.get(other.sandbox_id)).status == "terminated (ttl_expired)"
+        await provider.delete(other.sandbox_id)
 
 
 @pytest.mark.asyncio

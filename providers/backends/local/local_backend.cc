@@ -1058,9 +1058,16 @@ absl::StatusOr<pb::Endpoint> LocalBackend::ResolveEndpoint(const BackendRef& ref
   // would send providerd to some other socket on the host.
   const std::string socket = run + "/agentix.sock";
   struct stat st;
-  if (::lstat(socket.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
+  if (::lstat(socket.c_str(), &st) != 0) {
     return absl::UnavailableError(absl::StrCat("sandbox ", sandbox->record.id,
                                                ": its daemon's socket is not there yet"));
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    // Still UNAVAILABLE: the daemon may yet replace it; until then the
+    // start waits and times out with this as its last word.
+    return absl::UnavailableError(absl::StrCat(
+        "sandbox ", sandbox->record.id, ": ", kSandboxRunDir, "/agentix.sock is not a socket but ",
+        S_ISLNK(st.st_mode) ? "a symlink" : "another kind of file", " (not trusted)"));
   }
   pb::Endpoint endpoint;
   endpoint.set_target("unix://" + socket);

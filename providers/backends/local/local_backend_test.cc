@@ -403,7 +403,10 @@ TEST_CASE("a symlink planted as the socket is never an endpoint") {
   REQUIRE_OK_AND_ASSIGN(BackendRef ref, f.backend->Launch(f.Spec("plant", bundle), absl::Now() + absl::Seconds(10)));
   REQUIRE(absl::StrContains(WaitLog(*f.backend, ref, "planted"), "planted"));
   for (int i = 0; i < 20; ++i) {
-    CHECK(f.backend->ResolveEndpoint(ref).status().code() == absl::StatusCode::kUnavailable);
+    absl::Status status = f.backend->ResolveEndpoint(ref).status();
+    CHECK(status.code() == absl::StatusCode::kUnavailable);
+    // The start's last word says why (it ends READY_TIMEOUT with it).
+    CHECK(absl::StrContains(status.message(), "agentix.sock is not a socket but a symlink (not trusted)"));
     absl::SleepFor(absl::Milliseconds(5));
   }
   REQUIRE_OK(f.backend->Destroy(ref, absl::Milliseconds(100)));

@@ -19,6 +19,13 @@ teardown docs/PROVIDERS.md describes. Which providerd:
    ``seccomp``, ``require_limits``, ``cgroup_root``, ``cgroup_parent``,
    ``extra_bwrap_args``, ``pids_max=None``).
 
+When the per-user providerd it started (or found) stops answering (it was
+killed, say), `LocalProvider` starts it again on its next call, and that
+call goes to the new one. A providerd that starts on the state directory of
+one that died destroys what the dead one left (directories, cgroups), so the
+sandboxes of a killed providerd (whose processes died with it) leave
+nothing behind after its restart; they are not restored.
+
 The binary is ``$AGENTIX_PROVIDERD``, else ``agentix-providerd`` beside the
 package (``agentix/bin/``), on ``PATH``, or in a Bazel output tree
 (``$AGENTIX_BAZEL_BIN``, or the ``bazel-bin`` of the repository holding this
@@ -53,9 +60,10 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import MISSING
 from pathlib import Path
+from typing import Any, TypeVar
 
 from agentix.provider._local_inprocess import (
     InProcessLocalProvider,
@@ -73,12 +81,13 @@ from agentix.provider.base import (
     SandboxProvider,
     SandboxResource,
 )
-from agentix.provider.errors import ProviderError
+from agentix.provider.errors import NotFound, ProviderError, ProviderUnavailable
 from agentix.provider.service import URL_ENV, ServiceProvider, spec_from_config
 
 __all__ = ["LocalProvider", "LocalProviderConfig", "default_socket", "find_providerd", "parse_memory"]
 
 _log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PROVIDERD_ENV = "AGENTIX_PROVIDERD"
 _BINARY = "agentix-providerd"
@@ -358,6 +367,7 @@ class LocalProvider(SandboxProvider):
         self._owned: set[str] = set()
         self._renewer: asyncio.Task[None] | None = None
         self._pids_enforceable: bool | None = None
+        self._per_user = False  # the service is the per-user providerd this class starts
 
     @property
     def url(self) -> str | None:
@@ -384,6 +394,12 @@ class LocalProvider(SandboxProvider):
                     await self.delete(SandboxId(sandbox_id))
                 except KeyError:
                     self._owned.discard(sandbox_id)
+                except ProviderUnavailable as error:
+                    # No providerd to ask: its sandboxes are destroyed when one
+                    # starts again on its state directory, or end by their TTL.
+                    _log.warning("could not delete sandbox %s: %s", sandbox_id, error.describe())
+                    self._owned.clear()
+                    break
         finally:
             service, self._service = self._service, None
             if service is not None:
@@ -405,9 +421,35 @@ class LocalProvider(SandboxProvider):
             if self._server_flags:
                 url = await self._start_private()
             else:
-                url = os.environ.get(URL_ENV) or await ensure_default_providerd()
+                named = os.environ.get(URL_ENV)
+                url = named or await ensure_default_providerd()
+                self._per_user = not named
             self._service = ServiceProvider(url)
         return self._service
+
+    async def _reconnect(self, broken: ServiceProvider, error: ProviderUnavailable) -> ServiceProvider:
+        """After `broken` answered UNAVAILABLE without a reason (nothing
+        listens): the per-user providerd died, so it is started again (which
+        destroys the dead one's leftovers) and used; any other service's
+        error is raised."""
+        if not self._per_user or error.reason:
+            raise error
+        _log.warning("the per-user agentix-providerd at %s stopped answering; starting it again", broken.address)
+        async with self._starting or asyncio.Lock():
+            if self._service is broken:
+                self._service = None
+                await broken.aclose()
+        return await self._connect()
+
+    async def _call(self, operation: Callable[[ServiceProvider], Awaitable[T]]) -> T:
+        """`operation` on the service, once more on a restarted per-user
+        providerd if the first attempt found none listening (`_reconnect`)."""
+        service = await self._connect()
+        try:
+            return await operation(service)
+        except ProviderUnavailable as error:
+            service = await self._reconnect(service, error)
+        return await operation(service)
 
     async def _start_private(self) -> str:
         # Short: providerd's state directory holds the sandboxes' sockets
@@ -445,9 +487,11 @@ class LocalProvider(SandboxProvider):
             )
         nix_dir = await asyncio.to_thread(self._files._bundle_nix_dir, config.bundle)
         root = await asyncio.to_thread(self._files._root_dir, config.image)
-        service = await self._connect()
-        spec = await self._spec(service, config, nix_dir, root)
-        sandbox = await service.create(None, spec=spec, ready_timeout=self.config.ready_timeout)
+        async def create(service: ServiceProvider) -> Sandbox:
+            spec = await self._spec(service, config, nix_dir, root)
+            return await service.create(None, spec=spec, ready_timeout=self.config.ready_timeout)
+
+        sandbox = await self._call(create)
         self._owned.add(sandbox.sandbox_id)
         self._renew()
         return sandbox
@@ -506,20 +550,43 @@ class LocalProvider(SandboxProvider):
 
     async def get(self, sandbox_id: SandboxId) -> SandboxInfo:
         """Where the sandbox listens and its status (any sandbox of the
-        service, not only this provider's); `KeyError` for an unknown id."""
-        return await (await self._connect()).get(sandbox_id)
+        service, not only this provider's); `KeyError` for an unknown id,
+        and for a deleted one (as before: the service keeps its record for a
+        while, but a deleted sandbox is gone)."""
+        async def get(service: ServiceProvider) -> SandboxInfo:
+            record = await service.describe(sandbox_id)
+            self._raise_if_deleted(service, record)
+            return service.info(record)
+
+        return await self._call(get)
 
     async def delete(self, sandbox_id: SandboxId) -> None:
         """Deletes the sandbox (stopping it with ``stop_grace``) and returns
-        once everything it had is removed; `KeyError` for an unknown id."""
-        service = await self._connect()
-        try:
+        once everything it had is removed; `KeyError` for an unknown id and
+        for one already deleted (as before). A sandbox that ended by itself
+        (or by its TTL) is deleted without error."""
+        async def delete(service: ServiceProvider) -> None:
+            self._raise_if_deleted(service, await service.describe(sandbox_id))
             await asyncio.shield(service.delete(sandbox_id, grace=self.config.stop_grace))
+
+        try:
+            await self._call(delete)
         finally:
             self._owned.discard(sandbox_id)
             if not self._owned and self._renewer is not None:
                 self._renewer.cancel()  # nothing left to renew
                 self._renewer = None
+
+    @staticmethod
+    def _raise_if_deleted(service: ServiceProvider, record: Any) -> None:
+        from agentix.provider.v1 import provider_pb2 as pb
+
+        status = record.status
+        if status.phase == pb.SandboxStatus.TERMINATED and status.exit.reason == pb.Exit.DELETED:
+            raise NotFound(
+                f"no sandbox {record.id!r} on the provider service at {service.address}: it was deleted",
+                code="NOT_FOUND", reason="SANDBOX_NOT_FOUND",
+            )
 
     def prune(self) -> list[str]:
         """Kept for compatibility: the provider service removes the leftovers

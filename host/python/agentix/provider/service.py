@@ -480,7 +480,11 @@ class ServiceProvider(SandboxProvider):
     async def get(self, sandbox_id: SandboxId) -> SandboxInfo:
         """Where the sandbox listens and its status (``"running"`` when READY).
         `KeyError` (`NotFound`) for an id the service does not know."""
-        record = await self.describe(sandbox_id)
+        return self.info(await self.describe(sandbox_id))
+
+    @staticmethod
+    def info(record: pb.Sandbox) -> SandboxInfo:
+        """The `SandboxInfo` of a service record (as `get` returns it)."""
         return SandboxInfo(
             sandbox_id=SandboxId(record.id), runtime_url=runtime_url(record.status.endpoint),
             status=_status_text(record),
