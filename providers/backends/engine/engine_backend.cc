@@ -111,6 +111,32 @@ Observed ObservedFrom(const json& inspect) {
   return observed;
 }
 
+// Whether the kernel log (/dev/kmsg, readable by root) holds an OOM kill
+// whose memory cgroup names `container_id` (docker: /docker/<id>, podman:
+// /libpod_parent/libpod-<id>). Reads the ring without blocking.
+bool KernelLoggedOomKill(const std::string& container_id) {
+  if (container_id.size() < 12) return false;
+  int fd = ::open("/dev/kmsg", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  bool found = false;
+  char record[8192];
+  while (!found) {
+    ssize_t n = ::read(fd, record, sizeof(record));
+    if (n < 0 && errno == EPIPE) continue;  // a record was overwritten meanwhile
+    if (n <= 0) break;                       // EAGAIN: the end of the ring
+    absl::string_view line(record, static_cast<size_t>(n));
+    size_t memcg = line.find("oom_memcg=");
+    if (line.find("oom-kill:") == absl::string_view::npos || memcg == absl::string_view::npos) {
+      continue;
+    }
+    absl::string_view path = line.substr(memcg);
+    path = path.substr(0, path.find(','));
+    found = path.find(container_id) != absl::string_view::npos;
+  }
+  ::close(fd);
+  return found;
+}
+
 // Splits a stream of newline-separated JSON documents (GET /events).
 class LineSplitter {
  public:
@@ -145,21 +171,7 @@ class EngineBackend final : public Backend {
 
   absl::Status Validate(const LaunchSpec& spec) const override {
     AGX_RETURN_IF_ERROR(ValidateStatic(spec, options_, nofile_hard_limit_));
-    AGX_ASSIGN_OR_RETURN(pb::BackendCapabilities caps, ProbeEngine());
-    const pb::Resources& r = spec.spec.resources();
-    if (r.gpus() > 0 && !caps.gpu()) {
-      return NotEnforceable(absl::StrCat(options_.name,
-                                         ": no GPU here (the engine has no nvidia runtime)"));
-    }
-    if (r.memory_bytes() > 0 && !caps.memory_limit()) {
-      return NotEnforceable(absl::StrCat(options_.name, ": the engine cannot limit memory"));
-    }
-    if (r.cpu_millis() > 0 && !caps.cpu_limit()) {
-      return NotEnforceable(absl::StrCat(options_.name, ": the engine cannot limit cpu"));
-    }
-    if (r.pids() > 0 && !caps.pids_limit()) {
-      return NotEnforceable(absl::StrCat(options_.name, ": the engine cannot limit pids"));
-    }
+    AGX_RETURN_IF_ERROR(CheckCapabilities(spec));
     const std::string& image = spec.spec.image();
     AGX_ASSIGN_OR_RETURN(HttpResponse response,
                          Call("GET", absl::StrCat("/images/", image, "/json"), "",
@@ -184,7 +196,9 @@ class EngineBackend final : public Backend {
   }
 
   absl::StatusOr<BackendRef> Launch(const LaunchSpec& spec, absl::Time deadline) override {
+    // Validate minus the image lookup: create answers 404 for a missing image.
     AGX_RETURN_IF_ERROR(ValidateStatic(spec, options_, nofile_hard_limit_));
+    AGX_RETURN_IF_ERROR(CheckCapabilities(spec));
     AGX_ASSIGN_OR_RETURN(std::string nix_dir, BundleNixDir(spec.spec.bundle()));
     std::string run_dir = RunDir(options_, spec.sandbox_id);
     std::error_code ec;
@@ -209,7 +223,9 @@ class EngineBackend final : public Backend {
     bool adopted = false;
     if (created->status == 201) {
       id = StringAt(json::parse(created->body, nullptr, false), "Id");
-    } else if (created->status == 409) {
+    } else if (created->status == 409 ||
+               (created->status == 500 &&
+                created->body.find("already in use") != std::string::npos)) {  // podman
       // A retry of this attempt finds its container; another attempt's is not ours.
       auto existing = InspectJson(ContainerName(spec.sandbox_id));
       if (!existing.ok()) return existing.status();
@@ -240,7 +256,7 @@ class EngineBackend final : public Backend {
       // Fresh container, not started: nothing inside reads the dir yet.
       absl::Status prepared = PrepareRunDir(run_dir, spec.admin_token);
       if (!prepared.ok()) {
-        RemoveContainer(id);
+        RemoveContainer(id).IgnoreError();  // ListOwned finds it if this fails
         undo_dir();
         return prepared;
       }
@@ -258,7 +274,7 @@ class EngineBackend final : public Backend {
                                          EngineMessage(started->body),
                                          Tail(LogTail(BackendRef{id}, 4096))))
             : started.status();
-    RemoveContainer(id);
+    RemoveContainer(id).IgnoreError();  // ListOwned finds it if this fails
     Forget(id);
     fs::remove_all(run_dir, ec);
     return failure;
@@ -289,7 +305,7 @@ class EngineBackend final : public Backend {
       return missing;
     }
     if (!inspect.ok()) return inspect.status();
-    return ObservedFrom(*inspect);
+    return Observe(*inspect);
   }
 
   absl::Status Destroy(const BackendRef& ref, absl::Duration grace) override {
@@ -404,6 +420,26 @@ class EngineBackend final : public Backend {
     std::string sandbox_id;
   };
 
+  // What the engine itself cannot enforce (from the cached Probe).
+  absl::Status CheckCapabilities(const LaunchSpec& spec) const {
+    AGX_ASSIGN_OR_RETURN(pb::BackendCapabilities caps, ProbeEngine());
+    const pb::Resources& r = spec.spec.resources();
+    if (r.gpus() > 0 && !caps.gpu()) {
+      return NotEnforceable(absl::StrCat(options_.name,
+                                         ": no GPU here (the engine has no nvidia runtime)"));
+    }
+    if (r.memory_bytes() > 0 && !caps.memory_limit()) {
+      return NotEnforceable(absl::StrCat(options_.name, ": the engine cannot limit memory"));
+    }
+    if (r.cpu_millis() > 0 && !caps.cpu_limit()) {
+      return NotEnforceable(absl::StrCat(options_.name, ": the engine cannot limit cpu"));
+    }
+    if (r.pids() > 0 && !caps.pids_limit()) {
+      return NotEnforceable(absl::StrCat(options_.name, ": the engine cannot limit pids"));
+    }
+    return absl::OkStatus();
+  }
+
   static absl::Status NotEnforceable(std::string message) {
     return ProviderError(absl::StatusCode::kFailedPrecondition, kReasonLimitNotEnforceable,
                          message);
@@ -502,6 +538,20 @@ class EngineBackend final : public Backend {
     absl::MutexLock lock(&mu_);
     capabilities_ = caps;
     return caps;
+  }
+
+  // ObservedFrom, plus the kernel's word on an OOM kill: podman 4.3 here
+  // never sets State.OOMKilled (its conmon misses the event on hybrid
+  // cgroups), so a memory-limited container that ended with 137 is checked
+  // against the kernel log's "oom-kill: ... oom_memcg=<its cgroup>" record.
+  Observed Observe(const json& inspect) const {
+    Observed observed = ObservedFrom(inspect);
+    if (observed.state == Observed::State::kExited && observed.exit_code == 137 &&
+        !observed.oom_killed && inspect.contains("HostConfig") &&
+        inspect["HostConfig"].value("Memory", int64_t{0}) > 0) {
+      observed.oom_killed = KernelLoggedOomKill(StringAt(inspect, "Id"));
+    }
+    return observed;
   }
 
   absl::StatusOr<json> InspectJson(const std::string& id_or_name) const {
@@ -671,7 +721,7 @@ class EngineBackend final : public Backend {
       Observed observed;
       auto inspect = InspectJson(id);
       if (inspect.ok()) {
-        observed = ObservedFrom(*inspect);
+        observed = Observe(*inspect);
       } else {
         observed.state = Observed::State::kExited;
         int code = 0;
