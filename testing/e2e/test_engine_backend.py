@@ -372,6 +372,8 @@ tr '\0' '\n' < /proc/1/environ | grep -c 'TOP[S]ECRET' | sed 's/^/init-env-hits:
 tr '\0' '\n' < /proc/self/environ | grep -c 'TOP[S]ECRET' | sed 's/^/env-hits: /'
 cat /proc/*/cmdline 2>/dev/null | tr '\0' '\n' | grep -c 'TOP[S]ECRET' | sed 's/^/cmdline-hits: /'
 echo "pid1: $(tr '\0' ' ' < /proc/1/cmdline)"
+dd if=/dev/zero of=/run/agentix/fill bs=65536 count=160 2>/dev/null
+echo "fill: $(stat -c %s /run/agentix/fill)"
 echo "stderr line" >&2
 exit 7
 """
@@ -407,6 +409,8 @@ def test_container_is_locked_down_and_gets_its_token_by_file_only(engine, tool, 
     assert got["init-env-hits"] == "0" and got["env-hits"] == "0"
     assert got["cmdline-hits"] == "0", tail
     assert got["pid1"].split()[0] != "/nix/runtime/bootstrap.sh"  # an init reaps zombies
+    # The one writable bind is a 1 MiB tmpfs: 10 MiB do not reach the host's disk.
+    assert int(got["fill"]) <= 1 << 20, tail
     assert "stderr line" in tail
     assert tool.call("destroy", ref=ref, grace_ms=0)["ok"]
     assert_gone(engine, tool, ref, run_root)

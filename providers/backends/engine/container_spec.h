@@ -48,6 +48,10 @@ struct EngineOptions {
   int64_t default_nofile = 1024;
   int64_t nproc = 4096;
   int64_t default_scratch_bytes = int64_t{64} << 20;  // the /tmp tmpfs
+  // Each run dir is a tmpfs of this size on the host (0: a plain directory),
+  // so a sandbox cannot fill the host's disk through its one writable bind.
+  // Needs root and the engine in providerd's mount namespace.
+  int64_t run_dir_tmpfs_bytes = int64_t{1} << 20;
   absl::Duration request_timeout = absl::Seconds(30);
 };
 

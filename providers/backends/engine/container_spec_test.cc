@@ -26,7 +26,7 @@ struct TempBundle {
     ::mkdir((dir + "/nix/runtime").c_str(), 0755);
     std::ofstream(dir + "/nix/runtime/bootstrap.sh") << "#!/bin/sh\n";
   }
-  ~TempBundle() { std::system(("rm -rf " + dir).c_str()); }
+  ~TempBundle() { (void)!std::system(("rm -rf " + dir).c_str()); }
   std::string dir;
 };
 

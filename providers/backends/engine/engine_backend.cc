@@ -1,6 +1,7 @@
 #include "providers/backends/engine/engine_backend.h"
 
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -208,8 +209,18 @@ class EngineBackend final : public Backend {
       return absl::InternalError(absl::StrCat("mkdir ", run_dir, ": ", std::strerror(errno)));
     }
     auto undo_dir = [&] {
-      if (made_dir) fs::remove_all(run_dir, ec);
+      if (made_dir) RemoveRunDir(run_dir).IgnoreError();
     };
+    if (made_dir && options_.run_dir_tmpfs_bytes > 0) {
+      std::string data = absl::StrCat("size=", options_.run_dir_tmpfs_bytes, ",mode=0700");
+      if (::mount("tmpfs", run_dir.c_str(), "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  data.c_str()) != 0) {
+        int error = errno;
+        undo_dir();
+        return absl::InternalError(absl::StrCat("mount tmpfs on ", run_dir, ": ",
+                                                std::strerror(error)));
+      }
+    }
 
     json body = RenderCreateBody(spec, options_, nix_dir, run_dir);
     auto created = Call("POST",
@@ -276,7 +287,7 @@ class EngineBackend final : public Backend {
             : started.status();
     RemoveContainer(id).IgnoreError();  // ListOwned finds it if this fails
     Forget(id);
-    fs::remove_all(run_dir, ec);
+    RemoveRunDir(run_dir).IgnoreError();
     return failure;
   }
 
@@ -321,11 +332,7 @@ class EngineBackend final : public Backend {
         if (!stopped.ok() && absl::IsUnavailable(stopped.status())) return stopped.status();
       }
       AGX_RETURN_IF_ERROR(RemoveContainer(ref.value));
-      std::error_code ec;
-      fs::remove_all(*run_dir, ec);
-      if (ec) {
-        return absl::InternalError(absl::StrCat("removing ", *run_dir, ": ", ec.message()));
-      }
+      AGX_RETURN_IF_ERROR(RemoveRunDir(*run_dir));
     }
     Forget(ref.value);
     return absl::OkStatus();
@@ -607,8 +614,19 @@ class EngineBackend final : public Backend {
       std::string name = entry.path().filename().string();
       if (live.count(name) || !entry.is_directory(ec)) continue;
       if (fs::last_write_time(entry.path(), ec) > cutoff) continue;  // a launch in flight
-      fs::remove_all(entry.path(), ec);
+      RemoveRunDir(entry.path().string()).IgnoreError();
     }
+  }
+
+  // Unmounts the run dir's tmpfs (if it is one) and removes the directory;
+  // remove_all does not follow the symlinks a sandbox may have left in it.
+  static absl::Status RemoveRunDir(const std::string& run_dir) {
+    while (::umount2(run_dir.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW) == 0) {
+    }
+    std::error_code ec;
+    fs::remove_all(run_dir, ec);
+    if (ec) return absl::InternalError(absl::StrCat("removing ", run_dir, ": ", ec.message()));
+    return absl::OkStatus();
   }
 
   void Remember(const std::string& id, const std::string& sandbox_id) {

@@ -25,7 +25,7 @@ struct TempDir {
     char tmpl[] = "/tmp/agx-eng-XXXXXX";
     path = ::mkdtemp(tmpl);
   }
-  ~TempDir() { std::system(("rm -rf " + path).c_str()); }
+  ~TempDir() { (void)!std::system(("rm -rf " + path).c_str()); }
   std::string path;
 };
 
@@ -51,8 +51,8 @@ EngineOptions Options(const TempDir& dir) {
 }
 
 LaunchSpec Spec(const TempDir& dir) {
-  std::system(("mkdir -p " + dir.path + "/b/nix/runtime && touch " + dir.path +
-               "/b/nix/runtime/bootstrap.sh").c_str());
+  REQUIRE(std::system(("mkdir -p " + dir.path + "/b/nix/runtime && touch " + dir.path +
+                       "/b/nix/runtime/bootstrap.sh").c_str()) == 0);
   LaunchSpec spec;
   spec.sandbox_id = "sb-1";
   spec.uid = "u1";
