@@ -43,6 +43,7 @@ TOOL = BAZEL_BIN / "providers" / "backends" / "engine" / "engine_tool"
 BUNDLER = BAZEL_BIN / "bundler" / "bundler"
 PROJECT = REPO / "testing" / "fixtures" / "bundle_project"
 IMAGE = "localhost/agx-busybox:1"
+DEBIAN_IMAGE = "localhost/agx-debianish:1"
 ENGINE_START_TIMEOUT_S = 60
 
 sys.path.insert(0, str(PROJECT))
@@ -71,6 +72,37 @@ def _busybox_tar(directory):
         if applet != "busybox":
             (root / "bin" / applet).symlink_to("busybox")
     tar = directory / "bb.tar"
+    subprocess.run(["tar", "-C", str(root), "-cf", str(tar), "."], check=True, timeout=60)
+    return tar
+
+
+def _debian_like_tar(directory):
+    """A glibc root in Debian's merged-/usr layout, made from this machine's
+    own files: bash, dash as sh, coreutils, and a python3 binary (without
+    its stdlib) that a bundle must not pick up."""
+    root = directory / "debroot"
+    for sub in ("usr/bin", "usr/lib/x86_64-linux-gnu", "usr/lib64", "etc", "tmp", "root"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    for link, target in (("bin", "usr/bin"), ("sbin", "usr/bin"), ("lib", "usr/lib"),
+                         ("lib64", "usr/lib64")):
+        (root / link).symlink_to(target)
+    programs = ["bash", "dash", "ls", "cat", "id", "env", "sleep", "uname", "python3.11"]
+    libraries = {"/lib64/ld-linux-x86-64.so.2"}
+    for program in programs:
+        shutil.copy(f"/usr/bin/{program}", root / "usr" / "bin" / program)
+        ldd = subprocess.run(["ldd", f"/usr/bin/{program}"], capture_output=True, text=True,
+                             check=True).stdout
+        libraries.update(part for line in ldd.splitlines() for part in line.split()
+                         if part.startswith("/"))
+    for library in libraries:
+        shutil.copy(library, root / library.lstrip("/"))  # through bin/lib symlinks
+    (root / "usr" / "bin" / "sh").symlink_to("dash")
+    (root / "usr" / "bin" / "python3").symlink_to("python3.11")
+    for name in ("debian_version", "os-release"):
+        shutil.copy(f"/etc/{name}", root / "etc" / name)
+    (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (root / "etc" / "group").write_text("root:x:0:\n")
+    tar = directory / "deb.tar"
     subprocess.run(["tar", "-C", str(root), "-cf", str(tar), "."], check=True, timeout=60)
     return tar
 
@@ -158,7 +190,8 @@ class Engine:
 
 @pytest.fixture(scope="module")
 def images_tar(tmp_path_factory):
-    return _busybox_tar(tmp_path_factory.mktemp("image"))
+    directory = tmp_path_factory.mktemp("image")
+    return {IMAGE: _busybox_tar(directory), DEBIAN_IMAGE: _debian_like_tar(directory)}
 
 
 @pytest.fixture(scope="module", params=["docker", "podman"])
@@ -169,7 +202,8 @@ def engine(request, images_tar):
     root = Path(tempfile.mkdtemp(prefix=f"agx-{kind[:2]}-", dir="/tmp"))
     engine = Engine(kind, root)
     try:
-        engine.run_cli("import", str(images_tar), IMAGE)
+        for name, tar in images_tar.items():
+            engine.run_cli("import", str(tar), name)
         yield engine
         leftovers = engine.containers()
         assert leftovers == [], f"{kind}: containers left behind: {leftovers}"
@@ -320,13 +354,13 @@ def test_probe_reports_the_engine_and_what_it_enforces(engine, tool):
     assert not caps.get("gpu") and not caps.get("networkBridge")
 
 
-async def test_bundle_in_a_busybox_image_serves_calls_then_destroy_leaves_nothing(
-        engine, tool, bundle, run_root):
-    """The bundle is the only Python in the container; its daemon answers."""
+async def serve_calls_then_destroy(engine, tool, bundle, run_root, image):
+    """Launch the real bundle over `image`, wait for its socket, call it,
+    read its logs, destroy it; returns what runtime_info said."""
     from agentix import RuntimeClient
 
-    ref = launch(tool, bundle, resources={"memoryBytes": 512 << 20, "pids": 256,
-                                          "cpuMillis": 1000})
+    ref = launch(tool, bundle, image=image,
+                 resources={"memoryBytes": 512 << 20, "pids": 256, "cpuMillis": 1000})
     deadline = time.monotonic() + 30
     while True:
         resolved = tool.call("resolve", ref=ref)
@@ -342,9 +376,10 @@ async def test_bundle_in_a_busybox_image_serves_calls_then_destroy_leaves_nothin
         assert await sandbox.remote(bundle_app.greet, engine.kind) == \
             f"hello, {engine.kind}, from bundle_helper"
         info = await sandbox.remote(bundle_app.runtime_info)
-        assert info["prefix"] == "/nix/runtime/venv"
-        assert info["python_exists"] is False  # the image has no Python of its own
+        info["debian_version"] = await sandbox.remote(os.path.exists, "/etc/debian_version")
         assert (await sandbox.health()).status == "ok"
+    assert info["prefix"] == "/nix/runtime/venv"
+    assert info["base_prefix"] == "/nix/runtime/python"
     logs = tool.call("logs", ref=ref)
     assert logs["ok"] and "serving agentix.runtime.v1 on unix:///run/agentix/agentix.sock" \
         in logs["text"], logs
@@ -353,6 +388,24 @@ async def test_bundle_in_a_busybox_image_serves_calls_then_destroy_leaves_nothin
     assert_gone(engine, tool, ref, run_root)
     # Destroy is idempotent.
     assert tool.call("destroy", ref=ref)["ok"]
+    return info
+
+
+async def test_bundle_in_a_busybox_image_serves_calls_then_destroy_leaves_nothing(
+        engine, tool, bundle, run_root):
+    """The bundle is the only Python in the container; its daemon answers."""
+    info = await serve_calls_then_destroy(engine, tool, bundle, run_root, IMAGE)
+    assert info["python_exists"] is False and info["debian_version"] is False
+
+
+async def test_bundle_in_a_debian_like_image_keeps_to_its_own_python_and_libraries(
+        engine, tool, bundle, run_root):
+    """A glibc image with its own /usr/bin/python3: the bundle's loader,
+    libraries and interpreter are used, the image's are not."""
+    info = await serve_calls_then_destroy(engine, tool, bundle, run_root, DEBIAN_IMAGE)
+    assert info["python_exists"] is True and info["debian_version"] is True
+    assert info["stdlib"] == "/nix/runtime/python/lib/python3.11"
+    assert info["sqlite"] and info["openssl"].startswith("OpenSSL")
 
 
 REPORT = r"""
