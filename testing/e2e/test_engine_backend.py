@@ -141,14 +141,18 @@ class Engine:
                    "--time=0", f"unix://{self.socket}"]
             self.cli = ["podman", "--remote", "--url", f"unix://{self.socket}"]
         self.env = env
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+        self.cmd = cmd
+        self.start()
+
+    def start(self):
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=self.env, start_new_session=True)
         deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
         while not self.ping():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise AssertionError(f"{kind} did not start:\n"
-                                     + (root / f"{kind}.log").read_text()[-3000:])
+                raise AssertionError(f"{self.kind} did not start:\n"
+                                     + (self.root / f"{self.kind}.log").read_text()[-3000:])
             time.sleep(0.1)
 
     def ping(self):
@@ -185,7 +189,8 @@ class Engine:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
-        self.log.close()
+        if not self.log.closed:
+            self.log.close()
 
 
 @pytest.fixture(scope="module")
@@ -624,3 +629,22 @@ def test_a_new_backend_object_finds_its_sandboxes_by_label(engine, run_root, tmp
         second.close()
     assert engine.containers(instance) == [] and engine.containers("someone-else") == []
     assert list(run_root.iterdir()) == []
+
+
+def test_watch_reconnects_after_the_engine_restarts(engine, tool, run_root, tmp_path):
+    """The events stream ends when the engine stops; the backend reconnects
+    and still reports exits. Calls made while the engine is down are
+    UNAVAILABLE and retryable."""
+    bundle_dir = shell_bundle(tmp_path / "b", "sleep 1\nexit 5\n")
+    assert tool.call("watch")["ok"]
+    engine.proc.send_signal(signal.SIGTERM)
+    engine.proc.wait(timeout=60)
+    down = tool.call("launch", **launch_request(bundle_dir))
+    assert down["code"] == "UNAVAILABLE" and down["reason"] == "ENGINE_UNAVAILABLE", down
+    assert list(run_root.iterdir()) == []
+    engine.start()
+    ref = launch(tool, bundle_dir)
+    event = tool.event_for(ref, {"EXITED"}, timeout=60)
+    assert event["exit_code"] == 5
+    assert tool.call("destroy", ref=ref, grace_ms=0)["ok"]
+    assert_gone(engine, tool, ref, run_root)
