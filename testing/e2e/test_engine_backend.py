@@ -145,8 +145,10 @@ class Engine:
         self.start()
 
     def start(self):
+        # cwd: conmon 2.1.6 writes its OOM marker as a relative "oom" file
+        # into the service's working directory (hence no State.OOMKilled).
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=self.env, start_new_session=True)
+                                     env=self.env, cwd=self.root, start_new_session=True)
         deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
         while not self.ping():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -576,6 +578,16 @@ def test_launch_is_idempotent_per_uid_and_a_taken_id_is_refused(engine, tool, ru
     assert tool.call("inspect", ref=first["ref"])["state"] == "RUNNING"
     assert tool.call("destroy", ref=first["ref"], grace_ms=1000)["ok"]
     assert_gone(engine, tool, first["ref"], run_root)
+    # A container of that name that is not ours at all: refused, and the run
+    # dir (and its tmpfs) this launch made is taken away again.
+    foreign = launch_request(bundle_dir)
+    engine.run_cli("create", "--name", f"agentix-{foreign['sandbox_id']}", IMAGE, "true")
+    try:
+        refused = tool.call("launch", **foreign)
+        assert refused["code"] == "ALREADY_EXISTS", refused
+        assert list(run_root.iterdir()) == [] and not _mounts_under(run_root)
+    finally:
+        engine.run_cli("rm", "-f", f"agentix-{foreign['sandbox_id']}")
 
 
 def test_events_report_an_exit_and_logs_stream_from_an_offset(engine, tool, run_root,

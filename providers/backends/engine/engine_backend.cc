@@ -239,9 +239,13 @@ class EngineBackend final : public Backend {
                 created->body.find("already in use") != std::string::npos)) {  // podman
       // A retry of this attempt finds its container; another attempt's is not ours.
       auto existing = InspectJson(ContainerName(spec.sandbox_id));
-      if (!existing.ok()) return existing.status();
+      if (!existing.ok()) {
+        undo_dir();
+        return existing.status();
+      }
       const json& labels = (*existing)["Config"]["Labels"];
       if (StringAt(labels, kLabelUid) != spec.uid) {
+        undo_dir();  // only what this call made; the other launch's dir stays
         return ProviderError(absl::StatusCode::kAlreadyExists, kReasonSandboxIdTaken,
                              absl::StrCat(options_.name, ": container ",
                                           ContainerName(spec.sandbox_id),
@@ -548,8 +552,8 @@ class EngineBackend final : public Backend {
   }
 
   // ObservedFrom, plus the kernel's word on an OOM kill: podman 4.3 here
-  // never sets State.OOMKilled (its conmon misses the event on hybrid
-  // cgroups), so a memory-limited container that ended with 137 is checked
+  // never sets State.OOMKilled (conmon 2.1.6 writes its marker to the
+  // service's cwd instead of the container's dir), so a memory-limited container that ended with 137 is checked
   // against the kernel log's "oom-kill: ... oom_memcg=<its cgroup>" record.
   Observed Observe(const json& inspect) const {
     Observed observed = ObservedFrom(inspect);
