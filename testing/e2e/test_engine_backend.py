@@ -21,11 +21,13 @@ podman, runc, catatonit, busybox-static).
 """
 
 import asyncio
+import http.client
 import json
 import os
 import queue
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -157,19 +159,29 @@ class Engine:
                                      + (self.root / f"{self.kind}.log").read_text()[-3000:])
             time.sleep(0.1)
 
+    def _get(self, path, timeout):
+        """GET on the engine's API socket (the test's own view, not the backend's)."""
+        connection = http.client.HTTPConnection("localhost", timeout=timeout)
+        connection.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection.sock.settimeout(timeout)
+        try:
+            connection.sock.connect(str(self.socket))
+            connection.request("GET", f"/v1.41{path}")
+            response = connection.getresponse()
+            return response.status, response.read()
+        finally:
+            connection.close()
+
     def ping(self):
-        if not self.socket.exists():
+        try:
+            return self._get("/_ping", 2) == (200, b"OK")
+        except OSError:
             return False
-        done = subprocess.run(["curl", "-s", "--max-time", "2", "--unix-socket",
-                               str(self.socket), "http://x/v1.41/_ping"],
-                              capture_output=True, text=True)
-        return done.stdout == "OK"
 
     def api(self, path):
-        done = subprocess.run(["curl", "-s", "--max-time", "10", "--unix-socket",
-                               str(self.socket), f"http://x/v1.41{path}"],
-                              capture_output=True, text=True, timeout=20)
-        return json.loads(done.stdout)
+        status, body = self._get(path, 10)
+        assert status == 200, (path, status, body)
+        return json.loads(body)
 
     def run_cli(self, *args):
         return subprocess.run([*self.cli, *args], capture_output=True, text=True,
