@@ -620,6 +620,7 @@ def test_events_report_an_exit_and_logs_stream_from_an_offset(engine, tool, run_
     assert len(text) == len("".join(f"out {i}\nerr {i}\n" for i in range(5)))
     part = tool.call("logs", ref=ref, offset=17)
     assert part["first_offset"] == 17 and part["text"] == text[17:]
+    assert tool.call("log_tail", ref=ref, max_bytes=20)["text"] == text[-20:]
     assert tool.call("destroy", ref=ref, grace_ms=0)["ok"]
     assert tool.event_for(ref, {"MISSING"})["state"] == "MISSING"
     assert_gone(engine, tool, ref, run_root)

@@ -408,9 +408,13 @@ class EngineBackend final : public Backend {
       if (tail.size() > 2 * max_bytes + 4096) tail.erase(0, tail.size() - max_bytes);
       return true;
     };
-    absl::Status status = StreamContainerLogs(ref, false, [&](absl::string_view data) {
-      return demux.Feed(data, keep);
-    });
+    // The engine trims by lines, and every line is at least one byte: the
+    // last max_bytes lines hold the last max_bytes bytes, and a long log is
+    // not read in full for them.
+    absl::Status status = StreamContainerLogs(
+        ref, false, [&](absl::string_view data) { return demux.Feed(data, keep); },
+        max_bytes + 1);
+    (void)status;  // a tail is best effort: what was read is returned
     if (tail.size() > max_bytes) tail.erase(0, tail.size() - max_bytes);
     return tail;
   }
@@ -661,7 +665,8 @@ class EngineBackend final : public Backend {
   }
 
   template <typename Fn>
-  absl::Status StreamContainerLogs(const BackendRef& ref, bool follow, Fn&& on_data) {
+  absl::Status StreamContainerLogs(const BackendRef& ref, bool follow, Fn&& on_data,
+                                   size_t tail_lines = 0) {
     StreamCanceller canceller;
     {
       absl::MutexLock lock(&mu_);
@@ -671,7 +676,8 @@ class EngineBackend final : public Backend {
     long status = 0;
     std::string error;
     absl::Status result = http_.Stream(
-        absl::StrCat("/containers/", ref.value, "/logs?stdout=1&stderr=1&follow=", follow ? 1 : 0),
+        absl::StrCat("/containers/", ref.value, "/logs?stdout=1&stderr=1&follow=", follow ? 1 : 0,
+                     tail_lines > 0 ? absl::StrCat("&tail=", tail_lines) : ""),
         on_data, &canceller, &status, &error);
     {
       absl::MutexLock lock(&mu_);
