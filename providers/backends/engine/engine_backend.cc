@@ -227,6 +227,11 @@ class EngineBackend final : public Backend {
                         absl::StrCat("/containers/create?name=", ContainerName(spec.sandbox_id)),
                         body.dump(), Remaining(deadline));
     if (!created.ok()) {
+      // Timed out: the engine may still have made it. Best effort; a
+      // leftover is found by ListOwned and adopted by a retry of this uid.
+      if (absl::IsDeadlineExceeded(created.status())) {
+        RemoveContainer(ContainerName(spec.sandbox_id)).IgnoreError();
+      }
       undo_dir();
       return created.status();
     }
@@ -253,7 +258,9 @@ class EngineBackend final : public Backend {
                                           StringAt(labels, kLabelUid), ")"));
       }
       id = StringAt(*existing, "Id");
-      adopted = true;
+      // Made but never started (the earlier attempt died in between): it
+      // still needs its token file.
+      adopted = StringAt((*existing)["State"], "Status") != "created";
     } else {
       undo_dir();
       if (created->status == 404) {
@@ -268,7 +275,7 @@ class EngineBackend final : public Backend {
       return absl::UnknownError(absl::StrCat(options_.name, ": create answered without an Id"));
     }
     if (!adopted) {
-      // Fresh container, not started: nothing inside reads the dir yet.
+      // A container not started yet: nothing inside reads the dir yet.
       absl::Status prepared = PrepareRunDir(run_dir, spec.admin_token);
       if (!prepared.ok()) {
         RemoveContainer(id).IgnoreError();  // ListOwned finds it if this fails

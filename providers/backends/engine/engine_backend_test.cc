@@ -73,7 +73,9 @@ void CheckUnavailable(const absl::Status& status) {
 TEST_CASE("a missing engine socket is UNAVAILABLE and retryable, and Launch leaves nothing") {
   TempDir dir;
   auto backend = NewEngineBackend(Options(dir));
-  CheckUnavailable(backend->Probe().status());
+  absl::Status probe = backend->Probe().status();
+  CheckUnavailable(probe);
+  CHECK(probe.message().find("connect: No such file or directory") != absl::string_view::npos);
   LaunchSpec spec = Spec(dir);
   CheckUnavailable(backend->Validate(spec));
   CheckUnavailable(backend->Launch(spec, absl::Now() + absl::Seconds(5)).status());
@@ -87,7 +89,9 @@ TEST_CASE("an engine socket nobody listens on (refused) is UNAVAILABLE") {
   TempDir dir;
   int fd = BoundSocket(dir.path + "/engine.sock", /*listen=*/false);
   auto backend = NewEngineBackend(Options(dir));
-  CheckUnavailable(backend->Probe().status());
+  absl::Status probe = backend->Probe().status();
+  CheckUnavailable(probe);
+  CHECK(probe.message().find("connect: Connection refused") != absl::string_view::npos);
   ::close(fd);
 }
 

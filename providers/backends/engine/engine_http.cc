@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -146,17 +147,23 @@ void EngineHttp::ReturnHandle(void* handle) const {
   idle_.push_back(handle);
 }
 
-absl::Status EngineHttp::TransportError(int curl_code, const char* detail) const {
-  std::string message =
-      absl::StrCat("container engine at unix://", socket_path_, " is not reachable: ",
-                   detail != nullptr && *detail ? detail
-                                                : curl_easy_strerror(static_cast<CURLcode>(curl_code)));
-  if (curl_code == CURLE_OPERATION_TIMEDOUT) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("container engine at unix://", socket_path_,
-                     " did not answer in time: ", detail));
+absl::Status EngineHttp::TransportError(void* handle, int curl_code, const char* detail) const {
+  std::string what = detail != nullptr && *detail
+                         ? std::string(detail)
+                         : curl_easy_strerror(static_cast<CURLcode>(curl_code));
+  long os_errno = 0;
+  if (curl_code == CURLE_COULDNT_CONNECT &&
+      curl_easy_getinfo(static_cast<CURL*>(handle), CURLINFO_OS_ERRNO, &os_errno) == CURLE_OK &&
+      os_errno != 0) {
+    // curl words it as TCP ("localhost port 80"); say what the socket said.
+    what = absl::StrCat("connect: ", std::strerror(static_cast<int>(os_errno)));
   }
-  return absl::UnavailableError(message);
+  if (curl_code == CURLE_OPERATION_TIMEDOUT) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "container engine at unix://", socket_path_, " did not answer in time: ", what));
+  }
+  return absl::UnavailableError(
+      absl::StrCat("container engine at unix://", socket_path_, " is not reachable: ", what));
 }
 
 absl::StatusOr<HttpResponse> EngineHttp::Request(absl::string_view method,
@@ -190,6 +197,7 @@ absl::StatusOr<HttpResponse> EngineHttp::Request(absl::string_view method,
   curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, error);
   CURLcode code = curl_easy_perform(curl);
   curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &response.status);
+  absl::Status transport = code == CURLE_OK ? absl::OkStatus() : TransportError(curl, code, error);
   curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, nullptr);
   curl_easy_setopt(curl, CURLOPT_HTTPHEADER, nullptr);
   curl_slist_free_all(headers);
@@ -197,8 +205,8 @@ absl::StatusOr<HttpResponse> EngineHttp::Request(absl::string_view method,
   if (sink.overflow) {
     status = absl::ResourceExhaustedError(
         absl::StrCat(method, " ", path, ": the engine's answer exceeds ", kMaxBodyBytes, " bytes"));
-  } else if (code != CURLE_OK) {
-    status = TransportError(code, error);
+  } else if (!transport.ok()) {
+    status = transport;
   }
   if (status.ok()) {
     ReturnHandle(curl);
@@ -227,13 +235,13 @@ absl::Status EngineHttp::Stream(absl::string_view path, const DataFn& on_data,
   curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, error);
   CURLcode code = curl_easy_perform(curl);
   if (state.status == 0) curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &state.status);
+  absl::Status transport = code == CURLE_OK ? absl::OkStatus() : TransportError(curl, code, error);
   curl_easy_cleanup(curl);
   *status_out = state.status;
   if (state.stopped_by_sink || (canceller != nullptr && canceller->cancelled())) {
     return absl::OkStatus();
   }
-  if (code != CURLE_OK) return TransportError(code, error);
-  return absl::OkStatus();
+  return transport;
 }
 
 std::string EngineMessage(absl::string_view body) {

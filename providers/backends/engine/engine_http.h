@@ -71,7 +71,7 @@ class EngineHttp {
  private:
   void* TakeHandle() const;
   void ReturnHandle(void* handle) const;
-  absl::Status TransportError(int curl_code, const char* detail) const;
+  absl::Status TransportError(void* handle, int curl_code, const char* detail) const;
 
   const std::string socket_path_;
   const std::string api_prefix_;
