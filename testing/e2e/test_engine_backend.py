@@ -673,3 +673,21 @@ def test_watch_reconnects_after_the_engine_restarts(engine, tool, run_root, tmp_
     assert event["exit_code"] == 5
     assert tool.call("destroy", ref=ref, grace_ms=0)["ok"]
     assert_gone(engine, tool, ref, run_root)
+
+
+def test_one_backend_object_launches_and_destroys_concurrently(engine, tool, run_root,
+                                                              tmp_path):
+    """Eight launches at once on one backend object (its handle pool and
+    maps), then eight destroys at once: all distinct, all gone."""
+    bundle_dir = shell_bundle(tmp_path / "b", "exec sleep 60\n")
+    requests = [{"op": "launch", "instance": tool.instance, **launch_request(bundle_dir)}
+                for _ in range(8)]
+    launched = tool.call("parallel", requests=requests, timeout=180)
+    refs = [answer["ref"] for answer in launched["answers"] if answer["ok"]]
+    assert len(set(refs)) == 8, launched
+    assert len(engine.containers(tool.instance)) == 8
+    destroyed = tool.call("parallel", timeout=180,
+                          requests=[{"op": "destroy", "ref": ref, "grace_ms": 0} for ref in refs])
+    assert all(answer["ok"] for answer in destroyed["answers"]), destroyed
+    for ref in refs:
+        assert_gone(engine, tool, ref, run_root)

@@ -3,11 +3,15 @@
 // agentix-providerd wires the backend in. One request per line:
 //   {"op": "probe" | "validate" | "launch" | "resolve" | "inspect" | "destroy" |
 //          "list_owned" | "watch" | "logs" | "log_tail", ...}
+// or {"op": "parallel", "requests": [...]}: each request on its own thread of
+// the same backend object, answers in request order.
 // One answer per line, {"ok": true, ...} or {"ok": false, "code", "reason",
 // "message", "retry_after_ms"}; after "watch", EventSink calls arrive as
 // {"event": {...}} lines at any time. Exits at the end of stdin (Shutdown).
 #include <iostream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -166,6 +170,16 @@ json Handle(Backend& backend, PrintingSink& sink, const json& request) {
   if (op == "log_tail") {
     return {{"ok", true},
             {"text", backend.LogTail(ref, request.value("max_bytes", size_t{65536}))}};
+  }
+  if (op == "parallel" && request.contains("requests") && request["requests"].is_array()) {
+    const json& requests = request["requests"];
+    std::vector<json> answers(requests.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      threads.emplace_back([&, i] { answers[i] = Handle(backend, sink, requests[i]); });
+    }
+    for (std::thread& thread : threads) thread.join();
+    return {{"ok", true}, {"answers", answers}};
   }
   return Error(absl::InvalidArgumentError("unknown op " + op));
 }
