@@ -308,6 +308,7 @@ def run_root():
     # Short: the daemon's socket path must fit sun_path.
     root = Path(tempfile.mkdtemp(prefix="agx-r-", dir="/tmp"))
     yield root
+    _unmount_all_under(root)  # run-dir tmpfs a failed test did not destroy
     shutil.rmtree(root, ignore_errors=True)
 
 
