@@ -129,6 +129,17 @@ def find_providerd() -> Path:
     return bazel_bin / "providers" / "agentix-providerd"
 
 
+def sandbox_bind_args() -> list[str]:
+    """providerd flags that make a checkout under /tmp (as CI may use) visible
+    in sandboxes: a sandbox gets a fresh /tmp, which would hide the test
+    venv and the modules the dev bundles name (runfiles link back into the
+    checkout), so the checkout is bound read-only at its own path."""
+    repo = str(Path(__file__).resolve().parents[2])
+    if not (repo + "/").startswith("/tmp/"):
+        return []
+    return [f"--local-extra-bwrap-arg={arg}" for arg in ("--ro-bind", repo, repo)]
+
+
 class Providerd:
     """One `agentix-providerd` on `unix://<workdir>/pd.sock`.
 
@@ -163,7 +174,8 @@ class Providerd:
 
     def argv(self) -> list[str]:
         return [str(self.binary), "--listen", self.target, "--state-dir", str(self.state_dir),
-                "--instance", self.instance, "--token-file", str(self.token_file), *self.extra_args]
+                "--instance", self.instance, "--token-file", str(self.token_file),
+                *sandbox_bind_args(), *self.extra_args]
 
     @property
     def log_path(self) -> Path:
