@@ -1,10 +1,12 @@
 #include "bundler/python_env.h"
 
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -12,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "base/status_macros.h"
+#include "bundler/archive.h"
 #include "bundler/command.h"
 #include "bundler/elf_file.h"
 
@@ -60,9 +63,53 @@ absl::Status OfflineError(const std::string& requirement,
 
 // Rewrites venv/bin: absolute staging paths in scripts become runtime paths
 // and the python symlinks point at the bundle's interpreter.
+// pip's RECORD lists each console script with the hash and size it had when
+// pip wrote it, with the staging path in its first line; after RelocateBin
+// those would differ between two builds of the same input (and be wrong).
+// The entries of rewritten scripts get the hash and size of what is shipped.
+absl::Status UpdateRecordsOfScripts(
+    const std::string& venv_dir,
+    const std::map<std::string, std::string>& rewritten) {
+  if (rewritten.empty()) return absl::OkStatus();
+  const fs::path site = fs::path(venv_dir) / kSitePackages;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(site, ec)) {
+    const fs::path record = entry.path() / "RECORD";
+    if (!absl::EndsWith(entry.path().filename().string(), ".dist-info") ||
+        !fs::is_regular_file(record, ec)) {
+      continue;
+    }
+    AGX_ASSIGN_OR_RETURN(std::string text, ReadFile(record.string()));
+    std::string updated;
+    bool changed = false;
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
+      if (line.empty()) continue;
+      constexpr absl::string_view kBin = "../../../bin/";
+      std::vector<absl::string_view> fields = absl::StrSplit(line, ',');
+      auto script = fields.size() == 3 && absl::StartsWith(fields[0], kBin)
+                        ? rewritten.find(std::string(fields[0].substr(kBin.size())))
+                        : rewritten.end();
+      if (script == rewritten.end()) {
+        absl::StrAppend(&updated, line, "\n");
+        continue;
+      }
+      std::string digest;
+      const std::string hex = Sha256Hex(script->second);
+      std::string raw = absl::HexStringToBytes(hex);
+      absl::WebSafeBase64Escape(raw, &digest);
+      absl::StrAppend(&updated, fields[0], ",sha256=", digest, ",",
+                      script->second.size(), "\n");
+      changed = true;
+    }
+    if (changed) AGX_RETURN_IF_ERROR(WriteFile(record.string(), updated));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RelocateBin(const std::string& venv_dir,
                          const VenvOptions& options) {
   const fs::path bin = fs::path(venv_dir) / "bin";
+  std::map<std::string, std::string> rewritten;  // script name -> contents
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(bin, ec)) {
     const fs::path path = entry.path();
@@ -81,12 +128,12 @@ absl::Status RelocateBin(const std::string& venv_dir,
     const bool executable =
         (entry.status().permissions() & fs::perms::owner_exec) !=
         fs::perms::none;
-    AGX_RETURN_IF_ERROR(WriteFile(
-        path.string(),
-        absl::StrReplaceAll(text, {{venv_dir, options.runtime_venv}}),
-        executable));
+    const std::string relocated =
+        absl::StrReplaceAll(text, {{venv_dir, options.runtime_venv}});
+    AGX_RETURN_IF_ERROR(WriteFile(path.string(), relocated, executable));
+    rewritten[name] = relocated;
   }
-  return absl::OkStatus();
+  return UpdateRecordsOfScripts(venv_dir, rewritten);
 }
 
 absl::Status WritePyvenvCfg(const std::string& venv_dir,
