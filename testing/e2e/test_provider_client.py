@@ -93,7 +93,12 @@ def user_env(monkeypatch):
     runtime.mkdir(mode=0o700)
     state = base / "s"  # providerd's limit: 22 bytes
     wrapper = base / "agentix-providerd"
-    wrapper.write_text(f'#!/bin/sh\nexec {PROVIDERD} "$@" --state-dir={state}\n')
+    # A checkout under /tmp (as CI may use) is hidden by the sandbox's own
+    # /tmp: bind it read-only at its path so the venv and modules are there.
+    repo = str(Path(__file__).resolve().parents[2])
+    binds = "".join(f" --local-extra-bwrap-arg={arg}" for arg in ("--ro-bind", repo, repo)) \
+        if repo.startswith("/tmp/") else ""
+    wrapper.write_text(f'#!/bin/sh\nexec {PROVIDERD} "$@" --state-dir={state}{binds}\n')
     wrapper.chmod(0o755)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     monkeypatch.setenv("AGENTIX_PROVIDERD", str(wrapper))
