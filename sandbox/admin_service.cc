@@ -97,11 +97,13 @@ std::string DescribeLabels(const ActivateRequest& request) {
 SandboxAdminService::SandboxAdminService(std::shared_ptr<TokenGate> gate,
                                          SessionManager* manager,
                                          const StreamActivity* activity,
-                                         bool start_worker)
+                                         bool start_worker,
+                                         absl::Duration apply_env_timeout)
     : gate_(std::move(gate)),
       manager_(manager),
       activity_(activity),
-      start_worker_(start_worker) {}
+      start_worker_(start_worker),
+      apply_env_timeout_(apply_env_timeout) {}
 
 absl::Status SandboxAdminService::Activate(const ActivateRequest& request) {
   absl::MutexLock lock(&activate_mu_);
@@ -116,14 +118,16 @@ absl::Status SandboxAdminService::Activate(const ActivateRequest& request) {
         "the sandbox is already activated with another token");
   }
   AGX_ASSIGN_OR_RETURN(std::vector<std::string> env, WorkerEnvOf(request));
-  // Everything is validated above: from here nothing refuses the request
-  // but a worker already running (which no runtime RPC could have started).
-  AGX_RETURN_IF_ERROR(manager_->AddWorkerEnv(env));
+  // Everything is validated above. A worker prestarted before activation
+  // gets the env now, or is replaced by one spawned with it, before the gate
+  // admits a call (no runtime RPC can have run one yet).
+  AGX_RETURN_IF_ERROR(manager_->ApplyWorkerEnv(env, apply_env_timeout_));
   AGX_RETURN_IF_ERROR(gate_->Arm(request.token()));
   AGX_LOG(Info, "activated: sandbox_id={} env_keys={} labels={}",
           request.sandbox_id().empty() ? "-" : request.sandbox_id(),
           request.env_size(), DescribeLabels(request));
-  if (start_worker_) {
+  if (start_worker_ && manager_->Info().worker_pid == 0) {
+    // The prestarted worker could not start or has died: try again now.
     const absl::Status started = manager_->StartWorker();
     if (!started.ok()) {
       // Not fatal: the first call tries again and reports the reason.

@@ -5,7 +5,9 @@
 //
 // Activate arms the gate with the runtime token once, after giving the
 // session manager the worker's environment (env + AGENTIX_SANDBOX_ID), so
-// the first call that the token admits starts a worker that sees it.
+// the first call that the token admits runs in a worker that sees it: one
+// started later with it, or one prestarted before activation that has set it
+// in its os.environ (or been replaced; SessionManager::ApplyWorkerEnv).
 #pragma once
 
 #include <memory>
@@ -15,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "agentix/runtime/v1/admin.grpc.pb.h"
 #include "sandbox/auth.h"
 #include "sandbox/server_stream.h"
@@ -31,10 +34,14 @@ inline constexpr size_t kMaxActivateEnvBytes = 1 << 20;
 
 class SandboxAdminService {
  public:
-  // All must outlive the service. `start_worker` (--prestart-worker):
-  // start the worker right after activation rather than on the first call.
+  // All must outlive the service. `start_worker` (--prestart-worker): the
+  // daemon started the worker before activation; Activate starts one if it
+  // is not running (it failed or died). `apply_env_timeout`: how long
+  // Activate waits for a running worker to apply the env (its boot
+  // included) before replacing it with a fresh one.
   SandboxAdminService(std::shared_ptr<TokenGate> gate, SessionManager* manager,
-                      const StreamActivity* activity, bool start_worker);
+                      const StreamActivity* activity, bool start_worker,
+                      absl::Duration apply_env_timeout = absl::Seconds(20));
 
   SandboxAdminService(const SandboxAdminService&) = delete;
   SandboxAdminService& operator=(const SandboxAdminService&) = delete;
@@ -59,6 +66,7 @@ class SandboxAdminService {
   SessionManager* const manager_;
   const StreamActivity* const activity_;
   const bool start_worker_;
+  const absl::Duration apply_env_timeout_;
   absl::Mutex activate_mu_;  // one Activate at a time
   runtime::v1::SandboxAdmin::AsyncService service_;
 };

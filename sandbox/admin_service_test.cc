@@ -102,17 +102,133 @@ TEST_CASE("Activate arms the gate and gives the worker its environment",
   CHECK_FALSE(gate->IsRuntimeToken("other"));
 }
 
-TEST_CASE("With start_worker the worker starts at activation, with the env",
+// Runs fake::pid on the manager: the pid of the worker that ran the call.
+int64_t CallPid(SessionManager& manager) {
+  static int next = 0;
+  const std::string id = "pid-" + std::to_string(next++);
+  auto sink = std::make_shared<Sink>();
+  HostEvent start;
+  start.mutable_start()->set_call_id(id);
+  start.mutable_start()->set_callable("fake::pid");
+  manager.HandleHostEvent(sink, start);
+  SandboxEvent e = sink->AwaitTerminal(id);
+  REQUIRE(e.has_result());
+  return std::stoll(e.result().value());
+}
+
+TEST_CASE("A prestarted worker gets Activate's env in place: same process",
           "[admin]") {
   SessionManager manager(FakeWorker());
+  REQUIRE(manager.StartWorker().ok());  // as agentix-sandboxd --prestart-worker
   SandboxAdminService admin(TokenGate::Armable("admin"), &manager, nullptr,
                             true);
-  CHECK_FALSE(admin.GetStatus().worker_running());
+  const int64_t pid = manager.Info().worker_pid;
+  REQUIRE(pid != 0);
+  CHECK(admin.GetStatus().worker_running());  // before activation
   REQUIRE(admin.Activate(Request("run")).ok());
-  CHECK(admin.GetStatus().worker_running());
-  CHECK(manager.Info().workers_started == 1);
+  CHECK(manager.Info().worker_pid == pid);
   CHECK(WorkerEnv(manager, "USER_VAR") == "hello");
-  CHECK(manager.Info().workers_started == 1);  // the same worker
+  CHECK(WorkerEnv(manager, "AGENTIX_SANDBOX_ID") == "sbx-1");
+  CHECK(WorkerEnv(manager, "SHARED") == "activate");  // replaces the daemon's
+  CHECK(WorkerEnv(manager, "FROM_DAEMON") == "daemon");
+  CHECK(WorkerEnv(manager, "AGENTIX_TOKEN") == "<unset>");
+  CHECK(CallPid(manager) == pid);
+  CHECK(manager.Info().workers_started == 1);  // no respawn
+  // A worker started later (this one died) gets the full env at spawn.
+  HostEvent exit;
+  exit.mutable_start()->set_call_id("exit");
+  exit.mutable_start()->set_callable("fake::exit");
+  exit.mutable_start()->set_arguments("0");
+  auto sink = std::make_shared<Sink>();
+  manager.HandleHostEvent(sink, exit);
+  CHECK(sink->AwaitTerminal("exit").has_error());
+  CHECK(WorkerEnv(manager, "USER_VAR") == "hello");
+  CHECK(WorkerEnv(manager, "AGENTIX_SANDBOX_ID") == "sbx-1");
+  CHECK(WorkerEnv(manager, "SHARED") == "activate");
+  CHECK(manager.Info().workers_started == 2);
+}
+
+TEST_CASE("A start-up-only env var replaces the prestarted worker",
+          "[admin]") {
+  for (const char* name : {"LD_PRELOAD", "PYTHONPATH", "LC_ALL",
+                           "AGENTIX_LOG_LEVEL"}) {
+    CAPTURE(name);
+    SessionManager manager(FakeWorker());
+    REQUIRE(manager.StartWorker().ok());
+    SandboxAdminService admin(TokenGate::Armable("admin"), &manager, nullptr,
+                              true);
+    const int64_t pid = manager.Info().worker_pid;
+    ActivateRequest request = Request("run");
+    // An empty LD_PRELOAD keeps the loader quiet; it is the key that counts.
+    (*request.mutable_env())[name] =
+        std::string(name) == "AGENTIX_LOG_LEVEL" ? "debug" : "";
+    REQUIRE(admin.Activate(request).ok());
+    const int64_t fresh = manager.Info().worker_pid;
+    CHECK(fresh != 0);
+    CHECK(fresh != pid);
+    CHECK(manager.Info().workers_started == 2);
+    CHECK(CallPid(manager) == fresh);
+    CHECK(WorkerEnv(manager, name) != "<unset>");
+    CHECK(WorkerEnv(manager, "USER_VAR") == "hello");
+    CHECK(WorkerEnv(manager, "SHARED") == "activate");
+    CHECK(manager.Info().workers_started == 2);
+  }
+}
+
+TEST_CASE("A worker that cannot apply the env, or does not answer, is replaced",
+          "[admin]") {
+  for (const char* mode : {"refuse", "ignore"}) {
+    CAPTURE(mode);
+    SessionOptions options = FakeWorker();
+    options.worker.env.push_back(std::string("FAKE_WORKER_SET_ENV=") + mode);
+    SessionManager manager(options);
+    REQUIRE(manager.StartWorker().ok());
+    SandboxAdminService admin(TokenGate::Armable("admin"), &manager, nullptr,
+                              true, absl::Milliseconds(300));
+    const int64_t pid = manager.Info().worker_pid;
+    const absl::Time start = absl::Now();
+    REQUIRE(admin.Activate(Request("run")).ok());
+    CHECK(absl::Now() - start < absl::Seconds(5));
+    CHECK(manager.Info().worker_pid != pid);
+    CHECK(WorkerEnv(manager, "USER_VAR") == "hello");
+    CHECK(WorkerEnv(manager, "AGENTIX_SANDBOX_ID") == "sbx-1");
+    CHECK(manager.Info().workers_started == 2);
+  }
+}
+
+TEST_CASE("A prestarted worker that failed to boot: Activate succeeds, the "
+          "call reports the boot error",
+          "[admin]") {
+  SessionOptions options = FakeWorker();
+  options.worker.env.push_back("FAKE_WORKER_BOOT=fail");
+  SessionManager manager(options);
+  REQUIRE(manager.StartWorker().ok());
+  // Activate while it boots or after it failed: either way OK.
+  SandboxAdminService admin(TokenGate::Armable("admin"), &manager, nullptr,
+                            true);
+  REQUIRE(admin.Activate(Request("run")).ok());
+  HostEvent start;
+  start.mutable_start()->set_call_id("first");
+  start.mutable_start()->set_callable("fake::pid");
+  auto sink = std::make_shared<Sink>();
+  manager.HandleHostEvent(sink, start);
+  SandboxEvent e = sink->AwaitTerminal("first");
+  REQUIRE(e.has_error());
+  CHECK(e.error().error().type() == "WorkerBootError");
+  CHECK_THAT(e.error().error().message(), Catch::Contains("broken_venv"));
+}
+
+TEST_CASE("ApplyWorkerEnv is refused while a call runs", "[admin]") {
+  SessionManager manager(FakeWorker());
+  HostEvent hang;
+  hang.mutable_start()->set_call_id("hang");
+  hang.mutable_start()->set_callable("fake::hang");
+  auto sink = std::make_shared<Sink>();
+  manager.HandleHostEvent(sink, hang);
+  const absl::Status status =
+      manager.ApplyWorkerEnv({"LATE=1"}, absl::Seconds(1));
+  CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(WorkerEnv(manager, "LATE") == "<unset>");
 }
 
 TEST_CASE("A refused Activate changes nothing", "[admin]") {

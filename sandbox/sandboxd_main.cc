@@ -64,7 +64,9 @@ ABSL_FLAG(uint64_t, trace_buffer_events, 10000,
           "(oldest dropped first, reported on the log stream)");
 ABSL_FLAG(bool, prestart_worker, false,
           "start the worker with the daemon instead of on the first call "
-          "(bundles do: its start then overlaps the host's readiness wait)");
+          "(bundles do: its start then overlaps the host's readiness wait; "
+          "with --admin-token-file, also a warm sandbox's wait for its "
+          "claim)");
 ABSL_FLAG(uint64_t, max_concurrent_calls, 0,
           "calls running at once (0: no limit); more wait in a queue");
 ABSL_FLAG(uint64_t, max_queued_calls, 10000,
@@ -84,7 +86,10 @@ ABSL_FLAG(std::string, admin_token_file, "",
           "FAILED_PRECONDITION until SandboxAdmin.Activate gives it the "
           "runtime token (and the worker's env); then runtime RPCs need that "
           "token. Excludes --token-file and $AGENTIX_TOKEN; with "
-          "--prestart-worker the worker starts at activation");
+          "--prestart-worker the worker boots before activation (running no "
+          "user code) and Activate sets its env in the running worker, or "
+          "replaces the worker for start-up-only variables (LD_*, PYTHON*, "
+          "LC_*, ...)");
 ABSL_FLAG(uint64_t, max_connections, 1024,
           "connections open at once, authenticated or not; more are closed "
           "at accept (the open-file soft limit is raised to fit, up to the "
@@ -378,13 +383,17 @@ int Run(int argc, char** raw_argv) {
   SessionManager manager(options);
   StreamActivity activity;
   RuntimeServiceImpl service(&manager, kVersion, &activity);
-  // In activation mode the worker starts at Activate at the earliest, so the
-  // env it gives reaches user code.
+  // In activation mode a prestarted worker boots now but runs no user code
+  // before Activate, which hands it the env (or replaces it with a worker
+  // spawned with it): a claimed warm sandbox's first call does not wait for
+  // a Python start-up.
   std::unique_ptr<SandboxAdminService> admin;
   if (gate != nullptr) {
     admin = std::make_unique<SandboxAdminService>(
-        gate, &manager, &activity, absl::GetFlag(FLAGS_prestart_worker));
-  } else if (absl::GetFlag(FLAGS_prestart_worker)) {
+        gate, &manager, &activity, absl::GetFlag(FLAGS_prestart_worker),
+        options.worker.ready_timeout + absl::Seconds(5));
+  }
+  if (absl::GetFlag(FLAGS_prestart_worker)) {
     absl::Status started = manager.StartWorker();
     if (!started.ok()) {
       // Not fatal: the first call tries again and reports the reason.

@@ -7,6 +7,7 @@
 #include "base/log.h"
 #include "base/malloc_tuning.h"
 #include "base/status_macros.h"
+#include "sandbox/startup_env.h"
 
 namespace agentix::sandbox {
 
@@ -942,6 +943,11 @@ bool SessionManager::ApplyWorkerFrame(uint64_t generation, ipc::Frame& frame,
   if (frame.type != FrameType::kResultChunk &&
       frame.type != FrameType::kResult && frame.type != FrameType::kError &&
       frame.type != FrameType::kStreamItem) {
+    if (frame.type == FrameType::kEnvSet) {  // ApplyWorkerEnv waits for it
+      env_set_generation_ = generation;
+      env_set_detail_ = std::move(frame.detail);
+      return false;
+    }
     AGX_LOG(Warning, "ignoring unexpected '{}' frame from the worker",
             ipc::FrameTypeName(frame.type));
     return false;
@@ -1067,6 +1073,11 @@ absl::Status SessionManager::AddWorkerEnv(
     return absl::FailedPreconditionError(
         "the worker is already running; its environment cannot change");
   }
+  MergeWorkerEnv(entries);
+  return absl::OkStatus();
+}
+
+void SessionManager::MergeWorkerEnv(const std::vector<std::string>& entries) {
   // A key given again replaces its earlier entry.
   for (const std::string& entry : entries) {
     const std::string_view key = std::string_view(entry).substr(0, entry.find('='));
@@ -1077,6 +1088,74 @@ absl::Status SessionManager::AddWorkerEnv(
                        }),
         extra_env_.end());
     extra_env_.push_back(entry);
+  }
+}
+
+void SessionManager::ReplaceWorker(absl::string_view why) {
+  if (worker_) {
+    AGX_LOG(Info, "replacing worker {} (pid {}): {}", worker_->worker_id(),
+            worker_->pid(), std::string(why));
+    // It ran no call: killing it loses nothing. Its exit is reported for its
+    // own generation, which no call and no live worker has.
+    worker_->Kill();
+    dead_workers_.push_back(std::move(worker_));
+  }
+  const absl::Status started = EnsureWorker().status();
+  if (!started.ok()) {
+    // Not fatal: the next call tries again and reports the reason.
+    AGX_LOG(Warning, "could not start a fresh worker: {}",
+            std::string(started.message()));
+  }
+}
+
+absl::Status SessionManager::ApplyWorkerEnv(
+    const std::vector<std::string>& entries, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  if (running_calls_ != 0 || !call_queue_.empty()) {
+    return absl::FailedPreconditionError(
+        "calls are running; the worker's environment cannot change");
+  }
+  MergeWorkerEnv(entries);
+  if (!worker_ || shut_down_) return absl::OkStatus();  // the next spawn has it
+  if (auto key = FirstStartupOnlyEnvVar(entries)) {
+    ReplaceWorker(absl::StrCat(*key, " takes effect only in a new process"));
+    return absl::OkStatus();
+  }
+  std::string block;
+  for (const std::string& entry : entries) {
+    block.append(entry).push_back('\0');
+  }
+  ipc::Frame frame;
+  frame.type = ipc::FrameType::kSetEnv;
+  frame.data = std::move(block);
+  const absl::Status encoded = ipc::AppendFrame(frame, to_worker_);
+  if (!encoded.ok()) {
+    ReplaceWorker(encoded.message());
+    return absl::OkStatus();
+  }
+  const uint64_t generation = worker_->generation();
+  env_set_generation_ = 0;
+  FlushToWorker();
+  // Frames wait in the channel while the worker still boots, so this also
+  // waits for the rest of its boot (which the first call would wait for).
+  auto answered_or_gone = [this, generation]()
+                              ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return env_set_generation_ == generation || !worker_ ||
+           worker_->generation() != generation;
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&answered_or_gone), timeout)) {
+    ReplaceWorker(absl::StrCat("no answer to set_env within ",
+                               absl::FormatDuration(timeout)));
+    return absl::OkStatus();
+  }
+  if (env_set_generation_ != generation) {
+    // It died (or never booted): the next call starts a worker with the
+    // full environment and reports a boot failure as it would have.
+    return absl::OkStatus();
+  }
+  if (!env_set_detail_.empty()) {
+    ReplaceWorker(absl::StrCat("it could not apply the environment: ",
+                               env_set_detail_));
   }
   return absl::OkStatus();
 }

@@ -133,6 +133,20 @@ class SessionManager : public WorkerProcess::Listener {
   // FailedPrecondition if a worker is already running: its environment can
   // no longer change.
   absl::Status AddWorkerEnv(const std::vector<std::string>& entries);
+  // SandboxAdmin.Activate's env for a worker that may already be running
+  // (--prestart-worker): adds `entries` for workers started from now on, as
+  // AddWorkerEnv, and brings the running worker (if any) up to date before
+  // returning. Without a startup-only key (startup_env.h), the worker sets
+  // them in its os.environ (`set_env` frame) and this waits for its
+  // `env_set` answer, at most `timeout`. With one, or if the worker cannot
+  // apply them or does not answer in time, the worker is replaced by a fresh
+  // one spawned with the full environment. A worker that dies meanwhile is
+  // left to the next call, which starts one with the full environment (and
+  // reports a boot error as usual). Must be called before any call runs:
+  // FailedPrecondition if one is in flight or queued. Otherwise OK, even when
+  // no worker could be started (the next call tries again and reports why).
+  absl::Status ApplyWorkerEnv(const std::vector<std::string>& entries,
+                              absl::Duration timeout);
   // Bytes queued in host streams' writers and not yet written; every Calls
   // stream's writer adds to it (BatchingWriter::ShareQueuedBytes).
   std::shared_ptr<std::atomic<int64_t>> unwritten_result_bytes() {
@@ -317,6 +331,16 @@ class SessionManager : public WorkerProcess::Listener {
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   // Entries AddWorkerEnv put before options_.worker.env's.
   std::vector<std::string> extra_env_ ABSL_GUARDED_BY(mu_);
+  // The last `env_set` answer: the worker generation that sent it and its
+  // detail ("" = applied).
+  uint64_t env_set_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string env_set_detail_ ABSL_GUARDED_BY(mu_);
+  // Replaces the live worker (if any) with a fresh one started with the
+  // full environment; the old one is killed and reaped later.
+  void ReplaceWorker(absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // AddWorkerEnv's merge, under mu_.
+  void MergeWorkerEnv(const std::vector<std::string>& entries)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Time last_call_end_ ABSL_GUARDED_BY(mu_) = absl::Now();
   uint64_t workers_started_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t evicted_ ABSL_GUARDED_BY(mu_) = 0;

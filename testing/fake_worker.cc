@@ -27,6 +27,9 @@
 //   fake::stream   streams <arguments> items "0", "1", ... honouring the
 //                  call's stream window and stream_ack frames, then "end"
 // FAKE_WORKER_BOOT=fail|exit|hang simulates a worker that cannot start.
+// A set_env frame's entries are applied with setenv and answered with
+// env_set; FAKE_WORKER_SET_ENV=refuse answers with an error detail instead,
+// =ignore never answers.
 // With --payload-fd=N (as the daemon passes it) payloads may arrive in the
 // payload area's ring, and result pieces of kRingMinPieceBytes or more are
 // sent through it while it has room, as agentix-worker does.
@@ -343,6 +346,33 @@ int main(int argc, char** argv) {
           streams.erase(f.call_id);
           SendError(f.call_id, "Cancelled", "remote call cancelled", 1, true);
           break;
+        case FrameType::kSetEnv: {
+          // Applies "K=V\0" entries with setenv (FAKE_WORKER_SET_ENV=refuse:
+          // answers with an error, =ignore: never answers).
+          const char* mode = std::getenv("FAKE_WORKER_SET_ENV");
+          const std::string set_mode = mode ? mode : "";
+          if (set_mode == "ignore") break;
+          Frame ack;
+          ack.type = FrameType::kEnvSet;
+          if (set_mode == "refuse") {
+            ack.detail = "refused by FAKE_WORKER_SET_ENV";
+          } else {
+            size_t begin = 0;
+            while (begin < f.data.size()) {
+              size_t end = f.data.find('\0', begin);
+              if (end == std::string::npos) end = f.data.size();
+              const std::string entry = f.data.substr(begin, end - begin);
+              const size_t eq = entry.find('=');
+              if (eq != std::string::npos) {
+                setenv(entry.substr(0, eq).c_str(),
+                       entry.substr(eq + 1).c_str(), 1);
+              }
+              begin = end + 1;
+            }
+          }
+          Send(ack);
+          break;
+        }
         case FrameType::kShutdown:
           return 0;
         default:

@@ -46,6 +46,7 @@ enum FrameKind : int {
   kStreamAck = 5,
   kNamespaceEvent = 6,
   kArgs = 7,  // a chunked call's complete arguments (see Upload)
+  kSetEnv = 8,
 };
 
 // Read syscall size; reused for every read.
@@ -969,6 +970,8 @@ PyObject* FrameToTuple(PyObject* self, const ipc::Frame& f,
                     PyLong_FromUnsignedLongLong(f.index)});
     case ipc::FrameType::kShutdown:
       return Tuple({PyLong_FromLong(kShutdown)});
+    case ipc::FrameType::kSetEnv:
+      return Tuple({PyLong_FromLong(kSetEnv), BytesOf(data)});
     case ipc::FrameType::kNamespaceEvent: {
       PyObject* error_type = f.ns.has_error ? Str(f.ns.error_type)
                                             : Py_NewRef(Py_None);
@@ -1087,6 +1090,18 @@ PyObject* ChannelSendReady(PyObject* self, PyObject* const* args,
     return nullptr;
   }
   frame.pid = pid;
+  if (!Queue(self, frame)) return nullptr;
+  Py_RETURN_NONE;
+}
+
+PyObject* ChannelSendEnvSet(PyObject* self, PyObject* const* args,
+                            Py_ssize_t nargs) {
+  if (!Enter(self) || !CheckArgs("send_env_set", nargs, 1)) return nullptr;
+  ipc::Frame frame;
+  frame.type = ipc::FrameType::kEnvSet;
+  if (!ToUtf8(args[0], "detail", "backslashreplace", frame.detail)) {
+    return nullptr;
+  }
   if (!Queue(self, frame)) return nullptr;
   Py_RETURN_NONE;
 }
@@ -1884,6 +1899,8 @@ PyMethodDef kChannelMethods[] = {
      "Decoded frames available now; None at end of stream."},
     {"send_ready", Fast<ChannelSendReady>(), METH_FASTCALL,
      "send_ready(pid, detail)"},
+    {"send_env_set", Fast<ChannelSendEnvSet>(), METH_FASTCALL,
+     "send_env_set(detail): answers set_env ('' = applied)"},
     {"send_result", Fast<ChannelSendResult>(), METH_FASTCALL,
      "send_result(call_id, encoding, data)"},
     {"send_item", Fast<ChannelSendItem>(), METH_FASTCALL,
@@ -2035,6 +2052,7 @@ int ExecModule(PyObject* module) {
       AddInt(module, "SHUTDOWN", kShutdown) < 0 ||
       AddInt(module, "STREAM_ACK", kStreamAck) < 0 ||
       AddInt(module, "NS_EVENT", kNamespaceEvent) < 0 ||
+      AddInt(module, "SET_ENV", kSetEnv) < 0 ||
       AddInt(module, "CHUNK_BYTES", static_cast<long>(ipc::kChunkBytes)) < 0) {
     return -1;
   }

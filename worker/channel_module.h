@@ -11,6 +11,7 @@
 //                               raises ProtocolError on a bad frame (the
 //                               channel is then dead) or OSError
 //     .send_ready(pid, detail)
+//     .send_env_set(detail)     answers a SET_ENV frame ("" = applied)
 //     .send_result(call_id, encoding, data)   data: any contiguous buffer,
 //                               or a list of them (their concatenation);
 //                               over CHUNK_BYTES it is cut into result_chunk
@@ -59,7 +60,8 @@
 //     context, stream_window), (ARGS, call_id, data, received),
 //     (CANCEL, call_id), (STREAM_ACK, call_id, index), (SHUTDOWN,),
 //     (NS_EVENT, namespace, event, data, request_id, error_type,
-//     error_message, status_code).
+//     error_message, status_code), (SET_ENV, entries) with entries the
+//     bytes b"K=V\0K=V\0..." (answered with .send_env_set(detail)).
 //     A call whose first piece is short of total_size has data None: the
 //     channel assembles its arg_chunk frames into one bytes object of
 //     total_size (allocated once, each chunk copied in straight from the

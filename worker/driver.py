@@ -563,6 +563,40 @@ def _context_module():
     return _context_mod
 
 
+# Cached from the environment by the stdlib on first use: forgotten when
+# set_env changes one of these, so the next use reads the new value.
+_TEMPDIR_VARS = (b"TMPDIR", b"TEMP", b"TMP")
+
+
+def _apply_env(entries):
+    """Applies a set_env frame: SandboxAdmin.Activate's env, given to a worker
+    that was started before activation (agentix-sandboxd
+    --prestart-worker). `entries` is b"K=V\\0K=V\\0...". Returns "" once
+    every entry is in os.environ (hence in the C environment, for getenv and
+    child processes), else why not; the daemon then replaces this worker.
+    Only runs before any call: no user code has read the environment yet."""
+    try:
+        keys = []
+        for entry in entries.split(b"\0"):
+            if not entry:
+                continue
+            key, sep, value = entry.partition(b"=")
+            if not sep or not key:
+                return f"malformed environment entry {entry[:64]!r}"
+            os.environb[key] = value  # os.environ shares its data
+            keys.append(key)
+        if b"TZ" in keys:
+            time.tzset()
+        if any(k in _TEMPDIR_VARS for k in keys):
+            tempfile = sys.modules.get("tempfile")
+            if tempfile is not None:
+                tempfile.tempdir = None
+        _log(_DEBUG, f"environment updated: {len(keys)} entries")
+        return ""
+    except Exception as exc:
+        return f"{type(exc).__name__}: {_text(exc)}"
+
+
 class _Worker:
     """Per-process call bookkeeping; all methods run on the loop thread."""
 
@@ -611,6 +645,8 @@ class _Worker:
                     self._on_cancel(frame[1])
                 elif kind == _w.NS_EVENT:
                     _deliver_namespace_event(frame[1], frame[2], frame[3])
+                elif kind == _w.SET_ENV:
+                    self._channel.send_env_set(_apply_env(frame[1]))
                 else:
                     _log(_DEBUG, "shutdown requested")
                     self.stop(EXIT_OK, notify=True)

@@ -550,7 +550,8 @@ async def run_all(args, tools: dict, work: Path, report: dict) -> None:
 
     mark = f"bench-{uuid.uuid4().hex[:10]}"
     bundle = harness.write_dev_bundle(work / "bundle", sandboxd=tools["sandboxd"], worker=tools["worker"],
-                                      python_path=str(procs.bench_dir()), mark=mark)
+                                      python_path=str(procs.bench_dir()), mark=mark,
+                                      prestart_worker=args.prestart_worker)
     ours_rounds, baseline_rounds = [], []
     for round_index in range(args.rounds):
         order = ("ours", "baseline") if round_index % 2 == 0 else ("baseline", "ours")
@@ -606,6 +607,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-baseline-density", dest="baseline_density", action="store_false",
                         help="skip the in-process density measurement")
     parser.add_argument("--only", choices=("ours", "baseline"), help="measure one side only")
+    parser.add_argument("--no-prestart-worker", dest="prestart_worker", action="store_false",
+                        help="the dev bundle's daemon starts its worker on the first call "
+                             "(default: --prestart-worker, as a built bundle's bootstrap.sh)")
     parser.add_argument("--providerd", help="use this agentix-providerd instead of the runfiles'")
     args = parser.parse_args(argv)
     q = args.quick

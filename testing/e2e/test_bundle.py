@@ -292,8 +292,9 @@ async def test_bootstrap_passes_the_admin_token_file_through(bundle, tmp_path):
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await admin.get_info(b"", timeout=10)
             assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-            # bootstrap.sh passes --prestart-worker: it must wait for Activate.
-            assert not (await admin.get_status()).worker_running
+            # bootstrap.sh passes --prestart-worker: the worker boots before
+            # Activate (running no user code) and gets its env at Activate.
+            assert (await admin.get_status()).worker_running
             await admin.activate(pb.ActivateRequest(token=RUNTIME_TOKEN, env={"POOL_USER": "u1"},
                                                     sandbox_id="warm-1"),
                                  timeout=10, metadata=bearer(ADMIN))
@@ -301,6 +302,7 @@ async def test_bootstrap_passes_the_admin_token_file_through(bundle, tmp_path):
             assert await asyncio.wait_for(sandbox.remote(bundle_app.add, 2, 3), 30) == 5
             assert await sandbox.remote(os.getenv, "POOL_USER") == "u1"
             assert await sandbox.remote(os.getenv, "AGENTIX_SANDBOX_ID") == "warm-1"
+            assert (await sandbox._info()).workers_started == 1  # the prestarted one
     finally:
         stop(proc)
     assert "unarmed until SandboxAdmin.Activate" in log.read_text()

@@ -260,11 +260,14 @@ class Providerd:
 
 
 def write_dev_bundle(directory: Path, *, sandboxd: Path, worker: Path, python_path: str,
-                     venv: str | None = None, mark: str = "", probe_source: str = "") -> Path:
+                     venv: str | None = None, mark: str = "", probe_source: str = "",
+                     prestart_worker: bool = False) -> Path:
     """A development bundle: nix/runtime/bootstrap.sh execs the Bazel-built
     daemon (by its absolute host path: the sandbox's root is the host's,
     read-only) with the arguments the backend gives it (--admin-token-file ...).
-    `mark` goes into the daemon's environment, to find its processes later."""
+    `mark` goes into the daemon's environment, to find its processes later.
+    `prestart_worker`: pass --prestart-worker, as a built bundle's bootstrap.sh
+    does."""
     runtime = Path(directory) / "nix" / "runtime"
     runtime.mkdir(parents=True)
     venv_arg = f" --venv {venv}" if venv else ""
@@ -272,7 +275,8 @@ def write_dev_bundle(directory: Path, *, sandboxd: Path, worker: Path, python_pa
         "#!/bin/sh\n"
         + (f"export AGENTIX_E2E_MARK={mark}\n" if mark else "")
         + f'exec {os.path.realpath(sandboxd)} --listen "$AGENTIX_LISTEN" '
-        f"--worker {os.path.realpath(worker)}{venv_arg} --python-path {python_path} \"$@\"\n")
+        f"--worker {os.path.realpath(worker)}{venv_arg} --python-path {python_path}"
+        + (" --prestart-worker" if prestart_worker else "") + ' "$@"\n')
     (runtime / "bootstrap.sh").chmod(0o755)
     if probe_source:
         (runtime / "probe").mkdir()

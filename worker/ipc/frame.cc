@@ -32,6 +32,8 @@ constexpr TypeName kTypeNames[] = {
     {FrameType::kLog, "log"},
     {FrameType::kTrace, "trace"},
     {FrameType::kNamespaceEvent, "ns_event"},
+    {FrameType::kSetEnv, "set_env"},
+    {FrameType::kEnvSet, "env_set"},
 };
 
 std::optional<FrameType> ParseType(std::string_view name) {
@@ -512,6 +514,16 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
     case FrameType::kShutdown:
       p.pack_map(1);
       PackStr(p, "t", "shutdown");
+      break;
+    case FrameType::kSetEnv:
+      p.pack_map(2);
+      PackStr(p, "t", "set_env");
+      PackBin(p, "data", f.data);
+      break;
+    case FrameType::kEnvSet:
+      p.pack_map(2);
+      PackStr(p, "t", "env_set");
+      PackStr(p, "detail", f.detail);
       break;
     case FrameType::kReady:
       p.pack_map(3);

@@ -35,6 +35,8 @@ enum class FrameType {
   kCancel,     // call_id
   kShutdown,   // (no fields)
   kStreamAck,  // call_id, index (the next index the host has not consumed)
+  kSetEnv,     // data: "K=V\0" entries to set in the running worker's
+               // environment (SandboxAdmin.Activate's env); answered by kEnvSet
   // both directions
   kNamespaceEvent,  // ns (see NamespaceEntry), data (msgpack payload)
   // worker -> daemon
@@ -44,6 +46,8 @@ enum class FrameType {
   kResult,       // call_id, encoding, data (last bytes), total_size
   kError,        // call_id, error
   kStreamItem,   // call_id, index, encoding, data (one whole encoded item)
+  kEnvSet,       // detail: empty once kSetEnv's entries are applied, else why
+                 // they could not be
   kLog,          // log (one log record; see LogEntry)
   kTrace,        // trace (one trace/span lifecycle event; see TraceEntry)
 };

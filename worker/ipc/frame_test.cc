@@ -109,6 +109,27 @@ TEST_CASE("Every frame type round-trips", "[ipc]") {
   }
 }
 
+TEST_CASE("set_env and env_set round-trip (an env block with NULs)",
+          "[ipc]") {
+  Frame set;
+  set.type = FrameType::kSetEnv;
+  set.data = std::string("A=1\0B=x=y\0", 10);
+  Frame got = Decode(Encode(set));
+  REQUIRE(got.type == FrameType::kSetEnv);
+  REQUIRE(got.data == set.data);
+  REQUIRE(FrameTypeName(FrameType::kSetEnv) == "set_env");
+
+  Frame ack;
+  ack.type = FrameType::kEnvSet;
+  got = Decode(Encode(ack));
+  REQUIRE(got.type == FrameType::kEnvSet);
+  REQUIRE(got.detail.empty());
+  ack.detail = "OSError: putenv failed";
+  got = Decode(Encode(ack));
+  REQUIRE(got.detail == "OSError: putenv failed");
+  REQUIRE(FrameTypeName(FrameType::kEnvSet) == "env_set");
+}
+
 TEST_CASE("FrameReader yields frames split at any byte", "[ipc]") {
   Frame a;
   a.type = FrameType::kResult;
