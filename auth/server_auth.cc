@@ -117,28 +117,30 @@ absl::StatusOr<std::string> LoadToken(const std::string& token_file,
     }
     return token;
   }
+  return LoadTokenFile(token_file, "--token-file");
+}
+
+absl::StatusOr<std::string> LoadTokenFile(const std::string& path,
+                                          absl::string_view flag) {
   struct stat st;
-  if (::stat(token_file.c_str(), &st) != 0) {
-    return absl::NotFoundError(
-        absl::StrCat("--token-file ", token_file, ": cannot stat it"));
+  if (::stat(path.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat(flag, " ", path, ": cannot stat it"));
   }
   if ((st.st_mode & 077) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "--token-file ", token_file,
-        " is accessible by group or others (mode ",
+        flag, " ", path, " is accessible by group or others (mode ",
         absl::StrFormat("%04o", st.st_mode & 07777), "); run chmod 600 on it"));
   }
-  std::ifstream in(token_file);
+  // Read to EOF: a pipe such as /proc/self/fd/N works.
+  std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
   if (!in && !in.eof()) {
-    return absl::NotFoundError(
-        absl::StrCat("--token-file ", token_file, ": cannot read it"));
+    return absl::NotFoundError(absl::StrCat(flag, " ", path, ": cannot read it"));
   }
   std::string token(absl::StripAsciiWhitespace(text.str()));
   if (token.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--token-file ", token_file, " is empty"));
+    return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, " is empty"));
   }
   return token;
 }

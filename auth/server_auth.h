@@ -54,6 +54,12 @@ absl::StatusOr<std::string> LoadToken(const std::string& token_file,
                                       const char* env_value,
                                       absl::string_view env_name = kTokenEnvVar);
 
+// The contents of a token file (surrounding whitespace stripped), read to
+// EOF (a pipe such as /proc/self/fd/N works), with LoadToken's rules;
+// errors name `flag`.
+absl::StatusOr<std::string> LoadTokenFile(const std::string& path,
+                                          absl::string_view flag);
+
 // Reads a whole PEM file; errors name the flag.
 absl::StatusOr<std::string> ReadPemFile(const std::string& path,
                                         absl::string_view flag);

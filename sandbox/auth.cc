@@ -98,57 +98,9 @@ class CoreServerCredentials final : public grpc::ServerCredentials {
 
 }  // namespace
 
-bool BearerTokenMatches(absl::string_view token, absl::string_view presented) {
-  const std::string expected = absl::StrCat(kBearerPrefix, token);
-  // Every byte of `presented` is compared (against a fixed byte past the
-  // end of `expected`), so the time depends only on its length.
-  unsigned char diff = presented.size() == expected.size() ? 0 : 1;
-  for (size_t i = 0; i < presented.size(); ++i) {
-    const unsigned char want =
-        i < expected.size() ? static_cast<unsigned char>(expected[i]) : 0;
-    diff |= static_cast<unsigned char>(presented[i]) ^ want;
-  }
-  return !token.empty() && diff == 0;
-}
-
 absl::StatusOr<std::string> LoadToken(const std::string& token_file,
                                       const char* env_value) {
-  if (token_file.empty()) {
-    if (env_value == nullptr) return std::string();
-    std::string token(absl::StripAsciiWhitespace(env_value));
-    if (token.empty()) {
-      // Set but blank is a mistake, not a request to run without a check.
-      return absl::InvalidArgumentError(absl::StrCat(
-          "$", kTokenEnvVar, " is set but empty or blank; set a token, or "
-          "unset it to run without a token check"));
-    }
-    return token;
-  }
-  return LoadTokenFile(token_file, "--token-file");
-}
-
-absl::StatusOr<std::string> LoadTokenFile(const std::string& path,
-                                          absl::string_view flag) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    return absl::NotFoundError(absl::StrCat(flag, " ", path, ": cannot stat it"));
-  }
-  if ((st.st_mode & 077) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        flag, " ", path, " is accessible by group or others (mode ",
-        absl::StrFormat("%04o", st.st_mode & 07777), "); run chmod 600 on it"));
-  }
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in && !in.eof()) {
-    return absl::NotFoundError(absl::StrCat(flag, " ", path, ": cannot read it"));
-  }
-  std::string token(absl::StripAsciiWhitespace(text.str()));
-  if (token.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, " is empty"));
-  }
-  return token;
+  return auth::LoadToken(token_file, env_value, kTokenEnvVar);
 }
 
 std::shared_ptr<TokenGate> TokenGate::Fixed(std::string token) {
@@ -230,22 +182,6 @@ absl::Status TokenGate::CheckCandidate(absl::string_view token) const {
 bool TokenGate::IsRuntimeToken(absl::string_view token) const {
   return armed() &&
          BearerTokenMatches(runtime_token_, absl::StrCat(kBearerPrefix, token));
-}
-
-absl::StatusOr<std::string> ReadPemFile(const std::string& path,
-                                        absl::string_view flag) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat(flag, " ", path, ": cannot open it"));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  if (text.str().find("-----BEGIN") == std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, " ", path, ": not a PEM file"));
-  }
-  return text.str();
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "auth/server_auth.h"
 
 namespace agentix::sandbox {
 
@@ -106,19 +107,11 @@ struct ServerSecurityOptions {
 absl::StatusOr<std::string> LoadToken(const std::string& token_file,
                                       const char* env_value);
 
-// The contents of a token file (surrounding whitespace stripped), read to
-// EOF (a pipe such as /proc/self/fd/N works), with LoadToken's rules; errors
-// name `flag`.
-absl::StatusOr<std::string> LoadTokenFile(const std::string& path,
-                                          absl::string_view flag);
-
-// Reads a whole PEM file; errors name the flag.
-absl::StatusOr<std::string> ReadPemFile(const std::string& path,
-                                        absl::string_view flag);
-
-// Whether `presented` (the authorization header value) carries `token`.
-// Takes the same time for every presented value of a given length.
-bool BearerTokenMatches(absl::string_view token, absl::string_view presented);
+// Shared with providerd (//auth): the token file rules, PEM files and the
+// constant-time bearer comparison.
+using auth::BearerTokenMatches;
+using auth::LoadTokenFile;
+using auth::ReadPemFile;
 
 // Credentials for every listening port of the daemon.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
