@@ -464,7 +464,8 @@ async def measure_baseline(args, harness, bundle: Path, mark: str, work: Path) -
 
     provider_cls, config_cls, name = _inprocess_provider_class()
     provider = provider_cls(config_cls(runtime_dir=str(work / "b-run"), cache_dir=str(work / "b-cache"),
-                                       ready_timeout=CREATE_TIMEOUT_S))
+                                       ready_timeout=CREATE_TIMEOUT_S,
+                                       extra_bwrap_args=harness.sandbox_binds()))
     config = SandboxConfig(image="host", bundle=str(bundle))
     r: dict = {"implementation": name}
     try:

@@ -129,15 +129,18 @@ def find_providerd() -> Path:
     return bazel_bin / "providers" / "agentix-providerd"
 
 
-def sandbox_bind_args() -> list[str]:
-    """providerd flags that make a checkout under /tmp (as CI may use) visible
-    in sandboxes: a sandbox gets a fresh /tmp, which would hide the test
-    venv and the modules the dev bundles name (runfiles link back into the
-    checkout), so the checkout is bound read-only at its own path."""
+def sandbox_binds() -> list[str]:
+    """bubblewrap arguments that make a checkout under /tmp (as CI may use)
+    visible in sandboxes: a sandbox gets a fresh /tmp, which would hide the
+    test venv and the modules the dev bundles name (runfiles link back into
+    the checkout), so the checkout is bound read-only at its own path."""
     repo = str(Path(__file__).resolve().parents[2])
-    if not (repo + "/").startswith("/tmp/"):
-        return []
-    return [f"--local-extra-bwrap-arg={arg}" for arg in ("--ro-bind", repo, repo)]
+    return ["--ro-bind", repo, repo] if (repo + "/").startswith("/tmp/") else []
+
+
+def sandbox_bind_args() -> list[str]:
+    """`sandbox_binds()` as providerd flags."""
+    return [f"--local-extra-bwrap-arg={arg}" for arg in sandbox_binds()]
 
 
 class Providerd:
