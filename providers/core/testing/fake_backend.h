@@ -28,6 +28,10 @@ struct FakeConfig {
   bool oom_before_ready = false;
   // Validate refuses specs whose image is this.
   std::string invalid_image = "invalid-image";
+  // Sandboxes outlive the backend object that launched them (containers,
+  // which are not providerd's children). false: like the local backend's,
+  // they die with it, so another backend object finds them Missing.
+  bool survive_restart = false;
 };
 
 struct FakeSandbox {
@@ -36,6 +40,7 @@ struct FakeSandbox {
   absl::Time launched;
   Observed observed;
   std::string log;
+  const void* launched_by = nullptr;  // the FakeBackend object
 };
 
 class FakeWorld {
