@@ -366,3 +366,28 @@ async def test_kill9_and_restart_adopts_live_containers_and_destroys_orphans(api
     finally:
         await fresh.close()
         api.channel = grpc.aio.insecure_channel(pd.target)  # for the fixture's close
+
+
+async def test_python_provider_session_on_the_engine(api, engine, bundle, monkeypatch):
+    """`agentix.provider.docker.DockerProvider` / `PodmanProvider`, as the
+    entry-point registry hands them out, through this providerd."""
+    from agentix.provider import SandboxConfig, SandboxResource, providers
+
+    monkeypatch.setenv("AGENTIX_PROVIDER_URL", api.pd.target)
+    monkeypatch.setenv("AGENTIX_PROVIDER_TOKEN", api.pd.token)
+    provider_class = providers().get(engine.kind)
+    assert provider_class.__name__ == ("DockerProvider" if engine.kind == "docker" else "PodmanProvider")
+    async with provider_class() as provider:
+        config = SandboxConfig(image=IMAGE, bundle=str(bundle), env={"WHO": engine.kind},
+                               resource=SandboxResource(memory="256m"))
+        async with provider.session(config) as sandbox:
+            assert await asyncio.wait_for(sandbox.remote(bundle_app.add, 4, 5), CALL_TIMEOUT_S) == 9
+            assert await sandbox.remote(os.getenv, "WHO") == engine.kind
+            assert (await provider.get(sandbox.sandbox_id)).status == "running"
+            container = engine.api(f"/containers/{ContainerName(sandbox.sandbox_id)}/json")
+            assert container["HostConfig"]["Memory"] == 256 << 20
+        assert engine.containers(api.pd.instance) == []
+
+
+def ContainerName(sandbox_id):  # noqa: N802  (as the backend names it)
+    return f"agentix-{sandbox_id}"
