@@ -21,7 +21,6 @@ Run: bazel build //... && tools/make_venv $PWD/.venv-test &&
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import subprocess
@@ -36,11 +35,13 @@ import pytest
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "testing" / "providerd"))
+sys.path.insert(0, str(REPO / "testing" / "engines"))
 sys.path.insert(0, str(Path(__file__).parent))
 
 import providerd_harness as harness  # noqa: E402
-from test_engine_backend import (  # noqa: E402
-    BUNDLER, IMAGE, PROJECT, Engine, _busybox_tar, _mounts_under, _unmount_all_under, bundle_app)
+from test_engine_backend import BUNDLER, PROJECT, bundle_app  # noqa: E402
+import engines  # noqa: E402
+from engines import IMAGE, _busybox_tar, _mounts_under, _unmount_all_under  # noqa: E402
 
 pb, pb_grpc = harness.stubs()
 Phase = pb.SandboxStatus
@@ -52,25 +53,18 @@ CALL_TIMEOUT_S = 60.0
 
 @pytest.fixture(scope="module", params=["docker", "podman"])
 def engine(request, tmp_path_factory):
-    kind = request.param
-    if shutil.which("dockerd" if kind == "docker" else "podman") is None:
-        pytest.fail(f"{kind} is not installed: run tools/setup")
     tar = _busybox_tar(tmp_path_factory.mktemp("image"))
-    root = Path(tempfile.mkdtemp(prefix=f"agx-{kind[:2]}-", dir="/tmp"))
-    engine = Engine(kind, root)
     try:
-        engine.run_cli("import", str(tar), IMAGE)
+        engine = engines.start(request.param, tar)
+    except RuntimeError as error:
+        pytest.fail(str(error))
+    try:
         yield engine
         leftovers = engine.containers()
-        assert leftovers == [], f"{kind}: containers left behind: {leftovers}"
+        assert leftovers == [], f"{engine.kind}: containers left behind: {leftovers}"
     finally:
-        for container in engine.containers() if engine.proc.poll() is None else []:
-            subprocess.run([*engine.cli, "rm", "-f", container["Id"]], capture_output=True,
-                           env=engine.env, timeout=60)
-        engine.stop()
-        _unmount_all_under(root)
-        shutil.rmtree(root, ignore_errors=True)
-    assert not _mounts_under(root)
+        engines.cleanup(engine)
+    assert not _mounts_under(engine.root)
 
 
 @pytest.fixture(scope="module")
