@@ -645,7 +645,8 @@ std::map<std::string, pb::Endpoint> ControllerImpl::Readopt(absl::Time now) {
       const pb::SandboxStatus& st = e.record.status();
       auto b = backends_.find(e.backend);
       if (st.phase() != pb::SandboxStatus::READY || e.ref.value.empty() ||
-          b == backends_.end() || FromProto(st.expire_time()) <= now) {
+          b == backends_.end() || !b->second->SandboxesSurviveRestart() ||
+          FromProto(st.expire_time()) <= now) {
         continue;
       }
       candidates.push_back({id, b->second.get(), e.ref, e.admin_token});

@@ -564,9 +564,11 @@ ENGINE_COLD_OVER_BARE_MS = 150.0
 def _engines_wanted(args) -> list[str]:
     """The engines to measure: --engines / --no-engines, else all installed in
     a full run and none with --quick."""
-    if args.engines is False or (args.engines is None and args.quick):
+    if args.engines is False or (args.engines is None and args.quick and args.only != "engines"):
         return []
     installed = [kind for kind, binary in (("docker", "dockerd"), ("podman", "podman")) if shutil.which(binary)]
+    if args.only in ("ours", "baseline") and not args.engines:
+        return []
     if args.engines and len(installed) < 2:
         log(f"--engines: only {installed or 'none'} of dockerd/podman installed (run tools/setup)")
     return installed
@@ -739,7 +741,8 @@ def main(argv=None) -> int:
     parser.add_argument("--density", type=int, default=None, help="idle sandboxes for density (default 100; quick 10)")
     parser.add_argument("--no-baseline-density", dest="baseline_density", action="store_false",
                         help="skip the in-process density measurement")
-    parser.add_argument("--only", choices=("ours", "baseline"), help="measure one side only")
+    parser.add_argument("--only", choices=("ours", "baseline", "engines"),
+                        help="measure one side only (engines: only the docker/podman keys)")
     parser.add_argument("--providerd", help="use this agentix-providerd instead of the runfiles'")
     parser.add_argument("--engines", dest="engines", action="store_true", default=None,
                         help="measure the docker and podman backends (starts dockerd and a podman service; "

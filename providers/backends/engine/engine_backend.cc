@@ -167,6 +167,9 @@ class EngineBackend final : public Backend {
 
   absl::StatusOr<pb::BackendCapabilities> Probe() override { return ProbeEngine(); }
 
+  // Containers are the engine's children, not providerd's.
+  bool SandboxesSurviveRestart() const override { return true; }
+
   absl::Status Validate(const LaunchSpec& spec) const override {
     AGX_RETURN_IF_ERROR(ValidateStatic(spec, options_, nofile_hard_limit_));
     AGX_RETURN_IF_ERROR(CheckCapabilities(spec));

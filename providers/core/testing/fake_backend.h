@@ -102,6 +102,7 @@ class FakeBackend : public Backend {
                           LogSink* sink) override;
   std::string LogTail(const BackendRef& ref, size_t max_bytes) override;
   void Shutdown() override;
+  bool SandboxesSurviveRestart() const override { return world_->config().survive_restart; }
 
   // Makes the sandbox with `sandbox_id` exit (as its backend would report).
   bool Exit(const std::string& sandbox_id, int code, bool oom);
