@@ -40,6 +40,8 @@ constexpr size_t kLogTailBytes = 64 * 1024;
 constexpr absl::Duration kMaxWait = absl::Seconds(55);
 // How long a restart waits for its READY sandboxes to prove they are alive.
 constexpr absl::Duration kReadoptTimeout = absl::Seconds(3);
+// How often GetCapabilities probes again a backend that was down at start.
+constexpr absl::Duration kReprobeInterval = absl::Seconds(2);
 constexpr char kLabelSandboxId[] = "agentix.dev/sandbox-id";
 constexpr char kLabelManagedBy[] = "agentix.dev/managed-by";
 constexpr char kLabelPool[] = "agentix.dev/pool";
@@ -328,6 +330,8 @@ class ControllerImpl final : public SandboxController, public EventSink {
   uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, pb::BackendCapabilities> caps_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> unprobed_ ABSL_GUARDED_BY(mu_);  // Probe failed at start
+  bool reprobing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_reprobe_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   Histogram create_hist_ ABSL_GUARDED_BY(mu_);
   Histogram acquire_hist_ ABSL_GUARDED_BY(mu_);
   Histogram delete_hist_ ABSL_GUARDED_BY(mu_);
@@ -1777,19 +1781,30 @@ absl::Status ControllerImpl::StreamLogs(const pb::StreamSandboxLogsRequest& requ
 }
 
 pb::Capabilities ControllerImpl::GetCapabilities() {
-  std::set<std::string> unprobed;
   {
+    // A backend down at start is probed again, off this call (a hung engine
+    // must not hold it) and at most once per kReprobeInterval.
     absl::MutexLock lock(&mu_);
-    unprobed = unprobed_;
-  }
-  for (const std::string& name : unprobed) {  // an engine down at start
-    auto probed = backends_.at(name)->Probe();
-    absl::MutexLock lock(&mu_);
-    if (probed.ok()) {
-      caps_[name] = *probed;
-      unprobed_.erase(name);
-    } else {
-      caps_[name].set_detail(absl::StrCat("unreachable: ", probed.status().message()));
+    absl::Time now = absl::Now();
+    if (!unprobed_.empty() && !reprobing_ && started_ && !shutting_down_ &&
+        now >= last_reprobe_ + kReprobeInterval) {
+      reprobing_ = true;
+      last_reprobe_ = now;
+      std::set<std::string> names = unprobed_;
+      Submit([this, names] {
+        for (const std::string& name : names) {
+          auto probed = backends_.at(name)->Probe();
+          absl::MutexLock lock(&mu_);
+          if (probed.ok()) {
+            caps_[name] = *probed;
+            unprobed_.erase(name);
+          } else {
+            caps_[name].set_detail(absl::StrCat("unreachable: ", probed.status().message()));
+          }
+        }
+        absl::MutexLock lock(&mu_);
+        reprobing_ = false;
+      });
     }
   }
   pb::Capabilities caps;
