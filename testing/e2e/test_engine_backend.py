@@ -39,7 +39,7 @@ import pytest
 from conftest import BAZEL_BIN, REPO
 
 sys.path.insert(0, str(REPO / "testing" / "engines"))
-from engines import IMAGE, Engine, _busybox_tar, _mounts_under, _unmount_all_under  # noqa: E402
+from engines import IMAGE, _mounts_under, _unmount_all_under  # noqa: E402
 
 TOOL = BAZEL_BIN / "providers" / "backends" / "engine" / "engine_tool"
 BUNDLER = BAZEL_BIN / "bundler" / "bundler"
@@ -84,33 +84,21 @@ def _debian_like_tar(directory):
 
 
 @pytest.fixture(scope="module")
-def images_tar(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("image")
-    return {IMAGE: _busybox_tar(directory), DEBIAN_IMAGE: _debian_like_tar(directory)}
-
-
-@pytest.fixture(scope="module", params=["docker", "podman"])
-def engine(request, images_tar):
-    kind = request.param
-    if shutil.which("dockerd" if kind == "docker" else "podman") is None:
-        pytest.fail(f"{kind} is not installed: run tools/setup")
-    root = Path(tempfile.mkdtemp(prefix=f"agx-{kind[:2]}-", dir="/tmp"))
-    engine = Engine(kind, root)
-    try:
-        for name, tar in images_tar.items():
-            engine.run_cli("import", str(tar), name)
-        yield engine
-        leftovers = engine.containers()
-        assert leftovers == [], f"{kind}: containers left behind: {leftovers}"
-    finally:
-        for container in engine.containers() if engine.proc.poll() is None else []:
-            subprocess.run([*engine.cli, "rm", "-f", container["Id"]], capture_output=True,
-                           env=engine.env, timeout=60)
-        engine.stop()
-        # dockerd leaves its exec root's default netns mounted (ENVIRONMENT.md §3).
-        _unmount_all_under(root)
-        shutil.rmtree(root, ignore_errors=True)
-    assert not _mounts_under(root)
+def engine(engine_service, tmp_path_factory):
+    """The session's engine (conftest.py) with the Debian-like image too; none
+    of this module's containers may be left at its end."""
+    engine = engine_service
+    if engine.proc.poll() is not None:  # a test stopped it and failed before starting it again
+        engine.start()
+    engine.run_cli("import", str(_debian_like_tar(tmp_path_factory.mktemp("image"))), DEBIAN_IMAGE)
+    yield engine
+    if engine.proc.poll() is not None:
+        engine.start()
+    leftovers = engine.containers()
+    for container in leftovers:
+        subprocess.run([*engine.cli, "rm", "-f", container["Id"]], capture_output=True,
+                       env=engine.env, timeout=60)
+    assert leftovers == [], f"{engine.kind}: containers left behind: {leftovers}"
 
 
 # --------------------------------------------------------------- backend --
@@ -159,14 +147,10 @@ class Tool:
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory):
-    if not BUNDLER.exists() or not TOOL.exists():
+def bundle(engine_bundle):
+    if not TOOL.exists():
         pytest.fail("run `bazel build //...` first")
-    out = tmp_path_factory.mktemp("bundle") / "out"
-    done = subprocess.run([str(BUNDLER), "build", str(PROJECT), "--output", str(out)],
-                          capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr
-    return out
+    return engine_bundle
 
 
 def shell_bundle(directory, script):

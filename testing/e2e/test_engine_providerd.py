@@ -39,9 +39,8 @@ sys.path.insert(0, str(REPO / "testing" / "engines"))
 sys.path.insert(0, str(Path(__file__).parent))
 
 import providerd_harness as harness  # noqa: E402
-from test_engine_backend import BUNDLER, PROJECT, bundle_app  # noqa: E402
-import engines  # noqa: E402
-from engines import IMAGE, _busybox_tar, _mounts_under, _unmount_all_under  # noqa: E402
+from test_engine_backend import bundle_app  # noqa: E402
+from engines import IMAGE, _mounts_under, _unmount_all_under  # noqa: E402
 
 pb, pb_grpc = harness.stubs()
 Phase = pb.SandboxStatus
@@ -51,31 +50,25 @@ CALL_TIMEOUT_S = 60.0
 
 # ------------------------------------------------------------------ fixtures --
 
-@pytest.fixture(scope="module", params=["docker", "podman"])
-def engine(request, tmp_path_factory):
-    tar = _busybox_tar(tmp_path_factory.mktemp("image"))
-    try:
-        engine = engines.start(request.param, tar)
-    except RuntimeError as error:
-        pytest.fail(str(error))
-    try:
-        yield engine
-        leftovers = engine.containers()
-        assert leftovers == [], f"{engine.kind}: containers left behind: {leftovers}"
-    finally:
-        engines.cleanup(engine)
-    assert not _mounts_under(engine.root)
+@pytest.fixture(scope="module")
+def engine(engine_service):
+    """The session's engine (conftest.py); none of this module's containers
+    may be left at its end."""
+    if engine_service.proc.poll() is not None:
+        engine_service.start()
+    yield engine_service
+    leftovers = engine_service.containers()
+    for container in leftovers:
+        subprocess.run([*engine_service.cli, "rm", "-f", container["Id"]], capture_output=True,
+                       env=engine_service.env, timeout=60)
+    assert leftovers == [], f"{engine_service.kind}: containers left behind: {leftovers}"
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory):
-    if not BUNDLER.exists() or not harness.find_providerd().exists():
+def bundle(engine_bundle):
+    if not harness.find_providerd().exists():
         pytest.fail("run `bazel build //...` first")
-    out = tmp_path_factory.mktemp("bundle") / "out"
-    done = subprocess.run([str(BUNDLER), "build", str(PROJECT), "--output", str(out)],
-                          capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr
-    return out
+    return engine_bundle
 
 
 @pytest.fixture(scope="module")
