@@ -185,7 +185,32 @@ def cleanup(engine: Engine) -> list:
                                env=engine.env, timeout=60)
     finally:
         engine.stop()
+        # conmon runs `podman --root ... container cleanup` after a container
+        # exits, which would make the roots again after they are removed:
+        # wait (bounded) for every process naming the root to end first.
+        _wait_for_processes_naming(engine.root, timeout=15.0)
         # dockerd leaves its exec root's default netns mounted (ENVIRONMENT.md §3).
         _unmount_all_under(engine.root)
         shutil.rmtree(engine.root, ignore_errors=True)
     return left
+
+
+def _processes_naming(text: str) -> list[int]:
+    found = []
+    needle = text.encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if needle in f.read():
+                    found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
+def _wait_for_processes_naming(root: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while _processes_naming(str(root)) and time.monotonic() < deadline:
+        time.sleep(0.1)
