@@ -123,6 +123,12 @@ class Backend {
 
   // Stops the backend's threads; no EventSink call after it returns.
   virtual void Shutdown() {}
+
+  // Whether its sandboxes outlive providerd (containers, pods) so that a
+  // restarted providerd may adopt them again (Inspect, ResolveEndpoint, the
+  // daemon's health); false when they die with it (the local backend's,
+  // under bubblewrap --die-with-parent), which a restart reports BACKEND_LOST.
+  virtual bool SandboxesSurviveRestart() const { return false; }
 };
 
 }  // namespace agentix::providers

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <tuple>
 #include <utility>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -23,6 +24,7 @@
 #include "absl/strings/str_join.h"
 #include "base/log.h"
 #include "base/status_macros.h"
+#include "providers/backends/engine/engine_backend.h"
 #include "providers/backends/local/local_backend.h"
 #include "providers/core/grpc_daemon_agent.h"
 #include "providers/service/metrics_text.h"
@@ -107,6 +109,32 @@ absl::StatusOr<std::vector<std::unique_ptr<Backend>>> MakeLocalBackends(
                        local::NewLocalBackend(std::move(options)));
   std::vector<std::unique_ptr<Backend>> backends;
   backends.push_back(std::move(backend));
+  return backends;
+}
+
+// The docker and podman backends whose sockets are given. Their sandboxes
+// are containers, which outlive providerd: a restart adopts those still
+// answering (SandboxController::Start).
+absl::StatusOr<std::vector<std::unique_ptr<Backend>>> MakeEngineBackends(
+    const EngineFlags& flags, const std::string& state_dir, const std::string& instance) {
+  std::vector<std::unique_ptr<Backend>> backends;
+  for (auto [name, socket, run_root] :
+       {std::tuple{"docker", flags.docker_socket, "/dk"},
+        std::tuple{"podman", flags.podman_socket, "/pm"}}) {
+    if (socket.empty()) continue;
+    if (socket.front() != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, "-socket ", socket, ": must be an absolute path"));
+    }
+    engine::EngineOptions options;
+    options.name = name;
+    options.socket_path = socket;
+    options.run_root = absl::StrCat(state_dir, run_root);
+    options.instance = instance;
+    AGX_RETURN_IF_ERROR(MakePrivateDir(options.run_root, absl::StrCat("the ", name,
+                                                                      " run root")));
+    backends.push_back(engine::NewEngineBackend(std::move(options)));
+  }
   return backends;
 }
 
@@ -211,6 +239,10 @@ absl::StatusOr<std::unique_ptr<Providerd>> Providerd::Start(
   } else {
     AGX_ASSIGN_OR_RETURN(backends, MakeLocalBackends(config.local, sandbox_dir));
   }
+  AGX_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Backend>> engines,
+                       MakeEngineBackends(config.engines, config.state_dir,
+                                          config.controller.instance));
+  for (auto& engine : engines) backends.push_back(std::move(engine));
   std::unique_ptr<DaemonAgent> agent;
   if (config.make_agent) {
     agent = config.make_agent();

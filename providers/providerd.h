@@ -41,6 +41,12 @@ struct LocalFlags {
   std::vector<std::string> extra_bwrap_args;
 };
 
+// The container engines to serve, each only when its socket is given.
+struct EngineFlags {
+  std::string docker_socket;  // --docker-socket
+  std::string podman_socket;  // --podman-socket
+};
+
 struct ProviderdConfig {
   // gRPC addresses: "unix:///abs/path" or "HOST:PORT" (port 0 picks one).
   // Empty: DefaultSocketPath(), whose directory is made owner-only.
@@ -50,6 +56,9 @@ struct ProviderdConfig {
   // state_dir is set from the above.
   ControllerOptions controller;
   LocalFlags local;
+  // Backends "docker" / "podman" (spec.backend), their run dirs under
+  // <state_dir>/dk and <state_dir>/pm.
+  EngineFlags engines;
   ProviderServiceOptions service;
   bool destroy_on_exit = true;
   // "HOST:PORT" of the metrics listener; empty: none.

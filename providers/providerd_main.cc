@@ -119,6 +119,18 @@ ABSL_FLAG(std::string, local_cgroup_parent, "agentix",
           "local backend: the cgroup made under providerd's own one of each "
           "controller, holding one cgroup per sandbox");
 
+ABSL_FLAG(std::string, docker_socket, "",
+          "serve backend \"docker\" (spec.backend) over the Docker Engine API "
+          "on this Unix socket, e.g. /run/docker.sock or /var/run/docker.sock; "
+          "empty: no docker backend. Its run dirs live under <state-dir>/dk. "
+          "An engine not answering at start does not stop providerd: its "
+          "creates are UNAVAILABLE ENGINE_UNAVAILABLE until it does");
+ABSL_FLAG(std::string, podman_socket, "",
+          "serve backend \"podman\" over podman's Docker-compatible API on "
+          "this Unix socket, e.g. $XDG_RUNTIME_DIR/podman/podman.sock or "
+          "/run/podman/podman.sock (`podman system service`); empty: no "
+          "podman backend. Its run dirs live under <state-dir>/pm");
+
 namespace agentix::providers {
 namespace {
 
@@ -235,6 +247,9 @@ absl::StatusOr<ProviderdConfig> ConfigFromFlags(std::vector<std::string> listen)
   config.destroy_on_exit = absl::GetFlag(FLAGS_destroy_on_exit);
   config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
 
+  config.engines.docker_socket = absl::GetFlag(FLAGS_docker_socket);
+  config.engines.podman_socket = absl::GetFlag(FLAGS_podman_socket);
+
   LocalFlags& local = config.local;
   local.bwrap = absl::GetFlag(FLAGS_bwrap);
   local.pids_max = absl::GetFlag(FLAGS_local_pids_max);
@@ -283,7 +298,8 @@ int Run(int argc, char** raw_argv) {
       "[--token-file FILE] [--metrics-listen HOST:PORT] [flags]\n\n"
       "Serves agentix.provider.v1.ProviderService (with grpc.health.v1 and "
       "reflection): creates, watches and deletes sandboxes (bubblewrap on "
-      "this machine) and keeps warm pools. Prints 'agentix-providerd serving "
+      "this machine; docker/podman containers with --docker-socket / "
+      "--podman-socket) and keeps warm pools. Prints 'agentix-providerd serving "
       "on ADDRESS[, ...]' on stdout once listening.\n\n"
       "  --listen ADDRESS  unix:///abs/path.sock or HOST:PORT (port 0: any "
       "free one); repeatable; unix sockets are made mode 0600. Default: "

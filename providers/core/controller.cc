@@ -38,6 +38,10 @@ constexpr int kLaunchWorkers = 16;
 constexpr int kWorkers = 8;
 constexpr size_t kLogTailBytes = 64 * 1024;
 constexpr absl::Duration kMaxWait = absl::Seconds(55);
+// How long a restart waits for its READY sandboxes to prove they are alive.
+constexpr absl::Duration kReadoptTimeout = absl::Seconds(3);
+// How often GetCapabilities probes again a backend that was down at start.
+constexpr absl::Duration kReprobeInterval = absl::Seconds(2);
 constexpr char kLabelSandboxId[] = "agentix.dev/sandbox-id";
 constexpr char kLabelManagedBy[] = "agentix.dev/managed-by";
 constexpr char kLabelPool[] = "agentix.dev/pool";
@@ -268,6 +272,9 @@ class ControllerImpl final : public SandboxController, public EventSink {
                                           const std::string& admin_token, absl::Time deadline,
                                           const std::function<bool()>& stop);
   std::optional<Observed> TakeEarlyExit(const std::string& ref);
+  // Start: the journaled READY sandboxes that are still running and whose
+  // daemon passes CheckReady, with their endpoints (no lock held).
+  std::map<std::string, pb::Endpoint> Readopt(absl::Time now);
   void ReaperLoop();
   void RunTask(const Task& task, Later* later) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void IdleCheck(const std::string& id);
@@ -322,6 +329,9 @@ class ControllerImpl final : public SandboxController, public EventSink {
   std::multimap<absl::Time, Task> tasks_ ABSL_GUARDED_BY(mu_);
   uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, pb::BackendCapabilities> caps_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> unprobed_ ABSL_GUARDED_BY(mu_);  // Probe failed at start
+  bool reprobing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_reprobe_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   Histogram create_hist_ ABSL_GUARDED_BY(mu_);
   Histogram acquire_hist_ ABSL_GUARDED_BY(mu_);
   Histogram delete_hist_ ABSL_GUARDED_BY(mu_);
@@ -443,8 +453,20 @@ absl::Status ControllerImpl::Start() {
             static_cast<long long>(loaded.dropped_bytes));
   }
   std::map<std::string, pb::BackendCapabilities> caps;
+  std::set<std::string> unprobed;
   for (auto& [name, backend] : backends_) {
     auto probed = backend->Probe();
+    if (!probed.ok() && absl::IsUnavailable(probed.status()) &&
+        name != options_.default_backend) {
+      // A container engine that is down now may come up later: its creates
+      // answer UNAVAILABLE until then, and GetCapabilities probes again.
+      fprintf(stderr, "providerd: backend %s: %s (probed again later)\n", name.c_str(),
+              probed.status().ToString().c_str());
+      caps[name].set_name(name);
+      caps[name].set_detail(absl::StrCat("unreachable: ", probed.status().message()));
+      unprobed.insert(name);
+      continue;
+    }
     if (!probed.ok()) {
       return absl::Status(probed.status().code(),
                           absl::StrCat("backend ", name, ": ", probed.status().message()));
@@ -463,6 +485,7 @@ absl::Status ControllerImpl::Start() {
     absl::MutexLock lock(&mu_);
     journal_ = std::move(*journal);
     caps_ = std::move(caps);
+    unprobed_ = std::move(unprobed);
     for (JournalRecord& r : Journal::Fold(std::move(loaded.records))) {
       if (r.type == kSandboxRecord && r.fields.size() >= 6) {
         Entry e;
@@ -490,6 +513,12 @@ absl::Status ControllerImpl::Start() {
         pools_[r.key] = std::move(pool);
       }
     }
+  }
+  // READY sandboxes whose backend kept them alive (containers are not our
+  // children) are adopted again when they still answer.
+  std::map<std::string, pb::Endpoint> adopted = Readopt(now);
+  {
+    absl::MutexLock lock(&mu_);
     for (auto& [id, e] : sandboxes_) {
       pb::SandboxStatus* st = e.record.mutable_status();
       if (Live(st->phase()) && !st->has_ready_time() &&
@@ -515,6 +544,23 @@ absl::Status ControllerImpl::Start() {
         Publish(e, pb::SandboxEvent::MODIFIED);
         resumed.push_back(id);
         counters_["creates_resumed"]++;
+        continue;
+      }
+      if (auto a = adopted.find(id); a != adopted.end()) {
+        // Same id, tokens and expiry: its clients go on as if nothing
+        // happened.
+        *st->mutable_endpoint() = a->second;
+        e.expire = FromProto(st->expire_time());
+        ScheduleExpire(e);
+        ref_owner_[e.ref.value] = id;
+        doomed_refs.insert(e.ref.value);  // ListOwned below must keep it
+        absl::Duration idle = FromProto(e.record.spec().idle_timeout());
+        if (idle > absl::ZeroDuration()) {
+          Schedule(now + std::clamp(idle / 4, absl::Milliseconds(20), absl::Seconds(1)),
+                   Task{TaskKind::kIdle, id});
+        }
+        Publish(e, pb::SandboxEvent::MODIFIED);
+        counters_["readopted"]++;
         continue;
       }
       if (Live(st->phase())) {
@@ -587,6 +633,69 @@ absl::Status ControllerImpl::Start() {
   }
   reaper_ = std::thread([this] { ReaperLoop(); });
   return absl::OkStatus();
+}
+
+std::map<std::string, pb::Endpoint> ControllerImpl::Readopt(absl::Time now) {
+  struct Candidate {
+    std::string id;
+    Backend* backend;
+    BackendRef ref;
+    std::string admin_token;
+  };
+  std::vector<Candidate> candidates;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, e] : sandboxes_) {
+      const pb::SandboxStatus& st = e.record.status();
+      auto b = backends_.find(e.backend);
+      if (st.phase() != pb::SandboxStatus::READY || e.ref.value.empty() ||
+          b == backends_.end() || !b->second->SandboxesSurviveRestart() ||
+          FromProto(st.expire_time()) <= now) {
+        continue;
+      }
+      candidates.push_back({id, b->second.get(), e.ref, e.admin_token});
+    }
+  }
+  if (candidates.empty()) return {};
+  // In parallel, and within kReadoptTimeout however slow a backend is: a
+  // check still running then counts as lost (its task owns what it uses).
+  struct Shared {
+    absl::Mutex mu;
+    std::map<std::string, pb::Endpoint> adopted ABSL_GUARDED_BY(mu);
+    size_t done ABSL_GUARDED_BY(mu) = 0;
+    bool closed ABSL_GUARDED_BY(mu) = false;
+  };
+  auto shared = std::make_shared<Shared>();
+  const absl::Time deadline = absl::Now() + kReadoptTimeout;
+  DaemonAgent* agent = agent_.get();
+  for (Candidate& c : candidates) {
+    workers_->Submit([shared, c, deadline, agent] {
+      std::optional<pb::Endpoint> endpoint;
+      auto observed = c.backend->Inspect(c.ref);
+      if (observed.ok() && observed->state == Observed::State::kRunning) {
+        auto resolved = c.backend->ResolveEndpoint(c.ref);
+        if (resolved.ok() && agent->CheckReady(*resolved, c.admin_token, deadline).ok()) {
+          endpoint = *resolved;
+        }
+      }
+      absl::MutexLock lock(&shared->mu);
+      if (endpoint && !shared->closed) shared->adopted[c.id] = *endpoint;
+      ++shared->done;
+    });
+  }
+  absl::MutexLock lock(&shared->mu);
+  const size_t total = candidates.size();
+  std::pair<size_t*, size_t> progress(&shared->done, total);
+  shared->mu.AwaitWithDeadline(
+      absl::Condition(
+          +[](std::pair<size_t*, size_t>* p) { return *p->first == p->second; }, &progress),
+      deadline + absl::Milliseconds(500));
+  shared->closed = true;
+  if (shared->done < total) {
+    fprintf(stderr, "providerd: %zu sandbox(es) did not answer within %s of the restart\n",
+            total - shared->done, absl::FormatDuration(kReadoptTimeout).c_str());
+  }
+  return std::move(shared->adopted);
 }
 
 void ControllerImpl::Shutdown(bool destroy_all) {
@@ -1672,6 +1781,32 @@ absl::Status ControllerImpl::StreamLogs(const pb::StreamSandboxLogsRequest& requ
 }
 
 pb::Capabilities ControllerImpl::GetCapabilities() {
+  {
+    // A backend down at start is probed again, off this call (a hung engine
+    // must not hold it) and at most once per kReprobeInterval.
+    absl::MutexLock lock(&mu_);
+    absl::Time now = absl::Now();
+    if (!unprobed_.empty() && !reprobing_ && started_ && !shutting_down_ &&
+        now >= last_reprobe_ + kReprobeInterval) {
+      reprobing_ = true;
+      last_reprobe_ = now;
+      std::set<std::string> names = unprobed_;
+      Submit([this, names] {
+        for (const std::string& name : names) {
+          auto probed = backends_.at(name)->Probe();
+          absl::MutexLock lock(&mu_);
+          if (probed.ok()) {
+            caps_[name] = *probed;
+            unprobed_.erase(name);
+          } else {
+            caps_[name].set_detail(absl::StrCat("unreachable: ", probed.status().message()));
+          }
+        }
+        absl::MutexLock lock(&mu_);
+        reprobing_ = false;
+      });
+    }
+  }
   pb::Capabilities caps;
   absl::MutexLock lock(&mu_);
   for (auto& [name, c] : caps_) *caps.add_backends() = c;

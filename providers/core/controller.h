@@ -92,7 +92,9 @@ class SandboxController {
       std::unique_ptr<DaemonAgent> agent);
   virtual ~SandboxController() = default;
 
-  // Replays the journal, marks sandboxes that did not survive BACKEND_LOST,
+  // Replays the journal, adopts again the READY sandboxes that survived the
+  // restart (Inspect: running, and the daemon passes CheckReady; bounded to
+  // a few seconds), marks those that did not BACKEND_LOST,
   // destroys every owned leftover the journal does not keep, probes the
   // backends and starts the reaper and the pools.
   virtual absl::Status Start() = 0;

@@ -846,6 +846,73 @@ TEST_CASE("Controller: a restart replays the journal: records, request ids and p
   CHECK(third.controller->Metrics().counters["backend_lost"] == 0);
 }
 
+TEST_CASE("Controller: after a restart, READY sandboxes that survived it (containers) and "
+          "still answer are adopted again: same id, token and expiry; the dead and orphans "
+          "are destroyed",
+          "[controller][restart]") {
+  Harness h;
+  FakeConfig survive;
+  survive.survive_restart = true;
+  h.world->set_config(survive);
+  h.Start();
+  pb::CreateSandboxRequest short_lived = Req("short");
+  short_lived.mutable_spec()->mutable_ttl()->set_seconds(3);
+  REQUIRE_OK_AND_ASSIGN(CreateResult alive, CreateSync(*h.controller, Req("alive")));
+  REQUIRE_OK_AND_ASSIGN(CreateResult expiring, CreateSync(*h.controller, short_lived));
+  REQUIRE_OK_AND_ASSIGN(CreateResult dead, CreateSync(*h.controller, Req("dead")));
+  REQUIRE_OK_AND_ASSIGN(CreateResult later_exit, CreateSync(*h.controller, Req("later")));
+  h.controller->Shutdown(false);  // like kill -9: the sandboxes stay
+  h.controller.reset();
+  {  // one died while providerd was down (no event reached anyone)
+    absl::MutexLock lock(&h.world->mu);
+    for (auto& [ref, sb] : h.world->sandboxes) {
+      if (sb.spec.sandbox_id == dead.sandbox.id()) {
+        sb.observed.state = Observed::State::kExited;
+        sb.observed.exit_code = 1;
+      }
+    }
+  }
+  std::string orphan = h.world->AddOrphan("test");
+
+  Harness second(h);
+  absl::Time start = absl::Now();
+  second.Start();
+  CHECK(absl::Now() - start < absl::Seconds(3));
+  REQUIRE_OK_AND_ASSIGN(pb::Sandbox kept, second.controller->GetSandbox(alive.sandbox.id()));
+  CHECK(kept.status().phase() == pb::SandboxStatus::READY);
+  CHECK(kept.status().backend_ref() == alive.sandbox.status().backend_ref());
+  CHECK(kept.status().endpoint().target() == alive.sandbox.status().endpoint().target());
+  CHECK(kept.status().expire_time().seconds() == alive.sandbox.status().expire_time().seconds());
+  REQUIRE_OK_AND_ASSIGN(pb::Credentials creds,
+                        second.controller->GetCredentials(alive.sandbox.id()));
+  CHECK(creds.access_token() == alive.access_token);
+  // The request id still answers with the same sandbox and token.
+  REQUIRE_OK_AND_ASSIGN(CreateResult replay, CreateSync(*second.controller, Req("alive")));
+  CHECK(replay.replayed);
+  CHECK(replay.access_token == alive.access_token);
+  CHECK(replay.sandbox.status().phase() == pb::SandboxStatus::READY);
+  REQUIRE_OK_AND_ASSIGN(pb::Sandbox lost, second.controller->GetSandbox(dead.sandbox.id()));
+  CHECK(lost.status().phase() == pb::SandboxStatus::TERMINATED);
+  CHECK(lost.status().exit().reason() == pb::Exit::BACKEND_LOST);
+  auto destroyed = h.world->destroyed();
+  CHECK(std::count(destroyed.begin(), destroyed.end(), orphan) == 1);
+  CHECK(std::count(destroyed.begin(), destroyed.end(), dead.sandbox.status().backend_ref()) == 1);
+  CHECK(std::count(destroyed.begin(), destroyed.end(), alive.sandbox.status().backend_ref()) == 0);
+  CHECK(second.controller->Metrics().counters["readopted"] == 3);
+  // Its backend's events reach it again...
+  REQUIRE(second.backend->Exit(later_exit.sandbox.id(), 7, false));
+  pb::WaitSandboxResponse ended = WaitSync(*second.controller, later_exit.sandbox.id(),
+                                           pb::SandboxStatus::TERMINATED, absl::Seconds(5));
+  CHECK(ended.sandbox().status().exit().exit_code() == 7);
+  // ...its expiry is scheduled again...
+  pb::WaitSandboxResponse expired = WaitSync(*second.controller, expiring.sandbox.id(),
+                                             pb::SandboxStatus::TERMINATED, absl::Seconds(8));
+  CHECK(expired.sandbox().status().exit().reason() == pb::Exit::TTL_EXPIRED);
+  // ...and a delete destroys it.
+  REQUIRE_OK(DeleteSync(*second.controller, alive.sandbox.id()));
+  CHECK(h.world->live() == 0);
+}
+
 TEST_CASE("Controller: a create a restart interrupted goes on: its request id answers READY "
           "(replayed, same id and token, armed with its env), not a lost sandbox",
           "[controller][restart]") {

@@ -26,6 +26,16 @@ What it measures (see README.md, "Provider service"):
                         N / ((MemAvailable before - after) in GiB)
   baseline              the same keys for the old in-process LocalProvider
                         (create -> first call, delete, density)
+  docker_* / podman_*   with --engines (default in a full run when the engines are
+                        installed; --quick skips them unless asked): a dockerd and a
+                        podman service started here as the e2e suite does (own roots,
+                        a busybox-only image, the real bundler's bundle), one providerd
+                        per engine (--docker-socket / --podman-socket):
+                        <engine>_cold_create_p50_ms (CreateSandbox -> READY, no pool),
+                        <engine>_warm_acquire_p50_ms (a claim from a warm pool), and
+                        <engine>_run_true_p50_ms (a bare `<engine> run --rm --network
+                        none IMAGE true` through the engine's CLI, same run).
+                        Targets: warm <= 10 ms; cold <= bare run + 150 ms.
 
 Output: human-readable lines, then, LAST, one JSON object. Bounded: every step
 has a timeout; every sandbox and process is removed on the way out.
@@ -546,6 +556,125 @@ def _merge_rounds(rounds: list[dict]) -> dict:
     return merged
 
 
+ENGINE_KEYS = tuple(f"{engine}_{key}" for key in ("warm_acquire_p50_ms", "cold_create_p50_ms", "run_true_p50_ms")
+                    for engine in ("docker", "podman"))
+ENGINE_WARM_TARGET_MS = 10.0
+ENGINE_COLD_OVER_BARE_MS = 150.0
+
+
+def _engines_wanted(args) -> list[str]:
+    """The engines to measure: --engines / --no-engines, else all installed in
+    a full run and none with --quick."""
+    if args.engines is False or (args.engines is None and args.quick and args.only != "engines"):
+        return []
+    installed = [kind for kind, binary in (("docker", "dockerd"), ("podman", "podman")) if shutil.which(binary)]
+    if args.only in ("ours", "baseline") and not args.engines:
+        return []
+    if args.engines and len(installed) < 2:
+        log(f"--engines: only {installed or 'none'} of dockerd/podman installed (run tools/setup)")
+    return installed
+
+
+def _build_bundle(tools: dict, out: Path) -> Path:
+    """The real bundler's bundle of testing/fixtures/bundle_project (the
+    container runs its Python, not the image's)."""
+    import subprocess
+
+    # The source tree's (it has a ../bundle_helper path dependency): the
+    # workspace under `bazel run`, else this file's checkout.
+    root = Path(os.environ.get("BUILD_WORKSPACE_DIRECTORY") or _repo_root())
+    project = root / "testing" / "fixtures" / "bundle_project"
+    done = subprocess.run([str(tools["bundler"]), "build", str(project), "--output", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"bundler failed: {done.stderr[-2000:]}")
+    return out
+
+
+async def measure_engine(args, harness, kind: str, tools: dict, bundle: Path, work: Path) -> dict:
+    """docker_* / podman_* keys (see the module docstring): a fresh engine and
+    providerd, stopped and removed at the end whatever happens."""
+    import subprocess
+
+    import engines
+
+    r: dict = {}
+    tar = await asyncio.to_thread(engines._busybox_tar, Path(tempfile.mkdtemp(prefix="img-", dir=work)))
+    engine = await asyncio.to_thread(engines.start, kind, tar)
+    pd_dir = Path(tempfile.mkdtemp(prefix="pe-", dir="/tmp"))
+    pd = harness.Providerd(pd_dir, binary=tools["providerd"], extra_args=[f"--{kind}-socket", str(engine.socket)])
+    ours = None
+    try:
+        await asyncio.to_thread(pd.start)
+        ours = Ours(harness, pd, bundle, "")
+        pb = ours.pb
+
+        def spec(**fields):
+            return pb.SandboxSpec(image=engines.IMAGE, backend=kind, bundle=pb.BundleRef(path=str(bundle)),
+                                  ttl=harness.duration(900), **fields)
+
+        # Bare runs first (the engine's own floor, same machine, same moment).
+        bare = []
+        for i in range(args.engine_runs + 1):
+            t0 = time.perf_counter()
+            await asyncio.to_thread(subprocess.run, [*engine.cli, "run", "--rm", "--network", "none",
+                                                     engines.IMAGE, "true"],
+                                    env=engine.env, capture_output=True, timeout=120, check=True)
+            if i:
+                bare.append((time.perf_counter() - t0) * 1000)
+        cold = []
+        for i in range(args.engine_runs + 1):
+            t0 = time.perf_counter()
+            response = await ours.create(spec())
+            if i:
+                cold.append((time.perf_counter() - t0) * 1000)
+            await ours.delete(response.sandbox.id)
+        await ours.stub.CreateWarmPool(pb.CreateWarmPoolRequest(pool=pb.WarmPool(
+            name="engine", template=spec(), min_ready=4, max_total=8)), metadata=ours.md, timeout=10)
+        await ours.wait_ready("engine", 4)
+        warm, misses = [], 0
+        while len(warm) < args.engine_warm:
+            claimed = []
+            for _ in range(min(4, args.engine_warm - len(warm))):
+                claim = spec(warm_pool="engine")
+                claim.env["BENCH_CLAIM"] = "1"
+                t0 = time.perf_counter()
+                response = await ours.create(claim)
+                elapsed = (time.perf_counter() - t0) * 1000
+                if response.sandbox.status.launch == pb.SandboxStatus.WARM:
+                    warm.append(elapsed)
+                else:
+                    misses += 1
+                claimed.append(response)
+            await asyncio.gather(*(ours.delete(c.sandbox.id) for c in claimed))
+            await ours.wait_ready("engine", 4)
+        await ours.stub.DeleteWarmPool(pb.DeleteWarmPoolRequest(name="engine"), metadata=ours.md, timeout=120)
+        r[f"{kind}_run_true_p50_ms"] = _median(bare)
+        r[f"{kind}_cold_create_p50_ms"] = _median(cold)
+        r[f"{kind}_cold_create_p99_ms"] = _pct(cold, 99)
+        r[f"{kind}_warm_acquire_p50_ms"] = _median(warm)
+        r[f"{kind}_warm_acquire_p99_ms"] = _pct(warm, 99)
+        r[f"{kind}_warm_misses"] = misses
+        log(f"[{kind}] bare run --rm true {r[f'{kind}_run_true_p50_ms']} ms; cold create -> READY "
+            f"{r[f'{kind}_cold_create_p50_ms']} ms; warm acquire p50 {r[f'{kind}_warm_acquire_p50_ms']} ms, "
+            f"p99 {r[f'{kind}_warm_acquire_p99_ms']} ms ({len(warm)} hits, {misses} misses)")
+    finally:
+        if ours is not None:
+            try:
+                await asyncio.wait_for(ours.delete_all(), 180)
+            except Exception as error:
+                log(f"[{kind}] cleanup: {error}")
+            await ours.close()
+        pd.stop()
+        left = await asyncio.to_thread(engines.cleanup, engine)
+        engines._unmount_all_under(pd_dir)
+        shutil.rmtree(pd_dir, ignore_errors=True)
+        r[f"{kind}_leftovers"] = len(left)
+        if left:
+            log(f"[{kind}] containers left behind: {[c.get('Names') for c in left]}")
+    return r
+
+
 async def run_all(args, tools: dict, work: Path, report: dict) -> None:
     import providerd_harness as harness
 
@@ -587,6 +716,13 @@ async def run_all(args, tools: dict, work: Path, report: dict) -> None:
             elif side == "baseline" and args.only in (None, "baseline"):
                 baseline_rounds.append(await measure_baseline(args, harness, bundle, mark, work))
             log(f"load average now {_loadavg()}")
+    wanted = _engines_wanted(args)
+    if wanted:
+        bundle_dir = await asyncio.to_thread(_build_bundle, tools, work / "engine-bundle")
+        for kind in wanted:
+            measured = await measure_engine(args, harness, kind, tools, bundle_dir, work)
+            report.update({k: v for k, v in measured.items() if k in ENGINE_KEYS})
+            report["details"][kind] = measured
     ours = _merge_rounds(ours_rounds) if ours_rounds else {}
     for key in HEADLINE:
         report[key] = ours.get(key)
@@ -607,23 +743,34 @@ def main(argv=None) -> int:
     parser.add_argument("--density", type=int, default=None, help="idle sandboxes for density (default 100; quick 10)")
     parser.add_argument("--no-baseline-density", dest="baseline_density", action="store_false",
                         help="skip the in-process density measurement")
-    parser.add_argument("--only", choices=("ours", "baseline"), help="measure one side only")
+    parser.add_argument("--only", choices=("ours", "baseline", "engines"),
+                        help="measure one side only (engines: only the docker/podman keys)")
     parser.add_argument("--no-prestart-worker", dest="prestart_worker", action="store_false",
                         help="the dev bundle's daemon starts its worker on the first call "
                              "(default: --prestart-worker, as a built bundle's bootstrap.sh)")
     parser.add_argument("--providerd", help="use this agentix-providerd instead of the runfiles'")
+    parser.add_argument("--engines", dest="engines", action="store_true", default=None,
+                        help="measure the docker and podman backends (starts dockerd and a podman service; "
+                             "default in a full run, off with --quick)")
+    parser.add_argument("--no-engines", dest="engines", action="store_false", help="skip the engines")
+    parser.add_argument("--engine-runs", type=int, default=None,
+                        help="cold creates and bare runs per engine (default 10; quick 3)")
+    parser.add_argument("--engine-warm", type=int, default=None, help="warm claims per engine (default 40; quick 8)")
     args = parser.parse_args(argv)
     q = args.quick
     args.cold_runs = args.cold_runs or (3 if q else 20)
     args.warm = args.warm or (16 if q else 200)
     args.c16_rounds = args.c16_rounds or (1 if q else 10)
     args.density = args.density or (10 if q else 100)
+    args.engine_runs = args.engine_runs or (3 if q else 10)
+    args.engine_warm = args.engine_warm or (8 if q else 40)
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
 
     tools = {"providerd": Path(args.providerd) if args.providerd else _find("providers/agentix-providerd"),
-             "sandboxd": _find("sandbox/agentix-sandboxd"), "worker": _find("worker/agentix-worker")}
-    missing = [k for k, v in tools.items() if not v]
+             "sandboxd": _find("sandbox/agentix-sandboxd"), "worker": _find("worker/agentix-worker"),
+             "bundler": _find("bundler/bundler")}
+    missing = [k for k, v in tools.items() if not v and (k != "bundler" or _engines_wanted(args))]
     if missing:
         log(f"not found: {', '.join(missing)} (run through `bazel run //testing/bench:provider`)")
         return 2
@@ -632,8 +779,9 @@ def main(argv=None) -> int:
         return 2
     harness_dir = procs.runfile("testing/providerd")
     sys.path.insert(0, str(harness_dir or _repo_root() / "testing" / "providerd"))
+    sys.path.insert(0, str(procs.runfile("testing/engines") or _repo_root() / "testing" / "engines"))
 
-    report = {key: None for key in HEADLINE}
+    report = {key: None for key in HEADLINE + ENGINE_KEYS}
     report["baseline"] = None
     report["details"] = {"quick": q, "rounds": args.rounds, "cold_runs": args.cold_runs, "warm_claims": args.warm,
                          "c16_rounds": args.c16_rounds, "density_n": args.density, "targets": TARGETS,
@@ -666,10 +814,19 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     report["details"]["loadavg_end"] = _loadavg()
     report["targets_met"] = {k: (report[k] <= v if report.get(k) is not None else None) for k, v in TARGETS.items()}
+    for kind in ("docker", "podman"):
+        warm, cold, bare = (report.get(f"{kind}_{k}") for k in ("warm_acquire_p50_ms", "cold_create_p50_ms",
+                                                                "run_true_p50_ms"))
+        report["targets_met"][f"{kind}_warm_acquire_p50_ms"] = None if warm is None else warm <= ENGINE_WARM_TARGET_MS
+        report["targets_met"][f"{kind}_cold_create_p50_ms"] = (
+            None if cold is None or bare is None else cold <= bare + ENGINE_COLD_OVER_BARE_MS)
     base = report["baseline"] or {}
     log("metric                               ours      baseline")
     for key in HEADLINE:
         log(f"  {key:34s} {report[key]!s:>9} {base.get(key)!s:>9}")
+    for key in ENGINE_KEYS:
+        if report.get(key) is not None:
+            log(f"  {key:34s} {report[key]!s:>9}")
     log(f"targets met: {report['targets_met']}; load average {report['details']['loadavg_start']} -> "
         f"{report['details']['loadavg_end']}")
     print(json.dumps(report), flush=True)

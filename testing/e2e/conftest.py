@@ -165,3 +165,42 @@ def on_root_logger(handler):
 def collected():
     with on_root_logger(CollectedRecords()) as handler:
         yield handler
+
+
+# ---- container engines (test_engine_backend.py, test_engine_providerd.py) ----
+# One dockerd and one podman service for the whole session (each is started
+# once and stopped at the end, whatever happened), and one bundle of
+# testing/fixtures/bundle_project: the engine modules share them, and pytest
+# runs all of one engine's tests before starting the other.
+
+ENGINE_BUNDLER = BAZEL_BIN / "bundler" / "bundler"
+ENGINE_PROJECT = REPO / "testing" / "fixtures" / "bundle_project"
+
+
+@pytest.fixture(scope="session", params=["docker", "podman"])
+def engine_service(request, tmp_path_factory):
+    sys.path.insert(0, str(REPO / "testing" / "engines"))
+    import engines
+
+    tar = engines._busybox_tar(tmp_path_factory.mktemp("image"))
+    try:
+        engine = engines.start(request.param, tar)
+    except RuntimeError as error:
+        pytest.fail(str(error))
+    try:
+        yield engine
+    finally:
+        left = engines.cleanup(engine)
+    assert left == [], f"{engine.kind}: containers left behind: {left}"
+    assert not engines._mounts_under(engine.root)
+
+
+@pytest.fixture(scope="session")
+def engine_bundle(tmp_path_factory):
+    if not ENGINE_BUNDLER.exists():
+        pytest.fail("run `bazel build //...` first")
+    out = tmp_path_factory.mktemp("bundle") / "out"
+    done = subprocess.run([str(ENGINE_BUNDLER), "build", str(ENGINE_PROJECT), "--output", str(out)],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    return out

@@ -21,19 +21,16 @@ podman, runc, catatonit, busybox-static).
 """
 
 import asyncio
-import http.client
 import json
 import os
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.parse
 import uuid
 from pathlib import Path
 
@@ -41,42 +38,19 @@ import pytest
 
 from conftest import BAZEL_BIN, REPO
 
+sys.path.insert(0, str(REPO / "testing" / "engines"))
+from engines import IMAGE, _mounts_under, _unmount_all_under  # noqa: E402
+
 TOOL = BAZEL_BIN / "providers" / "backends" / "engine" / "engine_tool"
 BUNDLER = BAZEL_BIN / "bundler" / "bundler"
 PROJECT = REPO / "testing" / "fixtures" / "bundle_project"
-IMAGE = "localhost/agx-busybox:1"
 DEBIAN_IMAGE = "localhost/agx-debianish:1"
-ENGINE_START_TIMEOUT_S = 60
 
 sys.path.insert(0, str(PROJECT))
 import bundle_app  # noqa: E402  (the host needs the functions' names only)
 
 
 # ---------------------------------------------------------------- engines --
-
-def _mounts_under(prefix):
-    with open("/proc/self/mountinfo") as f:
-        return [line.split()[4] for line in f if line.split()[4].startswith(str(prefix))]
-
-
-def _unmount_all_under(prefix):
-    for mount in sorted(_mounts_under(prefix), key=len, reverse=True):
-        subprocess.run(["umount", "-l", mount], capture_output=True, timeout=30)
-
-
-def _busybox_tar(directory):
-    root = directory / "bbroot"
-    (root / "bin").mkdir(parents=True)
-    shutil.copy("/bin/busybox", root / "bin" / "busybox")
-    applets = subprocess.run(["/bin/busybox", "--list"], capture_output=True, text=True,
-                             check=True).stdout.split()
-    for applet in applets:
-        if applet != "busybox":
-            (root / "bin" / applet).symlink_to("busybox")
-    tar = directory / "bb.tar"
-    subprocess.run(["tar", "-C", str(root), "-cf", str(tar), "."], check=True, timeout=60)
-    return tar
-
 
 def _debian_like_tar(directory):
     """A glibc root in Debian's merged-/usr layout, made from this machine's
@@ -109,132 +83,22 @@ def _debian_like_tar(directory):
     return tar
 
 
-class Engine:
-    """A running dockerd or podman service, stopped by `stop()`."""
-
-    def __init__(self, kind, root):
-        self.kind = kind
-        self.root = root
-        self.socket = root / f"{kind}.sock"
-        self.log = open(root / f"{kind}.log", "wb")
-        env = dict(os.environ)
-        if kind == "docker":
-            cmd = ["dockerd", "--iptables=false", "--ip6tables=false", "--bridge=none",
-                   "--storage-driver=vfs", "--data-root", str(root / "d"),
-                   "--exec-root", str(root / "e"), "-H", f"unix://{self.socket}",
-                   "--pidfile", str(root / "docker.pid")]
-            self.cli = ["docker", "-H", f"unix://{self.socket}"]
-        else:
-            conf = root / "containers.conf"
-            conf.write_text(
-                '[containers]\n'
-                'default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]\n'
-                'netns = "none"\n'
-                '[engine]\n'
-                'runtime = "runc"\n'
-                'cgroup_manager = "cgroupfs"\n'
-                'events_logger = "file"\n'
-                'lock_type = "file"\n')
-            env["CONTAINERS_CONF"] = str(conf)
-            # podman refuses a runroot longer than 50 characters: keep them short.
-            storage = ["--root", str(root / "r"), "--runroot", str(root / "rr"),
-                       "--tmpdir", str(root / "t"), "--storage-driver", "vfs"]
-            cmd = ["podman", *storage, "--runtime", "runc", "system", "service",
-                   "--time=0", f"unix://{self.socket}"]
-            self.cli = ["podman", "--remote", "--url", f"unix://{self.socket}"]
-        self.env = env
-        self.cmd = cmd
-        self.start()
-
-    def start(self):
-        # cwd: conmon 2.1.6 writes its OOM marker as a relative "oom" file
-        # into the service's working directory (hence no State.OOMKilled).
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=self.env, cwd=self.root, start_new_session=True)
-        deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
-        while not self.ping():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"{self.kind} did not start:\n"
-                                     + (self.root / f"{self.kind}.log").read_text()[-3000:])
-            time.sleep(0.1)
-
-    def _get(self, path, timeout):
-        """GET on the engine's API socket (the test's own view, not the backend's)."""
-        connection = http.client.HTTPConnection("localhost", timeout=timeout)
-        connection.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        connection.sock.settimeout(timeout)
-        try:
-            connection.sock.connect(str(self.socket))
-            connection.request("GET", f"/v1.41{path}")
-            response = connection.getresponse()
-            return response.status, response.read()
-        finally:
-            connection.close()
-
-    def ping(self):
-        try:
-            return self._get("/_ping", 2) == (200, b"OK")
-        except OSError:
-            return False
-
-    def api(self, path):
-        status, body = self._get(path, 10)
-        assert status == 200, (path, status, body)
-        return json.loads(body)
-
-    def run_cli(self, *args):
-        return subprocess.run([*self.cli, *args], capture_output=True, text=True,
-                              env=self.env, timeout=120, check=True).stdout
-
-    def containers(self, instance=None):
-        """All containers, or those labelled managed-by=`instance`."""
-        query = "/containers/json?all=1"
-        if instance:
-            query += "&filters=" + urllib.parse.quote(
-                json.dumps({"label": [f"agentix.dev/managed-by={instance}"]}))
-        return self.api(query)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        if not self.log.closed:
-            self.log.close()
-
-
 @pytest.fixture(scope="module")
-def images_tar(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("image")
-    return {IMAGE: _busybox_tar(directory), DEBIAN_IMAGE: _debian_like_tar(directory)}
-
-
-@pytest.fixture(scope="module", params=["docker", "podman"])
-def engine(request, images_tar):
-    kind = request.param
-    if shutil.which("dockerd" if kind == "docker" else "podman") is None:
-        pytest.fail(f"{kind} is not installed: run tools/setup")
-    root = Path(tempfile.mkdtemp(prefix=f"agx-{kind[:2]}-", dir="/tmp"))
-    engine = Engine(kind, root)
-    try:
-        for name, tar in images_tar.items():
-            engine.run_cli("import", str(tar), name)
-        yield engine
-        leftovers = engine.containers()
-        assert leftovers == [], f"{kind}: containers left behind: {leftovers}"
-    finally:
-        for container in engine.containers() if engine.proc.poll() is None else []:
-            subprocess.run([*engine.cli, "rm", "-f", container["Id"]], capture_output=True,
-                           env=engine.env, timeout=60)
-        engine.stop()
-        # dockerd leaves its exec root's default netns mounted (ENVIRONMENT.md §3).
-        _unmount_all_under(root)
-        shutil.rmtree(root, ignore_errors=True)
-    assert not _mounts_under(root)
+def engine(engine_service, tmp_path_factory):
+    """The session's engine (conftest.py) with the Debian-like image too; none
+    of this module's containers may be left at its end."""
+    engine = engine_service
+    if engine.proc.poll() is not None:  # a test stopped it and failed before starting it again
+        engine.start()
+    engine.run_cli("import", str(_debian_like_tar(tmp_path_factory.mktemp("image"))), DEBIAN_IMAGE)
+    yield engine
+    if engine.proc.poll() is not None:
+        engine.start()
+    leftovers = engine.containers()
+    for container in leftovers:
+        subprocess.run([*engine.cli, "rm", "-f", container["Id"]], capture_output=True,
+                       env=engine.env, timeout=60)
+    assert leftovers == [], f"{engine.kind}: containers left behind: {leftovers}"
 
 
 # --------------------------------------------------------------- backend --
@@ -283,14 +147,10 @@ class Tool:
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory):
-    if not BUNDLER.exists() or not TOOL.exists():
+def bundle(engine_bundle):
+    if not TOOL.exists():
         pytest.fail("run `bazel build //...` first")
-    out = tmp_path_factory.mktemp("bundle") / "out"
-    done = subprocess.run([str(BUNDLER), "build", str(PROJECT), "--output", str(out)],
-                          capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr
-    return out
+    return engine_bundle
 
 
 def shell_bundle(directory, script):

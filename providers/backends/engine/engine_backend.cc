@@ -38,9 +38,6 @@ namespace fs = std::filesystem;
 constexpr char kApiPrefix[] = "/v1.41";
 constexpr int kMinApiMajor = 1, kMinApiMinor = 41;
 constexpr absl::Duration kWatchRetry = absl::Seconds(1);
-// A run dir without a container, older than this, is a leftover of a
-// launch that died half-way (ListOwned removes it).
-constexpr absl::Duration kStaleRunDir = absl::Seconds(60);
 
 std::string QueryEscape(absl::string_view value) {
   static constexpr char kHex[] = "0123456789ABCDEF";
@@ -170,6 +167,9 @@ class EngineBackend final : public Backend {
 
   absl::StatusOr<pb::BackendCapabilities> Probe() override { return ProbeEngine(); }
 
+  // Containers are the engine's children, not providerd's.
+  bool SandboxesSurviveRestart() const override { return true; }
+
   absl::Status Validate(const LaunchSpec& spec) const override {
     AGX_RETURN_IF_ERROR(ValidateStatic(spec, options_, nofile_hard_limit_));
     AGX_RETURN_IF_ERROR(CheckCapabilities(spec));
@@ -201,6 +201,9 @@ class EngineBackend final : public Backend {
     AGX_RETURN_IF_ERROR(ValidateStatic(spec, options_, nofile_hard_limit_));
     AGX_RETURN_IF_ERROR(CheckCapabilities(spec));
     AGX_ASSIGN_OR_RETURN(std::string nix_dir, BundleNixDir(spec.spec.bundle()));
+    // ListOwned must not take this run dir for a leftover while it has no
+    // container yet.
+    LaunchInFlight in_flight(this, spec.sandbox_id);
     std::string run_dir = RunDir(options_, spec.sandbox_id);
     std::error_code ec;
     fs::create_directories(options_.run_root, ec);
@@ -441,6 +444,24 @@ class EngineBackend final : public Backend {
   struct Known {
     std::string sandbox_id;
   };
+  class LaunchInFlight {
+   public:
+    LaunchInFlight(EngineBackend* backend, std::string sandbox_id)
+        : backend_(backend), sandbox_id_(std::move(sandbox_id)) {
+      absl::MutexLock lock(&backend_->mu_);
+      backend_->launching_.insert(sandbox_id_);
+    }
+    ~LaunchInFlight() {
+      absl::MutexLock lock(&backend_->mu_);
+      backend_->launching_.erase(backend_->launching_.find(sandbox_id_));
+    }
+    LaunchInFlight(const LaunchInFlight&) = delete;
+    LaunchInFlight& operator=(const LaunchInFlight&) = delete;
+
+   private:
+    EngineBackend* backend_;
+    std::string sandbox_id_;
+  };
 
   // What the engine itself cannot enforce (from the cached Probe).
   absl::Status CheckCapabilities(const LaunchSpec& spec) const {
@@ -621,14 +642,21 @@ class EngineBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  void RemoveStaleRunDirs(const std::set<std::string>& live) {
+  // A run dir with no container of this instance is a leftover (a launch
+  // that died half-way, a container removed while providerd was down) unless
+  // this object is launching it or knows its container (made after `live`
+  // was listed). One backend object owns a run root (providerd's state-dir
+  // lock), so there is no other launch to wait for.
+  void RemoveStaleRunDirs(std::set<std::string> live) {
+    {
+      absl::MutexLock lock(&mu_);
+      live.insert(launching_.begin(), launching_.end());
+      for (const auto& [id, known] : known_) live.insert(known.sandbox_id);
+    }
     std::error_code ec;
-    fs::file_time_type cutoff =
-        fs::file_time_type::clock::now() - std::chrono::seconds(absl::ToInt64Seconds(kStaleRunDir));
     for (const auto& entry : fs::directory_iterator(options_.run_root, ec)) {
       std::string name = entry.path().filename().string();
       if (live.count(name) || !entry.is_directory(ec)) continue;
-      if (fs::last_write_time(entry.path(), ec) > cutoff) continue;  // a launch in flight
       RemoveRunDir(entry.path().string()).IgnoreError();
     }
   }
@@ -785,6 +813,7 @@ class EngineBackend final : public Backend {
 
   mutable absl::Mutex mu_;
   mutable std::optional<pb::BackendCapabilities> capabilities_ ABSL_GUARDED_BY(mu_);
+  std::multiset<std::string> launching_ ABSL_GUARDED_BY(mu_);  // sandbox ids
   std::map<std::string, Known> known_ ABSL_GUARDED_BY(mu_);  // container id ->
   std::set<StreamCanceller*> streams_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

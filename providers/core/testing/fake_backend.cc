@@ -70,6 +70,7 @@ absl::StatusOr<BackendRef> FakeBackend::Launch(const LaunchSpec& spec, absl::Tim
   s.ref = ref;
   s.launched = absl::Now();
   s.log = absl::StrCat("bootstrap of ", spec.sandbox_id, " starting\n");
+  s.launched_by = this;
   s.observed.state = Observed::State::kRunning;
   if (config.exit_before_ready || config.oom_before_ready) {
     s.observed.state = Observed::State::kExited;
@@ -84,6 +85,9 @@ absl::StatusOr<pb::Endpoint> FakeBackend::ResolveEndpoint(const BackendRef& ref)
   absl::MutexLock lock(&world_->mu);
   auto it = world_->sandboxes.find(ref.value);
   if (it == world_->sandboxes.end()) return absl::NotFoundError("gone");
+  if (it->second.launched_by != this && !world_->config_.survive_restart) {
+    return absl::NotFoundError("gone with its providerd");
+  }
   if (it->second.observed.state != Observed::State::kRunning ||
       absl::Now() < it->second.launched + world_->config_.ready_after) {
     return absl::UnavailableError("socket not there yet");
@@ -97,6 +101,9 @@ absl::StatusOr<Observed> FakeBackend::Inspect(const BackendRef& ref) {
   absl::MutexLock lock(&world_->mu);
   auto it = world_->sandboxes.find(ref.value);
   if (it == world_->sandboxes.end()) return Observed{};
+  if (it->second.launched_by != this && !world_->config_.survive_restart) {
+    return Observed{};  // died with the providerd that launched it
+  }
   return it->second.observed;
 }
 

@@ -28,6 +28,10 @@ struct FakeConfig {
   bool oom_before_ready = false;
   // Validate refuses specs whose image is this.
   std::string invalid_image = "invalid-image";
+  // Sandboxes outlive the backend object that launched them (containers,
+  // which are not providerd's children). false: like the local backend's,
+  // they die with it, so another backend object finds them Missing.
+  bool survive_restart = false;
 };
 
 struct FakeSandbox {
@@ -36,6 +40,7 @@ struct FakeSandbox {
   absl::Time launched;
   Observed observed;
   std::string log;
+  const void* launched_by = nullptr;  // the FakeBackend object
 };
 
 class FakeWorld {
@@ -97,6 +102,7 @@ class FakeBackend : public Backend {
                           LogSink* sink) override;
   std::string LogTail(const BackendRef& ref, size_t max_bytes) override;
   void Shutdown() override;
+  bool SandboxesSurviveRestart() const override { return world_->config().survive_restart; }
 
   // Makes the sandbox with `sandbox_id` exit (as its backend would report).
   bool Exit(const std::string& sandbox_id, int code, bool oom);

@@ -309,10 +309,13 @@ def _lock(path: Path, timeout: float) -> int:
             time.sleep(0.05)
 
 
-async def ensure_default_providerd(socket: Path | None = None, *, timeout: float = START_TIMEOUT) -> str:
+async def ensure_default_providerd(
+    socket: Path | None = None, *, timeout: float = START_TIMEOUT, flags: Sequence[str] = ()
+) -> str:
     """The URL of the per-user providerd at `socket` (default `default_socket`),
-    started (detached) when none answers there. Two processes starting it at
-    once start one: the check and the start happen under ``<socket>.start-lock``."""
+    started (detached, with `flags`) when none answers there. Two processes
+    starting it at once start one: the check and the start happen under
+    ``<socket>.start-lock``. Its log is ``<socket stem>.log`` beside it."""
     socket = socket or default_socket()
     url = f"unix://{socket}"
     if socket.exists() and await _answers(url):
@@ -328,9 +331,9 @@ async def ensure_default_providerd(socket: Path | None = None, *, timeout: float
         # Its state (journal, sandbox directories) goes to providerd's own
         # default, /var/tmp/agx-<uid>: short enough for the sandboxes' socket
         # paths, and kept across reboots like the journal should be.
-        log = socket.with_name("providerd.log")
+        log = socket.with_name(socket.stem + ".log")
         _log.info("starting agentix-providerd on %s (log: %s)", url, log)
-        await asyncio.to_thread(spawn_providerd, socket, log, [], detach=True, timeout=timeout)
+        await asyncio.to_thread(spawn_providerd, socket, log, list(flags), detach=True, timeout=timeout)
     finally:
         os.close(lock)
     return url
