@@ -29,7 +29,8 @@ std::string BootstrapScript(const std::string& runtime_root,
   // private Unix socket; AGENTIX_LISTEN (our providers) is served unchanged.
   // The gateway starts first, in the background, so its Python imports
   // overlap the daemon's start; it dies with the daemon (PDEATHSIG on $$,
-  // which exec keeps).
+  // which exec keeps). It runs by path, not -m: -m would import the whole
+  // agentix package before the port is bound.
   constexpr char kTemplate[] = R"SH(#!@ROOT@/bin/sh
 # Entry point of an agentix bundle: starts agentix-sandboxd.
 # AGENTIX_LISTEN (e.g. unix:///run/agentix/agentix.sock; several separated by
@@ -56,9 +57,14 @@ case "$wire" in
      exit 2 ;;
 esac
 if [ "$wire" = socketio ]; then
+  for gateway in "$R"/venv/lib/python3*/site-packages/agentix/gateway/__main__.py; do :; done
+  if [ ! -f "$gateway" ]; then
+    echo "bootstrap.sh: AGENTIX_WIRE=socketio but the bundle has no agentix gateway" >&2
+    exit 2
+  fi
   gateway_dir="${TMPDIR:-/tmp}/agentix-gateway-$$"
   mkdir -p "$gateway_dir"
-  "$R/venv/bin/python" -I -m agentix.gateway \
+  "$R/venv/bin/python" -I "$gateway" \
     --daemon "unix://$gateway_dir/daemon.sock" --parent-pid $$ \
     --host "${AGENTIX_BIND_HOST:-127.0.0.1}" --port "${AGENTIX_BIND_PORT:-8000}" &
   set -- --listen "unix://$gateway_dir/daemon.sock" "$@"

@@ -87,6 +87,9 @@ TEST_CASE("bootstrap.sh falls back to AGENTIX_BIND_HOST/PORT", "[bundler]") {
 // A fake venv python that records its arguments (the gateway's command line).
 void AddFakeGateway(const std::string& root) {
   fs::create_directories(root + "/venv/bin");
+  const std::string package = root + "/venv/lib/python3.11/site-packages/agentix/gateway";
+  fs::create_directories(package);
+  REQUIRE_OK(WriteFile(package + "/__main__.py", "", /*executable=*/false));
   REQUIRE_OK(WriteFile(root + "/venv/bin/python",
                        "#!/bin/busybox sh\nfor a in \"$@\"; do echo \"$a\"; "
                        "done > \"$GATEWAY_ARGS\"\n",
@@ -117,7 +120,9 @@ TEST_CASE("bootstrap.sh starts the Socket.IO gateway on BIND_HOST/PORT",
     gateway = ReadAll(args_file);
     usleep(10000);
   }
-  CHECK(gateway.find("-I\n-m\nagentix.gateway\n") != std::string::npos);
+  CHECK(gateway.find("-I\n" + root +
+                     "/venv/lib/python3.11/site-packages/agentix/gateway/__main__.py\n") !=
+        std::string::npos);
   CHECK(gateway.find("--host\n127.0.0.1\n--port\n9005\n") != std::string::npos);
   CHECK(gateway.find("--daemon\nunix://" + root + "/agentix-gateway-") !=
         std::string::npos);
@@ -152,6 +157,13 @@ TEST_CASE("bootstrap.sh's wire default is baked in and checked", "[bundler]") {
   CHECK(bad.err.find("AGENTIX_WIRE must be grpc or socketio, not 'http3'") !=
         std::string::npos);
   CHECK(bad.out.empty());  // the daemon was not started
+  // A bundle without the gateway refuses the legacy wire by name.
+  fs::remove_all(root + "/venv/lib");
+  REQUIRE_OK_AND_ASSIGN(CommandResult none,
+                        RunCommand({"/usr/bin/env", "-i", root + "/bootstrap.sh"}));
+  CHECK(none.exit.returncode() == 2);
+  CHECK(none.err.find("the bundle has no agentix gateway") != std::string::npos);
+  CHECK(none.out.empty());
 }
 
 }  // namespace

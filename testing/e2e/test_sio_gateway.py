@@ -40,6 +40,16 @@ def unpack(data):
     return msgpack.unpackb(data, raw=False)
 
 
+def _gateway_main():
+    import importlib.util
+
+    # Run by path, as bootstrap.sh does (not -m: that imports agentix first).
+    return importlib.util.find_spec("agentix").submodule_search_locations[0] + "/gateway/__main__.py"
+
+
+GATEWAY_MAIN = _gateway_main()
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -55,7 +65,7 @@ class GatewayProc:
         self.log_path = tmp_path / f"gateway-{self.port}.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agentix.gateway", "--daemon", daemon_url, "--port", str(self.port)],
+            [sys.executable, "-I", GATEWAY_MAIN, "--daemon", daemon_url, "--port", str(self.port)],
             stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
     async def wait_healthy(self, timeout=30.0):
@@ -166,7 +176,9 @@ async def test_health_is_the_originals_json(gateway):
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{gateway.url}/health") as r:
             assert r.status == 200
-            assert await r.json() == {"status": "ok", "version": "0.2.7"}
+            # FastAPI's JSONResponse bytes, as the original answered.
+            assert await r.read() == b'{"status":"ok","version":"0.2.7"}'
+            assert r.headers["Content-Type"] == "application/json"
         async with http.post(f"{gateway.url}/_remote") as r:
             assert r.status == 404  # everything else is not ours (SPEC §2.1)
 
@@ -563,9 +575,19 @@ async def test_gateway_waits_for_the_daemon_and_health_says_so(start_daemon, tmp
                         body = await r.json()
                         break
                 await asyncio.sleep(0.02)
-            assert status == 503 and body["status"] == "starting"
-        d = start_daemon(extra_args=())
-        os.symlink(d.socket_path, sock)
-        assert await gw.wait_healthy() == {"status": "ok", "version": "0.2.7"}
+            assert status == 503 and body == {"status": "starting", "version": "0.2.7"}
+            # A call that arrives before the daemon is held, then served.
+            call_id = uuid.uuid4().hex
+            early = asyncio.ensure_future(http.post(f"{gw.url}/call", data=pack({
+                "call_id": call_id, "callable": ref(e2e_targets.add), "arguments": pickle.dumps(((1, 41), {}))}),
+                headers={"prefer": "respond-async, wait=10"}))
+            await asyncio.sleep(0.5)
+            assert not early.done()
+            d = start_daemon(extra_args=())
+            os.symlink(d.socket_path, sock)
+            assert await gw.wait_healthy() == {"status": "ok", "version": "0.2.7"}
+            r = await asyncio.wait_for(early, 30)
+            assert r.status == 200 and pickle.loads(unpack(await r.read())["value"]) == 42
+            r.release()
     finally:
         assert gw.stop() == 0, gw.log()

@@ -362,9 +362,10 @@ class Gateway:
     # ── HTTP ────────────────────────────────────────────────────────
 
     async def _health(self, request: web.Request) -> web.Response:
-        if not self.ready.is_set():
-            return web.json_response({"status": "starting", "version": HEALTH_VERSION}, status=503)
-        return web.json_response({"status": "ok", "version": HEALTH_VERSION})
+        # Rendered as the original's FastAPI JSONResponse: compact, application/json.
+        ok = self.ready.is_set()
+        body = json.dumps({"status": "ok" if ok else "starting", "version": HEALTH_VERSION}, separators=(",", ":"))
+        return web.Response(body=body.encode(), status=200 if ok else 503, content_type="application/json")
 
     async def _post_call(self, request: web.Request) -> web.Response:
         body = await request.read()
