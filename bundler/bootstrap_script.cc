@@ -64,7 +64,7 @@ if [ "$wire" = socketio ]; then
   fi
   gateway_dir="${TMPDIR:-/tmp}/agentix-gateway-$$"
   mkdir -p "$gateway_dir"
-  "$R/venv/bin/python" -I "$gateway" \
+  "$R/venv/bin/python" -I -S "$gateway" \
     --daemon "unix://$gateway_dir/daemon.sock" --parent-pid $$ \
     --host "${AGENTIX_BIND_HOST:-127.0.0.1}" --port "${AGENTIX_BIND_PORT:-8000}" &
   set -- --listen "unix://$gateway_dir/daemon.sock" "$@"

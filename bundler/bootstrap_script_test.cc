@@ -120,7 +120,7 @@ TEST_CASE("bootstrap.sh starts the Socket.IO gateway on BIND_HOST/PORT",
     gateway = ReadAll(args_file);
     usleep(10000);
   }
-  CHECK(gateway.find("-I\n" + root +
+  CHECK(gateway.find("-I\n-S\n" + root +
                      "/venv/lib/python3.11/site-packages/agentix/gateway/__main__.py\n") !=
         std::string::npos);
   CHECK(gateway.find("--host\n127.0.0.1\n--port\n9005\n") != std::string::npos);

@@ -205,7 +205,7 @@ def _run_gateway(args, plan: dict, tmp: str) -> dict:
     url = f"http://127.0.0.1:{port}"
     started = time.monotonic()
     # As bootstrap.sh: the gateway first (its imports overlap the daemon's start).
-    gateway = procs.start_process([sys.executable, "-I", _gateway_main(), "--daemon", f"unix://{sock}",
+    gateway = procs.start_process([sys.executable, "-I", "-S", _gateway_main(), "--daemon", f"unix://{sock}",
                                    "--port", str(port), "--log-level", "warning"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     daemon = procs.start_process(_daemon_argv(args, sock), env=dict(os.environ, AGENTIX_LOG_DIR=tmp),
@@ -246,7 +246,7 @@ def main() -> int:
             port = _free_port()
             sock = os.path.join(tmp, "r.sock")
             started = time.monotonic()
-            gw = procs.start_process([sys.executable, "-I", _gateway_main(), "--daemon", f"unix://{sock}",
+            gw = procs.start_process([sys.executable, "-I", "-S", _gateway_main(), "--daemon", f"unix://{sock}",
                                       "--port", str(port), "--log-level", "warning"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             d = procs.start_process(_daemon_argv(args, sock), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -65,7 +65,7 @@ class GatewayProc:
         self.log_path = tmp_path / f"gateway-{self.port}.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", GATEWAY_MAIN, "--daemon", daemon_url, "--port", str(self.port)],
+            [sys.executable, "-I", "-S", GATEWAY_MAIN, "--daemon", daemon_url, "--port", str(self.port)],
             stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
     async def wait_healthy(self, timeout=30.0):
