@@ -34,6 +34,8 @@ HEALTH_VERSION = "0.2.7"
 _HEALTH = b"GET /health"
 _EARLY_TIMEOUT_S = 10.0
 _MAX_EARLY_HANDLERS = 64
+# Longest wait for the daemon before stage two loads anyway.
+_DAEMON_FIRST_S = 2.0
 _FLAGS = {"--daemon": str, "--host": str, "--port": int, "--parent-pid": int, "--connect-timeout": float,
           "--log-level": str}
 
@@ -253,8 +255,15 @@ def main(argv=None):
     listener.setblocking(False)
     early = _Early(listener, args["daemon"])
     early.start()
-    # Stage two. A short switch interval while it imports lets the early
-    # thread answer /health promptly (the default 5 ms per hand-off adds up).
+    # Stage two waits (briefly) for the daemon's socket first: its imports
+    # would otherwise take CPU from the daemon's own start, which is what
+    # readiness waits for. Requests are held meanwhile; the first call waits
+    # for the imports either way.
+    deadline = time.monotonic() + _DAEMON_FIRST_S
+    while not early.daemon_accepts() and time.monotonic() < deadline:
+        time.sleep(0.002)
+    # A short switch interval while it imports lets the early thread answer
+    # /health promptly (the default 5 ms per hand-off adds up).
     sys.setswitchinterval(0.0005)
     if sys.flags.no_site:  # run with -S (bootstrap.sh): site-packages now
         import site
