@@ -51,7 +51,8 @@ def _host_python_dir() -> str:
 
 
 def _gateway_main() -> str:
-    """The gateway's entry file, run by path as bootstrap.sh does."""
+    """The gateway's entry file, run by path as bootstrap.sh does (with -S but
+    not -I here: under `bazel run` the host package comes from PYTHONPATH)."""
     return os.path.join(_host_python_dir(), "agentix", "gateway", "__main__.py")
 
 
@@ -205,7 +206,7 @@ def _run_gateway(args, plan: dict, tmp: str) -> dict:
     url = f"http://127.0.0.1:{port}"
     started = time.monotonic()
     # As bootstrap.sh: the gateway first (its imports overlap the daemon's start).
-    gateway = procs.start_process([sys.executable, "-I", "-S", _gateway_main(), "--daemon", f"unix://{sock}",
+    gateway = procs.start_process([sys.executable, "-S", _gateway_main(), "--daemon", f"unix://{sock}",
                                    "--port", str(port), "--log-level", "warning"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     daemon = procs.start_process(_daemon_argv(args, sock), env=dict(os.environ, AGENTIX_LOG_DIR=tmp),
@@ -246,7 +247,7 @@ def main() -> int:
             port = _free_port()
             sock = os.path.join(tmp, "r.sock")
             started = time.monotonic()
-            gw = procs.start_process([sys.executable, "-I", "-S", _gateway_main(), "--daemon", f"unix://{sock}",
+            gw = procs.start_process([sys.executable, "-S", _gateway_main(), "--daemon", f"unix://{sock}",
                                       "--port", str(port), "--log-level", "warning"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             d = procs.start_process(_daemon_argv(args, sock), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

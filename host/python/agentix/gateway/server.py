@@ -314,7 +314,7 @@ class Gateway:
                            ping_interval=PING_INTERVAL, ping_timeout=PING_TIMEOUT,
                            max_http_buffer_size=MAX_MESSAGE_BYTES)
         self.sio.gateway = self
-        self.app = web.Application(client_max_size=MAX_MESSAGE_BYTES + (1 << 20))
+        self.app = web.Application(client_max_size=MAX_MESSAGE_BYTES, middlewares=[self._refuse_oversized_polls])
         self.app.router.add_get("/health", self._health)
         self.app.router.add_post("/call", self._post_call)
         self.sio.attach(self.app, socketio_path="socket.io")
@@ -361,6 +361,20 @@ class Gateway:
 
     # ── HTTP ────────────────────────────────────────────────────────
 
+    @web.middleware
+    async def _refuse_oversized_polls(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        """A polling POST over the cap gets engineio's own answer (400 "Bad
+        Request", session closed) at once: engineio 4.3 closes the session
+        first and, for a polling client that stopped polling, that waits for
+        the ping timeout (300 s) before the reply goes out."""
+        if request.method == "POST" and (request.content_length or 0) > MAX_MESSAGE_BYTES \
+                and request.path.rstrip("/") == "/socket.io":
+            sid = request.query.get("sid")
+            if sid:
+                asyncio.ensure_future(self.sio.eio.disconnect(sid))
+            return web.Response(status=400, body=b"Bad Request", content_type="text/plain")
+        return await handler(request)
+
     async def _health(self, request: web.Request) -> web.Response:
         # Rendered as the original's FastAPI JSONResponse: compact, application/json.
         ok = self.ready.is_set()
@@ -368,7 +382,14 @@ class Gateway:
         return web.Response(body=body.encode(), status=200 if ok else 503, content_type="application/json")
 
     async def _post_call(self, request: web.Request) -> web.Response:
-        body = await request.read()
+        if (request.content_length or 0) > MAX_MESSAGE_BYTES:  # refused before reading it
+            return self._msgpack({"ok": False, "error": {
+                "type": "BadRequest", "message": f"body exceeds the {MAX_MESSAGE_BYTES}-byte message limit"}}, 413)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._msgpack({"ok": False, "error": {
+                "type": "BadRequest", "message": f"body exceeds the {MAX_MESSAGE_BYTES}-byte message limit"}}, 413)
         try:
             payload = codec.unpack(body) if body else {}
         except Exception:
