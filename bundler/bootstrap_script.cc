@@ -62,6 +62,10 @@ if [ "$wire" = socketio ]; then
     echo "bootstrap.sh: AGENTIX_WIRE=socketio but the bundle has no agentix gateway" >&2
     exit 2
   fi
+  # Its bytecode when the bundle has it: a script run by path is otherwise
+  # compiled at every start.
+  for compiled in "${gateway%/*}"/__pycache__/__main__.cpython-*.pyc; do :; done
+  if [ -f "$compiled" ]; then gateway="$compiled"; fi
   gateway_dir="${TMPDIR:-/tmp}/agentix-gateway-$$"
   mkdir -p "$gateway_dir"
   "$R/venv/bin/python" -I -S "$gateway" \

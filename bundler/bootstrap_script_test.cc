@@ -157,6 +157,20 @@ TEST_CASE("bootstrap.sh's wire default is baked in and checked", "[bundler]") {
   CHECK(bad.err.find("AGENTIX_WIRE must be grpc or socketio, not 'http3'") !=
         std::string::npos);
   CHECK(bad.out.empty());  // the daemon was not started
+  // The gateway's bytecode is run when the bundle has it.
+  const std::string pycache =
+      root + "/venv/lib/python3.11/site-packages/agentix/gateway/__pycache__";
+  fs::create_directories(pycache);
+  REQUIRE_OK(WriteFile(pycache + "/__main__.cpython-311.pyc", "", /*executable=*/false));
+  const std::string args_file = root + "/gw2.args";
+  Run(root, {"TMPDIR=" + root, "GATEWAY_ARGS=" + args_file});
+  std::string gateway;
+  for (int i = 0; i < 200 && gateway.find("--port\n") == std::string::npos; ++i) {
+    gateway = ReadAll(args_file);
+    usleep(10000);
+  }
+  CHECK(gateway.find("-I\n-S\n" + pycache + "/__main__.cpython-311.pyc\n") !=
+        std::string::npos);
   // A bundle without the gateway refuses the legacy wire by name.
   fs::remove_all(root + "/venv/lib");
   REQUIRE_OK_AND_ASSIGN(CommandResult none,

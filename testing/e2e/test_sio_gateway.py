@@ -418,9 +418,10 @@ async def test_logs_arrive_once_with_the_reliable_envelope(gateway):
 
 
 async def test_logs_emitted_while_disconnected_are_replayed_on_resume(gateway):
-    token = uuid.uuid4().hex
-    # A host with no /log handler: nothing acked.
-    first = LegacyHost(gateway.url, namespaces=("/rpc",))
+    """Records emitted while no host listens on /log are kept (ring buffer)
+    and replayed, in order and once, to a host that connects later and
+    sends `_resume{since_seq: 0}` (the original host bridge's connect)."""
+    first = LegacyHost(gateway.url, namespaces=("/rpc",))  # no /log: nothing acked
     await first.connect()
     try:
         await first.call(e2e_targets.log_many, 30)
@@ -435,14 +436,15 @@ async def test_logs_emitted_while_disconnected_are_replayed_on_resume(gateway):
     await late.connect()
     try:
         deadline = time.monotonic() + 10
-        while sum("many" in e["data"]["message"] or "record" in e["data"]["message"] for e in got) < 30 \
-                and time.monotonic() < deadline:
+        many = []
+        while len(many) < 30 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+            many = [e for e in got if e["data"]["name"] == "e2e.many"]
+        assert [e["data"]["message"] for e in many] == [f"record {i}" for i in range(30)]
         seqs = [e["_seq"] for e in got]
-        assert len(got) >= 30 and seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     finally:
         await late.sio.disconnect()
-    del token
 
 
 async def test_spans_arrive_on_trace(gateway):
