@@ -11,7 +11,8 @@ RuntimeClient's call path over websocket, with the original's host log bridge).
 - gateway:  `python -m agentix.gateway` in front of `agentix-sandboxd` + worker
             (the gateway reaches the daemon over a Unix socket).
 
-Metrics (per side): `noop_p50_us` (sequential `remote(noop)`), `calls_per_s_c64`
+Each side is measured `--rounds` times (default 3) in alternating order; every
+figure is the median of its rounds. Metrics (per side): `noop_p50_us` (sequential `remote(noop)`), `calls_per_s_c64`
 (64 concurrent callers, completions over a window), `log_records_per_s` (records
 of `side_targets.log_burst(n)` replayed into the host's logging per second, from
 the call's start to the last record's arrival), and for the gateway
@@ -227,6 +228,7 @@ def main() -> int:
     parser.add_argument("--sandboxd", default=None)
     parser.add_argument("--worker", default=None)
     parser.add_argument("--ready-rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per side (medians)")
     args = parser.parse_args()
     args.sandboxd = args.sandboxd or procs.runfile("sandbox/agentix-sandboxd")
     args.worker = args.worker or procs.runfile("worker/agentix-worker")
@@ -237,10 +239,17 @@ def main() -> int:
             {"warmup": 300, "calls": 2000, "warm_s": 0.5, "window_s": 3.0, "logs": 20000})
     result: dict = {}
     with tempfile.TemporaryDirectory(prefix="gwbench-") as tmp:
-        result["baseline"] = _run_baseline(plan, tmp)
-        print(f"[baseline] {result['baseline']}", flush=True)
-        result["gateway"] = _run_gateway(args, plan, tmp)
-        print(f"[gateway] {result['gateway']}", flush=True)
+        # Alternating rounds, medians: this VM's load swings between runs.
+        rounds = {"baseline": [], "gateway": []}
+        for i in range(args.rounds):
+            order = ("baseline", "gateway") if i % 2 == 0 else ("gateway", "baseline")
+            for side in order:
+                measured = _run_baseline(plan, tmp) if side == "baseline" else _run_gateway(args, plan, tmp)
+                rounds[side].append(measured)
+                print(f"[{side}] round {i + 1}: {measured}", flush=True)
+        for side, measured in rounds.items():
+            result[side] = {key: round(statistics.median(m[key] for m in measured), 1) for key in measured[0]}
+        result["rounds"] = args.rounds
         daemon_ready = sorted(_daemon_ready_ms(args, tmp) for _ in range(args.ready_rounds))
         gateway_ready = [result["gateway"]["ready_ms"]]
         for _ in range(args.ready_rounds - 1):

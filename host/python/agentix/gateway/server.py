@@ -3,7 +3,7 @@
 State mirrors the original runtime server (SPEC §2.4), kept here because the
 daemon frees a result as soon as the gateway's client acknowledges it:
 
-- ``_running``: legacy call_id -> the task awaiting the daemon's outcome;
+- ``_running``: legacy call_id -> the future of its terminal frame while it runs;
 - ``_results``: call_id -> (event, frame) of finished calls not yet acked by a
   legacy host (insertion order, cap `MAX_PENDING_RESULTS`, oldest evicted).
 
@@ -271,6 +271,23 @@ class _PluginNamespace:
             await asyncio.gather(self.task, return_exceptions=True)
 
 
+class _GatewayCall(PendingCall):
+    """A PendingCall that reports its outcome synchronously (one event-loop
+    turn less per call than a callback on its future)."""
+
+    __slots__ = ("on_done",)
+
+    def settle(self, outcome: Any) -> None:
+        if not self.future.done():
+            super().settle(outcome)
+            self.on_done(self.future)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            super().fail(error)
+            self.on_done(self.future)
+
+
 class _Server(socketio.AsyncServer):
     """Routes every event of a non-reserved namespace to the plugin forwarder
     (python-socketio 5.7 has no catch-all namespace handler)."""
@@ -297,7 +314,11 @@ class Gateway:
         env = env if env is not None else {}
         self.client = RuntimeClient(daemon_url, token=token, max_result_bytes=MAX_MESSAGE_BYTES)
         self.max_pending_results = max_pending_results
-        self._running: dict[str, asyncio.Task] = {}
+        # call_id -> the future of its terminal (event, frame) while running.
+        self._running: dict[str, asyncio.Future] = {}
+        # call_id -> (PendingCall, stream) once started on the daemon.
+        self._calls: dict[str, tuple[PendingCall, Any]] = {}
+        self._connecting: dict[str, asyncio.Task] = {}
         self._results: collections.OrderedDict[str, tuple[str, dict]] = collections.OrderedDict()
         self._evicted = 0
         self._plugins: dict[str, _PluginNamespace] = {}
@@ -343,7 +364,10 @@ class Gateway:
         self.ready.set()
 
     async def aclose(self) -> None:
-        for task in list(self._running.values()):
+        for call, stream in list(self._calls.values()):
+            call.future.cancel()
+            stream.cancel_call(call.call_id)
+        for task in list(self._connecting.values()):
             task.cancel()
         for plugin in self._plugins.values():
             await plugin.aclose()
@@ -405,9 +429,9 @@ class Gateway:
         applied = {"Preference-Applied": f"wait={int(wait_s) if wait_s == int(wait_s) else wait_s}"}
         if call_id in self._running or call_id in self._results:
             return self._accepted(call_id, applied)
-        task = self._start(call_id, payload)
-        done, _ = await asyncio.wait({task}, timeout=wait_s)
-        if not done:
+        terminal = self._start(call_id, payload)
+        finished, _ = await asyncio.wait({terminal}, timeout=wait_s)
+        if not finished:
             return self._accepted(call_id, applied)
         entry = self._results.pop(call_id, None)
         if entry is None:  # acked by a Socket.IO host in the same turn
@@ -442,68 +466,101 @@ class Gateway:
             return  # execution-once: a duplicate start is ignored
         self._start(call_id, payload)
 
-    def _start(self, call_id: str, payload: dict) -> asyncio.Task:
-        task = asyncio.ensure_future(self._run(call_id, payload))
-        self._running[call_id] = task
-        task.add_done_callback(lambda t: self._finished(call_id, t))
-        return task
+    def _start(self, call_id: str, payload: dict) -> asyncio.Future:
+        """Starts a legacy call; returns a future that gets its terminal
+        (event, frame) once that is cached and broadcast. No task per call:
+        the daemon's outcome is turned into the frame in a done-callback."""
+        done = asyncio.get_running_loop().create_future()
+        self._running[call_id] = done
+        entry = self._check(call_id, payload)
+        if entry is not None:
+            self._complete(call_id, done, entry)
+            return done
+        stream = self.client._stream
+        if stream is not None and stream.alive:
+            self._begin(call_id, payload, done, stream)
+        else:  # (re)connecting first
+            task = asyncio.ensure_future(self._begin_connected(call_id, payload, done))
+            self._connecting[call_id] = task
+            task.add_done_callback(lambda _: self._connecting.pop(call_id, None))
+        return done
 
-    async def _run(self, call_id: str, payload: dict) -> tuple[str, dict]:
-        """Runs one legacy call on the daemon; returns its terminal (event, frame)."""
-        try:
-            callable_ref = payload["callable"]
-            arguments = payload["arguments"]
-        except KeyError as error:
-            return "call:error", {"call_id": call_id, "error": _error("KeyError", str(error))}
+    @staticmethod
+    def _check(call_id: str, payload: dict) -> tuple[str, dict] | None:
+        """The original's errors for a malformed call, or None."""
+        for key in ("callable", "arguments"):
+            if key not in payload:
+                return "call:error", {"call_id": call_id, "error": _error("KeyError", repr(key))}
         context = payload.get("context") or b""
-        if not isinstance(callable_ref, str) or not isinstance(arguments, (bytes, bytearray)) \
+        if not isinstance(payload["callable"], str) or not isinstance(payload["arguments"], (bytes, bytearray)) \
                 or not isinstance(context, (bytes, bytearray)):
             return "call:error", {"call_id": call_id, "error": _error(
                 "ValidationError", "call needs callable: str, arguments: bytes, context: bytes | None")}
-        client = self.client
-        try:
-            stream = await client._live_stream()
-        except RuntimeUnreachable as error:
-            return "call:error", {"call_id": call_id, "error": _error("RuntimeUnreachable", str(error))}
-        arguments, context = bytes(arguments), bytes(context)
-        call = PendingCall(call_id, callable_ref, asyncio.get_running_loop().create_future(),
-                           start=client._start_request(callable_ref, arguments, context, 0),
-                           max_result_bytes=client.max_result_bytes)
-        client._pending[call_id] = call
-        try:
-            stream.start_call(call_id, callable_ref, arguments, context)
-            outcome = await call.future
-        except ResultTooLarge:
-            return "call:error", {"call_id": call_id, "error": _error("FrameTooLarge", _FRAME_TOO_LARGE)}
-        except asyncio.CancelledError:
-            if call.future.cancelled() or not call.future.done():
-                stream.cancel_call(call_id)
-            raise
-        except Exception as error:  # the client gave up (connection lost for good)
-            return "call:error", {"call_id": call_id, "error": _error(type(error).__name__, str(error))}
-        finally:
-            client._pending.pop(call_id, None)
-        if call.barrier is not None:  # the call's own records/spans go out first
-            await client._side_barrier(call.barrier)
-        if isinstance(outcome, RemoteError):
-            return "call:error", {"call_id": call_id, "error": _remote_error(outcome)}
-        if isinstance(outcome, list):
-            outcome = b"".join(outcome)
-        return "call:result", {"call_id": call_id, "value": bytes(outcome)}
+        return None
 
-    def _finished(self, call_id: str, task: asyncio.Task) -> None:
-        """Done-callback: cache first, then broadcast (never in neither map)."""
-        if self._running.get(call_id) is task:
-            del self._running[call_id]
-        if task.cancelled():
-            return  # cancel() cached and broadcast the Cancelled error itself
-        error = task.exception()
-        if error is not None:
+    async def _begin_connected(self, call_id: str, payload: dict, done: asyncio.Future) -> None:
+        try:
+            stream = await self.client._live_stream()
+        except Exception as error:  # RuntimeUnreachable and the like
+            self._complete(call_id, done, ("call:error", {"call_id": call_id,
+                                                          "error": _error(type(error).__name__, str(error))}))
+            return
+        if self._running.get(call_id) is done:  # not cancelled meanwhile
+            self._begin(call_id, payload, done, stream)
+
+    def _begin(self, call_id: str, payload: dict, done: asyncio.Future, stream: Any) -> None:
+        client = self.client
+        callable_ref = payload["callable"]
+        arguments = bytes(payload["arguments"])
+        context = bytes(payload.get("context") or b"")
+        call = _GatewayCall(call_id, callable_ref, asyncio.get_running_loop().create_future(),
+                            start=client._start_request(callable_ref, arguments, context, 0),
+                            max_result_bytes=client.max_result_bytes)
+        call.on_done = lambda future: self._settled(call_id, call, done, future)
+        client._pending[call_id] = call
+        self._calls[call_id] = (call, stream)
+        stream.start_call(call_id, callable_ref, arguments, context)
+
+    def _settled(self, call_id: str, call: PendingCall, done: asyncio.Future, future: asyncio.Future) -> None:
+        """The daemon's outcome (or the client's failure) -> the legacy frame."""
+        self._calls.pop(call_id, None)
+        self.client._pending.pop(call_id, None)
+        if future.cancelled():
+            return  # cancelled by a legacy host: _on_cancel answered
+        error = future.exception()
+        if isinstance(error, ResultTooLarge):
+            entry = ("call:error", {"call_id": call_id, "error": _error("FrameTooLarge", _FRAME_TOO_LARGE)})
+        elif error is not None:  # the client gave up (connection lost for good)
             entry = ("call:error", {"call_id": call_id, "error": _error(type(error).__name__, str(error))})
         else:
-            entry = task.result()
+            outcome = future.result()
+            if isinstance(outcome, RemoteError):
+                entry = ("call:error", {"call_id": call_id, "error": _remote_error(outcome)})
+            else:
+                value = b"".join(outcome) if isinstance(outcome, list) else bytes(outcome)
+                entry = ("call:result", {"call_id": call_id, "value": value})
+        barrier = call.barrier
+        if barrier is not None and any(
+                seq > feed.cursor.last_seq for feed, seq in zip(self.client._feeds, (barrier.log_seq, barrier.trace_seq))):
+            # The records/spans the call emitted go out before its result.
+            async def after_barrier() -> None:
+                try:
+                    await self.client._side_barrier(barrier)
+                finally:
+                    self._complete(call_id, done, entry)
+            asyncio.ensure_future(after_barrier())
+            return
+        self._complete(call_id, done, entry)
+
+    def _complete(self, call_id: str, done: asyncio.Future, entry: tuple[str, dict]) -> None:
+        """Cache first, then broadcast (a result is never in neither map)."""
+        if self._running.get(call_id) is not done:
+            return  # cancelled meanwhile: _on_cancel cached its own reply
+        del self._running[call_id]
         self._cache(call_id, entry)
         asyncio.ensure_future(self.sio.emit(entry[0], codec.pack(entry[1]), namespace="/rpc"))
+        if not done.done():
+            done.set_result(entry)
 
     def _cache(self, call_id: str, entry: tuple[str, dict]) -> None:
         self._results[call_id] = entry
@@ -519,15 +576,25 @@ class Gateway:
             call_id = _unpack(data).get("call_id")
         except (ValueError, AttributeError):
             return
-        task = self._running.pop(call_id, None) if isinstance(call_id, str) else None
-        if task is None:
+        done = self._running.pop(call_id, None) if isinstance(call_id, str) else None
+        if done is None:
             return  # unknown or finished: silence (as the original)
-        task.cancel()
+        started = self._calls.pop(call_id, None)
+        if started is not None:
+            call, stream = started
+            self.client._pending.pop(call_id, None)
+            call.future.cancel()
+            stream.cancel_call(call_id)
+        connecting = self._connecting.pop(call_id, None)
+        if connecting is not None:
+            connecting.cancel()
         entry = ("call:error", {"call_id": call_id, "error": _error("Cancelled", "remote call cancelled",
                                                                      cancelled=True)})
         # Cached and broadcast (the original replied to the canceller only,
         # which left another client awaiting the call with no reply).
         self._cache(call_id, entry)
+        if not done.done():
+            done.set_result(entry)
         await self.sio.emit(entry[0], codec.pack(entry[1]), namespace="/rpc")
 
     async def _on_resume(self, sid: str, data: Any = None) -> None:
