@@ -10,6 +10,10 @@
 //   AGENTIX_PYTHON_PATH extra import roots, ':'-separated (optional)
 //   AGENTIX_LOG_LEVEL   daemon log level (default info)
 //   AGENTIX_LOG_DIR     sandbox log files (the worker's; default /tmp/agentix)
+//   AGENTIX_WIRE        grpc (default) or socketio: agentix-sio-gateway serves
+//                       the original wire on AGENTIX_BIND_HOST/PORT and the
+//                       daemon listens on a private Unix socket for it (plus
+//                       AGENTIX_LISTEN if set). docs/GATEWAY.md.
 // Extra arguments to bootstrap.sh are passed to agentix-sandboxd.
 #pragma once
 
@@ -17,8 +21,10 @@
 
 namespace agentix::bundler {
 
-// The script for a bundle rooted at `runtime_root` (/nix/runtime).
-std::string BootstrapScript(const std::string& runtime_root);
+// The script for a bundle rooted at `runtime_root` (/nix/runtime);
+// `default_wire` ("grpc" or "socketio") is AGENTIX_WIRE's default.
+std::string BootstrapScript(const std::string& runtime_root,
+                            const std::string& default_wire = "grpc");
 
 // The PATH the bundle's processes get in front of the task image's.
 std::string RuntimePath(const std::string& runtime_root);

@@ -4,6 +4,8 @@
 #include <fstream>
 #include <iterator>
 
+#include <unistd.h>
+
 #include "bundler/command.h"
 #include "bundler/file_tree.h"
 #include "bundler/test_util.h"
@@ -80,6 +82,102 @@ TEST_CASE("bootstrap.sh falls back to AGENTIX_BIND_HOST/PORT", "[bundler]") {
   // What was put in front of PATH is recorded, for image_env() to take off.
   CHECK(out.find("\nAGENTIX_ADDED_PATH=" + root + "/venv/bin:" + root +
                  "/bin\n") != std::string::npos);
+}
+
+// A fake venv python that records its arguments (the gateway's command line).
+void AddFakeGateway(const std::string& root) {
+  fs::create_directories(root + "/venv/bin");
+  const std::string package = root + "/venv/lib/python3.11/site-packages/agentix/gateway";
+  fs::create_directories(package);
+  REQUIRE_OK(WriteFile(package + "/__main__.py", "", /*executable=*/false));
+  REQUIRE_OK(WriteFile(root + "/venv/bin/python",
+                       "#!/bin/busybox sh\nfor a in \"$@\"; do echo \"$a\"; "
+                       "done > \"$GATEWAY_ARGS\"\n",
+                       /*executable=*/true));
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST_CASE("bootstrap.sh starts the Socket.IO gateway on BIND_HOST/PORT",
+          "[bundler]") {
+  const std::string root = FakeRuntime();
+  AddFakeGateway(root);
+  const std::string args_file = root + "/gateway.args";
+  const std::string out =
+      Run(root, {"AGENTIX_WIRE=socketio", "AGENTIX_BIND_PORT=9005",
+                 "TMPDIR=" + root, "GATEWAY_ARGS=" + args_file});
+  // The daemon listens on a private Unix socket only (no TCP listener).
+  CHECK(out.find("--listen\nunix://" + root + "/agentix-gateway-") !=
+        std::string::npos);
+  CHECK(out.find("127.0.0.1:9005") == std::string::npos);
+  // The gateway (started in the background) gets that socket and the port.
+  std::string gateway;
+  for (int i = 0; i < 200 && gateway.find("--port\n9005\n") == std::string::npos;
+       ++i) {
+    gateway = ReadAll(args_file);
+    usleep(10000);
+  }
+  CHECK(gateway.find("-I\n-S\n" + root +
+                     "/venv/lib/python3.11/site-packages/agentix/gateway/__main__.py\n") !=
+        std::string::npos);
+  CHECK(gateway.find("--host\n127.0.0.1\n--port\n9005\n") != std::string::npos);
+  CHECK(gateway.find("--daemon\nunix://" + root + "/agentix-gateway-") !=
+        std::string::npos);
+  CHECK(gateway.find("--parent-pid\n") != std::string::npos);
+  // AGENTIX_LISTEN is still served, beside the gateway's socket.
+  const std::string both = Run(
+      root, {"AGENTIX_WIRE=socketio", "AGENTIX_LISTEN=unix://" + root + "/l.sock",
+             "TMPDIR=" + root, "GATEWAY_ARGS=" + args_file});
+  CHECK(both.find("--listen\nunix://" + root + "/l.sock\n") != std::string::npos);
+}
+
+TEST_CASE("bootstrap.sh's wire default is baked in and checked", "[bundler]") {
+  const std::string root = testing::FreshDir("bootstrap_wire");
+  fs::create_directories(root + "/bin");
+  fs::create_symlink("/bin/busybox", root + "/bin/sh");
+  REQUIRE_OK(WriteFile(root + "/bin/agentix-sandboxd",
+                       "#!/bin/busybox sh\nfor a in \"$@\"; do echo \"$a\"; done\n",
+                       /*executable=*/true));
+  AddFakeGateway(root);
+  REQUIRE_OK(WriteFile(root + "/bootstrap.sh", BootstrapScript(root, "socketio"),
+                       /*executable=*/true));
+  const std::string out =
+      Run(root, {"TMPDIR=" + root, "GATEWAY_ARGS=" + root + "/gw.args"});
+  CHECK(out.find("--listen\nunix://" + root + "/agentix-gateway-") !=
+        std::string::npos);
+  CHECK(Run(root, {"AGENTIX_WIRE=grpc"}).find("--listen\n127.0.0.1:8000\n") !=
+        std::string::npos);
+  REQUIRE_OK_AND_ASSIGN(
+      CommandResult bad,
+      RunCommand({"/usr/bin/env", "-i", "AGENTIX_WIRE=http3", root + "/bootstrap.sh"}));
+  CHECK(bad.exit.returncode() == 2);
+  CHECK(bad.err.find("AGENTIX_WIRE must be grpc or socketio, not 'http3'") !=
+        std::string::npos);
+  CHECK(bad.out.empty());  // the daemon was not started
+  // The gateway's bytecode is run when the bundle has it.
+  const std::string pycache =
+      root + "/venv/lib/python3.11/site-packages/agentix/gateway/__pycache__";
+  fs::create_directories(pycache);
+  REQUIRE_OK(WriteFile(pycache + "/__main__.cpython-311.pyc", "", /*executable=*/false));
+  const std::string args_file = root + "/gw2.args";
+  Run(root, {"TMPDIR=" + root, "GATEWAY_ARGS=" + args_file});
+  std::string gateway;
+  for (int i = 0; i < 200 && gateway.find("--port\n") == std::string::npos; ++i) {
+    gateway = ReadAll(args_file);
+    usleep(10000);
+  }
+  CHECK(gateway.find("-I\n-S\n" + pycache + "/__main__.cpython-311.pyc\n") !=
+        std::string::npos);
+  // A bundle without the gateway refuses the legacy wire by name.
+  fs::remove_all(root + "/venv/lib");
+  REQUIRE_OK_AND_ASSIGN(CommandResult none,
+                        RunCommand({"/usr/bin/env", "-i", root + "/bootstrap.sh"}));
+  CHECK(none.exit.returncode() == 2);
+  CHECK(none.err.find("the bundle has no agentix gateway") != std::string::npos);
+  CHECK(none.out.empty());
 }
 
 }  // namespace

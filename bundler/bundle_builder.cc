@@ -302,7 +302,7 @@ static absl::StatusOr<BundleResult> BuildBundleStages(const BundleOptions& optio
   // -- bootstrap, digest, manifest ------------------------------------------
   Stage manifest_stage("manifest");
   AGX_RETURN_IF_ERROR(WriteFile((root / "bootstrap.sh").string(),
-                                BootstrapScript(options.runtime_root),
+                                BootstrapScript(options.runtime_root, options.wire),
                                 /*executable=*/true));
   AGX_ASSIGN_OR_RETURN(std::string tree_digest, TreeDigest(tree.string()));
   result.digest = "sha256:" + tree_digest;

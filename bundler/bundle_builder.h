@@ -16,6 +16,9 @@ struct BundleOptions {
   std::string name;         // default: [project].name without "agentix-"
   std::string tag;          // default: [project].version, else "latest"
   std::vector<std::string> wheelhouses;
+  // AGENTIX_WIRE's default in bootstrap.sh: "grpc", or "socketio" for a
+  // bundle that unchanged original providers start (docs/GATEWAY.md).
+  std::string wire = "grpc";
   // Inputs from the build (runfiles of //bundler).
   std::string sandboxd;
   std::string worker;

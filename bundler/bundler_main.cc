@@ -32,6 +32,11 @@ ABSL_FLAG(std::string, sandboxd, "",
           "agentix-sandboxd to bundle (default: from the runfiles)");
 ABSL_FLAG(std::string, worker, "",
           "agentix-worker to bundle (default: from the runfiles)");
+ABSL_FLAG(std::string, wire, "grpc",
+          "the wire bootstrap.sh serves when AGENTIX_WIRE is unset: grpc, or "
+          "socketio for the original's providers and hosts (agentix-sio-gateway "
+          "on AGENTIX_BIND_HOST:AGENTIX_BIND_PORT; the project must depend on "
+          "its packages, see docs/GATEWAY.md)");
 ABSL_FLAG(std::string, wheel, "",
           "agentix wheel to install (default: from the runfiles)");
 
@@ -41,7 +46,7 @@ namespace fs = std::filesystem;
 
 constexpr char kUsage[] =
     "agentix-bundle build PATH [--output DIR] [--name NAME] [--tag TAG] "
-    "[--wheelhouse DIR]...";
+    "[--wheelhouse DIR]... [--wire grpc|socketio]";
 constexpr char kWheelhouseFlag[] = "--wheelhouse";
 
 // --wheelhouse is repeatable, which absl flags are not.
@@ -161,6 +166,12 @@ int main(int argc, char** raw_argv) {
       return 2;
     }
     options.wheelhouses.push_back(UserPath(dir));
+  }
+  options.wire = absl::GetFlag(FLAGS_wire);
+  if (options.wire != "grpc" && options.wire != "socketio") {
+    fmt::print(stderr, "[bundler] error: --wire must be grpc or socketio, not '{}'\n",
+               options.wire);
+    return 2;
   }
   options.sandboxd =
       FlagOr(absl::GetFlag(FLAGS_sandboxd), "sandbox/agentix-sandboxd");

@@ -1,0 +1,299 @@
+"""`agentix-sio-gateway` / ``python -m agentix.gateway``: serves the original wire.
+
+Listens on ``--host``/``--port`` (default ``$AGENTIX_BIND_HOST`` /
+``$AGENTIX_BIND_PORT``, else 127.0.0.1:8000) at once and connects to the daemon
+at ``--daemon``; ``GET /health`` answers 503 ``{"status":"starting",…}`` until
+the daemon accepts connections, then the original's 200
+``{"status":"ok","version":"0.2.7"}``. With ``--parent-pid`` it exits when that
+process (the daemon ``bootstrap.sh`` execs into) exits. Exit codes: 0 on
+SIGTERM/SIGINT, 1 when the daemon could not be reached within
+``--connect-timeout`` or the server failed to load, 2 for bad arguments or an
+address in use.
+
+Start-up is in two stages so that the gateway adds almost nothing to a
+sandbox's readiness. Stage one imports nothing beyond ``socket``, ``select`` and
+``threading``: it binds the port and, on a thread, answers ``GET /health`` itself
+(from whether the daemon's socket accepts connections). Meanwhile the main
+thread loads the real server (asyncio, aiohttp, python-socketio, grpc: hundreds
+of milliseconds on a busy machine). Any other request that arrives in between
+is held, unread, and handed to the real server once that is connected to the
+daemon. bootstrap.sh runs this file by path with ``python -I -S`` (no site, no
+``agentix`` package import: those are stage two's).
+"""
+
+import os
+import select
+import socket
+import sys
+import threading
+import time
+
+_PR_SET_PDEATHSIG = 1
+# Keep in step with agentix.gateway.server.HEALTH_VERSION (not imported: heavy).
+HEALTH_VERSION = "0.2.7"
+_HEALTH = b"GET /health"
+_EARLY_TIMEOUT_S = 10.0
+_MAX_EARLY_HANDLERS = 64
+# Longest wait for the daemon before stage two loads anyway.
+_DAEMON_FIRST_S = 2.0
+_FLAGS = {"--daemon": str, "--host": str, "--port": int, "--parent-pid": int, "--connect-timeout": float,
+          "--log-level": str}
+
+
+def _parser():
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="agentix-sio-gateway", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--daemon", help="the daemon's gRPC address: unix:///path or host:port "
+                                         "(env AGENTIX_GATEWAY_DAEMON)")
+    parser.add_argument("--host", help="address to listen on (env AGENTIX_BIND_HOST, default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on (env AGENTIX_BIND_PORT, default 8000)")
+    parser.add_argument("--parent-pid", type=int, default=0, help="exit when this process (our parent) exits")
+    parser.add_argument("--connect-timeout", type=float, default=30.0,
+                        help="seconds to wait for the daemon to come up (default 30)")
+    parser.add_argument("--log-level", help="logging level (env AGENTIX_LOG_LEVEL, default info)")
+    return parser
+
+
+def _args(argv):
+    """The flags, parsed without argparse (its imports cost start-up time);
+    anything unusual (--help, a bad value, an unknown flag) goes to argparse,
+    which explains and exits 2."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    values = {"--parent-pid": 0, "--connect-timeout": 30.0}
+    try:
+        i = 0
+        while i < len(argv):
+            name, eq, value = argv[i].partition("=")
+            if name not in _FLAGS:
+                raise ValueError(name)
+            if not eq:
+                i += 1
+                value = argv[i]
+            values[name] = _FLAGS[name](value)
+            i += 1
+    except (ValueError, IndexError):
+        _parser().parse_args(argv)  # exits with argparse's message
+        raise
+    env = os.environ
+    args = {
+        "daemon": values.get("--daemon") or env.get("AGENTIX_GATEWAY_DAEMON"),
+        "host": values.get("--host") or env.get("AGENTIX_BIND_HOST") or "127.0.0.1",
+        "port": values.get("--port") or int(env.get("AGENTIX_BIND_PORT") or 8000),
+        "parent_pid": values["--parent-pid"],
+        "connect_timeout": values["--connect-timeout"],
+        "log_level": values.get("--log-level") or env.get("AGENTIX_LOG_LEVEL") or "info",
+    }
+    if not args["daemon"]:
+        _parser().error("--daemon (or AGENTIX_GATEWAY_DAEMON) is required")
+    return args
+
+
+def _health_response(ok):
+    # FastAPI's JSONResponse rendering (compact), as the original answered.
+    body = ('{"status":"%s","version":"%s"}' % ("ok" if ok else "starting", HEALTH_VERSION)).encode()
+    status = b"200 OK" if ok else b"503 Service Unavailable"
+    return (b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+
+
+class _Early(threading.Thread):
+    """Stage one: accepts, answers GET /health, holds every other connection
+    until `hand_over` gives them to the real server."""
+
+    def __init__(self, listener, daemon_address):
+        super().__init__(name="gateway-early", daemon=True)
+        self.listener = listener
+        self.daemon_address = daemon_address
+        self.daemon_up = False
+        self.lock = threading.Lock()
+        self.held = []
+        self.receiver = None  # set by hand_over
+        self.stopped = False
+        self.handlers = 0
+
+    def run(self):
+        while not self.stopped:
+            readable, _, _ = select.select([self.listener], [], [], 0.05)
+            if not readable or self.stopped:
+                continue
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                return
+            with self.lock:
+                busy = self.handlers >= _MAX_EARLY_HANDLERS
+                if not busy:
+                    self.handlers += 1
+            if busy:
+                self._hold(conn)
+            else:
+                threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def daemon_accepts(self):
+        if self.daemon_up:
+            return True
+        address = self.daemon_address
+        try:
+            if address.startswith("unix://"):
+                probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                target = address[len("unix://"):]
+            else:
+                host, _, port = address.rpartition(":")
+                host = host.strip("[]")
+                probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+                target = (host, int(port))
+            with probe:
+                probe.settimeout(1.0)
+                probe.connect(target)
+            self.daemon_up = True
+        except (OSError, ValueError):
+            pass
+        return self.daemon_up
+
+    def _handle(self, conn):
+        try:
+            conn.settimeout(_EARLY_TIMEOUT_S)
+            deadline = time.monotonic() + _EARLY_TIMEOUT_S
+            head = b""
+            while self.receiver is None:
+                head = conn.recv(16, socket.MSG_PEEK)
+                if not head:
+                    conn.close()
+                    return
+                if len(head) >= 12 or not _HEALTH.startswith(head) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.001)  # a partial "GET /heal": wait for more
+            if self.receiver is None and head.startswith(_HEALTH) and head[11:12] in (b" ", b"?"):
+                request = b""
+                while b"\r\n\r\n" not in request and len(request) < 65536:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    request += chunk
+                conn.sendall(_health_response(self.daemon_accepts()))
+                conn.close()
+                return
+            self._hold(conn)
+        except OSError:
+            conn.close()
+        finally:
+            with self.lock:
+                self.handlers -= 1
+
+    def _hold(self, conn):
+        with self.lock:
+            receiver = self.receiver
+            if receiver is None:
+                self.held.append(conn)
+                return
+        receiver(conn)
+
+    def hand_over(self, receiver):
+        """From now on connections go to `receiver` (thread-safe); held ones first."""
+        self.stopped = True
+        with self.lock:
+            self.receiver = receiver
+            held, self.held = self.held, []
+        for conn in held:
+            receiver(conn)
+
+
+async def _serve(args, listener, early):
+    import asyncio
+    import signal
+
+    from aiohttp import web
+
+    from agentix.gateway.server import Gateway
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    gateway = Gateway(args["daemon"], env=dict(os.environ))
+    runner = web.AppRunner(gateway.app, handle_signals=False, access_log=None)
+    await runner.setup()
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        connecting = asyncio.ensure_future(gateway.connect(timeout=args["connect_timeout"]))
+        await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if connecting.done() and connecting.exception() is not None:
+            print(f"agentix-sio-gateway: daemon at {args['daemon']} unreachable: {connecting.exception()}",
+                  file=sys.stderr)
+            return 1
+        if stop.is_set():
+            connecting.cancel()
+            return 0
+        # Hand over: aiohttp accepts from now on; held connections follow.
+        await web.SockSite(runner, listener).start()
+        factory = runner.server
+
+        def receive(conn):
+            conn.setblocking(False)
+            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(loop.connect_accepted_socket(factory, conn)))
+
+        early.hand_over(receive)
+        sys.setswitchinterval(0.005)
+        await stop.wait()
+        return 0
+    finally:
+        stopping.cancel()
+        await runner.cleanup()
+        await gateway.aclose()
+
+
+def main(argv=None):
+    args = _args(argv)
+    try:
+        listener = socket.create_server((args["host"], args["port"]), backlog=1024)
+    except OSError as error:
+        print(f"agentix-sio-gateway: cannot listen on {args['host']}:{args['port']}: {error}", file=sys.stderr)
+        return 2
+    listener.setblocking(False)
+    early = _Early(listener, args["daemon"])
+    early.start()
+    # Stage two waits (briefly) for the daemon's socket first: its imports
+    # would otherwise take CPU from the daemon's own start, which is what
+    # readiness waits for. Requests are held meanwhile; the first call waits
+    # for the imports either way.
+    deadline = time.monotonic() + _DAEMON_FIRST_S
+    while not early.daemon_accepts() and time.monotonic() < deadline:
+        time.sleep(0.002)
+    # A short switch interval while it imports lets the early thread answer
+    # /health promptly (the default 5 ms per hand-off adds up).
+    sys.setswitchinterval(0.0005)
+    if sys.flags.no_site:  # run with -S (bootstrap.sh): site-packages now
+        import site
+
+        site.main()
+    if args["parent_pid"]:
+        import ctypes
+        import signal
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except OSError:
+            pass
+        if os.getppid() != args["parent_pid"]:  # it exited before prctl
+            return 0
+    import asyncio
+    import logging
+
+    logging.basicConfig(level=getattr(logging, str(args["log_level"]).upper(), logging.INFO),
+                        format="%(asctime)s [agentix-sio-gateway] [%(name)s] %(message)s")
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    print(f"agentix-sio-gateway serving http://{args['host']}:{args['port']} for {args['daemon']}",
+          file=sys.stderr, flush=True)
+    try:
+        return asyncio.run(_serve(args, listener, early))
+    except ImportError as error:
+        print(f"agentix-sio-gateway: cannot load the server ({error}); the bundle needs python-socketio, "
+              "python-engineio, aiohttp, grpcio, protobuf and msgpack (docs/GATEWAY.md)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
