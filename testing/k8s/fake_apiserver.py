@@ -119,6 +119,8 @@ class FakeApiServer:
         self.bookmark_interval_s = 1.0
         self.max_grace_s = 0.2  # graceful deletes end after min(grace, this)
         self.requests: list[dict] = []
+        self.frozen = False  # watches hold their events (a slow watch)
+        self.held: list[tuple[Kind, str, dict]] = []
         self.logs: dict[tuple[str, str], bytearray] = {}
         self.log_waiters: set[asyncio.Event] = set()
         self.pods = Kind("Pod", "v1", "pods")
@@ -133,6 +135,9 @@ class FakeApiServer:
         rv = int(obj["metadata"]["resourceVersion"])
         snapshot = copy.deepcopy(obj)
         kind.history.append((rv, etype, snapshot))
+        if self.frozen:
+            self.held.append((kind, etype, snapshot))
+            return
         for q in list(kind.watchers):
             q.put_nowait((etype, snapshot))
 
@@ -192,7 +197,10 @@ class FakeApiServer:
         bookmarks = request.query.get("allowWatchBookmarks") in ("true", "1")
         timeout = float(request.query.get("timeoutSeconds") or 3600)
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
-        await resp.prepare(request)
+        try:
+            await resp.prepare(request)
+        except ConnectionResetError:  # the client went away already
+            return resp
 
         async def send(etype: str, obj: dict) -> None:
             await resp.write(json.dumps({"type": etype, "object": obj}).encode() + b"\n")
@@ -218,7 +226,7 @@ class FakeApiServer:
                 try:
                     etype, obj = await asyncio.wait_for(queue.get(), timeout=max(wait, 0.01))
                 except asyncio.TimeoutError:
-                    if bookmarks:
+                    if bookmarks and not self.frozen:  # a held event is not yet "seen"
                         await send("BOOKMARK", {"kind": kind.kind, "apiVersion": kind.api_version,
                                                 "metadata": {"resourceVersion": str(self.rv)}})
                     continue
@@ -454,6 +462,16 @@ class FakeApiServer:
                 kind.compacted_rv = self.rv + 1
             self.rv += 1
             return web.json_response({"rv": self.rv})
+        if op == "freeze":
+            self.frozen = True
+            return web.json_response({"ok": True})
+        if op == "thaw":
+            self.frozen = False
+            held, self.held = self.held, []
+            for kind, etype, obj in held:
+                for q in list(kind.watchers):
+                    q.put_nowait((etype, obj))
+            return web.json_response({"ok": True})
         if op == "drop_watches":
             for q in list(self.pods.watchers):
                 q.put_nowait(("__close__", {"metadata": {"namespace": "", "labels": {}}}))

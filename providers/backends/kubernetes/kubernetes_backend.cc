@@ -273,7 +273,10 @@ class KubernetesBackend final : public Backend {
     {
       absl::MutexLock lock(&mu_);
       auto it = pods_.find(ref.value);
-      if (it != pods_.end()) rv = Rv(it->second);
+      if (it != pods_.end()) {
+        if (Label(it->second, kLabelClaimed) == "true") return ClaimedElsewhere(ref, it->second);
+        rv = Rv(it->second);
+      }
     }
     for (int attempt = 0; attempt < 2; ++attempt) {
       if (rv.empty()) {
@@ -437,7 +440,9 @@ class KubernetesBackend final : public Backend {
   // A Pod from a write's answer: newer than or equal to what the cache has.
   void Remember(const json& pod) {
     absl::MutexLock lock(&mu_);
-    pods_[Name(pod)] = pod;
+    std::string name = Name(pod);
+    pods_[name] = pod;
+    remembered_[name] = ++remember_seq_;
   }
 
   // ------------------------------------------------------------ informer
@@ -449,11 +454,15 @@ class KubernetesBackend final : public Backend {
         absl::MutexLock lock(&mu_);
         if (stopping_) return;
       }
-      absl::Status s = need_list ? Relist() : WatchOnce(&need_list);
-      if (s.ok()) {
-        if (!need_list) backoff = absl::Milliseconds(100);
-        continue;
+      absl::Status s;
+      if (need_list) {
+        s = Relist();
+        if (s.ok()) need_list = false;
+      } else {
+        s = WatchOnce(&need_list);
+        if (s.ok() && !need_list) backoff = absl::Milliseconds(100);
       }
+      if (s.ok()) continue;
       absl::MutexLock lock(&mu_);
       auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
       mu_.AwaitWithTimeout(absl::Condition(&stop), backoff);
@@ -462,6 +471,11 @@ class KubernetesBackend final : public Backend {
   }
 
   absl::Status Relist() {
+    int64_t seq;
+    {
+      absl::MutexLock lock(&mu_);
+      seq = remember_seq_;
+    }
     auto listed = http_.Request("GET", absl::StrCat(PodPath(""), "?labelSelector=", Selector()),
                                 "", "", options_.request_timeout);
     if (!listed.ok()) return listed.status();
@@ -469,19 +483,31 @@ class KubernetesBackend final : public Backend {
     json list = json::parse(listed->body, nullptr, false);
     if (!list.is_object()) return absl::InternalError("list Pods: not a JSON object");
     std::map<std::string, json> fresh;
-    for (json& pod : list["items"]) fresh[Name(pod)] = std::move(pod);
+    for (json& pod : list["items"]) {
+      std::string name = Name(pod);
+      fresh[name] = std::move(pod);
+    }
     std::vector<std::pair<BackendRef, Observed>> events;
     EventSink* sink;
     {
       absl::MutexLock lock(&mu_);
       for (const auto& [name, old] : pods_) {
         auto it = fresh.find(name);
+        auto written = remembered_.find(name);
+        if (written != remembered_.end() && written->second > seq) continue;
         if (it == fresh.end()) {
           events.push_back({BackendRef{name}, Observed{}});
         } else {
           Changed(name, old, it->second, &events);
         }
       }
+      // A Pod this backend wrote after the LIST was sent is newer than the
+      // list: keep it (the watch from the list's resourceVersion follows).
+      for (const auto& [name, at] : remembered_) {
+        auto it = pods_.find(name);
+        if (at > seq && it != pods_.end()) fresh[name] = it->second;
+      }
+      remembered_.clear();
       pods_ = std::move(fresh);
       list_rv_ = Rv(list);
       synced_ = true;
@@ -585,6 +611,10 @@ class KubernetesBackend final : public Backend {
   bool synced_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t relists_ ABSL_GUARDED_BY(mu_) = 0;
+  // Pods written by this backend (Launch, Claim) -> when, to keep them over
+  // a LIST that was answered before the write.
+  std::map<std::string, int64_t> remembered_ ABSL_GUARDED_BY(mu_);
+  int64_t remember_seq_ ABSL_GUARDED_BY(mu_) = 0;
   EventSink* sink_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::shared_ptr<StreamCanceller> watch_canceller_ ABSL_GUARDED_BY(mu_);
 };

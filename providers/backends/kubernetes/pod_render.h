@@ -11,7 +11,7 @@
 namespace agentix::providers::kubernetes {
 
 struct KubernetesOptions {
-  std::string ns = "default";
+  std::string ns;  // empty: the kubeconfig's namespace
   std::string bundle_image;
   int runtime_port = 50051;
 };
