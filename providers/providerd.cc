@@ -23,6 +23,8 @@
 #include "absl/strings/str_join.h"
 #include "base/log.h"
 #include "base/status_macros.h"
+#include "providers/backends/kubernetes/kube_config.h"
+#include "providers/backends/kubernetes/kubernetes_backend.h"
 #include "providers/backends/local/local_backend.h"
 #include "providers/core/grpc_daemon_agent.h"
 #include "providers/service/metrics_text.h"
@@ -85,6 +87,22 @@ absl::StatusOr<base::UniqueFd> Lock(const std::string& path,
     AGX_LOG(Warning, "cannot write our pid to {}", path);
   }
   return fd;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeKubernetesBackend(const KubernetesFlags& flags,
+                                                               const std::string& instance) {
+  kubernetes::KubernetesBackendOptions options;
+  if (!flags.kubeconfig.empty()) {
+    AGX_ASSIGN_OR_RETURN(options.config,
+                         kubernetes::LoadKubeconfig(flags.kubeconfig, flags.context));
+  } else {
+    AGX_ASSIGN_OR_RETURN(options.config, kubernetes::LoadInCluster());
+  }
+  if (!flags.ns.empty()) options.config.ns = flags.ns;
+  options.render.ns = options.config.ns;
+  options.instance = instance;
+  options.runtime_port = flags.runtime_port;
+  return kubernetes::NewKubernetesBackend(std::move(options));
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<Backend>>> MakeLocalBackends(
@@ -210,6 +228,11 @@ absl::StatusOr<std::unique_ptr<Providerd>> Providerd::Start(
     AGX_ASSIGN_OR_RETURN(backends, config.make_backends(sandbox_dir));
   } else {
     AGX_ASSIGN_OR_RETURN(backends, MakeLocalBackends(config.local, sandbox_dir));
+  }
+  if (!config.kubernetes.kubeconfig.empty() || config.kubernetes.in_cluster) {
+    AGX_ASSIGN_OR_RETURN(
+        auto k8s, MakeKubernetesBackend(config.kubernetes, config.controller.instance));
+    backends.push_back(std::move(k8s));
   }
   std::unique_ptr<DaemonAgent> agent;
   if (config.make_agent) {
