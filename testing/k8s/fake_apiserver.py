@@ -540,12 +540,19 @@ async def main() -> None:
     parser.add_argument("--token", required=True)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--latency-ms", type=float, default=0)
+    parser.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate")
+    parser.add_argument("--tls-key", help="the key of --tls-cert")
     args = parser.parse_args()
+    ssl_context = None
+    if args.tls_cert:
+        import ssl
+        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ssl_context.load_cert_chain(args.tls_cert, args.tls_key)
     server = FakeApiServer(args.token)
     server.latency_s = args.latency_ms / 1000
     runner = web.AppRunner(server.app(), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", args.port)
+    site = web.TCPSite(runner, "127.0.0.1", args.port, ssl_context=ssl_context)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     print(json.dumps({"port": port}), flush=True)
