@@ -113,7 +113,8 @@ class FakeApiServer:
         self.token = token
         self.rv = 1000
         self.latency_s = 0.0
-        self.auto_ready: Optional[dict] = None  # {"pod_ip", "delay_ms"}
+        self.auto_ready: Optional[dict] = None  # {"pod_ip" ("auto": one per Pod), "delay_ms"}
+        self.ips_given = 0
         self.reject_create: Optional[str] = None  # 422 message for pod creates
         self.forbid: set[str] = set()  # verbs answered 403
         self.bookmark_interval_s = 1.0
@@ -308,7 +309,11 @@ class FakeApiServer:
         pod = self.pods.objects.get((ns, name))
         if pod is None or pod["metadata"]["uid"] != uid:
             return
-        self.set_running(pod, self.auto_ready.get("pod_ip", "127.0.0.1"))
+        ip = self.auto_ready.get("pod_ip", "auto")
+        if ip == "auto":  # one address per Pod, as a cluster's Pod network gives
+            self.ips_given += 1
+            ip = f"10.244.{self.ips_given // 250}.{self.ips_given % 250 + 1}"
+        self.set_running(pod, ip)
 
     def set_running(self, pod: dict, pod_ip: str) -> None:
         pod["spec"]["nodeName"] = "fake-node"

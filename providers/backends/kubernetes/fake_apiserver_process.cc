@@ -14,12 +14,12 @@
 namespace agentix::providers::kubernetes::testing {
 
 absl::StatusOr<std::unique_ptr<FakeApiServer>> FakeApiServer::Start(
-    std::vector<std::string> extra_args) {
+    std::vector<std::string> extra_args, std::string script) {
   int in[2], out[2];
   if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) {
     return absl::InternalError("pipe");
   }
-  std::vector<std::string> args = {"/usr/bin/python3", "testing/k8s/fake_apiserver.py",
+  std::vector<std::string> args = {"/usr/bin/python3", script,
                                    "--token", kToken};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   pid_t pid = ::fork();

@@ -18,9 +18,11 @@ class FakeApiServer {
  public:
   static constexpr char kToken[] = "test-token-0123456789";
 
-  // `extra_args` go to the script (e.g. "--tls-cert", path).
+  // `extra_args` go to the script (e.g. "--tls-cert", path); `script` is
+  // its path (default: relative to a test's runfiles root).
   static absl::StatusOr<std::unique_ptr<FakeApiServer>> Start(
-      std::vector<std::string> extra_args = {});
+      std::vector<std::string> extra_args = {},
+      std::string script = "testing/k8s/fake_apiserver.py");
   ~FakeApiServer();
 
   int port() const { return port_; }
