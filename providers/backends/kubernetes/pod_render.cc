@@ -262,12 +262,22 @@ absl::Status ValidatePodSpec(const LaunchSpec& spec, const KubernetesOptions& op
                                 "\" is not Always, IfNotPresent or Never"));
   }
   if (options.max_lifetime < absl::Seconds(1)) return Invalid("max lifetime below 1 s");
+  // A Secret volume's files are root's; a 0400 one is unreadable to a
+  // non-root daemon, and a group-readable one (fsGroup) is refused by
+  // --admin-token-file.
+  if (options.run_as_non_root && !spec.admin_token.empty()) {
+    return NotEnforceable(
+        "runAsNonRoot: a non-root daemon cannot read the root-owned admin token Secret "
+        "(not supported yet)");
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<json> RenderPod(const LaunchSpec& spec, const KubernetesOptions& options,
                                const PodAnnotations& annotations) {
   if (auto s = ValidatePodSpec(spec, options); !s.ok()) return s;
+  // Without one the daemon would serve whoever reaches the Pod's IP.
+  if (spec.admin_token.empty()) return Invalid("no admin token: every Pod starts unarmed");
   const pb::SandboxSpec& s = spec.spec;
   const pb::Resources& r = s.resources();
   absl::StatusOr<std::string> bundle = BundleImage(s.bundle(), options.bundle_mode);
@@ -338,7 +348,8 @@ absl::StatusOr<json> RenderPod(const LaunchSpec& spec, const KubernetesOptions& 
     volumes.push_back({{"name", "bundle"},
                        {"image", {{"reference", *bundle}, {"pullPolicy", options.image_pull_policy}}}});
   } else {
-    volumes.push_back({{"name", "bundle"}, {"emptyDir", json::object()}});
+    volumes.push_back({{"name", "bundle"},
+                       {"emptyDir", {{"sizeLimit", absl::StrCat(options.bundle_copy_bytes)}}}});
     json copy_quantities = Quantities(r, options, /*with_gpu=*/false);
     pod_spec["initContainers"] = json::array({{
         {"name", kBundleInitContainer},

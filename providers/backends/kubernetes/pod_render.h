@@ -67,7 +67,10 @@ struct KubernetesOptions {
   // the kubelet's gRPC probes dial.
   int health_port = 50052;
   std::string runtime_class_name;  // "" = the cluster's default
-  bool run_as_non_root = false;    // task images often need root
+  // Task images often need root. true is refused together with an admin
+  // token for now: Secret files are root's, and the daemon refuses a
+  // group-readable token file.
+  bool run_as_non_root = false;
   bool read_only_root_filesystem = true;
   int64_t termination_grace_seconds = 3;
   // activeDeadlineSeconds: the backstop if providerd is gone.
@@ -123,7 +126,8 @@ std::string SpecHash(const pb::SandboxSpec& spec);
 // egress lists).
 absl::Status ValidatePodSpec(const LaunchSpec& spec, const KubernetesOptions& options);
 
-// The Pod (apiVersion v1, kind Pod). Runs ValidatePodSpec first.
+// The Pod (apiVersion v1, kind Pod). Runs ValidatePodSpec first;
+// INVALID_ARGUMENT without spec.admin_token (every Pod starts unarmed).
 absl::StatusOr<nlohmann::json> RenderPod(const LaunchSpec& spec,
                                          const KubernetesOptions& options,
                                          const PodAnnotations& annotations = {});
