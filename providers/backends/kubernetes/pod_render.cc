@@ -4,6 +4,7 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/ascii.h"
@@ -203,8 +204,10 @@ std::string SpecHash(const pb::SandboxSpec& spec) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int size = 0;
   EVP_Digest(bytes.data(), bytes.size(), digest, &size, EVP_sha256(), nullptr);
+  // 128 bits are plenty to tell specs apart, and podman kube play refuses
+  // annotation values over 63 characters.
   return absl::BytesToHexString(
-      absl::string_view(reinterpret_cast<const char*>(digest), size));
+      absl::string_view(reinterpret_cast<const char*>(digest), std::min(size, 16u)));
 }
 
 absl::Status ValidatePodSpec(const LaunchSpec& spec, const KubernetesOptions& options) {
@@ -322,12 +325,10 @@ absl::StatusOr<json> RenderPod(const LaunchSpec& spec, const KubernetesOptions& 
       {"args", args},
       // Control variables only; the user's env arrives with Activate (so a
       // warm Pod stays warm and no secret sits in the Pod object).
+      // No `ports`: Kubernetes needs none (probes and the NetworkPolicy use
+      // numbers), and podman kube play turns each into a host port mapping.
       {"env", json::array({{{"name", "AGENTIX_LISTEN"},
                             {"value", absl::StrCat("0.0.0.0:", options.runtime_port)}}})},
-      {"ports", json::array({
-                    {{"name", "runtime"}, {"containerPort", options.runtime_port}, {"protocol", "TCP"}},
-                    {{"name", "health"}, {"containerPort", options.health_port}, {"protocol", "TCP"}},
-                })},
       {"resources", {{"requests", quantities}, {"limits", quantities}}},
       {"volumeMounts", mounts},
       {"securityContext", ContainerSecurity(options)},
@@ -366,8 +367,10 @@ absl::StatusOr<json> RenderPod(const LaunchSpec& spec, const KubernetesOptions& 
       {{"name", "run"}, {"emptyDir", {{"sizeLimit", absl::StrCat(options.run_dir_bytes)}}}});
   if (!spec.admin_token.empty()) {
     volumes.push_back({{"name", "admin"},
+                       // optional: podman 4.3's kube play dereferences it.
                        {"secret", {{"secretName", AdminSecretName(spec.sandbox_id)},
-                                   {"defaultMode", 0400}}}});
+                                   {"defaultMode", 0400},
+                                   {"optional", false}}}});
   }
   pod_spec["containers"] = json::array({task});
   pod_spec["volumes"] = volumes;

@@ -115,8 +115,9 @@ std::string NetworkPolicyName(absl::string_view sandbox_id);
 // value "" or the name rule. INVALID_ARGUMENT naming the label otherwise.
 absl::Status ValidateLabel(absl::string_view key, absl::string_view value);
 
-// sha256 hex of the deterministic serialization of the spec: the
-// spec-hash annotation (what a 409 adoption compares).
+// The first 128 bits (32 hex digits) of the sha256 of the spec's
+// deterministic serialization: the spec-hash annotation (what a 409
+// adoption compares).
 std::string SpecHash(const pb::SandboxSpec& spec);
 
 // Every check that needs no API server: ids, image and bundle references
