@@ -240,6 +240,9 @@ async def test_init_copy_pod_runs_under_podman_kube_play_and_answers_a_remote_ca
             assert not await sandbox.remote(os.access, "/nix/runtime", os.W_OK)
             assert not await sandbox.remote(os.access, "/", os.W_OK)  # readOnlyRootFilesystem
             assert await sandbox.remote(os.access, "/tmp", os.W_OK)
+            # shareProcessNamespace: the pause process is PID 1 (it reaps
+            # orphans), not the daemon.
+            assert await sandbox.remote(os.getppid) != 1
         # The health-only port still answers without a token once armed.
         assert await health_check(health_target, 10) == SERVING
         init = [c for c in json.loads(podman.run("pod", "inspect", f"sbx-{SANDBOX_ID}").stdout)

@@ -344,6 +344,10 @@ absl::StatusOr<json> RenderPod(const LaunchSpec& spec, const KubernetesOptions& 
       {"enableServiceLinks", false},
       {"terminationGracePeriodSeconds", options.termination_grace_seconds},
       {"activeDeadlineSeconds", absl::ToInt64Seconds(options.max_lifetime)},
+      // The pause process becomes PID 1 and reaps what user code leaves
+      // orphaned (the engine backend's HostConfig.Init); there is only one
+      // long-running container to share with.
+      {"shareProcessNamespace", true},
   };
   if (options.bundle_mode == BundleMode::kImageVolume) {
     volumes.push_back({{"name", "bundle"},

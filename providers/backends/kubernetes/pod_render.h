@@ -61,7 +61,7 @@ struct KubernetesOptions {
   // Image volume only: mount the bundle image's nix/ (subPath, server >=
   // 1.33). false: the bundle artifact's root is the /nix content itself.
   bool image_volume_subpath = true;
-  // The authenticated runtime service (token; TLS when configured).
+  // The runtime service (token-checked; the daemon listens on 0.0.0.0).
   int runtime_port = 50051;
   // Plaintext grpc.health.v1 only (agentix-sandboxd --health-listen): what
   // the kubelet's gRPC probes dial.
@@ -81,6 +81,7 @@ struct KubernetesOptions {
   // and limit: the container's logs and writable layer, and (init-copy) the
   // copied bundle.
   int64_t writable_layer_bytes = int64_t{256} << 20;
+  // Init-copy: also the sizeLimit of the emptyDir the bundle is copied to.
   int64_t bundle_copy_bytes = int64_t{1} << 30;
   std::string image_pull_policy = "IfNotPresent";
   // Init-copy: the copier inside the bundle image and its arguments
@@ -89,7 +90,7 @@ struct KubernetesOptions {
   int startup_period_seconds = 1;
   int startup_failure_threshold = 300;  // slow image pulls
   int readiness_period_seconds = 5;
-  // Network NONE: ingress to the runtime port only from Pods with these
+  // Network NONE: ingress to the runtime and health ports only from Pods with these
   // labels (providerd, a router). Empty: no ingress at all.
   std::map<std::string, std::string> ingress_from_labels = {
       {"app.kubernetes.io/name", "agentix-providerd"}};
@@ -103,7 +104,8 @@ struct PodAnnotations {
   absl::Time expire_time = absl::InfinitePast();  // InfinitePast: omitted
 };
 
-// "sbx-<id>": the Pod's name (DNS-1123 subdomain, <= 63 for the hostname).
+// "sbx-<id>": the Pod's name (a DNS-1123 label: ids are <= 53 characters,
+// so "sbx-<id>-admin" fits 63 too).
 std::string PodName(absl::string_view sandbox_id);
 // "sbx-<id>-admin": the Secret holding the admin token.
 std::string AdminSecretName(absl::string_view sandbox_id);
