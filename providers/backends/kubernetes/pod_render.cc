@@ -193,7 +193,11 @@ absl::Status ValidateLabel(absl::string_view key, absl::string_view value) {
   return absl::OkStatus();
 }
 
-std::string SpecHash(const pb::SandboxSpec& spec) {
+std::string SpecHash(const pb::SandboxSpec& full) {
+  // Without env: it is not part of the Pod (it arrives with Activate), and
+  // a hash of user secrets in an annotation would help guess them.
+  pb::SandboxSpec spec = full;
+  spec.clear_env();
   std::string bytes;
   {
     google::protobuf::io::StringOutputStream out(&bytes);

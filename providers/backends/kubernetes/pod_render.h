@@ -118,8 +118,8 @@ std::string NetworkPolicyName(absl::string_view sandbox_id);
 absl::Status ValidateLabel(absl::string_view key, absl::string_view value);
 
 // The first 128 bits (32 hex digits) of the sha256 of the spec's
-// deterministic serialization: the spec-hash annotation (what a 409
-// adoption compares).
+// deterministic serialization, env left out: the spec-hash annotation
+// (what a 409 adoption compares).
 std::string SpecHash(const pb::SandboxSpec& spec);
 
 // Every check that needs no API server: ids, image and bundle references

@@ -153,9 +153,16 @@ TEST_CASE("the Pod carries the contract's fields", "[kubernetes]") {
   CHECK_FALSE(absl::StrContains(with_env->dump(), "hunter2"));
   // Nor does the admin token: only the Secret has it (base64).
   CHECK_FALSE(absl::StrContains(with_env->dump(), in.spec.admin_token));
-  // ...and the spec hash changes with the spec.
-  CHECK((*with_env)["metadata"]["annotations"][kAnnotationSpecHash] !=
+  // The spec hash leaves env out (no hash of user secrets in the Pod)...
+  CHECK((*with_env)["metadata"]["annotations"][kAnnotationSpecHash] ==
         (*pod)["metadata"]["annotations"][kAnnotationSpecHash]);
+  // ...and changes with what the Pod is made of.
+  in.spec.spec.set_image("docker.io/library/python:3.13-slim");
+  auto other = RenderPod(in.spec, in.options, in.annotations);
+  REQUIRE(other.ok());
+  CHECK((*other)["metadata"]["annotations"][kAnnotationSpecHash] !=
+        (*pod)["metadata"]["annotations"][kAnnotationSpecHash]);
+  CHECK(SpecHash(in.spec.spec).size() == 32);
 }
 
 TEST_CASE("a pool member is labelled unclaimed", "[kubernetes]") {
