@@ -99,9 +99,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeKubernetesBackend(const KubernetesF
     AGX_ASSIGN_OR_RETURN(options.config, kubernetes::LoadInCluster());
   }
   if (!flags.ns.empty()) options.config.ns = flags.ns;
-  options.render.ns = options.config.ns;
   options.instance = instance;
-  options.runtime_port = flags.runtime_port;
+  options.render.runtime_port = flags.runtime_port;
   return kubernetes::NewKubernetesBackend(std::move(options));
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """A fake Kubernetes API server for the Kubernetes backend's tests.
 
-It speaks the core/v1 Pods API (and networking.k8s.io/v1 NetworkPolicies) the
+It speaks the core/v1 Pods API (and Secrets, networking.k8s.io/v1 NetworkPolicies) the
 way the real API server answers: resourceVersions from one counter, Status
 objects for errors (409 AlreadyExists / Conflict, 404 NotFound, 410 Gone,
 422 Invalid, 401, 403), LIST with labelSelector, WATCH as JSON lines of
@@ -126,6 +126,7 @@ class FakeApiServer:
         self.log_waiters: set[asyncio.Event] = set()
         self.pods = Kind("Pod", "v1", "pods")
         self.netpols = Kind("NetworkPolicy", "networking.k8s.io/v1", "networkpolicies")
+        self.secrets = Kind("Secret", "v1", "secrets")
 
     # ------------------------------------------------------------ plumbing
     def next_rv(self) -> str:
@@ -155,6 +156,13 @@ class FakeApiServer:
             obj["metadata"]["resourceVersion"] = self.next_rv()
             self.emit(kind, "DELETED", obj)
             self.logs.pop((ns, name), None)
+            # The garbage collector: what the object owned goes with it.
+            uid = obj["metadata"].get("uid")
+            for other in (self.secrets, self.netpols):
+                for (ons, oname), o in list(other.objects.items()):
+                    owners = o["metadata"].get("ownerReferences") or []
+                    if ons == ns and any(ref.get("uid") == uid for ref in owners):
+                        self.remove(other, ons, oname)
         return obj
 
     def check_auth(self, request: web.Request) -> Optional[web.Response]:
@@ -268,6 +276,12 @@ class FakeApiServer:
 
     async def netpols_collection(self, request: web.Request) -> web.StreamResponse:
         return await self.collection(request, self.netpols)
+
+    async def secrets_collection(self, request: web.Request) -> web.StreamResponse:
+        return await self.collection(request, self.secrets)
+
+    async def secret_item(self, request: web.Request) -> web.Response:
+        return await self.item(request, self.secrets)
 
     async def collection(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         ns = request.match_info["ns"]
@@ -462,7 +476,7 @@ class FakeApiServer:
             return web.json_response({"ok": True})
         if op == "compact":
             # Forget the history: watches from an older rv now get 410.
-            for kind in (self.pods, self.netpols):
+            for kind in (self.pods, self.netpols, self.secrets):
                 kind.history.clear()
                 kind.compacted_rv = self.rv + 1
             self.rv += 1
@@ -485,6 +499,8 @@ class FakeApiServer:
             return web.json_response([o for o in self.pods.objects.values()])
         if op == "netpols":
             return web.json_response([o for o in self.netpols.objects.values()])
+        if op == "secrets":
+            return web.json_response([o for o in self.secrets.objects.values()])
         ns, name = body.get("namespace", "default"), body.get("name", "")
         pod = self.pods.objects.get((ns, name))
         if pod is None:
@@ -529,6 +545,10 @@ class FakeApiServer:
             r.add_route(method, "/api/v1/namespaces/{ns}/pods/{name}", self.pod_item)
             r.add_route(method, "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/{name}",
                         self.netpol_item)
+        r.add_route("GET", "/api/v1/namespaces/{ns}/secrets", self.secrets_collection)
+        r.add_route("POST", "/api/v1/namespaces/{ns}/secrets", self.secrets_collection)
+        for method in ("GET", "DELETE"):
+            r.add_route(method, "/api/v1/namespaces/{ns}/secrets/{name}", self.secret_item)
         r.add_route("GET", "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
                     self.netpols_collection)
         r.add_route("POST", "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",

@@ -64,6 +64,9 @@ int Run() {
   pb::WarmPool pool;
   pool.set_name("bench");
   pool.mutable_template_()->set_image("registry.example/task:1");
+  pool.mutable_template_()->mutable_bundle()->set_oci_reference("registry.example/agentix/bundle:1");
+  pool.mutable_template_()->mutable_bundle()->set_digest(
+      "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef");
   pool.set_min_ready(absl::GetFlag(FLAGS_pool));
   pool.set_max_total(absl::GetFlag(FLAGS_pool) + 2);
   if (!c.CreateWarmPool(pool).ok()) return 1;

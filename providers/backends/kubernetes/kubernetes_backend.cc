@@ -20,10 +20,7 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr char kLabelManagedBy[] = "agentix.dev/managed-by";
-constexpr char kLabelSandboxId[] = "agentix.dev/sandbox-id";
-constexpr char kLabelUid[] = "agentix.dev/uid";
-constexpr char kLabelClaimed[] = "agentix.dev/claimed";
+// Which NetworkPolicy Destroy removes with the Pod (none for network HOST).
 constexpr char kAnnotationNetworkPolicy[] = "agentix.dev/network-policy";
 constexpr char kMergePatch[] = "application/merge-patch+json";
 
@@ -75,8 +72,8 @@ class KubernetesBackend final : public Backend {
   explicit KubernetesBackend(KubernetesBackendOptions options)
       : options_(std::move(options)),
         http_(options_.config),
-        ns_(options_.render.ns.empty() ? options_.config.ns : options_.render.ns) {
-    options_.render.ns = ns_;
+        ns_(options_.config.ns.empty() ? "default" : options_.config.ns) {
+    options_.render.namespace_name = ns_;
     informer_ = std::thread([this] { InformerLoop(); });
   }
 
@@ -102,7 +99,7 @@ class KubernetesBackend final : public Backend {
   }
 
   absl::Status Validate(const LaunchSpec& spec) const override {
-    return RenderPod(spec, options_.render).status();
+    return ValidatePodSpec(spec, options_.render);
   }
 
   absl::StatusOr<BackendRef> Launch(const LaunchSpec& spec, absl::Time deadline) override {
@@ -152,6 +149,11 @@ class KubernetesBackend final : public Backend {
     if (created->status == 201 || created->status == 200) {
       json obj = json::parse(created->body, nullptr, false);
       if (obj.is_object()) Remember(obj);
+      if (absl::Status s = CreateAdminSecret(spec, Str(Field(obj, "metadata"), "uid"), deadline);
+          !s.ok()) {
+        (void)Destroy(BackendRef{name}, absl::ZeroDuration());
+        return s;
+      }
       return BackendRef{name};
     }
     if (created->status == 409) {
@@ -160,7 +162,13 @@ class KubernetesBackend final : public Backend {
         json existing = json::parse(got->body, nullptr, false);
         if (Label(existing, kLabelUid) == spec.uid) {
           Remember(existing);
-          return BackendRef{name};  // our own earlier attempt: adopt it
+          // Our own earlier attempt: adopt it (and make sure of its Secret).
+          if (absl::Status s = CreateAdminSecret(
+                  spec, Str(Field(existing, "metadata"), "uid"), deadline);
+              !s.ok()) {
+            return s;
+          }
+          return BackendRef{name};
         }
       }
       return absl::AlreadyExistsError(absl::StrCat(
@@ -188,8 +196,8 @@ class KubernetesBackend final : public Backend {
     }
     pb::Endpoint endpoint;
     bool v6 = ip.find(':') != std::string::npos;
-    endpoint.set_target(v6 ? absl::StrCat("ipv6:[", ip, "]:", options_.runtime_port)
-                           : absl::StrCat("ipv4:", ip, ":", options_.runtime_port));
+    endpoint.set_target(v6 ? absl::StrCat("ipv6:[", ip, "]:", options_.render.runtime_port)
+                           : absl::StrCat("ipv4:", ip, ":", options_.render.runtime_port));
     return endpoint;
   }
 
@@ -233,6 +241,15 @@ class KubernetesBackend final : public Backend {
       auto np = http_.Request("DELETE", NetpolPath(policy), "", "", options_.request_timeout);
       if (np.ok() && np->status != 200 && np->status != 404) {
         return KubeError(*np, absl::StrCat("delete NetworkPolicy ", policy));
+      }
+    }
+    // The Secret is owned by the Pod (garbage-collected with it); deleting
+    // it here too does not depend on the cluster's garbage collector.
+    if (absl::StartsWith(ref.value, "sbx-")) {
+      auto secret = http_.Request("DELETE", SecretPath(AdminSecretName(ref.value.substr(4))), "",
+                                  "", options_.request_timeout);
+      if (secret.ok() && secret->status != 200 && secret->status != 404) {
+        return KubeError(*secret, absl::StrCat("delete Secret of ", ref.value));
       }
     }
     // The DELETE is accepted; wait (bounded) for the watch to see the Pod
@@ -372,6 +389,9 @@ class KubernetesBackend final : public Backend {
   std::string PodPath(const std::string& name) const {
     return absl::StrCat("/api/v1/namespaces/", ns_, "/pods", name.empty() ? "" : "/", name);
   }
+  std::string SecretPath(const std::string& name) const {
+    return absl::StrCat("/api/v1/namespaces/", ns_, "/secrets", name.empty() ? "" : "/", name);
+  }
   std::string NetpolPath(const std::string& name) const {
     return absl::StrCat("/apis/networking.k8s.io/v1/namespaces/", ns_, "/networkpolicies",
                         name.empty() ? "" : "/", name);
@@ -409,14 +429,21 @@ class KubernetesBackend final : public Backend {
                                            Label(pod, kLabelSandboxId), " first"));
   }
 
-  std::string MainContainer(const std::string& name) {
-    absl::MutexLock lock(&mu_);
-    auto it = pods_.find(name);
-    if (it != pods_.end()) {
-      const json& containers = Field(Field(it->second, "spec"), "containers");
-      if (containers.is_array() && !containers.empty()) return Str(containers[0], "name");
+  std::string MainContainer(const std::string&) { return kTaskContainer; }
+
+  // The admin token's Secret, owned by the Pod `pod_uid` (the Pod's volume
+  // waits for it, so the daemon never starts without its token).
+  absl::Status CreateAdminSecret(const LaunchSpec& spec, const std::string& pod_uid,
+                                 absl::Time deadline) {
+    auto secret = RenderAdminSecret(spec, options_.render, pod_uid);
+    if (!secret.ok()) return secret.status();
+    (*secret)["metadata"]["namespace"] = ns_;
+    auto made = Write("POST", SecretPath(""), secret->dump(), "", deadline);
+    if (!made.ok()) return made.status();
+    if (made->status == 201 || made->status == 200 || made->status == 409) {
+      return absl::OkStatus();
     }
-    return "sandbox";
+    return KubeError(*made, absl::StrCat("create Secret ", Name(*secret)));
   }
 
   // The cached Pod; waits (bounded) for the first LIST so a fresh backend

@@ -19,10 +19,10 @@
 namespace agentix::providers::kubernetes {
 
 struct KubernetesBackendOptions {
-  KubeConfig config;              // where the API server is, how to log in
-  KubernetesOptions render;       // what RenderPod needs (namespace, bundle, ports)
-  std::string instance;           // agentix.dev/managed-by of the Pods we watch
-  int runtime_port = 50051;       // the daemon's port in the Pod (ResolveEndpoint)
+  KubeConfig config;         // where the API server is, how to log in; config.ns
+                             // is the namespace (render.namespace_name is set from it)
+  KubernetesOptions render;  // the Pods' shape; render.runtime_port is the endpoint's port
+  std::string instance;      // agentix.dev/managed-by of the Pods we watch
   absl::Duration request_timeout = absl::Seconds(30);
   // A watch is reopened from its last resourceVersion after this long (the
   // API server ends watches too; this bounds a silently dead connection).

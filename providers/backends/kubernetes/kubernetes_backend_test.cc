@@ -59,6 +59,10 @@ LaunchSpec Spec(const std::string& id, const std::string& uid = "attempt-1") {
   spec.uid = uid;
   spec.instance = "pd-test";
   spec.spec.set_image("registry.example/task:1");
+  spec.spec.mutable_bundle()->set_oci_reference("registry.example/agentix/bundle:1");
+  spec.spec.mutable_bundle()->set_digest(
+      "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef");
+  spec.admin_token = "admin-token-" + id;
   spec.labels["agentix.dev/managed-by"] = "pd-test";
   spec.labels["team"] = "a";
   return spec;
@@ -68,7 +72,8 @@ std::unique_ptr<Backend> MakeBackend(FakeApiServer& server, KubeConfig config = 
   KubernetesBackendOptions options;
   options.config = config.server.empty() ? server.Config() : config;
   options.instance = "pd-test";
-  options.runtime_port = 50051;
+  options.render.runtime_port = 50051;
+  options.render.allow_host_network = true;  // the "network HOST" section
   options.request_timeout = absl::Seconds(5);
   auto backend = NewKubernetesBackend(options);
   REQUIRE(backend.ok());
@@ -107,7 +112,12 @@ TEST_CASE("launch creates the Pod and its NetworkPolicy; the endpoint waits for 
   CHECK(pod["metadata"]["labels"]["agentix.dev/managed-by"] == "pd-test");
   CHECK(pod["metadata"]["labels"]["agentix.dev/sandbox-id"] == "s1");
   CHECK(pod["metadata"]["labels"]["agentix.dev/uid"] == "attempt-1");
-  CHECK(pod["metadata"]["labels"]["team"] == "a");
+  CHECK(pod["metadata"]["labels"]["agentix.dev/label.team"] == "a");
+  // The admin token's Secret, owned by the Pod.
+  auto secrets = (*server)->Control("secrets");
+  REQUIRE(secrets.size() == 1);
+  CHECK(secrets[0]["metadata"]["name"] == "sbx-s1-admin");
+  CHECK(secrets[0]["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]);
   CHECK((*server)->Control("netpols").size() == 1);
   // The policy is written before the Pod.
   auto log = (*server)->Requests();
@@ -116,9 +126,10 @@ TEST_CASE("launch creates the Pod and its NetworkPolicy; the endpoint waits for 
   for (auto& r : log) {
     if (r["method"] == "POST") posts.push_back(r["path"]);
   }
-  REQUIRE(posts.size() == 2);
+  REQUIRE(posts.size() == 3);
   CHECK(posts[0].find("networkpolicies") != std::string::npos);
   CHECK(posts[1].find("/pods") != std::string::npos);
+  CHECK(posts[2].find("/secrets") != std::string::npos);
 
   auto pending = backend->ResolveEndpoint(ref);
   INFO(pending.status().ToString());
@@ -302,6 +313,7 @@ TEST_CASE("destroy deletes the Pod and its NetworkPolicy; a missing Pod is OK") 
   REQUIRE_OK(backend->Destroy(ref, absl::Seconds(1)));
   CHECK(FindPod(**server, "sbx-del").is_null());  // gone once Destroy returns
   CHECK((*server)->Control("netpols").empty());
+  CHECK((*server)->Control("secrets").empty());
   bool graceful = false;
   for (auto& r : (*server)->Requests()) {
     if (r["method"] == "DELETE" && r["path"] == "/api/v1/namespaces/ns/pods/sbx-del") {
@@ -331,6 +343,7 @@ TEST_CASE("API errors are definite statuses with the API server's message") {
     CHECK(message.find("must be greater than or equal to 0") != std::string::npos);
     CHECK((*server)->Control("pods").empty());
     CHECK((*server)->Control("netpols").empty());  // the policy was undone
+    CHECK((*server)->Control("secrets").empty());
   }
   SECTION("forbidden: PERMISSION_DENIED naming the verb") {
     (*server)->Control("config", {{"forbid", {"create"}}});

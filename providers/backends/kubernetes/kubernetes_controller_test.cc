@@ -62,6 +62,9 @@ pb::CreateSandboxRequest Req(const std::string& request_id) {
   pb::CreateSandboxRequest req;
   req.set_request_id(request_id);
   req.mutable_spec()->set_image("registry.example/task:1");
+  req.mutable_spec()->mutable_bundle()->set_oci_reference("registry.example/agentix/bundle:1");
+  req.mutable_spec()->mutable_bundle()->set_digest(
+      "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef");
   return req;
 }
 
@@ -127,6 +130,7 @@ TEST_CASE("k8s under the controller: cold create until READY, then delete remove
   CHECK(gone.status().phase() == pb::SandboxStatus::TERMINATED);
   CHECK(PodNames(*h.server).empty());
   CHECK(h.server->Control("netpols").empty());
+  CHECK(h.server->Control("secrets").empty());
 }
 
 TEST_CASE("k8s under the controller: an OOM-killed Pod ends its sandbox OOM_KILLED") {
