@@ -153,6 +153,7 @@ void KubeHttp::Setup(void* handle, const std::string& url, StreamCanceller* canc
     struct curl_blob ca{const_cast<char*>(config_.ca_pem.data()), config_.ca_pem.size(),
                         CURL_BLOB_COPY};
     curl_easy_setopt(curl, CURLOPT_CAINFO_BLOB, &ca);
+    curl_easy_setopt(curl, CURLOPT_CAPATH, nullptr);  // the cluster CA only
   }
   if (config_.insecure_skip_tls_verify) {
     curl_easy_setopt(curl, CURLOPT_SSL_VERIFYPEER, 0L);
