@@ -71,6 +71,12 @@ class LogSink {
                          bool truncated) = 0;
 };
 
+// The sandbox a warm-pool member is being handed to.
+struct ClaimInfo {
+  std::string sandbox_id;
+  std::map<std::string, std::string> labels;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -120,6 +126,19 @@ class Backend {
 
   // The last `max_bytes` of the sandbox's output (for Exit.log_tail).
   virtual std::string LogTail(const BackendRef& ref, size_t max_bytes) = 0;
+
+  // Records on the backend's side that the warm-pool member `ref` now
+  // serves `claim` (Kubernetes: one PATCH of the Pod's labels with a
+  // resourceVersion precondition, so two claimers cannot both win). Called
+  // by the controller before it arms a claimed member. ABORTED: another
+  // claimer won, leave the member alone and take the next; NOT_FOUND: the
+  // member is gone. Backends whose pool bookkeeping is in-process only keep
+  // the default.
+  virtual absl::Status Claim(const BackendRef& ref, const ClaimInfo& claim) {
+    (void)ref;
+    (void)claim;
+    return absl::OkStatus();
+  }
 
   // Stops the backend's threads; no EventSink call after it returns.
   virtual void Shutdown() {}

@@ -25,6 +25,8 @@
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "providers/backends/engine/engine_backend.h"
+#include "providers/backends/kubernetes/kube_config.h"
+#include "providers/backends/kubernetes/kubernetes_backend.h"
 #include "providers/backends/local/local_backend.h"
 #include "providers/core/grpc_daemon_agent.h"
 #include "providers/service/metrics_text.h"
@@ -87,6 +89,21 @@ absl::StatusOr<base::UniqueFd> Lock(const std::string& path,
     AGX_LOG(Warning, "cannot write our pid to {}", path);
   }
   return fd;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeKubernetesBackend(const KubernetesFlags& flags,
+                                                               const std::string& instance) {
+  kubernetes::KubernetesBackendOptions options;
+  if (!flags.kubeconfig.empty()) {
+    AGX_ASSIGN_OR_RETURN(options.config,
+                         kubernetes::LoadKubeconfig(flags.kubeconfig, flags.context));
+  } else {
+    AGX_ASSIGN_OR_RETURN(options.config, kubernetes::LoadInCluster());
+  }
+  if (!flags.ns.empty()) options.config.ns = flags.ns;
+  options.instance = instance;
+  options.render.runtime_port = flags.runtime_port;
+  return kubernetes::NewKubernetesBackend(std::move(options));
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<Backend>>> MakeLocalBackends(
@@ -243,6 +260,11 @@ absl::StatusOr<std::unique_ptr<Providerd>> Providerd::Start(
                        MakeEngineBackends(config.engines, config.state_dir,
                                           config.controller.instance));
   for (auto& engine : engines) backends.push_back(std::move(engine));
+  if (!config.kubernetes.kubeconfig.empty() || config.kubernetes.in_cluster) {
+    AGX_ASSIGN_OR_RETURN(
+        auto k8s, MakeKubernetesBackend(config.kubernetes, config.controller.instance));
+    backends.push_back(std::move(k8s));
+  }
   std::unique_ptr<DaemonAgent> agent;
   if (config.make_agent) {
     agent = config.make_agent();

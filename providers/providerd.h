@@ -47,6 +47,16 @@ struct EngineFlags {
   std::string podman_socket;  // --podman-socket
 };
 
+// The Kubernetes backend's settings as providerd's flags give them. The
+// backend is added when `kubeconfig` is set or `in_cluster` is true.
+struct KubernetesFlags {
+  std::string kubeconfig;    // a kubeconfig file
+  std::string context;       // empty: its current-context
+  bool in_cluster = false;   // the Pod's service account instead
+  std::string ns;            // empty: the context's / service account's
+  int runtime_port = 50051;  // the daemon's port inside the Pod
+};
+
 struct ProviderdConfig {
   // gRPC addresses: "unix:///abs/path" or "HOST:PORT" (port 0 picks one).
   // Empty: DefaultSocketPath(), whose directory is made owner-only.
@@ -59,6 +69,7 @@ struct ProviderdConfig {
   // Backends "docker" / "podman" (spec.backend), their run dirs under
   // <state_dir>/dk and <state_dir>/pm.
   EngineFlags engines;
+  KubernetesFlags kubernetes;
   ProviderServiceOptions service;
   bool destroy_on_exit = true;
   // "HOST:PORT" of the metrics listener; empty: none.

@@ -118,6 +118,18 @@ ABSL_FLAG(std::string, local_cgroup_root, "/sys/fs/cgroup",
 ABSL_FLAG(std::string, local_cgroup_parent, "agentix",
           "local backend: the cgroup made under providerd's own one of each "
           "controller, holding one cgroup per sandbox");
+ABSL_FLAG(std::string, kubernetes_kubeconfig, "",
+          "Adds the kubernetes backend: the kubeconfig file (its current-context, or "
+          "--kubernetes-context) with the API server, its CA and the credentials");
+ABSL_FLAG(std::string, kubernetes_context, "",
+          "The kubeconfig context to use; empty: its current-context");
+ABSL_FLAG(bool, kubernetes_in_cluster, false,
+          "Adds the kubernetes backend using this Pod's service account "
+          "(/var/run/secrets/kubernetes.io/serviceaccount, KUBERNETES_SERVICE_HOST/PORT)");
+ABSL_FLAG(std::string, kubernetes_namespace, "",
+          "Namespace of the sandbox Pods; empty: the context's or service account's");
+ABSL_FLAG(int32_t, kubernetes_runtime_port, 50051,
+          "The daemon's port inside a sandbox Pod (the endpoint is podIP:port)");
 
 ABSL_FLAG(std::string, docker_socket, "",
           "serve backend \"docker\" (spec.backend) over the Docker Engine API "
@@ -268,6 +280,19 @@ absl::StatusOr<ProviderdConfig> ConfigFromFlags(std::vector<std::string> listen)
   AGX_ASSIGN_OR_RETURN(
       local.log_max_bytes,
       SizeFlag("local-log-max-bytes", absl::GetFlag(FLAGS_local_log_max_bytes)));
+  KubernetesFlags& k8s = config.kubernetes;
+  k8s.kubeconfig = absl::GetFlag(FLAGS_kubernetes_kubeconfig);
+  k8s.context = absl::GetFlag(FLAGS_kubernetes_context);
+  k8s.in_cluster = absl::GetFlag(FLAGS_kubernetes_in_cluster);
+  k8s.ns = absl::GetFlag(FLAGS_kubernetes_namespace);
+  k8s.runtime_port = absl::GetFlag(FLAGS_kubernetes_runtime_port);
+  if (!k8s.kubeconfig.empty() && k8s.in_cluster) {
+    return absl::InvalidArgumentError(
+        "--kubernetes-kubeconfig and --kubernetes-in-cluster exclude each other");
+  }
+  if (k8s.runtime_port <= 0 || k8s.runtime_port > 65535) {
+    return absl::InvalidArgumentError("--kubernetes-runtime-port must be in 1..65535");
+  }
   if (local.pids_max < 0) {
     return absl::InvalidArgumentError("--local-pids-max must not be negative");
   }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -120,6 +121,14 @@ ABSL_FLAG(double, stalled_host_timeout_s, 20,
           "(the worker's output is then paused), seconds without progress "
           "before the most backlogged Calls stream is ended "
           "(RESOURCE_EXHAUSTED; its calls stay retained for a resume)");
+ABSL_FLAG(std::string, health_listen, "",
+          "HOST:PORT (or unix:///abs/path) of a second, plaintext server "
+          "that serves grpc.health.v1 alone, without a token: what a "
+          "Kubernetes gRPC probe dials (the kubelet can send neither a token "
+          "nor a client certificate). It reports \"\" and "
+          "agentix.runtime.v1.RuntimeService SERVING while the daemon runs, "
+          "armed or not; every other service is UNIMPLEMENTED there (grpc++'s "
+          "server reflection lists only the health service)");
 ABSL_FLAG(uint64_t, max_log_subscribers, 64,
           "Logs streams (and, separately, Traces streams) subscribed at once "
           "(RESOURCE_EXHAUSTED beyond)");
@@ -129,6 +138,35 @@ namespace {
 
 constexpr char kVersion[] = "0.3.0";
 constexpr char kListenFlag[] = "--listen";
+constexpr char kInstallBundleFlag[] = "--install-bundle";
+
+// `agentix-sandboxd --install-bundle SRC DST`: copies the tree SRC into the
+// existing directory DST (modes and symlinks kept, nothing followed) and
+// exits. The Kubernetes init-copy Pod runs it from the bundle image to fill
+// the task container's /nix: the bundle brings its own copier, so neither
+// image needs a shell or cp (docs/PROVIDERS.md, "Kubernetes backend: Pods").
+int InstallBundle(const std::string& src, const std::string& dst) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(src, ec)) {
+    std::fprintf(stderr, "--install-bundle: %s is not a directory\n", src.c_str());
+    return 2;
+  }
+  if (!fs::is_directory(dst, ec)) {
+    std::fprintf(stderr, "--install-bundle: %s is not a directory\n", dst.c_str());
+    return 2;
+  }
+  fs::copy(src, dst,
+           fs::copy_options::recursive | fs::copy_options::copy_symlinks |
+               fs::copy_options::overwrite_existing,
+           ec);
+  if (ec) {
+    std::fprintf(stderr, "--install-bundle %s %s: %s\n", src.c_str(), dst.c_str(),
+                 ec.message().c_str());
+    return 1;
+  }
+  return 0;
+}
 
 // --listen is repeatable, which absl flags are not: collect every occurrence
 // and hand the rest of argv to absl.
@@ -274,6 +312,13 @@ ConnectionLimits ConnectionLimitsFromFlags(uint64_t fd_limit) {
 }
 
 int Run(int argc, char** raw_argv) {
+  if (argc >= 2 && std::strcmp(raw_argv[1], kInstallBundleFlag) == 0) {
+    if (argc != 4) {
+      std::fprintf(stderr, "usage: agentix-sandboxd --install-bundle SRC DST\n");
+      return 2;
+    }
+    return InstallBundle(raw_argv[2], raw_argv[3]);
+  }
   std::vector<std::string> storage;
   std::vector<char*> normalized =
       base::NormalizeFlagNames(argc, raw_argv, storage);
@@ -402,6 +447,33 @@ int Run(int argc, char** raw_argv) {
     }
   }
 
+  // The health-only server: grpc.health.v1 alone, plaintext, no token (the
+  // kubelet's gRPC probe can send neither). grpc++ adds server reflection
+  // to every builder; there it lists only the health service. Its
+  // connections never authenticate, so the connection guard's per-peer cap
+  // and --auth-timeout-s bound them.
+  std::unique_ptr<grpc::ServerBuilder> health_builder;
+  const std::string health_listen = absl::GetFlag(FLAGS_health_listen);
+  int health_port = 0;
+  HealthService open_health({"agentix.runtime.v1.RuntimeService"});
+  std::unique_ptr<grpc::ServerCompletionQueue> health_cq;
+  if (!health_listen.empty()) {
+    std::string path = UnixSocketPath(health_listen);
+    if (!path.empty() && path.front() != '/') {
+      AGX_LOG(Error, "--health-listen {}: unix socket paths must be absolute",
+              health_listen);
+      return 2;
+    }
+    if (!path.empty()) ::unlink(path.c_str());
+    health_builder = std::make_unique<grpc::ServerBuilder>();
+    health_builder->AddListeningPort(health_listen,
+                                     grpc::InsecureServerCredentials(),
+                                     path.empty() ? &health_port : nullptr);
+    open_health.AddTo(*health_builder);
+    health_cq = health_builder->AddCompletionQueue();
+    health_builder->SetMaxReceiveMessageSize(4096);
+  }
+
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   std::vector<std::string> socket_paths;
@@ -445,6 +517,25 @@ int Run(int argc, char** raw_argv) {
     }
   }
   for (const auto& path : socket_paths) ClaimSocketPath(path);
+  std::unique_ptr<grpc::Server> health_server;
+  std::unique_ptr<CompletionQueueThread> health_reactions;
+  if (health_builder) {
+    health_server = health_builder->BuildAndStart();
+    if (!health_server ||
+        (UnixSocketPath(health_listen).empty() && health_port == 0)) {
+      AGX_LOG(Error, "could not bind --health-listen {}", health_listen);
+      return 1;
+    }
+    if (!UnixSocketPath(health_listen).empty()) {
+      ClaimSocketPath(UnixSocketPath(health_listen));
+    }
+    health_reactions =
+        std::make_unique<CompletionQueueThread>(health_cq.get(), "agx-health");
+    open_health.Start(health_reactions.get());
+    AGX_LOG(Info, "serving grpc.health.v1 (plaintext, no token) on {}{}",
+            health_listen,
+            health_port > 0 ? absl::StrCat(" (port ", health_port, ")") : "");
+  }
   // Every reaction of every call runs on this one thread (server_stream.h).
   CompletionQueueThread reactions(cq.get(), "agx-grpc");
   service.Start(&reactions);
@@ -459,11 +550,18 @@ int Run(int argc, char** raw_argv) {
   sigwait(&signals, &received);
   AGX_LOG(Info, "received signal {}; shutting down", received);
   health.Shutdown();
+  open_health.Shutdown();
   // Calls in flight end first, with a definite error their hosts receive
   // while the streams are still open; then the server drains (bounded).
   manager.Shutdown(absl::Seconds(3));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   server->Wait();
+  if (health_server) {
+    health_server->Shutdown(std::chrono::system_clock::now() +
+                            std::chrono::seconds(1));
+    health_server->Wait();
+    health_reactions->Stop();
+  }
   reactions.Stop();
   RemoveOwnSocketPaths();
   AGX_LOG(Info, "stopped");

@@ -265,6 +265,10 @@ class ControllerImpl final : public SandboxController, public EventSink {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunLaunch(const std::string& id);
   void RunActivate(const std::string& id);
+  // After a backend refused a warm claim (another claimer won, the member
+  // is gone): the next member, or a cold launch. False when the sandbox is
+  // being stopped anyway.
+  bool ReclaimAfterConflict(const std::string& id, const BackendRef& lost);
   void MakeReady(const std::string& id, const pb::Endpoint& endpoint, const std::string& node);
   // Polls the endpoint and the daemon until ready, the deadline, an exit or
   // `stop()`. FAILED_PRECONDITION carries why (exit, token rule).
@@ -1226,12 +1230,17 @@ void ControllerImpl::RunActivate(const std::string& id) {
   Backend* backend = nullptr;
   BackendRef ref;
   Later later;
+  bool warm = false;
+  ClaimInfo claim;
   {
     absl::MutexLock lock(&mu_);
     Entry& e = sandboxes_.at(id);
     if (e.record.status().phase() == pb::SandboxStatus::PENDING) {
       SetPhase(e, pb::SandboxStatus::STARTING, &later);
     }
+    warm = e.record.status().launch() == pb::SandboxStatus::WARM;
+    claim.sandbox_id = id;
+    claim.labels.insert(e.record.labels().begin(), e.record.labels().end());
     endpoint = e.record.status().endpoint();
     admin_token = e.admin_token;
     params.sandbox_id = id;
@@ -1243,6 +1252,22 @@ void ControllerImpl::RunActivate(const std::string& id) {
     ref = e.ref;
   }
   Run(later);
+  if (warm) {
+    // The backend's record of the claim (Kubernetes: one conditional PATCH).
+    absl::Status claimed = backend->Claim(ref, claim);
+    if (!claimed.ok()) {
+      if ((claimed.code() == absl::StatusCode::kAborted ||
+           claimed.code() == absl::StatusCode::kNotFound) &&
+          ReclaimAfterConflict(id, ref)) {
+        return;
+      }
+      pb::Exit exit;
+      exit.set_reason(pb::Exit::START_FAILED);
+      exit.set_message(absl::StrCat("claim: ", claimed.ToString()));
+      FinishStart(id, exit);
+      return;
+    }
+  }
   absl::Status armed = agent_->Activate(endpoint, admin_token, params, deadline);
   if (!armed.ok()) {
     pb::Exit exit;
@@ -1253,6 +1278,39 @@ void ControllerImpl::RunActivate(const std::string& id) {
     return;
   }
   MakeReady(id, endpoint, "");
+}
+
+bool ControllerImpl::ReclaimAfterConflict(const std::string& id, const BackendRef& lost) {
+  Later later;
+  {
+    absl::MutexLock lock(&mu_);
+    Entry& e = sandboxes_.at(id);
+    if (e.stop_requested || shutting_down_) return false;
+    // The lost member is not ours any more: forget it, never destroy it.
+    ref_owner_.erase(lost.value);
+    early_exits_.erase(lost.value);
+    e.ref = BackendRef{};
+    pb::SandboxStatus* st = e.record.mutable_status();
+    st->clear_endpoint();
+    st->clear_backend_ref();
+    st->set_launch(pb::SandboxStatus::COLD);
+    counters_["pool_claim_conflicts"]++;
+    auto pit = pools_.find(e.record.pool());
+    if (pit != pools_.end() && ClaimMember(pit->second, e, &later)) {
+      // ClaimMember submitted the next member's activation.
+    } else {
+      if (pit != pools_.end()) {
+        pit->second.cold_fallbacks++;
+        counters_["pool_cold_fallbacks"]++;
+      }
+      e.admin_token = RandomToken();
+      JournalSandbox(e);
+      std::string sid = id;
+      SubmitLaunch([this, sid] { RunLaunch(sid); });
+    }
+  }
+  Run(later);
+  return true;
 }
 
 void ControllerImpl::MakeReady(const std::string& id, const pb::Endpoint& endpoint,

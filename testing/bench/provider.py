@@ -64,7 +64,8 @@ sys.path[0] = os.path.dirname(os.path.abspath(__file__))
 import procs  # noqa: E402
 
 TARGETS = {"warm_acquire_p50_ms": 5.0, "warm_acquire_p99_ms": 25.0,
-           "cold_create_to_first_call_p50_ms": 150.0, "delete_p50_ms": 50.0}
+           "cold_create_to_first_call_p50_ms": 150.0, "delete_p50_ms": 50.0,
+           "k8s_api_writes_per_warm_claim": 2.0}
 CREATE_TIMEOUT_S = 60.0
 CALL_TIMEOUT_S = 60.0
 DELETE_TIMEOUT_S = 30.0
@@ -541,6 +542,30 @@ HEADLINE = ("warm_acquire_p50_ms", "warm_acquire_p99_ms", "warm_acquire_c16_p50_
             "cold_create_to_first_call_p50_ms", "delete_p50_ms", "watch_event_p50_ms", "idle_sandboxes_per_gib")
 
 
+# The Kubernetes backend's warm claims (issue 20): providerd's controller and the
+# kubernetes backend against testing/k8s/fake_apiserver.py with 2 ms injected per
+# request; arming goes to a fake agent (the fake Pods run no daemon).
+K8S_KEYS = ("k8s_api_writes_per_warm_claim", "k8s_claim_p50_ms")
+
+
+async def measure_k8s(args) -> dict:
+    tool = _find("providers/backends/kubernetes/k8s_claim_bench")
+    script = procs.runfile("testing/k8s/fake_apiserver.py") or _repo_root() / "testing/k8s/fake_apiserver.py"
+    if tool is None:
+        raise RuntimeError("k8s_claim_bench is not built (bazel build //testing/bench:provider)")
+    proc = await asyncio.create_subprocess_exec(
+        str(tool), f"--fake_apiserver={script}", f"--claims={args.k8s_claims}", "--latency_ms=2",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 300)
+    lines = out.decode().strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"k8s_claim_bench failed ({proc.returncode}): {err.decode()[-500:]}")
+    measured = json.loads(lines[-1])
+    log(f"kubernetes: {measured['k8s_claims']} warm claims, p50 {measured['k8s_claim_p50_ms']:.2f} ms, "
+        f"{measured['k8s_api_writes_per_warm_claim']} API writes per claim (2 ms injected per request)")
+    return measured
+
+
 def _merge_rounds(rounds: list[dict]) -> dict:
     """Each number is the median of its rounds; text is the first round's."""
     if len(rounds) == 1:
@@ -723,6 +748,11 @@ async def run_all(args, tools: dict, work: Path, report: dict) -> None:
             measured = await measure_engine(args, harness, kind, tools, bundle_dir, work)
             report.update({k: v for k, v in measured.items() if k in ENGINE_KEYS})
             report["details"][kind] = measured
+    if args.only in (None, "ours"):
+        k8s = await measure_k8s(args)
+        for key in K8S_KEYS:
+            report[key] = k8s[key]
+        report["details"]["k8s"] = k8s
     ours = _merge_rounds(ours_rounds) if ours_rounds else {}
     for key in HEADLINE:
         report[key] = ours.get(key)
@@ -756,6 +786,8 @@ def main(argv=None) -> int:
     parser.add_argument("--engine-runs", type=int, default=None,
                         help="cold creates and bare runs per engine (default 10; quick 3)")
     parser.add_argument("--engine-warm", type=int, default=None, help="warm claims per engine (default 40; quick 8)")
+    parser.add_argument("--k8s-claims", type=int, default=None,
+                        help="warm claims on the Kubernetes backend (default 200; quick 20)")
     args = parser.parse_args(argv)
     q = args.quick
     args.cold_runs = args.cold_runs or (3 if q else 20)
@@ -764,6 +796,7 @@ def main(argv=None) -> int:
     args.density = args.density or (10 if q else 100)
     args.engine_runs = args.engine_runs or (3 if q else 10)
     args.engine_warm = args.engine_warm or (8 if q else 40)
+    args.k8s_claims = args.k8s_claims or (20 if q else 200)
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
 
@@ -781,7 +814,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(harness_dir or _repo_root() / "testing" / "providerd"))
     sys.path.insert(0, str(procs.runfile("testing/engines") or _repo_root() / "testing" / "engines"))
 
-    report = {key: None for key in HEADLINE + ENGINE_KEYS}
+    report = {key: None for key in HEADLINE + ENGINE_KEYS + K8S_KEYS}
     report["baseline"] = None
     report["details"] = {"quick": q, "rounds": args.rounds, "cold_runs": args.cold_runs, "warm_claims": args.warm,
                          "c16_rounds": args.c16_rounds, "density_n": args.density, "targets": TARGETS,
@@ -822,7 +855,7 @@ def main(argv=None) -> int:
             None if cold is None or bare is None else cold <= bare + ENGINE_COLD_OVER_BARE_MS)
     base = report["baseline"] or {}
     log("metric                               ours      baseline")
-    for key in HEADLINE:
+    for key in HEADLINE + K8S_KEYS:
         log(f"  {key:34s} {report[key]!s:>9} {base.get(key)!s:>9}")
     for key in ENGINE_KEYS:
         if report.get(key) is not None:

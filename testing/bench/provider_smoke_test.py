@@ -31,6 +31,10 @@ class ProviderBenchSmokeTest(unittest.TestCase):
         for key in HEADLINE:
             self.assertIsInstance(report[key], (int, float), key)
             self.assertGreater(report[key], 0, key)
+        # Kubernetes warm claims: the PATCH and nothing else on the claim path.
+        self.assertGreater(report["k8s_claim_p50_ms"], 0)
+        self.assertGreaterEqual(report["k8s_api_writes_per_warm_claim"], 1)
+        self.assertLessEqual(report["k8s_api_writes_per_warm_claim"], 2)
         self.assertLessEqual(report["warm_acquire_p50_ms"], report["warm_acquire_p99_ms"])
         baseline = report["baseline"]
         for key in HEADLINE:
