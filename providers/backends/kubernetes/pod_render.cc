@@ -162,12 +162,17 @@ json SelectorFor(const LaunchSpec& spec) {
 
 }  // namespace
 
-std::string PodName(absl::string_view sandbox_id) { return absl::StrCat("sbx-", sandbox_id); }
+// The controller's ids already read "sbx-…"; others (pool members "wp-…",
+// client-chosen ids) get the prefix, so every object we make says sbx-.
+std::string PodName(absl::string_view sandbox_id) {
+  return absl::StartsWith(sandbox_id, "sbx-") ? std::string(sandbox_id)
+                                              : absl::StrCat("sbx-", sandbox_id);
+}
 std::string AdminSecretName(absl::string_view sandbox_id) {
-  return absl::StrCat("sbx-", sandbox_id, "-admin");
+  return absl::StrCat(PodName(sandbox_id), "-admin");
 }
 std::string NetworkPolicyName(absl::string_view sandbox_id) {
-  return absl::StrCat("sbx-", sandbox_id, "-deny");
+  return absl::StrCat(PodName(sandbox_id), "-deny");
 }
 
 absl::Status ValidateLabel(absl::string_view key, absl::string_view value) {

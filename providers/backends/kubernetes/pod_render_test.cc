@@ -133,6 +133,12 @@ TEST_CASE("the Pod carries the contract's fields", "[kubernetes]") {
   const json& spec = (*pod)["spec"];
   const json& task = spec["containers"][0];
   CHECK((*pod)["metadata"]["name"] == "sbx-a1b2c3");
+  // The controller's own ids already carry the prefix: never "sbx-sbx-".
+  RenderInput own = Input("init_copy.input.json");
+  own.spec.sandbox_id = "sbx-k2v9q";
+  auto own_pod = RenderPod(own.spec, own.options, own.annotations);
+  REQUIRE(own_pod.ok());
+  CHECK((*own_pod)["metadata"]["name"] == "sbx-k2v9q");
   CHECK(spec["restartPolicy"] == "Never");
   CHECK(spec["automountServiceAccountToken"] == false);
   CHECK(spec["enableServiceLinks"] == false);
