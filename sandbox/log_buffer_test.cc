@@ -3,7 +3,11 @@
 #include <catch2/catch.hpp>
 #include <msgpack.hpp>
 
+#include <thread>
+
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 
 namespace agentix::sandbox {
 namespace {
@@ -284,4 +288,90 @@ TEST_CASE("Records of no call kept while nobody listens go to one client once",
 }
 
 }  // namespace
+// A subscriber during whose first Deliver another thread appends (the worker
+// emitting a call's records right then), given `kRaceWindow` to get through
+// before that first batch is recorded. It records in arrival order, as the
+// stream's write queue does.
+constexpr absl::Duration kRaceWindow = absl::Milliseconds(500);
+
+class RacedSubscriber : public LogSubscriber {
+ public:
+  RacedSubscriber(LogBuffer* buffer, std::string client)
+      : buffer_(buffer), client_(std::move(client)) {}
+  ~RacedSubscriber() override {
+    if (racer_.joinable()) racer_.join();
+  }
+  const std::string& client_id() const override { return client_; }
+  void Deliver(std::vector<LogRecordPtr> records) override {
+    bool first;
+    {
+      absl::MutexLock lock(&mu_);
+      first = !started_;
+      started_ = true;
+    }
+    if (first) {
+      racer_ = std::thread([this] {
+        buffer_->Append({Entry("live")}, {client_});
+        appended_.Notify();
+      });
+      appended_.WaitForNotificationWithTimeout(kRaceWindow);
+    }
+    absl::MutexLock lock(&mu_);
+    for (auto& r : records) got_.push_back(r);
+  }
+  void Join() {
+    if (racer_.joinable()) racer_.join();
+  }
+  // What a host replays from what arrived: it skips every seq at or below
+  // the last one it replayed (a resumed stream's duplicates).
+  std::vector<std::string> Replayed() {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::string> out;
+    uint64_t last = 0;
+    for (const auto& r : got_) {
+      if (r->seq() <= last) continue;
+      last = r->seq();
+      out.push_back(r->message());
+    }
+    return out;
+  }
+
+ private:
+  LogBuffer* const buffer_;
+  const std::string client_;
+  absl::Notification appended_;
+  std::thread racer_;
+  absl::Mutex mu_;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<LogRecordPtr> got_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_CASE("A record appended while a resuming stream takes its backlog "
+          "arrives after that backlog",
+          "[logs][order]") {
+  // The resume race of a connection cut: the host subscribes again while
+  // the worker keeps emitting. Arriving first, the new record would make
+  // the host skip the whole backlog as already seen.
+  auto owned = MakeLogBuffer(100);
+  LogBuffer& buffer = *owned;
+  buffer.Append({Entry("a"), Entry("b"), Entry("c")}, {"h1", "h1", "h1"});
+  auto sub = std::make_shared<RacedSubscriber>(&buffer, "h1");
+  REQUIRE(buffer.Subscribe(sub, 0, buffer.instance_id()).ok());
+  sub->Join();
+  REQUIRE(sub->Replayed() == std::vector<std::string>{"a", "b", "c", "live"});
+}
+
+TEST_CASE("Records appended by two threads reach a subscriber in seq order",
+          "[logs][order]") {
+  // Worker frames and the daemon's own warnings append from different
+  // threads: the later seq must not overtake the earlier one.
+  auto owned = MakeLogBuffer(100);
+  LogBuffer& buffer = *owned;
+  auto sub = std::make_shared<RacedSubscriber>(&buffer, "h1");
+  REQUIRE(buffer.Subscribe(sub, 0, buffer.instance_id()).ok());
+  buffer.Append({Entry("first")}, {"h1"});
+  sub->Join();
+  REQUIRE(sub->Replayed() == std::vector<std::string>{"first", "live"});
+}
+
 }  // namespace agentix::sandbox

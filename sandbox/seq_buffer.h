@@ -47,7 +47,8 @@ class SeqBuffer {
    public:
     virtual ~Subscriber() = default;
     // Queues `records` (in seq order) for the host. Thread-safe and
-    // non-blocking; never called with a buffer lock held.
+    // non-blocking. Called with the buffer's delivery lock held (so calls
+    // come in seq order), never with its state lock.
     virtual void Deliver(std::vector<RecordPtr> records) = 0;
     // Writes what coalescing holds back without further delay.
     virtual void FlushNow() {}
@@ -87,6 +88,7 @@ class SeqBuffer {
     std::vector<std::pair<std::shared_ptr<Subscriber>,
                           std::vector<RecordPtr>>> deliveries;
     uint64_t first;
+    absl::MutexLock ordered(&deliver_mu_);
     {
       absl::MutexLock lock(&mu_);
       first = next_seq_;
@@ -150,6 +152,10 @@ class SeqBuffer {
                          const std::string& instance_id = "") {
     if (!instance_id.empty() && instance_id != instance_id_) after_seq = 0;
     std::vector<RecordPtr> records;
+    // Held until the backlog is handed over: an Append in between would
+    // otherwise reach the new subscriber first, and the host, which skips
+    // seqs at or below the last one it replayed, would drop the backlog.
+    absl::MutexLock ordered(&deliver_mu_);
     {
       absl::MutexLock lock(&mu_);
       if (subscribers_.size() >= max_subscribers_) {
@@ -278,7 +284,12 @@ class SeqBuffer {
   const DropReporter reporter_;
   const bool reports_into_self_;
   const std::string instance_id_;
+  // Held from numbering records until every subscriber has them (Append,
+  // Subscribe), so each subscriber receives seqs in increasing order; taken
+  // before `mu_`. The host drops what arrives below its cursor as already
+  // seen, so a reordering here would lose records, not only delay them.
   absl::Mutex mu_;
+  absl::Mutex deliver_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::deque<Entry> backlog_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Subscriber>> subscribers_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;

@@ -122,6 +122,8 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
         self.namespace_silent: set[str] = set()
         self.namespace_answer: Callable[[str, pb.NamespaceEvent], list[pb.NamespaceEvent]] | None = None
         self.namespaces_opened = 0
+        # GetInfo probes to answer UNAVAILABLE (a connection cut mid-probe).
+        self.failing_probes = 0
 
     def events(self, kind: str) -> list:
         """Every host event of `kind` received so far, in order."""
@@ -270,6 +272,9 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
             self._namespace_outboxes[path].remove(outbox)
 
     async def GetInfo(self, request, context_):
+        if self.failing_probes > 0:
+            self.failing_probes -= 1
+            await context_.abort(grpc.StatusCode.UNAVAILABLE, "Socket closed")
         return pb.GetInfoResponse(status="ok", version="fake-1.0")
 
     async def Calls(self, request_iterator, context_):

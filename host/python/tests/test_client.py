@@ -313,6 +313,58 @@ async def test_lost_stream_reconnects_and_resumes_pending_calls(runtime, client)
         await task
 
 
+async def test_a_call_made_after_a_cut_survives_a_cut_of_its_reconnect(runtime):
+    # The connection is lost with no call in flight; the next call's first
+    # reconnect is cut too (its GetInfo probe fails). It retries as calls in
+    # flight do instead of failing with RuntimeUnreachable.
+    client = RuntimeClient(runtime.url, reconnection_delay=0.05)
+    try:
+        assert await client.remote(sandbox_functions.add, 1, 2) == 3
+        runtime.drop_streams()
+        await eventually(lambda: client._stream is None)
+        runtime.failing_probes = 2
+        assert await asyncio.wait_for(client.remote(sandbox_functions.add, 3, 4), 10) == 7
+        assert runtime.failing_probes == 0
+        runtime.drop_streams()
+        await eventually(lambda: client._stream is None)
+        runtime.failing_probes = 1
+        runtime.scripts["sandbox_functions::echo"] = lambda start: stream_events(start.call_id, ["a", "b"])
+        items = [item async for item in client.remote_stream(sandbox_functions.echo, 1)]
+        assert items == ["a", "b"]
+        assert runtime.failing_probes == 0
+    finally:
+        await client.close()
+
+
+async def test_a_call_after_a_cut_fails_once_every_reconnect_attempt_failed(runtime):
+    client = RuntimeClient(runtime.url, reconnection_attempts=3, reconnection_delay=0.05)
+    try:
+        assert await client.remote(sandbox_functions.add, 1, 2) == 3
+        runtime.drop_streams()
+        await eventually(lambda: client._stream is None)
+        runtime.failing_probes = 3
+        with pytest.raises(RuntimeUnreachable, match="unreachable.*UNAVAILABLE: Socket closed"):
+            await asyncio.wait_for(client.remote(sandbox_functions.add, 3, 4), 10)
+        assert runtime.failing_probes == 0  # three attempts, no more
+        assert await client.remote(sandbox_functions.add, 3, 4) == 7
+    finally:
+        await client.close()
+
+
+async def test_a_call_after_a_cut_fails_at_once_when_reconnection_is_off(runtime):
+    client = RuntimeClient(runtime.url, reconnection=False)
+    try:
+        assert await client.remote(sandbox_functions.add, 1, 2) == 3
+        runtime.drop_streams()
+        await eventually(lambda: client._stream is None)
+        runtime.failing_probes = 1
+        with pytest.raises(RuntimeUnreachable, match="unreachable"):
+            await client.remote(sandbox_functions.add, 3, 4)
+        assert await client.remote(sandbox_functions.add, 3, 4) == 7
+    finally:
+        await client.close()
+
+
 async def test_server_going_away_fails_pending_calls_after_reconnect_attempts(runtime):
     client = RuntimeClient(runtime.url, reconnection_attempts=3, reconnection_delay=0.05)
     try:

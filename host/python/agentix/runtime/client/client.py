@@ -14,7 +14,9 @@ daemon replays what they produced; streamed items and result chunks that
 arrive twice are dropped. Calls whose arguments were larger than
 `_RESEND_ARGUMENTS_BYTES` are only resumed (if their start never reached the
 daemon they fail with ``ResultUnavailable``). When reconnecting fails, or with
-``reconnection=False``, pending calls fail with `RuntimeUnreachable`.
+``reconnection=False``, pending calls fail with `RuntimeUnreachable`. A call
+made while a lost connection is down reconnects under the same policy, so a
+cut that also breaks its first reconnect does not fail it.
 
 Whenever the Calls stream is opened, a ``Logs`` and a ``Traces`` stream are
 opened beside it (each unless already running): the first replays the
@@ -271,7 +273,8 @@ class RuntimeClient:
         after `reconnection_delay` = 0.25 s doubling up to
         `reconnection_delay_max` = 5 s, each ±`randomization_factor` = 0.5;
         `reconnection_attempts` = 8 attempts, 0 = unlimited); when every
-        attempt fails they fail with `RuntimeUnreachable`.
+        attempt fails they fail with `RuntimeUnreachable`. A new call that
+        finds the connection lost retries the same way before failing.
         ``reconnection=False`` fails them at once.
       logs: replay the sandbox's log records into the host's logging (True),
         or do not subscribe to them at all (False).
@@ -450,7 +453,13 @@ class RuntimeClient:
         # In pieces when large: a big bytes argument is not copied into the pickle.
         arguments = wire.pickle_pieces((args, kwargs), CHUNK_BYTES)
         carrier = context.encode() or b""
-        stream = await self._live_stream()
+        lost = self._channel_broken
+        try:
+            stream = await self._live_stream()
+        except (RuntimeUnreachable, OSError, grpc.aio.AioRpcError) as failure:
+            if not (lost and self._reconnect_enabled):
+                raise
+            stream = await self._reconnect_for_call(failure)
 
         # Registering and starting happen without yielding to the loop right after
         # _live_stream() saw the stream alive, so a loss cannot slip in between.
@@ -513,7 +522,13 @@ class RuntimeClient:
         # In pieces when large: a big bytes argument is not copied into the pickle.
         arguments = wire.pickle_pieces((args, kwargs), CHUNK_BYTES)
         carrier = context.encode() or b""
-        stream = await self._live_stream()
+        lost = self._channel_broken
+        try:
+            stream = await self._live_stream()
+        except (RuntimeUnreachable, OSError, grpc.aio.AioRpcError) as failure:
+            if not (lost and self._reconnect_enabled):
+                raise
+            stream = await self._reconnect_for_call(failure)
 
         loop = asyncio.get_running_loop()
         call = PendingCall(
@@ -697,6 +712,28 @@ class RuntimeClient:
                 # the host's namespaces open: wait for the daemon's answer.
                 await self._confirm_namespaces(self._open_namespaces(channel))
             return self._stream
+
+    async def _reconnect_for_call(self, failure: BaseException) -> CallsStream:
+        """The Calls stream for a new call whose first reconnect, after the
+        connection was lost, failed with `failure`: retried under the
+        reconnection policy (as for the calls in flight when it broke), so a
+        cut during the GetInfo probe does not cost the call. (A first
+        connection, and a client with ``reconnection=False``, fail at once.)
+        Raises the last attempt's error when every attempt failed."""
+        attempt = 1
+        while not (self._reconnect_attempts and attempt >= self._reconnect_attempts):
+            await asyncio.sleep(self._backoff(attempt))
+            try:
+                return await self._live_stream()
+            except (RuntimeUnreachable, OSError, grpc.aio.AioRpcError) as error:
+                failure = error
+                attempt += 1
+        raise failure
+
+    def _backoff(self, attempt: int) -> float:
+        """Seconds to wait after the `attempt`-th failed reconnect (1, 2, ...)."""
+        delay = min(self._reconnect_delay * 2 ** (attempt - 1), self._reconnect_delay_max)
+        return max(0.0, delay * (1 + self._randomization * (2 * random.random() - 1)))
 
     def _namespaces_alive(self) -> bool:
         return all(
@@ -919,6 +956,4 @@ class RuntimeClient:
                     last,
                 )
                 return
-            delay = min(self._reconnect_delay * 2 ** (attempt - 1), self._reconnect_delay_max)
-            delay *= 1 + self._randomization * (2 * random.random() - 1)
-            await asyncio.sleep(max(0.0, delay))
+            await asyncio.sleep(self._backoff(attempt))
