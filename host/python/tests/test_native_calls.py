@@ -235,6 +235,13 @@ async def test_many_streams_come_and_go(server):
             await drain_until(transport, lambda m, s, b: s is not None)
         del transport
         gc.collect()
-    await asyncio.sleep(0.2)
-    native.CallsTransport(native.Channel("127.0.0.1:1"), []).close()  # reaps what finished meanwhile
+    # gRPC closes dropped connections on its own threads (and the in-process
+    # server notices them later): on a loaded machine that takes a while. A
+    # leak never drops back, so wait for it, bounded.
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:
+        await asyncio.sleep(0.2)
+        native.CallsTransport(native.Channel("127.0.0.1:1"), []).close()  # reaps what finished meanwhile
+        if open_fds() - before < 10 or asyncio.get_running_loop().time() > deadline:
+            break
     assert open_fds() - before < 10
