@@ -178,13 +178,6 @@ std::vector<std::string> ExtractRepeatedFlag(absl::string_view flag, int& argc,
   return values;
 }
 
-// "unix:///abs/path" -> "/abs/path"; "" for TCP addresses.
-std::string UnixSocketPath(const std::string& address) {
-  constexpr char kPrefix[] = "unix://";
-  if (!absl::StartsWith(address, kPrefix)) return "";
-  return address.substr(sizeof(kPrefix) - 1);
-}
-
 absl::StatusOr<auth::ServerSecurityOptions> LoadSecurity() {
   auth::ServerSecurityOptions security;
   if (!absl::GetFlag(FLAGS_token_file).empty()) {
