@@ -161,34 +161,41 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& path,
   return text.str();
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const ServerSecurityOptions& options) {
-  const bool tls = !options.tls_cert_pem.empty() || !options.tls_key_pem.empty();
-  if (tls && (options.tls_cert_pem.empty() || options.tls_key_pem.empty())) {
-    return absl::InvalidArgumentError(
-        "TLS needs both --tls-cert and --tls-key");
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>>
+MakeServerCredentialsWithProcessor(const std::string& tls_cert_pem,
+                                   const std::string& tls_key_pem,
+                                   const std::string& tls_client_ca_pem,
+                                   grpc_auth_metadata_processor processor) {
+  auto refuse = [&](absl::string_view message) {
+    processor.destroy(processor.state);
+    return absl::InvalidArgumentError(message);
+  };
+  const bool tls = !tls_cert_pem.empty() || !tls_key_pem.empty();
+  if (tls && (tls_cert_pem.empty() || tls_key_pem.empty())) {
+    return refuse("TLS needs both --tls-cert and --tls-key");
   }
-  if (!tls && !options.tls_client_ca_pem.empty()) {
-    return absl::InvalidArgumentError(
-        "--tls-client-ca needs --tls-cert and --tls-key");
+  if (!tls && !tls_client_ca_pem.empty()) {
+    return refuse("--tls-client-ca needs --tls-cert and --tls-key");
   }
   grpc_server_credentials* core = nullptr;
   if (tls) {
-    grpc_ssl_pem_key_cert_pair pair = {options.tls_key_pem.c_str(),
-                                       options.tls_cert_pem.c_str()};
-    const bool mutual = !options.tls_client_ca_pem.empty();
+    grpc_ssl_pem_key_cert_pair pair = {tls_key_pem.c_str(), tls_cert_pem.c_str()};
+    const bool mutual = !tls_client_ca_pem.empty();
     core = grpc_ssl_server_credentials_create_ex(
-        mutual ? options.tls_client_ca_pem.c_str() : nullptr, &pair, 1,
+        mutual ? tls_client_ca_pem.c_str() : nullptr, &pair, 1,
         mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
                : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
         nullptr);
   } else {
     core = grpc_insecure_server_credentials_create();
   }
-  if (core == nullptr) {
-    return absl::InvalidArgumentError(
-        "gRPC refused the TLS certificate or key");
-  }
+  if (core == nullptr) return refuse("gRPC refused the TLS certificate or key");
+  grpc_server_credentials_set_auth_metadata_processor(core, processor);
+  return std::make_shared<CoreServerCredentials>(core);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const ServerSecurityOptions& options) {
   // Installed without a token too: it reports calls to on_authenticated.
   grpc_auth_metadata_processor processor;
   processor.process = CheckBearerToken;
@@ -196,8 +203,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   processor.state = new CheckState{options.token, options.denied_message,
                                    options.on_authenticated,
                                    options.handler_checked_prefix};
-  grpc_server_credentials_set_auth_metadata_processor(core, processor);
-  return std::make_shared<CoreServerCredentials>(core);
+  return MakeServerCredentialsWithProcessor(options.tls_cert_pem, options.tls_key_pem,
+                                            options.tls_client_ca_pem, processor);
 }
 
 }  // namespace agentix::auth

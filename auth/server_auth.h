@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include <grpc/grpc_security.h>
 #include <grpcpp/security/server_credentials.h>
 
 #include "absl/status/statusor.h"
@@ -67,6 +68,17 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& path,
 // Whether `presented` (the authorization header value) carries `token`.
 // Takes the same time for every presented value of a given length.
 bool BearerTokenMatches(absl::string_view token, absl::string_view presented);
+
+// Plaintext or TLS (mutual with a client CA) credentials, PEM contents as
+// in ServerSecurityOptions, whose every call first passes `processor` (gRPC's
+// auth filter; it then owns the processor's state, which is destroyed here
+// on an error). For servers with their own token rules (the daemon's
+// TokenGate); MakeServerCredentials is this with the plain bearer check.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>>
+MakeServerCredentialsWithProcessor(const std::string& tls_cert_pem,
+                                   const std::string& tls_key_pem,
+                                   const std::string& tls_client_ca_pem,
+                                   grpc_auth_metadata_processor processor);
 
 // Credentials for every listening port of a server.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(

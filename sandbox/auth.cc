@@ -73,29 +73,6 @@ constexpr char kWrongHealthTokenMessage[] =
     "missing or wrong bearer token: health needs the admin token or, once "
     "the sandbox is activated, its token";
 
-// grpc::ServerCredentials over a core credentials object, which is what
-// lets the token processor run on plaintext ports too: the C++
-// InsecureServerCredentials() refuses auth metadata processors.
-class CoreServerCredentials final : public grpc::ServerCredentials {
- public:
-  explicit CoreServerCredentials(grpc_server_credentials* core)
-      : core_(core) {}
-  ~CoreServerCredentials() override { grpc_server_credentials_release(core_); }
-
-  void SetAuthMetadataProcessor(
-      const std::shared_ptr<grpc::AuthMetadataProcessor>& /*processor*/)
-      override {
-    // The token check is installed at construction; nothing else uses this.
-  }
-
- private:
-  int AddPortToServer(const std::string& addr, grpc_server* server) override {
-    return grpc_server_add_http2_port(server, addr.c_str(), core_);
-  }
-
-  grpc_server_credentials* const core_;
-};
-
 }  // namespace
 
 absl::StatusOr<std::string> LoadToken(const std::string& token_file,
@@ -186,40 +163,14 @@ bool TokenGate::IsRuntimeToken(absl::string_view token) const {
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const ServerSecurityOptions& options) {
-  const bool tls = !options.tls_cert_pem.empty() || !options.tls_key_pem.empty();
-  if (tls && (options.tls_cert_pem.empty() || options.tls_key_pem.empty())) {
-    return absl::InvalidArgumentError(
-        "TLS needs both --tls-cert and --tls-key");
-  }
-  if (!tls && !options.tls_client_ca_pem.empty()) {
-    return absl::InvalidArgumentError(
-        "--tls-client-ca needs --tls-cert and --tls-key");
-  }
-  grpc_server_credentials* core = nullptr;
-  if (tls) {
-    grpc_ssl_pem_key_cert_pair pair = {options.tls_key_pem.c_str(),
-                                       options.tls_cert_pem.c_str()};
-    const bool mutual = !options.tls_client_ca_pem.empty();
-    core = grpc_ssl_server_credentials_create_ex(
-        mutual ? options.tls_client_ca_pem.c_str() : nullptr, &pair, 1,
-        mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-               : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
-        nullptr);
-  } else {
-    core = grpc_insecure_server_credentials_create();
-  }
-  if (core == nullptr) {
-    return absl::InvalidArgumentError(
-        "gRPC refused the TLS certificate or key");
-  }
   // Installed without a token too: it marks connections that made an RPC.
   grpc_auth_metadata_processor processor;
   processor.process = CheckBearerToken;
   processor.destroy = DestroyGate;
   processor.state = new std::shared_ptr<TokenGate>(
       options.gate ? options.gate : TokenGate::Fixed(options.token));
-  grpc_server_credentials_set_auth_metadata_processor(core, processor);
-  return std::make_shared<CoreServerCredentials>(core);
+  return auth::MakeServerCredentialsWithProcessor(
+      options.tls_cert_pem, options.tls_key_pem, options.tls_client_ca_pem, processor);
 }
 
 }  // namespace agentix::sandbox
