@@ -47,7 +47,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BAZEL_BIN, SANDBOXD, TARGETS_DIR, WORKER, _venv, on_root_logger
+from conftest import REPO, BAZEL_BIN, SANDBOXD, TARGETS_DIR, WORKER, _venv, on_root_logger
+
+sys.path.insert(0, str(REPO / "testing" / "providerd"))
+import providerd_harness as harness  # noqa: E402
 
 import e2e_targets
 from agentix import WorkerExited
@@ -424,11 +427,8 @@ def dirs():
 
 
 def _repo_binds():
-    """The sandbox gets a fresh /tmp: a checkout under /tmp (as CI may use)
-    would hide the test venv and the fixtures the dev bundle names, so it is
-    bound read-only at its own path."""
-    repo = str(Path(TARGETS_DIR).parents[2])
-    return ["--ro-bind", repo, repo] if repo.startswith("/tmp/") else []
+    """bubblewrap binds for a checkout under /tmp (harness.sandbox_binds)."""
+    return harness.sandbox_binds()
 
 
 def make_provider(providerd, dirs, **settings):

@@ -30,7 +30,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BAZEL_BIN, SANDBOXD, TARGETS_DIR, WORKER, _venv
+from conftest import REPO, BAZEL_BIN, SANDBOXD, TARGETS_DIR, WORKER, _venv
+
+sys.path.insert(0, str(REPO / "testing" / "providerd"))
+import providerd_harness as harness  # noqa: E402
 
 import e2e_targets
 from agentix.provider import SandboxConfig
@@ -93,11 +96,8 @@ def user_env(monkeypatch):
     runtime.mkdir(mode=0o700)
     state = base / "s"  # providerd's limit: 22 bytes
     wrapper = base / "agentix-providerd"
-    # A checkout under /tmp (as CI may use) is hidden by the sandbox's own
-    # /tmp: bind it read-only at its path so the venv and modules are there.
-    repo = str(Path(__file__).resolve().parents[2])
-    binds = "".join(f" --local-extra-bwrap-arg={arg}" for arg in ("--ro-bind", repo, repo)) \
-        if repo.startswith("/tmp/") else ""
+    # A checkout under /tmp (as CI may use) is bound into the sandboxes.
+    binds = "".join(f" {arg}" for arg in harness.sandbox_bind_args())
     wrapper.write_text(f'#!/bin/sh\nexec {PROVIDERD} "$@" --state-dir={state}{binds}\n')
     wrapper.chmod(0o755)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
