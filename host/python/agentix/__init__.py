@@ -27,6 +27,7 @@ from agentix.runtime.client.errors import (  # noqa: E402
     RemoteCallError,
     ResultTooLarge,
     RuntimeUnreachable,
+    Unauthenticated,
     WorkerExited,
 )
 from agentix.runtime.client._sio_facade import AsyncClientNamespace, request_handler  # noqa: E402
@@ -60,6 +61,7 @@ __all__ = [
     "SandboxInfo",
     "SandboxProvider",
     "SandboxResource",
+    "Unauthenticated",
     "WorkerExited",
     "__version__",
     "allow_callable",

@@ -10,6 +10,7 @@ from agentix.runtime.client.errors import (
     RemoteCallError,
     ResultTooLarge,
     RuntimeUnreachable,
+    Unauthenticated,
     WorkerExited,
 )
 from agentix.runtime.client.result import Failed, Ok, Result
@@ -24,6 +25,7 @@ __all__ = [
     "ResultTooLarge",
     "RuntimeClient",
     "RuntimeUnreachable",
+    "Unauthenticated",
     "WorkerExited",
 ]
 

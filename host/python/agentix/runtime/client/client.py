@@ -46,7 +46,13 @@ from typing import Any, TypeVar
 
 import grpc
 
-from agentix.runtime.client.errors import CallTimeout, RemoteCallError, RuntimeUnreachable, remote_call_error_async
+from agentix.runtime.client.errors import (
+    CallTimeout,
+    RemoteCallError,
+    RuntimeUnreachable,
+    Unauthenticated,
+    remote_call_error_async,
+)
 from agentix.runtime.client.logs import LogCursor, LogsStream
 from agentix.runtime.client._sio_facade import RESERVED_NAMESPACES, AsyncClientNamespace
 from agentix.runtime.client.namespaces import NAMESPACE_METHOD, NamespaceStream, NativeNamespaceStream
@@ -283,8 +289,8 @@ class RuntimeClient:
         all (False).
       token: the sandbox's bearer token, sent with every RPC (default: the
         ``AGENTIX_TOKEN`` environment variable; neither: none is sent). A
-        daemon started with ``--token-file`` refuses RPCs without it
-        (`RuntimeUnreachable` saying UNAUTHENTICATED).
+        daemon started with ``--token-file`` refuses RPCs without it or
+        with another one: `agentix.Unauthenticated`.
       tls_ca_file, tls_cert_file, tls_key_file, tls_server_name: TLS for
         ``https://`` URLs or when any file is given: the CA bundle that
         signed the daemon's certificate (default: the system roots), the
@@ -892,7 +898,9 @@ class RuntimeClient:
         self._native = None
         self._native_channel = None
 
-    def _unreachable(self, error: grpc.aio.AioRpcError) -> RuntimeUnreachable:
+    def _unreachable(self, error: grpc.aio.AioRpcError) -> RuntimeUnreachable | Unauthenticated:
+        if error.code() == grpc.StatusCode.UNAUTHENTICATED:
+            return Unauthenticated(f"runtime at {self.base_url} refused the token (UNAUTHENTICATED: {error.details()})")
         return RuntimeUnreachable(
             f"runtime server unreachable at {self.base_url}: {error.code().name}: {error.details()}"
         )
@@ -924,11 +932,13 @@ class RuntimeClient:
                 self._reconnect(error), name="agentix-reconnect"
             )
 
-    def _fail_pending(self, message: str, cause: BaseException | None) -> None:
+    def _fail_pending(
+        self, message: str, cause: BaseException | None, kind: type[Exception] = RuntimeUnreachable
+    ) -> None:
         lost = list(self._pending.values())
         self._pending.clear()
         for call in lost:
-            failure = RuntimeUnreachable(message)
+            failure = kind(message)
             if cause is not None:
                 failure.__cause__ = cause
             call.fail(failure)
@@ -945,6 +955,9 @@ class RuntimeClient:
             try:
                 await self._live_stream()
                 _log.info("reconnected to %s; resumed %d call(s)", self.base_url, len(self._pending))
+                return
+            except Unauthenticated as failure:  # the same token would be refused again
+                self._fail_pending(str(failure), failure, Unauthenticated)
                 return
             except (RuntimeUnreachable, OSError, grpc.aio.AioRpcError) as failure:
                 last = failure
