@@ -30,6 +30,7 @@ from agentix.runtime.client.errors import (  # noqa: E402
     Unauthenticated,
     WorkerExited,
 )
+from agentix.runtime.client.bundle_check import StaleModuleError  # noqa: E402
 from agentix.runtime.client._sio_facade import AsyncClientNamespace, request_handler  # noqa: E402
 from agentix.runtime.client.result import Failed, Ok, Result  # noqa: E402
 from agentix.runtime.shared.callables import RemoteCallable  # noqa: E402
@@ -61,6 +62,7 @@ __all__ = [
     "SandboxInfo",
     "SandboxProvider",
     "SandboxResource",
+    "StaleModuleError",
     "Unauthenticated",
     "WorkerExited",
     "__version__",

@@ -171,6 +171,9 @@ class Sandbox:
     # The bearer token the sandbox's daemon requires (None: none, or
     # $AGENTIX_TOKEN); never shown in repr.
     token: str | None = field(default=None, repr=False, compare=False)
+    # The bundle's manifest.json on this machine, when known: the client
+    # checks the host's copy of each called module against it (stale bundles).
+    bundle_manifest: str | None = field(default=None, repr=False, compare=False)
     _client: RuntimeClient | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -180,7 +183,10 @@ class Sandbox:
         if client is None:
             from agentix.runtime.client.client import RuntimeClient
 
-            client = self._client = RuntimeClient(self.runtime_url, call_deadline=self.call_deadline, token=self.token)
+            client = self._client = RuntimeClient(
+                self.runtime_url, call_deadline=self.call_deadline, token=self.token,
+                bundle_manifest=self.bundle_manifest,
+            )
         else:
             client.call_deadline = self.call_deadline
         return client

@@ -53,6 +53,7 @@ from agentix.runtime.client.errors import (
     Unauthenticated,
     remote_call_error_async,
 )
+from agentix.runtime.client.bundle_check import BundleCheck
 from agentix.runtime.client.logs import LogCursor, LogsStream
 from agentix.runtime.client._sio_facade import RESERVED_NAMESPACES, AsyncClientNamespace
 from agentix.runtime.client.namespaces import NAMESPACE_METHOD, NamespaceStream, NativeNamespaceStream
@@ -300,6 +301,15 @@ class RuntimeClient:
         may return (default: the ``AGENTIX_MAX_RESULT_BYTES`` environment
         variable, else 1 GiB). A larger one is dropped as it arrives and the
         call fails with `ResultTooLarge`; the client keeps working.
+      bundle_manifest: the sandbox's bundle (its directory or its
+        ``manifest.json``; default ``$AGENTIX_BUNDLE_MANIFEST``): at the
+        first call of each of the project's modules the host's copy is
+        compared with the bundle's and a stale one is reported
+        (`agentix.runtime.client.bundle_check`).
+      stale_modules: ``"warn"`` (default; once per module, on the
+        ``agentix.bundle`` logger), ``"strict"`` (a stale module's calls
+        raise `StaleModuleError`, nothing sent) or ``"off"``; default
+        ``$AGENTIX_STALE_MODULES``.
 
     Use as ``async with RuntimeClient(url) as client:`` (connects on entry,
     closes on exit) or call `close()` yourself. A closed client connects again
@@ -327,8 +337,11 @@ class RuntimeClient:
         tls_key_file: str | None = None,
         tls_server_name: str | None = None,
         max_result_bytes: int | None = None,
+        bundle_manifest: str | os.PathLike[str] | None = None,
+        stale_modules: str | None = None,
     ) -> None:
         self.base_url = base_url
+        self._bundle_check = BundleCheck.create(bundle_manifest, stale_modules)
         if max_result_bytes is None:
             max_result_bytes = int(os.environ.get(_MAX_RESULT_BYTES_ENV) or MAX_RESULT_BYTES)
         if max_result_bytes < 1:
@@ -456,6 +469,8 @@ class RuntimeClient:
         """
         display_name = display_name_for(fn)
         callable_ref = RemoteCallable._resolve(fn)
+        if self._bundle_check is not None:
+            self._bundle_check.check(callable_ref)
         # In pieces when large: a big bytes argument is not copied into the pickle.
         arguments = wire.pickle_pieces((args, kwargs), CHUNK_BYTES)
         carrier = context.encode() or b""
@@ -525,6 +540,8 @@ class RuntimeClient:
         """
         display_name = display_name_for(fn)
         callable_ref = RemoteCallable._resolve(fn)
+        if self._bundle_check is not None:
+            self._bundle_check.check(callable_ref)
         # In pieces when large: a big bytes argument is not copied into the pickle.
         arguments = wire.pickle_pieces((args, kwargs), CHUNK_BYTES)
         carrier = context.encode() or b""
