@@ -16,6 +16,7 @@ access.
 """
 
 from pkgutil import extend_path
+from typing import TYPE_CHECKING, Any
 
 __path__ = extend_path(__path__, __name__)
 
@@ -79,6 +80,21 @@ __all__ = [
 ]
 
 
+if TYPE_CHECKING:  # what __getattr__ returns, for type checkers
+    from agentix.provider import (  # noqa: F401
+        BundleDeployer,
+        DeployedBundle,
+        Sandbox,
+        SandboxConfig,
+        SandboxId,
+        SandboxInfo,
+        SandboxProvider,
+        SandboxResource,
+        providers,
+        register_provider,
+    )
+    from agentix.runtime.client.client import RuntimeClient  # noqa: F401
+
 # Loaded on first access: the provider API imports importlib.metadata (~30 ms),
 # which every sandbox worker would otherwise pay at start without using it.
 _PROVIDER_NAMES = frozenset(
@@ -97,7 +113,7 @@ _PROVIDER_NAMES = frozenset(
 )
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name == "RuntimeClient":
         from agentix.runtime.client import RuntimeClient
 

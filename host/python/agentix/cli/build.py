@@ -85,7 +85,7 @@ def _inputs_beside(bundler: str) -> list[str]:
     here = Path(bundler).resolve().parent
     flags: list[str] = []
     for flag, name in (("--sandboxd", "agentix-sandboxd"), ("--worker", "agentix-worker")):
-        found = here / name if (here / name).is_file() else shutil.which(name)
+        found = str(here / name) if (here / name).is_file() else shutil.which(name)
         if found:
             flags.append(f"{flag}={found}")
     wheel = os.environ.get("AGENTIX_WHEEL")

@@ -124,8 +124,8 @@ def run_command(args: Any, out: IO[str]) -> int:
 
     try:
         target = named_target(args.target)
-    except ValueError as error:
-        print(f"agentix: {error}", file=sys.stderr)
+    except ValueError as bad:
+        print(f"agentix: {bad}", file=sys.stderr)
         return 2
     call_args = [parse_value(text) for text in args.args]
     call_kwargs: dict[str, Any] = {}

@@ -18,11 +18,11 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NewType, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, NewType, ParamSpec, Protocol, TypeVar, overload, runtime_checkable
 
 if TYPE_CHECKING:  # importing the client would import gRPC
     from agentix.runtime.client.client import RuntimeClient
@@ -42,6 +42,8 @@ __all__ = [
 ]
 
 R = TypeVar("R")
+Y = TypeVar("Y")
+P = ParamSpec("P")
 
 SandboxId = NewType("SandboxId", str)
 
@@ -191,17 +193,34 @@ class Sandbox:
             client.call_deadline = self.call_deadline
         return client
 
-    async def remote(self, fn: Callable[..., Awaitable[R]] | Callable[..., R], *args: Any, **kwargs: Any) -> R:
+    @overload
+    async def remote(self, fn: Callable[P, Coroutine[Any, Any, R]], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+    @overload
+    async def remote(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    async def remote(self, fn: Callable[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> Any:
         """Runs ``fn(*args, **kwargs)`` in the sandbox (`RuntimeClient.remote`)."""
         return await self.client.remote(fn, *args, **kwargs)
 
+    @overload
     async def try_remote(
-        self, fn: Callable[..., Awaitable[R]] | Callable[..., R], *args: Any, **kwargs: Any
-    ) -> Result[R]:
+        self, fn: Callable[P, Coroutine[Any, Any, R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Result[R]: ...
+    @overload
+    async def try_remote(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Result[R]: ...
+
+    async def try_remote(self, fn: Callable[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> Result[Any]:
         """Like `remote`, returning ``Ok`` / ``Failed`` (`RuntimeClient.try_remote`)."""
         return await self.client.try_remote(fn, *args, **kwargs)
 
-    def remote_stream(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+    @overload
+    def remote_stream(
+        self, fn: Callable[P, AsyncIterable[Y]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> AsyncIterator[Y]: ...
+    @overload
+    def remote_stream(self, fn: Callable[P, Iterable[Y]], /, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[Y]: ...
+
+    def remote_stream(self, fn: Callable[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[Any]:
         """Yields the items of a generator ``fn`` run in the sandbox
         (`RuntimeClient.remote_stream`); use with ``async for``."""
         return self.client.remote_stream(fn, *args, **kwargs)

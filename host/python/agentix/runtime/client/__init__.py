@@ -14,6 +14,10 @@ from agentix.runtime.client.errors import (
     WorkerExited,
 )
 from agentix.runtime.client.result import Failed, Ok, Result
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what __getattr__ returns, for type checkers
+    from agentix.runtime.client.client import RuntimeClient  # noqa: F401
 
 __all__ = [
     "CallCancelled",
@@ -30,7 +34,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name == "RuntimeClient":
         from agentix.runtime.client.client import RuntimeClient
 

@@ -41,8 +41,8 @@ import asyncio
 import logging
 import os
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from typing import Any, ParamSpec, TypeVar, overload
 
 import grpc
 
@@ -86,6 +86,11 @@ __all__ = ["RuntimeClient"]
 _log = logging.getLogger("agentix.runtime.client")
 
 R = TypeVar("R")
+Y = TypeVar("Y")
+# remote/try_remote/remote_stream are typed so that a checker sees the
+# target's parameters and result: `remote(add, 1, 2)` is an int, and
+# `remote(add, "x")` an error (docs/CLI.md, "Typed API").
+P = ParamSpec("P")
 
 # gRPC's 4 MiB default is far above what either side sends per message (payloads
 # travel in 1 MiB chunks); the higher cap only guards against a stricter default.
@@ -442,7 +447,12 @@ class RuntimeClient:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def remote(self, fn: Callable[..., Awaitable[R]] | Callable[..., R], *args: Any, **kwargs: Any) -> R:
+    @overload
+    async def remote(self, fn: Callable[P, Coroutine[Any, Any, R]], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+    @overload
+    async def remote(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    async def remote(self, fn: Callable[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> Any:
         """Runs ``fn(*args, **kwargs)`` in the sandbox and returns its value.
 
         `fn` must be an importable top-level function (`RemoteCallable`);
@@ -524,9 +534,14 @@ class RuntimeClient:
                 pass
         return await asyncio.get_running_loop().run_in_executor(None, restricted_loads, outcome)
 
-    async def remote_stream(
-        self, fn: Callable[..., Any], *args: Any, **kwargs: Any
-    ) -> AsyncIterator[Any]:
+    @overload
+    def remote_stream(
+        self, fn: Callable[P, AsyncIterable[Y]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> AsyncIterator[Y]: ...
+    @overload
+    def remote_stream(self, fn: Callable[P, Iterable[Y]], /, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[Y]: ...
+
+    async def remote_stream(self, fn: Callable[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[Any]:
         """Runs a generator, async generator or iterator-returning ``fn`` in
         the sandbox and yields its items as they are produced.
 
@@ -616,9 +631,14 @@ class RuntimeClient:
             if seq > feed.cursor.last_seq:
                 await feed.wait_replayed(seq)
 
+    @overload
     async def try_remote(
-        self, fn: Callable[..., Awaitable[R]] | Callable[..., R], *args: Any, **kwargs: Any
-    ) -> Result[R]:
+        self, fn: Callable[P, Coroutine[Any, Any, R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Result[R]: ...
+    @overload
+    async def try_remote(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Result[R]: ...
+
+    async def try_remote(self, fn: Callable[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> Result[Any]:
         """Like `remote()`, but returns `Ok(value)`, or `Failed(error)` for a
         `RemoteCallError`, `CallTimeout` or `RuntimeUnreachable`. Misuse
         (`TypeError`), `RestrictedUnpickleError` and cancellation still raise."""
