@@ -469,6 +469,9 @@ class RuntimeClient:
           CallTimeout: `call_deadline` passed; the sandbox is told to cancel.
           RuntimeUnreachable: connecting failed, the connection was lost, or the
             client was closed while the call was in flight.
+          Unauthenticated: the daemon refused the token (not retried).
+          StaleModuleError: strict mode, and the host's copy of `fn`'s module
+            differs from the bundle's (`bundle_manifest`); nothing was sent.
           RestrictedUnpickleError: the value is not on the host allowlist, or
             asks for work out of proportion to its size (safepickle's bounds).
           ResultTooLarge: the encoded value exceeds `max_result_bytes` (a
@@ -650,7 +653,8 @@ class RuntimeClient:
     async def health(self) -> HealthResponse:
         """Asks the runtime for its status and version.
 
-        Raises `RuntimeUnreachable` when it cannot be reached within `timeout`.
+        Raises `RuntimeUnreachable` when it cannot be reached within `timeout`,
+        `Unauthenticated` when it refuses the token.
         """
         info = await self._info()
         return HealthResponse(status=info.status, version=info.version)
