@@ -2,6 +2,10 @@
 
 #include <algorithm>
 
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+
 namespace agentix::base {
 
 std::vector<char*> NormalizeFlagNames(int argc, char** argv,
@@ -19,6 +23,24 @@ std::vector<char*> NormalizeFlagNames(int argc, char** argv,
   for (std::string& arg : storage) out.push_back(arg.data());
   out.push_back(nullptr);
   return out;
+}
+
+bool IsOwnFlagFile(const std::string& path) {
+  return !absl::StrContains(path, "absl/");
+}
+
+void SetFlagsUsage(const std::string& usage, const std::string& version_line) {
+  absl::SetProgramUsageMessage(
+      usage + "\n\nFlags may be written with dashes or underscores "
+              "(--log-level or --log_level).");
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = [](absl::string_view path) {
+    return IsOwnFlagFile(std::string(path));
+  };
+  config.contains_helpshort_flags = config.contains_help_flags;
+  config.contains_helppackage_flags = config.contains_help_flags;
+  config.version_string = [version_line] { return version_line + "\n"; };
+  absl::SetFlagsUsageConfig(config);
 }
 
 }  // namespace agentix::base

@@ -14,4 +14,15 @@ namespace agentix::base {
 std::vector<char*> NormalizeFlagNames(int argc, char** argv,
                                       std::vector<std::string>& storage);
 
+// Sets what `--help` and `--version` print, before absl::ParseCommandLine:
+// `usage` first, then every flag defined in this repository's files with its
+// help text (absl's default lists only flags of a file named like the binary,
+// which ours are not, and prints "No flags matched."). `--version` prints
+// `version_line`. Flag names are listed as absl spells them (python_path);
+// both spellings are accepted.
+void SetFlagsUsage(const std::string& usage, const std::string& version_line);
+
+// True for a flag defined in our sources, false for absl's own.
+bool IsOwnFlagFile(const std::string& path);
+
 }  // namespace agentix::base

@@ -25,5 +25,12 @@ TEST_CASE("Dashed flag names become absl identifiers; values stay",
   REQUIRE(std::string(out[6]) == "--not-a-flag");
 }
 
+TEST_CASE("--help lists our flags, not absl's own", "[base]") {
+  REQUIRE(IsOwnFlagFile("sandbox/sandboxd_main.cc"));
+  REQUIRE(IsOwnFlagFile("bundler/bundler_main.cc"));
+  REQUIRE_FALSE(IsOwnFlagFile("/build/abseil-cpp/absl/flags/parse.cc"));
+  REQUIRE_FALSE(IsOwnFlagFile("absl/flags/internal/usage.cc"));
+}
+
 }  // namespace
 }  // namespace agentix::base

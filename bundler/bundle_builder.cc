@@ -23,6 +23,7 @@
 #include "bundler/elf_file.h"
 #include "bundler/file_tree.h"
 #include "bundler/library_closure.h"
+#include "bundler/module_hashes.h"
 #include "bundler/oci_layout.h"
 #include "bundler/pyproject.h"
 #include "bundler/python_env.h"
@@ -318,11 +319,24 @@ static absl::StatusOr<BundleResult> BuildBundleStages(const BundleOptions& optio
       {"runtime_env", {{"PATH", RuntimePath(options.runtime_root)}}},
       {"system_packages", spec.system_packages},
   };
+  // The project's own modules (and its local path dependencies'), so the
+  // host can tell when its copy of a module differs from the bundle's.
+  std::vector<std::string> own_dists = {spec.name};
+  for (const std::string& dep : spec.path_dependencies) {
+    absl::StatusOr<ProjectSpec> dep_spec = LoadPyproject(dep);
+    if (dep_spec.ok() && !dep_spec->name.empty()) own_dists.push_back(dep_spec->name);
+  }
+  AGX_ASSIGN_OR_RETURN(
+      auto module_hashes,
+      ModuleHashes((root / "venv/lib/python3.11/site-packages").string(),
+                   own_dists));
+  manifest["modules"] = module_hashes;
   const std::string manifest_text = manifest.dump(2) + "\n";
   AGX_RETURN_IF_ERROR(WriteFile((out / "manifest.json").string(), manifest_text));
   result.tree_bytes = TreeBytes(tree);
-  manifest_stage.Done(fmt::format("{}, tree {}", result.digest,
-                                  Megabytes(result.tree_bytes)));
+  manifest_stage.Done(fmt::format("{}, tree {}, {} module hashes",
+                                  result.digest, Megabytes(result.tree_bytes),
+                                  module_hashes.size()));
 
   // -- tarball ----------------------------------------------------------------
   Stage tar_stage("tarball");

@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/flags.h"
+#include "base/version.h"
 #include "bundler/bundle_builder.h"
 
 ABSL_FLAG(std::string, output, "",
@@ -127,7 +128,16 @@ int main(int argc, char** raw_argv) {
   char** argv = normalized.data();
   std::vector<std::string> wheelhouses =
       ExtractRepeated(argc, argv, kWheelhouseFlag);
-  absl::SetProgramUsageMessage(kUsage);
+  agentix::base::SetFlagsUsage(
+      absl::StrCat(
+          kUsage,
+          "\n\nTurns the Python project in PATH (the directory holding "
+          "pyproject.toml) into a self-contained /nix/runtime image: the "
+          "tree, a deterministic tarball and an OCI layout (docs/BUNDLE.md). "
+          "Prints each stage on stderr and a 'key: value' summary on stdout."
+          "\n\n  --wheelhouse DIR  a directory of wheels pip may install "
+          "from; repeatable."),
+      absl::StrCat("agentix-bundle ", agentix::base::kAgentixVersion));
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() != 3 || std::string(positional[1]) != "build") {
     fmt::print(stderr, "usage: {}\n", kUsage);

@@ -324,11 +324,19 @@ int Run(int argc, char** raw_argv) {
       base::NormalizeFlagNames(argc, raw_argv, storage);
   char** argv = normalized.data();
   std::vector<std::string> listen = ExtractListenFlags(argc, argv);
-  absl::SetProgramUsageMessage(
+  base::SetFlagsUsage(
       "agentix-sandboxd --listen unix:///abs/path.sock|HOST:PORT "
       "[--listen ...] [--venv DIR] [--python-path DIR[:DIR]] "
-      "[--python-home DIR] "
-      "[--worker PATH]");
+      "[--python-home DIR] [--worker PATH] [flags]\n"
+      "agentix-sandboxd --install-bundle SRC DST\n\n"
+      "Serves agentix.runtime.v1 (with grpc.health.v1 and reflection): runs "
+      "Python callables in an agentix-worker child. Writes 'serving "
+      "agentix.runtime.v1 on ADDR' to stderr once listening.\n\n"
+      "  --listen ADDR  unix:///abs/path.sock or HOST:PORT; repeatable; unix "
+      "sockets are made mode 0600.\n"
+      "  --install-bundle SRC DST  copy the tree SRC into the directory DST "
+      "(modes and symlinks kept) and exit.",
+      absl::StrCat("agentix-sandboxd ", kVersion));
   absl::ParseCommandLine(argc, argv);
   base::SetLogTag("agentix-sandboxd");
   base::SetMinLogSeverity(base::ParseLogSeverity(absl::GetFlag(FLAGS_log_level)));

@@ -14,8 +14,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/flags.h"
+#include "base/version.h"
 #include "base/log.h"
 #include "base/malloc_tuning.h"
 #include "base/mutex_tuning.h"
@@ -66,8 +68,12 @@ int main(int argc, char** argv) {
   // Write errors on the channel must come back as EPIPE, not kill us.
   signal(SIGPIPE, SIG_IGN);
 
-  absl::SetProgramUsageMessage(
-      "runs Python callables for agentix-sandboxd over --channel-fd");
+  agentix::base::SetFlagsUsage(
+      "agentix-worker --channel-fd N [--venv DIR] [--python-path DIR[:DIR]] "
+      "[--python-home DIR] [--payload-fd N] [--worker-id ID] [--log-level L]"
+      "\n\nRuns Python callables for agentix-sandboxd over the frame "
+      "socketpair --channel-fd (the daemon starts it; not run by hand).",
+      absl::StrCat("agentix-worker ", agentix::base::kAgentixVersion));
   std::vector<std::string> storage;
   std::vector<char*> args = agentix::base::NormalizeFlagNames(argc, argv, storage);
   absl::ParseCommandLine(static_cast<int>(args.size()) - 1, args.data());

@@ -13,7 +13,7 @@ import pytest
 import e2e_targets as t
 import startup_probe
 from admin_client import ADMIN, RUNTIME, SERVING, Admin, bearer, pb, token_pipe
-from agentix import RuntimeClient, RuntimeUnreachable
+from agentix import RuntimeClient, RuntimeUnreachable, Unauthenticated
 
 pytestmark = pytest.mark.asyncio
 
@@ -82,7 +82,7 @@ async def test_unarmed_daemon_refuses_runtime_rpcs_until_activated(start_daemon)
         # After arming: the admin token (or another) is no runtime token, and
         # the runtime token cannot administer.
         for token in (ADMIN, "another-token"):
-            with pytest.raises(RuntimeUnreachable, match="UNAUTHENTICATED"):
+            with pytest.raises(Unauthenticated, match="UNAUTHENTICATED"):
                 async with RuntimeClient(daemon.url, token=token, timeout=10) as client:
                     await client.remote(t.add, 1, 2)
         for rpc in (admin.get_status(RUNTIME),

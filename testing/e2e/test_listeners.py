@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import e2e_targets as t
-from agentix import RuntimeClient, RuntimeUnreachable
+from agentix import RuntimeClient, Unauthenticated
 from conftest import SANDBOXD, TARGETS_DIR, WORKER, _venv
 
 pytestmark = pytest.mark.asyncio
@@ -185,7 +185,7 @@ async def test_connections_without_an_authenticated_rpc_are_shut_down(sandboxd, 
         assert _closed_by_server(unix_idle, 5)
         assert 0.9 < time.monotonic() - started < 5
         # A connection that makes RPCs without the token is shut down too.
-        with pytest.raises(RuntimeUnreachable, match="UNAUTHENTICATED"):
+        with pytest.raises(Unauthenticated, match="UNAUTHENTICATED"):
             async with RuntimeClient(daemon.tcp_url, token="wrong", timeout=10) as stranger:
                 await stranger.health()
         # The authenticated client is left alone past the timeout, and its

@@ -543,10 +543,10 @@ async def test_session_runs_remote_calls(dev_bundle, dirs, providerd):
         # and the worker never sees it.
         assert sandbox.token and len(sandbox.token) >= 32 and sandbox.token not in repr(sandbox)
         assert await sandbox.remote(os.getenv, "AGENTIX_TOKEN") is None
-        from agentix import RuntimeClient, RuntimeUnreachable
+        from agentix import RuntimeClient, Unauthenticated
 
         for wrong in ("", "not-the-token"):
-            with pytest.raises(RuntimeUnreachable, match="UNAUTHENTICATED"):
+            with pytest.raises(Unauthenticated, match="UNAUTHENTICATED"):
                 async with RuntimeClient(sandbox.runtime_url, token=wrong or None, timeout=5):
                     pass
     with pytest.raises(KeyError):

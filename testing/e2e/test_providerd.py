@@ -234,7 +234,7 @@ async def _first_call(sandbox, token) -> None:
 
 
 async def test_create_get_list_watch_delete_with_a_real_remote_call(api, bundle):
-    from agentix import RuntimeClient, RuntimeUnreachable
+    from agentix import RuntimeClient, Unauthenticated
 
     empty, first = await api.list_all()
     assert empty == [] and first.epoch
@@ -274,7 +274,7 @@ async def test_create_get_list_watch_delete_with_a_real_remote_call(api, bundle)
             assert await client.remote(os.getenv, "AGENTIX_E2E_CONFIG_ENV") == sandbox.labels["team"]
             assert await client.remote(os.getenv, "AGENTIX_TOKEN") is None
         for wrong in ("", "not-the-token"):
-            with pytest.raises(RuntimeUnreachable, match="UNAUTHENTICATED"):
+            with pytest.raises(Unauthenticated, match="UNAUTHENTICATED"):
                 async with RuntimeClient(sandbox.status.endpoint.target, token=wrong or None, timeout=5):
                     pass
     # Another token holder of the service gets the same credentials; Get has none.

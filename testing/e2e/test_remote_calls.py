@@ -245,13 +245,16 @@ async def test_close_fails_calls_in_flight(daemon):
         await asyncio.wait_for(task, 5)
 
 
-async def test_main_script_targets_resolve_by_path(daemon):
+async def test_main_script_targets_are_refused_at_the_host(daemon):
+    script = str(t.__file__).replace("e2e_targets.py", "main_script.py")
     proc = await asyncio.create_subprocess_exec(
-        __import__("sys").executable, str(t.__file__).replace("e2e_targets.py", "main_script.py"),
+        __import__("sys").executable, script,
         daemon.url, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 30)
-    assert proc.returncode == 0, err.decode()
-    assert out.decode().strip() == "FROM MAIN!"
+    assert proc.returncode == 1 and out == b""
+    assert (f"TypeError: cannot remote '__main__::shout': it is defined in __main__, the script you ran "
+            f"({script})") in err.decode()
+    assert "Move shout into a module of your project" in err.decode()
 
 
 # --- bad input: a typed error and a daemon that keeps serving -------------

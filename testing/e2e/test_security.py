@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 import e2e_targets as t
-from agentix import RuntimeClient, RuntimeUnreachable
+from agentix import RuntimeClient, RuntimeUnreachable, Unauthenticated
 
 pytestmark = pytest.mark.asyncio
 
@@ -29,9 +29,15 @@ def token_file(tmp_path, mode=0o600, text=TOKEN + "\n"):
 async def test_rpcs_need_the_token(start_daemon, tmp_path):
     daemon = start_daemon(extra_args=["--token-file", token_file(tmp_path)])
     for token in (None, "wrong"):
-        with pytest.raises(RuntimeUnreachable, match="UNAUTHENTICATED"):
+        with pytest.raises(Unauthenticated, match="refused the token") as info:
             async with RuntimeClient(daemon.url, token=token, timeout=10) as client:
                 await client.remote(t.add, 1, 2)
+        assert not isinstance(info.value, RuntimeUnreachable)
+        assert isinstance(info.value, PermissionError) and info.value.code == "UNAUTHENTICATED"
+        # try_remote does not hide a wrong token as a Failed result.
+        with pytest.raises(Unauthenticated):
+            async with RuntimeClient(daemon.url, token=token, timeout=10) as client:
+                await client.try_remote(t.add, 1, 2)
     async with RuntimeClient(daemon.url, token=TOKEN) as client:
         assert await client.remote(t.add, 1, 2) == 3
         assert (await client.health()).status == "ok"
@@ -66,7 +72,7 @@ async def test_token_from_the_environment_and_not_leaked_to_the_worker(start_dae
     async with RuntimeClient(daemon.url) as client:
         assert await client.remote(os.getenv, "AGENTIX_TOKEN") is None
     monkeypatch.delenv("AGENTIX_TOKEN")
-    with pytest.raises(RuntimeUnreachable, match="UNAUTHENTICATED"):
+    with pytest.raises(Unauthenticated, match="UNAUTHENTICATED"):
         async with RuntimeClient(daemon.url, timeout=10) as client:
             pass
 
@@ -140,7 +146,7 @@ async def test_mutual_tls_and_token_together(start_daemon, pki, tmp_path):
             pass
     client_cert = {"tls_ca_file": str(pki / "ca.pem"), "tls_cert_file": str(pki / "client.pem"),
                    "tls_key_file": str(pki / "client.key")}
-    with pytest.raises(RuntimeUnreachable, match="UNAUTHENTICATED"):  # certificate but no token
+    with pytest.raises(Unauthenticated, match="UNAUTHENTICATED"):  # certificate but no token
         async with RuntimeClient(url, timeout=5, **client_cert):
             pass
     async with RuntimeClient(url, token=TOKEN, **client_cert) as client:

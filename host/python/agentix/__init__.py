@@ -16,6 +16,7 @@ access.
 """
 
 from pkgutil import extend_path
+from typing import TYPE_CHECKING, Any
 
 __path__ = extend_path(__path__, __name__)
 
@@ -27,8 +28,10 @@ from agentix.runtime.client.errors import (  # noqa: E402
     RemoteCallError,
     ResultTooLarge,
     RuntimeUnreachable,
+    Unauthenticated,
     WorkerExited,
 )
+from agentix.runtime.client.bundle_check import StaleModuleError  # noqa: E402
 from agentix.runtime.client._sio_facade import AsyncClientNamespace, request_handler  # noqa: E402
 from agentix.runtime.client.result import Failed, Ok, Result  # noqa: E402
 from agentix.runtime.shared.callables import RemoteCallable  # noqa: E402
@@ -60,6 +63,8 @@ __all__ = [
     "SandboxInfo",
     "SandboxProvider",
     "SandboxResource",
+    "StaleModuleError",
+    "Unauthenticated",
     "WorkerExited",
     "__version__",
     "allow_callable",
@@ -74,6 +79,21 @@ __all__ = [
     "trace",
 ]
 
+
+if TYPE_CHECKING:  # what __getattr__ returns, for type checkers
+    from agentix.provider import (  # noqa: F401
+        BundleDeployer,
+        DeployedBundle,
+        Sandbox,
+        SandboxConfig,
+        SandboxId,
+        SandboxInfo,
+        SandboxProvider,
+        SandboxResource,
+        providers,
+        register_provider,
+    )
+    from agentix.runtime.client.client import RuntimeClient  # noqa: F401
 
 # Loaded on first access: the provider API imports importlib.metadata (~30 ms),
 # which every sandbox worker would otherwise pay at start without using it.
@@ -93,7 +113,7 @@ _PROVIDER_NAMES = frozenset(
 )
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name == "RuntimeClient":
         from agentix.runtime.client import RuntimeClient
 

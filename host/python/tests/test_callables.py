@@ -166,13 +166,20 @@ def test_main_started_with_dash_m_uses_spec_name(monkeypatch):
     assert RemoteCallable._resolve(_main_function()) == "tools.run::script_function"
 
 
-def test_main_script_is_named_by_its_path_under_sys_path(monkeypatch, tmp_path):
+def test_main_script_function_is_refused_with_the_fix(monkeypatch, tmp_path):
+    # Even when the script could be imported by a name under sys.path: the
+    # sandbox would run its top level.
     script = tmp_path / "tools" / "run.py"
     script.parent.mkdir()
     script.write_text("")
     _fake_main(monkeypatch, file=script)
     monkeypatch.setattr(sys, "path", ["/nonexistent-root", str(tmp_path)])
-    assert RemoteCallable._resolve(_main_function()) == "tools.run::script_function"
+    with pytest.raises(TypeError) as info:
+        RemoteCallable._resolve(_main_function())
+    message = str(info.value)
+    assert message.startswith("cannot remote '__main__::script_function': it is defined in __main__")
+    assert str(script) in message
+    assert "Move script_function into a module of your project" in message
 
 
 @pytest.mark.parametrize("relative", ["my-tool.py", "tool.txt"])
@@ -181,7 +188,7 @@ def test_main_script_without_importable_name_is_rejected(monkeypatch, tmp_path, 
     script.write_text("")
     _fake_main(monkeypatch, file=script)
     monkeypatch.setattr(sys, "path", [str(tmp_path)])
-    with pytest.raises(TypeError, match="it has no importable module path"):
+    with pytest.raises(TypeError, match="it is defined in __main__"):
         RemoteCallable._resolve(_main_function())
 
 
@@ -190,7 +197,7 @@ def test_main_script_outside_sys_path_is_rejected(monkeypatch, tmp_path):
     script.write_text("")
     _fake_main(monkeypatch, file=script)
     monkeypatch.setattr(sys, "path", [str(tmp_path / "elsewhere")])
-    with pytest.raises(TypeError, match="it has no importable module path"):
+    with pytest.raises(TypeError, match="it is defined in __main__"):
         RemoteCallable._resolve(_main_function())
 
 

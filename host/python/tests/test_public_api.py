@@ -43,7 +43,8 @@ def test_all_names_resolve():
     for name in agentix.__all__:
         assert getattr(agentix, name) is not None, name
     for name in ("CallCancelled", "CallTimeout", "Failed", "Ok", "RemoteCallError", "RestrictedUnpickleError",
-                 "Result", "RuntimeUnreachable", "WorkerExited", "RuntimeClient", "context", "__version__"):
+                 "Result", "RuntimeUnreachable", "WorkerExited", "RuntimeClient", "context", "__version__",
+                 "Unauthenticated", "StaleModuleError"):
         assert name in agentix.__all__
 
 
@@ -58,12 +59,19 @@ def test_agentix_offers_every_provider_name_lazily():
         assert getattr(agentix, name) is getattr(agentix.provider, name), name
 
 
+def test_auth_and_stale_errors_are_their_own_types():
+    assert issubclass(agentix.Unauthenticated, PermissionError)
+    assert not issubclass(agentix.Unauthenticated, agentix.RuntimeUnreachable)
+    assert agentix.Unauthenticated.code == "UNAUTHENTICATED"
+    assert issubclass(agentix.StaleModuleError, RuntimeError)
+
+
 def test_runtime_client_module_exports():
     import agentix.runtime.client as client_module
 
     assert sorted(client_module.__all__) == [
         "CallCancelled", "CallTimeout", "Failed", "Ok", "RemoteCallError", "Result", "ResultTooLarge",
-        "RuntimeClient", "RuntimeUnreachable", "WorkerExited",
+        "RuntimeClient", "RuntimeUnreachable", "Unauthenticated", "WorkerExited",
     ]
     assert client_module.RuntimeClient is agentix.RuntimeClient
 

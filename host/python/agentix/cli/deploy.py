@@ -2,8 +2,9 @@
 
 Provider plugins build their deploy command from `common_options` (the
 ``BUNDLE`` argument, ``-n/--name``, ``--platform``, ``--format text|json``) and
-report with `print_deploy_result`. The ``agentix`` command itself is not part
-of this package yet; these are the names plugin CLIs import. `common_options`
+report with `print_deploy_result`; these are the names plugin CLIs import. The
+``agentix`` command itself (`agentix.cli.main`) has no ``deploy`` subcommand:
+bundles go to a provider as ``SandboxConfig.bundle`` (docs/CLI.md). `common_options`
 needs ``click`` (Debian: ``python3-click``), imported only when it is used.
 """
 

@@ -1,6 +1,11 @@
-"""The ``agentix`` command (also ``python -m agentix``): sandboxes and warm pools
-of the provider service, ``agentix-providerd``.
+"""The ``agentix`` command (also ``python -m agentix``): bundles, one-off
+calls, a check of the machine, and the sandboxes and warm pools of the
+provider service, ``agentix-providerd`` (docs/CLI.md).
 
+    agentix build [PATH] [-n NAME[:TAG]] [-o DIR] [--wheelhouse DIR]... [--wire W] [--bundler B] [--dry-run]
+    agentix run PATH module:function [ARG...] [--kw NAME=VALUE]... [--image I] [--rebuild] [--timeout S]
+    agentix doctor
+    agentix --version
     agentix sandbox ls [-l SELECTOR] [--all] [--phase PHASE]
     agentix sandbox get ID
     agentix sandbox rm ID... [--grace S] [--missing-ok]
@@ -56,10 +61,45 @@ def _key_value(text: str) -> tuple[str, str]:
 
 def _parser() -> argparse.ArgumentParser:
     common = _common()
+    from agentix import __version__
+    from agentix.cli.build import add_build_arguments
+    from agentix.cli.run import add_run_arguments
+
     parser = argparse.ArgumentParser(
-        prog="agentix", parents=[common], description="Sandboxes and warm pools of agentix-providerd."
+        prog="agentix", parents=[common],
+        description="Bundle Python projects, run their functions in sandboxes, check this machine, and manage "
+                    "the sandboxes and warm pools of agentix-providerd.",
     )
-    areas = parser.add_subparsers(dest="area", metavar="{sandbox,pool}", required=True)
+    parser.add_argument("--version", action="version", version=f"agentix {__version__}")
+    areas = parser.add_subparsers(dest="area", metavar="{build,run,doctor,sandbox,pool}", required=True)
+
+    build = areas.add_parser(
+        "build", parents=[common], help="bundle a project (the bundler's progress on stderr)",
+        description="Turns the Python project in PATH into a self-contained sandbox bundle (docs/BUNDLE.md).",
+    )
+    build.add_argument("path", nargs="?", default=".", help="the project directory, holding pyproject.toml "
+                       "(default: .)")
+    add_build_arguments(build)
+    build.add_argument("--platform", default=None, help="linux/amd64, the only one (others are refused)")
+    build.add_argument("--dry-run", action="store_true", help="print what would be built, with which bundler")
+
+    run = areas.add_parser(
+        "run", parents=[common], help="bundle if needed, call module:function in a fresh local sandbox",
+        description="Bundles PATH if its bundle is missing or older than its sources, starts a bubblewrap "
+                    "sandbox from it (LocalProvider), calls module:function with ARGs (each read as JSON when "
+                    "it parses, else a string), prints the result and the sandbox's logs, and deletes it.",
+    )
+    run.add_argument("path", help="the project directory")
+    run.add_argument("target", metavar="module:function", help="e.g. hello_agentix.tools:add")
+    run.add_argument("args", nargs="*", metavar="ARG", help="positional arguments")
+    add_build_arguments(run)
+    add_run_arguments(run)
+
+    areas.add_parser(
+        "doctor", parents=[common], help="check bubblewrap, namespaces, cgroups, engines, versions, binaries",
+        description="Checks what bundling and running sandboxes need on this machine; each failing check says "
+                    "what to do. Exit status 1 when a required check fails.",
+    )
 
     sandbox = areas.add_parser("sandbox", parents=[common], help="list, inspect, wait for and delete sandboxes")
     verbs = sandbox.add_subparsers(dest="verb", metavar="{ls,get,rm,logs,wait}", required=True)
@@ -340,9 +380,11 @@ def main(argv: Sequence[str] | None = None, *, out: IO[str] | None = None) -> in
     out = out if out is not None else sys.stdout
     parser = _parser()
     args = parser.parse_args(argv)
+    args.json = getattr(args, "json", False)
+    if args.area in ("build", "run", "doctor"):
+        return _local_command(args, out)
     args.url = getattr(args, "url", None) or _default_url()
     args.token = getattr(args, "token", None)
-    args.json = getattr(args, "json", False)
     from agentix.provider.errors import ProviderError
 
     try:
@@ -366,6 +408,31 @@ def main(argv: Sequence[str] | None = None, *, out: IO[str] | None = None) -> in
               "python3-protobuf)", file=sys.stderr)
         return 1
     except ValueError as error:  # a bad --url, size or label
+        print(f"agentix: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _local_command(args: argparse.Namespace, out: IO[str]) -> int:
+    """``build``, ``run`` and ``doctor``: no provider service needed up front."""
+    from agentix.cli.build import BundleError
+
+    try:
+        if args.area == "build":
+            from agentix.cli.build import run_build
+
+            return run_build(args, out)
+        if args.area == "run":
+            from agentix.cli.run import run_command
+
+            return run_command(args, out)
+        from agentix.cli.doctor import run_doctor
+
+        return run_doctor(args, out)
+    except BundleError as error:
+        if args.json:
+            _emit({"error": {"code": "BUNDLE_FAILED", "message": str(error)}}, out)
         print(f"agentix: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -18,11 +18,11 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NewType, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, NewType, ParamSpec, Protocol, TypeVar, overload, runtime_checkable
 
 if TYPE_CHECKING:  # importing the client would import gRPC
     from agentix.runtime.client.client import RuntimeClient
@@ -42,6 +42,8 @@ __all__ = [
 ]
 
 R = TypeVar("R")
+Y = TypeVar("Y")
+P = ParamSpec("P")
 
 SandboxId = NewType("SandboxId", str)
 
@@ -171,6 +173,9 @@ class Sandbox:
     # The bearer token the sandbox's daemon requires (None: none, or
     # $AGENTIX_TOKEN); never shown in repr.
     token: str | None = field(default=None, repr=False, compare=False)
+    # The bundle's manifest.json on this machine, when known: the client
+    # checks the host's copy of each called module against it (stale bundles).
+    bundle_manifest: str | None = field(default=None, repr=False, compare=False)
     _client: RuntimeClient | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -180,22 +185,42 @@ class Sandbox:
         if client is None:
             from agentix.runtime.client.client import RuntimeClient
 
-            client = self._client = RuntimeClient(self.runtime_url, call_deadline=self.call_deadline, token=self.token)
+            client = self._client = RuntimeClient(
+                self.runtime_url, call_deadline=self.call_deadline, token=self.token,
+                bundle_manifest=self.bundle_manifest,
+            )
         else:
             client.call_deadline = self.call_deadline
         return client
 
-    async def remote(self, fn: Callable[..., Awaitable[R]] | Callable[..., R], *args: Any, **kwargs: Any) -> R:
+    @overload
+    async def remote(self, fn: Callable[P, Coroutine[Any, Any, R]], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+    @overload
+    async def remote(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    async def remote(self, fn: Callable[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> Any:
         """Runs ``fn(*args, **kwargs)`` in the sandbox (`RuntimeClient.remote`)."""
         return await self.client.remote(fn, *args, **kwargs)
 
+    @overload
     async def try_remote(
-        self, fn: Callable[..., Awaitable[R]] | Callable[..., R], *args: Any, **kwargs: Any
-    ) -> Result[R]:
+        self, fn: Callable[P, Coroutine[Any, Any, R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Result[R]: ...
+    @overload
+    async def try_remote(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Result[R]: ...
+
+    async def try_remote(self, fn: Callable[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> Result[Any]:
         """Like `remote`, returning ``Ok`` / ``Failed`` (`RuntimeClient.try_remote`)."""
         return await self.client.try_remote(fn, *args, **kwargs)
 
-    def remote_stream(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+    @overload
+    def remote_stream(
+        self, fn: Callable[P, AsyncIterable[Y]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> AsyncIterator[Y]: ...
+    @overload
+    def remote_stream(self, fn: Callable[P, Iterable[Y]], /, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[Y]: ...
+
+    def remote_stream(self, fn: Callable[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[Any]:
         """Yields the items of a generator ``fn`` run in the sandbox
         (`RuntimeClient.remote_stream`); use with ``async for``."""
         return self.client.remote_stream(fn, *args, **kwargs)

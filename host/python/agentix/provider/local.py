@@ -495,6 +495,9 @@ class LocalProvider(SandboxProvider):
             return await service.create(None, spec=spec, ready_timeout=self.config.ready_timeout)
 
         sandbox = await self._call(create)
+        manifest = (nix_dir.parent if nix_dir.name == "nix" else nix_dir) / "manifest.json"
+        if manifest.is_file():
+            sandbox.bundle_manifest = str(manifest)
         self._owned.add(sandbox.sandbox_id)
         self._renew()
         return sandbox

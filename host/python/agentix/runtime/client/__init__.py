@@ -10,9 +10,14 @@ from agentix.runtime.client.errors import (
     RemoteCallError,
     ResultTooLarge,
     RuntimeUnreachable,
+    Unauthenticated,
     WorkerExited,
 )
 from agentix.runtime.client.result import Failed, Ok, Result
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what __getattr__ returns, for type checkers
+    from agentix.runtime.client.client import RuntimeClient  # noqa: F401
 
 __all__ = [
     "CallCancelled",
@@ -24,11 +29,12 @@ __all__ = [
     "ResultTooLarge",
     "RuntimeClient",
     "RuntimeUnreachable",
+    "Unauthenticated",
     "WorkerExited",
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name == "RuntimeClient":
         from agentix.runtime.client.client import RuntimeClient
 

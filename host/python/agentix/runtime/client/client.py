@@ -41,12 +41,19 @@ import asyncio
 import logging
 import os
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from typing import Any, ParamSpec, TypeVar, overload
 
 import grpc
 
-from agentix.runtime.client.errors import CallTimeout, RemoteCallError, RuntimeUnreachable, remote_call_error_async
+from agentix.runtime.client.errors import (
+    CallTimeout,
+    RemoteCallError,
+    RuntimeUnreachable,
+    Unauthenticated,
+    remote_call_error_async,
+)
+from agentix.runtime.client.bundle_check import BundleCheck
 from agentix.runtime.client.logs import LogCursor, LogsStream
 from agentix.runtime.client._sio_facade import RESERVED_NAMESPACES, AsyncClientNamespace
 from agentix.runtime.client.namespaces import NAMESPACE_METHOD, NamespaceStream, NativeNamespaceStream
@@ -79,6 +86,11 @@ __all__ = ["RuntimeClient"]
 _log = logging.getLogger("agentix.runtime.client")
 
 R = TypeVar("R")
+Y = TypeVar("Y")
+# remote/try_remote/remote_stream are typed so that a checker sees the
+# target's parameters and result: `remote(add, 1, 2)` is an int, and
+# `remote(add, "x")` an error (docs/CLI.md, "Typed API").
+P = ParamSpec("P")
 
 # gRPC's 4 MiB default is far above what either side sends per message (payloads
 # travel in 1 MiB chunks); the higher cap only guards against a stricter default.
@@ -283,8 +295,8 @@ class RuntimeClient:
         all (False).
       token: the sandbox's bearer token, sent with every RPC (default: the
         ``AGENTIX_TOKEN`` environment variable; neither: none is sent). A
-        daemon started with ``--token-file`` refuses RPCs without it
-        (`RuntimeUnreachable` saying UNAUTHENTICATED).
+        daemon started with ``--token-file`` refuses RPCs without it or
+        with another one: `agentix.Unauthenticated`.
       tls_ca_file, tls_cert_file, tls_key_file, tls_server_name: TLS for
         ``https://`` URLs or when any file is given: the CA bundle that
         signed the daemon's certificate (default: the system roots), the
@@ -294,6 +306,15 @@ class RuntimeClient:
         may return (default: the ``AGENTIX_MAX_RESULT_BYTES`` environment
         variable, else 1 GiB). A larger one is dropped as it arrives and the
         call fails with `ResultTooLarge`; the client keeps working.
+      bundle_manifest: the sandbox's bundle (its directory or its
+        ``manifest.json``; default ``$AGENTIX_BUNDLE_MANIFEST``): at the
+        first call of each of the project's modules the host's copy is
+        compared with the bundle's and a stale one is reported
+        (`agentix.runtime.client.bundle_check`).
+      stale_modules: ``"warn"`` (default; once per module, on the
+        ``agentix.bundle`` logger), ``"strict"`` (a stale module's calls
+        raise `StaleModuleError`, nothing sent) or ``"off"``; default
+        ``$AGENTIX_STALE_MODULES``.
 
     Use as ``async with RuntimeClient(url) as client:`` (connects on entry,
     closes on exit) or call `close()` yourself. A closed client connects again
@@ -321,8 +342,11 @@ class RuntimeClient:
         tls_key_file: str | None = None,
         tls_server_name: str | None = None,
         max_result_bytes: int | None = None,
+        bundle_manifest: str | os.PathLike[str] | None = None,
+        stale_modules: str | None = None,
     ) -> None:
         self.base_url = base_url
+        self._bundle_check = BundleCheck.create(bundle_manifest, stale_modules)
         if max_result_bytes is None:
             max_result_bytes = int(os.environ.get(_MAX_RESULT_BYTES_ENV) or MAX_RESULT_BYTES)
         if max_result_bytes < 1:
@@ -423,7 +447,12 @@ class RuntimeClient:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def remote(self, fn: Callable[..., Awaitable[R]] | Callable[..., R], *args: Any, **kwargs: Any) -> R:
+    @overload
+    async def remote(self, fn: Callable[P, Coroutine[Any, Any, R]], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+    @overload
+    async def remote(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    async def remote(self, fn: Callable[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> Any:
         """Runs ``fn(*args, **kwargs)`` in the sandbox and returns its value.
 
         `fn` must be an importable top-level function (`RemoteCallable`);
@@ -440,6 +469,9 @@ class RuntimeClient:
           CallTimeout: `call_deadline` passed; the sandbox is told to cancel.
           RuntimeUnreachable: connecting failed, the connection was lost, or the
             client was closed while the call was in flight.
+          Unauthenticated: the daemon refused the token (not retried).
+          StaleModuleError: strict mode, and the host's copy of `fn`'s module
+            differs from the bundle's (`bundle_manifest`); nothing was sent.
           RestrictedUnpickleError: the value is not on the host allowlist, or
             asks for work out of proportion to its size (safepickle's bounds).
           ResultTooLarge: the encoded value exceeds `max_result_bytes` (a
@@ -450,6 +482,8 @@ class RuntimeClient:
         """
         display_name = display_name_for(fn)
         callable_ref = RemoteCallable._resolve(fn)
+        if self._bundle_check is not None:
+            self._bundle_check.check(callable_ref)
         # In pieces when large: a big bytes argument is not copied into the pickle.
         arguments = wire.pickle_pieces((args, kwargs), CHUNK_BYTES)
         carrier = context.encode() or b""
@@ -503,9 +537,14 @@ class RuntimeClient:
                 pass
         return await asyncio.get_running_loop().run_in_executor(None, restricted_loads, outcome)
 
-    async def remote_stream(
-        self, fn: Callable[..., Any], *args: Any, **kwargs: Any
-    ) -> AsyncIterator[Any]:
+    @overload
+    def remote_stream(
+        self, fn: Callable[P, AsyncIterable[Y]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> AsyncIterator[Y]: ...
+    @overload
+    def remote_stream(self, fn: Callable[P, Iterable[Y]], /, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[Y]: ...
+
+    async def remote_stream(self, fn: Callable[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[Any]:
         """Runs a generator, async generator or iterator-returning ``fn`` in
         the sandbox and yields its items as they are produced.
 
@@ -519,6 +558,8 @@ class RuntimeClient:
         """
         display_name = display_name_for(fn)
         callable_ref = RemoteCallable._resolve(fn)
+        if self._bundle_check is not None:
+            self._bundle_check.check(callable_ref)
         # In pieces when large: a big bytes argument is not copied into the pickle.
         arguments = wire.pickle_pieces((args, kwargs), CHUNK_BYTES)
         carrier = context.encode() or b""
@@ -593,9 +634,14 @@ class RuntimeClient:
             if seq > feed.cursor.last_seq:
                 await feed.wait_replayed(seq)
 
+    @overload
     async def try_remote(
-        self, fn: Callable[..., Awaitable[R]] | Callable[..., R], *args: Any, **kwargs: Any
-    ) -> Result[R]:
+        self, fn: Callable[P, Coroutine[Any, Any, R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Result[R]: ...
+    @overload
+    async def try_remote(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Result[R]: ...
+
+    async def try_remote(self, fn: Callable[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> Result[Any]:
         """Like `remote()`, but returns `Ok(value)`, or `Failed(error)` for a
         `RemoteCallError`, `CallTimeout` or `RuntimeUnreachable`. Misuse
         (`TypeError`), `RestrictedUnpickleError` and cancellation still raise."""
@@ -607,7 +653,8 @@ class RuntimeClient:
     async def health(self) -> HealthResponse:
         """Asks the runtime for its status and version.
 
-        Raises `RuntimeUnreachable` when it cannot be reached within `timeout`.
+        Raises `RuntimeUnreachable` when it cannot be reached within `timeout`,
+        `Unauthenticated` when it refuses the token.
         """
         info = await self._info()
         return HealthResponse(status=info.status, version=info.version)
@@ -892,7 +939,9 @@ class RuntimeClient:
         self._native = None
         self._native_channel = None
 
-    def _unreachable(self, error: grpc.aio.AioRpcError) -> RuntimeUnreachable:
+    def _unreachable(self, error: grpc.aio.AioRpcError) -> RuntimeUnreachable | Unauthenticated:
+        if error.code() == grpc.StatusCode.UNAUTHENTICATED:
+            return Unauthenticated(f"runtime at {self.base_url} refused the token (UNAUTHENTICATED: {error.details()})")
         return RuntimeUnreachable(
             f"runtime server unreachable at {self.base_url}: {error.code().name}: {error.details()}"
         )
@@ -924,11 +973,13 @@ class RuntimeClient:
                 self._reconnect(error), name="agentix-reconnect"
             )
 
-    def _fail_pending(self, message: str, cause: BaseException | None) -> None:
+    def _fail_pending(
+        self, message: str, cause: BaseException | None, kind: type[Exception] = RuntimeUnreachable
+    ) -> None:
         lost = list(self._pending.values())
         self._pending.clear()
         for call in lost:
-            failure = RuntimeUnreachable(message)
+            failure = kind(message)
             if cause is not None:
                 failure.__cause__ = cause
             call.fail(failure)
@@ -945,6 +996,9 @@ class RuntimeClient:
             try:
                 await self._live_stream()
                 _log.info("reconnected to %s; resumed %d call(s)", self.base_url, len(self._pending))
+                return
+            except Unauthenticated as failure:  # the same token would be refused again
+                self._fail_pending(str(failure), failure, Unauthenticated)
                 return
             except (RuntimeUnreachable, OSError, grpc.aio.AioRpcError) as failure:
                 last = failure

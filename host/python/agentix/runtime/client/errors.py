@@ -38,6 +38,7 @@ __all__ = [
     "RemoteCallError",
     "ResultTooLarge",
     "RuntimeUnreachable",
+    "Unauthenticated",
     "WorkerExited",
     "remote_call_error",
     "remote_call_error_async",
@@ -92,6 +93,17 @@ class ResultTooLarge(RestrictedUnpickleError):
 class RuntimeUnreachable(RuntimeError):
     """The sandbox runtime could not be reached, the connection was lost, or the
     client was closed while the call was in flight."""
+
+
+class Unauthenticated(PermissionError):
+    """The daemon refused the client's bearer token (gRPC ``UNAUTHENTICATED``):
+    none was sent to a daemon started with ``--token-file`` / ``$AGENTIX_TOKEN``,
+    or it was the wrong one. Not retried (another attempt sends the same
+    token) and not turned into `Failed` by `try_remote`: fix the token
+    (``RuntimeClient(url, token=...)`` or ``$AGENTIX_TOKEN``). ``code`` is
+    ``"UNAUTHENTICATED"``."""
+
+    code = "UNAUTHENTICATED"
 
 
 def remote_call_error(display_name: str, error: RemoteError, *, wait: bool = True) -> RemoteCallError:

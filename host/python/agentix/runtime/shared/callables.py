@@ -12,8 +12,10 @@ their module, reached by a top-level import path: module-level ``def``s,
 ``len``, ``math.factorial``, and functions in a class body reached through the
 class (``Echo.echo`` -> ``"mod::Echo.echo"``; for an unbound method the caller
 passes the instance as the first argument). A function defined in a script run
-as ``python script.py`` (module ``__main__``) is encoded under the module name
-the script has on ``sys.path``.
+as ``python script.py`` (module ``__main__``) is refused with a `TypeError` that
+says to move it into a module of the bundle: the sandbox could only import the
+script by name, running its top level there. Under ``python -m pkg.mod`` the
+function is encoded as ``pkg.mod::name``.
 
 `display_name_for` is a local label for log lines and error messages; it is never
 sent.
@@ -25,7 +27,6 @@ import importlib
 import inspect
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 __all__ = ["RemoteCallable", "display_name_for"]
@@ -46,32 +47,14 @@ def display_name_for(fn: Any) -> str:
 
 
 def _main_module_name() -> str | None:
-    """The importable name of the ``__main__`` module, or None if it has none.
-
-    ``python -m pkg.mod`` keeps the real name in ``__main__.__spec__.name``. For
-    ``python path/to/script.py`` the name is the script's path relative to the first
-    ``sys.path`` entry that contains it, when every part is an identifier
-    (``tools/run.py`` under a ``sys.path`` root -> ``tools.run``).
-    """
+    """The importable name of the ``__main__`` module when it was started with
+    ``python -m pkg.mod`` (kept in ``__main__.__spec__.name``), else None: a
+    script run by path has no module name the sandbox could import without
+    running the script's top level there, so its functions are refused."""
     main = sys.modules.get("__main__")
     spec_name = getattr(getattr(main, "__spec__", None), "name", None)
     if isinstance(spec_name, str) and spec_name and spec_name != "__main__":
         return spec_name
-
-    main_file = getattr(main, "__file__", None)
-    if not isinstance(main_file, str) or not main_file:
-        return None
-    script = Path(main_file).resolve()
-    for entry in sys.path:
-        try:
-            relative = script.relative_to(Path(entry or ".").resolve())
-        except ValueError:
-            continue
-        if relative.suffix != ".py":
-            continue
-        parts = relative.with_suffix("").parts
-        if parts and all(part.isidentifier() for part in parts):
-            return ".".join(parts)
     return None
 
 
@@ -112,6 +95,15 @@ def _rejection(fn: Any) -> str:
             f"cannot remote {name!r}: only importable top-level functions are remote targets "
             f"(got a {type(fn).__name__}). functools.partial, callable instances, and closures "
             f"aren't importable by name — wrap the call in a module-level def."
+        )
+    if getattr(fn, "__module__", None) == "__main__":
+        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+        where = f" ({main_file})" if isinstance(main_file, str) and main_file else ""
+        return (
+            f"cannot remote {name!r}: it is defined in __main__, the script you ran{where}. "
+            f"The sandbox cannot import a script by name without running its top level there. "
+            f"Move {getattr(fn, '__qualname__', 'it')} into a module of your project (one the "
+            f"bundle contains), import it from there, and rebuild the bundle (agentix build PATH)."
         )
     return (
         f"cannot remote {name!r}: it has no importable module path. Define it in an "
