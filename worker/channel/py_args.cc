@@ -1,0 +1,89 @@
+#include "worker/channel/py_args.h"
+
+namespace agentix::worker {
+
+PyObject* Str(const std::string& s) {
+  return PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()),
+                              "surrogateescape");
+}
+
+PyObject* BytesOf(std::string_view data) {
+  return PyBytes_FromStringAndSize(data.data(),
+                                   static_cast<Py_ssize_t>(data.size()));
+}
+
+bool ToUtf8(PyObject* object, const char* what, const char* errors,
+            std::string& out) {
+  if (!PyUnicode_Check(object)) {
+    PyErr_Format(PyExc_TypeError, "%s must be str, not %.100s", what,
+                 Py_TYPE(object)->tp_name);
+    return false;
+  }
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(object, &size);
+  if (data != nullptr) {
+    out.assign(data, static_cast<size_t>(size));
+    return true;
+  }
+  if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return false;
+  PyErr_Clear();
+  PyObject* bytes = PyUnicode_AsEncodedString(object, "utf-8", errors);
+  if (bytes == nullptr) return false;
+  out.assign(PyBytes_AS_STRING(bytes),
+             static_cast<size_t>(PyBytes_GET_SIZE(bytes)));
+  Py_DECREF(bytes);
+  return true;
+}
+
+bool ToInt(PyObject* object, const char* what, long long& out) {
+  if (!PyLong_Check(object)) {
+    PyErr_Format(PyExc_TypeError, "%s must be int, not %.100s", what,
+                 Py_TYPE(object)->tp_name);
+    return false;
+  }
+  out = PyLong_AsLongLong(object);
+  return !(out == -1 && PyErr_Occurred());
+}
+
+bool CheckArgs(const char* name, Py_ssize_t nargs, Py_ssize_t want) {
+  if (nargs == want) return true;
+  PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", name,
+               want, nargs);
+  return false;
+}
+
+bool OptionalBuffer(PyObject* object, std::string& out) {
+  if (object == Py_None) return true;
+  Py_buffer view;
+  if (PyObject_GetBuffer(object, &view, PyBUF_CONTIG_RO) != 0) return false;
+  out.assign(static_cast<const char*>(view.buf), static_cast<size_t>(view.len));
+  PyBuffer_Release(&view);
+  return true;
+}
+
+PyObject* Tuple(std::initializer_list<PyObject*> items) {
+  bool ok = true;
+  for (PyObject* item : items) ok = ok && item != nullptr;
+  PyObject* tuple = ok ? PyTuple_New(static_cast<Py_ssize_t>(items.size()))
+                       : nullptr;
+  Py_ssize_t i = 0;
+  for (PyObject* item : items) {
+    if (tuple != nullptr) {
+      PyTuple_SET_ITEM(tuple, i++, item);  // steals
+    } else {
+      Py_XDECREF(item);
+    }
+  }
+  return tuple;
+}
+
+void SetError(PyObject* type, const absl::Status& status) {
+  if (status.code() == absl::StatusCode::kResourceExhausted &&
+      status.message() == "out of memory") {
+    PyErr_NoMemory();
+    return;
+  }
+  PyErr_SetString(type, std::string(status.message()).c_str());
+}
+
+}  // namespace agentix::worker
