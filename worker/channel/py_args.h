@@ -59,10 +59,10 @@ absl::Status WithoutGil(Fn&& fn) {
 
 // Entry points catch every C++ exception (std::bad_alloc from a string, in
 // practice), so that none unwinds through CPython frames.
-template <PyObject* (*Fn)(PyObject*, PyObject*)>
-PyObject* Guarded(PyObject* self, PyObject* arg) {
+template <typename Call>
+PyObject* CatchAll(Call&& call) {
   try {
-    return Fn(self, arg);
+    return call();
   } catch (const std::bad_alloc&) {
     return PyErr_NoMemory();
   } catch (const std::exception& e) {
@@ -71,17 +71,15 @@ PyObject* Guarded(PyObject* self, PyObject* arg) {
   }
 }
 
+template <PyObject* (*Fn)(PyObject*, PyObject*)>
+PyObject* Guarded(PyObject* self, PyObject* arg) {
+  return CatchAll([&] { return Fn(self, arg); });
+}
+
 template <PyObject* (*Fn)(PyObject*, PyObject* const*, Py_ssize_t)>
 PyObject* GuardedFast(PyObject* self, PyObject* const* args,
                       Py_ssize_t nargs) {
-  try {
-    return Fn(self, args, nargs);
-  } catch (const std::bad_alloc&) {
-    return PyErr_NoMemory();
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
-    return nullptr;
-  }
+  return CatchAll([&] { return Fn(self, args, nargs); });
 }
 
 // PyMethodDef stores every function as a PyCFunction; METH_FASTCALL ones are
