@@ -179,7 +179,7 @@ TEST_CASE("User exceptions, BaseExceptions included, become error frames",
   REQUIRE(e.traceback.find("in fail") != std::string::npos);
   REQUIRE(e.traceback.find("ValueError: boom") != std::string::npos);
   // The driver's own wrapper frame is trimmed.
-  REQUIRE(e.traceback.find("driver.py") == std::string::npos);
+  REQUIRE(e.traceback.find("<agentix-worker driver") == std::string::npos);
 
   e = worker->CallError("math::factorial", Pickle("((-1,), {})"));
   REQUIRE(e.type == "ValueError");

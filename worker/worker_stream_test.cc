@@ -150,7 +150,7 @@ TEST_CASE("An exception ends a stream with an error after its items",
   REQUIRE_FALSE(stream.end.error.cancelled);
   REQUIRE(stream.end.error.traceback.find("worker_fixture.py") !=
           std::string::npos);
-  REQUIRE(stream.end.error.traceback.find("driver.py") == std::string::npos);
+  REQUIRE(stream.end.error.traceback.find("<agentix-worker driver") == std::string::npos);
 }
 
 TEST_CASE("Cancelling a stream answers Cancelled and closes the generator",
