@@ -43,15 +43,18 @@ PyMethodDef kChannelMethods[] = {
     {"send_error", Fast<ChannelSendError>(), METH_FASTCALL,
      "send_error(call_id, code, type, message, traceback, cancelled"
      "[, type_module, type_qualname, state])"},
-    {"send_log", Fast<ChannelSendLog>(), METH_FASTCALL,
-     "send_log(logger, level, level_name, message, time_unix_nanos, file, "
+    {"send_log", FastKeywords<ChannelSendLog>(),
+     METH_FASTCALL | METH_KEYWORDS,
+     "send_log(*, logger, level, level_name, message, time_unix_nanos, file, "
      "line, function, module, exception_text, origin, call_id, context, "
-     "extras, stack_info)"},
-    {"send_trace", Fast<ChannelSendTrace>(), METH_FASTCALL,
-     "send_trace(kind, trace_id, span_id, parent_id, name, start_time_unix_"
+     "extras, stack_info): one `log` frame; keyword arguments only, each "
+     "optional"},
+    {"send_trace", FastKeywords<ChannelSendTrace>(),
+     METH_FASTCALL | METH_KEYWORDS,
+     "send_trace(*, kind, trace_id, span_id, parent_id, name, start_time_unix_"
      "nanos, end_time_unix_nanos, attributes, events, status, "
      "status_description, error_message, error_data, call_id): one `trace` "
-     "frame, queued with the log frames"},
+     "frame, queued with the log frames; keyword arguments only"},
     {"send_ns_event", Fast<ChannelSendNamespaceEvent>(), METH_FASTCALL,
      "send_ns_event(namespace, event, data, request_id, error_type, "
      "error_message, status_code): a plugin-namespace event for the hosts."},

@@ -49,8 +49,8 @@ else:
 
 
 class Channel:
-    def send_log(self, *args): pass
-    def send_trace(self, *args): pass
+    def send_log(self, **fields): pass
+    def send_trace(self, **fields): pass
     def set_durable(self, *args): pass
     def send_stdio(self, *args): pass
 

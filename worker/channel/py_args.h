@@ -82,12 +82,24 @@ PyObject* GuardedFast(PyObject* self, PyObject* const* args,
   return CatchAll([&] { return Fn(self, args, nargs); });
 }
 
+template <PyObject* (*Fn)(PyObject*, PyObject* const*, Py_ssize_t, PyObject*)>
+PyObject* GuardedFastKeywords(PyObject* self, PyObject* const* args,
+                              Py_ssize_t nargs, PyObject* kwnames) {
+  return CatchAll([&] { return Fn(self, args, nargs, kwnames); });
+}
+
 // PyMethodDef stores every function as a PyCFunction; METH_FASTCALL ones are
 // cast back by CPython according to the flags.
 template <PyObject* (*Fn)(PyObject*, PyObject* const*, Py_ssize_t)>
 PyCFunction Fast() {
   return reinterpret_cast<PyCFunction>(
       reinterpret_cast<void (*)()>(&GuardedFast<Fn>));
+}
+
+template <PyObject* (*Fn)(PyObject*, PyObject* const*, Py_ssize_t, PyObject*)>
+PyCFunction FastKeywords() {
+  return reinterpret_cast<PyCFunction>(
+      reinterpret_cast<void (*)()>(&GuardedFastKeywords<Fn>));
 }
 
 }  // namespace agentix::worker

@@ -251,8 +251,7 @@ TEST_CASE(
   Py(absl::StrCat(
       "data = bytearray(i % 251 for i in range(", size, "))\n",
       "ch.send_result('small', 2, b'tiny')\n"
-      "ch.send_log('lg', 20, 'INFO', 'before', 1, 'f.py', 1, 'fn', 'm', '', "
-      "1, 'big', '', None, '')\n"
+      "ch.send_log(logger='lg', message='before', call_id='big')\n"
       "ch.send_result('big', 1, memoryview(data))\n"
       "ch.flush()\n"
       "data[:] = b''  # the buffer is released again: resizing works\n"));

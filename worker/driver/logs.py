@@ -113,13 +113,16 @@ class _LogBridge(logging.Handler):
                     record.exc_info)
             context = getattr(record, "agentix_context", None)
             self._channel.send_log(
-                name, record.levelno, record.levelname, message,
-                int(record.created * 1e9), record.pathname or "",
-                record.lineno or 0, record.funcName or "",
-                record.module or "", exc_text or "", _ORIGIN_LOGGING,
-                _call_id.get(),
-                context if isinstance(context, str) else self._context,
-                _extras(record), record.stack_info or "")
+                logger=name, level=record.levelno,
+                level_name=record.levelname, message=message,
+                time_unix_nanos=int(record.created * 1e9),
+                file=record.pathname or "", line=record.lineno or 0,
+                function=record.funcName or "", module=record.module or "",
+                exception_text=exc_text or "", origin=_ORIGIN_LOGGING,
+                call_id=_call_id.get(),
+                context=(context if isinstance(context, str)
+                         else self._context),
+                extras=_extras(record), stack_info=record.stack_info or "")
         except Exception:
             pass
 

@@ -165,33 +165,41 @@ def _trace_forwarder_class(base):
                 description = item.status_description
                 events = item.events
                 self._channel.send_trace(
-                    kind, _str(item.trace_id), _str(item.span_id),
-                    "" if parent_id is None else _str(parent_id),
-                    _str(item.name), _unix_nanos(item.started_at),
-                    _unix_nanos(item.ended_at), _attributes(item.attrs),
-                    _events(events) if events else None,
-                    _SPAN_STATUS.get(item.status, 0),
-                    "" if description is None else _str(description),
-                    error_message, error_data, _call_id.get())
+                    kind=kind, trace_id=_str(item.trace_id),
+                    span_id=_str(item.span_id),
+                    parent_id="" if parent_id is None else _str(parent_id),
+                    name=_str(item.name),
+                    start_time_unix_nanos=_unix_nanos(item.started_at),
+                    end_time_unix_nanos=_unix_nanos(item.ended_at),
+                    attributes=_attributes(item.attrs),
+                    events=_events(events) if events else None,
+                    status=_SPAN_STATUS.get(item.status, 0),
+                    status_description=("" if description is None
+                                        else _str(description)),
+                    error_message=error_message, error_data=error_data,
+                    call_id=_call_id.get())
             elif kind == _SPAN_START:
                 parent_id = item.parent_id
                 self._channel.send_trace(
-                    kind, _str(item.trace_id), _str(item.span_id),
-                    "" if parent_id is None else _str(parent_id),
-                    _str(item.name), _unix_nanos(item.started_at), 0,
-                    _attributes(item.attrs), None, 0, "", "", None,
-                    _call_id.get())
+                    kind=kind, trace_id=_str(item.trace_id),
+                    span_id=_str(item.span_id),
+                    parent_id="" if parent_id is None else _str(parent_id),
+                    name=_str(item.name),
+                    start_time_unix_nanos=_unix_nanos(item.started_at),
+                    attributes=_attributes(item.attrs),
+                    call_id=_call_id.get())
             elif kind == _TRACE_START:
                 self._channel.send_trace(
-                    kind, _str(item.trace_id), "", "", _str(item.name),
-                    _unix_nanos(item.started_at), 0,
-                    _attributes(item.metadata), None, 0, "", "", None,
-                    _call_id.get())
+                    kind=kind, trace_id=_str(item.trace_id),
+                    name=_str(item.name),
+                    start_time_unix_nanos=_unix_nanos(item.started_at),
+                    attributes=_attributes(item.metadata),
+                    call_id=_call_id.get())
             else:
                 self._channel.send_trace(
-                    kind, _str(item.trace_id), "", "", "", 0,
-                    _unix_nanos(item.ended_at), None, None, 0, "", "", None,
-                    _call_id.get())
+                    kind=kind, trace_id=_str(item.trace_id),
+                    end_time_unix_nanos=_unix_nanos(item.ended_at),
+                    call_id=_call_id.get())
 
         def on_trace_start(self, trace):
             self._forward(_TRACE_START, trace)
