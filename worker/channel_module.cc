@@ -187,7 +187,8 @@ int ExecModule(PyObject* module) {
       AddInt(module, "STREAM_ACK", kStreamAck) < 0 ||
       AddInt(module, "NS_EVENT", kNamespaceEvent) < 0 ||
       AddInt(module, "SET_ENV", kSetEnv) < 0 ||
-      AddInt(module, "CHUNK_BYTES", static_cast<long>(ipc::kChunkBytes)) < 0) {
+      AddInt(module, "CHUNK_BYTES", static_cast<long>(ipc::kChunkBytes)) < 0 ||
+      AddFrameTypes(module, *ms) < 0 || AddStdioLineType(module, *ms) < 0) {
     return -1;
   }
   return 0;
@@ -199,6 +200,8 @@ int TraverseModule(PyObject* module, visitproc visit, void* arg) {
   Py_VISIT(ms->protocol_error);
   Py_VISIT(ms->channel_error);
   Py_VISIT(ms->channel_type);
+  for (PyObject* type : ms->frame_types) Py_VISIT(type);
+  Py_VISIT(ms->stdio_line_type);
   return 0;
 }
 
@@ -208,6 +211,8 @@ int ClearModule(PyObject* module) {
   Py_CLEAR(ms->protocol_error);
   Py_CLEAR(ms->channel_error);
   Py_CLEAR(ms->channel_type);
+  for (PyObject*& type : ms->frame_types) Py_CLEAR(type);
+  Py_CLEAR(ms->stdio_line_type);
   return 0;
 }
 

@@ -64,6 +64,10 @@ struct ModuleState {
   PyObject* protocol_error;
   PyObject* channel_error;
   PyObject* channel_type;
+  // The record types read_frames() returns, by FrameKind (frame_intake.h;
+  // unused kinds stay nullptr), and wait_stdio_lines()'s line type.
+  PyObject* frame_types[9];
+  PyObject* stdio_line_type;
 };
 
 inline ModuleState* StateOfChannel(PyObject* self) {

@@ -165,9 +165,12 @@ class FrameCollector {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// Reads every frame the channel has now (the peer wrote them all already).
+// Reads every frame the channel has now (the peer wrote them all already),
+// each frame record as a plain tuple of its items.
 inline std::string ReadAll() {
-  return PyEval("repr([ch.read_frames() for _ in range(4)])");
+  return PyEval(
+      "repr([None if fs is None else [tuple(f) for f in fs]"
+      " for fs in [ch.read_frames() for _ in range(4)]])");
 }
 
 inline ipc::Frame CallFrame(const std::string& id, const std::string& first,

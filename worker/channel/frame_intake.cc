@@ -3,6 +3,7 @@
 #include <errno.h>
 
 #include <cstring>
+#include <initializer_list>
 #include <new>
 #include <optional>
 #include <string>
@@ -24,10 +25,92 @@ constexpr size_t kMaxReadPerCall = 8 * 1024 * 1024;
 
 PyObject* Bytes(const std::string& s) { return BytesOf(s); }
 
+// The frame records' fields: the first is always the kind (so the driver
+// may dispatch on frame[0]), the others are named after the frame's fields.
+PyStructSequence_Field kCallFields[] = {
+    {"kind", "CALL"},
+    {"call_id", "the call's id (str, byte-exact)"},
+    {"callable", "'module::qualname' of the target"},
+    {"encoding", "1 pickle, 2 msgpack"},
+    {"data", "the arguments; None while arg_chunk frames follow (ARGS)"},
+    {"total_size", "the arguments' size in bytes"},
+    {"context", "the caller's trace context (bytes)"},
+    {"stream_window", "items the worker may send ahead of acks; 0: no stream"},
+    {nullptr, nullptr},
+};
+PyStructSequence_Field kArgsFields[] = {
+    {"kind", "ARGS"},
+    {"call_id", "the call's id"},
+    {"data", "the assembled arguments, or None (over-long or no memory)"},
+    {"received", "bytes received"},
+    {nullptr, nullptr},
+};
+PyStructSequence_Field kCancelFields[] = {
+    {"kind", "CANCEL"},
+    {"call_id", "the call's id"},
+    {nullptr, nullptr},
+};
+PyStructSequence_Field kStreamAckFields[] = {
+    {"kind", "STREAM_ACK"},
+    {"call_id", "the call's id"},
+    {"index", "items up to this one were delivered"},
+    {nullptr, nullptr},
+};
+PyStructSequence_Field kShutdownFields[] = {
+    {"kind", "SHUTDOWN"},
+    {nullptr, nullptr},
+};
+PyStructSequence_Field kNamespaceEventFields[] = {
+    {"kind", "NS_EVENT"},
+    {"namespace", "the plugin namespace, e.g. '/abridge'"},
+    {"event", "the event's name"},
+    {"data", "its msgpack payload (bytes)"},
+    {"request_id", "informational, may be empty"},
+    {"error_type", "None, or the error's type name"},
+    {"error_message", "the error's message"},
+    {"status_code", "the error's status code"},
+    {nullptr, nullptr},
+};
+PyStructSequence_Field kSetEnvFields[] = {
+    {"kind", "SET_ENV"},
+    {"entries", "the bytes b'K=V\\0K=V\\0...'"},
+    {nullptr, nullptr},
+};
+
+struct FrameTypeSpec {
+  FrameKind kind;
+  PyStructSequence_Desc desc;
+};
+FrameTypeSpec kFrameTypes[] = {
+    {kCall, {"_agentix_worker.CallFrame", "A call frame.", kCallFields, 8}},
+    {kArgs,
+     {"_agentix_worker.ArgsFrame", "A chunked call's complete arguments.",
+      kArgsFields, 4}},
+    {kCancel,
+     {"_agentix_worker.CancelFrame", "A cancel frame.", kCancelFields, 2}},
+    {kStreamAck,
+     {"_agentix_worker.StreamAckFrame", "A stream_ack frame.",
+      kStreamAckFields, 3}},
+    {kShutdown,
+     {"_agentix_worker.ShutdownFrame", "A shutdown frame.", kShutdownFields,
+      1}},
+    {kNamespaceEvent,
+     {"_agentix_worker.NamespaceEventFrame",
+      "A plugin-namespace event from a host.", kNamespaceEventFields, 8}},
+    {kSetEnv,
+     {"_agentix_worker.SetEnvFrame", "A set_env frame.", kSetEnvFields, 2}},
+};
+
+// A frame record of `kind` from new references.
+PyObject* FrameRecord(PyObject* self, FrameKind kind,
+                      std::initializer_list<PyObject*> items) {
+  return Record(StateOfChannel(self)->frame_types[kind], items);
+}
+
 // A call frame whose first piece is short of total_size starts an Upload
 // (unless one runs for that id: the driver ignores the duplicate call, and
-// the chunks keep going to the first). Its tuple then carries None for the
-// data and the arguments follow in one ARGS tuple. An Upload whose buffer
+// the chunks keep going to the first). Its record then carries None for the
+// data and the arguments follow in one ARGS record. An Upload whose buffer
 // cannot be allocated still counts the bytes, so the driver can fail the
 // call once the last one arrived.
 bool StartUpload(ChannelState& st, const ipc::Frame& f, std::string_view data) {
@@ -51,13 +134,13 @@ bool StartUpload(ChannelState& st, const ipc::Frame& f, std::string_view data) {
   return true;
 }
 
-// Copies an arg_chunk into its Upload. Returns the ARGS tuple once the last
+// Copies an arg_chunk into its Upload. Returns the ARGS record once the last
 // byte arrived, Py_None while more are due (or the chunk belongs to no
 // upload: cancelled, complete or never announced, dropped as before), NULL
 // on error. ARGS is (ARGS, call_id, data, received): data is the complete
 // bytes, or None when received != total_size (an over-long upload; the
 // driver reports the count) or the buffer could not be allocated.
-PyObject* AddChunk(ChannelState& st, const ipc::Frame& f,
+PyObject* AddChunk(PyObject* self, ChannelState& st, const ipc::Frame& f,
                    std::string_view data) {
   auto it = st.uploads.find(f.call_id);
   if (it == st.uploads.end()) Py_RETURN_NONE;
@@ -73,50 +156,57 @@ PyObject* AddChunk(ChannelState& st, const ipc::Frame& f,
   if (!fits) Py_CLEAR(buffer);
   const uint64_t received = upload.received;
   st.uploads.erase(it);
-  return Tuple({PyLong_FromLong(kArgs), Str(f.call_id),
-                buffer != nullptr ? buffer : Py_NewRef(Py_None),
-                PyLong_FromUnsignedLongLong(received)});
+  return FrameRecord(self, kArgs,
+                     {PyLong_FromLong(kArgs), Str(f.call_id),
+                      buffer != nullptr ? buffer : Py_NewRef(Py_None),
+                      PyLong_FromUnsignedLongLong(received)});
 }
 
-// The tuple for one frame from the daemon (see channel_module.h); Py_None
+// The record for one frame from the daemon (see channel_module.h); Py_None
 // for a frame Python does not see; NULL with an exception set on error.
 // `data` is the frame's payload (a view into the read buffer).
-PyObject* FrameToTuple(PyObject* self, const ipc::Frame& f,
+PyObject* FrameToRecord(PyObject* self, const ipc::Frame& f,
                        std::string_view data) {
   ChannelState& st = Channel(self);
   switch (f.type) {
     case ipc::FrameType::kCall: {
       PyObject* first =
           StartUpload(st, f, data) ? Py_NewRef(Py_None) : BytesOf(data);
-      return Tuple({PyLong_FromLong(kCall), Str(f.call_id), Str(f.callable),
-                    PyLong_FromLong(f.encoding), first,
-                    PyLong_FromUnsignedLongLong(f.total_size), Bytes(f.context),
-                    PyLong_FromUnsignedLong(f.stream_window)});
+      return FrameRecord(
+          self, kCall,
+          {PyLong_FromLong(kCall), Str(f.call_id), Str(f.callable),
+           PyLong_FromLong(f.encoding), first,
+           PyLong_FromUnsignedLongLong(f.total_size), Bytes(f.context),
+           PyLong_FromUnsignedLong(f.stream_window)});
     }
     case ipc::FrameType::kArgChunk:
-      return AddChunk(st, f, data);
+      return AddChunk(self, st, f, data);
     case ipc::FrameType::kCancel: {
       auto it = st.uploads.find(f.call_id);
       if (it != st.uploads.end()) {
         Py_XDECREF(it->second.buffer);
         st.uploads.erase(it);
       }
-      return Tuple({PyLong_FromLong(kCancel), Str(f.call_id)});
+      return FrameRecord(self, kCancel,
+                         {PyLong_FromLong(kCancel), Str(f.call_id)});
     }
     case ipc::FrameType::kStreamAck:
-      return Tuple({PyLong_FromLong(kStreamAck), Str(f.call_id),
-                    PyLong_FromUnsignedLongLong(f.index)});
+      return FrameRecord(self, kStreamAck,
+                         {PyLong_FromLong(kStreamAck), Str(f.call_id),
+                          PyLong_FromUnsignedLongLong(f.index)});
     case ipc::FrameType::kShutdown:
-      return Tuple({PyLong_FromLong(kShutdown)});
+      return FrameRecord(self, kShutdown, {PyLong_FromLong(kShutdown)});
     case ipc::FrameType::kSetEnv:
-      return Tuple({PyLong_FromLong(kSetEnv), BytesOf(data)});
+      return FrameRecord(self, kSetEnv,
+                         {PyLong_FromLong(kSetEnv), BytesOf(data)});
     case ipc::FrameType::kNamespaceEvent: {
       PyObject* error_type = f.ns.has_error ? Str(f.ns.error_type)
                                             : Py_NewRef(Py_None);
-      return Tuple({PyLong_FromLong(kNamespaceEvent), Str(f.ns.name),
-                    Str(f.ns.event), BytesOf(data), Str(f.ns.request_id),
-                    error_type, Str(f.ns.error_message),
-                    PyLong_FromLong(f.ns.status_code)});
+      return FrameRecord(
+          self, kNamespaceEvent,
+          {PyLong_FromLong(kNamespaceEvent), Str(f.ns.name), Str(f.ns.event),
+           BytesOf(data), Str(f.ns.request_id), error_type,
+           Str(f.ns.error_message), PyLong_FromLong(f.ns.status_code)});
     }
     default:
       break;
@@ -164,6 +254,15 @@ PyObject* Desynchronised(ChannelState& st, ModuleState* ms,
 
 }  // namespace
 
+int AddFrameTypes(PyObject* module, ModuleState& state) {
+  for (FrameTypeSpec& spec : kFrameTypes) {
+    if (AddRecordType(module, &spec.desc, &state.frame_types[spec.kind]) < 0) {
+      return -1;
+    }
+  }
+  return 0;
+}
+
 PyObject* ChannelReadFrames(PyObject* self, PyObject* /*unused*/) {
   if (!Enter(self)) return nullptr;
   ChannelState& st = Channel(self);
@@ -197,20 +296,20 @@ PyObject* ChannelReadFrames(PyObject* self, PyObject* /*unused*/) {
         }
         data = *piece;
       }
-      PyObject* tuple = FrameToTuple(self, frame, data);
+      PyObject* record = FrameToRecord(self, frame, data);
       // The payload has been copied out (or dropped): the daemon may reuse
       // its space.
       if (frame.in_ring) st.payloads->Release(frame.ring_pos + frame.ring_size);
-      if (tuple == Py_None) {
-        Py_DECREF(tuple);
+      if (record == Py_None) {
+        Py_DECREF(record);
         continue;
       }
-      if (tuple == nullptr || PyList_Append(list, tuple) != 0) {
-        Py_XDECREF(tuple);
+      if (record == nullptr || PyList_Append(list, record) != 0) {
+        Py_XDECREF(record);
         Py_DECREF(list);
         return nullptr;
       }
-      Py_DECREF(tuple);
+      Py_DECREF(record);
     }
     if (PyList_GET_SIZE(list) == 0 && st.eof) {
       // A partial frame left at EOF is dropped with the stream.

@@ -22,8 +22,16 @@ enum FrameKind : int {
   kSetEnv = 8,
 };
 
-// read_frames(): everything readable now, decoded, as a list of tuples (see
-// channel_module.h); None at end of stream; ProtocolError on a bad frame (the
+struct ModuleState;
+
+// Creates the named frame types (CallFrame, ArgsFrame, CancelFrame,
+// StreamAckFrame, ShutdownFrame, NamespaceEventFrame, SetEnvFrame: each a
+// tuple whose first item is its kind, its items also attributes) and adds
+// them to `module`. -1 with an error set.
+int AddFrameTypes(PyObject* module, ModuleState& state);
+
+// read_frames(): everything readable now, decoded, as a list of frame
+// records (see channel_module.h); None at end of stream; ProtocolError on a bad frame (the
 // channel is then dead) or OSError.
 PyObject* ChannelReadFrames(PyObject* self, PyObject* unused);
 

@@ -60,6 +60,46 @@ TEST_CASE("read_frames decodes every daemon frame", "[channel]") {
   REQUIRE(PyEval("frames[3] == (w.STREAM_ACK, 'c1', 5000000000)") == "True");
   REQUIRE(PyEval("frames[4] == (w.SHUTDOWN,)") == "True");
   REQUIRE(PyEval("ch.read_frames()") == "[]");
+  // Each is a named record of its kind: the same items by name.
+  REQUIRE(PyEval("[type(f).__name__ for f in frames]") ==
+          "['CallFrame', 'ArgsFrame', 'CancelFrame', 'StreamAckFrame', "
+          "'ShutdownFrame']");
+  REQUIRE(PyEval("(frames[0].kind, frames[0].call_id, frames[0].callable, "
+                 "frames[0].encoding, frames[0].data, frames[0].total_size, "
+                 "frames[0].context, frames[0].stream_window)") ==
+          "(1, 'c1', 'math::factorial', 1, None, 7, b'ctx', 16)");
+  REQUIRE(PyEval("(frames[1].call_id, frames[1].data, frames[1].received)") ==
+          "('c1', b'\\x80\\x05\\x00rest', 7)");
+  REQUIRE(PyEval("frames[2].call_id") == "c1");
+  REQUIRE(PyEval("(frames[3].call_id, frames[3].index)") ==
+          "('c1', 5000000000)");
+  REQUIRE(PyEval("frames[4].kind == w.SHUTDOWN") == "True");
+  ipc::Frame event;
+  event.type = ipc::FrameType::kNamespaceEvent;
+  event.ns.name = "/plugin";
+  event.ns.event = "ask";
+  event.ns.request_id = "r1";
+  event.ns.has_error = true;
+  event.ns.error_type = "KeyError";
+  event.ns.error_message = "k";
+  event.ns.status_code = 404;
+  event.data = "\x81";
+  pair.Send(event);
+  ipc::Frame env;
+  env.type = ipc::FrameType::kSetEnv;
+  env.data = std::string("A=1\0B=2\0", 8);
+  pair.Send(env);
+  Py("frames = ch.read_frames()\n");
+  REQUIRE(PyEval("[type(f).__name__ for f in frames]") ==
+          "['NamespaceEventFrame', 'SetEnvFrame']");
+  REQUIRE(PyEval("tuple(frames[0]) == (w.NS_EVENT, '/plugin', 'ask', "
+                 "b'\\x81', 'r1', 'KeyError', 'k', 404)") == "True");
+  REQUIRE(PyEval("(frames[0].namespace, frames[0].event, frames[0].data, "
+                 "frames[0].request_id, frames[0].error_type, "
+                 "frames[0].error_message, frames[0].status_code)") ==
+          "('/plugin', 'ask', b'\\x81', 'r1', 'KeyError', 'k', 404)");
+  REQUIRE(PyEval("(frames[1].kind, frames[1].entries)") ==
+          "(8, b'A=1\\x00B=2\\x00')");
 
   // A frame split across reads is held until complete.
   std::string bytes;

@@ -1,5 +1,7 @@
 #include "worker/channel/py_args.h"
 
+#include <cstring>
+
 namespace agentix::worker {
 
 PyObject* Str(const std::string& s) {
@@ -75,6 +77,32 @@ PyObject* Tuple(std::initializer_list<PyObject*> items) {
     }
   }
   return tuple;
+}
+
+PyObject* Record(PyObject* type, std::initializer_list<PyObject*> items) {
+  bool ok = true;
+  for (PyObject* item : items) ok = ok && item != nullptr;
+  PyObject* record =
+      ok ? PyStructSequence_New(reinterpret_cast<PyTypeObject*>(type))
+         : nullptr;
+  Py_ssize_t i = 0;
+  for (PyObject* item : items) {
+    if (record != nullptr) {
+      PyStructSequence_SET_ITEM(record, i++, item);  // steals
+    } else {
+      Py_XDECREF(item);
+    }
+  }
+  return record;
+}
+
+int AddRecordType(PyObject* module, PyStructSequence_Desc* desc,
+                  PyObject** type) {
+  *type = reinterpret_cast<PyObject*>(PyStructSequence_NewType(desc));
+  if (*type == nullptr) return -1;
+  const char* dot = std::strrchr(desc->name, '.');
+  return PyModule_AddObjectRef(module, dot != nullptr ? dot + 1 : desc->name,
+                               *type);
 }
 
 void SetError(PyObject* type, const absl::Status& status) {

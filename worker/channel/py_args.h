@@ -36,6 +36,15 @@ bool OptionalBuffer(PyObject* object, std::string& out);
 // returns nullptr (the error is already set).
 PyObject* Tuple(std::initializer_list<PyObject*> items);
 
+// A named record (a PyStructSequence: a tuple whose items are also
+// attributes) of `type`, from new references; like Tuple on failure.
+PyObject* Record(PyObject* type, std::initializer_list<PyObject*> items);
+
+// Creates the record type `desc` describes, adds it to `module` under its
+// short name and stores a new reference in `*type`. -1 with an error set.
+int AddRecordType(PyObject* module, PyStructSequence_Desc* desc,
+                  PyObject** type);
+
 // Sets the Python error for a failed status from a C++ helper (MemoryError
 // for the "out of memory" WithoutGil reports).
 void SetError(PyObject* type, const absl::Status& status);

@@ -11,6 +11,23 @@
 #include "worker/channel/py_args.h"
 
 namespace agentix::worker {
+namespace {
+
+PyStructSequence_Field kStdioLineFields[] = {
+    {"origin", "2 stdout, 3 stderr"},
+    {"time_unix_nanos", "when the line was read"},
+    {"text", "the line, without its newline"},
+    {nullptr, nullptr},
+};
+PyStructSequence_Desc kStdioLineDesc = {
+    "_agentix_worker.StdioLine", "One captured line for the durable log.",
+    kStdioLineFields, 3};
+
+}  // namespace
+
+int AddStdioLineType(PyObject* module, ModuleState& state) {
+  return AddRecordType(module, &kStdioLineDesc, &state.stdio_line_type);
+}
 
 PyObject* ChannelStartCapture(PyObject* self, PyObject* const* args,
                               Py_ssize_t nargs) {
@@ -98,17 +115,18 @@ PyObject* ChannelWaitStdioLines(PyObject* self, PyObject* /*unused*/) {
   if (list == nullptr) return nullptr;
   Py_ssize_t i = 0;
   for (const StdioLine& line : lines) {
-    PyObject* tuple =
-        Tuple({PyLong_FromLong(line.origin),
-               PyLong_FromLongLong(line.time_unix_nanos),
-               PyUnicode_DecodeUTF8(line.text.data(),
-                                    static_cast<Py_ssize_t>(line.text.size()),
-                                    "replace")});
-    if (tuple == nullptr) {
+    PyObject* record =
+        Record(StateOfChannel(self)->stdio_line_type,
+               {PyLong_FromLong(line.origin),
+                PyLong_FromLongLong(line.time_unix_nanos),
+                PyUnicode_DecodeUTF8(line.text.data(),
+                                     static_cast<Py_ssize_t>(line.text.size()),
+                                     "replace")});
+    if (record == nullptr) {
       Py_DECREF(list);
       return nullptr;
     }
-    PyList_SET_ITEM(list, i++, tuple);
+    PyList_SET_ITEM(list, i++, record);
   }
   return list;
 }

@@ -7,6 +7,12 @@
 
 namespace agentix::worker {
 
+struct ModuleState;
+
+// Creates the StdioLine record type (origin, time_unix_nanos, text) and adds
+// it to `module`. -1 with an error set.
+int AddStdioLineType(PyObject* module, ModuleState& state);
+
 // start_capture(worker_id, context)
 PyObject* ChannelStartCapture(PyObject* self, PyObject* const* args,
                               Py_ssize_t nargs);
@@ -18,8 +24,8 @@ PyObject* ChannelSendStdio(PyObject* self, PyObject* const* args,
                            Py_ssize_t nargs);
 // set_durable(enabled)
 PyObject* ChannelSetDurable(PyObject* self, PyObject* arg);
-// wait_stdio_lines(): a list of (origin, time_unix_nanos, text), None once
-// capture ended or the durable log was disabled.
+// wait_stdio_lines(): a list of StdioLine records, None once capture ended or
+// the durable log was disabled.
 PyObject* ChannelWaitStdioLines(PyObject* self, PyObject* unused);
 
 }  // namespace agentix::worker

@@ -220,10 +220,11 @@ def _pump_durable(channel, handler, context):
         lines = channel.wait_stdio_lines()
         if lines is None or handler.detached:
             return
-        for origin, time_ns, text in lines:
+        for line in lines:  # StdioLine records
             try:
-                record = logging.LogRecord(names[origin], logging.INFO, "", 0,
-                                           text, None, None)
+                time_ns = line.time_unix_nanos
+                record = logging.LogRecord(names[line.origin], logging.INFO,
+                                           "", 0, line.text, None, None)
                 record.created = time_ns / 1e9
                 record.msecs = (time_ns // 1000000) % 1000
                 record.module = "stdio"

@@ -86,19 +86,21 @@ class _Worker:
         self._in_batch = True
         try:
             for frame in frames:
-                kind = frame[0]
+                # Records of _agentix_worker (CallFrame, ArgsFrame, ...).
+                kind = frame.kind
                 if kind == _w.CALL:
-                    self._on_call(*frame[1:])
+                    self._on_call(frame)
                 elif kind == _w.ARGS:
-                    self._on_args(frame[1], frame[2], frame[3])
+                    self._on_args(frame.call_id, frame.data, frame.received)
                 elif kind == _w.STREAM_ACK:
-                    self._on_stream_ack(frame[1], frame[2])
+                    self._on_stream_ack(frame.call_id, frame.index)
                 elif kind == _w.CANCEL:
-                    self._on_cancel(frame[1])
+                    self._on_cancel(frame.call_id)
                 elif kind == _w.NS_EVENT:
-                    _deliver_namespace_event(frame[1], frame[2], frame[3])
+                    _deliver_namespace_event(frame.namespace, frame.event,
+                                             frame.data)
                 elif kind == _w.SET_ENV:
-                    self._channel.send_env_set(_apply_env(frame[1]))
+                    self._channel.send_env_set(_apply_env(frame.entries))
                 else:
                     _log(_DEBUG, "shutdown requested")
                     self.stop(EXIT_OK, notify=True)
@@ -152,14 +154,17 @@ class _Worker:
 
     # ---- frames ------------------------------------------------------------
 
-    def _on_call(self, call_id, reference, encoding, data, total_size,
-                 context, stream_window):
+    def _on_call(self, frame):
+        """A CallFrame: starts the call, or waits for its arguments when
+        frame.data is None (ARGS follows)."""
+        call_id = frame.call_id
         if call_id in self._calls:
             _log(_WARNING, f"ignoring a second call frame for {call_id!r}")
             return
-        call = _Call(call_id, reference, encoding, total_size, context,
-                     stream_window)
+        call = _Call(call_id, frame.callable, frame.encoding, frame.total_size,
+                     frame.context, frame.stream_window)
         self._calls[call_id] = call
+        data = frame.data
         if data is None:
             call.receiving = True  # the rest comes in chunks
         else:
