@@ -63,37 +63,44 @@ bool OptionalBuffer(PyObject* object, std::string& out) {
   return true;
 }
 
-PyObject* Tuple(std::initializer_list<PyObject*> items) {
-  bool ok = true;
-  for (PyObject* item : items) ok = ok && item != nullptr;
-  PyObject* tuple = ok ? PyTuple_New(static_cast<Py_ssize_t>(items.size()))
-                       : nullptr;
+namespace {
+
+bool AllSet(std::initializer_list<PyObject*> items) {
+  for (PyObject* item : items) {
+    if (item == nullptr) return false;
+  }
+  return true;
+}
+
+// Moves `items` into the fresh tuple (or struct sequence) `container`; if it
+// is nullptr, releases them instead.
+PyObject* Fill(PyObject* container, std::initializer_list<PyObject*> items) {
   Py_ssize_t i = 0;
   for (PyObject* item : items) {
-    if (tuple != nullptr) {
-      PyTuple_SET_ITEM(tuple, i++, item);  // steals
+    if (container != nullptr) {
+      PyTuple_SET_ITEM(container, i++, item);  // steals
     } else {
       Py_XDECREF(item);
     }
   }
-  return tuple;
+  return container;
+}
+
+}  // namespace
+
+PyObject* Tuple(std::initializer_list<PyObject*> items) {
+  return Fill(AllSet(items) ? PyTuple_New(static_cast<Py_ssize_t>(items.size()))
+                            : nullptr,
+              items);
 }
 
 PyObject* Record(PyObject* type, std::initializer_list<PyObject*> items) {
-  bool ok = true;
-  for (PyObject* item : items) ok = ok && item != nullptr;
-  PyObject* record =
-      ok ? PyStructSequence_New(reinterpret_cast<PyTypeObject*>(type))
-         : nullptr;
-  Py_ssize_t i = 0;
-  for (PyObject* item : items) {
-    if (record != nullptr) {
-      PyStructSequence_SET_ITEM(record, i++, item);  // steals
-    } else {
-      Py_XDECREF(item);
-    }
-  }
-  return record;
+  // A struct sequence is a tuple underneath (PyStructSequence_SET_ITEM is
+  // PyTuple_SET_ITEM).
+  return Fill(AllSet(items) ? PyStructSequence_New(
+                                  reinterpret_cast<PyTypeObject*>(type))
+                            : nullptr,
+              items);
 }
 
 int AddRecordType(PyObject* module, PyStructSequence_Desc* desc,

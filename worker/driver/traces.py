@@ -155,30 +155,22 @@ def _trace_forwarder_class(base):
 
         def _send(self, kind, item):
             # Span events first: they are most of the traffic.
-            if kind == _SPAN_END:
-                parent_id = item.parent_id
-                error = item.error
+            if kind == _SPAN_END or kind == _SPAN_START:
+                end_ns, events, status, description = 0, None, 0, ""
                 error_message, error_data = "", None
-                if error is not None:
-                    error_message = _text(getattr(error, "message", error))
-                    error_data = _attributes(getattr(error, "data", None))
-                description = item.status_description
-                events = item.events
-                self._channel.send_trace(
-                    kind=kind, trace_id=_str(item.trace_id),
-                    span_id=_str(item.span_id),
-                    parent_id="" if parent_id is None else _str(parent_id),
-                    name=_str(item.name),
-                    start_time_unix_nanos=_unix_nanos(item.started_at),
-                    end_time_unix_nanos=_unix_nanos(item.ended_at),
-                    attributes=_attributes(item.attrs),
-                    events=_events(events) if events else None,
-                    status=_SPAN_STATUS.get(item.status, 0),
-                    status_description=("" if description is None
-                                        else _str(description)),
-                    error_message=error_message, error_data=error_data,
-                    call_id=_call_id.get())
-            elif kind == _SPAN_START:
+                if kind == _SPAN_END:
+                    end_ns = _unix_nanos(item.ended_at)
+                    events = item.events
+                    events = _events(events) if events else None
+                    status = _SPAN_STATUS.get(item.status, 0)
+                    description = item.status_description
+                    description = ("" if description is None
+                                   else _str(description))
+                    error = item.error
+                    if error is not None:
+                        error_message = _text(
+                            getattr(error, "message", error))
+                        error_data = _attributes(getattr(error, "data", None))
                 parent_id = item.parent_id
                 self._channel.send_trace(
                     kind=kind, trace_id=_str(item.trace_id),
@@ -186,7 +178,10 @@ def _trace_forwarder_class(base):
                     parent_id="" if parent_id is None else _str(parent_id),
                     name=_str(item.name),
                     start_time_unix_nanos=_unix_nanos(item.started_at),
-                    attributes=_attributes(item.attrs),
+                    end_time_unix_nanos=end_ns,
+                    attributes=_attributes(item.attrs), events=events,
+                    status=status, status_description=description,
+                    error_message=error_message, error_data=error_data,
                     call_id=_call_id.get())
             elif kind == _TRACE_START:
                 self._channel.send_trace(
