@@ -412,6 +412,18 @@ class _Worker:
         else:
             self._finish(call, False, _not_iterable(call, value))
 
+    def _send_item(self, call, index, data):
+        """Queues stream item `index`. None once queued; the stream's failure
+        (False, error) for an item over the frame limit; the ChannelError if
+        the channel failed (the caller reports it on the loop)."""
+        try:
+            self._channel.send_item(call.call_id, index, call.encoding, data)
+        except (ValueError, MemoryError) as exc:
+            return False, _item_too_large(index, exc)
+        except _w.ChannelError as exc:
+            return exc
+        return None
+
     async def _produce_async(self, call, iterable):
         """Loop task: sends the items of an async iterable, then the
         terminal frame; closes the iterator if it stops before the iterator
@@ -439,15 +451,12 @@ class _Worker:
                 if not ok:
                     outcome = False, data
                     break
-                try:
-                    self._channel.send_item(call.call_id, index, call.encoding,
-                                            data)
-                except (ValueError, MemoryError) as exc:
-                    outcome = False, _item_too_large(index, exc)
-                    break
-                except _w.ChannelError as exc:
-                    self._channel_failed(exc)
-                    outcome = None
+                failure = self._send_item(call, index, data)
+                if failure is not None:
+                    if isinstance(failure, _w.ChannelError):
+                        self._channel_failed(failure)
+                        failure = None
+                    outcome = failure
                     break
                 self._queued()
                 index += 1
@@ -506,14 +515,12 @@ class _Worker:
             with stream.cond:
                 if stream.closed:
                     break
-                try:
-                    self._channel.send_item(call.call_id, index, call.encoding,
-                                            data)
-                except (ValueError, MemoryError) as exc:
-                    outcome = False, _item_too_large(index, exc)
+                failure = self._send_item(call, index, data)
+                if isinstance(failure, _w.ChannelError):
+                    self._call_on_loop(self._channel_failed, failure)
                     break
-                except _w.ChannelError as exc:
-                    self._call_on_loop(self._channel_failed, exc)
+                if failure is not None:
+                    outcome = failure
                     break
             try:
                 self._channel.flush()
