@@ -7,7 +7,7 @@
 //                               (worker/ipc/payload_area.h) and closes the
 //                               fd; OSError if it is not one
 //     .read_frames()            everything readable now, decoded, as a list of
-//                               tuples (see below); None at end of stream;
+//                               frame records (see below); None at end of stream;
 //                               raises ProtocolError on a bad frame (the
 //                               channel is then dead) or OSError
 //     .send_ready(pid, detail)
@@ -30,17 +30,20 @@
 //                               exception's pickled (args, members, dict),
 //                               bytes or None; dropped beyond
 //                               ipc::kMaxExceptionStateBytes
-//     .send_log(logger, level, level_name, message, time_unix_nanos, file,
-//               line, function, module, exception_text, origin, call_id,
-//               context, extras)   one `log` frame (extras: msgpack bytes
-//                               or None); see "Logs" below
-//     .send_trace(kind, trace_id, span_id, parent_id, name,
+//     .send_log(*, logger, level, level_name, message, time_unix_nanos,
+//               file, line, function, module, exception_text, origin,
+//               call_id, context, extras, stack_info)   one `log` frame
+//                               (extras: msgpack bytes or None); keyword
+//                               arguments only, each optional (the table
+//                               in channel/side_channels.cc); see "Logs"
+//     .send_trace(*, kind, trace_id, span_id, parent_id, name,
 //                 start_time_unix_nanos, end_time_unix_nanos, attributes,
 //                 events, status, status_description, error_message,
 //                 error_data, call_id)   one `trace` frame (attributes,
-//                               events, error_data: msgpack bytes or None);
-//                               queued and sent like a log frame, so it is
-//                               ordered with the records around it
+//                               events, error_data: msgpack bytes or None),
+//                               keyword arguments only; queued and sent like
+//                               a log frame, so it is ordered with the
+//                               records around it
 //     .send_stdio(origin, text, call_id)   one stdout (2) / stderr (3) line
 //                               as a `log` frame (and to the durable log)
 //     .start_capture(worker_id, context)   fd 0 -> /dev/null, fds 1/2 ->
@@ -50,18 +53,22 @@
 //                               waits (bounded) for the drainers and for the
 //                               queued log frames to be written
 //     .set_durable(enabled) / .wait_stdio_lines()   captured lines for the
-//                               durable log thread: a list of (origin,
-//                               time_unix_nanos, text), None once capture
-//                               ended or the durable log was disabled
+//                               durable log thread: a list of StdioLine
+//                               records (origin, time_unix_nanos, text),
+//                               None once capture ended or the durable log
+//                               was disabled
 //     .flush()                  writes what the send_* calls queued
 //     .pending_bytes()          queued, unwritten bytes
 //     .fileno()
-//   read_frames tuples: (CALL, call_id, callable, encoding, data, total_size,
-//     context, stream_window), (ARGS, call_id, data, received),
-//     (CANCEL, call_id), (STREAM_ACK, call_id, index), (SHUTDOWN,),
-//     (NS_EVENT, namespace, event, data, request_id, error_type,
-//     error_message, status_code), (SET_ENV, entries) with entries the
-//     bytes b"K=V\0K=V\0..." (answered with .send_env_set(detail)).
+//   read_frames records (PyStructSequence: tuples whose items are also
+//     attributes, the first always `kind`): CallFrame(kind=CALL, call_id,
+//     callable, encoding, data, total_size, context, stream_window),
+//     ArgsFrame(kind=ARGS, call_id, data, received), CancelFrame(kind,
+//     call_id), StreamAckFrame(kind, call_id, index), ShutdownFrame(kind),
+//     NamespaceEventFrame(kind=NS_EVENT, namespace, event, data, request_id,
+//     error_type, error_message, status_code), SetEnvFrame(kind=SET_ENV,
+//     entries) with entries the bytes b"K=V\0K=V\0..." (answered with
+//     .send_env_set(detail)).
 //     A call whose first piece is short of total_size has data None: the
 //     channel assembles its arg_chunk frames into one bytes object of
 //     total_size (allocated once, each chunk copied in straight from the
@@ -71,8 +78,11 @@
 //   msgpack_loads(buffer) / msgpack_dumps(obj)   see msgpack_convert.h
 //   log(severity, message)      0 debug .. 3 error, to stderr via //base:log
 //   set_thread_name(name)       names the calling OS thread (<= 15 bytes)
-//   ProtocolError, ChannelError (write failures), CHUNK_BYTES and the frame
-//   kind constants.
+//   ProtocolError, ChannelError (write failures), CHUNK_BYTES, the frame
+//   kind constants and the record types.
+//
+// The code behind each entry point lives with its concept under
+// worker/channel/ (see worker/README.md); channel_module.cc is the table.
 //
 // Sends are queued and written in one syscall by flush() (or as soon as the
 // queue passes 256 KiB), so results finishing in one event-loop iteration

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <string>
 #include <thread>
 
 #include "absl/strings/cord.h"
@@ -24,7 +25,36 @@ namespace agentix::worker {
 namespace {
 
 constexpr char kDriverModule[] = "_agentix_driver";
-constexpr char kDriverFilename[] = "<agentix-worker driver.py>";
+
+// Installs a meta-path importer that serves `_agentix_driver` and its modules
+// from `files` (module name -> (filename, source)), the sources compiled into
+// the binary, so they import each other as any package's modules do.
+constexpr char kDriverBootstrap[] = R"PY(
+import sys
+from importlib.machinery import ModuleSpec
+
+
+class _DriverImporter:
+    def __init__(self, files):
+        self._files = files
+
+    def find_spec(self, fullname, path=None, target=None):
+        entry = self._files.get(fullname)
+        if entry is None:
+            return None
+        return ModuleSpec(fullname, self, origin=entry[0],
+                          is_package="." not in fullname)
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        filename, source = self._files[module.__spec__.name]
+        exec(compile(source, filename, "exec"), module.__dict__)
+
+
+sys.meta_path.insert(0, _DriverImporter(files))
+)PY";
 
 // Tells the daemon why the worker cannot start. Best effort: with no daemon
 // listening there is nobody to tell, so a failed write is only logged.
@@ -59,16 +89,43 @@ absl::Status BootErrorFromPython(absl::string_view what) {
   return status;
 }
 
-// Compiles the embedded driver source and imports it as a module.
-// Returns a new reference or nullptr with a Python error set.
+// Imports the embedded driver package (worker/driver/). Returns a new
+// reference or nullptr with a Python error set.
 PyObject* LoadDriver() {
-  PyObject* code = Py_CompileStringExFlags(kDriverSource, kDriverFilename,
-                                           Py_file_input, nullptr, -1);
-  if (code == nullptr) return nullptr;
-  PyObject* module =
-      PyImport_ExecCodeModuleEx(kDriverModule, code, kDriverFilename);
-  Py_DECREF(code);
-  return module;
+  PyObject* files = PyDict_New();
+  if (files == nullptr) return nullptr;
+  for (const DriverFile& file : kDriverFiles) {
+    const std::string name = file.name;
+    const std::string stem = name.substr(0, name.size() - 3);  // ".py"
+    const std::string module = stem == "__init__"
+                                   ? std::string(kDriverModule)
+                                   : absl::StrCat(kDriverModule, ".", stem);
+    const std::string filename =
+        absl::StrCat("<agentix-worker driver/", name, ">");
+    PyObject* entry = Py_BuildValue("(ss)", filename.c_str(), file.source);
+    if (entry == nullptr ||
+        PyDict_SetItemString(files, module.c_str(), entry) != 0) {
+      Py_XDECREF(entry);
+      Py_DECREF(files);
+      return nullptr;
+    }
+    Py_DECREF(entry);
+  }
+  PyObject* globals = PyDict_New();
+  if (globals == nullptr ||
+      PyDict_SetItemString(globals, "__builtins__", PyEval_GetBuiltins()) != 0 ||
+      PyDict_SetItemString(globals, "files", files) != 0) {
+    Py_XDECREF(globals);
+    Py_DECREF(files);
+    return nullptr;
+  }
+  Py_DECREF(files);
+  PyObject* done =
+      PyRun_String(kDriverBootstrap, Py_file_input, globals, globals);
+  Py_DECREF(globals);
+  if (done == nullptr) return nullptr;
+  Py_DECREF(done);
+  return PyImport_ImportModule(kDriverModule);
 }
 
 // Calls driver.main(fd, worker_id, payload_fd) and interprets its (code,

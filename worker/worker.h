@@ -1,5 +1,6 @@
 // The agentix worker process: boots the embedded interpreter, loads the
-// driver (driver.py, compiled into the binary) and serves the daemon's calls
+// driver (the worker/driver/ package, compiled into the binary) and serves
+// the daemon's calls
 // over the frame channel until shutdown or end of stream.
 //
 // Start-up failures are reported to the daemon as a `boot_error` frame
@@ -13,7 +14,7 @@
 
 namespace agentix::worker {
 
-// Process exit codes. Mirrored as EXIT_* in driver.py.
+// Process exit codes. Mirrored as EXIT_* in driver/common.py.
 inline constexpr int kExitOk = 0;             // shutdown frame or EOF
 inline constexpr int kExitBootError = 3;      // interpreter/driver start-up failed
 inline constexpr int kExitProtocolError = 4;  // bad frame: channel desynchronised

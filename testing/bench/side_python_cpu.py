@@ -1,6 +1,7 @@
 """The Python part of the worker's cost per log record and per span, A/B.
 
-Loads worker/driver.py into a plain /usr/bin/python3 with a stand-in for the
+Loads the worker's driver (the worker/driver/ package, or an older
+single-file driver.py) into a plain /usr/bin/python3 with a stand-in for the
 C module `_agentix_worker` (its channel calls do nothing), installs the log
 bridge and the durable log on the root logger and the trace forwarder as the
 only processor, and times `log_burst` / `span_burst`-like loops on one thread
@@ -10,7 +11,7 @@ fresh process, in alternating order:
 
     /usr/bin/python3 testing/bench/side_python_cpu.py \\
         --driver /tmp/before/driver.py --agentix /tmp/before/site \\
-        --driver worker/driver.py --agentix host/python [--rounds 5]
+        --driver worker/driver --agentix host/python [--rounds 5]
 
 (`git show <commit>:worker/driver.py` gives an older driver; --agentix is the
 directory holding that version's `agentix` package.)
@@ -33,12 +34,23 @@ stand_in.msgpack_dumps = marshal.dumps  # C, like the real encoder
 stand_in.log = lambda *args: None
 sys.modules["_agentix_worker"] = stand_in
 driver = types.ModuleType("driver")
-exec(compile(open(driver_path).read(), "driver.py", "exec"), driver.__dict__)
+if os.path.isdir(driver_path):
+    # The worker/driver/ package: imported as the worker does, its modules'
+    # names gathered into one namespace.
+    import importlib, pkgutil
+    sys.path.insert(0, os.path.dirname(os.path.abspath(driver_path)))
+    package = importlib.import_module(os.path.basename(driver_path.rstrip("/")))
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(package.__name__ + "." + info.name)
+        driver.__dict__.update(vars(module))
+else:
+    exec(compile(open(driver_path).read(), "driver.py", "exec"),
+         driver.__dict__)
 
 
 class Channel:
-    def send_log(self, *args): pass
-    def send_trace(self, *args): pass
+    def send_log(self, **fields): pass
+    def send_trace(self, **fields): pass
     def set_durable(self, *args): pass
     def send_stdio(self, *args): pass
 

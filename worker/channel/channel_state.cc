@@ -1,0 +1,158 @@
+#include "worker/channel/channel_state.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <new>
+#include <utility>
+
+#include "worker/channel/log_sender.h"
+#include "worker/channel/py_args.h"
+
+namespace agentix::worker {
+
+ChannelState::~ChannelState() {
+  for (auto& [id, upload] : uploads) Py_XDECREF(upload.buffer);
+}
+
+bool Enter(PyObject* self) {
+  WaitIdle(*Channel(self).writer);
+  return true;
+}
+
+bool Flush(PyObject* self) {
+  ChannelState& st = Channel(self);
+  if (st.out.empty()) return true;
+  Writer& w = *st.writer;
+  AcquireWrite(w);
+  absl::Status status =
+      WithoutGil([&w, &st] { return WriteQueued(w, st.out); });
+  Leave(w);
+  if (!status.ok()) {
+    SetError(StateOfChannel(self)->channel_error, status);
+    return false;
+  }
+  return true;
+}
+
+bool Queue(PyObject* self, const ipc::Frame& frame) {
+  ChannelState& st = Channel(self);
+  absl::Status status;
+  try {
+    status = ipc::AppendFrame(frame, st.out);
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+    return false;
+  }
+  if (!status.ok()) {
+    SetError(StateOfChannel(self)->channel_error, status);
+    return false;
+  }
+  return st.out.size() < kFlushThreshold || Flush(self);
+}
+
+PyObject* ChannelNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  static const char* kKeywords[] = {"fd", "payload_fd", nullptr};
+  int fd = -1;
+  int payload_fd = -1;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|i:Channel",
+                                   const_cast<char**>(kKeywords), &fd,
+                                   &payload_fd)) {
+    return nullptr;
+  }
+  std::unique_ptr<ipc::PayloadArea> payloads;
+  if (payload_fd >= 0) {
+    // Mapped, then closed: the mapping is all we use, and the fd must not
+    // leak into processes user code starts.
+    auto area = ipc::PayloadArea::Map(payload_fd);
+    if (!area.ok()) {
+      PyErr_SetString(PyExc_OSError,
+                      std::string(area.status().message()).c_str());
+      return nullptr;
+    }
+    ::close(payload_fd);
+    payloads = std::move(*area);
+  }
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    return PyErr_SetFromErrno(PyExc_OSError);
+  }
+  PyObject* self = type->tp_alloc(type, 0);
+  if (self == nullptr) return nullptr;
+  auto* state = new (std::nothrow) ChannelState;
+  if (state == nullptr) {
+    Py_DECREF(self);
+    return PyErr_NoMemory();
+  }
+  try {
+    state->writer = std::make_shared<Writer>();
+    state->durable = std::make_shared<DurableLog>();
+    state->capture =
+        std::make_unique<StdioCapture>(state->writer, state->durable);
+  } catch (const std::bad_alloc&) {
+    delete state;
+    Py_DECREF(self);
+    return PyErr_NoMemory();
+  }
+  state->writer->fd = fd;
+  state->fd = fd;
+  state->payloads = std::move(payloads);
+  reinterpret_cast<ChannelObject*>(self)->state = state;
+  return self;
+}
+
+void ChannelDealloc(PyObject* self) {
+  PyTypeObject* type = Py_TYPE(self);
+  ChannelState* state = reinterpret_cast<ChannelObject*>(self)->state;
+  // The drainers and the sender use the channel's fd: they end (or are
+  // abandoned, still owning what they use) before the owner may close it.
+  Py_BEGIN_ALLOW_THREADS
+  if (state->capture != nullptr) state->capture->Stop(1000);
+  if (state->writer != nullptr) StopSender(state->writer, 1000);
+  Py_END_ALLOW_THREADS
+  delete state;
+  type->tp_free(self);
+  Py_DECREF(type);  // heap types are owned by their instances
+}
+
+PyObject* ChannelSendReady(PyObject* self, PyObject* const* args,
+                           Py_ssize_t nargs) {
+  if (!Enter(self) || !CheckArgs("send_ready", nargs, 2)) return nullptr;
+  ipc::Frame frame;
+  frame.type = ipc::FrameType::kReady;
+  long long pid = 0;
+  if (!ToInt(args[0], "pid", pid) ||
+      !ToUtf8(args[1], "detail", "backslashreplace", frame.detail)) {
+    return nullptr;
+  }
+  frame.pid = pid;
+  if (!Queue(self, frame)) return nullptr;
+  Py_RETURN_NONE;
+}
+
+PyObject* ChannelSendEnvSet(PyObject* self, PyObject* const* args,
+                            Py_ssize_t nargs) {
+  if (!Enter(self) || !CheckArgs("send_env_set", nargs, 1)) return nullptr;
+  ipc::Frame frame;
+  frame.type = ipc::FrameType::kEnvSet;
+  if (!ToUtf8(args[0], "detail", "backslashreplace", frame.detail)) {
+    return nullptr;
+  }
+  if (!Queue(self, frame)) return nullptr;
+  Py_RETURN_NONE;
+}
+
+PyObject* ChannelFlush(PyObject* self, PyObject* /*unused*/) {
+  if (!Enter(self) || !Flush(self)) return nullptr;
+  Py_RETURN_NONE;
+}
+
+PyObject* ChannelPendingBytes(PyObject* self, PyObject* /*unused*/) {
+  return PyLong_FromSize_t(Channel(self).out.size());
+}
+
+PyObject* ChannelFileno(PyObject* self, PyObject* /*unused*/) {
+  return PyLong_FromLong(Channel(self).fd);
+}
+
+}  // namespace agentix::worker

@@ -1,0 +1,110 @@
+// The C++ side of a `_agentix_worker.Channel` object and its queue of
+// call-path frames: frames queued by the send_* entry points go out in one
+// write at flush() (or once 256 KiB are queued), after the queued log frames.
+#pragma once
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "worker/channel/durable_log.h"
+#include "worker/channel/stdio_capture.h"
+#include "worker/channel/writer.h"
+#include "worker/ipc/frame.h"
+#include "worker/ipc/payload_area.h"
+
+namespace agentix::worker {
+
+// Queued output is written once it reaches this size, without waiting for
+// flush(); from this size on a payload is written in place (writev).
+inline constexpr size_t kFlushThreshold = 256 * 1024;
+
+// A call's arguments arriving in arg_chunk frames (frame_intake.h).
+struct Upload {
+  PyObject* buffer = nullptr;  // owned; nullptr if it could not be allocated
+  uint64_t total = 0;
+  uint64_t received = 0;
+};
+
+// Touched only with the GIL held, except `out` during a write, which the
+// writer's `busy` flag protects.
+struct ChannelState {
+  std::shared_ptr<Writer> writer;
+  int fd = -1;
+  ipc::FrameReader reader;
+  std::string out;  // encoded frames not yet written
+  // Shared with the daemon for large payload pieces (payload_area.h), or
+  // nullptr. Get/Release: the reader (GIL held); Put: the write owner.
+  std::unique_ptr<ipc::PayloadArea> payloads;
+  // Calls whose arguments are still arriving, by call id.
+  std::unordered_map<std::string, Upload> uploads;
+  bool eof = false;
+  bool dead = false;  // desynchronised: every later read fails
+  std::string dead_reason;
+  std::shared_ptr<DurableLog> durable;
+  std::unique_ptr<StdioCapture> capture;  // never null
+
+  ChannelState() = default;
+  ChannelState(const ChannelState&) = delete;
+  ChannelState& operator=(const ChannelState&) = delete;
+  // Deleted with the GIL held (ChannelDealloc).
+  ~ChannelState();
+};
+
+struct ChannelObject {
+  PyObject_HEAD
+  ChannelState* state;
+};
+
+// The module's exception types and the Channel type.
+struct ModuleState {
+  PyObject* protocol_error;
+  PyObject* channel_error;
+  PyObject* channel_type;
+  // The record types read_frames() returns, by FrameKind (frame_intake.h;
+  // unused kinds stay nullptr), and wait_stdio_lines()'s line type.
+  PyObject* frame_types[9];
+  PyObject* stdio_line_type;
+};
+
+inline ModuleState* StateOfChannel(PyObject* self) {
+  return static_cast<ModuleState*>(PyType_GetModuleState(Py_TYPE(self)));
+}
+
+inline ChannelState& Channel(PyObject* self) {
+  return *reinterpret_cast<ChannelObject*>(self)->state;
+}
+
+// Waits (with the GIL released) while another thread has a write in flight.
+// Pool threads send their own replies, so several threads use one channel:
+// `out` is appended to only with the GIL held and while no Python-side
+// write is in flight, and such a write starts only with the GIL held, so
+// passing Enter() makes `out` ours until we let go of the GIL. (The log
+// sender thread may take `busy` meanwhile; it never touches `out`.)
+bool Enter(PyObject* self);
+
+// Writes everything queued. GIL held on entry and exit. False with
+// ChannelError set if the write failed.
+bool Flush(PyObject* self);
+
+// Queues one frame; writes the queue once it is large. GIL held.
+bool Queue(PyObject* self, const ipc::Frame& frame);
+
+// tp_new / tp_dealloc of Channel(fd, payload_fd=-1).
+PyObject* ChannelNew(PyTypeObject* type, PyObject* args, PyObject* kwargs);
+void ChannelDealloc(PyObject* self);
+
+// send_ready(pid, detail), send_env_set(detail), flush(), pending_bytes(),
+// fileno().
+PyObject* ChannelSendReady(PyObject* self, PyObject* const* args,
+                           Py_ssize_t nargs);
+PyObject* ChannelSendEnvSet(PyObject* self, PyObject* const* args,
+                            Py_ssize_t nargs);
+PyObject* ChannelFlush(PyObject* self, PyObject* unused);
+PyObject* ChannelPendingBytes(PyObject* self, PyObject* unused);
+PyObject* ChannelFileno(PyObject* self, PyObject* unused);
+
+}  // namespace agentix::worker

@@ -1,0 +1,325 @@
+#include "worker/channel/frame_intake.h"
+
+#include <errno.h>
+
+#include <cstring>
+#include <initializer_list>
+#include <new>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "worker/channel/channel_state.h"
+#include "worker/channel/py_args.h"
+#include "worker/ipc/frame.h"
+
+namespace agentix::worker {
+namespace {
+
+// Read syscall size; reused for every read.
+constexpr size_t kReadBufferBytes = 256 * 1024;
+// Bytes read per read_frames() call at most, so that a long stream of
+// argument chunks cannot starve the event loop; the fd stays readable and the
+// loop calls again.
+constexpr size_t kMaxReadPerCall = 8 * 1024 * 1024;
+
+PyObject* Bytes(const std::string& s) { return BytesOf(s); }
+
+// The frame records' fields: the first is always the kind (so the driver
+// may dispatch on frame[0]), the others are named after the frame's fields.
+PyStructSequence_Field kCallFields[] = {
+    {"kind", "CALL"},
+    {"call_id", "the call's id (str, byte-exact)"},
+    {"callable", "'module::qualname' of the target"},
+    {"encoding", "1 pickle, 2 msgpack"},
+    {"data", "the arguments; None while arg_chunk frames follow (ARGS)"},
+    {"total_size", "the arguments' size in bytes"},
+    {"context", "the caller's trace context (bytes)"},
+    {"stream_window", "items the worker may send ahead of acks; 0: no stream"},
+    {nullptr, nullptr},
+};
+PyStructSequence_Field kArgsFields[] = {
+    {"kind", "ARGS"},
+    {"call_id", "the call's id"},
+    {"data", "the assembled arguments, or None (over-long or no memory)"},
+    {"received", "bytes received"},
+    {nullptr, nullptr},
+};
+PyStructSequence_Field kCancelFields[] = {
+    {"kind", "CANCEL"},
+    {"call_id", "the call's id"},
+    {nullptr, nullptr},
+};
+PyStructSequence_Field kStreamAckFields[] = {
+    {"kind", "STREAM_ACK"},
+    {"call_id", "the call's id"},
+    {"index", "items up to this one were delivered"},
+    {nullptr, nullptr},
+};
+PyStructSequence_Field kShutdownFields[] = {
+    {"kind", "SHUTDOWN"},
+    {nullptr, nullptr},
+};
+PyStructSequence_Field kNamespaceEventFields[] = {
+    {"kind", "NS_EVENT"},
+    {"namespace", "the plugin namespace, e.g. '/abridge'"},
+    {"event", "the event's name"},
+    {"data", "its msgpack payload (bytes)"},
+    {"request_id", "informational, may be empty"},
+    {"error_type", "None, or the error's type name"},
+    {"error_message", "the error's message"},
+    {"status_code", "the error's status code"},
+    {nullptr, nullptr},
+};
+PyStructSequence_Field kSetEnvFields[] = {
+    {"kind", "SET_ENV"},
+    {"entries", "the bytes b'K=V\\0K=V\\0...'"},
+    {nullptr, nullptr},
+};
+
+struct FrameTypeSpec {
+  FrameKind kind;
+  PyStructSequence_Desc desc;
+};
+FrameTypeSpec kFrameTypes[] = {
+    {kCall, {"_agentix_worker.CallFrame", "A call frame.", kCallFields, 8}},
+    {kArgs,
+     {"_agentix_worker.ArgsFrame", "A chunked call's complete arguments.",
+      kArgsFields, 4}},
+    {kCancel,
+     {"_agentix_worker.CancelFrame", "A cancel frame.", kCancelFields, 2}},
+    {kStreamAck,
+     {"_agentix_worker.StreamAckFrame", "A stream_ack frame.",
+      kStreamAckFields, 3}},
+    {kShutdown,
+     {"_agentix_worker.ShutdownFrame", "A shutdown frame.", kShutdownFields,
+      1}},
+    {kNamespaceEvent,
+     {"_agentix_worker.NamespaceEventFrame",
+      "A plugin-namespace event from a host.", kNamespaceEventFields, 8}},
+    {kSetEnv,
+     {"_agentix_worker.SetEnvFrame", "A set_env frame.", kSetEnvFields, 2}},
+};
+
+// A frame record of `kind` from new references.
+PyObject* FrameRecord(PyObject* self, FrameKind kind,
+                      std::initializer_list<PyObject*> items) {
+  return Record(StateOfChannel(self)->frame_types[kind], items);
+}
+
+// A call frame whose first piece is short of total_size starts an Upload
+// (unless one runs for that id: the driver ignores the duplicate call, and
+// the chunks keep going to the first). Its record then carries None for the
+// data and the arguments follow in one ARGS record. An Upload whose buffer
+// cannot be allocated still counts the bytes, so the driver can fail the
+// call once the last one arrived.
+bool StartUpload(ChannelState& st, const ipc::Frame& f, std::string_view data) {
+  if (data.size() >= f.total_size || st.uploads.count(f.call_id) != 0) {
+    return false;
+  }
+  // Inserted before allocating: a throwing emplace then leaks nothing.
+  Upload& upload = st.uploads[f.call_id];
+  upload.total = f.total_size;
+  upload.received = data.size();
+  if (f.total_size <= static_cast<uint64_t>(PY_SSIZE_T_MAX)) {
+    // total_size >= 1 here, so this is a fresh object, never a shared one.
+    upload.buffer = PyBytes_FromStringAndSize(
+        nullptr, static_cast<Py_ssize_t>(f.total_size));
+  }
+  if (upload.buffer == nullptr) {
+    PyErr_Clear();  // reported as the call's error when complete
+  } else {
+    std::memcpy(PyBytes_AS_STRING(upload.buffer), data.data(), data.size());
+  }
+  return true;
+}
+
+// Copies an arg_chunk into its Upload. Returns the ARGS record once the last
+// byte arrived, Py_None while more are due (or the chunk belongs to no
+// upload: cancelled, complete or never announced, dropped as before), NULL
+// on error. ARGS is (ARGS, call_id, data, received): data is the complete
+// bytes, or None when received != total_size (an over-long upload; the
+// driver reports the count) or the buffer could not be allocated.
+PyObject* AddChunk(PyObject* self, ChannelState& st, const ipc::Frame& f,
+                   std::string_view data) {
+  auto it = st.uploads.find(f.call_id);
+  if (it == st.uploads.end()) Py_RETURN_NONE;
+  Upload& upload = it->second;
+  const bool fits = data.size() <= upload.total - upload.received;
+  if (fits && upload.buffer != nullptr) {
+    std::memcpy(PyBytes_AS_STRING(upload.buffer) + upload.received,
+                data.data(), data.size());
+  }
+  upload.received += data.size();
+  if (upload.received < upload.total) Py_RETURN_NONE;
+  PyObject* buffer = upload.buffer;
+  if (!fits) Py_CLEAR(buffer);
+  const uint64_t received = upload.received;
+  st.uploads.erase(it);
+  return FrameRecord(self, kArgs,
+                     {PyLong_FromLong(kArgs), Str(f.call_id),
+                      buffer != nullptr ? buffer : Py_NewRef(Py_None),
+                      PyLong_FromUnsignedLongLong(received)});
+}
+
+// The record for one frame from the daemon (see channel_module.h); Py_None
+// for a frame Python does not see; NULL with an exception set on error.
+// `data` is the frame's payload (a view into the read buffer).
+PyObject* FrameToRecord(PyObject* self, const ipc::Frame& f,
+                       std::string_view data) {
+  ChannelState& st = Channel(self);
+  switch (f.type) {
+    case ipc::FrameType::kCall: {
+      PyObject* first =
+          StartUpload(st, f, data) ? Py_NewRef(Py_None) : BytesOf(data);
+      return FrameRecord(
+          self, kCall,
+          {PyLong_FromLong(kCall), Str(f.call_id), Str(f.callable),
+           PyLong_FromLong(f.encoding), first,
+           PyLong_FromUnsignedLongLong(f.total_size), Bytes(f.context),
+           PyLong_FromUnsignedLong(f.stream_window)});
+    }
+    case ipc::FrameType::kArgChunk:
+      return AddChunk(self, st, f, data);
+    case ipc::FrameType::kCancel: {
+      auto it = st.uploads.find(f.call_id);
+      if (it != st.uploads.end()) {
+        Py_XDECREF(it->second.buffer);
+        st.uploads.erase(it);
+      }
+      return FrameRecord(self, kCancel,
+                         {PyLong_FromLong(kCancel), Str(f.call_id)});
+    }
+    case ipc::FrameType::kStreamAck:
+      return FrameRecord(self, kStreamAck,
+                         {PyLong_FromLong(kStreamAck), Str(f.call_id),
+                          PyLong_FromUnsignedLongLong(f.index)});
+    case ipc::FrameType::kShutdown:
+      return FrameRecord(self, kShutdown, {PyLong_FromLong(kShutdown)});
+    case ipc::FrameType::kSetEnv:
+      return FrameRecord(self, kSetEnv,
+                         {PyLong_FromLong(kSetEnv), BytesOf(data)});
+    case ipc::FrameType::kNamespaceEvent: {
+      PyObject* error_type = f.ns.has_error ? Str(f.ns.error_type)
+                                            : Py_NewRef(Py_None);
+      return FrameRecord(
+          self, kNamespaceEvent,
+          {PyLong_FromLong(kNamespaceEvent), Str(f.ns.name), Str(f.ns.event),
+           BytesOf(data), Str(f.ns.request_id), error_type,
+           Str(f.ns.error_message), PyLong_FromLong(f.ns.status_code)});
+    }
+    default:
+      break;
+  }
+  st.dead = true;
+  st.dead_reason = "unexpected '" + std::string(ipc::FrameTypeName(f.type)) +
+                   "' frame from the daemon";
+  PyErr_SetString(StateOfChannel(self)->protocol_error, st.dead_reason.c_str());
+  return nullptr;
+}
+
+// Reads what the socket has now (bounded by kMaxReadPerCall). GIL held: the
+// fd is non-blocking, so no call blocks.
+bool ReadAvailable(ChannelState& st) {
+  size_t total = 0;
+  while (!st.eof && total < kMaxReadPerCall) {
+    const ssize_t n = st.reader.ReadFrom(st.fd, kReadBufferBytes);
+    if (n > 0) {
+      total += static_cast<size_t>(n);
+      // A short read means the socket is drained; skip the EAGAIN round trip.
+      if (static_cast<size_t>(n) < kReadBufferBytes) break;
+    } else if (n == 0) {
+      st.eof = true;
+    } else if (errno == EINTR) {
+      continue;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      break;
+    } else {
+      PyErr_SetFromErrno(PyExc_OSError);
+      return false;
+    }
+  }
+  return true;
+}
+
+// Marks the channel dead with `reason` and raises ProtocolError.
+PyObject* Desynchronised(ChannelState& st, ModuleState* ms,
+                         const std::string& reason, PyObject* list) {
+  st.dead = true;
+  st.dead_reason = reason;
+  PyErr_SetString(ms->protocol_error, st.dead_reason.c_str());
+  Py_DECREF(list);
+  return nullptr;
+}
+
+}  // namespace
+
+int AddFrameTypes(PyObject* module, ModuleState& state) {
+  for (FrameTypeSpec& spec : kFrameTypes) {
+    if (AddRecordType(module, &spec.desc, &state.frame_types[spec.kind]) < 0) {
+      return -1;
+    }
+  }
+  return 0;
+}
+
+PyObject* ChannelReadFrames(PyObject* self, PyObject* /*unused*/) {
+  if (!Enter(self)) return nullptr;
+  ChannelState& st = Channel(self);
+  ModuleState* ms = StateOfChannel(self);
+  if (st.dead) {
+    PyErr_SetString(ms->protocol_error, st.dead_reason.c_str());
+    return nullptr;
+  }
+  try {
+    if (!ReadAvailable(st)) return nullptr;
+    PyObject* list = PyList_New(0);
+    if (list == nullptr) return nullptr;
+    while (true) {
+      std::string_view data;  // valid until the next ReadAvailable
+      absl::StatusOr<std::optional<ipc::Frame>> next = st.reader.Next(&data);
+      if (!next.ok()) {
+        return Desynchronised(st, ms, std::string(next.status().message()),
+                              list);
+      }
+      if (!next->has_value()) break;
+      const ipc::Frame& frame = **next;
+      if (frame.in_ring) {
+        absl::StatusOr<std::string_view> piece =
+            st.payloads != nullptr
+                ? st.payloads->Get(frame.ring_pos, frame.ring_size)
+                : absl::InvalidArgumentError(
+                      "ring payload reference without a payload area");
+        if (!piece.ok()) {
+          return Desynchronised(st, ms, std::string(piece.status().message()),
+                                list);
+        }
+        data = *piece;
+      }
+      PyObject* record = FrameToRecord(self, frame, data);
+      // The payload has been copied out (or dropped): the daemon may reuse
+      // its space.
+      if (frame.in_ring) st.payloads->Release(frame.ring_pos + frame.ring_size);
+      if (record == Py_None) {
+        Py_DECREF(record);
+        continue;
+      }
+      if (record == nullptr || PyList_Append(list, record) != 0) {
+        Py_XDECREF(record);
+        Py_DECREF(list);
+        return nullptr;
+      }
+      Py_DECREF(record);
+    }
+    if (PyList_GET_SIZE(list) == 0 && st.eof) {
+      // A partial frame left at EOF is dropped with the stream.
+      Py_DECREF(list);
+      Py_RETURN_NONE;
+    }
+    return list;
+  } catch (const std::bad_alloc&) {
+    return PyErr_NoMemory();
+  }
+}
+
+}  // namespace agentix::worker

@@ -1,0 +1,38 @@
+// Frames from the daemon as the driver sees them: read_frames() reads what
+// the socket has now, decodes it and hands Python one tuple per frame.
+// Chunked call arguments are reassembled here, in place: the bytes object
+// is allocated once with the announced total_size and each arg_chunk is
+// copied into it straight from the read buffer; Python sees it only once
+// complete, as one ARGS tuple.
+#pragma once
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+namespace agentix::worker {
+
+// Frame kinds as the driver sees them (the first item of each tuple).
+enum FrameKind : int {
+  kCall = 1,
+  kCancel = 3,
+  kShutdown = 4,
+  kStreamAck = 5,
+  kNamespaceEvent = 6,
+  kArgs = 7,  // a chunked call's complete arguments
+  kSetEnv = 8,
+};
+
+struct ModuleState;
+
+// Creates the named frame types (CallFrame, ArgsFrame, CancelFrame,
+// StreamAckFrame, ShutdownFrame, NamespaceEventFrame, SetEnvFrame: each a
+// tuple whose first item is its kind, its items also attributes) and adds
+// them to `module`. -1 with an error set.
+int AddFrameTypes(PyObject* module, ModuleState& state);
+
+// read_frames(): everything readable now, decoded, as a list of frame
+// records (see channel_module.h); None at end of stream; ProtocolError on a bad frame (the
+// channel is then dead) or OSError.
+PyObject* ChannelReadFrames(PyObject* self, PyObject* unused);
+
+}  // namespace agentix::worker

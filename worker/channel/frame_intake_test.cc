@@ -1,0 +1,319 @@
+// read_frames: decoding, dead channels, chunked and ring-borne arguments.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "testing/status_matchers.h"
+#include "worker/channel/channel_test_util.h"
+#include "worker/ipc/frame.h"
+#include "worker/ipc/io.h"
+#include "worker/ipc/payload_area.h"
+
+namespace agentix::worker {
+namespace {
+
+TEST_CASE("read_frames decodes every daemon frame", "[channel]") {
+  Pair pair;
+  REQUIRE(PyEval("ch.read_frames()") == "[]");
+
+  ipc::Frame call;
+  call.type = ipc::FrameType::kCall;
+  call.call_id = "c1";
+  call.callable = "math::factorial";
+  call.encoding = 1;
+  call.data = std::string("\x80\x05\x00", 3);
+  call.total_size = 7;
+  call.context = "ctx";
+  call.stream_window = 16;
+  pair.Send(call);
+  ipc::Frame chunk;
+  chunk.type = ipc::FrameType::kArgChunk;
+  chunk.call_id = "c1";
+  chunk.data = "rest";
+  pair.Send(chunk);
+  ipc::Frame cancel;
+  cancel.type = ipc::FrameType::kCancel;
+  cancel.call_id = "c1";
+  pair.Send(cancel);
+  ipc::Frame ack;
+  ack.type = ipc::FrameType::kStreamAck;
+  ack.call_id = "c1";
+  ack.index = 5000000000;  // beyond 32 bits
+  pair.Send(ack);
+  ipc::Frame shutdown;
+  shutdown.type = ipc::FrameType::kShutdown;
+  pair.Send(shutdown);
+
+  Py("frames = ch.read_frames()\n");
+  REQUIRE(PyEval("len(frames)") == "5");
+  // The short first piece makes the channel assemble the arguments.
+  REQUIRE(PyEval("frames[0] == (w.CALL, 'c1', 'math::factorial', 1, "
+                 "None, 7, b'ctx', 16)") == "True");
+  REQUIRE(PyEval("frames[1] == (w.ARGS, 'c1', b'\\x80\\x05\\x00rest', 7)") ==
+          "True");
+  REQUIRE(PyEval("frames[2] == (w.CANCEL, 'c1')") == "True");
+  REQUIRE(PyEval("frames[3] == (w.STREAM_ACK, 'c1', 5000000000)") == "True");
+  REQUIRE(PyEval("frames[4] == (w.SHUTDOWN,)") == "True");
+  REQUIRE(PyEval("ch.read_frames()") == "[]");
+  // Each is a named record of its kind: the same items by name.
+  REQUIRE(PyEval("[type(f).__name__ for f in frames]") ==
+          "['CallFrame', 'ArgsFrame', 'CancelFrame', 'StreamAckFrame', "
+          "'ShutdownFrame']");
+  REQUIRE(PyEval("(frames[0].kind, frames[0].call_id, frames[0].callable, "
+                 "frames[0].encoding, frames[0].data, frames[0].total_size, "
+                 "frames[0].context, frames[0].stream_window)") ==
+          "(1, 'c1', 'math::factorial', 1, None, 7, b'ctx', 16)");
+  REQUIRE(PyEval("(frames[1].call_id, frames[1].data, frames[1].received)") ==
+          "('c1', b'\\x80\\x05\\x00rest', 7)");
+  REQUIRE(PyEval("frames[2].call_id") == "c1");
+  REQUIRE(PyEval("(frames[3].call_id, frames[3].index)") ==
+          "('c1', 5000000000)");
+  REQUIRE(PyEval("frames[4].kind == w.SHUTDOWN") == "True");
+  ipc::Frame event;
+  event.type = ipc::FrameType::kNamespaceEvent;
+  event.ns.name = "/plugin";
+  event.ns.event = "ask";
+  event.ns.request_id = "r1";
+  event.ns.has_error = true;
+  event.ns.error_type = "KeyError";
+  event.ns.error_message = "k";
+  event.ns.status_code = 404;
+  event.data = "\x81";
+  pair.Send(event);
+  ipc::Frame env;
+  env.type = ipc::FrameType::kSetEnv;
+  env.data = std::string("A=1\0B=2\0", 8);
+  pair.Send(env);
+  Py("frames = ch.read_frames()\n");
+  REQUIRE(PyEval("[type(f).__name__ for f in frames]") ==
+          "['NamespaceEventFrame', 'SetEnvFrame']");
+  REQUIRE(PyEval("tuple(frames[0]) == (w.NS_EVENT, '/plugin', 'ask', "
+                 "b'\\x81', 'r1', 'KeyError', 'k', 404)") == "True");
+  REQUIRE(PyEval("(frames[0].namespace, frames[0].event, frames[0].data, "
+                 "frames[0].request_id, frames[0].error_type, "
+                 "frames[0].error_message, frames[0].status_code)") ==
+          "('/plugin', 'ask', b'\\x81', 'r1', 'KeyError', 'k', 404)");
+  REQUIRE(PyEval("(frames[1].kind, frames[1].entries)") ==
+          "(8, b'A=1\\x00B=2\\x00')");
+
+  // A frame split across reads is held until complete.
+  std::string bytes;
+  REQUIRE_OK(ipc::AppendFrame(cancel, bytes));
+  pair.SendRaw(bytes.substr(0, 5));
+  REQUIRE(PyEval("ch.read_frames()") == "[]");
+  pair.SendRaw(bytes.substr(5));
+  REQUIRE(PyEval("ch.read_frames() == [(w.CANCEL, 'c1')]") == "True");
+
+  // End of stream: None from then on.
+  close(pair.peer);
+  pair.peer = -1;
+  REQUIRE(PyEval("ch.read_frames()") == "None");
+  REQUIRE(PyEval("ch.read_frames()") == "None");
+}
+
+TEST_CASE("Non-UTF-8 call ids round-trip", "[channel]") {
+  Pair pair;
+  ipc::Frame cancel;
+  cancel.type = ipc::FrameType::kCancel;
+  cancel.call_id = "id\xff";
+  pair.Send(cancel);
+  Py("cid = ch.read_frames()[0][1]\n"
+     "ch.send_error(cid, 1, 'Cancelled', 'm', '', True)\n"
+     "ch.flush()\n");
+  FrameCollector collector(pair.peer);
+  auto frames = collector.Wait(1, absl::Seconds(5));
+  REQUIRE(frames.size() == 1);
+  REQUIRE(frames[0].call_id == "id\xff");
+}
+
+TEST_CASE("A garbage frame makes the channel dead", "[channel]") {
+  Pair pair;
+  pair.SendRaw(std::string("\x03\x00\x00\x00\xc1\xc1\xc1", 7));
+  REQUIRE(Raised("ch.read_frames()", "w.ProtocolError") != kNoError);
+  // Later reads keep failing even if valid bytes follow.
+  ipc::Frame shutdown;
+  shutdown.type = ipc::FrameType::kShutdown;
+  pair.Send(shutdown);
+  REQUIRE(Raised("ch.read_frames()", "w.ProtocolError") != kNoError);
+}
+
+TEST_CASE("Worker-to-daemon frames from the daemon are protocol errors",
+          "[channel]") {
+  Pair pair;
+  ipc::Frame result;
+  result.type = ipc::FrameType::kResult;
+  result.call_id = "x";
+  pair.Send(result);
+  REQUIRE(Raised("ch.read_frames()", "w.ProtocolError") ==
+          "unexpected 'result' frame from the daemon");
+}
+
+TEST_CASE("Oversized frame lengths are refused before reading the body",
+          "[channel]") {
+  Pair pair;
+  pair.SendRaw(std::string("\xff\xff\xff\x7f", 4));
+  REQUIRE(Raised("ch.read_frames()", "w.ProtocolError").find("exceeds") !=
+          std::string::npos);
+}
+
+TEST_CASE("Chunked arguments arrive as one bytes object of total_size",
+          "[channel][args]") {
+  constexpr size_t kChunk = ipc::kChunkBytes;
+  // Over kMaxReadPerCall (8 MiB), so it spans several read_frames calls.
+  const size_t total = GENERATE(ipc::kChunkBytes + 1, 2 * ipc::kChunkBytes,
+                                9 * ipc::kChunkBytes + 17);
+  CAPTURE(total);
+  Pair pair;
+  std::string args(total, '\0');
+  for (size_t i = 0; i < total; ++i) args[i] = static_cast<char>(i % 253);
+  std::thread sender([&] {
+    pair.Send(CallFrame("big", args.substr(0, kChunk), total));
+    for (size_t off = kChunk; off < total; off += kChunk) {
+      pair.Send(ChunkFrame("big", args.substr(off, kChunk)));
+    }
+  });
+  Py("import select\n"
+     "got = []\n"
+     "while not any(f[0] == w.ARGS for f in got):\n"
+     "    select.select([ch.fileno()], [], [], 10)\n"
+     "    got += ch.read_frames()\n");
+  sender.join();
+  REQUIRE(PyEval("len(got)") == "2");
+  REQUIRE(PyEval("got[0][:4] + got[0][5:]") ==
+          absl::StrCat("(1, 'big', 'm::f', 1, ", total, ", b'', 0)"));
+  REQUIRE(PyEval("got[0][4] is None") == "True");
+  REQUIRE(PyEval("got[1][:2] == (w.ARGS, 'big')") == "True");
+  REQUIRE(PyEval("type(got[1][2]).__name__") == "bytes");
+  REQUIRE(PyEval("got[1][3]") == std::to_string(total));
+  REQUIRE(PyEval(absl::StrCat("got[1][2] == bytes(i % 253 for i in range(",
+                              total, "))")) == "True");
+  Py("del got\n");
+}
+
+TEST_CASE("Arguments in the payload ring assemble like inline ones",
+          "[channel][args][ring]") {
+  constexpr size_t kChunk = ipc::kChunkBytes;
+  // A ring of 2.5 chunks: some pieces fit, the rest go inline, and the ring
+  // is only reusable if the channel releases what it copied.
+  RingPair pair(kChunk * 5 / 2);
+  const size_t total = 9 * kChunk + 17;
+  std::string args(total, '\0');
+  for (size_t i = 0; i < total; ++i) args[i] = static_cast<char>(i % 241);
+  size_t in_ring = 0;
+  std::thread sender([&] {
+    ipc::Frame call =
+        pair.Place(CallFrame("big", "", total), args.substr(0, kChunk));
+    in_ring += call.in_ring;
+    pair.Send(call);
+    for (size_t off = kChunk; off < total; off += kChunk) {
+      ipc::Frame chunk =
+          pair.Place(ChunkFrame("big", ""), args.substr(off, kChunk));
+      in_ring += chunk.in_ring;
+      pair.Send(chunk);
+      if (off == 4 * kChunk) absl::SleepFor(absl::Milliseconds(200));
+    }
+  });
+  Py("import select\n"
+     "got = []\n"
+     "while not any(f[0] == w.ARGS for f in got):\n"
+     "    select.select([ch.fileno()], [], [], 10)\n"
+     "    got += ch.read_frames()\n");
+  sender.join();
+  // At least the first pieces, and some after the pause (space released).
+  CHECK(in_ring >= 3);
+  REQUIRE(PyEval("got[0][4] is None") == "True");
+  REQUIRE(PyEval("got[1][3]") == std::to_string(total));
+  REQUIRE(PyEval(absl::StrCat("got[1][2] == bytes(i % 241 for i in range(",
+                              total, "))")) == "True");
+  Py("del got\n");
+}
+
+TEST_CASE("A ring reference outside the ring is a protocol error",
+          "[channel][ring]") {
+  RingPair pair(1 << 20);
+  ipc::Frame chunk = ChunkFrame("x", "");
+  chunk.in_ring = true;
+  chunk.ring_pos = (1 << 20) - 10;
+  chunk.ring_size = 100;
+  pair.Send(chunk);
+  REQUIRE(Raised("ch.read_frames()", "w.ProtocolError") != kNoError);
+}
+
+TEST_CASE("A ring reference without a payload area is a protocol error",
+          "[channel][ring]") {
+  Pair pair;
+  ipc::Frame chunk = ChunkFrame("x", "");
+  chunk.in_ring = true;
+  chunk.ring_size = 100;
+  pair.Send(chunk);
+  REQUIRE(Raised("ch.read_frames()", "w.ProtocolError") != kNoError);
+}
+
+TEST_CASE("Channel refuses a payload_fd that is not a payload area",
+          "[channel][ring]") {
+  Pair pair;
+  Py(
+      absl::StrCat("try:\n"
+                   "    w.Channel(",
+                   pair.worker, ", ", dup(pair.peer),
+                   ")\n"
+                   "    outcome = 'no error'\n"
+                   "except OSError:\n"
+                   "    outcome = 'OSError'\n"));
+  REQUIRE(PyEval("outcome") == "OSError");
+}
+
+TEST_CASE("Over-long chunked arguments report their size without data",
+          "[channel][args]") {
+  Pair pair;
+  pair.Send(CallFrame("c", "abcd", 10));
+  pair.Send(ChunkFrame("c", "efgh"));
+  pair.Send(ChunkFrame("c", "ijklm"));  // 13 bytes of 10
+  pair.Send(ChunkFrame("c", "late"));   // no assembly left: dropped
+  REQUIRE(ReadAll() ==
+          "[[(1, 'c', 'm::f', 1, None, 10, b'', 0), (7, 'c', None, 13)], [], "
+          "[], []]");
+}
+
+TEST_CASE("A cancel mid-upload drops the assembly and later chunks",
+          "[channel][args]") {
+  Pair pair;
+  pair.Send(CallFrame("c", "abcd", 10));
+  pair.Send(ChunkFrame("c", "ef"));
+  ipc::Frame cancel;
+  cancel.type = ipc::FrameType::kCancel;
+  cancel.call_id = "c";
+  pair.Send(cancel);
+  pair.Send(ChunkFrame("c", "ghij"));     // after the cancel: dropped
+  pair.Send(ChunkFrame("nobody", "xy"));  // unknown call: dropped
+  REQUIRE(ReadAll() ==
+          "[[(1, 'c', 'm::f', 1, None, 10, b'', 0), (3, 'c')], [], [], []]");
+  // The id can start again, with a fresh buffer.
+  pair.Send(CallFrame("c", "0123", 6));
+  pair.Send(ChunkFrame("c", "45"));
+  REQUIRE(ReadAll() ==
+          "[[(1, 'c', 'm::f', 1, None, 6, b'', 0), (7, 'c', b'012345', 6)], "
+          "[], [], []]");
+}
+
+TEST_CASE("A duplicate call frame leaves the running assembly alone",
+          "[channel][args]") {
+  Pair pair;
+  pair.Send(CallFrame("c", "abc", 6));
+  pair.Send(CallFrame("c", "xyz", 6));  // the driver ignores it
+  pair.Send(ChunkFrame("c", "def"));
+  // Arguments that arrive whole are passed as they are.
+  pair.Send(CallFrame("small", "whole", 5));
+  REQUIRE(ReadAll() ==
+          "[[(1, 'c', 'm::f', 1, None, 6, b'', 0), "
+          "(1, 'c', 'm::f', 1, b'xyz', 6, b'', 0), (7, 'c', b'abcdef', 6), "
+          "(1, 'small', 'm::f', 1, b'whole', 5, b'', 0)], [], [], []]");
+}
+
+}  // namespace
+}  // namespace agentix::worker

@@ -1,0 +1,179 @@
+// Log records, trace events and namespace events on the log queue.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "testing/status_matchers.h"
+#include "worker/channel/channel_test_util.h"
+#include "worker/ipc/frame.h"
+#include "worker/ipc/io.h"
+#include "worker/ipc/payload_area.h"
+
+namespace agentix::worker {
+namespace {
+
+TEST_CASE("Namespace events go out without a flush, after earlier records",
+          "[channel]") {
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  // The first record starts the log sender; the event after the second is
+  // then written by the emitting thread itself (see SendSideChannelFrameNow),
+  // queued records first. Neither needs flush().
+  Py("ch.send_log(logger='lg', message='one', call_id='c')\n"
+     "ch.send_log(logger='lg', message='two', call_id='c')\n"
+     "ch.send_ns_event('/plugin', 'ask', b'\\x81', 'r1', None, '', 0)\n"
+     "ch.send_ns_event('/plugin', 'fail', None, 'r2', 'KeyError', 'k', 404)\n");
+  auto frames = collector.Wait(4, absl::Seconds(5));
+  REQUIRE(frames.size() == 4);
+  REQUIRE(frames[0].log.message == "one");
+  REQUIRE(frames[1].log.message == "two");
+  REQUIRE(frames[2].type == ipc::FrameType::kNamespaceEvent);
+  REQUIRE(frames[2].ns.name == "/plugin");
+  REQUIRE(frames[2].ns.event == "ask");
+  REQUIRE(frames[2].ns.request_id == "r1");
+  REQUIRE(frames[2].data == "\x81");
+  REQUIRE_FALSE(frames[2].ns.has_error);
+  REQUIRE(frames[3].ns.event == "fail");
+  REQUIRE(frames[3].ns.has_error);
+  REQUIRE(frames[3].ns.error_type == "KeyError");
+  REQUIRE(frames[3].ns.status_code == 404);
+}
+
+TEST_CASE("A record queued while the log sender sleeps wakes it", "[channel]") {
+  // Producers wake the sender only when it sleeps (Writer::sender_asleep):
+  // each record here is queued after the previous one went out, mostly with
+  // the sender asleep, sometimes while it is still finishing its write.
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  for (int i = 0; i < 40; ++i) {
+    Py(absl::StrCat("ch.send_log(logger='lg', message='r", i,
+                    "', call_id='c')\n"));
+    auto frames = collector.Wait(i + 1, absl::Seconds(5));
+    REQUIRE(frames.size() == static_cast<size_t>(i + 1));
+    REQUIRE(frames[i].log.message == absl::StrCat("r", i));
+    if (i % 2 == 0) usleep(1000);
+  }
+}
+
+TEST_CASE(
+    "Records and trace events from several threads all go out, each "
+    "thread's in order",
+    "[channel]") {
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  constexpr int kThreads = 4, kEach = 3000;
+  Py(absl::StrCat(
+      "import threading\n"
+      "def produce(t):\n"
+      "    for i in range(",
+      kEach,
+      "):\n"
+      "        if i % 3:\n"
+      "            ch.send_log(logger='lg', message=f'{t} {i}', "
+      "call_id='c')\n"
+      "        else:\n"
+      "            ch.send_trace(kind=3, trace_id=f'{t} {i}', "
+      "span_id='span_1', name='s', start_time_unix_nanos=1, call_id='c')\n"
+      "threads = [threading.Thread(target=produce, args=(t,)) for t in range(",
+      kThreads,
+      ")]\n"
+      "for thread in threads: thread.start()\n"
+      "for thread in threads: thread.join()\n"));
+  auto frames = collector.Wait(kThreads * kEach, absl::Seconds(20));
+  REQUIRE(frames.size() == static_cast<size_t>(kThreads * kEach));
+  std::vector<int> next(kThreads, 0);
+  for (const ipc::Frame& frame : frames) {
+    const std::string& text = frame.type == ipc::FrameType::kLog
+                                  ? frame.log.message
+                                  : frame.trace.trace_id;
+    const int t = text[0] - '0';
+    REQUIRE(t >= 0);
+    REQUIRE(t < kThreads);
+    REQUIRE(text == absl::StrCat(t, " ", next[t]));
+    REQUIRE((frame.type == ipc::FrameType::kTrace) == (next[t] % 3 == 0));
+    ++next[t];
+  }
+}
+
+TEST_CASE("Log records and trace events cross the edge by field name",
+          "[channel]") {
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  // Every field, named, in an order of its own; then the defaults.
+  Py("ch.send_log(stack_info='st', extras=b'\\x80', context='ctx', "
+     "call_id='c\\udcff', origin=2, exception_text='exc', module='mod', "
+     "function='fn', line=7, file='f.py', time_unix_nanos=5_000_000_000_123, "
+     "message='msg', level_name='WARNING', level=30, logger='lg')\n"
+     "ch.send_log(message='bare')\n"
+     "ch.send_trace(kind=3, trace_id='t', span_id='s', parent_id='p', "
+     "name='n', start_time_unix_nanos=1, end_time_unix_nanos=2, "
+     "attributes=b'\\x80', events=b'\\x90', status=2, "
+     "status_description='d', error_message='e', error_data=b'\\x81', "
+     "call_id='c')\n");
+  auto frames = collector.Wait(3, absl::Seconds(5));
+  REQUIRE(frames.size() == 3);
+  const ipc::LogEntry& log = frames[0].log;
+  CHECK(log.logger == "lg");
+  CHECK(log.level == 30);
+  CHECK(log.level_name == "WARNING");
+  CHECK(log.message == "msg");
+  CHECK(log.time_unix_nanos == 5000000000123);
+  CHECK(log.file == "f.py");
+  CHECK(log.line == 7);
+  CHECK(log.function == "fn");
+  CHECK(log.module == "mod");
+  CHECK(log.exception_text == "exc");
+  CHECK(log.origin == 2);
+  CHECK(log.call_id == "c\xff");  // surrogateescape: the byte comes back
+  CHECK(log.context == "ctx");
+  CHECK(log.extras == "\x80");
+  CHECK(log.stack_info == "st");
+  const ipc::LogEntry& bare = frames[1].log;
+  CHECK(bare.message == "bare");
+  CHECK(bare.level == 20);
+  CHECK(bare.origin == 1);
+  CHECK(bare.logger.empty());
+  CHECK(bare.extras.empty());
+  const ipc::TraceEntry& t = frames[2].trace;
+  CHECK(t.kind == 3);
+  CHECK(t.trace_id == "t");
+  CHECK(t.span_id == "s");
+  CHECK(t.parent_id == "p");
+  CHECK(t.name == "n");
+  CHECK(t.start_time_unix_nanos == 1);
+  CHECK(t.end_time_unix_nanos == 2);
+  CHECK(t.attributes == "\x80");
+  CHECK(t.events == "\x90");
+  CHECK(t.status == 2);
+  CHECK(t.status_description == "d");
+  CHECK(t.error_message == "e");
+  CHECK(t.error_data == "\x81");
+  CHECK(t.call_id == "c");
+
+  // Positional arguments, unknown names and wrong types are refused and
+  // send nothing.
+  CHECK(Raised("ch.send_log('lg', 20)", "TypeError") ==
+        "send_log() takes keyword arguments only");
+  CHECK(Raised("ch.send_log(mesage='typo')", "TypeError") ==
+        "send_log() got an unexpected keyword argument 'mesage'");
+  CHECK(Raised("ch.send_log(level='high')", "TypeError") ==
+        "level must be int, not str");
+  CHECK(Raised("ch.send_log(line=1 << 40)", "ValueError") ==
+        "line out of range");
+  CHECK(Raised("ch.send_trace(trace_id='t')", "ValueError") ==
+        "kind must be 1..4 (TraceEventKind)");
+  CHECK(Raised("ch.send_trace(kind=1, status=3)", "ValueError") ==
+        "status must be 0..2 (SpanStatusCode)");
+  Py("ch.send_log(message='last')\n");
+  frames = collector.Wait(4, absl::Seconds(5));
+  REQUIRE(frames.size() == 4);
+  CHECK(frames[3].log.message == "last");
+}
+
+}  // namespace
+}  // namespace agentix::worker

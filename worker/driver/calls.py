@@ -1,0 +1,150 @@
+"""One call's pieces: resolving the target, decoding arguments, encoding results."""
+
+import importlib
+import inspect
+import pickle
+
+import _agentix_worker as _w
+
+from .common import (
+    _AWAIT,
+    _GENERATOR,
+    _INVALID_ARGUMENT,
+    _MSGPACK,
+    _NOT_STREAMS,
+    _PICKLE,
+    _STREAM_ONLY,
+    _UNKNOWN,
+    _format,
+    _text,
+)
+from .errors import _error
+from .streams import _Stream
+
+def resolve(reference):
+    """Imports the callable a "module::qualname" reference names.
+
+    Raises ValueError (no "::"), ImportError/ModuleNotFoundError (or whatever
+    the module raises while importing), AttributeError (a missing name on
+    the qualname path) or TypeError (the target is not callable). As in the
+    original, any importable callable is accepted; what may be called is
+    decided on the host.
+    """
+    module_name, sep, qualname = reference.partition("::")
+    if not sep:
+        raise ValueError(
+            f"invalid remote callable reference {reference!r}: "
+            "expected 'module::qualname'")
+    target = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    if not callable(target):
+        raise TypeError(f"remote target {reference!r} is not callable "
+                        f"(got {type(target).__name__})")
+    return target
+
+
+def _is_sync_stream(value):
+    """Whether a streaming call may iterate value with iter()."""
+    return (hasattr(type(value), "__iter__")
+            and not isinstance(value, _NOT_STREAMS))
+
+
+class _Failure(Exception):
+    """A call failure with a fixed wire type (argument decoding)."""
+
+    def __init__(self, type_name, message, tb=""):
+        super().__init__(message)
+        self.error = (type_name, message, tb, _INVALID_ARGUMENT)
+
+
+def _decode_arguments(encoding, data):
+    """Returns (args, kwargs) from the call's argument bytes."""
+    try:
+        if encoding == _MSGPACK:
+            payload = _w.msgpack_loads(data)
+        else:
+            payload = pickle.loads(data)
+    except BaseException as exc:
+        raise _Failure(
+            "ArgumentsDecodeError",
+            f"failed to decode arguments: {type(exc).__name__}: {_text(exc)}",
+            _format(exc)) from None
+    try:
+        args, kwargs = payload
+        args = tuple(args)
+        if not isinstance(kwargs, dict):
+            raise TypeError
+    except BaseException:
+        raise _Failure(
+            "ArgumentsDecodeError",
+            "arguments must be an (args, kwargs) pair, got "
+            f"{type(payload).__name__}") from None
+    return args, kwargs
+
+
+class _Pieces(list):
+    """A file for pickle.dump that keeps what it is handed: the pickler's
+    frames, and large bytes values themselves (pickle writes those straight
+    to the file), so a big result is never copied into one pickle.
+    Anything mutable (a large bytearray) is copied, as pickle.dumps would:
+    send_result reads the pieces with the GIL released.
+    Channel.send_result takes the list as the concatenation."""
+
+    __slots__ = ()
+
+    def write(self, data):
+        self.append(data if type(data) is bytes else bytes(data))
+
+
+def _encode_result(encoding, value, item=None):
+    """(True, payload) or (False, error) for a call's return value (payload:
+    bytes, or for pickle a _Pieces list), or for stream item number `item`
+    (payload: bytes)."""
+    try:
+        if encoding == _MSGPACK:
+            return True, _w.msgpack_dumps(value)
+        if item is not None:
+            return True, pickle.dumps(value, protocol=5)
+        pieces = _Pieces()
+        pickle.dump(value, pieces, protocol=5)
+        return True, pieces
+    except BaseException as exc:
+        what = "return value" if item is None else f"stream item {item}"
+        how = "encode {} as msgpack" if encoding == _MSGPACK else "pickle {}"
+        return False, ("ResultEncodeError",
+                       f"failed to {how.format(what)}: {_text(exc)}",
+                       _format(exc), _INVALID_ARGUMENT)
+
+
+def _run_sync(encoding, fn, args, kwargs):
+    """Runs a sync callable on a pool thread; never raises."""
+    try:
+        value = fn(*args, **kwargs)
+    except BaseException as exc:
+        return False, _error(exc, _UNKNOWN, skip=1)
+    if inspect.isawaitable(value):
+        return _AWAIT, value
+    if isinstance(value, _STREAM_ONLY):
+        return _GENERATOR, value
+    return _encode_result(encoding, value)
+
+
+class _Call:
+    __slots__ = ("call_id", "reference", "encoding", "total_size", "context",
+                 "receiving", "received", "task", "cancelled", "stream")
+
+    def __init__(self, call_id, reference, encoding, total_size, context,
+                 stream_window):
+        self.call_id = call_id
+        self.reference = reference
+        # The reply uses the encoding the arguments came in (0 -> pickle).
+        self.encoding = encoding or _PICKLE
+        self.total_size = total_size
+        self.context = context
+        # The channel assembles chunked arguments; an ARGS tuple ends this.
+        self.receiving = False
+        self.received = 0  # argument bytes received
+        self.task = None  # asyncio.Task or _PoolJob once running
+        self.cancelled = False
+        self.stream = _Stream(stream_window) if stream_window else None

@@ -1,0 +1,73 @@
+"""The environment a call sees: set_env, the log level, the context module."""
+
+import logging
+import logging.handlers
+import os
+import sys
+import time
+
+from .common import _DEBUG, _log, _text
+
+_context_mod = None
+_context_missing_reported = False
+
+
+def _env_log_level():
+    """The level $AGENTIX_LOG_LEVEL names (a level name or number), or
+    INFO when it is unset or unknown."""
+    value = os.environ.get("AGENTIX_LOG_LEVEL", "").strip()
+    if value.isdigit():
+        return int(value)
+    level = logging.getLevelName(value.upper()) if value else logging.INFO
+    return level if isinstance(level, int) else logging.INFO
+
+
+def _context_module():
+    """agentix.utils.context from the sandbox's venv, or None if the venv has
+    no agentix (then there is nothing a call could read the context with)."""
+    global _context_mod, _context_missing_reported
+    if _context_mod is None:
+        try:
+            import agentix.utils.context as module
+        except ImportError:
+            if not _context_missing_reported:
+                _context_missing_reported = True
+                _log(_DEBUG, "agentix is not importable in the sandbox; "
+                             "propagated call context is ignored")
+            return None
+        _context_mod = module
+    return _context_mod
+
+
+# Cached from the environment by the stdlib on first use: forgotten when
+# set_env changes one of these, so the next use reads the new value.
+_TEMPDIR_VARS = (b"TMPDIR", b"TEMP", b"TMP")
+
+
+def _apply_env(entries):
+    """Applies a set_env frame: SandboxAdmin.Activate's env, given to a worker
+    that was started before activation (agentix-sandboxd
+    --prestart-worker). `entries` is b"K=V\\0K=V\\0...". Returns "" once
+    every entry is in os.environ (hence in the C environment, for getenv and
+    child processes), else why not; the daemon then replaces this worker.
+    Only runs before any call: no user code has read the environment yet."""
+    try:
+        keys = []
+        for entry in entries.split(b"\0"):
+            if not entry:
+                continue
+            key, sep, value = entry.partition(b"=")
+            if not sep or not key:
+                return f"malformed environment entry {entry[:64]!r}"
+            os.environb[key] = value  # os.environ shares its data
+            keys.append(key)
+        if b"TZ" in keys:
+            time.tzset()
+        if any(k in _TEMPDIR_VARS for k in keys):
+            tempfile = sys.modules.get("tempfile")
+            if tempfile is not None:
+                tempfile.tempdir = None
+        _log(_DEBUG, f"environment updated: {len(keys)} entries")
+        return ""
+    except Exception as exc:
+        return f"{type(exc).__name__}: {_text(exc)}"

@@ -1,0 +1,78 @@
+"""Plugin-namespace events between the hosts and sandbox code."""
+
+import logging
+import logging.handlers
+import os
+
+from .common import _DEBUG, _WARNING, _log, _text
+
+# agentix.sio when the venv has agentix (set by _start_namespaces), else None.
+_sio = None
+_sio_missing_reported = False
+
+
+class _NamespaceBridge:
+    """What agentix.sio sends plugin-namespace events through: the channel's
+    side-channel queue (thread-safe, in order with log records)."""
+
+    def __init__(self, channel):
+        self._channel = channel
+        self.enabled = True
+
+    def emit(self, namespace, event, payload, request_id, error):
+        if not self.enabled:
+            raise RuntimeError("agentix.sio: events can only be emitted by "
+                               "the running sandbox worker (not during its "
+                               "shutdown, not from a forked child)")
+        if error is None:
+            self._channel.send_ns_event(namespace, event, payload, request_id,
+                                        None, "", 0)
+            return
+        status = error.get("status_code")
+        self._channel.send_ns_event(
+            namespace, event, payload, request_id,
+            str(error.get("type", "Error")), str(error.get("message", "")),
+            status if type(status) is int and -2**31 <= status < 2**31 else 0)
+
+
+def _start_namespaces(channel):
+    """Installs the agentix.sio bridge if the venv has agentix; returns it."""
+    global _sio
+    try:
+        import agentix.sio as sio_module
+    except ImportError:
+        _log(_DEBUG, "agentix is not importable in the sandbox; plugin "
+                     "namespaces are unavailable")
+        return None
+    except Exception as exc:
+        _log(_WARNING, "importing agentix.sio failed "
+             f"({type(exc).__name__}: {_text(exc)}); plugin namespaces are "
+             "unavailable")
+        return None
+    bridge = _NamespaceBridge(channel)
+    sio_module._install(bridge)
+
+    def after_fork_in_child():
+        bridge.enabled = False
+
+    os.register_at_fork(after_in_child=after_fork_in_child)
+    _sio = sio_module
+    return bridge
+
+
+def _deliver_namespace_event(namespace, event, payload):
+    """Hands one host event to agentix.sio (on the loop); never raises."""
+    global _sio_missing_reported
+    if _sio is None:
+        if not _sio_missing_reported:
+            _sio_missing_reported = True
+            logging.getLogger("agentix.sio").warning(
+                "event %r for namespace %s dropped: the sandbox's venv has no "
+                "agentix package, so no agentix.Namespace can receive it",
+                event, namespace)
+        return
+    try:
+        _sio._deliver(namespace, event, payload)
+    except Exception:
+        logging.getLogger("agentix.sio").exception(
+            "delivering event %r of namespace %s failed", event, namespace)

@@ -1,0 +1,73 @@
+"""main(): boots logging, tracing and namespaces, then serves the channel."""
+
+import asyncio
+import os
+import sys
+
+import _agentix_worker as _w
+
+from .common import (
+    EXIT_CHANNEL,
+    _DEBUG,
+    _ERROR,
+    _WARNING,
+    _format,
+    _log,
+    _text,
+)
+from .logs import _Logs
+from .namespaces import _start_namespaces
+from .traces import _start_trace_forwarding
+from .worker import _Worker
+
+def _on_loop_error(loop, context):
+    message = context.get("message") or "event loop error"
+    exc = context.get("exception")
+    if exc is not None:
+        message = (f"{message}: {type(exc).__name__}: {_text(exc)}\n"
+                   f"{_format(exc)}")
+    _log(_WARNING, message)
+
+
+def main(channel_fd, worker_id, payload_fd=-1):
+    """Serves calls until shutdown or end of stream. Returns (exit_code,
+    clean) for worker.cc. `payload_fd`: the daemon's shared payload area, or
+    -1."""
+    channel = _w.Channel(channel_fd, payload_fd)
+    logs = _Logs(channel, worker_id)
+    logs.start()
+    forwarder = _start_trace_forwarding(channel)
+    namespaces = _start_namespaces(channel)
+    try:
+        return _serve(channel, channel_fd, worker_id)
+    finally:
+        if namespaces is not None:
+            namespaces.enabled = False
+        if forwarder is not None:
+            # Spans closed during interpreter teardown have nowhere to go.
+            forwarder.enabled = False
+        logs.stop()
+
+
+def _serve(channel, channel_fd, worker_id):
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    loop.set_exception_handler(_on_loop_error)
+    worker = _Worker(loop, channel)
+    loop.add_reader(channel_fd, worker.on_readable)
+    try:
+        channel.send_ready(os.getpid(), "%d.%d.%d" % sys.version_info[:3])
+        channel.flush()
+    except _w.ChannelError as exc:
+        _log(_ERROR, f"cannot send ready: {exc}")
+        return EXIT_CHANNEL, True
+    _log(_DEBUG, f"worker {worker_id} ready")
+    while worker.exit_code is None:
+        try:
+            loop.run_forever()
+        except BaseException as exc:
+            # Only code outside our wrappers gets here (e.g. a background task
+            # the user started raised SystemExit); calls are unaffected.
+            _log(_WARNING, "event loop interrupted by "
+                 f"{type(exc).__name__}: {_text(exc)}; continuing")
+    return worker.finish()

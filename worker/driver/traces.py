@@ -1,0 +1,241 @@
+"""agentix.trace events as trace frames."""
+
+import calendar
+import os
+import threading
+from datetime import datetime, timezone
+
+import _agentix_worker as _w
+
+from .common import _DEBUG, _WARNING, _call_id, _log, _text
+
+# agentix.runtime.v1.TraceEventKind / SpanStatusCode
+_TRACE_START, _TRACE_END, _SPAN_START, _SPAN_END = 1, 2, 3, 4
+_SPAN_STATUS = {"unset": 0, "ok": 1, "error": 2}
+
+# TraceEvent attributes are int64 (OTel AnyValue); larger ints go as repr.
+_INT64 = (-(1 << 63), 1 << 63)
+_NANOS = 1_000_000_000
+
+
+def _attribute(value):
+    """value as an attribute scalar (str/bool/int/float/bytes), anything
+    else as its repr(); None for None (the key is then left out)."""
+    if value is None:
+        return None
+    # Subclasses (enums, str/int wrappers) become their plain base value:
+    # msgpack carries only the base types, and repr() would hide the value.
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        if _INT64[0] <= value < _INT64[1]:
+            return int(value)
+    elif isinstance(value, float):
+        return float(value)
+    elif isinstance(value, bytes):
+        return bytes(value)
+    try:
+        return repr(value)
+    except BaseException:
+        return f"<unrepresentable {type(value).__name__} object>"
+
+
+# Attribute values of these exact types are sent as they are (ints after a
+# range check): the common case skips _attribute's isinstance() chain.
+_PLAIN_ATTRIBUTES = frozenset((str, float, bool, bytes))
+
+
+def _attribute_map(mapping):
+    """A dict of attribute scalars from `mapping` (keys as str)."""
+    out = {}
+    if isinstance(mapping, dict):
+        for key, value in list(mapping.items()):
+            kind = type(value)
+            if kind not in _PLAIN_ATTRIBUTES and not (
+                    kind is int and _INT64[0] <= value < _INT64[1]):
+                value = _attribute(value)
+                if value is None:
+                    continue
+            out[key if isinstance(key, str) else _text(key)] = value
+    return out
+
+
+def _attributes(mapping):
+    """The msgpack map of `mapping`'s attributes, or None if it has none."""
+    if not mapping:
+        return None
+    out = _attribute_map(mapping)
+    return _w.msgpack_dumps(out) if out else None
+
+
+def _str(value):
+    """value if it is a str (the common case: no call to _text)."""
+    return value if type(value) is str else _text(value)
+
+
+# The last "YYYY-MM-DDTHH:MM:SS" _unix_nanos converted, with its Unix
+# seconds: a span's stamps (and the next span's) mostly share their second.
+_last_second = ("", 0)
+
+
+def _unix_nanos(stamp):
+    """An agentix timestamp (ISO-8601 UTC "YYYY-MM-DDTHH:MM:SS.ffffffZ", or
+    a datetime) as Unix nanoseconds; 0 if missing or unreadable."""
+    global _last_second
+    try:
+        if isinstance(stamp, str):
+            if len(stamp) == 27 and stamp[19] == "." and stamp[26] == "Z":
+                # agentix's own format: slicing is ~10x cheaper than parsing.
+                head, seconds = _last_second  # one tuple: thread-safe
+                if stamp[:19] != head:
+                    head = stamp[:19]
+                    seconds = calendar.timegm((
+                        int(head[0:4]), int(head[5:7]), int(head[8:10]),
+                        int(head[11:13]), int(head[14:16]), int(head[17:19]),
+                        0, 0, 0))
+                    _last_second = (head, seconds)
+                return seconds * _NANOS + int(stamp[20:26]) * 1000
+            stamp = datetime.fromisoformat(stamp)
+        if isinstance(stamp, datetime):
+            if stamp.tzinfo is None:
+                stamp = stamp.replace(tzinfo=timezone.utc)
+            return (calendar.timegm(stamp.utctimetuple()) * _NANOS
+                    + stamp.microsecond * 1000)
+    except Exception:
+        pass
+    return 0
+
+
+def _events(events):
+    """msgpack [[name, time_unix_nanos, {attributes}], ...], or None."""
+    if not events:
+        return None
+    out = []
+    for event in list(events):
+        out.append([_text(getattr(event, "name", "")),
+                    _unix_nanos(getattr(event, "timestamp", None)),
+                    _attribute_map(getattr(event, "attributes", None))])
+    return _w.msgpack_dumps(out)
+
+
+def _trace_forwarder_class(base):
+    class _TraceForwarder(base):
+        """Sends each trace/span lifecycle event as a `trace` frame (the
+        original's _ForwardProcessor). Never raises into the traced code:
+        failures are counted, and the first one is reported on stderr."""
+
+        def __init__(self, channel):
+            super().__init__()
+            self._channel = channel
+            self.enabled = True
+            self.failures = 0
+            # Set while this thread forwards: a repr() or a log handler run
+            # by the forwarding that opens a span must not forward again.
+            self._busy = threading.local()
+
+        def __repr__(self):
+            return "<agentix-worker trace forwarder>"
+
+        def _forward(self, kind, item):
+            if not self.enabled or getattr(self._busy, "on", False):
+                return
+            self._busy.on = True
+            try:
+                self._send(kind, item)
+            except BaseException as exc:
+                self.failures += 1
+                if self.failures == 1:
+                    _log(_WARNING, "cannot forward a trace event "
+                         f"({type(exc).__name__}: {_text(exc)}); "
+                         "dropping it (later failures are only counted)")
+            finally:
+                self._busy.on = False
+
+        def _send(self, kind, item):
+            # Span events first: they are most of the traffic.
+            if kind == _SPAN_END or kind == _SPAN_START:
+                end_ns, events, status, description = 0, None, 0, ""
+                error_message, error_data = "", None
+                if kind == _SPAN_END:
+                    end_ns = _unix_nanos(item.ended_at)
+                    events = item.events
+                    events = _events(events) if events else None
+                    status = _SPAN_STATUS.get(item.status, 0)
+                    description = item.status_description
+                    description = ("" if description is None
+                                   else _str(description))
+                    error = item.error
+                    if error is not None:
+                        error_message = _text(
+                            getattr(error, "message", error))
+                        error_data = _attributes(getattr(error, "data", None))
+                parent_id = item.parent_id
+                self._channel.send_trace(
+                    kind=kind, trace_id=_str(item.trace_id),
+                    span_id=_str(item.span_id),
+                    parent_id="" if parent_id is None else _str(parent_id),
+                    name=_str(item.name),
+                    start_time_unix_nanos=_unix_nanos(item.started_at),
+                    end_time_unix_nanos=end_ns,
+                    attributes=_attributes(item.attrs), events=events,
+                    status=status, status_description=description,
+                    error_message=error_message, error_data=error_data,
+                    call_id=_call_id.get())
+            elif kind == _TRACE_START:
+                self._channel.send_trace(
+                    kind=kind, trace_id=_str(item.trace_id),
+                    name=_str(item.name),
+                    start_time_unix_nanos=_unix_nanos(item.started_at),
+                    attributes=_attributes(item.metadata),
+                    call_id=_call_id.get())
+            else:
+                self._channel.send_trace(
+                    kind=kind, trace_id=_str(item.trace_id),
+                    end_time_unix_nanos=_unix_nanos(item.ended_at),
+                    call_id=_call_id.get())
+
+        def on_trace_start(self, trace):
+            self._forward(_TRACE_START, trace)
+
+        def on_trace_end(self, trace):
+            self._forward(_TRACE_END, trace)
+
+        def on_span_start(self, span):
+            self._forward(_SPAN_START, span)
+
+        def on_span_end(self, span):
+            self._forward(_SPAN_END, span)
+
+    return _TraceForwarder
+
+
+def _start_trace_forwarding(channel):
+    """Registers the forwarding processor if the venv has agentix; returns it
+    (None without agentix)."""
+    try:
+        import agentix.utils.trace as trace_module
+    except ImportError:
+        _log(_DEBUG, "agentix is not importable in the sandbox; "
+                     "traces and spans are not forwarded")
+        return None
+    except Exception as exc:
+        _log(_WARNING, "importing agentix.utils.trace failed "
+             f"({type(exc).__name__}: {_text(exc)}); traces and spans are "
+             "not forwarded")
+        return None
+    try:
+        forwarder = _trace_forwarder_class(trace_module.Processor)(channel)
+        trace_module.add_processor(forwarder)
+    except Exception as exc:
+        _log(_WARNING, "cannot register the trace forwarder "
+             f"({type(exc).__name__}: {_text(exc)})")
+        return None
+
+    def after_fork_in_child():
+        # The channel is the parent's: a child's spans are not forwarded.
+        forwarder.enabled = False
+
+    os.register_at_fork(after_in_child=after_fork_in_child)
+    return forwarder

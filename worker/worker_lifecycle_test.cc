@@ -1,0 +1,252 @@
+// agentix-worker end to end: shutdown, desynchronisation, boot, venvs, fds.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <msgpack.hpp>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "testing/status_matchers.h"
+#include "worker/ipc/frame.h"
+#include "worker/worker_test_util.h"
+
+namespace agentix::worker {
+namespace {
+
+TEST_CASE("Shutdown cancels running calls and exits 0", "[worker]") {
+  auto worker = ReadyWorker();
+  worker->Call("stuck", "worker_fixture::sleep_sync", Pickle("((30,), {})"));
+  worker->Call("waiting", "worker_fixture::sleep_async", Pickle("((30,), {})"));
+  worker->ExpectSilence(absl::Milliseconds(100));
+  const absl::Time start = absl::Now();
+  worker->Shutdown();
+  auto replies = worker->AwaitReplies({"stuck", "waiting"}, absl::Seconds(5));
+  REQUIRE(replies["stuck"].error.type == "Cancelled");
+  REQUIRE(replies["waiting"].error.type == "Cancelled");
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+  REQUIRE(absl::Now() - start < absl::Seconds(5));
+}
+
+TEST_CASE("Shutdown of an idle worker exits 0 promptly", "[worker]") {
+  auto worker = ReadyWorker();
+  const absl::Time start = absl::Now();
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+  REQUIRE(absl::Now() - start < absl::Seconds(2));
+}
+
+TEST_CASE("End of stream exits 0", "[worker]") {
+  auto worker = ReadyWorker();
+  worker->Call("stuck", "worker_fixture::sleep_sync", Pickle("((30,), {})"));
+  worker->CloseChannel();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("A garbage frame desynchronises: the worker exits non-zero",
+          "[worker]") {
+  auto worker = ReadyWorker();
+  worker->SendRaw(std::string("\x04\x00\x00\x00\xc1\xc1\xc1\xc1", 8));
+  const base::ExitStatus exit = worker->AwaitExit();
+  REQUIRE(exit.returncode() == 4);
+}
+
+TEST_CASE("An oversized frame length desynchronises", "[worker]") {
+  auto worker = ReadyWorker();
+  worker->SendRaw(std::string("\xff\xff\xff\xff", 4));
+  REQUIRE(worker->AwaitExit().returncode() == 4);
+}
+
+TEST_CASE("Boot failures send boot_error and exit 3", "[worker]") {
+  WorkerArgs options;
+  std::string expect;
+  SECTION("bad --python-home") {
+    options.args = {"--python-home", "/nonexistent/home"};
+    expect = "/nonexistent/home";
+  }
+  SECTION("bad --venv") {
+    options.args = {"--venv=/nonexistent/venv"};
+    expect = "/nonexistent/venv";
+  }
+  SECTION("a home whose stdlib is broken") {
+    // os.py is there, so the path check passes; CPython itself then fails
+    // (no encodings package) and must not take the process down uncleanly.
+    const std::string home = absl::StrCat(TempRoot(), "/broken_home");
+    fs::create_directories(home + "/lib/python3.11");
+    WriteFile(home + "/lib/python3.11/os.py", "");
+    options.args = {"--python-home=" + home};
+    expect = "Python initialisation failed";
+  }
+  Worker worker(options);
+  REQUIRE_OK_AND_ASSIGN(Frame frame, worker.Next(absl::Seconds(20)));
+  REQUIRE(frame.type == FrameType::kBootError);
+  REQUIRE(frame.error.type == "WorkerBootError");
+  INFO(frame.error.message);
+  REQUIRE(frame.error.message.find(expect) != std::string::npos);
+  REQUIRE(worker.AwaitExit().returncode() == 3);
+}
+
+TEST_CASE("--python-home: a relocated stdlib is used from its new place",
+          "[worker]") {
+  // A bundle-style tree: <home>/lib/python3.11 is Debian's stdlib, moved.
+  // Like the bundler, it leaves out dist-packages (there once Debian's
+  // python3-numpy or the like is installed), which site.py would add.
+  const std::string home = absl::StrCat(TempRoot(), "/relocated/python");
+  if (!fs::exists(home)) {
+    const std::string stdlib = home + "/lib/python3.11";
+    fs::create_directories(stdlib);
+    for (const auto& entry : fs::directory_iterator("/usr/lib/python3.11")) {
+      const std::string name = entry.path().filename().string();
+      if (name == "dist-packages" || name == "site-packages") continue;
+      fs::create_symlink(entry.path(), stdlib + "/" + name);
+    }
+  }
+  WorkerArgs options;
+  options.args = {"--python-home", home};
+  auto worker = ReadyWorker(options);
+  const std::string info =
+      worker->CallOk("worker_fixture::interpreter_info", Pickle("((), {})"));
+  REQUIRE(Unpickle(info, "v['prefix']") == home);
+  REQUIRE(Unpickle(info, "v['os_file']") == home + "/lib/python3.11/os.py");
+  const std::string path =
+      worker->CallOk("worker_fixture::sys_path", Pickle("((), {})"));
+  REQUIRE(Unpickle(path) ==
+          absl::StrCat("['", FixtureDir(), "', '", home, "/lib/python3.11', '",
+                       home, "/lib/python3.11/lib-dynload']"));
+  // C extensions load from the relocated lib-dynload.
+  REQUIRE(Unpickle(worker->CallOk("math::factorial", Pickle("((5,), {})"))) ==
+          "120");
+}
+
+TEST_CASE("A missing channel fd exits 3 without hanging", "[worker]") {
+  base::SpawnOptions spawn;
+  spawn.path = WorkerBinary();
+  spawn.argv = {spawn.path, "--channel-fd=1000"};
+  spawn.env = {"PATH=/usr/bin:/bin"};
+  REQUIRE_OK_AND_ASSIGN(base::ChildProcess child,
+                        base::ChildProcess::Spawn(spawn));
+  REQUIRE_OK_AND_ASSIGN(base::ExitStatus exit, child.AwaitExit(absl::Seconds(10)));
+  REQUIRE(exit.returncode() == 3);
+}
+
+TEST_CASE("The worker boots and serves under a low open-file limit",
+          "[worker]") {
+  // The channel's fd number must be valid under `ulimit -n 64`; the limit is
+  // inherited by the worker and restored here once it is spawned.
+  struct rlimit saved {};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+  struct rlimit low = saved;
+  low.rlim_cur = 64;
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+  auto worker = std::make_unique<Worker>();
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &saved) == 0);
+  worker->AwaitReady();
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::add",
+                                  Pickle("((1, 2), {})"))) == "3");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("The worker and its children hold no fd of the spawner's",
+          "[worker]") {
+  // A stray fd of the test (as a daemon's socket it forgot to mark CLOEXEC).
+  const std::string secret = absl::StrCat(TempRoot(), "/secret-", getpid());
+  WriteFile(secret, "s3cret");
+  base::UniqueFd stray(::open(secret.c_str(), O_RDONLY));
+  REQUIRE(stray.valid());
+  auto worker = ReadyWorker();
+  const std::string fds =
+      worker->CallOk("worker_fixture::open_fds", Pickle("((), {})"));
+  INFO(Unpickle(fds));
+  CHECK(Unpickle(fds, absl::StrCat("'", secret, "' not in str(v['worker'])")) ==
+        "True");
+  // A process the user code starts without close_fds gets stdio only: the
+  // channel is close-on-exec.
+  CHECK(Unpickle(fds, "v['child']") == "[0, 1, 2]");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+// A venv made by Debian's python3 at test time, with a module and a .pth.
+std::string MakeVenv(const std::string& name, bool system_site) {
+  const std::string dir = absl::StrCat(TempRoot(), "/", name);
+  if (!fs::exists(dir + "/pyvenv.cfg")) {
+    std::vector<std::string> args = {"-m", "venv", "--without-pip"};
+    if (system_site) args.push_back("--system-site-packages");
+    args.push_back(dir);
+    RunPython(args);
+    const std::string site = dir + "/lib/python3.11/site-packages";
+    WriteFile(site + "/venv_marker.py", "def where():\n    return __file__\n");
+    fs::create_directories(dir + "/pth_target");
+    WriteFile(site + "/agentix_test.pth", dir + "/pth_target\n");
+  }
+  return dir;
+}
+
+void CheckVenvWorker(const std::string& venv) {
+  WorkerArgs options;
+  options.args = {"--venv", venv};
+  auto worker = ReadyWorker(options);
+  REQUIRE(Unpickle(worker->CallOk("venv_marker::where", Pickle("((), {})"))) ==
+          absl::StrCat("'", venv, "/lib/python3.11/site-packages/venv_marker.py'"));
+  const std::string info =
+      worker->CallOk("worker_fixture::interpreter_info", Pickle("((), {})"));
+  REQUIRE(Unpickle(info, "v['executable']") == venv + "/bin/python3");
+  REQUIRE(Unpickle(info, "v['prefix']") == venv);
+  REQUIRE(Unpickle(info, "v['base_prefix']") == "/usr");
+  // sys.path is exactly what the venv's own python has (minus the missing
+  // python311.zip), with the import roots in front.
+  const std::string path =
+      worker->CallOk("worker_fixture::sys_path", Pickle("((), {})"));
+  REQUIRE(Unpickle(path) ==
+          RunPython({"-c",
+                     "import sys\n"
+                     "print(repr([sys.argv[1]] + [p for p in sys.path "
+                     "if not p.endswith('.zip')]), end='')",
+                     FixtureDir()},
+                    venv + "/bin/python3"));
+}
+
+TEST_CASE("A venv's site-packages and .pth files are used", "[worker][venv]") {
+  const std::string venv = MakeVenv("venv_plain", /*system_site=*/false);
+  CheckVenvWorker(venv);
+  WorkerArgs options;
+  options.args = {"--venv", venv};
+  auto worker = ReadyWorker(options);
+  const std::string path =
+      worker->CallOk("worker_fixture::sys_path", Pickle("((), {})"));
+  REQUIRE(Unpickle(path, "'/usr/lib/python3/dist-packages' in v") == "False");
+  REQUIRE(Unpickle(path, "v[-1].endswith('/pth_target')") == "True");
+}
+
+TEST_CASE("A --system-site-packages venv also sees Debian's dist-packages",
+          "[worker][venv]") {
+  const std::string venv = MakeVenv("venv_system", /*system_site=*/true);
+  CheckVenvWorker(venv);
+  WorkerArgs options;
+  options.args = {"--venv", venv};
+  auto worker = ReadyWorker(options);
+  const std::string path =
+      worker->CallOk("worker_fixture::sys_path", Pickle("((), {})"));
+  REQUIRE(Unpickle(path, "'/usr/lib/python3/dist-packages' in v") == "True");
+}
+
+}  // namespace
+}  // namespace agentix::worker
