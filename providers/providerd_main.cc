@@ -79,6 +79,11 @@ ABSL_FLAG(int64_t, retention_s, 3600,
 ABSL_FLAG(int64_t, max_sandboxes, 0,
           "live sandboxes at once, pool members included (0: no limit; "
           "beyond: RESOURCE_EXHAUSTED QUOTA_EXCEEDED)");
+ABSL_FLAG(int64_t, pool_refill_delay_ms, 50,
+          "a warm pool starts refill members once no claim has come for this "
+          "many milliseconds (at most 5x this after the first claim waiting "
+          "for it; at once while a claim waits for a member), so claims do "
+          "not share the CPU with booting members; 0: refill at once");
 ABSL_FLAG(bool, destroy_on_exit, true,
           "on SIGTERM/SIGINT destroy every sandbox (they die with providerd "
           "anyway: bubblewrap --die-with-parent); false keeps only the "
@@ -249,6 +254,13 @@ absl::StatusOr<ProviderdConfig> ConfigFromFlags(std::vector<std::string> listen)
   }
   config.controller.max_sandboxes =
       static_cast<int>(absl::GetFlag(FLAGS_max_sandboxes));
+  if (absl::GetFlag(FLAGS_pool_refill_delay_ms) < 0 ||
+      absl::GetFlag(FLAGS_pool_refill_delay_ms) > 60000) {
+    return absl::InvalidArgumentError(
+        "--pool-refill-delay-ms must be between 0 and 60000");
+  }
+  config.controller.pool_refill_delay =
+      absl::Milliseconds(absl::GetFlag(FLAGS_pool_refill_delay_ms));
   config.destroy_on_exit = absl::GetFlag(FLAGS_destroy_on_exit);
   config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
 

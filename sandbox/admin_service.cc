@@ -147,6 +147,7 @@ SandboxAdminStatus SandboxAdminService::GetStatus() {
   status.set_calls_in_flight(static_cast<int32_t>(calls));
   status.set_open_streams(open);
   status.set_worker_running(info.worker_pid != 0);
+  status.set_worker_booting(info.worker_booting);
   if (calls == 0 && open == 0) {
     absl::Time since = info.last_call_end;
     if (activity_ != nullptr) since = std::max(since, activity_->last_close());

@@ -189,11 +189,66 @@ TEST_CASE("A worker that cannot apply the env, or does not answer, is replaced",
     const absl::Time start = absl::Now();
     REQUIRE(admin.Activate(Request("run")).ok());
     CHECK(absl::Now() - start < absl::Seconds(5));
-    CHECK(manager.Info().worker_pid != pid);
+    // The first call, sent at once, waits for the replacement: it never
+    // runs in the worker that has not applied the env.
     CHECK(WorkerEnv(manager, "USER_VAR") == "hello");
+    CHECK(manager.Info().worker_pid != pid);
     CHECK(WorkerEnv(manager, "AGENTIX_SANDBOX_ID") == "sbx-1");
     CHECK(manager.Info().workers_started == 2);
   }
+}
+
+TEST_CASE("Activate does not wait for the worker's env_set; the first call "
+          "does, and sees the env",
+          "[admin]") {
+  SessionOptions options = FakeWorker();
+  options.worker.env.push_back("FAKE_WORKER_SET_ENV=slow");  // answers 400 ms late
+  SessionManager manager(options);
+  REQUIRE(manager.StartWorker().ok());
+  for (int i = 0; i < 500 && manager.Info().worker_booting; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  REQUIRE_FALSE(manager.Info().worker_booting);
+  SandboxAdminService admin(TokenGate::Armable("admin"), &manager, nullptr,
+                            true, absl::Seconds(10));
+  const int64_t pid = manager.Info().worker_pid;
+  const absl::Time start = absl::Now();
+  REQUIRE(admin.Activate(Request("run")).ok());
+  CHECK(absl::Now() - start < absl::Milliseconds(300));
+  // Sent before the answer: queued behind it, then run in the same worker.
+  CHECK(WorkerEnv(manager, "USER_VAR") == "hello");
+  CHECK(absl::Now() - start >= absl::Milliseconds(350));
+  CHECK(manager.Info().worker_pid == pid);
+  CHECK(manager.Info().workers_started == 1);
+}
+
+TEST_CASE("GetStatus says worker_booting until the prestarted worker is ready",
+          "[admin]") {
+  SessionOptions options = FakeWorker();
+  options.worker.env.push_back("FAKE_WORKER_BOOT=hang");
+  options.worker.ready_timeout = absl::Milliseconds(500);
+  SessionManager manager(options);
+  SandboxAdminService admin(TokenGate::Armable("admin"), &manager, nullptr,
+                            true);
+  CHECK_FALSE(admin.GetStatus().worker_booting());  // none runs
+  REQUIRE(manager.StartWorker().ok());
+  CHECK(admin.GetStatus().worker_running());
+  CHECK(admin.GetStatus().worker_booting());
+  // Killed at its ready timeout: nothing boots any more.
+  for (int i = 0; i < 300 && admin.GetStatus().worker_booting(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  CHECK_FALSE(admin.GetStatus().worker_booting());
+
+  SessionManager healthy(FakeWorker());
+  SandboxAdminService healthy_admin(TokenGate::Armable("admin"), &healthy,
+                                    nullptr, true);
+  REQUIRE(healthy.StartWorker().ok());
+  for (int i = 0; i < 500 && healthy_admin.GetStatus().worker_booting(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  CHECK_FALSE(healthy_admin.GetStatus().worker_booting());
+  CHECK(healthy_admin.GetStatus().worker_running());
 }
 
 TEST_CASE("A prestarted worker that failed to boot: Activate succeeds, the "

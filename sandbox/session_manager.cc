@@ -98,29 +98,42 @@ void SessionManager::WatchUploads() {
   while (true) {
     std::vector<Delivery> out;
     bool release = false;
+    bool deliver = false;
     {
       absl::MutexLock lock(&mu_);
       auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return shut_down_ || !uploading_.empty() || release_memory_;
+        return shut_down_ || !uploading_.empty() || release_memory_ ||
+               env_pending_generation_ != 0;
       };
       mu_.Await(absl::Condition(&wake));
       if (shut_down_) return;
       release = std::exchange(release_memory_, false);
       if (!release) {
-        auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return shut_down_;
+        // Also bounds a set_env without an answer (env_pending_*).
+        const uint64_t pending = env_pending_generation_;
+        absl::Time until = absl::Now() + tick;
+        if (pending != 0) until = std::min(until, env_pending_deadline_);
+        auto stop = [this, pending]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return shut_down_ ||
+                 (pending != 0 && env_pending_generation_ != pending);
         };
-        if (mu_.AwaitWithTimeout(absl::Condition(&stop), tick)) return;
-        ExpireUploads(absl::Now(), out);
+        mu_.AwaitWithDeadline(absl::Condition(&stop), until);
+        if (shut_down_) return;
+        if (pending != 0 && env_pending_generation_ == pending &&
+            absl::Now() >= env_pending_deadline_) {
+          EndEnvPending("no answer to set_env in time", out);
+        }
+        if (!uploading_.empty()) ExpireUploads(absl::Now(), out);
         if (!out.empty()) {
           DispatchQueued(out);
           FlushToWorker();
           Post(out);
+          deliver = true;
         }
       }
     }
     if (release) base::ReleaseFreeMemory();
-    if (!out.empty()) DeliverPosted();
+    if (deliver) DeliverPosted();
   }
 }
 
@@ -297,7 +310,8 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
     uploading_.insert(id);
   }
   const size_t limit = options_.max_concurrent_calls;
-  if (limit > 0 && (running_calls_ >= limit || !call_queue_.empty())) {
+  if (env_pending_generation_ != 0 ||
+      (limit > 0 && (running_calls_ >= limit || !call_queue_.empty()))) {
     if (call_queue_.size() >= options_.max_queued_calls) {
       Emit(id, call,
            MakeCallError(
@@ -361,6 +375,7 @@ void SessionManager::Dispatch(const std::string& id, Call& call,
 }
 
 void SessionManager::DispatchQueued(std::vector<Delivery>& out) {
+  if (env_pending_generation_ != 0) return;  // they wait for env_set
   const size_t limit = options_.max_concurrent_calls;
   while (!call_queue_.empty() && !shut_down_ &&
          (limit == 0 || running_calls_ < limit)) {
@@ -943,9 +958,16 @@ bool SessionManager::ApplyWorkerFrame(uint64_t generation, ipc::Frame& frame,
   if (frame.type != FrameType::kResultChunk &&
       frame.type != FrameType::kResult && frame.type != FrameType::kError &&
       frame.type != FrameType::kStreamItem) {
-    if (frame.type == FrameType::kEnvSet) {  // ApplyWorkerEnv waits for it
+    if (frame.type == FrameType::kEnvSet) {  // the calls wait for it
       env_set_generation_ = generation;
       env_set_detail_ = std::move(frame.detail);
+      if (generation == env_pending_generation_) {
+        EndEnvPending(env_set_detail_.empty()
+                          ? ""
+                          : absl::StrCat("it could not apply the environment: ",
+                                         env_set_detail_),
+                      out);
+      }
       return false;
     }
     AGX_LOG(Warning, "ignoring unexpected '{}' frame from the worker",
@@ -1019,6 +1041,9 @@ void SessionManager::OnWorkerExit(uint64_t generation,
       // Destroyed later from another thread: this is its reader thread.
       dead_workers_.push_back(std::move(worker_));
     }
+    // It died before answering set_env: the next worker is spawned with
+    // the full environment.
+    if (generation == env_pending_generation_) env_pending_generation_ = 0;
     // Waiting calls go to the next worker.
     if (!call_queue_.empty()) {
       DispatchQueued(out);
@@ -1133,31 +1158,24 @@ absl::Status SessionManager::ApplyWorkerEnv(
     ReplaceWorker(encoded.message());
     return absl::OkStatus();
   }
-  const uint64_t generation = worker_->generation();
   env_set_generation_ = 0;
   FlushToWorker();
-  // Frames wait in the channel while the worker still boots, so this also
-  // waits for the rest of its boot (which the first call would wait for).
-  auto answered_or_gone = [this, generation]()
-                              ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return env_set_generation_ == generation || !worker_ ||
-           worker_->generation() != generation;
-  };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&answered_or_gone), timeout)) {
-    ReplaceWorker(absl::StrCat("no answer to set_env within ",
-                               absl::FormatDuration(timeout)));
-    return absl::OkStatus();
-  }
-  if (env_set_generation_ != generation) {
-    // It died (or never booted): the next call starts a worker with the
-    // full environment and reports a boot failure as it would have.
-    return absl::OkStatus();
-  }
-  if (!env_set_detail_.empty()) {
-    ReplaceWorker(absl::StrCat("it could not apply the environment: ",
-                               env_set_detail_));
-  }
+  // No wait for the answer: calls that arrive before it wait in the queue
+  // (the frames are ordered anyway; the queue is for a worker that refuses
+  // or never answers, which is replaced before any call runs in it).
+  env_pending_generation_ = worker_->generation();
+  env_pending_deadline_ = absl::Now() + timeout;
   return absl::OkStatus();
+}
+
+void SessionManager::EndEnvPending(absl::string_view why_replace,
+                                   std::vector<Delivery>& out) {
+  env_pending_generation_ = 0;
+  if (!why_replace.empty() && !shut_down_) ReplaceWorker(why_replace);
+  if (!call_queue_.empty()) {
+    DispatchQueued(out);
+    FlushToWorker();
+  }
 }
 
 SessionInfo SessionManager::Info() {
@@ -1165,6 +1183,7 @@ SessionInfo SessionManager::Info() {
   SessionInfo info;
   info.last_call_end = last_call_end_;
   info.worker_pid = worker_ ? worker_->pid() : 0;
+  info.worker_booting = worker_ && !worker_->booted();
   info.workers_started = workers_started_;
   for (const auto& [id, call] : calls_) {
     if (!call.terminal && !call.queued) ++info.calls_in_flight;

@@ -82,6 +82,8 @@ struct SessionOptions {
 
 struct SessionInfo {
   int64_t worker_pid = 0;
+  // A worker runs and has not sent `ready` yet.
+  bool worker_booting = false;
   uint64_t workers_started = 0;
   uint64_t calls_in_flight = 0;
   uint64_t calls_queued = 0;
@@ -136,13 +138,15 @@ class SessionManager : public WorkerProcess::Listener {
   // SandboxAdmin.Activate's env for a worker that may already be running
   // (--prestart-worker): adds `entries` for workers started from now on, as
   // AddWorkerEnv, and brings the running worker (if any) up to date before
-  // returning. Without a startup-only key (startup_env.h), the worker sets
-  // them in its os.environ (`set_env` frame) and this waits for its
-  // `env_set` answer, at most `timeout`. With one, or if the worker cannot
-  // apply them or does not answer in time, the worker is replaced by a fresh
-  // one spawned with the full environment. A worker that dies meanwhile is
-  // left to the next call, which starts one with the full environment (and
-  // reports a boot error as usual). Must be called before any call runs:
+  // any call runs in it. Without a startup-only key (startup_env.h), the
+  // worker sets them in its os.environ (`set_env` frame); this returns once
+  // the frame is sent, and calls that arrive before the worker's `env_set`
+  // answer wait for it (at most `timeout`). With a startup-only key, or if
+  // the worker cannot apply them or does not answer in time, the worker is
+  // replaced by a fresh one spawned with the full environment, and the
+  // waiting calls go to it. A worker that dies meanwhile is left to the next
+  // call, which starts one with the full environment (and reports a boot
+  // error as usual). Must be called before any call runs:
   // FailedPrecondition if one is in flight or queued. Otherwise OK, even when
   // no worker could be started (the next call tries again and reports why).
   absl::Status ApplyWorkerEnv(const std::vector<std::string>& entries,
@@ -335,6 +339,16 @@ class SessionManager : public WorkerProcess::Listener {
   // detail ("" = applied).
   uint64_t env_set_generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::string env_set_detail_ ABSL_GUARDED_BY(mu_);
+  // A set_env sent to this worker generation is not answered yet (0: none).
+  // Calls wait in call_queue_ meanwhile, so none runs in a worker that has
+  // not applied the env; the answer, the worker's exit or the deadline
+  // (the upload watchdog's thread) ends the wait.
+  uint64_t env_pending_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time env_pending_deadline_ ABSL_GUARDED_BY(mu_);
+  // Ends a pending set_env: `detail` non-empty replaces the worker (its
+  // env is not what calls must see). Dispatches the waiting calls.
+  void EndEnvPending(absl::string_view why_replace, std::vector<Delivery>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Replaces the live worker (if any) with a fresh one started with the
   // full environment; the old one is killed and reaped later.
   void ReplaceWorker(absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

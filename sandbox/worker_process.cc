@@ -351,6 +351,7 @@ void WorkerProcess::ReaderLoop() {
       }
       if (frame.type == ipc::FrameType::kReady) {
         ready = true;
+        booted_.store(true, std::memory_order_release);
         AGX_LOG(Debug, "worker {} ready: python {}", worker_id_, frame.detail);
       } else if (frame.type == ipc::FrameType::kBootError) {
         boot_error = frame.error.type.empty()

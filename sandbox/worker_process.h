@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -94,6 +95,8 @@ class WorkerProcess {
   ipc::PayloadArea* payloads() const { return payloads_.get(); }
 
   pid_t pid() const { return pid_; }
+  // True once the worker has sent `ready` (its boot is over).
+  bool booted() const { return booted_.load(std::memory_order_acquire); }
   uint64_t generation() const { return generation_; }
   const std::string& worker_id() const { return worker_id_; }
 
@@ -112,6 +115,7 @@ class WorkerProcess {
   base::UniqueFd channel_;
   std::unique_ptr<ipc::PayloadArea> payloads_;
   pid_t pid_ = -1;
+  std::atomic<bool> booted_{false};
 
   absl::Mutex child_mu_;
   base::ChildProcess child_ ABSL_GUARDED_BY(child_mu_);

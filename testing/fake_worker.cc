@@ -348,7 +348,8 @@ int main(int argc, char** argv) {
           break;
         case FrameType::kSetEnv: {
           // Applies "K=V\0" entries with setenv (FAKE_WORKER_SET_ENV=refuse:
-          // answers with an error, =ignore: never answers).
+          // answers with an error, =ignore: never answers, =slow: answers
+          // 400 ms later).
           const char* mode = std::getenv("FAKE_WORKER_SET_ENV");
           const std::string set_mode = mode ? mode : "";
           if (set_mode == "ignore") break;
@@ -370,6 +371,7 @@ int main(int argc, char** argv) {
               begin = end + 1;
             }
           }
+          if (set_mode == "slow") usleep(400 * 1000);
           Send(ack);
           break;
         }

@@ -215,6 +215,11 @@ class ControllerImpl final : public SandboxController, public EventSink {
     int64_t claimed = 0;
     int64_t cold_fallbacks = 0;
     std::deque<std::string> waiters;  // sandbox ids (WAIT_FOR_MEMBER)
+    // Refill hold (ControllerOptions::pool_refill_delay): the first claim
+    // of the current hold and the last claim; a tick is pending until then.
+    absl::Time hold_since = absl::InfinitePast();
+    absl::Time last_claim = absl::InfinitePast();
+    absl::Time hold_tick = absl::InfinitePast();
   };
 
   // --- helpers (mu_ held) ---
@@ -265,6 +270,10 @@ class ControllerImpl final : public SandboxController, public EventSink {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunLaunch(const std::string& id);
   void RunActivate(const std::string& id);
+  // Polls GetStatus until the daemon's prestarted worker (if any) has
+  // booted; a pool member is ready only then.
+  absl::Status AwaitWorkerBooted(const pb::Endpoint& endpoint, const std::string& admin_token,
+                                 absl::Time deadline, const std::function<bool()>& stop);
   // After a backend refused a warm claim (another claimer won, the member
   // is gone): the next member, or a cold launch. False when the sandbox is
   // being stopped anyway.
@@ -1063,6 +1072,7 @@ void ControllerImpl::CreateSandbox(const pb::CreateSandboxRequest& request,
             entry.waiting_for_member = true;
             pool->waiters.push_back(id);
             Schedule(entry.ready_deadline, Task{TaskKind::kMemberWaitTimeout, id});
+            Replenish(*pool);  // a held refill starts now: a claim waits for it
           } else {
             if (pool) {
               pool->cold_fallbacks++;
@@ -1136,6 +1146,36 @@ absl::StatusOr<pb::Endpoint> ControllerImpl::AwaitReady(Backend* backend, const 
     }
     absl::SleepFor(std::min(delay, std::max(absl::ZeroDuration(), deadline - absl::Now())));
     delay = std::min(delay * 2, absl::Milliseconds(20));
+  }
+}
+
+absl::Status ControllerImpl::AwaitWorkerBooted(const pb::Endpoint& endpoint,
+                                               const std::string& admin_token,
+                                               absl::Time deadline,
+                                               const std::function<bool()>& stop) {
+  absl::Duration delay = absl::Milliseconds(2);
+  absl::Status last = absl::OkStatus();
+  for (;;) {
+    if (stop()) return absl::CancelledError("stopped");
+    absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the worker did not boot before ready_timeout", last.ok() ? "" : "; last: ",
+          last.ok() ? "" : last.ToString()));
+    }
+    auto status = agent_->GetStatus(endpoint, admin_token,
+                                    std::min(deadline, now + absl::Seconds(1)));
+    if (status.ok()) {
+      if (!status->worker_booting) return absl::OkStatus();
+    } else if (status.status().code() == absl::StatusCode::kUnavailable ||
+               status.status().code() == absl::StatusCode::kDeadlineExceeded) {
+      last = status.status();
+    } else {
+      return absl::FailedPreconditionError(
+          absl::StrCat("status: ", status.status().ToString()));
+    }
+    absl::SleepFor(std::min(delay, std::max(absl::ZeroDuration(), deadline - absl::Now())));
+    delay = std::min(delay * 2, absl::Milliseconds(10));
   }
 }
 
@@ -1954,6 +1994,19 @@ void ControllerImpl::Replenish(Pool& pool) {
     counts.ready--;
   }
   int n = MembersToStart(pool.spec, counts);
+  if (n > 0 && pool.hold_since != absl::InfinitePast()) {
+    // Claims are arriving: their activations run first, the boots after.
+    const absl::Duration delay = options_.pool_refill_delay;
+    const absl::Time until = std::min(pool.last_claim + delay, pool.hold_since + 5 * delay);
+    if (now < until && pool.waiters.empty()) {
+      if (pool.hold_tick < now || pool.hold_tick > until) {
+        pool.hold_tick = until;
+        Schedule(until, Task{TaskKind::kPoolTick, pool.spec.name()});
+      }
+      return;
+    }
+    pool.hold_since = absl::InfinitePast();
+  }
   for (int i = 0; i < n; ++i) {
     Member m;
     m.id = RandomId("wp-", 10);
@@ -2010,6 +2063,12 @@ void ControllerImpl::RunMemberLaunch(const std::string& member_id) {
       return shutting_down_ || members_.at(member_id).doomed;
     };
     endpoint = AwaitReady(backend, *ref, launch.admin_token, deadline, stop);
+    if (endpoint.ok()) {
+      // A member is ready once its prestarted worker has booted: a claim
+      // then never waits for a boot (nor shares the CPU with it).
+      absl::Status booted = AwaitWorkerBooted(*endpoint, launch.admin_token, deadline, stop);
+      if (!booted.ok()) endpoint = booted;
+    }
   } else {
     endpoint = ref.status();
   }
@@ -2091,6 +2150,10 @@ bool ControllerImpl::ClaimMember(Pool& pool, Entry& e, Later* later) {
     pool.ready.erase(it);
     pool.claimed++;
     counters_["pool_claims"]++;
+    if (options_.pool_refill_delay > absl::ZeroDuration()) {
+      pool.last_claim = absl::Now();
+      if (pool.hold_since == absl::InfinitePast()) pool.hold_since = pool.last_claim;
+    }
     JournalSandbox(e);
     std::string id = e.record.id();
     Submit([this, id] { RunActivate(id); });

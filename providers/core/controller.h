@@ -41,6 +41,11 @@ struct ControllerOptions {
   int watch_history = 4096;                        // events kept for resume
   absl::Duration bookmark_interval = absl::Seconds(10);
   int max_sandboxes = 0;                           // 0: no limit
+  // A warm pool's refill waits until no claim has come for this long (at
+  // most 5x this after the first claim it waits for), so claims do not share
+  // the CPU with members booting; never while a claim waits for a member.
+  // Zero: refill at once.
+  absl::Duration pool_refill_delay = absl::Milliseconds(50);
   std::string version;
 };
 

@@ -1027,6 +1027,92 @@ TEST_CASE("Pools: a claim pops a ready member, arms it with the request's env an
   CHECK(still.status().phase() == pb::SandboxStatus::READY);
 }
 
+TEST_CASE("Pools: a member is ready only once its prestarted worker has booted; claims never "
+          "get one still booting",
+          "[controller][pool]") {
+  Harness h;
+  {
+    absl::MutexLock lock(&h.agent->mu);
+    h.agent->workers_booting = true;
+  }
+  h.Start();
+  REQUIRE_OK(h.controller->CreateWarmPool(PoolOf("p", 2, 2)));
+  // Up and passing CheckReady, but booting: creating, not ready.
+  absl::SleepFor(absl::Milliseconds(300));
+  {
+    absl::MutexLock lock(&h.agent->mu);
+    CHECK(h.agent->status_calls >= 2);  // polled, not given up
+  }
+  auto status = h.controller->GetWarmPool("p")->status();
+  CHECK(status.ready() == 0);
+  CHECK(status.creating() == 2);
+  pb::CreateSandboxRequest miss = Req("miss");
+  miss.mutable_spec()->set_warm_pool("p");
+  miss.set_on_pool_miss(pb::CreateSandboxRequest::FAIL);
+  auto refused = CreateSync(*h.controller, miss);
+  CHECK(refused.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(ReasonOf(refused.status()) == kReasonPoolMiss);
+  {
+    absl::MutexLock lock(&h.agent->mu);
+    h.agent->workers_booting = false;
+  }
+  REQUIRE(Eventually([&] { return h.controller->GetWarmPool("p")->status().ready() == 2; }));
+  pb::CreateSandboxRequest hit = Req("hit");
+  hit.mutable_spec()->set_warm_pool("p");
+  hit.set_on_pool_miss(pb::CreateSandboxRequest::FAIL);
+  REQUIRE_OK_AND_ASSIGN(CreateResult warm, CreateSync(*h.controller, hit));
+  CHECK(warm.sandbox.status().launch() == pb::SandboxStatus::WARM);
+  absl::MutexLock lock(&h.agent->mu);
+  CHECK(h.agent->activations == 1);
+  CHECK(h.agent->activated_while_booting == 0);
+}
+
+TEST_CASE("Pools: refills wait until claims stop coming (pool_refill_delay), but not while a "
+          "claim waits for a member",
+          "[controller][pool]") {
+  Harness h;
+  h.options.pool_refill_delay = absl::Milliseconds(400);
+  h.Start();
+  REQUIRE_OK(h.controller->CreateWarmPool(PoolOf("p", 3, 3)));
+  REQUIRE(Eventually([&] { return h.controller->GetWarmPool("p")->status().ready() == 3; }));
+  CHECK(h.world->launches() == 3);
+  pb::CreateSandboxRequest req = Req("a");
+  req.mutable_spec()->set_warm_pool("p");
+  const absl::Time claimed = absl::Now();
+  REQUIRE_OK_AND_ASSIGN(CreateResult a, CreateSync(*h.controller, req));
+  CHECK(a.sandbox.status().launch() == pb::SandboxStatus::WARM);
+  absl::SleepFor(absl::Milliseconds(150));
+  req.set_request_id("b");
+  REQUIRE_OK_AND_ASSIGN(CreateResult b, CreateSync(*h.controller, req));
+  CHECK(b.sandbox.status().launch() == pb::SandboxStatus::WARM);
+  // Held: 400 ms after the last claim (b), not before.
+  absl::SleepFor(absl::Milliseconds(300) - (absl::Now() - claimed - absl::Milliseconds(150)));
+  CHECK(h.world->launches() == 3);
+  REQUIRE(Eventually([&] { return h.world->launches() == 5; }, absl::Seconds(5)));
+  CHECK(absl::Now() - claimed >= absl::Milliseconds(500));
+  REQUIRE(Eventually([&] { return h.controller->GetWarmPool("p")->status().ready() == 3; }));
+
+  // A claim that waits for a member starts the refill at once.
+  h.options.pool_refill_delay = absl::Seconds(30);
+  Harness slow(h);
+  slow.options.state_dir = TempDir();
+  slow.world = std::make_shared<FakeWorld>();
+  slow.Start();
+  REQUIRE_OK(slow.controller->CreateWarmPool(PoolOf("q", 1, 1)));
+  REQUIRE(Eventually([&] { return slow.controller->GetWarmPool("q")->status().ready() == 1; }));
+  pb::CreateSandboxRequest first = Req("first");
+  first.mutable_spec()->set_warm_pool("q");
+  REQUIRE_OK_AND_ASSIGN(CreateResult f, CreateSync(*slow.controller, first));
+  CHECK(f.sandbox.status().launch() == pb::SandboxStatus::WARM);
+  pb::CreateSandboxRequest waiting = Req("waiting");
+  waiting.mutable_spec()->set_warm_pool("q");
+  waiting.set_on_pool_miss(pb::CreateSandboxRequest::WAIT_FOR_MEMBER);
+  const absl::Time start = absl::Now();
+  REQUIRE_OK_AND_ASSIGN(CreateResult w, CreateSync(*slow.controller, waiting));
+  CHECK(w.sandbox.status().launch() == pb::SandboxStatus::WARM);
+  CHECK(absl::Now() - start < absl::Seconds(5));
+}
+
 TEST_CASE("Pools: misses start cold (counted), wait for a member, or fail", "[controller][pool]") {
   Harness h;
   FakeConfig config;

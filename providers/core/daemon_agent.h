@@ -25,6 +25,9 @@ struct DaemonStatus {
   absl::Duration idle = absl::ZeroDuration();
   int calls_in_flight = 0;
   int open_streams = 0;
+  // A worker started before activation (--prestart-worker) is still
+  // booting. False when none runs or the daemon does not say.
+  bool worker_booting = false;
 };
 
 class DaemonAgent {

@@ -240,6 +240,7 @@ absl::StatusOr<DaemonStatus> GrpcDaemonAgent::GetStatus(
   out.idle = absl::Milliseconds(response.idle_ms());
   out.calls_in_flight = response.calls_in_flight();
   out.open_streams = response.open_streams();
+  out.worker_booting = response.worker_booting();
   return out;
 }
 

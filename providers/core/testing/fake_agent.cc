@@ -22,6 +22,7 @@ absl::Status FakeAgent::Activate(const pb::Endpoint& endpoint, const std::string
   state_->activated[endpoint.target()] = params;
   state_->activated_at[endpoint.target()] = absl::Now();
   state_->activations++;
+  if (state_->workers_booting) state_->activated_while_booting++;
   return absl::OkStatus();
 }
 
@@ -34,6 +35,8 @@ absl::StatusOr<DaemonStatus> FakeAgent::GetStatus(const pb::Endpoint& endpoint,
   status.activated = it != state_->activated_at.end();
   if (status.activated) status.idle = absl::Now() - it->second;
   status.calls_in_flight = state_->busy[endpoint.target()];
+  status.worker_booting = state_->workers_booting;
+  state_->status_calls++;
   return status;
 }
 

@@ -26,6 +26,11 @@ class FakeAgentState {
   std::map<std::string, absl::Time> activated_at ABSL_GUARDED_BY(mu);
   std::map<std::string, int> busy ABSL_GUARDED_BY(mu);  // calls in flight by target
   int activations ABSL_GUARDED_BY(mu) = 0;
+  // GetStatus says worker_booting for every target while set (a prestarted
+  // worker still booting); Activate counts the targets it arms meanwhile.
+  bool workers_booting ABSL_GUARDED_BY(mu) = false;
+  int activated_while_booting ABSL_GUARDED_BY(mu) = 0;
+  int status_calls ABSL_GUARDED_BY(mu) = 0;
 
   bool IsActivated(const std::string& sandbox_id) {
     absl::MutexLock lock(&mu);
