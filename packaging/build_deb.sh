@@ -55,7 +55,9 @@ for pair in "sandboxd:agentix-sandboxd" "worker:agentix-worker" \
 done
 ln -s ../lib/agentix/bin/agentix-sandboxd "$root/usr/bin/agentix-sandboxd"
 ln -s ../lib/agentix/bin/agentix-providerd "$root/usr/bin/agentix-providerd"
-ln -s ../lib/agentix/bin/bundler "$root/usr/bin/agentix-bundler"
+# On PATH too, for `agentix doctor` (the daemon finds it beside its own real path).
+ln -s ../lib/agentix/bin/agentix-worker "$root/usr/bin/agentix-worker"
+ln -s ../lib/agentix/bin/bundler "$root/usr/bin/agentix-bundle"
 
 # The bundler finds the daemon, worker, wheel and closure helper in
 # <its real path>.runfiles/agentix/ (bundler/bundler_main.cc, Runfile()).

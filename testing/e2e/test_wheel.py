@@ -204,8 +204,9 @@ def test_the_deb_installs_the_binaries_the_package_and_the_commands(deb):
     bin_dir = tree / "usr" / "lib" / "agentix" / "bin"
     for binary in ("agentix-sandboxd", "agentix-worker", "agentix-providerd", "bundler"):
         assert os.access(bin_dir / binary, os.X_OK), binary
-    for command, target in (("agentix-sandboxd", "agentix-sandboxd"), ("agentix-providerd", "agentix-providerd"),
-                            ("agentix-bundler", "bundler")):
+    # agentix-bundle is the name `agentix build` looks for on PATH.
+    for command, target in (("agentix-sandboxd", "agentix-sandboxd"), ("agentix-worker", "agentix-worker"),
+                            ("agentix-providerd", "agentix-providerd"), ("agentix-bundle", "bundler")):
         assert (tree / "usr" / "bin" / command).resolve() == bin_dir / target
     # The bundler's runfiles: what it bundles, where it looks for it.
     runfiles = bin_dir / "bundler.runfiles" / "agentix"
@@ -223,7 +224,8 @@ def test_the_deb_installs_the_binaries_the_package_and_the_commands(deb):
 
 def test_the_debs_commands_answer_help(deb):
     """`agentix --help` (the console script, on /usr/bin/python3 with the
-    package from the .deb) and `agentix-sandboxd --help` run from the tree."""
+    package from the .deb) and `agentix-sandboxd --help` run from the tree.
+    TODO(lead): with main's `agentix doctor` (cli23) merged, run it here too."""
     _, _, tree = deb
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env["PYTHONPATH"] = str(tree / "usr" / "lib" / "python3" / "dist-packages")
