@@ -280,6 +280,10 @@ absl::StatusOr<VenvReport> BuildVenv(const VenvOptions& options,
   }
   std::vector<std::string> agentix = pip;
   agentix.push_back("--no-deps");
+  // The venv sees the system site-packages while it is built: without this,
+  // an agentix installed there (the Debian package's) would satisfy pip and
+  // the bundle, whose venv drops the system site-packages, would lack it.
+  agentix.push_back("--ignore-installed");
   agentix.push_back(options.agentix_wheel);
   AGX_RETURN_IF_ERROR(
       RunCommandOrError(agentix, PipEnvironment()).status());

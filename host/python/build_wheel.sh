@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Builds the agentix wheel from a staged copy of the package (used by //host/python:wheel).
 #
-# Usage: build_wheel.sh OUT.whl PACKAGE_DIR GEN_PACKAGE_DIR FILE...
+# Usage: build_wheel.sh OUT.whl KIND REQUIRES_PYTHON PACKAGE_DIR GEN_PACKAGE_DIR FILE...
+#   KIND: "platform" (the FILEs include the native extension; tagged for the
+#   building interpreter and platform) or "pure" (no extension; py3-none-any).
+#   REQUIRES_PYTHON: the wheel's Requires-Python, written over pyproject.toml's
+#   (the platform wheel runs only on the interpreter its extension is built for).
 #   PACKAGE_DIR / GEN_PACKAGE_DIR: this package's source and generated-file roots
 #   (host/python and bazel-out/.../bin/host/python); each FILE is staged at its path
 #   below whichever root it lives under.
@@ -12,9 +16,15 @@
 set -euo pipefail
 
 out="$1"
-src_root="$2"
-gen_root="$3"
-shift 3
+kind="$2"
+requires_python="$3"
+src_root="$4"
+gen_root="$5"
+shift 5
+case "$kind" in
+  platform | pure) ;;
+  *) echo "build_wheel.sh: KIND must be platform or pure, not '$kind'" >&2; exit 1 ;;
+esac
 
 work="$(cd "$(mktemp -d "$(dirname "$out")/wheel-build.XXXXXX")" && pwd)"
 trap 'rm -rf "$work"' EXIT
@@ -27,11 +37,22 @@ for file in "$@"; do
     "$src_root"/*) rel="${file#"$src_root"/}" ;;
     *) echo "build_wheel.sh: $file is outside $src_root" >&2; exit 1 ;;
   esac
+  if [[ "$kind" == pure && "$rel" == *.so ]]; then
+    echo "build_wheel.sh: a pure wheel cannot carry $rel" >&2
+    exit 1
+  fi
   install -D -m 0644 "$file" "$stage/$rel"
 done
+# Exactly one requires-python line is rewritten, or the build fails.
+if [[ "$(grep -c '^requires-python = ' "$stage/pyproject.toml")" != 1 ]]; then
+  echo "build_wheel.sh: pyproject.toml must have one 'requires-python = ...' line" >&2
+  exit 1
+fi
+sed -i "s|^requires-python = .*|requires-python = \"$requires_python\"|" "$stage/pyproject.toml"
 
 export HOME="$work/home" TMPDIR="$work" PYTHONDONTWRITEBYTECODE=1
 export SOURCE_DATE_EPOCH=315532800  # 1980-01-01, the earliest time a zip can hold
+export AGENTIX_WHEEL_KIND="$kind"  # read by setup.py
 if ! (cd "$stage" && /usr/bin/python3 -c '
 import sys
 from setuptools import build_meta

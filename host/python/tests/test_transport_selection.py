@@ -10,6 +10,7 @@ import types
 import pytest
 
 import agentix.runtime.client
+import agentix.runtime.client.client as client_module
 import sandbox_functions
 from agentix import RuntimeClient
 from agentix.runtime.client.stream import CallsStream, NativeCallsStream
@@ -28,6 +29,8 @@ def replace_extension(monkeypatch, module) -> None:
     (None: the import fails with ImportError)."""
     monkeypatch.delattr(agentix.runtime.client, "_native_calls", raising=False)
     monkeypatch.setitem(sys.modules, _MODULE, module)
+    # The client imports the extension once per process; make it try again.
+    monkeypatch.setattr(client_module, "_native_import", client_module._NOT_TRIED)
 
 
 async def calls_transport_of(url: str) -> type:
@@ -48,6 +51,15 @@ async def test_an_extension_that_does_not_import_means_grpc_aio(runtime, monkeyp
         assert await calls_transport_of(runtime.url) is CallsStream
     (note,) = [r for r in caplog.records if "native Calls transport unavailable" in r.getMessage()]
     assert note.levelno == logging.DEBUG
+
+
+async def test_an_extension_that_does_not_import_is_said_once_per_process(runtime, monkeypatch, native_on, caplog):
+    replace_extension(monkeypatch, None)
+    with caplog.at_level(logging.DEBUG, logger="agentix.runtime.client"):
+        for _ in range(3):
+            assert await calls_transport_of(runtime.url) is CallsStream
+    notes = [r for r in caplog.records if "native Calls transport unavailable" in r.getMessage()]
+    assert [r.levelno for r in notes] == [logging.DEBUG]
 
 
 class _Refusing(Exception):
