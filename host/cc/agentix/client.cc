@@ -451,7 +451,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
         stream = stream_;
       }
       if (stream != nullptr) {
+        // A stream that broke before delivering anything (say, on a message
+        // over the receive limit that a resume would only replay) uses up
+        // one reconnect attempt, so such loops end.
+        // A stream that lived a while was a working connection too.
+        failures_ = std::max(failures_, 0) + 1;
+        const absl::Time opened = absl::Now();
         absl::Status ended = ReadUntilBroken(stream.get());
+        if (absl::Now() - opened > absl::Seconds(2)) failures_ = 0;
         absl::MutexLock lock(&mu_);
         if (stream_ == stream) stream_ = nullptr;
         last_error_ = ended;
@@ -464,6 +471,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   absl::Status ReadUntilBroken(CallsStream* stream) {
     pb::CallsResponse response;
     while (stream->rw->Read(&response)) {
+      // A stream that delivers something counts as a working connection:
+      // the next break gets the full reconnect budget again.
+      failures_ = 0;
       Dispatch(stream, response);
     }
     stream->context.TryCancel();
@@ -564,26 +574,32 @@ class Connection : public std::enable_shared_from_this<Connection> {
         // Nothing to resume: reconnect when a call needs the stream.
         while (pending_.empty() && !closing_) wake_.Wait(&mu_);
         if (closing_) return;
+        failures_ = 0;
       }
     }
-    absl::Duration delay = options_.reconnect_delay;
-    for (int attempt = 0; attempt < std::max(options_.reconnect_attempts, 0); ++attempt) {
-      if (attempt > 0) {
+    while (failures_ < options_.reconnect_attempts) {
+      if (failures_ > 0) {
+        absl::Duration delay = options_.reconnect_delay;
+        for (int i = 1; i < failures_ && delay < options_.reconnect_delay_max; ++i) delay *= 2;
         absl::MutexLock lock(&mu_);
-        if (wake_.WaitWithTimeout(&mu_, delay) && closing_) return;
+        wake_.WaitWithTimeout(&mu_, std::min(delay, options_.reconnect_delay_max));
         if (closing_) return;
-        delay = std::min(delay * 2, options_.reconnect_delay_max);
       }
-      if (Open().ok()) {
+      absl::Status opened = Open();
+      if (opened.ok()) {
         Resume();
         return;
       }
+      ++failures_;
+      absl::MutexLock lock(&mu_);
+      last_error_ = opened;
     }
+    failures_ = 0;
     absl::MutexLock lock(&mu_);
     const std::string reason = absl::StrCat(
         "lost the connection to agentix-sandboxd at ", options_.target,
-        " and could not reconnect (", options_.reconnect_attempts,
-        " attempts): ", last_error_.ToString());
+        " and could not resume (", options_.reconnect_attempts,
+        " attempts); last: ", last_error_.ToString());
     for (auto& [id, call] : pending_) {
       call->done = true;
       call->status = absl::UnavailableError(reason);
@@ -647,6 +663,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   absl::CondVar wake_;  // closing, or a call waits for a connection
   absl::Status last_error_ ABSL_GUARDED_BY(mu_);
   int reconnects_ ABSL_GUARDED_BY(mu_) = 0;
+  int failures_ = 0;  // the reader thread's: failed attempts in a row
   // Side-channel barrier (see Client::SubscribeLogs).
   absl::CondVar barrier_;
   int log_subscriptions_ ABSL_GUARDED_BY(mu_) = 0;
