@@ -68,25 +68,48 @@ double CallsPerSecond(Client& client, int callers, const Plan& plan) {
   return rate;
 }
 
-double EchoSeconds(Client& client, size_t size, int reps) {
+// Median seconds of an echo of `size` bytes; the error when one failed (the
+// benchmark reports the other figures and names it).
+absl::StatusOr<double> EchoSeconds(Client& client, size_t size, int reps) {
   std::vector<char> payload(size);
   for (size_t i = 0; i < size; ++i) payload[i] = static_cast<char>((i * 2654435761u) >> 13);
   const Arguments args(payload);
-  auto once = [&] {
+  auto once = [&]() -> absl::StatusOr<double> {
     const double start = Now();
     absl::StatusOr<Call> call = client.Start("bench_targets::echo", args);
-    if (!call.ok()) Die("echo", call.status());
+    if (!call.ok()) return call.status();
     absl::StatusOr<std::vector<char>> back = call->Wait<std::vector<char>>();
     const double took = Now() - start;
-    if (!back.ok()) Die("echo", back.status());
-    if (*back != payload) Die("echo", absl::InternalError("different bytes came back"));
+    if (!back.ok()) return back.status();
+    if (*back != payload) return absl::InternalError("echo returned different bytes");
     return took;
   };
-  once();  // warm-up
+  absl::StatusOr<double> warm = once();
+  if (!warm.ok()) return warm.status();
   std::vector<double> times;
-  for (int i = 0; i < reps; ++i) times.push_back(once());
+  for (int i = 0; i < reps; ++i) {
+    absl::StatusOr<double> took = once();
+    if (!took.ok()) return took.status();
+    times.push_back(*took);
+  }
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
+}
+
+std::string Rate(const absl::StatusOr<double>& seconds, size_t size) {
+  if (!seconds.ok()) return "null";
+  char out[32];
+  std::snprintf(out, sizeof(out), "%.1f", 2.0 * size / *seconds / 1e6);
+  return out;
+}
+
+std::string Quoted(const absl::Status& status) {
+  std::string out = "\"";
+  for (char c : status.ToString()) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20) out += c;
+  }
+  return out + "\"";
 }
 
 int Main(int argc, char** argv) {
@@ -129,16 +152,21 @@ int Main(int argc, char** argv) {
   const double c16 = CallsPerSecond(client, 16, plan);
   const double c64 = CallsPerSecond(client, 64, plan);
   const size_t mib = 1 << 20;
-  const double e1 = EchoSeconds(client, mib, plan.echo_1mib_reps);
-  const double e16 = EchoSeconds(client, 16 * mib, plan.echo_16mib_reps);
-  std::fprintf(stderr, "[cc] echo 1 MiB %.1f ms, 16 MiB %.1f ms\n", e1 * 1e3, e16 * 1e3);
+  const absl::StatusOr<double> e1 = EchoSeconds(client, mib, plan.echo_1mib_reps);
+  const absl::StatusOr<double> e16 = EchoSeconds(client, 16 * mib, plan.echo_16mib_reps);
+  std::string errors;
+  for (const auto* e : {&e1, &e16}) {
+    if (e->ok()) continue;
+    std::fprintf(stderr, "[cc] echo failed: %s\n", e->status().ToString().c_str());
+    errors += (errors.empty() ? "" : ", ") + Quoted(e->status());
+  }
   std::printf(
       "{\"noop_p50_us\": %.1f, \"noop_p99_us\": %.1f, \"noop_mean_us\": %.1f, "
       "\"calls_per_s_c1\": %.1f, \"calls_per_s_c16\": %.1f, \"calls_per_s_c64\": %.1f, "
-      "\"mb_per_s_1mib\": %.1f, \"mb_per_s_16mib\": %.1f, \"echo_ms_16mib\": %.2f, "
-      "\"reconnects\": %d}\n",
-      p50, p99, total / samples.size() * 1e6, c1, c16, c64, 2.0 * mib / e1 / 1e6,
-      32.0 * mib / e16 / 1e6, e16 * 1e3, client.reconnects());
+      "\"mb_per_s_1mib\": %s, \"mb_per_s_16mib\": %s, \"reconnects\": %d, "
+      "\"errors\": [%s]}\n",
+      p50, p99, total / samples.size() * 1e6, c1, c16, c64, Rate(e1, mib).c_str(),
+      Rate(e16, 16 * mib).c_str(), client.reconnects(), errors.c_str());
   std::fflush(stdout);
   return 0;
 }

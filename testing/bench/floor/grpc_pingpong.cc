@@ -14,6 +14,7 @@
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,6 +63,7 @@ class EchoService final : public grpc::CallbackGenericService {
 };
 
 [[noreturn]] void Serve(const std::string& address) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the measuring parent
   EchoService service;
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials());
@@ -93,32 +95,44 @@ class Pinger {
     }
   }
 
-  // Sends `pieces` messages of `piece` bytes, reads as many back.
+  // Sends `pieces` messages of `piece` bytes and reads as many back, with a
+  // write and a read outstanding at once (the echo cannot run ahead of the
+  // reader: it writes each message before reading the next).
   double RoundTrip(const grpc::ByteBuffer& message, int pieces, size_t* got) {
     const double start = Now();
     *got = 0;
-    for (int i = 0; i < pieces; ++i) {
-      call_->Write(message, Tag(4));
-      Await(4);
-    }
+    int written = 0, read = 0;
     grpc::ByteBuffer back;
-    for (int i = 0; i < pieces; ++i) {
-      call_->Read(&back, Tag(5));
-      Await(5);
-      *got += back.Length();
+    call_->Write(message, Tag(4));
+    call_->Read(&back, Tag(5));
+    while (read < pieces) {
+      void* tag = nullptr;
+      bool ok = false;
+      if (!cq_.Next(&tag, &ok) || !ok) Fail("stream operation");
+      if (tag == Tag(4)) {
+        if (++written < pieces) call_->Write(message, Tag(4));
+      } else if (tag == Tag(5)) {
+        *got += back.Length();
+        if (++read < pieces) call_->Read(&back, Tag(5));
+      }
+    }
+    while (written < pieces) {  // a write completion may come after the last read
+      Await(4);
+      ++written;
     }
     return Now() - start;
   }
 
  private:
   static void* Tag(intptr_t n) { return reinterpret_cast<void*>(n); }
+  [[noreturn]] static void Fail(const char* what) {
+    std::fprintf(stderr, "grpc ping-pong: %s failed\n", what);
+    std::exit(1);
+  }
   void Await(intptr_t want) {
     void* tag = nullptr;
     bool ok = false;
-    if (!cq_.Next(&tag, &ok) || !ok || tag != Tag(want)) {
-      std::fprintf(stderr, "grpc ping-pong: operation %ld failed\n", static_cast<long>(want));
-      std::exit(1);
-    }
+    if (!cq_.Next(&tag, &ok) || !ok || tag != Tag(want)) Fail("operation");
   }
 
   grpc::GenericStub stub_;
