@@ -481,16 +481,18 @@ TEST_CASE("calls in flight survive connection cuts: each runs once, results once
     REQUIRE_OK(call.status());
     calls.push_back(*std::move(call));
   }
+  // A window of 8 with a slow consumer: at each cut, received but unacked
+  // items are buffered here, and the daemon replays them on the new stream.
   CallOptions options;
-  options.stream_window = 2;
+  options.stream_window = 8;
   absl::StatusOr<Stream> stream =
       client->StartStream("e2e_targets::count_sync", Arguments(40), options);
   REQUIRE_OK(stream.status());
+  // Cuts while the calls run, then three more mid-stream, each while items
+  // are buffered unconsumed (unacknowledged) here.
   std::thread cutter([&] {
-    for (int i = 0; i < 3; ++i) {
-      absl::SleepFor(absl::Milliseconds(150));
-      proxy.Cut();
-    }
+    absl::SleepFor(absl::Milliseconds(100));
+    proxy.Cut();
   });
   std::vector<int64_t> items;
   for (;;) {
@@ -498,7 +500,10 @@ TEST_CASE("calls in flight survive connection cuts: each runs once, results once
     REQUIRE_OK(item.status());
     if (!item->has_value()) break;
     items.push_back(**item);
-    absl::SleepFor(absl::Milliseconds(10));
+    if (items.size() == 5 || items.size() == 15 || items.size() == 25) {
+      absl::SleepFor(absl::Milliseconds(50));  // let the window fill
+      proxy.Cut();
+    }
   }
   for (int i = 0; i < kCalls; ++i) {
     absl::StatusOr<int64_t> result = calls[i].Wait<int64_t>();
