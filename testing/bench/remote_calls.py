@@ -13,6 +13,15 @@ line. The stacks:
 - baseline: baseline/ (python-socketio server + Python worker on a msgpack pipe,
             socketio.AsyncClient host), a model of the original; see README.md.
 
+Unless --only baseline or --no-cc, each round then also measures, in this order:
+- cc_client:  the C++ client (//host/cc:client, cc_remote_calls.cc) against its
+              own agentix-sandboxd, the same workloads;
+- floor:      floor/unix_pingpong, the same message sizes ping-ponged between
+              two processes over a Unix socket;
+- floor_grpc: floor/grpc_pingpong, the same on a raw gRPC C++ bidi stream over a
+              Unix socket;
+and every figure is also reported as a ratio to the floors (`ratios`).
+
 All processes of both stacks get the same GLIBC_TUNABLES (procs.MALLOC_TUNABLES)
 unless --no-malloc-tunables. Output: human-readable lines, then, LAST, one JSON object
 (see README.md for its keys).
@@ -142,6 +151,97 @@ def _run_ours(args, plan, log) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# ------------------------------------------------------------ C++ client and floor
+
+CC_KEYS = ("noop_p50_us", "noop_p99_us", "calls_per_s_c1", "calls_per_s_c16",
+           "calls_per_s_c64", "mb_per_s_16mib")
+FLOOR_KEYS = ("noop_p50_us", "noop_p99_us", "calls_per_s_c1", "mb_per_s_16mib")
+# The floors' small message: about a noop StartCall / CallResult on the wire.
+FLOOR_SMALL_BYTES = 64
+
+
+def _json_line(argv, timeout_s: float, env: dict, log) -> dict:
+    """Runs a program that prints one JSON object as its last stdout line."""
+    proc = subprocess.run([str(a) for a in argv], stdout=subprocess.PIPE, text=True,
+                          timeout=timeout_s, env=env)
+    lines = [l for l in proc.stdout.splitlines() if l.strip()]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{argv[0]} failed with exit code {proc.returncode}")
+    result = json.loads(lines[-1])
+    log(f"{os.path.basename(str(argv[0]))}: {result}")
+    return result
+
+
+def _run_cc(args, env: dict, log) -> dict:
+    """The C++ client's workloads against its own agentix-sandboxd."""
+    sandboxd = args.sandboxd or procs.runfile("sandbox/agentix-sandboxd")
+    worker = args.worker or procs.runfile("worker/agentix-worker")
+    binary = procs.runfile("testing/bench/cc_remote_calls")
+    if not sandboxd or not worker or not binary:
+        raise RuntimeError("agentix-sandboxd, agentix-worker or cc_remote_calls not in the runfiles")
+    tmp = tempfile.mkdtemp(prefix="agx-bench-cc-", dir="/tmp")
+    sock = os.path.join(tmp, "sandboxd.sock")
+    daemon = procs.start_process(
+        [sandboxd, "--listen", f"unix://{sock}", f"--worker={worker}",
+         f"--python_path={procs.bench_dir()}", "--log_level=warning"],
+        env=env, stdout=sys.stderr.fileno())
+    try:
+        _wait_for_unix_socket(sock, daemon, SERVER_START_TIMEOUT_S)
+        argv = [binary, f"--target=unix://{sock}"] + (["--quick"] if args.quick else [])
+        return _json_line(argv, 300, env, log)
+    finally:
+        procs.stop_process(daemon)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_floor(name: str, args, env: dict, log) -> dict:
+    binary = procs.runfile(f"testing/bench/floor/{name}")
+    if not binary:
+        raise RuntimeError(f"testing/bench/floor/{name} not in the runfiles")
+    argv = [binary, f"--small-bytes={FLOOR_SMALL_BYTES}", "--big-mib=16"]
+    return _json_line(argv + (["--quick"] if args.quick else []), 300, env, log)
+
+
+def _cc_and_floor_rounds(args, env: dict) -> tuple[dict, list[str]]:
+    """`args.rounds` rounds of (C++ client, raw floor, gRPC floor), back to back so
+    that all three meet the same load; per-metric medians over the rounds."""
+    log = _log_for("cc+floor")
+    runs = {"cc_client": [], "floor": [], "floor_grpc": []}
+    errors = []
+    for index in range(args.rounds):
+        print(f"== C++ client and floors (round {index + 1}/{args.rounds}) ==", flush=True)
+        for key, run in (("cc_client", lambda: _run_cc(args, env, log)),
+                         ("floor", lambda: _run_floor("unix_pingpong", args, env, log)),
+                         ("floor_grpc", lambda: _run_floor("grpc_pingpong", args, env, log))):
+            try:
+                runs[key].append(run())
+            except (RuntimeError, OSError, subprocess.TimeoutExpired, ValueError) as error:
+                errors.append(f"{key}: {error}")
+                print(f"!! {key}: {error}", flush=True)
+    combined = {key: stack_rounds.combine(results) for key, results in runs.items()}
+    combined["per_round"] = runs
+    return combined, errors
+
+
+def _floor_ratios(report: dict, cc: dict | None, floor: dict | None,
+                  floor_grpc: dict | None) -> None:
+    """Adds each figure's ratio to the floors to report["ratios"]: latencies as
+    figure / floor (>= 1, lower is better), rates as floor / figure (likewise)."""
+    ours = {key: report.get(key) for key in CC_KEYS}
+    ratios = report["ratios"]
+    for stack, figures in (("cc", cc or {}), ("ours", ours)):
+        for floor_name, base in (("floor", floor or {}), ("floor_grpc", floor_grpc or {})):
+            for key in ("noop_p50_us", "noop_p99_us"):
+                ratios[f"{stack}_{key[:-3]}_over_{floor_name}"] = stack_rounds._ratio(
+                    figures.get(key), base.get(key))
+            for key in ("calls_per_s_c1", "mb_per_s_16mib"):
+                ratios[f"{floor_name}_{key}_over_{stack}"] = stack_rounds._ratio(
+                    base.get(key), figures.get(key))
+    ratio = ratios.get("cc_noop_p50_over_floor_grpc")
+    report["targets_met"]["cc_noop_p50_at_most_1_5x_floor_grpc"] = (
+        None if ratio is None else ratio <= 1.5)
+
+
 def _exit_with_parent(parent_pid: int) -> None:
     """Gets SIGTERM when the driver dies, even by SIGKILL (Linux PR_SET_PDEATHSIG)."""
     import ctypes
@@ -215,7 +315,19 @@ def run_driver(args) -> int:
     rounds = stack_rounds.Rounds(__file__, args, env, timeout_s)
     report = _summarise(rounds.combined("ours"), rounds.combined("baseline"), args, tunables)
     report["details"].update(rounds.details(HEADLINE_KEYS))
-    errors = rounds.errors
+    errors = list(rounds.errors)
+    if args.only != "baseline" and not args.no_cc:
+        extra, extra_errors = _cc_and_floor_rounds(args, env)
+        errors += extra_errors
+        report["cc_client"] = ({key: extra["cc_client"].get(key) for key in CC_KEYS}
+                               if extra["cc_client"] else None)
+        report["floor"] = ({key: extra["floor"].get(key) for key in FLOOR_KEYS}
+                           if extra["floor"] else None)
+        report["floor_grpc"] = ({key: extra["floor_grpc"].get(key) for key in FLOOR_KEYS}
+                                if extra["floor_grpc"] else None)
+        _floor_ratios(report, extra["cc_client"], extra["floor"], extra["floor_grpc"])
+        report["details"]["cc_and_floor"] = extra
+        _print_floor_table(report)
     if errors:
         report["errors"] = errors
     stack_rounds.print_table(report, HEADLINE_KEYS)
@@ -223,11 +335,28 @@ def run_driver(args) -> int:
     return 1 if errors else 0
 
 
+def _print_floor_table(report: dict) -> None:
+    def fmt(value):
+        return "-" if value is None else f"{value:,.1f}"
+    cc, floor, grpc = (report.get(k) or {} for k in ("cc_client", "floor", "floor_grpc"))
+    print(f"{'metric':<18}{'ours(py)':>12}{'cc_client':>12}{'floor':>12}{'floor_grpc':>12}")
+    for key in CC_KEYS:
+        print(f"{key:<18}{fmt(report.get(key)):>12}{fmt(cc.get(key)):>12}"
+              f"{fmt(floor.get(key)):>12}{fmt(grpc.get(key)):>12}")
+    for key, value in report["ratios"].items():
+        if "floor" in key:
+            print(f"ratio {key}: {value}")
+    print(f"target cc_noop_p50_at_most_1_5x_floor_grpc: "
+          f"{report['targets_met'].get('cc_noop_p50_at_most_1_5x_floor_grpc')}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Remote-call benchmark (ours vs. baseline).")
     stack_rounds.add_arguments(parser, quick_help="few iterations (smoke run)")
     parser.add_argument("--no-malloc-tunables", action="store_true",
                         help="do not set GLIBC_TUNABLES (for comparison only)")
+    parser.add_argument("--no-cc", action="store_true",
+                        help="skip the C++ client and the floor programs")
     args = parser.parse_args(argv)
     if args.side:
         return run_side(args)
