@@ -1,13 +1,17 @@
-"""The TypeScript client (host/ts, @grpc/grpc-js with its default 4 MiB receive
-limit) against the real agentix-sandboxd + agentix-worker.
+"""The conformance cases (testing/conformance/cases.json) for the TypeScript
+client (host/ts, @grpc/grpc-js with its default 4 MiB receive limit) against
+the real agentix-sandboxd + agentix-worker.
 
 Its npm dependencies are installed from the npm registry at test time into a
 cache directory ($AGENTIX_NPM_CACHE_TS, default ~/.cache/agentix/ts-client-<hash
 of package.json>), once; the client is compiled with the TypeScript compiler and
-its node:test suite (host/ts/test/*.test.js) runs once per module. Every case of
-that suite is one pytest test here, so each is counted by tools/test."""
+its node:test suite (host/ts/test/conformance.test.js) runs once per module.
+Every case of cases.json (but those whose `not_for` names "ts") and every
+"ts_*" test of the suite is one pytest test here, so each is counted by
+tools/test, and a case the suite forgot fails."""
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -19,8 +23,10 @@ import pytest
 from conftest import REPO, Daemon
 
 TS = REPO / "host" / "ts"
-SUITE = TS / "test" / "client.test.js"
-CASES = re.findall(r'^test\("(.+?)",', SUITE.read_text(), re.M)
+SUITE = TS / "test" / "conformance.test.js"
+_SPEC = json.loads((REPO / "testing" / "conformance" / "cases.json").read_text())
+CASES = [c["id"] for c in _SPEC["values"] + _SPEC["behaviours"] if "ts" not in c.get("not_for", ())]
+CASES += re.findall(r'^test\("(ts_[a-z0-9_]+)",', SUITE.read_text(), re.M)
 INSTALL_TIMEOUT_S = 300
 SUITE_TIMEOUT_S = 600
 TOKEN = "ts-client-test-token-0123456789"
@@ -53,6 +59,8 @@ def _node_modules():
 def _build(node_modules):
     """A copy of host/ts with the cached node_modules, compiled."""
     link = TS / "node_modules"
+    if link.is_symlink() and link.resolve() != node_modules.resolve():
+        link.unlink()
     if not link.exists():
         link.symlink_to(node_modules)
     proc = subprocess.run(["node", "scripts/copy-proto.js"], cwd=TS, capture_output=True, text=True)
@@ -88,8 +96,10 @@ def suite_results(tmp_path_factory):
     return results, proc.stdout + proc.stderr
 
 
-def test_suite_lists_cases():
-    assert len(CASES) >= 10, CASES
+def test_every_case_is_in_the_suite(suite_results):
+    results, output = suite_results
+    missing = [c for c in CASES if c not in results]
+    assert not missing, f"conformance.test.js does not run {missing}:\n{output[-3000:]}"
 
 
 @pytest.mark.parametrize("case", CASES)

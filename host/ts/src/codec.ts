@@ -12,11 +12,40 @@ const decoder = new Decoder({ useBigInt64: true });
 
 /** Encodes call arguments as the wire wants them: `[args, kwargs]`. */
 export function encodeArguments(args: readonly unknown[], kwargs: Record<string, unknown>): Uint8Array {
-  return encoder.encode([args, kwargs]);
+  return encoder.encode(widenInts([args, kwargs]));
 }
 
 export function encodeValue(value: unknown): Uint8Array {
-  return encoder.encode(value);
+  return encoder.encode(widenInts(value));
+}
+
+const INT64_MIN = -(2n ** 63n);
+const UINT64_MAX = 2n ** 64n - 1n;
+
+/**
+ * A copy of `value` in which integral numbers beyond 32 bits are bigints, so
+ * that they travel as msgpack ints (the encoder would send them as floats),
+ * and bigints outside [-2^63, 2^64) are refused (they have no msgpack form).
+ */
+function widenInts(value: unknown): unknown {
+  if (typeof value === "number") {
+    return Number.isSafeInteger(value) && (value >= 2 ** 32 || value < -(2 ** 31)) ? BigInt(value) : value;
+  }
+  if (typeof value === "bigint") {
+    if (value < INT64_MIN || value > UINT64_MAX) {
+      throw new RangeError(`integer ${value} does not fit msgpack's 64 bits`);
+    }
+    return value;
+  }
+  if (Array.isArray(value)) return value.map(widenInts);
+  if (value instanceof Map) return new Map([...value].map(([k, v]) => [widenInts(k), widenInts(v)]));
+  if (value !== null && typeof value === "object" && !ArrayBuffer.isView(value) && !(value instanceof Date) &&
+      !(value instanceof ArrayBuffer)) {
+    const out: Record<string, unknown> = {};
+    for (const [k, v] of Object.entries(value)) out[k] = widenInts(v);
+    return out;
+  }
+  return value;
 }
 
 /** Decodes a result value; 64-bit integers that fit a double become numbers. */
