@@ -77,6 +77,7 @@ export class RuntimeClient {
   private backoff: Backoff | null = null;
   private reconnectTimer: NodeJS.Timeout | null = null;
   private closed = false;
+  private readonly subscriptions = new Set<Subscription<any>>();
 
   /** Connects lazily: "unix:///path/to/sandboxd.sock" or "host:port". */
   constructor(readonly address: string, options: ConnectOptions = {}) {
@@ -166,7 +167,7 @@ export class RuntimeClient {
       items: (response) => response.records ?? [],
       convert: toLogRecord,
     };
-    return new Subscription(kind, this.policy, options);
+    return this.track(new Subscription(kind, this.policy, options));
   }
 
   /** The sandbox's trace and span lifecycle events, resumable. */
@@ -178,7 +179,13 @@ export class RuntimeClient {
       items: (response) => response.events ?? [],
       convert: toTraceEvent,
     };
-    return new Subscription(kind, this.policy, options);
+    return this.track(new Subscription(kind, this.policy, options));
+  }
+
+  private track<T extends { seq: number }>(subscription: Subscription<T>): Subscription<T> {
+    this.subscriptions.add(subscription);
+    subscription.onClose(() => this.subscriptions.delete(subscription));
+    return subscription;
   }
 
   /** The daemon's version and worker state. */
@@ -195,12 +202,13 @@ export class RuntimeClient {
     });
   }
 
-  /** Fails what still waits with ConnectionError and closes the channel. */
+  /** Fails what still waits with ConnectionError, ends subscriptions and closes the channel. */
   close(): void {
     if (this.closed) return;
     this.closed = true;
     if (this.reconnectTimer) clearTimeout(this.reconnectTimer);
     this.failAll(new ConnectionError("client closed", grpc.status.CANCELLED));
+    for (const subscription of [...this.subscriptions]) subscription.close();
     this.calls?.cancel();
     this.calls = null;
     this.stub.close();

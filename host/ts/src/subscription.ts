@@ -35,6 +35,7 @@ export class Subscription<T extends { seq: number }> implements AsyncIterableIte
   private ackScheduled = false;
   private backoff: Backoff | null = null;
   private highestSeen = 0;
+  private readonly closeListeners: (() => void)[] = [];
 
   constructor(private readonly kind: StreamKind<T>, private readonly policy: ReconnectPolicy,
               options: SubscribeOptions) {
@@ -147,9 +148,15 @@ export class Subscription<T extends { seq: number }> implements AsyncIterableIte
     return Promise.resolve({ value: undefined, done: true });
   }
 
+  /** Runs `listener` once the subscription is closed. */
+  onClose(listener: () => void): void {
+    this.closeListeners.push(listener);
+  }
+
   close(): void {
     if (this.closed) return;
     this.closed = true;
+    for (const listener of this.closeListeners.splice(0)) listener();
     if (this.stream) {
       if (this.lastSeq > this.ackedSeq) this.stream.write(this.kind.ack(this.lastSeq));
       this.stream.cancel();
