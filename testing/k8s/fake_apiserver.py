@@ -671,6 +671,8 @@ class FakeApiServer:
                 if self.kubelet is not None:
                     self.kubelet.stop_all()
                 self.kubelet = FakeKubelet(self, **body["kubelet"]) if body["kubelet"] else None
+            if "max_grace_ms" in body:  # how long a graceful delete may take at most
+                self.max_grace_s = body["max_grace_ms"] / 1000
             if "bookmark_interval_ms" in body:
                 self.bookmark_interval_s = body["bookmark_interval_ms"] / 1000
             return web.json_response({"ok": True})

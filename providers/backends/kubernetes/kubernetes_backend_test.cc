@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "providers/backends/kubernetes/fake_apiserver_process.h"
+#include "providers/backends/kubernetes/kube_http.h"
 #include "testing/status_matchers.h"
 
 namespace agentix::providers::kubernetes {
@@ -316,7 +317,14 @@ TEST_CASE("a create that meets the same request's Pod being deleted waits for it
   auto backend = MakeBackend(**server);
   REQUIRE_OK(backend->Launch(RequestSpec("gone", "u-1", "req-9"), absl::Now() + absl::Seconds(10)).status());
   std::string old_uid = FindPod(**server, "sbx-gone")["metadata"]["uid"];
-  REQUIRE_OK(backend->Destroy(BackendRef{"sbx-gone"}, absl::Seconds(30)));  // graceful: still there
+  // An earlier attempt's cleanup: a graceful DELETE the kubelet takes 1 s to finish.
+  (*server)->Control("config", {{"max_grace_ms", 1000}});
+  KubeHttp raw((*server)->Config());
+  REQUIRE_OK_AND_ASSIGN(HttpResponse deleting,
+                        raw.Request("DELETE", "/api/v1/namespaces/ns/pods/sbx-gone?gracePeriodSeconds=30",
+                                    "", "", absl::Seconds(5)));
+  REQUIRE(deleting.status == 200);
+  REQUIRE(FindPod(**server, "sbx-gone")["metadata"].contains("deletionTimestamp"));
   REQUIRE_OK_AND_ASSIGN(BackendRef ref, backend->Launch(RequestSpec("gone", "u-2", "req-9"),
                                                         absl::Now() + absl::Seconds(10)));
   json pod = FindPod(**server, ref.value);
@@ -324,6 +332,12 @@ TEST_CASE("a create that meets the same request's Pod being deleted waits for it
   CHECK(pod["metadata"]["uid"] != old_uid);
   CHECK(pod["metadata"]["labels"]["agentix.dev/uid"] == "u-2");
   CHECK_FALSE(pod["metadata"].contains("deletionTimestamp"));
+  // Another request's terminating Pod is not waited for.
+  REQUIRE_OK_AND_ASSIGN(deleting,
+                        raw.Request("DELETE", "/api/v1/namespaces/ns/pods/sbx-gone?gracePeriodSeconds=30",
+                                    "", "", absl::Seconds(5)));
+  auto other = backend->Launch(RequestSpec("gone", "u-3", "req-10"), absl::Now() + absl::Seconds(10));
+  CHECK(other.status().code() == absl::StatusCode::kAlreadyExists);
   backend->Shutdown();
 }
 
