@@ -34,6 +34,12 @@ struct LaunchSpec {
   std::string admin_token;
   // This providerd's instance name: what ListOwned finds again.
   std::string instance;
+  // The CreateSandbox request id and the sandbox's expiry when known (empty
+  // / InfinitePast otherwise). Backends that keep no journal of their own
+  // record them on what they make (Kubernetes: Pod annotations, so a create
+  // retry that meets a 409 can adopt the Pod of the same request).
+  std::string request_id;
+  absl::Time expire_time = absl::InfinitePast();
 };
 
 // How a backend names what it launched (a pid + state dir, a container id,

@@ -35,7 +35,9 @@ What it measures (see README.md, "Provider service"):
                         <engine>_warm_acquire_p50_ms (a claim from a warm pool), and
                         <engine>_run_true_p50_ms (a bare `<engine> run --rm --network
                         none IMAGE true` through the engine's CLI, same run).
-                        Targets: warm <= 10 ms; cold <= bare run + 150 ms.
+                        Targets: warm <= 10 ms; cold <= bare run + 150 ms. In
+                        details: <engine>_warm_acquire_quiet_p50_ms, the same
+                        claim one at a time with no refill in flight.
 
 Output: human-readable lines, then, LAST, one JSON object. Bounded: every step
 has a timeout; every sandbox and process is removed on the way out.
@@ -584,6 +586,10 @@ def _merge_rounds(rounds: list[dict]) -> dict:
 ENGINE_KEYS = tuple(f"{engine}_{key}" for key in ("warm_acquire_p50_ms", "cold_create_p50_ms", "run_true_p50_ms")
                     for engine in ("docker", "podman"))
 ENGINE_WARM_TARGET_MS = 10.0
+# details.<engine>.<engine>_warm_acquire_quiet_p50_ms: claims made one at a
+# time once the pool is full and has settled this long.
+ENGINE_QUIET_CLAIMS = 10
+ENGINE_QUIET_SETTLE_S = 1.0
 ENGINE_COLD_OVER_BARE_MS = 150.0
 
 
@@ -673,7 +679,22 @@ async def measure_engine(args, harness, kind: str, tools: dict, bundle: Path, wo
                 claimed.append(response)
             await asyncio.gather(*(ours.delete(c.sandbox.id) for c in claimed))
             await ours.wait_ready("engine", 4)
+        # The same claim with nothing else in flight (pool full, its members'
+        # workers booted): what the engine path itself costs, without the
+        # refills' container creates competing for the cores.
+        quiet = []
+        for _ in range(ENGINE_QUIET_CLAIMS):
+            await ours.wait_ready("engine", 4)
+            await asyncio.sleep(ENGINE_QUIET_SETTLE_S)
+            claim = spec(warm_pool="engine")
+            claim.env["BENCH_CLAIM"] = "1"
+            t0 = time.perf_counter()
+            response = await ours.create(claim)
+            if response.sandbox.status.launch == pb.SandboxStatus.WARM:
+                quiet.append((time.perf_counter() - t0) * 1000)
+            await ours.delete(response.sandbox.id)
         await ours.stub.DeleteWarmPool(pb.DeleteWarmPoolRequest(name="engine"), metadata=ours.md, timeout=120)
+        r[f"{kind}_warm_acquire_quiet_p50_ms"] = _median(quiet)
         r[f"{kind}_run_true_p50_ms"] = _median(bare)
         r[f"{kind}_cold_create_p50_ms"] = _median(cold)
         r[f"{kind}_cold_create_p99_ms"] = _pct(cold, 99)
@@ -682,7 +703,8 @@ async def measure_engine(args, harness, kind: str, tools: dict, bundle: Path, wo
         r[f"{kind}_warm_misses"] = misses
         log(f"[{kind}] bare run --rm true {r[f'{kind}_run_true_p50_ms']} ms; cold create -> READY "
             f"{r[f'{kind}_cold_create_p50_ms']} ms; warm acquire p50 {r[f'{kind}_warm_acquire_p50_ms']} ms, "
-            f"p99 {r[f'{kind}_warm_acquire_p99_ms']} ms ({len(warm)} hits, {misses} misses)")
+            f"p99 {r[f'{kind}_warm_acquire_p99_ms']} ms ({len(warm)} hits, {misses} misses); quiet claim p50 "
+            f"{r[f'{kind}_warm_acquire_quiet_p50_ms']} ms")
     finally:
         if ours is not None:
             try:

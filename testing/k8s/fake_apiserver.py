@@ -14,6 +14,12 @@ Tests drive it through /_fake/* (no auth): injected latency, scripted status
 transitions (Running with podIP + Ready, Failed with OOMKilled 137, Succeeded),
 forced rejections, history compaction, and a request log to count API writes.
 
+With ``/_fake/config {"kubelet": {"bundles": {REF: DIR}}}`` it is also a
+kubelet (`FakeKubelet`): each Pod created runs for real, its task container's
+command under bubblewrap with the bundle mapped from the Pod's bundle image
+reference to a local bundle directory, and reaches Running/Ready once its
+health port accepts connections.
+
 Usage: fake_apiserver.py --token TOKEN [--port 0] [--port-file PATH]
 Prints {"port": N} as its first stdout line once it listens on 127.0.0.1.
 """
@@ -22,10 +28,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import contextlib
 import copy
 import json
+import os
 import re
+import shutil
+import signal
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -108,6 +120,183 @@ class Kind:
         self.compacted_rv = 0  # watches from below this get 410
 
 
+class FakeKubelet:
+    """Runs the Pods of a `FakeApiServer` for real on this machine, as one
+    node would (loopback only, bounded, no container runtime):
+
+    - the Pod's IP is a loopback address of its own (127.0.0.2, .3, ...):
+      a Pod network gives each Pod its address, so every Pod can bind the
+      same rendered ports; ``0.0.0.0:`` in the task container's args and env
+      becomes ``<pod ip>:`` (the one deviation from the rendered Pod);
+    - the bundle (the init container's image, or the image volume's
+      reference) maps through ``bundles`` to a local directory holding
+      ``nix/``, mounted read-only at ``/nix``; an unknown reference fails
+      the Pod (``ErrImagePull``, as a kubelet that cannot pull);
+    - the task image is this machine's ``/usr`` and ``/etc``, read-only (a
+      bundle brings everything it runs);
+    - the admin Secret (``sbx-<id>-admin``) is waited for, as a kubelet
+      waits for a non-optional secret volume, and written 0400 at
+      ``/run/agentix-admin``; ``/run/agentix`` and ``/tmp`` are tmpfs;
+    - the command runs under ``bwrap`` (new PID namespace, dies with this
+      process); its output is the Pod's log; Running + Ready once the
+      ``--health-listen`` port accepts a connection; its exit ends the Pod
+      (Succeeded for 0, else Failed with the exit code); deleting the Pod
+      sends SIGTERM, then SIGKILL after the grace period.
+    """
+
+    def __init__(self, server: "FakeApiServer", bundles: dict, bwrap: str = "bwrap") -> None:
+        self.server = server
+        self.bundles = dict(bundles)
+        self.bwrap = shutil.which(bwrap) or bwrap
+        self.next_ip = 1
+        self.procs: dict[str, asyncio.subprocess.Process] = {}  # by Pod uid
+        self.dirs: dict[str, str] = {}
+        self.started = 0
+
+    def bundle_dir(self, pod: dict) -> Optional[str]:
+        spec = pod["spec"]
+        refs = [c.get("image", "") for c in spec.get("initContainers") or []]
+        refs += [(v.get("image") or {}).get("reference", "") for v in spec.get("volumes") or []]
+        for ref in filter(None, refs):
+            for key in (ref, ref.split("@", 1)[0]):
+                if key in self.bundles:
+                    return self.bundles[key]
+        return None
+
+    async def secret_token(self, ns: str, pod: dict, uid: str, timeout: float = 30.0) -> Optional[bytes]:
+        names = [v["secret"]["secretName"] for v in pod["spec"].get("volumes") or [] if v.get("secret")]
+        if not names:
+            return None
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            cur = self.server.pods.objects.get((ns, pod["metadata"]["name"]))
+            if cur is None or cur["metadata"]["uid"] != uid:
+                return None
+            secret = self.server.secrets.objects.get((ns, names[0]))
+            if secret is not None:
+                data = secret.get("data") or {}
+                return base64.b64decode(next(iter(data.values()), ""))
+            await asyncio.sleep(0.01)
+        return None
+
+    def fail(self, pod: dict, reason: str, code: int, message: str = "") -> None:
+        phase = "Succeeded" if code == 0 else "Failed"
+        pod["status"]["phase"] = phase
+        if message:
+            pod["status"]["message"] = message
+        pod["status"]["conditions"] = [c for c in pod["status"].get("conditions", [])
+                                       if c["type"] != "Ready"] + [{"type": "Ready", "status": "False"}]
+        pod["status"]["containerStatuses"] = [
+            {"name": c["name"], "ready": False, "restartCount": 0,
+             "state": {"terminated": {"exitCode": code, "reason": reason}}}
+            for c in pod["spec"]["containers"]]
+        self.server.store(self.server.pods, pod, "MODIFIED")
+
+    async def run(self, ns: str, name: str, uid: str) -> None:
+        pod = self.server.pods.objects.get((ns, name))
+        if pod is None or pod["metadata"]["uid"] != uid:
+            return
+        bundle = self.bundle_dir(pod)
+        if bundle is None:
+            self.fail(pod, "ErrImagePull", 1, "fake kubelet: no local bundle for this Pod's bundle image")
+            return
+        token = await self.secret_token(ns, pod, uid)
+        pod = self.server.pods.objects.get((ns, name))
+        if pod is None or pod["metadata"]["uid"] != uid or "deletionTimestamp" in pod["metadata"]:
+            return
+        self.next_ip += 1
+        ip = f"127.0.0.{self.next_ip}"
+        work = tempfile.mkdtemp(prefix="fk-")
+        self.dirs[uid] = work
+        task = pod["spec"]["containers"][0]
+        argv = [a.replace("0.0.0.0:", f"{ip}:") for a in task.get("command", []) + task.get("args", [])]
+        env = {e["name"]: e.get("value", "").replace("0.0.0.0:", f"{ip}:") for e in task.get("env", [])}
+        health = None
+        if "--health-listen" in argv:
+            health = int(argv[argv.index("--health-listen") + 1].rsplit(":", 1)[1])
+        cmd = [self.bwrap, "--die-with-parent", "--unshare-pid", "--new-session",
+               "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+        for link in ("bin", "lib", "lib64", "sbin"):
+            if os.path.islink(f"/{link}"):
+                cmd += ["--symlink", os.readlink(f"/{link}"), f"/{link}"]
+        cmd += ["--ro-bind", os.path.join(bundle, "nix"), "/nix", "--proc", "/proc", "--dev", "/dev",
+                "--tmpfs", "/tmp", "--tmpfs", "/run", "--dir", "/run/agentix", "--clearenv",
+                "--hostname", name, "--unshare-uts"]
+        if token is not None:
+            admin = os.path.join(work, "admin")
+            os.mkdir(admin, 0o700)
+            path = os.path.join(admin, "admin-token")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+            os.write(fd, token)
+            os.close(fd)
+            cmd += ["--ro-bind", admin, "/run/agentix-admin"]
+        for key, value in env.items():
+            cmd += ["--setenv", key, value]
+        cmd += ["--setenv", "PATH", "/usr/bin:/bin", "--remount-ro", "/", "--", *argv]
+        proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.DEVNULL,
+                                                    stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.STDOUT)
+        self.procs[uid] = proc
+        self.started += 1
+        loop = asyncio.get_running_loop()
+        loop.create_task(self.pump(ns, name, uid, proc))
+        loop.create_task(self.ready_when_listening(ns, name, uid, ip, health, proc))
+
+    async def pump(self, ns: str, name: str, uid: str, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        while chunk := await proc.stdout.read(65536):
+            cur = self.server.pods.objects.get((ns, name))
+            if cur is not None and cur["metadata"]["uid"] == uid:
+                self.server.logs.setdefault((ns, name), bytearray()).extend(chunk)
+                for event in list(self.server.log_waiters):
+                    event.set()
+        code = await proc.wait()
+        self.procs.pop(uid, None)
+        shutil.rmtree(self.dirs.pop(uid, ""), ignore_errors=True)
+        cur = self.server.pods.objects.get((ns, name))
+        if cur is not None and cur["metadata"]["uid"] == uid and "deletionTimestamp" not in cur["metadata"]:
+            status = code if code >= 0 else 128 - code
+            self.fail(cur, "Completed" if status == 0 else "Error", status)
+
+    async def ready_when_listening(self, ns: str, name: str, uid: str, ip: str, port: Optional[int],
+                                   proc: asyncio.subprocess.Process) -> None:
+        while proc.returncode is None:
+            if port is not None:
+                try:
+                    _, writer = await asyncio.open_connection(ip, port)
+                    writer.close()
+                    break
+                except OSError:
+                    pass
+            await asyncio.sleep(0.02)
+        cur = self.server.pods.objects.get((ns, name))
+        if proc.returncode is None and cur is not None and cur["metadata"]["uid"] == uid:
+            self.server.set_running(cur, ip)
+
+    def stop(self, uid: str, grace_s: float) -> None:
+        proc = self.procs.get(uid)
+        if proc is None or proc.returncode is not None:
+            return
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            return
+
+        async def kill_later() -> None:
+            try:
+                await asyncio.wait_for(proc.wait(), timeout=max(grace_s, 0.0))
+            except asyncio.TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+
+        asyncio.get_running_loop().create_task(kill_later())
+
+    def stop_all(self) -> None:
+        for proc in list(self.procs.values()):
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+
+
 class FakeApiServer:
     def __init__(self, token: str) -> None:
         self.token = token
@@ -127,6 +316,7 @@ class FakeApiServer:
         self.pods = Kind("Pod", "v1", "pods")
         self.netpols = Kind("NetworkPolicy", "networking.k8s.io/v1", "networkpolicies")
         self.secrets = Kind("Secret", "v1", "secrets")
+        self.kubelet: Optional[FakeKubelet] = None
 
     # ------------------------------------------------------------ plumbing
     def next_rv(self) -> str:
@@ -152,6 +342,8 @@ class FakeApiServer:
 
     def remove(self, kind: Kind, ns: str, name: str) -> Optional[dict]:
         obj = kind.objects.pop((ns, name), None)
+        if obj is not None and kind is self.pods and self.kubelet is not None:
+            self.kubelet.stop(obj["metadata"]["uid"], 0)
         if obj is not None:
             obj["metadata"]["resourceVersion"] = self.next_rv()
             self.emit(kind, "DELETED", obj)
@@ -314,7 +506,9 @@ class FakeApiServer:
             obj["status"] = {"phase": "Pending", "conditions": [
                 {"type": "PodScheduled", "status": "True"}]}
         self.store(kind, obj, "ADDED")
-        if kind is self.pods and self.auto_ready is not None:
+        if kind is self.pods and self.kubelet is not None:
+            asyncio.get_running_loop().create_task(self.kubelet.run(ns, name, md["uid"]))
+        elif kind is self.pods and self.auto_ready is not None:
             asyncio.get_running_loop().create_task(self.auto_run(ns, name, md["uid"]))
         return web.json_response(obj, status=201)
 
@@ -380,6 +574,8 @@ class FakeApiServer:
                 obj["metadata"]["deletionGracePeriodSeconds"] = int(grace_s)
                 self.store(kind, obj, "MODIFIED")
                 uid = obj["metadata"]["uid"]
+                if self.kubelet is not None:
+                    self.kubelet.stop(uid, grace_s)
 
                 async def finish() -> None:
                     await asyncio.sleep(min(grace_s, self.max_grace_s))
@@ -471,6 +667,12 @@ class FakeApiServer:
                 self.reject_create = body["reject_create"]
             if "forbid" in body:
                 self.forbid = set(body["forbid"])
+            if "kubelet" in body:
+                if self.kubelet is not None:
+                    self.kubelet.stop_all()
+                self.kubelet = FakeKubelet(self, **body["kubelet"]) if body["kubelet"] else None
+            if "max_grace_ms" in body:  # how long a graceful delete may take at most
+                self.max_grace_s = body["max_grace_ms"] / 1000
             if "bookmark_interval_ms" in body:
                 self.bookmark_interval_s = body["bookmark_interval_ms"] / 1000
             return web.json_response({"ok": True})
@@ -497,6 +699,10 @@ class FakeApiServer:
             return web.json_response({"ok": True})
         if op == "pods":
             return web.json_response([o for o in self.pods.objects.values()])
+        if op == "kubelet":
+            kubelet = self.kubelet
+            return web.json_response({"running": len(kubelet.procs) if kubelet else 0,
+                                      "started": kubelet.started if kubelet else 0})
         if op == "netpols":
             return web.json_response([o for o in self.netpols.objects.values()])
         if op == "secrets":
@@ -592,6 +798,8 @@ async def main() -> None:
 
     threading.Thread(target=wait_stdin, daemon=True).start()
     await done.wait()
+    if server.kubelet is not None:
+        server.kubelet.stop_all()
     await runner.cleanup()
 
 

@@ -1,45 +1,21 @@
 // EngineHttp: HTTP/1.1 to a container engine's API (Docker Engine API, which
-// podman's compat service also speaks) over its Unix socket, with libcurl.
-// Short requests reuse pooled curl handles (and so their keep-alive
-// connections); streams (events, logs) get their own handle and can be
-// cancelled from another thread.
+// podman's compat service also speaks) over its Unix socket: a
+// curl_http::CurlClient (pooled keep-alive handles, cancellable streams).
 #pragma once
 
-#include <atomic>
 #include <functional>
 #include <string>
-#include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "providers/backends/curl_http/curl_http.h"
 
 namespace agentix::providers::engine {
 
-struct HttpResponse {
-  long status = 0;
-  std::string body;
-};
-
-// Ends a running Stream from another thread: shuts its socket down, so a
-// stream blocked on an idle engine returns at once.
-class StreamCanceller {
- public:
-  void Cancel();
-  bool cancelled() const { return cancelled_.load(); }
-
-  // Used by EngineHttp while the stream's socket is open.
-  void SetSocket(int fd);
-  void ClearSocket(int fd);
-
- private:
-  std::atomic<bool> cancelled_{false};
-  absl::Mutex mu_;
-  int fd_ ABSL_GUARDED_BY(mu_) = -1;
-};
+using curl_http::HttpResponse;
+using curl_http::StreamCanceller;
 
 class EngineHttp {
  public:
@@ -69,14 +45,8 @@ class EngineHttp {
                       std::string* error_body) const;
 
  private:
-  void* TakeHandle() const;
-  void ReturnHandle(void* handle) const;
-  absl::Status TransportError(void* handle, int curl_code, const char* detail) const;
-
   const std::string socket_path_;
-  const std::string api_prefix_;
-  mutable absl::Mutex mu_;
-  mutable std::vector<void*> idle_ ABSL_GUARDED_BY(mu_);  // CURL*
+  const curl_http::CurlClient client_;
 };
 
 // The engine's own error message from a JSON error body ({"message": ...}),

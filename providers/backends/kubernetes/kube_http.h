@@ -13,13 +13,13 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "providers/backends/engine/engine_http.h"
+#include "providers/backends/curl_http/curl_http.h"
 #include "providers/backends/kubernetes/kube_config.h"
 
 namespace agentix::providers::kubernetes {
 
-using engine::HttpResponse;
-using engine::StreamCanceller;
+using curl_http::HttpResponse;
+using curl_http::StreamCanceller;
 
 class KubeHttp {
  public:
@@ -38,24 +38,22 @@ class KubeHttp {
                                        absl::Duration timeout) const;
 
   // GET `path`, handing the body to `on_data` as it arrives (see
-  // engine::EngineHttp::Stream for the contract).
+  // curl_http::CurlClient::Stream for the contract).
   using DataFn = std::function<bool(absl::string_view)>;
   absl::Status Stream(absl::string_view path, const DataFn& on_data, StreamCanceller* canceller,
                       long* status_out, std::string* error_body) const;
 
  private:
-  void* TakeHandle() const;
-  void ReturnHandle(void* handle) const;
-  void Setup(void* handle, const std::string& url, StreamCanceller* canceller,
-             void** headers) const;
+  static curl_http::CurlClientOptions ClientOptions(const KubeHttp* http, const KubeConfig& config);
+  void Configure(void* curl, std::vector<std::string>* headers) const;
   std::string Token() const;
   bool ReloadToken() const;
-  absl::Status TransportError(int curl_code, const char* detail) const;
 
   const KubeConfig config_;
   mutable absl::Mutex mu_;
   mutable std::string token_ ABSL_GUARDED_BY(mu_);
-  mutable std::vector<void*> idle_ ABSL_GUARDED_BY(mu_);  // CURL*
+  // After config_ and token_: its configure hook reads both.
+  const curl_http::CurlClient client_;
 };
 
 // The API server's message from a Status body, or the body itself.

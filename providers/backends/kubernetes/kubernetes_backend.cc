@@ -103,7 +103,17 @@ class KubernetesBackend final : public Backend {
   }
 
   absl::StatusOr<BackendRef> Launch(const LaunchSpec& spec, absl::Time deadline) override {
-    auto rendered = RenderPod(spec, options_.render);
+    PodAnnotations annotations;
+    annotations.request_id = spec.request_id;
+    annotations.expire_time = spec.expire_time;
+    if (annotations.expire_time == absl::InfinitePast() && spec.spec.has_ttl()) {
+      // No expiry from the controller: the TTL from now, which is at most
+      // the create's latency later than the controller's own.
+      annotations.expire_time =
+          absl::Now() + absl::Seconds(spec.spec.ttl().seconds()) +
+          absl::Nanoseconds(spec.spec.ttl().nanos());
+    }
+    auto rendered = RenderPod(spec, options_.render, annotations);
     if (!rendered.ok()) return rendered.status();
     json pod = *std::move(rendered);
     json& md = pod["metadata"];
@@ -139,6 +149,19 @@ class KubernetesBackend final : public Backend {
     absl::StatusOr<HttpResponse> created = absl::UnavailableError("not tried");
     for (int attempt = 0; attempt < 3; ++attempt) {
       created = Write("POST", PodPath(""), pod.dump(), "", deadline);
+      if (created.ok() && created->status == 409) {
+        // The same request's Pod on its way out (an earlier attempt being
+        // destroyed): wait for it to go, then create ours.
+        absl::StatusOr<bool> gone = AwaitGoneIfLeaving(name, spec.request_id, deadline);
+        if (!gone.ok()) {
+          undo();
+          return gone.status();
+        }
+        if (*gone) {
+          --attempt;
+          continue;
+        }
+      }
       if (created.ok() || !IsTransient(created.status()) || absl::Now() >= deadline) break;
       absl::SleepFor(absl::Milliseconds(100) * (attempt + 1));
     }
@@ -170,10 +193,18 @@ class KubernetesBackend final : public Backend {
           }
           return BackendRef{name};
         }
+        if (SameRequest(existing, pod, spec.request_id)) {
+          // Another attempt of the same request (e.g. before a providerd
+          // restart) made it, with the same spec: take it over for this
+          // attempt with one conditional write, so two attempts never both
+          // adopt it.
+          return AdoptForAttempt(spec, existing, deadline);
+        }
       }
       return absl::AlreadyExistsError(absl::StrCat(
           "Pod ", name, " already exists in namespace ", ns_,
-          " and was not made by this launch (agentix.dev/uid differs)"));
+          " and was made neither by this launch (agentix.dev/uid) nor by the same request "
+          "with the same spec (agentix.dev/request-id, agentix.dev/spec-hash)"));
     }
     undo();
     return KubeError(*created, absl::StrCat("create Pod ", name));
@@ -413,6 +444,70 @@ class KubernetesBackend final : public Backend {
       return absl::DeadlineExceededError(absl::StrCat(method, " ", path, ": launch deadline passed"));
     }
     return http_.Request(method, path, body, content_type, left);
+  }
+
+  static std::string Annotation(const json& obj, const char* key) {
+    return Str(Field(Field(obj, "metadata"), "annotations"), key);
+  }
+
+  // `existing` was made by request `request_id` of the same instance for
+  // the same spec as `ours` (the Pod this launch renders), and is not being
+  // deleted.
+  static bool SameRequest(const json& existing, const json& ours, const std::string& request_id) {
+    return !request_id.empty() && Annotation(existing, kAnnotationRequestId) == request_id &&
+           Annotation(existing, kAnnotationSpecHash) == Annotation(ours, kAnnotationSpecHash) &&
+           Label(existing, kLabelManagedBy) == Label(ours, kLabelManagedBy) &&
+           !Field(existing, "metadata").contains("deletionTimestamp");
+  }
+
+  // Relabels `existing` with this attempt's uid under its resourceVersion
+  // (409: another attempt took it first → ALREADY_EXISTS), then makes sure
+  // of its Secret.
+  absl::StatusOr<BackendRef> AdoptForAttempt(const LaunchSpec& spec, const json& existing,
+                                             absl::Time deadline) {
+    const std::string name = Name(existing);
+    json patch;
+    patch["metadata"]["resourceVersion"] = Rv(existing);
+    patch["metadata"]["labels"][kLabelUid] = spec.uid;
+    auto patched = Write("PATCH", PodPath(name), patch.dump(), kMergePatch, deadline);
+    if (!patched.ok()) return patched.status();
+    if (patched->status == 409) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "Pod ", name, " of request ", spec.request_id, " was taken over by another attempt"));
+    }
+    if (patched->status != 200) return KubeError(*patched, absl::StrCat("adopt Pod ", name));
+    json obj = json::parse(patched->body, nullptr, false);
+    if (!obj.is_object()) return absl::InternalError("PATCH Pod: not a JSON object");
+    Remember(obj);
+    if (absl::Status s = CreateAdminSecret(spec, Str(Field(obj, "metadata"), "uid"), deadline);
+        !s.ok()) {
+      return s;
+    }
+    return BackendRef{name};
+  }
+
+  // After a 409 on create: true once Pod `name` — made by request
+  // `request_id` and being deleted — is gone (polled, bounded by
+  // `deadline`); false when it is not such a Pod (the caller decides).
+  absl::StatusOr<bool> AwaitGoneIfLeaving(const std::string& name, const std::string& request_id,
+                                          absl::Time deadline) {
+    if (request_id.empty()) return false;
+    for (;;) {
+      auto got = http_.Request("GET", PodPath(name), "", "", options_.request_timeout);
+      if (!got.ok()) return got.status();
+      if (got->status == 404) return true;
+      if (got->status != 200) return false;
+      json pod = json::parse(got->body, nullptr, false);
+      if (Annotation(pod, kAnnotationRequestId) != request_id ||
+          !Field(pod, "metadata").contains("deletionTimestamp")) {
+        return false;
+      }
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "Pod ", name, " of the same request was still terminating at the launch deadline"));
+      }
+      absl::SleepFor(std::min(absl::Milliseconds(50), deadline - absl::Now()));
+    }
   }
 
   absl::StatusOr<json> FreshPod(const std::string& name) {

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "providers/backends/kubernetes/fake_apiserver_process.h"
+#include "providers/backends/kubernetes/kube_http.h"
 #include "testing/status_matchers.h"
 
 namespace agentix::providers::kubernetes {
@@ -239,6 +240,104 @@ TEST_CASE("a create that meets 409 adopts the Pod of the same attempt only") {
   auto other = backend->Launch(Spec("dup", "u-2"), absl::Now() + absl::Seconds(10));
   REQUIRE(other.status().code() == absl::StatusCode::kAlreadyExists);
   CHECK(std::string(other.status().message()).find("sbx-dup") != std::string::npos);
+  backend->Shutdown();
+}
+
+LaunchSpec RequestSpec(const std::string& id, const std::string& uid, const std::string& request) {
+  LaunchSpec spec = Spec(id, uid);
+  spec.request_id = request;
+  return spec;
+}
+
+TEST_CASE("the Pod carries the request id and the expiry; without one, the TTL from now") {
+  auto server = FakeApiServer::Start();
+  REQUIRE(server.ok());
+  auto backend = MakeBackend(**server);
+  LaunchSpec spec = RequestSpec("ann", "u-1", "req-42");
+  spec.expire_time = absl::FromUnixSeconds(1893456000);  // 2030-01-01T00:00:00Z
+  REQUIRE_OK(backend->Launch(spec, absl::Now() + absl::Seconds(10)).status());
+  json annotations = FindPod(**server, "sbx-ann")["metadata"]["annotations"];
+  CHECK(annotations["agentix.dev/request-id"] == "req-42");
+  CHECK(annotations["agentix.dev/expire-time"] == "2030-01-01T00:00:00Z");
+
+  LaunchSpec ttl_only = Spec("ttl");
+  ttl_only.spec.mutable_ttl()->set_seconds(3600);
+  absl::Time before = absl::Now();
+  REQUIRE_OK(backend->Launch(ttl_only, absl::Now() + absl::Seconds(10)).status());
+  json pod = FindPod(**server, "sbx-ttl");
+  CHECK_FALSE(pod["metadata"]["annotations"].contains("agentix.dev/request-id"));
+  absl::Time expire;
+  std::string err;
+  REQUIRE(absl::ParseTime("%Y-%m-%dT%H:%M:%SZ",
+                          pod["metadata"]["annotations"]["agentix.dev/expire-time"].get<std::string>(),
+                          &expire, &err));
+  CHECK(expire >= before + absl::Seconds(3599));
+  CHECK(expire <= absl::Now() + absl::Seconds(3601));
+  backend->Shutdown();
+}
+
+TEST_CASE("a create that meets 409 adopts the Pod of the same request and spec, by one conditional write") {
+  auto server = FakeApiServer::Start();
+  REQUIRE(server.ok());
+  auto backend = MakeBackend(**server);
+  // Attempt 1 of request req-7 made the Pod (then providerd restarted).
+  REQUIRE_OK(backend->Launch(RequestSpec("rq", "u-1", "req-7"), absl::Now() + absl::Seconds(10)).status());
+  std::string pod_uid = FindPod(**server, "sbx-rq")["metadata"]["uid"];
+
+  // Another request, or the same request with another spec: not ours.
+  auto other = backend->Launch(RequestSpec("rq", "u-2", "req-8"), absl::Now() + absl::Seconds(10));
+  CHECK(other.status().code() == absl::StatusCode::kAlreadyExists);
+  LaunchSpec changed = RequestSpec("rq", "u-2", "req-7");
+  changed.spec.set_image("registry.example/task:2");
+  CHECK(backend->Launch(changed, absl::Now() + absl::Seconds(10)).status().code() ==
+        absl::StatusCode::kAlreadyExists);
+  CHECK(FindPod(**server, "sbx-rq")["metadata"]["labels"]["agentix.dev/uid"] == "u-1");
+
+  // Attempt 2 of the same request: adopted, relabelled for this attempt.
+  (*server)->ClearRequests();
+  REQUIRE_OK_AND_ASSIGN(BackendRef ref, backend->Launch(RequestSpec("rq", "u-2", "req-7"),
+                                                        absl::Now() + absl::Seconds(10)));
+  CHECK(ref.value == "sbx-rq");
+  json pod = FindPod(**server, "sbx-rq");
+  CHECK(pod["metadata"]["uid"] == pod_uid);  // the same Pod, not recreated
+  CHECK(pod["metadata"]["labels"]["agentix.dev/uid"] == "u-2");
+  CHECK((*server)->Writes("PATCH") == 1);
+  bool conditional = false;
+  for (auto& r : (*server)->Requests()) {
+    if (r["method"] == "PATCH" && r["path"] == "/api/v1/namespaces/ns/pods/sbx-rq") conditional = true;
+  }
+  CHECK(conditional);
+
+  backend->Shutdown();
+}
+
+TEST_CASE("a create that meets the same request's Pod being deleted waits for it and makes a new one") {
+  auto server = FakeApiServer::Start();
+  REQUIRE(server.ok());
+  auto backend = MakeBackend(**server);
+  REQUIRE_OK(backend->Launch(RequestSpec("gone", "u-1", "req-9"), absl::Now() + absl::Seconds(10)).status());
+  std::string old_uid = FindPod(**server, "sbx-gone")["metadata"]["uid"];
+  // An earlier attempt's cleanup: a graceful DELETE the kubelet takes 1 s to finish.
+  (*server)->Control("config", {{"max_grace_ms", 1000}});
+  KubeHttp raw((*server)->Config());
+  REQUIRE_OK_AND_ASSIGN(HttpResponse deleting,
+                        raw.Request("DELETE", "/api/v1/namespaces/ns/pods/sbx-gone?gracePeriodSeconds=30",
+                                    "", "", absl::Seconds(5)));
+  REQUIRE(deleting.status == 200);
+  REQUIRE(FindPod(**server, "sbx-gone")["metadata"].contains("deletionTimestamp"));
+  REQUIRE_OK_AND_ASSIGN(BackendRef ref, backend->Launch(RequestSpec("gone", "u-2", "req-9"),
+                                                        absl::Now() + absl::Seconds(10)));
+  json pod = FindPod(**server, ref.value);
+  REQUIRE(pod.is_object());
+  CHECK(pod["metadata"]["uid"] != old_uid);
+  CHECK(pod["metadata"]["labels"]["agentix.dev/uid"] == "u-2");
+  CHECK_FALSE(pod["metadata"].contains("deletionTimestamp"));
+  // Another request's terminating Pod is not waited for.
+  REQUIRE_OK_AND_ASSIGN(deleting,
+                        raw.Request("DELETE", "/api/v1/namespaces/ns/pods/sbx-gone?gracePeriodSeconds=30",
+                                    "", "", absl::Seconds(5)));
+  auto other = backend->Launch(RequestSpec("gone", "u-3", "req-10"), absl::Now() + absl::Seconds(10));
+  CHECK(other.status().code() == absl::StatusCode::kAlreadyExists);
   backend->Shutdown();
 }
 
