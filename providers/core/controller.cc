@@ -1203,6 +1203,8 @@ void ControllerImpl::RunLaunch(const std::string& id) {
       launch.labels[kLabelManagedBy] = options_.instance;
       launch.admin_token = e.admin_token;
       launch.instance = options_.instance;
+      launch.request_id = e.record.request_id();  // for adoption after a lost answer (409)
+      launch.expire_time = e.expire;
       deadline = e.ready_deadline;
       SetPhase(e, pb::SandboxStatus::STARTING, &later);
     }
