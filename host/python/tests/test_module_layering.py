@@ -93,3 +93,20 @@ def test_no_runtime_source_file_is_over_700_lines():
     long = {str(path.relative_to(RUNTIME)): n for path in _modules().values()
             if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_the_host_cuts_arguments_to_the_daemons_chunk_size():
+    """One chunk size per language, and the two agree: the daemon refuses
+    ArgumentChunks over ``ipc::kChunkBytes`` (worker/ipc/chunking.h)."""
+    import re
+
+    from agentix.runtime.client import chunking, stream
+
+    header = pathlib.Path(__file__).resolve().parents[3] / "worker" / "ipc" / "chunking.h"
+    match = re.search(r"kChunkBytes = ([0-9u *]+);", header.read_text())
+    assert match is not None, "kChunkBytes not found in worker/ipc/chunking.h"
+    value = 1
+    for factor in match.group(1).replace("u", "").split("*"):
+        value *= int(factor)
+    assert chunking.CHUNK_BYTES == value
+    assert stream.CHUNK_BYTES is chunking.CHUNK_BYTES
