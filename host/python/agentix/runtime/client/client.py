@@ -527,7 +527,7 @@ class RuntimeClient:
                         feed.reopened_at = now
                         feed.ensure(self._channel, self._metadata)
             namespaces = self._namespaces
-            if namespaces and self._channel is not None and not namespaces.alive():
+            if namespaces.registered and self._channel is not None and not namespaces.alive():
                 now = asyncio.get_running_loop().time()
                 if now - namespaces.reopened_at >= _FEED_REOPEN_SECONDS:
                     namespaces.reopened_at = now

@@ -522,9 +522,6 @@ class NamespaceSet:
         self.streams: dict[str, AnyNamespaceStream] = {}
         self.reopened_at = float("-inf")
 
-    def __bool__(self) -> bool:
-        return bool(self.registered)
-
     def register(self, ns: AsyncClientNamespace, client: Any) -> None:
         """Adds `ns` (see `RuntimeClient.register_namespace`)."""
         path = getattr(ns, "namespace", None)
