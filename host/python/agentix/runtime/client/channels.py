@@ -14,8 +14,19 @@ import grpc
 
 from agentix.runtime.client import wire
 from agentix.runtime.client.tls import TlsFiles
+from agentix.runtime.v1 import runtime_pb2 as pb
+from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
 
-__all__ = ["CLOSE_SECONDS", "NativeTransport", "bounded", "channel_options", "close_channel", "native_calls_module", "new_channel"]
+__all__ = [
+    "CLOSE_SECONDS",
+    "NativeTransport",
+    "bounded",
+    "channel_options",
+    "close_channel",
+    "native_calls_module",
+    "new_channel",
+    "open_channel",
+]
 
 _log = logging.getLogger("agentix.runtime.client")
 
@@ -108,6 +119,28 @@ def new_channel(target: str, tls: TlsFiles, options: list[tuple[str, Any]]) -> g
     if tls.enabled:
         return grpc.aio.secure_channel(target, tls.credentials(), options=options)
     return grpc.aio.insecure_channel(target, options=options)
+
+
+async def open_channel(
+    target: str, tls: TlsFiles, native: NativeTransport, timeout: float, metadata: tuple
+) -> grpc.aio.Channel:
+    """A new channel to `target`, probed with ``GetInfo`` (within `timeout`),
+    and the native transport's channel beside it (`native.channel`, set once
+    the probe answered). Raises the probe's `grpc.aio.AioRpcError`, closing
+    the channel first."""
+    options = channel_options(tls)
+    channel = new_channel(target, tls, options)
+    # Made before the probe: it starts connecting at once, so its connection
+    # is set up while GetInfo runs, not after it (which made a first call
+    # wait for two connections in turn).
+    native_channel = native.new_channel(target, tls, options)
+    try:
+        await pb_grpc.RuntimeServiceStub(channel).GetInfo(pb.GetInfoRequest(), timeout=timeout, metadata=metadata)
+    except BaseException:
+        await close_channel(channel)
+        raise
+    native.channel = native_channel
+    return channel
 
 
 async def bounded(awaitable: Awaitable[Any], what: str) -> None:

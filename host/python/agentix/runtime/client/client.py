@@ -18,21 +18,9 @@ daemon they fail with ``ResultUnavailable``). When reconnecting fails, or with
 made while a lost connection is down reconnects under the same policy, so a
 cut that also breaks its first reconnect does not fail it.
 
-Whenever the Calls stream is opened, a ``Logs`` and a ``Traces`` stream are
-opened beside it (each unless already running): the first replays the
-sandbox's log records into the host's stdlib logging
-(`agentix.runtime.client.logs`), the second the sandbox's trace and span
-events into the host's trace processors (`agentix.runtime.client.traces`).
-``logs=False`` / ``traces=False`` turn them off. Either one, when lost while
-calls keep working, is re-opened by the next call (at most once per second
-each); a daemon that does not implement one is not asked for it again.
-
-Plugin namespaces (`agentix.AsyncClientNamespace`) registered with
-`register_namespace` before the first connection get one ``Namespace``
-stream each, opened with the Calls stream and confirmed by the daemon
-before the first call is sent (`agentix.runtime.client.namespaces`); like
-the Calls stream, it runs on the native transport unless that is off or
-unavailable.
+Beside the Calls stream run the ``Logs`` and ``Traces`` feeds
+(`agentix.runtime.client.feeds`) and one ``Namespace`` stream per registered
+plugin namespace (`agentix.runtime.client.namespaces`).
 """
 
 from __future__ import annotations
@@ -49,8 +37,8 @@ from agentix.runtime.client.errors import CallTimeout, RemoteCallError, RuntimeU
 from agentix.runtime.client.logs import LogCursor, LogsStream
 from agentix.runtime.client._sio_facade import AsyncClientNamespace
 from agentix.runtime.client.chunking import CHUNK_BYTES
-from agentix.runtime.client.channels import NativeTransport, bounded, channel_options, close_channel, new_channel
-from agentix.runtime.client.feeds import Feed
+from agentix.runtime.client.channels import NativeTransport, bounded, close_channel, open_channel
+from agentix.runtime.client.feeds import Feed, ensure_feeds, reopen_lost_feeds, settle_feeds, wait_barrier
 from agentix.runtime.client.namespaces import NAMESPACE_METHOD, NamespaceSet, NamespaceStream, NativeNamespaceStream
 from agentix.runtime.client.reconnect import ReconnectPolicy
 from agentix.runtime.client.result import Failed, Ok, Result
@@ -437,9 +425,7 @@ class RuntimeClient:
         """Waits until the log records and trace events `barrier` names have
         been handed to the host's logging and trace processors (bounded: see
         `agentix.runtime.client.feeds.BARRIER_IDLE_SECONDS`)."""
-        for feed, seq in zip(self._feeds, (barrier.log_seq, barrier.trace_seq)):
-            if seq > feed.cursor.last_seq:
-                await feed.wait_replayed(seq)
+        await wait_barrier(self._feeds, barrier.log_seq, barrier.trace_seq)
 
     async def try_remote(
         self, fn: Callable[..., Awaitable[R]] | Callable[..., R], *args: Any, **kwargs: Any
@@ -483,13 +469,7 @@ class RuntimeClient:
         reconnector, self._reconnector = self._reconnector, None
         if reconnector is not None:
             reconnector.cancel()
-        # What the sandbox emitted before close() is replayed first (bounded).
-        live_feeds = [feed.stream for feed in self._feeds if feed.stream is not None and feed.stream.alive]
-        if live_feeds:
-            await asyncio.gather(
-                *(feed.settle(_CLOSE_QUIET_SECONDS, _CLOSE_FLUSH_SECONDS) for feed in live_feeds),
-                return_exceptions=True,
-            )
+        await settle_feeds(self._feeds, _CLOSE_QUIET_SECONDS, _CLOSE_FLUSH_SECONDS)  # replay what came before close()
         stream, self._stream = self._stream, None
         channel, self._channel = self._channel, None
         self._native.channel = None
@@ -516,16 +496,8 @@ class RuntimeClient:
         """Returns the open Calls stream, connecting first if there is none."""
         stream = self._stream
         if stream is not None and stream.alive:
-            for feed in self._feeds:
-                feed_stream = feed.stream
-                if feed_stream is not None and not feed_stream.alive and self._channel is not None:
-                    # The Logs/Traces stream broke while calls kept working:
-                    # re-open it (at most once per _FEED_REOPEN_SECONDS, so a
-                    # daemon that keeps failing it costs nothing per call).
-                    now = asyncio.get_running_loop().time()
-                    if now - feed.reopened_at >= _FEED_REOPEN_SECONDS and getattr(self, feed.flag):
-                        feed.reopened_at = now
-                        feed.ensure(self._channel, self._metadata)
+            if self._channel is not None:
+                reopen_lost_feeds(self._feeds, self, self._channel, self._metadata, _FEED_REOPEN_SECONDS)
             namespaces = self._namespaces
             if namespaces.registered and self._channel is not None and not namespaces.alive():
                 now = asyncio.get_running_loop().time()
@@ -554,7 +526,7 @@ class RuntimeClient:
                 if self._orphan_acks:
                     self._stream.ack_results(self._orphan_acks)
                     self._orphan_acks = []
-                self._ensure_feeds(channel)
+                ensure_feeds(self._feeds, self, channel, self._metadata)
                 # Events the sandbox emits during the first call must find
                 # the host's namespaces open: wait for the daemon's answer.
                 await self._namespaces.confirm(self._namespaces.open(channel), min(self.timeout, _CONFIRM_SECONDS))
@@ -585,15 +557,6 @@ class RuntimeClient:
             channel = await self._ready_channel()
             await self._namespaces.confirm(self._namespaces.open(channel), min(self.timeout, _CONFIRM_SECONDS))
 
-    def _ensure_feeds(self, channel: grpc.aio.Channel) -> None:
-        """Opens the Logs and Traces streams on `channel`, each unless one is
-        running there, it is turned off (``logs`` / ``traces``), or the daemon
-        does not implement it. Called whenever a Calls stream is opened and
-        when a lost one is re-opened; does not wait for anything."""
-        for feed in self._feeds:
-            if getattr(self, feed.flag):
-                feed.ensure(channel, self._metadata)
-
     async def _ready_channel(self) -> grpc.aio.Channel:
         """Returns a usable channel, replacing one that is known broken and
         probing a new one with GetInfo. Caller holds ``_connect_lock``."""
@@ -606,22 +569,10 @@ class RuntimeClient:
         if channel is not None:
             await close_channel(channel)
 
-        options = channel_options(self._tls)
-        channel = new_channel(self._target, self._tls, options)
-        # Made before the probe: it starts connecting at once, so its
-        # connection is set up while GetInfo runs, not after it (which made
-        # a first call wait for two connections in turn).
-        native_channel = self._native.new_channel(self._target, self._tls, options)
         try:
-            await pb_grpc.RuntimeServiceStub(channel).GetInfo(
-                pb.GetInfoRequest(), timeout=self.timeout, metadata=self._metadata
-            )
-        except BaseException as error:
-            await close_channel(channel)
-            if isinstance(error, grpc.aio.AioRpcError):
-                raise self._unreachable(error) from error
-            raise
-        self._native.channel = native_channel
+            channel = await open_channel(self._target, self._tls, self._native, self.timeout, self._metadata)
+        except grpc.aio.AioRpcError as error:
+            raise self._unreachable(error) from error
         self._channel = channel
         self._channel_broken = False
         return channel
