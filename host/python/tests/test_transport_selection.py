@@ -10,6 +10,7 @@ import types
 import pytest
 
 import agentix.runtime.client
+from agentix.runtime.client import channels
 import sandbox_functions
 from agentix import RuntimeClient
 from agentix.runtime.client.stream import CallsStream, NativeCallsStream
@@ -28,6 +29,8 @@ def replace_extension(monkeypatch, module) -> None:
     (None: the import fails with ImportError)."""
     monkeypatch.delattr(agentix.runtime.client, "_native_calls", raising=False)
     monkeypatch.setitem(sys.modules, _MODULE, module)
+    # The client imports the extension once per process; make it try again.
+    monkeypatch.setattr(channels, "_native_import", channels._NOT_TRIED)
 
 
 async def calls_transport_of(url: str) -> type:

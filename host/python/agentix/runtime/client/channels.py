@@ -42,18 +42,29 @@ _NATIVE_TRANSPORT_ENV = "AGENTIX_NATIVE_TRANSPORT"
 CLOSE_SECONDS = 2.0
 
 
+# The outcome of importing `_native_calls`, tried once per process: the module,
+# or None when it cannot be loaded (the pure wheel, another interpreter, ...).
+_NOT_TRIED = object()
+_native_import: Any = _NOT_TRIED
+
+
 def native_calls_module():
     """The native Calls transport (``_native_calls``, a C++ extension over
-    grpc++), or None when it is turned off or cannot be loaded."""
+    grpc++), or None when it is turned off or cannot be loaded (then said once
+    per process, at DEBUG)."""
+    global _native_import
     if os.environ.get(_NATIVE_TRANSPORT_ENV, "1").strip() == "0":
         return None
-    try:
-        from agentix.runtime.client import _native_calls
-    except Exception as error:  # not built, another interpreter, libgrpc++ missing, ...
-        # Not worth more than DEBUG: grpc.aio does the same job, a bit slower.
-        _log.debug("native Calls transport unavailable, using grpc.aio: %r", error)
-        return None
-    return _native_calls
+    if _native_import is _NOT_TRIED:
+        try:
+            from agentix.runtime.client import _native_calls
+        except Exception as error:  # the pure wheel, another interpreter, libgrpc++ missing, ...
+            # Not worth more than DEBUG: grpc.aio does the same job, a bit slower.
+            _log.debug("native Calls transport unavailable, using grpc.aio: %r", error)
+            _native_import = None
+        else:
+            _native_import = _native_calls
+    return _native_import
 
 
 class NativeTransport:
