@@ -29,6 +29,34 @@ absl::Status NamespaceHub::CheckName(absl::string_view name) {
   return absl::OkStatus();
 }
 
+absl::Status NamespaceHub::CheckHostEvent(
+    const runtime::v1::NamespaceEvent& event) {
+  // Host-chosen names the daemon forwards to the worker (which keeps
+  // handlers and pending requests by them) are bounded.
+  if (event.event().size() > kMaxEventNameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("event name of ", event.event().size(),
+                     " bytes exceeds the limit of ", kMaxEventNameBytes));
+  }
+  if (event.request_id().size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_id of ", event.request_id().size(),
+                     " bytes exceeds the limit of ", kMaxRequestIdBytes));
+  }
+  if (event.event() == kHostConnectedEvent) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "event name ", kHostConnectedEvent, " is reserved for the daemon"));
+  }
+  return absl::OkStatus();
+}
+
+runtime::v1::NamespaceEvent NamespaceHub::HostConnectedEvent() {
+  runtime::v1::NamespaceEvent connected;
+  connected.set_event(kHostConnectedEvent);
+  connected.set_data(std::string(1, '\xc0'));  // msgpack nil
+  return connected;
+}
+
 absl::Status NamespaceHub::Subscribe(
     const std::string& name, std::shared_ptr<NamespaceSubscriber> subscriber) {
   absl::MutexLock lock(&mu_);

@@ -20,6 +20,14 @@ namespace agentix::sandbox {
 // as map keys here and in the worker).
 inline constexpr size_t kMaxNamespaceBytes = 256;
 inline constexpr size_t kMaxEventNameBytes = 1024;
+// Longest request_id of a host event (the worker keeps pending requests by
+// it); the same bound as a call id.
+inline constexpr size_t kMaxRequestIdBytes = 256;
+
+// The event the daemon sends the sandbox's agentix.sio when a host opens a
+// namespace, so requests whose event or reply a broken connection lost are
+// sent again. Reserved: a host may not send it.
+inline constexpr char kHostConnectedEvent[] = "agentix:host_connected";
 
 using NamespaceEventPtr = std::shared_ptr<const runtime::v1::NamespaceEvent>;
 
@@ -37,6 +45,12 @@ class NamespaceHub {
   // "", "/", names not starting with "/", names longer than
   // kMaxNamespaceBytes, and the core's /rpc, /log, /trace.
   static absl::Status CheckName(absl::string_view name);
+  // OK for an event a host may send on an open namespace; InvalidArgument
+  // (with the reason) for an event name over kMaxEventNameBytes, a
+  // request_id over kMaxRequestIdBytes, and kHostConnectedEvent.
+  static absl::Status CheckHostEvent(const runtime::v1::NamespaceEvent& event);
+  // The kHostConnectedEvent the daemon sends the worker (msgpack nil data).
+  static runtime::v1::NamespaceEvent HostConnectedEvent();
 
   // At most `max_streams` streams may be open at once (over all names).
   explicit NamespaceHub(size_t max_streams = 256) : max_streams_(max_streams) {}

@@ -87,5 +87,44 @@ TEST_CASE("The number of open namespace streams is bounded", "[namespace]") {
   CHECK(hub.Subscribe("/z", c).ok());
 }
 
+TEST_CASE("Host events: oversized names and ids and the daemon's own event are refused",
+          "[namespace]") {
+  runtime::v1::NamespaceEvent event;
+  event.set_event(std::string(kMaxEventNameBytes, 'e'));
+  event.set_request_id(std::string(kMaxRequestIdBytes, 'r'));
+  CHECK(NamespaceHub::CheckHostEvent(event).ok());
+
+  runtime::v1::NamespaceEvent long_name = event;
+  long_name.set_event(std::string(kMaxEventNameBytes + 1, 'e'));
+  absl::Status status = NamespaceHub::CheckHostEvent(long_name);
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(status.message()).find("event name of 1025 bytes") !=
+        std::string::npos);
+
+  runtime::v1::NamespaceEvent long_id = event;
+  long_id.set_request_id(std::string(kMaxRequestIdBytes + 1, 'r'));
+  status = NamespaceHub::CheckHostEvent(long_id);
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(status.message()).find("request_id of 257 bytes") !=
+        std::string::npos);
+
+  runtime::v1::NamespaceEvent reserved;
+  reserved.set_event(kHostConnectedEvent);
+  status = NamespaceHub::CheckHostEvent(reserved);
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(status.message()).find("reserved for the daemon") !=
+        std::string::npos);
+}
+
+TEST_CASE("The daemon tells the sandbox of a host with a nil-payload event",
+          "[namespace]") {
+  const runtime::v1::NamespaceEvent connected = NamespaceHub::HostConnectedEvent();
+  CHECK(connected.event() == kHostConnectedEvent);
+  CHECK(connected.data() == std::string(1, '\xc0'));  // msgpack nil
+  CHECK(connected.request_id().empty());
+  // The host may not forge it.
+  CHECK(!NamespaceHub::CheckHostEvent(connected).ok());
+}
+
 }  // namespace
 }  // namespace agentix::sandbox

@@ -6,7 +6,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
 #include "base/log.h"
 #include "sandbox/batching_writer.h"
@@ -271,25 +270,6 @@ struct NamespaceEvents {
   }
 };
 
-// Delivered to the sandbox's agentix.sio when a host opens a namespace.
-constexpr char kHostConnectedEvent[] = "agentix:host_connected";
-
-// Host-chosen names the daemon forwards to the worker (which keeps handlers
-// and pending requests by them) are bounded like call ids.
-absl::Status CheckEvent(const runtime::v1::NamespaceEvent& event) {
-  if (event.event().size() > kMaxEventNameBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("event name of ", event.event().size(),
-                     " bytes exceeds the limit of ", kMaxEventNameBytes));
-  }
-  if (event.request_id().size() > kMaxCallIdBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request_id of ", event.request_id().size(),
-                     " bytes exceeds the limit of ", kMaxCallIdBytes));
-  }
-  return absl::OkStatus();
-}
-
 // The write side of one Namespace stream.
 class NamespaceSink final
     : public NamespaceSubscriber,
@@ -328,16 +308,9 @@ class NamespaceReactor final
                                  "send OpenNamespace before any event"));
         return;
       }
-      const absl::Status valid = CheckEvent(request_.event());
+      const absl::Status valid = NamespaceHub::CheckHostEvent(request_.event());
       if (!valid.ok()) {
         sink_->Fail(base::ToGrpcStatus(valid));
-        return;
-      }
-      if (request_.event().event() == kHostConnectedEvent) {
-        sink_->Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                 std::string("event name ") +
-                                     kHostConnectedEvent +
-                                     " is reserved for the daemon"));
         return;
       }
       absl::Status sent = manager_->SendNamespaceEvent(name_, request_.event());
@@ -396,10 +369,8 @@ class NamespaceReactor final
     sink_->WriteFirst(std::move(header));
     // Tells the sandbox a host is listening, so requests whose event or
     // reply a broken connection lost are sent again (agentix.sio).
-    runtime::v1::NamespaceEvent connected;
-    connected.set_event(kHostConnectedEvent);
-    connected.set_data(std::string(1, '\xc0'));  // msgpack nil
-    absl::Status told = manager_->SendNamespaceEvent(name, connected);
+    absl::Status told =
+        manager_->SendNamespaceEvent(name, NamespaceHub::HostConnectedEvent());
     if (!told.ok()) {
       AGX_LOG(Debug, "namespace {}: worker not told of the host: {}", name,
               std::string(told.message()));

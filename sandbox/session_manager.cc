@@ -8,6 +8,7 @@
 #include "base/malloc_tuning.h"
 #include "base/status_macros.h"
 #include "sandbox/startup_env.h"
+#include "worker/ipc/chunking.h"
 
 namespace agentix::sandbox {
 
@@ -394,8 +395,7 @@ void SessionManager::DispatchQueued(std::vector<Delivery>& out) {
 void SessionManager::ForwardArguments(const std::string& call_id,
                                       std::string_view bytes) {
   if (!worker_) return;
-  for (size_t off = 0; off < bytes.size(); off += ipc::kChunkBytes) {
-    const std::string_view piece = bytes.substr(off, ipc::kChunkBytes);
+  ipc::ForEachChunk(bytes, [&](std::string_view piece) {
     ipc::Frame frame;
     frame.type = ipc::FrameType::kArgChunk;
     absl::Status status;
@@ -410,7 +410,7 @@ void SessionManager::ForwardArguments(const std::string& call_id,
       AGX_LOG(Error, "dropping unencodable argument chunk: {}",
               status.ToString());
     }
-  }
+  });
 }
 
 bool SessionManager::PutInRing(std::string_view piece, ipc::Frame& frame) {

@@ -8,6 +8,7 @@
 
 #include "worker/channel/channel_state.h"
 #include "worker/channel/py_args.h"
+#include "worker/ipc/chunking.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/io.h"
 #include "worker/ipc/payload_area.h"
@@ -60,9 +61,7 @@ absl::Status ResultPieces(const std::string& call_id, int encoding,
                           std::vector<std::string_view>& pieces) {
   constexpr size_t kChunk = ipc::kChunkBytes;
   const size_t size = data.size();
-  size_t last = size;
-  if (size > kChunk) last = size % kChunk == 0 ? kChunk : size % kChunk;
-  const size_t chunks = (size - last) / kChunk;
+  const auto [chunks, last] = ipc::SplitWithTail(size);
   ipc::Frame frame;
   frame.call_id = call_id;
   std::string unused_tail;  // chunk frames end with their payload
@@ -128,9 +127,7 @@ absl::Status SendResultViaRing(ChannelState& st, const std::string& call_id,
     st.out.clear();
     if (!written.ok()) return written;
     constexpr size_t kChunk = ipc::kChunkBytes;
-    size_t last = size;
-    if (size > kChunk) last = size % kChunk == 0 ? kChunk : size % kChunk;
-    const size_t chunks = (size - last) / kChunk;
+    const auto [chunks, last] = ipc::SplitWithTail(size);
     std::string head, tail;
     for (size_t i = 0; i <= chunks; ++i) {
       const bool final = i == chunks;

@@ -15,13 +15,12 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "worker/ipc/chunking.h"  // kChunkBytes: payload frames carry one chunk
 
 namespace agentix::ipc {
 
 // Largest frame body accepted or produced (the original's MAX_FRAME_BYTES).
 inline constexpr uint32_t kMaxFrameBytes = 256u * 1024 * 1024;
-// Size of the pieces large payloads are cut into (arguments and results).
-inline constexpr size_t kChunkBytes = 1u * 1024 * 1024;
 // The fd number the worker finds its end of the socketpair on. Low, so that
 // it is valid under any open-file limit (a worker run with `ulimit -n 64`
 // must still boot); the spawn closes every other fd above 2.

@@ -458,3 +458,7 @@ def _deliver(namespace: str, event: str, payload: bytes) -> None:
         )
         return
     ns._dispatch(event, data)
+
+
+# The host side's `AsyncClientNamespace` holds its tasks the same way.
+DetachedTasks = _DetachedTasks

@@ -84,12 +84,12 @@ async def runtime():
 @pytest.fixture(autouse=True)
 def _fresh_replay_dedup():
     """Each test's fake runtime numbers from 1 under the same instance id; the
-    process-wide record of items replayed once (subscription._ReplayedOnce)
+    process-wide record of items replayed once (subscription.ReplayedOnce)
     must not carry over from one test to the next."""
     from agentix.runtime.client.logs import LogsStream
-    from agentix.runtime.client.subscription import _ReplayedOnce
+    from agentix.runtime.client.subscription import ReplayedOnce
     from agentix.runtime.client.traces import TracesStream
 
-    LogsStream._replayed_once = _ReplayedOnce()
-    TracesStream._replayed_once = _ReplayedOnce()
+    LogsStream._replayed_once = ReplayedOnce()
+    TracesStream._replayed_once = ReplayedOnce()
     yield

@@ -26,7 +26,7 @@ import uuid
 
 import pytest
 
-from agentix.runtime.shared import safepickle
+from agentix.runtime.shared import pickle_stream, safepickle
 from agentix.runtime.shared.safepickle import RestrictedUnpickleError, restricted_loads, restricted_loads_chunks
 
 
@@ -306,7 +306,7 @@ def test_the_memo_walk_agrees_whole_and_in_pieces():
 
     def refused(chunks, total):
         try:
-            safepickle._check_memo(chunks, total)
+            pickle_stream.check_memo(chunks, total)
         except RestrictedUnpickleError:
             return True
         return False

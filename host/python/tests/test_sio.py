@@ -10,6 +10,7 @@ import pytest
 import agentix
 import agentix.sio as sio
 from agentix import AsyncClientNamespace, Namespace, RemoteSioError, register_namespace, request_handler
+from agentix.runtime.client._sio_facade import attach
 from agentix.runtime.shared.codec import pack, unpack
 
 
@@ -265,26 +266,38 @@ async def test_host_namespace_dispatch_and_lifecycle(caplog):
         await ns.emit("e", 1)
 
 
-class FakeClient:
-    """Records what a namespace sends. `nowait`: whether the stream takes
-    replies without waiting (the fast path of request_handler)."""
+class FakeLink:
+    """Records what a namespace sends (its `NamespaceLink`). `nowait`:
+    whether the stream takes replies without waiting (the fast path of
+    request_handler)."""
 
-    def __init__(self, nowait=False):
+    def __init__(self, path, nowait=False):
+        self.path = path
         self.sent = []
         self.nowait = nowait
 
-    def _send_namespace_event_nowait(self, path, event, payload, request_id):
+    def send_nowait(self, event, payload, request_id):
         if not self.nowait:
             return False
         data = unpack(payload)
         assert request_id == (data.get("request_id") if isinstance(data.get("request_id"), str) else "")
-        self.sent.append((path, event, data))
+        self.sent.append((self.path, event, data))
         return True
 
-    async def _emit_namespace_event(self, path, event, data, payload=None):
+    async def emit(self, event, data, payload=None):
         # A payload handed over must be what emit() would have packed.
         assert payload is None or payload == pack(data)
-        self.sent.append((path, event, data))
+        self.sent.append((self.path, event, data))
+
+    async def close(self):
+        pass
+
+
+def fake_link(ns, nowait=False):
+    """Registers `ns` as a client would, with a FakeLink; returns the link."""
+    link = FakeLink(ns.namespace, nowait)
+    attach(ns, None, link)
+    return link
 
 
 @pytest.mark.asyncio
@@ -306,12 +319,12 @@ async def test_request_handler_replies(nowait):
             return body * 2
 
     ns = Host("/h")
-    ns.client = FakeClient(nowait)
+    link = fake_link(ns, nowait)
     await ns.on_ask({"request_id": "r1", "data": "hi"})
     await ns.on_ask({"request_id": "r2", "data": "fail"})
     await ns.on_ask({"request_id": "r3", "data": "unencodable"})
     await ns.on_plain(21)  # not an envelope: body as is, request_id None
-    sent = ns.client.sent
+    sent = link.sent
     assert sent[0] == ("/h", "ask:result", {"request_id": "r1", "value": {"echo": "hi"}})
     assert sent[1] == ("/h", "ask:error",
                        {"request_id": "r2", "error": {"type": "LookupError", "message": "nope", "status_code": 404}})
@@ -335,11 +348,11 @@ async def test_request_handler_replies_through_an_overridden_emit():
             return body
 
     ns = Host()
-    ns.client = FakeClient()
+    link = fake_link(ns)
     await ns.on_ask({"request_id": "r1", "data": 5})
     await ns.on_ask({"request_id": "r1", "data": 5})  # repeated: the reply is replayed
     assert ns.emitted == [("ask:result", {"request_id": "r1", "value": 5})] * 2
-    assert ns.client.sent == [("/h", "ask:result", {"request_id": "r1", "value": 5})] * 2
+    assert link.sent == [("/h", "ask:result", {"request_id": "r1", "value": 5})] * 2
 
 
 @pytest.mark.asyncio
@@ -370,9 +383,9 @@ async def test_request_handler_answers_a_repeated_request_once():
             return body + 1
 
     ns = Host("/h")
-    ns.client = FakeClient()
+    link = fake_link(ns)
     envelope = {"request_id": "r1", "data": 1}
     await asyncio.gather(ns.on_ask(envelope), ns.on_ask(envelope))  # the second while in progress
     await ns.on_ask(envelope)  # after the answer: the reply is replayed
     assert calls == [1]
-    assert ns.client.sent == [("/h", "ask:result", {"request_id": "r1", "value": 2})] * 2
+    assert link.sent == [("/h", "ask:result", {"request_id": "r1", "value": 2})] * 2

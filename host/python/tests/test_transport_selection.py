@@ -10,7 +10,7 @@ import types
 import pytest
 
 import agentix.runtime.client
-import agentix.runtime.client.client as client_module
+from agentix.runtime.client import channels
 import sandbox_functions
 from agentix import RuntimeClient
 from agentix.runtime.client.stream import CallsStream, NativeCallsStream
@@ -30,7 +30,7 @@ def replace_extension(monkeypatch, module) -> None:
     monkeypatch.delattr(agentix.runtime.client, "_native_calls", raising=False)
     monkeypatch.setitem(sys.modules, _MODULE, module)
     # The client imports the extension once per process; make it try again.
-    monkeypatch.setattr(client_module, "_native_import", client_module._NOT_TRIED)
+    monkeypatch.setattr(channels, "_native_import", channels._NOT_TRIED)
 
 
 async def calls_transport_of(url: str) -> type:

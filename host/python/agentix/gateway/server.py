@@ -31,7 +31,7 @@ from aiohttp import web
 import engineio.async_drivers.aiohttp as _eio_aiohttp
 
 from agentix.runtime.client import RuntimeClient
-from agentix.runtime.client.client import _Feed  # the client's subscription slots
+from agentix.runtime.client.feeds import Feed  # the client's subscription slots
 from agentix.runtime.client.errors import ResultTooLarge, RuntimeUnreachable
 from agentix.runtime.client.logs import LogCursor, LogsStream, decode_extras
 from agentix.runtime.client.stream import PendingCall
@@ -328,8 +328,8 @@ class Gateway:
         self.trace_stream = ReliableStream(self, "/trace", _buffer_size(env, "AGENTIX_TRACE_BUFFER"))
         # The client's Logs/Traces feeds, replaying into the reliable streams.
         self.client._feeds = (
-            _Feed("logs", _feed_type(LogsStream, self._replay_log), LogCursor()),
-            _Feed("traces", _feed_type(TracesStream, self._replay_trace), TraceCursor()),
+            Feed("logs", _feed_type(LogsStream, self._replay_log), LogCursor()),
+            Feed("traces", _feed_type(TracesStream, self._replay_trace), TraceCursor()),
         )
         self.sio = _Server(async_mode="aiohttp", cors_allowed_origins="*", namespaces="*",
                            ping_interval=PING_INTERVAL, ping_timeout=PING_TIMEOUT,

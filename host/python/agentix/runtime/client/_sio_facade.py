@@ -15,6 +15,13 @@ Register before connecting: ``client.register_namespace(ns)``; the client
 then opens one ``RuntimeService.Namespace`` stream per registered namespace
 (`agentix.runtime.client.namespaces`) and waits until the daemon confirms
 each, so the sandbox can use them from its first call on.
+
+This module is the bottom of the host's namespace code: it imports neither
+the client nor the streams. A registered namespace object reaches its stream
+through a `NamespaceLink` that `attach` hands it (the client's
+`agentix.runtime.client.namespaces.NamespaceSet` makes one per path); the
+streams deliver events through `trigger_data_event` and
+`detach_coroutine_event`.
 """
 
 from __future__ import annotations
@@ -26,19 +33,50 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from types import CoroutineType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from agentix.runtime.shared import codec
-from agentix.sio import RESERVED_NAMESPACES, _DetachedTasks
+from agentix.sio import RESERVED_NAMESPACES, DetachedTasks
 
-if TYPE_CHECKING:
-    from agentix.runtime.client.client import RuntimeClient
-
-__all__ = ["AsyncClientNamespace", "RESERVED_NAMESPACES", "request_handler"]
+__all__ = [
+    "AsyncClientNamespace",
+    "LIFECYCLE_EVENTS",
+    "NamespaceLink",
+    "RESERVED_NAMESPACES",
+    "attach",
+    "detach_coroutine_event",
+    "request_handler",
+    "trigger_data_event",
+]
 
 _log = logging.getLogger("agentix.sio")
 
-_LIFECYCLE = frozenset({"connect", "disconnect", "connect_error"})
+# The events a namespace's stream itself delivers (no payload); never a
+# sandbox event's name.
+LIFECYCLE_EVENTS = frozenset({"connect", "disconnect", "connect_error"})
+
+
+class NamespaceLink(Protocol):
+    """How a registered namespace object sends to its stream (one per
+    namespace path; made by the client that registered it)."""
+
+    def send_nowait(self, event: str, payload: bytes, request_id: str) -> bool:
+        """Sends one encoded event when the stream is open and takes it
+        without waiting; False when nothing was sent."""
+
+    async def emit(self, event: str, data: Any, payload: bytes | None = None) -> None:
+        """Sends one event (`payload`, when given, is ``codec.pack(data)``),
+        re-opening the stream first when it is down."""
+
+    async def close(self) -> None:
+        """Closes the stream (the client's calls are unaffected)."""
+
+
+def attach(ns: AsyncClientNamespace, client: Any, link: NamespaceLink) -> None:
+    """Registers `ns` with `client` (its ``client`` attribute, as in the
+    original) and gives it the `link` its events go out through."""
+    ns.client = client
+    ns._link = link
 
 
 # Replies kept per namespace object for repeated request ids: at most
@@ -119,13 +157,14 @@ class AsyncClientNamespace:
 
     def __init__(self, namespace: str | None = None) -> None:
         self.namespace = namespace or "/"
-        self.client: RuntimeClient | None = None
-        self._detached_tasks = _DetachedTasks(self)
+        self.client: Any = None  # the RuntimeClient it is registered with
+        self._link: NamespaceLink | None = None
+        self._detached_tasks = DetachedTasks(self)
         self._warned_unhandled: set[str] = set()
 
     async def trigger_event(self, event: str, *args: Any) -> Any:
         """Dispatches one event to its ``on_<event>`` handler."""
-        if event in _LIFECYCLE:
+        if event in LIFECYCLE_EVENTS:
             handler = getattr(self, "on_" + event, None)
             if handler is None:
                 return None
@@ -184,18 +223,31 @@ class AsyncClientNamespace:
             raise TypeError("AsyncClientNamespace.emit: callbacks are not supported; use request/reply events")
         if namespace not in (None, self.namespace):
             raise ValueError(f"this namespace object carries {self.namespace}, not {namespace}")
-        client = self.client
-        if client is None:
+        link = self._link
+        if link is None:
             raise RuntimeError(
                 f"namespace {self.namespace} is not registered with a RuntimeClient "
                 "(call client.register_namespace(ns) before the first call)"
             )
-        await client._emit_namespace_event(self.namespace, event, data)
+        await link.emit(event, data)
 
     async def disconnect(self) -> None:
         """Closes this namespace's stream (the client's calls are unaffected)."""
-        if self.client is not None:
-            await self.client._close_namespace(self.namespace)
+        if self._link is not None:
+            await self._link.close()
+
+
+def trigger_data_event(ns: AsyncClientNamespace, event: str, data: bytes) -> None:
+    """`AsyncClientNamespace.trigger_event` of a data event without a
+    coroutine, for the host's streams when `ns` does not override
+    `trigger_event`."""
+    ns._trigger_data_event(event, data)
+
+
+def detach_coroutine_event(ns: AsyncClientNamespace, event: str, data: bytes, loop: asyncio.AbstractEventLoop) -> bool:
+    """`AsyncClientNamespace._detach_coroutine_event`, for the host's streams
+    (see there)."""
+    return ns._detach_coroutine_event(event, data, loop)
 
 
 def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[None]]]:
@@ -247,15 +299,15 @@ def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., 
             else:
                 size = len(packed)
                 answer = (result_event, reply)
-                client = self.client
-                if type(self).emit is AsyncClientNamespace.emit and client is not None:
+                link = self._link
+                if type(self).emit is AsyncClientNamespace.emit and link is not None:
                     # emit() would pack the reply again: send the bytes at hand,
                     # straight to the stream when it takes them without waiting.
                     if remember:
                         replies.put(request_id, answer, size)
                     ident = request_id if isinstance(request_id, str) else ""
-                    if not client._send_namespace_event_nowait(self.namespace, result_event, packed, ident):
-                        await client._emit_namespace_event(self.namespace, result_event, reply, packed)
+                    if not link.send_nowait(result_event, packed, ident):
+                        await link.emit(result_event, reply, packed)
                     return
             if remember:
                 replies.put(request_id, answer, size)

@@ -18,21 +18,9 @@ daemon they fail with ``ResultUnavailable``). When reconnecting fails, or with
 made while a lost connection is down reconnects under the same policy, so a
 cut that also breaks its first reconnect does not fail it.
 
-Whenever the Calls stream is opened, a ``Logs`` and a ``Traces`` stream are
-opened beside it (each unless already running): the first replays the
-sandbox's log records into the host's stdlib logging
-(`agentix.runtime.client.logs`), the second the sandbox's trace and span
-events into the host's trace processors (`agentix.runtime.client.traces`).
-``logs=False`` / ``traces=False`` turn them off. Either one, when lost while
-calls keep working, is re-opened by the next call (at most once per second
-each); a daemon that does not implement one is not asked for it again.
-
-Plugin namespaces (`agentix.AsyncClientNamespace`) registered with
-`register_namespace` before the first connection get one ``Namespace``
-stream each, opened with the Calls stream and confirmed by the daemon
-before the first call is sent (`agentix.runtime.client.namespaces`); like
-the Calls stream, it runs on the native transport unless that is off or
-unavailable.
+Beside the Calls stream run the ``Logs`` and ``Traces`` feeds
+(`agentix.runtime.client.feeds`) and one ``Namespace`` stream per registered
+plugin namespace (`agentix.runtime.client.namespaces`).
 """
 
 from __future__ import annotations
@@ -40,8 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable
 from typing import Any, ParamSpec, TypeVar, overload
 
 import grpc
@@ -55,24 +42,19 @@ from agentix.runtime.client.errors import (
 )
 from agentix.runtime.client.bundle_check import BundleCheck
 from agentix.runtime.client.logs import LogCursor, LogsStream
-from agentix.runtime.client._sio_facade import RESERVED_NAMESPACES, AsyncClientNamespace
-from agentix.runtime.client.namespaces import NAMESPACE_METHOD, NamespaceStream, NativeNamespaceStream
-from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream
+from agentix.runtime.client._sio_facade import AsyncClientNamespace
+from agentix.runtime.client.chunking import CHUNK_BYTES
+from agentix.runtime.client.channels import NativeTransport, bounded, close_channel, open_channel
+from agentix.runtime.client.feeds import Feed, ensure_feeds, reopen_lost_feeds, settle_feeds, wait_barrier
+from agentix.runtime.client.namespaces import NAMESPACE_METHOD, NamespaceSet, NamespaceStream, NativeNamespaceStream
+from agentix.runtime.client.reconnect import ReconnectPolicy
 from agentix.runtime.client.result import Failed, Ok, Result
-from agentix.runtime.client.stream import (
-    CHUNK_BYTES,
-    MAX_RESULT_BYTES,
-    STREAM_END,
-    CallsStream,
-    NativeCallsStream,
-    PendingCall,
-    SideBarrier,
-    StartRequest,
-)
+from agentix.runtime.client.pending import MAX_RESULT_BYTES, STREAM_END, PendingCall, SideBarrier, StartRequest
+from agentix.runtime.client.stream import CallsStream, NativeCallsStream
 from agentix.runtime.client import wire
-from agentix.runtime.client.target import grpc_target, wants_tls
+from agentix.runtime.client.target import grpc_target
+from agentix.runtime.client.tls import TlsFiles
 from agentix.runtime.client.traces import TraceCursor, TracesStream
-from agentix.runtime.shared import codec
 from agentix.runtime.shared.callables import RemoteCallable, display_name_for
 from agentix.runtime.shared.ids import UniqueIds
 from agentix.runtime.shared.models import HealthResponse, RemoteError
@@ -92,9 +74,6 @@ Y = TypeVar("Y")
 # `remote(add, "x")` an error (docs/CLI.md, "Typed API").
 P = ParamSpec("P")
 
-# gRPC's 4 MiB default is far above what either side sends per message (payloads
-# travel in 1 MiB chunks); the higher cap only guards against a stricter default.
-_MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
 # Shortest interval between attempts to re-open a lost Logs or Traces stream.
 _FEED_REOPEN_SECONDS = 1.0
 # How long close() waits for queued cancels to reach the daemon, and at
@@ -102,10 +81,6 @@ _FEED_REOPEN_SECONDS = 1.0
 # a record: the daemon holds one back at most 4 ms).
 _CLOSE_FLUSH_SECONDS = 1.0
 _CLOSE_QUIET_SECONDS = 0.03
-# A call's result waits for the sandbox's records it carries the seq of (the
-# side-channel barrier) as long as replay makes progress; it stops waiting
-# once none is replayed for this long (docs/RELIABILITY.md).
-_BARRIER_IDLE_SECONDS = 2.0
 
 
 # Call ids (and client ids): see UniqueIds.
@@ -122,50 +97,11 @@ _MAX_RESULT_BYTES_ENV = "AGENTIX_MAX_RESULT_BYTES"
 # stream may still take milliseconds the event loop should not stall for.
 # Smaller results decode inline, without a thread hop.
 _INLINE_DECODE_BYTES = 64 * 1024
-# "0" turns the native transport off (grpc.aio carries the Calls and the
-# Namespace streams instead).
-_NATIVE_TRANSPORT_ENV = "AGENTIX_NATIVE_TRANSPORT"
-
-
-# The outcome of importing `_native_calls`, tried once per process: the module,
-# or None when it cannot be loaded (the pure wheel, another interpreter, ...).
-_NOT_TRIED = object()
-_native_import: Any = _NOT_TRIED
-
-
-def _native_calls_module():
-    """The native Calls transport (``_native_calls``, a C++ extension over
-    grpc++), or None when it is turned off or cannot be loaded (then said once
-    per process, at DEBUG)."""
-    global _native_import
-    if os.environ.get(_NATIVE_TRANSPORT_ENV, "1").strip() == "0":
-        return None
-    if _native_import is _NOT_TRIED:
-        try:
-            from agentix.runtime.client import _native_calls
-        except Exception as error:  # the pure wheel, another interpreter, libgrpc++ missing, ...
-            # Not worth more than DEBUG: grpc.aio does the same job, a bit slower.
-            _log.debug("native Calls transport unavailable, using grpc.aio: %r", error)
-            _native_import = None
-        else:
-            _native_import = _native_calls
-    return _native_import
-
-
-# Reconnection defaults (see RuntimeClient).
-_RECONNECT_ATTEMPTS = 8
-_RECONNECT_DELAY = 0.25
-_RECONNECT_DELAY_MAX = 5.0
-_RANDOMIZATION = 0.5
 # Arguments up to this size are kept until the call ends so its StartCall can
 # be sent again after a reconnect; larger calls are only resumed.
 _RESEND_ARGUMENTS_BYTES = 16 * 1024 * 1024
 
 
-# Closing a channel or a stream waits for gRPC to wind its calls down; after
-# a broken connection that was seen to take for ever, and it must never hold
-# up a reconnect (which runs under the connect lock) or close().
-_CLOSE_SECONDS = 2.0
 # Longest wait for the daemon to confirm a namespace stream (under the
 # connect lock, so it must be short).
 _CONFIRM_SECONDS = 15.0
@@ -180,98 +116,6 @@ async def _decode_item(loop: asyncio.AbstractEventLoop, item: bytes) -> Any:
         except DecodeBusy:
             pass
     return await loop.run_in_executor(None, restricted_loads, item)
-
-
-async def _bounded(awaitable: Awaitable[Any], what: str) -> None:
-    try:
-        await asyncio.wait_for(awaitable, _CLOSE_SECONDS)
-    except TimeoutError:
-        _log.debug("%s took over %ss; left to finish in the background", what, _CLOSE_SECONDS)
-
-
-async def _close_channel(channel: grpc.aio.Channel) -> None:
-    await _bounded(channel.close(), "closing a gRPC channel")
-
-
-class _TlsFiles:
-    """The TLS settings of a client: whether to use TLS and its credentials."""
-
-    def __init__(
-        self, url: str, ca_file: str | None, cert_file: str | None, key_file: str | None, server_name: str | None
-    ) -> None:
-        if (cert_file is None) != (key_file is None):
-            raise ValueError("tls_cert_file and tls_key_file go together (mutual TLS needs both)")
-        self.enabled = wants_tls(url) or any(f is not None for f in (ca_file, cert_file, key_file))
-        self.files = (ca_file, cert_file, key_file)
-        self.server_name = server_name
-
-    def pem(self) -> tuple[bytes | None, bytes | None, bytes | None]:
-        """The CA bundle, certificate chain and key (None where not given)."""
-
-        def read(path: str | None) -> bytes | None:
-            if path is None:
-                return None
-            with open(path, "rb") as f:
-                return f.read()
-
-        ca, cert, key = (read(path) for path in self.files)
-        return ca, cert, key
-
-    def credentials(self) -> grpc.ChannelCredentials:
-        ca, cert, key = self.pem()
-        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
-
-
-class _Feed:
-    """One subscription stream of a client (``Logs`` or ``Traces``): the
-    current stream, the channel it runs on, the cursor its successive
-    streams share, whether the daemon lacks the RPC, and when it was last
-    re-opened. `flag` names the client attribute that turns it on."""
-
-    __slots__ = ("flag", "stream_type", "cursor", "stream", "channel", "unimplemented", "reopened_at")
-
-    def __init__(self, flag: str, stream_type: type[SubscriptionStream], cursor: SeqCursor) -> None:
-        self.flag = flag
-        self.stream_type = stream_type
-        self.cursor = cursor
-        self.stream: SubscriptionStream | None = None
-        self.channel: grpc.aio.Channel | None = None
-        self.unimplemented = False
-        self.reopened_at = float("-inf")
-
-    def ensure(self, channel: grpc.aio.Channel, metadata: tuple | None) -> None:
-        """Opens the stream on `channel` unless one is running there or the
-        daemon does not implement it. Does not wait for anything."""
-        if self.unimplemented:
-            return
-        previous = self.stream
-        if previous is not None and previous.alive and self.channel is channel:
-            return
-        rpc = getattr(pb_grpc.RuntimeServiceStub(channel), self.stream_type.rpc_name)(metadata=metadata)
-        self.stream = self.stream_type(rpc, self.cursor, self._not_implemented, previous=previous)
-        self.channel = channel
-
-    def _not_implemented(self) -> None:
-        self.unimplemented = True
-
-    async def wait_replayed(self, seq: int) -> None:
-        """Waits until this feed has replayed up to `seq` (a call's barrier),
-        across a re-opened stream, while replay makes progress; returns at
-        once when there is no live stream."""
-        cursor = self.cursor
-        while cursor.last_seq < seq:
-            stream = self.stream
-            if stream is None or not stream.alive:
-                return
-            before = cursor.last_seq
-            await stream.wait_replayed(seq, _BARRIER_IDLE_SECONDS)
-            if self.stream is stream and cursor.last_seq == before:
-                return  # no progress for the whole bound
-
-    def detach(self) -> SubscriptionStream | None:
-        """Forgets the stream and channel and returns the stream (to close)."""
-        stream, self.stream, self.channel = self.stream, None, None
-        return stream
 
 
 class RuntimeClient:
@@ -369,24 +213,11 @@ class RuntimeClient:
         if stream_window < 1:
             raise ValueError(f"stream_window must be at least 1 (got {stream_window})")
         self.stream_window = stream_window
-        self.reconnection_options = {
-            name: value
-            for name, value in (
-                ("reconnection", reconnection),
-                ("reconnection_attempts", reconnection_attempts),
-                ("reconnection_delay", reconnection_delay),
-                ("reconnection_delay_max", reconnection_delay_max),
-                ("randomization_factor", randomization_factor),
-            )
-            if value is not None
-        }
-        # Reconnecting (the original's socketio defaults, but a first attempt
-        # at once and a bounded number of attempts, so no call waits forever).
-        self._reconnect_enabled = reconnection is not False
-        self._reconnect_attempts = _RECONNECT_ATTEMPTS if reconnection_attempts is None else reconnection_attempts
-        self._reconnect_delay = _RECONNECT_DELAY if reconnection_delay is None else reconnection_delay
-        self._reconnect_delay_max = _RECONNECT_DELAY_MAX if reconnection_delay_max is None else reconnection_delay_max
-        self._randomization = _RANDOMIZATION if randomization_factor is None else randomization_factor
+        self._reconnection = ReconnectPolicy(
+            reconnection, reconnection_attempts, reconnection_delay, reconnection_delay_max, randomization_factor
+        )
+        self.reconnection_options = self._reconnection.options
+        self._reconnect_enabled = self._reconnection.enabled
         self._reconnector: asyncio.Task | None = None
         # Acks a lost stream never wrote; the next stream sends them.
         self._orphan_acks: list[str] = []
@@ -401,22 +232,19 @@ class RuntimeClient:
         self._metadata = (
             (("authorization", f"Bearer {token}"), client_header) if token else (client_header,)
         )
-        self._tls = _TlsFiles(base_url, tls_ca_file, tls_cert_file, tls_key_file, tls_server_name)
+        self._tls = TlsFiles(base_url, tls_ca_file, tls_cert_file, tls_key_file, tls_server_name)
         self._channel: grpc.aio.Channel | None = None
         self._channel_broken = False
         # With the native transport, the Calls stream runs on a grpc++ channel
         # to the same target, made and replaced together with `_channel`.
-        self._native = _native_calls_module()
-        self._native_channel = None
+        self._native = NativeTransport()
         self._stream: CallsStream | None = None
         self._pending: dict[str, PendingCall] = {}
         self._connect_lock = asyncio.Lock()
         self.logs = logs
         self.traces = traces
-        self._feeds = (_Feed("logs", LogsStream, LogCursor()), _Feed("traces", TracesStream, TraceCursor()))
-        self._namespaces: dict[str, AsyncClientNamespace] = {}
-        self._namespace_streams: dict[str, NamespaceStream | NativeNamespaceStream] = {}
-        self._namespaces_reopened_at = float("-inf")
+        self._feeds = (Feed("logs", LogsStream, LogCursor()), Feed("traces", TracesStream, TraceCursor()))
+        self._namespaces = NamespaceSet(base_url, self._namespace_stream, self._live_stream, self._reopen_namespaces)
         self._connected_once = False
 
     @property
@@ -429,6 +257,11 @@ class RuntimeClient:
         """The current Traces stream (None before the first connection or after close())."""
         return self._feeds[1].stream
 
+    @property
+    def _namespace_streams(self) -> dict[str, NamespaceStream | NativeNamespaceStream]:
+        """The current stream of each registered namespace, by path (diagnostics and tests)."""
+        return self._namespaces.streams
+
     def register_namespace(self, ns: AsyncClientNamespace) -> AsyncClientNamespace:
         """Adds a plugin namespace; must precede the first connection (the
         set of streams is fixed when the client connects). Returns `ns`.
@@ -440,15 +273,7 @@ class RuntimeClient:
         """
         if self._connected_once:
             raise RuntimeError("register_namespace must be called before entering the async context")
-        path = getattr(ns, "namespace", None)
-        if not isinstance(path, str) or not path.startswith("/") or path == "/":
-            raise ValueError(f"namespace must be a path starting with '/' (e.g. '/myplugin'), got {path!r}")
-        if path in RESERVED_NAMESPACES:
-            raise ValueError(f"namespace {path!r} is reserved by agentix-core; choose another path for the plugin")
-        if path in self._namespaces:
-            raise ValueError(f"namespace {path!r} already registered")
-        ns.client = self
-        self._namespaces[path] = ns
+        self._namespaces.register(ns, self)
         return ns
 
     async def __aenter__(self) -> RuntimeClient:
@@ -640,10 +465,8 @@ class RuntimeClient:
     async def _side_barrier(self, barrier: SideBarrier) -> None:
         """Waits until the log records and trace events `barrier` names have
         been handed to the host's logging and trace processors (bounded: see
-        `_BARRIER_IDLE_SECONDS`)."""
-        for feed, seq in zip(self._feeds, (barrier.log_seq, barrier.trace_seq)):
-            if seq > feed.cursor.last_seq:
-                await feed.wait_replayed(seq)
+        `agentix.runtime.client.feeds.BARRIER_IDLE_SECONDS`)."""
+        await wait_barrier(self._feeds, barrier.log_seq, barrier.trace_seq)
 
     @overload
     async def try_remote(
@@ -693,16 +516,10 @@ class RuntimeClient:
         reconnector, self._reconnector = self._reconnector, None
         if reconnector is not None:
             reconnector.cancel()
-        # What the sandbox emitted before close() is replayed first (bounded).
-        live_feeds = [feed.stream for feed in self._feeds if feed.stream is not None and feed.stream.alive]
-        if live_feeds:
-            await asyncio.gather(
-                *(feed.settle(_CLOSE_QUIET_SECONDS, _CLOSE_FLUSH_SECONDS) for feed in live_feeds),
-                return_exceptions=True,
-            )
+        await settle_feeds(self._feeds, _CLOSE_QUIET_SECONDS, _CLOSE_FLUSH_SECONDS)  # replay what came before close()
         stream, self._stream = self._stream, None
         channel, self._channel = self._channel, None
-        self._native_channel = None
+        self._native.channel = None
         feeds = [feed.detach() for feed in self._feeds]
         in_flight = list(self._pending.values())
         self._pending.clear()
@@ -717,38 +534,29 @@ class RuntimeClient:
         for feed_stream in feeds:
             if feed_stream is not None:
                 await feed_stream.aclose()
-        namespace_streams = list(self._namespace_streams.values())
-        self._namespace_streams.clear()
-        for namespace_stream in namespace_streams:
-            await _bounded(namespace_stream.aclose(), "closing a namespace stream")
+        for namespace_stream in self._namespaces.take_streams():
+            await bounded(namespace_stream.aclose(), "closing a namespace stream")
         if channel is not None:
-            await _close_channel(channel)
+            await close_channel(channel)
 
     async def _live_stream(self) -> CallsStream:
         """Returns the open Calls stream, connecting first if there is none."""
         stream = self._stream
         if stream is not None and stream.alive:
-            for feed in self._feeds:
-                feed_stream = feed.stream
-                if feed_stream is not None and not feed_stream.alive and self._channel is not None:
-                    # The Logs/Traces stream broke while calls kept working:
-                    # re-open it (at most once per _FEED_REOPEN_SECONDS, so a
-                    # daemon that keeps failing it costs nothing per call).
-                    now = asyncio.get_running_loop().time()
-                    if now - feed.reopened_at >= _FEED_REOPEN_SECONDS and getattr(self, feed.flag):
-                        feed.reopened_at = now
-                        feed.ensure(self._channel, self._metadata)
-            if self._namespaces and self._channel is not None and not self._namespaces_alive():
+            if self._channel is not None:
+                reopen_lost_feeds(self._feeds, self, self._channel, self._metadata, _FEED_REOPEN_SECONDS)
+            namespaces = self._namespaces
+            if namespaces.registered and self._channel is not None and not namespaces.alive():
                 now = asyncio.get_running_loop().time()
-                if now - self._namespaces_reopened_at >= _FEED_REOPEN_SECONDS:
-                    self._namespaces_reopened_at = now
-                    self._open_namespaces(self._channel)  # not awaited: calls go on
+                if now - namespaces.reopened_at >= _FEED_REOPEN_SECONDS:
+                    namespaces.reopened_at = now
+                    namespaces.open(self._channel)  # not awaited: calls go on
             return stream
         async with self._connect_lock:
             if self._stream is None or not self._stream.alive:
                 channel = await self._ready_channel()
                 self._connected_once = True
-                transport = self._native_transport()
+                transport = self._native.transport(self._metadata)
                 if transport is not None:
                     self._stream = NativeCallsStream(transport, self._pending, self._stream_lost)
                 else:
@@ -765,119 +573,36 @@ class RuntimeClient:
                 if self._orphan_acks:
                     self._stream.ack_results(self._orphan_acks)
                     self._orphan_acks = []
-                self._ensure_feeds(channel)
+                ensure_feeds(self._feeds, self, channel, self._metadata)
                 # Events the sandbox emits during the first call must find
                 # the host's namespaces open: wait for the daemon's answer.
-                await self._confirm_namespaces(self._open_namespaces(channel))
+                await self._namespaces.confirm(self._namespaces.open(channel), min(self.timeout, _CONFIRM_SECONDS))
             return self._stream
 
     async def _reconnect_for_call(self, failure: BaseException) -> CallsStream:
         """The Calls stream for a new call whose first reconnect, after the
         connection was lost, failed with `failure`: retried under the
         reconnection policy (as for the calls in flight when it broke), so a
-        cut during the GetInfo probe does not cost the call. (A first
-        connection, and a client with ``reconnection=False``, fail at once.)
-        Raises the last attempt's error when every attempt failed."""
-        attempt = 1
-        while not (self._reconnect_attempts and attempt >= self._reconnect_attempts):
-            await asyncio.sleep(self._backoff(attempt))
-            try:
-                return await self._live_stream()
-            except (RuntimeUnreachable, OSError, grpc.aio.AioRpcError) as error:
-                failure = error
-                attempt += 1
-        raise failure
-
-    def _backoff(self, attempt: int) -> float:
-        """Seconds to wait after the `attempt`-th failed reconnect (1, 2, ...)."""
-        delay = min(self._reconnect_delay * 2 ** (attempt - 1), self._reconnect_delay_max)
-        return max(0.0, delay * (1 + self._randomization * (2 * random.random() - 1)))
-
-    def _namespaces_alive(self) -> bool:
-        return all(
-            (stream := self._namespace_streams.get(path)) is not None and stream.alive for path in self._namespaces
-        )
-
-    def _open_namespaces(self, channel: grpc.aio.Channel) -> list[NamespaceStream | NativeNamespaceStream]:
-        """Opens a Namespace stream for every registered namespace that has
-        no live one; returns the new streams (not yet confirmed)."""
-        opened = []
-        for path, ns in self._namespaces.items():
-            current = self._namespace_streams.get(path)
-            if current is not None and current.alive:
-                continue
-            stream = self._namespace_stream(channel, ns)
-            self._namespace_streams[path] = stream
-            opened.append(stream)
-        return opened
+        cut during the GetInfo probe does not cost the call (see
+        `ReconnectPolicy.retry`)."""
+        return await self._reconnection.retry(self._live_stream, failure)
 
     def _namespace_stream(
         self, channel: grpc.aio.Channel, ns: AsyncClientNamespace
     ) -> NamespaceStream | NativeNamespaceStream:
         """A new Namespace stream for `ns`: on the native transport like the
         Calls stream when it is in use, else on grpc.aio."""
-        transport = self._native_transport(NAMESPACE_METHOD)
+        transport = self._native.transport(self._metadata, NAMESPACE_METHOD)
         if transport is not None:
             return NativeNamespaceStream(transport, ns)
         return NamespaceStream(pb_grpc.RuntimeServiceStub(channel).Namespace(metadata=self._metadata), ns)
 
-    async def _confirm_namespaces(self, streams: list[NamespaceStream | NativeNamespaceStream]) -> None:
-        """Waits until the daemon has confirmed each new stream.
-
-        Raises ValueError when it refuses a namespace, RuntimeUnreachable
-        when a stream fails or no answer comes within `timeout`."""
-        for stream in streams:
-            try:
-                await stream.wait_opened(min(self.timeout, _CONFIRM_SECONDS))
-            except TimeoutError:
-                raise RuntimeUnreachable(
-                    f"runtime at {self.base_url} did not confirm namespace {stream.ns.namespace} "
-                    f"within {min(self.timeout, _CONFIRM_SECONDS)}s"
-                ) from None
-            except RuntimeError as error:
-                raise RuntimeUnreachable(f"runtime at {self.base_url}: {error}") from error
-
-    def _send_namespace_event_nowait(self, path: str, event: str, payload: bytes, request_id: str) -> bool:
-        """`_emit_namespace_event` of an encoded event without an error,
-        when its namespace's stream is open and takes it without waiting
-        (`request_handler`'s replies); False when nothing was sent."""
-        stream = self._namespace_streams.get(path)
-        return stream is not None and stream.alive and stream.send_nowait(event, payload, request_id)
-
-    async def _emit_namespace_event(self, path: str, event: str, data: Any, payload: bytes | None = None) -> None:
-        """Sends one event of a registered namespace (AsyncClientNamespace.emit);
-        `payload`, when given, is ``codec.pack(data)`` already."""
-        if payload is None:
-            payload = codec.pack(data)
-        error = None
-        if event.endswith(":error") and isinstance(data, dict) and isinstance(data.get("error"), dict):
-            error = data["error"]
-        request_id = data.get("request_id") if isinstance(data, dict) else None
-        stream = self._namespace_streams.get(path)
-        if stream is None or not stream.alive:
-            # (A request handler's reply, the hot path, finds its stream open.)
-            await self._live_stream()
-            stream = self._namespace_streams.get(path)
-        if stream is None or not stream.alive:
-            async with self._connect_lock:
-                channel = await self._ready_channel()
-                await self._confirm_namespaces(self._open_namespaces(channel))
-            stream = self._namespace_streams[path]
-        await stream.send(event, payload, request_id if isinstance(request_id, str) else "", error)
-
-    async def _close_namespace(self, path: str) -> None:
-        stream = self._namespace_streams.pop(path, None)
-        if stream is not None:
-            await stream.aclose()
-
-    def _ensure_feeds(self, channel: grpc.aio.Channel) -> None:
-        """Opens the Logs and Traces streams on `channel`, each unless one is
-        running there, it is turned off (``logs`` / ``traces``), or the daemon
-        does not implement it. Called whenever a Calls stream is opened and
-        when a lost one is re-opened; does not wait for anything."""
-        for feed in self._feeds:
-            if getattr(self, feed.flag):
-                feed.ensure(channel, self._metadata)
+    async def _reopen_namespaces(self) -> None:
+        """Re-opens and confirms the namespaces' lost streams (a plugin's
+        emit found its stream down after the Calls stream was re-opened)."""
+        async with self._connect_lock:
+            channel = await self._ready_channel()
+            await self._namespaces.confirm(self._namespaces.open(channel), min(self.timeout, _CONFIRM_SECONDS))
 
     async def _ready_channel(self) -> grpc.aio.Channel:
         """Returns a usable channel, replacing one that is known broken and
@@ -887,68 +612,17 @@ class RuntimeClient:
             if channel.get_state() not in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN):
                 return channel
         self._channel = None
-        self._native_channel = None
+        self._native.channel = None
         if channel is not None:
-            await _close_channel(channel)
+            await close_channel(channel)
 
-        # A private subchannel pool: a fresh channel must not inherit the
-        # reconnect backoff of a broken one to the same address.
-        options = [
-            ("grpc.max_receive_message_length", _MAX_GRPC_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", _MAX_GRPC_MESSAGE_BYTES),
-            ("grpc.use_local_subchannel_pool", 1),
-        ]
-        if self._tls.enabled:
-            if self._tls.server_name:
-                options.append(("grpc.ssl_target_name_override", self._tls.server_name))
-            channel = grpc.aio.secure_channel(self._target, self._tls.credentials(), options=options)
-        else:
-            channel = grpc.aio.insecure_channel(self._target, options=options)
-        native_channel = None
-        if self._native is not None:
-            try:
-                # Made before the probe: it starts connecting at once, so its
-                # connection is set up while GetInfo runs, not after it
-                # (which made a first call wait for two connections in turn).
-                native_channel = self._native.Channel(
-                    self._target, self._tls.pem() if self._tls.enabled else None, options
-                )
-            except Exception as error:
-                self._native_failed(error)
         try:
-            await pb_grpc.RuntimeServiceStub(channel).GetInfo(
-                pb.GetInfoRequest(), timeout=self.timeout, metadata=self._metadata
-            )
-        except BaseException as error:
-            await _close_channel(channel)
-            if isinstance(error, grpc.aio.AioRpcError):
-                raise self._unreachable(error) from error
-            raise
-        self._native_channel = native_channel
+            channel = await open_channel(self._target, self._tls, self._native, self.timeout, self._metadata)
+        except grpc.aio.AioRpcError as error:
+            raise self._unreachable(error) from error
         self._channel = channel
         self._channel_broken = False
         return channel
-
-    def _native_transport(self, method: str = wire.CALLS_METHOD):
-        """A new native ``CallsTransport`` on the current channel for
-        `method` (Calls: coalescing writes, any other: a message per write),
-        or None for grpc.aio (turned off, or the extension refused)."""
-        if self._native_channel is None:
-            return None
-        try:
-            if method == wire.CALLS_METHOD:
-                return self._native.CallsTransport(self._native_channel, self._metadata)
-            return self._native.CallsTransport(self._native_channel, self._metadata, method=method, coalesce=False)
-        except Exception as error:
-            self._native_failed(error)
-            return None
-
-    def _native_failed(self, error: Exception) -> None:
-        """The extension refused what grpc.aio accepted: this client goes on
-        with grpc.aio (same behaviour, a bit slower) rather than failing."""
-        _log.debug("native Calls transport failed, using grpc.aio from now on: %r", error)
-        self._native = None
-        self._native_channel = None
 
     def _unreachable(self, error: grpc.aio.AioRpcError) -> RuntimeUnreachable | Unauthenticated:
         if error.code() == grpc.StatusCode.UNAUTHENTICATED:
@@ -1014,11 +688,11 @@ class RuntimeClient:
             except (RuntimeUnreachable, OSError, grpc.aio.AioRpcError) as failure:
                 last = failure
             attempt += 1
-            if self._reconnect_attempts and attempt >= self._reconnect_attempts:
+            if self._reconnection.exhausted(attempt):
                 self._fail_pending(
                     f"runtime server connection lost: {self.base_url} "
                     f"(reconnecting failed {attempt} times; last: {last})",
                     last,
                 )
                 return
-            await asyncio.sleep(self._backoff(attempt))
+            await asyncio.sleep(self._reconnection.backoff(attempt))

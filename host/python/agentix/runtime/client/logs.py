@@ -39,9 +39,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream, _ReplayedOnce
+from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream, ReplayedOnce
 from agentix.runtime.v1 import runtime_pb2 as pb
-from agentix.utils.log._config import _ContextRecordFactory
+from agentix.utils.log._config import ContextRecordFactory
 
 __all__ = [
     "DEFAULT_LOGGER",
@@ -430,7 +430,7 @@ def _split_path(path: str) -> tuple[str, str]:
 def _is_stdlib_factory(factory: Any) -> bool:
     """Whether `factory` makes plain LogRecords (the stdlib's, or it wrapped by
     configure_logging, whose agentix_context replay sets anyway)."""
-    while isinstance(factory, _ContextRecordFactory):
+    while isinstance(factory, ContextRecordFactory):
         factory = factory.inner
     return factory is logging.LogRecord
 
@@ -494,7 +494,7 @@ class LogsStream(SubscriptionStream):
     """Drives one open ``Logs`` RPC; see the module docstring and
     `SubscriptionStream` (same arguments, with a `LogCursor`)."""
 
-    _replayed_once = _ReplayedOnce()
+    _replayed_once = ReplayedOnce()
     rpc_name = "Logs"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

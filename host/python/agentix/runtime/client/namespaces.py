@@ -12,24 +12,47 @@ longer than `MAX_EVENT_NAME_CHARS`, with an unprintable character, or a
 lifecycle name, which only the host's stream itself delivers) is dropped
 before any handler sees it; the first one of a stream is logged at WARNING,
 later ones at DEBUG. The ``namespace`` of a response is not used (each stream
-delivers to the namespace object it was opened for)."""
+delivers to the namespace object it was opened for).
+
+`NamespaceSet` is a client's registry of namespace objects and their current
+streams: it registers them (`register`), opens and confirms their streams
+when the client connects (`open`, `confirm`), re-opens lost ones, and gives
+each namespace object the `agentix.runtime.client._sio_facade.NamespaceLink`
+its `emit` goes through. It asks the client for connections only through the
+callables it is built with, so this module does not import the client."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Union
 
 import grpc
 
 from agentix.runtime.client import wire
-from agentix.runtime.client._sio_facade import _LIFECYCLE, AsyncClientNamespace
+from agentix.runtime.client._sio_facade import (
+    LIFECYCLE_EVENTS,
+    RESERVED_NAMESPACES,
+    AsyncClientNamespace,
+    attach,
+    detach_coroutine_event,
+    trigger_data_event,
+)
+from agentix.runtime.client.errors import RuntimeUnreachable
 from agentix.runtime.client.stream import NativeStreamError
+from agentix.runtime.shared import codec
 from agentix.runtime.v1 import runtime_pb2 as pb
 
-__all__ = ["MAX_EVENT_NAME_CHARS", "NAMESPACE_METHOD", "NamespaceStream", "NativeNamespaceStream", "valid_event_name"]
+__all__ = [
+    "MAX_EVENT_NAME_CHARS",
+    "NAMESPACE_METHOD",
+    "NamespaceSet",
+    "NamespaceStream",
+    "NativeNamespaceStream",
+    "valid_event_name",
+]
 
 NAMESPACE_METHOD = "/agentix.runtime.v1.RuntimeService/Namespace"
 
@@ -50,7 +73,7 @@ def valid_event_name(event: str) -> bool:
     """Whether the host delivers a sandbox event named `event`: 1 to
     `MAX_EVENT_NAME_CHARS` printable characters, and not ``connect``,
     ``disconnect`` or ``connect_error`` (the stream's own events)."""
-    return 0 < len(event) <= MAX_EVENT_NAME_CHARS and event not in _LIFECYCLE and event.isprintable()
+    return 0 < len(event) <= MAX_EVENT_NAME_CHARS and event not in LIFECYCLE_EVENTS and event.isprintable()
 
 
 def _event_request(event: str, payload: bytes, request_id: str, error: dict | None) -> pb.NamespaceRequest:
@@ -240,7 +263,7 @@ class NamespaceStream(_StreamBase):
     def _trigger_now(self, event: str, data: bytes) -> None:
         """A data event of a namespace with the plain trigger_event, without a coroutine."""
         try:
-            self.ns._trigger_data_event(event, data)
+            trigger_data_event(self.ns, event, data)
         except Exception:
             _log.exception("namespace %s: handling event %r raised", self.ns.namespace, event)
 
@@ -371,7 +394,7 @@ class NativeNamespaceStream(_StreamBase):
                 for event, data in events:
                     if self._ended:  # a trigger closed the stream
                         return
-                    if 0 < len(event) <= MAX_EVENT_NAME_CHARS and event not in _LIFECYCLE and event.isprintable():
+                    if 0 < len(event) <= MAX_EVENT_NAME_CHARS and event not in LIFECYCLE_EVENTS and event.isprintable():
                         self._deliver(event, (data,))
                     else:
                         self._refuse(event)
@@ -414,9 +437,9 @@ class NativeNamespaceStream(_StreamBase):
 
     def _deliver(self, event: str, args: tuple) -> None:
         """Triggers `event` now, or after the triggers before it have ended."""
-        if self._dispatcher is None and self._plain and event not in _LIFECYCLE:
+        if self._dispatcher is None and self._plain and event not in LIFECYCLE_EVENTS:
             try:
-                if self.ns._detach_coroutine_event(event, args[0], self._loop):
+                if detach_coroutine_event(self.ns, event, args[0], self._loop):
                     return
             except Exception:
                 _log.exception("namespace %s: handling event %r raised", self.ns.namespace, event)
@@ -442,3 +465,128 @@ class NativeNamespaceStream(_StreamBase):
     def _check_finished(self) -> None:
         if self._ended and self._dispatcher is None and not self._backlog and not self._finished.done():
             self._finished.set_result(None)
+
+
+AnyNamespaceStream = Union[NamespaceStream, NativeNamespaceStream]
+
+
+class _Link:
+    """The `NamespaceLink` of one registered path: sends through the
+    set's current stream for it."""
+
+    __slots__ = ("_namespaces", "_streams", "_path")
+
+    def __init__(self, namespaces: NamespaceSet, path: str) -> None:
+        self._namespaces = namespaces
+        self._streams = namespaces.streams
+        self._path = path
+
+    def send_nowait(self, event: str, payload: bytes, request_id: str) -> bool:
+        stream = self._streams.get(self._path)
+        return stream is not None and stream.alive and stream.send_nowait(event, payload, request_id)
+
+    async def emit(self, event: str, data: Any, payload: bytes | None = None) -> None:
+        await self._namespaces.emit(self._path, event, data, payload)
+
+    async def close(self) -> None:
+        stream = self._streams.pop(self._path, None)
+        if stream is not None:
+            await stream.aclose()
+
+
+class NamespaceSet:
+    """The plugin namespaces registered with one client, and their streams.
+
+    Args:
+      base_url: the client's URL, for error messages.
+      new_stream: makes a new (unconfirmed) stream for a namespace object on
+        a channel (the client picks the transport).
+      connect: connects the client if it is not (its Calls stream), which
+        opens and confirms every namespace's stream.
+      reopen: re-opens and confirms the namespaces' lost streams under the
+        client's connect lock.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        new_stream: Callable[[grpc.aio.Channel, AsyncClientNamespace], AnyNamespaceStream],
+        connect: Callable[[], Awaitable[Any]],
+        reopen: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._base_url = base_url
+        self._new_stream = new_stream
+        self._connect = connect
+        self._reopen = reopen
+        self.registered: dict[str, AsyncClientNamespace] = {}
+        self.streams: dict[str, AnyNamespaceStream] = {}
+        self.reopened_at = float("-inf")
+
+    def register(self, ns: AsyncClientNamespace, client: Any) -> None:
+        """Adds `ns` (see `RuntimeClient.register_namespace`)."""
+        path = getattr(ns, "namespace", None)
+        if not isinstance(path, str) or not path.startswith("/") or path == "/":
+            raise ValueError(f"namespace must be a path starting with '/' (e.g. '/myplugin'), got {path!r}")
+        if path in RESERVED_NAMESPACES:
+            raise ValueError(f"namespace {path!r} is reserved by agentix-core; choose another path for the plugin")
+        if path in self.registered:
+            raise ValueError(f"namespace {path!r} already registered")
+        attach(ns, client, _Link(self, path))
+        self.registered[path] = ns
+
+    def alive(self) -> bool:
+        """Whether every registered namespace has a live stream."""
+        return all((stream := self.streams.get(path)) is not None and stream.alive for path in self.registered)
+
+    def open(self, channel: grpc.aio.Channel) -> list[AnyNamespaceStream]:
+        """Opens a Namespace stream for every registered namespace that has
+        no live one; returns the new streams (not yet confirmed)."""
+        opened = []
+        for path, ns in self.registered.items():
+            current = self.streams.get(path)
+            if current is not None and current.alive:
+                continue
+            stream = self._new_stream(channel, ns)
+            self.streams[path] = stream
+            opened.append(stream)
+        return opened
+
+    async def confirm(self, streams: list[AnyNamespaceStream], timeout: float) -> None:
+        """Waits until the daemon has confirmed each new stream.
+
+        Raises ValueError when it refuses a namespace, RuntimeUnreachable
+        when a stream fails or no answer comes within `timeout`."""
+        for stream in streams:
+            try:
+                await stream.wait_opened(timeout)
+            except TimeoutError:
+                raise RuntimeUnreachable(
+                    f"runtime at {self._base_url} did not confirm namespace {stream.ns.namespace} within {timeout}s"
+                ) from None
+            except RuntimeError as error:
+                raise RuntimeUnreachable(f"runtime at {self._base_url}: {error}") from error
+
+    async def emit(self, path: str, event: str, data: Any, payload: bytes | None = None) -> None:
+        """Sends one event of a registered namespace (AsyncClientNamespace.emit);
+        `payload`, when given, is ``codec.pack(data)`` already."""
+        if payload is None:
+            payload = codec.pack(data)
+        error = None
+        if event.endswith(":error") and isinstance(data, dict) and isinstance(data.get("error"), dict):
+            error = data["error"]
+        request_id = data.get("request_id") if isinstance(data, dict) else None
+        stream = self.streams.get(path)
+        if stream is None or not stream.alive:
+            # (A request handler's reply, the hot path, finds its stream open.)
+            await self._connect()
+            stream = self.streams.get(path)
+        if stream is None or not stream.alive:
+            await self._reopen()
+            stream = self.streams[path]
+        await stream.send(event, payload, request_id if isinstance(request_id, str) else "", error)
+
+    def take_streams(self) -> list[AnyNamespaceStream]:
+        """Forgets every stream and returns them (to close)."""
+        streams = list(self.streams.values())
+        self.streams.clear()
+        return streams

@@ -36,12 +36,20 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable
-from typing import Union
 
 import grpc
 
 from agentix.runtime.client import wire
+from agentix.runtime.client.chunking import CHUNK_BYTES, Upload, first_chunk
 from agentix.runtime.client.errors import ResultTooLarge
+from agentix.runtime.client.pending import (
+    MAX_RESULT_BYTES,
+    STREAM_END,
+    Outcome,
+    PendingCall,
+    SideBarrier,
+    StartRequest,
+)
 from agentix.runtime.shared.models import RemoteError
 from agentix.runtime.v1 import runtime_pb2 as pb
 
@@ -49,17 +57,18 @@ __all__ = [
     "BATCH_BYTES",
     "CHUNK_BYTES",
     "CallsStream",
+    "MAX_RESULT_BYTES",
     "NativeCallsStream",
     "NativeStreamError",
     "Outcome",
     "PendingCall",
+    "STREAM_END",
+    "SideBarrier",
     "StartRequest",
 ]
 
 _log = logging.getLogger("agentix.runtime.client")
 
-# Largest argument piece in one event; the daemon refuses larger ArgumentChunks.
-CHUNK_BYTES = 1 << 20
 # Soft cap on one outgoing message: events are added while the total stays within
 # it (a single larger event still goes alone). Keeps messages far below the
 # daemon's receive limit.
@@ -72,139 +81,6 @@ ACK_DELAY = 0.05
 ACK_BATCH = 512
 # How many written acks a stream remembers for re-sending after a cut.
 RECENT_ACKS = 4096
-
-# A call's outcome: the encoded result value (bytes, or the list of pieces it
-# arrived in), or the sandbox's error report.
-Outcome = Union[bytes, list, RemoteError]
-
-# Default cap on one call's encoded result (and on one streamed item): the
-# daemon's default --max-payload-bytes for arguments.
-MAX_RESULT_BYTES = 1 << 30
-
-
-# Put into a streaming call's item queue once its future is done.
-STREAM_END = object()
-
-
-class SideBarrier:
-    """The seqs of the last log record and trace event a call emitted before
-    one of its events (``CallResult.log_seq`` / ``trace_seq``): the host
-    replays up to them before it hands that event to the caller. In a
-    streaming call's item queue it precedes the item it guards."""
-
-    __slots__ = ("log_seq", "trace_seq")
-
-    def __init__(self, log_seq: int, trace_seq: int) -> None:
-        self.log_seq = log_seq
-        self.trace_seq = trace_seq
-
-
-class PendingCall:
-    """A call started on a stream and not yet settled.
-
-    ``future`` receives the `Outcome`, or an exception chosen by the client when
-    the call cannot finish (connection lost, client closed). A streaming call
-    also has ``items``: the encoded `StreamItem` values in order, followed by
-    `STREAM_END` once the future is done.
-    """
-
-    __slots__ = (
-        "call_id",
-        "display_name",
-        "future",
-        "result_chunks",
-        "items",
-        "start",
-        "received",
-        "consumed",
-        "max_result_bytes",
-        "result_bytes",
-        "barrier",
-    )
-
-    def __init__(
-        self,
-        call_id: str,
-        display_name: str,
-        future: asyncio.Future,
-        *,
-        streaming: bool = False,
-        start: StartRequest | None = None,
-        max_result_bytes: int = MAX_RESULT_BYTES,
-    ) -> None:
-        self.call_id = call_id
-        self.display_name = display_name
-        self.future = future
-        self.result_chunks: list[bytes] = []
-        self.items: asyncio.Queue | None = asyncio.Queue() if streaming else None
-        # What re-sends the call after a reconnect (None: resume only).
-        self.start = start
-        # StreamItems received (index of the next one expected) and consumed
-        # by the caller (what the last StreamAck said).
-        self.received = 0
-        self.consumed = 0
-        # Encoded result bytes received so far, refused beyond the cap.
-        self.max_result_bytes = max_result_bytes
-        self.result_bytes = 0
-        # What its terminal event says to replay before returning (None: nothing).
-        self.barrier: SideBarrier | None = None
-
-    def settle(self, outcome: Outcome) -> None:
-        """Delivers `outcome` unless the future is already done (e.g. cancelled)."""
-        if not self.future.done():
-            self.future.set_result(outcome)
-            self._end_items()
-
-    def fail(self, error: BaseException) -> None:
-        """Fails the call with `error` unless the future is already done."""
-        if not self.future.done():
-            self.future.set_exception(error)
-            self._end_items()
-
-    def _end_items(self) -> None:
-        if self.items is not None:
-            self.items.put_nowait(STREAM_END)
-
-
-class StartRequest:
-    """The StartCall of a call, kept so it can be sent again on a new stream
-    after a reconnect (the daemon never runs a call_id twice)."""
-
-    __slots__ = ("callable_ref", "arguments", "context", "stream_window")
-
-    def __init__(self, callable_ref: str, arguments: bytes | wire.Pieces, context: bytes, stream_window: int) -> None:
-        self.callable_ref = callable_ref
-        self.arguments = arguments
-        self.context = context
-        self.stream_window = stream_window
-
-
-class _Upload:
-    """The argument bytes of one call that still have to follow its StartCall
-    (which carried the first CHUNK_BYTES)."""
-
-    __slots__ = ("call_id", "data", "offset", "dropped")
-
-    def __init__(self, call_id: str, data: bytes | wire.Pieces) -> None:
-        self.call_id = call_id
-        self.data = data  # the whole arguments
-        self.offset = CHUNK_BYTES
-        self.dropped = False
-
-    def next_chunk_size(self) -> int:
-        return min(CHUNK_BYTES, len(self.data) - self.offset)
-
-    def take_chunk(self) -> tuple[int, list[memoryview]]:
-        """The next piece (views, not copies) and its offset within the whole arguments."""
-        start = self.offset
-        end = min(start + CHUNK_BYTES, len(self.data))
-        self.offset = end
-        return start, wire.byte_views(self.data, start, end)
-
-    @property
-    def finished(self) -> bool:
-        return self.offset >= len(self.data)
-
 
 def _encode_batch(batch: list[pb.HostEvent | list]) -> bytes:
     """The encoded CallsRequest carrying a batch of events and hand-encoded
@@ -268,9 +144,9 @@ class CallsStream:
         self._on_lost = on_lost
         # (estimated size, event, upload to begin once the event is sent); an
         # event is a HostEvent or the pieces of an encoded one (wire.py)
-        self._queue: collections.deque[tuple[int, pb.HostEvent | list, _Upload | None]] = collections.deque()
-        self._uploads: collections.deque[_Upload] = collections.deque()
-        self._uploads_by_id: dict[str, _Upload] = {}
+        self._queue: collections.deque[tuple[int, pb.HostEvent | list, Upload | None]] = collections.deque()
+        self._uploads: collections.deque[Upload] = collections.deque()
+        self._uploads_by_id: dict[str, Upload] = {}
         self._wakeup = asyncio.Event()
         self._acks: list[str] = []  # call ids whose terminal event awaits an ack
         # Acks written lately: a connection cut can lose them in flight, so
@@ -295,10 +171,9 @@ class CallsStream:
         the pickled (args, kwargs), `wire.Pieces` only when over CHUNK_BYTES."""
         upload = None
         if len(arguments) > CHUNK_BYTES:
-            upload = _Upload(call_id, arguments)
+            upload = Upload(call_id, arguments)
             self._uploads_by_id[call_id] = upload
-        first_size = min(len(arguments), CHUNK_BYTES)
-        first = arguments if first_size == len(arguments) else wire.byte_views(arguments, 0, first_size)
+        first, first_size = first_chunk(arguments)
         event = wire.start_call_event(call_id, callable_ref, first, len(arguments), context, stream_window)
         self._enqueue(first_size + len(context) + len(callable_ref) + _EVENT_OVERHEAD, event, upload)
 
@@ -370,7 +245,7 @@ class CallsStream:
             task.cancel()
         await asyncio.gather(self._sender, self._reader, return_exceptions=True)
 
-    def _enqueue(self, size: int, event: pb.HostEvent, upload: _Upload | None = None) -> None:
+    def _enqueue(self, size: int, event: pb.HostEvent, upload: Upload | None = None) -> None:
         self._queue.append((size, event, upload))
         self._kick()
 

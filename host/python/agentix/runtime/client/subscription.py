@@ -26,7 +26,7 @@ __all__ = ["SeqCursor", "SubscriptionStream"]
 _log = logging.getLogger("agentix.runtime.client")
 
 
-class _ReplayedOnce:
+class ReplayedOnce:
     """Which items of no call this process has replayed, by daemon instance
     and seq (the newest `capacity` of them). The daemon sends such an item to
     every client subscribed; several clients of one process replay it once."""
@@ -102,7 +102,7 @@ class SubscriptionStream:
     noun = ""  # one item, for messages: "sandbox log record"
     # Items of no call replayed by any stream of this kind in the process
     # (each subclass has its own).
-    _replayed_once = _ReplayedOnce()
+    _replayed_once = ReplayedOnce()
 
     def __init__(
         self,

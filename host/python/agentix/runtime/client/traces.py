@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream, _ReplayedOnce
+from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream, ReplayedOnce
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.utils import trace as _trace
 from agentix.utils.trace import Span, SpanError, SpanEvent, Trace
@@ -211,7 +211,7 @@ class TracesStream(SubscriptionStream):
     """Drives one open ``Traces`` RPC; see the module docstring and
     `SubscriptionStream` (same arguments, with a `TraceCursor`)."""
 
-    _replayed_once = _ReplayedOnce()
+    _replayed_once = ReplayedOnce()
     rpc_name = "Traces"
     noun = "sandbox trace event"
 

@@ -47,13 +47,8 @@ from typing import Any
 
 import numpy
 
-from agentix.runtime.shared.safepickle import (
-    _REAL_CLASSES,
-    RestrictedUnpickleError,
-    _charge,
-    _RestrictedLoading,
-    _Sealed,
-)
+from agentix.runtime.shared.pickle_bounds import REAL_CLASSES, RestrictedUnpickleError, Sealed, charge
+from agentix.runtime.shared.safepickle import RestrictedLoading
 
 # Opcodes a stream naming numpy may run (~1.5 s at pure-Python speed, ~0.3 us
 # each): a hostile stream of N bytes would otherwise cost the host ~N/6 us of
@@ -105,7 +100,7 @@ class _PendingArray:
         self.built: Any = None
 
 
-class _NdarrayStandIn(metaclass=_Sealed):
+class _NdarrayStandIn(metaclass=Sealed):
     """Serves ``numpy.ndarray``: only `_reconstruct` may use it; calling it
     (NEWOBJ, ``copyreg.__newobj__``) would take any shape, buffer, offset and
     strides."""
@@ -116,7 +111,7 @@ class _NdarrayStandIn(metaclass=_Sealed):
         raise _refuse("a direct numpy.ndarray(...) construction")
 
 
-class _DtypeStandIn(metaclass=_Sealed):
+class _DtypeStandIn(metaclass=Sealed):
     """Serves ``numpy.dtype``: returns a placeholder completed by BUILD."""
 
     __slots__ = ()
@@ -127,7 +122,7 @@ class _DtypeStandIn(metaclass=_Sealed):
         for flag in args[1:]:
             if type(flag) is not bool:
                 raise _refuse("numpy.dtype() with a non-boolean flag")
-        _charge(1, "numpy.dtype()")
+        charge(1, "numpy.dtype()")
         return _PendingDtype(args)
 
 
@@ -179,7 +174,7 @@ def _build_dtype(pending: _PendingDtype, state: Any, shapes: dict[int, tuple[Any
                 raise _refuse("a structured numpy dtype with malformed fields")
             if len(names) > 100000:
                 raise _refuse("a structured numpy dtype with too many fields")
-            _charge(len(names) + 1, "a structured numpy dtype")
+            charge(len(names) + 1, "a structured numpy dtype")
             formats, offsets, titles = [], [], []
             children = []
             for name in names:
@@ -280,7 +275,7 @@ def _data_length(shape: tuple[int, ...], dtype: numpy.dtype, data: Any, what: st
             f"{what} of shape {shape} and dtype {dtype} from {len(data)} bytes of data: "
             f"the data must be present in the stream"
         )
-    _charge(len(data) // 8 + 1, what)
+    charge(len(data) // 8 + 1, what)
 
 
 def _reconstruct(cls: Any, shape: Any, code: Any) -> _PendingArray:
@@ -321,13 +316,13 @@ def _new_scalar(dtype: Any, data: Any) -> Any:
     dtype = _checked_dtype(dtype, "a numpy scalar")
     if type(data) is not bytes or len(data) != dtype.itemsize:
         raise _refuse(f"a numpy scalar of dtype {dtype} whose data is not {dtype.itemsize} bytes")
-    _charge(len(data) // 8 + 1, "a numpy scalar")
+    charge(len(data) // 8 + 1, "a numpy scalar")
     return _scalar(dtype, data)
 
 
 # A returned class is given back as the real one.
-_REAL_CLASSES[_NdarrayStandIn] = numpy.ndarray
-_REAL_CLASSES[_DtypeStandIn] = numpy.dtype
+REAL_CLASSES[_NdarrayStandIn] = numpy.ndarray
+REAL_CLASSES[_DtypeStandIn] = numpy.dtype
 
 # (module, name) -> what the stream gets. Modules are numpy 1 and numpy 2 spellings.
 _GLOBALS: dict[tuple[str, str], Any] = {("numpy", "ndarray"): _NdarrayStandIn, ("numpy", "dtype"): _DtypeStandIn}
@@ -337,7 +332,7 @@ for _core in ("numpy.core", "numpy._core"):
     _GLOBALS[(f"{_core}.numeric", "_frombuffer")] = _frombuffer
 
 
-class NumpyUnpickler(_RestrictedLoading, pickle._Unpickler):  # type: ignore[name-defined,misc]
+class NumpyUnpickler(RestrictedLoading, pickle._Unpickler):  # type: ignore[name-defined,misc]
     """The restricted loader over the pure-Python unpickler, with numpy's
     globals served by this module and BUILD on numpy values checked."""
 

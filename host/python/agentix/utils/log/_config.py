@@ -69,7 +69,7 @@ def configure_logging(*, default_context: str = "host", stream: IO[str] | None =
     _install_context_factory(context)
 
 
-class _ContextRecordFactory:
+class ContextRecordFactory:
     """A record factory that sets ``agentix_context`` and defers the rest to
     the factory that was installed before it."""
 
@@ -85,7 +85,7 @@ class _ContextRecordFactory:
 
 def _install_context_factory(context: str) -> None:
     current = logging.getLogRecordFactory()
-    if isinstance(current, _ContextRecordFactory):
+    if isinstance(current, ContextRecordFactory):
         current.context = context
     else:
-        logging.setLogRecordFactory(_ContextRecordFactory(current, context))
+        logging.setLogRecordFactory(ContextRecordFactory(current, context))
