@@ -8,6 +8,7 @@
 #include "base/malloc_tuning.h"
 #include "base/status_macros.h"
 #include "sandbox/startup_env.h"
+#include "sandbox/wire_limits.h"
 
 namespace agentix::sandbox {
 
@@ -72,6 +73,16 @@ std::shared_ptr<SandboxEvent> FromWorkerError(const std::string& call_id,
   // The worker bounds the state; a worker that does not is not forwarded.
   if (error.state.size() <= ipc::kMaxExceptionStateBytes) {
     e->set_state(error.state);
+  }
+  // The event must fit one 4 MiB message (wire_limits.h): a huge message
+  // or traceback is cut, with a note, to a quarter of that each.
+  if (e->ByteSizeLong() > kMaxWireItemBytes / 2) {
+    constexpr size_t kName = 64u << 10;
+    TruncateForWire(*e->mutable_message(), kMaxWireItemBytes / 4);
+    TruncateForWire(*e->mutable_traceback(), kMaxWireItemBytes / 4);
+    TruncateForWire(*e->mutable_type(), kName);
+    TruncateForWire(*e->mutable_type_module(), kName);
+    TruncateForWire(*e->mutable_type_qualname(), kName);
   }
   return event;
 }
@@ -515,14 +526,24 @@ void SessionManager::AckStreamItems(const runtime::v1::StreamAck& ack) {
   Call& call = it->second;
   // Consumed items need no replay: drop their retained copies, so a long
   // stream holds at most about one window of items here.
+  // The ResultChunks in front of a consumed item (its leading bytes) go
+  // with it.
   auto& delivered = call.delivered;
+  auto consumed_end = delivered.begin();
+  for (auto e = delivered.begin(); e != delivered.end(); ++e) {
+    if ((*e)->has_stream_item() &&
+        (*e)->stream_item().index() < ack.next_index()) {
+      consumed_end = e + 1;
+    }
+  }
   delivered.erase(
-      std::remove_if(delivered.begin(), delivered.end(),
+      std::remove_if(delivered.begin(), consumed_end,
                      [&](const SandboxEventPtr& e) {
-                       return e->has_stream_item() &&
-                              e->stream_item().index() < ack.next_index();
+                       return e->has_result_chunk() ||
+                              (e->has_stream_item() &&
+                               e->stream_item().index() < ack.next_index());
                      }),
-      delivered.end());
+      consumed_end);
   if (call.terminal || !worker_ || worker_->generation() != call.generation) {
     return;
   }
@@ -873,9 +894,27 @@ void SessionManager::RouteNamespaceEvents(
     const std::string& name = frames[begin]->ns.name;
     size_t end = begin;
     std::vector<NamespaceEventPtr> batch;
+    std::vector<runtime::v1::LogRecord> oversize;
     while (end < frames.size() && frames[end]->ns.name == name) {
-      batch.push_back(ToNamespaceEvent(*frames[end]));
+      auto event = ToNamespaceEvent(*frames[end]);
+      // Payloads cannot be cut: one that cannot fit a default client's
+      // 4 MiB message is not delivered, and the hosts' logs say so.
+      if (event->ByteSizeLong() > kMaxWireItemBytes) {
+        oversize.push_back(RuntimeWarning("agentix.sio", absl::StrCat(
+            "sandbox emitted event '", frames[end]->ns.event.substr(0, 1024),
+            "' on namespace ", name, " with ", event->ByteSizeLong(),
+            " bytes, over the ", kMaxWireItemBytes,
+            "-byte limit of one message; the event was dropped. Send large "
+            "data in several events.")));
+      } else {
+        batch.push_back(std::move(event));
+      }
       ++end;
+    }
+    if (!oversize.empty()) logs_->Append(std::move(oversize));
+    if (batch.empty()) {
+      begin = end;
+      continue;
     }
     if (namespaces_.Broadcast(name, batch) == 0) {
       // As in the original, an event with no listening host is not kept,
@@ -959,6 +998,13 @@ bool SessionManager::ApplyWorkerFrame(uint64_t generation, ipc::Frame& frame,
     return false;
   }
   Call& call = it->second;
+  // A result, chunk or item over one chunk (a worker that did not chunk it,
+  // or any stream item) is sent as ResultChunks of its leading bytes and the event
+  // with the rest, so that every event fits a default client's message.
+  if (frame.type != FrameType::kError &&
+      frame.data.size() > ipc::kChunkBytes) {
+    EmitLeadingChunks(frame.call_id, call, frame.data, out);
+  }
   std::shared_ptr<SandboxEvent> event;
   bool terminal = true;
   switch (frame.type) {
@@ -1000,6 +1046,23 @@ bool SessionManager::ApplyWorkerFrame(uint64_t generation, ipc::Frame& frame,
       frame.type != FrameType::kResultChunk && StampBarrier(call, *event);
   Emit(frame.call_id, call, std::move(event), terminal, out);
   return barrier;
+}
+
+void SessionManager::EmitLeadingChunks(const std::string& call_id, Call& call,
+                                       std::string& data,
+                                       std::vector<Delivery>& out) {
+  const size_t tail = data.size() % ipc::kChunkBytes == 0
+                          ? ipc::kChunkBytes
+                          : data.size() % ipc::kChunkBytes;
+  const size_t lead = data.size() - tail;
+  for (size_t off = 0; off < lead; off += ipc::kChunkBytes) {
+    auto chunk_event = std::make_shared<SandboxEvent>();
+    auto* chunk = chunk_event->mutable_result_chunk();
+    chunk->set_call_id(call_id);
+    chunk->set_data(data.substr(off, ipc::kChunkBytes));
+    Emit(call_id, call, std::move(chunk_event), /*terminal=*/false, out);
+  }
+  data.erase(0, lead);
 }
 
 void SessionManager::OnWorkerExit(uint64_t generation,

@@ -237,6 +237,12 @@ class SessionManager : public WorkerProcess::Listener {
   void Emit(const std::string& call_id, Call& call, SandboxEventPtr event,
             bool terminal, std::vector<Delivery>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Emits the leading whole chunks of `data` (a result or stream item
+  // value over ipc::kChunkBytes) as ResultChunk events and leaves the rest
+  // (at most one chunk) in `data`.
+  void EmitLeadingChunks(const std::string& call_id, Call& call,
+                         std::string& data, std::vector<Delivery>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies one host event; frames for the worker go to `to_worker_`.
   void ApplyHostEvent(const std::shared_ptr<CallSink>& sink,
                       const runtime::v1::HostEvent& event,
