@@ -62,6 +62,16 @@ SandboxEventPtr IdTooLongError(const std::string& id) {
                                      kMaxCallIdBytes, " bytes"));
 }
 
+// A call id in flight or retained for another client (StartCall.call_id).
+std::shared_ptr<SandboxEvent> CallIdInUse(const std::string& id) {
+  return NewCallError(
+      id, "CallIdInUse",
+      "another client (agentix-client-id) has a call with this call_id "
+      "running or retained; call ids are daemon-wide: use unique ones (e.g. "
+      "a UUID) and a client id of your own",
+      absl::StatusCode::kAlreadyExists, "", std::nullopt);
+}
+
 std::shared_ptr<SandboxEvent> FromWorkerError(const std::string& call_id,
                                               const ipc::ErrorInfo& error) {
   auto event = NewCallError(call_id, error.type, error.message,
@@ -208,16 +218,16 @@ void SessionManager::ApplyHostEvent(const std::shared_ptr<CallSink>& sink,
       AddArgumentChunk(sink, event.argument_chunk(), out);
       break;
     case HostEvent::kCancel:
-      Cancel(event.cancel().call_id(), out);
+      Cancel(*sink, event.cancel().call_id(), out);
       break;
     case HostEvent::kResume:
       Resume(sink, event.resume(), out);
       break;
     case HostEvent::kAck:
-      Ack(event.ack().call_id());
+      Ack(*sink, event.ack().call_id());
       break;
     case HostEvent::kStreamAck:
-      AckStreamItems(event.stream_ack());
+      AckStreamItems(*sink, event.stream_ack());
       break;
     case HostEvent::KIND_NOT_SET:
       out.push_back({sink, BadRequest("", "host event has no kind set")});
@@ -255,7 +265,14 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
     out.push_back({sink, IdTooLongError(id)});
     return;
   }
-  if (calls_.contains(id)) return;  // at most once per call_id
+  if (auto known = calls_.find(id); known != calls_.end()) {
+    // At most once per call_id: the owner re-sending it (after a reconnect)
+    // is ignored; another client is refused at once, the call untouched.
+    if (!OwnedBy(known->second, *sink)) {
+      out.push_back({sink, CallIdInUse(id)});
+    }
+    return;
+  }
   if (finished_ids_.contains(id)) {
     // A host re-sending the start of a call it still awaits after a
     // reconnect: the call ran and its result is gone. Never run it again.
@@ -439,6 +456,8 @@ void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
     return;
   }
   Call& call = it->second;
+  // Another client's call: its StartCall was refused (CallIdInUse).
+  if (!OwnedBy(call, *sink)) return;
   if (call.terminal) return;  // e.g. cancelled while uploading: nothing to do
   // A broken upload ends the call: its one terminal event is this error, and
   // the worker is told to drop it.
@@ -477,10 +496,13 @@ void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
   }
 }
 
-void SessionManager::Cancel(const std::string& call_id,
+void SessionManager::Cancel(const CallSink& sink, const std::string& call_id,
                             std::vector<Delivery>& out) {
   auto it = calls_.find(call_id);
-  if (it == calls_.end() || it->second.terminal) return;
+  if (it == calls_.end() || it->second.terminal ||
+      !OwnedBy(it->second, sink)) {
+    return;
+  }
   Call& call = it->second;
   // The owner is told, whoever sent the cancel (the original left it hanging).
   Emit(call_id, call,
@@ -514,15 +536,20 @@ void SessionManager::Resume(const std::shared_ptr<CallSink>& sink,
       continue;
     }
     Call& call = it->second;
+    if (!OwnedBy(call, *sink)) {
+      out.push_back({sink, CallIdInUse(id)});
+      continue;
+    }
     call.sink = sink;
     // Replay what was already produced; the rest follows live.
     for (const auto& event : call.delivered) out.push_back({sink, event});
   }
 }
 
-void SessionManager::AckStreamItems(const runtime::v1::StreamAck& ack) {
+void SessionManager::AckStreamItems(const CallSink& sink,
+                                    const runtime::v1::StreamAck& ack) {
   auto it = calls_.find(ack.call_id());
-  if (it == calls_.end()) return;
+  if (it == calls_.end() || !OwnedBy(it->second, sink)) return;
   Call& call = it->second;
   // Consumed items need no replay: drop their retained copies, so a long
   // stream holds at most about one window of items here.
@@ -554,9 +581,12 @@ void SessionManager::AckStreamItems(const runtime::v1::StreamAck& ack) {
   SendToWorker(frame);
 }
 
-void SessionManager::Ack(const std::string& call_id) {
+void SessionManager::Ack(const CallSink& sink, const std::string& call_id) {
   auto it = calls_.find(call_id);
-  if (it == calls_.end() || !it->second.terminal) return;
+  if (it == calls_.end() || !it->second.terminal ||
+      !OwnedBy(it->second, sink)) {
+    return;
+  }
   retained_order_.erase(it->second.retained_pos);
   retained_bytes_ -= std::min(retained_bytes_, it->second.retained_bytes);
   calls_.erase(it);

@@ -203,6 +203,11 @@ class SessionManager : public WorkerProcess::Listener {
     uint64_t unattributed_log_mark = 0;
     uint64_t unattributed_trace_mark = 0;
   };
+  // Whether `call` belongs to the client behind `sink` (its
+  // agentix-client-id; clients without one are one anonymous client).
+  static bool OwnedBy(const Call& call, const CallSink& sink) {
+    return call.client == sink.client_id();
+  }
   // An event to hand to a sink once the lock is released.
   struct Delivery {
     std::shared_ptr<CallSink> sink;
@@ -216,13 +221,16 @@ class SessionManager : public WorkerProcess::Listener {
                         const runtime::v1::ArgumentChunk& chunk,
                         std::vector<Delivery>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Cancel(const std::string& call_id, std::vector<Delivery>& out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Cancel, Ack, AckStreamItems, ArgumentChunk and Resume act only on
+  // calls of the sender's client (OwnedBy).
+  void Cancel(const CallSink& sink, const std::string& call_id,
+              std::vector<Delivery>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Resume(const std::shared_ptr<CallSink>& sink,
               const runtime::v1::ResumeCalls& resume,
               std::vector<Delivery>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Ack(const std::string& call_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AckStreamItems(const runtime::v1::StreamAck& ack)
+  void Ack(const CallSink& sink, const std::string& call_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AckStreamItems(const CallSink& sink, const runtime::v1::StreamAck& ack)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Sends a call's frame and the argument bytes received so far to the
