@@ -290,6 +290,30 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
                                        absl::StatusCode::kUnavailable)});
     return;
   }
+  // No argument bytes at all mean no arguments: `[[], {}]` in the call's
+  // encoding (hosts that send arguments never get here).
+  if (start.arguments().empty() && start.arguments_size() == 0) {
+    runtime::v1::StartCall with_empty = start;
+    with_empty.set_arguments(
+        start.encoding() == runtime::v1::ENCODING_MSGPACK
+            ? std::string("\x92\x90\x80", 3)              // [[], {}]
+            : std::string("\x80\x02)}\x86.", 6));        // ((), {})
+    StartCall(sink, with_empty, out);
+    return;
+  }
+  // ENCODING_UNSPECIFIED means pickle, which every Python host sends with
+  // protocol 2 or later (first byte PROTO, 0x80). Anything else is most
+  // likely another language's msgpack sent without setting the encoding.
+  if (start.encoding() == runtime::v1::ENCODING_UNSPECIFIED &&
+      !start.arguments().empty() && start.arguments()[0] != '\x80') {
+    out.push_back({sink, BadRequest(
+        id, "StartCall.arguments is not a pickle (it does not start with "
+            "0x80), and StartCall.encoding is ENCODING_UNSPECIFIED, which "
+            "means ENCODING_PICKLE; set StartCall.encoding to "
+            "ENCODING_MSGPACK for msgpack arguments")});
+    RememberFinished(id);
+    return;
+  }
   const uint64_t expected = start.arguments_size() == 0
                                 ? start.arguments().size()
                                 : start.arguments_size();
