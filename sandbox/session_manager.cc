@@ -218,7 +218,7 @@ void SessionManager::ApplyHostEvent(const std::shared_ptr<CallSink>& sink,
       AddArgumentChunk(sink, event.argument_chunk(), out);
       break;
     case HostEvent::kCancel:
-      Cancel(*sink, event.cancel().call_id(), out);
+      Cancel(event.cancel().call_id(), out);
       break;
     case HostEvent::kResume:
       Resume(sink, event.resume(), out);
@@ -520,13 +520,10 @@ void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
   }
 }
 
-void SessionManager::Cancel(const CallSink& sink, const std::string& call_id,
+void SessionManager::Cancel(const std::string& call_id,
                             std::vector<Delivery>& out) {
   auto it = calls_.find(call_id);
-  if (it == calls_.end() || it->second.terminal ||
-      !OwnedBy(it->second, sink)) {
-    return;
-  }
+  if (it == calls_.end() || it->second.terminal) return;
   Call& call = it->second;
   // The owner is told, whoever sent the cancel (the original left it hanging).
   Emit(call_id, call,

@@ -221,10 +221,11 @@ class SessionManager : public WorkerProcess::Listener {
                         const runtime::v1::ArgumentChunk& chunk,
                         std::vector<Delivery>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Cancel, Ack, AckStreamItems, ArgumentChunk and Resume act only on
-  // calls of the sender's client (OwnedBy).
-  void Cancel(const CallSink& sink, const std::string& call_id,
-              std::vector<Delivery>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Any client may cancel a call (as in the original); Ack, AckStreamItems,
+  // ArgumentChunk and Resume act only on calls of the sender's client
+  // (OwnedBy).
+  void Cancel(const std::string& call_id, std::vector<Delivery>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Resume(const std::shared_ptr<CallSink>& sink,
               const runtime::v1::ResumeCalls& resume,
               std::vector<Delivery>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
