@@ -120,6 +120,8 @@ HostEvent Start(const std::string& id, const std::string& callable,
   auto* s = e.mutable_start();
   s->set_call_id(id);
   s->set_callable(callable);
+  // The fake worker's arguments are raw text, not a pickle.
+  s->set_encoding(runtime::v1::ENCODING_PICKLE);
   s->set_arguments(args);
   s->set_arguments_size(total);
   return e;
