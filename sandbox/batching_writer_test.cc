@@ -173,6 +173,21 @@ TEST_CASE("Oversized records and events are cut to one message's item",
   CHECK(trace.name.size() == (6u << 20));
   CHECK(ToTraceEvent(trace, "w1").ByteSizeLong() <= kMaxWireItemBytes);
 
+  // Many large events: each is cut, none is dropped.
+  runtime::v1::TraceEvent span;
+  for (int i = 0; i < 1000; ++i) {
+    auto* event = span.add_events();
+    event->set_name(std::string(5000, 'e'));
+    auto* a = event->add_attributes();
+    a->set_key(std::string(300, 'k'));
+    a->mutable_value()->set_string_value(std::string(1000, 'v'));
+  }
+  FitTraceEvent(span);
+  CHECK(span.ByteSizeLong() <= kMaxWireItemBytes);
+  CHECK(span.events_size() == 1000);
+  CHECK(span.events(999).name().size() > 1024);
+  CHECK(span.events(999).attributes(0).key().size() == 300);
+
   // A cut never splits a UTF-8 character.
   std::string text;
   for (int i = 0; i < 100; ++i) text += "\xc3\xa9";  // é

@@ -207,6 +207,26 @@ TraceEvent ToTraceEvent(const ipc::TraceEntry& t,
   return e;
 }
 
+namespace {
+
+// Cuts every key and string or bytes value in `attributes` to `max_bytes`.
+void CutAttributes(
+    google::protobuf::RepeatedPtrField<Attribute>& attributes,
+    size_t max_bytes) {
+  for (Attribute& a : attributes) {
+    TruncateForWire(*a.mutable_key(), max_bytes);
+    auto* value = a.mutable_value();
+    if (value->has_string_value()) {
+      TruncateForWire(*value->mutable_string_value(), max_bytes);
+    } else if (value->has_bytes_value() &&
+               value->bytes_value().size() > max_bytes) {
+      value->mutable_bytes_value()->resize(max_bytes);
+    }
+  }
+}
+
+}  // namespace
+
 void FitTraceEvent(TraceEvent& e) {
   const size_t size = e.ByteSizeLong();
   if (size <= kMaxWireItemBytes) return;
@@ -218,9 +238,21 @@ void FitTraceEvent(TraceEvent& e) {
   TruncateForWire(*e.mutable_agentix_span_id(), kText);
   TruncateForWire(*e.mutable_agentix_parent_id(), kText);
   TruncateForWire(*e.mutable_call_id(), kText);
+  // Then every string inside attributes and events, harder each round:
+  // counts are kept (the host reports what its own limits drop), and 2 KiB
+  // still exceeds the host's 1,024-character names.
+  for (size_t cut : {size_t{64} << 10, size_t{8} << 10, size_t{2} << 10}) {
+    if (e.ByteSizeLong() <= kMaxWireItemBytes) return;
+    CutAttributes(*e.mutable_attributes(), cut);
+    CutAttributes(*e.mutable_error_data(), cut);
+    for (auto& event : *e.mutable_events()) {
+      TruncateForWire(*event.mutable_name(), cut);
+      CutAttributes(*event.mutable_attributes(), cut);
+    }
+  }
   if (e.ByteSizeLong() <= kMaxWireItemBytes) return;
-  // The attributes, events and error data are what made it large: they
-  // are replaced by one attribute saying so.
+  // Still too many: the attributes, events and error data are replaced by
+  // one attribute saying so.
   e.clear_attributes();
   e.clear_events();
   e.clear_error_data();
