@@ -59,6 +59,7 @@ std::string WorkerEnv(SessionManager& manager, const std::string& name) {
   HostEvent start;
   start.mutable_start()->set_call_id(id);
   start.mutable_start()->set_callable("fake::env");
+  start.mutable_start()->set_encoding(runtime::v1::ENCODING_PICKLE);
   start.mutable_start()->set_arguments(name);
   manager.HandleHostEvent(sink, start);
   SandboxEvent e = sink->AwaitTerminal(id);
@@ -110,6 +111,7 @@ int64_t CallPid(SessionManager& manager) {
   HostEvent start;
   start.mutable_start()->set_call_id(id);
   start.mutable_start()->set_callable("fake::pid");
+  start.mutable_start()->set_encoding(runtime::v1::ENCODING_PICKLE);
   manager.HandleHostEvent(sink, start);
   SandboxEvent e = sink->AwaitTerminal(id);
   REQUIRE(e.has_result());
@@ -138,6 +140,7 @@ TEST_CASE("A prestarted worker gets Activate's env in place: same process",
   HostEvent exit;
   exit.mutable_start()->set_call_id("exit");
   exit.mutable_start()->set_callable("fake::exit");
+  exit.mutable_start()->set_encoding(runtime::v1::ENCODING_PICKLE);
   exit.mutable_start()->set_arguments("0");
   auto sink = std::make_shared<Sink>();
   manager.HandleHostEvent(sink, exit);
@@ -265,6 +268,7 @@ TEST_CASE("A prestarted worker that failed to boot: Activate succeeds, the "
   HostEvent start;
   start.mutable_start()->set_call_id("first");
   start.mutable_start()->set_callable("fake::pid");
+  start.mutable_start()->set_encoding(runtime::v1::ENCODING_PICKLE);
   auto sink = std::make_shared<Sink>();
   manager.HandleHostEvent(sink, start);
   SandboxEvent e = sink->AwaitTerminal("first");
@@ -278,6 +282,7 @@ TEST_CASE("ApplyWorkerEnv is refused while a call runs", "[admin]") {
   HostEvent hang;
   hang.mutable_start()->set_call_id("hang");
   hang.mutable_start()->set_callable("fake::hang");
+  hang.mutable_start()->set_encoding(runtime::v1::ENCODING_PICKLE);
   auto sink = std::make_shared<Sink>();
   manager.HandleHostEvent(sink, hang);
   const absl::Status status =
@@ -340,6 +345,7 @@ TEST_CASE("GetStatus: idle grows while nothing runs, 0 while busy",
   HostEvent start;
   start.mutable_start()->set_call_id("slow");
   start.mutable_start()->set_callable("fake::sleep");
+  start.mutable_start()->set_encoding(runtime::v1::ENCODING_PICKLE);
   start.mutable_start()->set_arguments("300");
   manager.HandleHostEvent(sink, start);
   absl::SleepFor(absl::Milliseconds(100));

@@ -1,7 +1,7 @@
 // BatchingWriter: the write side of one server bidi stream, shared by the
 // Calls and Logs streams. Producers on any thread hand it items; it keeps at
 // most one write in flight and puts everything queued meanwhile into the next
-// message (up to about kMaxBatchBytes), which is what makes many small
+// message (at most kMaxBatchBytes, wire_limits.h), which is what makes many small
 // events cheap. With coalescing on (the Logs and Traces streams) it also
 // holds a small message back for a moment during a burst, because every
 // message costs the host a fixed 300-500 µs of Python however few items it
@@ -30,12 +30,9 @@
 
 #include "absl/synchronization/mutex.h"
 #include "sandbox/server_stream.h"
+#include "sandbox/wire_limits.h"
 
 namespace agentix::sandbox {
-
-// One outbound message carries queued items up to about this many bytes:
-// far below gRPC's limits, and small items ride along with big chunks.
-inline constexpr size_t kMaxBatchBytes = 4u << 20;
 
 // `Field::Get(Response&)` returns the Response's repeated Item field, e.g.
 // `struct Events { static auto* Get(CallsResponse& r) {
@@ -82,12 +79,13 @@ class BatchingWriter {
     queue_limit_status_ = std::move(status);
   }
 
-  // Caps one message at about `bytes` (default kMaxBatchBytes). Each stream
-  // holds its message in flight serialized, so streams that may be many and
-  // idle use small ones. Before the first Enqueue.
+  // Caps one message at `bytes` serialized (default and most kMaxBatchBytes);
+  // an item bigger than that alone still goes alone. Each stream holds its
+  // message in flight serialized, so streams that may be many and idle use
+  // small ones. Before the first Enqueue.
   void SetMaxBatchBytes(size_t bytes) {
     absl::MutexLock lock(&mu_);
-    max_batch_bytes_ = bytes;
+    max_batch_bytes_ = std::min(bytes, kMaxBatchBytes);
   }
 
   // Adds every change of this writer's unwritten bytes to `*total` (shared
@@ -321,15 +319,21 @@ class BatchingWriter {
   // The message *borrows* the items (the producers may retain the same
   // objects), so a megabyte chunk is not copied once more per write;
   // serialising only reads them, and protobuf's cached sizes are atomic.
+  // The message never exceeds max_batch_bytes_ serialized (header, tags and
+  // lengths counted) unless its one item alone does.
   bool FillBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ReleaseBatch();
-    size_t bytes = 0;
+    size_t bytes = batch_.ByteSizeLong();  // the header fields
     auto* field = Field::Get(batch_);
-    while (!queue_.empty() && bytes < max_batch_bytes_) {
+    while (!queue_.empty()) {
+      const size_t size = queue_.front()->ByteSizeLong();
+      if (!batch_refs_.empty() &&
+          bytes + FramedItemBytes(size) > max_batch_bytes_) {
+        break;
+      }
       ItemPtr item = std::move(queue_.front());
       queue_.pop_front();
-      const size_t size = item->ByteSizeLong();
-      bytes += size;
+      bytes += FramedItemBytes(size);
       AddQueued(-static_cast<int64_t>(std::min(queued_bytes_, size)));
       field->UnsafeArenaAddAllocated(const_cast<Item*>(item.get()));
       batch_refs_.push_back(std::move(item));

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "sandbox/wire_limits.h"
 
 namespace agentix::sandbox {
 
@@ -159,7 +160,26 @@ LogRecord ToLogRecord(const ipc::LogEntry& e, const std::string& worker_id) {
   r.set_context(e.context);
   r.set_extras(e.extras);
   r.set_stack_info(e.stack_info);
+  FitLogRecord(r);
   return r;
+}
+
+void FitLogRecord(LogRecord& r) {
+  if (r.ByteSizeLong() <= kMaxWireItemBytes) return;
+  // A quarter each for the long texts; names are short or cut harder.
+  constexpr size_t kText = kMaxWireItemBytes / 4;
+  constexpr size_t kName = 64u << 10;
+  TruncateForWire(*r.mutable_message(), kText);
+  TruncateForWire(*r.mutable_exception_text(), kText);
+  TruncateForWire(*r.mutable_stack_info(), kText);
+  for (std::string* name : {r.mutable_logger(), r.mutable_level_name(),
+                            r.mutable_file(), r.mutable_function(),
+                            r.mutable_module(), r.mutable_call_id(),
+                            r.mutable_context()}) {
+    TruncateForWire(*name, kName);
+  }
+  // msgpack cannot be cut: the extras go when the record is too big.
+  if (r.ByteSizeLong() > kMaxWireItemBytes) r.clear_extras();
 }
 
 TraceEvent ToTraceEvent(const ipc::TraceEntry& t,
@@ -183,7 +203,64 @@ TraceEvent ToTraceEvent(const ipc::TraceEntry& t,
   AppendAttributes(t.error_data, e.mutable_error_data());
   e.set_call_id(t.call_id);
   e.set_worker_id(worker_id);
+  FitTraceEvent(e);
   return e;
+}
+
+namespace {
+
+// Cuts every key and string or bytes value in `attributes` to `max_bytes`.
+void CutAttributes(
+    google::protobuf::RepeatedPtrField<Attribute>& attributes,
+    size_t max_bytes) {
+  for (Attribute& a : attributes) {
+    TruncateForWire(*a.mutable_key(), max_bytes);
+    auto* value = a.mutable_value();
+    if (value->has_string_value()) {
+      TruncateForWire(*value->mutable_string_value(), max_bytes);
+    } else if (value->has_bytes_value() &&
+               value->bytes_value().size() > max_bytes) {
+      value->mutable_bytes_value()->resize(max_bytes);
+    }
+  }
+}
+
+}  // namespace
+
+void FitTraceEvent(TraceEvent& e) {
+  const size_t size = e.ByteSizeLong();
+  if (size <= kMaxWireItemBytes) return;
+  constexpr size_t kText = 256u << 10;
+  TruncateForWire(*e.mutable_name(), kText);
+  TruncateForWire(*e.mutable_status_description(), kText);
+  TruncateForWire(*e.mutable_error_message(), kText);
+  TruncateForWire(*e.mutable_agentix_trace_id(), kText);
+  TruncateForWire(*e.mutable_agentix_span_id(), kText);
+  TruncateForWire(*e.mutable_agentix_parent_id(), kText);
+  TruncateForWire(*e.mutable_call_id(), kText);
+  // Then every string inside attributes and events, harder each round:
+  // counts are kept (the host reports what its own limits drop), and 2 KiB
+  // still exceeds the host's 1,024-character names.
+  for (size_t cut : {size_t{64} << 10, size_t{8} << 10, size_t{2} << 10}) {
+    if (e.ByteSizeLong() <= kMaxWireItemBytes) return;
+    CutAttributes(*e.mutable_attributes(), cut);
+    CutAttributes(*e.mutable_error_data(), cut);
+    for (auto& event : *e.mutable_events()) {
+      TruncateForWire(*event.mutable_name(), cut);
+      CutAttributes(*event.mutable_attributes(), cut);
+    }
+  }
+  if (e.ByteSizeLong() <= kMaxWireItemBytes) return;
+  // Still too many: the attributes, events and error data are replaced by
+  // one attribute saying so.
+  e.clear_attributes();
+  e.clear_events();
+  e.clear_error_data();
+  Attribute* a = e.add_attributes();
+  a->set_key("agentix.truncated");
+  a->mutable_value()->set_string_value(absl::StrCat(
+      "attributes, events and error data dropped: the event had ", size,
+      " bytes, over the ", kMaxWireItemBytes, "-byte wire limit"));
 }
 
 LogRecord RuntimeWarning(std::string logger, std::string message) {

@@ -27,6 +27,12 @@ runtime::v1::LogRecord ToLogRecord(const ipc::LogEntry& entry,
 runtime::v1::TraceEvent ToTraceEvent(const ipc::TraceEntry& entry,
                                      const std::string& worker_id);
 
+// Bound one record (event) to kMaxWireItemBytes so it fits a default
+// client's 4 MiB message: long texts are cut with a note, and what cannot
+// be cut (msgpack extras; attributes of a trace event) is dropped.
+void FitLogRecord(runtime::v1::LogRecord& record);
+void FitTraceEvent(runtime::v1::TraceEvent& event);
+
 // A WARNING record from the daemon itself (origin RUNTIME), stamped now.
 runtime::v1::LogRecord RuntimeWarning(std::string logger, std::string message);
 

@@ -39,6 +39,7 @@ void AddStart(CallsRequest& req, const std::string& id,
   s->set_call_id(id);
   s->set_callable(callable);
   s->set_arguments(args);
+  s->set_encoding(runtime::v1::ENCODING_PICKLE);  // raw text for the fake worker
 }
 
 // A stream of `method` that sends raw bytes, as a broken or hostile client

@@ -34,6 +34,7 @@
 #include "sandbox/auth.h"
 #include "sandbox/connection_guard.h"
 #include "sandbox/health_service.h"
+#include "sandbox/reflection_service.h"
 #include "sandbox/runtime_service.h"
 #include "sandbox/server_stream.h"
 #include "sandbox/session_manager.h"
@@ -506,6 +507,12 @@ int Run(int argc, char** raw_argv) {
   // bring the callback API's threads back (health_service.h).
   HealthService health({"agentix.runtime.v1.RuntimeService"});
   health.AddTo(builder);
+  // grpc.reflection.v1 beside grpc++'s v1alpha (reflection_service.h).
+  std::vector<std::string> reflected = {"agentix.runtime.v1.RuntimeService",
+                                        "grpc.health.v1.Health"};
+  if (admin) reflected.push_back("agentix.runtime.v1.SandboxAdmin");
+  ReflectionV1Service reflection_v1(std::move(reflected));
+  reflection_v1.AddTo(builder);
   std::unique_ptr<grpc::ServerCompletionQueue> cq =
       builder.AddCompletionQueue();
   builder.SetMaxReceiveMessageSize(64 << 20);
@@ -549,6 +556,7 @@ int Run(int argc, char** raw_argv) {
   service.Start(&reactions);
   if (admin) admin->Start(&reactions);
   health.Start(&reactions);
+  reflection_v1.Start(&reactions);
   for (size_t i = 0; i < listen.size(); ++i) {
     AGX_LOG(Info, "serving agentix.runtime.v1 on {}{}", listen[i],
             ports[i] > 0 ? absl::StrCat(" (port ", ports[i], ")") : "");

@@ -8,6 +8,7 @@
 #include "base/malloc_tuning.h"
 #include "base/status_macros.h"
 #include "sandbox/startup_env.h"
+#include "sandbox/wire_limits.h"
 #include "worker/ipc/chunking.h"
 
 namespace agentix::sandbox {
@@ -62,6 +63,16 @@ SandboxEventPtr IdTooLongError(const std::string& id) {
                                      kMaxCallIdBytes, " bytes"));
 }
 
+// A call id in flight or retained for another client (StartCall.call_id).
+std::shared_ptr<SandboxEvent> CallIdInUse(const std::string& id) {
+  return NewCallError(
+      id, "CallIdInUse",
+      "another client (agentix-client-id) has a call with this call_id "
+      "running or retained; call ids are daemon-wide: use unique ones (e.g. "
+      "a UUID) and a client id of your own",
+      absl::StatusCode::kAlreadyExists, "", std::nullopt);
+}
+
 std::shared_ptr<SandboxEvent> FromWorkerError(const std::string& call_id,
                                               const ipc::ErrorInfo& error) {
   auto event = NewCallError(call_id, error.type, error.message,
@@ -73,6 +84,16 @@ std::shared_ptr<SandboxEvent> FromWorkerError(const std::string& call_id,
   // The worker bounds the state; a worker that does not is not forwarded.
   if (error.state.size() <= ipc::kMaxExceptionStateBytes) {
     e->set_state(error.state);
+  }
+  // The event must fit one 4 MiB message (wire_limits.h): a huge message
+  // or traceback is cut, with a note, to a quarter of that each.
+  if (e->ByteSizeLong() > kMaxWireItemBytes / 2) {
+    constexpr size_t kName = 64u << 10;
+    TruncateForWire(*e->mutable_message(), kMaxWireItemBytes / 4);
+    TruncateForWire(*e->mutable_traceback(), kMaxWireItemBytes / 4);
+    TruncateForWire(*e->mutable_type(), kName);
+    TruncateForWire(*e->mutable_type_module(), kName);
+    TruncateForWire(*e->mutable_type_qualname(), kName);
   }
   return event;
 }
@@ -217,10 +238,10 @@ void SessionManager::ApplyHostEvent(const std::shared_ptr<CallSink>& sink,
       Resume(sink, event.resume(), out);
       break;
     case HostEvent::kAck:
-      Ack(event.ack().call_id());
+      Ack(*sink, event.ack().call_id());
       break;
     case HostEvent::kStreamAck:
-      AckStreamItems(event.stream_ack());
+      AckStreamItems(*sink, event.stream_ack());
       break;
     case HostEvent::KIND_NOT_SET:
       out.push_back({sink, BadRequest("", "host event has no kind set")});
@@ -258,7 +279,14 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
     out.push_back({sink, IdTooLongError(id)});
     return;
   }
-  if (calls_.contains(id)) return;  // at most once per call_id
+  if (auto known = calls_.find(id); known != calls_.end()) {
+    // At most once per call_id: the owner re-sending it (after a reconnect)
+    // is ignored; another client is refused at once, the call untouched.
+    if (!OwnedBy(known->second, *sink)) {
+      out.push_back({sink, CallIdInUse(id)});
+    }
+    return;
+  }
   if (finished_ids_.contains(id)) {
     // A host re-sending the start of a call it still awaits after a
     // reconnect: the call ran and its result is gone. Never run it again.
@@ -274,6 +302,30 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
     out.push_back({sink, MakeCallError(id, "Unavailable",
                                        "sandbox daemon is shutting down",
                                        absl::StatusCode::kUnavailable)});
+    return;
+  }
+  // No argument bytes at all mean no arguments: `[[], {}]` in the call's
+  // encoding (hosts that send arguments never get here).
+  if (start.arguments().empty() && start.arguments_size() == 0) {
+    runtime::v1::StartCall with_empty = start;
+    with_empty.set_arguments(
+        start.encoding() == runtime::v1::ENCODING_MSGPACK
+            ? std::string("\x92\x90\x80", 3)              // [[], {}]
+            : std::string("\x80\x02)}\x86.", 6));        // ((), {})
+    StartCall(sink, with_empty, out);
+    return;
+  }
+  // ENCODING_UNSPECIFIED means pickle, which every Python host sends with
+  // protocol 2 or later (first byte PROTO, 0x80). Anything else is most
+  // likely another language's msgpack sent without setting the encoding.
+  if (start.encoding() == runtime::v1::ENCODING_UNSPECIFIED &&
+      !start.arguments().empty() && start.arguments()[0] != '\x80') {
+    out.push_back({sink, BadRequest(
+        id, "StartCall.arguments is not a pickle (it does not start with "
+            "0x80), and StartCall.encoding is ENCODING_UNSPECIFIED, which "
+            "means ENCODING_PICKLE; set StartCall.encoding to "
+            "ENCODING_MSGPACK for msgpack arguments")});
+    RememberFinished(id);
     return;
   }
   const uint64_t expected = start.arguments_size() == 0
@@ -443,6 +495,8 @@ void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
     return;
   }
   Call& call = it->second;
+  // Another client's call: its StartCall was refused (CallIdInUse).
+  if (!OwnedBy(call, *sink)) return;
   if (call.terminal) return;  // e.g. cancelled while uploading: nothing to do
   // A broken upload ends the call: its one terminal event is this error, and
   // the worker is told to drop it.
@@ -518,26 +572,41 @@ void SessionManager::Resume(const std::shared_ptr<CallSink>& sink,
       continue;
     }
     Call& call = it->second;
+    if (!OwnedBy(call, *sink)) {
+      out.push_back({sink, CallIdInUse(id)});
+      continue;
+    }
     call.sink = sink;
     // Replay what was already produced; the rest follows live.
     for (const auto& event : call.delivered) out.push_back({sink, event});
   }
 }
 
-void SessionManager::AckStreamItems(const runtime::v1::StreamAck& ack) {
+void SessionManager::AckStreamItems(const CallSink& sink,
+                                    const runtime::v1::StreamAck& ack) {
   auto it = calls_.find(ack.call_id());
-  if (it == calls_.end()) return;
+  if (it == calls_.end() || !OwnedBy(it->second, sink)) return;
   Call& call = it->second;
   // Consumed items need no replay: drop their retained copies, so a long
   // stream holds at most about one window of items here.
+  // The ResultChunks in front of a consumed item (its leading bytes) go
+  // with it.
   auto& delivered = call.delivered;
+  auto consumed_end = delivered.begin();
+  for (auto e = delivered.begin(); e != delivered.end(); ++e) {
+    if ((*e)->has_stream_item() &&
+        (*e)->stream_item().index() < ack.next_index()) {
+      consumed_end = e + 1;
+    }
+  }
   delivered.erase(
-      std::remove_if(delivered.begin(), delivered.end(),
+      std::remove_if(delivered.begin(), consumed_end,
                      [&](const SandboxEventPtr& e) {
-                       return e->has_stream_item() &&
-                              e->stream_item().index() < ack.next_index();
+                       return e->has_result_chunk() ||
+                              (e->has_stream_item() &&
+                               e->stream_item().index() < ack.next_index());
                      }),
-      delivered.end());
+      consumed_end);
   if (call.terminal || !worker_ || worker_->generation() != call.generation) {
     return;
   }
@@ -548,9 +617,12 @@ void SessionManager::AckStreamItems(const runtime::v1::StreamAck& ack) {
   SendToWorker(frame);
 }
 
-void SessionManager::Ack(const std::string& call_id) {
+void SessionManager::Ack(const CallSink& sink, const std::string& call_id) {
   auto it = calls_.find(call_id);
-  if (it == calls_.end() || !it->second.terminal) return;
+  if (it == calls_.end() || !it->second.terminal ||
+      !OwnedBy(it->second, sink)) {
+    return;
+  }
   retained_order_.erase(it->second.retained_pos);
   retained_bytes_ -= std::min(retained_bytes_, it->second.retained_bytes);
   calls_.erase(it);
@@ -888,9 +960,27 @@ void SessionManager::RouteNamespaceEvents(
     const std::string& name = frames[begin]->ns.name;
     size_t end = begin;
     std::vector<NamespaceEventPtr> batch;
+    std::vector<runtime::v1::LogRecord> oversize;
     while (end < frames.size() && frames[end]->ns.name == name) {
-      batch.push_back(ToNamespaceEvent(*frames[end]));
+      auto event = ToNamespaceEvent(*frames[end]);
+      // Payloads cannot be cut: one that cannot fit a default client's
+      // 4 MiB message is not delivered, and the hosts' logs say so.
+      if (event->ByteSizeLong() > kMaxWireItemBytes) {
+        oversize.push_back(RuntimeWarning("agentix.sio", absl::StrCat(
+            "sandbox emitted event '", frames[end]->ns.event.substr(0, 1024),
+            "' on namespace ", name, " with ", event->ByteSizeLong(),
+            " bytes, over the ", kMaxWireItemBytes,
+            "-byte limit of one message; the event was dropped. Send large "
+            "data in several events.")));
+      } else {
+        batch.push_back(std::move(event));
+      }
       ++end;
+    }
+    if (!oversize.empty()) logs_->Append(std::move(oversize));
+    if (batch.empty()) {
+      begin = end;
+      continue;
     }
     if (namespaces_.Broadcast(name, batch) == 0) {
       // As in the original, an event with no listening host is not kept,
@@ -981,6 +1071,13 @@ bool SessionManager::ApplyWorkerFrame(uint64_t generation, ipc::Frame& frame,
     return false;
   }
   Call& call = it->second;
+  // A result, chunk or item over one chunk (a worker that did not chunk it,
+  // or any stream item) is sent as ResultChunks of its leading bytes and the event
+  // with the rest, so that every event fits a default client's message.
+  if (frame.type != FrameType::kError &&
+      frame.data.size() > ipc::kChunkBytes) {
+    EmitLeadingChunks(frame.call_id, call, frame.data, out);
+  }
   std::shared_ptr<SandboxEvent> event;
   bool terminal = true;
   switch (frame.type) {
@@ -1022,6 +1119,20 @@ bool SessionManager::ApplyWorkerFrame(uint64_t generation, ipc::Frame& frame,
       frame.type != FrameType::kResultChunk && StampBarrier(call, *event);
   Emit(frame.call_id, call, std::move(event), terminal, out);
   return barrier;
+}
+
+void SessionManager::EmitLeadingChunks(const std::string& call_id, Call& call,
+                                       std::string& data,
+                                       std::vector<Delivery>& out) {
+  const size_t lead = ipc::SplitWithTail(data.size()).full * ipc::kChunkBytes;
+  for (size_t off = 0; off < lead; off += ipc::kChunkBytes) {
+    auto chunk_event = std::make_shared<SandboxEvent>();
+    auto* chunk = chunk_event->mutable_result_chunk();
+    chunk->set_call_id(call_id);
+    chunk->set_data(data.substr(off, ipc::kChunkBytes));
+    Emit(call_id, call, std::move(chunk_event), /*terminal=*/false, out);
+  }
+  data.erase(0, lead);
 }
 
 void SessionManager::OnWorkerExit(uint64_t generation,

@@ -207,6 +207,11 @@ class SessionManager : public WorkerProcess::Listener {
     uint64_t unattributed_log_mark = 0;
     uint64_t unattributed_trace_mark = 0;
   };
+  // Whether `call` belongs to the client behind `sink` (its
+  // agentix-client-id; clients without one are one anonymous client).
+  static bool OwnedBy(const Call& call, const CallSink& sink) {
+    return call.client == sink.client_id();
+  }
   // An event to hand to a sink once the lock is released.
   struct Delivery {
     std::shared_ptr<CallSink> sink;
@@ -220,13 +225,17 @@ class SessionManager : public WorkerProcess::Listener {
                         const runtime::v1::ArgumentChunk& chunk,
                         std::vector<Delivery>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Any client may cancel a call (as in the original); Ack, AckStreamItems,
+  // ArgumentChunk and Resume act only on calls of the sender's client
+  // (OwnedBy).
   void Cancel(const std::string& call_id, std::vector<Delivery>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Resume(const std::shared_ptr<CallSink>& sink,
               const runtime::v1::ResumeCalls& resume,
               std::vector<Delivery>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Ack(const std::string& call_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AckStreamItems(const runtime::v1::StreamAck& ack)
+  void Ack(const CallSink& sink, const std::string& call_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AckStreamItems(const CallSink& sink, const runtime::v1::StreamAck& ack)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Sends a call's frame and the argument bytes received so far to the
@@ -240,6 +249,12 @@ class SessionManager : public WorkerProcess::Listener {
   // Records `event` for `call_id` (terminal or not) and queues its delivery.
   void Emit(const std::string& call_id, Call& call, SandboxEventPtr event,
             bool terminal, std::vector<Delivery>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Emits the leading whole chunks of `data` (a result or stream item
+  // value over ipc::kChunkBytes) as ResultChunk events and leaves the rest
+  // (at most one chunk) in `data`.
+  void EmitLeadingChunks(const std::string& call_id, Call& call,
+                         std::string& data, std::vector<Delivery>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies one host event; frames for the worker go to `to_worker_`.
   void ApplyHostEvent(const std::shared_ptr<CallSink>& sink,

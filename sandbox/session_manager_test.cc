@@ -96,6 +96,16 @@ class RecordingSink : public CallSink {
   std::vector<SandboxEventPtr> events_ ABSL_GUARDED_BY(mu_);
 };
 
+// A RecordingSink of a named client (agentix-client-id).
+class ClientSink final : public RecordingSink {
+ public:
+  explicit ClientSink(std::string id) : id_(std::move(id)) {}
+  const std::string& client_id() const override { return id_; }
+
+ private:
+  std::string id_;
+};
+
 SessionOptions FakeWorkerOptions(std::vector<std::string> env = {}) {
   SessionOptions options;
   options.worker.worker_path = "testing/fake_worker";
@@ -110,6 +120,8 @@ HostEvent Start(const std::string& id, const std::string& callable,
   auto* s = e.mutable_start();
   s->set_call_id(id);
   s->set_callable(callable);
+  // The fake worker's arguments are raw text, not a pickle.
+  s->set_encoding(runtime::v1::ENCODING_PICKLE);
   s->set_arguments(args);
   s->set_arguments_size(total);
   return e;
@@ -479,6 +491,39 @@ TEST_CASE("A re-sent StartCall never runs a call twice", "[sandbox]") {
   REQUIRE(b->AwaitTerminal("running").result().value() == "done");
   REQUIRE(b->AwaitTerminal("fresh").result().value() == "again");
   REQUIRE(b->CountTerminal("fresh") == 1);
+}
+
+TEST_CASE("A call id in flight or retained for another client is refused "
+          "at once; that client cannot touch the call",
+          "[sandbox]") {
+  SessionManager manager(FakeWorkerOptions());
+  auto a = std::make_shared<ClientSink>("client-a");
+  auto b = std::make_shared<ClientSink>("client-b");
+  manager.HandleHostEvent(a, Start("running", "fake::sleep", "300"));
+  manager.HandleHostEvent(a, Start("kept", "fake::echo", "mine"));
+  a->AwaitTerminal("kept");
+  for (const char* id : {"running", "kept"}) {
+    manager.HandleHostEvent(b, Start(id, "fake::echo", "theirs"));
+    const auto refused = b->AwaitTerminal(id).error().error();
+    CHECK(refused.type() == "CallIdInUse");
+    CHECK(refused.code() == static_cast<int>(absl::StatusCode::kAlreadyExists));
+    // Nor may the other client ack or resume it (cancel, as in the
+    // original, works from anywhere).
+    manager.HandleHostEvent(b, AckEvent(id));
+  }
+  auto b2 = std::make_shared<ClientSink>("client-b");
+  manager.HandleHostEvent(b2, ResumeEvent({"kept"}));
+  CHECK(b2->AwaitTerminal("kept").error().error().type() == "CallIdInUse");
+  // The owner's calls are untouched: the running one completes, the
+  // retained one is still there for a resume by the same client.
+  CHECK(a->AwaitTerminal("running").result().value() == "done");
+  auto a2 = std::make_shared<ClientSink>("client-a");
+  manager.DetachSink(a.get());
+  manager.HandleHostEvent(a2, ResumeEvent({"kept"}));
+  CHECK(a2->AwaitTerminal("kept").result().value() == "mine");
+  // The owner re-sending its StartCall (a reconnect) is still ignored.
+  manager.HandleHostEvent(a2, Start("kept", "fake::echo", "again"));
+  CHECK(a2->CountTerminal("kept") == 1);
 }
 
 TEST_CASE("Retained results are bounded; the oldest is evicted",

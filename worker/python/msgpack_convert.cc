@@ -1,7 +1,10 @@
 #include "worker/python/msgpack_convert.h"
 
+#include <datetime.h>
 #include <msgpack.hpp>
 
+#include <cstdint>
+#include <cstring>
 #include <exception>
 #include <new>
 
@@ -12,6 +15,81 @@ namespace {
 constexpr uint32_t kMaxDepth = 512;
 
 PyObject* Convert(const msgpack::object& o);
+
+// The msgpack timestamp extension type (seconds and nanoseconds since the
+// Unix epoch, UTC), mapped to and from aware datetime.datetime.
+constexpr int8_t kTimestampExt = -1;
+
+// 1970-01-01T00:00:00+00:00 (a borrowed, process-lifetime reference), or
+// nullptr with an exception set.
+PyObject* Epoch() {
+  static PyObject* epoch = nullptr;
+  if (epoch != nullptr) return epoch;
+  if (PyDateTimeAPI == nullptr) {
+    PyDateTime_IMPORT;
+    if (PyDateTimeAPI == nullptr) return nullptr;
+  }
+  epoch = PyDateTimeAPI->DateTime_FromDateAndTime(
+      1970, 1, 1, 0, 0, 0, 0, PyDateTimeAPI->TimeZone_UTC,
+      PyDateTimeAPI->DateTimeType);
+  return epoch;
+}
+
+uint64_t BigEndian(const char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v = v << 8 | static_cast<unsigned char>(p[i]);
+  return v;
+}
+
+// A timestamp ext's body (4, 8 or 12 bytes) as an aware UTC datetime;
+// nanoseconds are cut to datetime's microseconds.
+PyObject* ConvertTimestamp(const char* body, uint32_t size) {
+  int64_t seconds = 0;
+  uint32_t nanos = 0;
+  if (size == 4) {
+    seconds = static_cast<int64_t>(BigEndian(body, 4));
+  } else if (size == 8) {
+    const uint64_t v = BigEndian(body, 8);
+    nanos = static_cast<uint32_t>(v >> 34);
+    seconds = static_cast<int64_t>(v & ((uint64_t{1} << 34) - 1));
+  } else if (size == 12) {
+    nanos = static_cast<uint32_t>(BigEndian(body, 4));
+    seconds = static_cast<int64_t>(BigEndian(body + 4, 8));
+  } else {
+    PyErr_Format(PyExc_ValueError,
+                 "msgpack timestamp of %u bytes (4, 8 or 12 expected)", size);
+    return nullptr;
+  }
+  if (nanos >= 1000000000u) {
+    PyErr_SetString(PyExc_ValueError, "msgpack timestamp nanoseconds >= 1e9");
+    return nullptr;
+  }
+  PyObject* epoch = Epoch();
+  if (epoch == nullptr) return nullptr;
+  // Floor division keeps the day count right for times before 1970.
+  int64_t days = seconds / 86400;
+  int64_t rest = seconds % 86400;
+  if (rest < 0) {
+    rest += 86400;
+    --days;
+  }
+  if (days > 999999999 || days < -999999999) {
+    PyErr_SetString(PyExc_ValueError,
+                    "msgpack timestamp outside datetime's range");
+    return nullptr;
+  }
+  PyObject* delta = PyDelta_FromDSU(static_cast<int>(days),
+                                    static_cast<int>(rest),
+                                    static_cast<int>(nanos / 1000));
+  if (delta == nullptr) return nullptr;
+  PyObject* when = PyNumber_Add(epoch, delta);
+  Py_DECREF(delta);
+  if (when == nullptr && PyErr_ExceptionMatches(PyExc_OverflowError)) {
+    PyErr_SetString(PyExc_ValueError,
+                    "msgpack timestamp outside datetime's range");
+  }
+  return when;
+}
 
 PyObject* ConvertMap(const msgpack::object& o) {
   PyObject* dict = PyDict_New();
@@ -80,6 +158,9 @@ PyObject* Convert(const msgpack::object& o) {
       return dict;
     }
     case msgpack::type::EXT:
+      if (o.via.ext.type() == kTimestampExt) {
+        return ConvertTimestamp(o.via.ext.data(), o.via.ext.size);
+      }
       PyErr_Format(PyExc_ValueError, "unsupported msgpack ext type %d",
                    static_cast<int>(o.via.ext.type()));
       return nullptr;
@@ -105,6 +186,58 @@ bool PackBytes(Packer& packer, const char* data, size_t size) {
 }
 
 bool Pack(Packer& packer, PyObject* object);
+
+// An aware datetime as a timestamp ext in its smallest form; a naive one
+// is refused (its instant is unknown).
+bool PackDateTime(Packer& packer, PyObject* object) {
+  PyObject* tz = PyObject_GetAttrString(object, "tzinfo");
+  if (tz == nullptr) return false;
+  const bool naive = tz == Py_None;
+  Py_DECREF(tz);
+  if (naive) {
+    PyErr_SetString(PyExc_TypeError,
+                    "agentix.codec: cannot encode a naive datetime (no "
+                    "tzinfo) as a msgpack timestamp; give it one, e.g. "
+                    "datetime.timezone.utc");
+    return false;
+  }
+  PyObject* epoch = Epoch();
+  if (epoch == nullptr) return false;
+  PyObject* delta = PyNumber_Subtract(object, epoch);
+  if (delta == nullptr) return false;
+  if (!PyDelta_Check(delta)) {
+    Py_DECREF(delta);
+    PyErr_SetString(PyExc_TypeError, "datetime subtraction gave no timedelta");
+    return false;
+  }
+  const int64_t seconds =
+      int64_t{PyDateTime_DELTA_GET_DAYS(delta)} * 86400 +
+      PyDateTime_DELTA_GET_SECONDS(delta);
+  const uint32_t nanos =
+      static_cast<uint32_t>(PyDateTime_DELTA_GET_MICROSECONDS(delta)) * 1000;
+  Py_DECREF(delta);
+  char body[12];
+  uint32_t size;
+  auto put = [&](char* at, uint64_t v, int bytes) {
+    for (int i = bytes - 1; i >= 0; --i, v >>= 8) at[i] = static_cast<char>(v & 0xff);
+  };
+  if (seconds >= 0 && (seconds >> 34) == 0) {
+    if (nanos == 0 && seconds <= 0xffffffff) {
+      size = 4;
+      put(body, static_cast<uint64_t>(seconds), 4);
+    } else {
+      size = 8;
+      put(body, uint64_t{nanos} << 34 | static_cast<uint64_t>(seconds), 8);
+    }
+  } else {
+    size = 12;
+    put(body, nanos, 4);
+    put(body + 4, static_cast<uint64_t>(seconds), 8);
+  }
+  packer.pack_ext(size, kTimestampExt);
+  packer.pack_ext_body(body, size);
+  return true;
+}
 
 bool PackSequence(Packer& packer, PyObject* sequence) {
   const Py_ssize_t size = PySequence_Fast_GET_SIZE(sequence);
@@ -165,7 +298,16 @@ bool Pack(Packer& packer, PyObject* object) {
     return false;
   }
   if (PyFloat_Check(object)) {
-    packer.pack_double(PyFloat_AS_DOUBLE(object));
+    // Always float 64: msgpack-cxx's pack_double writes a whole value
+    // (2.0) as an int, which would decode as int on the other side.
+    const double value = PyFloat_AS_DOUBLE(object);
+    uint64_t bits;
+    static_assert(sizeof bits == sizeof value);
+    std::memcpy(&bits, &value, sizeof bits);
+    char raw[9];
+    raw[0] = static_cast<char>(0xcb);
+    for (int i = 8; i >= 1; --i, bits >>= 8) raw[i] = static_cast<char>(bits & 0xff);
+    packer.pack_bin_body(raw, sizeof raw);  // appends the bytes as they are
     return true;
   }
   if (PyUnicode_Check(object)) {
@@ -196,6 +338,8 @@ bool Pack(Packer& packer, PyObject* object) {
     PyBuffer_Release(&view);
     return ok;
   }
+  if (Epoch() == nullptr) return false;  // imports the datetime C API
+  if (PyDateTime_Check(object)) return PackDateTime(packer, object);
   const bool is_list = PyList_Check(object);
   if (is_list || PyTuple_Check(object) || PyDict_Check(object)) {
     if (Py_EnterRecursiveCall(" while encoding msgpack") != 0) return false;

@@ -116,6 +116,55 @@ TEST_CASE("Container headers claiming more elements than the input holds "
               .type == "ValueError");
 }
 
+TEST_CASE("Whole floats stay floats; bytes and str stay apart", "[msgpack]") {
+  testing::EnsureInterpreter();
+  CHECK(Encode("2.0") == std::string("\xcb\x40\x00\x00\x00\x00\x00\x00\x00", 9));
+  CHECK(RoundTrip("[2.0, -0.0, 1e300]") == "[2.0, -0.0, 1e+300]");
+  CHECK(Encode("'a'") == "\xa1" "a");
+  CHECK(Encode("b'a'") == std::string("\xc4\x01" "a", 3));
+  CHECK(Repr(MsgpackToPython("\xca\x40\x00\x00\x00", 5)) == "2.0");  // float32
+}
+
+TEST_CASE("The timestamp extension maps to aware datetimes, both ways",
+          "[msgpack]") {
+  testing::EnsureInterpreter();
+  testing::RunPython("import datetime as _dt\n_utc = _dt.timezone.utc\n");
+  // timestamp32: seconds only.
+  CHECK(Encode("_dt.datetime(2020, 1, 2, 3, 4, 5, tzinfo=_utc)") ==
+        std::string("\xd6\xff\x5e\x0d\x5d\xa5", 6));
+  CHECK(Repr(MsgpackToPython("\xd6\xff\x5e\x0d\x5d\xa5", 6)) ==
+        "datetime.datetime(2020, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)");
+  // timestamp64 (microseconds) and timestamp96 (before 1970, after 2514).
+  for (const char* value :
+       {"_dt.datetime(2020, 1, 2, 3, 4, 5, 678901, tzinfo=_utc)",
+        "_dt.datetime(1969, 12, 31, 23, 59, 59, 500000, tzinfo=_utc)",
+        "_dt.datetime(1, 1, 1, tzinfo=_utc)",
+        "_dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=_utc)"}) {
+    INFO(value);
+    CHECK(RoundTrip(value) == Repr(testing::EvalPython(value)));
+  }
+  CHECK(Encode("_dt.datetime(2020, 1, 2, 3, 4, 5, 678901, tzinfo=_utc)")
+            .substr(0, 2) == "\xd7\xff");
+  CHECK(Encode("_dt.datetime(1969, 12, 31, tzinfo=_utc)").substr(0, 3) ==
+        "\xc7\x0c\xff");
+  // Another zone: the same instant, returned in UTC.
+  CHECK(RoundTrip("_dt.datetime(2020, 1, 2, 5, 4, 5, tzinfo=_dt.timezone("
+                  "_dt.timedelta(hours=2)))") ==
+        "datetime.datetime(2020, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)");
+  // Nanoseconds are cut to microseconds: 1 s + 1,999 ns.
+  CHECK(Repr(MsgpackToPython(std::string("\xd7\xff\x00\x00\x1f\x3c\x00\x00\x00\x01", 10).data(), 10)) ==
+        "datetime.datetime(1970, 1, 1, 0, 0, 1, 1, tzinfo=datetime.timezone.utc)");
+  // A naive datetime has no instant; malformed timestamps are refused.
+  CHECK(EncodeError("_dt.datetime(2020, 1, 2)").type == "TypeError");
+  CHECK(DecodeError(std::string("\xd5\xff\x00\x00", 4)).message ==
+        "msgpack timestamp of 2 bytes (4, 8 or 12 expected)");
+  CHECK(DecodeError(std::string("\xd7\xff\xff\xff\xff\xfc\x00\x00\x00\x00", 10))
+            .message == "msgpack timestamp nanoseconds >= 1e9");
+  CHECK(DecodeError(std::string("\xc7\x0c\xff\x00\x00\x00\x00\x7f\xff\xff\xff"
+                                "\xff\xff\xff\xff", 15))
+            .message == "msgpack timestamp outside datetime's range");
+}
+
 TEST_CASE("msgpack written by msgpack-cxx decodes", "[msgpack]") {
   testing::EnsureInterpreter();
   msgpack::sbuffer buffer;

@@ -397,6 +397,13 @@ class CallsStream:
             call = self._pending.get(item.call_id)
             if call is None or call.items is None or call.future.done():
                 return
+            value = item.value
+            if call.result_chunks:
+                # An item over 1 MiB comes as ResultChunks of its leading
+                # bytes, then the item with the rest.
+                value = b"".join([*call.result_chunks, value])
+                call.result_chunks = []
+                call.result_bytes = 0
             if item.index < call.received:
                 return  # replayed after a resume, and received before
             if item.index > call.received:
@@ -414,12 +421,12 @@ class CallsStream:
                 self.cancel_call(item.call_id)
                 return
             call.received = item.index + 1
-            if len(item.value) > call.max_result_bytes:
-                self._refuse_result(call, len(item.value), f"stream item {item.index}")
+            if len(value) > call.max_result_bytes:
+                self._refuse_result(call, len(value), f"stream item {item.index}")
                 return
             if item.log_seq or item.trace_seq:
                 call.items.put_nowait(SideBarrier(item.log_seq, item.trace_seq))
-            call.items.put_nowait(item.value)
+            call.items.put_nowait(value)
 
     def _set_barrier(self, call_id: str, log_seq: int, trace_seq: int) -> None:
         call = self._pending.get(call_id)
