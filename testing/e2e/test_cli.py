@@ -196,6 +196,33 @@ def test_doctor_reports_each_check_and_what_to_do(world, tmp_path):
     assert "fail  bubblewrap" in without.stdout and "apt-get install bubblewrap" in without.stdout
 
 
+def test_doctor_checks_the_dependencies_against_the_requirements_agentix_declares(world, tmp_path):
+    """The floors are the installed agentix's Requires-Dist (what pip checks),
+    not a copy in doctor: a protobuf distribution older than the declared
+    floor fails, whatever the module's own __version__ says."""
+    from importlib.metadata import requires
+
+    declared = dict(line.split(">=", 1) for line in requires("agentix") if "extra ==" not in line)
+    declared = {name.strip(" ("): ">=" + floor.strip(" )") for name, floor in declared.items()}
+    assert set(declared) == {"grpcio", "protobuf", "msgpack"}
+    done = run([*AGENTIX, "doctor", "--json"], env=world["env"], timeout=120)
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    for dist, floor in declared.items():
+        assert checks[dist]["status"] == "ok" and checks[dist]["detail"].endswith(f"(agentix requires {floor})")
+    # Debian's protobuf 3.21.12 release, under the number its upstream Python
+    # package had before 4.21 (the number an older doctor compared with).
+    site = tmp_path / "site"
+    (site / "protobuf-3.21.12.dist-info").mkdir(parents=True)
+    (site / "protobuf-3.21.12.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: protobuf\nVersion: 3.21.12\n")
+    env = {**world["env"], "PYTHONPATH": os.pathsep.join(filter(None, [str(site), world["env"].get("PYTHONPATH")]))}
+    old = run([*AGENTIX, "doctor"], env=env, timeout=120)
+    assert old.returncode == 1, old.stdout
+    line = next(line for line in old.stdout.splitlines() if " protobuf " in line)
+    assert line.startswith("fail") and f"protobuf 3.21.12 does not satisfy protobuf{declared['protobuf']}" in line
+    assert f"pip install -U 'protobuf{declared['protobuf']}'" in old.stdout
+
+
 # ------------------------------------------------------------------ stale / __main__
 
 HOST_SCRIPT = """

@@ -224,8 +224,7 @@ def test_the_deb_installs_the_binaries_the_package_and_the_commands(deb):
 
 def test_the_debs_commands_answer_help(deb):
     """`agentix --help` (the console script, on /usr/bin/python3 with the
-    package from the .deb) and `agentix-sandboxd --help` run from the tree.
-    TODO(lead): with main's `agentix doctor` (cli23) merged, run it here too."""
+    package from the .deb) and `agentix-sandboxd --help` run from the tree."""
     _, _, tree = deb
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env["PYTHONPATH"] = str(tree / "usr" / "lib" / "python3" / "dist-packages")
@@ -241,3 +240,33 @@ def test_the_debs_commands_answer_help(deb):
     daemon = subprocess.run([str(tree / "usr" / "bin" / "agentix-sandboxd"), "--help"],
                             capture_output=True, text=True, timeout=60)
     assert "--listen" in daemon.stdout + daemon.stderr
+
+
+def test_the_debs_agentix_doctor_finds_its_binaries_and_its_declared_dependencies(deb, tmp_path):
+    """`agentix doctor` of the .deb's command, run from the unpacked tree as
+    if installed (its usr/bin first on PATH, its dist-packages on
+    PYTHONPATH): it finds the package's bundler, providerd, daemon and worker,
+    checks grpcio/protobuf/msgpack against the floors the package's own
+    metadata declares, loads the native transport, and bubblewrap runs.
+    tools/test-install runs the same on a clean Debian 12 root."""
+    _, control, tree = deb
+    usr_bin = tree / "usr" / "bin"
+    runtime = tmp_path / "xdg"
+    runtime.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "AGENTIX_"))}
+    env.update(PYTHONPATH=str(tree / "usr" / "lib" / "python3" / "dist-packages"),
+               PATH=f"{usr_bin}:/usr/bin:/bin", XDG_RUNTIME_DIR=str(runtime))
+    done = subprocess.run(["/usr/bin/python3", str(usr_bin / "agentix"), "doctor", "--json"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    document = __import__("json").loads(done.stdout)
+    assert document["version"] == control["Version"] and document["ok"]
+    checks = {c["name"]: c for c in document["checks"]}
+    for name in ("python", "grpcio", "protobuf", "msgpack", "native transport", "bundler", "agentix-providerd",
+                 "agentix-sandboxd", "agentix-worker", "bubblewrap", "user namespaces"):
+        assert checks[name]["status"] == "ok", checks[name]
+    for dist, specifier in DECLARED.items():
+        assert checks[dist]["detail"].endswith(f"(agentix requires {specifier})"), checks[dist]
+    assert checks["bundler"]["detail"] == str(usr_bin / "agentix-bundle")
+    for name in ("agentix-providerd", "agentix-sandboxd", "agentix-worker"):
+        assert checks[name]["detail"].startswith(str(tree)), checks[name]

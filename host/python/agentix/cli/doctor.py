@@ -3,8 +3,9 @@
 Each check has a status: ``ok``, ``warn`` (works, with less: e.g. no engine
 socket, so no docker backend) or ``fail`` (a local sandbox cannot run), a
 detail, and for anything but ``ok`` the fix. Exit status 1 when a check
-fails. Checks: Python, grpcio / protobuf / msgpack, the native transport,
-the binaries (the bundler, ``agentix-sandboxd``, ``agentix-worker``,
+fails. Checks: Python, grpcio / protobuf / msgpack (against the requirements
+the installed agentix declares, so doctor and pip agree), the native
+transport, the binaries (the bundler, ``agentix-sandboxd``, ``agentix-worker``,
 ``agentix-providerd``), bubblewrap, user namespaces (a real ``bwrap`` run),
 cgroups (v1 controllers or v2), the docker and podman engine sockets, and the
 provider service's socket.
@@ -12,8 +13,10 @@ provider service's socket.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -22,10 +25,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["Check", "run_checks", "run_doctor"]
+__all__ = ["Check", "declared_requirements", "run_checks", "run_doctor"]
 
-_MIN_GRPC = (1, 51)
-_MIN_PROTOBUF = (3, 21)
+# The dependencies checked, as (import name, distribution, Debian package). Their
+# floors are not written here: they are the ones the installed agentix declares
+# (Requires-Dist, from pyproject.toml), so doctor and pip cannot disagree.
+_DEPENDENCIES = (
+    ("grpc", "grpcio", "python3-grpcio"),
+    ("google.protobuf", "protobuf", "python3-protobuf"),
+    ("msgpack", "msgpack", "python3-msgpack"),
+)
+_REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*\(?\s*([^;()]*)\)?\s*(;.*)?$")
+_CLAUSE = re.compile(r"^(~=|==|!=|<=|>=|<|>)\s*([0-9][0-9A-Za-z.*+!-]*)$")
 
 
 @dataclass
@@ -36,12 +47,56 @@ class Check:
     fix: str = ""
 
 
-def _version_tuple(text: str) -> tuple[int, ...]:
+def _release(text: str) -> tuple[int, ...]:
+    """The release numbers of a version ("4.21.12" -> (4, 21, 12); "1.0rc1" -> (1, 0))."""
     parts = []
-    for piece in text.split(".")[:2]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits or 0))
+    for piece in text.split("+")[0].split("."):
+        match = re.match(r"\d+", piece)
+        if match is None:
+            break
+        parts.append(int(match.group()))
+        if match.end() < len(piece):
+            break
     return tuple(parts)
+
+
+def _satisfies(version: str, clause: str) -> bool:
+    """Whether `version` meets one PEP 440 clause (``>=4.21.12``, ``==3.11.*``),
+    compared on release numbers; a clause this does not read is taken as met."""
+    match = _CLAUSE.match(clause.strip())
+    if match is None:
+        return True
+    op, wanted = match.groups()
+    have = _release(version)
+    if wanted.endswith(".*"):
+        prefix = _release(wanted[:-2])
+        return (have[: len(prefix)] == prefix) == (op == "==")
+    want = _release(wanted)
+    if op == "~=":  # ~=X.Y.Z: >=X.Y.Z and ==X.Y.*
+        return _satisfies(version, f">={wanted}") and have[: len(want) - 1] == want[:-1]
+    width = max(len(have), len(want))
+    have, want = have + (0,) * (width - len(have)), want + (0,) * (width - len(want))
+    return {"==": have == want, "!=": have != want, "<=": have <= want, ">=": have >= want,
+            "<": have < want, ">": have > want}[op]
+
+
+def declared_requirements() -> dict[str, str] | None:
+    """The installed agentix's own dependencies (``Requires-Dist`` without
+    extras) as {distribution: specifier}, e.g. ``{"protobuf": ">=4.21.12"}``;
+    None when agentix has no installed metadata (a source tree on PYTHONPATH)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        lines = requires("agentix")
+    except PackageNotFoundError:
+        return None
+    declared = {}
+    for line in lines or []:
+        match = _REQUIREMENT.match(line)
+        if match is None or "extra" in (match.group(3) or ""):
+            continue
+        declared[match.group(1).lower().replace("_", "-")] = match.group(2).replace(" ", "")
+    return declared
 
 
 def _python() -> Check:
@@ -51,24 +106,30 @@ def _python() -> Check:
     return Check("python", "ok", f"{sys.executable} is Python {version}")
 
 
-def _module(name: str, dist: str, debian: str, floor: tuple[int, ...] | None) -> Check:
+def _module(name: str, dist: str, debian: str, declared: dict[str, str] | None) -> Check:
     try:
-        module = __import__(name)
+        module = importlib.import_module(name)
     except Exception as error:  # ImportError, or a broken install
         return Check(dist, "fail", f"cannot import {name}: {error}",
                      f"apt-get install {debian} (or pip install {dist} in this environment)")
-    version = getattr(module, "__version__", "") or ""
-    if not version:
-        try:
-            from importlib.metadata import version as dist_version
+    # The distribution's version is what the requirement (and pip) speaks of;
+    # the module's __version__ only when there is no metadata.
+    try:
+        from importlib.metadata import version as dist_version
 
-            version = dist_version(dist)
-        except Exception:
-            version = "?"
-    if floor and version != "?" and _version_tuple(version) < floor:
-        return Check(dist, "fail", f"{dist} {version} is older than {'.'.join(map(str, floor))}",
-                     f"upgrade {dist} (apt-get install {debian}, or pip install -U {dist})")
-    return Check(dist, "ok", f"{dist} {version}")
+        version = dist_version(dist)
+    except Exception:
+        version = getattr(module, "__version__", "") or "?"
+    if declared is None:
+        return Check(dist, "ok", f"{dist} {version} (agentix has no installed metadata: its floor is not checked)")
+    wanted = declared.get(dist, "")
+    if version == "?" or not wanted:
+        return Check(dist, "ok", f"{dist} {version}")
+    unmet = [clause for clause in wanted.split(",") if clause and not _satisfies(version, clause)]
+    if unmet:
+        return Check(dist, "fail", f"{dist} {version} does not satisfy {dist}{wanted}, which agentix requires",
+                     f"upgrade {dist} (apt-get install {debian}, or pip install -U '{dist}{wanted}')")
+    return Check(dist, "ok", f"{dist} {version} (agentix requires {wanted})")
 
 
 def _native() -> Check:
@@ -197,13 +258,10 @@ def _providerd_socket() -> Check:
 
 def run_checks() -> list[Check]:
     """Every check, in the order shown."""
-    checks = [
-        _python(),
-        _module("grpc", "grpcio", "python3-grpcio", _MIN_GRPC),
-        _module("google.protobuf", "protobuf", "python3-protobuf", _MIN_PROTOBUF),
-        _module("msgpack", "msgpack", "python3-msgpack", None),
-        _native(),
-    ]
+    checks = [_python()]
+    declared = declared_requirements()
+    checks += [_module(name, dist, debian, declared) for name, dist, debian in _DEPENDENCIES]
+    checks.append(_native())
     checks += _binaries()
     checks += _bubblewrap()
     checks.append(_cgroups())
