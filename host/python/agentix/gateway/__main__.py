@@ -11,11 +11,11 @@ SIGTERM/SIGINT, 1 when the daemon could not be reached within
 address in use.
 
 Start-up is in two stages so that the gateway adds almost nothing to a
-sandbox's readiness. Stage one imports nothing beyond ``socket``, ``select`` and
-``threading``: it binds the port and, on a thread, answers ``GET /health`` itself
-(from whether the daemon's socket accepts connections). Meanwhile the main
-thread loads the real server (asyncio, aiohttp, python-socketio, grpc: hundreds
-of milliseconds on a busy machine). Any other request that arrives in between
+sandbox's readiness. Stage one imports nothing beyond ``_socket`` and
+``select``: it binds the port and, on a thread, answers ``GET /health`` itself
+(from whether the daemon's socket accepts connections). Then the main thread
+loads the real server (asyncio, aiohttp, python-socketio, grpc: hundreds of
+milliseconds on a busy machine). Any other request that arrives in between
 is held, unread, and handed to the real server once that is connected to the
 daemon. bootstrap.sh runs this file by path with ``python -I -S`` (no site, no
 ``agentix`` package import: those are stage two's).
