@@ -605,3 +605,41 @@ async def test_gateway_waits_for_the_daemon_and_health_says_so(start_daemon, tmp
             r.release()
     finally:
         assert gw.stop() == 0, gw.log()
+
+
+async def test_stage_one_imports_only_what_health_needs(tmp_path):
+    """Until the daemon is up the gateway answers /health from a stage that
+    imports no more than `_socket` and `select`: `socket`, `threading`, `os`
+    and an `idna`-encoded host name pull in enum, selectors, collections and
+    re, ~100 ms of this loaded machine's time before the port is bound.
+    Stage two's first import is `site` (run with -S); everything before it
+    is stage one's."""
+    port = free_port()
+    log_path = tmp_path / "importtime.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-X", "importtime", GATEWAY_MAIN, "--daemon",
+             f"unix://{tmp_path}/never.sock", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        status = None
+        async with aiohttp.ClientSession() as http:
+            deadline = time.monotonic() + 20
+            while status is None and time.monotonic() < deadline:
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(f"http://127.0.0.1:{port}/health") as r:
+                        status = r.status
+                await asyncio.sleep(0.01)
+        assert status == 503
+    finally:
+        proc.kill()
+        proc.wait()
+    stage_one = []
+    for line in log_path.read_text().splitlines():
+        if line.startswith("import time:") and line.count("|") == 2:
+            module = line.rsplit("|", 1)[1].strip()
+            if module == "site":
+                break
+            stage_one.append(module)
+    assert "_socket" in stage_one and "select" in stage_one, stage_one
+    heavy = {"socket", "threading", "os", "enum", "selectors", "collections", "re", "encodings.idna", "argparse"}
+    assert not heavy & set(stage_one), stage_one
