@@ -643,3 +643,33 @@ async def test_stage_one_imports_only_what_health_needs(tmp_path):
     assert "_socket" in stage_one and "select" in stage_one, stage_one
     heavy = {"socket", "threading", "os", "enum", "selectors", "collections", "re", "encodings.idna", "argparse"}
     assert not heavy & set(stage_one), stage_one
+
+
+async def test_results_reach_every_rpc_client_on_either_transport(gateway):
+    """A result is broadcast on /rpc (as the original) to a polling-only and
+    a websocket client alike, one frame each, in the order the calls ended;
+    the gateway queues the frames on Engine.IO's send queues itself."""
+    polling = LegacyHost(gateway.url, namespaces=("/rpc",))
+    socket_host = LegacyHost(gateway.url, namespaces=("/rpc",))
+    await polling.sio.connect(gateway.url, namespaces=["/rpc"], transports=["polling"], wait_timeout=10)
+    await socket_host.sio.connect(gateway.url, namespaces=["/rpc"], transports=["websocket"], wait_timeout=10)
+    try:
+        assert (polling.sio.transport(), socket_host.sio.transport()) == ("polling", "websocket")
+        ids = []
+        for i in range(20):
+            call_id, event, payload = await polling.call(e2e_targets.add, i, 1)
+            assert event == "call:result" and pickle.loads(payload["value"]) == i + 1
+            ids.append(call_id)
+        call_id, event, payload = await socket_host.call(e2e_targets.raise_value_error, "both")
+        assert event == "call:error" and payload["error"]["message"] == "both"
+        ids.append(call_id)
+        deadline = time.monotonic() + 10
+        while len(polling.results) < len(ids) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for h in (polling, socket_host):
+            assert list(h.results) == ids  # every result, in order
+            assert all(len(frames) == 1 for frames in h.results.values())  # once each
+        assert socket_host.results[ids[0]][0][1] == polling.results[ids[0]][0][1]
+    finally:
+        await polling.sio.disconnect()
+        await socket_host.sio.disconnect()
