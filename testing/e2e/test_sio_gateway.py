@@ -605,3 +605,71 @@ async def test_gateway_waits_for_the_daemon_and_health_says_so(start_daemon, tmp
             r.release()
     finally:
         assert gw.stop() == 0, gw.log()
+
+
+async def test_stage_one_imports_only_what_health_needs(tmp_path):
+    """Until the daemon is up the gateway answers /health from a stage that
+    imports no more than `_socket` and `select`: `socket`, `threading`, `os`
+    and an `idna`-encoded host name pull in enum, selectors, collections and
+    re, ~100 ms of this loaded machine's time before the port is bound.
+    Stage two's first import is `site` (run with -S); everything before it
+    is stage one's."""
+    port = free_port()
+    log_path = tmp_path / "importtime.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-X", "importtime", GATEWAY_MAIN, "--daemon",
+             f"unix://{tmp_path}/never.sock", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        status = None
+        async with aiohttp.ClientSession() as http:
+            deadline = time.monotonic() + 20
+            while status is None and time.monotonic() < deadline:
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(f"http://127.0.0.1:{port}/health") as r:
+                        status = r.status
+                await asyncio.sleep(0.01)
+        assert status == 503
+    finally:
+        proc.kill()
+        proc.wait()
+    stage_one = []
+    for line in log_path.read_text().splitlines():
+        if line.startswith("import time:") and line.count("|") == 2:
+            module = line.rsplit("|", 1)[1].strip()
+            if module == "site":
+                break
+            stage_one.append(module)
+    assert "_socket" in stage_one and "select" in stage_one, stage_one
+    heavy = {"socket", "threading", "os", "enum", "selectors", "collections", "re", "encodings.idna", "argparse"}
+    assert not heavy & set(stage_one), stage_one
+
+
+async def test_results_reach_every_rpc_client_on_either_transport(gateway):
+    """A result is broadcast on /rpc (as the original) to a polling-only and
+    a websocket client alike, one frame each, in the order the calls ended;
+    the gateway queues the frames on Engine.IO's send queues itself."""
+    polling = LegacyHost(gateway.url, namespaces=("/rpc",))
+    socket_host = LegacyHost(gateway.url, namespaces=("/rpc",))
+    await polling.sio.connect(gateway.url, namespaces=["/rpc"], transports=["polling"], wait_timeout=10)
+    await socket_host.sio.connect(gateway.url, namespaces=["/rpc"], transports=["websocket"], wait_timeout=10)
+    try:
+        assert (polling.sio.transport(), socket_host.sio.transport()) == ("polling", "websocket")
+        ids = []
+        for i in range(20):
+            call_id, event, payload = await polling.call(e2e_targets.add, i, 1)
+            assert event == "call:result" and pickle.loads(payload["value"]) == i + 1
+            ids.append(call_id)
+        call_id, event, payload = await socket_host.call(e2e_targets.raise_value_error, "both")
+        assert event == "call:error" and payload["error"]["message"] == "both"
+        ids.append(call_id)
+        deadline = time.monotonic() + 10
+        while len(polling.results) < len(ids) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for h in (polling, socket_host):
+            assert list(h.results) == ids  # every result, in order
+            assert all(len(frames) == 1 for frames in h.results.values())  # once each
+        assert socket_host.results[ids[0]][0][1] == polling.results[ids[0]][0][1]
+    finally:
+        await polling.sio.disconnect()
+        await socket_host.sio.disconnect()

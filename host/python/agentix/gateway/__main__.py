@@ -11,21 +11,30 @@ SIGTERM/SIGINT, 1 when the daemon could not be reached within
 address in use.
 
 Start-up is in two stages so that the gateway adds almost nothing to a
-sandbox's readiness. Stage one imports nothing beyond ``socket``, ``select`` and
-``threading``: it binds the port and, on a thread, answers ``GET /health`` itself
-(from whether the daemon's socket accepts connections). Meanwhile the main
-thread loads the real server (asyncio, aiohttp, python-socketio, grpc: hundreds
-of milliseconds on a busy machine). Any other request that arrives in between
+sandbox's readiness. Stage one imports nothing beyond ``_socket`` and
+``select``: it binds the port and, on a thread, answers ``GET /health`` itself
+(from whether the daemon's socket accepts connections). Then the main thread
+loads the real server (asyncio, aiohttp, python-socketio, grpc: hundreds of
+milliseconds on a busy machine). Any other request that arrives in between
 is held, unread, and handed to the real server once that is connected to the
 daemon. bootstrap.sh runs this file by path with ``python -I -S`` (no site, no
 ``agentix`` package import: those are stage two's).
+
+Stage one uses only modules the interpreter has loaded at start-up (``sys``,
+``time``, ``posix``, ``_thread``) plus the C modules ``_socket`` and ``select``:
+``socket``, ``threading`` and ``os`` pull in ``enum``, ``selectors`` and
+``collections``, ~100 ms of a loaded 2-core machine's time before the port is
+bound. Stage two waits until a ``/health`` 200 has been answered (or a short
+while after the daemon came up) before it loads, so that its imports take
+neither CPU from the daemon's start nor the GIL from the early thread while
+the provider is polling.
 """
 
-import os
+import _socket
+import _thread
+import posix
 import select
-import socket
 import sys
-import threading
 import time
 
 _PR_SET_PDEATHSIG = 1
@@ -36,6 +45,8 @@ _EARLY_TIMEOUT_S = 10.0
 _MAX_EARLY_HANDLERS = 64
 # Longest wait for the daemon before stage two loads anyway.
 _DAEMON_FIRST_S = 2.0
+# After the daemon came up, stage two waits for the first /health 200 at most this long.
+_FIRST_OK_S = 0.3
 _FLAGS = {"--daemon": str, "--host": str, "--port": int, "--parent-pid": int, "--connect-timeout": float,
           "--log-level": str}
 
@@ -75,7 +86,7 @@ def _args(argv):
     except (ValueError, IndexError):
         _parser().parse_args(argv)  # exits with argparse's message
         raise
-    env = os.environ
+    env = _Environ()
     args = {
         "daemon": values.get("--daemon") or env.get("AGENTIX_GATEWAY_DAEMON"),
         "host": values.get("--host") or env.get("AGENTIX_BIND_HOST") or "127.0.0.1",
@@ -97,20 +108,34 @@ def _health_response(ok):
             + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
 
 
-class _Early(threading.Thread):
+class _Environ:
+    """``os.environ.get`` without importing ``os`` (stage one)."""
+
+    @staticmethod
+    def get(name, default=None):
+        value = posix.environ.get(name.encode())
+        return default if value is None else value.decode("utf-8", "surrogateescape")
+
+
+class _Early:
     """Stage one: accepts, answers GET /health, holds every other connection
-    until `hand_over` gives them to the real server."""
+    until `hand_over` gives them to the real server. Connections are raw
+    ``_socket.socket`` objects (stage two wraps them)."""
 
     def __init__(self, listener, daemon_address):
-        super().__init__(name="gateway-early", daemon=True)
         self.listener = listener
         self.daemon_address = daemon_address
         self.daemon_up = False
-        self.lock = threading.Lock()
+        self.daemon_up_at = None  # time.monotonic() when first seen accepting
+        self.served_ok = False  # a /health 200 went out
+        self.lock = _thread.allocate_lock()
         self.held = []
         self.receiver = None  # set by hand_over
         self.stopped = False
         self.handlers = 0
+
+    def start(self):
+        _thread.start_new_thread(self.run, ())
 
     def run(self):
         while not self.stopped:
@@ -118,11 +143,12 @@ class _Early(threading.Thread):
             if not readable or self.stopped:
                 continue
             try:
-                conn, _ = self.listener.accept()
+                fd, _ = self.listener._accept()
             except (BlockingIOError, InterruptedError):
                 continue
             except OSError:
                 return
+            conn = _socket.socket(fileno=fd)
             with self.lock:
                 busy = self.handlers >= _MAX_EARLY_HANDLERS
                 if not busy:
@@ -130,7 +156,7 @@ class _Early(threading.Thread):
             if busy:
                 self._hold(conn)
             else:
-                threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+                _thread.start_new_thread(self._handle, (conn,))
 
     def daemon_accepts(self):
         if self.daemon_up:
@@ -138,16 +164,20 @@ class _Early(threading.Thread):
         address = self.daemon_address
         try:
             if address.startswith("unix://"):
-                probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
                 target = address[len("unix://"):]
             else:
                 host, _, port = address.rpartition(":")
                 host = host.strip("[]")
-                probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+                probe = _socket.socket(_socket.AF_INET6 if ":" in host else _socket.AF_INET, _socket.SOCK_STREAM)
                 target = (host, int(port))
-            with probe:
+            try:
                 probe.settimeout(1.0)
                 probe.connect(target)
+            finally:
+                probe.close()
+            if self.daemon_up_at is None:
+                self.daemon_up_at = time.monotonic()
             self.daemon_up = True
         except (OSError, ValueError):
             pass
@@ -159,7 +189,7 @@ class _Early(threading.Thread):
             deadline = time.monotonic() + _EARLY_TIMEOUT_S
             head = b""
             while self.receiver is None:
-                head = conn.recv(16, socket.MSG_PEEK)
+                head = conn.recv(16, _socket.MSG_PEEK)
                 if not head:
                     conn.close()
                     return
@@ -173,8 +203,11 @@ class _Early(threading.Thread):
                     if not chunk:
                         break
                     request += chunk
-                conn.sendall(_health_response(self.daemon_accepts()))
+                ok = self.daemon_accepts()
+                conn.sendall(_health_response(ok))
                 conn.close()
+                if ok:
+                    self.served_ok = True
                 return
             self._hold(conn)
         except OSError:
@@ -201,9 +234,11 @@ class _Early(threading.Thread):
             receiver(conn)
 
 
-async def _serve(args, listener, early):
+async def _serve(args, raw_listener, early):
     import asyncio
+    import os
     import signal
+    import socket
 
     from aiohttp import web
 
@@ -214,6 +249,7 @@ async def _serve(args, listener, early):
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     gateway = Gateway(args["daemon"], env=dict(os.environ))
+    listener = socket.socket(fileno=raw_listener.detach())
     runner = web.AppRunner(gateway.app, handle_signals=False, access_log=None)
     await runner.setup()
     stopping = asyncio.ensure_future(stop.wait())
@@ -231,7 +267,8 @@ async def _serve(args, listener, early):
         await web.SockSite(runner, listener).start()
         factory = runner.server
 
-        def receive(conn):
+        def receive(raw):
+            conn = socket.socket(fileno=raw.detach())
             conn.setblocking(False)
             loop.call_soon_threadsafe(lambda: asyncio.ensure_future(loop.connect_accepted_socket(factory, conn)))
 
@@ -245,23 +282,49 @@ async def _serve(args, listener, early):
         await gateway.aclose()
 
 
+def _listen(host, port):
+    """``socket.create_server((host, port), backlog=1024)`` with ``_socket``."""
+    error = None
+    try:  # an ASCII name as bytes: a str goes through the "idna" codec (imports re, enum)
+        name = host.encode("ascii")
+    except UnicodeEncodeError:
+        name = host
+    for family, type_, proto, _, address in _socket.getaddrinfo(
+            name, port, _socket.AF_UNSPEC, _socket.SOCK_STREAM, 0, _socket.AI_PASSIVE):
+        sock = _socket.socket(family, type_, proto)
+        try:
+            sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            sock.listen(1024)
+            return sock
+        except OSError as failure:
+            sock.close()
+            error = failure
+    raise error or OSError(f"no address for {host}")
+
+
 def main(argv=None):
     args = _args(argv)
     try:
-        listener = socket.create_server((args["host"], args["port"]), backlog=1024)
+        listener = _listen(args["host"], args["port"])
     except OSError as error:
         print(f"agentix-sio-gateway: cannot listen on {args['host']}:{args['port']}: {error}", file=sys.stderr)
         return 2
     listener.setblocking(False)
     early = _Early(listener, args["daemon"])
     early.start()
-    # Stage two waits (briefly) for the daemon's socket first: its imports
-    # would otherwise take CPU from the daemon's own start, which is what
-    # readiness waits for. Requests are held meanwhile; the first call waits
-    # for the imports either way.
+    # Stage two waits (briefly) for the daemon's socket and then for the
+    # first /health 200 (what a provider waits for): its imports would
+    # otherwise take CPU from the daemon's own start and the GIL from the
+    # early thread. Requests are held meanwhile; the first call waits for
+    # the imports either way.
     deadline = time.monotonic() + _DAEMON_FIRST_S
     while not early.daemon_accepts() and time.monotonic() < deadline:
         time.sleep(0.002)
+    if early.daemon_up_at is not None:
+        deadline = min(deadline, early.daemon_up_at + _FIRST_OK_S)
+        while not early.served_ok and time.monotonic() < deadline:
+            time.sleep(0.002)
     # A short switch interval while it imports lets the early thread answer
     # /health promptly (the default 5 ms per hand-off adds up).
     sys.setswitchinterval(0.0005)
@@ -269,6 +332,8 @@ def main(argv=None):
         import site
 
         site.main()
+    import os
+
     if args["parent_pid"]:
         import ctypes
         import signal

@@ -27,6 +27,10 @@ from typing import Any
 import grpc
 import socketio
 from aiohttp import web
+from engineio import asyncio_socket as _eio_socket
+from engineio import exceptions as _eio_exceptions
+from engineio import packet as _eio_packet
+from socketio import packet as _sio_packet
 
 import engineio.async_drivers.aiohttp as _eio_aiohttp
 
@@ -77,6 +81,41 @@ class _LargeWebSocketResponse(web.WebSocketResponse):
 
 
 _eio_aiohttp.WebSocketResponse = _LargeWebSocketResponse
+
+
+class _Socket(_eio_socket.AsyncSocket):
+    """Engine.IO's socket with a cheaper `poll` (what its writer task, and a
+    polling GET, wait on): the same contract — the first packet within
+    ping_interval + ping_timeout, else `QueueEmpty`; then every packet already
+    queued, up to a ``None`` (closing) — but packets already queued are taken
+    without waiting, and the wait is an ``asyncio.timeout`` rather than
+    ``asyncio.wait_for``, which in Python 3.11 starts a task per wait."""
+
+    async def poll(self) -> list:
+        queue = self.queue
+        if queue.empty():
+            try:
+                async with asyncio.timeout(self.server.ping_interval + self.server.ping_timeout):
+                    first = await queue.get()
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                raise _eio_exceptions.QueueEmpty() from None
+        else:
+            first = queue.get_nowait()
+        queue.task_done()
+        if first is None:
+            return []
+        packets = [first]
+        while not queue.empty():
+            pkt = queue.get_nowait()
+            queue.task_done()
+            if pkt is None:
+                queue.put_nowait(None)
+                break
+            packets.append(pkt)
+        return packets
+
+
+_eio_socket.AsyncSocket = _Socket  # engineio's server looks the class up here per connection
 
 
 def _error(type_: str, message: str, *, traceback: str | None = None, cancelled: bool = False,
@@ -139,7 +178,8 @@ class ReliableStream:
                         "at-least-once delivery degraded (dropped=%d). Raise AGENTIX_LOG_BUFFER / "
                         "AGENTIX_TRACE_BUFFER or ack faster.", self.namespace, self.max_buffer, self.dropped)
             self._buffer.append((self._seq, event, envelope))
-        self.gateway.emit_threadsafe(event, envelope, self.namespace)
+            # Under the lock: the outbox keeps seq order whichever thread appends.
+            self.gateway.emit_threadsafe(event, envelope, self.namespace)
 
     def ack(self, seq: Any) -> None:
         if not isinstance(seq, int) or isinstance(seq, bool):
@@ -255,7 +295,7 @@ class _PluginNamespace:
         try:
             while (response := await rpc.read()) is not grpc.aio.EOF:
                 for ev in response.events:
-                    await self.gateway.sio.emit(ev.event, ev.data, namespace=self.path)
+                    self.gateway.emitter.emit(ev.event, ev.data, self.path)
         except asyncio.CancelledError:
             raise
         except grpc.aio.AioRpcError as error:
@@ -290,14 +330,93 @@ class _GatewayCall(PendingCall):
 
 class _Server(socketio.AsyncServer):
     """Routes every event of a non-reserved namespace to the plugin forwarder
-    (python-socketio 5.7 has no catch-all namespace handler)."""
+    (python-socketio 5.7 has no catch-all namespace handler), and runs the
+    reserved namespaces' handlers inline.
+
+    python-socketio starts a task per event when ``async_handlers`` is on (the
+    default). The /rpc, /log and /trace handlers never wait on anything but
+    queue puts, so they run in the connection's reader instead: one task and
+    one event-loop turn less per event (a call and its ack are two events),
+    and a client's events are handled in the order it sent them. Plugin events
+    still get a task each (their forwarding awaits the daemon's stream).
+    """
 
     gateway: Gateway
+
+    async def _handle_event(self, eio_sid: str, namespace: str | None, id: Any, data: Any) -> None:
+        if namespace not in RESERVED:
+            return await super()._handle_event(eio_sid, namespace, id, data)
+        sid = self.manager.sid_from_eio_sid(eio_sid, namespace)
+        if not self.manager.is_connected(sid, namespace):
+            self.logger.warning("%s is not connected to namespace %s", sid, namespace)
+            return None
+        await self._handle_event_internal(self, sid, eio_sid, data, namespace, id)
+        return None
 
     async def _trigger_event(self, event: str, namespace: str, *args: Any) -> Any:
         if namespace not in RESERVED and namespace != "/":
             return await self.gateway._plugin_event(event, namespace, *args)
         return await super()._trigger_event(event, namespace, *args)
+
+
+class _Emitter:
+    """Emits single-attachment events without a coroutine, task or re-encoding
+    per event: what ``AsyncServer.emit`` does for a one-``bytes``-argument event
+    (build the Socket.IO packet, encode it, put its Engine.IO packets on each
+    recipient's send queue), with the header packet built once per (event,
+    namespace). ``emit`` would start one task for the emit, one per recipient,
+    and JSON-encode the same header each time.
+
+    The recipients' queues are Engine.IO's own (``AsyncSocket.queue``, unbounded
+    ``asyncio.Queue``): its writer task sends them in order, for websocket and
+    polling alike. A closed socket is skipped, as ``AsyncSocket.send`` does; a
+    ping-timed-out one is closed by Engine.IO's service task.
+    """
+
+    def __init__(self, sio: socketio.AsyncServer) -> None:
+        self.sio = sio
+        self._headers: dict[tuple[str, str], Any] = {}
+
+    def _header(self, event: str, namespace: str) -> Any:
+        key = (event, namespace)
+        header = self._headers.get(key)
+        if header is None:
+            encoded = _sio_packet.Packet(_sio_packet.EVENT, namespace=namespace, data=[event, b""]).encode()
+            # [header text, attachment]: one binary attachment (placeholder num 0).
+            header = _eio_packet.Packet(_eio_packet.MESSAGE, data=encoded[0])
+            if len(self._headers) < 1024:  # plugin event names are open-ended
+                self._headers[key] = header
+        return header
+
+    def emit(self, event: str, data: bytes, namespace: str, to: str | None = None) -> None:
+        """Queues `event` with its one binary argument `data` to `to`, or to
+        every client connected to `namespace`."""
+        manager = self.sio.manager
+        rooms = manager.rooms.get(namespace)
+        if not rooms:
+            return
+        if to is None:
+            members = rooms.get(None)
+            if members is None:
+                return
+            eio_sids = list(members._fwdm.values())
+        else:
+            eio_sid = manager.eio_sid_from_sid(to, namespace)
+            if eio_sid is None:
+                return
+            eio_sids = [eio_sid]
+        if not eio_sids:
+            return
+        header = self._header(event, namespace)
+        body = _eio_packet.Packet(_eio_packet.MESSAGE, data=bytes(data))
+        sockets = self.sio.eio.sockets
+        for eio_sid in eio_sids:
+            socket = sockets.get(eio_sid)
+            if socket is None or socket.closed:
+                continue
+            queue = socket.queue
+            queue.put_nowait(header)
+            queue.put_nowait(body)
 
 
 class Gateway:
@@ -335,6 +454,11 @@ class Gateway:
                            ping_interval=PING_INTERVAL, ping_timeout=PING_TIMEOUT,
                            max_http_buffer_size=MAX_MESSAGE_BYTES)
         self.sio.gateway = self
+        self.emitter = _Emitter(self.sio)
+        # Emits from the replay thread, flushed on the loop (emit_threadsafe).
+        self._outbox: list[tuple[str, bytes, str]] = []
+        self._outbox_lock = threading.Lock()
+        self._outbox_scheduled = False
         self.app = web.Application(client_max_size=MAX_MESSAGE_BYTES, middlewares=[self._refuse_oversized_polls])
         self.app.router.add_get("/health", self._health)
         self.app.router.add_post("/call", self._post_call)
@@ -374,14 +498,26 @@ class Gateway:
         await self.client.close()
 
     def emit_threadsafe(self, event: str, data: bytes, namespace: str) -> None:
+        """Emits from another thread (the feeds' replay thread): queued in
+        order, and one loop wake-up flushes everything queued since the last
+        (a replayed batch of records costs one wake-up, not one each)."""
         loop = self._loop
-        if loop is not None:
-            loop.call_soon_threadsafe(self._spawn_emit, event, data, namespace)
+        if loop is None:
+            return
+        with self._outbox_lock:
+            self._outbox.append((event, data, namespace))
+            if self._outbox_scheduled:
+                return
+            self._outbox_scheduled = True
+        loop.call_soon_threadsafe(self._flush_outbox)
 
-    def _spawn_emit(self, event: str, data: bytes, namespace: str) -> None:
-        # Emits run in order: each is scheduled in seq order and socketio's
-        # emit enqueues before its first await.
-        asyncio.ensure_future(self.sio.emit(event, data, namespace=namespace))
+    def _flush_outbox(self) -> None:
+        with self._outbox_lock:
+            outbox, self._outbox = self._outbox, []
+            self._outbox_scheduled = False
+        emit = self.emitter.emit
+        for event, data, namespace in outbox:
+            emit(event, data, namespace)
 
     # ── HTTP ────────────────────────────────────────────────────────
 
@@ -454,13 +590,13 @@ class Gateway:
         try:
             payload = _unpack(data)
         except ValueError as error:
-            await self.sio.emit("call:error", codec.pack({"call_id": "", "error": _error("BadRequest", str(error))}),
-                                to=sid, namespace="/rpc")
+            self.emitter.emit("call:error", codec.pack({"call_id": "", "error": _error("BadRequest", str(error))}),
+                              "/rpc", to=sid)
             return
         call_id = payload.get("call_id") if isinstance(payload, dict) else None
         if not isinstance(call_id, str) or not call_id:
-            await self.sio.emit("call:error", codec.pack({"call_id": "", "error": _error("BadRequest", "missing call_id")}),
-                                to=sid, namespace="/rpc")
+            self.emitter.emit("call:error", codec.pack({"call_id": "", "error": _error("BadRequest", "missing call_id")}),
+                              "/rpc", to=sid)
             return
         if call_id in self._running or call_id in self._results:
             return  # execution-once: a duplicate start is ignored
@@ -558,7 +694,7 @@ class Gateway:
             return  # cancelled meanwhile: _on_cancel cached its own reply
         del self._running[call_id]
         self._cache(call_id, entry)
-        asyncio.ensure_future(self.sio.emit(entry[0], codec.pack(entry[1]), namespace="/rpc"))
+        self.emitter.emit(entry[0], codec.pack(entry[1]), "/rpc")
         if not done.done():
             done.set_result(entry)
 
@@ -595,7 +731,7 @@ class Gateway:
         self._cache(call_id, entry)
         if not done.done():
             done.set_result(entry)
-        await self.sio.emit(entry[0], codec.pack(entry[1]), namespace="/rpc")
+        self.emitter.emit(entry[0], codec.pack(entry[1]), "/rpc")
 
     async def _on_resume(self, sid: str, data: Any = None) -> None:
         try:
@@ -609,10 +745,10 @@ class Gateway:
                 continue
             entry = self._results.get(call_id)
             if entry is not None:
-                await self.sio.emit(entry[0], codec.pack(entry[1]), to=sid, namespace="/rpc")
+                self.emitter.emit(entry[0], codec.pack(entry[1]), "/rpc", to=sid)
             elif call_id not in self._running:
                 frame = {"call_id": call_id, "error": _error("ResultUnavailable", _RESULT_UNAVAILABLE)}
-                await self.sio.emit("call:error", codec.pack(frame), to=sid, namespace="/rpc")
+                self.emitter.emit("call:error", codec.pack(frame), "/rpc", to=sid)
 
     async def _on_ack(self, sid: str, data: Any = None) -> None:
         try:
@@ -648,7 +784,7 @@ class Gateway:
 
     async def _stream_resume(self, stream: ReliableStream, sid: str, payload: dict) -> None:
         for event, envelope in stream.since(payload.get("since_seq")):
-            await self.sio.emit(event, envelope, to=sid, namespace=stream.namespace)
+            self.emitter.emit(event, envelope, stream.namespace, to=sid)
 
     # ── plugin namespaces ───────────────────────────────────────────
 
