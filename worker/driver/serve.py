@@ -15,9 +15,8 @@ from .common import (
     _log,
     _text,
 )
+from .deferred import _AgentixSetUp
 from .logs import _Logs
-from .namespaces import _start_namespaces
-from .traces import _start_trace_forwarding
 from .worker import _Worker
 
 def _on_loop_error(loop, context):
@@ -36,20 +35,18 @@ def main(channel_fd, worker_id, payload_fd=-1):
     channel = _w.Channel(channel_fd, payload_fd)
     logs = _Logs(channel, worker_id)
     logs.start()
-    forwarder = _start_trace_forwarding(channel)
-    namespaces = _start_namespaces(channel)
+    # The trace forwarder and the namespace bridge are installed when agentix
+    # is imported (by sandbox code, or by the warm-up after ready).
+    agentix_setup = _AgentixSetUp(channel)
     try:
-        return _serve(channel, channel_fd, worker_id)
+        return _serve(channel, channel_fd, worker_id, agentix_setup)
     finally:
-        if namespaces is not None:
-            namespaces.enabled = False
-        if forwarder is not None:
-            # Spans closed during interpreter teardown have nowhere to go.
-            forwarder.enabled = False
+        # Spans closed during interpreter teardown have nowhere to go.
+        agentix_setup.disable()
         logs.stop()
 
 
-def _serve(channel, channel_fd, worker_id):
+def _serve(channel, channel_fd, worker_id, agentix_setup):
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     loop.set_exception_handler(_on_loop_error)
@@ -62,6 +59,7 @@ def _serve(channel, channel_fd, worker_id):
         _log(_ERROR, f"cannot send ready: {exc}")
         return EXIT_CHANNEL, True
     _log(_DEBUG, f"worker {worker_id} ready")
+    agentix_setup.warm_up()
     while worker.exit_code is None:
         try:
             loop.run_forever()

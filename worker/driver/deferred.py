@@ -1,0 +1,171 @@
+"""The driver's agentix set-up, off the worker's boot path.
+
+The trace forwarder (traces.py) and the plugin-namespace bridge
+(namespaces.py) need `agentix.utils.trace` and `agentix.sio` from the
+sandbox's venv. Importing them (the whole `agentix` package: ~20 ms on a quiet
+machine, 100+ ms on a loaded one) used to come before the ready frame, so
+every first call waited for it, including calls that never touch agentix.
+Now:
+
+- an import hook (`_AfterImport`) installs each one right after its module is
+  executed, whoever imports it, before the import returns to anyone (the
+  module's import lock is still held): no user code can see `agentix.sio` or
+  `agentix.utils.trace` without the bridge / forwarder in place;
+- after the ready frame, a daemon thread ("agentix-warmup") imports both, so
+  an idle worker (a prestarted or warm sandbox) has them ready before its
+  first call, and a first call that needs them waits only for the rest of an
+  import already under way (the import lock), never for a second one.
+"""
+
+import sys
+import threading
+
+from .common import _DEBUG, _WARNING, _log, _text
+from .namespaces import _install_namespaces
+from .traces import _install_trace_forwarding
+
+_TRACE = "agentix.utils.trace"
+_SIO = "agentix.sio"
+
+
+class _AfterImport:
+    """Meta-path finder: runs `actions[name](module)` once, right after the
+    module `name` is executed by the loader another finder provides."""
+
+    def __init__(self, actions):
+        self._actions = actions
+        self._lock = threading.Lock()
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self._actions:
+            return None
+        with self._lock:
+            action = self._actions.pop(fullname, None)
+        if action is None:
+            return None
+        spec = None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            try:
+                spec = find(fullname, path, target)
+            except BaseException:
+                self._rearm(fullname, action)
+                raise
+            if spec is not None:
+                break
+        if spec is None or not hasattr(spec.loader, "exec_module"):
+            self._rearm(fullname, action)  # not importable (yet)
+            return spec
+        spec.loader = _RunAfter(spec.loader, action, self, fullname)
+        return spec
+
+    def _rearm(self, fullname, action):
+        with self._lock:
+            self._actions.setdefault(fullname, action)
+
+
+class _RunAfter:
+    """The real loader, plus the action once the module body has run."""
+
+    def __init__(self, loader, action, hook, fullname):
+        self._loader = loader
+        self._action = action
+        self._hook = hook
+        self._fullname = fullname
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        # User code sees the real loader (importlib.resources, pkgutil, ...).
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        try:
+            self._loader.exec_module(module)
+        except BaseException:
+            self._hook._rearm(self._fullname, self._action)  # a later import may work
+            raise
+        self._action(module)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class _AgentixSetUp:
+    """Installs the trace forwarder and the namespace bridge when agentix's
+    modules are imported; `warm_up()` imports them in the background."""
+
+    def __init__(self, channel):
+        self._channel = channel
+        self.forwarder = None
+        self.namespaces = None
+        self._closed = False
+        actions = {_TRACE: self._on_trace, _SIO: self._on_sio}
+        # Already imported (a .pth file of the venv, say): install now.
+        for name in list(actions):
+            module = sys.modules.get(name)
+            if module is not None:
+                actions.pop(name)(module)
+        self._hook = _AfterImport(actions)
+        if actions:
+            sys.meta_path.insert(0, self._hook)
+
+    # Called inside the module's import: must not raise into it.
+    def _on_trace(self, module):
+        try:
+            self.forwarder = _install_trace_forwarding(self._channel, module)
+        except Exception as exc:
+            _log(_WARNING, "cannot register the trace forwarder "
+                 f"({type(exc).__name__}: {_text(exc)})")
+            return
+        if self._closed and self.forwarder is not None:
+            self.forwarder.enabled = False
+
+    def _on_sio(self, module):
+        try:
+            self.namespaces = _install_namespaces(self._channel, module)
+        except Exception as exc:
+            _log(_WARNING, "cannot install the agentix.sio bridge "
+                 f"({type(exc).__name__}: {_text(exc)}); plugin namespaces "
+                 "are unavailable")
+            return
+        if self._closed and self.namespaces is not None:
+            self.namespaces.enabled = False
+
+    def warm_up(self):
+        """Imports agentix's trace and sio modules on a daemon thread."""
+        if self.forwarder is not None and self.namespaces is not None:
+            return
+        threading.Thread(target=self._import_all, name="agentix-warmup",
+                         daemon=True).start()
+
+    def _import_all(self):
+        for name in (_TRACE, _SIO):
+            try:
+                __import__(name)
+            except ImportError:
+                _log(_DEBUG, "agentix is not importable in the sandbox; traces "
+                             "are not forwarded and plugin namespaces are "
+                             "unavailable")
+                return
+            except Exception as exc:
+                _log(_WARNING, f"importing {name} failed "
+                     f"({type(exc).__name__}: {_text(exc)}); traces or plugin "
+                     "namespaces are unavailable")
+                return
+
+    def disable(self):
+        """At shutdown: spans and events closed from now on go nowhere."""
+        self._closed = True
+        if self._hook in sys.meta_path:
+            try:
+                sys.meta_path.remove(self._hook)
+            except ValueError:
+                pass
+        if self.namespaces is not None:
+            self.namespaces.enabled = False
+        if self.forwarder is not None:
+            self.forwarder.enabled = False
