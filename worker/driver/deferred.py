@@ -11,10 +11,12 @@ Now:
   executed, whoever imports it, before the import returns to anyone (the
   module's import lock is still held): no user code can see `agentix.sio` or
   `agentix.utils.trace` without the bridge / forwarder in place;
-- after the ready frame, a daemon thread ("agentix-warmup") imports both, so
-  an idle worker (a prestarted or warm sandbox) has them ready before its
-  first call, and a first call that needs them waits only for the rest of an
-  import already under way (the import lock), never for a second one.
+- once the worker has been idle for 0.1 s after its ready frame (serve.py:
+  a first call that arrives with the ready frame is not slowed by sharing the
+  GIL with it), a daemon thread ("agentix-warmup") imports both, so an idle
+  worker (a prestarted or warm sandbox) has them before its first call, and
+  a call that needs them meanwhile waits only for the rest of the import
+  under way (the import lock), never for a second one.
 """
 
 import sys
