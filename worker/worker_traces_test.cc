@@ -265,5 +265,23 @@ TEST_CASE("A slow agentix import delays neither ready nor calls without it; "
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
 
+// os.fork() during the warm-up's import waits for it (at most 10 s): a child
+// would otherwise inherit the import's module locks, held by a thread it
+// does not have, and hang in its own import of agentix.
+TEST_CASE("A fork during the agentix warm-up gives a child that can import "
+          "agentix",
+          "[worker][trace]") {
+  WorkerArgs options;
+  options.python_path = false;
+  options.args = {absl::StrCat("--python-path=", FixtureDir(), ":",
+                               FixtureDir(), "/slow_agentix")};
+  auto worker = ReadyWorker(options);
+  absl::SleepFor(absl::Milliseconds(500));  // idle: the warm-up has begun
+  CHECK(Unpickle(worker->CallOk("worker_fixture::fork_child_importing_agentix",
+                                Pickle("((15,), {})"))) == "7");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
 }  // namespace
 }  // namespace agentix::worker

@@ -19,6 +19,7 @@ Now:
   under way (the import lock), never for a second one.
 """
 
+import os
 import sys
 import threading
 
@@ -28,6 +29,8 @@ from .traces import _install_trace_forwarding
 
 _TRACE = "agentix.utils.trace"
 _SIO = "agentix.sio"
+# os.fork() waits at most this long for a warm-up import under way.
+_FORK_WAIT_S = 10.0
 
 
 class _AfterImport:
@@ -114,6 +117,23 @@ class _AgentixSetUp:
         self._hook = _AfterImport(actions)
         if actions:
             sys.meta_path.insert(0, self._hook)
+        self._warm_up_thread = None
+        os.register_at_fork(before=self._before_fork,
+                            after_in_child=self._after_fork_in_child)
+
+    def _before_fork(self):
+        # A child must not inherit an import half done by the warm-up
+        # thread: the module locks it holds would never be released there.
+        thread = self._warm_up_thread
+        if (thread is not None and thread.is_alive()
+                and thread is not threading.current_thread()):
+            thread.join(_FORK_WAIT_S)
+
+    def _after_fork_in_child(self):
+        # The channel is the parent's: agentix imported by a forked child
+        # gets neither forwarder nor bridge (as the installed ones, which
+        # disable themselves in a child).
+        self._closed = True
 
     # Called inside the module's import: must not raise into it.
     def _on_trace(self, module):
@@ -141,8 +161,10 @@ class _AgentixSetUp:
         """Imports agentix's trace and sio modules on a daemon thread."""
         if self.forwarder is not None and self.namespaces is not None:
             return
-        threading.Thread(target=self._import_all, name="agentix-warmup",
-                         daemon=True).start()
+        thread = threading.Thread(target=self._import_all,
+                                  name="agentix-warmup", daemon=True)
+        self._warm_up_thread = thread
+        thread.start()
 
     def _import_all(self):
         for name in (_TRACE, _SIO):

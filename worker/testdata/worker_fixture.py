@@ -459,3 +459,24 @@ def agentix_hooks():
     import agentix.utils.trace
     return ([type(p).__name__ for p in agentix.utils.trace.processors],
             type(agentix.sio.bridge).__name__)
+
+
+def fork_child_importing_agentix(timeout):
+    """Forks a child that imports agentix.utils.trace; its exit code (7 when
+    the import worked), or "hung" if it did not exit within `timeout`."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            import agentix.utils.trace  # noqa: F401
+            os._exit(7)
+        finally:
+            os._exit(1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return "hung"
