@@ -35,7 +35,10 @@ _FORK_WAIT_S = 10.0
 
 class _AfterImport:
     """Meta-path finder: runs `actions[name](module)` once, right after the
-    module `name` is executed by the loader another finder provides."""
+    module `name` is executed by the loader another finder provides. The
+    action is taken when the module executes, not when it is found, so a
+    find_spec() that never executes (importlib.util.find_spec) or an import
+    that fails leaves it for the next import."""
 
     def __init__(self, actions):
         self._actions = actions
@@ -44,39 +47,34 @@ class _AfterImport:
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in self._actions:
             return None
-        with self._lock:
-            action = self._actions.pop(fullname, None)
-        if action is None:
-            return None
-        spec = None
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
             if finder is self or find is None:
                 continue
-            try:
-                spec = find(fullname, path, target)
-            except BaseException:
-                self._rearm(fullname, action)
-                raise
+            spec = find(fullname, path, target)
             if spec is not None:
                 break
-        if spec is None or not hasattr(spec.loader, "exec_module"):
-            self._rearm(fullname, action)  # not importable (yet)
-            return spec
-        spec.loader = _RunAfter(spec.loader, action, self, fullname)
+        else:
+            return None
+        if hasattr(spec.loader, "exec_module"):
+            spec.loader = _RunAfter(spec.loader, self, fullname)
         return spec
 
-    def _rearm(self, fullname, action):
+    def take(self, fullname):
+        """The action for `fullname`, once; None after that."""
+        with self._lock:
+            return self._actions.pop(fullname, None)
+
+    def put_back(self, fullname, action):
         with self._lock:
             self._actions.setdefault(fullname, action)
 
 
 class _RunAfter:
-    """The real loader, plus the action once the module body has run."""
+    """The real loader, plus the hook's action once the module body has run."""
 
-    def __init__(self, loader, action, hook, fullname):
+    def __init__(self, loader, hook, fullname):
         self._loader = loader
-        self._action = action
         self._hook = hook
         self._fullname = fullname
 
@@ -88,12 +86,15 @@ class _RunAfter:
         module.__loader__ = self._loader
         if module.__spec__ is not None:
             module.__spec__.loader = self._loader
+        action = self._hook.take(self._fullname)
         try:
             self._loader.exec_module(module)
         except BaseException:
-            self._hook._rearm(self._fullname, self._action)  # a later import may work
+            if action is not None:
+                self._hook.put_back(self._fullname, action)  # a later import may work
             raise
-        self._action(module)
+        if action is not None:
+            action(module)
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
