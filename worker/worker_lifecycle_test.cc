@@ -135,6 +135,16 @@ TEST_CASE("--python-home: a relocated stdlib is used from its new place",
           "120");
 }
 
+// //worker:driver_header marshals the driver at build time with the Python
+// the worker links; the worker does not compile it at every start.
+TEST_CASE("The driver is loaded from its build-time bytecode", "[worker]") {
+  auto worker = ReadyWorker();
+  CHECK(Unpickle(worker->CallOk("worker_fixture::driver_loaders",
+                                Pickle("((), {})"))) == "['bytecode']");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
 TEST_CASE("A missing channel fd exits 3 without hanging", "[worker]") {
   base::SpawnOptions spawn;
   spawn.path = WorkerBinary();

@@ -239,5 +239,49 @@ TEST_CASE("Without agentix, tracing code fails alone and nothing is sent",
   CHECK(worker->traces().empty());
 }
 
+// worker/driver/deferred.py: agentix is imported after the ready frame, on a
+// background thread, and the forwarder and namespace bridge are installed by
+// the import itself. The stand-in agentix (testdata/slow_agentix) sleeps
+// 5 s in its import; before, the worker imported agentix before ready.
+TEST_CASE("A slow agentix import delays neither ready nor calls without it; "
+          "its hooks are installed once imported",
+          "[worker][trace]") {
+  WorkerArgs options;
+  options.python_path = false;
+  options.args = {absl::StrCat("--python-path=", FixtureDir(), ":",
+                               FixtureDir(), "/slow_agentix")};
+  const absl::Time start = absl::Now();
+  auto worker = ReadyWorker(options);
+  CHECK(absl::Now() - start < absl::Seconds(4));
+  CHECK(Unpickle(worker->CallOk("worker_fixture::add",
+                                Pickle("((1, 2), {})"))) == "3");
+  CHECK(absl::Now() - start < absl::Seconds(4.5));
+  // Waits for the warm-up's import (the module lock), then sees both hooks.
+  CHECK(Unpickle(worker->CallOk("worker_fixture::agentix_hooks",
+                                Pickle("((), {})"))) ==
+        "(['_TraceForwarder'], '_NamespaceBridge')");
+  CHECK(absl::Now() - start >= absl::Seconds(5));
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+// os.fork() during the warm-up's import waits for it (at most 10 s): a child
+// would otherwise inherit the import's module locks, held by a thread it
+// does not have, and hang in its own import of agentix.
+TEST_CASE("A fork during the agentix warm-up gives a child that can import "
+          "agentix",
+          "[worker][trace]") {
+  WorkerArgs options;
+  options.python_path = false;
+  options.args = {absl::StrCat("--python-path=", FixtureDir(), ":",
+                               FixtureDir(), "/slow_agentix")};
+  auto worker = ReadyWorker(options);
+  absl::SleepFor(absl::Milliseconds(500));  // idle: the warm-up has begun
+  CHECK(Unpickle(worker->CallOk("worker_fixture::fork_child_importing_agentix",
+                                Pickle("((15,), {})"))) == "7");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
 }  // namespace
 }  // namespace agentix::worker

@@ -11,9 +11,9 @@ What it does (see README.md, "Sandbox lifecycle"):
    empty output directory ("fresh"), then again into the same directory ("repeated"),
    and compares the tarballs' sha256.
 2. N times: `LocalProvider.create(SandboxConfig(image, bundle))`, then the first
-   `remote(hello_agentix.tools.add, 1, 2)` (which starts the sandbox's worker: the
-   daemon starts it lazily on the first call), then `aclose()` + `delete()`. Every
-   sandbox is fresh. One unmeasured warm-up run comes first.
+   `remote(hello_agentix.tools.add, 1, 2)` (which waits for the rest of the sandbox's
+   worker boot: bootstrap.sh's --prestart-worker starts it with the daemon), then
+   `aclose()` + `delete()`. Every sandbox is fresh. One unmeasured warm-up run comes first.
 3. Splits the time with timestamps: the provider's own steps (hooked, not copied),
    the daemon's log lines (`--log-level debug`: listening, worker started, worker
    ready; wall clock, ms) and a few single-purpose probes run under the same bwrap
@@ -451,12 +451,16 @@ async def measure_sandboxes(args, bundle_dir: Path, image: str, image_label: str
                 ("bwrap_true", ["/nix/runtime/bin/busybox", "true"]),
                 ("bwrap_sandboxd_version", ["/nix/runtime/bin/agentix-sandboxd", "--version"]),
                 ("bwrap_python_empty", ["/nix/runtime/venv/bin/python", "-c", "pass"]),
-                # what worker/driver.py imports at start: its stdlib modules and the
-                # venv's agentix.utils.context / .trace and agentix.sio (-X importtime)
+                # what worker/driver/ imports before its ready frame: stdlib modules only
+                # (-X importtime); the venv's agentix (.utils.trace, .sio) comes after
+                # ready, on the worker's warm-up thread (worker/driver/deferred.py)
                 ("bwrap_python_worker_imports", [
                     "/nix/runtime/venv/bin/python", "-X", "importtime", "-c",
                     "import asyncio, calendar, contextvars, importlib, inspect, io, logging.handlers, "
-                    "os, pickle, socket, sys, threading, traceback, types, concurrent.futures, datetime; "
+                    "os, pickle, socket, sys, threading, traceback, types, concurrent.futures, datetime"]),
+                ("bwrap_python_agentix_imports", [
+                    "/nix/runtime/venv/bin/python", "-X", "importtime", "-c",
+                    "import asyncio, logging.handlers, pickle; "
                     "import agentix.utils.context, agentix.utils.trace, agentix.sio"]),
             ):
                 try:

@@ -6,7 +6,7 @@ import os
 
 from .common import _DEBUG, _WARNING, _log, _text
 
-# agentix.sio when the venv has agentix (set by _start_namespaces), else None.
+# agentix.sio once imported (set by _install_namespaces), else None.
 _sio = None
 _sio_missing_reported = False
 
@@ -35,20 +35,10 @@ class _NamespaceBridge:
             status if type(status) is int and -2**31 <= status < 2**31 else 0)
 
 
-def _start_namespaces(channel):
-    """Installs the agentix.sio bridge if the venv has agentix; returns it."""
+def _install_namespaces(channel, sio_module):
+    """Installs the bridge into `sio_module` (the venv's agentix.sio, just
+    imported: deferred.py); returns it."""
     global _sio
-    try:
-        import agentix.sio as sio_module
-    except ImportError:
-        _log(_DEBUG, "agentix is not importable in the sandbox; plugin "
-                     "namespaces are unavailable")
-        return None
-    except Exception as exc:
-        _log(_WARNING, "importing agentix.sio failed "
-             f"({type(exc).__name__}: {_text(exc)}); plugin namespaces are "
-             "unavailable")
-        return None
     bridge = _NamespaceBridge(channel)
     sio_module._install(bridge)
 
@@ -63,6 +53,13 @@ def _start_namespaces(channel):
 def _deliver_namespace_event(namespace, event, payload):
     """Hands one host event to agentix.sio (on the loop); never raises."""
     global _sio_missing_reported
+    if _sio is None and not _sio_missing_reported:
+        # Not imported by sandbox code nor by the warm-up yet: importing it
+        # installs the bridge (deferred.py), as at boot before.
+        try:
+            import agentix.sio  # noqa: F401
+        except Exception:
+            pass
     if _sio is None:
         if not _sio_missing_reported:
             _sio_missing_reported = True

@@ -15,9 +15,8 @@ from .common import (
     _log,
     _text,
 )
+from .deferred import _AgentixSetUp
 from .logs import _Logs
-from .namespaces import _start_namespaces
-from .traces import _start_trace_forwarding
 from .worker import _Worker
 
 def _on_loop_error(loop, context):
@@ -36,20 +35,35 @@ def main(channel_fd, worker_id, payload_fd=-1):
     channel = _w.Channel(channel_fd, payload_fd)
     logs = _Logs(channel, worker_id)
     logs.start()
-    forwarder = _start_trace_forwarding(channel)
-    namespaces = _start_namespaces(channel)
+    # The trace forwarder and the namespace bridge are installed when agentix
+    # is imported (by sandbox code, or by the warm-up after ready).
+    agentix_setup = _AgentixSetUp(channel)
     try:
-        return _serve(channel, channel_fd, worker_id)
+        return _serve(channel, channel_fd, worker_id, agentix_setup)
     finally:
-        if namespaces is not None:
-            namespaces.enabled = False
-        if forwarder is not None:
-            # Spans closed during interpreter teardown have nowhere to go.
-            forwarder.enabled = False
+        # Spans closed during interpreter teardown have nowhere to go.
+        agentix_setup.disable()
         logs.stop()
 
 
-def _serve(channel, channel_fd, worker_id):
+# How long the worker must be idle (no call running) after ready, and
+# between checks, before agentix is imported in the background: a first call
+# that arrives with the ready frame (cold start) does not share the GIL with
+# that import; an idle prestarted worker has agentix loaded ~0.1 s after ready.
+_WARM_UP_IDLE_S = 0.1
+
+
+def _warm_up_when_idle(loop, worker, agentix_setup):
+    if worker.exit_code is not None:
+        return
+    if worker.busy:
+        loop.call_later(_WARM_UP_IDLE_S, _warm_up_when_idle, loop, worker,
+                        agentix_setup)
+        return
+    agentix_setup.warm_up()
+
+
+def _serve(channel, channel_fd, worker_id, agentix_setup):
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     loop.set_exception_handler(_on_loop_error)
@@ -62,6 +76,8 @@ def _serve(channel, channel_fd, worker_id):
         _log(_ERROR, f"cannot send ready: {exc}")
         return EXIT_CHANNEL, True
     _log(_DEBUG, f"worker {worker_id} ready")
+    loop.call_later(_WARM_UP_IDLE_S, _warm_up_when_idle, loop, worker,
+                    agentix_setup)
     while worker.exit_code is None:
         try:
             loop.run_forever()

@@ -211,20 +211,10 @@ def _trace_forwarder_class(base):
     return _TraceForwarder
 
 
-def _start_trace_forwarding(channel):
-    """Registers the forwarding processor if the venv has agentix; returns it
-    (None without agentix)."""
-    try:
-        import agentix.utils.trace as trace_module
-    except ImportError:
-        _log(_DEBUG, "agentix is not importable in the sandbox; "
-                     "traces and spans are not forwarded")
-        return None
-    except Exception as exc:
-        _log(_WARNING, "importing agentix.utils.trace failed "
-             f"({type(exc).__name__}: {_text(exc)}); traces and spans are "
-             "not forwarded")
-        return None
+def _install_trace_forwarding(channel, trace_module):
+    """Registers the forwarding processor with `trace_module` (the venv's
+    agentix.utils.trace, just imported: deferred.py); returns it, or None if
+    it cannot be registered."""
     try:
         forwarder = _trace_forwarder_class(trace_module.Processor)(channel)
         trace_module.add_processor(forwarder)

@@ -66,6 +66,11 @@ class _Worker:
         self._in_batch = False
         self.exit_code = None
 
+    @property
+    def busy(self):
+        """True while a call has not had its terminal frame."""
+        return bool(self._calls)
+
     # ---- channel -----------------------------------------------------------
 
     def on_readable(self):

@@ -443,3 +443,40 @@ def open_fds():
     child = subprocess.run(["/bin/sh", "-c", "/bin/ls /proc/$$/fd"], close_fds=False,
                            stdout=subprocess.PIPE, check=True, text=True)
     return {"worker": mine, "child": sorted(int(f) for f in child.stdout.split())}
+
+
+def driver_loaders():
+    """How the worker's driver modules were loaded ("bytecode" or "source")."""
+    return sorted({str(module.__spec__.loader_state)
+                   for name, module in list(sys.modules.items())
+                   if name.split(".")[0] == "_agentix_driver"})
+
+
+def agentix_hooks():
+    """(trace processor class names, agentix.sio's bridge class name) of the
+    stand-in agentix (testdata/slow_agentix); waits for its import."""
+    import agentix.sio
+    import agentix.utils.trace
+    return ([type(p).__name__ for p in agentix.utils.trace.processors],
+            type(agentix.sio.bridge).__name__)
+
+
+def fork_child_importing_agentix(timeout):
+    """Forks a child that imports agentix.utils.trace; its exit code (7 when
+    the import worked), or "hung" if it did not exit within `timeout`."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            import agentix.utils.trace  # noqa: F401
+            os._exit(7)
+        finally:
+            os._exit(1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return "hung"
