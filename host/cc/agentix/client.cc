@@ -50,6 +50,26 @@ std::string RandomHex(size_t nbytes) {
   return out;
 }
 
+SpanAttributes TextAttributes(
+    const google::protobuf::RepeatedPtrField<pb::Attribute>& attributes) {
+  SpanAttributes out;
+  out.reserve(attributes.size());
+  for (const pb::Attribute& attribute : attributes) {
+    const pb::AttributeValue& value = attribute.value();
+    std::string text;
+    switch (value.value_case()) {
+      case pb::AttributeValue::kStringValue: text = value.string_value(); break;
+      case pb::AttributeValue::kBoolValue: text = value.bool_value() ? "true" : "false"; break;
+      case pb::AttributeValue::kIntValue: text = absl::StrCat(value.int_value()); break;
+      case pb::AttributeValue::kDoubleValue: text = absl::StrCat(value.double_value()); break;
+      case pb::AttributeValue::kBytesValue: text = value.bytes_value(); break;
+      default: break;
+    }
+    out.emplace_back(attribute.key(), std::move(text));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::optional<RemoteError> GetRemoteError(const absl::Status& status) {
@@ -779,6 +799,7 @@ class SideSubscription final : public Subscription {
         item.call_id = record.call_id();
         item.exception_text = record.exception_text();
         item.origin = record.origin();
+        item.extras = record.extras();
         callback_(item);
         last = record.seq();
       }
@@ -795,6 +816,11 @@ class SideSubscription final : public Subscription {
         item.status = event.status();
         item.error_message = event.error_message();
         item.call_id = event.call_id();
+        item.attributes = TextAttributes(event.attributes());
+        for (const pb::SpanEventRecord& record : event.events()) {
+          item.events.push_back({record.name(), record.time_unix_nanos(),
+                                 TextAttributes(record.attributes())});
+        }
         callback_(item);
         last = event.seq();
       }
