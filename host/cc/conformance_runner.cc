@@ -44,14 +44,17 @@ constexpr char kTargets[] = "e2e_targets::";
 
 std::string Target(const std::string& name) { return kTargets + name; }
 
-// One daemon and client for the cases that need nothing of their own.
+// One daemon and client for the cases that need nothing of their own,
+// started by the first case that uses them, ended by main().
+std::unique_ptr<Daemon> shared_daemon;
+std::unique_ptr<Client> shared_client;
 Daemon& SharedDaemon() {
-  static Daemon* daemon = new Daemon();
-  return *daemon;
+  if (shared_daemon == nullptr) shared_daemon = std::make_unique<Daemon>();
+  return *shared_daemon;
 }
 Client& SharedClient() {
-  static Client* client = ConnectTo(SharedDaemon().url()).release();
-  return *client;
+  if (shared_client == nullptr) shared_client = ConnectTo(SharedDaemon().url());
+  return *shared_client;
 }
 
 // Polls `done` until it holds or `timeout` passes.
@@ -579,5 +582,8 @@ int RegisterCases() {
 
 int main(int argc, char** argv) {
   if (agentix::RegisterCases() != 0) return 2;
-  return Catch::Session().run(argc, argv);
+  const int failed = Catch::Session().run(argc, argv);
+  agentix::shared_client.reset();
+  agentix::shared_daemon.reset();  // kills the daemon (it would hold our stdout)
+  return failed;
 }

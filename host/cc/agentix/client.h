@@ -290,7 +290,7 @@ class Client {
   absl::StatusOr<R> RemoteWith(absl::string_view callable,
                                const Arguments& args,
                                const CallOptions& options) {
-    absl::StatusOr<Call> call = Start(callable, args, options);
+    absl::StatusOr<Call> call = StartWaited(callable, args, options);
     if (!call.ok()) return call.status();
     return call->Wait<R>();
   }
@@ -319,6 +319,10 @@ class Client {
 
  private:
   explicit Client(std::shared_ptr<client_internal::Connection> connection);
+  // Start for a caller that Wait()s at once (it may read the result itself).
+  absl::StatusOr<Call> StartWaited(absl::string_view callable,
+                                   const Arguments& args,
+                                   const CallOptions& options);
   std::shared_ptr<client_internal::Connection> connection_;
 };
 
