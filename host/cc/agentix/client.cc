@@ -594,7 +594,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
         last_error_ = ended;
         continue;
       }
-      if (reconnect) Reconnect();
+      if (reconnect) {
+        Reconnect();
+        // Callers in Wait() may read the new stream (also when Resume
+        // found it broken again: a read must notice).
+        absl::MutexLock lock(&mu_);
+        HandOffReadLocked(nullptr);
+      }
     }
     // Closing: wait out a caller's Read (the context is cancelled), then
     // finish the streams nobody finished.
@@ -776,7 +782,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
     mu_.Unlock();
     stream->Write(tail);
     mu_.Lock();
-    HandOffReadLocked(nullptr);  // callers in Wait() may read the new stream
   }
 
   ConnectOptions options_;
