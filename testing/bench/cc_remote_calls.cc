@@ -17,7 +17,11 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
 #include "agentix/client.h"
+#include "agentix/runtime/v1/runtime.grpc.pb.h"
 #include "testing/bench/floor/floor_stats.h"
 
 namespace agentix::bench {
@@ -96,6 +100,56 @@ absl::StatusOr<double> EchoSeconds(Client& client, size_t size, int reps) {
   return times[times.size() / 2];
 }
 
+// Noop p50 of the least any client can do through the daemon: raw gRPC on
+// one Calls stream, one StartCall (carrying the previous call's ack) and one
+// Read per call on the calling thread, no library. The floor that includes
+// the daemon -> worker hop; the C++ client's own cost is the difference.
+absl::StatusOr<double> RawDaemonNoopP50(const std::string& target, const Plan& plan) {
+  namespace pb = ::agentix::runtime::v1;
+  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  auto stub = pb::RuntimeService::NewStub(channel);
+  grpc::ClientContext context;
+  context.AddMetadata("agentix-client-id", "cc-bench-raw");
+  auto stream = stub->Calls(&context);
+  static const std::string kNoArguments("\x92\x90\x80", 3);  // [[], {}]
+  std::string previous;
+  pb::CallsRequest request;
+  pb::CallsResponse response;
+  std::vector<double> samples;
+  for (int i = 0; i < plan.noop_warmup + plan.noop_calls; ++i) {
+    const std::string id = absl::StrCat("raw-", i);
+    request.Clear();
+    if (!previous.empty()) request.add_events()->mutable_ack()->set_call_id(previous);
+    pb::StartCall* start = request.add_events()->mutable_start();
+    start->set_call_id(id);
+    start->set_callable("bench_targets::noop");
+    start->set_encoding(pb::ENCODING_MSGPACK);
+    start->set_arguments(kNoArguments);
+    start->set_arguments_size(kNoArguments.size());
+    const double begin = Now();
+    if (!stream->Write(request)) break;
+    bool done = false;
+    while (!done && stream->Read(&response)) {
+      for (const pb::SandboxEvent& event : response.events()) {
+        if ((event.has_result() && event.result().call_id() == id) ||
+            (event.has_error() && event.error().call_id() == id)) {
+          done = true;
+        }
+      }
+    }
+    if (!done) break;
+    if (i >= plan.noop_warmup) samples.push_back(Now() - begin);
+    previous = id;
+  }
+  stream->WritesDone();
+  context.TryCancel();
+  grpc::Status status = stream->Finish();
+  if (samples.size() != static_cast<size_t>(plan.noop_calls)) {
+    return absl::UnavailableError(absl::StrCat("raw noop stream ended: ", status.error_message()));
+  }
+  return Percentile(samples, 0.5) * 1e6;
+}
+
 std::string Rate(const absl::StatusOr<double>& seconds, size_t size) {
   if (!seconds.ok()) return "null";
   char out[32];
@@ -148,6 +202,8 @@ int Main(int argc, char** argv) {
   const double p50 = Percentile(samples, 0.5) * 1e6;
   const double p99 = Percentile(samples, 0.99) * 1e6;
   std::fprintf(stderr, "[cc] noop p50 %.1f us, p99 %.1f us\n", p50, p99);
+  const absl::StatusOr<double> raw = RawDaemonNoopP50(target, plan);
+  if (raw.ok()) std::fprintf(stderr, "[cc] raw gRPC noop through the daemon p50 %.1f us\n", *raw);
   const double c1 = CallsPerSecond(client, 1, plan);
   const double c16 = CallsPerSecond(client, 16, plan);
   const double c64 = CallsPerSecond(client, 64, plan);
@@ -155,18 +211,19 @@ int Main(int argc, char** argv) {
   const absl::StatusOr<double> e1 = EchoSeconds(client, mib, plan.echo_1mib_reps);
   const absl::StatusOr<double> e16 = EchoSeconds(client, 16 * mib, plan.echo_16mib_reps);
   std::string errors;
-  for (const auto* e : {&e1, &e16}) {
+  for (const auto* e : {&raw, &e1, &e16}) {
     if (e->ok()) continue;
-    std::fprintf(stderr, "[cc] echo failed: %s\n", e->status().ToString().c_str());
+    std::fprintf(stderr, "[cc] failed: %s\n", e->status().ToString().c_str());
     errors += (errors.empty() ? "" : ", ") + Quoted(e->status());
   }
   std::printf(
       "{\"noop_p50_us\": %.1f, \"noop_p99_us\": %.1f, \"noop_mean_us\": %.1f, "
       "\"calls_per_s_c1\": %.1f, \"calls_per_s_c16\": %.1f, \"calls_per_s_c64\": %.1f, "
       "\"mb_per_s_1mib\": %s, \"mb_per_s_16mib\": %s, \"reconnects\": %d, "
-      "\"errors\": [%s]}\n",
+      "\"raw_daemon_noop_p50_us\": %s, \"errors\": [%s]}\n",
       p50, p99, total / samples.size() * 1e6, c1, c16, c64, Rate(e1, mib).c_str(),
-      Rate(e16, 16 * mib).c_str(), client.reconnects(), errors.c_str());
+      Rate(e16, 16 * mib).c_str(), client.reconnects(),
+      raw.ok() ? absl::StrCat(*raw).c_str() : "null", errors.c_str());
   std::fflush(stdout);
   return 0;
 }

@@ -154,7 +154,7 @@ def _run_ours(args, plan, log) -> dict:
 # ------------------------------------------------------------ C++ client and floor
 
 CC_KEYS = ("noop_p50_us", "noop_p99_us", "calls_per_s_c1", "calls_per_s_c16",
-           "calls_per_s_c64", "mb_per_s_16mib")
+           "calls_per_s_c64", "mb_per_s_16mib", "raw_daemon_noop_p50_us")
 FLOOR_KEYS = ("noop_p50_us", "noop_p99_us", "calls_per_s_c1", "mb_per_s_16mib")
 # The floors' small message: about a noop StartCall / CallResult on the wire.
 FLOOR_SMALL_BYTES = 64
@@ -237,6 +237,10 @@ def _floor_ratios(report: dict, cc: dict | None, floor: dict | None,
             for key in ("calls_per_s_c1", "mb_per_s_16mib"):
                 ratios[f"{floor_name}_{key}_over_{stack}"] = stack_rounds._ratio(
                     base.get(key), figures.get(key))
+    # The floor with the daemon -> worker hop in it: a raw gRPC noop through
+    # the same daemon (cc_remote_calls.cc); the C++ client's own cost.
+    ratios["cc_noop_p50_over_raw_daemon_noop"] = stack_rounds._ratio(
+        (cc or {}).get("noop_p50_us"), (cc or {}).get("raw_daemon_noop_p50_us"))
     ratio = ratios.get("cc_noop_p50_over_floor_grpc")
     report["targets_met"]["cc_noop_p50_at_most_1_5x_floor_grpc"] = (
         None if ratio is None else ratio <= 1.5)

@@ -50,6 +50,26 @@ std::string RandomHex(size_t nbytes) {
   return out;
 }
 
+SpanAttributes TextAttributes(
+    const google::protobuf::RepeatedPtrField<pb::Attribute>& attributes) {
+  SpanAttributes out;
+  out.reserve(attributes.size());
+  for (const pb::Attribute& attribute : attributes) {
+    const pb::AttributeValue& value = attribute.value();
+    std::string text;
+    switch (value.value_case()) {
+      case pb::AttributeValue::kStringValue: text = value.string_value(); break;
+      case pb::AttributeValue::kBoolValue: text = value.bool_value() ? "true" : "false"; break;
+      case pb::AttributeValue::kIntValue: text = absl::StrCat(value.int_value()); break;
+      case pb::AttributeValue::kDoubleValue: text = absl::StrCat(value.double_value()); break;
+      case pb::AttributeValue::kBytesValue: text = value.bytes_value(); break;
+      default: break;
+    }
+    out.emplace_back(attribute.key(), std::move(text));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::optional<RemoteError> GetRemoteError(const absl::Status& status) {
@@ -70,14 +90,21 @@ std::optional<RemoteError> GetRemoteError(const absl::Status& status) {
 
 absl::StatusOr<std::string> Arguments::Encode() const {
   if (!error_.ok()) return error_;
-  msgpack::sbuffer out(positional_.size() + keywords_.size() + 16);
-  msgpack::packer<msgpack::sbuffer> packer(out);
+  // The headers are a few bytes; the values are copied once, straight into
+  // the result (a 16 MiB argument is not copied twice).
+  msgpack::sbuffer head;
+  msgpack::packer<msgpack::sbuffer> packer(head);
   packer.pack_array(2);
   packer.pack_array(static_cast<uint32_t>(npositional_));
-  out.write(positional_.data(), positional_.size());
+  const size_t array_head = head.size();
   packer.pack_map(static_cast<uint32_t>(nkeywords_));
-  out.write(keywords_.data(), keywords_.size());
-  return std::string(out.data(), out.size());
+  std::string out;
+  out.reserve(head.size() + positional_.size() + keywords_.size());
+  out.append(head.data(), array_head);
+  out.append(positional_.data(), positional_.size());
+  out.append(head.data() + array_head, head.size() - array_head);
+  out.append(keywords_.data(), keywords_.size());
+  return out;
 }
 
 namespace client_internal {
@@ -89,6 +116,10 @@ struct Call {
   std::string arguments;  // kept until the end: resent after a reconnect
   uint32_t stream_window = 0;
   absl::Time deadline = absl::InfiniteFuture();
+  bool streaming = false;
+  // A caller blocks in Wait() for this call: it may read the stream itself
+  // (Connection::Wait), so the background reader need not.
+  bool in_wait = false;
 
   bool done = false;  // the terminal event arrived (or the call was failed)
   bool abandoned = false;  // the caller left; ignore what still comes
@@ -113,6 +144,8 @@ struct CallsStream {
       rw;
   absl::Mutex write_mu;
   bool dead = false;
+  const absl::Time opened = absl::Now();
+  std::atomic<bool> delivered{false};  // a message arrived on it
 
   bool Write(const pb::CallsRequest& request) {
     absl::MutexLock lock(&write_mu);
@@ -195,11 +228,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   absl::StatusOr<std::shared_ptr<Call>> StartCall(absl::string_view callable,
                                                   std::string arguments,
                                                   const CallOptions& options,
-                                                  bool streaming) {
+                                                  bool streaming, bool will_wait) {
     auto call = std::make_shared<Call>();
     call->callable = std::string(callable);
     call->arguments = std::move(arguments);
     call->stream_window = streaming ? std::max<uint32_t>(options.stream_window, 1) : 0;
+    call->streaming = streaming;
+    call->in_wait = will_wait;
     if (options.timeout != absl::InfiniteDuration()) {
       call->deadline = absl::Now() + options.timeout;
     }
@@ -216,6 +251,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
         return call;
       }
       acks.swap(pending_acks_);
+      // The background reader reads for calls nobody waits on yet; a caller
+      // that goes on to Wait() may take the read over (Connection::Wait).
+      // An idle background reader also learns there is traffic (acks).
+      const bool needs_reader = !will_wait || streaming || call->deadline != absl::InfiniteFuture();
+      if ((needs_reader && !reading_) || reader_asleep_) {
+        reader_asleep_ = false;
+        wake_.SignalAll();
+      }
     }
     SendCall(stream.get(), *call, &acks);
     return call;
@@ -223,13 +266,25 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Blocks for the call's terminal event (and, with subscriptions open, for
   // the log records and spans it emitted before it).
+  // A caller whose call has no deadline reads the Calls stream itself when
+  // nobody else does, so its result needs no hand-off from another thread;
+  // it dispatches whatever else arrives meanwhile. (A call with a deadline
+  // waits, as a blocking Read could not time out.)
   absl::StatusOr<std::string> Wait(const std::shared_ptr<Call>& call) {
     absl::MutexLock lock(&mu_);
+    call->in_wait = true;
+    const bool may_read = call->deadline == absl::InfiniteFuture();
     while (!call->done) {
+      if (may_read && !reading_ && stream_ != nullptr && !closing_) {
+        ReadOneLocked(stream_, call.get());
+        continue;
+      }
       if (call->changed.WaitWithDeadline(&mu_, call->deadline) && !call->done) {
+        call->in_wait = false;
         return TimeOutLocked(call);
       }
     }
+    call->in_wait = false;
     AwaitSideChannelsLocked(*call);
     if (!call->status.ok()) return call->status;
     return std::move(call->result);
@@ -424,69 +479,152 @@ class Connection : public std::enable_shared_from_this<Connection> {
     return true;
   }
 
-  void ReaderLoop() {
-    ReadAndReconnect();
-    // Closing: finish a stream nobody read (opened by a last reconnect).
-    std::shared_ptr<CallsStream> left;
-    {
-      absl::MutexLock lock(&mu_);
-      left = std::move(stream_);
+  // Whether a pending call needs the background reader: one nobody waits
+  // on in Wait() (Start() not yet waited, streams) or one with a deadline.
+  bool NeedsBackgroundReaderLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& [id, call] : pending_) {
+      if (!call->in_wait || call->streaming || call->deadline != absl::InfiniteFuture()) {
+        return true;
+      }
     }
-    if (left == nullptr) return;
-    left->context.TryCancel();
-    {
-      absl::MutexLock lock(&left->write_mu);
-      if (left->dead) return;  // read and finished already
-      left->dead = true;
-    }
-    left->rw->Finish();
+    return false;
   }
 
-  void ReadAndReconnect() {
-    for (;;) {
-      std::shared_ptr<CallsStream> stream;
-      {
-        absl::MutexLock lock(&mu_);
-        if (closing_) return;
-        stream = stream_;
+  // The read is free: passes it to the background reader or to one caller
+  // blocked in Wait() (not `except`, which is leaving).
+  void HandOffReadLocked(const Call* except) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (reading_ || stream_ == nullptr) return;
+    if (NeedsBackgroundReaderLocked()) {
+      reader_asleep_ = false;
+      wake_.SignalAll();
+      return;
+    }
+    for (const auto& [id, call] : pending_) {
+      if (call.get() != except && call->in_wait && !call->done) {
+        call->changed.SignalAll();
+        return;
       }
-      if (stream != nullptr) {
-        // A stream that broke before delivering anything (say, on a message
-        // over the receive limit that a resume would only replay) uses up
-        // one reconnect attempt, so such loops end.
-        // A stream that lived a while was a working connection too.
-        failures_ = std::max(failures_, 0) + 1;
-        const absl::Time opened = absl::Now();
-        absl::Status ended = ReadUntilBroken(stream.get());
-        if (absl::Now() - opened > absl::Seconds(2)) failures_ = 0;
-        absl::MutexLock lock(&mu_);
-        if (stream_ == stream) stream_ = nullptr;
-        last_error_ = ended;
-        if (closing_) return;
-      }
-      Reconnect();
     }
   }
 
-  absl::Status ReadUntilBroken(CallsStream* stream) {
-    pb::CallsResponse response;
-    while (stream->rw->Read(&response)) {
+  // Reads one message of `stream` (with mu_ released) and dispatches it.
+  // `self`: the waiting call of the reading caller (null: the background
+  // reader). A broken stream goes to the background reader to finish and
+  // reconnect.
+  void ReadOneLocked(std::shared_ptr<CallsStream> stream, const Call* self)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    reading_ = true;
+    mu_.Unlock();
+    const bool ok = stream->rw->Read(&response_);
+    if (ok) {
       // A stream that delivers something counts as a working connection:
       // the next break gets the full reconnect budget again.
-      failures_ = 0;
-      Dispatch(stream, response);
-    }
-    stream->context.TryCancel();
-    {
+      stream->delivered = true;
+    } else {
+      stream->context.TryCancel();
       absl::MutexLock lock(&stream->write_mu);
       stream->dead = true;
     }
-    return StatusFromGrpc(stream->rw->Finish());
+    mu_.Lock();
+    reading_ = false;
+    if (ok) {
+      DispatchLocked(response_);
+    } else {
+      if (stream_ == stream) stream_ = nullptr;
+      broken_ = std::move(stream);
+      reader_asleep_ = false;
+      wake_.SignalAll();
+      return;
+    }
+    if (self == nullptr || self->done) HandOffReadLocked(self);
   }
 
-  void Dispatch(CallsStream* stream, const pb::CallsResponse& response) {
+  // The background reader: reads while a call needs it (see Wait), finishes
+  // broken streams and reconnects, and sends acks that no StartCall carried.
+  void ReaderLoop() {
+    for (;;) {
+      std::shared_ptr<CallsStream> broken;
+      bool reconnect = false;
+      {
+        absl::MutexLock lock(&mu_);
+        for (;;) {
+          if (closing_) break;
+          if (broken_ != nullptr) {
+            broken = std::move(broken_);
+            break;
+          }
+          if (stream_ == nullptr) {
+            reconnect = true;
+            break;
+          }
+          if (!reading_ && NeedsBackgroundReaderLocked()) {
+            ReadOneLocked(stream_, nullptr);
+            continue;
+          }
+          if (!pending_acks_.empty() || !pending_.empty()) {
+            // Acks ride on the next StartCall; those still here after a
+            // few milliseconds go out on their own.
+            const bool had_acks = !pending_acks_.empty();
+            wake_.WaitWithTimeout(&mu_, absl::Milliseconds(5));
+            if (had_acks && !pending_acks_.empty() && stream_ != nullptr) {
+              std::shared_ptr<CallsStream> stream = stream_;
+              mu_.Unlock();
+              FlushAcks(stream.get());
+              mu_.Lock();
+            }
+          } else {
+            reader_asleep_ = true;
+            wake_.Wait(&mu_);
+          }
+        }
+        if (closing_) break;
+      }
+      if (broken != nullptr) {
+        const absl::Status ended = StatusFromGrpc(broken->rw->Finish());
+        // A stream that broke before delivering anything (say, on a message
+        // over the receive limit that a resume would only replay) uses up
+        // one reconnect attempt, so such loops end. A stream that lived a
+        // while was a working connection too.
+        if (broken->delivered || absl::Now() - broken->opened > absl::Seconds(2)) {
+          failures_ = 0;
+        } else {
+          ++failures_;
+        }
+        absl::MutexLock lock(&mu_);
+        last_error_ = ended;
+        continue;
+      }
+      if (reconnect) {
+        Reconnect();
+        // Callers in Wait() may read the new stream (also when Resume
+        // found it broken again: a read must notice).
+        absl::MutexLock lock(&mu_);
+        HandOffReadLocked(nullptr);
+      }
+    }
+    // Closing: wait out a caller's Read (the context is cancelled), then
+    // finish the streams nobody finished.
+    std::vector<std::shared_ptr<CallsStream>> left;
     {
       absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](bool* reading) { return !*reading; }, &reading_));
+      if (broken_ != nullptr) left.push_back(std::move(broken_));
+      if (stream_ != nullptr) left.push_back(std::move(stream_));
+    }
+    for (const auto& stream : left) {
+      stream->context.TryCancel();
+      {
+        absl::MutexLock lock(&stream->write_mu);
+        stream->dead = true;
+      }
+      stream->rw->Finish();
+    }
+  }
+
+  void DispatchLocked(const pb::CallsResponse& response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    {
       for (const pb::SandboxEvent& event : response.events()) {
         switch (event.kind_case()) {
           case pb::SandboxEvent::kResultChunk: {
@@ -530,7 +668,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
         }
       }
     }
-    FlushAcks(stream);
   }
 
   Call* Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -660,6 +797,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   absl::flat_hash_map<std::string, std::shared_ptr<Call>> pending_
       ABSL_GUARDED_BY(mu_);
   std::vector<std::string> pending_acks_ ABSL_GUARDED_BY(mu_);
+  // A thread is in Read() on the Calls stream (the read "token"); only it
+  // uses response_.
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;
+  pb::CallsResponse response_;
+  // A stream whose Read failed, for the background reader to Finish.
+  std::shared_ptr<CallsStream> broken_ ABSL_GUARDED_BY(mu_);
+  // The background reader waits without a timeout (nothing pending).
+  bool reader_asleep_ ABSL_GUARDED_BY(mu_) = false;
   absl::CondVar wake_;  // closing, or a call waits for a connection
   absl::Status last_error_ ABSL_GUARDED_BY(mu_);
   int reconnects_ ABSL_GUARDED_BY(mu_) = 0;
@@ -779,6 +924,7 @@ class SideSubscription final : public Subscription {
         item.call_id = record.call_id();
         item.exception_text = record.exception_text();
         item.origin = record.origin();
+        item.extras = record.extras();
         callback_(item);
         last = record.seq();
       }
@@ -795,6 +941,11 @@ class SideSubscription final : public Subscription {
         item.status = event.status();
         item.error_message = event.error_message();
         item.call_id = event.call_id();
+        item.attributes = TextAttributes(event.attributes());
+        for (const pb::SpanEventRecord& record : event.events()) {
+          item.events.push_back({record.name(), record.time_unix_nanos(),
+                                 TextAttributes(record.attributes())});
+        }
         callback_(item);
         last = event.seq();
       }
@@ -909,7 +1060,18 @@ absl::StatusOr<Call> Client::StartEncoded(absl::string_view callable,
                                           std::string arguments,
                                           const CallOptions& options) {
   auto call = connection_->StartCall(callable, std::move(arguments), options,
-                                     /*streaming=*/false);
+                                     /*streaming=*/false, /*will_wait=*/false);
+  if (!call.ok()) return call.status();
+  return Call(connection_, *std::move(call));
+}
+
+absl::StatusOr<Call> Client::StartWaited(absl::string_view callable,
+                                         const Arguments& args,
+                                         const CallOptions& options) {
+  absl::StatusOr<std::string> encoded = args.Encode();
+  if (!encoded.ok()) return encoded.status();
+  auto call = connection_->StartCall(callable, *std::move(encoded), options,
+                                     /*streaming=*/false, /*will_wait=*/true);
   if (!call.ok()) return call.status();
   return Call(connection_, *std::move(call));
 }
@@ -920,7 +1082,7 @@ absl::StatusOr<Stream> Client::StartStream(absl::string_view callable,
   absl::StatusOr<std::string> encoded = args.Encode();
   if (!encoded.ok()) return encoded.status();
   auto call = connection_->StartCall(callable, *std::move(encoded), options,
-                                     /*streaming=*/true);
+                                     /*streaming=*/true, /*will_wait=*/false);
   if (!call.ok()) return call.status();
   return Stream(connection_, *std::move(call));
 }

@@ -230,6 +230,20 @@ struct LogRecord {
   std::string call_id;
   std::string exception_text;
   int origin = 0;  // runtime.proto's LogOrigin
+  // The record's extra attributes (logger.info(..., extra={...})): a
+  // msgpack map, empty when there are none (Decode<msgpack::object_handle>).
+  std::string extras;
+};
+
+// A span attribute's value as text: strings as they are, other scalars
+// (int, float, bool) formatted, bytes raw (runtime.proto's AttributeValue).
+using SpanAttributes = std::vector<std::pair<std::string, std::string>>;
+
+// An event inside a span (span.add_event(name, **attributes)).
+struct SpanEventRecord {
+  std::string name;
+  int64_t time_unix_nanos = 0;
+  SpanAttributes attributes;
 };
 
 // One trace/span lifecycle event (runtime.proto's TraceEvent, in part).
@@ -243,6 +257,8 @@ struct SpanEvent {
   int status = 0;  // runtime.proto's SpanStatusCode
   std::string error_message;
   std::string call_id;
+  SpanAttributes attributes;  // span attributes (starts and ends)
+  std::vector<SpanEventRecord> events;  // SPAN_END only
 };
 
 // An open Logs or Traces subscription; destroying it ends it. Its callback
@@ -274,7 +290,7 @@ class Client {
   absl::StatusOr<R> RemoteWith(absl::string_view callable,
                                const Arguments& args,
                                const CallOptions& options) {
-    absl::StatusOr<Call> call = Start(callable, args, options);
+    absl::StatusOr<Call> call = StartWaited(callable, args, options);
     if (!call.ok()) return call.status();
     return call->Wait<R>();
   }
@@ -303,6 +319,10 @@ class Client {
 
  private:
   explicit Client(std::shared_ptr<client_internal::Connection> connection);
+  // Start for a caller that Wait()s at once (it may read the result itself).
+  absl::StatusOr<Call> StartWaited(absl::string_view callable,
+                                   const Arguments& args,
+                                   const CallOptions& options);
   std::shared_ptr<client_internal::Connection> connection_;
 };
 
