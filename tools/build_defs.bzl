@@ -12,9 +12,12 @@ def agentix_proto_library(name, srcs, grpc = True, visibility = None):
     """Generates C++ and Python code for `srcs` (paths relative to //proto).
 
     Emits:
-      <name>_cc_grpc: cc_library with the messages (and services when grpc=True);
-                      include as "agentix/<area>/v1/<file>.pb.h" / ".grpc.pb.h".
-      <name>_py:      filegroup with <file>_pb2.py (and <file>_pb2_grpc.py).
+      <name>_cc_proto: cc_library with the messages only (links libprotobuf,
+                       not gRPC); include as "agentix/<area>/v1/<file>.pb.h".
+      <name>_cc_grpc:  cc_library with the services (when grpc=True), on top
+                       of <name>_cc_proto; include as ".grpc.pb.h". Only code
+                       that serves or calls the RPCs depends on it.
+      <name>_py:       filegroup with <file>_pb2.py (and <file>_pb2_grpc.py).
 
     Must be called from the //proto package: import paths are relative to it.
     """
@@ -46,14 +49,28 @@ def agentix_proto_library(name, srcs, grpc = True, visibility = None):
         outs = py_outs,
         cmd = "%s -Iproto --python_out=$(GENDIR)/proto %s $(SRCS)" % (_PROTOC, grpc_py),
     )
+    services = [o for o in cc_outs if ".grpc.pb." in o]
+    messages = [o for o in cc_outs if ".grpc.pb." not in o]
     native.cc_library(
-        name = name + "_cc_grpc",
-        srcs = [o for o in cc_outs if o.endswith(".cc")],
-        hdrs = [o for o in cc_outs if o.endswith(".h")],
+        name = name + "_cc_proto",
+        srcs = [o for o in messages if o.endswith(".cc")],
+        hdrs = [o for o in messages if o.endswith(".h")],
         includes = ["."],
-        deps = ["//third_party/system:grpc"] if grpc else ["//third_party/system:protobuf"],
+        deps = ["//third_party/system:protobuf"],
         visibility = visibility,
     )
+    if grpc:
+        native.cc_library(
+            name = name + "_cc_grpc",
+            srcs = [o for o in services if o.endswith(".cc")],
+            hdrs = [o for o in services if o.endswith(".h")],
+            includes = ["."],
+            deps = [
+                ":" + name + "_cc_proto",
+                "//third_party/system:grpc",
+            ],
+            visibility = visibility,
+        )
     native.filegroup(
         name = name + "_py",
         srcs = py_outs,
