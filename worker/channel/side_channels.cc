@@ -95,12 +95,12 @@ PyObject* ChannelSendLog(PyObject* self, PyObject* const* args,
   // The daemon numbers records and knows which worker sent them.
   static MessageFields* const fields = new MessageFields(
       runtime::v1::LogRecord::descriptor(), {"seq", "worker_id"});
-  runtime::v1::LogRecord record;
-  if (!fields->Fill("send_log", args, nargs, kwnames, record)) return nullptr;
   ipc::Frame frame;
   frame.type = ipc::FrameType::kLog;
-  record.SerializeToString(&frame.record);
-  if (!QueueSideChannelFrame(self, frame)) return nullptr;
+  if (!fields->Encode("send_log", args, nargs, kwnames, frame.record) ||
+      !QueueSideChannelFrame(self, frame)) {
+    return nullptr;
+  }
   Py_RETURN_NONE;
 }
 

@@ -198,5 +198,30 @@ TEST_CASE("Log records and trace events cross the edge by field name",
   CHECK(RecordOf(frames[3]).message() == "last");
 }
 
+TEST_CASE("send_log's bytes are the LogRecord protobuf itself parses",
+          "[channel]") {
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  // Negative ints (10-byte varints), zeros (left out), non-ASCII text and
+  // long bytes, against the generated parser.
+  Py("ch.send_log(line=-5, level=0, time_unix_nanos=-1, message='h\u00e9 "
+     "\u2603', logger='', extras=bytes(range(256)) * 4, origin=0)\n");
+  auto frames = collector.Wait(1, absl::Seconds(5));
+  REQUIRE(frames.size() == 1);
+  const LogRecord log = RecordOf(frames[0]);
+  CHECK(log.line() == -5);
+  CHECK(log.level() == 0);
+  CHECK(log.time_unix_nanos() == -1);
+  CHECK(log.message() == "h\xc3\xa9 \xe2\x98\x83");
+  CHECK(log.extras().size() == 1024);
+  CHECK(log.extras()[255] == '\xff');
+  LogRecord want;
+  want.set_line(-5);
+  want.set_time_unix_nanos(-1);
+  want.set_message(log.message());
+  want.set_extras(log.extras());
+  CHECK(log.SerializeAsString() == want.SerializeAsString());
+}
+
 }  // namespace
 }  // namespace agentix::worker
