@@ -102,16 +102,20 @@ std::vector<std::pair<std::string, Frame>> Frames() {
   v.push_back({"stream_item", f});
   f = Frame();
   f.type = FrameType::kLog;
-  f.log.logger = "agentix.sandbox.stdout";
-  f.log.level = 30;
-  f.log.level_name = "WARNING";
-  f.log.message = "hello";
-  f.log.time_unix_nanos = 1700000000000000000;
-  f.log.file = "x.py";
-  f.log.line = 3;
-  f.log.origin = 2;
-  f.log.call_id = "c1";
-  f.log.extras = std::string("\x81\xa1k\xa1v", 5);
+  {
+    agentix::runtime::v1::LogRecord r;
+    r.set_logger("agentix.sandbox.stdout");
+    r.set_level(30);
+    r.set_level_name("WARNING");
+    r.set_message("hello");
+    r.set_time_unix_nanos(1700000000000000000);
+    r.set_file("x.py");
+    r.set_line(3);
+    r.set_origin(agentix::runtime::v1::LOG_ORIGIN_STDOUT);
+    r.set_call_id("c1");
+    r.set_extras(std::string("\x81\xa1k\xa1v", 5));
+    f.record = r.SerializeAsString();
+  }
   v.push_back({"log", f});
   f = Frame();
   f.type = FrameType::kTrace;

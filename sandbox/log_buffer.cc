@@ -142,25 +142,22 @@ void AppendEvents(const std::string& packed, TraceEvent& event) {
 
 }  // namespace
 
-LogRecord ToLogRecord(const ipc::LogEntry& e, const std::string& worker_id) {
+LogRecord ToLogRecord(const std::string& bytes, const std::string& worker_id) {
   LogRecord r;
-  r.set_logger(e.logger);
-  r.set_level(e.level);
-  r.set_level_name(e.level_name);
-  r.set_message(e.message);
-  r.set_time_unix_nanos(e.time_unix_nanos);
-  r.set_file(e.file);
-  r.set_line(e.line);
-  r.set_function(e.function);
-  r.set_module(e.module);
-  r.set_exception_text(e.exception_text);
-  r.set_origin(static_cast<runtime::v1::LogOrigin>(e.origin));
+  // The worker sends the message itself (runtime.proto is the one schema):
+  // no field is re-mapped here. Fields this daemon does not know yet stay
+  // as unknown fields and reach the host unchanged.
+  if (!r.ParseFromString(bytes)) {
+    // Only code writing to the channel fd by hand gets here; the record
+    // stays visible, in its place, instead of vanishing.
+    r = RuntimeWarning(
+        "agentix.sandbox",
+        absl::StrCat("a log record from the worker could not be decoded (",
+                     bytes.size(), " bytes)"));
+  }
+  r.clear_seq();  // the buffer numbers it
   r.set_worker_id(worker_id);
-  r.set_call_id(e.call_id);
-  r.set_context(e.context);
-  r.set_extras(e.extras);
-  r.set_stack_info(e.stack_info);
-  FitLogRecord(r);
+  FitLogRecord(r);  // no message over 4 MiB (wire_limits.h)
   return r;
 }
 

@@ -21,9 +21,12 @@ using TraceBuffer = SeqBuffer<runtime::v1::TraceEvent>;
 using TraceEventPtr = TraceBuffer::RecordPtr;
 using TraceSubscriber = TraceBuffer::Subscriber;
 
-// The agentix.runtime.v1 forms of the worker's entries.
-runtime::v1::LogRecord ToLogRecord(const ipc::LogEntry& entry,
+// The record a worker's `log` frame carries (ipc::Frame::record, a
+// serialized LogRecord), from worker `worker_id`. Bytes that do not parse
+// become a WARNING record saying so (origin RUNTIME).
+runtime::v1::LogRecord ToLogRecord(const std::string& bytes,
                                    const std::string& worker_id);
+// The agentix.runtime.v1 form of the worker's trace entry.
 runtime::v1::TraceEvent ToTraceEvent(const ipc::TraceEntry& entry,
                                      const std::string& worker_id);
 

@@ -40,11 +40,46 @@ std::vector<std::string> Messages(RecordingSubscriber& sub) {
 
 runtime::v1::LogRecord Entry(const std::string& message,
                              const std::string& worker = "w") {
-  ipc::LogEntry e;
-  e.logger = "app";
-  e.message = message;
-  e.call_id = "c1";
-  return ToLogRecord(e, worker);
+  runtime::v1::LogRecord e;
+  e.set_logger("app");
+  e.set_message(message);
+  e.set_call_id("c1");
+  return ToLogRecord(e.SerializeAsString(), worker);
+}
+
+TEST_CASE("A worker's record is kept as sent; the daemon owns seq and "
+          "worker_id",
+          "[logs]") {
+  runtime::v1::LogRecord sent;
+  sent.set_seq(77);           // not the worker's to choose
+  sent.set_worker_id("fake");
+  sent.set_logger("app");
+  sent.set_level(40);
+  sent.set_message("m");
+  sent.set_origin(runtime::v1::LOG_ORIGIN_STDERR);
+  sent.set_extras(std::string("\x81\xa1k\x01", 4));
+  std::string bytes = sent.SerializeAsString();
+  // A field from a newer runtime.proto (number 999, a string) rides along
+  // untouched as an unknown field.
+  bytes += std::string("\xba\x3e\x03new", 6);
+  const runtime::v1::LogRecord got = ToLogRecord(bytes, "w1");
+  CHECK(got.seq() == 0);
+  CHECK(got.worker_id() == "w1");
+  runtime::v1::LogRecord want = sent;
+  want.clear_seq();
+  want.set_worker_id("w1");
+  runtime::v1::LogRecord known = got;
+  known.GetReflection()->MutableUnknownFields(&known)->Clear();
+  CHECK(known.SerializeAsString() == want.SerializeAsString());
+  CHECK(got.SerializeAsString().find("new") != std::string::npos);
+
+  // Bytes that are no LogRecord become a warning in the record's place.
+  const runtime::v1::LogRecord bad = ToLogRecord("\xff\xff\xff", "w1");
+  CHECK(bad.origin() == runtime::v1::LOG_ORIGIN_RUNTIME);
+  CHECK(bad.level_name() == "WARNING");
+  CHECK(bad.message() ==
+        "a log record from the worker could not be decoded (3 bytes)");
+  CHECK(bad.worker_id() == "w1");
 }
 
 TEST_CASE("Records before any subscriber are buffered and replayed in order",

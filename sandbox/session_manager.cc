@@ -736,24 +736,36 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
   // the result carries their seqs (the barrier the host waits on).
   uint64_t first_log = 0;
   uint64_t first_trace = 0;
+  // The calls the records name, in frame order (the records themselves are
+  // moved into the buffers).
+  std::vector<std::string> log_calls;
+  std::vector<std::string> trace_calls;
   if (!log_frames.empty() || !trace_frames.empty()) {
     std::string worker_id;
     std::vector<std::string> log_owners;
     std::vector<std::string> trace_owners;
+    // Parsed before taking mu_: the worker's bytes are the records.
+    std::vector<runtime::v1::LogRecord> records;
+    records.reserve(log_frames.size());
+    log_calls.reserve(log_frames.size());
+    for (const ipc::Frame* f : log_frames) {
+      records.push_back(ToLogRecord(f->record, ""));
+      log_calls.push_back(records.back().call_id());
+    }
+    trace_calls.reserve(trace_frames.size());
+    for (const ipc::Frame* f : trace_frames) {
+      trace_calls.push_back(f->trace.call_id);
+    }
     {
       absl::MutexLock lock(&mu_);
       if (worker_ && worker_->generation() == generation) {
         worker_id = worker_->worker_id();
       }
-      log_owners = OwnersOf(log_frames);
-      trace_owners = OwnersOf(trace_frames);
+      log_owners = OwnersOf(log_calls);
+      trace_owners = OwnersOf(trace_calls);
     }
     if (!log_frames.empty()) {
-      std::vector<runtime::v1::LogRecord> records;
-      records.reserve(log_frames.size());
-      for (const ipc::Frame* f : log_frames) {
-        records.push_back(ToLogRecord(f->log, worker_id));
-      }
+      for (runtime::v1::LogRecord& r : records) r.set_worker_id(worker_id);
       first_log = logs_->Append(std::move(records), log_owners);
     }
     if (!trace_frames.empty()) {
@@ -770,10 +782,10 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
   {
     absl::MutexLock lock(&mu_);
     if (!log_frames.empty()) {
-      TrackSeqs(log_frames, first_log, &Call::log_seq, unattributed_log_seq_);
+      TrackSeqs(log_calls, first_log, &Call::log_seq, unattributed_log_seq_);
     }
     if (!trace_frames.empty()) {
-      TrackSeqs(trace_frames, first_trace, &Call::trace_seq,
+      TrackSeqs(trace_calls, first_trace, &Call::trace_seq,
                 unattributed_trace_seq_);
     }
     for (ipc::Frame& frame : frames) {
@@ -801,16 +813,13 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
 }
 
 std::vector<std::string> SessionManager::OwnersOf(
-    const std::vector<const ipc::Frame*>& frames) {
+    const std::vector<std::string>& call_ids) {
   std::vector<std::string> owners;
-  owners.reserve(frames.size());
+  owners.reserve(call_ids.size());
   const std::string* last_id = nullptr;
   const std::string* last_owner = nullptr;
   static const std::string kNone;
-  for (const ipc::Frame* frame : frames) {
-    const std::string& id = frame->type == ipc::FrameType::kLog
-                                ? frame->log.call_id
-                                : frame->trace.call_id;
+  for (const std::string& id : call_ids) {
     if (last_id == nullptr || *last_id != id) {
       last_id = &id;
       auto it = id.empty() ? calls_.end() : calls_.find(id);
@@ -821,17 +830,14 @@ std::vector<std::string> SessionManager::OwnersOf(
   return owners;
 }
 
-void SessionManager::TrackSeqs(const std::vector<const ipc::Frame*>& frames,
+void SessionManager::TrackSeqs(const std::vector<std::string>& call_ids,
                                uint64_t first,
                                uint64_t Call::*call_seq,
                                uint64_t& unattributed) {
   const std::string* last_id = nullptr;
   Call* last_call = nullptr;
-  for (size_t i = 0; i < frames.size(); ++i) {
-    const ipc::Frame& frame = *frames[i];
-    const std::string& id = frame.type == ipc::FrameType::kLog
-                                ? frame.log.call_id
-                                : frame.trace.call_id;
+  for (size_t i = 0; i < call_ids.size(); ++i) {
+    const std::string& id = call_ids[i];
     const uint64_t seq = first + i;
     if (id.empty()) {
       unattributed = seq;

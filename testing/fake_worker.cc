@@ -45,6 +45,7 @@
 #include <set>
 #include <string>
 
+#include "agentix/runtime/v1/runtime.pb.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/io.h"
 #include "worker/ipc/payload_area.h"
@@ -247,27 +248,31 @@ int main(int argc, char** argv) {
       st.window = std::max<uint32_t>(1, p.window);
       if (!Pump(id, st)) streams[id] = st;
     } else if (fn == "fake::log") {
+      agentix::runtime::v1::LogRecord record;
+      record.set_logger("fake");
+      record.set_level(30);
+      record.set_level_name("WARNING");
+      record.set_message(p.args);
+      record.set_call_id(id);
       Frame log;
       log.type = FrameType::kLog;
-      log.log.logger = "fake";
-      log.log.level = 30;
-      log.log.level_name = "WARNING";
-      log.log.message = p.args;
-      log.log.call_id = id;
+      log.record = record.SerializeAsString();
       Send(log);
       SendResult(id, "logged");
     } else if (fn == "fake::logs") {
       char* rest = nullptr;
       const uint64_t count = std::strtoull(p.args.c_str(), &rest, 10);
       const long gap_us = *rest == ':' ? std::strtol(rest + 1, nullptr, 10) : 0;
+      agentix::runtime::v1::LogRecord record;
+      record.set_logger("fake");
+      record.set_level(20);
+      record.set_level_name("INFO");
+      record.set_call_id(id);
       Frame log;
       log.type = FrameType::kLog;
-      log.log.logger = "fake";
-      log.log.level = 20;
-      log.log.level_name = "INFO";
-      log.log.call_id = id;
       for (uint64_t i = 0; i < count; ++i) {
-        log.log.message = std::to_string(i);
+        record.set_message(std::to_string(i));
+        log.record = record.SerializeAsString();
         Send(log);
         if (gap_us > 0) usleep(static_cast<useconds_t>(gap_us));
       }

@@ -45,10 +45,9 @@ PyMethodDef kChannelMethods[] = {
      "[, type_module, type_qualname, state])"},
     {"send_log", FastKeywords<ChannelSendLog>(),
      METH_FASTCALL | METH_KEYWORDS,
-     "send_log(*, logger, level, level_name, message, time_unix_nanos, file, "
-     "line, function, module, exception_text, origin, call_id, context, "
-     "extras, stack_info): one `log` frame; keyword arguments only, each "
-     "optional"},
+     "send_log(**fields): one `log` frame; keyword arguments only, each "
+     "optional, named as agentix.runtime.v1.LogRecord's fields (less seq and "
+     "worker_id)"},
     {"send_trace", FastKeywords<ChannelSendTrace>(),
      METH_FASTCALL | METH_KEYWORDS,
      "send_trace(*, kind, trace_id, span_id, parent_id, name, start_time_unix_"

@@ -37,35 +37,35 @@ TEST_CASE("logging records become log frames with the call's id",
   const int64_t before = absl::ToUnixNanos(absl::Now());
   worker->Call("lw", "worker_fixture::log_warning", Pickle("((), {})"));
   REQUIRE(worker->AwaitReply("lw").ok);
-  ipc::LogEntry log = AwaitLog(*worker, "app", "x 1");
-  CHECK(log.level == 30);
-  CHECK(log.level_name == "WARNING");
-  CHECK(log.call_id == "lw");
-  CHECK(log.origin == 1);
-  CHECK(log.module == "worker_fixture");
-  CHECK(log.function == "log_warning");
-  CHECK(absl::EndsWith(log.file, "worker_fixture.py"));
-  CHECK(log.line > 0);
-  CHECK(log.exception_text.empty());
-  CHECK(log.time_unix_nanos >= before - 1000000000);
-  CHECK(log.time_unix_nanos <= absl::ToUnixNanos(absl::Now()));
-  CHECK(absl::StartsWith(log.context, "sandbox-"));
-  CHECK(absl::EndsWith(log.context, "-worker-test-worker"));
-  CHECK(Extras(log.extras) == std::map<std::string, std::string>{{"k", "1"}});
+  LogRecord log = AwaitLog(*worker, "app", "x 1");
+  CHECK(log.level() == 30);
+  CHECK(log.level_name() == "WARNING");
+  CHECK(log.call_id() == "lw");
+  CHECK(log.origin() == 1);
+  CHECK(log.module() == "worker_fixture");
+  CHECK(log.function() == "log_warning");
+  CHECK(absl::EndsWith(log.file(), "worker_fixture.py"));
+  CHECK(log.line() > 0);
+  CHECK(log.exception_text().empty());
+  CHECK(log.time_unix_nanos() >= before - 1000000000);
+  CHECK(log.time_unix_nanos() <= absl::ToUnixNanos(absl::Now()));
+  CHECK(absl::StartsWith(log.context(), "sandbox-"));
+  CHECK(absl::EndsWith(log.context(), "-worker-test-worker"));
+  CHECK(Extras(log.extras()) == std::map<std::string, std::string>{{"k", "1"}});
 
   worker->Call("le", "worker_fixture::log_exception", Pickle("((), {})"));
   REQUIRE(worker->AwaitReply("le").ok);
   log = AwaitLog(*worker, "app", "failed");
-  CHECK(log.level_name == "ERROR");
-  CHECK(log.call_id == "le");
-  CHECK(absl::StrContains(log.exception_text, "Traceback"));
-  CHECK(absl::StrContains(log.exception_text, "ValueError: boom"));
+  CHECK(log.level_name() == "ERROR");
+  CHECK(log.call_id() == "le");
+  CHECK(absl::StrContains(log.exception_text(), "Traceback"));
+  CHECK(absl::StrContains(log.exception_text(), "ValueError: boom"));
 
   // A coroutine's records and prints carry its id too.
   worker->Call("la", "worker_fixture::log_async", Pickle("(('t',), {})"));
   REQUIRE(worker->AwaitReply("la").ok);
-  CHECK(AwaitLog(*worker, "app.async", "async t").call_id == "la");
-  CHECK(AwaitLog(*worker, kStdout, "async print t").call_id == "la");
+  CHECK(AwaitLog(*worker, "app.async", "async t").call_id() == "la");
+  CHECK(AwaitLog(*worker, kStdout, "async print t").call_id() == "la");
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
@@ -75,8 +75,8 @@ TEST_CASE("Extras are coerced; agentix.sio is forwarded, agentix.utils.log stays
   auto worker = ReadyWorker();
   worker->Call("x", "worker_fixture::log_extras", Pickle("((), {})"));
   REQUIRE(worker->AwaitReply("x").ok);
-  ipc::LogEntry log = AwaitLog(*worker, "app", "extras");
-  std::map<std::string, std::string> extras = Extras(log.extras);
+  LogRecord log = AwaitLog(*worker, "app", "extras");
+  std::map<std::string, std::string> extras = Extras(log.extras());
   CHECK(extras["num"] == "2");
   CHECK(extras["text"] == "\"t\"");
   CHECK(extras["seq"] == "[1,[2,\"BIN(size:1)\"]]");
@@ -96,30 +96,30 @@ TEST_CASE("print, fd writes and child processes become stdout/stderr logs",
   auto worker = ReadyWorker();
   worker->Call("pr", "worker_fixture::print_lines", Pickle("((), {})"));
   REQUIRE(worker->AwaitReply("pr").ok);
-  ipc::LogEntry log = AwaitLog(*worker, kStdout, "hi");
+  LogRecord log = AwaitLog(*worker, kStdout, "hi");
   // Python-level writes are attributed to the call.
-  CHECK(log.call_id == "pr");
-  CHECK(log.origin == 2);
-  CHECK(log.level == 20);
-  CHECK(log.level_name == "INFO");
-  CHECK(log.module == "stdio");
-  CHECK(Extras(log.extras) ==
+  CHECK(log.call_id() == "pr");
+  CHECK(log.origin() == 2);
+  CHECK(log.level() == 20);
+  CHECK(log.level_name() == "INFO");
+  CHECK(log.module() == "stdio");
+  CHECK(Extras(log.extras()) ==
         std::map<std::string, std::string>{
             {"agentix_stream", "\"stdout\""},
             {"worker_id", "\"test-worker\""}});
   log = AwaitLog(*worker, kStderr, "to stderr");
-  CHECK(log.call_id == "pr");
-  CHECK(log.origin == 3);
-  CHECK(AwaitLog(*worker, kStdout, "partial").call_id == "pr");
+  CHECK(log.call_id() == "pr");
+  CHECK(log.origin() == 3);
+  CHECK(AwaitLog(*worker, kStdout, "partial").call_id() == "pr");
 
   worker->Call("fd", "worker_fixture::write_fds", Pickle("((), {})"));
   REQUIRE(worker->AwaitReply("fd").ok);
   log = AwaitLog(*worker, kStdout, "raw");
   // fd-level output cannot be attributed.
-  CHECK(log.call_id.empty());
-  CHECK(log.origin == 2);
-  CHECK(absl::StartsWith(log.context, "sandbox-"));
-  CHECK(AwaitLog(*worker, kStderr, "raw err").origin == 3);
+  CHECK(log.call_id().empty());
+  CHECK(log.origin() == 2);
+  CHECK(absl::StartsWith(log.context(), "sandbox-"));
+  CHECK(AwaitLog(*worker, kStderr, "raw err").origin() == 3);
   AwaitLog(*worker, kStdout, "bad \xEF\xBF\xBD utf8");
 
   worker->Call("ch", "worker_fixture::run_child", Pickle("((), {})"));
@@ -127,7 +127,7 @@ TEST_CASE("print, fd writes and child processes become stdout/stderr logs",
   INFO(reply.error.message << reply.error.traceback);
   REQUIRE(reply.ok);
   AwaitLog(*worker, kStdout, "hi");
-  CHECK(AwaitLog(*worker, kStderr, "err").call_id.empty());
+  CHECK(AwaitLog(*worker, kStderr, "err").call_id().empty());
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
@@ -154,17 +154,17 @@ TEST_CASE("A burst of output does not block the call", "[worker][logs]") {
   REQUIRE(reply.ok);
   WARN("burst of 3 x 100000 bytes took "
        << absl::FormatDuration(absl::Now() - start));
-  auto count = [](const std::vector<ipc::LogEntry>& logs, char c) {
+  auto count = [](const std::vector<LogRecord>& logs, char c) {
     size_t n = 0;
-    for (const ipc::LogEntry& log : logs) {
-      if (log.logger == kStdout && !log.message.empty() &&
-          log.message[0] == c) {
-        n += log.message.size();
+    for (const LogRecord& log : logs) {
+      if (log.logger() == kStdout && !log.message().empty() &&
+          log.message()[0] == c) {
+        n += log.message().size();
       }
     }
     return n;
   };
-  REQUIRE(worker->AwaitLogs([&](const std::vector<ipc::LogEntry>& logs) {
+  REQUIRE(worker->AwaitLogs([&](const std::vector<LogRecord>& logs) {
     return count(logs, 'b') == 99000 && count(logs, 'f') == 99000 &&
            count(logs, 'c') == 100000;
   }));
@@ -178,21 +178,21 @@ TEST_CASE("Records keep their order per producer", "[worker][logs]") {
   worker->Call("o", "worker_fixture::ordered",
                Pickle(absl::StrCat("((", kCount, ",), {})")));
   REQUIRE(worker->AwaitReply("o").ok);
-  REQUIRE(worker->AwaitLogs([&](const std::vector<ipc::LogEntry>& logs) {
+  REQUIRE(worker->AwaitLogs([&](const std::vector<LogRecord>& logs) {
     return LogsOf(logs, "app.order").size() == kCount &&
            LogsOf(logs, kStdout).size() == 2 * kCount;
   }));
-  std::vector<ipc::LogEntry> records = LogsOf(worker->logs(), "app.order");
+  std::vector<LogRecord> records = LogsOf(worker->logs(), "app.order");
   std::vector<std::string> prints, fds;
-  for (const ipc::LogEntry& log : LogsOf(worker->logs(), kStdout)) {
-    (absl::StartsWith(log.message, "print") ? prints : fds)
-        .push_back(log.message);
+  for (const LogRecord& log : LogsOf(worker->logs(), kStdout)) {
+    (absl::StartsWith(log.message(), "print") ? prints : fds)
+        .push_back(log.message());
   }
   REQUIRE(prints.size() == kCount);
   REQUIRE(fds.size() == kCount);
   for (int i = 0; i < kCount; ++i) {
-    CHECK(records[i].message == absl::StrCat("seq ", i));
-    CHECK(records[i].call_id == "o");
+    CHECK(records[i].message() == absl::StrCat("seq ", i));
+    CHECK(records[i].call_id() == "o");
     CHECK(prints[i] == absl::StrCat("print ", i));
     CHECK(fds[i] == absl::StrCat("fd ", i));
   }
@@ -285,8 +285,8 @@ TEST_CASE("AGENTIX_LOG_DIR=\"\" disables the durable log", "[worker][logs]") {
   CHECK_FALSE(fs::exists("/tmp/agentix/sandbox-" + id + ".log"));
   CHECK_FALSE(fs::exists("sandbox-" + id + ".log"));
   // No record says the file was detached: it was never wanted.
-  for (const ipc::LogEntry& log : worker->logs()) {
-    CHECK_FALSE(absl::StrContains(log.message, "durable sandbox log"));
+  for (const LogRecord& log : worker->logs()) {
+    CHECK_FALSE(absl::StrContains(log.message(), "durable sandbox log"));
   }
 }
 
@@ -297,10 +297,10 @@ TEST_CASE("An unusable log dir detaches the durable log with one record",
   WorkerArgs args;
   args.env.push_back("AGENTIX_LOG_DIR=" + file);
   auto worker = ReadyWorker(args);
-  REQUIRE(worker->AwaitLogs([](const std::vector<ipc::LogEntry>& logs) {
-    for (const ipc::LogEntry& l : logs) {
-      if (l.logger == kStderr &&
-          absl::StartsWith(l.message, "agentix: durable sandbox log detached")) {
+  REQUIRE(worker->AwaitLogs([](const std::vector<LogRecord>& logs) {
+    for (const LogRecord& l : logs) {
+      if (l.logger() == kStderr &&
+          absl::StartsWith(l.message(), "agentix: durable sandbox log detached")) {
         return true;
       }
     }
@@ -328,12 +328,12 @@ void ExpectLogRefused(const std::string& dir, const std::string& reason) {
   args.env.push_back("AGENTIX_LOG_DIR=" + dir);
   auto worker = ReadyWorker(args);
   std::string said;
-  REQUIRE(worker->AwaitLogs([&](const std::vector<ipc::LogEntry>& logs) {
-    for (const ipc::LogEntry& l : logs) {
-      if (l.logger == kStderr &&
-          absl::StartsWith(l.message,
+  REQUIRE(worker->AwaitLogs([&](const std::vector<LogRecord>& logs) {
+    for (const LogRecord& l : logs) {
+      if (l.logger() == kStderr &&
+          absl::StartsWith(l.message(),
                            "agentix: durable sandbox log detached: refusing")) {
-        said = l.message;
+        said = l.message();
         return true;
       }
     }
@@ -438,8 +438,8 @@ TEST_CASE("A forked child's output is captured; its records are dropped",
   auto worker = ReadyWorker();
   worker->Call("fk", "worker_fixture::fork_child", Pickle("((), {})"));
   REQUIRE(worker->AwaitReply("fk").ok);
-  CHECK(AwaitLog(*worker, kStdout, "printed in a forked child").call_id.empty());
-  CHECK(AwaitLog(*worker, "app", "parent after fork").call_id == "fk");
+  CHECK(AwaitLog(*worker, kStdout, "printed in a forked child").call_id().empty());
+  CHECK(AwaitLog(*worker, "app", "parent after fork").call_id() == "fk");
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
   CHECK(LogsOf(worker->logs(), "app.child").empty());

@@ -34,6 +34,7 @@
 #include "absl/time/time.h"
 #include "base/child_process.h"
 #include "base/unique_fd.h"
+#include "agentix/runtime/v1/runtime.pb.h"
 #include "testing/status_matchers.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/io.h"
@@ -41,6 +42,7 @@
 namespace agentix::worker {
 
 namespace fs = std::filesystem;
+using LogRecord = runtime::v1::LogRecord;
 
 using ipc::Frame;
 
@@ -280,7 +282,11 @@ class Worker {
   // Keeps a `log` or `trace` frame in logs() / traces(); false for others.
   bool SetAside(Frame& frame) {
     if (frame.type == FrameType::kLog) {
-      logs_.push_back(std::move(frame.log));
+      LogRecord record;
+      // A record that does not parse shows as an empty one (and fails the
+      // test looking for it).
+      record.ParseFromString(frame.record);
+      logs_.push_back(std::move(record));
       return true;
     }
     if (frame.type == FrameType::kTrace) {
@@ -308,7 +314,7 @@ class Worker {
   // Reads frames until `done(logs())` holds; other frames are kept for
   // Next(). False on timeout or end of stream.
   bool AwaitLogs(
-      const std::function<bool(const std::vector<ipc::LogEntry>&)>& done,
+      const std::function<bool(const std::vector<LogRecord>&)>& done,
       absl::Duration timeout = absl::Seconds(20)) {
     const absl::Time deadline = absl::Now() + timeout;
     while (!done(logs_)) {
@@ -320,7 +326,7 @@ class Worker {
   }
 
   // Log records received so far, in arrival order.
-  const std::vector<ipc::LogEntry>& logs() const { return logs_; }
+  const std::vector<LogRecord>& logs() const { return logs_; }
 
   // Every frame, `log` frames included.
   absl::StatusOr<Frame> NextAny(absl::Duration timeout) {
@@ -477,7 +483,7 @@ class Worker {
   base::ChildProcess child_;
   ipc::FrameReader reader_;
   int ids_ = 0;
-  std::vector<ipc::LogEntry> logs_;
+  std::vector<LogRecord> logs_;
   std::vector<ipc::TraceEntry> traces_;
   std::deque<Frame> held_;  // read by AwaitLogs, not yet by Next
 };
@@ -491,22 +497,22 @@ inline std::unique_ptr<Worker> ReadyWorker(
 }
 
 // The records of `logger` among `logs`.
-inline std::vector<ipc::LogEntry> LogsOf(const std::vector<ipc::LogEntry>& logs,
+inline std::vector<LogRecord> LogsOf(const std::vector<LogRecord>& logs,
                                   const std::string& logger) {
-  std::vector<ipc::LogEntry> out;
-  for (const ipc::LogEntry& log : logs) {
-    if (log.logger == logger) out.push_back(log);
+  std::vector<LogRecord> out;
+  for (const LogRecord& log : logs) {
+    if (log.logger() == logger) out.push_back(log);
   }
   return out;
 }
 
 // Waits until `logger` has a record with `message`; returns it.
-inline ipc::LogEntry AwaitLog(Worker& worker, const std::string& logger,
+inline LogRecord AwaitLog(Worker& worker, const std::string& logger,
                        const std::string& message) {
-  ipc::LogEntry found;
-  const bool ok = worker.AwaitLogs([&](const std::vector<ipc::LogEntry>& logs) {
-    for (const ipc::LogEntry& log : logs) {
-      if (log.logger == logger && log.message == message) {
+  LogRecord found;
+  const bool ok = worker.AwaitLogs([&](const std::vector<LogRecord>& logs) {
+    for (const LogRecord& log : logs) {
+      if (log.logger() == logger && log.message() == message) {
         found = log;
         return true;
       }

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "agentix/runtime/v1/runtime.pb.h"
 #include "testing/status_matchers.h"
 #include "worker/channel/channel_test_util.h"
 #include "worker/ipc/frame.h"
@@ -263,7 +264,9 @@ TEST_CASE(
   REQUIRE(log.ok());
   REQUIRE(log->has_value());
   REQUIRE((*log)->type == ipc::FrameType::kLog);
-  REQUIRE((*log)->log.message == "before");
+  runtime::v1::LogRecord record;
+  REQUIRE(record.ParseFromString((*log)->record));
+  REQUIRE(record.message() == "before");
   REQUIRE(frames.buffered() == want.size());
   REQUIRE(got.substr(got.size() - want.size()) == want);
 }

@@ -9,10 +9,10 @@
 
 namespace agentix::worker {
 
-// send_log(*, logger, level, level_name, message, time_unix_nanos, file,
-// line, function, module, exception_text, origin, call_id, context, extras,
-// stack_info): one `log` frame. Keyword arguments only (named_fields.h);
-// an omitted one keeps ipc::LogEntry's default.
+// send_log(**fields): one `log` frame carrying an agentix.runtime.v1.LogRecord
+// filled by field name (proto_fields.h): keyword arguments only, named as in
+// runtime.proto, less the daemon's seq and worker_id; an omitted field keeps
+// proto3's default (0, "", LOG_ORIGIN_UNSPECIFIED).
 PyObject* ChannelSendLog(PyObject* self, PyObject* const* args,
                          Py_ssize_t nargs, PyObject* kwnames);
 // send_trace(*, kind, trace_id, span_id, parent_id, name,

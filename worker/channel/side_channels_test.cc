@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "agentix/runtime/v1/runtime.pb.h"
 #include "testing/status_matchers.h"
 #include "worker/channel/channel_test_util.h"
 #include "worker/ipc/frame.h"
@@ -16,6 +17,16 @@
 
 namespace agentix::worker {
 namespace {
+
+using runtime::v1::LogRecord;
+
+// The record a `log` frame carries; fails the test if it does not parse.
+LogRecord RecordOf(const ipc::Frame& frame) {
+  REQUIRE(frame.type == ipc::FrameType::kLog);
+  LogRecord record;
+  REQUIRE(record.ParseFromString(frame.record));
+  return record;
+}
 
 TEST_CASE("Namespace events go out without a flush, after earlier records",
           "[channel]") {
@@ -30,8 +41,8 @@ TEST_CASE("Namespace events go out without a flush, after earlier records",
      "ch.send_ns_event('/plugin', 'fail', None, 'r2', 'KeyError', 'k', 404)\n");
   auto frames = collector.Wait(4, absl::Seconds(5));
   REQUIRE(frames.size() == 4);
-  REQUIRE(frames[0].log.message == "one");
-  REQUIRE(frames[1].log.message == "two");
+  REQUIRE(RecordOf(frames[0]).message() == "one");
+  REQUIRE(RecordOf(frames[1]).message() == "two");
   REQUIRE(frames[2].type == ipc::FrameType::kNamespaceEvent);
   REQUIRE(frames[2].ns.name == "/plugin");
   REQUIRE(frames[2].ns.event == "ask");
@@ -55,7 +66,7 @@ TEST_CASE("A record queued while the log sender sleeps wakes it", "[channel]") {
                     "', call_id='c')\n"));
     auto frames = collector.Wait(i + 1, absl::Seconds(5));
     REQUIRE(frames.size() == static_cast<size_t>(i + 1));
-    REQUIRE(frames[i].log.message == absl::StrCat("r", i));
+    REQUIRE(RecordOf(frames[i]).message() == absl::StrCat("r", i));
     if (i % 2 == 0) usleep(1000);
   }
 }
@@ -88,9 +99,9 @@ TEST_CASE(
   REQUIRE(frames.size() == static_cast<size_t>(kThreads * kEach));
   std::vector<int> next(kThreads, 0);
   for (const ipc::Frame& frame : frames) {
-    const std::string& text = frame.type == ipc::FrameType::kLog
-                                  ? frame.log.message
-                                  : frame.trace.trace_id;
+    const std::string text = frame.type == ipc::FrameType::kLog
+                                 ? RecordOf(frame).message()
+                                 : frame.trace.trace_id;
     const int t = text[0] - '0';
     REQUIRE(t >= 0);
     REQUIRE(t < kThreads);
@@ -117,28 +128,32 @@ TEST_CASE("Log records and trace events cross the edge by field name",
      "call_id='c')\n");
   auto frames = collector.Wait(3, absl::Seconds(5));
   REQUIRE(frames.size() == 3);
-  const ipc::LogEntry& log = frames[0].log;
-  CHECK(log.logger == "lg");
-  CHECK(log.level == 30);
-  CHECK(log.level_name == "WARNING");
-  CHECK(log.message == "msg");
-  CHECK(log.time_unix_nanos == 5000000000123);
-  CHECK(log.file == "f.py");
-  CHECK(log.line == 7);
-  CHECK(log.function == "fn");
-  CHECK(log.module == "mod");
-  CHECK(log.exception_text == "exc");
-  CHECK(log.origin == 2);
-  CHECK(log.call_id == "c\xff");  // surrogateescape: the byte comes back
-  CHECK(log.context == "ctx");
-  CHECK(log.extras == "\x80");
-  CHECK(log.stack_info == "st");
-  const ipc::LogEntry& bare = frames[1].log;
-  CHECK(bare.message == "bare");
-  CHECK(bare.level == 20);
-  CHECK(bare.origin == 1);
-  CHECK(bare.logger.empty());
-  CHECK(bare.extras.empty());
+  const LogRecord log = RecordOf(frames[0]);
+  CHECK(log.logger() == "lg");
+  CHECK(log.level() == 30);
+  CHECK(log.level_name() == "WARNING");
+  CHECK(log.message() == "msg");
+  CHECK(log.time_unix_nanos() == 5000000000123);
+  CHECK(log.file() == "f.py");
+  CHECK(log.line() == 7);
+  CHECK(log.function() == "fn");
+  CHECK(log.module() == "mod");
+  CHECK(log.exception_text() == "exc");
+  CHECK(log.origin() == runtime::v1::LOG_ORIGIN_STDOUT);
+  // proto3 strings are UTF-8: a lone surrogate is escaped, not sent raw.
+  CHECK(log.call_id() == "c\\udcff");
+  CHECK(log.context() == "ctx");
+  CHECK(log.extras() == "\x80");
+  CHECK(log.stack_info() == "st");
+  CHECK(log.seq() == 0);
+  CHECK(log.worker_id().empty());
+  // Omitted fields keep proto3's defaults.
+  const LogRecord bare = RecordOf(frames[1]);
+  CHECK(bare.message() == "bare");
+  CHECK(bare.level() == 0);
+  CHECK(bare.origin() == runtime::v1::LOG_ORIGIN_UNSPECIFIED);
+  CHECK(bare.logger().empty());
+  CHECK(bare.extras().empty());
   const ipc::TraceEntry& t = frames[2].trace;
   CHECK(t.kind == 3);
   CHECK(t.trace_id == "t");
@@ -165,6 +180,14 @@ TEST_CASE("Log records and trace events cross the edge by field name",
         "level must be int, not str");
   CHECK(Raised("ch.send_log(line=1 << 40)", "ValueError") ==
         "line out of range");
+  CHECK(Raised("ch.send_log(origin=9)", "ValueError") ==
+        "origin must be a value of agentix.runtime.v1.LogOrigin");
+  CHECK(Raised("ch.send_log(extras='text')", "TypeError") != kNoError);
+  // The daemon's fields are not the worker's to set.
+  CHECK(Raised("ch.send_log(seq=1)", "TypeError") ==
+        "send_log() got an unexpected keyword argument 'seq'");
+  CHECK(Raised("ch.send_log(worker_id='w')", "TypeError") ==
+        "send_log() got an unexpected keyword argument 'worker_id'");
   CHECK(Raised("ch.send_trace(trace_id='t')", "ValueError") ==
         "kind must be 1..4 (TraceEventKind)");
   CHECK(Raised("ch.send_trace(kind=1, status=3)", "ValueError") ==
@@ -172,7 +195,32 @@ TEST_CASE("Log records and trace events cross the edge by field name",
   Py("ch.send_log(message='last')\n");
   frames = collector.Wait(4, absl::Seconds(5));
   REQUIRE(frames.size() == 4);
-  CHECK(frames[3].log.message == "last");
+  CHECK(RecordOf(frames[3]).message() == "last");
+}
+
+TEST_CASE("send_log's bytes are the LogRecord protobuf itself parses",
+          "[channel]") {
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  // Negative ints (10-byte varints), zeros (left out), non-ASCII text and
+  // long bytes, against the generated parser.
+  Py("ch.send_log(line=-5, level=0, time_unix_nanos=-1, message='h\u00e9 "
+     "\u2603', logger='', extras=bytes(range(256)) * 4, origin=0)\n");
+  auto frames = collector.Wait(1, absl::Seconds(5));
+  REQUIRE(frames.size() == 1);
+  const LogRecord log = RecordOf(frames[0]);
+  CHECK(log.line() == -5);
+  CHECK(log.level() == 0);
+  CHECK(log.time_unix_nanos() == -1);
+  CHECK(log.message() == "h\xc3\xa9 \xe2\x98\x83");
+  CHECK(log.extras().size() == 1024);
+  CHECK(log.extras()[255] == '\xff');
+  LogRecord want;
+  want.set_line(-5);
+  want.set_time_unix_nanos(-1);
+  want.set_message(log.message());
+  want.set_extras(log.extras());
+  CHECK(log.SerializeAsString() == want.SerializeAsString());
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <utility>
 
+#include "agentix/runtime/v1/runtime.pb.h"
 #include "base/utf8.h"
 #include "worker/channel/diagnostics.h"
 #include "worker/channel/log_sender.h"
@@ -108,20 +109,22 @@ namespace {
 absl::Status AppendStdioFrame(const StdioCapture::Shared& s, int origin,
                               int64_t time_ns, const std::string& text,
                               const std::string& call_id, std::string& out) {
+  runtime::v1::LogRecord log;
+  const bool is_stdout = origin == kOriginStdout;
+  log.set_logger(is_stdout ? "agentix.sandbox.stdout"
+                           : "agentix.sandbox.stderr");
+  log.set_level(20);
+  log.set_level_name("INFO");
+  log.set_message(text);
+  log.set_time_unix_nanos(time_ns);
+  log.set_module("stdio");
+  log.set_origin(static_cast<runtime::v1::LogOrigin>(origin));
+  log.set_call_id(call_id);
+  log.set_context(s.context);
+  log.set_extras(is_stdout ? s.stdout_extras : s.stderr_extras);
   ipc::Frame frame;
   frame.type = ipc::FrameType::kLog;
-  ipc::LogEntry& log = frame.log;
-  const bool is_stdout = origin == kOriginStdout;
-  log.logger = is_stdout ? "agentix.sandbox.stdout" : "agentix.sandbox.stderr";
-  log.level = 20;
-  log.level_name = "INFO";
-  log.message = text;
-  log.time_unix_nanos = time_ns;
-  log.module = "stdio";
-  log.origin = origin;
-  log.call_id = call_id;
-  log.context = s.context;
-  log.extras = is_stdout ? s.stdout_extras : s.stderr_extras;
+  log.SerializeToString(&frame.record);
   return ipc::AppendFrame(frame, out);
 }
 

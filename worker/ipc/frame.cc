@@ -107,26 +107,6 @@ void PackError(Packer& p, const ErrorInfo& e) {
   if (!e.state.empty()) PackBin(p, "state", e.state);
 }
 
-void PackLog(Packer& p, const LogEntry& l) {
-  PackKey(p, "log");
-  p.pack_map(15);
-  PackStr(p, "logger", l.logger);
-  PackInt(p, "level", l.level);
-  PackStr(p, "level_name", l.level_name);
-  PackStr(p, "message", l.message);
-  PackInt(p, "time_unix_nanos", l.time_unix_nanos);
-  PackStr(p, "file", l.file);
-  PackInt(p, "line", l.line);
-  PackStr(p, "function", l.function);
-  PackStr(p, "module", l.module);
-  PackStr(p, "exception_text", l.exception_text);
-  PackInt(p, "origin", l.origin);
-  PackStr(p, "call_id", l.call_id);
-  PackStr(p, "context", l.context);
-  PackBin(p, "extras", l.extras);
-  PackStr(p, "stack_info", l.stack_info);
-}
-
 void PackTrace(Packer& p, const TraceEntry& t) {
   PackKey(p, "trace");
   p.pack_map(14);
@@ -197,32 +177,6 @@ absl::Status ReadView(const msgpack::object& o, std::string_view key,
 std::string_view KeyOf(const msgpack::object_kv& kv) {
   if (kv.key.type != msgpack::type::STR) return {};
   return std::string_view(kv.key.via.str.ptr, kv.key.via.str.size);
-}
-
-absl::Status ReadLog(const msgpack::object& o, LogEntry& l) {
-  if (o.type != msgpack::type::MAP) return InvalidField("log", "a map");
-  for (uint32_t i = 0; i < o.via.map.size; ++i) {
-    const auto& kv = o.via.map.ptr[i];
-    std::string_view key = KeyOf(kv);
-    absl::Status s;
-    if (key == "logger") s = ReadBytes(kv.val, key, l.logger);
-    else if (key == "level") s = ReadInt(kv.val, key, l.level);
-    else if (key == "level_name") s = ReadBytes(kv.val, key, l.level_name);
-    else if (key == "message") s = ReadBytes(kv.val, key, l.message);
-    else if (key == "time_unix_nanos") s = ReadInt(kv.val, key, l.time_unix_nanos);
-    else if (key == "file") s = ReadBytes(kv.val, key, l.file);
-    else if (key == "line") s = ReadInt(kv.val, key, l.line);
-    else if (key == "function") s = ReadBytes(kv.val, key, l.function);
-    else if (key == "module") s = ReadBytes(kv.val, key, l.module);
-    else if (key == "exception_text") s = ReadBytes(kv.val, key, l.exception_text);
-    else if (key == "origin") s = ReadInt(kv.val, key, l.origin);
-    else if (key == "call_id") s = ReadBytes(kv.val, key, l.call_id);
-    else if (key == "context") s = ReadBytes(kv.val, key, l.context);
-    else if (key == "extras") s = ReadBytes(kv.val, key, l.extras);
-    else if (key == "stack_info") s = ReadBytes(kv.val, key, l.stack_info);
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
 }
 
 absl::Status ReadTrace(const msgpack::object& o, TraceEntry& t) {
@@ -479,7 +433,7 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
     case FrameType::kLog:
       p.pack_map(2);
       PackStr(p, "t", "log");
-      PackLog(p, f.log);
+      PackBin(p, "record", f.record);
       break;
     case FrameType::kTrace:
       p.pack_map(2);
@@ -617,8 +571,8 @@ absl::StatusOr<Frame> DecodeBody(std::string_view body,
       s = ReadInt(kv.val, key, f.stream_window);
     } else if (key == "index") {
       s = ReadInt(kv.val, key, f.index);
-    } else if (key == "log") {
-      s = ReadLog(kv.val, f.log);
+    } else if (key == "record") {
+      s = ReadBytes(kv.val, key, f.record);
     } else if (key == "trace") {
       s = ReadTrace(kv.val, f.trace);
     } else if (key == "ns") {

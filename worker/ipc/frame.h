@@ -47,7 +47,7 @@ enum class FrameType {
   kStreamItem,   // call_id, index, encoding, data (one whole encoded item)
   kEnvSet,       // detail: empty once kSetEnv's entries are applied, else why
                  // they could not be
-  kLog,          // log (one log record; see LogEntry)
+  kLog,          // record: one serialized agentix.runtime.v1.LogRecord
   kTrace,        // trace (one trace/span lifecycle event; see TraceEntry)
 };
 
@@ -76,26 +76,6 @@ struct ErrorInfo {
 // the daemon if a worker sends one anyway); the host then raises the plain
 // RemoteCallError.
 inline constexpr size_t kMaxExceptionStateBytes = 64 * 1024;
-
-// One log record from the worker (agentix.runtime.v1.LogRecord without the
-// daemon-assigned seq and worker id).
-struct LogEntry {
-  std::string logger;
-  int level = 20;
-  std::string level_name;
-  std::string message;
-  int64_t time_unix_nanos = 0;
-  std::string file;
-  int line = 0;
-  std::string function;
-  std::string module;
-  std::string exception_text;
-  int origin = 1;  // agentix.runtime.v1.LogOrigin
-  std::string call_id;
-  std::string context;
-  std::string extras;  // msgpack map, or empty
-  std::string stack_info;
-};
 
 // One trace or span lifecycle event from the worker's agentix.trace
 // forwarding processor (agentix.runtime.v1.TraceEvent before the daemon adds
@@ -143,7 +123,10 @@ struct Frame {
   std::string detail;
   uint32_t stream_window = 0;  // kCall: non-zero for a streaming call
   uint64_t index = 0;          // kStreamItem, kStreamAck
-  LogEntry log;                // kLog
+  // kLog: the serialized agentix.runtime.v1.LogRecord (runtime.proto is the
+  // record's one schema; this library only carries its bytes, and the
+  // daemon sets seq and worker_id).
+  std::string record;
   TraceEntry trace;            // kTrace
   NamespaceEntry ns;           // kNamespaceEvent
   // kCall, kArgChunk, kResultChunk, kResult: the payload lies in the

@@ -272,47 +272,23 @@ TEST_CASE("AppendDataFrame encodes chunks like AppendFrame", "[ipc]") {
 namespace agentix::ipc {
 namespace {
 
-TEST_CASE("Log frames round-trip every field", "[ipc]") {
+TEST_CASE("Log frames carry the record's bytes unchanged", "[ipc]") {
+  // The record is a serialized agentix.runtime.v1.LogRecord; this codec
+  // neither knows nor checks its fields (any bytes, NULs included).
   Frame f;
   f.type = FrameType::kLog;
-  f.log.logger = "app.db";
-  f.log.level = 30;
-  f.log.level_name = "WARNING";
-  f.log.message = "slow query";
-  f.log.time_unix_nanos = 1795940000123456789;
-  f.log.file = "/x/app.py";
-  f.log.line = 42;
-  f.log.function = "run";
-  f.log.module = "app";
-  f.log.exception_text = "Traceback...";
-  f.log.origin = 2;
-  f.log.call_id = "c1";
-  f.log.context = "sandbox-h-worker-1";
-  f.log.extras = std::string("\x81\xa1k\x01", 4);
-  f.log.stack_info = "Stack (most recent call last):";
+  f.record = std::string("\x12\x06app.db\x18\x1e\x00\xff", 12);
   std::string wire;
   REQUIRE_OK(AppendFrame(f, wire));
   FrameReader reader;
   reader.Append(wire.data(), wire.size());
   auto next = reader.Next();
   REQUIRE(next.ok());
-  const LogEntry& l = (*next)->log;
   REQUIRE((*next)->type == FrameType::kLog);
-  REQUIRE(l.logger == "app.db");
-  REQUIRE(l.level == 30);
-  REQUIRE(l.level_name == "WARNING");
-  REQUIRE(l.message == "slow query");
-  REQUIRE(l.time_unix_nanos == 1795940000123456789);
-  REQUIRE(l.file == "/x/app.py");
-  REQUIRE(l.line == 42);
-  REQUIRE(l.function == "run");
-  REQUIRE(l.module == "app");
-  REQUIRE(l.exception_text == "Traceback...");
-  REQUIRE(l.origin == 2);
-  REQUIRE(l.call_id == "c1");
-  REQUIRE(l.context == "sandbox-h-worker-1");
-  REQUIRE(l.extras == f.log.extras);
-  REQUIRE(l.stack_info == f.log.stack_info);
+  REQUIRE((*next)->record == f.record);
+  // A record that is not bytes is a bad frame.
+  auto bad = DecodeFrameBody(std::string("\x82\xa1t\xa3log\xa6record\x01", 14));
+  REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
