@@ -157,12 +157,12 @@ TEST_CASE("An item's framed size counts its tag and varint length",
 
 TEST_CASE("Oversized records and events are cut to one message's item",
           "[batching_writer]") {
-  ipc::LogEntry entry;
-  entry.logger = "big";
-  entry.message = std::string(10u << 20, 'm');
-  entry.exception_text = std::string(3u << 20, 't');
-  entry.extras = std::string(2u << 20, '\x01');
-  LogRecord record = ToLogRecord(entry, "w1");
+  LogRecord sent;  // as the worker sends it (runtime.proto's LogRecord)
+  sent.set_logger("big");
+  sent.set_message(std::string(10u << 20, 'm'));
+  sent.set_exception_text(std::string(3u << 20, 't'));
+  sent.set_extras(std::string(2u << 20, '\x01'));
+  LogRecord record = ToLogRecord(sent.SerializeAsString(), "w1");
   CHECK(record.ByteSizeLong() <= kMaxWireItemBytes);
   CHECK(record.message().find("[truncated: ") != std::string::npos);
   CHECK(record.logger() == "big");
