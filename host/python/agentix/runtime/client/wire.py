@@ -28,6 +28,7 @@ from __future__ import annotations
 import pickle
 
 from agentix.runtime.v1 import runtime_pb2 as pb
+from agentix.utils import context as _context
 
 __all__ = [
     "CALLS_METHOD",
@@ -36,6 +37,8 @@ __all__ = [
     "argument_chunk_event",
     "request_event",
     "byte_views",
+    "ContextFields",
+    "context_carrier",
     "namespace_event_request",
     "parse_calls_response",
     "pickle_pieces",
@@ -58,6 +61,11 @@ _START_ARGUMENTS = 4 << 3 | 2  # StartCall.arguments
 _START_ARGUMENTS_SIZE = 5 << 3 | 0  # StartCall.arguments_size
 _START_CONTEXT = 6 << 3 | 2  # StartCall.context
 _START_STREAM_WINDOW = 7 << 3 | 0  # StartCall.stream_window
+_START_TRACEPARENT = 8 << 3 | 2  # StartCall.traceparent
+_START_TRACESTATE = 9 << 3 | 2  # StartCall.tracestate
+_START_BAGGAGE = 10 << 3 | 2  # StartCall.baggage (map entries: key 1, value 2)
+_MAP_KEY = 1 << 3 | 2
+_MAP_VALUE = 2 << 3 | 2
 _SANDBOX_RESULT_CHUNK = 1 << 3 | 2  # SandboxEvent.result_chunk
 _NS_REQUEST_EVENT = 2 << 3 | 2  # NamespaceRequest.event
 _NS_EVENT_NAME = 1 << 3 | 2  # NamespaceEvent.event
@@ -188,6 +196,79 @@ def argument_chunk_event(call_id: str, data: memoryview | list[memoryview], offs
     ]
 
 
+class ContextFields(bytes):
+    """StartCall's plain context fields (traceparent, tracestate, baggage),
+    already encoded as protobuf fields: `start_call_event` writes them as
+    they are instead of as the pickled ``context`` field."""
+
+    __slots__ = ()
+
+
+_PLAIN_VARS = frozenset(("agentix_context_baggage", "agentix_trace_current_trace", "agentix_trace_current_span"))
+_HEX = frozenset("0123456789abcdef")
+
+
+def _is_hex_id(value: object, prefix: str, digits: int) -> bool:
+    return (
+        type(value) is str
+        and len(value) == len(prefix) + digits
+        and value.startswith(prefix)
+        and _HEX.issuperset(value[len(prefix) :])
+        and value[len(prefix) :].strip("0") != ""
+    )
+
+
+def _field(tag: int, text: str) -> bytes:
+    data = text.encode()
+    return _length_header(tag, len(data)) + data
+
+
+def context_carrier() -> bytes:
+    """The current context for a StartCall: b"" when nothing is propagated;
+    `ContextFields` (traceparent, tracestate, baggage) when every baggage key
+    and value is a str and the only other propagated vars are the agentix
+    trace scope, with a current span whose ids are agentix's own; else the
+    pickled carrier (see `agentix.utils.context.encode`).
+
+    The plain form carries ids, not objects: in the sandbox the current span
+    and trace have the host's ids and an empty name."""
+    captured = _context.capture()
+    if not captured:
+        return b""
+    if _PLAIN_VARS.issuperset(captured):
+        fields = _plain_fields(captured)
+        if fields is not None:
+            return fields
+    return pickle.dumps(captured, protocol=5)
+
+
+def _plain_fields(captured: dict) -> ContextFields | None:
+    """`captured` as plain StartCall fields, or None when it needs the pickle."""
+    out = []
+    span = captured.get("agentix_trace_current_span")
+    current = captured.get("agentix_trace_current_trace")
+    if span is not None or current is not None:
+        from agentix.utils import trace
+
+        if type(span) is not trace.Span:
+            return None  # a trace with no span open has no W3C parent
+        trace_id, span_id = span.trace_id, span.span_id
+        if not (_is_hex_id(trace_id, "trace_", 32) and _is_hex_id(span_id, "span_", 24)):
+            return None
+        if current is not None and (type(current) is not trace.Trace or current.trace_id != trace_id):
+            return None
+        out.append(_field(_START_TRACEPARENT, f"00-{trace_id[6:]}-{span_id[5:21]}-01"))
+        out.append(_field(_START_TRACESTATE, "agentix=" + span_id[5:]))
+    baggage = captured.get("agentix_context_baggage")
+    if baggage:
+        for key, value in baggage.items():
+            if type(key) is not str or not key or type(value) is not str:
+                return None
+            entry = _field(_MAP_KEY, key) + _field(_MAP_VALUE, value)
+            out.append(_length_header(_START_BAGGAGE, len(entry)) + entry)
+    return ContextFields(b"".join(out)) if out else None
+
+
 def start_call_event(
     call_id: str,
     callable_ref: str,
@@ -220,7 +301,9 @@ def start_call_event(
     tail = b"".join(
         (
             bytes((_START_ARGUMENTS_SIZE,)) + _varint(arguments_size) if arguments_size else b"",
-            _length_header(_START_CONTEXT, len(context)) + context if context else b"",
+            (context if type(context) is ContextFields else _length_header(_START_CONTEXT, len(context)) + context)
+            if context
+            else b"",
             bytes((_START_STREAM_WINDOW,)) + _varint(stream_window) if stream_window else b"",
         )
     )
