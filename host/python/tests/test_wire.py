@@ -204,3 +204,16 @@ def test_anything_else_keeps_the_pickled_carrier(case):
     start = _start_of(carrier)
     assert not start.traceparent and not start.baggage
     assert pickle.loads(start.context).keys() == expected.keys()
+
+
+def test_the_encoded_fields_follow_each_new_scope_and_span():
+    from agentix.utils import context, trace
+
+    with trace.trace("t"), trace.span("outer") as outer, context.scope(k="1"):
+        first = _start_of(wire.context_carrier())
+        with trace.span("inner") as inner, context.scope(k="2"):
+            second = _start_of(wire.context_carrier())
+        again = _start_of(wire.context_carrier())
+    assert (first.tracestate, dict(first.baggage)) == (f"agentix={outer.span_id[5:]}", {"k": "1"})
+    assert (second.tracestate, dict(second.baggage)) == (f"agentix={inner.span_id[5:]}", {"k": "2"})
+    assert again == first

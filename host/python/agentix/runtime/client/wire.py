@@ -26,6 +26,7 @@ Field numbers are those of ``agentix/runtime/v1/runtime.proto``.
 from __future__ import annotations
 
 import pickle
+import re
 
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.utils import context as _context
@@ -205,17 +206,10 @@ class ContextFields(bytes):
 
 
 _PLAIN_VARS = frozenset(("agentix_context_baggage", "agentix_trace_current_trace", "agentix_trace_current_span"))
-_HEX = frozenset("0123456789abcdef")
-
-
-def _is_hex_id(value: object, prefix: str, digits: int) -> bool:
-    return (
-        type(value) is str
-        and len(value) == len(prefix) + digits
-        and value.startswith(prefix)
-        and _HEX.issuperset(value[len(prefix) :])
-        and value[len(prefix) :].strip("0") != ""
-    )
+_TRACE_ID = re.compile(r"trace_[0-9a-f]{32}").fullmatch
+_SPAN_ID = re.compile(r"span_[0-9a-f]{24}").fullmatch
+_ZERO_TRACE_ID = "trace_" + "0" * 32
+_ZERO_PARENT = "0" * 16
 
 
 def _field(tag: int, text: str) -> bytes:
@@ -236,37 +230,88 @@ def context_carrier() -> bytes:
     if not captured:
         return b""
     if _PLAIN_VARS.issuperset(captured):
-        fields = _plain_fields(captured)
-        if fields is not None:
-            return fields
+        trace_part = _trace_fields(captured)
+        if trace_part is not None:
+            baggage_part = _baggage_fields(captured.get("agentix_context_baggage"))
+            if baggage_part is not None and (trace_part or baggage_part):
+                return ContextFields(trace_part + baggage_part)
     return pickle.dumps(captured, protocol=5)
 
 
-def _plain_fields(captured: dict) -> ContextFields | None:
-    """`captured` as plain StartCall fields, or None when it needs the pickle."""
-    out = []
+# One-entry caches: calls made in the same span / baggage scope reuse the
+# encoded fields (the baggage mapping is replaced, never changed in place,
+# by agentix.context; spans keep their ids).
+_last_span: tuple[str, str, bytes] = ("", "", b"")
+_last_baggage: tuple[object, bytes | None] = (None, b"")
+
+
+_trace_types: tuple[type, type] | None = None
+
+
+def _load_trace_types() -> None:
+    """agentix.utils.trace imports this module's package indirectly: looked up
+    on first use, not at import."""
+    global _trace_types
+    from agentix.utils.trace import Span, Trace
+
+    _trace_types = (Span, Trace)
+
+
+def _trace_fields(captured: dict) -> bytes | None:
+    """traceparent + tracestate for the captured trace scope, b"" without
+    one, None when it needs the pickle (a trace with no span open, ids that
+    are not agentix's own)."""
+    global _last_span
     span = captured.get("agentix_trace_current_span")
     current = captured.get("agentix_trace_current_trace")
-    if span is not None or current is not None:
-        from agentix.utils import trace
+    if span is None:
+        return b"" if current is None else None
+    if _trace_types is None:
+        _load_trace_types()
+    Span, Trace = _trace_types  # noqa: N806 - classes
+    if type(span) is not Span:
+        return None
+    trace_id, span_id = span.trace_id, span.span_id
+    if current is not None and (type(current) is not Trace or current.trace_id != trace_id):
+        return None
+    cached_span, cached_trace, encoded = _last_span
+    if span_id == cached_span and trace_id == cached_trace:
+        return encoded
+    if (
+        type(trace_id) is not str
+        or type(span_id) is not str
+        or not _TRACE_ID(trace_id)
+        or not _SPAN_ID(span_id)
+        or trace_id == _ZERO_TRACE_ID
+        or span_id[5:21] == _ZERO_PARENT
+    ):
+        return None
+    encoded = _field(_START_TRACEPARENT, f"00-{trace_id[6:]}-{span_id[5:21]}-01") + _field(
+        _START_TRACESTATE, "agentix=" + span_id[5:]
+    )
+    _last_span = (span_id, trace_id, encoded)
+    return encoded
 
-        if type(span) is not trace.Span:
-            return None  # a trace with no span open has no W3C parent
-        trace_id, span_id = span.trace_id, span.span_id
-        if not (_is_hex_id(trace_id, "trace_", 32) and _is_hex_id(span_id, "span_", 24)):
+
+def _baggage_fields(baggage: object) -> bytes | None:
+    """The baggage map entries, b"" for none, None unless every key is a
+    non-empty str and every value a str."""
+    global _last_baggage
+    if not baggage:
+        return b""
+    cached, encoded = _last_baggage
+    if baggage is cached:
+        return encoded
+    out = []
+    for key, value in baggage.items():  # type: ignore[attr-defined]
+        if type(key) is not str or not key or type(value) is not str:
+            _last_baggage = (baggage, None)
             return None
-        if current is not None and (type(current) is not trace.Trace or current.trace_id != trace_id):
-            return None
-        out.append(_field(_START_TRACEPARENT, f"00-{trace_id[6:]}-{span_id[5:21]}-01"))
-        out.append(_field(_START_TRACESTATE, "agentix=" + span_id[5:]))
-    baggage = captured.get("agentix_context_baggage")
-    if baggage:
-        for key, value in baggage.items():
-            if type(key) is not str or not key or type(value) is not str:
-                return None
-            entry = _field(_MAP_KEY, key) + _field(_MAP_VALUE, value)
-            out.append(_length_header(_START_BAGGAGE, len(entry)) + entry)
-    return ContextFields(b"".join(out)) if out else None
+        entry = _field(_MAP_KEY, key) + _field(_MAP_VALUE, value)
+        out.append(_length_header(_START_BAGGAGE, len(entry)) + entry)
+    encoded = b"".join(out)
+    _last_baggage = (baggage, encoded)
+    return encoded
 
 
 def start_call_event(
