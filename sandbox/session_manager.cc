@@ -7,6 +7,7 @@
 #include "base/log.h"
 #include "base/malloc_tuning.h"
 #include "base/status_macros.h"
+#include "sandbox/call_context.h"
 #include "sandbox/startup_env.h"
 #include "sandbox/wire_limits.h"
 #include "worker/ipc/chunking.h"
@@ -328,6 +329,11 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
     RememberFinished(id);
     return;
   }
+  if (auto status = CheckCallContext(start); !status.ok()) {
+    out.push_back({sink, BadRequest(id, std::string(status.message()))});
+    RememberFinished(id);
+    return;
+  }
   const uint64_t expected = start.arguments_size() == 0
                                 ? start.arguments().size()
                                 : start.arguments_size();
@@ -416,7 +422,7 @@ void SessionManager::Dispatch(const std::string& id, Call& call,
                        ? runtime::v1::ENCODING_PICKLE
                        : start.encoding();
   frame.total_size = call.args_expected;
-  frame.context = start.context();
+  frame.context = WorkerContext(start);
   frame.stream_window =
       std::min(start.stream_window(), options_.max_stream_window);
   const size_t first = std::min(args.size(), ipc::kChunkBytes);

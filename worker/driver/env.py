@@ -71,3 +71,52 @@ def _apply_env(entries):
         return ""
     except Exception as exc:
         return f"{type(exc).__name__}: {_text(exc)}"
+
+
+# StartCall's plain context fields as the daemon passes them in the call
+# frame (sandbox/call_context.h): this prefix, then u32-LE-length-prefixed
+# strings traceparent, tracestate, key, value, key, value...
+_PLAIN_CONTEXT_MAGIC = b"\0AXC1"
+_HEX = frozenset("0123456789abcdef")
+
+
+def _plain_context(context, carrier):
+    """The propagated values (for context.attach) that StartCall's
+    traceparent / tracestate / baggage describe: the baggage as the
+    sandbox's agentix.context baggage, and the trace parent as the current
+    agentix Trace and Span (ids only: "trace_" + the W3C trace-id, "span_" +
+    the full agentix span id from tracestate's "agentix=" entry when it
+    extends the parent-id, else + the parent-id). The daemon has checked the
+    traceparent."""
+    strings = []
+    view = memoryview(carrier)
+    at = len(_PLAIN_CONTEXT_MAGIC)
+    while at + 4 <= len(view):
+        size = int.from_bytes(view[at:at + 4], "little")
+        strings.append(bytes(view[at + 4:at + 4 + size]).decode())
+        at += 4 + size
+    traceparent, tracestate = strings[0], strings[1]
+    pairs = strings[2:]
+    values = {}
+    if pairs:
+        values["agentix_context_baggage"] = dict(zip(pairs[::2], pairs[1::2]))
+    if traceparent:
+        try:
+            import agentix.utils.trace as trace
+        except ImportError:
+            return values
+        trace_id = "trace_" + traceparent[3:35]
+        parent_id = traceparent[36:52]
+        span_id = parent_id
+        for entry in tracestate.split(","):
+            key, _, value = entry.strip().partition("=")
+            if (key == "agentix" and len(value) == 24
+                    and value.startswith(parent_id) and _HEX.issuperset(value)):
+                span_id = value
+                break
+        values["agentix_trace_current_trace"] = trace.Trace(
+            trace_id=trace_id, name="")
+        values["agentix_trace_current_span"] = trace.Span(
+            span_id="span_" + span_id, trace_id=trace_id, parent_id=None,
+            name="")
+    return values

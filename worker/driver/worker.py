@@ -38,7 +38,8 @@ from .common import (
     _log,
     _text,
 )
-from .env import _apply_env, _context_module
+from .env import (_PLAIN_CONTEXT_MAGIC, _apply_env, _context_module,
+                  _plain_context)
 from .errors import _error, _send_error
 from .namespaces import _deliver_namespace_event
 from .pool import _SyncPool
@@ -230,7 +231,10 @@ class _Worker:
                 self._start_call(call, data)
                 return
             try:
-                values = context.decode(call.context)
+                if call.context.startswith(_PLAIN_CONTEXT_MAGIC):
+                    values = _plain_context(context, call.context)
+                else:
+                    values = context.decode(call.context)
             except BaseException as exc:
                 self._finish(call, False, _error(exc, _INVALID_ARGUMENT, skip=1))
                 return

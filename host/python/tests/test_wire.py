@@ -155,3 +155,65 @@ def test_namespace_event_request_refuses_what_protobuf_refuses():
         pb.NamespaceEvent(event="\udc80")
     with pytest.raises(ValueError):  # UnicodeEncodeError
         wire.namespace_event_request("\udc80", b"", "")
+
+
+def _start_of(context_pieces):
+    pieces = wire.start_call_event("c1", "m::f", memoryview(b"\x80x"), 2, context_pieces, 0)
+    return pb.CallsRequest.FromString(b"".join(bytes(p) for p in pieces)).events[0].start
+
+
+def test_context_carrier_is_empty_without_context():
+    assert wire.context_carrier() == b""
+
+
+def test_string_baggage_and_trace_scope_travel_as_plain_fields():
+    from agentix.utils import context, trace
+
+    with trace.trace("t") as t, trace.span("s") as s, context.scope(run="r42", step="3"):
+        carrier = wire.context_carrier()
+    assert type(carrier) is wire.ContextFields
+    start = _start_of(carrier)
+    assert start.context == b""
+    assert start.traceparent == f"00-{t.trace_id[6:]}-{s.span_id[5:21]}-01"
+    assert start.tracestate == f"agentix={s.span_id[5:]}"
+    assert dict(start.baggage) == {"run": "r42", "step": "3"}
+
+
+@pytest.mark.parametrize("case", ["int-baggage", "custom-var", "trace-without-span", "custom-span-id"])
+def test_anything_else_keeps_the_pickled_carrier(case):
+    import contextlib
+    import pickle
+
+    from agentix.utils import context, trace
+
+    with contextlib.ExitStack() as stack:
+        if case == "int-baggage":
+            stack.enter_context(context.scope(run=7))
+        elif case == "custom-var":
+            var = context.var("test_wire_custom", default=None)
+            token = var.set("x")
+            stack.callback(var.reset, token)
+        elif case == "trace-without-span":
+            stack.enter_context(trace.trace("t"))
+        else:
+            stack.enter_context(trace.trace("t"))
+            stack.enter_context(trace.span("s", span_id="my-span"))
+        carrier = wire.context_carrier()
+        expected = context.capture()
+    assert type(carrier) is bytes
+    start = _start_of(carrier)
+    assert not start.traceparent and not start.baggage
+    assert pickle.loads(start.context).keys() == expected.keys()
+
+
+def test_the_encoded_fields_follow_each_new_scope_and_span():
+    from agentix.utils import context, trace
+
+    with trace.trace("t"), trace.span("outer") as outer, context.scope(k="1"):
+        first = _start_of(wire.context_carrier())
+        with trace.span("inner") as inner, context.scope(k="2"):
+            second = _start_of(wire.context_carrier())
+        again = _start_of(wire.context_carrier())
+    assert (first.tracestate, dict(first.baggage)) == (f"agentix={outer.span_id[5:]}", {"k": "1"})
+    assert (second.tracestate, dict(second.baggage)) == (f"agentix={inner.span_id[5:]}", {"k": "2"})
+    assert again == first

@@ -37,6 +37,13 @@ export interface CallOptions {
   timeoutMs?: number;
   /** Keyword arguments. */
   kwargs?: Record<string, unknown>;
+  /** W3C trace parent ("00-<32 hex>-<16 hex>-<2 hex>"): spans the call opens join that
+   * trace under that span. A malformed one rejects with RemoteError type "BadRequest". */
+  traceparent?: string;
+  /** W3C tracestate sent with `traceparent`; only an "agentix=<24 hex>" entry is read. */
+  tracestate?: string;
+  /** String baggage: `agentix.context.get(key)` in the sandbox. */
+  baggage?: Record<string, string>;
 }
 
 export interface StreamOptions extends CallOptions {
@@ -59,6 +66,9 @@ interface PendingCall {
   callable: string;
   arguments: Uint8Array;
   streamWindow: number;
+  traceparent: string;
+  tracestate: string;
+  baggage: Record<string, string>;
   resultChunks: Buffer[];
   onResult(value: unknown): void;
   onError(error: Error): void;
@@ -235,6 +245,8 @@ export class RuntimeClient {
     const call: PendingCall = {
       callId, callable: callable.includes("::") ? callable : splitCallable(callable),
       arguments: encoded, streamWindow, resultChunks: [],
+      traceparent: options.traceparent ?? "", tracestate: options.tracestate ?? "",
+      baggage: options.baggage ?? {},
       onResult: handlers.onResult, onError: handlers.onError, onItem: handlers.onItem,
       cleanup: () => {
         if (timer) clearTimeout(timer);
@@ -277,6 +289,7 @@ export class RuntimeClient {
       call_id: call.callId, callable: call.callable, encoding: ENCODING_MSGPACK,
       arguments: Buffer.from(first.buffer, first.byteOffset, first.byteLength),
       arguments_size: size, stream_window: call.streamWindow,
+      traceparent: call.traceparent, tracestate: call.tracestate, baggage: call.baggage,
     } }] });
     if (size > CHUNK_BYTES) void this.upload(stream, call);
   }

@@ -92,6 +92,25 @@ test("ts_int_mapping", { timeout: 60_000 }, async () => {
   } finally { c.close(); }
 });
 
+test("ts_call_context", { timeout: 60_000 }, async () => {
+  const c = client();
+  const traceHex = "4bf92f3577b34da6a3ce929d0e0e4736";
+  try {
+    assert.equal(await c.remote(T + "read_baggage", ["run"], { baggage: { run: "r42" } }), "r42");
+    assert.equal(await c.remote(T + "read_baggage", ["run"]), "<unset>");
+    assert.deepEqual(
+      await c.remote(T + "open_span", [], { traceparent: `00-${traceHex}-00f067aa0ba902b7-01` }),
+      { trace_id: "trace_" + traceHex, parent_id: "span_00f067aa0ba902b7" });
+    await assert.rejects(c.remote(T + "add", [1, 2], { traceparent: "00-nope-01" }), (e) => {
+      assert.ok(e instanceof RemoteError);
+      assert.equal(e.type, "BadRequest");
+      assert.match(e.message, /StartCall\.traceparent/);
+      return true;
+    });
+    assert.equal(await c.remote(T + "add", [1, 2]), 3);
+  } finally { c.close(); }
+});
+
 test("call_error", { timeout: 60_000 }, async () => {
   const c = client();
   try {

@@ -12,7 +12,11 @@ The built-in slice is *baggage*, a flat ``str -> value`` mapping::
         await sandbox.remote(fn)        # fn sees get("run_id") == "r42", get("step") == 3
 
 `capture` / `encode` (host) and `decode` / `attach` (sandbox) are the runtime's
-side of the carrier.
+side of the carrier. When the baggage holds only strings and the only other
+propagated vars are the trace scope, the host sends them instead as the
+language-neutral StartCall fields ``baggage`` / ``traceparent`` /
+``tracestate`` (then the sandbox's current span and trace carry the host's ids
+only, with empty names); see "Call context" in proto/agentix/runtime/v1/README.md.
 """
 
 from __future__ import annotations

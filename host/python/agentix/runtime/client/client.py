@@ -61,7 +61,6 @@ from agentix.runtime.shared.models import HealthResponse, RemoteError
 from agentix.runtime.shared.safepickle import DecodeBusy, restricted_loads, restricted_loads_chunks
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
-from agentix.utils import context
 
 __all__ = ["RuntimeClient"]
 
@@ -322,7 +321,7 @@ class RuntimeClient:
             self._bundle_check.check(callable_ref)
         # In pieces when large: a big bytes argument is not copied into the pickle.
         arguments = wire.pickle_pieces((args, kwargs), CHUNK_BYTES)
-        carrier = context.encode() or b""
+        carrier = wire.context_carrier()
         lost = self._channel_broken
         try:
             stream = await self._live_stream()
@@ -398,7 +397,7 @@ class RuntimeClient:
             self._bundle_check.check(callable_ref)
         # In pieces when large: a big bytes argument is not copied into the pickle.
         arguments = wire.pickle_pieces((args, kwargs), CHUNK_BYTES)
-        carrier = context.encode() or b""
+        carrier = wire.context_carrier()
         lost = self._channel_broken
         try:
             stream = await self._live_stream()

@@ -26,8 +26,10 @@ Field numbers are those of ``agentix/runtime/v1/runtime.proto``.
 from __future__ import annotations
 
 import pickle
+import re
 
 from agentix.runtime.v1 import runtime_pb2 as pb
+from agentix.utils import context as _context
 
 __all__ = [
     "CALLS_METHOD",
@@ -36,6 +38,8 @@ __all__ = [
     "argument_chunk_event",
     "request_event",
     "byte_views",
+    "ContextFields",
+    "context_carrier",
     "namespace_event_request",
     "parse_calls_response",
     "pickle_pieces",
@@ -58,6 +62,11 @@ _START_ARGUMENTS = 4 << 3 | 2  # StartCall.arguments
 _START_ARGUMENTS_SIZE = 5 << 3 | 0  # StartCall.arguments_size
 _START_CONTEXT = 6 << 3 | 2  # StartCall.context
 _START_STREAM_WINDOW = 7 << 3 | 0  # StartCall.stream_window
+_START_TRACEPARENT = 8 << 3 | 2  # StartCall.traceparent
+_START_TRACESTATE = 9 << 3 | 2  # StartCall.tracestate
+_START_BAGGAGE = 10 << 3 | 2  # StartCall.baggage (map entries: key 1, value 2)
+_MAP_KEY = 1 << 3 | 2
+_MAP_VALUE = 2 << 3 | 2
 _SANDBOX_RESULT_CHUNK = 1 << 3 | 2  # SandboxEvent.result_chunk
 _NS_REQUEST_EVENT = 2 << 3 | 2  # NamespaceRequest.event
 _NS_EVENT_NAME = 1 << 3 | 2  # NamespaceEvent.event
@@ -188,6 +197,123 @@ def argument_chunk_event(call_id: str, data: memoryview | list[memoryview], offs
     ]
 
 
+class ContextFields(bytes):
+    """StartCall's plain context fields (traceparent, tracestate, baggage),
+    already encoded as protobuf fields: `start_call_event` writes them as
+    they are instead of as the pickled ``context`` field."""
+
+    __slots__ = ()
+
+
+_PLAIN_VARS = frozenset(("agentix_context_baggage", "agentix_trace_current_trace", "agentix_trace_current_span"))
+_TRACE_ID = re.compile(r"trace_[0-9a-f]{32}").fullmatch
+_SPAN_ID = re.compile(r"span_[0-9a-f]{24}").fullmatch
+_ZERO_TRACE_ID = "trace_" + "0" * 32
+_ZERO_PARENT = "0" * 16
+
+
+def _field(tag: int, text: str) -> bytes:
+    data = text.encode()
+    return _length_header(tag, len(data)) + data
+
+
+def context_carrier() -> bytes:
+    """The current context for a StartCall: b"" when nothing is propagated;
+    `ContextFields` (traceparent, tracestate, baggage) when every baggage key
+    and value is a str and the only other propagated vars are the agentix
+    trace scope, with a current span whose ids are agentix's own; else the
+    pickled carrier (see `agentix.utils.context.encode`).
+
+    The plain form carries ids, not objects: in the sandbox the current span
+    and trace have the host's ids and an empty name."""
+    captured = _context.capture()
+    if not captured:
+        return b""
+    if _PLAIN_VARS.issuperset(captured):
+        trace_part = _trace_fields(captured)
+        if trace_part is not None:
+            baggage_part = _baggage_fields(captured.get("agentix_context_baggage"))
+            if baggage_part is not None and (trace_part or baggage_part):
+                return ContextFields(trace_part + baggage_part)
+    return pickle.dumps(captured, protocol=5)
+
+
+# One-entry caches: calls made in the same span / baggage scope reuse the
+# encoded fields (the baggage mapping is replaced, never changed in place,
+# by agentix.context; spans keep their ids).
+_last_span: tuple[str, str, bytes] = ("", "", b"")
+_last_baggage: tuple[object, bytes | None] = (None, b"")
+
+
+_trace_types: tuple[type, type] | None = None
+
+
+def _load_trace_types() -> None:
+    """agentix.utils.trace imports this module's package indirectly: looked up
+    on first use, not at import."""
+    global _trace_types
+    from agentix.utils.trace import Span, Trace
+
+    _trace_types = (Span, Trace)
+
+
+def _trace_fields(captured: dict) -> bytes | None:
+    """traceparent + tracestate for the captured trace scope, b"" without
+    one, None when it needs the pickle (a trace with no span open, ids that
+    are not agentix's own)."""
+    global _last_span
+    span = captured.get("agentix_trace_current_span")
+    current = captured.get("agentix_trace_current_trace")
+    if span is None:
+        return b"" if current is None else None
+    if _trace_types is None:
+        _load_trace_types()
+    Span, Trace = _trace_types  # noqa: N806 - classes
+    if type(span) is not Span:
+        return None
+    trace_id, span_id = span.trace_id, span.span_id
+    if current is not None and (type(current) is not Trace or current.trace_id != trace_id):
+        return None
+    cached_span, cached_trace, encoded = _last_span
+    if span_id == cached_span and trace_id == cached_trace:
+        return encoded
+    if (
+        type(trace_id) is not str
+        or type(span_id) is not str
+        or not _TRACE_ID(trace_id)
+        or not _SPAN_ID(span_id)
+        or trace_id == _ZERO_TRACE_ID
+        or span_id[5:21] == _ZERO_PARENT
+    ):
+        return None
+    encoded = _field(_START_TRACEPARENT, f"00-{trace_id[6:]}-{span_id[5:21]}-01") + _field(
+        _START_TRACESTATE, "agentix=" + span_id[5:]
+    )
+    _last_span = (span_id, trace_id, encoded)
+    return encoded
+
+
+def _baggage_fields(baggage: object) -> bytes | None:
+    """The baggage map entries, b"" for none, None unless every key is a
+    non-empty str and every value a str."""
+    global _last_baggage
+    if not baggage:
+        return b""
+    cached, encoded = _last_baggage
+    if baggage is cached:
+        return encoded
+    out = []
+    for key, value in baggage.items():  # type: ignore[attr-defined]
+        if type(key) is not str or not key or type(value) is not str:
+            _last_baggage = (baggage, None)
+            return None
+        entry = _field(_MAP_KEY, key) + _field(_MAP_VALUE, value)
+        out.append(_length_header(_START_BAGGAGE, len(entry)) + entry)
+    encoded = b"".join(out)
+    _last_baggage = (baggage, encoded)
+    return encoded
+
+
 def start_call_event(
     call_id: str,
     callable_ref: str,
@@ -220,7 +346,9 @@ def start_call_event(
     tail = b"".join(
         (
             bytes((_START_ARGUMENTS_SIZE,)) + _varint(arguments_size) if arguments_size else b"",
-            _length_header(_START_CONTEXT, len(context)) + context if context else b"",
+            (context if type(context) is ContextFields else _length_header(_START_CONTEXT, len(context)) + context)
+            if context
+            else b"",
             bytes((_START_STREAM_WINDOW,)) + _varint(stream_window) if stream_window else b"",
         )
     )
