@@ -79,6 +79,14 @@ class BatchingWriter {
     queue_limit_status_ = std::move(status);
   }
 
+  // Raises the queue limit by `bytes` (saturating): room for a backlog handed
+  // over at once, which is bounded elsewhere and must not end the stream.
+  void RaiseQueueLimit(size_t bytes) {
+    absl::MutexLock lock(&mu_);
+    queue_limit_bytes_ = queue_limit_bytes_ > SIZE_MAX - bytes ? SIZE_MAX
+                                                               : queue_limit_bytes_ + bytes;
+  }
+
   // Caps one message at `bytes` serialized (default and most kMaxBatchBytes);
   // an item bigger than that alone still goes alone. Each stream holds its
   // message in flight serialized, so streams that may be many and idle use

@@ -156,6 +156,16 @@ class SideChannelSink final
          }});
   }
   void Deliver(std::vector<std::shared_ptr<const Record>> records) override {
+    if (!backlog_allowed_) {
+      // The first delivery is the buffered backlog (bounded by the buffer's
+      // record count): it may exceed the unwritten-bytes limit by itself, and
+      // a subscriber must still be able to take it, so the limit counts from
+      // above it.
+      backlog_allowed_ = true;
+      size_t backlog = 0;
+      for (const auto& r : records) backlog += r->ByteSizeLong();
+      this->RaiseQueueLimit(backlog);
+    }
     this->Enqueue(std::move(records));
   }
   void Flush() override { this->WriteHeldBack(); }
@@ -172,6 +182,7 @@ class SideChannelSink final
   }
 
   std::string client_id_;
+  bool backlog_allowed_ = false;  // SeqBuffer serialises deliveries
 };
 
 // One Logs or Traces stream: subscribes to the buffer on the first
