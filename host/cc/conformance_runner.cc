@@ -73,7 +73,7 @@ bool WaitFor(F done, absl::Duration timeout) {
 // A cases.json value as msgpack: JSON integers as msgpack ints, JSON
 // fractions as float64, and the tagged forms of the suite's README.
 absl::Status PackValue(const nlohmann::json& value,
-                       msgpack::packer<msgpack::sbuffer>& packer) {
+                       msgpack::packer<agentix::MsgpackBuffer>& packer) {
   switch (value.type()) {
     case nlohmann::json::value_t::null: packer.pack_nil(); return absl::OkStatus();
     case nlohmann::json::value_t::boolean:
@@ -191,8 +191,8 @@ std::string Show(const msgpack::object& object) {
 
 // `[[value], {}]` and `[[[value]], {}]`: echo(value) and type_names([value]).
 std::string EncodeCall(const nlohmann::json& value, bool wrap_in_list) {
-  msgpack::sbuffer buffer;
-  msgpack::packer<msgpack::sbuffer> packer(buffer);
+  agentix::MsgpackBuffer buffer;  // doubles as float64
+  msgpack::packer<agentix::MsgpackBuffer> packer(buffer);
   packer.pack_array(2);
   packer.pack_array(1);
   if (wrap_in_list) packer.pack_array(1);

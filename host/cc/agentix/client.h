@@ -15,6 +15,7 @@
 #define AGENTIX_HOST_CC_AGENTIX_CLIENT_H_
 
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -28,6 +29,32 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "msgpack.hpp"
+
+namespace agentix {
+
+// The buffer the client packs values into. Its own type so that its packer
+// can write every double as a msgpack float64: msgpack-cxx's pack_double
+// writes a whole value (2.0) as an integer, and the sandbox would then see
+// an int where the caller passed a float.
+class MsgpackBuffer : public msgpack::sbuffer {};
+
+}  // namespace agentix
+
+namespace msgpack {
+MSGPACK_API_VERSION_NAMESPACE(v1) {
+template <>
+inline packer<agentix::MsgpackBuffer>& packer<agentix::MsgpackBuffer>::pack_double(double d) {
+  uint64_t bits;
+  static_assert(sizeof bits == sizeof d);
+  std::memcpy(&bits, &d, sizeof d);
+  char buf[9];
+  buf[0] = static_cast<char>(0xcbu);
+  for (int i = 8; i >= 1; --i, bits >>= 8) buf[i] = static_cast<char>(bits & 0xffu);
+  append_buffer(buf, 9);
+  return *this;
+}
+}  // MSGPACK_API_VERSION_NAMESPACE(v1)
+}  // namespace msgpack
 
 namespace agentix {
 
@@ -94,7 +121,7 @@ class Arguments {
   }
   template <typename T>
   Arguments& Kw(absl::string_view name, const T& value) {
-    msgpack::packer<msgpack::sbuffer> packer(keywords_);
+    msgpack::packer<MsgpackBuffer> packer(keywords_);
     packer.pack_str(static_cast<uint32_t>(name.size()));
     packer.pack_str_body(name.data(), static_cast<uint32_t>(name.size()));
     ++nkeywords_;
@@ -106,7 +133,7 @@ class Arguments {
 
  private:
   template <typename T>
-  Arguments& Append(msgpack::sbuffer* buffer, const T& value, size_t* count) {
+  Arguments& Append(MsgpackBuffer* buffer, const T& value, size_t* count) {
     try {
       msgpack::pack(*buffer, value);
     } catch (const std::exception& error) {
@@ -117,8 +144,8 @@ class Arguments {
     return *this;
   }
 
-  msgpack::sbuffer positional_;
-  msgpack::sbuffer keywords_;
+  MsgpackBuffer positional_;
+  MsgpackBuffer keywords_;
   size_t npositional_ = 0;
   size_t nkeywords_ = 0;
   absl::Status error_;
