@@ -190,10 +190,11 @@ bool Pack(Packer& packer, PyObject* object);
 // An aware datetime as a timestamp ext in its smallest form; a naive one
 // is refused (its instant is unknown).
 bool PackDateTime(Packer& packer, PyObject* object) {
-  PyObject* tz = PyObject_GetAttrString(object, "tzinfo");
-  if (tz == nullptr) return false;
-  const bool naive = tz == Py_None;
-  Py_DECREF(tz);
+  // The C accessor, not getattr: no attribute-name string is made (a
+  // looked-up name would sit in CPython's type cache, which the fuzzer's
+  // leak check sees as growth).
+  const bool naive = !PyDateTime_Check(object) ||
+                     PyDateTime_DATE_GET_TZINFO(object) == Py_None;
   if (naive) {
     PyErr_SetString(PyExc_TypeError,
                     "agentix.codec: cannot encode a naive datetime (no "
