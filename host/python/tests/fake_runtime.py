@@ -357,7 +357,10 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
         try:
             fn = RemoteCallable(start.callable).resolve()
             args, kwargs = pickle.loads(arguments)
-            with context.attach(context.decode(start.context)):
+            carried = context.decode(start.context)
+            if start.baggage:  # the plain carrier (StartCall.baggage), as the worker applies it
+                carried = {**carried, "agentix_context_baggage": dict(start.baggage)}
+            with context.attach(carried):
                 value = fn(*args, **kwargs)
                 if inspect.isawaitable(value):
                     value = await value

@@ -236,8 +236,9 @@ async def test_baggage_travels_with_the_call(runtime, client):
         assert await client.remote(sandbox_functions.baggage, "run") == "r7"
     assert await client.remote(sandbox_functions.baggage, "run") is None
     with_context, without_context = runtime.events("start")
-    assert pickle.loads(with_context.context) == {"agentix_context_baggage": {"run": "r7"}}
-    assert without_context.context == b""
+    # String baggage travels as the plain StartCall.baggage field, no pickle.
+    assert dict(with_context.baggage) == {"run": "r7"} and with_context.context == b""
+    assert without_context.context == b"" and not without_context.baggage
 
 
 async def test_local_cancellation_cancels_in_the_sandbox(runtime, client):
