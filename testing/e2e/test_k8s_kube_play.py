@@ -21,6 +21,7 @@ import asyncio
 import base64
 import json
 import os
+import secrets
 import shutil
 import socket
 import stat
@@ -107,7 +108,11 @@ def podman():
             pytest.fail(f"{tool} is not installed: run tools/setup")
     if not BUNDLER.exists() or not RENDER_TOOL.exists():
         pytest.fail("run `bazel build //...` first")
-    root = Path(tempfile.mkdtemp(prefix="agx-kp-", dir="/tmp"))
+    # podman names an image pulled from `oci:PATH` after PATH, and a reference
+    # component may not end in "_" or hold "__" (mkdtemp's alphabet has "_"):
+    # hex only, so the name is valid whatever the draw.
+    root = Path("/tmp") / f"agx-kp-{secrets.token_hex(4)}"
+    root.mkdir(mode=0o700)
     engine = Podman(root)
     try:
         yield engine
