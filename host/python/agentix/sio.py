@@ -82,7 +82,9 @@ class Namespace:
     refused unless the class sets ``_allow_reserved = True``.
     """
 
-    namespace: ClassVar[str | None] = None
+    # Every instance has its path (a str); the class-level None only means
+    # that a subclass did not set one.
+    namespace: str = None  # type: ignore[assignment]
     _allow_reserved: ClassVar[bool] = False
 
     def __init__(self, namespace: str | None = None) -> None:
@@ -225,10 +227,10 @@ class Namespace:
         try:
             if deadline is not None:
                 self._arm_expiry(loop, deadline)
-            if emit is None:
-                self._send_packed(event, payload, request_id)
-            else:
+            if emit is not None:
                 await emit(event, envelope)
+            elif payload is not None:  # always, with the default emit
+                self._send_packed(event, payload, request_id)
             return await future
         finally:
             with self._pending_lock:
@@ -251,15 +253,19 @@ class Namespace:
         self._expiry_timers.pop(loop, None)
         due = max(due, loop.time())
         with self._pending_lock:
-            mine = [entry for entry in self._pending.values() if entry.loop is loop and entry.deadline is not None]
+            mine = [
+                (entry, entry.deadline)
+                for entry in self._pending.values()
+                if entry.loop is loop and entry.deadline is not None
+            ]
         following = None
-        for entry in mine:
-            if entry.deadline <= due:
+        for entry, deadline in mine:
+            if deadline <= due:
                 if not entry.future.done():
                     entry.future.set_exception(TimeoutError(
                         f"namespace {self.namespace}: no reply to request {entry.event!r} within {entry.timeout} s"))
-            elif following is None or entry.deadline < following:
-                following = entry.deadline
+            elif following is None or deadline < following:
+                following = deadline
         if following is not None:
             self._arm_expiry(loop, following)
 

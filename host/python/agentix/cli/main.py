@@ -91,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("path", help="the project directory")
     run.add_argument("target", metavar="module:function", help="e.g. hello_agentix.tools:add")
-    run.add_argument("args", nargs="*", metavar="ARG", help="positional arguments")
+    run.add_argument("args", nargs="*", default=[], metavar="ARG", help="positional arguments (none or more)")
     add_build_arguments(run)
     add_run_arguments(run)
 

@@ -316,6 +316,7 @@ class _GatewayCall(PendingCall):
     turn less per call than a callback on its future)."""
 
     __slots__ = ("on_done",)
+    on_done: Callable[[asyncio.Future], None]  # set by whoever makes the call
 
     def settle(self, outcome: Any) -> None:
         if not self.future.done():
@@ -678,10 +679,12 @@ class Gateway:
         barrier = call.barrier
         if barrier is not None and any(
                 seq > feed.cursor.last_seq for feed, seq in zip(self.client._feeds, (barrier.log_seq, barrier.trace_seq))):
+            waited = barrier  # not None (a closure does not keep the narrowing)
+
             # The records/spans the call emitted go out before its result.
             async def after_barrier() -> None:
                 try:
-                    await self.client._side_barrier(barrier)
+                    await self.client._side_barrier(waited)
                 finally:
                     self._complete(call_id, done, entry)
             asyncio.ensure_future(after_barrier())
@@ -795,8 +798,8 @@ class Gateway:
         if event == "connect":
             try:
                 await plugin.ensure()
-            except Exception as error:  # refuse the connection, keep serving
-                _log.warning("cannot open namespace %s on the daemon: %r", namespace, error)
+            except Exception as failure:  # refuse the connection, keep serving
+                _log.warning("cannot open namespace %s on the daemon: %r", namespace, failure)
                 return False
             return None
         if event == "disconnect":

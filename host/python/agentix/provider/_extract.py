@@ -37,6 +37,7 @@ import contextlib
 import dataclasses
 import gzip
 import hashlib
+import io
 import json
 import logging
 import lzma
@@ -174,6 +175,14 @@ class _Source:
         while self.read(_CHUNK):
             pass
 
+    def seekable(self) -> bool:
+        """False: the archive is read forward once (what the decompressors ask)."""
+        return False
+
+    def seek(self, offset: int) -> int:
+        """Refused: a rewind would hash bytes twice."""
+        raise io.UnsupportedOperation("the archive is read forward only")
+
 
 class _Bounded:
     """The uncompressed stream, refused once it exceeds the budget's byte cap."""
@@ -199,7 +208,7 @@ class _BoundedTarInfo(tarfile.TarInfo):
     files (their maps are unbounded and they expand on disk beyond their size
     in the archive)."""
 
-    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:  # type: ignore[override]
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
         archive = str(getattr(tarfile_, "name", None) or "archive")
         if self.type in (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
                          tarfile.SOLARIS_XHDTYPE) and self.size > _MAX_HEADER_BYTES:
@@ -222,11 +231,11 @@ def open_archive(path: Path, budget: Budget) -> Iterator[tuple[tarfile.TarFile, 
         magic = source.peek_magic()
         decompressor: Any
         if magic.startswith(b"\x1f\x8b"):
-            decompressor = gzip.GzipFile(fileobj=source, mode="rb")  # type: ignore[arg-type]
+            decompressor = gzip.GzipFile(fileobj=source, mode="rb")
         elif magic.startswith(b"BZh"):
-            decompressor = bz2.BZ2File(source, "rb")  # type: ignore[arg-type]
+            decompressor = bz2.BZ2File(source, "rb")
         elif magic.startswith(b"\xfd7zXZ\x00"):
-            decompressor = lzma.LZMAFile(source, "rb")  # type: ignore[arg-type]
+            decompressor = lzma.LZMAFile(source, "rb")  # type: ignore[arg-type]  # typeshed: IO[bytes]; it only reads
         elif magic.startswith(b"\x28\xb5\x2f\xfd"):
             raise UnsafeArchiveError(str(path), None, "compression", "zstd is not supported; use gzip")
         else:

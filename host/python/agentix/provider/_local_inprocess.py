@@ -780,7 +780,7 @@ class InProcessLocalProvider(SandboxProvider):
         creating process is gone — one killed before it could `delete` them.
         Their processes died with it (``--die-with-parent``). Runs once
         before the first `create`; returns the pruned sandbox ids."""
-        pruned = []
+        pruned: list[str] = []
         try:
             entries = list(os.scandir(self.runtime_dir))
         except FileNotFoundError:

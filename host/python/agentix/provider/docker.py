@@ -109,7 +109,7 @@ class DockerProviderConfig:
 
     container_engine: str = "docker"
     socket: str | None = None
-    run_args: list[str] | str = field(default_factory=list)
+    run_args: list[str] | str = field(default_factory=list[str])
     network: str | None = None
     publish_host: str = "127.0.0.1"
     gpu_args: list[str] | str | None = None
@@ -167,6 +167,9 @@ class DockerProvider(LocalProvider):
     """
 
     _default_engine = "docker"
+    # Not a LocalProviderConfig: the base reads only .ttl, .stop_grace and
+    # .ready_timeout from it, which DockerProviderConfig has too.
+    config: DockerProviderConfig  # type: ignore[assignment]
 
     def __init__(self, config: DockerProviderConfig | None = None, **kwargs: Any) -> None:
         if config is not None and kwargs:
@@ -174,7 +177,7 @@ class DockerProvider(LocalProvider):
         if config is None:
             kwargs.setdefault("container_engine", self._default_engine)
             config = DockerProviderConfig(**kwargs)
-        self.config = config  # type: ignore[assignment]  # read as .ttl/.stop_grace/.ready_timeout by the base
+        self.config = config
         self.cache_dir = Path(config.bundle_cache_dir) if config.bundle_cache_dir else _default_cache_dir()
         # Bundle tarballs are unpacked here (the service runs on this machine).
         self._files = InProcessLocalProvider(LocalProviderConfig(cache_dir=str(self.cache_dir)))

@@ -508,7 +508,7 @@ class LocalProvider(SandboxProvider):
         pids = None
         if self.config.pids_max is not None and self.config.pids_max != _DEFAULTS["pids_max"].default:
             pids = self.config.pids_max if await self._pids_limit_available(service) else None
-        tmp_default = _DEFAULTS["tmp_size"].default
+        tmp_default = LocalProviderConfig.tmp_size  # the field's default (a dataclass class attribute)
         scratch = None if parse_memory(self.config.tmp_size) == parse_memory(tmp_default) else self.config.tmp_size
         # The bundle directory (the one holding nix/), resolved: one spelling
         # per bundle, so a warm pool made with that directory matches (the

@@ -24,6 +24,7 @@ the background and deletes what it returns. Errors are
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 import os
 import random
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     import grpc
 
     from agentix.provider.v1 import provider_pb2 as pb
+    # For annotations inside functions whose local `pb` (`_pb()`) hides the module.
+    from agentix.provider.v1.provider_pb2 import Sandbox as _SandboxRecord, SandboxEvent as _SandboxEvent
 
 __all__ = ["TOKEN_ENV", "URL_ENV", "ServiceProvider", "runtime_url", "spec_from_config"]
 
@@ -267,7 +270,7 @@ class ServiceProvider(SandboxProvider):
 
             from agentix.provider.v1 import provider_pb2_grpc
 
-            options = [("grpc.enable_retries", 0)]
+            options: list[tuple[str, int | str]] = [("grpc.enable_retries", 0)]
             if self.tls_server_name:
                 options.append(("grpc.ssl_target_name_override", self.tls_server_name))
             if self.tls:
@@ -550,7 +553,7 @@ class ServiceProvider(SandboxProvider):
         include_terminated: bool = False,
         phases: Sequence[str | int] = (),
         page_size: int = 0,
-    ) -> tuple[list[pb.Sandbox], int, str]:
+    ) -> tuple[builtins.list[pb.Sandbox], int, str]:
         """`list`, with the resource version and epoch of the first page's
         snapshot (where a watch continues from)."""
         pb = _pb()
@@ -558,7 +561,7 @@ class ServiceProvider(SandboxProvider):
         request = pb.ListSandboxesRequest(
             label_selector=label_selector, phases=wanted, page_size=page_size, include_terminated=include_terminated
         )
-        sandboxes: list[pb.Sandbox] = []
+        sandboxes: list[_SandboxRecord] = []
         version, epoch = 0, ""
         first = True
         while True:
@@ -592,15 +595,15 @@ class ServiceProvider(SandboxProvider):
         import grpc
 
         pb = _pb()
-        known: dict[str, pb.Sandbox] = {}  # id -> the last record yielded
+        known: dict[str, _SandboxRecord] = {}  # id -> the last record yielded
         version, epoch = 0, ""
         failures = 0
 
-        def fresh(record: pb.Sandbox) -> bool:
+        def fresh(record: _SandboxRecord) -> bool:
             seen = known.get(record.id)
             return seen is None or record.resource_version > seen.resource_version
 
-        async def relist(initial: bool) -> AsyncIterator[pb.SandboxEvent]:
+        async def relist(initial: bool) -> AsyncIterator[_SandboxEvent]:
             nonlocal version, epoch
             records, version, epoch = await self.list_snapshot(label_selector, include_terminated=True)
             listed = {record.id: record for record in records}
@@ -814,7 +817,7 @@ class ServiceProvider(SandboxProvider):
     async def get_pool(self, name: str) -> pb.WarmPool:
         return await self._unary("GetWarmPool", _pb().GetWarmPoolRequest(name=name), what=f"pool {name}")
 
-    async def list_pools(self) -> list[pb.WarmPool]:
+    async def list_pools(self) -> builtins.list[pb.WarmPool]:
         reply = await self._unary("ListWarmPools", _pb().ListWarmPoolsRequest(), what="list pools")
         return list(reply.pools)
 

@@ -13,12 +13,14 @@ __all__ = ["CHUNK_BYTES", "Upload", "first_chunk"]
 CHUNK_BYTES = 1 << 20
 
 
-def first_chunk(arguments: bytes | wire.Pieces) -> tuple[bytes | wire.Pieces | list[memoryview], int]:
+def first_chunk(arguments: bytes | wire.Pieces) -> tuple[bytes | list[memoryview], int]:
     """The bytes a call's StartCall carries (all of `arguments`, or views
     of its first `CHUNK_BYTES`) and their size."""
     size = len(arguments)
     if size <= CHUNK_BYTES:
-        return arguments, size
+        # Always bytes here: wire.pickle_pieces((args, kwargs), CHUNK_BYTES)
+        # makes Pieces only above CHUNK_BYTES; not re-checked on the call path.
+        return arguments, size  # type: ignore[return-value]
     return wire.byte_views(arguments, 0, CHUNK_BYTES), CHUNK_BYTES
 
 

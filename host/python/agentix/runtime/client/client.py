@@ -121,8 +121,9 @@ class RuntimeClient:
     """Client of one sandbox runtime (``agentix-sandboxd``).
 
     Args:
-      base_url: ``unix:///abs/path.sock``, ``host:port`` or ``http://host:port``
-        (see `agentix.runtime.client.target.grpc_target`).
+      base_url: ``unix:///abs/path.sock``, ``host:port``, ``http://host:port``
+        or ``https://host:port`` (TLS; see `tls_ca_file`); anything else is a
+        ValueError here (see `agentix.runtime.client.target.grpc_target`).
       timeout: seconds allowed for connecting (the ``GetInfo`` probe) and for
         `health()`. Remote calls are bounded only by `call_deadline`.
       http_sync_ms: accepted for compatibility and ignored: the original's HTTP
@@ -422,14 +423,16 @@ class RuntimeClient:
         deadline_at = None if self.call_deadline is None else loop.time() + self.call_deadline
         consumed = acked = 0
         finished = False
+        items = call.items
+        assert items is not None  # a streaming PendingCall has its queue
         try:
             stream.start_call(call.call_id, callable_ref, arguments, carrier, stream_window=window)
             while True:
                 if deadline_at is None:
-                    item = await call.items.get()
+                    item = await items.get()
                 else:
                     try:
-                        item = await asyncio.wait_for(call.items.get(), max(0.0, deadline_at - loop.time()))
+                        item = await asyncio.wait_for(items.get(), max(0.0, deadline_at - loop.time()))
                     except TimeoutError:
                         raise CallTimeout(
                             f"remote stream '{display_name}' exceeded deadline of {self.call_deadline}s"

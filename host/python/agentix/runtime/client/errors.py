@@ -22,7 +22,7 @@ qualified name.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 from agentix.runtime.shared.models import RemoteError
 from agentix.runtime.shared.safepickle import (
@@ -149,7 +149,7 @@ _MEMBERS: dict[str, type] = {
 # are the builtins and the registered ones; beyond the bound twins are built
 # per error and not kept.
 _TWINS_LIMIT = 512
-_twins: dict[type, type] = {}
+_twins: dict[type, type[RemoteCallError]] = {}
 
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python
 
@@ -178,24 +178,25 @@ def _twin_reduce(self: RemoteCallError) -> tuple:
     return (remote_call_error, (self.display_name, self.error))
 
 
-def _twin(cls: type) -> type:
+def _twin(cls: type) -> type[RemoteCallError]:
     """The class deriving from `RemoteCallError` and `cls`; raises TypeError
     when they cannot be combined."""
     twin = _twins.get(cls)
     if twin is None:
         name = f"RemoteCallError({cls.__qualname__})"
         namespace = {"__module__": __name__, "__qualname__": name, "__str__": _twin_str, "__reduce__": _twin_reduce}
-        twin = type(name, (RemoteCallError, cls), namespace)
+        twin = cast("type[RemoteCallError]", type(name, (RemoteCallError, cls), namespace))
         if len(_twins) < _TWINS_LIMIT:
             _twins[cls] = twin
     return twin
 
 
-def _builtin_base(cls: type) -> type:
+def _builtin_base(cls: type) -> type[BaseException]:
     """The first class of cls's MRO implemented in C (whose __new__ and
-    __init__ run no Python code)."""
+    __init__ run no Python code); for an exception class, BaseException or a
+    builtin subclass of it."""
     for base in cls.__mro__:
-        if not base.__flags__ & _HEAP_TYPE:
+        if not base.__flags__ & _HEAP_TYPE and issubclass(base, BaseException):
             return base
     return BaseException
 

@@ -14,7 +14,7 @@ implement one is not asked for it again."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import grpc
 
@@ -28,8 +28,10 @@ __all__ = ["BARRIER_IDLE_SECONDS", "Feed", "ensure_feeds", "reopen_lost_feeds", 
 # once none is replayed for this long (docs/RELIABILITY.md).
 BARRIER_IDLE_SECONDS = 2.0
 
+S = TypeVar("S", bound=SubscriptionStream, covariant=True)
 
-class Feed:
+
+class Feed(Generic[S]):
     """One subscription stream of a client (``Logs`` or ``Traces``): the
     current stream, the channel it runs on, the cursor its successive
     streams share, whether the daemon lacks the RPC, and when it was last
@@ -37,11 +39,11 @@ class Feed:
 
     __slots__ = ("flag", "stream_type", "cursor", "stream", "channel", "unimplemented", "reopened_at")
 
-    def __init__(self, flag: str, stream_type: type[SubscriptionStream], cursor: SeqCursor) -> None:
+    def __init__(self, flag: str, stream_type: type[S], cursor: SeqCursor) -> None:
         self.flag = flag
         self.stream_type = stream_type
         self.cursor = cursor
-        self.stream: SubscriptionStream | None = None
+        self.stream: S | None = None
         self.channel: grpc.aio.Channel | None = None
         self.unimplemented = False
         self.reopened_at = float("-inf")

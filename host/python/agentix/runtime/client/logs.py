@@ -183,16 +183,19 @@ class RecordBatch:
             return
         if len(wire_name) > MAX_LOGGER_NAME_CHARS:
             wire_name = wire_name[:MAX_LOGGER_NAME_CHARS]
-        if (self._template is not None and not record.extras and record.time_unix_nanos > 0
+        template = self._template
+        if (template is not None and not record.extras and record.time_unix_nanos > 0
                 and type(logger).makeRecord is _MAKE_RECORD):
-            replayed = self._from_template(logger.name, level, record, wire_name)
+            replayed = self._from_template(template, logger.name, level, record, wire_name)
         else:
             replayed = _made_record(logger, level, record)
             replayed.agentix_logger = wire_name
         logger.handle(replayed)
 
-    def _from_template(self, name: str, level: int, record: pb.LogRecord, wire_name: str) -> logging.LogRecord:
-        attrs = self._template.copy()
+    def _from_template(
+        self, template: dict[str, Any], name: str, level: int, record: pb.LogRecord, wire_name: str
+    ) -> logging.LogRecord:
+        attrs = template.copy()
         path = record.file
         filename, module = _file_parts.get(path) or _split_path(path)
         nanos = record.time_unix_nanos
@@ -349,20 +352,20 @@ def _logger_named(name: str) -> logging.Logger:
         return _fallback("invalid", name)
     existing = logging.Logger.manager.loggerDict.get(name)
     with _loggers_lock:
-        logger = _loggers.get(name)
-        if logger is not None:
-            return logger
+        cached = _loggers.get(name)
+        if cached is not None:
+            return cached
         if not isinstance(existing, logging.Logger):
             if _created >= _max_loggers:
-                logger = None
+                made = None
             else:
                 _created += 1
-                logger = logging.getLogger(name)
+                made = logging.getLogger(name)
         else:
-            logger = existing
-        if logger is not None:
-            _loggers[name] = logger
-            return logger
+            made = existing
+        if made is not None:
+            _loggers[name] = made
+            return made
     return _fallback("limit", name)
 
 

@@ -328,7 +328,9 @@ class NativeNamespaceStream(_StreamBase):
 
     async def send(self, event: str, payload: bytes, request_id: str, error: dict | None) -> None:
         if self._write(event, payload, request_id, error):
-            await asyncio.shield(self._below)
+            below = self._below  # set by _write when it returns True
+            if below is not None:
+                await asyncio.shield(below)
 
     def send_nowait(self, event: str, payload: bytes, request_id: str) -> bool:
         if self._below is not None:

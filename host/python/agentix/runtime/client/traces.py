@@ -32,7 +32,7 @@ from typing import Any
 from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream, ReplayedOnce
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.utils import trace as _trace
-from agentix.utils.trace import Span, SpanError, SpanEvent, Trace
+from agentix.utils.trace import Span, SpanError, SpanEvent, SpanStatus, Trace
 
 __all__ = [
     "MAX_ATTRIBUTES",
@@ -55,7 +55,7 @@ MAX_ID_CHARS = 128
 DROPPED_ATTRIBUTES = "agentix.dropped_attributes"
 DROPPED_EVENTS = "agentix.dropped_events"
 
-_STATUSES = {
+_STATUSES: dict[int, SpanStatus] = {
     pb.SPAN_STATUS_CODE_UNSET: "unset",
     pb.SPAN_STATUS_CODE_OK: "ok",
     pb.SPAN_STATUS_CODE_ERROR: "error",

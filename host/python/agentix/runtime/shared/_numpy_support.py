@@ -43,7 +43,8 @@ from __future__ import annotations
 import pickle
 import re
 import struct
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
 
 import numpy
 
@@ -65,7 +66,7 @@ _DTYPE_CODE = re.compile(r"[a-zA-Z][0-9]{0,20}")
 _BYTE_ORDERS = ("<", ">", "|", "=")
 # NPY_ALIGNED_STRUCT in a dtype's flags (a signed char in the state).
 _ALIGNED_STRUCT = 0x80
-_ORDERS = ("C", "F", "A")
+_ORDERS: dict[str, Literal["C", "F", "A"]] = {"C": "C", "F": "F", "A": "A"}  # as numpy spells them
 # Fields of a structured dtype, counted through nesting (a nested dtype once per
 # use), and its nesting depth.
 _MAX_DTYPE_FIELDS = 1 << 16
@@ -74,7 +75,7 @@ _MAX_DTYPE_DEPTH = 32
 try:  # numpy >= 2 keeps the implementation in numpy._core
     from numpy._core.multiarray import scalar as _scalar
 except ImportError:
-    from numpy.core.multiarray import scalar as _scalar  # type: ignore[no-redef]
+    from numpy.core.multiarray import scalar as _scalar  # type: ignore[attr-defined]  # not in numpy 1's stubs
 
 
 def _refuse(what: str) -> RestrictedUnpickleError:
@@ -175,7 +176,9 @@ def _build_dtype(pending: _PendingDtype, state: Any, shapes: dict[int, tuple[Any
             if len(names) > 100000:
                 raise _refuse("a structured numpy dtype with too many fields")
             charge(len(names) + 1, "a structured numpy dtype")
-            formats, offsets, titles = [], [], []
+            formats: list[numpy.dtype] = []
+            offsets: list[int] = []
+            titles: list[str | None] = []
             children = []
             for name in names:
                 field = fields.get(name)
@@ -188,10 +191,16 @@ def _build_dtype(pending: _PendingDtype, state: Any, shapes: dict[int, tuple[Any
                 if title is not None and type(title) is not str:
                     raise _refuse("a numpy dtype field with a title that is not text")
                 titles.append(title)
-            spec: dict[str, Any] = {"names": list(names), "formats": formats, "offsets": offsets, "itemsize": itemsize}
+            aligned = bool(flags & _ALIGNED_STRUCT)
             if any(title is not None for title in titles):
-                spec["titles"] = titles
-            fresh = numpy.dtype(spec, align=bool(flags & _ALIGNED_STRUCT))
+                fresh = numpy.dtype(
+                    {"names": list(names), "formats": formats, "offsets": offsets, "itemsize": itemsize, "titles": titles},
+                    align=aligned,
+                )
+            else:
+                fresh = numpy.dtype(
+                    {"names": list(names), "formats": formats, "offsets": offsets, "itemsize": itemsize}, align=aligned
+                )
         elif subarray is not None:
             if fields is not None or type(subarray) is not tuple or len(subarray) != 2:
                 raise _refuse("a numpy subarray dtype with malformed state")
@@ -308,7 +317,7 @@ def _frombuffer(data: Any, dtype: Any, shape: Any, order: Any) -> numpy.ndarray:
     _data_length(shape, dtype, data, "a numpy array")
     if not len(data):
         return numpy.empty(shape, dtype, order="F" if order == "F" else "C")
-    return numpy.frombuffer(data, dtype=dtype).reshape(shape, order=order)
+    return numpy.frombuffer(data, dtype=dtype).reshape(shape, order=_ORDERS[order])
 
 
 def _new_scalar(dtype: Any, data: Any) -> Any:
@@ -332,14 +341,21 @@ for _core in ("numpy.core", "numpy._core"):
     _GLOBALS[(f"{_core}.numeric", "_frombuffer")] = _frombuffer
 
 
-class NumpyUnpickler(RestrictedLoading, pickle._Unpickler):  # type: ignore[name-defined,misc]
+class NumpyUnpickler(RestrictedLoading, pickle._Unpickler):
     """The restricted loader over the pure-Python unpickler, with numpy's
     globals served by this module and BUILD on numpy values checked."""
 
-    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
+    # pickle calls an entry with the unpickler itself, so this class's table
+    # holds functions of this class; typeshed declares the base's table as
+    # taking the base class, which a subclass's table cannot narrow.
+    dispatch: ClassVar[dict[int, Callable[[NumpyUnpickler], None]]] = dict(  # type: ignore[assignment]
+        pickle._Unpickler.dispatch
+    )
+
+    memo: dict[int, Any]  # set by pickle._Unpickler.__init__ (not in typeshed)
 
     def __init__(self, file: Any, *, stream_bytes: int = 0, wait: bool = True) -> None:
-        pickle._Unpickler.__init__(self, file)  # type: ignore[attr-defined]
+        pickle._Unpickler.__init__(self, file)
         self._file = file
         # id -> (dtype, fields through nesting, depth) of every dtype built by this load.
         self._dtype_shapes: dict[int, tuple[Any, int, int]] = {}

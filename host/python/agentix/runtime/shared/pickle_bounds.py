@@ -209,7 +209,9 @@ def _bounded_container(real: type) -> type:
     return stand_in
 
 
-class _BoundedStr(str, metaclass=Sealed):
+# typeshed declares str a Sequence (an ABCMeta class); at run time type(str) is
+# type, which Sealed derives from.
+class _BoundedStr(str, metaclass=Sealed):  # type: ignore[misc]
     """Serves ``builtins.str``: text and numbers only (``str(a_list)`` would
     repeat memoized values without bound)."""
 

@@ -169,6 +169,11 @@ _SAFE_BUILTIN_TYPES: frozenset[type] = frozenset(
 )
 
 _MISSING = object()
+# copyreg's extension registry (copyreg.add_extension) and its cache: the
+# dicts themselves (copyreg only changes them in place), private and so not
+# in typeshed.
+_COPYREG_INVERTED_REGISTRY: dict[int, tuple[str, str]] = getattr(copyreg, "_inverted_registry")
+_COPYREG_EXTENSION_CACHE: dict[int, Any] = getattr(copyreg, "_extension_cache")
 
 _allowed_types: dict[_GlobalName, type] = {}
 # Functions registered with `allow_callable`.
@@ -268,7 +273,9 @@ class RestrictedLoading:
     (`RestrictedUnpickler` over the C one, `_numpy_support`'s over the
     pure-Python one); the class using it sets `_base_load`."""
 
-    _base_load: Callable[[Any], Any]
+    # The underlying unpickler's ``load``, called as ``self._base_load()``:
+    # ``pickle.Unpickler.load`` itself, or a method of the subclass.
+    _base_load: Callable[..., Any]
 
     def _setup(self, stream_bytes: int, wait: bool) -> None:
         # id -> (class, state before this load) for every mutable class handed out.
@@ -330,7 +337,7 @@ class RestrictedLoading:
     def persistent_load(self, pid: Any) -> Any:
         raise RestrictedUnpickleError("refusing a persistent id: sandbox return values have none")
 
-    def find_class(self, module: str, name: str) -> Any:  # type: ignore[override]
+    def find_class(self, module: str, name: str) -> Any:
         found = self._find_allowed(module, name)
         if isinstance(found, type):
             if (
@@ -453,7 +460,7 @@ def _restricted_load(open_file: Any, whole: Any, chunks: list, total: int, wait:
     # Python costs ~15x the load itself (and a copy of every large value), so
     # otherwise it runs only if loading fails, which reports a malformed
     # stream exactly as an up-front scan would.
-    if copyreg._inverted_registry or copyreg._extension_cache:
+    if _COPYREG_INVERTED_REGISTRY or _COPYREG_EXTENSION_CACHE:
         data = whole()
         if any(marker in data for marker in EXTENSION_OPCODE_BYTES):
             check_opcodes(data)
@@ -501,9 +508,9 @@ def admitted_class(module: str, qualname: str) -> type | None:
     if registered is not None:
         return registered
     if module == "builtins":
-        found = getattr(builtins, qualname, None) if qualname.isidentifier() else None
-        if isinstance(found, type) and (found in _SAFE_BUILTIN_TYPES or issubclass(found, BaseException)):
-            return found
+        builtin = getattr(builtins, qualname, None) if qualname.isidentifier() else None
+        if isinstance(builtin, type) and (builtin in _SAFE_BUILTIN_TYPES or issubclass(builtin, BaseException)):
+            return builtin
         return None
     trusted = _trust_enabled()
     if (module, qualname) not in SAFE_TYPES and not trusted:

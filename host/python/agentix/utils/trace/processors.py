@@ -81,7 +81,7 @@ class ConsoleProcessor(Processor):
         for event in span.events:
             attributes = f" {event.attributes}" if event.attributes else ""
             self._write(depth + 1, f"event {event.name}{attributes}")
-        outcome = span.status
+        outcome: str = span.status
         if span.error is not None:
             outcome += f": {span.error.message}"
         elif span.status_description:
