@@ -382,8 +382,9 @@ async def serve(fake: FakeRuntime, address: str):
     return server, port
 
 
-async def eventually(predicate, timeout=5.0):
-    """Waits until predicate() is true; AssertionError after `timeout` s."""
+async def eventually(predicate, timeout=20.0):
+    """Waits until predicate() is true; AssertionError after `timeout` s (generous:
+    a loaded 2-core machine delays the fake runtime's reads by seconds)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
