@@ -58,6 +58,8 @@ class ProviderBenchSmokeTest(unittest.TestCase):
         cpu_keys = ("warm_acquire_cpu_ms_per_call", "cold_create_to_first_call_cpu_ms_per_call")
         positive(report, cpu_keys, "ours")
         positive(details["ours"]["warm_cpu_ms_per_call"], ("host", "providerd", "total"), "warm cpu")
+        positive(details["ours"]["cold_cpu_ms_per_call"], ("host", "providerd", "sandbox", "total"),
+                 "cold cpu")
         floor_keys = ("warm_acquire_p50_ms", "warm_acquire_p99_ms", "warm_acquire_cpu_ms_per_call")
         positive(report["floor"], floor_keys + ("cold_create_to_first_call_p50_ms",
                                                 "cold_create_to_first_call_cpu_ms_per_call"), "floor")
