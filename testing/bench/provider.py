@@ -39,6 +39,25 @@ What it measures (see README.md, "Provider service"):
                         details: <engine>_warm_acquire_quiet_p50_ms, the same
                         claim one at a time with no refill in flight.
 
+The machine's floor, in the same run (floors.py, floor/; README.md, "The floor
+in every benchmark"):
+
+  floor                 warm_acquire_p50_ms / _p99_ms: a raw ping-pong of one
+                        CreateSandbox response's size between two processes over a
+                        Unix socket (floor/unix_pingpong); cold_create_to_first_call_
+                        p50_ms: fork + exec + wait of /bin/true (floor/spawn_true),
+                        the least any cold start costs
+  floor_grpc            warm_acquire_p50_ms / _p99_ms: a raw unary gRPC C++ call of
+                        that size over a Unix socket (floor/grpc_pingpong --unary):
+                        what one CreateSandbox RPC costs before providerd does anything
+  busy                  the headline figures again (3 cold runs, 16 warm claims, one
+                        round of 16 at once, no density) with one busy core, and the
+                        floors under it
+  *_cpu_ms_per_call     CPU beside the latencies: per warm claim, the benchmark process
+                        and providerd (schedstat, around each claim); per cold create ->
+                        first call, those two plus the processes of the sandbox (its
+                        cgroup's cgroup.procs, schedstat, right after the first call)
+
 Output: human-readable lines, then, LAST, one JSON object. Bounded: every step
 has a timeout; every sandbox and process is removed on the way out.
 """
@@ -47,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import os
 import platform
@@ -63,6 +83,7 @@ from pathlib import Path
 # As in remote_calls.py: import the siblings from the runfiles tree, not the source tree.
 sys.path[0] = os.path.dirname(os.path.abspath(__file__))
 
+import floors  # noqa: E402
 import procs  # noqa: E402
 
 TARGETS = {"warm_acquire_p50_ms": 5.0, "warm_acquire_p99_ms": 25.0,
@@ -321,12 +342,22 @@ async def measure_ours(args, harness, pd, bundle: Path, mark: str) -> dict:
         await watch.start()
         # 1. cold: create -> READY -> first call; delete.
         cold_create, cold_first, cold_total, deletes = [], [], [], []
+        cpu = _ProviderCpu(pd.pid)
+        cold_cpu = {}
         for i in range(args.cold_runs + 1):
+            cpu_before = cpu.snapshot()
             t0 = time.perf_counter()
             response = await ours.create(ours.spec())
             t1 = time.perf_counter()
             first = await _first_call(response.sandbox.status.endpoint.target, response.credentials.access_token)
             t2 = t1 + first
+            if i:  # create -> first call: this process, providerd, the sandbox's cgroup
+                used = floors.CpuMeter.per_item(cpu_before, cpu.snapshot(), args.cold_runs, 1e3)
+                used.pop("total")
+                used["sandbox"] = round((_cgroup_cpu_s(harness, response.sandbox) or 0) * 1e3
+                                        / args.cold_runs, 3)
+                for name, ms in used.items():
+                    cold_cpu[name] = round(cold_cpu.get(name, 0) + ms, 3)
             t3 = time.perf_counter()
             deleted = await ours.delete(response.sandbox.id)
             t4 = time.perf_counter()
@@ -339,6 +370,9 @@ async def measure_ours(args, harness, pd, bundle: Path, mark: str) -> dict:
             cold_first.append(first * 1000)
             cold_total.append((t2 - t0) * 1000)
             deletes.append((t4 - t3) * 1000)
+        cold_cpu["total"] = round(sum(cold_cpu.values()), 3)
+        r["cold_cpu_ms_per_call"] = cold_cpu
+        r["cold_create_to_first_call_cpu_ms_per_call"] = cold_cpu["total"]
         r["cold_create_p50_ms"] = _median(cold_create)
         r["cold_create_p99_ms"] = _pct(cold_create, 99)
         r["cold_create_to_first_call_p50_ms"] = _median(cold_total)
@@ -357,24 +391,31 @@ async def measure_ours(args, harness, pd, bundle: Path, mark: str) -> dict:
             name="bench", template=ours.spec(), min_ready=16, max_total=48)), metadata=ours.md, timeout=10)
         await ours.wait_ready("bench", 16)
         warm, misses, warm_first = [], 0, []
+        claim_cpu = {}  # sequential claims: CPU summed over the timed RPCs
 
-        async def claim(timings):
+        async def claim(timings, cpu_sum=None):
             nonlocal misses
             spec = ours.spec(warm_pool="bench")
             spec.env["BENCH_CLAIM"] = "1"
+            before = cpu.snapshot() if cpu_sum is not None else None
             t0 = time.perf_counter()
             response = await ours.create(spec)
             elapsed = (time.perf_counter() - t0) * 1000
             if response.sandbox.status.launch == pb.SandboxStatus.WARM:
                 timings.append(elapsed)
+                if cpu_sum is not None:
+                    for name, ms in floors.CpuMeter.per_item(
+                            before, cpu.snapshot(), 1, 1e3).items():
+                        cpu_sum[name] = cpu_sum.get(name, 0) + ms
             else:
                 misses += 1
+            r["create_response_bytes"] = response.ByteSize()  # the floors' message size
             return response
 
         while len(warm) < args.warm:
             claimed = []
             for _ in range(min(batch, args.warm - len(warm))):
-                claimed.append(await claim(warm))
+                claimed.append(await claim(warm, claim_cpu))
             if len(warm_first) < 5:  # a warm sandbox's first call (spawns its worker)
                 warm_first.append(await _first_call(claimed[0].sandbox.status.endpoint.target,
                                                     claimed[0].credentials.access_token) * 1000)
@@ -384,6 +425,9 @@ async def measure_ours(args, harness, pd, bundle: Path, mark: str) -> dict:
         r["warm_acquire_p99_ms"] = _pct(warm, 99)
         r["warm_acquire_mean_ms"] = round(statistics.fmean(warm), 2) if warm else None
         r["warm_first_call_p50_ms"] = _median(warm_first)
+        r["warm_cpu_ms_per_call"] = {name: round(ms / max(len(warm), 1), 3)
+                                     for name, ms in claim_cpu.items()}
+        r["warm_acquire_cpu_ms_per_call"] = r["warm_cpu_ms_per_call"].get("total")
         log(f"[ours] warm acquire, sequential: p50 {r['warm_acquire_p50_ms']} ms, p99 "
             f"{r['warm_acquire_p99_ms']} ms ({len(warm)} hits, {misses} misses); first call on a claimed "
             f"sandbox {r['warm_first_call_p50_ms']} ms")
@@ -406,8 +450,9 @@ async def measure_ours(args, harness, pd, bundle: Path, mark: str) -> dict:
         log(f"[ours] watch event latency: p50 {r['watch_event_p50_ms']} ms, p99 {r['watch_event_p99_ms']} ms "
             f"({len(watch.latencies_ms)} events)")
 
-        # 4. density: N idle sandboxes, no call.
-        r.update(await density_ours(args, ours, harness))
+        # 4. density: N idle sandboxes, no call (not in the busy pass: --density 0).
+        if args.density:
+            r.update(await density_ours(args, ours, harness))
     finally:
         await watch.stop()
         try:
@@ -415,6 +460,32 @@ async def measure_ours(args, harness, pd, bundle: Path, mark: str) -> dict:
         finally:
             await ours.close()
     return r
+
+
+class _ProviderCpu:
+    """CPU of this process and providerd (schedstat)."""
+
+    def __init__(self, providerd_pid: int):
+        self.pid = providerd_pid
+
+    def snapshot(self) -> dict:
+        return {"host": floors.process_cpu_s(os.getpid()), "providerd": floors.process_cpu_s(self.pid)}
+
+
+def _cgroup_cpu_s(harness, sandbox) -> float | None:
+    """CPU seconds the live processes of a sandbox have used since they started:
+    the processes listed by its cgroup (found by its id or uid; this VM has cgroup
+    v1 without a per-sandbox cpuacct group), each on-CPU time from schedstat.
+    A process of the sandbox that already exited is not counted."""
+    for directory in sorted(harness.cgroup_dirs([sandbox.id, sandbox.uid]), key=len):
+        try:
+            with open(os.path.join(directory, "cgroup.procs")) as f:
+                pids = [int(line) for line in f if line.strip()]
+        except (OSError, ValueError):
+            continue
+        if pids:
+            return sum(floors.process_cpu_s(pid) or 0 for pid in pids)
+    return None
 
 
 async def _settle_memory():
@@ -722,6 +793,85 @@ async def measure_engine(args, harness, kind: str, tools: dict, bundle: Path, wo
     return r
 
 
+async def _ours_round(args, harness, tools: dict, bundle: Path, mark: str, label: str) -> dict:
+    """One providerd, measure_ours, then the check that nothing of it is left."""
+    pd_dir = Path(tempfile.mkdtemp(prefix="pb-", dir="/tmp"))  # short: see Providerd.state_dir
+    pd = harness.Providerd(pd_dir, binary=tools["providerd"])
+    await asyncio.to_thread(pd.start)
+    log(f"{label}: agentix-providerd pid {pd.pid} on {pd.target}")
+    try:
+        measured = await measure_ours(args, harness, pd, bundle, mark)
+    finally:
+        pd.stop()
+    # Nothing of any sandbox made in the round may be left: cgroups named by
+    # their ids (pool members' included) or processes of the bundle.
+    names = measured.pop("_sandbox_names", [])
+    await asyncio.to_thread(harness.wait_until, lambda: not harness.cgroup_dirs(names), 5.0)
+    leftover = harness.cgroup_dirs(names) + [
+        f"pid {pid}: {cmd}" for pid, cmd in harness.processes_with([mark.encode()]).items()]
+    measured["sandboxes_made"] = len([n for n in names if n.startswith(("sbx-", "wp-"))])
+    measured["leftovers"] = len(leftover)
+    # providerd's warnings and errors (a cgroup it could not remove says why here).
+    complaints = [line for line in pd.log().splitlines()
+                  if " agentix-providerd W " in line or " agentix-providerd E " in line]
+    measured["providerd_warnings"] = len(complaints)
+    for line in complaints[:5]:
+        log(f"{label}: providerd said: {line}")
+    log(f"{label}: {measured['sandboxes_made']} sandboxes and pool members made; "
+        f"left behind after providerd stopped: {leftover or 'nothing'}")
+    shutil.rmtree(pd_dir, ignore_errors=True)
+    return measured
+
+
+# The floors (module docstring): figures of ours they stand for, lower is better.
+FLOOR_RATIO_KEYS = {"warm_acquire_p50_ms": True, "warm_acquire_p99_ms": True,
+                    "cold_create_to_first_call_p50_ms": True}
+CPU_KEYS = ("warm_acquire_cpu_ms_per_call", "cold_create_to_first_call_cpu_ms_per_call")
+BUSY_KEYS = HEADLINE[:-1] + CPU_KEYS  # no density in the busy pass
+
+
+def _floors(args, message_bytes: int) -> dict:
+    """{"floor": ..., "floor_grpc": ...} in ours' keys (ms), each program's own line
+    in its `details`."""
+    flags = [f"--small-bytes={message_bytes}", "--big-mib=", "--concurrency="]
+    raw = floors.run_floor("unix_pingpong", flags, quick=args.quick, log=log)
+    grpc = floors.run_floor("grpc_pingpong", flags + ["--unary"], quick=args.quick, log=log)
+    spawn = floors.run_floor("spawn_true", [], quick=args.quick, log=log)
+    ms = lambda us: round(us / 1e3, 4)  # noqa: E731
+    return {
+        "floor": {"warm_acquire_p50_ms": ms(raw["noop_p50_us"]),
+                  "warm_acquire_p99_ms": ms(raw["noop_p99_us"]),
+                  "warm_acquire_cpu_ms_per_call": ms(raw["noop_cpu_us_per_call"]),
+                  "cold_create_to_first_call_p50_ms": spawn["spawn_p50_ms"],
+                  "cold_create_to_first_call_cpu_ms_per_call": spawn["spawn_cpu_ms"],
+                  "details": {"ping_pong": raw, "spawn_true": spawn}},
+        "floor_grpc": {"warm_acquire_p50_ms": ms(grpc["unary_p50_us"]),
+                       "warm_acquire_p99_ms": ms(grpc["unary_p99_us"]),
+                       "warm_acquire_cpu_ms_per_call": ms(grpc["unary_cpu_us_per_call"]),
+                       "details": grpc},
+    }
+
+
+async def _busy_pass(args, harness, tools: dict, bundle: Path, mark: str, size: int) -> dict:
+    """Ours again (a short round: 3 cold runs, 16 warm claims, one round of 16 at
+    once, no density) and the floors, with one busy core (floors.BusyCore)."""
+    busy_args = copy.copy(args)
+    busy_args.cold_runs, busy_args.warm, busy_args.c16_rounds, busy_args.density = 3, 16, 1, 0
+    start = time.monotonic()
+    with floors.BusyCore() as spinner:
+        measured = await _ours_round(busy_args, harness, tools, bundle, mark, "busy")
+        busy_floors = await asyncio.to_thread(_floors, args, size)
+    busy = {key: measured.get(key) for key in BUSY_KEYS}
+    busy.update(busy_floors)
+    busy["spinner"] = spinner.report()
+    busy["pass_s"] = round(time.monotonic() - start, 1)
+    busy["details"] = measured
+    log(f"busy: warm p50 {busy['warm_acquire_p50_ms']} ms (floor {busy['floor']['warm_acquire_p50_ms']}, "
+        f"floor_grpc {busy['floor_grpc']['warm_acquire_p50_ms']}), cold -> first call "
+        f"{busy['cold_create_to_first_call_p50_ms']} ms; spinner {busy['spinner']}")
+    return busy
+
+
 async def run_all(args, tools: dict, work: Path, report: dict) -> None:
     import providerd_harness as harness
 
@@ -734,35 +884,17 @@ async def run_all(args, tools: dict, work: Path, report: dict) -> None:
         order = ("ours", "baseline") if round_index % 2 == 0 else ("baseline", "ours")
         for side in order:
             if side == "ours" and args.only in (None, "ours"):
-                pd_dir = Path(tempfile.mkdtemp(prefix="pb-", dir="/tmp"))  # short: see Providerd.state_dir
-                pd = harness.Providerd(pd_dir, binary=tools["providerd"])
-                await asyncio.to_thread(pd.start)
-                log(f"round {round_index + 1}: agentix-providerd pid {pd.pid} on {pd.target}")
-                try:
-                    measured = await measure_ours(args, harness, pd, bundle, mark)
-                finally:
-                    pd.stop()
-                # Nothing of any sandbox made in the round may be left: cgroups named by
-                # their ids (pool members' included) or processes of the bundle.
-                names = measured.pop("_sandbox_names", [])
-                await asyncio.to_thread(harness.wait_until, lambda: not harness.cgroup_dirs(names), 5.0)
-                leftover = harness.cgroup_dirs(names) + [
-                    f"pid {pid}: {cmd}" for pid, cmd in harness.processes_with([mark.encode()]).items()]
-                measured["sandboxes_made"] = len([n for n in names if n.startswith(("sbx-", "wp-"))])
-                measured["leftovers"] = len(leftover)
-                # providerd's warnings and errors (a cgroup it could not remove says why here).
-                complaints = [line for line in pd.log().splitlines()
-                              if " agentix-providerd W " in line or " agentix-providerd E " in line]
-                measured["providerd_warnings"] = len(complaints)
-                for line in complaints[:5]:
-                    log(f"round {round_index + 1}: providerd said: {line}")
-                log(f"round {round_index + 1}: {measured['sandboxes_made']} sandboxes and pool members made; "
-                    f"left behind after providerd stopped: {leftover or 'nothing'}")
-                ours_rounds.append(measured)
-                shutil.rmtree(pd_dir, ignore_errors=True)
+                ours_rounds.append(await _ours_round(args, harness, tools, bundle, mark,
+                                                     f"round {round_index + 1}"))
             elif side == "baseline" and args.only in (None, "baseline"):
                 baseline_rounds.append(await measure_baseline(args, harness, bundle, mark, work))
             log(f"load average now {_loadavg()}")
+    measured_floors = busy = None
+    if args.only in (None, "ours") and ours_rounds:
+        size = int(ours_rounds[-1].get("create_response_bytes") or 1024)
+        measured_floors = await asyncio.to_thread(_floors, args, size)
+        if args.busy:
+            busy = await _busy_pass(args, harness, tools, bundle, mark, size)
     wanted = _engines_wanted(args)
     if wanted:
         bundle_dir = await asyncio.to_thread(_build_bundle, tools, work / "engine-bundle")
@@ -780,7 +912,17 @@ async def run_all(args, tools: dict, work: Path, report: dict) -> None:
         report[key] = ours.get(key)
     report["baseline"] = ({k: v for k, v in _merge_rounds(baseline_rounds).items() if k != "per_round"}
                           if baseline_rounds else None)
+    for key in CPU_KEYS:
+        report[key] = ours.get(key)
     report["details"]["ours"] = ours
+    if measured_floors:
+        report.update(measured_floors)
+        report["ratios"] = floors.floor_ratios(report, measured_floors, FLOOR_RATIO_KEYS)
+    if busy:
+        report["busy"] = busy
+        report["ratios"].update(floors.floor_ratios(
+            busy, {name: busy.get(name) for name in floors.FLOOR_PROGRAMS}, FLOOR_RATIO_KEYS,
+            prefix="busy_"))
     if baseline_rounds and len(baseline_rounds) > 1:
         report["details"]["baseline_per_round"] = baseline_rounds
 
@@ -801,6 +943,8 @@ def main(argv=None) -> int:
                         help="the dev bundle's daemon starts its worker on the first call "
                              "(default: --prestart-worker, as a built bundle's bootstrap.sh)")
     parser.add_argument("--providerd", help="use this agentix-providerd instead of the runfiles'")
+    parser.add_argument("--no-busy", dest="busy", action="store_false",
+                        help="skip the short second round of ours and the floors with one busy core")
     parser.add_argument("--engines", dest="engines", action="store_true", default=None,
                         help="measure the docker and podman backends (starts dockerd and a podman service; "
                              "default in a full run, off with --quick)")
@@ -882,6 +1026,9 @@ def main(argv=None) -> int:
     for key in ENGINE_KEYS:
         if report.get(key) is not None:
             log(f"  {key:34s} {report[key]!s:>9}")
+    for name in ("floor", "floor_grpc"):
+        log(f"{name}: {({k: v for k, v in (report.get(name) or {}).items() if k != 'details'})}")
+    log(f"ratios to the floors: {report.get('ratios')}")
     log(f"targets met: {report['targets_met']}; load average {report['details']['loadavg_start']} -> "
         f"{report['details']['loadavg_end']}")
     print(json.dumps(report), flush=True)

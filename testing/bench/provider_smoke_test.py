@@ -49,6 +49,36 @@ class ProviderBenchSmokeTest(unittest.TestCase):
         self.assertEqual(details["ours"]["leftovers"], 0)  # no cgroup or process of a sandbox left
         self.assertGreater(details["ours"]["sandboxes_made"], 0)
 
+        # Issue 25: the floors of this run, ours with one busy core, CPU per call.
+        def positive(record, keys, where):
+            for key in keys:
+                self.assertIsInstance(record.get(key), (int, float), f"{where}.{key}")
+                self.assertGreater(record[key], 0, f"{where}.{key}")
+
+        cpu_keys = ("warm_acquire_cpu_ms_per_call", "cold_create_to_first_call_cpu_ms_per_call")
+        positive(report, cpu_keys, "ours")
+        positive(details["ours"]["warm_cpu_ms_per_call"], ("host", "providerd", "total"), "warm cpu")
+        positive(details["ours"]["cold_cpu_ms_per_call"], ("host", "providerd", "sandbox", "total"),
+                 "cold cpu")
+        floor_keys = ("warm_acquire_p50_ms", "warm_acquire_p99_ms", "warm_acquire_cpu_ms_per_call")
+        positive(report["floor"], floor_keys + ("cold_create_to_first_call_p50_ms",
+                                                "cold_create_to_first_call_cpu_ms_per_call"), "floor")
+        positive(report["floor_grpc"], floor_keys, "floor_grpc")
+        self.assertEqual(report["floor"]["details"]["ping_pong"]["small_bytes"],
+                         details["ours"]["create_response_bytes"])
+        busy = report["busy"]
+        positive(busy, ("warm_acquire_p50_ms", "warm_acquire_c16_p50_ms",
+                        "cold_create_to_first_call_p50_ms", "delete_p50_ms") + cpu_keys, "busy")
+        positive(busy["floor"], floor_keys, "busy.floor")
+        positive(busy["floor_grpc"], floor_keys, "busy.floor_grpc")
+        self.assertIs(busy["spinner"]["pinned"], False)
+        self.assertEqual(busy["details"]["leftovers"], 0)
+        ratios = [f"{p}{stem}_ours_over_{floor}" for p in ("", "busy_")
+                  for floor in ("floor", "floor_grpc") for stem in ("warm_acquire_p50", "warm_acquire_p99")]
+        ratios += ["cold_create_to_first_call_p50_ours_over_floor",
+                   "busy_cold_create_to_first_call_p50_ours_over_floor"]
+        positive(report["ratios"], ratios, "ratios")
+
 
 if __name__ == "__main__":
     unittest.main()

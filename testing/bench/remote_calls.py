@@ -22,6 +22,13 @@ Unless --only baseline or --no-cc, each round then also measures, in this order:
               Unix socket;
 and every figure is also reported as a ratio to the floors (`ratios`).
 
+Unless --only baseline or --no-busy, our stack is then measured once more with one
+busy core (floors.BusyCore: a spinning process, not pinned), with the quick plan,
+and both floors again under the same busy core: `busy`. Every phase also reports
+the CPU the host, the daemon (server) and the worker spent per call
+(`noop_cpu_us_per_call`, `echo_cpu_ms_16mib`, per process in
+`details.<side>.cpu_per_call`), from /proc schedstat (floors.CpuMeter).
+
 All processes of both stacks get the same GLIBC_TUNABLES (procs.MALLOC_TUNABLES)
 unless --no-malloc-tunables. Output: human-readable lines, then, LAST, one JSON object
 (see README.md for its keys).
@@ -45,6 +52,7 @@ import time
 # instead, so that procs.bench_dir() (handed to both workers) points into the runfiles.
 sys.path[0] = os.path.dirname(os.path.abspath(__file__))
 
+import floors  # noqa: E402
 import procs  # noqa: E402
 import stack_rounds  # noqa: E402
 import workloads  # noqa: E402
@@ -64,8 +72,10 @@ def _log_for(side: str):
     return log
 
 
-async def _measure(remote, plan: workloads.Plan, log) -> dict:
-    """Warms the stack up (the first call may start the worker), then runs everything."""
+async def _measure(remote, plan: workloads.Plan, log, server_pid: int | None = None,
+                   server_name: str = "daemon") -> dict:
+    """Warms the stack up (the first call may start the worker), then runs everything;
+    with `server_pid`, CPU per call of this host, the server and its worker."""
     import bench_targets  # imported by this top-level name on both sides
 
     start = time.perf_counter()
@@ -73,7 +83,12 @@ async def _measure(remote, plan: workloads.Plan, log) -> dict:
     log(f"first call (may include worker start) took {(time.perf_counter() - start) * 1e3:.1f} ms")
     tunables = await asyncio.wait_for(remote(bench_targets.glibc_tunables), 10)
     log(f"worker GLIBC_TUNABLES: {tunables}")
-    results = await workloads.run_all(remote, bench_targets, plan, log)
+    cpu = None
+    if server_pid:
+        workers = procs.children(server_pid)
+        cpu = floors.CpuMeter({"host": os.getpid(), server_name: server_pid,
+                               "worker": workers[0] if workers else None})
+    results = await workloads.run_all(remote, bench_targets, plan, log, cpu)
     results["worker_glibc_tunables"] = tunables
     return results
 
@@ -97,7 +112,7 @@ def _run_baseline(args, plan, log) -> dict:
 
         async def session():
             async with BaselineClient(url) as client:
-                return await _measure(client.remote, plan, log)
+                return await _measure(client.remote, plan, log, server.pid, "server")
 
         return asyncio.run(session())
     finally:
@@ -143,7 +158,7 @@ def _run_ours(args, plan, log) -> dict:
 
         async def session():
             async with RuntimeClient(url) as client:
-                return await _measure(client.remote, plan, log)
+                return await _measure(client.remote, plan, log, daemon.pid)
 
         return asyncio.run(session())
     finally:
@@ -155,7 +170,9 @@ def _run_ours(args, plan, log) -> dict:
 
 CC_KEYS = ("noop_p50_us", "noop_p99_us", "calls_per_s_c1", "calls_per_s_c16",
            "calls_per_s_c64", "mb_per_s_16mib", "raw_daemon_noop_p50_us")
-FLOOR_KEYS = ("noop_p50_us", "noop_p99_us", "calls_per_s_c1", "mb_per_s_16mib")
+# The figures beside each latency: CPU of all processes per call / per 16 MiB echo.
+CPU_KEYS = ("noop_cpu_us_per_call", "echo_cpu_ms_16mib")
+FLOOR_KEYS = HEADLINE_KEYS + CPU_KEYS
 # The floors' small message: about a noop StartCall / CallResult on the wire.
 FLOOR_SMALL_BYTES = 64
 
@@ -195,11 +212,36 @@ def _run_cc(args, env: dict, log) -> dict:
 
 
 def _run_floor(name: str, args, env: dict, log) -> dict:
-    binary = procs.runfile(f"testing/bench/floor/{name}")
-    if not binary:
-        raise RuntimeError(f"testing/bench/floor/{name} not in the runfiles")
-    argv = [binary, f"--small-bytes={FLOOR_SMALL_BYTES}", "--big-mib=16"]
-    return _json_line(argv + (["--quick"] if args.quick else []), 300, env, log)
+    """floor/<name> with the workloads' sizes: the noop message, 1/16/64 MiB echoes,
+    16 and 64 messages in flight (the concurrent callers)."""
+    return floors.run_floor(name, [f"--small-bytes={FLOOR_SMALL_BYTES}", "--big-mib=1,16,64",
+                                   "--concurrency=16,64"], quick=args.quick, env=env, log=log)
+
+
+# Every headline figure against the floors: True where lower is better.
+FLOOR_RATIO_KEYS = {key: key.endswith(("_us", "_ms")) for key in HEADLINE_KEYS}
+
+
+def _busy_and_floor_ratios(report: dict, args, env: dict, timeout_s: float) -> list[str]:
+    """`busy` (ours and both floors again with one busy core) and every headline
+    figure's ratio to the floors measured idle, and busy to busy (floors.py)."""
+    idle = {name: report.get(name) for name in floors.FLOOR_PROGRAMS}
+    report["ratios"].update(floors.floor_ratios(report, idle, FLOOR_RATIO_KEYS))
+    if args.only == "baseline" or args.no_busy:
+        return []
+    log = _log_for("busy")
+    runs = {name: (lambda program=program: _run_floor(program, args, env, log))
+            for name, program in floors.FLOOR_PROGRAMS.items()}
+    busy, errors = floors.busy_child_pass(stack_rounds, __file__, args, env, timeout_s, runs,
+                                          FLOOR_KEYS)
+    report["busy"] = busy
+    if busy:
+        report["ratios"].update(floors.floor_ratios(
+            busy, {name: busy.get(name) for name in floors.FLOOR_PROGRAMS}, FLOOR_RATIO_KEYS,
+            prefix="busy_"))
+        report["ratios"]["busy_noop_p50_ours_over_idle_ours"] = floors.ratio(
+            busy.get("noop_p50_us"), report.get("noop_p50_us"))
+    return errors
 
 
 def _cc_and_floor_rounds(args, env: dict) -> tuple[dict, list[str]]:
@@ -319,6 +361,10 @@ def run_driver(args) -> int:
     rounds = stack_rounds.Rounds(__file__, args, env, timeout_s)
     report = _summarise(rounds.combined("ours"), rounds.combined("baseline"), args, tunables)
     report["details"].update(rounds.details(HEADLINE_KEYS))
+    for key in CPU_KEYS:  # beside the latencies (the workloads' CPU per call)
+        report[key] = (rounds.combined("ours") or {}).get(key)
+        if report["baseline"] is not None:
+            report["baseline"][key] = (rounds.combined("baseline") or {}).get(key)
     errors = list(rounds.errors)
     if args.only != "baseline" and not args.no_cc:
         extra, extra_errors = _cc_and_floor_rounds(args, env)
@@ -332,6 +378,8 @@ def run_driver(args) -> int:
         _floor_ratios(report, extra["cc_client"], extra["floor"], extra["floor_grpc"])
         report["details"]["cc_and_floor"] = extra
         _print_floor_table(report)
+    errors += _busy_and_floor_ratios(report, args, env, timeout_s)
+    _print_busy(report)
     if errors:
         report["errors"] = errors
     stack_rounds.print_table(report, HEADLINE_KEYS)
@@ -354,6 +402,17 @@ def _print_floor_table(report: dict) -> None:
           f"{report['targets_met'].get('cc_noop_p50_at_most_1_5x_floor_grpc')}")
 
 
+def _print_busy(report: dict) -> None:
+    busy = report.get("busy") or {}
+    if busy:
+        print(f"with one busy core (spinner {busy.get('spinner')}): ours noop p50 "
+              f"{busy.get('noop_p50_us')} us, CPU {busy.get('noop_cpu_us_per_call')} us/call; floor "
+              f"{(busy.get('floor') or {}).get('noop_p50_us')} us, floor_grpc "
+              f"{(busy.get('floor_grpc') or {}).get('noop_p50_us')} us", flush=True)
+    print(f"noop p50 ours / floor: idle {report['ratios'].get('noop_p50_ours_over_floor')}, "
+          f"busy {report['ratios'].get('busy_noop_p50_ours_over_floor')}", flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Remote-call benchmark (ours vs. baseline).")
     stack_rounds.add_arguments(parser, quick_help="few iterations (smoke run)")
@@ -361,6 +420,8 @@ def main(argv=None) -> int:
                         help="do not set GLIBC_TUNABLES (for comparison only)")
     parser.add_argument("--no-cc", action="store_true",
                         help="skip the C++ client and the floor programs")
+    parser.add_argument("--no-busy", action="store_true",
+                        help="skip the second pass of ours and the floors with one busy core")
     args = parser.parse_args(argv)
     if args.side:
         return run_side(args)

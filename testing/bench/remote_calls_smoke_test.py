@@ -1,7 +1,10 @@
-"""Smoke test: the benchmark runs (baseline half, --quick) and reports sane numbers.
+"""Smoke test: the benchmark runs (--quick, each stack on its own) and reports sane numbers.
 
 Asserts only structure and positivity, never timing thresholds: it must pass on a
-slow or busy machine. Our own stack is measured by `bazel run :remote_calls`.
+slow or busy machine. The baseline half runs the script directly; our half runs
+the py_binary (a data dependency: the daemon, the worker, the C++ client and the
+floor programs in its runfiles) and checks the issue-25 keys (floor, floor_grpc,
+busy, the ratios to the floor, CPU per call), so none can silently disappear.
 """
 
 import json
@@ -13,6 +16,21 @@ import unittest
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 HEADLINE_KEYS = ("noop_p50_us", "noop_p99_us", "calls_per_s_c1", "calls_per_s_c16",
                  "calls_per_s_c64", "mb_per_s_1mib", "mb_per_s_16mib", "mb_per_s_64mib")
+CPU_KEYS = ("noop_cpu_us_per_call", "echo_cpu_ms_16mib")
+
+
+def last_json(argv, timeout_s: float) -> tuple[int, str, dict]:
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, timeout=timeout_s)
+    lines = [l for l in proc.stdout.splitlines() if l.strip()]
+    return proc.returncode, proc.stdout, json.loads(lines[-1])  # the LAST line
+
+
+def positive_numbers(test, record: dict, keys, where: str) -> None:
+    for key in keys:
+        value = record.get(key)
+        test.assertIsInstance(value, (int, float), f"{where}.{key}")
+        test.assertNotIsInstance(value, bool, f"{where}.{key}")
+        test.assertGreater(value, 0, f"{where}.{key}")
 
 
 class RemoteCallsSmokeTest(unittest.TestCase):
@@ -35,6 +53,43 @@ class RemoteCallsSmokeTest(unittest.TestCase):
         self.assertLessEqual(baseline["noop_p50_us"], baseline["noop_p99_us"])
         self.assertEqual(report["details"]["baseline"]["worker_glibc_tunables"],
                          report["details"]["glibc_tunables"])
+        # CPU per call beside the latencies: all three processes of the model.
+        positive_numbers(self, baseline, CPU_KEYS, "baseline")
+        noop_cpu = report["details"]["baseline"]["cpu_per_call"]["noop_us"]
+        positive_numbers(self, noop_cpu, ("host", "server", "worker", "total"), "cpu noop")
+
+    def test_quick_run_of_ours_reports_floors_busy_and_cpu(self):
+        code, out, report = last_json(
+            [sys.executable, os.path.join(BENCH_DIR, "remote_calls"), "--quick", "--only", "ours"],
+            timeout_s=600)
+        self.assertEqual(code, 0, out[-6000:])
+        self.assertNotIn("errors", report)
+        positive_numbers(self, report, HEADLINE_KEYS + CPU_KEYS, "ours")
+        noop_cpu = report["details"]["ours"]["cpu_per_call"]["noop_us"]
+        positive_numbers(self, noop_cpu, ("host", "daemon", "worker", "total"), "cpu noop")
+        self.assertAlmostEqual(noop_cpu["total"], report["noop_cpu_us_per_call"], delta=0.01)
+        # The floors: the same keys as ours, measured in this run.
+        for name in ("floor", "floor_grpc"):
+            positive_numbers(self, report[name], HEADLINE_KEYS + CPU_KEYS, name)
+            self.assertLessEqual(report[name]["noop_p50_us"], report[name]["noop_p99_us"])
+        # Ours again with one busy core, and both floors under it.
+        busy = report["busy"]
+        positive_numbers(self, busy, HEADLINE_KEYS + CPU_KEYS, "busy")
+        for name in ("floor", "floor_grpc"):
+            positive_numbers(self, busy[name], HEADLINE_KEYS + CPU_KEYS, f"busy.{name}")
+        self.assertIs(busy["spinner"]["pinned"], False)
+        self.assertGreater(busy["spinner"]["cpu_share"], 0)
+        self.assertEqual(busy["plan"], "quick")
+        # Every headline figure as a ratio to both floors, idle and busy.
+        ratios = report["ratios"]
+        for prefix in ("", "busy_"):
+            for floor in ("floor", "floor_grpc"):
+                keys = [f"{prefix}{stem}_ours_over_{floor}" for stem in ("noop_p50", "noop_p99")]
+                keys += [f"{prefix}{key}_{floor}_over_ours" for key in HEADLINE_KEYS[2:]]
+                positive_numbers(self, ratios, keys, "ratios")
+        self.assertAlmostEqual(
+            ratios["noop_p50_ours_over_floor"],
+            report["noop_p50_us"] / report["floor"]["noop_p50_us"], delta=0.01)
 
 
 if __name__ == "__main__":

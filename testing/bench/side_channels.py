@@ -17,6 +17,19 @@ Metrics (definitions in README.md): `log_records_per_s` (100,000 sandbox `loggin
 records replayed into a host handler), `spans_per_s` (sandbox spans reaching a host
 `agentix.trace` Processor's on_span_end), `ns_request_p50_us` (sandbox
 `Namespace.request` answered by a host `request_handler`, timed in the sandbox).
+
+The machine's floor, in the same run (floors.py, floor/): `floor` is
+floor/unix_pingpong over a Unix socket -- `ns_request_p50_us` a ping-pong of one
+namespace request's size (NamespaceEvent bytes, `_ns_request_bytes`), and
+`log_records_per_s` / `spans_per_s` a one-way stream of records of the size ours
+put on the wire in this run (`details.ours.logs.stream.bytes_per_item`), packed
+into 64 KiB writes (the unbatched rate, one write per record, is in
+`details.floor`); `floor_grpc` is the ping-pong on a raw gRPC C++ bidi stream (no
+record stream: gRPC's own framing of a record stream is what ours measures).
+Unless --no-busy, ours is measured again with one busy core (quick plan) and the
+floors with it: `busy`. CPU per item of the host, the daemon and the worker sits
+beside each figure (`log_cpu_us_per_record`, `span_cpu_us_per_span`,
+`ns_request_cpu_us_per_call`; the floors' the same keys).
 Output: human-readable lines, then LAST one JSON object.
 """
 
@@ -37,6 +50,7 @@ import time
 # As in remote_calls.py: import siblings from the runfiles tree, not the source tree.
 sys.path[0] = os.path.dirname(os.path.abspath(__file__))
 
+import floors  # noqa: E402
 import procs  # noqa: E402
 import stack_rounds  # noqa: E402
 from remote_calls import (  # noqa: E402  (generic helpers, shared on purpose)
@@ -149,16 +163,6 @@ def _span_counter(arrivals: _Arrivals):
     return SpanCounter()
 
 
-def _cpu_seconds(pid: int) -> float | None:
-    """utime + stime of `pid` (all its threads) in seconds, None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 class _Cpu:
     """CPU seconds used by the host, the server/daemon and the worker during a phase:
     where the time goes, independent of how busy the rest of the machine is."""
@@ -174,11 +178,13 @@ class _Cpu:
         return pids
 
     def snapshot(self) -> dict:
-        return {name: _cpu_seconds(pid) for name, pid in self.pids().items()}
+        # schedstat (ns), not /proc/<pid>/stat's 10 ms ticks: the quick plan's
+        # phases use a few tens of ms of CPU per process.
+        return {name: floors.process_cpu_s(pid) for name, pid in self.pids().items()}
 
     @staticmethod
     def used(before: dict, after: dict) -> dict:
-        return {name: round(after[name] - before[name], 2) for name in after
+        return {name: round(after[name] - before[name], 4) for name in after
                 if before.get(name) is not None and after[name] is not None}
 
 
@@ -208,6 +214,11 @@ async def _burst(remote, fn, n: int, arrivals: _Arrivals, timeout_s: float,
         result["cpu_s"] = used
         result["cpu_us_per_item"] = {name: round(v * 1e6 / n, 1) for name, v in used.items()}
     return result
+
+
+def _total(per_process: dict | None) -> float | None:
+    """CPU per item of all processes (host + server + worker)."""
+    return round(sum(per_process.values()), 2) if per_process else None
 
 
 async def _measure(remote, impl: str, plan: Plan, log, cpu: _Cpu, batches=None) -> dict:
@@ -245,6 +256,7 @@ async def _measure(remote, impl: str, plan: Plan, log, cpu: _Cpu, batches=None) 
     if not logs["complete"]:
         log(f"!! only {logs['received']} of {logs['n']} records arrived")
     results["log_records_per_s"] = logs["per_s"] if logs["complete"] else None
+    results["log_cpu_us_per_record"] = _total(logs.get("cpu_us_per_item"))
     results["logs"] = logs
 
     # Spans: sandbox agentix.trace spans → host Processor.on_span_end.
@@ -267,9 +279,11 @@ async def _measure(remote, impl: str, plan: Plan, log, cpu: _Cpu, batches=None) 
     if not spans["complete"]:
         log(f"!! only {spans['received']} of {spans['n']} spans arrived")
     results["spans_per_s"] = spans["per_s"] if spans["complete"] else None
+    results["span_cpu_us_per_span"] = _total(spans.get("cpu_us_per_item"))
     results["spans"] = spans
 
     # Namespace requests: timed inside the sandbox, per request.
+    cpu_before = cpu.snapshot()
     try:
         latencies = await asyncio.wait_for(
             remote(side_targets.ns_roundtrips, impl, plan.requests, plan.requests_warmup),
@@ -279,6 +293,11 @@ async def _measure(remote, impl: str, plan: Plan, log, cpu: _Cpu, batches=None) 
         results["ns_request_p50_us"] = None
         results["warnings"] = warnings.messages
         return results
+    ns_cpu = floors.CpuMeter.per_item(cpu_before, cpu.snapshot(),
+                                      plan.requests + plan.requests_warmup)
+    results["ns_request_cpu_us_per_call"] = ns_cpu["total"]
+    results["ns_request_cpu_us"] = ns_cpu
+    log(f"namespace requests: CPU µs per request (warm-up included): {ns_cpu}")
     ordered = sorted(latencies)
     results["ns_request_p50_us"] = round(statistics.median(ordered), 1)
     results["ns_request_p99_us"] = round(ordered[max(0, -(-99 * len(ordered) // 100) - 1)], 1)
@@ -310,23 +329,28 @@ class _Batches:
         from agentix.runtime.client.traces import TracesStream
 
         self.sizes = {"logs": [], "traces": []}
+        self.bytes = {"logs": 0, "traces": 0}
         for name, cls in (("logs", LogsStream), ("traces", TracesStream)):
             original = cls._items
             sizes = self.sizes[name]
 
-            def items(stream, response, _original=original, _sizes=sizes):
+            def items(stream, response, _original=original, _sizes=sizes, _name=name):
                 result = _original(stream, response)
                 _sizes.append(len(result))
+                self.bytes[_name] += response.ByteSize()
                 return result
 
             cls._items = items
 
     def take(self, name: str) -> dict:
         sizes, self.sizes[name][:] = list(self.sizes[name]), []
+        total_bytes, self.bytes[name] = self.bytes[name], 0
         if not sizes:
             return {}
         return {"responses": len(sizes), "items_per_response_mean": round(statistics.fmean(sizes), 1),
-                "items_per_response_max": max(sizes)}
+                "items_per_response_max": max(sizes),
+                # What one item costs on the wire (the floor streams records of this size).
+                "bytes_per_item": round(total_bytes / max(sum(sizes), 1), 1)}
 
 
 def _host_namespace(base):
@@ -483,6 +507,92 @@ def _summarise(ours, base, args) -> dict:
     return report
 
 
+# Figures of ours and of the floors, and whether lower is better.
+FLOOR_RATIO_KEYS = {"ns_request_p50_us": True, "log_records_per_s": False, "spans_per_s": False}
+CPU_KEYS = ("ns_request_cpu_us_per_call", "log_cpu_us_per_record", "span_cpu_us_per_span")
+FLOOR_KEYS = tuple(FLOOR_RATIO_KEYS) + CPU_KEYS
+# Records of the stream floor (whatever the plan: the floor needs a few ms to time),
+# and the record sizes used when ours did not report its own.
+FLOOR_STREAM_RECORDS = 200_000
+DEFAULT_RECORD_BYTES = {"logs": 200, "spans": 150}
+
+
+def _ns_request_bytes() -> int:
+    """Bytes of one benchmark namespace request on the wire: the NamespaceEvent the
+    sandbox sends ("echo", msgpack {request_id, data: {"i", "text"}}, request_id)."""
+    from agentix.runtime.shared import codec
+    from agentix.runtime.v1 import runtime_pb2 as pb
+
+    request_id = "0" * 32
+    data = codec.pack({"request_id": request_id, "data": {"i": 1000, "text": "ping"}})
+    return pb.NamespaceEvent(event="echo", data=data, request_id=request_id).ByteSize()
+
+
+def _record_bytes(ours: dict | None, phase: str) -> int:
+    stream = ((ours or {}).get(phase) or {}).get("stream") or {}
+    return int(round(stream.get("bytes_per_item") or DEFAULT_RECORD_BYTES[phase]))
+
+
+def _floors(args, ours: dict | None, log) -> dict:
+    """{"floor": ..., "floor_grpc": ...} with the keys of ours (FLOOR_KEYS)."""
+    quick = args.quick
+    ns_bytes = _ns_request_bytes()
+    small = [f"--small-bytes={ns_bytes}", "--big-mib=", "--concurrency="]
+    raw = floors.run_floor("unix_pingpong", small, quick=quick, log=log)
+    grpc = floors.run_floor("grpc_pingpong", small, quick=quick, log=log)
+    floor = {"ns_request_p50_us": raw["noop_p50_us"],
+             "ns_request_cpu_us_per_call": raw["noop_cpu_us_per_call"]}
+    details = {"ns_request_bytes": ns_bytes, "ping_pong": raw}
+    for phase, key, cpu_key in (("logs", "log_records_per_s", "log_cpu_us_per_record"),
+                                ("spans", "spans_per_s", "span_cpu_us_per_span")):
+        stream = floors.run_floor(
+            "unix_pingpong", [f"--stream-records={FLOOR_STREAM_RECORDS}",
+                              f"--record-bytes={_record_bytes(ours, phase)}"], quick=quick, log=log)
+        floor[key] = stream["records_per_s"]
+        floor[cpu_key] = stream["cpu_us_per_record"]
+        details[phase] = stream
+    floor["details"] = details
+    return {"floor": floor,
+            "floor_grpc": {"ns_request_p50_us": grpc["noop_p50_us"],
+                           "ns_request_cpu_us_per_call": grpc["noop_cpu_us_per_call"],
+                           "details": grpc}}
+
+
+def _add_floors_and_busy(report: dict, args, env: dict, timeout_s: float, ours) -> list[str]:
+    """`floor`, `floor_grpc`, `busy` and their ratios (floors.py)."""
+    if args.only == "baseline":
+        return []
+    log = _log_for("floor")
+    errors = []
+    try:
+        measured = _floors(args, ours, log)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired, ValueError) as error:
+        return [f"floor: {error}"]
+    report.update(measured)
+    report["ratios"].update(floors.floor_ratios(report, measured, FLOOR_RATIO_KEYS))
+    if args.no_busy:
+        return errors
+
+    busy_floors = {}
+
+    def busy_floor(name):
+        def run():  # both floors in one go, under the busy core
+            if not busy_floors:
+                busy_floors.update(_floors(args, ours, _log_for("busy floor")))
+            return busy_floors[name]
+        return run
+
+    busy, busy_errors = floors.busy_child_pass(
+        stack_rounds, __file__, args, env, timeout_s,
+        {"floor": busy_floor("floor"), "floor_grpc": busy_floor("floor_grpc")}, FLOOR_KEYS)
+    report["busy"] = busy
+    if busy:
+        report["ratios"].update(floors.floor_ratios(
+            busy, {name: busy.get(name) for name in floors.FLOOR_PROGRAMS}, FLOOR_RATIO_KEYS,
+            prefix="busy_"))
+    return errors + busy_errors
+
+
 def run_driver(args) -> int:
     env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES)
     timeout_s = 150.0 if args.quick else 1200.0
@@ -490,12 +600,22 @@ def run_driver(args) -> int:
     os.environ["GLIBC_TUNABLES"] = procs.MALLOC_TUNABLES  # reported in details
     report = _summarise(rounds.combined("ours"), rounds.combined("baseline"), args)
     report["details"].update(rounds.details(HEADLINE_KEYS))
-    errors = rounds.errors
+    for key in CPU_KEYS:  # beside the figures
+        report[key] = (rounds.combined("ours") or {}).get(key)
+        if report["baseline"] is not None:
+            report["baseline"][key] = (rounds.combined("baseline") or {}).get(key)
+    errors = rounds.errors + _add_floors_and_busy(report, args, env, timeout_s,
+                                                  rounds.combined("ours"))
     missing = [f"{side}: {key} not measured" for side, results in rounds.results.items()
                for r in results for key in HEADLINE_KEYS if r.get(key) is None]
     if errors or missing:
         report["errors"] = errors + sorted(set(missing))
     stack_rounds.print_table(report, HEADLINE_KEYS)
+    for name in ("floor", "floor_grpc"):
+        print(f"{name}: {({k: v for k, v in (report.get(name) or {}).items() if k != 'details'})}")
+    busy = report.get("busy") or {}
+    print(f"busy (spinner {busy.get('spinner')}): "
+          f"{({k: busy.get(k) for k in FLOOR_KEYS})}", flush=True)
     print(json.dumps(report), flush=True)
     return 1 if errors or missing else 0
 
@@ -503,6 +623,8 @@ def run_driver(args) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Side-channel benchmark (ours vs. baseline).")
     stack_rounds.add_arguments(parser, quick_help="small workloads (smoke run)")
+    parser.add_argument("--no-busy", action="store_true",
+                        help="skip the second pass of ours and the floors with one busy core")
     args = parser.parse_args(argv)
     if args.side:
         return run_side(args)

@@ -12,13 +12,24 @@ import unittest
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 HEADLINE_KEYS = ("log_records_per_s", "spans_per_s", "ns_request_p50_us")
+CPU_KEYS = ("ns_request_cpu_us_per_call", "log_cpu_us_per_record", "span_cpu_us_per_span")
+RATIO_KEYS = ("ns_request_p50_ours_over_floor", "log_records_per_s_floor_over_ours",
+              "spans_per_s_floor_over_ours", "ns_request_p50_ours_over_floor_grpc")
+
+
+def positive_numbers(test, record: dict, keys, where: str) -> None:
+    for key in keys:
+        value = record.get(key)
+        test.assertIsInstance(value, (int, float), f"{where}.{key}")
+        test.assertNotIsInstance(value, bool, f"{where}.{key}")
+        test.assertGreater(value, 0, f"{where}.{key}")
 
 
 class SideChannelsSmokeTest(unittest.TestCase):
     def test_quick_run_of_both_stacks_reports_every_key(self):
         proc = subprocess.run(
             [sys.executable, os.path.join(BENCH_DIR, "side_channels.py"), "--quick"],
-            stdout=subprocess.PIPE, text=True, timeout=200)
+            stdout=subprocess.PIPE, text=True, timeout=280)
         self.assertEqual(proc.returncode, 0, proc.stdout)
         lines = [l for l in proc.stdout.splitlines() if l.strip()]
         report = json.loads(lines[-1])  # the JSON object is the LAST line
@@ -42,6 +53,28 @@ class SideChannelsSmokeTest(unittest.TestCase):
             self.assertTrue(details[side]["logs"]["complete"], side)
             self.assertTrue(details[side]["spans"]["complete"], side)
         self.assertNotIn("errors", report)
+
+        # Issue 25: the floor (same run), ours with one busy core, CPU per item.
+        positive_numbers(self, report, CPU_KEYS, "ours")
+        for side in ("ours", "baseline"):
+            positive_numbers(self, details[side]["ns_request_cpu_us"],
+                             ("host", "server", "worker", "total"), f"{side} ns cpu")
+        self.assertGreater(details["ours"]["logs"]["stream"]["bytes_per_item"], 0)
+        positive_numbers(self, report["floor"], HEADLINE_KEYS + CPU_KEYS, "floor")
+        positive_numbers(self, report["floor_grpc"],
+                         ("ns_request_p50_us", "ns_request_cpu_us_per_call"), "floor_grpc")
+        floor_details = report["floor"]["details"]
+        self.assertEqual(floor_details["logs"]["record_bytes"],
+                         round(details["ours"]["logs"]["stream"]["bytes_per_item"]))
+        self.assertEqual(floor_details["ping_pong"]["small_bytes"],
+                         floor_details["ns_request_bytes"])
+        busy = report["busy"]
+        positive_numbers(self, busy, HEADLINE_KEYS + CPU_KEYS, "busy")
+        positive_numbers(self, busy["floor"], HEADLINE_KEYS, "busy.floor")
+        positive_numbers(self, busy["floor_grpc"], ("ns_request_p50_us",), "busy.floor_grpc")
+        self.assertIs(busy["spinner"]["pinned"], False)
+        positive_numbers(self, report["ratios"], RATIO_KEYS, "ratios")
+        positive_numbers(self, report["ratios"], tuple("busy_" + k for k in RATIO_KEYS), "ratios")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,11 @@ Both stacks run exactly this code; only the `remote` coroutine differs. Definiti
   twice: argument and result; MB = 10^6 bytes). Median over the repetitions, after
   one unmeasured warm-up call per size. Each result is checked equal to the payload
   (outside the timed region).
+- CPU per call (when run_all gets a `cpu` meter, floors.CpuMeter): on-CPU time of
+  each process of the stack (host, daemon/server, worker) over a phase divided by
+  its calls: `noop_cpu_us_per_call` (the sequential noop phase, all processes),
+  `echo_cpu_ms_<size>` per echo, and per process and phase in `cpu_per_call`
+  (µs for noop and calls/s phases, ms for echoes).
 """
 
 import asyncio
@@ -54,9 +59,10 @@ def percentile(sorted_samples: list[float], q: float) -> float:
     return sorted_samples[rank - 1]
 
 
-async def noop_latency(remote, targets, plan: Plan, log) -> dict:
+async def noop_latency(remote, targets, plan: Plan, log, cpu=None) -> dict:
     for _ in range(plan.noop_warmup):
         await remote(targets.noop)
+    cpu_before = cpu.snapshot() if cpu else None
     samples = []
     clock = time.perf_counter
     for _ in range(plan.noop_calls):
@@ -65,6 +71,7 @@ async def noop_latency(remote, targets, plan: Plan, log) -> dict:
         samples.append(clock() - start)
         if result is not None:
             raise AssertionError(f"noop returned {result!r}")
+    cpu_used = cpu.per_item(cpu_before, cpu.snapshot(), len(samples)) if cpu else None
     samples.sort()
     out = {
         "noop_p50_us": round(percentile(samples, 0.50) * 1e6, 1),
@@ -73,10 +80,15 @@ async def noop_latency(remote, targets, plan: Plan, log) -> dict:
     }
     log(f"noop latency over {plan.noop_calls} sequential calls: p50 {out['noop_p50_us']} us, "
         f"p99 {out['noop_p99_us']} us, mean {out['noop_mean_us']} us")
+    if cpu_used is not None:
+        out["noop_cpu_us_per_call"] = cpu_used["total"]
+        out["cpu_per_call"] = {"noop_us": cpu_used}
+        log(f"noop CPU per call (us): {cpu_used}")
     return out
 
 
-async def calls_per_second(remote, targets, callers: int, plan: Plan, log) -> float:
+async def calls_per_second(remote, targets, callers: int, plan: Plan, log,
+                           cpu=None, cpu_out: dict | None = None) -> float:
     completed = 0
     stop = False
 
@@ -90,8 +102,11 @@ async def calls_per_second(remote, targets, callers: int, plan: Plan, log) -> fl
     try:
         await asyncio.sleep(plan.conc_warmup_s)
         c0, t0 = completed, time.perf_counter()
+        cpu_before = cpu.snapshot() if cpu else None
         await asyncio.sleep(plan.conc_measure_s)
         c1, t1 = completed, time.perf_counter()
+        if cpu and cpu_out is not None:
+            cpu_out[f"c{callers}_us"] = cpu.per_item(cpu_before, cpu.snapshot(), c1 - c0)
         stop = True
         await asyncio.gather(*tasks)  # let in-flight calls finish cleanly
     finally:
@@ -103,15 +118,20 @@ async def calls_per_second(remote, targets, callers: int, plan: Plan, log) -> fl
 
 
 async def echo_throughput(remote, targets, key: str, size: int, reps: int, warmup: int,
-                          log) -> dict:
+                          log, cpu=None, cpu_out: dict | None = None) -> dict:
     payload = os.urandom(size)
     for _ in range(warmup):
         await remote(targets.echo, payload)
     times = []
+    cpu_spent = {}
     for _ in range(reps):
+        cpu_before = cpu.snapshot() if cpu else None
         start = time.perf_counter()
         result = await remote(targets.echo, payload)
         times.append(time.perf_counter() - start)
+        if cpu:  # the timed region only, not the comparison below
+            for name, ms in cpu.per_item(cpu_before, cpu.snapshot(), reps, 1e3).items():
+                cpu_spent[name] = round(cpu_spent.get(name, 0) + ms, 2)
         if result != payload:
             raise AssertionError(f"echo of {size} bytes returned different bytes")
         del result
@@ -119,21 +139,28 @@ async def echo_throughput(remote, targets, key: str, size: int, reps: int, warmu
     mb_per_s = 2 * size / seconds / 1e6
     log(f"echo {size // MIB} MiB: median {seconds * 1e3:.1f} ms over {reps} runs "
         f"(min {min(times) * 1e3:.1f}, max {max(times) * 1e3:.1f}) -> {mb_per_s:,.0f} MB/s")
-    return {f"mb_per_s_{key}": round(mb_per_s, 1), f"echo_ms_{key}": round(seconds * 1e3, 2)}
+    out = {f"mb_per_s_{key}": round(mb_per_s, 1), f"echo_ms_{key}": round(seconds * 1e3, 2)}
+    if cpu and cpu_out is not None:
+        cpu_out[f"echo_{key}_ms"] = cpu_spent
+        out[f"echo_cpu_ms_{key}"] = cpu_spent.get("total")
+    return out
 
 
-async def run_all(remote, targets, plan: Plan, log) -> dict:
-    """Runs every workload in order; each phase is bounded by plan.phase_timeout_s."""
+async def run_all(remote, targets, plan: Plan, log, cpu=None) -> dict:
+    """Runs every workload in order; each phase is bounded by plan.phase_timeout_s.
+    With `cpu` (floors.CpuMeter of the stack's processes) each phase also reports
+    its CPU per call."""
 
     def bounded(coro):
         return asyncio.wait_for(coro, plan.phase_timeout_s)
 
     results = {}
-    results.update(await bounded(noop_latency(remote, targets, plan, log)))
+    results.update(await bounded(noop_latency(remote, targets, plan, log, cpu)))
+    cpu_out = results.get("cpu_per_call")
     for callers in plan.concurrency:
         results[f"calls_per_s_c{callers}"] = await bounded(
-            calls_per_second(remote, targets, callers, plan, log))
+            calls_per_second(remote, targets, callers, plan, log, cpu, cpu_out))
     for key, size, reps, warmup in plan.echo:
         results.update(await bounded(
-            echo_throughput(remote, targets, key, size, reps, warmup, log)))
+            echo_throughput(remote, targets, key, size, reps, warmup, log, cpu, cpu_out)))
     return results

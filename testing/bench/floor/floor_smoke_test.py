@@ -1,4 +1,4 @@
-"""Smoke test: both floor programs run (--quick) and print one JSON line with
+"""Smoke test: the floor programs run (--quick) and print one JSON line with
 positive figures. No timing thresholds: it must pass on a busy machine."""
 
 import json
@@ -7,31 +7,67 @@ import subprocess
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-KEYS = ("noop_p50_us", "noop_p99_us", "calls_per_s_c1", "mb_per_s_16mib", "echo_ms_16mib")
+KEYS = ("noop_p50_us", "noop_p99_us", "noop_mean_us", "calls_per_s_c1", "calls_per_s_c4",
+        "noop_cpu_us_per_call", "noop_cpu_us_per_call_client", "noop_cpu_us_per_call_server",
+        "mb_per_s_1mib", "echo_ms_1mib", "echo_cpu_ms_1mib", "mb_per_s_4mib", "echo_ms_4mib",
+        "echo_cpu_ms_4mib")
+
+
+def run(name: str, *flags: str) -> dict:
+    proc = subprocess.run([os.path.join(HERE, name), "--quick", *flags],
+                          stdout=subprocess.PIPE, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise AssertionError(f"{name} exited {proc.returncode}: {proc.stdout}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 class FloorSmokeTest(unittest.TestCase):
-    def check(self, name: str, kind: str) -> None:
-        proc = subprocess.run([os.path.join(HERE, name), "--quick", "--big-mib=4"],
-                              stdout=subprocess.PIPE, text=True, timeout=120)
-        self.assertEqual(proc.returncode, 0, proc.stdout)
-        report = json.loads(proc.stdout.strip().splitlines()[-1])
+    def check(self, name: str, kind: str, *flags: str) -> dict:
+        report = run(name, "--big-mib=1,4", "--concurrency=4", "--small-bytes=100", *flags)
         self.assertEqual(report["kind"], kind)
-        self.assertEqual(report["big_bytes"], 4 << 20)
+        self.assertEqual(report["small_bytes"], 100)
         for key in KEYS:
             self.assertGreater(report[key], 0, key)
         self.assertLessEqual(report["noop_p50_us"], report["noop_p99_us"])
+        self.assertAlmostEqual(report["noop_cpu_us_per_call"],
+                               report["noop_cpu_us_per_call_client"]
+                               + report["noop_cpu_us_per_call_server"], delta=0.05)
+        self.assertNotIn("mb_per_s_16mib", report)  # only the sizes asked for
+        return report
 
     def test_unix_socket_floor(self):
         self.check("unix_pingpong", "unix_socket")
 
     def test_grpc_floor(self):
-        self.check("grpc_pingpong", "grpc_cpp_bidi")
+        report = self.check("grpc_pingpong", "grpc_cpp_bidi", "--unary")
+        for key in ("unary_p50_us", "unary_p99_us", "unary_cpu_us_per_call"):
+            self.assertGreater(report[key], 0, key)
+
+    def test_grpc_floor_without_big_messages(self):
+        report = run("grpc_pingpong", "--big-mib=")
+        self.assertGreater(report["noop_p50_us"], 0)
+        self.assertFalse([k for k in report if k.startswith("mb_per_s_")])
+
+    def test_unix_stream_floor(self):
+        report = run("unix_pingpong", "--stream-records=5000", "--record-bytes=150")
+        self.assertEqual(report["kind"], "unix_socket_stream")
+        self.assertEqual((report["records"], report["record_bytes"]), (5000, 150))
+        for key in ("records_per_s", "records_per_s_unbatched", "cpu_us_per_record",
+                    "cpu_us_per_record_unbatched"):
+            self.assertGreater(report[key], 0, key)
+
+    def test_spawn_floor(self):
+        report = run("spawn_true", "--runs=5")
+        self.assertEqual((report["kind"], report["runs"]), ("fork_exec_true", 5))
+        self.assertGreater(report["spawn_p50_ms"], 0)
+        self.assertLessEqual(report["spawn_p50_ms"], report["spawn_p99_ms"])
+        self.assertGreater(report["spawn_cpu_ms"], 0)
 
     def test_bad_flag_is_refused(self):
-        proc = subprocess.run([os.path.join(HERE, "unix_pingpong"), "--nope"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
-        self.assertEqual(proc.returncode, 2)
+        for name in ("unix_pingpong", "grpc_pingpong", "spawn_true"):
+            proc = subprocess.run([os.path.join(HERE, name), "--nope"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+            self.assertEqual(proc.returncode, 2, name)
 
 
 if __name__ == "__main__":

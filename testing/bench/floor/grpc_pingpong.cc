@@ -5,10 +5,16 @@
 // serves Calls) and a client driving its own completion queue in the
 // calling thread -- the least work gRPC can do per round trip.
 //
-//   grpc_pingpong [--quick] [--small-bytes=64] [--big-mib=16]
+//   grpc_pingpong [--quick] [--small-bytes=64] [--big-mib=1,16,64]
+//                 [--concurrency=16,64] [--unary]
 //
 // The big message goes as 1 MiB messages (as the remote-call wire cuts
 // payloads), echoed one by one; default message limits on both sides.
+// --concurrency=N runs N client threads, each ping-ponging on its own bidi
+// stream of the one channel (calls_per_s_c<N>, as the C++ client's callers).
+// --unary adds the small message as unary calls on the same server
+// (unary_p50_us, unary_p99_us, unary_cpu_us_per_call): the floor of one
+// unary RPC such as CreateSandbox.
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -18,8 +24,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <memory>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -141,6 +149,52 @@ class Pinger {
   std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call_;
 };
 
+// One unary call of `message` on its own completion queue; seconds.
+double Unary(grpc::GenericStub* stub, grpc::CompletionQueue* cq, const grpc::ByteBuffer& message) {
+  const double start = Now();
+  grpc::ClientContext context;
+  grpc::ByteBuffer back;
+  grpc::Status status;
+  auto call = stub->PrepareUnaryCall(&context, kMethod, message, cq);
+  call->StartCall();
+  call->Finish(&back, &status, reinterpret_cast<void*>(7));
+  void* tag = nullptr;
+  bool ok = false;
+  if (!cq->Next(&tag, &ok) || !ok || !status.ok() || back.Length() != message.Length()) {
+    std::fprintf(stderr, "grpc ping-pong: unary call failed: %s\n", status.error_message().c_str());
+    std::exit(1);
+  }
+  return Now() - start;
+}
+
+// `threads` callers, each ping-ponging on its own stream: round trips per
+// second over the measuring window.
+double Concurrent(const std::shared_ptr<grpc::Channel>& channel, const grpc::ByteBuffer& small,
+                  size_t threads, const FloorArgs& args) {
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> done{0};
+  std::vector<std::thread> callers;
+  for (size_t i = 0; i < threads; ++i) {
+    callers.emplace_back([&] {
+      Pinger pinger(channel);
+      size_t got = 0;
+      while (!stop.load(std::memory_order_relaxed)) {
+        pinger.RoundTrip(small, 1, &got);
+        done.fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(args.window_warmup_s()));
+  const uint64_t before = done.load();
+  const double start = Now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(args.window_s()));
+  const uint64_t after = done.load();
+  const double took = Now() - start;
+  stop = true;
+  for (auto& t : callers) t.join();
+  return (after - before) / took;
+}
+
 grpc::ByteBuffer Buffer(size_t size) {
   std::string data(size, '\0');
   for (size_t i = 0; i < size; ++i) data[i] = static_cast<char>(i * 131);
@@ -149,7 +203,12 @@ grpc::ByteBuffer Buffer(size_t size) {
 }
 
 int Main(int argc, char** argv) {
-  const FloorArgs args = ParseFloorArgs(argc, argv);
+  bool unary = false;
+  const FloorArgs args = ParseFloorArgs(argc, argv, [&](const char* a) {
+    if (std::strcmp(a, "--unary") != 0) return false;
+    unary = true;
+    return true;
+  });
   char dir[] = "/tmp/agx-floor-XXXXXX";
   if (::mkdtemp(dir) == nullptr) return 1;
   const std::string path = std::string(dir) + "/floor.sock";
@@ -164,23 +223,53 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "grpc ping-pong server did not come up\n");
       code = 1;
     } else {
-      Pinger pinger(channel);
-      size_t got = 0;
+      JsonLine json;
+      json.Str("kind", "grpc_cpp_bidi");
+      json.Num("small_bytes", args.small_bytes);
       const grpc::ByteBuffer small = Buffer(args.small_bytes);
-      for (int i = 0; i < args.warmup(); ++i) pinger.RoundTrip(small, 1, &got);
-      std::vector<double> small_rtts;
-      for (int i = 0; i < args.calls(); ++i) small_rtts.push_back(pinger.RoundTrip(small, 1, &got));
-      const int pieces = static_cast<int>((args.big_bytes + kPiece - 1) / kPiece);
-      const grpc::ByteBuffer piece = Buffer(std::min(args.big_bytes, kPiece));
-      pinger.RoundTrip(piece, pieces, &got);  // warm-up
-      std::vector<double> big_rtts;
-      for (int i = 0; i < args.big_reps(); ++i) big_rtts.push_back(pinger.RoundTrip(piece, pieces, &got));
-      if (got != static_cast<size_t>(pieces) * std::min(args.big_bytes, kPiece)) {
-        std::fprintf(stderr, "echo returned %zu bytes\n", got);
-        code = 1;
-      } else {
-        PrintFloor("grpc_cpp_bidi", args, small_rtts, big_rtts);
+      {
+        Pinger pinger(channel);
+        size_t got = 0;
+        for (int i = 0; i < args.warmup(); ++i) pinger.RoundTrip(small, 1, &got);
+        CpuMeter cpu(child);
+        std::vector<double> small_rtts;
+        for (int i = 0; i < args.calls(); ++i) small_rtts.push_back(pinger.RoundTrip(small, 1, &got));
+        AddSmall(&json, small_rtts, cpu.SelfSeconds(), cpu.PeerSeconds());
+        for (size_t mib : args.big_mib) {
+          const size_t bytes = mib << 20;
+          const int pieces = static_cast<int>((bytes + kPiece - 1) / kPiece);
+          const grpc::ByteBuffer piece = Buffer(std::min(bytes, kPiece));
+          pinger.RoundTrip(piece, pieces, &got);  // warm-up
+          cpu.Restart();
+          std::vector<double> big_rtts;
+          for (int i = 0; i < args.big_reps(); ++i) big_rtts.push_back(pinger.RoundTrip(piece, pieces, &got));
+          if (got != static_cast<size_t>(pieces) * std::min(bytes, kPiece)) {
+            std::fprintf(stderr, "echo returned %zu bytes\n", got);
+            code = 1;
+          }
+          AddBig(&json, mib, big_rtts, cpu.SelfSeconds() + cpu.PeerSeconds());
+        }
       }
+      for (size_t threads : args.concurrency) {
+        json.Num("calls_per_s_c" + std::to_string(threads), Concurrent(channel, small, threads, args));
+      }
+      if (unary) {
+        grpc::GenericStub stub(channel);
+        grpc::CompletionQueue cq;
+        for (int i = 0; i < args.warmup(); ++i) Unary(&stub, &cq, small);
+        CpuMeter cpu(child);
+        std::vector<double> rtts;
+        for (int i = 0; i < args.calls(); ++i) rtts.push_back(Unary(&stub, &cq, small));
+        json.Num("unary_p50_us", Percentile(rtts, 0.5) * 1e6);
+        json.Num("unary_p99_us", Percentile(rtts, 0.99) * 1e6);
+        json.Num("unary_cpu_us_per_call", (cpu.SelfSeconds() + cpu.PeerSeconds()) / rtts.size() * 1e6);
+        cq.Shutdown();
+        void* tag;
+        bool ok;
+        while (cq.Next(&tag, &ok)) {
+        }
+      }
+      if (code == 0) json.Print();
     }
   }
   ::kill(child, SIGKILL);

@@ -1,0 +1,186 @@
+"""The machine's floor, a busy core and CPU per call, shared by every benchmark (issue 25).
+
+Three things each benchmark (remote_calls.py, side_channels.py, provider.py) adds to
+its report with this module, so that its figures are judged against what this
+machine can do at the moment of the run rather than against absolute numbers:
+
+- **floors**: the programs of floor/ (`run_floor`), run in the same process tree and
+  the same minute as the stack they are compared with. `floor` is two processes
+  ping-ponging the same message sizes over a Unix socket (unix_pingpong),
+  `floor_grpc` the same on a raw gRPC C++ bidi stream over a Unix socket
+  (grpc_pingpong). Both report the same keys as the stack they stand beside.
+- **a busy core** (`BusyCore`): one process spinning in a loop while a benchmark
+  measures its headline figures again (`busy`). The spinner is NOT pinned to a CPU:
+  it is what any other busy program on the machine looks like to us (the scheduler
+  is free to move it, and us), which is the situation issue 25 describes (a
+  call path whose every hand-off pays an idle CPU's wake-up gets faster when
+  another process keeps the CPUs awake). `BusyCore.report()` gives the share of
+  one CPU the spinner really got, so a reader can see it spun.
+- **CPU per call** (`CpuMeter`): on-CPU time of each process of a stack (host,
+  daemon, worker) over a phase, from /proc/<pid>/task/*/schedstat (ns resolution),
+  divided by the calls of the phase. It sits beside each latency so that a figure
+  bought by spinning shows up as CPU.
+
+Ratios (`floor_ratios`) are oriented so that >= 1 means the floor is better: for a
+latency `<stem>_ours_over_<floor>` (ours / floor), for a rate
+`<key>_<floor>_over_ours` (floor / ours).
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+
+import procs
+
+# Where a floor program's figures come from, by report key.
+FLOOR_PROGRAMS = {"floor": "unix_pingpong", "floor_grpc": "grpc_pingpong"}
+SPIN = "while True: pass"
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """On-CPU seconds of every live thread of `pid` (schedstat); None if it is gone.
+    Threads that ended meanwhile are not counted: the benchmarks' processes keep
+    their threads for the whole run."""
+    total, found = 0, False
+    for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+        try:
+            with open(path) as f:
+                total += int(f.read().split()[0])
+                found = True
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended meanwhile
+    return total / 1e9 if found else None
+
+
+class CpuMeter:
+    """CPU of a fixed set of named processes (e.g. host, daemon, worker) over a phase."""
+
+    def __init__(self, pids: dict[str, int]):
+        self.pids = {name: pid for name, pid in pids.items() if pid}
+
+    def snapshot(self) -> dict[str, float | None]:
+        return {name: process_cpu_s(pid) for name, pid in self.pids.items()}
+
+    @staticmethod
+    def per_item(before: dict, after: dict, items: float, scale: float = 1e6) -> dict:
+        """{name: CPU per item, ..., "total": sum} in µs (scale 1e6) or ms (1e3)."""
+        out = {}
+        for name, end in after.items():
+            start = before.get(name)
+            if start is not None and end is not None and items > 0:
+                out[name] = round((end - start) * scale / items, 2)
+        out["total"] = round(sum(out.values()), 2)
+        return out
+
+
+def run_json(argv, *, env: dict | None = None, timeout_s: float = 300, log=print) -> dict:
+    """Runs a program whose last stdout line is one JSON object; returns it."""
+    proc = subprocess.run([str(a) for a in argv], stdout=subprocess.PIPE, text=True,
+                          timeout=timeout_s, env=env)
+    lines = [l for l in proc.stdout.splitlines() if l.strip()]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{argv[0]} failed with exit code {proc.returncode}")
+    result = json.loads(lines[-1])
+    log(f"{os.path.basename(str(argv[0]))}: {result}")
+    return result
+
+
+def run_floor(program: str, flags, *, quick: bool, env: dict | None = None, log=print) -> dict:
+    """One run of floor/<program> (unix_pingpong, grpc_pingpong, spawn_true)."""
+    binary = procs.runfile(f"testing/bench/floor/{program}")
+    if not binary:
+        raise RuntimeError(f"testing/bench/floor/{program} not in the runfiles")
+    return run_json([binary, *flags] + (["--quick"] if quick else []), env=env, log=log)
+
+
+class BusyCore:
+    """A context in which one process spins on the CPU (unpinned; see the module
+    docstring). `report()` after the block: its wall time and the CPU it got."""
+
+    def __init__(self):
+        self.proc = None
+        self.started = self.cpu_s = self.wall_s = None
+
+    def __enter__(self) -> "BusyCore":
+        self.proc = procs.start_process([sys.executable, "-c", SPIN])
+        self.started = time.monotonic()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall_s = time.monotonic() - self.started
+        self.cpu_s = process_cpu_s(self.proc.pid)
+        procs.stop_process(self.proc)
+
+    def report(self) -> dict:
+        share = (self.cpu_s / self.wall_s) if self.cpu_s is not None and self.wall_s else None
+        return {"pinned": False, "wall_s": round(self.wall_s or 0, 1),
+                "cpu_share": None if share is None else round(share, 2)}
+
+
+def ratio(numerator, denominator):
+    if not isinstance(numerator, (int, float)) or not isinstance(denominator, (int, float)):
+        return None
+    if not numerator or not denominator:
+        return None
+    return round(numerator / denominator, 2)
+
+
+def floor_ratios(ours: dict | None, floors: dict, keys: dict[str, bool],
+                 prefix: str = "") -> dict:
+    """Each headline figure of `ours` over each floor that has it.
+
+    `keys` maps a figure to True if lower is better (a latency: `<stem>_ours_over_<floor>`,
+    the unit suffix dropped, e.g. noop_p50_ours_over_floor) or False (a rate:
+    `<key>_<floor>_over_ours`). `floors` maps a floor's name to its figures (or None).
+    Both ratios are >= 1 when the floor is faster; None where a figure is missing."""
+    ours = ours or {}
+    out = {}
+    for floor_name, figures in floors.items():
+        figures = figures or {}
+        for key, lower_is_better in keys.items():
+            if key not in figures:
+                continue
+            if lower_is_better:
+                stem = key.rsplit("_", 1)[0]  # noop_p50_us -> noop_p50
+                out[f"{prefix}{stem}_ours_over_{floor_name}"] = ratio(ours.get(key), figures[key])
+            else:
+                out[f"{prefix}{key}_{floor_name}_over_ours"] = ratio(figures[key], ours.get(key))
+    return out
+
+
+def busy_child_pass(stack_rounds, script: str, args, env: dict, timeout_s: float,
+                    floor_runs: dict, keys) -> tuple[dict | None, list[str]]:
+    """For the two-stack benchmarks (stack_rounds): our stack measured again in a
+    child (`--side ours`, the quick plan: fewer iterations) with one busy core, then
+    each floor of `floor_runs` ({name: callable}) under the same busy core.
+    Returns (`busy` record, errors)."""
+    busy_args = copy.copy(args)
+    busy_args.quick = True
+    errors = []
+    print("== ours again with one busy core (quick plan) and the floors ==", flush=True)
+    start = time.monotonic()
+    with BusyCore() as spinner:
+        ours, error = stack_rounds.run_child(script, "ours", busy_args, env, timeout_s)
+        measured = {}
+        for name, run in floor_runs.items():
+            try:
+                measured[name] = run()
+            except (RuntimeError, OSError, subprocess.TimeoutExpired, ValueError) as failure:
+                errors.append(f"busy {name}: {failure}")
+    if error:
+        errors.append(f"busy {error}")
+    if ours is None and not measured:
+        return None, errors
+    busy = {key: (ours or {}).get(key) for key in keys}
+    busy.update(measured)
+    busy["spinner"] = spinner.report()
+    busy["plan"] = "quick"
+    busy["pass_s"] = round(time.monotonic() - start, 1)
+    busy["details"] = ours
+    return busy, errors
