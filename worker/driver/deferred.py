@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 
+from . import lazy
 from .common import _DEBUG, _WARNING, _log, _text
 from .namespaces import _install_namespaces
 from .traces import _install_trace_forwarding
@@ -159,8 +160,10 @@ class _AgentixSetUp:
             self.namespaces.enabled = False
 
     def warm_up(self):
-        """Imports agentix's trace and sio modules on a daemon thread."""
-        if self.forwarder is not None and self.namespaces is not None:
+        """Loads the stdlib modules deferred at boot (lazy.py), then imports
+        agentix's trace and sio modules, on a daemon thread."""
+        if (self.forwarder is not None and self.namespaces is not None
+                and not lazy.pending()):
             return
         thread = threading.Thread(target=self._import_all,
                                   name="agentix-warmup", daemon=True)
@@ -168,6 +171,11 @@ class _AgentixSetUp:
         thread.start()
 
     def _import_all(self):
+        for name, exc in lazy.load_deferred():
+            _log(_WARNING, f"loading the deferred module {name} failed "
+                 f"({type(exc).__name__}: {_text(exc)})")
+        if self.forwarder is not None and self.namespaces is not None:
+            return
         for name in (_TRACE, _SIO):
             try:
                 __import__(name)
