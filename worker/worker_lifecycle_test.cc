@@ -158,6 +158,18 @@ TEST_CASE("asyncio's ssl is loaded after ready, by the warm-up thread",
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
 
+TEST_CASE("The boot leaves ssl, calendar, datetime and agentix for later",
+          "[worker]") {
+  auto worker = ReadyWorker();
+  CHECK(Unpickle(worker->CallOk(
+            "worker_fixture::boot_imported",
+            Pickle("((['asyncio', 'pickle', '_ssl', 'calendar', 'datetime', "
+                   "'_datetime', 'agentix'],), {})"))) ==
+        "['asyncio', 'pickle']");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
 TEST_CASE("A first call right after ready can use ssl through asyncio",
           "[worker]") {
   auto worker = ReadyWorker();

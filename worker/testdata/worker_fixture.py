@@ -545,3 +545,9 @@ def deferred_module_race(directory, threads, fail=False):
                 type(module).__name__, name in sys.modules)
     finally:
         sys.path.remove(directory)
+
+
+def boot_imported(names):
+    """Which of `names` were imported when the worker sent its ready frame."""
+    from _agentix_driver import serve
+    return sorted(name for name in names if name in serve.boot_modules)
