@@ -551,3 +551,33 @@ def boot_imported(names):
     """Which of `names` were imported when the worker sent its ready frame."""
     from _agentix_driver import serve
     return sorted(name for name in names if name in serve.boot_modules)
+
+
+_background_import = {}
+
+
+def start_agentix_import():
+    """Starts `import agentix` on a thread of its own and returns once that
+    thread is executing the package's __init__ (holding its import lock)."""
+    import threading
+
+    def run():
+        try:
+            import agentix  # noqa: F401
+            _background_import["result"] = "ok"
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            _background_import["result"] = f"{type(exc).__name__}: {exc}"
+
+    thread = threading.Thread(target=run, name="user-import")
+    _background_import["thread"] = thread
+    thread.start()
+    deadline = time.monotonic() + 10
+    while "agentix" not in sys.modules and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return "agentix" in sys.modules
+
+
+def background_agentix_import():
+    """The outcome of start_agentix_import's import (waits for it)."""
+    _background_import["thread"].join(30)
+    return _background_import.get("result", "still running")
