@@ -61,6 +61,23 @@ TEST_CASE("bootstrap.sh listens on AGENTIX_LISTEN", "[bundler]") {
         std::string::npos);
 }
 
+// The socket's directory comes from parameter expansion (no fork on the way
+// to the daemon's exec): nested and several addresses, as dirname would.
+TEST_CASE("bootstrap.sh makes each unix socket's directory, nested or not",
+          "[bundler]") {
+  const std::string root = FakeRuntime();
+  const std::string out = Run(
+      root, {"AGENTIX_LISTEN=unix://" + root + "/n1/n2/a.sock unix://" +
+                 root + "/sock/b.sock 127.0.0.1:9"});
+  CHECK(fs::is_directory(root + "/n1/n2"));
+  CHECK_FALSE(fs::exists(root + "/n1/n2/a.sock"));
+  CHECK(fs::is_directory(root + "/sock"));
+  CHECK_FALSE(fs::exists(root + "/sock/b.sock"));
+  CHECK(out.find("--listen\nunix://" + root + "/n1/n2/a.sock\n") !=
+        std::string::npos);
+  CHECK(out.find("--listen\n127.0.0.1:9\n") != std::string::npos);
+}
+
 TEST_CASE("bootstrap.sh falls back to AGENTIX_BIND_HOST/PORT", "[bundler]") {
   const std::string root = FakeRuntime();
   // Loopback unless all interfaces are asked for by name; a set but empty

@@ -145,6 +145,66 @@ TEST_CASE("The driver is loaded from its build-time bytecode", "[worker]") {
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
 
+// Cold start (driver/lazy.py): asyncio's ssl is not executed before the
+// ready frame; the warm-up thread loads it once the worker is idle.
+TEST_CASE("asyncio's ssl is loaded after ready, by the warm-up thread",
+          "[worker]") {
+  auto worker = ReadyWorker();
+  absl::SleepFor(absl::Milliseconds(500));  // idle: the warm-up has begun
+  CHECK(Unpickle(worker->CallOk("worker_fixture::deferred_stdlib",
+                                Pickle("((), {})"))) ==
+        "{'ssl': 'agentix-warmup', 'asyncio.sslproto': 'agentix-warmup'}");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("The boot leaves ssl, calendar, datetime and agentix for later",
+          "[worker]") {
+  auto worker = ReadyWorker();
+  CHECK(Unpickle(worker->CallOk(
+            "worker_fixture::boot_imported",
+            Pickle("((['asyncio', 'pickle', '_ssl', 'calendar', 'datetime', "
+                   "'_datetime', 'agentix'],), {})"))) ==
+        "['asyncio', 'pickle']");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("A first call right after ready can use ssl through asyncio",
+          "[worker]") {
+  auto worker = ReadyWorker();
+  CHECK(Unpickle(worker->CallOk("worker_fixture::ssl_through_asyncio",
+                                Pickle("((), {})"))) ==
+        "[True, True, True, True, 'module']");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("A deferred module's body runs once, whichever threads read it",
+          "[worker]") {
+  auto worker = ReadyWorker();
+  const std::string dir = absl::StrCat(TempRoot(), "/lazy_", getpid());
+  std::filesystem::create_directories(dir);
+  // 16 threads read it at once: every one sees the loaded module.
+  CHECK(Unpickle(worker->CallOk(
+            "worker_fixture::deferred_module_race",
+            Pickle(absl::StrCat("(('", dir, "', 16), {})")))) ==
+        "('_DeferredModule', ['42'], 1, 'module', True)");
+  // A body that raises: the first reader gets its error, the module leaves
+  // sys.modules as after a failed import, and the body is not run again.
+  const std::string failed = Unpickle(worker->CallOk(
+      "worker_fixture::deferred_module_race",
+      Pickle(absl::StrCat("(('", dir, "', 4), {'fail': True})"))));
+  INFO(failed);
+  CHECK(absl::StrContains(failed, "'RuntimeError: boom'"));
+  CHECK(absl::StrContains(failed, ", 1, 'module', False)"));
+  // The worker still serves.
+  CHECK(Unpickle(worker->CallOk("worker_fixture::add",
+                                Pickle("((1, 2), {})"))) == "3");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
 TEST_CASE("A missing channel fd exits 3 without hanging", "[worker]") {
   base::SpawnOptions spawn;
   spawn.path = WorkerBinary();

@@ -265,6 +265,37 @@ TEST_CASE("A slow agentix import delays neither ready nor calls without it; "
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
 
+// A call's thread is executing agentix's __init__ (which imports
+// agentix.utils.trace, which imports agentix) when the warm-up starts: the
+// warm-up must wait for the package, not import the submodule beside it,
+// else each thread holds a module the other needs (_DeadlockError).
+TEST_CASE("The agentix warm-up and a call's import of agentix do not "
+          "deadlock",
+          "[worker][trace]") {
+  WorkerArgs options;
+  options.python_path = false;
+  options.args = {absl::StrCat("--python-path=", FixtureDir(), ":",
+                               FixtureDir(), "/slow_agentix")};
+  auto worker = std::make_unique<Worker>(options);
+  // Sent before the ready frame is read, so the worker takes it up at once
+  // and is busy until the user's thread holds agentix: the warm-up (0.1 s
+  // idle) starts only after that, whatever the machine's load.
+  worker->Call("start", "worker_fixture::start_agentix_import",
+               Pickle("((), {})"));
+  worker->AwaitReady();
+  Reply started = worker->AwaitReply("start");
+  INFO(started.error.message << started.error.traceback);
+  REQUIRE(started.ok);
+  CHECK(Unpickle(started.value) == "True");
+  CHECK(Unpickle(worker->CallOk("worker_fixture::background_agentix_import",
+                                Pickle("((), {})"))) == "'ok'");
+  CHECK(Unpickle(worker->CallOk("worker_fixture::agentix_hooks",
+                                Pickle("((), {})"))) ==
+        "(['_TraceForwarder'], '_NamespaceBridge')");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
 // os.fork() during the warm-up's import waits for it (at most 10 s): a child
 // would otherwise inherit the import's module locks, held by a thread it
 // does not have, and hang in its own import of agentix.

@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 
+from . import lazy
 from .common import _DEBUG, _WARNING, _log, _text
 from .namespaces import _install_namespaces
 from .traces import _install_trace_forwarding
@@ -159,8 +160,10 @@ class _AgentixSetUp:
             self.namespaces.enabled = False
 
     def warm_up(self):
-        """Imports agentix's trace and sio modules on a daemon thread."""
-        if self.forwarder is not None and self.namespaces is not None:
+        """Imports agentix's trace and sio modules, then loads the stdlib
+        modules deferred at boot (lazy.py), on a daemon thread."""
+        if (self.forwarder is not None and self.namespaces is not None
+                and not lazy.pending()):
             return
         thread = threading.Thread(target=self._import_all,
                                   name="agentix-warmup", daemon=True)
@@ -168,7 +171,23 @@ class _AgentixSetUp:
         thread.start()
 
     def _import_all(self):
-        for name in (_TRACE, _SIO):
+        try:
+            self._import_agentix()
+        finally:
+            for name, exc in lazy.load_deferred():
+                _log(_WARNING, f"loading the deferred module {name} failed "
+                     f"({type(exc).__name__}: {_text(exc)})")
+
+    def _import_agentix(self):
+        if self.forwarder is not None and self.namespaces is not None:
+            return
+        # The package first: an import of it under way in another thread
+        # (a call's `from agentix import trace`) is then waited for. Asked
+        # for a submodule first, the import system would not wait for a
+        # parent another thread is still executing, and the two threads
+        # could each hold a module the other needs (_DeadlockError in the
+        # call).
+        for name in (_TRACE.partition(".")[0], _TRACE, _SIO):
             try:
                 __import__(name)
             except ImportError:

@@ -19,6 +19,11 @@ from .deferred import _AgentixSetUp
 from .logs import _Logs
 from .worker import _Worker
 
+# The modules imported when the ready frame was sent (what the boot cost is
+# made of; tests check what stays out of it).
+boot_modules = frozenset()
+
+
 def _on_loop_error(loop, context):
     message = context.get("message") or "event loop error"
     exc = context.get("exception")
@@ -69,6 +74,8 @@ def _serve(channel, channel_fd, worker_id, agentix_setup):
     loop.set_exception_handler(_on_loop_error)
     worker = _Worker(loop, channel)
     loop.add_reader(channel_fd, worker.on_readable)
+    global boot_modules
+    boot_modules = frozenset(sys.modules)
     try:
         channel.send_ready(os.getpid(), "%d.%d.%d" % sys.version_info[:3])
         channel.flush()

@@ -1,9 +1,8 @@
 """agentix.trace events as trace frames."""
 
-import calendar
 import os
+import sys
 import threading
-from datetime import datetime, timezone
 
 import _agentix_worker as _w
 
@@ -80,6 +79,20 @@ def _str(value):
 _last_second = ("", 0)
 
 
+def _timegm(year, month, day, hour, minute, second):
+    """calendar.timegm of these fields (same range checks: year 1-9999,
+    month 1-12) without importing calendar and datetime at boot: they cost
+    the worker's cold start a few ms, and stamps come only once agentix is
+    imported, after the ready frame."""
+    if not (1 <= year <= 9999 and 1 <= month <= 12):
+        raise ValueError("year or month out of range")
+    y = year - (month <= 2)
+    era, yoe = divmod(y, 400)
+    doy = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    days = era * 146097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719468
+    return ((days * 24 + hour) * 60 + minute) * 60 + second
+
+
 def _unix_nanos(stamp):
     """An agentix timestamp (ISO-8601 UTC "YYYY-MM-DDTHH:MM:SS.ffffffZ", or
     a datetime) as Unix nanoseconds; 0 if missing or unreadable."""
@@ -91,17 +104,21 @@ def _unix_nanos(stamp):
                 head, seconds = _last_second  # one tuple: thread-safe
                 if stamp[:19] != head:
                     head = stamp[:19]
-                    seconds = calendar.timegm((
+                    seconds = _timegm(
                         int(head[0:4]), int(head[5:7]), int(head[8:10]),
-                        int(head[11:13]), int(head[14:16]), int(head[17:19]),
-                        0, 0, 0))
+                        int(head[11:13]), int(head[14:16]), int(head[17:19]))
                     _last_second = (head, seconds)
                 return seconds * _NANOS + int(stamp[20:26]) * 1000
+            from datetime import datetime  # rare: another string format
             stamp = datetime.fromisoformat(stamp)
-        if isinstance(stamp, datetime):
+        # A datetime instance means its module is imported already.
+        datetime_module = sys.modules.get("datetime")
+        if datetime_module is not None and isinstance(stamp, datetime_module.datetime):
             if stamp.tzinfo is None:
-                stamp = stamp.replace(tzinfo=timezone.utc)
-            return (calendar.timegm(stamp.utctimetuple()) * _NANOS
+                stamp = stamp.replace(tzinfo=datetime_module.timezone.utc)
+            t = stamp.utctimetuple()
+            return (_timegm(t.tm_year, t.tm_mon, t.tm_mday, t.tm_hour,
+                            t.tm_min, t.tm_sec) * _NANOS
                     + stamp.microsecond * 1000)
     except Exception:
         pass

@@ -34,6 +34,28 @@ TEST_CASE("The linked interpreter is Debian's 3.11 under /usr",
           "/usr/lib/python3.11/os.py");
 }
 
+// Frozen stdlib modules are used (no file read) and have the __file__ they
+// have under /usr/bin/python3, whether imported during initialisation or
+// after it.
+TEST_CASE("Frozen stdlib modules are used, with their __file__",
+          "[interpreter]") {
+  testing::EnsureInterpreter();
+  REQUIRE(EvalToString("__import__('sys')._stdlib_dir") ==
+          "/usr/lib/python3.11");
+  REQUIRE(EvalToString("__import__('os').__spec__.origin") == "frozen");
+  REQUIRE(EvalToString("__import__('site').__file__") ==
+          "/usr/lib/python3.11/site.py");
+  REQUIRE(EvalToString("__import__('os').path.__file__") ==
+          "/usr/lib/python3.11/posixpath.py");
+  REQUIRE(EvalToString("__import__('codecs').__spec__.loader_state.filename") ==
+          "/usr/lib/python3.11/codecs.py");
+  REQUIRE(EvalToString("__import__('runpy').__file__") ==
+          "/usr/lib/python3.11/runpy.py");
+  // Source lines of a frozen module are found (tracebacks, inspect).
+  REQUIRE(EvalToString("'def makedirs' in __import__('inspect').getsource("
+                       "__import__('os'))") == "True");
+}
+
 TEST_CASE("The configuration is isolated", "[interpreter]") {
   testing::EnsureInterpreter();
   REQUIRE(EvalToString("__import__('sys').flags.isolated") == "1");

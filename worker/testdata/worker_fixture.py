@@ -480,3 +480,104 @@ def fork_child_importing_agentix(timeout):
     os.kill(pid, 9)
     os.waitpid(pid, 0)
     return "hung"
+
+
+# ---- cold start: stdlib modules deferred at boot (driver/lazy.py)
+
+
+def deferred_stdlib():
+    """{module: thread that ran its body} for the modules the driver deferred
+    at boot; waits (at most 10 s) for a load under way. Call it once the
+    worker has been idle long enough for its warm-up to start."""
+    from _agentix_driver import lazy
+    deadline = time.monotonic() + 10
+    while lazy.pending() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return {name: lazy.loaded_by.get(name) for name in lazy.DEFERRED}
+
+
+def ssl_through_asyncio():
+    """What a first call sees of ssl and asyncio's TLS pieces."""
+    import ssl
+    context = ssl.create_default_context()
+    return [context.verify_mode == ssl.CERT_REQUIRED,
+            asyncio.sslproto.SSLAgainErrors == (ssl.SSLWantReadError, ssl.SSLSyscallError),
+            asyncio.base_events.ssl is ssl,
+            asyncio.selector_events.sslproto is asyncio.sslproto,
+            type(ssl).__name__]
+
+
+def deferred_module_race(directory, threads, fail=False):
+    """Defers a fresh module whose body takes 50 ms (or raises), then has
+    `threads` threads read it at once. Returns (type before, values read,
+    times its body ran, type after, still in sys.modules)."""
+    import builtins
+    import threading
+    from _agentix_driver import lazy
+    name = f"lazy_probe_{os.getpid()}_{int(fail)}"
+    with open(os.path.join(directory, name + ".py"), "w") as f:
+        f.write("import builtins, time\n"
+                f"builtins._lazy_probe_runs = getattr(builtins, '_lazy_probe_runs', 0) + 1\n"
+                "time.sleep(0.05)\n"
+                + ("raise RuntimeError('boom')\n" if fail else "VALUE = 42\n"))
+    sys.path.insert(0, directory)
+    builtins._lazy_probe_runs = 0
+    try:
+        with lazy.deferring((name,)):
+            module = __import__(name)
+        before = type(module).__name__
+        barrier = threading.Barrier(threads)
+        seen = []
+
+        def read():
+            barrier.wait()
+            try:
+                seen.append(module.VALUE)
+            except Exception as exc:  # noqa: BLE001 - reported to the test
+                seen.append(f"{type(exc).__name__}: {exc}")
+
+        workers = [threading.Thread(target=read) for _ in range(threads)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        return (before, sorted(set(map(str, seen))), builtins._lazy_probe_runs,
+                type(module).__name__, name in sys.modules)
+    finally:
+        sys.path.remove(directory)
+
+
+def boot_imported(names):
+    """Which of `names` were imported when the worker sent its ready frame."""
+    from _agentix_driver import serve
+    return sorted(name for name in names if name in serve.boot_modules)
+
+
+_background_import = {}
+
+
+def start_agentix_import():
+    """Starts `import agentix` on a thread of its own and returns once that
+    thread is executing the package's __init__ (holding its import lock)."""
+    import threading
+
+    def run():
+        try:
+            import agentix  # noqa: F401
+            _background_import["result"] = "ok"
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            _background_import["result"] = f"{type(exc).__name__}: {exc}"
+
+    thread = threading.Thread(target=run, name="user-import")
+    _background_import["thread"] = thread
+    thread.start()
+    deadline = time.monotonic() + 10
+    while "agentix" not in sys.modules and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return "agentix" in sys.modules
+
+
+def background_agentix_import():
+    """The outcome of start_agentix_import's import (waits for it)."""
+    _background_import["thread"].join(30)
+    return _background_import.get("result", "still running")

@@ -1,5 +1,7 @@
 """The part of agentix.utils.trace the worker's trace forwarder uses."""
 
+import agentix  # noqa: F401  (as the real module: it imports the package)
+
 processors = []
 
 

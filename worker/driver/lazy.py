@@ -1,0 +1,188 @@
+"""Stdlib modules the driver's imports pull in but no call needs at boot.
+
+`import asyncio` imports `ssl` (base_events, selector_events, sslproto),
+which loads libssl and libcrypto and reads openssl.cnf: about a third of the
+worker's import time before its ready frame (the worker's cold start, issue
+25). asyncio only *calls* ssl for TLS transports. So while the driver's own
+modules are imported (`deferring()`), `ssl` and `asyncio.sslproto` (whose
+body reads `ssl.SSLWantReadError`) are imported as deferred modules: found,
+registered in sys.modules and bound as usual, but their body runs at the
+first attribute access, from whichever thread, or on the warm-up thread
+after ready (`load_deferred()`, deferred.py), whichever comes first.
+
+What user code can tell: until then `type(ssl)` is `_DeferredModule` (a
+`types.ModuleType` subclass; `types.ModuleType` once loaded) and `ssl` is
+in sys.modules but `_ssl` is not. Any attribute read, write or delete loads
+the module first (`__spec__`, `__name__`, `__loader__` and `__package__`
+excepted: the import system reads them), under a per-module lock, so a
+second thread waits for the first one's load instead of seeing a half
+module (3.11's importlib.util.LazyLoader has no lock). A module that cannot
+be found, or an `ssl` whose `_ssl` extension is missing, is not deferred:
+its import fails at boot as before, so asyncio's `try: import ssl` still
+sees the ImportError.
+"""
+
+import sys
+import threading
+import types
+
+# The modules deferred, in load order for load_deferred().
+DEFERRED = ("ssl", "asyncio.sslproto")
+# What a module's body needs to be loadable later: a missing one means the
+# module is imported (and fails) now, as without deferral.
+_NEEDS = {"ssl": "_ssl"}
+# Read by the import system on an already imported module; answered without
+# loading.
+_PASS_THROUGH = frozenset(("__spec__", "__name__", "__loader__", "__package__"))
+
+_module_getattribute = types.ModuleType.__getattribute__
+_module_setattr = types.ModuleType.__setattr__
+_module_delattr = types.ModuleType.__delattr__
+
+# name -> (real loader, lock); removed once the module is loaded.
+_pending = {}
+# name -> ident of the thread running its body (its own attribute reads
+# during the load must not wait for themselves).
+_loading = {}
+# name -> the name of the thread that ran its body (diagnostics and tests).
+loaded_by = {}
+
+
+class _DeferredModule(types.ModuleType):
+    """A module whose body has not run yet; becomes a plain module once it
+    has."""
+
+    def __getattribute__(self, name):
+        if name not in _PASS_THROUGH:
+            _load(self)
+        return _module_getattribute(self, name)
+
+    def __setattr__(self, name, value):
+        _load(self)
+        _module_setattr(self, name, value)
+
+    def __delattr__(self, name):
+        _load(self)
+        _module_delattr(self, name)
+
+
+def _load(module):
+    name = _module_getattribute(module, "__name__")
+    entry = _pending.get(name)
+    if entry is None:
+        return
+    loader, lock = entry
+    with lock:
+        if type(module) is not _DeferredModule:
+            return  # another thread loaded it while we waited
+        if _loading.get(name) == threading.get_ident():
+            return  # the module's own body (or the loader) reading it
+        _loading[name] = threading.get_ident()
+        try:
+            loaded_by[name] = threading.current_thread().name
+            loader.exec_module(module)
+        except BaseException:
+            # As a failed import: the module leaves sys.modules; the caller
+            # gets the error, later reads see a plain (partial) module.
+            if sys.modules.get(name) is module:
+                del sys.modules[name]
+            raise
+        finally:
+            del _loading[name]
+            _pending.pop(name, None)
+            _module_setattr(module, "__class__", types.ModuleType)
+
+
+class _DeferLoader:
+    """Wraps the real loader: the module is created and registered as usual,
+    its body runs later."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        # User code sees the real loader (importlib.resources, pkgutil, ...).
+        spec = _module_getattribute(module, "__spec__")
+        _module_setattr(module, "__loader__", self._loader)
+        if spec is not None:
+            spec.loader = self._loader
+        _pending[spec.name] = (self._loader, threading.RLock())
+        _module_setattr(module, "__class__", _DeferredModule)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class _DeferFinder:
+    """Meta-path finder, installed only while the driver imports its modules
+    (`deferring()`): the modules named get a _DeferLoader."""
+
+    def __init__(self, names):
+        self._names = frozenset(names)
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self._names:
+            return None
+        spec = _find_elsewhere(fullname, path, target)
+        if spec is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        needed = _NEEDS.get(fullname)
+        if needed is not None and needed not in sys.modules and \
+                _find_elsewhere(needed, None, None) is None:
+            return spec  # imports (and fails) now, as it would without us
+        spec.loader = _DeferLoader(spec.loader)
+        return spec
+
+
+def _find_elsewhere(fullname, path, target):
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        if isinstance(finder, _DeferFinder) or find is None:
+            continue
+        spec = find(fullname, path, target)
+        if spec is not None:
+            return spec
+    return None
+
+
+class deferring:
+    """Context manager: the modules `names` (default DEFERRED) imported
+    inside it, by any thread, are deferred."""
+
+    def __init__(self, names=DEFERRED):
+        self._names = names
+
+    def __enter__(self):
+        self._finder = _DeferFinder(self._names)
+        sys.meta_path.insert(0, self._finder)
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            sys.meta_path.remove(self._finder)
+        except ValueError:
+            pass
+        return False
+
+
+def pending():
+    """True while a deferred module has not been loaded."""
+    return bool(_pending)
+
+
+def load_deferred(names=DEFERRED):
+    """Runs the body of every module of `names` still deferred (the warm-up
+    thread, after ready). Never raises; returns the errors as (name,
+    exception)."""
+    errors = []
+    for name in names:
+        module = sys.modules.get(name)
+        if type(module) is _DeferredModule:
+            try:
+                _load(module)
+            except Exception as exc:
+                errors.append((name, exc))
+    return errors
