@@ -54,8 +54,13 @@ from .streams import (
 
 # The loop hands the frame channel to a pool thread (leader/follower, see
 # _Worker._lead_intake) after this many sync calls in a row, each the only
-# call in flight.
+# call in flight. Each time the pool gives it back because calls overlapped
+# after fewer than _LEAD_SETTLED calls, the loop waits for twice as many
+# (up to _LEAD_AFTER_MAX): concurrent callers whose calls only sometimes
+# overlap would otherwise make the channel change hands every few calls.
 _LEAD_AFTER_SYNC_CALLS = 2
+_LEAD_AFTER_MAX = 4096
+_LEAD_SETTLED = 256
 
 
 def _lead_enabled():
@@ -104,6 +109,8 @@ class _Worker:
         # baton (_lead_intake). Exactly one of them at any time.
         self._lead_on = _lead_enabled()
         self._sync_streak = 0  # sync calls the loop started since another kind
+        self._lead_after = _LEAD_AFTER_SYNC_CALLS
+        self._led = 0  # calls intake leaders ran since the pool last took over
 
     @property
     def busy(self):
@@ -123,7 +130,7 @@ class _Worker:
             self.stop(EXIT_OK, notify=False)
             return
         self._dispatch(frames)
-        if (self._sync_streak >= _LEAD_AFTER_SYNC_CALLS and self._lead_on
+        if (self._sync_streak >= self._lead_after and self._lead_on
                 and len(self._calls) <= 1 and self.exit_code is None):
             self._hand_intake_to_pool()
 
@@ -180,14 +187,20 @@ class _Worker:
             self._lead_on = False
             return
         self._loop.remove_reader(fd)
+        self._led = 0
         if not self._pool.try_lead(self._lead_intake):
             self._channel.intake_to_loop()
             self._loop.add_reader(fd, self.on_readable)
 
-    def _resume_loop_intake(self, frames):
+    def _resume_loop_intake(self, frames, overlapped=False):
         """Loop: takes the channel back from the last intake leader and
-        handles the frames it left (in order), then reads on."""
+        handles the frames it left (in order), then reads on. `overlapped`:
+        given back because calls overlapped."""
         self._sync_streak = 0
+        if overlapped and self._led < _LEAD_SETTLED:
+            self._lead_after = min(2 * self._lead_after, _LEAD_AFTER_MAX)
+        elif self._led >= _LEAD_SETTLED:
+            self._lead_after = _LEAD_AFTER_SYNC_CALLS
         if self.exit_code is not None:
             return
         if frames:
@@ -200,11 +213,11 @@ class _Worker:
             _log(_DEBUG, f"cannot read the channel again: {_text(exc)}")
         # on_readable reads what is there, an end of stream included.
 
-    def _to_loop(self, frames):
+    def _to_loop(self, frames, overlapped=False):
         """Intake leader: the loop reads from now on, starting with
         `frames` (the rest of a batch, in order). Followers leave."""
         self._channel.intake_to_loop()
-        self._call_on_loop(self._resume_loop_intake, frames)
+        self._call_on_loop(self._resume_loop_intake, frames, overlapped)
 
     def _lead_intake(self, holding=True):
         """Pool thread: the channel's reader while it holds the intake baton
@@ -253,7 +266,8 @@ class _Worker:
             # Calls one at a time gain from running where they were read; with
             # several in flight the hand-over would be paid per batch and
             # compete with the running calls for the GIL: the loop reads then.
-            to_loop = bool(rest) or len(self._calls) > 1
+            overlapped = len(self._calls) > 1
+            to_loop = bool(rest) or overlapped
             runs = []
             for entry in pending:
                 call, context, fn, args, kwargs, sync = entry
@@ -276,13 +290,14 @@ class _Worker:
                 runs[-1][0].task = _INLINE
             # The baton goes on last: until here, a failure leaves it ours.
             if to_loop:
-                self._to_loop(rest)
+                self._to_loop(rest, overlapped)
             elif not (channel.intake_pass()
                       or self._pool.try_lead(self._lead_intake)):
                 self._to_loop(())
             if not runs:
                 return
             call, context, fn, args, kwargs, _ = runs[-1]
+            self._led += 1
             self._pool.run_inline(context.run, self._run_pooled, call, fn,
                                   args, kwargs)
             if to_loop:
