@@ -32,6 +32,17 @@ ModuleState* StateOfModule(PyObject* module) {
 PyMethodDef kChannelMethods[] = {
     {"read_frames", Guarded<ChannelReadFrames>, METH_NOARGS,
      "Decoded frames available now; None at end of stream."},
+    {"intake_lead", Guarded<ChannelIntakeLead>, METH_O,
+     "Leader/follower intake: wait for the baton (unless holding) and a "
+     "readable channel; 0 readable, 1 leave, 2 stopped."},
+    {"intake_pass", Guarded<ChannelIntakePass>, METH_NOARGS,
+     "Hand the baton to a waiting follower; False if none waits."},
+    {"intake_to_pool", Guarded<ChannelIntakeToPool>, METH_NOARGS,
+     "Pool threads read the channel from now on (the caller starts one)."},
+    {"intake_to_loop", Guarded<ChannelIntakeToLoop>, METH_NOARGS,
+     "The event loop reads the channel from now on; followers leave."},
+    {"intake_stop", Guarded<ChannelIntakeStop>, METH_NOARGS,
+     "Stop every intake leader and follower, now and later."},
     {"send_ready", Fast<ChannelSendReady>(), METH_FASTCALL,
      "send_ready(pid, detail)"},
     {"send_env_set", Fast<ChannelSendEnvSet>(), METH_FASTCALL,

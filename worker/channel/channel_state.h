@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "worker/channel/durable_log.h"
+#include "worker/channel/intake_baton.h"
 #include "worker/channel/stdio_capture.h"
 #include "worker/channel/writer.h"
 #include "worker/ipc/frame.h"
@@ -46,6 +47,9 @@ struct ChannelState {
   std::string dead_reason;
   std::shared_ptr<DurableLog> durable;
   std::unique_ptr<StdioCapture> capture;  // never null
+  // Leader/follower intake (intake_baton.h); made by the first
+  // intake_to_pool(). Shared with the pool threads waiting in it.
+  std::shared_ptr<IntakeBaton> baton;
 
   ChannelState() = default;
   ChannelState(const ChannelState&) = delete;

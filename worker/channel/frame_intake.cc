@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "worker/channel/channel_state.h"
+#include "worker/channel/intake_baton.h"
 #include "worker/channel/py_args.h"
 #include "worker/ipc/frame.h"
 
@@ -253,6 +254,50 @@ PyObject* Desynchronised(ChannelState& st, ModuleState* ms,
 }
 
 }  // namespace
+
+PyObject* ChannelIntakeLead(PyObject* self, PyObject* holding) {
+  std::shared_ptr<IntakeBaton> baton = Channel(self).baton;
+  if (baton == nullptr) return PyLong_FromLong(1);
+  const bool held = PyObject_IsTrue(holding) == 1;
+  IntakeBaton::Turn turn;
+  Py_BEGIN_ALLOW_THREADS
+  turn = baton->Lead(held);
+  Py_END_ALLOW_THREADS
+  return PyLong_FromLong(turn == IntakeBaton::Turn::kReadable ? 0
+                         : turn == IntakeBaton::Turn::kLeave  ? 1
+                                                              : 2);
+}
+
+PyObject* ChannelIntakePass(PyObject* self, PyObject* /*unused*/) {
+  IntakeBaton* baton = Channel(self).baton.get();
+  return PyBool_FromLong(baton != nullptr && baton->Pass());
+}
+
+PyObject* ChannelIntakeToPool(PyObject* self, PyObject* /*unused*/) {
+  ChannelState& st = Channel(self);
+  if (st.baton == nullptr) {
+    absl::StatusOr<std::unique_ptr<IntakeBaton>> baton =
+        IntakeBaton::Create(st.fd);
+    if (!baton.ok()) {
+      PyErr_SetString(PyExc_OSError,
+                      std::string(baton.status().message()).c_str());
+      return nullptr;
+    }
+    st.baton = std::move(*baton);
+  }
+  st.baton->ToPool();
+  Py_RETURN_NONE;
+}
+
+PyObject* ChannelIntakeToLoop(PyObject* self, PyObject* /*unused*/) {
+  if (IntakeBaton* baton = Channel(self).baton.get()) baton->ToLoop();
+  Py_RETURN_NONE;
+}
+
+PyObject* ChannelIntakeStop(PyObject* self, PyObject* /*unused*/) {
+  if (IntakeBaton* baton = Channel(self).baton.get()) baton->Stop();
+  Py_RETURN_NONE;
+}
 
 int AddFrameTypes(PyObject* module, ModuleState& state) {
   for (FrameTypeSpec& spec : kFrameTypes) {

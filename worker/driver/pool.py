@@ -23,6 +23,17 @@ class _PoolJob:
         self.pool.withdraw(self)
 
 
+class _LeadJob:
+    """A pool thread's turn as the frame channel's reader (see
+    _Worker._lead_intake): not a user function, so never counted by busy()
+    and never withdrawn."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+
 class _SyncPool:
     """The threads sync callables run on: up to `max_threads`, started when
     a job finds none idle, named for the OS as agentix-call.
@@ -48,21 +59,63 @@ class _SyncPool:
         self._idle = []  # one token per idle thread not yet promised a job
         self._threads = []
         self._stopped = False
+        # Threads are added by the loop thread and by intake leaders (pool
+        # threads): the count check and the start must not interleave.
+        self._grow = threading.Lock()
 
     def submit(self, fn, *args):
         job = _PoolJob(self, fn, args)
         try:
             self._idle.pop()
         except IndexError:
-            if len(self._threads) < self._max_threads:
-                thread = threading.Thread(
-                    target=self._serve, daemon=True,
-                    name=f"agentix-call_{len(self._threads)}")
-                thread.start()  # may raise (no more threads): nothing counted yet
-                self._threads.append(thread)
+            self._add_thread()
         self._queued[job] = None
         self._jobs.put(job)
         return job
+
+    def try_lead(self, fn):
+        """Runs fn() on a thread that is idle now or can be started now, and
+        returns True; False (nothing queued) when every thread is busy and
+        max_threads run: fn must then not wait behind running calls."""
+        if self._stopped:
+            return False
+        try:
+            self._idle.pop()
+        except IndexError:
+            try:
+                if not self._add_thread():
+                    return False
+            except RuntimeError:
+                return False  # no more threads
+        self._jobs.put(_LeadJob(fn))
+        return True
+
+    def run_inline(self, fn, *args):
+        """Runs a user function on the calling pool thread (an intake leader
+        that handed the reading on), counted by busy() like a job. Never
+        raises."""
+        token = _PoolJob(self, fn, args)
+        self._running.add(token)
+        try:
+            fn(*args)
+        except BaseException as exc:  # the job functions never raise
+            _log(_ERROR, f"sync call pool: {_text(exc)}")
+        finally:
+            self._running.discard(token)
+            token.fn = token.args = None
+
+    def _add_thread(self):
+        """Starts a thread if fewer than max_threads run; whether it did.
+        May raise RuntimeError (no more threads): nothing counted then."""
+        with self._grow:
+            if len(self._threads) >= self._max_threads:
+                return False
+            thread = threading.Thread(
+                target=self._serve, daemon=True,
+                name=f"agentix-call_{len(self._threads)}")
+            thread.start()
+            self._threads.append(thread)
+            return True
 
     def withdraw(self, job):
         """Keeps `job` from starting if it has not yet (see _PoolJob)."""
@@ -85,6 +138,16 @@ class _SyncPool:
         _w.set_thread_name("agentix-call")
         get, queued, running = self._jobs.get, self._queued, self._running
         while (job := get()) is not None:
+            if type(job) is _LeadJob:
+                try:
+                    job.fn()
+                except BaseException as exc:  # _lead_intake never raises
+                    _log(_ERROR, f"frame intake: {_text(exc)}")
+                job = None
+                if self._stopped:
+                    return
+                self._idle.append(None)
+                continue
             # Counted as running before it is claimed, so busy() is never
             # False while a claimed job has yet to start.
             running.add(job)

@@ -581,3 +581,24 @@ def background_agentix_import():
     """The outcome of start_agentix_import's import (waits for it)."""
     _background_import["thread"].join(30)
     return _background_import.get("result", "still running")
+
+def thread_ident():
+    """The calling thread's id (which pool thread ran the call)."""
+    import threading
+    return threading.get_ident()
+
+
+_gate = {"running": 0, "peak": 0}
+_gate_cond = __import__("threading").Condition()
+
+
+def concurrency_gate(n, timeout):
+    """Counts calls running here at once; each waits (at most `timeout` s)
+    until `n` have been running together. Returns the peak so far."""
+    with _gate_cond:
+        _gate["running"] += 1
+        _gate["peak"] = max(_gate["peak"], _gate["running"])
+        _gate_cond.notify_all()
+        _gate_cond.wait_for(lambda: _gate["peak"] >= n, timeout)
+        _gate["running"] -= 1
+        return _gate["peak"]

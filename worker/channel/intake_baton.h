@@ -1,0 +1,69 @@
+// Who reads the frame channel while the driver's pool threads do
+// (leader/follower; worker/README.md, "Leader/follower intake"): at most one
+// pool thread holds the baton and polls the channel; the one that reads a
+// sync call passes the baton to a waiting follower and runs the call itself,
+// so the call costs no thread hand-off and a long call never holds up the
+// next frames. Followers wait here without the GIL, so a hand-over wakes one
+// thread and touches no Python. The event loop reads the channel instead
+// whenever the baton is not in pool mode (the driver switches).
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+
+#include "absl/status/statusor.h"
+
+namespace agentix::worker {
+
+class IntakeBaton {
+ public:
+  enum class Turn {
+    kReadable,  // the caller holds the baton and the channel is readable
+    kLeave,     // not needed as a reader: back to the pool
+    kStopped,   // Stop() was called
+  };
+
+  // `channel_fd` is polled, never closed or read here.
+  static absl::StatusOr<std::unique_ptr<IntakeBaton>> Create(int channel_fd);
+  ~IntakeBaton();
+  IntakeBaton(const IntakeBaton&) = delete;
+  IntakeBaton& operator=(const IntakeBaton&) = delete;
+
+  // Blocks (call without the GIL). With `holding`, the caller already holds
+  // the baton and just polls; otherwise it waits as a follower until the
+  // baton is passed to it: kLeave at once if a follower waits already (one
+  // is enough) or pool mode is off, and kLeave later if pool mode ends.
+  Turn Lead(bool holding);
+
+  // The holder hands the baton to a waiting follower: true if one was
+  // waiting (it is woken and polls next); false, and the caller still holds
+  // the baton, if none was.
+  bool Pass();
+
+  // Pool mode on: the caller (the loop, which stopped reading) makes a
+  // thread the holder (Lead(true)).
+  void ToPool();
+  // Pool mode off (the holder gives the channel to the loop); waiting
+  // followers leave.
+  void ToLoop();
+  // Every Lead() returns kStopped, now and later; wakes a polling holder.
+  void Stop();
+
+  // For tests: followers waiting now.
+  int followers();
+
+ private:
+  IntakeBaton(int channel_fd, int stop_fd);
+
+  const int channel_fd_;
+  const int stop_fd_;  // eventfd, readable once stopped
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool pool_mode_ = false;
+  bool passed_ = false;  // handed to the followers, not yet taken
+  bool stopped_ = false;
+  int followers_ = 0;
+};
+
+}  // namespace agentix::worker

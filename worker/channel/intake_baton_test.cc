@@ -1,0 +1,115 @@
+// IntakeBaton: one holder polls, followers wait without spinning, a pass
+// wakes exactly the next reader, Stop and ToLoop release everyone.
+#include "worker/channel/intake_baton.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <future>
+#include <thread>
+
+namespace agentix::worker {
+namespace {
+
+using Turn = IntakeBaton::Turn;
+using namespace std::chrono_literals;
+
+struct Sockets {
+  int fds[2];
+  Sockets() { REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0); }
+  ~Sockets() {
+    ::close(fds[0]);
+    ::close(fds[1]);
+  }
+  void Write() { REQUIRE(::write(fds[1], "x", 1) == 1); }
+};
+
+std::unique_ptr<IntakeBaton> Make(int fd) {
+  auto baton = IntakeBaton::Create(fd);
+  REQUIRE(baton.ok());
+  return std::move(*baton);
+}
+
+// Waits (bounded) until `n` followers wait.
+void AwaitFollowers(IntakeBaton& baton, int n) {
+  for (int i = 0; i < 2000 && baton.followers() != n; ++i) {
+    std::this_thread::sleep_for(1ms);
+  }
+  REQUIRE(baton.followers() == n);
+}
+
+TEST_CASE("outside pool mode nobody follows and nothing is passed",
+          "[intake]") {
+  Sockets s;
+  auto baton = Make(s.fds[0]);
+  CHECK(baton->Lead(false) == Turn::kLeave);
+  CHECK_FALSE(baton->Pass());
+}
+
+TEST_CASE("the holder polls; a pass reaches the waiting follower only",
+          "[intake]") {
+  Sockets s;
+  auto baton = Make(s.fds[0]);
+  baton->ToPool();
+  CHECK_FALSE(baton->Pass());  // no follower: the caller keeps the baton
+  auto follower = std::async(std::launch::async,
+                             [&] { return baton->Lead(false); });
+  AwaitFollowers(*baton, 1);
+  // One follower is enough: a second thread goes back to the pool.
+  CHECK(baton->Lead(false) == Turn::kLeave);
+  // The follower keeps waiting while the channel is readable but the baton
+  // is not passed: it is not a second reader.
+  s.Write();
+  CHECK(follower.wait_for(50ms) == std::future_status::timeout);
+  REQUIRE(baton->Pass());
+  REQUIRE(follower.wait_for(5s) == std::future_status::ready);
+  CHECK(follower.get() == Turn::kReadable);
+  CHECK(baton->followers() == 0);
+}
+
+TEST_CASE("a holder's poll blocks until the channel is readable",
+          "[intake]") {
+  Sockets s;
+  auto baton = Make(s.fds[0]);
+  baton->ToPool();
+  auto holder = std::async(std::launch::async,
+                           [&] { return baton->Lead(true); });
+  CHECK(holder.wait_for(50ms) == std::future_status::timeout);
+  s.Write();
+  REQUIRE(holder.wait_for(5s) == std::future_status::ready);
+  CHECK(holder.get() == Turn::kReadable);
+}
+
+TEST_CASE("ToLoop sends followers back; Stop ends holders and followers",
+          "[intake]") {
+  Sockets s;
+  auto baton = Make(s.fds[0]);
+  baton->ToPool();
+  auto follower = std::async(std::launch::async,
+                             [&] { return baton->Lead(false); });
+  AwaitFollowers(*baton, 1);
+  baton->ToLoop();
+  REQUIRE(follower.wait_for(5s) == std::future_status::ready);
+  CHECK(follower.get() == Turn::kLeave);
+  CHECK_FALSE(baton->Pass());
+
+  baton->ToPool();
+  auto holder = std::async(std::launch::async,
+                           [&] { return baton->Lead(true); });
+  auto second = std::async(std::launch::async,
+                           [&] { return baton->Lead(false); });
+  AwaitFollowers(*baton, 1);
+  baton->Stop();
+  REQUIRE(holder.wait_for(5s) == std::future_status::ready);
+  REQUIRE(second.wait_for(5s) == std::future_status::ready);
+  CHECK(holder.get() == Turn::kStopped);
+  CHECK(second.get() == Turn::kStopped);
+  CHECK(baton->Lead(false) == Turn::kStopped);
+  CHECK(baton->Lead(true) == Turn::kStopped);  // stopped before polling
+}
+
+}  // namespace
+}  // namespace agentix::worker
