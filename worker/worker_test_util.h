@@ -43,6 +43,7 @@ namespace agentix::worker {
 
 namespace fs = std::filesystem;
 using LogRecord = runtime::v1::LogRecord;
+using TraceEvent = runtime::v1::TraceEvent;
 
 using ipc::Frame;
 
@@ -290,7 +291,9 @@ class Worker {
       return true;
     }
     if (frame.type == FrameType::kTrace) {
-      traces_.push_back(std::move(frame.trace));
+      TraceEvent event;
+      event.ParseFromString(frame.record);  // as for records
+      traces_.push_back(std::move(event));
       return true;
     }
     return false;
@@ -309,7 +312,7 @@ class Worker {
   }
 
   // Trace events received so far, in arrival order.
-  const std::vector<ipc::TraceEntry>& traces() const { return traces_; }
+  const std::vector<TraceEvent>& traces() const { return traces_; }
 
   // Reads frames until `done(logs())` holds; other frames are kept for
   // Next(). False on timeout or end of stream.
@@ -484,7 +487,7 @@ class Worker {
   ipc::FrameReader reader_;
   int ids_ = 0;
   std::vector<LogRecord> logs_;
-  std::vector<ipc::TraceEntry> traces_;
+  std::vector<TraceEvent> traces_;
   std::deque<Frame> held_;  // read by AwaitLogs, not yet by Next
 };
 
