@@ -109,6 +109,18 @@ inline std::string Pickle(const std::string& expression) {
        expression});
 }
 
+// repr() of the sys.path a worker running on `python` must have: the
+// fixtures' import root, then what `python -I` itself has (less the missing
+// .zip archive).
+inline std::string ExpectedSysPath(const std::string& python = kPython) {
+  return RunPython({"-c",
+                    "import sys\n"
+                    "print(repr([sys.argv[1]] + [p for p in sys.path "
+                    "if not p.endswith('.zip')]), end='')",
+                    FixtureDir()},
+                   python);
+}
+
 // eval(expression) with v = pickle.loads(bytes), as a str.
 inline std::string Unpickle(const std::string& bytes,
                      const std::string& expression = "repr(v)") {
