@@ -105,7 +105,7 @@ TEST_CASE("Every field shape has a Python form from its descriptor",
         "inners { name: \"x\" } inners { }");
   // A map: a dict.
   CHECK(Encode("{'counts': {'k': 5, 'z': 0}}") ==
-        "counts { key: \"k\" value: 5 } counts { key: \"z\" }");
+        "counts { key: \"k\" value: 5 } counts { key: \"z\" value: 0 }");
   // One oneof of scalars: the scalar, its type picking the member (a zero
   // is written: it is the member's presence).
   CHECK(Encode("{'value': 0}") == "value { i: 0 }");
