@@ -262,7 +262,7 @@ TEST_CASE("Trace events carry OpenTelemetry ids; their drops go to the logs",
           std::string::npos);
   // Bytes that are not a TraceEvent are refused (the session manager
   // reports them on the Logs stream).
-  REQUIRE_FALSE(ToTraceEvent(std::string("\x0a\x05ab", 4), "w1").has_value());
+  REQUIRE_FALSE(ToTraceEvent(std::string("\x0a\x05" "ab", 4), "w1").has_value());
 
   for (int i = 0; i < 5; ++i) traces->Append({e});
   auto log_sub = std::make_shared<RecordingSubscriber>();
