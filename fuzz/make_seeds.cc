@@ -119,15 +119,23 @@ std::vector<std::pair<std::string, Frame>> Frames() {
   v.push_back({"log", f});
   f = Frame();
   f.type = FrameType::kTrace;
-  f.trace.kind = 2;
-  f.trace.trace_id = "trace_0123";
-  f.trace.span_id = "span_4567";
-  f.trace.name = "work";
-  f.trace.start_time_unix_nanos = 1;
-  f.trace.end_time_unix_nanos = 2;
-  f.trace.attributes = std::string("\x81\xa1k\x01", 4);
-  f.trace.events = std::string("\x91\x93\xa1" "e\x05\x80", 6);
-  f.trace.status = 1;
+  {
+    agentix::runtime::v1::TraceEvent e;
+    e.set_kind(agentix::runtime::v1::TRACE_EVENT_KIND_SPAN_END);
+    e.set_agentix_trace_id("trace_0123");
+    e.set_agentix_span_id("span_4567");
+    e.set_name("work");
+    e.set_start_time_unix_nanos(1);
+    e.set_end_time_unix_nanos(2);
+    auto* a = e.add_attributes();
+    a->set_key("k");
+    a->mutable_value()->set_int_value(1);
+    auto* event = e.add_events();
+    event->set_name("e");
+    event->set_time_unix_nanos(5);
+    e.set_status(agentix::runtime::v1::SPAN_STATUS_CODE_OK);
+    f.record = e.SerializeAsString();
+  }
   v.push_back({"trace", f});
   return v;
 }

@@ -167,11 +167,13 @@ TEST_CASE("Oversized records and events are cut to one message's item",
   CHECK(record.message().find("[truncated: ") != std::string::npos);
   CHECK(record.logger() == "big");
 
-  ipc::TraceEntry trace;
-  trace.name = std::string(6u << 20, 'n');
-  TruncateForWire(trace.name, 6u << 20);  // fits: unchanged
-  CHECK(trace.name.size() == (6u << 20));
-  CHECK(ToTraceEvent(trace, "w1").ByteSizeLong() <= kMaxWireItemBytes);
+  runtime::v1::TraceEvent trace;
+  trace.set_name(std::string(6u << 20, 'n'));
+  TruncateForWire(*trace.mutable_name(), 6u << 20);  // fits: unchanged
+  CHECK(trace.name().size() == (6u << 20));
+  auto fitted = ToTraceEvent(trace.SerializeAsString(), "w1");
+  REQUIRE(fitted.has_value());
+  CHECK(fitted->ByteSizeLong() <= kMaxWireItemBytes);
 
   // Many large events: each is cut, none is dropped.
   runtime::v1::TraceEvent span;

@@ -1,7 +1,5 @@
 #include "sandbox/log_buffer.h"
 
-#include <msgpack.hpp>
-
 #include <chrono>
 #include <optional>
 #include <utility>
@@ -47,99 +45,6 @@ std::string OtelId(const std::string& agentix_id, size_t bytes) {
   return out;
 }
 
-// Bounds for decoding the worker's msgpack payloads: they hold flat maps and
-// short lists, so anything deeper or larger is refused (and reported as
-// undecodable) instead of being followed.
-msgpack::object_handle UnpackBounded(const std::string& packed) {
-  const msgpack::unpack_limit limits(/*array=*/4096, /*map=*/4096,
-                                     /*str=*/1 << 24, /*bin=*/1 << 24,
-                                     /*ext=*/0, /*depth=*/4);
-  std::size_t offset = 0;
-  return msgpack::unpack(packed.data(), packed.size(), offset, nullptr,
-                         nullptr, limits);
-}
-
-// Sets `value` from a msgpack scalar; other types become their msgpack
-// text form (the worker already sends repr() for non-scalars).
-void SetValue(const msgpack::object& o, runtime::v1::AttributeValue& value) {
-  switch (o.type) {
-    case msgpack::type::STR:
-      value.set_string_value(std::string(o.via.str.ptr, o.via.str.size));
-      break;
-    case msgpack::type::BIN:
-      value.set_bytes_value(std::string(o.via.bin.ptr, o.via.bin.size));
-      break;
-    case msgpack::type::BOOLEAN:
-      value.set_bool_value(o.via.boolean);
-      break;
-    case msgpack::type::POSITIVE_INTEGER:
-      value.set_int_value(static_cast<int64_t>(o.via.u64));
-      break;
-    case msgpack::type::NEGATIVE_INTEGER:
-      value.set_int_value(o.via.i64);
-      break;
-    case msgpack::type::FLOAT32:
-    case msgpack::type::FLOAT64:
-      value.set_double_value(o.via.f64);
-      break;
-    default: {
-      std::ostringstream text;
-      text << o;
-      value.set_string_value(text.str());
-    }
-  }
-}
-
-// Appends the entries of a msgpack map of str -> scalar. A payload that is
-// not such a map is kept visible as one attribute rather than dropped.
-void AppendAttributes(
-    const std::string& packed,
-    google::protobuf::RepeatedPtrField<Attribute>* attributes) {
-  if (packed.empty()) return;
-  try {
-    msgpack::object_handle handle = UnpackBounded(packed);
-    const msgpack::object& root = handle.get();
-    if (root.type != msgpack::type::MAP) throw msgpack::type_error();
-    for (uint32_t i = 0; i < root.via.map.size; ++i) {
-      const auto& kv = root.via.map.ptr[i];
-      if (kv.key.type != msgpack::type::STR) continue;
-      Attribute* a = attributes->Add();
-      a->set_key(std::string(kv.key.via.str.ptr, kv.key.via.str.size));
-      SetValue(kv.val, *a->mutable_value());
-    }
-  } catch (const std::exception& e) {
-    Attribute* a = attributes->Add();
-    a->set_key("agentix.undecodable_attributes");
-    a->mutable_value()->set_string_value(e.what());
-  }
-}
-
-// Appends span events from a msgpack array of [name, time_unix_nanos, map].
-void AppendEvents(const std::string& packed, TraceEvent& event) {
-  if (packed.empty()) return;
-  try {
-    msgpack::object_handle handle = UnpackBounded(packed);
-    const msgpack::object& root = handle.get();
-    if (root.type != msgpack::type::ARRAY) throw msgpack::type_error();
-    for (uint32_t i = 0; i < root.via.array.size; ++i) {
-      const msgpack::object& e = root.via.array.ptr[i];
-      if (e.type != msgpack::type::ARRAY || e.via.array.size < 2) continue;
-      auto* record = event.add_events();
-      record->set_name(e.via.array.ptr[0].as<std::string>());
-      record->set_time_unix_nanos(e.via.array.ptr[1].as<int64_t>());
-      if (e.via.array.size > 2) {
-        msgpack::sbuffer attrs;
-        msgpack::pack(attrs, e.via.array.ptr[2]);
-        AppendAttributes(std::string(attrs.data(), attrs.size()),
-                         record->mutable_attributes());
-      }
-    }
-  } catch (const std::exception& e) {
-    auto* record = event.add_events();
-    record->set_name("agentix.undecodable_events");
-  }
-}
-
 }  // namespace
 
 LogRecord ToLogRecord(const std::string& bytes, const std::string& worker_id) {
@@ -179,26 +84,17 @@ void FitLogRecord(LogRecord& r) {
   if (r.ByteSizeLong() > kMaxWireItemBytes) r.clear_extras();
 }
 
-TraceEvent ToTraceEvent(const ipc::TraceEntry& t,
-                        const std::string& worker_id) {
+std::optional<TraceEvent> ToTraceEvent(const std::string& bytes,
+                                       const std::string& worker_id) {
   TraceEvent e;
-  e.set_kind(static_cast<runtime::v1::TraceEventKind>(t.kind));
-  e.set_trace_id(OtelId(t.trace_id, 16));
-  e.set_span_id(OtelId(t.span_id, 8));
-  e.set_parent_span_id(OtelId(t.parent_id, 8));
-  e.set_agentix_trace_id(t.trace_id);
-  e.set_agentix_span_id(t.span_id);
-  e.set_agentix_parent_id(t.parent_id);
-  e.set_name(t.name);
-  e.set_start_time_unix_nanos(t.start_time_unix_nanos);
-  e.set_end_time_unix_nanos(t.end_time_unix_nanos);
-  AppendAttributes(t.attributes, e.mutable_attributes());
-  AppendEvents(t.events, e);
-  e.set_status(static_cast<runtime::v1::SpanStatusCode>(t.status));
-  e.set_status_description(t.status_description);
-  e.set_error_message(t.error_message);
-  AppendAttributes(t.error_data, e.mutable_error_data());
-  e.set_call_id(t.call_id);
+  // As for log records: the worker sends the message itself, unknown
+  // fields pass through. The daemon owns seq, worker_id and the
+  // OpenTelemetry byte ids, which it derives from the agentix ids.
+  if (!e.ParseFromString(bytes)) return std::nullopt;
+  e.clear_seq();  // the buffer numbers it
+  e.set_trace_id(OtelId(e.agentix_trace_id(), 16));
+  e.set_span_id(OtelId(e.agentix_span_id(), 8));
+  e.set_parent_span_id(OtelId(e.agentix_parent_id(), 8));
   e.set_worker_id(worker_id);
   FitTraceEvent(e);
   return e;

@@ -5,12 +5,12 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "agentix/runtime/v1/runtime.pb.h"
 #include "sandbox/seq_buffer.h"
-#include "worker/ipc/frame.h"
 
 namespace agentix::sandbox {
 
@@ -26,9 +26,12 @@ using TraceSubscriber = TraceBuffer::Subscriber;
 // become a WARNING record saying so (origin RUNTIME).
 runtime::v1::LogRecord ToLogRecord(const std::string& bytes,
                                    const std::string& worker_id);
-// The agentix.runtime.v1 form of the worker's trace entry.
-runtime::v1::TraceEvent ToTraceEvent(const ipc::TraceEntry& entry,
-                                     const std::string& worker_id);
+// The event a worker's `trace` frame carries (ipc::Frame::record, a
+// serialized TraceEvent), from worker `worker_id`, with the daemon's fields
+// set (seq cleared for the buffer; the OpenTelemetry byte ids derived from
+// the agentix ids). nullopt if the bytes do not parse.
+std::optional<runtime::v1::TraceEvent> ToTraceEvent(
+    const std::string& bytes, const std::string& worker_id);
 
 // Bound one record (event) to kMaxWireItemBytes so it fits a default
 // client's 4 MiB message: long texts are cut with a note, and what cannot

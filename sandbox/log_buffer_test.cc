@@ -1,7 +1,6 @@
 #include "sandbox/log_buffer.h"
 
 #include <catch2/catch.hpp>
-#include <msgpack.hpp>
 
 #include <thread>
 
@@ -228,35 +227,42 @@ TEST_CASE("Trace events carry OpenTelemetry ids; their drops go to the logs",
           "[traces]") {
   auto logs = MakeLogBuffer(100);
   auto traces = MakeTraceBuffer(2, logs.get());
-  ipc::TraceEntry t;
-  t.kind = 4;
-  t.trace_id = "trace_000102030405060708090a0b0c0d0e0f";
-  t.span_id = "span_a0a1a2a3a4a5a6a7a8a9aaab";
-  t.parent_id = "";
-  t.name = "step";
-  msgpack::sbuffer attrs;
-  msgpack::packer<msgpack::sbuffer> p(attrs);
-  p.pack_map(3);
-  p.pack(std::string("n"));
-  p.pack(7);
-  p.pack(std::string("s"));
-  p.pack(std::string("v"));
-  p.pack(std::string("f"));
-  p.pack(1.5);
-  t.attributes.assign(attrs.data(), attrs.size());
-  runtime::v1::TraceEvent e = ToTraceEvent(t, "w1");
+  // As the worker sends it: the agentix ids, attributes already typed,
+  // and a field of a newer runtime.proto (number 100) this daemon does not
+  // know; the daemon's own fields are cleared or overwritten.
+  runtime::v1::TraceEvent sent;
+  sent.set_seq(99);
+  sent.set_kind(runtime::v1::TRACE_EVENT_KIND_SPAN_END);
+  sent.set_span_id("forged");
+  sent.set_worker_id("forged");
+  sent.set_agentix_trace_id("trace_000102030405060708090a0b0c0d0e0f");
+  sent.set_agentix_span_id("span_a0a1a2a3a4a5a6a7a8a9aaab");
+  sent.set_name("step");
+  auto* n = sent.add_attributes();
+  n->set_key("n");
+  n->mutable_value()->set_int_value(7);
+  std::string bytes = sent.SerializeAsString();
+  bytes.append("\xa2\x06\x03new", 6);  // field 100, length 3: "new"
+  std::optional<runtime::v1::TraceEvent> parsed = ToTraceEvent(bytes, "w1");
+  REQUIRE(parsed.has_value());
+  const runtime::v1::TraceEvent& e = *parsed;
+  REQUIRE(e.seq() == 0);
   REQUIRE(e.trace_id() == std::string("\x00\x01\x02\x03\x04\x05\x06\x07"
                                       "\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f",
                                       16));
   REQUIRE(e.span_id().size() == 8);
   REQUIRE(static_cast<unsigned char>(e.span_id()[0]) == 0xa0);
   REQUIRE(e.parent_span_id().empty());
-  REQUIRE(e.agentix_span_id() == t.span_id);
-  REQUIRE(e.attributes_size() == 3);
+  REQUIRE(e.agentix_span_id() == sent.agentix_span_id());
+  REQUIRE(e.attributes_size() == 1);
   REQUIRE(e.attributes(0).value().int_value() == 7);
-  REQUIRE(e.attributes(1).value().string_value() == "v");
-  REQUIRE(e.attributes(2).value().double_value() == 1.5);
   REQUIRE(e.worker_id() == "w1");
+  // The unknown field reaches the host as sent.
+  REQUIRE(e.SerializeAsString().find(std::string("\xa2\x06\x03new", 6)) !=
+          std::string::npos);
+  // Bytes that are not a TraceEvent are refused (the session manager
+  // reports them on the Logs stream).
+  REQUIRE_FALSE(ToTraceEvent(std::string("\x0a\x05" "ab", 4), "w1").has_value());
 
   for (int i = 0; i < 5; ++i) traces->Append({e});
   auto log_sub = std::make_shared<RecordingSubscriber>();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
@@ -758,9 +759,23 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
       records.push_back(ToLogRecord(f->record, ""));
       log_calls.push_back(records.back().call_id());
     }
+    std::vector<runtime::v1::TraceEvent> events;
+    events.reserve(trace_frames.size());
     trace_calls.reserve(trace_frames.size());
     for (const ipc::Frame* f : trace_frames) {
-      trace_calls.push_back(f->trace.call_id);
+      std::optional<runtime::v1::TraceEvent> e = ToTraceEvent(f->record, "");
+      if (!e.has_value()) {
+        // Only code writing to the channel fd by hand gets here: the loss
+        // is reported on the Logs stream, and the worker keeps serving.
+        records.push_back(RuntimeWarning(
+            "agentix.sandbox",
+            absl::StrCat("a trace event from the worker could not be "
+                         "decoded (", f->record.size(), " bytes)")));
+        log_calls.emplace_back();
+        continue;
+      }
+      trace_calls.push_back(e->call_id());
+      events.push_back(std::move(*e));
     }
     {
       absl::MutexLock lock(&mu_);
@@ -770,16 +785,12 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
       log_owners = OwnersOf(log_calls);
       trace_owners = OwnersOf(trace_calls);
     }
-    if (!log_frames.empty()) {
+    if (!records.empty()) {
       for (runtime::v1::LogRecord& r : records) r.set_worker_id(worker_id);
       first_log = logs_->Append(std::move(records), log_owners);
     }
-    if (!trace_frames.empty()) {
-      std::vector<runtime::v1::TraceEvent> events;
-      events.reserve(trace_frames.size());
-      for (const ipc::Frame* f : trace_frames) {
-        events.push_back(ToTraceEvent(f->trace, worker_id));
-      }
+    if (!events.empty()) {
+      for (runtime::v1::TraceEvent& e : events) e.set_worker_id(worker_id);
       first_trace = traces_->Append(std::move(events), trace_owners);
     }
   }
@@ -787,10 +798,10 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
   bool barrier = false;
   {
     absl::MutexLock lock(&mu_);
-    if (!log_frames.empty()) {
+    if (!log_calls.empty()) {
       TrackSeqs(log_calls, first_log, &Call::log_seq, unattributed_log_seq_);
     }
-    if (!trace_frames.empty()) {
+    if (!trace_calls.empty()) {
       TrackSeqs(trace_calls, first_trace, &Call::trace_seq,
                 unattributed_trace_seq_);
     }

@@ -61,10 +61,11 @@ PyMethodDef kChannelMethods[] = {
      "worker_id)"},
     {"send_trace", FastKeywords<ChannelSendTrace>(),
      METH_FASTCALL | METH_KEYWORDS,
-     "send_trace(*, kind, trace_id, span_id, parent_id, name, start_time_unix_"
-     "nanos, end_time_unix_nanos, attributes, events, status, "
-     "status_description, error_message, error_data, call_id): one `trace` "
-     "frame, queued with the log frames; keyword arguments only"},
+     "send_trace(**fields): one `trace` frame, queued with the log frames; "
+     "keyword arguments only, each optional, named as "
+     "agentix.runtime.v1.TraceEvent's fields (less seq, worker_id, trace_id, "
+     "span_id and parent_span_id); attributes and error_data are "
+     "{str: scalar} dicts, events a list of dicts"},
     {"send_ns_event", Fast<ChannelSendNamespaceEvent>(), METH_FASTCALL,
      "send_ns_event(namespace, event, data, request_id, error_type, "
      "error_message, status_code): a plugin-namespace event for the hosts."},

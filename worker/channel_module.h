@@ -30,20 +30,17 @@
 //                               exception's pickled (args, members, dict),
 //                               bytes or None; dropped beyond
 //                               ipc::kMaxExceptionStateBytes
-//     .send_log(*, logger, level, level_name, message, time_unix_nanos,
-//               file, line, function, module, exception_text, origin,
-//               call_id, context, extras, stack_info)   one `log` frame
-//                               (extras: msgpack bytes or None); keyword
-//                               arguments only, each optional (the table
-//                               in channel/side_channels.cc); see "Logs"
-//     .send_trace(*, kind, trace_id, span_id, parent_id, name,
-//                 start_time_unix_nanos, end_time_unix_nanos, attributes,
-//                 events, status, status_description, error_message,
-//                 error_data, call_id)   one `trace` frame (attributes,
-//                               events, error_data: msgpack bytes or None),
-//                               keyword arguments only; queued and sent like
-//                               a log frame, so it is ordered with the
-//                               records around it
+//     .send_log(**fields)   one `log` frame: an agentix.runtime.v1.LogRecord
+//                               by field name (channel/proto_fields.h),
+//                               keyword arguments only, each optional, less
+//                               the daemon's seq and worker_id; see "Logs"
+//     .send_trace(**fields)   one `trace` frame: a TraceEvent the same way,
+//                               less seq, worker_id and the OpenTelemetry
+//                               byte ids the daemon derives (attributes,
+//                               error_data: {str: scalar} dicts; events: a
+//                               list of dicts); queued and sent like a log
+//                               frame, so it is ordered with the records
+//                               around it
 //     .send_stdio(origin, text, call_id)   one stdout (2) / stderr (3) line
 //                               as a `log` frame (and to the durable log)
 //     .start_capture(worker_id, context)   fd 0 -> /dev/null, fds 1/2 ->

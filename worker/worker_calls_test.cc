@@ -98,12 +98,7 @@ TEST_CASE("The interpreter is Debian's, isolated from the environment",
   // roots come first, then the stdlib, then Debian's dist-packages.
   const std::string path =
       worker->CallOk("worker_fixture::sys_path", Pickle("((), {})"));
-  REQUIRE(Unpickle(path) ==
-          RunPython({"-c",
-                     "import sys\n"
-                     "print(repr([sys.argv[1]] + [p for p in sys.path "
-                     "if not p.endswith('.zip')]), end='')",
-                     FixtureDir()}));
+  REQUIRE(Unpickle(path) == ExpectedSysPath());
   REQUIRE(Unpickle(path, "v[:3]") ==
           absl::StrCat("['", FixtureDir(),
                        "', '/usr/lib/python3.11', "

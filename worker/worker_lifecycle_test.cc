@@ -285,23 +285,21 @@ void CheckVenvWorker(const std::string& venv) {
   // python311.zip), with the import roots in front.
   const std::string path =
       worker->CallOk("worker_fixture::sys_path", Pickle("((), {})"));
-  REQUIRE(Unpickle(path) ==
-          RunPython({"-c",
-                     "import sys\n"
-                     "print(repr([sys.argv[1]] + [p for p in sys.path "
-                     "if not p.endswith('.zip')]), end='')",
-                     FixtureDir()},
-                    venv + "/bin/python3"));
+  REQUIRE(Unpickle(path) == ExpectedSysPath(venv + "/bin/python3"));
+}
+
+// The pickled sys.path of a worker started with --venv `venv`.
+std::string VenvWorkerSysPath(const std::string& venv) {
+  WorkerArgs options;
+  options.args = {"--venv", venv};
+  auto worker = ReadyWorker(options);
+  return worker->CallOk("worker_fixture::sys_path", Pickle("((), {})"));
 }
 
 TEST_CASE("A venv's site-packages and .pth files are used", "[worker][venv]") {
   const std::string venv = MakeVenv("venv_plain", /*system_site=*/false);
   CheckVenvWorker(venv);
-  WorkerArgs options;
-  options.args = {"--venv", venv};
-  auto worker = ReadyWorker(options);
-  const std::string path =
-      worker->CallOk("worker_fixture::sys_path", Pickle("((), {})"));
+  const std::string path = VenvWorkerSysPath(venv);
   REQUIRE(Unpickle(path, "'/usr/lib/python3/dist-packages' in v") == "False");
   REQUIRE(Unpickle(path, "v[-1].endswith('/pth_target')") == "True");
 }
@@ -310,11 +308,7 @@ TEST_CASE("A --system-site-packages venv also sees Debian's dist-packages",
           "[worker][venv]") {
   const std::string venv = MakeVenv("venv_system", /*system_site=*/true);
   CheckVenvWorker(venv);
-  WorkerArgs options;
-  options.args = {"--venv", venv};
-  auto worker = ReadyWorker(options);
-  const std::string path =
-      worker->CallOk("worker_fixture::sys_path", Pickle("((), {})"));
+  const std::string path = VenvWorkerSysPath(venv);
   REQUIRE(Unpickle(path, "'/usr/lib/python3/dist-packages' in v") == "True");
 }
 

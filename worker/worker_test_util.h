@@ -43,6 +43,7 @@ namespace agentix::worker {
 
 namespace fs = std::filesystem;
 using LogRecord = runtime::v1::LogRecord;
+using TraceEvent = runtime::v1::TraceEvent;
 
 using ipc::Frame;
 
@@ -106,6 +107,18 @@ inline std::string Pickle(const std::string& expression) {
        "import pickle, sys\n"
        "sys.stdout.buffer.write(pickle.dumps(eval(sys.argv[1]), protocol=5))",
        expression});
+}
+
+// repr() of the sys.path a worker running on `python` must have: the
+// fixtures' import root, then what `python -I` itself has (less the missing
+// .zip archive).
+inline std::string ExpectedSysPath(const std::string& python = kPython) {
+  return RunPython({"-c",
+                    "import sys\n"
+                    "print(repr([sys.argv[1]] + [p for p in sys.path "
+                    "if not p.endswith('.zip')]), end='')",
+                    FixtureDir()},
+                   python);
 }
 
 // eval(expression) with v = pickle.loads(bytes), as a str.
@@ -290,7 +303,9 @@ class Worker {
       return true;
     }
     if (frame.type == FrameType::kTrace) {
-      traces_.push_back(std::move(frame.trace));
+      TraceEvent event;
+      event.ParseFromString(frame.record);  // as for records
+      traces_.push_back(std::move(event));
       return true;
     }
     return false;
@@ -309,7 +324,7 @@ class Worker {
   }
 
   // Trace events received so far, in arrival order.
-  const std::vector<ipc::TraceEntry>& traces() const { return traces_; }
+  const std::vector<TraceEvent>& traces() const { return traces_; }
 
   // Reads frames until `done(logs())` holds; other frames are kept for
   // Next(). False on timeout or end of stream.
@@ -484,7 +499,7 @@ class Worker {
   ipc::FrameReader reader_;
   int ids_ = 0;
   std::vector<LogRecord> logs_;
-  std::vector<ipc::TraceEntry> traces_;
+  std::vector<TraceEvent> traces_;
   std::deque<Frame> held_;  // read by AwaitLogs, not yet by Next
 };
 

@@ -13,7 +13,6 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <msgpack.hpp>
 #include <regex>
 #include <set>
 #include <string>
@@ -45,15 +44,32 @@ std::unique_ptr<Worker> TracingWorker() {
   return ReadyWorker(options);
 }
 
-msgpack::object_handle Unpack(const std::string& bytes) {
-  REQUIRE_FALSE(bytes.empty());
-  return msgpack::unpack(bytes.data(), bytes.size());
+using runtime::v1::Attribute;
+using runtime::v1::AttributeValue;
+using Attributes = google::protobuf::RepeatedPtrField<Attribute>;
+
+// Attributes by key.
+std::map<std::string, AttributeValue> ByKey(const Attributes& attributes) {
+  std::map<std::string, AttributeValue> out;
+  for (const Attribute& a : attributes) out[a.key()] = a.value();
+  return out;
 }
 
-const ipc::TraceEntry* FindSpan(const std::vector<ipc::TraceEntry>& traces,
-                                int kind, const std::string& name) {
-  for (const ipc::TraceEntry& t : traces) {
-    if (t.kind == kind && t.name == name) return &t;
+// Attributes as key -> text of their value (int or string).
+std::map<std::string, std::string> Texts(const Attributes& attributes) {
+  std::map<std::string, std::string> out;
+  for (const Attribute& a : attributes) {
+    out[a.key()] = a.value().has_int_value()
+                       ? std::to_string(a.value().int_value())
+                       : a.value().string_value();
+  }
+  return out;
+}
+
+const TraceEvent* FindSpan(const std::vector<TraceEvent>& traces, int kind,
+                           const std::string& name) {
+  for (const TraceEvent& t : traces) {
+    if (t.kind() == kind && t.name() == name) return &t;
   }
   return nullptr;
 }
@@ -74,68 +90,70 @@ TEST_CASE("agentix.trace traces and spans become trace frames in order",
   const std::string outer_id = Unpickle(reply.value, "v[1]");
   const std::string inner_id = Unpickle(reply.value, "v[2]");
   REQUIRE(worker->AwaitTraces(6));
-  const std::vector<ipc::TraceEntry>& t = worker->traces();
+  const std::vector<TraceEvent>& t = worker->traces();
   REQUIRE(t.size() == 6);
   const std::vector<std::pair<int, std::string>> want = {
       {1, "t"}, {3, "outer"}, {3, "inner"}, {4, "inner"}, {4, "outer"},
       {2, ""}};
   for (size_t i = 0; i < want.size(); ++i) {
     INFO("event " << i);
-    CHECK(t[i].kind == want[i].first);
-    CHECK(t[i].name == want[i].second);
-    CHECK(t[i].trace_id == trace_id);
-    CHECK(t[i].call_id == "tr");
+    CHECK(t[i].kind() == want[i].first);
+    CHECK(t[i].name() == want[i].second);
+    CHECK(t[i].agentix_trace_id() == trace_id);
+    CHECK(t[i].call_id() == "tr");
+    // The daemon's fields are left to the daemon.
+    CHECK(t[i].seq() == 0);
+    CHECK(t[i].trace_id().empty());
+    CHECK(t[i].worker_id().empty());
   }
   // trace start: metadata as attributes, started_at in ns.
-  CHECK(t[0].span_id.empty());
-  CHECK(Extras(t[0].attributes) == std::map<std::string, std::string>{{"k", "1"}});
-  CHECK(t[0].start_time_unix_nanos >= before - 1000000);
-  CHECK(t[0].start_time_unix_nanos <= after);
-  CHECK(t[0].end_time_unix_nanos == 0);
+  CHECK(t[0].agentix_span_id().empty());
+  CHECK(Texts(t[0].attributes()) ==
+        std::map<std::string, std::string>{{"k", "1"}});
+  CHECK(t[0].start_time_unix_nanos() >= before - 1000000);
+  CHECK(t[0].start_time_unix_nanos() <= after);
+  CHECK(t[0].end_time_unix_nanos() == 0);
   // span starts: ids and the parent link.
-  CHECK(t[1].span_id == outer_id);
-  CHECK(t[1].parent_id.empty());
-  CHECK(Extras(t[1].attributes) == std::map<std::string, std::string>{{"a", "1"}});
-  CHECK(t[1].start_time_unix_nanos >= t[0].start_time_unix_nanos);
-  CHECK(t[2].span_id == inner_id);
-  CHECK(t[2].parent_id == outer_id);
-  CHECK(t[2].attributes.empty());
+  CHECK(t[1].agentix_span_id() == outer_id);
+  CHECK(t[1].agentix_parent_id().empty());
+  CHECK(Texts(t[1].attributes()) ==
+        std::map<std::string, std::string>{{"a", "1"}});
+  CHECK(t[1].start_time_unix_nanos() >= t[0].start_time_unix_nanos());
+  CHECK(t[2].agentix_span_id() == inner_id);
+  CHECK(t[2].agentix_parent_id() == outer_id);
+  CHECK(t[2].attributes().empty());
   // inner end: ok status with its description, one event.
-  CHECK(t[3].span_id == inner_id);
-  CHECK(t[3].parent_id == outer_id);
-  CHECK(t[3].status == 1);
-  CHECK(t[3].status_description == "fine");
-  CHECK(t[3].error_message.empty());
-  CHECK(t[3].start_time_unix_nanos == t[2].start_time_unix_nanos);
-  CHECK(t[3].end_time_unix_nanos >= t[3].start_time_unix_nanos);
+  CHECK(t[3].agentix_span_id() == inner_id);
+  CHECK(t[3].agentix_parent_id() == outer_id);
+  CHECK(t[3].status() == runtime::v1::SPAN_STATUS_CODE_OK);
+  CHECK(t[3].status_description() == "fine");
+  CHECK(t[3].error_message().empty());
+  CHECK(t[3].start_time_unix_nanos() == t[2].start_time_unix_nanos());
+  CHECK(t[3].end_time_unix_nanos() >= t[3].start_time_unix_nanos());
   {
-    msgpack::object_handle events = Unpack(t[3].events);
-    const msgpack::object& list = events.get();
-    REQUIRE(list.type == msgpack::type::ARRAY);
-    REQUIRE(list.via.array.size == 1);
-    const msgpack::object& event = list.via.array.ptr[0];
-    REQUIRE(event.type == msgpack::type::ARRAY);
-    REQUIRE(event.via.array.size == 3);
-    CHECK(event.via.array.ptr[0].as<std::string>() == "ev");
-    const int64_t when = event.via.array.ptr[1].as<int64_t>();
-    CHECK(when >= t[3].start_time_unix_nanos);
-    CHECK(when <= t[3].end_time_unix_nanos);
-    const auto attrs =
-        event.via.array.ptr[2].as<std::map<std::string, int64_t>>();
-    CHECK(attrs == std::map<std::string, int64_t>{{"x", 2}});
+    REQUIRE(t[3].events_size() == 1);
+    const runtime::v1::SpanEventRecord& event = t[3].events(0);
+    CHECK(event.name() == "ev");
+    CHECK(event.time_unix_nanos() >= t[3].start_time_unix_nanos());
+    CHECK(event.time_unix_nanos() <= t[3].end_time_unix_nanos());
+    REQUIRE(event.attributes_size() == 1);
+    CHECK(event.attributes(0).key() == "x");
+    CHECK(event.attributes(0).value().int_value() == 2);
   }
   // outer end: set_error makes the status error, with message and data.
-  CHECK(t[4].span_id == outer_id);
-  CHECK(t[4].status == 2);
-  CHECK(t[4].status_description == "bad");
-  CHECK(t[4].error_message == "bad");
-  CHECK(Extras(t[4].error_data) == std::map<std::string, std::string>{{"code", "7"}});
-  CHECK(Extras(t[4].attributes) == std::map<std::string, std::string>{{"a", "1"}});
-  CHECK(t[4].events.empty());
+  CHECK(t[4].agentix_span_id() == outer_id);
+  CHECK(t[4].status() == runtime::v1::SPAN_STATUS_CODE_ERROR);
+  CHECK(t[4].status_description() == "bad");
+  CHECK(t[4].error_message() == "bad");
+  CHECK(Texts(t[4].error_data()) ==
+        std::map<std::string, std::string>{{"code", "7"}});
+  CHECK(Texts(t[4].attributes()) ==
+        std::map<std::string, std::string>{{"a", "1"}});
+  CHECK(t[4].events().empty());
   // trace end.
-  CHECK(t[5].end_time_unix_nanos >= t[4].end_time_unix_nanos);
-  CHECK(t[5].end_time_unix_nanos <= after + 1000000);
-  CHECK(t[5].start_time_unix_nanos == 0);
+  CHECK(t[5].end_time_unix_nanos() >= t[4].end_time_unix_nanos());
+  CHECK(t[5].end_time_unix_nanos() <= after + 1000000);
+  CHECK(t[5].start_time_unix_nanos() == 0);
   // With a processor registered, agentix.trace does not warn.
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
@@ -150,30 +168,22 @@ TEST_CASE("Span attributes are coerced to scalars; others arrive as repr",
                      Pickle("((), {})")),
       "v");
   REQUIRE(worker->AwaitTraces(2));
-  const ipc::TraceEntry& end = worker->traces()[1];
-  CHECK(end.kind == 4);
-  CHECK(end.span_id == span_id);
-  CHECK(end.trace_id == "trace_unbound");
-  msgpack::object_handle handle = Unpack(end.attributes);
-  const msgpack::object& map = handle.get();
-  REQUIRE(map.type == msgpack::type::MAP);
-  std::map<std::string, msgpack::object> attrs;
-  for (uint32_t i = 0; i < map.via.map.size; ++i) {
-    attrs[map.via.map.ptr[i].key.as<std::string>()] = map.via.map.ptr[i].val;
-  }
+  const TraceEvent& end = worker->traces()[1];
+  CHECK(end.kind() == runtime::v1::TRACE_EVENT_KIND_SPAN_END);
+  CHECK(end.agentix_span_id() == span_id);
+  CHECK(end.agentix_trace_id() == "trace_unbound");
+  std::map<std::string, AttributeValue> attrs = ByKey(end.attributes());
   CHECK(attrs.size() == 6);  // `none` is left out
   CHECK(attrs.count("none") == 0);
   REQUIRE(attrs.count("obj") == 1);
-  CHECK(attrs["obj"].type == msgpack::type::STR);
-  CHECK(attrs["obj"].as<std::string>() == "<opaque>");
-  CHECK(attrs["big"].type == msgpack::type::STR);
-  CHECK(attrs["big"].as<std::string>() == "1180591620717411303424");
-  CHECK(attrs["s"].as<std::string>() == "x");
-  CHECK(attrs["f"].as<double>() == 1.5);
-  CHECK(attrs["b"].type == msgpack::type::BOOLEAN);
-  CHECK(attrs["b"].as<bool>());
-  CHECK(attrs["raw"].type == msgpack::type::BIN);
-  CHECK(attrs["raw"].as<std::string>() == std::string("\x00\xff", 2));
+  CHECK(attrs["obj"].string_value() == "<opaque>");
+  CHECK(attrs["big"].string_value() == "1180591620717411303424");
+  CHECK(attrs["s"].string_value() == "x");
+  CHECK(attrs["f"].has_double_value());
+  CHECK(attrs["f"].double_value() == 1.5);
+  CHECK(attrs["b"].has_bool_value());
+  CHECK(attrs["b"].bool_value());
+  CHECK(attrs["raw"].bytes_value() == std::string("\x00\xff", 2));
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
@@ -186,15 +196,16 @@ TEST_CASE("Span stamps become Unix nanoseconds, across seconds",
   const auto& t = worker->traces();
   constexpr int64_t k20240102T030405 = 1704164645;  // Unix seconds
   constexpr int64_t kNs = 1000000000;
-  CHECK(t[0].start_time_unix_nanos == k20240102T030405 * kNs + 123456000);
-  CHECK(t[0].end_time_unix_nanos == k20240102T030405 * kNs + 999999000);
-  CHECK(t[1].start_time_unix_nanos == k20240102T030405 * kNs + 1000);
-  CHECK(t[1].end_time_unix_nanos == (k20240102T030405 + 1) * kNs);
+  CHECK(t[0].start_time_unix_nanos() == k20240102T030405 * kNs + 123456000);
+  CHECK(t[0].end_time_unix_nanos() == k20240102T030405 * kNs + 999999000);
+  CHECK(t[1].start_time_unix_nanos() == k20240102T030405 * kNs + 1000);
+  CHECK(t[1].end_time_unix_nanos() == (k20240102T030405 + 1) * kNs);
   // Not agentix's own format: parsed by datetime.
-  CHECK(t[2].start_time_unix_nanos == (k20240102T030405 + 1) * kNs + 500000000);
-  CHECK(t[2].end_time_unix_nanos == 946684799 * kNs + 2000);
-  CHECK(t[3].start_time_unix_nanos == k20240102T030405 * kNs + 7000);
-  CHECK(t[3].end_time_unix_nanos == 0);  // unreadable
+  CHECK(t[2].start_time_unix_nanos() ==
+        (k20240102T030405 + 1) * kNs + 500000000);
+  CHECK(t[2].end_time_unix_nanos() == 946684799 * kNs + 2000);
+  CHECK(t[3].start_time_unix_nanos() == k20240102T030405 * kNs + 7000);
+  CHECK(t[3].end_time_unix_nanos() == 0);  // unreadable
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
@@ -211,16 +222,16 @@ TEST_CASE("Spans from pool threads and tasks carry their call's id",
   REQUIRE(worker->AwaitTraces(6));
   const auto& t = worker->traces();
   for (int kind : {3, 4}) {
-    const ipc::TraceEntry* sync = FindSpan(t, kind, "sync");
-    const ipc::TraceEntry* async = FindSpan(t, kind, "async");
-    const ipc::TraceEntry* child = FindSpan(t, kind, "async-child");
+    const TraceEvent* sync = FindSpan(t, kind, "sync");
+    const TraceEvent* async = FindSpan(t, kind, "async");
+    const TraceEvent* child = FindSpan(t, kind, "async-child");
     REQUIRE(sync != nullptr);
     REQUIRE(async != nullptr);
     REQUIRE(child != nullptr);
-    CHECK(sync->call_id == "ps");
-    CHECK(async->call_id == "pa");
-    CHECK(child->call_id == "pa");
-    CHECK(child->parent_id == async->span_id);
+    CHECK(sync->call_id() == "ps");
+    CHECK(async->call_id() == "pa");
+    CHECK(child->call_id() == "pa");
+    CHECK(child->agentix_parent_id() == async->agentix_span_id());
   }
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);

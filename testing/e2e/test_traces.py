@@ -8,7 +8,7 @@ import time
 import pytest
 
 import e2e_targets as t
-from agentix import trace
+from agentix import RuntimeClient, trace
 
 pytestmark = pytest.mark.asyncio
 
@@ -124,3 +124,123 @@ async def test_oversized_sandbox_spans_are_bounded_on_the_host(client, recorder)
     assert not recorder.named("long id") and not [s for s in recorder.started if s.name == "long id"]
     assert await client.remote(t.traced_work, "after") == "after"
     await wait_for(lambda: recorder.named("outer"))
+
+
+# The fields a worker does not set: the daemon numbers events, knows which
+# worker sent them and derives the OpenTelemetry byte ids from the agentix
+# ids.
+_DAEMON_FIELDS = {"seq", "worker_id", "trace_id", "span_id", "parent_span_id"}
+_AGENTIX_IDS = {"agentix_trace_id": "trace_" + "0f1e2d3c" * 4,
+                "agentix_span_id": "span_" + "a1b2c3d4" * 3,
+                "agentix_parent_id": "span_" + "5e6f7a8b" * 3}
+
+
+def _scalar(field, salt=0):
+    """A value for scalar `field` (a FieldDescriptor) unlike any default."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    if field.type == F.TYPE_STRING:
+        return f"v-{field.name}-{salt}"
+    if field.type == F.TYPE_BYTES:
+        return f"b-{field.name}-{salt}".encode()
+    if field.type == F.TYPE_ENUM:
+        return field.enum_type.values[-1].number
+    if field.type == F.TYPE_BOOL:
+        return True
+    if field.type in (F.TYPE_DOUBLE, F.TYPE_FLOAT):
+        return field.number + salt + 0.5
+    return 1000 + field.number + salt
+
+
+def _is_choice(message):
+    """A message that is one oneof of scalars (AttributeValue)."""
+    return (len(message.oneofs) == 1
+            and all(f.containing_oneof is not None and f.message_type is None for f in message.fields))
+
+
+def _python_form(field, pb):
+    """(the value send_trace takes for `field`, the value the host must
+    receive), for any field of TraceEvent, following the Python forms in
+    worker/channel/proto_fields.h."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    repeated = field.label == F.LABEL_REPEATED
+    if field.type != F.TYPE_MESSAGE:
+        if repeated:
+            values = [_scalar(field, 1), _scalar(field, 2)]
+            return values, values
+        return _scalar(field), _scalar(field)
+    message = field.message_type
+    cls = getattr(pb, message.name)
+    names = [f.name for f in message.fields]
+    if _is_choice(message):  # a scalar; its type picks the member
+        member = message.fields[0]
+        value = _scalar(member)
+        return value, cls(**{member.name: value})
+    if repeated and names == ["key", "value"]:  # a dict
+        value_field = message.fields_by_name["value"]
+        python, wire = {}, []
+        if value_field.message_type is not None and _is_choice(value_field.message_type):
+            # One entry per member, so every kind of value is covered.
+            value_cls = getattr(pb, value_field.message_type.name)
+            for member in value_field.message_type.fields:
+                key, value = f"k-{member.name}", _scalar(member)
+                python[key] = value
+                wire.append(cls(key=key, value=value_cls(**{member.name: value})))
+        else:
+            value, expected = _python_form(value_field, pb)
+            python["k"] = value
+            wire.append(cls(key="k", value=expected))
+        return python, wire
+    python, wire = {}, {}
+    for sub in message.fields:
+        python[sub.name], wire[sub.name] = _python_form(sub, pb)
+    if repeated:
+        return [python], [cls(**wire)]
+    return python, cls(**wire)
+
+
+async def test_every_trace_event_field_reaches_the_host_from_its_one_definition(daemon):
+    """runtime.proto's TraceEvent is the event's only schema: every field the
+    worker may set, named as there and in its Python form (attributes a dict,
+    events a list of dicts), arrives on the host's Traces stream as sent, and
+    the daemon adds only its own fields (a field added to the message is
+    covered with no change here)."""
+    import grpc
+
+    from agentix.runtime.v1 import runtime_pb2 as pb
+    from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
+
+    fields, expected = {}, {}
+    for field in pb.TraceEvent.DESCRIPTOR.fields:
+        if field.name not in _DAEMON_FIELDS:
+            fields[field.name], expected[field.name] = _python_form(field, pb)
+    for name, value in _AGENTIX_IDS.items():
+        fields[name] = expected[name] = value
+    channel = grpc.aio.insecure_channel(daemon.url)
+    traces = pb_grpc.RuntimeServiceStub(channel).Traces()
+    await traces.write(pb.TracesRequest(subscribe=pb.SubscribeTraces(after_seq=0)))
+    try:
+        # call_id names no live call, so the event goes to every host stream.
+        async with RuntimeClient(daemon.url, logs=False, traces=False) as client:
+            assert await client.remote(t.send_trace_fields, fields)
+
+        async def received():
+            while True:
+                response = await traces.read()
+                assert response is not grpc.aio.EOF, "Traces stream ended"
+                for event in response.events:
+                    if event.name == fields["name"]:
+                        return event
+
+        got = await asyncio.wait_for(received(), 20)
+    finally:
+        traces.cancel()
+        await channel.close()
+    assert got.seq > 0
+    assert len(got.worker_id) == 8
+    want = pb.TraceEvent(seq=got.seq, worker_id=got.worker_id,
+                         trace_id=bytes.fromhex("0f1e2d3c" * 4),
+                         span_id=bytes.fromhex("a1b2c3d4" * 2),
+                         parent_span_id=bytes.fromhex("5e6f7a8b" * 2), **expected)
+    assert got == want

@@ -161,6 +161,26 @@ TEST_CASE("Oversized frame lengths are refused before reading the body",
           std::string::npos);
 }
 
+// Reads frames into the Python list `got` until the assembled arguments
+// (an ArgsFrame) are among them.
+void ReadUntilArgs() {
+  Py("import select\n"
+     "got = []\n"
+     "while not any(f[0] == w.ARGS for f in got):\n"
+     "    select.select([ch.fileno()], [], [], 10)\n"
+     "    got += ch.read_frames()\n");
+}
+
+// `got` holds the call frame without data, then the arguments: `total`
+// bytes, byte i being i % `modulus`. Drops `got`.
+void CheckAssembled(size_t total, int modulus) {
+  REQUIRE(PyEval("got[0][4] is None") == "True");
+  REQUIRE(PyEval("got[1][3]") == std::to_string(total));
+  REQUIRE(PyEval(absl::StrCat("got[1][2] == bytes(i % ", modulus,
+                              " for i in range(", total, "))")) == "True");
+  Py("del got\n");
+}
+
 TEST_CASE("Chunked arguments arrive as one bytes object of total_size",
           "[channel][args]") {
   constexpr size_t kChunk = ipc::kChunkBytes;
@@ -177,22 +197,14 @@ TEST_CASE("Chunked arguments arrive as one bytes object of total_size",
       pair.Send(ChunkFrame("big", args.substr(off, kChunk)));
     }
   });
-  Py("import select\n"
-     "got = []\n"
-     "while not any(f[0] == w.ARGS for f in got):\n"
-     "    select.select([ch.fileno()], [], [], 10)\n"
-     "    got += ch.read_frames()\n");
+  ReadUntilArgs();
   sender.join();
   REQUIRE(PyEval("len(got)") == "2");
   REQUIRE(PyEval("got[0][:4] + got[0][5:]") ==
           absl::StrCat("(1, 'big', 'm::f', 1, ", total, ", b'', 0)"));
-  REQUIRE(PyEval("got[0][4] is None") == "True");
   REQUIRE(PyEval("got[1][:2] == (w.ARGS, 'big')") == "True");
   REQUIRE(PyEval("type(got[1][2]).__name__") == "bytes");
-  REQUIRE(PyEval("got[1][3]") == std::to_string(total));
-  REQUIRE(PyEval(absl::StrCat("got[1][2] == bytes(i % 253 for i in range(",
-                              total, "))")) == "True");
-  Py("del got\n");
+  CheckAssembled(total, 253);
 }
 
 TEST_CASE("Arguments in the payload ring assemble like inline ones",
@@ -218,19 +230,11 @@ TEST_CASE("Arguments in the payload ring assemble like inline ones",
       if (off == 4 * kChunk) absl::SleepFor(absl::Milliseconds(200));
     }
   });
-  Py("import select\n"
-     "got = []\n"
-     "while not any(f[0] == w.ARGS for f in got):\n"
-     "    select.select([ch.fileno()], [], [], 10)\n"
-     "    got += ch.read_frames()\n");
+  ReadUntilArgs();
   sender.join();
   // At least the first pieces, and some after the pause (space released).
   CHECK(in_ring >= 3);
-  REQUIRE(PyEval("got[0][4] is None") == "True");
-  REQUIRE(PyEval("got[1][3]") == std::to_string(total));
-  REQUIRE(PyEval(absl::StrCat("got[1][2] == bytes(i % 241 for i in range(",
-                              total, "))")) == "True");
-  Py("del got\n");
+  CheckAssembled(total, 241);
 }
 
 TEST_CASE("A ring reference outside the ring is a protocol error",

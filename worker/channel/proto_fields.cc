@@ -44,6 +44,7 @@ WireType WireTypeOf(FieldDescriptor::Type type) {
       return kFixed32;
     case FieldDescriptor::TYPE_STRING:
     case FieldDescriptor::TYPE_BYTES:
+    case FieldDescriptor::TYPE_MESSAGE:
       return kLength;
     default:
       return kVarint;
@@ -51,8 +52,8 @@ WireType WireTypeOf(FieldDescriptor::Type type) {
 }
 
 void AppendLength(std::string& out, const std::string& tag, const char* data,
-                  size_t size) {
-  if (size == 0) return;  // proto3 default
+                  size_t size, bool always) {
+  if (size == 0 && !always) return;  // proto3 default
   out.append(tag);
   AppendVarint(out, size);
   out.append(data, size);
@@ -63,41 +64,265 @@ bool OutOfRange(const char* name) {
   return false;
 }
 
+// Puts the varint length of out[start..] in front of it: a nested message's
+// size is known once it is written (mostly a few bytes to move).
+void PrefixLength(std::string& out, size_t start) {
+  std::string length;
+  AppendVarint(length, out.size() - start);
+  out.insert(start, length);
+}
+
+// A message that is one oneof of scalars (AttributeValue): its Python form
+// is the scalar itself.
+bool IsChoice(const google::protobuf::Descriptor* d) {
+  if (d->field_count() == 0 || d->oneof_decl_count() != 1) return false;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    if (f->containing_oneof() == nullptr || f->is_repeated() ||
+        f->type() == FieldDescriptor::TYPE_MESSAGE ||
+        f->type() == FieldDescriptor::TYPE_GROUP) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A {key, value} entry (Attribute, or a proto map's entry): a repeated
+// field of these is a Python dict.
+bool IsEntry(const google::protobuf::Descriptor* d) {
+  return d->field_count() == 2 && d->field(0)->name() == "key" &&
+         d->field(1)->name() == "value" && !d->field(0)->is_repeated() &&
+         d->field(0)->type() != FieldDescriptor::TYPE_MESSAGE &&
+         !d->field(1)->is_repeated();
+}
+
+// Which Python scalar a field holds, for picking a oneof member by type.
+enum Scalar { kBool, kInt, kFloat, kStr, kBytes, kScalarKinds };
+
+int ScalarOf(FieldDescriptor::Type type) {
+  switch (type) {
+    case FieldDescriptor::TYPE_BOOL:
+      return kBool;
+    case FieldDescriptor::TYPE_DOUBLE:
+    case FieldDescriptor::TYPE_FLOAT:
+      return kFloat;
+    case FieldDescriptor::TYPE_STRING:
+      return kStr;
+    case FieldDescriptor::TYPE_BYTES:
+      return kBytes;
+    case FieldDescriptor::TYPE_ENUM:
+    case FieldDescriptor::TYPE_MESSAGE:
+    case FieldDescriptor::TYPE_GROUP:
+      return -1;
+    default:
+      return kInt;
+  }
+}
+
+// Nested message types deeper than this have no Python form (a recursive
+// type would otherwise never end).
+constexpr int kMaxDepth = 8;
+
 }  // namespace
 
 MessageFields::MessageFields(
     const google::protobuf::Descriptor* descriptor,
-    std::initializer_list<std::string_view> receiver_owned) {
+    std::initializer_list<std::string_view> receiver_owned)
+    : MessageFields(descriptor, receiver_owned, 0) {}
+
+MessageFields::MessageFields(
+    const google::protobuf::Descriptor* descriptor,
+    std::initializer_list<std::string_view> receiver_owned, int depth)
+    : descriptor_(descriptor) {
   for (int i = 0; i < descriptor->field_count(); ++i) {
     const FieldDescriptor* field = descriptor->field(i);
-    if (field->is_repeated() ||
-        field->type() == FieldDescriptor::TYPE_MESSAGE ||
-        field->type() == FieldDescriptor::TYPE_GROUP) {
-      continue;  // no Python form defined for these here
-    }
+    if (field->type() == FieldDescriptor::TYPE_GROUP) continue;
     if (std::find(receiver_owned.begin(), receiver_owned.end(),
                   field->name()) != receiver_owned.end()) {
       continue;
     }
     Field f;
     f.field = field;
+    f.presence = field->containing_oneof() != nullptr;
+    if (field->type() == FieldDescriptor::TYPE_MESSAGE) {
+      if (depth >= kMaxDepth) continue;
+      const google::protobuf::Descriptor* type = field->message_type();
+      f.message.reset(new MessageFields(type, {}, depth + 1));
+      if (field->is_repeated()) {
+        f.form = IsEntry(type) ? Form::kMap : Form::kMessages;
+      } else {
+        f.form = IsChoice(type) ? Form::kChoice : Form::kMessage;
+      }
+    } else {
+      f.form = field->is_repeated() ? Form::kScalars : Form::kScalar;
+    }
     AppendVarint(f.tag, (static_cast<uint64_t>(field->number()) << 3) |
                             WireTypeOf(field->type()));
     fields_.push_back(std::move(f));
   }
 }
 
+MessageFields::~MessageFields() = default;
+
 bool MessageFields::Intern() {
   for (Field& f : fields_) {
     f.name = PyUnicode_InternFromString(f.field->name().c_str());
     if (f.name == nullptr) return false;
+    if (f.message != nullptr && !f.message->Intern()) return false;
   }
   interned_ = true;
   return true;
 }
 
+size_t MessageFields::Find(PyObject* key, size_t next) {
+  const size_t n = fields_.size();
+  // Call sites pass interned names in the message's order, so a field is
+  // found by pointer, mostly in one step from the previous one.
+  for (size_t step = 0; step < n; ++step) {
+    const size_t i = (next + step) % n;
+    if (fields_[i].name == key) return i;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const int equal = PyUnicode_Compare(fields_[i].name, key) == 0;
+    if (PyErr_Occurred()) return n;
+    if (equal) return i;
+  }
+  return n;
+}
+
 bool MessageFields::EncodeOne(const Field& f, PyObject* value,
                               std::string& out) {
+  if (f.form == Form::kScalar) return EncodeScalar(f, value, out);
+  if (value == Py_None) return true;  // left out
+  const char* name = f.field->name().c_str();
+  switch (f.form) {
+    case Form::kChoice:
+    case Form::kMessage: {
+      out.append(f.tag);
+      const size_t start = out.size();
+      if (!(f.form == Form::kChoice ? f.message->EncodeChoice(value, out)
+                                    : f.message->EncodeDict(value, out))) {
+        return false;
+      }
+      PrefixLength(out, start);
+      return true;
+    }
+    case Form::kMap: {
+      if (!PyDict_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a dict, not %.100s", name,
+                     Py_TYPE(value)->tp_name);
+        return false;
+      }
+      Py_ssize_t pos = 0;
+      PyObject* key = nullptr;
+      PyObject* item = nullptr;
+      while (PyDict_Next(value, &pos, &key, &item)) {
+        // Held: encoding may run Python code (__index__) that edits the dict.
+        Py_INCREF(key);
+        Py_INCREF(item);
+        out.append(f.tag);
+        const size_t start = out.size();
+        const bool ok = f.message->EncodeEntry(key, item, out);
+        Py_DECREF(key);
+        Py_DECREF(item);
+        if (!ok) return false;
+        PrefixLength(out, start);
+      }
+      return true;
+    }
+    default:  // kScalars, kMessages
+      break;
+  }
+  if (!PyList_Check(value) && !PyTuple_Check(value)) {
+    PyErr_Format(PyExc_TypeError, "%s must be a list or tuple, not %.100s",
+                 name, Py_TYPE(value)->tp_name);
+    return false;
+  }
+  // Sizes re-read each step, items held: a list may change meanwhile.
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(value); ++i) {
+    PyObject* item = PySequence_Fast_GET_ITEM(value, i);
+    Py_INCREF(item);
+    bool ok = true;
+    if (f.form == Form::kScalars) {
+      ok = EncodeScalar(f, item, out, /*always=*/true);
+    } else {
+      out.append(f.tag);
+      const size_t start = out.size();
+      ok = f.message->EncodeDict(item, out);
+      if (ok) PrefixLength(out, start);
+    }
+    Py_DECREF(item);
+    if (!ok) return false;
+  }
+  return true;
+}
+
+bool MessageFields::EncodeDict(PyObject* dict, std::string& out) {
+  if (!PyDict_Check(dict)) {
+    PyErr_Format(PyExc_TypeError, "a %s must be a dict, not %.100s",
+                 descriptor_->full_name().c_str(), Py_TYPE(dict)->tp_name);
+    return false;
+  }
+  Py_ssize_t pos = 0;
+  PyObject* key = nullptr;
+  PyObject* value = nullptr;
+  size_t next = 0;
+  while (PyDict_Next(dict, &pos, &key, &value)) {
+    if (!PyUnicode_Check(key)) {
+      PyErr_Format(PyExc_TypeError, "a %s's keys must be field names (str)",
+                   descriptor_->full_name().c_str());
+      return false;
+    }
+    Py_INCREF(key);
+    Py_INCREF(value);
+    const size_t found = Find(key, next);
+    bool ok = found < fields_.size();
+    if (ok) {
+      next = found + 1;
+      ok = EncodeOne(fields_[found], value, out);
+    } else if (!PyErr_Occurred()) {
+      PyErr_Format(PyExc_TypeError, "%s has no field '%U'",
+                   descriptor_->full_name().c_str(), key);
+    }
+    Py_DECREF(key);
+    Py_DECREF(value);
+    if (!ok) return false;
+  }
+  return true;
+}
+
+bool MessageFields::EncodeChoice(PyObject* value, std::string& out) {
+  int kind = -1;
+  if (PyBool_Check(value)) {
+    kind = kBool;
+  } else if (PyLong_Check(value)) {
+    kind = kInt;
+  } else if (PyFloat_Check(value)) {
+    kind = kFloat;
+  } else if (PyUnicode_Check(value)) {
+    kind = kStr;
+  } else if (PyObject_CheckBuffer(value)) {
+    kind = kBytes;
+  }
+  // The first member that holds this kind of scalar.
+  for (const Field& f : fields_) {
+    if (kind >= 0 && ScalarOf(f.field->type()) == kind) {
+      return EncodeScalar(f, value, out, /*always=*/true);
+    }
+  }
+  PyErr_Format(PyExc_TypeError, "a %s cannot hold a %.100s",
+               descriptor_->full_name().c_str(), Py_TYPE(value)->tp_name);
+  return false;
+}
+
+bool MessageFields::EncodeEntry(PyObject* key, PyObject* value,
+                                std::string& out) {
+  return EncodeOne(fields_[0], key, out) && EncodeOne(fields_[1], value, out);
+}
+
+bool MessageFields::EncodeScalar(const Field& f, PyObject* value,
+                                 std::string& out, bool always) {
+  always = always || f.presence;
   const FieldDescriptor* field = f.field;
   const char* name = field->name().c_str();
   long long number = 0;
@@ -107,14 +332,14 @@ bool MessageFields::EncodeOne(const Field& f, PyObject* value,
         Py_ssize_t size = 0;
         const char* data = PyUnicode_AsUTF8AndSize(value, &size);
         if (data != nullptr) {
-          AppendLength(out, f.tag, data, static_cast<size_t>(size));
+          AppendLength(out, f.tag, data, static_cast<size_t>(size), always);
           return true;
         }
         if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return false;
         PyErr_Clear();  // lone surrogates: escaped below
       }
       if (!ToUtf8(value, name, "backslashreplace", scratch_)) return false;
-      AppendLength(out, f.tag, scratch_.data(), scratch_.size());
+      AppendLength(out, f.tag, scratch_.data(), scratch_.size(), always);
       return true;
     }
     case FieldDescriptor::TYPE_BYTES: {
@@ -124,7 +349,7 @@ bool MessageFields::EncodeOne(const Field& f, PyObject* value,
         return false;
       }
       AppendLength(out, f.tag, static_cast<const char*>(view.buf),
-                   static_cast<size_t>(view.len));
+                   static_cast<size_t>(view.len), always);
       PyBuffer_Release(&view);
       return true;
     }
@@ -134,16 +359,16 @@ bool MessageFields::EncodeOne(const Field& f, PyObject* value,
                      Py_TYPE(value)->tp_name);
         return false;
       }
-      if (value == Py_True) {
+      if (value == Py_True || always) {
         out.append(f.tag);
-        out.push_back(1);
+        out.push_back(value == Py_True ? 1 : 0);
       }
       return true;
     case FieldDescriptor::TYPE_DOUBLE:
     case FieldDescriptor::TYPE_FLOAT: {
       const double d = PyFloat_AsDouble(value);
       if (d == -1.0 && PyErr_Occurred()) return false;
-      if (d == 0.0 && !std::signbit(d)) return true;  // proto3 default
+      if (d == 0.0 && !std::signbit(d) && !always) return true;  // default
       out.append(f.tag);
       if (field->type() == FieldDescriptor::TYPE_DOUBLE) {
         AppendFixed(out, &d, sizeof d);
@@ -198,7 +423,7 @@ bool MessageFields::EncodeOne(const Field& f, PyObject* value,
       bits = static_cast<uint64_t>(number);
       break;
   }
-  if (bits == 0) return true;  // proto3 default
+  if (bits == 0 && !always) return true;  // proto3 default
   out.append(f.tag);
   switch (WireTypeOf(field->type())) {
     case kFixed32: {
@@ -224,27 +449,17 @@ bool MessageFields::Encode(const char* function, PyObject* const* args,
     return false;
   }
   if (!interned_ && !Intern()) return false;
-  const size_t n = fields_.size();
   const Py_ssize_t count = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
-  // Call sites pass interned names in the message's order, so a field is
-  // found by pointer, mostly in one step from the previous one.
   size_t next = 0;
   for (Py_ssize_t k = 0; k < count; ++k) {
     PyObject* key = PyTuple_GET_ITEM(kwnames, k);
-    size_t found = n;
-    for (size_t step = 0; step < n && found == n; ++step) {
-      const size_t i = (next + step) % n;
-      if (fields_[i].name == key) found = i;
-    }
-    for (size_t i = 0; i < n && found == n; ++i) {
-      const int equal = PyUnicode_Compare(fields_[i].name, key) == 0;
-      if (PyErr_Occurred()) return false;
-      if (equal) found = i;
-    }
-    if (found == n) {
-      PyErr_Format(PyExc_TypeError,
-                   "%s() got an unexpected keyword argument '%U'", function,
-                   key);
+    const size_t found = Find(key, next);
+    if (found == fields_.size()) {
+      if (!PyErr_Occurred()) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s() got an unexpected keyword argument '%U'", function,
+                     key);
+      }
       return false;
     }
     next = found + 1;

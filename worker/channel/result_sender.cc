@@ -16,6 +16,17 @@
 namespace agentix::worker {
 namespace {
 
+// The end of a call-path send: a failed write is the channel's error, and
+// `out` is flushed once it holds kFlushThreshold bytes.
+PyObject* Sent(PyObject* self, ChannelState& st, const absl::Status& status) {
+  if (!status.ok()) {
+    SetError(StateOfChannel(self)->channel_error, status);
+    return nullptr;
+  }
+  if (st.out.size() >= kFlushThreshold && !Flush(self)) return nullptr;
+  Py_RETURN_NONE;
+}
+
 // Sends encoded frames given as pieces (headers, slices of the caller's
 // payload, trailers). Small ones are copied into st.out like any frame; from
 // kFlushThreshold on, the pieces are written where they are, with writev,
@@ -244,12 +255,7 @@ PyObject* ChannelSendResult(PyObject* self, PyObject* const* args,
       if (status.ok()) status = SendPieces(st, pieces);
     }
   }
-  if (!status.ok()) {
-    SetError(StateOfChannel(self)->channel_error, status);
-    return nullptr;
-  }
-  if (st.out.size() >= kFlushThreshold && !Flush(self)) return nullptr;
-  Py_RETURN_NONE;
+  return Sent(self, st, status);
 }
 
 PyObject* ChannelSendItem(PyObject* self, PyObject* const* args,
@@ -297,12 +303,7 @@ PyObject* ChannelSendItem(PyObject* self, PyObject* const* args,
   }
   status = SendPieces(st, {head, std::string_view(data, size), tail});
   PyBuffer_Release(&view);
-  if (!status.ok()) {
-    SetError(StateOfChannel(self)->channel_error, status);
-    return nullptr;
-  }
-  if (st.out.size() >= kFlushThreshold && !Flush(self)) return nullptr;
-  Py_RETURN_NONE;
+  return Sent(self, st, status);
 }
 
 PyObject* ChannelSendError(PyObject* self, PyObject* const* args,

@@ -15,10 +15,11 @@ namespace agentix::worker {
 // proto3's default (0, "", LOG_ORIGIN_UNSPECIFIED).
 PyObject* ChannelSendLog(PyObject* self, PyObject* const* args,
                          Py_ssize_t nargs, PyObject* kwnames);
-// send_trace(*, kind, trace_id, span_id, parent_id, name,
-// start_time_unix_nanos, end_time_unix_nanos, attributes, events, status,
-// status_description, error_message, error_data, call_id): one `trace`
-// frame, keyword arguments only; kind 1..4 and status 0..2, else ValueError.
+// send_trace(**fields): one `trace` frame carrying an
+// agentix.runtime.v1.TraceEvent filled by field name the same way, less the
+// daemon's seq, worker_id and OpenTelemetry byte ids (trace_id, span_id,
+// parent_span_id: derived from agentix_*_id). attributes / error_data are
+// {str: scalar} dicts, events a list of SpanEventRecord dicts.
 PyObject* ChannelSendTrace(PyObject* self, PyObject* const* args,
                            Py_ssize_t nargs, PyObject* kwnames);
 // send_ns_event(namespace, event, data, request_id, error_type,

@@ -19,6 +19,7 @@ namespace agentix::worker {
 namespace {
 
 using runtime::v1::LogRecord;
+using runtime::v1::TraceEvent;
 
 // The record a `log` frame carries; fails the test if it does not parse.
 LogRecord RecordOf(const ipc::Frame& frame) {
@@ -26,6 +27,14 @@ LogRecord RecordOf(const ipc::Frame& frame) {
   LogRecord record;
   REQUIRE(record.ParseFromString(frame.record));
   return record;
+}
+
+// The event a `trace` frame carries; fails the test if it does not parse.
+TraceEvent EventOf(const ipc::Frame& frame) {
+  REQUIRE(frame.type == ipc::FrameType::kTrace);
+  TraceEvent event;
+  REQUIRE(event.ParseFromString(frame.record));
+  return event;
 }
 
 TEST_CASE("Namespace events go out without a flush, after earlier records",
@@ -88,8 +97,9 @@ TEST_CASE(
       "            ch.send_log(logger='lg', message=f'{t} {i}', "
       "call_id='c')\n"
       "        else:\n"
-      "            ch.send_trace(kind=3, trace_id=f'{t} {i}', "
-      "span_id='span_1', name='s', start_time_unix_nanos=1, call_id='c')\n"
+      "            ch.send_trace(kind=3, agentix_trace_id=f'{t} {i}', "
+      "agentix_span_id='span_1', name='s', start_time_unix_nanos=1, "
+      "attributes={'k': i}, call_id='c')\n"
       "threads = [threading.Thread(target=produce, args=(t,)) for t in range(",
       kThreads,
       ")]\n"
@@ -101,7 +111,7 @@ TEST_CASE(
   for (const ipc::Frame& frame : frames) {
     const std::string text = frame.type == ipc::FrameType::kLog
                                  ? RecordOf(frame).message()
-                                 : frame.trace.trace_id;
+                                 : EventOf(frame).agentix_trace_id();
     const int t = text[0] - '0';
     REQUIRE(t >= 0);
     REQUIRE(t < kThreads);
@@ -121,11 +131,12 @@ TEST_CASE("Log records and trace events cross the edge by field name",
      "function='fn', line=7, file='f.py', time_unix_nanos=5_000_000_000_123, "
      "message='msg', level_name='WARNING', level=30, logger='lg')\n"
      "ch.send_log(message='bare')\n"
-     "ch.send_trace(kind=3, trace_id='t', span_id='s', parent_id='p', "
-     "name='n', start_time_unix_nanos=1, end_time_unix_nanos=2, "
-     "attributes=b'\\x80', events=b'\\x90', status=2, "
-     "status_description='d', error_message='e', error_data=b'\\x81', "
-     "call_id='c')\n");
+     "ch.send_trace(kind=3, agentix_trace_id='t', agentix_span_id='s', "
+     "agentix_parent_id='p', name='n', start_time_unix_nanos=1, "
+     "end_time_unix_nanos=2, attributes={'a': 'x', 'n': 3}, "
+     "events=[{'name': 'ev', 'time_unix_nanos': 9, 'attributes': {'f': 0.5}},"
+     " {}], status=2, status_description='d', error_message='e', "
+     "error_data={'code': b'\\x81'}, call_id='c')\n");
   auto frames = collector.Wait(3, absl::Seconds(5));
   REQUIRE(frames.size() == 3);
   const LogRecord log = RecordOf(frames[0]);
@@ -154,21 +165,32 @@ TEST_CASE("Log records and trace events cross the edge by field name",
   CHECK(bare.origin() == runtime::v1::LOG_ORIGIN_UNSPECIFIED);
   CHECK(bare.logger().empty());
   CHECK(bare.extras().empty());
-  const ipc::TraceEntry& t = frames[2].trace;
-  CHECK(t.kind == 3);
-  CHECK(t.trace_id == "t");
-  CHECK(t.span_id == "s");
-  CHECK(t.parent_id == "p");
-  CHECK(t.name == "n");
-  CHECK(t.start_time_unix_nanos == 1);
-  CHECK(t.end_time_unix_nanos == 2);
-  CHECK(t.attributes == "\x80");
-  CHECK(t.events == "\x90");
-  CHECK(t.status == 2);
-  CHECK(t.status_description == "d");
-  CHECK(t.error_message == "e");
-  CHECK(t.error_data == "\x81");
-  CHECK(t.call_id == "c");
+  const TraceEvent t = EventOf(frames[2]);
+  CHECK(t.kind() == runtime::v1::TRACE_EVENT_KIND_SPAN_START);
+  CHECK(t.agentix_trace_id() == "t");
+  CHECK(t.agentix_span_id() == "s");
+  CHECK(t.agentix_parent_id() == "p");
+  CHECK(t.name() == "n");
+  CHECK(t.start_time_unix_nanos() == 1);
+  CHECK(t.end_time_unix_nanos() == 2);
+  REQUIRE(t.attributes_size() == 2);
+  CHECK(t.attributes(0).key() == "a");
+  CHECK(t.attributes(0).value().string_value() == "x");
+  CHECK(t.attributes(1).key() == "n");
+  CHECK(t.attributes(1).value().int_value() == 3);
+  REQUIRE(t.events_size() == 2);
+  CHECK(t.events(0).name() == "ev");
+  CHECK(t.events(0).time_unix_nanos() == 9);
+  REQUIRE(t.events(0).attributes_size() == 1);
+  CHECK(t.events(0).attributes(0).value().double_value() == 0.5);
+  CHECK(t.events(1).name().empty());  // an empty dict: an event all default
+  CHECK(t.status() == runtime::v1::SPAN_STATUS_CODE_ERROR);
+  CHECK(t.status_description() == "d");
+  CHECK(t.error_message() == "e");
+  REQUIRE(t.error_data_size() == 1);
+  CHECK(t.error_data(0).value().bytes_value() == "\x81");
+  CHECK(t.call_id() == "c");
+  CHECK(t.seq() == 0);
 
   // Positional arguments, unknown names and wrong types are refused and
   // send nothing.
@@ -188,10 +210,36 @@ TEST_CASE("Log records and trace events cross the edge by field name",
         "send_log() got an unexpected keyword argument 'seq'");
   CHECK(Raised("ch.send_log(worker_id='w')", "TypeError") ==
         "send_log() got an unexpected keyword argument 'worker_id'");
-  CHECK(Raised("ch.send_trace(trace_id='t')", "ValueError") ==
-        "kind must be 1..4 (TraceEventKind)");
-  CHECK(Raised("ch.send_trace(kind=1, status=3)", "ValueError") ==
-        "status must be 0..2 (SpanStatusCode)");
+  // The daemon derives the OpenTelemetry ids from the agentix ones.
+  for (const char* daemon_owned :
+       {"seq", "trace_id", "span_id", "parent_span_id", "worker_id"}) {
+    CHECK(Raised(absl::StrCat("ch.send_trace(", daemon_owned, "=1)"),
+                 "TypeError") ==
+          absl::StrCat("send_trace() got an unexpected keyword argument '",
+                       daemon_owned, "'"));
+  }
+  CHECK(Raised("ch.send_trace(kind=9)", "ValueError") ==
+        "kind must be a value of agentix.runtime.v1.TraceEventKind");
+  CHECK(Raised("ch.send_trace(status=3)", "ValueError") ==
+        "status must be a value of agentix.runtime.v1.SpanStatusCode");
+  // Message fields take their Python forms only.
+  CHECK(Raised("ch.send_trace(attributes=[('k', 1)])", "TypeError") ==
+        "attributes must be a dict, not list");
+  CHECK(Raised("ch.send_trace(attributes={'k': object()})", "TypeError") ==
+        "a agentix.runtime.v1.AttributeValue cannot hold a object");
+  CHECK(Raised("ch.send_trace(attributes={'k': 1 << 64})",
+               "OverflowError") != kNoError);
+  CHECK(Raised("ch.send_trace(attributes={1: 'v'})", "TypeError") !=
+        kNoError);
+  CHECK(Raised("ch.send_trace(events={'name': 'x'})", "TypeError") ==
+        "events must be a list or tuple, not dict");
+  CHECK(Raised("ch.send_trace(events=['x'])", "TypeError") ==
+        "a agentix.runtime.v1.SpanEventRecord must be a dict, not str");
+  CHECK(Raised("ch.send_trace(events=[{'nme': 'x'}])", "TypeError") ==
+        "agentix.runtime.v1.SpanEventRecord has no field 'nme'");
+  CHECK(Raised("ch.send_trace(events=[{1: 'x'}])", "TypeError") ==
+        "a agentix.runtime.v1.SpanEventRecord's keys must be field names "
+        "(str)");
   Py("ch.send_log(message='last')\n");
   frames = collector.Wait(4, absl::Seconds(5));
   REQUIRE(frames.size() == 4);
@@ -221,6 +269,58 @@ TEST_CASE("send_log's bytes are the LogRecord protobuf itself parses",
   want.set_message(log.message());
   want.set_extras(log.extras());
   CHECK(log.SerializeAsString() == want.SerializeAsString());
+}
+
+TEST_CASE("send_trace's bytes are the TraceEvent protobuf itself parses",
+          "[channel]") {
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  // Each attribute kind, at its zero too: a oneof member is written even
+  // when default (else the host could not tell 0 from "no value"). Keywords
+  // in field order, so the bytes equal the generated serializer's.
+  Py("ch.send_trace(kind=4, agentix_trace_id='trace_\u00e9', name='s', "
+     "start_time_unix_nanos=-1, attributes={'s': '', 'b': False, 'i': 0, "
+     "'f': 0.0, 'y': b'', 'n': -2, 'u': 'h\u00e9', 't': True, 'g': -1.5, "
+     "'x': bytearray(b'\\x00\\xff')}, events=[{'name': 'e', "
+     "'time_unix_nanos': 3, 'attributes': {'k': 1}}], status=1, "
+     "call_id='c')\n");
+  auto frames = collector.Wait(1, absl::Seconds(5));
+  REQUIRE(frames.size() == 1);
+  TraceEvent want;
+  want.set_kind(runtime::v1::TRACE_EVENT_KIND_SPAN_END);
+  want.set_agentix_trace_id("trace_\xc3\xa9");
+  want.set_name("s");
+  want.set_start_time_unix_nanos(-1);
+  auto add = [&want](const char* key) {
+    runtime::v1::Attribute* a = want.add_attributes();
+    a->set_key(key);
+    return a->mutable_value();
+  };
+  add("s")->set_string_value("");
+  add("b")->set_bool_value(false);
+  add("i")->set_int_value(0);
+  add("f")->set_double_value(0.0);
+  add("y")->set_bytes_value("");
+  add("n")->set_int_value(-2);
+  add("u")->set_string_value("h\xc3\xa9");
+  add("t")->set_bool_value(true);
+  add("g")->set_double_value(-1.5);
+  add("x")->set_bytes_value(std::string("\x00\xff", 2));
+  runtime::v1::SpanEventRecord* event = want.add_events();
+  event->set_name("e");
+  event->set_time_unix_nanos(3);
+  runtime::v1::Attribute* k = event->add_attributes();
+  k->set_key("k");
+  k->mutable_value()->set_int_value(1);
+  want.set_status(runtime::v1::SPAN_STATUS_CODE_OK);
+  want.set_call_id("c");
+  const TraceEvent got = EventOf(frames[0]);
+  CHECK(got.attributes(1).value().has_bool_value());
+  CHECK(got.attributes(2).value().has_int_value());
+  CHECK(got.attributes(3).value().has_double_value());
+  CHECK(got.attributes(4).value().has_bytes_value());
+  CHECK(got.DebugString() == want.DebugString());
+  CHECK(frames[0].record == want.SerializeAsString());
 }
 
 }  // namespace

@@ -1,10 +1,13 @@
-"""agentix.trace events as trace frames."""
+"""agentix.trace events as trace frames.
+
+Each event is an agentix.runtime.v1.TraceEvent, written by `send_trace`
+from its keyword arguments (named as runtime.proto's fields; see
+worker/channel/proto_fields.h for each field's Python form)."""
 
 import os
 import sys
 import threading
 
-import _agentix_worker as _w
 
 from .common import _DEBUG, _WARNING, _call_id, _log, _text
 
@@ -23,7 +26,7 @@ def _attribute(value):
     if value is None:
         return None
     # Subclasses (enums, str/int wrappers) become their plain base value:
-    # msgpack carries only the base types, and repr() would hide the value.
+    # AttributeValue holds only the base types, and repr() would hide it.
     if isinstance(value, bool):
         return bool(value)
     if isinstance(value, str):
@@ -62,11 +65,11 @@ def _attribute_map(mapping):
 
 
 def _attributes(mapping):
-    """The msgpack map of `mapping`'s attributes, or None if it has none."""
+    """`mapping`'s attributes as a {str: scalar} dict (repeated Attribute),
+    or None if it has none."""
     if not mapping:
         return None
-    out = _attribute_map(mapping)
-    return _w.msgpack_dumps(out) if out else None
+    return _attribute_map(mapping) or None
 
 
 def _str(value):
@@ -126,15 +129,13 @@ def _unix_nanos(stamp):
 
 
 def _events(events):
-    """msgpack [[name, time_unix_nanos, {attributes}], ...], or None."""
+    """A span's events as SpanEventRecord dicts, or None."""
     if not events:
         return None
-    out = []
-    for event in list(events):
-        out.append([_text(getattr(event, "name", "")),
-                    _unix_nanos(getattr(event, "timestamp", None)),
-                    _attribute_map(getattr(event, "attributes", None))])
-    return _w.msgpack_dumps(out)
+    return [{"name": _text(getattr(event, "name", "")),
+             "time_unix_nanos": _unix_nanos(getattr(event, "timestamp", None)),
+             "attributes": _attribute_map(getattr(event, "attributes", None))}
+            for event in list(events)]
 
 
 def _trace_forwarder_class(base):
@@ -190,9 +191,10 @@ def _trace_forwarder_class(base):
                         error_data = _attributes(getattr(error, "data", None))
                 parent_id = item.parent_id
                 self._channel.send_trace(
-                    kind=kind, trace_id=_str(item.trace_id),
-                    span_id=_str(item.span_id),
-                    parent_id="" if parent_id is None else _str(parent_id),
+                    kind=kind, agentix_trace_id=_str(item.trace_id),
+                    agentix_span_id=_str(item.span_id),
+                    agentix_parent_id=("" if parent_id is None
+                                       else _str(parent_id)),
                     name=_str(item.name),
                     start_time_unix_nanos=_unix_nanos(item.started_at),
                     end_time_unix_nanos=end_ns,
@@ -202,14 +204,14 @@ def _trace_forwarder_class(base):
                     call_id=_call_id.get())
             elif kind == _TRACE_START:
                 self._channel.send_trace(
-                    kind=kind, trace_id=_str(item.trace_id),
+                    kind=kind, agentix_trace_id=_str(item.trace_id),
                     name=_str(item.name),
                     start_time_unix_nanos=_unix_nanos(item.started_at),
                     attributes=_attributes(item.metadata),
                     call_id=_call_id.get())
             else:
                 self._channel.send_trace(
-                    kind=kind, trace_id=_str(item.trace_id),
+                    kind=kind, agentix_trace_id=_str(item.trace_id),
                     end_time_unix_nanos=_unix_nanos(item.ended_at),
                     call_id=_call_id.get())
 

@@ -107,25 +107,6 @@ void PackError(Packer& p, const ErrorInfo& e) {
   if (!e.state.empty()) PackBin(p, "state", e.state);
 }
 
-void PackTrace(Packer& p, const TraceEntry& t) {
-  PackKey(p, "trace");
-  p.pack_map(14);
-  PackInt(p, "kind", t.kind);
-  PackStr(p, "trace_id", t.trace_id);
-  PackStr(p, "span_id", t.span_id);
-  PackStr(p, "parent_id", t.parent_id);
-  PackStr(p, "name", t.name);
-  PackInt(p, "start_time_unix_nanos", t.start_time_unix_nanos);
-  PackInt(p, "end_time_unix_nanos", t.end_time_unix_nanos);
-  PackBin(p, "attributes", t.attributes);
-  PackBin(p, "events", t.events);
-  PackInt(p, "status", t.status);
-  PackStr(p, "status_description", t.status_description);
-  PackStr(p, "error_message", t.error_message);
-  PackBin(p, "error_data", t.error_data);
-  PackStr(p, "call_id", t.call_id);
-}
-
 absl::Status InvalidField(std::string_view key, std::string_view want) {
   return absl::InvalidArgumentError(
       absl::StrCat("frame field '", std::string(key), "' is not ",
@@ -177,31 +158,6 @@ absl::Status ReadView(const msgpack::object& o, std::string_view key,
 std::string_view KeyOf(const msgpack::object_kv& kv) {
   if (kv.key.type != msgpack::type::STR) return {};
   return std::string_view(kv.key.via.str.ptr, kv.key.via.str.size);
-}
-
-absl::Status ReadTrace(const msgpack::object& o, TraceEntry& t) {
-  if (o.type != msgpack::type::MAP) return InvalidField("trace", "a map");
-  for (uint32_t i = 0; i < o.via.map.size; ++i) {
-    const auto& kv = o.via.map.ptr[i];
-    std::string_view key = KeyOf(kv);
-    absl::Status s;
-    if (key == "kind") s = ReadInt(kv.val, key, t.kind);
-    else if (key == "trace_id") s = ReadBytes(kv.val, key, t.trace_id);
-    else if (key == "span_id") s = ReadBytes(kv.val, key, t.span_id);
-    else if (key == "parent_id") s = ReadBytes(kv.val, key, t.parent_id);
-    else if (key == "name") s = ReadBytes(kv.val, key, t.name);
-    else if (key == "start_time_unix_nanos") s = ReadInt(kv.val, key, t.start_time_unix_nanos);
-    else if (key == "end_time_unix_nanos") s = ReadInt(kv.val, key, t.end_time_unix_nanos);
-    else if (key == "attributes") s = ReadBytes(kv.val, key, t.attributes);
-    else if (key == "events") s = ReadBytes(kv.val, key, t.events);
-    else if (key == "status") s = ReadInt(kv.val, key, t.status);
-    else if (key == "status_description") s = ReadBytes(kv.val, key, t.status_description);
-    else if (key == "error_message") s = ReadBytes(kv.val, key, t.error_message);
-    else if (key == "error_data") s = ReadBytes(kv.val, key, t.error_data);
-    else if (key == "call_id") s = ReadBytes(kv.val, key, t.call_id);
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
 }
 
 absl::Status ReadNamespace(const msgpack::object& o, NamespaceEntry& n) {
@@ -431,14 +387,10 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       PackInt(p, "index", f.index);
       break;
     case FrameType::kLog:
-      p.pack_map(2);
-      PackStr(p, "t", "log");
-      PackBin(p, "record", f.record);
-      break;
     case FrameType::kTrace:
       p.pack_map(2);
-      PackStr(p, "t", "trace");
-      PackTrace(p, f.trace);
+      PackStr(p, "t", FrameTypeName(f.type));
+      PackBin(p, "record", f.record);
       break;
     case FrameType::kNamespaceEvent:
       p.pack_map(3);
@@ -573,8 +525,6 @@ absl::StatusOr<Frame> DecodeBody(std::string_view body,
       s = ReadInt(kv.val, key, f.index);
     } else if (key == "record") {
       s = ReadBytes(kv.val, key, f.record);
-    } else if (key == "trace") {
-      s = ReadTrace(kv.val, f.trace);
     } else if (key == "ns") {
       s = ReadNamespace(kv.val, f.ns);
     } else if (key == "ring_pos") {

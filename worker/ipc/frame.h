@@ -48,7 +48,7 @@ enum class FrameType {
   kEnvSet,       // detail: empty once kSetEnv's entries are applied, else why
                  // they could not be
   kLog,          // record: one serialized agentix.runtime.v1.LogRecord
-  kTrace,        // trace (one trace/span lifecycle event; see TraceEntry)
+  kTrace,        // record: one serialized agentix.runtime.v1.TraceEvent
 };
 
 // "call", "arg_chunk", ... as used in the "t" key.
@@ -77,26 +77,6 @@ struct ErrorInfo {
 // RemoteCallError.
 inline constexpr size_t kMaxExceptionStateBytes = 64 * 1024;
 
-// One trace or span lifecycle event from the worker's agentix.trace
-// forwarding processor (agentix.runtime.v1.TraceEvent before the daemon adds
-// seq, worker id and the OpenTelemetry byte ids).
-struct TraceEntry {
-  int kind = 0;            // agentix.runtime.v1.TraceEventKind
-  std::string trace_id;    // "trace_<32 hex>"
-  std::string span_id;     // "span_<24 hex>", empty for trace events
-  std::string parent_id;   // empty for root spans
-  std::string name;
-  int64_t start_time_unix_nanos = 0;
-  int64_t end_time_unix_nanos = 0;
-  std::string attributes;  // msgpack map: str -> str/bool/int/float/bin
-  std::string events;      // msgpack array of [name, time_unix_nanos, map]
-  int status = 0;          // agentix.runtime.v1.SpanStatusCode
-  std::string status_description;
-  std::string error_message;
-  std::string error_data;  // msgpack map, as `attributes`
-  std::string call_id;
-};
-
 // One plugin-namespace event (agentix.runtime.v1.NamespaceEvent plus its
 // namespace); the payload travels in Frame::data.
 struct NamespaceEntry {
@@ -123,11 +103,10 @@ struct Frame {
   std::string detail;
   uint32_t stream_window = 0;  // kCall: non-zero for a streaming call
   uint64_t index = 0;          // kStreamItem, kStreamAck
-  // kLog: the serialized agentix.runtime.v1.LogRecord (runtime.proto is the
-  // record's one schema; this library only carries its bytes, and the
-  // daemon sets seq and worker_id).
+  // kLog, kTrace: the serialized agentix.runtime.v1.LogRecord or TraceEvent
+  // (runtime.proto is each record's one schema; this library only carries
+  // its bytes, and the daemon sets the fields it owns: seq, worker_id, ...).
   std::string record;
-  TraceEntry trace;            // kTrace
   NamespaceEntry ns;           // kNamespaceEvent
   // kCall, kArgChunk, kResultChunk, kResult: the payload lies in the
   // sender's payload ring (payload_area.h) at ring_pos, ring_size bytes,
