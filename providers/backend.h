@@ -146,6 +146,18 @@ class Backend {
     return absl::OkStatus();
   }
 
+  // Records on the backend's side that the sandbox `ref` now expires at
+  // `expire` (ExtendSandbox; Kubernetes: one PATCH of the Pod's
+  // agentix.dev/expire-time annotation). Called by the controller outside
+  // its lock, after the record changed; the record stays the authority, so
+  // a failure is logged, not returned to the client. Backends that keep no
+  // expiry of their own keep the default.
+  virtual absl::Status Extend(const BackendRef& ref, absl::Time expire) {
+    (void)ref;
+    (void)expire;
+    return absl::OkStatus();
+  }
+
   // Stops the backend's threads; no EventSink call after it returns.
   virtual void Shutdown() {}
 

@@ -11,10 +11,12 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/notification.h"
 #include "auth/server_auth.h"
 #include "base/unique_fd.h"
 #include "providers/backend.h"
@@ -133,7 +135,13 @@ class Providerd {
   std::unique_ptr<ProviderServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsHttpServer> metrics_;
+  // Keeps grpc++'s callback threads awake while idle (KeepCallbackThreadsAwake).
+  absl::Notification stop_ticks_;
+  std::thread ticker_;
   bool stopped_ = false;
+
+  void KeepCallbackThreadsAwake(std::shared_ptr<grpc::Channel> self,
+                                std::string token);
 };
 
 }  // namespace agentix::providers

@@ -177,6 +177,10 @@ class ControllerImpl final : public SandboxController, public EventSink {
     pb::Exit stop_exit;
     std::optional<Observed> exited;  // backend event while starting
     bool waiting_for_member = false;
+    // Backend::Extend in flight for it / the expiry changed again meanwhile
+    // (one writer per sandbox, so the backend ends with the latest expiry).
+    bool extend_running = false;
+    bool extend_again = false;
     std::optional<std::multimap<absl::Time, Task>::iterator> expire_task;
     bool wait_ready = true;
     google::protobuf::Map<std::string, std::string> env;  // not in records
@@ -254,6 +258,8 @@ class ControllerImpl final : public SandboxController, public EventSink {
   absl::StatusOr<CreateResult> CreateOutcome(const Entry& e, bool replayed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Submit(std::function<void()> task);        // short blocking calls
+  // Tells the sandbox's backend its new expiry (Backend::Extend).
+  void RunBackendExtend(const std::string& id);
   void SubmitLaunch(std::function<void()> task);  // starts
   void Run(Later& later) {
     for (auto& f : later) f();
@@ -1820,7 +1826,53 @@ absl::StatusOr<pb::Sandbox> ControllerImpl::ExtendSandbox(const pb::ExtendSandbo
   Publish(e, pb::SandboxEvent::MODIFIED);
   JournalSandbox(e);
   ScheduleExpire(e);
+  if (e.extend_running) {
+    e.extend_again = true;
+  } else {
+    e.extend_running = true;
+    std::string id = e.record.id();
+    Submit([this, id] { RunBackendExtend(id); });
+  }
   return e.record;
+}
+
+void ControllerImpl::RunBackendExtend(const std::string& id) {
+  for (;;) {
+    Backend* backend = nullptr;
+    BackendRef ref;
+    absl::Time expire;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = sandboxes_.find(id);
+      if (it == sandboxes_.end()) return;
+      Entry& e = it->second;
+      e.extend_again = false;
+      const Phase phase = e.record.status().phase();
+      auto b = backends_.find(e.backend);
+      // Not launched yet: Launch writes the expiry it reads then. Ending:
+      // nothing to keep alive.
+      if (e.ref.value.empty() || b == backends_.end() ||
+          phase == pb::SandboxStatus::TERMINATING || Terminal(phase)) {
+        e.extend_running = false;
+        return;
+      }
+      backend = b->second.get();
+      ref = e.ref;
+      expire = e.expire;
+    }
+    const absl::Status told = backend->Extend(ref, expire);
+    if (!told.ok()) {
+      fprintf(stderr, "providerd: sandbox %s: backend %s kept its old expiry: %s\n",
+              id.c_str(), std::string(backend->name()).c_str(), told.ToString().c_str());
+    }
+    absl::MutexLock lock(&mu_);
+    auto it = sandboxes_.find(id);
+    if (it == sandboxes_.end()) return;
+    if (!it->second.extend_again) {
+      it->second.extend_running = false;
+      return;
+    }
+  }
 }
 
 void ControllerImpl::DeleteSandbox(const pb::DeleteSandboxRequest& request, DeleteCallback done) {

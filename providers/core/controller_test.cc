@@ -584,6 +584,14 @@ TEST_CASE("Controller: TTL ends a sandbox TTL_EXPIRED within 1 s; Extend moves i
   extend.mutable_ttl()->set_seconds(60);
   REQUIRE_OK_AND_ASSIGN(pb::Sandbox ext, h.controller->ExtendSandbox(extend));
   CHECK(ext.status().expire_time().seconds() > a.sandbox.status().expire_time().seconds() + 50);
+  // The backend is told the new expiry too (Kubernetes: the Pod's annotation).
+  auto told = [&] {
+    absl::MutexLock lock(&h.world->mu);
+    auto it = h.world->sandboxes.find(ext.status().backend_ref());
+    return it != h.world->sandboxes.end() &&
+           absl::ToUnixSeconds(it->second.extended_to) == ext.status().expire_time().seconds();
+  };
+  CHECK(Eventually(told));
   auto w = WaitSync(*h.controller, a.sandbox.id(), pb::SandboxStatus::TERMINATED,
                     absl::Seconds(3));
   REQUIRE(w.reached());

@@ -37,7 +37,10 @@ What it measures (see README.md, "Provider service"):
                         none IMAGE true` through the engine's CLI, same run).
                         Targets: warm <= 10 ms; cold <= bare run + 150 ms. In
                         details: <engine>_warm_acquire_quiet_p50_ms, the same
-                        claim one at a time with no refill in flight.
+                        claim one at a time, 1 s after the pool is full, and
+                        <engine>_warm_acquire_quiet_server_p50_ms, its part in
+                        providerd (the record's create_time -> ready_time)
+  warm_acquire_quiet_*  the local backend's quiet claim, as the engines' (details.ours)
 
 The machine's floor, in the same run (floors.py, floor/; README.md, "The floor
 in every benchmark"):
@@ -436,6 +439,22 @@ async def measure_ours(args, harness, pd, bundle: Path, mark: str) -> dict:
             claimed = await asyncio.gather(*(claim(c16) for _ in range(16)))
             await asyncio.gather(*(ours.delete(c.sandbox.id) for c in claimed))
             await ours.wait_ready("bench", 16)
+        # One claim at a time once the pool is full and has settled (as the
+        # engines' quiet claim): what a user's first claim after a pause costs.
+        quiet, quiet_server = [], []
+        for _ in range(args.quiet_claims):
+            await ours.wait_ready("bench", 16)
+            await asyncio.sleep(ENGINE_QUIET_SETTLE_S)
+            response = await claim(quiet)
+            if response.sandbox.status.launch == pb.SandboxStatus.WARM:
+                status = response.sandbox.status
+                quiet_server.append((harness.ts_seconds(status.ready_time)
+                                     - harness.ts_seconds(status.create_time)) * 1000)
+            await ours.delete(response.sandbox.id)
+        r["warm_acquire_quiet_p50_ms"] = _median(quiet)
+        r["warm_acquire_quiet_server_p50_ms"] = _median(quiet_server)
+        log(f"[ours] warm acquire, one at a time after {ENGINE_QUIET_SETTLE_S} s quiet: p50 "
+            f"{r['warm_acquire_quiet_p50_ms']} ms (in providerd {r['warm_acquire_quiet_server_p50_ms']} ms)")
         r["warm_acquire_c16_p50_ms"] = _median(c16)
         r["warm_acquire_c16_p99_ms"] = _pct(c16, 99)
         r["warm_misses"] = misses
@@ -670,6 +689,8 @@ def _engines_wanted(args) -> list[str]:
     if args.engines is False or (args.engines is None and args.quick and args.only != "engines"):
         return []
     installed = [kind for kind, binary in (("docker", "dockerd"), ("podman", "podman")) if shutil.which(binary)]
+    if args.engine:
+        installed = [kind for kind in installed if kind in args.engine]
     if args.only in ("ours", "baseline") and not args.engines:
         return []
     if args.engines and len(installed) < 2:
@@ -753,8 +774,8 @@ async def measure_engine(args, harness, kind: str, tools: dict, bundle: Path, wo
         # The same claim with nothing else in flight (pool full, its members'
         # workers booted): what the engine path itself costs, without the
         # refills' container creates competing for the cores.
-        quiet = []
-        for _ in range(ENGINE_QUIET_CLAIMS):
+        quiet, quiet_server = [], []
+        for _ in range(args.quiet_claims):
             await ours.wait_ready("engine", 4)
             await asyncio.sleep(ENGINE_QUIET_SETTLE_S)
             claim = spec(warm_pool="engine")
@@ -763,9 +784,14 @@ async def measure_engine(args, harness, kind: str, tools: dict, bundle: Path, wo
             response = await ours.create(claim)
             if response.sandbox.status.launch == pb.SandboxStatus.WARM:
                 quiet.append((time.perf_counter() - t0) * 1000)
+                status = response.sandbox.status
+                quiet_server.append((harness.ts_seconds(status.ready_time)
+                                     - harness.ts_seconds(status.create_time)) * 1000)
             await ours.delete(response.sandbox.id)
         await ours.stub.DeleteWarmPool(pb.DeleteWarmPoolRequest(name="engine"), metadata=ours.md, timeout=120)
         r[f"{kind}_warm_acquire_quiet_p50_ms"] = _median(quiet)
+        # Of it, providerd's own part: the record's create_time -> ready_time.
+        r[f"{kind}_warm_acquire_quiet_server_p50_ms"] = _median(quiet_server)
         r[f"{kind}_run_true_p50_ms"] = _median(bare)
         r[f"{kind}_cold_create_p50_ms"] = _median(cold)
         r[f"{kind}_cold_create_p99_ms"] = _pct(cold, 99)
@@ -775,7 +801,8 @@ async def measure_engine(args, harness, kind: str, tools: dict, bundle: Path, wo
         log(f"[{kind}] bare run --rm true {r[f'{kind}_run_true_p50_ms']} ms; cold create -> READY "
             f"{r[f'{kind}_cold_create_p50_ms']} ms; warm acquire p50 {r[f'{kind}_warm_acquire_p50_ms']} ms, "
             f"p99 {r[f'{kind}_warm_acquire_p99_ms']} ms ({len(warm)} hits, {misses} misses); quiet claim p50 "
-            f"{r[f'{kind}_warm_acquire_quiet_p50_ms']} ms")
+            f"{r[f'{kind}_warm_acquire_quiet_p50_ms']} ms (in providerd "
+            f"{r[f'{kind}_warm_acquire_quiet_server_p50_ms']} ms)")
     finally:
         if ours is not None:
             try:
@@ -949,6 +976,10 @@ def main(argv=None) -> int:
                         help="measure the docker and podman backends (starts dockerd and a podman service; "
                              "default in a full run, off with --quick)")
     parser.add_argument("--no-engines", dest="engines", action="store_false", help="skip the engines")
+    parser.add_argument("--quiet-claims", type=int, default=None,
+                        help="claims after the pool settled, per side and engine (default 10; quick 3)")
+    parser.add_argument("--engine", action="append", choices=("docker", "podman"),
+                        help="measure only this engine (repeatable; default: both)")
     parser.add_argument("--engine-runs", type=int, default=None,
                         help="cold creates and bare runs per engine (default 10; quick 3)")
     parser.add_argument("--engine-warm", type=int, default=None, help="warm claims per engine (default 40; quick 8)")
@@ -962,6 +993,7 @@ def main(argv=None) -> int:
     args.density = args.density or (10 if q else 100)
     args.engine_runs = args.engine_runs or (3 if q else 10)
     args.engine_warm = args.engine_warm or (8 if q else 40)
+    args.quiet_claims = args.quiet_claims or (3 if q else ENGINE_QUIET_CLAIMS)
     args.k8s_claims = args.k8s_claims or (20 if q else 200)
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")

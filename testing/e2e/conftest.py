@@ -188,11 +188,15 @@ def engine_service(request, tmp_path_factory):
     except RuntimeError as error:
         pytest.fail(str(error))
     try:
+        networks = sorted(n["Name"] for n in engine.api("/networks"))
         yield engine
+        # Nothing of ours makes a network (network none or host): none left.
+        assert sorted(n["Name"] for n in engine.api("/networks")) == networks
     finally:
         left = engines.cleanup(engine)
     assert left == [], f"{engine.kind}: containers left behind: {left}"
     assert not engines._mounts_under(engine.root)
+    assert engine.proc.poll() is not None, f"{engine.kind}: the engine still runs"
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ import os
 import queue
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -412,15 +413,25 @@ def test_bad_input_is_refused_with_a_definite_error_and_changes_nothing(
     answer = tool.call("launch", **launch_request(bundle_dir, image="localhost/UPPER:1"))
     assert not answer["ok"] and answer["message"].startswith(f"{engine.kind}: "), answer
     assert "must be lowercase" in answer["message"], answer
-    # An engine that is not there: UNAVAILABLE, retryable.
-    gone = Tool(engine, run_root, tool.instance, socket=run_root / "no-engine.sock")
+    # An engine that is not there (no socket), or whose socket refuses
+    # connections (bound, nobody listening): UNAVAILABLE, retryable.
+    refusing_dir = Path(tempfile.mkdtemp(prefix="rf-", dir="/tmp"))
+    refusing = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    refusing.bind(str(refusing_dir / "engine.sock"))
     try:
-        for op in ("probe", "validate", "launch"):
-            answer = gone.call(op, **launch_request(bundle_dir))
-            assert answer["code"] == "UNAVAILABLE" and answer["reason"] == "ENGINE_UNAVAILABLE"
-            assert answer["retry_after_ms"] > 0
+        for path in (run_root / "no-engine.sock", refusing_dir / "engine.sock"):
+            gone = Tool(engine, run_root, tool.instance, socket=path)
+            try:
+                for op in ("probe", "validate", "launch"):
+                    answer = gone.call(op, **launch_request(bundle_dir))
+                    assert answer["code"] == "UNAVAILABLE", (path, op, answer)
+                    assert answer["reason"] == "ENGINE_UNAVAILABLE", (path, op, answer)
+                    assert answer["retry_after_ms"] > 0
+            finally:
+                gone.close()
     finally:
-        gone.close()
+        refusing.close()
+        shutil.rmtree(refusing_dir, ignore_errors=True)
     assert engine.containers(tool.instance) == []
     assert list(run_root.iterdir()) == []
 

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 #include "providers/backends/kubernetes/kube_http.h"
 
@@ -354,6 +355,22 @@ class KubernetesBackend final : public Backend {
     }
     return absl::AbortedError(absl::StrCat("claim Pod ", ref.value,
                                            ": it kept changing under the claim"));
+  }
+
+  // One merge PATCH of the expire-time annotation. activeDeadlineSeconds
+  // cannot be raised on a running Pod; it is the max lifetime from the
+  // start, which no extension goes past (docs/PROVIDERS.md).
+  absl::Status Extend(const BackendRef& ref, absl::Time expire) override {
+    json patch;
+    patch["metadata"]["annotations"][kAnnotationExpireTime] =
+        absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", expire, absl::UTCTimeZone());
+    auto patched = http_.Request("PATCH", PodPath(ref.value), patch.dump(), kMergePatch,
+                                 options_.request_timeout);
+    if (!patched.ok()) return patched.status();
+    if (patched->status != 200) return KubeError(*patched, absl::StrCat("extend Pod ", ref.value));
+    json obj = json::parse(patched->body, nullptr, false);
+    if (obj.is_object()) Remember(obj);
+    return absl::OkStatus();
   }
 
   absl::Status StreamLogs(const BackendRef& ref, int64_t offset, bool follow,

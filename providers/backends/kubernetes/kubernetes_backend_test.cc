@@ -276,6 +276,41 @@ TEST_CASE("the Pod carries the request id and the expiry; without one, the TTL f
   backend->Shutdown();
 }
 
+TEST_CASE("extend rewrites the expire-time annotation by one PATCH; errors are definite") {
+  auto server = FakeApiServer::Start();
+  REQUIRE(server.ok());
+  auto backend = MakeBackend(**server);
+  LaunchSpec spec = Spec("ext");
+  spec.expire_time = absl::FromUnixSeconds(1893456000);  // 2030-01-01T00:00:00Z
+  REQUIRE_OK_AND_ASSIGN(BackendRef ref, backend->Launch(spec, absl::Now() + absl::Seconds(10)));
+  const json deadline = FindPod(**server, "sbx-ext")["spec"]["activeDeadlineSeconds"];
+  REQUIRE(deadline.is_number());
+
+  (*server)->ClearRequests();
+  REQUIRE_OK(backend->Extend(ref, absl::FromUnixSeconds(1893459600)));  // +1 h
+  CHECK((*server)->Writes() == 1);
+  CHECK((*server)->Writes("PATCH") == 1);
+  json pod = FindPod(**server, "sbx-ext");
+  CHECK(pod["metadata"]["annotations"]["agentix.dev/expire-time"] == "2030-01-01T01:00:00Z");
+  CHECK(pod["metadata"]["annotations"]["agentix.dev/spec-hash"].is_string());  // the rest kept
+  CHECK(pod["spec"]["activeDeadlineSeconds"] == deadline);  // immutable on a running Pod
+
+  SECTION("forbidden: PERMISSION_DENIED naming the verb, the annotation kept") {
+    (*server)->Control("config", {{"forbid", {"patch"}}});
+    absl::Status denied = backend->Extend(ref, absl::FromUnixSeconds(1893463200));
+    CHECK(denied.code() == absl::StatusCode::kPermissionDenied);
+    CHECK(std::string(denied.message()).find("patch") != std::string::npos);
+    CHECK(FindPod(**server, "sbx-ext")["metadata"]["annotations"]["agentix.dev/expire-time"] ==
+          "2030-01-01T01:00:00Z");
+  }
+  SECTION("a Pod that is gone: NOT_FOUND") {
+    (*server)->Control("vanish", {{"namespace", "ns"}, {"name", ref.value}});
+    CHECK(backend->Extend(ref, absl::FromUnixSeconds(1893463200)).code() ==
+          absl::StatusCode::kNotFound);
+  }
+  backend->Shutdown();
+}
+
 TEST_CASE("a create that meets 409 adopts the Pod of the same request and spec, by one conditional write") {
   auto server = FakeApiServer::Start();
   REQUIRE(server.ok());

@@ -113,6 +113,14 @@ absl::Status FakeBackend::Destroy(const BackendRef& ref, absl::Duration grace) {
   return absl::OkStatus();
 }
 
+absl::Status FakeBackend::Extend(const BackendRef& ref, absl::Time expire) {
+  absl::MutexLock lock(&world_->mu);
+  auto it = world_->sandboxes.find(ref.value);
+  if (it == world_->sandboxes.end()) return absl::NotFoundError(ref.value);
+  it->second.extended_to = expire;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<BackendRef>> FakeBackend::ListOwned(absl::string_view instance) {
   absl::MutexLock lock(&world_->mu);
   std::vector<BackendRef> out;

@@ -41,6 +41,7 @@ struct FakeSandbox {
   Observed observed;
   std::string log;
   const void* launched_by = nullptr;  // the FakeBackend object
+  absl::Time extended_to = absl::InfinitePast();  // the last Extend's expiry
 };
 
 class FakeWorld {
@@ -96,6 +97,7 @@ class FakeBackend : public Backend {
   absl::StatusOr<pb::Endpoint> ResolveEndpoint(const BackendRef& ref) override;
   absl::StatusOr<Observed> Inspect(const BackendRef& ref) override;
   absl::Status Destroy(const BackendRef& ref, absl::Duration grace) override;
+  absl::Status Extend(const BackendRef& ref, absl::Time expire) override;
   absl::StatusOr<std::vector<BackendRef>> ListOwned(absl::string_view instance) override;
   absl::Status Watch(EventSink* sink) override;
   absl::Status StreamLogs(const BackendRef& ref, int64_t offset, bool follow,

@@ -48,8 +48,8 @@ from typing import Any
 
 from agentix.provider._local_inprocess import InProcessLocalProvider, LocalProviderConfig, _default_cache_dir
 from agentix.provider.base import Sandbox, SandboxConfig
-from agentix.provider.local import LocalProvider, default_socket, ensure_default_providerd
-from agentix.provider.service import URL_ENV, ServiceProvider, spec_from_config
+from agentix.provider.local import LocalProvider
+from agentix.provider.service import URL_ENV, spec_from_config
 
 __all__ = [
     "DockerProvider",
@@ -181,14 +181,7 @@ class DockerProvider(LocalProvider):
         self.cache_dir = Path(config.bundle_cache_dir) if config.bundle_cache_dir else _default_cache_dir()
         # Bundle tarballs are unpacked here (the service runs on this machine).
         self._files = InProcessLocalProvider(LocalProviderConfig(cache_dir=str(self.cache_dir)))
-        self._server_flags = []
-        self._service: ServiceProvider | None = None
-        self._providerd = None
-        self._starting: asyncio.Lock | None = None
-        self._owned: set[str] = set()
-        self._renewer: asyncio.Task[None] | None = None
-        self._pids_enforceable = None
-        self._per_user = False
+        self._init_client([])
 
     @property
     def engine(self) -> str:
@@ -209,23 +202,8 @@ class DockerProvider(LocalProvider):
             f"--instance=providerd-{self.engine}",
         ]
 
-    async def _connect(self) -> ServiceProvider:
-        if self._service is not None:
-            return self._service
-        if self._starting is None:
-            self._starting = asyncio.Lock()
-        async with self._starting:
-            if self._service is not None:
-                return self._service
-            named = os.environ.get(URL_ENV)
-            if named:
-                url = named
-            else:
-                socket = default_socket().with_name(f"providerd-{self.engine}.sock")
-                url = await ensure_default_providerd(socket, flags=self.providerd_flags())
-            self._per_user = not named
-            self._service = ServiceProvider(url)
-        return self._service
+    def _socket_name(self) -> str:
+        return f"providerd-{self.engine}.sock"
 
     async def create(self, config: SandboxConfig) -> Sandbox:
         if not isinstance(config, SandboxConfig):
@@ -239,14 +217,7 @@ class DockerProvider(LocalProvider):
         spec = spec_from_config(
             resolved, backend=self.engine, ttl=self.config.ttl, network=network, warm_pool=self.config.warm_pool,
         )
-
-        async def create(service: ServiceProvider) -> Sandbox:
-            return await service.create(None, spec=spec, ready_timeout=self.config.ready_timeout)
-
-        sandbox = await self._call(create)
-        self._owned.add(sandbox.sandbox_id)
-        self._renew()
-        return sandbox
+        return await self._create_owned(spec)
 
 
 class PodmanProvider(DockerProvider):

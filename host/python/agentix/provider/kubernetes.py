@@ -34,7 +34,6 @@ that denies egress) or ``"host"`` (only where the service allows it).
 
 from __future__ import annotations
 
-import asyncio
 import getpass
 import os
 import re
@@ -44,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from agentix.provider.base import DeployedBundle, Sandbox, SandboxConfig
-from agentix.provider.local import LocalProvider, default_socket, ensure_default_providerd
-from agentix.provider.service import URL_ENV, ServiceProvider, spec_from_config
+from agentix.provider.local import LocalProvider
+from agentix.provider.service import URL_ENV, spec_from_config
 
 __all__ = ["KubernetesProvider", "KubernetesProviderConfig", "default_instance", "default_kubeconfig"]
 
@@ -175,14 +174,7 @@ class KubernetesProvider(LocalProvider):
         if config is not None and kwargs:
             raise TypeError("pass either a KubernetesProviderConfig or keyword settings, not both")
         self.config = config if config is not None else KubernetesProviderConfig(**kwargs)  # type: ignore[assignment]
-        self._server_flags = []
-        self._service: ServiceProvider | None = None
-        self._providerd = None
-        self._starting: asyncio.Lock | None = None
-        self._owned: set[str] = set()
-        self._renewer: asyncio.Task[None] | None = None
-        self._pids_enforceable = None
-        self._per_user = False
+        self._init_client([])
 
     def providerd_flags(self) -> list[str]:
         """The flags of the per-user providerd this provider starts."""
@@ -209,23 +201,8 @@ class KubernetesProvider(LocalProvider):
         ]
         return flags
 
-    async def _connect(self) -> ServiceProvider:
-        if self._service is not None:
-            return self._service
-        if self._starting is None:
-            self._starting = asyncio.Lock()
-        async with self._starting:
-            if self._service is not None:
-                return self._service
-            named = os.environ.get(URL_ENV)
-            if named:
-                url = named
-            else:
-                socket = default_socket().with_name("providerd-kubernetes.sock")
-                url = await ensure_default_providerd(socket, flags=self.providerd_flags())
-            self._per_user = not named
-            self._service = ServiceProvider(url)
-        return self._service
+    def _socket_name(self) -> str:
+        return "providerd-kubernetes.sock"
 
     async def create(self, config: SandboxConfig) -> Sandbox:
         if not isinstance(config, SandboxConfig):
@@ -242,14 +219,7 @@ class KubernetesProvider(LocalProvider):
         spec = spec_from_config(
             resolved, backend=BACKEND, ttl=provider_config.ttl, network=network, warm_pool=provider_config.warm_pool,
         )
-
-        async def create(service: ServiceProvider) -> Sandbox:
-            return await service.create(None, spec=spec, ready_timeout=provider_config.ready_timeout)
-
-        sandbox = await self._call(create)
-        self._owned.add(sandbox.sandbox_id)
-        self._renew()
-        return sandbox
+        return await self._create_owned(spec)
 
     async def deploy_bundle(
         self, bundle: Path, *, name: str | None = None, platform: str | None = None

@@ -363,7 +363,13 @@ class LocalProvider(SandboxProvider):
         # Bundle and image references are resolved here, with the in-process
         # provider's (cached, hardened) unpacking: the service runs on this machine.
         self._files = InProcessLocalProvider(self.config)
-        self._server_flags = _server_flags(self.config)
+        self._init_client(_server_flags(self.config))
+
+    def _init_client(self, server_flags: list[str]) -> None:
+        """The providerd client's state, shared by this class and the engine
+        and Kubernetes providers built on it. `server_flags`: non-empty, a
+        private providerd with these flags is started on first use."""
+        self._server_flags = server_flags
         self._service: ServiceProvider | None = None
         self._providerd: _Providerd | None = None
         self._starting: asyncio.Lock | None = None
@@ -425,10 +431,25 @@ class LocalProvider(SandboxProvider):
                 url = await self._start_private()
             else:
                 named = os.environ.get(URL_ENV)
-                url = named or await ensure_default_providerd()
+                if named:
+                    url = named
+                else:
+                    socket = default_socket().with_name(self._socket_name())
+                    url = await ensure_default_providerd(socket, flags=self.providerd_flags())
                 self._per_user = not named
             self._service = ServiceProvider(url)
         return self._service
+
+    def _socket_name(self) -> str:
+        """The file name of the per-user providerd's socket (beside
+        `default_socket`) this provider uses when ``$AGENTIX_PROVIDER_URL`` is
+        unset; each backend's providers have their own providerd."""
+        return default_socket().name
+
+    def providerd_flags(self) -> list[str]:
+        """The flags of the per-user providerd this provider starts (none: the
+        local backend's defaults)."""
+        return []
 
     async def _reconnect(self, broken: ServiceProvider, error: ProviderUnavailable) -> ServiceProvider:
         """After `broken` answered UNAVAILABLE without a reason (nothing
@@ -490,14 +511,25 @@ class LocalProvider(SandboxProvider):
             )
         nix_dir = await asyncio.to_thread(self._files._bundle_nix_dir, config.bundle)
         root = await asyncio.to_thread(self._files._root_dir, config.image)
-        async def create(service: ServiceProvider) -> Sandbox:
-            spec = await self._spec(service, config, nix_dir, root)
-            return await service.create(None, spec=spec, ready_timeout=self.config.ready_timeout)
+        async def spec(service: ServiceProvider) -> Any:
+            return await self._spec(service, config, nix_dir, root)
 
-        sandbox = await self._call(create)
+        sandbox = await self._create_owned(spec)
         manifest = (nix_dir.parent if nix_dir.name == "nix" else nix_dir) / "manifest.json"
         if manifest.is_file():
             sandbox.bundle_manifest = str(manifest)
+        return sandbox
+
+    async def _create_owned(self, spec: Any) -> Sandbox:
+        """Creates a sandbox of `spec` (a SandboxSpec, or an async function
+        of the service that makes one) on the service and keeps it: its TTL
+        renewed while this provider is open, deleted by `aclose`."""
+
+        async def create(service: ServiceProvider) -> Sandbox:
+            made = await spec(service) if callable(spec) else spec
+            return await service.create(None, spec=made, ready_timeout=self.config.ready_timeout)
+
+        sandbox = await self._call(create)
         self._owned.add(sandbox.sandbox_id)
         self._renew()
         return sandbox
