@@ -340,22 +340,26 @@ void WorkerProcess::ReaderLoop() {
 
   absl::Duration spin_window = read_spin_;
   while (protocol_error.empty()) {
+    int timeout_ms = -1;
     if (!ready) {
-      // Until `ready` the wait is bounded by the boot timeout.
-      const int timeout_ms = static_cast<int>(std::max<int64_t>(
+      timeout_ms = static_cast<int>(std::max<int64_t>(
           0, absl::ToInt64Milliseconds(ready_deadline - absl::Now())));
-      pollfd pfd{channel_.get(), POLLIN, 0};
-      const int rc = ::poll(&pfd, 1, timeout_ms);
-      if (rc < 0 && errno == EINTR) continue;
-      if (rc == 0) {
-        timed_out = true;
-        break;
-      }
     } else if (read_spin_ > absl::ZeroDuration()) {
       spin_window = SpinUntilReadable(spin_window);
+      timeout_ms = 0;  // readable (or ended): poll only confirms it
     }
-    // Once ready, the blocking read is the wait (one syscall per wake-up,
-    // not poll + read); the destructor's shutdown() ends it.
+    // poll before read, not a blocking read: a reader blocked in read() is
+    // also woken whenever the worker drains the daemon's frames (the
+    // socket's write-space wake-up shares its wait queue), ~1 extra
+    // wake-up per call (measured); poll(POLLIN) ignores those.
+    pollfd pfd{channel_.get(), POLLIN, 0};
+    int rc = ::poll(&pfd, 1, timeout_ms);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc == 0) {
+      if (ready) continue;
+      timed_out = true;
+      break;
+    }
     auto n = ipc::ReadInto(channel_.get(), reader);
     if (!n.ok() || *n == 0) break;  // EOF or a broken channel
     std::vector<ipc::Frame> frames;
