@@ -122,11 +122,12 @@ ABSL_FLAG(int64_t, worker_read_spin_us, 0,
           "microseconds the worker-reader thread polls the worker's channel "
           "without sleeping after each read before it blocks (adaptive, as "
           "--grpc_spin_us). 0 (default): no spinning");
-ABSL_FLAG(bool, grpc_inline_executor, true,
+ABSL_FLAG(bool, grpc_inline_executor, false,
           "run gRPC's default executor inline (no executor thread): the "
           "thread holding a connection finishes its queued work itself "
-          "instead of handing it to another thread (one wake-up fewer on "
-          "about every other call; sandbox/grpc_executor.h)");
+          "instead of handing it to another thread (0.5-1.4 wake-ups fewer "
+          "per call; sandbox/grpc_executor.h). Off by default until its "
+          "effect on throughput is measured on a quiet machine");
 ABSL_FLAG(int, worker_ready_timeout_s, 15,
           "seconds a starting worker may take to become ready");
 ABSL_FLAG(double, upload_idle_timeout_s, 60,
