@@ -474,7 +474,11 @@ TEST_CASE("A re-sent StartCall never runs a call twice", "[sandbox]") {
   a->AwaitTerminal("evicted");
   manager.HandleHostEvent(a, Start("newest", "fake::echo", "z"));  // evicts
   a->AwaitTerminal("newest");
-  manager.HandleHostEvent(a, Start("running", "fake::sleep", "300"));
+  // "running" must still run when b resumes: its result, once retained,
+  // evicts "newest" (one result is kept), and b would get
+  // ResultUnavailable for it. 300 ms was too short on a loaded machine
+  // under ASan (the flake of "re-sent StartCall").
+  manager.HandleHostEvent(a, Start("running", "fake::sleep", "3000"));
 
   // A reconnecting host re-sends every start, then resumes.
   auto b = std::make_shared<RecordingSink>();
