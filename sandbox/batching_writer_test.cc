@@ -2,9 +2,15 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <unistd.h>
+
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "agentix/runtime/v1/runtime.grpc.pb.h"
@@ -197,6 +203,271 @@ TEST_CASE("Oversized records and events are cut to one message's item",
   CHECK(text.find(" ... [truncated: ") == 36);  // 37 would split an é
   CHECK(static_cast<unsigned char>(text[35]) == 0xa9);
   CHECK(text.size() <= 101);
+}
+
+// A Unix socket path for one test server (a real HTTP/2 transport: writes
+// stay in flight under flow control, unlike the in-process channel).
+std::string SocketPath(const char* name) {
+  return "/tmp/agx-bw-" + std::to_string(::getpid()) + "-" + name + ".sock";
+}
+
+// A record tagged with its producer (logger) and that producer's sequence.
+std::shared_ptr<const LogRecord> Tagged(const char* producer, uint64_t seq,
+                                        size_t size) {
+  auto record = std::make_shared<LogRecord>();
+  record->set_logger(producer);
+  record->set_seq(seq);
+  record->set_message(std::string(size, 'z'));
+  return record;
+}
+
+// A writer whose half-closed stream also waits for its producer thread.
+class ProducerWriter final : public Writer {
+ public:
+  using Writer::Writer;
+  std::atomic<bool> producer_done{false};
+
+ private:
+  bool ReadyToFinish() override { return producer_done.load(); }
+};
+
+constexpr uint64_t kProducerItems = 3000;
+constexpr uint64_t kHostRequests = 400;
+
+// The Calls stream's situation: the worker-reader thread (here `producer_`)
+// starts writes on the stream directly while the reaction thread writes
+// too (answers to the host's events, here two records per request). Every
+// 97th producer record and every 61st reaction record is large, so batches
+// hit the message cap from both threads.
+class TwoWriterStream final : public ServerStream<LogsRequest, LogsResponse> {
+ public:
+  TwoWriterStream(Service* service, CompletionQueueThread* thread,
+                  std::thread* producer)
+      : writer_(std::make_shared<ProducerWriter>(this, Header())),
+        producer_(producer) {
+    AwaitCall(
+        [service](grpc::ServerContext* context, Stream* s,
+                  grpc::ServerCompletionQueue* queue, void* tag) {
+          service->RequestLogs(context, s, queue, queue, tag);
+        },
+        thread, nullptr);
+  }
+
+ private:
+  static LogsResponse Header() {
+    LogsResponse header;
+    header.set_instance_id("two-writers");
+    return header;
+  }
+  void OnStart() override {
+    *producer_ = std::thread([writer = writer_] {
+      for (uint64_t seq = 1; seq <= kProducerItems; ++seq) {
+        const size_t size = seq % 97 == 0 ? 1500000 : 40;
+        if (!writer->Enqueue({Tagged("reader", seq, size)})) return;
+      }
+      writer->producer_done = true;
+      // Any write's completion re-checks whether the stream may finish.
+      writer->Enqueue({Tagged("end", 1, 1)});
+    });
+    StartRead(&request_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      writer_->OnReadsDone();
+      return;
+    }
+    std::vector<Writer::ItemPtr> items;
+    for (int i = 0; i < 2; ++i) {
+      ++reaction_seq_;
+      items.push_back(Tagged("reaction", reaction_seq_,
+                             reaction_seq_ % 61 == 0 ? 2500000 : 30));
+    }
+    writer_->Enqueue(std::move(items));
+    StartRead(&request_);
+  }
+  void OnBadMessage(const std::string&) override {
+    writer_->Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad"));
+  }
+  void OnWriteDone(bool ok) override { writer_->OnWriteDone(ok); }
+  void OnCancel() override { writer_->OnCancel(); }
+  void OnDone() override {
+    writer_->Detach();
+    delete this;
+  }
+
+  std::shared_ptr<ProducerWriter> writer_;
+  std::thread* const producer_;
+  LogsRequest request_;
+  uint64_t reaction_seq_ = 0;  // reaction thread only
+};
+
+TEST_CASE("Writes started by another thread and by the reaction thread on "
+          "one stream deliver every item once, in order, within the cap",
+          "[batching_writer][concurrency]") {
+  Service service;
+  const std::string socket = SocketPath("two");
+  ::unlink(socket.c_str());
+  TestServer server(
+      [&](grpc::ServerBuilder& builder) { builder.RegisterService(&service); },
+      absl::ZeroDuration(), socket);
+  std::thread producer;
+  new TwoWriterStream(&service, server.reactions(), &producer);
+  auto stub = runtime::v1::RuntimeService::NewStub(server.SocketChannel());
+  grpc::ClientContext context;
+  auto stream = stub->Logs(&context);
+  std::thread host([&] {
+    LogsRequest request;
+    request.mutable_ack()->set_seq(1);
+    for (uint64_t i = 0; i < kHostRequests; ++i) {
+      if (!stream->Write(request)) return;
+    }
+    stream->WritesDone();
+  });
+  std::map<std::string, uint64_t> last;  // producer -> last seq seen
+  bool in_order = true;
+  size_t largest = 0;
+  LogsResponse response;
+  while (stream->Read(&response)) {
+    const size_t wire = response.ByteSizeLong() + kGrpcFramePrefixBytes;
+    largest = std::max(largest, wire);
+    CHECK(wire <= kDefaultClientMessageLimit);
+    CHECK(response.instance_id() == "two-writers");
+    for (const LogRecord& record : response.records()) {
+      uint64_t& seen = last[record.logger()];
+      if (record.seq() != seen + 1) in_order = false;
+      seen = record.seq();
+    }
+  }
+  host.join();
+  const grpc::Status status = stream->Finish();
+  if (producer.joinable()) producer.join();
+  INFO(status.error_message());
+  CHECK(status.ok());
+  CHECK(in_order);
+  CHECK(last["reader"] == kProducerItems);
+  CHECK(last["reaction"] == 2 * kHostRequests);
+  CHECK(last["end"] == 1);
+  CHECK(largest > (3u << 20));
+  server.Stop();
+  ::unlink(socket.c_str());
+}
+
+struct CancelCounters {
+  std::atomic<int> cancelled{0};
+  std::atomic<int> done{0};
+  std::atomic<int> writes_done{0};
+  std::atomic<int> accepted{0};
+  std::atomic<bool> refused{false};
+};
+
+// On the subscribe, a producer thread enqueues the same 1 MiB record over
+// and over (shared, so the backlog costs no memory) until the writer
+// refuses; the host does not read, so a write stays in flight.
+class FloodStream final : public ServerStream<LogsRequest, LogsResponse> {
+ public:
+  FloodStream(Service* service, CompletionQueueThread* thread,
+              CancelCounters* counters, std::thread* producer)
+      : writer_(std::make_shared<Writer>(this, LogsResponse())),
+        counters_(counters),
+        producer_(producer) {
+    AwaitCall(
+        [service](grpc::ServerContext* context, Stream* s,
+                  grpc::ServerCompletionQueue* queue, void* tag) {
+          service->RequestLogs(context, s, queue, queue, tag);
+        },
+        thread, nullptr);
+  }
+
+ private:
+  void OnStart() override { StartRead(&request_); }
+  void OnReadDone(bool ok) override {
+    if (!ok || started_) return;  // no more reads: the cancel ends it
+    started_ = true;
+    *producer_ = std::thread([writer = writer_, counters = counters_] {
+      auto record = Tagged("flood", 1, 1u << 20);
+      const auto give_up =
+          std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (std::chrono::steady_clock::now() < give_up) {
+        if (!writer->Enqueue({record})) {
+          counters->refused = true;
+          return;
+        }
+        ++counters->accepted;
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    });
+  }
+  void OnBadMessage(const std::string&) override {}
+  void OnWriteDone(bool ok) override {
+    ++counters_->writes_done;
+    writer_->OnWriteDone(ok);
+  }
+  void OnCancel() override {
+    ++counters_->cancelled;
+    writer_->OnCancel();
+  }
+  void OnDone() override {
+    ++counters_->done;
+    writer_->Detach();
+    delete this;
+  }
+
+  std::shared_ptr<Writer> writer_;
+  CancelCounters* const counters_;
+  std::thread* const producer_;
+  LogsRequest request_;
+  bool started_ = false;
+};
+
+TEST_CASE("A stream cancelled while another thread's write is in flight "
+          "ends once and refuses later items",
+          "[batching_writer][concurrency]") {
+  Service service;
+  const std::string socket = SocketPath("cancel");
+  ::unlink(socket.c_str());
+  TestServer server(
+      [&](grpc::ServerBuilder& builder) { builder.RegisterService(&service); },
+      absl::ZeroDuration(), socket);
+  CancelCounters counters;
+  std::thread producer;
+  new FloodStream(&service, server.reactions(), &counters, &producer);
+  auto stub = runtime::v1::RuntimeService::NewStub(server.SocketChannel());
+  grpc::ClientContext context;
+  auto stream = stub->Logs(&context);
+  LogsRequest subscribe;
+  subscribe.mutable_subscribe();
+  REQUIRE(stream->Write(subscribe));
+  LogsResponse response;
+  REQUIRE(stream->Read(&response));  // writes flow; now stop reading
+  CHECK(response.records_size() >= 1);
+  // Flow control soon holds a write in flight (the host's window fills):
+  // no write completes for a while although the producer's items pile up.
+  bool held = false;
+  for (int i = 0; i < 50 && !held; ++i) {
+    const int accepted = counters.accepted.load();
+    const int writes_done = counters.writes_done.load();
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    held = counters.writes_done.load() == writes_done &&
+           counters.accepted.load() > accepted;
+  }
+  REQUIRE(held);
+  context.TryCancel();
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while ((counters.done.load() == 0 || !counters.refused.load()) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  CHECK(counters.refused.load());
+  CHECK(counters.cancelled == 1);
+  CHECK(counters.done == 1);
+  if (producer.joinable()) producer.join();
+  while (stream->Read(&response)) {
+  }
+  CHECK(stream->Finish().error_code() == grpc::StatusCode::CANCELLED);
+  server.Stop();
+  CHECK(counters.done == 1);
+  ::unlink(socket.c_str());
 }
 
 }  // namespace

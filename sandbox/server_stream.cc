@@ -28,14 +28,44 @@ class Barrier final : public Completion {
 }  // namespace
 
 CompletionQueueThread::CompletionQueueThread(grpc::ServerCompletionQueue* cq,
-                                             const char* name)
+                                             const char* name,
+                                             absl::Duration spin)
     : cq_(cq) {
-  thread_ = std::thread([this] {
+  thread_ = std::thread([this, spin] {
+    if (spin > absl::ZeroDuration()) {
+      PollSpinning(spin);
+      return;
+    }
     void* tag = nullptr;
     bool ok = false;
     while (cq_->Next(&tag, &ok)) static_cast<Completion*>(tag)->Complete(ok);
   });
   pthread_setname_np(thread_.native_handle(), name);
+}
+
+void CompletionQueueThread::PollSpinning(absl::Duration spin) {
+  const gpr_timespec now_only = gpr_time_0(GPR_CLOCK_MONOTONIC);
+  absl::Duration window = spin;
+  void* tag = nullptr;
+  bool ok = false;
+  while (true) {
+    bool got = false;
+    if (window >= absl::Microseconds(1)) {
+      const absl::Time until = absl::Now() + window;
+      do {
+        const auto status = cq_->AsyncNext(&tag, &ok, now_only);
+        if (status == grpc::CompletionQueue::SHUTDOWN) return;
+        got = status == grpc::CompletionQueue::GOT_EVENT;
+      } while (!got && absl::Now() < until);
+    }
+    if (!got) {
+      const absl::Time slept = absl::Now();
+      if (!cq_->Next(&tag, &ok)) return;
+      // Adapt: spinning pays only when the next completion comes soon.
+      window = absl::Now() - slept <= spin ? spin : window / 2;
+    }
+    static_cast<Completion*>(tag)->Complete(ok);
+  }
 }
 
 void CompletionQueueThread::AddLive() {

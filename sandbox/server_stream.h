@@ -69,6 +69,16 @@ class MemberCompletion final : public Completion {
 // Runs every completion of `cq` (tags are Completion*) on one thread named
 // `name`, until Stop().
 //
+// Spinning. With `spin` > 0 the thread polls the queue without sleeping for
+// up to `spin` after each completion before it blocks: a completion that
+// comes within that window (a write's completion, the peer's flow-control
+// answer, the next message of a busy stream) then costs no wake-up of this
+// thread. Adaptive: a blocking wait that lasted longer than `spin` halves
+// the next window (an idle daemon stops spinning within a few waits), one
+// that ended within `spin` restores it. Off (0) by default: on a loaded
+// machine a spinning thread takes the CPU the peer needs
+// (docs/DECISIONS.md, "Daemon call path: hand-offs and spinning").
+//
 // Stopping. gRPC aborts the process if an operation starts on a queue that
 // has been shut down, and a call's last reactions (Finish after the
 // cancellation that the server's Shutdown() brings) come after Shutdown()
@@ -77,7 +87,8 @@ class MemberCompletion final : public Completion {
 // once none is live and every completion queued before has run.
 class CompletionQueueThread {
  public:
-  CompletionQueueThread(grpc::ServerCompletionQueue* cq, const char* name);
+  CompletionQueueThread(grpc::ServerCompletionQueue* cq, const char* name,
+                        absl::Duration spin = absl::ZeroDuration());
   ~CompletionQueueThread() { Stop(); }
 
   CompletionQueueThread(const CompletionQueueThread&) = delete;
@@ -96,6 +107,8 @@ class CompletionQueueThread {
  private:
   // Whether every completion queued before this call has run.
   bool DrainQueued(absl::Time deadline);
+  // The polling loop, spinning as described above.
+  void PollSpinning(absl::Duration spin);
 
   grpc::ServerCompletionQueue* const cq_;
   std::thread thread_;

@@ -2,10 +2,14 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <dirent.h>
+
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <fstream>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "agentix/runtime/v1/runtime.grpc.pb.h"
@@ -89,10 +93,10 @@ void AwaitNext(Service* service, CompletionQueueThread* thread,
 }
 
 struct Harness {
-  Harness()
+  explicit Harness(absl::Duration spin = absl::ZeroDuration())
       : server([this](grpc::ServerBuilder& builder) {
           builder.RegisterService(&service);
-        }) {
+        }, spin) {
     AwaitNext(&service, server.reactions(), &counters);
     stub = runtime::v1::RuntimeService::NewStub(server.Channel());
   }
@@ -199,6 +203,67 @@ TEST_CASE("Shutting down ends open streams and frees the awaiting ones",
   CHECK(h.counters.started == 1);
   CHECK(h.counters.done == 1);
   CHECK_FALSE(stream->Read(&response));
+}
+
+// On-CPU time so far of this process's threads named `name`.
+std::chrono::nanoseconds ThreadCpu(const std::string& name) {
+  std::chrono::nanoseconds total{0};
+  DIR* dir = ::opendir("/proc/self/task");
+  if (dir == nullptr) return total;
+  while (dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] == '.') continue;
+    const std::string task = std::string("/proc/self/task/") + entry->d_name;
+    std::string comm;
+    std::ifstream(task + "/comm") >> comm;
+    if (comm != name) continue;
+    long long ns = 0;
+    std::ifstream(task + "/schedstat") >> ns;
+    total += std::chrono::nanoseconds(ns);
+  }
+  ::closedir(dir);
+  return total;
+}
+
+TEST_CASE("A spinning reaction thread serves streams, stops spinning on an "
+          "idle stream and shuts down",
+          "[server_stream]") {
+  // A long window makes the adaptation measurable: without it every
+  // message of a stream paced slower than the window costs a full window
+  // of CPU (30 x 25 ms here; with it, about two windows in all).
+  Harness h(absl::Milliseconds(25));
+  grpc::ClientContext context;
+  auto stream = h.stub->Namespace(&context);
+  NamespaceResponse response;
+  for (int i = 0; i < 20; ++i) {  // back to back
+    REQUIRE(stream->Write(Event("fast")));
+    REQUIRE(stream->Read(&response));
+    CHECK(response.namespace_() == "fast");
+  }
+  const auto cpu_before = ThreadCpu("test-cq");
+  for (int i = 0; i < 30; ++i) {  // paced: each wait is longer than 25 ms
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    REQUIRE(stream->Write(Event("slow")));
+    REQUIRE(stream->Read(&response));
+    CHECK(response.namespace_() == "slow");
+  }
+  const auto spent = ThreadCpu("test-cq") - cpu_before;
+  INFO("reaction thread CPU over the paced messages: "
+       << std::chrono::duration_cast<std::chrono::microseconds>(spent).count()
+       << " us");
+  CHECK(spent < std::chrono::milliseconds(250));
+  REQUIRE(stream->WritesDone());
+  CHECK_FALSE(stream->Read(&response));
+  CHECK(stream->Finish().ok());
+  REQUIRE(Eventually([&] { return h.counters.done == 1; }));
+  // Shutting down while the thread may be spinning.
+  grpc::ClientContext open_context;
+  auto open = OpenStream(h, &open_context);
+  const auto stop_start = std::chrono::steady_clock::now();
+  h.Stop();
+  CHECK(std::chrono::steady_clock::now() - stop_start <
+        std::chrono::seconds(5));
+  CHECK(h.counters.done == 2);
+  CHECK_FALSE(open->Read(&response));
 }
 
 }  // namespace

@@ -583,6 +583,9 @@ void SessionManager::Resume(const std::shared_ptr<CallSink>& sink,
       out.push_back({sink, CallIdInUse(id)});
       continue;
     }
+    // This stream already had every event live (it started the call, or
+    // resumed it before): a replay would deliver them twice.
+    if (call.sink == sink) continue;
     call.sink = sink;
     // Replay what was already produced; the rest follows live.
     for (const auto& event : call.delivered) out.push_back({sink, event});

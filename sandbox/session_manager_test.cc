@@ -474,15 +474,22 @@ TEST_CASE("A re-sent StartCall never runs a call twice", "[sandbox]") {
   a->AwaitTerminal("evicted");
   manager.HandleHostEvent(a, Start("newest", "fake::echo", "z"));  // evicts
   a->AwaitTerminal("newest");
-  manager.HandleHostEvent(a, Start("running", "fake::sleep", "300"));
+  // "running" must still run when b resumes: its result, once retained,
+  // evicts "newest" (one result is kept), and b would get
+  // ResultUnavailable for it; 300 ms is short on a loaded machine.
+  manager.HandleHostEvent(a, Start("running", "fake::sleep", "3000"));
 
-  // A reconnecting host re-sends every start, then resumes.
+  // A reconnecting host re-sends every start, then resumes, in one message
+  // (as separate messages, "fresh" could finish before the resume and its
+  // retained result evict "newest": the ASan flake of this case).
   auto b = std::make_shared<RecordingSink>();
+  google::protobuf::RepeatedPtrField<HostEvent> events;
   for (const char* id : {"acked", "evicted", "newest", "running", "fresh"}) {
-    manager.HandleHostEvent(b, Start(id, "fake::echo", "again"));
+    *events.Add() = Start(id, "fake::echo", "again");
   }
-  manager.HandleHostEvent(
-      b, ResumeEvent({"acked", "evicted", "newest", "running", "fresh"}));
+  *events.Add() =
+      ResumeEvent({"acked", "evicted", "newest", "running", "fresh"});
+  manager.HandleHostEvents(b, events);
   for (const char* id : {"acked", "evicted"}) {
     REQUIRE(b->AwaitTerminal(id).error().error().type() ==
             "ResultUnavailable");

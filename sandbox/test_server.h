@@ -8,6 +8,8 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "sandbox/server_stream.h"
 
@@ -16,18 +18,33 @@ namespace agentix::sandbox {
 class TestServer {
  public:
   // The services `add` registers must outlive this object.
-  explicit TestServer(const std::function<void(grpc::ServerBuilder&)>& add) {
+  // `spin`: the reaction thread's spin window (CompletionQueueThread).
+  // `unix_socket`: also listen there (a real HTTP/2 transport with flow
+  // control, unlike the in-process channel); SocketChannel() connects.
+  explicit TestServer(const std::function<void(grpc::ServerBuilder&)>& add,
+                      absl::Duration spin = absl::ZeroDuration(),
+                      std::string unix_socket = "")
+      : unix_socket_(std::move(unix_socket)) {
     grpc::ServerBuilder builder;
     add(builder);
+    if (!unix_socket_.empty()) {
+      builder.AddListeningPort("unix:" + unix_socket_,
+                               grpc::InsecureServerCredentials());
+    }
     cq_ = builder.AddCompletionQueue();
     server_ = builder.BuildAndStart();
-    reactions_ = std::make_unique<CompletionQueueThread>(cq_.get(), "test-cq");
+    reactions_ =
+        std::make_unique<CompletionQueueThread>(cq_.get(), "test-cq", spin);
   }
   ~TestServer() { Stop(); }
 
   CompletionQueueThread* reactions() { return reactions_.get(); }
   std::shared_ptr<grpc::Channel> Channel() {
     return server_->InProcessChannel(grpc::ChannelArguments());
+  }
+  std::shared_ptr<grpc::Channel> SocketChannel() {
+    return grpc::CreateChannel("unix:" + unix_socket_,
+                               grpc::InsecureChannelCredentials());
   }
 
   // Shuts the server down (calls still open are cancelled after 2 s) and
@@ -41,6 +58,7 @@ class TestServer {
   }
 
  private:
+  const std::string unix_socket_;
   std::unique_ptr<grpc::ServerCompletionQueue> cq_;  // outlives the server
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<CompletionQueueThread> reactions_;

@@ -84,6 +84,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
       new WorkerProcess(generation, listener));
   worker->worker_id_ = RandomWorkerId();
   worker->ready_timeout_ = options.ready_timeout;
+  worker->read_spin_ = options.read_spin;
 
   base::SpawnOptions spawn;
   spawn.path = options.worker_path;
@@ -308,6 +309,26 @@ absl::Status WorkerProcess::TakeRingPayload(ipc::Frame& frame) {
   return absl::OkStatus();
 }
 
+absl::Duration WorkerProcess::SpinUntilReadable(absl::Duration window) {
+  char byte;
+  if (window >= absl::Microseconds(1)) {
+    const absl::Time until = absl::Now() + window;
+    do {
+      const ssize_t n =
+          ::recv(channel_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+        return window;  // readable, EOF or broken: the read says which
+      }
+    } while (absl::Now() < until);
+  }
+  // Block here (not in the read) to learn how long the wait was.
+  const absl::Time slept = absl::Now();
+  pollfd pfd{channel_.get(), POLLIN, 0};
+  while (::poll(&pfd, 1, -1) < 0 && errno == EINTR) {
+  }
+  return absl::Now() - slept <= read_spin_ ? read_spin_ : window / 2;
+}
+
 void WorkerProcess::ReaderLoop() {
   pthread_setname_np(pthread_self(), "agx-wrk-read");
   ipc::FrameReader reader;
@@ -317,16 +338,25 @@ void WorkerProcess::ReaderLoop() {
   std::string boot_error;
   const absl::Time ready_deadline = absl::Now() + ready_timeout_;
 
+  absl::Duration spin_window = read_spin_;
   while (protocol_error.empty()) {
     int timeout_ms = -1;
     if (!ready) {
       timeout_ms = static_cast<int>(std::max<int64_t>(
           0, absl::ToInt64Milliseconds(ready_deadline - absl::Now())));
+    } else if (read_spin_ > absl::ZeroDuration()) {
+      spin_window = SpinUntilReadable(spin_window);
+      timeout_ms = 0;  // readable (or ended): poll only confirms it
     }
+    // poll before read, not a blocking read: a reader blocked in read() is
+    // also woken whenever the worker drains the daemon's frames (the
+    // socket's write-space wake-up shares its wait queue), ~1 extra
+    // wake-up per call (measured); poll(POLLIN) ignores those.
     pollfd pfd{channel_.get(), POLLIN, 0};
     int rc = ::poll(&pfd, 1, timeout_ms);
     if (rc < 0 && errno == EINTR) continue;
     if (rc == 0) {
+      if (ready) continue;
       timed_out = true;
       break;
     }

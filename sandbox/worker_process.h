@@ -37,6 +37,11 @@ struct WorkerOptions {
   // Bytes per payload ring shared with the worker (worker/ipc/payload_area.h);
   // 0: every payload goes through the socketpair.
   size_t payload_ring_bytes = ipc::kDefaultRingBytes;
+  // After handing over frames, the reader thread polls the channel without
+  // sleeping for up to this long before it blocks (adaptive, as
+  // CompletionQueueThread's spin: a long wait halves the next window, a
+  // short one restores it). 0: it blocks at once.
+  absl::Duration read_spin = absl::ZeroDuration();
 };
 
 // Why a worker ended, as the calls it was running will be told.
@@ -103,6 +108,9 @@ class WorkerProcess {
  private:
   WorkerProcess(uint64_t generation, Listener* listener);
   void ReaderLoop();
+  // Waits (spinning up to `window` first) until the channel has something
+  // to read; returns the next spin window (see WorkerOptions::read_spin).
+  absl::Duration SpinUntilReadable(absl::Duration window);
   void WriterLoop();
   // Copies a frame's payload out of the worker's ring into frame.data and
   // hands the space back. kInvalidArgument for a bad reference.
@@ -112,6 +120,7 @@ class WorkerProcess {
   Listener* const listener_;
   std::string worker_id_;
   absl::Duration ready_timeout_;
+  absl::Duration read_spin_;
   base::UniqueFd channel_;
   std::unique_ptr<ipc::PayloadArea> payloads_;
   pid_t pid_ = -1;
