@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdio>
 #include <deque>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -116,6 +117,10 @@ struct Call {
   std::string arguments;  // kept until the end: resent after a reconnect
   uint32_t stream_window = 0;
   absl::Time deadline = absl::InfiniteFuture();
+  // StartCall's plain context fields (CallOptions); kept for a resend.
+  std::string traceparent;
+  std::string tracestate;
+  std::map<std::string, std::string> baggage;
   bool streaming = false;
   // A caller blocks in Wait() for this call: it may read the stream itself
   // (Connection::Wait), so the background reader need not.
@@ -233,6 +238,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     call->callable = std::string(callable);
     call->arguments = std::move(arguments);
     call->stream_window = streaming ? std::max<uint32_t>(options.stream_window, 1) : 0;
+    call->traceparent = options.traceparent;
+    call->tracestate = options.tracestate;
+    call->baggage = options.baggage;
     call->streaming = streaming;
     call->in_wait = will_wait;
     if (options.timeout != absl::InfiniteDuration()) {
@@ -466,6 +474,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     start->set_arguments(call.arguments.data(), first);
     start->set_arguments_size(total);
     start->set_stream_window(call.stream_window);
+    if (!call.traceparent.empty()) start->set_traceparent(call.traceparent);
+    if (!call.tracestate.empty()) start->set_tracestate(call.tracestate);
+    if (!call.baggage.empty()) {
+      start->mutable_baggage()->insert(call.baggage.begin(), call.baggage.end());
+    }
     if (!stream->Write(request)) return false;
     for (size_t offset = first; offset < total; offset += kChunkBytes) {
       pb::CallsRequest chunk_request;

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -175,6 +176,20 @@ struct CallOptions {
   absl::Duration timeout = absl::InfiniteDuration();
   // Streaming calls: items the sandbox may produce ahead of the consumer.
   uint32_t stream_window = 16;
+
+  // The call's context, sent as StartCall's plain fields (runtime.proto's
+  // README, "Call context"); empty: none. They are checked by the daemon: a
+  // malformed traceparent or an empty baggage key fails the call with
+  // INVALID_ARGUMENT and RemoteError{type "BadRequest"} naming the field.
+  //
+  // W3C trace parent, "00-<32 hex trace-id>-<16 hex parent-id>-<2 hex
+  // flags>": spans the callable opens join that trace under that parent.
+  std::string traceparent;
+  // W3C tracestate; only an "agentix=<24 hex>" entry whose first 16 digits
+  // are the traceparent's parent-id is read (the full agentix span id).
+  std::string tracestate;
+  // String baggage: agentix.context.get(key) in the sandbox, for this call.
+  std::map<std::string, std::string> baggage;
 };
 
 class Client;
