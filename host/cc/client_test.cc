@@ -352,5 +352,95 @@ TEST_CASE("large arguments and results pass with the default 4 MiB receive limit
   CHECK(made->size() == (8u << 20));
 }
 
+TEST_CASE("call options carry trace parent, tracestate and baggage to the sandbox") {
+  Daemon daemon;
+  auto client = ConnectTo(daemon.url());
+  using Ids = std::map<std::string, std::string>;
+  const std::string trace_hex = "4bf92f3577b34da6a3ce929d0e0e4736";
+  const std::string parent_hex = "00f067aa0ba902b7";
+
+  // Baggage reaches sync and async callables, for that call only.
+  CallOptions bagged;
+  bagged.baggage = {{"run", "r42"}, {"user", "ada"}};
+  absl::StatusOr<std::string> run =
+      client->RemoteWith<std::string>("e2e_targets::read_baggage", Arguments("run"), bagged);
+  REQUIRE_OK(run.status());
+  CHECK(*run == "r42");
+  absl::StatusOr<std::string> user = client->RemoteWith<std::string>(
+      "e2e_targets::read_baggage_async", Arguments("user"), bagged);
+  REQUIRE_OK(user.status());
+  CHECK(*user == "ada");
+  absl::StatusOr<std::string> unset =
+      client->Remote<std::string>("e2e_targets::read_baggage", "run");
+  REQUIRE_OK(unset.status());
+  CHECK(*unset == "<unset>");
+
+  // A span the callable opens joins the caller's trace under its parent.
+  CallOptions traced;
+  traced.traceparent = "00-" + trace_hex + "-" + parent_hex + "-01";
+  absl::StatusOr<Ids> ids =
+      client->RemoteWith<Ids>("e2e_targets::open_span", Arguments(), traced);
+  REQUIRE_OK(ids.status());
+  CHECK(*ids == Ids{{"trace_id", "trace_" + trace_hex}, {"parent_id", "span_" + parent_hex}});
+  // tracestate's agentix entry gives the full agentix span id when it
+  // extends the parent-id; other entries are ignored.
+  traced.tracestate = "vendor=x,agentix=" + parent_hex + "a1b2c3d4";
+  ids = client->RemoteWith<Ids>("e2e_targets::open_span", Arguments(), traced);
+  REQUIRE_OK(ids.status());
+  CHECK(ids->at("parent_id") == "span_" + parent_hex + "a1b2c3d4");
+  traced.tracestate = "agentix=ffffffffffffffffa1b2c3d4";
+  ids = client->RemoteWith<Ids>("e2e_targets::open_span", Arguments(), traced);
+  REQUIRE_OK(ids.status());
+  CHECK(ids->at("parent_id") == "span_" + parent_hex);
+
+  // Start() (its result read by the background reader) sends them too.
+  CallOptions both = traced;
+  both.baggage = {{"run", "r7"}};
+  absl::StatusOr<Call> started =
+      client->Start("e2e_targets::read_baggage", Arguments("run"), both);
+  REQUIRE_OK(started.status());
+  absl::StatusOr<std::string> started_run = started->Wait<std::string>();
+  REQUIRE_OK(started_run.status());
+  CHECK(*started_run == "r7");
+
+  // Without context the next call has no parent (nothing leaks).
+  absl::StatusOr<msgpack::object_handle> plain =
+      client->Remote<msgpack::object_handle>("e2e_targets::open_span");
+  REQUIRE_OK(plain.status());
+  auto fields = plain->get().as<std::map<std::string, msgpack::object>>();
+  CHECK(fields.at("parent_id").type == msgpack::type::NIL);
+
+  // Malformed context: a typed error naming the field; the call does not run
+  // and the client keeps working.
+  for (const auto& [field, options] : std::vector<std::pair<std::string, CallOptions>>{
+           {"StartCall.traceparent", [] {
+              CallOptions o;
+              o.traceparent = "00-nope-01";
+              return o;
+            }()},
+           {"StartCall.traceparent", [&] {
+              CallOptions o;
+              o.traceparent = "00-" + std::string(32, '0') + "-" + parent_hex + "-01";
+              return o;
+            }()},
+           {"StartCall.baggage", [] {
+              CallOptions o;
+              o.baggage = {{"", "1"}};
+              return o;
+            }()}}) {
+    INFO(field);
+    absl::StatusOr<int64_t> refused =
+        client->RemoteWith<int64_t>("e2e_targets::add", Arguments(1, 2), options);
+    REQUIRE(refused.status().code() == absl::StatusCode::kInvalidArgument);
+    std::optional<RemoteError> error = GetRemoteError(refused.status());
+    REQUIRE(error.has_value());
+    CHECK(error->type == "BadRequest");
+    CHECK(error->message.find(field) != std::string::npos);
+  }
+  absl::StatusOr<int64_t> sum = client->Remote<int64_t>("e2e_targets::add", 1, 2);
+  REQUIRE_OK(sum.status());
+  CHECK(*sum == 3);
+}
+
 }  // namespace
 }  // namespace agentix

@@ -531,6 +531,41 @@ BEHAVIOUR("spans") {
   CHECK(names == std::vector<std::string>{"inner", "failing", "outer"});
 }
 
+BEHAVIOUR("call_context") {
+  Client& client = SharedClient();
+  CallOptions baggage;
+  baggage.baggage = {{"run", "r42"}, {"user", "ada"}};
+  absl::StatusOr<std::string> run =
+      client.RemoteWith<std::string>(Target("read_baggage"), Arguments("run"), baggage);
+  REQUIRE_OK(run.status());
+  CHECK(*run == "r42");
+  absl::StatusOr<std::string> unset = client.Remote<std::string>(Target("read_baggage"), "run");
+  REQUIRE_OK(unset.status());
+  CHECK(*unset == "<unset>");
+
+  CallOptions traced;
+  traced.traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  traced.tracestate = "agentix=00f067aa0ba902b7a1b2c3d4";
+  const std::map<std::string, std::string> expected = {
+      {"trace_id", "trace_4bf92f3577b34da6a3ce929d0e0e4736"},
+      {"parent_id", "span_00f067aa0ba902b7a1b2c3d4"}};
+  absl::StatusOr<std::map<std::string, std::string>> ids =
+      client.RemoteWith<std::map<std::string, std::string>>(Target("open_span"), Arguments(),
+                                                            traced);
+  REQUIRE_OK(ids.status());
+  CHECK(*ids == expected);
+
+  CallOptions both = traced;
+  both.baggage = baggage.baggage;
+  ids = client.RemoteWith<std::map<std::string, std::string>>(Target("open_span"), Arguments(),
+                                                              both);
+  REQUIRE_OK(ids.status());
+  CHECK(*ids == expected);
+  run = client.RemoteWith<std::string>(Target("read_baggage"), Arguments("run"), both);
+  REQUIRE_OK(run.status());
+  CHECK(*run == "r42");
+}
+
 BEHAVIOUR("auth") {
   const std::string token = "conformance-cc-token-0123456789";
   Daemon secured(token);

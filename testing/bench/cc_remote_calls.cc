@@ -3,10 +3,17 @@
 // 16 MiB) against a running agentix-sandboxd whose worker imports
 // bench_targets. remote_calls.py starts the daemon and runs this.
 //
-//   cc_remote_calls --target=unix:///tmp/x/sandboxd.sock [--quick]
+//   cc_remote_calls --target=unix:///tmp/x/sandboxd.sock [--quick] [--noop-only]
 //
 // Prints progress to stderr and one JSON line (the results) to stdout. Each
 // concurrent caller is a thread making blocking calls on the one Client.
+// The noop is measured in blocks of kNoopBlock calls alternating with a raw
+// gRPC noop through the same daemon (RawNoop), so both meet the same load:
+// noop_p50_us / raw_daemon_noop_p50_us (all samples),
+// noop_over_raw_daemon_block_median (the median over blocks of the ratio
+// of their p50s) and the process's CPU per call of each
+// (noop_cpu_us_per_call, raw_daemon_noop_cpu_us_per_call: the client's own
+// work is the difference). --noop-only stops there.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -18,14 +25,23 @@
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "agentix/client.h"
 #include "agentix/runtime/v1/runtime.grpc.pb.h"
 #include "testing/bench/floor/floor_stats.h"
 
 namespace agentix::bench {
 namespace {
+namespace pb = ::agentix::runtime::v1;
+
+// Calls per block of the interleaved client / raw noop measurement.
+constexpr int kNoopBlock = 50;
 
 struct Plan {
   int noop_warmup, noop_calls;
@@ -100,54 +116,121 @@ absl::StatusOr<double> EchoSeconds(Client& client, size_t size, int reps) {
   return times[times.size() / 2];
 }
 
-// Noop p50 of the least any client can do through the daemon: raw gRPC on
-// one Calls stream, one StartCall (carrying the previous call's ack) and one
-// Read per call on the calling thread, no library. The floor that includes
-// the daemon -> worker hop; the C++ client's own cost is the difference.
-absl::StatusOr<double> RawDaemonNoopP50(const std::string& target, const Plan& plan) {
-  namespace pb = ::agentix::runtime::v1;
-  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
-  auto stub = pb::RuntimeService::NewStub(channel);
-  grpc::ClientContext context;
-  context.AddMetadata("agentix-client-id", "cc-bench-raw");
-  auto stream = stub->Calls(&context);
-  static const std::string kNoArguments("\x92\x90\x80", 3);  // [[], {}]
-  std::string previous;
-  pb::CallsRequest request;
-  pb::CallsResponse response;
-  std::vector<double> samples;
-  for (int i = 0; i < plan.noop_warmup + plan.noop_calls; ++i) {
-    const std::string id = absl::StrCat("raw-", i);
-    request.Clear();
-    if (!previous.empty()) request.add_events()->mutable_ack()->set_call_id(previous);
-    pb::StartCall* start = request.add_events()->mutable_start();
+// The least any client can do through the daemon: raw gRPC on one Calls
+// stream, one StartCall (carrying the previous call's ack) and one Read per
+// call on the calling thread, no library. The floor that includes the
+// daemon -> worker hop; the C++ client's own cost is the difference.
+class RawNoop {
+ public:
+  explicit RawNoop(const std::string& target)
+      : stub_(pb::RuntimeService::NewStub(
+            grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))) {
+    context_.AddMetadata("agentix-client-id", "cc-bench-raw");
+    stream_ = stub_->Calls(&context_);
+  }
+  ~RawNoop() {
+    stream_->WritesDone();
+    context_.TryCancel();
+    stream_->Finish();
+  }
+
+  // Seconds of one noop round trip; the error when the stream ended.
+  absl::StatusOr<double> Once() {
+    static const std::string kNoArguments("\x92\x90\x80", 3);  // [[], {}]
+    const std::string id = absl::StrCat(prefix_, ++count_);
+    request_.Clear();
+    if (!previous_.empty()) request_.add_events()->mutable_ack()->set_call_id(previous_);
+    pb::StartCall* start = request_.add_events()->mutable_start();
     start->set_call_id(id);
     start->set_callable("bench_targets::noop");
     start->set_encoding(pb::ENCODING_MSGPACK);
     start->set_arguments(kNoArguments);
     start->set_arguments_size(kNoArguments.size());
     const double begin = Now();
-    if (!stream->Write(request)) break;
+    if (!stream_->Write(request_)) return absl::UnavailableError("raw noop stream ended");
     bool done = false;
-    while (!done && stream->Read(&response)) {
-      for (const pb::SandboxEvent& event : response.events()) {
+    while (!done && stream_->Read(&response_)) {
+      for (const pb::SandboxEvent& event : response_.events()) {
         if ((event.has_result() && event.result().call_id() == id) ||
             (event.has_error() && event.error().call_id() == id)) {
           done = true;
         }
       }
     }
-    if (!done) break;
-    if (i >= plan.noop_warmup) samples.push_back(Now() - begin);
-    previous = id;
+    if (!done) return absl::UnavailableError("raw noop stream ended");
+    previous_ = id;
+    return Now() - begin;
   }
-  stream->WritesDone();
-  context.TryCancel();
-  grpc::Status status = stream->Finish();
-  if (samples.size() != static_cast<size_t>(plan.noop_calls)) {
-    return absl::UnavailableError(absl::StrCat("raw noop stream ended: ", status.error_message()));
+
+ private:
+  std::unique_ptr<pb::RuntimeService::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<pb::CallsRequest, pb::CallsResponse>> stream_;
+  pb::CallsRequest request_;
+  pb::CallsResponse response_;
+  std::string previous_;
+  // Call ids are daemon-wide and a finished one is not run again: unique
+  // per process, so runs can share a daemon (A/B runs).
+  const std::string prefix_ = absl::StrCat("raw-", ::getpid(), "-", absl::ToUnixNanos(absl::Now()), "-");
+  int64_t count_ = 0;
+};
+
+// This process's CPU seconds (all threads: the caller, the client's reader,
+// gRPC's own).
+double CpuSeconds() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
+         (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
+}
+
+// The client's noop and the raw noop through the same daemon, measured in
+// alternating blocks (the order swapped each block) so that both meet the
+// same load: latency samples, CPU per call, and the median over blocks of
+// the block p50 ratio client / raw.
+struct NoopFigures {
+  std::vector<double> client, raw;  // seconds per call
+  double client_cpu = 0, raw_cpu = 0;  // CPU seconds in total
+  std::vector<double> block_ratios;
+  absl::Status raw_error;
+};
+
+NoopFigures MeasureNoops(Client& client, RawNoop& raw, const Plan& plan) {
+  NoopFigures out;
+  const int blocks = std::max(1, plan.noop_calls / kNoopBlock);
+  for (int i = 0; i < plan.noop_warmup; ++i) {
+    Noop(client);
+    if (out.raw_error.ok()) out.raw_error = raw.Once().status();
   }
-  return Percentile(samples, 0.5) * 1e6;
+  for (int b = 0; b < blocks; ++b) {
+    std::vector<double> mine, theirs;
+    for (int side = 0; side < 2; ++side) {
+      const bool client_side = (side == 0) == (b % 2 == 0);
+      if (!client_side && !out.raw_error.ok()) continue;
+      const double cpu = CpuSeconds();
+      for (int i = 0; i < kNoopBlock; ++i) {
+        if (client_side) {
+          const double start = Now();
+          Noop(client);
+          mine.push_back(Now() - start);
+        } else {
+          absl::StatusOr<double> took = raw.Once();
+          if (!took.ok()) {
+            out.raw_error = took.status();
+            break;
+          }
+          theirs.push_back(*took);
+        }
+      }
+      (client_side ? out.client_cpu : out.raw_cpu) += CpuSeconds() - cpu;
+    }
+    out.client.insert(out.client.end(), mine.begin(), mine.end());
+    out.raw.insert(out.raw.end(), theirs.begin(), theirs.end());
+    if (!mine.empty() && theirs.size() == static_cast<size_t>(kNoopBlock)) {
+      out.block_ratios.push_back(Percentile(mine, 0.5) / Percentile(theirs, 0.5));
+    }
+  }
+  return out;
 }
 
 std::string Rate(const absl::StatusOr<double>& seconds, size_t size) {
@@ -166,16 +249,27 @@ std::string Quoted(const absl::Status& status) {
   return out + "\"";
 }
 
+std::string Number(double value) {
+  return std::isfinite(value) ? absl::StrFormat("%.2f", value) : "null";
+}
+
 int Main(int argc, char** argv) {
   std::string target;
   bool quick = false;
+  bool noop_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--target=", 9) == 0) {
       target = argv[i] + 9;
     } else if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
+    } else if (std::strcmp(argv[i], "--noop-only") == 0) {
+      noop_only = true;
+    } else if (std::strcmp(argv[i], "--no-deadlock-detection") == 0) {
+      // Diagnosis: Debian's Abseil is built without NDEBUG, so every
+      // absl::Mutex::Lock (the client's and gRPC's) runs deadlock detection.
+      absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
     } else {
-      std::fprintf(stderr, "usage: cc_remote_calls --target=URL [--quick]\n");
+      std::fprintf(stderr, "usage: cc_remote_calls --target=URL [--quick] [--noop-only] [--no-deadlock-detection]\n");
       return 2;
     }
   }
@@ -190,40 +284,56 @@ int Main(int argc, char** argv) {
   const double first = Now();
   Noop(client);
   std::fprintf(stderr, "[cc] first call took %.1f ms\n", (Now() - first) * 1e3);
-  for (int i = 0; i < plan.noop_warmup; ++i) Noop(client);
-  std::vector<double> samples;
-  for (int i = 0; i < plan.noop_calls; ++i) {
-    const double start = Now();
-    Noop(client);
-    samples.push_back(Now() - start);
+  NoopFigures noops;
+  {
+    RawNoop raw(target);
+    noops = MeasureNoops(client, raw, plan);
   }
   double total = 0;
-  for (double s : samples) total += s;
-  const double p50 = Percentile(samples, 0.5) * 1e6;
-  const double p99 = Percentile(samples, 0.99) * 1e6;
-  std::fprintf(stderr, "[cc] noop p50 %.1f us, p99 %.1f us\n", p50, p99);
-  const absl::StatusOr<double> raw = RawDaemonNoopP50(target, plan);
-  if (raw.ok()) std::fprintf(stderr, "[cc] raw gRPC noop through the daemon p50 %.1f us\n", *raw);
+  for (double s : noops.client) total += s;
+  const double p50 = Percentile(noops.client, 0.5) * 1e6;
+  const double p99 = Percentile(noops.client, 0.99) * 1e6;
+  const double nan = std::nan("");
+  const double raw_p50 = noops.raw.empty() ? nan : Percentile(noops.raw, 0.5) * 1e6;
+  const double block_ratio =
+      noops.block_ratios.empty() ? nan : Percentile(noops.block_ratios, 0.5);
+  const double cpu = noops.client_cpu / noops.client.size() * 1e6;
+  const double raw_cpu = noops.raw.empty() ? nan : noops.raw_cpu / noops.raw.size() * 1e6;
+  std::fprintf(stderr,
+               "[cc] noop p50 %.1f us, p99 %.1f us, CPU %.1f us/call; raw gRPC noop through "
+               "the daemon p50 %.1f us, CPU %.1f us/call; block p50 ratio (median) %.3f\n",
+               p50, p99, cpu, raw_p50, raw_cpu, block_ratio);
+  const std::string noop_json = absl::StrFormat(
+      "\"noop_p50_us\": %.1f, \"noop_p99_us\": %.1f, \"noop_mean_us\": %.1f, "
+      "\"noop_cpu_us_per_call\": %s, \"raw_daemon_noop_p50_us\": %s, "
+      "\"raw_daemon_noop_cpu_us_per_call\": %s, \"noop_over_raw_daemon_block_median\": %s",
+      p50, p99, total / noops.client.size() * 1e6, Number(cpu), Number(raw_p50),
+      Number(raw_cpu), Number(block_ratio));
+  std::string errors;
+  auto add_error = [&](const absl::Status& status) {
+    if (status.ok()) return;
+    std::fprintf(stderr, "[cc] failed: %s\n", status.ToString().c_str());
+    errors += (errors.empty() ? "" : ", ") + Quoted(status);
+  };
+  add_error(noops.raw_error);
+  if (noop_only) {
+    std::printf("{%s, \"errors\": [%s]}\n", noop_json.c_str(), errors.c_str());
+    std::fflush(stdout);
+    return 0;
+  }
   const double c1 = CallsPerSecond(client, 1, plan);
   const double c16 = CallsPerSecond(client, 16, plan);
   const double c64 = CallsPerSecond(client, 64, plan);
   const size_t mib = 1 << 20;
   const absl::StatusOr<double> e1 = EchoSeconds(client, mib, plan.echo_1mib_reps);
   const absl::StatusOr<double> e16 = EchoSeconds(client, 16 * mib, plan.echo_16mib_reps);
-  std::string errors;
-  for (const auto* e : {&raw, &e1, &e16}) {
-    if (e->ok()) continue;
-    std::fprintf(stderr, "[cc] failed: %s\n", e->status().ToString().c_str());
-    errors += (errors.empty() ? "" : ", ") + Quoted(e->status());
-  }
+  add_error(e1.status());
+  add_error(e16.status());
   std::printf(
-      "{\"noop_p50_us\": %.1f, \"noop_p99_us\": %.1f, \"noop_mean_us\": %.1f, "
-      "\"calls_per_s_c1\": %.1f, \"calls_per_s_c16\": %.1f, \"calls_per_s_c64\": %.1f, "
-      "\"mb_per_s_1mib\": %s, \"mb_per_s_16mib\": %s, \"reconnects\": %d, "
-      "\"raw_daemon_noop_p50_us\": %s, \"errors\": [%s]}\n",
-      p50, p99, total / samples.size() * 1e6, c1, c16, c64, Rate(e1, mib).c_str(),
-      Rate(e16, 16 * mib).c_str(), client.reconnects(),
-      raw.ok() ? absl::StrCat(*raw).c_str() : "null", errors.c_str());
+      "{%s, \"calls_per_s_c1\": %.1f, \"calls_per_s_c16\": %.1f, \"calls_per_s_c64\": %.1f, "
+      "\"mb_per_s_1mib\": %s, \"mb_per_s_16mib\": %s, \"reconnects\": %d, \"errors\": [%s]}\n",
+      noop_json.c_str(), c1, c16, c64, Rate(e1, mib).c_str(), Rate(e16, 16 * mib).c_str(),
+      client.reconnects(), errors.c_str());
   std::fflush(stdout);
   return 0;
 }

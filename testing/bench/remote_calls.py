@@ -29,6 +29,24 @@ the CPU the host, the daemon (server) and the worker spent per call
 (`noop_cpu_us_per_call`, `echo_cpu_ms_16mib`, per process in
 `details.<side>.cpu_per_call`), from /proc schedstat (floors.CpuMeter).
 
+The C++ client's noop against the floors, in one place of the last JSON line,
+`cc_noop` (None without a C++ client round):
+- `p50_us`: the C++ client's noop p50 (median over the rounds);
+- `floor_p50_us`, `floor_grpc_p50_us`: the raw Unix-socket and raw gRPC
+  ping-pong floors' p50 (medians over the rounds);
+- `raw_daemon_p50_us`: a raw gRPC noop through the same daemon, no client
+  library (cc_remote_calls.cc's RawNoop, measured in blocks alternating with
+  the client's noop);
+- `over_floor`, `over_floor_grpc`: the median over the rounds of each
+  round's client p50 / floor p50 (the floors run right after the client in
+  the same round);
+- `over_raw_daemon`: the median over the rounds of each round's
+  `noop_over_raw_daemon_block_median` (client p50 / raw p50 per block of 50
+  calls of each, interleaved): the client library's own share;
+- `cpu_us_per_call`, `raw_daemon_cpu_us_per_call`: the client process's CPU
+  per noop, with the library and with raw gRPC (medians over the rounds);
+- `at_most_1_5x_floor_grpc`: the acceptance target, `over_floor_grpc` <= 1.5.
+
 All processes of both stacks get the same GLIBC_TUNABLES (procs.MALLOC_TUNABLES)
 unless --no-malloc-tunables. Output: human-readable lines, then, LAST, one JSON object
 (see README.md for its keys).
@@ -42,6 +60,7 @@ import platform
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -169,7 +188,9 @@ def _run_ours(args, plan, log) -> dict:
 # ------------------------------------------------------------ C++ client and floor
 
 CC_KEYS = ("noop_p50_us", "noop_p99_us", "calls_per_s_c1", "calls_per_s_c16",
-           "calls_per_s_c64", "mb_per_s_16mib", "raw_daemon_noop_p50_us")
+           "calls_per_s_c64", "mb_per_s_16mib", "raw_daemon_noop_p50_us",
+           "noop_over_raw_daemon_block_median", "noop_cpu_us_per_call",
+           "raw_daemon_noop_cpu_us_per_call")
 # The figures beside each latency: CPU of all processes per call / per 16 MiB echo.
 CPU_KEYS = ("noop_cpu_us_per_call", "echo_cpu_ms_16mib")
 FLOOR_KEYS = HEADLINE_KEYS + CPU_KEYS
@@ -249,20 +270,64 @@ def _cc_and_floor_rounds(args, env: dict) -> tuple[dict, list[str]]:
     that all three meet the same load; per-metric medians over the rounds."""
     log = _log_for("cc+floor")
     runs = {"cc_client": [], "floor": [], "floor_grpc": []}
+    rounds = []  # per round: {"cc_client": ..., "floor": ..., "floor_grpc": ...} (None: failed)
     errors = []
     for index in range(args.rounds):
         print(f"== C++ client and floors (round {index + 1}/{args.rounds}) ==", flush=True)
+        this_round = {}
         for key, run in (("cc_client", lambda: _run_cc(args, env, log)),
                          ("floor", lambda: _run_floor("unix_pingpong", args, env, log)),
                          ("floor_grpc", lambda: _run_floor("grpc_pingpong", args, env, log))):
             try:
-                runs[key].append(run())
+                this_round[key] = run()
+                runs[key].append(this_round[key])
             except (RuntimeError, OSError, subprocess.TimeoutExpired, ValueError) as error:
+                this_round[key] = None
                 errors.append(f"{key}: {error}")
                 print(f"!! {key}: {error}", flush=True)
+        rounds.append(this_round)
     combined = {key: stack_rounds.combine(results) for key, results in runs.items()}
     combined["per_round"] = runs
+    combined["cc_noop"] = cc_noop_summary(rounds)
     return combined, errors
+
+
+def cc_noop_summary(rounds: list[dict]) -> dict | None:
+    """The report's `cc_noop` (see the module docstring) from the rounds'
+    results ({"cc_client", "floor", "floor_grpc"} each, None where a program
+    failed); ratios are taken within a round, then the median over rounds."""
+    def median(values):
+        values = [v for v in values if isinstance(v, (int, float)) and v > 0]
+        return round(statistics.median(values), 2) if values else None
+
+    def ratio(top, bottom):
+        return top / bottom if top and bottom else None
+
+    cc = [r["cc_client"] for r in rounds if r.get("cc_client")]
+    if not cc:
+        return None
+
+    def figure(name, key):
+        return median([(r.get(name) or {}).get(key) for r in rounds])
+
+    def per_round(name):
+        return median([ratio((r.get("cc_client") or {}).get("noop_p50_us"),
+                             (r.get(name) or {}).get("noop_p50_us")) for r in rounds])
+
+    summary = {
+        "p50_us": figure("cc_client", "noop_p50_us"),
+        "floor_p50_us": figure("floor", "noop_p50_us"),
+        "floor_grpc_p50_us": figure("floor_grpc", "noop_p50_us"),
+        "raw_daemon_p50_us": figure("cc_client", "raw_daemon_noop_p50_us"),
+        "over_floor": per_round("floor"),
+        "over_floor_grpc": per_round("floor_grpc"),
+        "over_raw_daemon": figure("cc_client", "noop_over_raw_daemon_block_median"),
+        "cpu_us_per_call": figure("cc_client", "noop_cpu_us_per_call"),
+        "raw_daemon_cpu_us_per_call": figure("cc_client", "raw_daemon_noop_cpu_us_per_call"),
+    }
+    over = summary["over_floor_grpc"]
+    summary["at_most_1_5x_floor_grpc"] = None if over is None else over <= 1.5
+    return summary
 
 
 def _floor_ratios(report: dict, cc: dict | None, floor: dict | None,
@@ -376,6 +441,7 @@ def run_driver(args) -> int:
         report["floor_grpc"] = ({key: extra["floor_grpc"].get(key) for key in FLOOR_KEYS}
                                 if extra["floor_grpc"] else None)
         _floor_ratios(report, extra["cc_client"], extra["floor"], extra["floor_grpc"])
+        report["cc_noop"] = extra.pop("cc_noop")
         report["details"]["cc_and_floor"] = extra
         _print_floor_table(report)
     errors += _busy_and_floor_ratios(report, args, env, timeout_s)
@@ -400,6 +466,7 @@ def _print_floor_table(report: dict) -> None:
             print(f"ratio {key}: {value}")
     print(f"target cc_noop_p50_at_most_1_5x_floor_grpc: "
           f"{report['targets_met'].get('cc_noop_p50_at_most_1_5x_floor_grpc')}")
+    print(f"cc_noop (ratios within a round, median over rounds): {report.get('cc_noop')}")
 
 
 def _print_busy(report: dict) -> None:

@@ -214,6 +214,42 @@ async def _spans(client, **_):
         trace.remove_processor(spans)
 
 
+_CONTEXT_TRACE = "trace_4bf92f3577b34da6a3ce929d0e0e4736"
+_CONTEXT_SPAN = "span_00f067aa0ba902b7a1b2c3d4"
+
+
+async def _call_context(client, monkeypatch, **_):
+    from agentix import context
+    from agentix.runtime.client import wire
+    from agentix.runtime.v1 import runtime_pb2 as pb
+
+    sent = []
+    original = wire.start_call_event
+
+    def spy(*args):
+        pieces = original(*args)
+        sent.append(pb.CallsRequest.FromString(b"".join(bytes(p) for p in pieces)).events[0].start)
+        return pieces
+
+    monkeypatch.setattr(wire, "start_call_event", spy)
+    with context.scope(run="r42", user="ada"):
+        assert await client.remote(t.read_baggage, "run") == "r42"
+    assert await client.remote(t.read_baggage, "run") == "<unset>"
+    expected = {"trace_id": _CONTEXT_TRACE, "parent_id": _CONTEXT_SPAN}
+    with trace.trace("conformance", trace_id=_CONTEXT_TRACE), trace.span("caller", span_id=_CONTEXT_SPAN):
+        assert await client.remote(t.open_span) == expected
+        traced = sent[-1]
+        with context.scope(run="r42", user="ada"):
+            assert await client.remote(t.open_span) == expected
+            assert await client.remote(t.read_baggage, "run") == "r42"
+    # As the plain fields every client can send, not the Python-only pickle.
+    assert traced.context == b"" and not traced.baggage
+    assert traced.traceparent == "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    assert traced.tracestate == "agentix=00f067aa0ba902b7a1b2c3d4"
+    assert sent[-1].context == b"" and dict(sent[-1].baggage) == {"run": "r42", "user": "ada"}
+    assert sent[-1].traceparent == traced.traceparent
+
+
 async def _auth(start_daemon, tmp_path, **_):
     secured = start_daemon(env={"AGENTIX_TOKEN": TOKEN})
     for token in ("wrong-token-0123456789", None):
@@ -231,7 +267,7 @@ CASES = {
     "results_default_limit": _results_default_limit, "concurrency_64": _concurrency_64,
     "stream_items": _stream_items, "stream_early_exit": _stream_early_exit, "cancel": _cancel,
     "deadline": _deadline, "resume_after_cut": _resume_after_cut, "logs": _logs,
-    "log_backlog_6mib": _log_backlog_6mib, "spans": _spans, "auth": _auth,
+    "log_backlog_6mib": _log_backlog_6mib, "spans": _spans, "call_context": _call_context, "auth": _auth,
 }
 
 
@@ -239,4 +275,5 @@ CASES = {
 async def test_behaviour(case, client, daemon, start_daemon, tmp_path, monkeypatch):
     assert case in CASES, f"cases.json names {case!r}, which the Python runner does not implement"
     monkeypatch.delenv("AGENTIX_TOKEN", raising=False)
-    await CASES[case](client=client, daemon=daemon, start_daemon=start_daemon, tmp_path=tmp_path)
+    await CASES[case](client=client, daemon=daemon, start_daemon=start_daemon, tmp_path=tmp_path,
+                      monkeypatch=monkeypatch)

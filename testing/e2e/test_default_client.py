@@ -35,10 +35,10 @@ class DefaultClient:
         self.terminals = {}
         self.largest = 0
 
-    async def start(self, call_id, fn, *args, stream_window=0):
+    async def start(self, call_id, fn, *args, stream_window=0, module="wire_targets"):
         packed = msgpack.packb([list(args), {}])
         await self.call.write(pb.CallsRequest(events=[pb.HostEvent(start=pb.StartCall(
-            call_id=call_id, callable=f"wire_targets::{fn}", encoding=pb.ENCODING_MSGPACK,
+            call_id=call_id, callable=f"{module}::{fn}", encoding=pb.ENCODING_MSGPACK,
             arguments=packed, stream_window=stream_window))]))
 
     async def read_until(self, done, timeout=60):
@@ -143,6 +143,36 @@ async def test_log_backlog_reaches_a_default_subscriber(client):
     assert [m[:6] for m in messages if m.startswith("s")] == [f"s{i:05d}" for i in range(200)]
     (big,) = [m for m in messages if m.startswith("big")]
     assert big.startswith("big " + "b" * 100_000) and "[truncated: " in big
+
+
+async def test_a_6mib_backlog_of_records_reaches_a_default_subscriber(client):
+    # The conformance case's backlog (log_backlog_6mib): 9,000 records of 760
+    # bytes, over 6 MiB, logged while nobody listens; every one arrives whole
+    # and in order on a Logs stream with the default receive limit.
+    n, size = 9_000, 760
+    await client.start("sized", "log_sized", n, size, module="e2e_targets")
+    assert await client.result("sized") == n
+    logs = client.stub.Logs(metadata=client.metadata)
+    await logs.write(pb.LogsRequest(subscribe=pb.SubscribeLogs(after_seq=0)))
+    messages = []
+    largest = 0
+
+    async def read():
+        nonlocal largest
+        while len(messages) < n:
+            resp = await logs.read()
+            assert resp is not grpc.aio.EOF, "the Logs stream ended"
+            largest = max(largest, resp.ByteSize() + 5)
+            messages.extend(r.message for r in resp.records if r.logger == "e2e.sized")
+            if resp.records:
+                await logs.write(pb.LogsRequest(ack=pb.AckLogs(seq=resp.records[-1].seq)))
+
+    await asyncio.wait_for(read(), 60)
+    logs.cancel()
+    body = "y" * (size - 12)  # e2e_targets.log_sized
+    assert messages == [f"{i:010d} {body}" for i in range(n)]
+    assert sum(len(m) for m in messages) > 6 * MiB
+    assert largest <= LIMIT
 
 
 async def test_large_values_still_whole_for_the_python_host(daemon):

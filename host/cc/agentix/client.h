@@ -18,6 +18,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,8 +36,21 @@ namespace agentix {
 // The buffer the client packs values into. Its own type so that its packer
 // can write every double as a msgpack float64: msgpack-cxx's pack_double
 // writes a whole value (2.0) as an integer, and the sandbox would then see
-// an int where the caller passed a float.
-class MsgpackBuffer : public msgpack::sbuffer {};
+// an int where the caller passed a float. A std::string underneath: small
+// arguments stay inline (msgpack::sbuffer mallocs 8 KiB up front).
+class MsgpackBuffer {
+ public:
+  void write(const char* data, size_t size) { bytes_.append(data, size); }
+  const char* data() const { return bytes_.data(); }
+  size_t size() const { return bytes_.size(); }
+  void clear() { bytes_.clear(); }
+  void reserve(size_t size) { bytes_.reserve(size); }
+  const std::string& str() const { return bytes_; }
+  std::string Release() { return std::move(bytes_); }
+
+ private:
+  std::string bytes_;
+};
 
 }  // namespace agentix
 
@@ -151,16 +165,30 @@ class Arguments {
   absl::Status error_;
 };
 
+namespace client_internal {
+// The first zone chunk of a decode: a small result needs no 8 KiB block
+// (msgpack-cxx's default); larger ones grow it.
+constexpr size_t kDecodeZoneChunk = 512;
+inline bool ReferenceInput(msgpack::type::object_type, size_t, void*) { return true; }
+}  // namespace client_internal
+
 // Decodes msgpack bytes into T (msgpack-cxx's conversions; a msgpack::
 // object_handle keeps any value). A mismatch is INVALID_ARGUMENT.
 template <typename T>
 absl::StatusOr<T> Decode(absl::string_view bytes) {
   try {
-    msgpack::object_handle handle = msgpack::unpack(bytes.data(), bytes.size());
     if constexpr (std::is_same_v<T, msgpack::object_handle>) {
-      return handle;
+      auto zone = std::make_unique<msgpack::zone>(client_internal::kDecodeZoneChunk);
+      msgpack::object object = msgpack::unpack(*zone, bytes.data(), bytes.size());
+      return msgpack::object_handle(object, std::move(zone));
     } else {
-      return handle.get().as<T>();
+      // T copies what it keeps, so strings and bins are read in place from
+      // `bytes` rather than copied into the zone first (a 16 MiB result is
+      // copied once, not twice).
+      msgpack::zone zone(client_internal::kDecodeZoneChunk);
+      msgpack::object object = msgpack::unpack(zone, bytes.data(), bytes.size(),
+                                               &client_internal::ReferenceInput);
+      return object.as<T>();
     }
   } catch (const std::exception& error) {
     return absl::InvalidArgumentError(
@@ -175,6 +203,20 @@ struct CallOptions {
   absl::Duration timeout = absl::InfiniteDuration();
   // Streaming calls: items the sandbox may produce ahead of the consumer.
   uint32_t stream_window = 16;
+
+  // The call's context, sent as StartCall's plain fields (runtime.proto's
+  // README, "Call context"); empty: none. They are checked by the daemon: a
+  // malformed traceparent or an empty baggage key fails the call with
+  // INVALID_ARGUMENT and RemoteError{type "BadRequest"} naming the field.
+  //
+  // W3C trace parent, "00-<32 hex trace-id>-<16 hex parent-id>-<2 hex
+  // flags>": spans the callable opens join that trace under that parent.
+  std::string traceparent;
+  // W3C tracestate; only an "agentix=<24 hex>" entry whose first 16 digits
+  // are the traceparent's parent-id is read (the full agentix span id).
+  std::string tracestate;
+  // String baggage: agentix.context.get(key) in the sandbox, for this call.
+  std::map<std::string, std::string> baggage;
 };
 
 class Client;

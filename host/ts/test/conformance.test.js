@@ -111,6 +111,21 @@ test("ts_call_context", { timeout: 60_000 }, async () => {
   } finally { c.close(); }
 });
 
+test("call_context", { timeout: 60_000 }, async () => {
+  const c = client();
+  const baggage = { run: "r42", user: "ada" };
+  const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  const tracestate = "agentix=00f067aa0ba902b7a1b2c3d4";
+  const expected = { trace_id: "trace_4bf92f3577b34da6a3ce929d0e0e4736", parent_id: "span_00f067aa0ba902b7a1b2c3d4" };
+  try {
+    assert.equal(await c.remote(T + "read_baggage", ["run"], { baggage }), "r42");
+    assert.equal(await c.remote(T + "read_baggage", ["run"]), "<unset>");
+    assert.deepEqual(await c.remote(T + "open_span", [], { traceparent, tracestate }), expected);
+    assert.deepEqual(await c.remote(T + "open_span", [], { traceparent, tracestate, baggage }), expected);
+    assert.equal(await c.remote(T + "read_baggage", ["run"], { traceparent, tracestate, baggage }), "r42");
+  } finally { c.close(); }
+});
+
 test("call_error", { timeout: 60_000 }, async () => {
   const c = client();
   try {
