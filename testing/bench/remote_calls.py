@@ -198,18 +198,6 @@ FLOOR_KEYS = HEADLINE_KEYS + CPU_KEYS
 FLOOR_SMALL_BYTES = 64
 
 
-def _json_line(argv, timeout_s: float, env: dict, log) -> dict:
-    """Runs a program that prints one JSON object as its last stdout line."""
-    proc = subprocess.run([str(a) for a in argv], stdout=subprocess.PIPE, text=True,
-                          timeout=timeout_s, env=env)
-    lines = [l for l in proc.stdout.splitlines() if l.strip()]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{argv[0]} failed with exit code {proc.returncode}")
-    result = json.loads(lines[-1])
-    log(f"{os.path.basename(str(argv[0]))}: {result}")
-    return result
-
-
 def _run_cc(args, env: dict, log) -> dict:
     """The C++ client's workloads against its own agentix-sandboxd."""
     sandboxd = args.sandboxd or procs.runfile("sandbox/agentix-sandboxd")
@@ -226,7 +214,7 @@ def _run_cc(args, env: dict, log) -> dict:
     try:
         _wait_for_unix_socket(sock, daemon, SERVER_START_TIMEOUT_S)
         argv = [binary, f"--target=unix://{sock}"] + (["--quick"] if args.quick else [])
-        return _json_line(argv, 300, env, log)
+        return floors.run_json(argv, env=env, timeout_s=300, log=log)
     finally:
         procs.stop_process(daemon)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -48,3 +48,20 @@ def start(call_id, callable_, arguments=b"", size=0, encoding=pb.ENCODING_PICKLE
 
 def chunk(call_id, data):
     return pb.HostEvent(argument_chunk=pb.ArgumentChunk(call_id=call_id, data=data))
+
+
+def record_start_calls(monkeypatch) -> list:
+    """Makes the host package's StartCall encoder also append each StartCall
+    it writes (decoded) to the returned list, for tests of the wire fields."""
+    from agentix.runtime.client import wire
+
+    sent = []
+    original = wire.start_call_event
+
+    def spy(*args):
+        pieces = original(*args)
+        sent.append(pb.CallsRequest.FromString(b"".join(bytes(p) for p in pieces)).events[0].start)
+        return pieces
+
+    monkeypatch.setattr(wire, "start_call_event", spy)
+    return sent

@@ -220,18 +220,9 @@ _CONTEXT_SPAN = "span_00f067aa0ba902b7a1b2c3d4"
 
 async def _call_context(client, monkeypatch, **_):
     from agentix import context
-    from agentix.runtime.client import wire
-    from agentix.runtime.v1 import runtime_pb2 as pb
+    from raw_stream import record_start_calls
 
-    sent = []
-    original = wire.start_call_event
-
-    def spy(*args):
-        pieces = original(*args)
-        sent.append(pb.CallsRequest.FromString(b"".join(bytes(p) for p in pieces)).events[0].start)
-        return pieces
-
-    monkeypatch.setattr(wire, "start_call_event", spy)
+    sent = record_start_calls(monkeypatch)
     with context.scope(run="r42", user="ada"):
         assert await client.remote(t.read_baggage, "run") == "r42"
     assert await client.remote(t.read_baggage, "run") == "<unset>"

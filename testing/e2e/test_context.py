@@ -124,18 +124,9 @@ async def test_malformed_plain_context_is_a_bad_request(daemon, fields):
 
 async def test_the_python_host_sends_string_baggage_and_trace_as_plain_fields(client, monkeypatch):
     from agentix import trace
-    from agentix.runtime.client import wire
-    from agentix.runtime.v1 import runtime_pb2 as pb
+    from raw_stream import record_start_calls
 
-    sent = []
-    original = wire.start_call_event
-
-    def spy(*args):
-        pieces = original(*args)
-        sent.append(pb.CallsRequest.FromString(b"".join(bytes(p) for p in pieces)).events[0].start)
-        return pieces
-
-    monkeypatch.setattr(wire, "start_call_event", spy)
+    sent = record_start_calls(monkeypatch)
     with trace.trace("host-trace") as t_, trace.span("host-span") as s, context.scope(user="alice"):
         assert await client.remote(t.read_baggage, "user") == "alice"
         ids = await client.remote(t.open_span)
