@@ -1,5 +1,7 @@
 #include "sandbox/server_stream.h"
 
+#include <algorithm>
+
 #include <grpcpp/alarm.h>
 #include <pthread.h>
 
@@ -50,8 +52,9 @@ void CompletionQueueThread::PollSpinning(absl::Duration spin) {
   bool ok = false;
   while (true) {
     bool got = false;
+    const absl::Time waiting_since = absl::Now();
     if (window >= absl::Microseconds(1)) {
-      const absl::Time until = absl::Now() + window;
+      const absl::Time until = waiting_since + window;
       do {
         const auto status = cq_->AsyncNext(&tag, &ok, now_only);
         if (status == grpc::CompletionQueue::SHUTDOWN) return;
@@ -59,10 +62,15 @@ void CompletionQueueThread::PollSpinning(absl::Duration spin) {
       } while (!got && absl::Now() < until);
     }
     if (!got) {
-      const absl::Time slept = absl::Now();
       if (!cq_->Next(&tag, &ok)) return;
-      // Adapt: spinning pays only when the next completion comes soon.
-      window = absl::Now() - slept <= spin ? spin : window / 2;
+      // Adapt: spinning pays only when the next completion comes soon. The
+      // whole wait counts (spin and sleep): one no longer than the longest
+      // window doubles the window, a longer one halves it, so a stream that
+      // alternates (a write's completion at once, the next read much later)
+      // settles near the short wait instead of spinning before every read.
+      window = absl::Now() - waiting_since <= spin
+                   ? std::min(spin, std::max(window * 2, absl::Microseconds(1)))
+                   : window / 2;
     }
     static_cast<Completion*>(tag)->Complete(ok);
   }

@@ -311,8 +311,9 @@ absl::Status WorkerProcess::TakeRingPayload(ipc::Frame& frame) {
 
 absl::Duration WorkerProcess::SpinUntilReadable(absl::Duration window) {
   char byte;
+  const absl::Time waiting_since = absl::Now();
   if (window >= absl::Microseconds(1)) {
-    const absl::Time until = absl::Now() + window;
+    const absl::Time until = waiting_since + window;
     do {
       const ssize_t n =
           ::recv(channel_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
@@ -322,11 +323,14 @@ absl::Duration WorkerProcess::SpinUntilReadable(absl::Duration window) {
     } while (absl::Now() < until);
   }
   // Block here (not in the read) to learn how long the wait was.
-  const absl::Time slept = absl::Now();
   pollfd pfd{channel_.get(), POLLIN, 0};
   while (::poll(&pfd, 1, -1) < 0 && errno == EINTR) {
   }
-  return absl::Now() - slept <= read_spin_ ? read_spin_ : window / 2;
+  // As the reaction thread's spin (server_stream.cc): the whole wait counts;
+  // double after a short one, halve after a long one.
+  return absl::Now() - waiting_since <= read_spin_
+             ? std::min(read_spin_, std::max(window * 2, absl::Microseconds(1)))
+             : window / 2;
 }
 
 void WorkerProcess::ReaderLoop() {
