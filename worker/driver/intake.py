@@ -1,0 +1,205 @@
+"""Leader/follower intake: while sync calls come one at a time, a pool thread
+reads the frame channel and runs the sync call it read itself (one wake-up
+less per call than the loop reading and handing it over). A mixin of
+_Worker (worker.py); see worker/README.md, "Leader/follower intake"."""
+
+import os
+
+import _agentix_worker as _w
+
+from .calls import _Call
+from .common import _DEBUG, _ERROR, _UNKNOWN, _WARNING, _log, _text
+from .errors import _error
+
+# The loop hands the frame channel to a pool thread (leader/follower, see
+# _Worker._lead_intake) after this many sync calls in a row, each the only
+# call in flight. Each time the pool gives it back because calls overlapped
+# after fewer than _LEAD_SETTLED calls, the loop waits for twice as many
+# (up to _LEAD_AFTER_MAX): concurrent callers whose calls only sometimes
+# overlap would otherwise make the channel change hands every few calls.
+_LEAD_AFTER_SYNC_CALLS = 2
+_LEAD_AFTER_MAX = 4096
+_LEAD_SETTLED = 256
+
+
+def _lead_enabled():
+    """Leader/follower intake unless $AGENTIX_WORKER_INTAKE is "loop"."""
+    value = os.environ.get("AGENTIX_WORKER_INTAKE", "lead").strip().lower()
+    if value not in ("lead", "loop", ""):
+        _log(_WARNING, f"AGENTIX_WORKER_INTAKE={value!r} is not 'lead' or "
+             "'loop'; using 'lead'")
+    return value != "loop"
+
+
+class _InlineTask:
+    """call.task of a sync call its intake leader runs itself: like a
+    started pool job, cancel() does nothing (the reply is dropped)."""
+
+    __slots__ = ()
+
+    def cancel(self):
+        pass
+
+
+_INLINE = _InlineTask()
+
+
+class _LeaderIntake:
+    """The intake half of _Worker: every method here uses its state."""
+
+    def _hand_intake_to_pool(self):
+        """Loop: lets a pool thread read the channel instead (one wake-up
+        less per sync call), if one is free now."""
+        fd = self._channel.fileno()
+        try:
+            self._channel.intake_to_pool()
+        except OSError as exc:
+            _log(_WARNING, f"leader/follower intake off: {_text(exc)}")
+            self._lead_on = False
+            return
+        self._loop.remove_reader(fd)
+        self._led = 0
+        if not self._pool.try_lead(self._lead_intake):
+            self._channel.intake_to_loop()
+            self._loop.add_reader(fd, self.on_readable)
+
+    def _resume_loop_intake(self, frames, overlapped=False):
+        """Loop: takes the channel back from the last intake leader and
+        handles the frames it left (in order), then reads on. `overlapped`:
+        given back because calls overlapped."""
+        self._sync_streak = 0
+        if overlapped and self._led < _LEAD_SETTLED:
+            self._lead_after = min(2 * self._lead_after, _LEAD_AFTER_MAX)
+        elif self._led >= _LEAD_SETTLED:
+            self._lead_after = _LEAD_AFTER_SYNC_CALLS
+        if self.exit_code is not None:
+            return
+        if frames:
+            self._dispatch(frames)
+            if self.exit_code is not None:
+                return
+        try:
+            self._loop.add_reader(self._channel.fileno(), self.on_readable)
+        except Exception as exc:  # the loop is closing
+            _log(_DEBUG, f"cannot read the channel again: {_text(exc)}")
+        # on_readable reads what is there, an end of stream included.
+
+    def _to_loop(self, frames, overlapped=False):
+        """Intake leader: the loop reads from now on, starting with
+        `frames` (the rest of a batch, in order). Followers leave."""
+        self._channel.intake_to_loop()
+        self._call_on_loop(self._resume_loop_intake, frames, overlapped)
+
+    def _lead_intake(self, holding=True):
+        """Pool thread: the channel's reader while it holds the intake baton
+        (channel/intake_baton.h). Waits for frames (GIL released), starts
+        the calls among them, and runs the last sync one itself after
+        passing the baton to a follower (or a fresh pool thread; if none is
+        free, the loop reads on), so a long call never holds up the next
+        frames; then waits as a follower. Anything else (cancels, acks,
+        namespace events, coroutine or streaming calls, chunked arguments,
+        end of stream, errors) goes to the loop with the rest of its batch,
+        in order, and the loop reads on. Never raises."""
+        try:
+            self._lead(holding)
+        except BaseException as exc:
+            # Not expected (the steps below catch what they may raise). If
+            # the baton was still ours the loop must read on; if not, the
+            # loop reading too is harmless once the followers left.
+            _log(_ERROR, f"frame intake: {_text(exc)}; the loop reads on")
+            self._to_loop(())
+
+    def _lead(self, holding):
+        channel = self._channel
+        lead = channel.intake_lead
+        read_frames = channel.read_frames
+        while True:
+            if lead(holding) != 0 or self.exit_code is not None:
+                return  # not needed (another reads), or stopping
+            holding = True
+            try:
+                frames = read_frames()
+            except (_w.ProtocolError, OSError) as exc:
+                channel.intake_to_loop()
+                self._call_on_loop(self._read_failed, exc)
+                return
+            if frames is None:  # end of stream: the loop reads it again
+                self._to_loop(())
+                return
+            pending = []
+            rest = ()
+            for i, frame in enumerate(frames):
+                if (frame.kind != _w.CALL or frame.data is None
+                        or frame.stream_window or self.exit_code is not None):
+                    rest = frames[i:]
+                    break
+                self._lead_call(frame, pending)
+            # Calls one at a time gain from running where they were read; with
+            # several in flight the hand-over would be paid per batch and
+            # compete with the running calls for the GIL: the loop reads then.
+            overlapped = len(self._calls) > 1
+            to_loop = bool(rest) or overlapped
+            runs = []
+            for entry in pending:
+                call, context, fn, args, kwargs, sync = entry
+                if sync:
+                    runs.append(entry)
+                else:  # a coroutine function: the workload wants the loop
+                    to_loop = True
+                    self._call_on_loop_in(context, self._start_on_loop, call,
+                                          fn, args, kwargs)
+            for call, context, fn, args, kwargs, _ in runs[:-1]:
+                try:
+                    call.task = self._pool.submit(
+                        context.run, self._run_pooled, call, fn, args, kwargs)
+                except RuntimeError as exc:  # no thread could be started
+                    self._reply_from_thread(call, False,
+                                            _error(exc, _UNKNOWN, skip=1))
+            if not runs and not to_loop:
+                continue  # nothing to run (errors answered): read on
+            if runs:
+                runs[-1][0].task = _INLINE
+            # The baton goes on last: until here, a failure leaves it ours.
+            if to_loop:
+                self._to_loop(rest, overlapped)
+            elif not (channel.intake_pass()
+                      or self._pool.try_lead(self._lead_intake)):
+                self._to_loop(())
+            if not runs:
+                return
+            call, context, fn, args, kwargs, _ = runs[-1]
+            self._led += 1
+            self._pool.run_inline(context.run, self._run_pooled, call, fn,
+                                  args, kwargs)
+            if to_loop:
+                return
+            holding = False  # a follower now, if one is needed
+
+    def _lead_call(self, frame, pending):
+        """Intake leader: _on_call for a call frame with its arguments; the
+        started call goes to `pending` instead of the pool or the loop."""
+        call_id = frame.call_id
+        if call_id in self._calls:
+            _log(_WARNING, f"ignoring a second call frame for {call_id!r}")
+            return
+        call = _Call(call_id, frame.callable, frame.encoding, frame.total_size,
+                     frame.context, 0)
+        self._calls[call_id] = call
+        data = frame.data
+        call.received = len(data)
+        self._start(call, data, pending)
+
+    def _call_on_loop_in(self, context, fn, *args):
+        try:
+            self._loop.call_soon_threadsafe(fn, *args, context=context)
+        except RuntimeError:
+            pass  # the loop is closed: the worker is exiting
+
+    def _start_on_loop(self, call, fn, args, kwargs):
+        """Loop: starts a coroutine call an intake leader set up."""
+        if self._calls.get(call.call_id) is call:
+            call.task = self._loop.create_task(
+                self._run_coroutine(call, fn, args, kwargs))
+
+    def _stop_intake_leaders(self):
+        self._channel.intake_stop()
