@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -85,6 +86,13 @@ TEST_CASE("With gRPC's executor inline, no executor thread runs and "
           "[grpc_executor]") {
   grpc_init();
   // The check can fail: initialised, gRPC runs its default executor thread.
+  // It is started asynchronously (not yet there right after grpc_init under
+  // ASan), so wait for it a while.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (ThreadsNamed("default-executo") == 0 &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   CHECK(ThreadsNamed("default-executo") == 1);
   RunGrpcExecutorInline();
   CHECK(ThreadsNamed("default-executo") == 0);
