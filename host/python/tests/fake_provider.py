@@ -94,6 +94,10 @@ class FakeProviderService(pb_grpc.ProviderServiceServicer):
         self.pids_limit = False  # what GetCapabilities says of the local backend
         self.ready_delay = 0.0  # seconds a first CreateSandbox takes after making the record
 
+    def creates(self) -> list:
+        """The CreateSandbox requests received, in order."""
+        return [request for method, request in self.calls if method == "CreateSandbox"]
+
     # ---------------------------------------------------------------- helpers
 
     async def _enter(self, method, request, context) -> None:
@@ -367,3 +371,13 @@ async def serve_provider(service: FakeProviderService, socket_path) -> grpc.aio.
     server.add_insecure_port(f"unix://{socket_path}")
     await server.start()
     return server
+
+
+async def serve_fake(directory) -> FakeProviderService:
+    """A FakeProviderService served on ``<directory>/p.sock``, with `socket`,
+    `url` and `server` set; stop it with ``await service.server.stop(None)``."""
+    service = FakeProviderService()
+    service.socket = directory / "p.sock"
+    service.url = f"unix://{service.socket}"
+    service.server = await serve_provider(service, service.socket)
+    return service

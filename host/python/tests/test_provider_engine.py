@@ -24,7 +24,7 @@ from agentix.provider.docker import (
     default_engine_socket,
 )
 from agentix.provider.v1 import provider_pb2 as pb
-from fake_provider import FakeProviderService, serve_provider
+from fake_provider import FakeProviderService, serve_fake, serve_provider
 
 
 @pytest.fixture
@@ -54,16 +54,9 @@ def environment(monkeypatch, short_dir):
 
 @pytest_asyncio.fixture
 async def fake(short_dir):
-    service = FakeProviderService()
-    service.socket = short_dir / "p.sock"
-    service.url = f"unix://{service.socket}"
-    service.server = await serve_provider(service, service.socket)
+    service = await serve_fake(short_dir)
     yield service
     await service.server.stop(None)
-
-
-def _creates(service):
-    return [request for method, request in service.calls if method == "CreateSandbox"]
 
 
 def test_entry_points_name_docker_and_podman():
@@ -150,7 +143,7 @@ async def test_session_through_the_provider_url_sends_the_engine_backend(
     async with provider.session(config) as sandbox:
         assert (await provider.get(sandbox.sandbox_id)).status == "running"
         assert sandbox.token == fake.tokens[sandbox.sandbox_id]
-    (request,) = _creates(fake)
+    (request,) = fake.creates()
     spec = request.spec
     assert spec.backend == engine and spec.image == "localhost/img:1"
     assert spec.bundle.path == str(bundle.resolve())
@@ -170,7 +163,7 @@ async def test_a_missing_bundle_is_refused_before_any_request(environment, fake,
     async with DockerProvider() as provider:
         with pytest.raises(ValueError, match="does not exist"):
             await provider.create(SandboxConfig(image="localhost/img:1", bundle=str(short_dir / "none")))
-    assert _creates(fake) == []
+    assert fake.creates() == []
 
 
 @pytest.mark.asyncio
@@ -201,7 +194,7 @@ async def test_starts_a_per_user_engine_providerd_once(environment, bundle, monk
     assert flags == [f"--{engine}-socket=/e/engine.sock", f"--state-dir=/var/tmp/agx-{os.getuid()}-{short}",
                      f"--instance=providerd-{engine}"]
     assert detach
-    assert [r.spec.backend for r in _creates(servers[0][0])] == [engine, engine]
+    assert [r.spec.backend for r in servers[0][0].creates()] == [engine, engine]
     await first.aclose()
     await second.aclose()
     await servers[0][1].stop(None)

@@ -24,7 +24,7 @@ from agentix.provider.kubernetes import (
     default_kubeconfig,
 )
 from agentix.provider.v1 import provider_pb2 as pb
-from fake_provider import FakeProviderService, serve_provider
+from fake_provider import FakeProviderService, serve_fake, serve_provider
 
 BUNDLE = "registry.example/agentix-bundle@sha256:" + "ab" * 32
 
@@ -49,16 +49,9 @@ def environment(monkeypatch, short_dir):
 
 @pytest_asyncio.fixture
 async def fake(short_dir):
-    service = FakeProviderService()
-    service.socket = short_dir / "p.sock"
-    service.url = f"unix://{service.socket}"
-    service.server = await serve_provider(service, service.socket)
+    service = await serve_fake(short_dir)
     yield service
     await service.server.stop(None)
-
-
-def _creates(service):
-    return [request for method, request in service.calls if method == "CreateSandbox"]
 
 
 def test_registry_resolves_the_declared_kubernetes_entry_point(monkeypatch):
@@ -134,7 +127,7 @@ async def test_session_through_the_provider_url_sends_the_kubernetes_backend(env
                            resource=SandboxResource(cpu=0.5, memory="256m"))
     async with provider.session(config) as sandbox:
         assert (await provider.get(sandbox.sandbox_id)).status == "running"
-    (request,) = _creates(fake)
+    (request,) = fake.creates()
     spec = request.spec
     assert spec.backend == "kubernetes" and spec.image == "registry.example/task:1"
     assert spec.bundle.oci_reference == BUNDLE and spec.bundle.path == ""
@@ -157,7 +150,7 @@ async def test_a_local_bundle_or_no_image_is_refused_before_any_request(environm
             await provider.create(SandboxConfig(image="host", bundle=BUNDLE))
         with pytest.raises(NotImplementedError, match="image reference"):
             await provider.deploy_bundle(short_dir / "b.tar")
-    assert _creates(fake) == []
+    assert fake.creates() == []
 
 
 @pytest.mark.asyncio
@@ -195,7 +188,7 @@ async def test_starts_a_per_user_kubernetes_providerd_once(environment, monkeypa
     state = f"--state-dir=/var/tmp/agx-{os.getuid()}-k8"
     assert flags == [*expected[:-1], state, expected[-1]]
     assert detach
-    assert [r.spec.backend for r in _creates(servers[0][0])] == ["kubernetes", "kubernetes"]
+    assert [r.spec.backend for r in servers[0][0].creates()] == ["kubernetes", "kubernetes"]
     await first.aclose()
     await second.aclose()
     await servers[0][1].stop(None)

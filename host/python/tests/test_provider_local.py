@@ -19,7 +19,7 @@ from agentix.provider import SandboxConfig, SandboxResource
 from agentix.provider import local as local_module
 from agentix.provider.local import LocalProvider, LocalProviderConfig, default_socket, find_providerd, spawn_providerd
 from agentix.provider.v1 import provider_pb2 as pb
-from fake_provider import FakeProviderService, serve_provider
+from fake_provider import FakeProviderService, serve_fake, serve_provider
 
 
 @pytest.fixture
@@ -59,13 +59,9 @@ def environment(monkeypatch, short_dir):
 
 @pytest_asyncio.fixture
 async def fake(short_dir):
-    service = FakeProviderService()
-    service.socket = short_dir / "p.sock"
-    service.url = f"unix://{service.socket}"
-    server = await serve_provider(service, service.socket)
-    service.server = server
+    service = await serve_fake(short_dir)
     yield service
-    await server.stop(None)
+    await service.server.stop(None)
 
 
 def _stale_socket(path):
@@ -75,10 +71,6 @@ def _stale_socket(path):
     leftover = socket_module.socket(socket_module.AF_UNIX)
     leftover.bind(str(path))
     leftover.close()
-
-
-def _creates(service):
-    return [request for method, request in service.calls if method == "CreateSandbox"]
 
 
 def test_it_is_still_the_local_entry_point():
@@ -103,7 +95,7 @@ async def test_uses_the_provider_url_and_maps_its_settings(environment, fake, bu
     config = SandboxConfig(image="host", bundle=str(bundle), env={"K": "v"}, resource=SandboxResource(cpu=0.5))
     sandbox = await provider.create(config)
     assert provider.url == fake.url
-    (request,) = _creates(fake)
+    (request,) = fake.creates()
     spec = request.spec
     assert spec.image == "host" and spec.bundle.path == str(bundle.resolve())
     assert dict(spec.env) == {"K": "v"}
@@ -127,7 +119,7 @@ async def test_default_settings_send_only_what_the_sandbox_needs(environment, fa
     async with LocalProvider() as provider:
         async with provider.session(SandboxConfig(image="/", bundle=str(bundle / "nix"))) as sandbox:
             assert (await provider.get(sandbox.sandbox_id)).status == "running"
-    (request,) = _creates(fake)
+    (request,) = fake.creates()
     assert not request.spec.HasField("resources") and not request.spec.HasField("network")
     assert request.spec.image == "host" and request.spec.ttl.seconds == 300
     assert request.spec.bundle.path == str(bundle.resolve())  # given as its nix/ directory: one spelling
@@ -139,14 +131,14 @@ async def test_pids_cap_goes_where_the_service_can_enforce_it(environment, fake,
     monkeypatch.setenv("AGENTIX_PROVIDER_URL", fake.url)
     provider = LocalProvider(pids_max=64)
     await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
-    assert _creates(fake)[-1].spec.resources.pids == 0
+    assert fake.creates()[-1].spec.resources.pids == 0
     assert "pids limit not enforced" in caplog.text
     await provider.aclose()
 
     fake.pids_limit = True
     provider = LocalProvider(pids_max=64)
     await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
-    assert _creates(fake)[-1].spec.resources.pids == 64
+    assert fake.creates()[-1].spec.resources.pids == 64
     await provider.aclose()
 
 
@@ -160,7 +152,7 @@ async def test_uses_the_default_socket_when_one_answers(environment, bundle, no_
         async with LocalProvider() as provider:
             await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
             assert provider.url == f"unix://{socket}"
-        assert len(_creates(service)) == 1
+        assert len(service.creates()) == 1
     finally:
         await server.stop(None)
 
@@ -192,7 +184,7 @@ async def test_starts_the_default_providerd_once_when_none_answers(environment, 
     socket, log, flags, detach = started[0]
     assert (socket, log, flags, detach) == (stale, environment / "agentix" / "providerd.log", [], True)
     assert stat.S_IMODE(os.stat(stale.parent).st_mode) == 0o700
-    assert len(_creates(servers[0][0])) == 2
+    assert len(servers[0][0].creates()) == 2
     await first.aclose()
     await second.aclose()
     await servers[0][1].stop(None)
@@ -213,7 +205,7 @@ async def test_a_per_user_providerd_that_died_is_started_again(environment, bund
         first = await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
         await servers[0][1].stop(None)  # providerd died: nothing listens on the socket
         second = await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
-        assert len(servers) == 2 and len(_creates(servers[1][0])) == 1
+        assert len(servers) == 2 and len(servers[1][0].creates()) == 1
         assert provider.url == f"unix://{default_socket()}"
         assert first.sandbox_id in servers[0][0].records and second.sandbox_id in servers[1][0].records
         assert (await provider.get(second.sandbox_id)).status == "running"
