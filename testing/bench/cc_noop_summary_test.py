@@ -6,13 +6,14 @@ import unittest
 import remote_calls
 
 
-def _round(cc_p50, floor_p50, grpc_p50, raw_p50=None, block=None):
+def _round(cc_p50, floor_p50, grpc_p50, raw_p50=None, block=None, relay_p50=None):
     cc = {"noop_p50_us": cc_p50, "raw_daemon_noop_p50_us": raw_p50,
           "noop_over_raw_daemon_block_median": block,
           "noop_cpu_us_per_call": 50.0, "raw_daemon_noop_cpu_us_per_call": 45.0}
     return {"cc_client": cc if cc_p50 else None,
             "floor": {"noop_p50_us": floor_p50} if floor_p50 else None,
-            "floor_grpc": {"noop_p50_us": grpc_p50} if grpc_p50 else None}
+            "floor_grpc": {"noop_p50_us": grpc_p50} if grpc_p50 else None,
+            "floor_relay": {"noop_p50_us": relay_p50} if relay_p50 else None}
 
 
 class CcNoopSummaryTest(unittest.TestCase):
@@ -20,14 +21,17 @@ class CcNoopSummaryTest(unittest.TestCase):
         # Round by round 200/20 = 10, 100/25 = 4, 300/30 = 10: the median is 10,
         # where the ratio of the medians (200 / 25) would be 8.
         summary = remote_calls.cc_noop_summary([
-            _round(200.0, 10.0, 20.0, 180.0, 1.1),
-            _round(100.0, 5.0, 25.0, 95.0, 1.05),
-            _round(300.0, 6.0, 30.0, 250.0, 1.2),
+            _round(200.0, 10.0, 20.0, 180.0, 1.1, relay_p50=40.0),
+            _round(100.0, 5.0, 25.0, 95.0, 1.05, relay_p50=50.0),
+            _round(300.0, 6.0, 30.0, 250.0, 1.2, relay_p50=100.0),
         ])
         self.assertEqual(summary["p50_us"], 200.0)
         self.assertEqual(summary["floor_grpc_p50_us"], 25.0)
         self.assertEqual(summary["over_floor_grpc"], 10.0)
         self.assertEqual(summary["over_floor"], 20.0)
+        # 200/40 = 5, 100/50 = 2, 300/100 = 3: the median is 3.
+        self.assertEqual(summary["over_floor_relay"], 3.0)
+        self.assertEqual(summary["floor_relay_p50_us"], 50.0)
         self.assertEqual(summary["raw_daemon_p50_us"], 180.0)
         self.assertEqual(summary["over_raw_daemon"], 1.1)
         self.assertEqual(summary["cpu_us_per_call"], 50.0)
@@ -41,6 +45,7 @@ class CcNoopSummaryTest(unittest.TestCase):
         ])
         self.assertEqual(summary["over_floor_grpc"], 1.2)
         self.assertEqual(summary["over_floor"], 3.0)
+        self.assertIsNone(summary["over_floor_relay"])  # no relayed floor measured
         self.assertIsNone(summary["over_raw_daemon"])
         self.assertIs(summary["at_most_1_5x_floor_grpc"], True)
 

@@ -8,7 +8,10 @@ machine can do at the moment of the run rather than against absolute numbers:
   the same minute as the stack they are compared with. `floor` is two processes
   ping-ponging the same message sizes over a Unix socket (unix_pingpong),
   `floor_grpc` the same on a raw gRPC C++ bidi stream over a Unix socket
-  (grpc_pingpong). Both report the same keys as the stack they stand beside.
+  (grpc_pingpong), `floor_relay` the Unix-socket ping-pong through a third
+  process that forwards the bytes (unix_pingpong --relay): the shape of our
+  call path, host -> daemon -> worker and back, with nothing else in it. All
+  report the same keys as the stack they stand beside.
 - **a busy core** (`BusyCore`): one process spinning in a loop while a benchmark
   measures its headline figures again (`busy`). The spinner is NOT pinned to a CPU:
   it is what any other busy program on the machine looks like to us (the scheduler
@@ -38,8 +41,9 @@ import time
 
 import procs
 
-# Where a floor program's figures come from, by report key.
-FLOOR_PROGRAMS = {"floor": "unix_pingpong", "floor_grpc": "grpc_pingpong"}
+# Where a floor's figures come from, by report key: (program, its own flags).
+FLOOR_PROGRAMS = {"floor": ("unix_pingpong", ()), "floor_grpc": ("grpc_pingpong", ()),
+                  "floor_relay": ("unix_pingpong", ("--relay",))}
 SPIN = "while True: pass"
 
 

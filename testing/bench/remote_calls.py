@@ -20,11 +20,14 @@ Unless --only baseline or --no-cc, each round then also measures, in this order:
               two processes over a Unix socket;
 - floor_grpc: floor/grpc_pingpong, the same on a raw gRPC C++ bidi stream over a
               Unix socket;
+- floor_relay: floor/unix_pingpong --relay, the raw Unix-socket ping-pong through
+              a third process forwarding the bytes: the shape of a call (host ->
+              daemon -> worker and back) with nothing else on the path;
 and every figure is also reported as a ratio to the floors (`ratios`).
 
 Unless --only baseline or --no-busy, our stack is then measured once more with one
 busy core (floors.BusyCore: a spinning process, not pinned), with the quick plan,
-and both floors again under the same busy core: `busy`. Every phase also reports
+and the floors again under the same busy core: `busy`. Every phase also reports
 the CPU the host, the daemon (server) and the worker spent per call
 (`noop_cpu_us_per_call`, `echo_cpu_ms_16mib`, per process in
 `details.<side>.cpu_per_call`), from /proc schedstat (floors.CpuMeter).
@@ -32,12 +35,13 @@ the CPU the host, the daemon (server) and the worker spent per call
 The C++ client's noop against the floors, in one place of the last JSON line,
 `cc_noop` (None without a C++ client round):
 - `p50_us`: the C++ client's noop p50 (median over the rounds);
-- `floor_p50_us`, `floor_grpc_p50_us`: the raw Unix-socket and raw gRPC
-  ping-pong floors' p50 (medians over the rounds);
+- `floor_p50_us`, `floor_grpc_p50_us`, `floor_relay_p50_us`: the raw
+  Unix-socket, raw gRPC and relayed Unix-socket ping-pong floors' p50
+  (medians over the rounds);
 - `raw_daemon_p50_us`: a raw gRPC noop through the same daemon, no client
   library (cc_remote_calls.cc's RawNoop, measured in blocks alternating with
   the client's noop);
-- `over_floor`, `over_floor_grpc`: the median over the rounds of each
+- `over_floor`, `over_floor_grpc`, `over_floor_relay`: the median over the rounds of each
   round's client p50 / floor p50 (the floors run right after the client in
   the same round);
 - `over_raw_daemon`: the median over the rounds of each round's
@@ -221,10 +225,12 @@ def _run_cc(args, env: dict, log) -> dict:
 
 
 def _run_floor(name: str, args, env: dict, log) -> dict:
-    """floor/<name> with the workloads' sizes: the noop message, 1/16/64 MiB echoes,
-    16 and 64 messages in flight (the concurrent callers)."""
-    return floors.run_floor(name, [f"--small-bytes={FLOOR_SMALL_BYTES}", "--big-mib=1,16,64",
-                                   "--concurrency=16,64"], quick=args.quick, env=env, log=log)
+    """The floor `name` (floors.FLOOR_PROGRAMS) with the workloads' sizes: the noop
+    message, 1/16/64 MiB echoes, 16 and 64 messages in flight (the concurrent callers)."""
+    program, flags = floors.FLOOR_PROGRAMS[name]
+    return floors.run_floor(program, [*flags, f"--small-bytes={FLOOR_SMALL_BYTES}",
+                                      "--big-mib=1,16,64", "--concurrency=16,64"],
+                            quick=args.quick, env=env, log=log)
 
 
 # Every headline figure against the floors: True where lower is better.
@@ -239,8 +245,8 @@ def _busy_and_floor_ratios(report: dict, args, env: dict, timeout_s: float) -> l
     if args.only == "baseline" or args.no_busy:
         return []
     log = _log_for("busy")
-    runs = {name: (lambda program=program: _run_floor(program, args, env, log))
-            for name, program in floors.FLOOR_PROGRAMS.items()}
+    runs = {name: (lambda name=name: _run_floor(name, args, env, log))
+            for name in floors.FLOOR_PROGRAMS}
     busy, errors = floors.busy_child_pass(stack_rounds, __file__, args, env, timeout_s, runs,
                                           FLOOR_KEYS)
     report["busy"] = busy
@@ -254,18 +260,19 @@ def _busy_and_floor_ratios(report: dict, args, env: dict, timeout_s: float) -> l
 
 
 def _cc_and_floor_rounds(args, env: dict) -> tuple[dict, list[str]]:
-    """`args.rounds` rounds of (C++ client, raw floor, gRPC floor), back to back so
-    that all three meet the same load; per-metric medians over the rounds."""
+    """`args.rounds` rounds of (C++ client, each floor), back to back so that all
+    meet the same load; per-metric medians over the rounds."""
     log = _log_for("cc+floor")
-    runs = {"cc_client": [], "floor": [], "floor_grpc": []}
-    rounds = []  # per round: {"cc_client": ..., "floor": ..., "floor_grpc": ...} (None: failed)
+    programs = {"cc_client": lambda: _run_cc(args, env, log)}
+    programs.update({name: (lambda name=name: _run_floor(name, args, env, log))
+                     for name in floors.FLOOR_PROGRAMS})
+    runs = {key: [] for key in programs}
+    rounds = []  # per round: {"cc_client": ..., "floor": ..., ...} (None: failed)
     errors = []
     for index in range(args.rounds):
         print(f"== C++ client and floors (round {index + 1}/{args.rounds}) ==", flush=True)
         this_round = {}
-        for key, run in (("cc_client", lambda: _run_cc(args, env, log)),
-                         ("floor", lambda: _run_floor("unix_pingpong", args, env, log)),
-                         ("floor_grpc", lambda: _run_floor("grpc_pingpong", args, env, log))):
+        for key, run in programs.items():
             try:
                 this_round[key] = run()
                 runs[key].append(this_round[key])
@@ -306,9 +313,11 @@ def cc_noop_summary(rounds: list[dict]) -> dict | None:
         "p50_us": figure("cc_client", "noop_p50_us"),
         "floor_p50_us": figure("floor", "noop_p50_us"),
         "floor_grpc_p50_us": figure("floor_grpc", "noop_p50_us"),
+        "floor_relay_p50_us": figure("floor_relay", "noop_p50_us"),
         "raw_daemon_p50_us": figure("cc_client", "raw_daemon_noop_p50_us"),
         "over_floor": per_round("floor"),
         "over_floor_grpc": per_round("floor_grpc"),
+        "over_floor_relay": per_round("floor_relay"),
         "over_raw_daemon": figure("cc_client", "noop_over_raw_daemon_block_median"),
         "cpu_us_per_call": figure("cc_client", "noop_cpu_us_per_call"),
         "raw_daemon_cpu_us_per_call": figure("cc_client", "raw_daemon_noop_cpu_us_per_call"),
@@ -318,14 +327,15 @@ def cc_noop_summary(rounds: list[dict]) -> dict | None:
     return summary
 
 
-def _floor_ratios(report: dict, cc: dict | None, floor: dict | None,
-                  floor_grpc: dict | None) -> None:
-    """Adds each figure's ratio to the floors to report["ratios"]: latencies as
-    figure / floor (>= 1, lower is better), rates as floor / figure (likewise)."""
+def _floor_ratios(report: dict, cc: dict | None, measured: dict) -> None:
+    """Adds each figure's ratio to the floors (`measured`: {floor name: figures or
+    None}) to report["ratios"]: latencies as figure / floor (>= 1, lower is
+    better), rates as floor / figure (likewise)."""
     ours = {key: report.get(key) for key in CC_KEYS}
     ratios = report["ratios"]
     for stack, figures in (("cc", cc or {}), ("ours", ours)):
-        for floor_name, base in (("floor", floor or {}), ("floor_grpc", floor_grpc or {})):
+        for floor_name, base in measured.items():
+            base = base or {}
             for key in ("noop_p50_us", "noop_p99_us"):
                 ratios[f"{stack}_{key[:-3]}_over_{floor_name}"] = stack_rounds._ratio(
                     figures.get(key), base.get(key))
@@ -424,11 +434,11 @@ def run_driver(args) -> int:
         errors += extra_errors
         report["cc_client"] = ({key: extra["cc_client"].get(key) for key in CC_KEYS}
                                if extra["cc_client"] else None)
-        report["floor"] = ({key: extra["floor"].get(key) for key in FLOOR_KEYS}
-                           if extra["floor"] else None)
-        report["floor_grpc"] = ({key: extra["floor_grpc"].get(key) for key in FLOOR_KEYS}
-                                if extra["floor_grpc"] else None)
-        _floor_ratios(report, extra["cc_client"], extra["floor"], extra["floor_grpc"])
+        for name in floors.FLOOR_PROGRAMS:
+            report[name] = ({key: extra[name].get(key) for key in FLOOR_KEYS}
+                            if extra[name] else None)
+        _floor_ratios(report, extra["cc_client"],
+                      {name: extra[name] for name in floors.FLOOR_PROGRAMS})
         report["cc_noop"] = extra.pop("cc_noop")
         report["details"]["cc_and_floor"] = extra
         _print_floor_table(report)
@@ -444,11 +454,11 @@ def run_driver(args) -> int:
 def _print_floor_table(report: dict) -> None:
     def fmt(value):
         return "-" if value is None else f"{value:,.1f}"
-    cc, floor, grpc = (report.get(k) or {} for k in ("cc_client", "floor", "floor_grpc"))
-    print(f"{'metric':<18}{'ours(py)':>12}{'cc_client':>12}{'floor':>12}{'floor_grpc':>12}")
+    columns = ("cc_client", *floors.FLOOR_PROGRAMS)
+    print(f"{'metric':<18}{'ours(py)':>12}" + "".join(f"{name:>12}" for name in columns))
     for key in CC_KEYS:
-        print(f"{key:<18}{fmt(report.get(key)):>12}{fmt(cc.get(key)):>12}"
-              f"{fmt(floor.get(key)):>12}{fmt(grpc.get(key)):>12}")
+        print(f"{key:<18}{fmt(report.get(key)):>12}"
+              + "".join(f"{fmt((report.get(name) or {}).get(key)):>12}" for name in columns))
     for key, value in report["ratios"].items():
         if "floor" in key:
             print(f"ratio {key}: {value}")
@@ -463,9 +473,13 @@ def _print_busy(report: dict) -> None:
         print(f"with one busy core (spinner {busy.get('spinner')}): ours noop p50 "
               f"{busy.get('noop_p50_us')} us, CPU {busy.get('noop_cpu_us_per_call')} us/call; floor "
               f"{(busy.get('floor') or {}).get('noop_p50_us')} us, floor_grpc "
-              f"{(busy.get('floor_grpc') or {}).get('noop_p50_us')} us", flush=True)
-    print(f"noop p50 ours / floor: idle {report['ratios'].get('noop_p50_ours_over_floor')}, "
-          f"busy {report['ratios'].get('busy_noop_p50_ours_over_floor')}", flush=True)
+              f"{(busy.get('floor_grpc') or {}).get('noop_p50_us')} us, floor_relay "
+              f"{(busy.get('floor_relay') or {}).get('noop_p50_us')} us", flush=True)
+    ratios = report["ratios"]
+    print(f"noop p50 ours / floor: idle {ratios.get('noop_p50_ours_over_floor')}, "
+          f"busy {ratios.get('busy_noop_p50_ours_over_floor')}; ours / floor_relay: idle "
+          f"{ratios.get('noop_p50_ours_over_floor_relay')}, "
+          f"busy {ratios.get('busy_noop_p50_ours_over_floor_relay')}", flush=True)
 
 
 def main(argv=None) -> int:

@@ -69,27 +69,32 @@ class RemoteCallsSmokeTest(unittest.TestCase):
         positive_numbers(self, noop_cpu, ("host", "daemon", "worker", "total"), "cpu noop")
         self.assertAlmostEqual(noop_cpu["total"], report["noop_cpu_us_per_call"], delta=0.01)
         # The floors: the same keys as ours, measured in this run.
-        for name in ("floor", "floor_grpc"):
+        for name in ("floor", "floor_grpc", "floor_relay"):
             positive_numbers(self, report[name], HEADLINE_KEYS + CPU_KEYS, name)
             self.assertLessEqual(report[name]["noop_p50_us"], report[name]["noop_p99_us"])
-        # Ours again with one busy core, and both floors under it.
+        # Ours again with one busy core, and the floors under it.
         busy = report["busy"]
         positive_numbers(self, busy, HEADLINE_KEYS + CPU_KEYS, "busy")
-        for name in ("floor", "floor_grpc"):
+        for name in ("floor", "floor_grpc", "floor_relay"):
             positive_numbers(self, busy[name], HEADLINE_KEYS + CPU_KEYS, f"busy.{name}")
         self.assertIs(busy["spinner"]["pinned"], False)
         self.assertGreater(busy["spinner"]["cpu_share"], 0)
         self.assertEqual(busy["plan"], "quick")
-        # Every headline figure as a ratio to both floors, idle and busy.
+        # Every headline figure as a ratio to each floor, idle and busy.
         ratios = report["ratios"]
         for prefix in ("", "busy_"):
-            for floor in ("floor", "floor_grpc"):
+            for floor in ("floor", "floor_grpc", "floor_relay"):
                 keys = [f"{prefix}{stem}_ours_over_{floor}" for stem in ("noop_p50", "noop_p99")]
                 keys += [f"{prefix}{key}_{floor}_over_ours" for key in HEADLINE_KEYS[2:]]
                 positive_numbers(self, ratios, keys, "ratios")
         self.assertAlmostEqual(
             ratios["noop_p50_ours_over_floor"],
             report["noop_p50_us"] / report["floor"]["noop_p50_us"], delta=0.01)
+        # A relay adds a hop each way: the relayed floor is not faster than the direct one
+        # (CPU, which load cannot make smaller by waking a CPU sooner).
+        self.assertGreater(report["floor_relay"]["noop_cpu_us_per_call"],
+                           report["floor"]["noop_cpu_us_per_call"])
+        self.assertIsNotNone(report["cc_noop"]["over_floor_relay"])
 
 
 if __name__ == "__main__":

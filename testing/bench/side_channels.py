@@ -25,7 +25,9 @@ namespace request's size (NamespaceEvent bytes, `_ns_request_bytes`), and
 put on the wire in this run (`details.ours.logs.stream.bytes_per_item`), packed
 into 64 KiB writes (the unbatched rate, one write per record, is in
 `details.floor`); `floor_grpc` is the ping-pong on a raw gRPC C++ bidi stream (no
-record stream: gRPC's own framing of a record stream is what ours measures).
+record stream: gRPC's own framing of a record stream is what ours measures);
+`floor_relay` the Unix-socket ping-pong through a relaying third process (a
+namespace request crosses the daemon from the worker to the host and back).
 Unless --no-busy, ours is measured again with one busy core (quick plan) and the
 floors with it: `busy`. CPU per item of the host, the daemon and the worker sits
 beside each figure (`log_cpu_us_per_record`, `span_cpu_us_per_span`,
@@ -534,12 +536,15 @@ def _record_bytes(ours: dict | None, phase: str) -> int:
 
 
 def _floors(args, ours: dict | None, log) -> dict:
-    """{"floor": ..., "floor_grpc": ...} with the keys of ours (FLOOR_KEYS)."""
+    """{"floor": ..., "floor_grpc": ..., "floor_relay": ...} with the keys of ours
+    (FLOOR_KEYS; the relayed floor has the namespace request only: a request from the
+    worker crosses the daemon to the host and back, the shape of the relayed ping-pong)."""
     quick = args.quick
     ns_bytes = _ns_request_bytes()
     small = [f"--small-bytes={ns_bytes}", "--big-mib=", "--concurrency="]
     raw = floors.run_floor("unix_pingpong", small, quick=quick, log=log)
     grpc = floors.run_floor("grpc_pingpong", small, quick=quick, log=log)
+    relay = floors.run_floor("unix_pingpong", ["--relay", *small], quick=quick, log=log)
     floor = {"ns_request_p50_us": raw["noop_p50_us"],
              "ns_request_cpu_us_per_call": raw["noop_cpu_us_per_call"]}
     details = {"ns_request_bytes": ns_bytes, "ping_pong": raw}
@@ -555,11 +560,14 @@ def _floors(args, ours: dict | None, log) -> dict:
     return {"floor": floor,
             "floor_grpc": {"ns_request_p50_us": grpc["noop_p50_us"],
                            "ns_request_cpu_us_per_call": grpc["noop_cpu_us_per_call"],
-                           "details": grpc}}
+                           "details": grpc},
+            "floor_relay": {"ns_request_p50_us": relay["noop_p50_us"],
+                            "ns_request_cpu_us_per_call": relay["noop_cpu_us_per_call"],
+                            "details": relay}}
 
 
 def _add_floors_and_busy(report: dict, args, env: dict, timeout_s: float, ours) -> list[str]:
-    """`floor`, `floor_grpc`, `busy` and their ratios (floors.py)."""
+    """`floor`, `floor_grpc`, `floor_relay`, `busy` and their ratios (floors.py)."""
     if args.only == "baseline":
         return []
     log = _log_for("floor")
@@ -584,7 +592,7 @@ def _add_floors_and_busy(report: dict, args, env: dict, timeout_s: float, ours) 
 
     busy, busy_errors = floors.busy_child_pass(
         stack_rounds, __file__, args, env, timeout_s,
-        {"floor": busy_floor("floor"), "floor_grpc": busy_floor("floor_grpc")}, FLOOR_KEYS)
+        {name: busy_floor(name) for name in ("floor", "floor_grpc", "floor_relay")}, FLOOR_KEYS)
     report["busy"] = busy
     if busy:
         report["ratios"].update(floors.floor_ratios(

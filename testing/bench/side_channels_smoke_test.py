@@ -14,7 +14,8 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 HEADLINE_KEYS = ("log_records_per_s", "spans_per_s", "ns_request_p50_us")
 CPU_KEYS = ("ns_request_cpu_us_per_call", "log_cpu_us_per_record", "span_cpu_us_per_span")
 RATIO_KEYS = ("ns_request_p50_ours_over_floor", "log_records_per_s_floor_over_ours",
-              "spans_per_s_floor_over_ours", "ns_request_p50_ours_over_floor_grpc")
+              "spans_per_s_floor_over_ours", "ns_request_p50_ours_over_floor_grpc",
+              "ns_request_p50_ours_over_floor_relay")
 
 
 def positive_numbers(test, record: dict, keys, where: str) -> None:
@@ -63,6 +64,8 @@ class SideChannelsSmokeTest(unittest.TestCase):
         positive_numbers(self, report["floor"], HEADLINE_KEYS + CPU_KEYS, "floor")
         positive_numbers(self, report["floor_grpc"],
                          ("ns_request_p50_us", "ns_request_cpu_us_per_call"), "floor_grpc")
+        positive_numbers(self, report["floor_relay"],
+                         ("ns_request_p50_us", "ns_request_cpu_us_per_call"), "floor_relay")
         floor_details = report["floor"]["details"]
         self.assertEqual(floor_details["logs"]["record_bytes"],
                          round(details["ours"]["logs"]["stream"]["bytes_per_item"]))
@@ -72,6 +75,7 @@ class SideChannelsSmokeTest(unittest.TestCase):
         positive_numbers(self, busy, HEADLINE_KEYS + CPU_KEYS, "busy")
         positive_numbers(self, busy["floor"], HEADLINE_KEYS, "busy.floor")
         positive_numbers(self, busy["floor_grpc"], ("ns_request_p50_us",), "busy.floor_grpc")
+        positive_numbers(self, busy["floor_relay"], ("ns_request_p50_us",), "busy.floor_relay")
         self.assertIs(busy["spinner"]["pinned"], False)
         positive_numbers(self, report["ratios"], RATIO_KEYS, "ratios")
         positive_numbers(self, report["ratios"], tuple("busy_" + k for k in RATIO_KEYS), "ratios")

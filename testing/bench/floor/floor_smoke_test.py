@@ -38,6 +38,13 @@ class FloorSmokeTest(unittest.TestCase):
     def test_unix_socket_floor(self):
         self.check("unix_pingpong", "unix_socket")
 
+    def test_relayed_unix_socket_floor(self):
+        relayed = self.check("unix_pingpong", "unix_socket_relay", "--relay")
+        direct = run("unix_pingpong", "--small-bytes=100", "--big-mib=")
+        # The relay process forwards every byte: it spends CPU the direct pair does not.
+        self.assertGreater(relayed["noop_cpu_us_per_call_server"],
+                           direct["noop_cpu_us_per_call_server"])
+
     def test_grpc_floor(self):
         report = self.check("grpc_pingpong", "grpc_cpp_bidi", "--unary")
         for key in ("unary_p50_us", "unary_p99_us", "unary_cpu_us_per_call"):

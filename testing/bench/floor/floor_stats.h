@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace agentix::bench {
@@ -55,16 +56,23 @@ inline double ProcessCpuSeconds(pid_t pid) {
 // CPU of the measuring process and its peer over a stretch of work.
 class CpuMeter {
  public:
-  explicit CpuMeter(pid_t peer) : peer_(peer) { Restart(); }
+  explicit CpuMeter(pid_t peer) : CpuMeter(std::vector<pid_t>{peer}) {}
+  // Several peers (a relay and its echo): PeerSeconds is their sum.
+  explicit CpuMeter(std::vector<pid_t> peers) : peers_(std::move(peers)) { Restart(); }
   void Restart() {
     self_ = ProcessCpuSeconds(::getpid());
-    other_ = ProcessCpuSeconds(peer_);
+    other_ = PeersNow();
   }
   double SelfSeconds() const { return ProcessCpuSeconds(::getpid()) - self_; }
-  double PeerSeconds() const { return ProcessCpuSeconds(peer_) - other_; }
+  double PeerSeconds() const { return PeersNow() - other_; }
 
  private:
-  pid_t peer_;
+  double PeersNow() const {
+    double sum = 0;
+    for (pid_t peer : peers_) sum += ProcessCpuSeconds(peer);
+    return sum;
+  }
+  std::vector<pid_t> peers_;
   double self_ = 0, other_ = 0;
 };
 

@@ -5,6 +5,7 @@
 //   unix_pingpong [--quick] [--small-bytes=64] [--big-mib=1,16,64]
 //                 [--concurrency=16,64]
 //   unix_pingpong [--quick] --stream-records=N --record-bytes=S
+//   unix_pingpong [--quick] --relay [the ping-pong flags]
 //
 // Prints one JSON line (floor_stats.h). The echo streams a message back in
 // pieces of at most 1 MiB as they arrive (as the daemon relays chunks), and
@@ -26,6 +27,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "testing/bench/floor/floor_stats.h"
@@ -66,6 +68,24 @@ void Echo(int fd) {
       size -= static_cast<uint64_t>(got);
     }
   }
+}
+
+// Forwards whatever arrives on `from` to `to` until EOF, then shuts `to`
+// down for writing so EOF travels on.
+void Forward(int from, int to) {
+  std::string buffer(1 << 20, '\0');
+  for (;;) {
+    const ssize_t got = ::read(from, buffer.data(), buffer.size());
+    if (got <= 0 || !WriteAll(to, buffer.data(), static_cast<size_t>(got))) break;
+  }
+  ::shutdown(to, SHUT_WR);
+}
+
+// The relay process: `client` <-> `server`, one thread per direction.
+void Relay(int client, int server) {
+  std::thread back([&] { Forward(server, client); });
+  Forward(client, server);
+  back.join();
 }
 
 // Counts `expected` records (u64 size + body) arriving in any pieces, then
@@ -191,33 +211,67 @@ double Pipelined(int fd, size_t bytes, size_t depth, const FloorArgs& args) {
   return counted > 1 ? (counted - 1) / (now - first) : 0;
 }
 
-int PingPong(const FloorArgs& args) {
-  int fds[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) return 1;
-  // Socket buffers as large as gRPC's transport asks for (a few MiB), so a
-  // big message is not cut into a context switch per 200 KiB.
-  for (int fd : fds) {
+// A connected pair with socket buffers as large as gRPC's transport asks
+// for (a few MiB), so a big message is not cut into a context switch per
+// 200 KiB.
+void BigSocketPair(int fds[2]) {
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) Die("socketpair");
+  for (int i = 0; i < 2; ++i) {
     const int bytes = 4 << 20;
-    ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
+    ::setsockopt(fds[i], SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+    ::setsockopt(fds[i], SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
   }
+}
+
+// Forks a child that runs `body` and exits; it dies with its parent.
+template <typename Body>
+pid_t ForkChild(Body body) {
   const pid_t child = ::fork();
+  if (child < 0) Die("fork");
   if (child == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    ::close(fds[0]);
-    Echo(fds[1]);
+    body();
     ::_exit(0);
+  }
+  return child;
+}
+
+int PingPong(const FloorArgs& args, bool relay) {
+  int fds[2];
+  BigSocketPair(fds);
+  std::vector<pid_t> children;
+  if (!relay) {
+    children.push_back(ForkChild([&] {
+      ::close(fds[0]);
+      Echo(fds[1]);
+    }));
+  } else {
+    int inner[2];  // relay <-> echo
+    BigSocketPair(inner);
+    children.push_back(ForkChild([&] {
+      ::close(fds[0]);
+      ::close(fds[1]);
+      ::close(inner[0]);
+      Echo(inner[1]);
+    }));
+    children.push_back(ForkChild([&] {
+      ::close(fds[0]);
+      ::close(inner[1]);
+      Relay(fds[1], inner[0]);
+    }));
+    ::close(inner[0]);
+    ::close(inner[1]);
   }
   ::close(fds[1]);
   const int fd = fds[0];
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   JsonLine json;
-  json.Str("kind", "unix_socket");
+  json.Str("kind", relay ? "unix_socket_relay" : "unix_socket");
   json.Num("small_bytes", args.small_bytes);
   std::string back;
   const std::string small(args.small_bytes, 'x');
   for (int i = 0; i < args.warmup(); ++i) RoundTrip(fd, small, &back);
-  CpuMeter cpu(child);
+  CpuMeter cpu(children);
   std::vector<double> small_rtts;
   for (int i = 0; i < args.calls(); ++i) small_rtts.push_back(RoundTrip(fd, small, &back));
   AddSmall(&json, small_rtts, cpu.SelfSeconds(), cpu.PeerSeconds());
@@ -235,8 +289,10 @@ int PingPong(const FloorArgs& args) {
     AddBig(&json, mib, big_rtts, cpu.SelfSeconds() + cpu.PeerSeconds());
   }
   ::close(fd);
-  int status = 0;
-  ::waitpid(child, &status, 0);
+  for (pid_t child : children) {
+    int status = 0;
+    ::waitpid(child, &status, 0);
+  }
   json.Print();
   return 0;
 }
@@ -299,17 +355,20 @@ int Stream(const FloorArgs& args, uint64_t records, size_t record_bytes) {
 int Main(int argc, char** argv) {
   uint64_t records = 0;
   size_t record_bytes = 200;
+  bool relay = false;
   const FloorArgs args = ParseFloorArgs(argc, argv, [&](const char* a) {
     if (std::strncmp(a, "--stream-records=", 17) == 0) {
       records = std::strtoull(a + 17, nullptr, 10);
     } else if (std::strncmp(a, "--record-bytes=", 15) == 0) {
       record_bytes = std::strtoull(a + 15, nullptr, 10);
+    } else if (std::strcmp(a, "--relay") == 0) {
+      relay = true;
     } else {
       return false;
     }
     return true;
   });
-  return records > 0 ? Stream(args, records, record_bytes) : PingPong(args);
+  return records > 0 ? Stream(args, records, record_bytes) : PingPong(args, relay);
 }
 
 }  // namespace
