@@ -112,6 +112,9 @@ class LegacyHost:
     def __init__(self, url, namespaces=("/rpc", "/trace", "/log"), **kwargs):
         self.url = url
         # (Debian's python-engineio 4.3 client has no websocket_extra_options.)
+        # engine.io's handshake waits 5 s by default; a connection that arrives
+        # while the gateway loads is held until it has (seconds on a loaded machine).
+        kwargs.setdefault("request_timeout", 30)
         self.sio = socketio.AsyncClient(**kwargs)
         self.namespaces = list(namespaces)
         self.results = {}  # call_id -> list of (event, payload)
@@ -643,6 +646,27 @@ async def test_stage_one_imports_only_what_health_needs(tmp_path):
     assert "_socket" in stage_one and "select" in stage_one, stage_one
     heavy = {"socket", "threading", "os", "enum", "selectors", "collections", "re", "encodings.idna", "argparse"}
     assert not heavy & set(stage_one), stage_one
+
+
+async def test_sigterm_while_loading_ends_the_gateway_cleanly(tmp_path):
+    """A SIGTERM that arrives before the server has loaded (here: the daemon never
+    comes, so stage one keeps answering 503) ends the gateway with exit code 0,
+    as a SIGTERM after it loaded does, not by the signal's default action."""
+    gw = GatewayProc(tmp_path, f"unix://{tmp_path}/never.sock")
+    try:
+        status = None
+        async with aiohttp.ClientSession() as http:
+            deadline = time.monotonic() + 20
+            while status is None and time.monotonic() < deadline:
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(f"{gw.url}/health") as r:
+                        status = r.status
+                await asyncio.sleep(0.01)
+        assert status == 503
+        gw.proc.send_signal(signal.SIGTERM)
+        assert gw.proc.wait(20) == 0, gw.log()
+    finally:
+        gw.stop()
 
 
 async def test_results_reach_every_rpc_client_on_either_transport(gateway):

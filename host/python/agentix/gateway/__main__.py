@@ -21,7 +21,9 @@ daemon. bootstrap.sh runs this file by path with ``python -I -S`` (no site, no
 ``agentix`` package import: those are stage two's).
 
 Stage one uses only modules the interpreter has loaded at start-up (``sys``,
-``time``, ``posix``, ``_thread``) plus the C modules ``_socket`` and ``select``:
+``time``, ``posix``, ``_thread``, ``_signal``: a SIGTERM in stage one is
+noted and ends the gateway with 0 before stage two loads) plus the C modules
+``_socket`` and ``select``:
 ``socket``, ``threading`` and ``os`` pull in ``enum``, ``selectors`` and
 ``collections``, ~100 ms of a loaded 2-core machine's time before the port is
 bound. Stage two waits until a ``/health`` 200 has been answered (or a short
@@ -30,6 +32,7 @@ neither CPU from the daemon's start nor the GIL from the early thread while
 the provider is polling.
 """
 
+import _signal
 import _socket
 import _thread
 import posix
@@ -38,6 +41,14 @@ import sys
 import time
 
 _PR_SET_PDEATHSIG = 1
+# SIGTERM/SIGINT that arrived before the event loop took the signals over
+# (stage one, or stage two's imports): the gateway then exits 0 at once
+# rather than dying by the signal's default action.
+_early_stop: list[int] = []
+
+
+def _note_stop(signum, _frame):
+    _early_stop.append(signum)
 # Keep in step with agentix.gateway.server.HEALTH_VERSION (not imported: heavy).
 HEALTH_VERSION = "0.2.7"
 _HEALTH = b"GET /health"
@@ -248,6 +259,8 @@ async def _serve(args, raw_listener, early):
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if _early_stop:  # asked to stop while it was still loading
+        return 0
     gateway = Gateway(args["daemon"], env=dict(os.environ))
     listener = socket.socket(fileno=raw_listener.detach())
     runner = web.AppRunner(gateway.app, handle_signals=False, access_log=None)
@@ -304,6 +317,8 @@ def _listen(host, port):
 
 
 def main(argv=None):
+    for sig in (_signal.SIGTERM, _signal.SIGINT):
+        _signal.signal(sig, _note_stop)
     args = _args(argv)
     try:
         listener = _listen(args["host"], args["port"])
@@ -319,11 +334,11 @@ def main(argv=None):
     # early thread. Requests are held meanwhile; the first call waits for
     # the imports either way.
     deadline = time.monotonic() + _DAEMON_FIRST_S
-    while not early.daemon_accepts() and time.monotonic() < deadline:
+    while not early.daemon_accepts() and time.monotonic() < deadline and not _early_stop:
         time.sleep(0.002)
     if early.daemon_up_at is not None:
         deadline = min(deadline, early.daemon_up_at + _FIRST_OK_S)
-        while not early.served_ok and time.monotonic() < deadline:
+        while not early.served_ok and time.monotonic() < deadline and not _early_stop:
             time.sleep(0.002)
     # A short switch interval while it imports lets the early thread answer
     # /health promptly (the default 5 ms per hand-off adds up).
@@ -344,6 +359,8 @@ def main(argv=None):
             pass
         if os.getppid() != args["parent_pid"]:  # it exited before prctl
             return 0
+    if _early_stop:
+        return 0
     import asyncio
     import logging
 
