@@ -551,7 +551,9 @@ absl::Status FrameWireServer::Start() {
   }
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, options_.path.data(), options_.path.size());
-  listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // Non-blocking: the connection guard's accept4 takes the next pending
+  // connection when it refuses one, which must not block Stop.
+  listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (listen_fd_ < 0 || stop_fd_ < 0) {
     return absl::InternalError(

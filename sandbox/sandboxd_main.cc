@@ -608,7 +608,9 @@ int Run(int argc, char** raw_argv) {
       // Each frame-wire connection holds a thread: fewer than gRPC's cap.
       wire.max_connections =
           std::min<size_t>(connection_limits.max_connections, 256);
-      wire.hello_timeout = connection_limits.auth_timeout;
+      // Before the connection guard's own auth timeout shuts the socket,
+      // so a silent client gets a definite STATUS 4.
+      wire.hello_timeout = connection_limits.auth_timeout * 3 / 4;
       wire.activity = &activity;
       auto server_for_path =
           std::make_unique<FrameWireServer>(&manager, std::move(wire));
