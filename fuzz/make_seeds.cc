@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "agentix/runtime/v1/runtime.pb.h"
+#include "sandbox/frame_codec.h"
 #include "worker/ipc/frame.h"
 
 namespace {
@@ -275,6 +276,36 @@ bool WriteNamespaceSeeds(const std::string& dir) {
          Write(dir, "events", events.SerializeAsString());
 }
 
+// What a host sends on PATH.calls: HELLO, MESSAGEs, HALF_CLOSE, in one
+// stream, and the refused shapes (unknown kind, oversized length, a bad
+// HELLO), plus a daemon's STATUS.
+bool WriteFrameWireSeeds(const std::string& dir) {
+  using namespace agentix::sandbox;
+  agentix::runtime::v1::CallsRequest request;
+  auto* start = request.add_events()->mutable_start();
+  start->set_call_id("c1");
+  start->set_callable("fake::echo");
+  start->set_arguments("hi");
+  const std::string hello = EncodeFrame(
+      FrameKind::kHello, EncodeHello({{"authorization", "Bearer t0k"},
+                                      {"agentix-client-id", "client-1"}}));
+  const std::string message =
+      EncodeFrame(FrameKind::kMessage, request.SerializeAsString());
+  const std::string half_close = EncodeFrame(FrameKind::kHalfClose, "");
+  char oversized[kFrameHeaderBytes];
+  EncodeFrameHeader(FrameKind::kMessage, kMaxFrameMessageBytes + 1, oversized);
+  return Write(dir, "stream", hello + message + message + half_close) &&
+         Write(dir, "hello-only", hello) &&
+         Write(dir, "status",
+               EncodeFrame(FrameKind::kStatus,
+                           EncodeStatus(absl::StatusCode::kUnauthenticated,
+                                        "wrong token"))) &&
+         Write(dir, "unknown-kind", hello + std::string("\0\0\0\0\x09", 5)) &&
+         Write(dir, "oversized",
+               hello + std::string(oversized, sizeof(oversized))) &&
+         Write(dir, "bad-hello", EncodeFrame(FrameKind::kHello, "\x05\x00AB"));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -286,7 +317,8 @@ int main(int argc, char** argv) {
   bool ok = WriteFrameSeeds(root + "/frame_fuzzer") &&
             WriteMsgpackSeeds(root + "/msgpack_convert_fuzzer") &&
             WriteNamespaceSeeds(root + "/namespace_wire_fuzzer") &&
-            WriteSessionSeeds(root + "/session_fuzzer");
+            WriteSessionSeeds(root + "/session_fuzzer") &&
+            WriteFrameWireSeeds(root + "/frame_wire_fuzzer");
   if (!ok) {
     std::fprintf(stderr, "make_seeds: could not write under %s (do the "
                  "<target> directories exist?)\n", root.c_str());

@@ -1,0 +1,68 @@
+// libFuzzer target for the frame wire's codec (sandbox/frame_codec.h): the
+// bytes a host sends on PATH.calls, parsed frame by frame as the daemon's
+// connection thread does, each HELLO and STATUS payload decoded.
+//
+// Asserts: errors are kInvalidArgument; a parsed frame lies within the input
+// and re-encodes to exactly its bytes; a frame is never reported whole
+// before its header and payload are all there (every prefix of a whole
+// frame asks for more); an accepted HELLO re-encodes to its payload.
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "sandbox/frame_codec.h"
+
+namespace {
+
+using namespace agentix::sandbox;
+
+[[noreturn]] void Fail(const char* what) {
+  std::fprintf(stderr, "frame_wire_fuzzer: %s\n", what);
+  std::abort();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  absl::string_view rest(reinterpret_cast<const char*>(data), size);
+  while (!rest.empty()) {
+    absl::StatusOr<FrameView> frame = ParseFrame(rest);
+    if (!frame.ok()) {
+      if (frame.status().code() != absl::StatusCode::kInvalidArgument) {
+        Fail("unexpected status code");
+      }
+      return 0;
+    }
+    if (frame->frame_bytes == 0) return 0;  // needs more bytes
+    if (frame->frame_bytes > rest.size() ||
+        frame->frame_bytes != kFrameHeaderBytes + frame->payload.size()) {
+      Fail("frame outside the input");
+    }
+    const absl::string_view bytes = rest.substr(0, frame->frame_bytes);
+    if (EncodeFrame(frame->kind, frame->payload) != bytes) Fail("re-encoding differs");
+    for (size_t cut : {size_t{0}, kFrameHeaderBytes - 1, bytes.size() - 1}) {
+      if (cut >= bytes.size()) continue;
+      absl::StatusOr<FrameView> partial = ParseFrame(bytes.substr(0, cut));
+      if (!partial.ok() || partial->frame_bytes != 0) Fail("a prefix parsed as whole");
+    }
+    if (frame->kind == FrameKind::kHello) {
+      absl::StatusOr<FrameMetadata> hello = DecodeHello(frame->payload);
+      if (hello.ok() && EncodeHello(*hello) != frame->payload) Fail("HELLO re-encoding");
+      if (!hello.ok() && hello.status().code() != absl::StatusCode::kInvalidArgument) {
+        Fail("unexpected HELLO status code");
+      }
+    } else if (frame->kind == FrameKind::kStatus) {
+      absl::StatusOr<FrameStatus> status = DecodeStatus(frame->payload);
+      if (status.ok() != (frame->payload.size() >= 4)) Fail("STATUS decode");
+      if (status.ok() &&
+          EncodeStatus(static_cast<absl::StatusCode>(status->code), status->details) !=
+              frame->payload) {
+        Fail("STATUS re-encoding");
+      }
+    }
+    rest.remove_prefix(frame->frame_bytes);
+  }
+  return 0;
+}
