@@ -158,14 +158,78 @@ TEST_CASE("asyncio's ssl is loaded after ready, by the warm-up thread",
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
 
-TEST_CASE("The boot leaves ssl, calendar, datetime and agentix for later",
+TEST_CASE("The boot leaves asyncio, inspect, ssl, calendar, datetime and "
+          "agentix for later",
           "[worker]") {
   auto worker = ReadyWorker();
   CHECK(Unpickle(worker->CallOk(
             "worker_fixture::boot_imported",
-            Pickle("((['asyncio', 'pickle', '_ssl', 'calendar', 'datetime', "
-                   "'_datetime', 'agentix'],), {})"))) ==
-        "['asyncio', 'pickle']");
+            Pickle("((['asyncio', 'inspect', 'pickle', '_ssl', 'calendar', "
+                   "'datetime', '_datetime', 'agentix'],), {})"))) ==
+        "['pickle']");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+// Cold start (serve.py): the ready frame and a first sync call do not wait
+// for `import asyncio`; the event loop starts once the worker is idle. The
+// call is sent before the ready frame is read, so it is there when the
+// worker starts reading, whatever the load.
+TEST_CASE("A first sync call runs before asyncio is imported; the loop "
+          "comes once the worker is idle",
+          "[worker]") {
+  Worker worker;
+  const std::string names = Pickle("((['asyncio', 'inspect'],), {})");
+  worker.Call("first", "worker_cold::imported", names);
+  worker.AwaitReady();
+  Reply first = worker.AwaitReply("first");
+  INFO(first.error.type << ": " << first.error.message);
+  REQUIRE(first.ok);
+  CHECK(Unpickle(first.value) == "[]");
+  absl::SleepFor(absl::Milliseconds(600));  // idle: the loop has started
+  CHECK(Unpickle(worker.CallOk("worker_cold::imported", names)) ==
+        "['asyncio', 'inspect']");
+  worker.Shutdown();
+  REQUIRE(worker.AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("A first call that is a coroutine runs on the loop it starts",
+          "[worker]") {
+  Worker worker;
+  worker.Call("first", "worker_cold::on_the_loop", Pickle("((), {})"));
+  worker.AwaitReady();
+  Reply first = worker.AwaitReply("first");
+  INFO(first.error.type << ": " << first.error.message);
+  REQUIRE(first.ok);
+  CHECK(Unpickle(first.value) == "[True, True]");
+  CHECK(Unpickle(worker.CallOk("worker_cold::sleep", Pickle("((0,), {})"))) ==
+        "0");
+  worker.Shutdown();
+  REQUIRE(worker.AwaitExit().returncode() == 0);
+}
+
+// What reaches the worker before its loop exists is kept, in order: a call,
+// its cancel and a shutdown, all sent before the ready frame is read.
+TEST_CASE("A cancel and a shutdown before the loop exists are handled in "
+          "order",
+          "[worker]") {
+  Worker worker;
+  worker.Call("slow", "worker_cold::sleep", Pickle("((5,), {})"));
+  worker.Cancel("slow");
+  worker.Shutdown();
+  worker.AwaitReady();
+  Reply slow = worker.AwaitReply("slow");
+  REQUIRE_FALSE(slow.ok);
+  CHECK(slow.error.type == "Cancelled");
+  const base::ExitStatus exit = worker.AwaitExit(absl::Seconds(20));
+  CHECK(exit.returncode() == 0);
+}
+
+TEST_CASE("The driver's asyncio-free coroutine checks agree with asyncio's",
+          "[worker]") {
+  auto worker = ReadyWorker();
+  CHECK(Unpickle(worker->CallOk("worker_fixture::coroutine_checks",
+                                Pickle("((), {})"))) == "[]");
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }

@@ -38,10 +38,8 @@ frame with the opener's call id; it rides the log queue, so it is ordered
 with the records around it.
 """
 
-from . import lazy as _lazy
-
-# asyncio's ssl is deferred while the driver imports (lazy.py: cold start).
-with _lazy.deferring():
-    from .serve import main
+# asyncio (and, through lazy.py, its ssl) is imported after the ready frame:
+# serve.py.
+from .serve import main
 
 __all__ = ["main"]

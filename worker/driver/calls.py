@@ -1,8 +1,10 @@
 """One call's pieces: resolving the target, decoding arguments, encoding results."""
 
+import collections.abc
 import importlib
-import inspect
 import pickle
+import sys
+import types
 
 import _agentix_worker as _w
 
@@ -20,6 +22,39 @@ from .common import (
 )
 from .errors import _error
 from .streams import _Stream
+
+# inspect.CO_COROUTINE and inspect.CO_ITERABLE_COROUTINE (code flags; the
+# worker cold-start test checks them against inspect's).
+_CO_COROUTINE = 0x80
+_CO_ITERABLE_COROUTINE = 0x100
+
+
+def _isawaitable(value):
+    """inspect.isawaitable(value), without importing inspect (and its ast,
+    dis, tokenize) on a sync call's path: the worker's cold start."""
+    return (isinstance(value, types.CoroutineType)
+            or isinstance(value, types.GeneratorType)
+            and bool(value.gi_code.co_flags & _CO_ITERABLE_COROUTINE)
+            or isinstance(value, collections.abc.Awaitable))
+
+
+def _iscoroutinefunction(fn):
+    """asyncio.iscoroutinefunction(fn), without importing asyncio: a plain
+    function's code flag is read here; any other callable (method, partial,
+    Cython function) is left to inspect, imported the first time one comes.
+    asyncio's own marker (`_is_coroutine`, e.g. unittest.mock.AsyncMock) can
+    only be on `fn` once asyncio.coroutines is imported."""
+    if type(fn) is types.FunctionType:
+        if fn.__code__.co_flags & _CO_COROUTINE:
+            return True
+    else:
+        import inspect
+        if inspect.iscoroutinefunction(fn):
+            return True
+    coroutines = sys.modules.get("asyncio.coroutines")
+    return (coroutines is not None and getattr(fn, "_is_coroutine", None)
+            is getattr(coroutines, "_is_coroutine", coroutines))
+
 
 def resolve(reference):
     """Imports the callable a "module::qualname" reference names.
@@ -123,7 +158,7 @@ def _run_sync(encoding, fn, args, kwargs):
         value = fn(*args, **kwargs)
     except BaseException as exc:
         return False, _error(exc, _UNKNOWN, skip=1)
-    if inspect.isawaitable(value):
+    if _isawaitable(value):
         return _AWAIT, value
     if isinstance(value, _STREAM_ONLY):
         return _GENERATOR, value

@@ -63,6 +63,30 @@ class _LeaderIntake:
             self._channel.intake_to_loop()
             self._loop.add_reader(fd, self.on_readable)
 
+    def lead_from_boot(self):
+        """Main thread, right after the ready frame, before the event loop
+        exists: a pool thread reads the channel from now on, so sync calls
+        run before asyncio is imported (serve.py). False (the loop must
+        read) if leader/follower intake is off or no thread could start."""
+        if not self._lead_on:
+            return False
+        try:
+            self._channel.intake_to_pool()
+        except OSError as exc:
+            _log(_WARNING, f"leader/follower intake off: {_text(exc)}")
+            self._lead_on = False
+            return False
+        self._led = 0
+        if not self._pool.try_lead(self._lead_intake):
+            self._channel.intake_to_loop()
+            return False
+        return True
+
+    def adopt_loop(self, loop):
+        """Main thread: the event loop now exists; serve.py's stand-in
+        passes on whatever it was handed."""
+        self._loop = loop
+
     def _resume_loop_intake(self, frames, overlapped=False):
         """Loop: takes the channel back from the last intake leader and
         handles the frames it left (in order), then reads on. `overlapped`:
@@ -148,31 +172,33 @@ class _LeaderIntake:
                     to_loop = True
                     self._call_on_loop_in(context, self._start_on_loop, call,
                                           fn, args, kwargs)
-            for call, context, fn, args, kwargs, _ in runs[:-1]:
+            # The last sync call runs here, unless the batch goes on to the
+            # loop: then every call goes to the pool, as the loop would have
+            # sent it (a call queued behind busy threads can still be
+            # withdrawn by a cancel later in the batch).
+            inline = runs.pop() if runs and not to_loop else None
+            for call, context, fn, args, kwargs, _ in runs:
                 try:
                     call.task = self._pool.submit(
                         context.run, self._run_pooled, call, fn, args, kwargs)
                 except RuntimeError as exc:  # no thread could be started
                     self._reply_from_thread(call, False,
                                             _error(exc, _UNKNOWN, skip=1))
-            if not runs and not to_loop:
+            if inline is None and not to_loop:
                 continue  # nothing to run (errors answered): read on
-            if runs:
-                runs[-1][0].task = _INLINE
+            if inline is not None:
+                inline[0].task = _INLINE
             # The baton goes on last: until here, a failure leaves it ours.
             if to_loop:
                 self._to_loop(rest, overlapped)
-            elif not (channel.intake_pass()
-                      or self._pool.try_lead(self._lead_intake)):
-                self._to_loop(())
-            if not runs:
                 return
-            call, context, fn, args, kwargs, _ = runs[-1]
+            if not (channel.intake_pass()
+                    or self._pool.try_lead(self._lead_intake)):
+                self._to_loop(())
+            call, context, fn, args, kwargs, _ = inline
             self._led += 1
             self._pool.run_inline(context.run, self._run_pooled, call, fn,
                                   args, kwargs)
-            if to_loop:
-                return
             holding = False  # a follower now, if one is needed
 
     def _lead_call(self, frame, pending):

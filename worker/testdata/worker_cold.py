@@ -1,0 +1,24 @@
+"""Targets for the worker's cold-start tests: unlike worker_fixture, this
+module imports neither asyncio nor inspect, so a call can tell whether the
+worker itself had imported them when the call ran."""
+
+import sys
+import threading
+import time
+
+
+def imported(names):
+    """Which of `names` are in sys.modules now."""
+    return sorted(name for name in names if name in sys.modules)
+
+
+async def on_the_loop():
+    """A first call that is a coroutine: where it runs."""
+    import asyncio
+    return [asyncio.get_running_loop().is_running(),
+            threading.current_thread() is threading.main_thread()]
+
+
+def sleep(seconds):
+    time.sleep(seconds)
+    return seconds
