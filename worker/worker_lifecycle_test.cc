@@ -180,7 +180,7 @@ TEST_CASE("A first sync call runs before asyncio is imported; the loop "
           "[worker]") {
   Worker worker;
   const std::string names = Pickle("((['asyncio', 'inspect'],), {})");
-  worker.Call("first", "worker_cold::imported", names);
+  worker.Call("first", "worker_cold::imported_after_checks", names);
   worker.AwaitReady();
   Reply first = worker.AwaitReply("first");
   INFO(first.error.type << ": " << first.error.message);

@@ -1,6 +1,7 @@
 """One call's pieces: resolving the target, decoding arguments, encoding results."""
 
 import collections.abc
+import functools
 import importlib
 import pickle
 import sys
@@ -39,18 +40,29 @@ def _isawaitable(value):
 
 
 def _iscoroutinefunction(fn):
-    """asyncio.iscoroutinefunction(fn), without importing asyncio: a plain
-    function's code flag is read here; any other callable (method, partial,
-    Cython function) is left to inspect, imported the first time one comes.
-    asyncio's own marker (`_is_coroutine`, e.g. unittest.mock.AsyncMock) can
-    only be on `fn` once asyncio.coroutines is imported."""
-    if type(fn) is types.FunctionType:
+    """asyncio.iscoroutinefunction(fn), without importing asyncio or inspect
+    (the worker's cold start). As inspect: bound methods and partials are
+    unwrapped, then a function's code flag decides; builtins and other
+    callables without a `__code__` are not coroutine functions; anything
+    else that has one (Cython functions, AsyncMock) is left to inspect.
+    asyncio's own marker (`_is_coroutine`) can only be on `fn` once
+    asyncio.coroutines is imported."""
+    if type(fn) is types.FunctionType:  # the common case, first
         if fn.__code__.co_flags & _CO_COROUTINE:
             return True
     else:
-        import inspect
-        if inspect.iscoroutinefunction(fn):
-            return True
+        f = fn
+        while isinstance(f, types.MethodType):
+            f = f.__func__
+        while isinstance(f, functools.partial):
+            f = f.func
+        if isinstance(f, types.FunctionType):
+            if f.__code__.co_flags & _CO_COROUTINE:
+                return True
+        elif isinstance(getattr(f, "__code__", None), types.CodeType):
+            import inspect
+            if inspect.iscoroutinefunction(fn):
+                return True
     coroutines = sys.modules.get("asyncio.coroutines")
     return (coroutines is not None and getattr(fn, "_is_coroutine", None)
             is getattr(coroutines, "_is_coroutine", coroutines))

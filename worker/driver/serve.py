@@ -130,6 +130,7 @@ def _serve(channel, channel_fd, worker_id, agentix_setup):
         worker = _Worker(boot_loop, channel)
         global boot_modules
         boot_modules = frozenset(sys.modules)
+        leading = worker.prepare_boot_intake()
         try:
             channel.send_ready(os.getpid(), "%d.%d.%d" % sys.version_info[:3])
             channel.flush()
@@ -137,7 +138,7 @@ def _serve(channel, channel_fd, worker_id, agentix_setup):
             _log(_ERROR, f"cannot send ready: {exc}")
             return EXIT_CHANNEL, True
         _log(_DEBUG, f"worker {worker_id} ready")
-        leading = worker.lead_from_boot()
+        leading = leading and worker.lead_from_boot()
         if leading:
             # Sync calls run meanwhile; wait for a need of the loop, or idle.
             while (not boot_loop.needed.wait(_WARM_UP_IDLE_S)

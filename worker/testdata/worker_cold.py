@@ -22,3 +22,19 @@ async def on_the_loop():
 def sleep(seconds):
     time.sleep(seconds)
     return seconds
+
+
+def imported_after_checks(names):
+    """Which of `names` are in sys.modules after the driver's coroutine and
+    awaitable checks ran on builtins, methods and partials (what a first
+    call to, say, os::getpid goes through)."""
+    import functools
+    import os
+
+    from _agentix_driver import calls
+
+    for fn in (os.getpid, len, [].append, str.upper, functools.partial(os.getpid),
+               imported, functools.partial(imported), sleep):
+        calls._iscoroutinefunction(fn)
+        calls._isawaitable(fn)
+    return imported(names)

@@ -657,7 +657,9 @@ def coroutine_checks():
         "partial(async)": functools.partial(coroutine_fn),
         "partial(partial(async))": functools.partial(functools.partial(coroutine_fn)),
         "partial(def)": functools.partial(plain), "async __call__": AsyncCallable(),
-        "builtin": len, "class": Holder, "AsyncMock": mock.AsyncMock(),
+        "builtin": len, "builtin method": [].append, "method descriptor": str.upper,
+        "partial(bound async method)": functools.partial(Holder().method),
+        "class": Holder, "AsyncMock": mock.AsyncMock(),
         "Mock": mock.Mock(), "marked": marked,
     }
     coroutine = coroutine_fn()
