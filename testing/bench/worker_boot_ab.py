@@ -2,6 +2,13 @@
 
     .venv-test/bin/python testing/bench/worker_boot_ab.py --a BUNDLE_A --b BUNDLE_B \
         [--rounds 20] [--call os::getpid] [--call hello_agentix.tools::add:1,2]
+    PYTHONPATH=examples/hello .venv-test/bin/python testing/bench/worker_boot_ab.py \
+        --a BUNDLE_A --b BUNDLE_B --lifecycle [--rounds 4] [--runs 5]
+
+With --lifecycle, each round runs sandbox_lifecycle.py's measured sandboxes
+instead (LocalProvider.create -> the first hello_agentix.tools.add -> delete,
+busybox root, no probes), `--runs` per side and round, and reports the
+medians of its timeline keys per side and the medians of per-round ratios.
 
 Each round starts, for A then B (the order alternates by round), the bundle's
 own `agentix-worker` under the local provider's bubblewrap command line, the
@@ -193,15 +200,50 @@ async def main_async(args) -> dict:
     return report
 
 
+async def lifecycle_async(args) -> dict:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import sandbox_lifecycle as lc
+
+    keys = ("create_to_first_call_ms", "create_ms", "first_call_ms", "create.spawn_to_listening_ms",
+            "create.listening_to_healthy_ms", "call.connect_to_daemon_ms", "call.worker_boot_ms",
+            "call.ready_to_result_ms", "delete_ms")
+    per_round = {"a": [], "b": []}
+    ns = argparse.Namespace(log_level="debug")
+    root = lc._busybox_root(Path(tempfile.mkdtemp(prefix="agx-boot-ab-root-")) / "root")
+    for i in range(args.rounds):
+        order = ("a", "b") if i % 2 == 0 else ("b", "a")
+        for side in order:
+            bundle = Path(getattr(args, side))
+            result = await lc.measure_sandboxes(ns, bundle, str(root), "busybox", args.runs,
+                                                warmup=(i == 0), probes=False)
+            stats = result["stats"]
+            per_round[side].append({k: stats.get(k, {}).get("median") for k in keys})
+            print(f"[boot-ab] round {i + 1} {side}: " + ", ".join(
+                f"{k} {per_round[side][-1][k]}" for k in keys[:3] + ("call.worker_boot_ms",)), flush=True)
+    out = {"rounds": args.rounds, "runs": args.runs}
+    for k in keys:
+        a = [r[k] for r in per_round["a"]]
+        b = [r[k] for r in per_round["b"]]
+        ratios = [y / x for x, y in zip(a, b) if x and y and x > 0 and y > 0]
+        out[k] = {"a": _median(a), "b": _median(b),
+                  "ratio_b_over_a": round(statistics.median(ratios), 3) if ratios else None}
+        print(f"[boot-ab] {k}: {out[k]['a']} -> {out[k]['b']} (x{out[k]['ratio_b_over_a']})", flush=True)
+    out["loadavg"] = os.getloadavg()
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--a", required=True, help="bundle directory A (the old build)")
     parser.add_argument("--b", required=True, help="bundle directory B (the new build)")
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--lifecycle", action="store_true",
+                        help="whole sandboxes (sandbox_lifecycle.py) instead of the worker alone")
+    parser.add_argument("--runs", type=int, default=5, help="--lifecycle: sandboxes per side and round")
     parser.add_argument("--call", action="append",
                         help="first call, module::name[:int,int...] (default os::getpid; repeatable)")
     args = parser.parse_args()
-    report = asyncio.run(main_async(args))
+    report = asyncio.run(lifecycle_async(args) if args.lifecycle else main_async(args))
     print(json.dumps(report))
     return 0
 
