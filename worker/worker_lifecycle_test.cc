@@ -145,15 +145,18 @@ TEST_CASE("The driver is loaded from its build-time bytecode", "[worker]") {
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
 
-// Cold start (driver/lazy.py): asyncio's ssl is not executed before the
-// ready frame; the warm-up thread loads it once the worker is idle.
-TEST_CASE("asyncio's ssl is loaded after ready, by the warm-up thread",
+// Cold start (driver/lazy.py): asyncio's ssl and inspect are not executed
+// before the ready frame; the warm-up thread loads them once the worker is
+// idle.
+TEST_CASE("asyncio's ssl and inspect are loaded after ready, by the warm-up "
+          "thread",
           "[worker]") {
   auto worker = ReadyWorker();
   absl::SleepFor(absl::Milliseconds(500));  // idle: the warm-up has begun
   CHECK(Unpickle(worker->CallOk("worker_fixture::deferred_stdlib",
                                 Pickle("((), {})"))) ==
-        "{'ssl': 'agentix-warmup', 'asyncio.sslproto': 'agentix-warmup'}");
+        "{'ssl': 'agentix-warmup', 'asyncio.sslproto': 'agentix-warmup', "
+        "'inspect': 'agentix-warmup'}");
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
@@ -189,6 +192,24 @@ TEST_CASE("A first sync call runs before asyncio is imported; the loop "
   absl::SleepFor(absl::Milliseconds(600));  // idle: the loop has started
   CHECK(Unpickle(worker.CallOk("worker_cold::imported", names)) ==
         "['asyncio', 'inspect']");
+  worker.Shutdown();
+  REQUIRE(worker.AwaitExit().returncode() == 0);
+}
+
+// A first call importing asyncio itself (as most tool modules do) gets
+// inspect deferred, and inspect works once used.
+TEST_CASE("A first call that imports asyncio finds inspect deferred, and "
+          "usable",
+          "[worker]") {
+  Worker worker;
+  worker.Call("first", "worker_cold::asyncio_first", Pickle("((), {})"));
+  worker.AwaitReady();
+  Reply first = worker.AwaitReply("first");
+  INFO(first.error.type << ": " << first.error.message << "\n"
+                        << first.error.traceback);
+  REQUIRE(first.ok);
+  CHECK(Unpickle(first.value) ==
+        "['_DeferredModule', 7, '(seconds)', 'module']");
   worker.Shutdown();
   REQUIRE(worker.AwaitExit().returncode() == 0);
 }

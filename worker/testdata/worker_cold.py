@@ -38,3 +38,20 @@ def imported_after_checks(names):
         calls._iscoroutinefunction(fn)
         calls._isawaitable(fn)
     return imported(names)
+
+
+def asyncio_first():
+    """A first call that imports asyncio itself and runs a coroutine: what
+    it sees of `inspect` (deferred while asyncio is imported) before and
+    after using it."""
+    import asyncio
+
+    before = type(sys.modules["inspect"]).__name__
+
+    async def seven():
+        return 7
+
+    value = asyncio.run(seven())
+    import inspect
+    return [before, value, str(inspect.signature(sleep)),
+            type(sys.modules["inspect"]).__name__]
