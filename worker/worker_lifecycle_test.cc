@@ -246,6 +246,32 @@ TEST_CASE("A cancel and a shutdown before the loop exists are handled in "
   CHECK(exit.returncode() == 0);
 }
 
+// A sandbox deleted right after its first call: the shutdown reaches a worker
+// whose loop has not started (it starts 0.1 s after the worker went idle);
+// the worker exits without importing asyncio for it. Timing: the shutdown
+// must come within that 0.1 s, so up to three workers are tried (the old
+// driver imported asyncio at boot: all three fail).
+TEST_CASE("A shutdown before the event loop started exits without importing "
+          "asyncio",
+          "[worker]") {
+  const std::string path = absl::StrCat(TempRoot(), "/at_exit_", getpid());
+  std::string seen;
+  for (int attempt = 0; attempt < 3 && seen != "[]"; ++attempt) {
+    std::filesystem::remove(path);
+    Worker worker;
+    worker.Call("first", "worker_cold::note_modules_at_exit",
+                Pickle(absl::StrCat("(('", path, "', ['asyncio']), {})")));
+    worker.AwaitReady();
+    REQUIRE(worker.AwaitReply("first").ok);
+    worker.Shutdown();
+    REQUIRE(worker.AwaitExit(absl::Seconds(20)).returncode() == 0);
+    std::ifstream in(path);
+    seen.assign(std::istreambuf_iterator<char>(in), {});
+    INFO("attempt " << attempt << ": " << seen);
+  }
+  CHECK(seen == "[]");
+}
+
 TEST_CASE("The driver's asyncio-free coroutine checks agree with asyncio's",
           "[worker]") {
   auto worker = ReadyWorker();

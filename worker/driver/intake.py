@@ -100,9 +100,10 @@ class _LeaderIntake:
         passes on whatever it was handed."""
         self._loop = loop
 
-    def _resume_loop_intake(self, frames, overlapped=False):
+    def resume_loop_intake(self, frames, overlapped=False):
         """Loop: takes the channel back from the last intake leader and
-        handles the frames it left (in order), then reads on. `overlapped`:
+        handles the frames it left (in order; None: the end of the stream,
+        which the loop's read sees again), then reads on. `overlapped`:
         given back because calls overlapped."""
         self._sync_streak = 0
         if overlapped and self._led < _LEAD_SETTLED:
@@ -125,7 +126,7 @@ class _LeaderIntake:
         """Intake leader: the loop reads from now on, starting with
         `frames` (the rest of a batch, in order). Followers leave."""
         self._channel.intake_to_loop()
-        self._call_on_loop(self._resume_loop_intake, frames, overlapped)
+        self._call_on_loop(self.resume_loop_intake, frames, overlapped)
 
     def _lead_intake(self, holding=True):
         """Pool thread: the channel's reader while it holds the intake baton
@@ -161,7 +162,7 @@ class _LeaderIntake:
                 self._call_on_loop(self._read_failed, exc)
                 return
             if frames is None:  # end of stream: the loop reads it again
-                self._to_loop(())
+                self._to_loop(None)
                 return
             pending = []
             rest = ()

@@ -21,6 +21,7 @@ from . import lazy as _lazy
 
 from .common import (
     EXIT_CHANNEL,
+    EXIT_OK,
     _DEBUG,
     _ERROR,
     _WARNING,
@@ -87,11 +88,45 @@ class _BootLoop:
     thread) is kept in order and run on the real loop first, once it exists
     (`adopt`); after that, it is passed straight on."""
 
+    booting = True  # worker.finish(): no asyncio tasks can exist
+
     def __init__(self):
         self._lock = threading.Lock()
         self._handed = []  # (fn, args, context), in order
         self._loop = None
         self.needed = threading.Event()
+
+    # What _Worker.stop() calls on its loop: nothing to do without one.
+    def remove_reader(self, fd):
+        return False
+
+    def stop(self):
+        pass
+
+    def close(self):
+        pass
+
+    def take_stop(self, worker):
+        """Main thread: if all that was handed is the daemon's shutdown or
+        the end of the stream (an intake leader's _to_loop), takes it and
+        returns (code, notify) for worker.stop(): a sandbox deleted before
+        its worker started the loop exits without importing asyncio.
+        Otherwise None."""
+        with self._lock:
+            if len(self._handed) != 1:
+                return None
+            fn, args, _ = self._handed[0]
+            if fn != worker.resume_loop_intake or not args:
+                return None
+            frames = args[0]
+            if frames is None:
+                what = (EXIT_OK, False)  # end of stream
+            elif frames and all(f.kind == _w.SHUTDOWN for f in frames):
+                what = (EXIT_OK, True)
+            else:
+                return None
+            self._handed = []
+            return what
 
     def call_soon_threadsafe(self, fn, *args, context=None):
         with self._lock:
@@ -144,6 +179,13 @@ def _serve(channel, channel_fd, worker_id, agentix_setup):
             while (not boot_loop.needed.wait(_WARM_UP_IDLE_S)
                    and worker.busy):
                 pass
+            stop = boot_loop.take_stop(worker)
+            if stop is not None:
+                code, notify = stop
+                _log(_DEBUG, "shutdown requested" if notify else
+                     "frame channel closed by the daemon; exiting")
+                worker.stop(code, notify=notify)
+                return worker.finish()
         loop = _new_loop()
     finally:
         deferring.__exit__(None, None, None)

@@ -634,8 +634,10 @@ class _Worker(_LeaderIntake):
         and releases the pool. Returns (exit_code, clean), clean meaning no
         user function is still running on a pool thread, so interpreter
         finalisation will not wait on one."""
-        import asyncio
-        tasks = [t for t in asyncio.all_tasks(self._loop) if not t.done()]
+        tasks = []
+        if not getattr(self._loop, "booting", False):  # a loop was started
+            import asyncio
+            tasks = [t for t in asyncio.all_tasks(self._loop) if not t.done()]
         for task in tasks:
             task.cancel()
         if tasks:

@@ -55,3 +55,14 @@ def asyncio_first():
     import inspect
     return [before, value, str(inspect.signature(sleep)),
             type(sys.modules["inspect"]).__name__]
+
+
+def note_modules_at_exit(path, names):
+    """At interpreter exit, writes which of `names` were imported then."""
+    import atexit
+
+    def note():
+        with open(path, "w") as f:
+            f.write(repr(imported(names)))
+
+    atexit.register(note)
