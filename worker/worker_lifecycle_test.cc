@@ -145,27 +145,138 @@ TEST_CASE("The driver is loaded from its build-time bytecode", "[worker]") {
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
 
-// Cold start (driver/lazy.py): asyncio's ssl is not executed before the
-// ready frame; the warm-up thread loads it once the worker is idle.
-TEST_CASE("asyncio's ssl is loaded after ready, by the warm-up thread",
+// Cold start (driver/lazy.py): asyncio's ssl and inspect are not executed
+// before the ready frame; the warm-up thread loads them once the worker is
+// idle.
+TEST_CASE("asyncio's ssl and inspect are loaded after ready, by the warm-up "
+          "thread",
           "[worker]") {
   auto worker = ReadyWorker();
   absl::SleepFor(absl::Milliseconds(500));  // idle: the warm-up has begun
   CHECK(Unpickle(worker->CallOk("worker_fixture::deferred_stdlib",
                                 Pickle("((), {})"))) ==
-        "{'ssl': 'agentix-warmup', 'asyncio.sslproto': 'agentix-warmup'}");
+        "{'ssl': 'agentix-warmup', 'asyncio.sslproto': 'agentix-warmup', "
+        "'inspect': 'agentix-warmup'}");
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
 
-TEST_CASE("The boot leaves ssl, calendar, datetime and agentix for later",
+TEST_CASE("The boot leaves asyncio, inspect, ssl, calendar, datetime and "
+          "agentix for later",
           "[worker]") {
   auto worker = ReadyWorker();
   CHECK(Unpickle(worker->CallOk(
             "worker_fixture::boot_imported",
-            Pickle("((['asyncio', 'pickle', '_ssl', 'calendar', 'datetime', "
-                   "'_datetime', 'agentix'],), {})"))) ==
-        "['asyncio', 'pickle']");
+            Pickle("((['asyncio', 'inspect', 'pickle', '_ssl', 'calendar', "
+                   "'datetime', '_datetime', 'agentix'],), {})"))) ==
+        "['pickle']");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+// Cold start (serve.py): the ready frame and a first sync call do not wait
+// for `import asyncio`; the event loop starts once the worker is idle. The
+// call is sent before the ready frame is read, so it is there when the
+// worker starts reading, whatever the load.
+TEST_CASE("A first sync call runs before asyncio is imported; the loop "
+          "comes once the worker is idle",
+          "[worker]") {
+  Worker worker;
+  const std::string names = Pickle("((['asyncio', 'inspect'],), {})");
+  worker.Call("first", "worker_cold::imported_after_checks", names);
+  worker.AwaitReady();
+  Reply first = worker.AwaitReply("first");
+  INFO(first.error.type << ": " << first.error.message);
+  REQUIRE(first.ok);
+  CHECK(Unpickle(first.value) == "[]");
+  absl::SleepFor(absl::Milliseconds(600));  // idle: the loop has started
+  CHECK(Unpickle(worker.CallOk("worker_cold::imported", names)) ==
+        "['asyncio', 'inspect']");
+  worker.Shutdown();
+  REQUIRE(worker.AwaitExit().returncode() == 0);
+}
+
+// A first call importing asyncio itself (as most tool modules do) gets
+// inspect deferred, and inspect works once used.
+TEST_CASE("A first call that imports asyncio finds inspect deferred, and "
+          "usable",
+          "[worker]") {
+  Worker worker;
+  worker.Call("first", "worker_cold::asyncio_first", Pickle("((), {})"));
+  worker.AwaitReady();
+  Reply first = worker.AwaitReply("first");
+  INFO(first.error.type << ": " << first.error.message << "\n"
+                        << first.error.traceback);
+  REQUIRE(first.ok);
+  CHECK(Unpickle(first.value) ==
+        "['_DeferredModule', 7, '(seconds)', 'module']");
+  worker.Shutdown();
+  REQUIRE(worker.AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("A first call that is a coroutine runs on the loop it starts",
+          "[worker]") {
+  Worker worker;
+  worker.Call("first", "worker_cold::on_the_loop", Pickle("((), {})"));
+  worker.AwaitReady();
+  Reply first = worker.AwaitReply("first");
+  INFO(first.error.type << ": " << first.error.message);
+  REQUIRE(first.ok);
+  CHECK(Unpickle(first.value) == "[True, True]");
+  CHECK(Unpickle(worker.CallOk("worker_cold::sleep", Pickle("((0,), {})"))) ==
+        "0");
+  worker.Shutdown();
+  REQUIRE(worker.AwaitExit().returncode() == 0);
+}
+
+// What reaches the worker before its loop exists is kept, in order: a call,
+// its cancel and a shutdown, all sent before the ready frame is read.
+TEST_CASE("A cancel and a shutdown before the loop exists are handled in "
+          "order",
+          "[worker]") {
+  Worker worker;
+  worker.Call("slow", "worker_cold::sleep", Pickle("((5,), {})"));
+  worker.Cancel("slow");
+  worker.Shutdown();
+  worker.AwaitReady();
+  Reply slow = worker.AwaitReply("slow");
+  REQUIRE_FALSE(slow.ok);
+  CHECK(slow.error.type == "Cancelled");
+  const base::ExitStatus exit = worker.AwaitExit(absl::Seconds(20));
+  CHECK(exit.returncode() == 0);
+}
+
+// A sandbox deleted right after its first call: the shutdown reaches a worker
+// whose loop has not started (it starts 0.1 s after the worker went idle);
+// the worker exits without importing asyncio for it. Timing: the shutdown
+// must come within that 0.1 s, so up to three workers are tried (the old
+// driver imported asyncio at boot: all three fail).
+TEST_CASE("A shutdown before the event loop started exits without importing "
+          "asyncio",
+          "[worker]") {
+  const std::string path = absl::StrCat(TempRoot(), "/at_exit_", getpid());
+  std::string seen;
+  for (int attempt = 0; attempt < 3 && seen != "[]"; ++attempt) {
+    std::filesystem::remove(path);
+    Worker worker;
+    worker.Call("first", "worker_cold::note_modules_at_exit",
+                Pickle(absl::StrCat("(('", path, "', ['asyncio']), {})")));
+    worker.AwaitReady();
+    REQUIRE(worker.AwaitReply("first").ok);
+    worker.Shutdown();
+    REQUIRE(worker.AwaitExit(absl::Seconds(20)).returncode() == 0);
+    std::ifstream in(path);
+    seen.assign(std::istreambuf_iterator<char>(in), {});
+    INFO("attempt " << attempt << ": " << seen);
+  }
+  CHECK(seen == "[]");
+}
+
+TEST_CASE("The driver's asyncio-free coroutine checks agree with asyncio's",
+          "[worker]") {
+  auto worker = ReadyWorker();
+  CHECK(Unpickle(worker->CallOk("worker_fixture::coroutine_checks",
+                                Pickle("((), {})"))) == "[]");
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }

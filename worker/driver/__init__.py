@@ -12,6 +12,10 @@ frames reach Python without a thread hop and every wake-up handles all frames
 that arrived. Coroutine functions run as tasks on that loop; everything else
 runs on a thread pool, so a blocking function never stalls the loop.
 
+Cold start: the ready frame goes out before asyncio is imported; until the
+loop starts (on the first frame that needs it, or once the worker is idle),
+pool threads read the channel and run sync calls (serve.py, intake.py).
+
 Streaming calls (stream_window > 0) send each item of a generator as a
 stream_item frame, at most `window` items beyond the host's last stream_ack.
 Async iterators are driven by a loop task, sync iterators by a pool thread
@@ -38,10 +42,8 @@ frame with the opener's call id; it rides the log queue, so it is ordered
 with the records around it.
 """
 
-from . import lazy as _lazy
-
-# asyncio's ssl is deferred while the driver imports (lazy.py: cold start).
-with _lazy.deferring():
-    from .serve import main
+# asyncio (and, through lazy.py, its ssl) is imported after the ready frame:
+# serve.py.
+from .serve import main
 
 __all__ = ["main"]

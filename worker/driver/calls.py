@@ -1,8 +1,11 @@
 """One call's pieces: resolving the target, decoding arguments, encoding results."""
 
+import collections.abc
+import functools
 import importlib
-import inspect
 import pickle
+import sys
+import types
 
 import _agentix_worker as _w
 
@@ -20,6 +23,50 @@ from .common import (
 )
 from .errors import _error
 from .streams import _Stream
+
+# inspect.CO_COROUTINE and inspect.CO_ITERABLE_COROUTINE (code flags; the
+# worker cold-start test checks them against inspect's).
+_CO_COROUTINE = 0x80
+_CO_ITERABLE_COROUTINE = 0x100
+
+
+def _isawaitable(value):
+    """inspect.isawaitable(value), without importing inspect (and its ast,
+    dis, tokenize) on a sync call's path: the worker's cold start."""
+    return (isinstance(value, types.CoroutineType)
+            or isinstance(value, types.GeneratorType)
+            and bool(value.gi_code.co_flags & _CO_ITERABLE_COROUTINE)
+            or isinstance(value, collections.abc.Awaitable))
+
+
+def _iscoroutinefunction(fn):
+    """asyncio.iscoroutinefunction(fn), without importing asyncio or inspect
+    (the worker's cold start). As inspect: bound methods and partials are
+    unwrapped, then a function's code flag decides; builtins and other
+    callables without a `__code__` are not coroutine functions; anything
+    else that has one (Cython functions, AsyncMock) is left to inspect.
+    asyncio's own marker (`_is_coroutine`) can only be on `fn` once
+    asyncio.coroutines is imported."""
+    if type(fn) is types.FunctionType:  # the common case, first
+        if fn.__code__.co_flags & _CO_COROUTINE:
+            return True
+    else:
+        f = fn
+        while isinstance(f, types.MethodType):
+            f = f.__func__
+        while isinstance(f, functools.partial):
+            f = f.func
+        if isinstance(f, types.FunctionType):
+            if f.__code__.co_flags & _CO_COROUTINE:
+                return True
+        elif isinstance(getattr(f, "__code__", None), types.CodeType):
+            import inspect
+            if inspect.iscoroutinefunction(fn):
+                return True
+    coroutines = sys.modules.get("asyncio.coroutines")
+    return (coroutines is not None and getattr(fn, "_is_coroutine", None)
+            is getattr(coroutines, "_is_coroutine", coroutines))
+
 
 def resolve(reference):
     """Imports the callable a "module::qualname" reference names.
@@ -123,7 +170,7 @@ def _run_sync(encoding, fn, args, kwargs):
         value = fn(*args, **kwargs)
     except BaseException as exc:
         return False, _error(exc, _UNKNOWN, skip=1)
-    if inspect.isawaitable(value):
+    if _isawaitable(value):
         return _AWAIT, value
     if isinstance(value, _STREAM_ONLY):
         return _GENERATOR, value

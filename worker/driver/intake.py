@@ -63,9 +63,47 @@ class _LeaderIntake:
             self._channel.intake_to_loop()
             self._loop.add_reader(fd, self.on_readable)
 
-    def _resume_loop_intake(self, frames, overlapped=False):
+    def prepare_boot_intake(self):
+        """Main thread, before the ready frame and the event loop: pool mode
+        on, and a follower waiting, so that after ready (lead_from_boot) the
+        first call's reader hands the baton on without starting a thread
+        before it runs the call (a thread start is 0.1 ms on a quiet
+        machine, 5-10 ms when page faults are slow). Whether the pool may
+        read the channel from ready on (serve.py, worker cold start)."""
+        if not self._lead_on:
+            return False
+        try:
+            self._channel.intake_to_pool()
+        except OSError as exc:
+            _log(_WARNING, f"leader/follower intake off: {_text(exc)}")
+            self._lead_on = False
+            return False
+        self._led = 0
+        self._pool.try_lead(self._follow_intake)
+        return True
+
+    def lead_from_boot(self):
+        """Main thread, right after the ready frame: a pool thread reads the
+        channel from now on, so sync calls run before asyncio is imported.
+        False (the loop must read) if no thread could start."""
+        if self._pool.try_lead(self._lead_intake):
+            return True
+        self._channel.intake_to_loop()
+        return False
+
+    def _follow_intake(self):
+        """Pool thread: waits as the intake's follower (lead_from_boot)."""
+        self._lead_intake(holding=False)
+
+    def adopt_loop(self, loop):
+        """Main thread: the event loop now exists; serve.py's stand-in
+        passes on whatever it was handed."""
+        self._loop = loop
+
+    def resume_loop_intake(self, frames, overlapped=False):
         """Loop: takes the channel back from the last intake leader and
-        handles the frames it left (in order), then reads on. `overlapped`:
+        handles the frames it left (in order; None: the end of the stream,
+        which the loop's read sees again), then reads on. `overlapped`:
         given back because calls overlapped."""
         self._sync_streak = 0
         if overlapped and self._led < _LEAD_SETTLED:
@@ -88,7 +126,7 @@ class _LeaderIntake:
         """Intake leader: the loop reads from now on, starting with
         `frames` (the rest of a batch, in order). Followers leave."""
         self._channel.intake_to_loop()
-        self._call_on_loop(self._resume_loop_intake, frames, overlapped)
+        self._call_on_loop(self.resume_loop_intake, frames, overlapped)
 
     def _lead_intake(self, holding=True):
         """Pool thread: the channel's reader while it holds the intake baton
@@ -124,7 +162,7 @@ class _LeaderIntake:
                 self._call_on_loop(self._read_failed, exc)
                 return
             if frames is None:  # end of stream: the loop reads it again
-                self._to_loop(())
+                self._to_loop(None)
                 return
             pending = []
             rest = ()
@@ -148,31 +186,33 @@ class _LeaderIntake:
                     to_loop = True
                     self._call_on_loop_in(context, self._start_on_loop, call,
                                           fn, args, kwargs)
-            for call, context, fn, args, kwargs, _ in runs[:-1]:
+            # The last sync call runs here, unless the batch goes on to the
+            # loop: then every call goes to the pool, as the loop would have
+            # sent it (a call queued behind busy threads can still be
+            # withdrawn by a cancel later in the batch).
+            inline = runs.pop() if runs and not to_loop else None
+            for call, context, fn, args, kwargs, _ in runs:
                 try:
                     call.task = self._pool.submit(
                         context.run, self._run_pooled, call, fn, args, kwargs)
                 except RuntimeError as exc:  # no thread could be started
                     self._reply_from_thread(call, False,
                                             _error(exc, _UNKNOWN, skip=1))
-            if not runs and not to_loop:
+            if inline is None and not to_loop:
                 continue  # nothing to run (errors answered): read on
-            if runs:
-                runs[-1][0].task = _INLINE
+            if inline is not None:
+                inline[0].task = _INLINE
             # The baton goes on last: until here, a failure leaves it ours.
             if to_loop:
                 self._to_loop(rest, overlapped)
-            elif not (channel.intake_pass()
-                      or self._pool.try_lead(self._lead_intake)):
-                self._to_loop(())
-            if not runs:
                 return
-            call, context, fn, args, kwargs, _ = runs[-1]
+            if not (channel.intake_pass()
+                    or self._pool.try_lead(self._lead_intake)):
+                self._to_loop(())
+            call, context, fn, args, kwargs, _ = inline
             self._led += 1
             self._pool.run_inline(context.run, self._run_pooled, call, fn,
                                   args, kwargs)
-            if to_loop:
-                return
             holding = False  # a follower now, if one is needed
 
     def _lead_call(self, frame, pending):

@@ -3,9 +3,11 @@
 `import asyncio` imports `ssl` (base_events, selector_events, sslproto),
 which loads libssl and libcrypto and reads openssl.cnf: about a third of the
 worker's import time before its ready frame (the worker's cold start, issue
-25). asyncio only *calls* ssl for TLS transports. So while the driver's own
-modules are imported (`deferring()`), `ssl` and `asyncio.sslproto` (whose
-body reads `ssl.SSLWantReadError`) are imported as deferred modules: found,
+25). asyncio only *calls* ssl for TLS transports; likewise `inspect`. So
+from the worker's boot until asyncio is imported (serve.py: `deferring()`;
+asyncio itself now comes after the ready frame, by the driver or by a
+call), `ssl`, `asyncio.sslproto` (whose body reads `ssl.SSLWantReadError`)
+and `inspect` are imported as deferred modules, whoever imports them: found,
 registered in sys.modules and bound as usual, but their body runs at the
 first attribute access, from whichever thread, or on the warm-up thread
 after ready (`load_deferred()`, deferred.py), whichever comes first.
@@ -26,8 +28,11 @@ import sys
 import threading
 import types
 
-# The modules deferred, in load order for load_deferred().
-DEFERRED = ("ssl", "asyncio.sslproto")
+# The modules deferred, in load order for load_deferred(). `inspect` (with
+# ast, dis, tokenize: about a third of `import asyncio` on this VM): asyncio's
+# modules import it but only call it (debug reprs, a few checks), and the
+# driver's own checks do without it (calls.py).
+DEFERRED = ("ssl", "asyncio.sslproto", "inspect")
 # What a module's body needs to be loadable later: a missing one means the
 # module is imported (and fails) now, as without deferral.
 _NEEDS = {"ssl": "_ssl"}

@@ -1,13 +1,27 @@
-"""main(): boots logging, tracing and namespaces, then serves the channel."""
+"""main(): boots logging, tracing and namespaces, then serves the channel.
 
-import asyncio
+Cold start: the ready frame goes out before asyncio is imported (`import
+asyncio` was about half of the worker's boot). From then on a pool thread
+reads the channel (leader/follower intake, intake.py) and runs sync calls
+that come one at a time, while the main thread waits. It imports asyncio and
+starts the event loop as soon as anything needs the loop (a coroutine or
+streaming call, overlapping calls, a cancel, a namespace event, set_env,
+shutdown, end of stream: whatever the intake leader hands to the loop), or
+once the worker has been idle for _WARM_UP_IDLE_S; until then `_BootLoop`
+stands in for the loop and keeps what is handed to it, in order.
+"""
+
 import os
 import sys
+import threading
 
 import _agentix_worker as _w
 
+from . import lazy as _lazy
+
 from .common import (
     EXIT_CHANNEL,
+    EXIT_OK,
     _DEBUG,
     _ERROR,
     _WARNING,
@@ -68,21 +82,117 @@ def _warm_up_when_idle(loop, worker, agentix_setup):
     agentix_setup.warm_up()
 
 
-def _serve(channel, channel_fd, worker_id, agentix_setup):
+class _BootLoop:
+    """The worker's loop until asyncio is imported: what threads hand to the
+    loop (`call_soon_threadsafe`, the only loop method used off the loop
+    thread) is kept in order and run on the real loop first, once it exists
+    (`adopt`); after that, it is passed straight on."""
+
+    booting = True  # worker.finish(): no asyncio tasks can exist
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._handed = []  # (fn, args, context), in order
+        self._loop = None
+        self.needed = threading.Event()
+
+    # What _Worker.stop() calls on its loop: nothing to do without one.
+    def remove_reader(self, fd):
+        return False
+
+    def stop(self):
+        pass
+
+    def close(self):
+        pass
+
+    def take_stop(self, worker):
+        """Main thread: if all that was handed is the daemon's shutdown or
+        the end of the stream (an intake leader's _to_loop), takes it and
+        returns (code, notify) for worker.stop(): a sandbox deleted before
+        its worker started the loop exits without importing asyncio.
+        Otherwise None."""
+        with self._lock:
+            if len(self._handed) != 1:
+                return None
+            fn, args, _ = self._handed[0]
+            if fn != worker.resume_loop_intake or not args:
+                return None
+            frames = args[0]
+            if frames is None:
+                what = (EXIT_OK, False)  # end of stream
+            elif frames and all(f.kind == _w.SHUTDOWN for f in frames):
+                what = (EXIT_OK, True)
+            else:
+                return None
+            self._handed = []
+            return what
+
+    def call_soon_threadsafe(self, fn, *args, context=None):
+        with self._lock:
+            if self._loop is None:
+                self._handed.append((fn, args, context))
+                self.needed.set()
+                return
+            loop = self._loop
+        loop.call_soon_threadsafe(fn, *args, context=context)
+
+    def adopt(self, loop):
+        """Main thread, before the loop runs: what was handed so far goes
+        first (under the lock: a thread handing something now comes after)."""
+        with self._lock:
+            for fn, args, context in self._handed:
+                loop.call_soon(fn, *args, context=context)
+            self._handed = None
+            self._loop = loop
+
+
+def _new_loop():
+    import asyncio
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     loop.set_exception_handler(_on_loop_error)
-    worker = _Worker(loop, channel)
-    loop.add_reader(channel_fd, worker.on_readable)
-    global boot_modules
-    boot_modules = frozenset(sys.modules)
+    return loop
+
+
+def _serve(channel, channel_fd, worker_id, agentix_setup):
+    # asyncio's ssl is deferred (lazy.py) until asyncio is imported, by us or
+    # by a call.
+    deferring = _lazy.deferring()
+    deferring.__enter__()
     try:
-        channel.send_ready(os.getpid(), "%d.%d.%d" % sys.version_info[:3])
-        channel.flush()
-    except _w.ChannelError as exc:
-        _log(_ERROR, f"cannot send ready: {exc}")
-        return EXIT_CHANNEL, True
-    _log(_DEBUG, f"worker {worker_id} ready")
+        boot_loop = _BootLoop()
+        worker = _Worker(boot_loop, channel)
+        global boot_modules
+        boot_modules = frozenset(sys.modules)
+        leading = worker.prepare_boot_intake()
+        try:
+            channel.send_ready(os.getpid(), "%d.%d.%d" % sys.version_info[:3])
+            channel.flush()
+        except _w.ChannelError as exc:
+            _log(_ERROR, f"cannot send ready: {exc}")
+            return EXIT_CHANNEL, True
+        _log(_DEBUG, f"worker {worker_id} ready")
+        leading = leading and worker.lead_from_boot()
+        if leading:
+            # Sync calls run meanwhile; wait for a need of the loop, or idle.
+            while (not boot_loop.needed.wait(_WARM_UP_IDLE_S)
+                   and worker.busy):
+                pass
+            stop = boot_loop.take_stop(worker)
+            if stop is not None:
+                code, notify = stop
+                _log(_DEBUG, "shutdown requested" if notify else
+                     "frame channel closed by the daemon; exiting")
+                worker.stop(code, notify=notify)
+                return worker.finish()
+        loop = _new_loop()
+    finally:
+        deferring.__exit__(None, None, None)
+    boot_loop.adopt(loop)
+    worker.adopt_loop(loop)
+    if not leading:
+        loop.add_reader(channel_fd, worker.on_readable)
     loop.call_later(_WARM_UP_IDLE_S, _warm_up_when_idle, loop, worker,
                     agentix_setup)
     while worker.exit_code is None:

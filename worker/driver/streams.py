@@ -1,6 +1,5 @@
 """Streaming calls: sending a generator's items within the host's window."""
 
-import asyncio
 import threading
 
 from .common import _DEBUG, _INVALID_ARGUMENT, _log, _text
@@ -55,11 +54,14 @@ class _Stream:
     __slots__ = ("window", "acked", "closed", "cond", "credit")
 
     def __init__(self, window):
+        # Streaming calls start on the loop, so asyncio is imported by now
+        # (the worker boots without it: serve.py).
+        from asyncio import Event
         self.window = window
         self.acked = 0
         self.closed = False  # cancelled: a pool producer must stop
         self.cond = threading.Condition()
-        self.credit = asyncio.Event()
+        self.credit = Event()
 
     def ack(self, index):
         with self.cond:

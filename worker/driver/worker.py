@@ -1,8 +1,11 @@
-"""The event loop side of the worker: frames in, calls started, replies out."""
+"""The event loop side of the worker: frames in, calls started, replies out.
 
-import asyncio
+asyncio is not imported here: the worker sends its ready frame and runs sync
+calls before asyncio is imported (serve.py, worker cold start), so only the
+loop's own methods, which run once the loop exists, import it.
+"""
+
 import contextvars
-import inspect
 import sys
 import threading
 import types
@@ -15,6 +18,8 @@ from .calls import (
     _decode_arguments,
     _encode_result,
     _is_sync_stream,
+    _isawaitable,
+    _iscoroutinefunction,
     _run_sync,
     resolve,
 )
@@ -306,11 +311,11 @@ class _Worker(_LeaderIntake):
             return
         if pending is not None:  # an intake leader; never a stream
             pending.append((call, contextvars.copy_context(), fn, args, kwargs,
-                            not asyncio.iscoroutinefunction(fn)))
+                            not _iscoroutinefunction(fn)))
         elif call.stream is not None:
             self._sync_streak = 0
             self._start_stream(call, fn, args, kwargs)
-        elif asyncio.iscoroutinefunction(fn):
+        elif _iscoroutinefunction(fn):
             self._sync_streak = 0
             call.task = self._loop.create_task(
                 self._run_coroutine(call, fn, args, kwargs))
@@ -362,10 +367,15 @@ class _Worker(_LeaderIntake):
             what = ("an async generator"
                     if isinstance(value, types.AsyncGeneratorType)
                     else "an async iterator")
-            self._call_on_loop(self._loop.create_task, _aclose_quietly(value))
+            self._call_on_loop(self._create_task, _aclose_quietly(value))
         return ("ResultEncodeError",
                 f"remote target {call.reference!r} returned {what}; call it "
                 "with remote_stream()", "", _INVALID_ARGUMENT)
+
+    def _create_task(self, coroutine):
+        """Loop: runs coroutine as a task (for pool threads, through
+        _call_on_loop: self._loop may still be serve's boot stand-in)."""
+        self._loop.create_task(coroutine)
 
     def _call_on_loop(self, fn, *args):
         try:
@@ -387,9 +397,10 @@ class _Worker(_LeaderIntake):
         await self._await_value(call, awaitable)
 
     async def _await_value(self, call, awaitable):
+        from asyncio import CancelledError
         try:
             value = await awaitable
-        except asyncio.CancelledError as exc:
+        except CancelledError as exc:
             if call.cancelled:
                 return
             outcome = False, _error(exc, _UNKNOWN, skip=1)
@@ -407,7 +418,8 @@ class _Worker(_LeaderIntake):
     def _start_stream(self, call, fn, args, kwargs):
         """Async generator and coroutine functions start on the loop; any
         other callable on the pool, since calling it may block."""
-        if inspect.isasyncgenfunction(fn) or asyncio.iscoroutinefunction(fn):
+        import inspect
+        if inspect.isasyncgenfunction(fn) or _iscoroutinefunction(fn):
             call.task = self._loop.create_task(
                 self._run_stream_coroutine(call, fn, args, kwargs))
         else:
@@ -429,7 +441,7 @@ class _Worker(_LeaderIntake):
         except BaseException as exc:
             self._reply_from_thread(call, False, _error(exc, _UNKNOWN, skip=1))
             return
-        if inspect.isawaitable(value) or hasattr(type(value), "__aiter__"):
+        if _isawaitable(value) or hasattr(type(value), "__aiter__"):
             self._call_on_loop(self._stream_on_loop, call, value)
         elif _is_sync_stream(value):
             self._produce_sync(call, value)
@@ -444,10 +456,11 @@ class _Worker(_LeaderIntake):
         """Streams value, after awaiting it if it is awaitable (once, as
         ordinary calls do): on this task for an async iterable, else on a
         pool thread."""
-        if inspect.isawaitable(value):
+        from asyncio import CancelledError
+        if _isawaitable(value):
             try:
                 value = await value
-            except asyncio.CancelledError as exc:
+            except CancelledError as exc:
                 if not call.cancelled:
                     self._finish(call, False, _error(exc, _UNKNOWN, skip=1))
                 return
@@ -478,6 +491,7 @@ class _Worker(_LeaderIntake):
         terminal frame; closes the iterator if it stops before the iterator
         ended. Cancellation (the task's) ends it silently: the Cancelled
         error has been sent."""
+        from asyncio import CancelledError
         stream = call.stream
         try:
             iterator = aiter(iterable)
@@ -512,7 +526,7 @@ class _Worker(_LeaderIntake):
         except StopAsyncIteration:
             ended = True
             outcome = _encode_result(call.encoding, None)
-        except asyncio.CancelledError as exc:
+        except CancelledError as exc:
             # Ours (waiting for credit or inside __anext__), unless the call
             # was not cancelled: then the iterator raised it.
             outcome = None if call.cancelled else (
@@ -620,7 +634,10 @@ class _Worker(_LeaderIntake):
         and releases the pool. Returns (exit_code, clean), clean meaning no
         user function is still running on a pool thread, so interpreter
         finalisation will not wait on one."""
-        tasks = [t for t in asyncio.all_tasks(self._loop) if not t.done()]
+        tasks = []
+        if not getattr(self._loop, "booting", False):  # a loop was started
+            import asyncio
+            tasks = [t for t in asyncio.all_tasks(self._loop) if not t.done()]
         for task in tasks:
             task.cancel()
         if tasks:

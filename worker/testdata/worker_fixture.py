@@ -602,3 +602,82 @@ def concurrency_gate(n, timeout):
         _gate_cond.wait_for(lambda: _gate["peak"] >= n, timeout)
         _gate["running"] -= 1
         return _gate["peak"]
+
+
+def coroutine_checks():
+    """Where the driver's asyncio-free checks (calls.py, worker cold start)
+    disagree with asyncio.iscoroutinefunction and inspect.isawaitable: a
+    list of (kind, case) that differ, empty when they agree."""
+    import functools
+    import inspect
+    import types
+    from unittest import mock
+
+    from _agentix_driver import calls
+
+    async def coroutine_fn():
+        return 1
+
+    async def agen_fn():
+        yield 1
+
+    def plain():
+        return 1
+
+    marked = lambda: None  # noqa: E731
+    marked._is_coroutine = asyncio.coroutines._is_coroutine
+
+    class Holder:
+        async def method(self):
+            return 1
+
+        def sync_method(self):
+            return 1
+
+        @staticmethod
+        async def static():
+            return 1
+
+    class AsyncCallable:
+        async def __call__(self):
+            return 1
+
+    class Awaitable:
+        def __await__(self):
+            yield
+
+    @types.coroutine
+    def legacy():
+        yield
+
+    functions = {
+        "def": plain, "async def": coroutine_fn, "async generator": agen_fn,
+        "lambda": lambda: 1, "bound async method": Holder().method,
+        "bound sync method": Holder().sync_method, "static async": Holder.static,
+        "partial(async)": functools.partial(coroutine_fn),
+        "partial(partial(async))": functools.partial(functools.partial(coroutine_fn)),
+        "partial(def)": functools.partial(plain), "async __call__": AsyncCallable(),
+        "builtin": len, "builtin method": [].append, "method descriptor": str.upper,
+        "partial(bound async method)": functools.partial(Holder().method),
+        "class": Holder, "AsyncMock": mock.AsyncMock(),
+        "Mock": mock.Mock(), "marked": marked,
+    }
+    coroutine = coroutine_fn()
+    generator = (i for i in ())
+    future = asyncio.get_event_loop_policy().new_event_loop().create_future()
+    values = {
+        "coroutine": coroutine, "generator": generator,
+        "types.coroutine generator": legacy(), "future": future,
+        "__await__": Awaitable(), "int": 1, "None": None,
+        "Awaitable class": Awaitable,
+    }
+    differ = [("function", name) for name, fn in functions.items()
+              if calls._iscoroutinefunction(fn) != asyncio.iscoroutinefunction(fn)]
+    differ += [("value", name) for name, value in values.items()
+               if calls._isawaitable(value) != inspect.isawaitable(value)]
+    if (calls._CO_COROUTINE, calls._CO_ITERABLE_COROUTINE) != (
+            inspect.CO_COROUTINE, inspect.CO_ITERABLE_COROUTINE):
+        differ.append(("constant", "CO_*"))
+    coroutine.close()
+    future.get_loop().close()
+    return differ

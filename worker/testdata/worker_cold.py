@@ -1,0 +1,68 @@
+"""Targets for the worker's cold-start tests: unlike worker_fixture, this
+module imports neither asyncio nor inspect, so a call can tell whether the
+worker itself had imported them when the call ran."""
+
+import sys
+import threading
+import time
+
+
+def imported(names):
+    """Which of `names` are in sys.modules now."""
+    return sorted(name for name in names if name in sys.modules)
+
+
+async def on_the_loop():
+    """A first call that is a coroutine: where it runs."""
+    import asyncio
+    return [asyncio.get_running_loop().is_running(),
+            threading.current_thread() is threading.main_thread()]
+
+
+def sleep(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
+def imported_after_checks(names):
+    """Which of `names` are in sys.modules after the driver's coroutine and
+    awaitable checks ran on builtins, methods and partials (what a first
+    call to, say, os::getpid goes through)."""
+    import functools
+    import os
+
+    from _agentix_driver import calls
+
+    for fn in (os.getpid, len, [].append, str.upper, functools.partial(os.getpid),
+               imported, functools.partial(imported), sleep):
+        calls._iscoroutinefunction(fn)
+        calls._isawaitable(fn)
+    return imported(names)
+
+
+def asyncio_first():
+    """A first call that imports asyncio itself and runs a coroutine: what
+    it sees of `inspect` (deferred while asyncio is imported) before and
+    after using it."""
+    import asyncio
+
+    before = type(sys.modules["inspect"]).__name__
+
+    async def seven():
+        return 7
+
+    value = asyncio.run(seven())
+    import inspect
+    return [before, value, str(inspect.signature(sleep)),
+            type(sys.modules["inspect"]).__name__]
+
+
+def note_modules_at_exit(path, names):
+    """At interpreter exit, writes which of `names` were imported then."""
+    import atexit
+
+    def note():
+        with open(path, "w") as f:
+            f.write(repr(imported(names)))
+
+    atexit.register(note)
