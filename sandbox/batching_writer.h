@@ -58,16 +58,27 @@ class BatchingWriter {
   // quiet goes out at once, so a lone record is never delayed.
   // `schedule_flush(when)` must arrange a call to WriteHeldBack() at `when`.
   // Times are monotonic (a wall-clock step must not hold items back).
+  // With `max_delay` above `delay`, each message that was held back its
+  // whole delay (a burst goes on) doubles the delay, up to `max_delay`; an
+  // item that finds `delay` of quiet goes at once and resets it.
   using Clock = std::chrono::steady_clock;
   struct Coalescing {
     Clock::duration delay;
     size_t min_bytes = 0;
     std::function<void(Clock::time_point)> schedule_flush;
+    Clock::duration max_delay = Clock::duration::zero();
   };
   // Turns coalescing on; before the first Enqueue.
   void SetCoalescing(Coalescing coalescing) {
     absl::MutexLock lock(&mu_);
+    delay_now_ = coalescing.delay;
     coalescing_ = std::move(coalescing);
+  }
+
+  // The coalescing delay in force now (tests).
+  Clock::duration CoalescingDelay() {
+    absl::MutexLock lock(&mu_);
+    return delay_now_;
   }
 
   // A peer that does not read must not make this writer buffer without
@@ -135,6 +146,11 @@ class BatchingWriter {
       } else {
         // OnWriteDone, WriteFirst or WriteHeldBack picks them up.
         if (write_in_flight_ || awaiting_first_ || HoldBack()) return true;
+        // Not held back for want of time: a quiet moment ends a burst.
+        if (coalescing_.has_value() && !urgent_ &&
+            queued_bytes_ < coalescing_->min_bytes) {
+          delay_now_ = coalescing_->delay;
+        }
         StartBatch();
       }
     }
@@ -158,6 +174,12 @@ class BatchingWriter {
           write_in_flight_ || awaiting_first_ || queue_.empty() ||
           HoldBack()) {
         return;
+      }
+      // These items waited the whole delay: a burst, which the next
+      // message may gather for longer.
+      if (coalescing_.has_value() && !urgent_ &&
+          coalescing_->max_delay > delay_now_) {
+        delay_now_ = std::min(delay_now_ * 2, coalescing_->max_delay);
       }
       reactor = StartBatch();
     }
@@ -308,7 +330,7 @@ class BatchingWriter {
         queued_bytes_ >= coalescing_->min_bytes) {
       return false;
     }
-    const Clock::time_point may_write = last_write_ + coalescing_->delay;
+    const Clock::time_point may_write = last_write_ + delay_now_;
     if (Clock::now() >= may_write) return false;
     if (!flush_scheduled_) {
       flush_scheduled_ = true;
@@ -337,7 +359,8 @@ class BatchingWriter {
     size_t bytes = batch_.ByteSizeLong();  // the header fields
     auto* field = Field::Get(batch_);
     while (!queue_.empty()) {
-      const size_t size = queue_.front()->ByteSizeLong();
+      // Enqueue computed it (items are immutable once queued).
+      const size_t size = static_cast<size_t>(queue_.front()->GetCachedSize());
       if (!batch_refs_.empty() &&
           bytes + FramedItemBytes(size) > max_batch_bytes_) {
         break;
@@ -410,6 +433,7 @@ class BatchingWriter {
   bool reads_paused_ ABSL_GUARDED_BY(mu_) = false;
   size_t resume_below_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<Coalescing> coalescing_ ABSL_GUARDED_BY(mu_);
+  Clock::duration delay_now_ ABSL_GUARDED_BY(mu_) = Clock::duration::zero();
   size_t queue_limit_bytes_ ABSL_GUARDED_BY(mu_) = SIZE_MAX;
   size_t max_batch_bytes_ ABSL_GUARDED_BY(mu_) = kMaxBatchBytes;
   grpc::Status queue_limit_status_ ABSL_GUARDED_BY(mu_);

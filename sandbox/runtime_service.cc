@@ -155,7 +155,8 @@ class SideChannelSink final
         {kSideChannelCoalesceDelay, kSideChannelCoalesceBytes,
          [scheduler, self](FlushScheduler::Clock::time_point when) {
            scheduler->FlushAt(when, self);
-         }});
+         },
+         kSideChannelCoalesceMaxDelay});
   }
   void Deliver(std::vector<std::shared_ptr<const Record>> records) override {
     if (!backlog_allowed_) {

@@ -24,6 +24,12 @@ namespace agentix::sandbox {
 // below what a person reading logs or a trace processor notices, and a
 // record after a quiet moment still goes at once.
 inline constexpr std::chrono::milliseconds kSideChannelCoalesceDelay{4};
+// While a burst goes on (each message was held back its full delay), the
+// delay doubles up to this: at 16 ms messages carry ~4x the records and the
+// host's fixed cost per message shrinks with it (docs/DECISIONS.md). The
+// first record after a quiet moment goes at once and resets it to 4 ms; a
+// call's barrier still writes at once.
+inline constexpr std::chrono::milliseconds kSideChannelCoalesceMaxDelay{16};
 inline constexpr size_t kSideChannelCoalesceBytes = 256 << 10;
 
 // A Logs or Traces subscriber that stops reading is ended (RESOURCE_EXHAUSTED)

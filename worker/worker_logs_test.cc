@@ -229,6 +229,25 @@ TEST_CASE("The durable log file gets records and captured output",
   fs::remove_all(dir);
 }
 
+TEST_CASE("The durable log writes what logging.Formatter would",
+          "[worker][logs]") {
+  // Its default format skips Formatter's generic steps; records with an
+  // exception, a stack, a non-str message or context must come out the same.
+  const std::string dir = absl::StrCat(TempRoot(), "/format-", getpid());
+  fs::remove_all(dir);
+  WorkerArgs args;
+  args.env.push_back("AGENTIX_LOG_DIR=" + dir);
+  auto worker = ReadyWorker(args);
+  worker->Call("f", "worker_fixture::durable_format_matches_formatter",
+               Pickle("((), {})"));
+  const Reply reply = worker->AwaitReply("f");
+  INFO(reply.error.message);
+  CHECK(reply.ok);
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("The durable log rotates by bytes, keeping whole lines",
           "[worker][logs]") {
   const std::string dir = absl::StrCat(TempRoot(), "/rotate-", getpid());

@@ -49,6 +49,20 @@ class _DurableFormatter(logging.Formatter):
             self._second = (created, text)
         return self.default_msec_format % (text, record.msecs)
 
+    def format(self, record):
+        # The default format, for a record without exception or stack text:
+        # the same line Formatter.format makes (and the same attributes set
+        # on the record), without its generic steps (usesTime's search of the
+        # format, formatMessage's %-formatting of the record's __dict__, the
+        # exception and stack checks).
+        if (self._fmt is _DEFAULT_FORMAT and record.exc_info is None
+                and not record.exc_text and not record.stack_info):
+            message = record.message = record.getMessage()
+            asctime = record.asctime = self.formatTime(record)
+            return "%s [%s] [%s] %s" % (asctime, record.agentix_context,
+                                        record.name, message)
+        return super().format(record)
+
 
 class _DurableHandler(logging.handlers.RotatingFileHandler):
     """The durable log file (SPEC 3.4). A write failure detaches it for good
@@ -67,6 +81,7 @@ class _DurableHandler(logging.handlers.RotatingFileHandler):
         # True: _open admits regular files only (the stdlib's guard, kept).
         self._rotates = os.path.isfile(self.baseFilename)
         self._size = self._current_size()
+        self._fd = self.stream.fileno()
 
     def _open(self):
         """Opens (or creates, mode 0600) the log file itself, never what a
@@ -106,9 +121,20 @@ class _DurableHandler(logging.handlers.RotatingFileHandler):
     def doRollover(self):
         super().doRollover()
         self._size = self._current_size()
+        self._fd = self.stream.fileno() if self.stream else -1
+
+    def handle(self, record):
+        # Handler.handle, with the lock taken as a context manager and the
+        # filter call only when there are filters: two Python calls less per
+        # record.
+        if self.filters and not self.filter(record):
+            return False
+        with self.lock:
+            self.emit(record)
+        return True
 
     def emit(self, record):
-        # Handler.handle holds the lock: one thread at a time.
+        # handle() holds the lock: one thread at a time.
         try:
             if not hasattr(record, "agentix_context"):
                 # Made without our record factory: still formats. (Here
@@ -116,15 +142,23 @@ class _DurableHandler(logging.handlers.RotatingFileHandler):
                 # record.)
                 record.agentix_context = self._context
             text = self.format(record) + self.terminator
-            size = len(text) if text.isascii() else len(
-                text.encode("utf-8", "surrogatepass"))
+            # Encoded here and written to the fd in one write(): the text
+            # stream's write and flush cost more than the system call, and
+            # nothing else writes through its buffer. A record that does
+            # not encode is skipped (as the stream's strict encoder did).
+            data = text.encode("utf-8")
+            size = len(data)
             if self.stream is None:  # closed by a failed rollover
                 self.stream = self._open()
                 self._size = self._current_size()
+                self._fd = self.stream.fileno()
             if self._rotates and self._size + size >= self.maxBytes:
                 self.doRollover()
-            self.stream.write(text)
-            self.stream.flush()
+            written = os.write(self._fd, data)
+            if written != size:  # a regular file takes it all but when full
+                view = memoryview(data)
+                while written < size:
+                    written += os.write(self._fd, view[written:])
             self._size += size
         except RecursionError:
             raise

@@ -90,6 +90,14 @@ class _LogBridge(logging.Handler):
     def handleError(self, record):
         pass  # emit() swallows its errors; nothing to print them to
 
+    def handle(self, record):
+        # Handler.handle without its lock calls (there is no lock) and with
+        # the filter call only when there are filters.
+        if self.filters and not self.filter(record):
+            return False
+        self.emit(record)
+        return True
+
     def emit(self, record):
         try:
             name = record.name

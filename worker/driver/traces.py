@@ -163,46 +163,20 @@ def _trace_forwarder_class(base):
             try:
                 self._send(kind, item)
             except BaseException as exc:
-                self.failures += 1
-                if self.failures == 1:
-                    _log(_WARNING, "cannot forward a trace event "
-                         f"({type(exc).__name__}: {_text(exc)}); "
-                         "dropping it (later failures are only counted)")
+                self._failed(exc)
             finally:
                 self._busy.on = False
 
+        def _failed(self, exc):
+            self.failures += 1
+            if self.failures == 1:
+                _log(_WARNING, "cannot forward a trace event "
+                     f"({type(exc).__name__}: {_text(exc)}); "
+                     "dropping it (later failures are only counted)")
+
         def _send(self, kind, item):
-            # Span events first: they are most of the traffic.
-            if kind == _SPAN_END or kind == _SPAN_START:
-                end_ns, events, status, description = 0, None, 0, ""
-                error_message, error_data = "", None
-                if kind == _SPAN_END:
-                    end_ns = _unix_nanos(item.ended_at)
-                    events = item.events
-                    events = _events(events) if events else None
-                    status = _SPAN_STATUS.get(item.status, 0)
-                    description = item.status_description
-                    description = ("" if description is None
-                                   else _str(description))
-                    error = item.error
-                    if error is not None:
-                        error_message = _text(
-                            getattr(error, "message", error))
-                        error_data = _attributes(getattr(error, "data", None))
-                parent_id = item.parent_id
-                self._channel.send_trace(
-                    kind=kind, agentix_trace_id=_str(item.trace_id),
-                    agentix_span_id=_str(item.span_id),
-                    agentix_parent_id=("" if parent_id is None
-                                       else _str(parent_id)),
-                    name=_str(item.name),
-                    start_time_unix_nanos=_unix_nanos(item.started_at),
-                    end_time_unix_nanos=end_ns,
-                    attributes=_attributes(item.attrs), events=events,
-                    status=status, status_description=description,
-                    error_message=error_message, error_data=error_data,
-                    call_id=_call_id.get())
-            elif kind == _TRACE_START:
+            # Trace events (span events take on_span_start/on_span_end).
+            if kind == _TRACE_START:
                 self._channel.send_trace(
                     kind=kind, agentix_trace_id=_str(item.trace_id),
                     name=_str(item.name),
@@ -215,17 +189,89 @@ def _trace_forwarder_class(base):
                     end_time_unix_nanos=_unix_nanos(item.ended_at),
                     call_id=_call_id.get())
 
+        # The two span events are most of the traffic: _forward is inlined,
+        # and fields left at their defaults are not passed (send_trace
+        # leaves an omitted field at proto3's default, as for None).
+
+        def on_span_start(self, span):
+            busy = self._busy
+            if not self.enabled or getattr(busy, "on", False):
+                return
+            busy.on = True
+            try:
+                trace_id, span_id = span.trace_id, span.span_id
+                parent_id, name = span.parent_id, span.name
+                self._channel.send_trace(
+                    kind=_SPAN_START,
+                    agentix_trace_id=(trace_id if type(trace_id) is str
+                                      else _text(trace_id)),
+                    agentix_span_id=(span_id if type(span_id) is str
+                                     else _text(span_id)),
+                    agentix_parent_id=("" if parent_id is None
+                                       else _str(parent_id)),
+                    name=name if type(name) is str else _text(name),
+                    start_time_unix_nanos=_unix_nanos(span.started_at),
+                    attributes=_attributes(span.attrs),
+                    call_id=_call_id.get())
+            except BaseException as exc:
+                self._failed(exc)
+            finally:
+                busy.on = False
+
+        def on_span_end(self, span):
+            busy = self._busy
+            if not self.enabled or getattr(busy, "on", False):
+                return
+            busy.on = True
+            try:
+                trace_id, span_id = span.trace_id, span.span_id
+                parent_id, name = span.parent_id, span.name
+                trace_id = (trace_id if type(trace_id) is str
+                            else _text(trace_id))
+                span_id = span_id if type(span_id) is str else _text(span_id)
+                parent_id = "" if parent_id is None else _str(parent_id)
+                name = name if type(name) is str else _text(name)
+                events, error = span.events, span.error
+                description = span.status_description
+                if not events and error is None and description is None:
+                    self._channel.send_trace(
+                        kind=_SPAN_END, agentix_trace_id=trace_id,
+                        agentix_span_id=span_id, agentix_parent_id=parent_id,
+                        name=name,
+                        start_time_unix_nanos=_unix_nanos(span.started_at),
+                        end_time_unix_nanos=_unix_nanos(span.ended_at),
+                        attributes=_attributes(span.attrs),
+                        status=_SPAN_STATUS.get(span.status, 0),
+                        call_id=_call_id.get())
+                    return
+                error_message, error_data = "", None
+                if error is not None:
+                    error_message = _text(getattr(error, "message", error))
+                    error_data = _attributes(getattr(error, "data", None))
+                self._channel.send_trace(
+                    kind=_SPAN_END, agentix_trace_id=trace_id,
+                    agentix_span_id=span_id, agentix_parent_id=parent_id,
+                    name=name,
+                    start_time_unix_nanos=_unix_nanos(span.started_at),
+                    end_time_unix_nanos=_unix_nanos(span.ended_at),
+                    attributes=_attributes(span.attrs),
+                    events=_events(events) if events else None,
+                    status=_SPAN_STATUS.get(span.status, 0),
+                    status_description=("" if description is None
+                                        else _str(description)),
+                    error_message=error_message, error_data=error_data,
+                    call_id=_call_id.get())
+            except BaseException as exc:
+                self._failed(exc)
+            finally:
+                busy.on = False
+
         def on_trace_start(self, trace):
             self._forward(_TRACE_START, trace)
 
         def on_trace_end(self, trace):
             self._forward(_TRACE_END, trace)
 
-        def on_span_start(self, span):
-            self._forward(_SPAN_START, span)
-
-        def on_span_end(self, span):
-            self._forward(_SPAN_END, span)
 
     return _TraceForwarder
 

@@ -135,6 +135,46 @@ def log_raw_record():
     return "logged"
 
 
+def durable_format_matches_formatter():
+    """Formats records of every kind with the durable log's formatter and with
+    logging.Formatter of the same format; raises AssertionError if a line or
+    the attributes formatting sets (message, asctime) differ."""
+    handler = next(h for h in logging.getLogger().handlers
+                   if type(h).__name__ == "_DurableHandler")
+    ours = handler.formatter
+    reference = logging.Formatter(ours._fmt)
+    logger = logging.getLogger("app.format")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        exc_info = sys.exc_info()
+    made = [
+        logger.makeRecord("app.format", logging.INFO, __file__, 1,
+                          "plain %d %s", (7, "\u00e9"), None),
+        logger.makeRecord("app.format", logging.ERROR, __file__, 2,
+                          "failed", (), exc_info),
+        logger.makeRecord("app.format", logging.INFO, __file__, 3,
+                          "with stack", (), None, sinfo="Stack (most recent call last):"),
+        logger.makeRecord("app.format", logging.INFO, __file__, 4,
+                          {"a mapping": 1}, (), None),
+        logger.makeRecord("app.format", logging.WARNING, __file__, 5,
+                          "%(key)s", ({"key": "by name"},), None),
+    ]
+    made[3].agentix_context = 12345  # not a str: %s formats it
+    for i, record in enumerate(made):
+        record.created = 1_764_643_200.25 + i  # distinct seconds and msecs
+        record.msecs = 250.0 + i
+        if not hasattr(record, "agentix_context"):
+            record.agentix_context = "ctx"
+        theirs = logging.makeLogRecord(vars(record))
+        expected = reference.format(theirs)
+        got = ours.format(record)
+        if got != expected or record.message != theirs.message or (
+                record.asctime != theirs.asctime):
+            raise AssertionError(f"record {i}: {got!r} != {expected!r}")
+    return "same"
+
+
 def durable_rotation(records, max_bytes):
     """Lowers the durable log's size limit, then logs `records` records of
     two-byte characters (the limit counts bytes)."""

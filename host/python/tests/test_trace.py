@@ -187,6 +187,54 @@ def test_base_exception_ends_span_without_error(calls):
     assert calls == [("rec", "span_start", "task"), ("rec", "span_end", "task")]
 
 
+def test_span_as_a_decorator_opens_a_fresh_span_per_call(calls):
+    seen = []
+
+    @tr.span("step", kind="tool")
+    def step(n):
+        current = tr.get_current_span()
+        seen.append((current.span_id, current.attrs))
+        if n:
+            raise ValueError(f"bad {n}")
+        return n
+
+    with tr.trace("run"):
+        assert step(0) == 0
+        with pytest.raises(ValueError):
+            step(2)
+    assert seen[0][0] != seen[1][0] and seen[0][1] == {"kind": "tool"}
+    assert [c for c in calls if c[1].startswith("span")] == [
+        ("rec", "span_start", "step"), ("rec", "span_end", "step"),
+        ("rec", "span_start", "step"), ("rec", "span_end", "step"),
+    ]
+    assert tr.get_current_span() is None
+
+
+def test_a_span_context_manager_is_entered_once():
+    scope = tr.span("once")
+    with scope as first:
+        with pytest.raises(RuntimeError):
+            scope.__enter__()
+        assert tr.get_current_span() is first
+    assert tr.get_current_span() is None and first.ended_at is not None
+
+
+def test_a_base_exception_from_a_start_processor_still_ends_the_span():
+    log = []
+
+    class Interrupting(Recorder):
+        def on_span_start(self, s):
+            super().on_span_start(s)
+            raise KeyboardInterrupt
+
+    tr.add_processor(Interrupting(log))
+    with pytest.raises(KeyboardInterrupt):
+        with tr.span("interrupted"):
+            pass
+    assert log == [("rec", "span_start", "interrupted"), ("rec", "span_end", "interrupted")]
+    assert tr.get_current_span() is None
+
+
 # ── parenting and scope ─────────────────────────────────────────────
 
 

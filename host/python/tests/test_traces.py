@@ -388,3 +388,76 @@ async def test_the_console_processor_keeps_a_bounded_number_of_open_spans():
     # The newest are kept: a child of the last one is indented under it.
     console.on_span_start(trace.Span(span_id="child", trace_id=TRACE_ID, parent_id=f"span_{i}", name="c"))
     assert console._depth["child"] == 2
+
+
+class EndsOnly(trace.Processor):
+    """Watches span ends only (as exporters do): span starts need not be built."""
+
+    def __init__(self) -> None:
+        self.ended: list[dict] = []
+
+    def on_span_end(self, item):
+        self.ended.append(item.export())
+
+
+async def test_events_no_processor_watches_are_skipped_but_ids_still_checked(runtime, client, caplog):
+    from agentix.runtime.client import traces
+
+    saved = trace.get_processors()
+    ends = EndsOnly()
+    trace.set_processors([ends])
+    built = []
+    real_trace_item = traces.trace_item
+
+    def counting_trace_item(event):
+        built.append(event.kind)
+        return real_trace_item(event)
+
+    traces.trace_item = counting_trace_item
+    try:
+        long_id = "span_" + "x" * (traces.MAX_ID_CHARS + 1)
+        runtime.add_traces(
+            *lifecycle(),
+            trace_event(7, pb.TRACE_EVENT_KIND_SPAN_START, agentix_trace_id=TRACE_ID, agentix_span_id=long_id,
+                        name="refused"),
+        )
+        with caplog.at_level(logging.DEBUG, logger="agentix.runtime.client"):
+            await client.remote(sandbox_functions.add, 1, 2)
+            await eventually(lambda: runtime.trace_acks and runtime.trace_acks[-1] == 7)
+    finally:
+        traces.trace_item = real_trace_item
+        trace.set_processors(saved)
+    # Only the span ends were made into Spans; the ends carry what they always did.
+    assert built == [pb.TRACE_EVENT_KIND_SPAN_END] * 2
+    assert [item["name"] for item in ends.ended] == ["tool", "plan"]
+    # A skipped start with an over-long id is still refused and reported.
+    refused = [r for r in caplog.records if "failed; continuing" in r.getMessage()]
+    assert len(refused) == 1 and "more than 128" in str(refused[0].exc_info[1])
+
+
+async def test_a_processor_added_between_events_sees_the_next_start():
+    from agentix.runtime.client import traces
+
+    saved = trace.get_processors()
+    ends, recorder = EndsOnly(), Recorder()
+    trace.set_processors([ends])
+    try:
+        replay = traces.TracesStream._batch_replayer(None)
+        first, second = (
+            trace_event(seq, pb.TRACE_EVENT_KIND_SPAN_START, agentix_trace_id=TRACE_ID, agentix_span_id=span_id,
+                        name=name, start_time_unix_nanos=T0)
+            for seq, span_id, name in ((1, ROOT_ID, "before"), (2, CHILD_ID, "after"))
+        )
+        replay(first)
+        trace.add_processor(recorder)
+        replay(second)
+        started = [(method, item["name"]) for method, item in recorder.calls]
+        # A processor whose start method is an instance attribute is not a no-op either.
+        replay_all = traces.TracesStream._batch_replayer(None)
+        seen = []
+        ends.on_span_start = lambda item: seen.append(item.name)
+        replay_all(first)
+    finally:
+        trace.set_processors(saved)
+    assert started == [("on_span_start", "after")]
+    assert seen == ["before"]

@@ -40,6 +40,7 @@ __all__ = [
     "MAX_ID_CHARS",
     "MAX_KEY_CHARS",
     "MAX_NAME_CHARS",
+    "EventReplayer",
     "TraceCursor",
     "TracesStream",
     "replay_event",
@@ -207,6 +208,57 @@ def replay_event(event: pb.TraceEvent) -> None:
         _trace._dispatch(_METHODS[event.kind], item)
 
 
+def _is_no_op(processor: Any, method: str) -> bool:
+    """Whether `processor`'s `method` is `Processor`'s own (which does nothing)."""
+    bound = getattr(processor, method, None)
+    return getattr(bound, "__func__", None) is _NO_OP_METHODS[method]
+
+
+_NO_OP_METHODS = {method: getattr(_trace.Processor, method) for method in _METHODS.values()}
+
+
+class EventReplayer:
+    """Replays the events of one `TracesResponse` on the calling thread, each
+    as `replay_event` describes, except that an event whose method no
+    registered processor implements (each one's is `Processor`'s no-op; e.g.
+    ``on_span_start`` when every processor only watches ``on_span_end``) is
+    not made into a `Span`/`Trace` at all: dispatching it would change
+    nothing. Its ids are still checked (an over-long one is refused as
+    always). Which methods are skipped is worked out again whenever the
+    processor list changes."""
+
+    __slots__ = ("_processors", "_skipped")
+
+    def __init__(self) -> None:
+        self._processors: tuple[Any, ...] | None = None
+        self._skipped: frozenset[str] = frozenset()
+
+    def _refresh(self, processors: tuple[Any, ...]) -> None:
+        self._processors = processors
+        if not processors:
+            # _dispatch does nothing then, but warns once at a span's end.
+            self._skipped = frozenset(m for m in _METHODS.values() if m != "on_span_end")
+        else:
+            self._skipped = frozenset(
+                m for m in _METHODS.values() if all(_is_no_op(p, m) for p in processors))
+
+    def replay(self, event: pb.TraceEvent) -> None:
+        method = _METHODS.get(event.kind)
+        if method is None:
+            return
+        processors = _trace._processors
+        if processors is not self._processors:
+            self._refresh(processors)
+        if method in self._skipped or _trace._disabled:
+            if (len(event.agentix_trace_id) > MAX_ID_CHARS or len(event.agentix_span_id) > MAX_ID_CHARS
+                    or len(event.agentix_parent_id) > MAX_ID_CHARS):
+                _check_ids(event)
+            return
+        item = trace_item(event)
+        if item is not None:
+            _trace._dispatch(method, item)
+
+
 class TracesStream(SubscriptionStream):
     """Drives one open ``Traces`` RPC; see the module docstring and
     `SubscriptionStream` (same arguments, with a `TraceCursor`)."""
@@ -225,7 +277,7 @@ class TracesStream(SubscriptionStream):
         return response.events
 
     def _batch_replayer(self) -> Callable[[pb.TraceEvent], None]:
-        return replay_event
+        return EventReplayer().replay
 
     def _describe(self, item: pb.TraceEvent) -> str:
         kind = pb.TraceEventKind.Name(item.kind) if item.kind in _METHODS else item.kind

@@ -486,9 +486,8 @@ def trace(name: str, *, trace_id: str | None = None, **metadata: Any) -> Iterato
             _reset(_current_trace, trace_token)
 
 
-@contextlib.contextmanager
 def span(name: str, *, span_id: str | None = None, parent: Span | Trace | None = None,
-         **attrs: Any) -> Iterator[Span]:
+         **attrs: Any) -> _SpanScope:
     """Opens a span for the ``with`` block and yields it.
 
     Parent and trace:
@@ -506,36 +505,71 @@ def span(name: str, *, span_id: str | None = None, parent: Span | Trace | None =
     then re-raised; BaseExceptions (cancellation, KeyboardInterrupt) end the
     span without recording an error.
     """
-    if isinstance(parent, Span):
-        trace_id, parent_id = parent.trace_id, parent.span_id
-    elif isinstance(parent, Trace):
-        trace_id, parent_id = parent.trace_id, None
-    elif parent is not None:
-        raise TypeError(f"span parent must be a Span, a Trace or None, not {type(parent).__name__}")
-    else:
-        current = _current_span.get()
-        if current is not None:
-            trace_id, parent_id = current.trace_id, current.span_id
+    return _SpanScope(name, span_id, parent, attrs)
+
+
+class _SpanScope(contextlib.ContextDecorator):
+    """What `span` returns: a context manager (and, like any
+    ``contextlib.contextmanager``, a decorator) that opens the span on entry.
+    A class rather than a generator: a span is the hottest thing a traced
+    program does, and a generator-based manager costs a generator and its
+    frame switches per span. Entered once, like the generator it replaced."""
+
+    __slots__ = ("_name", "_span_id", "_parent", "_attrs", "_span", "_token")
+
+    def __init__(self, name: str, span_id: str | None, parent: Span | Trace | None, attrs: dict[str, Any]) -> None:
+        self._name = name
+        self._span_id = span_id
+        self._parent = parent
+        self._attrs = attrs
+        self._span: Span | None = None
+        self._token: Token[Any] | None = None
+
+    def _recreate_cm(self) -> _SpanScope:
+        # As a decorator: a fresh span for each call.
+        return _SpanScope(self._name, self._span_id, self._parent, self._attrs)
+
+    def __enter__(self) -> Span:
+        if self._span is not None:
+            raise RuntimeError("a trace.span() context manager can be entered only once")
+        parent = self._parent
+        if isinstance(parent, Span):
+            trace_id, parent_id = parent.trace_id, parent.span_id
+        elif isinstance(parent, Trace):
+            trace_id, parent_id = parent.trace_id, None
+        elif parent is not None:
+            raise TypeError(f"span parent must be a Span, a Trace or None, not {type(parent).__name__}")
         else:
-            open_trace = _current_trace.get()
-            trace_id = open_trace.trace_id if open_trace is not None else UNBOUND_TRACE_ID
-            parent_id = None
-    opened = Span(span_id=span_id or gen_span_id(), trace_id=trace_id, parent_id=parent_id, name=name,
-                  attrs=dict(attrs), started_at=_now())
-    token = _current_span.set(opened)
-    try:
-        _dispatch("on_span_start", opened)
-        yield opened
-    except Exception as exc:
-        if opened.error is None:
+            current = _current_span.get()
+            if current is not None:
+                trace_id, parent_id = current.trace_id, current.span_id
+            else:
+                open_trace = _current_trace.get()
+                trace_id = open_trace.trace_id if open_trace is not None else UNBOUND_TRACE_ID
+                parent_id = None
+        opened = self._span = Span(span_id=self._span_id or gen_span_id(), trace_id=trace_id, parent_id=parent_id,
+                                   name=self._name, attrs=dict(self._attrs), started_at=_now())
+        self._token = _current_span.set(opened)
+        try:
+            _dispatch("on_span_start", opened)
+        except BaseException as exc:  # _dispatch lets only BaseExceptions through: end the span
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        return opened
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
+        opened = self._span
+        if opened is None or self._token is None:
+            return False  # never entered
+        token, self._token = self._token, None
+        if exc is not None and isinstance(exc, Exception) and opened.error is None:
             opened.set_error(f"{type(exc).__name__}: {exc}")
-        raise
-    finally:
         opened.ended_at = _now()
         try:
             _dispatch("on_span_end", opened)
         finally:
             _reset(_current_span, token)
+        return False
 
 
 # ── built-in processors ─────────────────────────────────────────────
