@@ -47,13 +47,13 @@ from agentix.runtime.client.logs import LogCursor, LogsStream
 from agentix.runtime.client._sio_facade import AsyncClientNamespace
 from agentix.runtime.client.chunking import CHUNK_BYTES
 from agentix.runtime.client.channels import NativeTransport, bounded, close_channel, open_channel
-from agentix.runtime.client.frames import FrameCallsStream, FrameWire
+from agentix.runtime.client.frames import FrameWire
 from agentix.runtime.client.feeds import Feed, ensure_feeds, reopen_lost_feeds, settle_feeds, wait_barrier
 from agentix.runtime.client.namespaces import NAMESPACE_METHOD, NamespaceSet, NamespaceStream, NativeNamespaceStream
 from agentix.runtime.client.reconnect import ReconnectPolicy
 from agentix.runtime.client.result import Failed, Ok, Result
 from agentix.runtime.client.pending import MAX_RESULT_BYTES, STREAM_END, PendingCall, SideBarrier, StartRequest
-from agentix.runtime.client.stream import CallsStream, NativeCallsStream
+from agentix.runtime.client.stream import CallsStream
 from agentix.runtime.client import wire
 from agentix.runtime.client.target import grpc_target
 from agentix.runtime.client.tls import TlsFiles
@@ -564,21 +564,9 @@ class RuntimeClient:
             if self._stream is None or not self._stream.alive:
                 channel = await self._ready_channel()
                 self._connected_once = True
-                frames = self._frames.transport(self._metadata)
-                transport = None if frames is not None else self._native.transport(self._metadata)
-                if frames is not None:
-                    self._stream = FrameCallsStream(frames, self._pending, self._stream_lost)
-                elif transport is not None:
-                    self._stream = NativeCallsStream(transport, self._pending, self._stream_lost)
-                else:
-                    # Not the generated stub: argument and result chunks bypass
-                    # protobuf messages (wire.py).
-                    rpc = channel.stream_stream(
-                        wire.CALLS_METHOD,
-                        request_serializer=None,  # CallsStream writes encoded bytes
-                        response_deserializer=wire.parse_calls_response,
-                    )(metadata=self._metadata)
-                    self._stream = CallsStream(rpc, self._pending, self._stream_lost)
+                self._stream = self._frames.calls_stream(
+                    self._native, channel, self._metadata, self._pending, self._stream_lost
+                )
                 if self._pending:  # calls of a lost stream: re-attach them
                     self._stream.resume(list(self._pending.values()))
                 if self._orphan_acks:

@@ -34,6 +34,10 @@ import struct
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+import grpc
+
+from agentix.runtime.client import wire
+from agentix.runtime.client.channels import NativeTransport
 from agentix.runtime.client.errors import RuntimeUnreachable
 from agentix.runtime.client.pending import PendingCall
 from agentix.runtime.client.stream import CallsStream, NativeCallsStream
@@ -122,8 +126,8 @@ def _connect(path: str) -> socket.socket:
 
 
 class FrameWire:
-    """Chooses, at each (re)connection of one client, whether its Calls
-    stream runs on the frame wire (see the module docstring).
+    """Chooses, at each (re)connection of one client, which wire its Calls
+    stream runs on (see the module docstring).
 
     Args:
       target: the client's gRPC target (``unix:///PATH``, ``host:port``).
@@ -136,6 +140,32 @@ class FrameWire:
     def __init__(self, target: str, tls: bool) -> None:
         self._path = calls_socket_path(target)
         self._tls = tls
+
+    def calls_stream(
+        self,
+        native: NativeTransport,
+        channel: grpc.aio.Channel,
+        metadata: tuple,
+        pending: dict[str, PendingCall],
+        on_lost: Callable[[CallsStream, BaseException | None], None],
+    ) -> CallsStream:
+        """A new Calls stream of a client: on the frame wire (`transport`), else
+        on the native transport's grpc++ channel, else on grpc.aio `channel`.
+        Raises as `transport`."""
+        frames = self.transport(metadata)
+        if frames is not None:
+            return FrameCallsStream(frames, pending, on_lost)
+        transport = native.transport(metadata)
+        if transport is not None:
+            return NativeCallsStream(transport, pending, on_lost)
+        # Not the generated stub: argument and result chunks bypass protobuf
+        # messages (wire.py).
+        rpc = channel.stream_stream(
+            wire.CALLS_METHOD,
+            request_serializer=None,  # CallsStream writes encoded bytes
+            response_deserializer=wire.parse_calls_response,
+        )(metadata=metadata)
+        return CallsStream(rpc, pending, on_lost)
 
     def transport(self, metadata: tuple) -> FrameTransport | None:
         """A connected `FrameTransport` (HELLO sent), or None for gRPC.
