@@ -6,11 +6,14 @@ cancellation, deadlines, reconnecting after the daemon restarts)."""
 
 import asyncio
 import os
+import socket
+import struct
 
 import pytest
 
 import e2e_targets as t
 from agentix import CallTimeout, RemoteCallError, RuntimeClient, RuntimeUnreachable, Unauthenticated
+from agentix.runtime.client import frames
 from agentix.runtime.client.frames import FrameCallsStream
 from agentix.runtime.client.stream import CallsStream, NativeCallsStream
 
@@ -117,3 +120,16 @@ async def test_the_frame_wire_checks_the_token(start_daemon, tmp_path, monkeypat
     with pytest.raises(Unauthenticated):
         async with RuntimeClient(daemon.url, token="wrong"):
             pass
+    # The frame wire itself refuses a HELLO with a wrong token: STATUS 16, then EOF.
+    for token in ("wrong", None):
+        metadata = (("agentix-client-id", "c1"),) + ((("authorization", f"Bearer {token}"),) if token else ())
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(10)
+            sock.connect(f"{daemon.socket_path}.calls")
+            sock.sendall(frames.frame(frames.HELLO, frames.encode_hello(metadata)))
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        size, kind = struct.unpack_from("<IB", answer)
+        assert kind == frames.STATUS and len(answer) == 5 + size
+        assert struct.unpack_from("<I", answer, 5)[0] == 16  # UNAUTHENTICATED
