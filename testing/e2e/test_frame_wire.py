@@ -1,5 +1,5 @@
 """The Calls stream on the daemon's frame wire (docs/FRAME-WIRE.md), end to end:
-a default `RuntimeClient` on a ``unix://`` daemon runs its calls there, and
+a `RuntimeClient` on a ``unix://`` daemon with AGENTIX_CALLS_WIRE=auto runs its calls there, and
 ``AGENTIX_CALLS_WIRE=grpc`` keeps them on gRPC; the same calls behave the same
 on both wires (values, large arguments and results, streaming, errors,
 cancellation, deadlines, reconnecting after the daemon restarts)."""
@@ -29,7 +29,7 @@ def wire(request, monkeypatch):
     if request.param == "grpc":
         monkeypatch.setenv("AGENTIX_CALLS_WIRE", "grpc")
     else:
-        monkeypatch.delenv("AGENTIX_CALLS_WIRE", raising=False)
+        monkeypatch.setenv("AGENTIX_CALLS_WIRE", "auto")
     return request.param
 
 
@@ -98,7 +98,7 @@ async def test_the_client_reconnects_after_the_daemon_restarts(start_daemon, tmp
 async def test_without_the_calls_socket_the_client_uses_grpc(start_daemon, monkeypatch):
     daemon = start_daemon(extra_args=["--nocalls_socket"])
     assert not os.path.exists(f"{daemon.socket_path}.calls")
-    monkeypatch.delenv("AGENTIX_CALLS_WIRE", raising=False)
+    monkeypatch.setenv("AGENTIX_CALLS_WIRE", "auto")
     async with RuntimeClient(daemon.url) as client:
         assert await client.remote(t.add, 1, 2) == 3
         assert type(client._stream) in GRPC_STREAMS

@@ -61,7 +61,7 @@ from fake_runtime import FakeRuntime, serve  # noqa: E402
 
 
 def _select_transport(name: str, monkeypatch) -> str:
-    monkeypatch.delenv("AGENTIX_CALLS_WIRE", raising=False)
+    monkeypatch.setenv("AGENTIX_CALLS_WIRE", "auto" if name == "frames" else "grpc")
     if name == "aio":
         monkeypatch.setenv("AGENTIX_NATIVE_TRANSPORT", "0")
     else:
@@ -84,7 +84,7 @@ def calls_transport(request, monkeypatch):
     """Like `transport`, and a third time with the Calls stream on the frame
     wire: the `runtime` fixture then serves on a Unix socket with the fake's
     Calls also on ``PATH.calls`` (fake_frames.py), and the client picks it
-    by default (AGENTIX_CALLS_WIRE unset)."""
+    (AGENTIX_CALLS_WIRE=auto)."""
     return _select_transport(request.param, monkeypatch)
 
 

@@ -33,7 +33,7 @@ MiB = 1 << 20
 
 @pytest.fixture(autouse=True)
 def _default_wire(monkeypatch):
-    monkeypatch.delenv("AGENTIX_CALLS_WIRE", raising=False)
+    monkeypatch.setenv("AGENTIX_CALLS_WIRE", "auto")
     monkeypatch.delenv("AGENTIX_NATIVE_TRANSPORT", raising=False)
 
 
@@ -259,6 +259,8 @@ async def test_agentix_calls_wire_selects_the_wire(framed, monkeypatch):
     assert len(framed.frames.hellos) == 2
     monkeypatch.setenv("AGENTIX_CALLS_WIRE", "Auto ")
     assert await stream_type(framed.url) is FrameCallsStream
+    monkeypatch.delenv("AGENTIX_CALLS_WIRE")  # the default, for now
+    assert await stream_type(framed.url) is NativeCallsStream
     monkeypatch.setenv("AGENTIX_CALLS_WIRE", "fast")
     with pytest.raises(ValueError, match="AGENTIX_CALLS_WIRE='fast' is not one of auto, frames, grpc"):
         await stream_type(framed.url)
