@@ -1,22 +1,23 @@
-"""A/B of the host's two Calls transports in one process, against one daemon.
+"""A/B of the host's Calls transports in one process, against one daemon.
 
-    bazel run //testing/bench:native_ab                  # 10 rounds
-    bazel run //testing/bench:native_ab -- --rounds 20 --calls 1000
+    bazel run //testing/bench:native_ab                  # frames vs native, 10 rounds
+    bazel run //testing/bench:native_ab -- --ab native,aio --rounds 20 --calls 1000
 
-Starts agentix-sandboxd (+ agentix-worker) on a Unix socket and opens two
-`RuntimeClient`s to it: one with the native Calls transport
-(agentix.runtime.client._native_calls, grpc++) and one with grpc.aio
-(AGENTIX_NATIVE_TRANSPORT=0 while it is constructed). Each round runs, for
-each transport in turn (the order alternates between rounds, so drifts in
-machine load hit both alike):
+Starts agentix-sandboxd (+ agentix-worker) on a Unix socket and opens one
+`RuntimeClient` to it per transport of `--ab`: ``frames`` (the daemon's frame
+wire, agentix.runtime.client.frames: AGENTIX_CALLS_WIRE=frames), ``native``
+(agentix.runtime.client._native_calls, grpc++) and ``aio`` (grpc.aio:
+AGENTIX_NATIVE_TRANSPORT=0), the variables set while each client is made
+and connected. Each round runs, for each transport in turn (the order
+alternates between rounds, so drifts in machine load hit both alike):
 
 - `--calls` sequential `remote(noop)` after `--warmup` ones: p50/p99 latency
   and host CPU time (process_time: every thread of this process) per call;
 - calls/s with 16 concurrent callers for `--conc-seconds`;
 - one 16 MiB echo (MB/s both ways).
 
-Prints per-round figures, the medians over rounds and native/aio ratios; the
-last line is one JSON object with the same figures.
+Prints per-round figures, the medians over rounds and first/second ratios
+(e.g. frames/native); the last line is one JSON object with the same figures.
 """
 
 import argparse
@@ -33,8 +34,16 @@ sys.path[0] = os.path.dirname(os.path.abspath(__file__))
 
 import procs  # noqa: E402
 
-ALL_TRANSPORTS = ("native", "aio")
-TRANSPORTS = ALL_TRANSPORTS
+ALL_TRANSPORTS = ("frames", "native", "aio")
+TRANSPORTS = ("frames", "native")
+# The environment each transport's client is made and connected under, and
+# the type of Calls stream it must end up with.
+_ENV = {
+    "frames": {"AGENTIX_CALLS_WIRE": "frames", "AGENTIX_NATIVE_TRANSPORT": "1"},
+    "native": {"AGENTIX_CALLS_WIRE": "grpc", "AGENTIX_NATIVE_TRANSPORT": "1"},
+    "aio": {"AGENTIX_CALLS_WIRE": "grpc", "AGENTIX_NATIVE_TRANSPORT": "0"},
+}
+_STREAM = {"frames": "FrameCallsStream", "native": "NativeCallsStream", "aio": "CallsStream"}
 
 
 def _percentile(samples: list[float], q: float) -> float:
@@ -42,18 +51,23 @@ def _percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _client(url: str, transport: str, feeds: bool):
+async def _client(url: str, transport: str, feeds: bool):
+    """A connected client on `transport` (the environment is read when the
+    client is made and when it connects)."""
     from agentix import RuntimeClient
 
-    saved = os.environ.get("AGENTIX_NATIVE_TRANSPORT")
-    os.environ["AGENTIX_NATIVE_TRANSPORT"] = "1" if transport == "native" else "0"
+    saved = {key: os.environ.get(key) for key in _ENV[transport]}
+    os.environ.update(_ENV[transport])
     try:
-        return RuntimeClient(url, logs=feeds, traces=feeds)
+        client = RuntimeClient(url, logs=feeds, traces=feeds)
+        await client.__aenter__()
+        return client
     finally:
-        if saved is None:
-            del os.environ["AGENTIX_NATIVE_TRANSPORT"]
-        else:
-            os.environ["AGENTIX_NATIVE_TRANSPORT"] = saved
+        for key, value in saved.items():
+            if value is None:
+                del os.environ[key]
+            else:
+                os.environ[key] = value
 
 
 async def _noop_block(client, targets, warmup: int, calls: int) -> dict:
@@ -106,12 +120,11 @@ async def _echo_mb_per_s(client, targets, size: int) -> float:
 async def _run(url: str, args) -> dict:
     import bench_targets
 
-    clients = {name: _client(url, name, not args.no_feeds) for name in TRANSPORTS}
+    clients = {name: await _client(url, name, not args.no_feeds) for name in TRANSPORTS}
     for name, client in clients.items():
-        await client.__aenter__()
         kind = type(client._stream).__name__
         print(f"{name}: {kind}", flush=True)
-        if (name == "native") != (kind == "NativeCallsStream"):
+        if kind != _STREAM[name]:
             raise RuntimeError(f"the {name} client runs a {kind}: is the native extension built?")
         await client.remote(bench_targets.noop)
     rounds: dict[str, list[dict]] = {name: [] for name in TRANSPORTS}
@@ -137,8 +150,9 @@ async def _run(url: str, args) -> dict:
     medians = {name: {key: statistics.median(r[key] for r in rounds[name]) for key in keys} for name in TRANSPORTS}
     ratios = {}
     if len(TRANSPORTS) == 2:
-        ratios = {key: medians["native"][key] / medians["aio"][key] for key in keys}
-    return {"rounds": args.rounds, "calls": args.calls, "medians": medians, "native_over_aio": ratios}
+        first, second = TRANSPORTS
+        ratios = {key: medians[first][key] / medians[second][key] for key in keys}
+    return {"rounds": args.rounds, "calls": args.calls, "transports": list(TRANSPORTS), "medians": medians, "ratios": ratios}
 
 
 def main() -> int:
@@ -149,12 +163,21 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--conc-seconds", type=float, default=1.0)
     parser.add_argument("--no-feeds", action="store_true", help="clients without the Logs and Traces streams")
-    parser.add_argument("--only", choices=TRANSPORTS, help="run one transport only (its own process, no A/B)")
+    parser.add_argument(
+        "--ab",
+        default=",".join(TRANSPORTS),
+        help=f"the two transports to compare, comma-separated, of {', '.join(ALL_TRANSPORTS)} (default: %(default)s)",
+    )
+    parser.add_argument("--only", choices=ALL_TRANSPORTS, help="run one transport only (its own process, no A/B)")
     parser.add_argument("--sandboxd", help="agentix-sandboxd binary (default: from runfiles)")
     parser.add_argument("--worker", help="agentix-worker binary (default: from runfiles)")
     args = parser.parse_args()
     if args.only:
         TRANSPORTS = (args.only,)
+    else:
+        TRANSPORTS = tuple(args.ab.split(","))
+        if len(TRANSPORTS) != 2 or len(set(TRANSPORTS)) != 2 or not set(TRANSPORTS) <= set(ALL_TRANSPORTS):
+            parser.error(f"--ab takes two different transports of {', '.join(ALL_TRANSPORTS)}")
     sandboxd = args.sandboxd or procs.runfile("sandbox/agentix-sandboxd")
     worker = args.worker or procs.runfile("worker/agentix-worker")
     if not sandboxd or not worker:
@@ -171,7 +194,8 @@ def main() -> int:
     )
     try:
         deadline = time.monotonic() + 30
-        while not os.path.exists(sock):
+        wanted = [sock, sock + ".calls"] if "frames" in TRANSPORTS else [sock]
+        while not all(os.path.exists(path) for path in wanted):
             if daemon.poll() is not None or time.monotonic() > deadline:
                 print("agentix-sandboxd did not come up", file=sys.stderr)
                 return 1
@@ -186,10 +210,10 @@ def main() -> int:
             f"median {name:6}: noop p50 {m['p50_us']:6.1f} us  p99 {m['p99_us']:7.1f} us  cpu/call {m['cpu_us_per_call']:6.1f} us  "
             f"c16 {m['calls_per_s_c16']:8.0f}/s  echo16MiB {m['echo_16mib_mb_per_s']:6.0f} MB/s"
         )
-    r = report["native_over_aio"]
+    r = report["ratios"]
     if r:
         print(
-            f"native/aio: noop p50 {r['p50_us']:.2f}  p99 {r['p99_us']:.2f}  cpu/call {r['cpu_us_per_call']:.2f}  "
+            f"{'/'.join(TRANSPORTS)}: noop p50 {r['p50_us']:.2f}  p99 {r['p99_us']:.2f}  cpu/call {r['cpu_us_per_call']:.2f}  "
             f"c16 {r['calls_per_s_c16']:.2f}  echo16MiB {r['echo_16mib_mb_per_s']:.2f}"
         )
     print(json.dumps(report))

@@ -40,9 +40,43 @@ class Records(logging.Handler):
             self.steps[int(record.getMessage().rsplit(" ", 1)[1])] += 1
 
 
-@pytest.fixture
-def proxy(daemon, tmp_path):
-    p = CuttingProxy(str(tmp_path / "proxy.sock"), str(daemon.socket_path))
+class Proxies:
+    """The proxy of the daemon's gRPC socket and, for the frame wire, one of
+    its ``PATH.calls`` beside it: `cut()` cuts both at once."""
+
+    def __init__(self, listen: str, upstream: str, frames: bool) -> None:
+        self._all = [CuttingProxy(listen, upstream)]
+        if frames:
+            self._all.append(CuttingProxy(listen + ".calls", upstream + ".calls"))
+        self.url = self._all[0].url
+
+    def start(self) -> None:
+        for p in self._all:
+            p.start()
+
+    def stop(self) -> None:
+        for p in self._all:
+            p.stop()
+
+    def cut(self) -> int:
+        return sum(p.cut() for p in self._all)
+
+    @property
+    def cuts(self) -> int:
+        return max(p.cuts for p in self._all)
+
+    @property
+    def connections(self) -> int:
+        return min(p.connections for p in self._all)
+
+
+@pytest.fixture(params=["frames", "grpc"])
+def proxy(request, daemon, tmp_path, monkeypatch):
+    """Cuts the Calls stream on the frame wire (AGENTIX_CALLS_WIRE=frames: a
+    fallback to gRPC fails the test) or, with no frame-wire proxy, on gRPC."""
+    frames = request.param == "frames"
+    monkeypatch.setenv("AGENTIX_CALLS_WIRE", request.param)
+    p = Proxies(str(tmp_path / "proxy.sock"), str(daemon.socket_path), frames)
     p.start()
     yield p
     p.stop()

@@ -337,12 +337,17 @@ async def test_msgpack_encoding_for_non_python_clients(daemon):
 
 async def test_the_installed_package_carries_calls_natively_unless_turned_off(client):
     """The wheel ships the native Calls transport and the client uses it by
-    default; AGENTIX_NATIVE_TRANSPORT=0 (this suite can run under it too)
-    selects grpc.aio."""
+    default where the frame wire is not used (test_frame_wire.py); with
+    AGENTIX_CALLS_WIRE=grpc and AGENTIX_NATIVE_TRANSPORT=0 (this suite can run
+    under both) grpc.aio carries the calls."""
     import os
 
+    from agentix.runtime.client.frames import FrameCallsStream
     from agentix.runtime.client.stream import CallsStream, NativeCallsStream
 
     assert await client.remote(t.add, 1, 1) == 2
     native_off = os.environ.get("AGENTIX_NATIVE_TRANSPORT", "1").strip() == "0"
-    assert type(client._stream) is (CallsStream if native_off else NativeCallsStream)
+    if os.environ.get("AGENTIX_CALLS_WIRE", "").strip().lower() in ("auto", "frames"):
+        assert type(client._stream) is FrameCallsStream  # the client fixture's daemon is on a Unix socket
+    else:
+        assert type(client._stream) is (CallsStream if native_off else NativeCallsStream)

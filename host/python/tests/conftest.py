@@ -9,8 +9,11 @@ checked in, takes them from ``bazel-bin`` (``bazel build //host/python:runtime_s
 
 import importlib
 import importlib.util
+import os
 import pathlib
+import shutil
 import sys
+import tempfile
 
 import pytest
 
@@ -53,32 +56,62 @@ if importlib.util.find_spec("agentix.runtime.client._native_calls") is None and 
 
 import pytest_asyncio  # noqa: E402
 
+from fake_frames import FrameServer  # noqa: E402
 from fake_runtime import FakeRuntime, serve  # noqa: E402
+
+
+def _select_transport(name: str, monkeypatch) -> str:
+    monkeypatch.setenv("AGENTIX_CALLS_WIRE", "auto" if name == "frames" else "grpc")
+    if name == "aio":
+        monkeypatch.setenv("AGENTIX_NATIVE_TRANSPORT", "0")
+    else:
+        # Fails (does not skip) when the extension is not built: run
+        # `bazel build //host/python:agentix` (found in bazel-bin above).
+        importlib.import_module("agentix.runtime.client._native_calls")
+        monkeypatch.delenv("AGENTIX_NATIVE_TRANSPORT", raising=False)
+    return name
 
 
 @pytest.fixture(params=["native", "aio"])
 def transport(request, monkeypatch):
     """Runs a test with the host's streams on the native transport, then on
     grpc.aio; modules opt in with ``pytest.mark.usefixtures("transport")``."""
-    if request.param == "native":
-        # Fails (does not skip) when the extension is not built: run
-        # `bazel build //host/python:agentix` (found in bazel-bin above).
-        importlib.import_module("agentix.runtime.client._native_calls")
-        monkeypatch.delenv("AGENTIX_NATIVE_TRANSPORT", raising=False)
-    else:
-        monkeypatch.setenv("AGENTIX_NATIVE_TRANSPORT", "0")
-    return request.param
+    return _select_transport(request.param, monkeypatch)
+
+
+@pytest.fixture(params=["native", "aio", "frames"])
+def calls_transport(request, monkeypatch):
+    """Like `transport`, and a third time with the Calls stream on the frame
+    wire: the `runtime` fixture then serves on a Unix socket with the fake's
+    Calls also on ``PATH.calls`` (fake_frames.py), and the client picks it
+    (AGENTIX_CALLS_WIRE=auto)."""
+    return _select_transport(request.param, monkeypatch)
 
 
 @pytest_asyncio.fixture
-async def runtime():
-    """A FakeRuntime served on a loopback port (``.url``, ``.server``)."""
+async def runtime(request):
+    """A FakeRuntime served on a loopback port (``.url``, ``.server``), or,
+    under ``calls_transport`` "frames", on a Unix socket with its frame wire
+    (``.frames``: the fake_frames.FrameServer)."""
     fake = FakeRuntime()
-    server, port = await serve(fake, "127.0.0.1:0")
-    fake.url = f"127.0.0.1:{port}"
+    fake.frames = None
+    directory = None
+    if "calls_transport" in request.fixturenames and request.getfixturevalue("calls_transport") == "frames":
+        directory = tempfile.mkdtemp(prefix="agx-frames-", dir="/tmp")
+        path = os.path.join(directory, "runtime.sock")
+        server, _ = await serve(fake, f"unix://{path}")
+        fake.url = f"unix://{path}"
+        fake.frames = await FrameServer(fake, path + ".calls").start()
+    else:
+        server, port = await serve(fake, "127.0.0.1:0")
+        fake.url = f"127.0.0.1:{port}"
     fake.server = server
     yield fake
     await server.stop(None)
+    if fake.frames is not None:
+        await fake.frames.stop()
+    if directory is not None:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -23,13 +23,14 @@ from agentix import (
     WorkerExited,
     context,
 )
+from agentix.runtime.client.frames import FrameCallsStream
 from agentix.runtime.client.stream import BATCH_BYTES, CHUNK_BYTES, CallsStream, NativeCallsStream
 from agentix.runtime.shared import safepickle
 from agentix.runtime.v1 import runtime_pb2 as pb
 from fake_runtime import FakeRuntime, error_event, eventually, result_events, serve
 
-# Every test runs with the native Calls transport and with grpc.aio.
-pytestmark = [pytest.mark.asyncio, pytest.mark.usefixtures("transport")]
+# Every test runs with the native Calls transport, with grpc.aio and on the frame wire.
+pytestmark = [pytest.mark.asyncio, pytest.mark.usefixtures("calls_transport")]
 MiB = 1 << 20
 
 
@@ -40,9 +41,9 @@ async def client(runtime):
     await client.close()
 
 
-async def test_the_selected_transport_carries_the_calls(client, transport):
+async def test_the_selected_transport_carries_the_calls(client, calls_transport):
     assert await client.remote(sandbox_functions.add, 2, 3) == 5
-    expected = NativeCallsStream if transport == "native" else CallsStream
+    expected = {"native": NativeCallsStream, "aio": CallsStream, "frames": FrameCallsStream}[calls_transport]
     assert type(client._stream) is expected
 
 
@@ -372,6 +373,8 @@ async def test_server_going_away_fails_pending_calls_after_reconnect_attempts(ru
         task = asyncio.create_task(client.remote(sandbox_functions.sleep_forever))
         await eventually(lambda: runtime.started)
         await runtime.server.stop(None)
+        if runtime.frames is not None:
+            await runtime.frames.stop()
         with pytest.raises(RuntimeUnreachable, match="connection lost.*reconnecting failed 3 times"):
             await asyncio.wait_for(task, 10)
         with pytest.raises(RuntimeUnreachable, match="unreachable"):

@@ -1,7 +1,9 @@
 """`RuntimeClient`: runs functions inside a sandbox over ``RuntimeService``.
 
 One gRPC channel and one ``Calls`` stream per client carry every call
-(`agentix.runtime.client.stream`). The channel is opened by ``async with`` or by
+(`agentix.runtime.client.stream`); on a ``unix://`` target whose daemon has a
+frame wire, the Calls stream runs on it instead of gRPC
+(`agentix.runtime.client.frames`). The channel is opened by ``async with`` or by
 the first `remote()` / `health()`; connecting is verified with a ``GetInfo``
 probe, so an address that refuses connections fails at once with
 `RuntimeUnreachable` and a silent one fails after ``timeout`` seconds.
@@ -45,12 +47,13 @@ from agentix.runtime.client.logs import LogCursor, LogsStream
 from agentix.runtime.client._sio_facade import AsyncClientNamespace
 from agentix.runtime.client.chunking import CHUNK_BYTES
 from agentix.runtime.client.channels import NativeTransport, bounded, close_channel, open_channel
+from agentix.runtime.client.frames import FrameWire
 from agentix.runtime.client.feeds import Feed, ensure_feeds, reopen_lost_feeds, settle_feeds, wait_barrier
 from agentix.runtime.client.namespaces import NAMESPACE_METHOD, NamespaceSet, NamespaceStream, NativeNamespaceStream
 from agentix.runtime.client.reconnect import ReconnectPolicy
 from agentix.runtime.client.result import Failed, Ok, Result
 from agentix.runtime.client.pending import MAX_RESULT_BYTES, STREAM_END, PendingCall, SideBarrier, StartRequest
-from agentix.runtime.client.stream import CallsStream, NativeCallsStream
+from agentix.runtime.client.stream import CallsStream
 from agentix.runtime.client import wire
 from agentix.runtime.client.target import grpc_target
 from agentix.runtime.client.tls import TlsFiles
@@ -238,6 +241,9 @@ class RuntimeClient:
         # With the native transport, the Calls stream runs on a grpc++ channel
         # to the same target, made and replaced together with `_channel`.
         self._native = NativeTransport()
+        # On a unix:// target the Calls stream runs on the daemon's frame
+        # wire when it has one (AGENTIX_CALLS_WIRE; agentix.runtime.client.frames).
+        self._frames = FrameWire(self._target, self._tls.enabled)
         self._stream: CallsStream | None = None
         self._pending: dict[str, PendingCall] = {}
         self._connect_lock = asyncio.Lock()
@@ -558,18 +564,9 @@ class RuntimeClient:
             if self._stream is None or not self._stream.alive:
                 channel = await self._ready_channel()
                 self._connected_once = True
-                transport = self._native.transport(self._metadata)
-                if transport is not None:
-                    self._stream = NativeCallsStream(transport, self._pending, self._stream_lost)
-                else:
-                    # Not the generated stub: argument and result chunks bypass
-                    # protobuf messages (wire.py).
-                    rpc = channel.stream_stream(
-                        wire.CALLS_METHOD,
-                        request_serializer=None,  # CallsStream writes encoded bytes
-                        response_deserializer=wire.parse_calls_response,
-                    )(metadata=self._metadata)
-                    self._stream = CallsStream(rpc, self._pending, self._stream_lost)
+                self._stream = self._frames.calls_stream(
+                    self._native, channel, self._metadata, self._pending, self._stream_lost
+                )
                 if self._pending:  # calls of a lost stream: re-attach them
                     self._stream.resume(list(self._pending.values()))
                 if self._orphan_acks:

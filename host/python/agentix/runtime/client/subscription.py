@@ -36,6 +36,11 @@ class ReplayedOnce:
         self._seen: set[tuple[str, int]] = set()
         self._order: collections.deque[tuple[str, int]] = collections.deque()
         self._lock = threading.Lock()
+        # Held from claiming an item to the end of its replay: two clients'
+        # replay threads then hand items of no call over in the daemon's order
+        # (one could otherwise claim seq n, be preempted, and let the other
+        # replay n+1 first).
+        self.replay_lock = threading.Lock()
 
     def first_time(self, instance_id: str, seq: int) -> bool:
         """True the first time (`instance_id`, `seq`) is asked for."""
@@ -259,14 +264,20 @@ class SubscriptionStream:
         for item in items:
             if item.seq <= cursor.last_seq:
                 continue
-            if not item.call_id and cursor.instance_id and not once.first_time(cursor.instance_id, item.seq):
-                cursor.last_seq = item.seq  # another client here replayed it
+            if not item.call_id and cursor.instance_id:
+                with once.replay_lock:
+                    if once.first_time(cursor.instance_id, item.seq):
+                        self._replay_one(replay, item)
+                cursor.last_seq = item.seq  # replayed here or by another client
                 continue
-            try:
-                replay(item)
-            except Exception:
-                self._report_failure(item)
+            self._replay_one(replay, item)
             cursor.last_seq = item.seq
+
+    def _replay_one(self, replay: Callable[[Any], None], item: Any) -> None:
+        try:
+            replay(item)
+        except Exception:
+            self._report_failure(item)
 
     def _report_failure(self, item: Any) -> None:
         # The first failure of a stream as a warning, later ones at debug: a

@@ -1,0 +1,454 @@
+"""The Calls stream over the daemon's frame wire (docs/FRAME-WIRE.md).
+
+A daemon listening on ``unix://PATH`` also listens on ``PATH.calls``, where
+the Calls stream runs without gRPC: length-prefixed frames carrying the same
+serialized ``CallsRequest`` / ``CallsResponse`` bytes as the gRPC stream::
+
+    u32le N, u8 kind, N bytes of payload
+    kinds: 1 HELLO (metadata), 2 MESSAGE, 3 HALF_CLOSE, 4 STATUS (u32le code, details)
+
+No threads take part on the host: the event loop reads the socket itself
+(``loop.add_reader``), `FrameTransport.write` sends at once from the
+coroutine that queued the events (a non-blocking ``sendmsg``; only what the
+socket does not take is left to ``loop.add_writer``). `FrameCallsStream`
+is `NativeCallsStream` (batching, acks, uploads, write-ahead throttling)
+over a `FrameTransport`, which offers the native transport's interface.
+
+Which wire carries the Calls stream (`FrameWire`): ``AGENTIX_CALLS_WIRE``
+``auto`` uses the frame wire when the target is ``unix://PATH``
+without TLS and ``PATH.calls`` accepts a connection, else gRPC; ``frames``
+requires it (`RuntimeUnreachable` when it cannot be had); ``grpc`` never
+uses it, nor does an unset one (for now). Logs, Traces and Namespace streams stay on gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import errno
+import itertools
+import logging
+import os
+import socket
+import struct
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+import grpc
+
+from agentix.runtime.client import wire
+from agentix.runtime.client.channels import NativeTransport
+from agentix.runtime.client.errors import RuntimeUnreachable
+from agentix.runtime.client.pending import PendingCall
+from agentix.runtime.client.stream import CallsStream, NativeCallsStream
+
+__all__ = [
+    "CALLS_WIRE_ENV",
+    "FrameCallsStream",
+    "FrameTransport",
+    "FrameWire",
+    "HALF_CLOSE",
+    "HELLO",
+    "MAX_PAYLOAD",
+    "MESSAGE",
+    "STATUS",
+    "calls_socket_path",
+    "encode_hello",
+    "frame",
+    "wire_mode",
+]
+
+_log = logging.getLogger("agentix.runtime.client")
+
+CALLS_WIRE_ENV = "AGENTIX_CALLS_WIRE"
+_MODES = ("auto", "frames", "grpc")
+# Appended to a daemon's Unix socket path: where its frame wire listens.
+_CALLS_SUFFIX = ".calls"
+
+HELLO, MESSAGE, HALF_CLOSE, STATUS = 1, 2, 3, 4
+_HEADER = struct.Struct("<IB")
+_HEADER_BYTES = _HEADER.size
+# The largest payload either side sends (the daemon's gRPC message limit,
+# sandbox/wire_limits.h); a longer frame from the daemon is a broken stream.
+MAX_PAYLOAD = (4 << 20) + (64 << 10)
+_UNAVAILABLE = 14
+_INTERNAL = 13
+# Frames up to this size are read into one reusable buffer (and copied out);
+# a longer one is read straight into a buffer of its own.
+_READ_BYTES = 256 * 1024
+# At most this many buffers go to one sendmsg (Linux's IOV_MAX is 1024).
+_IOV_MAX = 1024
+
+
+def wire_mode() -> str:
+    """``AGENTIX_CALLS_WIRE``: ``auto``, ``frames`` or ``grpc`` (also when unset
+    or empty: the frame wire is opt-in until it passes the reconnect chaos tests,
+    docs/FRAME-WIRE.md "Host"); ValueError for anything else."""
+    mode = os.environ.get(CALLS_WIRE_ENV, "").strip().lower() or "grpc"
+    if mode not in _MODES:
+        raise ValueError(f"{CALLS_WIRE_ENV}={mode!r} is not one of {', '.join(_MODES)}")
+    return mode
+
+
+def calls_socket_path(target: str) -> str | None:
+    """``PATH.calls`` for a ``unix:`` target (``unix:///PATH`` or ``unix:/PATH``),
+    None for any other target."""
+    if not target.startswith("unix:"):
+        return None
+    return urlsplit(target).path + _CALLS_SUFFIX
+
+
+def frame(kind: int, payload: bytes = b"") -> bytes:
+    """One encoded frame."""
+    return _HEADER.pack(len(payload), kind) + payload
+
+
+def encode_hello(metadata: tuple[tuple[str, str], ...]) -> bytes:
+    """A HELLO payload: each pair as ``u16le key length, key, u32le value
+    length, value``."""
+    out = bytearray()
+    for key, value in metadata:
+        k = key.lower().encode("ascii")
+        v = value.encode("utf-8")
+        out += struct.pack("<H", len(k)) + k + struct.pack("<I", len(v)) + v
+    return bytes(out)
+
+
+def _connect(path: str) -> socket.socket:
+    """A non-blocking stream socket connected to `path` (a Unix socket
+    accepts at once or fails at once; a full backlog is EAGAIN)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+    try:
+        sock.connect(path)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class FrameWire:
+    """Chooses, at each (re)connection of one client, which wire its Calls
+    stream runs on (see the module docstring).
+
+    Args:
+      target: the client's gRPC target (``unix:///PATH``, ``host:port``).
+      tls: whether the client uses TLS (then the frame wire, which has none,
+        is not used: ``auto`` falls back, ``frames`` is an error).
+    """
+
+    __slots__ = ("_path", "_tls")
+
+    def __init__(self, target: str, tls: bool) -> None:
+        self._path = calls_socket_path(target)
+        self._tls = tls
+
+    def calls_stream(
+        self,
+        native: NativeTransport,
+        channel: grpc.aio.Channel,
+        metadata: tuple,
+        pending: dict[str, PendingCall],
+        on_lost: Callable[[CallsStream, BaseException | None], None],
+    ) -> CallsStream:
+        """A new Calls stream of a client: on the frame wire (`transport`), else
+        on the native transport's grpc++ channel, else on grpc.aio `channel`.
+        Raises as `transport`."""
+        frames = self.transport(metadata)
+        if frames is not None:
+            return FrameCallsStream(frames, pending, on_lost)
+        transport = native.transport(metadata)
+        if transport is not None:
+            return NativeCallsStream(transport, pending, on_lost)
+        # Not the generated stub: argument and result chunks bypass protobuf
+        # messages (wire.py).
+        rpc = channel.stream_stream(
+            wire.CALLS_METHOD,
+            request_serializer=None,  # CallsStream writes encoded bytes
+            response_deserializer=wire.parse_calls_response,
+        )(metadata=metadata)
+        return CallsStream(rpc, pending, on_lost)
+
+    def transport(self, metadata: tuple) -> FrameTransport | None:
+        """A connected `FrameTransport` (HELLO sent), or None for gRPC.
+
+        Raises:
+          RuntimeUnreachable: ``AGENTIX_CALLS_WIRE=frames`` and the frame wire
+            cannot be used (no Unix target, TLS, or ``PATH.calls`` refuses).
+          ValueError: ``AGENTIX_CALLS_WIRE`` has another value.
+        """
+        mode = wire_mode()
+        if mode == "grpc":
+            return None
+        if self._path is None or self._tls:
+            if mode == "frames":
+                why = "TLS is on" if self._tls else "the target is not a unix:// socket"
+                raise RuntimeUnreachable(f"{CALLS_WIRE_ENV}=frames, but the frame wire cannot be used: {why}")
+            return None
+        try:
+            sock = _connect(self._path)
+        except OSError as error:
+            if mode == "frames":
+                raise RuntimeUnreachable(
+                    f"{CALLS_WIRE_ENV}=frames, but the daemon's frame wire {self._path} cannot be reached "
+                    f"({errno.errorcode.get(error.errno or 0, 'error')}: {error.strerror}); "
+                    "is the daemon running with --calls_socket?"
+                ) from error
+            # An older daemon, or one run with --nocalls_socket: gRPC does the same job.
+            _log.debug("frame wire %s not available, using gRPC: %r", self._path, error)
+            return None
+        return FrameTransport(sock, metadata)
+
+
+class FrameTransport:
+    """One frame-wire connection, with the interface `NativeCallsStream`
+    uses of the native ``CallsTransport``: `fileno` (watched for reading),
+    `write`, `notify_below`, `writes_done`, `drain`, `close`. Write progress
+    (leftovers written, an error seen) is signalled by calling `on_progress`.
+
+    Takes over `sock` (connected, non-blocking) and sends the HELLO frame
+    carrying `metadata` at once; MESSAGE frames may follow without waiting.
+    """
+
+    __slots__ = (
+        "_sock",
+        "_fd",
+        "_loop",
+        "_out",
+        "_waiting",
+        "_notify_at",
+        "_below",
+        "_status",
+        "_write_error",
+        "_closed",
+        "_buf",
+        "_view",
+        "_have",
+        "_big",
+        "_big_have",
+        "_big_kind",
+        "on_progress",
+    )
+
+    def __init__(self, sock: socket.socket, metadata: tuple) -> None:
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._loop = asyncio.get_running_loop()
+        self._out: collections.deque = collections.deque()  # unwritten bytes, in order
+        self._waiting = 0  # their count
+        self._notify_at: int | None = None
+        self._below = False
+        self._status: tuple[int, str] | None = None
+        self._write_error: OSError | None = None
+        self._closed = False
+        self._buf = bytearray(_READ_BYTES)
+        self._view = memoryview(self._buf)
+        self._have = 0
+        self._big: bytearray | None = None  # a frame longer than _buf, being read
+        self._big_have = 0
+        self._big_kind = 0
+        self.on_progress: Callable[[], None] | None = None
+        hello = encode_hello(metadata)
+        self._send([_HEADER.pack(len(hello), HELLO), hello], _HEADER_BYTES + len(hello))
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def write(self, pieces: list) -> int:
+        """Sends one MESSAGE frame of the concatenated `pieces` (bytes and
+        memoryviews, kept until written); returns the bytes still waiting to
+        be written, or -1 when the stream is ending (`drain` brings its status)."""
+        if self._write_error is not None or self._status is not None or self._closed:
+            return -1
+        size = 0
+        for piece in pieces:
+            size += len(piece)
+        pieces.insert(0, _HEADER.pack(size, MESSAGE))
+        return self._send(pieces, size + _HEADER_BYTES)
+
+    def writes_done(self) -> None:
+        """Sends HALF_CLOSE: no more messages from the host."""
+        if self._write_error is None and not self._closed:
+            self._send([_HEADER.pack(0, HALF_CLOSE)], _HEADER_BYTES)
+
+    def notify_below(self, threshold: int) -> None:
+        """Calls `on_progress` (and makes `drain` say so) once at most
+        `threshold` bytes wait to be written."""
+        if self._waiting <= threshold:
+            self._notify_at = None
+            self._loop.call_soon(self._progress)
+        else:
+            self._notify_at = threshold
+
+    def drain(self) -> tuple[list, tuple[int, str] | None, bool]:
+        """Reads what the socket holds: (the MESSAGE payloads, the stream's
+        status once it ended, whether write progress was signalled)."""
+        messages: list = []
+        if self._status is None and not self._closed:
+            self._read(messages)
+            if self._status is None and self._write_error is not None:
+                self._status = (_UNAVAILABLE, f"frame wire write failed: {self._write_error}")
+        below, self._below = self._below, False
+        return messages, self._status, below
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._out:
+                self._out.clear()
+                self._loop.remove_writer(self._fd)
+            self._sock.close()
+
+    def _progress(self) -> None:
+        if self._closed:
+            return
+        self._below = True
+        if self.on_progress is not None:
+            self.on_progress()
+
+    def _send(self, pieces: list, size: int) -> int:
+        out = self._out
+        if out:  # leftovers are waiting: these go after them
+            out.extend(pieces)
+            self._waiting += size
+            return self._waiting
+        try:
+            if len(pieces) > _IOV_MAX:
+                pieces = [b"".join(pieces)]
+            sent = self._sock.sendmsg(pieces)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as error:
+            self._failed(error)
+            return -1
+        if sent == size:
+            return 0
+        for piece in pieces:
+            length = len(piece)
+            if sent >= length:
+                sent -= length
+            elif sent:
+                out.append(memoryview(piece)[sent:])
+                sent = 0
+            else:
+                out.append(piece)
+        self._waiting = sum(len(piece) for piece in out)
+        self._loop.add_writer(self._fd, self._on_writable)
+        return self._waiting
+
+    def _on_writable(self) -> None:
+        out = self._out
+        while out:
+            batch = list(itertools.islice(out, _IOV_MAX))
+            try:
+                sent = self._sock.sendmsg(batch)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:
+                self._failed(error)
+                return
+            self._waiting -= sent
+            short = sent < sum(len(piece) for piece in batch)
+            while sent:
+                length = len(out[0])
+                if sent >= length:
+                    out.popleft()
+                    sent -= length
+                else:
+                    out[0] = memoryview(out[0])[sent:]
+                    sent = 0
+            if short:
+                return  # the socket is full: wait until it is writable again
+        self._loop.remove_writer(self._fd)
+        if self._notify_at is not None and self._waiting <= self._notify_at:
+            self._notify_at = None
+            self._progress()
+
+    def _failed(self, error: OSError) -> None:
+        """A write failed (the daemon went away): the reader brings the
+        status it sent, if any; the stream is told now."""
+        self._write_error = error
+        if self._out:
+            self._out.clear()
+            self._loop.remove_writer(self._fd)
+        self._waiting = 0
+        self._loop.call_soon(self._progress)
+
+    def _read(self, messages: list) -> None:
+        sock = self._sock
+        while self._status is None:
+            big = self._big
+            target = memoryview(big)[self._big_have :] if big is not None else self._view[self._have :]
+            try:
+                count = sock.recv_into(target)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:
+                self._status = (_UNAVAILABLE, f"frame wire read failed: {error}")
+                return
+            if count == 0:
+                self._status = (_UNAVAILABLE, "the daemon closed the frame wire without a status")
+                return
+            if big is not None:
+                self._big_have += count
+                if self._big_have == len(big):
+                    self._big = None
+                    self._frame(self._big_kind, big, messages)
+            else:
+                self._have += count
+                self._parse(messages)
+            if count < len(target):
+                return  # the socket had no more
+
+    def _parse(self, messages: list) -> None:
+        buf, view, have = self._buf, self._view, self._have
+        pos = 0
+        while have - pos >= _HEADER_BYTES and self._status is None:
+            size, kind = _HEADER.unpack_from(buf, pos)
+            end = pos + _HEADER_BYTES + size
+            if end <= have:
+                self._frame(kind, bytes(view[pos + _HEADER_BYTES : end]), messages)
+                pos = end
+                continue
+            if _HEADER_BYTES + size > len(buf):
+                if size > MAX_PAYLOAD:
+                    self._status = (_INTERNAL, f"frame wire: the daemon sent a frame of {size} bytes")
+                    return
+                big = bytearray(size)
+                part = have - pos - _HEADER_BYTES
+                big[:part] = view[pos + _HEADER_BYTES : have]
+                self._big, self._big_have, self._big_kind = big, part, kind
+                pos = have
+            break
+        rest = have - pos
+        if rest and pos:
+            buf[:rest] = bytes(view[pos:have])
+        self._have = rest
+
+    def _frame(self, kind: int, payload: bytes | bytearray, messages: list) -> None:
+        if kind == MESSAGE:
+            messages.append(payload)
+        elif kind == STATUS and len(payload) >= 4:
+            (code,) = struct.unpack_from("<I", payload)
+            self._status = (code, bytes(payload[4:]).decode("utf-8", "replace"))
+        else:
+            self._status = (_INTERNAL, f"frame wire: the daemon sent a frame of kind {kind} ({len(payload)} bytes)")
+
+
+class FrameCallsStream(NativeCallsStream):
+    """A `CallsStream` over a `FrameTransport` (the daemon's frame wire):
+    `NativeCallsStream`'s logic, with the socket itself watched for reading
+    and write progress reported by the transport's `on_progress`.
+
+    Args:
+      transport: a new `FrameTransport`; this stream owns and closes it.
+      pending, on_lost: as for `CallsStream`.
+    """
+
+    def __init__(
+        self,
+        transport: FrameTransport,
+        pending: dict[str, PendingCall],
+        on_lost: Callable[[CallsStream, BaseException | None], None],
+    ) -> None:
+        super().__init__(transport, pending, on_lost)
+        transport.on_progress = self._on_readable

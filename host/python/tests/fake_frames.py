@@ -1,0 +1,132 @@
+"""The daemon's frame wire (docs/FRAME-WIRE.md) in front of a FakeRuntime's
+``Calls``, for client tests: the same fake serves the Calls stream on
+``PATH.calls`` as on gRPC. Frames are encoded and decoded here on their own
+(not with agentix.runtime.client.frames), so the tests check the client
+against the spec, not against itself.
+
+`FrameServer.hellos` records each connection's HELLO metadata (a dict);
+`eof_instead_of_status` makes an aborted stream (e.g. `drop_streams()`) end
+with a bare EOF instead of a STATUS frame.
+"""
+
+import asyncio
+import struct
+
+from agentix.runtime.v1 import runtime_pb2 as pb
+
+HEADER = struct.Struct("<IB")
+HELLO, MESSAGE, HALF_CLOSE, STATUS = 1, 2, 3, 4
+
+
+def encode(kind: int, payload: bytes = b"") -> bytes:
+    return HEADER.pack(len(payload), kind) + payload
+
+
+def status_frame(code: int, details: str = "") -> bytes:
+    return encode(STATUS, struct.pack("<I", code) + details.encode())
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes] | None:
+    """The next (kind, payload), or None at a clean EOF."""
+    try:
+        header = await reader.readexactly(HEADER.size)
+    except asyncio.IncompleteReadError as error:
+        if error.partial:
+            raise
+        return None
+    size, kind = HEADER.unpack(header)
+    return kind, await reader.readexactly(size)
+
+
+def decode_hello(payload: bytes) -> dict[str, str]:
+    """The metadata pairs of a HELLO payload; ValueError if it is malformed."""
+    pairs: dict[str, str] = {}
+    pos = 0
+    while pos < len(payload):
+        (key_len,) = struct.unpack_from("<H", payload, pos)
+        pos += 2
+        key = payload[pos : pos + key_len].decode("ascii")
+        pos += key_len
+        (value_len,) = struct.unpack_from("<I", payload, pos)
+        pos += 4
+        value = payload[pos : pos + value_len]
+        if len(value) != value_len:
+            raise ValueError("HELLO value runs past the payload")
+        pairs[key] = value.decode()
+        pos += value_len
+    return pairs
+
+
+class _Aborted(Exception):
+    pass
+
+
+class _Context:
+    """What FakeRuntime.Calls uses of a grpc.aio servicer context."""
+
+    def __init__(self, server: "FrameServer", writer: asyncio.StreamWriter) -> None:
+        self._server = server
+        self._writer = writer
+
+    async def write(self, message: pb.CallsResponse) -> None:
+        self._writer.write(encode(MESSAGE, message.SerializeToString()))
+        await self._writer.drain()
+
+    async def abort(self, code, details: str) -> None:
+        if not self._server.eof_instead_of_status:
+            self._writer.write(status_frame(code.value[0], details))
+        raise _Aborted
+
+
+class FrameServer:
+    """Serves `fake.Calls` on the Unix socket `path` over the frame wire."""
+
+    def __init__(self, fake, path: str) -> None:
+        self.fake = fake
+        self.path = path
+        self.hellos: list[dict[str, str]] = []
+        self.eof_instead_of_status = False
+        self._server: asyncio.Server | None = None
+        self._connections: dict[asyncio.StreamWriter, asyncio.Task] = {}
+
+    async def start(self) -> "FrameServer":
+        self._server = await asyncio.start_unix_server(self._serve, self.path)
+        return self
+
+    async def stop(self) -> None:
+        """Stops listening and cuts the open connections (as a daemon that exits)."""
+        assert self._server is not None
+        self._server.close()
+        for writer, task in list(self._connections.items()):
+            writer.transport.abort()
+            task.cancel()
+        await asyncio.gather(*self._connections.values(), return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._connections[writer] = asyncio.current_task()
+        try:
+            first = await read_frame(reader)
+            if first is None or first[0] != HELLO:
+                writer.write(status_frame(3, "the first frame must be HELLO"))
+                return
+            self.hellos.append(decode_hello(first[1]))
+
+            async def requests():
+                while (next_frame := await read_frame(reader)) is not None:
+                    kind, payload = next_frame
+                    if kind == HALF_CLOSE:
+                        return
+                    assert kind == MESSAGE, f"unexpected frame kind {kind}"
+                    yield pb.CallsRequest.FromString(payload)
+
+            try:
+                await self.fake.Calls(requests(), _Context(self, writer))
+            except _Aborted:
+                return
+            writer.write(status_frame(0))
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._connections.pop(writer, None)
+            writer.close()

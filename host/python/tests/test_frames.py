@@ -1,0 +1,285 @@
+"""The Calls stream on the daemon's frame wire (agentix.runtime.client.frames):
+frames and HELLO as the spec says, pipelining, STATUS and EOF, partial
+writes, chunked uploads, and when the client uses it or falls back to gRPC.
+
+The whole of test_client.py also runs on the frame wire (its
+``calls_transport`` "frames"); these are the frame wire's own cases, against
+fake_frames.FrameServer or a bare socket server written here.
+"""
+
+import asyncio
+import os
+import pickle
+import socket
+import struct
+import tempfile
+
+import grpc
+import pytest
+import pytest_asyncio
+
+import sandbox_functions
+from agentix import RuntimeClient, RuntimeUnreachable
+from agentix.runtime.client import frames
+from agentix.runtime.client.frames import FrameCallsStream, FrameTransport
+from agentix.runtime.client.stream import CallsStream, NativeCallsStream, NativeStreamError
+from agentix.runtime.v1 import runtime_pb2 as pb
+from fake_frames import HALF_CLOSE, HELLO, MESSAGE, STATUS, FrameServer, decode_hello, encode, read_frame, status_frame
+from fake_runtime import FakeRuntime, eventually, serve
+
+pytestmark = pytest.mark.asyncio
+MiB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def _default_wire(monkeypatch):
+    monkeypatch.setenv("AGENTIX_CALLS_WIRE", "auto")
+    monkeypatch.delenv("AGENTIX_NATIVE_TRANSPORT", raising=False)
+
+
+@pytest.fixture
+def sock_dir():
+    with tempfile.TemporaryDirectory(prefix="agx-fw-", dir="/tmp") as directory:
+        yield directory
+
+
+@pytest_asyncio.fixture
+async def grpc_only(sock_dir):
+    """A FakeRuntime on a Unix socket without a frame wire (``.url``, ``.path``)."""
+    fake = FakeRuntime()
+    fake.path = os.path.join(sock_dir, "runtime.sock")
+    fake.url = f"unix://{fake.path}"
+    server, _ = await serve(fake, fake.url)
+    yield fake
+    await server.stop(None)
+
+
+@pytest_asyncio.fixture
+async def framed(grpc_only):
+    """The same, with its Calls also on ``PATH.calls`` (``.frames``)."""
+    grpc_only.frames = await FrameServer(grpc_only, grpc_only.path + ".calls").start()
+    yield grpc_only
+    await grpc_only.frames.stop()
+
+
+async def stream_type(url: str, **options) -> type:
+    async with RuntimeClient(url, **options) as client:
+        assert await client.remote(sandbox_functions.add, 2, 3) == 5
+        return type(client._stream)
+
+
+# --- frames --------------------------------------------------------------
+
+
+async def test_frames_and_hello_encode_as_the_spec_says():
+    assert frames.frame(frames.MESSAGE, b"abc") == b"\x03\x00\x00\x00\x02abc"
+    assert frames.frame(frames.HALF_CLOSE) == b"\x00\x00\x00\x00\x03"
+    assert (frames.HELLO, frames.MESSAGE, frames.HALF_CLOSE, frames.STATUS) == (HELLO, MESSAGE, HALF_CLOSE, STATUS)
+    metadata = (("authorization", "Bearer tøken"), ("agentix-client-id", "c" * 32))
+    payload = frames.encode_hello(metadata)
+    assert payload[:2] == struct.pack("<H", len("authorization"))
+    assert decode_hello(payload) == dict(metadata)
+    assert frames.encode_hello(()) == b""
+
+
+async def test_the_reader_reassembles_frames_however_the_bytes_arrive():
+    # Small messages, one longer than the read buffer, an empty one, then the
+    # status, written in pieces that split headers and payloads anywhere.
+    messages = [b"m1", os.urandom(700 * 1024), b"", pb.CallsResponse().SerializeToString() + b"x" * 300]
+    data = b"".join(encode(MESSAGE, m) for m in messages) + status_frame(9, "done: ✓")
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    transport = FrameTransport(ours, (("k", "v"),))
+    theirs.settimeout(5)
+    hello = theirs.recv(64)
+    assert hello == encode(HELLO, frames.encode_hello((("k", "v"),)))
+    received, status = [], None
+    try:
+        for cut in range(0, len(data), 99_991):
+            theirs.sendall(data[cut : cut + 99_991])
+            got, status, _ = transport.drain()
+            received += [bytes(m) for m in got]
+        assert received == messages
+        assert status == (9, "done: ✓")
+    finally:
+        transport.close()
+        theirs.close()
+
+
+async def test_eof_without_status_is_unavailable_and_a_bad_frame_is_internal():
+    for tail, code in ((b"", 14), (encode(7, b"?"), 13), (struct.pack("<IB", 64 << 20, MESSAGE), 13)):
+        ours, theirs = socket.socketpair()
+        ours.setblocking(False)
+        transport = FrameTransport(ours, ())
+        theirs.sendall(encode(MESSAGE, b"m") + tail)
+        theirs.close()
+        received, status = [], None
+        while status is None:  # the loop would call drain() while the socket is readable
+            messages, status, _ = transport.drain()
+            received += [bytes(m) for m in messages]
+        transport.close()
+        assert received == [b"m"]
+        assert status[0] == code, status
+
+
+# --- against a frame-wire server ------------------------------------------
+
+
+async def test_hello_carries_the_token_and_the_client_id(framed):
+    client = RuntimeClient(framed.url, token="s3cret")
+    async with client:
+        assert await client.remote(sandbox_functions.add, 1, 2) == 3
+        assert type(client._stream) is FrameCallsStream
+    assert framed.frames.hellos == [{"authorization": "Bearer s3cret", "agentix-client-id": client.client_id}]
+    # Every call went on the frame wire, none on gRPC's Calls.
+    assert [s.callable for s in framed.events("start")] == ["sandbox_functions::add"]
+
+
+async def bare_server(path: str, handler) -> asyncio.Server:
+    return await asyncio.start_unix_server(handler, path)
+
+
+async def test_messages_follow_the_hello_without_waiting_for_an_answer(grpc_only):
+    got: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    async def silent(reader, writer):  # reads, never answers
+        first = await read_frame(reader)
+        second = await read_frame(reader)
+        got.set_result((first, second))
+        await asyncio.sleep(30)
+
+    server = await bare_server(grpc_only.path + ".calls", silent)
+    client = RuntimeClient(grpc_only.url, logs=False, traces=False)
+    try:
+        call = asyncio.create_task(client.remote(sandbox_functions.add, 4, 5))
+        (kind, payload), (kind2, payload2) = await asyncio.wait_for(got, 10)
+        assert kind == HELLO and decode_hello(payload) == {"agentix-client-id": client.client_id}
+        assert kind2 == MESSAGE
+        (event,) = pb.CallsRequest.FromString(payload2).events
+        assert event.start.callable == "sandbox_functions::add"
+        assert pickle.loads(event.start.arguments) == ((4, 5), {})
+        call.cancel()
+    finally:
+        await client.close()
+        server.close()
+
+
+async def test_a_status_frame_fails_the_stream_with_its_grpc_code(grpc_only):
+    async def refuse(reader, writer):
+        await read_frame(reader)
+        writer.write(status_frame(16, "bad token"))
+        await writer.drain()
+        writer.close()
+
+    server = await bare_server(grpc_only.path + ".calls", refuse)
+    client = RuntimeClient(grpc_only.url, reconnection=False)
+    try:
+        with pytest.raises(RuntimeUnreachable, match="connection lost") as info:
+            await asyncio.wait_for(client.remote(sandbox_functions.add, 1, 1), 10)
+        cause = info.value.__cause__
+        assert type(cause) is NativeStreamError and isinstance(cause, grpc.RpcError)
+        assert cause.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert cause.details() == "bad token"
+    finally:
+        await client.close()
+        server.close()
+
+
+async def test_eof_without_status_reconnects_and_resumes_the_calls(framed):
+    framed.frames.eof_instead_of_status = True
+    async with RuntimeClient(framed.url) as client:
+        task = asyncio.create_task(client.remote(sandbox_functions.sleep_forever))
+        await eventually(lambda: framed.started)
+        (call_id,) = framed.started
+        framed.drop_streams()  # the frame server closes the socket, no STATUS
+        await eventually(lambda: framed.events("resume"))
+        assert list(framed.events("resume")[0].call_ids) == [call_id]
+        assert len(framed.frames.hellos) == 2 and framed.streams_opened == 2
+        assert not task.done()
+        assert await client.remote(sandbox_functions.add, 3, 4) == 7
+        assert type(client._stream) is FrameCallsStream
+    with pytest.raises(RuntimeUnreachable, match="closed"):
+        await task
+
+
+async def test_a_large_upload_goes_in_chunks_through_a_tiny_send_buffer(framed, monkeypatch):
+    # A 4 KiB SO_SNDBUF: nearly every write leaves bytes for loop.add_writer.
+    connect = frames._connect
+
+    def small_buffer(path):
+        sock = connect(path)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        return sock
+
+    resumed = []
+    on_writable = FrameTransport._on_writable
+
+    def counting(self):
+        resumed.append(1)
+        on_writable(self)
+
+    monkeypatch.setattr(frames, "_connect", small_buffer)
+    monkeypatch.setattr(FrameTransport, "_on_writable", counting)
+    data = os.urandom(6 * MiB + 123)
+    async with RuntimeClient(framed.url) as client:
+        big = asyncio.create_task(client.remote(sandbox_functions.length, data))
+        small = [client.remote(sandbox_functions.add, i, 1) for i in range(20)]
+        assert await asyncio.gather(*small) == [i + 1 for i in range(20)]
+        assert await big == len(data)
+        assert await client.remote(sandbox_functions.echo, data[: 3 * MiB]) == data[: 3 * MiB]
+    assert len(resumed) > 10
+    chunks = framed.events("argument_chunk")
+    assert chunks and all(len(c.data) <= MiB for c in chunks)
+    (start,) = [s for s in framed.events("start") if s.callable == "sandbox_functions::length"]
+    assert start.arguments_size == len(pickle.dumps(((data,), {}), protocol=5))
+
+
+# --- which wire -----------------------------------------------------------
+
+
+async def test_grpc_when_the_daemon_has_no_frame_wire(grpc_only, monkeypatch):
+    assert await stream_type(grpc_only.url) is NativeCallsStream
+    # A socket file nobody listens on (ECONNREFUSED) is the same.
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(grpc_only.path + ".calls")
+    try:
+        assert await stream_type(grpc_only.url) is NativeCallsStream
+        monkeypatch.setenv("AGENTIX_NATIVE_TRANSPORT", "0")
+        assert await stream_type(grpc_only.url) is CallsStream
+    finally:
+        stale.close()
+
+
+async def test_agentix_calls_wire_selects_the_wire(framed, monkeypatch):
+    assert await stream_type(framed.url) is FrameCallsStream
+    monkeypatch.setenv("AGENTIX_CALLS_WIRE", "frames")
+    assert await stream_type(framed.url) is FrameCallsStream
+    monkeypatch.setenv("AGENTIX_CALLS_WIRE", "grpc")
+    assert await stream_type(framed.url) is NativeCallsStream
+    assert len(framed.frames.hellos) == 2
+    monkeypatch.setenv("AGENTIX_CALLS_WIRE", "Auto ")
+    assert await stream_type(framed.url) is FrameCallsStream
+    monkeypatch.delenv("AGENTIX_CALLS_WIRE")  # the default, for now
+    assert await stream_type(framed.url) is NativeCallsStream
+    monkeypatch.setenv("AGENTIX_CALLS_WIRE", "fast")
+    with pytest.raises(ValueError, match="AGENTIX_CALLS_WIRE='fast' is not one of auto, frames, grpc"):
+        await stream_type(framed.url)
+
+
+async def test_frames_required_but_absent_is_a_clear_error(grpc_only, monkeypatch):
+    monkeypatch.setenv("AGENTIX_CALLS_WIRE", "frames")
+    with pytest.raises(RuntimeUnreachable) as info:
+        await stream_type(grpc_only.url)
+    message = str(info.value)
+    assert f"frame wire {grpc_only.path}.calls cannot be reached (ENOENT" in message
+    assert "AGENTIX_CALLS_WIRE=frames" in message
+    # Not a unix:// target: no frame wire either.
+    fake = FakeRuntime()
+    server, port = await serve(fake, "127.0.0.1:0")
+    try:
+        with pytest.raises(RuntimeUnreachable, match="frames, but the frame wire cannot be used: the target is not"):
+            await stream_type(f"127.0.0.1:{port}")
+        monkeypatch.setenv("AGENTIX_CALLS_WIRE", "auto")
+        assert await stream_type(f"127.0.0.1:{port}") is NativeCallsStream
+    finally:
+        await server.stop(None)
