@@ -108,6 +108,21 @@ TEST_CASE("The interpreter is Debian's, isolated from the environment",
           "'test-worker'");
 }
 
+TEST_CASE("A target rebound in its module is the one called", "[worker]") {
+  auto worker = ReadyWorker();
+  const std::string none = Pickle("((), {})");
+  // Twice first: the second resolution may come from what the first found.
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::swappable", none)) ==
+          "'first'");
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::swappable", none)) ==
+          "'first'");
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::swap_target", none)) ==
+          "True");
+  // Now a coroutine function: awaited on the loop, its value returned.
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::swappable", none)) ==
+          "'second'");
+}
+
 TEST_CASE("Resolve failures are typed errors with code 3", "[worker]") {
   auto worker = ReadyWorker();
   const std::string no_args = Pickle("((), {})");

@@ -16,7 +16,7 @@ from .calls import (
     _encode_result,
     _is_sync_stream,
     _run_sync,
-    resolve,
+    resolve_target,
 )
 from .common import (
     EXIT_CHANNEL,
@@ -247,7 +247,7 @@ class _Worker(_LeaderIntake):
 
     def _start(self, call, data, pending=None):
         # Tasks created meanwhile copy this context; pool work runs in a copy
-        # of it (_submit). Module imports by resolve() count as the call's.
+        # of it (_submit). Module imports by resolve_target() count as the call's.
         # The host's propagated context (agentix.context: baggage, registered
         # vars, trace scope) is attached the same way.
         token = _call_id.set(call.call_id)
@@ -295,7 +295,7 @@ class _Worker(_LeaderIntake):
                 _INVALID_ARGUMENT))
             return
         try:
-            fn = resolve(call.reference)
+            fn, coroutine = resolve_target(call.reference)
         except BaseException as exc:
             self._finish(call, False, _error(exc, _INVALID_ARGUMENT, skip=1))
             return
@@ -306,11 +306,11 @@ class _Worker(_LeaderIntake):
             return
         if pending is not None:  # an intake leader; never a stream
             pending.append((call, contextvars.copy_context(), fn, args, kwargs,
-                            not asyncio.iscoroutinefunction(fn)))
+                            not coroutine))
         elif call.stream is not None:
             self._sync_streak = 0
             self._start_stream(call, fn, args, kwargs)
-        elif asyncio.iscoroutinefunction(fn):
+        elif coroutine:
             self._sync_streak = 0
             call.task = self._loop.create_task(
                 self._run_coroutine(call, fn, args, kwargs))

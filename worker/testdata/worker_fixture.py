@@ -602,3 +602,18 @@ def concurrency_gate(n, timeout):
         _gate_cond.wait_for(lambda: _gate["peak"] >= n, timeout)
         _gate["running"] -= 1
         return _gate["peak"]
+
+
+def swappable():
+    return "first"
+
+
+def swap_target():
+    """Rebinds swappable in this module, as a reload or a monkeypatch would
+    (the worker must call the new one, not one it remembered)."""
+    global swappable
+
+    async def swappable():
+        return "second"
+
+    return True
