@@ -289,7 +289,7 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
     }
     return;
   }
-  if (finished_ids_.contains(id)) {
+  if (finished_ids_.Contains(id)) {
     // A host re-sending the start of a call it still awaits after a
     // reconnect: the call ran and its result is gone. Never run it again.
     out.push_back({sink, MakeCallError(
@@ -492,7 +492,7 @@ void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
     return;
   }
   auto it = calls_.find(id);
-  if (it == calls_.end() && finished_ids_.contains(id)) {
+  if (it == calls_.end() && finished_ids_.Contains(id)) {
     return;  // a resumed upload of a call that already finished
   }
   if (it == calls_.end()) {
@@ -640,12 +640,7 @@ void SessionManager::Ack(const CallSink& sink, const std::string& call_id) {
 }
 
 void SessionManager::RememberFinished(const std::string& call_id) {
-  if (!finished_ids_.insert(call_id).second) return;
-  finished_order_.push_back(call_id);
-  while (finished_order_.size() > kRememberedFinishedCalls) {
-    finished_ids_.erase(finished_order_.front());
-    finished_order_.pop_front();
-  }
+  finished_ids_.Remember(call_id);
 }
 
 void SessionManager::Emit(const std::string& call_id, Call& call,

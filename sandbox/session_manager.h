@@ -34,6 +34,7 @@
 #include "absl/time/time.h"
 #include "agentix/runtime/v1/runtime.pb.h"
 #include "sandbox/call_sink.h"
+#include "sandbox/finished_ids.h"
 #include "sandbox/log_buffer.h"
 #include "sandbox/namespace_hub.h"
 #include "sandbox/worker_process.h"
@@ -389,8 +390,7 @@ class SessionManager : public WorkerProcess::Listener {
   // forgotten first): execution stays at most once when a reconnecting host
   // re-sends a StartCall (about 100 bytes per id).
   static constexpr size_t kRememberedFinishedCalls = 65536;
-  absl::flat_hash_set<std::string> finished_ids_ ABSL_GUARDED_BY(mu_);
-  std::list<std::string> finished_order_ ABSL_GUARDED_BY(mu_);
+  FinishedIds finished_ids_ ABSL_GUARDED_BY(mu_){kRememberedFinishedCalls};
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   // Calls whose arguments are still arriving (watched for idleness).
   absl::flat_hash_set<std::string> uploading_ ABSL_GUARDED_BY(mu_);

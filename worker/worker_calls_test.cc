@@ -108,6 +108,21 @@ TEST_CASE("The interpreter is Debian's, isolated from the environment",
           "'test-worker'");
 }
 
+TEST_CASE("A target rebound in its module is the one called", "[worker]") {
+  auto worker = ReadyWorker();
+  const std::string none = Pickle("((), {})");
+  // Twice first: the second resolution may come from what the first found.
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::swappable", none)) ==
+          "'first'");
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::swappable", none)) ==
+          "'first'");
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::swap_target", none)) ==
+          "True");
+  // Now a coroutine function: awaited on the loop, its value returned.
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::swappable", none)) ==
+          "'second'");
+}
+
 TEST_CASE("Resolve failures are typed errors with code 3", "[worker]") {
   auto worker = ReadyWorker();
   const std::string no_args = Pickle("((), {})");
@@ -465,6 +480,88 @@ TEST_CASE("Unknown encodings are refused", "[worker]") {
   // Encoding 0 (unspecified) means pickle.
   REQUIRE(Unpickle(worker->CallOk("worker_fixture::add",
                                   Pickle("((1,), {})"), 0)) == "1");
+}
+
+// One call frame for a batch written with SendRaw.
+void AppendCall(const std::string& id, const std::string& callable,
+                const std::string& args, std::string& batch) {
+  Frame call;
+  call.type = FrameType::kCall;
+  call.call_id = id;
+  call.callable = callable;
+  call.encoding = 1;
+  call.data = args;
+  call.total_size = args.size();
+  REQUIRE_OK(ipc::AppendFrame(call, batch));
+}
+
+TEST_CASE("A burst of short sync calls runs on a few pool threads",
+          "[worker][pool]") {
+  auto worker = ReadyWorker();
+  // Handing each call to a thread of its own costs a wake-up and a GIL
+  // hand-off per call; one thread draining the queue costs neither.
+  const std::string args = Pickle("((), {})");
+  std::set<std::string> ids;
+  std::string batch;
+  for (int i = 0; i < 300; ++i) {
+    ids.insert(absl::StrCat("t", i));
+    AppendCall(absl::StrCat("t", i), "worker_fixture::thread_ident", args,
+               batch);
+  }
+  worker->SendRaw(batch);
+  std::set<std::string> threads;
+  for (auto& [id, reply] : worker->AwaitReplies(ids, absl::Seconds(30))) {
+    REQUIRE(reply.ok);
+    threads.insert(reply.value);
+  }
+  INFO(threads.size() << " threads ran 300 short calls");
+  REQUIRE(threads.size() <= 8);
+}
+
+TEST_CASE("Short sync calls beside blocking ones reply at once",
+          "[worker][pool][timing]") {
+  auto worker = ReadyWorker();
+  const std::string add = Pickle("((1, 2), {})");
+  const std::string sleep = Pickle("((3.0,), {})");
+  std::set<std::string> quick, slow;
+  std::string batch;
+  const auto quick_calls = [&](int from, int to) {
+    for (int i = from; i < to; ++i) {
+      quick.insert(absl::StrCat("a", i));
+      AppendCall(absl::StrCat("a", i), "worker_fixture::add", add, batch);
+    }
+  };
+  const auto slow_calls = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      slow.insert(absl::StrCat("s", i));
+      AppendCall(absl::StrCat("s", i), "worker_fixture::sleep_sync", sleep,
+                 batch);
+    }
+  };
+  SECTION("a blocking call after them: their replies are written") {
+    // The queue's thread replies to the short calls and then blocks in the
+    // sleep, with the last reply queued but not written by it.
+    quick_calls(0, 20);
+    slow_calls(1);
+  }
+  SECTION("blocking calls before them: they get other threads") {
+    quick_calls(0, 20);
+    slow_calls(4);
+    quick_calls(20, 40);
+  }
+  const absl::Time start = absl::Now();
+  worker->SendRaw(batch);
+  auto replies = worker->AwaitReplies(quick, absl::Seconds(10));
+  const absl::Duration took = absl::Now() - start;
+  INFO(quick.size() << " short calls beside " << slow.size()
+                    << " blocking ones took " << absl::FormatDuration(took));
+  REQUIRE(took < absl::Milliseconds(1500));
+  for (auto& [id, reply] : replies) {
+    REQUIRE(reply.value == std::string("\x80\x05K\x03.", 5));
+  }
+  for (auto& [id, reply] : worker->AwaitReplies(slow, absl::Seconds(10))) {
+    REQUIRE(reply.ok);
+  }
 }
 
 TEST_CASE("Many pipelined calls", "[worker][timing]") {

@@ -1,23 +1,39 @@
 """The thread pool that runs sync calls, and the record of one running call."""
 
+import collections
 import threading
+import time
 import queue
 
 import _agentix_worker as _w
 
 from .common import _ERROR, _log, _text
 
+# How often the loop looks at the queue while sync calls wait in it: if no
+# queued call started in this time, the running ones block and more threads
+# are woken (see _SyncPool).
+STALL_SECONDS = 0.001
+# Queued calls that do start, but slowly (each blocks a little), get more
+# threads once the oldest has waited this long.
+_SLOW_SECONDS = 0.01
+
+# A pool thread's wake-up token: drain the queue. (Anything else put on the
+# wake-up queue is a _LeadJob to run, or None: stop.)
+_RUN = object()
+
+
 class _PoolJob:
     """One sync callable queued on a `_SyncPool`: `cancel()` before it starts
     and it never runs; once it runs, cancel() does nothing (the call's reply
     is dropped instead, see _Worker._finish)."""
 
-    __slots__ = ("pool", "fn", "args")
+    __slots__ = ("pool", "fn", "args", "queued_at")
 
     def __init__(self, pool, fn, args):
         self.pool = pool
         self.fn = fn
         self.args = args
+        self.queued_at = 0.0
 
     def cancel(self):
         self.pool.withdraw(self)
@@ -36,42 +52,140 @@ class _LeadJob:
 
 class _SyncPool:
     """The threads sync callables run on: up to `max_threads`, started when
-    a job finds none idle, named for the OS as agentix-call.
+    needed, named for the OS as agentix-call.
 
-    Cheaper per call than concurrent.futures.ThreadPoolExecutor (no Future,
-    no done callbacks, no Python-level semaphore): submit() costs ~0.6 us of
-    the loop thread against ~8 us (docs/PERFORMANCE.md, "Per-call work
-    trimmed"). What it keeps from it: a job never waits behind a running one
-    while fewer than max_threads run (each submit either takes an idle
-    thread's token or starts a thread), a job cancelled before it starts
+    Jobs go into one queue that awake threads drain, each running one job
+    after another. A job queued while a thread drains wakes no thread, so
+    many short calls in flight cost a thread wake-up per burst, not one per
+    call, and the threads do not pass the GIL round among themselves. So
+    that a job never waits long behind a running one that blocks, the loop
+    calls monitor() every STALL_SECONDS while jobs wait (`arm` starts that,
+    see __init__): if no queued job started since the last look (the
+    draining threads block), or the oldest has waited _SLOW_SECONDS (they
+    are slow), as many more threads as drain already (up to one per
+    waiting job and max_threads in all) are woken. A burst of short calls
+    thus stays on one thread, and blocking ones spread over the pool within
+    a few STALL_SECONDS (1, 2, 4, ... threads). What it keeps from ThreadPoolExecutor: jobs start in
+    order, up to max_threads run at once, a job cancelled before it starts
     never runs, and shutdown() stops idle threads without waiting for
-    running ones. The threads are daemon threads: an idle one never holds up
-    the interpreter's exit (finish() finalises only when none is busy).
-    Claims go through single dict/list operations, which are atomic under
-    the GIL, so the loop thread and pool threads need no lock.
+    running ones. The threads are daemon threads: an idle one never holds
+    up the interpreter's exit (finish() finalises only when none is busy).
+    No Future, no done callbacks: submit() costs ~1 us of the loop thread
+    (docs/PERFORMANCE.md, "Per-call work trimmed").
     """
 
-    def __init__(self, max_threads):
+    def __init__(self, max_threads, arm=None):
         self._max_threads = max_threads
-        self._jobs = queue.SimpleQueue()
+        # arm(): called on the submitting thread when a job was queued behind
+        # draining threads and `armed` was False (it is True from then on):
+        # it must have monitor() called about STALL_SECONDS later (and again
+        # while monitor() returns True). None: nothing watches for stalls.
+        self._arm = arm
+        self.armed = False
+        self._work = collections.deque()  # jobs in order (cancelled ones too)
+        self._wake = queue.SimpleQueue()  # _RUN, a _LeadJob or None each
         self._queued = {}  # jobs not started yet (claimed by pop: run or cancel)
         self._running = set()  # jobs whose function is running
-        self._idle = []  # one token per idle thread not yet promised a job
         self._threads = []
         self._stopped = False
-        # Threads are added by the loop thread and by intake leaders (pool
+        # Guards _draining and _idle, and every thread's choice between taking
+        # a job and going idle: a thread goes idle only after it saw _work
+        # empty under the lock, so a job queued meanwhile either finds a
+        # thread draining or wakes one.
+        self._lock = threading.Lock()
+        self._draining = 0  # threads draining _work, or woken to
+        self._started = 0  # jobs taken from _work
+        self._seen_started = 0  # _started at the last arm() or monitor()
+        self._idle = 0  # threads waiting on _wake that no wake-up is meant for
+        # Threads are started by the loop thread and by intake leaders (pool
         # threads): the count check and the start must not interleave.
         self._grow = threading.Lock()
 
     def submit(self, fn, *args):
+        """Queues fn(*args); returns its _PoolJob. Raises RuntimeError if no
+        thread runs and none could be started (nothing queued then)."""
         job = _PoolJob(self, fn, args)
-        try:
-            self._idle.pop()
-        except IndexError:
-            self._add_thread()
+        job.queued_at = time.monotonic()
         self._queued[job] = None
-        self._jobs.put(job)
+        with self._lock:
+            self._work.append(job)
+            if self._draining:
+                if self.armed or self._arm is None:
+                    return job
+                self.armed = True
+                self._seen_started = self._started
+                wake = False
+            else:
+                self._draining = 1
+                wake = True
+                idle = self._idle > 0
+                if idle:
+                    self._idle -= 1
+        if not wake:
+            self._arm()
+        elif not idle:
+            try:
+                self._start_drainer()
+            except RuntimeError:
+                with self._lock:
+                    try:
+                        self._work.remove(job)
+                    except ValueError:
+                        return job  # a thread back from leading took it
+                self._queued.pop(job, None)
+                raise
+        else:
+            self._wake.put(_RUN)
         return job
+
+    def monitor(self):
+        """Loop, STALL_SECONDS after arm() and then as long as it returns
+        True: wakes more threads if no queued job started since the last
+        call or the oldest has waited _SLOW_SECONDS (the draining ones block,
+        or are too few). Returns whether to be called again (jobs are still
+        queued)."""
+        with self._lock:
+            if not self._work or self._stopped:
+                self.armed = False
+                return False
+            progressed = self._started != self._seen_started
+            self._seen_started = self._started
+            if progressed and (time.monotonic() - self._work[0].queued_at
+                               < _SLOW_SECONDS):
+                return True
+            more = min(len(self._work), max(self._draining, 1))
+            self._draining += more
+            idle = min(self._idle, more)
+            self._idle -= idle
+        for _ in range(idle):
+            self._wake.put(_RUN)
+        for _ in range(more - idle):
+            try:
+                self._start_drainer()
+            except RuntimeError:
+                pass  # no more threads now (uncounted): next time
+        return True
+
+    def waiting(self):
+        """True while jobs are queued and monitor() will be called: a thread
+        replying may leave its reply unflushed (monitor's caller flushes)."""
+        return self.armed and bool(self._work)
+
+    def _start_drainer(self):
+        """Starts a thread to drain the queue, counted in _draining already;
+        if max_threads run, uncounts it (the busy ones drain when done). May
+        raise RuntimeError (no more threads): uncounted then too."""
+        try:
+            started = self._add_thread()
+        except RuntimeError:
+            with self._lock:
+                self._draining -= 1
+            raise
+        if started:
+            self._wake.put(_RUN)  # for the new thread, or an idle one
+        else:
+            with self._lock:
+                self._draining -= 1
 
     def try_lead(self, fn):
         """Runs fn() on a thread that is idle now or can be started now, and
@@ -79,15 +193,17 @@ class _SyncPool:
         max_threads run: fn must then not wait behind running calls."""
         if self._stopped:
             return False
-        try:
-            self._idle.pop()
-        except IndexError:
+        with self._lock:
+            idle = self._idle > 0
+            if idle:
+                self._idle -= 1
+        if not idle:
             try:
                 if not self._add_thread():
                     return False
             except RuntimeError:
                 return False  # no more threads
-        self._jobs.put(_LeadJob(fn))
+        self._wake.put(_LeadJob(fn))
         return True
 
     def run_inline(self, fn, *args):
@@ -131,23 +247,47 @@ class _SyncPool:
         idle; does not wait."""
         self._stopped = True
         self._queued.clear()
+        with self._lock:
+            self._work.clear()
         for _ in self._threads:
-            self._jobs.put(None)
+            self._wake.put(None)
 
     def _serve(self):
         _w.set_thread_name("agentix-call")
-        get, queued, running = self._jobs.get, self._queued, self._running
-        while (job := get()) is not None:
-            if type(job) is _LeadJob:
+        get, lock, work = self._wake.get, self._lock, self._work
+        while (token := get()) is not None:
+            if type(token) is _LeadJob:
                 try:
-                    job.fn()
+                    token.fn()
                 except BaseException as exc:  # _lead_intake never raises
                     _log(_ERROR, f"frame intake: {_text(exc)}")
-                job = None
-                if self._stopped:
+                token = None
+                # Back from leading: jobs queued meanwhile may count on us.
+                with lock:
+                    drain = bool(work) and not self._stopped
+                    if drain:
+                        self._draining += 1
+                    else:
+                        self._idle += 1
+                if not drain:
+                    continue
+            self._drain()
+            if self._stopped:
+                return
+
+    def _drain(self):
+        """Runs queued jobs in order until none is left, then counts this
+        thread idle."""
+        lock, work, queued, running = (self._lock, self._work, self._queued,
+                                       self._running)
+        while True:
+            with lock:
+                if not work or self._stopped:
+                    self._draining -= 1
+                    self._idle += 1
                     return
-                self._idle.append(None)
-                continue
+                job = work.popleft()
+                self._started += 1
             # Counted as running before it is claimed, so busy() is never
             # False while a claimed job has yet to start.
             running.add(job)
@@ -163,9 +303,6 @@ class _SyncPool:
                 # runs (a 16 MiB argument kept alive costs fresh pages later).
                 job.fn = job.args = None
             job = None
-            if self._stopped:
-                return
-            self._idle.append(None)
 
 
 _CANCELLED_JOB = object()

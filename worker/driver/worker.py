@@ -21,7 +21,7 @@ from .calls import (
     _isawaitable,
     _iscoroutinefunction,
     _run_sync,
-    resolve,
+    resolve_target,
 )
 from .common import (
     EXIT_CHANNEL,
@@ -49,7 +49,7 @@ from .env import (_PLAIN_CONTEXT_MAGIC, _apply_env, _context_module,
 from .errors import _error, _send_error
 from .intake import _LEAD_AFTER_SYNC_CALLS, _LeaderIntake, _lead_enabled
 from .namespaces import _deliver_namespace_event
-from .pool import _SyncPool
+from .pool import STALL_SECONDS, _SyncPool
 from .streams import (
     _aclose_quietly,
     _close_quietly,
@@ -71,7 +71,7 @@ class _Worker(_LeaderIntake):
         self._calls = {}
         # Sync callables' threads; shutdown must not wait on a function that
         # is still running there (abandoned ones included).
-        self._pool = _SyncPool(_SYNC_THREADS)
+        self._pool = _SyncPool(_SYNC_THREADS, self._arm_pool_monitor)
         # True while on_readable handles a batch of frames: replies produced
         # meanwhile share one write at the end of the batch.
         self._in_batch = False
@@ -252,7 +252,7 @@ class _Worker(_LeaderIntake):
 
     def _start(self, call, data, pending=None):
         # Tasks created meanwhile copy this context; pool work runs in a copy
-        # of it (_submit). Module imports by resolve() count as the call's.
+        # of it (_submit). Module imports by resolve_target() count as the call's.
         # The host's propagated context (agentix.context: baggage, registered
         # vars, trace scope) is attached the same way.
         token = _call_id.set(call.call_id)
@@ -300,7 +300,7 @@ class _Worker(_LeaderIntake):
                 _INVALID_ARGUMENT))
             return
         try:
-            fn = resolve(call.reference)
+            fn, coroutine = resolve_target(call.reference)
         except BaseException as exc:
             self._finish(call, False, _error(exc, _INVALID_ARGUMENT, skip=1))
             return
@@ -311,11 +311,11 @@ class _Worker(_LeaderIntake):
             return
         if pending is not None:  # an intake leader; never a stream
             pending.append((call, contextvars.copy_context(), fn, args, kwargs,
-                            not _iscoroutinefunction(fn)))
+                            not coroutine))
         elif call.stream is not None:
             self._sync_streak = 0
             self._start_stream(call, fn, args, kwargs)
-        elif _iscoroutinefunction(fn):
+        elif coroutine:
             self._sync_streak = 0
             call.task = self._loop.create_task(
                 self._run_coroutine(call, fn, args, kwargs))
@@ -344,7 +344,10 @@ class _Worker(_LeaderIntake):
         self._reply_from_thread(call, status, payload)
 
     def _reply_from_thread(self, call, ok, payload):
-        """_finish for a pool thread: sends and flushes at once."""
+        """_finish for a pool thread: sends, and flushes at once unless more
+        sync calls wait for this thread: then the reply goes out with the
+        next one's, or at the latest with the pool monitor's flush
+        (STALL_SECONDS), one write for many replies."""
         if self._calls.pop(call.call_id, None) is not call:
             return  # cancelled meanwhile, or the worker is stopping
         try:
@@ -352,9 +355,29 @@ class _Worker(_LeaderIntake):
                 self._channel.send_result(call.call_id, call.encoding, payload)
             else:
                 _send_error(self._channel, call.call_id, payload)
-            self._channel.flush()
+            if not self._pool.waiting():
+                self._channel.flush()
         except _w.ChannelError as exc:
             self._call_on_loop(self._channel_failed, exc)
+
+    def _arm_pool_monitor(self):
+        """Any thread: the pool queued a sync call behind running ones; from
+        STALL_SECONDS on, _pool_monitor watches the queue."""
+        if threading.get_ident() == self._loop_thread:
+            self._loop.call_later(STALL_SECONDS, self._pool_monitor)
+        else:
+            self._call_on_loop(self._loop.call_later, STALL_SECONDS,
+                               self._pool_monitor)
+
+    def _pool_monitor(self):
+        """Loop: writes replies pool threads left queued, and lets the pool
+        wake more threads if its queue stalled; again in STALL_SECONDS while
+        calls are queued."""
+        if self.exit_code is not None:
+            return
+        self._flush()
+        if self._pool.monitor():
+            self._loop.call_later(STALL_SECONDS, self._pool_monitor)
 
     def _refuse_generator(self, call, value):
         """The error for a non-streaming call that returned a generator or

@@ -721,3 +721,18 @@ def coroutine_checks():
     coroutine.close()
     future.get_loop().close()
     return differ
+
+
+def swappable():
+    return "first"
+
+
+def swap_target():
+    """Rebinds swappable in this module, as a reload or a monkeypatch would
+    (the worker must call the new one, not one it remembered)."""
+    global swappable
+
+    async def swappable():
+        return "second"
+
+    return True

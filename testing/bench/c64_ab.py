@@ -1,0 +1,215 @@
+"""Same-run A/B of the whole call path under many concurrent callers.
+
+Each side is a full stack: an agentix-sandboxd binary, an agentix-worker
+binary and a Python (a venv) whose `agentix` host package plays the host.
+The two sides alternate, one fresh daemon and one fresh host process per
+(round, side), the order swapped every round. Each measurement reports:
+
+- noop p50 (sequential sync `bench_targets.noop`),
+- calls/s with 16 and with 64 concurrent callers (asyncio tasks in the
+  host, each calling the sync noop in a loop for a fixed time),
+- CPU per call by process (host, daemon, worker; all threads, from
+  /proc/<pid>/task/*/schedstat) at 16 and 64 callers,
+
+and the summary gives per key the medians of each side and the median of the
+per-round ratios b / a. Run after `bazel build //sandbox:agentix-sandboxd
+//worker:agentix-worker` and `tools/make_venv`:
+
+    /usr/bin/python3 testing/bench/c64_ab.py \\
+        --a-sandboxd OLD/agentix-sandboxd --a-worker OLD/agentix-worker \\
+        --a-python OLDVENV/bin/python --b-python .venv-test/bin/python \\
+        [--rounds 6] [--seconds 2]
+
+(b defaults to this checkout's bazel-bin binaries.) `--profile-host FILE`
+runs one side-b host under cProfile during the 64-caller phase and writes
+the stats to FILE (no A/B).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(BENCH_DIR))
+sys.path.insert(0, BENCH_DIR)
+
+import procs  # noqa: E402
+
+# The host process: measures against the daemon at argv[1] (socket), whose
+# pid is argv[2]; prints one JSON line.
+_HOST = r"""
+import asyncio, cProfile, json, os, statistics, sys, time
+sys.path.insert(0, os.environ["C64_BENCH_DIR"])
+import bench_targets, procs
+from agentix import RuntimeClient
+
+sock, daemon_pid, seconds, calls = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+profile_to = sys.argv[5] if len(sys.argv) > 5 else ""
+
+
+def cpu(pids):
+    return {k: (sum(procs.thread_cpu_ns(p).values()) if p else 0) for k, p in pids.items()}
+
+
+def wakeups(pid):
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[2])
+        except OSError:
+            continue
+    return total
+
+
+async def main():
+    out = {}
+    async with RuntimeClient(f"unix://{sock}") as client:
+        for _ in range(300):
+            await client.remote(bench_targets.noop)
+        (worker,) = procs.children(daemon_pid)
+        pids = {"host": os.getpid(), "daemon": daemon_pid, "worker": worker}
+        lat = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            await client.remote(bench_targets.noop)
+            lat.append((time.perf_counter() - t0) * 1e6)
+        out["noop_p50_us"] = statistics.median(lat)
+        for callers in (16, 64):
+            done = 0
+            stop = False
+
+            async def caller():
+                nonlocal done
+                while not stop:
+                    await client.remote(bench_targets.noop)
+                    done += 1
+
+            tasks = [asyncio.create_task(caller()) for _ in range(callers)]
+            await asyncio.sleep(0.3)
+            prof = None
+            if profile_to and callers == 64:
+                prof = cProfile.Profile()
+                prof.enable()
+            w0 = {k: wakeups(p) for k, p in pids.items()}
+            c0, n0, t0 = cpu(pids), done, time.perf_counter()
+            await asyncio.sleep(seconds)
+            c1, n1, t1 = cpu(pids), done, time.perf_counter()
+            w1 = {k: wakeups(p) for k, p in pids.items()}
+            if prof is not None:
+                prof.disable()
+                prof.dump_stats(profile_to)
+            stop = True
+            await asyncio.gather(*tasks)
+            n = n1 - n0
+            out[f"c{callers}_calls_per_s"] = n / (t1 - t0)
+            for k in pids:
+                out[f"c{callers}_{k}_cpu_us"] = (c1[k] - c0[k]) / 1e3 / n
+            for k in pids:
+                out[f"c{callers}_{k}_wakeups"] = (w1[k] - w0[k]) / n
+            out[f"c{callers}_total_cpu_us"] = sum((c1[k] - c0[k]) for k in pids) / 1e3 / n
+    print("RESULT " + json.dumps(out), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def wait_listening(sock, daemon, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if daemon.poll() is not None:
+            sys.exit(f"agentix-sandboxd exited with {daemon.returncode}")
+        with socket.socket(socket.AF_UNIX) as probe:
+            try:
+                probe.connect(sock)
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+        time.sleep(0.02)
+
+
+def one(side, seconds, calls, profile_to=""):
+    tmp = tempfile.mkdtemp(prefix="agx-c64-", dir="/tmp")
+    sock = os.path.join(tmp, "sandboxd.sock")
+    env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES,
+               C64_BENCH_DIR=BENCH_DIR)
+    daemon = subprocess.Popen(
+        [side["sandboxd"], "--listen", f"unix://{sock}",
+         f"--worker={side['worker']}", f"--python_path={BENCH_DIR}",
+         "--log_level=warning"], env=env)
+    try:
+        wait_listening(sock, daemon)
+        argv = [side["python"], "-c", _HOST, sock, str(daemon.pid), str(seconds),
+                str(calls)]
+        if profile_to:
+            argv.append(profile_to)
+        host = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True,
+                              timeout=300, check=True)
+        for line in host.stdout.splitlines():
+            if line.startswith("RESULT "):
+                return json.loads(line[len("RESULT "):])
+        raise RuntimeError(f"no RESULT from the host: {host.stdout!r}")
+    finally:
+        daemon.terminate()
+        daemon.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for s in ("a", "b"):
+        parser.add_argument(f"--{s}-sandboxd",
+                            default=f"{REPO}/bazel-bin/sandbox/agentix-sandboxd")
+        parser.add_argument(f"--{s}-worker",
+                            default=f"{REPO}/bazel-bin/worker/agentix-worker")
+        parser.add_argument(f"--{s}-python", default=f"{REPO}/.venv-test/bin/python")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--seconds", type=float, default=2.0,
+                        help="timed window per caller count")
+    parser.add_argument("--calls", type=int, default=1000,
+                        help="sequential noop calls for the p50")
+    parser.add_argument("--single", action="store_true",
+                        help="measure side b once (e.g. under perf), no A/B")
+    parser.add_argument("--profile-host", default="",
+                        help="cProfile one side-b host at 64 callers into this file")
+    args = parser.parse_args()
+    sides = {s: {"sandboxd": getattr(args, f"{s}_sandboxd"),
+                 "worker": getattr(args, f"{s}_worker"),
+                 "python": getattr(args, f"{s}_python")} for s in ("a", "b")}
+    if args.single:
+        print(json.dumps(one(sides["b"], args.seconds, args.calls), indent=1))
+        return
+    if args.profile_host:
+        print(json.dumps(one(sides["b"], args.seconds, args.calls,
+                             args.profile_host), indent=1))
+        return
+    rows = []
+    for r in range(args.rounds):
+        order = ("a", "b") if r % 2 == 0 else ("b", "a")
+        row = {side: one(sides[side], args.seconds, args.calls) for side in order}
+        rows.append(row)
+        print(f"round {r + 1} ({'/'.join(order)}): " + ", ".join(
+            f"{k} {row['a'][k]:.1f}/{row['b'][k]:.1f}" for k in row["a"]),
+            flush=True)
+    summary = {}
+    for key in rows[0]["a"]:
+        summary[key] = {
+            "a_median": round(statistics.median(r["a"][key] for r in rows), 1),
+            "b_median": round(statistics.median(r["b"][key] for r in rows), 1),
+            "median_ratio_b_over_a": round(statistics.median(
+                r["b"][key] / r["a"][key] for r in rows), 3),
+        }
+    print(json.dumps({"rounds": args.rounds, "load_end": os.getloadavg()[0],
+                      "summary": summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
