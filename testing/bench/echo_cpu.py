@@ -1,19 +1,24 @@
-"""CPU time the host, the worker and the daemon spend per 16 MiB echo.
+"""CPU time and page faults the host, the worker and the daemon spend per
+large echo (16 MiB by default).
 
 Drives `bench_targets.echo` through a real agentix-sandboxd (+ agentix-worker)
-on a Unix socket and reads each process's on-CPU time around every call.
-Run from a venv with the agentix host package (tools/make_venv), after
-`bazel build //sandbox/... //worker/...`:
+on a Unix socket and reads each process's on-CPU time and minor page faults
+around every call. Run from a venv with the agentix host package
+(tools/make_venv), after `bazel build //sandbox/... //worker/...`:
 
-    .venv-test/bin/python testing/bench/echo_cpu.py [--calls 20] [--worker PATH]
+    .venv-test/bin/python testing/bench/echo_cpu.py [--calls 20] [--mib 1 --mib 16] [--worker PATH]
 
 --worker lets two worker builds be compared under the same daemon, --sandboxd
 two daemon builds; --daemon-arg passes a daemon flag (e.g.
---daemon-arg=--payload_ring_bytes=0 for the socketpair-only path).
+--daemon-arg=--payload_ring_bytes=0 for the socketpair-only path). The last
+line is JSON: {"<mib>": {"wall_ms", "host_ms", "daemon_ms", "worker_ms",
+"host_faults", "daemon_faults", "worker_faults"}} (medians per echo);
+echo_ab.py alternates two builds with it.
 """
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import statistics
@@ -36,10 +41,18 @@ def cpu_ms(pid):
     return sum(procs.thread_cpu_ns(pid).values()) / 1e6
 
 
+def faults(pid):
+    """Minor page faults of all of pid's threads so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[7])  # minflt: the 10th field, 8th after the command
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20)
-    parser.add_argument("--mib", type=int, default=16)
+    parser.add_argument("--mib", type=int, action="append",
+                        help="payload size in MiB (repeatable; default 16)")
     parser.add_argument("--sandboxd",
                         default=f"{REPO}/bazel-bin/sandbox/agentix-sandboxd")
     parser.add_argument("--worker",
@@ -48,6 +61,7 @@ def main():
                         help="extra agentix-sandboxd flag (repeatable), e.g. "
                         "--daemon-arg=--payload_ring_bytes=0")
     args = parser.parse_args()
+    sizes = args.mib or [16]
     tmp = tempfile.mkdtemp(prefix="agx-cpu-", dir="/tmp")  # short sun_path
     sock = os.path.join(tmp, "sandboxd.sock")
     daemon = subprocess.Popen(
@@ -59,37 +73,50 @@ def main():
             if daemon.poll() is not None:
                 sys.exit(f"agentix-sandboxd exited with {daemon.returncode}")
             time.sleep(0.05)
-        result = asyncio.run(run(sock, daemon.pid, args.calls, args.mib << 20))
+        results = asyncio.run(run(sock, daemon.pid, args.calls, sizes))
     finally:
         daemon.terminate()
         daemon.wait()
         shutil.rmtree(tmp, ignore_errors=True)
-    worker_ms, daemon_ms, host_ms, wall_ms = result
-    print(f"{args.mib} MiB echo x{args.calls}: "
-          f"host CPU median {statistics.median(host_ms):.1f} ms, "
-          f"worker CPU median {statistics.median(worker_ms):.1f} ms, "
-          f"daemon CPU median {statistics.median(daemon_ms):.1f} ms, "
-          f"wall median {statistics.median(wall_ms):.1f} ms")
+    summary = {}
+    for mib, samples in zip(sizes, results):
+        medians = {key: statistics.median(values) for key, values in samples.items()}
+        summary[str(mib)] = medians
+        print(f"{mib} MiB echo x{args.calls}: "
+              f"wall {medians['wall_ms']:.1f} ms; CPU host {medians['host_ms']:.1f} / "
+              f"daemon {medians['daemon_ms']:.1f} / worker {medians['worker_ms']:.1f} ms; "
+              f"faults host {medians['host_faults']:.0f} / daemon "
+              f"{medians['daemon_faults']:.0f} / worker {medians['worker_faults']:.0f} (medians)")
+    print(json.dumps(summary))
 
 
-async def run(sock, daemon_pid, calls, size):
-    data = os.urandom(size)
-    worker_ms, daemon_ms, host_ms, wall_ms = [], [], [], []
+async def run(sock, daemon_pid, calls, sizes):
+    results = []
     async with RuntimeClient(f"unix://{sock}") as client:
-        for _ in range(3):  # warm-up; the first call starts the worker
-            assert await client.remote(bench_targets.echo, data) == data
+        await client.remote(bench_targets.echo, b"")  # starts the worker
         (worker,) = procs.children(daemon_pid)
-        for _ in range(calls):
-            w0, d0, h0 = cpu_ms(worker), cpu_ms(daemon_pid), cpu_ms(os.getpid())
-            t0 = time.perf_counter()
-            out = await client.remote(bench_targets.echo, data)
-            wall_ms.append((time.perf_counter() - t0) * 1000)
-            time.sleep(0.02)  # let both processes finish their side
-            host_ms.append(cpu_ms(os.getpid()) - h0)  # all threads, grpc's included
-            worker_ms.append(cpu_ms(worker) - w0)
-            daemon_ms.append(cpu_ms(daemon_pid) - d0)
-            assert out == data
-    return worker_ms, daemon_ms, host_ms, wall_ms
+        pids = {"host": os.getpid(), "daemon": daemon_pid, "worker": worker}
+        for mib in sizes:
+            data = os.urandom(mib << 20)
+            for _ in range(3):  # warm-up
+                assert await client.remote(bench_targets.echo, data) == data
+            samples = {"wall_ms": []}
+            for name in pids:
+                samples[f"{name}_ms"] = []
+                samples[f"{name}_faults"] = []
+            for _ in range(calls):
+                before = {name: (cpu_ms(pid), faults(pid)) for name, pid in pids.items()}
+                t0 = time.perf_counter()
+                out = await client.remote(bench_targets.echo, data)
+                samples["wall_ms"].append((time.perf_counter() - t0) * 1000)
+                del out  # freed before the counters are read, as a caller would
+                time.sleep(0.02)  # let both processes finish their side
+                for name, pid in pids.items():
+                    cpu0, faults0 = before[name]
+                    samples[f"{name}_ms"].append(cpu_ms(pid) - cpu0)  # all threads
+                    samples[f"{name}_faults"].append(faults(pid) - faults0)
+            results.append(samples)
+    return results
 
 
 if __name__ == "__main__":

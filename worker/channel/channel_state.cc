@@ -11,9 +11,7 @@
 
 namespace agentix::worker {
 
-ChannelState::~ChannelState() {
-  for (auto& [id, upload] : uploads) Py_XDECREF(upload.buffer);
-}
+ChannelState::~ChannelState() = default;  // uploads release their objects
 
 bool Enter(PyObject* self) {
   WaitIdle(*Channel(self).writer);

@@ -12,6 +12,7 @@
 
 #include "worker/channel/durable_log.h"
 #include "worker/channel/intake_baton.h"
+#include "worker/channel/pickle_splitter.h"
 #include "worker/channel/stdio_capture.h"
 #include "worker/channel/writer.h"
 #include "worker/ipc/frame.h"
@@ -28,6 +29,21 @@ struct Upload {
   PyObject* buffer = nullptr;  // owned; nullptr if it could not be allocated
   uint64_t total = 0;
   uint64_t received = 0;
+  // Pickled arguments: their large values are taken out of the stream into
+  // `values` (pickle_splitter.h); `buffer` gets the rest, `written` bytes so
+  // far. Null splitter: the bytes are copied as they come.
+  std::unique_ptr<PickleSplitter> splitter;
+  uint64_t written = 0;
+  PyObject* values = nullptr;  // owned list, made for the first value
+  uint64_t value_filled = 0;   // bytes of the last value in `values`
+
+  ~Upload() {
+    Py_XDECREF(buffer);
+    Py_XDECREF(values);
+  }
+  Upload() = default;
+  Upload(const Upload&) = delete;
+  Upload& operator=(const Upload&) = delete;
 };
 
 // Touched only with the GIL held, except `out` during a write, which the

@@ -8,9 +8,11 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "worker/channel/channel_state.h"
 #include "worker/channel/intake_baton.h"
+#include "worker/channel/pickle_splitter.h"
 #include "worker/channel/py_args.h"
 #include "worker/ipc/frame.h"
 
@@ -108,6 +110,88 @@ PyObject* FrameRecord(PyObject* self, FrameKind kind,
   return Record(StateOfChannel(self)->frame_types[kind], items);
 }
 
+// Pickled argument values from this size on are taken out of the stream
+// (pickle_splitter.h); CPython's pickler writes them outside its frames.
+constexpr uint64_t kSplitValueBytes = 64 * 1024;
+
+// The sink of an Upload's splitter: stream bytes go into `buffer`, values
+// into objects of their own. An allocation that fails makes the upload's
+// data None (reported as out of memory once it is complete).
+class UploadSink final : public PickleSplitter::Sink {
+ public:
+  explicit UploadSink(Upload& upload) : upload_(upload) {}
+
+  void Stream(std::string_view bytes) override {
+    if (upload_.buffer == nullptr) return;
+    if (bytes.size() >
+        static_cast<uint64_t>(PyBytes_GET_SIZE(upload_.buffer)) -
+            upload_.written) {
+      Py_CLEAR(upload_.buffer);  // cannot happen: sized by the splitter's walk
+      return;
+    }
+    std::memcpy(PyBytes_AS_STRING(upload_.buffer) + upload_.written,
+                bytes.data(), bytes.size());
+    upload_.written += bytes.size();
+  }
+
+  bool BeginValue(PickleSplitter::ValueKind kind, uint64_t size,
+                  std::string_view header) override {
+    if (upload_.buffer == nullptr) return false;
+    // The stream shrinks by the value and its header (NEXT_BUFFER stays in
+    // their place), first: its tail may then hold the value (malloc reuses
+    // it; an mmap'd buffer is shrunk in place).
+    const uint64_t keep =
+        static_cast<uint64_t>(PyBytes_GET_SIZE(upload_.buffer)) -
+        (header.size() + size - 1);
+    if (_PyBytes_Resize(&upload_.buffer, static_cast<Py_ssize_t>(keep)) != 0) {
+      PyErr_Clear();  // upload_.buffer is null now: out of memory
+      return false;
+    }
+    const auto n = static_cast<Py_ssize_t>(size);
+    PyObject* value = kind == PickleSplitter::ValueKind::kBytes
+                          ? PyBytes_FromStringAndSize(nullptr, n)
+                          : PyByteArray_FromStringAndSize(nullptr, n);
+    if (value == nullptr ||
+        (upload_.values == nullptr &&
+         (upload_.values = PyList_New(0)) == nullptr) ||
+        PyList_Append(upload_.values, value) != 0) {
+      PyErr_Clear();
+      Py_XDECREF(value);
+      Py_CLEAR(upload_.buffer);  // the stream has no room for it any more
+      return false;
+    }
+    Py_DECREF(value);  // the list holds it
+    upload_.value_filled = 0;
+    return true;
+  }
+
+  void Value(std::string_view bytes) override {
+    if (upload_.buffer == nullptr) return;
+    PyObject* value = PyList_GET_ITEM(
+        upload_.values, PyList_GET_SIZE(upload_.values) - 1);
+    char* data = PyBytes_Check(value) ? PyBytes_AS_STRING(value)
+                                      : PyByteArray_AS_STRING(value);
+    std::memcpy(data + upload_.value_filled, bytes.data(), bytes.size());
+    upload_.value_filled += bytes.size();
+  }
+
+ private:
+  Upload& upload_;
+};
+
+// Copies `data`, the next bytes of the call's arguments, into its Upload.
+void Receive(Upload& upload, std::string_view data) {
+  if (upload.buffer == nullptr) return;
+  if (upload.splitter != nullptr) {
+    UploadSink sink(upload);
+    upload.splitter->Feed(data, sink);
+    return;
+  }
+  std::memcpy(PyBytes_AS_STRING(upload.buffer) + upload.written, data.data(),
+              data.size());
+  upload.written += data.size();
+}
+
 // A call frame whose first piece is short of total_size starts an Upload
 // (unless one runs for that id: the driver ignores the duplicate call, and
 // the chunks keep going to the first). Its record then carries None for the
@@ -129,9 +213,13 @@ bool StartUpload(ChannelState& st, const ipc::Frame& f, std::string_view data) {
   }
   if (upload.buffer == nullptr) {
     PyErr_Clear();  // reported as the call's error when complete
-  } else {
-    std::memcpy(PyBytes_AS_STRING(upload.buffer), data.data(), data.size());
+    return true;
   }
+  if (f.encoding != 2) {  // pickle (1, or 0 for the default); 2 is msgpack
+    upload.splitter =
+        std::make_unique<PickleSplitter>(f.total_size, kSplitValueBytes);
+  }
+  Receive(upload, data);
   return true;
 }
 
@@ -140,21 +228,33 @@ bool StartUpload(ChannelState& st, const ipc::Frame& f, std::string_view data) {
 // upload: cancelled, complete or never announced, dropped as before), NULL
 // on error. ARGS is (ARGS, call_id, data, received): data is the complete
 // bytes, or None when received != total_size (an over-long upload; the
-// driver reports the count) or the buffer could not be allocated.
+// driver reports the count) or the buffer could not be allocated. When
+// values were taken out of pickled arguments, data is the list [stream,
+// value, ...] for pickle.loads(stream, buffers=values).
 PyObject* AddChunk(PyObject* self, ChannelState& st, const ipc::Frame& f,
                    std::string_view data) {
   auto it = st.uploads.find(f.call_id);
   if (it == st.uploads.end()) Py_RETURN_NONE;
   Upload& upload = it->second;
   const bool fits = data.size() <= upload.total - upload.received;
-  if (fits && upload.buffer != nullptr) {
-    std::memcpy(PyBytes_AS_STRING(upload.buffer) + upload.received,
-                data.data(), data.size());
-  }
+  if (fits) Receive(upload, data);
   upload.received += data.size();
   if (upload.received < upload.total) Py_RETURN_NONE;
-  PyObject* buffer = upload.buffer;
+  PyObject* buffer = std::exchange(upload.buffer, nullptr);
   if (!fits) Py_CLEAR(buffer);
+  if (buffer != nullptr && upload.values != nullptr) {
+    // The stream as written (the walk sized it exactly; a shorter one only
+    // if the sender's total was wrong, which the loader then reports).
+    if ((upload.written != static_cast<uint64_t>(PyBytes_GET_SIZE(buffer)) &&
+         _PyBytes_Resize(&buffer, static_cast<Py_ssize_t>(upload.written)) !=
+             0) ||
+        PyList_Insert(upload.values, 0, buffer) != 0) {
+      PyErr_Clear();
+      Py_CLEAR(buffer);
+    } else {
+      Py_SETREF(buffer, Py_NewRef(upload.values));
+    }
+  }
   const uint64_t received = upload.received;
   st.uploads.erase(it);
   return FrameRecord(self, kArgs,
@@ -183,11 +283,7 @@ PyObject* FrameToRecord(PyObject* self, const ipc::Frame& f,
     case ipc::FrameType::kArgChunk:
       return AddChunk(self, st, f, data);
     case ipc::FrameType::kCancel: {
-      auto it = st.uploads.find(f.call_id);
-      if (it != st.uploads.end()) {
-        Py_XDECREF(it->second.buffer);
-        st.uploads.erase(it);
-      }
+      st.uploads.erase(f.call_id);  // releases what it received
       return FrameRecord(self, kCancel,
                          {PyLong_FromLong(kCancel), Str(f.call_id)});
     }

@@ -140,10 +140,15 @@ class _Failure(Exception):
 
 
 def _decode_arguments(encoding, data):
-    """Returns (args, kwargs) from the call's argument bytes."""
+    """Returns (args, kwargs) from the call's argument bytes, or from
+    [stream, value, ...]: pickled arguments whose large values the channel
+    took out of the stream as it received them (NEXT_BUFFER in their place,
+    worker/channel/pickle_splitter.h)."""
     try:
         if encoding == _MSGPACK:
             payload = _w.msgpack_loads(data)
+        elif type(data) is list:
+            payload = pickle.loads(data[0], buffers=data[1:])
         else:
             payload = pickle.loads(data)
     except BaseException as exc:

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -129,15 +130,27 @@ std::optional<uint64_t> PayloadArea::Put(
   uint64_t size = 0;
   for (std::string_view part : parts) size += part.size();
   if (size == 0 || size > ring_bytes_) return std::nullopt;
-  uint64_t pos = out_tail_;
-  const uint64_t at = pos % ring_bytes_;
-  if (at + size > ring_bytes_) pos += ring_bytes_ - at;  // never wraps
   const uint64_t released = __atomic_load_n(out_released_, __ATOMIC_ACQUIRE);
   // The peer writes `released`: anything but a position between what it
   // could have seen and our tail means garbage, and garbage means "no room".
-  if (released > out_tail_ || out_tail_ - released > ring_bytes_ ||
-      pos + size - released > ring_bytes_) {
+  // Before out_floor_ everything is free (see below).
+  const uint64_t free_from = std::max(released, out_floor_);
+  if (released > out_tail_ || out_tail_ - free_from > ring_bytes_) {
     return std::nullopt;
+  }
+  uint64_t pos = out_tail_;
+  const uint64_t at = pos % ring_bytes_;
+  if (released == out_tail_) {
+    // Empty: start again at the ring's start, so payloads that are taken
+    // out as fast as they come (most) keep reusing the same pages, already
+    // faulted in and likely cached, instead of walking all of them. The
+    // bytes skipped are free although the peer's counter stays below them
+    // until it releases this piece.
+    if (at != 0) pos += ring_bytes_ - at;
+    out_floor_ = pos;
+  } else {
+    if (at + size > ring_bytes_) pos += ring_bytes_ - at;  // never wraps
+    if (pos + size - free_from > ring_bytes_) return std::nullopt;
   }
   char* out = out_ring_ + pos % ring_bytes_;
   for (std::string_view part : parts) {

@@ -89,6 +89,7 @@ class PayloadArea {
   uint64_t* out_released_;  // written by the peer
   uint64_t* in_released_;   // written by us
   uint64_t out_tail_ = 0;   // producer: the end of the last piece put
+  uint64_t out_floor_ = 0;  // producer: where it restarted an empty ring
   uint64_t in_done_ = 0;    // consumer: what we released last
 };
 

@@ -79,6 +79,44 @@ TEST_CASE("A full ring refuses until the consumer releases; pieces never wrap",
   CHECK_FALSE(p.daemon->Put("").has_value());
 }
 
+TEST_CASE("An empty ring takes the next piece at its start",
+          "[ipc][payload]") {
+  Pair p = MakePair(64 * 1024);
+  const std::string piece = Bytes(40 * 1024, 'e');
+  auto first = p.daemon->Put(piece);
+  REQUIRE(first.has_value());
+  CHECK(*first == 0);
+  auto view = p.worker->Get(*first, piece.size());
+  REQUIRE(view.ok());
+  p.worker->Release(*first + piece.size());
+  // Everything released: the next piece reuses the ring's first pages
+  // (one lap on) instead of following the last one, even where the last
+  // one's end would have left it room.
+  for (uint64_t lap = 1; lap <= 3; ++lap) {
+    auto next = p.daemon->Put(Bytes(1000, 'f'));
+    REQUIRE(next.has_value());
+    CHECK(*next == lap * 64 * 1024);
+    auto got = p.worker->Get(*next, 1000);
+    REQUIRE(got.ok());
+    CHECK(*got == Bytes(1000, 'f'));
+    p.worker->Release(*next + 1000);
+  }
+  // Pieces put while others are unreleased follow them as before, and the
+  // bytes skipped to restart do not count as used: the whole ring fills.
+  auto a = p.daemon->Put(Bytes(1000, 'g'));
+  REQUIRE(a.has_value());
+  CHECK(*a == 4 * 64 * 1024);
+  auto b = p.daemon->Put(Bytes(63 * 1024, 'h'));
+  REQUIRE(b.has_value());
+  CHECK(*b == *a + 1000);
+  CHECK_FALSE(p.daemon->Put(Bytes(1024, 'i')).has_value());  // full
+  p.worker->Release(*a + 1000);
+  auto c = p.daemon->Put(Bytes(1000, 'j'));  // wraps to the start again
+  REQUIRE(c.has_value());
+  CHECK(*c == 5 * 64 * 1024);
+  CHECK(*p.worker->Get(*b, 63 * 1024) == Bytes(63 * 1024, 'h'));
+}
+
 TEST_CASE("Put gathers parts into one piece", "[ipc][payload]") {
   Pair p = MakePair(64 * 1024);
   const std::string a = Bytes(5000, 'a'), b = Bytes(7, 'b'),

@@ -324,3 +324,31 @@ def test_the_memo_walk_agrees_whole_and_in_pieces():
         assert whole == refused(pieces, len(data)), data
         seen.add(whole)
     assert seen == {True, False}
+
+
+def test_a_few_large_values_in_pieces_are_walked_without_the_byte_scan(monkeypatch):
+    """A big result arrives as MiB-sized views: the memo walk's short probe
+    covers a stream of a few large values, so no piece is copied for the
+    byte scan; a bad memo index after them is still refused; a stream of
+    many small opcodes still gets the scan."""
+    scanned = []
+    real_scan = safepickle.needs_memo_check
+    monkeypatch.setattr(safepickle, "needs_memo_check", lambda chunks: scanned.append(1) or real_scan(chunks))
+
+    def pieces(data):
+        view = memoryview(data)
+        return [view[at : at + (1 << 20)] for at in range(0, len(data), 1 << 20)]
+
+    value = (bytes(3 << 20), b"r" * 100, bytearray(b"p" * (2 << 20)))
+    stream = pickle.dumps(value, protocol=5)
+    assert restricted_loads_chunks(pieces(stream)) == value
+    assert scanned == []
+
+    bad = stream[:-1] + b"r\xff\xff\xff\x7f."  # LONG_BINPUT 2**31 - 1 before STOP
+    with pytest.raises(RestrictedUnpickleError, match="memo index"):
+        restricted_loads_chunks(pieces(bad))
+    assert scanned == []
+
+    many = pickle.dumps(list(range(1000)), protocol=5)
+    assert restricted_loads_chunks([many[:10], many[10:]]) == list(range(1000))
+    assert scanned == [1]

@@ -68,34 +68,50 @@ _PUT, _LONG_BINPUT, _STOP = ord("p"), ord("r"), ord(".")
 _MEMO_SLACK = 256
 
 
+# Bytes _ForwardBytes converts from a piece at a time at least: enough for
+# many small opcodes, far less than a large value it only needs the head of.
+_WINDOW = 64 * 1024
+_EMPTY = memoryview(b"")
+
+
 class _ForwardBytes:
     """The pieces of a stream, read forward: ``buf`` holds ``stream[base:]``
-    from the read position on, one piece converted to bytes at a time (pieces
-    that lie wholly inside a skipped argument are never copied)."""
+    from the read position on, converted to bytes a window at a time (the
+    parts of pieces that lie inside a skipped argument are never copied)."""
 
-    __slots__ = ("buf", "base", "_pieces")
+    __slots__ = ("buf", "base", "_pieces", "_piece", "_start")
 
     def __init__(self, chunks: list) -> None:
         self._pieces = iter(chunks)
+        self._piece = _EMPTY  # what is left of the current piece
+        self._start = 0  # its position in the stream
         self.buf = b""
         self.base = 0
 
     def cover(self, pos: int, end: int) -> bool:
         """Makes ``buf`` hold ``stream[pos:end]``; False if the stream is shorter."""
-        buf, base = self.buf, self.base
-        while base + len(buf) < end:
-            piece = next(self._pieces, None)
-            if piece is None:
-                return False
-            piece_start = base + len(buf)
-            if piece_start + len(piece) <= pos:  # inside a skipped argument
-                buf, base = b"", piece_start + len(piece)
-                continue
-            kept = buf[pos - base :] if pos - base < len(buf) else b""
-            buf = kept + bytes(piece[max(0, pos - piece_start) :])
-            base = pos if kept else max(pos, piece_start)
-        self.buf, self.base = buf, base
-        return True
+        buf, base, piece, start = self.buf, self.base, self._piece, self._start
+        try:
+            while base + len(buf) < end:
+                if not piece or start + len(piece) <= pos:  # used up, or inside a skipped argument
+                    start += len(piece)
+                    following = next(self._pieces, None)
+                    if following is None:
+                        piece = _EMPTY
+                        return False
+                    piece = memoryview(following).cast("B")
+                    continue
+                skip = max(pos - start, 0)
+                take = max(end - start - skip, _WINDOW)
+                kept = buf[pos - base :] if pos - base < len(buf) else b""
+                buf = kept + bytes(piece[skip : skip + take])
+                base = pos if kept else start + skip
+                used = min(len(piece), skip + take)
+                start += used
+                piece = piece[used:]
+            return True
+        finally:
+            self.buf, self.base, self._piece, self._start = buf, base, piece, start
 
     def line_end(self, pos: int) -> int:
         """The position after the newline that ends the line at `pos`, or -1."""
@@ -109,63 +125,72 @@ class _ForwardBytes:
                 return -1
 
 
-def check_memo(chunks: list, total: int) -> None:
+def check_memo(chunks: list, total: int, max_steps: int | None = None) -> bool:
     """Refuses a PUT / LONG_BINPUT memo index beyond the stream's length.
 
     The C unpickler grows its memo table to twice the largest index it is
     given, before storing anything: one 9-byte ``LONG_BINPUT 0x8000000``
     costs 2 GiB. Only those two opcodes carry a free-form index (``BINPUT`` is
     one byte, ``MEMOIZE`` takes the next slot), so this walk runs only for
-    streams holding a ``p`` or ``r`` byte, and skips over large arguments
-    without reading them. A stream it cannot follow is left to the loader,
-    which refuses it.
+    streams holding a ``p`` or ``r`` byte, or as a short probe (`max_steps`
+    opcodes), and skips over large arguments without reading them. A stream
+    it cannot follow is left to the loader, which refuses it.
+
+    Returns False if it stopped after `max_steps` opcodes without reaching
+    the end, else True.
     """
     limit = total + _MEMO_SLACK
     if len(chunks) == 1 and type(chunks[0]) is bytes:
         _check_memo_bytes(chunks[0], limit)
-        return
+        return True
     stream = _ForwardBytes(chunks)
     layouts = _LAYOUTS
     pos = 0
+    steps = 0
     while pos < total:
+        if max_steps is not None:
+            if steps >= max_steps:
+                return False
+            steps += 1
         if pos + 9 > stream.base + len(stream.buf):  # an opcode and its largest fixed argument
             stream.cover(pos, min(pos + 9, total))
         buf, base = stream.buf, stream.base
         code = buf[pos - base]
         layout = layouts.get(code)
         if layout is None or code == _STOP:
-            return
+            return True
         pos += 1
         kind, size, signed = layout
         if kind == _FIXED:
             if code == _LONG_BINPUT:
                 if pos + 4 > base + len(buf):
-                    return
+                    return True
                 index = int.from_bytes(buf[pos - base : pos - base + 4], "little")
                 if index >= limit:
                     _refuse_memo(index, total)
             pos += size
         elif kind == _LENGTH:
             if pos + size > base + len(buf):
-                return
+                return True
             length = int.from_bytes(buf[pos - base : pos - base + size], "little", signed=signed)
             if length < 0:
-                return
+                return True
             pos += size + length
         else:
             start = pos
             for _ in range(size):
                 pos = stream.line_end(pos)
                 if pos < 0:
-                    return
+                    return True
             if code == _PUT:
                 text = stream.buf[start - stream.base : pos - stream.base] if pos - start <= 24 else b""
                 try:
                     index = int(text) if text else limit
                 except ValueError:
-                    return
+                    return True
                 if not 0 <= index < limit:
                     _refuse_memo(index, total)
+    return True
 
 
 def _check_memo_bytes(data: bytes, limit: int) -> None:

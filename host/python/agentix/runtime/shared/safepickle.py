@@ -468,12 +468,17 @@ def restricted_loads_chunks(chunks: list) -> Any:
     out of the chunks (a result arrives in MiB-sized pieces; joining them
     first would cost one more copy of the whole value)."""
     total = sum(len(chunk) for chunk in chunks)
-    return _restricted_load(
-        lambda: ChunkReader(chunks), lambda: b"".join(chunks), chunks, total, True, needs_memo_check(chunks)
-    )
+    return _restricted_load(lambda: ChunkReader(chunks), lambda: b"".join(chunks), chunks, total, True, None)
 
 
-def _restricted_load(open_file: Any, whole: Any, chunks: list, total: int, wait: bool, scan: bool) -> Any:
+# Opcodes the memo walk of a chunked stream tries first: a stream of a few
+# large values (a big result) is done by then, and is not copied for the
+# byte scan (`needs_memo_check`) that longer ones get.
+_MEMO_PROBE_STEPS = 64
+
+
+def _restricted_load(open_file: Any, whole: Any, chunks: list, total: int, wait: bool, scan: bool | None) -> Any:
+    """`scan`: whether the memo walk must run; None (chunks) to find out."""
     if _trust_enabled():
         return pickle.load(open_file())
     # EXT opcodes fetch objects through copyreg's extension registry and
@@ -487,7 +492,10 @@ def _restricted_load(open_file: Any, whole: Any, chunks: list, total: int, wait:
         data = whole()
         if any(marker in data for marker in EXTENSION_OPCODE_BYTES):
             check_opcodes(data)
-    if scan:
+    if scan is None:
+        if not check_memo(chunks, total, _MEMO_PROBE_STEPS) and needs_memo_check(chunks):
+            check_memo(chunks, total)
+    elif scan:
         check_memo(chunks, total)
     try:
         try:
