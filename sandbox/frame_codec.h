@@ -1,0 +1,78 @@
+// The frame wire's encoding (docs/FRAME-WIRE.md): the Calls stream over a
+// plain Unix socket as 5-byte-header frames. Pure functions over bytes, no
+// I/O, so that the decoders can be fuzzed and tested alone.
+//
+//   u32le N (payload bytes) | u8 kind | N bytes payload
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace agentix::sandbox {
+
+inline constexpr size_t kFrameHeaderBytes = 5;
+
+enum class FrameKind : uint8_t {
+  kHello = 1,      // host -> daemon, first frame, once: metadata pairs
+  kMessage = 2,    // a serialized CallsRequest / CallsResponse
+  kHalfClose = 3,  // host -> daemon, empty: the host's writes_done
+  kStatus = 4,     // daemon -> host, last frame: u32le code, UTF-8 details
+};
+
+// Largest MESSAGE payload accepted from a host: the 4 MiB a gRPC client
+// sends by default plus room for framing, as the spec fixes it.
+inline constexpr size_t kMaxFrameMessageBytes = (4u << 20) + (64u << 10);
+// Largest HELLO payload: metadata, as gRPC's default 16 KiB header limit
+// with room to spare; a token and a client id are a few hundred bytes.
+inline constexpr size_t kMaxHelloBytes = 64u << 10;
+// Largest STATUS payload the decoder accepts (the daemon's details are
+// short).
+inline constexpr size_t kMaxStatusBytes = 64u << 10;
+
+// Writes the header of a frame of `kind` carrying `payload_bytes`.
+void EncodeFrameHeader(FrameKind kind, uint32_t payload_bytes,
+                       char out[kFrameHeaderBytes]);
+// A whole frame: header then payload.
+std::string EncodeFrame(FrameKind kind, absl::string_view payload);
+
+struct FrameView {
+  FrameKind kind;
+  absl::string_view payload;  // points into the parsed buffer
+  size_t frame_bytes;         // header + payload: what to consume
+};
+
+// Parses the frame at the start of `buffer` (bytes read from a host).
+// Returns the frame when it is whole; FrameView{.frame_bytes = 0} when more
+// bytes are needed; InvalidArgument for an unknown kind, a payload over its
+// kind's limit (MESSAGE kMaxFrameMessageBytes, HELLO kMaxHelloBytes, STATUS
+// kMaxStatusBytes) or a non-empty HALF_CLOSE. Decided from the header alone,
+// so a hostile length never makes the caller wait for or buffer its bytes.
+absl::StatusOr<FrameView> ParseFrame(absl::string_view buffer);
+
+// HELLO's payload: `u16le key_len, key, u32le value_len, value`, repeated.
+using FrameMetadata = std::vector<std::pair<std::string, std::string>>;
+std::string EncodeHello(const FrameMetadata& metadata);
+// InvalidArgument for a truncated pair, an empty key or one that is not
+// lowercase ASCII (letters, digits, '-', '_', '.'), as gRPC metadata keys.
+absl::StatusOr<FrameMetadata> DecodeHello(absl::string_view payload);
+// The value of `key` (the first one), or null.
+const std::string* FindMetadata(const FrameMetadata& metadata,
+                                absl::string_view key);
+
+// STATUS's payload: u32le gRPC status code, then UTF-8 details.
+std::string EncodeStatus(absl::StatusCode code, absl::string_view details);
+struct FrameStatus {
+  uint32_t code = 0;
+  std::string details;
+};
+// InvalidArgument when shorter than the code.
+absl::StatusOr<FrameStatus> DecodeStatus(absl::string_view payload);
+
+}  // namespace agentix::sandbox
