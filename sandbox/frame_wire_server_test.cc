@@ -1,0 +1,502 @@
+#include "sandbox/frame_wire_server.h"
+
+#include <poll.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "absl/strings/match.h"
+#include "sandbox/frame_codec.h"
+#include "sandbox/wire_limits.h"
+
+namespace agentix::sandbox {
+namespace {
+
+using runtime::v1::CallsRequest;
+using runtime::v1::CallsResponse;
+
+constexpr char kToken[] = "frame-wire-test-token";
+
+std::string TempDir() {
+  char dir[] = "/tmp/agx-fw-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  return dir;
+}
+
+struct Harness {
+  explicit Harness(SessionOptions session = Options(),
+                   FrameWireOptions wire = FrameWireOptions())
+      : dir(TempDir()), manager(std::move(session)) {
+    wire.path = dir + "/d.sock.calls";
+    if (!wire.gate) wire.gate = TokenGate::Fixed(kToken);
+    path = wire.path;
+    server = std::make_unique<FrameWireServer>(&manager, wire);
+    REQUIRE(server->Start().ok());
+  }
+  ~Harness() {
+    server->Stop();
+    ::rmdir(dir.c_str());
+  }
+  static SessionOptions Options() {
+    SessionOptions o;
+    o.worker.worker_path = "testing/fake_worker";
+    return o;
+  }
+  std::string dir;
+  std::string path;
+  SessionManager manager;
+  std::unique_ptr<FrameWireServer> server;
+};
+
+struct Frame {
+  FrameKind kind;
+  std::string payload;
+};
+
+// A frame-wire host written from the spec alone: blocking socket I/O with
+// a deadline on every read.
+class Client {
+ public:
+  explicit Client(const std::string& path) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd_ >= 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strcpy(addr.sun_path, path.c_str());
+    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) ==
+            0);
+  }
+  ~Client() { ::close(fd_); }
+
+  // Errors are left to the reads that follow: a daemon that refused the
+  // stream may have closed it before a pipelined frame arrives.
+  void SendRaw(const std::string& bytes) {
+    size_t at = 0;
+    while (at < bytes.size()) {
+      const ssize_t n =
+          ::send(fd_, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
+      if (n <= 0) return;
+      at += static_cast<size_t>(n);
+    }
+  }
+  void Send(FrameKind kind, const std::string& payload) {
+    SendRaw(EncodeFrame(kind, payload));
+  }
+  void Hello(const std::string& token = kToken,
+             const std::string& client_id = "") {
+    FrameMetadata metadata;
+    if (!token.empty()) metadata.emplace_back("authorization", "Bearer " + token);
+    if (!client_id.empty()) metadata.emplace_back("agentix-client-id", client_id);
+    Send(FrameKind::kHello, EncodeHello(metadata));
+  }
+  void Request(const CallsRequest& request) {
+    Send(FrameKind::kMessage, request.SerializeAsString());
+  }
+  void HalfClose() { Send(FrameKind::kHalfClose, ""); }
+
+  // The next frame; nullopt on EOF. Fails the test after `timeout`.
+  std::optional<Frame> Read(absl::Duration timeout = absl::Seconds(20)) {
+    std::string header;
+    if (!ReadExactly(kFrameHeaderBytes, header, timeout)) return std::nullopt;
+    const auto* h = reinterpret_cast<const unsigned char*>(header.data());
+    const size_t length = size_t{h[0]} | size_t{h[1]} << 8 |
+                          size_t{h[2]} << 16 | size_t{h[3]} << 24;
+    Frame frame{static_cast<FrameKind>(h[4]), ""};
+    REQUIRE(ReadExactly(length, frame.payload, timeout));
+    return frame;
+  }
+
+  // Reads to the STATUS frame (which must be followed by EOF); the
+  // messages before it go to `messages`.
+  FrameStatus ReadToStatus(std::vector<CallsResponse>* messages = nullptr,
+                           absl::Duration timeout = absl::Seconds(20)) {
+    for (;;) {
+      std::optional<Frame> frame = Read(timeout);
+      REQUIRE(frame.has_value());
+      if (frame->kind == FrameKind::kStatus) {
+        auto status = DecodeStatus(frame->payload);
+        REQUIRE(status.ok());
+        REQUIRE(!Read(timeout).has_value());  // closed after the STATUS
+        return *status;
+      }
+      REQUIRE(frame->kind == FrameKind::kMessage);
+      REQUIRE(frame->payload.size() <= kMaxBatchBytes);
+      CallsResponse response;
+      REQUIRE(response.ParseFromString(frame->payload));
+      if (messages != nullptr) messages->push_back(std::move(response));
+    }
+  }
+
+  // The next MESSAGE, parsed.
+  CallsResponse ReadMessage() {
+    std::optional<Frame> frame = Read();
+    REQUIRE(frame.has_value());
+    INFO(frame->payload);
+    REQUIRE(frame->kind == FrameKind::kMessage);
+    CallsResponse response;
+    REQUIRE(response.ParseFromString(frame->payload));
+    return response;
+  }
+
+  int fd() const { return fd_; }
+
+ private:
+  bool ReadExactly(size_t n, std::string& out,
+                   absl::Duration timeout) {
+    out.resize(n);
+    size_t at = 0;
+    const absl::Time deadline = absl::Now() + timeout;
+    while (at < n) {
+      pollfd p{fd_, POLLIN, 0};
+      const int left = static_cast<int>(
+          std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
+      REQUIRE(::poll(&p, 1, left) == 1);  // no deadline overrun
+      const ssize_t got = ::recv(fd_, out.data() + at, n - at, 0);
+      if (got == 0 && at == 0) return false;
+      REQUIRE(got > 0);
+      at += static_cast<size_t>(got);
+    }
+    return true;
+  }
+
+  int fd_ = -1;
+};
+
+void AddStart(CallsRequest& req, const std::string& id,
+              const std::string& callable, const std::string& args) {
+  auto* s = req.add_events()->mutable_start();
+  s->set_call_id(id);
+  s->set_callable(callable);
+  s->set_arguments(args);
+  s->set_encoding(runtime::v1::ENCODING_PICKLE);  // raw text for the fake worker
+}
+
+// call_id -> value (chunks joined) of every result in `messages`.
+std::map<std::string, std::string> Results(
+    const std::vector<CallsResponse>& messages) {
+  std::map<std::string, std::string> pending, done;
+  for (const auto& m : messages) {
+    for (const auto& e : m.events()) {
+      if (e.has_result_chunk()) {
+        pending[e.result_chunk().call_id()] += e.result_chunk().data();
+      } else if (e.has_result()) {
+        done[e.result().call_id()] =
+            pending[e.result().call_id()] + e.result().value();
+      }
+    }
+  }
+  return done;
+}
+
+// Echo one call over a fresh stream; returns its value.
+std::string EchoOnce(const std::string& path, const std::string& id,
+                     const std::string& text) {
+  Client c(path);
+  c.Hello();
+  CallsRequest req;
+  AddStart(req, id, "fake::echo", text);
+  c.Request(req);
+  c.HalfClose();
+  std::vector<CallsResponse> messages;
+  const FrameStatus status = c.ReadToStatus(&messages);
+  REQUIRE(status.code == 0);
+  return Results(messages)[id];
+}
+
+TEST_CASE("Calls run over the frame wire; HALF_CLOSE ends the stream with "
+          "STATUS 0 after the last result",
+          "[frame_wire]") {
+  Harness h;
+  struct stat st;
+  REQUIRE(::stat(h.path.c_str(), &st) == 0);
+  REQUIRE(S_ISSOCK(st.st_mode));
+  REQUIRE((st.st_mode & 0777) == 0600);
+
+  Client c(h.path);
+  // Pipelined: HELLO, two calls and HALF_CLOSE without waiting.
+  c.Hello();
+  CallsRequest req;
+  AddStart(req, "noop", "fake::echo", "");
+  AddStart(req, "echo", "fake::echo", "hello frames");
+  c.Request(req);
+  CallsRequest slow;
+  AddStart(slow, "slow", "fake::sleep", "300");
+  c.Request(slow);
+  c.HalfClose();
+  std::vector<CallsResponse> messages;
+  const FrameStatus status = c.ReadToStatus(&messages);
+  REQUIRE(status.code == 0);
+  auto results = Results(messages);
+  REQUIRE(results.size() == 3);
+  REQUIRE(results.count("noop") == 1);
+  REQUIRE(results["echo"] == "hello frames");
+  REQUIRE(results["slow"] == "done");  // STATUS waited for it
+  REQUIRE(h.server->connections() <= 1);
+}
+
+TEST_CASE("A result over 4 MiB arrives as ResultChunks in frames within the "
+          "gRPC message cap",
+          "[frame_wire]") {
+  Harness h;
+  Client c(h.path);
+  c.Hello();
+  const size_t total = (9u << 20) + 12345;
+  std::string big(total, '\0');
+  for (size_t i = 0; i < total; ++i) big[i] = static_cast<char>('a' + i % 23);
+  // Arguments over one MESSAGE's cap go as ArgumentChunks, as a host sends.
+  CallsRequest start;
+  auto* s = start.add_events()->mutable_start();
+  s->set_call_id("big");
+  s->set_callable("fake::echo");
+  s->set_encoding(runtime::v1::ENCODING_PICKLE);
+  s->set_arguments(big.substr(0, 1u << 20));
+  s->set_arguments_size(total);
+  c.Request(start);
+  for (size_t at = 1u << 20; at < total; at += 1u << 20) {
+    CallsRequest chunk;
+    auto* a = chunk.add_events()->mutable_argument_chunk();
+    a->set_call_id("big");
+    a->set_data(big.substr(at, 1u << 20));
+    c.Request(chunk);
+  }
+  c.HalfClose();
+  std::vector<CallsResponse> messages;  // ReadToStatus checks each frame's cap
+  REQUIRE(c.ReadToStatus(&messages).code == 0);
+  size_t chunks = 0;
+  for (const auto& m : messages) {
+    for (const auto& e : m.events()) chunks += e.has_result_chunk();
+  }
+  REQUIRE(chunks >= 8);
+  REQUIRE(messages.size() >= 3);  // more than one frame: the cap held
+  REQUIRE(Results(messages)["big"] == big);
+}
+
+TEST_CASE("A wrong or missing token gets STATUS 16; good clients are served",
+          "[frame_wire]") {
+  Harness h;
+  for (const std::string token : {"wrong", ""}) {
+    Client bad(h.path);
+    bad.Hello(token);
+    CallsRequest req;
+    AddStart(req, "never-" + token, "fake::echo", "x");
+    bad.Request(req);  // pipelined behind the refused HELLO: never runs
+    const FrameStatus status = bad.ReadToStatus();
+    REQUIRE(status.code == 16);
+    REQUIRE(!status.details.empty());
+  }
+  REQUIRE(EchoOnce(h.path, "good", "served") == "served");
+  REQUIRE(h.manager.Info().calls_in_flight == 0);
+}
+
+TEST_CASE("An unarmed daemon answers FAILED_PRECONDITION as on gRPC",
+          "[frame_wire]") {
+  FrameWireOptions wire;
+  wire.gate = TokenGate::Armable("admin-token-xyz");
+  Harness h(Harness::Options(), wire);
+  Client c(h.path);
+  c.Hello("admin-token-xyz");
+  const FrameStatus status = c.ReadToStatus();
+  REQUIRE(status.code == 9);
+  REQUIRE(status.details == kNotActivatedMessage);
+}
+
+TEST_CASE("Malformed frames end that stream with STATUS 3; others are "
+          "unaffected",
+          "[frame_wire]") {
+  Harness h;
+  Client bystander(h.path);
+  bystander.Hello();
+  struct Case {
+    const char* name;
+    std::function<void(Client&)> send;
+    const char* details;
+  };
+  char oversized[kFrameHeaderBytes];
+  EncodeFrameHeader(FrameKind::kMessage, kMaxFrameMessageBytes + 1, oversized);
+  const std::string oversized_header(oversized, sizeof(oversized));
+  const std::vector<Case> cases = {
+      {"unknown kind",
+       [](Client& c) { c.Hello(); c.SendRaw(std::string("\0\0\0\0\x09", 5)); },
+       "unknown frame kind 9"},
+      {"oversized length",
+       [&](Client& c) { c.Hello(); c.SendRaw(oversized_header); },
+       "at most"},
+      {"missing HELLO",
+       [](Client& c) { c.Send(FrameKind::kMessage, ""); },
+       "the first frame must be HELLO"},
+      {"HELLO twice",
+       [](Client& c) { c.Hello(); c.Hello(); },
+       "a second HELLO"},
+      {"bad HELLO payload",
+       [](Client& c) { c.Send(FrameKind::kHello, "\x05"); },
+       "HELLO"},
+      {"STATUS from the host",
+       [](Client& c) {
+         c.Hello();
+         c.Send(FrameKind::kStatus, EncodeStatus(absl::StatusCode::kOk, ""));
+       },
+       "may not send"},
+      {"frame after HALF_CLOSE",
+       [](Client& c) {
+         c.Hello();
+         CallsRequest req;  // an open call keeps the stream open
+         AddStart(req, "open", "fake::sleep", "2000");
+         c.Request(req);
+         c.HalfClose();
+         c.Send(FrameKind::kMessage, "");
+       },
+       "after HALF_CLOSE"},
+  };
+  for (const Case& test : cases) {
+    INFO(test.name);
+    Client c(h.path);
+    test.send(c);
+    const FrameStatus status = c.ReadToStatus();
+    REQUIRE(status.code == 3);
+    REQUIRE(absl::StrContains(status.details, test.details));
+  }
+  // The stream opened before them still runs calls.
+  CallsRequest req;
+  AddStart(req, "after", "fake::echo", "still here");
+  bystander.Request(req);
+  bystander.HalfClose();
+  std::vector<CallsResponse> messages;
+  REQUIRE(bystander.ReadToStatus(&messages).code == 0);
+  REQUIRE(Results(messages)["after"] == "still here");
+}
+
+TEST_CASE("An unparseable MESSAGE gets BadRequest and the stream stays open",
+          "[frame_wire]") {
+  Harness h;
+  Client c(h.path);
+  c.Hello();
+  c.Send(FrameKind::kMessage, "\x0a\x64zz");  // field 1 claims 100 bytes
+  const CallsResponse response = c.ReadMessage();
+  REQUIRE(response.events_size() == 1);
+  const auto& error = response.events(0).error().error();
+  REQUIRE(error.type() == "BadRequest");
+  REQUIRE(error.code() == static_cast<int>(absl::StatusCode::kInvalidArgument));
+  CallsRequest req;
+  AddStart(req, "after", "fake::echo", "served");
+  c.Request(req);
+  c.HalfClose();
+  std::vector<CallsResponse> messages;
+  REQUIRE(c.ReadToStatus(&messages).code == 0);
+  REQUIRE(Results(messages)["after"] == "served");
+}
+
+TEST_CASE("A silent client gets STATUS 4 after the HELLO timeout",
+          "[frame_wire]") {
+  FrameWireOptions wire;
+  wire.hello_timeout = absl::Milliseconds(300);
+  Harness h(Harness::Options(), wire);
+  Client silent(h.path);
+  const absl::Time start = absl::Now();
+  const FrameStatus status = silent.ReadToStatus(nullptr, absl::Seconds(5));
+  REQUIRE(status.code == 4);
+  REQUIRE(absl::Now() - start < absl::Seconds(3));
+  // Half a HELLO is no better than none.
+  Client partial(h.path);
+  partial.SendRaw(EncodeFrame(FrameKind::kHello, EncodeHello({{"a", "b"}}))
+                      .substr(0, 7));
+  REQUIRE(partial.ReadToStatus(nullptr, absl::Seconds(5)).code == 4);
+  for (int i = 0; i < 200 && h.server->connections() > 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  REQUIRE(h.server->connections() == 0);
+}
+
+TEST_CASE("Connections beyond the cap get STATUS 8; a freed slot serves again",
+          "[frame_wire]") {
+  FrameWireOptions wire;
+  wire.max_connections = 2;
+  Harness h(Harness::Options(), wire);
+  auto first = std::make_unique<Client>(h.path);
+  auto second = std::make_unique<Client>(h.path);
+  first->Hello();
+  second->Hello();
+  // Both are held by their threads before the third arrives.
+  for (int i = 0; i < 200 && h.server->connections() < 2; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  Client third(h.path);
+  const FrameStatus refused = third.ReadToStatus();
+  REQUIRE(refused.code == 8);
+  REQUIRE(absl::StrContains(refused.details, "too many frame-wire connections"));
+  first.reset();  // EOF: the stream is lost, its slot freed
+  for (int i = 0; i < 200 && h.server->connections() > 1; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  REQUIRE(EchoOnce(h.path, "again", "slot") == "slot");
+}
+
+TEST_CASE("A host that stops reading is ended with STATUS 8 within the "
+          "stalled-host bound; its calls stay retained",
+          "[frame_wire]") {
+  SessionOptions session = Harness::Options();
+  session.max_retained_bytes = 2u << 20;
+  session.stalled_host_timeout = absl::Milliseconds(500);
+  FrameWireOptions wire;
+  wire.finish_grace = absl::Seconds(10);
+  Harness h(session, wire);
+  Client c(h.path);
+  int small = 1 << 12;  // a small receive buffer fills sooner
+  ::setsockopt(c.fd(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  c.Hello();
+  const std::string value(3u << 20, 'v');
+  for (int i = 0; i < 4; ++i) {
+    CallsRequest req;
+    AddStart(req, "stall" + std::to_string(i), "fake::echo", value);
+    c.Request(req);
+  }
+  // Not reading; the daemon must give up on this stream by itself.
+  absl::SleepFor(absl::Seconds(3));
+  std::vector<CallsResponse> messages;
+  const FrameStatus status = c.ReadToStatus(&messages, absl::Seconds(20));
+  REQUIRE(status.code == 8);
+  REQUIRE(absl::StrContains(status.details, "did not read"));
+  // The unwritten backlog is freed.
+  REQUIRE(h.manager.unwritten_result_bytes()->load() == 0);
+  // A new stream resumes a call the dead one did not get.
+  Client again(h.path);
+  again.Hello();
+  CallsRequest resume;
+  resume.add_events()->mutable_resume()->add_call_ids("stall3");
+  again.Request(resume);
+  again.HalfClose();
+  std::vector<CallsResponse> resumed;
+  REQUIRE(again.ReadToStatus(&resumed, absl::Seconds(20)).code == 0);
+  REQUIRE(Results(resumed)["stall3"] == value);
+}
+
+TEST_CASE("Stop ends every stream with STATUS 14 and removes the socket file",
+          "[frame_wire]") {
+  Harness h;
+  Client c(h.path);
+  c.Hello();
+  CallsRequest req;
+  AddStart(req, "hang", "fake::hang", "");
+  c.Request(req);
+  for (int i = 0; i < 500 && h.manager.Info().calls_in_flight == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  h.server->Stop();
+  const FrameStatus status = c.ReadToStatus();
+  REQUIRE(status.code == 14);
+  struct stat st;
+  REQUIRE(::stat(h.path.c_str(), &st) != 0);
+  REQUIRE(h.server->connections() == 0);
+}
+
+}  // namespace
+}  // namespace agentix::sandbox
