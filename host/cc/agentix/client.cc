@@ -713,7 +713,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         absl::MutexLock lock(&stream->write_mu);
         stream->dead = true;
       }
-      stream->transport->Finish();
+      stream->transport->Finish().IgnoreError();
     }
   }
 
