@@ -267,6 +267,9 @@ class BatchingWriter {
   }
   // The host half-closed: finish once nothing remains (see ReadyToFinish).
   void OnReadsDone() { UpdateAndMaybeFinish([this] { reads_done_ = true; }); }
+  // Something ReadyToFinish depends on changed: a half-closed stream
+  // finishes now if it may.
+  void MaybeFinish() { UpdateAndMaybeFinish([] {}); }
   // The RPC was cancelled: finish as soon as no write is in flight.
   void OnCancel() { UpdateAndMaybeFinish([this] { cancelled_ = true; }); }
   // The reactor is gone (OnDone).

@@ -22,6 +22,10 @@ class CallSink {
   // possible. Returns false if the stream behind this sink has ended (the
   // manager keeps the events retained for a later resume either way).
   virtual bool Deliver(std::vector<SandboxEventPtr> events) = 0;
+  // Called (no lock held) after deliveries to this sink, once
+  // SessionManager::HasOpenCalls no longer counts them as being handed
+  // over: a half-closed stream may check again whether it can finish.
+  virtual void OnDelivered() {}
   // Bytes handed over by Deliver and not yet written to the host.
   virtual size_t UnwrittenBytes() { return 0; }
   // Ends the stream (RESOURCE_EXHAUSTED, `message`), dropping what is

@@ -121,11 +121,14 @@ class FrameSink final : public CallSink {
       // connection's thread is waiting for the socket to drain.
       if (was_empty) FlushLocked();
       // Under the lock: once closed, the descriptor may be another's.
-      if ((was_empty && !queue_.empty()) || broken_ || reads_done_) {
-        Wake(wake_fd_);
-      }
+      if ((was_empty && !queue_.empty()) || broken_) Wake(wake_fd_);
     }
     return true;
+  }
+  // A half-closed stream checks whether its last call has been delivered.
+  void OnDelivered() override {
+    absl::MutexLock lock(&mu_);
+    if (reads_done_ && !closed_) Wake(wake_fd_);
   }
   size_t UnwrittenBytes() override {
     absl::MutexLock lock(&mu_);
@@ -163,7 +166,7 @@ class FrameSink final : public CallSink {
     if (!closed_) Wake(wake_fd_);
   }
 
-  // The host half-closed: Deliver then wakes the connection's thread to
+  // The host half-closed: OnDelivered then wakes the connection's thread to
   // check whether the stream may finish.
   void SetReadsDone() {
     absl::MutexLock lock(&mu_);

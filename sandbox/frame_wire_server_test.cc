@@ -274,11 +274,16 @@ TEST_CASE("A result over 4 MiB arrives as ResultChunks in frames within the "
   REQUIRE(c.ReadToStatus(&messages).code == 0);
   size_t chunks = 0;
   for (const auto& m : messages) {
-    for (const auto& e : m.events()) chunks += e.has_result_chunk();
+    for (const auto& e : m.events()) {
+      chunks += e.has_result_chunk();
+      if (e.has_error()) FAIL(e.error().DebugString());
+    }
   }
-  REQUIRE(chunks >= 8);
+  REQUIRE(chunks >= 1);  // the worker decides how many
   REQUIRE(messages.size() >= 3);  // more than one frame: the cap held
-  REQUIRE(Results(messages)["big"] == big);
+  const std::string got = Results(messages)["big"];
+  REQUIRE(got.size() == big.size());
+  REQUIRE((got == big));  // not printed: 9 MiB
 }
 
 TEST_CASE("A wrong or missing token gets STATUS 16; good clients are served",

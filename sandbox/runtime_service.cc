@@ -43,6 +43,8 @@ class StreamSink final : public CallSink, public CallsWriter {
  public:
   StreamSink(CallsReactor* reactor, SessionManager* manager);
   bool Deliver(std::vector<SandboxEventPtr> events) override;
+  // The last result may have been in hand when a write completed.
+  void OnDelivered() override { MaybeFinish(); }
   size_t UnwrittenBytes() override { return QueuedBytes(); }
   void Abort(const std::string& message) override {
     Fail(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, message));

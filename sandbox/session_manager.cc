@@ -1219,7 +1219,8 @@ bool SessionManager::HasOpenCalls(const CallSink* sink) {
   for (const Delivery& d : posted_) {
     if (d.sink.get() == sink) return true;
   }
-  return false;
+  // Taken from posted_ and being handed over right now (DeliverPosted).
+  return std::find(in_hand_.begin(), in_hand_.end(), sink) != in_hand_.end();
 }
 
 absl::Status SessionManager::StartWorker() {
@@ -1379,18 +1380,31 @@ void SessionManager::DeliverPosted() {
     if (delivering_now_ || posted_.empty()) return;
     delivering_now_ = true;
   }
+  // The sinks handed something, told once none is counted in hand.
+  std::vector<std::shared_ptr<CallSink>> handed;
   while (true) {
     std::vector<Delivery> batch;
     {
       absl::MutexLock lock(&mu_);
+      in_hand_.clear();
       if (posted_.empty()) {
         delivering_now_ = false;
-        return;
+        break;
       }
       batch.swap(posted_);
+      for (const Delivery& d : batch) {
+        if (std::find(in_hand_.begin(), in_hand_.end(), d.sink.get()) ==
+            in_hand_.end()) {
+          in_hand_.push_back(d.sink.get());
+          if (std::find(handed.begin(), handed.end(), d.sink) == handed.end()) {
+            handed.push_back(d.sink);
+          }
+        }
+      }
     }
     Deliver(batch);
   }
+  for (const auto& sink : handed) sink->OnDelivered();
 }
 
 void SessionManager::Deliver(std::vector<Delivery>& out) {

@@ -122,7 +122,8 @@ class SessionManager : public WorkerProcess::Listener {
   // client made the daemon hold does not stay resident.
   void ReleaseMemorySoon();
   // True if a call owned by `sink` has not reached its terminal event, or
-  // events posted for `sink` still wait to be handed to it.
+  // events posted for `sink` still wait to be handed to it (or are being
+  // handed to it; CallSink::OnDelivered follows).
   bool HasOpenCalls(const CallSink* sink);
   SessionInfo Info();
   // Starts the worker now if none is running (it otherwise starts with the
@@ -380,6 +381,10 @@ class SessionManager : public WorkerProcess::Listener {
   // (Post / DeliverPosted), and whether a thread is handing them over.
   std::vector<Delivery> posted_ ABSL_GUARDED_BY(mu_);
   bool delivering_now_ ABSL_GUARDED_BY(mu_) = false;
+  // The sinks of the batch DeliverPosted is handing over (taken from
+  // posted_, not yet delivered): HasOpenCalls counts them, or a half-closed
+  // stream could finish before its last result reached it.
+  std::vector<const CallSink*> in_hand_ ABSL_GUARDED_BY(mu_);
   // Ids of calls whose results were acknowledged or evicted (bounded, oldest
   // forgotten first): execution stays at most once when a reconnecting host
   // re-sends a StartCall (about 100 bytes per id).
