@@ -33,6 +33,7 @@
 #include "sandbox/admin_service.h"
 #include "sandbox/auth.h"
 #include "sandbox/connection_guard.h"
+#include "sandbox/frame_wire_server.h"
 #include "sandbox/grpc_executor.h"
 #include "sandbox/health_service.h"
 #include "sandbox/reflection_service.h"
@@ -146,6 +147,13 @@ ABSL_FLAG(std::string, health_listen, "",
           "agentix.runtime.v1.RuntimeService SERVING while the daemon runs, "
           "armed or not; every other service is UNIMPLEMENTED there (grpc++'s "
           "server reflection lists only the health service)");
+ABSL_FLAG(bool, calls_socket, true,
+          "for each --listen unix:///PATH also listen on PATH.calls (mode "
+          "0600, removed on exit): the frame wire, the Calls stream over a "
+          "plain Unix socket, which the Python host uses when it finds it "
+          "(docs/FRAME-WIRE.md); same token, limits and semantics as gRPC's "
+          "Calls, fewer thread hand-offs per call. gRPC stays the wire for "
+          "everything else. --nocalls_socket: gRPC only");
 ABSL_FLAG(uint64_t, max_log_subscribers, 64,
           "Logs streams (and, separately, Traces streams) subscribed at once "
           "(RESOURCE_EXHAUSTED beyond)");
@@ -430,6 +438,9 @@ int Run(int argc, char** raw_argv) {
 
   // Before any gRPC object exists (grpc_executor.h).
   if (absl::GetFlag(FLAGS_grpc_inline_executor)) RunGrpcExecutorInline();
+  // The frame wire checks HELLO's token with the same gate as gRPC's.
+  std::shared_ptr<TokenGate> calls_gate =
+      gate != nullptr ? gate : TokenGate::Fixed(*token);
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       LoadServerCredentials(std::move(token).value(), gate);
   if (!credentials.ok()) {
@@ -438,8 +449,8 @@ int Run(int argc, char** raw_argv) {
   }
   const uint64_t fd_limit = RaiseOpenFileLimit(
       absl::GetFlag(FLAGS_max_connections) + 2 * kReservedFds);
-  absl::Status guarded =
-      StartConnectionGuard(ConnectionLimitsFromFlags(fd_limit));
+  const ConnectionLimits connection_limits = ConnectionLimitsFromFlags(fd_limit);
+  absl::Status guarded = StartConnectionGuard(connection_limits);
   if (!guarded.ok()) {
     AGX_LOG(Error, "{}", std::string(guarded.message()));
     return 2;
@@ -586,6 +597,32 @@ int Run(int argc, char** raw_argv) {
   if (admin) admin->Start(&reactions);
   health.Start(&reactions);
   reflection_v1.Start(&reactions);
+  // The frame wire beside each unix socket, before the "serving" line:
+  // a host that sees the daemon serving finds PATH.calls in place.
+  std::vector<std::unique_ptr<FrameWireServer>> frame_wires;
+  if (absl::GetFlag(FLAGS_calls_socket)) {
+    for (const auto& path : socket_paths) {
+      FrameWireOptions wire;
+      wire.path = path + ".calls";
+      wire.gate = calls_gate;
+      // Each frame-wire connection holds a thread: fewer than gRPC's cap.
+      wire.max_connections =
+          std::min<size_t>(connection_limits.max_connections, 256);
+      wire.hello_timeout = connection_limits.auth_timeout;
+      wire.activity = &activity;
+      auto server_for_path =
+          std::make_unique<FrameWireServer>(&manager, std::move(wire));
+      absl::Status started = server_for_path->Start();
+      if (!started.ok()) {
+        // Not fatal: hosts use gRPC when PATH.calls is absent.
+        AGX_LOG(Warning, "no frame wire beside {}: {}", path,
+                std::string(started.message()));
+        continue;
+      }
+      ClaimSocketPath(path + ".calls");
+      frame_wires.push_back(std::move(server_for_path));
+    }
+  }
   for (size_t i = 0; i < listen.size(); ++i) {
     AGX_LOG(Info, "serving agentix.runtime.v1 on {}{}", listen[i],
             ports[i] > 0 ? absl::StrCat(" (port ", ports[i], ")") : "");
@@ -599,6 +636,9 @@ int Run(int argc, char** raw_argv) {
   // Calls in flight end first, with a definite error their hosts receive
   // while the streams are still open; then the server drains (bounded).
   manager.Shutdown(absl::Seconds(3));
+  // Frame-wire streams: what is queued, then STATUS 14 UNAVAILABLE (as a
+  // host reconnects after a gRPC stream the shutdown cancels).
+  for (auto& wire : frame_wires) wire->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   server->Wait();
   if (health_server) {
