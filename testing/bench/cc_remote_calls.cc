@@ -298,9 +298,9 @@ int Main(int argc, char** argv) {
   std::unique_ptr<Client> grpc_client;  // the A/B partner of a frame-wire client
   if (frames) {
     options.calls_wire = CallsWire::kGrpc;
-    connected = Client::Connect(options);
-    if (!connected.ok()) Die("connect (gRPC wire)", connected.status());
-    grpc_client = *std::move(connected);
+    absl::StatusOr<std::unique_ptr<Client>> on_grpc = Client::Connect(options);
+    if (!on_grpc.ok()) Die("connect (gRPC wire)", on_grpc.status());
+    grpc_client = *std::move(on_grpc);
     Noop(*grpc_client);
   }
 
