@@ -24,6 +24,13 @@ using testing::CuttingProxy;
 using testing::Daemon;
 using testing::kSlow;
 
+// Each case runs on both wires of the Calls stream (GENERATE reruns it).
+CallsWire Wire() {
+  const CallsWire wire = GENERATE(CallsWire::kFrames, CallsWire::kGrpc);
+  UNSCOPED_INFO("calls wire: " << (wire == CallsWire::kFrames ? "frames" : "grpc"));
+  return wire;
+}
+
 template <typename T>
 T Echo(Client& client, const T& value) {
   absl::StatusOr<T> back = client.Remote<T>("e2e_targets::echo", value);
@@ -32,8 +39,9 @@ T Echo(Client& client, const T& value) {
 }
 
 TEST_CASE("values of every msgpack type round-trip through a Python callable") {
+  const CallsWire wire = Wire();
   Daemon daemon;
-  auto client = ConnectTo(daemon.url());
+  auto client = ConnectTo(daemon.url(), "", wire);
 
   absl::StatusOr<int64_t> sum = client->Remote<int64_t>("e2e_targets::add", 2, 3);
   REQUIRE_OK(sum.status());
@@ -79,8 +87,9 @@ TEST_CASE("values of every msgpack type round-trip through a Python callable") {
 // floats, timestamps (extension -1) map to datetime and back. Fails against
 // a daemon without that item (2.0 comes back as int 2; ext -1 is refused).
 TEST_CASE("whole floats and timestamps keep their msgpack type") {
+  const CallsWire wire = Wire();
   Daemon daemon;
-  auto client = ConnectTo(daemon.url());
+  auto client = ConnectTo(daemon.url(), "", wire);
   absl::StatusOr<msgpack::object_handle> whole =
       client->Remote<msgpack::object_handle>("e2e_targets::echo", 2.0);
   REQUIRE_OK(whole.status());
@@ -93,8 +102,9 @@ TEST_CASE("whole floats and timestamps keep their msgpack type") {
 }
 
 TEST_CASE("a failing call carries the sandbox's error type and message") {
+  const CallsWire wire = Wire();
   Daemon daemon;
-  auto client = ConnectTo(daemon.url());
+  auto client = ConnectTo(daemon.url(), "", wire);
   absl::StatusOr<int64_t> failed =
       client->Remote<int64_t>("e2e_targets::raise_value_error", "bad input");
   REQUIRE_FALSE(failed.ok());
@@ -118,8 +128,9 @@ TEST_CASE("a failing call carries the sandbox's error type and message") {
 }
 
 TEST_CASE("cancel stops a running call and deadline fails a slow one") {
+  const CallsWire wire = Wire();
   Daemon daemon;
-  auto client = ConnectTo(daemon.url());
+  auto client = ConnectTo(daemon.url(), "", wire);
 
   absl::StatusOr<Call> call = client->Start("e2e_targets::async_sleep", Arguments(30.0));
   REQUIRE_OK(call.status());
@@ -146,8 +157,9 @@ TEST_CASE("cancel stops a running call and deadline fails a slow one") {
 }
 
 TEST_CASE("streaming calls deliver items in order with back-pressure") {
+  const CallsWire wire = Wire();
   Daemon daemon;
-  auto client = ConnectTo(daemon.url());
+  auto client = ConnectTo(daemon.url(), "", wire);
 
   CallOptions options;
   options.stream_window = 4;
@@ -202,8 +214,9 @@ TEST_CASE("streaming calls deliver items in order with back-pressure") {
 }
 
 TEST_CASE("logs and spans of a call reach the subscriptions before its result") {
+  const CallsWire wire = Wire();
   Daemon daemon;
-  auto client = ConnectTo(daemon.url());
+  auto client = ConnectTo(daemon.url(), "", wire);
   absl::Mutex mu;
   std::vector<LogRecord> records;
   std::vector<SpanEvent> spans;
@@ -267,9 +280,13 @@ TEST_CASE("logs and spans of a call reach the subscriptions before its result") 
 }
 
 TEST_CASE("calls in flight survive connection cuts: each runs once, results once") {
+  const CallsWire wire = Wire();
   Daemon daemon;
   CuttingProxy proxy(daemon.dir() / "proxy.sock", daemon.socket());
-  auto client = ConnectTo(proxy.url());
+  // The frame wire beside it (PATH.calls of the proxy's path), cut with it.
+  CuttingProxy calls_proxy(daemon.dir() / "proxy.sock.calls", daemon.calls_socket_path());
+  auto client = ConnectTo(proxy.url(), "", wire);
+  CHECK(client->calls_wire() == wire);
 
   constexpr int kCalls = 24;
   std::vector<Call> calls;
@@ -291,6 +308,7 @@ TEST_CASE("calls in flight survive connection cuts: each runs once, results once
   std::thread cutter([&] {
     absl::SleepFor(absl::Milliseconds(100));
     proxy.Cut();
+    calls_proxy.Cut();
   });
   std::vector<int64_t> items;
   for (;;) {
@@ -301,6 +319,7 @@ TEST_CASE("calls in flight survive connection cuts: each runs once, results once
     if (items.size() == 5 || items.size() == 15 || items.size() == 25) {
       absl::SleepFor(absl::Milliseconds(50));  // let the window fill
       proxy.Cut();
+      calls_proxy.Cut();
     }
   }
   for (int i = 0; i < kCalls; ++i) {
@@ -320,25 +339,28 @@ TEST_CASE("calls in flight survive connection cuts: each runs once, results once
 }
 
 TEST_CASE("a daemon with a token refuses clients without it") {
+  const CallsWire wire = Wire();
   Daemon daemon("s3cret-token-for-cc-test");
   ConnectOptions options;
   options.target = daemon.url();
   options.connect_timeout = absl::Seconds(5);
+  options.calls_wire = wire;
   auto anonymous = Client::Connect(options);
   CHECK(anonymous.status().code() == absl::StatusCode::kUnauthenticated);
   options.token = "wrong";
   auto wrong = Client::Connect(options);
   CHECK(wrong.status().code() == absl::StatusCode::kUnauthenticated);
 
-  auto client = ConnectTo(daemon.url(), "s3cret-token-for-cc-test");
+  auto client = ConnectTo(daemon.url(), "s3cret-token-for-cc-test", wire);
   absl::StatusOr<int64_t> sum = client->Remote<int64_t>("e2e_targets::add", 20, 22);
   REQUIRE_OK(sum.status());
   CHECK(*sum == 42);
 }
 
 TEST_CASE("large arguments and results pass with the default 4 MiB receive limit") {
+  const CallsWire wire = Wire();
   Daemon daemon;
-  auto client = ConnectTo(daemon.url());
+  auto client = ConnectTo(daemon.url(), "", wire);
   // 16 MiB up (ArgumentChunks) and back (ResultChunks).
   std::vector<char> big(16 << 20);
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 7);
@@ -353,8 +375,9 @@ TEST_CASE("large arguments and results pass with the default 4 MiB receive limit
 }
 
 TEST_CASE("call options carry trace parent, tracestate and baggage to the sandbox") {
+  const CallsWire wire = Wire();
   Daemon daemon;
-  auto client = ConnectTo(daemon.url());
+  auto client = ConnectTo(daemon.url(), "", wire);
   using Ids = std::map<std::string, std::string>;
   const std::string trace_hex = "4bf92f3577b34da6a3ce929d0e0e4736";
   const std::string parent_hex = "00f067aa0ba902b7";
@@ -440,6 +463,104 @@ TEST_CASE("call options carry trace parent, tracestate and baggage to the sandbo
   absl::StatusOr<int64_t> sum = client->Remote<int64_t>("e2e_targets::add", 1, 2);
   REQUIRE_OK(sum.status());
   CHECK(*sum == 3);
+}
+
+
+// The frame wire is the default on unix:// when the daemon has one: the
+// calls go through PATH.calls (a proxy there counts them), the GetInfo probe
+// through PATH; the option or $AGENTIX_CALLS_WIRE keeps them on gRPC.
+TEST_CASE("the Calls stream takes the frame wire by default on unix:// when PATH.calls exists") {
+  ::unsetenv("AGENTIX_CALLS_WIRE");
+  Daemon daemon;
+  CuttingProxy proxy(daemon.dir() / "proxy.sock", daemon.socket());
+  CuttingProxy calls_proxy(daemon.dir() / "proxy.sock.calls", daemon.calls_socket_path());
+
+  auto client = ConnectTo(proxy.url());
+  CHECK(client->calls_wire() == CallsWire::kFrames);
+  absl::StatusOr<int64_t> sum = client->Remote<int64_t>("e2e_targets::add", 2, 3);
+  REQUIRE_OK(sum.status());
+  CHECK(*sum == 5);
+  CHECK(calls_proxy.accepted() == 1);
+  CHECK(proxy.accepted() >= 1);
+
+  // Forced to gRPC by the option, then by the environment.
+  auto grpc_client = ConnectTo(proxy.url(), "", CallsWire::kGrpc);
+  CHECK(grpc_client->calls_wire() == CallsWire::kGrpc);
+  REQUIRE_OK(grpc_client->Remote<int64_t>("e2e_targets::add", 1, 1).status());
+  ::setenv("AGENTIX_CALLS_WIRE", "grpc", 1);
+  auto env_client = ConnectTo(proxy.url());
+  CHECK(env_client->calls_wire() == CallsWire::kGrpc);
+  REQUIRE_OK(env_client->Remote<int64_t>("e2e_targets::add", 1, 1).status());
+  CHECK(calls_proxy.accepted() == 1);
+  ::setenv("AGENTIX_CALLS_WIRE", "carrier-pigeon", 1);
+  ConnectOptions options;
+  options.target = proxy.url();
+  CHECK(Client::Connect(options).status().code() == absl::StatusCode::kInvalidArgument);
+  ::unsetenv("AGENTIX_CALLS_WIRE");
+
+  // The frame wire cannot carry TCP or TLS targets: required, it is refused.
+  options.target = "127.0.0.1:1";
+  options.calls_wire = CallsWire::kFrames;
+  CHECK(Client::Connect(options).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("without PATH.calls the Calls stream stays on gRPC, unless the frame wire is required") {
+  ::unsetenv("AGENTIX_CALLS_WIRE");
+  Daemon daemon("", /*calls_socket=*/false);
+  CHECK_FALSE(testing::CanConnect(daemon.calls_socket_path()));
+  auto client = ConnectTo(daemon.url());
+  CHECK(client->calls_wire() == CallsWire::kGrpc);
+  absl::StatusOr<int64_t> sum = client->Remote<int64_t>("e2e_targets::add", 20, 22);
+  REQUIRE_OK(sum.status());
+  CHECK(*sum == 42);
+
+  ConnectOptions options;
+  options.target = daemon.url();
+  options.calls_wire = CallsWire::kFrames;
+  absl::StatusOr<std::unique_ptr<Client>> required = Client::Connect(options);
+  CHECK(required.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(std::string(required.status().message()).find(".calls") != std::string::npos);
+}
+
+// The frame wire's HELLO is checked like a gRPC Calls stream: a refused one
+// is the status of the calls, at once (not UNAVAILABLE after every
+// reconnect attempt). Here GetInfo reaches a daemon without a token and
+// PATH.calls one with a token the client does not have.
+TEST_CASE("a Calls stream refused for its token fails the calls UNAUTHENTICATED") {
+  Daemon open_daemon;
+  Daemon secured("tok-for-hello-test");
+  CuttingProxy proxy(open_daemon.dir() / "proxy.sock", open_daemon.socket());
+  CuttingProxy calls_proxy(open_daemon.dir() / "proxy.sock.calls", secured.calls_socket_path());
+  auto client = ConnectTo(proxy.url(), "", CallsWire::kFrames);
+  const absl::Time started = absl::Now();
+  absl::StatusOr<int64_t> sum = client->Remote<int64_t>("e2e_targets::add", 1, 2);
+  CHECK(sum.status().code() == absl::StatusCode::kUnauthenticated);
+  CHECK(absl::Now() - started < absl::Seconds(3 * kSlow));
+  CHECK(calls_proxy.accepted() == 1);  // no reconnect loop
+}
+
+// A daemon replaced by one with another token (both wires): the calls in
+// flight fail UNAUTHENTICATED at the first reconnect, not UNAVAILABLE after
+// the whole reconnect budget.
+TEST_CASE("calls in flight when the daemon starts refusing the token fail UNAUTHENTICATED") {
+  const CallsWire wire = Wire();
+  Daemon first;
+  Daemon second("tok-of-the-second-daemon");
+  CuttingProxy proxy(first.dir() / "proxy.sock", first.socket());
+  CuttingProxy calls_proxy(first.dir() / "proxy.sock.calls", first.calls_socket_path());
+  auto client = ConnectTo(proxy.url(), "", wire);
+  REQUIRE_OK(client->Remote<int64_t>("e2e_targets::add", 1, 2).status());
+  absl::StatusOr<Call> call = client->Start("e2e_targets::async_sleep", Arguments(30.0));
+  REQUIRE_OK(call.status());
+  absl::SleepFor(absl::Milliseconds(100));
+  proxy.SetUpstream(second.socket());
+  calls_proxy.SetUpstream(second.calls_socket_path());
+  const absl::Time cut_at = absl::Now();
+  proxy.Cut();
+  calls_proxy.Cut();
+  absl::StatusOr<std::string> outcome = call->Wait();
+  CHECK(outcome.status().code() == absl::StatusCode::kUnauthenticated);
+  CHECK(absl::Now() - cut_at < absl::Seconds(3 * kSlow));
 }
 
 }  // namespace

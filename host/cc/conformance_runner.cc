@@ -4,7 +4,8 @@
 // named by its id: the value cases are registered from cases.json at start,
 // the behaviours below by name, and a behaviour of cases.json without an
 // implementation here is registered as a failing test. Run from its
-// runfiles directory by testing/e2e/test_conformance_cc.py (junit report).
+// runfiles directory by testing/e2e/test_conformance_cc.py (junit report),
+// once per wire of the Calls stream (AGENTIX_CALLS_WIRE=frames, =grpc).
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <deque>
@@ -405,6 +406,9 @@ BEHAVIOUR("resume_after_cut") {
   Daemon& daemon = SharedDaemon();
   TempDir dir;
   CuttingProxy proxy(dir / "proxy.sock", daemon.socket());
+  // The frame wire's socket beside it (the Calls stream runs there unless
+  // AGENTIX_CALLS_WIRE=grpc), cut with it.
+  CuttingProxy calls_proxy(dir / "proxy.sock.calls", daemon.calls_socket_path());
   constexpr int64_t kBase = 3000000;
   {
     std::unique_ptr<Client> client = ConnectTo(proxy.url());
@@ -416,8 +420,10 @@ BEHAVIOUR("resume_after_cut") {
     }
     absl::SleepFor(absl::Milliseconds(100));
     proxy.Cut();
+    calls_proxy.Cut();
     absl::SleepFor(absl::Milliseconds(150));
     proxy.Cut();
+    calls_proxy.Cut();
     for (int64_t i = 0; i < 20; ++i) {
       absl::StatusOr<int64_t> result = calls[i].Wait<int64_t>();
       REQUIRE_OK(result.status());

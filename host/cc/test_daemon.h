@@ -79,10 +79,11 @@ inline std::string Wheel() {
 }
 
 // agentix-sandboxd with the real worker; the worker imports e2e_targets and
-// agentix (the wheel). Killed by the destructor.
+// agentix (the wheel). Killed by the destructor. With `calls_socket`, its
+// frame wire (socket() + ".calls") is up too when the constructor returns.
 class Daemon {
  public:
-  explicit Daemon(const std::string& token = "") {
+  explicit Daemon(const std::string& token = "", bool calls_socket = true) {
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
     base::SpawnOptions spawn;
@@ -92,6 +93,7 @@ class Daemon {
                   "--worker=" + Runfile("worker/agentix-worker"),
                   "--python_path=" + Runfile("testing/fixtures/remote_targets") + ":" + Wheel(),
                   "--log_level=warning"};
+    if (!calls_socket) spawn.argv.push_back("--nocalls_socket");
     if (!token.empty()) {
       const std::string file = dir_ / "token";
       FILE* f = std::fopen(file.c_str(), "w");
@@ -104,7 +106,7 @@ class Daemon {
     spawn.env = env;
     REQUIRE_OK_AND_ASSIGN(child_, base::ChildProcess::Spawn(spawn));
     const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (!CanConnect(socket_)) {
+    while (!CanConnect(socket_) || (calls_socket && !CanConnect(calls_socket_path()))) {
       if (child_.TryWait().has_value()) FAIL("agentix-sandboxd exited");
       if (absl::Now() > deadline) FAIL("agentix-sandboxd not up in 20 s");
       absl::SleepFor(absl::Milliseconds(5));
@@ -112,6 +114,7 @@ class Daemon {
   }
 
   const std::string& socket() const { return socket_; }
+  std::string calls_socket_path() const { return socket_ + ".calls"; }
   std::string url() const { return "unix://" + socket_; }
   const TempDir& dir() const { return dir_; }
 
@@ -143,6 +146,13 @@ class CuttingProxy {
     ::close(listener_);
   }
   std::string url() const { return "unix://" + listen_path_; }
+  // Connections accepted so far.
+  int accepted() const { return accepted_.load(); }
+  // Where connections accepted from now on go.
+  void SetUpstream(std::string upstream) {
+    absl::MutexLock lock(&mu_);
+    upstream_ = std::move(upstream);
+  }
 
   // Aborts every open connection; returns how many fds were cut.
   int Cut() {
@@ -167,8 +177,13 @@ class CuttingProxy {
         if (client >= 0) ::close(client);
         return;
       }
+      ++accepted_;
       const int upstream = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      sockaddr_un addr = Address(upstream_);
+      sockaddr_un addr;
+      {
+        absl::MutexLock lock(&mu_);
+        addr = Address(upstream_);
+      }
       if (::connect(upstream, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
         ::close(upstream);
         ::close(client);
@@ -210,7 +225,8 @@ class CuttingProxy {
   }
 
   std::string listen_path_;
-  std::string upstream_;
+  std::string upstream_;  // guarded by mu_
+  std::atomic<int> accepted_{0};
   int listener_ = -1;
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
@@ -219,10 +235,12 @@ class CuttingProxy {
   std::vector<std::thread> pumps_;
 };
 
-inline std::unique_ptr<Client> ConnectTo(const std::string& url, const std::string& token = "") {
+inline std::unique_ptr<Client> ConnectTo(const std::string& url, const std::string& token = "",
+                                         CallsWire wire = CallsWire::kAuto) {
   ConnectOptions options;
   options.target = url;
   options.token = token;
+  options.calls_wire = wire;
   options.reconnect_delay = absl::Milliseconds(50);
   auto client = Client::Connect(options);
   REQUIRE_OK(client.status());

@@ -49,6 +49,20 @@ class CcNoopSummaryTest(unittest.TestCase):
         self.assertIsNone(summary["over_raw_daemon"])
         self.assertIs(summary["at_most_1_5x_floor_grpc"], True)
 
+    def test_frame_wire_client_against_its_grpc_wire_self(self):
+        rounds = [_round(100.0, 10.0, 50.0), _round(90.0, 10.0, 45.0), _round(120.0, 10.0, 40.0)]
+        for r, grpc_wire in zip(rounds, (150.0, 180.0, 160.0)):
+            r["cc_client"].update({"calls_wire": "frames", "grpc_wire_noop_p50_us": grpc_wire,
+                                   "noop_over_grpc_wire_block_median": 100.0 / grpc_wire})
+        summary = remote_calls.cc_noop_summary(rounds)
+        self.assertEqual(summary["calls_wire"], "frames")
+        self.assertEqual(summary["grpc_wire_p50_us"], 160.0)
+        self.assertEqual(summary["over_grpc_wire"], round(100.0 / 160.0, 2))
+        # 150/50 = 3, 180/45 = 4, 160/40 = 4: the median is 4.
+        self.assertEqual(summary["grpc_wire_over_floor_grpc"], 4.0)
+        # 100/50 = 2, 90/45 = 2, 120/40 = 3.
+        self.assertEqual(summary["over_floor_grpc"], 2.0)
+
     def test_no_client_round_is_none(self):
         self.assertIsNone(remote_calls.cc_noop_summary([_round(None, 10.0, 20.0)]))
 

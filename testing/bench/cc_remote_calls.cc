@@ -7,8 +7,12 @@
 //
 // Prints progress to stderr and one JSON line (the results) to stdout. Each
 // concurrent caller is a thread making blocking calls on the one Client.
-// The noop is measured in blocks of kNoopBlock calls alternating with a raw
-// gRPC noop through the same daemon (RawNoop), so both meet the same load:
+// The client's Calls stream takes the frame wire when the daemon has one
+// (unless $AGENTIX_CALLS_WIRE=grpc); calls_wire says which. The noop is
+// measured in blocks of kNoopBlock calls alternating with the same client
+// on the gRPC wire (grpc_wire_noop_p50_us, noop_over_grpc_wire_block_median;
+// only when the client is on the frame wire) and a raw
+// gRPC noop through the same daemon (RawNoop), so all meet the same load:
 // noop_p50_us / raw_daemon_noop_p50_us (all samples),
 // noop_over_raw_daemon_block_median (the median over blocks of the ratio
 // of their p50s) and the process's CPU per call of each
@@ -184,50 +188,60 @@ double CpuSeconds() {
          (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
 }
 
-// The client's noop and the raw noop through the same daemon, measured in
-// alternating blocks (the order swapped each block) so that both meet the
-// same load: latency samples, CPU per call, and the median over blocks of
-// the block p50 ratio client / raw.
+// The client's noop, the same client on the gRPC wire (when the client's
+// Calls stream is on the frame wire) and the raw noop through the same
+// daemon, measured in alternating blocks (the order rotated each block) so
+// that all meet the same load: latency samples, CPU per call, and the
+// medians over blocks of the block p50 ratios client / raw and client /
+// gRPC-wire client.
 struct NoopFigures {
-  std::vector<double> client, raw;  // seconds per call
-  double client_cpu = 0, raw_cpu = 0;  // CPU seconds in total
-  std::vector<double> block_ratios;
+  std::vector<double> client, grpc_wire, raw;  // seconds per call
+  double client_cpu = 0, grpc_wire_cpu = 0, raw_cpu = 0;  // CPU seconds in total
+  std::vector<double> block_ratios;      // client / raw
+  std::vector<double> grpc_wire_ratios;  // client / client on gRPC
   absl::Status raw_error;
 };
 
-NoopFigures MeasureNoops(Client& client, RawNoop& raw, const Plan& plan) {
+NoopFigures MeasureNoops(Client& client, Client* grpc_client, RawNoop& raw, const Plan& plan) {
   NoopFigures out;
   const int blocks = std::max(1, plan.noop_calls / kNoopBlock);
   for (int i = 0; i < plan.noop_warmup; ++i) {
     Noop(client);
+    if (grpc_client != nullptr) Noop(*grpc_client);
     if (out.raw_error.ok()) out.raw_error = raw.Once().status();
   }
   for (int b = 0; b < blocks; ++b) {
-    std::vector<double> mine, theirs;
-    for (int side = 0; side < 2; ++side) {
-      const bool client_side = (side == 0) == (b % 2 == 0);
-      if (!client_side && !out.raw_error.ok()) continue;
+    std::vector<double> samples[3];  // client, gRPC-wire client, raw
+    double* cpu_totals[3] = {&out.client_cpu, &out.grpc_wire_cpu, &out.raw_cpu};
+    for (int k = 0; k < 3; ++k) {
+      const int side = (b + k) % 3;
+      if (side == 1 && grpc_client == nullptr) continue;
+      if (side == 2 && !out.raw_error.ok()) continue;
       const double cpu = CpuSeconds();
       for (int i = 0; i < kNoopBlock; ++i) {
-        if (client_side) {
+        if (side < 2) {
           const double start = Now();
-          Noop(client);
-          mine.push_back(Now() - start);
+          Noop(side == 0 ? client : *grpc_client);
+          samples[side].push_back(Now() - start);
         } else {
           absl::StatusOr<double> took = raw.Once();
           if (!took.ok()) {
             out.raw_error = took.status();
             break;
           }
-          theirs.push_back(*took);
+          samples[2].push_back(*took);
         }
       }
-      (client_side ? out.client_cpu : out.raw_cpu) += CpuSeconds() - cpu;
+      *cpu_totals[side] += CpuSeconds() - cpu;
     }
-    out.client.insert(out.client.end(), mine.begin(), mine.end());
-    out.raw.insert(out.raw.end(), theirs.begin(), theirs.end());
-    if (!mine.empty() && theirs.size() == static_cast<size_t>(kNoopBlock)) {
-      out.block_ratios.push_back(Percentile(mine, 0.5) / Percentile(theirs, 0.5));
+    out.client.insert(out.client.end(), samples[0].begin(), samples[0].end());
+    out.grpc_wire.insert(out.grpc_wire.end(), samples[1].begin(), samples[1].end());
+    out.raw.insert(out.raw.end(), samples[2].begin(), samples[2].end());
+    if (samples[2].size() == static_cast<size_t>(kNoopBlock)) {
+      out.block_ratios.push_back(Percentile(samples[0], 0.5) / Percentile(samples[2], 0.5));
+    }
+    if (!samples[1].empty()) {
+      out.grpc_wire_ratios.push_back(Percentile(samples[0], 0.5) / Percentile(samples[1], 0.5));
     }
   }
   return out;
@@ -280,6 +294,15 @@ int Main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(options);
   if (!connected.ok()) Die("connect", connected.status());
   Client& client = **connected;
+  const bool frames = client.calls_wire() == CallsWire::kFrames;
+  std::unique_ptr<Client> grpc_client;  // the A/B partner of a frame-wire client
+  if (frames) {
+    options.calls_wire = CallsWire::kGrpc;
+    absl::StatusOr<std::unique_ptr<Client>> on_grpc = Client::Connect(options);
+    if (!on_grpc.ok()) Die("connect (gRPC wire)", on_grpc.status());
+    grpc_client = *std::move(on_grpc);
+    Noop(*grpc_client);
+  }
 
   const double first = Now();
   Noop(client);
@@ -287,7 +310,7 @@ int Main(int argc, char** argv) {
   NoopFigures noops;
   {
     RawNoop raw(target);
-    noops = MeasureNoops(client, raw, plan);
+    noops = MeasureNoops(client, grpc_client.get(), raw, plan);
   }
   double total = 0;
   for (double s : noops.client) total += s;
@@ -299,16 +322,29 @@ int Main(int argc, char** argv) {
       noops.block_ratios.empty() ? nan : Percentile(noops.block_ratios, 0.5);
   const double cpu = noops.client_cpu / noops.client.size() * 1e6;
   const double raw_cpu = noops.raw.empty() ? nan : noops.raw_cpu / noops.raw.size() * 1e6;
+  const double grpc_p50 =
+      noops.grpc_wire.empty() ? nan : Percentile(noops.grpc_wire, 0.5) * 1e6;
+  const double grpc_cpu =
+      noops.grpc_wire.empty() ? nan : noops.grpc_wire_cpu / noops.grpc_wire.size() * 1e6;
+  const double grpc_ratio =
+      noops.grpc_wire_ratios.empty() ? nan : Percentile(noops.grpc_wire_ratios, 0.5);
   std::fprintf(stderr,
-               "[cc] noop p50 %.1f us, p99 %.1f us, CPU %.1f us/call; raw gRPC noop through "
-               "the daemon p50 %.1f us, CPU %.1f us/call; block p50 ratio (median) %.3f\n",
-               p50, p99, cpu, raw_p50, raw_cpu, block_ratio);
+               "[cc] noop (%s wire) p50 %.1f us, p99 %.1f us, CPU %.1f us/call; on the gRPC "
+               "wire p50 %.1f us, CPU %.1f us/call, block p50 ratio (median) %.3f; raw gRPC "
+               "noop through the daemon p50 %.1f us, CPU %.1f us/call; block p50 ratio "
+               "(median) %.3f\n",
+               frames ? "frame" : "gRPC", p50, p99, cpu, grpc_p50, grpc_cpu, grpc_ratio,
+               raw_p50, raw_cpu, block_ratio);
   const std::string noop_json = absl::StrFormat(
+      "\"calls_wire\": \"%s\", "
       "\"noop_p50_us\": %.1f, \"noop_p99_us\": %.1f, \"noop_mean_us\": %.1f, "
       "\"noop_cpu_us_per_call\": %s, \"raw_daemon_noop_p50_us\": %s, "
-      "\"raw_daemon_noop_cpu_us_per_call\": %s, \"noop_over_raw_daemon_block_median\": %s",
-      p50, p99, total / noops.client.size() * 1e6, Number(cpu), Number(raw_p50),
-      Number(raw_cpu), Number(block_ratio));
+      "\"raw_daemon_noop_cpu_us_per_call\": %s, \"noop_over_raw_daemon_block_median\": %s, "
+      "\"grpc_wire_noop_p50_us\": %s, \"grpc_wire_noop_cpu_us_per_call\": %s, "
+      "\"noop_over_grpc_wire_block_median\": %s",
+      frames ? "frames" : "grpc", p50, p99, total / noops.client.size() * 1e6, Number(cpu),
+      Number(raw_p50), Number(raw_cpu), Number(block_ratio), Number(grpc_p50),
+      Number(grpc_cpu), Number(grpc_ratio));
   std::string errors;
   auto add_error = [&](const absl::Status& status) {
     if (status.ok()) return;

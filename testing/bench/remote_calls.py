@@ -34,7 +34,13 @@ the CPU the host, the daemon (server) and the worker spent per call
 
 The C++ client's noop against the floors, in one place of the last JSON line,
 `cc_noop` (None without a C++ client round):
+- `calls_wire`: the wire of the C++ client's Calls stream, "frames" (the
+  daemon's frame wire, the default on unix://) or "grpc" (AGENTIX_CALLS_WIRE=grpc);
 - `p50_us`: the C++ client's noop p50 (median over the rounds);
+- `grpc_wire_p50_us`, `over_grpc_wire`: the same client on the gRPC wire, in
+  blocks alternating with it (frame wire only): its p50 and the median over
+  the rounds of the per-block client / gRPC-wire p50 ratio's median;
+  `grpc_wire_over_floor_grpc`: its p50 / floor_grpc p50, as `over_floor_grpc`;
 - `floor_p50_us`, `floor_grpc_p50_us`, `floor_relay_p50_us`: the raw
   Unix-socket, raw gRPC and relayed Unix-socket ping-pong floors' p50
   (medians over the rounds);
@@ -194,7 +200,8 @@ def _run_ours(args, plan, log) -> dict:
 CC_KEYS = ("noop_p50_us", "noop_p99_us", "calls_per_s_c1", "calls_per_s_c16",
            "calls_per_s_c64", "mb_per_s_16mib", "raw_daemon_noop_p50_us",
            "noop_over_raw_daemon_block_median", "noop_cpu_us_per_call",
-           "raw_daemon_noop_cpu_us_per_call")
+           "raw_daemon_noop_cpu_us_per_call", "grpc_wire_noop_p50_us",
+           "noop_over_grpc_wire_block_median")
 # The figures beside each latency: CPU of all processes per call / per 16 MiB echo.
 CPU_KEYS = ("noop_cpu_us_per_call", "echo_cpu_ms_16mib")
 FLOOR_KEYS = HEADLINE_KEYS + CPU_KEYS
@@ -305,12 +312,16 @@ def cc_noop_summary(rounds: list[dict]) -> dict | None:
     def figure(name, key):
         return median([(r.get(name) or {}).get(key) for r in rounds])
 
-    def per_round(name):
-        return median([ratio((r.get("cc_client") or {}).get("noop_p50_us"),
+    def per_round(name, key="noop_p50_us"):
+        return median([ratio((r.get("cc_client") or {}).get(key),
                              (r.get(name) or {}).get("noop_p50_us")) for r in rounds])
 
     summary = {
+        "calls_wire": cc[-1].get("calls_wire"),
         "p50_us": figure("cc_client", "noop_p50_us"),
+        "grpc_wire_p50_us": figure("cc_client", "grpc_wire_noop_p50_us"),
+        "over_grpc_wire": figure("cc_client", "noop_over_grpc_wire_block_median"),
+        "grpc_wire_over_floor_grpc": per_round("floor_grpc", "grpc_wire_noop_p50_us"),
         "floor_p50_us": figure("floor", "noop_p50_us"),
         "floor_grpc_p50_us": figure("floor_grpc", "noop_p50_us"),
         "floor_relay_p50_us": figure("floor_relay", "noop_p50_us"),

@@ -6,9 +6,12 @@ against the real agentix-sandboxd + agentix-worker.
 starts its own daemons with //host/cc:test_daemon) runs once per module from
 its runfiles directory and writes a junit report. Every case of cases.json
 (but those whose `not_for` names "cc") is one pytest test here, so each is
-counted by tools/test, and a case the runner does not implement fails."""
+counted by tools/test, and a case the runner does not implement fails. The
+runner runs twice, the Calls stream on the daemon's frame wire and on gRPC
+(AGENTIX_CALLS_WIRE), so each case is a test per wire."""
 
 import json
+import os
 import subprocess
 import xml.etree.ElementTree as ET
 
@@ -23,13 +26,19 @@ CASES = [c["id"] for c in _SPEC["values"] + _SPEC["behaviours"] if "cc" not in c
 RUN_TIMEOUT_S = 900
 
 
-@pytest.fixture(scope="module")
-def runner_results(tmp_path_factory):
+# The Calls stream's wires (docs/FRAME-WIRE.md): the runner runs once on each,
+# required (AGENTIX_CALLS_WIRE=frames fails rather than fall back to gRPC).
+WIRES = ("frames", "grpc")
+
+
+@pytest.fixture(scope="module", params=WIRES)
+def runner_results(request, tmp_path_factory):
     assert RUNNER.exists(), f"{RUNNER} is not built (bazel build //host/cc:conformance_runner)"
-    report = tmp_path_factory.mktemp("cc-conformance") / "report.xml"
+    report = tmp_path_factory.mktemp(f"cc-conformance-{request.param}") / "report.xml"
     proc = subprocess.run(
         [str(RUNNER), "--reporter", "junit", "--out", str(report)],
-        cwd=RUNFILES, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        cwd=RUNFILES, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        env={**os.environ, "AGENTIX_CALLS_WIRE": request.param})
     assert report.exists(), f"the runner wrote no report (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
     results = {}
     for case in ET.parse(report).getroot().iter("testcase"):

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <random>
@@ -15,6 +17,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "agentix/calls_transport.h"
+#include "agentix/frame_transport.h"
+#include "agentix/grpc_calls_transport.h"
 #include "agentix/runtime/v1/runtime.grpc.pb.h"
 
 namespace agentix {
@@ -78,6 +83,33 @@ SpanAttributes TextAttributes(
     out.emplace_back(attribute.key(), std::move(text));
   }
   return out;
+}
+
+// Settles options->calls_wire: kAuto takes $AGENTIX_CALLS_WIRE; a target
+// that is not unix:// (or TLS) gets gRPC, or INVALID_ARGUMENT when the
+// frame wire is required.
+absl::Status ResolveCallsWire(ConnectOptions* options) {
+  if (options->calls_wire == CallsWire::kAuto) {
+    const char* env = std::getenv("AGENTIX_CALLS_WIRE");
+    const absl::string_view mode = env == nullptr ? "" : env;
+    if (mode == "frames") {
+      options->calls_wire = CallsWire::kFrames;
+    } else if (mode == "grpc") {
+      options->calls_wire = CallsWire::kGrpc;
+    } else if (!mode.empty() && mode != "auto") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AGENTIX_CALLS_WIRE=", mode, " is not one of auto, frames, grpc"));
+    }
+  }
+  const bool unix_target = !client_internal::CallsSocketPath(options->target).empty();
+  if (unix_target && !options->tls.has_value()) return absl::OkStatus();
+  if (options->calls_wire == CallsWire::kFrames) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "calls_wire is frames, but the frame wire needs a unix:// target without TLS (target ",
+        options->target, options->tls.has_value() ? ", TLS on)" : ")"));
+  }
+  options->calls_wire = CallsWire::kGrpc;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -146,12 +178,11 @@ struct Call {
   absl::CondVar changed;
 };
 
-// One Calls stream. Writers hold write_mu; the reader marks it dead (after
-// cancelling its context) before Finish, so no Write races Finish.
+// One Calls stream (on gRPC or the frame wire). Writers hold write_mu; the
+// reader marks it dead (after cancelling it) before Finish, so no Write
+// races Finish.
 struct CallsStream {
-  grpc::ClientContext context;
-  std::unique_ptr<grpc::ClientReaderWriter<pb::CallsRequest, pb::CallsResponse>>
-      rw;
+  std::unique_ptr<CallsTransport> transport;
   absl::Mutex write_mu;
   bool dead = false;
   const absl::Time opened = absl::Now();
@@ -160,9 +191,17 @@ struct CallsStream {
   bool Write(const pb::CallsRequest& request) {
     absl::MutexLock lock(&write_mu);
     if (dead) return false;
-    return rw->Write(request);
+    return transport->Write(request);
   }
 };
+
+// A Calls stream that ended with one of these is refused, not broken:
+// resuming would be refused again, so its calls fail with it.
+bool IsRefusal(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnauthenticated ||
+         status.code() == absl::StatusCode::kPermissionDenied ||
+         status.code() == absl::StatusCode::kInvalidArgument;
+}
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
@@ -205,18 +244,29 @@ class Connection : public std::enable_shared_from_this<Connection> {
         }
       }
       if (request.events_size() > 0) stream->Write(request);
-      stream->context.TryCancel();
+      stream->transport->Cancel();
     }
     if (reader_.joinable()) reader_.join();
   }
 
   const ConnectOptions& options() const { return options_; }
 
-  void AddMetadata(grpc::ClientContext* context) const {
+  StreamMetadata Metadata() const {
+    StreamMetadata metadata;
     if (!options_.token.empty()) {
-      context->AddMetadata("authorization", "Bearer " + options_.token);
+      metadata.emplace_back("authorization", "Bearer " + options_.token);
     }
-    context->AddMetadata("agentix-client-id", options_.client_id);
+    metadata.emplace_back("agentix-client-id", options_.client_id);
+    return metadata;
+  }
+
+  void AddMetadata(grpc::ClientContext* context) const {
+    for (const auto& [key, value] : Metadata()) context->AddMetadata(key, value);
+  }
+
+  CallsWire wire() {
+    absl::MutexLock lock(&mu_);
+    return wire_;
   }
 
   std::shared_ptr<pb::RuntimeService::Stub> stub() {
@@ -421,13 +471,36 @@ class Connection : public std::enable_shared_from_this<Connection> {
       }
     }
     auto stream = std::make_shared<CallsStream>();
-    AddMetadata(&stream->context);
-    stream->rw = stub->Calls(&stream->context);
+    absl::Status frames = OpenFrames(stream.get());
+    if (!frames.ok()) return frames;
+    if (stream->transport == nullptr) {
+      stream->transport = OpenGrpcCallsTransport(stub.get(), Metadata());
+    }
     absl::MutexLock lock(&mu_);
+    wire_ = std::strcmp(stream->transport->wire(), "frames") == 0 ? CallsWire::kFrames
+                                                                 : CallsWire::kGrpc;
     channel_ = std::move(channel);
     stub_ = std::move(stub);
     stream_ = std::move(stream);
     return absl::OkStatus();
+  }
+
+  // The Calls stream on the frame wire when the options allow and PATH.calls
+  // answers (options_.calls_wire is kAuto or kFrames only for a unix://
+  // target without TLS: Client::Connect). kAuto falls back to gRPC (left
+  // null) when it does not; kFrames fails.
+  absl::Status OpenFrames(CallsStream* stream) {
+    if (options_.calls_wire == CallsWire::kGrpc) return absl::OkStatus();
+    absl::StatusOr<std::unique_ptr<CallsTransport>> transport =
+        ConnectFrameTransport(CallsSocketPath(options_.target), Metadata());
+    if (transport.ok()) {
+      stream->transport = *std::move(transport);
+      return absl::OkStatus();
+    }
+    if (options_.calls_wire == CallsWire::kAuto) return absl::OkStatus();
+    return absl::UnavailableError(absl::StrCat(
+        "calls_wire is frames, but ", transport.status().message(),
+        " (is agentix-sandboxd running with --calls_socket?)"));
   }
 
   absl::Status TimeOutLocked(const std::shared_ptr<Call>& call)
@@ -536,13 +609,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     reading_ = true;
     mu_.Unlock();
-    const bool ok = stream->rw->Read(&response_);
+    const bool ok = stream->transport->Read(&response_);
     if (ok) {
       // A stream that delivers something counts as a working connection:
       // the next break gets the full reconnect budget again.
       stream->delivered = true;
     } else {
-      stream->context.TryCancel();
+      stream->transport->Cancel();
       absl::MutexLock lock(&stream->write_mu);
       stream->dead = true;
     }
@@ -601,7 +674,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         if (closing_) break;
       }
       if (broken != nullptr) {
-        const absl::Status ended = StatusFromGrpc(broken->rw->Finish());
+        const absl::Status ended = broken->transport->Finish();
         // A stream that broke before delivering anything (say, on a message
         // over the receive limit that a resume would only replay) uses up
         // one reconnect attempt, so such loops end. A stream that lived a
@@ -613,6 +686,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         }
         absl::MutexLock lock(&mu_);
         last_error_ = ended;
+        if (IsRefusal(ended)) FailPendingLocked(ended);
         continue;
       }
       if (reconnect) {
@@ -634,12 +708,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (stream_ != nullptr) left.push_back(std::move(stream_));
     }
     for (const auto& stream : left) {
-      stream->context.TryCancel();
+      stream->transport->Cancel();
       {
         absl::MutexLock lock(&stream->write_mu);
         stream->dead = true;
       }
-      stream->rw->Finish();
+      stream->transport->Finish().IgnoreError();
     }
   }
 
@@ -760,6 +834,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
       ++failures_;
       absl::MutexLock lock(&mu_);
       last_error_ = opened;
+      // A wrong token stays wrong (say, the daemon restarted with another).
+      if (opened.code() == absl::StatusCode::kUnauthenticated ||
+          opened.code() == absl::StatusCode::kPermissionDenied) {
+        failures_ = 0;
+        FailPendingLocked(opened);
+        return;
+      }
     }
     failures_ = 0;
     absl::MutexLock lock(&mu_);
@@ -770,6 +851,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
     for (auto& [id, call] : pending_) {
       call->done = true;
       call->status = absl::UnavailableError(reason);
+      call->changed.SignalAll();
+    }
+    pending_.clear();
+  }
+
+  // Fails every pending call with the daemon's refusal.
+  void FailPendingLocked(const absl::Status& refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (auto& [id, call] : pending_) {
+      call->done = true;
+      call->status = refusal;
       call->changed.SignalAll();
     }
     pending_.clear();
@@ -838,6 +929,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   absl::CondVar wake_;  // closing, or a call waits for a connection
   absl::Status last_error_ ABSL_GUARDED_BY(mu_);
   int reconnects_ ABSL_GUARDED_BY(mu_) = 0;
+  CallsWire wire_ ABSL_GUARDED_BY(mu_) = CallsWire::kGrpc;
   int failures_ = 0;  // the reader thread's: failed attempts in a row
   // Side-channel barrier (see Client::SubscribeLogs).
   absl::CondVar barrier_;
@@ -1072,6 +1164,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ConnectOptions options) 
   if (options.client_id.size() > 256) {
     return absl::InvalidArgumentError("ConnectOptions.client_id is over 256 bytes");
   }
+  absl::Status wire = ResolveCallsWire(&options);
+  if (!wire.ok()) return wire;
   auto connection = std::make_shared<Connection>(std::move(options));
   absl::Status status = connection->Start();
   if (!status.ok()) return status;
@@ -1136,5 +1230,7 @@ absl::StatusOr<std::unique_ptr<Subscription>> Client::SubscribeSpans(
 }
 
 int Client::reconnects() const { return connection_->reconnects(); }
+
+CallsWire Client::calls_wire() const { return connection_->wire(); }
 
 }  // namespace agentix

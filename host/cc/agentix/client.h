@@ -8,8 +8,9 @@
 //
 // Nothing in this API throws: failures are absl::Status values. A call that
 // failed in the sandbox carries the sandbox's RemoteError (GetRemoteError).
-// One Client holds one gRPC channel and one Calls stream for every call; it
-// is thread-safe. If the connection breaks, calls in flight are resumed on a
+// One Client holds one gRPC channel and one Calls stream for every call (on
+// a unix:// target, over the daemon's frame wire when it has one); it is
+// thread-safe. If the connection breaks, calls in flight are resumed on a
 // new one: each runs once, and its result is delivered once (see README.md).
 #ifndef AGENTIX_HOST_CC_AGENTIX_CLIENT_H_
 #define AGENTIX_HOST_CC_AGENTIX_CLIENT_H_
@@ -82,6 +83,21 @@ struct TlsOptions {
   std::string server_name;
 };
 
+// Which wire carries the Calls stream (the calls themselves; subscriptions,
+// GetInfo and everything else stay on gRPC). docs/FRAME-WIRE.md.
+enum class CallsWire {
+  // $AGENTIX_CALLS_WIRE when set ("auto", "frames", "grpc"); otherwise the
+  // frame wire when the target is unix://PATH without TLS and PATH.calls
+  // accepts a connection, else gRPC. Decided again at each reconnect.
+  kAuto,
+  // The frame wire, or an error: INVALID_ARGUMENT from Connect for a target
+  // that is not unix:// or with TLS; UNAVAILABLE when PATH.calls cannot be
+  // connected.
+  kFrames,
+  // gRPC always.
+  kGrpc,
+};
+
 struct ConnectOptions {
   // "unix:///path/to.sock", "unix:relative.sock" or "host:port".
   std::string target;
@@ -102,6 +118,7 @@ struct ConnectOptions {
   int reconnect_attempts = 8;
   absl::Duration reconnect_delay = absl::Milliseconds(250);
   absl::Duration reconnect_delay_max = absl::Seconds(5);
+  CallsWire calls_wire = CallsWire::kAuto;
 };
 
 // Why a call failed in the sandbox (runtime.proto's RemoteError).
@@ -385,6 +402,8 @@ class Client {
 
   // How many times the Calls stream was re-established after breaking.
   int reconnects() const;
+  // The wire of the current (or last) Calls stream: kFrames or kGrpc.
+  CallsWire calls_wire() const;
 
  private:
   explicit Client(std::shared_ptr<client_internal::Connection> connection);

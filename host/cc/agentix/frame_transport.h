@@ -1,0 +1,35 @@
+// The Calls stream over the daemon's frame wire (docs/FRAME-WIRE.md): a
+// plain Unix socket at PATH.calls beside the daemon's unix://PATH, carrying
+// the same serialized CallsRequest / CallsResponse messages as gRPC in
+// 5-byte-header frames (sandbox/frame_codec.h). Blocking I/O on the
+// caller's thread: a write is one send(), a read one recv() for a small
+// message, with no thread of gRPC's in between.
+#ifndef AGENTIX_HOST_CC_AGENTIX_FRAME_TRANSPORT_H_
+#define AGENTIX_HOST_CC_AGENTIX_FRAME_TRANSPORT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "agentix/calls_transport.h"
+
+namespace agentix::client_internal {
+
+// "PATH.calls" for a "unix:///PATH", "unix:/PATH" or "unix:PATH" target;
+// empty for any other target.
+std::string CallsSocketPath(absl::string_view target);
+
+// Connects to the frame wire at `path` and sends HELLO with `metadata`
+// (messages may follow at once; a refusal arrives as the stream's STATUS).
+// UNAVAILABLE naming the errno when the socket cannot be connected.
+absl::StatusOr<std::unique_ptr<CallsTransport>> ConnectFrameTransport(
+    const std::string& path, const StreamMetadata& metadata);
+
+// Takes over `fd`, a connected stream socket (tests: a socketpair), and
+// sends HELLO with `metadata`.
+std::unique_ptr<CallsTransport> NewFrameTransport(int fd, const StreamMetadata& metadata);
+
+}  // namespace agentix::client_internal
+
+#endif  // AGENTIX_HOST_CC_AGENTIX_FRAME_TRANSPORT_H_
