@@ -6,13 +6,10 @@ and what reaches the request."""
 import asyncio
 import importlib
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from agentix.provider import SandboxConfig, SandboxResource, _plugin
 from agentix.provider import local as local_module
@@ -24,39 +21,7 @@ from agentix.provider.docker import (
     default_engine_socket,
 )
 from agentix.provider.v1 import provider_pb2 as pb
-from fake_provider import FakeProviderService, serve_fake, serve_provider
-
-
-@pytest.fixture
-def short_dir():
-    path = Path(tempfile.mkdtemp(prefix="agx-", dir="/tmp"))  # sun_path is 108 bytes
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def bundle(short_dir):
-    nix = short_dir / "bundle" / "nix" / "runtime"
-    nix.mkdir(parents=True)
-    (nix / "bootstrap.sh").write_text("#!/bin/sh\n")
-    return short_dir / "bundle"
-
-
-@pytest.fixture
-def environment(monkeypatch, short_dir):
-    for name in ("AGENTIX_PROVIDER_URL", "AGENTIX_PROVIDER_TOKEN", "DOCKER_HOST", "CONTAINER_HOST"):
-        monkeypatch.delenv(name, raising=False)
-    runtime = short_dir / "xdg"
-    runtime.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
-    return runtime
-
-
-@pytest_asyncio.fixture
-async def fake(short_dir):
-    service = await serve_fake(short_dir)
-    yield service
-    await service.server.stop(None)
+from fake_provider import FakeProviderService, serve_provider
 
 
 def test_entry_points_name_docker_and_podman():

@@ -6,13 +6,10 @@ are tested end to end in testing/e2e/test_k8s_provider.py."""
 
 import asyncio
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from agentix.provider import SandboxConfig, SandboxResource, _plugin
 from agentix.provider import local as local_module
@@ -24,34 +21,16 @@ from agentix.provider.kubernetes import (
     default_kubeconfig,
 )
 from agentix.provider.v1 import provider_pb2 as pb
-from fake_provider import FakeProviderService, serve_fake, serve_provider
+from fake_provider import FakeProviderService, serve_provider
 
 BUNDLE = "registry.example/agentix-bundle@sha256:" + "ab" * 32
 
 
 @pytest.fixture
-def short_dir():
-    path = Path(tempfile.mkdtemp(prefix="agx-", dir="/tmp"))  # sun_path is 108 bytes
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def environment(monkeypatch, short_dir):
-    for name in ("AGENTIX_PROVIDER_URL", "AGENTIX_PROVIDER_TOKEN", "KUBECONFIG"):
-        monkeypatch.delenv(name, raising=False)
-    runtime = short_dir / "xdg"
-    runtime.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+def environment(environment, monkeypatch, short_dir):
+    """conftest's, and a HOME without a ~/.kube/config."""
     monkeypatch.setenv("HOME", str(short_dir / "home"))
-    return runtime
-
-
-@pytest_asyncio.fixture
-async def fake(short_dir):
-    service = await serve_fake(short_dir)
-    yield service
-    await service.server.stop(None)
+    return environment
 
 
 def test_registry_resolves_the_declared_kubernetes_entry_point(monkeypatch):

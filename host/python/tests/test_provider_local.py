@@ -5,36 +5,18 @@ its settings reach the requests, and starting a providerd binary."""
 
 import asyncio
 import os
-import shutil
 import stat
-import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from agentix.provider import SandboxConfig, SandboxResource
 from agentix.provider import local as local_module
 from agentix.provider.local import LocalProvider, LocalProviderConfig, default_socket, find_providerd, spawn_providerd
 from agentix.provider.v1 import provider_pb2 as pb
-from fake_provider import FakeProviderService, serve_fake, serve_provider
-
-
-@pytest.fixture
-def short_dir():
-    path = Path(tempfile.mkdtemp(prefix="agx-", dir="/tmp"))  # sun_path is 108 bytes
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def bundle(short_dir):
-    nix = short_dir / "bundle" / "nix" / "runtime"
-    nix.mkdir(parents=True)
-    (nix / "bootstrap.sh").write_text("#!/bin/sh\n")
-    return short_dir / "bundle"
+from fake_provider import FakeProviderService, serve_provider
 
 
 @pytest.fixture
@@ -45,23 +27,6 @@ def no_spawn(monkeypatch):
         raise AssertionError(f"spawn_providerd called: {args} {kwargs}")
 
     monkeypatch.setattr(local_module, "spawn_providerd", refuse)
-
-
-@pytest.fixture
-def environment(monkeypatch, short_dir):
-    monkeypatch.delenv("AGENTIX_PROVIDER_URL", raising=False)
-    monkeypatch.delenv("AGENTIX_PROVIDER_TOKEN", raising=False)
-    runtime = short_dir / "xdg"
-    runtime.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
-    return runtime
-
-
-@pytest_asyncio.fixture
-async def fake(short_dir):
-    service = await serve_fake(short_dir)
-    yield service
-    await service.server.stop(None)
 
 
 def _stale_socket(path):
