@@ -3,12 +3,12 @@ into the host's agentix.trace processors, as children of the host span that
 made the call, each attributed to its call."""
 
 import asyncio
-import time
 
 import pytest
 
 import e2e_targets as t
-from agentix import RuntimeClient, trace
+from agentix import trace
+from conftest import wait_for
 
 pytestmark = pytest.mark.asyncio
 
@@ -33,13 +33,6 @@ def recorder():
     trace.add_processor(r)
     yield r
     trace.remove_processor(r)
-
-
-async def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_sandbox_spans_reach_host_processors_under_the_host_span(client, recorder):
@@ -206,10 +199,8 @@ async def test_every_trace_event_field_reaches_the_host_from_its_one_definition(
     events a list of dicts), arrives on the host's Traces stream as sent, and
     the daemon adds only its own fields (a field added to the message is
     covered with no change here)."""
-    import grpc
-
     from agentix.runtime.v1 import runtime_pb2 as pb
-    from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
+    from raw_stream import first_item_emitted
 
     fields, expected = {}, {}
     for field in pb.TraceEvent.DESCRIPTOR.fields:
@@ -217,26 +208,10 @@ async def test_every_trace_event_field_reaches_the_host_from_its_one_definition(
             fields[field.name], expected[field.name] = _python_form(field, pb)
     for name, value in _AGENTIX_IDS.items():
         fields[name] = expected[name] = value
-    channel = grpc.aio.insecure_channel(daemon.url)
-    traces = pb_grpc.RuntimeServiceStub(channel).Traces()
-    await traces.write(pb.TracesRequest(subscribe=pb.SubscribeTraces(after_seq=0)))
-    try:
-        # call_id names no live call, so the event goes to every host stream.
-        async with RuntimeClient(daemon.url, logs=False, traces=False) as client:
-            assert await client.remote(t.send_trace_fields, fields)
-
-        async def received():
-            while True:
-                response = await traces.read()
-                assert response is not grpc.aio.EOF, "Traces stream ended"
-                for event in response.events:
-                    if event.name == fields["name"]:
-                        return event
-
-        got = await asyncio.wait_for(received(), 20)
-    finally:
-        traces.cancel()
-        await channel.close()
+    # call_id names no live call, so the event goes to every host stream.
+    got = await first_item_emitted(
+        daemon.url, "Traces", pb.TracesRequest(subscribe=pb.SubscribeTraces(after_seq=0)), "events",
+        lambda event: event.name == fields["name"], t.send_trace_fields, fields)
     assert got.seq > 0
     assert len(got.worker_id) == 8
     want = pb.TraceEvent(seq=got.seq, worker_id=got.worker_id,
