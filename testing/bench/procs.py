@@ -1,4 +1,4 @@
-"""Process and path helpers shared by every part of the benchmark.
+"""Process, path and machine helpers shared by every part of the benchmark.
 
 Every process the benchmark starts goes through `start_process`, and every one is
 stopped with `stop_process` (SIGTERM, a grace period, then SIGKILL, then reaped),
@@ -7,6 +7,7 @@ so nothing outlives a run, whether it ends normally, by exception or by Ctrl-C.
 
 import glob
 import os
+import platform
 import select
 import signal
 import subprocess
@@ -23,6 +24,26 @@ MALLOC_TUNABLES = (
 
 # The Bazel workspace name: runfiles of this repository live under <runfiles>/agentix.
 WORKSPACE = "agentix"
+
+
+def machine() -> dict:
+    """The machine a report's figures come from: CPUs, CPU model, kernel, Python."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"cpus": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),
+            "python": platform.python_version()}
+
+
+def loadavg() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (2 decimals); None if unknown."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def bench_dir() -> Path:

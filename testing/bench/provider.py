@@ -72,7 +72,6 @@ import asyncio
 import copy
 import json
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -117,22 +116,8 @@ def _median(values):
     return round(statistics.median(values), 2) if values else None
 
 
-def _loadavg():
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
 def _machine() -> dict:
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
-    except OSError:
-        pass
-    return {"cpus": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),
-            "python": platform.python_version(), "mem_total_gib": round(_meminfo("MemTotal") / 2**30, 1)}
+    return {**procs.machine(), "mem_total_gib": round(_meminfo("MemTotal") / 2**30, 1)}
 
 
 def _meminfo(key: str) -> int:
@@ -915,7 +900,7 @@ async def run_all(args, tools: dict, work: Path, report: dict) -> None:
                                                      f"round {round_index + 1}"))
             elif side == "baseline" and args.only in (None, "baseline"):
                 baseline_rounds.append(await measure_baseline(args, harness, bundle, mark, work))
-            log(f"load average now {_loadavg()}")
+            log(f"load average now {procs.loadavg()}")
     measured_floors = busy = None
     if args.only in (None, "ours") and ours_rounds:
         size = int(ours_rounds[-1].get("create_response_bytes") or 1024)
@@ -1016,7 +1001,7 @@ def main(argv=None) -> int:
     report["baseline"] = None
     report["details"] = {"quick": q, "rounds": args.rounds, "cold_runs": args.cold_runs, "warm_claims": args.warm,
                          "c16_rounds": args.c16_rounds, "density_n": args.density, "targets": TARGETS,
-                         "loadavg_start": _loadavg(), "machine": _machine(),
+                         "loadavg_start": procs.loadavg(), "machine": _machine(),
                          "started_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     log(f"load average at start: {report['details']['loadavg_start']}; machine {report['details']['machine']}")
     work = Path(tempfile.mkdtemp(prefix="agx-pbench-", dir="/tmp"))
@@ -1043,7 +1028,7 @@ def main(argv=None) -> int:
         code = 1
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report["details"]["loadavg_end"] = _loadavg()
+    report["details"]["loadavg_end"] = procs.loadavg()
     report["targets_met"] = {k: (report[k] <= v if report.get(k) is not None else None) for k, v in TARGETS.items()}
     for kind in ("docker", "podman"):
         warm, cold, bare = (report.get(f"{kind}_{k}") for k in ("warm_acquire_p50_ms", "cold_create_p50_ms",
