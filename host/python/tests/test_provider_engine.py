@@ -6,7 +6,6 @@ and what reaches the request."""
 import asyncio
 import importlib
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from agentix.provider.docker import (
     default_engine_socket,
 )
 from agentix.provider.v1 import provider_pb2 as pb
-from fake_provider import FakeProviderService, serve_provider
+from fake_provider import FakeSpawn
 
 
 def test_entry_points_name_docker_and_podman():
@@ -134,35 +133,25 @@ async def test_a_missing_bundle_is_refused_before_any_request(environment, fake,
 @pytest.mark.asyncio
 @pytest.mark.parametrize("provider_class,engine,short", [(DockerProvider, "docker", "dk"), (PodmanProvider, "podman", "pm")])
 async def test_starts_a_per_user_engine_providerd_once(environment, bundle, monkeypatch, provider_class, engine, short):
-    loop = asyncio.get_running_loop()
-    started = []
-    servers = []
-
-    def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
-        started.append((socket, log, list(flags), detach))
-        time.sleep(0.3)
-        service = FakeProviderService()
-        servers.append((service, asyncio.run_coroutine_threadsafe(serve_provider(service, socket), loop).result()))
-        return None
-
-    monkeypatch.setattr(local_module, "spawn_providerd", fake_spawn)
+    spawn = FakeSpawn(asyncio.get_running_loop(), delay=0.3)
+    monkeypatch.setattr(local_module, "spawn_providerd", spawn)
     first = provider_class(socket="/e/engine.sock")
     second = provider_class(socket="/e/engine.sock")
     await asyncio.gather(
         first.create(SandboxConfig(image="i", bundle=str(bundle))),
         second.create(SandboxConfig(image="i", bundle=str(bundle))),
     )
-    assert len(started) == 1
-    socket, log, flags, detach = started[0]
+    assert len(spawn.calls) == 1
+    socket, log, flags, detach = spawn.calls[0]
     assert socket == environment / "agentix" / f"providerd-{engine}.sock"
     assert log == environment / "agentix" / f"providerd-{engine}.log"
     assert flags == [f"--{engine}-socket=/e/engine.sock", f"--state-dir=/var/tmp/agx-{os.getuid()}-{short}",
                      f"--instance=providerd-{engine}"]
     assert detach
-    assert [r.spec.backend for r in servers[0][0].creates()] == [engine, engine]
+    assert [r.spec.backend for r in spawn.services[0].creates()] == [engine, engine]
     await first.aclose()
     await second.aclose()
-    await servers[0][1].stop(None)
+    await spawn.stop()
 
 
 @pytest.mark.asyncio

@@ -6,7 +6,6 @@ are tested end to end in testing/e2e/test_k8s_provider.py."""
 
 import asyncio
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from agentix.provider.kubernetes import (
     default_kubeconfig,
 )
 from agentix.provider.v1 import provider_pb2 as pb
-from fake_provider import FakeProviderService, serve_provider
+from fake_provider import FakeSpawn
 
 BUNDLE = "registry.example/agentix-bundle@sha256:" + "ab" * 32
 
@@ -147,30 +146,21 @@ async def test_starts_a_per_user_kubernetes_providerd_once(environment, monkeypa
     if "kubeconfig" in settings:
         settings = {**settings, "kubeconfig": str(kubeconfig)}
         expected = [f.replace("KC", str(kubeconfig)) for f in expected]
-    started = []
-    servers = []
-
-    def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
-        started.append((socket, log, list(flags), detach))
-        time.sleep(0.3)
-        service = FakeProviderService()
-        servers.append((service, asyncio.run_coroutine_threadsafe(serve_provider(service, socket), loop).result()))
-        return None
-
-    monkeypatch.setattr(local_module, "spawn_providerd", fake_spawn)
+    spawn = FakeSpawn(loop, delay=0.3)
+    monkeypatch.setattr(local_module, "spawn_providerd", spawn)
     first, second = KubernetesProvider(**settings), KubernetesProvider(**settings)
     await asyncio.gather(*(p.create(SandboxConfig(image="i:1", bundle=BUNDLE)) for p in (first, second)))
-    assert len(started) == 1
-    socket, log, flags, detach = started[0]
+    assert len(spawn.calls) == 1
+    socket, log, flags, detach = spawn.calls[0]
     assert socket == environment / "agentix" / "providerd-kubernetes.sock"
     assert log == environment / "agentix" / "providerd-kubernetes.log"
     state = f"--state-dir=/var/tmp/agx-{os.getuid()}-k8"
     assert flags == [*expected[:-1], state, expected[-1]]
     assert detach
-    assert [r.spec.backend for r in servers[0][0].creates()] == ["kubernetes", "kubernetes"]
+    assert [r.spec.backend for r in spawn.services[0].creates()] == ["kubernetes", "kubernetes"]
     await first.aclose()
     await second.aclose()
-    await servers[0][1].stop(None)
+    await spawn.stop()
 
 
 @pytest.mark.asyncio
