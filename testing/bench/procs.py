@@ -5,6 +5,7 @@ stopped with `stop_process` (SIGTERM, a grace period, then SIGKILL, then reaped)
 so nothing outlives a run, whether it ends normally, by exception or by Ctrl-C.
 """
 
+import asyncio
 import glob
 import os
 import platform
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Awaitable, Callable
 
 # Applied identically to every process of both stacks (host, server/daemon, worker):
 # keep buffers below 32 MiB on the heap instead of fresh mmap()s and do not give
@@ -44,6 +46,35 @@ def loadavg() -> list[float] | None:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return None
+
+
+def run_reported(run: Callable[[], Awaitable], report: dict, log: Callable[[str], None],
+                 deadline_s: float | None = None) -> int:
+    """Runs `run()` in a new event loop (at most `deadline_s`), SIGTERM
+    cancelling it, so that a benchmark still prints what it measured: an
+    interruption or error is put in ``report["error"]`` (an error also
+    logged). Returns the exit code: 0, 1 (error), 130 (SIGINT), 143 (SIGTERM)."""
+
+    async def guarded():
+        task = asyncio.current_task()
+
+        def on_sigterm():
+            report["error"] = "terminated (SIGTERM)"
+            task.cancel()
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
+        await asyncio.wait_for(run(), deadline_s)
+
+    try:
+        asyncio.run(guarded())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        report.setdefault("error", "interrupted (SIGINT)")
+        return 143 if "SIGTERM" in report["error"] else 130
+    except Exception as error:  # report what we have, then fail
+        report["error"] = f"{type(error).__name__}: {error}"
+        log(f"error: {report['error']}")
+        return 1
+    return 0
 
 
 def bench_dir() -> Path:

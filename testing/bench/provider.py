@@ -73,7 +73,6 @@ import copy
 import json
 import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -1005,27 +1004,9 @@ def main(argv=None) -> int:
                          "started_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     log(f"load average at start: {report['details']['loadavg_start']}; machine {report['details']['machine']}")
     work = Path(tempfile.mkdtemp(prefix="agx-pbench-", dir="/tmp"))
-    code = 0
-
-    async def guarded():
-        task = asyncio.current_task()
-
-        def on_sigterm():
-            report["error"] = "terminated (SIGTERM)"
-            task.cancel()
-
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
-        await asyncio.wait_for(run_all(args, tools, work, report), RUN_DEADLINE_S["quick" if q else "full"])
-
     try:
-        asyncio.run(guarded())
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        report.setdefault("error", "interrupted (SIGINT)")
-        code = 143 if "SIGTERM" in report["error"] else 130
-    except Exception as error:  # report what we have, then fail
-        report["error"] = f"{type(error).__name__}: {error}"
-        log(f"error: {report['error']}")
-        code = 1
+        code = procs.run_reported(lambda: run_all(args, tools, work, report), report, log,
+                                  RUN_DEADLINE_S["quick" if q else "full"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report["details"]["loadavg_end"] = procs.loadavg()

@@ -30,7 +30,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -568,25 +567,8 @@ def main(argv=None) -> int:
                           "started_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}}
     log(f"load average at start: {report['details']['loadavg_start']}; machine {report['details']['machine']}")
     work = Path(tempfile.mkdtemp(prefix="agx-lifecycle-", dir="/tmp"))
-    code = 0
-
-    async def guarded():
-        task = asyncio.current_task()
-        def on_sigterm():
-            report["error"] = "terminated (SIGTERM)"
-            task.cancel()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
-        await run_all(args, tools, work, report)
-
     try:
-        asyncio.run(guarded())
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        report.setdefault("error", "interrupted (SIGINT)")
-        code = 143 if "SIGTERM" in report["error"] else 130
-    except Exception as error:  # report what we have, then fail
-        report["error"] = f"{type(error).__name__}: {error}"
-        log(f"error: {report['error']}")
-        code = 1
+        code = procs.run_reported(lambda: run_all(args, tools, work, report), report, log)
     finally:
         if args.keep:
             log(f"kept {work}")
