@@ -42,6 +42,24 @@ class RawStream:
         await self.channel.close()
 
 
+def distinct_scalar(field, salt=0):
+    """A value for scalar `field` (a FieldDescriptor) unlike any default (and,
+    for strings, bytes and numbers, unlike the value for another `salt`)."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    if field.type == F.TYPE_STRING:
+        return f"v-{field.name}-{salt}"
+    if field.type == F.TYPE_BYTES:
+        return f"b-{field.name}-{salt}".encode()
+    if field.type == F.TYPE_ENUM:
+        return field.enum_type.values[-1].number
+    if field.type == F.TYPE_BOOL:
+        return True
+    if field.type in (F.TYPE_DOUBLE, F.TYPE_FLOAT):
+        return field.number + salt + 0.5
+    return 1000 + field.number + salt
+
+
 async def first_item_emitted(url, method, subscribe, items, matches, target, *args, timeout=20):
     """Subscribes a bare `method` stream ("Logs" or "Traces") with the request
     `subscribe`, runs `target(*args)` in the sandbox (through a RuntimeClient

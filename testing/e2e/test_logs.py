@@ -224,20 +224,12 @@ def _distinct_value(field):
     """A value for `field` (a LogRecord FieldDescriptor) unlike any default."""
     from google.protobuf.descriptor import FieldDescriptor as F
 
+    from raw_stream import distinct_scalar
+
     assert field.label != F.LABEL_REPEATED and field.type != F.TYPE_MESSAGE, (
         f"LogRecord.{field.name}: give repeated/message fields a Python form in "
         "worker/channel/proto_fields.cc first")
-    if field.type == F.TYPE_STRING:
-        return f"v-{field.name}"
-    if field.type == F.TYPE_BYTES:
-        return f"b-{field.name}".encode()
-    if field.type == F.TYPE_ENUM:
-        return field.enum_type.values[-1].number
-    if field.type == F.TYPE_BOOL:
-        return True
-    if field.type in (F.TYPE_DOUBLE, F.TYPE_FLOAT):
-        return field.number + 0.5
-    return 1000 + field.number
+    return distinct_scalar(field)
 
 
 async def test_every_log_record_field_reaches_the_host_from_its_one_definition(daemon):

@@ -9,6 +9,7 @@ import pytest
 import e2e_targets as t
 from agentix import trace
 from conftest import wait_for
+from raw_stream import distinct_scalar
 
 pytestmark = pytest.mark.asyncio
 
@@ -128,23 +129,6 @@ _AGENTIX_IDS = {"agentix_trace_id": "trace_" + "0f1e2d3c" * 4,
                 "agentix_parent_id": "span_" + "5e6f7a8b" * 3}
 
 
-def _scalar(field, salt=0):
-    """A value for scalar `field` (a FieldDescriptor) unlike any default."""
-    from google.protobuf.descriptor import FieldDescriptor as F
-
-    if field.type == F.TYPE_STRING:
-        return f"v-{field.name}-{salt}"
-    if field.type == F.TYPE_BYTES:
-        return f"b-{field.name}-{salt}".encode()
-    if field.type == F.TYPE_ENUM:
-        return field.enum_type.values[-1].number
-    if field.type == F.TYPE_BOOL:
-        return True
-    if field.type in (F.TYPE_DOUBLE, F.TYPE_FLOAT):
-        return field.number + salt + 0.5
-    return 1000 + field.number + salt
-
-
 def _is_choice(message):
     """A message that is one oneof of scalars (AttributeValue)."""
     return (len(message.oneofs) == 1
@@ -160,15 +144,15 @@ def _python_form(field, pb):
     repeated = field.label == F.LABEL_REPEATED
     if field.type != F.TYPE_MESSAGE:
         if repeated:
-            values = [_scalar(field, 1), _scalar(field, 2)]
+            values = [distinct_scalar(field, 1), distinct_scalar(field, 2)]
             return values, values
-        return _scalar(field), _scalar(field)
+        return distinct_scalar(field), distinct_scalar(field)
     message = field.message_type
     cls = getattr(pb, message.name)
     names = [f.name for f in message.fields]
     if _is_choice(message):  # a scalar; its type picks the member
         member = message.fields[0]
-        value = _scalar(member)
+        value = distinct_scalar(member)
         return value, cls(**{member.name: value})
     if repeated and names == ["key", "value"]:  # a dict
         value_field = message.fields_by_name["value"]
@@ -177,7 +161,7 @@ def _python_form(field, pb):
             # One entry per member, so every kind of value is covered.
             value_cls = getattr(pb, value_field.message_type.name)
             for member in value_field.message_type.fields:
-                key, value = f"k-{member.name}", _scalar(member)
+                key, value = f"k-{member.name}", distinct_scalar(member)
                 python[key] = value
                 wire.append(cls(key=key, value=value_cls(**{member.name: value})))
         else:
