@@ -73,6 +73,32 @@ def transport(request, monkeypatch):
     return request.param
 
 
+class RecordingBridge:
+    """Stands in for the worker's link to the host for agentix.sio: `sent`
+    holds each emit as (namespace, event, unpacked payload, request_id, error)."""
+
+    def __init__(self):
+        self.sent = []
+
+    def emit(self, namespace, event, payload, request_id, error):
+        from agentix.runtime.shared.codec import unpack
+
+        self.sent.append((namespace, event, unpack(payload), request_id, error))
+
+
+@pytest.fixture
+def bridge():
+    """A RecordingBridge installed as agentix.sio's bridge for the test (then
+    removed, with every registered namespace)."""
+    import agentix.sio as sio
+
+    recording = RecordingBridge()
+    sio._install(recording)
+    yield recording
+    sio._install(None)
+    sio._registry.clear()
+
+
 @pytest_asyncio.fixture
 async def runtime():
     """A FakeRuntime served on a loopback port (``.url``, ``.server``)."""
