@@ -100,6 +100,17 @@ class FakeProviderService(pb_grpc.ProviderServiceServicer):
         """The CreateSandbox requests received, in order."""
         return [request for method, request in self.calls if method == "CreateSandbox"]
 
+    def deletes(self) -> list:
+        """The DeleteSandbox requests received, in order."""
+        return [request for method, request in self.calls if method == "DeleteSandbox"]
+
+    def assert_deleted_once(self, sandbox_id: str, grace_s: float) -> None:
+        """Fails unless one DeleteSandbox came, for `sandbox_id` with `grace_s`
+        seconds of grace, and left it TERMINATED."""
+        (delete,) = self.deletes()
+        assert delete.id == sandbox_id and delete.grace.ToTimedelta().total_seconds() == grace_s
+        assert self.records[sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
+
     # ---------------------------------------------------------------- helpers
 
     async def _enter(self, method, request, context) -> None:

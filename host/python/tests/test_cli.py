@@ -82,8 +82,7 @@ async def test_sandbox_get(fake):
 async def test_sandbox_rm(fake):
     status, out, _ = await run("sandbox", "rm", "sbx-1", "sbx-2", "--grace", "0.5", "--url", fake.url)
     assert (status, out) == (0, "deleted sbx-1\ndeleted sbx-2\n")
-    deletes = [r for m, r in fake.calls if m == "DeleteSandbox"]
-    assert [(r.id, r.wait, r.grace.nanos) for r in deletes] == [
+    assert [(r.id, r.wait, r.grace.nanos) for r in fake.deletes()] == [
         ("sbx-1", True, 500_000_000), ("sbx-2", True, 500_000_000),
     ]
     status, out, _ = await run("sandbox", "rm", "sbx-3", "--json", "--url", fake.url)

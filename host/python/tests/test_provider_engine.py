@@ -115,9 +115,7 @@ async def test_session_through_the_provider_url_sends_the_engine_backend(
     assert (spec.resources.cpu_millis, spec.resources.memory_bytes) == (500, 256 << 20)
     assert spec.network.mode == pb.Network.HOST and spec.warm_pool == "wp"
     assert spec.ttl.seconds == 60 and request.ready_timeout.seconds == 9
-    (delete,) = [r for m, r in fake.calls if m == "DeleteSandbox"]
-    assert delete.id == sandbox.sandbox_id and delete.grace.ToTimedelta().total_seconds() == 1.5
-    assert fake.records[sandbox.sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
+    fake.assert_deleted_once(sandbox.sandbox_id, grace_s=1.5)
     await provider.aclose()
 
 

@@ -19,7 +19,6 @@ from agentix.provider.kubernetes import (
     default_instance,
     default_kubeconfig,
 )
-from agentix.provider.v1 import provider_pb2 as pb
 from fake_provider import FakeSpawn
 
 BUNDLE = "registry.example/agentix-bundle@sha256:" + "ab" * 32
@@ -112,9 +111,7 @@ async def test_session_through_the_provider_url_sends_the_kubernetes_backend(env
     assert dict(spec.env) == {"K": "v"}
     assert (spec.resources.cpu_millis, spec.resources.memory_bytes) == (500, 256 << 20)
     assert spec.warm_pool == "wp" and spec.ttl.seconds == 60 and request.ready_timeout.seconds == 9
-    (delete,) = [r for m, r in fake.calls if m == "DeleteSandbox"]
-    assert delete.id == sandbox.sandbox_id and delete.grace.ToTimedelta().total_seconds() == 1.5
-    assert fake.records[sandbox.sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
+    fake.assert_deleted_once(sandbox.sandbox_id, grace_s=1.5)
     await provider.aclose()
 
 

@@ -72,9 +72,7 @@ async def test_uses_the_provider_url_and_maps_its_settings(environment, fake, bu
     assert sandbox.token == fake.tokens[sandbox.sandbox_id]
     assert sandbox.runtime_url == fake.records[sandbox.sandbox_id].status.endpoint.target
     await provider.aclose()
-    (delete,) = [r for m, r in fake.calls if m == "DeleteSandbox"]
-    assert delete.id == sandbox.sandbox_id and delete.grace.ToTimedelta().total_seconds() == 1.5
-    assert fake.records[sandbox.sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
+    fake.assert_deleted_once(sandbox.sandbox_id, grace_s=1.5)
 
 
 @pytest.mark.asyncio
