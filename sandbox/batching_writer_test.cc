@@ -2,11 +2,11 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <unistd.h>
-
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -40,6 +40,48 @@ std::shared_ptr<const LogRecord> Record(uint64_t seq, size_t size) {
   return record;
 }
 
+// The reactions the test streams share: a Logs call whose completions go
+// to the writer `W` the stream owns (shared: producer threads hold it too).
+template <typename W>
+class WriterStream : public ServerStream<LogsRequest, LogsResponse> {
+ protected:
+  explicit WriterStream(LogsResponse header = LogsResponse())
+      : writer_(std::make_shared<W>(this, std::move(header))) {}
+
+  // Awaits the next Logs call on `thread`; `on_accepted` as AwaitCall's.
+  // Last in the derived constructor: the call may start at once.
+  void AwaitLogs(Service* service, CompletionQueueThread* thread,
+                 std::function<void()> on_accepted) {
+    AwaitCall(
+        [service](grpc::ServerContext* context, Stream* s,
+                  grpc::ServerCompletionQueue* queue, void* tag) {
+          service->RequestLogs(context, s, queue, queue, tag);
+        },
+        thread, std::move(on_accepted));
+  }
+
+  void OnBadMessage(const std::string&) override {
+    writer_->Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad"));
+  }
+  void OnWriteDone(bool ok) override { writer_->OnWriteDone(ok); }
+  void OnCancel() override { writer_->OnCancel(); }
+  void OnDone() override {
+    writer_->Detach();
+    delete this;
+  }
+
+  const std::shared_ptr<W> writer_;
+  LogsRequest request_;
+};
+
+// Checks one message a default client read (no receive limit raised): it
+// fits that client's 4 MiB limit, framing included. Returns its wire size.
+size_t CheckFitsDefaultClient(const LogsResponse& response) {
+  const size_t wire = response.ByteSizeLong() + kGrpcFramePrefixBytes;
+  CHECK(wire <= kDefaultClientMessageLimit);
+  return wire;
+}
+
 // Sizes that overfill a message under the old "until 4 MiB" rule: records
 // just under 1 MiB (five fit 4 MiB of payload but not with their framing),
 // small ones between, and one as large as a producer may make an item.
@@ -58,16 +100,12 @@ std::vector<size_t> Sizes() {
 // On the subscribe, enqueues one record per Sizes() entry in a single
 // Enqueue (the backlog a late subscriber finds), then finishes once the
 // client half-closes and everything is written.
-class BacklogStream final : public ServerStream<LogsRequest, LogsResponse> {
+class BacklogStream final : public WriterStream<Writer> {
  public:
-  explicit BacklogStream(Service* service, CompletionQueueThread* thread)
-      : writer_(this, Header()) {
-    AwaitCall(
-        [service](grpc::ServerContext* context, Stream* s,
-                  grpc::ServerCompletionQueue* queue, void* tag) {
-          service->RequestLogs(context, s, queue, queue, tag);
-        },
-        thread, [service, thread] { new BacklogStream(service, thread); });
+  BacklogStream(Service* service, CompletionQueueThread* thread)
+      : WriterStream(Header()) {
+    AwaitLogs(service, thread,
+              [service, thread] { new BacklogStream(service, thread); });
   }
 
  private:
@@ -79,27 +117,15 @@ class BacklogStream final : public ServerStream<LogsRequest, LogsResponse> {
   void OnStart() override { StartRead(&request_); }
   void OnReadDone(bool ok) override {
     if (!ok) {
-      writer_.OnReadsDone();
+      writer_->OnReadsDone();
       return;
     }
     std::vector<Writer::ItemPtr> items;
     uint64_t seq = 0;
     for (size_t size : Sizes()) items.push_back(Record(++seq, size));
-    writer_.Enqueue(std::move(items));
+    writer_->Enqueue(std::move(items));
     StartRead(&request_);
   }
-  void OnBadMessage(const std::string&) override {
-    writer_.Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad"));
-  }
-  void OnWriteDone(bool ok) override { writer_.OnWriteDone(ok); }
-  void OnCancel() override { writer_.OnCancel(); }
-  void OnDone() override {
-    writer_.Detach();
-    delete this;
-  }
-
-  Writer writer_;
-  LogsRequest request_;
 };
 
 TEST_CASE("Every message fits a default client's 4 MiB limit, framing "
@@ -124,9 +150,7 @@ TEST_CASE("Every message fits a default client's 4 MiB limit, framing "
   size_t largest = 0;
   while (stream->Read(&response)) {
     ++messages;
-    const size_t wire = response.ByteSizeLong() + kGrpcFramePrefixBytes;
-    largest = std::max(largest, wire);
-    CHECK(wire <= kDefaultClientMessageLimit);
+    largest = std::max(largest, CheckFitsDefaultClient(response));
     CHECK(response.instance_id() == std::string(32, 'i'));
     for (const LogRecord& record : response.records()) {
       REQUIRE(record.seq() == next_seq);
@@ -205,12 +229,6 @@ TEST_CASE("Oversized records and events are cut to one message's item",
   CHECK(text.size() <= 101);
 }
 
-// A Unix socket path for one test server (a real HTTP/2 transport: writes
-// stay in flight under flow control, unlike the in-process channel).
-std::string SocketPath(const char* name) {
-  return "/tmp/agx-bw-" + std::to_string(::getpid()) + "-" + name + ".sock";
-}
-
 // A record tagged with its producer (logger) and that producer's sequence.
 std::shared_ptr<const LogRecord> Tagged(const char* producer, uint64_t seq,
                                         size_t size) {
@@ -239,18 +257,12 @@ constexpr uint64_t kHostRequests = 400;
 // too (answers to the host's events, here two records per request). Every
 // 97th producer record and every 61st reaction record is large, so batches
 // hit the message cap from both threads.
-class TwoWriterStream final : public ServerStream<LogsRequest, LogsResponse> {
+class TwoWriterStream final : public WriterStream<ProducerWriter> {
  public:
   TwoWriterStream(Service* service, CompletionQueueThread* thread,
                   std::thread* producer)
-      : writer_(std::make_shared<ProducerWriter>(this, Header())),
-        producer_(producer) {
-    AwaitCall(
-        [service](grpc::ServerContext* context, Stream* s,
-                  grpc::ServerCompletionQueue* queue, void* tag) {
-          service->RequestLogs(context, s, queue, queue, tag);
-        },
-        thread, nullptr);
+      : WriterStream(Header()), producer_(producer) {
+    AwaitLogs(service, thread, nullptr);
   }
 
  private:
@@ -285,19 +297,8 @@ class TwoWriterStream final : public ServerStream<LogsRequest, LogsResponse> {
     writer_->Enqueue(std::move(items));
     StartRead(&request_);
   }
-  void OnBadMessage(const std::string&) override {
-    writer_->Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad"));
-  }
-  void OnWriteDone(bool ok) override { writer_->OnWriteDone(ok); }
-  void OnCancel() override { writer_->OnCancel(); }
-  void OnDone() override {
-    writer_->Detach();
-    delete this;
-  }
 
-  std::shared_ptr<ProducerWriter> writer_;
   std::thread* const producer_;
-  LogsRequest request_;
   uint64_t reaction_seq_ = 0;  // reaction thread only
 };
 
@@ -305,11 +306,9 @@ TEST_CASE("Writes started by another thread and by the reaction thread on "
           "one stream deliver every item once, in order, within the cap",
           "[batching_writer][concurrency]") {
   Service service;
-  const std::string socket = SocketPath("two");
-  ::unlink(socket.c_str());
   TestServer server(
       [&](grpc::ServerBuilder& builder) { builder.RegisterService(&service); },
-      absl::ZeroDuration(), socket);
+      absl::ZeroDuration(), TestSocketPath("bw-two"));
   std::thread producer;
   new TwoWriterStream(&service, server.reactions(), &producer);
   auto stub = runtime::v1::RuntimeService::NewStub(server.SocketChannel());
@@ -328,9 +327,7 @@ TEST_CASE("Writes started by another thread and by the reaction thread on "
   size_t largest = 0;
   LogsResponse response;
   while (stream->Read(&response)) {
-    const size_t wire = response.ByteSizeLong() + kGrpcFramePrefixBytes;
-    largest = std::max(largest, wire);
-    CHECK(wire <= kDefaultClientMessageLimit);
+    largest = std::max(largest, CheckFitsDefaultClient(response));
     CHECK(response.instance_id() == "two-writers");
     for (const LogRecord& record : response.records()) {
       uint64_t& seen = last[record.logger()];
@@ -348,8 +345,6 @@ TEST_CASE("Writes started by another thread and by the reaction thread on "
   CHECK(last["reaction"] == 2 * kHostRequests);
   CHECK(last["end"] == 1);
   CHECK(largest > (3u << 20));
-  server.Stop();
-  ::unlink(socket.c_str());
 }
 
 struct CancelCounters {
@@ -363,19 +358,12 @@ struct CancelCounters {
 // On the subscribe, a producer thread enqueues the same 1 MiB record over
 // and over (shared, so the backlog costs no memory) until the writer
 // refuses; the host does not read, so a write stays in flight.
-class FloodStream final : public ServerStream<LogsRequest, LogsResponse> {
+class FloodStream final : public WriterStream<Writer> {
  public:
   FloodStream(Service* service, CompletionQueueThread* thread,
               CancelCounters* counters, std::thread* producer)
-      : writer_(std::make_shared<Writer>(this, LogsResponse())),
-        counters_(counters),
-        producer_(producer) {
-    AwaitCall(
-        [service](grpc::ServerContext* context, Stream* s,
-                  grpc::ServerCompletionQueue* queue, void* tag) {
-          service->RequestLogs(context, s, queue, queue, tag);
-        },
-        thread, nullptr);
+      : counters_(counters), producer_(producer) {
+    AwaitLogs(service, thread, nullptr);
   }
 
  private:
@@ -397,25 +385,21 @@ class FloodStream final : public ServerStream<LogsRequest, LogsResponse> {
       }
     });
   }
-  void OnBadMessage(const std::string&) override {}
   void OnWriteDone(bool ok) override {
     ++counters_->writes_done;
-    writer_->OnWriteDone(ok);
+    WriterStream::OnWriteDone(ok);
   }
   void OnCancel() override {
     ++counters_->cancelled;
-    writer_->OnCancel();
+    WriterStream::OnCancel();
   }
   void OnDone() override {
     ++counters_->done;
-    writer_->Detach();
-    delete this;
+    WriterStream::OnDone();  // deletes this
   }
 
-  std::shared_ptr<Writer> writer_;
   CancelCounters* const counters_;
   std::thread* const producer_;
-  LogsRequest request_;
   bool started_ = false;
 };
 
@@ -423,11 +407,9 @@ TEST_CASE("A stream cancelled while another thread's write is in flight "
           "ends once and refuses later items",
           "[batching_writer][concurrency]") {
   Service service;
-  const std::string socket = SocketPath("cancel");
-  ::unlink(socket.c_str());
   TestServer server(
       [&](grpc::ServerBuilder& builder) { builder.RegisterService(&service); },
-      absl::ZeroDuration(), socket);
+      absl::ZeroDuration(), TestSocketPath("bw-cancel"));
   CancelCounters counters;
   std::thread producer;
   new FloodStream(&service, server.reactions(), &counters, &producer);
@@ -467,7 +449,6 @@ TEST_CASE("A stream cancelled while another thread's write is in flight "
   CHECK(stream->Finish().error_code() == grpc::StatusCode::CANCELLED);
   server.Stop();
   CHECK(counters.done == 1);
-  ::unlink(socket.c_str());
 }
 
 }  // namespace

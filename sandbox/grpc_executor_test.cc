@@ -3,7 +3,6 @@
 #include <dirent.h>
 #include <grpc/grpc.h>
 #include <grpcpp/grpcpp.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -98,12 +97,9 @@ TEST_CASE("With gRPC's executor inline, no executor thread runs and "
   CHECK(ThreadsNamed("default-executo") == 0);
   {
     Service service;
-    const std::string socket =
-        "/tmp/agx-exec-" + std::to_string(::getpid()) + ".sock";
-    ::unlink(socket.c_str());
     TestServer server(
         [&](grpc::ServerBuilder& builder) { builder.RegisterService(&service); },
-        absl::ZeroDuration(), socket);
+        absl::ZeroDuration(), TestSocketPath("exec"));
     new EchoStream(&service, server.reactions());
     auto channel = server.SocketChannel();  // one connection for all
     auto stub = runtime::v1::RuntimeService::NewStub(channel);
@@ -135,7 +131,6 @@ TEST_CASE("With gRPC's executor inline, no executor thread runs and "
     CHECK(completed == kStreams);
     CHECK(ThreadsNamed("default-executo") == 0);
     server.Stop();
-    ::unlink(socket.c_str());
   }
   grpc_shutdown();
 }

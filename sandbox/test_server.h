@@ -4,6 +4,7 @@
 #pragma once
 
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <functional>
@@ -15,12 +16,19 @@
 
 namespace agentix::sandbox {
 
+// A Unix socket path for one test server, unique to this process and `name`
+// (short: sun_path holds 108 bytes).
+inline std::string TestSocketPath(const std::string& name) {
+  return "/tmp/agx-" + name + "-" + std::to_string(::getpid()) + ".sock";
+}
+
 class TestServer {
  public:
   // The services `add` registers must outlive this object.
   // `spin`: the reaction thread's spin window (CompletionQueueThread).
   // `unix_socket`: also listen there (a real HTTP/2 transport with flow
-  // control, unlike the in-process channel); SocketChannel() connects.
+  // control, unlike the in-process channel); SocketChannel() connects. A
+  // file left there is removed first; Stop() removes the socket.
   explicit TestServer(const std::function<void(grpc::ServerBuilder&)>& add,
                       absl::Duration spin = absl::ZeroDuration(),
                       std::string unix_socket = "")
@@ -28,6 +36,7 @@ class TestServer {
     grpc::ServerBuilder builder;
     add(builder);
     if (!unix_socket_.empty()) {
+      ::unlink(unix_socket_.c_str());
       builder.AddListeningPort("unix:" + unix_socket_,
                                grpc::InsecureServerCredentials());
     }
@@ -47,14 +56,15 @@ class TestServer {
                                grpc::InsecureChannelCredentials());
   }
 
-  // Shuts the server down (calls still open are cancelled after 2 s) and
-  // stops the queue's thread. Idempotent.
+  // Shuts the server down (calls still open are cancelled after 2 s),
+  // stops the queue's thread and removes the socket. Idempotent.
   void Stop() {
     if (!server_) return;
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(2));
     reactions_->Stop();
     server_.reset();
+    if (!unix_socket_.empty()) ::unlink(unix_socket_.c_str());
   }
 
  private:

@@ -298,6 +298,10 @@ class ControllerImpl final : public SandboxController, public EventSink {
   void RunTask(const Task& task, Later* later) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void IdleCheck(const std::string& id);
   // Pools.
+  // Create/UpdateWarmPool's request, status cleared and defaults filled
+  // in, once its fields and labels pass and the template's backend accepts
+  // the template (INVALID_ARGUMENT otherwise). Without the lock.
+  absl::StatusOr<pb::WarmPool> CheckPoolRequest(const pb::WarmPool& request);
   void Replenish(Pool& pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunMemberLaunch(const std::string& member_id);
   void DestroyMember(const std::string& member_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -2230,7 +2234,7 @@ void ControllerImpl::ServePoolWaiters(Pool& pool, Later* later) {
   }
 }
 
-absl::StatusOr<pb::WarmPool> ControllerImpl::CreateWarmPool(const pb::WarmPool& request) {
+absl::StatusOr<pb::WarmPool> ControllerImpl::CheckPoolRequest(const pb::WarmPool& request) {
   pb::WarmPool spec = request;
   spec.clear_status();
   if (absl::Status s = ValidateAndDefaultPool(&spec); !s.ok()) return s;
@@ -2247,6 +2251,14 @@ absl::StatusOr<pb::WarmPool> ControllerImpl::CreateWarmPool(const pb::WarmPool& 
   launch.spec = t;
   launch.instance = options_.instance;
   if (absl::Status s = b->second->Validate(launch); !s.ok()) return s;
+  return spec;
+}
+
+absl::StatusOr<pb::WarmPool> ControllerImpl::CreateWarmPool(const pb::WarmPool& request) {
+  absl::StatusOr<pb::WarmPool> checked = CheckPoolRequest(request);
+  if (!checked.ok()) return checked.status();
+  const pb::WarmPool& spec = *checked;
+  const pb::SandboxSpec& t = spec.template_();
   absl::MutexLock lock(&mu_);
   if (pools_.count(spec.name())) {
     return ProviderError(absl::StatusCode::kAlreadyExists, kReasonPoolExists,
@@ -2261,22 +2273,10 @@ absl::StatusOr<pb::WarmPool> ControllerImpl::CreateWarmPool(const pb::WarmPool& 
 }
 
 absl::StatusOr<pb::WarmPool> ControllerImpl::UpdateWarmPool(const pb::WarmPool& request) {
-  pb::WarmPool spec = request;
-  spec.clear_status();
-  if (absl::Status s = ValidateAndDefaultPool(&spec); !s.ok()) return s;
-  std::map<std::string, std::string> labels(spec.labels().begin(), spec.labels().end());
-  if (absl::Status s = ValidateLabels(labels, false); !s.ok()) return s;
+  absl::StatusOr<pb::WarmPool> checked = CheckPoolRequest(request);
+  if (!checked.ok()) return checked.status();
+  const pb::WarmPool& spec = *checked;
   const pb::SandboxSpec& t = spec.template_();
-  std::string backend_name = t.backend().empty() ? options_.default_backend : t.backend();
-  auto b = backends_.find(backend_name);
-  if (b == backends_.end()) {
-    return Invalid(kReasonInvalidSpec, absl::StrCat("unknown backend '", backend_name, "'"));
-  }
-  LaunchSpec launch;
-  launch.sandbox_id = "wp-validate";
-  launch.spec = t;
-  launch.instance = options_.instance;
-  if (absl::Status s = b->second->Validate(launch); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   auto it = pools_.find(spec.name());
   if (it == pools_.end()) {

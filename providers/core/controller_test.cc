@@ -461,6 +461,20 @@ TEST_CASE("Controller: every bad input gets its code and reason and changes noth
   (*bad_pool.mutable_labels())["agentix.dev/x"] = "y";
   bad_pool.set_max_total(5);
   CHECK(ReasonOf(h.controller->CreateWarmPool(bad_pool).status()) == kReasonInvalidSpec);
+  // An update is checked the same way, and the pool stays as it was.
+  REQUIRE_OK_AND_ASSIGN(pb::WarmPool pool_before, h.controller->GetWarmPool("p"));
+  pb::WarmPool bad_update = pool;
+  bad_update.set_min_ready(5);
+  bad_update.set_max_total(2);
+  CHECK(ReasonOf(h.controller->UpdateWarmPool(bad_update).status()) == kReasonInvalidSpec);
+  bad_update = pool;
+  bad_update.mutable_template_()->set_backend("no-such-backend");
+  CHECK(ReasonOf(h.controller->UpdateWarmPool(bad_update).status()) == kReasonInvalidSpec);
+  bad_update = pool;
+  bad_update.set_name("nopool");
+  CHECK(ReasonOf(h.controller->UpdateWarmPool(bad_update).status()) == kReasonPoolNotFound);
+  REQUIRE_OK_AND_ASSIGN(pb::WarmPool pool_after, h.controller->GetWarmPool("p"));
+  CHECK(pool_after.SerializeAsString() == pool_before.SerializeAsString());
   CHECK(snapshot() == before);
   REQUIRE_OK_AND_ASSIGN(pb::Sandbox still, h.controller->GetSandbox("mine"));
   CHECK(still.status().phase() == pb::SandboxStatus::READY);

@@ -1,17 +1,20 @@
-"""Process and path helpers shared by every part of the benchmark.
+"""Process, path and machine helpers shared by every part of the benchmark.
 
 Every process the benchmark starts goes through `start_process`, and every one is
 stopped with `stop_process` (SIGTERM, a grace period, then SIGKILL, then reaped),
 so nothing outlives a run, whether it ends normally, by exception or by Ctrl-C.
 """
 
+import asyncio
 import glob
 import os
+import platform
 import select
 import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Awaitable, Callable
 
 # Applied identically to every process of both stacks (host, server/daemon, worker):
 # keep buffers below 32 MiB on the heap instead of fresh mmap()s and do not give
@@ -23,6 +26,55 @@ MALLOC_TUNABLES = (
 
 # The Bazel workspace name: runfiles of this repository live under <runfiles>/agentix.
 WORKSPACE = "agentix"
+
+
+def machine() -> dict:
+    """The machine a report's figures come from: CPUs, CPU model, kernel, Python."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"cpus": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),
+            "python": platform.python_version()}
+
+
+def loadavg() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (2 decimals); None if unknown."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def run_reported(run: Callable[[], Awaitable], report: dict, log: Callable[[str], None],
+                 deadline_s: float | None = None) -> int:
+    """Runs `run()` in a new event loop (at most `deadline_s`), SIGTERM
+    cancelling it, so that a benchmark still prints what it measured: an
+    interruption or error is put in ``report["error"]`` (an error also
+    logged). Returns the exit code: 0, 1 (error), 130 (SIGINT), 143 (SIGTERM)."""
+
+    async def guarded():
+        task = asyncio.current_task()
+
+        def on_sigterm():
+            report["error"] = "terminated (SIGTERM)"
+            task.cancel()
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
+        await asyncio.wait_for(run(), deadline_s)
+
+    try:
+        asyncio.run(guarded())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        report.setdefault("error", "interrupted (SIGINT)")
+        return 143 if "SIGTERM" in report["error"] else 130
+    except Exception as error:  # report what we have, then fail
+        report["error"] = f"{type(error).__name__}: {error}"
+        log(f"error: {report['error']}")
+        return 1
+    return 0
 
 
 def bench_dir() -> Path:

@@ -72,9 +72,7 @@ import asyncio
 import copy
 import json
 import os
-import platform
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -117,22 +115,8 @@ def _median(values):
     return round(statistics.median(values), 2) if values else None
 
 
-def _loadavg():
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
 def _machine() -> dict:
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
-    except OSError:
-        pass
-    return {"cpus": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),
-            "python": platform.python_version(), "mem_total_gib": round(_meminfo("MemTotal") / 2**30, 1)}
+    return {**procs.machine(), "mem_total_gib": round(_meminfo("MemTotal") / 2**30, 1)}
 
 
 def _meminfo(key: str) -> int:
@@ -915,7 +899,7 @@ async def run_all(args, tools: dict, work: Path, report: dict) -> None:
                                                      f"round {round_index + 1}"))
             elif side == "baseline" and args.only in (None, "baseline"):
                 baseline_rounds.append(await measure_baseline(args, harness, bundle, mark, work))
-            log(f"load average now {_loadavg()}")
+            log(f"load average now {procs.loadavg()}")
     measured_floors = busy = None
     if args.only in (None, "ours") and ours_rounds:
         size = int(ours_rounds[-1].get("create_response_bytes") or 1024)
@@ -1016,34 +1000,16 @@ def main(argv=None) -> int:
     report["baseline"] = None
     report["details"] = {"quick": q, "rounds": args.rounds, "cold_runs": args.cold_runs, "warm_claims": args.warm,
                          "c16_rounds": args.c16_rounds, "density_n": args.density, "targets": TARGETS,
-                         "loadavg_start": _loadavg(), "machine": _machine(),
+                         "loadavg_start": procs.loadavg(), "machine": _machine(),
                          "started_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     log(f"load average at start: {report['details']['loadavg_start']}; machine {report['details']['machine']}")
     work = Path(tempfile.mkdtemp(prefix="agx-pbench-", dir="/tmp"))
-    code = 0
-
-    async def guarded():
-        task = asyncio.current_task()
-
-        def on_sigterm():
-            report["error"] = "terminated (SIGTERM)"
-            task.cancel()
-
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
-        await asyncio.wait_for(run_all(args, tools, work, report), RUN_DEADLINE_S["quick" if q else "full"])
-
     try:
-        asyncio.run(guarded())
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        report.setdefault("error", "interrupted (SIGINT)")
-        code = 143 if "SIGTERM" in report["error"] else 130
-    except Exception as error:  # report what we have, then fail
-        report["error"] = f"{type(error).__name__}: {error}"
-        log(f"error: {report['error']}")
-        code = 1
+        code = procs.run_reported(lambda: run_all(args, tools, work, report), report, log,
+                                  RUN_DEADLINE_S["quick" if q else "full"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report["details"]["loadavg_end"] = _loadavg()
+    report["details"]["loadavg_end"] = procs.loadavg()
     report["targets_met"] = {k: (report[k] <= v if report.get(k) is not None else None) for k, v in TARGETS.items()}
     for kind in ("docker", "podman"):
         warm, cold, bare = (report.get(f"{kind}_{k}") for k in ("warm_acquire_p50_ms", "cold_create_p50_ms",

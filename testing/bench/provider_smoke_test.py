@@ -6,11 +6,11 @@ headline key a positive number, the baseline's keys present. No timing
 thresholds: it must pass on a slow or busy machine.
 """
 
-import json
 import os
-import subprocess
 import sys
 import unittest
+
+from smoke_checks import positive_numbers, run_report
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 HEADLINE = ("warm_acquire_p50_ms", "warm_acquire_p99_ms", "warm_acquire_c16_p50_ms",
@@ -21,16 +21,9 @@ HEADLINE = ("warm_acquire_p50_ms", "warm_acquire_p99_ms", "warm_acquire_c16_p50_
 class ProviderBenchSmokeTest(unittest.TestCase):
     def test_quick_run_reports_every_key(self):
         binary = os.path.join(BENCH_DIR, "provider")  # the py_binary's launcher (a data dep)
-        proc = subprocess.run([sys.executable, binary, "--quick"], stdout=subprocess.PIPE, text=True,
-                              timeout=800)
-        sys.stderr.write(proc.stdout)  # the figures, for the test log
-        self.assertEqual(proc.returncode, 0, proc.stdout[-6000:])
-        lines = [l for l in proc.stdout.splitlines() if l.strip()]
-        report = json.loads(lines[-1])  # the JSON object is the LAST line
+        report = run_report(self, [sys.executable, binary, "--quick"], timeout_s=800, echo=True)
         self.assertNotIn("error", report)
-        for key in HEADLINE:
-            self.assertIsInstance(report[key], (int, float), key)
-            self.assertGreater(report[key], 0, key)
+        positive_numbers(self, report, HEADLINE, "report")
         # Kubernetes warm claims: the PATCH and nothing else on the claim path.
         self.assertGreater(report["k8s_claim_p50_ms"], 0)
         self.assertGreaterEqual(report["k8s_api_writes_per_warm_claim"], 1)
@@ -50,34 +43,32 @@ class ProviderBenchSmokeTest(unittest.TestCase):
         self.assertGreater(details["ours"]["sandboxes_made"], 0)
 
         # Issue 25: the floors of this run, ours with one busy core, CPU per call.
-        def positive(record, keys, where):
-            for key in keys:
-                self.assertIsInstance(record.get(key), (int, float), f"{where}.{key}")
-                self.assertGreater(record[key], 0, f"{where}.{key}")
-
         cpu_keys = ("warm_acquire_cpu_ms_per_call", "cold_create_to_first_call_cpu_ms_per_call")
-        positive(report, cpu_keys, "ours")
-        positive(details["ours"]["warm_cpu_ms_per_call"], ("host", "providerd", "total"), "warm cpu")
-        positive(details["ours"]["cold_cpu_ms_per_call"], ("host", "providerd", "sandbox", "total"),
-                 "cold cpu")
+        positive_numbers(self, report, cpu_keys, "ours")
+        positive_numbers(self, details["ours"]["warm_cpu_ms_per_call"],
+                         ("host", "providerd", "total"), "warm cpu")
+        positive_numbers(self, details["ours"]["cold_cpu_ms_per_call"],
+                         ("host", "providerd", "sandbox", "total"), "cold cpu")
         floor_keys = ("warm_acquire_p50_ms", "warm_acquire_p99_ms", "warm_acquire_cpu_ms_per_call")
-        positive(report["floor"], floor_keys + ("cold_create_to_first_call_p50_ms",
-                                                "cold_create_to_first_call_cpu_ms_per_call"), "floor")
-        positive(report["floor_grpc"], floor_keys, "floor_grpc")
+        positive_numbers(self, report["floor"], floor_keys + ("cold_create_to_first_call_p50_ms",
+                                                              "cold_create_to_first_call_cpu_ms_per_call"),
+                         "floor")
+        positive_numbers(self, report["floor_grpc"], floor_keys, "floor_grpc")
         self.assertEqual(report["floor"]["details"]["ping_pong"]["small_bytes"],
                          details["ours"]["create_response_bytes"])
         busy = report["busy"]
-        positive(busy, ("warm_acquire_p50_ms", "warm_acquire_c16_p50_ms",
-                        "cold_create_to_first_call_p50_ms", "delete_p50_ms") + cpu_keys, "busy")
-        positive(busy["floor"], floor_keys, "busy.floor")
-        positive(busy["floor_grpc"], floor_keys, "busy.floor_grpc")
+        positive_numbers(self, busy, ("warm_acquire_p50_ms", "warm_acquire_c16_p50_ms",
+                                      "cold_create_to_first_call_p50_ms", "delete_p50_ms") + cpu_keys,
+                         "busy")
+        positive_numbers(self, busy["floor"], floor_keys, "busy.floor")
+        positive_numbers(self, busy["floor_grpc"], floor_keys, "busy.floor_grpc")
         self.assertIs(busy["spinner"]["pinned"], False)
         self.assertEqual(busy["details"]["leftovers"], 0)
         ratios = [f"{p}{stem}_ours_over_{floor}" for p in ("", "busy_")
                   for floor in ("floor", "floor_grpc") for stem in ("warm_acquire_p50", "warm_acquire_p99")]
         ratios += ["cold_create_to_first_call_p50_ours_over_floor",
                    "busy_cold_create_to_first_call_p50_ours_over_floor"]
-        positive(report["ratios"], ratios, "ratios")
+        positive_numbers(self, report["ratios"], ratios, "ratios")
 
 
 if __name__ == "__main__":

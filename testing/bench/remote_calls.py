@@ -66,7 +66,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -390,17 +389,6 @@ def run_side(args) -> int:
 # --------------------------------------------------------------------------- driver
 
 
-def _machine() -> dict:
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
-    except OSError:
-        pass
-    return {"cpus": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),
-            "python": platform.python_version()}
-
-
 TARGETS = (
     stack_rounds.Target("noop_p50_baseline_over_ours", "noop_p50_us", True, 5,
                         "noop_p50_at_most_one_fifth_of_baseline"),
@@ -419,7 +407,7 @@ def _summarise(ours: dict | None, base: dict | None, args, tunables: str | None)
         "mode": "quick" if args.quick else "full",
         "mb_per_s_definition": "2 * payload_bytes / round_trip_seconds / 1e6 (median)",
         "glibc_tunables": tunables,
-        "machine": _machine(),
+        "machine": procs.machine(),
     }
     return report
 

@@ -7,11 +7,11 @@ floor programs in its runfiles) and checks the issue-25 keys (floor, floor_grpc,
 busy, the ratios to the floor, CPU per call), so none can silently disappear.
 """
 
-import json
 import os
-import subprocess
 import sys
 import unittest
+
+from smoke_checks import positive_numbers, run_report
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 HEADLINE_KEYS = ("noop_p50_us", "noop_p99_us", "calls_per_s_c1", "calls_per_s_c16",
@@ -19,37 +19,16 @@ HEADLINE_KEYS = ("noop_p50_us", "noop_p99_us", "calls_per_s_c1", "calls_per_s_c1
 CPU_KEYS = ("noop_cpu_us_per_call", "echo_cpu_ms_16mib")
 
 
-def last_json(argv, timeout_s: float) -> tuple[int, str, dict]:
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, timeout=timeout_s)
-    lines = [l for l in proc.stdout.splitlines() if l.strip()]
-    return proc.returncode, proc.stdout, json.loads(lines[-1])  # the LAST line
-
-
-def positive_numbers(test, record: dict, keys, where: str) -> None:
-    for key in keys:
-        value = record.get(key)
-        test.assertIsInstance(value, (int, float), f"{where}.{key}")
-        test.assertNotIsInstance(value, bool, f"{where}.{key}")
-        test.assertGreater(value, 0, f"{where}.{key}")
-
-
 class RemoteCallsSmokeTest(unittest.TestCase):
     def test_quick_baseline_run_reports_every_key(self):
-        proc = subprocess.run(
-            [sys.executable, os.path.join(BENCH_DIR, "remote_calls.py"),
-             "--quick", "--only", "baseline"],
-            stdout=subprocess.PIPE, text=True, timeout=280)
-        self.assertEqual(proc.returncode, 0, proc.stdout)
-        lines = [l for l in proc.stdout.splitlines() if l.strip()]
-        report = json.loads(lines[-1])  # the JSON object is the LAST line
+        report = run_report(
+            self, [sys.executable, os.path.join(BENCH_DIR, "remote_calls.py"),
+                   "--quick", "--only", "baseline"], timeout_s=280)
 
         for key in HEADLINE_KEYS + ("baseline", "ratios", "targets_met"):
             self.assertIn(key, report)
         baseline = report["baseline"]
-        for key in HEADLINE_KEYS:
-            value = baseline[key]
-            self.assertIsInstance(value, (int, float), key)
-            self.assertGreater(value, 0, key)
+        positive_numbers(self, baseline, HEADLINE_KEYS, "baseline")
         self.assertLessEqual(baseline["noop_p50_us"], baseline["noop_p99_us"])
         self.assertEqual(report["details"]["baseline"]["worker_glibc_tunables"],
                          report["details"]["glibc_tunables"])
@@ -59,10 +38,9 @@ class RemoteCallsSmokeTest(unittest.TestCase):
         positive_numbers(self, noop_cpu, ("host", "server", "worker", "total"), "cpu noop")
 
     def test_quick_run_of_ours_reports_floors_busy_and_cpu(self):
-        code, out, report = last_json(
-            [sys.executable, os.path.join(BENCH_DIR, "remote_calls"), "--quick", "--only", "ours"],
+        report = run_report(
+            self, [sys.executable, os.path.join(BENCH_DIR, "remote_calls"), "--quick", "--only", "ours"],
             timeout_s=600)
-        self.assertEqual(code, 0, out[-6000:])
         self.assertNotIn("errors", report)
         positive_numbers(self, report, HEADLINE_KEYS + CPU_KEYS, "ours")
         noop_cpu = report["details"]["ours"]["cpu_per_call"]["noop_us"]

@@ -28,10 +28,8 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -71,24 +69,6 @@ def _p90(values):
         return None
     rank = max(1, -(-9 * len(values) // 10))  # ceil(0.9 n)
     return round(values[rank - 1], 1)
-
-
-def _loadavg():
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
-def _machine() -> dict:
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
-    except OSError:
-        pass
-    return {"cpus": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),
-            "python": platform.python_version()}
 
 
 # --------------------------------------------------------------------------- inputs
@@ -442,7 +422,7 @@ async def measure_sandboxes(args, bundle_dir: Path, image: str, image_label: str
             results.append(r)
             log(f"[{image_label}] run {i + 1}/{runs}: create {r['create_ms']:.0f} ms + first call "
                 f"{r['first_call_ms']:.0f} ms = {r['create_to_first_call_ms']:.0f} ms; "
-                f"delete {r['delete_ms']:.0f} ms (load {_loadavg()[0] if _loadavg() else '?'})")
+                f"delete {r['delete_ms']:.0f} ms (load {procs.loadavg()[0] if procs.loadavg() else '?'})")
         if probes:
             nix_dir = provider._bundle_nix_dir(str(bundle_dir))
             root = provider._root_dir(image)
@@ -583,35 +563,18 @@ def main(argv=None) -> int:
               "details": {"target_ms": TARGET_MS, "image": args.image,
                           "runs": 3 if args.quick else args.runs, "quick": args.quick,
                           "daemon_log_level": args.log_level,
-                          "loadavg_start": _loadavg(), "machine": _machine(),
+                          "loadavg_start": procs.loadavg(), "machine": procs.machine(),
                           "started_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}}
     log(f"load average at start: {report['details']['loadavg_start']}; machine {report['details']['machine']}")
     work = Path(tempfile.mkdtemp(prefix="agx-lifecycle-", dir="/tmp"))
-    code = 0
-
-    async def guarded():
-        task = asyncio.current_task()
-        def on_sigterm():
-            report["error"] = "terminated (SIGTERM)"
-            task.cancel()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
-        await run_all(args, tools, work, report)
-
     try:
-        asyncio.run(guarded())
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        report.setdefault("error", "interrupted (SIGINT)")
-        code = 143 if "SIGTERM" in report["error"] else 130
-    except Exception as error:  # report what we have, then fail
-        report["error"] = f"{type(error).__name__}: {error}"
-        log(f"error: {report['error']}")
-        code = 1
+        code = procs.run_reported(lambda: run_all(args, tools, work, report), report, log)
     finally:
         if args.keep:
             log(f"kept {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-    report["details"]["loadavg_end"] = _loadavg()
+    report["details"]["loadavg_end"] = procs.loadavg()
     if report["create_to_first_call_ms"] is not None:
         log(f"create -> first call {report['create_to_first_call_ms']} ms (median) vs target "
             f"{TARGET_MS:.0f} ms: {'MET' if report['target_met'] else 'NOT MET'}; "

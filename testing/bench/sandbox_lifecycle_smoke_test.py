@@ -5,11 +5,11 @@ provider, and checks the LAST stdout line: every key present, positive numbers.
 No timing thresholds: it must pass on a slow or busy machine.
 """
 
-import json
 import os
-import subprocess
 import sys
 import unittest
+
+from smoke_checks import positive_numbers, run_report
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 HEADLINE = ("create_to_first_call_ms", "delete_ms", "bundle_build_s", "create_ms", "first_call_ms")
@@ -19,16 +19,9 @@ class SandboxLifecycleSmokeTest(unittest.TestCase):
     def test_quick_run_reports_every_key(self):
         # The py_binary's launcher, from this test's runfiles (it is a data dep).
         binary = os.path.join(BENCH_DIR, "sandbox_lifecycle")
-        proc = subprocess.run([sys.executable, binary, "--quick"],
-                              stdout=subprocess.PIPE, text=True, timeout=800)
-        sys.stderr.write(proc.stdout)  # the figures, for the test log
-        self.assertEqual(proc.returncode, 0, proc.stdout[-6000:])
-        lines = [l for l in proc.stdout.splitlines() if l.strip()]
-        report = json.loads(lines[-1])  # the JSON object is the LAST line
+        report = run_report(self, [sys.executable, binary, "--quick"], timeout_s=800, echo=True)
 
-        for key in HEADLINE:
-            self.assertIsInstance(report[key], (int, float), key)
-            self.assertGreater(report[key], 0, key)
+        positive_numbers(self, report, HEADLINE, "report")
         self.assertIn("bundle_build_repeat_s", report)  # null with --quick
         self.assertIsInstance(report["target_met"], bool)
         self.assertEqual(report["target_met"], report["create_to_first_call_ms"] < 300)

@@ -56,7 +56,7 @@ import floors  # noqa: E402
 import procs  # noqa: E402
 import stack_rounds  # noqa: E402
 from remote_calls import (  # noqa: E402  (generic helpers, shared on purpose)
-    _exit_with_parent, _machine, _wait_for_unix_socket)
+    _exit_with_parent, _wait_for_unix_socket)
 
 HEADLINE_KEYS = ("log_records_per_s", "spans_per_s", "ns_request_p50_us")
 SERVER_START_TIMEOUT_S = 30.0
@@ -504,7 +504,7 @@ def _summarise(ours, base, args) -> dict:
             "ns_request_p50_us": "median of per-request perf_counter round trips in the sandbox",
         },
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
-        "machine": _machine(),
+        "machine": procs.machine(),
     }
     return report
 

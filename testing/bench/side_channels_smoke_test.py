@@ -4,11 +4,11 @@ Asserts structure and positivity only, never timing thresholds or targets: it mu
 on a slow or busy machine. The figures come from `bazel run :side_channels`.
 """
 
-import json
 import os
-import subprocess
 import sys
 import unittest
+
+from smoke_checks import positive_numbers, run_report
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 HEADLINE_KEYS = ("log_records_per_s", "spans_per_s", "ns_request_p50_us")
@@ -18,32 +18,17 @@ RATIO_KEYS = ("ns_request_p50_ours_over_floor", "log_records_per_s_floor_over_ou
               "ns_request_p50_ours_over_floor_relay")
 
 
-def positive_numbers(test, record: dict, keys, where: str) -> None:
-    for key in keys:
-        value = record.get(key)
-        test.assertIsInstance(value, (int, float), f"{where}.{key}")
-        test.assertNotIsInstance(value, bool, f"{where}.{key}")
-        test.assertGreater(value, 0, f"{where}.{key}")
-
-
 class SideChannelsSmokeTest(unittest.TestCase):
     def test_quick_run_of_both_stacks_reports_every_key(self):
-        proc = subprocess.run(
-            [sys.executable, os.path.join(BENCH_DIR, "side_channels.py"), "--quick"],
-            stdout=subprocess.PIPE, text=True, timeout=280)
-        self.assertEqual(proc.returncode, 0, proc.stdout)
-        lines = [l for l in proc.stdout.splitlines() if l.strip()]
-        report = json.loads(lines[-1])  # the JSON object is the LAST line
+        report = run_report(
+            self, [sys.executable, os.path.join(BENCH_DIR, "side_channels.py"), "--quick"],
+            timeout_s=280)
 
         for key in HEADLINE_KEYS + ("baseline", "ratios", "targets_met", "details"):
             self.assertIn(key, report)
-        for side in (report, report["baseline"]):
-            for key in HEADLINE_KEYS:
-                self.assertIsInstance(side[key], (int, float), key)
-                self.assertGreater(side[key], 0, key)
-        for key, value in report["ratios"].items():
-            self.assertIsInstance(value, (int, float), key)
-            self.assertGreater(value, 0, key)
+        positive_numbers(self, report, HEADLINE_KEYS, "ours")
+        positive_numbers(self, report["baseline"], HEADLINE_KEYS, "baseline")
+        positive_numbers(self, report["ratios"], tuple(report["ratios"]), "ratios")
         for key, value in report["targets_met"].items():
             self.assertIsInstance(value, bool, key)
         details = report["details"]

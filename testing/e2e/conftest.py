@@ -5,6 +5,7 @@ wheel into a `--system-site-packages` venv of /usr/bin/python3 and runs pytest
 with that venv's interpreter. The same venv is the worker's `--venv`.
 """
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -24,6 +25,15 @@ WORKER = BAZEL_BIN / "worker" / "agentix-worker"
 TARGETS_DIR = REPO / "testing" / "fixtures" / "remote_targets"
 
 sys.path.insert(0, str(TARGETS_DIR))
+
+
+async def wait_for(predicate, timeout=10.0):
+    """Polls `predicate` every 20 ms until it holds; fails the test after
+    `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
 
 
 def _venv():

@@ -1,5 +1,8 @@
 """A bare `RuntimeService.Calls` stream for tests that must send what the
-host package never would (garbage arguments, unknown ids, no call_id)."""
+host package never would (garbage arguments, unknown ids, no call_id), and
+bare Logs / Traces subscriptions for tests of exactly what arrives."""
+
+import asyncio
 
 import grpc
 
@@ -21,7 +24,6 @@ class RawStream:
 
     async def terminal(self, call_id, timeout=20):
         """Reads until the terminal event of `call_id`; returns it."""
-        import asyncio
 
         async def read():
             while call_id not in self.seen:
@@ -38,6 +40,54 @@ class RawStream:
     async def close(self):
         self.call.cancel()
         await self.channel.close()
+
+
+def distinct_scalar(field, salt=0):
+    """A value for scalar `field` (a FieldDescriptor) unlike any default (and,
+    for strings, bytes and numbers, unlike the value for another `salt`)."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    if field.type == F.TYPE_STRING:
+        return f"v-{field.name}-{salt}"
+    if field.type == F.TYPE_BYTES:
+        return f"b-{field.name}-{salt}".encode()
+    if field.type == F.TYPE_ENUM:
+        return field.enum_type.values[-1].number
+    if field.type == F.TYPE_BOOL:
+        return True
+    if field.type in (F.TYPE_DOUBLE, F.TYPE_FLOAT):
+        return field.number + salt + 0.5
+    return 1000 + field.number + salt
+
+
+async def first_item_emitted(url, method, subscribe, items, matches, target, *args, timeout=20):
+    """Subscribes a bare `method` stream ("Logs" or "Traces") with the request
+    `subscribe`, runs `target(*args)` in the sandbox (through a RuntimeClient
+    whose own logs and traces streams are off; the call must return a true
+    value), and returns the first item in a response's repeated field `items`
+    for which `matches(item)` holds. Fails if the stream ends first or after
+    `timeout` seconds."""
+    from agentix import RuntimeClient
+
+    channel = grpc.aio.insecure_channel(url)
+    stream = getattr(pb_grpc.RuntimeServiceStub(channel), method)()
+    await stream.write(subscribe)
+    try:
+        async with RuntimeClient(url, logs=False, traces=False) as client:
+            assert await client.remote(target, *args)
+
+        async def received():
+            while True:
+                response = await stream.read()
+                assert response is not grpc.aio.EOF, f"{method} stream ended"
+                for item in getattr(response, items):
+                    if matches(item):
+                        return item
+
+        return await asyncio.wait_for(received(), timeout)
+    finally:
+        stream.cancel()
+        await channel.close()
 
 
 def start(call_id, callable_, arguments=b"", size=0, encoding=pb.ENCODING_PICKLE):

@@ -47,6 +47,21 @@ def build(project, output, *extra, check=True):
     return done
 
 
+def setuptools_project(directory, name, version, package, source="", dependencies=()):
+    """A setuptools project in `directory`: the package `package` (its
+    __init__.py holding `source`), named `name` `version`, depending on
+    `dependencies`. Returns `directory`."""
+    (directory / package).mkdir(parents=True)
+    (directory / package / "__init__.py").write_text(source)
+    pyproject = ('[build-system]\nrequires = ["setuptools>=61"]\n'
+                 'build-backend = "setuptools.build_meta"\n'
+                 f'[project]\nname = "{name}"\nversion = "{version}"\n')
+    if dependencies:
+        pyproject += "dependencies = [" + ", ".join(f'"{d}"' for d in dependencies) + "]\n"
+    (directory / "pyproject.toml").write_text(pyproject)
+    return directory
+
+
 def summary(stdout):
     return dict(line.split(": ", 1) for line in stdout.strip().splitlines())
 
@@ -142,14 +157,7 @@ def test_unknown_system_package_is_a_clear_error(tmp_path):
 
 
 def test_dependency_not_available_offline_names_it(tmp_path):
-    project = tmp_path / "p"
-    (project / "p").mkdir(parents=True)
-    (project / "p" / "__init__.py").write_text("")
-    (project / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["setuptools>=61"]\n'
-        'build-backend = "setuptools.build_meta"\n'
-        '[project]\nname = "p"\nversion = "1"\n'
-        'dependencies = ["agentix-not-on-this-machine>=2"]\n')
+    project = setuptools_project(tmp_path / "p", "p", "1", "p", dependencies=["agentix-not-on-this-machine>=2"])
     done = build(project, tmp_path / "out", check=False)
     assert done.returncode == 1
     assert ("dependency 'agentix-not-on-this-machine>=2' is not available "
@@ -361,28 +369,15 @@ async def test_podman_runs_the_oci_layout(bundle, tmp_path):
 
 def test_wheelhouse_provides_a_dependency(tmp_path):
     """A dependency that is nowhere on the machine installs from --wheelhouse."""
-    lib = tmp_path / "padlib"
-    (lib / "agentix_padlib").mkdir(parents=True)
-    (lib / "agentix_padlib" / "__init__.py").write_text(
-        "def pad(s, n):\n    return s.rjust(n)\n")
-    (lib / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["setuptools>=61"]\n'
-        'build-backend = "setuptools.build_meta"\n'
-        '[project]\nname = "agentix-padlib"\nversion = "1.2"\n')
+    lib = setuptools_project(tmp_path / "padlib", "agentix-padlib", "1.2", "agentix_padlib",
+                             "def pad(s, n):\n    return s.rjust(n)\n")
     wheels = tmp_path / "wheels"
     subprocess.run(
         ["/usr/bin/python3", "-m", "pip", "wheel", "-q", "--no-index",
          "--no-build-isolation", "--no-deps", "-w", str(wheels), str(lib)],
         check=True, capture_output=True, timeout=120,
         env={**os.environ, "PIP_CONFIG_FILE": "/dev/null"})
-    project = tmp_path / "p"
-    (project / "p").mkdir(parents=True)
-    (project / "p" / "__init__.py").write_text("")
-    (project / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["setuptools>=61"]\n'
-        'build-backend = "setuptools.build_meta"\n'
-        '[project]\nname = "p"\nversion = "1"\n'
-        'dependencies = ["agentix-padlib>=1.1"]\n')
+    project = setuptools_project(tmp_path / "p", "p", "1", "p", dependencies=["agentix-padlib>=1.1"])
     out = tmp_path / "out"
     build(project, out, "--wheelhouse", str(wheels))
     site = out / "nix/runtime/venv/lib/python3.11/site-packages"

@@ -15,7 +15,7 @@ import pytest
 
 import e2e_targets as t
 from agentix import RuntimeClient, trace
-from conftest import REPO, CollectedRecords, on_root_logger
+from conftest import REPO, CollectedRecords, on_root_logger, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "proxy"))
 from cutting_proxy import CuttingProxy  # noqa: E402
@@ -44,13 +44,6 @@ def from_case(v):
             return dt.datetime.fromisoformat(v["$datetime"])
         return {k: from_case(x) for k, x in v.items()}
     return v
-
-
-async def wait_for(predicate, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize("case", VALUES, ids=[c["id"] for c in VALUES])
@@ -181,7 +174,7 @@ async def _logs(client, **_):
     token = f"py-{time.monotonic_ns()}"
     with on_root_logger(CollectedRecords()) as seen:
         assert await client.remote(t.log_things, token) == token
-        await wait_for(lambda: any(r.getMessage() == f"warned {token}" for r in seen.records))
+        await wait_for(lambda: any(r.getMessage() == f"warned {token}" for r in seen.records), timeout=15.0)
     (warned,) = [r for r in seen.records if r.getMessage() == f"warned {token}"]
     assert warned.levelname == "WARNING" and warned.name == "e2e.app"
     assert warned.token == token
@@ -207,7 +200,7 @@ async def _spans(client, **_):
     try:
         token = f"py-span-{time.monotonic_ns()}"
         assert await client.remote(t.traced_work, token) == token
-        await wait_for(lambda: any(s.name == "outer" for s in spans.ended))
+        await wait_for(lambda: any(s.name == "outer" for s in spans.ended), timeout=15.0)
         names = [s.name for s in spans.ended if s.name in ("inner", "failing", "outer")]
         assert names == ["inner", "failing", "outer"]
     finally:

@@ -48,6 +48,9 @@ SANDBOX_ID = "kp1"
 sys.path.insert(0, str(PROJECT))
 import bundle_app  # noqa: E402  (the host needs the functions' names only)
 
+sys.path.insert(0, str(REPO / "testing" / "engines"))
+from engines import podman_setup  # noqa: E402
+
 
 def free_port():
     with socket.socket() as s:
@@ -66,21 +69,8 @@ class Podman:
 
     def __init__(self, root):
         self.root = root
-        conf = root / "containers.conf"
-        conf.write_text(
-            '[containers]\n'
-            'default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]\n'
-            'netns = "none"\n'
-            '[engine]\n'
-            'runtime = "runc"\n'
-            'cgroup_manager = "cgroupfs"\n'
-            'events_logger = "file"\n'
-            'lock_type = "file"\n')
-        self.env = {**os.environ, "CONTAINERS_CONF": str(conf)}
-        # podman refuses a runroot longer than 50 characters: keep them short.
-        self.cmd = ["podman", "--root", str(root / "r"), "--runroot", str(root / "rr"),
-                    "--tmpdir", str(root / "t"), "--storage-driver", "vfs",
-                    "--runtime", "runc"]
+        self.env, options = podman_setup(root)
+        self.cmd = ["podman", *options]
 
     def run(self, *args, check=True, timeout=120):
         proc = subprocess.run([*self.cmd, *args], capture_output=True, text=True,

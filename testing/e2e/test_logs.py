@@ -4,21 +4,14 @@ silently."""
 
 import asyncio
 import logging
-import time
 
 import pytest
 
 import e2e_targets as t
 from agentix import RuntimeClient
+from conftest import wait_for
 
 pytestmark = pytest.mark.asyncio
-
-
-async def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_logging_records_are_replayed_with_their_fields(client, collected):
@@ -231,52 +224,26 @@ def _distinct_value(field):
     """A value for `field` (a LogRecord FieldDescriptor) unlike any default."""
     from google.protobuf.descriptor import FieldDescriptor as F
 
+    from raw_stream import distinct_scalar
+
     assert field.label != F.LABEL_REPEATED and field.type != F.TYPE_MESSAGE, (
         f"LogRecord.{field.name}: give repeated/message fields a Python form in "
         "worker/channel/proto_fields.cc first")
-    if field.type == F.TYPE_STRING:
-        return f"v-{field.name}"
-    if field.type == F.TYPE_BYTES:
-        return f"b-{field.name}".encode()
-    if field.type == F.TYPE_ENUM:
-        return field.enum_type.values[-1].number
-    if field.type == F.TYPE_BOOL:
-        return True
-    if field.type in (F.TYPE_DOUBLE, F.TYPE_FLOAT):
-        return field.number + 0.5
-    return 1000 + field.number
+    return distinct_scalar(field)
 
 
 async def test_every_log_record_field_reaches_the_host_from_its_one_definition(daemon):
     """runtime.proto's LogRecord is the record's only schema: every field the
     worker may set, named as there, arrives on the host's Logs stream as sent
     (a field added to the message is covered with no change here)."""
-    import grpc
-
     from agentix.runtime.v1 import runtime_pb2 as pb
-    from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
+    from raw_stream import first_item_emitted
 
     fields = {f.name: _distinct_value(f) for f in pb.LogRecord.DESCRIPTOR.fields if f.name not in _DAEMON_FIELDS}
-    channel = grpc.aio.insecure_channel(daemon.url)
-    logs = pb_grpc.RuntimeServiceStub(channel).Logs()
-    await logs.write(pb.LogsRequest(subscribe=pb.SubscribeLogs(after_seq=0)))
-    try:
-        # call_id names no live call, so the record goes to every host stream.
-        async with RuntimeClient(daemon.url, logs=False, traces=False) as client:
-            assert await client.remote(t.send_log_fields, fields)
-
-        async def received():
-            while True:
-                response = await logs.read()
-                assert response is not grpc.aio.EOF, "Logs stream ended"
-                for record in response.records:
-                    if record.message == fields["message"]:
-                        return record
-
-        got = await asyncio.wait_for(received(), 20)
-    finally:
-        logs.cancel()
-        await channel.close()
+    # call_id names no live call, so the record goes to every host stream.
+    got = await first_item_emitted(
+        daemon.url, "Logs", pb.LogsRequest(subscribe=pb.SubscribeLogs(after_seq=0)), "records",
+        lambda record: record.message == fields["message"], t.send_log_fields, fields)
     assert got.seq > 0
     assert len(got.worker_id) == 8
     assert got == pb.LogRecord(seq=got.seq, worker_id=got.worker_id, **fields)

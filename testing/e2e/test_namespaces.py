@@ -14,6 +14,7 @@ from agentix import AsyncClientNamespace, RuntimeClient, request_handler
 from agentix.runtime.shared.codec import pack, unpack
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
+from conftest import wait_for
 
 pytestmark = pytest.mark.asyncio
 
@@ -66,13 +67,6 @@ async def plugin(daemon):
     client.register_namespace(host)
     async with client:
         yield client, host
-
-
-async def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_sandbox_requests_an_answer_from_the_host_while_the_call_runs(plugin):

@@ -19,7 +19,6 @@ import asyncio
 import logging
 import pkgutil
 import sys
-import time
 
 import pytest
 
@@ -28,7 +27,7 @@ import original_plugin_targets as targets
 from agentix import AsyncClientNamespace, RuntimeClient, request_handler
 from agentix.runtime.shared.codec import unpack
 from agentix.runtime.shared.env import image_env
-from conftest import REPO, TARGETS_DIR
+from conftest import REPO, TARGETS_DIR, wait_for
 
 PLUGINS_DIR = REPO / "testing" / "fixtures" / "original_plugins"
 
@@ -56,13 +55,6 @@ def bash():
 def plugin_daemon(start_daemon):
     """A daemon whose worker imports the e2e targets and the plugin directory."""
     return start_daemon(extra_args=("--python-path", f"{TARGETS_DIR}:{PLUGINS_DIR}"))
-
-
-async def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_bash_run_stream_events_pass_the_allowlist_by_default(plugin_daemon, bash):

@@ -3,12 +3,13 @@ into the host's agentix.trace processors, as children of the host span that
 made the call, each attributed to its call."""
 
 import asyncio
-import time
 
 import pytest
 
 import e2e_targets as t
-from agentix import RuntimeClient, trace
+from agentix import trace
+from conftest import wait_for
+from raw_stream import distinct_scalar
 
 pytestmark = pytest.mark.asyncio
 
@@ -33,13 +34,6 @@ def recorder():
     trace.add_processor(r)
     yield r
     trace.remove_processor(r)
-
-
-async def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_sandbox_spans_reach_host_processors_under_the_host_span(client, recorder):
@@ -135,23 +129,6 @@ _AGENTIX_IDS = {"agentix_trace_id": "trace_" + "0f1e2d3c" * 4,
                 "agentix_parent_id": "span_" + "5e6f7a8b" * 3}
 
 
-def _scalar(field, salt=0):
-    """A value for scalar `field` (a FieldDescriptor) unlike any default."""
-    from google.protobuf.descriptor import FieldDescriptor as F
-
-    if field.type == F.TYPE_STRING:
-        return f"v-{field.name}-{salt}"
-    if field.type == F.TYPE_BYTES:
-        return f"b-{field.name}-{salt}".encode()
-    if field.type == F.TYPE_ENUM:
-        return field.enum_type.values[-1].number
-    if field.type == F.TYPE_BOOL:
-        return True
-    if field.type in (F.TYPE_DOUBLE, F.TYPE_FLOAT):
-        return field.number + salt + 0.5
-    return 1000 + field.number + salt
-
-
 def _is_choice(message):
     """A message that is one oneof of scalars (AttributeValue)."""
     return (len(message.oneofs) == 1
@@ -167,15 +144,15 @@ def _python_form(field, pb):
     repeated = field.label == F.LABEL_REPEATED
     if field.type != F.TYPE_MESSAGE:
         if repeated:
-            values = [_scalar(field, 1), _scalar(field, 2)]
+            values = [distinct_scalar(field, 1), distinct_scalar(field, 2)]
             return values, values
-        return _scalar(field), _scalar(field)
+        return distinct_scalar(field), distinct_scalar(field)
     message = field.message_type
     cls = getattr(pb, message.name)
     names = [f.name for f in message.fields]
     if _is_choice(message):  # a scalar; its type picks the member
         member = message.fields[0]
-        value = _scalar(member)
+        value = distinct_scalar(member)
         return value, cls(**{member.name: value})
     if repeated and names == ["key", "value"]:  # a dict
         value_field = message.fields_by_name["value"]
@@ -184,7 +161,7 @@ def _python_form(field, pb):
             # One entry per member, so every kind of value is covered.
             value_cls = getattr(pb, value_field.message_type.name)
             for member in value_field.message_type.fields:
-                key, value = f"k-{member.name}", _scalar(member)
+                key, value = f"k-{member.name}", distinct_scalar(member)
                 python[key] = value
                 wire.append(cls(key=key, value=value_cls(**{member.name: value})))
         else:
@@ -206,10 +183,8 @@ async def test_every_trace_event_field_reaches_the_host_from_its_one_definition(
     events a list of dicts), arrives on the host's Traces stream as sent, and
     the daemon adds only its own fields (a field added to the message is
     covered with no change here)."""
-    import grpc
-
     from agentix.runtime.v1 import runtime_pb2 as pb
-    from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
+    from raw_stream import first_item_emitted
 
     fields, expected = {}, {}
     for field in pb.TraceEvent.DESCRIPTOR.fields:
@@ -217,26 +192,10 @@ async def test_every_trace_event_field_reaches_the_host_from_its_one_definition(
             fields[field.name], expected[field.name] = _python_form(field, pb)
     for name, value in _AGENTIX_IDS.items():
         fields[name] = expected[name] = value
-    channel = grpc.aio.insecure_channel(daemon.url)
-    traces = pb_grpc.RuntimeServiceStub(channel).Traces()
-    await traces.write(pb.TracesRequest(subscribe=pb.SubscribeTraces(after_seq=0)))
-    try:
-        # call_id names no live call, so the event goes to every host stream.
-        async with RuntimeClient(daemon.url, logs=False, traces=False) as client:
-            assert await client.remote(t.send_trace_fields, fields)
-
-        async def received():
-            while True:
-                response = await traces.read()
-                assert response is not grpc.aio.EOF, "Traces stream ended"
-                for event in response.events:
-                    if event.name == fields["name"]:
-                        return event
-
-        got = await asyncio.wait_for(received(), 20)
-    finally:
-        traces.cancel()
-        await channel.close()
+    # call_id names no live call, so the event goes to every host stream.
+    got = await first_item_emitted(
+        daemon.url, "Traces", pb.TracesRequest(subscribe=pb.SubscribeTraces(after_seq=0)), "events",
+        lambda event: event.name == fields["name"], t.send_trace_fields, fields)
     assert got.seq > 0
     assert len(got.worker_id) == 8
     want = pb.TraceEvent(seq=got.seq, worker_id=got.worker_id,

@@ -30,6 +30,27 @@ IMAGE = "localhost/agx-busybox:1"
 ENGINE_START_TIMEOUT_S = 60
 
 
+def podman_setup(root: Path) -> tuple[dict[str, str], list[str]]:
+    """podman on storage of its own under `root` (ENVIRONMENT.md §2): the
+    environment, with a CONTAINERS_CONF written there (runc, cgroupfs,
+    default ulimits, no network namespace, file events and locks), and the
+    global options naming its roots (vfs) and runc."""
+    conf = root / "containers.conf"
+    conf.write_text(
+        '[containers]\n'
+        'default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]\n'
+        'netns = "none"\n'
+        '[engine]\n'
+        'runtime = "runc"\n'
+        'cgroup_manager = "cgroupfs"\n'
+        'events_logger = "file"\n'
+        'lock_type = "file"\n')
+    # podman refuses a runroot longer than 50 characters: keep them short.
+    options = ["--root", str(root / "r"), "--runroot", str(root / "rr"), "--tmpdir", str(root / "t"),
+               "--storage-driver", "vfs", "--runtime", "runc"]
+    return {**os.environ, "CONTAINERS_CONF": str(conf)}, options
+
+
 def _mounts_under(prefix):
     with open("/proc/self/mountinfo") as f:
         return [line.split()[4] for line in f if line.split()[4].startswith(str(prefix))]
@@ -62,30 +83,16 @@ class Engine:
         self.root = root
         self.socket = root / f"{kind}.sock"
         self.log = open(root / f"{kind}.log", "wb")
-        env = dict(os.environ)
         if kind == "docker":
+            env = dict(os.environ)
             cmd = ["dockerd", "--iptables=false", "--ip6tables=false", "--bridge=none",
                    "--storage-driver=vfs", "--data-root", str(root / "d"),
                    "--exec-root", str(root / "e"), "-H", f"unix://{self.socket}",
                    "--pidfile", str(root / "docker.pid")]
             self.cli = ["docker", "-H", f"unix://{self.socket}"]
         else:
-            conf = root / "containers.conf"
-            conf.write_text(
-                '[containers]\n'
-                'default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]\n'
-                'netns = "none"\n'
-                '[engine]\n'
-                'runtime = "runc"\n'
-                'cgroup_manager = "cgroupfs"\n'
-                'events_logger = "file"\n'
-                'lock_type = "file"\n')
-            env["CONTAINERS_CONF"] = str(conf)
-            # podman refuses a runroot longer than 50 characters: keep them short.
-            storage = ["--root", str(root / "r"), "--runroot", str(root / "rr"),
-                       "--tmpdir", str(root / "t"), "--storage-driver", "vfs"]
-            cmd = ["podman", *storage, "--runtime", "runc", "system", "service",
-                   "--time=0", f"unix://{self.socket}"]
+            env, options = podman_setup(root)
+            cmd = ["podman", *options, "system", "service", "--time=0", f"unix://{self.socket}"]
             self.cli = ["podman", "--remote", "--url", f"unix://{self.socket}"]
         self.env = env
         self.cmd = cmd

@@ -57,6 +57,7 @@ if importlib.util.find_spec("agentix.runtime.client._native_calls") is None and 
 import pytest_asyncio  # noqa: E402
 
 from fake_frames import FrameServer  # noqa: E402
+from fake_provider import serve_fake  # noqa: E402
 from fake_runtime import FakeRuntime, serve  # noqa: E402
 
 
@@ -86,6 +87,32 @@ def calls_transport(request, monkeypatch):
     Calls also on ``PATH.calls`` (fake_frames.py), and the client picks it
     (AGENTIX_CALLS_WIRE=auto)."""
     return _select_transport(request.param, monkeypatch)
+
+
+class RecordingBridge:
+    """Stands in for the worker's link to the host for agentix.sio: `sent`
+    holds each emit as (namespace, event, unpacked payload, request_id, error)."""
+
+    def __init__(self):
+        self.sent = []
+
+    def emit(self, namespace, event, payload, request_id, error):
+        from agentix.runtime.shared.codec import unpack
+
+        self.sent.append((namespace, event, unpack(payload), request_id, error))
+
+
+@pytest.fixture
+def bridge():
+    """A RecordingBridge installed as agentix.sio's bridge for the test (then
+    removed, with every registered namespace)."""
+    import agentix.sio as sio
+
+    recording = RecordingBridge()
+    sio._install(recording)
+    yield recording
+    sio._install(None)
+    sio._registry.clear()
 
 
 @pytest_asyncio.fixture
@@ -126,3 +153,44 @@ def _fresh_replay_dedup():
     LogsStream._replayed_once = ReplayedOnce()
     TracesStream._replayed_once = ReplayedOnce()
     yield
+
+
+@pytest.fixture
+def short_dir():
+    """A fresh directory under /tmp, short enough for Unix socket paths
+    (sun_path is 108 bytes); removed after the test."""
+    path = pathlib.Path(tempfile.mkdtemp(prefix="agx-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def bundle(short_dir):
+    """A minimal local bundle directory (its nix/runtime/bootstrap.sh only)."""
+    nix = short_dir / "bundle" / "nix" / "runtime"
+    nix.mkdir(parents=True)
+    (nix / "bootstrap.sh").write_text("#!/bin/sh\n")
+    return short_dir / "bundle"
+
+
+@pytest.fixture
+def environment(monkeypatch, short_dir):
+    """No provider settings from the caller's environment (providerd URL and
+    token, the engines' and Kubernetes' own variables), and a fresh private
+    XDG_RUNTIME_DIR (``short_dir/xdg``, returned), where per-user providerd
+    sockets are looked for."""
+    for name in ("AGENTIX_PROVIDER_URL", "AGENTIX_PROVIDER_TOKEN", "DOCKER_HOST", "CONTAINER_HOST", "KUBECONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    runtime = short_dir / "xdg"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    return runtime
+
+
+@pytest_asyncio.fixture
+async def fake(short_dir):
+    """A FakeProviderService (tests/fake_provider.py) served on
+    ``short_dir/p.sock``, with `socket`, `url` and `server` set."""
+    service = await serve_fake(short_dir)
+    yield service
+    await service.server.stop(None)

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import grpc
 
@@ -97,6 +99,17 @@ class FakeProviderService(pb_grpc.ProviderServiceServicer):
     def creates(self) -> list:
         """The CreateSandbox requests received, in order."""
         return [request for method, request in self.calls if method == "CreateSandbox"]
+
+    def deletes(self) -> list:
+        """The DeleteSandbox requests received, in order."""
+        return [request for method, request in self.calls if method == "DeleteSandbox"]
+
+    def assert_deleted_once(self, sandbox_id: str, grace_s: float) -> None:
+        """Fails unless one DeleteSandbox came, for `sandbox_id` with `grace_s`
+        seconds of grace, and left it TERMINATED."""
+        (delete,) = self.deletes()
+        assert delete.id == sandbox_id and delete.grace.ToTimedelta().total_seconds() == grace_s
+        assert self.records[sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
 
     # ---------------------------------------------------------------- helpers
 
@@ -371,6 +384,42 @@ async def serve_provider(service: FakeProviderService, socket_path) -> grpc.aio.
     server.add_insecure_port(f"unix://{socket_path}")
     await server.start()
     return server
+
+
+class FakeSpawn:
+    """Stands in for ``agentix.provider.local.spawn_providerd`` (monkeypatch
+    it in; it is called off the event loop): records each call's (socket,
+    log, flags, detach) in `calls` and serves a new FakeProviderService on
+    the socket, as the providerd it would start; `services` and `servers`
+    hold them in order. `delay`: seconds to take first (a real start takes a
+    while); `unlink`: remove a stale socket file first (providerd does, under
+    its lock); `returns`: makes the call's result (None: a detached one)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, delay: float = 0.0, unlink: bool = False,
+                 returns: Callable[[], Any] | None = None) -> None:
+        self.loop = loop
+        self.delay = delay
+        self.unlink = unlink
+        self.returns = returns
+        self.calls: list[tuple] = []
+        self.services: list[FakeProviderService] = []
+        self.servers: list[grpc.aio.Server] = []
+
+    def __call__(self, socket, log, flags, *, detach, timeout=30.0, binary=None):
+        self.calls.append((socket, log, list(flags), detach))
+        time.sleep(self.delay)
+        if self.unlink:
+            socket.unlink(missing_ok=True)
+        service = FakeProviderService()
+        server = asyncio.run_coroutine_threadsafe(serve_provider(service, socket), self.loop).result()
+        self.services.append(service)
+        self.servers.append(server)
+        return self.returns() if self.returns else None
+
+    async def stop(self) -> None:
+        """Stops every server it started."""
+        for server in self.servers:
+            await server.stop(None)
 
 
 async def serve_fake(directory) -> FakeProviderService:

@@ -162,30 +162,10 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
         assert first.WhichOneof("kind") == "subscribe", "Traces must start with SubscribeTraces"
         self.trace_subscriptions.append((first.subscribe.after_seq, first.subscribe.instance_id))
         sent = first.subscribe.after_seq if self.traces_honour_after_seq else 0
-        drops = self._trace_drops
-
-        async def read_acks() -> None:
-            async for request in requests:
-                assert request.WhichOneof("kind") == "ack", "only AckTraces may follow SubscribeTraces"
-                self.trace_acks.append(request.ack.seq)
-
-        reader = asyncio.create_task(read_acks())
-        try:
-            while True:
-                changed = self._logs_changed
-                if self._trace_drops != drops:
-                    await context_.abort(grpc.StatusCode.UNAVAILABLE, "fake runtime dropped the trace stream")
-                due = [event for event in self.trace_events if event.seq > sent]
-                for i in range(0, len(due), self.trace_batch):
-                    await context_.write(
-                        pb.TracesResponse(events=due[i : i + self.trace_batch], instance_id=self.instance_id)
-                    )
-                if due:
-                    sent = due[-1].seq
-                    continue
-                await changed.wait()
-        finally:
-            reader.cancel()
+        await self._feed(
+            context_, requests, "trace", "Traces", sent,
+            lambda events: pb.TracesResponse(events=events, instance_id=self.instance_id),
+        )
 
     def _wake_logs(self) -> None:
         changed, self._logs_changed = self._logs_changed, asyncio.Event()
@@ -201,22 +181,33 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
         after_seq = first.subscribe.after_seq
         self.log_subscriptions.append(after_seq)
         sent = after_seq if self.logs_honour_after_seq else 0
-        drops = self._log_drops
+        await self._feed(context_, requests, "log", "Logs", sent, lambda records: pb.LogsResponse(records=records))
+
+    async def _feed(self, context_, requests, kind: str, method: str, sent: int, response) -> None:
+        """Serves a Logs (`kind` "log") or Traces ("trace") stream after its
+        subscribe: records each Ack<method> in `<kind>_acks`, writes the items
+        of `log_records` / `trace_events` past `sent` as `response(items)`
+        messages of at most `<kind>_batch` items, then new ones as they are
+        added, and aborts UNAVAILABLE once drop_<kind>s() is called."""
+        items_attr = "log_records" if kind == "log" else "trace_events"
+        acks = getattr(self, f"{kind}_acks")
+        drops = getattr(self, f"_{kind}_drops")
 
         async def read_acks() -> None:
             async for request in requests:
-                assert request.WhichOneof("kind") == "ack", "only AckLogs may follow SubscribeLogs"
-                self.log_acks.append(request.ack.seq)
+                assert request.WhichOneof("kind") == "ack", f"only Ack{method} may follow Subscribe{method}"
+                acks.append(request.ack.seq)
 
         reader = asyncio.create_task(read_acks())
         try:
             while True:
                 changed = self._logs_changed
-                if self._log_drops != drops:
-                    await context_.abort(grpc.StatusCode.UNAVAILABLE, "fake runtime dropped the log stream")
-                due = [record for record in self.log_records if record.seq > sent]
-                for i in range(0, len(due), self.log_batch):
-                    await context_.write(pb.LogsResponse(records=due[i : i + self.log_batch]))
+                if getattr(self, f"_{kind}_drops") != drops:
+                    await context_.abort(grpc.StatusCode.UNAVAILABLE, f"fake runtime dropped the {kind} stream")
+                due = [item for item in getattr(self, items_attr) if item.seq > sent]
+                batch = getattr(self, f"{kind}_batch")
+                for i in range(0, len(due), batch):
+                    await context_.write(response(due[i : i + batch]))
                 if due:
                     sent = due[-1].seq
                     continue

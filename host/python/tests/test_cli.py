@@ -5,11 +5,8 @@ import asyncio
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -18,29 +15,19 @@ from agentix.cli.main import main
 from agentix.provider import SandboxConfig
 from agentix.provider.service import ServiceProvider
 from agentix.provider.v1 import provider_pb2 as pb
-from fake_provider import FakeProviderService, serve_provider
-
-
-@pytest.fixture
-def short_dir():
-    path = Path(tempfile.mkdtemp(prefix="agx-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest_asyncio.fixture
-async def fake(short_dir, monkeypatch):
+async def fake(fake, monkeypatch):
+    """conftest's `fake` holding three sandboxes (teams a, b, a); no provider
+    URL or token in the environment."""
     monkeypatch.delenv("AGENTIX_PROVIDER_URL", raising=False)
     monkeypatch.delenv("AGENTIX_PROVIDER_TOKEN", raising=False)
-    service = FakeProviderService()
-    service.url = f"unix://{short_dir / 'p.sock'}"
-    server = await serve_provider(service, short_dir / "p.sock")
-    client = ServiceProvider(service.url)
+    client = ServiceProvider(fake.url)
     for team in ("a", "b", "a"):
         await client.create(SandboxConfig(image="host", bundle="/b"), labels={"team": team})
     await client.aclose()
-    yield service
-    await server.stop(None)
+    return fake
 
 
 async def run(*argv):
@@ -95,8 +82,7 @@ async def test_sandbox_get(fake):
 async def test_sandbox_rm(fake):
     status, out, _ = await run("sandbox", "rm", "sbx-1", "sbx-2", "--grace", "0.5", "--url", fake.url)
     assert (status, out) == (0, "deleted sbx-1\ndeleted sbx-2\n")
-    deletes = [r for m, r in fake.calls if m == "DeleteSandbox"]
-    assert [(r.id, r.wait, r.grace.nanos) for r in deletes] == [
+    assert [(r.id, r.wait, r.grace.nanos) for r in fake.deletes()] == [
         ("sbx-1", True, 500_000_000), ("sbx-2", True, 500_000_000),
     ]
     status, out, _ = await run("sandbox", "rm", "sbx-3", "--json", "--url", fake.url)

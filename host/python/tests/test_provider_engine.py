@@ -6,13 +6,9 @@ and what reaches the request."""
 import asyncio
 import importlib
 import os
-import shutil
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from agentix.provider import SandboxConfig, SandboxResource, _plugin
 from agentix.provider import local as local_module
@@ -24,39 +20,7 @@ from agentix.provider.docker import (
     default_engine_socket,
 )
 from agentix.provider.v1 import provider_pb2 as pb
-from fake_provider import FakeProviderService, serve_fake, serve_provider
-
-
-@pytest.fixture
-def short_dir():
-    path = Path(tempfile.mkdtemp(prefix="agx-", dir="/tmp"))  # sun_path is 108 bytes
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def bundle(short_dir):
-    nix = short_dir / "bundle" / "nix" / "runtime"
-    nix.mkdir(parents=True)
-    (nix / "bootstrap.sh").write_text("#!/bin/sh\n")
-    return short_dir / "bundle"
-
-
-@pytest.fixture
-def environment(monkeypatch, short_dir):
-    for name in ("AGENTIX_PROVIDER_URL", "AGENTIX_PROVIDER_TOKEN", "DOCKER_HOST", "CONTAINER_HOST"):
-        monkeypatch.delenv(name, raising=False)
-    runtime = short_dir / "xdg"
-    runtime.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
-    return runtime
-
-
-@pytest_asyncio.fixture
-async def fake(short_dir):
-    service = await serve_fake(short_dir)
-    yield service
-    await service.server.stop(None)
+from fake_provider import FakeSpawn
 
 
 def test_entry_points_name_docker_and_podman():
@@ -151,9 +115,7 @@ async def test_session_through_the_provider_url_sends_the_engine_backend(
     assert (spec.resources.cpu_millis, spec.resources.memory_bytes) == (500, 256 << 20)
     assert spec.network.mode == pb.Network.HOST and spec.warm_pool == "wp"
     assert spec.ttl.seconds == 60 and request.ready_timeout.seconds == 9
-    (delete,) = [r for m, r in fake.calls if m == "DeleteSandbox"]
-    assert delete.id == sandbox.sandbox_id and delete.grace.ToTimedelta().total_seconds() == 1.5
-    assert fake.records[sandbox.sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
+    fake.assert_deleted_once(sandbox.sandbox_id, grace_s=1.5)
     await provider.aclose()
 
 
@@ -169,35 +131,25 @@ async def test_a_missing_bundle_is_refused_before_any_request(environment, fake,
 @pytest.mark.asyncio
 @pytest.mark.parametrize("provider_class,engine,short", [(DockerProvider, "docker", "dk"), (PodmanProvider, "podman", "pm")])
 async def test_starts_a_per_user_engine_providerd_once(environment, bundle, monkeypatch, provider_class, engine, short):
-    loop = asyncio.get_running_loop()
-    started = []
-    servers = []
-
-    def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
-        started.append((socket, log, list(flags), detach))
-        time.sleep(0.3)
-        service = FakeProviderService()
-        servers.append((service, asyncio.run_coroutine_threadsafe(serve_provider(service, socket), loop).result()))
-        return None
-
-    monkeypatch.setattr(local_module, "spawn_providerd", fake_spawn)
+    spawn = FakeSpawn(asyncio.get_running_loop(), delay=0.3)
+    monkeypatch.setattr(local_module, "spawn_providerd", spawn)
     first = provider_class(socket="/e/engine.sock")
     second = provider_class(socket="/e/engine.sock")
     await asyncio.gather(
         first.create(SandboxConfig(image="i", bundle=str(bundle))),
         second.create(SandboxConfig(image="i", bundle=str(bundle))),
     )
-    assert len(started) == 1
-    socket, log, flags, detach = started[0]
+    assert len(spawn.calls) == 1
+    socket, log, flags, detach = spawn.calls[0]
     assert socket == environment / "agentix" / f"providerd-{engine}.sock"
     assert log == environment / "agentix" / f"providerd-{engine}.log"
     assert flags == [f"--{engine}-socket=/e/engine.sock", f"--state-dir=/var/tmp/agx-{os.getuid()}-{short}",
                      f"--instance=providerd-{engine}"]
     assert detach
-    assert [r.spec.backend for r in servers[0][0].creates()] == [engine, engine]
+    assert [r.spec.backend for r in spawn.services[0].creates()] == [engine, engine]
     await first.aclose()
     await second.aclose()
-    await servers[0][1].stop(None)
+    await spawn.stop()
 
 
 @pytest.mark.asyncio

@@ -6,13 +6,9 @@ are tested end to end in testing/e2e/test_k8s_provider.py."""
 
 import asyncio
 import os
-import shutil
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from agentix.provider import SandboxConfig, SandboxResource, _plugin
 from agentix.provider import local as local_module
@@ -23,35 +19,16 @@ from agentix.provider.kubernetes import (
     default_instance,
     default_kubeconfig,
 )
-from agentix.provider.v1 import provider_pb2 as pb
-from fake_provider import FakeProviderService, serve_fake, serve_provider
+from fake_provider import FakeSpawn
 
 BUNDLE = "registry.example/agentix-bundle@sha256:" + "ab" * 32
 
 
 @pytest.fixture
-def short_dir():
-    path = Path(tempfile.mkdtemp(prefix="agx-", dir="/tmp"))  # sun_path is 108 bytes
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def environment(monkeypatch, short_dir):
-    for name in ("AGENTIX_PROVIDER_URL", "AGENTIX_PROVIDER_TOKEN", "KUBECONFIG"):
-        monkeypatch.delenv(name, raising=False)
-    runtime = short_dir / "xdg"
-    runtime.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+def environment(environment, monkeypatch, short_dir):
+    """conftest's, and a HOME without a ~/.kube/config."""
     monkeypatch.setenv("HOME", str(short_dir / "home"))
-    return runtime
-
-
-@pytest_asyncio.fixture
-async def fake(short_dir):
-    service = await serve_fake(short_dir)
-    yield service
-    await service.server.stop(None)
+    return environment
 
 
 def test_registry_resolves_the_declared_kubernetes_entry_point(monkeypatch):
@@ -134,9 +111,7 @@ async def test_session_through_the_provider_url_sends_the_kubernetes_backend(env
     assert dict(spec.env) == {"K": "v"}
     assert (spec.resources.cpu_millis, spec.resources.memory_bytes) == (500, 256 << 20)
     assert spec.warm_pool == "wp" and spec.ttl.seconds == 60 and request.ready_timeout.seconds == 9
-    (delete,) = [r for m, r in fake.calls if m == "DeleteSandbox"]
-    assert delete.id == sandbox.sandbox_id and delete.grace.ToTimedelta().total_seconds() == 1.5
-    assert fake.records[sandbox.sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
+    fake.assert_deleted_once(sandbox.sandbox_id, grace_s=1.5)
     await provider.aclose()
 
 
@@ -168,30 +143,21 @@ async def test_starts_a_per_user_kubernetes_providerd_once(environment, monkeypa
     if "kubeconfig" in settings:
         settings = {**settings, "kubeconfig": str(kubeconfig)}
         expected = [f.replace("KC", str(kubeconfig)) for f in expected]
-    started = []
-    servers = []
-
-    def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
-        started.append((socket, log, list(flags), detach))
-        time.sleep(0.3)
-        service = FakeProviderService()
-        servers.append((service, asyncio.run_coroutine_threadsafe(serve_provider(service, socket), loop).result()))
-        return None
-
-    monkeypatch.setattr(local_module, "spawn_providerd", fake_spawn)
+    spawn = FakeSpawn(loop, delay=0.3)
+    monkeypatch.setattr(local_module, "spawn_providerd", spawn)
     first, second = KubernetesProvider(**settings), KubernetesProvider(**settings)
     await asyncio.gather(*(p.create(SandboxConfig(image="i:1", bundle=BUNDLE)) for p in (first, second)))
-    assert len(started) == 1
-    socket, log, flags, detach = started[0]
+    assert len(spawn.calls) == 1
+    socket, log, flags, detach = spawn.calls[0]
     assert socket == environment / "agentix" / "providerd-kubernetes.sock"
     assert log == environment / "agentix" / "providerd-kubernetes.log"
     state = f"--state-dir=/var/tmp/agx-{os.getuid()}-k8"
     assert flags == [*expected[:-1], state, expected[-1]]
     assert detach
-    assert [r.spec.backend for r in servers[0][0].creates()] == ["kubernetes", "kubernetes"]
+    assert [r.spec.backend for r in spawn.services[0].creates()] == ["kubernetes", "kubernetes"]
     await first.aclose()
     await second.aclose()
-    await servers[0][1].stop(None)
+    await spawn.stop()
 
 
 @pytest.mark.asyncio

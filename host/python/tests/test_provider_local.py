@@ -5,36 +5,17 @@ its settings reach the requests, and starting a providerd binary."""
 
 import asyncio
 import os
-import shutil
 import stat
-import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from agentix.provider import SandboxConfig, SandboxResource
 from agentix.provider import local as local_module
 from agentix.provider.local import LocalProvider, LocalProviderConfig, default_socket, find_providerd, spawn_providerd
 from agentix.provider.v1 import provider_pb2 as pb
-from fake_provider import FakeProviderService, serve_fake, serve_provider
-
-
-@pytest.fixture
-def short_dir():
-    path = Path(tempfile.mkdtemp(prefix="agx-", dir="/tmp"))  # sun_path is 108 bytes
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def bundle(short_dir):
-    nix = short_dir / "bundle" / "nix" / "runtime"
-    nix.mkdir(parents=True)
-    (nix / "bootstrap.sh").write_text("#!/bin/sh\n")
-    return short_dir / "bundle"
+from fake_provider import FakeProviderService, FakeSpawn, serve_provider
 
 
 @pytest.fixture
@@ -45,23 +26,6 @@ def no_spawn(monkeypatch):
         raise AssertionError(f"spawn_providerd called: {args} {kwargs}")
 
     monkeypatch.setattr(local_module, "spawn_providerd", refuse)
-
-
-@pytest.fixture
-def environment(monkeypatch, short_dir):
-    monkeypatch.delenv("AGENTIX_PROVIDER_URL", raising=False)
-    monkeypatch.delenv("AGENTIX_PROVIDER_TOKEN", raising=False)
-    runtime = short_dir / "xdg"
-    runtime.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
-    return runtime
-
-
-@pytest_asyncio.fixture
-async def fake(short_dir):
-    service = await serve_fake(short_dir)
-    yield service
-    await service.server.stop(None)
 
 
 def _stale_socket(path):
@@ -108,9 +72,7 @@ async def test_uses_the_provider_url_and_maps_its_settings(environment, fake, bu
     assert sandbox.token == fake.tokens[sandbox.sandbox_id]
     assert sandbox.runtime_url == fake.records[sandbox.sandbox_id].status.endpoint.target
     await provider.aclose()
-    (delete,) = [r for m, r in fake.calls if m == "DeleteSandbox"]
-    assert delete.id == sandbox.sandbox_id and delete.grace.ToTimedelta().total_seconds() == 1.5
-    assert fake.records[sandbox.sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
+    fake.assert_deleted_once(sandbox.sandbox_id, grace_s=1.5)
 
 
 @pytest.mark.asyncio
@@ -159,19 +121,9 @@ async def test_uses_the_default_socket_when_one_answers(environment, bundle, no_
 
 @pytest.mark.asyncio
 async def test_starts_the_default_providerd_once_when_none_answers(environment, bundle, monkeypatch):
-    loop = asyncio.get_running_loop()
-    started = []
-    servers = []
-
-    def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
-        started.append((socket, log, list(flags), detach))
-        time.sleep(0.5)  # a real start takes a while: the other provider finds nobody meanwhile
-        socket.unlink(missing_ok=True)  # as providerd does with a stale socket, under its own lock
-        service = FakeProviderService()
-        servers.append((service, asyncio.run_coroutine_threadsafe(serve_provider(service, socket), loop).result()))
-        return None
-
-    monkeypatch.setattr(local_module, "spawn_providerd", fake_spawn)
+    # A real start takes a while: the other provider finds nobody meanwhile.
+    spawn = FakeSpawn(asyncio.get_running_loop(), delay=0.5, unlink=True)
+    monkeypatch.setattr(local_module, "spawn_providerd", spawn)
     stale = default_socket()
     stale.parent.mkdir(mode=0o700)
     _stale_socket(stale)
@@ -180,37 +132,28 @@ async def test_starts_the_default_providerd_once_when_none_answers(environment, 
         first.create(SandboxConfig(image="host", bundle=str(bundle))),
         second.create(SandboxConfig(image="host", bundle=str(bundle))),
     )
-    assert len(started) == 1
-    socket, log, flags, detach = started[0]
-    assert (socket, log, flags, detach) == (stale, environment / "agentix" / "providerd.log", [], True)
+    assert spawn.calls == [(stale, environment / "agentix" / "providerd.log", [], True)]
     assert stat.S_IMODE(os.stat(stale.parent).st_mode) == 0o700
-    assert len(servers[0][0].creates()) == 2
+    assert len(spawn.services[0].creates()) == 2
     await first.aclose()
     await second.aclose()
-    await servers[0][1].stop(None)
+    await spawn.stop()
 
 
 @pytest.mark.asyncio
 async def test_a_per_user_providerd_that_died_is_started_again(environment, bundle, monkeypatch):
-    loop = asyncio.get_running_loop()
-    servers = []
-
-    def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
-        socket.unlink(missing_ok=True)
-        service = FakeProviderService()
-        servers.append((service, asyncio.run_coroutine_threadsafe(serve_provider(service, socket), loop).result()))
-
-    monkeypatch.setattr(local_module, "spawn_providerd", fake_spawn)
+    spawn = FakeSpawn(asyncio.get_running_loop(), unlink=True)
+    monkeypatch.setattr(local_module, "spawn_providerd", spawn)
     async with LocalProvider() as provider:
         first = await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
-        await servers[0][1].stop(None)  # providerd died: nothing listens on the socket
+        await spawn.servers[0].stop(None)  # providerd died: nothing listens on the socket
         second = await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
-        assert len(servers) == 2 and len(servers[1][0].creates()) == 1
+        assert len(spawn.servers) == 2 and len(spawn.services[1].creates()) == 1
         assert provider.url == f"unix://{default_socket()}"
-        assert first.sandbox_id in servers[0][0].records and second.sandbox_id in servers[1][0].records
+        assert first.sandbox_id in spawn.services[0].records and second.sandbox_id in spawn.services[1].records
         assert (await provider.get(second.sandbox_id)).status == "running"
-    assert servers[1][0].records[second.sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
-    await servers[1][1].stop(None)
+    assert spawn.services[1].records[second.sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
+    await spawn.stop()
 
 
 @pytest.mark.asyncio
@@ -231,44 +174,28 @@ async def test_a_providerd_started_while_waiting_for_the_lock_is_used(environmen
     """Both callers find nobody before the lock; the second, once it has the
     lock, must find the first one's providerd and not start another (without
     the lock, or without the check under it, both would start one)."""
-    loop = asyncio.get_running_loop()
-    started = []
-    servers = []
-
-    def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
-        started.append(socket)
-        time.sleep(0.3)
-        servers.append(asyncio.run_coroutine_threadsafe(serve_provider(FakeProviderService(), socket), loop).result())
+    spawn = FakeSpawn(asyncio.get_running_loop(), delay=0.3)
 
     async def answers(url):
         await asyncio.sleep(0.05)
-        return bool(servers)  # someone answers once a providerd was started
+        return bool(spawn.servers)  # someone answers once a providerd was started
 
-    monkeypatch.setattr(local_module, "spawn_providerd", fake_spawn)
+    monkeypatch.setattr(local_module, "spawn_providerd", spawn)
     monkeypatch.setattr(local_module, "_answers", answers)
     socket = default_socket()
     socket.parent.mkdir(mode=0o700)
     _stale_socket(socket)  # something there, so that the checks before the lock run
     urls = await asyncio.gather(local_module.ensure_default_providerd(), local_module.ensure_default_providerd())
-    assert urls == [f"unix://{socket}"] * 2 and started == [socket]
-    await servers[0].stop(None)
+    assert urls == [f"unix://{socket}"] * 2 and [call[0] for call in spawn.calls] == [socket]
+    await spawn.stop()
 
 
 @pytest.mark.asyncio
 async def test_server_level_settings_start_a_private_providerd(environment, bundle, monkeypatch, short_dir):
-    loop = asyncio.get_running_loop()
-    started = []
-    servers = []
+    import subprocess
 
-    def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
-        started.append((socket, list(flags), detach))
-        service = FakeProviderService()
-        servers.append((service, asyncio.run_coroutine_threadsafe(serve_provider(service, socket), loop).result()))
-        import subprocess
-
-        return subprocess.Popen(["sleep", "60"])
-
-    monkeypatch.setattr(local_module, "spawn_providerd", fake_spawn)
+    spawn = FakeSpawn(asyncio.get_running_loop(), returns=lambda: subprocess.Popen(["sleep", "60"]))
+    monkeypatch.setattr(local_module, "spawn_providerd", spawn)
     monkeypatch.setenv("AGENTIX_PROVIDER_URL", "unix:///nowhere.sock")  # server-level settings win over it
     provider = LocalProvider(
         run_size="32m", shm_size=1 << 20, log_max_bytes=1 << 20, seccomp=False, require_limits=False,
@@ -276,7 +203,7 @@ async def test_server_level_settings_start_a_private_providerd(environment, bund
         runtime_dir=str(short_dir / "state"),
     )
     sandbox = await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
-    ((socket, flags, detach),) = started
+    ((socket, _log, flags, detach),) = spawn.calls
     assert detach is False and socket.name == "providerd.sock" and socket.parent.name.startswith("agx-")
     assert flags == [
         f"--state-dir={short_dir / 'state'}", f"--local-run-size={32 << 20}", f"--local-shm-size={1 << 20}",
@@ -289,31 +216,23 @@ async def test_server_level_settings_start_a_private_providerd(environment, bund
     await provider.aclose()
     assert process.poll() is not None  # stopped with the provider
     assert not socket.parent.exists()
-    assert servers[0][0].records[sandbox.sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
-    await servers[0][1].stop(None)
+    assert spawn.services[0].records[sandbox.sandbox_id].status.phase == pb.SandboxStatus.TERMINATED
+    await spawn.stop()
 
 
 @pytest.mark.asyncio
 async def test_a_private_providerd_gets_a_short_state_dir_of_its_own(environment, bundle, monkeypatch):
-    loop = asyncio.get_running_loop()
-    started = []
-    servers = []
-
-    def fake_spawn(socket, log, flags, *, detach, timeout=30.0, binary=None):
-        started.append((socket, log, list(flags)))
-        servers.append(asyncio.run_coroutine_threadsafe(serve_provider(FakeProviderService(), socket), loop).result())
-        return None
-
-    monkeypatch.setattr(local_module, "spawn_providerd", fake_spawn)
+    spawn = FakeSpawn(asyncio.get_running_loop())
+    monkeypatch.setattr(local_module, "spawn_providerd", spawn)
     async with LocalProvider(seccomp=False) as provider:
         await provider.create(SandboxConfig(image="host", bundle=str(bundle)))
-        ((socket, log, flags),) = started
+        ((socket, log, flags, _detach),) = spawn.calls
         state = socket.parent / "s"
         assert flags == ["--local-seccomp=false", f"--state-dir={state}"] and log == socket.parent / "providerd.log"
         assert len(str(state)) <= 22  # providerd's limit: the sandboxes' sockets live under it
         assert stat.S_IMODE(os.stat(socket.parent).st_mode) == 0o700
     assert not socket.parent.exists()
-    await servers[0].stop(None)
+    await spawn.stop()
 
 
 @pytest.mark.asyncio

@@ -4,10 +4,7 @@ retries with one request_id, error mapping, watch resume / relist / dedup,
 waits, logs and pools."""
 
 import asyncio
-import shutil
-import tempfile
 import uuid
-from pathlib import Path
 
 import grpc
 import pytest
@@ -17,25 +14,13 @@ from agentix.provider import SandboxConfig, SandboxResource
 from agentix.provider import errors
 from agentix.provider.service import ServiceProvider, runtime_url, spec_from_config
 from agentix.provider.v1 import provider_pb2 as pb
-from fake_provider import Fault, FakeProviderService, serve_provider
+from fake_provider import Fault
 
 
 @pytest.fixture
-def short_dir():
-    path = Path(tempfile.mkdtemp(prefix="agx-", dir="/tmp"))  # sun_path is 108 bytes
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest_asyncio.fixture
-async def service(short_dir):
-    fake = FakeProviderService()
-    fake.socket = short_dir / "p.sock"
-    fake.url = f"unix://{fake.socket}"
-    server = await serve_provider(fake, fake.socket)
-    fake.server = server
-    yield fake
-    await server.stop(None)
+def service(fake):
+    """conftest's `fake` (a FakeProviderService on short_dir/p.sock)."""
+    return fake
 
 
 @pytest_asyncio.fixture

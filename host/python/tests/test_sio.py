@@ -14,23 +14,6 @@ from agentix.runtime.client._sio_facade import attach
 from agentix.runtime.shared.codec import pack, unpack
 
 
-class RecordingBridge:
-    def __init__(self):
-        self.sent = []
-
-    def emit(self, namespace, event, payload, request_id, error):
-        self.sent.append((namespace, event, unpack(payload), request_id, error))
-
-
-@pytest.fixture
-def bridge():
-    recording = RecordingBridge()
-    sio._install(recording)
-    yield recording
-    sio._install(None)
-    sio._registry.clear()
-
-
 def test_public_names():
     assert sorted(sio.__all__) == ["Namespace", "RESERVED_NAMESPACES", "RemoteSioError", "register_namespace"]
     for name in ("Namespace", "RemoteSioError", "register_namespace", "AsyncClientNamespace", "request_handler"):

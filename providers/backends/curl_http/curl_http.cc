@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 
 namespace agentix::providers::curl_http {
 namespace {
@@ -240,6 +241,17 @@ absl::Status CurlClient::Stream(absl::string_view path, const DataFn& on_data,
     return absl::OkStatus();
   }
   return transport;
+}
+
+std::string JsonErrorMessage(absl::string_view body) {
+  auto parsed = nlohmann::json::parse(body.begin(), body.end(), nullptr, false);
+  if (parsed.is_object()) {
+    auto it = parsed.find("message");
+    if (it != parsed.end() && it->is_string()) return it->get<std::string>();
+  }
+  std::string text(body.substr(0, 1024));
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  return text;
 }
 
 }  // namespace agentix::providers::curl_http

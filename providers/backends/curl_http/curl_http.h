@@ -101,4 +101,9 @@ class CurlClient {
   mutable std::vector<void*> idle_ ABSL_GUARDED_BY(mu_);  // CURL*
 };
 
+// The "message" of a JSON error body ({"message": ...}, as the Docker
+// Engine and Kubernetes APIs answer), or the body itself (its first 1 KiB,
+// trailing newlines cut) when it is not one.
+std::string JsonErrorMessage(absl::string_view body);
+
 }  // namespace agentix::providers::curl_http

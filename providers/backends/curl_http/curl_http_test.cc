@@ -203,5 +203,15 @@ TEST_CASE("no socket and a refused one are UNAVAILABLE saying what connect said"
   ::unlink(socket.c_str());
 }
 
+TEST_CASE("An API error body gives its JSON message, else its own first KiB",
+          "[curl_http]") {
+  CHECK(JsonErrorMessage(R"({"message": "no such image", "kind": "x"})") == "no such image");
+  CHECK(JsonErrorMessage("{\"message\": 7}\n") == "{\"message\": 7}");  // not a string
+  CHECK(JsonErrorMessage("page not found\r\n\n") == "page not found");
+  CHECK(JsonErrorMessage("").empty());
+  const std::string long_text(5000, 'e');
+  CHECK(JsonErrorMessage(long_text) == long_text.substr(0, 1024));
+}
+
 }  // namespace
 }  // namespace agentix::providers::curl_http

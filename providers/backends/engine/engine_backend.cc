@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "providers/backends/curl_http/curl_http.h"
 #include "providers/backends/engine/engine_http.h"
 #include "providers/backends/engine/log_demux.h"
 #include "providers/core/errors.h"
@@ -268,8 +269,9 @@ class EngineBackend final : public Backend {
       undo_dir();
       if (created->status == 404) {
         return ProviderError(absl::StatusCode::kFailedPrecondition, kReasonImageNotPresent,
-                             absl::StrCat(options_.name, ": ", EngineMessage(created->body),
-                                          "; `", options_.name, " load` the image first"));
+                             absl::StrCat(options_.name, ": ",
+                                          curl_http::JsonErrorMessage(created->body), "; `",
+                                          options_.name, " load` the image first"));
       }
       return HttpError("create container", *created);
     }
@@ -296,7 +298,7 @@ class EngineBackend final : public Backend {
             ? ProviderError(absl::StatusCode::kFailedPrecondition, kReasonStartFailed,
                             absl::StrCat(options_.name, ": starting ", kEntryPoint, " in ",
                                          spec.spec.image(), " failed: ",
-                                         EngineMessage(started->body),
+                                         curl_http::JsonErrorMessage(started->body),
                                          Tail(LogTail(BackendRef{id}, 4096))))
             : started.status();
     RemoveContainer(id).IgnoreError();  // ListOwned finds it if this fails
@@ -517,7 +519,7 @@ class EngineBackend final : public Backend {
   // The engine's answer to a request it refused, with its own message.
   absl::Status HttpError(absl::string_view what, const HttpResponse& response) const {
     std::string message = absl::StrCat(options_.name, ": ", what, ": ",
-                                       EngineMessage(response.body), " (HTTP ",
+                                       curl_http::JsonErrorMessage(response.body), " (HTTP ",
                                        response.status, ")");
     switch (response.status) {
       case 400:

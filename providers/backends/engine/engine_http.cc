@@ -1,7 +1,6 @@
 #include "providers/backends/engine/engine_http.h"
 
 #include "absl/strings/str_cat.h"
-#include "nlohmann/json.hpp"
 
 namespace agentix::providers::engine {
 namespace {
@@ -37,17 +36,6 @@ absl::Status EngineHttp::Stream(absl::string_view path, const DataFn& on_data,
                                 StreamCanceller* canceller, long* status_out,
                                 std::string* error_body) const {
   return client_.Stream(path, on_data, canceller, status_out, error_body);
-}
-
-std::string EngineMessage(absl::string_view body) {
-  auto parsed = nlohmann::json::parse(body.begin(), body.end(), nullptr, false);
-  if (parsed.is_object()) {
-    auto it = parsed.find("message");
-    if (it != parsed.end() && it->is_string()) return it->get<std::string>();
-  }
-  std::string text(body.substr(0, 1024));
-  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
-  return text;
 }
 
 }  // namespace agentix::providers::engine

@@ -49,8 +49,4 @@ class EngineHttp {
   const curl_http::CurlClient client_;
 };
 
-// The engine's own error message from a JSON error body ({"message": ...}),
-// or the body itself when it is not one.
-std::string EngineMessage(absl::string_view body);
-
 }  // namespace agentix::providers::engine

@@ -100,19 +100,8 @@ absl::Status KubeHttp::Stream(absl::string_view path, const DataFn& on_data,
   return status;
 }
 
-std::string KubeMessage(absl::string_view body) {
-  auto parsed = nlohmann::json::parse(body.begin(), body.end(), nullptr, false);
-  if (parsed.is_object()) {
-    auto it = parsed.find("message");
-    if (it != parsed.end() && it->is_string()) return it->get<std::string>();
-  }
-  std::string text(body.substr(0, 1024));
-  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
-  return text;
-}
-
 absl::Status KubeError(const HttpResponse& response, absl::string_view what) {
-  std::string message = KubeMessage(response.body);
+  std::string message = curl_http::JsonErrorMessage(response.body);
   std::string reason;
   auto parsed = nlohmann::json::parse(response.body, nullptr, false);
   if (parsed.is_object() && parsed.contains("reason") && parsed["reason"].is_string()) {

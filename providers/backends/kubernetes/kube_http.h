@@ -56,9 +56,6 @@ class KubeHttp {
   const curl_http::CurlClient client_;
 };
 
-// The API server's message from a Status body, or the body itself.
-std::string KubeMessage(absl::string_view body);
-
 // A non-2xx answer as a definite status carrying the API server's message:
 // 400/422 INVALID_ARGUMENT, 401 UNAUTHENTICATED, 403 PERMISSION_DENIED,
 // 404 NOT_FOUND, 409 ALREADY_EXISTS (AlreadyExists) / ABORTED (Conflict),

@@ -183,13 +183,9 @@ def check_memo(chunks: list, total: int, max_steps: int | None = None) -> bool:
                 if pos < 0:
                     return True
             if code == _PUT:
-                text = stream.buf[start - stream.base : pos - stream.base] if pos - start <= 24 else b""
-                try:
-                    index = int(text) if text else limit
-                except ValueError:
+                line = stream.buf[start - stream.base : pos - stream.base] if pos - start <= 24 else None
+                if not _check_put(line, limit, total):
                     return True
-                if not 0 <= index < limit:
-                    _refuse_memo(index, total)
     return True
 
 
@@ -225,13 +221,21 @@ def _check_memo_bytes(data: bytes, limit: int) -> None:
                 pos = data.find(b"\n", pos) + 1
                 if pos == 0:
                     return
-            if code == _PUT:
-                try:
-                    index = int(data[start:pos]) if pos - start <= 24 else limit
-                except ValueError:
-                    return
-                if not 0 <= index < limit:
-                    _refuse_memo(index, total)
+            if code == _PUT and not _check_put(data[start:pos] if pos - start <= 24 else None, limit, total):
+                return
+
+
+def _check_put(line: bytes | None, limit: int, total: int) -> bool:
+    """Refuses the memo index of a PUT opcode, its decimal `line` (None: too
+    long to be one below `limit`), unless it is below `limit`. False if the
+    line is not a number (the walk stops; the loader refuses the stream)."""
+    try:
+        index = int(line) if line else limit
+    except ValueError:
+        return False
+    if not 0 <= index < limit:
+        _refuse_memo(index, total)
+    return True
 
 
 def _refuse_memo(index: int, total: int) -> None:
