@@ -363,11 +363,17 @@ class _Worker(_LeaderIntake):
     def _arm_pool_monitor(self):
         """Any thread: the pool queued a sync call behind running ones; from
         STALL_SECONDS on, _pool_monitor watches the queue."""
-        if threading.get_ident() == self._loop_thread:
-            self._loop.call_later(STALL_SECONDS, self._pool_monitor)
+        if (threading.get_ident() == self._loop_thread
+                and not getattr(self._loop, "booting", False)):
+            self._start_pool_monitor()
         else:
-            self._call_on_loop(self._loop.call_later, STALL_SECONDS,
-                               self._pool_monitor)
+            # Before the event loop exists (serve._BootLoop: calls run from
+            # the ready frame on) this starts it; the monitor needs it.
+            self._call_on_loop(self._start_pool_monitor)
+
+    def _start_pool_monitor(self):
+        """Loop: the monitor's first look, STALL_SECONDS from now."""
+        self._loop.call_later(STALL_SECONDS, self._pool_monitor)
 
     def _pool_monitor(self):
         """Loop: writes replies pool threads left queued, and lets the pool
