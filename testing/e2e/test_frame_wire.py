@@ -24,12 +24,12 @@ GRPC_STREAMS = (NativeCallsStream, CallsStream)
 
 @pytest.fixture(params=["frames", "grpc"])
 def wire(request, monkeypatch):
-    """The Calls wire a test's clients use: the default (the frame wire) or
-    AGENTIX_CALLS_WIRE=grpc."""
+    """The Calls wire a test's clients use: the default (the frame wire, with
+    AGENTIX_CALLS_WIRE unset) or AGENTIX_CALLS_WIRE=grpc."""
     if request.param == "grpc":
         monkeypatch.setenv("AGENTIX_CALLS_WIRE", "grpc")
     else:
-        monkeypatch.setenv("AGENTIX_CALLS_WIRE", "auto")
+        monkeypatch.delenv("AGENTIX_CALLS_WIRE", raising=False)
     return request.param
 
 

@@ -259,8 +259,8 @@ async def test_agentix_calls_wire_selects_the_wire(framed, monkeypatch):
     assert len(framed.frames.hellos) == 2
     monkeypatch.setenv("AGENTIX_CALLS_WIRE", "Auto ")
     assert await stream_type(framed.url) is FrameCallsStream
-    monkeypatch.delenv("AGENTIX_CALLS_WIRE")  # the default, for now
-    assert await stream_type(framed.url) is NativeCallsStream
+    monkeypatch.delenv("AGENTIX_CALLS_WIRE")  # the default: auto
+    assert await stream_type(framed.url) is FrameCallsStream
     monkeypatch.setenv("AGENTIX_CALLS_WIRE", "fast")
     with pytest.raises(ValueError, match="AGENTIX_CALLS_WIRE='fast' is not one of auto, frames, grpc"):
         await stream_type(framed.url)

@@ -18,7 +18,7 @@ Which wire carries the Calls stream (`FrameWire`): ``AGENTIX_CALLS_WIRE``
 ``auto`` uses the frame wire when the target is ``unix://PATH``
 without TLS and ``PATH.calls`` accepts a connection, else gRPC; ``frames``
 requires it (`RuntimeUnreachable` when it cannot be had); ``grpc`` never
-uses it, nor does an unset one (for now). Logs, Traces and Namespace streams stay on gRPC.
+uses it. Unset is ``auto``. Logs, Traces and Namespace streams stay on gRPC.
 """
 
 from __future__ import annotations
@@ -81,10 +81,9 @@ _IOV_MAX = 1024
 
 
 def wire_mode() -> str:
-    """``AGENTIX_CALLS_WIRE``: ``auto``, ``frames`` or ``grpc`` (also when unset
-    or empty: the frame wire is opt-in until it passes the reconnect chaos tests,
-    docs/FRAME-WIRE.md "Host"); ValueError for anything else."""
-    mode = os.environ.get(CALLS_WIRE_ENV, "").strip().lower() or "grpc"
+    """``AGENTIX_CALLS_WIRE``: ``auto`` (also when unset or empty), ``frames`` or
+    ``grpc``; ValueError for anything else."""
+    mode = os.environ.get(CALLS_WIRE_ENV, "").strip().lower() or "auto"
     if mode not in _MODES:
         raise ValueError(f"{CALLS_WIRE_ENV}={mode!r} is not one of {', '.join(_MODES)}")
     return mode
