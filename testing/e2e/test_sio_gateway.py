@@ -610,6 +610,19 @@ async def test_gateway_waits_for_the_daemon_and_health_says_so(start_daemon, tmp
         assert gw.stop() == 0, gw.log()
 
 
+async def first_health_status(url, timeout=20.0):
+    """The status of the first `GET /health` the gateway at `url` answers (None
+    if none within `timeout`)."""
+    async with aiohttp.ClientSession() as http:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(f"{url}/health") as r:
+                    return r.status
+            await asyncio.sleep(0.01)
+    return None
+
+
 async def test_stage_one_imports_only_what_health_needs(tmp_path):
     """Until the daemon is up the gateway answers /health from a stage that
     imports no more than `_socket` and `select`: `socket`, `threading`, `os`
@@ -624,15 +637,7 @@ async def test_stage_one_imports_only_what_health_needs(tmp_path):
             [sys.executable, "-I", "-S", "-X", "importtime", GATEWAY_MAIN, "--daemon",
              f"unix://{tmp_path}/never.sock", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
     try:
-        status = None
-        async with aiohttp.ClientSession() as http:
-            deadline = time.monotonic() + 20
-            while status is None and time.monotonic() < deadline:
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(f"http://127.0.0.1:{port}/health") as r:
-                        status = r.status
-                await asyncio.sleep(0.01)
-        assert status == 503
+        assert await first_health_status(f"http://127.0.0.1:{port}") == 503
     finally:
         proc.kill()
         proc.wait()
@@ -654,15 +659,7 @@ async def test_sigterm_while_loading_ends_the_gateway_cleanly(tmp_path):
     as a SIGTERM after it loaded does, not by the signal's default action."""
     gw = GatewayProc(tmp_path, f"unix://{tmp_path}/never.sock")
     try:
-        status = None
-        async with aiohttp.ClientSession() as http:
-            deadline = time.monotonic() + 20
-            while status is None and time.monotonic() < deadline:
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(f"{gw.url}/health") as r:
-                        status = r.status
-                await asyncio.sleep(0.01)
-        assert status == 503
+        assert await first_health_status(gw.url) == 503
         gw.proc.send_signal(signal.SIGTERM)
         assert gw.proc.wait(20) == 0, gw.log()
     finally:
