@@ -65,17 +65,18 @@ async def test_a_broken_venv_is_a_boot_error_with_the_reason_not_a_timeout(start
 
 
 async def test_a_failing_import_at_start_is_a_boot_error(start_daemon, tmp_path):
-    # A module on the import path that shadows one the worker imports at start.
+    # A module on the import path that shadows one the worker imports at start
+    # (pickle: asyncio now comes after the ready frame, see worker/README.md).
     root = tmp_path / "startup"
     root.mkdir()
-    (root / "asyncio.py").write_text("raise RuntimeError('broken asyncio shadow')\n")
+    (root / "pickle.py").write_text("raise RuntimeError('broken pickle shadow')\n")
     daemon = start_daemon(extra_args=["--python-path", f"{root}:{TARGETS_DIR}"])
     started = time.monotonic()
     async with RuntimeClient(daemon.url) as client:
         with pytest.raises(RemoteCallError) as info:
             await client.remote(t.add, 1, 2)
     assert info.value.error.type == "WorkerBootError"
-    assert "broken asyncio shadow" in info.value.error.message
+    assert "broken pickle shadow" in info.value.error.message
     assert time.monotonic() - started < 10
 
 

@@ -30,6 +30,13 @@ TOKEN = "tok-" + "5" * 40
 NO_CAPS = ["setpriv", "--bounding-set=-all", "--inh-caps=-all"]
 
 
+@pytest.fixture(autouse=True)
+def _grpc_calls(monkeypatch):
+    """These tests count the gRPC listener's connections: the Calls stream on
+    gRPC too (the frame wire's own limits: sandbox:frame_wire_server_test)."""
+    monkeypatch.setenv("AGENTIX_CALLS_WIRE", "grpc")
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

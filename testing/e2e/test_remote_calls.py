@@ -347,7 +347,7 @@ async def test_the_installed_package_carries_calls_natively_unless_turned_off(cl
 
     assert await client.remote(t.add, 1, 1) == 2
     native_off = os.environ.get("AGENTIX_NATIVE_TRANSPORT", "1").strip() == "0"
-    if os.environ.get("AGENTIX_CALLS_WIRE", "").strip().lower() in ("auto", "frames"):
+    if os.environ.get("AGENTIX_CALLS_WIRE", "auto").strip().lower() in ("auto", "frames", ""):
         assert type(client._stream) is FrameCallsStream  # the client fixture's daemon is on a Unix socket
     else:
         assert type(client._stream) is (CallsStream if native_off else NativeCallsStream)

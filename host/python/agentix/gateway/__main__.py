@@ -32,7 +32,7 @@ neither CPU from the daemon's start nor the GIL from the early thread while
 the provider is polling.
 """
 
-import _signal
+import _signal  # type: ignore[import]  # CPython's C module behind `signal`; no stub
 import _socket
 import _thread
 import posix

@@ -354,11 +354,12 @@ def start_call_event(
     Fields in number order, zero values left out: the bytes protobuf would
     produce, for a fraction of the cost of building the messages (the
     callable's fields are encoded once per callable)."""
-    if type(arguments) is list:
+    views: Sequence[bytes | memoryview]
+    if isinstance(arguments, list):
         views = arguments
         size = sum(len(view) for view in views)
     else:
-        views = [arguments]
+        views = (arguments,)
         size = len(arguments)
     ident = call_id.encode()
     head = _start_fields(callable_ref)
