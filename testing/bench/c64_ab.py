@@ -29,12 +29,10 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(BENCH_DIR))
@@ -121,21 +119,6 @@ asyncio.run(main())
 """
 
 
-def wait_listening(sock, daemon, timeout_s=30.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if daemon.poll() is not None:
-            sys.exit(f"agentix-sandboxd exited with {daemon.returncode}")
-        with socket.socket(socket.AF_UNIX) as probe:
-            try:
-                probe.connect(sock)
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-        time.sleep(0.02)
-
-
 def one(side, seconds, calls, profile_to=""):
     tmp = tempfile.mkdtemp(prefix="agx-c64-", dir="/tmp")
     sock = os.path.join(tmp, "sandboxd.sock")
@@ -146,7 +129,7 @@ def one(side, seconds, calls, profile_to=""):
          f"--worker={side['worker']}", f"--python_path={BENCH_DIR}",
          "--log_level=warning"], env=env)
     try:
-        wait_listening(sock, daemon)
+        procs.wait_listening(sock, daemon)
         argv = [side["python"], "-c", _HOST, sock, str(daemon.pid), str(seconds),
                 str(calls)]
         if profile_to:

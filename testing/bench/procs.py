@@ -11,7 +11,9 @@ import os
 import platform
 import select
 import signal
+import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Awaitable, Callable
@@ -150,6 +152,23 @@ def stop_process(proc: subprocess.Popen, *, grace_s: float = 5.0, group: bool = 
         proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         pass
+
+
+def wait_listening(sock: str, daemon: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """Returns once the Unix socket `sock` accepts a connection; exits the
+    benchmark if `daemon` exited first, raises OSError after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if daemon.poll() is not None:
+            sys.exit(f"agentix-sandboxd exited with {daemon.returncode}")
+        with socket.socket(socket.AF_UNIX) as probe:
+            try:
+                probe.connect(sock)
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+        time.sleep(0.02)
 
 
 def read_line(proc: subprocess.Popen, timeout_s: float) -> str | None:

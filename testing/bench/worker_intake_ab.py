@@ -23,7 +23,6 @@ import glob
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -55,21 +54,6 @@ def switches(pid):
         except OSError:
             continue
     return total
-
-
-def wait_listening(sock, daemon, timeout_s=30.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if daemon.poll() is not None:
-            sys.exit(f"agentix-sandboxd exited with {daemon.returncode}")
-        with socket.socket(socket.AF_UNIX) as probe:
-            try:
-                probe.connect(sock)
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-        time.sleep(0.02)
 
 
 def pct(values, q):
@@ -123,7 +107,7 @@ def one(sandboxd, worker, calls, concurrent_calls):
         [sandboxd, "--listen", f"unix://{sock}", f"--worker={worker}",
          f"--python_path={BENCH_DIR}", "--log_level=warning"], env=env)
     try:
-        wait_listening(sock, daemon)
+        procs.wait_listening(sock, daemon)
         return asyncio.run(measure(sock, daemon.pid, calls, concurrent_calls))
     finally:
         daemon.terminate()
