@@ -171,6 +171,32 @@ TEST_CASE("A connection without an authenticated RPC is shut down after the "
   }
 }
 
+TEST_CASE("A connection its listener ends for want of authentication is "
+          "counted once, and only while unauthenticated", "[connection_guard]") {
+  REQUIRE(StartConnectionGuard(Limits(100, 100, absl::Minutes(1))).ok());
+  auto [listener, port] = Listen();
+  const uint64_t timed_out_before = GetConnectionGuardStats().timed_out;
+  const int idle_client = Connect(port);
+  const int idle_server = Accept(listener);
+  const int good_client = Connect(port);
+  const int good_server = Accept(listener);
+  REQUIRE(idle_server >= 0);
+  REQUIRE(good_server >= 0);
+  Authenticate(good_client, good_server);
+
+  CountConnectionTimedOut(idle_server);
+  CountConnectionTimedOut(idle_server);  // once per connection
+  CountConnectionTimedOut(good_server);  // authenticated: not counted
+  CountConnectionTimedOut(listener);     // not a tracked connection
+  CHECK(GetConnectionGuardStats().timed_out == timed_out_before + 1);
+  // Still the listener's to close (the guard does not shut it down).
+  CHECK_FALSE(PeerClosed(idle_client, 200));
+  for (int fd : {idle_client, idle_server, good_client, good_server, listener}) {
+    ::close(fd);
+  }
+  CHECK(GetConnectionGuardStats().open == 0);
+}
+
 TEST_CASE("Limits are validated", "[connection_guard]") {
   CHECK(StartConnectionGuard(Limits(0, 1, absl::Seconds(1))).code() ==
         absl::StatusCode::kInvalidArgument);

@@ -16,6 +16,7 @@
 #include <catch2/catch.hpp>
 
 #include "absl/strings/match.h"
+#include "sandbox/connection_guard.h"
 #include "sandbox/frame_codec.h"
 #include "sandbox/wire_limits.h"
 
@@ -419,6 +420,70 @@ TEST_CASE("A silent client gets STATUS 4 after the HELLO timeout",
     absl::SleepFor(absl::Milliseconds(10));
   }
   REQUIRE(h.server->connections() == 0);
+}
+
+// Whether `done` holds for the connection guard's figures within 3 s.
+template <typename Done>
+bool GuardReaches(Done done) {
+  for (int i = 0; i < 300; ++i) {
+    if (done(GetConnectionGuardStats())) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return done(GetConnectionGuardStats());
+}
+
+TEST_CASE("The connection guard counts a frame-wire connection authenticated "
+          "once its HELLO is accepted, and a silent one as timed out",
+          "[frame_wire][connection_guard]") {
+  // The daemon's guard (accept4, recvmsg and close interposed); its own
+  // timeout is far off, so only the frame wire ends connections here.
+  ConnectionLimits limits;
+  limits.auth_timeout = absl::Minutes(1);
+  REQUIRE(StartConnectionGuard(limits).ok());
+  FrameWireOptions wire;
+  wire.hello_timeout = absl::Milliseconds(300);
+  Harness h(Harness::Options(), wire);
+  const ConnectionGuardStats before = GetConnectionGuardStats();
+
+  Client good(h.path);
+  REQUIRE(GuardReaches([&](const ConnectionGuardStats& s) {
+    return s.open == before.open + 1 &&
+           s.unauthenticated == before.unauthenticated + 1;
+  }));
+  good.Hello();
+  REQUIRE(GuardReaches([&](const ConnectionGuardStats& s) {
+    return s.unauthenticated == before.unauthenticated;
+  }));
+  CHECK(GetConnectionGuardStats().open == before.open + 1);
+
+  // A refused token leaves it unauthenticated until it is closed.
+  {
+    Client bad(h.path);
+    bad.Hello("wrong");
+    REQUIRE(bad.ReadToStatus().code == 16);
+  }
+  // No HELLO: STATUS 4 from the frame wire, counted as the guard's own
+  // timeout would count it (once).
+  {
+    Client silent(h.path);
+    REQUIRE(silent.ReadToStatus(nullptr, absl::Seconds(5)).code == 4);
+  }
+  REQUIRE(GuardReaches([&](const ConnectionGuardStats& s) {
+    return s.open == before.open + 1 &&
+           s.unauthenticated == before.unauthenticated;
+  }));
+  const ConnectionGuardStats after = GetConnectionGuardStats();
+  CHECK(after.timed_out == before.timed_out + 1);
+  CHECK(after.refused == before.refused);
+
+  // The authenticated stream still runs calls.
+  CallsRequest req;
+  AddStart(req, "still", "fake::echo", "served");
+  good.Request(req);
+  good.HalfClose();
+  std::vector<CallsResponse> messages;
+  REQUIRE(good.ReadToStatus(&messages).code == 0);
+  REQUIRE(Results(messages)["still"] == "served");
 }
 
 TEST_CASE("Connections beyond the cap get STATUS 8; a freed slot serves again",

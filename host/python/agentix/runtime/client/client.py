@@ -616,7 +616,9 @@ class RuntimeClient:
             await close_channel(channel)
 
         try:
-            channel = await open_channel(self._target, self._tls, self._native, self.timeout, self._metadata)
+            channel = await open_channel(
+                self._target, self._tls, self._native, self.timeout, self._metadata, defer_native=self._frames.preferred()
+            )
         except grpc.aio.AioRpcError as error:
             raise self._unreachable(error) from error
         self._channel = channel
