@@ -17,6 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "sandbox/connection_guard.h"
+#include "sandbox/fake_worker_calls.h"
 #include "sandbox/frame_codec.h"
 #include "sandbox/wire_limits.h"
 
@@ -35,7 +36,7 @@ std::string TempDir() {
 }
 
 struct Harness {
-  explicit Harness(SessionOptions session = Options(),
+  explicit Harness(SessionOptions session = FakeWorkerSessionOptions(),
                    FrameWireOptions wire = FrameWireOptions())
       : dir(TempDir()), manager(std::move(session)) {
     wire.path = dir + "/d.sock.calls";
@@ -47,11 +48,6 @@ struct Harness {
   ~Harness() {
     server->Stop();
     ::rmdir(dir.c_str());
-  }
-  static SessionOptions Options() {
-    SessionOptions o;
-    o.worker.worker_path = "testing/fake_worker";
-    return o;
   }
   std::string dir;
   std::string path;
@@ -172,15 +168,6 @@ class Client {
 
   int fd_ = -1;
 };
-
-void AddStart(CallsRequest& req, const std::string& id,
-              const std::string& callable, const std::string& args) {
-  auto* s = req.add_events()->mutable_start();
-  s->set_call_id(id);
-  s->set_callable(callable);
-  s->set_arguments(args);
-  s->set_encoding(runtime::v1::ENCODING_PICKLE);  // raw text for the fake worker
-}
 
 // call_id -> value (chunks joined) of every result in `messages`.
 std::map<std::string, std::string> Results(
@@ -308,7 +295,7 @@ TEST_CASE("An unarmed daemon answers FAILED_PRECONDITION as on gRPC",
           "[frame_wire]") {
   FrameWireOptions wire;
   wire.gate = TokenGate::Armable("admin-token-xyz");
-  Harness h(Harness::Options(), wire);
+  Harness h(FakeWorkerSessionOptions(), wire);
   Client c(h.path);
   c.Hello("admin-token-xyz");
   const FrameStatus status = c.ReadToStatus();
@@ -405,7 +392,7 @@ TEST_CASE("A silent client gets STATUS 4 after the HELLO timeout",
           "[frame_wire]") {
   FrameWireOptions wire;
   wire.hello_timeout = absl::Milliseconds(300);
-  Harness h(Harness::Options(), wire);
+  Harness h(FakeWorkerSessionOptions(), wire);
   Client silent(h.path);
   const absl::Time start = absl::Now();
   const FrameStatus status = silent.ReadToStatus(nullptr, absl::Seconds(5));
@@ -442,7 +429,7 @@ TEST_CASE("The connection guard counts a frame-wire connection authenticated "
   REQUIRE(StartConnectionGuard(limits).ok());
   FrameWireOptions wire;
   wire.hello_timeout = absl::Milliseconds(300);
-  Harness h(Harness::Options(), wire);
+  Harness h(FakeWorkerSessionOptions(), wire);
   const ConnectionGuardStats before = GetConnectionGuardStats();
 
   Client good(h.path);
@@ -490,7 +477,7 @@ TEST_CASE("Connections beyond the cap get STATUS 8; a freed slot serves again",
           "[frame_wire]") {
   FrameWireOptions wire;
   wire.max_connections = 2;
-  Harness h(Harness::Options(), wire);
+  Harness h(FakeWorkerSessionOptions(), wire);
   auto first = std::make_unique<Client>(h.path);
   auto second = std::make_unique<Client>(h.path);
   first->Hello();
@@ -513,7 +500,7 @@ TEST_CASE("Connections beyond the cap get STATUS 8; a freed slot serves again",
 TEST_CASE("A host that stops reading is ended with STATUS 8 within the "
           "stalled-host bound; its calls stay retained",
           "[frame_wire]") {
-  SessionOptions session = Harness::Options();
+  SessionOptions session = FakeWorkerSessionOptions();
   session.max_retained_bytes = 2u << 20;
   session.stalled_host_timeout = absl::Milliseconds(500);
   FrameWireOptions wire;
