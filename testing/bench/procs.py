@@ -6,14 +6,17 @@ so nothing outlives a run, whether it ends normally, by exception or by Ctrl-C.
 """
 
 import asyncio
+import contextlib
 import glob
 import os
 import platform
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Awaitable, Callable
@@ -169,6 +172,26 @@ def wait_listening(sock: str, daemon: subprocess.Popen, timeout_s: float = 30.0)
                 if time.monotonic() > deadline:
                     raise
         time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def ab_daemon(sandboxd: str, worker: str, env: dict, prefix: str = "agx-ab-"):
+    """agentix-sandboxd (with `worker`, this directory on the worker's path,
+    warnings only) on a Unix socket in a fresh directory, for one side of a
+    same-run A/B: yields ``(socket path, process)`` once it listens, then
+    stops it and removes the directory."""
+    tmp = tempfile.mkdtemp(prefix=prefix, dir="/tmp")  # short: sun_path is 108 bytes
+    sock = os.path.join(tmp, "sandboxd.sock")
+    daemon = subprocess.Popen(
+        [sandboxd, "--listen", f"unix://{sock}", f"--worker={worker}",
+         f"--python_path={bench_dir()}", "--log_level=warning"], env=env)
+    try:
+        wait_listening(sock, daemon)
+        yield sock, daemon
+    finally:
+        daemon.terminate()
+        daemon.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def read_line(proc: subprocess.Popen, timeout_s: float) -> str | None:

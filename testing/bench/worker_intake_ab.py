@@ -22,11 +22,9 @@ import asyncio
 import glob
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -100,19 +98,9 @@ async def measure(sock, daemon_pid, calls, concurrent_calls):
 
 
 def one(sandboxd, worker, calls, concurrent_calls):
-    tmp = tempfile.mkdtemp(prefix="agx-ab-", dir="/tmp")
-    sock = os.path.join(tmp, "sandboxd.sock")
     env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES)
-    daemon = subprocess.Popen(
-        [sandboxd, "--listen", f"unix://{sock}", f"--worker={worker}",
-         f"--python_path={BENCH_DIR}", "--log_level=warning"], env=env)
-    try:
-        procs.wait_listening(sock, daemon)
+    with procs.ab_daemon(sandboxd, worker, env) as (sock, daemon):
         return asyncio.run(measure(sock, daemon.pid, calls, concurrent_calls))
-    finally:
-        daemon.terminate()
-        daemon.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main():
