@@ -28,7 +28,6 @@ the stats to FILE (no A/B).
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 
@@ -155,17 +154,8 @@ def main():
         order = ("a", "b") if r % 2 == 0 else ("b", "a")
         row = {side: one(sides[side], args.seconds, args.calls) for side in order}
         rows.append(row)
-        print(f"round {r + 1} ({'/'.join(order)}): " + ", ".join(
-            f"{k} {row['a'][k]:.1f}/{row['b'][k]:.1f}" for k in row["a"]),
-            flush=True)
-    summary = {}
-    for key in rows[0]["a"]:
-        summary[key] = {
-            "a_median": round(statistics.median(r["a"][key] for r in rows), 1),
-            "b_median": round(statistics.median(r["b"][key] for r in rows), 1),
-            "median_ratio_b_over_a": round(statistics.median(
-                r["b"][key] / r["a"][key] for r in rows), 3),
-        }
+        print(procs.ab_round_line(r, order, row), flush=True)
+    summary = procs.ab_summary(rows)
     print(json.dumps({"rounds": args.rounds, "load_end": os.getloadavg()[0],
                       "summary": summary}, indent=1))
 

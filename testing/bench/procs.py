@@ -14,6 +14,7 @@ import select
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -192,6 +193,27 @@ def ab_daemon(sandboxd: str, worker: str, env: dict, prefix: str = "agx-ab-"):
         daemon.terminate()
         daemon.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ab_round_line(index: int, order, row: dict) -> str:
+    """One A/B round (`row`: side "a"/"b" -> figures, measured in `order`)
+    as a line: ``round N (a/b): key a/b, ...``."""
+    return f"round {index + 1} ({'/'.join(order)}): " + ", ".join(
+        f"{k} {row['a'][k]:.1f}/{row['b'][k]:.1f}" for k in row["a"])
+
+
+def ab_summary(rows: list[dict]) -> dict:
+    """Per figure of A/B `rows` (each side "a"/"b" -> figures): each side's
+    median and the median of the per-round ratios b / a."""
+    summary = {}
+    for key in rows[0]["a"]:
+        summary[key] = {
+            "a_median": round(statistics.median(r["a"][key] for r in rows), 1),
+            "b_median": round(statistics.median(r["b"][key] for r in rows), 1),
+            "median_ratio_b_over_a": round(statistics.median(
+                r["b"][key] / r["a"][key] for r in rows), 3),
+        }
+    return summary
 
 
 def read_line(proc: subprocess.Popen, timeout_s: float) -> str | None:

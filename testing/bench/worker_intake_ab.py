@@ -127,21 +127,12 @@ def main():
                 row[side] = one(args.sandboxd, getattr(args, side), args.calls,
                                 args.concurrent_calls)
             rows.append(row)
-            print(f"round {r + 1} ({'/'.join(order)}): " + ", ".join(
-                f"{k} {row['a'][k]:.1f}/{row['b'][k]:.1f}" for k in row["a"]),
-                flush=True)
+            print(procs.ab_round_line(r, order, row), flush=True)
     finally:
         if busy is not None:
             busy.kill()
             busy.wait()
-    summary = {}
-    for key in rows[0]["a"]:
-        summary[key] = {
-            "a_median": round(statistics.median(r["a"][key] for r in rows), 1),
-            "b_median": round(statistics.median(r["b"][key] for r in rows), 1),
-            "median_ratio_b_over_a": round(statistics.median(
-                r["b"][key] / r["a"][key] for r in rows), 3),
-        }
+    summary = procs.ab_summary(rows)
     print(json.dumps({"busy": args.busy, "rounds": args.rounds,
                       "summary": summary}, indent=1))
 
