@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 
 import sandbox_functions
-from agentix import RuntimeClient, RuntimeUnreachable
+from agentix import AsyncClientNamespace, RuntimeClient, RuntimeUnreachable
 from agentix.runtime.client import frames
 from agentix.runtime.client.frames import FrameCallsStream, FrameTransport
 from agentix.runtime.client.namespaces import NAMESPACE_METHOD
@@ -277,11 +277,19 @@ async def test_the_frame_wire_leaves_the_native_channel_unopened_until_needed(fr
         # Made on first use (a Namespace stream on the native transport).
         assert client._native.transport(client._metadata, NAMESPACE_METHOD) is not None
         assert client._native.channel is not None
-    # On gRPC it is made beside the probe, ready for the Calls stream.
+    # Made beside the probe (connecting while GetInfo runs) when the client
+    # will need it: a namespace is registered already, or the Calls stream
+    # is on gRPC.
+    client = RuntimeClient(framed.url)
+    client.register_namespace(AsyncClientNamespace("/plug"))
+    await client.health()
+    assert client._native.channel is not None
+    await client.close()
     monkeypatch.setenv("AGENTIX_CALLS_WIRE", "grpc")
-    async with RuntimeClient(framed.url) as client:
-        await client.health()
-        assert client._native.channel is not None
+    client = RuntimeClient(framed.url)
+    await client.health()
+    assert client._native.channel is not None
+    await client.close()
 
 
 async def test_frames_required_but_absent_is_a_clear_error(grpc_only, monkeypatch):

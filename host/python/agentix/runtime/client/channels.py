@@ -166,14 +166,14 @@ async def open_channel(
     native: NativeTransport,
     timeout: float,
     metadata: tuple,
-    *,
     defer_native: bool = False,
 ) -> grpc.aio.Channel:
     """A new channel to `target`, probed with ``GetInfo`` (within `timeout`),
     and the native transport's channel beside it (`native.channel`, set once
     the probe answered; with `defer_native`, deferred to its first use, see
-    `NativeTransport`). Raises the probe's `grpc.aio.AioRpcError`, closing
-    the channel first."""
+    `NativeTransport`: `RuntimeClient` passes it when its Calls stream
+    tries the frame wire first and no namespace is registered yet). Raises
+    the probe's `grpc.aio.AioRpcError`, closing the channel first."""
     options = channel_options(tls)
     channel = new_channel(target, tls, options)
     # Made before the probe: it starts connecting at once, so its connection
