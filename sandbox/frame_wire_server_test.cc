@@ -186,19 +186,24 @@ std::map<std::string, std::string> Results(
   return done;
 }
 
-// Echo one call over a fresh stream; returns its value.
-std::string EchoOnce(const std::string& path, const std::string& id,
-                     const std::string& text) {
-  Client c(path);
-  c.Hello();
+// Echoes `text` as the last call of `c`'s open stream: half-closes it,
+// reads to its STATUS (which must be OK) and returns the call's value.
+std::string LastEcho(Client& c, const std::string& id, const std::string& text) {
   CallsRequest req;
   AddStart(req, id, "fake::echo", text);
   c.Request(req);
   c.HalfClose();
   std::vector<CallsResponse> messages;
-  const FrameStatus status = c.ReadToStatus(&messages);
-  REQUIRE(status.code == 0);
+  REQUIRE(c.ReadToStatus(&messages).code == 0);
   return Results(messages)[id];
+}
+
+// Echo one call over a fresh stream; returns its value.
+std::string EchoOnce(const std::string& path, const std::string& id,
+                     const std::string& text) {
+  Client c(path);
+  c.Hello();
+  return LastEcho(c, id, text);
 }
 
 TEST_CASE("Calls run over the frame wire; HALF_CLOSE ends the stream with "
@@ -359,13 +364,7 @@ TEST_CASE("Malformed frames end that stream with STATUS 3; others are "
     REQUIRE(absl::StrContains(status.details, test.details));
   }
   // The stream opened before them still runs calls.
-  CallsRequest req;
-  AddStart(req, "after", "fake::echo", "still here");
-  bystander.Request(req);
-  bystander.HalfClose();
-  std::vector<CallsResponse> messages;
-  REQUIRE(bystander.ReadToStatus(&messages).code == 0);
-  REQUIRE(Results(messages)["after"] == "still here");
+  REQUIRE(LastEcho(bystander, "after", "still here") == "still here");
 }
 
 TEST_CASE("An unparseable MESSAGE gets BadRequest and the stream stays open",
@@ -379,13 +378,7 @@ TEST_CASE("An unparseable MESSAGE gets BadRequest and the stream stays open",
   const auto& error = response.events(0).error().error();
   REQUIRE(error.type() == "BadRequest");
   REQUIRE(error.code() == static_cast<int>(absl::StatusCode::kInvalidArgument));
-  CallsRequest req;
-  AddStart(req, "after", "fake::echo", "served");
-  c.Request(req);
-  c.HalfClose();
-  std::vector<CallsResponse> messages;
-  REQUIRE(c.ReadToStatus(&messages).code == 0);
-  REQUIRE(Results(messages)["after"] == "served");
+  REQUIRE(LastEcho(c, "after", "served") == "served");
 }
 
 TEST_CASE("A silent client gets STATUS 4 after the HELLO timeout",
@@ -464,13 +457,7 @@ TEST_CASE("The connection guard counts a frame-wire connection authenticated "
   CHECK(after.refused == before.refused);
 
   // The authenticated stream still runs calls.
-  CallsRequest req;
-  AddStart(req, "still", "fake::echo", "served");
-  good.Request(req);
-  good.HalfClose();
-  std::vector<CallsResponse> messages;
-  REQUIRE(good.ReadToStatus(&messages).code == 0);
-  REQUIRE(Results(messages)["still"] == "served");
+  REQUIRE(LastEcho(good, "still", "served") == "served");
 }
 
 TEST_CASE("Connections beyond the cap get STATUS 8; a freed slot serves again",
