@@ -159,6 +159,20 @@ class Guard {
     g_state[fd].store(kAuthenticated, std::memory_order_release);
   }
 
+  void CountTimedOut(int fd) ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = entries_.find(fd);
+      if (it == entries_.end() || it->second.authenticated ||
+          it->second.shut_down) {
+        return;
+      }
+      it->second.shut_down = true;  // its owner closes it; Reap leaves it
+    }
+    timed_out_.fetch_add(1, std::memory_order_relaxed);
+    MaybeWarn();
+  }
+
   ConnectionGuardStats Stats() ABSL_LOCKS_EXCLUDED(mu_) {
     ConnectionGuardStats stats;
     {
@@ -279,7 +293,7 @@ class Guard {
     AGX_LOG(Warning,
             "connection limits: {} refused at a cap, {} closed for want of a "
             "file descriptor, {} shut down without an authenticated RPC "
-            "(totals so far)",
+            "or frame-wire HELLO (totals so far)",
             refused_.load(), dropped_no_fd_.load(), timed_out_.load());
   }
 
@@ -341,6 +355,14 @@ void MarkCurrentConnectionAuthenticated() {
     return;
   }
   if (Guard* guard = ActiveGuard()) guard->MarkAuthenticated(fd);
+}
+
+void CountConnectionTimedOut(int fd) {
+  if (fd < 0 || fd >= kTableSize ||
+      g_state[fd].load(std::memory_order_acquire) != kUnauthenticated) {
+    return;
+  }
+  if (Guard* guard = ActiveGuard()) guard->CountTimedOut(fd);
 }
 
 ConnectionGuardStats GetConnectionGuardStats() {

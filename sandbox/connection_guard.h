@@ -42,15 +42,23 @@ absl::Status StartConnectionGuard(const ConnectionLimits& limits);
 // Marks the connection the calling thread last received bytes on as
 // authenticated: it no longer counts against the per-peer cap and is not
 // timed out. Called by the token check, which gRPC runs on the thread that
-// read the call's headers. Cheap when already marked (no lock).
+// read the call's headers, and by the frame wire for an accepted HELLO.
+// Cheap when already marked (no lock).
 void MarkCurrentConnectionAuthenticated();
+
+// A listener that ends its own unauthenticated connections before the
+// guard's timeout (the frame wire's HELLO deadline, so the peer gets a
+// STATUS) counts them here: `timed_out` and the warning then cover both
+// wires. Counts `fd` once, only while it is tracked and unauthenticated.
+void CountConnectionTimedOut(int fd);
 
 struct ConnectionGuardStats {
   size_t open = 0;             // tracked connections now
   size_t unauthenticated = 0;  // of which not authenticated
   uint64_t refused = 0;        // closed at accept: a cap was reached
   uint64_t dropped_no_fd = 0;  // closed at accept: out of descriptors
-  uint64_t timed_out = 0;      // shut down: no authenticated RPC in time
+  uint64_t timed_out = 0;      // shut down: no authenticated RPC (or frame-
+                               // wire HELLO) in time
 };
 ConnectionGuardStats GetConnectionGuardStats();
 

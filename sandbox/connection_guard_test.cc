@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <catch2/catch.hpp>
 #include <vector>
 
@@ -68,6 +69,19 @@ void Authenticate(int client, int server) {
   msg.msg_iovlen = 1;
   REQUIRE(::recvmsg(server, &msg, 0) == 1);
   MarkCurrentConnectionAuthenticated();
+}
+
+// Two connections accepted on `listener`: one that never authenticates and
+// one that does (client and server ends of each).
+std::array<int, 4> IdleAndAuthenticated(int listener, int port) {
+  const int idle_client = Connect(port);
+  const int idle_server = Accept(listener);
+  const int good_client = Connect(port);
+  const int good_server = Accept(listener);
+  REQUIRE(idle_server >= 0);
+  REQUIRE(good_server >= 0);
+  Authenticate(good_client, good_server);
+  return {idle_client, idle_server, good_client, good_server};
 }
 
 ConnectionLimits Limits(size_t total, size_t per_peer, absl::Duration timeout) {
@@ -155,13 +169,8 @@ TEST_CASE("A connection without an authenticated RPC is shut down after the "
   REQUIRE(StartConnectionGuard(Limits(100, 100, absl::Milliseconds(200))).ok());
   auto [listener, port] = Listen();
   const uint64_t timed_out_before = GetConnectionGuardStats().timed_out;
-  const int idle_client = Connect(port);
-  const int idle_server = Accept(listener);
-  const int good_client = Connect(port);
-  const int good_server = Accept(listener);
-  REQUIRE(idle_server >= 0);
-  REQUIRE(good_server >= 0);
-  Authenticate(good_client, good_server);
+  const auto [idle_client, idle_server, good_client, good_server] =
+      IdleAndAuthenticated(listener, port);
 
   CHECK(PeerClosed(idle_client, 3000));
   CHECK_FALSE(PeerClosed(good_client, 500));
@@ -169,6 +178,27 @@ TEST_CASE("A connection without an authenticated RPC is shut down after the "
   for (int fd : {idle_client, idle_server, good_client, good_server, listener}) {
     ::close(fd);
   }
+}
+
+TEST_CASE("A connection its listener ends for want of authentication is "
+          "counted once, and only while unauthenticated", "[connection_guard]") {
+  REQUIRE(StartConnectionGuard(Limits(100, 100, absl::Minutes(1))).ok());
+  auto [listener, port] = Listen();
+  const uint64_t timed_out_before = GetConnectionGuardStats().timed_out;
+  const auto [idle_client, idle_server, good_client, good_server] =
+      IdleAndAuthenticated(listener, port);
+
+  CountConnectionTimedOut(idle_server);
+  CountConnectionTimedOut(idle_server);  // once per connection
+  CountConnectionTimedOut(good_server);  // authenticated: not counted
+  CountConnectionTimedOut(listener);     // not a tracked connection
+  CHECK(GetConnectionGuardStats().timed_out == timed_out_before + 1);
+  // Still the listener's to close (the guard does not shut it down).
+  CHECK_FALSE(PeerClosed(idle_client, 200));
+  for (int fd : {idle_client, idle_server, good_client, good_server, listener}) {
+    ::close(fd);
+  }
+  CHECK(GetConnectionGuardStats().open == 0);
 }
 
 TEST_CASE("Limits are validated", "[connection_guard]") {

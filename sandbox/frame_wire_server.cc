@@ -320,6 +320,7 @@ class FrameWireServer::Connection {
         state = sink_->Get();
       }
       if (!state.ending && !hello_done_ && absl::Now() >= hello_deadline) {
+        CountConnectionTimedOut(fd_);  // in the guard's totals, as on gRPC
         sink_->End(absl::StatusCode::kDeadlineExceeded,
                    absl::StrCat("no HELLO frame within ",
                                 absl::FormatDuration(

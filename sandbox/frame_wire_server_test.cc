@@ -16,6 +16,8 @@
 #include <catch2/catch.hpp>
 
 #include "absl/strings/match.h"
+#include "sandbox/connection_guard.h"
+#include "sandbox/fake_worker_calls.h"
 #include "sandbox/frame_codec.h"
 #include "sandbox/wire_limits.h"
 
@@ -34,7 +36,7 @@ std::string TempDir() {
 }
 
 struct Harness {
-  explicit Harness(SessionOptions session = Options(),
+  explicit Harness(SessionOptions session = FakeWorkerSessionOptions(),
                    FrameWireOptions wire = FrameWireOptions())
       : dir(TempDir()), manager(std::move(session)) {
     wire.path = dir + "/d.sock.calls";
@@ -46,11 +48,6 @@ struct Harness {
   ~Harness() {
     server->Stop();
     ::rmdir(dir.c_str());
-  }
-  static SessionOptions Options() {
-    SessionOptions o;
-    o.worker.worker_path = "testing/fake_worker";
-    return o;
   }
   std::string dir;
   std::string path;
@@ -172,15 +169,6 @@ class Client {
   int fd_ = -1;
 };
 
-void AddStart(CallsRequest& req, const std::string& id,
-              const std::string& callable, const std::string& args) {
-  auto* s = req.add_events()->mutable_start();
-  s->set_call_id(id);
-  s->set_callable(callable);
-  s->set_arguments(args);
-  s->set_encoding(runtime::v1::ENCODING_PICKLE);  // raw text for the fake worker
-}
-
 // call_id -> value (chunks joined) of every result in `messages`.
 std::map<std::string, std::string> Results(
     const std::vector<CallsResponse>& messages) {
@@ -198,19 +186,24 @@ std::map<std::string, std::string> Results(
   return done;
 }
 
-// Echo one call over a fresh stream; returns its value.
-std::string EchoOnce(const std::string& path, const std::string& id,
-                     const std::string& text) {
-  Client c(path);
-  c.Hello();
+// Echoes `text` as the last call of `c`'s open stream: half-closes it,
+// reads to its STATUS (which must be OK) and returns the call's value.
+std::string LastEcho(Client& c, const std::string& id, const std::string& text) {
   CallsRequest req;
   AddStart(req, id, "fake::echo", text);
   c.Request(req);
   c.HalfClose();
   std::vector<CallsResponse> messages;
-  const FrameStatus status = c.ReadToStatus(&messages);
-  REQUIRE(status.code == 0);
+  REQUIRE(c.ReadToStatus(&messages).code == 0);
   return Results(messages)[id];
+}
+
+// Echo one call over a fresh stream; returns its value.
+std::string EchoOnce(const std::string& path, const std::string& id,
+                     const std::string& text) {
+  Client c(path);
+  c.Hello();
+  return LastEcho(c, id, text);
 }
 
 TEST_CASE("Calls run over the frame wire; HALF_CLOSE ends the stream with "
@@ -307,7 +300,7 @@ TEST_CASE("An unarmed daemon answers FAILED_PRECONDITION as on gRPC",
           "[frame_wire]") {
   FrameWireOptions wire;
   wire.gate = TokenGate::Armable("admin-token-xyz");
-  Harness h(Harness::Options(), wire);
+  Harness h(FakeWorkerSessionOptions(), wire);
   Client c(h.path);
   c.Hello("admin-token-xyz");
   const FrameStatus status = c.ReadToStatus();
@@ -371,13 +364,7 @@ TEST_CASE("Malformed frames end that stream with STATUS 3; others are "
     REQUIRE(absl::StrContains(status.details, test.details));
   }
   // The stream opened before them still runs calls.
-  CallsRequest req;
-  AddStart(req, "after", "fake::echo", "still here");
-  bystander.Request(req);
-  bystander.HalfClose();
-  std::vector<CallsResponse> messages;
-  REQUIRE(bystander.ReadToStatus(&messages).code == 0);
-  REQUIRE(Results(messages)["after"] == "still here");
+  REQUIRE(LastEcho(bystander, "after", "still here") == "still here");
 }
 
 TEST_CASE("An unparseable MESSAGE gets BadRequest and the stream stays open",
@@ -391,20 +378,14 @@ TEST_CASE("An unparseable MESSAGE gets BadRequest and the stream stays open",
   const auto& error = response.events(0).error().error();
   REQUIRE(error.type() == "BadRequest");
   REQUIRE(error.code() == static_cast<int>(absl::StatusCode::kInvalidArgument));
-  CallsRequest req;
-  AddStart(req, "after", "fake::echo", "served");
-  c.Request(req);
-  c.HalfClose();
-  std::vector<CallsResponse> messages;
-  REQUIRE(c.ReadToStatus(&messages).code == 0);
-  REQUIRE(Results(messages)["after"] == "served");
+  REQUIRE(LastEcho(c, "after", "served") == "served");
 }
 
 TEST_CASE("A silent client gets STATUS 4 after the HELLO timeout",
           "[frame_wire]") {
   FrameWireOptions wire;
   wire.hello_timeout = absl::Milliseconds(300);
-  Harness h(Harness::Options(), wire);
+  Harness h(FakeWorkerSessionOptions(), wire);
   Client silent(h.path);
   const absl::Time start = absl::Now();
   const FrameStatus status = silent.ReadToStatus(nullptr, absl::Seconds(5));
@@ -421,11 +402,69 @@ TEST_CASE("A silent client gets STATUS 4 after the HELLO timeout",
   REQUIRE(h.server->connections() == 0);
 }
 
+// Whether `done` holds for the connection guard's figures within 3 s.
+template <typename Done>
+bool GuardReaches(Done done) {
+  for (int i = 0; i < 300; ++i) {
+    if (done(GetConnectionGuardStats())) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return done(GetConnectionGuardStats());
+}
+
+TEST_CASE("The connection guard counts a frame-wire connection authenticated "
+          "once its HELLO is accepted, and a silent one as timed out",
+          "[frame_wire][connection_guard]") {
+  // The daemon's guard (accept4, recvmsg and close interposed); its own
+  // timeout is far off, so only the frame wire ends connections here.
+  ConnectionLimits limits;
+  limits.auth_timeout = absl::Minutes(1);
+  REQUIRE(StartConnectionGuard(limits).ok());
+  FrameWireOptions wire;
+  wire.hello_timeout = absl::Milliseconds(300);
+  Harness h(FakeWorkerSessionOptions(), wire);
+  const ConnectionGuardStats before = GetConnectionGuardStats();
+
+  Client good(h.path);
+  REQUIRE(GuardReaches([&](const ConnectionGuardStats& s) {
+    return s.open == before.open + 1 &&
+           s.unauthenticated == before.unauthenticated + 1;
+  }));
+  good.Hello();
+  REQUIRE(GuardReaches([&](const ConnectionGuardStats& s) {
+    return s.unauthenticated == before.unauthenticated;
+  }));
+  CHECK(GetConnectionGuardStats().open == before.open + 1);
+
+  // A refused token leaves it unauthenticated until it is closed.
+  {
+    Client bad(h.path);
+    bad.Hello("wrong");
+    REQUIRE(bad.ReadToStatus().code == 16);
+  }
+  // No HELLO: STATUS 4 from the frame wire, counted as the guard's own
+  // timeout would count it (once).
+  {
+    Client silent(h.path);
+    REQUIRE(silent.ReadToStatus(nullptr, absl::Seconds(5)).code == 4);
+  }
+  REQUIRE(GuardReaches([&](const ConnectionGuardStats& s) {
+    return s.open == before.open + 1 &&
+           s.unauthenticated == before.unauthenticated;
+  }));
+  const ConnectionGuardStats after = GetConnectionGuardStats();
+  CHECK(after.timed_out == before.timed_out + 1);
+  CHECK(after.refused == before.refused);
+
+  // The authenticated stream still runs calls.
+  REQUIRE(LastEcho(good, "still", "served") == "served");
+}
+
 TEST_CASE("Connections beyond the cap get STATUS 8; a freed slot serves again",
           "[frame_wire]") {
   FrameWireOptions wire;
   wire.max_connections = 2;
-  Harness h(Harness::Options(), wire);
+  Harness h(FakeWorkerSessionOptions(), wire);
   auto first = std::make_unique<Client>(h.path);
   auto second = std::make_unique<Client>(h.path);
   first->Hello();
@@ -448,7 +487,7 @@ TEST_CASE("Connections beyond the cap get STATUS 8; a freed slot serves again",
 TEST_CASE("A host that stops reading is ended with STATUS 8 within the "
           "stalled-host bound; its calls stay retained",
           "[frame_wire]") {
-  SessionOptions session = Harness::Options();
+  SessionOptions session = FakeWorkerSessionOptions();
   session.max_retained_bytes = 2u << 20;
   session.stalled_host_timeout = absl::Milliseconds(500);
   FrameWireOptions wire;

@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "sandbox/fake_worker_calls.h"
 #include "sandbox/test_server.h"
 
 namespace agentix::sandbox {
@@ -16,31 +17,17 @@ using runtime::v1::CallsResponse;
 
 struct Harness {
   Harness()
-      : manager(Options()),
+      : manager(FakeWorkerSessionOptions()),
         service(&manager, "test-version"),
         server([this](grpc::ServerBuilder& b) { service.AddTo(b); }) {
     service.Start(server.reactions());
     stub = runtime::v1::RuntimeService::NewStub(server.Channel());
-  }
-  static SessionOptions Options() {
-    SessionOptions o;
-    o.worker.worker_path = "testing/fake_worker";
-    return o;
   }
   SessionManager manager;
   RuntimeServiceImpl service;
   TestServer server;
   std::unique_ptr<runtime::v1::RuntimeService::Stub> stub;
 };
-
-void AddStart(CallsRequest& req, const std::string& id,
-              const std::string& callable, const std::string& args) {
-  auto* s = req.add_events()->mutable_start();
-  s->set_call_id(id);
-  s->set_callable(callable);
-  s->set_arguments(args);
-  s->set_encoding(runtime::v1::ENCODING_PICKLE);  // raw text for the fake worker
-}
 
 // A stream of `method` that sends raw bytes, as a broken or hostile client
 // would; reads raw bytes too.

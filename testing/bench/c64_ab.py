@@ -28,11 +28,8 @@ the stats to FILE (no A/B).
 import argparse
 import json
 import os
-import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(BENCH_DIR))
@@ -45,7 +42,7 @@ import procs  # noqa: E402
 _HOST = r"""
 import asyncio, cProfile, json, os, statistics, sys, time
 sys.path.insert(0, os.environ["C64_BENCH_DIR"])
-import bench_targets, procs
+import bench_targets, procs, workloads
 from agentix import RuntimeClient
 
 sock, daemon_pid, seconds, calls = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
@@ -81,31 +78,20 @@ async def main():
             lat.append((time.perf_counter() - t0) * 1e6)
         out["noop_p50_us"] = statistics.median(lat)
         for callers in (16, 64):
-            done = 0
-            stop = False
-
-            async def caller():
-                nonlocal done
-                while not stop:
-                    await client.remote(bench_targets.noop)
-                    done += 1
-
-            tasks = [asyncio.create_task(caller()) for _ in range(callers)]
-            await asyncio.sleep(0.3)
-            prof = None
-            if profile_to and callers == 64:
-                prof = cProfile.Profile()
-                prof.enable()
-            w0 = {k: wakeups(p) for k, p in pids.items()}
-            c0, n0, t0 = cpu(pids), done, time.perf_counter()
-            await asyncio.sleep(seconds)
-            c1, n1, t1 = cpu(pids), done, time.perf_counter()
-            w1 = {k: wakeups(p) for k, p in pids.items()}
-            if prof is not None:
-                prof.disable()
-                prof.dump_stats(profile_to)
-            stop = True
-            await asyncio.gather(*tasks)
+            async with workloads.Callers(client.remote, bench_targets.noop, callers) as load:
+                await asyncio.sleep(0.3)
+                prof = None
+                if profile_to and callers == 64:
+                    prof = cProfile.Profile()
+                    prof.enable()
+                w0 = {k: wakeups(p) for k, p in pids.items()}
+                c0, n0, t0 = cpu(pids), load.completed, time.perf_counter()
+                await asyncio.sleep(seconds)
+                c1, n1, t1 = cpu(pids), load.completed, time.perf_counter()
+                w1 = {k: wakeups(p) for k, p in pids.items()}
+                if prof is not None:
+                    prof.disable()
+                    prof.dump_stats(profile_to)
             n = n1 - n0
             out[f"c{callers}_calls_per_s"] = n / (t1 - t0)
             for k in pids:
@@ -120,16 +106,9 @@ asyncio.run(main())
 
 
 def one(side, seconds, calls, profile_to=""):
-    tmp = tempfile.mkdtemp(prefix="agx-c64-", dir="/tmp")
-    sock = os.path.join(tmp, "sandboxd.sock")
     env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES,
                C64_BENCH_DIR=BENCH_DIR)
-    daemon = subprocess.Popen(
-        [side["sandboxd"], "--listen", f"unix://{sock}",
-         f"--worker={side['worker']}", f"--python_path={BENCH_DIR}",
-         "--log_level=warning"], env=env)
-    try:
-        procs.wait_listening(sock, daemon)
+    with procs.ab_daemon(side["sandboxd"], side["worker"], env, "agx-c64-") as (sock, daemon):
         argv = [side["python"], "-c", _HOST, sock, str(daemon.pid), str(seconds),
                 str(calls)]
         if profile_to:
@@ -140,10 +119,6 @@ def one(side, seconds, calls, profile_to=""):
             if line.startswith("RESULT "):
                 return json.loads(line[len("RESULT "):])
         raise RuntimeError(f"no RESULT from the host: {host.stdout!r}")
-    finally:
-        daemon.terminate()
-        daemon.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main():
@@ -179,17 +154,8 @@ def main():
         order = ("a", "b") if r % 2 == 0 else ("b", "a")
         row = {side: one(sides[side], args.seconds, args.calls) for side in order}
         rows.append(row)
-        print(f"round {r + 1} ({'/'.join(order)}): " + ", ".join(
-            f"{k} {row['a'][k]:.1f}/{row['b'][k]:.1f}" for k in row["a"]),
-            flush=True)
-    summary = {}
-    for key in rows[0]["a"]:
-        summary[key] = {
-            "a_median": round(statistics.median(r["a"][key] for r in rows), 1),
-            "b_median": round(statistics.median(r["b"][key] for r in rows), 1),
-            "median_ratio_b_over_a": round(statistics.median(
-                r["b"][key] / r["a"][key] for r in rows), 3),
-        }
+        print(procs.ab_round_line(r, order, row), flush=True)
+    summary = procs.ab_summary(rows)
     print(json.dumps({"rounds": args.rounds, "load_end": os.getloadavg()[0],
                       "summary": summary}, indent=1))
 

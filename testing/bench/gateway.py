@@ -41,6 +41,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import procs  # noqa: E402
+import workloads  # noqa: E402
 
 START_TIMEOUT_S = 30
 
@@ -103,22 +104,11 @@ async def _measure(url: str, plan: dict) -> dict:
             times.append(time.perf_counter() - t)
         out["noop_p50_us"] = round(statistics.median(times) * 1e6, 1)
 
-        done = 0
-        stop = False
-
-        async def caller():
-            nonlocal done
-            while not stop:
-                await client.remote(bench_targets.noop)
-                done += 1
-
-        tasks = [asyncio.create_task(caller()) for _ in range(64)]
-        await asyncio.sleep(plan["warm_s"])
-        start_count, start = done, time.perf_counter()
-        await asyncio.sleep(plan["window_s"])
-        out["calls_per_s_c64"] = round((done - start_count) / (time.perf_counter() - start))
-        stop = True
-        await asyncio.gather(*tasks)
+        async with workloads.Callers(client.remote, bench_targets.noop, 64) as load:
+            await asyncio.sleep(plan["warm_s"])
+            start_count, start = load.completed, time.perf_counter()
+            await asyncio.sleep(plan["window_s"])
+            out["calls_per_s_c64"] = round((load.completed - start_count) / (time.perf_counter() - start))
 
         logger = logging.getLogger(side_targets.LOGGER)
         logger.setLevel(logging.INFO)

@@ -33,6 +33,7 @@ import time
 sys.path[0] = os.path.dirname(os.path.abspath(__file__))
 
 import procs  # noqa: E402
+import workloads  # noqa: E402
 
 ALL_TRANSPORTS = ("frames", "native", "aio")
 TRANSPORTS = ("frames", "native")
@@ -88,22 +89,11 @@ async def _noop_block(client, targets, warmup: int, calls: int) -> dict:
 
 
 async def _calls_per_second(client, targets, callers: int, seconds: float) -> float:
-    completed = 0
-    stop = False
-
-    async def caller():
-        nonlocal completed
-        while not stop:
-            await client.remote(targets.noop)
-            completed += 1
-
-    tasks = [asyncio.create_task(caller()) for _ in range(callers)]
-    await asyncio.sleep(0.2)
-    c0, t0 = completed, time.perf_counter()
-    await asyncio.sleep(seconds)
-    c1, t1 = completed, time.perf_counter()
-    stop = True
-    await asyncio.gather(*tasks)
+    async with workloads.Callers(client.remote, targets.noop, callers) as load:
+        await asyncio.sleep(0.2)
+        c0, t0 = load.completed, time.perf_counter()
+        await asyncio.sleep(seconds)
+        c1, t1 = load.completed, time.perf_counter()
     return (c1 - c0) / (t1 - t0)
 
 

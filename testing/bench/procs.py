@@ -6,14 +6,18 @@ so nothing outlives a run, whether it ends normally, by exception or by Ctrl-C.
 """
 
 import asyncio
+import contextlib
 import glob
 import os
 import platform
 import select
+import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Awaitable, Callable
@@ -169,6 +173,47 @@ def wait_listening(sock: str, daemon: subprocess.Popen, timeout_s: float = 30.0)
                 if time.monotonic() > deadline:
                     raise
         time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def ab_daemon(sandboxd: str, worker: str, env: dict, prefix: str = "agx-ab-"):
+    """agentix-sandboxd (with `worker`, this directory on the worker's path,
+    warnings only) on a Unix socket in a fresh directory, for one side of a
+    same-run A/B: yields ``(socket path, process)`` once it listens, then
+    stops it and removes the directory."""
+    tmp = tempfile.mkdtemp(prefix=prefix, dir="/tmp")  # short: sun_path is 108 bytes
+    sock = os.path.join(tmp, "sandboxd.sock")
+    daemon = subprocess.Popen(
+        [sandboxd, "--listen", f"unix://{sock}", f"--worker={worker}",
+         f"--python_path={bench_dir()}", "--log_level=warning"], env=env)
+    try:
+        wait_listening(sock, daemon)
+        yield sock, daemon
+    finally:
+        daemon.terminate()
+        daemon.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ab_round_line(index: int, order, row: dict) -> str:
+    """One A/B round (`row`: side "a"/"b" -> figures, measured in `order`)
+    as a line: ``round N (a/b): key a/b, ...``."""
+    return f"round {index + 1} ({'/'.join(order)}): " + ", ".join(
+        f"{k} {row['a'][k]:.1f}/{row['b'][k]:.1f}" for k in row["a"])
+
+
+def ab_summary(rows: list[dict]) -> dict:
+    """Per figure of A/B `rows` (each side "a"/"b" -> figures): each side's
+    median and the median of the per-round ratios b / a."""
+    summary = {}
+    for key in rows[0]["a"]:
+        summary[key] = {
+            "a_median": round(statistics.median(r["a"][key] for r in rows), 1),
+            "b_median": round(statistics.median(r["b"][key] for r in rows), 1),
+            "median_ratio_b_over_a": round(statistics.median(
+                r["b"][key] / r["a"][key] for r in rows), 3),
+        }
+    return summary
 
 
 def read_line(proc: subprocess.Popen, timeout_s: float) -> str | None:

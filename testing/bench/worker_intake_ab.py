@@ -22,11 +22,9 @@ import asyncio
 import glob
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -100,19 +98,9 @@ async def measure(sock, daemon_pid, calls, concurrent_calls):
 
 
 def one(sandboxd, worker, calls, concurrent_calls):
-    tmp = tempfile.mkdtemp(prefix="agx-ab-", dir="/tmp")
-    sock = os.path.join(tmp, "sandboxd.sock")
     env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES)
-    daemon = subprocess.Popen(
-        [sandboxd, "--listen", f"unix://{sock}", f"--worker={worker}",
-         f"--python_path={BENCH_DIR}", "--log_level=warning"], env=env)
-    try:
-        procs.wait_listening(sock, daemon)
+    with procs.ab_daemon(sandboxd, worker, env) as (sock, daemon):
         return asyncio.run(measure(sock, daemon.pid, calls, concurrent_calls))
-    finally:
-        daemon.terminate()
-        daemon.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main():
@@ -139,21 +127,12 @@ def main():
                 row[side] = one(args.sandboxd, getattr(args, side), args.calls,
                                 args.concurrent_calls)
             rows.append(row)
-            print(f"round {r + 1} ({'/'.join(order)}): " + ", ".join(
-                f"{k} {row['a'][k]:.1f}/{row['b'][k]:.1f}" for k in row["a"]),
-                flush=True)
+            print(procs.ab_round_line(r, order, row), flush=True)
     finally:
         if busy is not None:
             busy.kill()
             busy.wait()
-    summary = {}
-    for key in rows[0]["a"]:
-        summary[key] = {
-            "a_median": round(statistics.median(r["a"][key] for r in rows), 1),
-            "b_median": round(statistics.median(r["b"][key] for r in rows), 1),
-            "median_ratio_b_over_a": round(statistics.median(
-                r["b"][key] / r["a"][key] for r in rows), 3),
-        }
+    summary = procs.ab_summary(rows)
     print(json.dumps({"busy": args.busy, "rounds": args.rounds,
                       "summary": summary}, indent=1))
 

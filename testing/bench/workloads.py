@@ -87,31 +87,51 @@ async def noop_latency(remote, targets, plan: Plan, log, cpu=None) -> dict:
     return out
 
 
+class Callers:
+    """`count` asyncio tasks, each awaiting `remote(fn)` in a loop (the calls/s
+    workload); `completed` counts the calls finished so far. An async context
+    manager: the callers start on entry; on exit they stop after the call in
+    flight (awaited, so it finishes cleanly), or are cancelled when leaving by
+    an exception."""
+
+    def __init__(self, remote, fn, count: int) -> None:
+        self.completed = 0
+        self._remote = remote
+        self._fn = fn
+        self._count = count
+        self._stop = False
+        self._tasks: list[asyncio.Task] = []
+
+    async def _caller(self) -> None:
+        remote, fn = self._remote, self._fn
+        while not self._stop:
+            await remote(fn)
+            self.completed += 1
+
+    async def __aenter__(self) -> "Callers":
+        self._tasks = [asyncio.create_task(self._caller()) for _ in range(self._count)]
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        self._stop = True
+        try:
+            if exc_type is None:
+                await asyncio.gather(*self._tasks)
+        finally:
+            for task in self._tasks:
+                task.cancel()
+
+
 async def calls_per_second(remote, targets, callers: int, plan: Plan, log,
                            cpu=None, cpu_out: dict | None = None) -> float:
-    completed = 0
-    stop = False
-
-    async def caller():
-        nonlocal completed
-        while not stop:
-            await remote(targets.noop)
-            completed += 1
-
-    tasks = [asyncio.create_task(caller()) for _ in range(callers)]
-    try:
+    async with Callers(remote, targets.noop, callers) as load:
         await asyncio.sleep(plan.conc_warmup_s)
-        c0, t0 = completed, time.perf_counter()
+        c0, t0 = load.completed, time.perf_counter()
         cpu_before = cpu.snapshot() if cpu else None
         await asyncio.sleep(plan.conc_measure_s)
-        c1, t1 = completed, time.perf_counter()
+        c1, t1 = load.completed, time.perf_counter()
         if cpu and cpu_out is not None:
             cpu_out[f"c{callers}_us"] = cpu.per_item(cpu_before, cpu.snapshot(), c1 - c0)
-        stop = True
-        await asyncio.gather(*tasks)  # let in-flight calls finish cleanly
-    finally:
-        for task in tasks:
-            task.cancel()
     rate = (c1 - c0) / (t1 - t0)
     log(f"calls/s with {callers} concurrent callers over {t1 - t0:.2f} s: {rate:,.0f}")
     return round(rate, 1)

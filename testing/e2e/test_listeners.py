@@ -30,13 +30,6 @@ TOKEN = "tok-" + "5" * 40
 NO_CAPS = ["setpriv", "--bounding-set=-all", "--inh-caps=-all"]
 
 
-@pytest.fixture(autouse=True)
-def _grpc_calls(monkeypatch):
-    """These tests count the gRPC listener's connections: the Calls stream on
-    gRPC too (the frame wire's own limits: sandbox:frame_wire_server_test)."""
-    monkeypatch.setenv("AGENTIX_CALLS_WIRE", "grpc")
-
-
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -212,6 +205,67 @@ async def test_a_client_idle_longer_than_the_timeout_keeps_working(sandboxd, tmp
         assert await client.remote(t.add, 1, 2) == 3
         await asyncio.sleep(3)
         assert await client.remote(t.add, 3, 4) == 7
+    # None of the client's connections was taken for an idle one (on the
+    # frame wire too: its native grpc++ channel is not opened unused).
+    assert "connection limits:" not in daemon.log()
+
+
+def _unix_idle(path, n):
+    """`n` Unix-socket connections to `path` that never send a byte."""
+    conns = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(str(path))
+        conns.append(s)
+    return conns
+
+
+async def test_clients_leave_the_per_peer_room_to_others(sandboxd, tmp_path):
+    # Every Unix-socket peer is one peer: a client's connections must all
+    # authenticate (its HELLO on the frame wire, an RPC on gRPC), or a few
+    # clients use up the cap and lock the next ones out.
+    daemon = sandboxd(extra_args=[*_token_args(tmp_path),
+                                  "--max-unauthenticated-connections-per-peer", "4",
+                                  "--auth-timeout-s", "60"]).wait_ready()
+    clients = [RuntimeClient(daemon.unix_url, token=TOKEN, timeout=10) for _ in range(2)]
+    try:
+        for client in clients:
+            await client.__aenter__()
+            assert await client.remote(t.add, 1, 2) == 3
+        await asyncio.sleep(0.3)
+        conns = _unix_idle(daemon.socket_path, 6)
+        # The cap's four places are all free for the idle connections.
+        assert [_closed_by_server(s, 1.0) for s in conns] == [False] * 4 + [True] * 2
+        for s in conns:
+            s.close()
+        for client in clients:
+            assert await client.remote(t.add, 2, 2) == 4
+    finally:
+        for client in clients:
+            await client.__aexit__(None, None, None)
+
+
+async def test_frame_wire_connections_without_a_hello_are_counted(sandboxd, tmp_path):
+    daemon = sandboxd(extra_args=[*_token_args(tmp_path), "--auth-timeout-s", "1"]).wait_ready()
+    silent = socket.socket(socket.AF_UNIX)
+    silent.connect(f"{daemon.socket_path}.calls")
+    started = time.monotonic()
+    # The frame wire ends it first (STATUS 4 DEADLINE_EXCEEDED, at 3/4 of
+    # the timeout), and the guard's totals and warning count it.
+    silent.settimeout(5)
+    received = b""
+    while chunk := silent.recv(4096):
+        received += chunk
+    silent.close()
+    assert time.monotonic() - started < 5
+    assert received[4] == 4 and received[5:9] == (4).to_bytes(4, "little")  # STATUS, code 4
+    deadline = time.monotonic() + 5
+    while "connection limits:" not in daemon.log() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert ("0 refused at a cap, 0 closed for want of a file descriptor, "
+            "1 shut down without an authenticated RPC or frame-wire HELLO") in daemon.log()
+    async with RuntimeClient(daemon.unix_url, token=TOKEN, timeout=10) as client:
+        assert await client.remote(t.add, 1, 1) == 2
 
 
 async def test_unauthenticated_connections_per_peer_are_capped(sandboxd, tmp_path):
@@ -236,8 +290,10 @@ async def test_total_connections_are_capped(sandboxd, tmp_path):
         assert (await client.health()).status == "ok"
         conns = _open_idle(daemon.port, 10)
         closed = [_closed_by_server(s, 1.0) for s in conns]
-        # The client holds one or two connections; the rest of the 4 go to
-        # the first idle ones and every later one is closed at accept.
+        # The client holds one or two connections (its gRPC channel, and
+        # its Calls stream's: the frame wire's or the native grpc++
+        # channel's); the rest of the 4 go to the first idle ones and every
+        # later one is closed at accept.
         assert closed[-6:] == [True] * 6
         assert 2 <= closed.count(False) <= 3
         assert (await client.health()).status == "ok"

@@ -138,6 +138,17 @@ def _events(events):
             for event in list(events)]
 
 
+def _span_ids(span):
+    """A span's trace id, span id, parent id ("" for none) and name as the
+    strings a TraceEvent carries (a str as it is: no call)."""
+    trace_id, span_id = span.trace_id, span.span_id
+    parent_id, name = span.parent_id, span.name
+    return (trace_id if type(trace_id) is str else _text(trace_id),
+            span_id if type(span_id) is str else _text(span_id),
+            "" if parent_id is None else _str(parent_id),
+            name if type(name) is str else _text(name))
+
+
 def _trace_forwarder_class(base):
     class _TraceForwarder(base):
         """Sends each trace/span lifecycle event as a `trace` frame (the
@@ -199,17 +210,11 @@ def _trace_forwarder_class(base):
                 return
             busy.on = True
             try:
-                trace_id, span_id = span.trace_id, span.span_id
-                parent_id, name = span.parent_id, span.name
+                trace_id, span_id, parent_id, name = _span_ids(span)
                 self._channel.send_trace(
-                    kind=_SPAN_START,
-                    agentix_trace_id=(trace_id if type(trace_id) is str
-                                      else _text(trace_id)),
-                    agentix_span_id=(span_id if type(span_id) is str
-                                     else _text(span_id)),
-                    agentix_parent_id=("" if parent_id is None
-                                       else _str(parent_id)),
-                    name=name if type(name) is str else _text(name),
+                    kind=_SPAN_START, agentix_trace_id=trace_id,
+                    agentix_span_id=span_id, agentix_parent_id=parent_id,
+                    name=name,
                     start_time_unix_nanos=_unix_nanos(span.started_at),
                     attributes=_attributes(span.attrs),
                     call_id=_call_id.get())
@@ -224,13 +229,7 @@ def _trace_forwarder_class(base):
                 return
             busy.on = True
             try:
-                trace_id, span_id = span.trace_id, span.span_id
-                parent_id, name = span.parent_id, span.name
-                trace_id = (trace_id if type(trace_id) is str
-                            else _text(trace_id))
-                span_id = span_id if type(span_id) is str else _text(span_id)
-                parent_id = "" if parent_id is None else _str(parent_id)
-                name = name if type(name) is str else _text(name)
+                trace_id, span_id, parent_id, name = _span_ids(span)
                 events, error = span.events, span.error
                 description = span.status_description
                 if not events and error is None and description is None:

@@ -19,9 +19,10 @@ import pytest
 import pytest_asyncio
 
 import sandbox_functions
-from agentix import RuntimeClient, RuntimeUnreachable
+from agentix import AsyncClientNamespace, RuntimeClient, RuntimeUnreachable
 from agentix.runtime.client import frames
 from agentix.runtime.client.frames import FrameCallsStream, FrameTransport
+from agentix.runtime.client.namespaces import NAMESPACE_METHOD
 from agentix.runtime.client.stream import CallsStream, NativeCallsStream, NativeStreamError
 from agentix.runtime.v1 import runtime_pb2 as pb
 from fake_frames import HALF_CLOSE, HELLO, MESSAGE, STATUS, FrameServer, decode_hello, encode, read_frame, status_frame
@@ -264,6 +265,31 @@ async def test_agentix_calls_wire_selects_the_wire(framed, monkeypatch):
     monkeypatch.setenv("AGENTIX_CALLS_WIRE", "fast")
     with pytest.raises(ValueError, match="AGENTIX_CALLS_WIRE='fast' is not one of auto, frames, grpc"):
         await stream_type(framed.url)
+
+
+async def test_the_frame_wire_leaves_the_native_channel_unopened_until_needed(framed, monkeypatch):
+    # Unused, its connection would make no authenticated RPC: the daemon's
+    # connection guard counts it against the per-peer cap and shuts it down.
+    async with RuntimeClient(framed.url) as client:
+        assert await client.remote(sandbox_functions.add, 1, 2) == 3
+        assert type(client._stream) is FrameCallsStream
+        assert client._native.channel is None
+        # Made on first use (a Namespace stream on the native transport).
+        assert client._native.transport(client._metadata, NAMESPACE_METHOD) is not None
+        assert client._native.channel is not None
+    # Made beside the probe (connecting while GetInfo runs) when the client
+    # will need it: a namespace is registered already, or the Calls stream
+    # is on gRPC.
+    client = RuntimeClient(framed.url)
+    client.register_namespace(AsyncClientNamespace("/plug"))
+    await client.health()
+    assert client._native.channel is not None
+    await client.close()
+    monkeypatch.setenv("AGENTIX_CALLS_WIRE", "grpc")
+    client = RuntimeClient(framed.url)
+    await client.health()
+    assert client._native.channel is not None
+    await client.close()
 
 
 async def test_frames_required_but_absent_is_a_clear_error(grpc_only, monkeypatch):

@@ -72,13 +72,31 @@ class NativeTransport:
     channel to the daemon, made and replaced with the client's grpc.aio
     channel (`channel`, None while there is none). When the extension
     refuses what grpc.aio accepted, the client goes on with grpc.aio from
-    then on (same behaviour, a bit slower) rather than failing."""
+    then on (same behaviour, a bit slower) rather than failing.
 
-    __slots__ = ("_module", "channel")
+    The grpc++ channel may also be deferred (`defer`): made, and connected,
+    by the first `transport`. A client whose Calls stream runs on the frame
+    wire may never need it, and a connection that carries no RPC is one the
+    daemon's connection guard counts as unauthenticated (against its
+    per-peer cap) and shuts down after ``--auth-timeout-s``."""
+
+    __slots__ = ("_module", "_channel", "_deferred")
 
     def __init__(self) -> None:
         self._module = native_calls_module()
-        self.channel: Any = None
+        self._channel: Any = None
+        self._deferred: tuple[str, TlsFiles, list[tuple[str, Any]]] | None = None
+
+    @property
+    def channel(self) -> Any:
+        """The current grpc++ channel, or None (none yet, or deferred)."""
+        return self._channel
+
+    @channel.setter
+    def channel(self, channel: Any) -> None:
+        # A new (or no) current channel replaces a deferred one.
+        self._channel = channel
+        self._deferred = None
 
     def new_channel(self, target: str, tls: TlsFiles, options: list[tuple[str, Any]]) -> Any:
         """A new grpc++ channel to `target` (not yet the current one), or
@@ -91,16 +109,26 @@ class NativeTransport:
             self._failed(error)
             return None
 
+    def defer(self, target: str, tls: TlsFiles, options: list[tuple[str, Any]]) -> None:
+        """Makes the current channel one to `target` that the first
+        `transport` creates (no connection until then)."""
+        self.channel = None
+        if self._module is not None:
+            self._deferred = (target, tls, options)
+
     def transport(self, metadata: tuple, method: str = wire.CALLS_METHOD) -> Any:
         """A new native ``CallsTransport`` on the current channel for
         `method` (Calls: coalescing writes, any other: a message per write),
         or None for grpc.aio (turned off, or the extension refused)."""
-        if self.channel is None:
+        if self._channel is None and self._deferred is not None:
+            deferred, self._deferred = self._deferred, None
+            self._channel = self.new_channel(*deferred)
+        if self._channel is None:
             return None
         try:
             if method == wire.CALLS_METHOD:
-                return self._module.CallsTransport(self.channel, metadata)
-            return self._module.CallsTransport(self.channel, metadata, method=method, coalesce=False)
+                return self._module.CallsTransport(self._channel, metadata)
+            return self._module.CallsTransport(self._channel, metadata, method=method, coalesce=False)
         except Exception as error:
             self._failed(error)
             return None
@@ -108,7 +136,7 @@ class NativeTransport:
     def _failed(self, error: Exception) -> None:
         _log.debug("native Calls transport failed, using grpc.aio from now on: %r", error)
         self._module = None
-        self.channel = None
+        self.channel = None  # and no deferred one
 
 
 def channel_options(tls: TlsFiles) -> list[tuple[str, Any]]:
@@ -133,24 +161,34 @@ def new_channel(target: str, tls: TlsFiles, options: list[tuple[str, Any]]) -> g
 
 
 async def open_channel(
-    target: str, tls: TlsFiles, native: NativeTransport, timeout: float, metadata: tuple
+    target: str,
+    tls: TlsFiles,
+    native: NativeTransport,
+    timeout: float,
+    metadata: tuple,
+    defer_native: bool = False,
 ) -> grpc.aio.Channel:
     """A new channel to `target`, probed with ``GetInfo`` (within `timeout`),
     and the native transport's channel beside it (`native.channel`, set once
-    the probe answered). Raises the probe's `grpc.aio.AioRpcError`, closing
-    the channel first."""
+    the probe answered; with `defer_native`, deferred to its first use, see
+    `NativeTransport`: `RuntimeClient` passes it when its Calls stream
+    tries the frame wire first and no namespace is registered yet). Raises
+    the probe's `grpc.aio.AioRpcError`, closing the channel first."""
     options = channel_options(tls)
     channel = new_channel(target, tls, options)
     # Made before the probe: it starts connecting at once, so its connection
     # is set up while GetInfo runs, not after it (which made a first call
     # wait for two connections in turn).
-    native_channel = native.new_channel(target, tls, options)
+    native_channel = None if defer_native else native.new_channel(target, tls, options)
     try:
         await pb_grpc.RuntimeServiceStub(channel).GetInfo(pb.GetInfoRequest(), timeout=timeout, metadata=metadata)
     except BaseException:
         await close_channel(channel)
         raise
-    native.channel = native_channel
+    if defer_native:
+        native.defer(target, tls, options)
+    else:
+        native.channel = native_channel
     return channel
 
 

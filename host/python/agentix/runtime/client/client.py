@@ -616,7 +616,8 @@ class RuntimeClient:
             await close_channel(channel)
 
         try:
-            channel = await open_channel(self._target, self._tls, self._native, self.timeout, self._metadata)
+            defer = self._frames.preferred() and not self._namespaces.registered  # NativeTransport.defer
+            channel = await open_channel(self._target, self._tls, self._native, self.timeout, self._metadata, defer)
         except grpc.aio.AioRpcError as error:
             raise self._unreachable(error) from error
         self._channel = channel

@@ -141,6 +141,17 @@ class FrameWire:
         self._path = calls_socket_path(target)
         self._tls = tls
 
+    def preferred(self) -> bool:
+        """Whether the next Calls stream tries the frame wire first: the
+        native transport's grpc++ channel is then only a fallback, made when
+        first needed (`NativeTransport.defer`). False for a bad
+        ``AGENTIX_CALLS_WIRE`` (`calls_stream` raises for it)."""
+        try:
+            mode = wire_mode()
+        except ValueError:
+            return False
+        return mode != "grpc" and self._path is not None and not self._tls
+
     def calls_stream(
         self,
         native: NativeTransport,
