@@ -196,6 +196,36 @@ TEST_CASE("A first sync call runs before asyncio is imported; the loop "
   REQUIRE(worker.AwaitExit().returncode() == 0);
 }
 
+// Cold start in activation mode: providerd's Activate always sends a set_env
+// (at least AGENTIX_SANDBOX_ID) before the first call, which the daemon holds
+// until env_set. The intake leader applies it itself: neither the answer nor
+// the call waits for `import asyncio` (before, set_env started the loop). Both
+// frames are sent before the ready frame is read, so they are there when the
+// worker starts reading, whatever the load.
+TEST_CASE("A set_env before the first call is applied without importing "
+          "asyncio",
+          "[worker]") {
+  Worker worker;
+  Frame env;
+  env.type = FrameType::kSetEnv;
+  env.data = std::string("AGX_COLD_ENV=on") + '\0' +
+             "AGENTIX_SANDBOX_ID=sbx-1" + '\0';
+  worker.Send(env);
+  worker.Call("first", "worker_cold::env_and_imported",
+              Pickle("(('AGX_COLD_ENV', ['asyncio', 'inspect']), {})"));
+  worker.AwaitReady();
+  REQUIRE_OK_AND_ASSIGN(Frame set, worker.Next(absl::Seconds(20)));
+  INFO(ipc::FrameTypeName(set.type) << ": " << set.detail);
+  REQUIRE(set.type == FrameType::kEnvSet);
+  CHECK(set.detail.empty());
+  Reply first = worker.AwaitReply("first");
+  INFO(first.error.type << ": " << first.error.message);
+  REQUIRE(first.ok);
+  CHECK(Unpickle(first.value) == "['on', []]");
+  worker.Shutdown();
+  REQUIRE(worker.AwaitExit().returncode() == 0);
+}
+
 // A first call importing asyncio itself (as most tool modules do) gets
 // inspect deferred, and inspect works once used.
 TEST_CASE("A first call that imports asyncio finds inspect deferred, and "
