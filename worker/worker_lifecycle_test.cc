@@ -161,14 +161,16 @@ TEST_CASE("asyncio's ssl and inspect are loaded after ready, by the warm-up "
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
 
-TEST_CASE("The boot leaves asyncio, inspect, ssl, calendar, datetime and "
-          "agentix for later",
+// logging.handlers (with socket): the durable log rotates its file itself.
+TEST_CASE("The boot leaves asyncio, inspect, ssl, calendar, datetime, "
+          "logging.handlers, socket and agentix for later",
           "[worker]") {
   auto worker = ReadyWorker();
   CHECK(Unpickle(worker->CallOk(
             "worker_fixture::boot_imported",
             Pickle("((['asyncio', 'inspect', 'pickle', '_ssl', 'calendar', "
-                   "'datetime', '_datetime', 'agentix'],), {})"))) ==
+                   "'datetime', '_datetime', 'logging.handlers', 'socket', "
+                   "'agentix'],), {})"))) ==
         "['pickle']");
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
