@@ -1114,10 +1114,19 @@ absl::StatusOr<pb::Endpoint> ControllerImpl::AwaitReady(Backend* backend, const 
                                                         const std::string& admin_token,
                                                         absl::Time deadline,
                                                         const std::function<bool()>& stop) {
+  // Until the endpoint resolves (for the local backend: until the daemon's
+  // socket exists) a look is a stat or a cache read: every kEndpointPoll
+  // for the first second (a local daemon listens within ~50 ms), so a
+  // create returns within ~2 ms of the daemon listening rather than up to
+  // a 20 ms back-off step later (issue 25, cold start). Failed health
+  // checks, which are RPCs, and slower starts (pods) back off as before.
+  constexpr absl::Duration kEndpointPoll = absl::Milliseconds(2);
+  const absl::Time fast_until = absl::Now() + absl::Seconds(1);
   absl::Duration delay = absl::Milliseconds(2);
   absl::Time next_inspect = absl::Now() + absl::Milliseconds(100);
   absl::Status last = absl::UnavailableError("not started yet");
   for (;;) {
+    bool checked = false;
     if (stop()) return absl::CancelledError("stopped");
     if (auto exit = TakeEarlyExit(ref.value)) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -1132,6 +1141,7 @@ absl::StatusOr<pb::Endpoint> ControllerImpl::AwaitReady(Backend* backend, const 
     }
     auto endpoint = backend->ResolveEndpoint(ref);
     if (endpoint.ok()) {
+      checked = true;
       absl::Status check = agent_->CheckReady(*endpoint, admin_token,
                                               std::min(deadline, now + absl::Seconds(1)));
       if (check.ok()) return *endpoint;
@@ -1154,8 +1164,10 @@ absl::StatusOr<pb::Endpoint> ControllerImpl::AwaitReady(Backend* backend, const 
             " before it was ready", observed->reason.empty() ? "" : ": ", observed->reason));
       }
     }
-    absl::SleepFor(std::min(delay, std::max(absl::ZeroDuration(), deadline - absl::Now())));
-    delay = std::min(delay * 2, absl::Milliseconds(20));
+    const bool fast = !checked && absl::Now() < fast_until;
+    absl::SleepFor(std::min(fast ? kEndpointPoll : delay,
+                            std::max(absl::ZeroDuration(), deadline - absl::Now())));
+    if (!fast) delay = std::min(delay * 2, absl::Milliseconds(20));
   }
 }
 
