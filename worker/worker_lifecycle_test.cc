@@ -161,14 +161,16 @@ TEST_CASE("asyncio's ssl and inspect are loaded after ready, by the warm-up "
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
 
-TEST_CASE("The boot leaves asyncio, inspect, ssl, calendar, datetime and "
-          "agentix for later",
+// logging.handlers (with socket): the durable log rotates its file itself.
+TEST_CASE("The boot leaves asyncio, inspect, ssl, calendar, datetime, "
+          "logging.handlers, socket and agentix for later",
           "[worker]") {
   auto worker = ReadyWorker();
   CHECK(Unpickle(worker->CallOk(
             "worker_fixture::boot_imported",
             Pickle("((['asyncio', 'inspect', 'pickle', '_ssl', 'calendar', "
-                   "'datetime', '_datetime', 'agentix'],), {})"))) ==
+                   "'datetime', '_datetime', 'logging.handlers', 'socket', "
+                   "'agentix'],), {})"))) ==
         "['pickle']");
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
@@ -192,6 +194,36 @@ TEST_CASE("A first sync call runs before asyncio is imported; the loop "
   absl::SleepFor(absl::Milliseconds(600));  // idle: the loop has started
   CHECK(Unpickle(worker.CallOk("worker_cold::imported", names)) ==
         "['asyncio', 'inspect']");
+  worker.Shutdown();
+  REQUIRE(worker.AwaitExit().returncode() == 0);
+}
+
+// Cold start in activation mode: providerd's Activate always sends a set_env
+// (at least AGENTIX_SANDBOX_ID) before the first call, which the daemon holds
+// until env_set. The intake leader applies it itself: neither the answer nor
+// the call waits for `import asyncio` (before, set_env started the loop). Both
+// frames are sent before the ready frame is read, so they are there when the
+// worker starts reading, whatever the load.
+TEST_CASE("A set_env before the first call is applied without importing "
+          "asyncio",
+          "[worker]") {
+  Worker worker;
+  Frame env;
+  env.type = FrameType::kSetEnv;
+  env.data = std::string("AGX_COLD_ENV=on") + '\0' +
+             "AGENTIX_SANDBOX_ID=sbx-1" + '\0';
+  worker.Send(env);
+  worker.Call("first", "worker_cold::env_and_imported",
+              Pickle("(('AGX_COLD_ENV', ['asyncio', 'inspect']), {})"));
+  worker.AwaitReady();
+  REQUIRE_OK_AND_ASSIGN(Frame set, worker.Next(absl::Seconds(20)));
+  INFO(ipc::FrameTypeName(set.type) << ": " << set.detail);
+  REQUIRE(set.type == FrameType::kEnvSet);
+  CHECK(set.detail.empty());
+  Reply first = worker.AwaitReply("first");
+  INFO(first.error.type << ": " << first.error.message);
+  REQUIRE(first.ok);
+  CHECK(Unpickle(first.value) == "['on', []]");
   worker.Shutdown();
   REQUIRE(worker.AwaitExit().returncode() == 0);
 }

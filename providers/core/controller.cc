@@ -4,6 +4,7 @@
 #include "providers/core/controller.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <deque>
 #include <map>
@@ -315,6 +316,9 @@ class ControllerImpl final : public SandboxController, public EventSink {
   std::map<std::string, std::unique_ptr<Backend>> backends_;
   const std::unique_ptr<DaemonAgent> agent_;
   WatchHub hub_;
+  // Starts in AwaitReady now: the endpoint's fast look is kept for a few
+  // (the looks of a 16-start burst would cost a tenth of a core).
+  std::atomic<int> awaiting_ready_{0};
 
   absl::Mutex mu_;
   absl::CondVar reaper_cv_;
@@ -1114,10 +1118,26 @@ absl::StatusOr<pb::Endpoint> ControllerImpl::AwaitReady(Backend* backend, const 
                                                         const std::string& admin_token,
                                                         absl::Time deadline,
                                                         const std::function<bool()>& stop) {
+  // Until the endpoint resolves (for the local backend: until the daemon's
+  // socket exists) a look is a stat or a cache read: every kEndpointPoll
+  // for the first second (a local daemon listens within ~50 ms), so a
+  // create returns within ~2 ms of the daemon listening rather than up to
+  // a 20 ms back-off step later (issue 25, cold start). Failed health
+  // checks, which are RPCs, slower starts (pods) and starts beyond the
+  // first kFastPollStarts at once back off as before.
+  constexpr absl::Duration kEndpointPoll = absl::Milliseconds(2);
+  constexpr int kFastPollStarts = 4;
+  const absl::Time fast_until = absl::Now() + absl::Seconds(1);
+  const bool may_poll_fast = awaiting_ready_.fetch_add(1) < kFastPollStarts;
+  struct Leave {
+    std::atomic<int>& n;
+    ~Leave() { n.fetch_sub(1); }
+  } leave{awaiting_ready_};
   absl::Duration delay = absl::Milliseconds(2);
   absl::Time next_inspect = absl::Now() + absl::Milliseconds(100);
   absl::Status last = absl::UnavailableError("not started yet");
   for (;;) {
+    bool checked = false;
     if (stop()) return absl::CancelledError("stopped");
     if (auto exit = TakeEarlyExit(ref.value)) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -1132,6 +1152,7 @@ absl::StatusOr<pb::Endpoint> ControllerImpl::AwaitReady(Backend* backend, const 
     }
     auto endpoint = backend->ResolveEndpoint(ref);
     if (endpoint.ok()) {
+      checked = true;
       absl::Status check = agent_->CheckReady(*endpoint, admin_token,
                                               std::min(deadline, now + absl::Seconds(1)));
       if (check.ok()) return *endpoint;
@@ -1154,8 +1175,10 @@ absl::StatusOr<pb::Endpoint> ControllerImpl::AwaitReady(Backend* backend, const 
             " before it was ready", observed->reason.empty() ? "" : ": ", observed->reason));
       }
     }
-    absl::SleepFor(std::min(delay, std::max(absl::ZeroDuration(), deadline - absl::Now())));
-    delay = std::min(delay * 2, absl::Milliseconds(20));
+    const bool fast = may_poll_fast && !checked && absl::Now() < fast_until;
+    absl::SleepFor(std::min(fast ? kEndpointPoll : delay,
+                            std::max(absl::ZeroDuration(), deadline - absl::Now())));
+    if (!fast) delay = std::min(delay * 2, absl::Milliseconds(20));
   }
 }
 

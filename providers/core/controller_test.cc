@@ -307,6 +307,27 @@ TEST_CASE("Controller: a replay while the sandbox is starting waits for READY",
   CHECK(waited.reached());
 }
 
+// Cold start: until the daemon's socket exists, the readiness wait looks
+// every 2 ms (a stat for the local backend), not on the health check's
+// back-off (2, 4, 8, 16, then 20 ms), so CreateSandbox answers within ~2 ms
+// of the daemon listening. Counted, not timed: the back-off allows at most
+// 19 looks in 300 ms, whatever the machine's load; 2 ms polls make ~150
+// (40 leaves room for sleeps overshooting ~4x on a loaded machine).
+TEST_CASE("Controller: the readiness wait looks for the endpoint every few ms "
+          "while it is not there",
+          "[controller]") {
+  Harness h;
+  FakeConfig config;
+  config.ready_after = absl::Milliseconds(300);
+  h.world->set_config(config);
+  h.Start();
+  const absl::Time start = absl::Now();
+  REQUIRE_OK_AND_ASSIGN(CreateResult created, CreateSync(*h.controller, Req("fast")));
+  CHECK(created.sandbox.status().phase() == pb::SandboxStatus::READY);
+  CHECK(absl::Now() - start >= absl::Milliseconds(300));
+  CHECK(h.world->resolves() >= 40);
+}
+
 TEST_CASE("Controller: every bad input gets its code and reason and changes nothing",
           "[controller][errors]") {
   Harness h;

@@ -1,7 +1,6 @@
 """The environment a call sees: set_env, the log level, the context module."""
 
 import logging
-import logging.handlers
 import os
 import sys
 import time

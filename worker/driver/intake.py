@@ -9,6 +9,7 @@ import _agentix_worker as _w
 
 from .calls import _Call
 from .common import _DEBUG, _ERROR, _UNKNOWN, _WARNING, _log, _text
+from .env import _apply_env
 from .errors import _error
 
 # The loop hands the frame channel to a pool thread (leader/follower, see
@@ -134,10 +135,11 @@ class _LeaderIntake:
         the calls among them, and runs the last sync one itself after
         passing the baton to a follower (or a fresh pool thread; if none is
         free, the loop reads on), so a long call never holds up the next
-        frames; then waits as a follower. Anything else (cancels, acks,
-        namespace events, coroutine or streaming calls, chunked arguments,
-        end of stream, errors) goes to the loop with the rest of its batch,
-        in order, and the loop reads on. Never raises."""
+        frames; then waits as a follower. A set_env before any call is
+        applied here too. Anything else (cancels, acks, namespace events,
+        coroutine or streaming calls, chunked arguments, end of stream,
+        errors) goes to the loop with the rest of its batch, in order, and
+        the loop reads on. Never raises."""
         try:
             self._lead(holding)
         except BaseException as exc:
@@ -167,6 +169,10 @@ class _LeaderIntake:
             pending = []
             rest = ()
             for i, frame in enumerate(frames):
+                if (frame.kind == _w.SET_ENV and not pending
+                        and not self._calls and self.exit_code is None):
+                    self._lead_set_env(frame)
+                    continue
                 if (frame.kind != _w.CALL or frame.data is None
                         or frame.stream_window or self.exit_code is not None):
                     rest = frames[i:]
@@ -214,6 +220,18 @@ class _LeaderIntake:
             self._pool.run_inline(context.run, self._run_pooled, call, fn,
                                   args, kwargs)
             holding = False  # a follower now, if one is needed
+
+    def _lead_set_env(self, frame):
+        """Intake leader: applies a set_env frame (SandboxAdmin.Activate's
+        env, sent before any call) here rather than on the loop, so that a
+        claimed or just-activated sandbox's first call does not wait for
+        `import asyncio` (worker cold start). No call is in flight, so no
+        user code reads the environment meanwhile."""
+        try:
+            self._channel.send_env_set(_apply_env(frame.entries))
+            self._channel.flush()
+        except _w.ChannelError as exc:
+            self._call_on_loop(self._channel_failed, exc)
 
     def _lead_call(self, frame, pending):
         """Intake leader: _on_call for a call frame with its arguments; the

@@ -2,7 +2,6 @@
 
 import io
 import logging
-import logging.handlers
 import os
 import sys
 import threading

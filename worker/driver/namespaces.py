@@ -1,7 +1,6 @@
 """Plugin-namespace events between the hosts and sandbox code."""
 
 import logging
-import logging.handlers
 import os
 
 from .common import _DEBUG, _WARNING, _log, _text

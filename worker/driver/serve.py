@@ -5,8 +5,9 @@ asyncio` was about half of the worker's boot). From then on a pool thread
 reads the channel (leader/follower intake, intake.py) and runs sync calls
 that come one at a time, while the main thread waits. It imports asyncio and
 starts the event loop as soon as anything needs the loop (a coroutine or
-streaming call, overlapping calls, a cancel, a namespace event, set_env,
-shutdown, end of stream: whatever the intake leader hands to the loop), or
+streaming call, overlapping calls, a cancel, a namespace event, shutdown,
+end of stream: whatever the intake leader hands to the loop; a set_env
+before any call is applied by the leader), or
 once the worker has been idle for _WARM_UP_IDLE_S; until then `_BootLoop`
 stands in for the loop and keeps what is handed to it, in order.
 """

@@ -40,6 +40,13 @@ def imported_after_checks(names):
     return imported(names)
 
 
+def env_and_imported(name, names):
+    """$name as the call sees it, and which of `names` are in sys.modules."""
+    import os
+
+    return [os.environ.get(name), imported(names)]
+
+
 def asyncio_first():
     """A first call that imports asyncio itself and runs a coroutine: what
     it sees of `inspect` (deferred while asyncio is imported) before and

@@ -83,6 +83,7 @@ absl::StatusOr<BackendRef> FakeBackend::Launch(const LaunchSpec& spec, absl::Tim
 
 absl::StatusOr<pb::Endpoint> FakeBackend::ResolveEndpoint(const BackendRef& ref) {
   absl::MutexLock lock(&world_->mu);
+  ++world_->resolves_;
   auto it = world_->sandboxes.find(ref.value);
   if (it == world_->sandboxes.end()) return absl::NotFoundError("gone");
   if (it->second.launched_by != this && !world_->config_.survive_restart) {

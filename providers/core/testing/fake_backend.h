@@ -54,6 +54,11 @@ class FakeWorld {
     absl::MutexLock lock(&mu);
     config_ = c;
   }
+  // ResolveEndpoint calls so far.
+  int resolves() {
+    absl::MutexLock lock(&mu);
+    return resolves_;
+  }
   // Live sandboxes (launched, not destroyed).
   int live() {
     absl::MutexLock lock(&mu);
@@ -80,6 +85,7 @@ class FakeWorld {
   std::map<std::string, FakeSandbox> sandboxes ABSL_GUARDED_BY(mu);  // by ref
   std::vector<std::string> destroyed_ ABSL_GUARDED_BY(mu);
   int launches_ ABSL_GUARDED_BY(mu) = 0;
+  int resolves_ ABSL_GUARDED_BY(mu) = 0;
   int in_flight_ ABSL_GUARDED_BY(mu) = 0;
   int max_in_flight_ ABSL_GUARDED_BY(mu) = 0;
   int next_ref_ ABSL_GUARDED_BY(mu) = 1;
