@@ -47,6 +47,15 @@ struct FrameWireOptions {
   // Counts the open streams for SandboxAdmin.GetStatus (may be null; must
   // outlive the server).
   StreamActivity* activity = nullptr;
+  // >= 0: each connection's thread is pinned to this CPU (--calls_cpu; the
+  // worker and its reader thread go there too, so a sequential call's
+  // daemon <-> worker hand-offs stay on one CPU: base/cpu_affinity.h).
+  int cpu = -1;
+  // > 0: after handling the host's frames, a connection's thread polls its
+  // socket without sleeping for up to this long before it blocks (adaptive
+  // as WorkerOptions::read_spin: a long wait halves the next window, a
+  // short one restores it). 0: it blocks at once.
+  absl::Duration spin = absl::ZeroDuration();
 };
 
 class FrameWireServer {

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/cpu_affinity.h"
 #include "base/log.h"
 #include "worker/ipc/io.h"
 
@@ -85,6 +86,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
   worker->worker_id_ = RandomWorkerId();
   worker->ready_timeout_ = options.ready_timeout;
   worker->read_spin_ = options.read_spin;
+  worker->cpu_ = options.cpu;
 
   base::SpawnOptions spawn;
   spawn.path = options.worker_path;
@@ -137,6 +139,15 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
   err_write.Reset();  // EOF once the worker (and whoever inherited it) exits
   if (worker->payloads_) worker->payloads_->CloseFd();  // the mapping stays
   worker->pid_ = child->pid();
+  if (options.cpu >= 0) {
+    // Just after exec: the worker has no other thread yet, and the ones it
+    // starts inherit the mask (PinProcess still sweeps its tasks).
+    if (absl::Status pinned = base::PinProcess(worker->pid_, options.cpu);
+        !pinned.ok()) {
+      AGX_LOG(Warning, "worker {} not pinned: {}", worker->worker_id_,
+              pinned.ToString());
+    }
+  }
   {
     absl::MutexLock lock(&worker->child_mu_);
     worker->child_ = std::move(*child);
@@ -335,6 +346,11 @@ absl::Duration WorkerProcess::SpinUntilReadable(absl::Duration window) {
 
 void WorkerProcess::ReaderLoop() {
   pthread_setname_np(pthread_self(), "agx-wrk-read");
+  if (cpu_ >= 0) {
+    if (absl::Status pinned = base::PinThread(0, cpu_); !pinned.ok()) {
+      AGX_LOG(Warning, "worker {} reader not pinned: {}", worker_id_, pinned.ToString());
+    }
+  }
   ipc::FrameReader reader;
   bool ready = false;
   bool timed_out = false;

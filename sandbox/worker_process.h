@@ -42,6 +42,9 @@ struct WorkerOptions {
   // CompletionQueueThread's spin: a long wait halves the next window, a
   // short one restores it). 0: it blocks at once.
   absl::Duration read_spin = absl::ZeroDuration();
+  // >= 0: the reader thread and the whole worker process (its threads
+  // inherit it) are pinned to this CPU (--calls_cpu, base/cpu_affinity.h).
+  int cpu = -1;
 };
 
 // Why a worker ended, as the calls it was running will be told.
@@ -121,6 +124,7 @@ class WorkerProcess {
   std::string worker_id_;
   absl::Duration ready_timeout_;
   absl::Duration read_spin_;
+  int cpu_ = -1;
   base::UniqueFd channel_;
   std::unique_ptr<ipc::PayloadArea> payloads_;
   pid_t pid_ = -1;

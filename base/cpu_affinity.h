@@ -1,0 +1,43 @@
+// Pinning the call path's threads to one CPU (issue 25, "an idle machine is
+// as fast as a busy one"). On a VM whose idle vCPUs halt, every wake-up of a
+// thread that the scheduler puts on another, idle CPU costs that CPU's
+// wake-up (~25 us here, shared/PERFORMANCE-NOTES.md item 6); threads that
+// hand a sequential call to each other on one CPU pay a context switch
+// (~2 us) instead. Opt-in: a pinned thread cannot use a second CPU.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace agentix::base {
+
+// No CPU chosen: nothing is pinned.
+inline constexpr int kNoCpu = -1;
+
+// A CPU setting as the daemon's --calls_cpu and the hosts'
+// AGENTIX_CALLS_CPU spell it: "" or "off" -> kNoCpu; "auto" -> the
+// highest-numbered CPU this thread may run on (a fixed choice that a host
+// and a daemon started with the same mask agree on without configuration);
+// a number -> that CPU, which must be in this thread's allowed set.
+// kInvalidArgument (naming the value) for anything else.
+absl::StatusOr<int> ParseCpuSetting(absl::string_view setting);
+
+// Pins thread `tid` (0: the calling thread) to `cpu`. errno's message on
+// failure (kInvalidArgument for a CPU outside the allowed set, kNotFound
+// for a thread that has gone).
+absl::Status PinThread(pid_t tid, int cpu);
+
+// Pins every thread of process `pid` present now (threads it starts later
+// inherit their creator's mask). OK if at least its main thread was pinned.
+absl::Status PinProcess(pid_t pid, int cpu);
+
+// The CPUs thread `tid` (0: the calling thread) may run on, e.g. "1" or
+// "0-1"; for tests and logs.
+std::string AllowedCpus(pid_t tid);
+
+}  // namespace agentix::base
