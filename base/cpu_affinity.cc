@@ -12,17 +12,6 @@
 #include "absl/strings/strip.h"
 
 namespace agentix::base {
-namespace {
-
-absl::Status AffinityError(int error, pid_t tid, int cpu) {
-  const std::string message =
-      absl::StrCat("sched_setaffinity(", tid, ", cpu ", cpu, "): ", std::strerror(error));
-  if (error == ESRCH) return absl::NotFoundError(message);
-  if (error == EINVAL) return absl::InvalidArgumentError(message);
-  return absl::InternalError(message);
-}
-
-}  // namespace
 
 absl::StatusOr<int> ParseCpuSetting(absl::string_view setting) {
   setting = absl::StripAsciiWhitespace(setting);
@@ -50,29 +39,34 @@ absl::StatusOr<int> ParseCpuSetting(absl::string_view setting) {
   return cpu;
 }
 
-absl::Status PinThread(pid_t tid, int cpu) {
-  if (cpu < 0 || cpu >= CPU_SETSIZE) {
-    return absl::InvalidArgumentError(absl::StrCat("no such CPU: ", cpu));
-  }
+cpu_set_t CpuSetOf(int cpu) {
   cpu_set_t set;
   CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  if (::sched_setaffinity(tid, sizeof(set), &set) != 0) {
-    return AffinityError(errno, tid, cpu);
+  if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, &set);
+  return set;
+}
+
+absl::Status SetThreadCpus(pid_t tid, const cpu_set_t& cpus) {
+  if (::sched_setaffinity(tid, sizeof(cpus), &cpus) != 0) {
+    const int error = errno;
+    const std::string message = absl::StrCat("sched_setaffinity(", tid, "): ", std::strerror(error));
+    if (error == ESRCH) return absl::NotFoundError(message);
+    if (error == EINVAL) return absl::InvalidArgumentError(message);
+    return absl::InternalError(message);
   }
   return absl::OkStatus();
 }
 
-absl::Status PinProcess(pid_t pid, int cpu) {
+absl::Status SetProcessCpus(pid_t pid, const cpu_set_t& cpus) {
   // The main thread first: what it starts from now on inherits the mask.
-  if (absl::Status status = PinThread(pid, cpu); !status.ok()) return status;
+  if (absl::Status status = SetThreadCpus(pid, cpus); !status.ok()) return status;
   const std::string dir = absl::StrCat("/proc/", pid, "/task");
   DIR* tasks = ::opendir(dir.c_str());
   if (tasks == nullptr) return absl::OkStatus();  // exited meanwhile
   while (const dirent* entry = ::readdir(tasks)) {
     pid_t tid = 0;
     if (!absl::SimpleAtoi(entry->d_name, &tid) || tid == pid) continue;
-    (void)PinThread(tid, cpu);  // a thread that ended meanwhile is fine
+    (void)SetThreadCpus(tid, cpus);  // a thread that ended meanwhile is fine
   }
   ::closedir(tasks);
   return absl::OkStatus();

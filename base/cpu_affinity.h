@@ -6,6 +6,7 @@
 // (~2 us) instead. Opt-in: a pinned thread cannot use a second CPU.
 #pragma once
 
+#include <sched.h>
 #include <sys/types.h>
 
 #include <string>
@@ -27,14 +28,18 @@ inline constexpr int kNoCpu = -1;
 // kInvalidArgument (naming the value) for anything else.
 absl::StatusOr<int> ParseCpuSetting(absl::string_view setting);
 
-// Pins thread `tid` (0: the calling thread) to `cpu`. errno's message on
-// failure (kInvalidArgument for a CPU outside the allowed set, kNotFound
-// for a thread that has gone).
-absl::Status PinThread(pid_t tid, int cpu);
+// The set holding just `cpu` (0 <= cpu < CPU_SETSIZE).
+cpu_set_t CpuSetOf(int cpu);
 
-// Pins every thread of process `pid` present now (threads it starts later
-// inherit their creator's mask). OK if at least its main thread was pinned.
-absl::Status PinProcess(pid_t pid, int cpu);
+// Lets thread `tid` (0: the calling thread) run on `cpus` only. errno's
+// message on failure (kInvalidArgument for a set outside the allowed CPUs,
+// kNotFound for a thread that has gone).
+absl::Status SetThreadCpus(pid_t tid, const cpu_set_t& cpus);
+
+// The same for every thread of process `pid` present now (threads it starts
+// later inherit their creator's mask). OK if at least its main thread was
+// set; threads that end meanwhile are skipped.
+absl::Status SetProcessCpus(pid_t pid, const cpu_set_t& cpus);
 
 // The CPUs thread `tid` (0: the calling thread) may run on, e.g. "1" or
 // "0-1"; for tests and logs.

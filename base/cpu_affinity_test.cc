@@ -42,12 +42,12 @@ TEST_CASE("CPU settings: off, auto, a number; anything else is refused") {
   }
 }
 
-TEST_CASE("PinThread pins only the thread it names, and the thread runs there") {
+TEST_CASE("SetThreadCpus pins only the thread it names, and the thread runs there") {
   const int cpu = HighestAllowed();
   const std::string before = AllowedCpus(0);
   std::string inside, seen_cpu;
   std::thread pinned([&] {
-    REQUIRE(PinThread(0, cpu).ok());
+    REQUIRE(SetThreadCpus(0, CpuSetOf(cpu)).ok());
     inside = AllowedCpus(0);
     seen_cpu = std::to_string(sched_getcpu());
   });
@@ -55,10 +55,10 @@ TEST_CASE("PinThread pins only the thread it names, and the thread runs there") 
   CHECK(inside == std::to_string(cpu));
   CHECK(seen_cpu == std::to_string(cpu));
   CHECK(AllowedCpus(0) == before);  // the calling thread is untouched
-  CHECK(PinThread(0, CPU_SETSIZE).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(SetThreadCpus(0, CpuSetOf(CPU_SETSIZE)).code() == absl::StatusCode::kInvalidArgument);
 }
 
-TEST_CASE("PinProcess pins a child's threads, and threads it starts later inherit it") {
+TEST_CASE("SetProcessCpus pins a child's threads, and threads it starts later inherit it") {
   const int cpu = HighestAllowed();
   int ready[2], go[2];
   REQUIRE(::pipe(ready) == 0);
@@ -86,7 +86,7 @@ TEST_CASE("PinProcess pins a child's threads, and threads it starts later inheri
   }
   char c;
   REQUIRE(::read(ready[0], &c, 1) == 1);  // the early thread exists
-  REQUIRE(PinProcess(child, cpu).ok());
+  REQUIRE(SetProcessCpus(child, CpuSetOf(cpu)).ok());
   REQUIRE(::write(go[1], "g", 1) == 1);
   std::string out;
   char buf[64];
@@ -98,7 +98,7 @@ TEST_CASE("PinProcess pins a child's threads, and threads it starts later inheri
   ::waitpid(child, &status, 0);
   const std::string one = std::to_string(cpu);
   CHECK(out == one + "\n" + one + "\n");
-  CHECK(PinProcess(child, cpu).code() == absl::StatusCode::kNotFound);  // reaped
+  CHECK(SetProcessCpus(child, CpuSetOf(cpu)).code() == absl::StatusCode::kNotFound);  // reaped
 }
 
 }  // namespace

@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "base/cpu_affinity.h"
 #include "base/log.h"
 #include "sandbox/connection_guard.h"
 #include "sandbox/frame_codec.h"
@@ -289,13 +288,6 @@ class FrameWireServer::Connection {
   void Start() {
     thread_ = std::thread([this] {
       pthread_setname_np(pthread_self(), "agx-frames");
-      if (server_->options_.cpu >= 0) {
-        if (absl::Status pinned = base::PinThread(0, server_->options_.cpu);
-            !pinned.ok()) {
-          AGX_LOG(Warning, "frame-wire connection not pinned: {}",
-                  pinned.ToString());
-        }
-      }
       Run();
       done_.store(true, std::memory_order_release);
     });
@@ -312,7 +304,10 @@ class FrameWireServer::Connection {
     const absl::Time hello_deadline =
         absl::Now() + server_->options_.hello_timeout;
     bool paused = false;
+    uint64_t placed = CallsCpu::kNever;
+    CallsCpu* const calls_cpu = server_->options_.calls_cpu.get();
     for (;;) {
+      if (calls_cpu != nullptr) calls_cpu->Follow(&placed);
       if (server_->stopping_.load(std::memory_order_acquire)) {
         sink_->End(absl::StatusCode::kUnavailable,
                    "the sandbox daemon is shutting down", false);

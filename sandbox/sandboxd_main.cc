@@ -33,6 +33,7 @@
 #include "base/mutex_tuning.h"
 #include "sandbox/admin_service.h"
 #include "sandbox/auth.h"
+#include "sandbox/calls_cpu.h"
 #include "sandbox/connection_guard.h"
 #include "sandbox/frame_wire_server.h"
 #include "sandbox/grpc_executor.h"
@@ -156,14 +157,16 @@ ABSL_FLAG(bool, calls_socket, true,
           "Calls, fewer thread hand-offs per call. gRPC stays the wire for "
           "everything else. --nocalls_socket: gRPC only");
 ABSL_FLAG(std::string, calls_cpu, "",
-          "pin the frame wire's connection threads, the worker-reader thread "
-          "and the worker process (with every thread and child it starts) to "
-          "one CPU: a number, or \"auto\" (the highest-numbered CPU the "
-          "daemon may use; a host with AGENTIX_CALLS_CPU=auto picks the "
-          "same). A sequential call's hand-offs then stay on one CPU instead "
-          "of waking an idle one (issue 25; docs/FRAME-WIRE.md, \"Wake-ups\"). "
-          "The worker's calls then share that one CPU. \"\" or \"off\" "
-          "(default): nothing is pinned");
+          "while calls come one at a time, pin the frame wire's connection "
+          "threads, the worker's reader and writer threads and the worker "
+          "process (every thread and child it starts) to one CPU, so a "
+          "sequential call's hand-offs stay on one CPU instead of each "
+          "waking an idle one; unpinned while calls overlap (several results "
+          "in one read from the worker), pinned again after 64 reads with one "
+          "result each (sandbox/calls_cpu.h; docs/FRAME-WIRE.md, "
+          "\"Wake-ups\"). A CPU number, or \"auto\": the highest-numbered "
+          "CPU the daemon may use (a host with AGENTIX_CALLS_CPU=auto picks "
+          "the same). \"\" or \"off\" (default): nothing is pinned");
 ABSL_FLAG(int64_t, frames_spin_us, 0,
           "microseconds a frame-wire connection's thread polls its socket "
           "without sleeping after handling the host's frames, before it "
@@ -435,7 +438,9 @@ int Run(int argc, char** raw_argv) {
     AGX_LOG(Error, "--calls_cpu: {}", std::string(calls_cpu.status().message()));
     return 2;
   }
-  options.worker.cpu = *calls_cpu;
+  if (*calls_cpu >= 0) {
+    options.worker.calls_cpu = std::make_shared<CallsCpu>(*calls_cpu);
+  }
   if (absl::GetFlag(FLAGS_worker_intake_spin_us) > 0) {
     options.worker.extra_args.push_back(absl::StrCat(
         "--intake-spin-us=", absl::GetFlag(FLAGS_worker_intake_spin_us)));
@@ -645,7 +650,7 @@ int Run(int argc, char** raw_argv) {
       // so a silent client gets a definite STATUS 4.
       wire.hello_timeout = connection_limits.auth_timeout * 3 / 4;
       wire.activity = &activity;
-      wire.cpu = *calls_cpu;
+      wire.calls_cpu = options.worker.calls_cpu;
       wire.spin = absl::Microseconds(absl::GetFlag(FLAGS_frames_spin_us));
       auto server_for_path =
           std::make_unique<FrameWireServer>(&manager, std::move(wire));

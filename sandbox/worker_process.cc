@@ -15,7 +15,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "base/cpu_affinity.h"
 #include "base/log.h"
 #include "worker/ipc/io.h"
 
@@ -86,7 +85,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
   worker->worker_id_ = RandomWorkerId();
   worker->ready_timeout_ = options.ready_timeout;
   worker->read_spin_ = options.read_spin;
-  worker->cpu_ = options.cpu;
+  worker->calls_cpu_ = options.calls_cpu;
 
   base::SpawnOptions spawn;
   spawn.path = options.worker_path;
@@ -139,15 +138,6 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
   err_write.Reset();  // EOF once the worker (and whoever inherited it) exits
   if (worker->payloads_) worker->payloads_->CloseFd();  // the mapping stays
   worker->pid_ = child->pid();
-  if (options.cpu >= 0) {
-    // Just after exec: the worker has no other thread yet, and the ones it
-    // starts inherit the mask (PinProcess still sweeps its tasks).
-    if (absl::Status pinned = base::PinProcess(worker->pid_, options.cpu);
-        !pinned.ok()) {
-      AGX_LOG(Warning, "worker {} not pinned: {}", worker->worker_id_,
-              pinned.ToString());
-    }
-  }
   {
     absl::MutexLock lock(&worker->child_mu_);
     worker->child_ = std::move(*child);
@@ -281,6 +271,7 @@ void WorkerProcess::Shutdown(absl::Duration grace) {
 
 void WorkerProcess::WriterLoop() {
   pthread_setname_np(pthread_self(), "agx-wrk-write");
+  uint64_t placed = CallsCpu::kNever;
   while (true) {
     std::deque<std::string> batch;
     {
@@ -294,6 +285,7 @@ void WorkerProcess::WriterLoop() {
       writing_ = true;
       batch.swap(outbound_);
     }
+    if (calls_cpu_) calls_cpu_->Follow(&placed);
     // I/O happens outside the lock. On failure the reader sees the same
     // breakage as EOF and reports the exit.
     const bool ok = WriteBatch(channel_.get(), batch);
@@ -346,10 +338,13 @@ absl::Duration WorkerProcess::SpinUntilReadable(absl::Duration window) {
 
 void WorkerProcess::ReaderLoop() {
   pthread_setname_np(pthread_self(), "agx-wrk-read");
-  if (cpu_ >= 0) {
-    if (absl::Status pinned = base::PinThread(0, cpu_); !pinned.ok()) {
-      AGX_LOG(Warning, "worker {} reader not pinned: {}", worker_id_, pinned.ToString());
-    }
+  // The placement of --calls_cpu, for this thread and the worker (just
+  // after exec: the threads it starts inherit its mask).
+  uint64_t placed_self = CallsCpu::kNever;
+  uint64_t placed_worker = CallsCpu::kNever;
+  if (calls_cpu_) {
+    calls_cpu_->Follow(&placed_self);
+    calls_cpu_->FollowProcess(pid_, &placed_worker);
   }
   ipc::FrameReader reader;
   bool ready = false;
@@ -409,6 +404,16 @@ void WorkerProcess::ReaderLoop() {
                          : absl::StrCat(frame.error.type, ": ",
                                         frame.error.message);
       }
+    }
+    if (calls_cpu_) {
+      int call_ends = 0;
+      for (const ipc::Frame& frame : frames) {
+        call_ends += frame.type == ipc::FrameType::kResult ||
+                     frame.type == ipc::FrameType::kError;
+      }
+      calls_cpu_->NoteRead(call_ends);
+      calls_cpu_->Follow(&placed_self);
+      calls_cpu_->FollowProcess(pid_, &placed_worker);
     }
     if (!frames.empty()) listener_->OnWorkerFrames(generation_, std::move(frames));
   }

@@ -1,6 +1,6 @@
 """Same-run A/B of the wake-up settings of the frame-wire call path (issue 25, issue 22).
 
-    bazel run //testing/bench:wake_ab                       # ~3 minutes, 6 rounds
+    bazel run //testing/bench:wake_ab                       # 2-4 minutes, 10 rounds
     bazel run //testing/bench:wake_ab -- --rounds 2 --calls 300 --c64-seconds 0.5   # smoke
 
 On a VM whose idle vCPUs halt, a sequential call pays an idle CPU's wake-up at each
@@ -10,9 +10,11 @@ compares, in alternating rounds (the order rotated every round; one fresh daemon
 run), each setting against `off`:
 
 - `pin`:        the daemon's --calls_cpu=CPU (its frame-wire connection thread, its
-                worker's reader and the worker on one CPU), the Python host's
-                AGENTIX_CALLS_CPU=CPU (its event loop's thread) and the C++ client's
-                process on the same CPU (sched_setaffinity, as `taskset` would);
+                worker's reader and the worker on one CPU while calls come one at a
+                time, unpinned while they overlap: sandbox/calls_cpu.h), the Python
+                host's AGENTIX_CALLS_CPU=CPU (its event loop's thread) and the C++
+                client's process on the same CPU (sched_setaffinity, as `taskset`
+                would);
 - `pin_daemon`: --calls_cpu alone: the daemon <-> worker hand-offs on one CPU, the
                 host where the scheduler puts it;
 - `spin`:       bounded adaptive spinning on the receiving sides: --frames_spin_us,
@@ -245,7 +247,7 @@ def summarise(rounds: list[dict], names: list[str]) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--calls", type=int, default=1000,
                         help="sequential noops per client per run")
     parser.add_argument("--c64-seconds", type=float, default=1.0,
