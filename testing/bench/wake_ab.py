@@ -18,7 +18,8 @@ run), each setting against `off`:
 - `pin_daemon`: --calls_cpu alone: the daemon <-> worker hand-offs on one CPU, the
                 host where the scheduler puts it;
 - `spin`:       bounded adaptive spinning on the receiving sides: --frames_spin_us,
-                --worker_read_spin_us and --worker_intake_spin_us (all --spin-us).
+                --worker_read_spin_us, --worker_intake_spin_us and the C++ client's
+                AGENTIX_CALLS_SPIN_US (all --spin-us; the Python host does not spin).
 
 Each run measures, against its own agentix-sandboxd: the Python host's sequential noop
 (p50, p99, CPU per call of host, daemon and worker; a child process per run, so a
@@ -112,13 +113,15 @@ asyncio.run(main())
 
 
 def settings_table(cpu: int, spin_us: int) -> dict[str, dict]:
-    """{name: {"daemon": extra flags, "host_cpu": CPU for both hosts or None}}."""
+    """{name: {"daemon": extra flags, "host_cpu": CPU for both hosts or None,
+    "cc_env": the C++ client's extra environment}}."""
     return {
-        "off": {"daemon": [], "host_cpu": None},
-        "pin": {"daemon": [f"--calls_cpu={cpu}"], "host_cpu": cpu},
-        "pin_daemon": {"daemon": [f"--calls_cpu={cpu}"], "host_cpu": None},
+        "off": {"daemon": [], "host_cpu": None, "cc_env": {}},
+        "pin": {"daemon": [f"--calls_cpu={cpu}"], "host_cpu": cpu, "cc_env": {}},
+        "pin_daemon": {"daemon": [f"--calls_cpu={cpu}"], "host_cpu": None, "cc_env": {}},
         "spin": {"daemon": [f"--frames_spin_us={spin_us}", f"--worker_read_spin_us={spin_us}",
-                            f"--worker_intake_spin_us={spin_us}"], "host_cpu": None},
+                            f"--worker_intake_spin_us={spin_us}"], "host_cpu": None,
+                 "cc_env": {"AGENTIX_CALLS_SPIN_US": str(spin_us)}},
     }
 
 
@@ -167,7 +170,7 @@ def one_run(setting: dict, bins: dict, args, env: dict) -> dict:
         meter = floors.CpuMeter({"daemon": daemon.pid, "worker": workers[0] if workers else None})
         before = meter.snapshot()
         cc = subprocess.run([bins["cc"], f"--target=unix://{sock}", f"--noops={args.calls}"],
-                            env=env, stdout=subprocess.PIPE, text=True, timeout=120, check=True,
+                            env={**env, **setting["cc_env"]}, stdout=subprocess.PIPE, text=True, timeout=120, check=True,
                             preexec_fn=_pinned(setting["host_cpu"]))
         figures = json.loads([l for l in cc.stdout.splitlines() if l.strip()][-1])
         if figures.get("calls_wire") != "frames":
@@ -271,6 +274,7 @@ def main(argv=None) -> int:
     env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES,
                PYTHONPATH=os.pathsep.join([str(procs.bench_dir())] + sys.path[1:]))
     env.pop("AGENTIX_CALLS_CPU", None)
+    env.pop("AGENTIX_CALLS_SPIN_US", None)
     env.pop("AGENTIX_CALLS_WIRE", None)  # the frame wire (auto): the path under test
     start = time.monotonic()
     load_start = procs.loadavg()
