@@ -19,7 +19,8 @@ run), each setting against `off`:
                 host where the scheduler puts it;
 - `spin`:       bounded adaptive spinning on the receiving sides: --frames_spin_us,
                 --worker_read_spin_us, --worker_intake_spin_us and the C++ client's
-                AGENTIX_CALLS_SPIN_US (all --spin-us; the Python host does not spin).
+                AGENTIX_CALLS_SPIN_US (all --spin-us; the Python host does not spin);
+- `spin_daemon`: the same without the C++ client's spinning.
 
 Each run measures, against its own agentix-sandboxd: the Python host's sequential noop
 (p50, p99, CPU per call of host, daemon and worker; a child process per run, so a
@@ -122,6 +123,10 @@ def settings_table(cpu: int, spin_us: int) -> dict[str, dict]:
         "spin": {"daemon": [f"--frames_spin_us={spin_us}", f"--worker_read_spin_us={spin_us}",
                             f"--worker_intake_spin_us={spin_us}"], "host_cpu": None,
                  "cc_env": {"AGENTIX_CALLS_SPIN_US": str(spin_us)}},
+        "spin_daemon": {"daemon": [f"--frames_spin_us={spin_us}",
+                                   f"--worker_read_spin_us={spin_us}",
+                                   f"--worker_intake_spin_us={spin_us}"],
+                        "host_cpu": None, "cc_env": {}},
     }
 
 
@@ -255,8 +260,8 @@ def main(argv=None) -> int:
                         help="sequential noops per client per run")
     parser.add_argument("--c64-seconds", type=float, default=1.0,
                         help="timed window of the 64-caller phase per run")
-    parser.add_argument("--settings", default="off,pin,pin_daemon,spin",
-                        help="comma-separated, from: off, pin, pin_daemon, spin")
+    parser.add_argument("--settings", default="off,pin,pin_daemon,spin,spin_daemon",
+                        help="comma-separated, from: off, pin, pin_daemon, spin, spin_daemon")
     parser.add_argument("--cpu", default="auto",
                         help="the CPU of the pin settings: a number or auto (the highest "
                              "allowed, as --calls_cpu=auto)")
