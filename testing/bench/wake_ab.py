@@ -43,6 +43,7 @@ to `off` (latency and CPU per call: < 1 is better; c64 calls/s: > 1 is better) a
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -61,8 +62,9 @@ import procs  # noqa: E402
 # daemon at argv[1] (pid argv[2]); prints `RESULT {json}`.
 _HOST = r"""
 import asyncio, json, os, statistics, sys, time
-import bench_targets, floors, procs
+import bench_targets, procs
 from agentix import RuntimeClient
+from wake_ab import ThreadCpuMeter
 
 sock, daemon_pid, calls, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 
@@ -78,14 +80,14 @@ async def main():
         for _ in range(max(100, calls // 5)):
             await client.remote(bench_targets.noop)
         (worker,) = procs.children(daemon_pid)
-        meter = floors.CpuMeter({"host": os.getpid(), "daemon": daemon_pid, "worker": worker})
+        meter = ThreadCpuMeter({"host": os.getpid(), "daemon": daemon_pid, "worker": worker})
         lat = []
         before = meter.snapshot()
         for _ in range(calls):
             t0 = time.perf_counter()
             await client.remote(bench_targets.noop)
             lat.append((time.perf_counter() - t0) * 1e6)
-        cpu = floors.CpuMeter.per_item(before, meter.snapshot(), calls)
+        cpu = meter.per_item(before, meter.snapshot(), calls)
         out["noop_p50_us"] = round(statistics.median(lat), 2)
         out["noop_p99_us"] = round(pct(lat, 0.99), 2)
         out["noop_cpu_us"] = cpu
@@ -105,12 +107,46 @@ async def main():
         stop = True
         await asyncio.gather(*tasks)
         out["c64_calls_per_s"] = round((n1 - n0) / (t1 - t0), 1)
-        out["c64_cpu_us"] = floors.CpuMeter.per_item(before, after, n1 - n0)
+        out["c64_cpu_us"] = meter.per_item(before, after, n1 - n0)
         out["calls_stream"] = type(client._stream).__name__  # FrameCallsStream: the frame wire
     print("RESULT " + json.dumps(out), flush=True)
 
 asyncio.run(main())
 """
+
+
+class ThreadCpuMeter:
+    """CPU of named processes over a phase, thread by thread (schedstat, ns): a thread
+    that ends during the phase (the worker's pool retires idle threads) loses only its
+    own part instead of taking its whole past off the process's sum (floors.CpuMeter
+    sums the live threads, which can go negative here)."""
+
+    def __init__(self, pids: dict[str, int | None]):
+        self.pids = {name: pid for name, pid in pids.items() if pid}
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        out = {}
+        for name, pid in self.pids.items():
+            threads = {}
+            for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+                try:
+                    with open(path) as f:
+                        threads[path] = int(f.read().split()[0])
+                except (OSError, ValueError, IndexError):
+                    continue  # ended meanwhile
+            out[name] = threads
+        return out
+
+    @staticmethod
+    def per_item(before: dict, after: dict, items: int) -> dict[str, float]:
+        """{name: µs per item, "total": their sum}."""
+        out = {}
+        for name, threads in after.items():
+            start = before.get(name, {})
+            spent = sum(ns - start.get(tid, 0) for tid, ns in threads.items())
+            out[name] = round(spent / 1e3 / items, 2) if items > 0 else None
+        out["total"] = round(sum(v for v in out.values() if v is not None), 2)
+        return out
 
 
 def settings_table(cpu: int, spin_us: int) -> dict[str, dict]:
@@ -172,7 +208,7 @@ def one_run(setting: dict, bins: dict, args, env: dict) -> dict:
         if out["python"].get("calls_stream") != "FrameCallsStream":
             raise RuntimeError(f"the Python host is not on the frame wire: {out['python']}")
         workers = procs.children(daemon.pid)
-        meter = floors.CpuMeter({"daemon": daemon.pid, "worker": workers[0] if workers else None})
+        meter = ThreadCpuMeter({"daemon": daemon.pid, "worker": workers[0] if workers else None})
         before = meter.snapshot()
         cc = subprocess.run([bins["cc"], f"--target=unix://{sock}", f"--noops={args.calls}"],
                             env={**env, **setting["cc_env"]}, stdout=subprocess.PIPE, text=True, timeout=120, check=True,
@@ -180,7 +216,7 @@ def one_run(setting: dict, bins: dict, args, env: dict) -> dict:
         figures = json.loads([l for l in cc.stdout.splitlines() if l.strip()][-1])
         if figures.get("calls_wire") != "frames":
             raise RuntimeError(f"the C++ client is not on the frame wire: {figures}")
-        figures["cpu_us"] = floors.CpuMeter.per_item(before, meter.snapshot(), figures["calls"])
+        figures["cpu_us"] = meter.per_item(before, meter.snapshot(), figures["calls"])
         figures["cpu_us"]["client"] = figures.pop("noop_cpu_us_per_call")
         out["cc"] = figures
         return out
@@ -266,7 +302,7 @@ def main(argv=None) -> int:
                         help="the CPU of the pin settings: a number or auto (the highest "
                              "allowed, as --calls_cpu=auto)")
     parser.add_argument("--spin-us", type=int, default=50, help="the spin setting's window")
-    parser.add_argument("--budget-s", type=float, default=220.0,
+    parser.add_argument("--budget-s", type=float, default=190.0,
                         help="no new round starts after this many seconds")
     args = parser.parse_args(argv)
     cpu = max(os.sched_getaffinity(0)) if args.cpu == "auto" else int(args.cpu)
