@@ -37,7 +37,8 @@ round (median over rounds); LAST, one JSON line: {"settings": {name: {...}}, "fl
 {...}, "ratios": {...}, "load": [...], "seconds": ...}. Judge a setting by its ratios
 to `off` (latency and CPU per call: < 1 is better; c64 calls/s: > 1 is better) and by
 `python_noop_p50_over_floor` (issue 25: <= 2.5) and `cc_noop_p50_over_floor_grpc`
-(issue 22: <= 1.5).
+(issue 22: <= 1.5), both in each setting's `targets`. The floors say whether the machine
+was quiet: `floor` is ~55-70 us with idle CPUs and ~6 us when they are busy.
 """
 
 from __future__ import annotations
@@ -284,6 +285,15 @@ def summarise(rounds: list[dict], names: list[str]) -> dict:
                     for r in rounds if r["runs"].get(name) and r["runs"][name].get(key)
                     and (r.get("floors") or {}).get(floor_name)])
         entry["over_floors"] = floors_of
+        python_p50 = entry["medians"].get("python_noop_p50_us")
+        over_floor = floors_of.get("python_noop_p50_over_floor")
+        over_grpc = floors_of.get("cc_noop_p50_over_floor_grpc")
+        # Issue 25's noop targets and issue 22's C++ one, as this run measured them.
+        entry["targets"] = {
+            "python_noop_p50_at_most_100us": None if python_p50 is None else python_p50 <= 100,
+            "python_noop_p50_at_most_2_5x_floor": None if over_floor is None else over_floor <= 2.5,
+            "cc_noop_p50_at_most_1_5x_floor_grpc": None if over_grpc is None else over_grpc <= 1.5,
+        }
         entry["runs"] = len(runs)
         report[name] = entry
     return report
@@ -372,6 +382,7 @@ def main(argv=None) -> int:
                   f"{over.get('python_noop_cpu_us_total')} c64 {over.get('python_c64_calls_per_s')}"
                   f" | cc p50 {over.get('cc_noop_p50_us')} cpu {over.get('cc_cpu_us_total')}")
         fl = entry["over_floors"]
+        print(f"{'':<10} targets {entry['targets']}")
         print(f"{'':<10} python/floor {fl.get('python_noop_p50_over_floor')} "
               f"/floor_relay {fl.get('python_noop_p50_over_floor_relay')} | cc/floor_grpc "
               f"{fl.get('cc_noop_p50_over_floor_grpc')} /floor_relay "

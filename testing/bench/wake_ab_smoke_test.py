@@ -30,6 +30,11 @@ class WakeAbSmokeTest(unittest.TestCase):
             positive_numbers(self, entry["over_floors"],
                              ("python_noop_p50_over_floor", "cc_noop_p50_over_floor_grpc",
                               "cc_noop_p50_over_floor_relay_pinned"), f"{name}.over_floors")
+            self.assertEqual(sorted(entry["targets"]), [
+                "cc_noop_p50_at_most_1_5x_floor_grpc", "python_noop_p50_at_most_100us",
+                "python_noop_p50_at_most_2_5x_floor"], name)
+            for met in entry["targets"].values():
+                self.assertIsInstance(met, bool, name)
             if name != "off":
                 positive_numbers(self, entry["over_off"], FIGURES, f"{name}.over_off")
         self.assertNotIn("over_off", report["settings"]["off"])
