@@ -304,7 +304,10 @@ class FrameWireServer::Connection {
     const absl::Time hello_deadline =
         absl::Now() + server_->options_.hello_timeout;
     bool paused = false;
+    uint64_t placed = CallsCpu::kNever;
+    CallsCpu* const calls_cpu = server_->options_.calls_cpu.get();
     for (;;) {
+      if (calls_cpu != nullptr) calls_cpu->Follow(&placed);
       if (server_->stopping_.load(std::memory_order_acquire)) {
         sink_->End(absl::StatusCode::kUnavailable,
                    "the sandbox daemon is shutting down", false);
@@ -351,7 +354,8 @@ class FrameWireServer::Connection {
       } else if (!hello_done_) {
         deadline = hello_deadline;
       }
-      const int ready = ::poll(fds, 2, PollTimeoutMs(deadline));
+      const int ready = Wait(fds, PollTimeoutMs(deadline),
+                             /*spin=*/hello_done_ && !state.ending);
       if (ready < 0 && errno != EINTR) break;
       if (ready <= 0) continue;
       if (fds[1].revents & POLLIN) DrainWake(wake_fd_);
@@ -361,6 +365,30 @@ class FrameWireServer::Connection {
       }
     }
     Finish();
+  }
+
+  // poll(fds, 2, timeout_ms); with options.spin and `spin`, first polls
+  // without sleeping for up to the current window, which adapts as the
+  // worker reader's (worker_process.cc): the whole wait counts; a short one
+  // doubles the window (up to options.spin), a long one halves it, so an
+  // idle stream soon stops spinning.
+  int Wait(pollfd* fds, int timeout_ms, bool spin) {
+    const absl::Duration most = server_->options_.spin;
+    if (!spin || most <= absl::ZeroDuration()) return ::poll(fds, 2, timeout_ms);
+    const absl::Time since = absl::Now();
+    if (spin_window_ >= absl::Microseconds(1)) {
+      const absl::Time until = since + spin_window_;
+      do {
+        const int ready = ::poll(fds, 2, 0);
+        if (ready != 0) return ready;
+      } while (absl::Now() < until);
+    }
+    const int ready = ::poll(fds, 2, timeout_ms);
+    spin_window_ = absl::Now() - since <= most
+                       ? std::min(most, std::max(spin_window_ * 2,
+                                                 absl::Microseconds(1)))
+                       : spin_window_ / 2;
+    return ready;
   }
 
   // Reads what the socket has; false on EOF or an error. While the
@@ -534,6 +562,7 @@ class FrameWireServer::Connection {
   bool hello_done_ = false;
   bool half_closed_ = false;
   absl::Time end_deadline_ = absl::InfiniteFuture();
+  absl::Duration spin_window_ = server_->options_.spin;
   CallsRequest request_;
 };
 

@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "sandbox/auth.h"
+#include "sandbox/calls_cpu.h"
 #include "sandbox/session_manager.h"
 #include "sandbox/stream_activity.h"
 
@@ -47,6 +48,15 @@ struct FrameWireOptions {
   // Counts the open streams for SandboxAdmin.GetStatus (may be null; must
   // outlive the server).
   StreamActivity* activity = nullptr;
+  // Set (--calls_cpu): each connection's thread follows its placement (the
+  // worker and its reader thread do too, so a sequential call's hand-offs
+  // stay on one CPU: sandbox/calls_cpu.h). Null: the scheduler places them.
+  std::shared_ptr<CallsCpu> calls_cpu;
+  // > 0: after handling the host's frames, a connection's thread polls its
+  // socket without sleeping for up to this long before it blocks (adaptive
+  // as WorkerOptions::read_spin: a long wait halves the next window, a
+  // short one restores it). 0: it blocks at once.
+  absl::Duration spin = absl::ZeroDuration();
 };
 
 class FrameWireServer {

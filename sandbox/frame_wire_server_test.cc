@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <catch2/catch.hpp>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "sandbox/connection_guard.h"
 #include "sandbox/fake_worker_calls.h"
 #include "sandbox/frame_codec.h"
@@ -540,6 +542,44 @@ TEST_CASE("Stop ends every stream with STATUS 14 and removes the socket file",
   struct stat st;
   REQUIRE(::stat(h.path.c_str(), &st) != 0);
   REQUIRE(h.server->connections() == 0);
+}
+
+// This process's CPU time (all threads: the connection's among them).
+absl::Duration ProcessCpu() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return absl::DurationFromTimeval(usage.ru_utime) +
+         absl::DurationFromTimeval(usage.ru_stime);
+}
+
+TEST_CASE("A spinning connection thread serves calls and stops spinning on a "
+          "paced stream",
+          "[frame_wire]") {
+  // A long window makes the adaptation measurable: without it every call of
+  // a stream paced slower than the window costs a full window of CPU (30 x
+  // 25 ms here); with it, about two windows in all.
+  FrameWireOptions wire;
+  wire.spin = absl::Milliseconds(25);
+  Harness h(FakeWorkerSessionOptions(), wire);
+  Client c(h.path);
+  c.Hello();
+  auto call = [&](const std::string& id) {
+    CallsRequest req;
+    AddStart(req, id, "fake::echo", id);
+    c.Request(req);
+    REQUIRE(Results({c.ReadMessage()})[id] == id);
+  };
+  for (int i = 0; i < 20; ++i) call(absl::StrCat("fast", i));  // back to back
+  const absl::Duration before = ProcessCpu();
+  for (int i = 0; i < 30; ++i) {  // paced: each wait is longer than 25 ms
+    absl::SleepFor(absl::Milliseconds(30));
+    call(absl::StrCat("slow", i));
+  }
+  const absl::Duration spent = ProcessCpu() - before;
+  INFO("process CPU over the paced calls: " << absl::FormatDuration(spent));
+  CHECK(spent < absl::Milliseconds(250));
+  c.HalfClose();
+  REQUIRE(c.ReadToStatus().code == 0);
 }
 
 }  // namespace

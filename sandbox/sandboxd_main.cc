@@ -25,6 +25,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/cpu_affinity.h"
 #include "base/flags.h"
 #include "base/status_macros.h"
 #include "base/log.h"
@@ -32,6 +33,7 @@
 #include "base/mutex_tuning.h"
 #include "sandbox/admin_service.h"
 #include "sandbox/auth.h"
+#include "sandbox/calls_cpu.h"
 #include "sandbox/connection_guard.h"
 #include "sandbox/frame_wire_server.h"
 #include "sandbox/grpc_executor.h"
@@ -155,6 +157,27 @@ ABSL_FLAG(bool, calls_socket, true,
           "(docs/FRAME-WIRE.md); same token, limits and semantics as gRPC's "
           "Calls, fewer thread hand-offs per call. gRPC stays the wire for "
           "everything else. --nocalls_socket: gRPC only");
+ABSL_FLAG(std::string, calls_cpu, "",
+          "while calls come one at a time, pin the frame wire's connection "
+          "threads, the worker's reader and writer threads and the worker "
+          "process (every thread and child it starts) to one CPU, so a "
+          "sequential call's hand-offs stay on one CPU instead of each "
+          "waking an idle one; unpinned while calls overlap (several results "
+          "in one read from the worker), pinned again after 64 reads with one "
+          "result each (sandbox/calls_cpu.h; docs/FRAME-WIRE.md, "
+          "\"Wake-ups\"). A CPU number, or \"auto\": the highest-numbered "
+          "CPU the daemon may use (a host with AGENTIX_CALLS_CPU=auto picks "
+          "the same). \"\" or \"off\" (default): nothing is pinned");
+ABSL_FLAG(int64_t, frames_spin_us, 0,
+          "microseconds a frame-wire connection's thread polls its socket "
+          "without sleeping after handling the host's frames, before it "
+          "blocks (adaptive, as --worker_read_spin_us). 0 (default): no "
+          "spinning");
+ABSL_FLAG(int64_t, worker_intake_spin_us, 0,
+          "microseconds the worker's pool thread that reads the daemon's "
+          "frames polls without sleeping before it blocks (adaptive, as "
+          "--worker_read_spin_us; the worker's --intake-spin-us). 0 "
+          "(default): no spinning");
 ABSL_FLAG(uint64_t, max_log_subscribers, 64,
           "Logs streams (and, separately, Traces streams) subscribed at once "
           "(RESOURCE_EXHAUSTED beyond)");
@@ -410,6 +433,19 @@ int Run(int argc, char** raw_argv) {
       absl::Seconds(absl::GetFlag(FLAGS_worker_ready_timeout_s));
   options.worker.read_spin =
       absl::Microseconds(absl::GetFlag(FLAGS_worker_read_spin_us));
+  absl::StatusOr<int> calls_cpu =
+      base::ParseCpuSetting(absl::GetFlag(FLAGS_calls_cpu));
+  if (!calls_cpu.ok()) {
+    AGX_LOG(Error, "--calls_cpu: {}", std::string(calls_cpu.status().message()));
+    return 2;
+  }
+  if (*calls_cpu >= 0) {
+    options.worker.calls_cpu = std::make_shared<CallsCpu>(*calls_cpu);
+  }
+  if (absl::GetFlag(FLAGS_worker_intake_spin_us) > 0) {
+    options.worker.extra_args.push_back(absl::StrCat(
+        "--intake-spin-us=", absl::GetFlag(FLAGS_worker_intake_spin_us)));
+  }
   options.max_payload_bytes = absl::GetFlag(FLAGS_max_payload_bytes);
   options.max_retained_results = absl::GetFlag(FLAGS_max_retained_results);
   options.max_retained_bytes = absl::GetFlag(FLAGS_max_retained_bytes);
@@ -425,7 +461,9 @@ int Run(int argc, char** raw_argv) {
   options.max_log_subscribers = absl::GetFlag(FLAGS_max_log_subscribers);
   for (const auto& [name, value] :
        {std::pair<const char*, int64_t>{"grpc_spin_us", absl::GetFlag(FLAGS_grpc_spin_us)},
-        {"worker_read_spin_us", absl::GetFlag(FLAGS_worker_read_spin_us)}}) {
+        {"worker_read_spin_us", absl::GetFlag(FLAGS_worker_read_spin_us)},
+        {"frames_spin_us", absl::GetFlag(FLAGS_frames_spin_us)},
+        {"worker_intake_spin_us", absl::GetFlag(FLAGS_worker_intake_spin_us)}}) {
     if (value < 0 || value > 1000000) {
       AGX_LOG(Error, "--{} must be between 0 and 1000000 (got {})", name, value);
       return 2;
@@ -613,6 +651,8 @@ int Run(int argc, char** raw_argv) {
       // so a silent client gets a definite STATUS 4.
       wire.hello_timeout = connection_limits.auth_timeout * 3 / 4;
       wire.activity = &activity;
+      wire.calls_cpu = options.worker.calls_cpu;
+      wire.spin = absl::Microseconds(absl::GetFlag(FLAGS_frames_spin_us));
       auto server_for_path =
           std::make_unique<FrameWireServer>(&manager, std::move(wire));
       absl::Status started = server_for_path->Start();

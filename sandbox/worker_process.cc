@@ -85,6 +85,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
   worker->worker_id_ = RandomWorkerId();
   worker->ready_timeout_ = options.ready_timeout;
   worker->read_spin_ = options.read_spin;
+  worker->calls_cpu_ = options.calls_cpu;
 
   base::SpawnOptions spawn;
   spawn.path = options.worker_path;
@@ -270,6 +271,7 @@ void WorkerProcess::Shutdown(absl::Duration grace) {
 
 void WorkerProcess::WriterLoop() {
   pthread_setname_np(pthread_self(), "agx-wrk-write");
+  uint64_t placed = CallsCpu::kNever;
   while (true) {
     std::deque<std::string> batch;
     {
@@ -283,6 +285,7 @@ void WorkerProcess::WriterLoop() {
       writing_ = true;
       batch.swap(outbound_);
     }
+    if (calls_cpu_) calls_cpu_->Follow(&placed);
     // I/O happens outside the lock. On failure the reader sees the same
     // breakage as EOF and reports the exit.
     const bool ok = WriteBatch(channel_.get(), batch);
@@ -335,6 +338,14 @@ absl::Duration WorkerProcess::SpinUntilReadable(absl::Duration window) {
 
 void WorkerProcess::ReaderLoop() {
   pthread_setname_np(pthread_self(), "agx-wrk-read");
+  // The placement of --calls_cpu, for this thread and the worker (just
+  // after exec: the threads it starts inherit its mask).
+  uint64_t placed_self = CallsCpu::kNever;
+  uint64_t placed_worker = CallsCpu::kNever;
+  if (calls_cpu_) {
+    calls_cpu_->Follow(&placed_self);
+    calls_cpu_->FollowProcess(pid_, &placed_worker);
+  }
   ipc::FrameReader reader;
   bool ready = false;
   bool timed_out = false;
@@ -393,6 +404,16 @@ void WorkerProcess::ReaderLoop() {
                          : absl::StrCat(frame.error.type, ": ",
                                         frame.error.message);
       }
+    }
+    if (calls_cpu_) {
+      int call_ends = 0;
+      for (const ipc::Frame& frame : frames) {
+        call_ends += frame.type == ipc::FrameType::kResult ||
+                     frame.type == ipc::FrameType::kError;
+      }
+      calls_cpu_->NoteRead(call_ends);
+      calls_cpu_->Follow(&placed_self);
+      calls_cpu_->FollowProcess(pid_, &placed_worker);
     }
     if (!frames.empty()) listener_->OnWorkerFrames(generation_, std::move(frames));
   }

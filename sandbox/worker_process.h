@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "base/child_process.h"
 #include "base/unique_fd.h"
+#include "sandbox/calls_cpu.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/payload_area.h"
 
@@ -42,6 +43,10 @@ struct WorkerOptions {
   // CompletionQueueThread's spin: a long wait halves the next window, a
   // short one restores it). 0: it blocks at once.
   absl::Duration read_spin = absl::ZeroDuration();
+  // Set (--calls_cpu): the reader and writer threads and the whole worker
+  // process follow its placement, and the reader reports each read's call
+  // ends to it (sandbox/calls_cpu.h). Null: the scheduler places them.
+  std::shared_ptr<CallsCpu> calls_cpu;
 };
 
 // Why a worker ended, as the calls it was running will be told.
@@ -121,6 +126,7 @@ class WorkerProcess {
   std::string worker_id_;
   absl::Duration ready_timeout_;
   absl::Duration read_spin_;
+  std::shared_ptr<CallsCpu> calls_cpu_;
   base::UniqueFd channel_;
   std::unique_ptr<ipc::PayloadArea> payloads_;
   pid_t pid_ = -1;

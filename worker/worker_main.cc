@@ -8,6 +8,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "base/malloc_tuning.h"
 #include "base/mutex_tuning.h"
 #include "worker/ipc/frame.h"
+#include "worker/channel/intake_baton.h"
 #include "worker/python/path_config.h"
 #include "worker/worker.h"
 
@@ -40,6 +42,10 @@ ABSL_FLAG(int, payload_fd, -1,
 ABSL_FLAG(std::string, worker_id, "",
           "id used in logs; default $AGENTIX_WORKER_ID, else random");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+ABSL_FLAG(int64_t, intake_spin_us, 0,
+          "microseconds the pool thread reading the channel polls it without "
+          "sleeping before it blocks (adaptive; the daemon's "
+          "--worker_intake_spin_us). 0 (default): no spinning");
 
 namespace {
 
@@ -78,6 +84,8 @@ int main(int argc, char** argv) {
   std::vector<char*> args = agentix::base::NormalizeFlagNames(argc, argv, storage);
   absl::ParseCommandLine(static_cast<int>(args.size()) - 1, args.data());
 
+  agentix::worker::IntakeBaton::SetSpin(absl::Microseconds(
+      std::clamp<int64_t>(absl::GetFlag(FLAGS_intake_spin_us), 0, 1000000)));
   agentix::worker::WorkerOptions options;
   options.paths.venv = absl::GetFlag(FLAGS_venv);
   options.paths.python_path =

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -502,6 +503,27 @@ TEST_CASE("the Calls stream takes the frame wire by default on unix:// when PATH
   options.target = "127.0.0.1:1";
   options.calls_wire = CallsWire::kFrames;
   CHECK(Client::Connect(options).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("AGENTIX_CALLS_SPIN_US: a spinning frame-wire reader serves calls; a bad value "
+          "fails Connect") {
+  ::unsetenv("AGENTIX_CALLS_WIRE");
+  Daemon daemon;
+  ::setenv("AGENTIX_CALLS_SPIN_US", "50", 1);
+  auto client = ConnectTo(daemon.url());
+  CHECK(client->calls_wire() == CallsWire::kFrames);
+  for (int i = 0; i < 20; ++i) {
+    absl::StatusOr<int64_t> sum = client->Remote<int64_t>("e2e_targets::add", i, 1);
+    REQUIRE_OK(sum.status());
+    CHECK(*sum == i + 1);
+  }
+  ::setenv("AGENTIX_CALLS_SPIN_US", "soon", 1);
+  ConnectOptions options;
+  options.target = daemon.url();
+  absl::StatusOr<std::unique_ptr<Client>> refused = Client::Connect(options);
+  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(refused.status().message(), "AGENTIX_CALLS_SPIN_US=soon"));
+  ::unsetenv("AGENTIX_CALLS_SPIN_US");
 }
 
 TEST_CASE("without PATH.calls the Calls stream stays on gRPC, unless the frame wire is required") {

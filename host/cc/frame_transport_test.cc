@@ -3,6 +3,7 @@
 // sandbox/frame_codec, the daemon's codec).
 #include "agentix/frame_transport.h"
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -63,12 +64,13 @@ struct Pair {
   std::unique_ptr<Peer> peer;
 };
 
-Pair Open(const StreamMetadata& metadata = {{"agentix-client-id", "c1"}}) {
+Pair Open(const StreamMetadata& metadata = {{"agentix-client-id", "c1"}},
+          absl::Duration spin = absl::ZeroDuration()) {
   int fds[2];
   REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
   Pair pair;
   pair.peer = std::make_unique<Peer>(fds[1]);
-  pair.transport = NewFrameTransport(fds[0], metadata);
+  pair.transport = NewFrameTransport(fds[0], metadata, spin);
   return pair;
 }
 
@@ -238,6 +240,61 @@ TEST_CASE("ConnectFrameTransport: UNAVAILABLE when nothing listens, HELLO when s
   ::close(listener);
   ::unlink(path.c_str());
   ::rmdir(dir);
+}
+
+TEST_CASE("A spinning reader reads every message and stops spinning when "
+          "results come slowly") {
+  // A long window makes the adaptation measurable: without it every message
+  // paced slower than the window costs a full window of CPU (30 x 25 ms
+  // here); with it, about two windows in all.
+  Pair pair = Open({}, absl::Milliseconds(25));
+  REQUIRE(pair.peer->Next().kind == FrameKind::kHello);
+  double paced_cpu_ms = 0;
+  std::thread reader([&] {
+    pb::CallsResponse response;
+    for (int i = 0; i < 20; ++i) {
+      REQUIRE(pair.transport->Read(&response));
+      CHECK(response.events(0).result().call_id() == "fast");
+    }
+    rusage before{}, after{};
+    ::getrusage(RUSAGE_THREAD, &before);
+    for (int i = 0; i < 30; ++i) {
+      REQUIRE(pair.transport->Read(&response));
+      CHECK(response.events(0).result().call_id() == "slow");
+    }
+    ::getrusage(RUSAGE_THREAD, &after);
+    auto ms = [](const rusage& u) {
+      return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 +
+             (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e3;
+    };
+    paced_cpu_ms = ms(after) - ms(before);
+  });
+  for (int i = 0; i < 20; ++i) pair.peer->Send(Message(ResultFor("fast", "x")));
+  for (int i = 0; i < 30; ++i) {
+    absl::SleepFor(absl::Milliseconds(30));
+    pair.peer->Send(Message(ResultFor("slow", "x")));
+  }
+  reader.join();
+  INFO("reader CPU over the paced messages: " << paced_cpu_ms << " ms");
+  CHECK(paced_cpu_ms < 250);
+}
+
+TEST_CASE("AGENTIX_CALLS_SPIN_US: microseconds, or a definite error") {
+  ::unsetenv("AGENTIX_CALLS_SPIN_US");
+  CHECK(*CallsSpinFromEnv() == absl::ZeroDuration());
+  ::setenv("AGENTIX_CALLS_SPIN_US", "40", 1);
+  CHECK(*CallsSpinFromEnv() == absl::Microseconds(40));
+  for (const char* bad : {"-1", "fast", "2000000"}) {
+    ::setenv("AGENTIX_CALLS_SPIN_US", bad, 1);
+    absl::StatusOr<absl::Duration> spin = CallsSpinFromEnv();
+    REQUIRE_FALSE(spin.ok());
+    CHECK(spin.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(spin.status().message().find("AGENTIX_CALLS_SPIN_US") != absl::string_view::npos);
+    // Connecting refuses it too, before touching the socket.
+    CHECK(ConnectFrameTransport("/nonexistent/x.calls", {}).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+  }
+  ::unsetenv("AGENTIX_CALLS_SPIN_US");
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // bench_targets. remote_calls.py starts the daemon and runs this.
 //
 //   cc_remote_calls --target=unix:///tmp/x/sandboxd.sock [--quick] [--noop-only]
+//   cc_remote_calls --target=... --noops=N
 //
 // Prints progress to stderr and one JSON line (the results) to stdout. Each
 // concurrent caller is a thread making blocking calls on the one Client.
@@ -17,7 +18,10 @@
 // noop_over_raw_daemon_block_median (the median over blocks of the ratio
 // of their p50s) and the process's CPU per call of each
 // (noop_cpu_us_per_call, raw_daemon_noop_cpu_us_per_call: the client's own
-// work is the difference). --noop-only stops there.
+// work is the difference). --noop-only stops there. --noops=N measures
+// only N sequential noops on the client's own wire after N/5 to warm up,
+// nothing interleaved (wake_ab.py): calls_wire, noop_p50_us, noop_p99_us,
+// noop_cpu_us_per_call, calls (warm-up included).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -271,6 +275,7 @@ int Main(int argc, char** argv) {
   std::string target;
   bool quick = false;
   bool noop_only = false;
+  int plain_noops = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--target=", 9) == 0) {
       target = argv[i] + 9;
@@ -278,12 +283,14 @@ int Main(int argc, char** argv) {
       quick = true;
     } else if (std::strcmp(argv[i], "--noop-only") == 0) {
       noop_only = true;
+    } else if (std::strncmp(argv[i], "--noops=", 8) == 0) {
+      plain_noops = std::max(1, std::atoi(argv[i] + 8));
     } else if (std::strcmp(argv[i], "--no-deadlock-detection") == 0) {
       // Diagnosis: Debian's Abseil is built without NDEBUG, so every
       // absl::Mutex::Lock (the client's and gRPC's) runs deadlock detection.
       absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
     } else {
-      std::fprintf(stderr, "usage: cc_remote_calls --target=URL [--quick] [--noop-only] [--no-deadlock-detection]\n");
+      std::fprintf(stderr, "usage: cc_remote_calls --target=URL [--quick] [--noop-only] [--noops=N] [--no-deadlock-detection]\n");
       return 2;
     }
   }
@@ -295,6 +302,24 @@ int Main(int argc, char** argv) {
   if (!connected.ok()) Die("connect", connected.status());
   Client& client = **connected;
   const bool frames = client.calls_wire() == CallsWire::kFrames;
+  if (plain_noops > 0) {
+    for (int i = 0; i < plain_noops / 5 + 1; ++i) Noop(client);
+    std::vector<double> samples;
+    samples.reserve(plain_noops);
+    const double cpu = CpuSeconds();
+    for (int i = 0; i < plain_noops; ++i) {
+      const double start = Now();
+      Noop(client);
+      samples.push_back(Now() - start);
+    }
+    const double cpu_us = (CpuSeconds() - cpu) / plain_noops * 1e6;
+    std::printf(
+        "{\"calls_wire\": \"%s\", \"noop_p50_us\": %.2f, \"noop_p99_us\": %.2f, "
+        "\"noop_cpu_us_per_call\": %.2f, \"calls\": %d}\n",
+        frames ? "frames" : "grpc", Percentile(samples, 0.5) * 1e6,
+        Percentile(samples, 0.99) * 1e6, cpu_us, plain_noops + plain_noops / 5 + 1);
+    return 0;
+  }
   std::unique_ptr<Client> grpc_client;  // the A/B partner of a frame-wire client
   if (frames) {
     options.calls_wire = CallsWire::kGrpc;

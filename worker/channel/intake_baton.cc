@@ -5,12 +5,31 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace agentix::worker {
+namespace {
+
+std::atomic<int64_t> spin_most_ns{0};
+
+// poll(fds, 2, -1), retried on EINTR.
+int PollBlocking(pollfd* fds) {
+  int n;
+  while ((n = ::poll(fds, 2, -1)) < 0 && errno == EINTR) {
+  }
+  return n;
+}
+
+}  // namespace
+
+void IntakeBaton::SetSpin(absl::Duration most) {
+  spin_most_ns.store(absl::ToInt64Nanoseconds(most), std::memory_order_relaxed);
+}
 
 absl::StatusOr<std::unique_ptr<IntakeBaton>> IntakeBaton::Create(
     int channel_fd) {
@@ -39,14 +58,33 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
     passed_ = false;                    // ours
   }
   pollfd fds[2] = {{channel_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-  while (true) {
-    const int n = ::poll(fds, 2, -1);
-    if (n < 0 && errno == EINTR) continue;
-    // A poll error (never expected on these fds) is reported as readable:
-    // the reader's read then reports the channel's state.
-    if (n > 0 && (fds[1].revents & POLLIN) != 0) return Turn::kStopped;
-    return Turn::kReadable;
+  int n = 0;
+  const int64_t most = spin_most_ns.load(std::memory_order_relaxed);
+  if (most > 0) {
+    int64_t window = spin_window_ns_.load(std::memory_order_relaxed);
+    if (window < 0) window = most;
+    const absl::Time since = absl::Now();
+    const absl::Time until = since + absl::Nanoseconds(window);
+    if (window >= 1000) {
+      do {
+        n = ::poll(fds, 2, 0);
+      } while (n == 0 && absl::Now() < until);
+    }
+    if (n == 0 || (n < 0 && errno == EINTR)) {
+      n = PollBlocking(fds);
+      // The whole wait counts: double after a short one, halve after a long one.
+      window = absl::Now() - since <= absl::Nanoseconds(most)
+                   ? std::min(most, std::max<int64_t>(window * 2, 1000))
+                   : window / 2;
+    }
+    spin_window_ns_.store(window, std::memory_order_relaxed);
+  } else {
+    n = PollBlocking(fds);
   }
+  // A poll error (never expected on these fds) is reported as readable:
+  // the reader's read then reports the channel's state.
+  if (n > 0 && (fds[1].revents & POLLIN) != 0) return Turn::kStopped;
+  return Turn::kReadable;
 }
 
 bool IntakeBaton::Pass() {

@@ -8,11 +8,14 @@
 // whenever the baton is not in pool mode (the driver switches).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace agentix::worker {
 
@@ -53,6 +56,13 @@ class IntakeBaton {
   // For tests: followers waiting now.
   int followers();
 
+  // The holder's poll first polls without sleeping for up to `most` (the
+  // worker's --intake-spin-us; process-wide, set once at start), adapting
+  // as the daemon's reader (sandbox/worker_process.h, read_spin): a wait
+  // longer than `most` halves the next window, a shorter one doubles it.
+  // Zero (default): it blocks at once.
+  static void SetSpin(absl::Duration most);
+
  private:
   IntakeBaton(int channel_fd, int stop_fd);
 
@@ -64,6 +74,8 @@ class IntakeBaton {
   bool passed_ = false;  // handed to the followers, not yet taken
   bool stopped_ = false;
   int followers_ = 0;
+  // The current spin window (ns); only the holder uses it.
+  std::atomic<int64_t> spin_window_ns_{-1};
 };
 
 }  // namespace agentix::worker

@@ -2,6 +2,7 @@
 // wakes exactly the next reader, Stop and ToLoop release everyone.
 #include "worker/channel/intake_baton.h"
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -109,6 +110,55 @@ TEST_CASE("ToLoop sends followers back; Stop ends holders and followers",
   CHECK(second.get() == Turn::kStopped);
   CHECK(baton->Lead(false) == Turn::kStopped);
   CHECK(baton->Lead(true) == Turn::kStopped);  // stopped before polling
+}
+
+// The calling thread's CPU time.
+std::chrono::microseconds ThreadCpu() {
+  rusage usage{};
+  ::getrusage(RUSAGE_THREAD, &usage);
+  return std::chrono::seconds(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         std::chrono::microseconds(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+}
+
+TEST_CASE("a spinning holder finds frames, stops spinning on a paced channel "
+          "and still stops",
+          "[intake_baton]") {
+  // A long window makes the adaptation measurable: without it every frame
+  // of a channel paced slower than the window costs a full window of CPU
+  // (30 x 25 ms here); with it, about two windows in all.
+  IntakeBaton::SetSpin(absl::Milliseconds(25));
+  Sockets s;
+  auto baton = Make(s.fds[0]);
+  baton->ToPool();
+  std::atomic<bool> done{false};
+  std::chrono::microseconds paced_cpu{0};
+  std::thread holder([&] {
+    char byte;
+    for (int i = 0; i < 20; ++i) {  // back to back
+      REQUIRE(baton->Lead(true) == Turn::kReadable);
+      REQUIRE(::read(s.fds[0], &byte, 1) == 1);
+    }
+    const auto before = ThreadCpu();
+    for (int i = 0; i < 30; ++i) {  // paced
+      REQUIRE(baton->Lead(true) == Turn::kReadable);
+      REQUIRE(::read(s.fds[0], &byte, 1) == 1);
+    }
+    paced_cpu = ThreadCpu() - before;
+    CHECK(baton->Lead(true) == Turn::kStopped);
+    done = true;
+  });
+  for (int i = 0; i < 20; ++i) s.Write();
+  for (int i = 0; i < 30; ++i) {
+    std::this_thread::sleep_for(30ms);
+    s.Write();
+  }
+  std::this_thread::sleep_for(50ms);
+  baton->Stop();
+  holder.join();
+  IntakeBaton::SetSpin(absl::ZeroDuration());
+  INFO("holder CPU over the paced frames: " << paced_cpu.count() << " us");
+  CHECK(paced_cpu < 250ms);
+  CHECK(done);
 }
 
 }  // namespace

@@ -101,6 +101,10 @@ absl::Status ResolveCallsWire(ConnectOptions* options) {
           "AGENTIX_CALLS_WIRE=", mode, " is not one of auto, frames, grpc"));
     }
   }
+  // A bad $AGENTIX_CALLS_SPIN_US is an error here, not a silent gRPC stream.
+  if (absl::Status spin = client_internal::CallsSpinFromEnv().status(); !spin.ok()) {
+    return spin;
+  }
   const bool unix_target = !client_internal::CallsSocketPath(options->target).empty();
   if (unix_target && !options->tls.has_value()) return absl::OkStatus();
   if (options->calls_wire == CallsWire::kFrames) {

@@ -1,20 +1,24 @@
 #include "agentix/frame_transport.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <cstring>
 #include <optional>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "sandbox/frame_codec.h"
 
 namespace agentix::client_internal {
@@ -31,7 +35,8 @@ constexpr size_t kKeepBytes = 256 << 10;
 
 class FrameTransport final : public CallsTransport {
  public:
-  FrameTransport(int fd, const StreamMetadata& metadata) : fd_(fd), in_(kReadBytes) {
+  FrameTransport(int fd, const StreamMetadata& metadata, absl::Duration spin)
+      : fd_(fd), spin_(spin), window_(spin), in_(kReadBytes) {
     const sandbox::FrameMetadata pairs(metadata.begin(), metadata.end());
     const std::string hello =
         sandbox::EncodeFrame(FrameKind::kHello, sandbox::EncodeHello(pairs));
@@ -140,6 +145,7 @@ class FrameTransport final : public CallsTransport {
       start_ = 0;
     }
     if (need > in_.size()) in_.resize(need);
+    if (spin_ > absl::ZeroDuration()) Spin();
     for (;;) {
       const ssize_t n = ::recv(fd_, in_.data() + end_, in_.size() - end_, 0);
       if (n > 0) {
@@ -154,6 +160,27 @@ class FrameTransport final : public CallsTransport {
       return End(absl::UnavailableError(
           absl::StrCat("reading the frame wire: ", std::strerror(errno))));
     }
+  }
+
+  // Polls the socket without sleeping for up to the current window, then
+  // waits for it (the recv that follows then returns at once); the window
+  // adapts as the daemon's spinning threads' (sandbox/frame_wire_server.h):
+  // the whole wait counts, a short one doubles it (up to spin_), a long one
+  // halves it, so a client that calls rarely soon stops spinning.
+  void Spin() {
+    const absl::Time since = absl::Now();
+    pollfd p{fd_, POLLIN, 0};
+    if (window_ >= absl::Microseconds(1)) {
+      const absl::Time until = since + window_;
+      do {
+        if (::poll(&p, 1, 0) != 0) return;  // readable, closed or an error
+      } while (absl::Now() < until);
+    }
+    while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+    }
+    window_ = absl::Now() - since <= spin_
+                  ? std::min(spin_, std::max(window_ * 2, absl::Microseconds(1)))
+                  : window_ / 2;
   }
 
   // After a frame was consumed: start over at the front when nothing is
@@ -181,6 +208,8 @@ class FrameTransport final : public CallsTransport {
   }
 
   const int fd_;
+  const absl::Duration spin_;
+  absl::Duration window_;  // the reader's current spin window
   std::atomic<bool> cancelled_{false};
   // The reader's buffer: bytes [start_, end_) are received, not consumed.
   std::vector<char> in_;
@@ -210,6 +239,8 @@ absl::StatusOr<std::unique_ptr<CallsTransport>> ConnectFrameTransport(
         absl::StrCat("frame wire path ", path, " is too long for a Unix socket"));
   }
   std::memcpy(address.sun_path, path.data(), path.size());
+  absl::StatusOr<absl::Duration> spin = CallsSpinFromEnv();
+  if (!spin.ok()) return spin.status();
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
@@ -220,11 +251,23 @@ absl::StatusOr<std::unique_ptr<CallsTransport>> ConnectFrameTransport(
     return absl::UnavailableError(absl::StrCat(
         "cannot connect to the frame wire at ", path, ": ", std::strerror(error)));
   }
-  return NewFrameTransport(fd, metadata);
+  return NewFrameTransport(fd, metadata, *spin);
 }
 
-std::unique_ptr<CallsTransport> NewFrameTransport(int fd, const StreamMetadata& metadata) {
-  return std::make_unique<FrameTransport>(fd, metadata);
+absl::StatusOr<absl::Duration> CallsSpinFromEnv() {
+  const char* env = std::getenv("AGENTIX_CALLS_SPIN_US");
+  if (env == nullptr || *env == '\0') return absl::ZeroDuration();
+  int64_t us = 0;
+  if (!absl::SimpleAtoi(env, &us) || us < 0 || us > 1000000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AGENTIX_CALLS_SPIN_US=", env, " is not a number of microseconds from 0 to 1000000"));
+  }
+  return absl::Microseconds(us);
+}
+
+std::unique_ptr<CallsTransport> NewFrameTransport(int fd, const StreamMetadata& metadata,
+                                                  absl::Duration spin) {
+  return std::make_unique<FrameTransport>(fd, metadata, spin);
 }
 
 }  // namespace agentix::client_internal

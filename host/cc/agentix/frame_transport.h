@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "agentix/calls_transport.h"
 
 namespace agentix::client_internal {
@@ -22,13 +23,21 @@ std::string CallsSocketPath(absl::string_view target);
 
 // Connects to the frame wire at `path` and sends HELLO with `metadata`
 // (messages may follow at once; a refusal arrives as the stream's STATUS).
-// UNAVAILABLE naming the errno when the socket cannot be connected.
+// UNAVAILABLE naming the errno when the socket cannot be connected;
+// INVALID_ARGUMENT for a bad $AGENTIX_CALLS_SPIN_US.
 absl::StatusOr<std::unique_ptr<CallsTransport>> ConnectFrameTransport(
     const std::string& path, const StreamMetadata& metadata);
 
+// $AGENTIX_CALLS_SPIN_US: how long the reader polls the socket without
+// sleeping before it blocks (adaptive: a wait longer than this halves the
+// next window, a shorter one doubles it); unset or 0: no spinning.
+// INVALID_ARGUMENT for anything but a number of microseconds <= 1000000.
+absl::StatusOr<absl::Duration> CallsSpinFromEnv();
+
 // Takes over `fd`, a connected stream socket (tests: a socketpair), and
-// sends HELLO with `metadata`.
-std::unique_ptr<CallsTransport> NewFrameTransport(int fd, const StreamMetadata& metadata);
+// sends HELLO with `metadata`; the reader spins up to `spin` (above).
+std::unique_ptr<CallsTransport> NewFrameTransport(int fd, const StreamMetadata& metadata,
+                                                  absl::Duration spin = absl::ZeroDuration());
 
 }  // namespace agentix::client_internal
 

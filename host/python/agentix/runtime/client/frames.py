@@ -19,6 +19,13 @@ Which wire carries the Calls stream (`FrameWire`): ``AGENTIX_CALLS_WIRE``
 without TLS and ``PATH.calls`` accepts a connection, else gRPC; ``frames``
 requires it (`RuntimeUnreachable` when it cannot be had); ``grpc`` never
 uses it. Unset is ``auto``. Logs, Traces and Namespace streams stay on gRPC.
+
+``AGENTIX_CALLS_CPU`` (a CPU number or ``auto``: the highest-numbered CPU the
+process may use; unset, empty or ``off``: nothing) pins the thread that runs
+the client's event loop to that CPU when its Calls stream connects on the
+frame wire, to be used with the daemon's ``--calls_cpu`` set alike: a
+sequential call's hand-offs then stay on one CPU instead of each waking an
+idle one (docs/FRAME-WIRE.md, "Wake-ups").
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from agentix.runtime.client.pending import PendingCall
 from agentix.runtime.client.stream import CallsStream, NativeCallsStream
 
 __all__ = [
+    "CALLS_CPU_ENV",
     "CALLS_WIRE_ENV",
     "FrameCallsStream",
     "FrameTransport",
@@ -52,6 +60,7 @@ __all__ = [
     "MAX_PAYLOAD",
     "MESSAGE",
     "STATUS",
+    "calls_cpu",
     "calls_socket_path",
     "encode_hello",
     "frame",
@@ -61,6 +70,7 @@ __all__ = [
 _log = logging.getLogger("agentix.runtime.client")
 
 CALLS_WIRE_ENV = "AGENTIX_CALLS_WIRE"
+CALLS_CPU_ENV = "AGENTIX_CALLS_CPU"
 _MODES = ("auto", "frames", "grpc")
 # Appended to a daemon's Unix socket path: where its frame wire listens.
 _CALLS_SUFFIX = ".calls"
@@ -87,6 +97,25 @@ def wire_mode() -> str:
     if mode not in _MODES:
         raise ValueError(f"{CALLS_WIRE_ENV}={mode!r} is not one of {', '.join(_MODES)}")
     return mode
+
+
+def calls_cpu() -> int | None:
+    """``AGENTIX_CALLS_CPU``: the CPU to pin the event loop's thread to, or
+    None (unset, empty or ``off``). ``auto`` is the highest-numbered CPU this
+    thread may run on (as the daemon's ``--calls_cpu=auto``). ValueError for
+    anything else, or a CPU this thread may not run on."""
+    setting = os.environ.get(CALLS_CPU_ENV, "").strip().lower()
+    if setting in ("", "off"):
+        return None
+    allowed = os.sched_getaffinity(0)
+    if setting == "auto":
+        return max(allowed)
+    if not setting.isdigit():
+        raise ValueError(f"{CALLS_CPU_ENV}={setting!r} is not off, auto or a CPU number")
+    cpu = int(setting)
+    if cpu not in allowed:
+        raise ValueError(f"{CALLS_CPU_ENV}={cpu} is not a CPU this process may run on ({sorted(allowed)})")
+    return cpu
 
 
 def calls_socket_path(target: str) -> str | None:
@@ -184,9 +213,11 @@ class FrameWire:
         Raises:
           RuntimeUnreachable: ``AGENTIX_CALLS_WIRE=frames`` and the frame wire
             cannot be used (no Unix target, TLS, or ``PATH.calls`` refuses).
-          ValueError: ``AGENTIX_CALLS_WIRE`` has another value.
+          ValueError: ``AGENTIX_CALLS_WIRE`` has another value, or
+            ``AGENTIX_CALLS_CPU`` a wrong one (see `calls_cpu`).
         """
         mode = wire_mode()
+        cpu = calls_cpu()
         if mode == "grpc":
             return None
         if self._path is None or self._tls:
@@ -206,6 +237,9 @@ class FrameWire:
             # An older daemon, or one run with --nocalls_socket: gRPC does the same job.
             _log.debug("frame wire %s not available, using gRPC: %r", self._path, error)
             return None
+        if cpu is not None:
+            # The calling thread only (pid 0): the loop that reads and writes the socket.
+            os.sched_setaffinity(0, {cpu})
         return FrameTransport(sock, metadata)
 
 
