@@ -18,7 +18,10 @@ Which wire carries the Calls stream (`FrameWire`): ``AGENTIX_CALLS_WIRE``
 ``auto`` uses the frame wire when the target is ``unix://PATH``
 without TLS and ``PATH.calls`` accepts a connection, else gRPC; ``frames``
 requires it (`RuntimeUnreachable` when it cannot be had); ``grpc`` never
-uses it. Unset is ``auto``. Logs, Traces and Namespace streams stay on gRPC.
+uses it. Unset is ``auto``. The same choice puts each plugin Namespace stream
+on the frame wire (a connection of its own whose HELLO says
+``agentix-stream: namespace``; `FrameWire.transport`); Logs and Traces stay on
+gRPC.
 """
 
 from __future__ import annotations
@@ -51,7 +54,9 @@ __all__ = [
     "HELLO",
     "MAX_PAYLOAD",
     "MESSAGE",
+    "NAMESPACE_STREAM",
     "STATUS",
+    "STREAM_KEY",
     "calls_socket_path",
     "encode_hello",
     "frame",
@@ -61,6 +66,10 @@ __all__ = [
 _log = logging.getLogger("agentix.runtime.client")
 
 CALLS_WIRE_ENV = "AGENTIX_CALLS_WIRE"
+# The HELLO key naming the RuntimeService stream a connection carries
+# (absent: Calls), and the Namespace stream's value.
+STREAM_KEY = "agentix-stream"
+NAMESPACE_STREAM = "namespace"
 _MODES = ("auto", "frames", "grpc")
 # Appended to a daemon's Unix socket path: where its frame wire listens.
 _CALLS_SUFFIX = ".calls"
@@ -167,8 +176,10 @@ class FrameWire:
         )(metadata=metadata)
         return CallsStream(rpc, pending, on_lost)
 
-    def transport(self, metadata: tuple) -> FrameTransport | None:
+    def transport(self, metadata: tuple, stream: str | None = None) -> FrameTransport | None:
         """A connected `FrameTransport` (HELLO sent), or None for gRPC.
+        `stream` names the RuntimeService stream it carries (HELLO's
+        `STREAM_KEY`; None: Calls).
 
         Raises:
           RuntimeUnreachable: ``AGENTIX_CALLS_WIRE=frames`` and the frame wire
@@ -195,6 +206,8 @@ class FrameWire:
             # An older daemon, or one run with --nocalls_socket: gRPC does the same job.
             _log.debug("frame wire %s not available, using gRPC: %r", self._path, error)
             return None
+        if stream is not None:
+            metadata = (*metadata, (STREAM_KEY, stream))
         return FrameTransport(sock, metadata)
 
 
@@ -252,12 +265,15 @@ class FrameTransport:
     def fileno(self) -> int:
         return self._fd
 
-    def write(self, pieces: list) -> int:
+    def write(self, pieces: list | bytes) -> int:
         """Sends one MESSAGE frame of the concatenated `pieces` (bytes and
-        memoryviews, kept until written); returns the bytes still waiting to
-        be written, or -1 when the stream is ending (`drain` brings its status)."""
+        memoryviews, kept until written; or one bytes message, as the native
+        transport takes it); returns the bytes still waiting to be written,
+        or -1 when the stream is ending (`drain` brings its status)."""
         if self._write_error is not None or self._status is not None or self._closed:
             return -1
+        if type(pieces) is bytes:
+            pieces = [pieces]
         size = 0
         for piece in pieces:
             size += len(piece)
