@@ -28,7 +28,6 @@ namespace {
 
 using runtime::v1::CallsRequest;
 using runtime::v1::CallsResponse;
-using runtime::v1::SandboxEvent;
 
 // The method paths HELLO's token is checked for: the stream it replaces.
 constexpr char kCallsMethod[] = "/agentix.runtime.v1.RuntimeService/Calls";
@@ -68,13 +67,15 @@ int PollTimeoutMs(absl::Time deadline) {
 }
 
 // Serializes `events` as MESSAGE frames of at most kMaxBatchBytes each
-// (one event bigger than that alone still goes alone), as the gRPC Calls
-// stream batches them. The message borrows the events (no copy of a
-// megabyte chunk into it); serializing only reads them.
-void AppendMessageFrames(const std::vector<SandboxEventPtr>& events,
+// (one event bigger than that alone still goes alone), as the gRPC streams
+// batch them: each frame is `batch` (the fields every message carries) with
+// its events in `field`, batch's repeated field. The message borrows the
+// events (no copy of a megabyte chunk into it); serializing only reads them.
+template <typename Response, typename Item>
+void AppendMessageFrames(Response& batch,
+                         google::protobuf::RepeatedPtrField<Item>* field,
+                         const std::vector<std::shared_ptr<const Item>>& events,
                          std::deque<std::string>& out) {
-  CallsResponse batch;
-  auto* field = batch.mutable_events();
   size_t bytes = 0;
   auto flush = [&] {
     if (field->empty()) return;
@@ -91,7 +92,7 @@ void AppendMessageFrames(const std::vector<SandboxEventPtr>& events,
   for (const auto& event : events) {
     const size_t framed = FramedItemBytes(event->ByteSizeLong());
     if (!field->empty() && bytes + framed > kMaxBatchBytes) flush();
-    field->UnsafeArenaAddAllocated(const_cast<SandboxEvent*>(event.get()));
+    field->UnsafeArenaAddAllocated(const_cast<Item*>(event.get()));
     bytes += framed;
   }
   flush();
@@ -112,7 +113,8 @@ class FrameSink final : public CallSink {
   bool Deliver(std::vector<SandboxEventPtr> events) override {
     if (events.empty()) return true;
     std::deque<std::string> frames;
-    AppendMessageFrames(events, frames);
+    CallsResponse batch;
+    AppendMessageFrames(batch, batch.mutable_events(), events, frames);
     return Write(std::move(frames));
   }
   // Writes whole `frames` (at once when nothing is queued, else after what
@@ -330,36 +332,13 @@ class FrameNamespaceSink final : public NamespaceStreamSink {
   }
 
  private:
-  // MESSAGE frames of at most kMaxBatchBytes of events each (one bigger
-  // event alone), as BatchingWriter batches them on gRPC.
+  // MESSAGE frames carrying the header's fields, batched as on gRPC.
   bool WriteLocked(const std::vector<NamespaceEventPtr>& events)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (events.empty()) return true;
     std::deque<std::string> frames;
     runtime::v1::NamespaceResponse batch = header_;
-    auto* field = batch.mutable_events();
-    size_t bytes = 0;
-    auto flush = [&] {
-      if (field->empty()) return;
-      const size_t size = batch.ByteSizeLong();
-      std::string frame(kFrameHeaderBytes + size, '\0');
-      EncodeFrameHeader(FrameKind::kMessage, static_cast<uint32_t>(size),
-                        frame.data());
-      batch.SerializeWithCachedSizesToArray(
-          reinterpret_cast<uint8_t*>(frame.data() + kFrameHeaderBytes));
-      // The message borrowed the events: give them back unfreed.
-      while (!field->empty()) field->UnsafeArenaReleaseLast();
-      frames.push_back(std::move(frame));
-      bytes = 0;
-    };
-    for (const auto& event : events) {
-      const size_t framed = FramedItemBytes(event->ByteSizeLong());
-      if (!field->empty() && bytes + framed > kMaxBatchBytes) flush();
-      field->UnsafeArenaAddAllocated(
-          const_cast<runtime::v1::NamespaceEvent*>(event.get()));
-      bytes += framed;
-    }
-    flush();
+    AppendMessageFrames(batch, batch.mutable_events(), events, frames);
     return writer_->Write(std::move(frames));
   }
 
