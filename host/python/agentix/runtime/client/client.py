@@ -47,15 +47,9 @@ from agentix.runtime.client.logs import LogCursor, LogsStream
 from agentix.runtime.client._sio_facade import AsyncClientNamespace
 from agentix.runtime.client.chunking import CHUNK_BYTES
 from agentix.runtime.client.channels import NativeTransport, bounded, close_channel, open_channel
-from agentix.runtime.client.frames import NAMESPACE_STREAM, FrameWire
+from agentix.runtime.client.frames import FrameWire
 from agentix.runtime.client.feeds import Feed, ensure_feeds, reopen_lost_feeds, settle_feeds, wait_barrier
-from agentix.runtime.client.namespaces import (
-    NAMESPACE_METHOD,
-    FrameNamespaceStream,
-    NamespaceSet,
-    NamespaceStream,
-    NativeNamespaceStream,
-)
+from agentix.runtime.client.namespaces import NamespaceSet, NamespaceStream, NativeNamespaceStream
 from agentix.runtime.client.reconnect import ReconnectPolicy
 from agentix.runtime.client.result import Failed, Ok, Result
 from agentix.runtime.client.pending import MAX_RESULT_BYTES, STREAM_END, PendingCall, SideBarrier, StartRequest
@@ -595,16 +589,9 @@ class RuntimeClient:
     def _namespace_stream(
         self, channel: grpc.aio.Channel, ns: AsyncClientNamespace
     ) -> NamespaceStream | NativeNamespaceStream:
-        """A new Namespace stream for `ns`: on the wire the Calls stream's
-        choice picks (`FrameWire`: the frame wire, else the native transport,
-        else grpc.aio)."""
-        frames = self._frames.transport(self._metadata, NAMESPACE_STREAM)
-        if frames is not None:
-            return FrameNamespaceStream(frames, ns)
-        transport = self._native.transport(self._metadata, NAMESPACE_METHOD)
-        if transport is not None:
-            return NativeNamespaceStream(transport, ns)
-        return NamespaceStream(pb_grpc.RuntimeServiceStub(channel).Namespace(metadata=self._metadata), ns)
+        """A new Namespace stream for `ns`, on the wire the Calls stream's
+        choice picks (`FrameWire.namespace_stream`)."""
+        return self._frames.namespace_stream(self._native, channel, self._metadata, ns)
 
     async def _reopen_namespaces(self) -> None:
         """Re-opens and confirms the namespaces' lost streams (a plugin's

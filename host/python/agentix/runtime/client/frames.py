@@ -41,9 +41,17 @@ import grpc
 
 from agentix.runtime.client import wire
 from agentix.runtime.client.channels import NativeTransport
+from agentix.runtime.client._sio_facade import AsyncClientNamespace
 from agentix.runtime.client.errors import RuntimeUnreachable
+from agentix.runtime.client.namespaces import (
+    NAMESPACE_METHOD,
+    FrameNamespaceStream,
+    NamespaceStream,
+    NativeNamespaceStream,
+)
 from agentix.runtime.client.pending import PendingCall
 from agentix.runtime.client.stream import CallsStream, NativeCallsStream
+from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
 
 __all__ = [
     "CALLS_WIRE_ENV",
@@ -176,6 +184,20 @@ class FrameWire:
         )(metadata=metadata)
         return CallsStream(rpc, pending, on_lost)
 
+    def namespace_stream(
+        self, native: NativeTransport, channel: grpc.aio.Channel, metadata: tuple, ns: AsyncClientNamespace
+    ) -> NamespaceStream | NativeNamespaceStream:
+        """A new Namespace stream for `ns`, chosen as `calls_stream` chooses:
+        on the frame wire (HELLO ``agentix-stream: namespace``), else on the
+        native transport, else on grpc.aio `channel`. Raises as `transport`."""
+        frames = self.transport(metadata, NAMESPACE_STREAM)
+        if frames is not None:
+            return FrameNamespaceStream(frames, ns)
+        transport = native.transport(metadata, NAMESPACE_METHOD)
+        if transport is not None:
+            return NativeNamespaceStream(transport, ns)
+        return NamespaceStream(pb_grpc.RuntimeServiceStub(channel).Namespace(metadata=metadata), ns)
+
     def transport(self, metadata: tuple, stream: str | None = None) -> FrameTransport | None:
         """A connected `FrameTransport` (HELLO sent), or None for gRPC.
         `stream` names the RuntimeService stream it carries (HELLO's
@@ -272,7 +294,7 @@ class FrameTransport:
         or -1 when the stream is ending (`drain` brings its status)."""
         if self._write_error is not None or self._status is not None or self._closed:
             return -1
-        if type(pieces) is bytes:
+        if isinstance(pieces, bytes):
             pieces = [pieces]
         size = 0
         for piece in pieces:
