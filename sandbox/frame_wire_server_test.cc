@@ -692,6 +692,31 @@ TEST_CASE("Namespace stream errors end it with gRPC's status codes",
   REQUIRE(h.manager.namespaces().OpenStreams() == 0);
 }
 
+TEST_CASE("A Namespace host that stops reading does not hold back call "
+          "results; its events wait for it",
+          "[frame_wire][namespace]") {
+  SessionOptions session = Harness::Options();
+  session.max_retained_bytes = 1u << 20;  // results unwritten past this pause the worker
+  Harness h(session);
+  Client ns(h.path);
+  HelloStream(ns, "namespace");
+  Open(ns, "/flood");
+  REQUIRE(ReadNamespaceMessage(ns).opened());
+  // 4 MiB of echoes the host does not read: far more than the socket holds.
+  const std::string data(64u << 10, 'f');
+  for (int i = 0; i < 64; ++i) SendEvent(ns, "blob", std::to_string(i), data);
+  absl::SleepFor(absl::Milliseconds(500));  // the echoes queue in the daemon
+  REQUIRE(EchoOnce(h.path, "meanwhile", "served") == "served");
+  int next = 0;
+  while (next < 64) {
+    const NamespaceResponse m = ReadNamespaceMessage(ns);
+    for (const auto& e : m.events()) {
+      REQUIRE(e.request_id() == std::to_string(next++));
+      REQUIRE(e.data() == data);
+    }
+  }
+}
+
 TEST_CASE("Stop ends a Namespace stream with STATUS 14",
           "[frame_wire][namespace]") {
   Harness h;
