@@ -695,7 +695,8 @@ TEST_CASE("Namespace stream errors end it with gRPC's status codes",
 TEST_CASE("A Namespace host that stops reading does not hold back call "
           "results; its events wait for it",
           "[frame_wire][namespace]") {
-  SessionOptions session = Harness::Options();
+  SessionOptions session;
+  session.worker.worker_path = "testing/fake_worker";
   session.max_retained_bytes = 1u << 20;  // results unwritten past this pause the worker
   Harness h(session);
   Client ns(h.path);
