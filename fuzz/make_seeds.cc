@@ -279,6 +279,24 @@ bool WriteNamespaceSeeds(const std::string& dir) {
 // What a host sends on PATH.calls: HELLO, MESSAGEs, HALF_CLOSE, in one
 // stream, and the refused shapes (unknown kind, oversized length, a bad
 // HELLO), plus a daemon's STATUS.
+// A Namespace stream on the frame wire: HELLO naming it, OpenNamespace, one
+// event, HALF_CLOSE.
+bool WriteNamespaceStreamSeed(const std::string& dir) {
+  using namespace agentix::sandbox;
+  const std::string hello = EncodeFrame(
+      FrameKind::kHello, EncodeHello({{"authorization", "Bearer t0k"},
+                                      {kFrameStreamKey, kFrameStreamNamespace}}));
+  agentix::runtime::v1::NamespaceRequest open;
+  open.mutable_open()->set_namespace_("/plug");
+  agentix::runtime::v1::NamespaceRequest event;
+  event.mutable_event()->set_event("ping");
+  event.mutable_event()->set_data("\x81\xa1x\x01");
+  return Write(dir, "namespace-stream",
+               hello + EncodeFrame(FrameKind::kMessage, open.SerializeAsString()) +
+                   EncodeFrame(FrameKind::kMessage, event.SerializeAsString()) +
+                   EncodeFrame(FrameKind::kHalfClose, ""));
+}
+
 bool WriteFrameWireSeeds(const std::string& dir) {
   using namespace agentix::sandbox;
   agentix::runtime::v1::CallsRequest request;
@@ -303,7 +321,8 @@ bool WriteFrameWireSeeds(const std::string& dir) {
          Write(dir, "unknown-kind", hello + std::string("\0\0\0\0\x09", 5)) &&
          Write(dir, "oversized",
                hello + std::string(oversized, sizeof(oversized))) &&
-         Write(dir, "bad-hello", EncodeFrame(FrameKind::kHello, "\x05\x00AB"));
+         Write(dir, "bad-hello", EncodeFrame(FrameKind::kHello, "\x05\x00AB")) &&
+         WriteNamespaceStreamSeed(dir);
 }
 
 }  // namespace

@@ -56,6 +56,12 @@ struct FrameView {
 // so a hostile length never makes the caller wait for or buffer its bytes.
 absl::StatusOr<FrameView> ParseFrame(absl::string_view buffer);
 
+// The HELLO key naming the RuntimeService stream a connection carries, and
+// its values (absent: Calls); another value is answered STATUS 12.
+inline constexpr char kFrameStreamKey[] = "agentix-stream";
+inline constexpr char kFrameStreamCalls[] = "calls";
+inline constexpr char kFrameStreamNamespace[] = "namespace";
+
 // HELLO's payload: `u16le key_len, key, u32le value_len, value`, repeated.
 using FrameMetadata = std::vector<std::pair<std::string, std::string>>;
 std::string EncodeHello(const FrameMetadata& metadata);

@@ -16,9 +16,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/grpc_status.h"
 #include "base/log.h"
 #include "sandbox/connection_guard.h"
 #include "sandbox/frame_codec.h"
+#include "sandbox/namespace_stream.h"
 #include "sandbox/wire_limits.h"
 
 namespace agentix::sandbox {
@@ -26,10 +28,11 @@ namespace {
 
 using runtime::v1::CallsRequest;
 using runtime::v1::CallsResponse;
-using runtime::v1::SandboxEvent;
 
-// The method path HELLO's token is checked for: the stream it replaces.
+// The method paths HELLO's token is checked for: the stream it replaces.
 constexpr char kCallsMethod[] = "/agentix.runtime.v1.RuntimeService/Calls";
+constexpr char kNamespaceMethod[] =
+    "/agentix.runtime.v1.RuntimeService/Namespace";
 // As the gRPC Calls stream: past this many unwritten bytes the stream's
 // frames are not read (no new calls) until a quarter of it is left.
 constexpr size_t kPauseReadsAboveBytes = 64u << 20;
@@ -64,13 +67,15 @@ int PollTimeoutMs(absl::Time deadline) {
 }
 
 // Serializes `events` as MESSAGE frames of at most kMaxBatchBytes each
-// (one event bigger than that alone still goes alone), as the gRPC Calls
-// stream batches them. The message borrows the events (no copy of a
-// megabyte chunk into it); serializing only reads them.
-void AppendMessageFrames(const std::vector<SandboxEventPtr>& events,
+// (one event bigger than that alone still goes alone), as the gRPC streams
+// batch them: each frame is `batch` (the fields every message carries) with
+// its events in `field`, batch's repeated field. The message borrows the
+// events (no copy of a megabyte chunk into it); serializing only reads them.
+template <typename Response, typename Item>
+void AppendMessageFrames(Response& batch,
+                         google::protobuf::RepeatedPtrField<Item>* field,
+                         const std::vector<std::shared_ptr<const Item>>& events,
                          std::deque<std::string>& out) {
-  CallsResponse batch;
-  auto* field = batch.mutable_events();
   size_t bytes = 0;
   auto flush = [&] {
     if (field->empty()) return;
@@ -87,7 +92,7 @@ void AppendMessageFrames(const std::vector<SandboxEventPtr>& events,
   for (const auto& event : events) {
     const size_t framed = FramedItemBytes(event->ByteSizeLong());
     if (!field->empty() && bytes + framed > kMaxBatchBytes) flush();
-    field->UnsafeArenaAddAllocated(const_cast<SandboxEvent*>(event.get()));
+    field->UnsafeArenaAddAllocated(const_cast<Item*>(event.get()));
     bytes += framed;
   }
   flush();
@@ -108,7 +113,13 @@ class FrameSink final : public CallSink {
   bool Deliver(std::vector<SandboxEventPtr> events) override {
     if (events.empty()) return true;
     std::deque<std::string> frames;
-    AppendMessageFrames(events, frames);
+    CallsResponse batch;
+    AppendMessageFrames(batch, batch.mutable_events(), events, frames);
+    return Write(std::move(frames));
+  }
+  // Writes whole `frames` (at once when nothing is queued, else after what
+  // is); false once the stream is ending or gone.
+  bool Write(std::deque<std::string> frames) {
     {
       absl::MutexLock lock(&mu_);
       if (closed_ || ending_ || broken_) return false;
@@ -140,6 +151,12 @@ class FrameSink final : public CallSink {
   const std::string& client_id() const override { return client_id_; }
   // Once, before the sink is registered with the manager.
   void SetClientId(std::string id) { client_id_ = std::move(id); }
+  // Counts the unwritten bytes in `shared` instead (a Namespace stream's
+  // are not results). Before anything is queued.
+  void CountIn(std::shared_ptr<std::atomic<int64_t>> shared) {
+    absl::MutexLock lock(&mu_);
+    shared_ = std::move(shared);
+  }
 
   // Queues the stream's STATUS frame (after what is queued, or instead of
   // it with `drop_queued`); later deliveries are refused. Once.
@@ -256,7 +273,7 @@ class FrameSink final : public CallSink {
 
   const int fd_;
   const int wake_fd_;
-  const std::shared_ptr<std::atomic<int64_t>> shared_;
+  std::shared_ptr<std::atomic<int64_t>> shared_ ABSL_GUARDED_BY(mu_);
   std::string client_id_;
   absl::Mutex mu_;
   std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);  // whole frames
@@ -266,6 +283,71 @@ class FrameSink final : public CallSink {
   bool ending_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// The write side of a Namespace stream on the frame wire: serializes
+// NamespaceResponse MESSAGE frames and writes them through the connection's
+// FrameSink (used only as a frame writer: it is never registered with the
+// manager). Deliver runs on the worker-reader thread and writes at once, as
+// for results.
+class FrameNamespaceSink final : public NamespaceStreamSink {
+ public:
+  explicit FrameNamespaceSink(std::shared_ptr<FrameSink> writer)
+      : writer_(std::move(writer)) {}
+
+  bool Deliver(std::vector<NamespaceEventPtr> events) override {
+    absl::MutexLock lock(&mu_);  // keeps the frames in delivery order
+    if (failed_) return false;
+    if (holding_) {
+      for (auto& event : events) held_.push_back(std::move(event));
+      return true;
+    }
+    return WriteLocked(events);
+  }
+  void HoldUntilOpened(runtime::v1::NamespaceResponse header) override {
+    absl::MutexLock lock(&mu_);
+    header_ = std::move(header);
+    holding_ = true;
+  }
+  void WriteOpened(runtime::v1::NamespaceResponse opened) override {
+    absl::MutexLock lock(&mu_);
+    holding_ = false;
+    if (failed_) return;
+    std::deque<std::string> frames;
+    frames.push_back(EncodeFrame(FrameKind::kMessage, opened.SerializeAsString()));
+    if (!writer_->Write(std::move(frames))) return;
+    std::vector<NamespaceEventPtr> held;
+    held.swap(held_);
+    WriteLocked(held);
+  }
+  void Fail(const absl::Status& status) override {
+    {
+      absl::MutexLock lock(&mu_);
+      failed_ = true;
+      held_.clear();
+    }
+    writer_->End(status.code(),
+                 base::TruncateMessage(std::string(status.message())),
+                 /*drop_queued=*/true);
+  }
+
+ private:
+  // MESSAGE frames carrying the header's fields, batched as on gRPC.
+  bool WriteLocked(const std::vector<NamespaceEventPtr>& events)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (events.empty()) return true;
+    std::deque<std::string> frames;
+    runtime::v1::NamespaceResponse batch = header_;
+    AppendMessageFrames(batch, batch.mutable_events(), events, frames);
+    return writer_->Write(std::move(frames));
+  }
+
+  const std::shared_ptr<FrameSink> writer_;
+  absl::Mutex mu_;
+  runtime::v1::NamespaceResponse header_ ABSL_GUARDED_BY(mu_);
+  bool holding_ ABSL_GUARDED_BY(mu_) = false;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<NamespaceEventPtr> held_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -476,6 +558,7 @@ class FrameWireServer::Connection {
     if (half_closed_) return Refuse("a frame after HALF_CLOSE");
     switch (frame.kind) {
       case FrameKind::kMessage:
+        if (namespace_ != nullptr) return NamespaceMessage(frame.payload);
         request_.Clear();
         if (!request_.ParseFromArray(frame.payload.data(),
                                      static_cast<int>(frame.payload.size()))) {
@@ -501,6 +584,17 @@ class FrameWireServer::Connection {
     }
   }
 
+  // False once the stream ends (as on gRPC, an unparseable message ends it).
+  bool NamespaceMessage(absl::string_view payload) {
+    ns_request_.Clear();
+    if (!ns_request_.ParseFromArray(payload.data(),
+                                    static_cast<int>(payload.size()))) {
+      namespace_->BadMessage("not a valid protobuf encoding");
+      return false;
+    }
+    return namespace_->Handle(ns_request_);
+  }
+
   bool Refuse(absl::string_view why) {
     sink_->End(absl::StatusCode::kInvalidArgument, why, false);
     return false;
@@ -509,13 +603,27 @@ class FrameWireServer::Connection {
   bool Hello(absl::string_view payload) {
     absl::StatusOr<FrameMetadata> metadata = DecodeHello(payload);
     if (!metadata.ok()) return Refuse(metadata.status().message());
+    // Which RuntimeService stream the connection carries; absent: Calls.
+    const std::string* stream = FindMetadata(*metadata, kFrameStreamKey);
+    const bool calls = stream == nullptr || *stream == kFrameStreamCalls;
+    if (!calls && *stream != kFrameStreamNamespace) {
+      sink_->End(absl::StatusCode::kUnimplemented,
+                 absl::StrCat("the frame wire carries no stream named '",
+                              base::TruncateMessage(*stream, 64),
+                              "' (", kFrameStreamKey, " is '",
+                              kFrameStreamCalls, "' or '",
+                              kFrameStreamNamespace, "')"),
+                 false);
+      return false;
+    }
     if (const auto& gate = server_->options_.gate) {
       const std::string* authorization =
           FindMetadata(*metadata, kAuthorizationKey);
       absl::string_view presented;
       if (authorization != nullptr) presented = *authorization;
-      const TokenGate::Verdict verdict = gate->Check(
-          kCallsMethod, authorization != nullptr ? &presented : nullptr);
+      const TokenGate::Verdict verdict =
+          gate->Check(calls ? kCallsMethod : kNamespaceMethod,
+                      authorization != nullptr ? &presented : nullptr);
       if (verdict.code != absl::StatusCode::kOk) {
         sink_->End(verdict.code, verdict.message, false);
         return false;
@@ -523,6 +631,16 @@ class FrameWireServer::Connection {
     }
     // The connection read last on this thread is this one (recvmsg).
     MarkCurrentConnectionAuthenticated();
+    if (!calls) {
+      sink_->CountIn(std::make_shared<std::atomic<int64_t>>(0));
+      namespace_ = std::make_unique<NamespaceStream>(
+          manager_, std::make_shared<FrameNamespaceSink>(sink_));
+      if (server_->options_.activity != nullptr) {
+        server_->options_.activity->Opened();
+      }
+      hello_done_ = true;
+      return true;
+    }
     const std::string* client = FindMetadata(*metadata, "agentix-client-id");
     if (client != nullptr && client->size() <= kMaxCallIdBytes) {
       sink_->SetClientId(*client);
@@ -537,8 +655,9 @@ class FrameWireServer::Connection {
 
   void Finish() {
     sink_->Close();
+    if (namespace_ != nullptr) namespace_->Close();
     if (hello_done_) {
-      manager_->DetachSink(sink_.get());
+      if (namespace_ == nullptr) manager_->DetachSink(sink_.get());
       manager_->ReleaseMemorySoon();
       if (server_->options_.activity != nullptr) {
         server_->options_.activity->Closed();
@@ -564,6 +683,9 @@ class FrameWireServer::Connection {
   absl::Time end_deadline_ = absl::InfiniteFuture();
   absl::Duration spin_window_ = server_->options_.spin;
   CallsRequest request_;
+  // Set by a HELLO naming the Namespace stream.
+  std::unique_ptr<NamespaceStream> namespace_;
+  runtime::v1::NamespaceRequest ns_request_;
 };
 
 FrameWireServer::FrameWireServer(SessionManager* manager,

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -580,6 +581,232 @@ TEST_CASE("A spinning connection thread serves calls and stops spinning on a "
   CHECK(spent < absl::Milliseconds(250));
   c.HalfClose();
   REQUIRE(c.ReadToStatus().code == 0);
+}
+
+// --- The Namespace stream on the frame wire (HELLO agentix-stream) ---
+
+using runtime::v1::NamespaceRequest;
+using runtime::v1::NamespaceResponse;
+
+void HelloStream(Client& c, const std::string& stream,
+                 const std::string& token = kToken) {
+  FrameMetadata metadata;
+  if (!token.empty()) metadata.emplace_back("authorization", "Bearer " + token);
+  metadata.emplace_back(kFrameStreamKey, stream);
+  c.Send(FrameKind::kHello, EncodeHello(metadata));
+}
+
+void Open(Client& c, const std::string& name) {
+  NamespaceRequest open;
+  open.mutable_open()->set_namespace_(name);
+  c.Send(FrameKind::kMessage, open.SerializeAsString());
+}
+
+void SendEvent(Client& c, const std::string& event, const std::string& id,
+               const std::string& data) {
+  NamespaceRequest request;
+  auto* e = request.mutable_event();
+  e->set_event(event);
+  e->set_request_id(id);
+  e->set_data(data);
+  c.Send(FrameKind::kMessage, request.SerializeAsString());
+}
+
+// Reads to the STATUS frame (then EOF); the NamespaceResponses before it go
+// to `messages`.
+FrameStatus NamespaceReadToStatus(Client& c,
+                                  std::vector<NamespaceResponse>* messages) {
+  for (;;) {
+    std::optional<Frame> frame = c.Read();
+    REQUIRE(frame.has_value());
+    if (frame->kind == FrameKind::kStatus) {
+      auto status = DecodeStatus(frame->payload);
+      REQUIRE(status.ok());
+      REQUIRE(!c.Read().has_value());
+      return *status;
+    }
+    REQUIRE(frame->kind == FrameKind::kMessage);
+    NamespaceResponse response;
+    REQUIRE(response.ParseFromString(frame->payload));
+    if (messages != nullptr) messages->push_back(std::move(response));
+  }
+}
+
+NamespaceResponse ReadNamespaceMessage(Client& c) {
+  std::optional<Frame> frame = c.Read();
+  REQUIRE(frame.has_value());
+  INFO(frame->payload);
+  REQUIRE(frame->kind == FrameKind::kMessage);
+  NamespaceResponse response;
+  REQUIRE(response.ParseFromString(frame->payload));
+  return response;
+}
+
+TEST_CASE("A Namespace stream runs over the frame wire: opened first, host "
+          "events reach the worker, its events come back; HALF_CLOSE ends "
+          "it with STATUS 0",
+          "[frame_wire][namespace]") {
+  Harness h;
+  Client c(h.path);
+  // Pipelined: HELLO, OpenNamespace and an event without waiting.
+  HelloStream(c, "namespace");
+  Open(c, "/plug");
+  SendEvent(c, "ping", "r1", "payload-1");
+  const NamespaceResponse opened = ReadNamespaceMessage(c);
+  REQUIRE(opened.opened());
+  REQUIRE(opened.events_size() == 0);
+  REQUIRE(opened.namespace_() == "/plug");
+  REQUIRE(opened.instance_id() == h.manager.logs().instance_id());
+  REQUIRE(h.manager.namespaces().Subscribers("/plug") == 1);
+  const NamespaceResponse reply = ReadNamespaceMessage(c);
+  REQUIRE(!reply.opened());
+  REQUIRE(reply.namespace_() == "/plug");
+  REQUIRE(reply.events_size() == 1);
+  REQUIRE(reply.events(0).event() == "ping:result");
+  REQUIRE(reply.events(0).request_id() == "r1");
+  REQUIRE(reply.events(0).data() == "payload-1");
+  // Many events in order; the calls stream beside it is unaffected.
+  for (int i = 0; i < 50; ++i) {
+    SendEvent(c, "seq", std::to_string(i), "d" + std::to_string(i));
+  }
+  REQUIRE(EchoOnce(h.path, "beside", "calls too") == "calls too");
+  int next = 0;
+  while (next < 50) {
+    const NamespaceResponse m = ReadNamespaceMessage(c);
+    for (const auto& e : m.events()) {
+      REQUIRE(e.event() == "seq:result");
+      REQUIRE(e.request_id() == std::to_string(next++));
+    }
+  }
+  // As on gRPC, a half-closed stream ends once what is queued is written.
+  c.HalfClose();
+  std::vector<NamespaceResponse> messages;
+  REQUIRE(NamespaceReadToStatus(c, &messages).code == 0);
+  REQUIRE(messages.empty());
+  // The stream left the hub when it ended.
+  for (int i = 0; i < 500 && h.manager.namespaces().OpenStreams() != 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  REQUIRE(h.manager.namespaces().OpenStreams() == 0);
+}
+
+TEST_CASE("A HELLO naming an unknown stream gets STATUS 12; a namespace HELLO "
+          "with a wrong token gets STATUS 16",
+          "[frame_wire][namespace]") {
+  Harness h;
+  {
+    Client c(h.path);
+    HelloStream(c, "logs");
+    Open(c, "/plug");  // pipelined behind the refused HELLO: ignored
+    const FrameStatus status = NamespaceReadToStatus(c, nullptr);
+    REQUIRE(status.code == 12);
+    REQUIRE(absl::StrContains(status.details, "logs"));
+    REQUIRE(absl::StrContains(status.details, "namespace"));
+  }
+  for (const std::string token : {"wrong", ""}) {
+    Client c(h.path);
+    HelloStream(c, "namespace", token);
+    Open(c, "/plug");
+    REQUIRE(NamespaceReadToStatus(c, nullptr).code == 16);
+  }
+  REQUIRE(h.manager.namespaces().OpenStreams() == 0);
+  // An explicit "calls" is the Calls stream.
+  Client calls(h.path);
+  HelloStream(calls, "calls");
+  CallsRequest req;
+  AddStart(req, "explicit", "fake::echo", "yes");
+  calls.Request(req);
+  calls.HalfClose();
+  std::vector<CallsResponse> messages;
+  REQUIRE(calls.ReadToStatus(&messages).code == 0);
+  REQUIRE(Results(messages)["explicit"] == "yes");
+}
+
+TEST_CASE("Namespace stream errors end it with gRPC's status codes",
+          "[frame_wire][namespace]") {
+  Harness h;
+  struct Case {
+    std::string name;
+    std::function<void(Client&)> send;
+    uint32_t code;
+  };
+  const std::vector<Case> cases = {
+      {"reserved name", [](Client& c) { Open(c, "/rpc"); }, 3},
+      {"no leading slash", [](Client& c) { Open(c, "plug"); }, 3},
+      {"event before open",
+       [](Client& c) { SendEvent(c, "ping", "r", "x"); }, 9},
+      {"second open",
+       [](Client& c) {
+         Open(c, "/plug");
+         Open(c, "/other");
+       },
+       9},
+      {"reserved event",
+       [](Client& c) {
+         Open(c, "/plug");
+         SendEvent(c, kHostConnectedEvent, "", "");
+       },
+       3},
+      {"event name too long",
+       [](Client& c) {
+         Open(c, "/plug");
+         SendEvent(c, std::string(kMaxEventNameBytes + 1, 'e'), "", "");
+       },
+       3},
+      {"unparseable message",
+       [](Client& c) { c.Send(FrameKind::kMessage, "\xff\xff\xff"); }, 3},
+  };
+  for (const auto& test : cases) {
+    INFO(test.name);
+    Client c(h.path);
+    HelloStream(c, "namespace");
+    test.send(c);
+    const FrameStatus status = NamespaceReadToStatus(c, nullptr);
+    REQUIRE(status.code == test.code);
+    REQUIRE(!status.details.empty());
+  }
+  for (int i = 0; i < 500 && h.manager.namespaces().OpenStreams() != 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  REQUIRE(h.manager.namespaces().OpenStreams() == 0);
+}
+
+TEST_CASE("A Namespace host that stops reading does not hold back call "
+          "results; its events wait for it",
+          "[frame_wire][namespace]") {
+  SessionOptions session;
+  session.worker.worker_path = "testing/fake_worker";
+  session.max_retained_bytes = 1u << 20;  // results unwritten past this pause the worker
+  Harness h(session);
+  Client ns(h.path);
+  HelloStream(ns, "namespace");
+  Open(ns, "/flood");
+  REQUIRE(ReadNamespaceMessage(ns).opened());
+  // 4 MiB of echoes the host does not read: far more than the socket holds.
+  const std::string data(64u << 10, 'f');
+  for (int i = 0; i < 64; ++i) SendEvent(ns, "blob", std::to_string(i), data);
+  absl::SleepFor(absl::Milliseconds(500));  // the echoes queue in the daemon
+  REQUIRE(EchoOnce(h.path, "meanwhile", "served") == "served");
+  int next = 0;
+  while (next < 64) {
+    const NamespaceResponse m = ReadNamespaceMessage(ns);
+    for (const auto& e : m.events()) {
+      REQUIRE(e.request_id() == std::to_string(next++));
+      REQUIRE(e.data() == data);
+    }
+  }
+}
+
+TEST_CASE("Stop ends a Namespace stream with STATUS 14",
+          "[frame_wire][namespace]") {
+  Harness h;
+  Client c(h.path);
+  HelloStream(c, "namespace");
+  Open(c, "/plug");
+  REQUIRE(ReadNamespaceMessage(c).opened());
+  h.server->Stop();
+  REQUIRE(NamespaceReadToStatus(c, nullptr).code == 14);
+  REQUIRE(h.manager.namespaces().OpenStreams() == 0);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "base/grpc_status.h"
 #include "base/log.h"
 #include "sandbox/batching_writer.h"
+#include "sandbox/namespace_stream.h"
 
 namespace agentix::sandbox {
 namespace {
@@ -284,9 +285,9 @@ struct NamespaceEvents {
   }
 };
 
-// The write side of one Namespace stream.
+// The write side of one Namespace stream on gRPC.
 class NamespaceSink final
-    : public NamespaceSubscriber,
+    : public NamespaceStreamSink,
       public BatchingWriter<runtime::v1::NamespaceRequest,
                             runtime::v1::NamespaceResponse,
                             runtime::v1::NamespaceEvent, NamespaceEvents> {
@@ -295,16 +296,26 @@ class NamespaceSink final
   bool Deliver(std::vector<NamespaceEventPtr> events) override {
     return Enqueue(std::move(events));
   }
+  void HoldUntilOpened(runtime::v1::NamespaceResponse header) override {
+    SetHeader(std::move(header));
+    HoldUntilFirst();
+  }
+  void WriteOpened(runtime::v1::NamespaceResponse opened) override {
+    WriteFirst(std::move(opened));
+  }
+  void Fail(const absl::Status& status) override {
+    BatchingWriter::Fail(base::ToGrpcStatus(status));
+  }
 };
 
-// One Namespace stream: OpenNamespace registers it with the hub (answered
-// by an `opened` message), later events go to the worker.
+// One Namespace stream on gRPC: the reactions hand each message to the
+// stream's transport-independent logic (namespace_stream.h).
 class NamespaceReactor final
     : public ServerStream<runtime::v1::NamespaceRequest,
                           runtime::v1::NamespaceResponse> {
  public:
   explicit NamespaceReactor(SessionManager* manager)
-      : manager_(manager), sink_(std::make_shared<NamespaceSink>(this)) {}
+      : sink_(std::make_shared<NamespaceSink>(this)), stream_(manager, sink_) {}
 
  private:
   void OnStart() override { StartRead(&request_); }
@@ -314,87 +325,27 @@ class NamespaceReactor final
       sink_->OnReadsDone();
       return;
     }
-    if (request_.has_open()) {
-      Open(request_.open().namespace_());
-    } else if (request_.has_event()) {
-      if (name_.empty()) {
-        sink_->Fail(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                 "send OpenNamespace before any event"));
-        return;
-      }
-      const absl::Status valid = NamespaceHub::CheckHostEvent(request_.event());
-      if (!valid.ok()) {
-        sink_->Fail(base::ToGrpcStatus(valid));
-        return;
-      }
-      absl::Status sent = manager_->SendNamespaceEvent(name_, request_.event());
-      if (!sent.ok()) {
-        sink_->Fail(base::ToGrpcStatus(sent));
-        return;
-      }
-    }
+    if (!stream_.Handle(request_)) return;
     request_.Clear();
     StartRead(&request_);
   }
 
   void OnBadMessage(const std::string& error) override {
-    sink_->Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                             "unparseable NamespaceRequest message (" + error +
-                                 ")"));
+    stream_.BadMessage(error);
   }
 
   void OnWriteDone(bool ok) override { sink_->OnWriteDone(ok); }
   void OnCancel() override { sink_->OnCancel(); }
 
   void OnDone() override {
-    manager_->namespaces().Unsubscribe(sink_.get());
+    stream_.Close();
     sink_->Detach();
     delete this;
   }
 
-  void Open(const std::string& name) {
-    if (!name_.empty()) {
-      sink_->Fail(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                               "this stream already carries namespace " +
-                                   name_ + "; open one stream per namespace"));
-      return;
-    }
-    absl::Status valid = NamespaceHub::CheckName(name);
-    if (!valid.ok()) {
-      sink_->Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                               std::string(valid.message())));
-      return;
-    }
-    name_ = name;
-    runtime::v1::NamespaceResponse header;
-    header.set_namespace_(name);
-    header.set_instance_id(manager_->logs().instance_id());
-    sink_->SetHeader(header);
-    header.set_opened(true);
-    // Events broadcast from the moment of subscribing wait behind the
-    // handshake, so `opened` is always the first message.
-    sink_->HoldUntilFirst();
-    absl::Status subscribed = manager_->namespaces().Subscribe(name, sink_);
-    if (!subscribed.ok()) {
-      name_.clear();
-      sink_->Fail(base::ToGrpcStatus(subscribed));
-      return;
-    }
-    sink_->WriteFirst(std::move(header));
-    // Tells the sandbox a host is listening, so requests whose event or
-    // reply a broken connection lost are sent again (agentix.sio).
-    absl::Status told =
-        manager_->SendNamespaceEvent(name, NamespaceHub::HostConnectedEvent());
-    if (!told.ok()) {
-      AGX_LOG(Debug, "namespace {}: worker not told of the host: {}", name,
-              std::string(told.message()));
-    }
-  }
-
-  SessionManager* const manager_;
   std::shared_ptr<NamespaceSink> sink_;
+  NamespaceStream stream_;
   runtime::v1::NamespaceRequest request_;
-  std::string name_;  // only touched by read reactions
 };
 
 using AsyncService = RuntimeServiceImpl::Service;

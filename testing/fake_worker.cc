@@ -26,6 +26,7 @@
 //                  returns "logged"
 //   fake::stream   streams <arguments> items "0", "1", ... honouring the
 //                  call's stream window and stream_ack frames, then "end"
+// A namespace event from a host is echoed back as "<event>:result".
 // FAKE_WORKER_BOOT=fail|exit|hang simulates a worker that cannot start.
 // A set_env frame's entries are applied with setenv and answered with
 // env_set; FAKE_WORKER_SET_ENV=refuse answers with an error detail instead,
@@ -378,6 +379,20 @@ int main(int argc, char** argv) {
           }
           if (set_mode == "slow") usleep(400 * 1000);
           Send(ack);
+          break;
+        }
+        case FrameType::kNamespaceEvent: {
+          // Echoes a host's event as "<event>:result" (same request_id and
+          // data) on the same namespace; the daemon's own
+          // agentix:host_connected is not answered.
+          if (f.ns.event == "agentix:host_connected") break;
+          Frame reply;
+          reply.type = FrameType::kNamespaceEvent;
+          reply.ns.name = f.ns.name;
+          reply.ns.event = f.ns.event + ":result";
+          reply.ns.request_id = f.ns.request_id;
+          reply.data = f.data;
+          Send(reply);
           break;
         }
         case FrameType::kShutdown:

@@ -152,3 +152,82 @@ def test_nocalls_socket_leaves_grpc_alone(start_daemon):
     calls_path = daemon.socket_path.with_name(daemon.socket_path.name + ".calls")
     assert not calls_path.exists()
     assert daemon.socket_path.exists()
+
+
+# --- the Namespace stream on the frame wire (HELLO agentix-stream) ---------
+
+
+def _namespace_hello(client, stream="namespace", token=TOKEN):
+    pairs = [("authorization", f"Bearer {token}"), ("agentix-stream", stream)]
+    client.send(HELLO, b"".join(
+        struct.pack("<H", len(k)) + k.encode() + struct.pack("<I", len(v)) + v.encode() for k, v in pairs
+    ))
+
+
+def _namespace_request(**kind):
+    return pb.NamespaceRequest(**kind).SerializeToString()
+
+
+def _namespace_status(client):
+    """(code, details) of the STATUS ending a namespace stream, skipping messages."""
+    while True:
+        frame = client.read()
+        assert frame is not None, "EOF before STATUS"
+        if frame[0] == STATUS:
+            assert client.read() is None
+            return struct.unpack("<I", frame[1][:4])[0], frame[1][4:].decode()
+
+
+def test_a_plugin_namespace_over_the_frame_wire(start_daemon, tmp_path):
+    from agentix.runtime.shared.codec import pack, unpack
+
+    daemon = start_daemon(extra_args=["--token-file", _token_file(tmp_path), "--auth-timeout-s", "1"])
+    calls_path = daemon.socket_path.with_name(daemon.socket_path.name + ".calls")
+    # The sandbox registers its /echo namespace (plugin_targets.py).
+    calls = FrameClient(calls_path)
+    calls.hello()
+    calls.call("register", "plugin_targets::configs_seen")
+    calls.send(HALF_CLOSE)
+    code, _, events = calls.read_to_status()
+    assert code == 0 and pickle.loads(events["register"].result.value) == []
+    calls.close()
+
+    ns = FrameClient(calls_path)
+    _namespace_hello(ns)
+    ns.send(MESSAGE, _namespace_request(open=pb.OpenNamespace(namespace="/echo")))
+    kind, payload = ns.read()
+    opened = pb.NamespaceResponse.FromString(payload)
+    assert kind == MESSAGE and opened.opened and opened.namespace == "/echo" and opened.instance_id
+    # Past the connection guard's auth timeout: the HELLO authenticated it.
+    time.sleep(2.0)
+    ns.send(MESSAGE, _namespace_request(event=pb.NamespaceEvent(event="ping", data=pack({"n": 1}))))
+    kind, payload = ns.read()
+    (pong,) = pb.NamespaceResponse.FromString(payload).events
+    assert kind == MESSAGE and pong.event == "pong" and unpack(pong.data) == {"echo": {"n": 1}}
+    # The daemon's own event name is refused as on gRPC, and ends the stream.
+    ns.send(MESSAGE, _namespace_request(event=pb.NamespaceEvent(event="agentix:host_connected")))
+    code, details = _namespace_status(ns)
+    assert code == 3 and "reserved" in details
+    ns.close()
+
+
+def test_namespace_frame_streams_refuse_unknown_streams_and_bad_tokens(start_daemon, tmp_path):
+    daemon = start_daemon(extra_args=["--token-file", _token_file(tmp_path)])
+    calls_path = daemon.socket_path.with_name(daemon.socket_path.name + ".calls")
+    unknown = FrameClient(calls_path)
+    _namespace_hello(unknown, stream="traces")
+    code, details = _namespace_status(unknown)
+    assert code == 12 and "traces" in details and "namespace" in details
+    unknown.close()
+    for token in ("wrong", ""):
+        bad = FrameClient(calls_path)
+        _namespace_hello(bad, token=token)
+        code, details = _namespace_status(bad)
+        assert code == 16, details
+        bad.close()
+    reserved = FrameClient(calls_path)
+    _namespace_hello(reserved)
+    reserved.send(MESSAGE, _namespace_request(open=pb.OpenNamespace(namespace="/rpc")))
+    code, details = _namespace_status(reserved)
+    assert code == 3 and "reserved" in details
+    reserved.close()

@@ -19,13 +19,16 @@ from conftest import wait_for
 pytestmark = pytest.mark.asyncio
 
 
-@pytest.fixture(autouse=True, params=["native", "aio"])
+@pytest.fixture(autouse=True, params=["native", "aio", "frames"])
 def transport(request, monkeypatch):
-    """Every test runs with the host's streams on the native transport and on grpc.aio."""
-    if request.param == "native":
-        monkeypatch.delenv("AGENTIX_NATIVE_TRANSPORT", raising=False)
-    else:
+    """Every test runs with the host's streams on the native transport, on
+    grpc.aio, and on the daemon's frame wire (the default for a unix://
+    target: AGENTIX_CALLS_WIRE=auto)."""
+    monkeypatch.setenv("AGENTIX_CALLS_WIRE", "auto" if request.param == "frames" else "grpc")
+    if request.param == "aio":
         monkeypatch.setenv("AGENTIX_NATIVE_TRANSPORT", "0")
+    else:
+        monkeypatch.delenv("AGENTIX_NATIVE_TRANSPORT", raising=False)
     return request.param
 
 
@@ -79,12 +82,13 @@ async def test_sandbox_requests_an_answer_from_the_host_while_the_call_runs(plug
 
 
 async def test_the_selected_transport_carries_the_namespace(plugin, transport):
-    from agentix.runtime.client.namespaces import NamespaceStream, NativeNamespaceStream
+    from agentix.runtime.client.namespaces import FrameNamespaceStream, NamespaceStream, NativeNamespaceStream
 
     client, _ = plugin
     assert await client.remote(p.ask, "which") == {"a": "WHICH"}
     stream = client._namespace_streams["/echo"]
-    assert type(stream) is (NativeNamespaceStream if transport == "native" else NamespaceStream)
+    expected = {"native": NativeNamespaceStream, "aio": NamespaceStream, "frames": FrameNamespaceStream}[transport]
+    assert type(stream) is expected
 
 
 async def test_concurrent_calls_each_get_their_own_answer(plugin):

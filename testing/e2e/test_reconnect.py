@@ -189,11 +189,14 @@ async def test_large_uploads_and_streams_resume_across_cuts(daemon, proxy):
         assert {k: v for k, v in executions.items() if str(k).startswith("big")} == {"big0": 1, "big1": 1, "big2": 1}
 
 
-async def test_namespace_streams_of_cut_connections_are_released(start_daemon, tmp_path):
+@pytest.mark.parametrize("wire", ["frames", "grpc"])
+async def test_namespace_streams_of_cut_connections_are_released(start_daemon, tmp_path, monkeypatch, wire):
     from agentix import AsyncClientNamespace
 
     daemon = start_daemon(extra_args=["--max-namespace-streams", "3"])
-    proxy = CuttingProxy(str(tmp_path / "ns-proxy.sock"), str(daemon.socket_path))
+    # On the frame wire the namespace streams' connections are cut too.
+    monkeypatch.setenv("AGENTIX_CALLS_WIRE", wire)
+    proxy = Proxies(str(tmp_path / "ns-proxy.sock"), str(daemon.socket_path), wire == "frames")
     proxy.start()
     try:
         client = RuntimeClient(proxy.url)

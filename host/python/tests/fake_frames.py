@@ -1,6 +1,7 @@
 """The daemon's frame wire (docs/FRAME-WIRE.md) in front of a FakeRuntime's
-``Calls``, for client tests: the same fake serves the Calls stream on
-``PATH.calls`` as on gRPC. Frames are encoded and decoded here on their own
+``Calls`` and ``Namespace``, for client tests: the same fake serves the Calls
+stream on ``PATH.calls`` as on gRPC, and a Namespace stream on a connection
+whose HELLO says ``agentix-stream: namespace`` (another value: STATUS 12). Frames are encoded and decoded here on their own
 (not with agentix.runtime.client.frames), so the tests check the client
 against the spec, not against itself.
 
@@ -11,6 +12,8 @@ with a bare EOF instead of a STATUS frame.
 
 import asyncio
 import struct
+
+import grpc
 
 from agentix.runtime.v1 import runtime_pb2 as pb
 
@@ -78,6 +81,22 @@ class _Context:
         raise _Aborted
 
 
+class _NamespaceContext(_Context):
+    """What FakeRuntime.Namespace uses: `read` as on a grpc.aio context."""
+
+    def __init__(self, server: "FrameServer", reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        super().__init__(server, writer)
+        self._reader = reader
+
+    async def read(self):
+        next_frame = await read_frame(self._reader)
+        if next_frame is None or next_frame[0] == HALF_CLOSE:
+            return grpc.aio.EOF
+        kind, payload = next_frame
+        assert kind == MESSAGE, f"unexpected frame kind {kind}"
+        return pb.NamespaceRequest.FromString(payload)
+
+
 class FrameServer:
     """Serves `fake.Calls` on the Unix socket `path` over the frame wire."""
 
@@ -110,7 +129,19 @@ class FrameServer:
             if first is None or first[0] != HELLO:
                 writer.write(status_frame(3, "the first frame must be HELLO"))
                 return
-            self.hellos.append(decode_hello(first[1]))
+            hello = decode_hello(first[1])
+            self.hellos.append(hello)
+            stream = hello.get("agentix-stream", "calls")
+            if stream == "namespace":
+                try:
+                    await self.fake.Namespace(None, _NamespaceContext(self, reader, writer))
+                except _Aborted:
+                    return
+                writer.write(status_frame(0))
+                return
+            if stream != "calls":
+                writer.write(status_frame(12, f"no stream named {stream!r}"))
+                return
 
             async def requests():
                 while (next_frame := await read_frame(reader)) is not None:

@@ -274,17 +274,17 @@ async def test_the_frame_wire_leaves_the_native_channel_unopened_until_needed(fr
         assert await client.remote(sandbox_functions.add, 1, 2) == 3
         assert type(client._stream) is FrameCallsStream
         assert client._native.channel is None
-        # Made on first use (a Namespace stream on the native transport).
+        # Made on first use (a stream that falls back to the native transport).
         assert client._native.transport(client._metadata, NAMESPACE_METHOD) is not None
         assert client._native.channel is not None
-    # Made beside the probe (connecting while GetInfo runs) when the client
-    # will need it: a namespace is registered already, or the Calls stream
-    # is on gRPC.
+    # A registered namespace rides the frame wire as well: still unopened.
     client = RuntimeClient(framed.url)
     client.register_namespace(AsyncClientNamespace("/plug"))
     await client.health()
-    assert client._native.channel is not None
+    assert client._native.channel is None
     await client.close()
+    # Made beside the probe (connecting while GetInfo runs) when the Calls
+    # stream is on gRPC.
     monkeypatch.setenv("AGENTIX_CALLS_WIRE", "grpc")
     client = RuntimeClient(framed.url)
     await client.health()
@@ -340,3 +340,79 @@ async def test_agentix_calls_cpu_pins_the_loop_thread_on_the_frame_wire(framed, 
         assert os.sched_getaffinity(0) == {max(before)}
     finally:
         os.sched_setaffinity(0, before)
+
+# --- Namespace streams on the frame wire ------------------------------------
+
+
+async def namespace_stream_type(url: str, **options) -> tuple[type, RuntimeClient]:
+    from agentix import AsyncClientNamespace
+
+    client = RuntimeClient(url, **options)
+    client.register_namespace(AsyncClientNamespace("/plug"))
+    async with client:
+        assert await client.remote(sandbox_functions.add, 2, 3) == 5
+        return type(client._namespace_streams["/plug"]), client
+
+
+async def test_a_namespace_stream_rides_the_frame_wire_when_calls_do(framed, monkeypatch):
+    from agentix.runtime.client.namespaces import FrameNamespaceStream, NamespaceStream, NativeNamespaceStream
+
+    kind, client = await namespace_stream_type(framed.url, token="s3cret")
+    assert kind is FrameNamespaceStream
+    # Its own connection, whose HELLO names the stream and carries the token.
+    assert {"authorization": "Bearer s3cret", "agentix-client-id": client.client_id,
+            "agentix-stream": "namespace"} in framed.frames.hellos
+    assert framed.namespaces_opened == 1
+    monkeypatch.setenv("AGENTIX_CALLS_WIRE", "grpc")
+    hellos = len(framed.frames.hellos)
+    assert (await namespace_stream_type(framed.url))[0] is NativeNamespaceStream
+    monkeypatch.setenv("AGENTIX_NATIVE_TRANSPORT", "0")
+    assert (await namespace_stream_type(framed.url))[0] is NamespaceStream
+    assert len(framed.frames.hellos) == hellos  # neither touched the frame wire
+
+
+async def test_a_namespace_stream_uses_grpc_when_the_daemon_has_no_frame_wire(grpc_only):
+    from agentix.runtime.client.namespaces import NativeNamespaceStream
+
+    assert (await namespace_stream_type(grpc_only.url))[0] is NativeNamespaceStream
+
+
+async def test_a_daemon_refusing_the_namespace_stream_fails_the_connect_clearly(sock_dir):
+    # A frame wire that answers every namespace HELLO with STATUS 12 (a daemon
+    # that does not know the stream): connecting reports the daemon's words.
+    fake = FakeRuntime()
+    path = os.path.join(sock_dir, "runtime.sock")
+    server, _ = await serve(fake, f"unix://{path}")
+    frames_server = await FrameServer(fake, path + ".calls").start()
+    original = frames_server._serve
+
+    async def refuse_namespaces(reader, writer):
+        first = await read_frame(reader)
+        if decode_hello(first[1]).get("agentix-stream") == "namespace":
+            writer.write(status_frame(12, "no stream named 'namespace'"))
+            writer.close()
+            return
+        # Not a namespace stream: hand the HELLO back to the real server.
+        feed = asyncio.StreamReader()
+        feed.feed_data(encode(HELLO, first[1]))
+
+        async def pump():
+            while data := await reader.read(65536):
+                feed.feed_data(data)
+            feed.feed_eof()
+
+        pumping = asyncio.create_task(pump())
+        try:
+            await original(feed, writer)
+        finally:
+            pumping.cancel()
+
+    frames_server._server.close()
+    await frames_server._server.wait_closed()
+    frames_server._server = await asyncio.start_unix_server(refuse_namespaces, path + ".calls")
+    try:
+        with pytest.raises(RuntimeUnreachable, match="UNIMPLEMENTED: no stream named 'namespace'"):
+            await namespace_stream_type(f"unix://{path}")
+    finally:
+        await frames_server.stop()
+        await server.stop(None)

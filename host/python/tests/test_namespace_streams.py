@@ -1,6 +1,7 @@
 """The host's Namespace streams (agentix.runtime.client.namespaces) against
-FakeRuntime's Namespace method, on the native transport and on grpc.aio:
-both must behave the same towards the namespace object and the client."""
+FakeRuntime's Namespace method, on the native transport, on grpc.aio and on
+the frame wire (fake_frames.py): all must behave the same towards the
+namespace object and the client."""
 
 import asyncio
 import logging
@@ -14,13 +15,21 @@ import sandbox_functions
 from agentix import AsyncClientNamespace, RuntimeClient, request_handler
 from agentix.runtime.client import namespaces
 from agentix.runtime.client.errors import RuntimeUnreachable
-from agentix.runtime.client.namespaces import NamespaceStream, NativeNamespaceStream
+from agentix.runtime.client.namespaces import FrameNamespaceStream, NamespaceStream, NativeNamespaceStream
 from agentix.runtime.shared.codec import pack, unpack
 from agentix.runtime.v1 import runtime_pb2 as pb
 from fake_runtime import eventually
 
-# Every test runs with the native transport and with grpc.aio.
+# Every test runs with the native transport, with grpc.aio and on the frame wire.
 pytestmark = [pytest.mark.asyncio, pytest.mark.usefixtures("transport")]
+
+
+@pytest.fixture
+def transport(calls_transport):
+    """conftest's `calls_transport` (native, aio, frames): under "frames" the
+    `runtime` fixture serves on a Unix socket with its frame wire, and the
+    Namespace streams ride it as the Calls stream does."""
+    return calls_transport
 
 
 class Recorder(AsyncClientNamespace):
@@ -65,7 +74,8 @@ async def plugin(runtime):
 async def test_the_selected_transport_carries_the_namespace(plugin, transport):
     client, ns = plugin
     stream = client._namespace_streams["/plug"]
-    assert type(stream) is (NativeNamespaceStream if transport == "native" else NamespaceStream)
+    expected = {"native": NativeNamespaceStream, "aio": NamespaceStream, "frames": FrameNamespaceStream}[transport]
+    assert type(stream) is expected
     assert stream.alive and ns.seen == ["connect"]
 
 
@@ -313,7 +323,7 @@ async def test_events_the_native_decoder_leaves_to_protobuf_arrive_the_same(runt
         assert ns.seen == ["connect", ("tick", 1), ("tick", 2)]
         (reply,) = runtime.namespace_events["/plug"]
         assert unpack(reply.data) == {"request_id": "q1", "value": "hé"}
-    if transport == "native":
+    if transport in ("native", "frames"):
         assert handed_over  # every message went by protobuf
 
 

@@ -49,7 +49,7 @@ from agentix.runtime.client.chunking import CHUNK_BYTES
 from agentix.runtime.client.channels import NativeTransport, bounded, close_channel, open_channel
 from agentix.runtime.client.frames import FrameWire
 from agentix.runtime.client.feeds import Feed, ensure_feeds, reopen_lost_feeds, settle_feeds, wait_barrier
-from agentix.runtime.client.namespaces import NAMESPACE_METHOD, NamespaceSet, NamespaceStream, NativeNamespaceStream
+from agentix.runtime.client.namespaces import NamespaceSet, NamespaceStream, NativeNamespaceStream
 from agentix.runtime.client.reconnect import ReconnectPolicy
 from agentix.runtime.client.result import Failed, Ok, Result
 from agentix.runtime.client.pending import MAX_RESULT_BYTES, STREAM_END, PendingCall, SideBarrier, StartRequest
@@ -589,12 +589,9 @@ class RuntimeClient:
     def _namespace_stream(
         self, channel: grpc.aio.Channel, ns: AsyncClientNamespace
     ) -> NamespaceStream | NativeNamespaceStream:
-        """A new Namespace stream for `ns`: on the native transport like the
-        Calls stream when it is in use, else on grpc.aio."""
-        transport = self._native.transport(self._metadata, NAMESPACE_METHOD)
-        if transport is not None:
-            return NativeNamespaceStream(transport, ns)
-        return NamespaceStream(pb_grpc.RuntimeServiceStub(channel).Namespace(metadata=self._metadata), ns)
+        """A new Namespace stream for `ns`, on the wire the Calls stream's
+        choice picks (`FrameWire.namespace_stream`)."""
+        return self._frames.namespace_stream(self._native, channel, self._metadata, ns)
 
     async def _reopen_namespaces(self) -> None:
         """Re-opens and confirms the namespaces' lost streams (a plugin's
@@ -616,7 +613,7 @@ class RuntimeClient:
             await close_channel(channel)
 
         try:
-            defer = self._frames.preferred() and not self._namespaces.registered  # NativeTransport.defer
+            defer = self._frames.preferred()  # NativeTransport.defer; Namespace streams ride the frame wire too
             channel = await open_channel(self._target, self._tls, self._native, self.timeout, self._metadata, defer)
         except grpc.aio.AioRpcError as error:
             raise self._unreachable(error) from error

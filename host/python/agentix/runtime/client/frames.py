@@ -18,7 +18,10 @@ Which wire carries the Calls stream (`FrameWire`): ``AGENTIX_CALLS_WIRE``
 ``auto`` uses the frame wire when the target is ``unix://PATH``
 without TLS and ``PATH.calls`` accepts a connection, else gRPC; ``frames``
 requires it (`RuntimeUnreachable` when it cannot be had); ``grpc`` never
-uses it. Unset is ``auto``. Logs, Traces and Namespace streams stay on gRPC.
+uses it. Unset is ``auto``. The same choice puts each plugin Namespace stream
+on the frame wire (a connection of its own whose HELLO says
+``agentix-stream: namespace``; `FrameWire.transport`); Logs and Traces stay on
+gRPC.
 
 ``AGENTIX_CALLS_CPU`` (a CPU number or ``auto``: the highest-numbered CPU the
 process may use; unset, empty or ``off``: nothing) pins the thread that runs
@@ -45,9 +48,17 @@ import grpc
 
 from agentix.runtime.client import wire
 from agentix.runtime.client.channels import NativeTransport
+from agentix.runtime.client._sio_facade import AsyncClientNamespace
 from agentix.runtime.client.errors import RuntimeUnreachable
+from agentix.runtime.client.namespaces import (
+    NAMESPACE_METHOD,
+    FrameNamespaceStream,
+    NamespaceStream,
+    NativeNamespaceStream,
+)
 from agentix.runtime.client.pending import PendingCall
 from agentix.runtime.client.stream import CallsStream, NativeCallsStream
+from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
 
 __all__ = [
     "CALLS_CPU_ENV",
@@ -59,8 +70,10 @@ __all__ = [
     "HELLO",
     "MAX_PAYLOAD",
     "MESSAGE",
+    "NAMESPACE_STREAM",
     "STATUS",
     "calls_cpu",
+    "STREAM_KEY",
     "calls_socket_path",
     "encode_hello",
     "frame",
@@ -71,6 +84,10 @@ _log = logging.getLogger("agentix.runtime.client")
 
 CALLS_WIRE_ENV = "AGENTIX_CALLS_WIRE"
 CALLS_CPU_ENV = "AGENTIX_CALLS_CPU"
+# The HELLO key naming the RuntimeService stream a connection carries
+# (absent: Calls), and the Namespace stream's value.
+STREAM_KEY = "agentix-stream"
+NAMESPACE_STREAM = "namespace"
 _MODES = ("auto", "frames", "grpc")
 # Appended to a daemon's Unix socket path: where its frame wire listens.
 _CALLS_SUFFIX = ".calls"
@@ -207,8 +224,24 @@ class FrameWire:
         )(metadata=metadata)
         return CallsStream(rpc, pending, on_lost)
 
-    def transport(self, metadata: tuple) -> FrameTransport | None:
+    def namespace_stream(
+        self, native: NativeTransport, channel: grpc.aio.Channel, metadata: tuple, ns: AsyncClientNamespace
+    ) -> NamespaceStream | NativeNamespaceStream:
+        """A new Namespace stream for `ns`, chosen as `calls_stream` chooses:
+        on the frame wire (HELLO ``agentix-stream: namespace``), else on the
+        native transport, else on grpc.aio `channel`. Raises as `transport`."""
+        frames = self.transport(metadata, NAMESPACE_STREAM)
+        if frames is not None:
+            return FrameNamespaceStream(frames, ns)
+        transport = native.transport(metadata, NAMESPACE_METHOD)
+        if transport is not None:
+            return NativeNamespaceStream(transport, ns)
+        return NamespaceStream(pb_grpc.RuntimeServiceStub(channel).Namespace(metadata=metadata), ns)
+
+    def transport(self, metadata: tuple, stream: str | None = None) -> FrameTransport | None:
         """A connected `FrameTransport` (HELLO sent), or None for gRPC.
+        `stream` names the RuntimeService stream it carries (HELLO's
+        `STREAM_KEY`; None: Calls).
 
         Raises:
           RuntimeUnreachable: ``AGENTIX_CALLS_WIRE=frames`` and the frame wire
@@ -240,6 +273,8 @@ class FrameWire:
         if cpu is not None:
             # The calling thread only (pid 0): the loop that reads and writes the socket.
             os.sched_setaffinity(0, {cpu})
+        if stream is not None:
+            metadata = (*metadata, (STREAM_KEY, stream))
         return FrameTransport(sock, metadata)
 
 
@@ -297,12 +332,15 @@ class FrameTransport:
     def fileno(self) -> int:
         return self._fd
 
-    def write(self, pieces: list) -> int:
+    def write(self, pieces: list | bytes) -> int:
         """Sends one MESSAGE frame of the concatenated `pieces` (bytes and
-        memoryviews, kept until written); returns the bytes still waiting to
-        be written, or -1 when the stream is ending (`drain` brings its status)."""
+        memoryviews, kept until written; or one bytes message, as the native
+        transport takes it); returns the bytes still waiting to be written,
+        or -1 when the stream is ending (`drain` brings its status)."""
         if self._write_error is not None or self._status is not None or self._closed:
             return -1
+        if isinstance(pieces, bytes):
+            pieces = [pieces]
         size = 0
         for piece in pieces:
             size += len(piece)

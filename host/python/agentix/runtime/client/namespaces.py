@@ -3,9 +3,10 @@ namespace registered with a `RuntimeClient` (see
 `agentix.runtime.client._sio_facade` for the plugin-facing classes).
 
 `NativeNamespaceStream` runs it over the ``_native_calls`` extension (grpc++
-on a completion queue), like the Calls stream; `NamespaceStream` over
-grpc.aio when the native transport is off or unavailable. Both behave the
-same towards the namespace object and the client.
+on a completion queue), like the Calls stream; `FrameNamespaceStream` over
+the daemon's frame wire (docs/FRAME-WIRE.md) when the Calls stream's wire
+choice would use it; `NamespaceStream` over grpc.aio when neither is in use.
+All behave the same towards the namespace object and the client.
 
 Event names come from the sandbox: one that `valid_event_name` refuses (empty,
 longer than `MAX_EVENT_NAME_CHARS`, with an unprintable character, or a
@@ -48,6 +49,7 @@ from agentix.runtime.v1 import runtime_pb2 as pb
 __all__ = [
     "MAX_EVENT_NAME_CHARS",
     "NAMESPACE_METHOD",
+    "FrameNamespaceStream",
     "NamespaceSet",
     "NamespaceStream",
     "NativeNamespaceStream",
@@ -467,6 +469,24 @@ class NativeNamespaceStream(_StreamBase):
     def _check_finished(self) -> None:
         if self._ended and self._dispatcher is None and not self._backlog and not self._finished.done():
             self._finished.set_result(None)
+
+
+class FrameNamespaceStream(NativeNamespaceStream):
+    """A `NativeNamespaceStream` over a frame-wire connection
+    (`agentix.runtime.client.frames.FrameTransport`, opened with HELLO
+    ``agentix-stream: namespace``): the event loop reads the socket itself
+    and writes go out at once with a non-blocking ``sendmsg``; write progress
+    comes from the transport's ``on_progress``. A STATUS other than OK, or
+    EOF without one, ends the stream as a gRPC status does.
+
+    Args:
+      transport: a new ``FrameTransport``; this stream owns and closes it.
+      ns: the namespace object events are delivered to.
+    """
+
+    def __init__(self, transport: Any, ns: AsyncClientNamespace) -> None:
+        super().__init__(transport, ns)
+        transport.on_progress = self._on_readable
 
 
 AnyNamespaceStream = Union[NamespaceStream, NativeNamespaceStream]
