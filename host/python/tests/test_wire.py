@@ -80,9 +80,79 @@ def test_parse_calls_response_reads_chunks_without_protobuf_and_the_rest_with_it
     events = wire.parse_calls_response(response.SerializeToString())
     assert isinstance(events[0], wire.RawResultChunk)
     assert events[0].call_id == "x" and bytes(events[0].data) == data
-    assert events[1] == response.events[1]
+    assert isinstance(events[1], wire.RawResult) and _result_fields(events[1]) == _result_fields(response.events[1].result)
     assert isinstance(events[2], wire.RawResultChunk) and events[2].call_id == "y" and bytes(events[2].data) == b""
     assert events[3] == response.events[3]
+
+
+def _result_fields(result) -> tuple:
+    return (result.call_id, result.encoding, bytes(result.value), result.value_size, result.log_seq, result.trace_seq)
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        pb.CallResult(),
+        pb.CallResult(call_id="c" * 32, encoding=pb.ENCODING_PICKLE, value=b"\x80\x05N.", value_size=4),
+        pb.CallResult(call_id="\u00e9t\u00e9", value=os.urandom(300_000), value_size=300_000, log_seq=1 << 40, trace_seq=7),
+        pb.CallResult(call_id="x", encoding=pb.ENCODING_MSGPACK, value_size=(1 << 63) - 1),
+        pb.CallResult(call_id="x", encoding=99),  # an enum value this build does not know
+    ],
+)
+def test_parse_calls_response_reads_results_without_protobuf_as_protobuf_would(result):
+    response = pb.CallsResponse(events=[pb.SandboxEvent(result=result), pb.SandboxEvent(result=result)])
+    events = wire.parse_calls_response(response.SerializeToString())
+    assert [type(event) for event in events] == [wire.RawResult, wire.RawResult]
+    assert _result_fields(events[0]) == _result_fields(events[1]) == _result_fields(result)
+    assert type(events[0].value) is bytes
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        bytes([9 << 3 | 0, 1]),  # an unknown field
+        bytes([3 << 3 | 0, 1]),  # value with the wrong wire type
+        bytes([4 << 3 | 0]) + b"\xff" * 9 + b"\x01",  # value_size of 2**64 - 1
+        bytes([2 << 3 | 0]) + b"\xff" * 9 + b"\x01",  # a negative encoding
+    ],
+)
+def test_parse_calls_response_leaves_unusual_results_to_protobuf(extra):
+    inner = pb.CallResult(call_id="x", value=b"v", log_seq=3).SerializeToString() + extra
+    event = bytes([2 << 3 | 2, len(inner)]) + inner
+    message = bytes([1 << 3 | 2, len(event)]) + event
+    (parsed,) = wire.parse_calls_response(message)
+    assert isinstance(parsed, pb.SandboxEvent)
+    assert parsed == pb.CallsResponse.FromString(message).events[0]
+    assert (parsed.result.call_id, parsed.result.value, parsed.result.log_seq) == ("x", b"v", 3)
+
+
+def test_a_repeated_result_field_keeps_its_last_value_as_in_protobuf():
+    inner = (
+        pb.CallResult(call_id="first", value=b"a", log_seq=1).SerializeToString()
+        + pb.CallResult(call_id="second", value=b"b", log_seq=2).SerializeToString()
+    )
+    event = bytes([2 << 3 | 2, len(inner)]) + inner
+    message = bytes([1 << 3 | 2, len(event)]) + event
+    (ours,) = wire.parse_calls_response(message)
+    (theirs,) = pb.CallsResponse.FromString(message).events
+    assert isinstance(ours, wire.RawResult) and _result_fields(ours) == _result_fields(theirs.result)
+
+
+def test_a_result_whose_call_id_is_not_utf8_is_refused_as_protobuf_refuses_it():
+    inner = bytes([1 << 3 | 2, 2]) + b"\xff\xfe"
+    event = bytes([2 << 3 | 2, len(inner)]) + inner
+    message = bytes([1 << 3 | 2, len(event)]) + event
+    with pytest.raises(Exception) as ours:
+        wire.parse_calls_response(message)
+    with pytest.raises(Exception) as theirs:
+        pb.CallsResponse.FromString(message)
+    assert type(ours.value) is type(theirs.value)
+
+
+@pytest.mark.parametrize("ids", [[], ["a"], ["c" * 32] * 3, ["", "x" * 121, "y" * 122, "z" * 300, "\u00e9" * 70]])
+def test_ack_events_are_encoded_exactly_as_protobuf_would(ids):
+    expected = pb.CallsRequest(events=[pb.HostEvent(ack=pb.AckResult(call_id=i)) for i in ids]).SerializeToString()
+    assert wire.ack_events(ids) == expected
 
 
 def test_parse_calls_response_leaves_unknown_shapes_to_protobuf():
@@ -115,6 +185,28 @@ def test_events_from_a_list_of_views_mean_their_concatenation(split):
     assert b"".join(wire.start_call_event("c1", "m::f", views, 12, b"", 0)) == b"".join(
         wire.start_call_event("c1", "m::f", memoryview(data), 12, b"", 0)
     )
+
+
+@pytest.mark.parametrize(
+    "args, kwargs",
+    [
+        ((), {}),
+        ((1, 2.5, None, True, -(10**40)), {}),
+        (("s" * 4095, b"b" * 4095, "\u00e9"), {}),
+        (("s" * 4096,), {}),  # long enough to go through pickle_pieces
+        ((b"b" * (2 << 20),), {}),
+        ((1,), {"k": 2}),
+        (([1, 2], {"a": b"x"}), {}),
+    ],
+)
+def test_pickle_arguments_is_pickle_pieces(args, kwargs):
+    ours = wire.pickle_arguments(args, kwargs, 1 << 20)
+    theirs = wire.pickle_pieces((args, kwargs), 1 << 20)
+    assert type(ours) is type(theirs)
+    if type(ours) is wire.Pieces:
+        assert b"".join(ours.views) == b"".join(theirs.views)
+    else:
+        assert ours == theirs
 
 
 def test_pickle_pieces_is_pickle_dumps_without_copying_large_bytes():

@@ -264,21 +264,26 @@ class CallsStream:
             self._acks_due = True
             self._kick()
 
-    def _take_acks(self) -> list[pb.HostEvent]:
-        acks = [pb.HostEvent(ack=pb.AckResult(call_id=call_id)) for call_id in self._acks]
-        self._recent_acks.extend(self._acks)
-        self._acks.clear()
+    def _take_acks(self) -> list:
+        """The waiting acks, encoded (wire.ack_events: one piece for all)."""
+        acks = self._acks
+        encoded = wire.ack_events(acks)
+        self._recent_acks.extend(acks)
+        acks.clear()
         # A pending ack timer stays: when it fires with no acks waiting it does
         # nothing, which is cheaper than cancelling and re-arming it per call.
         self._acks_due = False
-        return acks
+        return [encoded]
 
     def _take_batch(self) -> list[pb.HostEvent | list]:
         """Takes the events of the next message, within BATCH_BYTES: waiting
         acks, then queued events, then argument chunks taken round-robin from
         the uploads."""
-        batch: list[pb.HostEvent] = self._take_acks() if self._acks else []
-        size = len(batch) * _EVENT_OVERHEAD
+        batch: list[pb.HostEvent | list] = []
+        size = 0
+        if self._acks:
+            size = len(self._acks) * _EVENT_OVERHEAD
+            batch.append(self._take_acks())
         queue = self._queue
         while queue:
             event_size, event, upload = queue[0]
@@ -364,7 +369,12 @@ class CallsStream:
                 task.cancel()
         self._rpc.cancel()
 
-    def _route(self, event: pb.SandboxEvent | wire.RawResultChunk) -> None:
+    def _route(self, event: pb.SandboxEvent | wire.RawResult | wire.RawResultChunk) -> None:
+        if type(event) is wire.RawResult:  # the common case first: a result in one piece
+            if event.log_seq or event.trace_seq:
+                self._set_barrier(event.call_id, event.log_seq, event.trace_seq)
+            self._finish(event.call_id, self._result_outcome(event))
+            return
         if type(event) is wire.RawResultChunk:
             call = self._pending.get(event.call_id)
             if call is not None:
@@ -453,7 +463,7 @@ class CallsStream:
         )
         self.cancel_call(call.call_id)
 
-    def _result_outcome(self, result: pb.CallResult) -> Outcome | ResultTooLarge:
+    def _result_outcome(self, result: pb.CallResult | wire.RawResult) -> Outcome | ResultTooLarge:
         call = self._pending.get(result.call_id)
         value: bytes | list
         if call is None or not call.result_chunks:
