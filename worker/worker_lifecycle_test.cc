@@ -161,6 +161,21 @@ TEST_CASE("asyncio's ssl and inspect are loaded after ready, by the warm-up "
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
 
+// The modules boot and the warm-up load live as long as the worker: frozen
+// (gc.freeze), a full collection does not walk them again each time.
+TEST_CASE("What boot and the warm-up loaded is out of the cycle collector's "
+          "way",
+          "[worker]") {
+  auto worker = ReadyWorker();
+  absl::SleepFor(absl::Milliseconds(500));  // idle: the warm-up has begun
+  CHECK(Unpickle(worker->CallOk(
+            "worker_fixture::collector_walks",
+            Pickle("((['pickle', '_agentix_driver.worker', 'inspect', "
+                   "'ssl'],), {})"))) == "[]");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
 TEST_CASE("The boot leaves asyncio, inspect, ssl, calendar, datetime and "
           "agentix for later",
           "[worker]") {
