@@ -369,27 +369,23 @@ class CallsStream:
                 task.cancel()
         self._rpc.cancel()
 
-    def _route(self, event: pb.SandboxEvent | wire.RawResult | wire.RawResultChunk) -> None:
-        if type(event) is wire.RawResult:  # the common case first: a result in one piece
-            if event.log_seq or event.trace_seq:
-                self._set_barrier(event.call_id, event.log_seq, event.trace_seq)
-            self._finish(event.call_id, self._result_outcome(event))
-            return
+    def _route(self, event: pb.SandboxEvent | wire.RawResultChunk) -> None:
         if type(event) is wire.RawResultChunk:
             call = self._pending.get(event.call_id)
             if call is not None:
                 self._add_chunk(call, event.data)
             return
         kind = event.WhichOneof("kind")
-        if kind == "result_chunk":
+        if kind == "result":  # the common case first
+            result = event.result
+            call_id = result.call_id
+            if result.log_seq or result.trace_seq:
+                self._set_barrier(call_id, result.log_seq, result.trace_seq)
+            self._finish(call_id, self._result_outcome(result, call_id))
+        elif kind == "result_chunk":
             call = self._pending.get(event.result_chunk.call_id)
             if call is not None:
                 self._add_chunk(call, event.result_chunk.data)
-        elif kind == "result":
-            result = event.result
-            if result.log_seq or result.trace_seq:
-                self._set_barrier(result.call_id, result.log_seq, result.trace_seq)
-            self._finish(result.call_id, self._result_outcome(result))
         elif kind == "error":
             failure = event.error
             if failure.log_seq or failure.trace_seq:
@@ -463,8 +459,8 @@ class CallsStream:
         )
         self.cancel_call(call.call_id)
 
-    def _result_outcome(self, result: pb.CallResult | wire.RawResult) -> Outcome | ResultTooLarge:
-        call = self._pending.get(result.call_id)
+    def _result_outcome(self, result: pb.CallResult, call_id: str) -> Outcome | ResultTooLarge:
+        call = self._pending.get(call_id)
         value: bytes | list
         if call is None or not call.result_chunks:
             value = result.value

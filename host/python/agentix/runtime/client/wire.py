@@ -36,7 +36,6 @@ from agentix.utils import context as _context
 __all__ = [
     "CALLS_METHOD",
     "Pieces",
-    "RawResult",
     "RawResultChunk",
     "ack_events",
     "argument_chunk_event",
@@ -75,13 +74,6 @@ _MAP_VALUE = 2 << 3 | 2
 _HOST_ACK = 5 << 3 | 2  # HostEvent.ack
 _ACK_CALL_ID = 1 << 3 | 2  # AckResult.call_id
 _SANDBOX_RESULT_CHUNK = 1 << 3 | 2  # SandboxEvent.result_chunk
-_SANDBOX_RESULT = 2 << 3 | 2  # SandboxEvent.result
-_RESULT_CALL_ID = 1 << 3 | 2  # CallResult.call_id
-_RESULT_ENCODING = 2 << 3 | 0  # CallResult.encoding
-_RESULT_VALUE = 3 << 3 | 2  # CallResult.value
-_RESULT_VALUE_SIZE = 4 << 3 | 0  # CallResult.value_size
-_RESULT_LOG_SEQ = 5 << 3 | 0  # CallResult.log_seq
-_RESULT_TRACE_SEQ = 6 << 3 | 0  # CallResult.trace_seq
 _NS_REQUEST_EVENT = 2 << 3 | 2  # NamespaceRequest.event
 _NS_EVENT_NAME = 1 << 3 | 2  # NamespaceEvent.event
 _NS_EVENT_DATA = 2 << 3 | 2  # NamespaceEvent.data
@@ -469,24 +461,6 @@ class RawResultChunk:
         self.data = data
 
 
-@final
-class RawResult:
-    """A ``SandboxEvent.result`` (`CallResult`) read without protobuf, with its
-    attribute names; ``value`` is a copy (``bytes``), as protobuf's would be."""
-
-    __slots__ = ("call_id", "encoding", "value", "value_size", "log_seq", "trace_seq")
-
-    def __init__(
-        self, call_id: str, encoding: int, value: bytes, value_size: int, log_seq: int, trace_seq: int
-    ) -> None:
-        self.call_id = call_id
-        self.encoding = encoding
-        self.value = value
-        self.value_size = value_size
-        self.log_seq = log_seq
-        self.trace_seq = trace_seq
-
-
 class _Malformed(Exception):
     pass
 
@@ -524,54 +498,21 @@ def _read_result_chunk(buf: memoryview, pos: int, end: int) -> RawResultChunk | 
     return RawResultChunk(call_id, data)
 
 
-def _read_result(buf: memoryview, pos: int, end: int) -> RawResult | None:
-    """CallResult fields in buf[pos:end]; None if a field other than those
-    six, or one of them with another wire type, is there (the caller then
-    lets protobuf parse the event). A repeated field's last value wins, as
-    in protobuf; values of 64 bits or more are left to protobuf too."""
-    call_id = ""
-    value = b""
-    encoding = value_size = log_seq = trace_seq = 0
-    while pos < end:
-        tag = buf[pos]
-        pos += 1
-        if tag == _RESULT_CALL_ID or tag == _RESULT_VALUE:
-            length, pos = _read_varint(buf, pos, end)
-            if length > end - pos:
-                raise _Malformed
-            if tag == _RESULT_CALL_ID:
-                call_id = str(buf[pos : pos + length], "utf-8")
-            else:
-                value = buf[pos : pos + length].tobytes()
-            pos += length
-            continue
-        if tag == _RESULT_ENCODING:
-            number, pos = _read_varint(buf, pos, end)
-            if number >= 1 << 31:  # a negative or oversized enum: protobuf's rules
-                return None
-            encoding = number
-        elif tag == _RESULT_VALUE_SIZE or tag == _RESULT_LOG_SEQ or tag == _RESULT_TRACE_SEQ:
-            number, pos = _read_varint(buf, pos, end)
-            if number >= 1 << 63:  # uint64 wraps at 2**64: protobuf's rules
-                return None
-            if tag == _RESULT_VALUE_SIZE:
-                value_size = number
-            elif tag == _RESULT_LOG_SEQ:
-                log_seq = number
-            else:
-                trace_seq = number
-        else:
-            return None
-    return RawResult(call_id, encoding, value, value_size, log_seq, trace_seq)
+# Messages shorter than this are parsed by protobuf in one call (cheaper per
+# event than reading them here); a longer one may hold result chunks, whose
+# bytes are then handed over as views instead of copies.
+_PARSE_WHOLE_BYTES = 64 * 1024
 
 
-def parse_calls_response(message: bytes) -> list:
+def parse_calls_response(message: bytes) -> Sequence:
     """The Calls stream's response deserializer: the message's events, each a
-    ``pb.SandboxEvent`` or, for result chunks and results, a `RawResultChunk`
-    or a `RawResult`.
+    ``pb.SandboxEvent`` or, for result chunks in a message of at least
+    `_PARSE_WHOLE_BYTES`, a `RawResultChunk`.
 
     Anything this reader does not expect (unknown fields, a malformed
     message) is left to protobuf, which parses it or raises as it would have."""
+    if len(message) < _PARSE_WHOLE_BYTES:
+        return pb.CallsResponse.FromString(message).events
     buf = memoryview(message)
     end = len(buf)
     events: list = []
@@ -585,16 +526,11 @@ def parse_calls_response(message: bytes) -> list:
             event_end = pos + length
             if event_end > end:
                 raise _Malformed
-            chunk: RawResult | RawResultChunk | pb.SandboxEvent | None = None
-            if length:
-                kind = buf[pos]
-                if kind == _SANDBOX_RESULT or kind == _SANDBOX_RESULT_CHUNK:
-                    inner, inner_pos = _read_varint(buf, pos + 1, event_end)
-                    if inner_pos + inner == event_end:  # the event is that one field
-                        if kind == _SANDBOX_RESULT:
-                            chunk = _read_result(buf, inner_pos, event_end)
-                        else:
-                            chunk = _read_result_chunk(buf, inner_pos, event_end)
+            chunk = None
+            if length and buf[pos] == _SANDBOX_RESULT_CHUNK:
+                inner, inner_pos = _read_varint(buf, pos + 1, event_end)
+                if inner_pos + inner == event_end:  # the event is that one field
+                    chunk = _read_result_chunk(buf, inner_pos, event_end)
             if chunk is None:
                 chunk = pb.SandboxEvent.FromString(buf[pos:event_end].tobytes())
             events.append(chunk)
