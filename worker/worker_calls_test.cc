@@ -518,6 +518,33 @@ TEST_CASE("A burst of short sync calls runs on a few pool threads",
   REQUIRE(threads.size() <= 8);
 }
 
+TEST_CASE("A burst's replies are written as they come, a few at a time",
+          "[worker][pool]") {
+  auto worker = ReadyWorker();
+  // One write at the end of a long burst would leave the daemon and the
+  // host idle until the whole burst ran; a write per reply costs a wake-up
+  // each. Replies go out every 8 (or sooner: the pool monitor, the end of
+  // the queue).
+  worker->CallOk("worker_fixture::count_reply_writes", Pickle("((), {})"));
+  const std::string args = Pickle("((1, 2), {})");
+  std::set<std::string> ids;
+  std::string batch;
+  for (int i = 0; i < 400; ++i) {
+    ids.insert(absl::StrCat("b", i));
+    AppendCall(absl::StrCat("b", i), "worker_fixture::add", args, batch);
+  }
+  worker->SendRaw(batch);
+  for (auto& [id, reply] : worker->AwaitReplies(ids, absl::Seconds(30))) {
+    REQUIRE(reply.value == std::string("\x80\x05K\x03.", 5));
+  }
+  const std::string writes = worker->CallOk("worker_fixture::reply_writes",
+                                            Pickle("((), {})"));
+  INFO("replies per write: " << Unpickle(writes));
+  REQUIRE(std::stoi(Unpickle(writes, "max(v)")) <= 8);
+  const int total = std::stoi(Unpickle(writes, "sum(v)"));
+  REQUIRE(total >= 400);  // the burst's, and count_reply_writes' own
+}
+
 TEST_CASE("Short sync calls beside blocking ones reply at once",
           "[worker][pool][timing]") {
   auto worker = ReadyWorker();

@@ -145,6 +145,21 @@ TEST_CASE("The driver is loaded from its build-time bytecode", "[worker]") {
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
 
+// The modules boot and the warm-up load live as long as the worker: frozen
+// (gc.freeze), a full collection does not walk them again each time.
+TEST_CASE("What boot and the warm-up loaded is out of the cycle collector's "
+          "way",
+          "[worker]") {
+  auto worker = ReadyWorker();
+  absl::SleepFor(absl::Milliseconds(500));  // idle: the warm-up has begun
+  CHECK(Unpickle(worker->CallOk(
+            "worker_fixture::collector_walks",
+            Pickle("((['pickle', '_agentix_driver.worker', 'inspect', "
+                   "'ssl'],), {})"))) == "[]");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
 // Cold start (driver/lazy.py): asyncio's ssl and inspect are not executed
 // before the ready frame; the warm-up thread loads them once the worker is
 // idle.

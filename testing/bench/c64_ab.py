@@ -5,7 +5,7 @@ binary and a Python (a venv) whose `agentix` host package plays the host.
 The two sides alternate, one fresh daemon and one fresh host process per
 (round, side), the order swapped every round. Each measurement reports:
 
-- noop p50 (sequential sync `bench_targets.noop`),
+- noop p50 and p99 (sequential sync `bench_targets.noop`) and their ratio,
 - calls/s with 16 and with 64 concurrent callers (asyncio tasks in the
   host, each calling the sync noop in a loop for a fixed time),
 - CPU per call by process (host, daemon, worker; all threads, from
@@ -77,6 +77,9 @@ async def main():
             await client.remote(bench_targets.noop)
             lat.append((time.perf_counter() - t0) * 1e6)
         out["noop_p50_us"] = statistics.median(lat)
+        lat.sort()
+        out["noop_p99_us"] = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+        out["noop_p99_over_p50"] = out["noop_p99_us"] / out["noop_p50_us"]
         for callers in (16, 64):
             async with workloads.Callers(client.remote, bench_targets.noop, callers) as load:
                 await asyncio.sleep(0.3)

@@ -19,6 +19,7 @@ Now:
   under way (the import lock), never for a second one.
 """
 
+import gc
 import os
 import sys
 import threading
@@ -177,6 +178,11 @@ class _AgentixSetUp:
             for name, exc in lazy.load_deferred():
                 _log(_WARNING, f"loading the deferred module {name} failed "
                      f"({type(exc).__name__}: {_text(exc)})")
+            # The modules just loaded live as long as the worker: frozen
+            # (after a collection, so no garbage is kept), a full collection
+            # while calls run walks only what they made (the worker idles).
+            gc.collect()
+            gc.freeze()
 
     def _import_agentix(self):
         if self.forwarder is not None and self.namespaces is not None:

@@ -12,6 +12,7 @@ once the worker has been idle for _WARM_UP_IDLE_S; until then `_BootLoop`
 stands in for the loop and keeps what is handed to it, in order.
 """
 
+import gc
 import os
 import sys
 import threading
@@ -166,6 +167,9 @@ def _serve(channel, channel_fd, worker_id, agentix_setup):
         worker = _Worker(boot_loop, channel)
         global boot_modules
         boot_modules = frozenset(sys.modules)
+        # What boot made lives as long as the worker: out of the cycle
+        # collector's generations, a full collection does not walk it again.
+        gc.freeze()
         leading = worker.prepare_boot_intake()
         try:
             channel.send_ready(os.getpid(), "%d.%d.%d" % sys.version_info[:3])

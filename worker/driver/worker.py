@@ -58,6 +58,13 @@ from .streams import (
 )
 
 
+# A pool thread draining a burst of sync calls writes its queued replies
+# after this many, not only once the queue is empty: the daemon and the host
+# start on the first replies while the rest run (at 64 callers a burst took
+# each process in turn, 1.2-1.3x the calls/s with 8, for ~5% more CPU).
+_REPLY_BATCH = 8
+
+
 class _Worker(_LeaderIntake):
     """Per-process call bookkeeping. Methods run on the loop thread, except
     where said (pool threads: _run_pooled and what it calls, and the intake
@@ -84,6 +91,7 @@ class _Worker(_LeaderIntake):
         self._sync_streak = 0  # sync calls the loop started since another kind
         self._lead_after = _LEAD_AFTER_SYNC_CALLS
         self._led = 0  # calls intake leaders ran since the pool last took over
+        self._unflushed = 0  # replies pool threads queued since their last flush
 
     @property
     def busy(self):
@@ -346,8 +354,8 @@ class _Worker(_LeaderIntake):
     def _reply_from_thread(self, call, ok, payload):
         """_finish for a pool thread: sends, and flushes at once unless more
         sync calls wait for this thread: then the reply goes out with the
-        next one's, or at the latest with the pool monitor's flush
-        (STALL_SECONDS), one write for many replies."""
+        next ones (every _REPLY_BATCH replies), or at the latest with the
+        pool monitor's flush (STALL_SECONDS), one write for several replies."""
         if self._calls.pop(call.call_id, None) is not call:
             return  # cancelled meanwhile, or the worker is stopping
         try:
@@ -355,7 +363,9 @@ class _Worker(_LeaderIntake):
                 self._channel.send_result(call.call_id, call.encoding, payload)
             else:
                 _send_error(self._channel, call.call_id, payload)
-            if not self._pool.waiting():
+            self._unflushed += 1
+            if self._unflushed >= _REPLY_BATCH or not self._pool.waiting():
+                self._unflushed = 0
                 self._channel.flush()
         except _w.ChannelError as exc:
             self._call_on_loop(self._channel_failed, exc)

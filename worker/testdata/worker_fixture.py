@@ -736,3 +736,53 @@ def swap_target():
         return "second"
 
     return True
+
+
+class _CountingChannel:
+    """The worker's channel, counting the replies each flush writes."""
+
+    def __init__(self, real):
+        self._real = real
+        self.pending = 0
+        self.writes = []  # replies per write that carried any
+
+    def send_result(self, *args):
+        self._real.send_result(*args)
+        self.pending += 1
+
+    def flush(self):
+        if self.pending:
+            self.writes.append(self.pending)
+            self.pending = 0
+        return self._real.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def count_reply_writes():
+    """From now on, the worker counts the replies each of its writes
+    carries (reply_writes() returns them)."""
+    gc.unfreeze()  # the worker was made at boot: frozen objects are not listed
+    (worker,) = [o for o in gc.get_objects() if type(o).__name__ == "_Worker"]
+    worker._channel = _CountingChannel(worker._channel)
+
+
+def reply_writes():
+    """The replies per write since count_reply_writes(), this call's not
+    yet written."""
+    gc.unfreeze()
+    (worker,) = [o for o in gc.get_objects() if type(o).__name__ == "_Worker"]
+    return list(worker._channel.writes)
+
+
+def collector_walks(names):
+    """Which of the modules `names` the cycle collector still walks (their
+    namespace is in one of its generations, not frozen); waits for the
+    warm-up thread first."""
+    import threading
+    for thread in threading.enumerate():
+        if thread.name == "agentix-warmup":
+            thread.join(30)
+    walked = {id(o) for o in gc.get_objects()}
+    return [name for name in names if id(vars(sys.modules[name])) in walked]

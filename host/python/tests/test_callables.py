@@ -230,3 +230,35 @@ def test_display_name_for_never_raises():
     assert display_name_for(functools.partial(top_level)) == "functools::partial"
     assert display_name_for(CallableInstance()) == f"{MODULE}::CallableInstance"
     assert display_name_for(3) == "builtins::int"
+
+
+def test_named_target_is_display_name_and_wire_form_and_sees_renames():
+    from agentix.runtime.shared.callables import named_target
+
+    def renamed(x):
+        return x
+
+    renamed.__qualname__ = "renamed"
+    assert named_target(renamed) == (f"{MODULE}::renamed", f"{MODULE}::renamed")
+    assert named_target(renamed) == (f"{MODULE}::renamed", f"{MODULE}::renamed")  # remembered
+    renamed.__qualname__ = "Other.renamed"
+    assert named_target(renamed) == (f"{MODULE}::Other.renamed", f"{MODULE}::Other.renamed")
+    renamed.__module__ = "elsewhere"
+    assert named_target(renamed)[1] == "elsewhere::Other.renamed"
+    renamed.__qualname__ = "outer.<locals>.renamed"  # no longer a valid target: refused, not remembered
+    with pytest.raises(TypeError, match="local/nested function"):
+        named_target(renamed)
+    for fn in (len, math.factorial, Echo.echo):
+        assert named_target(fn) == (display_name_for(fn), RemoteCallable._resolve(fn))
+    with pytest.raises(TypeError):
+        named_target(CallableInstance())
+
+
+def test_named_target_resolves_main_functions_each_time(monkeypatch):
+    from agentix.runtime.shared.callables import named_target
+
+    fn = _main_function()
+    _fake_main(monkeypatch, spec_name="tools.run")
+    assert named_target(fn)[1] == "tools.run::script_function"
+    _fake_main(monkeypatch, spec_name="tools.other")
+    assert named_target(fn)[1] == "tools.other::script_function"

@@ -85,14 +85,35 @@ def test_parse_calls_response_reads_chunks_without_protobuf_and_the_rest_with_it
     assert events[3] == response.events[3]
 
 
+def test_a_short_response_is_protobuf_s_parse_and_a_long_one_holds_chunks_as_views():
+    results = [pb.SandboxEvent(result=pb.CallResult(call_id=f"c{i}", value=b"\x80\x05N.", value_size=4)) for i in range(30)]
+    short = pb.CallsResponse(events=results).SerializeToString()
+    assert len(short) < wire._PARSE_WHOLE_BYTES
+    assert list(wire.parse_calls_response(short)) == results
+    data = os.urandom(wire._PARSE_WHOLE_BYTES)
+    long = pb.CallsResponse(events=[*results, pb.SandboxEvent(result_chunk=pb.ResultChunk(call_id="c", data=data))])
+    events = wire.parse_calls_response(long.SerializeToString())
+    assert list(events[:30]) == results
+    assert type(events[30]) is wire.RawResultChunk and type(events[30].data) is memoryview
+    assert events[30].call_id == "c" and bytes(events[30].data) == data
+
+
+@pytest.mark.parametrize("ids", [[], ["a"], ["c" * 32] * 3, ["", "x" * 121, "y" * 122, "z" * 300, "\u00e9" * 70]])
+def test_ack_events_are_encoded_exactly_as_protobuf_would(ids):
+    expected = pb.CallsRequest(events=[pb.HostEvent(ack=pb.AckResult(call_id=i)) for i in ids]).SerializeToString()
+    assert wire.ack_events(ids) == expected
+
+
 def test_parse_calls_response_leaves_unknown_shapes_to_protobuf():
-    chunk = pb.SandboxEvent(result_chunk=pb.ResultChunk(call_id="x", data=b"abc")).SerializeToString()
+    data = os.urandom(wire._PARSE_WHOLE_BYTES)  # long enough to be read here
+    chunk = pb.SandboxEvent(result_chunk=pb.ResultChunk(call_id="x", data=data)).SerializeToString()
     # An unknown field inside the ResultChunk: protobuf keeps the known ones.
     inner = pb.ResultChunk(call_id="x", data=b"abc").SerializeToString() + bytes([9 << 3 | 0, 1])
     event = bytes([1 << 3 | 2, len(inner)]) + inner
-    message = bytes([1 << 3 | 2, len(chunk)]) + chunk + bytes([1 << 3 | 2, len(event)]) + event
+    message = bytes([1 << 3 | 2]) + wire._varint(len(chunk)) + chunk
+    message += bytes([1 << 3 | 2, len(event)]) + event
     events = wire.parse_calls_response(message)
-    assert bytes(events[0].data) == b"abc"
+    assert type(events[0]) is wire.RawResultChunk and bytes(events[0].data) == data
     assert isinstance(events[1], pb.SandboxEvent) and events[1].result_chunk.data == b"abc"
 
 
@@ -115,6 +136,28 @@ def test_events_from_a_list_of_views_mean_their_concatenation(split):
     assert b"".join(wire.start_call_event("c1", "m::f", views, 12, b"", 0)) == b"".join(
         wire.start_call_event("c1", "m::f", memoryview(data), 12, b"", 0)
     )
+
+
+@pytest.mark.parametrize(
+    "args, kwargs",
+    [
+        ((), {}),
+        ((1, 2.5, None, True, -(10**40)), {}),
+        (("s" * 4095, b"b" * 4095, "\u00e9"), {}),
+        (("s" * 4096,), {}),  # long enough to go through pickle_pieces
+        ((b"b" * (2 << 20),), {}),
+        ((1,), {"k": 2}),
+        (([1, 2], {"a": b"x"}), {}),
+    ],
+)
+def test_pickle_arguments_is_pickle_pieces(args, kwargs):
+    ours = wire.pickle_arguments(args, kwargs, 1 << 20)
+    theirs = wire.pickle_pieces((args, kwargs), 1 << 20)
+    assert type(ours) is type(theirs)
+    if type(ours) is wire.Pieces:
+        assert b"".join(ours.views) == b"".join(theirs.views)
+    else:
+        assert ours == theirs
 
 
 def test_pickle_pieces_is_pickle_dumps_without_copying_large_bytes():

@@ -58,7 +58,7 @@ from agentix.runtime.client import wire
 from agentix.runtime.client.target import grpc_target
 from agentix.runtime.client.tls import TlsFiles
 from agentix.runtime.client.traces import TraceCursor, TracesStream
-from agentix.runtime.shared.callables import RemoteCallable, display_name_for
+from agentix.runtime.shared.callables import named_target
 from agentix.runtime.shared.ids import UniqueIds
 from agentix.runtime.shared.models import HealthResponse, RemoteError
 from agentix.runtime.shared.safepickle import DecodeBusy, restricted_loads, restricted_loads_chunks
@@ -322,20 +322,13 @@ class RuntimeClient:
         on the event loop.
         Cancelling the awaiting task cancels the call in the sandbox too.
         """
-        display_name = display_name_for(fn)
-        callable_ref = RemoteCallable._resolve(fn)
+        display_name, callable_ref = named_target(fn)
         if self._bundle_check is not None:
             self._bundle_check.check(callable_ref)
         # In pieces when large: a big bytes argument is not copied into the pickle.
-        arguments = wire.pickle_pieces((args, kwargs), CHUNK_BYTES)
+        arguments = wire.pickle_arguments(args, kwargs, CHUNK_BYTES)
         carrier = wire.context_carrier()
-        lost = self._channel_broken
-        try:
-            stream = await self._live_stream()
-        except (RuntimeUnreachable, OSError, grpc.aio.AioRpcError) as failure:
-            if not (lost and self._reconnect_enabled):
-                raise
-            stream = await self._reconnect_for_call(failure)
+        stream = self._stream_now() or await self._stream_for_call()
 
         # Registering and starting happen without yielding to the loop right after
         # _live_stream() saw the stream alive, so a loss cannot slip in between.
@@ -398,20 +391,13 @@ class RuntimeClient:
         a target that returns something not iterable raises `RemoteCallError`
         with type ``TypeError``.
         """
-        display_name = display_name_for(fn)
-        callable_ref = RemoteCallable._resolve(fn)
+        display_name, callable_ref = named_target(fn)
         if self._bundle_check is not None:
             self._bundle_check.check(callable_ref)
         # In pieces when large: a big bytes argument is not copied into the pickle.
-        arguments = wire.pickle_pieces((args, kwargs), CHUNK_BYTES)
+        arguments = wire.pickle_arguments(args, kwargs, CHUNK_BYTES)
         carrier = wire.context_carrier()
-        lost = self._channel_broken
-        try:
-            stream = await self._live_stream()
-        except (RuntimeUnreachable, OSError, grpc.aio.AioRpcError) as failure:
-            if not (lost and self._reconnect_enabled):
-                raise
-            stream = await self._reconnect_for_call(failure)
+        stream = self._stream_now() or await self._stream_for_call()
 
         loop = asyncio.get_running_loop()
         call = PendingCall(
@@ -547,18 +533,24 @@ class RuntimeClient:
         if channel is not None:
             await close_channel(channel)
 
-    async def _live_stream(self) -> CallsStream:
-        """Returns the open Calls stream, connecting first if there is none."""
+    def _stream_now(self) -> CallsStream | None:
+        """The open Calls stream, or None (`_live_stream` connects); no coroutine per call."""
         stream = self._stream
-        if stream is not None and stream.alive:
-            if self._channel is not None:
-                reopen_lost_feeds(self._feeds, self, self._channel, self._metadata, _FEED_REOPEN_SECONDS)
+        if stream is None or not stream.alive:
+            return None
+        if (channel := self._channel) is not None:
+            reopen_lost_feeds(self._feeds, self, channel, self._metadata, _FEED_REOPEN_SECONDS)
             namespaces = self._namespaces
-            if namespaces.registered and self._channel is not None and not namespaces.alive():
+            if namespaces.registered and not namespaces.alive():
                 now = asyncio.get_running_loop().time()
                 if now - namespaces.reopened_at >= _FEED_REOPEN_SECONDS:
                     namespaces.reopened_at = now
-                    namespaces.open(self._channel)  # not awaited: calls go on
+                    namespaces.open(channel)  # not awaited: calls go on
+        return stream
+
+    async def _live_stream(self) -> CallsStream:
+        """Returns the open Calls stream, connecting first if there is none."""
+        if (stream := self._stream_now()) is not None:
             return stream
         async with self._connect_lock:
             if self._stream is None or not self._stream.alive:
@@ -577,6 +569,16 @@ class RuntimeClient:
                 # the host's namespaces open: wait for the daemon's answer.
                 await self._namespaces.confirm(self._namespaces.open(channel), min(self.timeout, _CONFIRM_SECONDS))
             return self._stream
+
+    async def _stream_for_call(self) -> CallsStream:
+        """`_live_stream` for a new call (after a lost connection: `_reconnect_for_call`)."""
+        lost = self._channel_broken
+        try:
+            return await self._live_stream()
+        except (RuntimeUnreachable, OSError, grpc.aio.AioRpcError) as failure:
+            if not (lost and self._reconnect_enabled):
+                raise
+            return await self._reconnect_for_call(failure)
 
     async def _reconnect_for_call(self, failure: BaseException) -> CallsStream:
         """The Calls stream for a new call whose first reconnect, after the

@@ -264,21 +264,26 @@ class CallsStream:
             self._acks_due = True
             self._kick()
 
-    def _take_acks(self) -> list[pb.HostEvent]:
-        acks = [pb.HostEvent(ack=pb.AckResult(call_id=call_id)) for call_id in self._acks]
-        self._recent_acks.extend(self._acks)
-        self._acks.clear()
+    def _take_acks(self) -> list:
+        """The waiting acks, encoded (wire.ack_events: one piece for all)."""
+        acks = self._acks
+        encoded = wire.ack_events(acks)
+        self._recent_acks.extend(acks)
+        acks.clear()
         # A pending ack timer stays: when it fires with no acks waiting it does
         # nothing, which is cheaper than cancelling and re-arming it per call.
         self._acks_due = False
-        return acks
+        return [encoded]
 
     def _take_batch(self) -> list[pb.HostEvent | list]:
         """Takes the events of the next message, within BATCH_BYTES: waiting
         acks, then queued events, then argument chunks taken round-robin from
         the uploads."""
-        batch: list[pb.HostEvent] = self._take_acks() if self._acks else []
-        size = len(batch) * _EVENT_OVERHEAD
+        batch: list[pb.HostEvent | list] = []
+        size = 0
+        if self._acks:
+            size = len(self._acks) * _EVENT_OVERHEAD
+            batch.append(self._take_acks())
         queue = self._queue
         while queue:
             event_size, event, upload = queue[0]
@@ -371,15 +376,16 @@ class CallsStream:
                 self._add_chunk(call, event.data)
             return
         kind = event.WhichOneof("kind")
-        if kind == "result_chunk":
+        if kind == "result":  # the common case first
+            result = event.result
+            call_id = result.call_id
+            if result.log_seq or result.trace_seq:
+                self._set_barrier(call_id, result.log_seq, result.trace_seq)
+            self._finish(call_id, self._result_outcome(result, call_id))
+        elif kind == "result_chunk":
             call = self._pending.get(event.result_chunk.call_id)
             if call is not None:
                 self._add_chunk(call, event.result_chunk.data)
-        elif kind == "result":
-            result = event.result
-            if result.log_seq or result.trace_seq:
-                self._set_barrier(result.call_id, result.log_seq, result.trace_seq)
-            self._finish(result.call_id, self._result_outcome(result))
         elif kind == "error":
             failure = event.error
             if failure.log_seq or failure.trace_seq:
@@ -453,8 +459,8 @@ class CallsStream:
         )
         self.cancel_call(call.call_id)
 
-    def _result_outcome(self, result: pb.CallResult) -> Outcome | ResultTooLarge:
-        call = self._pending.get(result.call_id)
+    def _result_outcome(self, result: pb.CallResult, call_id: str) -> Outcome | ResultTooLarge:
+        call = self._pending.get(call_id)
         value: bytes | list
         if call is None or not call.result_chunks:
             value = result.value

@@ -37,6 +37,7 @@ __all__ = [
     "CALLS_METHOD",
     "Pieces",
     "RawResultChunk",
+    "ack_events",
     "argument_chunk_event",
     "request_event",
     "byte_views",
@@ -44,6 +45,7 @@ __all__ = [
     "context_carrier",
     "namespace_event_request",
     "parse_calls_response",
+    "pickle_arguments",
     "pickle_pieces",
     "start_call_event",
 ]
@@ -69,6 +71,8 @@ _START_TRACESTATE = 9 << 3 | 2  # StartCall.tracestate
 _START_BAGGAGE = 10 << 3 | 2  # StartCall.baggage (map entries: key 1, value 2)
 _MAP_KEY = 1 << 3 | 2
 _MAP_VALUE = 2 << 3 | 2
+_HOST_ACK = 5 << 3 | 2  # HostEvent.ack
+_ACK_CALL_ID = 1 << 3 | 2  # AckResult.call_id
 _SANDBOX_RESULT_CHUNK = 1 << 3 | 2  # SandboxEvent.result_chunk
 _NS_REQUEST_EVENT = 2 << 3 | 2  # NamespaceRequest.event
 _NS_EVENT_NAME = 1 << 3 | 2  # NamespaceEvent.event
@@ -149,6 +153,31 @@ def pickle_pieces(obj, joined_up_to: int) -> bytes | Pieces:
     return pieces
 
 
+# ((), {}): the arguments of a call without any.
+_NO_ARGUMENTS = pickle.dumps(((), {}), protocol=5)
+# Argument types pickled in one piece by pickle.dumps (no large buffer to keep
+# out of the pickle); str and bytes only when shorter than _ONE_PIECE_BYTES.
+_FLAT_TYPES = frozenset((type(None), bool, int, float))
+_STRING_TYPES = frozenset((str, bytes))
+_ONE_PIECE_BYTES = 4096
+
+
+def pickle_arguments(args: tuple, kwargs: dict, joined_up_to: int) -> bytes | Pieces:
+    """``pickle_pieces((args, kwargs), joined_up_to)``'s bytes; without
+    `_PickleSink` when no argument can be large (none, or positional
+    scalars and short strings only), as is common."""
+    if not kwargs:
+        if not args:
+            return _NO_ARGUMENTS
+        for arg in args:
+            kind = type(arg)
+            if kind not in _FLAT_TYPES and (kind not in _STRING_TYPES or len(arg) >= _ONE_PIECE_BYTES):
+                break
+        else:
+            return pickle.dumps((args, kwargs), protocol=5)
+    return pickle_pieces((args, kwargs), joined_up_to)
+
+
 def byte_views(data: bytes | Pieces, start: int, end: int) -> list[memoryview]:
     """Views (not copies) of ``data[start:end]``."""
     if type(data) is Pieces:
@@ -175,6 +204,30 @@ def namespace_event_request(event: str, payload: bytes, request_id: str) -> list
 def request_event(host_event: bytes) -> tuple[bytes, bytes]:
     """The pieces of one ``CallsRequest.events`` entry for a serialized HostEvent."""
     return _length_header(_EVENTS, len(host_event)), host_event
+
+
+# Id length -> the tags and lengths in front of an AckResult's call id in a
+# CallsRequest.events entry (ids under 122 bytes: every length is one byte).
+_ACK_HEADS = [bytes((_EVENTS, n + 4, _HOST_ACK, n + 2, _ACK_CALL_ID, n)) for n in range(122)]
+
+
+def ack_events(call_ids: Sequence[str]) -> bytes:
+    """The ``CallsRequest.events`` entries holding ``HostEvent{ack: {call_id}}``
+    for each id, in order, exactly as protobuf serializes them (an empty id
+    is left out as protobuf leaves an empty field out)."""
+    heads = _ACK_HEADS
+    out = []
+    for call_id in call_ids:
+        ident = call_id.encode()
+        size = len(ident)
+        if 0 < size < 122:
+            out.append(heads[size])
+            out.append(ident)
+        else:
+            ack = _length_header(_ACK_CALL_ID, size) + ident if size else b""
+            event = _length_header(_HOST_ACK, len(ack)) + ack
+            out.append(_length_header(_EVENTS, len(event)) + event)
+    return b"".join(out)
 
 
 def argument_chunk_event(call_id: str, data: memoryview | list[memoryview], offset: int) -> list:
@@ -339,6 +392,10 @@ def _start_fields(callable_ref: str) -> bytes:
     return fields
 
 
+# Call id length -> StartCall's call_id tag and length (ids under 128 bytes).
+_CALL_ID_HEADS = [bytes((_START_CALL_ID, n)) for n in range(128)]
+
+
 def start_call_event(
     call_id: str,
     callable_ref: str,
@@ -350,7 +407,9 @@ def start_call_event(
     """The pieces of one ``CallsRequest.events`` entry holding
     ``HostEvent{start: StartCall{...}}`` with pickle encoding, where
     ``arguments`` is the first chunk of the arguments (a byte view, or a list
-    of them meaning their concatenation; not copied here).
+    of them meaning their concatenation; not copied here unless shorter
+    than `_ONE_PIECE_BYTES`: then the event is one ``bytes``, one buffer
+    fewer for the socket to gather).
     Fields in number order, zero values left out: the bytes protobuf would
     produce, for a fraction of the cost of building the messages (the
     callable's fields are encoded once per callable)."""
@@ -362,19 +421,32 @@ def start_call_event(
         views = (arguments,)
         size = len(arguments)
     ident = call_id.encode()
-    head = _start_fields(callable_ref)
-    if ident:
-        head = _length_header(_START_CALL_ID, len(ident)) + ident + head
+    length = len(ident)
+    if length:
+        head = (_CALL_ID_HEADS[length] if length < 128 else _length_header(_START_CALL_ID, length)) + ident
+        head += _start_fields(callable_ref)
+    else:
+        head = _start_fields(callable_ref)
     if size:
-        head += _length_header(_START_ARGUMENTS, size)
-    tail = bytes((_START_ARGUMENTS_SIZE,)) + _varint(arguments_size) if arguments_size else b""
+        head += bytes((_START_ARGUMENTS, size)) if size < 0x80 else _length_header(_START_ARGUMENTS, size)
+    if arguments_size:
+        tail = bytes((_START_ARGUMENTS_SIZE, arguments_size)) if arguments_size < 0x80 else (
+            bytes((_START_ARGUMENTS_SIZE,)) + _varint(arguments_size))
+    else:
+        tail = b""
     if context:
         tail += context if type(context) is ContextFields else _length_header(_START_CONTEXT, len(context)) + context
     if stream_window:
         tail += bytes((_START_STREAM_WINDOW,)) + _varint(stream_window)
     start_size = len(head) + size + len(tail)
-    event_head = _length_header(_HOST_START, start_size)
-    return [_length_header(_EVENTS, len(event_head) + start_size) + event_head + head, *views, tail]
+    if start_size < 0x7E:  # both lengths in front of it are one byte
+        head = bytes((_EVENTS, start_size + 2, _HOST_START, start_size)) + head
+    else:
+        event_head = _length_header(_HOST_START, start_size)
+        head = _length_header(_EVENTS, len(event_head) + start_size) + event_head + head
+    if size < _ONE_PIECE_BYTES:
+        return [b"".join((head, *views, tail))]
+    return [head, *views, tail]
 
 
 @final  # as Pieces: `type(event) is RawResultChunk` narrows both ways
@@ -426,12 +498,21 @@ def _read_result_chunk(buf: memoryview, pos: int, end: int) -> RawResultChunk | 
     return RawResultChunk(call_id, data)
 
 
-def parse_calls_response(message: bytes) -> list:
+# Messages shorter than this are parsed by protobuf in one call (cheaper per
+# event than reading them here); a longer one may hold result chunks, whose
+# bytes are then handed over as views instead of copies.
+_PARSE_WHOLE_BYTES = 64 * 1024
+
+
+def parse_calls_response(message: bytes) -> Sequence:
     """The Calls stream's response deserializer: the message's events, each a
-    ``pb.SandboxEvent`` or, for result chunks, a `RawResultChunk`.
+    ``pb.SandboxEvent`` or, for result chunks in a message of at least
+    `_PARSE_WHOLE_BYTES`, a `RawResultChunk`.
 
     Anything this reader does not expect (unknown fields, a malformed
     message) is left to protobuf, which parses it or raises as it would have."""
+    if len(message) < _PARSE_WHOLE_BYTES:
+        return pb.CallsResponse.FromString(message).events
     buf = memoryview(message)
     end = len(buf)
     events: list = []

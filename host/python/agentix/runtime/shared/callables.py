@@ -26,10 +26,11 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["RemoteCallable", "display_name_for"]
+__all__ = ["RemoteCallable", "display_name_for", "named_target"]
 
 
 def display_name_for(fn: Any) -> str:
@@ -153,3 +154,30 @@ class RemoteCallable(str):
         if not callable(target):
             raise TypeError(f"resolved value is not callable (got {type(target).__name__})")
         return target
+
+
+# Plain function -> (__module__, __qualname__, __name__, display name, wire
+# form) as last resolved: a target called again costs one lookup and three
+# attribute checks instead of resolving (~0.45 us). Holds the functions;
+# bounded, cleared when full.
+_named: dict[types.FunctionType, tuple[str, str, str, str, RemoteCallable]] = {}
+_MAX_NAMED = 4096
+
+
+def named_target(fn: Callable[..., Any]) -> tuple[str, RemoteCallable]:
+    """``(display_name_for(fn), RemoteCallable._resolve(fn))``, raising as
+    `_resolve` does; remembered for plain functions while their module,
+    qualname and name stay what they were (``__main__``'s are resolved each
+    time: what they encode to depends on how the script was started)."""
+    if type(fn) is not types.FunctionType:
+        return display_name_for(fn), RemoteCallable._resolve(fn)
+    hit = _named.get(fn)
+    if hit is not None and hit[0] == fn.__module__ and hit[1] == fn.__qualname__ and hit[2] == fn.__name__:
+        return hit[3], hit[4]
+    display, ref = display_name_for(fn), RemoteCallable._resolve(fn)
+    module = fn.__module__
+    if module != "__main__":
+        if len(_named) >= _MAX_NAMED:
+            _named.clear()
+        _named[fn] = (module, fn.__qualname__, fn.__name__, display, ref)
+    return display, ref
