@@ -171,6 +171,9 @@ class FrameReader {
   // away or grows. Not zero-filled (a std::string would fill every read).
   char* Reserve(size_t n);
 
+  // The msgpack zone frames are decoded in, reused (frame.cc).
+  struct Scratch;
+  std::shared_ptr<Scratch> scratch_;
   std::unique_ptr<char[]> buffer_;
   size_t capacity_ = 0;
   size_t size_ = 0;    // bytes filled
