@@ -723,7 +723,7 @@ absl::StatusOr<WorkerProcess*> SessionManager::EnsureWorker() {
 }
 
 void SessionManager::OnWorkerFrames(uint64_t generation,
-                                    std::vector<ipc::Frame> frames) {
+                                    std::vector<ipc::Frame>& frames) {
   std::vector<const ipc::Frame*> log_frames;
   std::vector<const ipc::Frame*> trace_frames;
   std::vector<const ipc::Frame*> namespace_events;

@@ -607,6 +607,21 @@ ssize_t FrameReader::ReadFrom(int fd, size_t max_bytes) {
   return n;
 }
 
+size_t FrameReader::CompleteFrames() const {
+  size_t count = 0;
+  size_t at = offset_;
+  while (size_ - at >= 4) {
+    const auto* p = reinterpret_cast<const unsigned char*>(buffer_.get() + at);
+    const size_t len = static_cast<size_t>(p[0]) | (static_cast<size_t>(p[1]) << 8) |
+                       (static_cast<size_t>(p[2]) << 16) |
+                       (static_cast<size_t>(p[3]) << 24);
+    if (size_ - at - 4 < len) break;
+    at += 4 + len;
+    ++count;
+  }
+  return count;
+}
+
 absl::StatusOr<std::optional<Frame>> FrameReader::Next(
     std::string_view* data) {
   if (buffered() < 4) return std::optional<Frame>();

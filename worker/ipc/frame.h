@@ -165,6 +165,10 @@ class FrameReader {
   absl::StatusOr<std::optional<Frame>> Next(std::string_view* data = nullptr);
   // Bytes buffered but not yet consumed (a truncated frame at EOF shows here).
   size_t buffered() const { return size_ - offset_; }
+  // How many whole frames are buffered (by their length prefixes; bodies
+  // are not looked at): what Next() will return at most before it needs
+  // more bytes, so a caller can size its vector once.
+  size_t CompleteFrames() const;
 
  private:
   // Room for `n` more bytes at buffer_ + size_: compacts consumed bytes
