@@ -45,6 +45,11 @@ std::string OtelId(const std::string& agentix_id, size_t bytes) {
   return out;
 }
 
+// Room for what the daemon adds to a worker's record or event (seq,
+// worker_id, the three OpenTelemetry ids, with their tags and lengths):
+// far less than this, but a record near the limit is sized exactly anyway.
+constexpr size_t kDaemonFieldBytes = 1024;
+
 }  // namespace
 
 LogRecord ToLogRecord(const std::string& bytes, const std::string& worker_id) {
@@ -62,7 +67,11 @@ LogRecord ToLogRecord(const std::string& bytes, const std::string& worker_id) {
   }
   r.clear_seq();  // the buffer numbers it
   r.set_worker_id(worker_id);
-  FitLogRecord(r);  // no message over 4 MiB (wire_limits.h)
+  // No message over 4 MiB (wire_limits.h). A parsed message serializes to
+  // at most its input's bytes plus the fields set here, so a small one is
+  // not sized (each ByteSizeLong walks every field; the writer sizes it
+  // again anyway).
+  if (bytes.size() + kDaemonFieldBytes > kMaxWireItemBytes) FitLogRecord(r);
   return r;
 }
 
@@ -96,7 +105,7 @@ std::optional<TraceEvent> ToTraceEvent(const std::string& bytes,
   e.set_span_id(OtelId(e.agentix_span_id(), 8));
   e.set_parent_span_id(OtelId(e.agentix_parent_id(), 8));
   e.set_worker_id(worker_id);
-  FitTraceEvent(e);
+  if (bytes.size() + kDaemonFieldBytes > kMaxWireItemBytes) FitTraceEvent(e);
   return e;
 }
 
