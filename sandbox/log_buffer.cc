@@ -88,7 +88,13 @@ bool ValidUtf8(std::string_view text) {
 }
 
 // What the checks need to know of a field of runtime.proto's messages.
-enum class FieldKind { kOther, kString, kAttribute, kAttributeValue, kSpanEvent };
+enum class FieldKind {
+  kOther,
+  kString,
+  kAttribute,
+  kAttributeValue,
+  kSpanEvent,
+};
 using KindOf = FieldKind (*)(uint32_t number);
 
 FieldKind LogRecordField(uint32_t number) {

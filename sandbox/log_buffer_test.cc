@@ -90,11 +90,14 @@ TEST_CASE("A worker's record is kept as sent; the daemon owns seq and "
 // message): the daemon's fields must appear once, whoever sent them.
 int Occurrences(const std::string& bytes, int number) {
   google::protobuf::io::CodedInputStream in(
-      reinterpret_cast<const uint8_t*>(bytes.data()), static_cast<int>(bytes.size()));
+      reinterpret_cast<const uint8_t*>(bytes.data()),
+      static_cast<int>(bytes.size()));
   google::protobuf::UnknownFieldSet fields;
   REQUIRE(fields.MergeFromCodedStream(&in));
   int n = 0;
-  for (int i = 0; i < fields.field_count(); ++i) n += fields.field(i).number() == number;
+  for (int i = 0; i < fields.field_count(); ++i) {
+    n += fields.field(i).number() == number;
+  }
   return n;
 }
 
@@ -145,7 +148,8 @@ TEST_CASE("Record bytes a host could not parse never reach it",
   CHECK(got.origin() == runtime::v1::LOG_ORIGIN_RUNTIME);
   CHECK(got.message().find("could not be decoded") != std::string::npos);
   // A surrogate (CESU-style) and a truncated sequence likewise.
-  for (const std::string& text : {std::string("\xed\xa0\x80"), std::string("a\xe2\x82")}) {
+  for (const std::string& text :
+       {std::string("\xed\xa0\x80"), std::string("a\xe2\x82")}) {
     runtime::v1::LogRecord r;
     r.set_message("zzz");
     std::string b = r.SerializeAsString();
@@ -154,13 +158,15 @@ TEST_CASE("Record bytes a host could not parse never reach it",
     CHECK(got.origin() == runtime::v1::LOG_ORIGIN_RUNTIME);
   }
   // A length past the end.
-  got = FullOf(ToWireLogRecord(std::string("\x2a\x10" "short", 7), "w1", &call));
+  got = FullOf(
+      ToWireLogRecord(std::string("\x2a\x10" "short", 7), "w1", &call));
   CHECK(got.origin() == runtime::v1::LOG_ORIGIN_RUNTIME);
   // An (empty) group: not what a worker sends, so not checked fast; the
   // full parse keeps it as an unknown field, as before.
   runtime::v1::LogRecord grouped;
   grouped.set_message("g");
-  got = FullOf(ToWireLogRecord(grouped.SerializeAsString() + "\x2b\x2c", "w1", &call));
+  got = FullOf(ToWireLogRecord(grouped.SerializeAsString() + "\x2b\x2c",
+                               "w1", &call));
   CHECK(got.message() == "g");
   // Not UTF-8 inside an attribute of a trace event (nested twice): refused,
   // as the full parse refuses it.
@@ -296,7 +302,8 @@ TEST_CASE("Overflow drops the oldest and says so in one warning record",
   REQUIRE(FullOf(*got[2]).message() == "9");
   REQUIRE(FullOf(*got[3]).level_name() == "WARNING");
   REQUIRE(FullOf(*got[3]).origin() == runtime::v1::LOG_ORIGIN_RUNTIME);
-  REQUIRE(FullOf(*got[3]).message().find("7 sandbox log records were dropped") == 0);
+  REQUIRE(FullOf(*got[3]).message().find(
+              "7 sandbox log records were dropped") == 0);
   // Seqs stay increasing across the warning.
   REQUIRE(got[3]->seq() > got[2]->seq());
 }
@@ -334,7 +341,8 @@ TEST_CASE("A resuming host is told how many records it can no longer get",
   REQUIRE(FullOf(*got[0]).message() == "8");
   REQUIRE(FullOf(*got[2]).message() == "10");
   REQUIRE(FullOf(*got[3]).level_name() == "WARNING");
-  REQUIRE(FullOf(*got[3]).message().find("3 sandbox log records were dropped") == 0);
+  REQUIRE(FullOf(*got[3]).message().find(
+              "3 sandbox log records were dropped") == 0);
 
   // A host that is up to date misses nothing and hears no warning.
   auto current = std::make_shared<RecordingSubscriber>();
@@ -432,7 +440,8 @@ TEST_CASE("Trace events carry OpenTelemetry ids; their drops go to the logs",
   REQUIRE(trace_sub->count == 2);
   auto got = log_sub->got();
   REQUIRE(got.size() == 1);
-  REQUIRE(FullOf(*got[0]).message().find("3 sandbox trace events were dropped") == 0);
+  REQUIRE(FullOf(*got[0]).message().find(
+              "3 sandbox trace events were dropped") == 0);
 }
 
 }  // namespace

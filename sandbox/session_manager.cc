@@ -754,7 +754,8 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
     records.reserve(log_frames.size());
     log_calls.resize(log_frames.size());
     for (size_t i = 0; i < log_frames.size(); ++i) {
-      records.push_back(ToWireLogRecord(log_frames[i]->record, "", &log_calls[i]));
+      records.push_back(
+          ToWireLogRecord(log_frames[i]->record, "", &log_calls[i]));
     }
     std::vector<wire::TraceEventWire> events;
     events.reserve(trace_frames.size());

@@ -612,7 +612,8 @@ size_t FrameReader::CompleteFrames() const {
   size_t at = offset_;
   while (size_ - at >= 4) {
     const auto* p = reinterpret_cast<const unsigned char*>(buffer_.get() + at);
-    const size_t len = static_cast<size_t>(p[0]) | (static_cast<size_t>(p[1]) << 8) |
+    const size_t len = static_cast<size_t>(p[0]) |
+                       (static_cast<size_t>(p[1]) << 8) |
                        (static_cast<size_t>(p[2]) << 16) |
                        (static_cast<size_t>(p[3]) << 24);
     if (size_ - at - 4 < len) break;
