@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <optional>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,8 @@ namespace agentix::sandbox {
 using runtime::v1::Attribute;
 using runtime::v1::LogRecord;
 using runtime::v1::TraceEvent;
+using wire::LogRecordWire;
+using wire::TraceEventWire;
 
 namespace {
 
@@ -23,11 +26,11 @@ int64_t NowUnixNanos() {
 
 // "trace_<32 hex>" / "span_<24 hex>" -> the OpenTelemetry byte id of
 // `bytes` bytes (leading hex digits); empty if the id is not of that form.
-std::string OtelId(const std::string& agentix_id, size_t bytes) {
+std::string OtelId(std::string_view agentix_id, size_t bytes) {
   const size_t underscore = agentix_id.find('_');
-  const std::string hex = underscore == std::string::npos
-                              ? agentix_id
-                              : agentix_id.substr(underscore + 1);
+  const std::string_view hex = underscore == std::string_view::npos
+                                   ? agentix_id
+                                   : agentix_id.substr(underscore + 1);
   if (hex.size() < 2 * bytes) return "";
   std::string out;
   for (size_t i = 0; i < bytes; ++i) {
@@ -44,6 +47,177 @@ std::string OtelId(const std::string& agentix_id, size_t bytes) {
   }
   return out;
 }
+
+// Strict UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF.
+// What protobuf's parse of a proto3 string accepts, or less (anything this
+// refuses takes the full parse, which decides as it always did).
+bool ValidUtf8(std::string_view text) {
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len;
+    uint32_t cp;
+    if ((c & 0xE0) == 0xC0) {
+      len = 2, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (n - i < len) return false;
+    for (size_t k = 1; k < len; ++k) {
+      const unsigned cc = p[i + k];
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+// What the checks need to know of a field of runtime.proto's messages.
+enum class FieldKind {
+  kOther,
+  kString,
+  kAttribute,
+  kAttributeValue,
+  kSpanEvent,
+};
+using KindOf = FieldKind (*)(uint32_t number);
+
+FieldKind LogRecordField(uint32_t number) {
+  switch (number) {
+    case 2: case 4: case 5: case 7: case 9: case 10: case 11: case 13:
+    case 14: case 15: case 17:
+      return FieldKind::kString;
+    default:
+      return FieldKind::kOther;  // varints and `extras` (bytes)
+  }
+}
+FieldKind AttributeValueField(uint32_t number) {
+  return number == 1 ? FieldKind::kString : FieldKind::kOther;
+}
+FieldKind AttributeField(uint32_t number) {
+  return number == 1   ? FieldKind::kString
+         : number == 2 ? FieldKind::kAttributeValue
+                       : FieldKind::kOther;
+}
+FieldKind SpanEventField(uint32_t number) {
+  return number == 1   ? FieldKind::kString
+         : number == 3 ? FieldKind::kAttribute
+                       : FieldKind::kOther;
+}
+FieldKind TraceEventField(uint32_t number) {
+  switch (number) {
+    case 6: case 7: case 8: case 9: case 15: case 16: case 18: case 19:
+      return FieldKind::kString;
+    case 12: case 17:
+      return FieldKind::kAttribute;
+    case 13:
+      return FieldKind::kSpanEvent;
+    default:
+      return FieldKind::kOther;
+  }
+}
+
+bool ReadVarint(const unsigned char*& p, const unsigned char* end,
+                uint64_t& out) {
+  out = 0;
+  for (int shift = 0; shift <= 63; shift += 7) {
+    if (p == end) return false;
+    const unsigned b = *p++;
+    if (shift == 63 && b > 1) return false;  // more than 64 bits
+    out |= static_cast<uint64_t>(b & 0x7F) << shift;
+    if ((b & 0x80) == 0) return true;
+  }
+  return false;
+}
+
+// The visitor of nested messages (one type, so CheckMessage is
+// instantiated once for them).
+struct IgnoreFields {
+  void operator()(uint64_t, std::string_view) const {}
+};
+
+// Whether `bytes` is a well-formed message whose fields `kind_of` names,
+// every string field (nested ones too) valid UTF-8: what a host's parse of
+// the response needs. `visit(number, value)` sees each length-delimited
+// field of the top level. Stricter than protobuf where that costs nothing
+// (no groups, no over-long varints): what this refuses takes the full parse.
+template <typename Visit>
+bool CheckMessage(std::string_view bytes, KindOf kind_of, Visit&& visit) {
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  const auto* const end = p + bytes.size();
+  while (p < end) {
+    uint64_t tag;
+    if (!ReadVarint(p, end, tag)) return false;
+    const uint64_t number = tag >> 3;
+    if (number == 0 || number > 536870911) return false;
+    switch (tag & 7) {
+      case 0: {
+        uint64_t ignored;
+        if (!ReadVarint(p, end, ignored)) return false;
+        break;
+      }
+      case 1:
+        if (end - p < 8) return false;
+        p += 8;
+        break;
+      case 5:
+        if (end - p < 4) return false;
+        p += 4;
+        break;
+      case 2: {
+        uint64_t len;
+        if (!ReadVarint(p, end, len)) return false;
+        if (len > static_cast<uint64_t>(end - p)) return false;
+        const std::string_view value(reinterpret_cast<const char*>(p), len);
+        p += len;
+        const IgnoreFields none;
+        bool ok = true;
+        switch (kind_of(static_cast<uint32_t>(number))) {
+          case FieldKind::kString:
+            ok = ValidUtf8(value);
+            break;
+          case FieldKind::kAttribute:
+            ok = CheckMessage(value, AttributeField, none);
+            break;
+          case FieldKind::kAttributeValue:
+            ok = CheckMessage(value, AttributeValueField, none);
+            break;
+          case FieldKind::kSpanEvent:
+            ok = CheckMessage(value, SpanEventField, none);
+            break;
+          case FieldKind::kOther:
+            break;
+        }
+        if (!ok) return false;
+        visit(number, value);
+        break;
+      }
+      default:  // groups (3, 4) and the unused 6, 7
+        return false;
+    }
+  }
+  return true;
+}
+
+// Room for what the daemon adds to a worker's record or event (seq,
+// worker_id, the three OpenTelemetry ids, with their tags and lengths):
+// far less than this, but a record near the limit is sized exactly anyway.
+constexpr size_t kDaemonFieldBytes = 1024;
 
 }  // namespace
 
@@ -62,7 +236,11 @@ LogRecord ToLogRecord(const std::string& bytes, const std::string& worker_id) {
   }
   r.clear_seq();  // the buffer numbers it
   r.set_worker_id(worker_id);
-  FitLogRecord(r);  // no message over 4 MiB (wire_limits.h)
+  // No message over 4 MiB (wire_limits.h). A parsed message serializes to
+  // at most its input's bytes plus the fields set here, so a small one is
+  // not sized (each ByteSizeLong walks every field; the writer sizes it
+  // again anyway).
+  if (bytes.size() + kDaemonFieldBytes > kMaxWireItemBytes) FitLogRecord(r);
   return r;
 }
 
@@ -96,7 +274,7 @@ std::optional<TraceEvent> ToTraceEvent(const std::string& bytes,
   e.set_span_id(OtelId(e.agentix_span_id(), 8));
   e.set_parent_span_id(OtelId(e.agentix_parent_id(), 8));
   e.set_worker_id(worker_id);
-  FitTraceEvent(e);
+  if (bytes.size() + kDaemonFieldBytes > kMaxWireItemBytes) FitTraceEvent(e);
   return e;
 }
 
@@ -176,11 +354,95 @@ LogRecord DropWarning(uint64_t dropped, size_t capacity,
                    " entries) filled up before a host received them"));
 }
 
+LogRecordWire ToWireLogRecord(const std::string& bytes,
+                              const std::string& worker_id,
+                              std::string* call_id) {
+  std::string_view call;
+  LogRecordWire w;
+  // Checked, not decoded: only seq and worker_id are parsed out (so they
+  // appear once, the daemon's); every other field stays the worker's bytes.
+  if (bytes.size() + kDaemonFieldBytes <= kMaxWireItemBytes &&
+      CheckMessage(bytes, LogRecordField,
+                   [&](uint64_t number, std::string_view value) {
+                     if (number == 14) call = value;  // the last one wins
+                   }) &&
+      w.ParseFromString(bytes)) {
+    call_id->assign(call);
+    w.clear_seq();  // the buffer numbers it
+    w.set_worker_id(worker_id);
+    return w;
+  }
+  // Too big, malformed or not UTF-8: decoded, cut or replaced as before.
+  const LogRecord full = ToLogRecord(bytes, worker_id);
+  *call_id = full.call_id();
+  return WireOf(full);
+}
+
+std::optional<TraceEventWire> ToWireTraceEvent(const std::string& bytes,
+                                               const std::string& worker_id,
+                                               std::string* call_id) {
+  std::string_view trace, span, parent, call;
+  TraceEventWire w;
+  if (bytes.size() + kDaemonFieldBytes <= kMaxWireItemBytes &&
+      CheckMessage(bytes, TraceEventField,
+                   [&](uint64_t number, std::string_view value) {
+                     if (number == 6) trace = value;
+                     else if (number == 7) span = value;
+                     else if (number == 8) parent = value;
+                     else if (number == 18) call = value;
+                   }) &&
+      w.ParseFromString(bytes)) {
+    call_id->assign(call);
+    w.clear_seq();
+    w.set_trace_id(OtelId(trace, 16));
+    w.set_span_id(OtelId(span, 8));
+    w.set_parent_span_id(OtelId(parent, 8));
+    w.set_worker_id(worker_id);
+    return w;
+  }
+  std::optional<TraceEvent> full = ToTraceEvent(bytes, worker_id);
+  if (!full.has_value()) return std::nullopt;
+  *call_id = full->call_id();
+  return WireOf(*full);
+}
+
+LogRecordWire WireOf(const LogRecord& record) {
+  LogRecordWire w;
+  // Parsing what a LogRecord serializes to cannot fail: same field numbers.
+  w.ParseFromString(record.SerializeAsString());
+  return w;
+}
+
+LogRecord FullOf(const LogRecordWire& record) {
+  LogRecord r;
+  r.ParseFromString(record.SerializeAsString());
+  return r;
+}
+
+TraceEventWire WireOf(const TraceEvent& event) {
+  TraceEventWire w;
+  w.ParseFromString(event.SerializeAsString());
+  return w;
+}
+
+TraceEvent FullOf(const TraceEventWire& event) {
+  TraceEvent e;
+  e.ParseFromString(event.SerializeAsString());
+  return e;
+}
+
+uint64_t LogBuffer::Append(std::vector<LogRecord> records) {
+  std::vector<LogRecordWire> wire;
+  wire.reserve(records.size());
+  for (const LogRecord& r : records) wire.push_back(WireOf(r));
+  return Append(std::move(wire));
+}
+
 std::unique_ptr<LogBuffer> MakeLogBuffer(size_t capacity) {
   return std::make_unique<LogBuffer>(
       capacity, "log",
-      [](uint64_t dropped, size_t cap) -> std::optional<LogRecord> {
-        return DropWarning(dropped, cap, "log records");
+      [](uint64_t dropped, size_t cap) -> std::optional<LogRecordWire> {
+        return WireOf(DropWarning(dropped, cap, "log records"));
       },
       /*reports_into_self=*/true);
 }
@@ -189,9 +451,9 @@ std::unique_ptr<TraceBuffer> MakeTraceBuffer(size_t capacity,
                                              LogBuffer* logs) {
   return std::make_unique<TraceBuffer>(
       capacity, "trace",
-      [logs](uint64_t dropped, size_t cap) -> std::optional<TraceEvent> {
+      [logs](uint64_t dropped, size_t cap) -> std::optional<TraceEventWire> {
         // Lock order trace -> log; the log buffer never calls back here.
-        logs->Append({DropWarning(dropped, cap, "trace events")});
+        logs->Append({WireOf(DropWarning(dropped, cap, "trace events"))});
         return std::nullopt;
       },
       /*reports_into_self=*/false);

@@ -10,16 +10,48 @@
 #include <vector>
 
 #include "agentix/runtime/v1/runtime.pb.h"
+#include "agentix/sandbox/v1/side_wire.pb.h"
 #include "sandbox/seq_buffer.h"
 
 namespace agentix::sandbox {
 
-using LogBuffer = SeqBuffer<runtime::v1::LogRecord>;
+// The buffers hold records as the worker sent them (side_wire.proto): the
+// daemon checks the bytes, sets the fields it owns, and the Logs / Traces
+// streams write them without decoding and re-encoding every field.
+class LogBuffer : public SeqBuffer<wire::LogRecordWire> {
+ public:
+  using SeqBuffer::SeqBuffer;
+  using SeqBuffer::Append;
+  // Appends records the daemon made itself (warnings), as Append does.
+  uint64_t Append(std::vector<runtime::v1::LogRecord> records);
+};
 using LogRecordPtr = LogBuffer::RecordPtr;
 using LogSubscriber = LogBuffer::Subscriber;
-using TraceBuffer = SeqBuffer<runtime::v1::TraceEvent>;
+using TraceBuffer = SeqBuffer<wire::TraceEventWire>;
 using TraceEventPtr = TraceBuffer::RecordPtr;
 using TraceSubscriber = TraceBuffer::Subscriber;
+
+// What the daemon keeps of a worker's `log` frame (ipc::Frame::record, a
+// serialized LogRecord): the bytes as they came when they are a well-formed
+// LogRecord (every string field valid UTF-8) that fits the wire limit,
+// else what ToLogRecord makes of them (cut to fit, or the WARNING record).
+// seq is left for the buffer; worker_id is `worker_id`; `*call_id` (not
+// null) gets the record's call_id.
+wire::LogRecordWire ToWireLogRecord(const std::string& bytes,
+                                    const std::string& worker_id,
+                                    std::string* call_id);
+// The same for a `trace` frame (a serialized TraceEvent), with the
+// OpenTelemetry byte ids derived from the agentix ids; nullopt where
+// ToTraceEvent gives nullopt (bytes that do not parse).
+std::optional<wire::TraceEventWire> ToWireTraceEvent(
+    const std::string& bytes, const std::string& worker_id,
+    std::string* call_id);
+
+// A full record (event) as the buffer keeps it, and back (tests, warnings).
+wire::LogRecordWire WireOf(const runtime::v1::LogRecord& record);
+runtime::v1::LogRecord FullOf(const wire::LogRecordWire& record);
+wire::TraceEventWire WireOf(const runtime::v1::TraceEvent& event);
+runtime::v1::TraceEvent FullOf(const wire::TraceEventWire& event);
 
 // The record a worker's `log` frame carries (ipc::Frame::record, a
 // serialized LogRecord), from worker `worker_id`. Bytes that do not parse

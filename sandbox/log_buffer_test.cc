@@ -2,7 +2,11 @@
 
 #include <catch2/catch.hpp>
 
+#include <random>
 #include <thread>
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/unknown_field_set.h>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -33,17 +37,18 @@ class RecordingSubscriber : public LogSubscriber {
 
 std::vector<std::string> Messages(RecordingSubscriber& sub) {
   std::vector<std::string> out;
-  for (const auto& r : sub.got()) out.push_back(r->message());
+  for (const auto& r : sub.got()) out.push_back(FullOf(*r).message());
   return out;
 }
 
-runtime::v1::LogRecord Entry(const std::string& message,
-                             const std::string& worker = "w") {
+wire::LogRecordWire Entry(const std::string& message,
+                          const std::string& worker = "w") {
   runtime::v1::LogRecord e;
   e.set_logger("app");
   e.set_message(message);
   e.set_call_id("c1");
-  return ToLogRecord(e.SerializeAsString(), worker);
+  std::string call;
+  return ToWireLogRecord(e.SerializeAsString(), worker, &call);
 }
 
 TEST_CASE("A worker's record is kept as sent; the daemon owns seq and "
@@ -81,6 +86,160 @@ TEST_CASE("A worker's record is kept as sent; the daemon owns seq and "
   CHECK(bad.worker_id() == "w1");
 }
 
+// How often field `number` occurs at the top level of `bytes` (a valid
+// message): the daemon's fields must appear once, whoever sent them.
+int Occurrences(const std::string& bytes, int number) {
+  google::protobuf::io::CodedInputStream in(
+      reinterpret_cast<const uint8_t*>(bytes.data()),
+      static_cast<int>(bytes.size()));
+  google::protobuf::UnknownFieldSet fields;
+  REQUIRE(fields.MergeFromCodedStream(&in));
+  int n = 0;
+  for (int i = 0; i < fields.field_count(); ++i) {
+    n += fields.field(i).number() == number;
+  }
+  return n;
+}
+
+TEST_CASE("The daemon forwards a worker's record bytes as sent, with its own "
+          "seq and worker_id once",
+          "[logs][wire]") {
+  runtime::v1::LogRecord sent;
+  sent.set_seq(77);  // forged: not the worker's to choose
+  sent.set_worker_id("fake");
+  sent.set_logger("app.ünï");
+  sent.set_level(40);
+  sent.set_message("m \xe2\x82\xac \xf0\x9f\x98\x80");  // €, an emoji
+  sent.set_call_id("call-1");
+  sent.set_extras(std::string("\x81\xa1k\xc4\x02\xff\x00", 7));  // binary
+  std::string bytes = sent.SerializeAsString();
+  bytes += std::string("\xba\x3e\x03new", 6);  // field 999: rides along
+  std::string call;
+  wire::LogRecordWire w = ToWireLogRecord(bytes, "w1", &call);
+  CHECK(call == "call-1");
+  w.set_seq(5);
+  const std::string out = w.SerializeAsString();
+  CHECK(Occurrences(out, 1) == 1);
+  CHECK(Occurrences(out, 13) == 1);
+  runtime::v1::LogRecord got;
+  REQUIRE(got.ParseFromString(out));
+  runtime::v1::LogRecord want = sent;
+  want.set_seq(5);
+  want.set_worker_id("w1");
+  runtime::v1::LogRecord known = got;
+  known.GetReflection()->MutableUnknownFields(&known)->Clear();
+  CHECK(known.SerializeAsString() == want.SerializeAsString());
+  CHECK(out.find(std::string("\xba\x3e\x03new", 6)) != std::string::npos);
+  // The worker's bytes are kept, not re-encoded.
+  CHECK(out.find(sent.message()) != std::string::npos);
+}
+
+TEST_CASE("Record bytes a host could not parse never reach it",
+          "[logs][wire]") {
+  std::string call;
+  // Not UTF-8 in a string field, top level: the full parse refuses it too,
+  // so the record becomes the warning, as before.
+  runtime::v1::LogRecord bad_text;
+  bad_text.set_logger("app");
+  bad_text.set_message("ok");
+  std::string bytes = bad_text.SerializeAsString();
+  bytes.replace(bytes.find("ok"), 2, "\xc0\xaf");  // an overlong '/'
+  runtime::v1::LogRecord got = FullOf(ToWireLogRecord(bytes, "w1", &call));
+  CHECK(got.origin() == runtime::v1::LOG_ORIGIN_RUNTIME);
+  CHECK(got.message().find("could not be decoded") != std::string::npos);
+  // A surrogate (CESU-style) and a truncated sequence likewise.
+  for (const std::string& text :
+       {std::string("\xed\xa0\x80"), std::string("a\xe2\x82")}) {
+    runtime::v1::LogRecord r;
+    r.set_message("zzz");
+    std::string b = r.SerializeAsString();
+    b.replace(b.find("zzz"), 3, text.size() == 3 ? text : text + "z");
+    got = FullOf(ToWireLogRecord(b, "w1", &call));
+    CHECK(got.origin() == runtime::v1::LOG_ORIGIN_RUNTIME);
+  }
+  // A length past the end.
+  got = FullOf(
+      ToWireLogRecord(std::string("\x2a\x10" "short", 7), "w1", &call));
+  CHECK(got.origin() == runtime::v1::LOG_ORIGIN_RUNTIME);
+  // An (empty) group: not what a worker sends, so not checked fast; the
+  // full parse keeps it as an unknown field, as before.
+  runtime::v1::LogRecord grouped;
+  grouped.set_message("g");
+  got = FullOf(ToWireLogRecord(grouped.SerializeAsString() + "\x2b\x2c",
+                               "w1", &call));
+  CHECK(got.message() == "g");
+  // Not UTF-8 inside an attribute of a trace event (nested twice): refused,
+  // as the full parse refuses it.
+  runtime::v1::TraceEvent event;
+  event.set_agentix_span_id("span_a0a1a2a3a4a5a6a7a8a9aaab");
+  auto* a = event.add_attributes();
+  a->set_key("k");
+  a->mutable_value()->set_string_value("vv");
+  std::string e = event.SerializeAsString();
+  e.replace(e.find("vv"), 2, "\xff\xfe");
+  CHECK_FALSE(ToWireTraceEvent(e, "w1", &call).has_value());
+  // The same with valid text passes, OpenTelemetry ids derived.
+  event.set_call_id("c9");
+  auto ok = ToWireTraceEvent(event.SerializeAsString(), "w1", &call);
+  REQUIRE(ok.has_value());
+  CHECK(call == "c9");
+  const runtime::v1::TraceEvent full = FullOf(*ok);
+  CHECK(full.span_id().size() == 8);
+  CHECK(full.attributes(0).value().string_value() == "vv");
+  CHECK(full.worker_id() == "w1");
+}
+
+TEST_CASE("Whatever bytes a worker sends, what the daemon keeps parses",
+          "[logs][wire]") {
+  // Random damage to real records: every kept record (and every kept trace
+  // event) must parse as the host parses it; refusals are the full parse's.
+  runtime::v1::LogRecord r;
+  r.set_logger("bench.side");
+  r.set_level(20);
+  r.set_level_name("INFO");
+  r.set_message("side-channel record 12345 \xc3\xa9");
+  r.set_file("/x/side_targets.py");
+  r.set_call_id("0123456789abcdef0123456789abcdef");
+  r.set_extras(std::string("\x81\xa1k\x01", 4));
+  runtime::v1::TraceEvent t;
+  t.set_kind(runtime::v1::TRACE_EVENT_KIND_SPAN_END);
+  t.set_agentix_trace_id("trace_000102030405060708090a0b0c0d0e0f");
+  t.set_name("s");
+  auto* a = t.add_attributes();
+  a->set_key("i");
+  a->mutable_value()->set_string_value("\xc3\xa9t\xc3\xa9");
+  auto* ev = t.add_events();
+  ev->set_name("e");
+  ev->add_attributes()->set_key("k");
+  const std::string log_bytes = r.SerializeAsString();
+  const std::string trace_bytes = t.SerializeAsString();
+  std::mt19937 rng(25);
+  std::string call;
+  for (int i = 0; i < 4000; ++i) {
+    const std::string& base = i % 2 ? trace_bytes : log_bytes;
+    std::string b = base;
+    for (int k = 1 + static_cast<int>(rng() % 3); k > 0; --k) {
+      const size_t at = rng() % b.size();
+      switch (rng() % 3) {
+        case 0: b[at] = static_cast<char>(rng()); break;
+        case 1: b.erase(at, 1 + rng() % 4); break;
+        default: b.insert(at, 1, static_cast<char>(rng())); break;
+      }
+      if (b.empty()) b = "x";
+    }
+    if (i % 2) {
+      auto w = ToWireTraceEvent(b, "w1", &call);
+      if (!w.has_value()) continue;
+      runtime::v1::TraceEvent parsed;
+      REQUIRE(parsed.ParseFromString(w->SerializeAsString()));
+    } else {
+      runtime::v1::LogRecord parsed;
+      REQUIRE(parsed.ParseFromString(
+          ToWireLogRecord(b, "w1", &call).SerializeAsString()));
+    }
+  }
+}
+
 TEST_CASE("Records before any subscriber are buffered and replayed in order",
           "[logs]") {
   auto owned = MakeLogBuffer(100);
@@ -92,13 +251,13 @@ TEST_CASE("Records before any subscriber are buffered and replayed in order",
   buffer.Append({Entry("three", "w2")});
   auto got = sub->got();
   REQUIRE(got.size() == 3);
-  REQUIRE(got[0]->message() == "one");
+  REQUIRE(FullOf(*got[0]).message() == "one");
   REQUIRE(got[0]->seq() == 1);
-  REQUIRE(got[0]->worker_id() == "w1");
-  REQUIRE(got[0]->call_id() == "c1");
-  REQUIRE(got[2]->message() == "three");
+  REQUIRE(FullOf(*got[0]).worker_id() == "w1");
+  REQUIRE(FullOf(*got[0]).call_id() == "c1");
+  REQUIRE(FullOf(*got[2]).message() == "three");
   REQUIRE(got[2]->seq() == 3);
-  REQUIRE(got[2]->worker_id() == "w2");
+  REQUIRE(FullOf(*got[2]).worker_id() == "w2");
 }
 
 TEST_CASE("Resubscribing after a seq skips what was seen; acks free space",
@@ -109,7 +268,7 @@ TEST_CASE("Resubscribing after a seq skips what was seen; acks free space",
   auto sub = std::make_shared<RecordingSubscriber>();
   REQUIRE(buffer.Subscribe(sub, 2).ok());
   REQUIRE(sub->got().size() == 1);
-  REQUIRE(sub->got()[0]->message() == "c");
+  REQUIRE(FullOf(*sub->got()[0]).message() == "c");
   buffer.Ack(2);
   REQUIRE(buffer.buffered() == 1);
   buffer.Unsubscribe(sub.get());
@@ -139,11 +298,12 @@ TEST_CASE("Overflow drops the oldest and says so in one warning record",
   // "7", "8", "9" and the warning: storing the warning evicts "7", but only
   // after it was handed to this subscriber, so it is not lost.
   REQUIRE(got.size() == 4);
-  REQUIRE(got[0]->message() == "7");
-  REQUIRE(got[2]->message() == "9");
-  REQUIRE(got[3]->level_name() == "WARNING");
-  REQUIRE(got[3]->origin() == runtime::v1::LOG_ORIGIN_RUNTIME);
-  REQUIRE(got[3]->message().find("7 sandbox log records were dropped") == 0);
+  REQUIRE(FullOf(*got[0]).message() == "7");
+  REQUIRE(FullOf(*got[2]).message() == "9");
+  REQUIRE(FullOf(*got[3]).level_name() == "WARNING");
+  REQUIRE(FullOf(*got[3]).origin() == runtime::v1::LOG_ORIGIN_RUNTIME);
+  REQUIRE(FullOf(*got[3]).message().find(
+              "7 sandbox log records were dropped") == 0);
   // Seqs stay increasing across the warning.
   REQUIRE(got[3]->seq() > got[2]->seq());
 }
@@ -159,7 +319,7 @@ TEST_CASE("Evicting records a connected host already got is not a drop",
   for (int i = 0; i < 100; ++i) buffer.Append({Entry(std::to_string(i))});
   auto got = sub->got();
   REQUIRE(got.size() == 100);
-  for (const auto& r : got) REQUIRE(r->level_name() != "WARNING");
+  for (const auto& r : got) REQUIRE(FullOf(*r).level_name() != "WARNING");
   REQUIRE(buffer.dropped_total() == 0);
   REQUIRE(buffer.buffered() == 3);
 }
@@ -178,10 +338,11 @@ TEST_CASE("A resuming host is told how many records it can no longer get",
   REQUIRE(buffer.Subscribe(resumed, 4, buffer.instance_id()).ok());
   auto got = resumed->got();
   REQUIRE(got.size() == 4);
-  REQUIRE(got[0]->message() == "8");
-  REQUIRE(got[2]->message() == "10");
-  REQUIRE(got[3]->level_name() == "WARNING");
-  REQUIRE(got[3]->message().find("3 sandbox log records were dropped") == 0);
+  REQUIRE(FullOf(*got[0]).message() == "8");
+  REQUIRE(FullOf(*got[2]).message() == "10");
+  REQUIRE(FullOf(*got[3]).level_name() == "WARNING");
+  REQUIRE(FullOf(*got[3]).message().find(
+              "3 sandbox log records were dropped") == 0);
 
   // A host that is up to date misses nothing and hears no warning.
   auto current = std::make_shared<RecordingSubscriber>();
@@ -264,7 +425,7 @@ TEST_CASE("Trace events carry OpenTelemetry ids; their drops go to the logs",
   // reports them on the Logs stream).
   REQUIRE_FALSE(ToTraceEvent(std::string("\x0a\x05" "ab", 4), "w1").has_value());
 
-  for (int i = 0; i < 5; ++i) traces->Append({e});
+  for (int i = 0; i < 5; ++i) traces->Append({WireOf(e)});
   auto log_sub = std::make_shared<RecordingSubscriber>();
   REQUIRE(logs->Subscribe(log_sub, 0).ok());
   class TraceSink : public TraceSubscriber {
@@ -279,7 +440,8 @@ TEST_CASE("Trace events carry OpenTelemetry ids; their drops go to the logs",
   REQUIRE(trace_sub->count == 2);
   auto got = log_sub->got();
   REQUIRE(got.size() == 1);
-  REQUIRE(got[0]->message().find("3 sandbox trace events were dropped") == 0);
+  REQUIRE(FullOf(*got[0]).message().find(
+              "3 sandbox trace events were dropped") == 0);
 }
 
 }  // namespace
@@ -372,7 +534,7 @@ class RacedSubscriber : public LogSubscriber {
     for (const auto& r : got_) {
       if (r->seq() <= last) continue;
       last = r->seq();
-      out.push_back(r->message());
+      out.push_back(FullOf(*r).message());
     }
     return out;
   }

@@ -264,20 +264,21 @@ class SideChannelReactor final : public ServerStream<Request, Response> {
   bool subscribed_ = false;  // only touched by read reactions
 };
 
+// Logs and Traces responses are written as side_wire.proto's messages: the
+// same bytes as LogsResponse / TracesResponse (log_buffer.h).
 struct LogsRecords {
-  static auto* Get(LogsResponse& r) { return r.mutable_records(); }
+  static auto* Get(wire::LogsResponseWire& r) { return r.mutable_records(); }
 };
-using LogsReactor = SideChannelReactor<LogsRequest, LogsResponse,
-                                       runtime::v1::LogRecord, LogsRecords>;
+using LogsReactor =
+    SideChannelReactor<LogsRequest, wire::LogsResponseWire,
+                       wire::LogRecordWire, LogsRecords>;
 
 struct TracesEvents {
-  static auto* Get(runtime::v1::TracesResponse& r) {
-    return r.mutable_events();
-  }
+  static auto* Get(wire::TracesResponseWire& r) { return r.mutable_events(); }
 };
 using TracesReactor =
-    SideChannelReactor<runtime::v1::TracesRequest, runtime::v1::TracesResponse,
-                       runtime::v1::TraceEvent, TracesEvents>;
+    SideChannelReactor<runtime::v1::TracesRequest, wire::TracesResponseWire,
+                       wire::TraceEventWire, TracesEvents>;
 
 struct NamespaceEvents {
   static auto* Get(runtime::v1::NamespaceResponse& r) {

@@ -723,7 +723,7 @@ absl::StatusOr<WorkerProcess*> SessionManager::EnsureWorker() {
 }
 
 void SessionManager::OnWorkerFrames(uint64_t generation,
-                                    std::vector<ipc::Frame> frames) {
+                                    std::vector<ipc::Frame>& frames) {
   std::vector<const ipc::Frame*> log_frames;
   std::vector<const ipc::Frame*> trace_frames;
   std::vector<const ipc::Frame*> namespace_events;
@@ -749,30 +749,32 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
     std::string worker_id;
     std::vector<std::string> log_owners;
     std::vector<std::string> trace_owners;
-    // Parsed before taking mu_: the worker's bytes are the records.
-    std::vector<runtime::v1::LogRecord> records;
+    // Checked before taking mu_: the worker's bytes are the records.
+    std::vector<wire::LogRecordWire> records;
     records.reserve(log_frames.size());
-    log_calls.reserve(log_frames.size());
-    for (const ipc::Frame* f : log_frames) {
-      records.push_back(ToLogRecord(f->record, ""));
-      log_calls.push_back(records.back().call_id());
+    log_calls.resize(log_frames.size());
+    for (size_t i = 0; i < log_frames.size(); ++i) {
+      records.push_back(
+          ToWireLogRecord(log_frames[i]->record, "", &log_calls[i]));
     }
-    std::vector<runtime::v1::TraceEvent> events;
+    std::vector<wire::TraceEventWire> events;
     events.reserve(trace_frames.size());
     trace_calls.reserve(trace_frames.size());
+    std::string call_id;
     for (const ipc::Frame* f : trace_frames) {
-      std::optional<runtime::v1::TraceEvent> e = ToTraceEvent(f->record, "");
+      std::optional<wire::TraceEventWire> e =
+          ToWireTraceEvent(f->record, "", &call_id);
       if (!e.has_value()) {
         // Only code writing to the channel fd by hand gets here: the loss
         // is reported on the Logs stream, and the worker keeps serving.
-        records.push_back(RuntimeWarning(
+        records.push_back(WireOf(RuntimeWarning(
             "agentix.sandbox",
             absl::StrCat("a trace event from the worker could not be "
-                         "decoded (", f->record.size(), " bytes)")));
+                         "decoded (", f->record.size(), " bytes)"))));
         log_calls.emplace_back();
         continue;
       }
-      trace_calls.push_back(e->call_id());
+      trace_calls.push_back(std::move(call_id));
       events.push_back(std::move(*e));
     }
     {
@@ -784,11 +786,11 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
       trace_owners = OwnersOf(trace_calls);
     }
     if (!records.empty()) {
-      for (runtime::v1::LogRecord& r : records) r.set_worker_id(worker_id);
+      for (wire::LogRecordWire& r : records) r.set_worker_id(worker_id);
       first_log = logs_->Append(std::move(records), log_owners);
     }
     if (!events.empty()) {
-      for (runtime::v1::TraceEvent& e : events) e.set_worker_id(worker_id);
+      for (wire::TraceEventWire& e : events) e.set_worker_id(worker_id);
       first_trace = traces_->Append(std::move(events), trace_owners);
     }
   }

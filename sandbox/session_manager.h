@@ -175,7 +175,7 @@ class SessionManager : public WorkerProcess::Listener {
 
   // WorkerProcess::Listener (called on a worker's reader thread).
   void OnWorkerFrames(uint64_t generation,
-                      std::vector<ipc::Frame> frames) override;
+                      std::vector<ipc::Frame>& frames) override;
   void OnWorkerExit(uint64_t generation, const WorkerExit& exit) override;
 
  private:

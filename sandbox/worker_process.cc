@@ -354,6 +354,7 @@ void WorkerProcess::ReaderLoop() {
   const absl::Time ready_deadline = absl::Now() + ready_timeout_;
 
   absl::Duration spin_window = read_spin_;
+  std::vector<ipc::Frame> frames;
   while (protocol_error.empty()) {
     int timeout_ms = -1;
     if (!ready) {
@@ -377,7 +378,14 @@ void WorkerProcess::ReaderLoop() {
     }
     auto n = ipc::ReadInto(channel_.get(), reader);
     if (!n.ok() || *n == 0) break;  // EOF or a broken channel
-    std::vector<ipc::Frame> frames;
+    // One vector for every read, emptied after each: a burst of log frames
+    // is thousands per read, and growing a fresh vector frame by frame moved
+    // them all again at each doubling (a fifth of the daemon's CPU per
+    // record; each large allocation also made glibc consolidate its fast
+    // bins). Sized from the length prefixes, capped: a hostile worker's tiny
+    // frames must not make it reserve 656 bytes per few it sent.
+    constexpr size_t kMaxReserved = 1024;
+    frames.reserve(std::min(reader.CompleteFrames(), kMaxReserved));
     while (true) {
       auto next = reader.Next();
       if (!next.ok()) {
@@ -415,7 +423,12 @@ void WorkerProcess::ReaderLoop() {
       calls_cpu_->Follow(&placed_self);
       calls_cpu_->FollowProcess(pid_, &placed_worker);
     }
-    if (!frames.empty()) listener_->OnWorkerFrames(generation_, std::move(frames));
+    if (!frames.empty()) listener_->OnWorkerFrames(generation_, frames);
+    if (frames.capacity() > 4 * kMaxReserved) {
+      frames = {};  // a rare huge read does not pin its memory
+    } else {
+      frames.clear();
+    }
   }
 
   if (timed_out || !protocol_error.empty()) Kill();

@@ -68,9 +68,10 @@ class WorkerProcess {
   class Listener {
    public:
     virtual ~Listener() = default;
-    // Every frame decoded from one read of the channel, in order.
+    // Every frame decoded from one read of the channel, in order. The
+    // listener may move from them; the reader empties (and reuses) `frames`.
     virtual void OnWorkerFrames(uint64_t generation,
-                                std::vector<ipc::Frame> frames) = 0;
+                                std::vector<ipc::Frame>& frames) = 0;
     virtual void OnWorkerExit(uint64_t generation, const WorkerExit& exit) = 0;
   };
 

@@ -455,8 +455,10 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
 namespace {
 
 absl::StatusOr<Frame> DecodeBody(std::string_view body,
-                                 std::string_view* data_view) {
+                                 std::string_view* data_view,
+                                 msgpack::zone* scratch) {
   msgpack::object_handle handle;
+  msgpack::object root_object;
   try {
     // Limits keep a hostile frame from making msgpack allocate huge arrays.
     msgpack::unpack_limit limits(/*array=*/64, /*map=*/64, /*str=*/kMaxFrameBytes,
@@ -467,8 +469,18 @@ absl::StatusOr<Frame> DecodeBody(std::string_view body,
     // the zone; they are copied once, into the Frame, before returning.
     auto reference_all = [](msgpack::type::object_type, std::size_t,
                             void*) { return true; };
-    handle = msgpack::unpack(body.data(), body.size(), offset, reference_all,
-                             nullptr, limits);
+    if (scratch != nullptr) {
+      // A reader's own zone, emptied per frame: its first chunk is kept, so
+      // a stream of small frames does not malloc and free 8 KiB each (a
+      // request that size also makes glibc consolidate its fast bins).
+      scratch->clear();
+      root_object = msgpack::unpack(*scratch, body.data(), body.size(), offset,
+                                    reference_all, nullptr, limits);
+    } else {
+      handle = msgpack::unpack(body.data(), body.size(), offset,
+                               reference_all, nullptr, limits);
+      root_object = handle.get();
+    }
     if (offset != body.size()) {
       return absl::InvalidArgumentError("trailing bytes after the frame body");
     }
@@ -476,7 +488,7 @@ absl::StatusOr<Frame> DecodeBody(std::string_view body,
     return absl::InvalidArgumentError(
         absl::StrCat("undecodable frame body: ", e.what()));
   }
-  const msgpack::object& root = handle.get();
+  const msgpack::object& root = root_object;
   if (root.type != msgpack::type::MAP) {
     return absl::InvalidArgumentError("frame body is not a msgpack map");
   }
@@ -553,8 +565,12 @@ absl::StatusOr<Frame> DecodeBody(std::string_view body,
 }  // namespace
 
 absl::StatusOr<Frame> DecodeFrameBody(std::string_view body) {
-  return DecodeBody(body, nullptr);
+  return DecodeBody(body, nullptr, nullptr);
 }
+
+struct FrameReader::Scratch {
+  msgpack::zone zone;
+};
 
 char* FrameReader::Reserve(size_t n) {
   // Compacted here rather than in Next(), so views Next() returned stay
@@ -591,6 +607,22 @@ ssize_t FrameReader::ReadFrom(int fd, size_t max_bytes) {
   return n;
 }
 
+size_t FrameReader::CompleteFrames() const {
+  size_t count = 0;
+  size_t at = offset_;
+  while (size_ - at >= 4) {
+    const auto* p = reinterpret_cast<const unsigned char*>(buffer_.get() + at);
+    const size_t len = static_cast<size_t>(p[0]) |
+                       (static_cast<size_t>(p[1]) << 8) |
+                       (static_cast<size_t>(p[2]) << 16) |
+                       (static_cast<size_t>(p[3]) << 24);
+    if (size_ - at - 4 < len) break;
+    at += 4 + len;
+    ++count;
+  }
+  return count;
+}
+
 absl::StatusOr<std::optional<Frame>> FrameReader::Next(
     std::string_view* data) {
   if (buffered() < 4) return std::optional<Frame>();
@@ -607,8 +639,9 @@ absl::StatusOr<std::optional<Frame>> FrameReader::Next(
   }
   if (buffered() - 4 < len) return std::optional<Frame>();
   if (data != nullptr) *data = {};
-  auto frame =
-      DecodeBody(std::string_view(buffer_.get() + offset_ + 4, len), data);
+  if (scratch_ == nullptr) scratch_ = std::make_shared<Scratch>();
+  auto frame = DecodeBody(std::string_view(buffer_.get() + offset_ + 4, len),
+                          data, &scratch_->zone);
   offset_ += 4 + len;
   if (!frame.ok()) return frame.status();
   return std::optional<Frame>(std::move(*frame));

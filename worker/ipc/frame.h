@@ -165,12 +165,19 @@ class FrameReader {
   absl::StatusOr<std::optional<Frame>> Next(std::string_view* data = nullptr);
   // Bytes buffered but not yet consumed (a truncated frame at EOF shows here).
   size_t buffered() const { return size_ - offset_; }
+  // How many whole frames are buffered (by their length prefixes; bodies
+  // are not looked at): what Next() will return at most before it needs
+  // more bytes, so a caller can size its vector once.
+  size_t CompleteFrames() const;
 
  private:
   // Room for `n` more bytes at buffer_ + size_: compacts consumed bytes
   // away or grows. Not zero-filled (a std::string would fill every read).
   char* Reserve(size_t n);
 
+  // The msgpack zone frames are decoded in, reused (frame.cc).
+  struct Scratch;
+  std::shared_ptr<Scratch> scratch_;
   std::unique_ptr<char[]> buffer_;
   size_t capacity_ = 0;
   size_t size_ = 0;    // bytes filled

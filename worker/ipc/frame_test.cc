@@ -167,6 +167,36 @@ TEST_CASE("A truncated frame waits for more bytes and shows as buffered",
   REQUIRE(reader.buffered() == wire.size() - 2);
 }
 
+TEST_CASE("CompleteFrames counts the whole frames buffered, not a partial one",
+          "[ipc]") {
+  Frame log;
+  log.type = FrameType::kLog;
+  log.record = "serialized record";
+  const std::string one = Encode(log);
+  FrameReader reader;
+  REQUIRE(reader.CompleteFrames() == 0);
+  const std::string wire = one + one + one;
+  reader.Append(wire.data(), wire.size() - 1);  // the third lacks a byte
+  REQUIRE(reader.CompleteFrames() == 2);
+  reader.Append(wire.data() + wire.size() - 1, 1);
+  REQUIRE(reader.CompleteFrames() == 3);
+  // Frames already taken are not counted; every decode reuses the reader's
+  // msgpack zone, and each frame still owns its own bytes.
+  std::vector<Frame> frames;
+  for (int i = 0; i < 3; ++i) {
+    auto next = reader.Next();
+    REQUIRE(next.ok());
+    REQUIRE(next->has_value());
+    frames.push_back(std::move(**next));
+    REQUIRE(reader.CompleteFrames() == static_cast<size_t>(2 - i));
+  }
+  for (const Frame& f : frames) REQUIRE(f.record == "serialized record");
+  // A length prefix alone is not a frame.
+  const unsigned char header[4] = {0x10, 0, 0, 0};
+  reader.Append(reinterpret_cast<const char*>(header), 4);
+  REQUIRE(reader.CompleteFrames() == 0);
+}
+
 TEST_CASE("An oversized length is refused before its body arrives", "[ipc]") {
   const unsigned char header[4] = {0xff, 0xff, 0xff, 0x7f};
   FrameReader reader;

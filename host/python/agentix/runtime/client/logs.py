@@ -184,29 +184,50 @@ class RecordBatch:
         if len(wire_name) > MAX_LOGGER_NAME_CHARS:
             wire_name = wire_name[:MAX_LOGGER_NAME_CHARS]
         template = self._template
-        if (template is not None and not record.extras and record.time_unix_nanos > 0
-                and type(logger).makeRecord is _MAKE_RECORD):
-            replayed = self._from_template(template, logger.name, level, record, wire_name)
-        else:
-            replayed = _made_record(logger, level, record)
-            replayed.agentix_logger = wire_name
+        cls = type(logger)
+        if template is not None and cls.makeRecord is _MAKE_RECORD and not record.extras:
+            nanos = record.time_unix_nanos
+            if nanos > 0:
+                replayed = self._from_template(template, logger.name, level, record, wire_name, nanos)
+                # Logger.handle without its filter call when the logger has no
+                # filters (what it does then is callHandlers).
+                if cls.handle is _HANDLE and not logger.filters:
+                    if not logger.disabled:
+                        logger.callHandlers(replayed)
+                else:
+                    logger.handle(replayed)
+                return
+        replayed = _made_record(logger, level, record)
+        replayed.agentix_logger = wire_name
         logger.handle(replayed)
 
     def _from_template(
-        self, template: dict[str, Any], name: str, level: int, record: pb.LogRecord, wire_name: str
+        self, template: dict[str, Any], name: str, level: int, record: pb.LogRecord, wire_name: str, nanos: int
     ) -> logging.LogRecord:
         attrs = template.copy()
         path = record.file
         filename, module = _file_parts.get(path) or _split_path(path)
-        nanos = record.time_unix_nanos
         created = nanos / 1e9
-        attrs.update(
-            _sandbox_fields(record),
-            name=name, msg=record.message, args=(), levelno=level, agentix_logger=wire_name,
-            levelname=_level_name(logging.getLevelName(level), record),
-            pathname=path, filename=filename, module=record.module or module, exc_info=None, lineno=record.line,
-            created=created, msecs=_msecs(nanos), relativeCreated=created * 1000 + self._relative_ms,
-        )
+        # _level_name(logging.getLevelName(level), record), with the common
+        # case (a level the host names) as one dict lookup.
+        levelname = _level_to_name.get(level)
+        if levelname is None or levelname.startswith("Level "):
+            levelname = _level_name(logging.getLevelName(level), record)
+        # One dict of every wire-given attribute (_sandbox_fields' too).
+        attrs.update({
+            "name": name, "msg": record.message, "args": (), "levelno": level, "agentix_logger": wire_name,
+            "levelname": levelname, "pathname": path, "filename": filename,
+            "module": record.module or module, "exc_info": None, "lineno": record.line,
+            "created": created, "msecs": float(nanos % 1_000_000_000 // 1_000_000),
+            "relativeCreated": created * 1000 + self._relative_ms,
+            "funcName": record.function,
+            "exc_text": record.exception_text or None,
+            "stack_info": record.stack_info or None,
+            "agentix_context": record.context or _DEFAULT_CONTEXT,
+            "agentix_call_id": record.call_id,
+            "agentix_worker_id": record.worker_id,
+            "agentix_origin": _ORIGINS.get(record.origin, "unspecified"),
+        })
         replayed = _new_record(logging.LogRecord)
         replayed.__dict__ = attrs
         return replayed
@@ -267,6 +288,9 @@ def _msecs(nanos: int) -> float:
 
 
 _MAKE_RECORD = logging.Logger.makeRecord
+_HANDLE = logging.Logger.handle
+# The logging module's own level names (addLevelName updates this dict in place).
+_level_to_name: dict[int, str] = logging._levelToName
 _new_record = object.__new__
 
 # Loggers by wire name ("" is DEFAULT_LOGGER): names valid_logger_name accepts
