@@ -19,14 +19,12 @@
 #include "base/log.h"
 #include "sandbox/connection_guard.h"
 #include "sandbox/frame_codec.h"
+#include "sandbox/frame_splice.h"
 #include "sandbox/wire_limits.h"
 
 namespace agentix::sandbox {
 namespace {
 
-using runtime::v1::CallsRequest;
-using runtime::v1::CallsResponse;
-using runtime::v1::SandboxEvent;
 
 // The method path HELLO's token is checked for: the stream it replaces.
 constexpr char kCallsMethod[] = "/agentix.runtime.v1.RuntimeService/Calls";
@@ -37,6 +35,8 @@ constexpr size_t kPauseReadsAboveBytes = 64u << 20;
 constexpr size_t kReadChunkBytes = 64u << 10;
 // iovecs per sendmsg.
 constexpr size_t kMaxIov = 64;
+// How long a read buffer grown for large frames is kept once empty.
+constexpr absl::Duration kKeepReadBufferFor = absl::Milliseconds(100);
 
 void Wake(int event_fd) {
   const uint64_t one = 1;
@@ -63,36 +63,6 @@ int PollTimeoutMs(absl::Time deadline) {
                         60000));
 }
 
-// Serializes `events` as MESSAGE frames of at most kMaxBatchBytes each
-// (one event bigger than that alone still goes alone), as the gRPC Calls
-// stream batches them. The message borrows the events (no copy of a
-// megabyte chunk into it); serializing only reads them.
-void AppendMessageFrames(const std::vector<SandboxEventPtr>& events,
-                         std::deque<std::string>& out) {
-  CallsResponse batch;
-  auto* field = batch.mutable_events();
-  size_t bytes = 0;
-  auto flush = [&] {
-    if (field->empty()) return;
-    const size_t size = batch.ByteSizeLong();
-    std::string frame(kFrameHeaderBytes + size, '\0');
-    EncodeFrameHeader(FrameKind::kMessage, static_cast<uint32_t>(size),
-                      frame.data());
-    batch.SerializeWithCachedSizesToArray(
-        reinterpret_cast<uint8_t*>(frame.data() + kFrameHeaderBytes));
-    while (!field->empty()) field->UnsafeArenaReleaseLast();
-    out.push_back(std::move(frame));
-    bytes = 0;
-  };
-  for (const auto& event : events) {
-    const size_t framed = FramedItemBytes(event->ByteSizeLong());
-    if (!field->empty() && bytes + framed > kMaxBatchBytes) flush();
-    field->UnsafeArenaAddAllocated(const_cast<SandboxEvent*>(event.get()));
-    bytes += framed;
-  }
-  flush();
-}
-
 // The CallSink of one frame-wire stream. Outlives its connection while the
 // session manager holds it; once closed it refuses every delivery and
 // touches no descriptor.
@@ -107,15 +77,17 @@ class FrameSink final : public CallSink {
 
   bool Deliver(std::vector<SandboxEventPtr> events) override {
     if (events.empty()) return true;
-    std::deque<std::string> frames;
-    AppendMessageFrames(events, frames);
+    // Large result chunks are written from the events themselves
+    // (frame_splice.h): no serialized copy of their bytes.
+    std::deque<OutPiece> pieces;
+    AppendMessagePieces(events, pieces);
     {
       absl::MutexLock lock(&mu_);
       if (closed_ || ending_ || broken_) return false;
       const bool was_empty = queue_.empty();
-      for (auto& frame : frames) {
-        AddQueued(static_cast<int64_t>(frame.size()));
-        queue_.push_back(std::move(frame));
+      for (auto& piece : pieces) {
+        AddQueued(static_cast<int64_t>(piece.bytes().size()));
+        queue_.push_back(std::move(piece));
       }
       // Nothing queued before: write now, on this thread. Otherwise the
       // connection's thread is waiting for the socket to drain.
@@ -154,7 +126,7 @@ class FrameSink final : public CallSink {
                                        EncodeStatus(code, details));
       AddQueued(static_cast<int64_t>(status.size()));
       const bool was_empty = queue_.empty();
-      queue_.push_back(std::move(status));
+      queue_.emplace_back(std::move(status), /*frame_end=*/true);
       if (was_empty) FlushLocked();
       Wake(wake_fd_);
     }
@@ -203,8 +175,9 @@ class FrameSink final : public CallSink {
       for (auto it = queue_.begin(); it != queue_.end() && count < kMaxIov;
            ++it, ++count) {
         const size_t skip = count == 0 ? front_written_ : 0;
-        iov[count].iov_base = it->data() + skip;
-        iov[count].iov_len = it->size() - skip;
+        const absl::string_view bytes = it->bytes();
+        iov[count].iov_base = const_cast<char*>(bytes.data()) + skip;
+        iov[count].iov_len = bytes.size() - skip;
       }
       msghdr msg{};
       msg.msg_iov = iov;
@@ -220,32 +193,40 @@ class FrameSink final : public CallSink {
       size_t written = static_cast<size_t>(n);
       AddQueued(-static_cast<int64_t>(written));
       while (written > 0) {
-        const size_t left = queue_.front().size() - front_written_;
+        const size_t left = queue_.front().bytes().size() - front_written_;
         if (written < left) {
           front_written_ += written;
           break;
         }
         written -= left;
+        mid_frame_ = !queue_.front().frame_end();
         queue_.pop_front();
         front_written_ = 0;
       }
     }
   }
 
-  // Frees the queue; with `keep_partial` a frame partly written stays, so
-  // the bytes that follow still start at a frame boundary.
+  // Frees the queue; with `keep_partial` the rest of a frame partly
+  // written stays (all its pieces), so the bytes that follow still start
+  // at a frame boundary.
   void DropQueue(bool keep_partial) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const bool keep = keep_partial && !queue_.empty() && front_written_ > 0;
-    std::string partial;
-    if (keep) partial = std::move(queue_.front());
-    queue_.clear();
+    const bool keep =
+        keep_partial && !queue_.empty() && (front_written_ > 0 || mid_frame_);
     size_t left = 0;
+    size_t kept = 0;
     if (keep) {
-      left = partial.size() - front_written_;
-      queue_.push_back(std::move(partial));
+      for (const OutPiece& piece : queue_) {
+        left += piece.bytes().size();
+        ++kept;
+        if (piece.frame_end()) break;
+      }
+      left -= front_written_;
     } else {
       front_written_ = 0;
+      mid_frame_ = false;
     }
+    queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(kept),
+                 queue_.end());
     AddQueued(static_cast<int64_t>(left) - static_cast<int64_t>(queued_bytes_));
   }
 
@@ -259,8 +240,10 @@ class FrameSink final : public CallSink {
   const std::shared_ptr<std::atomic<int64_t>> shared_;
   std::string client_id_;
   absl::Mutex mu_;
-  std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);  // whole frames
+  std::deque<OutPiece> queue_ ABSL_GUARDED_BY(mu_);  // whole frames' pieces
   size_t front_written_ ABSL_GUARDED_BY(mu_) = 0;  // of queue_.front()
+  // A frame's earlier pieces are written, queue_.front() continues it.
+  bool mid_frame_ ABSL_GUARDED_BY(mu_) = false;
   size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // unwritten, all frames
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool ending_ ABSL_GUARDED_BY(mu_) = false;
@@ -350,8 +333,16 @@ class FrameWireServer::Connection {
       } else if (!hello_done_) {
         deadline = hello_deadline;
       }
+      const bool large_idle = ReadBufferIdleAndLarge();
+      if (large_idle) {
+        deadline = std::min(deadline, absl::Now() + kKeepReadBufferFor);
+      }
       const int ready = ::poll(fds, 2, PollTimeoutMs(deadline));
       if (ready < 0 && errno != EINTR) break;
+      if (ready == 0 && large_idle && ReadBufferIdleAndLarge()) {
+        // No frame came for a while: a large buffer is not kept idle.
+        ResizeReadBuffer(kReadChunkBytes);
+      }
       if (ready <= 0) continue;
       if (fds[1].revents & POLLIN) DrainWake(wake_fd_);
       if (fds[0].revents & POLLOUT) sink_->Flush();
@@ -379,16 +370,18 @@ class FrameWireServer::Connection {
         want = std::max(want, kFrameHeaderBytes + length - buffered.size());
       }
     }
-    if (read_buffer_.size() - read_end_ < want && read_start_ > 0) {
-      std::memmove(read_buffer_.data(), read_buffer_.data() + read_start_,
+    if (read_capacity_ - read_end_ < want && read_start_ > 0) {
+      std::memmove(read_buffer_.get(), read_buffer_.get() + read_start_,
                    read_end_ - read_start_);
       read_end_ -= read_start_;
       read_start_ = 0;
     }
-    if (read_buffer_.size() - read_end_ < want) {
-      read_buffer_.resize(read_end_ + want);
+    if (read_capacity_ - read_end_ < want) {
+      // Not zero-filled (std::string::resize would write every byte of a
+      // megabyte frame once more before recvmsg does).
+      ResizeReadBuffer(read_end_ + want);
     }
-    iovec iov{read_buffer_.data() + read_end_, read_buffer_.size() - read_end_};
+    iovec iov{read_buffer_.get() + read_end_, read_capacity_ - read_end_};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
@@ -404,8 +397,27 @@ class FrameWireServer::Connection {
   }
 
   absl::string_view Buffered() const {
-    return absl::string_view(read_buffer_.data() + read_start_,
+    return absl::string_view(read_buffer_.get() + read_start_,
                              read_end_ - read_start_);
+  }
+
+  // A buffer of `capacity` bytes holding the unparsed bytes, at its start.
+  void ResizeReadBuffer(size_t capacity) {
+    std::unique_ptr<char[]> buffer(new char[capacity]);
+    if (read_end_ > read_start_) {
+      std::memcpy(buffer.get(), read_buffer_.get() + read_start_,
+                  read_end_ - read_start_);
+    }
+    read_end_ -= read_start_;
+    read_start_ = 0;
+    read_buffer_ = std::move(buffer);
+    read_capacity_ = capacity;
+  }
+
+  // A buffer grown for large frames, now empty: kept while frames keep
+  // coming (an upload's next chunk), given back after kKeepReadBufferFor.
+  bool ReadBufferIdleAndLarge() const {
+    return read_start_ == read_end_ && read_capacity_ > 4 * kReadChunkBytes;
   }
 
   // Handles every whole frame buffered (until the stream ends or its reads
@@ -425,13 +437,7 @@ class FrameWireServer::Connection {
       if (!go_on) return;
       if (sink_->UnwrittenBytes() > kPauseReadsAboveBytes) paused = true;
     }
-    // A buffer grown for a large frame is not kept for an idle stream.
-    if (read_start_ == read_end_) {
-      read_start_ = read_end_ = 0;
-      if (read_buffer_.size() > 4 * kReadChunkBytes) {
-        std::string(kReadChunkBytes, '\0').swap(read_buffer_);
-      }
-    }
+    if (read_start_ == read_end_) read_start_ = read_end_ = 0;
   }
 
   // False once the stream ends.
@@ -447,9 +453,9 @@ class FrameWireServer::Connection {
     if (half_closed_) return Refuse("a frame after HALF_CLOSE");
     switch (frame.kind) {
       case FrameKind::kMessage:
-        request_.Clear();
-        if (!request_.ParseFromArray(frame.payload.data(),
-                                     static_cast<int>(frame.payload.size()))) {
+        // Large argument bytes stay in the read buffer until they are put
+        // in the worker's ring (frame_splice.h).
+        if (!ParseCallsRequestSpliced(frame.payload, request_)) {
           // As on gRPC: a BadRequest error, and the stream goes on.
           sink_->Deliver({MakeCallError(
               "", "BadRequest",
@@ -458,7 +464,8 @@ class FrameWireServer::Connection {
               absl::StatusCode::kInvalidArgument)});
           return true;
         }
-        manager_->HandleHostEvents(sink_, request_.events());
+        manager_->HandleHostEvents(sink_, request_.request.events(),
+                                   request_.bulk);
         return true;
       case FrameKind::kHalfClose:
         half_closed_ = true;
@@ -527,13 +534,15 @@ class FrameWireServer::Connection {
   std::thread thread_;
   std::atomic<bool> done_{false};
   // Only the connection's thread touches these.
-  std::string read_buffer_;  // bytes [read_start_, read_end_) are unparsed
+  // Bytes [read_start_, read_end_) are unparsed.
+  std::unique_ptr<char[]> read_buffer_{new char[kReadChunkBytes]};
+  size_t read_capacity_ = kReadChunkBytes;
   size_t read_start_ = 0;
   size_t read_end_ = 0;
   bool hello_done_ = false;
   bool half_closed_ = false;
   absl::Time end_deadline_ = absl::InfiniteFuture();
-  CallsRequest request_;
+  SplicedRequest request_;
 };
 
 FrameWireServer::FrameWireServer(SessionManager* manager,

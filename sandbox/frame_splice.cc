@@ -1,0 +1,262 @@
+#include "sandbox/frame_splice.h"
+
+#include <cstdint>
+#include <cstring>
+
+#include "google/protobuf/io/coded_stream.h"
+#include "sandbox/frame_codec.h"
+#include "sandbox/wire_limits.h"
+
+namespace agentix::sandbox {
+namespace {
+
+using google::protobuf::Message;
+using google::protobuf::io::CodedInputStream;
+using runtime::v1::HostEvent;
+using runtime::v1::SandboxEvent;
+
+// Field numbers of agentix/runtime/v1/runtime.proto.
+constexpr uint32_t kEventsField = 1;          // CallsRequest / CallsResponse
+constexpr uint32_t kHostStartField = 1;       // HostEvent.start
+constexpr uint32_t kHostChunkField = 2;       // HostEvent.argument_chunk
+constexpr uint32_t kStartArgumentsField = 4;  // StartCall.arguments
+constexpr uint32_t kChunkDataField = 2;       // ArgumentChunk / ResultChunk .data
+constexpr uint32_t kChunkCallIdField = 1;     // ResultChunk.call_id
+constexpr uint32_t kResultChunkField = 1;     // SandboxEvent.result_chunk
+constexpr uint32_t kLengthDelimited = 2;
+
+bool ReadVarint(const char*& p, const char* end, uint64_t& value) {
+  value = 0;
+  for (int shift = 0; shift < 64 && p < end; shift += 7) {
+    const uint8_t byte = static_cast<uint8_t>(*p++);
+    value |= uint64_t{byte & 0x7Fu} << shift;
+    if (byte < 0x80) return true;
+  }
+  return false;
+}
+
+// One top-level field of a message: its number, wire type, and where it
+// lies (`whole` the field with its tag, `payload` a LEN field's bytes).
+struct Field {
+  uint32_t number = 0;
+  uint32_t wire_type = 0;
+  absl::string_view whole;
+  absl::string_view payload;
+};
+
+// Reads the field at `p`; false for anything protobuf would have to
+// refuse or recurse into (groups), which is then left to protobuf.
+bool ReadField(const char*& p, const char* end, Field& field) {
+  const char* start = p;
+  uint64_t tag;
+  if (!ReadVarint(p, end, tag) || tag > UINT32_MAX || (tag >> 3) == 0) {
+    return false;
+  }
+  field.number = static_cast<uint32_t>(tag >> 3);
+  field.wire_type = static_cast<uint32_t>(tag & 7);
+  uint64_t skip = 0;
+  switch (field.wire_type) {
+    case 0: {
+      uint64_t ignored;
+      if (!ReadVarint(p, end, ignored)) return false;
+      break;
+    }
+    case 1:
+      skip = 8;
+      break;
+    case 2:
+      if (!ReadVarint(p, end, skip)) return false;
+      break;
+    case 5:
+      skip = 4;
+      break;
+    default:
+      return false;  // groups
+  }
+  if (skip > static_cast<uint64_t>(end - p)) return false;
+  field.payload = absl::string_view(p, static_cast<size_t>(skip));
+  p += skip;
+  field.whole = absl::string_view(start, static_cast<size_t>(p - start));
+  return true;
+}
+
+// Merges `bytes` into `message` as the nested message it is at `depth`
+// (protobuf's recursion budget counted as in one parse of the whole).
+bool MergeAt(Message& message, absl::string_view bytes, int depth) {
+  CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
+                      static_cast<int>(bytes.size()));
+  in.SetRecursionLimit(CodedInputStream::GetDefaultRecursionLimit() - depth);
+  return message.MergePartialFromCodedStream(&in) &&
+         in.ConsumedEntireMessage();
+}
+
+// The one LEN field `number` of kSpliceMinBytes or more in `message`, when
+// every field there can be walked and it occurs once; else nullopt.
+std::optional<Field> FindBulk(absl::string_view message, uint32_t number) {
+  std::optional<Field> bulk;
+  const char* p = message.data();
+  const char* end = p + message.size();
+  while (p < end) {
+    Field field;
+    if (!ReadField(p, end, field)) return std::nullopt;
+    if (field.number != number) continue;
+    if (bulk || field.wire_type != kLengthDelimited) return std::nullopt;
+    bulk = field;
+  }
+  if (!bulk || bulk->payload.size() < kSpliceMinBytes) return std::nullopt;
+  return bulk;
+}
+
+// Parses one HostEvent's bytes into `event`, leaving its bulk field out
+// when it can; false when protobuf would refuse them.
+bool ParseEvent(absl::string_view bytes, HostEvent& event,
+                std::optional<std::string_view>& bulk) {
+  bulk.reset();
+  const char* p = bytes.data();
+  const char* end = p + bytes.size();
+  Field outer;
+  if (ReadField(p, end, outer) && p == end &&
+      outer.wire_type == kLengthDelimited &&
+      (outer.number == kHostStartField || outer.number == kHostChunkField)) {
+    const bool start = outer.number == kHostStartField;
+    if (std::optional<Field> field = FindBulk(
+            outer.payload, start ? kStartArgumentsField : kChunkDataField)) {
+      Message& inner = start ? static_cast<Message&>(*event.mutable_start())
+                             : *event.mutable_argument_chunk();
+      const char* inner_begin = outer.payload.data();
+      const char* inner_end = inner_begin + outer.payload.size();
+      const char* cut_begin = field->whole.data();
+      const char* cut_end = cut_begin + field->whole.size();
+      // Depth 2: CallsRequest > HostEvent > this message.
+      if (!MergeAt(inner,
+                   absl::string_view(inner_begin,
+                                     static_cast<size_t>(cut_begin - inner_begin)),
+                   2) ||
+          !MergeAt(inner,
+                   absl::string_view(cut_end,
+                                     static_cast<size_t>(inner_end - cut_end)),
+                   2)) {
+        return false;
+      }
+      bulk = std::string_view(field->payload.data(), field->payload.size());
+      return true;
+    }
+  }
+  return MergeAt(event, bytes, 1);
+}
+
+bool ParseWhole(absl::string_view bytes, SplicedRequest& out) {
+  out.request.Clear();
+  if (!out.request.ParseFromArray(bytes.data(),
+                                  static_cast<int>(bytes.size()))) {
+    out.request.Clear();  // not half a message
+    out.bulk.clear();
+    return false;
+  }
+  out.bulk.assign(static_cast<size_t>(out.request.events_size()),
+                  std::nullopt);
+  return true;
+}
+
+void AppendVarint(std::string& out, uint64_t value) {
+  while (value >= 0x80) {
+    out.push_back(static_cast<char>((value & 0x7F) | 0x80));
+    value >>= 7;
+  }
+  out.push_back(static_cast<char>(value));
+}
+
+void AppendLengthHeader(std::string& out, uint32_t field, size_t length) {
+  out.push_back(static_cast<char>(field << 3 | kLengthDelimited));
+  AppendVarint(out, length);
+}
+
+// The data of an event that AppendMessagePieces splices: a ResultChunk of
+// kSpliceMinBytes or more whose serialization is exactly its two fields
+// (the check against its size keeps anything else on protobuf's path).
+struct Spliced {
+  absl::string_view data;
+  size_t chunk_size;  // the serialized ResultChunk's
+};
+std::optional<Spliced> SplicedData(const SandboxEvent& event,
+                                   size_t event_size) {
+  if (!event.has_result_chunk()) return std::nullopt;
+  const auto& chunk = event.result_chunk();
+  if (chunk.data().size() < kSpliceMinBytes) return std::nullopt;
+  size_t chunk_size = FramedItemBytes(chunk.data().size());
+  if (!chunk.call_id().empty()) {
+    chunk_size += FramedItemBytes(chunk.call_id().size());
+  }
+  if (FramedItemBytes(chunk_size) != event_size) return std::nullopt;
+  return Spliced{chunk.data(), chunk_size};
+}
+
+}  // namespace
+
+bool ParseCallsRequestSpliced(absl::string_view bytes, SplicedRequest& out) {
+  // Small messages hold no bulk field worth splicing: protobuf as before.
+  if (bytes.size() < kSpliceMinBytes) return ParseWhole(bytes, out);
+  out.request.Clear();
+  out.bulk.clear();
+  const char* p = bytes.data();
+  const char* end = p + bytes.size();
+  while (p < end) {
+    Field field;
+    if (!ReadField(p, end, field) || field.number != kEventsField ||
+        field.wire_type != kLengthDelimited) {
+      return ParseWhole(bytes, out);  // unknown fields, or malformed
+    }
+    std::optional<std::string_view> bulk;
+    if (!ParseEvent(field.payload, *out.request.add_events(), bulk)) {
+      return ParseWhole(bytes, out);  // refused as protobuf refuses it
+    }
+    out.bulk.push_back(bulk);
+  }
+  return true;
+}
+
+void AppendMessagePieces(const std::vector<SandboxEventPtr>& events,
+                         std::deque<OutPiece>& out) {
+  size_t i = 0;
+  while (i < events.size()) {
+    // The batch [i, j): as many events as fit kMaxBatchBytes (at least one).
+    size_t j = i;
+    size_t bytes = 0;
+    for (; j < events.size(); ++j) {
+      const size_t framed = FramedItemBytes(events[j]->ByteSizeLong());
+      if (j > i && bytes + framed > kMaxBatchBytes) break;
+      bytes += framed;
+    }
+    std::string head(kFrameHeaderBytes, '\0');
+    EncodeFrameHeader(FrameKind::kMessage, static_cast<uint32_t>(bytes),
+                      head.data());
+    std::string current = std::move(head);
+    for (size_t k = i; k < j; ++k) {
+      const SandboxEvent& event = *events[k];
+      const size_t size = event.GetCachedSize();  // ByteSizeLong above
+      AppendLengthHeader(current, kEventsField, size);
+      if (std::optional<Spliced> spliced = SplicedData(event, size)) {
+        // The bytes protobuf writes for it, up to the data's own bytes.
+        const std::string& id = event.result_chunk().call_id();
+        AppendLengthHeader(current, kResultChunkField, spliced->chunk_size);
+        if (!id.empty()) {
+          AppendLengthHeader(current, kChunkCallIdField, id.size());
+          current.append(id);
+        }
+        AppendLengthHeader(current, kChunkDataField, spliced->data.size());
+        out.emplace_back(std::move(current), /*frame_end=*/false);
+        current = std::string();
+        out.emplace_back(events[k], spliced->data, /*frame_end=*/k + 1 == j);
+      } else {
+        const size_t at = current.size();
+        current.resize(at + size);
+        event.SerializeWithCachedSizesToArray(
+            reinterpret_cast<uint8_t*>(current.data() + at));
+      }
+    }
+    if (!current.empty()) out.emplace_back(std::move(current), /*frame_end=*/true);
+    i = j;
+  }
+}
+
+}  // namespace agentix::sandbox
