@@ -1,5 +1,6 @@
 #include "sandbox/frame_splice.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -257,6 +258,58 @@ void AppendMessagePieces(const std::vector<SandboxEventPtr>& events,
     if (!current.empty()) out.emplace_back(std::move(current), /*frame_end=*/true);
     i = j;
   }
+}
+
+void OutQueue::Push(OutPiece piece) {
+  bytes_ += piece.bytes().size();
+  pieces_.push_back(std::move(piece));
+}
+
+size_t OutQueue::Gather(iovec* iov, size_t max) const {
+  size_t count = 0;
+  for (auto it = pieces_.begin(); it != pieces_.end() && count < max;
+       ++it, ++count) {
+    const size_t skip = count == 0 ? front_written_ : 0;
+    const absl::string_view bytes = it->bytes();
+    iov[count].iov_base = const_cast<char*>(bytes.data()) + skip;
+    iov[count].iov_len = bytes.size() - skip;
+  }
+  return count;
+}
+
+void OutQueue::Consume(size_t n) {
+  bytes_ -= n;
+  while (n > 0) {
+    const size_t left = pieces_.front().bytes().size() - front_written_;
+    if (n < left) {
+      front_written_ += n;
+      return;
+    }
+    n -= left;
+    mid_frame_ = !pieces_.front().frame_end();
+    pieces_.pop_front();
+    front_written_ = 0;
+  }
+}
+
+void OutQueue::Drop(bool keep_partial_frame) {
+  size_t kept = 0;
+  size_t kept_bytes = 0;
+  if (keep_partial_frame && (front_written_ > 0 || mid_frame_)) {
+    for (const OutPiece& piece : pieces_) {
+      ++kept;
+      kept_bytes += piece.bytes().size();
+      if (piece.frame_end()) break;
+    }
+    kept_bytes -= std::min(kept_bytes, front_written_);
+  }
+  if (kept == 0) {
+    front_written_ = 0;
+    mid_frame_ = false;
+  }
+  pieces_.erase(pieces_.begin() + static_cast<std::ptrdiff_t>(kept),
+                pieces_.end());
+  bytes_ = kept_bytes;
 }
 
 }  // namespace agentix::sandbox

@@ -7,6 +7,8 @@
 // and serialization; only where the bulk bytes live differs.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <cstddef>
 #include <deque>
 #include <optional>
@@ -62,6 +64,31 @@ class OutPiece {
   SandboxEventPtr holder_;
   absl::string_view view_;
   bool frame_end_;
+};
+
+// The unwritten bytes of one frame-wire stream, whole frames in pieces,
+// written with sendmsg iovecs straight from the pieces. Not thread-safe.
+class OutQueue {
+ public:
+  void Push(OutPiece piece);
+  bool empty() const { return pieces_.empty(); }
+  // Bytes not yet written.
+  size_t bytes() const { return bytes_; }
+  // Points up to `max` iovecs at the unwritten bytes, in order; returns how
+  // many it filled.
+  size_t Gather(iovec* iov, size_t max) const;
+  // The first `n` unwritten bytes (at most bytes()) were written.
+  void Consume(size_t n);
+  // Drops what is unwritten; with `keep_partial_frame`, except the rest of
+  // a frame partly written, so that bytes queued next start a frame.
+  void Drop(bool keep_partial_frame);
+
+ private:
+  std::deque<OutPiece> pieces_;
+  size_t front_written_ = 0;  // of pieces_.front()
+  // The pieces before pieces_.front() that are written end mid-frame.
+  bool mid_frame_ = false;
+  size_t bytes_ = 0;
 };
 
 // Appends `events` as MESSAGE frames holding CallsResponse messages of at

@@ -259,3 +259,79 @@ TEST_CASE("a spliced piece keeps its event alive") {
 
 }  // namespace
 }  // namespace agentix::sandbox
+
+namespace agentix::sandbox {
+namespace {
+
+// The bytes `queue` would write next, all of them.
+std::string Unwritten(const OutQueue& queue) {
+  iovec iov[64];
+  const size_t count = queue.Gather(iov, 64);
+  std::string out;
+  for (size_t i = 0; i < count; ++i) {
+    out.append(static_cast<const char*>(iov[i].iov_base), iov[i].iov_len);
+  }
+  REQUIRE(out.size() == queue.bytes());
+  return out;
+}
+
+// Two frames: "HHH" + a spliced "DDDDDD" (frame 1), then "SS" (frame 2).
+OutQueue TwoFrames() {
+  OutQueue queue;
+  queue.Push(OutPiece("HHH", /*frame_end=*/false));
+  queue.Push(OutPiece(Chunk("c", "DDDDDD"), "DDDDDD", /*frame_end=*/true));
+  queue.Push(OutPiece("SS", /*frame_end=*/true));
+  return queue;
+}
+
+TEST_CASE("the out queue writes its pieces in order however sendmsg cuts them") {
+  OutQueue queue = TwoFrames();
+  CHECK(Unwritten(queue) == "HHHDDDDDDSS");
+  queue.Consume(2);
+  CHECK(Unwritten(queue) == "HDDDDDDSS");
+  queue.Consume(5);
+  CHECK(Unwritten(queue) == "DDSS");
+  queue.Consume(4);
+  CHECK(queue.empty());
+  CHECK(queue.bytes() == 0);
+}
+
+TEST_CASE("dropping keeps the rest of a frame partly written, so a STATUS "
+          "queued next starts a frame") {
+  SECTION("only the spliced frame's header piece was written") {
+    OutQueue queue = TwoFrames();
+    queue.Consume(3);  // exactly the first piece: front_written_ is 0 here
+    queue.Drop(/*keep_partial_frame=*/true);
+    CHECK(Unwritten(queue) == "DDDDDD");
+  }
+  SECTION("the frame was cut inside its data") {
+    OutQueue queue = TwoFrames();
+    queue.Consume(5);
+    queue.Drop(true);
+    CHECK(Unwritten(queue) == "DDDD");
+  }
+  SECTION("at a frame boundary nothing is kept") {
+    OutQueue queue = TwoFrames();
+    queue.Consume(9);
+    queue.Drop(true);
+    CHECK(queue.empty());
+    CHECK(queue.bytes() == 0);
+    queue.Push(OutPiece("T", true));
+    CHECK(Unwritten(queue) == "T");
+  }
+  SECTION("nothing written yet: all dropped") {
+    OutQueue queue = TwoFrames();
+    queue.Drop(true);
+    CHECK(queue.empty());
+  }
+  SECTION("without keeping, everything goes") {
+    OutQueue queue = TwoFrames();
+    queue.Consume(4);
+    queue.Drop(false);
+    CHECK(queue.empty());
+    CHECK(queue.bytes() == 0);
+  }
+}
+
+}  // namespace
+}  // namespace agentix::sandbox

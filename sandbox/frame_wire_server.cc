@@ -87,7 +87,7 @@ class FrameSink final : public CallSink {
       const bool was_empty = queue_.empty();
       for (auto& piece : pieces) {
         AddQueued(static_cast<int64_t>(piece.bytes().size()));
-        queue_.push_back(std::move(piece));
+        queue_.Push(std::move(piece));
       }
       // Nothing queued before: write now, on this thread. Otherwise the
       // connection's thread is waiting for the socket to drain.
@@ -126,7 +126,7 @@ class FrameSink final : public CallSink {
                                        EncodeStatus(code, details));
       AddQueued(static_cast<int64_t>(status.size()));
       const bool was_empty = queue_.empty();
-      queue_.emplace_back(std::move(status), /*frame_end=*/true);
+      queue_.Push(OutPiece(std::move(status), /*frame_end=*/true));
       if (was_empty) FlushLocked();
       Wake(wake_fd_);
     }
@@ -171,17 +171,9 @@ class FrameSink final : public CallSink {
   void FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     while (!queue_.empty() && !broken_) {
       iovec iov[kMaxIov];
-      size_t count = 0;
-      for (auto it = queue_.begin(); it != queue_.end() && count < kMaxIov;
-           ++it, ++count) {
-        const size_t skip = count == 0 ? front_written_ : 0;
-        const absl::string_view bytes = it->bytes();
-        iov[count].iov_base = const_cast<char*>(bytes.data()) + skip;
-        iov[count].iov_len = bytes.size() - skip;
-      }
       msghdr msg{};
       msg.msg_iov = iov;
-      msg.msg_iovlen = count;
+      msg.msg_iovlen = queue_.Gather(iov, kMaxIov);
       const ssize_t n = ::sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
       if (n < 0) {
         if (errno == EINTR) continue;
@@ -190,44 +182,18 @@ class FrameSink final : public CallSink {
         DropQueue(false);
         return;
       }
-      size_t written = static_cast<size_t>(n);
-      AddQueued(-static_cast<int64_t>(written));
-      while (written > 0) {
-        const size_t left = queue_.front().bytes().size() - front_written_;
-        if (written < left) {
-          front_written_ += written;
-          break;
-        }
-        written -= left;
-        mid_frame_ = !queue_.front().frame_end();
-        queue_.pop_front();
-        front_written_ = 0;
-      }
+      AddQueued(-static_cast<int64_t>(n));
+      queue_.Consume(static_cast<size_t>(n));
     }
   }
 
   // Frees the queue; with `keep_partial` the rest of a frame partly
-  // written stays (all its pieces), so the bytes that follow still start
-  // at a frame boundary.
+  // written stays, so the bytes that follow still start at a frame
+  // boundary.
   void DropQueue(bool keep_partial) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const bool keep =
-        keep_partial && !queue_.empty() && (front_written_ > 0 || mid_frame_);
-    size_t left = 0;
-    size_t kept = 0;
-    if (keep) {
-      for (const OutPiece& piece : queue_) {
-        left += piece.bytes().size();
-        ++kept;
-        if (piece.frame_end()) break;
-      }
-      left -= front_written_;
-    } else {
-      front_written_ = 0;
-      mid_frame_ = false;
-    }
-    queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(kept),
-                 queue_.end());
-    AddQueued(static_cast<int64_t>(left) - static_cast<int64_t>(queued_bytes_));
+    queue_.Drop(keep_partial);
+    AddQueued(static_cast<int64_t>(queue_.bytes()) -
+              static_cast<int64_t>(queued_bytes_));
   }
 
   void AddQueued(int64_t delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -240,10 +206,8 @@ class FrameSink final : public CallSink {
   const std::shared_ptr<std::atomic<int64_t>> shared_;
   std::string client_id_;
   absl::Mutex mu_;
-  std::deque<OutPiece> queue_ ABSL_GUARDED_BY(mu_);  // whole frames' pieces
-  size_t front_written_ ABSL_GUARDED_BY(mu_) = 0;  // of queue_.front()
-  // A frame's earlier pieces are written, queue_.front() continues it.
-  bool mid_frame_ ABSL_GUARDED_BY(mu_) = false;
+  OutQueue queue_ ABSL_GUARDED_BY(mu_);  // whole frames
+
   size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // unwritten, all frames
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool ending_ ABSL_GUARDED_BY(mu_) = false;
