@@ -22,8 +22,6 @@ constexpr uint32_t kHostStartField = 1;       // HostEvent.start
 constexpr uint32_t kHostChunkField = 2;       // HostEvent.argument_chunk
 constexpr uint32_t kStartArgumentsField = 4;  // StartCall.arguments
 constexpr uint32_t kChunkDataField = 2;       // ArgumentChunk / ResultChunk .data
-constexpr uint32_t kChunkCallIdField = 1;     // ResultChunk.call_id
-constexpr uint32_t kResultChunkField = 1;     // SandboxEvent.result_chunk
 constexpr uint32_t kLengthDelimited = 2;
 
 bool ReadVarint(const char*& p, const char* end, uint64_t& value) {
@@ -172,24 +170,70 @@ void AppendLengthHeader(std::string& out, uint32_t field, size_t length) {
   AppendVarint(out, length);
 }
 
-// The data of an event that AppendMessagePieces splices: a ResultChunk of
-// kSpliceMinBytes or more whose serialization is exactly its two fields
-// (the check against its size keeps anything else on protobuf's path).
+// An event AppendMessagePieces writes around its bulk bytes: `head` (the
+// event's bytes up to the bulk field's own, tag and length included),
+// `data`, `tail` (the fields after it).
 struct Spliced {
+  std::string head;
   absl::string_view data;
-  size_t chunk_size;  // the serialized ResultChunk's
+  std::string tail;
 };
-std::optional<Spliced> SplicedData(const SandboxEvent& event,
+
+// `inner` (the SandboxEvent's field `outer_field`) serialized around its
+// bytes field `data` (field `data_field`): `before` holds inner's fields
+// numbered below data_field, `after` those above. The result is checked
+// against the event's size, so anything protobuf would write differently
+// (unknown fields, say) stays on protobuf's path.
+std::optional<Spliced> Around(uint32_t outer_field, const Message& before,
+                              uint32_t data_field, const std::string& data,
+                              const Message& after, size_t event_size) {
+  Spliced out;
+  const size_t inner_size = before.ByteSizeLong() +
+                            FramedItemBytes(data.size()) + after.ByteSizeLong();
+  if (FramedItemBytes(inner_size) != event_size) return std::nullopt;
+  AppendLengthHeader(out.head, outer_field, inner_size);
+  before.AppendToString(&out.head);
+  AppendLengthHeader(out.head, data_field, data.size());
+  out.data = data;
+  after.AppendToString(&out.tail);
+  return out;
+}
+
+// Result chunks, results and stream items with kSpliceMinBytes or more of
+// data (field numbers of runtime.proto; all below 16, one-byte tags).
+std::optional<Spliced> SpliceEvent(const SandboxEvent& event,
                                    size_t event_size) {
-  if (!event.has_result_chunk()) return std::nullopt;
-  const auto& chunk = event.result_chunk();
-  if (chunk.data().size() < kSpliceMinBytes) return std::nullopt;
-  size_t chunk_size = FramedItemBytes(chunk.data().size());
-  if (!chunk.call_id().empty()) {
-    chunk_size += FramedItemBytes(chunk.call_id().size());
+  if (event.has_result_chunk()) {
+    const auto& chunk = event.result_chunk();
+    if (chunk.data().size() < kSpliceMinBytes) return std::nullopt;
+    runtime::v1::ResultChunk before;
+    before.set_call_id(chunk.call_id());
+    return Around(1, before, 2, chunk.data(), runtime::v1::ResultChunk(),
+                  event_size);
   }
-  if (FramedItemBytes(chunk_size) != event_size) return std::nullopt;
-  return Spliced{chunk.data(), chunk_size};
+  if (event.has_result()) {
+    const auto& result = event.result();
+    if (result.value().size() < kSpliceMinBytes) return std::nullopt;
+    runtime::v1::CallResult before, after;
+    before.set_call_id(result.call_id());
+    before.set_encoding(result.encoding());
+    after.set_value_size(result.value_size());
+    after.set_log_seq(result.log_seq());
+    after.set_trace_seq(result.trace_seq());
+    return Around(2, before, 3, result.value(), after, event_size);
+  }
+  if (event.has_stream_item()) {
+    const auto& item = event.stream_item();
+    if (item.value().size() < kSpliceMinBytes) return std::nullopt;
+    runtime::v1::StreamItem before, after;
+    before.set_call_id(item.call_id());
+    before.set_index(item.index());
+    before.set_encoding(item.encoding());
+    after.set_log_seq(item.log_seq());
+    after.set_trace_seq(item.trace_seq());
+    return Around(4, before, 4, item.value(), after, event_size);
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -236,18 +280,13 @@ void AppendMessagePieces(const std::vector<SandboxEventPtr>& events,
       const SandboxEvent& event = *events[k];
       const size_t size = event.GetCachedSize();  // ByteSizeLong above
       AppendLengthHeader(current, kEventsField, size);
-      if (std::optional<Spliced> spliced = SplicedData(event, size)) {
-        // The bytes protobuf writes for it, up to the data's own bytes.
-        const std::string& id = event.result_chunk().call_id();
-        AppendLengthHeader(current, kResultChunkField, spliced->chunk_size);
-        if (!id.empty()) {
-          AppendLengthHeader(current, kChunkCallIdField, id.size());
-          current.append(id);
-        }
-        AppendLengthHeader(current, kChunkDataField, spliced->data.size());
+      if (std::optional<Spliced> spliced = SpliceEvent(event, size)) {
+        // The bytes protobuf writes for it, the data's own left in place.
+        current += spliced->head;
         out.emplace_back(std::move(current), /*frame_end=*/false);
-        current = std::string();
-        out.emplace_back(events[k], spliced->data, /*frame_end=*/k + 1 == j);
+        const bool last = k + 1 == j && spliced->tail.empty();
+        out.emplace_back(events[k], spliced->data, /*frame_end=*/last);
+        current = std::move(spliced->tail);
       } else {
         const size_t at = current.size();
         current.resize(at + size);

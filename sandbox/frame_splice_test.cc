@@ -201,7 +201,25 @@ SandboxEventPtr Result(const std::string& id, std::string value) {
   return event;
 }
 
-TEST_CASE("result chunks are written from the events, the same bytes as protobuf's") {
+SandboxEventPtr Item(const std::string& id, std::string value) {
+  auto event = std::make_shared<SandboxEvent>();
+  auto* item = event->mutable_stream_item();
+  item->set_call_id(id);
+  item->set_index(3);
+  item->set_encoding(runtime::v1::ENCODING_PICKLE);
+  item->set_value(std::move(value));
+  item->set_trace_seq(9);
+  return event;
+}
+
+// The bytes of `event` that AppendMessagePieces may leave in place.
+const std::string& BulkOf(const SandboxEvent& event) {
+  if (event.has_result_chunk()) return event.result_chunk().data();
+  if (event.has_result()) return event.result().value();
+  return event.stream_item().value();
+}
+
+TEST_CASE("large results and chunks are written from the events, the same bytes as protobuf's") {
   std::vector<SandboxEventPtr> events = {
       Result("small", "v"),
       Chunk("c1", Bytes(1 << 20, 'a')),
@@ -211,7 +229,10 @@ TEST_CASE("result chunks are written from the events, the same bytes as protobuf
       Chunk("c1", Bytes(1 << 20, 'e')),
       Chunk("c1", Bytes(1 << 20, 'f')),  // the batch passes 4 MiB here
       Chunk("c1", ""),
-      Result("c1", Bytes(1 << 20, 'g')),
+      Result("c1", Bytes(1 << 20, 'g')),  // spliced, then its tail fields
+      Item("s", Bytes(kSpliceMinBytes, 'h')),
+      Item("s", Bytes(100, 'i')),
+      Result("r", Bytes(200 << 10, 'j')),  // the batch's last piece is a tail
   };
   std::deque<OutPiece> pieces;
   AppendMessagePieces(events, pieces);
@@ -222,13 +243,12 @@ TEST_CASE("result chunks are written from the events, the same bytes as protobuf
     written += std::string(piece.bytes());
     if (piece.frame_end()) frame_ends.push_back(written.size());
     for (const auto& event : events) {
-      if (!event->has_result_chunk()) continue;
-      const std::string& data = event->result_chunk().data();
+      const std::string& data = BulkOf(*event);
       if (!data.empty() && piece.bytes().data() == data.data()) ++views;
     }
   }
   CHECK(written == Serialized(events));
-  CHECK(views == 5);  // every chunk of kSpliceMinBytes or more
+  CHECK(views == 8);  // every value and chunk of kSpliceMinBytes or more
   // frame_end marks exactly the frames' ends.
   std::vector<size_t> expected_ends;
   absl::string_view rest = written;
