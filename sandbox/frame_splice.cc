@@ -24,11 +24,14 @@ constexpr uint32_t kStartArgumentsField = 4;  // StartCall.arguments
 constexpr uint32_t kChunkDataField = 2;       // ArgumentChunk / ResultChunk .data
 constexpr uint32_t kLengthDelimited = 2;
 
-bool ReadVarint(const char*& p, const char* end, uint64_t& value) {
+// A varint of at most `max_bytes` bytes (protobuf reads tags and lengths
+// in at most 5, other varints in at most 10).
+bool ReadVarint(const char*& p, const char* end, uint64_t& value,
+                int max_bytes = 10) {
   value = 0;
-  for (int shift = 0; shift < 64 && p < end; shift += 7) {
+  for (int i = 0; i < max_bytes && p < end; ++i) {
     const uint8_t byte = static_cast<uint8_t>(*p++);
-    value |= uint64_t{byte & 0x7Fu} << shift;
+    value |= uint64_t{byte & 0x7Fu} << (7 * i);
     if (byte < 0x80) return true;
   }
   return false;
@@ -48,7 +51,7 @@ struct Field {
 bool ReadField(const char*& p, const char* end, Field& field) {
   const char* start = p;
   uint64_t tag;
-  if (!ReadVarint(p, end, tag) || tag > UINT32_MAX || (tag >> 3) == 0) {
+  if (!ReadVarint(p, end, tag, 5) || tag > UINT32_MAX || (tag >> 3) == 0) {
     return false;
   }
   field.number = static_cast<uint32_t>(tag >> 3);
@@ -64,7 +67,7 @@ bool ReadField(const char*& p, const char* end, Field& field) {
       skip = 8;
       break;
     case 2:
-      if (!ReadVarint(p, end, skip)) return false;
+      if (!ReadVarint(p, end, skip, 5) || skip > INT32_MAX) return false;
       break;
     case 5:
       skip = 4;
@@ -91,7 +94,8 @@ bool MergeAt(Message& message, absl::string_view bytes, int depth) {
 
 // The one LEN field `number` of kSpliceMinBytes or more in `message`, when
 // every field there can be walked and it occurs once; else nullopt.
-std::optional<Field> FindBulk(absl::string_view message, uint32_t number) {
+std::optional<Field> FindBulk(absl::string_view message, uint32_t number,
+                              size_t min_bytes) {
   std::optional<Field> bulk;
   const char* p = message.data();
   const char* end = p + message.size();
@@ -102,14 +106,14 @@ std::optional<Field> FindBulk(absl::string_view message, uint32_t number) {
     if (bulk || field.wire_type != kLengthDelimited) return std::nullopt;
     bulk = field;
   }
-  if (!bulk || bulk->payload.size() < kSpliceMinBytes) return std::nullopt;
+  if (!bulk || bulk->payload.size() < min_bytes) return std::nullopt;
   return bulk;
 }
 
 // Parses one HostEvent's bytes into `event`, leaving its bulk field out
 // when it can; false when protobuf would refuse them.
 bool ParseEvent(absl::string_view bytes, HostEvent& event,
-                std::optional<std::string_view>& bulk) {
+                std::optional<std::string_view>& bulk, size_t min_bytes) {
   bulk.reset();
   const char* p = bytes.data();
   const char* end = p + bytes.size();
@@ -119,7 +123,8 @@ bool ParseEvent(absl::string_view bytes, HostEvent& event,
       (outer.number == kHostStartField || outer.number == kHostChunkField)) {
     const bool start = outer.number == kHostStartField;
     if (std::optional<Field> field = FindBulk(
-            outer.payload, start ? kStartArgumentsField : kChunkDataField)) {
+            outer.payload, start ? kStartArgumentsField : kChunkDataField,
+            min_bytes)) {
       Message& inner = start ? static_cast<Message&>(*event.mutable_start())
                              : *event.mutable_argument_chunk();
       const char* inner_begin = outer.payload.data();
@@ -238,9 +243,10 @@ std::optional<Spliced> SpliceEvent(const SandboxEvent& event,
 
 }  // namespace
 
-bool ParseCallsRequestSpliced(absl::string_view bytes, SplicedRequest& out) {
+bool ParseCallsRequestSpliced(absl::string_view bytes, SplicedRequest& out,
+                              size_t min_bytes) {
   // Small messages hold no bulk field worth splicing: protobuf as before.
-  if (bytes.size() < kSpliceMinBytes) return ParseWhole(bytes, out);
+  if (bytes.size() < min_bytes) return ParseWhole(bytes, out);
   out.request.Clear();
   out.bulk.clear();
   const char* p = bytes.data();
@@ -252,7 +258,8 @@ bool ParseCallsRequestSpliced(absl::string_view bytes, SplicedRequest& out) {
       return ParseWhole(bytes, out);  // unknown fields, or malformed
     }
     std::optional<std::string_view> bulk;
-    if (!ParseEvent(field.payload, *out.request.add_events(), bulk)) {
+    if (!ParseEvent(field.payload, *out.request.add_events(), bulk,
+                    min_bytes)) {
       return ParseWhole(bytes, out);  // refused as protobuf refuses it
     }
     out.bulk.push_back(bulk);

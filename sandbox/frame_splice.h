@@ -43,7 +43,9 @@ struct SplicedRequest {
 // its bulk field (of kSpliceMinBytes or more) once; the rest of that
 // message is parsed by protobuf around it. Anything else (other events,
 // unknown or repeated fields, malformed input) goes through protobuf whole.
-bool ParseCallsRequestSpliced(absl::string_view bytes, SplicedRequest& out);
+// `min_bytes`: the smallest field spliced (the fuzzer lowers it).
+bool ParseCallsRequestSpliced(absl::string_view bytes, SplicedRequest& out,
+                              size_t min_bytes = kSpliceMinBytes);
 
 // Bytes queued for a socket: owned, or a view into an event that the piece
 // keeps alive (a retained ResultChunk's data).

@@ -146,6 +146,23 @@ TEST_CASE("unusual encodings are parsed exactly as protobuf parses them") {
                             Len(9, "x")) == 0);
 }
 
+TEST_CASE("tags and lengths longer than protobuf reads are refused as it refuses them") {
+  const std::string big = Bytes(200 << 10, 'z');
+  const std::string chunk = Len(1, "id") + Len(2, big);
+  // The events tag in six bytes (0x8A 0x80 0x80 0x80 0x80 0x00 is still 10).
+  CheckSameAsProtobuf(std::string("\x8a\x80\x80\x80\x80\x00", 6) +
+                      Varint(chunk.size() + 4) + Len(2, chunk));
+  // The data field's length in six bytes.
+  std::string padded_length = Varint(big.size());
+  padded_length[padded_length.size() - 1] |= '\x80';
+  const std::string odd_chunk =
+      Len(1, "id") + "\x12" + padded_length + std::string("\x80\x80\x80\x00", 4) + big;
+  CheckSameAsProtobuf(Len(1, Len(2, odd_chunk)));
+  // The HostEvent's tag in five bytes: protobuf accepts it, and so do we.
+  CHECK(CheckSameAsProtobuf(Len(1, std::string("\x92\x80\x80\x80\x00", 5) +
+                                       Varint(chunk.size()) + chunk)) == 1);
+}
+
 TEST_CASE("messages protobuf refuses are refused") {
   const std::string big = Bytes(200 << 10, 'z');
   std::string good = Len(1, Len(2, Len(1, "id") + Len(2, big)));
