@@ -77,8 +77,9 @@ _INTERNAL = 13
 # a longer one is read straight into a buffer of its own.
 _READ_BYTES = 256 * 1024
 # Buffers of long frames (result chunks) are reused once nothing refers to
-# their bytes any more; at most this many bytes of them are kept.
-_SPARE_BYTES = 16 << 20
+# their bytes any more; at most this many bytes of them are kept (a 16 MiB
+# result's 1 MiB chunks with their framing).
+_SPARE_BYTES = (16 << 20) + (64 << 10)
 # At most this many buffers go to one sendmsg (Linux's IOV_MAX is 1024).
 _IOV_MAX = 1024
 
