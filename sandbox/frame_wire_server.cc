@@ -25,7 +25,6 @@
 namespace agentix::sandbox {
 namespace {
 
-
 // The method path HELLO's token is checked for: the stream it replaces.
 constexpr char kCallsMethod[] = "/agentix.runtime.v1.RuntimeService/Calls";
 // As the gRPC Calls stream: past this many unwritten bytes the stream's
@@ -77,7 +76,7 @@ class FrameSink final : public CallSink {
 
   bool Deliver(std::vector<SandboxEventPtr> events) override {
     if (events.empty()) return true;
-    // Large result chunks are written from the events themselves
+    // Large values and chunks are written from the events themselves
     // (frame_splice.h): no serialized copy of their bytes.
     std::deque<OutPiece> pieces;
     AppendMessagePieces(events, pieces);
@@ -207,7 +206,6 @@ class FrameSink final : public CallSink {
   std::string client_id_;
   absl::Mutex mu_;
   OutQueue queue_ ABSL_GUARDED_BY(mu_);  // whole frames
-
   size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // unwritten, all frames
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool ending_ ABSL_GUARDED_BY(mu_) = false;
