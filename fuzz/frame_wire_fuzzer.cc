@@ -5,14 +5,20 @@
 // Asserts: errors are kInvalidArgument; a parsed frame lies within the input
 // and re-encodes to exactly its bytes; a frame is never reported whole
 // before its header and payload are all there (every prefix of a whole
-// frame asks for more); an accepted HELLO re-encodes to its payload.
+// frame asks for more); an accepted HELLO re-encodes to its payload; a
+// MESSAGE parsed with its bulk fields left in place (frame_splice.h, every
+// size spliced) is accepted exactly when protobuf accepts it, and then
+// holds the same fields.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "sandbox/frame_codec.h"
+#include "sandbox/frame_splice.h"
 
 namespace {
 
@@ -21,6 +27,52 @@ using namespace agentix::sandbox;
 [[noreturn]] void Fail(const char* what) {
   std::fprintf(stderr, "frame_wire_fuzzer: %s\n", what);
   std::abort();
+}
+
+// Map entries in a fixed order, so two equal messages compare equal.
+std::string Deterministic(const google::protobuf::Message& message) {
+  std::string out;
+  {
+    google::protobuf::io::StringOutputStream stream(&out);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    message.SerializeToCodedStream(&coded);
+  }
+  return out;
+}
+
+void CheckSpliced(absl::string_view payload) {
+  using agentix::runtime::v1::CallsRequest;
+  CallsRequest expected;
+  const bool ok = expected.ParseFromArray(payload.data(),
+                                          static_cast<int>(payload.size()));
+  SplicedRequest spliced;
+  if (ParseCallsRequestSpliced(payload, spliced, /*min_bytes=*/1) != ok) {
+    Fail("spliced parse accepts differently from protobuf");
+  }
+  if (!ok) return;
+  if (spliced.bulk.size() != static_cast<size_t>(spliced.request.events_size())) {
+    Fail("one bulk entry per event");
+  }
+  for (int i = 0; i < spliced.request.events_size(); ++i) {
+    const auto& bulk = spliced.bulk[static_cast<size_t>(i)];
+    if (!bulk) continue;
+    if (bulk->data() < payload.data() ||
+        bulk->data() + bulk->size() > payload.data() + payload.size()) {
+      Fail("a bulk view outside the message");
+    }
+    auto* event = spliced.request.mutable_events(i);
+    if (event->has_start()) {
+      event->mutable_start()->set_arguments(std::string(*bulk));
+    } else if (event->has_argument_chunk()) {
+      event->mutable_argument_chunk()->set_data(std::string(*bulk));
+    } else {
+      Fail("a bulk view for an event without a bulk field");
+    }
+  }
+  if (Deterministic(spliced.request) != Deterministic(expected)) {
+    Fail("spliced parse differs from protobuf's");
+  }
 }
 
 }  // namespace
@@ -53,6 +105,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!hello.ok() && hello.status().code() != absl::StatusCode::kInvalidArgument) {
         Fail("unexpected HELLO status code");
       }
+    } else if (frame->kind == FrameKind::kMessage) {
+      CheckSpliced(frame->payload);
     } else if (frame->kind == FrameKind::kStatus) {
       absl::StatusOr<FrameStatus> status = DecodeStatus(frame->payload);
       if (status.ok() != (frame->payload.size() >= 4)) Fail("STATUS decode");

@@ -312,7 +312,26 @@ bool WriteFrameWireSeeds(const std::string& dir) {
   const std::string half_close = EncodeFrame(FrameKind::kHalfClose, "");
   char oversized[kFrameHeaderBytes];
   EncodeFrameHeader(FrameKind::kMessage, kMaxFrameMessageBytes + 1, oversized);
+  // Bulk fields the daemon splices (frame_splice.h): a StartCall's first
+  // argument bytes among its other fields, chunks with and without offset.
+  agentix::runtime::v1::CallsRequest bulk;
+  auto* first = bulk.add_events()->mutable_start();
+  first->set_call_id("c2");
+  first->set_callable("fake::echo");
+  first->set_arguments("0123456789");
+  first->set_arguments_size(30);
+  first->set_context("ctx");
+  (*first->mutable_baggage())["k"] = "v";
+  auto* chunk = bulk.add_events()->mutable_argument_chunk();
+  chunk->set_call_id("c2");
+  chunk->set_data("abcdefghij");
+  chunk->set_offset(10);
+  bulk.add_events()->mutable_argument_chunk()->set_data("klmnopqrst");
+  bulk.add_events()->mutable_ack()->set_call_id("c0");
+  const std::string bulk_message =
+      EncodeFrame(FrameKind::kMessage, bulk.SerializeAsString());
   return Write(dir, "stream", hello + message + message + half_close) &&
+         Write(dir, "bulk", hello + bulk_message) &&
          Write(dir, "hello-only", hello) &&
          Write(dir, "status",
                EncodeFrame(FrameKind::kStatus,

@@ -21,6 +21,7 @@
 #include "sandbox/connection_guard.h"
 #include "sandbox/frame_codec.h"
 #include "sandbox/namespace_stream.h"
+#include "sandbox/frame_splice.h"
 #include "sandbox/wire_limits.h"
 
 namespace agentix::sandbox {
@@ -40,6 +41,8 @@ constexpr size_t kPauseReadsAboveBytes = 64u << 20;
 constexpr size_t kReadChunkBytes = 64u << 10;
 // iovecs per sendmsg.
 constexpr size_t kMaxIov = 64;
+// How long a read buffer grown for large frames is kept once empty.
+constexpr absl::Duration kKeepReadBufferFor = absl::Milliseconds(100);
 
 void Wake(int event_fd) {
   const uint64_t one = 1;
@@ -112,21 +115,28 @@ class FrameSink final : public CallSink {
 
   bool Deliver(std::vector<SandboxEventPtr> events) override {
     if (events.empty()) return true;
-    std::deque<std::string> frames;
-    CallsResponse batch;
-    AppendMessageFrames(batch, batch.mutable_events(), events, frames);
-    return Write(std::move(frames));
+    // Large values and chunks are written from the events themselves
+    // (frame_splice.h): no serialized copy of their bytes.
+    std::deque<OutPiece> pieces;
+    AppendMessagePieces(events, pieces);
+    return WritePieces(std::move(pieces));
   }
-  // Writes whole `frames` (at once when nothing is queued, else after what
-  // is); false once the stream is ending or gone.
+  // Writes whole serialized `frames` (a Namespace stream's): see WritePieces.
   bool Write(std::deque<std::string> frames) {
+    std::deque<OutPiece> pieces;
+    for (auto& frame : frames) pieces.emplace_back(std::move(frame), /*frame_end=*/true);
+    return WritePieces(std::move(pieces));
+  }
+  // Writes whole frames' `pieces` (at once when nothing is queued, else
+  // after what is); false once the stream is ending or gone.
+  bool WritePieces(std::deque<OutPiece> pieces) {
     {
       absl::MutexLock lock(&mu_);
       if (closed_ || ending_ || broken_) return false;
       const bool was_empty = queue_.empty();
-      for (auto& frame : frames) {
-        AddQueued(static_cast<int64_t>(frame.size()));
-        queue_.push_back(std::move(frame));
+      for (auto& piece : pieces) {
+        AddQueued(static_cast<int64_t>(piece.bytes().size()));
+        queue_.Push(std::move(piece));
       }
       // Nothing queued before: write now, on this thread. Otherwise the
       // connection's thread is waiting for the socket to drain.
@@ -171,7 +181,7 @@ class FrameSink final : public CallSink {
                                        EncodeStatus(code, details));
       AddQueued(static_cast<int64_t>(status.size()));
       const bool was_empty = queue_.empty();
-      queue_.push_back(std::move(status));
+      queue_.Push(OutPiece(std::move(status), /*frame_end=*/true));
       if (was_empty) FlushLocked();
       Wake(wake_fd_);
     }
@@ -216,16 +226,9 @@ class FrameSink final : public CallSink {
   void FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     while (!queue_.empty() && !broken_) {
       iovec iov[kMaxIov];
-      size_t count = 0;
-      for (auto it = queue_.begin(); it != queue_.end() && count < kMaxIov;
-           ++it, ++count) {
-        const size_t skip = count == 0 ? front_written_ : 0;
-        iov[count].iov_base = it->data() + skip;
-        iov[count].iov_len = it->size() - skip;
-      }
       msghdr msg{};
       msg.msg_iov = iov;
-      msg.msg_iovlen = count;
+      msg.msg_iovlen = queue_.Gather(iov, kMaxIov);
       const ssize_t n = ::sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
       if (n < 0) {
         if (errno == EINTR) continue;
@@ -234,36 +237,18 @@ class FrameSink final : public CallSink {
         DropQueue(false);
         return;
       }
-      size_t written = static_cast<size_t>(n);
-      AddQueued(-static_cast<int64_t>(written));
-      while (written > 0) {
-        const size_t left = queue_.front().size() - front_written_;
-        if (written < left) {
-          front_written_ += written;
-          break;
-        }
-        written -= left;
-        queue_.pop_front();
-        front_written_ = 0;
-      }
+      AddQueued(-static_cast<int64_t>(n));
+      queue_.Consume(static_cast<size_t>(n));
     }
   }
 
-  // Frees the queue; with `keep_partial` a frame partly written stays, so
-  // the bytes that follow still start at a frame boundary.
+  // Frees the queue; with `keep_partial` the rest of a frame partly
+  // written stays, so the bytes that follow still start at a frame
+  // boundary.
   void DropQueue(bool keep_partial) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const bool keep = keep_partial && !queue_.empty() && front_written_ > 0;
-    std::string partial;
-    if (keep) partial = std::move(queue_.front());
-    queue_.clear();
-    size_t left = 0;
-    if (keep) {
-      left = partial.size() - front_written_;
-      queue_.push_back(std::move(partial));
-    } else {
-      front_written_ = 0;
-    }
-    AddQueued(static_cast<int64_t>(left) - static_cast<int64_t>(queued_bytes_));
+    queue_.Drop(keep_partial);
+    AddQueued(static_cast<int64_t>(queue_.bytes()) -
+              static_cast<int64_t>(queued_bytes_));
   }
 
   void AddQueued(int64_t delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -276,8 +261,7 @@ class FrameSink final : public CallSink {
   std::shared_ptr<std::atomic<int64_t>> shared_ ABSL_GUARDED_BY(mu_);
   std::string client_id_;
   absl::Mutex mu_;
-  std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);  // whole frames
-  size_t front_written_ ABSL_GUARDED_BY(mu_) = 0;  // of queue_.front()
+  OutQueue queue_ ABSL_GUARDED_BY(mu_);  // whole frames
   size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // unwritten, all frames
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool ending_ ABSL_GUARDED_BY(mu_) = false;
@@ -436,9 +420,17 @@ class FrameWireServer::Connection {
       } else if (!hello_done_) {
         deadline = hello_deadline;
       }
+      const bool large_idle = ReadBufferIdleAndLarge();
+      if (large_idle) {
+        deadline = std::min(deadline, absl::Now() + kKeepReadBufferFor);
+      }
       const int ready = Wait(fds, PollTimeoutMs(deadline),
                              /*spin=*/hello_done_ && !state.ending);
       if (ready < 0 && errno != EINTR) break;
+      if (ready == 0 && large_idle && ReadBufferIdleAndLarge()) {
+        // No frame came for a while: a large buffer is not kept idle.
+        ResizeReadBuffer(kReadChunkBytes);
+      }
       if (ready <= 0) continue;
       if (fds[1].revents & POLLIN) DrainWake(wake_fd_);
       if (fds[0].revents & POLLOUT) sink_->Flush();
@@ -490,16 +482,18 @@ class FrameWireServer::Connection {
         want = std::max(want, kFrameHeaderBytes + length - buffered.size());
       }
     }
-    if (read_buffer_.size() - read_end_ < want && read_start_ > 0) {
-      std::memmove(read_buffer_.data(), read_buffer_.data() + read_start_,
+    if (read_capacity_ - read_end_ < want && read_start_ > 0) {
+      std::memmove(read_buffer_.get(), read_buffer_.get() + read_start_,
                    read_end_ - read_start_);
       read_end_ -= read_start_;
       read_start_ = 0;
     }
-    if (read_buffer_.size() - read_end_ < want) {
-      read_buffer_.resize(read_end_ + want);
+    if (read_capacity_ - read_end_ < want) {
+      // Not zero-filled (std::string::resize would write every byte of a
+      // megabyte frame once more before recvmsg does).
+      ResizeReadBuffer(read_end_ + want);
     }
-    iovec iov{read_buffer_.data() + read_end_, read_buffer_.size() - read_end_};
+    iovec iov{read_buffer_.get() + read_end_, read_capacity_ - read_end_};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
@@ -515,8 +509,27 @@ class FrameWireServer::Connection {
   }
 
   absl::string_view Buffered() const {
-    return absl::string_view(read_buffer_.data() + read_start_,
+    return absl::string_view(read_buffer_.get() + read_start_,
                              read_end_ - read_start_);
+  }
+
+  // A buffer of `capacity` bytes holding the unparsed bytes, at its start.
+  void ResizeReadBuffer(size_t capacity) {
+    std::unique_ptr<char[]> buffer(new char[capacity]);
+    if (read_end_ > read_start_) {
+      std::memcpy(buffer.get(), read_buffer_.get() + read_start_,
+                  read_end_ - read_start_);
+    }
+    read_end_ -= read_start_;
+    read_start_ = 0;
+    read_buffer_ = std::move(buffer);
+    read_capacity_ = capacity;
+  }
+
+  // A buffer grown for large frames, now empty: kept while frames keep
+  // coming (an upload's next chunk), given back after kKeepReadBufferFor.
+  bool ReadBufferIdleAndLarge() const {
+    return read_start_ == read_end_ && read_capacity_ > 4 * kReadChunkBytes;
   }
 
   // Handles every whole frame buffered (until the stream ends or its reads
@@ -536,13 +549,7 @@ class FrameWireServer::Connection {
       if (!go_on) return;
       if (sink_->UnwrittenBytes() > kPauseReadsAboveBytes) paused = true;
     }
-    // A buffer grown for a large frame is not kept for an idle stream.
-    if (read_start_ == read_end_) {
-      read_start_ = read_end_ = 0;
-      if (read_buffer_.size() > 4 * kReadChunkBytes) {
-        std::string(kReadChunkBytes, '\0').swap(read_buffer_);
-      }
-    }
+    if (read_start_ == read_end_) read_start_ = read_end_ = 0;
   }
 
   // False once the stream ends.
@@ -559,9 +566,9 @@ class FrameWireServer::Connection {
     switch (frame.kind) {
       case FrameKind::kMessage:
         if (namespace_ != nullptr) return NamespaceMessage(frame.payload);
-        request_.Clear();
-        if (!request_.ParseFromArray(frame.payload.data(),
-                                     static_cast<int>(frame.payload.size()))) {
+        // Large argument bytes stay in the read buffer until they are put
+        // in the worker's ring (frame_splice.h).
+        if (!ParseCallsRequestSpliced(frame.payload, request_)) {
           // As on gRPC: a BadRequest error, and the stream goes on.
           sink_->Deliver({MakeCallError(
               "", "BadRequest",
@@ -570,7 +577,8 @@ class FrameWireServer::Connection {
               absl::StatusCode::kInvalidArgument)});
           return true;
         }
-        manager_->HandleHostEvents(sink_, request_.events());
+        manager_->HandleHostEvents(sink_, request_.request.events(),
+                                   request_.bulk);
         return true;
       case FrameKind::kHalfClose:
         half_closed_ = true;
@@ -675,14 +683,16 @@ class FrameWireServer::Connection {
   std::thread thread_;
   std::atomic<bool> done_{false};
   // Only the connection's thread touches these.
-  std::string read_buffer_;  // bytes [read_start_, read_end_) are unparsed
+  // Bytes [read_start_, read_end_) are unparsed.
+  std::unique_ptr<char[]> read_buffer_{new char[kReadChunkBytes]};
+  size_t read_capacity_ = kReadChunkBytes;
   size_t read_start_ = 0;
   size_t read_end_ = 0;
   bool hello_done_ = false;
   bool half_closed_ = false;
   absl::Time end_deadline_ = absl::InfiniteFuture();
   absl::Duration spin_window_ = server_->options_.spin;
-  CallsRequest request_;
+  SplicedRequest request_;
   // Set by a HELLO naming the Namespace stream.
   std::unique_ptr<NamespaceStream> namespace_;
   runtime::v1::NamespaceRequest ns_request_;

@@ -205,16 +205,28 @@ void SessionManager::HandleHostEvent(const std::shared_ptr<CallSink>& sink,
                                      const HostEvent& event) {
   google::protobuf::RepeatedPtrField<HostEvent> one;
   *one.Add() = event;
-  HandleHostEvents(sink, one);
+  HandleHostEvents(sink, one, {});
 }
 
 void SessionManager::HandleHostEvents(
     const std::shared_ptr<CallSink>& sink,
     const google::protobuf::RepeatedPtrField<HostEvent>& events) {
+  HandleHostEvents(sink, events, {});
+}
+
+void SessionManager::HandleHostEvents(
+    const std::shared_ptr<CallSink>& sink,
+    const google::protobuf::RepeatedPtrField<HostEvent>& events,
+    absl::Span<const std::optional<std::string_view>> bulk) {
+  static const std::optional<std::string_view> kInMessage;
   std::vector<Delivery> out;
   {
     absl::MutexLock lock(&mu_);
-    for (const HostEvent& event : events) ApplyHostEvent(sink, event, out);
+    for (int i = 0; i < events.size(); ++i) {
+      ApplyHostEvent(sink, events[i],
+                     static_cast<size_t>(i) < bulk.size() ? bulk[i] : kInMessage,
+                     out);
+    }
     DispatchQueued(out);
     FlushToWorker();
     Post(out);
@@ -223,15 +235,19 @@ void SessionManager::HandleHostEvents(
   ReapDeadWorkers();
 }
 
-void SessionManager::ApplyHostEvent(const std::shared_ptr<CallSink>& sink,
-                                    const HostEvent& event,
-                                    std::vector<Delivery>& out) {
+void SessionManager::ApplyHostEvent(
+    const std::shared_ptr<CallSink>& sink, const HostEvent& event,
+    const std::optional<std::string_view>& bulk, std::vector<Delivery>& out) {
   switch (event.kind_case()) {
     case HostEvent::kStart:
-      StartCall(sink, event.start(), out);
+      StartCall(sink, event.start(),
+                bulk ? *bulk : std::string_view(event.start().arguments()),
+                out);
       break;
     case HostEvent::kArgumentChunk:
-      AddArgumentChunk(sink, event.argument_chunk(), out);
+      AddArgumentChunk(
+          sink, event.argument_chunk(),
+          bulk ? *bulk : std::string_view(event.argument_chunk().data()), out);
       break;
     case HostEvent::kCancel:
       Cancel(event.cancel().call_id(), out);
@@ -271,6 +287,7 @@ void SessionManager::FlushToWorker() {
 
 void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
                                const runtime::v1::StartCall& start,
+                               std::string_view args,
                                std::vector<Delivery>& out) {
   const std::string& id = start.call_id();
   if (id.empty()) {
@@ -308,20 +325,20 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
   }
   // No argument bytes at all mean no arguments: `[[], {}]` in the call's
   // encoding (hosts that send arguments never get here).
-  if (start.arguments().empty() && start.arguments_size() == 0) {
+  if (args.empty() && start.arguments_size() == 0) {
     runtime::v1::StartCall with_empty = start;
     with_empty.set_arguments(
         start.encoding() == runtime::v1::ENCODING_MSGPACK
             ? std::string("\x92\x90\x80", 3)              // [[], {}]
             : std::string("\x80\x02)}\x86.", 6));        // ((), {})
-    StartCall(sink, with_empty, out);
+    StartCall(sink, with_empty, with_empty.arguments(), out);
     return;
   }
   // ENCODING_UNSPECIFIED means pickle, which every Python host sends with
   // protocol 2 or later (first byte PROTO, 0x80). Anything else is most
   // likely another language's msgpack sent without setting the encoding.
   if (start.encoding() == runtime::v1::ENCODING_UNSPECIFIED &&
-      !start.arguments().empty() && start.arguments()[0] != '\x80') {
+      !args.empty() && args[0] != '\x80') {
     out.push_back({sink, BadRequest(
         id, "StartCall.arguments is not a pickle (it does not start with "
             "0x80), and StartCall.encoding is ENCODING_UNSPECIFIED, which "
@@ -335,15 +352,14 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
     RememberFinished(id);
     return;
   }
-  const uint64_t expected = start.arguments_size() == 0
-                                ? start.arguments().size()
-                                : start.arguments_size();
+  const uint64_t expected =
+      start.arguments_size() == 0 ? args.size() : start.arguments_size();
   // A refused call has had its one terminal event: its id is remembered so
   // that chunks still on their way for it are dropped, not answered again.
-  if (start.arguments().size() > expected) {
+  if (args.size() > expected) {
     out.push_back({sink, BadRequest(id, absl::StrCat(
                                             "arguments carry ",
-                                            start.arguments().size(),
+                                            args.size(),
                                             " bytes but arguments_size says ",
                                             expected))});
     RememberFinished(id);
@@ -364,7 +380,7 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
   call.sink = sink;
   call.client = sink->client_id();
   call.args_expected = expected;
-  call.args_received = start.arguments().size();
+  call.args_received = args.size();
   if (call.args_received < expected) {
     call.last_upload_progress = absl::Now();
     uploading_.insert(id);
@@ -388,11 +404,11 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
     call.queued = true;
     call.start = start;
     call.start.clear_arguments();
-    call.queued_args = start.arguments();
+    call.queued_args.assign(args.data(), args.size());
     call_queue_.push_back(id);
     return;
   }
-  Dispatch(id, call, start, start.arguments(), out);
+  Dispatch(id, call, start, args, out);
 }
 
 void SessionManager::Dispatch(const std::string& id, Call& call,
@@ -485,6 +501,7 @@ bool SessionManager::PutInRing(std::string_view piece, ipc::Frame& frame) {
 
 void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
                                       const runtime::v1::ArgumentChunk& chunk,
+                                      std::string_view data,
                                       std::vector<Delivery>& out) {
   const std::string& id = chunk.call_id();
   if (IdTooLong(id)) {
@@ -510,7 +527,6 @@ void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
   auto fail_call = [&](std::string message) {
     FailCall(id, call, BadRequest(id, std::move(message)), out);
   };
-  std::string_view data = chunk.data();
   if (chunk.has_offset()) {
     // A host resuming an upload after a reconnect sends pieces again from
     // where it lost track; the bytes already received are skipped.

@@ -24,7 +24,9 @@
 #include <deque>
 #include <list>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -32,6 +34,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "agentix/runtime/v1/runtime.pb.h"
 #include "sandbox/call_sink.h"
 #include "sandbox/finished_ids.h"
@@ -112,6 +115,15 @@ class SessionManager : public WorkerProcess::Listener {
       const std::shared_ptr<CallSink>& sink,
       const google::protobuf::RepeatedPtrField<runtime::v1::HostEvent>&
           events);
+  // The same, where `bulk[i]`, when set, is events[i]'s StartCall.arguments
+  // or ArgumentChunk.data, left out of the message (a view of the caller's
+  // buffer, read during the call: the frame wire's read buffer, so large
+  // argument bytes go from there to the worker's ring in one copy). `bulk`
+  // is empty or has one entry per event.
+  void HandleHostEvents(
+      const std::shared_ptr<CallSink>& sink,
+      const google::protobuf::RepeatedPtrField<runtime::v1::HostEvent>& events,
+      absl::Span<const std::optional<std::string_view>> bulk);
   // A host stream opened: `sink` is a candidate for AbortMostBacklogged
   // until DetachSink.
   void RegisterSink(const std::shared_ptr<CallSink>& sink);
@@ -220,12 +232,14 @@ class SessionManager : public WorkerProcess::Listener {
     SandboxEventPtr event;
   };
 
+  // `args`: the arguments' first bytes (start.arguments(), or the frame
+  // wire's view of them); `data` likewise for a chunk.
   void StartCall(const std::shared_ptr<CallSink>& sink,
-                 const runtime::v1::StartCall& start,
+                 const runtime::v1::StartCall& start, std::string_view args,
                  std::vector<Delivery>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
                         const runtime::v1::ArgumentChunk& chunk,
-                        std::vector<Delivery>& out)
+                        std::string_view data, std::vector<Delivery>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Any client may cancel a call (as in the original); Ack, AckStreamItems,
   // ArgumentChunk and Resume act only on calls of the sender's client
@@ -261,6 +275,7 @@ class SessionManager : public WorkerProcess::Listener {
   // Applies one host event; frames for the worker go to `to_worker_`.
   void ApplyHostEvent(const std::shared_ptr<CallSink>& sink,
                       const runtime::v1::HostEvent& event,
+                      const std::optional<std::string_view>& bulk,
                       std::vector<Delivery>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Encodes a frame for the current worker; FlushToWorker sends them all.

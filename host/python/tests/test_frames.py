@@ -107,6 +107,55 @@ async def test_the_reader_reassembles_frames_however_the_bytes_arrive():
         theirs.close()
 
 
+async def test_long_frames_reuse_a_buffer_only_once_nothing_refers_to_its_bytes(monkeypatch):
+    # Long frames (result chunks) are read into buffers that are reused, and
+    # result chunks are memoryviews into them: a buffer must not be read
+    # into again while a view of it is alive, whatever arrives next. (A 4 KiB
+    # read buffer, so that several long frames fit in the socket at once.)
+    monkeypatch.setattr(frames, "_READ_BYTES", 4096)
+    payloads = [os.urandom(40 * 1024) for _ in range(4)]
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    transport = FrameTransport(ours, ())
+    theirs.settimeout(5)
+    theirs.recv(64)  # HELLO
+
+    def receive(*sent: bytes) -> list:
+        theirs.sendall(b"".join(encode(MESSAGE, payload) for payload in sent))
+        got: list = []
+        for _ in range(100):
+            messages, status, _ = transport.drain()
+            assert status is None
+            got += messages
+            if len(got) == len(sent):
+                break
+        assert [bytes(message) for message in got] == list(sent)
+        return got
+
+    try:
+        (first,) = receive(payloads[0])
+        buffer = first.obj
+        held = first[100:]  # as a result chunk holds it
+        del first
+        # Two long frames read in one drain: the first is not parsed yet
+        # (nobody holds a chunk of it) when the second arrives.
+        second, second_again = receive(payloads[1], payloads[2])
+        assert len({id(buffer), id(second.obj), id(second_again.obj)}) == 3
+        assert held == payloads[0][100:]  # untouched by the frames after it
+        assert bytes(second) == payloads[1]
+        del held, second, second_again
+        # Nothing refers to the first buffer's bytes now: it is read into
+        # again (no new zero-filled buffer); a long frame following a long
+        # frame, and a short one between them, still arrive intact.
+        third, short, fourth = receive(payloads[3], b"short", payloads[0])
+        assert third.obj is buffer
+        assert bytes(short) == b"short"
+        assert bytes(third) == payloads[3] and bytes(fourth) == payloads[0]
+    finally:
+        transport.close()
+        theirs.close()
+
+
 async def test_eof_without_status_is_unavailable_and_a_bad_frame_is_internal():
     for tail, code in ((b"", 14), (encode(7, b"?"), 13), (struct.pack("<IB", 64 << 20, MESSAGE), 13)):
         ours, theirs = socket.socketpair()

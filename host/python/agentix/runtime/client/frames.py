@@ -103,6 +103,10 @@ _INTERNAL = 13
 # Frames up to this size are read into one reusable buffer (and copied out);
 # a longer one is read straight into a buffer of its own.
 _READ_BYTES = 256 * 1024
+# Buffers of long frames (result chunks) are reused once nothing refers to
+# their bytes any more; at most this many bytes of them are kept (a 16 MiB
+# result's 1 MiB chunks with their framing).
+_SPARE_BYTES = (16 << 20) + (64 << 10)
 # At most this many buffers go to one sendmsg (Linux's IOV_MAX is 1024).
 _IOV_MAX = 1024
 
@@ -303,8 +307,12 @@ class FrameTransport:
         "_view",
         "_have",
         "_big",
+        "_big_size",
         "_big_have",
         "_big_kind",
+        "_header_first",
+        "_spare",
+        "_spare_bytes",
         "on_progress",
     )
 
@@ -323,8 +331,14 @@ class FrameTransport:
         self._view = memoryview(self._buf)
         self._have = 0
         self._big: bytearray | None = None  # a frame longer than _buf, being read
+        self._big_size = 0  # its payload's length (the buffer may be longer)
         self._big_have = 0
         self._big_kind = 0
+        # After a long frame, the next one's header is read alone, so that a
+        # long frame's bytes go straight into its own buffer, not via _buf.
+        self._header_first = False
+        self._spare: collections.deque[bytearray] = collections.deque()  # buffers of long frames, oldest first
+        self._spare_bytes = 0
         self.on_progress: Callable[[], None] | None = None
         hello = encode_hello(metadata)
         self._send([_HEADER.pack(len(hello), HELLO), hello], _HEADER_BYTES + len(hello))
@@ -379,6 +393,8 @@ class FrameTransport:
                 self._out.clear()
                 self._loop.remove_writer(self._fd)
             self._sock.close()
+            self._spare.clear()
+            self._spare_bytes = 0
 
     def _progress(self) -> None:
         if self._closed:
@@ -459,7 +475,12 @@ class FrameTransport:
         sock = self._sock
         while self._status is None:
             big = self._big
-            target = memoryview(big)[self._big_have :] if big is not None else self._view[self._have :]
+            if big is not None:
+                target = memoryview(big)[self._big_have : self._big_size]
+            elif self._header_first and self._have < _HEADER_BYTES:
+                target = self._view[self._have : _HEADER_BYTES]
+            else:
+                target = self._view[self._have :]
             try:
                 count = sock.recv_into(target)
             except (BlockingIOError, InterruptedError):
@@ -472,9 +493,13 @@ class FrameTransport:
                 return
             if big is not None:
                 self._big_have += count
-                if self._big_have == len(big):
+                if self._big_have == self._big_size:
                     self._big = None
-                    self._frame(self._big_kind, big, messages)
+                    self._header_first = True
+                    # A view, never the buffer itself: while the message (or
+                    # a result chunk cut from it) is alive, _take skips it.
+                    self._frame(self._big_kind, memoryview(big)[: self._big_size], messages)
+                    self._keep(big)
             else:
                 self._have += count
                 self._parse(messages)
@@ -488,6 +513,7 @@ class FrameTransport:
             size, kind = _HEADER.unpack_from(buf, pos)
             end = pos + _HEADER_BYTES + size
             if end <= have:
+                self._header_first = False
                 self._frame(kind, bytes(view[pos + _HEADER_BYTES : end]), messages)
                 pos = end
                 continue
@@ -495,10 +521,10 @@ class FrameTransport:
                 if size > MAX_PAYLOAD:
                     self._status = (_INTERNAL, f"frame wire: the daemon sent a frame of {size} bytes")
                     return
-                big = bytearray(size)
+                big = self._take(size)
                 part = have - pos - _HEADER_BYTES
                 big[:part] = view[pos + _HEADER_BYTES : have]
-                self._big, self._big_have, self._big_kind = big, part, kind
+                self._big, self._big_size, self._big_have, self._big_kind = big, size, part, kind
                 pos = have
             break
         rest = have - pos
@@ -506,7 +532,28 @@ class FrameTransport:
             buf[:rest] = bytes(view[pos:have])
         self._have = rest
 
-    def _frame(self, kind: int, payload: bytes | bytearray, messages: list) -> None:
+    def _take(self, size: int) -> bytearray:
+        """A buffer for a frame payload of `size` bytes (longer than `_buf`):
+        a kept one of at least that size (at most twice) whose bytes nobody
+        refers to any more, else a new one. Reuse spares the zero-filling (and
+        on a default-tuned malloc the page faults) of a megabyte per result
+        chunk."""
+        for index, spare in enumerate(self._spare):
+            if size <= len(spare) <= 2 * size and _unreferenced(spare):
+                del self._spare[index]
+                self._spare_bytes -= len(spare)
+                return spare
+        return bytearray(size)
+
+    def _keep(self, buf: bytearray) -> None:
+        """Remembers the buffer of a frame just read for reuse by `_take`,
+        once the views made of its bytes (result chunks) are gone."""
+        self._spare.append(buf)
+        self._spare_bytes += len(buf)
+        while self._spare_bytes > _SPARE_BYTES:
+            self._spare_bytes -= len(self._spare.popleft())
+
+    def _frame(self, kind: int, payload: bytes | bytearray | memoryview, messages: list) -> None:
         if kind == MESSAGE:
             messages.append(payload)
         elif kind == STATUS and len(payload) >= 4:
@@ -514,6 +561,18 @@ class FrameTransport:
             self._status = (code, bytes(payload[4:]).decode("utf-8", "replace"))
         else:
             self._status = (_INTERNAL, f"frame wire: the daemon sent a frame of kind {kind} ({len(payload)} bytes)")
+
+
+def _unreferenced(buf: bytearray) -> bool:
+    """True when no memoryview of `buf` (or of a slice of one) is alive: a
+    bytearray whose buffer is exported cannot change size. The probe pops
+    and re-appends the last byte, which never reallocates."""
+    try:
+        last = buf.pop()
+    except BufferError:
+        return False
+    buf.append(last)
+    return True
 
 
 class FrameCallsStream(NativeCallsStream):

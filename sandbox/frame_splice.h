@@ -1,0 +1,104 @@
+// The frame wire's bulk bytes without user-space copies (docs/FRAME-WIRE.md,
+// DECISIONS.md "The frame wire's bulk bytes"): a large argument piece is
+// taken from the frame where it was read (not parsed into a std::string
+// first), and a large result chunk is written to the socket from the
+// retained event (not serialized into a frame first). The bytes on the wire
+// and what the session manager sees are exactly those of protobuf's parse
+// and serialization; only where the bulk bytes live differs.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <deque>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "agentix/runtime/v1/runtime.pb.h"
+#include "sandbox/call_sink.h"
+
+namespace agentix::sandbox {
+
+// Smaller bulk fields are copied as protobuf does: splicing pays off only
+// for large pieces (the same floor as the payload ring's).
+inline constexpr size_t kSpliceMinBytes = 64u << 10;
+
+// A CallsRequest whose large StartCall.arguments / ArgumentChunk.data
+// fields stayed in the bytes it was parsed from.
+struct SplicedRequest {
+  runtime::v1::CallsRequest request;
+  // One entry per event of `request`: the bulk field's bytes when they were
+  // left out of the message (a view of the parsed bytes, valid as long as
+  // they are), else nullopt (the message holds the field, if any).
+  std::vector<std::optional<std::string_view>> bulk;
+};
+
+// Parses `bytes` into `out` (replacing its contents). True exactly when
+// CallsRequest::ParseFromArray accepts `bytes`; the message together with
+// `bulk` then carries the same fields. An event is spliced only when it is
+// exactly one HostEvent.start / .argument_chunk field whose message holds
+// its bulk field (of kSpliceMinBytes or more) once; the rest of that
+// message is parsed by protobuf around it. Anything else (other events,
+// unknown or repeated fields, malformed input) goes through protobuf whole.
+// `min_bytes`: the smallest field spliced (the fuzzer lowers it).
+bool ParseCallsRequestSpliced(absl::string_view bytes, SplicedRequest& out,
+                              size_t min_bytes = kSpliceMinBytes);
+
+// Bytes queued for a socket: owned, or a view into an event that the piece
+// keeps alive (a retained ResultChunk's data).
+class OutPiece {
+ public:
+  explicit OutPiece(std::string owned, bool frame_end)
+      : owned_(std::move(owned)), frame_end_(frame_end) {}
+  OutPiece(SandboxEventPtr holder, absl::string_view view, bool frame_end)
+      : holder_(std::move(holder)), view_(view), frame_end_(frame_end) {}
+  absl::string_view bytes() const {
+    return holder_ ? view_ : absl::string_view(owned_);
+  }
+  // The last piece of a frame: the bytes after it start a new frame.
+  bool frame_end() const { return frame_end_; }
+
+ private:
+  std::string owned_;
+  SandboxEventPtr holder_;
+  absl::string_view view_;
+  bool frame_end_;
+};
+
+// The unwritten bytes of one frame-wire stream, whole frames in pieces,
+// written with sendmsg iovecs straight from the pieces. Not thread-safe.
+class OutQueue {
+ public:
+  void Push(OutPiece piece);
+  bool empty() const { return pieces_.empty(); }
+  // Bytes not yet written.
+  size_t bytes() const { return bytes_; }
+  // Points up to `max` iovecs at the unwritten bytes, in order; returns how
+  // many it filled.
+  size_t Gather(iovec* iov, size_t max) const;
+  // The first `n` unwritten bytes (at most bytes()) were written.
+  void Consume(size_t n);
+  // Drops what is unwritten; with `keep_partial_frame`, except the rest of
+  // a frame partly written, so that bytes queued next start a frame.
+  void Drop(bool keep_partial_frame);
+
+ private:
+  std::deque<OutPiece> pieces_;
+  size_t front_written_ = 0;  // of pieces_.front()
+  // The pieces before pieces_.front() that are written end mid-frame.
+  bool mid_frame_ = false;
+  size_t bytes_ = 0;
+};
+
+// Appends `events` as MESSAGE frames holding CallsResponse messages of at
+// most kMaxBatchBytes each (one larger event alone still goes alone), the
+// bytes the gRPC Calls stream's batching would produce. A ResultChunk's
+// data of kSpliceMinBytes or more is not copied: its piece is a view of the
+// event, which the piece keeps alive.
+void AppendMessagePieces(const std::vector<SandboxEventPtr>& events,
+                         std::deque<OutPiece>& out);
+
+}  // namespace agentix::sandbox

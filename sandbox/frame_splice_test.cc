@@ -1,0 +1,374 @@
+#include "sandbox/frame_splice.h"
+
+#include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sandbox/frame_codec.h"
+#include "sandbox/wire_limits.h"
+
+namespace agentix::sandbox {
+namespace {
+
+using runtime::v1::CallsRequest;
+using runtime::v1::CallsResponse;
+using runtime::v1::HostEvent;
+using runtime::v1::SandboxEvent;
+
+std::string Bytes(size_t n, char seed) {
+  std::string out(n, '\0');
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<char>(seed + i * 7);
+  return out;
+}
+
+// The message ParseCallsRequestSpliced describes, bulk fields put back.
+CallsRequest Rebuilt(const SplicedRequest& parsed) {
+  CallsRequest out = parsed.request;
+  REQUIRE(parsed.bulk.size() == static_cast<size_t>(out.events_size()));
+  for (int i = 0; i < out.events_size(); ++i) {
+    const auto& bulk = parsed.bulk[static_cast<size_t>(i)];
+    if (!bulk) continue;
+    HostEvent* event = out.mutable_events(i);
+    if (event->has_start()) {
+      event->mutable_start()->set_arguments(std::string(*bulk));
+    } else {
+      REQUIRE(event->has_argument_chunk());
+      event->mutable_argument_chunk()->set_data(std::string(*bulk));
+    }
+  }
+  return out;
+}
+
+// Parses `bytes` both ways; returns how many events were spliced.
+size_t CheckSameAsProtobuf(const std::string& bytes) {
+  CallsRequest expected;
+  const bool protobuf_ok =
+      expected.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()));
+  SplicedRequest parsed;
+  const bool ok = ParseCallsRequestSpliced(bytes, parsed);
+  REQUIRE(ok == protobuf_ok);
+  if (!ok) return 0;
+  CHECK(Rebuilt(parsed).SerializeAsString() == expected.SerializeAsString());
+  size_t spliced = 0;
+  for (const auto& bulk : parsed.bulk) {
+    if (!bulk) continue;
+    ++spliced;
+    // A view of the input: the bytes were not copied.
+    CHECK(bulk->data() >= bytes.data());
+    CHECK(bulk->data() + bulk->size() <= bytes.data() + bytes.size());
+    CHECK(bulk->size() >= kSpliceMinBytes);
+  }
+  return spliced;
+}
+
+std::string Varint(uint64_t v) {
+  std::string out;
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7F) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+  return out;
+}
+
+std::string Len(uint32_t field, const std::string& payload) {
+  return std::string(1, static_cast<char>(field << 3 | 2)) +
+         Varint(payload.size()) + payload;
+}
+
+TEST_CASE("large arguments are left in the frame, the rest parsed as protobuf") {
+  CallsRequest request;
+  auto* start = request.add_events()->mutable_start();
+  start->set_call_id("c1");
+  start->set_callable("mod::fn");
+  start->set_arguments(Bytes(1 << 20, 'a'));
+  start->set_arguments_size(3 << 20);
+  start->set_context("ctx");
+  start->set_stream_window(4);
+  start->set_traceparent("00-0123456789abcdef0123456789abcdef-0123456789abcdef-01");
+  (*start->mutable_baggage())["k"] = "v";
+  auto* chunk = request.add_events()->mutable_argument_chunk();
+  chunk->set_call_id("c1");
+  chunk->set_data(Bytes(1 << 20, 'b'));
+  chunk->set_offset(1 << 20);
+  auto* unset_offset = request.add_events()->mutable_argument_chunk();
+  unset_offset->set_call_id("c1");
+  unset_offset->set_data(Bytes(kSpliceMinBytes, 'c'));
+  request.add_events()->mutable_ack()->set_call_id("old");
+  auto* small = request.add_events()->mutable_argument_chunk();
+  small->set_call_id("c2");
+  small->set_data(Bytes(kSpliceMinBytes - 1, 'd'));
+  request.add_events()->mutable_cancel()->set_call_id("c3");
+  CHECK(CheckSameAsProtobuf(request.SerializeAsString()) == 3);
+}
+
+TEST_CASE("small messages and messages without bulk fields go through protobuf") {
+  CallsRequest request;
+  auto* start = request.add_events()->mutable_start();
+  start->set_call_id("c1");
+  start->set_arguments(Bytes(1000, 'a'));
+  CHECK(CheckSameAsProtobuf(request.SerializeAsString()) == 0);
+  for (int i = 0; i < 3000; ++i) {
+    request.add_events()->mutable_ack()->set_call_id(std::string(30, 'x'));
+  }
+  CHECK(CheckSameAsProtobuf(request.SerializeAsString()) == 0);
+  CHECK(CheckSameAsProtobuf("") == 0);
+}
+
+TEST_CASE("unusual encodings are parsed exactly as protobuf parses them") {
+  const std::string big = Bytes(200 << 10, 'z');
+  const std::string other = Bytes(100 << 10, 'y');
+  auto request_of = [](const std::string& host_event) {
+    return Len(1, host_event);
+  };
+  // data before call_id; an unknown field after it: spliced, both kept.
+  CHECK(CheckSameAsProtobuf(request_of(Len(
+            2, Len(2, big) + Len(1, "id") + "\xF8\x06\x05")))  // field 111 varint
+        == 1);
+  // the data field twice (protobuf keeps the last): not spliced, same result.
+  CHECK(CheckSameAsProtobuf(request_of(Len(2, Len(1, "id") + Len(2, big) +
+                                                  Len(2, other)))) == 0);
+  // field 2 with a varint wire type (an unknown field to protobuf) and once
+  // as bytes.
+  CHECK(CheckSameAsProtobuf(request_of(
+            Len(2, std::string("\x10\x05", 2) + Len(2, big)))) == 0);
+  // a HostEvent holding start and then argument_chunk (the oneof's last wins).
+  CHECK(CheckSameAsProtobuf(request_of(
+            Len(1, Len(1, "s") + Len(4, big)) + Len(2, Len(1, "a") + Len(2, other)))) ==
+        0);
+  // StartCall's arguments among its other fields.
+  CHECK(CheckSameAsProtobuf(request_of(Len(
+            1, Len(1, "s") + Len(2, "m::f") + Len(4, big) +
+                   std::string("\x28\x80\x80\x40", 4) + Len(6, "ctx")))) == 1);
+  // an unknown top-level field: protobuf parses the whole message.
+  CHECK(CheckSameAsProtobuf(request_of(Len(2, Len(1, "id") + Len(2, big))) +
+                            Len(9, "x")) == 0);
+}
+
+TEST_CASE("tags and lengths longer than protobuf reads are refused as it refuses them") {
+  const std::string big = Bytes(200 << 10, 'z');
+  const std::string chunk = Len(1, "id") + Len(2, big);
+  // The events tag in six bytes (0x8A 0x80 0x80 0x80 0x80 0x00 is still 10).
+  CheckSameAsProtobuf(std::string("\x8a\x80\x80\x80\x80\x00", 6) +
+                      Varint(chunk.size() + 4) + Len(2, chunk));
+  // The data field's length in six bytes.
+  std::string padded_length = Varint(big.size());
+  padded_length[padded_length.size() - 1] |= '\x80';
+  const std::string odd_chunk =
+      Len(1, "id") + "\x12" + padded_length + std::string("\x80\x80\x80\x00", 4) + big;
+  CheckSameAsProtobuf(Len(1, Len(2, odd_chunk)));
+  // The HostEvent's tag in five bytes: protobuf accepts it, and so do we.
+  CHECK(CheckSameAsProtobuf(Len(1, std::string("\x92\x80\x80\x80\x00", 5) +
+                                       Varint(chunk.size()) + chunk)) == 1);
+}
+
+TEST_CASE("messages protobuf refuses are refused") {
+  const std::string big = Bytes(200 << 10, 'z');
+  std::string good = Len(1, Len(2, Len(1, "id") + Len(2, big)));
+  CheckSameAsProtobuf(good.substr(0, good.size() - 1));  // truncated
+  // a call_id that is not UTF-8 (proto3 strings must be)
+  CheckSameAsProtobuf(Len(1, Len(2, Len(1, "\xff\xfe") + Len(2, big))));
+  // a length running past its message
+  std::string inner = Len(1, "id") + Len(2, big);
+  inner[inner.size() - big.size() - 1] = '\x7f';
+  CheckSameAsProtobuf(Len(1, Len(2, inner)));
+  SplicedRequest parsed;
+  CHECK_FALSE(ParseCallsRequestSpliced(
+      Len(1, Len(2, Len(1, "\xff\xfe") + Len(2, big))), parsed));
+  CHECK(parsed.request.events_size() == 0);
+  CHECK(parsed.bulk.empty());
+}
+
+// What the frame wire wrote before splicing: protobuf's serialization of
+// each batch in a MESSAGE frame.
+std::string Serialized(const std::vector<SandboxEventPtr>& events) {
+  std::string out;
+  CallsResponse batch;
+  size_t bytes = 0;
+  auto flush = [&] {
+    if (batch.events_size() == 0) return;
+    out += EncodeFrame(FrameKind::kMessage, batch.SerializeAsString());
+    batch.Clear();
+    bytes = 0;
+  };
+  for (const auto& event : events) {
+    const size_t framed = FramedItemBytes(event->ByteSizeLong());
+    if (batch.events_size() > 0 && bytes + framed > kMaxBatchBytes) flush();
+    *batch.add_events() = *event;
+    bytes += framed;
+  }
+  flush();
+  return out;
+}
+
+SandboxEventPtr Chunk(const std::string& id, std::string data) {
+  auto event = std::make_shared<SandboxEvent>();
+  event->mutable_result_chunk()->set_call_id(id);
+  event->mutable_result_chunk()->set_data(std::move(data));
+  return event;
+}
+
+SandboxEventPtr Result(const std::string& id, std::string value) {
+  auto event = std::make_shared<SandboxEvent>();
+  event->mutable_result()->set_call_id(id);
+  event->mutable_result()->set_value(std::move(value));
+  event->mutable_result()->set_value_size(12345);
+  event->mutable_result()->set_log_seq(7);
+  return event;
+}
+
+SandboxEventPtr Item(const std::string& id, std::string value) {
+  auto event = std::make_shared<SandboxEvent>();
+  auto* item = event->mutable_stream_item();
+  item->set_call_id(id);
+  item->set_index(3);
+  item->set_encoding(runtime::v1::ENCODING_PICKLE);
+  item->set_value(std::move(value));
+  item->set_trace_seq(9);
+  return event;
+}
+
+// The bytes of `event` that AppendMessagePieces may leave in place.
+const std::string& BulkOf(const SandboxEvent& event) {
+  if (event.has_result_chunk()) return event.result_chunk().data();
+  if (event.has_result()) return event.result().value();
+  return event.stream_item().value();
+}
+
+TEST_CASE("large results and chunks are written from the events, the same bytes as protobuf's") {
+  std::vector<SandboxEventPtr> events = {
+      Result("small", "v"),
+      Chunk("c1", Bytes(1 << 20, 'a')),
+      Chunk("c1", Bytes(1 << 20, 'b')),
+      Chunk("", Bytes(kSpliceMinBytes, 'c')),  // no call_id field
+      Chunk("c1", Bytes(kSpliceMinBytes - 1, 'd')),  // small: serialized
+      Chunk("c1", Bytes(1 << 20, 'e')),
+      Chunk("c1", Bytes(1 << 20, 'f')),  // the batch passes 4 MiB here
+      Chunk("c1", ""),
+      Result("c1", Bytes(1 << 20, 'g')),  // spliced, then its tail fields
+      Item("s", Bytes(kSpliceMinBytes, 'h')),
+      Item("s", Bytes(100, 'i')),
+      Result("r", Bytes(200 << 10, 'j')),  // the batch's last piece is a tail
+  };
+  std::deque<OutPiece> pieces;
+  AppendMessagePieces(events, pieces);
+  std::string written;
+  size_t views = 0;
+  std::vector<size_t> frame_ends;
+  for (const OutPiece& piece : pieces) {
+    written += std::string(piece.bytes());
+    if (piece.frame_end()) frame_ends.push_back(written.size());
+    for (const auto& event : events) {
+      const std::string& data = BulkOf(*event);
+      if (!data.empty() && piece.bytes().data() == data.data()) ++views;
+    }
+  }
+  CHECK(written == Serialized(events));
+  CHECK(views == 8);  // every value and chunk of kSpliceMinBytes or more
+  // frame_end marks exactly the frames' ends.
+  std::vector<size_t> expected_ends;
+  absl::string_view rest = written;
+  size_t at = 0;
+  while (!rest.empty()) {
+    auto frame = ParseFrame(rest);
+    REQUIRE(frame.ok());
+    REQUIRE(frame->frame_bytes > 0);
+    at += frame->frame_bytes;
+    expected_ends.push_back(at);
+    rest.remove_prefix(frame->frame_bytes);
+  }
+  CHECK(frame_ends == expected_ends);
+  CHECK(expected_ends.size() == 2);
+}
+
+TEST_CASE("a spliced piece keeps its event alive") {
+  std::deque<OutPiece> pieces;
+  {
+    std::vector<SandboxEventPtr> events = {Chunk("c", Bytes(1 << 20, 'x'))};
+    AppendMessagePieces(events, pieces);
+  }  // the caller's references are gone (an acknowledged, evicted result)
+  REQUIRE(pieces.size() == 2);
+  CHECK(pieces[1].bytes() == Bytes(1 << 20, 'x'));
+  CHECK(pieces[1].frame_end());
+  CHECK_FALSE(pieces[0].frame_end());
+}
+
+}  // namespace
+}  // namespace agentix::sandbox
+
+namespace agentix::sandbox {
+namespace {
+
+// The bytes `queue` would write next, all of them.
+std::string Unwritten(const OutQueue& queue) {
+  iovec iov[64];
+  const size_t count = queue.Gather(iov, 64);
+  std::string out;
+  for (size_t i = 0; i < count; ++i) {
+    out.append(static_cast<const char*>(iov[i].iov_base), iov[i].iov_len);
+  }
+  REQUIRE(out.size() == queue.bytes());
+  return out;
+}
+
+// Two frames: "HHH" + a spliced "DDDDDD" (frame 1), then "SS" (frame 2).
+OutQueue TwoFrames() {
+  OutQueue queue;
+  queue.Push(OutPiece("HHH", /*frame_end=*/false));
+  queue.Push(OutPiece(Chunk("c", "DDDDDD"), "DDDDDD", /*frame_end=*/true));
+  queue.Push(OutPiece("SS", /*frame_end=*/true));
+  return queue;
+}
+
+TEST_CASE("the out queue writes its pieces in order however sendmsg cuts them") {
+  OutQueue queue = TwoFrames();
+  CHECK(Unwritten(queue) == "HHHDDDDDDSS");
+  queue.Consume(2);
+  CHECK(Unwritten(queue) == "HDDDDDDSS");
+  queue.Consume(5);
+  CHECK(Unwritten(queue) == "DDSS");
+  queue.Consume(4);
+  CHECK(queue.empty());
+  CHECK(queue.bytes() == 0);
+}
+
+TEST_CASE("dropping keeps the rest of a frame partly written, so a STATUS "
+          "queued next starts a frame") {
+  SECTION("only the spliced frame's header piece was written") {
+    OutQueue queue = TwoFrames();
+    queue.Consume(3);  // exactly the first piece: front_written_ is 0 here
+    queue.Drop(/*keep_partial_frame=*/true);
+    CHECK(Unwritten(queue) == "DDDDDD");
+  }
+  SECTION("the frame was cut inside its data") {
+    OutQueue queue = TwoFrames();
+    queue.Consume(5);
+    queue.Drop(true);
+    CHECK(Unwritten(queue) == "DDDD");
+  }
+  SECTION("at a frame boundary nothing is kept") {
+    OutQueue queue = TwoFrames();
+    queue.Consume(9);
+    queue.Drop(true);
+    CHECK(queue.empty());
+    CHECK(queue.bytes() == 0);
+    queue.Push(OutPiece("T", true));
+    CHECK(Unwritten(queue) == "T");
+  }
+  SECTION("nothing written yet: all dropped") {
+    OutQueue queue = TwoFrames();
+    queue.Drop(true);
+    CHECK(queue.empty());
+  }
+  SECTION("without keeping, everything goes") {
+    OutQueue queue = TwoFrames();
+    queue.Consume(4);
+    queue.Drop(false);
+    CHECK(queue.empty());
+    CHECK(queue.bytes() == 0);
+  }
+}
+
+}  // namespace
+}  // namespace agentix::sandbox
