@@ -13,15 +13,8 @@
 namespace agentix::sandbox {
 namespace {
 
-int HighestAllowed() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  REQUIRE(::sched_getaffinity(0, sizeof(set), &set) == 0);
-  for (int cpu = CPU_SETSIZE - 1; cpu >= 0; --cpu) {
-    if (CPU_ISSET(cpu, &set)) return cpu;
-  }
-  return -1;
-}
+// base_cpu_affinity_test checks "auto" against sched_getaffinity itself.
+int HighestAllowed() { return *base::ParseCpuSetting("auto"); }
 
 TEST_CASE("Calls that overlap unpin the call path; a run of one-at-a-time calls pins it again") {
   CallsCpu placement(HighestAllowed());

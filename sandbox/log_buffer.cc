@@ -406,29 +406,28 @@ std::optional<TraceEventWire> ToWireTraceEvent(const std::string& bytes,
   return WireOf(*full);
 }
 
+namespace {
+// The wire and full forms share their field numbers: parsing what one
+// serializes to as the other cannot fail.
+template <typename To, typename From>
+To Reparsed(const From& message) {
+  To to;
+  to.ParseFromString(message.SerializeAsString());
+  return to;
+}
+}  // namespace
+
 LogRecordWire WireOf(const LogRecord& record) {
-  LogRecordWire w;
-  // Parsing what a LogRecord serializes to cannot fail: same field numbers.
-  w.ParseFromString(record.SerializeAsString());
-  return w;
+  return Reparsed<LogRecordWire>(record);
 }
-
 LogRecord FullOf(const LogRecordWire& record) {
-  LogRecord r;
-  r.ParseFromString(record.SerializeAsString());
-  return r;
+  return Reparsed<LogRecord>(record);
 }
-
 TraceEventWire WireOf(const TraceEvent& event) {
-  TraceEventWire w;
-  w.ParseFromString(event.SerializeAsString());
-  return w;
+  return Reparsed<TraceEventWire>(event);
 }
-
 TraceEvent FullOf(const TraceEventWire& event) {
-  TraceEvent e;
-  e.ParseFromString(event.SerializeAsString());
-  return e;
+  return Reparsed<TraceEvent>(event);
 }
 
 uint64_t LogBuffer::Append(std::vector<LogRecord> records) {
