@@ -92,12 +92,24 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
       PollBlocking(wait, 3);
       lock.lock();
       Consume(wake_fd_);
-      // The timer is armed and disarmed under mu_ (disarming clears a
-      // pending expiry), so a count read here belongs to the standing offer.
-      if (Consume(timer_fd_) && deferred_) {
-        deferred_ = false;
-        passed_ = true;
-        ++handovers_;
+      // The timer is armed once for a run of offers, not per offer (each
+      // arming is a syscall, and on a VM a timer reprogramming): when it
+      // fires, the standing offer is taken if it is old enough, else the
+      // timer is armed for the rest of its time; with none standing it stays
+      // off until the next offer.
+      if (Consume(timer_fd_)) {
+        timer_armed_ = false;
+        if (deferred_) {
+          const absl::Duration left = offered_at_ + kDeferBound - absl::Now();
+          if (left <= absl::ZeroDuration()) {
+            deferred_ = false;
+            passed_ = true;
+            ++handovers_;
+          } else {
+            Arm(timer_fd_, left);
+            timer_armed_ = true;
+          }
+        }
       }
     }
     --followers_;
@@ -142,9 +154,8 @@ void IntakeBaton::WakeFollower() {
 }
 
 void IntakeBaton::Withdraw() {
-  if (!deferred_) return;
+  // The timer stays armed: it fires once, finds no offer and stays off.
   deferred_ = false;
-  Arm(timer_fd_, absl::ZeroDuration());  // disarms, clears a pending expiry
 }
 
 bool IntakeBaton::Pass() {
@@ -163,7 +174,11 @@ bool IntakeBaton::Defer() {
   std::lock_guard<std::mutex> lock(mu_);
   if (followers_ == 0 || stopped_ || !pool_mode_ || passed_) return false;
   deferred_ = true;
-  Arm(timer_fd_, kDeferBound);
+  offered_at_ = absl::Now();
+  if (!timer_armed_) {
+    Arm(timer_fd_, kDeferBound);
+    timer_armed_ = true;
+  }
   return true;
 }
 

