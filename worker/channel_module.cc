@@ -37,6 +37,11 @@ PyMethodDef kChannelMethods[] = {
      "readable channel; 0 readable, 1 leave, 2 stopped."},
     {"intake_pass", Guarded<ChannelIntakePass>, METH_NOARGS,
      "Hand the baton to a waiting follower; False if none waits."},
+    {"intake_defer", Guarded<ChannelIntakeDefer>, METH_NOARGS,
+     "Offer the baton to the waiting follower, taken if not reclaimed "
+     "within 1 ms; False if none waits."},
+    {"intake_reclaim", Guarded<ChannelIntakeReclaim>, METH_NOARGS,
+     "Withdraw the offer: True if the caller still holds the baton."},
     {"intake_to_pool", Guarded<ChannelIntakeToPool>, METH_NOARGS,
      "Pool threads read the channel from now on (the caller starts one)."},
     {"intake_to_loop", Guarded<ChannelIntakeToLoop>, METH_NOARGS,

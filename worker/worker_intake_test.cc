@@ -2,11 +2,21 @@
 // "Leader/follower intake"). Sequential sync calls put the channel in the
 // pool threads' hands; these tests check that the thread running a call it
 // read never holds up the frames after it.
+#include <dirent.h>
+
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <fstream>
+#include <map>
+#include <memory>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "testing/status_matchers.h"
@@ -17,10 +27,9 @@ namespace agentix::worker {
 namespace {
 
 // Sequential sync calls until a pool thread reads the channel: with the
-// loop reading, one pool thread runs them all; with leader/follower, the
-// leader runs the call it read and a follower reads the next, so they
-// alternate between two threads. Returns the distinct threads seen (the
-// first test checks it; the others rely on it).
+// loop reading, one pool thread runs them all, handed each by the loop;
+// with leader/follower, the pool thread that reads a short call runs it and
+// reads the next one. Returns the distinct threads seen.
 size_t WarmUp(Worker& worker) {
   std::set<std::string> threads;
   for (int i = 0; i < 8; ++i) {
@@ -30,15 +39,97 @@ size_t WarmUp(Worker& worker) {
   return threads.size();
 }
 
-TEST_CASE("Sequential sync calls are read by the pool threads that run them",
+// Context switches (voluntary and not) of each thread of process `pid`.
+std::map<std::string, long> Switches(pid_t pid) {
+  std::map<std::string, long> out;
+  const std::string task = absl::StrCat("/proc/", pid, "/task");
+  std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(task.c_str()), ::closedir);
+  REQUIRE(dir != nullptr);
+  while (dirent* entry = ::readdir(dir.get())) {
+    if (entry->d_name[0] == '.') continue;
+    std::ifstream status(absl::StrCat(task, "/", entry->d_name, "/status"));
+    std::string line;
+    long total = 0;
+    while (std::getline(status, line)) {
+      if (absl::StrContains(line, "ctxt_switches:")) {
+        total += std::stol(line.substr(line.find(':') + 1));
+      }
+    }
+    std::ifstream comm(absl::StrCat(task, "/", entry->d_name, "/comm"));
+    std::string name;
+    std::getline(comm, name);
+    out[absl::StrCat(entry->d_name, ":", name)] = total;
+  }
+  return out;
+}
+
+// Switches()'s key for the main thread (the event loop's) of process `pid`.
+std::string MainKey(pid_t pid) {
+  for (const auto& [key, total] : Switches(pid)) {
+    if (absl::StartsWith(key, absl::StrCat(pid, ":"))) return key;
+  }
+  FAIL("no main thread");
+  return "";
+}
+
+// Runs `calls` sequential short sync calls; returns how often each thread
+// of the worker slept and woke meanwhile, most first.
+std::vector<std::pair<long, std::string>> WakesPerThread(Worker& worker,
+                                                         int calls) {
+  const std::string args = Pickle("((1, 2), {})");
+  const std::string three = Pickle("3");
+  const auto before = Switches(worker.pid());
+  for (int i = 0; i < calls; ++i) {
+    REQUIRE(worker.CallOk("worker_fixture::add", args) == three);
+  }
+  std::vector<std::pair<long, std::string>> wakes;
+  for (const auto& [tid, total] : Switches(worker.pid())) {
+    auto it = before.find(tid);
+    wakes.emplace_back(total - (it == before.end() ? 0 : it->second), tid);
+  }
+  std::sort(wakes.rbegin(), wakes.rend());
+  return wakes;
+}
+
+TEST_CASE("Sequential sync calls are read by the pool thread that runs them",
           "[worker][intake]") {
   auto worker = ReadyWorker();
-  REQUIRE(WarmUp(*worker) >= 2);
+  WarmUp(*worker);
+  const pid_t main_thread = worker->pid();
+  auto before = Switches(main_thread);
+  WarmUp(*worker);
+  // The event loop's thread does not take part.
+  CHECK(Switches(main_thread)[MainKey(main_thread)] -
+            before[MainKey(main_thread)] < 4);
 
   WorkerArgs loop_only;
   loop_only.env.push_back("AGENTIX_WORKER_INTAKE=loop");
   auto loop_worker = ReadyWorker(loop_only);
   REQUIRE(WarmUp(*loop_worker) == 1);
+  before = Switches(loop_worker->pid());
+  WarmUp(*loop_worker);
+  const std::string loop_tid = MainKey(loop_worker->pid());
+  CHECK(Switches(loop_worker->pid())[loop_tid] - before[loop_tid] >= 8);
+}
+
+TEST_CASE("Sequential short sync calls wake one thread only",
+          "[worker][intake]") {
+  // The reader runs a short call itself and reads on; the baton is only
+  // offered to the follower (taken if the call still ran after 1 ms), so
+  // nothing else wakes: one wake-up per call, on one thread.
+  auto worker = ReadyWorker();
+  WarmUp(*worker);
+  const int kCalls = 200;
+  auto wakes = WakesPerThread(*worker, kCalls);
+  INFO("wake-ups per thread over " << kCalls << " calls: "
+       << absl::StrJoin(wakes, ", ", absl::PairFormatter("@")));
+  long all = 0;
+  for (const auto& [count, thread] : wakes) all += count;
+  // About one per call: the reader's, waiting for the next frame (main's
+  // leader/follower: two, the follower woke on every call too). A call
+  // preempted past 1 ms on a busy machine costs one hand-over more.
+  CHECK(all < kCalls * 3 / 2);
+  CHECK(wakes[0].first >= kCalls / 2);  // mostly one thread reads
 }
 
 TEST_CASE("A long sync call run by its reader does not hold up the next call",
@@ -62,6 +153,26 @@ TEST_CASE("A long sync call run by its reader does not hold up the next call",
   REQUIRE(worker->AwaitReply("long", absl::Seconds(10)).ok);
   // Back to leader/follower after the mixed calls.
   WarmUp(*worker);
+}
+
+TEST_CASE("A call right behind a long one is read within milliseconds",
+          "[worker][intake][timing]") {
+  // The long call's reader only offered the baton: the follower takes it
+  // 1 ms into the call and reads the next frame.
+  auto worker = ReadyWorker();
+  WarmUp(*worker);
+  const std::string sleep_args = Pickle("((3.0,), {})");
+  const std::string add_args = Pickle("((1, 2), {})");
+  const absl::Time start = absl::Now();
+  worker->Call("long", "worker_fixture::sleep_sync", sleep_args);
+  worker->Call("quick", "worker_fixture::add", add_args);
+  REQUIRE_OK_AND_ASSIGN(Frame first, worker->Next(absl::Seconds(10)));
+  REQUIRE(first.call_id == "quick");
+  REQUIRE(first.type == FrameType::kResult);
+  const absl::Duration took = absl::Now() - start;
+  INFO("the quick call's reply came after " << absl::FormatDuration(took));
+  CHECK(took < absl::Milliseconds(200));
+  REQUIRE(worker->AwaitReply("long", absl::Seconds(10)).ok);
 }
 
 TEST_CASE("Cancelling a sync call its reader runs answers at once",

@@ -369,6 +369,16 @@ PyObject* ChannelIntakePass(PyObject* self, PyObject* /*unused*/) {
   return PyBool_FromLong(baton != nullptr && baton->Pass());
 }
 
+PyObject* ChannelIntakeDefer(PyObject* self, PyObject* /*unused*/) {
+  IntakeBaton* baton = Channel(self).baton.get();
+  return PyBool_FromLong(baton != nullptr && baton->Defer());
+}
+
+PyObject* ChannelIntakeReclaim(PyObject* self, PyObject* /*unused*/) {
+  IntakeBaton* baton = Channel(self).baton.get();
+  return PyBool_FromLong(baton != nullptr && baton->Reclaim());
+}
+
 PyObject* ChannelIntakeToPool(PyObject* self, PyObject* /*unused*/) {
   ChannelState& st = Channel(self);
   if (st.baton == nullptr) {

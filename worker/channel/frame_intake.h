@@ -38,11 +38,15 @@ PyObject* ChannelReadFrames(PyObject* self, PyObject* unused);
 // Leader/follower intake (intake_baton.h), for the driver's pool threads:
 // intake_lead(holding) -> 0 readable (the caller holds the baton), 1 leave,
 // 2 stopped, waiting without the GIL; intake_pass() -> bool;
+// intake_defer() -> bool (offer the baton, taken after a bound unless
+// intake_reclaim() -> bool comes first: true if still the holder);
 // intake_to_pool() (OSError if the baton cannot be made); intake_to_loop();
 // intake_stop(). Before intake_to_pool(), intake_lead() returns 1 and
 // intake_pass() False.
 PyObject* ChannelIntakeLead(PyObject* self, PyObject* holding);
 PyObject* ChannelIntakePass(PyObject* self, PyObject* unused);
+PyObject* ChannelIntakeDefer(PyObject* self, PyObject* unused);
+PyObject* ChannelIntakeReclaim(PyObject* self, PyObject* unused);
 PyObject* ChannelIntakeToPool(PyObject* self, PyObject* unused);
 PyObject* ChannelIntakeToLoop(PyObject* self, PyObject* unused);
 PyObject* ChannelIntakeStop(PyObject* self, PyObject* unused);

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,12 +18,25 @@ namespace {
 
 std::atomic<int64_t> spin_most_ns{0};
 
-// poll(fds, 2, -1), retried on EINTR.
-int PollBlocking(pollfd* fds) {
+// poll(fds, count, -1), retried on EINTR.
+int PollBlocking(pollfd* fds, nfds_t count = 2) {
   int n;
-  while ((n = ::poll(fds, 2, -1)) < 0 && errno == EINTR) {
+  while ((n = ::poll(fds, count, -1)) < 0 && errno == EINTR) {
   }
   return n;
+}
+
+// Reads a nonblocking eventfd or timerfd: whether it had fired.
+bool Consume(int fd) {
+  uint64_t count = 0;
+  return ::read(fd, &count, sizeof count) == sizeof count && count > 0;
+}
+
+void Arm(int timer_fd, absl::Duration after) {
+  itimerspec spec = {};
+  spec.it_value = absl::ToTimespec(after);
+  // Cannot fail on a valid timerfd and a positive, normalised time.
+  ::timerfd_settime(timer_fd, 0, &spec, nullptr);
 }
 
 }  // namespace
@@ -33,17 +47,35 @@ void IntakeBaton::SetSpin(absl::Duration most) {
 
 absl::StatusOr<std::unique_ptr<IntakeBaton>> IntakeBaton::Create(
     int channel_fd) {
-  const int stop_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (stop_fd < 0) {
-    return absl::InternalError(absl::StrCat("eventfd: ", errno));
+  int fds[3] = {-1, -1, -1};
+  fds[0] = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (fds[0] >= 0) fds[1] = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (fds[1] >= 0) {
+    fds[2] = ::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
   }
-  return std::unique_ptr<IntakeBaton>(new IntakeBaton(channel_fd, stop_fd));
+  if (fds[2] < 0) {
+    const int error = errno;
+    for (int fd : fds) {
+      if (fd >= 0) ::close(fd);
+    }
+    return absl::InternalError(absl::StrCat("eventfd/timerfd: ", error));
+  }
+  return std::unique_ptr<IntakeBaton>(
+      new IntakeBaton(channel_fd, fds[0], fds[1], fds[2]));
 }
 
-IntakeBaton::IntakeBaton(int channel_fd, int stop_fd)
-    : channel_fd_(channel_fd), stop_fd_(stop_fd) {}
+IntakeBaton::IntakeBaton(int channel_fd, int stop_fd, int wake_fd,
+                         int timer_fd)
+    : channel_fd_(channel_fd),
+      stop_fd_(stop_fd),
+      wake_fd_(wake_fd),
+      timer_fd_(timer_fd) {}
 
-IntakeBaton::~IntakeBaton() { ::close(stop_fd_); }
+IntakeBaton::~IntakeBaton() {
+  ::close(stop_fd_);
+  ::close(wake_fd_);
+  ::close(timer_fd_);
+}
 
 IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
   if (!holding) {
@@ -51,7 +83,35 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
     if (stopped_) return Turn::kStopped;
     if (!pool_mode_ || (!passed_ && followers_ > 0)) return Turn::kLeave;
     ++followers_;
-    cv_.wait(lock, [this] { return passed_ || !pool_mode_ || stopped_; });
+    // Waits in poll rather than on a condition variable: the offer's timer
+    // must wake it without the holder's help.
+    pollfd wait[3] = {
+        {wake_fd_, POLLIN, 0}, {timer_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+    while (!passed_ && pool_mode_ && !stopped_) {
+      lock.unlock();
+      PollBlocking(wait, 3);
+      lock.lock();
+      Consume(wake_fd_);
+      // The timer is armed once for a run of offers, not per offer (each
+      // arming is a syscall, and on a VM a timer reprogramming): when it
+      // fires, the standing offer is taken if it is old enough, else the
+      // timer is armed for the rest of its time; with none standing it stays
+      // off until the next offer.
+      if (Consume(timer_fd_)) {
+        timer_armed_ = false;
+        if (deferred_) {
+          const absl::Duration left = offered_at_ + kDeferBound - absl::Now();
+          if (left <= absl::ZeroDuration()) {
+            deferred_ = false;
+            passed_ = true;
+            ++handovers_;
+          } else {
+            Arm(timer_fd_, left);
+            timer_armed_ = true;
+          }
+        }
+      }
+    }
     --followers_;
     if (stopped_) return Turn::kStopped;
     if (!passed_) return Turn::kLeave;  // pool mode ended
@@ -87,13 +147,45 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
   return Turn::kReadable;
 }
 
+void IntakeBaton::WakeFollower() {
+  const uint64_t one = 1;
+  // Cannot fail short of a programming error (the counter is far from full).
+  [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof one);
+}
+
+void IntakeBaton::Withdraw() {
+  // The timer stays armed: it fires once, finds no offer and stays off.
+  deferred_ = false;
+}
+
 bool IntakeBaton::Pass() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (followers_ == 0 || stopped_ || !pool_mode_) return false;
+    Withdraw();
     passed_ = true;
+    ++handovers_;
   }
-  cv_.notify_one();
+  WakeFollower();
+  return true;
+}
+
+bool IntakeBaton::Defer() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (followers_ == 0 || stopped_ || !pool_mode_ || passed_) return false;
+  deferred_ = true;
+  offered_at_ = absl::Now();
+  if (!timer_armed_) {
+    Arm(timer_fd_, kDeferBound);
+    timer_armed_ = true;
+  }
+  return true;
+}
+
+bool IntakeBaton::Reclaim() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!deferred_) return false;
+  Withdraw();
   return true;
 }
 
@@ -101,6 +193,7 @@ void IntakeBaton::ToPool() {
   std::lock_guard<std::mutex> lock(mu_);
   pool_mode_ = true;
   passed_ = false;
+  Withdraw();
 }
 
 void IntakeBaton::ToLoop() {
@@ -108,8 +201,9 @@ void IntakeBaton::ToLoop() {
     std::lock_guard<std::mutex> lock(mu_);
     pool_mode_ = false;
     passed_ = false;
+    Withdraw();
   }
-  cv_.notify_all();
+  WakeFollower();
 }
 
 void IntakeBaton::Stop() {
@@ -118,7 +212,6 @@ void IntakeBaton::Stop() {
     if (stopped_) return;
     stopped_ = true;
   }
-  cv_.notify_all();
   const uint64_t one = 1;
   // Cannot fail short of a programming error (the counter is far from full).
   [[maybe_unused]] ssize_t n = ::write(stop_fd_, &one, sizeof one);
@@ -127,6 +220,11 @@ void IntakeBaton::Stop() {
 int IntakeBaton::followers() {
   std::lock_guard<std::mutex> lock(mu_);
   return followers_;
+}
+
+int64_t IntakeBaton::handovers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return handovers_;
 }
 
 }  // namespace agentix::worker

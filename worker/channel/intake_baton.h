@@ -1,15 +1,17 @@
 // Who reads the frame channel while the driver's pool threads do
 // (leader/follower; worker/README.md, "Leader/follower intake"): at most one
 // pool thread holds the baton and polls the channel; the one that reads a
-// sync call passes the baton to a waiting follower and runs the call itself,
-// so the call costs no thread hand-off and a long call never holds up the
-// next frames. Followers wait here without the GIL, so a hand-over wakes one
-// thread and touches no Python. The event loop reads the channel instead
+// sync call runs it itself, so the call costs no thread hand-off. It offers
+// the baton first (Defer): a follower takes it only if the call still runs
+// after kDeferBound (a timerfd wakes it, armed once per kDeferBound while
+// offers come), so a short call wakes no second thread and a long one holds
+// up the next frames for at most about 2 x kDeferBound.
+// Followers wait here without the GIL, so a hand-over wakes one thread and
+// touches no Python. The event loop reads the channel instead
 // whenever the baton is not in pool mode (the driver switches).
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -44,6 +46,16 @@ class IntakeBaton {
   // the baton, if none was.
   bool Pass();
 
+  // The holder, about to run a call it read, offers the baton: the waiting
+  // follower takes it (and polls) if the holder has not called Reclaim()
+  // within kDeferBound. False (nothing offered, the caller still holds the
+  // baton) if no follower waits, pool mode is off or Stop() was called.
+  bool Defer();
+  // The holder, back from the call: true if the baton is still its own (the
+  // offer is withdrawn; poll with Lead(true)); false if a follower took it
+  // or nothing was offered (wait as a follower with Lead(false)).
+  bool Reclaim();
+
   // Pool mode on: the caller (the loop, which stopped reading) makes a
   // thread the holder (Lead(true)).
   void ToPool();
@@ -53,8 +65,13 @@ class IntakeBaton {
   // Every Lead() returns kStopped, now and later; wakes a polling holder.
   void Stop();
 
-  // For tests: followers waiting now.
+  // For tests: followers waiting now; hand-overs so far (passes, and offers
+  // a follower took).
   int followers();
+  int64_t handovers();
+
+  // How long a Defer()'s offer stands before the follower takes the baton.
+  static constexpr absl::Duration kDeferBound = absl::Milliseconds(1);
 
   // The holder's poll first polls without sleeping for up to `most` (the
   // worker's --intake-spin-us; process-wide, set once at start), adapting
@@ -64,14 +81,23 @@ class IntakeBaton {
   static void SetSpin(absl::Duration most);
 
  private:
-  IntakeBaton(int channel_fd, int stop_fd);
+  IntakeBaton(int channel_fd, int stop_fd, int wake_fd, int timer_fd);
+  // Under mu_: withdraws an offer.
+  void Withdraw();
+  // Follower: wakes it to look at the state again.
+  void WakeFollower();
 
   const int channel_fd_;
-  const int stop_fd_;  // eventfd, readable once stopped
+  const int stop_fd_;   // eventfd, readable once stopped
+  const int wake_fd_;   // eventfd: a follower looks at the state again
+  const int timer_fd_;  // timerfd, armed while an offer stands
   std::mutex mu_;
-  std::condition_variable cv_;
   bool pool_mode_ = false;
-  bool passed_ = false;  // handed to the followers, not yet taken
+  bool passed_ = false;    // handed to the followers, not yet taken
+  bool deferred_ = false;  // offered (Defer), neither taken nor reclaimed
+  absl::Time offered_at_;   // when the standing offer was made
+  bool timer_armed_ = false;  // armed, or fired and not yet consumed
+  int64_t handovers_ = 0;
   bool stopped_ = false;
   int followers_ = 0;
   // The current spin window (ns); only the holder uses it.

@@ -9,6 +9,8 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <fstream>
+#include <string>
 #include <future>
 #include <thread>
 
@@ -110,6 +112,73 @@ TEST_CASE("ToLoop sends followers back; Stop ends holders and followers",
   CHECK(second.get() == Turn::kStopped);
   CHECK(baton->Lead(false) == Turn::kStopped);
   CHECK(baton->Lead(true) == Turn::kStopped);  // stopped before polling
+}
+
+// Context switches of thread `tid` of this process so far.
+long Switches(pid_t tid) {
+  std::ifstream status("/proc/self/task/" + std::to_string(tid) + "/status");
+  std::string line;
+  long total = 0;
+  while (std::getline(status, line)) {
+    if (line.rfind("voluntary_ctxt_switches:", 0) == 0 ||
+        line.rfind("nonvoluntary_ctxt_switches:", 0) == 0) {
+      total += std::stol(line.substr(line.find(':') + 1));
+    }
+  }
+  return total;
+}
+
+TEST_CASE("an offer the holder reclaims in time wakes no follower; one it "
+          "does not is taken after the bound",
+          "[intake]") {
+  Sockets s;
+  auto baton = Make(s.fds[0]);
+  CHECK_FALSE(baton->Defer());  // not in pool mode
+  baton->ToPool();
+  CHECK_FALSE(baton->Defer());  // no follower: nothing offered
+  CHECK_FALSE(baton->Reclaim());
+  std::atomic<pid_t> follower_tid{0};
+  auto follower = std::async(std::launch::async, [&] {
+    follower_tid = ::gettid();
+    return baton->Lead(false);
+  });
+  AwaitFollowers(*baton, 1);
+  const long before = Switches(follower_tid);
+  // Short calls: offered and reclaimed well within the bound.
+  for (int i = 0; i < 200; ++i) {
+    REQUIRE(baton->Defer());
+    REQUIRE(baton->Reclaim());
+  }
+  // The timer (armed once for the run) fires once and finds no offer.
+  std::this_thread::sleep_for(20ms);
+  CHECK(Switches(follower_tid) - before <= 3);
+  CHECK(baton->handovers() == 0);
+  CHECK(follower.wait_for(0ms) == std::future_status::timeout);
+  CHECK(baton->followers() == 1);
+  // A long call: the follower takes the baton after kDeferBound and polls.
+  s.Write();
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE(baton->Defer());
+  REQUIRE(follower.wait_for(5s) == std::future_status::ready);
+  CHECK(std::chrono::steady_clock::now() - start >= 1ms);
+  CHECK(follower.get() == Turn::kReadable);
+  CHECK(baton->handovers() == 1);
+  CHECK_FALSE(baton->Reclaim());  // taken: the old holder follows now
+}
+
+TEST_CASE("a pass or ToLoop withdraws a standing offer", "[intake]") {
+  Sockets s;
+  auto baton = Make(s.fds[0]);
+  baton->ToPool();
+  auto follower = std::async(std::launch::async,
+                             [&] { return baton->Lead(false); });
+  AwaitFollowers(*baton, 1);
+  REQUIRE(baton->Defer());
+  baton->ToLoop();
+  REQUIRE(follower.wait_for(5s) == std::future_status::ready);
+  CHECK(follower.get() == Turn::kLeave);
+  CHECK_FALSE(baton->Reclaim());
+  CHECK(baton->handovers() == 0);
 }
 
 // The calling thread's CPU time.

@@ -133,9 +133,11 @@ class _LeaderIntake:
         """Pool thread: the channel's reader while it holds the intake baton
         (channel/intake_baton.h). Waits for frames (GIL released), starts
         the calls among them, and runs the last sync one itself after
-        passing the baton to a follower (or a fresh pool thread; if none is
-        free, the loop reads on), so a long call never holds up the next
-        frames; then waits as a follower. A set_env before any call is
+        offering the baton to the follower (taken if the call still runs
+        after 1 ms; with no follower waiting, passed to a fresh pool thread;
+        if none is free, the loop reads on), so a long call never holds up
+        the next frames for long; then polls on if the baton is still its
+        own, or waits as a follower. A set_env before any call is
         applied here too. Anything else (cancels, acks, namespace events,
         coroutine or streaming calls, chunked arguments, end of stream,
         errors) goes to the loop with the rest of its batch, in order, and
@@ -212,14 +214,19 @@ class _LeaderIntake:
             if to_loop:
                 self._to_loop(rest, overlapped)
                 return
-            if not (channel.intake_pass()
+            # Offered, not passed: the follower takes the baton only if the
+            # call still runs after IntakeBaton::kDeferBound (1 ms), so a
+            # short call wakes no second thread. With no follower waiting,
+            # a fresh reader starts now, as before.
+            if not (channel.intake_defer() or channel.intake_pass()
                     or self._pool.try_lead(self._lead_intake)):
                 self._to_loop(())
             call, context, fn, args, kwargs, _ = inline
             self._led += 1
             self._pool.run_inline(context.run, self._run_pooled, call, fn,
                                   args, kwargs)
-            holding = False  # a follower now, if one is needed
+            # Still ours if not taken: poll on; else a follower now.
+            holding = channel.intake_reclaim()
 
     def _lead_set_env(self, frame):
         """Intake leader: applies a set_env frame (SandboxAdmin.Activate's
