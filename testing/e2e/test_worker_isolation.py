@@ -61,13 +61,14 @@ async def test_the_worker_holds_none_of_the_daemons_fds(start_daemon, tmp_path):
     assert len(daemon_pipes & {v for v in worker.values() if v.startswith("pipe:")}) == 1
     # Everything else is the worker's own: stdin is /dev/null, stdout/stderr
     # its capture pipes, its channel, its durable log, asyncio's epoll and
-    # self-pipe, the intake baton's stop eventfd (worker/channel/intake_baton.h:
-    # the pool reads the channel from the ready frame on).
+    # self-pipe, the intake baton's eventfds and its hand-over timerfd
+    # (worker/channel/intake_baton.h: the pool reads the channel from the ready
+    # frame on).
     assert worker[0] == "/dev/null"
     assert worker[3].startswith("socket:")  # the channel
     for fd, link in worker.items():
         assert (link == "/dev/null" or link.startswith(("pipe:", "socket:"))
-                or link in ("anon_inode:[eventpoll]", "anon_inode:[eventfd]")
+                or link in ("anon_inode:[eventpoll]", "anon_inode:[eventfd]", "anon_inode:[timerfd]")
                 or link.startswith(str(log_dir / "sandbox-"))), (fd, link)
     # A process the user code starts without close_fds gets stdio only.
     assert fds["child"] == [0, 1, 2]
