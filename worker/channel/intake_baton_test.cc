@@ -44,6 +44,15 @@ void AwaitFollowers(IntakeBaton& baton, int n) {
   REQUIRE(baton.followers() == n);
 }
 
+// Starts one follower (a pool thread waiting for the baton) and waits
+// until it waits; its Lead's outcome is the future's.
+std::future<Turn> StartFollower(IntakeBaton& baton) {
+  auto follower = std::async(std::launch::async,
+                             [&baton] { return baton.Lead(false); });
+  AwaitFollowers(baton, 1);
+  return follower;
+}
+
 TEST_CASE("outside pool mode nobody follows and nothing is passed",
           "[intake]") {
   Sockets s;
@@ -58,9 +67,7 @@ TEST_CASE("the holder polls; a pass reaches the waiting follower only",
   auto baton = Make(s.fds[0]);
   baton->ToPool();
   CHECK_FALSE(baton->Pass());  // no follower: the caller keeps the baton
-  auto follower = std::async(std::launch::async,
-                             [&] { return baton->Lead(false); });
-  AwaitFollowers(*baton, 1);
+  auto follower = StartFollower(*baton);
   // One follower is enough: a second thread goes back to the pool.
   CHECK(baton->Lead(false) == Turn::kLeave);
   // The follower keeps waiting while the channel is readable but the baton
@@ -91,9 +98,7 @@ TEST_CASE("ToLoop sends followers back; Stop ends holders and followers",
   Sockets s;
   auto baton = Make(s.fds[0]);
   baton->ToPool();
-  auto follower = std::async(std::launch::async,
-                             [&] { return baton->Lead(false); });
-  AwaitFollowers(*baton, 1);
+  auto follower = StartFollower(*baton);
   baton->ToLoop();
   REQUIRE(follower.wait_for(5s) == std::future_status::ready);
   CHECK(follower.get() == Turn::kLeave);
@@ -170,9 +175,7 @@ TEST_CASE("a pass or ToLoop withdraws a standing offer", "[intake]") {
   Sockets s;
   auto baton = Make(s.fds[0]);
   baton->ToPool();
-  auto follower = std::async(std::launch::async,
-                             [&] { return baton->Lead(false); });
-  AwaitFollowers(*baton, 1);
+  auto follower = StartFollower(*baton);
   REQUIRE(baton->Defer());
   baton->ToLoop();
   REQUIRE(follower.wait_for(5s) == std::future_status::ready);
