@@ -363,6 +363,20 @@ TEST_CASE("A deferred module's body runs once, whichever threads read it",
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
 
+// A call importing while the boot thread leaves the deferral (serve.py) must
+// still find its module: the finder taken off sys.meta_path must not make the
+// import skip the one after it (CI: "No module named 'pkgutil'").
+TEST_CASE("An import survives the deferral ending under it", "[worker]") {
+  auto worker = ReadyWorker();
+  const std::string dir = absl::StrCat(TempRoot(), "/meta_path_", getpid());
+  std::filesystem::create_directories(dir);
+  CHECK(Unpickle(worker->CallOk("worker_fixture::import_while_deferring_ends",
+                                Pickle(absl::StrCat("(('", dir, "',), {})")))) ==
+        "7");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
 TEST_CASE("A missing channel fd exits 3 without hanging", "[worker]") {
   base::SpawnOptions spawn;
   spawn.path = WorkerBinary();

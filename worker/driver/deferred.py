@@ -119,7 +119,7 @@ class _AgentixSetUp:
                 actions.pop(name)(module)
         self._hook = _AfterImport(actions)
         if actions:
-            sys.meta_path.insert(0, self._hook)
+            lazy.add_finder(self._hook)
         self._warm_up_thread = None
         os.register_at_fork(before=self._before_fork,
                             after_in_child=self._after_fork_in_child)
@@ -210,11 +210,7 @@ class _AgentixSetUp:
     def disable(self):
         """At shutdown: spans and events closed from now on go nowhere."""
         self._closed = True
-        if self._hook in sys.meta_path:
-            try:
-                sys.meta_path.remove(self._hook)
-            except ValueError:
-                pass
+        lazy.remove_finder(self._hook)
         if self.namespaces is not None:
             self.namespaces.enabled = False
         if self.forwarder is not None:

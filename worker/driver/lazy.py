@@ -162,15 +162,29 @@ class deferring:
 
     def __enter__(self):
         self._finder = _DeferFinder(self._names)
-        sys.meta_path.insert(0, self._finder)
+        add_finder(self._finder)
         return self
 
     def __exit__(self, *exc):
-        try:
-            sys.meta_path.remove(self._finder)
-        except ValueError:
-            pass
+        remove_finder(self._finder)
         return False
+
+
+# sys.meta_path is changed by replacing the list, never in place: the import
+# system iterates the list it read at the start of an import, and a call
+# thread may be importing while the boot thread leaves `deferring()`. Removed
+# in place, the finder before the import's position would shift the next
+# finder (PathFinder) under the iteration, which would skip it: "No module
+# named 'pkgutil'" for a stdlib module.
+def add_finder(finder):
+    """Puts `finder` first on sys.meta_path."""
+    sys.meta_path = [finder] + [f for f in sys.meta_path if f is not finder]
+
+
+def remove_finder(finder):
+    """Takes `finder` off sys.meta_path, if it is there."""
+    if any(f is finder for f in sys.meta_path):
+        sys.meta_path = [f for f in sys.meta_path if f is not finder]
 
 
 def pending():

@@ -587,6 +587,38 @@ def deferred_module_race(directory, threads, fail=False):
         sys.path.remove(directory)
 
 
+def import_while_deferring_ends(directory):
+    """Imports a fresh module while the boot thread leaves `deferring()`
+    (as a call does when it runs during boot): a finder just before
+    PathFinder ends the deferral when the import asks it. Returns the
+    module's VALUE, or the import's error."""
+    from _agentix_driver import lazy
+    name = f"meta_path_probe_{os.getpid()}"
+    with open(os.path.join(directory, name + ".py"), "w") as f:
+        f.write("VALUE = 7\n")
+    deferral = lazy.deferring(("not_imported_by_anyone",))
+
+    class EndsDeferral:
+        def find_spec(self, fullname, path=None, target=None):
+            if fullname == name:
+                deferral.__exit__(None, None, None)
+            return None
+
+    ender = EndsDeferral()
+    sys.path.insert(0, directory)
+    deferral.__enter__()
+    at = next(i for i, f in enumerate(sys.meta_path)
+              if getattr(f, "__name__", "") == "PathFinder")
+    sys.meta_path.insert(at, ender)
+    try:
+        return __import__(name).VALUE
+    except ImportError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        lazy.remove_finder(ender)
+        sys.path.remove(directory)
+
+
 def boot_imported(names):
     """Which of `names` were imported when the worker sent its ready frame."""
     from _agentix_driver import serve
