@@ -221,7 +221,10 @@ class AsyncClientNamespace:
         return True
 
     def _detach(self, event: str, awaitable: Awaitable[Any]) -> None:
-        self._detached_tasks.start(event, asyncio.ensure_future(awaitable))
+        if type(awaitable) is CoroutineType:
+            self._detached_tasks.run(event, awaitable, asyncio.get_running_loop())
+        else:  # a future or another awaitable: held as it is
+            self._detached_tasks.start(event, asyncio.ensure_future(awaitable))
 
     async def emit(self, event: str, data: Any = None, namespace: str | None = None, callback: Any = None) -> None:
         """Sends `event` with `data` (msgpack-encoded) to the sandbox.
