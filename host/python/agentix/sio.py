@@ -373,15 +373,15 @@ class _DetachedTasks(set):
         until it ends: as `start`, but the task lets go of itself and logs
         its own failure, so its end schedules no done callback (one event
         loop turn less per event on the host's hot path)."""
-        set.add(self, loop.create_task(self._held(event, coroutine)))
+        set.add(self, loop.create_task(self._held(event, coroutine, loop)))
 
-    async def _held(self, event: str, coroutine: Any) -> None:
+    async def _held(self, event: str, coroutine: Any, loop: asyncio.AbstractEventLoop) -> None:
         try:
             await coroutine
         except Exception as error:
             _log.error("namespace %s: handler for %r raised", self._owner.namespace, event, exc_info=error)
         finally:
-            self.discard(asyncio.current_task())
+            self.discard(asyncio.current_task(loop))  # (given the loop: no getpid() call)
 
     def add(self, task: Any) -> None:
         """Holds `task` until it ends (a future or task; anything else is
