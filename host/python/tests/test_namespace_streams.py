@@ -105,6 +105,55 @@ async def test_a_request_is_answered_by_the_request_handler(runtime, plugin):
     assert unpack(reply.data) == {"request_id": "q1", "value": {"i": 7}}
 
 
+async def test_a_handler_task_lets_go_of_itself_as_it_ends(runtime):
+    """A coroutine handler's task leaves ``_detached_tasks`` as it ends, not
+    in a done callback one event loop turn later: a callback scheduled in the
+    task's last step (here: after the reply's emit) already finds it gone."""
+
+    class Probe(Recorder):
+        def __init__(self):
+            super().__init__()
+            self.held_after = []
+
+        async def emit(self, event, data=None, namespace=None, callback=None):
+            task = asyncio.current_task()
+            assert task in self._detached_tasks  # held while it runs
+            await super().emit(event, data, namespace, callback)
+            asyncio.get_running_loop().call_soon(lambda: self.held_after.append(task in self._detached_tasks))
+
+    ns = Probe()
+    client = RuntimeClient(runtime.url)
+    client.register_namespace(ns)
+    async with client:
+        for i in range(3):
+            runtime.emit_namespace("/plug", event("echo", {"request_id": f"q{i}", "data": i}, f"q{i}"))
+        await eventually(lambda: len(runtime.namespace_events.get("/plug", [])) == 3)
+        await eventually(lambda: len(ns.held_after) == 3)
+    assert ns.held_after == [False] * 3
+    assert not ns._detached_tasks
+    assert sorted(unpack(e.data)["value"] for e in runtime.namespace_events["/plug"]) == [0, 1, 2]
+
+
+async def test_a_raising_coroutine_handler_is_logged_with_its_event(runtime, caplog):
+    class Failing(Recorder):
+        async def on_tick(self, data):
+            if data == 1:
+                raise KeyError("boom")
+            super().on_tick(data)
+
+    ns = Failing()
+    client = RuntimeClient(runtime.url)
+    client.register_namespace(ns)
+    with caplog.at_level(logging.ERROR, logger="agentix.sio"):
+        async with client:
+            runtime.emit_namespace("/plug", event("tick", 1), event("tick", 2))
+            await eventually(lambda: ("tick", 2) in ns.seen)
+            await eventually(lambda: not ns._detached_tasks)
+    (record,) = [r for r in caplog.records if "raised" in r.getMessage()]
+    assert record.getMessage() == "namespace /plug: handler for 'tick' raised"
+    assert record.exc_info[0] is KeyError
+
+
 async def test_many_requests_in_flight_each_get_their_answer(runtime, plugin):
     client, ns = plugin
     for i in range(200):

@@ -183,14 +183,27 @@ def test_pickle_pieces_is_pickle_dumps_without_copying_large_bytes():
 
 
 @pytest.mark.parametrize("event", ["", "e", "answer:result", "/v1/messages:error", "é" * 70])
-@pytest.mark.parametrize("size", [0, 1, 127, 128, 16383, 16384, 1 << 20])
-@pytest.mark.parametrize("request_id", ["", "0123456789abcdef0123456789abcdef"])
+# 125 / 126: the whole event's length just under and at two bytes (no name, no id).
+@pytest.mark.parametrize("size", [0, 1, 90, 125, 126, 127, 128, 16383, 16384, 1 << 20])
+@pytest.mark.parametrize("request_id", ["", "0123456789abcdef0123456789abcdef", "r" * 127, "r" * 128])
 def test_namespace_event_request_is_what_protobuf_serializes(event, size, request_id):
     payload = os.urandom(size)
     expected = pb.NamespaceRequest(
         event=pb.NamespaceEvent(event=event, data=payload, request_id=request_id)
     ).SerializeToString()
     assert b"".join(wire.namespace_event_request(event, payload, request_id)) == expected
+    # Again: the event name's field now comes from the encoder's cache.
+    assert b"".join(wire.namespace_event_request(event, payload, request_id)) == expected
+
+
+def test_namespace_event_request_caches_a_bounded_number_of_event_names(monkeypatch):
+    monkeypatch.setattr(wire, "_NS_NAME_FIELDS", {})
+    monkeypatch.setattr(wire, "_NS_NAME_FIELDS_KEPT", 3)
+    for i in range(10):
+        name = f"event{i}"
+        expected = pb.NamespaceRequest(event=pb.NamespaceEvent(event=name, data=b"x")).SerializeToString()
+        assert b"".join(wire.namespace_event_request(name, b"x", "")) == expected
+    assert list(wire._NS_NAME_FIELDS) == ["event0", "event1", "event2"]
 
 
 def test_namespace_event_request_refuses_what_protobuf_refuses():

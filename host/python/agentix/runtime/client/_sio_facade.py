@@ -32,7 +32,8 @@ import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
-from types import CoroutineType
+from inspect import CO_COROUTINE
+from types import CoroutineType, FunctionType, MethodType
 from typing import Any, Protocol
 
 from agentix.runtime.shared import codec
@@ -206,13 +207,24 @@ class AsyncClientNamespace:
         and returns False (the stream then triggers the event the usual way).
         Raises what decoding or calling the handler raises."""
         handler = getattr(self, "on_" + event, None)
-        if handler is None or not inspect.iscoroutinefunction(handler):
+        if handler is None:
             return False
-        self._detached_tasks.start(event, loop.create_task(handler(codec.unpack(data))))
+        # inspect.iscoroutinefunction's answer, read straight from the code
+        # flags for the usual method or function (~1 µs less per event).
+        function = handler.__func__ if type(handler) is MethodType else handler
+        if type(function) is FunctionType:
+            if not function.__code__.co_flags & CO_COROUTINE:
+                return False
+        elif not inspect.iscoroutinefunction(handler):
+            return False
+        self._detached_tasks.run(event, handler(codec.unpack(data)), loop)
         return True
 
     def _detach(self, event: str, awaitable: Awaitable[Any]) -> None:
-        self._detached_tasks.start(event, asyncio.ensure_future(awaitable))
+        if type(awaitable) is CoroutineType:
+            self._detached_tasks.run(event, awaitable, asyncio.get_running_loop())
+        else:  # a future or another awaitable: held as it is
+            self._detached_tasks.start(event, asyncio.ensure_future(awaitable))
 
     async def emit(self, event: str, data: Any = None, namespace: str | None = None, callback: Any = None) -> None:
         """Sends `event` with `data` (msgpack-encoded) to the sandbox.

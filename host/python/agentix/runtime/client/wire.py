@@ -191,14 +191,39 @@ def namespace_event_request(event: str, payload: bytes, request_id: str) -> list
     as protobuf serializes it (empty fields left out); `payload` is not
     copied here. Raises UnicodeEncodeError for names protobuf refuses too.
     Events with an ``error`` go through the generated classes."""
-    name = event.encode()
+    name_field = _NS_NAME_FIELDS.get(event)
+    if name_field is None:
+        name = event.encode()
+        name_field = _length_header(_NS_EVENT_NAME, len(name)) + name if name else b""
+        if len(_NS_NAME_FIELDS) < _NS_NAME_FIELDS_KEPT:
+            _NS_NAME_FIELDS[event] = name_field
+    count = len(payload)
+    if not count:
+        data_head = b""
+    elif count < 0x80:
+        data_head = _NS_DATA_HEADS[count]
+    else:
+        data_head = _length_header(_NS_EVENT_DATA, count)
     ident = request_id.encode()
-    head = _length_header(_NS_EVENT_NAME, len(name)) + name if name else b""
-    if payload:
-        head += _length_header(_NS_EVENT_DATA, len(payload))
-    tail = _length_header(_NS_EVENT_REQUEST_ID, len(ident)) + ident if ident else b""
-    size = len(head) + len(payload) + len(tail)
-    return [_length_header(_NS_REQUEST_EVENT, size) + head, payload, tail]
+    if not ident:
+        tail = b""
+    elif len(ident) < 0x80:
+        tail = _NS_ID_HEADS[len(ident)] + ident
+    else:
+        tail = _length_header(_NS_EVENT_REQUEST_ID, len(ident)) + ident
+    size = len(name_field) + len(data_head) + count + len(tail)
+    outer = _NS_OUTER_HEADS[size] if size < 0x80 else _length_header(_NS_REQUEST_EVENT, size)
+    return [outer + name_field + data_head, payload, tail]
+
+
+# The per-request parts of `namespace_event_request` that repeat: each event
+# name's field (a plugin uses a handful; bounded all the same) and the
+# one-byte-length field heads.
+_NS_NAME_FIELDS: dict[str, bytes] = {}
+_NS_NAME_FIELDS_KEPT = 1024
+_NS_DATA_HEADS = [bytes((_NS_EVENT_DATA, n)) for n in range(0x80)]
+_NS_ID_HEADS = [bytes((_NS_EVENT_REQUEST_ID, n)) for n in range(0x80)]
+_NS_OUTER_HEADS = [bytes((_NS_REQUEST_EVENT, n)) for n in range(0x80)]
 
 
 def request_event(host_event: bytes) -> tuple[bytes, bytes]:
