@@ -9,9 +9,10 @@ libgrpc-dev, libssl-dev, zlib1g-dev, libc-ares-dev, libre2-dev).
 `static_linkopts(libs)` goes in a cc_binary's own `linkopts`, which Bazel places after the
 binary's objects and before its deps' `-l` options: the group resolves every symbol from
 the archives, and `--as-needed` then drops the shared copies the deps still name, so a
-binary never loads a library twice (tests check `ldd`-free loading via the daemon's own
-start; see sandbox/README.md). libc, libstdc++, libm, libgcc_s and libfmt (Debian ships
-no libfmt.a) stay shared.
+binary never loads a library twice (//sandbox:static_link_test reads the binaries'
+DT_NEEDED). libc, libstdc++, libm, libgcc_s and libfmt (Debian ships no libfmt.a) stay
+shared; so does everything else that links these libraries (tests, providerd, and the
+host's extension module, which needs PIC objects). See docs/DECISIONS.md, "fifth pass".
 """
 
 # The dynamic closure of //third_party/system:grpc_reflection and :absl_flags
