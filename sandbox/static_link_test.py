@@ -12,9 +12,10 @@ import unittest
 from pathlib import Path
 
 # Shared objects either binary may still name: glibc, the C++ runtime, libfmt
-# (Debian ships no libfmt.a) and, for the worker, libpython's own dependencies.
+# (Debian ships no libfmt.a), the sanitizer runtimes of --config=asan/ubsan and, for
+# the worker, libpython's own dependencies.
 ALLOWED = {"libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "libfmt.so.9",
-           "ld-linux-x86-64.so.2"}
+           "ld-linux-x86-64.so.2", "libasan.so.8", "libubsan.so.1"}
 WORKER_ALLOWED = ALLOWED | {"libpython3.11.so.1.0", "libz.so.1", "libexpat.so.1"}
 STATIC = ("libabsl_", "libgrpc", "libgpr", "libprotobuf", "libupb", "libre2", "libcares",
           "libssl", "libcrypto", "libaddress_sorting")
