@@ -1205,10 +1205,17 @@ async def test_ending_a_session_right_after_a_call_delivers_its_lines(dev_bundle
 
 async def test_in_process_provider_session_and_runtime_dir(dev_bundle, dirs):
     provider = make_inprocess_provider(dirs)
-    async with provider.session(SandboxConfig(image="host", bundle=str(dev_bundle))) as sandbox:
+    config = SandboxConfig(image="host", bundle=str(dev_bundle), resource=SandboxResource(memory="1g"))
+    async with provider.session(config) as sandbox:
         assert sandbox.sandbox_id.startswith("local-") and len(sandbox.sandbox_id) == len("local-") + 12
         assert sandbox.runtime_url == f"unix://{dirs[0]}/{sandbox.sandbox_id}/run/agentix.sock"
         assert await sandbox.remote(e2e_targets.add, 2, 3) == 5
+        # The launcher joined each cgroup (a v1 `tasks` file) before bwrap ran, so the
+        # whole tree is in: bwrap, the namespace's init, the daemon, the worker.
+        cgroups = provider._sandboxes[sandbox.sandbox_id].cgroups.paths
+        assert set(cgroups) == {"memory", "pids"}
+        for path in cgroups.values():
+            assert len((path / "cgroup.procs").read_text().split()) >= 4, path
         assert await sandbox.remote(os.getenv, "AGENTIX_TOKEN") is None
     assert provider._sandboxes == {}
     assert list(dirs[0].iterdir()) == []

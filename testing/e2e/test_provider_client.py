@@ -255,9 +255,20 @@ async def test_the_cli_lists_and_deletes(user_env, bundle):
         assert missing.returncode == 1 and "SANDBOX_NOT_FOUND (NOT_FOUND)" in missing.stderr
 
 
-async def test_a_cancelled_create_leaves_no_sandbox_running(user_env, bundle):
+@pytest.fixture
+def slow_bundle(bundle, tmp_path):
+    """`bundle` whose daemon starts 2 s late, so a create is surely still under way when
+    a test cancels it (a cold create takes ~30 ms since the daemon links statically)."""
+    slow = tmp_path / "slow"
+    shutil.copytree(bundle, slow)
+    script = slow / "nix" / "runtime" / "bootstrap.sh"
+    script.write_text(script.read_text().replace("#!/bin/sh\n", "#!/bin/sh\nsleep 2\n", 1))
+    return slow
+
+
+async def test_a_cancelled_create_leaves_no_sandbox_running(user_env, slow_bundle):
     local = LocalProvider()
-    creating = asyncio.ensure_future(local.create(SandboxConfig(image="host", bundle=str(bundle))))
+    creating = asyncio.ensure_future(local.create(SandboxConfig(image="host", bundle=str(slow_bundle))))
     url = None
     while url is None:  # the per-user providerd is up once the provider has a URL
         await asyncio.sleep(0.005)

@@ -710,9 +710,16 @@ absl::Status LocalBackend::Start(const LaunchSpec& launch, const std::string& ro
     seccomp = std::move(*fd);
   }
   UniqueFd null_fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  // The child joins by writing "0" (itself). On a v1 hierarchy it writes the
+  // `tasks` file: the forked child has one thread, so that moves the whole
+  // process, and the kernel moves the current thread without the global
+  // threadgroup lock, whose RCU grace period made every cgroup.procs join
+  // cost ~11 ms of a cold create. v2 has no `tasks`: cgroup.procs there.
   std::vector<UniqueFd> procs;
   for (const auto& [controller, dir] : record.cgroups) {
-    procs.emplace_back(::open(absl::StrCat(dir, "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
+    procs.emplace_back(::open(absl::StrCat(dir, "/tasks").c_str(), O_WRONLY | O_CLOEXEC));
+    if (procs.back().valid()) continue;
+    procs.back().Reset(::open(absl::StrCat(dir, "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
     if (!procs.back().valid()) return absl::FailedPreconditionError(Errno("open " + dir + "/cgroup.procs"));
   }
 

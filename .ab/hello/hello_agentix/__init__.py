@@ -1,0 +1,1 @@
+"""Example project: functions a host runs inside a sandbox."""

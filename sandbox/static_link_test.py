@@ -1,0 +1,51 @@
+"""agentix-sandboxd and agentix-worker load no shared Abseil, Protobuf or gRPC.
+
+A cold sandbox waits for both binaries' exec; with Debian's shared libraries each
+loaded ~70 objects (third_party/system/static_link.bzl). This reads the binaries'
+DT_NEEDED entries (the libraries the dynamic loader opens at exec) and starts each
+with --version, so a dependency that brings a shared copy back fails here.
+"""
+
+import subprocess
+import sys
+import unittest
+from pathlib import Path
+
+# Shared objects either binary may still name: glibc, the C++ runtime, libfmt
+# (Debian ships no libfmt.a), the sanitizer runtimes of --config=asan/ubsan and, for
+# the worker, libpython's own dependencies.
+ALLOWED = {"libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "libfmt.so.9",
+           "ld-linux-x86-64.so.2", "libasan.so.8", "libubsan.so.1"}
+WORKER_ALLOWED = ALLOWED | {"libpython3.11.so.1.0", "libz.so.1", "libexpat.so.1"}
+STATIC = ("libabsl_", "libgrpc", "libgpr", "libprotobuf", "libupb", "libre2", "libcares",
+          "libssl", "libcrypto", "libaddress_sorting")
+
+
+def needed(binary: Path) -> list[str]:
+    """The DT_NEEDED entries of an ELF file, as `readelf -d` prints them."""
+    out = subprocess.run(["readelf", "-d", str(binary)], check=True, capture_output=True,
+                         text=True, timeout=30).stdout
+    return [line.split("[", 1)[1].split("]", 1)[0]
+            for line in out.splitlines() if "(NEEDED)" in line]
+
+
+class StaticLinkTest(unittest.TestCase):
+    def check(self, binary: Path, allowed: set[str]) -> None:
+        libs = needed(binary)
+        self.assertTrue(libs, f"{binary} names no shared library at all (not dynamic?)")
+        self.assertEqual([lib for lib in libs if lib.startswith(STATIC)], [],
+                         f"{binary.name} loads shared copies of statically linked libraries")
+        self.assertEqual(sorted(set(libs) - allowed), [], f"{binary.name}: unexpected shared objects")
+        run = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertIn("agentix", (run.stdout + run.stderr).lower())
+
+    def test_daemon(self) -> None:
+        self.check(Path(sys.argv[1]), ALLOWED)
+
+    def test_worker(self) -> None:
+        self.check(Path(sys.argv[2]), WORKER_ALLOWED)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1])

@@ -1,0 +1,97 @@
+"""Debian's static archives for the binaries whose start-up is on a sandbox's cold path.
+
+A cold create waits for agentix-sandboxd's exec and then agentix-worker's. Linked against
+Debian's shared Abseil, Protobuf and gRPC each loads ~70 objects and the dynamic loader
+spends most of its ~10 ms resolving their symbols (`LD_DEBUG=statistics`). These archives
+are the same Debian packages' `.a` files (libabsl-dev, libprotobuf-dev, libgrpc++-dev,
+libgrpc-dev, libssl-dev, zlib1g-dev, libc-ares-dev, libre2-dev).
+
+`static_linkopts(libs)` goes in a cc_binary's own `linkopts`, which Bazel places after the
+binary's objects and before its deps' `-l` options: the group resolves every symbol from
+the archives, and `--as-needed` then drops the shared copies the deps still name, so a
+binary never loads a library twice (//sandbox:static_link_test reads the binaries'
+DT_NEEDED). libc, libstdc++, libm, libgcc_s and libfmt (Debian ships no libfmt.a) stay
+shared; so does everything else that links these libraries (tests, providerd, and the
+host's extension module, which needs PIC objects). See docs/DECISIONS.md, "fifth pass".
+"""
+
+# The dynamic closure of //third_party/system:grpc_reflection and :absl_flags
+# (`ldd agentix-sandboxd`), in link order (users before the libraries they use).
+GRPC_STATIC = [
+    "grpc++_reflection",
+    "grpc++",
+    "grpc",
+    "upb",
+    "address_sorting",
+    "re2",
+    "cares",
+    "ssl",
+    "crypto",
+    "z",
+    "gpr",
+]
+
+PROTOBUF_STATIC = ["protobuf"]
+
+ABSL_STATIC = ["absl_" + name for name in [
+    "flags_parse",
+    "flags_usage",
+    "flags_usage_internal",
+    "flags_internal",
+    "flags_marshalling",
+    "flags_reflection",
+    "flags_config",
+    "flags_program_name",
+    "flags_private_handle_accessor",
+    "flags_commandlineflag",
+    "flags_commandlineflag_internal",
+    "status",
+    "statusor",
+    "cord",
+    "cord_internal",
+    "cordz_info",
+    "cordz_handle",
+    "cordz_functions",
+    "exponential_biased",
+    "str_format_internal",
+    "strings",
+    "strings_internal",
+    "strerror",
+    "synchronization",
+    "graphcycles_internal",
+    "time",
+    "time_zone",
+    "int128",
+    "random_internal_pool_urbg",
+    "random_seed_sequences",
+    "random_internal_seed_material",
+    "random_seed_gen_exception",
+    "random_internal_randen",
+    "random_internal_randen_hwaes",
+    "random_internal_randen_hwaes_impl",
+    "random_internal_randen_slow",
+    "random_internal_platform",
+    "hash",
+    "city",
+    "low_level_hash",
+    "raw_hash_set",
+    "bad_variant_access",
+    "bad_optional_access",
+    "stacktrace",
+    "symbolize",
+    "debugging_internal",
+    "demangle_internal",
+    "malloc_internal",
+    "base",
+    "spinlock_wait",
+    "raw_logging_internal",
+    "throw_delegate",
+]]
+
+def static_linkopts(libs):
+    """Linkopts that take `libs` (names without lib/.a) from their static archives."""
+    return (
+        ["-Wl,--as-needed", "-Wl,--start-group"] +
+        ["-l:lib%s.a" % lib for lib in libs] +
+        ["-Wl,--end-group"]
+    )
