@@ -495,7 +495,8 @@ class CallsStream:
                 call.fail(outcome)
             else:
                 call.settle(outcome)
-        self._drop_upload(call_id)
+        if self._uploads_by_id:  # (no call per result when nothing uploads)
+            self._drop_upload(call_id)
         self._acks.append(call_id)
         if len(self._acks) >= ACK_BATCH:
             self._acks_ready()
