@@ -369,14 +369,20 @@ class CallsStream:
                 task.cancel()
         self._rpc.cancel()
 
-    def _route(self, event: pb.SandboxEvent | wire.RawResultChunk) -> None:
+    def _route(self, event: pb.SandboxEvent | wire.RawResult | wire.RawResultChunk) -> None:
+        if type(event) is wire.RawResult:  # the common case first
+            call_id = event.call_id
+            if event.log_seq or event.trace_seq:
+                self._set_barrier(call_id, event.log_seq, event.trace_seq)
+            self._finish(call_id, self._result_outcome(event, call_id))
+            return
         if type(event) is wire.RawResultChunk:
             call = self._pending.get(event.call_id)
             if call is not None:
                 self._add_chunk(call, event.data)
             return
         kind = event.WhichOneof("kind")
-        if kind == "result":  # the common case first
+        if kind == "result":  # one protobuf read (see wire.parse_calls_response)
             result = event.result
             call_id = result.call_id
             if result.log_seq or result.trace_seq:
@@ -459,7 +465,7 @@ class CallsStream:
         )
         self.cancel_call(call.call_id)
 
-    def _result_outcome(self, result: pb.CallResult, call_id: str) -> Outcome | ResultTooLarge:
+    def _result_outcome(self, result: pb.CallResult | wire.RawResult, call_id: str) -> Outcome | ResultTooLarge:
         call = self._pending.get(call_id)
         value: bytes | list
         if call is None or not call.result_chunks:
