@@ -161,6 +161,7 @@ def test_a_result_read_without_protobuf_is_what_protobuf_reads(result, long):
         pb.CallResult(call_id="x", encoding=7).SerializeToString(),  # an encoding this host does not know
         pb.CallResult(call_id="x").SerializeToString() + bytes([9 << 3 | 0, 1]),  # an unknown field
         pb.CallResult(call_id="x").SerializeToString() + bytes([4 << 3 | 2, 0]),  # value_size with another wire type
+        pb.CallResult(call_id="x").SerializeToString() + bytes([3 << 3 | 0, 1]),  # value as a varint
     ],
 )
 def test_a_result_of_an_unexpected_shape_is_left_to_protobuf(inner):

@@ -78,8 +78,10 @@ _SANDBOX_RESULT_CHUNK = 1 << 3 | 2  # SandboxEvent.result_chunk
 _SANDBOX_RESULT = 2 << 3 | 2  # SandboxEvent.result
 _RESULT_CALL_ID = 1 << 3 | 2  # CallResult.call_id
 _RESULT_VALUE = 3 << 3 | 2  # CallResult.value
-# CallResult's varint fields by tag: encoding, value_size, log_seq, trace_seq.
-_RESULT_VARINTS = {2 << 3 | 0: "encoding", 4 << 3 | 0: "value_size", 5 << 3 | 0: "log_seq", 6 << 3 | 0: "trace_seq"}
+_RESULT_ENCODING = 2 << 3 | 0  # CallResult.encoding
+_RESULT_VALUE_SIZE = 4 << 3 | 0  # CallResult.value_size
+_RESULT_LOG_SEQ = 5 << 3 | 0  # CallResult.log_seq
+_RESULT_TRACE_SEQ = 6 << 3 | 0  # CallResult.trace_seq
 _NS_REQUEST_EVENT = 2 << 3 | 2  # NamespaceRequest.event
 _NS_EVENT_NAME = 1 << 3 | 2  # NamespaceEvent.event
 _NS_EVENT_DATA = 2 << 3 | 2  # NamespaceEvent.data
@@ -546,10 +548,7 @@ def _read_result(buf: bytes | memoryview, pos: int, end: int) -> RawResult | Non
             else:
                 result.value = bytes(buf[pos:stop])  # no copy of a bytes slice
             pos = stop
-        else:
-            name = _RESULT_VARINTS.get(tag)
-            if name is None:
-                return None
+        elif _RESULT_ENCODING <= tag <= _RESULT_TRACE_SEQ and tag & 7 == 0 and tag != 3 << 3:
             value = buf[pos]
             if value < 0x80:
                 pos += 1
@@ -557,7 +556,16 @@ def _read_result(buf: bytes | memoryview, pos: int, end: int) -> RawResult | Non
                 value, pos = _read_varint(buf, pos, end)
                 if value >> 64:
                     return None
-            setattr(result, name, value)
+            if tag == _RESULT_ENCODING:
+                result.encoding = value
+            elif tag == _RESULT_VALUE_SIZE:
+                result.value_size = value
+            elif tag == _RESULT_LOG_SEQ:
+                result.log_seq = value
+            else:
+                result.trace_seq = value
+        else:
+            return None
     if pos != end:  # a one-byte read ran past the event
         raise _Malformed
     if result.encoding > pb.ENCODING_PICKLE:
