@@ -11,8 +11,9 @@ arguments (one join), which are pickled in pieces (`pickle_pieces`: large
 values stay the caller's own buffers instead of being copied into the
 pickle), and the deserializer hands result chunks over as memoryviews into
 the received message. StartCall events, one per call, are encoded here too
-(cheaper than building messages). Everything else still goes through the
-generated classes; the bytes produced and accepted are exactly what protobuf would
+(cheaper than building messages), and a call's CallResult is read here
+(`RawResult`: parsing it with protobuf and reading its fields cost several
+times more). Everything else still goes through the generated classes; the bytes produced and accepted are exactly what protobuf would
 produce and accept (``tests/test_wire.py`` checks both ways).
 
 A host event on a Namespace stream (`namespace_event_request`) is encoded
