@@ -115,6 +115,17 @@ def test_ack_events_are_encoded_exactly_as_protobuf_would(ids):
     assert wire.ack_events(ids) == expected
 
 
+def test_a_short_response_with_other_events_is_protobuf_s_parse_whole():
+    events = [
+        pb.SandboxEvent(result=pb.CallResult(call_id="a", value=b"1")),
+        pb.SandboxEvent(stream_item=pb.StreamItem(call_id="b", index=0, value=b"2")),
+        pb.SandboxEvent(result=pb.CallResult(call_id="c", value=b"3")),
+    ]
+    parsed = wire.parse_calls_response(pb.CallsResponse(events=events).SerializeToString())
+    assert all(type(event) is pb.SandboxEvent for event in parsed)
+    assert list(parsed) == events
+
+
 def test_parse_calls_response_leaves_unknown_shapes_to_protobuf():
     data = os.urandom(wire._PARSE_WHOLE_BYTES)  # long enough to be read here
     chunk = pb.SandboxEvent(result_chunk=pb.ResultChunk(call_id="x", data=data)).SerializeToString()

@@ -474,6 +474,11 @@ class _Malformed(Exception):
     pass
 
 
+class _NotOnlyResults(Exception):
+    """A short message holds an event other than a CallResult: protobuf
+    parses it whole, in one call (cheaper than one per event)."""
+
+
 def _read_varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
     value = shift = 0
     while True:
@@ -575,15 +580,17 @@ def _read_result(buf: bytes | memoryview, pos: int, end: int) -> RawResult | Non
 
 
 # Result chunks in a message at least this long are handed over as views
-# into it (`RawResultChunk`) instead of copies; in a shorter one protobuf
-# parses them.
+# into it (`RawResultChunk`) instead of copies, and its other events are
+# parsed one by one; a shorter one holding anything but CallResults is
+# parsed by protobuf in one call.
 _PARSE_WHOLE_BYTES = 64 * 1024
 
 
 def parse_calls_response(message: bytes | memoryview) -> Sequence:
     """The Calls stream's response deserializer: the message's events, each a
     `RawResult` for a call's result, a `RawResultChunk` for a result chunk in a
-    message of at least `_PARSE_WHOLE_BYTES`, else a ``pb.SandboxEvent``.
+    message of at least `_PARSE_WHOLE_BYTES`, else a ``pb.SandboxEvent``
+    (every event of a shorter message holding anything but results).
 
     Anything this reader does not expect (unknown fields, a malformed
     message) is left to protobuf, which parses it or raises as it would have."""
@@ -620,9 +627,13 @@ def parse_calls_response(message: bytes | memoryview) -> Sequence:
                         else:
                             event = _read_result_chunk(buf, inner_pos, event_end)
             if event is None:
+                if not long:
+                    raise _NotOnlyResults
                 event = pb.SandboxEvent.FromString(bytes(buf[pos:event_end]))
             events.append(event)
             pos = event_end
+    except _NotOnlyResults:
+        return pb.CallsResponse.FromString(message).events
     except Exception:  # _Malformed, a bad UTF-8 id, protobuf's DecodeError
         return list(pb.CallsResponse.FromString(message).events)
     return events
