@@ -479,7 +479,7 @@ class _NotOnlyResults(Exception):
     parses it whole, in one call (cheaper than one per event)."""
 
 
-def _read_varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
+def _read_varint(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
     value = shift = 0
     while True:
         if pos >= end or shift > 63:
@@ -597,7 +597,8 @@ def parse_calls_response(message: bytes | memoryview) -> Sequence:
     end = len(message)
     long = end >= _PARSE_WHOLE_BYTES
     # Result chunks become views into a long message; a short one is read as it is.
-    buf = message if type(message) is bytes and not long else memoryview(message)
+    view = memoryview(message) if long or type(message) is not bytes else None
+    buf: bytes | memoryview = message if view is None else view
     events: list = []
     try:
         pos = 0
@@ -624,8 +625,8 @@ def parse_calls_response(message: bytes | memoryview) -> Sequence:
                     if inner_pos + inner == event_end:  # the event is that one field
                         if field == _SANDBOX_RESULT:
                             event = _read_result(buf, inner_pos, event_end)
-                        else:
-                            event = _read_result_chunk(buf, inner_pos, event_end)
+                        elif view is not None:  # (always: the message is long)
+                            event = _read_result_chunk(view, inner_pos, event_end)
             if event is None:
                 if not long:
                     raise _NotOnlyResults
