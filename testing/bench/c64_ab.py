@@ -6,6 +6,8 @@ The two sides alternate, one fresh daemon and one fresh host process per
 (round, side), the order swapped every round. Each measurement reports:
 
 - noop p50 and p99 (sequential sync `bench_targets.noop`) and their ratio,
+  and CPU per sequential noop by process (host, daemon, worker) with the
+  host's wake-ups (scheduler time slices) per call,
 - calls/s with 16 and with 64 concurrent callers (asyncio tasks in the
   host, each calling the sync noop in a loop for a fixed time),
 - CPU per call by process (host, daemon, worker; all threads, from
@@ -72,10 +74,15 @@ async def main():
         (worker,) = procs.children(daemon_pid)
         pids = {"host": os.getpid(), "daemon": daemon_pid, "worker": worker}
         lat = []
+        c0, w0 = cpu(pids), {k: wakeups(p) for k, p in pids.items()}
         for _ in range(calls):
             t0 = time.perf_counter()
             await client.remote(bench_targets.noop)
             lat.append((time.perf_counter() - t0) * 1e6)
+        c1, w1 = cpu(pids), {k: wakeups(p) for k, p in pids.items()}
+        for k in pids:
+            out[f"noop_{k}_cpu_us"] = (c1[k] - c0[k]) / 1e3 / calls
+        out["noop_host_wakeups"] = (w1["host"] - w0["host"]) / calls
         out["noop_p50_us"] = statistics.median(lat)
         lat.sort()
         out["noop_p99_us"] = lat[min(len(lat) - 1, int(len(lat) * 0.99))]

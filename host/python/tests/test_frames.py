@@ -214,6 +214,45 @@ async def test_messages_follow_the_hello_without_waiting_for_an_answer(grpc_only
         server.close()
 
 
+class _CountingLoop:
+    """A stream's event loop, recording what the stream schedules with
+    `call_soon` (everything else goes to the real loop)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._real = loop
+        self.scheduled: list = []
+
+    def call_soon(self, callback, *args):
+        self.scheduled.append(callback)
+        return self._real.call_soon(callback, *args)
+
+    def __getattr__(self, name: str):
+        return getattr(self._real, name)
+
+
+async def test_a_lone_call_costs_no_loop_turn_and_a_burst_still_shares_one_message(framed):
+    async with RuntimeClient(framed.url, logs=False, traces=False) as client:
+        assert await client.remote(sandbox_functions.add, 0, 1) == 1
+        stream = client._stream
+        assert type(stream) is FrameCallsStream
+        loop = stream._loop = _CountingLoop(stream._loop)
+        # One call at a time: each StartCall is written at once and nothing
+        # is left for a later loop iteration.
+        for i in range(20):
+            assert await client.remote(sandbox_functions.add, i, 1) == i + 1
+        assert loop.scheduled == []
+        # Five calls started in one iteration: the first goes at once, the
+        # other four together in the next iteration (one deferred flush).
+        framed.requests.clear()
+        results = await asyncio.gather(*(client.remote(sandbox_functions.add, i, 2) for i in range(5)))
+        assert results == [i + 2 for i in range(5)]
+        starts = [
+            sum(e.WhichOneof("kind") == "start" for e in request.events) for request in framed.requests
+        ]
+        assert [n for n in starts if n] == [1, 4]
+        assert len(loop.scheduled) == 1
+
+
 async def test_a_status_frame_fails_the_stream_with_its_grpc_code(grpc_only):
     async def refuse(reader, writer):
         await read_frame(reader)

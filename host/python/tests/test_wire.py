@@ -69,6 +69,15 @@ def test_protobuf_events_are_framed_exactly_as_protobuf_would():
     assert stream_module._encode_batch(batch) == pb.CallsRequest(events=batch).SerializeToString()
 
 
+def _as_protobuf(event):
+    """A parsed event as protobuf's: a `wire.RawResult` becomes the
+    SandboxEvent it was read from."""
+    if type(event) is not wire.RawResult:
+        return event
+    fields = {name: getattr(event, name) for name in wire.RawResult.__slots__}
+    return pb.SandboxEvent(result=pb.CallResult(**fields))
+
+
 def test_parse_calls_response_reads_chunks_without_protobuf_and_the_rest_with_it():
     data = os.urandom(200_000)
     response = pb.CallsResponse(events=[
@@ -80,20 +89,22 @@ def test_parse_calls_response_reads_chunks_without_protobuf_and_the_rest_with_it
     events = wire.parse_calls_response(response.SerializeToString())
     assert isinstance(events[0], wire.RawResultChunk)
     assert events[0].call_id == "x" and bytes(events[0].data) == data
-    assert events[1] == response.events[1]
+    assert type(events[1]) is wire.RawResult and _as_protobuf(events[1]) == response.events[1]
     assert isinstance(events[2], wire.RawResultChunk) and events[2].call_id == "y" and bytes(events[2].data) == b""
     assert events[3] == response.events[3]
 
 
-def test_a_short_response_is_protobuf_s_parse_and_a_long_one_holds_chunks_as_views():
+def test_results_are_read_without_protobuf_and_a_long_response_holds_chunks_as_views():
     results = [pb.SandboxEvent(result=pb.CallResult(call_id=f"c{i}", value=b"\x80\x05N.", value_size=4)) for i in range(30)]
     short = pb.CallsResponse(events=results).SerializeToString()
     assert len(short) < wire._PARSE_WHOLE_BYTES
-    assert list(wire.parse_calls_response(short)) == results
+    events = wire.parse_calls_response(short)
+    assert all(type(event) is wire.RawResult for event in events)
+    assert [_as_protobuf(event) for event in events] == results
     data = os.urandom(wire._PARSE_WHOLE_BYTES)
     long = pb.CallsResponse(events=[*results, pb.SandboxEvent(result_chunk=pb.ResultChunk(call_id="c", data=data))])
     events = wire.parse_calls_response(long.SerializeToString())
-    assert list(events[:30]) == results
+    assert [_as_protobuf(event) for event in events[:30]] == results
     assert type(events[30]) is wire.RawResultChunk and type(events[30].data) is memoryview
     assert events[30].call_id == "c" and bytes(events[30].data) == data
 
@@ -102,6 +113,17 @@ def test_a_short_response_is_protobuf_s_parse_and_a_long_one_holds_chunks_as_vie
 def test_ack_events_are_encoded_exactly_as_protobuf_would(ids):
     expected = pb.CallsRequest(events=[pb.HostEvent(ack=pb.AckResult(call_id=i)) for i in ids]).SerializeToString()
     assert wire.ack_events(ids) == expected
+
+
+def test_a_short_response_with_other_events_is_protobuf_s_parse_whole():
+    events = [
+        pb.SandboxEvent(result=pb.CallResult(call_id="a", value=b"1")),
+        pb.SandboxEvent(stream_item=pb.StreamItem(call_id="b", index=0, value=b"2")),
+        pb.SandboxEvent(result=pb.CallResult(call_id="c", value=b"3")),
+    ]
+    parsed = wire.parse_calls_response(pb.CallsResponse(events=events).SerializeToString())
+    assert all(type(event) is pb.SandboxEvent for event in parsed)
+    assert list(parsed) == events
 
 
 def test_parse_calls_response_leaves_unknown_shapes_to_protobuf():
@@ -117,7 +139,61 @@ def test_parse_calls_response_leaves_unknown_shapes_to_protobuf():
     assert isinstance(events[1], pb.SandboxEvent) and events[1].result_chunk.data == b"abc"
 
 
-@pytest.mark.parametrize("garbage", [b"\x0a\x05abc", b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", b"\xff"])
+@pytest.mark.parametrize(
+    "result",
+    [
+        pb.CallResult(),
+        pb.CallResult(call_id="c" * 32, value=b"\x80\x05N.", value_size=4, encoding=pb.ENCODING_PICKLE),
+        pb.CallResult(call_id="\u00e9" * 200, value=bytes(range(256)) * 300, value_size=1 << 40, log_seq=1, trace_seq=(1 << 64) - 1),
+        pb.CallResult(call_id="x", log_seq=127, trace_seq=128),
+    ],
+)
+@pytest.mark.parametrize("long", [False, True])
+def test_a_result_read_without_protobuf_is_what_protobuf_reads(result, long):
+    event = pb.SandboxEvent(result=result)
+    events = [event]
+    if long:  # and in a message long enough for views of result chunks
+        events.append(pb.SandboxEvent(result_chunk=pb.ResultChunk(call_id="y", data=os.urandom(wire._PARSE_WHOLE_BYTES))))
+    message = pb.CallsResponse(events=events).SerializeToString()
+    (parsed, *_) = wire.parse_calls_response(message)
+    assert type(parsed) is wire.RawResult and type(parsed.value) is bytes
+    assert _as_protobuf(parsed) == event
+    # A field written twice: the last one wins, as in protobuf.
+    inner = result.SerializeToString() + pb.CallResult(call_id="again", log_seq=9).SerializeToString()
+    twice = bytes([1 << 3 | 2]) + wire._varint(len(inner) + 1 + len(wire._varint(len(inner))))
+    twice += bytes([2 << 3 | 2]) + wire._varint(len(inner)) + inner
+    (parsed,) = wire.parse_calls_response(twice)
+    assert _as_protobuf(parsed) == pb.CallsResponse.FromString(twice).events[0]
+
+
+@pytest.mark.parametrize(
+    "inner",
+    [
+        pb.CallResult(call_id="x", encoding=7).SerializeToString(),  # an encoding this host does not know
+        pb.CallResult(call_id="x").SerializeToString() + bytes([9 << 3 | 0, 1]),  # an unknown field
+        pb.CallResult(call_id="x").SerializeToString() + bytes([4 << 3 | 2, 0]),  # value_size with another wire type
+        pb.CallResult(call_id="x").SerializeToString() + bytes([3 << 3 | 0, 1]),  # value as a varint
+    ],
+)
+def test_a_result_of_an_unexpected_shape_is_left_to_protobuf(inner):
+    message = bytes([1 << 3 | 2, len(inner) + 2, 2 << 3 | 2, len(inner)]) + inner
+    (parsed,) = wire.parse_calls_response(message)
+    assert type(parsed) is pb.SandboxEvent
+    assert parsed == pb.CallsResponse.FromString(message).events[0]
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\x0a\x05abc",
+        b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",
+        b"\xff",
+        b"\x0a\x05\x12\x03\x0a\x05a",  # a call id longer than its result
+        b"\x0a\x04\x12\x02\x0a\x01",  # a call id's bytes missing
+        b"\x0a\x04\x12\x02\x28\x80",  # a log_seq's varint cut short
+        b"\x0a\x05\x12\x03\x0a\x01\xff",  # a call id that is not UTF-8
+    ],
+)
 def test_parse_calls_response_raises_like_protobuf_on_garbage(garbage):
     with pytest.raises(Exception) as ours:
         wire.parse_calls_response(garbage)

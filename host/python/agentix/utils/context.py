@@ -103,7 +103,7 @@ def capture() -> dict[str, Any]:
     captured = {}
     for name, (context_var, default) in _entries:
         value = context_var.get()
-        if not _is_default(value, default):
+        if value is not default and not _is_default(value, default):  # `is`: no call per var and call
             captured[name] = value
     return captured
 

@@ -514,7 +514,10 @@ class FrameTransport:
             end = pos + _HEADER_BYTES + size
             if end <= have:
                 self._header_first = False
-                self._frame(kind, bytes(view[pos + _HEADER_BYTES : end]), messages)
+                if kind == MESSAGE:  # (no call for the common case)
+                    messages.append(bytes(view[pos + _HEADER_BYTES : end]))
+                else:
+                    self._frame(kind, bytes(view[pos + _HEADER_BYTES : end]), messages)
                 pos = end
                 continue
             if _HEADER_BYTES + size > len(buf):

@@ -93,7 +93,8 @@ class PendingCall:
         """Delivers `outcome` unless the future is already done (e.g. cancelled)."""
         if not self.future.done():
             self.future.set_result(outcome)
-            self._end_items()
+            if self.items is not None:
+                self.items.put_nowait(STREAM_END)
 
     def fail(self, error: BaseException) -> None:
         """Fails the call with `error` unless the future is already done."""

@@ -369,14 +369,20 @@ class CallsStream:
                 task.cancel()
         self._rpc.cancel()
 
-    def _route(self, event: pb.SandboxEvent | wire.RawResultChunk) -> None:
+    def _route(self, event: pb.SandboxEvent | wire.RawResult | wire.RawResultChunk) -> None:
+        if type(event) is wire.RawResult:  # the common case first
+            call_id = event.call_id
+            if event.log_seq or event.trace_seq:
+                self._set_barrier(call_id, event.log_seq, event.trace_seq)
+            self._finish(call_id, self._result_outcome(event, call_id))
+            return
         if type(event) is wire.RawResultChunk:
             call = self._pending.get(event.call_id)
             if call is not None:
                 self._add_chunk(call, event.data)
             return
         kind = event.WhichOneof("kind")
-        if kind == "result":  # the common case first
+        if kind == "result":  # one protobuf read (see wire.parse_calls_response)
             result = event.result
             call_id = result.call_id
             if result.log_seq or result.trace_seq:
@@ -459,7 +465,7 @@ class CallsStream:
         )
         self.cancel_call(call.call_id)
 
-    def _result_outcome(self, result: pb.CallResult, call_id: str) -> Outcome | ResultTooLarge:
+    def _result_outcome(self, result: pb.CallResult | wire.RawResult, call_id: str) -> Outcome | ResultTooLarge:
         call = self._pending.get(call_id)
         value: bytes | list
         if call is None or not call.result_chunks:
@@ -495,7 +501,8 @@ class CallsStream:
                 call.fail(outcome)
             else:
                 call.settle(outcome)
-        self._drop_upload(call_id)
+        if self._uploads_by_id:  # (no call per result when nothing uploads)
+            self._drop_upload(call_id)
         self._acks.append(call_id)
         if len(self._acks) >= ACK_BATCH:
             self._acks_ready()
@@ -536,8 +543,9 @@ class NativeCallsStream(CallsStream):
     No tasks: the first event queued in a loop iteration is encoded and
     handed to the transport at once (which writes it at once when idle);
     events queued after it in the same iteration go out together in the next
-    one (many calls started together make one message, as with `CallsStream`),
-    and what queues up in the transport while a write is in flight is joined
+    one (many calls started together make one message, as with `CallsStream`;
+    only a second event schedules that flush, so a lone call costs no extra
+    loop turn), and what queues up in the transport while a write is in flight is joined
     into its next message. Responses are taken from it in a
     ``loop.add_reader`` callback on its eventfd. Batching is `CallsStream`'s:
     acks ride along with the next write, arguments over `CHUNK_BYTES` are
@@ -563,18 +571,28 @@ class NativeCallsStream(CallsStream):
         self._loop.add_reader(self._fd, self._on_readable)
         self._watching = True
         self._throttled = False  # waiting for the transport to drain
-        self._deferred = False  # wrote in this loop iteration: later events wait for the next
+        # Wrote since the last response or deferral: a later event waits for
+        # the next loop iteration (_deferral_scheduled), with any others.
+        self._deferred = False
+        self._deferral_scheduled = False
         self._half_closed = False
         self._flushed: asyncio.Future | None = None  # aclose() waits for it
 
     def _kick(self) -> None:
-        if self._lost or self._throttled or self._deferred:
+        if self._lost or self._throttled:
             return
-        self._flush()
-        self._deferred = True
-        self._loop.call_soon(self._end_deferral)
+        if not self._deferred:
+            self._flush()
+            self._deferred = True
+        elif not self._deferral_scheduled:
+            # A second event since the last write: it and whatever follows in
+            # this iteration go out together in the next one. Scheduled only
+            # now, so that a lone call (sequential calls) costs no loop turn.
+            self._deferral_scheduled = True
+            self._loop.call_soon(self._end_deferral)
 
     def _end_deferral(self) -> None:
+        self._deferral_scheduled = False
         self._deferred = False
         if self._queue and not self._lost and not self._throttled:
             self._flush()
@@ -604,6 +622,11 @@ class NativeCallsStream(CallsStream):
 
     def _on_readable(self) -> None:
         route = self._route
+        if not self._deferral_scheduled:
+            # A response: the loop has been round since the last write (or
+            # this is that write's iteration, where a second write is what the
+            # deferral would have made too); the next event is written at once.
+            self._deferred = False
         try:
             messages, status, below = self._transport.drain()
             for message in messages:

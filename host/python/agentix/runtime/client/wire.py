@@ -11,8 +11,9 @@ arguments (one join), which are pickled in pieces (`pickle_pieces`: large
 values stay the caller's own buffers instead of being copied into the
 pickle), and the deserializer hands result chunks over as memoryviews into
 the received message. StartCall events, one per call, are encoded here too
-(cheaper than building messages). Everything else still goes through the
-generated classes; the bytes produced and accepted are exactly what protobuf would
+(cheaper than building messages), and a call's CallResult is read here
+(`RawResult`: parsing it with protobuf and reading its fields cost several
+times more). Everything else still goes through the generated classes; the bytes produced and accepted are exactly what protobuf would
 produce and accept (``tests/test_wire.py`` checks both ways).
 
 A host event on a Namespace stream (`namespace_event_request`) is encoded
@@ -36,6 +37,7 @@ from agentix.utils import context as _context
 __all__ = [
     "CALLS_METHOD",
     "Pieces",
+    "RawResult",
     "RawResultChunk",
     "ack_events",
     "argument_chunk_event",
@@ -74,6 +76,13 @@ _MAP_VALUE = 2 << 3 | 2
 _HOST_ACK = 5 << 3 | 2  # HostEvent.ack
 _ACK_CALL_ID = 1 << 3 | 2  # AckResult.call_id
 _SANDBOX_RESULT_CHUNK = 1 << 3 | 2  # SandboxEvent.result_chunk
+_SANDBOX_RESULT = 2 << 3 | 2  # SandboxEvent.result
+_RESULT_CALL_ID = 1 << 3 | 2  # CallResult.call_id
+_RESULT_VALUE = 3 << 3 | 2  # CallResult.value
+_RESULT_ENCODING = 2 << 3 | 0  # CallResult.encoding
+_RESULT_VALUE_SIZE = 4 << 3 | 0  # CallResult.value_size
+_RESULT_LOG_SEQ = 5 << 3 | 0  # CallResult.log_seq
+_RESULT_TRACE_SEQ = 6 << 3 | 0  # CallResult.trace_seq
 _NS_REQUEST_EVENT = 2 << 3 | 2  # NamespaceRequest.event
 _NS_EVENT_NAME = 1 << 3 | 2  # NamespaceEvent.event
 _NS_EVENT_DATA = 2 << 3 | 2  # NamespaceEvent.data
@@ -490,7 +499,12 @@ class _Malformed(Exception):
     pass
 
 
-def _read_varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
+class _NotOnlyResults(Exception):
+    """A short message holds an event other than a CallResult: protobuf
+    parses it whole, in one call (cheaper than one per event)."""
+
+
+def _read_varint(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
     value = shift = 0
     while True:
         if pos >= end or shift > 63:
@@ -523,43 +537,129 @@ def _read_result_chunk(buf: memoryview, pos: int, end: int) -> RawResultChunk | 
     return RawResultChunk(call_id, data)
 
 
-# Messages shorter than this are parsed by protobuf in one call (cheaper per
-# event than reading them here); a longer one may hold result chunks, whose
-# bytes are then handed over as views instead of copies.
+@final
+class RawResult:
+    """A ``SandboxEvent.result`` (`CallResult`) read without protobuf, with
+    its attributes: the one event of a noop's response, where building and
+    reading the protobuf message costs several times this. ``value`` is
+    ``bytes``; ``encoding`` is pickle or unspecified (another one is left to
+    protobuf, as is anything else unexpected)."""
+
+    __slots__ = ("call_id", "encoding", "value", "value_size", "log_seq", "trace_seq")
+
+    def __init__(self) -> None:
+        self.call_id = ""
+        self.encoding = 0
+        self.value = b""
+        self.value_size = 0
+        self.log_seq = 0
+        self.trace_seq = 0
+
+
+def _read_result(buf: bytes | memoryview, pos: int, end: int) -> RawResult | None:
+    """CallResult fields in buf[pos:end]; None if a field is not one of
+    CallResult's as protobuf writes it, or the encoding is neither
+    unspecified nor pickle (the caller then lets protobuf parse the event).
+    Later occurrences of a field win, as in protobuf."""
+    result = RawResult()
+    while pos < end:
+        tag = buf[pos]
+        pos += 1
+        if tag == _RESULT_CALL_ID or tag == _RESULT_VALUE:
+            length = buf[pos]  # one byte is the common case: no call for it
+            if length < 0x80:
+                pos += 1
+            else:
+                length, pos = _read_varint(buf, pos, end)
+            stop = pos + length
+            if stop > end:
+                raise _Malformed
+            if tag == _RESULT_CALL_ID:
+                result.call_id = str(buf[pos:stop], "utf-8")
+            else:
+                result.value = bytes(buf[pos:stop])  # no copy of a bytes slice
+            pos = stop
+        elif _RESULT_ENCODING <= tag <= _RESULT_TRACE_SEQ and tag & 7 == 0 and tag != 3 << 3:
+            value = buf[pos]
+            if value < 0x80:
+                pos += 1
+            else:
+                value, pos = _read_varint(buf, pos, end)
+                if value >> 64:
+                    return None
+            if tag == _RESULT_ENCODING:
+                result.encoding = value
+            elif tag == _RESULT_VALUE_SIZE:
+                result.value_size = value
+            elif tag == _RESULT_LOG_SEQ:
+                result.log_seq = value
+            else:
+                result.trace_seq = value
+        else:
+            return None
+    if pos != end:  # a one-byte read ran past the event
+        raise _Malformed
+    if result.encoding > pb.ENCODING_PICKLE:
+        return None
+    return result
+
+
+# Result chunks in a message at least this long are handed over as views
+# into it (`RawResultChunk`) instead of copies, and its other events are
+# parsed one by one; a shorter one holding anything but CallResults is
+# parsed by protobuf in one call.
 _PARSE_WHOLE_BYTES = 64 * 1024
 
 
-def parse_calls_response(message: bytes) -> Sequence:
+def parse_calls_response(message: bytes | memoryview) -> Sequence:
     """The Calls stream's response deserializer: the message's events, each a
-    ``pb.SandboxEvent`` or, for result chunks in a message of at least
-    `_PARSE_WHOLE_BYTES`, a `RawResultChunk`.
+    `RawResult` for a call's result, a `RawResultChunk` for a result chunk in a
+    message of at least `_PARSE_WHOLE_BYTES`, else a ``pb.SandboxEvent``
+    (every event of a shorter message holding anything but results).
 
     Anything this reader does not expect (unknown fields, a malformed
     message) is left to protobuf, which parses it or raises as it would have."""
-    if len(message) < _PARSE_WHOLE_BYTES:
-        return pb.CallsResponse.FromString(message).events
-    buf = memoryview(message)
-    end = len(buf)
+    end = len(message)
+    long = end >= _PARSE_WHOLE_BYTES
+    # Result chunks become views into a long message; a short one is read as it is.
+    view = memoryview(message) if long or type(message) is not bytes else None
+    buf: bytes | memoryview = message if view is None else view
     events: list = []
     try:
         pos = 0
         while pos < end:
-            tag, pos = _read_varint(buf, pos, end)
-            if tag != _EVENTS:
+            if buf[pos] != _EVENTS:
                 raise _Malformed
-            length, pos = _read_varint(buf, pos, end)
+            length = buf[pos + 1]
+            if length < 0x80:
+                pos += 2
+            else:
+                length, pos = _read_varint(buf, pos + 1, end)
             event_end = pos + length
             if event_end > end:
                 raise _Malformed
-            chunk = None
-            if length and buf[pos] == _SANDBOX_RESULT_CHUNK:
-                inner, inner_pos = _read_varint(buf, pos + 1, event_end)
-                if inner_pos + inner == event_end:  # the event is that one field
-                    chunk = _read_result_chunk(buf, inner_pos, event_end)
-            if chunk is None:
-                chunk = pb.SandboxEvent.FromString(buf[pos:event_end].tobytes())
-            events.append(chunk)
+            event: object = None
+            if length:
+                field = buf[pos]
+                if field == _SANDBOX_RESULT or (long and field == _SANDBOX_RESULT_CHUNK):
+                    inner = buf[pos + 1]
+                    if inner < 0x80:
+                        inner_pos = pos + 2
+                    else:
+                        inner, inner_pos = _read_varint(buf, pos + 1, event_end)
+                    if inner_pos + inner == event_end:  # the event is that one field
+                        if field == _SANDBOX_RESULT:
+                            event = _read_result(buf, inner_pos, event_end)
+                        elif view is not None:  # (always: the message is long)
+                            event = _read_result_chunk(view, inner_pos, event_end)
+            if event is None:
+                if not long:
+                    raise _NotOnlyResults
+                event = pb.SandboxEvent.FromString(bytes(buf[pos:event_end]))
+            events.append(event)
             pos = event_end
+    except _NotOnlyResults:
+        return pb.CallsResponse.FromString(message).events
     except Exception:  # _Malformed, a bad UTF-8 id, protobuf's DecodeError
         return list(pb.CallsResponse.FromString(message).events)
     return events
