@@ -231,3 +231,69 @@ def test_namespace_frame_streams_refuse_unknown_streams_and_bad_tokens(start_dae
     code, details = _namespace_status(reserved)
     assert code == 3 and "reserved" in details
     reserved.close()
+
+
+# --- scheduling policy of the call path's threads (--calls_sched_batch) ----
+
+
+def _thread_policies(pid):
+    """{thread name: {policy, ...}} of process `pid` (field 41 of
+    /proc/PID/task/TID/stat: 0 SCHED_OTHER, 3 SCHED_BATCH)."""
+    policies = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        policies.setdefault(name, set()).add(int(fields[38]))
+    return policies
+
+
+def _children(pid):
+    found = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found += [int(p) for p in f.read().split()]
+        except OSError:
+            continue
+    return found
+
+
+def _policies_after_a_call(daemon):
+    calls_path = daemon.socket_path.with_name(daemon.socket_path.name + ".calls")
+    c = FrameClient(calls_path)
+    c.hello()
+    c.call("noop", "e2e_targets::noop")
+    frame = c.read()
+    assert frame is not None and frame[0] == MESSAGE
+    (worker,) = _children(daemon.proc.pid)
+    daemon_threads = _thread_policies(daemon.proc.pid)
+    worker_threads = _thread_policies(worker)
+    c.send(HALF_CLOSE)
+    assert c.read_to_status()[0] == 0
+    c.close()
+    return daemon_threads, worker_threads
+
+
+def test_call_path_threads_do_not_preempt_their_wakers(start_daemon, tmp_path):
+    """By default the frame wire's connection threads and the worker reader
+    run SCHED_BATCH (a woken one does not preempt the host or the worker
+    that wrote); the worker, its threads and the gRPC threads keep
+    SCHED_OTHER. --nocalls_sched_batch leaves every thread SCHED_OTHER."""
+    daemon = start_daemon(extra_args=["--token-file", _token_file(tmp_path)])
+    daemon_threads, worker_threads = _policies_after_a_call(daemon)
+    assert daemon_threads["agx-frames"] == {3}, daemon_threads
+    assert daemon_threads["agx-wrk-read"] == {3}, daemon_threads
+    assert daemon_threads["agx-frames-acc"] == {0}, daemon_threads
+    assert daemon_threads["agx-grpc"] == {0}, daemon_threads
+    assert set().union(*worker_threads.values()) == {0}, worker_threads
+
+    other = start_daemon(extra_args=["--token-file", _token_file(tmp_path),
+                                     "--nocalls_sched_batch"])
+    daemon_threads, worker_threads = _policies_after_a_call(other)
+    assert set().union(*daemon_threads.values()) == {0}, daemon_threads
+    assert set().union(*worker_threads.values()) == {0}, worker_threads
