@@ -169,15 +169,13 @@ ABSL_FLAG(std::string, calls_cpu, "",
           "\"Wake-ups\"). A CPU number, or \"auto\": the highest-numbered "
           "CPU the daemon may use (a host with AGENTIX_CALLS_CPU=auto picks "
           "the same). \"\" or \"off\" (default): nothing is pinned");
-ABSL_FLAG(bool, calls_sched_batch, false,
+ABSL_FLAG(bool, calls_sched_batch, true,
           "run the frame wire's connection threads and the worker-reader "
           "threads under SCHED_BATCH, so that when the host's call or the "
           "worker's result wakes one it does not preempt the writer before "
-          "the writer blocks (one context switch pair less per hand-off on "
-          "an idle machine; on a busy one such a thread also waits for a "
-          "CPU-bound process's slice instead of preempting it). The worker "
-          "and the daemon's other threads keep their policy "
-          "(docs/FRAME-WIRE.md, \"Wake-ups\"). Default off");
+          "the writer blocks (one context switch pair less per hand-off; "
+          "docs/FRAME-WIRE.md, \"Wake-ups\"). The worker and other threads "
+          "keep their policy. --nocalls_sched_batch: SCHED_OTHER");
 ABSL_FLAG(int64_t, frames_spin_us, 0,
           "microseconds a frame-wire connection's thread polls its socket "
           "without sleeping after handling the host's frames, before it "

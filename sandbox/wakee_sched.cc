@@ -12,7 +12,7 @@
 namespace agentix::sandbox {
 namespace {
 
-std::atomic<bool> batch_on{false};
+std::atomic<bool> batch_on{true};
 std::atomic<bool> refusal_logged{false};
 
 }  // namespace

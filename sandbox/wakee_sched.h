@@ -12,15 +12,12 @@
 // preempts; it runs when the writer blocks (microseconds later) or on an
 // idle CPU. Only these daemon threads change: the worker and the host keep
 // their policy (base/child_process does not pass SCHED_BATCH on).
-// Off by default: on a machine whose CPUs are all busy the woken thread
-// also does not preempt an unrelated CPU-bound process and waits for its
-// slice, which can show in p99 (docs/DECISIONS.md).
 #pragma once
 
 namespace agentix::sandbox {
 
 // Process-wide, set once at start before any call-path thread runs.
-// Default off.
+// Default on.
 void SetWakeeBatchSched(bool on);
 bool WakeeBatchSched();
 

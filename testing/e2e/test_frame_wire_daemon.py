@@ -279,21 +279,21 @@ def _policies_after_a_call(daemon):
     return daemon_threads, worker_threads
 
 
-def test_calls_sched_batch_sets_only_the_call_path_threads(start_daemon, tmp_path):
-    """By default every thread runs SCHED_OTHER. With --calls_sched_batch the
-    frame wire's connection threads and the worker reader run SCHED_BATCH (a
-    woken one does not preempt the host or the worker that wrote); the
-    worker, its threads and the gRPC threads keep SCHED_OTHER."""
+def test_call_path_threads_do_not_preempt_their_wakers(start_daemon, tmp_path):
+    """By default the frame wire's connection threads and the worker reader
+    run SCHED_BATCH (a woken one does not preempt the host or the worker
+    that wrote); the worker, its threads and the gRPC threads keep
+    SCHED_OTHER. --nocalls_sched_batch leaves every thread SCHED_OTHER."""
     daemon = start_daemon(extra_args=["--token-file", _token_file(tmp_path)])
     daemon_threads, worker_threads = _policies_after_a_call(daemon)
-    assert set().union(*daemon_threads.values()) == {0}, daemon_threads
-    assert set().union(*worker_threads.values()) == {0}, worker_threads
-
-    batch = start_daemon(extra_args=["--token-file", _token_file(tmp_path),
-                                     "--calls_sched_batch"])
-    daemon_threads, worker_threads = _policies_after_a_call(batch)
     assert daemon_threads["agx-frames"] == {3}, daemon_threads
     assert daemon_threads["agx-wrk-read"] == {3}, daemon_threads
     assert daemon_threads["agx-frames-acc"] == {0}, daemon_threads
     assert daemon_threads["agx-grpc"] == {0}, daemon_threads
+    assert set().union(*worker_threads.values()) == {0}, worker_threads
+
+    other = start_daemon(extra_args=["--token-file", _token_file(tmp_path),
+                                     "--nocalls_sched_batch"])
+    daemon_threads, worker_threads = _policies_after_a_call(other)
+    assert set().union(*daemon_threads.values()) == {0}, daemon_threads
     assert set().union(*worker_threads.values()) == {0}, worker_threads
