@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <pthread.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <deque>
@@ -136,17 +135,6 @@ absl::StatusOr<ChildProcess> ChildProcess::Spawn(const SpawnOptions& options) {
     posix_spawnattr_setsigdefault(&attr, &all);
     posix_spawnattr_setsigmask(&attr, &none);
     flags |= POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK;
-  }
-  // A daemon thread under SCHED_BATCH (sandbox/wakee_sched.h) does not
-  // pass it on: children start under the default policy.
-  int policy = 0;
-  sched_param param = {};
-  if (pthread_getschedparam(pthread_self(), &policy, &param) == 0 &&
-      policy == SCHED_BATCH) {
-    sched_param normal = {};
-    posix_spawnattr_setschedpolicy(&attr, SCHED_OTHER);
-    posix_spawnattr_setschedparam(&attr, &normal);
-    flags |= POSIX_SPAWN_SETSCHEDULER;
   }
   posix_spawnattr_setflags(&attr, flags);
 

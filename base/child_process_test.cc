@@ -2,8 +2,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <pthread.h>
-#include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -158,33 +156,6 @@ TEST_CASE("A child fd beyond RLIMIT_NOFILE is a clear error", "[base]") {
   REQUIRE(::setrlimit(RLIMIT_NOFILE, &saved) == 0);
   REQUIRE(child.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(child.status().message().find("RLIMIT_NOFILE 64") != std::string::npos);
-}
-
-}  // namespace
-}  // namespace agentix::base
-
-namespace agentix::base {
-namespace {
-
-TEST_CASE("A child spawned from a SCHED_BATCH thread starts under "
-          "SCHED_OTHER", "[base]") {
-  // The daemon's call-path threads run SCHED_BATCH (sandbox/wakee_sched.h);
-  // the worker they may start must not inherit it. Field 41 of
-  // /proc/self/stat is the policy (0 SCHED_OTHER, 3 SCHED_BATCH).
-  const std::string policy_of_child =
-      "set -- $(sed 's/.*) //' /proc/self/stat); shift 38; echo $1";
-  std::string from_batch;
-  std::string from_normal;
-  int set_rc = -1;
-  std::thread([&] {
-    from_normal = Output(Shell(policy_of_child));
-    sched_param param = {};
-    set_rc = pthread_setschedparam(pthread_self(), SCHED_BATCH, &param);
-    from_batch = Output(Shell(policy_of_child));
-  }).join();
-  REQUIRE(set_rc == 0);
-  REQUIRE(from_normal == "0\n");
-  REQUIRE(from_batch == "0\n");
 }
 
 }  // namespace

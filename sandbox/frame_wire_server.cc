@@ -22,7 +22,6 @@
 #include "sandbox/frame_codec.h"
 #include "sandbox/namespace_stream.h"
 #include "sandbox/frame_splice.h"
-#include "sandbox/wakee_sched.h"
 #include "sandbox/wire_limits.h"
 
 namespace agentix::sandbox {
@@ -368,7 +367,6 @@ class FrameWireServer::Connection {
 
  private:
   void Run() {
-    ApplyWakeeSched();  // woken by the host's writes: do not preempt it
     const absl::Time hello_deadline =
         absl::Now() + server_->options_.hello_timeout;
     bool paused = false;

@@ -34,7 +34,6 @@
 #include "sandbox/admin_service.h"
 #include "sandbox/auth.h"
 #include "sandbox/calls_cpu.h"
-#include "sandbox/wakee_sched.h"
 #include "sandbox/connection_guard.h"
 #include "sandbox/frame_wire_server.h"
 #include "sandbox/grpc_executor.h"
@@ -169,13 +168,6 @@ ABSL_FLAG(std::string, calls_cpu, "",
           "\"Wake-ups\"). A CPU number, or \"auto\": the highest-numbered "
           "CPU the daemon may use (a host with AGENTIX_CALLS_CPU=auto picks "
           "the same). \"\" or \"off\" (default): nothing is pinned");
-ABSL_FLAG(bool, calls_sched_batch, true,
-          "run the frame wire's connection threads and the worker-reader "
-          "threads under SCHED_BATCH, so that when the host's call or the "
-          "worker's result wakes one it does not preempt the writer before "
-          "the writer blocks (one context switch pair less per hand-off; "
-          "docs/FRAME-WIRE.md, \"Wake-ups\"). The worker and other threads "
-          "keep their policy. --nocalls_sched_batch: SCHED_OTHER");
 ABSL_FLAG(int64_t, frames_spin_us, 0,
           "microseconds a frame-wire connection's thread polls its socket "
           "without sleeping after handling the host's frames, before it "
@@ -441,7 +433,6 @@ int Run(int argc, char** raw_argv) {
       absl::Seconds(absl::GetFlag(FLAGS_worker_ready_timeout_s));
   options.worker.read_spin =
       absl::Microseconds(absl::GetFlag(FLAGS_worker_read_spin_us));
-  SetWakeeBatchSched(absl::GetFlag(FLAGS_calls_sched_batch));
   absl::StatusOr<int> calls_cpu =
       base::ParseCpuSetting(absl::GetFlag(FLAGS_calls_cpu));
   if (!calls_cpu.ok()) {

@@ -16,7 +16,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/log.h"
-#include "sandbox/wakee_sched.h"
 #include "worker/ipc/io.h"
 
 namespace agentix::sandbox {
@@ -339,7 +338,6 @@ absl::Duration WorkerProcess::SpinUntilReadable(absl::Duration window) {
 
 void WorkerProcess::ReaderLoop() {
   pthread_setname_np(pthread_self(), "agx-wrk-read");
-  ApplyWakeeSched();  // woken by the worker's writes: do not preempt it
   // The placement of --calls_cpu, for this thread and the worker (just
   // after exec: the threads it starts inherit its mask).
   uint64_t placed_self = CallsCpu::kNever;
