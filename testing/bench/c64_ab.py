@@ -8,6 +8,10 @@ The two sides alternate, one fresh daemon and one fresh host process per
 - noop p50 and p99 (sequential sync `bench_targets.noop`) and their ratio,
   and CPU per sequential noop by process (host, daemon, worker) with the
   host's wake-ups (scheduler time slices) per call,
+- the C++ client's sequential noop p50 through the same daemon
+  (cc_remote_calls --noops, `--cc`), the raw gRPC ping-pong floor measured
+  right after it (`--floor-grpc`) and their ratio (cc_noop_over_floor_grpc;
+  issue 22: <= 1.5),
 - calls/s with 16 and with 64 concurrent callers (asyncio tasks in the
   host, each calling the sync noop in a loop for a fixed time),
 - CPU per call by process (host, daemon, worker; all threads, from
@@ -115,7 +119,14 @@ asyncio.run(main())
 """
 
 
-def one(side, seconds, calls, profile_to=""):
+def _json_tail(argv, env):
+    """The last stdout line of `argv` (a program printing one JSON object)."""
+    proc = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True,
+                          timeout=300, check=True)
+    return json.loads([l for l in proc.stdout.splitlines() if l.strip()][-1])
+
+
+def one(side, seconds, calls, profile_to="", cc="", floor_grpc=""):
     env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES,
                C64_BENCH_DIR=BENCH_DIR)
     with procs.ab_daemon(side["sandboxd"], side["worker"], env, "agx-c64-") as (sock, daemon):
@@ -125,10 +136,24 @@ def one(side, seconds, calls, profile_to=""):
             argv.append(profile_to)
         host = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True,
                               timeout=300, check=True)
+        out = None
         for line in host.stdout.splitlines():
             if line.startswith("RESULT "):
-                return json.loads(line[len("RESULT "):])
-        raise RuntimeError(f"no RESULT from the host: {host.stdout!r}")
+                out = json.loads(line[len("RESULT "):])
+        if out is None:
+            raise RuntimeError(f"no RESULT from the host: {host.stdout!r}")
+        if cc:
+            # The C++ client's sequential noop through this side's daemon,
+            # then the raw gRPC ping-pong floor right after it (issue 22:
+            # cc_noop_over_floor_grpc <= 1.5).
+            figures = _json_tail([cc, f"--target=unix://{sock}", f"--noops={calls}"], env)
+            if figures.get("calls_wire") != "frames":
+                raise RuntimeError(f"the C++ client is not on the frame wire: {figures}")
+            out["cc_noop_p50_us"] = figures["noop_p50_us"]
+    if cc and floor_grpc:
+        out["floor_grpc_p50_us"] = _json_tail([floor_grpc, "--quick"], env)["noop_p50_us"]
+        out["cc_noop_over_floor_grpc"] = out["cc_noop_p50_us"] / out["floor_grpc_p50_us"]
+    return out
 
 
 def main():
@@ -139,6 +164,13 @@ def main():
         parser.add_argument(f"--{s}-worker",
                             default=f"{REPO}/bazel-bin/worker/agentix-worker")
         parser.add_argument(f"--{s}-python", default=f"{REPO}/.venv-test/bin/python")
+    parser.add_argument("--cc", default=f"{REPO}/bazel-bin/testing/bench/cc_remote_calls",
+                        help="the C++ client (cc_remote_calls) measured against each "
+                        "side's daemon; '' to skip")
+    parser.add_argument("--floor-grpc",
+                        default=f"{REPO}/bazel-bin/testing/bench/floor/grpc_pingpong",
+                        help="the raw gRPC ping-pong floor, run after each side's "
+                        "C++ client; '' to skip")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=2.0,
                         help="timed window per caller count")
@@ -162,7 +194,8 @@ def main():
     rows = []
     for r in range(args.rounds):
         order = ("a", "b") if r % 2 == 0 else ("b", "a")
-        row = {side: one(sides[side], args.seconds, args.calls) for side in order}
+        row = {side: one(sides[side], args.seconds, args.calls, cc=args.cc,
+                         floor_grpc=args.floor_grpc) for side in order}
         rows.append(row)
         print(procs.ab_round_line(r, order, row), flush=True)
     summary = procs.ab_summary(rows)
