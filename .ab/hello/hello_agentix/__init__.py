@@ -1,1 +1,0 @@
-"""Example project: functions a host runs inside a sandbox."""
