@@ -226,18 +226,11 @@ class Namespace:
             self._pending[request_id] = _Pending(loop, future, event, payload, envelope, deadline, timeout)
         try:
             if deadline is not None:
-                # _arm_expiry's early return, inline: the timer armed for an
-                # earlier request usually serves this one too.
-                timer = self._expiry_timers.get(loop)
-                if timer is None or timer.when() > deadline:
-                    self._arm_expiry(loop, deadline)
+                self._arm_expiry(loop, deadline)
             if emit is not None:
                 await emit(event, envelope)
             elif payload is not None:  # always, with the default emit
-                bridge = _bridge  # _send_packed, inline (the sandbox's hot path)
-                if bridge is None:
-                    raise RuntimeError(_NOT_INSTALLED)
-                bridge.emit(self.namespace, event, payload, request_id, None)
+                self._send_packed(event, payload, request_id)
             return await future
         finally:
             with self._pending_lock:

@@ -371,10 +371,7 @@ class CallsStream:
 
     def _route(self, event: pb.SandboxEvent | wire.RawResult | wire.RawResultChunk) -> None:
         if type(event) is wire.RawResult:  # the common case first
-            call_id = event.call_id
-            if event.log_seq or event.trace_seq:
-                self._set_barrier(call_id, event.log_seq, event.trace_seq)
-            self._finish(call_id, self._result_outcome(event, call_id))
+            self._on_result(event)
             return
         if type(event) is wire.RawResultChunk:
             call = self._pending.get(event.call_id)
@@ -383,11 +380,7 @@ class CallsStream:
             return
         kind = event.WhichOneof("kind")
         if kind == "result":  # one protobuf read (see wire.parse_calls_response)
-            result = event.result
-            call_id = result.call_id
-            if result.log_seq or result.trace_seq:
-                self._set_barrier(call_id, result.log_seq, result.trace_seq)
-            self._finish(call_id, self._result_outcome(result, call_id))
+            self._on_result(event.result)
         elif kind == "result_chunk":
             call = self._pending.get(event.result_chunk.call_id)
             if call is not None:
@@ -464,6 +457,14 @@ class CallsStream:
             )
         )
         self.cancel_call(call.call_id)
+
+    def _on_result(self, result: pb.CallResult | wire.RawResult) -> None:
+        """A call's CallResult, read by wire.py or by protobuf: the barrier
+        for its records and spans, then its outcome."""
+        call_id = result.call_id
+        if result.log_seq or result.trace_seq:
+            self._set_barrier(call_id, result.log_seq, result.trace_seq)
+        self._finish(call_id, self._result_outcome(result, call_id))
 
     def _result_outcome(self, result: pb.CallResult | wire.RawResult, call_id: str) -> Outcome | ResultTooLarge:
         call = self._pending.get(call_id)
