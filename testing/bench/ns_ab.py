@@ -12,45 +12,22 @@ excluded). The last line (SUMMARY) gives medians and the medians of per-round B/
 """
 import argparse
 import asyncio
-import glob
 import json
 import os
-import statistics
 import subprocess
 import sys
-import tempfile
-import time
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
-KEYS = ("p50", "p99", "host_cpu", "daemon_cpu", "worker_cpu", "total_cpu")
+sys.path.insert(0, BENCH)
+import procs  # noqa: E402
 
 
 def cpu_ns(pid):
-    """On-CPU ns of every thread of `pid` (schedstat)."""
-    total = 0
-    for task in glob.glob(f"/proc/{pid}/task/*/schedstat"):
-        try:
-            total += int(open(task).read().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass
-    return total
-
-
-def descendants(pid):
-    kids = []
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            fields = open(stat).read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            child = int(stat.split("/")[2])
-            kids += [child] + descendants(child)
-    return kids
+    """On-CPU ns of every thread of `pid`."""
+    return sum(procs.thread_cpu_ns(pid).values())
 
 
 def child(args):
-    sys.path.insert(0, BENCH)
     import side_targets
     from agentix import AsyncClientNamespace, RuntimeClient, request_handler
     import agentix
@@ -62,19 +39,12 @@ def child(args):
         async def on_echo(self, body):
             return body
 
-    tmp = tempfile.mkdtemp(prefix="agx-nsab-", dir="/tmp")
-    sock = os.path.join(tmp, "s.sock")
-    env = dict(os.environ, AGENTIX_LOG_DIR=tmp)
-    daemon = subprocess.Popen([args.daemon, "--listen", f"unix://{sock}", f"--worker={args.worker}",
-                               f"--python_path={BENCH}:{hostpy}", "--log_level=warning"],
-                              env=env, stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/err", "wb"))
-
-    async def session():
+    async def session(sock, daemon):
         client = RuntimeClient(f"unix://{sock}")
         client.register_namespace(BenchHost(side_targets.NAMESPACE))
         async with client:
             await client.remote(side_targets.ns_roundtrips, "agentix", 300, 100)
-            workers = descendants(daemon.pid)
+            workers = procs.children(daemon.pid)
             before = (cpu_ns(os.getpid()), cpu_ns(daemon.pid), sum(cpu_ns(w) for w in workers))
             lat = sorted(await client.remote(side_targets.ns_roundtrips, "agentix", args.requests, 0))
             after = (cpu_ns(os.getpid()), cpu_ns(daemon.pid), sum(cpu_ns(w) for w in workers))
@@ -84,20 +54,22 @@ def child(args):
                 "host_cpu": round(host, 1), "daemon_cpu": round(dmn, 1), "worker_cpu": round(wrk, 1),
                 "total_cpu": round(host + dmn + wrk, 1)}
 
-    try:
-        import socket as so
-        for _ in range(1000):
-            try:
-                c = so.socket(so.AF_UNIX)
-                c.connect(sock)
-                c.close()
-                break
-            except OSError:
-                time.sleep(0.01)
-        print(json.dumps(asyncio.run(session())), flush=True)
-    finally:
-        daemon.terminate()
-        daemon.wait(10)
+    # The daemon's --python_path gives the sandbox this venv's agentix (agentix.sio).
+    with procs.ab_daemon(args.daemon, args.worker, dict(os.environ), "agx-nsab-",
+                         python_path=(hostpy,)) as (sock, daemon):
+        print("RESULT " + json.dumps(asyncio.run(session(sock, daemon))), flush=True)
+
+
+def run_side(stack, requests):
+    """One run of `stack` (daemon, worker, venv) in its venv's python: its figures."""
+    daemon, worker, venv = stack
+    out = subprocess.run([f"{venv}/bin/python", os.path.abspath(__file__), "--child",
+                          "--daemon", daemon, "--worker", worker, "--requests", str(requests)],
+                         check=True, capture_output=True, text=True, timeout=300)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"no RESULT from the child: {out.stdout!r} {out.stderr[-2000:]!r}")
 
 
 def main():
@@ -112,34 +84,20 @@ def main():
     args = p.parse_args()
     if args.child:
         return child(args)
-    stacks = [s.split(",") for s in args.stack]
-    assert len(stacks) == 2, "give --stack twice"
+    stacks = dict(zip("ab", (s.split(",") for s in args.stack)))
+    assert len(args.stack) == 2, "give --stack twice"
     busy = subprocess.Popen([sys.executable, "-c", "while 1: pass"]) if args.busy else None
     rows = []
     try:
         for r in range(args.rounds):
-            order = [0, 1] if r % 2 == 0 else [1, 0]
-            res = {}
-            for i in order:
-                daemon, worker, venv = stacks[i]
-                out = subprocess.run([f"{venv}/bin/python", os.path.abspath(__file__), "--child",
-                                      "--daemon", daemon, "--worker", worker,
-                                      "--requests", str(args.requests)],
-                                     check=True, capture_output=True, text=True, timeout=300)
-                res["AB"[i]] = json.loads(out.stdout.strip().splitlines()[-1])
-            print(json.dumps({"round": r, "load": os.getloadavg()[0], **res}), flush=True)
-            rows.append(res)
+            order = ("a", "b") if r % 2 == 0 else ("b", "a")
+            row = {side: run_side(stacks[side], args.requests) for side in order}
+            rows.append(row)
+            print(procs.ab_round_line(r, order, row), f"(load {os.getloadavg()[0]:.1f})", flush=True)
     finally:
         if busy:
             busy.kill()
-    summary = {}
-    for k in KEYS:
-        ratios = [x["B"][k] / x["A"][k] for x in rows if x["A"][k]]
-        summary[k] = {"A_med": round(statistics.median(x["A"][k] for x in rows), 1),
-                      "B_med": round(statistics.median(x["B"][k] for x in rows), 1),
-                      "ratio_med": round(statistics.median(ratios), 3) if ratios else None,
-                      "ratios": [round(x, 3) for x in ratios]}
-    print("SUMMARY", json.dumps(summary), flush=True)
+    print("SUMMARY", json.dumps(procs.ab_summary(rows)), flush=True)
 
 
 if __name__ == "__main__":
