@@ -44,6 +44,7 @@ from agentix.runtime.client.chunking import CHUNK_BYTES, Upload, first_chunk
 from agentix.runtime.client.errors import ResultTooLarge
 from agentix.runtime.client.pending import (
     MAX_RESULT_BYTES,
+    CallFuture,
     STREAM_END,
     Outcome,
     PendingCall,
@@ -157,6 +158,9 @@ class CallsStream:
         self._ack_timer: asyncio.TimerHandle | None = None
         self._closing = False
         self._lost = False
+        # Set while a loop callback routes responses (NativeCallsStream):
+        # the futures it resolved, whose tasks it wakes once it is done.
+        self._woken: list[CallFuture] | None = None
 
     @property
     def alive(self) -> bool:
@@ -501,7 +505,7 @@ class CallsStream:
             if isinstance(outcome, ResultTooLarge):
                 call.fail(outcome)
             else:
-                call.settle(outcome)
+                call.settle(outcome, self._woken)
         if self._uploads_by_id:  # (no call per result when nothing uploads)
             self._drop_upload(call_id)
         self._acks.append(call_id)
@@ -579,6 +583,32 @@ class NativeCallsStream(CallsStream):
         self._half_closed = False
         self._flushed: asyncio.Future | None = None  # aclose() waits for it
 
+    def start_call(
+        self, call_id: str, callable_ref: str, arguments: bytes | wire.Pieces, context: bytes, stream_window: int = 0
+    ) -> None:
+        if (
+            len(arguments) > CHUNK_BYTES
+            or self._queue
+            or self._uploads
+            or self._deferred
+            or self._lost
+            or self._throttled
+            or self._closing
+        ):
+            super().start_call(call_id, callable_ref, arguments, context, stream_window)
+            return
+        # A lone call on an idle stream (sequential calls): the message
+        # `_kick` and `_flush` would write (the waiting acks, then the
+        # StartCall), without the queue and the batch.
+        event = wire.start_call_event(call_id, callable_ref, arguments, len(arguments), context, stream_window)
+        if self._acks:
+            event.insert(0, self._take_acks()[0])
+        self._deferred = True
+        try:
+            self._transport.write(event)  # < 0: the stream is ending, drain() brings its status
+        except Exception as exc:  # the transport refused: the stream is unusable
+            self._report_lost(exc)
+
     def _kick(self) -> None:
         if self._lost or self._throttled:
             return
@@ -622,6 +652,17 @@ class NativeCallsStream(CallsStream):
             self._report_lost(exc)
 
     def _on_readable(self) -> None:
+        # The calls settled here resume their tasks at the end of this
+        # callback, not one loop iteration later (CallFuture).
+        outer, self._woken = self._woken, []
+        try:
+            self._read_responses()
+        finally:
+            woken, self._woken = self._woken, outer
+            for future in woken:
+                future.wake()
+
+    def _read_responses(self) -> None:
         route = self._route
         if not self._deferral_scheduled:
             # A response: the loop has been round since the last write (or
