@@ -269,6 +269,16 @@ async def test_a_sequential_callers_task_resumes_in_the_callback_that_read_its_r
                 frame = frame.f_back
             # (A task woken by an asyncio Handle shows _run, _run_once here.)
             assert resumed_by[:2] == ["wake", "_on_readable"]
+        # With other calls in flight a loop turn resumes many callers at
+        # once, and each awaits a plain Future (cheaper to await).
+        client.call_deadline = None
+        first = asyncio.ensure_future(client.remote(sandbox_functions.add, 1, 1))
+        await asyncio.sleep(0)
+        assert len(client._pending) == 1
+        assert await client.remote(sandbox_functions.add, 2, 2) == 4
+        frame = sys._getframe().f_back
+        assert [frame.f_code.co_name, frame.f_back.f_code.co_name] == ["_run", "_run_once"]
+        assert await first == 2
 
 
 async def test_a_status_frame_fails_the_stream_with_its_grpc_code(grpc_only):

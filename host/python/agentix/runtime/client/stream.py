@@ -583,24 +583,23 @@ class NativeCallsStream(CallsStream):
         self._half_closed = False
         self._flushed: asyncio.Future | None = None  # aclose() waits for it
 
-    def start_call(
-        self, call_id: str, callable_ref: str, arguments: bytes | wire.Pieces, context: bytes, stream_window: int = 0
-    ) -> None:
+    def _enqueue(self, size: int, event: pb.HostEvent | list, upload: Upload | None = None) -> None:
         if (
-            len(arguments) > CHUNK_BYTES
+            self._deferred
             or self._queue
             or self._uploads
-            or self._deferred
+            or upload is not None
+            or type(event) is not list
             or self._lost
             or self._throttled
             or self._closing
         ):
-            super().start_call(call_id, callable_ref, arguments, context, stream_window)
+            self._queue.append((size, event, upload))
+            self._kick()
             return
-        # A lone call on an idle stream (sequential calls): the message
-        # `_kick` and `_flush` would write (the waiting acks, then the
-        # StartCall), without the queue and the batch.
-        event = wire.start_call_event(call_id, callable_ref, arguments, len(arguments), context, stream_window)
+        # A lone encoded event (a StartCall) on an idle stream, as sequential
+        # calls make: the message `_kick` and `_flush` would write (the
+        # waiting acks, then the event), without the queue and the batch.
         if self._acks:
             event.insert(0, self._take_acks()[0])
         self._deferred = True
