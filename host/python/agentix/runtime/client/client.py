@@ -336,9 +336,8 @@ class RuntimeClient:
         call = PendingCall(
             _call_ids.next(),
             display_name,
-            # Alone in flight, the call's task is resumed by the callback that
-            # reads its result (CallFuture: no loop turn of its own); among
-            # others, one loop turn resumes many and a plain Future costs less.
+            # Alone in flight: resumed by the callback that reads its result (no loop turn of its
+            # own); among others, one loop turn resumes many and a plain Future is cheaper to await.
             loop.create_future() if self._pending else CallFuture(loop=loop),
             start=self._start_request(callable_ref, arguments, carrier, 0),
             max_result_bytes=self.max_result_bytes,

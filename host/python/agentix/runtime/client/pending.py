@@ -1,7 +1,9 @@
-"""The host's record of one call in flight (`PendingCall`), what a call's
-future receives (`Outcome`), the side-channel barrier a result carries, and
-the StartCall kept for re-sending after a reconnect. The client owns the
-table of pending calls; the Calls streams fill and settle its entries."""
+"""The host's record of one call in flight (`PendingCall`), the future a call
+alone in flight is awaited through (`CallFuture`), what a call's future
+receives (`Outcome`; a sandbox error read by `remote_error_outcome`), the
+side-channel barrier a result carries, and the StartCall kept for re-sending
+after a reconnect. The client owns the table of pending calls; the Calls
+streams fill and settle its entries."""
 
 from __future__ import annotations
 
@@ -10,8 +12,18 @@ from typing import Union
 
 from agentix.runtime.client import wire
 from agentix.runtime.shared.models import RemoteError
+from agentix.runtime.v1 import runtime_pb2 as pb
 
-__all__ = ["CallFuture", "MAX_RESULT_BYTES", "Outcome", "PendingCall", "STREAM_END", "SideBarrier", "StartRequest"]
+__all__ = [
+    "CallFuture",
+    "MAX_RESULT_BYTES",
+    "Outcome",
+    "PendingCall",
+    "STREAM_END",
+    "SideBarrier",
+    "StartRequest",
+    "remote_error_outcome",
+]
 
 # A call's outcome: the encoded result value (bytes, or the list of pieces it
 # arrived in), or the sandbox's error report.
@@ -20,6 +32,21 @@ Outcome = Union[bytes, list, RemoteError]
 # Default cap on one call's encoded result (and on one streamed item): the
 # daemon's default --max-payload-bytes for arguments.
 MAX_RESULT_BYTES = 1 << 30
+
+
+def remote_error_outcome(error: pb.RemoteError) -> RemoteError:
+    """The `Outcome` of a call that failed in the sandbox: the wire
+    `RemoteError` converted (empty tracebacks become None)."""
+    return RemoteError(
+        type=error.type,
+        message=error.message,
+        traceback=error.traceback or None,
+        cancelled=error.cancelled,
+        returncode=error.returncode if error.HasField("returncode") else None,
+        type_module=error.type_module or None,
+        type_qualname=error.type_qualname or None,
+        state=error.state or None,
+    )
 
 
 # Put into a streaming call's item queue once its future is done.
