@@ -176,3 +176,31 @@ async def test_a_future_done_before_settle_is_left_alone():
     PendingCall("id", "fn", future).settle(b"late", woken)
     assert woken == []
     assert future.cancelled()
+
+
+async def test_an_interrupt_in_a_callback_propagates_and_the_rest_are_scheduled():
+    loop = asyncio.get_running_loop()
+    future = CallFuture(loop=loop)
+    calls = []
+
+    def interrupted(_future):
+        raise KeyboardInterrupt
+
+    future.add_done_callback(interrupted)
+    future.add_done_callback(lambda f: calls.append(f.result()))
+    raised = []
+
+    def read_callback() -> None:
+        woken: list = []
+        PendingCall("id", "fn", future).settle(b"r", woken)
+        try:
+            woken[0].wake()
+        except KeyboardInterrupt:
+            raised.append("KeyboardInterrupt")
+        assert calls == []  # not run in the interrupted wake: scheduled
+
+    loop.call_soon(read_callback)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert raised == ["KeyboardInterrupt"]
+    assert calls == [b"r"]
