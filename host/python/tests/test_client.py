@@ -89,6 +89,20 @@ async def test_each_result_is_acknowledged(runtime, client):
     await eventually(lambda: [a.call_id for a in runtime.events("ack")] == [start.call_id])
 
 
+async def test_a_results_ack_rides_ahead_of_the_next_calls_start(runtime, client, monkeypatch):
+    # Sequential calls: each StartCall's message also carries the previous
+    # call's AckResult, ahead of it (no message of its own for the ack).
+    monkeypatch.setattr("agentix.runtime.client.stream.ACK_DELAY", 60.0)
+    for i in range(4):
+        assert await client.remote(sandbox_functions.add, i, 1) == i + 1
+    starts = runtime.events("start")
+    with_starts = [r for r in runtime.requests if any(e.WhichOneof("kind") == "start" for e in r.events)]
+    assert len(with_starts) == 4
+    for previous, request in zip(starts, with_starts[1:]):
+        assert [e.WhichOneof("kind") for e in request.events] == ["ack", "start"]
+        assert request.events[0].ack.call_id == previous.call_id
+
+
 async def test_concurrent_calls_are_coalesced_into_few_messages(runtime, client):
     async with client:
         results = await asyncio.gather(*(client.remote(sandbox_functions.add, i, 1) for i in range(200)))

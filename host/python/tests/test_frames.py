@@ -12,6 +12,7 @@ import os
 import pickle
 import socket
 import struct
+import sys
 import tempfile
 
 import grpc
@@ -251,6 +252,33 @@ async def test_a_lone_call_costs_no_loop_turn_and_a_burst_still_shares_one_messa
         ]
         assert [n for n in starts if n] == [1, 4]
         assert len(loop.scheduled) == 1
+
+
+async def test_a_sequential_callers_task_resumes_in_the_callback_that_read_its_result(framed):
+    # No loop iteration between reading a call's result and returning it:
+    # the caller's task is resumed by the stream's read callback itself
+    # (with and without a call deadline's asyncio.timeout around the wait).
+    async with RuntimeClient(framed.url, logs=False, traces=False) as client:
+        for deadline in (None, 30.0):
+            client.call_deadline = deadline
+            assert await client.remote(sandbox_functions.add, 1, 2) == 3
+            resumed_by = []
+            frame = sys._getframe().f_back
+            while frame is not None:
+                resumed_by.append(frame.f_code.co_name)
+                frame = frame.f_back
+            # (A task woken by an asyncio Handle shows _run, _run_once here.)
+            assert resumed_by[:2] == ["wake", "_on_readable"]
+        # With other calls in flight a loop turn resumes many callers at
+        # once, and each awaits a plain Future (cheaper to await).
+        client.call_deadline = None
+        first = asyncio.ensure_future(client.remote(sandbox_functions.add, 1, 1))
+        await asyncio.sleep(0)
+        assert len(client._pending) == 1
+        assert await client.remote(sandbox_functions.add, 2, 2) == 4
+        frame = sys._getframe().f_back
+        assert [frame.f_code.co_name, frame.f_back.f_code.co_name] == ["_run", "_run_once"]
+        assert await first == 2
 
 
 async def test_a_status_frame_fails_the_stream_with_its_grpc_code(grpc_only):

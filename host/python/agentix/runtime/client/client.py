@@ -52,7 +52,7 @@ from agentix.runtime.client.feeds import Feed, ensure_feeds, reopen_lost_feeds, 
 from agentix.runtime.client.namespaces import NamespaceSet, NamespaceStream, NativeNamespaceStream
 from agentix.runtime.client.reconnect import ReconnectPolicy
 from agentix.runtime.client.result import Failed, Ok, Result
-from agentix.runtime.client.pending import MAX_RESULT_BYTES, STREAM_END, PendingCall, SideBarrier, StartRequest
+from agentix.runtime.client.pending import MAX_RESULT_BYTES, STREAM_END, CallFuture, PendingCall, SideBarrier, StartRequest
 from agentix.runtime.client.stream import CallsStream
 from agentix.runtime.client import wire
 from agentix.runtime.client.target import grpc_target
@@ -332,10 +332,13 @@ class RuntimeClient:
 
         # Registering and starting happen without yielding to the loop right after
         # _live_stream() saw the stream alive, so a loss cannot slip in between.
+        loop = asyncio.get_running_loop()
         call = PendingCall(
             _call_ids.next(),
             display_name,
-            asyncio.get_running_loop().create_future(),
+            # Alone in flight: resumed by the callback that reads its result (no loop turn of its
+            # own); among others, one loop turn resumes many and a plain Future is cheaper to await.
+            loop.create_future() if self._pending else CallFuture(loop=loop),
             start=self._start_request(callable_ref, arguments, carrier, 0),
             max_result_bytes=self.max_result_bytes,
         )

@@ -44,11 +44,13 @@ from agentix.runtime.client.chunking import CHUNK_BYTES, Upload, first_chunk
 from agentix.runtime.client.errors import ResultTooLarge
 from agentix.runtime.client.pending import (
     MAX_RESULT_BYTES,
+    CallFuture,
     STREAM_END,
     Outcome,
     PendingCall,
     SideBarrier,
     StartRequest,
+    remote_error_outcome,
 )
 from agentix.runtime.shared.models import RemoteError
 from agentix.runtime.v1 import runtime_pb2 as pb
@@ -101,20 +103,6 @@ def _batch_pieces(batch: list[pb.HostEvent | list]) -> list:
     return pieces
 
 
-def remote_error_from_proto(error: pb.RemoteError) -> RemoteError:
-    """Converts the wire `RemoteError`; empty tracebacks become None."""
-    return RemoteError(
-        type=error.type,
-        message=error.message,
-        traceback=error.traceback or None,
-        cancelled=error.cancelled,
-        returncode=error.returncode if error.HasField("returncode") else None,
-        type_module=error.type_module or None,
-        type_qualname=error.type_qualname or None,
-        state=error.state or None,
-    )
-
-
 class CallsStream:
     """Drives one open ``Calls`` RPC; see the module docstring.
 
@@ -157,6 +145,8 @@ class CallsStream:
         self._ack_timer: asyncio.TimerHandle | None = None
         self._closing = False
         self._lost = False
+        # While NativeCallsStream routes a read: the CallFutures it settled, woken after it.
+        self._woken: list[CallFuture] | None = None
 
     @property
     def alive(self) -> bool:
@@ -390,7 +380,7 @@ class CallsStream:
             if failure.log_seq or failure.trace_seq:
                 self._set_barrier(failure.call_id, failure.log_seq, failure.trace_seq)
             if failure.HasField("error"):
-                outcome = remote_error_from_proto(failure.error)
+                outcome = remote_error_outcome(failure.error)
             else:
                 outcome = RemoteError(type="MalformedError", message="the runtime reported an error without details")
             if not failure.call_id:
@@ -501,7 +491,7 @@ class CallsStream:
             if isinstance(outcome, ResultTooLarge):
                 call.fail(outcome)
             else:
-                call.settle(outcome)
+                call.settle(outcome, self._woken)
         if self._uploads_by_id:  # (no call per result when nothing uploads)
             self._drop_upload(call_id)
         self._acks.append(call_id)
@@ -548,7 +538,9 @@ class NativeCallsStream(CallsStream):
     only a second event schedules that flush, so a lone call costs no extra
     loop turn), and what queues up in the transport while a write is in flight is joined
     into its next message. Responses are taken from it in a
-    ``loop.add_reader`` callback on its eventfd. Batching is `CallsStream`'s:
+    ``loop.add_reader`` callback on its eventfd, which also resumes the
+    tasks of the calls it settled that await a `CallFuture` (a call alone in
+    flight) before it returns. Batching is `CallsStream`'s:
     acks ride along with the next write, arguments over `CHUNK_BYTES` are
     uploaded in chunks taken in turn with the other events; an upload stops
     once `NATIVE_WRITE_AHEAD` bytes are waiting in the transport and goes on
@@ -578,6 +570,22 @@ class NativeCallsStream(CallsStream):
         self._deferral_scheduled = False
         self._half_closed = False
         self._flushed: asyncio.Future | None = None  # aclose() waits for it
+
+    def _enqueue(self, size: int, event: pb.HostEvent | list, upload: Upload | None = None) -> None:
+        if (self._deferred or self._queue or self._uploads or upload is not None or self._throttled
+                or type(event) is not list or not self.alive):
+            self._queue.append((size, event, upload))
+            self._kick()
+            return
+        # A lone encoded event (a StartCall of sequential calls) on an idle stream: what `_kick` and
+        # `_flush` would write (the waiting acks, then the event), without the queue and the batch.
+        if self._acks:
+            event.insert(0, self._take_acks()[0])
+        self._deferred = True
+        try:
+            self._transport.write(event)  # < 0: the stream is ending, drain() brings its status
+        except Exception as exc:  # the transport refused: the stream is unusable
+            self._report_lost(exc)
 
     def _kick(self) -> None:
         if self._lost or self._throttled:
@@ -622,6 +630,16 @@ class NativeCallsStream(CallsStream):
             self._report_lost(exc)
 
     def _on_readable(self) -> None:
+        # Tasks of calls settled here resume before it returns, not one loop iteration later.
+        outer, self._woken = self._woken, []
+        try:
+            self._read_responses()
+        finally:
+            woken, self._woken = self._woken, outer
+            for future in woken:
+                future.wake()
+
+    def _read_responses(self) -> None:
         route = self._route
         if not self._deferral_scheduled:
             # A response: the loop has been round since the last write (or
