@@ -39,7 +39,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream, ReplayedOnce
+from agentix.runtime.client.subscription import ReplayedOnce, SeqCursor, SubscriptionStream, native_decoder
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.utils.log._config import ContextRecordFactory
 
@@ -47,6 +47,7 @@ __all__ = [
     "DEFAULT_LOGGER",
     "DEFAULT_MAX_SANDBOX_LOGGERS",
     "FALLBACK_LOGGER",
+    "decode_response",
     "LogCursor",
     "LogsStream",
     "MAX_LOGGER_NAME_CHARS",
@@ -132,8 +133,32 @@ def decode_extras(data: bytes) -> dict[str, object]:
     return {key: item for key, item in extras.items() if key not in _RESERVED_KEYS}
 
 
+def decode_response(message: bytes) -> tuple[str, Sequence[Any]]:
+    """The instance id and the records of a serialized `LogsResponse`.
+
+    The records are the native decoder's ``LogRecordFields`` (attributes
+    named and valued as `pb.LogRecord`'s fields; ``_native_calls.log_records``)
+    when the package has its native module and the decoder reads the bytes,
+    else protobuf's `pb.LogRecord` messages; replay takes either. Bytes that
+    are not a LogsResponse raise protobuf's DecodeError."""
+    global _native_log_records
+    decoder = _native_log_records
+    if decoder is None:  # first use: the native module loads grpc++
+        decoder = _native_log_records = native_decoder("log_records")
+    decoded = decoder(message)
+    if decoded is not None:
+        return decoded
+    response = pb.LogsResponse.FromString(message)
+    return response.instance_id, response.records
+
+
+_native_log_records: Callable[[bytes], tuple[str, list[Any]] | None] | None = None
+
+
 def replay_record(record: pb.LogRecord) -> None:
-    """Hands one sandbox record to the host's logging, as if logged here.
+    """Hands one sandbox record (a `pb.LogRecord`, or the native decoder's
+    fields of one, see `decode_response`) to the host's logging, as if logged
+    here.
 
     Logger ``record.logger`` (or `DEFAULT_LOGGER`; `FALLBACK_LOGGER` for a
     name the host does not take, see the module docstring); nothing happens
@@ -538,10 +563,10 @@ class LogsStream(SubscriptionStream):
     def _ack_request(self, seq: int) -> pb.LogsRequest:
         return pb.LogsRequest(ack=pb.AckLogs(seq=seq))
 
-    def _items(self, response: pb.LogsResponse) -> Sequence[pb.LogRecord]:
-        return response.records
+    def _decode(self, message: bytes) -> tuple[str, Sequence[Any]]:
+        return decode_response(message)
 
-    def _batch_replayer(self) -> Callable[[pb.LogRecord], None]:
+    def _batch_replayer(self) -> Callable[[Any], None]:
         return RecordBatch().replay
 
     def _describe(self, item: pb.LogRecord) -> str:
