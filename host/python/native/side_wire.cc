@@ -210,11 +210,15 @@ bool DecodeTraceEvent(std::string_view bytes, TraceEventView* out) {
 }
 
 // {1: repeated Item, 2: instance_id}, the shape of both responses.
+// `typical_item_bytes`: a low guess of an item's size, to reserve the items
+// once for a whole response.
 template <typename View, typename Item>
 std::optional<View> DecodeResponse(std::string_view bytes,
                                    bool (*decode_item)(std::string_view, Item*),
-                                   std::vector<Item> View::*items) {
+                                   std::vector<Item> View::*items,
+                                   size_t typical_item_bytes) {
   View response;
+  (response.*items).reserve(bytes.size() / typical_item_bytes);
   const bool read = ReadFields(bytes, [&](WireReader& in, uint32_t field,
                                           int wire_type) {
     std::string_view value;
@@ -236,13 +240,13 @@ std::optional<View> DecodeResponse(std::string_view bytes,
 
 std::optional<LogsResponseView> DecodeLogsResponse(std::string_view bytes) {
   return DecodeResponse<LogsResponseView>(bytes, DecodeLogRecord,
-                                          &LogsResponseView::records);
+                                          &LogsResponseView::records, 64);
 }
 
 std::optional<TracesResponseView> DecodeTracesResponse(
     std::string_view bytes) {
   return DecodeResponse<TracesResponseView>(bytes, DecodeTraceEvent,
-                                            &TracesResponseView::events);
+                                            &TracesResponseView::events, 96);
 }
 
 }  // namespace agentix::host

@@ -293,17 +293,24 @@ class SubscriptionStream:
         cursor = self._cursor
         replay = self._batch_replayer()
         once = self._replayed_once
+        # Only this thread moves the cursor while a batch is replayed (the
+        # loop awaits it), so its seq and instance are read once.
+        instance_id = cursor.instance_id
+        last = cursor.last_seq
         for item in items:
-            if item.seq <= cursor.last_seq:
+            seq = item.seq
+            if seq <= last:
                 continue
-            if not item.call_id and cursor.instance_id:
+            if not item.call_id and instance_id:
                 with once.replay_lock:
-                    if once.first_time(cursor.instance_id, item.seq):
+                    if once.first_time(instance_id, seq):
                         self._replay_one(replay, item)
-                cursor.last_seq = item.seq  # replayed here or by another client
-                continue
-            self._replay_one(replay, item)
-            cursor.last_seq = item.seq
+            else:
+                try:  # (_replay_one, inlined: the per-item path)
+                    replay(item)
+                except Exception:
+                    self._report_failure(item)
+            cursor.last_seq = last = seq  # replayed here or by another client
 
     def _replay_one(self, replay: Callable[[Any], None], item: Any) -> None:
         try:
