@@ -190,10 +190,11 @@ class RecordBatch:
     logger class, take ``makeRecord`` itself.
     """
 
-    __slots__ = ("_template", "_relative_ms")
+    __slots__ = ("_template", "_relative_ms", "_bases")
 
     def __init__(self, template: bool = True) -> None:
         self._template = None
+        self._bases: dict[tuple, dict[str, Any]] = {}
         if template and _is_stdlib_factory(logging.getLogRecordFactory()):
             made = logging.LogRecord("", logging.INFO, "", 0, "", (), None)
             self._template = vars(made)
@@ -227,37 +228,66 @@ class RecordBatch:
         logger.handle(replayed)
 
     def _from_template(
-        self, template: dict[str, Any], name: str, level: int, record: pb.LogRecord, wire_name: str, nanos: int
+        self, template: dict[str, Any], name: str, level: int, record: Any, wire_name: str, nanos: int
     ) -> logging.LogRecord:
-        attrs = template.copy()
+        # Records of one batch mostly repeat their logger, level, place and
+        # ids: the attributes those give are worked out once per distinct
+        # combination (a copy of the template with them), and each record is
+        # a copy of that plus what is its own.
         path = record.file
-        filename, module = _file_parts.get(path) or _split_path(path)
+        key = (name, level, wire_name, path, record.module, record.function, record.context, record.call_id,
+               record.worker_id, record.origin, record.level_name)
+        base = self._bases.get(key)
+        if base is None:
+            base = self._base(template, key)
+        attrs = base.copy()
         created = nanos / 1e9
-        # _level_name(logging.getLevelName(level), record), with the common
-        # case (a level the host names) as one dict lookup.
-        levelname = _level_to_name.get(level)
-        if levelname is None or levelname.startswith("Level "):
-            levelname = _level_name(logging.getLevelName(level), record)
-        # One dict of every wire-given attribute; _sandbox_fields' are written
-        # out here rather than merged from its dict (one dict and call less
-        # per record on the replay's hot path): keep the two in step.
         attrs.update({
-            "name": name, "msg": record.message, "args": (), "levelno": level, "agentix_logger": wire_name,
-            "levelname": levelname, "pathname": path, "filename": filename,
-            "module": record.module or module, "exc_info": None, "lineno": record.line,
-            "created": created, "msecs": float(nanos % 1_000_000_000 // 1_000_000),
+            "msg": record.message, "lineno": record.line, "created": created,
+            "msecs": float(nanos % 1_000_000_000 // 1_000_000),
             "relativeCreated": created * 1000 + self._relative_ms,
-            "funcName": record.function,
             "exc_text": record.exception_text or None,
             "stack_info": record.stack_info or None,
-            "agentix_context": record.context or _DEFAULT_CONTEXT,
-            "agentix_call_id": record.call_id,
-            "agentix_worker_id": record.worker_id,
-            "agentix_origin": _ORIGINS.get(record.origin, "unspecified"),
         })
         replayed = _new_record(logging.LogRecord)
         replayed.__dict__ = attrs
         return replayed
+
+    def _base(self, template: dict[str, Any], key: tuple) -> dict[str, Any]:
+        """The template plus the attributes `key`'s fields give (see
+        _from_template), kept for the batch (at most _BASES_PER_BATCH)."""
+        name, level, wire_name, path, wire_module, function, context, call_id, worker_id, origin, level_name = key
+        filename, module = _file_parts.get(path) or _split_path(path)
+        # _level_name(logging.getLevelName(level), record), with the common
+        # case (a level the host names) as one dict lookup.
+        levelname = _level_to_name.get(level)
+        if levelname is None or levelname.startswith("Level "):
+            host_name = logging.getLevelName(level)
+            levelname = level_name if level_name and host_name == f"Level {level}" else host_name
+        # Every attribute _sandbox_fields gives is written out here too
+        # (rather than merged from its dict): keep the two in step.
+        base = template.copy()
+        base.update({
+            "name": name, "args": (), "levelno": level, "agentix_logger": wire_name,
+            "levelname": levelname, "pathname": path, "filename": filename,
+            "module": wire_module or module, "exc_info": None,
+            "funcName": function,
+            "agentix_context": context or _DEFAULT_CONTEXT,
+            "agentix_call_id": call_id,
+            "agentix_worker_id": worker_id,
+            "agentix_origin": _ORIGINS.get(origin, "unspecified"),
+            # Set per record (here so that every copy has its keys already).
+            "msg": None, "lineno": 0, "created": 0.0, "msecs": 0.0, "relativeCreated": 0.0,
+            "exc_text": None, "stack_info": None,
+        })
+        if len(self._bases) >= _BASES_PER_BATCH:
+            self._bases.clear()
+        self._bases[key] = base
+        return base
+
+
+# Distinct (logger, level, place, ids) combinations a RecordBatch keeps.
+_BASES_PER_BATCH = 64
 
 
 def _made_record(logger: logging.Logger, level: int, record: pb.LogRecord) -> logging.LogRecord:
