@@ -514,7 +514,7 @@ PyMethodDef kModuleMethods[] = {
      "(malformed, or a form this decoder does not read; see side_wire.h)."},
     {"trace_events", agentix::host::TraceEvents, METH_O,
      "trace_events(message) -> (instance_id, [TraceEventFields, ...]) | None: a serialized TracesResponse's "
-     "events (attributes as (key, value) pairs; no OpenTelemetry ids), or None as log_records."},
+     "events (attributes and events as tuples, attributes as (key, value) pairs; no OpenTelemetry ids), or None as log_records."},
     {nullptr, nullptr, 0, nullptr},
 };
 

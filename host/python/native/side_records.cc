@@ -33,8 +33,8 @@ PyStructSequence_Desc kLogRecordDesc = {
     kLogRecordFields, 17};
 
 // TraceEvent without the OpenTelemetry ids (3-5). attributes / error_data:
-// lists of (key, value) pairs, value the set oneof member's Python value or
-// None; events: SpanEventFields.
+// tuples of (key, value) pairs, value the set oneof member's Python value or
+// None; events: a tuple of SpanEventFields.
 PyStructSequence_Field kTraceEventFields[] = {
     {"seq", nullptr},
     {"kind", nullptr},
@@ -193,10 +193,11 @@ PyObject* AttributeValue(const AttributeView& attribute) {
   return Py_NewRef(Py_None);
 }
 
-// [(key, value), ...]; the first keys' objects repeat across items when
+// ((key, value), ...): a tuple, not a list (one allocation; the empty one
+// is a singleton). The first keys' objects repeat across items when
 // `texts` is given.
 PyObject* AttributeList(const std::vector<AttributeView>& attributes, Texts* texts) {
-  PyObject* list = PyList_New(static_cast<Py_ssize_t>(attributes.size()));
+  PyObject* list = PyTuple_New(static_cast<Py_ssize_t>(attributes.size()));
   if (list == nullptr) return nullptr;
   for (size_t i = 0; i < attributes.size(); ++i) {
     const AttributeView& attribute = attributes[i];
@@ -210,13 +211,14 @@ PyObject* AttributeList(const std::vector<AttributeView>& attributes, Texts* tex
       Py_DECREF(list);
       return nullptr;
     }
-    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), pair);
+    PyTuple_SET_ITEM(list, static_cast<Py_ssize_t>(i), pair);
   }
   return list;
 }
 
+// (SpanEventFields, ...), a tuple as AttributeList's.
 PyObject* SpanEventList(const std::vector<SpanEventView>& events) {
-  PyObject* list = PyList_New(static_cast<Py_ssize_t>(events.size()));
+  PyObject* list = PyTuple_New(static_cast<Py_ssize_t>(events.size()));
   if (list == nullptr) return nullptr;
   for (size_t i = 0; i < events.size(); ++i) {
     PyObject* item = PyStructSequence_New(span_event_type);
@@ -231,7 +233,7 @@ PyObject* SpanEventList(const std::vector<SpanEventView>& events) {
       Py_DECREF(list);
       return nullptr;
     }
-    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), item);
+    PyTuple_SET_ITEM(list, static_cast<Py_ssize_t>(i), item);
   }
   return list;
 }

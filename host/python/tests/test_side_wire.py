@@ -102,8 +102,9 @@ def test_records_and_events_read_as_protobuf_reads_them():
 
     assert native_traces(sample_traces()) == protobuf_traces(sample_traces())
     _, events = trace_events(sample_traces())
-    assert events[1].attributes == [("flag", True), ("i", -9), ("ratio", 0.5), ("blob", b"\xff\x00"), ("s", "x")]
-    assert events[1].events[0].attributes == [("unset", None)]
+    assert events[1].attributes == (("flag", True), ("i", -9), ("ratio", 0.5), ("blob", b"\xff\x00"), ("s", "x"))
+    assert events[1].events[0].attributes == (("unset", None),)
+    assert events[0].events == () and events[0].error_data == ()
     assert log_records(b"") == ("", []) and trace_events(b"") == ("", [])
 
 
