@@ -251,3 +251,25 @@ async def test_bytes_that_are_no_response_end_the_stream_and_are_reported(stream
     assert len(rpc.written) == 2
     assert any("stream failed" in r.getMessage() and "DecodeError" in r.getMessage() for r in caplog.records)
     await stream.aclose()
+
+
+def test_without_the_native_module_responses_take_protobufs_path(monkeypatch):
+    import sys
+
+    import agentix.runtime.client as client_package
+    from agentix.runtime.client import subscription
+
+    # As in the pure wheel: importing _native_calls fails.
+    monkeypatch.delattr(client_package, "_native_calls")
+    monkeypatch.setitem(sys.modules, "agentix.runtime.client._native_calls", None)
+    decoder = subscription.native_decoder("trace_events")
+    assert decoder(sample_traces()) is None
+    monkeypatch.setattr(traces, "_native_trace_events", decoder)
+    monkeypatch.setattr(logs, "_native_log_records", subscription.native_decoder("log_records"))
+    instance_id, events = traces.decode_response(sample_traces())
+    assert instance_id == "d41d8cd98f00b204" and isinstance(events[0], pb.TraceEvent)
+    assert [trace_fields(event) for event in events] == protobuf_traces(sample_traces())[1]
+    _, records = logs.decode_response(sample_logs())
+    assert isinstance(records[0], pb.LogRecord)
+    with pytest.raises(DecodeError):
+        logs.decode_response(sample_logs()[:-3])
