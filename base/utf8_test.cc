@@ -24,6 +24,28 @@ TEST_CASE("UTF-8 validation follows RFC 3629", "[utf8]") {
   }
 }
 
+TEST_CASE("Sequences inside long ASCII text are judged the same", "[utf8]") {
+  // IsValidUtf8 skips ASCII eight bytes at a time: put each sequence at
+  // every offset of a longer ASCII text, and a cut one at its end.
+  const std::string ascii = "0123456789abcdefghijklmnopqrstu";
+  for (const char* valid : {"\xc2\x80", "\xe2\x82\xac", "\xf4\x8f\xbf\xbf"}) {
+    for (size_t at = 0; at <= ascii.size(); ++at) {
+      const std::string text = ascii.substr(0, at) + valid + ascii.substr(at);
+      CAPTURE(at, text);
+      CHECK(IsValidUtf8(text));
+      CHECK_FALSE(IsValidUtf8(text.substr(0, at + 1)));  // cut inside it
+    }
+  }
+  for (const char* invalid : {"\x80", "\xc0\x80", "\xed\xa0\x80", "\xff"}) {
+    for (size_t at = 0; at <= ascii.size(); ++at) {
+      const std::string text = ascii.substr(0, at) + invalid + ascii.substr(at);
+      CAPTURE(at, text);
+      CHECK_FALSE(IsValidUtf8(text));
+    }
+  }
+  CHECK(IsValidUtf8(ascii + ascii));
+}
+
 TEST_CASE("A sequence's length, and the invalid prefix Python replaces",
           "[utf8]") {
   size_t invalid = 0;

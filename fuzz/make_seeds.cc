@@ -276,6 +276,60 @@ bool WriteNamespaceSeeds(const std::string& dir) {
          Write(dir, "events", events.SerializeAsString());
 }
 
+// side_wire_fuzzer: a first byte (0: LogsResponse, 1: TracesResponse), then
+// the message.
+bool WriteSideSeeds(const std::string& dir) {
+  using namespace agentix::runtime::v1;
+  LogsResponse logs;
+  logs.set_instance_id("d41d8cd98f00b204");
+  LogRecord* record = logs.add_records();
+  record->set_seq(7);
+  record->set_logger("bench.side");
+  record->set_level(20);
+  record->set_level_name("INFO");
+  record->set_message("side-channel record 7 température");
+  record->set_time_unix_nanos(1764670000123456789);
+  record->set_file("/sandbox/side_targets.py");
+  record->set_line(31);
+  record->set_function("log_burst");
+  record->set_origin(LOG_ORIGIN_LOGGING);
+  record->set_worker_id("1a2b3c4d");
+  record->set_call_id("call-1");
+  record->set_context("sandbox-host-worker-1a2b3c4d");
+  record->set_extras("\x81\xa1k\x01");
+  logs.add_records()->set_exception_text("Traceback ...");
+  TracesResponse traces;
+  traces.set_instance_id("d41d8cd98f00b204");
+  TraceEvent* start = traces.add_events();
+  start->set_seq(1);
+  start->set_kind(TRACE_EVENT_KIND_TRACE_START);
+  start->set_agentix_trace_id("trace_0123456789abcdef0123456789abcdef");
+  start->set_trace_id(std::string(16, '\x01'));
+  start->set_name("bench");
+  Attribute* meta = start->add_attributes();
+  meta->set_key("user");
+  meta->mutable_value()->set_string_value("x");
+  TraceEvent* end = traces.add_events();
+  end->set_seq(2);
+  end->set_kind(TRACE_EVENT_KIND_SPAN_END);
+  end->set_agentix_span_id("span_0123456789abcdef01234567");
+  end->set_name("s");
+  end->set_end_time_unix_nanos(2);
+  Attribute* number = end->add_attributes();
+  number->set_key("i");
+  number->mutable_value()->set_int_value(-3);
+  Attribute* ratio = end->add_attributes();
+  ratio->set_key("r");
+  ratio->mutable_value()->set_double_value(0.5);
+  auto* event = end->add_events();
+  event->set_name("retry");
+  event->add_attributes()->mutable_value()->set_bool_value(true);
+  end->set_error_message("boom");
+  end->add_error_data()->mutable_value()->set_bytes_value("\xff");
+  return Write(dir, "logs", std::string(1, '\0') + logs.SerializeAsString()) &&
+         Write(dir, "traces", std::string(1, '\1') + traces.SerializeAsString());
+}
+
 // What a host sends on PATH.calls: HELLO, MESSAGEs, HALF_CLOSE, in one
 // stream, and the refused shapes (unknown kind, oversized length, a bad
 // HELLO), plus a daemon's STATUS.
@@ -355,6 +409,7 @@ int main(int argc, char** argv) {
   bool ok = WriteFrameSeeds(root + "/frame_fuzzer") &&
             WriteMsgpackSeeds(root + "/msgpack_convert_fuzzer") &&
             WriteNamespaceSeeds(root + "/namespace_wire_fuzzer") &&
+            WriteSideSeeds(root + "/side_wire_fuzzer") &&
             WriteSessionSeeds(root + "/session_fuzzer") &&
             WriteFrameWireSeeds(root + "/frame_wire_fuzzer");
   if (!ok) {

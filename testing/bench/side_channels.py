@@ -343,8 +343,10 @@ async def _measure(remote, impl: str, plan: Plan, log, cpu: _Cpu, batches=None) 
 class _Batches:
     """Diagnostics for ours: how many items each Logs / Traces response carried.
 
-    Wraps `_items` of the host package's stream classes in this (benchmark) process
-    only; every response passes through it once."""
+    Wraps `_decode` (a serialized response -> instance id, items) of the host
+    package's stream classes in this (benchmark) process only, or `_items` (a
+    parsed response -> items) of host packages before stop 23; every response
+    passes through it once."""
 
     def __init__(self):
         from agentix.runtime.client.logs import LogsStream
@@ -353,10 +355,18 @@ class _Batches:
         self.sizes = {"logs": [], "traces": []}
         self.bytes = {"logs": 0, "traces": 0}
         for name, cls in (("logs", LogsStream), ("traces", TracesStream)):
-            original = cls._items
             sizes = self.sizes[name]
+            if hasattr(cls, "_decode"):
+                def decode(stream, message, _original=cls._decode, _sizes=sizes, _name=name):
+                    result = _original(stream, message)
+                    _sizes.append(len(result[1]))
+                    self.bytes[_name] += len(message)
+                    return result
 
-            def items(stream, response, _original=original, _sizes=sizes, _name=name):
+                cls._decode = decode
+                continue
+
+            def items(stream, response, _original=cls._items, _sizes=sizes, _name=name):
                 result = _original(stream, response)
                 _sizes.append(len(result))
                 self.bytes[_name] += response.ByteSize()

@@ -20,12 +20,14 @@ kind serves every variant) is measured in every round (alternating order, so a
 noisy neighbour hits both); --agentix gives the directory holding the
 `agentix` package the sandbox imports (its trace module runs there too).
 Medians over the rounds are printed: the worker's threads by name, its
-`total`, and `host` / `daemon` (this process, all threads; the daemon's
-process) per record / span.
+`total`, `host` / `daemon` (this process, all threads; the daemon's
+process) and the host's threads by role (`host:loop`, `host:replay`,
+`host:other`; see host_thread_cpu_ns) per record / span.
 """
 
 import argparse
 import asyncio
+import glob
 import logging
 import os
 import shutil
@@ -33,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -82,6 +85,28 @@ def install_counters():
     return records, spans
 
 
+def host_thread_cpu_ns():
+    """This process's on-CPU ns by role: "host:loop" (the main thread, which
+    runs the event loop), "host:replay" (asyncio's to_thread pool, where
+    log and span replay runs), "host:other" (gRPC's own threads and the
+    rest). CPython 3.11 does not name its threads for the OS, so they are
+    told apart by native thread id."""
+    roles = {threading.main_thread().native_id: "host:loop"}
+    for thread in threading.enumerate():
+        if thread.name.startswith("asyncio_"):
+            roles[thread.native_id] = "host:replay"
+    out = {}
+    for task in glob.glob("/proc/self/task/*"):
+        try:
+            with open(f"{task}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except OSError:
+            continue  # the thread ended meanwhile
+        role = roles.get(int(os.path.basename(task)), "host:other")
+        out[role] = out.get(role, 0) + ns
+    return out
+
+
 def process_cpu_ns(pid):
     return sum(procs.thread_cpu_ns(pid).values())
 
@@ -89,21 +114,25 @@ def process_cpu_ns(pid):
 async def burst(client, worker_pid, daemon_pid, fn, n, counter):
     counter.count = 0
     before = procs.thread_cpu_ns(worker_pid)
-    host_before, daemon_before = process_cpu_ns(os.getpid()), process_cpu_ns(daemon_pid)
+    host_before, daemon_before = host_thread_cpu_ns(), process_cpu_ns(daemon_pid)
     start = time.perf_counter()
     await client.remote(fn, n)
     await counter.wait_for(n)
     wall = time.perf_counter() - start
     time.sleep(0.02)  # the sender thread may still be returning from a write
     after = procs.thread_cpu_ns(worker_pid)
-    host = (process_cpu_ns(os.getpid()) - host_before) / 1e3 / n
+    host_after = host_thread_cpu_ns()
+    host = (sum(host_after.values()) - sum(host_before.values())) / 1e3 / n
     daemon = (process_cpu_ns(daemon_pid) - daemon_before) / 1e3 / n
     if counter.count != n:
         raise AssertionError(f"{counter.count} arrived, {n} sent")
     per_thread = {name: (after[name] - before.get(name, 0)) / 1e3 / n
                   for name in after}
+    host_threads = {}
+    for name, ns in host_after.items():
+        host_threads[name] = host_threads.get(name, 0.0) + (ns - host_before.get(name, 0)) / 1e3 / n
     return {"total": sum(per_thread.values()), "rate": n / wall, "host": host,
-            "daemon": daemon, **per_thread}
+            "daemon": daemon, **per_thread, **host_threads}
 
 
 async def measure(sock, daemon_pid, records_n, spans_n, counters):

@@ -28,6 +28,7 @@
 #include "base/mutex_tuning.h"
 #include "host/python/native/calls_reactor.h"
 #include "host/python/native/namespace_wire.h"
+#include "host/python/native/side_records.h"
 
 namespace {
 
@@ -507,6 +508,13 @@ PyMethodDef kModuleMethods[] = {
      "namespace_events(message) -> (opened, [(event, data), ...]) | None: the parts of a serialized "
      "NamespaceResponse the host acts on, or None when only protobuf should judge the bytes (malformed, "
      "or a form this decoder does not read; see namespace_wire.h)."},
+    {"log_records", agentix::host::LogRecords, METH_O,
+     "log_records(message) -> (instance_id, [LogRecordFields, ...]) | None: a serialized LogsResponse's "
+     "records, attributes named as LogRecord's fields, or None when only protobuf should judge the bytes "
+     "(malformed, or a form this decoder does not read; see side_wire.h)."},
+    {"trace_events", agentix::host::TraceEvents, METH_O,
+     "trace_events(message) -> (instance_id, [TraceEventFields, ...]) | None: a serialized TracesResponse's "
+     "events (attributes and events as tuples, attributes as (key, value) pairs; no OpenTelemetry ids), or None as log_records."},
     {nullptr, nullptr, 0, nullptr},
 };
 
@@ -541,7 +549,8 @@ PyMODINIT_FUNC PyInit__native_calls() {
   TransportType.tp_methods = kTransportMethods;
 
   kModule.m_name = "agentix.runtime.client._native_calls";
-  kModule.m_doc = "The host's Calls and Namespace streams over grpc++ (stream.NativeCallsStream, namespaces.NativeNamespaceStream).";
+  kModule.m_doc = "The host's Calls and Namespace streams over grpc++ (stream.NativeCallsStream, "
+                  "namespaces.NativeNamespaceStream), and decoders of the Namespace, Logs and Traces responses.";
   kModule.m_size = -1;
   kModule.m_methods = kModuleMethods;
 
@@ -549,7 +558,8 @@ PyMODINIT_FUNC PyInit__native_calls() {
   PyObject* module = PyModule_Create(&kModule);
   if (module == nullptr) return nullptr;
   if (PyModule_AddObjectRef(module, "Channel", reinterpret_cast<PyObject*>(&ChannelType)) < 0 ||
-      PyModule_AddObjectRef(module, "CallsTransport", reinterpret_cast<PyObject*>(&TransportType)) < 0) {
+      PyModule_AddObjectRef(module, "CallsTransport", reinterpret_cast<PyObject*>(&TransportType)) < 0 ||
+      !agentix::host::AddSideRecordTypes(module)) {
     Py_DECREF(module);
     return nullptr;
   }

@@ -327,6 +327,22 @@ _WIRE_RECORDS = [
     log_record(4, "no name known", level=7, level_name="", time_unix_nanos=1_000_000_000, file="weird.name.py"),
     log_record(5, "unnamed logger", logger="", time_unix_nanos=2_000_000_000, origin=pb.LOG_ORIGIN_RUNTIME),
 ]
+# A batch keeps what records of one logger, level, place and ids share
+# (RecordBatch._base): records that repeat the first's, or differ from it in
+# one of those fields, must still each get their own attributes.
+_WIRE_RECORDS += [
+    log_record(6, "same place, other line and time", time_unix_nanos=1_700_000_001_000_000_000,
+               file="/app/pkg/tools.py", line=43, function="run", worker_id="w1", call_id="c1", context="ctx"),
+    log_record(7, "other call", time_unix_nanos=1_700_000_002_000_000_000, file="/app/pkg/tools.py", line=42,
+               function="run", worker_id="w1", call_id="c2", context="ctx"),
+    log_record(8, "other function, worker, context", time_unix_nanos=1_700_000_002_000_000_000,
+               file="/app/pkg/tools.py", line=42, function="walk", worker_id="w2", context="ctx2"),
+    log_record(9, "other level name", level=25, level_name="NOTE", time_unix_nanos=7, file="",
+               origin=pb.LOG_ORIGIN_STDOUT),
+    log_record(10, "other module", level=logging.ERROR, level_name="ERROR", time_unix_nanos=5,
+               file="/app/pkg/tools.py", module="third"),
+    log_record(11, "other origin", time_unix_nanos=2_000_000_000, origin=pb.LOG_ORIGIN_STDERR, logger=""),
+]
 
 
 @pytest.mark.parametrize("configured", [False, True], ids=["stdlib factory", "configure_logging factory"])
@@ -361,6 +377,17 @@ async def test_batch_replay_makes_the_records_makerecord_makes(capture, configur
         assert got.pop("relativeCreated") == pytest.approx(want.pop("relativeCreated"))
         assert got == want
         assert type(made) is logging.LogRecord
+
+
+async def test_a_batch_keeps_a_bounded_number_of_shared_attribute_sets(capture):
+    from agentix.runtime.client import logs
+
+    handler = capture("sandbox.test", level=1)
+    batch = logs.RecordBatch()
+    for seq in range(1, 301):
+        batch.replay(log_record(seq, "m", time_unix_nanos=1, call_id=f"call-{seq}"))
+    assert len(batch._bases) <= logs._BASES_PER_BATCH
+    assert [record.agentix_call_id for record in handler.records] == [f"call-{seq}" for seq in range(1, 301)]
 
 
 async def test_a_custom_record_factory_is_used(capture):

@@ -19,7 +19,6 @@ from typing import Any, Generic, TypeVar
 import grpc
 
 from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream
-from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
 
 __all__ = ["BARRIER_IDLE_SECONDS", "Feed", "ensure_feeds", "reopen_lost_feeds", "settle_feeds", "wait_barrier"]
 
@@ -56,7 +55,7 @@ class Feed(Generic[S]):
         previous = self.stream
         if previous is not None and previous.alive and self.channel is channel:
             return
-        rpc = getattr(pb_grpc.RuntimeServiceStub(channel), self.stream_type.rpc_name)(metadata=metadata)
+        rpc = self.stream_type.open_rpc(channel, metadata)
         self.stream = self.stream_type(rpc, self.cursor, self._not_implemented, previous=previous)
         self.channel = channel
 

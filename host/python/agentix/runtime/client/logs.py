@@ -39,7 +39,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream, ReplayedOnce
+from agentix.runtime.client.subscription import ReplayedOnce, SeqCursor, SubscriptionStream, native_decoder
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.utils.log._config import ContextRecordFactory
 
@@ -47,6 +47,7 @@ __all__ = [
     "DEFAULT_LOGGER",
     "DEFAULT_MAX_SANDBOX_LOGGERS",
     "FALLBACK_LOGGER",
+    "decode_response",
     "LogCursor",
     "LogsStream",
     "MAX_LOGGER_NAME_CHARS",
@@ -132,8 +133,32 @@ def decode_extras(data: bytes) -> dict[str, object]:
     return {key: item for key, item in extras.items() if key not in _RESERVED_KEYS}
 
 
+def decode_response(message: bytes) -> tuple[str, Sequence[Any]]:
+    """The instance id and the records of a serialized `LogsResponse`.
+
+    The records are the native decoder's ``LogRecordFields`` (attributes
+    named and valued as `pb.LogRecord`'s fields; ``_native_calls.log_records``)
+    when the package has its native module and the decoder reads the bytes,
+    else protobuf's `pb.LogRecord` messages; replay takes either. Bytes that
+    are not a LogsResponse raise protobuf's DecodeError."""
+    global _native_log_records
+    decoder = _native_log_records
+    if decoder is None:  # first use: the native module loads grpc++
+        decoder = _native_log_records = native_decoder("log_records")
+    decoded = decoder(message)
+    if decoded is not None:
+        return decoded
+    response = pb.LogsResponse.FromString(message)
+    return response.instance_id, response.records
+
+
+_native_log_records: Callable[[bytes], tuple[str, list[Any]] | None] | None = None
+
+
 def replay_record(record: pb.LogRecord) -> None:
-    """Hands one sandbox record to the host's logging, as if logged here.
+    """Hands one sandbox record (a `pb.LogRecord`, or the native decoder's
+    fields of one, see `decode_response`) to the host's logging, as if logged
+    here.
 
     Logger ``record.logger`` (or `DEFAULT_LOGGER`; `FALLBACK_LOGGER` for a
     name the host does not take, see the module docstring); nothing happens
@@ -165,10 +190,11 @@ class RecordBatch:
     logger class, take ``makeRecord`` itself.
     """
 
-    __slots__ = ("_template", "_relative_ms")
+    __slots__ = ("_template", "_relative_ms", "_bases")
 
     def __init__(self, template: bool = True) -> None:
         self._template = None
+        self._bases: dict[tuple, dict[str, Any]] = {}
         if template and _is_stdlib_factory(logging.getLogRecordFactory()):
             made = logging.LogRecord("", logging.INFO, "", 0, "", (), None)
             self._template = vars(made)
@@ -202,37 +228,66 @@ class RecordBatch:
         logger.handle(replayed)
 
     def _from_template(
-        self, template: dict[str, Any], name: str, level: int, record: pb.LogRecord, wire_name: str, nanos: int
+        self, template: dict[str, Any], name: str, level: int, record: Any, wire_name: str, nanos: int
     ) -> logging.LogRecord:
-        attrs = template.copy()
+        # Records of one batch mostly repeat their logger, level, place and
+        # ids: the attributes those give are worked out once per distinct
+        # combination (a copy of the template with them), and each record is
+        # a copy of that plus what is its own.
         path = record.file
-        filename, module = _file_parts.get(path) or _split_path(path)
+        key = (name, level, wire_name, path, record.module, record.function, record.context, record.call_id,
+               record.worker_id, record.origin, record.level_name)
+        base = self._bases.get(key)
+        if base is None:
+            base = self._base(template, key)
+        attrs = base.copy()
         created = nanos / 1e9
-        # _level_name(logging.getLevelName(level), record), with the common
-        # case (a level the host names) as one dict lookup.
-        levelname = _level_to_name.get(level)
-        if levelname is None or levelname.startswith("Level "):
-            levelname = _level_name(logging.getLevelName(level), record)
-        # One dict of every wire-given attribute; _sandbox_fields' are written
-        # out here rather than merged from its dict (one dict and call less
-        # per record on the replay's hot path): keep the two in step.
         attrs.update({
-            "name": name, "msg": record.message, "args": (), "levelno": level, "agentix_logger": wire_name,
-            "levelname": levelname, "pathname": path, "filename": filename,
-            "module": record.module or module, "exc_info": None, "lineno": record.line,
-            "created": created, "msecs": float(nanos % 1_000_000_000 // 1_000_000),
+            "msg": record.message, "lineno": record.line, "created": created,
+            "msecs": float(nanos % 1_000_000_000 // 1_000_000),
             "relativeCreated": created * 1000 + self._relative_ms,
-            "funcName": record.function,
             "exc_text": record.exception_text or None,
             "stack_info": record.stack_info or None,
-            "agentix_context": record.context or _DEFAULT_CONTEXT,
-            "agentix_call_id": record.call_id,
-            "agentix_worker_id": record.worker_id,
-            "agentix_origin": _ORIGINS.get(record.origin, "unspecified"),
         })
         replayed = _new_record(logging.LogRecord)
         replayed.__dict__ = attrs
         return replayed
+
+    def _base(self, template: dict[str, Any], key: tuple) -> dict[str, Any]:
+        """The template plus the attributes `key`'s fields give (see
+        _from_template), kept for the batch (at most _BASES_PER_BATCH)."""
+        name, level, wire_name, path, wire_module, function, context, call_id, worker_id, origin, level_name = key
+        filename, module = _file_parts.get(path) or _split_path(path)
+        # _level_name(logging.getLevelName(level), record), with the common
+        # case (a level the host names) as one dict lookup.
+        levelname = _level_to_name.get(level)
+        if levelname is None or levelname.startswith("Level "):
+            host_name = logging.getLevelName(level)
+            levelname = level_name if level_name and host_name == f"Level {level}" else host_name
+        # Every attribute _sandbox_fields gives is written out here too
+        # (rather than merged from its dict): keep the two in step.
+        base = template.copy()
+        base.update({
+            "name": name, "args": (), "levelno": level, "agentix_logger": wire_name,
+            "levelname": levelname, "pathname": path, "filename": filename,
+            "module": wire_module or module, "exc_info": None,
+            "funcName": function,
+            "agentix_context": context or _DEFAULT_CONTEXT,
+            "agentix_call_id": call_id,
+            "agentix_worker_id": worker_id,
+            "agentix_origin": _ORIGINS.get(origin, "unspecified"),
+            # Set per record (here so that every copy has its keys already).
+            "msg": None, "lineno": 0, "created": 0.0, "msecs": 0.0, "relativeCreated": 0.0,
+            "exc_text": None, "stack_info": None,
+        })
+        if len(self._bases) >= _BASES_PER_BATCH:
+            self._bases.clear()
+        self._bases[key] = base
+        return base
+
+
+# Distinct (logger, level, place, ids) combinations a RecordBatch keeps.
+_BASES_PER_BATCH = 64
 
 
 def _made_record(logger: logging.Logger, level: int, record: pb.LogRecord) -> logging.LogRecord:
@@ -538,10 +593,10 @@ class LogsStream(SubscriptionStream):
     def _ack_request(self, seq: int) -> pb.LogsRequest:
         return pb.LogsRequest(ack=pb.AckLogs(seq=seq))
 
-    def _items(self, response: pb.LogsResponse) -> Sequence[pb.LogRecord]:
-        return response.records
+    def _decode(self, message: bytes) -> tuple[str, Sequence[Any]]:
+        return decode_response(message)
 
-    def _batch_replayer(self) -> Callable[[pb.LogRecord], None]:
+    def _batch_replayer(self) -> Callable[[Any], None]:
         return RecordBatch().replay
 
     def _describe(self, item: pb.LogRecord) -> str:

@@ -21,9 +21,29 @@ from typing import Any
 
 import grpc
 
-__all__ = ["SeqCursor", "SubscriptionStream"]
+__all__ = ["SeqCursor", "SubscriptionStream", "native_decoder"]
 
 _log = logging.getLogger("agentix.runtime.client")
+
+
+def _serialize(message: Any) -> bytes:
+    return message.SerializeToString()
+
+
+def native_decoder(name: str) -> Callable[[bytes], Any]:
+    """``_native_calls.<name>`` (``log_records`` / ``trace_events``: a
+    serialized response read without protobuf, or None for bytes it leaves
+    to protobuf), or, without the native module (the pure wheel), a function
+    that leaves every message to protobuf."""
+    try:
+        from agentix.runtime.client import _native_calls
+    except ImportError:
+        return _leave_to_protobuf
+    return getattr(_native_calls, name)
+
+
+def _leave_to_protobuf(message: bytes) -> None:
+    return None
 
 
 class ReplayedOnce:
@@ -92,7 +112,8 @@ class SubscriptionStream:
     stream not `alive` (the client re-opens it).
 
     Args:
-      rpc: the stream-stream call object (``stub.Logs()`` / ``stub.Traces()``).
+      rpc: the stream-stream call object (`open_rpc`: responses arrive as
+        bytes, which `_decode` reads).
       cursor: the client's cursor for this kind of item.
       on_unimplemented: called when the daemon answers UNIMPLEMENTED.
       previous: the stream this one replaces; this one subscribes only after
@@ -100,7 +121,7 @@ class SubscriptionStream:
         out of order.
 
     Subclasses set `rpc_name`, `noun` and implement `_subscribe_request`,
-    `_ack_request`, `_items`, `_batch_replayer` and `_describe`.
+    `_ack_request`, `_decode`, `_batch_replayer` and `_describe`.
     """
 
     rpc_name = ""  # the RPC, for messages: "Logs"
@@ -137,8 +158,10 @@ class SubscriptionStream:
     def _ack_request(self, seq: int) -> Any:
         raise NotImplementedError
 
-    def _items(self, response: Any) -> Sequence[Any]:
-        """The items (each with a ``seq``) of one response."""
+    def _decode(self, message: bytes) -> tuple[str, Sequence[Any]]:
+        """The instance id and the items (each with a ``seq`` and a
+        ``call_id``) of one serialized response; raises (protobuf's
+        DecodeError) for bytes that are not one, which ends the stream."""
         raise NotImplementedError
 
     def _describe(self, item: Any) -> str:
@@ -150,6 +173,15 @@ class SubscriptionStream:
         item; asked for once per response, on the replay thread (a worker
         thread), so it may hold per-batch state."""
         raise NotImplementedError
+
+    @classmethod
+    def open_rpc(cls, channel: grpc.aio.Channel, metadata: tuple | None) -> grpc.aio.StreamStreamCall:
+        """Opens `rpc_name` on `channel`. Its responses are not parsed by
+        gRPC: `_decode` reads the bytes (natively when it can, which
+        costs the host much less than protobuf's Python objects)."""
+        method = f"/agentix.runtime.v1.RuntimeService/{cls.rpc_name}"
+        return channel.stream_stream(method, request_serializer=_serialize, response_deserializer=None)(
+            metadata=metadata)
 
     # ── driving the stream ──────────────────────────────────────────
 
@@ -223,8 +255,8 @@ class SubscriptionStream:
             loop = asyncio.get_running_loop()
             while (response := await read()) is not grpc.aio.EOF:
                 self._last_activity = loop.time()
-                cursor.adopt(response.instance_id)
-                items = list(self._items(response))
+                instance_id, items = self._decode(response)
+                cursor.adopt(instance_id)
                 if not items:
                     continue
                 # The batch is replayed off the event loop; shielded so that a
@@ -261,17 +293,24 @@ class SubscriptionStream:
         cursor = self._cursor
         replay = self._batch_replayer()
         once = self._replayed_once
+        # Only this thread moves the cursor while a batch is replayed (the
+        # loop awaits it), so its seq and instance are read once.
+        instance_id = cursor.instance_id
+        last = cursor.last_seq
         for item in items:
-            if item.seq <= cursor.last_seq:
+            seq = item.seq
+            if seq <= last:
                 continue
-            if not item.call_id and cursor.instance_id:
+            if not item.call_id and instance_id:
                 with once.replay_lock:
-                    if once.first_time(cursor.instance_id, item.seq):
+                    if once.first_time(instance_id, seq):
                         self._replay_one(replay, item)
-                cursor.last_seq = item.seq  # replayed here or by another client
-                continue
-            self._replay_one(replay, item)
-            cursor.last_seq = item.seq
+            else:
+                try:  # (_replay_one, inlined: the per-item path)
+                    replay(item)
+                except Exception:
+                    self._report_failure(item)
+            cursor.last_seq = last = seq  # replayed here or by another client
 
     def _replay_one(self, replay: Callable[[Any], None], item: Any) -> None:
         try:

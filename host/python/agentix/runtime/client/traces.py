@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentix.runtime.client.subscription import SeqCursor, SubscriptionStream, ReplayedOnce
+from agentix.runtime.client.subscription import ReplayedOnce, SeqCursor, SubscriptionStream, native_decoder
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.utils import trace as _trace
 from agentix.utils.trace import Span, SpanError, SpanEvent, SpanStatus, Trace
@@ -43,6 +43,7 @@ __all__ = [
     "EventReplayer",
     "TraceCursor",
     "TracesStream",
+    "decode_response",
     "replay_event",
     "trace_item",
 ]
@@ -95,17 +96,23 @@ def attribute_value(value: pb.AttributeValue) -> Any:
     return None if kind is None else getattr(value, kind)
 
 
-def attributes(items: Sequence[pb.Attribute]) -> dict[str, Any]:
-    """``{key: value}`` of the first `MAX_ATTRIBUTES` wire items, in wire
-    order (a repeated key: the last one wins), keys cut to `MAX_KEY_CHARS`;
-    ``agentix.dropped_attributes`` counts the items left out, if any."""
+def attributes(items: Sequence[pb.Attribute] | Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    """``{key: value}`` of the first `MAX_ATTRIBUTES` wire items
+    (`pb.Attribute` messages, or the native decoder's ``(key, value)``
+    pairs), in wire order (a repeated key: the last one wins), keys cut to
+    `MAX_KEY_CHARS`; ``agentix.dropped_attributes`` counts the items left
+    out, if any."""
     out = {}
     count = len(items)
     for item in items[:MAX_ATTRIBUTES] if count > MAX_ATTRIBUTES else items:
-        value = item.value
-        kind = value.WhichOneof("value")
-        key = item.key
-        out[key if len(key) <= MAX_KEY_CHARS else key[:MAX_KEY_CHARS]] = None if kind is None else getattr(value, kind)
+        if type(item) is tuple:
+            key, value = item
+        else:
+            value = item.value
+            kind = value.WhichOneof("value")
+            key = item.key
+            value = None if kind is None else getattr(value, kind)
+        out[key if len(key) <= MAX_KEY_CHARS else key[:MAX_KEY_CHARS]] = value
     if count > MAX_ATTRIBUTES:
         out[DROPPED_ATTRIBUTES] = count - MAX_ATTRIBUTES
     return out
@@ -197,6 +204,28 @@ def trace_item(event: pb.TraceEvent) -> Trace | Span | None:
     )
 
 
+def decode_response(message: bytes) -> tuple[str, Sequence[Any]]:
+    """The instance id and the events of a serialized `TracesResponse`: the
+    native decoder's ``TraceEventFields`` (attributes named and valued as
+    `pb.TraceEvent`'s fields, attribute lists as ``(key, value)`` pairs, no
+    OpenTelemetry ids; ``_native_calls.trace_events``) when the package has
+    its native module and the decoder reads the bytes, else protobuf's
+    `pb.TraceEvent` messages; replay takes either. Bytes that are not a
+    TracesResponse raise protobuf's DecodeError."""
+    global _native_trace_events
+    decoder = _native_trace_events
+    if decoder is None:  # first use: the native module loads grpc++
+        decoder = _native_trace_events = native_decoder("trace_events")
+    decoded = decoder(message)
+    if decoded is not None:
+        return decoded
+    response = pb.TracesResponse.FromString(message)
+    return response.instance_id, response.events
+
+
+_native_trace_events: Callable[[bytes], tuple[str, list[Any]] | None] | None = None
+
+
 def replay_event(event: pb.TraceEvent) -> None:
     """Hands one sandbox trace event to the host's trace processors:
     ``_dispatch("on_trace_start" | "on_trace_end" | "on_span_start" |
@@ -273,10 +302,10 @@ class TracesStream(SubscriptionStream):
     def _ack_request(self, seq: int) -> pb.TracesRequest:
         return pb.TracesRequest(ack=pb.AckTraces(seq=seq))
 
-    def _items(self, response: pb.TracesResponse) -> Sequence[pb.TraceEvent]:
-        return response.events
+    def _decode(self, message: bytes) -> tuple[str, Sequence[Any]]:
+        return decode_response(message)
 
-    def _batch_replayer(self) -> Callable[[pb.TraceEvent], None]:
+    def _batch_replayer(self) -> Callable[[Any], None]:
         return EventReplayer().replay
 
     def _describe(self, item: pb.TraceEvent) -> str:

@@ -1,0 +1,330 @@
+// See side_records.h. No C++ exception leaves this file: the entry points
+// catch and turn them into Python errors.
+#include "host/python/native/side_records.h"
+
+#include <array>
+#include <cstddef>
+#include <exception>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "host/python/native/side_wire.h"
+
+namespace agentix::host {
+namespace {
+
+PyTypeObject* log_record_type = nullptr;
+PyTypeObject* trace_event_type = nullptr;
+PyTypeObject* span_event_type = nullptr;
+
+// Field names as runtime.proto's, in its order (LogRecord: all of them).
+PyStructSequence_Field kLogRecordFields[] = {
+    {"seq", nullptr},       {"logger", nullptr},         {"level", nullptr},
+    {"level_name", nullptr}, {"message", nullptr},       {"time_unix_nanos", nullptr},
+    {"file", nullptr},      {"line", nullptr},           {"function", nullptr},
+    {"module", nullptr},    {"exception_text", nullptr}, {"origin", nullptr},
+    {"worker_id", nullptr}, {"call_id", nullptr},        {"context", nullptr},
+    {"extras", nullptr},    {"stack_info", nullptr},     {nullptr, nullptr},
+};
+PyStructSequence_Desc kLogRecordDesc = {
+    "agentix.runtime.client._native_calls.LogRecordFields",
+    "A LogRecord's fields, as log_records decodes them (attributes named as the protobuf fields).",
+    kLogRecordFields, 17};
+
+// TraceEvent without the OpenTelemetry ids (3-5). attributes / error_data:
+// tuples of (key, value) pairs, value the set oneof member's Python value or
+// None; events: a tuple of SpanEventFields.
+PyStructSequence_Field kTraceEventFields[] = {
+    {"seq", nullptr},
+    {"kind", nullptr},
+    {"agentix_trace_id", nullptr},
+    {"agentix_span_id", nullptr},
+    {"agentix_parent_id", nullptr},
+    {"name", nullptr},
+    {"start_time_unix_nanos", nullptr},
+    {"end_time_unix_nanos", nullptr},
+    {"attributes", nullptr},
+    {"events", nullptr},
+    {"status", nullptr},
+    {"status_description", nullptr},
+    {"error_message", nullptr},
+    {"error_data", nullptr},
+    {"call_id", nullptr},
+    {"worker_id", nullptr},
+    {nullptr, nullptr},
+};
+PyStructSequence_Desc kTraceEventDesc = {
+    "agentix.runtime.client._native_calls.TraceEventFields",
+    "A TraceEvent's fields as trace_events decodes them (attributes: (key, value) pairs).",
+    kTraceEventFields, 16};
+
+PyStructSequence_Field kSpanEventFields[] = {
+    {"name", nullptr}, {"time_unix_nanos", nullptr}, {"attributes", nullptr}, {nullptr, nullptr}};
+PyStructSequence_Desc kSpanEventDesc = {
+    "agentix.runtime.client._native_calls.SpanEventFields",
+    "A SpanEventRecord's fields (attributes: (key, value) pairs).", kSpanEventFields, 3};
+
+// Turns the C++ exception being handled into a Python RuntimeError. Only
+// inside a catch block.
+void SetErrorFromCxx(const char* what) {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    PyErr_Format(PyExc_RuntimeError, "%s: %s", what, e.what());
+  } catch (...) {
+    PyErr_Format(PyExc_RuntimeError, "%s: unknown C++ exception", what);
+  }
+}
+
+// Makes the str objects of one response. A field whose text repeats the
+// previous item's (logger, file, ids, level name...) gets the previous
+// item's object again: fewer allocations, and replay's dict lookups by
+// those strings reuse the hash cached in the object.
+class Texts {
+ public:
+  Texts() = default;
+  Texts(const Texts&) = delete;
+  Texts& operator=(const Texts&) = delete;
+  ~Texts() {
+    for (Slot& slot : slots_) Py_XDECREF(slot.object);
+  }
+
+  // A new reference to `text` (valid UTF-8: checked by the decoder) as str,
+  // reusing slot `slot`'s object when its text is the same.
+  PyObject* Repeated(size_t slot_index, std::string_view text) {
+    Slot& slot = slots_[slot_index];
+    if (slot.object != nullptr && slot.text == text) return Py_NewRef(slot.object);
+    PyObject* made = Fresh(text);
+    if (made == nullptr) return nullptr;
+    Py_XSETREF(slot.object, Py_NewRef(made));
+    slot.text = text;
+    return made;
+  }
+
+  // A new str of `text`, not kept.
+  static PyObject* Fresh(std::string_view text) {
+    return PyUnicode_DecodeUTF8(text.empty() ? "" : text.data(), static_cast<Py_ssize_t>(text.size()),
+                                "strict");
+  }
+
+  static constexpr size_t kSlots = 16;
+
+ private:
+  struct Slot {
+    std::string_view text;
+    PyObject* object = nullptr;
+  };
+  std::array<Slot, kSlots> slots_{};
+};
+
+PyObject* Bytes(std::string_view bytes) {
+  return PyBytes_FromStringAndSize(bytes.empty() ? "" : bytes.data(), static_cast<Py_ssize_t>(bytes.size()));
+}
+
+// Fills a struct sequence item by item; the first failure is kept (the
+// sequence is then released by the caller).
+class Filler {
+ public:
+  explicit Filler(PyObject* sequence) : sequence_(sequence) {}
+  // Steals `item`; nullptr (a failed constructor) marks the fill failed.
+  void Add(PyObject* item) {
+    if (item == nullptr) {
+      ok_ = false;
+    } else if (!ok_) {
+      Py_DECREF(item);
+    } else {
+      PyStructSequence_SetItem(sequence_, index_++, item);
+    }
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  PyObject* sequence_;
+  Py_ssize_t index_ = 0;
+  bool ok_ = true;
+};
+
+// Slots of Texts for log records and trace events (each field its own).
+enum LogSlot : size_t { kLogger, kLevelName, kFile, kFunction, kModule, kWorker, kCall, kContext, kLogSlots };
+enum TraceSlot : size_t { kTraceId, kParentId, kName, kTraceCall, kTraceWorker, kKey0, kTraceSlots = kKey0 + 8 };
+static_assert(kLogSlots <= Texts::kSlots && kTraceSlots <= Texts::kSlots);
+
+PyObject* NewLogRecord(const LogRecordView& record, Texts& texts) {
+  PyObject* out = PyStructSequence_New(log_record_type);
+  if (out == nullptr) return nullptr;
+  Filler fill(out);
+  fill.Add(PyLong_FromUnsignedLongLong(record.seq));
+  fill.Add(texts.Repeated(kLogger, record.logger));
+  fill.Add(PyLong_FromLong(record.level));
+  fill.Add(texts.Repeated(kLevelName, record.level_name));
+  fill.Add(Texts::Fresh(record.message));
+  fill.Add(PyLong_FromLongLong(record.time_unix_nanos));
+  fill.Add(texts.Repeated(kFile, record.file));
+  fill.Add(PyLong_FromLong(record.line));
+  fill.Add(texts.Repeated(kFunction, record.function));
+  fill.Add(texts.Repeated(kModule, record.module));
+  fill.Add(Texts::Fresh(record.exception_text));
+  fill.Add(PyLong_FromLong(record.origin));
+  fill.Add(texts.Repeated(kWorker, record.worker_id));
+  fill.Add(texts.Repeated(kCall, record.call_id));
+  fill.Add(texts.Repeated(kContext, record.context));
+  fill.Add(Bytes(record.extras));
+  fill.Add(Texts::Fresh(record.stack_info));
+  if (!fill.ok()) Py_CLEAR(out);
+  return out;
+}
+
+PyObject* AttributeValue(const AttributeView& attribute) {
+  switch (attribute.kind) {
+    case AttributeView::Kind::kString:
+      return Texts::Fresh(attribute.text);
+    case AttributeView::Kind::kBool:
+      return PyBool_FromLong(static_cast<long>(attribute.integer));
+    case AttributeView::Kind::kInt:
+      return PyLong_FromLongLong(attribute.integer);
+    case AttributeView::Kind::kDouble:
+      return PyFloat_FromDouble(attribute.number);
+    case AttributeView::Kind::kBytes:
+      return Bytes(attribute.text);
+    case AttributeView::Kind::kUnset:
+      break;
+  }
+  return Py_NewRef(Py_None);
+}
+
+// ((key, value), ...): a tuple, not a list (one allocation; the empty one
+// is a singleton). The first keys' objects repeat across items when
+// `texts` is given.
+PyObject* AttributeList(const std::vector<AttributeView>& attributes, Texts* texts) {
+  PyObject* list = PyTuple_New(static_cast<Py_ssize_t>(attributes.size()));
+  if (list == nullptr) return nullptr;
+  for (size_t i = 0; i < attributes.size(); ++i) {
+    const AttributeView& attribute = attributes[i];
+    PyObject* key = texts != nullptr && i < kTraceSlots - kKey0 ? texts->Repeated(kKey0 + i, attribute.key)
+                                                                : Texts::Fresh(attribute.key);
+    PyObject* value = key == nullptr ? nullptr : AttributeValue(attribute);
+    PyObject* pair = value == nullptr ? nullptr : PyTuple_Pack(2, key, value);
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+    if (pair == nullptr) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(list, static_cast<Py_ssize_t>(i), pair);
+  }
+  return list;
+}
+
+// (SpanEventFields, ...), a tuple as AttributeList's.
+PyObject* SpanEventList(const std::vector<SpanEventView>& events) {
+  PyObject* list = PyTuple_New(static_cast<Py_ssize_t>(events.size()));
+  if (list == nullptr) return nullptr;
+  for (size_t i = 0; i < events.size(); ++i) {
+    PyObject* item = PyStructSequence_New(span_event_type);
+    if (item != nullptr) {
+      Filler fill(item);
+      fill.Add(Texts::Fresh(events[i].name));
+      fill.Add(PyLong_FromLongLong(events[i].time_unix_nanos));
+      fill.Add(AttributeList(events[i].attributes, nullptr));
+      if (!fill.ok()) Py_CLEAR(item);
+    }
+    if (item == nullptr) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(list, static_cast<Py_ssize_t>(i), item);
+  }
+  return list;
+}
+
+PyObject* NewTraceEvent(const TraceEventView& event, Texts& texts) {
+  PyObject* out = PyStructSequence_New(trace_event_type);
+  if (out == nullptr) return nullptr;
+  Filler fill(out);
+  fill.Add(PyLong_FromUnsignedLongLong(event.seq));
+  fill.Add(PyLong_FromLong(event.kind));
+  fill.Add(texts.Repeated(kTraceId, event.agentix_trace_id));
+  fill.Add(Texts::Fresh(event.agentix_span_id));
+  fill.Add(texts.Repeated(kParentId, event.agentix_parent_id));
+  fill.Add(texts.Repeated(kName, event.name));
+  fill.Add(PyLong_FromLongLong(event.start_time_unix_nanos));
+  fill.Add(PyLong_FromLongLong(event.end_time_unix_nanos));
+  fill.Add(AttributeList(event.attributes, &texts));
+  fill.Add(SpanEventList(event.events));
+  fill.Add(PyLong_FromLong(event.status));
+  fill.Add(Texts::Fresh(event.status_description));
+  fill.Add(Texts::Fresh(event.error_message));
+  fill.Add(AttributeList(event.error_data, nullptr));
+  fill.Add(texts.Repeated(kTraceCall, event.call_id));
+  fill.Add(texts.Repeated(kTraceWorker, event.worker_id));
+  if (!fill.ok()) Py_CLEAR(out);
+  return out;
+}
+
+// (instance_id, [make(item) for item in items]) of a decoded response.
+template <typename Item, typename Make>
+PyObject* ResponseTuple(std::string_view instance_id, const std::vector<Item>& items, Make make) {
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(items.size()));
+  if (list == nullptr) return nullptr;
+  Texts texts;
+  for (size_t i = 0; i < items.size(); ++i) {
+    PyObject* item = make(items[i], texts);
+    if (item == nullptr) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), item);
+  }
+  PyObject* id = Texts::Fresh(instance_id);
+  if (id == nullptr) {
+    Py_DECREF(list);
+    return nullptr;
+  }
+  return Py_BuildValue("(NN)", id, list);
+}
+
+// Decodes `message` (any bytes-like object) with `decode` and builds the
+// result with `make`; None when the decoder leaves the message to protobuf.
+template <typename Decode, typename Build>
+PyObject* DecodeMessage(PyObject* message, const char* what, Decode decode, Build build) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(message, &view, PyBUF_SIMPLE) < 0) return nullptr;
+  PyObject* result = nullptr;
+  try {
+    auto decoded = decode(std::string_view(static_cast<const char*>(view.buf), static_cast<size_t>(view.len)));
+    result = decoded ? build(*decoded) : Py_NewRef(Py_None);
+  } catch (...) {
+    Py_CLEAR(result);
+    SetErrorFromCxx(what);
+  }
+  PyBuffer_Release(&view);
+  return result;
+}
+
+}  // namespace
+
+PyObject* LogRecords(PyObject*, PyObject* message) {
+  return DecodeMessage(message, "native log_records", DecodeLogsResponse, [](const LogsResponseView& response) {
+    return ResponseTuple(response.instance_id, response.records, NewLogRecord);
+  });
+}
+
+PyObject* TraceEvents(PyObject*, PyObject* message) {
+  return DecodeMessage(message, "native trace_events", DecodeTracesResponse,
+                       [](const TracesResponseView& response) {
+                         return ResponseTuple(response.instance_id, response.events, NewTraceEvent);
+                       });
+}
+
+bool AddSideRecordTypes(PyObject* module) {
+  log_record_type = PyStructSequence_NewType(&kLogRecordDesc);
+  trace_event_type = log_record_type == nullptr ? nullptr : PyStructSequence_NewType(&kTraceEventDesc);
+  span_event_type = trace_event_type == nullptr ? nullptr : PyStructSequence_NewType(&kSpanEventDesc);
+  return span_event_type != nullptr &&
+         PyModule_AddObjectRef(module, "LogRecordFields", reinterpret_cast<PyObject*>(log_record_type)) == 0 &&
+         PyModule_AddObjectRef(module, "TraceEventFields", reinterpret_cast<PyObject*>(trace_event_type)) == 0 &&
+         PyModule_AddObjectRef(module, "SpanEventFields", reinterpret_cast<PyObject*>(span_event_type)) == 0;
+}
+
+}  // namespace agentix::host

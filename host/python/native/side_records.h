@@ -1,0 +1,26 @@
+// The Python edge of side_wire.h, part of the _native_calls extension:
+// log_records(message) and trace_events(message) turn a serialized
+// LogsResponse / TracesResponse into struct sequences whose attributes are
+// named as the protobuf fields the host's replay reads (logs.py, traces.py
+// read either kind), or return None for a message only protobuf should judge.
+#ifndef AGENTIX_HOST_PYTHON_NATIVE_SIDE_RECORDS_H_
+#define AGENTIX_HOST_PYTHON_NATIVE_SIDE_RECORDS_H_
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+namespace agentix::host {
+
+// log_records(message) -> (instance_id, [LogRecordFields, ...]) | None
+PyObject* LogRecords(PyObject* module, PyObject* message);
+
+// trace_events(message) -> (instance_id, [TraceEventFields, ...]) | None
+PyObject* TraceEvents(PyObject* module, PyObject* message);
+
+// Creates the struct sequence types and adds them to `module`; false with a
+// Python exception set on failure. Once, at import.
+bool AddSideRecordTypes(PyObject* module);
+
+}  // namespace agentix::host
+
+#endif  // AGENTIX_HOST_PYTHON_NATIVE_SIDE_RECORDS_H_

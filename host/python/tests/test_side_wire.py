@@ -1,0 +1,275 @@
+"""The host's Logs / Traces response decoders (``_native_calls.log_records`` /
+``trace_events``, host/python/native/side_wire.h): they read what protobuf
+reads or leave the message to protobuf (None); replay makes the same records
+and spans from their fields as from protobuf's messages; bytes that are not a
+response end the stream with protobuf's error, never a crash."""
+
+import asyncio
+import logging
+import random
+
+import grpc
+import pytest
+from google.protobuf.message import DecodeError
+
+from agentix import trace
+from agentix.runtime.client import logs, traces
+from agentix.runtime.client._native_calls import LogRecordFields, log_records, trace_events
+from agentix.runtime.v1 import runtime_pb2 as pb
+from fake_runtime import log_record, trace_event
+
+LOG_FIELDS = [field.name for field in pb.LogRecord.DESCRIPTOR.fields]
+
+
+def sample_logs() -> bytes:
+    response = pb.LogsResponse(instance_id="d41d8cd98f00b204")
+    response.records.extend([
+        log_record(7, "température ✓ 𝄞", logger="sandbox.app", time_unix_nanos=1764670000123456789,
+                   file="/sandbox/app.py", line=12, function="handler", module="app", worker_id="1a2b3c4d",
+                   call_id="call-1", context="sandbox-host-worker-1a2b3c4d", extras=b"\x81\xa1k\x01"),
+        log_record(8, "again", logger="sandbox.app", time_unix_nanos=1764670000223456789,
+                   file="/sandbox/app.py", line=13, function="handler", module="app", worker_id="1a2b3c4d",
+                   exception_text="Traceback ...", stack_info="Stack ..."),
+        log_record(9, "odd", level=-3, line=-1, time_unix_nanos=-5, origin=77),
+    ])
+    return response.SerializeToString()
+
+
+def sample_traces() -> bytes:
+    response = pb.TracesResponse(instance_id="d41d8cd98f00b204")
+    response.events.extend([
+        trace_event(1, pb.TRACE_EVENT_KIND_TRACE_START, agentix_trace_id="trace_1", name="t",
+                    start_time_unix_nanos=1764670000000000000, attributes={"user": "ünï", "n": 3},
+                    trace_id=b"\x01" * 16),
+        trace_event(2, pb.TRACE_EVENT_KIND_SPAN_END, agentix_trace_id="trace_1", agentix_span_id="span_2",
+                    agentix_parent_id="span_1", name="s", start_time_unix_nanos=1764670000000001000,
+                    end_time_unix_nanos=1764670000000002000, span_id=b"\x02" * 8,
+                    attributes={"flag": True, "i": -9, "ratio": 0.5, "blob": b"\xff\x00", "s": "x"},
+                    status=pb.SPAN_STATUS_CODE_ERROR, status_description="failed", error_message="boom",
+                    error_data={"code": 7}, call_id="call-1", worker_id="1a2b3c4d",
+                    events=[pb.SpanEventRecord(name="retry", time_unix_nanos=1764670000000001500,
+                                               attributes=[pb.Attribute(key="unset")])]),
+    ])
+    return response.SerializeToString()
+
+
+def protobuf_logs(message: bytes):
+    response = pb.LogsResponse.FromString(message)
+    return response.instance_id, [tuple(getattr(r, name) for name in LOG_FIELDS) for r in response.records]
+
+
+def native_logs(message: bytes):
+    decoded = log_records(message)
+    if decoded is None:
+        return None
+    instance_id, records = decoded
+    return instance_id, [tuple(getattr(r, name) for name in LOG_FIELDS) for r in records]
+
+
+def trace_fields(event):
+    """What replay reads of a TraceEvent, from either kind of event."""
+    def pairs(items):
+        return [traces.attributes([item]).popitem() if item is not None else None for item in items]
+
+    return (event.seq, event.kind, event.agentix_trace_id, event.agentix_span_id, event.agentix_parent_id,
+            event.name, event.start_time_unix_nanos, event.end_time_unix_nanos, pairs(event.attributes),
+            [(e.name, e.time_unix_nanos, pairs(e.attributes)) for e in event.events], event.status,
+            event.status_description, event.error_message, pairs(event.error_data), event.call_id,
+            event.worker_id)
+
+
+def protobuf_traces(message: bytes):
+    response = pb.TracesResponse.FromString(message)
+    return response.instance_id, [trace_fields(event) for event in response.events]
+
+
+def native_traces(message: bytes):
+    decoded = trace_events(message)
+    if decoded is None:
+        return None
+    instance_id, events = decoded
+    return instance_id, [trace_fields(event) for event in events]
+
+
+def test_records_and_events_read_as_protobuf_reads_them():
+    assert native_logs(sample_logs()) == protobuf_logs(sample_logs())
+    instance_id, records = log_records(sample_logs())
+    assert instance_id == "d41d8cd98f00b204"
+    assert type(records[0]) is LogRecordFields
+    assert (records[2].level, records[2].origin, records[0].extras) == (-3, 77, b"\x81\xa1k\x01")
+    # A field that repeats the previous record's text is the same object.
+    assert records[1].logger is records[0].logger
+
+    assert native_traces(sample_traces()) == protobuf_traces(sample_traces())
+    _, events = trace_events(sample_traces())
+    assert events[1].attributes == (("flag", True), ("i", -9), ("ratio", 0.5), ("blob", b"\xff\x00"), ("s", "x"))
+    assert events[1].events[0].attributes == (("unset", None),)
+    assert events[0].events == () and events[0].error_data == ()
+    assert log_records(b"") == ("", []) and trace_events(b"") == ("", [])
+
+
+def test_any_bytes_like_message_is_read_and_other_objects_are_refused():
+    for message in (bytearray(sample_logs()), memoryview(sample_logs())):
+        assert native_logs(message) == protobuf_logs(sample_logs())
+    with pytest.raises(TypeError):
+        log_records("not bytes")
+    with pytest.raises(TypeError):
+        trace_events(None)
+
+
+@pytest.mark.parametrize("decode, reference, sample", [
+    (native_logs, protobuf_logs, sample_logs),
+    (native_traces, protobuf_traces, sample_traces),
+])
+def test_damaged_messages_are_read_as_protobuf_reads_them_or_left_to_it(decode, reference, sample):
+    rng = random.Random(20261202)
+    base = sample()
+    decoded_count = refused = 0
+    for _ in range(3000):
+        message = bytearray(base)
+        for _ in range(rng.randint(1, 4)):
+            choice = rng.random()
+            if choice < 0.5 and message:
+                message[rng.randrange(len(message))] = rng.randrange(256)
+            elif choice < 0.75 and message:
+                del message[rng.randrange(len(message)):]
+            else:
+                message.insert(rng.randrange(len(message) + 1), rng.randrange(256))
+        decoded = decode(bytes(message))
+        if decoded is None:
+            refused += 1
+        else:
+            decoded_count += 1
+            assert decoded == reference(bytes(message))
+    assert decoded_count > 100 and refused > 100  # both branches ran
+
+
+def test_malformed_responses_raise_protobufs_error():
+    truncated = sample_logs()[:-3]
+    bad_utf8 = pb.LogRecord(message="x").SerializeToString().replace(b"x", b"\xc3")
+    bad_utf8 = b"\x0a" + bytes([len(bad_utf8)]) + bad_utf8  # records: [that record]
+    for message in (truncated, bad_utf8):
+        assert log_records(message) is None
+        with pytest.raises(DecodeError):
+            logs.decode_response(message)
+        with pytest.raises(DecodeError):
+            traces.decode_response(message[:-1] + b"\xff\xff")
+
+
+def test_replay_makes_the_same_records_from_either_decoding(monkeypatch):
+    made = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            made.append(dict(vars(record)))
+
+    logger = logging.getLogger("sandbox.app")
+    handler = Keep()
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        batch = logs.RecordBatch()  # one template for both
+        for records in (log_records(sample_logs())[1], pb.LogsResponse.FromString(sample_logs()).records):
+            for record in records[:2]:
+                batch.replay(record)
+    finally:
+        logger.removeHandler(handler)
+    assert len(made) == 4
+    for native, protobuf in zip(made[:2], made[2:]):
+        # (makeRecord's path, taken for extras, computes relativeCreated from
+        # the host's clock as well: equal up to float rounding.)
+        assert native.pop("relativeCreated") == pytest.approx(protobuf.pop("relativeCreated"))
+        assert native == protobuf
+
+    # Without the native module every response takes protobuf's path.
+    monkeypatch.setattr(logs, "_native_log_records", lambda message: None)
+    instance_id, records = logs.decode_response(sample_logs())
+    assert instance_id == "d41d8cd98f00b204" and isinstance(records[0], pb.LogRecord)
+
+
+def test_replay_makes_the_same_spans_from_either_decoding():
+    ended = []
+
+    class Keep(trace.Processor):
+        def on_trace_start(self, item):
+            ended.append(item)
+
+        def on_span_end(self, item):
+            ended.append(item)
+
+    processor = Keep()
+    trace.add_processor(processor)
+    try:
+        for events in (trace_events(sample_traces())[1], pb.TracesResponse.FromString(sample_traces()).events):
+            replayer = traces.EventReplayer()
+            for event in events:
+                replayer.replay(event)
+    finally:
+        trace._processors = tuple(p for p in trace._processors if p is not processor)
+    assert len(ended) == 4
+    assert ended[:2] == ended[2:]  # dataclasses: field by field
+    span = ended[1]
+    assert span.attrs == {"flag": True, "i": -9, "ratio": 0.5, "blob": b"\xff\x00", "s": "x", "call_id": "call-1"}
+    assert (span.error.data, span.events[0].attributes) == ({"code": 7}, {"unset": None})
+
+
+class _MalformedRpc:
+    """A stream-stream call whose daemon sends `messages`, then ends."""
+
+    def __init__(self, messages):
+        self.messages = list(messages)
+        self.written = []
+
+    async def write(self, request):
+        self.written.append(request)
+
+    async def read(self):
+        await asyncio.sleep(0)
+        return self.messages.pop(0) if self.messages else grpc.aio.EOF
+
+    def cancel(self):
+        return True
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("stream_type, good", [
+    (logs.LogsStream, pb.LogsResponse(records=[log_record(1, "kept", logger="sandbox.wire")]).SerializeToString()),
+    (traces.TracesStream, pb.TracesResponse(events=[trace_event(1, pb.TRACE_EVENT_KIND_SPAN_END, name="s",
+                                                                agentix_span_id="span_1")]).SerializeToString()),
+])
+async def test_bytes_that_are_no_response_end_the_stream_and_are_reported(stream_type, good, caplog):
+    rpc = _MalformedRpc([good, b"\x0a\x05\xff\xff"])  # the second: a record cut short
+    cursor = logs.LogCursor() if stream_type is logs.LogsStream else traces.TraceCursor()
+    caplog.set_level(logging.DEBUG, logger="agentix.runtime.client")
+    stream = stream_type(rpc, cursor, lambda: None)
+    for _ in range(200):
+        if not stream.alive:
+            break
+        await asyncio.sleep(0.01)
+    assert not stream.alive
+    assert cursor.last_seq == 1  # the good response was replayed and acknowledged
+    assert len(rpc.written) == 2
+    assert any("stream failed" in r.getMessage() and "DecodeError" in r.getMessage() for r in caplog.records)
+    await stream.aclose()
+
+
+def test_without_the_native_module_responses_take_protobufs_path(monkeypatch):
+    import sys
+
+    import agentix.runtime.client as client_package
+    from agentix.runtime.client import subscription
+
+    # As in the pure wheel: importing _native_calls fails.
+    monkeypatch.delattr(client_package, "_native_calls")
+    monkeypatch.setitem(sys.modules, "agentix.runtime.client._native_calls", None)
+    decoder = subscription.native_decoder("trace_events")
+    assert decoder(sample_traces()) is None
+    monkeypatch.setattr(traces, "_native_trace_events", decoder)
+    monkeypatch.setattr(logs, "_native_log_records", subscription.native_decoder("log_records"))
+    instance_id, events = traces.decode_response(sample_traces())
+    assert instance_id == "d41d8cd98f00b204" and isinstance(events[0], pb.TraceEvent)
+    assert [trace_fields(event) for event in events] == protobuf_traces(sample_traces())[1]
+    _, records = logs.decode_response(sample_logs())
+    assert isinstance(records[0], pb.LogRecord)
+    with pytest.raises(DecodeError):
+        logs.decode_response(sample_logs()[:-3])
