@@ -64,6 +64,10 @@ PyMethodDef kChannelMethods[] = {
      "send_log(**fields): one `log` frame; keyword arguments only, each "
      "optional, named as agentix.runtime.v1.LogRecord's fields (less seq and "
      "worker_id)"},
+    {"send_log_record", Fast<ChannelSendLogRecord>(), METH_FASTCALL,
+     "send_log_record(record, context, call_id, standard_keys, unforwarded):"
+     " the log bridge's common case: True if the plain LogRecord was queued "
+     "as send_log would, False (nothing sent) if it needs the general path"},
     {"send_trace", FastKeywords<ChannelSendTrace>(),
      METH_FASTCALL | METH_KEYWORDS,
      "send_trace(**fields): one `trace` frame, queued with the log frames; "

@@ -1,5 +1,6 @@
 #include "worker/channel/side_channels.h"
 
+#include <cmath>
 #include <string>
 
 #include "agentix/runtime/v1/runtime.pb.h"
@@ -80,15 +81,320 @@ PyObject* SendRecord(PyObject* self, ipc::FrameType type,
   Py_RETURN_NONE;
 }
 
+// The log record's fields; shared by send_log and send_log_record, whose
+// bytes for the same record are the same. The daemon numbers records and
+// knows which worker sent them.
+MessageFields& LogFields() {
+  static MessageFields* const fields = new MessageFields(
+      runtime::v1::LogRecord::descriptor(), {"seq", "worker_id"});
+  return *fields;
+}
+
+// The logging.LogRecord attributes send_log_record reads.
+enum RecordKey {
+  kName,
+  kMsg,
+  kArgs,
+  kLevelno,
+  kLevelname,
+  kPathname,
+  kLineno,
+  kFuncName,
+  kModule,
+  kExcInfo,
+  kExcText,
+  kStackInfo,
+  kCreated,
+  kContext,
+  kRecordKeys
+};
+constexpr const char* kRecordKeyNames[kRecordKeys] = {
+    "name",      "msg",    "args",     "levelno", "levelname",
+    "pathname",  "lineno", "funcName", "module",  "exc_info",
+    "exc_text",  "stack_info", "created", "agentix_context"};
+
+// The LogRecord fields send_log_record writes, in the order of the bridge's
+// keyword call (send_log): logger, level, level_name, message,
+// time_unix_nanos, file, line, function, module, exception_text, origin,
+// call_id, context, stack_info (extras: never, such records decline).
+enum LogField {
+  kLogger,
+  kLevel,
+  kLevelName,
+  kMessage,
+  kTime,
+  kFile,
+  kLine,
+  kFunction,
+  kModuleField,
+  kExceptionText,
+  kOrigin,
+  kCallId,
+  kContextField,
+  kStackInfoField,
+  kLogFields
+};
+constexpr const char* kLogFieldNames[kLogFields] = {
+    "logger", "level",          "level_name", "message", "time_unix_nanos",
+    "file",   "line",           "function",   "module",  "exception_text",
+    "origin", "call_id",        "context",    "stack_info"};
+
+// agentix.runtime.v1.LogOrigin LOG_ORIGIN_LOGGING.
+constexpr long kOriginLogging = 1;
+
+class RecordValues;
+
+// What send_log_record needs once: logging.LogRecord, its getMessage, the
+// attribute names interned, the fields' indexes.
+struct RecordReader {
+  PyObject* record_type = nullptr;
+  PyObject* get_message_name = nullptr;
+  PyObject* get_message = nullptr;
+  PyObject* keys[kRecordKeys] = {};
+  int fields[kLogFields] = {};
+  PyObject* origin = nullptr;
+
+  bool Encode(const RecordValues& values, PyObject* message,
+              PyObject* context, PyObject* call_id, std::string& out);
+};
+
+RecordReader* MakeRecordReader() {
+  auto* reader = new RecordReader;
+  PyObject* logging = PyImport_ImportModule("logging");
+  bool ok = logging != nullptr;
+  if (ok) {
+    reader->record_type = PyObject_GetAttrString(logging, "LogRecord");
+    Py_DECREF(logging);
+    ok = reader->record_type != nullptr && PyType_Check(reader->record_type);
+    if (reader->record_type != nullptr && !ok) {
+      PyErr_SetString(PyExc_TypeError, "logging.LogRecord is not a class");
+    }
+  }
+  if (ok) {
+    reader->get_message_name = PyUnicode_InternFromString("getMessage");
+    ok = reader->get_message_name != nullptr;
+  }
+  if (ok) {
+    // Borrowed from the class: compared by identity on each record.
+    reader->get_message =
+        _PyType_Lookup(reinterpret_cast<PyTypeObject*>(reader->record_type),
+                       reader->get_message_name);
+    Py_XINCREF(reader->get_message);
+    ok = reader->get_message != nullptr;
+    if (!ok) {
+      PyErr_SetString(PyExc_TypeError, "logging.LogRecord has no getMessage");
+    }
+  }
+  for (int i = 0; ok && i < kRecordKeys; ++i) {
+    reader->keys[i] = PyUnicode_InternFromString(kRecordKeyNames[i]);
+    ok = reader->keys[i] != nullptr;
+  }
+  for (int i = 0; ok && i < kLogFields; ++i) {
+    reader->fields[i] = LogFields().IndexOf(kLogFieldNames[i]);
+    if (reader->fields[i] < 0) {
+      PyErr_Format(PyExc_SystemError, "LogRecord has no field %s",
+                   kLogFieldNames[i]);
+      ok = false;
+    }
+  }
+  if (ok) {
+    reader->origin = PyLong_FromLong(kOriginLogging);
+    ok = reader->origin != nullptr;
+  }
+  if (ok) return reader;
+  Py_XDECREF(reader->record_type);
+  Py_XDECREF(reader->get_message_name);
+  Py_XDECREF(reader->get_message);
+  for (PyObject* key : reader->keys) Py_XDECREF(key);
+  delete reader;
+  return nullptr;
+}
+
+bool IsStrOrNone(PyObject* value) {
+  return value == nullptr || value == Py_None || PyUnicode_CheckExact(value);
+}
+
+// A record's attribute values, held (formatting the message runs user code
+// that could change the record).
+class RecordValues {
+ public:
+  RecordValues() = default;
+  RecordValues(const RecordValues&) = delete;
+  RecordValues& operator=(const RecordValues&) = delete;
+  ~RecordValues() {
+    for (PyObject* value : values_) Py_XDECREF(value);
+    Py_XDECREF(time_);
+  }
+
+  // 1 if `dict` is an ordinary record's (see ChannelSendLogRecord), 0 if
+  // not, -1 with an error set.
+  int Read(const RecordReader& reader, PyObject* dict,
+           PyObject* standard_keys, PyObject* unforwarded) {
+    // No extras: every attribute is a standard one (what the bridge's
+    // _STANDARD_KEYS.issuperset(record.__dict__) checks).
+    Py_ssize_t pos = 0;
+    PyObject* key = nullptr;
+    PyObject* value = nullptr;
+    while (PyDict_Next(dict, &pos, &key, &value)) {
+      const int standard = PySet_Contains(standard_keys, key);
+      if (standard <= 0) return standard;
+    }
+    for (int i = 0; i < kRecordKeys; ++i) {
+      values_[i] = PyDict_GetItemWithError(dict, reader.keys[i]);
+      if (values_[i] == nullptr && PyErr_Occurred()) return -1;
+      Py_XINCREF(values_[i]);
+    }
+    // Present, with the types the bridge's general path would send as they
+    // are; anything else (None where a value is needed, subclasses whose
+    // methods could differ) declines.
+    PyObject* name = values_[kName];
+    if (name == nullptr || !PyUnicode_CheckExact(name) ||
+        values_[kMsg] == nullptr || values_[kArgs] == nullptr ||
+        values_[kLevelno] == nullptr || !PyLong_CheckExact(values_[kLevelno]) ||
+        values_[kLevelname] == nullptr ||
+        !PyUnicode_CheckExact(values_[kLevelname]) ||
+        !IsStrOrNone(values_[kPathname]) || !IsStrOrNone(values_[kFuncName]) ||
+        !IsStrOrNone(values_[kModule]) || !IsStrOrNone(values_[kStackInfo]) ||
+        !IsStrOrNone(values_[kExcText]) ||
+        (values_[kLineno] != nullptr && values_[kLineno] != Py_None &&
+         !PyLong_CheckExact(values_[kLineno])) ||
+        values_[kCreated] == nullptr || !PyFloat_CheckExact(values_[kCreated])) {
+      return 0;
+    }
+    // An exception not yet formatted: the general path formats it (and
+    // keeps the text on the record, as logging.Formatter does).
+    PyObject* exc_info = values_[kExcInfo];
+    if (exc_info != nullptr && exc_info != Py_None && !HasText(kExcText)) {
+      return 0;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(unforwarded); ++i) {
+      PyObject* prefix = PyTuple_GET_ITEM(unforwarded, i);
+      if (!PyUnicode_Check(prefix)) return 0;
+      const Py_ssize_t match =
+          PyUnicode_Tailmatch(name, prefix, 0, PY_SSIZE_T_MAX, -1);
+      if (match != 0) return match < 0 ? -1 : 0;
+    }
+    // int(record.created * 1e9), where it fits the field.
+    const double nanos = PyFloat_AS_DOUBLE(values_[kCreated]) * 1e9;
+    if (!std::isfinite(nanos) || std::fabs(nanos) >= 9.2e18) return 0;
+    time_ = PyLong_FromLongLong(static_cast<long long>(nanos));
+    if (time_ == nullptr) return -1;
+    PyObject* context = values_[kContext];
+    if (context != nullptr && !PyUnicode_CheckExact(context)) {
+      if (PyUnicode_Check(context)) return 0;  // a str subclass: general path
+      Py_DECREF(context);
+      values_[kContext] = nullptr;  // not a str: the bridge's own context
+    }
+    return 1;
+  }
+
+  // record.getMessage(): str(msg), %-formatted with args if there are any.
+  // New reference, or nullptr with an error set.
+  PyObject* Message() const {
+    PyObject* message = PyObject_Str(values_[kMsg]);
+    if (message == nullptr) return nullptr;
+    const int has_args = PyObject_IsTrue(values_[kArgs]);
+    if (has_args <= 0) {
+      if (has_args < 0) Py_CLEAR(message);
+      return message;
+    }
+    PyObject* formatted = PyNumber_Remainder(message, values_[kArgs]);
+    Py_DECREF(message);
+    return formatted;
+  }
+
+  // The value of `key` when it is not None (a str or int: "x or default").
+  PyObject* Get(RecordKey key) const {
+    PyObject* value = values_[key];
+    return value == Py_None ? nullptr : value;
+  }
+  PyObject* Time() const { return time_; }
+
+ private:
+  bool HasText(RecordKey key) const {
+    PyObject* value = values_[key];
+    return value != nullptr && value != Py_None &&
+           PyUnicode_GET_LENGTH(value) > 0;
+  }
+
+  PyObject* values_[kRecordKeys] = {};
+  PyObject* time_ = nullptr;
+};
+
+bool RecordReader::Encode(const RecordValues& values, PyObject* message,
+                          PyObject* context, PyObject* call_id,
+                          std::string& out) {
+  MessageFields& f = LogFields();
+  // A None or missing optional value is the field's default, which is left
+  // out: the same bytes as passing "" or 0.
+  auto put = [&](LogField field, PyObject* value) {
+    return value == nullptr || f.EncodeField(fields[field], value, out);
+  };
+  return put(kLogger, values.Get(kName)) && put(kLevel, values.Get(kLevelno)) &&
+         put(kLevelName, values.Get(kLevelname)) && put(kMessage, message) &&
+         put(kTime, values.Time()) && put(kFile, values.Get(kPathname)) &&
+         put(kLine, values.Get(kLineno)) &&
+         put(kFunction, values.Get(kFuncName)) &&
+         put(kModuleField, values.Get(kModule)) &&
+         put(kExceptionText, values.Get(kExcText)) && put(kOrigin, origin) &&
+         put(kCallId, call_id) && put(kContextField, context) &&
+         put(kStackInfoField, values.Get(kStackInfo));
+}
+
 }  // namespace
 
 PyObject* ChannelSendLog(PyObject* self, PyObject* const* args,
                          Py_ssize_t nargs, PyObject* kwnames) {
-  // The daemon numbers records and knows which worker sent them.
-  static MessageFields* const fields = new MessageFields(
-      runtime::v1::LogRecord::descriptor(), {"seq", "worker_id"});
-  return SendRecord(self, ipc::FrameType::kLog, *fields, "send_log", args,
+  return SendRecord(self, ipc::FrameType::kLog, LogFields(), "send_log", args,
                     nargs, kwnames);
+}
+
+PyObject* ChannelSendLogRecord(PyObject* self, PyObject* const* args,
+                               Py_ssize_t nargs) {
+  if (!CheckArgs("send_log_record", nargs, 5)) return nullptr;
+  static RecordReader* reader = nullptr;  // GIL-guarded
+  if (reader == nullptr) {
+    reader = MakeRecordReader();
+    if (reader == nullptr) return nullptr;
+  }
+  PyObject* const record = args[0];
+  PyObject* const standard_keys = args[3];
+  PyObject* const unforwarded = args[4];
+  if (!PyFrozenSet_Check(standard_keys) || !PyTuple_Check(unforwarded)) {
+    PyErr_SetString(PyExc_TypeError,
+                    "send_log_record: standard_keys must be a frozenset and "
+                    "unforwarded a tuple");
+    return nullptr;
+  }
+  if (reinterpret_cast<PyObject*>(Py_TYPE(record)) != reader->record_type ||
+      _PyType_Lookup(Py_TYPE(record), reader->get_message_name) !=
+          reader->get_message) {
+    Py_RETURN_FALSE;
+  }
+  PyObject* dict = PyObject_GenericGetDict(record, nullptr);
+  if (dict == nullptr) return nullptr;
+  RecordValues values;
+  const int read = values.Read(*reader, dict, standard_keys, unforwarded);
+  Py_DECREF(dict);
+  if (read < 0) return nullptr;
+  if (read == 0) Py_RETURN_FALSE;
+  // Last, after every reason to decline: formatting runs user code (str()
+  // of the message and its arguments), which the general path would run
+  // again.
+  PyObject* message = values.Message();
+  if (message == nullptr) {
+    PyErr_Clear();  // the general path reports the failure in the record
+    Py_RETURN_FALSE;
+  }
+  PyObject* const context =
+      values.Get(kContext) != nullptr ? values.Get(kContext) : args[1];
+  ipc::Frame frame;
+  frame.type = ipc::FrameType::kLog;
+  const bool encoded = reader->Encode(values, message, context, args[2],
+                                      frame.record);
+  Py_DECREF(message);
+  if (!encoded || !QueueSideChannelFrame(self, frame)) return nullptr;
+  Py_RETURN_TRUE;
 }
 
 PyObject* ChannelSendTrace(PyObject* self, PyObject* const* args,

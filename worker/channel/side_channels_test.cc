@@ -323,5 +323,132 @@ TEST_CASE("send_trace's bytes are the TraceEvent protobuf itself parses",
   CHECK(frames[0].record == want.SerializeAsString());
 }
 
+TEST_CASE("send_log_record sends what the bridge's send_log call would",
+          "[channel]") {
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  // Each record goes out twice: through send_log_record, then through the
+  // keyword call the bridge's general path makes (worker/driver/logs.py
+  // _LogBridge.emit); the two frames must be byte for byte the same.
+  Py("import logging\n"
+     "STD = frozenset(vars(logging.LogRecord('n', 20, 'p', 1, 'm', None, "
+     "None))) | {'message', 'asctime', 'agentix_context'}\n"
+     "UNFORWARDED = ('agentix.utils.log',)\n"
+     "def general(r, context, call_id):\n"
+     "    ctx = getattr(r, 'agentix_context', None)\n"
+     "    ch.send_log(logger=r.name, level=r.levelno, "
+     "level_name=r.levelname, message=r.getMessage(), "
+     "time_unix_nanos=int(r.created * 1e9), file=r.pathname or '', "
+     "line=r.lineno or 0, function=r.funcName or '', module=r.module or '', "
+     "exception_text=r.exc_text or '', origin=1, call_id=call_id, "
+     "context=ctx if isinstance(ctx, str) else context, extras=None, "
+     "stack_info=r.stack_info or '')\n"
+     "def rec(msg, args=None, name='app.x', level=20, **attrs):\n"
+     "    r = logging.LogRecord(name, level, '/src/f\\u00e9.py', 12, msg, "
+     "args, None, func='fn')\n"
+     "    for k, v in attrs.items(): setattr(r, k, v)\n"
+     "    return r\n"
+     "records = [\n"
+     "    rec('hello %s %d', ('w\\u00e9', 3)),\n"
+     "    rec('ctx', agentix_context='sandbox-h-worker-1'),\n"
+     "    rec({'k': [1, 2]}),\n"
+     "    rec('v=%(a)s', ({'a': 5},)),\n"
+     "    rec('bad \\udcff text', level=40, exc_info=(ValueError, "
+     "ValueError('x'), None), exc_text='Traceback: ...'),\n"
+     "    rec('stack', stack_info='Stack (most recent call last):\\n  x'),\n"
+     "    rec('nones', pathname=None, lineno=None, funcName=None, "
+     "module=None, levelno=0, created=0.0),\n"
+     "    rec('neg', lineno=-3, created=-1.5, agentix_context=42),\n"
+     "    rec('agentix.utils is forwarded', name='agentix.utils'),\n"
+     "]\n"
+     "for r in records:\n"
+     "    assert ch.send_log_record(r, 'dflt', 'call-1', STD, UNFORWARDED)"
+     " is True, r\n"
+     "    general(r, 'dflt', 'call-1')\n");
+  constexpr size_t kRecords = 9;
+  auto frames = collector.Wait(2 * kRecords, absl::Seconds(5));
+  REQUIRE(frames.size() == 2 * kRecords);
+  for (size_t i = 0; i < kRecords; ++i) {
+    INFO("record " << i);
+    CHECK(frames[2 * i].record == frames[2 * i + 1].record);
+  }
+  const LogRecord first = RecordOf(frames[0]);
+  CHECK(first.logger() == "app.x");
+  CHECK(first.message() == "hello w\xc3\xa9 3");
+  CHECK(first.level_name() == "INFO");
+  CHECK(first.file() == "/src/f\xc3\xa9.py");
+  CHECK(first.line() == 12);
+  CHECK(first.function() == "fn");
+  CHECK(first.module() == "f\xc3\xa9");
+  CHECK(first.context() == "dflt");
+  CHECK(first.call_id() == "call-1");
+  CHECK(first.origin() == runtime::v1::LOG_ORIGIN_LOGGING);
+  CHECK(first.time_unix_nanos() > 0);
+  CHECK(RecordOf(frames[2]).context() == "sandbox-h-worker-1");
+  CHECK(RecordOf(frames[4]).message() == "{'k': [1, 2]}");
+  CHECK(RecordOf(frames[6]).message() == "v=5");
+  CHECK(RecordOf(frames[8]).message() == "bad \\udcff text");
+  CHECK(RecordOf(frames[8]).exception_text() == "Traceback: ...");
+  CHECK(RecordOf(frames[14]).time_unix_nanos() == -1500000000);
+  CHECK(RecordOf(frames[14]).context() == "dflt");
+}
+
+TEST_CASE("send_log_record declines every other record, sending nothing",
+          "[channel]") {
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  Py("import logging\n"
+     "STD = frozenset(vars(logging.LogRecord('n', 20, 'p', 1, 'm', None, "
+     "None))) | {'message', 'asctime', 'agentix_context'}\n"
+     "def rec(msg='m', args=None, name='app.x', **attrs):\n"
+     "    r = logging.LogRecord(name, 20, 'p.py', 1, msg, args, None)\n"
+     "    for k, v in attrs.items(): setattr(r, k, v)\n"
+     "    return r\n"
+     "class Sub(logging.LogRecord):\n"
+     "    pass\n"
+     "class Unprintable:\n"
+     "    def __str__(self): raise RuntimeError('no')\n"
+     "declined = [\n"
+     "    Sub('app.x', 20, 'p.py', 1, 'm', None, None),\n"
+     "    rec(user='ada'),\n"
+     "    rec(_private=1),\n"
+     "    rec(exc_info=(ValueError, ValueError('x'), None)),\n"
+     "    rec(exc_info=False),\n"
+     "    rec(name='agentix.utils.log'),\n"
+     "    rec(name='agentix.utils.log.inner'),\n"
+     "    rec(name='agentix.utils.logx'),\n"
+     "    rec(Unprintable()),\n"
+     "    rec('%d', ('x',)),\n"
+     "    rec('%s %s', ('one',)),\n"
+     "    rec(levelno='20'),\n"
+     "    rec(levelname=None),\n"
+     "    rec(pathname=b'p.py'),\n"
+     "    rec(lineno=1.5),\n"
+     "    rec(created=float('nan')),\n"
+     "    rec(created=1e20),\n"
+     "    rec(created=1),\n"
+     "    rec(agentix_context=type('S', (str,), {})('ctx')),\n"
+     "]\n"
+     "for r in declined:\n"
+     "    assert ch.send_log_record(r, 'd', '', STD, ('agentix.utils.log',))"
+     " is False, vars(r)\n"
+     "saved = logging.LogRecord.getMessage\n"
+     "logging.LogRecord.getMessage = lambda self: 'replaced'\n"
+     "try:\n"
+     "    assert ch.send_log_record(rec(), 'd', '', STD, ()) is False\n"
+     "finally:\n"
+     "    logging.LogRecord.getMessage = saved\n"
+     "assert ch.send_log_record(rec('sent'), 'd', '', STD, ()) is True\n");
+  auto frames = collector.Wait(1, absl::Seconds(5));
+  REQUIRE(frames.size() == 1);
+  CHECK(RecordOf(frames[0]).message() == "sent");
+  CHECK(Raised("ch.send_log_record(rec(), 'd', '', set(), ())",
+               "TypeError") ==
+        "send_log_record: standard_keys must be a frozenset and unforwarded "
+        "a tuple");
+  CHECK(Raised("ch.send_log_record(rec())", "TypeError") ==
+        "send_log_record() takes 5 arguments (1 given)");
+}
+
 }  // namespace
 }  // namespace agentix::worker
