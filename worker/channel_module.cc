@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "worker/channel/channel_state.h"
 #include "worker/channel/diagnostics.h"
+#include "worker/channel/durable_line.h"
 #include "worker/channel/frame_intake.h"
 #include "worker/channel/py_args.h"
 #include "worker/channel/result_sender.h"
@@ -173,6 +174,10 @@ PyMethodDef kModuleMethods[] = {
      "log(severity, message): 0 debug, 1 info, 2 warning, 3 error."},
     {"diagnostic_fd", DiagnosticFdOf, METH_NOARGS,
      "The fd of the worker's original stderr (the daemon's diagnostics)."},
+    {"write_log_line", Fast<WriteLogLine>(), METH_FASTCALL,
+     "write_log_line(record, fd, context, room): the durable log's default "
+     "line for a plain LogRecord, written; its length, or -1 (nothing "
+     "written) if the record needs the general path."},
     {"set_thread_name", Guarded<SetThreadName>, METH_O,
      "Sets the calling OS thread's name (as shown by ps/top)."},
     {nullptr, nullptr, 0, nullptr},

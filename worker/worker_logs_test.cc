@@ -248,6 +248,26 @@ TEST_CASE("The durable log writes what logging.Formatter would",
   fs::remove_all(dir);
 }
 
+TEST_CASE("The durable log's C line is logging.Formatter's line",
+          "[worker][logs]") {
+  // write_log_line, which the durable handler uses for plain records in the
+  // default format, against logging.Formatter; what it declines (exception
+  // or stack text, text that does not encode, odd values) is not written.
+  const std::string dir = absl::StrCat(TempRoot(), "/line-", getpid());
+  fs::remove_all(dir);
+  WorkerArgs args;
+  args.env.push_back("AGENTIX_LOG_DIR=" + dir);
+  auto worker = ReadyWorker(args);
+  worker->Call("f", "worker_fixture::durable_line_matches_formatter",
+               Pickle("((), {})"));
+  const Reply reply = worker->AwaitReply("f");
+  INFO(reply.error.message);
+  CHECK(reply.ok);
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("The durable log rotates by bytes, keeping whole lines",
           "[worker][logs]") {
   const std::string dir = absl::StrCat(TempRoot(), "/rotate-", getpid());

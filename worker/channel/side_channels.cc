@@ -5,6 +5,7 @@
 
 #include "agentix/runtime/v1/runtime.pb.h"
 #include "worker/channel/channel_state.h"
+#include "worker/channel/log_record.h"
 #include "worker/channel/log_sender.h"
 #include "worker/channel/proto_fields.h"
 #include "worker/channel/py_args.h"
@@ -144,12 +145,9 @@ constexpr long kOriginLogging = 1;
 
 class RecordValues;
 
-// What send_log_record needs once: logging.LogRecord, its getMessage, the
-// attribute names interned, the fields' indexes.
+// What send_log_record needs once: the attribute names interned, the
+// fields' indexes.
 struct RecordReader {
-  PyObject* record_type = nullptr;
-  PyObject* get_message_name = nullptr;
-  PyObject* get_message = nullptr;
   PyObject* keys[kRecordKeys] = {};
   int fields[kLogFields] = {};
   PyObject* origin = nullptr;
@@ -160,31 +158,7 @@ struct RecordReader {
 
 RecordReader* MakeRecordReader() {
   auto* reader = new RecordReader;
-  PyObject* logging = PyImport_ImportModule("logging");
-  bool ok = logging != nullptr;
-  if (ok) {
-    reader->record_type = PyObject_GetAttrString(logging, "LogRecord");
-    Py_DECREF(logging);
-    ok = reader->record_type != nullptr && PyType_Check(reader->record_type);
-    if (reader->record_type != nullptr && !ok) {
-      PyErr_SetString(PyExc_TypeError, "logging.LogRecord is not a class");
-    }
-  }
-  if (ok) {
-    reader->get_message_name = PyUnicode_InternFromString("getMessage");
-    ok = reader->get_message_name != nullptr;
-  }
-  if (ok) {
-    // Borrowed from the class: compared by identity on each record.
-    reader->get_message =
-        _PyType_Lookup(reinterpret_cast<PyTypeObject*>(reader->record_type),
-                       reader->get_message_name);
-    Py_XINCREF(reader->get_message);
-    ok = reader->get_message != nullptr;
-    if (!ok) {
-      PyErr_SetString(PyExc_TypeError, "logging.LogRecord has no getMessage");
-    }
-  }
+  bool ok = true;
   for (int i = 0; ok && i < kRecordKeys; ++i) {
     reader->keys[i] = PyUnicode_InternFromString(kRecordKeyNames[i]);
     ok = reader->keys[i] != nullptr;
@@ -202,9 +176,6 @@ RecordReader* MakeRecordReader() {
     ok = reader->origin != nullptr;
   }
   if (ok) return reader;
-  Py_XDECREF(reader->record_type);
-  Py_XDECREF(reader->get_message_name);
-  Py_XDECREF(reader->get_message);
   for (PyObject* key : reader->keys) Py_XDECREF(key);
   delete reader;
   return nullptr;
@@ -291,16 +262,7 @@ class RecordValues {
   // record.getMessage(): str(msg), %-formatted with args if there are any.
   // New reference, or nullptr with an error set.
   PyObject* Message() const {
-    PyObject* message = PyObject_Str(values_[kMsg]);
-    if (message == nullptr) return nullptr;
-    const int has_args = PyObject_IsTrue(values_[kArgs]);
-    if (has_args <= 0) {
-      if (has_args < 0) Py_CLEAR(message);
-      return message;
-    }
-    PyObject* formatted = PyNumber_Remainder(message, values_[kArgs]);
-    Py_DECREF(message);
-    return formatted;
+    return PlainMessage(values_[kMsg], values_[kArgs]);
   }
 
   // The value of `key` when it is not None (a str or int: "x or default").
@@ -366,11 +328,8 @@ PyObject* ChannelSendLogRecord(PyObject* self, PyObject* const* args,
                     "unforwarded a tuple");
     return nullptr;
   }
-  if (reinterpret_cast<PyObject*>(Py_TYPE(record)) != reader->record_type ||
-      _PyType_Lookup(Py_TYPE(record), reader->get_message_name) !=
-          reader->get_message) {
-    Py_RETURN_FALSE;
-  }
+  const int plain = IsPlainLogRecord(record);
+  if (plain <= 0) return plain < 0 ? nullptr : Py_NewRef(Py_False);
   PyObject* dict = PyObject_GenericGetDict(record, nullptr);
   if (dict == nullptr) return nullptr;
   RecordValues values;
