@@ -76,6 +76,10 @@ PyMethodDef kChannelMethods[] = {
      "agentix.runtime.v1.TraceEvent's fields (less seq, worker_id, trace_id, "
      "span_id and parent_span_id); attributes and error_data are "
      "{str: scalar} dicts, events a list of dicts"},
+    {"send_span", Fast<ChannelSendSpan>(), METH_FASTCALL,
+     "send_span(kind, span, call_id, span_type): the trace forwarder's "
+     "common span events: True if queued as send_trace would, False "
+     "(nothing sent) if the span needs the general path"},
     {"send_ns_event", Fast<ChannelSendNamespaceEvent>(), METH_FASTCALL,
      "send_ns_event(namespace, event, data, request_id, error_type, "
      "error_message, status_code): a plugin-namespace event for the hosts."},

@@ -1,6 +1,7 @@
 #include "worker/channel/side_channels.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "agentix/runtime/v1/runtime.pb.h"
@@ -303,6 +304,243 @@ bool RecordReader::Encode(const RecordValues& values, PyObject* message,
          put(kStackInfoField, values.Get(kStackInfo));
 }
 
+// The trace event's fields; shared by send_trace and send_span. The daemon
+// numbers events, knows the worker and derives the OpenTelemetry byte ids
+// from the agentix_*_id strings.
+MessageFields& TraceFields() {
+  static MessageFields* const fields = new MessageFields(
+      runtime::v1::TraceEvent::descriptor(),
+      {"seq", "trace_id", "span_id", "parent_span_id", "worker_id"});
+  return *fields;
+}
+
+// The agentix.trace Span attributes send_span reads.
+enum SpanKey {
+  kSpanId,
+  kTraceId,
+  kParentId,
+  kSpanName,
+  kAttrs,
+  kStartedAt,
+  kEndedAt,
+  kStatus,
+  kStatusDescription,
+  kError,
+  kEvents,
+  kSpanKeys
+};
+constexpr const char* kSpanKeyNames[kSpanKeys] = {
+    "span_id",    "trace_id", "parent_id", "name",
+    "attrs",      "started_at", "ended_at", "status",
+    "status_description", "error", "events"};
+
+// The TraceEvent fields send_span writes, in the order of the forwarder's
+// keyword calls (worker/driver/traces.py on_span_start / on_span_end).
+enum SpanField {
+  kKindField,
+  kTraceIdField,
+  kSpanIdField,
+  kParentIdField,
+  kNameField,
+  kStartField,
+  kEndField,
+  kAttributesField,
+  kStatusField,
+  kCallIdField,
+  kSpanFields
+};
+constexpr const char* kSpanFieldNames[kSpanFields] = {
+    "kind", "agentix_trace_id",      "agentix_span_id",     "agentix_parent_id",
+    "name", "start_time_unix_nanos", "end_time_unix_nanos", "attributes",
+    "status", "call_id"};
+
+// agentix's own timestamp form, "YYYY-MM-DDTHH:MM:SS.ffffffZ", as Unix
+// nanoseconds (the forwarder's _unix_nanos): 1 and `nanos` set, 0 for any
+// other form (the forwarder's general path parses those).
+int StampNanos(PyObject* stamp, long long& nanos) {
+  if (stamp == Py_None) {
+    nanos = 0;
+    return 1;
+  }
+  if (!PyUnicode_CheckExact(stamp) || !PyUnicode_IS_ASCII(stamp) ||
+      PyUnicode_GET_LENGTH(stamp) != 27) {
+    return 0;
+  }
+  const char* t = static_cast<const char*>(PyUnicode_DATA(stamp));
+  static constexpr char kShape[] = "dddd-dd-ddTdd:dd:dd.ddddddZ";
+  for (int i = 0; i < 27; ++i) {
+    if (kShape[i] == 'd' ? (t[i] < '0' || t[i] > '9') : t[i] != kShape[i]) {
+      return 0;
+    }
+  }
+  auto number = [t](int from, int to) {
+    long long n = 0;
+    for (int i = from; i < to; ++i) n = n * 10 + (t[i] - '0');
+    return n;
+  };
+  // The second's Unix time is kept: a span's stamps (and the next span's)
+  // mostly share it.
+  static char cached_head[19] = {};  // GIL-guarded
+  static long long cached_seconds = 0;
+  static bool cached = false;
+  if (!cached || std::memcmp(cached_head, t, 19) != 0) {
+    const long long year = number(0, 4), month = number(5, 7);
+    if (year < 1 || month < 1 || month > 12) return 0;
+    // calendar.timegm's days from the civil date (the forwarder's _timegm).
+    const long long y = year - (month <= 2);
+    const long long era = y / 400, yoe = y % 400;  // y >= 0
+    const long long doy =
+        (153 * (month + (month > 2 ? -3 : 9)) + 2) / 5 + number(8, 10) - 1;
+    const long long days =
+        era * 146097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719468;
+    cached_seconds =
+        ((days * 24 + number(11, 13)) * 60 + number(14, 16)) * 60 +
+        number(17, 19);
+    std::memcpy(cached_head, t, 19);
+    cached = true;
+  }
+  // Beyond int64 nanoseconds (before 1677, after 2262) the general path
+  // fails as the field cannot hold it.
+  constexpr long long kMaxSeconds = 9223372035;
+  if (cached_seconds > kMaxSeconds || cached_seconds < -kMaxSeconds) return 0;
+  nanos = cached_seconds * 1000000000LL + number(20, 26) * 1000;
+  return 1;
+}
+
+// A plain attribute value, sent as it is by the forwarder (_attribute_map):
+// exactly a str, float, bool, bytes, or an int in int64's range.
+bool IsPlainAttribute(PyObject* value) {
+  if (PyUnicode_CheckExact(value) || PyFloat_CheckExact(value) ||
+      PyBool_Check(value) || PyBytes_CheckExact(value)) {
+    return true;
+  }
+  if (!PyLong_CheckExact(value)) return false;
+  int overflow = 0;
+  PyLong_AsLongLongAndOverflow(value, &overflow);
+  return overflow == 0;
+}
+
+// What send_span needs once: attribute names interned, the fields'
+// indexes, the kinds and status codes as Python ints.
+struct SpanReader {
+  PyObject* keys[kSpanKeys] = {};
+  int fields[kSpanFields] = {};
+  PyObject* span_start = nullptr;  // TRACE_EVENT_KIND_SPAN_START (3)
+  PyObject* span_end = nullptr;    // 4
+  PyObject* statuses[3] = {};      // "unset", "ok", "error" (interned)
+  PyObject* status_codes[3] = {};  // 0, 1, 2
+
+  // 1 with the event's bytes in `out`, 0 if the span needs the general
+  // path, -1 with an error set.
+  int Encode(bool end, PyObject* kind, PyObject* const* v, PyObject* call_id,
+             std::string& out);
+};
+
+SpanReader* MakeSpanReader() {
+  auto* reader = new SpanReader;
+  bool ok = true;
+  for (int i = 0; ok && i < kSpanKeys; ++i) {
+    reader->keys[i] = PyUnicode_InternFromString(kSpanKeyNames[i]);
+    ok = reader->keys[i] != nullptr;
+  }
+  for (int i = 0; ok && i < kSpanFields; ++i) {
+    reader->fields[i] = TraceFields().IndexOf(kSpanFieldNames[i]);
+    if (reader->fields[i] < 0) {
+      PyErr_Format(PyExc_SystemError, "TraceEvent has no field %s",
+                   kSpanFieldNames[i]);
+      ok = false;
+    }
+  }
+  constexpr const char* kStatuses[3] = {"unset", "ok", "error"};
+  for (int i = 0; ok && i < 3; ++i) {
+    reader->statuses[i] = PyUnicode_InternFromString(kStatuses[i]);
+    reader->status_codes[i] = PyLong_FromLong(i);
+    ok = reader->statuses[i] != nullptr && reader->status_codes[i] != nullptr;
+  }
+  if (ok) {
+    // Small ints: CPython's cached objects, compared by identity.
+    reader->span_start = PyLong_FromLong(runtime::v1::TRACE_EVENT_KIND_SPAN_START);
+    reader->span_end = PyLong_FromLong(runtime::v1::TRACE_EVENT_KIND_SPAN_END);
+    ok = reader->span_start != nullptr && reader->span_end != nullptr;
+  }
+  if (ok) return reader;
+  PyErr_SetString(PyExc_SystemError, "send_span: cannot set up");
+  delete reader;  // what was made is leaked: only at start-up, never again
+  return nullptr;
+}
+
+int SpanReader::Encode(bool end, PyObject* kind, PyObject* const* v,
+                       PyObject* call_id, std::string& out) {
+  // The forwarder's short calls: ids and name as str (no parent: None),
+  // stamps in agentix's form, plain attribute values; at the end also no
+  // events, error or status description.
+  for (SpanKey key : {kSpanId, kTraceId, kSpanName}) {
+    if (v[key] == nullptr || !PyUnicode_CheckExact(v[key])) return 0;
+  }
+  PyObject* parent = v[kParentId];
+  if (parent == nullptr || (parent != Py_None && !PyUnicode_CheckExact(parent))) {
+    return 0;
+  }
+  PyObject* attrs = v[kAttrs];
+  if (attrs == nullptr || (attrs != Py_None && !PyDict_CheckExact(attrs))) {
+    return 0;
+  }
+  if (attrs != Py_None) {
+    Py_ssize_t pos = 0;
+    PyObject* key = nullptr;
+    PyObject* value = nullptr;
+    while (PyDict_Next(attrs, &pos, &key, &value)) {
+      if (!PyUnicode_CheckExact(key) || !IsPlainAttribute(value)) return 0;
+    }
+    if (PyDict_GET_SIZE(attrs) == 0) attrs = Py_None;  // left out
+  }
+  long long start = 0, finish = 0;
+  if (v[kStartedAt] == nullptr || StampNanos(v[kStartedAt], start) == 0) {
+    return 0;
+  }
+  PyObject* status = nullptr;
+  if (end) {
+    if (v[kEndedAt] == nullptr || StampNanos(v[kEndedAt], finish) == 0 ||
+        v[kError] != Py_None || v[kStatusDescription] != Py_None ||
+        v[kEvents] == nullptr || !PyList_CheckExact(v[kEvents]) ||
+        PyList_GET_SIZE(v[kEvents]) != 0 || v[kStatus] == nullptr) {
+      return 0;
+    }
+    // _SPAN_STATUS.get(span.status, 0), for a str status (anything else
+    // could compare equal to one of the names: the general path decides).
+    if (!PyUnicode_CheckExact(v[kStatus])) return 0;
+    status = status_codes[0];
+    for (int i = 0; i < 3; ++i) {
+      if (v[kStatus] == statuses[i] ||
+          PyUnicode_Compare(v[kStatus], statuses[i]) == 0) {
+        status = status_codes[i];
+        break;
+      }
+    }
+  }
+  PyObject* start_nanos = PyLong_FromLongLong(start);
+  PyObject* end_nanos = end ? PyLong_FromLongLong(finish) : nullptr;
+  if (start_nanos == nullptr || (end && end_nanos == nullptr)) {
+    Py_XDECREF(start_nanos);
+    return -1;
+  }
+  MessageFields& f = TraceFields();
+  auto put = [&](SpanField field, PyObject* value) {
+    return value == nullptr || value == Py_None ||
+           f.EncodeField(fields[field], value, out);
+  };
+  bool ok = put(kKindField, kind) && put(kTraceIdField, v[kTraceId]) &&
+            put(kSpanIdField, v[kSpanId]) && put(kParentIdField, parent) &&
+            put(kNameField, v[kSpanName]) && put(kStartField, start_nanos);
+  if (ok && end) ok = put(kEndField, end_nanos);
+  ok = ok && put(kAttributesField, attrs);
+  if (ok && end) ok = put(kStatusField, status);
+  ok = ok && put(kCallIdField, call_id);
+  Py_DECREF(start_nanos);
+  Py_XDECREF(end_nanos);
+  return ok ? 1 : -1;
+}
+
 }  // namespace
 
 PyObject* ChannelSendLog(PyObject* self, PyObject* const* args,
@@ -358,13 +596,47 @@ PyObject* ChannelSendLogRecord(PyObject* self, PyObject* const* args,
 
 PyObject* ChannelSendTrace(PyObject* self, PyObject* const* args,
                            Py_ssize_t nargs, PyObject* kwnames) {
-  // The daemon numbers events, knows the worker and derives the
-  // OpenTelemetry byte ids from the agentix_*_id strings.
-  static MessageFields* const fields = new MessageFields(
-      runtime::v1::TraceEvent::descriptor(),
-      {"seq", "trace_id", "span_id", "parent_span_id", "worker_id"});
-  return SendRecord(self, ipc::FrameType::kTrace, *fields, "send_trace", args,
-                    nargs, kwnames);
+  return SendRecord(self, ipc::FrameType::kTrace, TraceFields(), "send_trace",
+                    args, nargs, kwnames);
+}
+
+PyObject* ChannelSendSpan(PyObject* self, PyObject* const* args,
+                          Py_ssize_t nargs) {
+  if (!CheckArgs("send_span", nargs, 4)) return nullptr;
+  static SpanReader* reader = nullptr;  // GIL-guarded
+  if (reader == nullptr) {
+    reader = MakeSpanReader();
+    if (reader == nullptr) return nullptr;
+  }
+  PyObject* const kind = args[0];
+  PyObject* const span = args[1];
+  const bool end = kind == reader->span_end;
+  if ((!end && kind != reader->span_start) || !PyType_Check(args[3])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "send_span: kind must be 3 or 4 and span_type a class");
+    return nullptr;
+  }
+  if (reinterpret_cast<PyObject*>(Py_TYPE(span)) != args[3]) {
+    Py_RETURN_FALSE;
+  }
+  PyObject* dict = PyObject_GenericGetDict(span, nullptr);
+  if (dict == nullptr) return nullptr;
+  // Nothing below runs Python code: the values stay the dict's.
+  PyObject* v[kSpanKeys];
+  for (int i = 0; i < kSpanKeys; ++i) {
+    v[i] = PyDict_GetItemWithError(dict, reader->keys[i]);
+    if (v[i] == nullptr && PyErr_Occurred()) {
+      Py_DECREF(dict);
+      return nullptr;
+    }
+  }
+  ipc::Frame frame;
+  frame.type = ipc::FrameType::kTrace;
+  const int encoded = reader->Encode(end, kind, v, args[2], frame.record);
+  Py_DECREF(dict);
+  if (encoded <= 0) return encoded < 0 ? nullptr : Py_NewRef(Py_False);
+  if (!QueueSideChannelFrame(self, frame)) return nullptr;
+  Py_RETURN_TRUE;
 }
 
 // send_ns_event(namespace, event, data, request_id, error_type,

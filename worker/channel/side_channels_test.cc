@@ -450,5 +450,147 @@ TEST_CASE("send_log_record declines every other record, sending nothing",
         "send_log_record() takes 5 arguments (1 given)");
 }
 
+TEST_CASE("send_span sends what the trace forwarder's send_trace call would",
+          "[channel]") {
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  // Each span event goes out twice: through send_span, then through the
+  // keyword call of the forwarder's general path (worker/driver/traces.py),
+  // with the stamps converted by calendar.timegm here.
+  Py("import calendar, dataclasses\n"
+     "@dataclasses.dataclass\n"
+     "class Span:\n"
+     "    span_id: str\n"
+     "    trace_id: str\n"
+     "    parent_id: object\n"
+     "    name: str\n"
+     "    attrs: dict = dataclasses.field(default_factory=dict)\n"
+     "    started_at: object = None\n"
+     "    ended_at: object = None\n"
+     "    status: object = 'unset'\n"
+     "    status_description: object = None\n"
+     "    error: object = None\n"
+     "    events: list = dataclasses.field(default_factory=list)\n"
+     "def nanos(stamp):\n"
+     "    if stamp is None: return 0\n"
+     "    head = [int(stamp[0:4]), int(stamp[5:7]), int(stamp[8:10]), "
+     "int(stamp[11:13]), int(stamp[14:16]), int(stamp[17:19])]\n"
+     "    return calendar.timegm(head) * 10**9 + int(stamp[20:26]) * 1000\n"
+     "def general(kind, s):\n"
+     "    common = dict(kind=kind, agentix_trace_id=s.trace_id, "
+     "agentix_span_id=s.span_id, agentix_parent_id=s.parent_id or '', "
+     "name=s.name, start_time_unix_nanos=nanos(s.started_at))\n"
+     "    if kind == 3:\n"
+     "        ch.send_trace(**common, attributes=s.attrs or None, "
+     "call_id='c')\n"
+     "    else:\n"
+     "        ch.send_trace(**common, end_time_unix_nanos=nanos(s.ended_at), "
+     "attributes=s.attrs or None, status={'unset': 0, 'ok': 1, "
+     "'error': 2}.get(s.status, 0), call_id='c')\n"
+     "attrs = {'i': 1, 's': 'x\\u00e9', 'f': 1.5, 'b': True, 'y': b'z', "
+     "'n': -2**63, 'z': 0, 'e': ''}\n"
+     "spans = [\n"
+     "    Span('span_1', 'trace_1', None, 'plan', dict(attrs), "
+     "'2026-12-02T11:35:17.123456Z', '2026-12-02T11:35:18.000001Z', 'ok'),\n"
+     "    Span('span_2', 'trace_1', 'span_1', '', {}, None, None, 'error'),\n"
+     "    Span('span_3', 'trace_1', '', 'leap', {'k': False}, "
+     "'2024-02-29T23:59:59.999999Z', '2024-03-01T00:00:00.000000Z', "
+     "'weird'),\n"
+     "    Span('span_4', 'trace_unbound', None, 'old', {}, "
+     "'1678-01-01T00:00:00.000001Z', '1970-01-01T00:00:00.000000Z'),\n"
+     "    Span('span_5', 'trace_1', None, 'far', {}, "
+     "'2262-01-01T23:59:59.999999Z', '2000-01-01T00:00:00.500000Z'),\n"
+     "]\n"
+     "for s in spans:\n"
+     "    for kind in (3, 4):\n"
+     "        assert ch.send_span(kind, s, 'c', Span) is True, (kind, s)\n"
+     "        general(kind, s)\n");
+  constexpr size_t kEvents = 10;
+  auto frames = collector.Wait(2 * kEvents, absl::Seconds(5));
+  REQUIRE(frames.size() == 2 * kEvents);
+  for (size_t i = 0; i < kEvents; ++i) {
+    INFO("event " << i);
+    CHECK(frames[2 * i].record == frames[2 * i + 1].record);
+  }
+  const TraceEvent end = EventOf(frames[2]);
+  CHECK(end.kind() == runtime::v1::TRACE_EVENT_KIND_SPAN_END);
+  CHECK(end.agentix_span_id() == "span_1");
+  CHECK(end.name() == "plan");
+  CHECK(end.start_time_unix_nanos() == 1796211317123456000LL);
+  CHECK(end.end_time_unix_nanos() == 1796211318000001000LL);
+  CHECK(end.attributes_size() == 8);
+  CHECK(end.status() == runtime::v1::SPAN_STATUS_CODE_OK);
+  CHECK(end.call_id() == "c");
+  CHECK(EventOf(frames[6]).status() == runtime::v1::SPAN_STATUS_CODE_ERROR);
+}
+
+TEST_CASE("send_span declines every other span, sending nothing",
+          "[channel]") {
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  Py("import dataclasses, datetime\n"
+     "@dataclasses.dataclass\n"
+     "class Span:\n"
+     "    span_id: object = 'span_1'\n"
+     "    trace_id: object = 'trace_1'\n"
+     "    parent_id: object = None\n"
+     "    name: object = 'n'\n"
+     "    attrs: object = dataclasses.field(default_factory=dict)\n"
+     "    started_at: object = '2026-12-02T11:35:17.123456Z'\n"
+     "    ended_at: object = '2026-12-02T11:35:17.123457Z'\n"
+     "    status: object = 'unset'\n"
+     "    status_description: object = None\n"
+     "    error: object = None\n"
+     "    events: object = dataclasses.field(default_factory=list)\n"
+     "class Sub(Span):\n"
+     "    pass\n"
+     "class Text(str):\n"
+     "    pass\n"
+     "class Real(float):\n"
+     "    pass\n"
+     "both = [\n"
+     "    Sub(),\n"
+     "    Span(attrs={'k': None}),\n"
+     "    Span(attrs={'k': object()}),\n"
+     "    Span(attrs={1: 'v'}),\n"
+     "    Span(attrs={'k': 2**63}),\n"
+     "    Span(attrs={'k': Real(1.0)}),\n"
+     "    Span(attrs={'k': Text('v')}),\n"
+     "    Span(attrs={'k': [1]}),\n"
+     "    Span(attrs=[('k', 1)]),\n"
+     "    Span(started_at=datetime.datetime(2026, 12, 2)),\n"
+     "    Span(started_at='2026-12-02 11:35:17.123456Z'),\n"
+     "    Span(started_at='2026-12-02T11:35:17.12345Z'),\n"
+     "    Span(started_at='2026-13-02T11:35:17.123456Z'),\n"
+     "    Span(started_at='0000-01-02T11:35:17.123456Z'),\n"
+     "    Span(started_at='0001-01-01T00:00:00.000001Z'),\n"
+     "    Span(started_at='9999-12-31T23:59:59.999999Z'),\n"
+     "    Span(started_at='2026-12-02T11:35:17.12345\\u0663Z'),\n"
+     "    Span(trace_id=1),\n"
+     "    Span(span_id=Text('span_1')),\n"
+     "    Span(parent_id=7),\n"
+     "    Span(name=None),\n"
+     "]\n"
+     "end_only = [\n"
+     "    Span(events=['e']),\n"
+     "    Span(error='boom'),\n"
+     "    Span(status_description='why'),\n"
+     "    Span(status=Text('ok')),\n"
+     "    Span(status=None),\n"
+     "    Span(ended_at=0),\n"
+     "]\n"
+     "for s in both:\n"
+     "    for kind in (3, 4):\n"
+     "        assert ch.send_span(kind, s, 'c', Span) is False, (kind, s)\n"
+     "for s in end_only:\n"
+     "    assert ch.send_span(4, s, 'c', Span) is False, s\n"
+     "assert ch.send_span(3, Span(name='sent'), 'c', Span) is True\n");
+  auto frames = collector.Wait(1, absl::Seconds(5));
+  REQUIRE(frames.size() == 1);
+  CHECK(EventOf(frames[0]).name() == "sent");
+  CHECK(Raised("ch.send_span(2, Span(), 'c', Span)", "TypeError") ==
+        "send_span: kind must be 3 or 4 and span_type a class");
+}
+
 }  // namespace
 }  // namespace agentix::worker
