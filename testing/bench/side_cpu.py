@@ -21,7 +21,9 @@ noisy neighbour hits both); --agentix gives the directory holding the
 `agentix` package the sandbox imports (its trace module runs there too).
 Medians over the rounds are printed: the worker's threads by name, its
 `total`, and `host` / `daemon` (this process, all threads; the daemon's
-process) per record / span.
+process) per record / span; then every thread's (worker, host, daemon) busy
+share of the burst's wall time, which says which serial stage bounds the
+rate.
 """
 
 import argparse
@@ -82,28 +84,33 @@ def install_counters():
     return records, spans
 
 
-def process_cpu_ns(pid):
-    return sum(procs.thread_cpu_ns(pid).values())
-
-
 async def burst(client, worker_pid, daemon_pid, fn, n, counter):
     counter.count = 0
     before = procs.thread_cpu_ns(worker_pid)
-    host_before, daemon_before = process_cpu_ns(os.getpid()), process_cpu_ns(daemon_pid)
+    host_threads, daemon_threads = procs.thread_cpu_ns(os.getpid()), procs.thread_cpu_ns(daemon_pid)
+    host_before, daemon_before = sum(host_threads.values()), sum(daemon_threads.values())
     start = time.perf_counter()
     await client.remote(fn, n)
     await counter.wait_for(n)
     wall = time.perf_counter() - start
     time.sleep(0.02)  # the sender thread may still be returning from a write
     after = procs.thread_cpu_ns(worker_pid)
-    host = (process_cpu_ns(os.getpid()) - host_before) / 1e3 / n
-    daemon = (process_cpu_ns(daemon_pid) - daemon_before) / 1e3 / n
+    host_after, daemon_after = procs.thread_cpu_ns(os.getpid()), procs.thread_cpu_ns(daemon_pid)
+    host = (sum(host_after.values()) - host_before) / 1e3 / n
+    daemon = (sum(daemon_after.values()) - daemon_before) / 1e3 / n
+    # The host's and the daemon's threads too ("host/<name>", "daemon/<name>"):
+    # with `rate`, each thread's share of the burst's wall time (utilisation).
+    others = {}
+    for prefix, old, new in (("host", host_threads, host_after),
+                             ("daemon", daemon_threads, daemon_after)):
+        for name in new:
+            others[f"{prefix}/{name}"] = (new[name] - old.get(name, 0)) / 1e3 / n
     if counter.count != n:
         raise AssertionError(f"{counter.count} arrived, {n} sent")
     per_thread = {name: (after[name] - before.get(name, 0)) / 1e3 / n
                   for name in after}
     return {"total": sum(per_thread.values()), "rate": n / wall, "host": host,
-            "daemon": daemon, **per_thread}
+            "daemon": daemon, **per_thread, **others}
 
 
 async def measure(sock, daemon_pid, records_n, spans_n, counters):
@@ -145,7 +152,7 @@ def run_one(sandboxd, worker, agentix_dir, records_n, spans_n, counters):
 
 def summary(samples):
     first = ("rate", "host", "daemon", "total")
-    keys = sorted({k for s in samples for k in s},
+    keys = sorted({k for s in samples for k in s if "/" not in k},
                   key=lambda k: (first.index(k) if k in first else len(first), k))
     parts = []
     for key in keys:
@@ -155,6 +162,21 @@ def summary(samples):
         elif value >= 0.05:
             parts.append(f"{key} {value:.1f}")
     return ", ".join(parts)
+
+
+def utilisation(samples):
+    """Each busy thread's share of the burst's wall time (µs per item × items/s),
+    median over the rounds, busiest first: the serial stage that bounds the
+    rate is the one near 100%."""
+    shares = {}
+    for key in {k for s in samples for k in s}:
+        if key in ("rate", "host", "daemon", "total"):
+            continue
+        share = statistics.median(s.get(key, 0.0) * s["rate"] / 1e6 for s in samples)
+        if share >= 0.05:
+            name = key if "/" in key else f"worker/{key}"
+            shares[name] = share
+    return ", ".join(f"{k} {v:.0%}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1]))
 
 
 def main():
@@ -195,6 +217,8 @@ def main():
         print(f"variant {i}: {daemon}, {worker} (agentix from {agentix_dir})")
         print(f"  µs per record (median of {args.rounds}): {summary(results[i][0])}")
         print(f"  µs per span   (median of {args.rounds}): {summary(results[i][1])}")
+        print(f"  busy share of the wall time, records: {utilisation(results[i][0])}")
+        print(f"  busy share of the wall time, spans:   {utilisation(results[i][1])}")
 
 
 if __name__ == "__main__":

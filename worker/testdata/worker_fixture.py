@@ -247,6 +247,31 @@ def durable_line_matches_formatter():
     return "same"
 
 
+def bridge_paths_agree():
+    """Sends records through the log bridge's C path (handle: the record as
+    logging made it) and its general path (emit), each record both ways, with
+    messages "agree <i>": the test compares each pair of frames, so a field
+    the general path sends and the C path does not (or the reverse) fails."""
+    bridge = next(h for h in logging.getLogger().handlers
+                  if type(h).__name__ == "_LogBridge")
+    logger = logging.getLogger("app.agree")
+    made = [
+        logger.makeRecord("app.agree", logging.INFO, __file__, 10,
+                          "agree %d %s", (0, "\u00e9"), None),
+        logger.makeRecord("app.agree", logging.WARNING, __file__, 11,
+                          "agree %(n)d", ({"n": 1},), None, func="f",
+                          sinfo="Stack (most recent call last):"),
+        logger.makeRecord("app.agree", logging.ERROR, __file__, 12,
+                          "agree 2", (), None),
+    ]
+    made[2].exc_info = (ValueError, ValueError("x"), None)
+    made[2].exc_text = "Traceback: formatted before"
+    for record in made:
+        bridge.handle(record)
+        bridge.emit(record)
+    return len(made)
+
+
 def durable_rotation(records, max_bytes):
     """Lowers the durable log's size limit, then logs `records` records of
     two-byte characters (the limit counts bytes)."""
@@ -516,6 +541,37 @@ def traced_stamps():
                           started_at=start, ended_at=end)
         trace._dispatch("on_span_end", span)
     return len(stamps)
+
+
+def forwarder_paths_agree():
+    """Forwards spans through the trace forwarder's C path (send_span) and
+    its general path (send_trace), each span both ways, named "agree<i>":
+    the test compares each pair of events."""
+    from agentix.utils import trace
+    forwarder = next(p for p in trace.get_processors()
+                     if type(p).__name__ == "_TraceForwarder")
+    spans = [
+        trace.Span(span_id="span_a", trace_id="trace_agree", parent_id=None,
+                   name="agree0", attrs={"i": 1, "s": "\u00e9", "f": 0.5,
+                                         "b": False, "y": b"\x00"},
+                   started_at="2024-01-02T03:04:05.123456Z",
+                   ended_at="2024-01-02T03:04:06.000001Z", status="ok"),
+        trace.Span(span_id="span_b", trace_id="trace_agree",
+                   parent_id="span_a", name="agree1",
+                   started_at="2024-01-02T03:04:05.123457Z",
+                   ended_at="2024-01-02T03:04:05.123458Z"),
+    ]
+    fast = forwarder._send_span
+    for span in spans:
+        for general in (False, True):
+            if general:
+                forwarder._send_span = lambda *args: False
+            try:
+                forwarder.on_span_start(span)
+                forwarder.on_span_end(span)
+            finally:
+                forwarder._send_span = fast
+    return len(spans)
 
 
 def traced_sync(tag):
