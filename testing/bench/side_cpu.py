@@ -23,7 +23,9 @@ Medians over the rounds are printed: the worker's threads by name, its
 `total`, and `host` / `daemon` (this process, all threads; the daemon's
 process) per record / span; then every thread's (worker, host, daemon) busy
 share of the burst's wall time, which says which serial stage bounds the
-rate.
+rate. --split adds the worker's calling thread stage by stage
+(`side_targets.worker_split`: stdlib logging, the bridge, the durable log,
+agentix.trace, the forwarder; C paths against their general paths).
 """
 
 import argparse
@@ -113,7 +115,7 @@ async def burst(client, worker_pid, daemon_pid, fn, n, counter):
             "daemon": daemon, **per_thread, **others}
 
 
-async def measure(sock, daemon_pid, records_n, spans_n, counters):
+async def measure(sock, daemon_pid, records_n, spans_n, counters, split):
     records, spans = counters
     records.count = spans.count = 0
     async with RuntimeClient(f"unix://{sock}") as client:
@@ -126,10 +128,13 @@ async def measure(sock, daemon_pid, records_n, spans_n, counters):
                            records_n, records)
         span = await burst(client, worker, daemon_pid, side_targets.span_burst,
                            spans_n, spans)
+        if split:
+            # After the bursts: the worker's calling thread stage by stage.
+            logs["split"] = await client.remote(side_targets.worker_split, 20_000)
     return logs, span
 
 
-def run_one(sandboxd, worker, agentix_dir, records_n, spans_n, counters):
+def run_one(sandboxd, worker, agentix_dir, records_n, spans_n, counters, split):
     tmp = tempfile.mkdtemp(prefix="agx-side-cpu-", dir="/tmp")  # short sun_path
     sock = os.path.join(tmp, "sandboxd.sock")
     env = dict(os.environ, AGENTIX_LOG_DIR=tmp)
@@ -143,7 +148,7 @@ def run_one(sandboxd, worker, agentix_dir, records_n, spans_n, counters):
                 sys.exit(f"agentix-sandboxd exited with {daemon.returncode}")
             time.sleep(0.05)
         return asyncio.run(measure(sock, daemon.pid, records_n, spans_n,
-                                   counters))
+                                   counters, split))
     finally:
         daemon.terminate()
         daemon.wait()
@@ -152,7 +157,7 @@ def run_one(sandboxd, worker, agentix_dir, records_n, spans_n, counters):
 
 def summary(samples):
     first = ("rate", "host", "daemon", "total")
-    keys = sorted({k for s in samples for k in s if "/" not in k},
+    keys = sorted({k for s in samples for k in s if "/" not in k and k != "split"},
                   key=lambda k: (first.index(k) if k in first else len(first), k))
     parts = []
     for key in keys:
@@ -170,7 +175,7 @@ def utilisation(samples):
     rate is the one near 100%."""
     shares = {}
     for key in {k for s in samples for k in s}:
-        if key in ("rate", "host", "daemon", "total"):
+        if key in ("rate", "host", "daemon", "total", "split"):
             continue
         share = statistics.median(s.get(key, 0.0) * s["rate"] / 1e6 for s in samples)
         if share >= 0.05:
@@ -187,6 +192,9 @@ def main():
     parser.add_argument("--sandboxd", action="append")
     parser.add_argument("--worker", action="append")
     parser.add_argument("--agentix", action="append")
+    parser.add_argument("--split", action="store_true",
+                        help="also time the worker's calling thread stage by stage "
+                             "(side_targets.worker_split) after each round's bursts")
     args = parser.parse_args()
     import agentix
     default_agentix = os.path.dirname(os.path.dirname(agentix.__file__))
@@ -207,7 +215,7 @@ def main():
         for i in order:
             daemon, worker, agentix_dir = variants[i]
             logs, spans = run_one(daemon, worker, agentix_dir, args.records, args.spans,
-                                  counters)
+                                  counters, args.split)
             results[i][0].append(logs)
             results[i][1].append(spans)
             print(f"round {r + 1} variant {i}: record {logs['total']:.1f} µs, "
@@ -219,6 +227,12 @@ def main():
         print(f"  µs per span   (median of {args.rounds}): {summary(results[i][1])}")
         print(f"  busy share of the wall time, records: {utilisation(results[i][0])}")
         print(f"  busy share of the wall time, spans:   {utilisation(results[i][1])}")
+        splits = [r["split"] for r in results[i][0] if "split" in r]
+        if splits:
+            medians = {key: statistics.median(s[key] for s in splits if key in s)
+                       for key in splits[0]}
+            print(f"  worker calling thread by stage, µs per item (median of {len(splits)}): "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in medians.items()))
 
 
 if __name__ == "__main__":
