@@ -98,9 +98,8 @@ class _LogBridge(logging.Handler):
             return False
         # The common record (a plain LogRecord, no extras, no exception left
         # to format) is read and encoded in C: the same frame emit() sends,
-        # without its Python (half the bridge's cost per record). Anything
-        # else, or anything the C path declines or fails on before sending,
-        # takes emit().
+        # without its Python. Anything else, or anything the C path declines
+        # or fails on before sending, takes emit().
         try:
             if self._send_record(record, self._context, _call_id.get(),
                                  _STANDARD_KEYS, _UNFORWARDED):
