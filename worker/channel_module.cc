@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "worker/channel/channel_state.h"
 #include "worker/channel/diagnostics.h"
+#include "worker/channel/durable_line.h"
 #include "worker/channel/frame_intake.h"
 #include "worker/channel/py_args.h"
 #include "worker/channel/result_sender.h"
@@ -64,6 +65,10 @@ PyMethodDef kChannelMethods[] = {
      "send_log(**fields): one `log` frame; keyword arguments only, each "
      "optional, named as agentix.runtime.v1.LogRecord's fields (less seq and "
      "worker_id)"},
+    {"send_log_record", Fast<ChannelSendLogRecord>(), METH_FASTCALL,
+     "send_log_record(record, context, call_id, standard_keys, unforwarded):"
+     " the log bridge's common case: True if the plain LogRecord was queued "
+     "as send_log would, False (nothing sent) if it needs the general path"},
     {"send_trace", FastKeywords<ChannelSendTrace>(),
      METH_FASTCALL | METH_KEYWORDS,
      "send_trace(**fields): one `trace` frame, queued with the log frames; "
@@ -71,6 +76,10 @@ PyMethodDef kChannelMethods[] = {
      "agentix.runtime.v1.TraceEvent's fields (less seq, worker_id, trace_id, "
      "span_id and parent_span_id); attributes and error_data are "
      "{str: scalar} dicts, events a list of dicts"},
+    {"send_span", Fast<ChannelSendSpan>(), METH_FASTCALL,
+     "send_span(kind, span, call_id, span_type): the trace forwarder's "
+     "common span events: True if queued as send_trace would, False "
+     "(nothing sent) if the span needs the general path"},
     {"send_ns_event", Fast<ChannelSendNamespaceEvent>(), METH_FASTCALL,
      "send_ns_event(namespace, event, data, request_id, error_type, "
      "error_message, status_code): a plugin-namespace event for the hosts."},
@@ -169,6 +178,10 @@ PyMethodDef kModuleMethods[] = {
      "log(severity, message): 0 debug, 1 info, 2 warning, 3 error."},
     {"diagnostic_fd", DiagnosticFdOf, METH_NOARGS,
      "The fd of the worker's original stderr (the daemon's diagnostics)."},
+    {"write_log_line", Fast<WriteLogLine>(), METH_FASTCALL,
+     "write_log_line(record, fd, context, room): the durable log's default "
+     "line for a plain LogRecord, written; its length, or -1 (nothing "
+     "written) if the record needs the general path."},
     {"set_thread_name", Guarded<SetThreadName>, METH_O,
      "Sets the calling OS thread's name (as shown by ps/top)."},
     {nullptr, nullptr, 0, nullptr},

@@ -248,6 +248,53 @@ TEST_CASE("The durable log writes what logging.Formatter would",
   fs::remove_all(dir);
 }
 
+TEST_CASE("The durable log's C line is logging.Formatter's line",
+          "[worker][logs]") {
+  // write_log_line, which the durable handler uses for plain records in the
+  // default format, against logging.Formatter; what it declines (exception
+  // or stack text, text that does not encode, odd values) is not written.
+  const std::string dir = absl::StrCat(TempRoot(), "/line-", getpid());
+  fs::remove_all(dir);
+  WorkerArgs args;
+  args.env.push_back("AGENTIX_LOG_DIR=" + dir);
+  auto worker = ReadyWorker(args);
+  worker->Call("f", "worker_fixture::durable_line_matches_formatter",
+               Pickle("((), {})"));
+  const Reply reply = worker->AwaitReply("f");
+  INFO(reply.error.message);
+  CHECK(reply.ok);
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("The bridge's C path and its general path send the same record",
+          "[worker][logs]") {
+  // Each record goes through _LogBridge.handle (send_log_record) and then
+  // _LogBridge.emit (send_log): a field one path sends and the other does
+  // not would show here.
+  auto worker = ReadyWorker();
+  CHECK(Unpickle(worker->CallOk("worker_fixture::bridge_paths_agree",
+                                Pickle("((), {})"))) == "3");
+  for (const std::string message :
+       {"agree 0 \xc3\xa9", "agree 1", "agree 2"}) {
+    AwaitLog(*worker, "app.agree", message);
+    std::vector<LogRecord> pair;
+    for (const LogRecord& log : LogsOf(worker->logs(), "app.agree")) {
+      if (log.message() == message) pair.push_back(log);
+    }
+    INFO(message);
+    REQUIRE(pair.size() == 2);
+    CHECK(pair[0].DebugString() == pair[1].DebugString());
+    CHECK(pair[0].call_id() == pair[1].call_id());
+  }
+  const std::vector<LogRecord> logs = LogsOf(worker->logs(), "app.agree");
+  CHECK(logs[2].stack_info() == "Stack (most recent call last):");
+  CHECK(logs[4].exception_text() == "Traceback: formatted before");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
 TEST_CASE("The durable log rotates by bytes, keeping whole lines",
           "[worker][logs]") {
   const std::string dir = absl::StrCat(TempRoot(), "/rotate-", getpid());

@@ -160,6 +160,34 @@ TEST_CASE("agentix.trace traces and spans become trace frames in order",
   CHECK(LogsOf(worker->logs(), "agentix.trace").empty());
 }
 
+TEST_CASE("The forwarder's C path and its general path send the same events",
+          "[worker][trace]") {
+  // Each span's start and end go through send_span, then through the
+  // keyword calls of the general path: a field one path sends and the other
+  // does not would show here.
+  auto worker = TracingWorker();
+  CHECK(Unpickle(worker->CallOk("worker_fixture::forwarder_paths_agree",
+                                Pickle("((), {})"))) == "2");
+  REQUIRE(worker->AwaitTraces(8));
+  const std::vector<TraceEvent>& events = worker->traces();
+  for (size_t span = 0; span < 2; ++span) {
+    for (size_t event = 0; event < 2; ++event) {
+      const TraceEvent& fast = events[span * 4 + event];
+      const TraceEvent& general = events[span * 4 + 2 + event];
+      INFO("span " << span << " event " << event);
+      CHECK(fast.name() == absl::StrCat("agree", span));
+      CHECK(fast.DebugString() == general.DebugString());
+    }
+  }
+  CHECK(events[1].start_time_unix_nanos() == 1704164645123456000LL);
+  CHECK(events[1].end_time_unix_nanos() == 1704164646000001000LL);
+  CHECK(events[1].attributes_size() == 5);
+  CHECK(events[1].status() == runtime::v1::SPAN_STATUS_CODE_OK);
+  CHECK(events[4].agentix_parent_id() == "span_a");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
 TEST_CASE("Span attributes are coerced to scalars; others arrive as repr",
           "[worker][trace]") {
   auto worker = TracingWorker();

@@ -22,7 +22,11 @@ noisy neighbour hits both); --agentix gives the directory holding the
 Medians over the rounds are printed: the worker's threads by name, its
 `total`, `host` / `daemon` (this process, all threads; the daemon's
 process) and the host's threads by role (`host:loop`, `host:replay`,
-`host:other`; see host_thread_cpu_ns) per record / span.
+`host:other`; see host_thread_cpu_ns) per record / span; then every thread's (worker, host, daemon) busy
+share of the burst's wall time, which says which serial stage bounds the
+rate. --split adds the worker's calling thread stage by stage
+(`side_targets.worker_split`: stdlib logging, the bridge, the durable log,
+agentix.trace, the forwarder; C paths against their general paths).
 """
 
 import argparse
@@ -107,35 +111,39 @@ def host_thread_cpu_ns():
     return out
 
 
-def process_cpu_ns(pid):
-    return sum(procs.thread_cpu_ns(pid).values())
-
-
 async def burst(client, worker_pid, daemon_pid, fn, n, counter):
     counter.count = 0
     before = procs.thread_cpu_ns(worker_pid)
-    host_before, daemon_before = host_thread_cpu_ns(), process_cpu_ns(daemon_pid)
+    host_threads, daemon_threads = procs.thread_cpu_ns(os.getpid()), procs.thread_cpu_ns(daemon_pid)
+    host_before, daemon_before = sum(host_threads.values()), sum(daemon_threads.values())
+    roles_before = host_thread_cpu_ns()
     start = time.perf_counter()
     await client.remote(fn, n)
     await counter.wait_for(n)
     wall = time.perf_counter() - start
     time.sleep(0.02)  # the sender thread may still be returning from a write
     after = procs.thread_cpu_ns(worker_pid)
-    host_after = host_thread_cpu_ns()
-    host = (sum(host_after.values()) - sum(host_before.values())) / 1e3 / n
-    daemon = (process_cpu_ns(daemon_pid) - daemon_before) / 1e3 / n
+    host_after, daemon_after = procs.thread_cpu_ns(os.getpid()), procs.thread_cpu_ns(daemon_pid)
+    host = (sum(host_after.values()) - host_before) / 1e3 / n
+    daemon = (sum(daemon_after.values()) - daemon_before) / 1e3 / n
+    # The host's and the daemon's threads too ("host/<name>", "daemon/<name>"):
+    # with `rate`, each thread's share of the burst's wall time (utilisation).
+    others = {}
+    for prefix, old, new in (("host", host_threads, host_after),
+                             ("daemon", daemon_threads, daemon_after)):
+        for name in new:
+            others[f"{prefix}/{name}"] = (new[name] - old.get(name, 0)) / 1e3 / n
+    roles_after = host_thread_cpu_ns()
     if counter.count != n:
         raise AssertionError(f"{counter.count} arrived, {n} sent")
     per_thread = {name: (after[name] - before.get(name, 0)) / 1e3 / n
                   for name in after}
-    host_threads = {}
-    for name, ns in host_after.items():
-        host_threads[name] = host_threads.get(name, 0.0) + (ns - host_before.get(name, 0)) / 1e3 / n
+    roles = {name: (ns - roles_before.get(name, 0)) / 1e3 / n for name, ns in roles_after.items()}
     return {"total": sum(per_thread.values()), "rate": n / wall, "host": host,
-            "daemon": daemon, **per_thread, **host_threads}
+            "daemon": daemon, **per_thread, **others, **roles}
 
 
-async def measure(sock, daemon_pid, records_n, spans_n, counters):
+async def measure(sock, daemon_pid, records_n, spans_n, counters, split):
     records, spans = counters
     records.count = spans.count = 0
     async with RuntimeClient(f"unix://{sock}") as client:
@@ -148,10 +156,13 @@ async def measure(sock, daemon_pid, records_n, spans_n, counters):
                            records_n, records)
         span = await burst(client, worker, daemon_pid, side_targets.span_burst,
                            spans_n, spans)
+        if split:
+            # After the bursts: the worker's calling thread stage by stage.
+            logs["split"] = await client.remote(side_targets.worker_split, 20_000)
     return logs, span
 
 
-def run_one(sandboxd, worker, agentix_dir, records_n, spans_n, counters):
+def run_one(sandboxd, worker, agentix_dir, records_n, spans_n, counters, split):
     tmp = tempfile.mkdtemp(prefix="agx-side-cpu-", dir="/tmp")  # short sun_path
     sock = os.path.join(tmp, "sandboxd.sock")
     env = dict(os.environ, AGENTIX_LOG_DIR=tmp)
@@ -165,7 +176,7 @@ def run_one(sandboxd, worker, agentix_dir, records_n, spans_n, counters):
                 sys.exit(f"agentix-sandboxd exited with {daemon.returncode}")
             time.sleep(0.05)
         return asyncio.run(measure(sock, daemon.pid, records_n, spans_n,
-                                   counters))
+                                   counters, split))
     finally:
         daemon.terminate()
         daemon.wait()
@@ -174,7 +185,7 @@ def run_one(sandboxd, worker, agentix_dir, records_n, spans_n, counters):
 
 def summary(samples):
     first = ("rate", "host", "daemon", "total")
-    keys = sorted({k for s in samples for k in s},
+    keys = sorted({k for s in samples for k in s if "/" not in k and k != "split"},
                   key=lambda k: (first.index(k) if k in first else len(first), k))
     parts = []
     for key in keys:
@@ -186,6 +197,21 @@ def summary(samples):
     return ", ".join(parts)
 
 
+def utilisation(samples):
+    """Each busy thread's share of the burst's wall time (µs per item × items/s),
+    median over the rounds, busiest first: the serial stage that bounds the
+    rate is the one near 100%."""
+    shares = {}
+    for key in {k for s in samples for k in s}:
+        if key in ("rate", "host", "daemon", "total", "split"):
+            continue
+        share = statistics.median(s.get(key, 0.0) * s["rate"] / 1e6 for s in samples)
+        if share >= 0.05:
+            name = key if "/" in key else f"worker/{key}"
+            shares[name] = share
+    return ", ".join(f"{k} {v:.0%}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1]))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -194,6 +220,9 @@ def main():
     parser.add_argument("--sandboxd", action="append")
     parser.add_argument("--worker", action="append")
     parser.add_argument("--agentix", action="append")
+    parser.add_argument("--split", action="store_true",
+                        help="also time the worker's calling thread stage by stage "
+                             "(side_targets.worker_split) after each round's bursts")
     args = parser.parse_args()
     import agentix
     default_agentix = os.path.dirname(os.path.dirname(agentix.__file__))
@@ -214,7 +243,7 @@ def main():
         for i in order:
             daemon, worker, agentix_dir = variants[i]
             logs, spans = run_one(daemon, worker, agentix_dir, args.records, args.spans,
-                                  counters)
+                                  counters, args.split)
             results[i][0].append(logs)
             results[i][1].append(spans)
             print(f"round {r + 1} variant {i}: record {logs['total']:.1f} µs, "
@@ -224,6 +253,14 @@ def main():
         print(f"variant {i}: {daemon}, {worker} (agentix from {agentix_dir})")
         print(f"  µs per record (median of {args.rounds}): {summary(results[i][0])}")
         print(f"  µs per span   (median of {args.rounds}): {summary(results[i][1])}")
+        print(f"  busy share of the wall time, records: {utilisation(results[i][0])}")
+        print(f"  busy share of the wall time, spans:   {utilisation(results[i][1])}")
+        splits = [r["split"] for r in results[i][0] if "split" in r]
+        if splits:
+            medians = {key: statistics.median(s[key] for s in splits if key in s)
+                       for key in splits[0]}
+            print(f"  worker calling thread by stage, µs per item (median of {len(splits)}): "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in medians.items()))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,12 @@ coroutine (`Namespace.request` is async).
   carries the sandbox's send time; the host handler adds its own receive time
   (`time.perf_counter`, CLOCK_MONOTONIC: one clock for every process of the machine).
   Returns the median sandbox→host and host→sandbox legs in µs.
+- `worker_split(n)` (ours only; side_cpu.py --split): where the worker's calling thread
+  spends a record's and a span's CPU, stage by stage (thread CPU µs per item, best of
+  3 loops of n): stdlib `logging` with no handler, the log bridge's `handle` and the
+  durable log's `handle` on records already made, the same through their general
+  (Python) paths where the worker has a C path, and `agentix.trace` alone, with the
+  forwarder, and with the forwarder's general path.
 """
 
 import logging
@@ -42,6 +48,79 @@ def span_burst(n):
             with trace.span("s", i=i):
                 pass
     return n
+
+
+def worker_split(n):
+    root = logging.getLogger()
+    handlers = {type(h).__name__: h for h in root.handlers}
+    bridge, durable = handlers.get("_LogBridge"), handlers.get("_DurableHandler")
+    log = logging.getLogger(LOGGER + ".split")
+    log.propagate = False  # the records below go to no handler: logging alone
+
+    def per_item(fn):
+        best = None
+        for _ in range(3):
+            start = time.thread_time()
+            fn()
+            cost = (time.thread_time() - start) * 1e6 / n
+            best = cost if best is None else min(best, cost)
+        return round(best, 2)
+
+    def stdlib():
+        for i in range(n):
+            log.info("side-channel record %d", i)
+
+    made = [log.makeRecord(LOGGER, logging.INFO, __file__, 1, "side-channel record %d",
+                           (i,), None) for i in range(n)]
+
+    def through(method):
+        def run():
+            for record in made:
+                method(record)
+        return run
+
+    def locked_emit(handler):
+        def emit(record):
+            with handler.lock:
+                handler.emit(record)
+        return emit
+
+    out = {"stdlib_logging": per_item(stdlib)}
+    if bridge is not None:
+        out["bridge"] = per_item(through(bridge.handle))
+        if hasattr(bridge, "_send_record"):  # a worker with the C path
+            out["bridge_general_path"] = per_item(through(bridge.emit))
+    if durable is not None:
+        out["durable"] = per_item(through(durable.handle))
+        if getattr(durable, "_line_formatter", None) is not None:
+            out["durable_general_path"] = per_item(through(locked_emit(durable)))
+
+    from agentix import trace
+
+    def spans():
+        with trace.trace("split"):
+            for i in range(n):
+                with trace.span("s", i=i):
+                    pass
+
+    processors = trace.get_processors()
+    forwarder = next((p for p in processors if type(p).__name__ == "_TraceForwarder"), None)
+    try:
+        trace.set_processors([trace.Processor()])
+        out["span_trace_module"] = per_item(spans)
+        if forwarder is not None:
+            trace.set_processors([forwarder])
+            out["span_forwarded"] = per_item(spans)
+            fast = getattr(forwarder, "_send_span", None)
+            if fast is not None:
+                forwarder._send_span = lambda *args: False
+                try:
+                    out["span_forwarded_general_path"] = per_item(spans)
+                finally:
+                    forwarder._send_span = fast
+    finally:
+        trace.set_processors(processors)
+    return out
 
 
 _namespaces = {}

@@ -440,6 +440,18 @@ bool MessageFields::EncodeScalar(const Field& f, PyObject* value,
   return true;
 }
 
+int MessageFields::IndexOf(std::string_view name) const {
+  for (size_t i = 0; i < fields_.size(); ++i) {
+    if (fields_[i].field->name() == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+bool MessageFields::EncodeField(int index, PyObject* value,
+                                std::string& out) {
+  return EncodeOne(fields_[static_cast<size_t>(index)], value, out);
+}
+
 bool MessageFields::Encode(const char* function, PyObject* const* args,
                            Py_ssize_t nargs, PyObject* kwnames,
                            std::string& out) {

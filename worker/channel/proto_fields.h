@@ -51,6 +51,13 @@ class MessageFields {
   bool Encode(const char* function, PyObject* const* args, Py_ssize_t nargs,
               PyObject* kwnames, std::string& out);
 
+  // For callers that read a record's values themselves (send_log_record):
+  // the index of the settable field `name`, or -1; and one field appended
+  // to `out` as Encode appends a keyword argument of that name (the same
+  // checks, the same bytes). GIL held.
+  int IndexOf(std::string_view name) const;
+  bool EncodeField(int index, PyObject* value, std::string& out);
+
  private:
   enum class Form { kScalar, kScalars, kChoice, kMap, kMessage, kMessages };
   struct Field {

@@ -2,9 +2,9 @@
 
 #include <string>
 
-#include "agentix/runtime/v1/runtime.pb.h"
 #include "worker/channel/channel_state.h"
 #include "worker/channel/log_sender.h"
+#include "worker/channel/plain_records.h"
 #include "worker/channel/proto_fields.h"
 #include "worker/channel/py_args.h"
 #include "worker/ipc/frame.h"
@@ -84,22 +84,38 @@ PyObject* SendRecord(PyObject* self, ipc::FrameType type,
 
 PyObject* ChannelSendLog(PyObject* self, PyObject* const* args,
                          Py_ssize_t nargs, PyObject* kwnames) {
-  // The daemon numbers records and knows which worker sent them.
-  static MessageFields* const fields = new MessageFields(
-      runtime::v1::LogRecord::descriptor(), {"seq", "worker_id"});
-  return SendRecord(self, ipc::FrameType::kLog, *fields, "send_log", args,
+  return SendRecord(self, ipc::FrameType::kLog, LogRecordFields(), "send_log", args,
                     nargs, kwnames);
+}
+
+PyObject* ChannelSendLogRecord(PyObject* self, PyObject* const* args,
+                               Py_ssize_t nargs) {
+  if (!CheckArgs("send_log_record", nargs, 5)) return nullptr;
+  ipc::Frame frame;
+  frame.type = ipc::FrameType::kLog;
+  const int encoded = EncodePlainLogRecord(args[0], args[1], args[2], args[3],
+                                           args[4], frame.record);
+  if (encoded <= 0) return encoded < 0 ? nullptr : Py_NewRef(Py_False);
+  if (!QueueSideChannelFrame(self, frame)) return nullptr;
+  Py_RETURN_TRUE;
 }
 
 PyObject* ChannelSendTrace(PyObject* self, PyObject* const* args,
                            Py_ssize_t nargs, PyObject* kwnames) {
-  // The daemon numbers events, knows the worker and derives the
-  // OpenTelemetry byte ids from the agentix_*_id strings.
-  static MessageFields* const fields = new MessageFields(
-      runtime::v1::TraceEvent::descriptor(),
-      {"seq", "trace_id", "span_id", "parent_span_id", "worker_id"});
-  return SendRecord(self, ipc::FrameType::kTrace, *fields, "send_trace", args,
-                    nargs, kwnames);
+  return SendRecord(self, ipc::FrameType::kTrace, TraceEventFields(), "send_trace",
+                    args, nargs, kwnames);
+}
+
+PyObject* ChannelSendSpan(PyObject* self, PyObject* const* args,
+                          Py_ssize_t nargs) {
+  if (!CheckArgs("send_span", nargs, 4)) return nullptr;
+  ipc::Frame frame;
+  frame.type = ipc::FrameType::kTrace;
+  const int encoded =
+      EncodePlainSpan(args[0], args[1], args[2], args[3], frame.record);
+  if (encoded <= 0) return encoded < 0 ? nullptr : Py_NewRef(Py_False);
+  if (!QueueSideChannelFrame(self, frame)) return nullptr;
+  Py_RETURN_TRUE;
 }
 
 // send_ns_event(namespace, event, data, request_id, error_type,

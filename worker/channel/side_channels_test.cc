@@ -323,5 +323,274 @@ TEST_CASE("send_trace's bytes are the TraceEvent protobuf itself parses",
   CHECK(frames[0].record == want.SerializeAsString());
 }
 
+TEST_CASE("send_log_record sends what the bridge's send_log call would",
+          "[channel]") {
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  // Each record goes out twice: through send_log_record, then through the
+  // keyword call the bridge's general path makes (worker/driver/logs.py
+  // _LogBridge.emit); the two frames must be byte for byte the same.
+  Py("import logging\n"
+     "STD = frozenset(vars(logging.LogRecord('n', 20, 'p', 1, 'm', None, "
+     "None))) | {'message', 'asctime', 'agentix_context'}\n"
+     "UNFORWARDED = ('agentix.utils.log',)\n"
+     "def general(r, context, call_id):\n"
+     "    ctx = getattr(r, 'agentix_context', None)\n"
+     "    ch.send_log(logger=r.name, level=r.levelno, "
+     "level_name=r.levelname, message=r.getMessage(), "
+     "time_unix_nanos=int(r.created * 1e9), file=r.pathname or '', "
+     "line=r.lineno or 0, function=r.funcName or '', module=r.module or '', "
+     "exception_text=r.exc_text or '', origin=1, call_id=call_id, "
+     "context=ctx if isinstance(ctx, str) else context, extras=None, "
+     "stack_info=r.stack_info or '')\n"
+     "def rec(msg, args=None, name='app.x', level=20, **attrs):\n"
+     "    r = logging.LogRecord(name, level, '/src/f\\u00e9.py', 12, msg, "
+     "args, None, func='fn')\n"
+     "    for k, v in attrs.items(): setattr(r, k, v)\n"
+     "    return r\n"
+     "records = [\n"
+     "    rec('hello %s %d', ('w\\u00e9', 3)),\n"
+     "    rec('ctx', agentix_context='sandbox-h-worker-1'),\n"
+     "    rec({'k': [1, 2]}),\n"
+     "    rec('v=%(a)s', ({'a': 5},)),\n"
+     "    rec('bad \\udcff text', level=40, exc_info=(ValueError, "
+     "ValueError('x'), None), exc_text='Traceback: ...'),\n"
+     "    rec('stack', stack_info='Stack (most recent call last):\\n  x'),\n"
+     "    rec('nones', pathname=None, lineno=None, funcName=None, "
+     "module=None, levelno=0, created=0.0),\n"
+     "    rec('neg', lineno=-3, created=-1.5, agentix_context=42),\n"
+     "    rec('agentix.utils is forwarded', name='agentix.utils'),\n"
+     "]\n"
+     "for r in records:\n"
+     "    assert ch.send_log_record(r, 'dflt', 'call-1', STD, UNFORWARDED)"
+     " is True, r\n"
+     "    general(r, 'dflt', 'call-1')\n");
+  constexpr size_t kRecords = 9;
+  auto frames = collector.Wait(2 * kRecords, absl::Seconds(5));
+  REQUIRE(frames.size() == 2 * kRecords);
+  for (size_t i = 0; i < kRecords; ++i) {
+    INFO("record " << i);
+    CHECK(frames[2 * i].record == frames[2 * i + 1].record);
+  }
+  const LogRecord first = RecordOf(frames[0]);
+  CHECK(first.logger() == "app.x");
+  CHECK(first.message() == "hello w\xc3\xa9 3");
+  CHECK(first.level_name() == "INFO");
+  CHECK(first.file() == "/src/f\xc3\xa9.py");
+  CHECK(first.line() == 12);
+  CHECK(first.function() == "fn");
+  CHECK(first.module() == "f\xc3\xa9");
+  CHECK(first.context() == "dflt");
+  CHECK(first.call_id() == "call-1");
+  CHECK(first.origin() == runtime::v1::LOG_ORIGIN_LOGGING);
+  CHECK(first.time_unix_nanos() > 0);
+  CHECK(RecordOf(frames[2]).context() == "sandbox-h-worker-1");
+  CHECK(RecordOf(frames[4]).message() == "{'k': [1, 2]}");
+  CHECK(RecordOf(frames[6]).message() == "v=5");
+  CHECK(RecordOf(frames[8]).message() == "bad \\udcff text");
+  CHECK(RecordOf(frames[8]).exception_text() == "Traceback: ...");
+  CHECK(RecordOf(frames[14]).time_unix_nanos() == -1500000000);
+  CHECK(RecordOf(frames[14]).context() == "dflt");
+}
+
+TEST_CASE("send_log_record declines every other record, sending nothing",
+          "[channel]") {
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  Py("import logging\n"
+     "STD = frozenset(vars(logging.LogRecord('n', 20, 'p', 1, 'm', None, "
+     "None))) | {'message', 'asctime', 'agentix_context'}\n"
+     "def rec(msg='m', args=None, name='app.x', **attrs):\n"
+     "    r = logging.LogRecord(name, 20, 'p.py', 1, msg, args, None)\n"
+     "    for k, v in attrs.items(): setattr(r, k, v)\n"
+     "    return r\n"
+     "class Sub(logging.LogRecord):\n"
+     "    pass\n"
+     "class Unprintable:\n"
+     "    def __str__(self): raise RuntimeError('no')\n"
+     "declined = [\n"
+     "    Sub('app.x', 20, 'p.py', 1, 'm', None, None),\n"
+     "    rec(user='ada'),\n"
+     "    rec(_private=1),\n"
+     "    rec(exc_info=(ValueError, ValueError('x'), None)),\n"
+     "    rec(exc_info=False),\n"
+     "    rec(name='agentix.utils.log'),\n"
+     "    rec(name='agentix.utils.log.inner'),\n"
+     "    rec(name='agentix.utils.logx'),\n"
+     "    rec(Unprintable()),\n"
+     "    rec('%d', ('x',)),\n"
+     "    rec('%s %s', ('one',)),\n"
+     "    rec(levelno='20'),\n"
+     "    rec(levelname=None),\n"
+     "    rec(pathname=b'p.py'),\n"
+     "    rec(lineno=1.5),\n"
+     "    rec(created=float('nan')),\n"
+     "    rec(created=1e20),\n"
+     "    rec(created=1),\n"
+     "    rec(agentix_context=type('S', (str,), {})('ctx')),\n"
+     "]\n"
+     "for r in declined:\n"
+     "    assert ch.send_log_record(r, 'd', '', STD, ('agentix.utils.log',))"
+     " is False, vars(r)\n"
+     "saved = logging.LogRecord.getMessage\n"
+     "logging.LogRecord.getMessage = lambda self: 'replaced'\n"
+     "try:\n"
+     "    assert ch.send_log_record(rec(), 'd', '', STD, ()) is False\n"
+     "finally:\n"
+     "    logging.LogRecord.getMessage = saved\n"
+     "assert ch.send_log_record(rec('sent'), 'd', '', STD, ()) is True\n");
+  auto frames = collector.Wait(1, absl::Seconds(5));
+  REQUIRE(frames.size() == 1);
+  CHECK(RecordOf(frames[0]).message() == "sent");
+  CHECK(Raised("ch.send_log_record(rec(), 'd', '', set(), ())",
+               "TypeError") ==
+        "send_log_record: standard_keys must be a frozenset and unforwarded "
+        "a tuple");
+  CHECK(Raised("ch.send_log_record(rec())", "TypeError") ==
+        "send_log_record() takes 5 arguments (1 given)");
+}
+
+TEST_CASE("send_span sends what the trace forwarder's send_trace call would",
+          "[channel]") {
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  // Each span event goes out twice: through send_span, then through the
+  // keyword call of the forwarder's general path (worker/driver/traces.py),
+  // with the stamps converted by calendar.timegm here.
+  Py("import calendar, dataclasses\n"
+     "@dataclasses.dataclass\n"
+     "class Span:\n"
+     "    span_id: str\n"
+     "    trace_id: str\n"
+     "    parent_id: object\n"
+     "    name: str\n"
+     "    attrs: dict = dataclasses.field(default_factory=dict)\n"
+     "    started_at: object = None\n"
+     "    ended_at: object = None\n"
+     "    status: object = 'unset'\n"
+     "    status_description: object = None\n"
+     "    error: object = None\n"
+     "    events: list = dataclasses.field(default_factory=list)\n"
+     "def nanos(stamp):\n"
+     "    if stamp is None: return 0\n"
+     "    head = [int(stamp[0:4]), int(stamp[5:7]), int(stamp[8:10]), "
+     "int(stamp[11:13]), int(stamp[14:16]), int(stamp[17:19])]\n"
+     "    return calendar.timegm(head) * 10**9 + int(stamp[20:26]) * 1000\n"
+     "def general(kind, s):\n"
+     "    common = dict(kind=kind, agentix_trace_id=s.trace_id, "
+     "agentix_span_id=s.span_id, agentix_parent_id=s.parent_id or '', "
+     "name=s.name, start_time_unix_nanos=nanos(s.started_at))\n"
+     "    if kind == 3:\n"
+     "        ch.send_trace(**common, attributes=s.attrs or None, "
+     "call_id='c')\n"
+     "    else:\n"
+     "        ch.send_trace(**common, end_time_unix_nanos=nanos(s.ended_at), "
+     "attributes=s.attrs or None, status={'unset': 0, 'ok': 1, "
+     "'error': 2}.get(s.status, 0), call_id='c')\n"
+     "attrs = {'i': 1, 's': 'x\\u00e9', 'f': 1.5, 'b': True, 'y': b'z', "
+     "'n': -2**63, 'z': 0, 'e': ''}\n"
+     "spans = [\n"
+     "    Span('span_1', 'trace_1', None, 'plan', dict(attrs), "
+     "'2026-12-02T11:35:17.123456Z', '2026-12-02T11:35:18.000001Z', 'ok'),\n"
+     "    Span('span_2', 'trace_1', 'span_1', '', {}, None, None, 'error'),\n"
+     "    Span('span_3', 'trace_1', '', 'leap', {'k': False}, "
+     "'2024-02-29T23:59:59.999999Z', '2024-03-01T00:00:00.000000Z', "
+     "'weird'),\n"
+     "    Span('span_4', 'trace_unbound', None, 'old', {}, "
+     "'1678-01-01T00:00:00.000001Z', '1970-01-01T00:00:00.000000Z'),\n"
+     "    Span('span_5', 'trace_1', None, 'far', {}, "
+     "'2262-01-01T23:59:59.999999Z', '2000-01-01T00:00:00.500000Z'),\n"
+     "]\n"
+     "for s in spans:\n"
+     "    for kind in (3, 4):\n"
+     "        assert ch.send_span(kind, s, 'c', Span) is True, (kind, s)\n"
+     "        general(kind, s)\n");
+  constexpr size_t kEvents = 10;
+  auto frames = collector.Wait(2 * kEvents, absl::Seconds(5));
+  REQUIRE(frames.size() == 2 * kEvents);
+  for (size_t i = 0; i < kEvents; ++i) {
+    INFO("event " << i);
+    CHECK(frames[2 * i].record == frames[2 * i + 1].record);
+  }
+  const TraceEvent end = EventOf(frames[2]);
+  CHECK(end.kind() == runtime::v1::TRACE_EVENT_KIND_SPAN_END);
+  CHECK(end.agentix_span_id() == "span_1");
+  CHECK(end.name() == "plan");
+  CHECK(end.start_time_unix_nanos() == 1796211317123456000LL);
+  CHECK(end.end_time_unix_nanos() == 1796211318000001000LL);
+  CHECK(end.attributes_size() == 8);
+  CHECK(end.status() == runtime::v1::SPAN_STATUS_CODE_OK);
+  CHECK(end.call_id() == "c");
+  CHECK(EventOf(frames[6]).status() == runtime::v1::SPAN_STATUS_CODE_ERROR);
+}
+
+TEST_CASE("send_span declines every other span, sending nothing",
+          "[channel]") {
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  Py("import dataclasses, datetime\n"
+     "@dataclasses.dataclass\n"
+     "class Span:\n"
+     "    span_id: object = 'span_1'\n"
+     "    trace_id: object = 'trace_1'\n"
+     "    parent_id: object = None\n"
+     "    name: object = 'n'\n"
+     "    attrs: object = dataclasses.field(default_factory=dict)\n"
+     "    started_at: object = '2026-12-02T11:35:17.123456Z'\n"
+     "    ended_at: object = '2026-12-02T11:35:17.123457Z'\n"
+     "    status: object = 'unset'\n"
+     "    status_description: object = None\n"
+     "    error: object = None\n"
+     "    events: object = dataclasses.field(default_factory=list)\n"
+     "class Sub(Span):\n"
+     "    pass\n"
+     "class Text(str):\n"
+     "    pass\n"
+     "class Real(float):\n"
+     "    pass\n"
+     "both = [\n"
+     "    Sub(),\n"
+     "    Span(attrs={'k': None}),\n"
+     "    Span(attrs={'k': object()}),\n"
+     "    Span(attrs={1: 'v'}),\n"
+     "    Span(attrs={'k': 2**63}),\n"
+     "    Span(attrs={'k': Real(1.0)}),\n"
+     "    Span(attrs={'k': Text('v')}),\n"
+     "    Span(attrs={'k': [1]}),\n"
+     "    Span(attrs=[('k', 1)]),\n"
+     "    Span(started_at=datetime.datetime(2026, 12, 2)),\n"
+     "    Span(started_at='2026-12-02 11:35:17.123456Z'),\n"
+     "    Span(started_at='2026-12-02T11:35:17.12345Z'),\n"
+     "    Span(started_at='2026-13-02T11:35:17.123456Z'),\n"
+     "    Span(started_at='0000-01-02T11:35:17.123456Z'),\n"
+     "    Span(started_at='0001-01-01T00:00:00.000001Z'),\n"
+     "    Span(started_at='9999-12-31T23:59:59.999999Z'),\n"
+     "    Span(started_at='2026-12-02T11:35:17.12345\\u0663Z'),\n"
+     "    Span(trace_id=1),\n"
+     "    Span(span_id=Text('span_1')),\n"
+     "    Span(parent_id=7),\n"
+     "    Span(name=None),\n"
+     "]\n"
+     "end_only = [\n"
+     "    Span(events=['e']),\n"
+     "    Span(error='boom'),\n"
+     "    Span(status_description='why'),\n"
+     "    Span(status=Text('ok')),\n"
+     "    Span(status=None),\n"
+     "    Span(ended_at=0),\n"
+     "]\n"
+     "for s in both:\n"
+     "    for kind in (3, 4):\n"
+     "        assert ch.send_span(kind, s, 'c', Span) is False, (kind, s)\n"
+     "for s in end_only:\n"
+     "    assert ch.send_span(4, s, 'c', Span) is False, s\n"
+     "assert ch.send_span(3, Span(name='sent'), 'c', Span) is True\n");
+  auto frames = collector.Wait(1, absl::Seconds(5));
+  REQUIRE(frames.size() == 1);
+  CHECK(EventOf(frames[0]).name() == "sent");
+  CHECK(Raised("ch.send_span(2, Span(), 'c', Span)", "TypeError") ==
+        "send_span: kind must be 3 or 4 and span_type a class");
+}
+
 }  // namespace
 }  // namespace agentix::worker

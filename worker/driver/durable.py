@@ -84,6 +84,16 @@ class _DurableHandler(logging.FileHandler):
         self._rotates = os.path.isfile(self.baseFilename)
         self._size = self._current_size()
         self._fd = self.stream.fileno()
+        self._line_formatter = None
+
+    def setFormatter(self, fmt):
+        super().setFormatter(fmt)
+        # The default format's line is written in C (handle) while this is
+        # the formatter: the same line _DurableFormatter.format makes.
+        self._line_formatter = fmt if (
+            type(fmt) is _DurableFormatter and fmt._fmt is _DEFAULT_FORMAT
+            and fmt.datefmt is None
+            and fmt.converter is logging.Formatter.converter) else None
 
     def _open(self):
         """Opens (or creates, mode 0600) the log file itself, never what a
@@ -142,6 +152,26 @@ class _DurableHandler(logging.FileHandler):
         if self.filters and not self.filter(record):
             return False
         with self.lock:
+            # A plain record in the default format: formatted and written
+            # by C (write_log_line: the same line, one write per record, the
+            # record's message and asctime set), else by emit(). -1: not
+            # such a record, or the line would need a rollover first.
+            if (self.formatter is self._line_formatter
+                    and self._line_formatter is not None
+                    and self.stream is not None):
+                try:
+                    size = _w.write_log_line(
+                        record, self._fd, self._context,
+                        max(self.maxBytes - self._size, 0) if self._rotates
+                        else -1)
+                except RecursionError:
+                    raise
+                except Exception:
+                    self.handleError(record)  # a failed write detaches
+                    return True
+                if size >= 0:
+                    self._size += size
+                    return True
             self.emit(record)
         return True
 

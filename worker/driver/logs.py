@@ -81,6 +81,7 @@ class _LogBridge(logging.Handler):
         super().__init__()
         self._channel = channel
         self._context = context
+        self._send_record = channel.send_log_record
 
     def createLock(self):
         # send_log is thread-safe; a handler lock would only serialise
@@ -95,6 +96,16 @@ class _LogBridge(logging.Handler):
         # the filter call only when there are filters.
         if self.filters and not self.filter(record):
             return False
+        # The common record (a plain LogRecord, no extras, no exception left
+        # to format) is read and encoded in C: the same frame emit() sends,
+        # without its Python. Anything else, or anything the C path declines
+        # or fails on before sending, takes emit().
+        try:
+            if self._send_record(record, self._context, _call_id.get(),
+                                 _STANDARD_KEYS, _UNFORWARDED):
+                return True
+        except Exception:
+            pass
         self.emit(record)
         return True
 

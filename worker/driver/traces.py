@@ -149,15 +149,27 @@ def _span_ids(span):
             name if type(name) is str else _text(name))
 
 
+def _declined(*args):
+    """send_span's answer for a span it cannot send: the general path's."""
+    return False
+
+
 def _trace_forwarder_class(base):
     class _TraceForwarder(base):
         """Sends each trace/span lifecycle event as a `trace` frame (the
         original's _ForwardProcessor). Never raises into the traced code:
         failures are counted, and the first one is reported on stderr."""
 
-        def __init__(self, channel):
+        def __init__(self, channel, span_type):
             super().__init__()
             self._channel = channel
+            # The common span events go out through send_span (C: the same
+            # frame as the keyword calls below, without their Python); it
+            # declines anything else, and everything if the trace module
+            # has no Span class.
+            self._send_span = (channel.send_span if span_type is not None
+                               else _declined)
+            self._span_type = span_type
             self.enabled = True
             self.failures = 0
             # Set while this thread forwards: a repr() or a log handler run
@@ -208,6 +220,13 @@ def _trace_forwarder_class(base):
             busy = self._busy
             if not self.enabled or getattr(busy, "on", False):
                 return
+            try:
+                # Runs no Python code: no forwarding can nest in it.
+                if self._send_span(_SPAN_START, span, _call_id.get(),
+                                   self._span_type):
+                    return
+            except Exception:
+                pass  # sent nothing: the general path below decides
             busy.on = True
             try:
                 trace_id, span_id, parent_id, name = _span_ids(span)
@@ -227,6 +246,12 @@ def _trace_forwarder_class(base):
             busy = self._busy
             if not self.enabled or getattr(busy, "on", False):
                 return
+            try:
+                if self._send_span(_SPAN_END, span, _call_id.get(),
+                                   self._span_type):
+                    return
+            except Exception:
+                pass
             busy.on = True
             try:
                 trace_id, span_id, parent_id, name = _span_ids(span)
@@ -280,7 +305,9 @@ def _install_trace_forwarding(channel, trace_module):
     agentix.utils.trace, just imported: deferred.py); returns it, or None if
     it cannot be registered."""
     try:
-        forwarder = _trace_forwarder_class(trace_module.Processor)(channel)
+        span_type = getattr(trace_module, "Span", None)
+        forwarder = _trace_forwarder_class(trace_module.Processor)(
+            channel, span_type if isinstance(span_type, type) else None)
         trace_module.add_processor(forwarder)
     except Exception as exc:
         _log(_WARNING, "cannot register the trace forwarder "

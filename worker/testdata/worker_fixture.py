@@ -175,6 +175,103 @@ def durable_format_matches_formatter():
     return "same"
 
 
+def durable_line_matches_formatter():
+    """Writes records with write_log_line (the durable log's C path) to a
+    temporary file and checks each line, and the message and asctime it
+    sets, against logging.Formatter with the default format; checks that
+    the records it declines write nothing. Raises AssertionError."""
+    import tempfile
+    import _agentix_worker as w
+    handler = next(h for h in logging.getLogger().handlers
+                   if type(h).__name__ == "_DurableHandler")
+    reference = logging.Formatter(handler.formatter._fmt)
+    logger = logging.getLogger("app.line")
+
+    def record(msg, args=(), **attrs):
+        made = logger.makeRecord("app.line", logging.INFO, __file__, 1, msg,
+                                 args, None)
+        for key, value in attrs.items():
+            setattr(made, key, value)
+        return made
+
+    plain = [
+        record("plain %d %s", (7, "\u00e9\u2603")),
+        record({"a mapping": 1}),
+        record("%(key)s", ({"key": "by name"},)),
+        record("no context"),
+        # As _pump_durable makes them: msecs an int.
+        record("stdio line", created=1_764_643_201.5, msecs=500,
+               module="stdio"),
+        record("same second", created=1_764_643_201.75, msecs=750.0),
+        record("midnight", created=1_764_633_600.0, msecs=0.0),
+    ]
+    del plain[3].__dict__["agentix_context"]
+    declined = [
+        record("exception", exc_info=(ValueError, ValueError("x"), None)),
+        record("exception text", exc_text="Traceback"),
+        record("stack", stack_info="Stack (most recent call last):"),
+        record("bad \udcff surrogate"),
+        record("%d", ("not a number",)),
+        record("context", agentix_context=12345),
+        record("msecs", msecs=1000.0),
+        record("created", created=1),
+    ]
+    with tempfile.TemporaryFile() as out:
+        fd = out.fileno()
+        for i, made in enumerate(plain):
+            theirs = logging.makeLogRecord(vars(made))
+            if "agentix_context" not in vars(made):
+                theirs.agentix_context = "ctx"  # the context given below
+            expected = (reference.format(theirs) + "\n").encode()
+            start = os.lseek(fd, 0, os.SEEK_CUR)
+            size = w.write_log_line(made, fd, "ctx", -1)
+            os.lseek(fd, start, os.SEEK_SET)
+            got = os.read(fd, 1 << 16)
+            if size != len(expected) or got != expected or (
+                    made.message != theirs.message
+                    or made.asctime != theirs.asctime
+                    or made.agentix_context != theirs.agentix_context):
+                raise AssertionError(f"record {i}: {got!r} ({size}) != "
+                                     f"{expected!r}")
+            # The caller's room: a line that would not fit is declined.
+            if w.write_log_line(made, fd, "ctx", len(expected)) != -1:
+                raise AssertionError(f"record {i} written without room")
+            if w.write_log_line(made, fd, "ctx", len(expected) + 1) != size:
+                raise AssertionError(f"record {i} not written with room")
+        end = os.lseek(fd, 0, os.SEEK_END)
+        for i, made in enumerate(declined):
+            if w.write_log_line(made, fd, "ctx", -1) != -1:
+                raise AssertionError(f"declined record {i} was written")
+        if os.lseek(fd, 0, os.SEEK_END) != end:
+            raise AssertionError("a declined record wrote something")
+    return "same"
+
+
+def bridge_paths_agree():
+    """Sends records through the log bridge's C path (handle: the record as
+    logging made it) and its general path (emit), each record both ways, with
+    messages "agree <i>": the test compares each pair of frames, so a field
+    the general path sends and the C path does not (or the reverse) fails."""
+    bridge = next(h for h in logging.getLogger().handlers
+                  if type(h).__name__ == "_LogBridge")
+    logger = logging.getLogger("app.agree")
+    made = [
+        logger.makeRecord("app.agree", logging.INFO, __file__, 10,
+                          "agree %d %s", (0, "\u00e9"), None),
+        logger.makeRecord("app.agree", logging.WARNING, __file__, 11,
+                          "agree %(n)d", ({"n": 1},), None, func="f",
+                          sinfo="Stack (most recent call last):"),
+        logger.makeRecord("app.agree", logging.ERROR, __file__, 12,
+                          "agree 2", (), None),
+    ]
+    made[2].exc_info = (ValueError, ValueError("x"), None)
+    made[2].exc_text = "Traceback: formatted before"
+    for record in made:
+        bridge.handle(record)
+        bridge.emit(record)
+    return len(made)
+
+
 def durable_rotation(records, max_bytes):
     """Lowers the durable log's size limit, then logs `records` records of
     two-byte characters (the limit counts bytes)."""
@@ -444,6 +541,37 @@ def traced_stamps():
                           started_at=start, ended_at=end)
         trace._dispatch("on_span_end", span)
     return len(stamps)
+
+
+def forwarder_paths_agree():
+    """Forwards spans through the trace forwarder's C path (send_span) and
+    its general path (send_trace), each span both ways, named "agree<i>":
+    the test compares each pair of events."""
+    from agentix.utils import trace
+    forwarder = next(p for p in trace.get_processors()
+                     if type(p).__name__ == "_TraceForwarder")
+    spans = [
+        trace.Span(span_id="span_a", trace_id="trace_agree", parent_id=None,
+                   name="agree0", attrs={"i": 1, "s": "\u00e9", "f": 0.5,
+                                         "b": False, "y": b"\x00"},
+                   started_at="2024-01-02T03:04:05.123456Z",
+                   ended_at="2024-01-02T03:04:06.000001Z", status="ok"),
+        trace.Span(span_id="span_b", trace_id="trace_agree",
+                   parent_id="span_a", name="agree1",
+                   started_at="2024-01-02T03:04:05.123457Z",
+                   ended_at="2024-01-02T03:04:05.123458Z"),
+    ]
+    fast = forwarder._send_span
+    for span in spans:
+        for general in (False, True):
+            if general:
+                forwarder._send_span = lambda *args: False
+            try:
+                forwarder.on_span_start(span)
+                forwarder.on_span_end(span)
+            finally:
+                forwarder._send_span = fast
+    return len(spans)
 
 
 def traced_sync(tag):

@@ -1,0 +1,227 @@
+#include "worker/channel/durable_line.h"
+
+#include <errno.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <string_view>
+
+#include "worker/channel/log_record.h"
+#include "worker/channel/py_args.h"
+
+namespace agentix::worker {
+namespace {
+
+enum LineKey {
+  kName,
+  kMsg,
+  kArgs,
+  kExcInfo,
+  kExcText,
+  kStackInfo,
+  kCreated,
+  kMsecs,
+  kContext,
+  kMessage,
+  kAsctime,
+  kLineKeys
+};
+constexpr const char* kLineKeyNames[kLineKeys] = {
+    "name",    "msg",   "args",            "exc_info", "exc_text", "stack_info",
+    "created", "msecs", "agentix_context", "message",  "asctime"};
+
+PyObject** LineKeys() {
+  static PyObject* keys[kLineKeys] = {};  // interned; GIL-guarded
+  if (keys[0] == nullptr) {
+    for (int i = 0; i < kLineKeys; ++i) {
+      PyObject* key = PyUnicode_InternFromString(kLineKeyNames[i]);
+      if (key == nullptr) return nullptr;
+      keys[i] = key;
+    }
+  }
+  return keys;
+}
+
+// Formatter.formatTime's default ("%Y-%m-%d %H:%M:%S" of time.localtime,
+// then ",%03d" of msecs), the date and time part formatted once per second
+// as _DurableFormatter does. False if the time has no local form.
+bool AppendAsctime(long long second, long msecs, std::string& out) {
+  static long long cached_second = -1;  // GIL-guarded
+  static char cached[64];
+  if (second != cached_second) {
+    const time_t t = static_cast<time_t>(second);
+    struct tm local;
+    if (localtime_r(&t, &local) == nullptr ||
+        strftime(cached, sizeof cached, "%Y-%m-%d %H:%M:%S", &local) == 0) {
+      return false;
+    }
+    cached_second = second;
+  }
+  char millis[8];
+  snprintf(millis, sizeof millis, ",%03ld", msecs);
+  out.append(cached).append(millis);
+  return true;
+}
+
+// Appends str `text` as strict UTF-8 (as str.encode("utf-8")); false with
+// the error cleared if it has lone surrogates.
+bool AppendUtf8(PyObject* text, std::string& out) {
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(text, &size);
+  if (data == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  out.append(data, static_cast<size_t>(size));
+  return true;
+}
+
+bool IsEmptyText(PyObject* value) {
+  return value == nullptr || value == Py_None ||
+         (PyUnicode_CheckExact(value) && PyUnicode_GET_LENGTH(value) == 0);
+}
+
+// The record's values, held while user code (str() of the message) runs.
+struct Held {
+  PyObject* values[kLineKeys] = {};
+  ~Held() {
+    for (PyObject* value : values) Py_XDECREF(value);
+  }
+};
+
+PyObject* Declined() { return PyLong_FromLong(-1); }
+
+// Writes all of `line`, retrying a partial write (a regular file takes it
+// all unless full) and EINTR. 0 or an errno.
+int WriteLine(int fd, const std::string& line) {
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd, line.data() + done, line.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return 0;
+}
+
+}  // namespace
+
+PyObject* WriteLogLine(PyObject* /*module*/, PyObject* const* args,
+                       Py_ssize_t nargs) {
+  if (!CheckArgs("write_log_line", nargs, 4)) return nullptr;
+  PyObject* const record = args[0];
+  long long fd = 0;
+  long long room = 0;
+  if (!ToInt(args[1], "fd", fd) || !ToInt(args[3], "room", room)) {
+    return nullptr;
+  }
+  if (!PyUnicode_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "write_log_line: context must be str");
+    return nullptr;
+  }
+  PyObject** keys = LineKeys();
+  if (keys == nullptr) return nullptr;
+  const int plain = IsPlainLogRecord(record);
+  if (plain <= 0) return plain < 0 ? nullptr : Declined();
+  PyObject* dict = PyObject_GenericGetDict(record, nullptr);
+  if (dict == nullptr) return nullptr;
+  Held held;
+  for (int i = 0; i < kLineKeys; ++i) {
+    held.values[i] = PyDict_GetItemWithError(dict, keys[i]);
+    if (held.values[i] == nullptr && PyErr_Occurred()) {
+      Py_DECREF(dict);
+      return nullptr;
+    }
+    Py_XINCREF(held.values[i]);
+  }
+  PyObject** v = held.values;
+  // The default format's fast case in _DurableFormatter.format: no
+  // exception, exception text or stack; the values as logging made them.
+  PyObject* msecs = v[kMsecs];
+  const bool usual =
+      v[kName] != nullptr && PyUnicode_CheckExact(v[kName]) &&
+      v[kMsg] != nullptr && v[kArgs] != nullptr && v[kExcInfo] == Py_None &&
+      IsEmptyText(v[kExcText]) && IsEmptyText(v[kStackInfo]) &&
+      v[kCreated] != nullptr && PyFloat_CheckExact(v[kCreated]) &&
+      PyFloat_AS_DOUBLE(v[kCreated]) >= 0 &&
+      PyFloat_AS_DOUBLE(v[kCreated]) < 1e15 && msecs != nullptr &&
+      (PyFloat_CheckExact(msecs) || PyLong_CheckExact(msecs)) &&
+      (v[kContext] == nullptr || PyUnicode_CheckExact(v[kContext]));
+  if (!usual) {
+    Py_DECREF(dict);
+    return Declined();
+  }
+  // "%03d" % msecs: int() of it; 0..999 for what logging makes.
+  const double ms = PyFloat_CheckExact(msecs) ? PyFloat_AS_DOUBLE(msecs)
+                                              : PyLong_AsDouble(msecs);
+  if (!(ms >= 0 && ms < 1000)) {
+    PyErr_Clear();
+    Py_DECREF(dict);
+    return Declined();
+  }
+  if (v[kContext] == nullptr) {
+    // Made without the worker's record factory: emit() gives it ours.
+    if (PyDict_SetItem(dict, keys[kContext], args[2]) < 0) {
+      Py_DECREF(dict);
+      return nullptr;
+    }
+    v[kContext] = Py_NewRef(args[2]);
+  }
+  // Last before writing, after every reason to decline: str() of the
+  // message and its arguments are user code the general path would run
+  // again.
+  PyObject* message = PlainMessage(v[kMsg], v[kArgs]);
+  if (message == nullptr) {
+    PyErr_Clear();  // the general path reports it
+    Py_DECREF(dict);
+    return Declined();
+  }
+  std::string line;
+  const double created = PyFloat_AS_DOUBLE(v[kCreated]);
+  bool ok = PyUnicode_CheckExact(message) &&
+            AppendAsctime(static_cast<long long>(created),
+                          static_cast<long>(ms), line);
+  PyObject* asctime = nullptr;
+  if (ok) {
+    asctime = PyUnicode_DecodeUTF8(line.data(),
+                                   static_cast<Py_ssize_t>(line.size()),
+                                   "surrogateescape");
+    ok = asctime != nullptr &&
+         PyDict_SetItem(dict, keys[kMessage], message) == 0 &&
+         PyDict_SetItem(dict, keys[kAsctime], asctime) == 0;
+    if (!ok) {
+      Py_XDECREF(asctime);
+      Py_DECREF(message);
+      Py_DECREF(dict);
+      return nullptr;
+    }
+    line.append(" [");
+    ok = AppendUtf8(v[kContext], line);
+    line.append("] [");
+    ok = ok && AppendUtf8(v[kName], line);
+    line.append("] ");
+    ok = ok && AppendUtf8(message, line);
+    line.push_back('\n');
+  }
+  Py_XDECREF(asctime);
+  Py_DECREF(message);
+  Py_DECREF(dict);
+  if (!ok || (room >= 0 && line.size() >= static_cast<unsigned long long>(room))) {
+    return Declined();
+  }
+  int error = 0;
+  Py_BEGIN_ALLOW_THREADS
+  error = WriteLine(static_cast<int>(fd), line);
+  Py_END_ALLOW_THREADS
+  if (error != 0) {
+    errno = error;
+    return PyErr_SetFromErrno(PyExc_OSError);
+  }
+  return PyLong_FromSize_t(line.size());
+}
+
+}  // namespace agentix::worker
