@@ -86,40 +86,52 @@ async def main():
 asyncio.run(main())
 """
 
-# The host of --ab: one client per daemon (argv[1], argv[2]); after a
-# warm-up of each, blocks of argv[4] sequential calls alternate between the
-# two (the order swapped each pair of blocks), so both sides meet the same
-# moments of the machine's load; writes {"a": [...], "b": [...]} latencies
-# (ns), the first argv[5] calls of each block left out (the side was idle
-# for a block), to argv[3].
+# The host of --ab: one client per daemon (argv[1], argv[2], their pids
+# argv[7], argv[8]); after a warm-up of each, blocks of argv[4] sequential
+# calls alternate between the two (the order swapped each pair of blocks),
+# so both sides meet the same moments of the machine's load; writes
+# {"a": [...], "b": [...]} latencies (ns), the first argv[5] calls of each
+# block left out (the side was idle for a block), and each side's on-CPU ns
+# of its daemon and worker over its blocks ("cpu_a", "cpu_b"), to argv[3].
 _AB_HOST = r"""
 import asyncio, json, os, sys, time
 sys.path.insert(0, os.environ["TAIL_BENCH_DIR"])
-import bench_targets
+import bench_targets, procs
 from agentix import RuntimeClient
 
 socks = {"a": sys.argv[1], "b": sys.argv[2]}
 out_path, block, skip, calls = sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+daemons = {"a": int(sys.argv[7]), "b": int(sys.argv[8])}
+
+def cpu(pids):
+    return {k: sum(procs.thread_cpu_ns(p).values()) for k, p in pids.items()}
 
 async def main():
     lats = {"a": [], "b": []}
+    spent = {s: {"daemon": 0, "worker": 0} for s in "ab"}
     async with RuntimeClient(f"unix://{socks['a']}") as ca, \
             RuntimeClient(f"unix://{socks['b']}") as cb:
         remotes = {"a": ca.remote, "b": cb.remote}
         for side in "ab":
             for _ in range(500):
                 await remotes[side](bench_targets.noop)
+        pids = {s: {"daemon": daemons[s], "worker": procs.children(daemons[s])[0]}
+                for s in "ab"}
         clock, noop = time.perf_counter_ns, bench_targets.noop
         for pair in range(max(1, calls // block)):
             for side in ("ab" if pair % 2 == 0 else "ba"):
                 remote, out = remotes[side], lats[side]
+                before = cpu(pids[side])
                 for i in range(block):
                     t0 = clock()
                     await remote(noop)
                     if i >= skip:
                         out.append(clock() - t0)
+                after = cpu(pids[side])
+                for k in after:
+                    spent[side][k] += after[k] - before[k]
     with open(out_path, "w") as f:
-        json.dump(lats, f)
+        json.dump({**lats, "cpu_a": spent["a"], "cpu_b": spent["b"]}, f)
 
 asyncio.run(main())
 """
@@ -344,11 +356,11 @@ def run_ab(args):
     out_path = os.path.join(tmp, "ab.json")
     report = {"load_start": os.getloadavg()[0], "block": args.block, "skip": args.skip}
     try:
-        with procs.ab_daemon(args.a_sandboxd, args.a_worker, env, "agx-tail-a-") as (sa, _), \
-                procs.ab_daemon(args.sandboxd, args.worker, env, "agx-tail-b-") as (sb, _):
+        with procs.ab_daemon(args.a_sandboxd, args.a_worker, env, "agx-tail-a-") as (sa, da), \
+                procs.ab_daemon(args.sandboxd, args.worker, env, "agx-tail-b-") as (sb, db):
             subprocess.run([args.python, "-c", _AB_HOST, sa, sb, out_path, str(args.block),
-                            str(args.skip), str(args.calls)], env=env, timeout=1200,
-                           check=True)
+                            str(args.skip), str(args.calls), str(da.pid), str(db.pid)],
+                           env=env, timeout=1200, check=True)
         with open(out_path) as f:
             lats = json.load(f)
     finally:
@@ -358,9 +370,13 @@ def run_ab(args):
         report[side] = distribution([x / 1e3 for x in lats[side]])
         report[side]["share_over_2x_a_p50"] = round(
             sum(x > threshold for x in lats[side]) / len(lats[side]), 4)
+        calls = max(1, args.calls // args.block) * args.block  # the CPU covers every call
+        for k, ns in lats[f"cpu_{side}"].items():
+            report[side][f"{k}_cpu_us_per_call"] = round(ns / 1e3 / calls, 2)
     report["ratios_b_over_a"] = {k: round(report["b"][k] / report["a"][k], 3) for k in
                                  ("p50_us", "p90_us", "p99_us", "p999_us", "p99_over_p50",
-                                  "share_over_2x_a_p50") if report["a"][k]}
+                                  "share_over_2x_a_p50", "daemon_cpu_us_per_call",
+                                  "worker_cpu_us_per_call") if report["a"][k]}
     report["load_end"] = os.getloadavg()[0]
     return report
 
