@@ -17,6 +17,8 @@ faults). It then reports:
   1 ms timerfd), hrtimer expiries in the stack, page faults; each as a
   share of the fast calls and of the slow ones, so what goes with a slow
   call stands out,
+- what happened around each first slow call after 20 fast ones (which
+  timers fired, which other processes ran, which threads migrated),
 - the Unix ping-pong floor's p50/p99 measured right after (`--floor`).
 
     /usr/bin/python3 testing/bench/tail_probe.py [--calls 20000] [--perf] \\
@@ -261,6 +263,41 @@ def correlate(events, starts, lats, slow_threshold_ns, stack_tids, names):
             "slow_examples": examples}
 
 
+def run_starts(events, starts, lats, slow_threshold_ns, stack_tids, quiet=20):
+    """What happened around the first slow call after `quiet` fast ones (a
+    run of slow calls starting), from the previous call's start to its end:
+    for each timer function that fired, each thread of another process that
+    ran and each thread of any process that migrated, in how many starts."""
+    times = [e[0] for e in events]
+    counts = collections.Counter()
+    found = 0
+    last_slow = -quiet - 1
+    for i, lat in enumerate(lats):
+        if lat <= slow_threshold_ns:
+            continue
+        if i - last_slow > quiet and i > 0:
+            found += 1
+            lo = bisect.bisect_left(times, starts[i - 1])
+            hi = bisect.bisect_right(times, starts[i] + lat)
+            seen = set()
+            for _, _, _, tid, ev, rest in events[lo:hi]:
+                if ev == "hrtimer_expire_entry":
+                    seen.add("timer:" + rest.split("function=", 1)[-1].split()[0])
+                elif ev == "sched_migrate_task":
+                    seen.add("migrated:" + rest.split("comm=", 1)[-1].split(" pid=")[0])
+                elif ev == "sched_switch":
+                    try:
+                        next_pid = int(rest.rsplit("next_pid=", 1)[1].split()[0])
+                    except (IndexError, ValueError):
+                        continue
+                    if next_pid not in stack_tids and next_pid != 0:
+                        seen.add("other_process_ran:" +
+                                 rest.rsplit("next_comm=", 1)[1].split(" next_pid")[0])
+            counts.update(seen)
+        last_slow = i
+    return {"run_starts": found, "in_how_many": dict(counts.most_common(20))}
+
+
 def thread_names(pids, seen=None):
     """{tid: "process/thread name"} of the stack's threads (and of `seen`,
     an earlier answer, for threads gone since); a name several threads
@@ -334,6 +371,7 @@ def run(args):
         report["trace_events"] = len(events)
         report["threads"] = sorted(names.values())
         report["correlation"] = correlate(events, starts, lats, 2 * p50_ns, set(names), names)
+        report["slow_run_starts"] = run_starts(events, starts, lats, 2 * p50_ns, set(names))
     report["load_end"] = os.getloadavg()[0]
     if args.floor:
         fl = subprocess.run([args.floor, "--big-mib=1", "--concurrency=16"], env=env,
