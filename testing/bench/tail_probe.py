@@ -386,16 +386,23 @@ def run(args):
     return report
 
 
-def run_ab(args):
+_AB_KEYS = ("p50_us", "p90_us", "p99_us", "p999_us", "p99_over_p50", "share_over_2x_a_p50",
+            "daemon_cpu_us_per_call", "worker_cpu_us_per_call")
+
+
+def run_ab(args, swapped=False):
     """Block-interleaved A/B: each side's distribution, and the share of
-    each side's calls slower than 2x side a's p50 (one threshold for both)."""
+    each side's calls slower than 2x side a's p50 (one threshold for both).
+    `swapped`: the new build (--sandboxd/--worker) is side a."""
     env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES, TAIL_BENCH_DIR=BENCH_DIR)
     tmp = tempfile.mkdtemp(prefix="agx-tail-")
     out_path = os.path.join(tmp, "ab.json")
     report = {"load_start": os.getloadavg()[0], "block": args.block, "skip": args.skip}
+    old, new = (args.a_sandboxd, args.a_worker), (args.sandboxd, args.worker)
+    first, second = (new, old) if swapped else (old, new)
     try:
-        with procs.ab_daemon(args.a_sandboxd, args.a_worker, env, "agx-tail-a-") as (sa, da), \
-                procs.ab_daemon(args.sandboxd, args.worker, env, "agx-tail-b-") as (sb, db):
+        with procs.ab_daemon(*first, env, "agx-tail-a-") as (sa, da), \
+                procs.ab_daemon(*second, env, "agx-tail-b-") as (sb, db):
             subprocess.run([args.python, "-c", _AB_HOST, sa, sb, out_path, str(args.block),
                             str(args.skip), str(args.calls), str(da.pid), str(db.pid)],
                            env=env, timeout=1200, check=True)
@@ -412,11 +419,33 @@ def run_ab(args):
         for k, ns in lats[f"cpu_{side}"].items():
             report[side][f"{k}_cpu_us_per_call"] = round(ns / 1e3 / calls, 2)
     report["ratios_b_over_a"] = {k: round(report["b"][k] / report["a"][k], 3) for k in
-                                 ("p50_us", "p90_us", "p99_us", "p999_us", "p99_over_p50",
-                                  "share_over_2x_a_p50", "daemon_cpu_us_per_call",
-                                  "worker_cpu_us_per_call") if report["a"][k]}
+                                 _AB_KEYS if report["a"][k]}
     report["load_end"] = os.getloadavg()[0]
     return report
+
+
+def runs_ab(args):
+    """--runs N of run_ab, the new build side b in odd runs and side a in
+    even ones (the side's position matters to a p99); per figure the medians
+    of old and new and the median of the per-run ratios new / old."""
+    per_run = []
+    for i in range(args.runs):
+        r = run_ab(args, swapped=i % 2 == 1)
+        old, new = (r["b"], r["a"]) if i % 2 else (r["a"], r["b"])
+        per_run.append({"old": old, "new": new, "load": [r["load_start"], r["load_end"]]})
+        print(f"run {i + 1}: " + ", ".join(f"{k} {old[k]}/{new[k]}" for k in _AB_KEYS),
+              file=sys.stderr, flush=True)
+    summary = {}
+    for k in _AB_KEYS:
+        pairs = [(p["old"][k], p["new"][k]) for p in per_run if p["old"][k]]
+        if pairs:
+            summary[k] = {"old_median": statistics.median(o for o, _ in pairs),
+                          "new_median": statistics.median(n for _, n in pairs),
+                          "median_ratio_new_over_old": round(
+                              statistics.median(n / o for o, n in pairs), 3),
+                          "per_run_ratios": [round(n / o, 2) for o, n in pairs]}
+    return {"runs": args.runs, "calls_per_side_per_run": args.calls,
+            "loads": [p["load"] for p in per_run], "summary": summary}
 
 
 def main():
@@ -437,8 +466,14 @@ def main():
     parser.add_argument("--block", type=int, default=250, help="--ab: calls per block")
     parser.add_argument("--skip", type=int, default=2,
                         help="--ab: calls left out at the start of each block")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="--ab: this many runs, the sides' positions alternating; "
+                        "reports medians of the per-run ratios new / old")
     args = parser.parse_args()
-    print(json.dumps(run_ab(args) if args.ab else run(args), indent=1))
+    if args.ab:
+        print(json.dumps(runs_ab(args) if args.runs > 1 else run_ab(args), indent=1))
+    else:
+        print(json.dumps(run(args), indent=1))
 
 
 if __name__ == "__main__":
