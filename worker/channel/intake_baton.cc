@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
@@ -31,6 +32,30 @@ bool Consume(int fd) {
   uint64_t count = 0;
   return ::read(fd, &count, sizeof count) == sizeof count && count > 0;
 }
+
+// For as long as it lives, the calling thread is SCHED_BATCH if it was
+// SCHED_OTHER: a follower woken by its timer then waits for the thread
+// running on that CPU (usually one of the call chain's) to block, instead of
+// preempting it mid-hop, which left the chain's thread queued for the other
+// CPU to pull and spread the chain over both (docs/DECISIONS.md, "The
+// sequential tail"). Best effort: if the policy cannot change, nothing does.
+class BatchWhileFollowing {
+ public:
+  BatchWhileFollowing() {
+    const sched_param none = {};
+    batched_ = ::sched_getscheduler(0) == SCHED_OTHER &&
+               ::sched_setscheduler(0, SCHED_BATCH, &none) == 0;
+  }
+  ~BatchWhileFollowing() {
+    const sched_param none = {};
+    if (batched_) ::sched_setscheduler(0, SCHED_OTHER, &none);
+  }
+  BatchWhileFollowing(const BatchWhileFollowing&) = delete;
+  BatchWhileFollowing& operator=(const BatchWhileFollowing&) = delete;
+
+ private:
+  bool batched_ = false;
+};
 
 void Arm(int timer_fd, absl::Duration after) {
   itimerspec spec = {};
@@ -83,6 +108,9 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
     if (stopped_) return Turn::kStopped;
     if (!pool_mode_ || (!passed_ && followers_ > 0)) return Turn::kLeave;
     ++followers_;
+    lock.unlock();
+    const BatchWhileFollowing batch;  // back to SCHED_OTHER before it reads
+    lock.lock();
     // Waits in poll rather than on a condition variable: the offer's timer
     // must wake it without the holder's help.
     pollfd wait[3] = {

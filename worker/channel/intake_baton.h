@@ -39,6 +39,8 @@ class IntakeBaton {
   // the baton and just polls; otherwise it waits as a follower until the
   // baton is passed to it: kLeave at once if a follower waits already (one
   // is enough) or pool mode is off, and kLeave later if pool mode ends.
+  // A SCHED_OTHER follower waits as SCHED_BATCH, and is SCHED_OTHER again
+  // when this returns.
   Turn Lead(bool holding);
 
   // The holder hands the baton to a waiting follower: true if one was

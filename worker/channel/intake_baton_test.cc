@@ -1,7 +1,9 @@
 // IntakeBaton: one holder polls, followers wait without spinning, a pass
-// wakes exactly the next reader, Stop and ToLoop release everyone.
+// wakes exactly the next reader, Stop and ToLoop release everyone; a
+// follower waits as SCHED_BATCH.
 #include "worker/channel/intake_baton.h"
 
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -169,6 +171,54 @@ TEST_CASE("an offer the holder reclaims in time wakes no follower; one it "
   CHECK(follower.get() == Turn::kReadable);
   CHECK(baton->handovers() == 1);
   CHECK_FALSE(baton->Reclaim());  // taken: the old holder follows now
+}
+
+TEST_CASE("a follower waits as SCHED_BATCH and reads or leaves as it came",
+          "[intake]") {
+  Sockets s;
+  auto baton = Make(s.fds[0]);
+  baton->ToPool();
+  REQUIRE(::sched_getscheduler(0) == SCHED_OTHER);
+  std::atomic<pid_t> tid{0};
+  std::atomic<int> policy_after{-1};
+  auto follow = [&] {
+    tid = ::gettid();
+    const Turn turn = baton->Lead(false);
+    policy_after = ::sched_getscheduler(0);
+    return turn;
+  };
+  // Taken by a pass: the new reader runs as it did before it followed.
+  auto follower = std::async(std::launch::async, follow);
+  AwaitFollowers(*baton, 1);
+  CHECK(::sched_getscheduler(tid) == SCHED_BATCH);
+  s.Write();  // the new reader's poll returns at once
+  REQUIRE(baton->Pass());
+  REQUIRE(follower.wait_for(5s) == std::future_status::ready);
+  CHECK(follower.get() == Turn::kReadable);
+  CHECK(policy_after == SCHED_OTHER);
+  // Sent back to the pool (ToLoop): the same.
+  policy_after = -1;
+  auto leaver = std::async(std::launch::async, follow);
+  AwaitFollowers(*baton, 1);
+  CHECK(::sched_getscheduler(tid) == SCHED_BATCH);
+  baton->ToLoop();
+  REQUIRE(leaver.wait_for(5s) == std::future_status::ready);
+  CHECK(leaver.get() == Turn::kLeave);
+  CHECK(policy_after == SCHED_OTHER);
+  // A thread with a policy of its own keeps it.
+  baton->ToPool();
+  policy_after = -1;
+  auto idle = std::async(std::launch::async, [&] {
+    const sched_param none = {};
+    REQUIRE(::sched_setscheduler(0, SCHED_IDLE, &none) == 0);
+    return follow();
+  });
+  AwaitFollowers(*baton, 1);
+  CHECK(::sched_getscheduler(tid) == SCHED_IDLE);
+  baton->Stop();
+  REQUIRE(idle.wait_for(5s) == std::future_status::ready);
+  CHECK(idle.get() == Turn::kStopped);
+  CHECK(policy_after == SCHED_IDLE);
 }
 
 TEST_CASE("a pass or ToLoop withdraws a standing offer", "[intake]") {

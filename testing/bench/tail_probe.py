@@ -1,0 +1,480 @@
+"""What the slow calls of a sequential noop stream are (issue 25's p99).
+
+Runs one long stream of sequential `remote(bench_targets.noop)` calls
+through a fresh daemon and records every call's start and latency (the
+host's CLOCK_MONOTONIC, which `perf_counter` reads on Linux), the host's
+garbage collections, and, with `--perf`, the scheduler's view of the whole
+machine over the same seconds (`perf record -a -k CLOCK_MONOTONIC`:
+sched_switch, sched_wakeup, sched_migrate_task, hrtimer expiries, user page
+faults). It then reports:
+
+- the latency distribution (p50, p90, p99, p99.9, max, p99/p50), how the
+  slow calls (> 2 x p50) are spaced (gaps between consecutive slow calls:
+  clustered or periodic) and spread over the run (per tenth of it),
+- per call, from the trace: context switches and migrations of the stack's
+  threads (host, daemon, worker), whether a thread of another process ran
+  on a CPU the stack used, whether the worker's intake follower woke (its
+  1 ms timerfd), hrtimer expiries in the stack, page faults; each as a
+  share of the fast calls and of the slow ones, so what goes with a slow
+  call stands out,
+- what happened around each first slow call after 20 fast ones (which
+  timers fired, which other processes ran, which threads migrated),
+- the Unix ping-pong floor's p50/p99 measured right after (`--floor`).
+
+    /usr/bin/python3 testing/bench/tail_probe.py [--calls 20000] [--perf] \\
+        [--sandboxd B/agentix-sandboxd --worker B/agentix-worker \\
+         --python VENV/bin/python] [--floor B/testing/bench/floor/unix_pingpong]
+
+Needs `perf` (perf_event_paranoid <= 1 or root) for `--perf`.
+"""
+
+import argparse
+import bisect
+import collections
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(BENCH_DIR))
+sys.path.insert(0, BENCH_DIR)
+
+import procs  # noqa: E402
+
+# The host: warms up, prints "READY <worker pid>", waits for a line on
+# stdin, runs the stream and writes (start ns, latency ns) pairs and GC
+# spans to argv[3] as JSON.
+_HOST = r"""
+import asyncio, gc, json, os, sys, time
+sys.path.insert(0, os.environ["TAIL_BENCH_DIR"])
+import bench_targets, procs
+from agentix import RuntimeClient
+
+sock, daemon_pid, out_path, calls = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+gcs, gc_start = [], [0]
+
+def on_gc(phase, info):
+    now = time.perf_counter_ns()
+    if phase == "start":
+        gc_start[0] = now
+    else:
+        gcs.append((gc_start[0], now, info["generation"]))
+
+async def main():
+    async with RuntimeClient(f"unix://{sock}") as client:
+        for _ in range(500):
+            await client.remote(bench_targets.noop)
+        (worker,) = procs.children(daemon_pid)
+        print(f"READY {worker}", flush=True)
+        sys.stdin.readline()
+        gc.callbacks.append(on_gc)
+        starts, lats = [0] * calls, [0] * calls
+        clock, noop, remote = time.perf_counter_ns, bench_targets.noop, client.remote
+        for i in range(calls):
+            t0 = clock()
+            await remote(noop)
+            starts[i] = t0
+            lats[i] = clock() - t0
+        gc.callbacks.remove(on_gc)
+    with open(out_path, "w") as f:
+        json.dump({"starts": starts, "lats": lats, "gcs": gcs}, f)
+    print("DONE", flush=True)
+
+asyncio.run(main())
+"""
+
+# The host of --ab: one client per daemon (argv[1], argv[2], their pids
+# argv[7], argv[8]); after a warm-up of each, blocks of argv[4] sequential
+# calls alternate between the two (the order swapped each pair of blocks),
+# so both sides meet the same moments of the machine's load; writes
+# {"a": [...], "b": [...]} latencies (ns), the first argv[5] calls of each
+# block left out (the side was idle for a block), and each side's on-CPU ns
+# of its daemon and worker over its blocks ("cpu_a", "cpu_b"), to argv[3].
+_AB_HOST = r"""
+import asyncio, json, os, sys, time
+sys.path.insert(0, os.environ["TAIL_BENCH_DIR"])
+import bench_targets, procs
+from agentix import RuntimeClient
+
+socks = {"a": sys.argv[1], "b": sys.argv[2]}
+out_path, block, skip, calls = sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+daemons = {"a": int(sys.argv[7]), "b": int(sys.argv[8])}
+
+def cpu(pids):
+    return {k: sum(procs.thread_cpu_ns(p).values()) for k, p in pids.items()}
+
+async def main():
+    lats = {"a": [], "b": []}
+    spent = {s: {"daemon": 0, "worker": 0} for s in "ab"}
+    async with RuntimeClient(f"unix://{socks['a']}") as ca, \
+            RuntimeClient(f"unix://{socks['b']}") as cb:
+        remotes = {"a": ca.remote, "b": cb.remote}
+        for side in "ab":
+            for _ in range(500):
+                await remotes[side](bench_targets.noop)
+        pids = {s: {"daemon": daemons[s], "worker": procs.children(daemons[s])[0]}
+                for s in "ab"}
+        clock, noop = time.perf_counter_ns, bench_targets.noop
+        for pair in range(max(1, calls // block)):
+            for side in ("ab" if pair % 2 == 0 else "ba"):
+                remote, out = remotes[side], lats[side]
+                before = cpu(pids[side])
+                for i in range(block):
+                    t0 = clock()
+                    await remote(noop)
+                    if i >= skip:
+                        out.append(clock() - t0)
+                after = cpu(pids[side])
+                for k in after:
+                    spent[side][k] += after[k] - before[k]
+    with open(out_path, "w") as f:
+        json.dump({**lats, "cpu_a": spent["a"], "cpu_b": spent["b"]}, f)
+
+asyncio.run(main())
+"""
+
+_PERF_EVENTS = ("sched:sched_switch,sched:sched_wakeup,sched:sched_migrate_task,"
+                "timer:hrtimer_expire_entry,exceptions:page_fault_user,"
+                "irq_vectors:local_timer_entry,irq_vectors:reschedule_entry,"
+                "irq_vectors:call_function_single_entry")
+
+
+def _pct(sorted_values, q):
+    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))]
+
+
+def distribution(lats_us):
+    s = sorted(lats_us)
+    p50 = statistics.median(s)
+    out = {"calls": len(s), "p50_us": round(p50, 1), "p90_us": round(_pct(s, 0.90), 1),
+           "p99_us": round(_pct(s, 0.99), 1), "p999_us": round(_pct(s, 0.999), 1),
+           "max_us": round(s[-1], 1), "p99_over_p50": round(_pct(s, 0.99) / p50, 2)}
+    # Histogram in multiples of p50 (is it bimodal?).
+    bins = collections.Counter(min(int(x / p50 * 4) / 4, 5.0) for x in s)
+    out["histogram_x_p50"] = {f"{k:.2f}": bins[k] for k in sorted(bins)}
+    return out
+
+
+def spacing(slow_idx, calls):
+    gaps = [b - a for a, b in zip(slow_idx, slow_idx[1:])]
+    tenth = max(1, calls // 10)
+    per_tenth = collections.Counter(i // tenth for i in slow_idx)
+    return {"slow_calls": len(slow_idx),
+            "gap_median_calls": statistics.median(gaps) if gaps else None,
+            "gaps_of_1": sum(g == 1 for g in gaps),
+            "gap_histogram": dict(sorted(collections.Counter(
+                min(g, 64) if g < 16 else (g // 16) * 16 for g in gaps).items())[:24]),
+            "per_tenth_of_run": [per_tenth.get(i, 0) for i in range(10)]}
+
+
+def parse_perf(script_text):
+    """perf script lines -> list of (t_ns, cpu, comm, tid, event, rest)."""
+    events = []
+    for line in script_text.splitlines():
+        # "   comm  tid [cpu] secs.frac: event: rest"
+        try:
+            head, event, rest = line.split(": ", 2)
+        except ValueError:
+            continue
+        parts = head.split()
+        try:
+            t_ns = int(round(float(parts[-1]) * 1e9))
+            cpu = int(parts[-2].strip("[]"))
+            tid = int(parts[-3])
+        except (ValueError, IndexError):
+            continue
+        comm = " ".join(parts[:-3])
+        events.append((t_ns, cpu, comm, tid, event.split(":")[-1].strip(), rest))
+    events.sort()
+    return events
+
+
+def correlate(events, starts, lats, slow_threshold_ns, stack_tids, names):
+    """Per call, the features seen in its window; returns shares among the
+    fast and the slow calls."""
+    times = [e[0] for e in events]
+    features = collections.defaultdict(lambda: [0, 0])  # name -> [fast, slow]
+    n_fast = n_slow = 0
+    examples = []
+    for t0, lat in zip(starts, lats):
+        slow = lat > slow_threshold_ns
+        lo, hi = bisect.bisect_left(times, t0), bisect.bisect_right(times, t0 + lat)
+        seen = set()
+        switches = 0
+        cpus_used = set()
+        foreign = set()
+        window = events[lo:hi]
+        for t, cpu, comm, tid, ev, rest in window:
+            if tid in stack_tids:
+                cpus_used.add(cpu)
+        for t, cpu, comm, tid, ev, rest in window:
+            if ev == "sched_switch":
+                # prev_comm=... prev_pid=N ... ==> next_comm=... next_pid=M
+                try:
+                    next_pid = int(rest.rsplit("next_pid=", 1)[1].split()[0])
+                    prev_pid = int(rest.split("prev_pid=", 1)[1].split()[0])
+                except (IndexError, ValueError):
+                    continue
+                if prev_pid in stack_tids:
+                    switches += 1
+                    if " prev_state=R" in rest:
+                        seen.add(f"preempted:{names.get(prev_pid, prev_pid)}")
+                if next_pid not in stack_tids and next_pid != 0 and cpu in cpus_used:
+                    foreign.add(rest.rsplit("next_comm=", 1)[1].split(" next_pid")[0])
+            elif ev == "sched_migrate_task":
+                try:
+                    pid = int(rest.split(" pid=", 1)[1].split()[0])
+                except (IndexError, ValueError):
+                    continue
+                if pid in stack_tids:
+                    seen.add(f"migrated:{names.get(pid, pid)}")
+            elif ev == "sched_wakeup":
+                try:
+                    pid = int(rest.split(" pid=", 1)[1].split()[0])
+                except (IndexError, ValueError):
+                    continue
+                if pid in stack_tids:
+                    seen.add(f"woke:{names.get(pid, pid)}")
+            elif ev == "hrtimer_expire_entry" and tid in stack_tids:
+                seen.add(f"hrtimer:{names.get(tid, tid)}")
+            elif ev == "page_fault_user" and tid in stack_tids:
+                seen.add(f"page_fault:{names.get(tid, tid)}")
+        if foreign:
+            seen.add("foreign_thread_ran_on_stack_cpu")
+        seen.add(f"stack_cpus={len(cpus_used)}")
+        seen.add(f"stack_switches={min(switches, 8)}")
+        for f in seen:
+            features[f][1 if slow else 0] += 1
+        if slow:
+            n_slow += 1
+            if len(examples) < 12:
+                examples.append({"lat_us": round(lat / 1e3, 1), "features": sorted(seen),
+                                 "foreign": sorted(foreign)[:6]})
+        else:
+            n_fast += 1
+    shares = {f: {"fast": round(v[0] / max(1, n_fast), 3), "slow": round(v[1] / max(1, n_slow), 3)}
+              for f, v in sorted(features.items())}
+    return {"fast_calls": n_fast, "slow_calls": n_slow, "share_of_calls": shares,
+            "slow_examples": examples}
+
+
+def run_starts(events, starts, lats, slow_threshold_ns, stack_tids, quiet=20):
+    """What happened around the first slow call after `quiet` fast ones (a
+    run of slow calls starting), from the previous call's start to its end:
+    for each timer function that fired, each thread of another process that
+    ran and each thread of any process that migrated, in how many starts."""
+    times = [e[0] for e in events]
+    counts = collections.Counter()
+    found = 0
+    last_slow = -quiet - 1
+    for i, lat in enumerate(lats):
+        if lat <= slow_threshold_ns:
+            continue
+        if i - last_slow > quiet and i > 0:
+            found += 1
+            lo = bisect.bisect_left(times, starts[i - 1])
+            hi = bisect.bisect_right(times, starts[i] + lat)
+            seen = set()
+            for _, _, _, tid, ev, rest in events[lo:hi]:
+                if ev == "hrtimer_expire_entry":
+                    seen.add("timer:" + rest.split("function=", 1)[-1].split()[0])
+                elif ev == "sched_migrate_task":
+                    seen.add("migrated:" + rest.split("comm=", 1)[-1].split(" pid=")[0])
+                elif ev == "sched_switch":
+                    try:
+                        next_pid = int(rest.rsplit("next_pid=", 1)[1].split()[0])
+                    except (IndexError, ValueError):
+                        continue
+                    if next_pid not in stack_tids and next_pid != 0:
+                        seen.add("other_process_ran:" +
+                                 rest.rsplit("next_comm=", 1)[1].split(" next_pid")[0])
+            counts.update(seen)
+        last_slow = i
+    return {"run_starts": found, "in_how_many": dict(counts.most_common(20))}
+
+
+def thread_names(pids, seen=None):
+    """{tid: "process/thread name"} of the stack's threads (and of `seen`,
+    an earlier answer, for threads gone since); a name several threads
+    share (the worker's pool threads) gets the tid: which of them is the
+    intake's reader and which its follower matters."""
+    names = {tid: name.split("[")[0] for tid, name in (seen or {}).items()}
+    for who, pid in pids.items():
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/comm") as f:
+                    names[int(task)] = f"{who}/{f.read().strip()}"
+            except OSError:
+                pass
+    shared = collections.Counter(names.values())
+    return {tid: f"{name}[{tid}]" if shared[name] > 1 else name
+            for tid, name in names.items()}
+
+
+def run(args):
+    env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES, TAIL_BENCH_DIR=BENCH_DIR)
+    tmp = tempfile.mkdtemp(prefix="agx-tail-")
+    out_path = os.path.join(tmp, "lat.json")
+    perf_data = os.path.join(tmp, "perf.data")
+    report = {"load_start": os.getloadavg()[0]}
+    with procs.ab_daemon(args.sandboxd, args.worker, env, "agx-tail-") as (sock, daemon):
+        host = subprocess.Popen([args.python, "-c", _HOST, sock, str(daemon.pid), out_path,
+                                 str(args.calls)], env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        perf = None
+        try:
+            line = host.stdout.readline()
+            if not line.startswith("READY "):
+                raise RuntimeError(f"host: {line!r}")
+            worker = int(line.split()[1])
+            pids = {"host": host.pid, "daemon": daemon.pid, "worker": worker}
+            names = thread_names(pids)
+            if args.perf:
+                perf = subprocess.Popen(["perf", "record", "-q", "-a", "-k", "CLOCK_MONOTONIC",
+                                         "-e", _PERF_EVENTS, "-o", perf_data],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                time.sleep(1.0)
+            host.stdin.write("go\n")
+            host.stdin.flush()
+            line = host.stdout.readline()
+            if line.strip() != "DONE":
+                raise RuntimeError(f"host: {line!r}")
+            names = thread_names(pids, names)
+        finally:
+            if perf is not None:
+                perf.send_signal(signal.SIGINT)
+                perf.wait(timeout=60)
+            host.wait(timeout=60)
+    with open(out_path) as f:
+        data = json.load(f)
+    starts, lats = data["starts"], data["lats"]
+    lats_us = [x / 1e3 for x in lats]
+    report["noop"] = distribution(lats_us)
+    p50_ns = statistics.median(lats)
+    slow_idx = [i for i, x in enumerate(lats) if x > 2 * p50_ns]
+    report["slow_spacing"] = spacing(slow_idx, len(lats))
+    gcs = data["gcs"]
+    report["host_gc"] = {"collections": len(gcs), "slow_calls_with_gc": sum(
+        any(g[0] < s + l and g[1] > s for g in gcs) for s, l in
+        ((starts[i], lats[i]) for i in slow_idx))}
+    if args.perf:
+        text = subprocess.run(["perf", "script", "-i", perf_data, "-F",
+                               "comm,tid,cpu,time,event,trace"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True, timeout=600).stdout
+        events = parse_perf(text)
+        report["trace_events"] = len(events)
+        report["threads"] = sorted(names.values())
+        report["correlation"] = correlate(events, starts, lats, 2 * p50_ns, set(names), names)
+        report["slow_run_starts"] = run_starts(events, starts, lats, 2 * p50_ns, set(names))
+    report["load_end"] = os.getloadavg()[0]
+    if args.floor:
+        fl = subprocess.run([args.floor, "--big-mib=1", "--concurrency=16"], env=env,
+                            stdout=subprocess.PIPE, text=True, timeout=300).stdout
+        fj = json.loads([l for l in fl.splitlines() if l.strip()][-1])
+        report["floor_unix"] = {"p50_us": fj["noop_p50_us"], "p99_us": fj["noop_p99_us"],
+                                "p99_over_p50": round(fj["noop_p99_us"] / fj["noop_p50_us"], 2)}
+    if not args.keep:
+        subprocess.run(["rm", "-rf", tmp])
+    else:
+        report["kept"] = tmp
+    return report
+
+
+_AB_KEYS = ("p50_us", "p90_us", "p99_us", "p999_us", "p99_over_p50", "share_over_2x_a_p50",
+            "daemon_cpu_us_per_call", "worker_cpu_us_per_call")
+
+
+def run_ab(args, swapped=False):
+    """Block-interleaved A/B: each side's distribution, and the share of
+    each side's calls slower than 2x side a's p50 (one threshold for both).
+    `swapped`: the new build (--sandboxd/--worker) is side a."""
+    env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES, TAIL_BENCH_DIR=BENCH_DIR)
+    tmp = tempfile.mkdtemp(prefix="agx-tail-")
+    out_path = os.path.join(tmp, "ab.json")
+    report = {"load_start": os.getloadavg()[0], "block": args.block, "skip": args.skip}
+    old, new = (args.a_sandboxd, args.a_worker), (args.sandboxd, args.worker)
+    first, second = (new, old) if swapped else (old, new)
+    try:
+        with procs.ab_daemon(*first, env, "agx-tail-a-") as (sa, da), \
+                procs.ab_daemon(*second, env, "agx-tail-b-") as (sb, db):
+            subprocess.run([args.python, "-c", _AB_HOST, sa, sb, out_path, str(args.block),
+                            str(args.skip), str(args.calls), str(da.pid), str(db.pid)],
+                           env=env, timeout=1200, check=True)
+        with open(out_path) as f:
+            lats = json.load(f)
+    finally:
+        subprocess.run(["rm", "-rf", tmp])
+    threshold = 2 * statistics.median(lats["a"])
+    for side in "ab":
+        report[side] = distribution([x / 1e3 for x in lats[side]])
+        report[side]["share_over_2x_a_p50"] = round(
+            sum(x > threshold for x in lats[side]) / len(lats[side]), 4)
+        calls = max(1, args.calls // args.block) * args.block  # the CPU covers every call
+        for k, ns in lats[f"cpu_{side}"].items():
+            report[side][f"{k}_cpu_us_per_call"] = round(ns / 1e3 / calls, 2)
+    report["ratios_b_over_a"] = {k: round(report["b"][k] / report["a"][k], 3) for k in
+                                 _AB_KEYS if report["a"][k]}
+    report["load_end"] = os.getloadavg()[0]
+    return report
+
+
+def runs_ab(args):
+    """--runs N of run_ab, the new build side b in odd runs and side a in
+    even ones (the side's position matters to a p99); per figure the medians
+    of old and new and the median of the per-run ratios new / old."""
+    per_run = []
+    for i in range(args.runs):
+        r = run_ab(args, swapped=i % 2 == 1)
+        old, new = (r["b"], r["a"]) if i % 2 else (r["a"], r["b"])
+        per_run.append({"old": old, "new": new, "load": [r["load_start"], r["load_end"]]})
+        print(f"run {i + 1}: " + ", ".join(f"{k} {old[k]}/{new[k]}" for k in _AB_KEYS),
+              file=sys.stderr, flush=True)
+    summary = {}
+    for k in _AB_KEYS:
+        pairs = [(p["old"][k], p["new"][k]) for p in per_run if p["old"][k]]
+        if pairs:
+            summary[k] = {"old_median": statistics.median(o for o, _ in pairs),
+                          "new_median": statistics.median(n for _, n in pairs),
+                          "median_ratio_new_over_old": round(
+                              statistics.median(n / o for o, n in pairs), 3),
+                          "per_run_ratios": [round(n / o, 2) for o, n in pairs]}
+    return {"runs": args.runs, "calls_per_side_per_run": args.calls,
+            "loads": [p["load"] for p in per_run], "summary": summary}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sandboxd", default=f"{REPO}/bazel-bin/sandbox/agentix-sandboxd")
+    parser.add_argument("--worker", default=f"{REPO}/bazel-bin/worker/agentix-worker")
+    parser.add_argument("--python", default=f"{REPO}/.venv-test/bin/python")
+    parser.add_argument("--floor", default=f"{REPO}/bazel-bin/testing/bench/floor/unix_pingpong",
+                        help="the Unix ping-pong floor run after the stream; '' to skip")
+    parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--perf", action="store_true", help="trace the scheduler meanwhile")
+    parser.add_argument("--keep", action="store_true", help="keep the latencies and the trace")
+    parser.add_argument("--ab", action="store_true",
+                        help="block-interleaved A/B of --a-sandboxd/--a-worker against "
+                        "--sandboxd/--worker through one host (no trace, no floor)")
+    parser.add_argument("--a-sandboxd", default=f"{REPO}/bazel-bin/sandbox/agentix-sandboxd")
+    parser.add_argument("--a-worker", default=f"{REPO}/bazel-bin/worker/agentix-worker")
+    parser.add_argument("--block", type=int, default=250, help="--ab: calls per block")
+    parser.add_argument("--skip", type=int, default=2,
+                        help="--ab: calls left out at the start of each block")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="--ab: this many runs, the sides' positions alternating; "
+                        "reports medians of the per-run ratios new / old")
+    args = parser.parse_args()
+    if args.ab:
+        print(json.dumps(runs_ab(args) if args.runs > 1 else run_ab(args), indent=1))
+    else:
+        print(json.dumps(run(args), indent=1))
+
+
+if __name__ == "__main__":
+    main()
