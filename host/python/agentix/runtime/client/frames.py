@@ -23,6 +23,13 @@ on the frame wire (a connection of its own whose HELLO says
 ``agentix-stream: namespace``; `FrameWire.transport`); Logs and Traces stay on
 gRPC.
 
+A Calls stream's connection shares a payload ring with the daemon
+(`PayloadRing`, HELLO's ``agentix-payload-ring`` with the memfd): large
+argument pieces go out, and large result pieces come back, as RING_MESSAGE
+frames naming their place in it instead of carrying them.
+``AGENTIX_PAYLOAD_RING=off`` (or ``0``) sends none (every piece inline);
+a daemon that does not answer the ring (an older one) is sent none either.
+
 ``AGENTIX_CALLS_CPU`` (a CPU number or ``auto``: the highest-numbered CPU the
 process may use; unset, empty or ``off``: nothing) pins the thread that runs
 the client's event loop to that CPU when its Calls stream connects on the
@@ -34,6 +41,7 @@ idle one (docs/FRAME-WIRE.md, "Wake-ups").
 from __future__ import annotations
 
 import asyncio
+import array
 import collections
 import errno
 import itertools
@@ -56,6 +64,7 @@ from agentix.runtime.client.namespaces import (
     NamespaceStream,
     NativeNamespaceStream,
 )
+from agentix.runtime.client.payload_ring import PayloadRing
 from agentix.runtime.client.pending import PendingCall
 from agentix.runtime.client.stream import CallsStream, NativeCallsStream
 from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
@@ -71,8 +80,12 @@ __all__ = [
     "MAX_PAYLOAD",
     "MESSAGE",
     "NAMESPACE_STREAM",
+    "PAYLOAD_RING_ENV",
+    "PAYLOAD_RING_KEY",
+    "RING_MESSAGE",
     "STATUS",
     "calls_cpu",
+    "payload_ring_wanted",
     "STREAM_KEY",
     "calls_socket_path",
     "encode_hello",
@@ -84,6 +97,9 @@ _log = logging.getLogger("agentix.runtime.client")
 
 CALLS_WIRE_ENV = "AGENTIX_CALLS_WIRE"
 CALLS_CPU_ENV = "AGENTIX_CALLS_CPU"
+PAYLOAD_RING_ENV = "AGENTIX_PAYLOAD_RING"
+# The HELLO key that shares the payload ring (its memfd rides with HELLO).
+PAYLOAD_RING_KEY = "agentix-payload-ring"
 # The HELLO key naming the RuntimeService stream a connection carries
 # (absent: Calls), and the Namespace stream's value.
 STREAM_KEY = "agentix-stream"
@@ -92,8 +108,12 @@ _MODES = ("auto", "frames", "grpc")
 # Appended to a daemon's Unix socket path: where its frame wire listens.
 _CALLS_SUFFIX = ".calls"
 
-HELLO, MESSAGE, HALF_CLOSE, STATUS = 1, 2, 3, 4
+HELLO, MESSAGE, HALF_CLOSE, STATUS, RING_MESSAGE = 1, 2, 3, 4, 5
 _HEADER = struct.Struct("<IB")
+# RING_MESSAGE: u16le count, then per piece u32le at, u64le pos, u64le size.
+_RING_COUNT = struct.Struct("<H")
+_RING_PIECE = struct.Struct("<IQQ")
+_RING_MAX_PIECES = 64
 _HEADER_BYTES = _HEADER.size
 # The largest payload either side sends (the daemon's gRPC message limit,
 # sandbox/wire_limits.h); a longer frame from the daemon is a broken stream.
@@ -137,6 +157,12 @@ def calls_cpu() -> int | None:
     if cpu not in allowed:
         raise ValueError(f"{CALLS_CPU_ENV}={cpu} is not a CPU this process may run on ({sorted(allowed)})")
     return cpu
+
+
+def payload_ring_wanted() -> bool:
+    """``AGENTIX_PAYLOAD_RING``: ``off`` or ``0`` (any case) turn the payload
+    ring off; anything else, or unset, leaves it on."""
+    return os.environ.get(PAYLOAD_RING_ENV, "").strip().lower() not in ("off", "0")
 
 
 def calls_socket_path(target: str) -> str | None:
@@ -277,9 +303,15 @@ class FrameWire:
         if cpu is not None:
             # The calling thread only (pid 0): the loop that reads and writes the socket.
             os.sched_setaffinity(0, {cpu})
+        ring = None
         if stream is not None:
             metadata = (*metadata, (STREAM_KEY, stream))
-        return FrameTransport(sock, metadata)
+        elif payload_ring_wanted():
+            try:
+                ring = PayloadRing()
+            except OSError as error:  # no memfd here: every piece goes inline
+                _log.debug("no payload ring for the frame wire: %r", error)
+        return FrameTransport(sock, metadata, ring)
 
 
 class FrameTransport:
@@ -290,6 +322,8 @@ class FrameTransport:
 
     Takes over `sock` (connected, non-blocking) and sends the HELLO frame
     carrying `metadata` at once; MESSAGE frames may follow without waiting.
+    With `ring` (taken over too), HELLO shares it; large bulk pieces go
+    through it once the daemon has answered that it maps it.
     """
 
     __slots__ = (
@@ -313,10 +347,12 @@ class FrameTransport:
         "_header_first",
         "_spare",
         "_spare_bytes",
+        "_ring",
+        "_ring_ready",
         "on_progress",
     )
 
-    def __init__(self, sock: socket.socket, metadata: tuple) -> None:
+    def __init__(self, sock: socket.socket, metadata: tuple, ring: PayloadRing | None = None) -> None:
         self._sock = sock
         self._fd = sock.fileno()
         self._loop = asyncio.get_running_loop()
@@ -340,8 +376,16 @@ class FrameTransport:
         self._spare: collections.deque[bytearray] = collections.deque()  # buffers of long frames, oldest first
         self._spare_bytes = 0
         self.on_progress: Callable[[], None] | None = None
+        self._ring = ring
+        self._ring_ready = False  # the daemon said it maps the ring
+        fds = None
+        if ring is not None:
+            metadata = (*metadata, (PAYLOAD_RING_KEY, "1"))
+            fds = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (ring.fd,)))]
         hello = encode_hello(metadata)
-        self._send([_HEADER.pack(len(hello), HELLO), hello], _HEADER_BYTES + len(hello))
+        self._send([_HEADER.pack(len(hello), HELLO), hello], _HEADER_BYTES + len(hello), fds)
+        if ring is not None:
+            ring.close_fd()  # the daemon has its own descriptor now (or none: the stream failed)
 
     def fileno(self) -> int:
         return self._fd
@@ -358,8 +402,48 @@ class FrameTransport:
         size = 0
         for piece in pieces:
             size += len(piece)
+        if size >= wire.BULK_MIN_BYTES and self._ring_ready:
+            return self._send_ring(pieces, size)
         pieces.insert(0, _HEADER.pack(size, MESSAGE))
         return self._send(pieces, size + _HEADER_BYTES)
+
+    def _send_ring(self, pieces: list, size: int) -> int:
+        """Sends `pieces` with each marked bulk field (`wire.BulkHead`) that
+        fits into the ring left out of the frame: a RING_MESSAGE naming
+        where they are, or a MESSAGE when none fit."""
+        ring = self._ring
+        assert ring is not None
+        out: list = []
+        refs: list = []
+        at = 0  # bytes of the frame's message so far
+        index, count = 0, len(pieces)
+        while index < count:
+            piece = pieces[index]
+            index += 1
+            out.append(piece)
+            at += len(piece)
+            if type(piece) is not wire.BulkHead or len(refs) == _RING_MAX_PIECES:
+                continue
+            bulk = piece.size
+            views, taken = [], 0
+            while taken < bulk:  # the views holding the field's bytes
+                view = pieces[index]
+                index += 1
+                views.append(view)
+                taken += len(view)
+            pos = ring.put(views, bulk)
+            if pos is None:  # the ring is full: these go inline
+                out.extend(views)
+                at += bulk
+            else:
+                refs.append(_RING_PIECE.pack(at, pos, bulk))
+        if not refs:
+            out.insert(0, _HEADER.pack(size, MESSAGE))
+            return self._send(out, size + _HEADER_BYTES)
+        head = _RING_COUNT.pack(len(refs)) + b"".join(refs)
+        length = len(head) + at
+        out.insert(0, _HEADER.pack(length, RING_MESSAGE) + head)
+        return self._send(out, length + _HEADER_BYTES)
 
     def writes_done(self) -> None:
         """Sends HALF_CLOSE: no more messages from the host."""
@@ -395,6 +479,8 @@ class FrameTransport:
             self._sock.close()
             self._spare.clear()
             self._spare_bytes = 0
+            if self._ring is not None:
+                self._ring.close()
 
     def _progress(self) -> None:
         if self._closed:
@@ -403,7 +489,7 @@ class FrameTransport:
         if self.on_progress is not None:
             self.on_progress()
 
-    def _send(self, pieces: list, size: int) -> int:
+    def _send(self, pieces: list, size: int, fds: list | None = None) -> int:
         out = self._out
         if out:  # leftovers are waiting: these go after them
             out.extend(pieces)
@@ -412,7 +498,7 @@ class FrameTransport:
         try:
             if len(pieces) > _IOV_MAX:
                 pieces = [b"".join(pieces)]
-            sent = self._sock.sendmsg(pieces)
+            sent = self._sock.sendmsg(pieces, fds) if fds else self._sock.sendmsg(pieces)
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError as error:
@@ -559,11 +645,58 @@ class FrameTransport:
     def _frame(self, kind: int, payload: bytes | bytearray | memoryview, messages: list) -> None:
         if kind == MESSAGE:
             messages.append(payload)
+        elif kind == RING_MESSAGE:
+            self._ring_message(payload, messages)
         elif kind == STATUS and len(payload) >= 4:
             (code,) = struct.unpack_from("<I", payload)
             self._status = (code, bytes(payload[4:]).decode("utf-8", "replace"))
         else:
             self._status = (_INTERNAL, f"frame wire: the daemon sent a frame of kind {kind} ({len(payload)} bytes)")
+
+
+    def _ring_message(self, payload: bytes | bytearray | memoryview, messages: list) -> None:
+        """A RING_MESSAGE from the daemon: the first, empty one says it maps
+        the ring; any other is a message whose pieces lie in the daemon's
+        ring. The message is put together in a buffer of its own (as a long
+        frame's) and the ring released at once."""
+        ring = self._ring
+        if ring is None or len(payload) < 2:
+            self._status = (_INTERNAL, f"frame wire: the daemon sent a RING_MESSAGE of {len(payload)} bytes unasked")
+            return
+        (count,) = _RING_COUNT.unpack_from(payload)
+        start = 2 + count * _RING_PIECE.size
+        if count == 0 and len(payload) == 2:
+            self._ring_ready = True
+            return
+        try:
+            if count > _RING_MAX_PIECES or len(payload) < start:
+                raise ValueError(f"a RING_MESSAGE with {count} pieces in {len(payload)} bytes")
+            view = memoryview(payload)
+            rest = len(payload) - start
+            refs = [_RING_PIECE.unpack_from(payload, 2 + i * _RING_PIECE.size) for i in range(count)]
+            size = rest + sum(ref[2] for ref in refs)
+            if size > MAX_PAYLOAD:
+                raise ValueError(f"a RING_MESSAGE of {size} bytes")
+            buf = self._take(size) if size > _READ_BYTES else bytearray(size)
+            filled, done, end = 0, 0, 0  # bytes of buf, of the frame's rest; the ring's end taken
+            for at, pos, length in refs:
+                if at < done or at > rest or pos < end:
+                    raise ValueError(f"a ring piece at offset {at} of {rest} bytes (ring position {pos}) out of order")
+                inline = at - done
+                buf[filled : filled + inline] = view[start + done : start + at]
+                filled += inline
+                done = at
+                buf[filled : filled + length] = ring.take(pos, length)
+                filled += length
+                end = pos + length
+            buf[filled:size] = view[start + done :]
+        except (ValueError, struct.error) as error:
+            self._status = (_INTERNAL, f"frame wire: {error}")
+            return
+        ring.release(end)
+        messages.append(memoryview(buf)[:size])
+        if size > _READ_BYTES:
+            self._keep(buf)
 
 
 def _unreferenced(buf: bytearray) -> bool:
