@@ -14,7 +14,8 @@ import pytest
 
 from agentix.runtime.client import frames, wire
 from agentix.runtime.client.frames import FrameTransport
-from agentix.runtime.client.payload_ring import PayloadRing
+from agentix.runtime.client.payload_ring import PayloadRing, SplitMessage
+from agentix.runtime.v1 import runtime_pb2 as pb
 from fake_frames import HELLO, MESSAGE, decode_hello, encode
 
 RING_MESSAGE = 5
@@ -116,7 +117,7 @@ def drain(transport: FrameTransport, want: int = 1) -> tuple[list, tuple | None]
     status = None
     for _ in range(200):
         messages, status, _ = transport.drain()
-        got += [bytes(m) for m in messages]
+        got += [m.join() if type(m) is SplitMessage else bytes(m) for m in messages]
         if status is not None or len(got) >= want:
             break
     return got, status
@@ -198,7 +199,50 @@ async def test_results_come_back_through_the_ring_and_it_is_released(pair):
     got, status = drain(transport, 2)
     assert status is None
     assert got == [b"head" + value + b"tail", b"after"]
+    # Released once nothing refers to the piece any more (the next read or write).
+    transport.drain()
     assert daemon.host_released() == len(value)
+
+
+async def test_a_result_chunk_in_the_ring_is_a_view_kept_until_it_is_dropped(pair):
+    transport, daemon = pair(PayloadRing(1 << 20))
+    daemon.accept()
+    data = os.urandom(200 * 1024)
+    daemon.put(0, data)
+    daemon.put(len(data), data[::-1])
+    # Two ResultChunk events, each with its data in the ring, and a result.
+    response = pb.CallsResponse()
+    response.events.add().result_chunk.call_id = "c1"
+    response.events[0].result_chunk.data = data
+    response.events.add().result_chunk.call_id = "c1"
+    response.events[1].result_chunk.data = data[::-1]
+    response.events.add().result.call_id = "c1"
+    message = response.SerializeToString()
+    first = message.find(data)
+    second = message.find(data[::-1])
+    rest = message[:first] + message[first + len(data) : second] + message[second + len(data) :]
+    head = struct.pack("<HIQQIQQ", 2, first, 0, len(data), second - len(data), len(data), len(data))
+    daemon.sock.sendall(encode(RING_MESSAGE, head + rest))
+    (split,), status = transport.drain()[0], None
+    assert type(split) is SplitMessage and split.join() == message
+    chunk_a, chunk_b, result = wire.parse_calls_response(split)
+    assert type(chunk_a) is wire.RawResultChunk and chunk_a.call_id == "c1"
+    assert bytes(chunk_a.data) == data and bytes(chunk_b.data) == data[::-1]
+    assert result.call_id == "c1"
+    del split
+    transport.drain()
+    assert daemon.host_released() == 0  # both chunks are referred to
+    keep = chunk_b.data[10:]  # a slice keeps its piece too
+    del chunk_a
+    transport.drain()
+    assert daemon.host_released() == len(data)  # the first is free; the second is not
+    del chunk_b
+    transport.drain()
+    assert daemon.host_released() == len(data)
+    assert bytes(keep) == data[::-1][10:]
+    del keep
+    transport.write([wire.ack_events(["c1"])])  # a write releases too
+    assert daemon.host_released() == 2 * len(data)
 
 
 @pytest.mark.parametrize(

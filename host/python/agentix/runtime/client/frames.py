@@ -64,7 +64,7 @@ from agentix.runtime.client.namespaces import (
     NamespaceStream,
     NativeNamespaceStream,
 )
-from agentix.runtime.client.payload_ring import PayloadRing
+from agentix.runtime.client.payload_ring import PayloadRing, ring_frame, split_message
 from agentix.runtime.client.pending import PendingCall
 from agentix.runtime.client.stream import CallsStream, NativeCallsStream
 from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
@@ -110,10 +110,6 @@ _CALLS_SUFFIX = ".calls"
 
 HELLO, MESSAGE, HALF_CLOSE, STATUS, RING_MESSAGE = 1, 2, 3, 4, 5
 _HEADER = struct.Struct("<IB")
-# RING_MESSAGE: u16le count, then per piece u32le at, u64le pos, u64le size.
-_RING_COUNT = struct.Struct("<H")
-_RING_PIECE = struct.Struct("<IQQ")
-_RING_MAX_PIECES = 64
 _HEADER_BYTES = _HEADER.size
 # The largest payload either side sends (the daemon's gRPC message limit,
 # sandbox/wire_limits.h); a longer frame from the daemon is a broken stream.
@@ -402,48 +398,15 @@ class FrameTransport:
         size = 0
         for piece in pieces:
             size += len(piece)
-        if size >= wire.BULK_MIN_BYTES and self._ring_ready:
-            return self._send_ring(pieces, size)
+        if self._ring_ready:
+            self._ring.release_unreferenced()  # results decoded since the last read
+            if size >= wire.BULK_MIN_BYTES:
+                head, pieces, length = ring_frame(self._ring, pieces)
+                if head is not None:  # some bulk bytes went into the ring
+                    pieces.insert(0, _HEADER.pack(length, RING_MESSAGE) + head)
+                    return self._send(pieces, length + _HEADER_BYTES)
         pieces.insert(0, _HEADER.pack(size, MESSAGE))
         return self._send(pieces, size + _HEADER_BYTES)
-
-    def _send_ring(self, pieces: list, size: int) -> int:
-        """Sends `pieces` with each marked bulk field (`wire.BulkHead`) that
-        fits into the ring left out of the frame: a RING_MESSAGE naming
-        where they are, or a MESSAGE when none fit."""
-        ring = self._ring
-        assert ring is not None
-        out: list = []
-        refs: list = []
-        at = 0  # bytes of the frame's message so far
-        index, count = 0, len(pieces)
-        while index < count:
-            piece = pieces[index]
-            index += 1
-            out.append(piece)
-            at += len(piece)
-            if type(piece) is not wire.BulkHead or len(refs) == _RING_MAX_PIECES:
-                continue
-            bulk = piece.size
-            views, taken = [], 0
-            while taken < bulk:  # the views holding the field's bytes
-                view = pieces[index]
-                index += 1
-                views.append(view)
-                taken += len(view)
-            pos = ring.put(views, bulk)
-            if pos is None:  # the ring is full: these go inline
-                out.extend(views)
-                at += bulk
-            else:
-                refs.append(_RING_PIECE.pack(at, pos, bulk))
-        if not refs:
-            out.insert(0, _HEADER.pack(size, MESSAGE))
-            return self._send(out, size + _HEADER_BYTES)
-        head = _RING_COUNT.pack(len(refs)) + b"".join(refs)
-        length = len(head) + at
-        out.insert(0, _HEADER.pack(length, RING_MESSAGE) + head)
-        return self._send(out, length + _HEADER_BYTES)
 
     def writes_done(self) -> None:
         """Sends HALF_CLOSE: no more messages from the host."""
@@ -463,6 +426,8 @@ class FrameTransport:
         """Reads what the socket holds: (the MESSAGE payloads, the stream's
         status once it ended, whether write progress was signalled)."""
         messages: list = []
+        if self._ring is not None:
+            self._ring.release_unreferenced()
         if self._status is None and not self._closed:
             self._read(messages)
             if self._status is None and self._write_error is not None:
@@ -646,57 +611,22 @@ class FrameTransport:
         if kind == MESSAGE:
             messages.append(payload)
         elif kind == RING_MESSAGE:
-            self._ring_message(payload, messages)
+            # The first, empty one says the daemon maps the ring; any other is
+            # a message whose pieces lie in the daemon's ring.
+            if self._ring is None:
+                self._status = (_INTERNAL, "frame wire: the daemon sent a RING_MESSAGE unasked")
+            elif len(payload) == 2 and payload[0] == payload[1] == 0:
+                self._ring_ready = True
+            else:
+                try:
+                    messages.append(split_message(self._ring, payload, MAX_PAYLOAD))
+                except ValueError as error:
+                    self._status = (_INTERNAL, f"frame wire: {error}")
         elif kind == STATUS and len(payload) >= 4:
             (code,) = struct.unpack_from("<I", payload)
             self._status = (code, bytes(payload[4:]).decode("utf-8", "replace"))
         else:
             self._status = (_INTERNAL, f"frame wire: the daemon sent a frame of kind {kind} ({len(payload)} bytes)")
-
-
-    def _ring_message(self, payload: bytes | bytearray | memoryview, messages: list) -> None:
-        """A RING_MESSAGE from the daemon: the first, empty one says it maps
-        the ring; any other is a message whose pieces lie in the daemon's
-        ring. The message is put together in a buffer of its own (as a long
-        frame's) and the ring released at once."""
-        ring = self._ring
-        if ring is None or len(payload) < 2:
-            self._status = (_INTERNAL, f"frame wire: the daemon sent a RING_MESSAGE of {len(payload)} bytes unasked")
-            return
-        (count,) = _RING_COUNT.unpack_from(payload)
-        start = 2 + count * _RING_PIECE.size
-        if count == 0 and len(payload) == 2:
-            self._ring_ready = True
-            return
-        try:
-            if count > _RING_MAX_PIECES or len(payload) < start:
-                raise ValueError(f"a RING_MESSAGE with {count} pieces in {len(payload)} bytes")
-            view = memoryview(payload)
-            rest = len(payload) - start
-            refs = [_RING_PIECE.unpack_from(payload, 2 + i * _RING_PIECE.size) for i in range(count)]
-            size = rest + sum(ref[2] for ref in refs)
-            if size > MAX_PAYLOAD:
-                raise ValueError(f"a RING_MESSAGE of {size} bytes")
-            buf = self._take(size) if size > _READ_BYTES else bytearray(size)
-            filled, done, end = 0, 0, 0  # bytes of buf, of the frame's rest; the ring's end taken
-            for at, pos, length in refs:
-                if at < done or at > rest or pos < end:
-                    raise ValueError(f"a ring piece at offset {at} of {rest} bytes (ring position {pos}) out of order")
-                inline = at - done
-                buf[filled : filled + inline] = view[start + done : start + at]
-                filled += inline
-                done = at
-                buf[filled : filled + length] = ring.take(pos, length)
-                filled += length
-                end = pos + length
-            buf[filled:size] = view[start + done :]
-        except (ValueError, struct.error) as error:
-            self._status = (_INTERNAL, f"frame wire: {error}")
-            return
-        ring.release(end)
-        messages.append(memoryview(buf)[:size])
-        if size > _READ_BYTES:
-            self._keep(buf)
 
 
 def _unreferenced(buf: bytearray) -> bool:

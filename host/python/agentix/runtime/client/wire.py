@@ -641,7 +641,11 @@ def parse_calls_response(message: bytes | memoryview) -> Sequence:
     (every event of a shorter message holding anything but results).
 
     Anything this reader does not expect (unknown fields, a malformed
-    message) is left to protobuf, which parses it or raises as it would have."""
+    message) is left to protobuf, which parses it or raises as it would have.
+    A message of another type (the frame wire's `payload_ring.SplitMessage`)
+    reads itself."""
+    if type(message) is not bytes and type(message) is not memoryview:
+        return message.events()
     end = len(message)
     long = end >= _PARSE_WHOLE_BYTES
     # Result chunks become views into a long message; a short one is read as it is.
