@@ -406,6 +406,20 @@ bool ParseCallsRequestSpliced(absl::string_view bytes, SplicedRequest& out,
   return true;
 }
 
+bool HasBulk(const std::vector<SandboxEventPtr>& events) {
+  for (const SandboxEventPtr& event : events) {
+    if ((event->has_result_chunk() &&
+         event->result_chunk().data().size() >= kSpliceMinBytes) ||
+        (event->has_result() &&
+         event->result().value().size() >= kSpliceMinBytes) ||
+        (event->has_stream_item() &&
+         event->stream_item().value().size() >= kSpliceMinBytes)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 void AppendMessagePieces(const std::vector<SandboxEventPtr>& events,
                          std::deque<OutPiece>& out, ipc::PayloadArea* ring) {
   size_t i = 0;

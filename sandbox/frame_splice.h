@@ -128,6 +128,11 @@ class OutQueue {
 // event, which the piece keeps alive. With `ring` (the host's payload ring),
 // such data is put into the ring instead when it fits, and its frame is a
 // RING_MESSAGE saying where.
+// Whether AppendMessagePieces would leave bytes of `events` in place (or
+// put them in a ring): a result chunk, value or stream item of
+// kSpliceMinBytes or more.
+bool HasBulk(const std::vector<SandboxEventPtr>& events);
+
 void AppendMessagePieces(const std::vector<SandboxEventPtr>& events,
                          std::deque<OutPiece>& out,
                          ipc::PayloadArea* ring = nullptr);

@@ -117,13 +117,25 @@ class FrameSink final : public CallSink {
   bool Deliver(std::vector<SandboxEventPtr> events) override {
     if (events.empty()) return true;
     // Large values and chunks are written from the events themselves
-    // (frame_splice.h): no serialized copy of their bytes; or, with the
-    // host's payload ring, copied into it (under the lock: the ring is
-    // filled in the order its frames are queued).
+    // (frame_splice.h): no serialized copy of their bytes. With the host's
+    // payload ring they are copied into it instead, by the connection's
+    // thread (woken for them), so that this thread's copy out of the
+    // worker's ring overlaps with that one. Events after them wait their
+    // turn (the ring is filled in the order its frames are queued).
     absl::MutexLock lock(&mu_);
     if (closed_ || ending_ || broken_) return false;
+    if (ring_ != nullptr && (!for_ring_.empty() || HasBulk(events))) {
+      for (auto& event : events) {
+        const int64_t size = static_cast<int64_t>(event->ByteSizeLong());
+        for_ring_bytes_ += size;
+        AddQueued(size);
+        for_ring_.push_back(std::move(event));
+      }
+      Wake(wake_fd_);
+      return true;
+    }
     std::deque<OutPiece> pieces;
-    AppendMessagePieces(events, pieces, ring_.get());
+    AppendMessagePieces(events, pieces);
     QueueLocked(std::move(pieces));
     return true;
   }
@@ -177,6 +189,7 @@ class FrameSink final : public CallSink {
       absl::MutexLock lock(&mu_);
       if (closed_ || ending_ || broken_) return;
       if (drop_queued) DropQueue(/*keep_partial=*/true);
+      if (!for_ring_.empty()) QueueForRingLocked();  // before the STATUS
       ending_ = true;
       std::string status = EncodeFrame(FrameKind::kStatus,
                                        EncodeStatus(code, details));
@@ -210,10 +223,16 @@ class FrameSink final : public CallSink {
     absl::MutexLock lock(&mu_);
     return {queued_bytes_, ending_, broken_};
   }
-  // The connection's thread: the socket is writable.
+  // The connection's thread: the socket is writable, or events wait to be
+  // put into the host's ring (see Deliver).
   void Flush() {
     absl::MutexLock lock(&mu_);
-    if (!closed_) FlushLocked();
+    if (closed_) return;
+    if (!for_ring_.empty()) {
+      QueueForRingLocked();
+      return;
+    }
+    FlushLocked();
   }
   // The connection ends; the descriptors are closed right after.
   void Close() {
@@ -224,6 +243,17 @@ class FrameSink final : public CallSink {
   }
 
  private:
+  // Puts the events waiting for the ring into it and queues their frames.
+  void QueueForRingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<SandboxEventPtr> events;
+    events.swap(for_ring_);
+    AddQueued(-for_ring_bytes_);
+    for_ring_bytes_ = 0;
+    std::deque<OutPiece> pieces;
+    AppendMessagePieces(events, pieces, ring_.get());
+    QueueLocked(std::move(pieces));
+  }
+
   void QueueLocked(std::deque<OutPiece> pieces)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const bool was_empty = queue_.empty();
@@ -262,6 +292,8 @@ class FrameSink final : public CallSink {
   // written stays, so the bytes that follow still start at a frame
   // boundary.
   void DropQueue(bool keep_partial) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for_ring_.clear();
+    for_ring_bytes_ = 0;
     queue_.Drop(keep_partial);
     AddQueued(static_cast<int64_t>(queue_.bytes()) -
               static_cast<int64_t>(queued_bytes_));
@@ -279,6 +311,10 @@ class FrameSink final : public CallSink {
   absl::Mutex mu_;
   OutQueue queue_ ABSL_GUARDED_BY(mu_);  // whole frames
   std::shared_ptr<ipc::PayloadArea> ring_ ABSL_GUARDED_BY(mu_);
+  // Delivered events the connection's thread puts into the ring next, and
+  // their serialized size (counted as queued).
+  std::vector<SandboxEventPtr> for_ring_ ABSL_GUARDED_BY(mu_);
+  int64_t for_ring_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // unwritten, all frames
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool ending_ ABSL_GUARDED_BY(mu_) = false;
@@ -449,7 +485,10 @@ class FrameWireServer::Connection {
         ResizeReadBuffer(kReadChunkBytes);
       }
       if (ready <= 0) continue;
-      if (fds[1].revents & POLLIN) DrainWake(wake_fd_);
+      if (fds[1].revents & POLLIN) {
+        DrainWake(wake_fd_);
+        sink_->Flush();  // events for the payload ring, if any
+      }
       if (fds[0].revents & POLLOUT) sink_->Flush();
       if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
         if (!ReadSome(state.ending)) break;  // EOF or error: the stream is lost
