@@ -1,5 +1,7 @@
 """The host's end of a frame-wire payload ring (docs/FRAME-WIRE.md, "Payload
-ring").
+ring"): `PayloadRing`, the RING_MESSAGE framing (`ring_frame`,
+`split_message`) and `SplitMessage`, a received message whose pieces are
+read in place.
 
 Large argument pieces go to the daemon, and large result pieces come back,
 as positions in a shared memfd instead of socket bytes: one memcpy on each
@@ -26,7 +28,6 @@ import mmap
 import os
 import struct
 import sys
-
 from collections.abc import Sequence
 
 from agentix.runtime.client import wire
