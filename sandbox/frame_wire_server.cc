@@ -122,28 +122,35 @@ class FrameSink final : public CallSink {
     // thread (woken for them), so that this thread's copy out of the
     // worker's ring overlaps with that one. Events after them wait their
     // turn (the ring is filled in the order its frames are queued).
-    absl::MutexLock lock(&mu_);
-    if (closed_ || ending_ || broken_) return false;
-    if (ring_ != nullptr && (!for_ring_.empty() || HasBulk(events))) {
+    // (Once this thread has seen for_ring_pending_ at 0, what it put
+    // there before is queued: later events may go the direct way.)
+    if (has_ring_.load(std::memory_order_acquire) &&
+        (for_ring_pending_.load(std::memory_order_acquire) > 0 ||
+         HasBulk(events))) {
+      absl::MutexLock lock(&mu_);
+      if (closed_ || ending_ || broken_) return false;
       for (auto& event : events) {
         const int64_t size = static_cast<int64_t>(event->ByteSizeLong());
         for_ring_bytes_ += size;
         AddQueued(size);
         for_ring_.push_back(std::move(event));
       }
+      for_ring_pending_.store(for_ring_.size(), std::memory_order_release);
       Wake(wake_fd_);
       return true;
     }
+    // Serialized outside the lock, which the connection's thread takes for
+    // every frame it reads.
     std::deque<OutPiece> pieces;
     AppendMessagePieces(events, pieces);
-    QueueLocked(std::move(pieces));
-    return true;
+    return WritePieces(std::move(pieces));
   }
   // The host's payload ring (HELLO), written by Deliver; before the sink is
   // registered with the manager.
   void SetRing(std::shared_ptr<ipc::PayloadArea> ring) {
     absl::MutexLock lock(&mu_);
     ring_ = std::move(ring);
+    has_ring_.store(ring_ != nullptr, std::memory_order_release);
   }
   // Writes whole serialized `frames` (a Namespace stream's): see WritePieces.
   bool Write(std::deque<std::string> frames) {
@@ -223,16 +230,17 @@ class FrameSink final : public CallSink {
     absl::MutexLock lock(&mu_);
     return {queued_bytes_, ending_, broken_};
   }
-  // The connection's thread: the socket is writable, or events wait to be
-  // put into the host's ring (see Deliver).
+  // The connection's thread: the socket is writable.
   void Flush() {
     absl::MutexLock lock(&mu_);
-    if (closed_) return;
-    if (!for_ring_.empty()) {
-      QueueForRingLocked();
-      return;
-    }
-    FlushLocked();
+    if (!closed_) FlushLocked();
+  }
+  // The connection's thread, woken: puts the events Deliver left for the
+  // host's ring into it and queues (and writes) their frames.
+  void QueueForRing() {
+    if (for_ring_pending_.load(std::memory_order_acquire) == 0) return;
+    absl::MutexLock lock(&mu_);
+    if (!closed_ && !for_ring_.empty()) QueueForRingLocked();
   }
   // The connection ends; the descriptors are closed right after.
   void Close() {
@@ -252,6 +260,7 @@ class FrameSink final : public CallSink {
     std::deque<OutPiece> pieces;
     AppendMessagePieces(events, pieces, ring_.get());
     QueueLocked(std::move(pieces));
+    for_ring_pending_.store(0, std::memory_order_release);
   }
 
   void QueueLocked(std::deque<OutPiece> pieces)
@@ -294,6 +303,7 @@ class FrameSink final : public CallSink {
   void DropQueue(bool keep_partial) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for_ring_.clear();
     for_ring_bytes_ = 0;
+    for_ring_pending_.store(0, std::memory_order_release);
     queue_.Drop(keep_partial);
     AddQueued(static_cast<int64_t>(queue_.bytes()) -
               static_cast<int64_t>(queued_bytes_));
@@ -315,6 +325,10 @@ class FrameSink final : public CallSink {
   // their serialized size (counted as queued).
   std::vector<SandboxEventPtr> for_ring_ ABSL_GUARDED_BY(mu_);
   int64_t for_ring_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // for_ring_.size() and whether ring_ is set, for Deliver to read without
+  // the lock.
+  std::atomic<size_t> for_ring_pending_{0};
+  std::atomic<bool> has_ring_{false};
   size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // unwritten, all frames
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool ending_ ABSL_GUARDED_BY(mu_) = false;
@@ -487,7 +501,7 @@ class FrameWireServer::Connection {
       if (ready <= 0) continue;
       if (fds[1].revents & POLLIN) {
         DrainWake(wake_fd_);
-        sink_->Flush();  // events for the payload ring, if any
+        sink_->QueueForRing();  // events for the payload ring, if any
       }
       if (fds[0].revents & POLLOUT) sink_->Flush();
       if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {

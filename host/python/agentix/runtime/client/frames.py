@@ -399,7 +399,9 @@ class FrameTransport:
         for piece in pieces:
             size += len(piece)
         if self._ring_ready:
-            self._ring.release_unreferenced()  # results decoded since the last read
+            ring = self._ring
+            if ring.held:
+                ring.release_unreferenced()  # results decoded since the last read
             if size >= wire.BULK_MIN_BYTES:
                 head, pieces, length = ring_frame(self._ring, pieces)
                 if head is not None:  # some bulk bytes went into the ring
@@ -426,8 +428,9 @@ class FrameTransport:
         """Reads what the socket holds: (the MESSAGE payloads, the stream's
         status once it ended, whether write progress was signalled)."""
         messages: list = []
-        if self._ring is not None:
-            self._ring.release_unreferenced()
+        ring = self._ring
+        if ring is not None and ring.held:
+            ring.release_unreferenced()
         if self._status is None and not self._closed:
             self._read(messages)
             if self._status is None and self._write_error is not None:

@@ -52,7 +52,7 @@ class PayloadRing:
     mapped. `fd` is for the HELLO that shares it; `close_fd` once sent (the
     mapping stays until `close`). Raises OSError when it cannot be made."""
 
-    __slots__ = ("fd", "ring_bytes", "_map", "_view", "_out", "_in", "_tail", "_floor", "_in_done", "_taken", "_held")
+    __slots__ = ("fd", "ring_bytes", "held", "_map", "_view", "_out", "_in", "_tail", "_floor", "_in_done", "_taken")
 
     def __init__(self, ring_bytes: int = RING_BYTES) -> None:
         ring_bytes = -(-ring_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
@@ -77,8 +77,8 @@ class PayloadRing:
         self._taken = 0  # the end of the last piece taken (held or not)
         # (end, holder) of pieces handed out as views, oldest first: each
         # holder is exported by its views only, so it is free when nothing
-        # but this deque refers to it.
-        self._held: collections.deque = collections.deque()
+        # but this deque refers to it. Empty: nothing to release.
+        self.held: collections.deque = collections.deque()
 
     def close_fd(self) -> None:
         if self.fd >= 0:
@@ -94,7 +94,7 @@ class PayloadRing:
             self._out.release()
             self._in.release()
             self._view.release()
-            self._held.clear()
+            self.held.clear()
             try:
                 self._map.close()
             except BufferError:
@@ -153,13 +153,13 @@ class PayloadRing:
         only up to the first piece still held."""
         self.take(pos, size)
         holder = (ctypes.c_ubyte * size).from_buffer(self._map, _HEADER_BYTES + self.ring_bytes + pos % self.ring_bytes)
-        self._held.append((pos + size, holder))
+        self.held.append((pos + size, holder))
         return memoryview(holder).cast("B")
 
     def release_unreferenced(self) -> None:
         """Releases the daemon's ring past the held pieces nothing refers to
         any more, oldest first (the ring is consumed in order)."""
-        held = self._held
+        held = self.held
         end = 0
         while held and sys.getrefcount(held[0][1]) <= 2:  # the deque's and the call's
             end = held.popleft()[0]
