@@ -75,6 +75,61 @@ void CheckSpliced(absl::string_view payload) {
   }
 }
 
+// A RING_MESSAGE's pieces are taken from a fixed ring; what
+// ParseCallsRequestWithRing accepts must be what protobuf makes of the
+// message put back together (it may refuse more: pieces must stand exactly
+// for bulk fields).
+void CheckRing(absl::string_view payload) {
+  using agentix::runtime::v1::CallsRequest;
+  static const std::string* const ring = [] {
+    auto* bytes = new std::string(1u << 16, '\0');
+    for (size_t i = 0; i < bytes->size(); ++i) (*bytes)[i] = static_cast<char>(i * 7);
+    return bytes;
+  }();
+  absl::StatusOr<RingMessage> message = DecodeRingMessage(payload, 1u << 20);
+  if (!message.ok()) {
+    if (message.status().code() != absl::StatusCode::kInvalidArgument) {
+      Fail("unexpected RING_MESSAGE status code");
+    }
+    return;
+  }
+  if (EncodeRingHead(message->pieces) + std::string(message->bytes) != payload) {
+    Fail("RING_MESSAGE re-encoding");
+  }
+  std::vector<RingPiece> pieces;
+  std::string whole;
+  size_t done = 0;
+  for (const RingPieceRef& ref : message->pieces) {
+    if (ref.pos % ring->size() + ref.size > ring->size()) return;
+    const std::string_view data =
+        std::string_view(*ring).substr(ref.pos % ring->size(), ref.size);
+    pieces.push_back({ref.at, data});
+    whole += std::string(message->bytes.substr(done, ref.at - done));
+    whole += std::string(data);
+    done = ref.at;
+  }
+  whole += std::string(message->bytes.substr(done));
+  SplicedRequest parsed;
+  if (!ParseCallsRequestWithRing(message->bytes, pieces, parsed).ok()) return;
+  CallsRequest expected;
+  if (!expected.ParseFromString(whole)) Fail("ring parse accepted what protobuf refuses");
+  for (int i = 0; i < parsed.request.events_size(); ++i) {
+    const auto& bulk = parsed.bulk[static_cast<size_t>(i)];
+    if (!bulk) continue;
+    auto* event = parsed.request.mutable_events(i);
+    if (event->has_start()) {
+      event->mutable_start()->set_arguments(std::string(*bulk));
+    } else if (event->has_argument_chunk()) {
+      event->mutable_argument_chunk()->set_data(std::string(*bulk));
+    } else {
+      Fail("a ring piece for an event without a bulk field");
+    }
+  }
+  if (Deterministic(parsed.request) != Deterministic(expected)) {
+    Fail("ring parse differs from protobuf's");
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -107,6 +162,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     } else if (frame->kind == FrameKind::kMessage) {
       CheckSpliced(frame->payload);
+    } else if (frame->kind == FrameKind::kRingMessage) {
+      CheckRing(frame->payload);
     } else if (frame->kind == FrameKind::kStatus) {
       absl::StatusOr<FrameStatus> status = DecodeStatus(frame->payload);
       if (status.ok() != (frame->payload.size() >= 4)) Fail("STATUS decode");

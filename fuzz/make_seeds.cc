@@ -384,8 +384,22 @@ bool WriteFrameWireSeeds(const std::string& dir) {
   bulk.add_events()->mutable_ack()->set_call_id("c0");
   const std::string bulk_message =
       EncodeFrame(FrameKind::kMessage, bulk.SerializeAsString());
+  // The same message as a RING_MESSAGE: the start's arguments and the
+  // first chunk's data in the ring (positions the fuzzer's fixed ring holds).
+  const std::string serialized = bulk.SerializeAsString();
+  const size_t args_at = serialized.find("0123456789");
+  const size_t data_at = serialized.find("abcdefghij");
+  const std::string ring_payload =
+      EncodeRingHead({{static_cast<uint32_t>(args_at), 0, 10},
+                      {static_cast<uint32_t>(data_at - 10), 10, 10}}) +
+      serialized.substr(0, args_at) +
+      serialized.substr(args_at + 10, data_at - args_at - 10) +
+      serialized.substr(data_at + 10);
+  const std::string ring_message =
+      EncodeFrame(FrameKind::kRingMessage, ring_payload);
   return Write(dir, "stream", hello + message + message + half_close) &&
          Write(dir, "bulk", hello + bulk_message) &&
+         Write(dir, "ring", hello + ring_message) &&
          Write(dir, "hello-only", hello) &&
          Write(dir, "status",
                EncodeFrame(FrameKind::kStatus,

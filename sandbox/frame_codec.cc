@@ -67,6 +67,7 @@ absl::StatusOr<FrameView> ParseFrame(absl::string_view buffer) {
     case FrameKind::kMessage: limit = kMaxFrameMessageBytes; break;
     case FrameKind::kHalfClose: limit = 0; break;
     case FrameKind::kStatus: limit = kMaxStatusBytes; break;
+    case FrameKind::kRingMessage: limit = kMaxFrameMessageBytes; break;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("unknown frame kind ", kind));
@@ -82,6 +83,66 @@ absl::StatusOr<FrameView> ParseFrame(absl::string_view buffer) {
   return FrameView{static_cast<FrameKind>(kind),
                    buffer.substr(kFrameHeaderBytes, length),
                    kFrameHeaderBytes + length};
+}
+
+std::string EncodeRingHead(const std::vector<RingPieceRef>& pieces) {
+  std::string out;
+  AppendU16(out, static_cast<uint16_t>(pieces.size()));
+  for (const RingPieceRef& piece : pieces) {
+    AppendU32(out, piece.at);
+    AppendU32(out, static_cast<uint32_t>(piece.pos));
+    AppendU32(out, static_cast<uint32_t>(piece.pos >> 32));
+    AppendU32(out, static_cast<uint32_t>(piece.size));
+    AppendU32(out, static_cast<uint32_t>(piece.size >> 32));
+  }
+  return out;
+}
+
+absl::StatusOr<RingMessage> DecodeRingMessage(absl::string_view payload,
+                                              size_t max_message_bytes) {
+  if (payload.size() < 2) {
+    return absl::InvalidArgumentError("RING_MESSAGE shorter than its count");
+  }
+  const size_t count = static_cast<uint8_t>(payload[0]) |
+                       size_t{static_cast<uint8_t>(payload[1])} << 8;
+  if (count > kMaxRingPieces) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RING_MESSAGE with ", count, " ring pieces; at most ", kMaxRingPieces));
+  }
+  const size_t head = 2 + count * kRingPieceRefBytes;
+  if (payload.size() < head) {
+    return absl::InvalidArgumentError(
+        "RING_MESSAGE shorter than its piece list");
+  }
+  RingMessage out;
+  out.bytes = payload.substr(head);
+  uint64_t total = out.bytes.size();
+  const char* p = payload.data() + 2;
+  for (size_t i = 0; i < count; ++i, p += kRingPieceRefBytes) {
+    RingPieceRef piece;
+    piece.at = ReadU32(p);
+    piece.pos = ReadU32(p + 4) | uint64_t{ReadU32(p + 8)} << 32;
+    piece.size = ReadU32(p + 12) | uint64_t{ReadU32(p + 16)} << 32;
+    if (piece.at > out.bytes.size() ||
+        (!out.pieces.empty() && piece.at < out.pieces.back().at)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RING_MESSAGE piece ", i, " goes at offset ", piece.at,
+          ": past the message's ", out.bytes.size(),
+          " bytes or before the previous piece"));
+    }
+    if (piece.size == 0 || piece.size > max_message_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RING_MESSAGE piece ", i, " has ", piece.size, " bytes"));
+    }
+    total += piece.size;
+    out.pieces.push_back(piece);
+  }
+  if (total > max_message_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RING_MESSAGE carries a message of ", total, " bytes; at most ",
+        max_message_bytes, " are allowed"));
+  }
+  return out;
 }
 
 std::string EncodeHello(const FrameMetadata& metadata) {

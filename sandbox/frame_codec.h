@@ -24,6 +24,9 @@ enum class FrameKind : uint8_t {
   kMessage = 2,    // a serialized CallsRequest / CallsResponse
   kHalfClose = 3,  // host -> daemon, empty: the host's writes_done
   kStatus = 4,     // daemon -> host, last frame: u32le code, UTF-8 details
+  // Both ways, on a connection with a payload ring: a MESSAGE whose bulk
+  // bytes lie in the sender's ring (RingMessage below).
+  kRingMessage = 5,
 };
 
 // Largest MESSAGE payload accepted from a host: the 4 MiB a gRPC client
@@ -61,6 +64,35 @@ absl::StatusOr<FrameView> ParseFrame(absl::string_view buffer);
 inline constexpr char kFrameStreamKey[] = "agentix-stream";
 inline constexpr char kFrameStreamCalls[] = "calls";
 inline constexpr char kFrameStreamNamespace[] = "namespace";
+
+// HELLO key: the memfd sent with HELLO (SCM_RIGHTS) is the connection's
+// payload ring (worker/ipc/payload_area.h; the host created it). The daemon
+// answers with an empty RING_MESSAGE once it has mapped it.
+inline constexpr char kFramePayloadRingKey[] = "agentix-payload-ring";
+
+// RING_MESSAGE's payload: `u16le count`, then `count` pieces of
+// `u32le at, u64le pos, u64le size`, then the message's bytes with each
+// piece's bytes left out. The message is those bytes with the `size` bytes
+// at `pos` in the sender's ring put back at offset `at` of them (offsets
+// into the bytes that are there, non-decreasing).
+struct RingPieceRef {
+  uint32_t at = 0;
+  uint64_t pos = 0;
+  uint64_t size = 0;
+};
+struct RingMessage {
+  std::vector<RingPieceRef> pieces;
+  absl::string_view bytes;  // the message without its pieces
+};
+inline constexpr size_t kMaxRingPieces = 64;
+inline constexpr size_t kRingPieceRefBytes = 20;
+// The payload's head (`count` and the pieces), to be followed by the bytes.
+std::string EncodeRingHead(const std::vector<RingPieceRef>& pieces);
+// InvalidArgument for a truncated head, more than kMaxRingPieces pieces,
+// offsets past the bytes or decreasing, an empty piece, or a whole message
+// longer than `max_message_bytes`.
+absl::StatusOr<RingMessage> DecodeRingMessage(absl::string_view payload,
+                                              size_t max_message_bytes);
 
 // HELLO's payload: `u16le key_len, key, u32le value_len, value`, repeated.
 using FrameMetadata = std::vector<std::pair<std::string, std::string>>;

@@ -30,7 +30,7 @@ TEST_CASE("A frame round-trips; a partial one asks for more bytes",
 TEST_CASE("Unknown kinds, oversized lengths and a non-empty HALF_CLOSE are "
           "refused from the header alone",
           "[frame_codec]") {
-  for (char kind : {'\0', '\x05', '\xff'}) {
+  for (char kind : {'\0', '\x06', '\xff'}) {
     auto parsed = ParseFrame(std::string("\0\0\0\0", 4) + kind);
     REQUIRE(parsed.status().code() == absl::StatusCode::kInvalidArgument);
     REQUIRE(absl::StrContains(parsed.status().message(), "unknown frame kind"));
@@ -76,6 +76,37 @@ TEST_CASE("HELLO metadata round-trips and bad payloads are refused",
   REQUIRE(!DecodeHello(EncodeHello({{"Authorization", "x"}})).ok());
   REQUIRE(!DecodeHello(EncodeHello({{"", "x"}})).ok());
   REQUIRE(!DecodeHello(EncodeHello({{"a b", "x"}})).ok());
+}
+
+TEST_CASE("RING_MESSAGE heads round-trip; bad ones are refused",
+          "[frame_codec]") {
+  const std::vector<RingPieceRef> pieces = {
+      {3, 0, 70000}, {3, 70000, 1}, {9, (uint64_t{5} << 32) + 7, 65536}};
+  const std::string payload = EncodeRingHead(pieces) + "0123456789";
+  auto decoded = DecodeRingMessage(payload, 1 << 20);
+  REQUIRE(decoded.ok());
+  CHECK(decoded->bytes == "0123456789");
+  REQUIRE(decoded->pieces.size() == 3);
+  CHECK(decoded->pieces[2].at == 9);
+  CHECK(decoded->pieces[2].pos == (uint64_t{5} << 32) + 7);
+  CHECK(decoded->pieces[2].size == 65536);
+  auto refused = [](const std::string& bad, size_t max = 1 << 20) {
+    CHECK(DecodeRingMessage(bad, max).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+  };
+  refused("");
+  refused(std::string("\x01\x00", 2) + "short");
+  refused(EncodeRingHead(std::vector<RingPieceRef>(kMaxRingPieces + 1, {0, 0, 1})));
+  refused(EncodeRingHead({{11, 0, 10}}) + "0123456789");  // past the bytes
+  refused(EncodeRingHead({{5, 0, 10}, {4, 10, 10}}) + "0123456789");  // backwards
+  refused(EncodeRingHead({{1, 0, 0}}) + "0123456789");  // empty piece
+  refused(EncodeRingHead({{1, 0, 1000}}) + "0123456789", 1009);  // too long
+  CHECK(DecodeRingMessage(EncodeRingHead({{1, 0, 999}}) + "0123456789", 1009).ok());
+  // The daemon's "ring accepted": no pieces, no bytes.
+  auto empty = DecodeRingMessage(EncodeRingHead({}), 1 << 20);
+  REQUIRE(empty.ok());
+  CHECK(empty->pieces.empty());
+  CHECK(empty->bytes.empty());
 }
 
 TEST_CASE("STATUS round-trips; a short one is refused", "[frame_codec]") {

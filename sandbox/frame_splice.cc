@@ -6,7 +6,9 @@
 
 #include "google/protobuf/io/coded_stream.h"
 #include "sandbox/frame_codec.h"
+#include "absl/strings/str_cat.h"
 #include "sandbox/wire_limits.h"
+#include "worker/ipc/payload_area.h"
 
 namespace agentix::sandbox {
 namespace {
@@ -241,7 +243,144 @@ std::optional<Spliced> SpliceEvent(const SandboxEvent& event,
   return std::nullopt;
 }
 
+// One HostEvent whose bulk field's bytes are `data`, left out of `bytes`
+// at offset `cut` (the event's bytes as they came, the field's tag and
+// length included, its content not).
+absl::Status ParseEventWithPiece(absl::string_view bytes, size_t cut,
+                                 std::string_view data, HostEvent& event) {
+  const char* const begin = bytes.data();
+  const char* const end = begin + bytes.size();
+  const char* p = begin;
+  uint64_t tag = 0, length = 0;
+  if (!ReadVarint(p, end, tag, 5) || (tag & 7) != kLengthDelimited ||
+      ((tag >> 3) != kHostStartField && (tag >> 3) != kHostChunkField) ||
+      !ReadVarint(p, end, length, 5) ||
+      length != static_cast<uint64_t>(end - p) + data.size()) {
+    return absl::InvalidArgumentError(
+        "a ring piece lies in an event that is not exactly one StartCall or "
+        "ArgumentChunk");
+  }
+  const bool start = (tag >> 3) == kHostStartField;
+  const uint32_t bulk_number = start ? kStartArgumentsField : kChunkDataField;
+  const char* const inner_begin = p;
+  const char* cut_begin = nullptr;
+  const char* cut_end = nullptr;
+  while (p < end) {
+    const char* const field_start = p;
+    uint64_t field_tag = 0, field_length = 0;
+    if (!ReadVarint(p, end, field_tag, 5)) break;
+    const char* q = p;
+    if ((field_tag & 7) == kLengthDelimited &&
+        ReadVarint(q, end, field_length, 5) &&
+        static_cast<size_t>(q - begin) == cut) {
+      if ((field_tag >> 3) != bulk_number || field_length != data.size() ||
+          cut_begin != nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "a ring piece of ", data.size(), " bytes is not the ",
+            start ? "StartCall.arguments" : "ArgumentChunk.data",
+            " field it stands in"));
+      }
+      cut_begin = field_start;
+      cut_end = p = q;
+      continue;
+    }
+    p = field_start;
+    Field field;
+    if (!ReadField(p, end, field)) {
+      return absl::InvalidArgumentError(
+          "an event with a ring piece is not a valid protobuf encoding");
+    }
+    if (field.number == bulk_number ||
+        (static_cast<size_t>(field_start - begin) < cut &&
+         cut < static_cast<size_t>(p - begin))) {
+      return absl::InvalidArgumentError(
+          "a ring piece lies inside another field, or its field is repeated");
+    }
+  }
+  if (cut_begin == nullptr) {
+    return absl::InvalidArgumentError(
+        "a ring piece is not at its event's bulk field");
+  }
+  Message& inner = start ? static_cast<Message&>(*event.mutable_start())
+                         : *event.mutable_argument_chunk();
+  // Depth 2: CallsRequest > HostEvent > this message.
+  if (!MergeAt(inner,
+               absl::string_view(inner_begin,
+                                 static_cast<size_t>(cut_begin - inner_begin)),
+               2) ||
+      !MergeAt(inner,
+               absl::string_view(cut_end, static_cast<size_t>(end - cut_end)),
+               2)) {
+    return absl::InvalidArgumentError(
+        "an event with a ring piece is not a valid protobuf encoding");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status ParseCallsRequestWithRing(absl::string_view bytes,
+                                       const std::vector<RingPiece>& pieces,
+                                       SplicedRequest& out) {
+  out.request.Clear();
+  out.bulk.clear();
+  auto fail = [&out](absl::Status status) {
+    out.request.Clear();
+    out.bulk.clear();
+    return status;
+  };
+  const char* const begin = bytes.data();
+  const char* const end = begin + bytes.size();
+  const char* p = begin;
+  size_t next = 0;  // the next piece not yet placed
+  while (p < end) {
+    uint64_t tag = 0, length = 0;
+    if (!ReadVarint(p, end, tag, 5) || tag >> 3 != kEventsField ||
+        (tag & 7) != kLengthDelimited || !ReadVarint(p, end, length, 5) ||
+        length > INT32_MAX) {
+      return fail(absl::InvalidArgumentError(
+          "a CallsRequest with ring pieces holds only events"));
+    }
+    const size_t offset = static_cast<size_t>(p - begin);
+    const size_t left = static_cast<size_t>(end - p);
+    std::optional<std::string_view> bulk;
+    HostEvent* event = out.request.add_events();
+    if (next < pieces.size() && pieces[next].at >= offset &&
+        pieces[next].data.size() <= length &&
+        pieces[next].at - offset <= length - pieces[next].data.size()) {
+      // The event holds this piece: its bytes here are the rest of it.
+      const RingPiece& piece = pieces[next++];
+      const size_t here = static_cast<size_t>(length) - piece.data.size();
+      if (here > left) {
+        return fail(absl::InvalidArgumentError(
+            "a CallsRequest with ring pieces is truncated"));
+      }
+      absl::Status parsed = ParseEventWithPiece(
+          absl::string_view(p, here), piece.at - offset, piece.data, *event);
+      if (!parsed.ok()) return fail(parsed);
+      bulk = piece.data;
+      p += here;
+    } else {
+      if (length > left) {
+        return fail(absl::InvalidArgumentError(
+            "a CallsRequest with ring pieces is truncated"));
+      }
+      if (!ParseEvent(absl::string_view(p, static_cast<size_t>(length)),
+                      *event, bulk, kSpliceMinBytes)) {
+        return fail(absl::InvalidArgumentError(
+            "a CallsRequest with ring pieces is not a valid protobuf "
+            "encoding"));
+      }
+      p += length;
+    }
+    out.bulk.push_back(bulk);
+  }
+  if (next != pieces.size()) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        pieces.size() - next, " ring piece(s) are not in any event")));
+  }
+  return absl::OkStatus();
+}
 
 bool ParseCallsRequestSpliced(absl::string_view bytes, SplicedRequest& out,
                               size_t min_bytes) {
@@ -267,8 +406,22 @@ bool ParseCallsRequestSpliced(absl::string_view bytes, SplicedRequest& out,
   return true;
 }
 
+bool HasBulk(const std::vector<SandboxEventPtr>& events) {
+  for (const SandboxEventPtr& event : events) {
+    if ((event->has_result_chunk() &&
+         event->result_chunk().data().size() >= kSpliceMinBytes) ||
+        (event->has_result() &&
+         event->result().value().size() >= kSpliceMinBytes) ||
+        (event->has_stream_item() &&
+         event->stream_item().value().size() >= kSpliceMinBytes)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 void AppendMessagePieces(const std::vector<SandboxEventPtr>& events,
-                         std::deque<OutPiece>& out) {
+                         std::deque<OutPiece>& out, ipc::PayloadArea* ring) {
   size_t i = 0;
   while (i < events.size()) {
     // The batch [i, j): as many events as fit kMaxBatchBytes (at least one).
@@ -279,10 +432,13 @@ void AppendMessagePieces(const std::vector<SandboxEventPtr>& events,
       if (j > i && bytes + framed > kMaxBatchBytes) break;
       bytes += framed;
     }
-    std::string head(kFrameHeaderBytes, '\0');
-    EncodeFrameHeader(FrameKind::kMessage, static_cast<uint32_t>(bytes),
-                      head.data());
-    std::string current = std::move(head);
+    // The frame's pieces; the first starts with room for its header, and
+    // `written` counts their bytes after it.
+    std::deque<OutPiece> frame;
+    std::vector<RingPieceRef> in_ring;
+    size_t written = 0;
+    std::string current(kFrameHeaderBytes, '\0');
+    size_t header = kFrameHeaderBytes;  // of `current`: not counted
     for (size_t k = i; k < j; ++k) {
       const SandboxEvent& event = *events[k];
       const size_t size = event.GetCachedSize();  // ByteSizeLong above
@@ -290,10 +446,24 @@ void AppendMessagePieces(const std::vector<SandboxEventPtr>& events,
       if (std::optional<Spliced> spliced = SpliceEvent(event, size)) {
         // The bytes protobuf writes for it, the data's own left in place.
         current += spliced->head;
-        out.emplace_back(std::move(current), /*frame_end=*/false);
-        const bool last = k + 1 == j && spliced->tail.empty();
-        out.emplace_back(events[k], spliced->data, /*frame_end=*/last);
-        current = std::move(spliced->tail);
+        std::optional<uint64_t> pos;
+        if (ring != nullptr && in_ring.size() < kMaxRingPieces) {
+          pos = ring->Put(
+              std::string_view(spliced->data.data(), spliced->data.size()));
+        }
+        if (pos.has_value()) {
+          in_ring.push_back(
+              {static_cast<uint32_t>(written + current.size() - header), *pos,
+               spliced->data.size()});
+        } else {
+          written += current.size() - header;
+          header = 0;
+          frame.emplace_back(std::move(current), /*frame_end=*/false);
+          written += spliced->data.size();
+          frame.emplace_back(events[k], spliced->data, /*frame_end=*/false);
+          current.clear();
+        }
+        current += spliced->tail;
       } else {
         const size_t at = current.size();
         current.resize(at + size);
@@ -301,7 +471,26 @@ void AppendMessagePieces(const std::vector<SandboxEventPtr>& events,
             reinterpret_cast<uint8_t*>(current.data() + at));
       }
     }
-    if (!current.empty()) out.emplace_back(std::move(current), /*frame_end=*/true);
+    if (!current.empty()) {
+      written += current.size() - header;
+      frame.emplace_back(std::move(current), /*frame_end=*/false);
+    }
+    std::string* first = frame.front().owned();
+    if (in_ring.empty()) {
+      EncodeFrameHeader(FrameKind::kMessage, static_cast<uint32_t>(bytes),
+                        first->data());
+    } else {
+      // A RING_MESSAGE: the pieces' places go between header and bytes.
+      std::string head(kFrameHeaderBytes, '\0');
+      head += EncodeRingHead(in_ring);
+      EncodeFrameHeader(FrameKind::kRingMessage,
+                        static_cast<uint32_t>(head.size() - kFrameHeaderBytes +
+                                              written),
+                        head.data());
+      first->replace(0, kFrameHeaderBytes, head);
+    }
+    frame.back().set_frame_end();
+    for (OutPiece& piece : frame) out.push_back(std::move(piece));
     i = j;
   }
 }

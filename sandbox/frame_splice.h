@@ -18,7 +18,12 @@
 
 #include "absl/strings/string_view.h"
 #include "agentix/runtime/v1/runtime.pb.h"
+#include "absl/status/status.h"
 #include "sandbox/call_sink.h"
+
+namespace agentix::ipc {
+class PayloadArea;
+}  // namespace agentix::ipc
 
 namespace agentix::sandbox {
 
@@ -47,6 +52,25 @@ struct SplicedRequest {
 bool ParseCallsRequestSpliced(absl::string_view bytes, SplicedRequest& out,
                               size_t min_bytes = kSpliceMinBytes);
 
+// A ring piece of a RING_MESSAGE (frame_codec.h), its bytes resolved: the
+// `data` (a view into the sender's ring) goes at offset `at` of the bytes
+// that came on the socket.
+struct RingPiece {
+  size_t at = 0;
+  std::string_view data;
+};
+
+// Parses a RING_MESSAGE's `bytes` with `pieces` put back (at non-decreasing
+// offsets, as DecodeRingMessage checked) into `out`, whose `bulk` then
+// holds each piece. Each piece must be exactly the bulk field
+// (StartCall.arguments / ArgumentChunk.data) of an event that is one
+// HostEvent.start / .argument_chunk holding that field once, one piece per
+// event: the bytes are never joined to be parsed. InvalidArgument saying
+// what is wrong otherwise, or when protobuf refuses the rest.
+absl::Status ParseCallsRequestWithRing(absl::string_view bytes,
+                                       const std::vector<RingPiece>& pieces,
+                                       SplicedRequest& out);
+
 // Bytes queued for a socket: owned, or a view into an event that the piece
 // keeps alive (a retained ResultChunk's data).
 class OutPiece {
@@ -60,6 +84,10 @@ class OutPiece {
   }
   // The last piece of a frame: the bytes after it start a new frame.
   bool frame_end() const { return frame_end_; }
+  void set_frame_end() { frame_end_ = true; }
+  // The owned bytes, to be completed before the piece is queued (its
+  // frame's header); null for a view.
+  std::string* owned() { return holder_ ? nullptr : &owned_; }
 
  private:
   std::string owned_;
@@ -97,8 +125,16 @@ class OutQueue {
 // most kMaxBatchBytes each (one larger event alone still goes alone), the
 // bytes the gRPC Calls stream's batching would produce. A ResultChunk's
 // data of kSpliceMinBytes or more is not copied: its piece is a view of the
-// event, which the piece keeps alive.
+// event, which the piece keeps alive. With `ring` (the host's payload ring),
+// such data is put into the ring instead when it fits, and its frame is a
+// RING_MESSAGE saying where.
+// Whether AppendMessagePieces would leave bytes of `events` in place (or
+// put them in a ring): a result chunk, value or stream item of
+// kSpliceMinBytes or more.
+bool HasBulk(const std::vector<SandboxEventPtr>& events);
+
 void AppendMessagePieces(const std::vector<SandboxEventPtr>& events,
-                         std::deque<OutPiece>& out);
+                         std::deque<OutPiece>& out,
+                         ipc::PayloadArea* ring = nullptr);
 
 }  // namespace agentix::sandbox

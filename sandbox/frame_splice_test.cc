@@ -7,6 +7,7 @@
 
 #include "sandbox/frame_codec.h"
 #include "sandbox/wire_limits.h"
+#include "worker/ipc/payload_area.h"
 
 namespace agentix::sandbox {
 namespace {
@@ -280,6 +281,173 @@ TEST_CASE("large results and chunks are written from the events, the same bytes 
   }
   CHECK(frame_ends == expected_ends);
   CHECK(expected_ends.size() == 2);
+}
+
+// `message` with each of `bulks` (found by content) left out, as a host
+// writes a RING_MESSAGE's bytes; the pieces' offsets into what is left.
+struct Cut {
+  std::string bytes;
+  std::vector<size_t> at;
+};
+Cut CutOut(const std::string& message, const std::vector<std::string>& bulks) {
+  Cut out;
+  size_t from = 0;
+  for (const std::string& bulk : bulks) {
+    const size_t found = message.find(bulk, from);
+    REQUIRE(found != std::string::npos);
+    out.bytes += message.substr(from, found - from);
+    out.at.push_back(out.bytes.size());
+    from = found + bulk.size();
+  }
+  out.bytes += message.substr(from);
+  return out;
+}
+
+TEST_CASE("ring pieces stand in for bulk fields: the message is protobuf's") {
+  CallsRequest request;
+  auto* start = request.add_events()->mutable_start();
+  start->set_call_id("c1");
+  start->set_callable("mod::fn");
+  start->set_arguments(Bytes(1 << 20, 'a'));
+  start->set_arguments_size(3 << 20);
+  start->set_context("ctx");
+  request.add_events()->mutable_ack()->set_call_id("old");
+  auto* chunk = request.add_events()->mutable_argument_chunk();
+  chunk->set_call_id("c1");
+  chunk->set_data(Bytes(1 << 20, 'b'));
+  chunk->set_offset(1 << 20);
+  auto* last = request.add_events()->mutable_argument_chunk();
+  last->set_call_id("c1");
+  last->set_data(Bytes(kSpliceMinBytes, 'c'));  // offset unset: data ends it
+  auto* inline_chunk = request.add_events()->mutable_argument_chunk();
+  inline_chunk->set_call_id("c2");
+  inline_chunk->set_data(Bytes(kSpliceMinBytes, 'd'));  // stays inline
+  const std::string message = request.SerializeAsString();
+  // The "ring": the pieces' bytes, elsewhere.
+  const std::string ring = start->arguments() + chunk->data() + last->data();
+  const Cut cut = CutOut(message, {start->arguments(), chunk->data(), last->data()});
+  std::vector<RingPiece> pieces;
+  size_t pos = 0;
+  for (size_t i = 0; i < cut.at.size(); ++i) {
+    const size_t size = i == 0 ? start->arguments().size()
+                                : i == 1 ? chunk->data().size()
+                                         : last->data().size();
+    pieces.push_back({cut.at[i], std::string_view(ring).substr(pos, size)});
+    pos += size;
+  }
+  SplicedRequest parsed;
+  REQUIRE(ParseCallsRequestWithRing(cut.bytes, pieces, parsed).ok());
+  CHECK(Rebuilt(parsed).SerializeAsString() == message);
+  REQUIRE(parsed.bulk.size() == 5);
+  // The pieces are the ring's bytes, not copies; the inline one is spliced.
+  CHECK(parsed.bulk[0]->data() == ring.data());
+  CHECK(!parsed.bulk[1].has_value());
+  CHECK(parsed.bulk[2]->data() == ring.data() + (1 << 20));
+  CHECK(parsed.bulk[3]->data() == ring.data() + (2 << 20));
+  CHECK(parsed.bulk[4]->data() >= cut.bytes.data());
+}
+
+TEST_CASE("ring pieces anywhere but at a bulk field are refused, saying so") {
+  CallsRequest request;
+  auto* chunk = request.add_events()->mutable_argument_chunk();
+  chunk->set_call_id("c1");
+  chunk->set_data(Bytes(kSpliceMinBytes, 'b'));
+  chunk->set_offset(5);
+  const std::string message = request.SerializeAsString();
+  const std::string data = chunk->data();
+  const Cut cut = CutOut(message, {data});
+  SplicedRequest parsed;
+  auto refused = [&](std::vector<RingPiece> pieces, const std::string& bytes) {
+    absl::Status status = ParseCallsRequestWithRing(bytes, pieces, parsed);
+    CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(parsed.request.events_size() == 0);
+    return std::string(status.message());
+  };
+  // One byte off either way, or in the call id.
+  CHECK(refused({{cut.at[0] - 1, data}}, cut.bytes).find("ring piece") !=
+        std::string::npos);
+  refused({{cut.at[0] + 1, data}}, cut.bytes);
+  refused({{3, data}}, cut.bytes);
+  // A size other than the field's length.
+  refused({{cut.at[0], std::string_view(data).substr(1)}}, cut.bytes);
+  // A piece after the last event.
+  refused({{cut.at[0], data}, {cut.bytes.size(), data}}, cut.bytes);
+  // The bytes that came are not a CallsRequest of events.
+  refused({{cut.at[0], data}}, "\x12\x01x" + cut.bytes);
+
+  // A piece inside an ack, and one standing in for a repeated data field.
+  CallsRequest ack;
+  ack.add_events()->mutable_ack()->set_call_id(Bytes(kSpliceMinBytes, 'z'));
+  const std::string ack_bytes = ack.SerializeAsString();
+  const Cut ack_cut = CutOut(ack_bytes, {ack.events(0).ack().call_id()});
+  CHECK(refused({{ack_cut.at[0], ack.events(0).ack().call_id()}},
+                ack_cut.bytes)
+            .find("not exactly one StartCall or ArgumentChunk") !=
+        std::string::npos);
+  const std::string repeated_inner = Len(1, "c1") + Len(2, data) + Len(2, "x");
+  const std::string repeated = Len(1, Len(2, repeated_inner));
+  const Cut repeated_cut = CutOut(repeated, {data});
+  refused({{repeated_cut.at[0], data}}, repeated_cut.bytes);
+
+  // Without pieces, a RING_MESSAGE's bytes are a CallsRequest as any.
+  REQUIRE(ParseCallsRequestWithRing(message, {}, parsed).ok());
+  CHECK(Rebuilt(parsed).SerializeAsString() == message);
+}
+
+TEST_CASE("with the host's ring, large results go into it; a full ring "
+          "falls back to the socket") {
+  // The host creates the area, the daemon maps it (as in the frame wire).
+  auto host = ipc::PayloadArea::Create(2u << 20, /*sealed=*/true);
+  REQUIRE(host.ok());
+  auto daemon = ipc::PayloadArea::MapSealed((*host)->fd());
+  REQUIRE(daemon.ok());
+  std::vector<SandboxEventPtr> events = {
+      Chunk("c1", Bytes(1 << 20, 'a')),
+      Chunk("c1", Bytes(1 << 20, 'b')),
+      Chunk("c1", Bytes(1 << 20, 'c')),  // the 2 MiB ring is full by now
+      Result("c1", Bytes(100, 'g')),
+  };
+  std::deque<OutPiece> pieces;
+  AppendMessagePieces(events, pieces, daemon->get());
+  std::string written;
+  size_t views = 0;
+  for (const OutPiece& piece : pieces) {
+    written += std::string(piece.bytes());
+    for (const auto& event : events) {
+      if (piece.bytes().data() == BulkOf(*event).data()) ++views;
+    }
+  }
+  CHECK(views == 1);  // only the chunk that did not fit
+  // Put back together as the host does, the frames are protobuf's.
+  std::string rebuilt;
+  absl::string_view rest = written;
+  size_t ring_frames = 0;
+  while (!rest.empty()) {
+    auto frame = ParseFrame(rest);
+    REQUIRE(frame.ok());
+    REQUIRE(frame->frame_bytes > 0);
+    if (frame->kind == FrameKind::kRingMessage) {
+      ++ring_frames;
+      auto message = DecodeRingMessage(frame->payload, kMaxFrameMessageBytes);
+      REQUIRE(message.ok());
+      std::string whole;
+      size_t done = 0;
+      for (const RingPieceRef& ref : message->pieces) {
+        whole += std::string(message->bytes.substr(done, ref.at - done));
+        done = ref.at;
+        auto data = (*host)->Get(ref.pos, ref.size);
+        REQUIRE(data.ok());
+        whole += std::string(*data);
+      }
+      whole += std::string(message->bytes.substr(done));
+      rebuilt += EncodeFrame(FrameKind::kMessage, whole);
+    } else {
+      rebuilt += std::string(rest.substr(0, frame->frame_bytes));
+    }
+    rest.remove_prefix(frame->frame_bytes);
+  }
+  CHECK(ring_frames == 1);
+  CHECK(rebuilt == Serialized(events));
 }
 
 TEST_CASE("a spliced piece keeps its event alive") {

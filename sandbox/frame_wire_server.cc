@@ -23,6 +23,7 @@
 #include "sandbox/namespace_stream.h"
 #include "sandbox/frame_splice.h"
 #include "sandbox/wire_limits.h"
+#include "worker/ipc/payload_area.h"
 
 namespace agentix::sandbox {
 namespace {
@@ -116,10 +117,40 @@ class FrameSink final : public CallSink {
   bool Deliver(std::vector<SandboxEventPtr> events) override {
     if (events.empty()) return true;
     // Large values and chunks are written from the events themselves
-    // (frame_splice.h): no serialized copy of their bytes.
+    // (frame_splice.h): no serialized copy of their bytes. With the host's
+    // payload ring they are copied into it instead, by the connection's
+    // thread (woken for them), so that this thread's copy out of the
+    // worker's ring overlaps with that one. Events after them wait their
+    // turn (the ring is filled in the order its frames are queued).
+    // (Once this thread has seen for_ring_pending_ at 0, what it put
+    // there before is queued: later events may go the direct way.)
+    if (has_ring_.load(std::memory_order_acquire) &&
+        (for_ring_pending_.load(std::memory_order_acquire) > 0 ||
+         HasBulk(events))) {
+      absl::MutexLock lock(&mu_);
+      if (closed_ || ending_ || broken_) return false;
+      for (auto& event : events) {
+        const int64_t size = static_cast<int64_t>(event->ByteSizeLong());
+        for_ring_bytes_ += size;
+        AddQueued(size);
+        for_ring_.push_back(std::move(event));
+      }
+      for_ring_pending_.store(for_ring_.size(), std::memory_order_release);
+      Wake(wake_fd_);
+      return true;
+    }
+    // Serialized outside the lock, which the connection's thread takes for
+    // every frame it reads.
     std::deque<OutPiece> pieces;
     AppendMessagePieces(events, pieces);
     return WritePieces(std::move(pieces));
+  }
+  // The host's payload ring (HELLO), written by Deliver; before the sink is
+  // registered with the manager.
+  void SetRing(std::shared_ptr<ipc::PayloadArea> ring) {
+    absl::MutexLock lock(&mu_);
+    ring_ = std::move(ring);
+    has_ring_.store(ring_ != nullptr, std::memory_order_release);
   }
   // Writes whole serialized `frames` (a Namespace stream's): see WritePieces.
   bool Write(std::deque<std::string> frames) {
@@ -130,20 +161,9 @@ class FrameSink final : public CallSink {
   // Writes whole frames' `pieces` (at once when nothing is queued, else
   // after what is); false once the stream is ending or gone.
   bool WritePieces(std::deque<OutPiece> pieces) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (closed_ || ending_ || broken_) return false;
-      const bool was_empty = queue_.empty();
-      for (auto& piece : pieces) {
-        AddQueued(static_cast<int64_t>(piece.bytes().size()));
-        queue_.Push(std::move(piece));
-      }
-      // Nothing queued before: write now, on this thread. Otherwise the
-      // connection's thread is waiting for the socket to drain.
-      if (was_empty) FlushLocked();
-      // Under the lock: once closed, the descriptor may be another's.
-      if ((was_empty && !queue_.empty()) || broken_) Wake(wake_fd_);
-    }
+    absl::MutexLock lock(&mu_);
+    if (closed_ || ending_ || broken_) return false;
+    QueueLocked(std::move(pieces));
     return true;
   }
   // A half-closed stream checks whether its last call has been delivered.
@@ -176,6 +196,7 @@ class FrameSink final : public CallSink {
       absl::MutexLock lock(&mu_);
       if (closed_ || ending_ || broken_) return;
       if (drop_queued) DropQueue(/*keep_partial=*/true);
+      if (!for_ring_.empty()) QueueForRingLocked();  // before the STATUS
       ending_ = true;
       std::string status = EncodeFrame(FrameKind::kStatus,
                                        EncodeStatus(code, details));
@@ -214,14 +235,48 @@ class FrameSink final : public CallSink {
     absl::MutexLock lock(&mu_);
     if (!closed_) FlushLocked();
   }
+  // The connection's thread, woken: puts the events Deliver left for the
+  // host's ring into it and queues (and writes) their frames.
+  void QueueForRing() {
+    if (for_ring_pending_.load(std::memory_order_acquire) == 0) return;
+    absl::MutexLock lock(&mu_);
+    if (!closed_ && !for_ring_.empty()) QueueForRingLocked();
+  }
   // The connection ends; the descriptors are closed right after.
   void Close() {
     absl::MutexLock lock(&mu_);
     closed_ = true;
     DropQueue(false);
+    ring_.reset();  // the host's ring is unmapped with the connection's
   }
 
  private:
+  // Puts the events waiting for the ring into it and queues their frames.
+  void QueueForRingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<SandboxEventPtr> events;
+    events.swap(for_ring_);
+    AddQueued(-for_ring_bytes_);
+    for_ring_bytes_ = 0;
+    std::deque<OutPiece> pieces;
+    AppendMessagePieces(events, pieces, ring_.get());
+    QueueLocked(std::move(pieces));
+    for_ring_pending_.store(0, std::memory_order_release);
+  }
+
+  void QueueLocked(std::deque<OutPiece> pieces)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const bool was_empty = queue_.empty();
+    for (auto& piece : pieces) {
+      AddQueued(static_cast<int64_t>(piece.bytes().size()));
+      queue_.Push(std::move(piece));
+    }
+    // Nothing queued before: write now, on this thread. Otherwise the
+    // connection's thread is waiting for the socket to drain.
+    if (was_empty) FlushLocked();
+    // Under the lock: once closed, the descriptor may be another's.
+    if ((was_empty && !queue_.empty()) || broken_) Wake(wake_fd_);
+  }
+
   // Writes queued frames until the socket would block.
   void FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     while (!queue_.empty() && !broken_) {
@@ -246,6 +301,9 @@ class FrameSink final : public CallSink {
   // written stays, so the bytes that follow still start at a frame
   // boundary.
   void DropQueue(bool keep_partial) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for_ring_.clear();
+    for_ring_bytes_ = 0;
+    for_ring_pending_.store(0, std::memory_order_release);
     queue_.Drop(keep_partial);
     AddQueued(static_cast<int64_t>(queue_.bytes()) -
               static_cast<int64_t>(queued_bytes_));
@@ -262,6 +320,15 @@ class FrameSink final : public CallSink {
   std::string client_id_;
   absl::Mutex mu_;
   OutQueue queue_ ABSL_GUARDED_BY(mu_);  // whole frames
+  std::shared_ptr<ipc::PayloadArea> ring_ ABSL_GUARDED_BY(mu_);
+  // Delivered events the connection's thread puts into the ring next, and
+  // their serialized size (counted as queued).
+  std::vector<SandboxEventPtr> for_ring_ ABSL_GUARDED_BY(mu_);
+  int64_t for_ring_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // for_ring_.size() and whether ring_ is set, for Deliver to read without
+  // the lock.
+  std::atomic<size_t> for_ring_pending_{0};
+  std::atomic<bool> has_ring_{false};
   size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // unwritten, all frames
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool ending_ ABSL_GUARDED_BY(mu_) = false;
@@ -432,7 +499,10 @@ class FrameWireServer::Connection {
         ResizeReadBuffer(kReadChunkBytes);
       }
       if (ready <= 0) continue;
-      if (fds[1].revents & POLLIN) DrainWake(wake_fd_);
+      if (fds[1].revents & POLLIN) {
+        DrainWake(wake_fd_);
+        sink_->QueueForRing();  // events for the payload ring, if any
+      }
       if (fds[0].revents & POLLOUT) sink_->Flush();
       if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
         if (!ReadSome(state.ending)) break;  // EOF or error: the stream is lost
@@ -497,15 +567,43 @@ class FrameWireServer::Connection {
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
+    // Room for the payload ring's memfd, which comes with HELLO (and a few
+    // more, so that extra descriptors are seen and closed, not truncated).
+    alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
     // recvmsg (not read): the connection guard notes the descriptor, so a
     // good HELLO marks this connection authenticated.
     ssize_t n;
     do {
-      n = ::recvmsg(fd_, &msg, MSG_DONTWAIT);
+      n = ::recvmsg(fd_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     } while (n < 0 && errno == EINTR);
     if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK;
+    TakeDescriptors(msg);
     read_end_ += static_cast<size_t>(n);
     return n > 0;
+  }
+
+  // Keeps the one descriptor a host may send (its payload ring, with HELLO)
+  // for Hello(); any other is closed and makes the stream fail there
+  // (before HELLO) or at once.
+  void TakeDescriptors(msghdr& msg) {
+    if (msg.msg_flags & MSG_CTRUNC) stray_fds_ = true;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
+         c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        if (!hello_done_ && ring_fd_ < 0) {
+          ring_fd_ = fd;
+        } else {
+          ::close(fd);
+          stray_fds_ = true;
+        }
+      }
+    }
   }
 
   absl::string_view Buffered() const {
@@ -563,7 +661,17 @@ class FrameWireServer::Connection {
       return Hello(frame.payload);
     }
     if (half_closed_) return Refuse("a frame after HALF_CLOSE");
+    if (stray_fds_) {
+      return Refuse(
+          "a file descriptor came after HELLO, or more than the payload "
+          "ring's one with it");
+    }
     switch (frame.kind) {
+      case FrameKind::kRingMessage:
+        if (namespace_ != nullptr) {
+          return Refuse("RING_MESSAGE on a Namespace stream");
+        }
+        return RingMessage(frame.payload);
       case FrameKind::kMessage:
         if (namespace_ != nullptr) return NamespaceMessage(frame.payload);
         // Large argument bytes stay in the read buffer until they are put
@@ -592,6 +700,43 @@ class FrameWireServer::Connection {
     }
   }
 
+  // A CallsRequest whose bulk bytes lie in the host's payload ring. Any
+  // fault is the host's and ends the stream with STATUS 3 saying what.
+  bool RingMessage(absl::string_view payload) {
+    if (ring_ == nullptr) {
+      return Refuse(absl::StrCat("RING_MESSAGE on a connection without a "
+                                 "payload ring (HELLO had no ",
+                                 kFramePayloadRingKey, ")"));
+    }
+    absl::StatusOr<sandbox::RingMessage> message =
+        DecodeRingMessage(payload, kMaxFrameMessageBytes);
+    if (!message.ok()) return Refuse(message.status().message());
+    ring_pieces_.clear();
+    uint64_t end = 0;
+    for (const RingPieceRef& ref : message->pieces) {
+      // Pieces come in ring order: one before the end of the previous one
+      // overlaps it (Get refuses what was released already).
+      if (ref.pos < end) {
+        return Refuse(absl::StrCat("ring piece at ", ref.pos,
+                                   " overlaps the one before it (ending at ",
+                                   end, ")"));
+      }
+      absl::StatusOr<std::string_view> data = ring_->Get(ref.pos, ref.size);
+      if (!data.ok()) return Refuse(data.status().message());
+      ring_pieces_.push_back({ref.at, *data});
+      end = ref.pos + ref.size;
+    }
+    absl::Status parsed =
+        ParseCallsRequestWithRing(message->bytes, ring_pieces_, request_);
+    if (!parsed.ok()) return Refuse(parsed.message());
+    // The session manager copies each bulk view (into the worker's ring or
+    // a frame) before it returns: the pieces can be handed back after.
+    manager_->HandleHostEvents(sink_, request_.request.events(),
+                               request_.bulk);
+    if (end != 0) ring_->Release(end);
+    return true;
+  }
+
   // False once the stream ends (as on gRPC, an unparseable message ends it).
   bool NamespaceMessage(absl::string_view payload) {
     ns_request_.Clear();
@@ -614,6 +759,13 @@ class FrameWireServer::Connection {
     // Which RuntimeService stream the connection carries; absent: Calls.
     const std::string* stream = FindMetadata(*metadata, kFrameStreamKey);
     const bool calls = stream == nullptr || *stream == kFrameStreamCalls;
+    const bool wants_ring =
+        FindMetadata(*metadata, kFramePayloadRingKey) != nullptr;
+    if (stray_fds_ || (ring_fd_ >= 0 && !wants_ring)) {
+      return Refuse(absl::StrCat("file descriptors came with HELLO, which "
+                                 "takes only one, with ",
+                                 kFramePayloadRingKey));
+    }
     if (!calls && *stream != kFrameStreamNamespace) {
       sink_->End(absl::StatusCode::kUnimplemented,
                  absl::StrCat("the frame wire carries no stream named '",
@@ -636,6 +788,25 @@ class FrameWireServer::Connection {
         sink_->End(verdict.code, verdict.message, false);
         return false;
       }
+    }
+    // The key without a memfd: the host reaches us through a relay that
+    // passes bytes only. It gets no ring (no answer: it sends everything
+    // inline, as to a daemon that does not know the key).
+    if (wants_ring && ring_fd_ >= 0) {
+      if (!calls) return Refuse("a payload ring is for the Calls stream only");
+      absl::StatusOr<std::unique_ptr<ipc::PayloadArea>> ring =
+          ipc::PayloadArea::MapSealed(ring_fd_);
+      ::close(ring_fd_);  // the mapping stays
+      ring_fd_ = -1;
+      if (!ring.ok()) return Refuse(ring.status().message());
+      ring_ = std::move(*ring);
+      sink_->SetRing(ring_);
+      // Tells the host the ring is in use (an older daemon never says so).
+      std::deque<OutPiece> accepted;
+      accepted.emplace_back(
+          EncodeFrame(FrameKind::kRingMessage, EncodeRingHead({})),
+          /*frame_end=*/true);
+      sink_->WritePieces(std::move(accepted));
     }
     // The connection read last on this thread is this one (recvmsg).
     MarkCurrentConnectionAuthenticated();
@@ -663,6 +834,9 @@ class FrameWireServer::Connection {
 
   void Finish() {
     sink_->Close();
+    ring_.reset();
+    if (ring_fd_ >= 0) ::close(ring_fd_);
+    ring_fd_ = -1;
     if (namespace_ != nullptr) namespace_->Close();
     if (hello_done_) {
       if (namespace_ == nullptr) manager_->DetachSink(sink_.get());
@@ -693,6 +867,12 @@ class FrameWireServer::Connection {
   absl::Time end_deadline_ = absl::InfiniteFuture();
   absl::Duration spin_window_ = server_->options_.spin;
   SplicedRequest request_;
+  // The host's payload ring (HELLO's agentix-payload-ring): its memfd until
+  // HELLO maps it; the mapping, shared with the sink, which puts results.
+  int ring_fd_ = -1;
+  bool stray_fds_ = false;
+  std::shared_ptr<ipc::PayloadArea> ring_;
+  std::vector<RingPiece> ring_pieces_;
   // Set by a HELLO naming the Namespace stream.
   std::unique_ptr<NamespaceStream> namespace_;
   runtime::v1::NamespaceRequest ns_request_;

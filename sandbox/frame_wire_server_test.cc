@@ -24,6 +24,7 @@
 #include "sandbox/fake_worker_calls.h"
 #include "sandbox/frame_codec.h"
 #include "sandbox/wire_limits.h"
+#include "worker/ipc/payload_area.h"
 
 namespace agentix::sandbox {
 namespace {
@@ -852,6 +853,291 @@ TEST_CASE("Stop ends a Namespace stream with STATUS 14",
   h.server->Stop();
   REQUIRE(NamespaceReadToStatus(c, nullptr).code == 14);
   REQUIRE(h.manager.namespaces().OpenStreams() == 0);
+}
+
+// --- the payload ring (docs/FRAME-WIRE.md, "Payload ring") ----------------
+
+// Sends HELLO (with the token) and `fds` beside it, as a ring-sharing
+// host does; `ring_key`: whether HELLO asks for the payload ring.
+void HelloWithFds(Client& c, const std::vector<int>& fds, bool ring_key) {
+  FrameMetadata metadata;
+  metadata.emplace_back("authorization", absl::StrCat("Bearer ", kToken));
+  if (ring_key) metadata.emplace_back(kFramePayloadRingKey, "1");
+  const std::string hello = EncodeFrame(FrameKind::kHello, EncodeHello(metadata));
+  iovec iov{const_cast<char*>(hello.data()), hello.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
+  if (!fds.empty()) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(fds.size() * sizeof(int));
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
+    std::memcpy(CMSG_DATA(c), fds.data(), fds.size() * sizeof(int));
+  }
+  REQUIRE(::sendmsg(c.fd(), &msg, MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(hello.size()));
+}
+
+// A host sharing a payload ring: its end of the area (it created it).
+struct RingHost {
+  explicit RingHost(const std::string& path, size_t ring_bytes = 4u << 20)
+      : client(path) {
+    auto made = ipc::PayloadArea::Create(ring_bytes, /*sealed=*/true);
+    REQUIRE(made.ok());
+    area = std::move(*made);
+    HelloWithFds(client, {area->fd()}, true);
+    area->CloseFd();
+    // The daemon says it maps the ring: an empty RING_MESSAGE first.
+    std::optional<Frame> accepted = client.Read();
+    REQUIRE(accepted.has_value());
+    REQUIRE(accepted->kind == FrameKind::kRingMessage);
+    REQUIRE(accepted->payload == std::string("\0\0", 2));
+  }
+
+  // Sends `request` with each bulk field of 64 KiB or more in the ring
+  // (inline when it does not fit).
+  void Send(const CallsRequest& request) {
+    const std::string message = request.SerializeAsString();
+    std::vector<RingPieceRef> refs;
+    std::string rest;
+    size_t from = 0;
+    for (const auto& event : request.events()) {
+      const std::string& bulk = event.has_start() ? event.start().arguments()
+                                                  : event.argument_chunk().data();
+      if (bulk.size() < (64u << 10)) continue;
+      std::optional<uint64_t> pos = area->Put(bulk);
+      if (!pos) continue;
+      const size_t found = message.find(bulk, from);
+      REQUIRE(found != std::string::npos);
+      rest += message.substr(from, found - from);
+      refs.push_back({static_cast<uint32_t>(rest.size()), *pos, bulk.size()});
+      from = found + bulk.size();
+      ++pieces_sent;
+    }
+    rest += message.substr(from);
+    client.Send(FrameKind::kRingMessage, EncodeRingHead(refs) + rest);
+  }
+
+  // Reads to STATUS, putting RING_MESSAGEs back together from the ring
+  // (released after each unless `hold`); the messages go to `messages`.
+  FrameStatus ReadToStatus(std::vector<CallsResponse>& messages,
+                           bool hold = false) {
+    for (;;) {
+      std::optional<Frame> frame = client.Read();
+      REQUIRE(frame.has_value());
+      if (frame->kind == FrameKind::kStatus) {
+        auto status = DecodeStatus(frame->payload);
+        REQUIRE(status.ok());
+        return *status;
+      }
+      std::string whole = frame->payload;
+      if (frame->kind == FrameKind::kRingMessage) {
+        auto ring = DecodeRingMessage(frame->payload, kMaxFrameMessageBytes);
+        REQUIRE(ring.ok());
+        whole.clear();
+        size_t done = 0;
+        for (const RingPieceRef& ref : ring->pieces) {
+          whole += std::string(ring->bytes.substr(done, ref.at - done));
+          done = ref.at;
+          auto data = area->Get(ref.pos, ref.size);
+          REQUIRE(data.ok());
+          whole += std::string(*data);
+          if (!hold) area->Release(ref.pos + ref.size);
+          ++pieces_received;
+        }
+        whole += std::string(ring->bytes.substr(done));
+      } else {
+        REQUIRE(frame->kind == FrameKind::kMessage);
+      }
+      CallsResponse response;
+      REQUIRE(response.ParseFromString(whole));
+      messages.push_back(std::move(response));
+    }
+  }
+
+  Client client;
+  std::unique_ptr<ipc::PayloadArea> area;
+  size_t pieces_sent = 0;
+  size_t pieces_received = 0;
+};
+
+std::string Pattern(size_t n, int seed) {
+  std::string out(n, '\0');
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<char>((i * 131 + seed) % 251);
+  return out;
+}
+
+// Sends an echo of `value` in 1 MiB pieces through `host`.
+void SendEcho(RingHost& host, const std::string& id, const std::string& value) {
+  CallsRequest start;
+  auto* s = start.add_events()->mutable_start();
+  s->set_call_id(id);
+  s->set_callable("fake::echo");
+  s->set_encoding(runtime::v1::ENCODING_PICKLE);
+  s->set_arguments(value.substr(0, 1u << 20));
+  s->set_arguments_size(value.size());
+  host.Send(start);
+  for (size_t at = 1u << 20; at < value.size(); at += 1u << 20) {
+    CallsRequest chunk;
+    auto* a = chunk.add_events()->mutable_argument_chunk();
+    a->set_call_id(id);
+    a->set_data(value.substr(at, 1u << 20));
+    a->set_offset(at);
+    host.Send(chunk);
+  }
+}
+
+TEST_CASE("With a payload ring, large arguments and results cross as ring "
+          "positions, byte-exact",
+          "[frame_wire][ring]") {
+  Harness h;
+  RingHost host(h.path, 16u << 20);  // room for all of it
+  const std::string big = Pattern((9u << 20) + 12345, 1);
+  const std::string mid = Pattern(100u << 10, 2);
+  SendEcho(host, "big", big);
+  SendEcho(host, "mid", mid);
+  CallsRequest small;
+  AddStart(small, "small", "fake::echo", "tiny");
+  host.Send(small);  // a RING_MESSAGE without pieces is a CallsRequest too
+  host.client.HalfClose();
+  std::vector<CallsResponse> messages;
+  REQUIRE(host.ReadToStatus(messages).code == 0);
+  auto results = Results(messages);
+  REQUIRE(results.size() == 3);
+  REQUIRE((results["big"] == big));  // not printed: megabytes
+  REQUIRE((results["mid"] == mid));
+  REQUIRE(results["small"] == "tiny");
+  CHECK(host.pieces_sent == 10);  // nine of big (not its 12345-byte tail), mid
+  CHECK(host.pieces_received >= 10);
+  // A client without the ring on the same daemon is served as before.
+  REQUIRE(EchoOnce(h.path, "plain", std::string(200u << 10, 'p')) ==
+          std::string(200u << 10, 'p'));
+}
+
+TEST_CASE("A host that does not release its ring gets the rest inline",
+          "[frame_wire][ring]") {
+  Harness h;
+  RingHost host(h.path, 2u << 20);
+  const std::string big = Pattern(6u << 20, 3);
+  SendEcho(host, "big", big);
+  host.client.HalfClose();
+  std::vector<CallsResponse> messages;
+  REQUIRE(host.ReadToStatus(messages, /*hold=*/true).code == 0);
+  REQUIRE((Results(messages)["big"] == big));
+  // At most the 2 MiB ring's worth came through it; the rest inline.
+  CHECK(host.pieces_received >= 1);
+  CHECK(host.pieces_received <= 2);
+}
+
+TEST_CASE("Bad ring use ends that stream with STATUS 3 saying what; others "
+          "are served",
+          "[frame_wire][ring]") {
+  Harness h;
+  Client bystander(h.path);
+  bystander.Hello();
+  const std::string piece(100u << 10, 'x');
+  auto chunk_with_ring = [&](RingHost& host, uint64_t pos, uint64_t size) {
+    CallsRequest request;
+    auto* a = request.add_events()->mutable_argument_chunk();
+    a->set_call_id("c");
+    a->set_data(piece);
+    const std::string message = request.SerializeAsString();
+    const size_t at = message.find(piece);
+    host.client.Send(
+        FrameKind::kRingMessage,
+        EncodeRingHead({{static_cast<uint32_t>(at), pos, size}}) +
+            message.substr(0, at) + message.substr(at + piece.size()));
+  };
+  struct Case {
+    const char* name;
+    std::function<FrameStatus(Harness&)> run;
+    const char* details;
+  };
+  const std::vector<Case> cases = {
+      {"RING_MESSAGE without a ring",
+       [](Harness& h) {
+         Client c(h.path);
+         c.Hello();
+         c.Send(FrameKind::kRingMessage, EncodeRingHead({}));
+         return c.ReadToStatus();
+       },
+       "without a payload ring"},
+      {"a piece outside the ring",
+       [&](Harness& h) {
+         RingHost host(h.path, 1u << 20);
+         chunk_with_ring(host, (1u << 20) - 10, piece.size());
+         std::vector<CallsResponse> ignored;
+         return host.ReadToStatus(ignored);
+       },
+       "outside"},
+      {"a piece released already",
+       [&](Harness& h) {
+         RingHost host(h.path, 1u << 20);
+         REQUIRE(host.area->Put(piece).value() == 0);
+         chunk_with_ring(host, 0, piece.size());
+         chunk_with_ring(host, 0, piece.size());  // the same bytes again
+         std::vector<CallsResponse> ignored;
+         return host.ReadToStatus(ignored);
+       },
+       "already released"},
+      {"a piece not at a bulk field",
+       [&](Harness& h) {
+         RingHost host(h.path, 1u << 20);
+         chunk_with_ring(host, 0, piece.size() - 1);
+         std::vector<CallsResponse> ignored;
+         return host.ReadToStatus(ignored);
+       },
+       "ring piece"},
+      {"a ring that is not sealed",
+       [](Harness& h) {
+         Client c(h.path);
+         auto area = ipc::PayloadArea::Create(1u << 20);  // not sealed
+         REQUIRE(area.ok());
+         HelloWithFds(c, {(*area)->fd()}, true);
+         return c.ReadToStatus();
+       },
+       "F_SEAL_SHRINK"},
+      {"a memfd without the key",
+       [](Harness& h) {
+         Client c(h.path);
+         auto area = ipc::PayloadArea::Create(1u << 20, true);
+         REQUIRE(area.ok());
+         HelloWithFds(c, {(*area)->fd()}, false);
+         return c.ReadToStatus();
+       },
+       "file descriptors came with HELLO"},
+      {"two memfds",
+       [](Harness& h) {
+         Client c(h.path);
+         auto area = ipc::PayloadArea::Create(1u << 20, true);
+         REQUIRE(area.ok());
+         HelloWithFds(c, {(*area)->fd(), (*area)->fd()}, true);
+         return c.ReadToStatus();
+       },
+       "file descriptors came with HELLO"},
+  };
+  for (const Case& test : cases) {
+    INFO(test.name);
+    const FrameStatus status = test.run(h);
+    REQUIRE(status.code == 3);
+    REQUIRE(absl::StrContains(status.details, test.details));
+  }
+  REQUIRE(LastEcho(bystander, "after", "still here") == "still here");
+}
+
+TEST_CASE("HELLO asking for the ring without a memfd (a relay that passes "
+          "bytes only) gets no ring and is served as before",
+          "[frame_wire][ring]") {
+  Harness h;
+  Client c(h.path);
+  HelloWithFds(c, {}, true);
+  // No "ring accepted" frame: the first frame is the call's result.
+  const std::string value(200u << 10, 'r');
+  REQUIRE(LastEcho(c, "relayed", value) == value);
 }
 
 }  // namespace

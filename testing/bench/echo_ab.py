@@ -6,7 +6,9 @@ of wall time, CPU and page faults by process, per payload size.
         --a-worker /tmp/old/agentix-worker [--a-sandboxd ...] [--a-python OLD_VENV/bin/python] \\
         --mib 1 --mib 16 --mib 64
 
-Each side defaults to this checkout's bazel-bin and this interpreter. All
+A side's --X-env KEY=VALUE (repeatable) sets an environment variable for its
+runs only, e.g. --a-env AGENTIX_PAYLOAD_RING=off for a flag off/on A/B of one
+build. Each side defaults to this checkout's bazel-bin and this interpreter. All
 processes get procs.MALLOC_TUNABLES, as in remote_calls.
 """
 
@@ -48,6 +50,8 @@ def main():
                             default=f"{REPO}/bazel-bin/sandbox/agentix-sandboxd")
         parser.add_argument(f"--{side}-worker",
                             default=f"{REPO}/bazel-bin/worker/agentix-worker")
+        parser.add_argument(f"--{side}-env", action="append", default=[], metavar="KEY=VALUE",
+                            help="environment variable for this side's runs (repeatable)")
     args = parser.parse_args()
     sizes = args.mib or [16]
     env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES)
@@ -56,8 +60,9 @@ def main():
         order = ("a", "b") if i % 2 == 0 else ("b", "a")
         got = {}
         for side in order:
+            side_env = dict(env, **dict(pair.split("=", 1) for pair in getattr(args, f"{side}_env")))
             got[side] = run(getattr(args, f"{side}_python"), getattr(args, f"{side}_sandboxd"),
-                            getattr(args, f"{side}_worker"), args.calls, sizes, env)
+                            getattr(args, f"{side}_worker"), args.calls, sizes, side_env)
         pairs.append(got)
         for mib in sizes:
             a, b = got["a"][str(mib)], got["b"][str(mib)]

@@ -1,6 +1,7 @@
 #include "worker/ipc/payload_area.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -20,8 +21,9 @@ constexpr size_t kHeaderBytes = 4096;
 constexpr uint64_t kMagic = 0x314c594150584741ull;  // "AGXPAYL1"
 constexpr size_t kMagicOffset = 0;
 constexpr size_t kRingBytesOffset = 8;
-constexpr size_t kToWorkerReleasedOffset = 64;   // written by the worker
-constexpr size_t kToDaemonReleasedOffset = 128;  // written by the daemon
+// "To worker": the creator's outgoing ring; "to daemon": the mapper's.
+constexpr size_t kToWorkerReleasedOffset = 64;   // written by the mapper
+constexpr size_t kToDaemonReleasedOffset = 128;  // written by the creator
 constexpr size_t kPageBytes = 4096;
 
 uint64_t* Word(char* base, size_t offset) {
@@ -39,7 +41,7 @@ PayloadArea::PayloadArea(Side side, int fd, char* base, size_t map_bytes,
       ring_bytes_(ring_bytes) {
   char* to_worker = base_ + kHeaderBytes;
   char* to_daemon = to_worker + ring_bytes_;
-  const bool daemon = side_ == Side::kDaemon;
+  const bool daemon = side_ == Side::kCreator;  // the creator's view
   out_ring_ = daemon ? to_worker : to_daemon;
   in_ring_ = daemon ? to_daemon : to_worker;
   out_released_ =
@@ -49,12 +51,13 @@ PayloadArea::PayloadArea(Side side, int fd, char* base, size_t map_bytes,
 }
 
 absl::StatusOr<std::unique_ptr<PayloadArea>> PayloadArea::Create(
-    size_t ring_bytes) {
+    size_t ring_bytes, bool sealed) {
   ring_bytes = (ring_bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
   if (ring_bytes == 0) {
     return absl::InvalidArgumentError("payload ring size must not be zero");
   }
-  const int fd = ::memfd_create("agentix-payloads", MFD_CLOEXEC);
+  const int fd = ::memfd_create(
+      "agentix-payloads", MFD_CLOEXEC | (sealed ? MFD_ALLOW_SEALING : 0u));
   if (fd < 0) {
     return absl::ResourceExhaustedError(
         absl::StrCat("memfd_create: ", strerror(errno)));
@@ -65,6 +68,13 @@ absl::StatusOr<std::unique_ptr<PayloadArea>> PayloadArea::Create(
     ::close(fd);
     return absl::ResourceExhaustedError(
         absl::StrCat("ftruncate payload area: ", strerror(err)));
+  }
+  if (sealed &&
+      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("sealing payload area: ", strerror(err)));
   }
   void* base =
       ::mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -78,7 +88,7 @@ absl::StatusOr<std::unique_ptr<PayloadArea>> PayloadArea::Create(
   *Word(b, kMagicOffset) = kMagic;
   *Word(b, kRingBytesOffset) = ring_bytes;
   return std::unique_ptr<PayloadArea>(
-      new PayloadArea(Side::kDaemon, fd, b, map_bytes, ring_bytes));
+      new PayloadArea(Side::kCreator, fd, b, map_bytes, ring_bytes));
 }
 
 absl::StatusOr<std::unique_ptr<PayloadArea>> PayloadArea::Map(int fd) {
@@ -108,7 +118,20 @@ absl::StatusOr<std::unique_ptr<PayloadArea>> PayloadArea::Map(int fd) {
         absl::StrCat("fd ", fd, " does not hold a payload area"));
   }
   return std::unique_ptr<PayloadArea>(new PayloadArea(
-      Side::kWorker, -1, b, map_bytes, static_cast<size_t>(ring_bytes)));
+      Side::kMapper, -1, b, map_bytes, static_cast<size_t>(ring_bytes)));
+}
+
+absl::StatusOr<std::unique_ptr<PayloadArea>> PayloadArea::MapSealed(int fd) {
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "payload area fd ", fd, " is not a sealable memfd: ", strerror(errno)));
+  }
+  if ((seals & F_SEAL_SHRINK) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "payload area fd ", fd, " is not sealed against shrinking (F_SEAL_SHRINK)"));
+  }
+  return Map(fd);
 }
 
 PayloadArea::~PayloadArea() {

@@ -13,8 +13,11 @@
 // now is sent inline as before, so a full ring (a busy or stuck consumer)
 // only falls back to the socket and its backpressure.
 //
-// Roles: each side is the producer of one ring and the consumer of the
-// other. Put() is called by one thread at a time (the daemon: under the
+// The same area also joins a frame-wire host and the daemon
+// (docs/FRAME-WIRE.md, "Payload ring"): there the host creates it and the
+// daemon maps it with MapSealed. Roles: the creator's outgoing ring is the
+// first, the mapper's the second; each side is the producer of one ring and
+// the consumer of the other. Put() is called by one thread at a time (the daemon: under the
 // session lock; the worker: while owning the channel's write side), Get()
 // and Release() by the one reader. The peer is not trusted: positions and
 // sizes from frames are checked against the ring, and a garbage release
@@ -43,20 +46,28 @@ inline constexpr size_t kRingMinPieceBytes = 64u * 1024;
 
 class PayloadArea {
  public:
-  enum class Side { kDaemon, kWorker };
+  enum class Side { kCreator, kMapper };
 
   // Daemon: a fresh memfd (close-on-exec) holding two rings of `ring_bytes`
   // (rounded up to whole pages). kResourceExhausted if it cannot be made.
-  static absl::StatusOr<std::unique_ptr<PayloadArea>> Create(size_t ring_bytes);
+  // `sealed`: its size is sealed (F_SEAL_SHRINK, F_SEAL_GROW), as MapSealed
+  // requires of a frame-wire host's area.
+  static absl::StatusOr<std::unique_ptr<PayloadArea>> Create(
+      size_t ring_bytes, bool sealed = false);
   // Worker: maps the area behind `fd` (which stays the caller's).
   // kInvalidArgument for an fd that is not such an area.
   static absl::StatusOr<std::unique_ptr<PayloadArea>> Map(int fd);
+  // Daemon, for an area a frame-wire host created: as Map, and the memfd
+  // must be sealed against shrinking (F_SEAL_SHRINK), so the untrusted
+  // creator cannot truncate it under our mapping (reads would fault with
+  // SIGBUS). kInvalidArgument naming what is wrong otherwise.
+  static absl::StatusOr<std::unique_ptr<PayloadArea>> MapSealed(int fd);
 
   ~PayloadArea();
   PayloadArea(const PayloadArea&) = delete;
   PayloadArea& operator=(const PayloadArea&) = delete;
 
-  // The memfd (daemon side; -1 on the worker side and after CloseFd()).
+  // The memfd (creator side; -1 on the mapper side and after CloseFd()).
   int fd() const { return fd_; }
   // Closes the daemon's fd once the worker holds its copy; the mapping stays.
   void CloseFd();

@@ -160,5 +160,36 @@ TEST_CASE("Map refuses an fd that is not a payload area", "[ipc][payload]") {
   ::close(fds[1]);
 }
 
+TEST_CASE("MapSealed takes only an area sealed against shrinking",
+          "[ipc][payload]") {
+  auto unsealed = PayloadArea::Create(64 * 1024);
+  REQUIRE(unsealed.ok());
+  const absl::Status refused = PayloadArea::MapSealed((*unsealed)->fd()).status();
+  CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(refused.message()).find("F_SEAL_SHRINK") != std::string::npos);
+
+  auto sealed = PayloadArea::Create(256 * 1024, /*sealed=*/true);
+  REQUIRE(sealed.ok());
+  // The size is fixed: the creator cannot shrink it under a mapping.
+  CHECK(::ftruncate((*sealed)->fd(), 4096) != 0);
+  auto mapped = PayloadArea::MapSealed((*sealed)->fd());
+  REQUIRE(mapped.ok());
+  // The creator's outgoing ring is the mapper's incoming one, and back.
+  const std::string a = Bytes(70000, 'a'), b = Bytes(90000, 'b');
+  auto pa = (*sealed)->Put(a);
+  REQUIRE(pa.has_value());
+  CHECK((*mapped)->Get(*pa, a.size()).value() == a);
+  auto pb = (*mapped)->Put(b);
+  REQUIRE(pb.has_value());
+  CHECK((*sealed)->Get(*pb, b.size()).value() == b);
+
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  CHECK(PayloadArea::MapSealed(fds[0]).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  ::close(fds[0]);
+  ::close(fds[1]);
+}
+
 }  // namespace
 }  // namespace agentix::ipc

@@ -23,6 +23,13 @@ on the frame wire (a connection of its own whose HELLO says
 ``agentix-stream: namespace``; `FrameWire.transport`); Logs and Traces stay on
 gRPC.
 
+A Calls stream's connection shares a payload ring with the daemon
+(`PayloadRing`, HELLO's ``agentix-payload-ring`` with the memfd): large
+argument pieces go out, and large result pieces come back, as RING_MESSAGE
+frames naming their place in it instead of carrying them.
+``AGENTIX_PAYLOAD_RING=off`` (or ``0``) sends none (every piece inline);
+a daemon that does not answer the ring (an older one) is sent none either.
+
 ``AGENTIX_CALLS_CPU`` (a CPU number or ``auto``: the highest-numbered CPU the
 process may use; unset, empty or ``off``: nothing) pins the thread that runs
 the client's event loop to that CPU when its Calls stream connects on the
@@ -34,6 +41,7 @@ idle one (docs/FRAME-WIRE.md, "Wake-ups").
 from __future__ import annotations
 
 import asyncio
+import array
 import collections
 import errno
 import itertools
@@ -56,6 +64,7 @@ from agentix.runtime.client.namespaces import (
     NamespaceStream,
     NativeNamespaceStream,
 )
+from agentix.runtime.client.payload_ring import PayloadRing, ring_frame, split_message
 from agentix.runtime.client.pending import PendingCall
 from agentix.runtime.client.stream import CallsStream, NativeCallsStream
 from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
@@ -71,8 +80,12 @@ __all__ = [
     "MAX_PAYLOAD",
     "MESSAGE",
     "NAMESPACE_STREAM",
+    "PAYLOAD_RING_ENV",
+    "PAYLOAD_RING_KEY",
+    "RING_MESSAGE",
     "STATUS",
     "calls_cpu",
+    "payload_ring_wanted",
     "STREAM_KEY",
     "calls_socket_path",
     "encode_hello",
@@ -84,6 +97,9 @@ _log = logging.getLogger("agentix.runtime.client")
 
 CALLS_WIRE_ENV = "AGENTIX_CALLS_WIRE"
 CALLS_CPU_ENV = "AGENTIX_CALLS_CPU"
+PAYLOAD_RING_ENV = "AGENTIX_PAYLOAD_RING"
+# The HELLO key that shares the payload ring (its memfd rides with HELLO).
+PAYLOAD_RING_KEY = "agentix-payload-ring"
 # The HELLO key naming the RuntimeService stream a connection carries
 # (absent: Calls), and the Namespace stream's value.
 STREAM_KEY = "agentix-stream"
@@ -92,7 +108,7 @@ _MODES = ("auto", "frames", "grpc")
 # Appended to a daemon's Unix socket path: where its frame wire listens.
 _CALLS_SUFFIX = ".calls"
 
-HELLO, MESSAGE, HALF_CLOSE, STATUS = 1, 2, 3, 4
+HELLO, MESSAGE, HALF_CLOSE, STATUS, RING_MESSAGE = 1, 2, 3, 4, 5
 _HEADER = struct.Struct("<IB")
 _HEADER_BYTES = _HEADER.size
 # The largest payload either side sends (the daemon's gRPC message limit,
@@ -137,6 +153,12 @@ def calls_cpu() -> int | None:
     if cpu not in allowed:
         raise ValueError(f"{CALLS_CPU_ENV}={cpu} is not a CPU this process may run on ({sorted(allowed)})")
     return cpu
+
+
+def payload_ring_wanted() -> bool:
+    """``AGENTIX_PAYLOAD_RING``: ``off`` or ``0`` (any case) turn the payload
+    ring off; anything else, or unset, leaves it on."""
+    return os.environ.get(PAYLOAD_RING_ENV, "").strip().lower() not in ("off", "0")
 
 
 def calls_socket_path(target: str) -> str | None:
@@ -277,9 +299,15 @@ class FrameWire:
         if cpu is not None:
             # The calling thread only (pid 0): the loop that reads and writes the socket.
             os.sched_setaffinity(0, {cpu})
+        ring = None
         if stream is not None:
             metadata = (*metadata, (STREAM_KEY, stream))
-        return FrameTransport(sock, metadata)
+        elif payload_ring_wanted():
+            try:
+                ring = PayloadRing()
+            except OSError as error:  # no memfd here: every piece goes inline
+                _log.debug("no payload ring for the frame wire: %r", error)
+        return FrameTransport(sock, metadata, ring)
 
 
 class FrameTransport:
@@ -290,6 +318,8 @@ class FrameTransport:
 
     Takes over `sock` (connected, non-blocking) and sends the HELLO frame
     carrying `metadata` at once; MESSAGE frames may follow without waiting.
+    With `ring` (taken over too), HELLO shares it; large bulk pieces go
+    through it once the daemon has answered that it maps it.
     """
 
     __slots__ = (
@@ -313,10 +343,12 @@ class FrameTransport:
         "_header_first",
         "_spare",
         "_spare_bytes",
+        "_ring",
+        "_ring_ready",
         "on_progress",
     )
 
-    def __init__(self, sock: socket.socket, metadata: tuple) -> None:
+    def __init__(self, sock: socket.socket, metadata: tuple, ring: PayloadRing | None = None) -> None:
         self._sock = sock
         self._fd = sock.fileno()
         self._loop = asyncio.get_running_loop()
@@ -340,8 +372,16 @@ class FrameTransport:
         self._spare: collections.deque[bytearray] = collections.deque()  # buffers of long frames, oldest first
         self._spare_bytes = 0
         self.on_progress: Callable[[], None] | None = None
+        self._ring = ring
+        self._ring_ready = False  # the daemon said it maps the ring
+        fds = None
+        if ring is not None:
+            metadata = (*metadata, (PAYLOAD_RING_KEY, "1"))
+            fds = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (ring.fd,)))]
         hello = encode_hello(metadata)
-        self._send([_HEADER.pack(len(hello), HELLO), hello], _HEADER_BYTES + len(hello))
+        self._send([_HEADER.pack(len(hello), HELLO), hello], _HEADER_BYTES + len(hello), fds)
+        if ring is not None:
+            ring.close_fd()  # the daemon has its own descriptor now (or none: the stream failed)
 
     def fileno(self) -> int:
         return self._fd
@@ -358,6 +398,15 @@ class FrameTransport:
         size = 0
         for piece in pieces:
             size += len(piece)
+        if self._ring_ready:
+            ring = self._ring
+            if ring.held:
+                ring.release_unreferenced()  # results decoded since the last read
+            if size >= wire.BULK_MIN_BYTES:
+                head, pieces, length = ring_frame(self._ring, pieces)
+                if head is not None:  # some bulk bytes went into the ring
+                    pieces.insert(0, _HEADER.pack(length, RING_MESSAGE) + head)
+                    return self._send(pieces, length + _HEADER_BYTES)
         pieces.insert(0, _HEADER.pack(size, MESSAGE))
         return self._send(pieces, size + _HEADER_BYTES)
 
@@ -379,6 +428,9 @@ class FrameTransport:
         """Reads what the socket holds: (the MESSAGE payloads, the stream's
         status once it ended, whether write progress was signalled)."""
         messages: list = []
+        ring = self._ring
+        if ring is not None and ring.held:
+            ring.release_unreferenced()
         if self._status is None and not self._closed:
             self._read(messages)
             if self._status is None and self._write_error is not None:
@@ -395,6 +447,8 @@ class FrameTransport:
             self._sock.close()
             self._spare.clear()
             self._spare_bytes = 0
+            if self._ring is not None:
+                self._ring.close()
 
     def _progress(self) -> None:
         if self._closed:
@@ -403,7 +457,7 @@ class FrameTransport:
         if self.on_progress is not None:
             self.on_progress()
 
-    def _send(self, pieces: list, size: int) -> int:
+    def _send(self, pieces: list, size: int, fds: list | None = None) -> int:
         out = self._out
         if out:  # leftovers are waiting: these go after them
             out.extend(pieces)
@@ -412,7 +466,7 @@ class FrameTransport:
         try:
             if len(pieces) > _IOV_MAX:
                 pieces = [b"".join(pieces)]
-            sent = self._sock.sendmsg(pieces)
+            sent = self._sock.sendmsg(pieces, fds) if fds else self._sock.sendmsg(pieces)
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError as error:
@@ -559,6 +613,18 @@ class FrameTransport:
     def _frame(self, kind: int, payload: bytes | bytearray | memoryview, messages: list) -> None:
         if kind == MESSAGE:
             messages.append(payload)
+        elif kind == RING_MESSAGE:
+            # The first, empty one says the daemon maps the ring; any other is
+            # a message whose pieces lie in the daemon's ring.
+            if self._ring is None:
+                self._status = (_INTERNAL, "frame wire: the daemon sent a RING_MESSAGE unasked")
+            elif len(payload) == 2 and payload[0] == payload[1] == 0:
+                self._ring_ready = True
+            else:
+                try:
+                    messages.append(split_message(self._ring, payload, MAX_PAYLOAD))
+                except ValueError as error:
+                    self._status = (_INTERNAL, f"frame wire: {error}")
         elif kind == STATUS and len(payload) >= 4:
             (code,) = struct.unpack_from("<I", payload)
             self._status = (code, bytes(payload[4:]).decode("utf-8", "replace"))

@@ -35,7 +35,9 @@ from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.utils import context as _context
 
 __all__ = [
+    "BULK_MIN_BYTES",
     "CALLS_METHOD",
+    "BulkHead",
     "Pieces",
     "RawResult",
     "RawResultChunk",
@@ -53,6 +55,27 @@ __all__ = [
 ]
 
 CALLS_METHOD = "/agentix.runtime.v1.RuntimeService/Calls"
+# Bulk fields this large are marked (`BulkHead`): the frame wire may carry
+# them in its payload ring (the daemon's kSpliceMinBytes and ring floor).
+BULK_MIN_BYTES = 64 << 10
+
+
+class BulkHead(bytes):
+    """The encoded bytes that end right before a large bulk field's content
+    (``StartCall.arguments``, ``ArgumentChunk.data``) in an event's pieces;
+    the views that follow hold its `size` bytes. Other transports send it as
+    the bytes it is; the frame wire's payload ring takes the content out
+    (frames.py)."""
+
+    size: int
+
+
+def _bulk_head(head: bytes, size: int) -> bytes:
+    if size < BULK_MIN_BYTES:
+        return head
+    marked = BulkHead(head)
+    marked.size = size
+    return marked
 
 # Tags (field number << 3 | wire type); wire type 2 is length-delimited, 0 varint.
 _EVENTS = 1 << 3 | 2  # CallsRequest.events / CallsResponse.events
@@ -281,7 +304,7 @@ def argument_chunk_event(call_id: str, data: memoryview | list[memoryview], offs
         _length_header(_EVENTS, len(event_head) + chunk_size),
         event_head,
         chunk_head,
-        data_head,
+        _bulk_head(data_head, size),
         *views,
         chunk_tail,
     ]
@@ -480,7 +503,7 @@ def start_call_event(
         head = _length_header(_EVENTS, len(event_head) + start_size) + event_head + head
     if size < _ONE_PIECE_BYTES:
         return [b"".join((head, *views, tail))]
-    return [head, *views, tail]
+    return [_bulk_head(head, size), *views, tail]
 
 
 @final  # as Pieces: `type(event) is RawResultChunk` narrows both ways
@@ -618,7 +641,11 @@ def parse_calls_response(message: bytes | memoryview) -> Sequence:
     (every event of a shorter message holding anything but results).
 
     Anything this reader does not expect (unknown fields, a malformed
-    message) is left to protobuf, which parses it or raises as it would have."""
+    message) is left to protobuf, which parses it or raises as it would have.
+    A message of another type (the frame wire's `payload_ring.SplitMessage`)
+    reads itself."""
+    if type(message) is not bytes and type(message) is not memoryview:
+        return message.events()
     end = len(message)
     long = end >= _PARSE_WHOLE_BYTES
     # Result chunks become views into a long message; a short one is read as it is.
