@@ -101,9 +101,9 @@ async def test_calls_that_log_nothing_carry_no_barrier(client, seen):
     settled = []
     original = PendingCall.settle
 
-    def settle(self, outcome):
+    def settle(self, outcome, *rest):
         settled.append(self.barrier)
-        original(self, outcome)
+        original(self, outcome, *rest)
 
     PendingCall.settle = settle
     try:
