@@ -35,6 +35,7 @@ from socketio import packet as _sio_packet
 import engineio.async_drivers.aiohttp as _eio_aiohttp
 
 from agentix.runtime.client import RuntimeClient
+from agentix.runtime.client.pending import CallFuture
 from agentix.runtime.client.feeds import Feed  # the client's subscription slots
 from agentix.runtime.client.errors import ResultTooLarge, RuntimeUnreachable
 from agentix.runtime.client.logs import LogCursor, LogsStream, decode_extras
@@ -318,9 +319,9 @@ class _GatewayCall(PendingCall):
     __slots__ = ("on_done",)
     on_done: Callable[[asyncio.Future], None]  # set by whoever makes the call
 
-    def settle(self, outcome: Any) -> None:
+    def settle(self, outcome: Any, woken: list[CallFuture] | None = None) -> None:
         if not self.future.done():
-            super().settle(outcome)
+            super().settle(outcome, woken)
             self.on_done(self.future)
 
     def fail(self, error: BaseException) -> None:

@@ -398,12 +398,12 @@ class FrameTransport:
         size = 0
         for piece in pieces:
             size += len(piece)
-        if self._ring_ready:
-            ring = self._ring
+        ring = self._ring
+        if self._ring_ready and ring is not None:
             if ring.held:
                 ring.release_unreferenced()  # results decoded since the last read
             if size >= wire.BULK_MIN_BYTES:
-                head, pieces, length = ring_frame(self._ring, pieces)
+                head, pieces, length = ring_frame(ring, pieces)
                 if head is not None:  # some bulk bytes went into the ring
                     pieces.insert(0, _HEADER.pack(length, RING_MESSAGE) + head)
                     return self._send(pieces, length + _HEADER_BYTES)

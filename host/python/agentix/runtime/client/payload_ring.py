@@ -68,9 +68,10 @@ class PayloadRing:
         self.fd = fd
         self.ring_bytes = ring_bytes
         struct.pack_into("<QQ", self._map, 0, _MAGIC, ring_bytes)
-        self._view = memoryview(self._map)
-        self._out = self._view[_HEADER_BYTES : _HEADER_BYTES + ring_bytes]
-        self._in = self._view[_HEADER_BYTES + ring_bytes :]
+        view = memoryview(self._map)
+        self._view: memoryview | None = view
+        self._out = view[_HEADER_BYTES : _HEADER_BYTES + ring_bytes]
+        self._in = view[_HEADER_BYTES + ring_bytes :]
         self._tail = 0  # the end of the last piece put
         self._floor = 0  # where an empty ring was restarted (all before it is free)
         self._in_done = 0  # how far we released the daemon's ring

@@ -287,7 +287,7 @@ class SubscriptionStream:
             self._done = True
             self._wake_waiters()
 
-    def _replay_batch(self, items: list[Any]) -> None:
+    def _replay_batch(self, items: Sequence[Any]) -> None:
         """Replays, in order, the items not seen yet, advancing the cursor.
         An item whose replay raises is reported and skipped."""
         cursor = self._cursor

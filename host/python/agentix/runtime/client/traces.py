@@ -96,7 +96,7 @@ def attribute_value(value: pb.AttributeValue) -> Any:
     return None if kind is None else getattr(value, kind)
 
 
-def attributes(items: Sequence[pb.Attribute] | Sequence[tuple[str, Any]]) -> dict[str, Any]:
+def attributes(items: Sequence[Any]) -> dict[str, Any]:
     """``{key: value}`` of the first `MAX_ATTRIBUTES` wire items
     (`pb.Attribute` messages, or the native decoder's ``(key, value)``
     pairs), in wire order (a repeated key: the last one wins), keys cut to

@@ -29,7 +29,7 @@ from __future__ import annotations
 import pickle
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, final
 
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.utils import context as _context
@@ -634,7 +634,7 @@ def _read_result(buf: bytes | memoryview, pos: int, end: int) -> RawResult | Non
 _PARSE_WHOLE_BYTES = 64 * 1024
 
 
-def parse_calls_response(message: bytes | memoryview) -> Sequence:
+def parse_calls_response(message: Any) -> Sequence:
     """The Calls stream's response deserializer: the message's events, each a
     `RawResult` for a call's result, a `RawResultChunk` for a result chunk in a
     message of at least `_PARSE_WHOLE_BYTES`, else a ``pb.SandboxEvent``
