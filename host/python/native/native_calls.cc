@@ -27,30 +27,20 @@
 
 #include "base/mutex_tuning.h"
 #include "host/python/native/calls_reactor.h"
+#include "host/python/native/cxx_errors.h"
 #include "host/python/native/namespace_wire.h"
 #include "host/python/native/side_records.h"
 
 namespace {
 
 using agentix::host::CallsReactor;
+using agentix::host::SetErrorFromCxx;
 
 // The method a transport opens unless told otherwise.
 constexpr char kCallsMethod[] = "/agentix.runtime.v1.RuntimeService/Calls";
 
 // From this size on, copies run without the GIL.
 constexpr size_t kReleaseGilBytes = 64 << 10;
-
-// Turns the C++ exception being handled into a Python RuntimeError
-// "<what>: <its message>". Only inside a catch block.
-void SetErrorFromCxx(const char* what) {
-  try {
-    throw;
-  } catch (const std::exception& e) {
-    PyErr_Format(PyExc_RuntimeError, "%s: %s", what, e.what());
-  } catch (...) {
-    PyErr_Format(PyExc_RuntimeError, "%s: unknown C++ exception", what);
-  }
-}
 
 // ---------------------------------------------------------------- Channel
 

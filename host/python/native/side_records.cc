@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "host/python/native/cxx_errors.h"
 #include "host/python/native/side_wire.h"
 
 namespace agentix::host {
@@ -64,18 +65,6 @@ PyStructSequence_Field kSpanEventFields[] = {
 PyStructSequence_Desc kSpanEventDesc = {
     "agentix.runtime.client._native_calls.SpanEventFields",
     "A SpanEventRecord's fields (attributes: (key, value) pairs).", kSpanEventFields, 3};
-
-// Turns the C++ exception being handled into a Python RuntimeError. Only
-// inside a catch block.
-void SetErrorFromCxx(const char* what) {
-  try {
-    throw;
-  } catch (const std::exception& e) {
-    PyErr_Format(PyExc_RuntimeError, "%s: %s", what, e.what());
-  } catch (...) {
-    PyErr_Format(PyExc_RuntimeError, "%s: unknown C++ exception", what);
-  }
-}
 
 // Makes the str objects of one response. A field whose text repeats the
 // previous item's (logger, file, ids, level name...) gets the previous
