@@ -107,19 +107,28 @@ async def test_metadata_is_sent(server):
 
 
 async def test_writes_queued_meanwhile_are_joined_into_fewer_messages(server):
-    handler = RawCalls(reply=lambda message: None)
-    url = await server(handler)
-    transport = native.CallsTransport(native.Channel(url), [])
+    # Joining is opportunistic: only writes queued while another is in flight
+    # join it. A slow interpreter (under ASan) can let every write finish
+    # before the next arrives, so a few streams are tried; the bytes must
+    # be exact on every one, and at least one must have been joined.
     sent = [wire.request_event(b"\x1a\x00")[0] + b"\x1a\x00" for _ in range(300)]
-    for message in sent:
-        transport.write(message)
-    transport.writes_done()
-    _, status, _ = await drain_until(transport, lambda m, s, b: s is not None)
-    assert status == (0, "")
-    assert handler.half_closed.is_set()
-    assert b"".join(handler.messages) == b"".join(sent)
-    assert len(handler.messages) < len(sent)
-    transport.close()
+    joined = []
+    for _ in range(5):
+        handler = RawCalls(reply=lambda message: None)
+        url = await server(handler)
+        transport = native.CallsTransport(native.Channel(url), [])
+        for message in sent:
+            transport.write(message)
+        transport.writes_done()
+        _, status, _ = await drain_until(transport, lambda m, s, b: s is not None)
+        transport.close()
+        assert status == (0, "")
+        assert handler.half_closed.is_set()
+        assert b"".join(handler.messages) == b"".join(sent)
+        joined.append(len(handler.messages) < len(sent))
+        if joined[-1]:
+            break
+    assert any(joined), "no stream joined any queued writes"
 
 
 async def test_writes_done_ends_the_stream_after_the_queued_writes(server):
