@@ -68,10 +68,10 @@ class RemoteCallsSmokeTest(unittest.TestCase):
         self.assertAlmostEqual(
             ratios["noop_p50_ours_over_floor"],
             report["noop_p50_us"] / report["floor"]["noop_p50_us"], delta=0.01)
-        # A relay adds a hop each way: the relayed floor is not faster than the direct one
-        # (CPU, which load cannot make smaller by waking a CPU sooner).
-        self.assertGreater(report["floor_relay"]["noop_cpu_us_per_call"],
-                           report["floor"]["noop_cpu_us_per_call"])
+        # (No ordering between the floors' CPU per call is asserted: a floor measured
+        # while the CPUs halt between messages pays each wake-up in CPU too, so one
+        # measured in the other regime can come out 4x lower; seen at 15.8 vs 68.2.)
+        self.assertGreater(report["floor_relay"]["noop_cpu_us_per_call"], 0)
         self.assertIsNotNone(report["cc_noop"]["over_floor_relay"])
 
 
