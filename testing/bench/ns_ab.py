@@ -1,7 +1,7 @@
 """Same-run A/B of the namespace request round trip: whole stacks (daemon, worker, host package).
 
 usage: /usr/bin/python3 testing/bench/ns_ab.py [--rounds N] [--requests N] [--busy] \\
-           --stack A_DAEMON,A_WORKER,A_VENV --stack B_DAEMON,B_WORKER,B_VENV
+           --stack A_DAEMON,A_WORKER,A_VENV[,EXTRA...] --stack B_DAEMON,B_WORKER,B_VENV[,EXTRA...]
 
 Each round runs every stack once, in alternating order, each in a fresh process of its
 venv's python (so the host package is that stack's) with a fresh daemon (its --python_path
@@ -9,6 +9,10 @@ gives the sandbox the same venv's agentix package). Per run: `side_targets.ns_ro
 (sandbox `Namespace.request` answered by a host `request_handler`) p50 / p99 and CPU per
 request of the host, the daemon and the worker (every thread, /proc schedstat, warm-up
 excluded). The last line (SUMMARY) gives medians and the medians of per-round B/A ratios.
+
+A stack's EXTRA fields compare settings of the same binaries: one starting with ``--`` is
+a daemon flag (``--calls_cpu=auto``), ``NAME=VALUE`` goes into the host's environment
+(``AGENTIX_CALLS_CPU=auto``).
 """
 import argparse
 import asyncio
@@ -56,16 +60,19 @@ def child(args):
 
     # The daemon's --python_path gives the sandbox this venv's agentix (agentix.sio).
     with procs.ab_daemon(args.daemon, args.worker, dict(os.environ), "agx-nsab-",
-                         python_path=(hostpy,)) as (sock, daemon):
+                         python_path=(hostpy,), flags=tuple(args.daemon_flag)) as (sock, daemon):
         print("RESULT " + json.dumps(asyncio.run(session(sock, daemon))), flush=True)
 
 
 def run_side(stack, requests):
     """One run of `stack` (daemon, worker, venv) in its venv's python: its figures."""
-    daemon, worker, venv = stack
+    daemon, worker, venv, *extra = stack
+    flags = [f"--daemon-flag={field}" for field in extra if field.startswith("--")]
+    env = dict(os.environ)
+    env.update(field.split("=", 1) for field in extra if not field.startswith("--"))
     out = subprocess.run([f"{venv}/bin/python", os.path.abspath(__file__), "--child",
-                          "--daemon", daemon, "--worker", worker, "--requests", str(requests)],
-                         check=True, capture_output=True, text=True, timeout=300)
+                          "--daemon", daemon, "--worker", worker, "--requests", str(requests), *flags],
+                         check=True, capture_output=True, text=True, timeout=300, env=env)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
@@ -77,7 +84,9 @@ def main():
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--busy", action="store_true", help="one unrelated busy loop beside")
-    p.add_argument("--stack", action="append", default=[], help="DAEMON,WORKER,VENV (twice: A then B)")
+    p.add_argument("--stack", action="append", default=[],
+                   help="DAEMON,WORKER,VENV[,--DAEMON_FLAG|NAME=VALUE...] (twice: A then B)")
+    p.add_argument("--daemon-flag", action="append", default=[], help=argparse.SUPPRESS)
     p.add_argument("--child", action="store_true")
     p.add_argument("--daemon")
     p.add_argument("--worker")

@@ -177,16 +177,16 @@ def wait_listening(sock: str, daemon: subprocess.Popen, timeout_s: float = 30.0)
 
 @contextlib.contextmanager
 def ab_daemon(sandboxd: str, worker: str, env: dict, prefix: str = "agx-ab-",
-              python_path: tuple[str, ...] = ()):
+              python_path: tuple[str, ...] = (), flags: tuple[str, ...] = ()):
     """agentix-sandboxd (with `worker`, this directory and then `python_path`
-    on the worker's path, warnings only) on a Unix socket in a fresh
-    directory, for one side of a same-run A/B: yields ``(socket path,
+    on the worker's path, warnings only, then `flags`) on a Unix socket in a
+    fresh directory, for one side of a same-run A/B: yields ``(socket path,
     process)`` once it listens, then stops it and removes the directory."""
     tmp = tempfile.mkdtemp(prefix=prefix, dir="/tmp")  # short: sun_path is 108 bytes
     sock = os.path.join(tmp, "sandboxd.sock")
     daemon = subprocess.Popen(
         [sandboxd, "--listen", f"unix://{sock}", f"--worker={worker}",
-         f"--python_path={':'.join((str(bench_dir()), *python_path))}", "--log_level=warning"],
+         f"--python_path={':'.join((str(bench_dir()), *python_path))}", "--log_level=warning", *flags],
         env=env)
     try:
         wait_listening(sock, daemon)
