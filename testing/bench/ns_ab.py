@@ -6,9 +6,12 @@ usage: /usr/bin/python3 testing/bench/ns_ab.py [--rounds N] [--requests N] [--bu
 Each round runs every stack once, in alternating order, each in a fresh process of its
 venv's python (so the host package is that stack's) with a fresh daemon (its --python_path
 gives the sandbox the same venv's agentix package). Per run: `side_targets.ns_roundtrips`
-(sandbox `Namespace.request` answered by a host `request_handler`) p50 / p99 and CPU per
+(sandbox `Namespace.request` answered by a host `request_handler`) p50 / p99, CPU per
 request of the host, the daemon and the worker (every thread, /proc schedstat, warm-up
-excluded). The last line (SUMMARY) gives medians and the medians of per-round B/A ratios.
+excluded) and their context switches per request (every thread, /proc status): `*_wakes`
+the voluntary ones (a request wakes one thread of each side: the host's loop, the
+daemon's two relaying threads, the worker's loop), `*_preempts` the involuntary ones
+(mostly a side preempted by the daemon thread its own write woke on its CPU). The last line (SUMMARY) gives medians and the medians of per-round B/A ratios.
 
 A stack's EXTRA fields compare settings of the same binaries: one starting with ``--`` is
 a daemon flag (``--calls_cpu=auto``), ``NAME=VALUE`` goes into the host's environment
@@ -31,6 +34,11 @@ def cpu_ns(pid):
     return sum(procs.thread_cpu_ns(pid).values())
 
 
+def sample(pids):
+    """Per process of `pids` (host, daemon, workers): (CPU ns, voluntary, involuntary)."""
+    return [(cpu_ns(pid), *procs.context_switches(pid)) for pid in pids]
+
+
 def child(args):
     import side_targets
     from agentix import AsyncClientNamespace, RuntimeClient, request_handler
@@ -49,14 +57,20 @@ def child(args):
         async with client:
             await client.remote(side_targets.ns_roundtrips, "agentix", 300, 100)
             workers = procs.children(daemon.pid)
-            before = (cpu_ns(os.getpid()), cpu_ns(daemon.pid), sum(cpu_ns(w) for w in workers))
+            before = sample([os.getpid(), daemon.pid, *workers])
             lat = sorted(await client.remote(side_targets.ns_roundtrips, "agentix", args.requests, 0))
-            after = (cpu_ns(os.getpid()), cpu_ns(daemon.pid), sum(cpu_ns(w) for w in workers))
+            after = sample([os.getpid(), daemon.pid, *workers])
         n = len(lat)
-        host, dmn, wrk = ((b - a) / 1e3 / n for a, b in zip(before, after))
-        return {"p50": round(lat[n // 2], 1), "p99": round(lat[int(n * .99)], 1),
-                "host_cpu": round(host, 1), "daemon_cpu": round(dmn, 1), "worker_cpu": round(wrk, 1),
-                "total_cpu": round(host + dmn + wrk, 1)}
+        # Per request: [CPU µs, wakes, preempts] of the host, the daemon, the workers.
+        delta = [[(b - a) / n for a, b in zip(old, new)] for old, new in zip(before, after)]
+        host, dmn = delta[0], delta[1]
+        wrk = [sum(d[i] for d in delta[2:]) for i in range(3)]
+        result = {"p50": round(lat[n // 2], 1), "p99": round(lat[int(n * .99)], 1),
+                  "host_cpu": round(host[0] / 1e3, 1), "daemon_cpu": round(dmn[0] / 1e3, 1),
+                  "worker_cpu": round(wrk[0] / 1e3, 1), "total_cpu": round((host[0] + dmn[0] + wrk[0]) / 1e3, 1)}
+        for side, d in (("host", host), ("daemon", dmn), ("worker", wrk)):
+            result[f"{side}_wakes"], result[f"{side}_preempts"] = round(d[1], 2), round(d[2], 2)
+        return result
 
     # The daemon's --python_path gives the sandbox this venv's agentix (agentix.sio).
     with procs.ab_daemon(args.daemon, args.worker, dict(os.environ), "agx-nsab-",
