@@ -1,14 +1,21 @@
 """Same-run A/B of the namespace request round trip: whole stacks (daemon, worker, host package).
 
 usage: /usr/bin/python3 testing/bench/ns_ab.py [--rounds N] [--requests N] [--busy] \\
-           --stack A_DAEMON,A_WORKER,A_VENV --stack B_DAEMON,B_WORKER,B_VENV
+           --stack A_DAEMON,A_WORKER,A_VENV[,EXTRA...] --stack B_DAEMON,B_WORKER,B_VENV[,EXTRA...]
 
 Each round runs every stack once, in alternating order, each in a fresh process of its
 venv's python (so the host package is that stack's) with a fresh daemon (its --python_path
 gives the sandbox the same venv's agentix package). Per run: `side_targets.ns_roundtrips`
-(sandbox `Namespace.request` answered by a host `request_handler`) p50 / p99 and CPU per
+(sandbox `Namespace.request` answered by a host `request_handler`) p50 / p99, CPU per
 request of the host, the daemon and the worker (every thread, /proc schedstat, warm-up
-excluded). The last line (SUMMARY) gives medians and the medians of per-round B/A ratios.
+excluded) and their context switches per request (every thread, /proc status): `*_wakes`
+the voluntary ones (a request wakes one thread of each side: the host's loop, the
+daemon's two relaying threads, the worker's loop), `*_preempts` the involuntary ones
+(mostly a side preempted by the daemon thread its own write woke on its CPU). The last line (SUMMARY) gives medians and the medians of per-round B/A ratios.
+
+A stack's EXTRA fields compare settings of the same binaries: one starting with ``--`` is
+a daemon flag (``--calls_cpu=auto``), ``NAME=VALUE`` goes into the host's environment
+(``AGENTIX_CALLS_CPU=auto``).
 """
 import argparse
 import asyncio
@@ -25,6 +32,11 @@ import procs  # noqa: E402
 def cpu_ns(pid):
     """On-CPU ns of every thread of `pid`."""
     return sum(procs.thread_cpu_ns(pid).values())
+
+
+def sample(pids):
+    """Per process of `pids` (host, daemon, workers): (CPU ns, voluntary, involuntary)."""
+    return [(cpu_ns(pid), *procs.context_switches(pid)) for pid in pids]
 
 
 def child(args):
@@ -45,27 +57,36 @@ def child(args):
         async with client:
             await client.remote(side_targets.ns_roundtrips, "agentix", 300, 100)
             workers = procs.children(daemon.pid)
-            before = (cpu_ns(os.getpid()), cpu_ns(daemon.pid), sum(cpu_ns(w) for w in workers))
+            before = sample([os.getpid(), daemon.pid, *workers])
             lat = sorted(await client.remote(side_targets.ns_roundtrips, "agentix", args.requests, 0))
-            after = (cpu_ns(os.getpid()), cpu_ns(daemon.pid), sum(cpu_ns(w) for w in workers))
+            after = sample([os.getpid(), daemon.pid, *workers])
         n = len(lat)
-        host, dmn, wrk = ((b - a) / 1e3 / n for a, b in zip(before, after))
-        return {"p50": round(lat[n // 2], 1), "p99": round(lat[int(n * .99)], 1),
-                "host_cpu": round(host, 1), "daemon_cpu": round(dmn, 1), "worker_cpu": round(wrk, 1),
-                "total_cpu": round(host + dmn + wrk, 1)}
+        # Per request: [CPU µs, wakes, preempts] of the host, the daemon, the workers.
+        delta = [[(b - a) / n for a, b in zip(old, new)] for old, new in zip(before, after)]
+        host, dmn = delta[0], delta[1]
+        wrk = [sum(d[i] for d in delta[2:]) for i in range(3)]
+        result = {"p50": round(lat[n // 2], 1), "p99": round(lat[int(n * .99)], 1),
+                  "host_cpu": round(host[0] / 1e3, 1), "daemon_cpu": round(dmn[0] / 1e3, 1),
+                  "worker_cpu": round(wrk[0] / 1e3, 1), "total_cpu": round((host[0] + dmn[0] + wrk[0]) / 1e3, 1)}
+        for side, d in (("host", host), ("daemon", dmn), ("worker", wrk)):
+            result[f"{side}_wakes"], result[f"{side}_preempts"] = round(d[1], 2), round(d[2], 2)
+        return result
 
     # The daemon's --python_path gives the sandbox this venv's agentix (agentix.sio).
     with procs.ab_daemon(args.daemon, args.worker, dict(os.environ), "agx-nsab-",
-                         python_path=(hostpy,)) as (sock, daemon):
+                         python_path=(hostpy,), flags=tuple(args.daemon_flag)) as (sock, daemon):
         print("RESULT " + json.dumps(asyncio.run(session(sock, daemon))), flush=True)
 
 
 def run_side(stack, requests):
     """One run of `stack` (daemon, worker, venv) in its venv's python: its figures."""
-    daemon, worker, venv = stack
+    daemon, worker, venv, *extra = stack
+    flags = [f"--daemon-flag={field}" for field in extra if field.startswith("--")]
+    env = dict(os.environ)
+    env.update(field.split("=", 1) for field in extra if not field.startswith("--"))
     out = subprocess.run([f"{venv}/bin/python", os.path.abspath(__file__), "--child",
-                          "--daemon", daemon, "--worker", worker, "--requests", str(requests)],
-                         check=True, capture_output=True, text=True, timeout=300)
+                          "--daemon", daemon, "--worker", worker, "--requests", str(requests), *flags],
+                         check=True, capture_output=True, text=True, timeout=300, env=env)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
@@ -77,7 +98,9 @@ def main():
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--busy", action="store_true", help="one unrelated busy loop beside")
-    p.add_argument("--stack", action="append", default=[], help="DAEMON,WORKER,VENV (twice: A then B)")
+    p.add_argument("--stack", action="append", default=[],
+                   help="DAEMON,WORKER,VENV[,--DAEMON_FLAG|NAME=VALUE...] (twice: A then B)")
+    p.add_argument("--daemon-flag", action="append", default=[], help=argparse.SUPPRESS)
     p.add_argument("--child", action="store_true")
     p.add_argument("--daemon")
     p.add_argument("--worker")

@@ -177,16 +177,16 @@ def wait_listening(sock: str, daemon: subprocess.Popen, timeout_s: float = 30.0)
 
 @contextlib.contextmanager
 def ab_daemon(sandboxd: str, worker: str, env: dict, prefix: str = "agx-ab-",
-              python_path: tuple[str, ...] = ()):
+              python_path: tuple[str, ...] = (), flags: tuple[str, ...] = ()):
     """agentix-sandboxd (with `worker`, this directory and then `python_path`
-    on the worker's path, warnings only) on a Unix socket in a fresh
-    directory, for one side of a same-run A/B: yields ``(socket path,
+    on the worker's path, warnings only, then `flags`) on a Unix socket in a
+    fresh directory, for one side of a same-run A/B: yields ``(socket path,
     process)`` once it listens, then stops it and removes the directory."""
     tmp = tempfile.mkdtemp(prefix=prefix, dir="/tmp")  # short: sun_path is 108 bytes
     sock = os.path.join(tmp, "sandboxd.sock")
     daemon = subprocess.Popen(
         [sandboxd, "--listen", f"unix://{sock}", f"--worker={worker}",
-         f"--python_path={':'.join((str(bench_dir()), *python_path))}", "--log_level=warning"],
+         f"--python_path={':'.join((str(bench_dir()), *python_path))}", "--log_level=warning", *flags],
         env=env)
     try:
         wait_listening(sock, daemon)
@@ -200,8 +200,16 @@ def ab_daemon(sandboxd: str, worker: str, env: dict, prefix: str = "agx-ab-",
 def ab_round_line(index: int, order, row: dict) -> str:
     """One A/B round (`row`: side "a"/"b" -> figures, measured in `order`)
     as a line: ``round N (a/b): key a/b, ...``."""
+    def shown(value):  # small figures (switches per item) keep two decimals
+        return f"{value:.2f}" if abs(value) < 10 else f"{value:.1f}"
+
     return f"round {index + 1} ({'/'.join(order)}): " + ", ".join(
-        f"{k} {row['a'][k]:.1f}/{row['b'][k]:.1f}" for k in row["a"])
+        f"{k} {shown(row['a'][k])}/{shown(row['b'][k])}" for k in row["a"])
+
+
+def _rounded(value: float) -> float:
+    """One decimal, two below 10 (switches per item)."""
+    return round(value, 2 if abs(value) < 10 else 1)
 
 
 def ab_summary(rows: list[dict]) -> dict:
@@ -210,8 +218,8 @@ def ab_summary(rows: list[dict]) -> dict:
     summary = {}
     for key in rows[0]["a"]:
         summary[key] = {
-            "a_median": round(statistics.median(r["a"][key] for r in rows), 1),
-            "b_median": round(statistics.median(r["b"][key] for r in rows), 1),
+            "a_median": _rounded(statistics.median(r["a"][key] for r in rows)),
+            "b_median": _rounded(statistics.median(r["b"][key] for r in rows)),
             "median_ratio_b_over_a": round(statistics.median(
                 r["b"][key] / r["a"][key] for r in rows), 3),
         }
@@ -267,3 +275,21 @@ def thread_cpu_ns(pid: int) -> dict[str, int]:
             continue  # the thread ended meanwhile
         out[name] = out.get(name, 0) + ns
     return out
+
+
+def context_switches(pid: int) -> tuple[int, int]:
+    """(voluntary, involuntary) context switches summed over pid's threads:
+    a thread's sleeps (each one a later wake-up) and its preemptions (a
+    wake-up it caused, of a thread placed on its CPU, among them)."""
+    voluntary = involuntary = 0
+    for task in glob.glob(f"/proc/{pid}/task/*"):
+        try:
+            with open(f"{task}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        voluntary += int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches:"):
+                        involuntary += int(line.split()[1])
+        except OSError:
+            continue  # the thread ended meanwhile
+    return voluntary, involuntary
