@@ -25,14 +25,14 @@ int64_t NowUnixNanos() {
 }
 
 // "trace_<32 hex>" / "span_<24 hex>" -> the OpenTelemetry byte id of
-// `bytes` bytes (leading hex digits); empty if the id is not of that form.
-std::string OtelId(std::string_view agentix_id, size_t bytes) {
+// `bytes` (at most 16) bytes (leading hex digits) in `out`; false (nothing
+// written) if the id is not of that form.
+bool OtelIdBytes(std::string_view agentix_id, size_t bytes, char* out) {
   const size_t underscore = agentix_id.find('_');
   const std::string_view hex = underscore == std::string_view::npos
                                    ? agentix_id
                                    : agentix_id.substr(underscore + 1);
-  if (hex.size() < 2 * bytes) return "";
-  std::string out;
+  if (hex.size() < 2 * bytes) return false;
   for (size_t i = 0; i < bytes; ++i) {
     unsigned value = 0;
     for (size_t j = 0; j < 2; ++j) {
@@ -41,11 +41,45 @@ std::string OtelId(std::string_view agentix_id, size_t bytes) {
       if (c >= '0' && c <= '9') value |= c - '0';
       else if (c >= 'a' && c <= 'f') value |= c - 'a' + 10;
       else if (c >= 'A' && c <= 'F') value |= c - 'A' + 10;
-      else return "";
+      else return false;
     }
-    out.push_back(static_cast<char>(value));
+    out[i] = static_cast<char>(value);
   }
-  return out;
+  return true;
+}
+
+std::string OtelId(std::string_view agentix_id, size_t bytes) {
+  char id[16];
+  return OtelIdBytes(agentix_id, bytes, id) ? std::string(id, bytes) : "";
+}
+
+// Appends a length-delimited field (`tag` is its key, already encoded) as
+// protobuf's serializer writes it.
+void AppendField(std::string_view tag, std::string_view value,
+                 std::string* out) {
+  out->append(tag);
+  uint64_t len = value.size();
+  while (len >= 0x80) {
+    out->push_back(static_cast<char>((len & 0x7F) | 0x80));
+    len >>= 7;
+  }
+  out->push_back(static_cast<char>(len));
+  out->append(value);
+}
+
+// The tags of TraceEvent's OpenTelemetry ids (bytes: wire type 2).
+constexpr std::string_view kTraceIdTag = "\x1a";        // 3
+constexpr std::string_view kSpanIdTag = "\x22";         // 4
+constexpr std::string_view kParentSpanIdTag = "\x2a";   // 5
+
+// Appends the OpenTelemetry id derived from `agentix_id`, unless it has
+// none (proto3 leaves an empty field out).
+void AppendOtelId(std::string_view tag, std::string_view agentix_id,
+                  size_t bytes, std::string* out) {
+  char id[16];
+  if (OtelIdBytes(agentix_id, bytes, id)) {
+    AppendField(tag, std::string_view(id, bytes), out);
+  }
 }
 
 // Strict UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF.
@@ -150,14 +184,19 @@ bool ReadVarint(const unsigned char*& p, const unsigned char* end,
 struct IgnoreFields {
   void operator()(uint64_t, std::string_view) const {}
 };
+struct IgnoreNumbers {
+  void operator()(uint64_t) const {}
+};
 
 // Whether `bytes` is a well-formed message whose fields `kind_of` names,
 // every string field (nested ones too) valid UTF-8: what a host's parse of
 // the response needs. `visit(number, value)` sees each length-delimited
-// field of the top level. Stricter than protobuf where that costs nothing
+// field of the top level, `number_seen(number)` the number of every field
+// of the top level. Stricter than protobuf where that costs nothing
 // (no groups, no over-long varints): what this refuses takes the full parse.
-template <typename Visit>
-bool CheckMessage(std::string_view bytes, KindOf kind_of, Visit&& visit) {
+template <typename Visit, typename NumberSeen = IgnoreNumbers>
+bool CheckMessage(std::string_view bytes, KindOf kind_of, Visit&& visit,
+                  NumberSeen&& number_seen = {}) {
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   const auto* const end = p + bytes.size();
   while (p < end) {
@@ -165,6 +204,7 @@ bool CheckMessage(std::string_view bytes, KindOf kind_of, Visit&& visit) {
     if (!ReadVarint(p, end, tag)) return false;
     const uint64_t number = tag >> 3;
     if (number == 0 || number > 536870911) return false;
+    number_seen(number);
     switch (tag & 7) {
       case 0: {
         uint64_t ignored;
@@ -218,6 +258,8 @@ bool CheckMessage(std::string_view bytes, KindOf kind_of, Visit&& visit) {
 // worker_id, the three OpenTelemetry ids, with their tags and lengths):
 // far less than this, but a record near the limit is sized exactly anyway.
 constexpr size_t kDaemonFieldBytes = 1024;
+// ToWireTraceEvent's scratch string is kept up to this capacity.
+constexpr size_t kKeptJoinedBytes = 64 * 1024;
 
 }  // namespace
 
@@ -382,24 +424,40 @@ std::optional<TraceEventWire> ToWireTraceEvent(const std::string& bytes,
                                                const std::string& worker_id,
                                                std::string* call_id) {
   std::string_view trace, span, parent, call;
+  bool daemon_field = false;  // a field only the daemon may set
   TraceEventWire w;
   if (bytes.size() + kDaemonFieldBytes <= kMaxWireItemBytes &&
-      CheckMessage(bytes, TraceEventField,
-                   [&](uint64_t number, std::string_view value) {
-                     if (number == 6) trace = value;
-                     else if (number == 7) span = value;
-                     else if (number == 8) parent = value;
-                     else if (number == 18) call = value;
-                   }) &&
-      w.ParseFromString(bytes)) {
-    call_id->assign(call);
-    w.clear_seq();
-    w.set_trace_id(OtelId(trace, 16));
-    w.set_span_id(OtelId(span, 8));
-    w.set_parent_span_id(OtelId(parent, 8));
-    w.set_worker_id(worker_id);
-    return w;
+      CheckMessage(
+          bytes, TraceEventField,
+          [&](uint64_t number, std::string_view value) {
+            if (number == 6) trace = value;  // the last one wins
+            else if (number == 7) span = value;
+            else if (number == 8) parent = value;
+            else if (number == 18) call = value;
+          },
+          [&](uint64_t number) {
+            daemon_field |= number == 1 || number == 3 || number == 4 ||
+                            number == 5 || number == 19;
+          }) &&
+      !daemon_field) {
+    // The worker's bytes with the OpenTelemetry ids behind them, parsed
+    // once: they all become the unknown fields (side_wire.proto).
+    thread_local std::string joined;
+    joined.assign(bytes);
+    AppendOtelId(kTraceIdTag, trace, 16, &joined);
+    AppendOtelId(kSpanIdTag, span, 8, &joined);
+    AppendOtelId(kParentSpanIdTag, parent, 8, &joined);
+    const bool parsed = w.ParseFromString(joined);
+    // Kept for the next event, unless a rare big one grew it.
+    if (joined.capacity() > kKeptJoinedBytes) std::string().swap(joined);
+    if (parsed) {
+      call_id->assign(call);
+      w.set_worker_id(worker_id);
+      return w;
+    }
   }
+  // Too big, malformed, not UTF-8 or carrying the daemon's fields (forged):
+  // decoded, cut or replaced as before (its ids land in the unknown fields).
   std::optional<TraceEvent> full = ToTraceEvent(bytes, worker_id);
   if (!full.has_value()) return std::nullopt;
   *call_id = full->call_id();

@@ -134,6 +134,75 @@ TEST_CASE("The daemon forwards a worker's record bytes as sent, with its own "
   CHECK(out.find(sent.message()) != std::string::npos);
 }
 
+TEST_CASE("A worker's trace event is kept as sent, with the daemon's seq, "
+          "OpenTelemetry ids and worker_id once each",
+          "[traces][wire]") {
+  runtime::v1::TraceEvent sent;
+  sent.set_kind(runtime::v1::TRACE_EVENT_KIND_SPAN_END);
+  sent.set_agentix_trace_id("trace_000102030405060708090a0b0c0d0e0f");
+  sent.set_agentix_span_id("span_a0a1a2a3a4a5a6a7a8a9aaab");
+  sent.set_agentix_parent_id("span_b0b1b2b3b4b5b6b7b8b9babb");
+  sent.set_name("step \xc3\xa9");
+  sent.set_end_time_unix_nanos(1764670000000002000);
+  sent.set_call_id("call-1");
+  auto* a = sent.add_attributes();
+  a->set_key("i");
+  a->mutable_value()->set_int_value(7);
+  runtime::v1::TraceEvent want = sent;
+  want.set_seq(5);
+  want.set_trace_id(std::string("\x00\x01\x02\x03\x04\x05\x06\x07"
+                                "\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f", 16));
+  want.set_span_id("\xa0\xa1\xa2\xa3\xa4\xa5\xa6\xa7");
+  want.set_parent_span_id("\xb0\xb1\xb2\xb3\xb4\xb5\xb6\xb7");
+  want.set_worker_id("w1");
+  const std::string extra("\xba\x3e\x03new", 6);  // field 999: rides along
+  // As a worker sends it (the fast path), and with the daemon's fields
+  // forged (the full parse's path): the same event either way.
+  runtime::v1::TraceEvent forged = sent;
+  forged.set_seq(99);
+  forged.set_trace_id("forged");
+  forged.set_span_id("forged");
+  forged.set_parent_span_id("forged");
+  forged.set_worker_id("forged");
+  for (const runtime::v1::TraceEvent* event : {&sent, &forged}) {
+    std::string call;
+    std::optional<wire::TraceEventWire> w =
+        ToWireTraceEvent(event->SerializeAsString() + extra, "", &call);
+    REQUIRE(w.has_value());
+    CHECK(call == "call-1");
+    CHECK(w->seq() == 0);  // the buffer numbers it
+    w->set_seq(5);
+    w->set_worker_id("w1");  // as OnWorkerFrames sets it
+    const std::string out = w->SerializeAsString();
+    for (int number : {1, 3, 4, 5, 19}) {
+      INFO("field " << number);
+      CHECK(Occurrences(out, number) == 1);
+    }
+    runtime::v1::TraceEvent got;
+    REQUIRE(got.ParseFromString(out));
+    runtime::v1::TraceEvent known = got;
+    known.GetReflection()->MutableUnknownFields(&known)->Clear();
+    CHECK(known.SerializeAsString() == want.SerializeAsString());
+    CHECK(out.find(extra) != std::string::npos);
+    CHECK(w->ByteSizeLong() == out.size());
+  }
+  // Agentix ids not of the hex form get no OpenTelemetry ids (empty, left
+  // out), as before; a top-level span has no parent id.
+  runtime::v1::TraceEvent odd;
+  odd.set_kind(runtime::v1::TRACE_EVENT_KIND_SPAN_START);
+  odd.set_agentix_trace_id("trace_xyz");
+  odd.set_agentix_span_id("custom");
+  std::string call;
+  std::optional<wire::TraceEventWire> w =
+      ToWireTraceEvent(odd.SerializeAsString(), "w2", &call);
+  REQUIRE(w.has_value());
+  const std::string out = w->SerializeAsString();
+  for (int number : {3, 4, 5}) CHECK(Occurrences(out, number) == 0);
+  const runtime::v1::TraceEvent full = FullOf(*w);
+  CHECK(full.agentix_span_id() == "custom");
+  CHECK(full.worker_id() == "w2");
+}
+
 TEST_CASE("Record bytes a host could not parse never reach it",
           "[logs][wire]") {
   std::string call;

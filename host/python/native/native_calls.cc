@@ -505,6 +505,9 @@ PyMethodDef kModuleMethods[] = {
     {"trace_events", agentix::host::TraceEvents, METH_O,
      "trace_events(message) -> (instance_id, [TraceEventFields, ...]) | None: a serialized TracesResponse's "
      "events (attributes and events as tuples, attributes as (key, value) pairs; no OpenTelemetry ids), or None as log_records."},
+    {"iso_from_unix_nanos", agentix::host::IsoFromUnixNanos, METH_O,
+     "iso_from_unix_nanos(nanos) -> str | None: an int64 of nanoseconds since the epoch as agentix.trace's "
+     "ISO-8601 UTC stamp (YYYY-MM-DDTHH:MM:SS.ffffffZ, truncated to microseconds); None for 0 or less."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -3,6 +3,7 @@
 #include "host/python/native/side_records.h"
 
 #include <array>
+#include <cstdint>
 #include <cstddef>
 #include <exception>
 #include <optional>
@@ -291,7 +292,62 @@ PyObject* DecodeMessage(PyObject* message, const char* what, Decode decode, Buil
   return result;
 }
 
+// `micros` (0 or more) since the epoch as agentix.trace's ISO-8601 UTC
+// stamp, "YYYY-MM-DDTHH:MM:SS.ffffffZ" (27 characters), into `out`: the
+// text iso_from_unix_micros makes (civil date from days: H. Hinnant's
+// algorithm; int64 nanoseconds end in 2262, so the year has four digits).
+constexpr size_t kStampChars = 27;
+void FormatStamp(int64_t micros, char* out) {
+  const int64_t seconds = micros / 1000000;
+  const int64_t fraction = micros % 1000000;
+  const int64_t days = seconds / 86400;
+  const int64_t second_of_day = seconds % 86400;
+  const int64_t z = days + 719468;
+  const int64_t era = z / 146097;  // z >= 0
+  const int64_t doe = z - era * 146097;
+  const int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+  const int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+  const int64_t mp = (5 * doy + 2) / 153;
+  const int64_t day = doy - (153 * mp + 2) / 5 + 1;
+  const int64_t month = mp < 10 ? mp + 3 : mp - 9;
+  const int64_t year = yoe + era * 400 + (month <= 2);
+  auto digits = [&out](size_t at, int64_t value, int count) {
+    for (int i = count - 1; i >= 0; --i) {
+      out[at + i] = static_cast<char>('0' + value % 10);
+      value /= 10;
+    }
+  };
+  digits(0, year, 4);
+  out[4] = '-';
+  digits(5, month, 2);
+  out[7] = '-';
+  digits(8, day, 2);
+  out[10] = 'T';
+  digits(11, second_of_day / 3600, 2);
+  out[13] = ':';
+  digits(14, second_of_day / 60 % 60, 2);
+  out[16] = ':';
+  digits(17, second_of_day % 60, 2);
+  out[19] = '.';
+  digits(20, fraction, 6);
+  out[26] = 'Z';
+}
+
 }  // namespace
+
+PyObject* IsoFromUnixNanos(PyObject*, PyObject* nanos) {
+  if (!PyLong_Check(nanos)) {
+    PyErr_Format(PyExc_TypeError, "iso_from_unix_nanos() takes an int, not %.100s", Py_TYPE(nanos)->tp_name);
+    return nullptr;
+  }
+  const long long value = PyLong_AsLongLong(nanos);  // OverflowError beyond int64
+  if (value == -1 && PyErr_Occurred()) return nullptr;
+  if (value <= 0) return Py_NewRef(Py_None);
+  PyObject* text = PyUnicode_New(kStampChars, 127);
+  if (text == nullptr) return nullptr;
+  FormatStamp(value / 1000, reinterpret_cast<char*>(PyUnicode_1BYTE_DATA(text)));
+  return text;
+}
 
 PyObject* LogRecords(PyObject*, PyObject* message) {
   return DecodeMessage(message, "native log_records", DecodeLogsResponse, [](const LogsResponseView& response) {

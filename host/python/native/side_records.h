@@ -17,6 +17,11 @@ PyObject* LogRecords(PyObject* module, PyObject* message);
 // trace_events(message) -> (instance_id, [TraceEventFields, ...]) | None
 PyObject* TraceEvents(PyObject* module, PyObject* message);
 
+// iso_from_unix_nanos(nanos) -> str | None: `nanos` (an int64) since the
+// epoch as agentix.trace's stamp ("YYYY-MM-DDTHH:MM:SS.ffffffZ", truncated
+// to microseconds), None for 0 or less; what traces.iso_from_nanos returns.
+PyObject* IsoFromUnixNanos(PyObject* module, PyObject* nanos);
+
 // Creates the struct sequence types and adds them to `module`; false with a
 // Python exception set on failure. Once, at import.
 bool AddSideRecordTypes(PyObject* module);

@@ -14,7 +14,7 @@ from google.protobuf.message import DecodeError
 
 from agentix import trace
 from agentix.runtime.client import logs, traces
-from agentix.runtime.client._native_calls import LogRecordFields, log_records, trace_events
+from agentix.runtime.client._native_calls import LogRecordFields, iso_from_unix_nanos, log_records, trace_events
 from agentix.runtime.v1 import runtime_pb2 as pb
 from fake_runtime import log_record, trace_event
 
@@ -253,6 +253,45 @@ async def test_bytes_that_are_no_response_end_the_stream_and_are_reported(stream
     await stream.aclose()
 
 
+def test_native_stamps_are_the_python_ones():
+    # Day, month, year and leap-year edges, the int64 end, random instants.
+    values = [1, 999, 1000, 1_000_000, 86_399_999_999_999, 86_400_000_000_000,
+              951_782_400_000_000_000, 951_868_799_999_999_999, 4_107_542_400_000_000_000,
+              1_764_670_000_123_456_789, 2**63 - 1]
+    rng = random.Random(25)
+    values += [rng.randrange(1, 2**63) for _ in range(20_000)]
+    for nanos in values:
+        assert iso_from_unix_nanos(nanos) == traces.iso_from_nanos(nanos), nanos
+    for nanos in (0, -1, -(2**63)):
+        assert iso_from_unix_nanos(nanos) is None and traces.iso_from_nanos(nanos) is None
+    with pytest.raises(OverflowError):
+        iso_from_unix_nanos(2**63)
+    with pytest.raises(TypeError):
+        iso_from_unix_nanos(1.5)
+
+
+def test_replay_stamps_spans_alike_with_either_stamp(monkeypatch):
+    ended = []
+
+    class Keep(trace.Processor):
+        def on_span_end(self, item):
+            ended.append(item)
+
+    processor = Keep()
+    trace.add_processor(processor)
+    try:
+        for stamp in (iso_from_unix_nanos, traces.iso_from_nanos):
+            monkeypatch.setattr(traces, "_stamp", stamp)
+            replayer = traces.EventReplayer()
+            for event in trace_events(sample_traces())[1]:
+                replayer.replay(event)
+    finally:
+        trace._processors = tuple(p for p in trace._processors if p is not processor)
+    assert len(ended) == 2 and ended[0] == ended[1]
+    assert (ended[0].started_at, ended[0].ended_at) == ("2025-12-02T10:06:40.000001Z", "2025-12-02T10:06:40.000002Z")
+    assert ended[0].events[0].timestamp == "2025-12-02T10:06:40.000001Z"
+
+
 def test_without_the_native_module_responses_take_protobufs_path(monkeypatch):
     import sys
 
@@ -271,5 +310,6 @@ def test_without_the_native_module_responses_take_protobufs_path(monkeypatch):
     assert [trace_fields(event) for event in events] == protobuf_traces(sample_traces())[1]
     _, records = logs.decode_response(sample_logs())
     assert isinstance(records[0], pb.LogRecord)
+    assert traces.native_stamp() is traces.iso_from_nanos
     with pytest.raises(DecodeError):
         logs.decode_response(sample_logs()[:-3])

@@ -139,8 +139,16 @@ def iso_from_unix_micros(micros: int) -> str:
 
 
 def _now() -> str:
-    """The current time as ISO-8601 UTC with microseconds: ``YYYY-MM-DDTHH:MM:SS.ffffffZ``."""
-    return iso_from_unix_micros(time.time_ns() // 1000)
+    """The current time as ISO-8601 UTC with microseconds: ``YYYY-MM-DDTHH:MM:SS.ffffffZ``.
+    (iso_from_unix_micros inlined: twice per span.)"""
+    global _stamp_second
+    micros = time.time_ns() // 1000
+    seconds = micros // 1_000_000
+    second, text = _stamp_second
+    if second != seconds:
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+        _stamp_second = (seconds, text)
+    return f"{text}.{micros - seconds * 1_000_000:06d}Z"
 
 
 # ── data types ──────────────────────────────────────────────────────
@@ -547,8 +555,10 @@ class _SpanScope(contextlib.ContextDecorator):
                 open_trace = _current_trace.get()
                 trace_id = open_trace.trace_id if open_trace is not None else UNBOUND_TRACE_ID
                 parent_id = None
-        opened = self._span = Span(span_id=self._span_id or gen_span_id(), trace_id=trace_id, parent_id=parent_id,
-                                   name=self._name, attrs=dict(self._attrs), started_at=_now())
+        # Positional (span_id, trace_id, parent_id, name, attrs, started_at):
+        # half the cost of keywords.
+        opened = self._span = Span(self._span_id or gen_span_id(), trace_id, parent_id, self._name,
+                                   dict(self._attrs), _now())
         self._token = _current_span.set(opened)
         try:
             _dispatch("on_span_start", opened)
