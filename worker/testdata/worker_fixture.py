@@ -1045,6 +1045,16 @@ def record_factory_matches_stdlib():
     compare(factory(*calls[0][:7], func="kw", sinfo=None), calls[0][:7],
             {"func": "kw", "sinfo": None}, "keywords")
     count += 4
+    # A forked child's records carry the child's pid.
+    parent = os.getpid()
+    child = os.fork()
+    if child == 0:
+        made = factory(*calls[0])
+        os._exit(0 if made.process == os.getpid() != parent else 1)
+    _, status = os.waitpid(child, 0)
+    if os.waitstatus_to_exitcode(status) != 0 or factory(*calls[0]).process != parent:
+        raise AssertionError("pid after fork")
+    count += 1
     # time.time replaced (as test clocks do): the record honours it.
     saved_time = time.time
     time.time = lambda: 1_000_000.25
