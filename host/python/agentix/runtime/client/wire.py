@@ -479,11 +479,11 @@ def start_call_event(
         size = len(arguments)
     ident = call_id.encode()
     length = len(ident)
+    fields = _callable_fields.get(callable_ref) or _start_fields(callable_ref)  # never empty (the encoding)
     if length:
-        head = (_CALL_ID_HEADS[length] if length < 128 else _length_header(_START_CALL_ID, length)) + ident
-        head += _start_fields(callable_ref)
+        head = (_CALL_ID_HEADS[length] if length < 128 else _length_header(_START_CALL_ID, length)) + ident + fields
     else:
-        head = _start_fields(callable_ref)
+        head = fields
     if size:
         head += bytes((_START_ARGUMENTS, size)) if size < 0x80 else _length_header(_START_ARGUMENTS, size)
     if arguments_size:
