@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import pickle
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable
 from typing import Any, ParamSpec, TypeVar, overload
 
@@ -100,10 +99,8 @@ _MAX_RESULT_BYTES_ENV = "AGENTIX_MAX_RESULT_BYTES"
 # stream may still take milliseconds the event loop should not stall for.
 # Smaller results decode inline, without a thread hop.
 _INLINE_DECODE_BYTES = 64 * 1024
-# The worker's pickle of None (protocol 5): the value of every call that returns nothing.
-_PICKLED_NONE = pickle.dumps(None, protocol=5)
 # Arguments up to this size are kept until the call ends so its StartCall can
-# be sent again after a reconnect (a StartRequest); larger calls are only resumed.
+# be sent again after a reconnect; larger calls are only resumed.
 _RESEND_ARGUMENTS_BYTES = 16 * 1024 * 1024
 
 
@@ -342,7 +339,7 @@ class RuntimeClient:
             # Alone in flight: resumed by the callback that reads its result (no loop turn of its
             # own); among others, one loop turn resumes many and a plain Future is cheaper to await.
             loop.create_future() if self._pending else CallFuture(loop=loop),
-            start=StartRequest(callable_ref, arguments, carrier, 0) if len(arguments) <= _RESEND_ARGUMENTS_BYTES else None,
+            start=self._start_request(callable_ref, arguments, carrier, 0),
             max_result_bytes=self.max_result_bytes,
         )
         self._pending[call.call_id] = call
@@ -371,8 +368,6 @@ class RuntimeClient:
             raise await remote_call_error_async(display_name, outcome)
         if isinstance(outcome, list):
             return await asyncio.get_running_loop().run_in_executor(None, restricted_loads_chunks, outcome)
-        if outcome == _PICKLED_NONE:  # what restricted_loads makes of it, without its calls
-            return None
         if len(outcome) < _INLINE_DECODE_BYTES:
             try:
                 return restricted_loads(outcome, wait=False)
@@ -413,8 +408,7 @@ class RuntimeClient:
             display_name,
             loop.create_future(),
             streaming=True,
-            start=(StartRequest(callable_ref, arguments, carrier, self.stream_window)
-                   if len(arguments) <= _RESEND_ARGUMENTS_BYTES else None),
+            start=self._start_request(callable_ref, arguments, carrier, self.stream_window),
             max_result_bytes=self.max_result_bytes,
         )
         self._pending[call.call_id] = call
@@ -638,6 +632,14 @@ class RuntimeClient:
         return RuntimeUnreachable(
             f"runtime server unreachable at {self.base_url}: {error.code().name}: {error.details()}"
         )
+
+    @staticmethod
+    def _start_request(
+        callable_ref: str, arguments: bytes | wire.Pieces, context: bytes, stream_window: int
+    ) -> StartRequest | None:
+        if len(arguments) > _RESEND_ARGUMENTS_BYTES:
+            return None
+        return StartRequest(callable_ref, arguments, context, stream_window)
 
     def _stream_lost(self, stream: CallsStream, error: BaseException | None) -> None:
         """Reconnects and resumes the pending calls of the lost stream (or
