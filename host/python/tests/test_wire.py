@@ -360,3 +360,19 @@ def test_the_encoded_fields_follow_each_new_scope_and_span():
     assert (first.tracestate, dict(first.baggage)) == (f"agentix={outer.span_id[5:]}", {"k": "1"})
     assert (second.tracestate, dict(second.baggage)) == (f"agentix={inner.span_id[5:]}", {"k": "2"})
     assert again == first
+
+
+def test_without_the_native_module_results_are_wire_s_own_raw_results(monkeypatch):
+    """The pure wheel (no `_native_calls`): `RawResult` is wire.py's class, made by its reader."""
+    import importlib.util
+    import sys
+
+    monkeypatch.setitem(sys.modules, "agentix.runtime.client._native_calls", None)  # import fails
+    spec = importlib.util.spec_from_file_location("wire_without_native", wire.__file__)
+    pure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pure)
+    assert pure._native_call_results is None and pure.RawResult.__module__ == "wire_without_native"
+    result = pb.CallResult(call_id="c" * 32, value=b"\x80\x05N.", value_size=4, encoding=pb.ENCODING_PICKLE, log_seq=3)
+    (parsed,) = pure.parse_calls_response(pb.CallsResponse(events=[pb.SandboxEvent(result=result)]).SerializeToString())
+    assert type(parsed) is pure.RawResult
+    assert pb.CallResult(**{name: getattr(parsed, name) for name in pure.RawResult.__match_args__}) == result
