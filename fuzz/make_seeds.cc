@@ -4,6 +4,7 @@
 // (tools/fuzz --seeds does this with the fuzz build).
 #include <msgpack.hpp>
 
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -276,6 +277,29 @@ bool WriteNamespaceSeeds(const std::string& dir) {
          Write(dir, "events", events.SerializeAsString());
 }
 
+bool WriteCallResultsSeeds(const std::string& dir) {
+  using agentix::runtime::v1::CallsResponse;
+  CallsResponse noop;
+  auto* result = noop.add_events()->mutable_result();
+  result->set_call_id("eab30144a6f622fc0000000000000001");
+  result->set_encoding(agentix::runtime::v1::ENCODING_PICKLE);
+  result->set_value(std::string("\x80\x05N.", 4));
+  CallsResponse many;
+  for (int i = 0; i < 3; ++i) {
+    auto* each = many.add_events()->mutable_result();
+    each->set_call_id("appel-" + std::to_string(i));
+    each->set_value(std::string(200, static_cast<char>(i)));
+    each->set_value_size(1 << 21);
+    each->set_log_seq(7);
+    each->set_trace_seq(UINT64_MAX);
+  }
+  CallsResponse mixed = noop;
+  mixed.add_events()->mutable_error()->set_call_id("e");
+  return Write(dir, "noop", noop.SerializeAsString()) &&
+         Write(dir, "many", many.SerializeAsString()) &&
+         Write(dir, "mixed", mixed.SerializeAsString());
+}
+
 // side_wire_fuzzer: a first byte (0: LogsResponse, 1: TracesResponse), then
 // the message.
 bool WriteSideSeeds(const std::string& dir) {
@@ -423,6 +447,7 @@ int main(int argc, char** argv) {
   bool ok = WriteFrameSeeds(root + "/frame_fuzzer") &&
             WriteMsgpackSeeds(root + "/msgpack_convert_fuzzer") &&
             WriteNamespaceSeeds(root + "/namespace_wire_fuzzer") &&
+            WriteCallResultsSeeds(root + "/call_results_wire_fuzzer") &&
             WriteSideSeeds(root + "/side_wire_fuzzer") &&
             WriteSessionSeeds(root + "/session_fuzzer") &&
             WriteFrameWireSeeds(root + "/frame_wire_fuzzer");

@@ -26,6 +26,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "base/mutex_tuning.h"
+#include "host/python/native/call_results_wire.h"
 #include "host/python/native/calls_reactor.h"
 #include "host/python/native/cxx_errors.h"
 #include "host/python/native/namespace_wire.h"
@@ -493,7 +494,81 @@ PyObject* NamespaceEvents(PyObject*, PyObject* message) {
   return result;
 }
 
+// ------------------------------------------------------------ Call results
+
+// A CallResult's fields, named as runtime.proto's (wire.RawResult).
+PyStructSequence_Field kCallResultFields[] = {
+    {"call_id", nullptr},    {"encoding", nullptr}, {"value", nullptr},
+    {"value_size", nullptr}, {"log_seq", nullptr},  {"trace_seq", nullptr},
+    {nullptr, nullptr},
+};
+PyStructSequence_Desc kCallResultDesc = {
+    "agentix.runtime.client._native_calls.CallResultFields",
+    "A CallResult's fields as call_results decodes them (wire.RawResult).", kCallResultFields, 6};
+PyTypeObject* call_result_type = nullptr;
+
+// One CallResultFields of `view`, or nullptr with a Python error set.
+PyObject* CallResultObject(const agentix::host::CallResultView& view) {
+  PyObject* result = PyStructSequence_New(call_result_type);
+  if (result == nullptr) return nullptr;
+  // (Not Py_BuildValue: it turns an empty view's null pointer into None. The
+  // decoder has checked the id's UTF-8.)
+  PyObject* fields[] = {
+      PyUnicode_DecodeUTF8(view.call_id.empty() ? "" : view.call_id.data(),
+                           static_cast<Py_ssize_t>(view.call_id.size()), "strict"),
+      PyLong_FromUnsignedLongLong(view.encoding),
+      PyBytes_FromStringAndSize(view.value.empty() ? "" : view.value.data(), static_cast<Py_ssize_t>(view.value.size())),
+      PyLong_FromUnsignedLongLong(view.value_size),
+      PyLong_FromUnsignedLongLong(view.log_seq),
+      PyLong_FromUnsignedLongLong(view.trace_seq),
+  };
+  bool ok = true;
+  for (Py_ssize_t i = 0; i < 6; ++i) {
+    ok = ok && fields[i] != nullptr;
+    PyStructSequence_SET_ITEM(result, i, fields[i]);  // a null item is fine to deallocate
+  }
+  if (!ok) {
+    Py_DECREF(result);
+    return nullptr;
+  }
+  return result;
+}
+
+// call_results(message) -> [CallResultFields, ...] | None
+PyObject* CallResults(PyObject*, PyObject* message) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(message, &view, PyBUF_SIMPLE) < 0) return nullptr;
+  PyObject* result = nullptr;
+  try {
+    std::optional<std::vector<agentix::host::CallResultView>> decoded = agentix::host::DecodeCallResults(
+        std::string_view(static_cast<const char*>(view.buf), static_cast<size_t>(view.len)));
+    if (!decoded) {
+      result = Py_NewRef(Py_None);
+    } else if (PyObject* results = PyList_New(static_cast<Py_ssize_t>(decoded->size()))) {
+      bool ok = true;
+      for (size_t i = 0; ok && i < decoded->size(); ++i) {
+        PyObject* item = CallResultObject((*decoded)[i]);
+        ok = item != nullptr;
+        if (ok) PyList_SET_ITEM(results, static_cast<Py_ssize_t>(i), item);
+      }
+      if (ok) {
+        result = results;
+      } else {
+        Py_DECREF(results);
+      }
+    }
+  } catch (...) {
+    SetErrorFromCxx("native call_results");
+  }
+  PyBuffer_Release(&view);
+  return result;
+}
+
 PyMethodDef kModuleMethods[] = {
+    {"call_results", CallResults, METH_O,
+     "call_results(message) -> [CallResultFields, ...] | None: the CallResults of a serialized "
+     "CallsResponse that holds nothing else, or None when only protobuf should judge the bytes (another "
+     "event kind, malformed, or a form this decoder does not read; see call_results_wire.h)."},
     {"namespace_events", NamespaceEvents, METH_O,
      "namespace_events(message) -> (opened, [(event, data), ...]) | None: the parts of a serialized "
      "NamespaceResponse the host acts on, or None when only protobuf should judge the bytes (malformed, "
@@ -543,15 +618,18 @@ PyMODINIT_FUNC PyInit__native_calls() {
 
   kModule.m_name = "agentix.runtime.client._native_calls";
   kModule.m_doc = "The host's Calls and Namespace streams over grpc++ (stream.NativeCallsStream, "
-                  "namespaces.NativeNamespaceStream), and decoders of the Namespace, Logs and Traces responses.";
+                  "namespaces.NativeNamespaceStream), and decoders of Calls responses of results and of the Namespace, Logs and Traces responses.";
   kModule.m_size = -1;
   kModule.m_methods = kModuleMethods;
 
   if (PyType_Ready(&ChannelType) < 0 || PyType_Ready(&TransportType) < 0) return nullptr;
+  call_result_type = PyStructSequence_NewType(&kCallResultDesc);
+  if (call_result_type == nullptr) return nullptr;
   PyObject* module = PyModule_Create(&kModule);
   if (module == nullptr) return nullptr;
   if (PyModule_AddObjectRef(module, "Channel", reinterpret_cast<PyObject*>(&ChannelType)) < 0 ||
       PyModule_AddObjectRef(module, "CallsTransport", reinterpret_cast<PyObject*>(&TransportType)) < 0 ||
+      PyModule_AddObjectRef(module, "CallResultFields", reinterpret_cast<PyObject*>(call_result_type)) < 0 ||
       !agentix::host::AddSideRecordTypes(module)) {
     Py_DECREF(module);
     return nullptr;

@@ -69,12 +69,23 @@ def test_protobuf_events_are_framed_exactly_as_protobuf_would():
     assert stream_module._encode_batch(batch) == pb.CallsRequest(events=batch).SerializeToString()
 
 
+@pytest.fixture(params=["native", "python"])
+def result_reader(request, monkeypatch):
+    """Runs a test with CallResults read by the native module (`call_results`: a response of
+    results only) and by wire.py's own reader, which must give the same events."""
+    if request.param == "native":
+        assert wire._native_call_results is not None  # the package's native module is built with it
+    else:
+        monkeypatch.setattr(wire, "_native_call_results", None)
+    return request.param
+
+
 def _as_protobuf(event):
     """A parsed event as protobuf's: a `wire.RawResult` becomes the
     SandboxEvent it was read from."""
     if type(event) is not wire.RawResult:
         return event
-    fields = {name: getattr(event, name) for name in wire.RawResult.__slots__}
+    fields = {name: getattr(event, name) for name in wire.RawResult.__match_args__}
     return pb.SandboxEvent(result=pb.CallResult(**fields))
 
 
@@ -94,7 +105,7 @@ def test_parse_calls_response_reads_chunks_without_protobuf_and_the_rest_with_it
     assert events[3] == response.events[3]
 
 
-def test_results_are_read_without_protobuf_and_a_long_response_holds_chunks_as_views():
+def test_results_are_read_without_protobuf_and_a_long_response_holds_chunks_as_views(result_reader):
     results = [pb.SandboxEvent(result=pb.CallResult(call_id=f"c{i}", value=b"\x80\x05N.", value_size=4)) for i in range(30)]
     short = pb.CallsResponse(events=results).SerializeToString()
     assert len(short) < wire._PARSE_WHOLE_BYTES
@@ -115,7 +126,7 @@ def test_ack_events_are_encoded_exactly_as_protobuf_would(ids):
     assert wire.ack_events(ids) == expected
 
 
-def test_a_short_response_with_other_events_is_protobuf_s_parse_whole():
+def test_a_short_response_with_other_events_is_protobuf_s_parse_whole(result_reader):
     events = [
         pb.SandboxEvent(result=pb.CallResult(call_id="a", value=b"1")),
         pb.SandboxEvent(stream_item=pb.StreamItem(call_id="b", index=0, value=b"2")),
@@ -149,7 +160,7 @@ def test_parse_calls_response_leaves_unknown_shapes_to_protobuf():
     ],
 )
 @pytest.mark.parametrize("long", [False, True])
-def test_a_result_read_without_protobuf_is_what_protobuf_reads(result, long):
+def test_a_result_read_without_protobuf_is_what_protobuf_reads(result, long, result_reader):
     event = pb.SandboxEvent(result=result)
     events = [event]
     if long:  # and in a message long enough for views of result chunks
@@ -175,7 +186,7 @@ def test_a_result_read_without_protobuf_is_what_protobuf_reads(result, long):
         pb.CallResult(call_id="x").SerializeToString() + bytes([3 << 3 | 0, 1]),  # value as a varint
     ],
 )
-def test_a_result_of_an_unexpected_shape_is_left_to_protobuf(inner):
+def test_a_result_of_an_unexpected_shape_is_left_to_protobuf(inner, result_reader):
     message = bytes([1 << 3 | 2, len(inner) + 2, 2 << 3 | 2, len(inner)]) + inner
     (parsed,) = wire.parse_calls_response(message)
     assert type(parsed) is pb.SandboxEvent
@@ -194,7 +205,7 @@ def test_a_result_of_an_unexpected_shape_is_left_to_protobuf(inner):
         b"\x0a\x05\x12\x03\x0a\x01\xff",  # a call id that is not UTF-8
     ],
 )
-def test_parse_calls_response_raises_like_protobuf_on_garbage(garbage):
+def test_parse_calls_response_raises_like_protobuf_on_garbage(garbage, result_reader):
     with pytest.raises(Exception) as ours:
         wire.parse_calls_response(garbage)
     with pytest.raises(Exception) as theirs:
@@ -349,3 +360,19 @@ def test_the_encoded_fields_follow_each_new_scope_and_span():
     assert (first.tracestate, dict(first.baggage)) == (f"agentix={outer.span_id[5:]}", {"k": "1"})
     assert (second.tracestate, dict(second.baggage)) == (f"agentix={inner.span_id[5:]}", {"k": "2"})
     assert again == first
+
+
+def test_without_the_native_module_results_are_wire_s_own_raw_results(monkeypatch):
+    """The pure wheel (no `_native_calls`): `RawResult` is wire.py's class, made by its reader."""
+    import importlib.util
+    import sys
+
+    monkeypatch.setitem(sys.modules, "agentix.runtime.client._native_calls", None)  # import fails
+    spec = importlib.util.spec_from_file_location("wire_without_native", wire.__file__)
+    pure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pure)
+    assert pure._native_call_results is None and pure.RawResult.__module__ == "wire_without_native"
+    result = pb.CallResult(call_id="c" * 32, value=b"\x80\x05N.", value_size=4, encoding=pb.ENCODING_PICKLE, log_seq=3)
+    (parsed,) = pure.parse_calls_response(pb.CallsResponse(events=[pb.SandboxEvent(result=result)]).SerializeToString())
+    assert type(parsed) is pure.RawResult
+    assert pb.CallResult(**{name: getattr(parsed, name) for name in pure.RawResult.__match_args__}) == result

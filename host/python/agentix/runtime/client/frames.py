@@ -408,7 +408,18 @@ class FrameTransport:
                     pieces.insert(0, _HEADER.pack(length, RING_MESSAGE) + head)
                     return self._send(pieces, length + _HEADER_BYTES)
         pieces.insert(0, _HEADER.pack(size, MESSAGE))
-        return self._send(pieces, size + _HEADER_BYTES)
+        size += _HEADER_BYTES
+        if self._out or len(pieces) > _IOV_MAX:
+            return self._send(pieces, size)
+        # _send's common case inline (nothing waiting, the socket takes it all): no call per message.
+        try:
+            sent = self._sock.sendmsg(pieces)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as error:
+            self._failed(error)
+            return -1
+        return 0 if sent == size else self._keep_unsent(pieces, sent)
 
     def writes_done(self) -> None:
         """Sends HALF_CLOSE: no more messages from the host."""
@@ -432,7 +443,39 @@ class FrameTransport:
         if ring is not None and ring.held:
             ring.release_unreferenced()
         if self._status is None and not self._closed:
-            self._read(messages)
+            sock = self._sock  # the read loop is inline: no call per response
+            while self._status is None:
+                big = self._big
+                if big is not None:
+                    target = memoryview(big)[self._big_have : self._big_size]
+                elif self._header_first and self._have < _HEADER_BYTES:
+                    target = self._view[self._have : _HEADER_BYTES]
+                else:
+                    target = self._view[self._have :]
+                try:
+                    count = sock.recv_into(target)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as error:
+                    self._status = (_UNAVAILABLE, f"frame wire read failed: {error}")
+                    break
+                if count == 0:
+                    self._status = (_UNAVAILABLE, "the daemon closed the frame wire without a status")
+                    break
+                if big is not None:
+                    self._big_have += count
+                    if self._big_have == self._big_size:
+                        self._big = None
+                        self._header_first = True
+                        # A view, never the buffer itself: while the message (or
+                        # a result chunk cut from it) is alive, _take skips it.
+                        self._frame(self._big_kind, memoryview(big)[: self._big_size], messages)
+                        self._keep(big)
+                else:
+                    self._have += count
+                    self._parse(messages)
+                if count < len(target):
+                    break  # the socket had no more
             if self._status is None and self._write_error is not None:
                 self._status = (_UNAVAILABLE, f"frame wire write failed: {self._write_error}")
         below, self._below = self._below, False
@@ -474,6 +517,12 @@ class FrameTransport:
             return -1
         if sent == size:
             return 0
+        return self._keep_unsent(pieces, sent)
+
+    def _keep_unsent(self, pieces: list, sent: int) -> int:
+        """Queues what `sendmsg` did not take of `pieces` (it took `sent`
+        bytes) for `_on_writable`; returns the bytes waiting."""
+        out = self._out
         for piece in pieces:
             length = len(piece)
             if sent >= length:
@@ -524,41 +573,6 @@ class FrameTransport:
             self._loop.remove_writer(self._fd)
         self._waiting = 0
         self._loop.call_soon(self._progress)
-
-    def _read(self, messages: list) -> None:
-        sock = self._sock
-        while self._status is None:
-            big = self._big
-            if big is not None:
-                target = memoryview(big)[self._big_have : self._big_size]
-            elif self._header_first and self._have < _HEADER_BYTES:
-                target = self._view[self._have : _HEADER_BYTES]
-            else:
-                target = self._view[self._have :]
-            try:
-                count = sock.recv_into(target)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as error:
-                self._status = (_UNAVAILABLE, f"frame wire read failed: {error}")
-                return
-            if count == 0:
-                self._status = (_UNAVAILABLE, "the daemon closed the frame wire without a status")
-                return
-            if big is not None:
-                self._big_have += count
-                if self._big_have == self._big_size:
-                    self._big = None
-                    self._header_first = True
-                    # A view, never the buffer itself: while the message (or
-                    # a result chunk cut from it) is alive, _take skips it.
-                    self._frame(self._big_kind, memoryview(big)[: self._big_size], messages)
-                    self._keep(big)
-            else:
-                self._have += count
-                self._parse(messages)
-            if count < len(target):
-                return  # the socket had no more
 
     def _parse(self, messages: list) -> None:
         buf, view, have = self._buf, self._view, self._have

@@ -159,12 +159,15 @@ class CallsStream:
         """Queues the StartCall (and any ArgumentChunks) of a call in `pending`;
         a non-zero `stream_window` makes it a streaming call. `arguments`:
         the pickled (args, kwargs), `wire.Pieces` only when over CHUNK_BYTES."""
-        upload = None
-        if len(arguments) > CHUNK_BYTES:
-            upload = Upload(call_id, arguments)
-            self._uploads_by_id[call_id] = upload
+        size = len(arguments)
+        if size <= CHUNK_BYTES:  # the common case: the StartCall carries them all (first_chunk's bytes)
+            event = wire.start_call_event(call_id, callable_ref, arguments, size, context, stream_window)  # type: ignore[arg-type]
+            self._enqueue(size + len(context) + len(callable_ref) + _EVENT_OVERHEAD, event)
+            return
+        upload = Upload(call_id, arguments)
+        self._uploads_by_id[call_id] = upload
         first, first_size = first_chunk(arguments)
-        event = wire.start_call_event(call_id, callable_ref, first, len(arguments), context, stream_window)
+        event = wire.start_call_event(call_id, callable_ref, first, size, context, stream_window)
         self._enqueue(first_size + len(context) + len(callable_ref) + _EVENT_OVERHEAD, event, upload)
 
     def resume(self, calls: list[PendingCall]) -> None:
@@ -573,7 +576,7 @@ class NativeCallsStream(CallsStream):
 
     def _enqueue(self, size: int, event: pb.HostEvent | list, upload: Upload | None = None) -> None:
         if (self._deferred or self._queue or self._uploads or upload is not None or self._throttled
-                or type(event) is not list or not self.alive):
+                or type(event) is not list or self._lost or self._closing):  # (`alive`, without its call)
             self._queue.append((size, event, upload))
             self._kick()
             return

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import pickle
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 from agentix.runtime.v1 import runtime_pb2 as pb
@@ -479,11 +479,11 @@ def start_call_event(
         size = len(arguments)
     ident = call_id.encode()
     length = len(ident)
+    fields = _callable_fields.get(callable_ref) or _start_fields(callable_ref)  # never empty (the encoding)
     if length:
-        head = (_CALL_ID_HEADS[length] if length < 128 else _length_header(_START_CALL_ID, length)) + ident
-        head += _start_fields(callable_ref)
+        head = (_CALL_ID_HEADS[length] if length < 128 else _length_header(_START_CALL_ID, length)) + ident + fields
     else:
-        head = _start_fields(callable_ref)
+        head = fields
     if size:
         head += bytes((_START_ARGUMENTS, size)) if size < 0x80 else _length_header(_START_ARGUMENTS, size)
     if arguments_size:
@@ -562,21 +562,24 @@ def _read_result_chunk(buf: memoryview, pos: int, end: int) -> RawResultChunk | 
 
 @final
 class RawResult:
-    """A ``SandboxEvent.result`` (`CallResult`) read without protobuf, with
-    its attributes: the one event of a noop's response, where building and
-    reading the protobuf message costs several times this. ``value`` is
-    ``bytes``; ``encoding`` is pickle or unspecified (another one is left to
-    protobuf, as is anything else unexpected)."""
+    """A ``SandboxEvent.result`` (`CallResult`) read without protobuf (a noop's response: several times
+    cheaper); ``value`` is bytes, ``encoding`` pickle or unspecified (others are left to protobuf, as
+    is anything unexpected). With the native module: its ``CallResultFields`` (made from a tuple)."""
 
-    __slots__ = ("call_id", "encoding", "value", "value_size", "log_seq", "trace_seq")
+    __slots__ = __match_args__ = ("call_id", "encoding", "value", "value_size", "log_seq", "trace_seq")
 
-    def __init__(self) -> None:
-        self.call_id = ""
-        self.encoding = 0
-        self.value = b""
-        self.value_size = 0
-        self.log_seq = 0
-        self.trace_seq = 0
+    def __init__(self, fields: tuple[str, int, bytes, int, int, int]) -> None:
+        self.call_id, self.encoding, self.value, self.value_size, self.log_seq, self.trace_seq = fields
+
+
+# A CallsResponse's CallResults read in C (None: it holds anything else), and their type.
+try:
+    from agentix.runtime.client._native_calls import call_results as _native_call_results, CallResultFields as _Native
+except Exception:  # the pure wheel, another interpreter, libgrpc++ missing (as channels.native_calls_module)
+    _native_call_results = _Native = None
+if not TYPE_CHECKING and _Native is not None:
+    RawResult = _Native  # noqa: F811
+_new_result: Callable[[tuple[str, int, bytes, int, int, int]], RawResult] = RawResult  # (fields) -> RawResult
 
 
 def _read_result(buf: bytes | memoryview, pos: int, end: int) -> RawResult | None:
@@ -584,7 +587,7 @@ def _read_result(buf: bytes | memoryview, pos: int, end: int) -> RawResult | Non
     CallResult's as protobuf writes it, or the encoding is neither
     unspecified nor pickle (the caller then lets protobuf parse the event).
     Later occurrences of a field win, as in protobuf."""
-    result = RawResult()
+    call_id, value, encoding, value_size, log_seq, trace_seq = "", b"", 0, 0, 0, 0
     while pos < end:
         tag = buf[pos]
         pos += 1
@@ -598,33 +601,31 @@ def _read_result(buf: bytes | memoryview, pos: int, end: int) -> RawResult | Non
             if stop > end:
                 raise _Malformed
             if tag == _RESULT_CALL_ID:
-                result.call_id = str(buf[pos:stop], "utf-8")
+                call_id = str(buf[pos:stop], "utf-8")
             else:
-                result.value = bytes(buf[pos:stop])  # no copy of a bytes slice
+                value = bytes(buf[pos:stop])  # no copy of a bytes slice
             pos = stop
         elif _RESULT_ENCODING <= tag <= _RESULT_TRACE_SEQ and tag & 7 == 0 and tag != 3 << 3:
-            value = buf[pos]
-            if value < 0x80:
+            number = buf[pos]
+            if number < 0x80:
                 pos += 1
             else:
-                value, pos = _read_varint(buf, pos, end)
-                if value >> 64:
+                number, pos = _read_varint(buf, pos, end)
+                if number >> 64:
                     return None
             if tag == _RESULT_ENCODING:
-                result.encoding = value
+                encoding = number
             elif tag == _RESULT_VALUE_SIZE:
-                result.value_size = value
+                value_size = number
             elif tag == _RESULT_LOG_SEQ:
-                result.log_seq = value
+                log_seq = number
             else:
-                result.trace_seq = value
+                trace_seq = number
         else:
             return None
     if pos != end:  # a one-byte read ran past the event
         raise _Malformed
-    if result.encoding > pb.ENCODING_PICKLE:
-        return None
-    return result
+    return None if encoding > pb.ENCODING_PICKLE else _new_result((call_id, encoding, value, value_size, log_seq, trace_seq))
 
 
 # Result chunks in a message at least this long are handed over as views
@@ -646,6 +647,8 @@ def parse_calls_response(message: Any) -> Sequence:
     reads itself."""
     if type(message) is not bytes and type(message) is not memoryview:
         return message.events()
+    if _native_call_results is not None and (results := _native_call_results(message)) is not None:
+        return results  # only CallResults (a noop's response): read in C
     end = len(message)
     long = end >= _PARSE_WHOLE_BYTES
     # Result chunks become views into a long message; a short one is read as it is.

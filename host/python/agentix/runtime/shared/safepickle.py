@@ -435,6 +435,8 @@ _NOT_INERT = re.compile(rb"[c\x93ioRb\x81\x92\x82\x83\x84PQprgILFSV\x97\x98]")
 # The byte scan is C-fast, but beyond this the full path's costs no longer
 # dominate a load.
 _INERT_MAX_BYTES = 64 * 1024
+# The worker's pickle of None (protocol 5), every call's value that returns nothing: no scan.
+_PICKLED_NONE = pickle.dumps(None, protocol=5)
 
 
 def restricted_loads(data: bytes, *, wait: bool = True) -> Any:
@@ -453,6 +455,8 @@ def restricted_loads(data: bytes, *, wait: bool = True) -> Any:
     excludes other such loads until it is done; with ``wait=False`` (the
     event loop's thread) it raises `DecodeBusy` instead of waiting.
     """
+    if data == _PICKLED_NONE:
+        return None
     if len(data) <= _INERT_MAX_BYTES and _NOT_INERT.search(data) is None:
         try:
             return pickle.loads(data)
