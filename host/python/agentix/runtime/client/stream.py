@@ -41,7 +41,7 @@ import grpc
 
 from agentix.runtime.client import wire
 from agentix.runtime.client.chunking import CHUNK_BYTES, Upload, first_chunk
-from agentix.runtime.client.errors import ResultTooLarge
+from agentix.runtime.client.errors import RemoteCallError, ResultTooLarge
 from agentix.runtime.client.pending import (
     MAX_RESULT_BYTES,
     CallFuture,
@@ -64,6 +64,7 @@ __all__ = [
     "NativeStreamError",
     "Outcome",
     "PendingCall",
+    "RoutingFailed",
     "STREAM_END",
     "SideBarrier",
     "StartRequest",
@@ -83,6 +84,37 @@ ACK_DELAY = 0.05
 ACK_BATCH = 512
 # How many written acks a stream remembers for re-sending after a cut.
 RECENT_ACKS = 4096
+
+class RoutingFailed(Exception):
+    """Why a Calls stream was dropped by the host itself: handling a
+    response that belongs to no one call raised (a host bug, or a message
+    it cannot read; the exception is the ``__cause__``). The client fails
+    the stream's pending calls instead of resuming them: the daemon would
+    replay the same events, and the same exception, on every new stream."""
+
+
+def _event_call_id(event: wire.CallsEvent) -> str:
+    """The call an event of the Calls stream belongs to ("" for none)."""
+    if type(event) is wire.RawResult or type(event) is wire.RawResultChunk:
+        return event.call_id
+    try:
+        kind = event.WhichOneof("kind")
+        return getattr(getattr(event, kind), "call_id", "") if kind else ""
+    except Exception:  # not a SandboxEvent after all
+        return ""
+
+
+def _event_kind(event: wire.CallsEvent) -> str:
+    """What an event of the Calls stream is, for messages ("result", "stream_item", ...)."""
+    if type(event) is wire.RawResult:
+        return "result"
+    if type(event) is wire.RawResultChunk:
+        return "result_chunk"
+    try:
+        return event.WhichOneof("kind") or "event"
+    except Exception:
+        return type(event).__name__
+
 
 def _encode_batch(batch: list[pb.HostEvent | list]) -> bytes:
     """The encoded CallsRequest carrying a batch of events and hand-encoded
@@ -327,20 +359,103 @@ class CallsStream:
 
     async def _read_loop(self) -> None:
         read = self._rpc.read  # cheaper than the call's async iterator
-        route = self._route
         try:
             while True:
                 response = await read()
                 if response is grpc.aio.EOF:
                     break
-                for event in response:  # wire.parse_calls_response: a list of events
-                    route(event)
+                self._route_message(response)
+                if self._lost:
+                    return
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # includes routing bugs: fail calls, never hang them
+        except Exception as exc:  # the RPC failed: reconnect and resume
             self._report_lost(exc)
         else:
             self._report_lost(None)
+
+    def _route_message(self, message: bytes | memoryview) -> None:
+        """Routes the events of one response. What raises while one call's
+        event is handled fails that call (`_event_failed`); a message that
+        cannot be read, or an event of no call that raises, drops the stream
+        (`_routing_failed`). Never raises."""
+        route = self._route
+        try:
+            events = wire.parse_calls_response(message)
+        except Exception as exc:
+            self._routing_failed(exc, "reading a response")
+            return
+        for event in events:
+            try:
+                route(event)
+            except Exception as exc:
+                self._event_failed(event, exc)
+                if self._lost:
+                    return
+
+    def _event_failed(self, event: wire.CallsEvent, error: Exception) -> None:
+        """Handling `event` raised `error`. The call it belongs to fails
+        (`_call_failed`); a terminal event is acknowledged (the daemon would
+        replay it on every resume), any other one cancels the call in the
+        sandbox (whose terminal event is then acknowledged unread). The
+        stream and the other calls go on."""
+        call_id = _event_call_id(event)
+        kind = _event_kind(event)
+        if not call_id:
+            self._routing_failed(error, f"handling a {kind} event of no call")
+            return
+        call = self._pending.pop(call_id, None)
+        if call is not None:
+            self._call_failed(call, kind, error)
+        else:
+            _log.error("handling the runtime's %s for call %s (no longer awaited) raised", kind, call_id,
+                       exc_info=error)
+        if kind in ("result", "error"):
+            self._acknowledge(call_id)
+        else:
+            self.cancel_call(call_id)
+        if self._uploads_by_id:
+            self._drop_upload(call_id)
+
+    def _call_failed(self, call: PendingCall, kind: str, error: Exception) -> None:
+        """Fails `call`, whose `kind` event raised `error` on the host, with a
+        ``MalformedError`` `RemoteCallError` caused by `error`; logged once
+        with the traceback (it is a host bug, or an event the host cannot
+        use)."""
+        _log.error("handling the runtime's %s for call %s (%s) raised; the call fails", kind, call.call_id,
+                   call.display_name, exc_info=error)
+        failure = RemoteCallError(
+            call.display_name,
+            RemoteError(
+                type="MalformedError",
+                message=f"the host failed to handle the runtime's {kind} for call {call.call_id}: "
+                f"{type(error).__name__}: {error}",
+            ),
+        )
+        failure.__cause__ = error
+        try:
+            call.fail(failure)
+        except Exception:  # a subclass's fail() (e.g. the gateway's) raised too
+            _log.error("failing call %s raised", call.call_id, exc_info=True)
+            PendingCall.fail(call, failure)
+
+    def _routing_failed(self, error: Exception, what: str) -> None:
+        """`what` raised `error`, and no one call's event was at fault: the
+        stream is dropped and the client fails its pending calls
+        (`RoutingFailed`) rather than resume them into the same failure."""
+        _log.error("%s on the runtime's Calls stream raised; the stream is dropped and its %d pending call(s) "
+                   "fail", what, len(self._pending), exc_info=error)
+        failure = RoutingFailed(f"{what} raised {type(error).__name__}: {error}")
+        failure.__cause__ = error
+        self._report_lost(failure)
+
+    def _acknowledge(self, call_id: str) -> None:
+        """Queues the AckResult of a terminal event (`_finish` does the same inline)."""
+        self._acks.append(call_id)
+        if len(self._acks) >= ACK_BATCH:
+            self._acks_ready()
+        elif self._ack_timer is None:
+            self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY, self._acks_ready)
 
     def _report_lost(self, error: BaseException | None) -> None:
         if self._lost:
@@ -488,10 +603,13 @@ class CallsStream:
         """Settles a call on its terminal event and acknowledges the event."""
         call = self._pending.pop(call_id, None)
         if call is not None:
-            if isinstance(outcome, ResultTooLarge):
-                call.fail(outcome)
-            else:
-                call.settle(outcome, self._woken)
+            try:
+                if isinstance(outcome, ResultTooLarge):
+                    call.fail(outcome)
+                else:
+                    call.settle(outcome, self._woken)
+            except Exception as exc:  # no longer in `pending`: fail it here, then ack as usual
+                self._call_failed(call, "result" if type(outcome) is not RemoteError else "error", exc)
         if self._uploads_by_id:  # (no call per result when nothing uploads)
             self._drop_upload(call_id)
         self._acks.append(call_id)
@@ -640,7 +758,6 @@ class NativeCallsStream(CallsStream):
                 future.wake()
 
     def _read_responses(self) -> None:
-        route = self._route
         if not self._deferral_scheduled:
             # A response: the loop has been round since the last write (or
             # this is that write's iteration, where a second write is what the
@@ -648,9 +765,14 @@ class NativeCallsStream(CallsStream):
             self._deferred = False
         try:
             messages, status, below = self._transport.drain()
-            for message in messages:
-                for event in wire.parse_calls_response(message):
-                    route(event)
+        except Exception as exc:  # the transport failed: reconnect and resume
+            self._report_lost(exc)
+            return
+        for message in messages:
+            self._route_message(message)
+            if self._lost:
+                return
+        try:
             if status is not None:
                 self._settle_flushed()
                 code, details = status
@@ -663,7 +785,7 @@ class NativeCallsStream(CallsStream):
                     self._settle_flushed()
                 elif not self._lost:
                     self._flush()
-        except Exception as exc:  # includes routing bugs: fail calls, never hang them
+        except Exception as exc:  # the transport failed: reconnect and resume
             self._report_lost(exc)
 
     def _settle_flushed(self) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import pickle
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, TypeAlias, final
 
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.utils import context as _context
@@ -38,6 +38,7 @@ __all__ = [
     "BULK_MIN_BYTES",
     "CALLS_METHOD",
     "BulkHead",
+    "CallsEvent",
     "Pieces",
     "RawResult",
     "RawResultChunk",
@@ -634,8 +635,15 @@ def _read_result(buf: bytes | memoryview, pos: int, end: int) -> RawResult | Non
 _PARSE_WHOLE_BYTES = 64 * 1024
 
 
-def parse_calls_response(message: Any) -> Sequence:
-    """The Calls stream's response deserializer: the message's events, each a
+if TYPE_CHECKING:
+    from agentix.runtime.client.payload_ring import SplitMessage
+
+# One event of a CallsResponse as `parse_calls_response` reads it.
+CallsEvent: TypeAlias = "RawResult | RawResultChunk | pb.SandboxEvent"
+
+
+def parse_calls_response(message: bytes | memoryview | SplitMessage) -> Sequence[CallsEvent]:
+    """The events of one serialized ``CallsResponse``, each a
     `RawResult` for a call's result, a `RawResultChunk` for a result chunk in a
     message of at least `_PARSE_WHOLE_BYTES`, else a ``pb.SandboxEvent``
     (every event of a shorter message holding anything but results).
