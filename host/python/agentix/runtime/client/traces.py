@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentix.runtime.client.subscription import ReplayedOnce, SeqCursor, SubscriptionStream, native_decoder
+from agentix.runtime.client.subscription import ReplayedOnce, ResponseDecoder, SeqCursor, SubscriptionStream
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.utils import trace as _trace
 from agentix.utils.trace import Span, SpanError, SpanEvent, SpanStatus, Trace
@@ -204,26 +204,11 @@ def trace_item(event: pb.TraceEvent) -> Trace | Span | None:
     )
 
 
-def decode_response(message: bytes) -> tuple[str, Sequence[Any]]:
-    """The instance id and the events of a serialized `TracesResponse`: the
-    native decoder's ``TraceEventFields`` (attributes named and valued as
-    `pb.TraceEvent`'s fields, attribute lists as ``(key, value)`` pairs, no
-    OpenTelemetry ids; ``_native_calls.trace_events``) when the package has
-    its native module and the decoder reads the bytes, else protobuf's
-    `pb.TraceEvent` messages; replay takes either. Bytes that are not a
-    TracesResponse raise protobuf's DecodeError."""
-    global _native_trace_events
-    decoder = _native_trace_events
-    if decoder is None:  # first use: the native module loads grpc++
-        decoder = _native_trace_events = native_decoder("trace_events")
-    decoded = decoder(message)
-    if decoded is not None:
-        return decoded
-    response = pb.TracesResponse.FromString(message)
-    return response.instance_id, response.events
-
-
-_native_trace_events: Callable[[bytes], tuple[str, list[Any]] | None] | None = None
+# The instance id and the events of a serialized `TracesResponse`: the
+# native decoder's ``TraceEventFields`` (``_native_calls.trace_events``:
+# attribute lists as ``(key, value)`` pairs, no OpenTelemetry ids) or
+# protobuf's `pb.TraceEvent` messages (see `ResponseDecoder`).
+decode_response = ResponseDecoder("trace_events", pb.TracesResponse, "events")
 
 
 def replay_event(event: pb.TraceEvent) -> None:
@@ -295,15 +280,13 @@ class TracesStream(SubscriptionStream):
     _replayed_once = ReplayedOnce()
     rpc_name = "Traces"
     noun = "sandbox trace event"
+    decoder = decode_response
 
     def _subscribe_request(self, after_seq: int, instance_id: str) -> pb.TracesRequest:
         return pb.TracesRequest(subscribe=pb.SubscribeTraces(after_seq=after_seq, instance_id=instance_id))
 
     def _ack_request(self, seq: int) -> pb.TracesRequest:
         return pb.TracesRequest(ack=pb.AckTraces(seq=seq))
-
-    def _decode(self, message: bytes) -> tuple[str, Sequence[Any]]:
-        return decode_response(message)
 
     def _batch_replayer(self) -> Callable[[Any], None]:
         return EventReplayer().replay
