@@ -53,7 +53,7 @@ from agentix.runtime.client.namespaces import NamespaceSet, NamespaceStream, Nat
 from agentix.runtime.client.reconnect import ReconnectPolicy
 from agentix.runtime.client.result import Failed, Ok, Result
 from agentix.runtime.client.pending import MAX_RESULT_BYTES, STREAM_END, CallFuture, PendingCall, SideBarrier, StartRequest
-from agentix.runtime.client.stream import CallsStream, RoutingFailed
+from agentix.runtime.client.stream import CallsStream
 from agentix.runtime.client import wire
 from agentix.runtime.client.target import grpc_target
 from agentix.runtime.client.tls import TlsFiles
@@ -651,12 +651,6 @@ class RuntimeClient:
         self._channel_broken = True
         self._orphan_acks = [*self._orphan_acks, *stream.take_unsent_acks()][-2 * 4096 :]
         if not self._pending:
-            return
-        if isinstance(error, RoutingFailed):  # resuming would replay the same failure
-            self._fail_pending(
-                f"runtime stream to {self.base_url} dropped by the host: {error}; its calls are not resumed",
-                error.__cause__,
-            )
             return
         if not self._reconnect_enabled:
             self._fail_pending(f"runtime server connection lost: {self.base_url}", error)

@@ -10,9 +10,10 @@ One bidirectional stream carries every call of a client, correlated by
   followed by `ArgumentChunk`s; each message takes the queued events first and
   then fills up with chunks taken in turn from the unfinished uploads, so a
   small call is never queued behind a large upload.
-- the reader routes `SandboxEvent`s to the `PendingCall` of their ``call_id``:
-  `ResultChunk` bytes accumulate, and a terminal `CallResult` or `CallError`
-  settles the call's future and is acknowledged with `AckResult`. Terminal
+- the reader routes `SandboxEvent`s to the `PendingCall` of their ``call_id``
+  (`agentix.runtime.client.routing`, which also says what happens when that
+  raises): `ResultChunk` bytes accumulate, and a terminal `CallResult` or
+  `CallError` settles the call's future and is acknowledged with `AckResult`. Terminal
   events for calls nobody awaits any more are acknowledged too, so the daemon
   can free what it retains. Acknowledgements ride along with the next message
   the sender writes; only when nothing else goes out for `ACK_DELAY` seconds
@@ -41,7 +42,8 @@ import grpc
 
 from agentix.runtime.client import wire
 from agentix.runtime.client.chunking import CHUNK_BYTES, Upload, first_chunk
-from agentix.runtime.client.errors import RemoteCallError, ResultTooLarge
+from agentix.runtime.client.errors import ResultTooLarge
+from agentix.runtime.client.routing import CallRouter
 from agentix.runtime.client.pending import (
     MAX_RESULT_BYTES,
     CallFuture,
@@ -50,7 +52,6 @@ from agentix.runtime.client.pending import (
     PendingCall,
     SideBarrier,
     StartRequest,
-    remote_error_outcome,
 )
 from agentix.runtime.shared.models import RemoteError
 from agentix.runtime.v1 import runtime_pb2 as pb
@@ -64,7 +65,6 @@ __all__ = [
     "NativeStreamError",
     "Outcome",
     "PendingCall",
-    "RoutingFailed",
     "STREAM_END",
     "SideBarrier",
     "StartRequest",
@@ -85,37 +85,6 @@ ACK_BATCH = 512
 # How many written acks a stream remembers for re-sending after a cut.
 RECENT_ACKS = 4096
 
-class RoutingFailed(Exception):
-    """Why a Calls stream was dropped by the host itself: handling a
-    response that belongs to no one call raised (a host bug, or a message
-    it cannot read; the exception is the ``__cause__``). The client fails
-    the stream's pending calls instead of resuming them: the daemon would
-    replay the same events, and the same exception, on every new stream."""
-
-
-def _event_call_id(event: wire.CallsEvent) -> str:
-    """The call an event of the Calls stream belongs to ("" for none)."""
-    if type(event) is wire.RawResult or type(event) is wire.RawResultChunk:
-        return event.call_id
-    try:
-        kind = event.WhichOneof("kind")
-        return getattr(getattr(event, kind), "call_id", "") if kind else ""
-    except Exception:  # not a SandboxEvent after all
-        return ""
-
-
-def _event_kind(event: wire.CallsEvent) -> str:
-    """What an event of the Calls stream is, for messages ("result", "stream_item", ...)."""
-    if type(event) is wire.RawResult:
-        return "result"
-    if type(event) is wire.RawResultChunk:
-        return "result_chunk"
-    try:
-        return event.WhichOneof("kind") or "event"
-    except Exception:
-        return type(event).__name__
-
-
 def _encode_batch(batch: list[pb.HostEvent | list]) -> bytes:
     """The encoded CallsRequest carrying a batch of events and hand-encoded
     events (wire.py), in order."""
@@ -135,7 +104,7 @@ def _batch_pieces(batch: list[pb.HostEvent | list]) -> list:
     return pieces
 
 
-class CallsStream:
+class CallsStream(CallRouter):
     """Drives one open ``Calls`` RPC; see the module docstring.
 
     Args:
@@ -374,81 +343,6 @@ class CallsStream:
         else:
             self._report_lost(None)
 
-    def _route_message(self, message: bytes | memoryview) -> None:
-        """Routes the events of one response. What raises while one call's
-        event is handled fails that call (`_event_failed`); a message that
-        cannot be read, or an event of no call that raises, drops the stream
-        (`_routing_failed`). Never raises."""
-        route = self._route
-        try:
-            events = wire.parse_calls_response(message)
-        except Exception as exc:
-            self._routing_failed(exc, "reading a response")
-            return
-        for event in events:
-            try:
-                route(event)
-            except Exception as exc:
-                self._event_failed(event, exc)
-                if self._lost:
-                    return
-
-    def _event_failed(self, event: wire.CallsEvent, error: Exception) -> None:
-        """Handling `event` raised `error`. The call it belongs to fails
-        (`_call_failed`); a terminal event is acknowledged (the daemon would
-        replay it on every resume), any other one cancels the call in the
-        sandbox (whose terminal event is then acknowledged unread). The
-        stream and the other calls go on."""
-        call_id = _event_call_id(event)
-        kind = _event_kind(event)
-        if not call_id:
-            self._routing_failed(error, f"handling a {kind} event of no call")
-            return
-        call = self._pending.pop(call_id, None)
-        if call is not None:
-            self._call_failed(call, kind, error)
-        else:
-            _log.error("handling the runtime's %s for call %s (no longer awaited) raised", kind, call_id,
-                       exc_info=error)
-        if kind in ("result", "error"):
-            self._acknowledge(call_id)
-        else:
-            self.cancel_call(call_id)
-        if self._uploads_by_id:
-            self._drop_upload(call_id)
-
-    def _call_failed(self, call: PendingCall, kind: str, error: Exception) -> None:
-        """Fails `call`, whose `kind` event raised `error` on the host, with a
-        ``MalformedError`` `RemoteCallError` caused by `error`; logged once
-        with the traceback (it is a host bug, or an event the host cannot
-        use)."""
-        _log.error("handling the runtime's %s for call %s (%s) raised; the call fails", kind, call.call_id,
-                   call.display_name, exc_info=error)
-        failure = RemoteCallError(
-            call.display_name,
-            RemoteError(
-                type="MalformedError",
-                message=f"the host failed to handle the runtime's {kind} for call {call.call_id}: "
-                f"{type(error).__name__}: {error}",
-            ),
-        )
-        failure.__cause__ = error
-        try:
-            call.fail(failure)
-        except Exception:  # a subclass's fail() (e.g. the gateway's) raised too
-            _log.error("failing call %s raised", call.call_id, exc_info=True)
-            PendingCall.fail(call, failure)
-
-    def _routing_failed(self, error: Exception, what: str) -> None:
-        """`what` raised `error`, and no one call's event was at fault: the
-        stream is dropped and the client fails its pending calls
-        (`RoutingFailed`) rather than resume them into the same failure."""
-        _log.error("%s on the runtime's Calls stream raised; the stream is dropped and its %d pending call(s) "
-                   "fail", what, len(self._pending), exc_info=error)
-        failure = RoutingFailed(f"{what} raised {type(error).__name__}: {error}")
-        failure.__cause__ = error
-        self._report_lost(failure)
-
     def _acknowledge(self, call_id: str) -> None:
         """Queues the AckResult of a terminal event (`_finish` does the same inline)."""
         self._acks.append(call_id)
@@ -473,131 +367,6 @@ class CallsStream:
             if task is not asyncio.current_task():
                 task.cancel()
         self._rpc.cancel()
-
-    def _route(self, event: pb.SandboxEvent | wire.RawResult | wire.RawResultChunk) -> None:
-        if type(event) is wire.RawResult:  # the common case first
-            self._on_result(event)
-            return
-        if type(event) is wire.RawResultChunk:
-            call = self._pending.get(event.call_id)
-            if call is not None:
-                self._add_chunk(call, event.data)
-            return
-        kind = event.WhichOneof("kind")
-        if kind == "result":  # one protobuf read (see wire.parse_calls_response)
-            self._on_result(event.result)
-        elif kind == "result_chunk":
-            call = self._pending.get(event.result_chunk.call_id)
-            if call is not None:
-                self._add_chunk(call, event.result_chunk.data)
-        elif kind == "error":
-            failure = event.error
-            if failure.log_seq or failure.trace_seq:
-                self._set_barrier(failure.call_id, failure.log_seq, failure.trace_seq)
-            if failure.HasField("error"):
-                outcome = remote_error_outcome(failure.error)
-            else:
-                outcome = RemoteError(type="MalformedError", message="the runtime reported an error without details")
-            if not failure.call_id:
-                _log.warning("runtime refused an event of this client: %s: %s", outcome.type, outcome.message)
-                return
-            self._finish(failure.call_id, outcome)
-        elif kind == "stream_item":
-            item = event.stream_item
-            call = self._pending.get(item.call_id)
-            if call is None or call.items is None or call.future.done():
-                return
-            value = item.value
-            if call.result_chunks:
-                # An item over 1 MiB comes as ResultChunks of its leading
-                # bytes, then the item with the rest.
-                value = b"".join([*call.result_chunks, value])
-                call.result_chunks = []
-                call.result_bytes = 0
-            if item.index < call.received:
-                return  # replayed after a resume, and received before
-            if item.index > call.received:
-                # Items before it never came and never will (the daemon sends
-                # them in order and replays what was not acked): fail the call
-                # instead of handing the consumer a list with a hole in it.
-                self._pending.pop(item.call_id, None)
-                call.settle(
-                    RemoteError(
-                        type="MalformedError",
-                        message=f"stream item {item.index} arrived while item {call.received} was expected; "
-                        f"items {call.received}..{item.index - 1} were lost",
-                    )
-                )
-                self.cancel_call(item.call_id)
-                return
-            call.received = item.index + 1
-            if len(value) > call.max_result_bytes:
-                self._refuse_result(call, len(value), f"stream item {item.index}")
-                return
-            if item.log_seq or item.trace_seq:
-                call.items.put_nowait(SideBarrier(item.log_seq, item.trace_seq))
-            call.items.put_nowait(value)
-
-    def _set_barrier(self, call_id: str, log_seq: int, trace_seq: int) -> None:
-        call = self._pending.get(call_id)
-        if call is not None:
-            call.barrier = SideBarrier(log_seq, trace_seq)
-
-    def _add_chunk(self, call: PendingCall, data: bytes | memoryview) -> None:
-        call.result_bytes += len(data)
-        if call.result_bytes > call.max_result_bytes:
-            self._refuse_result(call, call.result_bytes, "result")
-        else:
-            call.result_chunks.append(data)
-
-    def _refuse_result(self, call: PendingCall, size: int, what: str) -> None:
-        """Fails `call` with `ResultTooLarge`, drops what it received and
-        cancels it in the sandbox; its terminal event is acknowledged unread."""
-        self._pending.pop(call.call_id, None)
-        call.result_chunks = []
-        call.fail(
-            ResultTooLarge(
-                f"remote call '{call.display_name}': {what} of at least {size} bytes exceeds "
-                f"max_result_bytes={call.max_result_bytes}"
-            )
-        )
-        self.cancel_call(call.call_id)
-
-    def _on_result(self, result: pb.CallResult | wire.RawResult) -> None:
-        """A call's CallResult, read by wire.py or by protobuf: the barrier
-        for its records and spans, then its outcome."""
-        call_id = result.call_id
-        if result.log_seq or result.trace_seq:
-            self._set_barrier(call_id, result.log_seq, result.trace_seq)
-        self._finish(call_id, self._result_outcome(result, call_id))
-
-    def _result_outcome(self, result: pb.CallResult | wire.RawResult, call_id: str) -> Outcome | ResultTooLarge:
-        call = self._pending.get(call_id)
-        value: bytes | list
-        if call is None or not call.result_chunks:
-            value = result.value
-            size = len(value)
-        else:
-            # Left in pieces: restricted_loads_chunks decodes them unjoined.
-            value = [*call.result_chunks, result.value]
-            size = sum(len(piece) for piece in value)
-        if result.encoding not in (pb.ENCODING_UNSPECIFIED, pb.ENCODING_PICKLE):
-            return RemoteError(
-                type="MalformedError",
-                message=f"the runtime answered with encoding {pb.Encoding.Name(result.encoding)}, not pickle",
-            )
-        if result.value_size and result.value_size != size:
-            return RemoteError(
-                type="MalformedError",
-                message=f"result value has {size} bytes but the runtime announced {result.value_size}",
-            )
-        if call is not None and size > call.max_result_bytes:
-            call.result_chunks = []
-            return ResultTooLarge(
-                f"remote call '{call.display_name}': result of {size} bytes exceeds "
-                f"max_result_bytes={call.max_result_bytes}"
-            )
-        return value
 
     def _finish(self, call_id: str, outcome: Outcome | ResultTooLarge) -> None:
         """Settles a call on its terminal event and acknowledges the event."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 import pickle
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypeAlias, final
+from typing import TYPE_CHECKING, Protocol, TypeAlias, final
 
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.utils import context as _context
@@ -635,14 +635,14 @@ def _read_result(buf: bytes | memoryview, pos: int, end: int) -> RawResult | Non
 _PARSE_WHOLE_BYTES = 64 * 1024
 
 
-if TYPE_CHECKING:
-    from agentix.runtime.client.payload_ring import SplitMessage
-
-# One event of a CallsResponse as `parse_calls_response` reads it.
-CallsEvent: TypeAlias = "RawResult | RawResultChunk | pb.SandboxEvent"
+CallsEvent: TypeAlias = "RawResult | RawResultChunk | pb.SandboxEvent"  # as parse_calls_response reads one
 
 
-def parse_calls_response(message: bytes | memoryview | SplitMessage) -> Sequence[CallsEvent]:
+class SelfParsing(Protocol):  # a message that reads itself (payload_ring.SplitMessage)
+    def events(self) -> Sequence[CallsEvent]: ...
+
+
+def parse_calls_response(message: bytes | memoryview | SelfParsing) -> Sequence[CallsEvent]:
     """The events of one serialized ``CallsResponse``, each a
     `RawResult` for a call's result, a `RawResultChunk` for a result chunk in a
     message of at least `_PARSE_WHOLE_BYTES`, else a ``pb.SandboxEvent``
