@@ -2,7 +2,8 @@
 ``trace_events``, host/python/native/side_wire.h): they read what protobuf
 reads or leave the message to protobuf (None); replay makes the same records
 and spans from their fields as from protobuf's messages; bytes that are not a
-response end the stream with protobuf's error, never a crash."""
+response raise protobuf's error, never crash, and are reported, counted and
+skipped by the stream, which goes on."""
 
 import asyncio
 import logging
