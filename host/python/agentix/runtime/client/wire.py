@@ -652,7 +652,7 @@ def parse_calls_response(message: bytes | memoryview | SelfParsing) -> Sequence[
     message) is left to protobuf, which parses it or raises as it would have.
     A message of another type (the frame wire's `payload_ring.SplitMessage`)
     reads itself."""
-    if type(message) is not bytes and type(message) is not memoryview:
+    if not isinstance(message, (bytes, memoryview)):
         return message.events()
     end = len(message)
     long = end >= _PARSE_WHOLE_BYTES
