@@ -538,9 +538,9 @@ class NativeCallsStream(CallsStream):
             self._report_lost(exc)
             return
         for message in messages:
+            if self._lost:  # dropped by a routing failure, or a write failed meanwhile
+                break
             self._route_message(message)
-            if self._lost:
-                return
         try:
             if status is not None:
                 self._settle_flushed()
