@@ -84,7 +84,7 @@ class CallRouter:
     def _report_lost(self, error: BaseException | None) -> None:
         raise NotImplementedError
 
-    def _route_message(self, message: bytes | memoryview) -> None:
+    def _route_message(self, message: bytes | memoryview | wire.SelfParsing) -> None:
         """Routes the events of one response. What raises while one call's
         event is handled fails that call (`_event_failed`); a message that
         cannot be read, or an event of no call that raises, drops the stream
