@@ -11,12 +11,13 @@ from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
 
 
 class RawStream:
-    def __init__(self, url):
+    def __init__(self, url, client_id=None):
         # Batched responses may exceed gRPC's 4 MiB default (the daemon
         # batches up to ~4 MiB of events, plus framing).
         self.channel = grpc.aio.insecure_channel(url, options=[("grpc.max_receive_message_length", 64 << 20)])
         self.stub = pb_grpc.RuntimeServiceStub(self.channel)
-        self.call = self.stub.Calls()
+        # With a RuntimeClient's client_id it may resume that client's calls.
+        self.call = self.stub.Calls(metadata=(("agentix-client-id", client_id),) if client_id else None)
         self.seen = {}  # call_id -> terminal event read while awaiting another
 
     async def send(self, *events):

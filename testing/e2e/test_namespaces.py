@@ -32,6 +32,15 @@ def transport(request, monkeypatch):
     return request.param
 
 
+class Unprintable(Exception):
+    def __str__(self):
+        raise ValueError("no text")
+
+    @property
+    def status_code(self):
+        raise RuntimeError("no status")
+
+
 class HostEcho(AsyncClientNamespace):
     """The host half, exactly as an original plugin would write it."""
 
@@ -59,6 +68,8 @@ class HostEcho(AsyncClientNamespace):
             error = LookupError("no answer for 'fail'")
             error.status_code = 404
             raise error
+        if body["q"] == "unprintable":
+            raise Unprintable()
         await asyncio.sleep(0.05)  # the sandbox call keeps waiting meanwhile
         return {"a": body["q"].upper()}
 
@@ -105,6 +116,15 @@ async def test_a_raising_host_handler_becomes_remote_sio_error_in_the_sandbox(pl
     assert message == "no answer for 'fail'"
     assert text == "LookupError: no answer for 'fail'"
     assert status == 404
+
+
+async def test_a_handler_exception_that_cannot_be_printed_still_becomes_an_error_reply(plugin):
+    # Neither str() nor status_code can be read: the sandbox still gets a
+    # definite error reply, not a wait for its timeout.
+    client, _ = plugin
+    text, type_, message, status = await asyncio.wait_for(client.remote(p.ask_failing, "unprintable", 10), 20)
+    assert (type_, status) == ("Unprintable", None)
+    assert message == "<str() of the Unprintable raised ValueError>" and text == f"Unprintable: {message}"
 
 
 async def test_a_request_nobody_answers_times_out_in_the_sandbox(plugin, collected):

@@ -2,7 +2,8 @@
 ``trace_events``, host/python/native/side_wire.h): they read what protobuf
 reads or leave the message to protobuf (None); replay makes the same records
 and spans from their fields as from protobuf's messages; bytes that are not a
-response end the stream with protobuf's error, never a crash."""
+response raise protobuf's error, never crash, and are reported, counted and
+skipped by the stream, which goes on."""
 
 import asyncio
 import logging
@@ -182,7 +183,7 @@ def test_replay_makes_the_same_records_from_either_decoding(monkeypatch):
         assert native == protobuf
 
     # Without the native module every response takes protobuf's path.
-    monkeypatch.setattr(logs, "_native_log_records", lambda message: None)
+    monkeypatch.setattr(logs.decode_response, "native", lambda message: None)
     instance_id, records = logs.decode_response(sample_logs())
     assert instance_id == "d41d8cd98f00b204" and isinstance(records[0], pb.LogRecord)
 
@@ -231,25 +232,70 @@ class _MalformedRpc:
         return True
 
 
+def _response(stream_type, seq, text):
+    if stream_type is logs.LogsStream:
+        return pb.LogsResponse(records=[log_record(seq, text, logger="sandbox.wire")]).SerializeToString()
+    return pb.TracesResponse(events=[trace_event(seq, pb.TRACE_EVENT_KIND_SPAN_END, name=text,
+                                                 agentix_span_id=f"span_{seq}")]).SerializeToString()
+
+
+async def _until(predicate):
+    for _ in range(500):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached in time")
+
+
 @pytest.mark.asyncio
-@pytest.mark.parametrize("stream_type, good", [
-    (logs.LogsStream, pb.LogsResponse(records=[log_record(1, "kept", logger="sandbox.wire")]).SerializeToString()),
-    (traces.TracesStream, pb.TracesResponse(events=[trace_event(1, pb.TRACE_EVENT_KIND_SPAN_END, name="s",
-                                                                agentix_span_id="span_1")]).SerializeToString()),
-])
-async def test_bytes_that_are_no_response_end_the_stream_and_are_reported(stream_type, good, caplog):
-    rpc = _MalformedRpc([good, b"\x0a\x05\xff\xff"])  # the second: a record cut short
+@pytest.mark.parametrize("stream_type", [logs.LogsStream, traces.TracesStream])
+async def test_bytes_that_are_no_response_are_reported_counted_and_skipped(stream_type, caplog):
+    # Ending the stream instead would have the next one resubscribe from the
+    # same seq, be sent the same bytes and fail again, once a second for ever.
+    from agentix.runtime.client import subscription
+
+    bad = b"\x0a\x05\xff\xff"  # a record cut short
+    rpc = _MalformedRpc([_response(stream_type, 1, "kept"), bad, bad, _response(stream_type, 2, "after")])
     cursor = logs.LogCursor() if stream_type is logs.LogsStream else traces.TraceCursor()
     caplog.set_level(logging.DEBUG, logger="agentix.runtime.client")
+    before = subscription.lost_counts().get(stream_type.rpc_name, {}).get("undecodable_responses", 0)
     stream = stream_type(rpc, cursor, lambda: None)
-    for _ in range(200):
-        if not stream.alive:
-            break
-        await asyncio.sleep(0.01)
-    assert not stream.alive
-    assert cursor.last_seq == 1  # the good response was replayed and acknowledged
-    assert len(rpc.written) == 2
-    assert any("stream failed" in r.getMessage() and "DecodeError" in r.getMessage() for r in caplog.records)
+    await _until(lambda: len(rpc.written) == 3)  # subscribe, ack 1, ack 2: both good responses were replayed
+    assert cursor.last_seq == 2
+    assert subscription.lost_counts()[stream_type.rpc_name]["undecodable_responses"] == before + 2
+    reports = [r for r in caplog.records if "could not be decoded" in r.getMessage()]
+    assert [r.levelno for r in reports] == [logging.ERROR, logging.WARNING]
+    assert reports[0].exc_info[0] is DecodeError and f"{len(bad)} bytes" in reports[0].getMessage()
+    await _until(lambda: not stream.alive)  # the daemon ended it: it was alive until then
+    assert not any("stream failed" in r.getMessage() for r in caplog.records)
+    await stream.aclose()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("stream_type", [logs.LogsStream, traces.TracesStream])
+async def test_a_batch_that_cannot_be_replayed_is_reported_counted_and_skipped(stream_type, caplog, monkeypatch):
+    from agentix.runtime.client import subscription
+
+    real = stream_type._batch_replayer
+    calls = []
+
+    def replayer(self):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected: no replayer")
+        return real(self)
+
+    monkeypatch.setattr(stream_type, "_batch_replayer", replayer)
+    rpc = _MalformedRpc([_response(stream_type, 1, "lost"), _response(stream_type, 2, "kept")])
+    cursor = logs.LogCursor() if stream_type is logs.LogsStream else traces.TraceCursor()
+    caplog.set_level(logging.DEBUG, logger="agentix.runtime.client")
+    before = subscription.lost_counts().get(stream_type.rpc_name, {}).get("failed_items", 0)
+    stream = stream_type(rpc, cursor, lambda: None)
+    await _until(lambda: len(rpc.written) == 3)  # both acknowledged
+    assert len(calls) == 2 and cursor.last_seq == 2
+    assert subscription.lost_counts()[stream_type.rpc_name]["failed_items"] == before + 1
+    [report] = [r for r in caplog.records if r.levelno == logging.ERROR and "replaying" in r.getMessage()]
+    assert "seq 1..1" in report.getMessage() and str(report.exc_info[1]) == "injected: no replayer"
     await stream.aclose()
 
 
@@ -303,8 +349,8 @@ def test_without_the_native_module_responses_take_protobufs_path(monkeypatch):
     monkeypatch.setitem(sys.modules, "agentix.runtime.client._native_calls", None)
     decoder = subscription.native_decoder("trace_events")
     assert decoder(sample_traces()) is None
-    monkeypatch.setattr(traces, "_native_trace_events", decoder)
-    monkeypatch.setattr(logs, "_native_log_records", subscription.native_decoder("log_records"))
+    monkeypatch.setattr(traces.decode_response, "native", decoder)
+    monkeypatch.setattr(logs.decode_response, "native", subscription.native_decoder("log_records"))
     instance_id, events = traces.decode_response(sample_traces())
     assert instance_id == "d41d8cd98f00b204" and isinstance(events[0], pb.TraceEvent)
     assert [trace_fields(event) for event in events] == protobuf_traces(sample_traces())[1]

@@ -262,6 +262,15 @@ def detach_coroutine_event(ns: AsyncClientNamespace, event: str, data: bytes, lo
     return ns._detach_coroutine_event(event, data, loop)
 
 
+def _message_of(exc: BaseException) -> str:
+    """``str(exc)``, or a stand-in when that raises: the sandbox must get its
+    error reply whatever the exception (without one it waits out its timeout)."""
+    try:
+        return str(exc)
+    except Exception as error:
+        return f"<str() of the {type(exc).__name__} raised {type(error).__name__}>"
+
+
 def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[None]]]:
     """Turns ``on_<event>(self, body)`` into the answering side of the
     sandbox's ``Namespace.request(event, body)``: the return value is sent as
@@ -302,8 +311,11 @@ def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., 
                 reply = {"request_id": request_id, "value": value}
                 packed = codec.pack(reply)  # an unencodable value becomes an error reply
             except Exception as exc:
-                error: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
-                status = getattr(exc, "status_code", None)
+                error: dict[str, Any] = {"type": type(exc).__name__, "message": _message_of(exc)}
+                try:
+                    status = getattr(exc, "status_code", None)
+                except Exception:  # a raising property: no status, still a reply
+                    status = None
                 if isinstance(status, int) and not isinstance(status, bool):
                     error["status_code"] = status
                 answer = (error_event, {"request_id": request_id, "error": error})

@@ -242,11 +242,13 @@ class FrameWire:
         if transport is not None:
             return NativeCallsStream(transport, pending, on_lost)
         # Not the generated stub: argument and result chunks bypass protobuf
-        # messages (wire.py).
+        # messages (wire.py). Responses come as bytes: CallsStream parses
+        # them itself, where a message it cannot read is an exception it
+        # sees (gRPC's deserializer would log it and hand over None).
         rpc = channel.stream_stream(
             wire.CALLS_METHOD,
             request_serializer=None,  # CallsStream writes encoded bytes
-            response_deserializer=wire.parse_calls_response,
+            response_deserializer=None,
         )(metadata=metadata)
         return CallsStream(rpc, pending, on_lost)
 

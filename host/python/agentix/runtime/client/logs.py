@@ -36,10 +36,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from agentix.runtime.client.subscription import ReplayedOnce, SeqCursor, SubscriptionStream, native_decoder
+from agentix.runtime.client.subscription import ReplayedOnce, ResponseDecoder, SeqCursor, SubscriptionStream
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.utils.log._config import ContextRecordFactory
 
@@ -133,26 +133,10 @@ def decode_extras(data: bytes) -> dict[str, object]:
     return {key: item for key, item in extras.items() if key not in _RESERVED_KEYS}
 
 
-def decode_response(message: bytes) -> tuple[str, Sequence[Any]]:
-    """The instance id and the records of a serialized `LogsResponse`.
-
-    The records are the native decoder's ``LogRecordFields`` (attributes
-    named and valued as `pb.LogRecord`'s fields; ``_native_calls.log_records``)
-    when the package has its native module and the decoder reads the bytes,
-    else protobuf's `pb.LogRecord` messages; replay takes either. Bytes that
-    are not a LogsResponse raise protobuf's DecodeError."""
-    global _native_log_records
-    decoder = _native_log_records
-    if decoder is None:  # first use: the native module loads grpc++
-        decoder = _native_log_records = native_decoder("log_records")
-    decoded = decoder(message)
-    if decoded is not None:
-        return decoded
-    response = pb.LogsResponse.FromString(message)
-    return response.instance_id, response.records
-
-
-_native_log_records: Callable[[bytes], tuple[str, list[Any]] | None] | None = None
+# The instance id and the records of a serialized `LogsResponse`: the
+# native decoder's ``LogRecordFields`` (``_native_calls.log_records``) or
+# protobuf's `pb.LogRecord` messages (see `ResponseDecoder`).
+decode_response = ResponseDecoder("log_records", pb.LogsResponse, "records")
 
 
 def replay_record(record: pb.LogRecord) -> None:
@@ -586,15 +570,13 @@ class LogsStream(SubscriptionStream):
         super().__init__(*args, **kwargs)
 
     noun = "sandbox log record"
+    decoder = decode_response
 
     def _subscribe_request(self, after_seq: int, instance_id: str) -> pb.LogsRequest:
         return pb.LogsRequest(subscribe=pb.SubscribeLogs(after_seq=after_seq, instance_id=instance_id))
 
     def _ack_request(self, seq: int) -> pb.LogsRequest:
         return pb.LogsRequest(ack=pb.AckLogs(seq=seq))
-
-    def _decode(self, message: bytes) -> tuple[str, Sequence[Any]]:
-        return decode_response(message)
 
     def _batch_replayer(self) -> Callable[[Any], None]:
         return RecordBatch().replay

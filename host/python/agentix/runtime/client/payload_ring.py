@@ -256,7 +256,7 @@ class SplitMessage:
         parts.append(self.rest[done:])
         return b"".join(parts)
 
-    def events(self) -> Sequence:
+    def events(self) -> Sequence[wire.CallsEvent]:
         """`wire.parse_calls_response` of the whole message: an event that is
         exactly a ResultChunk whose data is a piece becomes a
         `wire.RawResultChunk` holding that piece's view (no copy); any other
@@ -268,7 +268,7 @@ class SplitMessage:
             return wire.parse_calls_response(self.join())
 
 
-def _split_events(message: SplitMessage) -> Sequence:
+def _split_events(message: SplitMessage) -> Sequence[wire.CallsEvent]:
     rest = memoryview(message.rest)
     pieces = message.pieces
     end = len(rest)

@@ -10,9 +10,10 @@ One bidirectional stream carries every call of a client, correlated by
   followed by `ArgumentChunk`s; each message takes the queued events first and
   then fills up with chunks taken in turn from the unfinished uploads, so a
   small call is never queued behind a large upload.
-- the reader routes `SandboxEvent`s to the `PendingCall` of their ``call_id``:
-  `ResultChunk` bytes accumulate, and a terminal `CallResult` or `CallError`
-  settles the call's future and is acknowledged with `AckResult`. Terminal
+- the reader routes `SandboxEvent`s to the `PendingCall` of their ``call_id``
+  (`agentix.runtime.client.routing`, which also says what happens when that
+  raises): `ResultChunk` bytes accumulate, and a terminal `CallResult` or
+  `CallError` settles the call's future and is acknowledged with `AckResult`. Terminal
   events for calls nobody awaits any more are acknowledged too, so the daemon
   can free what it retains. Acknowledgements ride along with the next message
   the sender writes; only when nothing else goes out for `ACK_DELAY` seconds
@@ -42,6 +43,7 @@ import grpc
 from agentix.runtime.client import wire
 from agentix.runtime.client.chunking import CHUNK_BYTES, Upload, first_chunk
 from agentix.runtime.client.errors import ResultTooLarge
+from agentix.runtime.client.routing import CallRouter
 from agentix.runtime.client.pending import (
     MAX_RESULT_BYTES,
     CallFuture,
@@ -50,7 +52,6 @@ from agentix.runtime.client.pending import (
     PendingCall,
     SideBarrier,
     StartRequest,
-    remote_error_outcome,
 )
 from agentix.runtime.shared.models import RemoteError
 from agentix.runtime.v1 import runtime_pb2 as pb
@@ -103,7 +104,7 @@ def _batch_pieces(batch: list[pb.HostEvent | list]) -> list:
     return pieces
 
 
-class CallsStream:
+class CallsStream(CallRouter):
     """Drives one open ``Calls`` RPC; see the module docstring.
 
     Args:
@@ -330,20 +331,28 @@ class CallsStream:
 
     async def _read_loop(self) -> None:
         read = self._rpc.read  # cheaper than the call's async iterator
-        route = self._route
         try:
             while True:
                 response = await read()
                 if response is grpc.aio.EOF:
                     break
-                for event in response:  # wire.parse_calls_response: a list of events
-                    route(event)
+                self._route_message(response)
+                if self._lost:
+                    return
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # includes routing bugs: fail calls, never hang them
+        except Exception as exc:  # the RPC failed: reconnect and resume
             self._report_lost(exc)
         else:
             self._report_lost(None)
+
+    def _acknowledge(self, call_id: str) -> None:
+        """Queues the AckResult of a terminal event (`_finish` does the same inline)."""
+        self._acks.append(call_id)
+        if len(self._acks) >= ACK_BATCH:
+            self._acks_ready()
+        elif self._ack_timer is None:
+            self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY, self._acks_ready)
 
     def _report_lost(self, error: BaseException | None) -> None:
         if self._lost:
@@ -362,139 +371,17 @@ class CallsStream:
                 task.cancel()
         self._rpc.cancel()
 
-    def _route(self, event: pb.SandboxEvent | wire.RawResult | wire.RawResultChunk) -> None:
-        if type(event) is wire.RawResult:  # the common case first
-            self._on_result(event)
-            return
-        if type(event) is wire.RawResultChunk:
-            call = self._pending.get(event.call_id)
-            if call is not None:
-                self._add_chunk(call, event.data)
-            return
-        kind = event.WhichOneof("kind")
-        if kind == "result":  # one protobuf read (see wire.parse_calls_response)
-            self._on_result(event.result)
-        elif kind == "result_chunk":
-            call = self._pending.get(event.result_chunk.call_id)
-            if call is not None:
-                self._add_chunk(call, event.result_chunk.data)
-        elif kind == "error":
-            failure = event.error
-            if failure.log_seq or failure.trace_seq:
-                self._set_barrier(failure.call_id, failure.log_seq, failure.trace_seq)
-            if failure.HasField("error"):
-                outcome = remote_error_outcome(failure.error)
-            else:
-                outcome = RemoteError(type="MalformedError", message="the runtime reported an error without details")
-            if not failure.call_id:
-                _log.warning("runtime refused an event of this client: %s: %s", outcome.type, outcome.message)
-                return
-            self._finish(failure.call_id, outcome)
-        elif kind == "stream_item":
-            item = event.stream_item
-            call = self._pending.get(item.call_id)
-            if call is None or call.items is None or call.future.done():
-                return
-            value = item.value
-            if call.result_chunks:
-                # An item over 1 MiB comes as ResultChunks of its leading
-                # bytes, then the item with the rest.
-                value = b"".join([*call.result_chunks, value])
-                call.result_chunks = []
-                call.result_bytes = 0
-            if item.index < call.received:
-                return  # replayed after a resume, and received before
-            if item.index > call.received:
-                # Items before it never came and never will (the daemon sends
-                # them in order and replays what was not acked): fail the call
-                # instead of handing the consumer a list with a hole in it.
-                self._pending.pop(item.call_id, None)
-                call.settle(
-                    RemoteError(
-                        type="MalformedError",
-                        message=f"stream item {item.index} arrived while item {call.received} was expected; "
-                        f"items {call.received}..{item.index - 1} were lost",
-                    )
-                )
-                self.cancel_call(item.call_id)
-                return
-            call.received = item.index + 1
-            if len(value) > call.max_result_bytes:
-                self._refuse_result(call, len(value), f"stream item {item.index}")
-                return
-            if item.log_seq or item.trace_seq:
-                call.items.put_nowait(SideBarrier(item.log_seq, item.trace_seq))
-            call.items.put_nowait(value)
-
-    def _set_barrier(self, call_id: str, log_seq: int, trace_seq: int) -> None:
-        call = self._pending.get(call_id)
-        if call is not None:
-            call.barrier = SideBarrier(log_seq, trace_seq)
-
-    def _add_chunk(self, call: PendingCall, data: bytes | memoryview) -> None:
-        call.result_bytes += len(data)
-        if call.result_bytes > call.max_result_bytes:
-            self._refuse_result(call, call.result_bytes, "result")
-        else:
-            call.result_chunks.append(data)
-
-    def _refuse_result(self, call: PendingCall, size: int, what: str) -> None:
-        """Fails `call` with `ResultTooLarge`, drops what it received and
-        cancels it in the sandbox; its terminal event is acknowledged unread."""
-        self._pending.pop(call.call_id, None)
-        call.result_chunks = []
-        call.fail(
-            ResultTooLarge(
-                f"remote call '{call.display_name}': {what} of at least {size} bytes exceeds "
-                f"max_result_bytes={call.max_result_bytes}"
-            )
-        )
-        self.cancel_call(call.call_id)
-
-    def _on_result(self, result: pb.CallResult | wire.RawResult) -> None:
-        """A call's CallResult, read by wire.py or by protobuf: the barrier
-        for its records and spans, then its outcome."""
-        call_id = result.call_id
-        if result.log_seq or result.trace_seq:
-            self._set_barrier(call_id, result.log_seq, result.trace_seq)
-        self._finish(call_id, self._result_outcome(result, call_id))
-
-    def _result_outcome(self, result: pb.CallResult | wire.RawResult, call_id: str) -> Outcome | ResultTooLarge:
-        call = self._pending.get(call_id)
-        value: bytes | list
-        if call is None or not call.result_chunks:
-            value = result.value
-            size = len(value)
-        else:
-            # Left in pieces: restricted_loads_chunks decodes them unjoined.
-            value = [*call.result_chunks, result.value]
-            size = sum(len(piece) for piece in value)
-        if result.encoding not in (pb.ENCODING_UNSPECIFIED, pb.ENCODING_PICKLE):
-            return RemoteError(
-                type="MalformedError",
-                message=f"the runtime answered with encoding {pb.Encoding.Name(result.encoding)}, not pickle",
-            )
-        if result.value_size and result.value_size != size:
-            return RemoteError(
-                type="MalformedError",
-                message=f"result value has {size} bytes but the runtime announced {result.value_size}",
-            )
-        if call is not None and size > call.max_result_bytes:
-            call.result_chunks = []
-            return ResultTooLarge(
-                f"remote call '{call.display_name}': result of {size} bytes exceeds "
-                f"max_result_bytes={call.max_result_bytes}"
-            )
-        return value
-
     def _finish(self, call_id: str, outcome: Outcome | ResultTooLarge) -> None:
         """Settles a call on its terminal event and acknowledges the event."""
         call = self._pending.pop(call_id, None)
         if call is not None:
-            if isinstance(outcome, ResultTooLarge):
-                call.fail(outcome)
-            else:
-                call.settle(outcome, self._woken)
+            try:
+                if isinstance(outcome, ResultTooLarge):
+                    call.fail(outcome)
+                else:
+                    call.settle(outcome, self._woken)
+            except Exception as exc:  # no longer in `pending`: fail it here, then ack as usual
+                self._call_failed(call, "result" if type(outcome) is not RemoteError else "error", exc)
         if self._uploads_by_id:  # (no call per result when nothing uploads)
             self._drop_upload(call_id)
         self._acks.append(call_id)
@@ -643,7 +530,6 @@ class NativeCallsStream(CallsStream):
                 future.wake()
 
     def _read_responses(self) -> None:
-        route = self._route
         if not self._deferral_scheduled:
             # A response: the loop has been round since the last write (or
             # this is that write's iteration, where a second write is what the
@@ -651,9 +537,14 @@ class NativeCallsStream(CallsStream):
             self._deferred = False
         try:
             messages, status, below = self._transport.drain()
-            for message in messages:
-                for event in wire.parse_calls_response(message):
-                    route(event)
+        except Exception as exc:  # the transport failed: reconnect and resume
+            self._report_lost(exc)
+            return
+        for message in messages:
+            if self._lost:  # dropped by a routing failure, or a write failed meanwhile
+                break
+            self._route_message(message)
+        try:
             if status is not None:
                 self._settle_flushed()
                 code, details = status
@@ -666,7 +557,7 @@ class NativeCallsStream(CallsStream):
                     self._settle_flushed()
                 elif not self._lost:
                     self._flush()
-        except Exception as exc:  # includes routing bugs: fail calls, never hang them
+        except Exception as exc:  # the transport failed: reconnect and resume
             self._report_lost(exc)
 
     def _settle_flushed(self) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 
-__all__ = ["SeqCursor", "SubscriptionStream", "native_decoder"]
+__all__ = ["ResponseDecoder", "SeqCursor", "SubscriptionStream", "lost_counts", "native_decoder"]
 
 _log = logging.getLogger("agentix.runtime.client")
 
@@ -44,6 +44,63 @@ def native_decoder(name: str) -> Callable[[bytes], Any]:
 
 def _leave_to_protobuf(message: bytes) -> None:
     return None
+
+
+class ResponseDecoder:
+    """Reads one serialized ``LogsResponse`` / ``TracesResponse``: the
+    instance id and the items. The items are the native decoder's fields
+    objects (``_native_calls.<native_name>``: attributes named and valued
+    as the protobuf item's fields) when the package has its native module
+    and the decoder reads the bytes, else protobuf's messages (the
+    response's repeated field `items_field`); replay takes either. Bytes
+    that are not such a response raise protobuf's DecodeError.
+
+    `native` is the native decoder, looked up at first use (the native
+    module loads grpc++); tests set it to ``lambda message: None`` to force
+    protobuf's path."""
+
+    __slots__ = ("_native_name", "_response_type", "_items_field", "native")
+
+    def __init__(self, native_name: str, response_type: Any, items_field: str) -> None:
+        self._native_name = native_name
+        self._response_type = response_type
+        self._items_field = items_field
+        self.native: Callable[[bytes], tuple[str, list[Any]] | None] | None = None
+
+    def __call__(self, message: bytes) -> tuple[str, Sequence[Any]]:
+        native = self.native
+        if native is None:
+            native = self.native = native_decoder(self._native_name)
+        decoded = native(message)
+        if decoded is not None:
+            return decoded
+        response = self._response_type.FromString(message)
+        return response.instance_id, getattr(response, self._items_field)
+
+
+# Sandbox items this process could not hand over, by RPC ("Logs", "Traces")
+# and reason (see lost_counts).
+_lost: dict[str, dict[str, int]] = {}
+_lost_lock = threading.Lock()
+
+
+def lost_counts() -> dict[str, dict[str, int]]:
+    """This process's count of what its subscriptions could not replay, by
+    RPC (``"Logs"``, ``"Traces"``): ``undecodable_responses`` (responses
+    that were no response of the RPC: their items are lost; the stream
+    goes on with the next one) and ``failed_items`` (items whose replay
+    raised, or whose batch could not be replayed at all). Each is also
+    logged (see `SubscriptionStream`)."""
+    with _lost_lock:
+        return {rpc: dict(counts) for rpc, counts in _lost.items()}
+
+
+def _count_lost(rpc: str, reason: str, n: int) -> int:
+    """Adds `n` to a count of `lost_counts`; returns the new total."""
+    with _lost_lock:
+        counts = _lost.setdefault(rpc, {"undecodable_responses": 0, "failed_items": 0})
+        counts[reason] += n
+        return counts[reason]
 
 
 class ReplayedOnce:
@@ -105,7 +162,13 @@ class SubscriptionStream:
     in order) the items whose seq is above ``cursor.last_seq``, advancing the
     cursor past each, and writes one ack for the last seq replayed (none when
     the response held nothing new). An item whose replay raises is reported
-    (the first one of a stream as a WARNING, later ones at DEBUG) and skipped.
+    (the first one of a stream as a WARNING, later ones at DEBUG) and skipped;
+    a batch that cannot be replayed at all is reported (ERROR, with the
+    traceback) and skipped; a response that cannot be decoded is reported
+    (ERROR with the traceback for a stream's first, WARNING for later ones)
+    and skipped, and the stream goes on: ending it would have the next
+    stream resubscribe, be sent the same bytes and fail again. All of them
+    are counted in `lost_counts`.
 
     It runs as its own task and never raises into the client: UNIMPLEMENTED
     calls `on_unimplemented` once; any other end or failure just marks the
@@ -120,12 +183,14 @@ class SubscriptionStream:
         `previous` has stopped, so items are never replayed concurrently or
         out of order.
 
-    Subclasses set `rpc_name`, `noun` and implement `_subscribe_request`,
-    `_ack_request`, `_decode`, `_batch_replayer` and `_describe`.
+    Subclasses set `rpc_name`, `noun`, `decoder` (a `ResponseDecoder`) and
+    implement `_subscribe_request`, `_ack_request`, `_batch_replayer` and
+    `_describe`.
     """
 
     rpc_name = ""  # the RPC, for messages: "Logs"
     noun = ""  # one item, for messages: "sandbox log record"
+    decoder: ResponseDecoder  # reads a serialized response
     # Items of no call replayed by any stream of this kind in the process
     # (each subclass has its own).
     _replayed_once = ReplayedOnce()
@@ -147,6 +212,7 @@ class SubscriptionStream:
         # Loop time of the last response (see settle).
         self._last_activity = asyncio.get_running_loop().time()
         self._handler_failures = 0
+        self._undecodable = 0
         self._done = False
         self._task = asyncio.create_task(self._run(), name=f"agentix-{self.rpc_name.lower()}")
 
@@ -160,9 +226,9 @@ class SubscriptionStream:
 
     def _decode(self, message: bytes) -> tuple[str, Sequence[Any]]:
         """The instance id and the items (each with a ``seq`` and a
-        ``call_id``) of one serialized response; raises (protobuf's
-        DecodeError) for bytes that are not one, which ends the stream."""
-        raise NotImplementedError
+        ``call_id``) of one serialized response (`decoder`); raises
+        (protobuf's DecodeError) for bytes that are not one."""
+        return self.decoder(message)
 
     def _describe(self, item: Any) -> str:
         """A short description of `item` for the failure report."""
@@ -255,7 +321,11 @@ class SubscriptionStream:
             loop = asyncio.get_running_loop()
             while (response := await read()) is not grpc.aio.EOF:
                 self._last_activity = loop.time()
-                instance_id, items = self._decode(response)
+                try:
+                    instance_id, items = self._decode(response)
+                except Exception as error:  # its items are lost; the stream goes on
+                    self._report_undecodable(response, error)
+                    continue
                 cursor.adopt(instance_id)
                 if not items:
                     continue
@@ -291,7 +361,11 @@ class SubscriptionStream:
         """Replays, in order, the items not seen yet, advancing the cursor.
         An item whose replay raises is reported and skipped."""
         cursor = self._cursor
-        replay = self._batch_replayer()
+        try:
+            replay = self._batch_replayer()
+        except Exception as error:  # none can be replayed: report them, go on
+            self._report_batch_failure(items, error)
+            return
         once = self._replayed_once
         # Only this thread moves the cursor while a batch is replayed (the
         # loop awaits it), so its seq and instance are read once.
@@ -318,10 +392,44 @@ class SubscriptionStream:
         except Exception:
             self._report_failure(item)
 
+    def _report_undecodable(self, message: bytes, error: Exception) -> None:
+        """A response `_decode` refused: counted and logged (a stream's
+        first at ERROR with the traceback, later ones at WARNING)."""
+        self._undecodable += 1
+        total = _count_lost(self.rpc_name, "undecodable_responses", 1)
+        first = self._undecodable == 1
+        try:
+            _log.log(
+                logging.ERROR if first else logging.WARNING,
+                "a %s response of %d bytes could not be decoded (%s: %s); its %ss are lost, the stream goes on "
+                "(%d such responses in this process)",
+                self.rpc_name, len(message), type(error).__name__, error, self.noun, total,
+                exc_info=error if first else None,
+            )
+        except Exception:  # a failing handler of this logger
+            pass
+
+    def _report_batch_failure(self, items: Sequence[Any], error: Exception) -> None:
+        """A batch none of whose items could be replayed (its replayer
+        raised): the new ones are counted, logged at ERROR, and skipped
+        (the cursor moves past them: re-reading them would fail again)."""
+        cursor = self._cursor
+        fresh = [item.seq for item in items if item.seq > cursor.last_seq]
+        if not fresh:
+            return
+        _count_lost(self.rpc_name, "failed_items", len(fresh))
+        cursor.last_seq = max(fresh)
+        try:
+            _log.error("replaying %d %ss (seq %d..%d) failed; continuing with the next", len(fresh), self.noun,
+                       min(fresh), max(fresh), exc_info=error)
+        except Exception:  # a failing handler of this logger
+            pass
+
     def _report_failure(self, item: Any) -> None:
         # The first failure of a stream as a warning, later ones at debug: a
         # handler that always raises would otherwise double every item.
         self._handler_failures += 1
+        _count_lost(self.rpc_name, "failed_items", 1)
         try:
             _log.log(
                 logging.WARNING if self._handler_failures == 1 else logging.DEBUG,

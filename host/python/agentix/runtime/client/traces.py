@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentix.runtime.client.subscription import ReplayedOnce, SeqCursor, SubscriptionStream, native_decoder
+from agentix.runtime.client.subscription import ReplayedOnce, ResponseDecoder, SeqCursor, SubscriptionStream
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.utils import trace as _trace
 from agentix.utils.trace import Span, SpanError, SpanEvent, SpanStatus, Trace
@@ -88,9 +88,11 @@ def iso_from_nanos(nanos: int) -> str | None:
     return _trace.iso_from_unix_micros(nanos // 1000)
 
 
-# How trace_item stamps times: iso_from_nanos until decode_response first
-# runs, then native_stamp()'s choice.
+# How trace_item stamps times: iso_from_nanos until a Traces stream first
+# replays a batch, then native_stamp()'s choice (the native module loads
+# grpc++, so it is not imported with this module).
 _stamp: Callable[[int], str | None] = iso_from_nanos
+_stamp_chosen = False
 
 
 def attribute_value(value: pb.AttributeValue) -> Any:
@@ -206,27 +208,11 @@ def trace_item(event: pb.TraceEvent) -> Trace | Span | None:
     )
 
 
-def decode_response(message: bytes) -> tuple[str, Sequence[Any]]:
-    """The instance id and the events of a serialized `TracesResponse`: the
-    native decoder's ``TraceEventFields`` (attributes named and valued as
-    `pb.TraceEvent`'s fields, attribute lists as ``(key, value)`` pairs, no
-    OpenTelemetry ids; ``_native_calls.trace_events``) when the package has
-    its native module and the decoder reads the bytes, else protobuf's
-    `pb.TraceEvent` messages; replay takes either. Bytes that are not a
-    TracesResponse raise protobuf's DecodeError."""
-    global _native_trace_events, _stamp
-    decoder = _native_trace_events
-    if decoder is None:  # first use: the native module loads grpc++
-        decoder = _native_trace_events = native_decoder("trace_events")
-        _stamp = native_stamp()
-    decoded = decoder(message)
-    if decoded is not None:
-        return decoded
-    response = pb.TracesResponse.FromString(message)
-    return response.instance_id, response.events
-
-
-_native_trace_events: Callable[[bytes], tuple[str, list[Any]] | None] | None = None
+# The instance id and the events of a serialized `TracesResponse`: the
+# native decoder's ``TraceEventFields`` (``_native_calls.trace_events``:
+# attribute lists as ``(key, value)`` pairs, no OpenTelemetry ids) or
+# protobuf's `pb.TraceEvent` messages (see `ResponseDecoder`).
+decode_response = ResponseDecoder("trace_events", pb.TracesResponse, "events")
 
 
 def native_stamp() -> Callable[[int], str | None]:
@@ -309,6 +295,7 @@ class TracesStream(SubscriptionStream):
     _replayed_once = ReplayedOnce()
     rpc_name = "Traces"
     noun = "sandbox trace event"
+    decoder = decode_response
 
     def _subscribe_request(self, after_seq: int, instance_id: str) -> pb.TracesRequest:
         return pb.TracesRequest(subscribe=pb.SubscribeTraces(after_seq=after_seq, instance_id=instance_id))
@@ -316,10 +303,10 @@ class TracesStream(SubscriptionStream):
     def _ack_request(self, seq: int) -> pb.TracesRequest:
         return pb.TracesRequest(ack=pb.AckTraces(seq=seq))
 
-    def _decode(self, message: bytes) -> tuple[str, Sequence[Any]]:
-        return decode_response(message)
-
     def _batch_replayer(self) -> Callable[[Any], None]:
+        global _stamp, _stamp_chosen
+        if not _stamp_chosen:
+            _stamp, _stamp_chosen = native_stamp(), True
         return EventReplayer().replay
 
     def _describe(self, item: pb.TraceEvent) -> str:

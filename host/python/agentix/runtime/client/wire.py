@@ -29,7 +29,7 @@ from __future__ import annotations
 import pickle
 import re
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Protocol, TypeAlias, final
 
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.utils import context as _context
@@ -38,6 +38,7 @@ __all__ = [
     "BULK_MIN_BYTES",
     "CALLS_METHOD",
     "BulkHead",
+    "CallsEvent",
     "Pieces",
     "RawResult",
     "RawResultChunk",
@@ -635,8 +636,15 @@ def _read_result(buf: bytes | memoryview, pos: int, end: int) -> RawResult | Non
 _PARSE_WHOLE_BYTES = 64 * 1024
 
 
-def parse_calls_response(message: Any) -> Sequence:
-    """The Calls stream's response deserializer: the message's events, each a
+CallsEvent: TypeAlias = "RawResult | RawResultChunk | pb.SandboxEvent"  # as parse_calls_response reads one
+
+
+class SelfParsing(Protocol):  # a message that reads itself (payload_ring.SplitMessage)
+    def events(self) -> Sequence[CallsEvent]: ...
+
+
+def parse_calls_response(message: bytes | memoryview | SelfParsing) -> Sequence[CallsEvent]:
+    """The events of one serialized ``CallsResponse``, each a
     `RawResult` for a call's result, a `RawResultChunk` for a result chunk in a
     message of at least `_PARSE_WHOLE_BYTES`, else a ``pb.SandboxEvent``
     (every event of a shorter message holding anything but results).
@@ -645,7 +653,7 @@ def parse_calls_response(message: Any) -> Sequence:
     message) is left to protobuf, which parses it or raises as it would have.
     A message of another type (the frame wire's `payload_ring.SplitMessage`)
     reads itself."""
-    if type(message) is not bytes and type(message) is not memoryview:
+    if not isinstance(message, (bytes, memoryview)):
         return message.events()
     if _native_call_results is not None and (results := _native_call_results(message)) is not None:
         return results  # only CallResults (a noop's response): read in C
