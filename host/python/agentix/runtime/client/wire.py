@@ -644,15 +644,11 @@ class SelfParsing(Protocol):  # a message that reads itself (payload_ring.SplitM
 
 
 def parse_calls_response(message: bytes | memoryview | SelfParsing) -> Sequence[CallsEvent]:
-    """The events of one serialized ``CallsResponse``, each a
-    `RawResult` for a call's result, a `RawResultChunk` for a result chunk in a
-    message of at least `_PARSE_WHOLE_BYTES`, else a ``pb.SandboxEvent``
-    (every event of a shorter message holding anything but results).
-
-    Anything this reader does not expect (unknown fields, a malformed
-    message) is left to protobuf, which parses it or raises as it would have.
-    A message of another type (the frame wire's `payload_ring.SplitMessage`)
-    reads itself."""
+    """The events of one serialized ``CallsResponse``: a `RawResult` per call result, a
+    `RawResultChunk` per result chunk in a message of at least `_PARSE_WHOLE_BYTES`, else
+    ``pb.SandboxEvent``s (every event of a shorter message holding anything but results).
+    Anything unexpected (unknown fields, a malformed message) is left to protobuf, which parses
+    it or raises as it would have; the frame wire's `payload_ring.SplitMessage` reads itself."""
     if not isinstance(message, (bytes, memoryview)):
         return message.events()
     if _native_call_results is not None and (results := _native_call_results(message)) is not None:
