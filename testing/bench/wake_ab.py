@@ -20,12 +20,7 @@ run), each setting against `off`:
 - `spin`:       bounded adaptive spinning on the receiving sides: --frames_spin_us,
                 --worker_read_spin_us, --worker_intake_spin_us and the C++ client's
                 AGENTIX_CALLS_SPIN_US (all --spin-us; the Python host does not spin);
-- `spin_daemon`: the same without the C++ client's spinning;
-- `keep_awake`: the daemon's --keep_awake_us=N (sandbox/keep_awake.h): while frames
-                flow to and from the worker (and N us after), one SCHED_IDLE busy-wait
-                thread per allowed CPU keeps the CPUs from halting; nothing is pinned,
-                nothing else spins. Its threads' CPU is reported apart (`awake`, beside
-                `daemon`) and counted in `total`.
+- `spin_daemon`: the same without the C++ client's spinning.
 
 Each run measures, against its own agentix-sandboxd: the Python host's sequential noop
 (p50, p99, CPU per call of host, daemon and worker; a child process per run, so a
@@ -34,9 +29,7 @@ the CPU per call), and the C++ client's sequential noop (cc_remote_calls --noops
 p50, p99, the client's CPU per call; the daemon's and the worker's over the whole C++
 run, its warm-up included). Every round also runs the floors (floors.py: `floor`,
 `floor_relay`, `floor_grpc`, small messages only) and the two Unix floors pinned to the
-CPU (`floor_pinned`, `floor_relay_pinned`: what co-location can reach), and the Unix floor
-while a SCHED_IDLE busy loop runs on every CPU (`floor_spinners`: what keeping the CPUs
-awake can reach; ~`floor` when the machine is busy, far below it when idle vCPUs halt).
+CPU (`floor_pinned`, `floor_relay_pinned`: what co-location can reach).
 
 Output: a line per run, then per setting the medians of each figure and the median over
 rounds of the per-round ratio setting / off, and each noop p50 over each floor of its
@@ -127,26 +120,22 @@ class ThreadCpuMeter:
     """CPU of named processes over a phase, thread by thread (schedstat, ns): a thread
     that ends during the phase (the worker's pool retires idle threads) loses only its
     own part instead of taking its whole past off the process's sum (floors.CpuMeter
-    sums the live threads, which can go negative here). Threads named in APART are
-    counted under their own name (the daemon's keep-awake spinners: `awake`)."""
-
-    APART = {"agx-awake": "awake"}
+    sums the live threads, which can go negative here)."""
 
     def __init__(self, pids: dict[str, int | None]):
         self.pids = {name: pid for name, pid in pids.items() if pid}
 
     def snapshot(self) -> dict[str, dict[str, int]]:
-        out: dict[str, dict[str, int]] = {}
+        out = {}
         for name, pid in self.pids.items():
-            out.setdefault(name, {})
-            for task in glob.glob(f"/proc/{pid}/task/*"):
+            threads = {}
+            for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
                 try:
-                    with open(f"{task}/comm") as f:
-                        owner = self.APART.get(f.read().strip(), name)
-                    with open(f"{task}/schedstat") as f:
-                        out.setdefault(owner, {})[task] = int(f.read().split()[0])
+                    with open(path) as f:
+                        threads[path] = int(f.read().split()[0])
                 except (OSError, ValueError, IndexError):
                     continue  # ended meanwhile
+            out[name] = threads
         return out
 
     @staticmethod
@@ -161,7 +150,7 @@ class ThreadCpuMeter:
         return out
 
 
-def settings_table(cpu: int, spin_us: int, keep_awake_us: int = 2000) -> dict[str, dict]:
+def settings_table(cpu: int, spin_us: int) -> dict[str, dict]:
     """{name: {"daemon": extra flags, "host_cpu": CPU for both hosts or None,
     "cc_env": the C++ client's extra environment}}."""
     return {
@@ -175,8 +164,6 @@ def settings_table(cpu: int, spin_us: int, keep_awake_us: int = 2000) -> dict[st
                                    f"--worker_read_spin_us={spin_us}",
                                    f"--worker_intake_spin_us={spin_us}"],
                         "host_cpu": None, "cc_env": {}},
-        "keep_awake": {"daemon": [f"--keep_awake_us={keep_awake_us}"], "host_cpu": None,
-                       "cc_env": {}},
     }
 
 
@@ -239,33 +226,8 @@ def one_run(setting: dict, bins: dict, args, env: dict) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _idle_spinner(cpu: int):
-    """A preexec_fn making the child a SCHED_IDLE process on `cpu` alone."""
-    def setup():
-        os.sched_setaffinity(0, {cpu})
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    return setup
-
-
-def floor_with_idle_spinners(flags: list[str], env: dict) -> dict:
-    """The Unix floor while a SCHED_IDLE busy loop runs on every allowed CPU (what
-    --keep_awake_us does, without the daemon): on a VM whose idle vCPUs halt, the floor
-    should drop from its idle figure to its busy one."""
-    spinners = [subprocess.Popen(["sh", "-c", "while :; do :; done"], preexec_fn=_idle_spinner(c))
-                for c in sorted(os.sched_getaffinity(0))]
-    try:
-        time.sleep(0.05)
-        binary = procs.runfile("testing/bench/floor/unix_pingpong")
-        return floors.run_json([binary, *flags, "--quick"], env=env, log=_quiet)
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
-
-
 def floor_round(cpu: int, env: dict) -> dict:
-    """The floors of one round (small messages only), two of them also pinned to `cpu`,
-    and the Unix floor beside SCHED_IDLE spinners (`floor_spinners`)."""
+    """The floors of one round (small messages only), two of them also pinned to `cpu`."""
     flags = ["--small-bytes=64", "--big-mib=", "--concurrency="]
     out = {}
     for name, (program, own) in floors.FLOOR_PROGRAMS.items():
@@ -274,7 +236,6 @@ def floor_round(cpu: int, env: dict) -> dict:
         binary = procs.runfile("testing/bench/floor/unix_pingpong")
         out[name] = floors.run_json(["taskset", "-c", str(cpu), binary, *own, *flags, "--quick"],
                                     env=env, log=_quiet)
-    out["floor_spinners"] = floor_with_idle_spinners(flags, env)
     return {name: {k: v for k, v in figures.items()
                    if k in ("noop_p50_us", "noop_p99_us", "noop_cpu_us_per_call")}
             for name, figures in out.items()}
@@ -318,7 +279,7 @@ def summarise(rounds: list[dict], names: list[str]) -> dict:
         floors_of = {}
         for client, key in (("python", "python_noop_p50_us"), ("cc", "cc_noop_p50_us")):
             for floor_name in ("floor", "floor_relay", "floor_grpc", "floor_pinned",
-                               "floor_relay_pinned", "floor_spinners"):
+                               "floor_relay_pinned"):
                 floors_of[f"{client}_noop_p50_over_{floor_name}"] = median([
                     r["runs"][name][key] / r["floors"][floor_name]["noop_p50_us"]
                     for r in rounds if r["runs"].get(name) and r["runs"][name].get(key)
@@ -346,19 +307,16 @@ def main(argv=None) -> int:
     parser.add_argument("--c64-seconds", type=float, default=1.0,
                         help="timed window of the 64-caller phase per run")
     parser.add_argument("--settings", default="off,pin,pin_daemon,spin,spin_daemon",
-                        help="comma-separated, from: off, pin, pin_daemon, spin, spin_daemon, "
-                             "keep_awake")
+                        help="comma-separated, from: off, pin, pin_daemon, spin, spin_daemon")
     parser.add_argument("--cpu", default="auto",
                         help="the CPU of the pin settings: a number or auto (the highest "
                              "allowed, as --calls_cpu=auto)")
     parser.add_argument("--spin-us", type=int, default=50, help="the spin setting's window")
-    parser.add_argument("--keep-awake-us", type=int, default=2000,
-                        help="the keep_awake setting's window (--keep_awake_us)")
     parser.add_argument("--budget-s", type=float, default=190.0,
                         help="no new round starts after this many seconds")
     args = parser.parse_args(argv)
     cpu = max(os.sched_getaffinity(0)) if args.cpu == "auto" else int(args.cpu)
-    table = settings_table(cpu, args.spin_us, args.keep_awake_us)
+    table = settings_table(cpu, args.spin_us)
     names = [n.strip() for n in args.settings.split(",") if n.strip()]
     unknown = [n for n in names if n not in table]
     if unknown or "off" not in names:
@@ -389,10 +347,7 @@ def main(argv=None) -> int:
             print(f"round {index + 1} {name:<10} python p50 {run.get('python_noop_p50_us')} "
                   f"p99 {run.get('python_noop_p99_us')} cpu {run.get('python_noop_cpu_us_total')} "
                   f"c64 {run.get('python_c64_calls_per_s')}/s | cc p50 {run.get('cc_noop_p50_us')} "
-                  f"p99 {run.get('cc_noop_p99_us')} cpu {run.get('cc_cpu_us_total')}"
-                  + (f" | awake cpu python {run.get('python_noop_cpu_us_awake')} c64 "
-                     f"{run.get('python_c64_cpu_us_awake')} cc {run.get('cc_cpu_us_awake')}"
-                     if "python_noop_cpu_us_awake" in run else ""), flush=True)
+                  f"p99 {run.get('cc_noop_p99_us')} cpu {run.get('cc_cpu_us_total')}", flush=True)
         try:
             this["floors"] = floor_round(cpu, env)
             print(f"round {index + 1} floors " + ", ".join(
@@ -404,10 +359,9 @@ def main(argv=None) -> int:
         "settings": summarise(rounds, names),
         "floors": {name: {"noop_p50_us": median([(r.get("floors") or {}).get(name, {}).get(
             "noop_p50_us") for r in rounds])} for name in (
-            *floors.FLOOR_PROGRAMS, "floor_pinned", "floor_relay_pinned", "floor_spinners")},
+            *floors.FLOOR_PROGRAMS, "floor_pinned", "floor_relay_pinned")},
         "cpu": cpu,
         "spin_us": args.spin_us,
-        "keep_awake_us": args.keep_awake_us,
         "rounds": len(rounds),
         "calls": args.calls,
         "load": {"start": load_start, "end": procs.loadavg()},
@@ -427,18 +381,12 @@ def main(argv=None) -> int:
             print(f"{'':<10} over off: python p50 {over.get('python_noop_p50_us')} cpu "
                   f"{over.get('python_noop_cpu_us_total')} c64 {over.get('python_c64_calls_per_s')}"
                   f" | cc p50 {over.get('cc_noop_p50_us')} cpu {over.get('cc_cpu_us_total')}")
-        if med.get("python_noop_cpu_us_awake") is not None:
-            print(f"{'':<10} of which awake (spinners) per call: python noop "
-                  f"{med.get('python_noop_cpu_us_awake')} c64 {med.get('python_c64_cpu_us_awake')}"
-                  f" | cc {med.get('cc_cpu_us_awake')}")
         fl = entry["over_floors"]
         print(f"{'':<10} targets {entry['targets']}")
         print(f"{'':<10} python/floor {fl.get('python_noop_p50_over_floor')} "
               f"/floor_relay {fl.get('python_noop_p50_over_floor_relay')} | cc/floor_grpc "
               f"{fl.get('cc_noop_p50_over_floor_grpc')} /floor_relay "
               f"{fl.get('cc_noop_p50_over_floor_relay')}")
-    print("floors (medians, µs): " + ", ".join(
-        f"{name} {figures['noop_p50_us']}" for name, figures in report["floors"].items()))
     print(json.dumps(report), flush=True)
     return 1 if errors and not rounds else 0
 
