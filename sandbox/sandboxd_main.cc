@@ -12,7 +12,6 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -27,7 +26,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/cpu_affinity.h"
-#include "base/cpu_quota.h"
 #include "base/flags.h"
 #include "base/status_macros.h"
 #include "base/log.h"
@@ -40,7 +38,6 @@
 #include "sandbox/frame_wire_server.h"
 #include "sandbox/grpc_executor.h"
 #include "sandbox/health_service.h"
-#include "sandbox/keep_awake.h"
 #include "sandbox/reflection_service.h"
 #include "sandbox/runtime_service.h"
 #include "sandbox/server_stream.h"
@@ -181,17 +178,6 @@ ABSL_FLAG(int64_t, worker_intake_spin_us, 0,
           "frames polls without sleeping before it blocks (adaptive, as "
           "--worker_read_spin_us; the worker's --intake-spin-us). 0 "
           "(default): no spinning");
-ABSL_FLAG(int64_t, keep_awake_us, 0,
-          "while frames flow between the daemon and its worker, and for this "
-          "many microseconds after the last, keep every CPU the daemon may "
-          "use (at most 8) out of its idle state with one busy-waiting thread "
-          "per CPU at SCHED_IDLE priority, pinned there: on a VM whose idle "
-          "CPUs halt, waking a task on a halted CPU costs ~25-30 us per "
-          "hand-off, and any normal task preempts these threads at once. "
-          "Their CPU time shows in the daemon's (threads \"agx-awake\"). "
-          "Not started when a cgroup CPU quota applies (the spinning would "
-          "be charged to it). 0 (default): off (sandbox/keep_awake.h; "
-          "docs/FRAME-WIRE.md, \"Wake-ups\")");
 ABSL_FLAG(uint64_t, max_log_subscribers, 64,
           "Logs streams (and, separately, Traces streams) subscribed at once "
           "(RESOURCE_EXHAUSTED beyond)");
@@ -266,33 +252,6 @@ std::vector<std::string> CurrentEnvironment() {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
   return env;
-}
-
-// --keep_awake_us: the spinners, or null (with the reason logged) where
-// they must not or cannot run. The daemon serves either way.
-std::shared_ptr<KeepAwake> StartKeepAwake(absl::Duration window) {
-  absl::StatusOr<std::optional<double>> quota = base::OwnCpuQuota();
-  if (!quota.ok()) {
-    AGX_LOG(Warning, "--keep_awake_us: off, the CPU quota cannot be read: {}",
-            std::string(quota.status().message()));
-    return nullptr;
-  }
-  if (quota->has_value()) {
-    // Spinning at SCHED_IDLE still counts against a quota, and a throttled
-    // cgroup stops the daemon and worker too.
-    AGX_LOG(Warning, "--keep_awake_us: off, a cgroup CPU quota of {} CPUs applies",
-            **quota);
-    return nullptr;
-  }
-  const std::vector<int> cpus = KeepAwake::AllowedCpus();
-  absl::StatusOr<std::unique_ptr<KeepAwake>> awake = KeepAwake::Start(cpus, window);
-  if (!awake.ok()) {
-    AGX_LOG(Warning, "--keep_awake_us: off: {}", std::string(awake.status().message()));
-    return nullptr;
-  }
-  AGX_LOG(Info, "keep-awake: {} CPUs, {} after the last frame", cpus.size(),
-          absl::FormatDuration(window));
-  return std::move(*awake);
 }
 
 // "unix:///abs/path" -> "/abs/path"; "" for TCP addresses.
@@ -504,16 +463,11 @@ int Run(int argc, char** raw_argv) {
        {std::pair<const char*, int64_t>{"grpc_spin_us", absl::GetFlag(FLAGS_grpc_spin_us)},
         {"worker_read_spin_us", absl::GetFlag(FLAGS_worker_read_spin_us)},
         {"frames_spin_us", absl::GetFlag(FLAGS_frames_spin_us)},
-        {"worker_intake_spin_us", absl::GetFlag(FLAGS_worker_intake_spin_us)},
-        {"keep_awake_us", absl::GetFlag(FLAGS_keep_awake_us)}}) {
+        {"worker_intake_spin_us", absl::GetFlag(FLAGS_worker_intake_spin_us)}}) {
     if (value < 0 || value > 1000000) {
       AGX_LOG(Error, "--{} must be between 0 and 1000000 (got {})", name, value);
       return 2;
     }
-  }
-  if (absl::GetFlag(FLAGS_keep_awake_us) > 0) {
-    options.worker.keep_awake =
-        StartKeepAwake(absl::Microseconds(absl::GetFlag(FLAGS_keep_awake_us)));
   }
   if (access(options.worker.worker_path.c_str(), X_OK) != 0) {
     AGX_LOG(Error, "worker binary {} is not executable; pass --worker PATH",

@@ -86,7 +86,6 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
   worker->ready_timeout_ = options.ready_timeout;
   worker->read_spin_ = options.read_spin;
   worker->calls_cpu_ = options.calls_cpu;
-  worker->keep_awake_ = options.keep_awake;
 
   base::SpawnOptions spawn;
   spawn.path = options.worker_path;
@@ -223,8 +222,6 @@ void WorkerProcess::Send(const ipc::Frame& frame) {
 
 void WorkerProcess::SendEncoded(std::string bytes) {
   if (bytes.empty()) return;
-  // Before the write: the CPU the worker wakes on is kept awake from now.
-  if (keep_awake_) keep_awake_->Touch();
   std::deque<std::string> batch;
   {
     absl::MutexLock lock(&out_mu_);
@@ -381,7 +378,6 @@ void WorkerProcess::ReaderLoop() {
     }
     auto n = ipc::ReadInto(channel_.get(), reader);
     if (!n.ok() || *n == 0) break;  // EOF or a broken channel
-    if (keep_awake_) keep_awake_->Touch();
     // One vector for every read, emptied after each: a burst of log frames
     // is thousands per read, and growing a fresh vector frame by frame moved
     // them all again at each doubling (a fifth of the daemon's CPU per

@@ -21,7 +21,6 @@
 #include "base/child_process.h"
 #include "base/unique_fd.h"
 #include "sandbox/calls_cpu.h"
-#include "sandbox/keep_awake.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/payload_area.h"
 
@@ -48,9 +47,6 @@ struct WorkerOptions {
   // process follow its placement, and the reader reports each read's call
   // ends to it (sandbox/calls_cpu.h). Null: the scheduler places them.
   std::shared_ptr<CallsCpu> calls_cpu;
-  // Set (--keep_awake_us): every frame sent to the worker and every read of
-  // its channel is activity that keeps the CPUs awake (sandbox/keep_awake.h).
-  std::shared_ptr<KeepAwake> keep_awake;
 };
 
 // Why a worker ended, as the calls it was running will be told.
@@ -132,7 +128,6 @@ class WorkerProcess {
   absl::Duration ready_timeout_;
   absl::Duration read_spin_;
   std::shared_ptr<CallsCpu> calls_cpu_;
-  std::shared_ptr<KeepAwake> keep_awake_;
   base::UniqueFd channel_;
   std::unique_ptr<ipc::PayloadArea> payloads_;
   pid_t pid_ = -1;
