@@ -59,8 +59,10 @@ class BatchingWriter {
   // `schedule_flush(when)` must arrange a call to WriteHeldBack() at `when`.
   // Times are monotonic (a wall-clock step must not hold items back).
   // With `max_delay` above `delay`, each message that was held back its
-  // whole delay (a burst goes on) doubles the delay, up to `max_delay`; an
-  // item that finds `delay` of quiet goes at once and resets it.
+  // whole delay (a burst goes on) doubles the delay, up to `max_delay`, also
+  // when a new item finds those items still waiting for a late flush; an
+  // item that finds nothing waiting and the delay passed since the last
+  // write (a quiet moment) goes at once and resets it.
   using Clock = std::chrono::steady_clock;
   struct Coalescing {
     Clock::duration delay;
@@ -131,6 +133,9 @@ class BatchingWriter {
       if (reactor_ == nullptr || finished_ || cancelled_ || failure_) {
         return false;
       }
+      // Items already queued here were held back for coalescing and their
+      // flush has not run yet (a write in flight returns below).
+      const bool held_back = !queue_.empty();
       size_t added = 0;
       for (auto& item : items) {
         added += item->ByteSizeLong();
@@ -146,10 +151,17 @@ class BatchingWriter {
       } else {
         // OnWriteDone, WriteFirst or WriteHeldBack picks them up.
         if (write_in_flight_ || awaiting_first_ || HoldBack()) return true;
-        // Not held back for want of time: a quiet moment ends a burst.
+        // Not held back for want of time. With items that waited their
+        // whole delay (the flush is late: a loaded machine's timer) the
+        // burst goes on, as in WriteHeldBack; only an item that finds
+        // nothing waiting found a quiet moment, which ends a burst.
         if (coalescing_.has_value() && !urgent_ &&
             queued_bytes_ < coalescing_->min_bytes) {
-          delay_now_ = coalescing_->delay;
+          if (held_back) {
+            GrowDelay();
+          } else {
+            delay_now_ = coalescing_->delay;
+          }
         }
         StartBatch();
       }
@@ -177,10 +189,7 @@ class BatchingWriter {
       }
       // These items waited the whole delay: a burst, which the next
       // message may gather for longer.
-      if (coalescing_.has_value() && !urgent_ &&
-          coalescing_->max_delay > delay_now_) {
-        delay_now_ = std::min(delay_now_ * 2, coalescing_->max_delay);
-      }
+      if (coalescing_.has_value() && !urgent_) GrowDelay();
       reactor = StartBatch();
     }
     reactor->StartWrite(&batch_);
@@ -325,6 +334,13 @@ class BatchingWriter {
 
   // Whether coalescing holds the queued items back now; if so, a call of
   // WriteHeldBack is scheduled (once) for when they may go.
+  // Doubles the coalescing delay up to its max_delay (a burst goes on).
+  void GrowDelay() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (coalescing_->max_delay > delay_now_) {
+      delay_now_ = std::min(delay_now_ * 2, coalescing_->max_delay);
+    }
+  }
+
   bool HoldBack() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!coalescing_.has_value() || urgent_ ||
         queued_bytes_ >= coalescing_->min_bytes) {

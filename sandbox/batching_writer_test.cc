@@ -7,8 +7,10 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -449,6 +451,132 @@ TEST_CASE("A stream cancelled while another thread's write is in flight "
   CHECK(stream->Finish().error_code() == grpc::StatusCode::CANCELLED);
   server.Stop();
   CHECK(counters.done == 1);
+}
+
+// Coalescing with a flush timer the test fires (or leaves late) itself: the
+// writer and the times its flushes were asked for reach the test thread.
+struct CoalescingProbe {
+  std::promise<std::shared_ptr<Writer>> writer;
+  std::mutex mu;
+  std::vector<Writer::Clock::time_point> flushes;  // guarded by mu
+  size_t Flushes() {
+    std::lock_guard<std::mutex> lock(mu);
+    return flushes.size();
+  }
+  // Waits (bounded) for the writer to ask for its `n`th flush: a record
+  // queued behind a write still in flight is held when that write is done.
+  bool AwaitFlushes(size_t n) {
+    const auto give_up =
+        std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (Flushes() < n) {
+      if (std::chrono::steady_clock::now() > give_up) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return Flushes() == n;
+  }
+  Writer::Clock::time_point LastFlush() {
+    std::lock_guard<std::mutex> lock(mu);
+    return flushes.back();
+  }
+};
+
+constexpr auto kTestDelay = std::chrono::milliseconds(100);
+constexpr auto kTestMaxDelay = std::chrono::milliseconds(400);
+
+class CoalescingStream final : public WriterStream<Writer> {
+ public:
+  CoalescingStream(Service* service, CompletionQueueThread* thread,
+                   CoalescingProbe* probe)
+      : probe_(probe) {
+    writer_->SetCoalescing(
+        {kTestDelay, 1u << 20,
+         [probe](Writer::Clock::time_point when) {
+           std::lock_guard<std::mutex> lock(probe->mu);
+           probe->flushes.push_back(when);
+         },
+         kTestMaxDelay});
+    AwaitLogs(service, thread, nullptr);
+  }
+
+ private:
+  void OnStart() override {
+    probe_->writer.set_value(writer_);
+    StartRead(&request_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      writer_->OnReadsDone();
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  CoalescingProbe* const probe_;
+};
+
+TEST_CASE("A burst's coalescing delay grows while items wait, also when "
+          "their flush runs late, and a quiet moment resets it",
+          "[batching_writer][coalescing]") {
+  Service service;
+  TestServer server(
+      [&](grpc::ServerBuilder& builder) { builder.RegisterService(&service); },
+      absl::ZeroDuration(), TestSocketPath("bw-coalesce"));
+  CoalescingProbe probe;
+  new CoalescingStream(&service, server.reactions(), &probe);
+  auto stub = runtime::v1::RuntimeService::NewStub(server.SocketChannel());
+  grpc::ClientContext context;
+  auto stream = stub->Logs(&context);
+  REQUIRE(stream->Write(LogsRequest()));
+  auto future = probe.writer.get_future();
+  REQUIRE(future.wait_for(std::chrono::seconds(10)) ==
+          std::future_status::ready);
+  std::shared_ptr<Writer> writer = future.get();
+  uint64_t seq = 0;
+  LogsResponse response;
+  // Reads one message; returns its records' seqs.
+  auto read = [&] {
+    std::vector<uint64_t> seqs;
+    REQUIRE(stream->Read(&response));
+    for (const LogRecord& record : response.records()) {
+      seqs.push_back(record.seq());
+    }
+    return seqs;
+  };
+  auto sleep_past = [](Writer::Clock::time_point when) {
+    std::this_thread::sleep_until(when + std::chrono::milliseconds(5));
+  };
+
+  // The first record finds nothing written yet: it goes at once.
+  REQUIRE(writer->Enqueue({Record(++seq, 10)}));
+  CHECK(read() == std::vector<uint64_t>{1});
+  // The next, right after, waits for a flush one delay after that write.
+  REQUIRE(writer->Enqueue({Record(++seq, 10)}));
+  REQUIRE(probe.AwaitFlushes(1));
+  // The flush is late (never fired here): a record after its time joins
+  // the waiting one, and the burst's delay grows as if the flush had run.
+  sleep_past(probe.LastFlush());
+  REQUIRE(writer->Enqueue({Record(++seq, 10)}));
+  CHECK(read() == std::vector<uint64_t>{2, 3});
+  CHECK(writer->CoalescingDelay() == 2 * kTestDelay);
+  writer->WriteHeldBack();  // the late flush comes at last: nothing to write
+  // A flush that runs on time grows it too, up to the maximum.
+  for (auto expected : {4 * kTestDelay, kTestMaxDelay}) {
+    const size_t flushes = probe.Flushes();
+    REQUIRE(writer->Enqueue({Record(++seq, 10)}));
+    REQUIRE(probe.AwaitFlushes(flushes + 1));
+    sleep_past(probe.LastFlush());
+    writer->WriteHeldBack();
+    CHECK(read() == std::vector<uint64_t>{seq});
+    CHECK(writer->CoalescingDelay() == expected);
+  }
+  // A record that finds nothing waiting after the delay: a quiet moment.
+  std::this_thread::sleep_for(kTestMaxDelay + std::chrono::milliseconds(50));
+  REQUIRE(writer->Enqueue({Record(++seq, 10)}));
+  CHECK(read() == std::vector<uint64_t>{seq});
+  CHECK(writer->CoalescingDelay() == kTestDelay);
+  stream->WritesDone();
+  CHECK_FALSE(stream->Read(&response));
+  CHECK(stream->Finish().ok());
 }
 
 }  // namespace

