@@ -3,12 +3,14 @@ reads the frame channel and runs the sync call it read itself (one wake-up
 less per call than the loop reading and handing it over). A mixin of
 _Worker (worker.py); see worker/README.md, "Leader/follower intake"."""
 
+import contextvars
 import os
 
 import _agentix_worker as _w
 
-from .calls import _Call
-from .common import _DEBUG, _ERROR, _UNKNOWN, _WARNING, _log, _text
+from .calls import _Call, _Failure, _decode_arguments, resolve_target
+from .common import (_DEBUG, _ERROR, _INVALID_ARGUMENT, _PICKLE, _UNKNOWN,
+                     _WARNING, _call_id, _log, _text)
 from .env import _apply_env
 from .errors import _error
 
@@ -252,7 +254,29 @@ class _LeaderIntake:
         self._calls[call_id] = call
         data = frame.data
         call.received = len(data)
-        self._start(call, data, pending)
+        if (frame.context or call.encoding != _PICKLE
+                or call.received != call.total_size):
+            self._start(call, data, pending)
+            return
+        # The common case (pickled arguments, all here, no propagated
+        # context): _start and _start_call's steps, without their checks
+        # and calls (a sequential noop's worker CPU, issue 25).
+        token = _call_id.set(call_id)
+        try:
+            try:
+                fn, coroutine = resolve_target(call.reference)
+            except BaseException as exc:
+                self._finish(call, False, _error(exc, _INVALID_ARGUMENT, skip=1))
+                return
+            try:
+                args, kwargs = _decode_arguments(_PICKLE, data)
+            except _Failure as failure:
+                self._finish(call, False, failure.error)
+                return
+            pending.append((call, contextvars.copy_context(), fn, args, kwargs,
+                            not coroutine))
+        finally:
+            _call_id.reset(token)
 
     def _call_on_loop_in(self, context, fn, *args):
         try:
