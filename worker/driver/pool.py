@@ -210,7 +210,7 @@ class _SyncPool:
         """Runs a user function on the calling pool thread (an intake leader
         that handed the reading on), counted by busy() like a job. Never
         raises."""
-        token = object()  # only counted: a _PoolJob would cost a Python call
+        token = _PoolJob(self, fn, args)
         self._running.add(token)
         try:
             fn(*args)
@@ -218,6 +218,7 @@ class _SyncPool:
             _log(_ERROR, f"sync call pool: {_text(exc)}")
         finally:
             self._running.discard(token)
+            token.fn = token.args = None
 
     def _add_thread(self):
         """Starts a thread if fewer than max_threads run; whether it did.
