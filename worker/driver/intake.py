@@ -227,6 +227,11 @@ class _LeaderIntake:
             self._led += 1
             self._pool.run_inline(context.run, self._run_pooled, call, fn,
                                   args, kwargs)
+            # The call's arguments and its frame's bytes go now, not when
+            # the next frames come (maybe never): a large argument would
+            # keep its pages.
+            frames = frame = pending = runs = inline = entry = None
+            call = context = fn = args = kwargs = None
             # Still ours if not taken: poll on; else a follower now.
             holding = channel.intake_reclaim()
 
