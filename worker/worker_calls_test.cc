@@ -360,6 +360,22 @@ TEST_CASE("A finished sync call lets go of its arguments at once",
                                   Pickle("((), {})"))) == "0");
 }
 
+TEST_CASE("A sync call's arguments do not wait for the next call",
+          "[worker]") {
+  auto worker = ReadyWorker();
+  // Sync calls one at a time: the pool thread reading the channel runs them
+  // itself, then waits for the next frames; it must not keep the last
+  // call's arguments meanwhile.
+  for (int i = 0; i < 3; ++i) {
+    worker->CallOk("worker_fixture::add", Pickle("((1, 2), {})"));
+  }
+  worker->CallOk("worker_fixture::watch_holders",
+                 Pickle("(([1, 2, 3], 1.0), {})"));
+  absl::SleepFor(absl::Seconds(1.5));  // the watch is over, no frame came
+  REQUIRE(Unpickle(worker->CallOk("worker_fixture::watched_holders",
+                                  Pickle("((), {})"))) == "0");
+}
+
 TEST_CASE("Cancelling while arguments arrive", "[worker]") {
   auto worker = ReadyWorker();
   const std::string args = Pickle("((b'z' * 3000000,), {})");

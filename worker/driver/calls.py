@@ -10,18 +10,13 @@ import types
 import _agentix_worker as _w
 
 from .common import (
-    _AWAIT,
-    _GENERATOR,
     _INVALID_ARGUMENT,
     _MSGPACK,
     _NOT_STREAMS,
     _PICKLE,
-    _STREAM_ONLY,
-    _UNKNOWN,
     _format,
     _text,
 )
-from .errors import _error
 from .streams import _Stream
 
 # inspect.CO_COROUTINE and inspect.CO_ITERABLE_COROUTINE (code flags; the
@@ -121,7 +116,7 @@ def _is_sync_stream(value):
 
 
 # Exact types of return values that are neither awaitable nor iterators:
-# _run_sync skips those checks (~1.5 us) for them.
+# _Worker._run_pooled skips those checks (~1.5 us) for them.
 _PLAIN_VALUES = frozenset((type(None), bool, int, float, str, bytes, tuple,
                            list, dict))
 # Values pickled by pickle.dumps in one piece: small by nature, or (_STRINGS)
@@ -129,6 +124,12 @@ _PLAIN_VALUES = frozenset((type(None), bool, int, float, str, bytes, tuple,
 _SCALARS = frozenset((type(None), bool, int, float))
 _STRINGS = frozenset((str, bytes))
 _ONE_PIECE_BYTES = 64 * 1024
+# pickle.dumps(None, protocol=5): a None result's payload, without the
+# pickler (most noops and side-effect calls return None).
+_PICKLED_NONE = pickle.dumps(None, protocol=5)
+# The host's pickle of a call without arguments (agentix wire.py
+# _NO_ARGUMENTS): decoded without unpickling.
+_NO_ARGUMENTS = pickle.dumps(((), {}), protocol=5)
 
 
 class _Failure(Exception):
@@ -144,6 +145,8 @@ def _decode_arguments(encoding, data):
     [stream, value, ...]: pickled arguments whose large values the channel
     took out of the stream as it received them (NEXT_BUFFER in their place,
     worker/channel/pickle_splitter.h)."""
+    if data == _NO_ARGUMENTS and encoding != _MSGPACK:
+        return (), {}
     try:
         if encoding == _MSGPACK:
             payload = _w.msgpack_loads(data)
@@ -205,21 +208,6 @@ def _encode_result(encoding, value, item=None):
         return False, ("ResultEncodeError",
                        f"failed to {how.format(what)}: {_text(exc)}",
                        _format(exc), _INVALID_ARGUMENT)
-
-
-def _run_sync(encoding, fn, args, kwargs):
-    """Runs a sync callable on a pool thread; never raises."""
-    try:
-        value = fn(*args, **kwargs)
-    except BaseException as exc:
-        return False, _error(exc, _UNKNOWN, skip=1)
-    if type(value) in _PLAIN_VALUES:  # neither awaitable nor a stream
-        return _encode_result(encoding, value)
-    if _isawaitable(value):
-        return _AWAIT, value
-    if isinstance(value, _STREAM_ONLY):
-        return _GENERATOR, value
-    return _encode_result(encoding, value)
 
 
 class _Call:

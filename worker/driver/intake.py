@@ -3,12 +3,15 @@ reads the frame channel and runs the sync call it read itself (one wake-up
 less per call than the loop reading and handing it over). A mixin of
 _Worker (worker.py); see worker/README.md, "Leader/follower intake"."""
 
+import contextvars
 import os
 
 import _agentix_worker as _w
 
-from .calls import _Call
-from .common import _DEBUG, _ERROR, _UNKNOWN, _WARNING, _log, _text
+from .calls import (_NO_ARGUMENTS, _Call, _Failure, _decode_arguments,
+                    resolve_target)
+from .common import (_DEBUG, _ERROR, _INVALID_ARGUMENT, _PICKLE, _UNKNOWN,
+                     _WARNING, _call_id, _log, _text)
 from .env import _apply_env
 from .errors import _error
 
@@ -180,32 +183,13 @@ class _LeaderIntake:
                     rest = frames[i:]
                     break
                 self._lead_call(frame, pending)
-            # Calls one at a time gain from running where they were read; with
-            # several in flight the hand-over would be paid per batch and
-            # compete with the running calls for the GIL: the loop reads then.
-            overlapped = len(self._calls) > 1
-            to_loop = bool(rest) or overlapped
-            runs = []
-            for entry in pending:
-                call, context, fn, args, kwargs, sync = entry
-                if sync:
-                    runs.append(entry)
-                else:  # a coroutine function: the workload wants the loop
-                    to_loop = True
-                    self._call_on_loop_in(context, self._start_on_loop, call,
-                                          fn, args, kwargs)
-            # The last sync call runs here, unless the batch goes on to the
-            # loop: then every call goes to the pool, as the loop would have
-            # sent it (a call queued behind busy threads can still be
-            # withdrawn by a cancel later in the batch).
-            inline = runs.pop() if runs and not to_loop else None
-            for call, context, fn, args, kwargs, _ in runs:
-                try:
-                    call.task = self._pool.submit(
-                        context.run, self._run_pooled, call, fn, args, kwargs)
-                except RuntimeError as exc:  # no thread could be started
-                    self._reply_from_thread(call, False,
-                                            _error(exc, _UNKNOWN, skip=1))
+            if (len(pending) == 1 and not rest and pending[0][5]
+                    and len(self._calls) == 1):
+                # One sync call, alone in flight (the common case): it runs
+                # here; _lead_batch would come to the same.
+                inline, to_loop, overlapped = pending[0], False, False
+            else:
+                inline, to_loop, overlapped = self._lead_batch(pending, rest)
             if inline is None and not to_loop:
                 continue  # nothing to run (errors answered): read on
             if inline is not None:
@@ -225,8 +209,45 @@ class _LeaderIntake:
             self._led += 1
             self._pool.run_inline(context.run, self._run_pooled, call, fn,
                                   args, kwargs)
+            # The call's arguments and its frame's bytes go now, not when
+            # the next frames come (maybe never): a large argument would
+            # keep its pages.
+            frames = frame = pending = inline = None
+            call = context = fn = args = kwargs = None
             # Still ours if not taken: poll on; else a follower now.
             holding = channel.intake_reclaim()
+
+    def _lead_batch(self, pending, rest):
+        """Intake leader: starts the calls of a batch that `_lead` does not
+        run itself; returns (the call to run inline or None, whether the
+        loop reads on, whether calls overlapped)."""
+        # Calls one at a time gain from running where they were read; with
+        # several in flight the hand-over would be paid per batch and
+        # compete with the running calls for the GIL: the loop reads then.
+        overlapped = len(self._calls) > 1
+        to_loop = bool(rest) or overlapped
+        runs = []
+        for entry in pending:
+            call, context, fn, args, kwargs, sync = entry
+            if sync:
+                runs.append(entry)
+            else:  # a coroutine function: the workload wants the loop
+                to_loop = True
+                self._call_on_loop_in(context, self._start_on_loop, call,
+                                      fn, args, kwargs)
+        # The last sync call runs here, unless the batch goes on to the
+        # loop: then every call goes to the pool, as the loop would have
+        # sent it (a call queued behind busy threads can still be
+        # withdrawn by a cancel later in the batch).
+        inline = runs.pop() if runs and not to_loop else None
+        for call, context, fn, args, kwargs, _ in runs:
+            try:
+                call.task = self._pool.submit(
+                    context.run, self._run_pooled, call, fn, args, kwargs)
+            except RuntimeError as exc:  # no thread could be started
+                self._reply_from_thread(call, False,
+                                        _error(exc, _UNKNOWN, skip=1))
+        return inline, to_loop, overlapped
 
     def _lead_set_env(self, frame):
         """Intake leader: applies a set_env frame (SandboxAdmin.Activate's
@@ -252,7 +273,32 @@ class _LeaderIntake:
         self._calls[call_id] = call
         data = frame.data
         call.received = len(data)
-        self._start(call, data, pending)
+        if (frame.context or call.encoding != _PICKLE
+                or call.received != call.total_size):
+            self._start(call, data, pending)
+            return
+        # The common case (pickled arguments, all here, no propagated
+        # context): _start and _start_call's steps, without their checks
+        # and calls (a sequential noop's worker CPU, issue 25).
+        token = _call_id.set(call_id)
+        try:
+            try:
+                fn, coroutine = resolve_target(call.reference)
+            except BaseException as exc:
+                self._finish(call, False, _error(exc, _INVALID_ARGUMENT, skip=1))
+                return
+            if data == _NO_ARGUMENTS:
+                args, kwargs = (), {}
+            else:
+                try:
+                    args, kwargs = _decode_arguments(_PICKLE, data)
+                except _Failure as failure:
+                    self._finish(call, False, failure.error)
+                    return
+            pending.append((call, contextvars.copy_context(), fn, args, kwargs,
+                            not coroutine))
+        finally:
+            _call_id.reset(token)
 
     def _call_on_loop_in(self, context, fn, *args):
         try:

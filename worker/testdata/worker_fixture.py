@@ -106,6 +106,32 @@ def pool_jobs_holding_arguments():
                if type(o).__name__ == "_PoolJob" and o.args is not None) - 1
 
 
+_holders_seen = []
+
+
+def watch_holders(value, seconds):
+    """Starts a thread that watches, for up to `seconds` after this call,
+    how many references to `value` others than itself hold, and records the
+    least it saw (watched_holders)."""
+    import threading
+
+    def watch():
+        deadline = time.monotonic() + seconds
+        least = sys.getrefcount(box[0]) - 2
+        while least > 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+            least = min(least, sys.getrefcount(box[0]) - 2)
+        _holders_seen.append(least)
+
+    box = [value]
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def watched_holders():
+    """What watch_holders' last watch saw (-1: still watching)."""
+    return _holders_seen[-1] if _holders_seen else -1
+
+
 def touch(path):
     with open(path, "w"):
         pass
