@@ -284,6 +284,8 @@ class NamespaceStream(_StreamBase):
                 try:
                     opened, events = read_response(message, decode)
                 except Exception as error:  # skipped: the stream goes on
+                    if not self._opened.done():
+                        raise  # (the daemon's confirmation: the stream fails to open, as before)
                     for reply in self._unreadable(message, error):
                         await self._send_reply(*reply)
                     continue
@@ -448,6 +450,8 @@ class NativeNamespaceStream(_StreamBase):
                     if decoded is None:  # not the common form: protobuf judges it
                         decoded = _protobuf_response(message)
                 except Exception as error:  # skipped: the stream goes on
+                    if not self._opened.done():
+                        raise  # (the daemon's confirmation: the stream fails to open, as before)
                     for event, payload, request_id, failure in self._unreadable(message, error):
                         try:
                             self._write(event, payload, request_id, failure)
