@@ -68,6 +68,7 @@ def _fields(buf: bytes) -> list[tuple[int, Any]]:
         while pos < end:
             tag, pos = _varint(buf, pos)
             kind = tag & 7
+            value: int | bytes
             if kind == 0:
                 value, pos = _varint(buf, pos)
             elif kind == 2:

@@ -60,6 +60,7 @@ __all__ = [
     "NamespaceSet",
     "NamespaceStream",
     "NativeNamespaceStream",
+    "read_response",
     "valid_event_name",
 ]
 
