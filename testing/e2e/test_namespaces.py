@@ -4,6 +4,7 @@ request_handler on the host) exchanging events and requests while calls run,
 over RuntimeService.Namespace streams of the real daemon."""
 
 import asyncio
+import logging
 import time
 
 import grpc
@@ -330,3 +331,57 @@ async def test_forged_lifecycle_events_and_hostile_names_from_the_sandbox_are_dr
     unhandled = [m for m in collected.messages("agentix.sio") if "with no handler" in m]
     assert len(unhandled) == 256
     assert await client.remote(p.ask, "still") == {"a": "STILL"}
+
+
+# ── a response the host cannot read (docs/RELIABILITY.md, "Host-side failures") ──
+
+UNREADABLE = "unreadable-5e2d"
+
+
+class Unreadable(Exception):
+    """What the tests make reading a Namespace response raise."""
+
+
+async def test_a_response_the_host_cannot_read_is_skipped_and_its_request_answered_with_an_error(
+        daemon, monkeypatch, collected):
+    # The stream used to end on it: the sandbox re-sent the request on the
+    # re-opened stream (failing the same way until its timeout) and plain
+    # events sent meanwhile were lost.
+    from agentix.runtime.client import namespace_failures, namespaces
+
+    real = namespaces._native_decoder
+
+    def poisoned_decoder():
+        decode = real()
+
+        def read(message):
+            if UNREADABLE.encode() in bytes(message):
+                raise Unreadable("injected")
+            return decode(message)
+
+        return read
+
+    monkeypatch.setattr(namespaces, "_native_decoder", poisoned_decoder)
+    host = HostEcho()
+    client = RuntimeClient(daemon.url)
+    client.register_namespace(host)
+    before = namespace_failures.lost_counts().get("/echo", {"undecodable_responses": 0, "answered_requests": 0})
+    async with client:
+        assert await client.remote(p.ask, "before") == {"a": "BEFORE"}
+        stream = client._namespace_streams["/echo"]
+        for attempt in (1, 2):
+            text, type_, message, status = await asyncio.wait_for(client.remote(p.ask_failing, UNREADABLE, 5), 20)
+            assert type_ == "MalformedError" and status is None, text
+            assert "could not read the message carrying this request (Unreadable: injected)" in message
+        # The stream stayed up: no reconnect, later events and requests arrive.
+        assert await client.remote(p.ask, "after") == {"a": "AFTER"}
+        await wait_for(lambda: len(host.progress) >= 4)
+        assert [e["q"] for e in host.progress] == ["before", "before", "after", "after"]
+        assert client._namespace_streams["/echo"] is stream and stream.alive and host.lifecycle == ["connect"]
+    after = namespace_failures.lost_counts()["/echo"]
+    assert after["undecodable_responses"] - before["undecodable_responses"] == 2
+    assert after["answered_requests"] - before["answered_requests"] == 2
+    reports = [r for r in collected.named("agentix.sio") if "could not be read" in r.getMessage()]
+    assert [r.levelno for r in reports] == [logging.ERROR, logging.WARNING]
+    assert type(reports[0].exc_info[1]) is Unreadable and reports[1].exc_info is None
+    assert "1 request(s) in it answered with an error" in reports[0].getMessage()

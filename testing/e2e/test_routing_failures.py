@@ -198,3 +198,43 @@ async def test_a_response_the_host_cannot_read_fails_the_streams_calls_instead_o
         # The next call connects again.
         assert await client.remote(t.add, 1, 1) == 2
         assert client._stream is not stream and client._stream.alive
+
+
+async def test_calls_failed_with_a_dropped_stream_are_freed_in_the_daemon_by_the_next_stream(
+        daemon, wire_kind, monkeypatch, errors):
+    # They used to stay retained (the finished one) or run on (the other)
+    # until eviction: a resume by the same client still got their events.
+    original = wire.parse_calls_response
+    poisoned_ids = []
+
+    def parse(message):
+        events = original(message)
+        for event in events:
+            if type(event) is wire.RawResult and poisoned(event.value):
+                poisoned_ids.append(event.call_id)
+                raise Injected("parse")
+            if type(event) is not wire.RawResultChunk and type(event) is not wire.RawResult \
+                    and event.WhichOneof("kind") == "result" and poisoned(event.result.value):
+                poisoned_ids.append(event.result.call_id)
+                raise Injected("parse")
+        return events
+
+    monkeypatch.setattr(wire, "parse_calls_response", parse)
+    async with RuntimeClient(daemon.url) as client:
+        slow = asyncio.ensure_future(client.remote(t.blocking_sleep, 3))
+        await asyncio.sleep(0.2)
+        [slow_id] = client._pending_call_ids()
+        with pytest.raises(RuntimeUnreachable):
+            await asyncio.wait_for(client.remote(t.echo, POISON), 20)
+        with pytest.raises(RuntimeUnreachable):
+            await asyncio.wait_for(slow, 20)
+        [poisoned_id] = poisoned_ids
+        assert await client.remote(t.add, 1, 1) == 2  # the next stream: its first message frees them
+        raw = RawStream(daemon.url, client.client_id)
+        try:
+            await raw.send(pb.HostEvent(resume=pb.ResumeCalls(call_ids=[poisoned_id, slow_id])))
+            for call_id in (poisoned_id, slow_id):
+                event = await raw.terminal(call_id, timeout=10)
+                assert event.WhichOneof("kind") == "error" and event.error.error.type == "ResultUnavailable", event
+        finally:
+            await raw.close()

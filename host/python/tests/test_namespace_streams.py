@@ -265,6 +265,29 @@ async def test_an_unconfirmed_stream_is_ended_by_the_watchdog(runtime, monkeypat
     assert ns.seen == []
 
 
+async def test_an_unreadable_confirmation_fails_the_open_at_once(runtime, monkeypatch, caplog):
+    # Later unreadable responses are skipped (testing/e2e/test_namespaces.py);
+    # the daemon's first answer is the stream's opening, which cannot be.
+    def unreadable():
+        def decode(message):
+            raise ValueError("unreadable")
+
+        return decode
+
+    monkeypatch.setattr(namespaces, "_native_decoder", unreadable)
+    client = RuntimeClient(runtime.url)
+    client.register_namespace(Recorder())
+    started = time.monotonic()
+    with caplog.at_level(logging.ERROR, logger="agentix.sio"):
+        with pytest.raises(RuntimeUnreachable, match="stream ended before it opened"):
+            async with client:
+                pass
+    assert time.monotonic() - started < namespaces.OPEN_TIMEOUT / 2
+    await client.close()
+    (failed,) = [r for r in caplog.records if r.name == "agentix.sio" and r.levelno == logging.ERROR]
+    assert "stream failed" in failed.getMessage() and type(failed.exc_info[1]) is ValueError
+
+
 async def test_a_lost_stream_warns_disconnects_and_is_reopened_by_the_next_call(runtime, plugin, caplog):
     client, ns = plugin
     with caplog.at_level(logging.WARNING, logger="agentix.sio"):

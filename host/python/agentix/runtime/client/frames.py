@@ -67,7 +67,7 @@ from agentix.runtime.client.namespaces import (
 from agentix.runtime.client.payload_ring import PayloadRing, ring_frame, split_message
 from agentix.runtime.client.pending import PendingCall
 from agentix.runtime.client.stream import CallsStream, NativeCallsStream
-from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
+from agentix.runtime.v1 import runtime_pb2 as pb
 
 __all__ = [
     "CALLS_CPU_ENV",
@@ -264,7 +264,10 @@ class FrameWire:
         transport = native.transport(metadata, NAMESPACE_METHOD)
         if transport is not None:
             return NativeNamespaceStream(transport, ns)
-        return NamespaceStream(pb_grpc.RuntimeServiceStub(channel).Namespace(metadata=metadata), ns)
+        # Responses come as bytes, as for CallsStream: the stream reads them.
+        rpc = channel.stream_stream(NAMESPACE_METHOD, request_serializer=pb.NamespaceRequest.SerializeToString,
+                                    response_deserializer=None)(metadata=metadata)
+        return NamespaceStream(rpc, ns)
 
     def transport(self, metadata: tuple, stream: str | None = None) -> FrameTransport | None:
         """A connected `FrameTransport` (HELLO sent), or None for gRPC.

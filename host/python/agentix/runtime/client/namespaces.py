@@ -15,6 +15,13 @@ before any handler sees it; the first one of a stream is logged at WARNING,
 later ones at DEBUG. The ``namespace`` of a response is not used (each stream
 delivers to the namespace object it was opened for).
 
+A response the host cannot read (its decoder or protobuf raises) is skipped:
+logged (the stream's first at ERROR with the traceback, later ones at
+WARNING), counted (`namespace_failures.lost_counts`), and each request whose
+event name and request id can still be read from its bytes is answered with
+a ``MalformedError`` error reply; a request whose id cannot be read waits out
+its timeout in the sandbox. The stream goes on (`namespace_failures`).
+
 `NamespaceSet` is a client's registry of namespace objects and their current
 streams: it registers them (`register`), opens and confirms their streams
 when the client connects (`open`, `confirm`), re-opens lost ones, and gives
@@ -32,7 +39,7 @@ from typing import Any, Union
 
 import grpc
 
-from agentix.runtime.client import wire
+from agentix.runtime.client import namespace_failures, wire
 from agentix.runtime.client._sio_facade import (
     LIFECYCLE_EVENTS,
     RESERVED_NAMESPACES,
@@ -53,6 +60,7 @@ __all__ = [
     "NamespaceSet",
     "NamespaceStream",
     "NativeNamespaceStream",
+    "read_response",
     "valid_event_name",
 ]
 
@@ -107,6 +115,19 @@ def _native_decoder() -> Callable[[bytes], tuple[bool, list[tuple[str, bytes]]] 
     return namespace_events
 
 
+def read_response(message: bytes, decode: Callable[[bytes], Any]) -> tuple[bool, list[tuple[str, bytes]]]:
+    """The opened flag and the (name, data) events of a serialized
+    NamespaceResponse, read by `decode` (`_native_decoder`) or, for a message
+    it leaves alone, by protobuf. Raises what they raise."""
+    decoded = decode(message)
+    return _protobuf_response(message) if decoded is None else decoded
+
+
+def _protobuf_response(message: bytes) -> tuple[bool, list[tuple[str, bytes]]]:
+    response = pb.NamespaceResponse.FromString(message)
+    return response.opened, [(event.event, event.data) for event in response.events]
+
+
 def _plain_trigger(ns: AsyncClientNamespace) -> bool:
     """True when `ns` uses AsyncClientNamespace.trigger_event as it is: its
     data events can then go to `_trigger_data_event` without a coroutine."""
@@ -122,6 +143,8 @@ class _StreamBase:
         self._opened: asyncio.Future = asyncio.get_running_loop().create_future()
         self._done = False  # no more sends
         self._refused = 0  # sandbox events dropped for their name
+        self._undecodable = 0  # responses skipped because they could not be read
+        self._decode = _native_decoder()
 
     @property
     def alive(self) -> bool:
@@ -148,6 +171,31 @@ class _StreamBase:
             "printable characters and not a lifecycle event (%d dropped on this stream; later ones at DEBUG)",
             self.ns.namespace, event[:64], len(event), MAX_EVENT_NAME_CHARS, self._refused,
         )
+
+    def _unreadable(self, message: bytes, error: Exception) -> list[tuple[str, bytes, str, dict]]:
+        """Reading `message` raised `error`: reports and counts it; returns the
+        error replies (event, payload, request id, error) due to the requests
+        still readable in it (see `namespace_failures`). Never raises."""
+        path = self.ns.namespace
+        replies = []
+        for event, request_id in namespace_failures.readable_requests(message):
+            name, reply = namespace_failures.unreadable_reply(event, request_id, error)
+            replies.append((name, codec.pack(reply), request_id, reply["error"]))
+        self._undecodable += 1
+        total = namespace_failures.count_lost(path, 1, len(replies))
+        first = self._undecodable == 1
+        try:
+            _log.log(
+                logging.ERROR if first else logging.WARNING,
+                "namespace %s: a response of %d bytes from the sandbox could not be read (%s: %s); its events are "
+                "lost, %d request(s) in it answered with an error, the stream goes on (%d such responses for this "
+                "namespace in this process)",
+                path, len(message), type(error).__name__, error, len(replies), total,
+                exc_info=error if first else None,
+            )
+        except Exception:  # an unprintable error, or a failing handler of this logger
+            pass
+        return replies
 
     def _open_timed_out(self) -> None:
         if not self._opened.done():
@@ -232,22 +280,30 @@ class NamespaceStream(_StreamBase):
             await self._rpc.write(pb.NamespaceRequest(open=pb.OpenNamespace(namespace=ns.namespace)))
             read = self._rpc.read  # cheaper than the call's async iterator
             plain = _plain_trigger(ns)
-            while (response := await read()) is not grpc.aio.EOF:
-                if response.opened:
+            decode = self._decode
+            while (message := await read()) is not grpc.aio.EOF:
+                try:
+                    opened, events = read_response(message, decode)
+                except Exception as error:  # skipped: the stream goes on
+                    if not self._opened.done():
+                        raise  # (the daemon's confirmation: the stream fails to open, as before)
+                    for reply in self._unreadable(message, error):
+                        await self._send_reply(*reply)
+                    continue
+                if opened:
                     if not self._opened.done():
                         self._opened.set_result(None)
                     connected = True
                     await self._trigger("connect")
-                for event in response.events:
+                for name, data in events:
                     if self._done:  # a trigger closed the stream
                         break
-                    name = event.event
                     if not valid_event_name(name):
                         self._refuse(name)
                     elif plain:
-                        self._trigger_now(name, event.data)
+                        self._trigger_now(name, data)
                     else:
-                        await self._trigger(name, event.data)
+                        await self._trigger(name, data)
         except asyncio.CancelledError:
             pass
         except grpc.aio.AioRpcError as error:
@@ -261,6 +317,12 @@ class NamespaceStream(_StreamBase):
             self._settle_opened()
             if connected:
                 await self._trigger("disconnect")
+
+    async def _send_reply(self, event: str, payload: bytes, request_id: str, error: dict) -> None:
+        try:
+            await self.send(event, payload, request_id, error)
+        except Exception:  # the stream is closing: the request waits out its timeout
+            _log.debug("namespace %s: could not send %s", self.ns.namespace, event, exc_info=True)
 
     def _trigger_now(self, event: str, data: bytes) -> None:
         """A data event of a namespace with the plain trigger_event, without a coroutine."""
@@ -318,7 +380,6 @@ class NativeNamespaceStream(_StreamBase):
         self._dispatcher: asyncio.Task | None = None  # awaiting the backlog's triggers
         self._finished: asyncio.Future = loop.create_future()  # ended, every event delivered
         self._below: asyncio.Future | None = None  # send() waits for the transport to drain
-        self._decode = _native_decoder()
         self._fd = transport.fileno()
         loop.add_reader(self._fd, self._on_readable)
         # A stream opened while its connection is being cut was seen to hang
@@ -385,10 +446,19 @@ class NativeNamespaceStream(_StreamBase):
             messages, status, below = self._transport.drain()
             decode = self._decode
             for message in messages:
-                decoded = decode(message)
-                if decoded is None:  # not the common form: protobuf judges it (and may raise)
-                    response = pb.NamespaceResponse.FromString(message)
-                    decoded = response.opened, [(event.event, event.data) for event in response.events]
+                try:
+                    decoded = decode(message)
+                    if decoded is None:  # not the common form: protobuf judges it
+                        decoded = _protobuf_response(message)
+                except Exception as error:  # skipped: the stream goes on
+                    if not self._opened.done():
+                        raise  # (the daemon's confirmation: the stream fails to open, as before)
+                    for event, payload, request_id, failure in self._unreadable(message, error):
+                        try:
+                            self._write(event, payload, request_id, failure)
+                        except RuntimeError:  # closed meanwhile: the request waits out its timeout
+                            break
+                    continue
                 opened, events = decoded
                 if opened:
                     if not self._opened.done():

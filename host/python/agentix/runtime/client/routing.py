@@ -68,6 +68,7 @@ class CallRouter:
     _uploads_by_id: dict[str, Upload]
     _woken: list[CallFuture] | None
     _lost: bool
+    _dropped_ids: list[str]
 
     def cancel_call(self, call_id: str) -> None:
         raise NotImplementedError
@@ -152,9 +153,12 @@ class CallRouter:
         """`what` raised `error`, and no one call's event was at fault: every
         pending call fails with `RuntimeUnreachable` (caused by `error`) and
         the stream is dropped. Resuming them on a new stream would have the
-        daemon replay the same events into the same failure, for ever."""
+        daemon replay the same events into the same failure, for ever; the
+        next stream cancels and acknowledges them instead (`take_unsent_acks`),
+        so the daemon does not retain them until eviction."""
         pending = list(self._pending.values())
         self._pending.clear()
+        self._dropped_ids.extend(call.call_id for call in pending)
         _log.error("%s on the runtime's Calls stream raised; the stream is dropped and its %d pending call(s) "
                    "fail", what, len(pending), exc_info=error)
         for call in pending:

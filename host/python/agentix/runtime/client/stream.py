@@ -138,6 +138,7 @@ class CallsStream(CallRouter):
         self._uploads_by_id: dict[str, Upload] = {}
         self._wakeup = asyncio.Event()
         self._acks: list[str] = []  # call ids whose terminal event awaits an ack
+        self._dropped_ids: list[str] = []  # calls failed by _routing_failed: freed on the next stream
         # Acks written lately: a connection cut can lose them in flight, so
         # they are sent again on the next stream (the daemon ignores acks of
         # results it no longer holds).
@@ -193,17 +194,26 @@ class CallsStream(CallRouter):
 
     def take_unsent_acks(self) -> list[str]:
         """The ids whose AckResult this (lost) stream never wrote, or wrote
-        lately (it may not have arrived); the client sends them on the next
-        stream so the daemon can free the results."""
-        acks = [*self._recent_acks, *self._acks]
+        lately (it may not have arrived), and those of the calls it failed
+        when it was dropped (`_routing_failed`); the client sends them on the
+        next stream (`ack_results`) so the daemon can free the results."""
+        acks = [*self._recent_acks, *self._acks, *self._dropped_ids]
         self._acks = []
         self._recent_acks.clear()
+        self._dropped_ids = []
         return acks
 
     def ack_results(self, call_ids: list[str]) -> None:
-        """Acknowledges terminal events received on an earlier stream."""
-        self._acks.extend(call_ids)
-        self._acks_ready()
+        """Frees what the daemon retains for calls of an earlier stream that
+        nobody awaits: each is cancelled, then acknowledged, in that order (a
+        cancel ends a call still running and is ignored for a finished or
+        unknown one; the ack frees the result, which an ack alone would leave
+        to eviction for a call still running). Remembered as acks written
+        lately, in case this stream is lost too."""
+        for call_id in call_ids:
+            self._enqueue(_EVENT_OVERHEAD, pb.HostEvent(cancel=pb.CancelCall(call_id=call_id)))
+            self._enqueue(_EVENT_OVERHEAD, pb.HostEvent(ack=pb.AckResult(call_id=call_id)))
+        self._recent_acks.extend(call_ids)
 
     def ack_stream(self, call_id: str, next_index: int) -> None:
         """Tells the sandbox the items below `next_index` were consumed, which
