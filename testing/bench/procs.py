@@ -220,8 +220,11 @@ def ab_summary(rows: list[dict]) -> dict:
         summary[key] = {
             "a_median": _rounded(statistics.median(r["a"][key] for r in rows)),
             "b_median": _rounded(statistics.median(r["b"][key] for r in rows)),
-            "median_ratio_b_over_a": round(statistics.median(
-                r["b"][key] / r["a"][key] for r in rows), 3),
+            # None when a round's a side is zero (a count such as
+            # preemptions per request can be): no ratio to take.
+            "median_ratio_b_over_a": (round(statistics.median(
+                r["b"][key] / r["a"][key] for r in rows), 3)
+                if all(r["a"][key] for r in rows) else None),
         }
     return summary
 
