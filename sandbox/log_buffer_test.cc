@@ -203,6 +203,70 @@ TEST_CASE("A worker's trace event is kept as sent, with the daemon's seq, "
   CHECK(full.worker_id() == "w2");
 }
 
+TEST_CASE("What the daemon keeps as sent is the worker's bytes exactly, "
+          "behind seq and worker_id; no worker id is no field",
+          "[logs][traces][wire]") {
+  runtime::v1::LogRecord sent;
+  sent.set_logger("app");
+  sent.set_message("m \xe2\x82\xac");
+  sent.set_call_id("call-with-a-long-id-0123456789");
+  const std::string bytes = sent.SerializeAsString();
+  std::string call;
+  wire::LogRecordWire w = ToWireLogRecord(bytes, "w1", &call);
+  CHECK(call == "call-with-a-long-id-0123456789");
+  w.set_seq(5);
+  // seq (1) = 5, worker_id (13) = "w1", then the worker's bytes.
+  CHECK(w.SerializeAsString() == std::string("\x08\x05\x6a\x02w1") + bytes);
+  CHECK(w.ByteSizeLong() == bytes.size() + 6);
+
+  // Serialized as proto3 would: an empty worker id is left out, whether
+  // the bytes were kept or (forged worker_id) parsed.
+  runtime::v1::LogRecord forged = sent;
+  forged.set_worker_id("fake");
+  for (const std::string& b : {bytes, forged.SerializeAsString()}) {
+    wire::LogRecordWire none = ToWireLogRecord(b, "", &call);
+    none.set_seq(7);
+    const std::string out = none.SerializeAsString();
+    CHECK(Occurrences(out, 13) == 0);
+    CHECK(Occurrences(out, 1) == 1);
+    SetWorkerId(none, "w2");
+    CHECK(Occurrences(none.SerializeAsString(), 13) == 1);
+    SetWorkerId(none, "");
+    CHECK(none.SerializeAsString() == out);
+  }
+
+  // A record shorter than a string's inline buffer: the call id is read
+  // before the bytes move.
+  runtime::v1::LogRecord tiny;
+  tiny.set_call_id("c");
+  wire::LogRecordWire t = ToWireLogRecord(tiny.SerializeAsString(), "", &call);
+  CHECK(call == "c");
+  CHECK(t.SerializeAsString() == tiny.SerializeAsString());
+
+  // A trace event: the worker's bytes, then the derived ids, seq and
+  // worker_id in front; none when the worker is unknown.
+  runtime::v1::TraceEvent event;
+  event.set_kind(runtime::v1::TRACE_EVENT_KIND_SPAN_START);
+  event.set_agentix_trace_id("trace_000102030405060708090a0b0c0d0e0f");
+  event.set_agentix_span_id("span_a0a1a2a3a4a5a6a7a8a9aaab");
+  event.set_call_id("c2");
+  const std::string event_bytes = event.SerializeAsString();
+  std::optional<wire::TraceEventWire> e =
+      ToWireTraceEvent(event_bytes, "", &call);
+  REQUIRE(e.has_value());
+  CHECK(call == "c2");
+  e->set_seq(5);
+  const std::string ids =
+      std::string("\x1a\x10", 2) +
+      std::string("\x00\x01\x02\x03\x04\x05\x06\x07"
+                  "\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f", 16) +
+      "\x22\x08\xa0\xa1\xa2\xa3\xa4\xa5\xa6\xa7";  // no parent: no field 5
+  CHECK(e->SerializeAsString() == "\x08\x05" + event_bytes + ids);
+  SetWorkerId(*e, "w1");
+  CHECK(e->SerializeAsString() ==
+        "\x08\x05\x9a\x01\x02w1" + event_bytes + ids);  // 19: 0x9a 0x01
+}
+
 TEST_CASE("Record bytes a host could not parse never reach it",
           "[logs][wire]") {
   std::string call;

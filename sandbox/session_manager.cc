@@ -740,10 +740,11 @@ absl::StatusOr<WorkerProcess*> SessionManager::EnsureWorker() {
 
 void SessionManager::OnWorkerFrames(uint64_t generation,
                                     std::vector<ipc::Frame>& frames) {
-  std::vector<const ipc::Frame*> log_frames;
-  std::vector<const ipc::Frame*> trace_frames;
+  // A side-channel frame's record string is moved into its buffered record.
+  std::vector<ipc::Frame*> log_frames;
+  std::vector<ipc::Frame*> trace_frames;
   std::vector<const ipc::Frame*> namespace_events;
-  for (const ipc::Frame& frame : frames) {
+  for (ipc::Frame& frame : frames) {
     if (frame.type == ipc::FrameType::kLog) {
       log_frames.push_back(&frame);
     } else if (frame.type == ipc::FrameType::kTrace) {
@@ -770,23 +771,24 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
     records.reserve(log_frames.size());
     log_calls.resize(log_frames.size());
     for (size_t i = 0; i < log_frames.size(); ++i) {
-      records.push_back(
-          ToWireLogRecord(log_frames[i]->record, "", &log_calls[i]));
+      records.push_back(ToWireLogRecord(std::move(log_frames[i]->record), "",
+                                        &log_calls[i]));
     }
     std::vector<wire::TraceEventWire> events;
     events.reserve(trace_frames.size());
     trace_calls.reserve(trace_frames.size());
     std::string call_id;
-    for (const ipc::Frame* f : trace_frames) {
+    for (ipc::Frame* f : trace_frames) {
+      const size_t size = f->record.size();
       std::optional<wire::TraceEventWire> e =
-          ToWireTraceEvent(f->record, "", &call_id);
+          ToWireTraceEvent(std::move(f->record), "", &call_id);
       if (!e.has_value()) {
         // Only code writing to the channel fd by hand gets here: the loss
         // is reported on the Logs stream, and the worker keeps serving.
         records.push_back(WireOf(RuntimeWarning(
             "agentix.sandbox",
             absl::StrCat("a trace event from the worker could not be "
-                         "decoded (", f->record.size(), " bytes)"))));
+                         "decoded (", size, " bytes)"))));
         log_calls.emplace_back();
         continue;
       }
@@ -802,11 +804,11 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
       trace_owners = OwnersOf(trace_calls);
     }
     if (!records.empty()) {
-      for (wire::LogRecordWire& r : records) r.set_worker_id(worker_id);
+      for (wire::LogRecordWire& r : records) SetWorkerId(r, worker_id);
       first_log = logs_->Append(std::move(records), log_owners);
     }
     if (!events.empty()) {
-      for (wire::TraceEventWire& e : events) e.set_worker_id(worker_id);
+      for (wire::TraceEventWire& e : events) SetWorkerId(e, worker_id);
       first_trace = traces_->Append(std::move(events), trace_owners);
     }
   }
