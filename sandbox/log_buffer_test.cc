@@ -605,6 +605,50 @@ TEST_CASE("A call's records go to its client only; others to every client",
   REQUIRE(Messages(*a).size() == 2);
 }
 
+TEST_CASE("Owners given as runs route each record as owners given one by one",
+          "[logs]") {
+  std::vector<IdRun> runs;
+  for (const char* id : {"client-a", "client-a", "", "client-b", "client-b",
+                         "client-b", "client-a"}) {
+    AddToRuns(runs, id);
+  }
+  REQUIRE(runs.size() == 4);
+  CHECK(runs[0].id == "client-a");
+  CHECK(runs[0].count == 2);
+  CHECK(runs[1].id.empty());
+  CHECK(runs[2].count == 3);
+  CHECK(runs[3].count == 1);
+
+  auto owned = MakeLogBuffer(100);
+  LogBuffer& buffer = *owned;
+  auto a = std::make_shared<RecordingSubscriber>("client-a");
+  auto b = std::make_shared<RecordingSubscriber>("client-b");
+  REQUIRE(buffer.Subscribe(a, 0).ok());
+  REQUIRE(buffer.Subscribe(b, 0).ok());
+  std::vector<wire::LogRecordWire> records;
+  for (const char* m : {"a1", "a2", "none", "b1", "b2", "b3", "a3",
+                        "past-the-runs"}) {
+    records.push_back(Entry(m));
+  }
+  // Runs covering fewer records than given: the rest have no owner.
+  CHECK(buffer.AppendRuns(std::move(records), runs) == 1);
+  CHECK(Messages(*a) == std::vector<std::string>{"a1", "a2", "none", "a3",
+                                                 "past-the-runs"});
+  CHECK(Messages(*b) == std::vector<std::string>{"none", "b1", "b2", "b3",
+                                                 "past-the-runs"});
+  // A run of a client with no stream yet waits for it past acks; the
+  // others' records are freed.
+  CHECK(buffer.AppendRuns({Entry("c1"), Entry("c2")}, {{"client-c", 2}}) ==
+        9);
+  buffer.Ack(100);
+  CHECK(buffer.buffered() == 2);
+  auto c = std::make_shared<RecordingSubscriber>("client-c");
+  REQUIRE(buffer.Subscribe(c, 0).ok());
+  CHECK(Messages(*c) == std::vector<std::string>{"c1", "c2"});
+  buffer.Ack(100);
+  CHECK(buffer.buffered() == 0);
+}
+
 TEST_CASE("Records of no call kept while nobody listens go to one client once",
           "[logs]") {
   auto owned = MakeLogBuffer(100);
