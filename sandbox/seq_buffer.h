@@ -118,13 +118,7 @@ class SeqBuffer {
       absl::MutexLock lock(&mu_);
       first = next_seq_;
       deliveries.reserve(subscribers_.size());
-      for (const auto& s : subscribers_) {
-        // Sized once: grown record by record, a burst's list was copied at
-        // each doubling, and every large allocation makes glibc consolidate
-        // its fast bins.
-        deliveries.push_back({s, {}});
-        deliveries.back().second.reserve(records.size());
-      }
+      for (const auto& s : subscribers_) deliveries.push_back({s, {}});
       // Which subscribers get a run's records: decided once per run.
       std::vector<char> gets(deliveries.size());
       size_t i = 0;

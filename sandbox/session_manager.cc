@@ -744,15 +744,6 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
   std::vector<ipc::Frame*> log_frames;
   std::vector<ipc::Frame*> trace_frames;
   std::vector<const ipc::Frame*> namespace_events;
-  // Each list sized once (a burst is ~1,000 frames a read): grown frame by
-  // frame, each doubling past 1 KiB made glibc consolidate its fast bins.
-  size_t logs = 0, traces = 0;
-  for (const ipc::Frame& frame : frames) {
-    logs += frame.type == ipc::FrameType::kLog;
-    traces += frame.type == ipc::FrameType::kTrace;
-  }
-  if (logs > 0) log_frames.reserve(logs);
-  if (traces > 0) trace_frames.reserve(traces);
   for (ipc::Frame& frame : frames) {
     if (frame.type == ipc::FrameType::kLog) {
       log_frames.push_back(&frame);
