@@ -1,6 +1,7 @@
 #include "sandbox/log_buffer.h"
 
 #include <chrono>
+#include <cstring>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -53,33 +54,25 @@ std::string OtelId(std::string_view agentix_id, size_t bytes) {
   return OtelIdBytes(agentix_id, bytes, id) ? std::string(id, bytes) : "";
 }
 
-// Appends a length-delimited field (`tag` is its key, already encoded) as
-// protobuf's serializer writes it.
-void AppendField(std::string_view tag, std::string_view value,
-                 std::string* out) {
-  out->append(tag);
-  uint64_t len = value.size();
-  while (len >= 0x80) {
-    out->push_back(static_cast<char>((len & 0x7F) | 0x80));
-    len >>= 7;
-  }
-  out->push_back(static_cast<char>(len));
-  out->append(value);
-}
-
 // The tags of TraceEvent's OpenTelemetry ids (bytes: wire type 2).
-constexpr std::string_view kTraceIdTag = "\x1a";        // 3
-constexpr std::string_view kSpanIdTag = "\x22";         // 4
-constexpr std::string_view kParentSpanIdTag = "\x2a";   // 5
+constexpr char kTraceIdTag = '\x1a';       // 3
+constexpr char kSpanIdTag = '\x22';        // 4
+constexpr char kParentSpanIdTag = '\x2a';  // 5
+// The three ids encoded: a one-byte tag and length each, and the bytes.
+constexpr size_t kOtelIdsBytes = 3 * 2 + 16 + 8 + 8;
 
-// Appends the OpenTelemetry id derived from `agentix_id`, unless it has
-// none (proto3 leaves an empty field out).
-void AppendOtelId(std::string_view tag, std::string_view agentix_id,
-                  size_t bytes, std::string* out) {
+// Encodes the OpenTelemetry id derived from `agentix_id` as protobuf's
+// serializer writes the field (`bytes` < 128: a one-byte length) at
+// `out + *n`, advancing `*n`; nothing if it has none (proto3 leaves an
+// empty field out).
+void EncodeOtelId(char tag, std::string_view agentix_id, size_t bytes,
+                  char* out, size_t* n) {
   char id[16];
-  if (OtelIdBytes(agentix_id, bytes, id)) {
-    AppendField(tag, std::string_view(id, bytes), out);
-  }
+  if (!OtelIdBytes(agentix_id, bytes, id)) return;
+  out[(*n)++] = tag;
+  out[(*n)++] = static_cast<char>(bytes);
+  std::memcpy(out + *n, id, bytes);
+  *n += bytes;
 }
 
 // Strict UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF.
@@ -258,8 +251,6 @@ bool CheckMessage(std::string_view bytes, KindOf kind_of, Visit&& visit,
 // worker_id, the three OpenTelemetry ids, with their tags and lengths):
 // far less than this, but a record near the limit is sized exactly anyway.
 constexpr size_t kDaemonFieldBytes = 1024;
-// ToWireTraceEvent's scratch string is kept up to this capacity.
-constexpr size_t kKeptJoinedBytes = 64 * 1024;
 
 }  // namespace
 
@@ -396,23 +387,49 @@ LogRecord DropWarning(uint64_t dropped, size_t capacity,
                    " entries) filled up before a host received them"));
 }
 
-LogRecordWire ToWireLogRecord(const std::string& bytes,
-                              const std::string& worker_id,
+void SetWorkerId(LogRecordWire& record, const std::string& worker_id) {
+  if (worker_id.empty()) {
+    record.clear_worker_id();
+  } else {
+    record.set_worker_id(worker_id);
+  }
+}
+void SetWorkerId(TraceEventWire& event, const std::string& worker_id) {
+  if (worker_id.empty()) {
+    event.clear_worker_id();
+  } else {
+    event.set_worker_id(worker_id);
+  }
+}
+
+LogRecordWire ToWireLogRecord(std::string bytes, const std::string& worker_id,
                               std::string* call_id) {
   std::string_view call;
+  bool daemon_field = false;  // seq or worker_id: the daemon's to set
   LogRecordWire w;
-  // Checked, not decoded: only seq and worker_id are parsed out (so they
-  // appear once, the daemon's); every other field stays the worker's bytes.
+  // Checked, not decoded: the worker's bytes become the unknown fields as
+  // they are (moved, not parsed); a record carrying a field the daemon owns
+  // is parsed, so that field is the daemon's and appears once.
   if (bytes.size() + kDaemonFieldBytes <= kMaxWireItemBytes &&
-      CheckMessage(bytes, LogRecordField,
-                   [&](uint64_t number, std::string_view value) {
-                     if (number == 14) call = value;  // the last one wins
-                   }) &&
-      w.ParseFromString(bytes)) {
-    call_id->assign(call);
-    w.clear_seq();  // the buffer numbers it
-    w.set_worker_id(worker_id);
-    return w;
+      CheckMessage(
+          bytes, LogRecordField,
+          [&](uint64_t number, std::string_view value) {
+            if (number == 14) call = value;  // the last one wins
+          },
+          [&](uint64_t number) {
+            daemon_field |= number == 1 || number == 13;
+          })) {
+    call_id->assign(call);  // before `bytes` moves: `call` points into it
+    if (!daemon_field) {
+      w.mutable_unknown_fields()->swap(bytes);
+      SetWorkerId(w, worker_id);
+      return w;
+    }
+    if (w.ParseFromString(bytes)) {
+      w.clear_seq();  // the buffer numbers it
+      SetWorkerId(w, worker_id);
+      return w;
+    }
   }
   // Too big, malformed or not UTF-8: decoded, cut or replaced as before.
   const LogRecord full = ToLogRecord(bytes, worker_id);
@@ -420,12 +437,11 @@ LogRecordWire ToWireLogRecord(const std::string& bytes,
   return WireOf(full);
 }
 
-std::optional<TraceEventWire> ToWireTraceEvent(const std::string& bytes,
+std::optional<TraceEventWire> ToWireTraceEvent(std::string bytes,
                                                const std::string& worker_id,
                                                std::string* call_id) {
   std::string_view trace, span, parent, call;
   bool daemon_field = false;  // a field only the daemon may set
-  TraceEventWire w;
   if (bytes.size() + kDaemonFieldBytes <= kMaxWireItemBytes &&
       CheckMessage(
           bytes, TraceEventField,
@@ -440,21 +456,20 @@ std::optional<TraceEventWire> ToWireTraceEvent(const std::string& bytes,
                             number == 5 || number == 19;
           }) &&
       !daemon_field) {
-    // The worker's bytes with the OpenTelemetry ids behind them, parsed
-    // once: they all become the unknown fields (side_wire.proto).
-    thread_local std::string joined;
-    joined.assign(bytes);
-    AppendOtelId(kTraceIdTag, trace, 16, &joined);
-    AppendOtelId(kSpanIdTag, span, 8, &joined);
-    AppendOtelId(kParentSpanIdTag, parent, 8, &joined);
-    const bool parsed = w.ParseFromString(joined);
-    // Kept for the next event, unless a rare big one grew it.
-    if (joined.capacity() > kKeptJoinedBytes) std::string().swap(joined);
-    if (parsed) {
-      call_id->assign(call);
-      w.set_worker_id(worker_id);
-      return w;
-    }
+    // The worker's bytes with the OpenTelemetry ids behind them become the
+    // unknown fields (side_wire.proto), without a copy. The ids are encoded
+    // first: `trace`, `span`, `parent` and `call` point into `bytes`.
+    char ids[kOtelIdsBytes];
+    size_t n = 0;
+    EncodeOtelId(kTraceIdTag, trace, 16, ids, &n);
+    EncodeOtelId(kSpanIdTag, span, 8, ids, &n);
+    EncodeOtelId(kParentSpanIdTag, parent, 8, ids, &n);
+    call_id->assign(call);
+    bytes.append(ids, n);
+    TraceEventWire w;
+    w.mutable_unknown_fields()->swap(bytes);
+    SetWorkerId(w, worker_id);
+    return w;
   }
   // Too big, malformed, not UTF-8 or carrying the daemon's fields (forged):
   // decoded, cut or replaced as before (its ids land in the unknown fields).

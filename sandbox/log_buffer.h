@@ -36,16 +36,21 @@ using TraceSubscriber = TraceBuffer::Subscriber;
 // LogRecord (every string field valid UTF-8) that fits the wire limit,
 // else what ToLogRecord makes of them (cut to fit, or the WARNING record).
 // seq is left for the buffer; worker_id is `worker_id`; `*call_id` (not
-// null) gets the record's call_id.
-wire::LogRecordWire ToWireLogRecord(const std::string& bytes,
+// null) gets the record's call_id. Bytes the daemon keeps as they came
+// become the record's unknown fields without a copy (pass them moved).
+wire::LogRecordWire ToWireLogRecord(std::string bytes,
                                     const std::string& worker_id,
                                     std::string* call_id);
 // The same for a `trace` frame (a serialized TraceEvent), with the
 // OpenTelemetry byte ids derived from the agentix ids; nullopt where
 // ToTraceEvent gives nullopt (bytes that do not parse).
 std::optional<wire::TraceEventWire> ToWireTraceEvent(
-    const std::string& bytes, const std::string& worker_id,
-    std::string* call_id);
+    std::string bytes, const std::string& worker_id, std::string* call_id);
+
+// Sets a buffered record's (event's) worker_id as proto3 would serialize
+// it: an empty id is no field at all (side_wire.proto is proto2).
+void SetWorkerId(wire::LogRecordWire& record, const std::string& worker_id);
+void SetWorkerId(wire::TraceEventWire& event, const std::string& worker_id);
 
 // A full record (event) as the buffer keeps it, and back (tests, warnings).
 wire::LogRecordWire WireOf(const runtime::v1::LogRecord& record);

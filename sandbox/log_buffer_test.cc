@@ -203,6 +203,70 @@ TEST_CASE("A worker's trace event is kept as sent, with the daemon's seq, "
   CHECK(full.worker_id() == "w2");
 }
 
+TEST_CASE("What the daemon keeps as sent is the worker's bytes exactly, "
+          "behind seq and worker_id; no worker id is no field",
+          "[logs][traces][wire]") {
+  runtime::v1::LogRecord sent;
+  sent.set_logger("app");
+  sent.set_message("m \xe2\x82\xac");
+  sent.set_call_id("call-with-a-long-id-0123456789");
+  const std::string bytes = sent.SerializeAsString();
+  std::string call;
+  wire::LogRecordWire w = ToWireLogRecord(bytes, "w1", &call);
+  CHECK(call == "call-with-a-long-id-0123456789");
+  w.set_seq(5);
+  // seq (1) = 5, worker_id (13) = "w1", then the worker's bytes.
+  CHECK(w.SerializeAsString() == std::string("\x08\x05\x6a\x02w1") + bytes);
+  CHECK(w.ByteSizeLong() == bytes.size() + 6);
+
+  // Serialized as proto3 would: an empty worker id is left out, whether
+  // the bytes were kept or (forged worker_id) parsed.
+  runtime::v1::LogRecord forged = sent;
+  forged.set_worker_id("fake");
+  for (const std::string& b : {bytes, forged.SerializeAsString()}) {
+    wire::LogRecordWire none = ToWireLogRecord(b, "", &call);
+    none.set_seq(7);
+    const std::string out = none.SerializeAsString();
+    CHECK(Occurrences(out, 13) == 0);
+    CHECK(Occurrences(out, 1) == 1);
+    SetWorkerId(none, "w2");
+    CHECK(Occurrences(none.SerializeAsString(), 13) == 1);
+    SetWorkerId(none, "");
+    CHECK(none.SerializeAsString() == out);
+  }
+
+  // A record shorter than a string's inline buffer: the call id is read
+  // before the bytes move.
+  runtime::v1::LogRecord tiny;
+  tiny.set_call_id("c");
+  wire::LogRecordWire t = ToWireLogRecord(tiny.SerializeAsString(), "", &call);
+  CHECK(call == "c");
+  CHECK(t.SerializeAsString() == tiny.SerializeAsString());
+
+  // A trace event: the worker's bytes, then the derived ids, seq and
+  // worker_id in front; none when the worker is unknown.
+  runtime::v1::TraceEvent event;
+  event.set_kind(runtime::v1::TRACE_EVENT_KIND_SPAN_START);
+  event.set_agentix_trace_id("trace_000102030405060708090a0b0c0d0e0f");
+  event.set_agentix_span_id("span_a0a1a2a3a4a5a6a7a8a9aaab");
+  event.set_call_id("c2");
+  const std::string event_bytes = event.SerializeAsString();
+  std::optional<wire::TraceEventWire> e =
+      ToWireTraceEvent(event_bytes, "", &call);
+  REQUIRE(e.has_value());
+  CHECK(call == "c2");
+  e->set_seq(5);
+  const std::string ids =
+      std::string("\x1a\x10", 2) +
+      std::string("\x00\x01\x02\x03\x04\x05\x06\x07"
+                  "\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f", 16) +
+      "\x22\x08\xa0\xa1\xa2\xa3\xa4\xa5\xa6\xa7";  // no parent: no field 5
+  CHECK(e->SerializeAsString() == "\x08\x05" + event_bytes + ids);
+  SetWorkerId(*e, "w1");
+  CHECK(e->SerializeAsString() ==
+        "\x08\x05\x9a\x01\x02w1" + event_bytes + ids);  // 19: 0x9a 0x01
+}
+
 TEST_CASE("Record bytes a host could not parse never reach it",
           "[logs][wire]") {
   std::string call;
@@ -539,6 +603,50 @@ TEST_CASE("A call's records go to its client only; others to every client",
   REQUIRE(buffer.Subscribe(c, 0).ok());
   REQUIRE(Messages(*c) == std::vector<std::string>{"of-c"});
   REQUIRE(Messages(*a).size() == 2);
+}
+
+TEST_CASE("Owners given as runs route each record as owners given one by one",
+          "[logs]") {
+  std::vector<IdRun> runs;
+  for (const char* id : {"client-a", "client-a", "", "client-b", "client-b",
+                         "client-b", "client-a"}) {
+    AddToRuns(runs, id);
+  }
+  REQUIRE(runs.size() == 4);
+  CHECK(runs[0].id == "client-a");
+  CHECK(runs[0].count == 2);
+  CHECK(runs[1].id.empty());
+  CHECK(runs[2].count == 3);
+  CHECK(runs[3].count == 1);
+
+  auto owned = MakeLogBuffer(100);
+  LogBuffer& buffer = *owned;
+  auto a = std::make_shared<RecordingSubscriber>("client-a");
+  auto b = std::make_shared<RecordingSubscriber>("client-b");
+  REQUIRE(buffer.Subscribe(a, 0).ok());
+  REQUIRE(buffer.Subscribe(b, 0).ok());
+  std::vector<wire::LogRecordWire> records;
+  for (const char* m : {"a1", "a2", "none", "b1", "b2", "b3", "a3",
+                        "past-the-runs"}) {
+    records.push_back(Entry(m));
+  }
+  // Runs covering fewer records than given: the rest have no owner.
+  CHECK(buffer.AppendRuns(std::move(records), runs) == 1);
+  CHECK(Messages(*a) == std::vector<std::string>{"a1", "a2", "none", "a3",
+                                                 "past-the-runs"});
+  CHECK(Messages(*b) == std::vector<std::string>{"none", "b1", "b2", "b3",
+                                                 "past-the-runs"});
+  // A run of a client with no stream yet waits for it past acks; the
+  // others' records are freed.
+  CHECK(buffer.AppendRuns({Entry("c1"), Entry("c2")}, {{"client-c", 2}}) ==
+        9);
+  buffer.Ack(100);
+  CHECK(buffer.buffered() == 2);
+  auto c = std::make_shared<RecordingSubscriber>("client-c");
+  REQUIRE(buffer.Subscribe(c, 0).ok());
+  CHECK(Messages(*c) == std::vector<std::string>{"c1", "c2"});
+  buffer.Ack(100);
+  CHECK(buffer.buffered() == 0);
 }
 
 TEST_CASE("Records of no call kept while nobody listens go to one client once",

@@ -20,6 +20,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -34,6 +35,21 @@ namespace agentix::sandbox {
 inline std::string RandomInstanceId() {
   std::random_device rd;
   return fmt::format("{:08x}{:08x}", rd(), rd());
+}
+
+// `count` consecutive records that share `id` (a call id, a client id; ""
+// for none): a burst from one call is one string, not one per record.
+struct IdRun {
+  std::string id;
+  size_t count;
+};
+// Appends one record of `id` to `runs`.
+inline void AddToRuns(std::vector<IdRun>& runs, std::string_view id) {
+  if (!runs.empty() && runs.back().id == id) {
+    ++runs.back().count;
+  } else {
+    runs.push_back({std::string(id), 1});
+  }
 }
 
 // `Record` is a proto message with set_seq()/seq().
@@ -85,6 +101,15 @@ class SeqBuffer {
   // follow it by one each). Thread-safe.
   uint64_t Append(std::vector<Record> records,
                   const std::vector<std::string>& owners = {}) {
+    std::vector<IdRun> runs;
+    for (const std::string& owner : owners) AddToRuns(runs, owner);
+    return AppendRuns(std::move(records), runs);
+  }
+
+  // Append with the owners as runs: `owners` covers the first records in
+  // order (their counts), records past them have no owner.
+  uint64_t AppendRuns(std::vector<Record> records,
+                      const std::vector<IdRun>& owners) {
     std::vector<std::pair<std::shared_ptr<Subscriber>,
                           std::vector<RecordPtr>>> deliveries;
     uint64_t first;
@@ -92,32 +117,33 @@ class SeqBuffer {
     {
       absl::MutexLock lock(&mu_);
       first = next_seq_;
-      if (subscribers_.empty()) {
-        for (size_t i = 0; i < records.size(); ++i) {
-          Store(std::move(records[i]), i < owners.size() ? owners[i] : "",
-                /*delivered=*/false);
-        }
-        return first;  // kept in the backlog
-      }
       deliveries.reserve(subscribers_.size());
       for (const auto& s : subscribers_) deliveries.push_back({s, {}});
-      std::vector<RecordPtr> reports;
-      for (size_t i = 0; i < records.size(); ++i) {
-        const std::string& owner = i < owners.size() ? owners[i] : kNoOwner;
+      // Which subscribers get a run's records: decided once per run.
+      std::vector<char> gets(deliveries.size());
+      size_t i = 0;
+      auto store_run = [&](const std::string& id, size_t count) {
+        const OwnerPtr owner =
+            id.empty() ? nullptr : std::make_shared<const std::string>(id);
         bool delivered = false;
-        for (const auto& d : deliveries) {
-          if (owner.empty() || d.first->client_id() == owner) {
-            delivered = true;
-            break;
+        for (size_t k = 0; k < deliveries.size(); ++k) {
+          gets[k] = !owner || deliveries[k].first->client_id() == *owner;
+          delivered |= gets[k] != 0;
+        }
+        for (const size_t end = i + count; i < end; ++i) {
+          RecordPtr ptr = Store(std::move(records[i]), owner, delivered);
+          for (size_t k = 0; k < deliveries.size(); ++k) {
+            if (gets[k]) deliveries[k].second.push_back(ptr);
           }
         }
-        RecordPtr ptr = Store(std::move(records[i]), owner, delivered);
-        for (auto& d : deliveries) {
-          if (owner.empty() || d.first->client_id() == owner) {
-            d.second.push_back(ptr);
-          }
-        }
+      };
+      for (const IdRun& run : owners) {
+        if (i == records.size()) break;
+        store_run(run.id, std::min(run.count, records.size() - i));
       }
+      if (i < records.size()) store_run(kNoOwner, records.size() - i);
+      if (deliveries.empty()) return first;  // kept in the backlog
+      std::vector<RecordPtr> reports;
       ReportDrops(reports);
       for (auto& d : deliveries) {
         d.second.insert(d.second.end(), reports.begin(), reports.end());
@@ -179,9 +205,9 @@ class SeqBuffer {
       for (auto& entry : backlog_) {
         const uint64_t seq = entry.record->seq();
         const bool send =
-            seq > after_seq && (entry.owner.empty()
+            seq > after_seq && (entry.owner == nullptr
                                     ? !entry.delivered || after_seq > 0
-                                    : entry.owner == client);
+                                    : *entry.owner == client);
         if (!send) continue;
         entry.delivered = true;
         records.push_back(entry.record);
@@ -216,7 +242,7 @@ class SeqBuffer {
     auto end = backlog_.begin();
     while (end != backlog_.end() && end->record->seq() <= seq) ++end;
     auto kept = std::remove_if(backlog_.begin(), end, [](const Entry& e) {
-      return e.delivered || e.owner.empty();
+      return e.delivered || e.owner == nullptr;
     });
     backlog_.erase(kept, end);
   }
@@ -232,15 +258,18 @@ class SeqBuffer {
   }
 
  private:
+  // The client whose call emitted a record, shared by the records of one
+  // run; null for none.
+  using OwnerPtr = std::shared_ptr<const std::string>;
   struct Entry {
     RecordPtr record;
-    std::string owner;  // the client whose call emitted it, or ""
-    bool delivered;     // handed to at least one subscriber
+    OwnerPtr owner;
+    bool delivered;  // handed to at least one subscriber
   };
   inline static const std::string kNoOwner;
 
   // Adds a record to the backlog, evicting the oldest past capacity.
-  RecordPtr Store(Record record, const std::string& owner, bool delivered)
+  RecordPtr Store(Record record, const OwnerPtr& owner, bool delivered)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     record.set_seq(next_seq_++);
     auto ptr = std::make_shared<const Record>(std::move(record));
@@ -274,7 +303,7 @@ class SeqBuffer {
     std::optional<Record> report = reporter_(dropped, capacity_);
     if (report.has_value()) {
       // Delivered right after by the caller (Append or Subscribe).
-      out.push_back(Store(std::move(*report), kNoOwner, /*delivered=*/true));
+      out.push_back(Store(std::move(*report), nullptr, /*delivered=*/true));
     }
     unreported_drops_ = 0;
   }

@@ -740,10 +740,11 @@ absl::StatusOr<WorkerProcess*> SessionManager::EnsureWorker() {
 
 void SessionManager::OnWorkerFrames(uint64_t generation,
                                     std::vector<ipc::Frame>& frames) {
-  std::vector<const ipc::Frame*> log_frames;
-  std::vector<const ipc::Frame*> trace_frames;
+  // A side-channel frame's record string is moved into its buffered record.
+  std::vector<ipc::Frame*> log_frames;
+  std::vector<ipc::Frame*> trace_frames;
   std::vector<const ipc::Frame*> namespace_events;
-  for (const ipc::Frame& frame : frames) {
+  for (ipc::Frame& frame : frames) {
     if (frame.type == ipc::FrameType::kLog) {
       log_frames.push_back(&frame);
     } else if (frame.type == ipc::FrameType::kTrace) {
@@ -757,40 +758,40 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
   // the result carries their seqs (the barrier the host waits on).
   uint64_t first_log = 0;
   uint64_t first_trace = 0;
-  // The calls the records name, in frame order (the records themselves are
-  // moved into the buffers).
-  std::vector<std::string> log_calls;
-  std::vector<std::string> trace_calls;
+  // The calls the records name, in frame order, as runs (the records
+  // themselves are moved into the buffers).
+  std::vector<IdRun> log_calls;
+  std::vector<IdRun> trace_calls;
   if (!log_frames.empty() || !trace_frames.empty()) {
     std::string worker_id;
-    std::vector<std::string> log_owners;
-    std::vector<std::string> trace_owners;
+    std::vector<IdRun> log_owners;
+    std::vector<IdRun> trace_owners;
     // Checked before taking mu_: the worker's bytes are the records.
     std::vector<wire::LogRecordWire> records;
     records.reserve(log_frames.size());
-    log_calls.resize(log_frames.size());
-    for (size_t i = 0; i < log_frames.size(); ++i) {
+    std::string call_id;  // reused: no string per record
+    for (ipc::Frame* f : log_frames) {
       records.push_back(
-          ToWireLogRecord(log_frames[i]->record, "", &log_calls[i]));
+          ToWireLogRecord(std::move(f->record), "", &call_id));
+      AddToRuns(log_calls, call_id);
     }
     std::vector<wire::TraceEventWire> events;
     events.reserve(trace_frames.size());
-    trace_calls.reserve(trace_frames.size());
-    std::string call_id;
-    for (const ipc::Frame* f : trace_frames) {
+    for (ipc::Frame* f : trace_frames) {
+      const size_t size = f->record.size();
       std::optional<wire::TraceEventWire> e =
-          ToWireTraceEvent(f->record, "", &call_id);
+          ToWireTraceEvent(std::move(f->record), "", &call_id);
       if (!e.has_value()) {
         // Only code writing to the channel fd by hand gets here: the loss
         // is reported on the Logs stream, and the worker keeps serving.
         records.push_back(WireOf(RuntimeWarning(
             "agentix.sandbox",
             absl::StrCat("a trace event from the worker could not be "
-                         "decoded (", f->record.size(), " bytes)"))));
-        log_calls.emplace_back();
+                         "decoded (", size, " bytes)"))));
+        AddToRuns(log_calls, "");
         continue;
       }
-      trace_calls.push_back(std::move(call_id));
+      AddToRuns(trace_calls, call_id);
       events.push_back(std::move(*e));
     }
     {
@@ -802,12 +803,12 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
       trace_owners = OwnersOf(trace_calls);
     }
     if (!records.empty()) {
-      for (wire::LogRecordWire& r : records) r.set_worker_id(worker_id);
-      first_log = logs_->Append(std::move(records), log_owners);
+      for (wire::LogRecordWire& r : records) SetWorkerId(r, worker_id);
+      first_log = logs_->AppendRuns(std::move(records), log_owners);
     }
     if (!events.empty()) {
-      for (wire::TraceEventWire& e : events) e.set_worker_id(worker_id);
-      first_trace = traces_->Append(std::move(events), trace_owners);
+      for (wire::TraceEventWire& e : events) SetWorkerId(e, worker_id);
+      first_trace = traces_->AppendRuns(std::move(events), trace_owners);
     }
   }
   std::vector<Delivery> out;
@@ -845,44 +846,38 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
   ThrottleResults();
 }
 
-std::vector<std::string> SessionManager::OwnersOf(
-    const std::vector<std::string>& call_ids) {
-  std::vector<std::string> owners;
-  owners.reserve(call_ids.size());
-  const std::string* last_id = nullptr;
-  const std::string* last_owner = nullptr;
-  static const std::string kNone;
-  for (const std::string& id : call_ids) {
-    if (last_id == nullptr || *last_id != id) {
-      last_id = &id;
-      auto it = id.empty() ? calls_.end() : calls_.find(id);
-      last_owner = it == calls_.end() ? &kNone : &it->second.client;
+std::vector<IdRun> SessionManager::OwnersOf(
+    const std::vector<IdRun>& call_ids) {
+  std::vector<IdRun> owners;
+  for (const IdRun& run : call_ids) {
+    auto it = run.id.empty() ? calls_.end() : calls_.find(run.id);
+    const std::string_view owner =
+        it == calls_.end() ? std::string_view() : it->second.client;
+    if (!owners.empty() && owners.back().id == owner) {
+      owners.back().count += run.count;
+    } else {
+      owners.push_back({std::string(owner), run.count});
     }
-    owners.push_back(*last_owner);
   }
   return owners;
 }
 
-void SessionManager::TrackSeqs(const std::vector<std::string>& call_ids,
+void SessionManager::TrackSeqs(const std::vector<IdRun>& call_ids,
                                uint64_t first,
                                uint64_t Call::*call_seq,
                                uint64_t& unattributed) {
-  const std::string* last_id = nullptr;
-  Call* last_call = nullptr;
-  for (size_t i = 0; i < call_ids.size(); ++i) {
-    const std::string& id = call_ids[i];
-    const uint64_t seq = first + i;
-    if (id.empty()) {
-      unattributed = seq;
+  uint64_t seq = first;
+  for (const IdRun& run : call_ids) {
+    seq += run.count;
+    const uint64_t last = seq - 1;  // the run's last record
+    if (run.id.empty()) {
+      unattributed = last;
       continue;
     }
-    if (last_id == nullptr || *last_id != id) {
-      auto it = calls_.find(id);
-      last_id = &id;
-      last_call = it == calls_.end() || it->second.terminal ? nullptr
-                                                            : &it->second;
+    auto it = calls_.find(run.id);
+    if (it != calls_.end() && !it->second.terminal) {
+      it->second.*call_seq = last;
     }
-    if (last_call != nullptr) last_call->*call_seq = seq;
   }
 }
 

@@ -314,12 +314,12 @@ class SessionManager : public WorkerProcess::Listener {
   // Notes the seqs the side channels gave a batch of worker records.
   // The client of each record's call ("" for none, or a call no longer
   // known): where its log record or trace event goes.
-  std::vector<std::string> OwnersOf(const std::vector<std::string>& call_ids)
+  std::vector<IdRun> OwnersOf(const std::vector<IdRun>& call_ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records of `call_ids` (log records or trace events, numbered from
   // `first` on) update their calls' `call_seq`, or `unattributed` when they
   // name none.
-  void TrackSeqs(const std::vector<std::string>& call_ids, uint64_t first,
+  void TrackSeqs(const std::vector<IdRun>& call_ids, uint64_t first,
                  uint64_t Call::*call_seq, uint64_t& unattributed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Turns one worker frame into an event of its call (if still open);
