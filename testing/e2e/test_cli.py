@@ -182,8 +182,8 @@ def test_doctor_reports_each_check_and_what_to_do(world, tmp_path):
     assert done.returncode == 0, done.stdout
     document = json.loads(done.stdout)
     checks = {c["name"]: c for c in document["checks"]}
-    for name in ("python", "grpcio", "protobuf", "bubblewrap", "user namespaces", "cgroups", "docker", "podman",
-                 "bundler", "agentix-providerd", "agentix-sandboxd", "agentix-worker"):
+    for name in ("python", "grpcio", "protobuf", "bubblewrap", "user namespaces", "cgroups", "cpu idle", "docker",
+                 "podman", "bundler", "agentix-providerd", "agentix-sandboxd", "agentix-worker"):
         assert name in checks, checks
     assert checks["bubblewrap"]["status"] == "ok" and checks["user namespaces"]["status"] == "ok"
     assert document["version"] == agentix.__version__
