@@ -6,6 +6,7 @@
 #include <string>
 
 #include "agentix/runtime/v1/runtime.pb.h"
+#include "host/python/native/proto_test_bytes.h"
 
 namespace agentix::host {
 namespace {
@@ -17,21 +18,9 @@ using runtime::v1::LogsResponse;
 using runtime::v1::TraceEvent;
 using runtime::v1::TracesResponse;
 
-void AppendVarint(std::string& out, uint64_t value) {
-  while (value >= 0x80) {
-    out.push_back(static_cast<char>(value | 0x80));
-    value >>= 7;
-  }
-  out.push_back(static_cast<char>(value));
-}
-void AppendTag(std::string& out, uint32_t field, int wire_type) {
-  AppendVarint(out, (uint64_t{field} << 3) | static_cast<uint64_t>(wire_type));
-}
-void AppendBytesField(std::string& out, uint32_t field, const std::string& v) {
-  AppendTag(out, field, 2);
-  AppendVarint(out, v.size());
-  out += v;
-}
+using test_bytes::AppendBytesField;
+using test_bytes::AppendTag;
+using test_bytes::AppendVarint;
 
 void RequireSameRecord(const LogRecordView& view, const LogRecord& parsed) {
   CHECK(view.seq == parsed.seq());
