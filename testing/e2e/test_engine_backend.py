@@ -213,6 +213,20 @@ def wait_exit(tool, ref, timeout=60):
         time.sleep(0.1)
 
 
+def tail_with(tool, ref, *wanted, timeout=10):
+    """The log tail of an exited container once it holds one of `wanted`
+    (or the last tail read, after `timeout`): the exit and the log's last
+    lines reach the engine's API by different paths (conmon's exit file and
+    its log writer for podman), so a tail read the moment the exit is seen
+    may not have them yet on a loaded machine."""
+    deadline = time.monotonic() + timeout
+    while True:
+        tail = tool.call("log_tail", ref=ref)["text"]
+        if any(text in tail for text in wanted) or time.monotonic() > deadline:
+            return tail
+        time.sleep(0.1)
+
+
 def assert_gone(engine, tool, ref, run_root):
     assert tool.call("inspect", ref=ref)["state"] == "MISSING"
     assert all(c["Id"] != ref for c in engine.containers(tool.instance))
@@ -374,8 +388,11 @@ def test_pids_limit_stops_forks(engine, tool, run_root, tmp_path):
     bundle_dir = shell_bundle(tmp_path / "b", script)
     ref = launch(tool, bundle_dir, resources={"pids": 12})
     wait_exit(tool, ref)
-    tail = tool.call("log_tail", ref=ref)["text"]
-    assert "can't fork" in tail or "Resource temporarily unavailable" in tail, tail
+    tail = tail_with(tool, ref, "running: ")
+    # 40 forks tried, at most 12 processes: the limit held. The shell's own
+    # "can't fork" line is not required: with two busy cores beside it,
+    # podman 4.3 logged an empty line in its place in 6 runs of 6 (the count
+    # after it intact), so it says nothing about the limit.
     running = int(report(tail)["running"])
     assert running <= 12, tail
     assert tool.call("destroy", ref=ref, grace_ms=0)["ok"]
@@ -445,7 +462,7 @@ def test_entry_point_that_cannot_run_exits_and_says_why(engine, tool, run_root, 
     ref = launch(tool, bundle_dir)
     observed = wait_exit(tool, ref)
     assert observed["exit_code"] != 0, observed
-    tail = tool.call("log_tail", ref=ref)["text"]
+    tail = tail_with(tool, ref, "ermission denied")
     # docker's tini names the file; podman's catatonit says "failed to exec pid1".
     assert "ermission denied" in tail, tail
     assert tool.call("destroy", ref=ref, grace_ms=0)["ok"]
