@@ -43,12 +43,14 @@ struct IdRun {
   std::string id;
   size_t count;
 };
-// Appends one record of `id` to `runs`.
-inline void AddToRuns(std::vector<IdRun>& runs, std::string_view id) {
+// Appends `count` records of `id` to `runs` (joining the last run when it
+// has the same id).
+inline void AddToRuns(std::vector<IdRun>& runs, std::string_view id,
+                      size_t count = 1) {
   if (!runs.empty() && runs.back().id == id) {
-    ++runs.back().count;
+    runs.back().count += count;
   } else {
-    runs.push_back({std::string(id), 1});
+    runs.push_back({std::string(id), count});
   }
 }
 

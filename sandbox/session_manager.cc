@@ -851,13 +851,9 @@ std::vector<IdRun> SessionManager::OwnersOf(
   std::vector<IdRun> owners;
   for (const IdRun& run : call_ids) {
     auto it = run.id.empty() ? calls_.end() : calls_.find(run.id);
-    const std::string_view owner =
-        it == calls_.end() ? std::string_view() : it->second.client;
-    if (!owners.empty() && owners.back().id == owner) {
-      owners.back().count += run.count;
-    } else {
-      owners.push_back({std::string(owner), run.count});
-    }
+    AddToRuns(owners,
+              it == calls_.end() ? std::string_view() : it->second.client,
+              run.count);
   }
   return owners;
 }
