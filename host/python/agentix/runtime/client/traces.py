@@ -288,7 +288,7 @@ class EventReplayer:
                     or len(event.agentix_parent_id) > MAX_ID_CHARS):
                 _check_ids(event)
             return
-        item = None
+        item: Trace | Span | None = None
         native = _native_span
         if native is not None:  # None: not a plain span event, trace_item bounds it
             item = native(event, Span, MAX_ID_CHARS, MAX_NAME_CHARS, MAX_KEY_CHARS, MAX_ATTRIBUTES)
