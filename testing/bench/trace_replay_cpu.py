@@ -50,7 +50,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spans", type=int, default=1000)
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--python-spans", action="store_true",
+                        help="build every Span in Python (trace_item), as before stop 25's native span_item")
     args = parser.parse_args()
+    # What a Traces stream chooses before its first batch.
+    if hasattr(traces, "choose_native"):
+        traces.choose_native()
+        if args.python_spans:
+            traces._native_span = None
+    else:  # a host from before stop 25: native stamps only
+        traces._stamp = traces.native_stamp()
     message = response(args.spans)
     ended = 0
 
@@ -72,7 +81,8 @@ def main() -> None:
     replayed = best_us_per_span(replay, args.spans, args.reps)
     if ended != args.spans * args.reps:
         raise AssertionError(f"{ended} spans ended, {args.spans * args.reps} replayed")
-    print(f"µs per span ({kind}, best of {args.reps}): decode {decode:.3f}, replay {replayed:.3f}, "
+    spans = "python" if getattr(traces, "_native_span", None) is None else "native"
+    print(f"µs per span ({kind}, {spans} spans, best of {args.reps}): decode {decode:.3f}, replay {replayed:.3f}, "
           f"both {decode + replayed:.3f}")
 
 

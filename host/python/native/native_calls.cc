@@ -580,6 +580,11 @@ PyMethodDef kModuleMethods[] = {
     {"trace_events", agentix::host::TraceEvents, METH_O,
      "trace_events(message) -> (instance_id, [TraceEventFields, ...]) | None: a serialized TracesResponse's "
      "events (attributes and events as tuples, attributes as (key, value) pairs; no OpenTelemetry ids), or None as log_records."},
+    {"span_item", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(agentix::host::SpanItem)),
+     METH_FASTCALL,
+     "span_item(event, span_type, max_id_chars, max_name_chars, max_key_chars, max_attributes) -> Span | None: "
+     "the span traces.trace_item makes of a plain SPAN_START / SPAN_END TraceEventFields (no span events, no "
+     "error, within the limits), made in one call; None for any other event (then trace_item's path)."},
     {"iso_from_unix_nanos", agentix::host::IsoFromUnixNanos, METH_O,
      "iso_from_unix_nanos(nanos) -> str | None: an int64 of nanoseconds since the epoch as agentix.trace's "
      "ISO-8601 UTC stamp (YYYY-MM-DDTHH:MM:SS.ffffffZ, truncated to microseconds); None for 0 or less."},

@@ -333,7 +333,166 @@ void FormatStamp(int64_t micros, char* out) {
   out[26] = 'Z';
 }
 
+// A new str of nanos' stamp, or None for 0 or less (IsoFromUnixNanos's
+// text for an int64 already read).
+PyObject* StampOrNone(long long nanos) {
+  if (nanos <= 0) return Py_NewRef(Py_None);
+  PyObject* text = PyUnicode_New(kStampChars, 127);
+  if (text == nullptr) return nullptr;
+  FormatStamp(nanos / 1000, reinterpret_cast<char*>(PyUnicode_1BYTE_DATA(text)));
+  return text;
+}
+
+// Span's fields in its __init__'s order, and the other strs span_item
+// makes; interned once, at import.
+constexpr const char* kSpanFieldNames[] = {"span_id",  "trace_id",   "parent_id", "name",
+                                           "attrs",    "started_at", "ended_at",  "status",
+                                           "status_description", "error", "events"};
+constexpr size_t kSpanFields = sizeof(kSpanFieldNames) / sizeof(kSpanFieldNames[0]);
+PyObject* span_field_names[kSpanFields] = {};
+PyObject* status_names[3] = {};  // SpanStatusCode UNSET, OK, ERROR as agentix.trace's SpanStatus
+PyObject* call_id_key = nullptr;
+PyObject* empty_tuple = nullptr;
+
+// TraceEventFields' items span_item reads (kTraceEventFields' order).
+enum TraceField : Py_ssize_t {
+  kFieldKind = 1, kFieldTraceId, kFieldSpanId, kFieldParentId, kFieldName, kFieldStart, kFieldEnd,
+  kFieldAttributes, kFieldEvents, kFieldStatus, kFieldStatusDescription, kFieldErrorMessage,
+  kFieldErrorData, kFieldCallId,
+};
+constexpr long kSpanStart = 3, kSpanEnd = 4;  // TraceEventKind
+
+// The limits traces.py bounds a sandbox's spans by (its MAX_* constants).
+struct SpanLimits {
+  long long id_chars, name_chars, key_chars, attributes;
+};
+
+bool LongerThan(PyObject* text, long long limit) {
+  return !PyUnicode_Check(text) || PyUnicode_GET_LENGTH(text) > limit;
+}
+
+// attrs of a span event within `limits`: {key: value}, call_id set unless an
+// attribute has that key; nullptr with an error set, or with `*declined`
+// for an event the Python path must bound.
+PyObject* SpanAttrs(PyObject* event, const SpanLimits& limits, bool* declined) {
+  PyObject* items = PyStructSequence_GET_ITEM(event, kFieldAttributes);
+  if (!PyTuple_Check(items) || PyTuple_GET_SIZE(items) > limits.attributes) {
+    *declined = true;
+    return nullptr;
+  }
+  PyObject* attrs = PyDict_New();
+  if (attrs == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(items); ++i) {
+    PyObject* pair = PyTuple_GET_ITEM(items, i);  // (key, value): AttributeList's
+    PyObject* key = PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2 ? PyTuple_GET_ITEM(pair, 0) : nullptr;
+    if (key == nullptr || LongerThan(key, limits.key_chars)) {
+      *declined = true;
+      Py_DECREF(attrs);
+      return nullptr;
+    }
+    if (PyDict_SetItem(attrs, key, PyTuple_GET_ITEM(pair, 1)) < 0) {
+      Py_DECREF(attrs);
+      return nullptr;
+    }
+  }
+  PyObject* call_id = PyStructSequence_GET_ITEM(event, kFieldCallId);
+  if (!PyUnicode_Check(call_id)) {
+    *declined = true;
+    Py_DECREF(attrs);
+    return nullptr;
+  }
+  if (PyUnicode_GET_LENGTH(call_id) > 0 && PyDict_SetDefault(attrs, call_id_key, call_id) == nullptr) {
+    Py_DECREF(attrs);
+    return nullptr;
+  }
+  return attrs;
+}
+
+// The Span (of `span_type`, made as Span.__new__ then its fields set in
+// __init__'s order) a SPAN_START / SPAN_END event of the common shape
+// describes; None (`*declined`) for anything else.
+PyObject* NewSpan(PyObject* event, PyTypeObject* span_type, const SpanLimits& limits, bool* declined) {
+  *declined = true;
+  const long kind = PyLong_AsLong(PyStructSequence_GET_ITEM(event, kFieldKind));
+  if (kind != kSpanStart && kind != kSpanEnd) {
+    PyErr_Clear();  // not an int: trace_item's path says what is wrong
+    return nullptr;
+  }
+  PyObject* trace_id = PyStructSequence_GET_ITEM(event, kFieldTraceId);
+  PyObject* span_id = PyStructSequence_GET_ITEM(event, kFieldSpanId);
+  PyObject* parent_id = PyStructSequence_GET_ITEM(event, kFieldParentId);
+  PyObject* name = PyStructSequence_GET_ITEM(event, kFieldName);
+  PyObject* events = PyStructSequence_GET_ITEM(event, kFieldEvents);
+  PyObject* error_message = PyStructSequence_GET_ITEM(event, kFieldErrorMessage);
+  PyObject* description = PyStructSequence_GET_ITEM(event, kFieldStatusDescription);
+  if (LongerThan(trace_id, limits.id_chars) || LongerThan(span_id, limits.id_chars) ||
+      LongerThan(parent_id, limits.id_chars) || LongerThan(name, limits.name_chars) ||
+      !PyTuple_Check(events) || PyTuple_GET_SIZE(events) != 0 || LongerThan(error_message, 0) ||
+      !PyUnicode_Check(description)) {
+    return nullptr;  // events, an error, or a bound to apply: the Python path
+  }
+  *declined = false;
+  PyObject* stamps[] = {PyStructSequence_GET_ITEM(event, kFieldStart), PyStructSequence_GET_ITEM(event, kFieldEnd)};
+  PyObject* status_code = PyStructSequence_GET_ITEM(event, kFieldStatus);
+  if (!PyLong_CheckExact(stamps[0]) || !PyLong_CheckExact(stamps[1]) || !PyLong_CheckExact(status_code)) {
+    *declined = true;
+    return nullptr;
+  }
+  const long long start = PyLong_AsLongLong(stamps[0]);
+  const long long end = PyLong_AsLongLong(stamps[1]);
+  const long status = PyLong_AsLong(status_code);
+  if (PyErr_Occurred()) {  // beyond int64 (not from the decoder): trace_item's path
+    PyErr_Clear();
+    *declined = true;
+    return nullptr;
+  }
+  PyObject* values[kSpanFields] = {};
+  values[0] = Py_NewRef(span_id);
+  values[1] = Py_NewRef(trace_id);
+  values[2] = Py_NewRef(PyUnicode_GET_LENGTH(parent_id) > 0 ? parent_id : Py_None);
+  values[3] = Py_NewRef(name);
+  values[4] = SpanAttrs(event, limits, declined);
+  values[5] = values[4] == nullptr ? nullptr : StampOrNone(start);
+  values[6] = values[5] == nullptr ? nullptr : StampOrNone(end);
+  values[7] = Py_NewRef(status_names[status == 1 || status == 2 ? status : 0]);
+  values[8] = Py_NewRef(PyUnicode_GET_LENGTH(description) > 0 ? description : Py_None);
+  values[9] = Py_NewRef(Py_None);
+  values[10] = PyList_New(0);
+  PyObject* span = nullptr;
+  bool made = values[6] != nullptr && values[10] != nullptr;
+  if (made) span = span_type->tp_new(span_type, empty_tuple, nullptr);
+  made = span != nullptr;
+  for (size_t i = 0; made && i < kSpanFields; ++i) {
+    made = PyObject_SetAttr(span, span_field_names[i], values[i]) == 0;
+  }
+  for (PyObject* value : values) Py_XDECREF(value);
+  if (!made) Py_CLEAR(span);
+  return span;
+}
+
 }  // namespace
+
+PyObject* SpanItem(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 6 || !PyType_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "span_item() takes (event, span_type, max_id_chars, max_name_chars, max_key_chars, "
+                    "max_attributes)");
+    return nullptr;
+  }
+  SpanLimits limits{};
+  long long* fields[] = {&limits.id_chars, &limits.name_chars, &limits.key_chars, &limits.attributes};
+  for (size_t i = 0; i < 4; ++i) {
+    *fields[i] = PyLong_AsLongLong(args[2 + i]);
+    if (*fields[i] == -1 && PyErr_Occurred()) return nullptr;
+  }
+  // Protobuf's TraceEvent (the pure wheel's, or a response only protobuf
+  // read) takes the Python path.
+  if (Py_TYPE(args[0]) != trace_event_type) return Py_NewRef(Py_None);
+  bool declined = false;
+  PyObject* span = NewSpan(args[0], reinterpret_cast<PyTypeObject*>(args[1]), limits, &declined);
+  if (span == nullptr && declined && !PyErr_Occurred()) return Py_NewRef(Py_None);
+  return span;
+}
 
 PyObject* IsoFromUnixNanos(PyObject*, PyObject* nanos) {
   if (!PyLong_Check(nanos)) {
@@ -363,6 +522,18 @@ PyObject* TraceEvents(PyObject*, PyObject* message) {
 }
 
 bool AddSideRecordTypes(PyObject* module) {
+  for (size_t i = 0; i < kSpanFields; ++i) {
+    span_field_names[i] = PyUnicode_InternFromString(kSpanFieldNames[i]);
+    if (span_field_names[i] == nullptr) return false;
+  }
+  const char* statuses[] = {"unset", "ok", "error"};
+  for (size_t i = 0; i < 3; ++i) {
+    status_names[i] = PyUnicode_InternFromString(statuses[i]);
+    if (status_names[i] == nullptr) return false;
+  }
+  call_id_key = PyUnicode_InternFromString("call_id");
+  empty_tuple = PyTuple_New(0);
+  if (call_id_key == nullptr || empty_tuple == nullptr) return false;
   log_record_type = PyStructSequence_NewType(&kLogRecordDesc);
   trace_event_type = log_record_type == nullptr ? nullptr : PyStructSequence_NewType(&kTraceEventDesc);
   span_event_type = trace_event_type == nullptr ? nullptr : PyStructSequence_NewType(&kSpanEventDesc);

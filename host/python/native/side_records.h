@@ -17,6 +17,16 @@ PyObject* LogRecords(PyObject* module, PyObject* message);
 // trace_events(message) -> (instance_id, [TraceEventFields, ...]) | None
 PyObject* TraceEvents(PyObject* module, PyObject* message);
 
+// span_item(event, span_type, max_id_chars, max_name_chars, max_key_chars,
+// max_attributes) -> Span | None: the `span_type` (agentix.trace's Span)
+// that traces.trace_item makes of a TraceEventFields of kind SPAN_START /
+// SPAN_END with no span events and no error, within the limits; built in one
+// call (Span.__new__, then its fields set in __init__'s order: Span is a plain
+// dataclass). None for any other event (other kinds, events, an error, an id,
+// name, key or attribute count beyond its limit, protobuf's TraceEvent): the
+// caller then takes trace_item's path, which bounds or refuses it.
+PyObject* SpanItem(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
+
 // iso_from_unix_nanos(nanos) -> str | None: `nanos` (an int64) since the
 // epoch as agentix.trace's stamp ("YYYY-MM-DDTHH:MM:SS.ffffffZ", truncated
 // to microseconds), None for 0 or less; what traces.iso_from_nanos returns.

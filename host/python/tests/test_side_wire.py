@@ -15,7 +15,14 @@ from google.protobuf.message import DecodeError
 
 from agentix import trace
 from agentix.runtime.client import logs, traces
-from agentix.runtime.client._native_calls import LogRecordFields, iso_from_unix_nanos, log_records, trace_events
+from agentix.runtime.client._native_calls import (
+    LogRecordFields,
+    TraceEventFields,
+    iso_from_unix_nanos,
+    log_records,
+    span_item,
+    trace_events,
+)
 from agentix.runtime.v1 import runtime_pb2 as pb
 from fake_runtime import log_record, trace_event
 
@@ -359,3 +366,106 @@ def test_without_the_native_module_responses_take_protobufs_path(monkeypatch):
     assert traces.native_stamp() is traces.iso_from_nanos
     with pytest.raises(DecodeError):
         logs.decode_response(sample_logs()[:-3])
+
+
+LIMITS = (traces.MAX_ID_CHARS, traces.MAX_NAME_CHARS, traces.MAX_KEY_CHARS, traces.MAX_ATTRIBUTES)
+
+
+def span_events() -> list:
+    """Span events of every shape replay meets: plain starts and ends (attributes
+    of each type, a repeated key, a call_id attribute, unset stamps, statuses
+    known and not), and ones span_item leaves to trace_item (events, an error,
+    over-long names, keys, ids and attribute counts, other kinds)."""
+    plain = dict(agentix_trace_id="trace_1", agentix_span_id="span_2", name="s", call_id="call-1")
+    many = {f"k{i}": i for i in range(traces.MAX_ATTRIBUTES + 1)}
+    shapes = [
+        (pb.TRACE_EVENT_KIND_SPAN_START, dict(plain, start_time_unix_nanos=1764670000000001000,
+                                              agentix_parent_id="span_1")),
+        (pb.TRACE_EVENT_KIND_SPAN_END, dict(plain, start_time_unix_nanos=1764670000000001000,
+                                            end_time_unix_nanos=1764670000999999999, status=pb.SPAN_STATUS_CODE_OK,
+                                            attributes={"flag": True, "i": -9, "ratio": 0.5, "blob": b"\xff",
+                                                        "s": "ünï"})),
+        (pb.TRACE_EVENT_KIND_SPAN_END, dict(plain, status=pb.SPAN_STATUS_CODE_ERROR, status_description="failed",
+                                            attributes=[pb.Attribute(key="a", value=pb.AttributeValue(int_value=1)),
+                                                        pb.Attribute(key="call_id"),
+                                                        pb.Attribute(key="a", value=pb.AttributeValue(int_value=2))])),
+        (pb.TRACE_EVENT_KIND_SPAN_END, dict(agentix_span_id="span_3", status=77, start_time_unix_nanos=-5)),
+        (pb.TRACE_EVENT_KIND_SPAN_END, dict(plain, name="n" * traces.MAX_NAME_CHARS,
+                                            agentix_parent_id="p" * traces.MAX_ID_CHARS,
+                                            attributes={"k" * traces.MAX_KEY_CHARS: 1})),
+        # Left to trace_item:
+        (pb.TRACE_EVENT_KIND_SPAN_END, dict(plain, events=[pb.SpanEventRecord(name="retry")])),
+        (pb.TRACE_EVENT_KIND_SPAN_END, dict(plain, error_message="boom", error_data={"code": 7})),
+        (pb.TRACE_EVENT_KIND_SPAN_END, dict(plain, name="n" * (traces.MAX_NAME_CHARS + 1))),
+        (pb.TRACE_EVENT_KIND_SPAN_END, dict(plain, attributes={"k" * (traces.MAX_KEY_CHARS + 1): 1})),
+        (pb.TRACE_EVENT_KIND_SPAN_START, dict(plain, attributes=many)),
+        (pb.TRACE_EVENT_KIND_TRACE_START, dict(plain, attributes={"user": "ada"})),
+        (pb.TRACE_EVENT_KIND_TRACE_END, plain),
+        (9, plain),
+    ]
+    response = pb.TracesResponse(events=[trace_event(seq, kind, **fields)
+                                         for seq, (kind, fields) in enumerate(shapes, 1)])
+    return trace_events(response.SerializeToString())[1]
+
+
+def test_native_spans_are_the_ones_trace_item_makes():
+    built = 0
+    for event in span_events():
+        expected = traces.trace_item(event)
+        made = span_item(event, trace.Span, *LIMITS)
+        if made is None:  # left to trace_item (which seqs: below)
+            continue
+        built += 1
+        assert type(made) is trace.Span and made == expected
+        # The same fields in the same order: export() and repr() see no difference.
+        assert list(vars(made).items()) == list(vars(expected).items())
+        assert made.attrs is not expected.attrs and made.events == [] and made.events is not expected.events
+    assert built == 5
+    declined = [event.seq for event in span_events() if span_item(event, trace.Span, *LIMITS) is None]
+    assert declined == list(range(6, 14))
+
+
+def test_events_span_item_cannot_read_take_the_python_path_or_raise_a_type_error():
+    ids = ("trace_1", "span_2", "")
+    odd = [
+        (1, 4, *ids, "s", 0, 0, (("k",),), (), 0, "", "", (), "", ""),  # a pair that is no pair
+        (1, 4, *ids, "s", 0, 0, (), (), 0, "", "", (), 5, ""),  # a call id that is no str
+        (1, 4, *ids, "s", 2**70, 0, (), (), 0, "", "", (), "", ""),  # beyond int64
+        (1, 4, *ids, "s", "0", 0, (), (), 0, "", "", (), "", ""),
+        (1, 4, 7, "span_2", "", "s", 0, 0, (), (), 0, "", "", (), "", ""),
+        (1, "4", *ids, "s", 0, 0, (), (), 0, "", "", (), "", ""),
+    ]
+    for fields in odd:
+        assert span_item(TraceEventFields(fields), trace.Span, *LIMITS) is None
+    assert span_item(pb.TraceEvent(kind=pb.TRACE_EVENT_KIND_SPAN_END), trace.Span, *LIMITS) is None
+    with pytest.raises(TypeError):
+        span_item(span_events()[0], trace.Span)
+    with pytest.raises(TypeError):
+        span_item(span_events()[0], "Span", *LIMITS)
+
+
+def test_replay_makes_the_same_spans_with_or_without_span_item(monkeypatch):
+    seen = []
+
+    class Keep(trace.Processor):
+        def on_span_start(self, item):
+            seen.append(("start", item))
+
+        def on_span_end(self, item):
+            seen.append(("end", item))
+
+    processor = Keep()
+    trace.add_processor(processor)
+    try:
+        traces.choose_native()
+        assert traces._native_span is span_item
+        for native in (span_item, None):
+            monkeypatch.setattr(traces, "_native_span", native)
+            replayer = traces.EventReplayer()
+            for event in span_events():
+                replayer.replay(event)
+    finally:
+        trace._processors = tuple(p for p in trace._processors if p is not processor)
+    half = len(seen) // 2
+    assert half == 10 and seen[:half] == seen[half:]
+    assert [vars(item) for _, item in seen[:half]] == [vars(item) for _, item in seen[half:]]

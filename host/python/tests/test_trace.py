@@ -7,7 +7,9 @@ import datetime
 import io
 import json
 import logging
+import os
 import pickle
+import random
 import re
 import threading
 import uuid
@@ -81,6 +83,30 @@ def test_ids_keep_the_uuid4_version_and_variant_bits():
     for value in [tr.gen_trace_id()[6:] for _ in range(50)] + [tr.gen_span_id()[5:] for _ in range(50)]:
         assert value[12] == "4" and value[16] in "89ab", value
         assert uuid.UUID(value.ljust(32, "0")).version == 4
+
+
+def test_ids_do_not_follow_the_programs_random_seed():
+    random.seed(0)
+    first = [tr.gen_span_id() for _ in range(3)] + [tr.gen_trace_id()]
+    random.seed(0)
+    again = [tr.gen_span_id() for _ in range(3)] + [tr.gen_trace_id()]
+    assert not set(first) & set(again)
+
+
+def test_a_forked_child_does_not_repeat_its_parents_ids():
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids to the parent, then out at once
+        try:
+            os.write(write_end, " ".join([tr.gen_span_id() for _ in range(5)] + [tr.gen_trace_id()]).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        child = pipe.read().decode().split()
+    os.waitpid(pid, 0)
+    parent = [tr.gen_span_id() for _ in range(5)] + [tr.gen_trace_id()]
+    assert len(child) == 6 and not set(child) & set(parent)
 
 
 def test_now_matches_the_clock_across_seconds(monkeypatch):

@@ -413,7 +413,19 @@ async def test_events_no_processor_watches_are_skipped_but_ids_still_checked(run
         built.append(event.kind)
         return real_trace_item(event)
 
+    # Plain span events are built by the native span_item once a stream chose it.
+    traces.choose_native()
+    real_native_span = traces._native_span
+
+    def counting_native_span(event, *args):
+        item = real_native_span(event, *args)
+        if item is not None:
+            built.append(event.kind)
+        return item
+
     traces.trace_item = counting_trace_item
+    if real_native_span is not None:
+        traces._native_span = counting_native_span
     try:
         long_id = "span_" + "x" * (traces.MAX_ID_CHARS + 1)
         runtime.add_traces(
@@ -426,6 +438,7 @@ async def test_events_no_processor_watches_are_skipped_but_ids_still_checked(run
             await eventually(lambda: runtime.trace_acks and runtime.trace_acks[-1] == 7)
     finally:
         traces.trace_item = real_trace_item
+        traces._native_span = real_native_span
         trace.set_processors(saved)
     # Only the span ends were made into Spans; the ends carry what they always did.
     assert built == [pb.TRACE_EVENT_KIND_SPAN_END] * 2

@@ -93,6 +93,9 @@ def iso_from_nanos(nanos: int) -> str | None:
 # grpc++, so it is not imported with this module).
 _stamp: Callable[[int], str | None] = iso_from_nanos
 _stamp_chosen = False
+# And `_native_calls.span_item` (trace_item's Span of a plain span event,
+# made in one call) once chosen with it, when the native module loads.
+_native_span: Callable[..., Span | None] | None = None
 
 
 def attribute_value(value: pb.AttributeValue) -> Any:
@@ -254,7 +257,9 @@ class EventReplayer:
     not made into a `Span`/`Trace` at all: dispatching it would change
     nothing. Its ids are still checked (an over-long one is refused as
     always). Which methods are skipped is worked out again whenever the
-    processor list changes."""
+    processor list changes. Once `choose_native` has run, a plain span
+    event's `Span` comes from ``_native_calls.span_item`` (the same object
+    as `trace_item`'s, in one C call); any other event takes `trace_item`."""
 
     __slots__ = ("_processors", "_skipped")
 
@@ -283,9 +288,32 @@ class EventReplayer:
                     or len(event.agentix_parent_id) > MAX_ID_CHARS):
                 _check_ids(event)
             return
-        item = trace_item(event)
+        item: Trace | Span | None = None
+        native = _native_span
+        if native is not None:  # None: not a plain span event, trace_item bounds it
+            item = native(event, Span, MAX_ID_CHARS, MAX_NAME_CHARS, MAX_KEY_CHARS, MAX_ATTRIBUTES)
+        if item is None:
+            item = trace_item(event)
         if item is not None:
             _trace._dispatch(method, item)
+
+
+def native_span() -> Callable[..., Span | None] | None:
+    """``_native_calls.span_item``, or None without the native module."""
+    try:
+        from agentix.runtime.client import _native_calls
+    except ImportError:
+        return None
+    return _native_calls.span_item
+
+
+def choose_native() -> None:
+    """Makes replay stamp times with `native_stamp` and build plain spans
+    with `native_span` (once; a Traces stream calls it before its first
+    batch)."""
+    global _stamp, _stamp_chosen, _native_span
+    if not _stamp_chosen:
+        _stamp, _native_span, _stamp_chosen = native_stamp(), native_span(), True
 
 
 class TracesStream(SubscriptionStream):
@@ -304,9 +332,7 @@ class TracesStream(SubscriptionStream):
         return pb.TracesRequest(ack=pb.AckTraces(seq=seq))
 
     def _batch_replayer(self) -> Callable[[Any], None]:
-        global _stamp, _stamp_chosen
-        if not _stamp_chosen:
-            _stamp, _stamp_chosen = native_stamp(), True
+        choose_native()
         return EventReplayer().replay
 
     def _describe(self, item: pb.TraceEvent) -> str:
