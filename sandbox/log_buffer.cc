@@ -16,8 +16,6 @@ namespace agentix::sandbox {
 using runtime::v1::Attribute;
 using runtime::v1::LogRecord;
 using runtime::v1::TraceEvent;
-using wire::LogRecordWire;
-using wire::TraceEventWire;
 
 namespace {
 
@@ -69,8 +67,6 @@ std::string OtelId(std::string_view agentix_id, size_t bytes) {
 constexpr char kTraceIdTag = '\x1a';       // 3
 constexpr char kSpanIdTag = '\x22';        // 4
 constexpr char kParentSpanIdTag = '\x2a';  // 5
-// The three ids encoded: a one-byte tag and length each, and the bytes.
-constexpr size_t kOtelIdsBytes = 3 * 2 + 16 + 8 + 8;
 
 // Encodes the OpenTelemetry id derived from `agentix_id` as protobuf's
 // serializer writes the field (`bytes` < 128: a one-byte length) at
@@ -364,27 +360,11 @@ LogRecord DropWarning(uint64_t dropped, size_t capacity,
                    " entries) filled up before a host received them"));
 }
 
-void SetWorkerId(LogRecordWire& record, const std::string& worker_id) {
-  if (worker_id.empty()) {
-    record.clear_worker_id();
-  } else {
-    record.set_worker_id(worker_id);
-  }
-}
-void SetWorkerId(TraceEventWire& event, const std::string& worker_id) {
-  if (worker_id.empty()) {
-    event.clear_worker_id();
-  } else {
-    event.set_worker_id(worker_id);
-  }
-}
-
 LogRecordWire ToWireLogRecord(std::string bytes, const std::string& worker_id,
                               std::string* call_id) {
   std::string_view call;
   bool daemon_field = false;  // seq or worker_id: the daemon's to set
-  LogRecordWire w;
-  // Checked, not decoded: the worker's bytes become the unknown fields as
+  // Checked, not decoded: the worker's bytes become the record's body as
   // they are (moved, not parsed); a record carrying a field the daemon owns
   // is parsed, so that field is the daemon's and appears once.
   if (bytes.size() + kDaemonFieldBytes <= kMaxWireItemBytes &&
@@ -395,20 +375,15 @@ LogRecordWire ToWireLogRecord(std::string bytes, const std::string& worker_id,
           },
           [&](uint64_t number) {
             daemon_field |= number == 1 || number == 13;
-          })) {
+          }) &&
+      !daemon_field) {
     call_id->assign(call);  // before `bytes` moves: `call` points into it
-    if (!daemon_field) {
-      w.mutable_unknown_fields()->swap(bytes);
-      SetWorkerId(w, worker_id);
-      return w;
-    }
-    if (w.ParseFromString(bytes)) {
-      w.clear_seq();  // the buffer numbers it
-      SetWorkerId(w, worker_id);
-      return w;
-    }
+    LogRecordWire w(std::move(bytes));
+    w.set_worker_id(worker_id);
+    return w;
   }
-  // Too big, malformed or not UTF-8: decoded, cut or replaced as before.
+  // Too big, malformed, not UTF-8 or carrying the daemon's fields (forged):
+  // decoded, cut or replaced as before.
   const LogRecord full = ToLogRecord(bytes, worker_id);
   *call_id = full.call_id();
   return WireOf(full);
@@ -433,23 +408,21 @@ std::optional<TraceEventWire> ToWireTraceEvent(std::string bytes,
                             number == 5 || number == 19;
           }) &&
       !daemon_field) {
-    // The worker's bytes with the OpenTelemetry ids behind them become the
-    // unknown fields (side_wire.proto), without a copy. The ids are encoded
-    // first: `trace`, `span`, `parent` and `call` point into `bytes`.
+    // The worker's bytes become the event's body without a copy, the
+    // OpenTelemetry ids its suffix. The ids are encoded first: `trace`,
+    // `span`, `parent` and `call` point into `bytes`.
     char ids[kOtelIdsBytes];
     size_t n = 0;
     EncodeOtelId(kTraceIdTag, trace, 16, ids, &n);
     EncodeOtelId(kSpanIdTag, span, 8, ids, &n);
     EncodeOtelId(kParentSpanIdTag, parent, 8, ids, &n);
     call_id->assign(call);
-    bytes.append(ids, n);
-    TraceEventWire w;
-    w.mutable_unknown_fields()->swap(bytes);
-    SetWorkerId(w, worker_id);
+    TraceEventWire w(std::move(bytes), std::string_view(ids, n));
+    w.set_worker_id(worker_id);
     return w;
   }
   // Too big, malformed, not UTF-8 or carrying the daemon's fields (forged):
-  // decoded, cut or replaced as before (its ids land in the unknown fields).
+  // decoded, cut or replaced as before (its ids land in the body).
   std::optional<TraceEvent> full = ToTraceEvent(bytes, worker_id);
   if (!full.has_value()) return std::nullopt;
   *call_id = full->call_id();
@@ -457,27 +430,39 @@ std::optional<TraceEventWire> ToWireTraceEvent(std::string bytes,
 }
 
 namespace {
-// The wire and full forms share their field numbers: parsing what one
-// serializes to as the other cannot fail.
-template <typename To, typename From>
-To Reparsed(const From& message) {
-  To to;
-  to.ParseFromString(message.SerializeAsString());
-  return to;
+// A full message as buffered: its seq and worker_id taken out, the rest
+// serialized as the body.
+template <typename Wire, typename Full>
+Wire WireOfFull(Full full) {
+  const uint64_t seq = full.seq();
+  std::string worker_id = std::move(*full.mutable_worker_id());
+  full.clear_seq();
+  full.clear_worker_id();
+  Wire wire(full.SerializeAsString());
+  wire.set_seq(seq);
+  wire.set_worker_id(worker_id);
+  return wire;
+}
+// A buffered record parsed back (the full message's parse of its bytes).
+template <typename Full, typename Wire>
+Full FullOfWire(const Wire& wire) {
+  Full full;
+  full.ParseFromString(wire.SerializeAsString());
+  return full;
 }
 }  // namespace
 
 LogRecordWire WireOf(const LogRecord& record) {
-  return Reparsed<LogRecordWire>(record);
+  return WireOfFull<LogRecordWire>(record);
 }
 LogRecord FullOf(const LogRecordWire& record) {
-  return Reparsed<LogRecord>(record);
+  return FullOfWire<LogRecord>(record);
 }
 TraceEventWire WireOf(const TraceEvent& event) {
-  return Reparsed<TraceEventWire>(event);
+  return WireOfFull<TraceEventWire>(event);
 }
 TraceEvent FullOf(const TraceEventWire& event) {
-  return Reparsed<TraceEvent>(event);
+  return FullOfWire<TraceEvent>(event);
 }
 
 uint64_t LogBuffer::Append(std::vector<LogRecord> records) {
