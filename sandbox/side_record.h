@@ -68,7 +68,9 @@ class SideRecord {
   explicit SideRecord(std::string body, std::string_view suffix = {})
       : body_(std::move(body)), suffix_size_(static_cast<uint8_t>(suffix.size())) {
     static_assert(kMaxSuffix < 256);
-    if (!suffix.empty()) std::memcpy(suffix_.data(), suffix.data(), suffix.size());
+    if constexpr (kMaxSuffix > 0) {
+      if (!suffix.empty()) std::memcpy(suffix_.data(), suffix.data(), suffix.size());
+    }
   }
 
   uint64_t seq() const { return seq_; }
@@ -77,7 +79,10 @@ class SideRecord {
   // Empty: no field (as proto3 leaves an empty string out).
   void set_worker_id(const std::string& id) { worker_id_ = id; }
   const std::string& body() const { return body_; }
-  std::string_view suffix() const { return {suffix_.data(), suffix_size_}; }
+  std::string_view suffix() const {
+    if constexpr (kMaxSuffix > 0) return {suffix_.data(), suffix_size_};
+    return {};
+  }
 
   // Serialized bytes of the message (without its own tag and length).
   size_t ByteSize() const {
@@ -99,9 +104,11 @@ class SideRecord {
     }
     std::memcpy(out, body_.data(), body_.size());
     out += body_.size();
-    if (suffix_size_ == 0) return out;  // (a 0-byte array may have no data)
-    std::memcpy(out, suffix_.data(), suffix_size_);
-    return out + suffix_size_;
+    if constexpr (kMaxSuffix > 0) {
+      std::memcpy(out, suffix_.data(), suffix_size_);
+      out += suffix_size_;
+    }
+    return out;
   }
   std::string SerializeAsString() const {
     std::string out(ByteSize(), '\0');
