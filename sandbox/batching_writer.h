@@ -34,9 +34,36 @@
 
 namespace agentix::sandbox {
 
-// `Field::Get(Response&)` returns the Response's repeated Item field, e.g.
-// `struct Events { static auto* Get(CallsResponse& r) {
-//    return r.mutable_events(); } };`.
+// How a writer puts borrowed items into its Response (see FillBatch):
+// `Field::Borrow(Response&, const Item*)` adds one without copying or owning
+// it, `Field::GiveBack(Response&)` removes them all without freeing them,
+// `Field::ItemBytes(const Item&)` is an item's serialized size and
+// `Field::CachedItemBytes` the same once ItemBytes computed it. For a
+// protobuf Response, derive from RepeatedMessageField, e.g.
+// `struct Events : RepeatedMessageField<Events> { static auto* Get(
+//    CallsResponse& r) { return r.mutable_events(); } };`.
+template <typename Derived>
+struct RepeatedMessageField {
+  template <typename Response, typename Item>
+  static void Borrow(Response& response, const Item* item) {
+    Derived::Get(response)->UnsafeArenaAddAllocated(const_cast<Item*>(item));
+  }
+  template <typename Response>
+  static void GiveBack(Response& response) {
+    auto* field = Derived::Get(response);
+    while (!field->empty()) field->UnsafeArenaReleaseLast();
+  }
+  template <typename Item>
+  static size_t ItemBytes(const Item& item) {
+    return item.ByteSizeLong();
+  }
+  // Protobuf's cached sizes are atomic: reading them races nothing.
+  template <typename Item>
+  static size_t CachedItemBytes(const Item& item) {
+    return static_cast<size_t>(item.GetCachedSize());
+  }
+};
+
 template <typename Request, typename Response, typename Item, typename Field>
 class BatchingWriter {
  public:
@@ -138,7 +165,7 @@ class BatchingWriter {
       const bool held_back = !queue_.empty();
       size_t added = 0;
       for (auto& item : items) {
-        added += item->ByteSizeLong();
+        added += Field::ItemBytes(*item);
         queue_.push_back(std::move(item));
       }
       AddQueued(static_cast<int64_t>(added));
@@ -367,16 +394,15 @@ class BatchingWriter {
   // Moves queued items into batch_; returns false if nothing is queued.
   // The message *borrows* the items (the producers may retain the same
   // objects), so a megabyte chunk is not copied once more per write;
-  // serialising only reads them, and protobuf's cached sizes are atomic.
+  // serialising only reads them.
   // The message never exceeds max_batch_bytes_ serialized (header, tags and
   // lengths counted) unless its one item alone does.
   bool FillBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ReleaseBatch();
     size_t bytes = batch_.ByteSizeLong();  // the header fields
-    auto* field = Field::Get(batch_);
     while (!queue_.empty()) {
       // Enqueue computed it (items are immutable once queued).
-      const size_t size = static_cast<size_t>(queue_.front()->GetCachedSize());
+      const size_t size = Field::CachedItemBytes(*queue_.front());
       if (!batch_refs_.empty() &&
           bytes + FramedItemBytes(size) > max_batch_bytes_) {
         break;
@@ -385,7 +411,7 @@ class BatchingWriter {
       queue_.pop_front();
       bytes += FramedItemBytes(size);
       AddQueued(-static_cast<int64_t>(std::min(queued_bytes_, size)));
-      field->UnsafeArenaAddAllocated(const_cast<Item*>(item.get()));
+      Field::Borrow(batch_, item.get());
       batch_refs_.push_back(std::move(item));
     }
     if (queue_.empty()) urgent_ = false;
@@ -395,8 +421,7 @@ class BatchingWriter {
   // Gives the borrowed items back without freeing them. Must run before
   // batch_ is reused or destroyed.
   void ReleaseBatch() {
-    auto* field = Field::Get(batch_);
-    while (!field->empty()) field->UnsafeArenaReleaseLast();
+    Field::GiveBack(batch_);
     batch_refs_.clear();
   }
 

@@ -29,7 +29,7 @@ using runtime::v1::LogsResponse;
 using Service = runtime::v1::RuntimeService::WithRawMethod_Logs<
     runtime::v1::RuntimeService::Service>;
 
-struct Records {
+struct Records : RepeatedMessageField<Records> {
   static auto* Get(LogsResponse& r) { return r.mutable_records(); }
 };
 using Writer = BatchingWriter<LogsRequest, LogsResponse, LogRecord, Records>;

@@ -1,5 +1,6 @@
 #include "sandbox/log_buffer.h"
 
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -7,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/utf8.h"
 #include "sandbox/wire_limits.h"
 
 namespace agentix::sandbox {
@@ -14,8 +16,6 @@ namespace agentix::sandbox {
 using runtime::v1::Attribute;
 using runtime::v1::LogRecord;
 using runtime::v1::TraceEvent;
-using wire::LogRecordWire;
-using wire::TraceEventWire;
 
 namespace {
 
@@ -25,26 +25,35 @@ int64_t NowUnixNanos() {
       .count();
 }
 
+// The value of each hex digit, -1 for any other byte. A span carries 64
+// hex digits to decode; a compare chain per digit was ~5% of the daemon's
+// CPU in a span burst.
+constexpr std::array<int8_t, 256> kHexValue = [] {
+  std::array<int8_t, 256> value{};
+  for (int c = 0; c < 256; ++c) {
+    value[c] = c >= '0' && c <= '9'   ? static_cast<int8_t>(c - '0')
+               : c >= 'a' && c <= 'f' ? static_cast<int8_t>(c - 'a' + 10)
+               : c >= 'A' && c <= 'F' ? static_cast<int8_t>(c - 'A' + 10)
+                                      : int8_t{-1};
+  }
+  return value;
+}();
+
 // "trace_<32 hex>" / "span_<24 hex>" -> the OpenTelemetry byte id of
-// `bytes` (at most 16) bytes (leading hex digits) in `out`; false (nothing
-// written) if the id is not of that form.
+// `bytes` (at most 16) bytes (leading hex digits) in `out`; false (`out`
+// unspecified) if the id is not of that form.
 bool OtelIdBytes(std::string_view agentix_id, size_t bytes, char* out) {
   const size_t underscore = agentix_id.find('_');
   const std::string_view hex = underscore == std::string_view::npos
                                    ? agentix_id
                                    : agentix_id.substr(underscore + 1);
   if (hex.size() < 2 * bytes) return false;
+  const auto* digits = reinterpret_cast<const unsigned char*>(hex.data());
   for (size_t i = 0; i < bytes; ++i) {
-    unsigned value = 0;
-    for (size_t j = 0; j < 2; ++j) {
-      const char c = hex[2 * i + j];
-      value <<= 4;
-      if (c >= '0' && c <= '9') value |= c - '0';
-      else if (c >= 'a' && c <= 'f') value |= c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') value |= c - 'A' + 10;
-      else return false;
-    }
-    out[i] = static_cast<char>(value);
+    const int high = kHexValue[digits[2 * i]];
+    const int low = kHexValue[digits[2 * i + 1]];
+    if ((high | low) < 0) return false;
+    out[i] = static_cast<char>((high << 4) | low);
   }
   return true;
 }
@@ -58,8 +67,6 @@ std::string OtelId(std::string_view agentix_id, size_t bytes) {
 constexpr char kTraceIdTag = '\x1a';       // 3
 constexpr char kSpanIdTag = '\x22';        // 4
 constexpr char kParentSpanIdTag = '\x2a';  // 5
-// The three ids encoded: a one-byte tag and length each, and the bytes.
-constexpr size_t kOtelIdsBytes = 3 * 2 + 16 + 8 + 8;
 
 // Encodes the OpenTelemetry id derived from `agentix_id` as protobuf's
 // serializer writes the field (`bytes` < 128: a one-byte length) at
@@ -73,45 +80,6 @@ void EncodeOtelId(char tag, std::string_view agentix_id, size_t bytes,
   out[(*n)++] = static_cast<char>(bytes);
   std::memcpy(out + *n, id, bytes);
   *n += bytes;
-}
-
-// Strict UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF.
-// What protobuf's parse of a proto3 string accepts, or less (anything this
-// refuses takes the full parse, which decides as it always did).
-bool ValidUtf8(std::string_view text) {
-  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t n = text.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned c = p[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t len;
-    uint32_t cp;
-    if ((c & 0xE0) == 0xC0) {
-      len = 2, cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3, cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4, cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (n - i < len) return false;
-    for (size_t k = 1; k < len; ++k) {
-      const unsigned cc = p[i + k];
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-      return false;
-    }
-    i += len;
-  }
-  return true;
 }
 
 // What the checks need to know of a field of runtime.proto's messages.
@@ -159,8 +127,13 @@ FieldKind TraceEventField(uint32_t number) {
   }
 }
 
-bool ReadVarint(const unsigned char*& p, const unsigned char* end,
-                uint64_t& out) {
+inline bool ReadVarint(const unsigned char*& p, const unsigned char* end,
+                       uint64_t& out) {
+  // Tags, lengths and most values of these messages are one byte.
+  if (p != end && *p < 0x80) {
+    out = *p++;
+    return true;
+  }
   out = 0;
   for (int shift = 0; shift <= 63; shift += 7) {
     if (p == end) return false;
@@ -222,7 +195,7 @@ bool CheckMessage(std::string_view bytes, KindOf kind_of, Visit&& visit,
         bool ok = true;
         switch (kind_of(static_cast<uint32_t>(number))) {
           case FieldKind::kString:
-            ok = ValidUtf8(value);
+            ok = base::IsValidUtf8(value);
             break;
           case FieldKind::kAttribute:
             ok = CheckMessage(value, AttributeField, none);
@@ -387,27 +360,11 @@ LogRecord DropWarning(uint64_t dropped, size_t capacity,
                    " entries) filled up before a host received them"));
 }
 
-void SetWorkerId(LogRecordWire& record, const std::string& worker_id) {
-  if (worker_id.empty()) {
-    record.clear_worker_id();
-  } else {
-    record.set_worker_id(worker_id);
-  }
-}
-void SetWorkerId(TraceEventWire& event, const std::string& worker_id) {
-  if (worker_id.empty()) {
-    event.clear_worker_id();
-  } else {
-    event.set_worker_id(worker_id);
-  }
-}
-
 LogRecordWire ToWireLogRecord(std::string bytes, const std::string& worker_id,
                               std::string* call_id) {
   std::string_view call;
   bool daemon_field = false;  // seq or worker_id: the daemon's to set
-  LogRecordWire w;
-  // Checked, not decoded: the worker's bytes become the unknown fields as
+  // Checked, not decoded: the worker's bytes become the record's body as
   // they are (moved, not parsed); a record carrying a field the daemon owns
   // is parsed, so that field is the daemon's and appears once.
   if (bytes.size() + kDaemonFieldBytes <= kMaxWireItemBytes &&
@@ -418,20 +375,15 @@ LogRecordWire ToWireLogRecord(std::string bytes, const std::string& worker_id,
           },
           [&](uint64_t number) {
             daemon_field |= number == 1 || number == 13;
-          })) {
+          }) &&
+      !daemon_field) {
     call_id->assign(call);  // before `bytes` moves: `call` points into it
-    if (!daemon_field) {
-      w.mutable_unknown_fields()->swap(bytes);
-      SetWorkerId(w, worker_id);
-      return w;
-    }
-    if (w.ParseFromString(bytes)) {
-      w.clear_seq();  // the buffer numbers it
-      SetWorkerId(w, worker_id);
-      return w;
-    }
+    LogRecordWire w(std::move(bytes));
+    w.set_worker_id(worker_id);
+    return w;
   }
-  // Too big, malformed or not UTF-8: decoded, cut or replaced as before.
+  // Too big, malformed, not UTF-8 or carrying the daemon's fields (forged):
+  // decoded, cut or replaced as before.
   const LogRecord full = ToLogRecord(bytes, worker_id);
   *call_id = full.call_id();
   return WireOf(full);
@@ -456,23 +408,21 @@ std::optional<TraceEventWire> ToWireTraceEvent(std::string bytes,
                             number == 5 || number == 19;
           }) &&
       !daemon_field) {
-    // The worker's bytes with the OpenTelemetry ids behind them become the
-    // unknown fields (side_wire.proto), without a copy. The ids are encoded
-    // first: `trace`, `span`, `parent` and `call` point into `bytes`.
+    // The worker's bytes become the event's body without a copy, the
+    // OpenTelemetry ids its suffix. The ids are encoded first: `trace`,
+    // `span`, `parent` and `call` point into `bytes`.
     char ids[kOtelIdsBytes];
     size_t n = 0;
     EncodeOtelId(kTraceIdTag, trace, 16, ids, &n);
     EncodeOtelId(kSpanIdTag, span, 8, ids, &n);
     EncodeOtelId(kParentSpanIdTag, parent, 8, ids, &n);
     call_id->assign(call);
-    bytes.append(ids, n);
-    TraceEventWire w;
-    w.mutable_unknown_fields()->swap(bytes);
-    SetWorkerId(w, worker_id);
+    TraceEventWire w(std::move(bytes), std::string_view(ids, n));
+    w.set_worker_id(worker_id);
     return w;
   }
   // Too big, malformed, not UTF-8 or carrying the daemon's fields (forged):
-  // decoded, cut or replaced as before (its ids land in the unknown fields).
+  // decoded, cut or replaced as before (its ids land in the body).
   std::optional<TraceEvent> full = ToTraceEvent(bytes, worker_id);
   if (!full.has_value()) return std::nullopt;
   *call_id = full->call_id();
@@ -480,27 +430,39 @@ std::optional<TraceEventWire> ToWireTraceEvent(std::string bytes,
 }
 
 namespace {
-// The wire and full forms share their field numbers: parsing what one
-// serializes to as the other cannot fail.
-template <typename To, typename From>
-To Reparsed(const From& message) {
-  To to;
-  to.ParseFromString(message.SerializeAsString());
-  return to;
+// A full message as buffered: its seq and worker_id taken out, the rest
+// serialized as the body.
+template <typename Wire, typename Full>
+Wire WireOfFull(Full full) {
+  const uint64_t seq = full.seq();
+  std::string worker_id = std::move(*full.mutable_worker_id());
+  full.clear_seq();
+  full.clear_worker_id();
+  Wire wire(full.SerializeAsString());
+  wire.set_seq(seq);
+  wire.set_worker_id(worker_id);
+  return wire;
+}
+// A buffered record parsed back (the full message's parse of its bytes).
+template <typename Full, typename Wire>
+Full FullOfWire(const Wire& wire) {
+  Full full;
+  full.ParseFromString(wire.SerializeAsString());
+  return full;
 }
 }  // namespace
 
 LogRecordWire WireOf(const LogRecord& record) {
-  return Reparsed<LogRecordWire>(record);
+  return WireOfFull<LogRecordWire>(record);
 }
 LogRecord FullOf(const LogRecordWire& record) {
-  return Reparsed<LogRecord>(record);
+  return FullOfWire<LogRecord>(record);
 }
 TraceEventWire WireOf(const TraceEvent& event) {
-  return Reparsed<TraceEventWire>(event);
+  return WireOfFull<TraceEventWire>(event);
 }
 TraceEvent FullOf(const TraceEventWire& event) {
-  return Reparsed<TraceEvent>(event);
+  return FullOfWire<TraceEvent>(event);
 }
 
 uint64_t LogBuffer::Append(std::vector<LogRecord> records) {

@@ -10,15 +10,15 @@
 #include <vector>
 
 #include "agentix/runtime/v1/runtime.pb.h"
-#include "agentix/sandbox/v1/side_wire.pb.h"
 #include "sandbox/seq_buffer.h"
+#include "sandbox/side_record.h"
 
 namespace agentix::sandbox {
 
-// The buffers hold records as the worker sent them (side_wire.proto): the
+// The buffers hold records as the worker sent them (side_record.h): the
 // daemon checks the bytes, sets the fields it owns, and the Logs / Traces
 // streams write them without decoding and re-encoding every field.
-class LogBuffer : public SeqBuffer<wire::LogRecordWire> {
+class LogBuffer : public SeqBuffer<LogRecordWire> {
  public:
   using SeqBuffer::SeqBuffer;
   using SeqBuffer::Append;
@@ -27,7 +27,7 @@ class LogBuffer : public SeqBuffer<wire::LogRecordWire> {
 };
 using LogRecordPtr = LogBuffer::RecordPtr;
 using LogSubscriber = LogBuffer::Subscriber;
-using TraceBuffer = SeqBuffer<wire::TraceEventWire>;
+using TraceBuffer = SeqBuffer<TraceEventWire>;
 using TraceEventPtr = TraceBuffer::RecordPtr;
 using TraceSubscriber = TraceBuffer::Subscriber;
 
@@ -37,26 +37,21 @@ using TraceSubscriber = TraceBuffer::Subscriber;
 // else what ToLogRecord makes of them (cut to fit, or the WARNING record).
 // seq is left for the buffer; worker_id is `worker_id`; `*call_id` (not
 // null) gets the record's call_id. Bytes the daemon keeps as they came
-// become the record's unknown fields without a copy (pass them moved).
-wire::LogRecordWire ToWireLogRecord(std::string bytes,
+// become the record's body without a copy (pass them moved).
+LogRecordWire ToWireLogRecord(std::string bytes,
                                     const std::string& worker_id,
                                     std::string* call_id);
 // The same for a `trace` frame (a serialized TraceEvent), with the
 // OpenTelemetry byte ids derived from the agentix ids; nullopt where
 // ToTraceEvent gives nullopt (bytes that do not parse).
-std::optional<wire::TraceEventWire> ToWireTraceEvent(
+std::optional<TraceEventWire> ToWireTraceEvent(
     std::string bytes, const std::string& worker_id, std::string* call_id);
 
-// Sets a buffered record's (event's) worker_id as proto3 would serialize
-// it: an empty id is no field at all (side_wire.proto is proto2).
-void SetWorkerId(wire::LogRecordWire& record, const std::string& worker_id);
-void SetWorkerId(wire::TraceEventWire& event, const std::string& worker_id);
-
 // A full record (event) as the buffer keeps it, and back (tests, warnings).
-wire::LogRecordWire WireOf(const runtime::v1::LogRecord& record);
-runtime::v1::LogRecord FullOf(const wire::LogRecordWire& record);
-wire::TraceEventWire WireOf(const runtime::v1::TraceEvent& event);
-runtime::v1::TraceEvent FullOf(const wire::TraceEventWire& event);
+LogRecordWire WireOf(const runtime::v1::LogRecord& record);
+runtime::v1::LogRecord FullOf(const LogRecordWire& record);
+TraceEventWire WireOf(const runtime::v1::TraceEvent& event);
+runtime::v1::TraceEvent FullOf(const TraceEventWire& event);
 
 // The record a worker's `log` frame carries (ipc::Frame::record, a
 // serialized LogRecord), from worker `worker_id`. Bytes that do not parse

@@ -41,7 +41,7 @@ std::vector<std::string> Messages(RecordingSubscriber& sub) {
   return out;
 }
 
-wire::LogRecordWire Entry(const std::string& message,
+LogRecordWire Entry(const std::string& message,
                           const std::string& worker = "w") {
   runtime::v1::LogRecord e;
   e.set_logger("app");
@@ -115,7 +115,7 @@ TEST_CASE("The daemon forwards a worker's record bytes as sent, with its own "
   std::string bytes = sent.SerializeAsString();
   bytes += std::string("\xba\x3e\x03new", 6);  // field 999: rides along
   std::string call;
-  wire::LogRecordWire w = ToWireLogRecord(bytes, "w1", &call);
+  LogRecordWire w = ToWireLogRecord(bytes, "w1", &call);
   CHECK(call == "call-1");
   w.set_seq(5);
   const std::string out = w.SerializeAsString();
@@ -166,7 +166,7 @@ TEST_CASE("A worker's trace event is kept as sent, with the daemon's seq, "
   forged.set_worker_id("forged");
   for (const runtime::v1::TraceEvent* event : {&sent, &forged}) {
     std::string call;
-    std::optional<wire::TraceEventWire> w =
+    std::optional<TraceEventWire> w =
         ToWireTraceEvent(event->SerializeAsString() + extra, "", &call);
     REQUIRE(w.has_value());
     CHECK(call == "call-1");
@@ -184,7 +184,7 @@ TEST_CASE("A worker's trace event is kept as sent, with the daemon's seq, "
     known.GetReflection()->MutableUnknownFields(&known)->Clear();
     CHECK(known.SerializeAsString() == want.SerializeAsString());
     CHECK(out.find(extra) != std::string::npos);
-    CHECK(w->ByteSizeLong() == out.size());
+    CHECK(w->ByteSize() == out.size());
   }
   // Agentix ids not of the hex form get no OpenTelemetry ids (empty, left
   // out), as before; a top-level span has no parent id.
@@ -193,7 +193,7 @@ TEST_CASE("A worker's trace event is kept as sent, with the daemon's seq, "
   odd.set_agentix_trace_id("trace_xyz");
   odd.set_agentix_span_id("custom");
   std::string call;
-  std::optional<wire::TraceEventWire> w =
+  std::optional<TraceEventWire> w =
       ToWireTraceEvent(odd.SerializeAsString(), "w2", &call);
   REQUIRE(w.has_value());
   const std::string out = w->SerializeAsString();
@@ -212,26 +212,26 @@ TEST_CASE("What the daemon keeps as sent is the worker's bytes exactly, "
   sent.set_call_id("call-with-a-long-id-0123456789");
   const std::string bytes = sent.SerializeAsString();
   std::string call;
-  wire::LogRecordWire w = ToWireLogRecord(bytes, "w1", &call);
+  LogRecordWire w = ToWireLogRecord(bytes, "w1", &call);
   CHECK(call == "call-with-a-long-id-0123456789");
   w.set_seq(5);
   // seq (1) = 5, worker_id (13) = "w1", then the worker's bytes.
   CHECK(w.SerializeAsString() == std::string("\x08\x05\x6a\x02w1") + bytes);
-  CHECK(w.ByteSizeLong() == bytes.size() + 6);
+  CHECK(w.ByteSize() == bytes.size() + 6);
 
   // Serialized as proto3 would: an empty worker id is left out, whether
   // the bytes were kept or (forged worker_id) parsed.
   runtime::v1::LogRecord forged = sent;
   forged.set_worker_id("fake");
   for (const std::string& b : {bytes, forged.SerializeAsString()}) {
-    wire::LogRecordWire none = ToWireLogRecord(b, "", &call);
+    LogRecordWire none = ToWireLogRecord(b, "", &call);
     none.set_seq(7);
     const std::string out = none.SerializeAsString();
     CHECK(Occurrences(out, 13) == 0);
     CHECK(Occurrences(out, 1) == 1);
-    SetWorkerId(none, "w2");
+    none.set_worker_id("w2");
     CHECK(Occurrences(none.SerializeAsString(), 13) == 1);
-    SetWorkerId(none, "");
+    none.set_worker_id("");
     CHECK(none.SerializeAsString() == out);
   }
 
@@ -239,7 +239,7 @@ TEST_CASE("What the daemon keeps as sent is the worker's bytes exactly, "
   // before the bytes move.
   runtime::v1::LogRecord tiny;
   tiny.set_call_id("c");
-  wire::LogRecordWire t = ToWireLogRecord(tiny.SerializeAsString(), "", &call);
+  LogRecordWire t = ToWireLogRecord(tiny.SerializeAsString(), "", &call);
   CHECK(call == "c");
   CHECK(t.SerializeAsString() == tiny.SerializeAsString());
 
@@ -251,7 +251,7 @@ TEST_CASE("What the daemon keeps as sent is the worker's bytes exactly, "
   event.set_agentix_span_id("span_a0a1a2a3a4a5a6a7a8a9aaab");
   event.set_call_id("c2");
   const std::string event_bytes = event.SerializeAsString();
-  std::optional<wire::TraceEventWire> e =
+  std::optional<TraceEventWire> e =
       ToWireTraceEvent(event_bytes, "", &call);
   REQUIRE(e.has_value());
   CHECK(call == "c2");
@@ -262,7 +262,7 @@ TEST_CASE("What the daemon keeps as sent is the worker's bytes exactly, "
                   "\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f", 16) +
       "\x22\x08\xa0\xa1\xa2\xa3\xa4\xa5\xa6\xa7";  // no parent: no field 5
   CHECK(e->SerializeAsString() == "\x08\x05" + event_bytes + ids);
-  SetWorkerId(*e, "w1");
+  e->set_worker_id("w1");
   CHECK(e->SerializeAsString() ==
         "\x08\x05\x9a\x01\x02w1" + event_bytes + ids);  // 19: 0x9a 0x01
 }
@@ -625,7 +625,7 @@ TEST_CASE("Owners given as runs route each record as owners given one by one",
   auto b = std::make_shared<RecordingSubscriber>("client-b");
   REQUIRE(buffer.Subscribe(a, 0).ok());
   REQUIRE(buffer.Subscribe(b, 0).ok());
-  std::vector<wire::LogRecordWire> records;
+  std::vector<LogRecordWire> records;
   for (const char* m : {"a1", "a2", "none", "b1", "b2", "b3", "a3",
                         "past-the-runs"}) {
     records.push_back(Entry(m));

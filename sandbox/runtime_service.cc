@@ -10,6 +10,24 @@
 #include "base/log.h"
 #include "sandbox/batching_writer.h"
 #include "sandbox/namespace_stream.h"
+#include "sandbox/side_record.h"
+
+// A SideResponse serialized straight into one slice, as gRPC's protobuf
+// serializer does for a message.
+template <typename Record>
+class grpc::SerializationTraits<agentix::sandbox::SideResponse<Record>, void> {
+ public:
+  static grpc::Status Serialize(
+      const agentix::sandbox::SideResponse<Record>& response,
+      grpc::ByteBuffer* buffer, bool* own_buffer) {
+    *own_buffer = true;
+    grpc_slice slice = grpc_slice_malloc(response.ByteSizeLong());
+    response.SerializeTo(reinterpret_cast<char*>(GRPC_SLICE_START_PTR(slice)));
+    grpc::Slice owned(slice, grpc::Slice::STEAL_REF);
+    *buffer = grpc::ByteBuffer(&owned, 1);
+    return grpc::Status::OK;
+  }
+};
 
 namespace agentix::sandbox {
 namespace {
@@ -31,7 +49,7 @@ std::string ClientIdOf(const grpc::ServerContext& context) {
   return std::string(it->second.data(), it->second.size());
 }
 
-struct CallsEvents {
+struct CallsEvents : RepeatedMessageField<CallsEvents> {
   static auto* Get(CallsResponse& r) { return r.mutable_events(); }
 };
 using CallsWriter = BatchingWriter<CallsRequest, CallsResponse,
@@ -167,7 +185,7 @@ class SideChannelSink final
       // above it.
       backlog_allowed_ = true;
       size_t backlog = 0;
-      for (const auto& r : records) backlog += r->ByteSizeLong();
+      for (const auto& r : records) backlog += Field::ItemBytes(*r);
       this->RaiseQueueLimit(backlog);
     }
     this->Enqueue(std::move(records));
@@ -181,7 +199,7 @@ class SideChannelSink final
  private:
   static Response Header(const std::string& instance_id) {
     Response header;
-    header.set_instance_id(instance_id);
+    header.instance_id = instance_id;
     return header;
   }
 
@@ -264,23 +282,28 @@ class SideChannelReactor final : public ServerStream<Request, Response> {
   bool subscribed_ = false;  // only touched by read reactions
 };
 
-// Logs and Traces responses are written as side_wire.proto's messages: the
-// same bytes as LogsResponse / TracesResponse (log_buffer.h).
-struct LogsRecords {
-  static auto* Get(wire::LogsResponseWire& r) { return r.mutable_records(); }
+// Logs and Traces responses are SideResponses borrowing the buffered
+// records (side_record.h): the same bytes as LogsResponse / TracesResponse.
+template <typename Record>
+struct SideRecords {
+  static void Borrow(SideResponse<Record>& response, const Record* record) {
+    response.records.push_back(record);
+  }
+  static void GiveBack(SideResponse<Record>& response) {
+    response.records.clear();
+  }
+  static size_t ItemBytes(const Record& record) { return record.ByteSize(); }
+  static size_t CachedItemBytes(const Record& record) {
+    return record.ByteSize();  // a few additions: not worth a cache
+  }
 };
-using LogsReactor =
-    SideChannelReactor<LogsRequest, wire::LogsResponseWire,
-                       wire::LogRecordWire, LogsRecords>;
-
-struct TracesEvents {
-  static auto* Get(wire::TracesResponseWire& r) { return r.mutable_events(); }
-};
+using LogsReactor = SideChannelReactor<LogsRequest, LogsResponseWire,
+                                       LogRecordWire, SideRecords<LogRecordWire>>;
 using TracesReactor =
-    SideChannelReactor<runtime::v1::TracesRequest, wire::TracesResponseWire,
-                       wire::TraceEventWire, TracesEvents>;
+    SideChannelReactor<runtime::v1::TracesRequest, TracesResponseWire,
+                       TraceEventWire, SideRecords<TraceEventWire>>;
 
-struct NamespaceEvents {
+struct NamespaceEvents : RepeatedMessageField<NamespaceEvents> {
   static auto* Get(runtime::v1::NamespaceResponse& r) {
     return r.mutable_events();
   }

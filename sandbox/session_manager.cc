@@ -767,7 +767,7 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
     std::vector<IdRun> log_owners;
     std::vector<IdRun> trace_owners;
     // Checked before taking mu_: the worker's bytes are the records.
-    std::vector<wire::LogRecordWire> records;
+    std::vector<LogRecordWire> records;
     records.reserve(log_frames.size());
     std::string call_id;  // reused: no string per record
     for (ipc::Frame* f : log_frames) {
@@ -775,11 +775,11 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
           ToWireLogRecord(std::move(f->record), "", &call_id));
       AddToRuns(log_calls, call_id);
     }
-    std::vector<wire::TraceEventWire> events;
+    std::vector<TraceEventWire> events;
     events.reserve(trace_frames.size());
     for (ipc::Frame* f : trace_frames) {
       const size_t size = f->record.size();
-      std::optional<wire::TraceEventWire> e =
+      std::optional<TraceEventWire> e =
           ToWireTraceEvent(std::move(f->record), "", &call_id);
       if (!e.has_value()) {
         // Only code writing to the channel fd by hand gets here: the loss
@@ -803,11 +803,11 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
       trace_owners = OwnersOf(trace_calls);
     }
     if (!records.empty()) {
-      for (wire::LogRecordWire& r : records) SetWorkerId(r, worker_id);
+      for (LogRecordWire& r : records) r.set_worker_id(worker_id);
       first_log = logs_->AppendRuns(std::move(records), log_owners);
     }
     if (!events.empty()) {
-      for (wire::TraceEventWire& e : events) SetWorkerId(e, worker_id);
+      for (TraceEventWire& e : events) e.set_worker_id(worker_id);
       first_trace = traces_->AppendRuns(std::move(events), trace_owners);
     }
   }
