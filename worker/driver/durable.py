@@ -79,11 +79,12 @@ class _DurableHandler(logging.FileHandler):
     SIGKILLed worker still leaves it, at a memcpy's cost instead of a system
     call's. The file grows a MiB at a time; close() and rotation cut it to
     the lines written, a crash leaves NUL bytes after them (trimmed when the
-    file is opened again). Otherwise (a FIFO, a failed mapping) one write()
-    per line."""
+    file is opened again). Otherwise (a FIFO, a failed mapping, `mapped`
+    False: $AGENTIX_LOG_MAPPED=0) one write() per line."""
 
-    def __init__(self, path, channel, context):
+    def __init__(self, path, channel, context, mapped=True):
         self.maxBytes = _DURABLE_MAX_BYTES
+        self._map = mapped
         super().__init__(path, mode="a", encoding="utf-8")
         self._channel = channel
         self._context = context
@@ -142,6 +143,8 @@ class _DurableHandler(logging.FileHandler):
         matter."""
         if not (self._rotates and self.stream):
             return 0
+        if not self._map:
+            return self.stream.tell()
         try:
             self._mapped = _w.map_log(self.stream.fileno())
         except OSError:
@@ -306,7 +309,12 @@ def _open_durable(channel, worker_id, context):
     path = os.path.join(log_dir, f"sandbox-{worker_id}.log")
     try:
         _private_log_dir(log_dir)
-        handler = _DurableHandler(path, channel, context)
+        # "0": one write() per line, for a file followed with tail -f or
+        # truncated from outside (a mapped file's readers see it grow a MiB
+        # at a time; truncating it under the worker is a SIGBUS).
+        handler = _DurableHandler(
+            path, channel, context,
+            mapped=os.environ.get("AGENTIX_LOG_MAPPED", "").strip() != "0")
     except Exception as exc:
         why = f"cannot open {path}: {_text(exc)}"
         if isinstance(exc, _LogRefused):
