@@ -34,23 +34,32 @@ absl::Status ErrnoStatus(int error, const char* what) {
   return absl::ErrnoToStatus(error, absl::StrCat("durable log: ", what));
 }
 
-// The size of `fd`'s content without a trailing run of NUL bytes (looked
-// for in the last kChunk bytes: the most a crash leaves).
+// The size of `fd`'s content without a trailing run of NUL bytes (what a
+// crash leaves: usually less than kChunk, read back 64 KiB at a time).
 absl::StatusOr<size_t> ContentLength(int fd, size_t size) {
-  const size_t window = std::min(size, MappedLog::kChunk);
-  std::vector<char> tail(window);
-  size_t got = 0;
-  while (got < window) {
-    const ssize_t n = pread(fd, tail.data() + got, window - got,
-                            static_cast<off_t>(size - window + got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoStatus(errno, "reading the file's end");
-    if (n == 0) break;  // shrunk meanwhile: the part read decides
-    got += static_cast<size_t>(n);
+  constexpr size_t kBlock = 64 * 1024;
+  std::vector<char> block(kBlock);
+  size_t end = size;
+  while (end > 0) {
+    const size_t start = end > kBlock ? end - kBlock : 0;
+    size_t got = 0;
+    while (got < end - start) {
+      const ssize_t n = pread(fd, block.data() + got, end - start - got,
+                              static_cast<off_t>(start + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return ErrnoStatus(errno, "reading the file's end");
+      if (n == 0) break;
+      got += static_cast<size_t>(n);
+    }
+    if (got != end - start) {
+      return absl::DataLossError("durable log: the file shrank while read");
+    }
+    size_t i = got;
+    while (i > 0 && block[i - 1] == '\0') --i;
+    if (i > 0) return start + i;
+    end = start;
   }
-  size_t end = got;
-  while (end > 0 && tail[end - 1] == '\0') --end;
-  return size - window + end;
+  return 0;
 }
 
 }  // namespace
@@ -81,19 +90,28 @@ bool MappedLog::InheritedByFork() const {
   return fork_generation.load(std::memory_order_relaxed) != generation_;
 }
 
-absl::Status MappedLog::Grow(size_t needed) {
-  const size_t size = (needed + kChunk - 1) / kChunk * kChunk;
+absl::Status MappedLog::Slide(size_t bytes) {
+  // The window starts at the page holding the end of the records and is
+  // kChunk long, or up to the chunk boundary past a longer line.
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t offset = length_ / page * page;
+  const size_t end = (length_ + bytes + kChunk - 1) / kChunk * kChunk;
+  const size_t size = std::max(end - offset, kChunk);
   // Blocks reserved now: a copy into a hole the disk cannot fill would be
   // a SIGBUS. posix_fallocate never shrinks the file.
   const int error = posix_fallocate(fd_, static_cast<off_t>(length_),
-                                    static_cast<off_t>(size - length_));
+                                    static_cast<off_t>(offset + size - length_));
   if (error != 0) return ErrnoStatus(error, "growing the file");
-  void* base = base_ == nullptr
-                   ? mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED,
-                          fd_, 0)
-                   : mremap(base_, mapped_, size, MREMAP_MAYMOVE);
+  if (base_ != nullptr) {
+    munmap(base_, mapped_);
+    base_ = nullptr;
+    mapped_ = 0;
+  }
+  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_,
+                    static_cast<off_t>(offset));
   if (base == MAP_FAILED) return ErrnoStatus(errno, "mapping the file");
   base_ = static_cast<char*>(base);
+  offset_ = offset;
   mapped_ = size;
   return absl::OkStatus();
 }
@@ -106,12 +124,10 @@ absl::Status MappedLog::Append(std::string_view data) {
     return absl::FailedPreconditionError(
         "durable log: a forked child cannot append to its parent's mapping");
   }
-  if (length_ + data.size() > mapped_) {
-    if (absl::Status grown = Grow(length_ + data.size()); !grown.ok()) {
-      return grown;
-    }
+  if (length_ + data.size() > offset_ + mapped_) {
+    if (absl::Status slid = Slide(data.size()); !slid.ok()) return slid;
   }
-  std::memcpy(base_ + length_, data.data(), data.size());
+  std::memcpy(base_ + (length_ - offset_), data.data(), data.size());
   length_ += data.size();
   return absl::OkStatus();
 }

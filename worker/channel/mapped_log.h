@@ -4,9 +4,10 @@
 // in the file (the promise write() per record kept), for a memcpy instead of
 // a system call.
 //
-// The file grows in kChunk steps, reserved with posix_fallocate (a full disk
-// is an error here, not a SIGBUS on a later copy). Close() truncates it to
-// what was written. After a crash the file ends in NUL bytes up to the next
+// Only a window of about kChunk bytes at the file's end is mapped (its pages
+// are all the memory this holds); the file grows with it, reserved with
+// posix_fallocate (a full disk is an error here, not a SIGBUS on a later
+// copy). Close() truncates it to what was written. After a crash the file ends in NUL bytes up to the next
 // chunk boundary; Open() of such a file (the next worker of that id) trims
 // them, and readers must stop at the first NUL after the last newline.
 // A forked child inherits the mapping but not the ownership: its Append and
@@ -49,12 +50,14 @@ class MappedLog {
   MappedLog(int fd, size_t length, unsigned generation)
       : fd_(fd), length_(length), generation_(generation) {}
   bool InheritedByFork() const;
-  absl::Status Grow(size_t needed);
+  // Maps a window from the end of the records that holds `bytes` more.
+  absl::Status Slide(size_t bytes);
 
   int fd_;
   size_t length_;
   unsigned generation_;  // of forks, when opened
-  char* base_ = nullptr;
+  char* base_ = nullptr;  // the window: file bytes [offset_, offset_ + mapped_)
+  size_t offset_ = 0;
   size_t mapped_ = 0;
   bool closed_ = false;
 };

@@ -58,6 +58,12 @@ TEST_CASE("A closed mapped log holds exactly the appended records") {
     REQUIRE_OK(log->Append(Line(i)));
     expected += Line(i);
   }
+  // A line longer than the window, and lines after it.
+  const std::string long_line(3 * MappedLog::kChunk + 17, 'x');
+  REQUIRE_OK(log->Append(long_line + "\n"));
+  expected += long_line + "\n";
+  REQUIRE_OK(log->Append(Line(-1)));
+  expected += Line(-1);
   CHECK(log->Length() == expected.size());
   REQUIRE_OK(log->Close());
   CHECK(ReadAll(path) == expected);
