@@ -180,9 +180,17 @@ PyMethodDef kModuleMethods[] = {
     {"diagnostic_fd", DiagnosticFdOf, METH_NOARGS,
      "The fd of the worker's original stderr (the daemon's diagnostics)."},
     {"write_log_line", Fast<WriteLogLine>(), METH_FASTCALL,
-     "write_log_line(record, fd, context, room): the durable log's default "
+     "write_log_line(record, sink, context, room): the durable log's default "
      "line for a plain LogRecord, written; its length, or -1 (nothing "
      "written) if the record needs the general path."},
+    {"map_log", Fast<MapLog>(), METH_FASTCALL,
+     "map_log(fd): the durable log file as a mapping to append to."},
+    {"append_log", Fast<AppendLog>(), METH_FASTCALL,
+     "append_log(mapping, data): data copied after the mapped file's records."},
+    {"close_log", Fast<CloseLog>(), METH_FASTCALL,
+     "close_log(mapping): unmaps and truncates the file to its records."},
+    {"mapped_log_length", Fast<MappedLogLength>(), METH_FASTCALL,
+     "mapped_log_length(mapping): the bytes of records in the file."},
     {"set_log_record_factory", Fast<SetLogRecordFactory>(), METH_FASTCALL,
      "set_log_record_factory(factory, context, logging): make_log_record's "
      "records come from factory, tagged with context as agentix_context."},

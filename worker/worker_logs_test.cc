@@ -226,6 +226,46 @@ TEST_CASE("The durable log file gets records and captured output",
   CHECK(absl::StrContains(text, "[agentix.sandbox.stdout] raw\n"));
   CHECK(absl::StrContains(text, "[agentix.sandbox.stderr] raw err\n"));
   CHECK(absl::StrContains(text, "-worker-test-worker] [app] x 1\n"));
+  // A clean exit cuts the mapped file to its lines.
+  CHECK(text.find('\0') == std::string::npos);
+  CHECK(text.back() == '\n');
+  fs::remove_all(dir);
+}
+
+TEST_CASE("A SIGKILLed worker's durable log keeps every record logged "
+          "before the kill", "[worker][logs]") {
+  // The file is written through a shared mapping: a record copied there is
+  // in the page cache, so no flush or close is needed to keep it. What
+  // follows the records is NUL bytes up to the size the file had grown to;
+  // with AGENTIX_LOG_MAPPED=0 (one write() per line) nothing follows them.
+  const bool mapped = GENERATE(true, false);
+  INFO("mapped " << mapped);
+  const std::string dir = absl::StrCat(TempRoot(), "/killed-", getpid());
+  fs::remove_all(dir);
+  WorkerArgs args;
+  args.env.push_back("AGENTIX_LOG_DIR=" + dir);
+  if (!mapped) args.env.push_back("AGENTIX_LOG_MAPPED=0");
+  auto worker = ReadyWorker(args);
+  constexpr int kRecords = 20000;  // ~2 MiB: the file grows more than once
+  worker->Call("k", "worker_fixture::log_then_sigkill",
+               Pickle(absl::StrCat("((", kRecords, ",), {})")));
+  REQUIRE(worker->AwaitExit(absl::Seconds(60)).returncode() == -SIGKILL);
+  const std::string text = ReadFile(dir + "/sandbox-test-worker.log");
+  const size_t end = mapped ? text.find('\0') : text.size();
+  REQUIRE(end != std::string::npos);
+  CHECK(text.find_first_not_of('\0', end) == std::string::npos);
+  if (!mapped) CHECK(text.find('\0') == std::string::npos);
+  std::istringstream lines(text.substr(0, end));
+  std::string line;
+  int next = 0;
+  while (std::getline(lines, line)) {
+    if (!absl::StrContains(line, "[app.killed] record ")) continue;
+    CHECK(absl::StrContains(
+        line, absl::StrCat("[app.killed] record ", next, " before the kill")));
+    ++next;
+  }
+  CHECK(next == kRecords);
+  CHECK(text[end - 1] == '\n');
   fs::remove_all(dir);
 }
 

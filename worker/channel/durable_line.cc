@@ -5,10 +5,12 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <string_view>
 
 #include "worker/channel/log_record.h"
+#include "worker/channel/mapped_log.h"
 #include "worker/channel/py_args.h"
 
 namespace agentix::worker {
@@ -93,6 +95,24 @@ struct Held {
 
 PyObject* Declined() { return PyLong_FromLong(-1); }
 
+constexpr const char kMappedLogName[] = "agentix.MappedLog";
+
+// The MappedLog in a map_log capsule, or nullptr with TypeError set.
+MappedLog* MappedLogOf(PyObject* capsule) {
+  return static_cast<MappedLog*>(PyCapsule_GetPointer(capsule, kMappedLogName));
+}
+
+void DeleteMappedLog(PyObject* capsule) {
+  // Unmaps only: a log not closed ends as a crash leaves it.
+  delete static_cast<MappedLog*>(
+      PyCapsule_GetPointer(capsule, kMappedLogName));
+}
+
+PyObject* RaiseOsError(const absl::Status& status) {
+  PyErr_SetString(PyExc_OSError, std::string(status.message()).c_str());
+  return nullptr;
+}
+
 // Writes all of `line`, retrying a partial write (a regular file takes it
 // all unless full) and EINTR. 0 or an errno.
 int WriteLine(int fd, const std::string& line) {
@@ -114,11 +134,16 @@ PyObject* WriteLogLine(PyObject* /*module*/, PyObject* const* args,
                        Py_ssize_t nargs) {
   if (!CheckArgs("write_log_line", nargs, 4)) return nullptr;
   PyObject* const record = args[0];
-  long long fd = 0;
+  long long fd = -1;
   long long room = 0;
-  if (!ToInt(args[1], "fd", fd) || !ToInt(args[3], "room", room)) {
+  MappedLog* mapped = nullptr;
+  if (PyCapsule_CheckExact(args[1])) {
+    mapped = MappedLogOf(args[1]);
+    if (mapped == nullptr) return nullptr;
+  } else if (!ToInt(args[1], "fd", fd)) {
     return nullptr;
   }
+  if (!ToInt(args[3], "room", room)) return nullptr;
   if (!PyUnicode_Check(args[2])) {
     PyErr_SetString(PyExc_TypeError, "write_log_line: context must be str");
     return nullptr;
@@ -213,6 +238,12 @@ PyObject* WriteLogLine(PyObject* /*module*/, PyObject* const* args,
   if (!ok || (room >= 0 && line.size() >= static_cast<unsigned long long>(room))) {
     return Declined();
   }
+  if (mapped != nullptr) {
+    // A copy into the page cache: no system call, the GIL kept.
+    const absl::Status appended = mapped->Append(line);
+    if (!appended.ok()) return RaiseOsError(appended);
+    return PyLong_FromSize_t(line.size());
+  }
   int error = 0;
   Py_BEGIN_ALLOW_THREADS
   error = WriteLine(static_cast<int>(fd), line);
@@ -222,6 +253,52 @@ PyObject* WriteLogLine(PyObject* /*module*/, PyObject* const* args,
     return PyErr_SetFromErrno(PyExc_OSError);
   }
   return PyLong_FromSize_t(line.size());
+}
+
+PyObject* MapLog(PyObject* /*module*/, PyObject* const* args,
+                 Py_ssize_t nargs) {
+  if (!CheckArgs("map_log", nargs, 1)) return nullptr;
+  long long fd = 0;
+  if (!ToInt(args[0], "fd", fd)) return nullptr;
+  absl::StatusOr<std::unique_ptr<MappedLog>> log =
+      MappedLog::Open(static_cast<int>(fd));
+  if (!log.ok()) return RaiseOsError(log.status());
+  PyObject* capsule =
+      PyCapsule_New(log->get(), kMappedLogName, DeleteMappedLog);
+  if (capsule != nullptr) log->release();
+  return capsule;
+}
+
+PyObject* AppendLog(PyObject* /*module*/, PyObject* const* args,
+                    Py_ssize_t nargs) {
+  if (!CheckArgs("append_log", nargs, 2)) return nullptr;
+  MappedLog* log = MappedLogOf(args[0]);
+  if (log == nullptr) return nullptr;
+  Py_buffer data;
+  if (PyObject_GetBuffer(args[1], &data, PyBUF_SIMPLE) < 0) return nullptr;
+  const absl::Status appended = log->Append(std::string_view(
+      static_cast<const char*>(data.buf), static_cast<size_t>(data.len)));
+  PyBuffer_Release(&data);
+  if (!appended.ok()) return RaiseOsError(appended);
+  Py_RETURN_NONE;
+}
+
+PyObject* CloseLog(PyObject* /*module*/, PyObject* const* args,
+                   Py_ssize_t nargs) {
+  if (!CheckArgs("close_log", nargs, 1)) return nullptr;
+  MappedLog* log = MappedLogOf(args[0]);
+  if (log == nullptr) return nullptr;
+  const absl::Status closed = log->Close();
+  if (!closed.ok()) return RaiseOsError(closed);
+  Py_RETURN_NONE;
+}
+
+PyObject* MappedLogLength(PyObject* /*module*/, PyObject* const* args,
+                          Py_ssize_t nargs) {
+  if (!CheckArgs("mapped_log_length", nargs, 1)) return nullptr;
+  MappedLog* log = MappedLogOf(args[0]);
+  if (log == nullptr) return nullptr;
+  return PyLong_FromSize_t(log->Length());
 }
 
 }  // namespace agentix::worker

@@ -9,10 +9,11 @@
 
 namespace agentix::worker {
 
-// write_log_line(record, fd, context, room) -> int. For a plain LogRecord
+// write_log_line(record, sink, context, room) -> int. For a plain LogRecord
 // (log_record.h) with no exception, exception text or stack, writes
-// "<asctime> [<agentix_context>] [<name>] <message>\n" (UTF-8) to `fd` in
-// one write(2) (more only if the kernel takes part of it), sets
+// "<asctime> [<agentix_context>] [<name>] <message>\n" (UTF-8) to `sink`: a
+// map_log mapping (appended), or an fd in one write(2) (more only if the
+// kernel takes part of it); sets
 // record.message and record.asctime ("YYYY-MM-DD HH:MM:SS,mmm", local time)
 // as logging.Formatter does, and gives `context` as the record's
 // agentix_context if it has none. Returns the bytes written, or -1 having
@@ -22,5 +23,16 @@ namespace agentix::worker {
 // the write fails.
 PyObject* WriteLogLine(PyObject* module, PyObject* const* args,
                        Py_ssize_t nargs);
+
+// The durable log file through a mapping (mapped_log.h), for the driver:
+// map_log(fd) -> mapping (a capsule; OSError if the file cannot be mapped),
+// append_log(mapping, bytes), close_log(mapping) (truncates the file to
+// what was appended; idempotent), mapped_log_length(mapping) -> int.
+// Failures raise OSError.
+PyObject* MapLog(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
+PyObject* AppendLog(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
+PyObject* CloseLog(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
+PyObject* MappedLogLength(PyObject* module, PyObject* const* args,
+                          Py_ssize_t nargs);
 
 }  // namespace agentix::worker

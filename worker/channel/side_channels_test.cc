@@ -393,6 +393,35 @@ TEST_CASE("send_log_record sends what the bridge's send_log call would",
   CHECK(RecordOf(frames[14]).context() == "dflt");
 }
 
+TEST_CASE("send_log_record's standard keys remembered from one record do "
+          "not admit another's extras", "[channel]") {
+  // The keys found standard are remembered by position and identity; a
+  // record whose dict differs there, or a call with other standard keys,
+  // must still be checked against the set.
+  Pair pair;
+  FrameCollector collector(pair.peer);
+  Py("import logging\n"
+     "STD = frozenset(vars(logging.LogRecord('n', 20, 'p', 1, 'm', None, "
+     "None))) | {'message', 'asctime', 'agentix_context'}\n"
+     "def rec(msg='m'):\n"
+     "    return logging.LogRecord('app.x', 20, 'p.py', 1, msg, None, None)\n"
+     "assert ch.send_log_record(rec('first'), 'd', '', STD, ()) is True\n"
+     "swapped = rec()\n"
+     "del swapped.module\n"
+     "swapped.user = 'ada'\n"
+     "assert ch.send_log_record(swapped, 'd', '', STD, ()) is False\n"
+     "assert ch.send_log_record(rec(), 'd', '', STD - {'module'}, ()) is False\n"
+     "copied = rec('equal keys, other objects')\n"
+     "copied.__dict__ = {''.join(list(k)): v for k, v in vars(copied).items()}\n"
+     "assert ch.send_log_record(copied, 'd', '', STD, ()) is True\n"
+     "assert ch.send_log_record(rec('last'), 'd', '', STD, ()) is True\n");
+  auto frames = collector.Wait(3, absl::Seconds(5));
+  REQUIRE(frames.size() == 3);
+  CHECK(RecordOf(frames[0]).message() == "first");
+  CHECK(RecordOf(frames[1]).message() == "equal keys, other objects");
+  CHECK(RecordOf(frames[2]).message() == "last");
+}
+
 TEST_CASE("send_log_record declines every other record, sending nothing",
           "[channel]") {
   Pair pair;

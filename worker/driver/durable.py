@@ -72,16 +72,26 @@ class _DurableHandler(logging.FileHandler):
     and seeks the file, which cost more than the write itself. The rotation
     is ours too (what RotatingFileHandler(backupCount=1) does): importing
     logging.handlers, with socket, queue and copy, was ~2.5 ms of every
-    worker's boot (issue 25, cold start)."""
+    worker's boot (issue 25, cold start).
 
-    def __init__(self, path, channel, context):
+    A regular file is written through a shared mapping (_w.map_log): a line
+    copied there is in the page cache, as a write() would have put it, so a
+    SIGKILLed worker still leaves it, at a memcpy's cost instead of a system
+    call's. The file grows a MiB at a time; close() and rotation cut it to
+    the lines written, a crash leaves NUL bytes after them (trimmed when the
+    file is opened again). Otherwise (a FIFO, a failed mapping, `mapped`
+    False: $AGENTIX_LOG_MAPPED=0) one write() per line."""
+
+    def __init__(self, path, channel, context, mapped=True):
         self.maxBytes = _DURABLE_MAX_BYTES
+        self._map = mapped
         super().__init__(path, mode="a", encoding="utf-8")
         self._channel = channel
         self._context = context
         self.detached = False
         # True: _open admits regular files only (the stdlib's guard, kept).
         self._rotates = os.path.isfile(self.baseFilename)
+        self._mapped = None
         self._size = self._current_size()
         self._fd = self.stream.fileno()
         self._line_formatter = None
@@ -101,7 +111,8 @@ class _DurableHandler(logging.FileHandler):
         ours with no other name (a hard link planted to make us append to, or
         expose, another of our files). Also used to reopen after rotation."""
         # O_NONBLOCK: a FIFO planted there cannot hang the worker's boot.
-        flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+        # O_RDWR: a shared mapping of the file needs it.
+        flags = (os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
                  | os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             fd = os.open(self.baseFilename, flags, 0o600)
@@ -127,15 +138,35 @@ class _DurableHandler(logging.FileHandler):
             raise
 
     def _current_size(self):
-        # A FIFO cannot tell(); it is not rotated, so its size does not matter.
-        return self.stream.tell() if self._rotates and self.stream else 0
+        """Maps the freshly opened file when it is a regular one; its size.
+        A FIFO cannot tell(); it is not rotated, so its size does not
+        matter."""
+        if not (self._rotates and self.stream):
+            return 0
+        if not self._map:
+            return self.stream.tell()
+        try:
+            self._mapped = _w.map_log(self.stream.fileno())
+        except OSError:
+            self._mapped = None  # write() per line, as before
+            return self.stream.tell()
+        return _w.mapped_log_length(self._mapped)
+
+    def _unmap(self):
+        """Unmaps the file, cut to the lines written."""
+        mapped, self._mapped = self._mapped, None
+        if mapped is not None:
+            _w.close_log(mapped)
 
     def doRollover(self):
         """`path` becomes `path`.1 (replacing it) and a fresh `path` is
         opened (with _open's checks)."""
-        if self.stream:
-            self.stream.close()
-            self.stream = None
+        try:
+            self._unmap()
+        finally:
+            if self.stream:
+                self.stream.close()
+                self.stream = None
         backup = self.baseFilename + ".1"
         if os.path.exists(backup):
             os.remove(backup)
@@ -144,6 +175,13 @@ class _DurableHandler(logging.FileHandler):
         self.stream = self._open()
         self._size = self._current_size()
         self._fd = self.stream.fileno() if self.stream else -1
+
+    def close(self):
+        with self.lock:
+            try:
+                self._unmap()
+            finally:
+                super().close()
 
     def handle(self, record):
         # Handler.handle, with the lock taken as a context manager and the
@@ -161,7 +199,7 @@ class _DurableHandler(logging.FileHandler):
                     and self.stream is not None):
                 try:
                     size = _w.write_log_line(
-                        record, self._fd, self._context,
+                        record, self._mapped or self._fd, self._context,
                         max(self.maxBytes - self._size, 0) if self._rotates
                         else -1)
                 except RecursionError:
@@ -196,11 +234,14 @@ class _DurableHandler(logging.FileHandler):
                 self._fd = self.stream.fileno()
             if self._rotates and self._size + size >= self.maxBytes:
                 self.doRollover()
-            written = os.write(self._fd, data)
-            if written != size:  # a regular file takes it all but when full
-                view = memoryview(data)
-                while written < size:
-                    written += os.write(self._fd, view[written:])
+            if self._mapped is not None:
+                _w.append_log(self._mapped, data)
+            else:
+                written = os.write(self._fd, data)
+                if written != size:  # a regular file takes it all but full
+                    view = memoryview(data)
+                    while written < size:
+                        written += os.write(self._fd, view[written:])
             self._size += size
         except RecursionError:
             raise
@@ -268,7 +309,12 @@ def _open_durable(channel, worker_id, context):
     path = os.path.join(log_dir, f"sandbox-{worker_id}.log")
     try:
         _private_log_dir(log_dir)
-        handler = _DurableHandler(path, channel, context)
+        # "0": one write() per line, for a file followed with tail -f or
+        # truncated from outside (a mapped file's readers see it grow a MiB
+        # at a time; truncating it under the worker is a SIGBUS).
+        handler = _DurableHandler(
+            path, channel, context,
+            mapped=os.environ.get("AGENTIX_LOG_MAPPED", "").strip() != "0")
     except Exception as exc:
         why = f"cannot open {path}: {_text(exc)}"
         if isinstance(exc, _LogRefused):

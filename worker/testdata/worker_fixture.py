@@ -153,6 +153,17 @@ def log_warning():
     return "logged"
 
 
+def log_then_sigkill(n):
+    """Logs `n` records (and prints a line), then SIGKILLs this worker: no
+    handler, flush or close runs after the last one."""
+    import signal
+    print("printed before the kill")
+    log = logging.getLogger("app.killed")
+    for i in range(n):
+        log.warning("record %d before the kill", i)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def log_raw_record():
     """A record made without the record factory (no agentix_context)."""
     record = logging.LogRecord("app.raw", logging.INFO, __file__, 1,
