@@ -152,6 +152,7 @@ async def test_wait_pins_the_loop_thread_only_while_a_call_waits(framed, monkeyp
         assert os.sched_getaffinity(0) == ALLOWED  # back to user code: unpinned
         assert type(client._stream) is FrameCallsStream
         assert framed.frames.hellos[-1]["agentix-calls-cpu"] == str(cpu)
+        assert framed.frames.hellos[-1]["agentix-payload-ring"] == "1"  # beside it, not instead
         # Overlapping calls are not pinned.
         both = await asyncio.gather(*(client.remote(os.sched_getaffinity, 0) for _ in range(2)))
         assert both == [ALLOWED, ALLOWED]

@@ -292,18 +292,19 @@ class FrameWire:
             _log.debug("frame wire %s not available, using gRPC: %r", self._path, error)
             return None
         cpu = placement.cpu
-        if placement.mode == "always":
+        if placement.mode == "always" and cpu is not None:
             # The calling thread only (pid 0): the loop that reads and writes the socket.
             os.sched_setaffinity(0, {cpu})
         ring = None
         if stream is not None:
             metadata = (*metadata, (STREAM_KEY, stream))
-        elif placement.mode != "off":
-            if placement.mode == "wait":
-                self.waits = pinned_waits(placement)
-                cpu = self.waits.cpu
-            metadata = (*metadata, (CALLS_CPU_KEY, str(cpu)))
-        elif payload_ring_wanted():
+        else:
+            waits = self.waits = pinned_waits(placement)
+            if waits is not None:
+                cpu = waits.cpu
+            if cpu is not None:  # the daemon's call path may follow it
+                metadata = (*metadata, (CALLS_CPU_KEY, str(cpu)))
+        if stream is None and payload_ring_wanted():
             try:
                 ring = PayloadRing()
             except OSError as error:  # no memfd here: every piece goes inline
