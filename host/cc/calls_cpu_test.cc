@@ -2,6 +2,7 @@
 #include "agentix/calls_cpu.h"
 
 #include <sched.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -44,6 +45,19 @@ TEST_CASE("AGENTIX_CALLS_CPU names a CPU to wait on, or nothing") {
     CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(absl::StrContains(refused.status().message(), "AGENTIX_CALLS_CPU="));
   }
+}
+
+TEST_CASE("an unset or empty AGENTIX_CALLS_CPU is the default setting") {
+  const int fallback = *ParseCallsCpu(kDefaultCallsCpu);
+  ::unsetenv("AGENTIX_CALLS_CPU");
+  CHECK(*CallsCpuFromEnv() == fallback);
+  ::setenv("AGENTIX_CALLS_CPU", "", 1);
+  CHECK(*CallsCpuFromEnv() == fallback);
+  ::setenv("AGENTIX_CALLS_CPU", "wait:auto", 1);
+  CHECK(*CallsCpuFromEnv() == *Mask().rbegin());
+  ::setenv("AGENTIX_CALLS_CPU", "nope", 1);
+  CHECK(CallsCpuFromEnv().status().code() == absl::StatusCode::kInvalidArgument);
+  ::unsetenv("AGENTIX_CALLS_CPU");
 }
 
 TEST_CASE("ThreadPin pins the calling thread and gives it its own mask back from any thread") {

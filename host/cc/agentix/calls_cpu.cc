@@ -54,7 +54,7 @@ absl::StatusOr<int> ParseCallsCpu(absl::string_view value) {
 
 absl::StatusOr<int> CallsCpuFromEnv() {
   const char* env = std::getenv("AGENTIX_CALLS_CPU");
-  return ParseCallsCpu(env == nullptr ? "" : env);
+  return ParseCallsCpu(env == nullptr || *env == '\0' ? kDefaultCallsCpu : env);
 }
 
 bool ThreadPin::Pin(int cpu) {

@@ -24,7 +24,11 @@ inline constexpr absl::string_view kCallsCpuKey = "agentix-calls-cpu";
 // good, so "N"/"auto" are pinned waits too (taskset pins a whole process).
 // INVALID_ARGUMENT for anything else or a CPU the thread may not use.
 absl::StatusOr<int> ParseCallsCpu(absl::string_view value);
-// The same for $AGENTIX_CALLS_CPU (unset: -1).
+// What an unset or empty $AGENTIX_CALLS_CPU means (as the Python host's
+// pinned_waits.DEFAULT_SETTING; "wait" is the candidate once a quiet-machine
+// A/B says it pays, docs/PERFORMANCE.md).
+inline constexpr absl::string_view kDefaultCallsCpu = "off";
+// The same for $AGENTIX_CALLS_CPU (unset or empty: kDefaultCallsCpu).
 absl::StatusOr<int> CallsCpuFromEnv();
 
 // One thread pinned to one CPU while it waits; Unpin gives it back its own
