@@ -108,6 +108,22 @@ def test_another_thread_never_changes_the_mask(masks):
     assert masks == [] and waits.in_flight == 1
 
 
+def test_one_pinned_waits_per_thread_counts_every_client_of_its_loop(monkeypatch):
+    import threading
+
+    monkeypatch.setattr(pw, "_threads", threading.local())
+    assert pw.pinned_waits(CallsCpu("off", None)) is None
+    assert pw.pinned_waits(CallsCpu("always", 0)) is None
+    first = pw.pinned_waits(CallsCpu("wait", max(ALLOWED)))
+    assert first is pw.pinned_waits(CallsCpu("wait", None))  # a second client of this thread
+    assert (first.cpu, first.original) == (max(ALLOWED), ALLOWED)
+    other = []
+    thread = threading.Thread(target=lambda: other.append(pw.pinned_waits(CallsCpu("wait", None))))
+    thread.start()
+    thread.join()
+    assert other[0] is not first and other[0].cpu in ALLOWED  # that thread's own, on its CPU
+
+
 # --- a client on the frame wire ---------------------------------------------
 
 
