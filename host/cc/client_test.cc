@@ -2,6 +2,9 @@
 // calling testing/fixtures/remote_targets/e2e_targets.py.
 #include "agentix/client.h"
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <map>
@@ -524,6 +527,83 @@ TEST_CASE("AGENTIX_CALLS_SPIN_US: a spinning frame-wire reader serves calls; a b
   CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(absl::StrContains(refused.status().message(), "AGENTIX_CALLS_SPIN_US=soon"));
   ::unsetenv("AGENTIX_CALLS_SPIN_US");
+}
+
+// The CPUs thread `tid` may run on.
+std::set<int> AllowedCpus(pid_t tid) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(::sched_getaffinity(tid, sizeof(set), &set) == 0);
+  std::set<int> cpus;
+  for (int i = 0; i < CPU_SETSIZE; ++i) {
+    if (CPU_ISSET(i, &set)) cpus.insert(i);
+  }
+  return cpus;
+}
+
+TEST_CASE("AGENTIX_CALLS_CPU=wait pins a caller's thread only while its call waits alone") {
+  ::unsetenv("AGENTIX_CALLS_WIRE");
+  const std::set<int> before = AllowedCpus(0);
+  REQUIRE(before.size() >= 2);  // pinning is only visible with two CPUs allowed
+  const int cpu = *before.rbegin();
+  Daemon daemon;
+  ::setenv("AGENTIX_CALLS_CPU", "wait:auto", 1);
+  auto client = ConnectTo(daemon.url());
+  ::unsetenv("AGENTIX_CALLS_CPU");
+  CHECK(client->calls_wire() == CallsWire::kFrames);
+  for (int i = 0; i < 20; ++i) {  // sequential calls: the caller's own code runs unpinned
+    absl::StatusOr<int64_t> sum = client->Remote<int64_t>("e2e_targets::add", i, 1);
+    REQUIRE_OK(sum.status());
+    CHECK(AllowedCpus(0) == before);
+  }
+  // Another thread watches this one's mask while a call is in flight.
+  const pid_t caller = ::gettid();
+  std::atomic<bool> stop{false};
+  absl::Mutex mu;
+  std::vector<std::set<int>> seen;
+  auto watch = [&] {
+    while (!stop.load()) {
+      std::set<int> mask = AllowedCpus(caller);
+      {
+        absl::MutexLock lock(&mu);
+        seen.push_back(std::move(mask));
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  };
+  std::thread watcher(watch);
+  REQUIRE_OK(client->Remote<msgpack::object_handle>("e2e_targets::blocking_sleep", 0.5).status());
+  stop = true;
+  watcher.join();
+  CHECK(AllowedCpus(0) == before);
+  {
+    absl::MutexLock lock(&mu);
+    REQUIRE(!seen.empty());
+    size_t pinned = 0;
+    for (const auto& mask : seen) pinned += mask == std::set<int>{cpu} ? 1 : 0;
+    CHECK(pinned >= seen.size() / 2);
+    seen.clear();
+  }
+  // A second call in flight: the thread waiting for the first gets its mask back.
+  std::atomic<pid_t> waiter{0};
+  absl::Status first;
+  std::thread waiting([&] {
+    waiter = ::gettid();
+    first = client->Remote<msgpack::object_handle>("e2e_targets::blocking_sleep", 1.0).status();
+  });
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while ((waiter.load() == 0 || AllowedCpus(waiter.load()) != std::set<int>{cpu}) &&
+         absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  CHECK(AllowedCpus(waiter.load()) == std::set<int>{cpu});
+  absl::StatusOr<Call> second = client->Start("e2e_targets::blocking_sleep", Arguments(0.1), CallOptions());
+  REQUIRE_OK(second.status());
+  CHECK(AllowedCpus(waiter.load()) == before);
+  CHECK(AllowedCpus(0) == before);
+  REQUIRE_OK(second->Wait().status());
+  waiting.join();
+  REQUIRE_OK(first);
 }
 
 TEST_CASE("without PATH.calls the Calls stream stays on gRPC, unless the frame wire is required") {

@@ -15,6 +15,9 @@ run), each setting against `off`:
                 host's AGENTIX_CALLS_CPU=CPU (its event loop's thread) and the C++
                 client's process on the same CPU (sched_setaffinity, as `taskset`
                 would);
+- `pinwait`:    the daemon's --calls_cpu=CPU and both hosts' AGENTIX_CALLS_CPU=wait:CPU
+                (pinned waits: the host's calling thread is on the CPU only while one
+                call waits, agentix/runtime/client/pinned_waits.py; no taskset);
 - `pin_daemon`: --calls_cpu alone: the daemon <-> worker hand-offs on one CPU, the
                 host where the scheduler puts it;
 - `spin`:       bounded adaptive spinning on the receiving sides: --frames_spin_us,
@@ -152,10 +155,12 @@ class ThreadCpuMeter:
 
 def settings_table(cpu: int, spin_us: int) -> dict[str, dict]:
     """{name: {"daemon": extra flags, "host_cpu": CPU for both hosts or None,
-    "cc_env": the C++ client's extra environment}}."""
+    "cc_env": the C++ client's extra environment, "py_env" (optional): the Python host's}}."""
+    wait = {"AGENTIX_CALLS_CPU": f"wait:{cpu}"}
     return {
         "off": {"daemon": [], "host_cpu": None, "cc_env": {}},
         "pin": {"daemon": [f"--calls_cpu={cpu}"], "host_cpu": cpu, "cc_env": {}},
+        "pinwait": {"daemon": [f"--calls_cpu={cpu}"], "host_cpu": None, "cc_env": wait, "py_env": wait},
         "pin_daemon": {"daemon": [f"--calls_cpu={cpu}"], "host_cpu": None, "cc_env": {}},
         "spin": {"daemon": [f"--frames_spin_us={spin_us}", f"--worker_read_spin_us={spin_us}",
                             f"--worker_intake_spin_us={spin_us}"], "host_cpu": None,
@@ -195,7 +200,7 @@ def one_run(setting: dict, bins: dict, args, env: dict) -> dict:
         env=env, stdout=sys.stderr.fileno())
     try:
         procs.wait_listening(sock, daemon)
-        host_env = dict(env)
+        host_env = {**env, **setting.get("py_env", {})}
         if setting["host_cpu"] is not None:
             host_env["AGENTIX_CALLS_CPU"] = str(setting["host_cpu"])
         host = subprocess.run(
@@ -307,7 +312,7 @@ def main(argv=None) -> int:
     parser.add_argument("--c64-seconds", type=float, default=1.0,
                         help="timed window of the 64-caller phase per run")
     parser.add_argument("--settings", default="off,pin,pin_daemon,spin,spin_daemon",
-                        help="comma-separated, from: off, pin, pin_daemon, spin, spin_daemon")
+                        help="comma-separated, from: off, pin, pinwait, pin_daemon, spin, spin_daemon")
     parser.add_argument("--cpu", default="auto",
                         help="the CPU of the pin settings: a number or auto (the highest "
                              "allowed, as --calls_cpu=auto)")

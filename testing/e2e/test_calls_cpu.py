@@ -111,3 +111,61 @@ async def test_host_calls_cpu_refuses_a_bad_value(daemon, monkeypatch):
         async with RuntimeClient(daemon.url) as client:
             await client.remote(os.getpid)
     assert os.sched_getaffinity(0) == before
+
+
+def _allowed_list(tid):
+    """The CPUs thread `tid` of this process may run on, as /proc says (a set)."""
+    with open(f"/proc/self/task/{tid}/status") as f:
+        (line,) = [l for l in f if l.startswith("Cpus_allowed_list:")]
+    cpus = set()
+    for part in line.split(":", 1)[1].strip().split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+async def test_pinned_waits_pin_the_loop_thread_only_while_a_call_is_in_flight(start_daemon, monkeypatch):
+    import threading
+    import time
+
+    before = os.sched_getaffinity(0)
+    assert len(before) >= 2, "needs a machine with two CPUs to tell pinned from free"
+    cpu = max(before)
+    monkeypatch.setenv("AGENTIX_CALLS_CPU", "wait:auto")
+    daemon = start_daemon(extra_args=["--calls_cpu=auto"])
+    loop_tid = threading.get_native_id()
+    seen, stop = [], threading.Event()
+
+    def watch():  # another thread reads the loop thread's mask while a call is in flight
+        while not stop.is_set():
+            seen.append(frozenset(_allowed_list(loop_tid)))
+            time.sleep(0.01)
+
+    try:
+        async with RuntimeClient(daemon.url) as client:
+            for _ in range(20):  # sequential calls: user code after each runs unpinned
+                assert await client.remote(os.getpid) > 0
+                assert os.sched_getaffinity(0) == before
+            watcher = threading.Thread(target=watch)
+            watcher.start()
+            try:
+                await client.remote(time.sleep, 0.5)
+            finally:
+                stop.set()
+                watcher.join()
+            assert os.sched_getaffinity(0) == before
+            assert seen.count(frozenset({cpu})) >= len(seen) // 2 > 0, seen
+            # Overlapping calls wait unpinned; the next sequential one is pinned again.
+            seen.clear()
+            stop.clear()
+            watcher = threading.Thread(target=watch)
+            watcher.start()
+            try:
+                await asyncio.gather(*(client.remote(time.sleep, 0.3) for _ in range(2)))
+            finally:
+                stop.set()
+                watcher.join()
+            assert seen and set(seen) == {frozenset(before)}, seen
+            assert os.sched_getaffinity(0) == before
+    finally:
+        os.sched_setaffinity(0, before)

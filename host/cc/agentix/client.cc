@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "agentix/calls_cpu.h"
 #include "agentix/calls_transport.h"
 #include "agentix/frame_transport.h"
 #include "agentix/grpc_calls_transport.h"
@@ -180,6 +181,9 @@ struct Call {
   uint64_t consumed = 0;    // items handed to the consumer
   uint64_t acked = 0;       // the last StreamAck's next_index
   absl::CondVar changed;
+  // The caller's thread, pinned while it waits for this call alone
+  // ($AGENTIX_CALLS_CPU; Connection::pinned_).
+  ThreadPin pin;
 };
 
 // One Calls stream (on gRPC or the frame wire). Writers hold write_mu; the
@@ -216,6 +220,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   absl::Status Start() {
+    absl::StatusOr<int> calls_cpu = CallsCpuFromEnv();
+    if (!calls_cpu.ok()) return calls_cpu.status();
+    calls_cpu_ = *calls_cpu;
     absl::Status status = Open();
     if (!status.ok()) return status;
     reader_ = std::thread([this] { ReaderLoop(); });
@@ -313,6 +320,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (closing_) return absl::FailedPreconditionError("the client is closed");
       call->id = CallId(id_prefix_, ++next_call_);
       pending_[call->id] = call;
+      if (calls_cpu_ >= 0) PlaceWaitLocked(call.get(), will_wait && !streaming);
       stream = stream_;
       if (stream == nullptr) {
         wake_.SignalAll();  // the reader reconnects, then sends it
@@ -349,10 +357,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
       }
       if (call->changed.WaitWithDeadline(&mu_, call->deadline) && !call->done) {
         call->in_wait = false;
+        UnpinLocked(call.get());
         return TimeOutLocked(call);
       }
     }
     call->in_wait = false;
+    UnpinLocked(call.get());
     AwaitSideChannelsLocked(*call);
     if (!call->status.ok()) return call->status;
     return std::move(call->result);
@@ -416,6 +426,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     {
       absl::MutexLock lock(&mu_);
       call->abandoned = true;
+      UnpinLocked(call.get());
       if (call->done) return;
       pending_.erase(call->id);
       stream = stream_;
@@ -495,8 +506,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // null) when it does not; kFrames fails.
   absl::Status OpenFrames(CallsStream* stream) {
     if (options_.calls_wire == CallsWire::kGrpc) return absl::OkStatus();
+    StreamMetadata metadata = Metadata();
+    if (calls_cpu_ >= 0) metadata.emplace_back(kCallsCpuKey, absl::StrCat(calls_cpu_));
     absl::StatusOr<std::unique_ptr<CallsTransport>> transport =
-        ConnectFrameTransport(CallsSocketPath(options_.target), Metadata());
+        ConnectFrameTransport(CallsSocketPath(options_.target), metadata);
     if (transport.ok()) {
       stream->transport = *std::move(transport);
       return absl::OkStatus();
@@ -505,6 +518,25 @@ class Connection : public std::enable_shared_from_this<Connection> {
     return absl::UnavailableError(absl::StrCat(
         "calls_wire is frames, but ", transport.status().message(),
         " (is agentix-sandboxd running with --calls_socket?)"));
+  }
+
+  // Pinned waits: a call alone in flight that its caller waits for without
+  // a deadline (the caller then reads its result itself) pins the caller's
+  // thread to calls_cpu_ now, before it is written; a second call in flight
+  // unpins the thread pinned (overlapping calls run anywhere).
+  void PlaceWaitLocked(Call* call, bool waited) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (pending_.size() == 1 && waited && call->deadline == absl::InfiniteFuture()) {
+      if (call->pin.Pin(calls_cpu_)) pinned_ = call;
+    } else if (pinned_ != nullptr) {
+      UnpinLocked(pinned_);
+    }
+  }
+
+  // Gives the thread `call` pinned its mask back (its caller is leaving).
+  void UnpinLocked(Call* call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (pinned_ != call) return;
+    call->pin.Unpin();
+    pinned_ = nullptr;
   }
 
   absl::Status TimeOutLocked(const std::shared_ptr<Call>& call)
@@ -922,6 +954,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   absl::flat_hash_map<std::string, std::shared_ptr<Call>> pending_
       ABSL_GUARDED_BY(mu_);
   std::vector<std::string> pending_acks_ ABSL_GUARDED_BY(mu_);
+  // $AGENTIX_CALLS_CPU's CPU (-1: off), and the call whose caller's thread
+  // is pinned to it (PlaceWaitLocked).
+  int calls_cpu_ = -1;
+  Call* pinned_ ABSL_GUARDED_BY(mu_) = nullptr;
   // A thread is in Read() on the Calls stream (the read "token"); only it
   // uses response_.
   bool reading_ ABSL_GUARDED_BY(mu_) = false;

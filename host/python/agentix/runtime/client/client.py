@@ -1,28 +1,24 @@
 """`RuntimeClient`: runs functions inside a sandbox over ``RuntimeService``.
 
 One gRPC channel and one ``Calls`` stream per client carry every call
-(`agentix.runtime.client.stream`); on a ``unix://`` target whose daemon has a
-frame wire, the Calls stream runs on it instead of gRPC
-(`agentix.runtime.client.frames`). The channel is opened by ``async with`` or by
-the first `remote()` / `health()`; connecting is verified with a ``GetInfo``
-probe, so an address that refuses connections fails at once with
+(`agentix.runtime.client.stream`); on a ``unix://`` target whose daemon has a frame wire, the
+Calls stream runs on it instead of gRPC (`agentix.runtime.client.frames`). The channel is opened
+by ``async with`` or by the first `remote()` / `health()`; connecting is verified with a
+``GetInfo`` probe, so an address that refuses connections fails at once with
 `RuntimeUnreachable` and a silent one fails after ``timeout`` seconds.
 
-If the stream ends or breaks while calls are in flight, the client reconnects
-by itself (with backoff, see `RuntimeClient`) and resumes them on a new
-stream: it sends each call's StartCall again (the daemon runs a call_id at
-most once and refuses to re-run a finished one) and ``ResumeCalls``, and the
-daemon replays what they produced; streamed items and result chunks that
-arrive twice are dropped. Calls whose arguments were larger than
-`_RESEND_ARGUMENTS_BYTES` are only resumed (if their start never reached the
-daemon they fail with ``ResultUnavailable``). When reconnecting fails, or with
-``reconnection=False``, pending calls fail with `RuntimeUnreachable`. A call
-made while a lost connection is down reconnects under the same policy, so a
-cut that also breaks its first reconnect does not fail it.
+If the stream ends or breaks while calls are in flight, the client reconnects by itself (with
+backoff, see `RuntimeClient`) and resumes them on a new stream: it sends each call's StartCall
+again (the daemon runs a call_id at most once and refuses to re-run a finished one) and
+``ResumeCalls``, and the daemon replays what they produced; streamed items and result chunks that
+arrive twice are dropped. Calls whose arguments were larger than `_RESEND_ARGUMENTS_BYTES` are
+only resumed (if their start never reached the daemon they fail with ``ResultUnavailable``). When
+reconnecting fails, or with ``reconnection=False``, pending calls fail with `RuntimeUnreachable`.
+A call made while a lost connection is down reconnects under the same policy, so a cut that also
+breaks its first reconnect does not fail it.
 
-Beside the Calls stream run the ``Logs`` and ``Traces`` feeds
-(`agentix.runtime.client.feeds`) and one ``Namespace`` stream per registered
-plugin namespace (`agentix.runtime.client.namespaces`).
+Beside the Calls stream run the ``Logs`` and ``Traces`` feeds (`agentix.runtime.client.feeds`)
+and one ``Namespace`` stream per registered plugin namespace (`agentix.runtime.client.namespaces`).
 """
 
 from __future__ import annotations
@@ -343,6 +339,9 @@ class RuntimeClient:
             max_result_bytes=self.max_result_bytes,
         )
         self._pending[call.call_id] = call
+        waits = self._frames.waits  # AGENTIX_CALLS_CPU=wait: pinned while it waits alone
+        if waits is not None:
+            waits.hold()
         deadline = None
         try:
             stream.start_call(call.call_id, callable_ref, arguments, carrier)
@@ -358,6 +357,8 @@ class RuntimeClient:
                 ) from None
             raise
         finally:
+            if waits is not None:
+                waits.release()  # before any user code runs
             self._pending.pop(call.call_id, None)
             if call.future.cancelled():  # local cancellation or deadline
                 stream.cancel_call(call.call_id)
@@ -412,6 +413,9 @@ class RuntimeClient:
             max_result_bytes=self.max_result_bytes,
         )
         self._pending[call.call_id] = call
+        waits = self._frames.waits  # in flight, never pinned: user code runs between items
+        if waits is not None:
+            waits.hold(pin=False)
         window = self.stream_window
         # Not asyncio.timeout(): it would cancel whatever the consumer runs
         # between items, outside this generator.
@@ -451,6 +455,8 @@ class RuntimeClient:
             if call.barrier is not None:
                 await self._side_barrier(call.barrier)
         finally:
+            if waits is not None:
+                waits.release()
             self._pending.pop(call.call_id, None)
             if not finished and not call.future.done():
                 # The consumer stopped early, or the deadline passed.
@@ -460,9 +466,8 @@ class RuntimeClient:
             raise await remote_call_error_async(display_name, outcome)
 
     async def _side_barrier(self, barrier: SideBarrier) -> None:
-        """Waits until the log records and trace events `barrier` names have
-        been handed to the host's logging and trace processors (bounded: see
-        `agentix.runtime.client.feeds.BARRIER_IDLE_SECONDS`)."""
+        """Waits until the log records and trace events `barrier` names have been handed to the
+        host's logging and trace processors (bounded: see `feeds.BARRIER_IDLE_SECONDS`)."""
         await wait_barrier(self._feeds, barrier.log_seq, barrier.trace_seq)
 
     @overload
@@ -482,11 +487,8 @@ class RuntimeClient:
             return Failed(error)
 
     async def health(self) -> HealthResponse:
-        """Asks the runtime for its status and version.
-
-        Raises `RuntimeUnreachable` when it cannot be reached within `timeout`,
-        `Unauthenticated` when it refuses the token.
-        """
+        """Asks the runtime for its status and version. Raises `RuntimeUnreachable` when it
+        cannot be reached within `timeout`, `Unauthenticated` when it refuses the token."""
         info = await self._info()
         return HealthResponse(status=info.status, version=info.version)
 
@@ -521,11 +523,8 @@ class RuntimeClient:
         in_flight = list(self._pending.values())
         self._pending.clear()
         for call in in_flight:
-            call.fail(
-                RuntimeUnreachable(
-                    f"runtime client closed with remote call '{call.display_name}' in flight: {self.base_url}"
-                )
-            )
+            call.fail(RuntimeUnreachable(f"runtime client closed with remote call '{call.display_name}' in flight: "
+                                         f"{self.base_url}"))
         if stream is not None:
             await stream.aclose([call.call_id for call in in_flight], _CLOSE_FLUSH_SECONDS)
         for feed_stream in feeds:

@@ -30,12 +30,11 @@ frames naming their place in it instead of carrying them.
 ``AGENTIX_PAYLOAD_RING=off`` (or ``0``) sends none (every piece inline);
 a daemon that does not answer the ring (an older one) is sent none either.
 
-``AGENTIX_CALLS_CPU`` (a CPU number or ``auto``: the highest-numbered CPU the
-process may use; unset, empty or ``off``: nothing) pins the thread that runs
-the client's event loop to that CPU when its Calls stream connects on the
-frame wire, to be used with the daemon's ``--calls_cpu`` set alike: a
-sequential call's hand-offs then stay on one CPU instead of each waking an
-idle one (docs/FRAME-WIRE.md, "Wake-ups").
+``AGENTIX_CALLS_CPU`` places the thread that runs the client's event loop
+on one CPU while it waits for the daemon, or for good
+(`agentix.runtime.client.pinned_waits`); a Calls stream's HELLO then names
+that CPU (``agentix-calls-cpu``) so that the daemon's call path runs there
+too (docs/FRAME-WIRE.md, "Wake-ups").
 """
 
 from __future__ import annotations
@@ -66,6 +65,13 @@ from agentix.runtime.client.namespaces import (
 )
 from agentix.runtime.client.payload_ring import PayloadRing, ring_frame, split_message
 from agentix.runtime.client.pending import PendingCall
+from agentix.runtime.client.pinned_waits import (
+    CALLS_CPU_ENV,
+    CALLS_CPU_KEY,
+    PinnedWaits,
+    calls_cpu_setting,
+    pinned_waits,
+)
 from agentix.runtime.client.stream import CallsStream, NativeCallsStream
 from agentix.runtime.v1 import runtime_pb2 as pb
 
@@ -84,7 +90,6 @@ __all__ = [
     "PAYLOAD_RING_KEY",
     "RING_MESSAGE",
     "STATUS",
-    "calls_cpu",
     "payload_ring_wanted",
     "STREAM_KEY",
     "calls_socket_path",
@@ -96,7 +101,6 @@ __all__ = [
 _log = logging.getLogger("agentix.runtime.client")
 
 CALLS_WIRE_ENV = "AGENTIX_CALLS_WIRE"
-CALLS_CPU_ENV = "AGENTIX_CALLS_CPU"
 PAYLOAD_RING_ENV = "AGENTIX_PAYLOAD_RING"
 # The HELLO key that shares the payload ring (its memfd rides with HELLO).
 PAYLOAD_RING_KEY = "agentix-payload-ring"
@@ -134,25 +138,6 @@ def wire_mode() -> str:
     if mode not in _MODES:
         raise ValueError(f"{CALLS_WIRE_ENV}={mode!r} is not one of {', '.join(_MODES)}")
     return mode
-
-
-def calls_cpu() -> int | None:
-    """``AGENTIX_CALLS_CPU``: the CPU to pin the event loop's thread to, or
-    None (unset, empty or ``off``). ``auto`` is the highest-numbered CPU this
-    thread may run on (as the daemon's ``--calls_cpu=auto``). ValueError for
-    anything else, or a CPU this thread may not run on."""
-    setting = os.environ.get(CALLS_CPU_ENV, "").strip().lower()
-    if setting in ("", "off"):
-        return None
-    allowed = os.sched_getaffinity(0)
-    if setting == "auto":
-        return max(allowed)
-    if not setting.isdigit():
-        raise ValueError(f"{CALLS_CPU_ENV}={setting!r} is not off, auto or a CPU number")
-    cpu = int(setting)
-    if cpu not in allowed:
-        raise ValueError(f"{CALLS_CPU_ENV}={cpu} is not a CPU this process may run on ({sorted(allowed)})")
-    return cpu
 
 
 def payload_ring_wanted() -> bool:
@@ -207,11 +192,14 @@ class FrameWire:
         is not used: ``auto`` falls back, ``frames`` is an error).
     """
 
-    __slots__ = ("_path", "_tls")
+    __slots__ = ("_path", "_tls", "waits")
 
     def __init__(self, target: str, tls: bool) -> None:
         self._path = calls_socket_path(target)
         self._tls = tls
+        # The loop thread's pinned waits (``AGENTIX_CALLS_CPU=wait``) once a
+        # Calls stream connected on the frame wire; None otherwise.
+        self.waits: PinnedWaits | None = None
 
     def preferred(self) -> bool:
         """Whether the next Calls stream tries the frame wire first: the
@@ -278,10 +266,12 @@ class FrameWire:
           RuntimeUnreachable: ``AGENTIX_CALLS_WIRE=frames`` and the frame wire
             cannot be used (no Unix target, TLS, or ``PATH.calls`` refuses).
           ValueError: ``AGENTIX_CALLS_WIRE`` has another value, or
-            ``AGENTIX_CALLS_CPU`` a wrong one (see `calls_cpu`).
+            ``AGENTIX_CALLS_CPU`` a wrong one (see `calls_cpu_setting`).
         """
         mode = wire_mode()
-        cpu = calls_cpu()
+        placement = calls_cpu_setting()
+        if stream is None:
+            self.waits = None
         if mode == "grpc":
             return None
         if self._path is None or self._tls:
@@ -301,13 +291,20 @@ class FrameWire:
             # An older daemon, or one run with --nocalls_socket: gRPC does the same job.
             _log.debug("frame wire %s not available, using gRPC: %r", self._path, error)
             return None
-        if cpu is not None:
+        cpu = placement.cpu
+        if placement.mode == "always" and cpu is not None:
             # The calling thread only (pid 0): the loop that reads and writes the socket.
             os.sched_setaffinity(0, {cpu})
         ring = None
         if stream is not None:
             metadata = (*metadata, (STREAM_KEY, stream))
-        elif payload_ring_wanted():
+        else:
+            waits = self.waits = pinned_waits(placement)
+            if waits is not None:
+                cpu = waits.cpu
+            if cpu is not None:  # the daemon's call path may follow it
+                metadata = (*metadata, (CALLS_CPU_KEY, str(cpu)))
+        if stream is None and payload_ring_wanted():
             try:
                 ring = PayloadRing()
             except OSError as error:  # no memfd here: every piece goes inline

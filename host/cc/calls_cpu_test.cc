@@ -1,0 +1,94 @@
+// $AGENTIX_CALLS_CPU's values and ThreadPin (agentix/calls_cpu.h).
+#include "agentix/calls_cpu.h"
+
+#include <sched.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "testing/status_matchers.h"
+
+namespace agentix::client_internal {
+namespace {
+
+std::set<int> Mask(pid_t tid = 0) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(::sched_getaffinity(tid, sizeof(set), &set) == 0);
+  std::set<int> cpus;
+  for (int i = 0; i < CPU_SETSIZE; ++i) {
+    if (CPU_ISSET(i, &set)) cpus.insert(i);
+  }
+  return cpus;
+}
+
+TEST_CASE("AGENTIX_CALLS_CPU names a CPU to wait on, or nothing") {
+  const std::set<int> allowed = Mask();
+  const int high = *allowed.rbegin();
+  const int low = *allowed.begin();
+  for (const char* off : {"", "off", " OFF "}) CHECK(*ParseCallsCpu(off) == -1);
+  CHECK(*ParseCallsCpu("auto") == high);
+  CHECK(*ParseCallsCpu("wait:auto") == high);
+  CHECK(*ParseCallsCpu(absl::StrCat(low)) == low);
+  CHECK(*ParseCallsCpu(absl::StrCat("Wait:", low)) == low);
+  absl::StatusOr<int> current = ParseCallsCpu("wait");  // the CPU this thread is on
+  REQUIRE_OK(current.status());
+  CHECK(allowed.count(*current) == 1);
+  for (const char* bad : {"fast", "-1", "1.0", "wait:", "wait:x", "waiting", "auto:1", "4096", "wait:4096"}) {
+    absl::StatusOr<int> refused = ParseCallsCpu(bad);
+    CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(refused.status().message(), "AGENTIX_CALLS_CPU="));
+  }
+}
+
+TEST_CASE("an unset or empty AGENTIX_CALLS_CPU is the default setting") {
+  const int fallback = *ParseCallsCpu(kDefaultCallsCpu);
+  ::unsetenv("AGENTIX_CALLS_CPU");
+  CHECK(*CallsCpuFromEnv() == fallback);
+  ::setenv("AGENTIX_CALLS_CPU", "", 1);
+  CHECK(*CallsCpuFromEnv() == fallback);
+  ::setenv("AGENTIX_CALLS_CPU", "wait:auto", 1);
+  CHECK(*CallsCpuFromEnv() == *Mask().rbegin());
+  ::setenv("AGENTIX_CALLS_CPU", "nope", 1);
+  CHECK(CallsCpuFromEnv().status().code() == absl::StatusCode::kInvalidArgument);
+  ::unsetenv("AGENTIX_CALLS_CPU");
+}
+
+TEST_CASE("ThreadPin pins the calling thread and gives it its own mask back from any thread") {
+  const std::set<int> allowed = Mask();
+  REQUIRE(allowed.size() >= 2);  // pinning is only visible with two CPUs allowed
+  const int cpu = *allowed.rbegin();
+  ThreadPin pin;
+  REQUIRE(pin.Pin(cpu));
+  CHECK(pin.pinned());
+  CHECK(Mask() == std::set<int>{cpu});
+  CHECK_FALSE(pin.Pin(cpu));  // pinned already: nothing changes
+  std::thread([&pin] { pin.Unpin(); }).join();  // (Wait may run on another thread)
+  CHECK_FALSE(pin.pinned());
+  CHECK(Mask() == allowed);
+  pin.Unpin();  // not pinned: nothing
+  CHECK(Mask() == allowed);
+
+  // A thread already on that CPU alone is left alone (and nothing is restored).
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  REQUIRE(::sched_setaffinity(0, sizeof(one), &one) == 0);
+  ThreadPin again;
+  CHECK_FALSE(again.Pin(cpu));
+  again.Unpin();
+  CHECK(Mask() == std::set<int>{cpu});
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  for (int i : allowed) CPU_SET(i, &all);
+  REQUIRE(::sched_setaffinity(0, sizeof(all), &all) == 0);
+}
+
+}  // namespace
+}  // namespace agentix::client_internal
