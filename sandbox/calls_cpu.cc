@@ -8,6 +8,7 @@
 
 #include "absl/time/clock.h"
 #include "base/cpu_affinity.h"
+#include "base/log.h"
 
 namespace agentix::sandbox {
 
@@ -104,6 +105,10 @@ void CallsCpu::NoteRead(int call_ends) {
         backoff_.NotePinned(kSampleCalls, wait - last_wait_, hooks_.now())) {
       backed_off_ = true;
       ++backoffs_;
+      AGX_LOG(Info, "calls_cpu: CPU {} busy ({} us run-queue wait per call); "
+              "unpinned for {}", CpuOf(state_.load(std::memory_order_relaxed)),
+              absl::ToInt64Microseconds((wait - last_wait_) / kSampleCalls),
+              absl::FormatDuration(backoff_.until() - hooks_.now()));
       Update();
     }
     last_wait_ = wait;
