@@ -105,10 +105,10 @@ void CallsCpu::NoteRead(int call_ends) {
         backoff_.NotePinned(kSampleCalls, wait - last_wait_, hooks_.now())) {
       backed_off_ = true;
       ++backoffs_;
-      AGX_LOG(Info, "calls_cpu: CPU {} busy ({} us run-queue wait per call); "
+      AGX_LOG(Info, "calls_cpu: CPU {} busy ({:.1f} us run-queue wait per call); "
               "unpinned for {}", CpuOf(state_.load(std::memory_order_relaxed)),
-              absl::ToInt64Microseconds((wait - last_wait_) / kSampleCalls),
-              absl::FormatDuration(backoff_.until() - hooks_.now()));
+              absl::ToDoubleMicroseconds((wait - last_wait_) / kSampleCalls),
+              absl::FormatDuration(backoff_.period()));
       Update();
     }
     last_wait_ = wait;
