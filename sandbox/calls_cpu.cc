@@ -1,44 +1,146 @@
 #include "sandbox/calls_cpu.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "absl/time/clock.h"
 #include "base/cpu_affinity.h"
+#include "base/log.h"
 
 namespace agentix::sandbox {
 
-CallsCpu::CallsCpu(int cpu) : cpu_(cpu) {
+bool PinBackoff::NotePinned(int64_t calls, absl::Duration wait,
+                            absl::Time now) {
+  if (calls <= 0) return false;
+  if (wait / calls <= kWaitPerCall) {
+    period_ = kFirst;
+    after_backoff_ = false;
+    return false;
+  }
+  // Still busy right after a back-off: the next one is longer.
+  if (after_backoff_) period_ = std::min(period_ * 2, kLongest);
+  after_backoff_ = true;
+  until_ = now + period_;
+  return true;
+}
+
+absl::Duration ThreadRunQueueWait() {
+  // "<on-CPU ns> <run-queue wait ns> <timeslices>\n"
+  const int fd = ::open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::ZeroDuration();
+  char text[96];
+  const ssize_t n = ::read(fd, text, sizeof(text) - 1);
+  ::close(fd);
+  if (n <= 0) return absl::ZeroDuration();
+  text[n] = '\0';
+  char* end = nullptr;
+  std::strtoull(text, &end, 10);
+  const unsigned long long waited = std::strtoull(end, nullptr, 10);
+  return absl::Nanoseconds(static_cast<int64_t>(waited));
+}
+
+CallsCpu::CallsCpu(int cpu, Hooks hooks)
+    : fixed_cpu_(cpu), hooks_(std::move(hooks)) {
   CPU_ZERO(&all_);
-  if (::sched_getaffinity(0, sizeof(all_), &all_) != 0) CPU_SET(cpu, &all_);
+  if (::sched_getaffinity(0, sizeof(all_), &all_) != 0 && cpu >= 0) {
+    CPU_SET(cpu, &all_);
+  }
+  if (!hooks_.run_queue_wait) hooks_.run_queue_wait = ThreadRunQueueWait;
+  if (!hooks_.now) hooks_.now = absl::Now;
+  if (!hooks_.running_cpu) hooks_.running_cpu = ::sched_getcpu;
+  absl::MutexLock lock(&mu_);
+  // Kept unpinned until the first call's end when the CPU is the reader's.
+  if (fixed_cpu_ >= 0) Update();
+}
+
+bool CallsCpu::Allowed(int cpu) const {
+  return cpu >= 0 && cpu < CPU_SETSIZE && CPU_ISSET(cpu, &all_);
+}
+
+int64_t CallsCpu::backoffs() {
+  absl::MutexLock lock(&mu_);
+  return backoffs_;
+}
+
+void CallsCpu::Update() {
+  int cpu = base::kNoCpu;
+  const uint64_t old = state_.load(std::memory_order_relaxed);
+  if (!overlapping_ && !backed_off_) {
+    if (fixed_cpu_ >= 0) {
+      cpu = fixed_cpu_;
+    } else if (hint_ >= 0) {
+      cpu = hint_;
+    } else {
+      // Chosen when it pins, kept while pinned.
+      if (CpuOf(old) < 0 || chosen_ < 0) chosen_ = hooks_.running_cpu();
+      if (!Allowed(chosen_)) chosen_ = base::kNoCpu;
+      cpu = chosen_;
+    }
+  }
+  if (CpuOf(old) == cpu) return;
+  if (CpuOf(old) < 0) {
+    // A new pinned phase: its first sample is a baseline.
+    last_wait_ = absl::Nanoseconds(-1);
+    calls_.store(0, std::memory_order_relaxed);
+  }
+  const uint64_t generation = (old >> 32) + 1;
+  state_.store((generation << 32) | static_cast<uint32_t>(cpu + 1),
+               std::memory_order_release);
 }
 
 void CallsCpu::NoteRead(int call_ends) {
   if (call_ends <= 0) return;  // logs, spans, chunks: no news about callers
-  // The sequential steady state costs one atomic load.
-  if (call_ends == 1 && pinned()) return;
+  // The sequential steady state: one atomic load and one add.
+  if (call_ends == 1 && pinned()) {
+    if (calls_.fetch_add(1, std::memory_order_relaxed) + 1 < kSampleCalls) {
+      return;
+    }
+    calls_.store(0, std::memory_order_relaxed);
+    absl::MutexLock lock(&mu_);
+    const absl::Duration wait = hooks_.run_queue_wait();
+    if (last_wait_ >= absl::ZeroDuration() &&
+        backoff_.NotePinned(kSampleCalls, wait - last_wait_, hooks_.now())) {
+      backed_off_ = true;
+      ++backoffs_;
+      AGX_LOG(Info, "calls_cpu: CPU {} busy ({:.1f} us run-queue wait per call); "
+              "unpinned for {}", CpuOf(state_.load(std::memory_order_relaxed)),
+              absl::ToDoubleMicroseconds((wait - last_wait_) / kSampleCalls),
+              absl::FormatDuration(backoff_.period()));
+      Update();
+    }
+    last_wait_ = wait;
+    return;
+  }
   absl::MutexLock lock(&mu_);
-  const uint64_t epoch = epoch_.load(std::memory_order_relaxed);
   if (call_ends >= 2) {
     streak_ = 0;
-    if (Pinned(epoch)) epoch_.store(epoch + 1, std::memory_order_release);
-  } else if (!Pinned(epoch) && ++streak_ >= kSequentialReads) {
+    overlapping_ = true;
+  } else if (overlapping_ && ++streak_ >= kSequentialReads) {
     streak_ = 0;
-    epoch_.store(epoch + 1, std::memory_order_release);
+    overlapping_ = false;
   }
+  if (backed_off_ && backoff_.Over(hooks_.now())) backed_off_ = false;
+  Update();
+}
+
+bool CallsCpu::PreferCpu(int cpu) {
+  if (!Allowed(cpu)) return false;
+  absl::MutexLock lock(&mu_);
+  hint_ = cpu;
+  Update();
+  return true;
 }
 
 void CallsCpu::Follow(uint64_t* seen) {
-  const uint64_t epoch = epoch_.load(std::memory_order_acquire);
-  if (epoch == *seen) return;
-  *seen = epoch;
-  // Nothing fails here for a CPU ParseCpuSetting accepted.
-  (void)base::SetThreadCpus(0, Pinned(epoch) ? base::CpuSetOf(cpu_) : all_);
-}
-
-void CallsCpu::FollowProcess(pid_t pid, uint64_t* seen) {
-  const uint64_t epoch = epoch_.load(std::memory_order_acquire);
-  if (epoch == *seen || pid <= 0) return;
-  *seen = epoch;
-  // A worker that has exited meanwhile is fine: its successor starts with
-  // its own placement.
-  (void)base::SetProcessCpus(pid, Pinned(epoch) ? base::CpuSetOf(cpu_) : all_);
+  const uint64_t state = state_.load(std::memory_order_acquire);
+  if (state == *seen) return;
+  *seen = state;
+  const int cpu = CpuOf(state);
+  // Nothing fails here for a CPU in the daemon's mask.
+  (void)base::SetThreadCpus(0, cpu >= 0 ? base::CpuSetOf(cpu) : all_);
 }
 
 }  // namespace agentix::sandbox

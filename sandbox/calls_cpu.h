@@ -1,17 +1,26 @@
-// Where the call path's threads run (--calls_cpu; issue 25, "an idle machine
-// is as fast as a busy one"). On a VM whose idle vCPUs halt, a sequential
-// call pays an idle CPU's wake-up (~25 us here) at every hand-off the
-// scheduler places on another CPU; on one CPU each hand-off is a context
-// switch (~2 us). So while calls come one at a time, the frame wire's
-// connection threads, the worker-reader thread and the worker process are
-// pinned to one CPU; as soon as the worker answers calls in batches (several
-// results in one read: callers overlap) they are unpinned, so concurrent
-// calls use every CPU, and pinned again after kSequentialReads reads in a
-// row that carried one result each.
+// Where the call path waits (--calls_cpu; issue 25, "an idle machine is as
+// fast as a busy one"). On a VM whose idle vCPUs halt, a sequential call
+// pays an idle CPU's wake-up (~25 us here) at every hand-off the scheduler
+// places on another CPU; on one CPU each hand-off is a context switch
+// (~2 us). So while calls come one at a time, the threads that wait for the
+// next frame are pinned to one CPU: the daemon's frame-wire connection
+// threads and its worker reader and writer (ours for good), and in the
+// worker only while a thread waits for the daemon's frames: it reads the
+// CPU (PayloadArea::WaitCpu, published by the reader) before it blocks and
+// takes the full mask back before it runs user code, so user code and the
+// threads it starts never run pinned.
+//
+// Unpinned while calls overlap (several results in one read), pinned again
+// after kSequentialReads reads in a row with one result each; unpinned for
+// a back-off period (PinBackoff) when the reader's run-queue wait per call
+// says its CPU is busy with others. Which CPU: the one named (--calls_cpu=N),
+// else the latest a Calls frame-wire host asked for (HELLO's
+// agentix-calls-cpu, if the daemon may use it), else the CPU the worker
+// reader runs on when it pins (so daemons spread as the scheduler spread
+// them).
 //
 // Each thread applies the current placement to itself when it next looks
-// (Follow: one atomic load when nothing changed); the worker-reader thread
-// applies it to its worker process too (FollowProcess).
+// (Follow: one atomic load when nothing changed).
 #pragma once
 
 #include <sched.h>
@@ -19,44 +28,116 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace agentix::sandbox {
+
+// When a pinned call path backs off: every sample is the run-queue wait
+// (time runnable but not running) of a pinned thread over some calls. Above
+// kWaitPerCall, the CPU is busy with other processes: unpinned for a period,
+// doubled each time the first sample after it is still above (up to
+// kLongest), back to kFirst after a sample below. Not thread-safe.
+class PinBackoff {
+ public:
+  // Measured (docs/PERFORMANCE.md, "stop-25: placement by default"): quiet
+  // ~2-5 us per call pinned; at load 13-15, 56-63 us pinned vs 14 unpinned.
+  static constexpr absl::Duration kWaitPerCall = absl::Microseconds(20);
+  static constexpr absl::Duration kFirst = absl::Seconds(1);
+  static constexpr absl::Duration kLongest = absl::Seconds(64);
+
+  // A sample taken while pinned: `calls` call ends, `wait` run-queue wait
+  // since the last sample. True if it backs off now (until until()).
+  bool NotePinned(int64_t calls, absl::Duration wait, absl::Time now);
+  // Whether the back-off has ended by `now` (true when there was none).
+  bool Over(absl::Time now) const { return now >= until_; }
+  absl::Time until() const { return until_; }
+  absl::Duration period() const { return period_; }
+
+ private:
+  absl::Duration period_ = kFirst;  // the next back-off's length
+  absl::Time until_ = absl::InfinitePast();
+  bool after_backoff_ = false;  // no sample below since the last back-off
+};
 
 class CallsCpu {
  public:
   // Reads in a row, each with exactly one call's end, before the threads are
   // pinned again after a concurrent phase.
   static constexpr int kSequentialReads = 64;
+  // Call ends between two run-queue samples (one /proc read each).
+  static constexpr int kSampleCalls = 256;
+  // `cpu` for "auto": the CPU the worker reader runs on when it pins.
+  static constexpr int kRunningCpu = -2;
 
-  // `cpu` must be one the daemon may run on (base::ParseCpuSetting); the
-  // unpinned placement is the daemon's mask at construction.
-  explicit CallsCpu(int cpu);
+  struct Hooks {
+    // The calling thread's run-queue wait so far (/proc/thread-self/schedstat).
+    std::function<absl::Duration()> run_queue_wait;
+    std::function<absl::Time()> now;
+    std::function<int()> running_cpu;  // sched_getcpu()
+  };
 
-  int cpu() const { return cpu_; }
-  bool pinned() const { return Pinned(epoch_.load(std::memory_order_acquire)); }
+  // `cpu`: kRunningCpu, or one the daemon may run on (base::ParseCpuSetting).
+  // The unpinned placement is the daemon's mask at construction.
+  explicit CallsCpu(int cpu) : CallsCpu(cpu, Hooks{}) {}
+  CallsCpu(int cpu, Hooks hooks);
+
+  // The CPU the call path is pinned to now, or base::kNoCpu.
+  int PinnedCpu() const { return CpuOf(state_.load(std::memory_order_acquire)); }
+  bool pinned() const { return PinnedCpu() >= 0; }
+  // Times the call path backed off so far (for tests and the stats).
+  int64_t backoffs();
 
   // The worker reader, after each read: `call_ends` results and errors were
-  // in it. Two or more unpin; kSequentialReads reads with one pin again.
+  // in it. Two or more unpin; kSequentialReads reads with one pin again; every
+  // kSampleCalls call ends while pinned, the caller's run-queue wait is
+  // sampled (PinBackoff).
   void NoteRead(int call_ends);
+
+  // A Calls frame-wire host pins its own waits to `cpu` (HELLO's
+  // agentix-calls-cpu): the call path uses it too, unless --calls_cpu named
+  // one. False (ignored) if the daemon may not run on it.
+  bool PreferCpu(int cpu);
 
   // Pins or unpins the calling thread if the placement changed since
   // `*seen` (start it at kNever). Cheap when nothing changed.
   static constexpr uint64_t kNever = ~uint64_t{0};
   void Follow(uint64_t* seen);
-  // The same for every thread of process `pid` (the worker).
-  void FollowProcess(pid_t pid, uint64_t* seen);
+  // The CPU of a state Follow saw, or base::kNoCpu.
+  static int CpuOf(uint64_t state) {
+    return static_cast<int>(state & 0xffffffffu) - 1;
+  }
+  uint64_t state() const { return state_.load(std::memory_order_acquire); }
 
  private:
-  static bool Pinned(uint64_t epoch) { return epoch % 2 == 0; }
+  // Under mu_: the state for the current inputs, published if it changed.
+  void Update() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Allowed(int cpu) const;
 
-  const int cpu_;
+  const int fixed_cpu_;  // --calls_cpu=N, or kRunningCpu
   cpu_set_t all_;
-  // Even: pinned (the start); each change adds one.
-  std::atomic<uint64_t> epoch_{0};
+  Hooks hooks_;
+  // A generation (high 32 bits, one more per change) and the CPU + 1 (low
+  // 32 bits; 0: unpinned): one word, so a thread that reads it applies a
+  // placement that was current together with its CPU.
+  std::atomic<uint64_t> state_{0};
+  std::atomic<int64_t> calls_{0};  // call ends since the last sample
   absl::Mutex mu_;
   int streak_ ABSL_GUARDED_BY(mu_) = 0;
+  bool overlapping_ ABSL_GUARDED_BY(mu_) = false;
+  int hint_ ABSL_GUARDED_BY(mu_) = -1;    // the latest host's CPU
+  int chosen_ ABSL_GUARDED_BY(mu_) = -1;  // kRunningCpu's choice
+  PinBackoff backoff_ ABSL_GUARDED_BY(mu_);
+  bool backed_off_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t backoffs_ ABSL_GUARDED_BY(mu_) = 0;
+  // The sampled thread's wait at the last sample; < 0: take a new baseline.
+  absl::Duration last_wait_ ABSL_GUARDED_BY(mu_) = absl::Nanoseconds(-1);
 };
+
+// The calling thread's run-queue wait so far (schedstat's second field);
+// zero if the kernel does not keep it.
+absl::Duration ThreadRunQueueWait();
 
 }  // namespace agentix::sandbox

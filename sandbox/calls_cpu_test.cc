@@ -1,12 +1,11 @@
 #include "sandbox/calls_cpu.h"
 
 #include <sched.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "base/cpu_affinity.h"
 
@@ -16,9 +15,39 @@ namespace {
 // base_cpu_affinity_test checks "auto" against sched_getaffinity itself.
 int HighestAllowed() { return *base::ParseCpuSetting("auto"); }
 
+std::vector<int> AllowedList() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(::sched_getaffinity(0, sizeof(set), &set) == 0);
+  std::vector<int> out;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) out.push_back(cpu);
+  }
+  return out;
+}
+
+// A clock, a run-queue wait and a running CPU the test sets.
+struct Fakes {
+  absl::Time now = absl::UnixEpoch() + absl::Hours(1);
+  absl::Duration waited;
+  int running = 0;
+  CallsCpu::Hooks hooks() {
+    return {[this] { return waited; }, [this] { return now; },
+            [this] { return running; }};
+  }
+};
+
+void SequentialCalls(CallsCpu& placement, Fakes& fakes, int calls,
+                     absl::Duration wait_each) {
+  for (int i = 0; i < calls; ++i) {
+    fakes.waited += wait_each;
+    placement.NoteRead(1);
+  }
+}
+
 TEST_CASE("Calls that overlap unpin the call path; a run of one-at-a-time calls pins it again") {
   CallsCpu placement(HighestAllowed());
-  CHECK(placement.pinned());  // the start: calls come one at a time
+  CHECK(placement.PinnedCpu() == HighestAllowed());  // a named CPU pins at once
   placement.NoteRead(1);
   placement.NoteRead(0);  // a read with only logs or chunks says nothing
   CHECK(placement.pinned());
@@ -30,7 +59,117 @@ TEST_CASE("Calls that overlap unpin the call path; a run of one-at-a-time calls 
   for (int i = 0; i < CallsCpu::kSequentialReads - 1; ++i) placement.NoteRead(1);
   CHECK_FALSE(placement.pinned());
   placement.NoteRead(1);
+  CHECK(placement.PinnedCpu() == HighestAllowed());
+}
+
+TEST_CASE("auto pins to the CPU the reader runs on when it pins, chosen again at each pin") {
+  const std::vector<int> allowed = AllowedList();
+  Fakes fakes;
+  fakes.running = allowed.front();
+  CallsCpu placement(CallsCpu::kRunningCpu, fakes.hooks());
+  CHECK_FALSE(placement.pinned());  // nothing to go by before the first call
+  placement.NoteRead(1);
+  CHECK(placement.PinnedCpu() == allowed.front());
+  fakes.running = allowed.back();
+  placement.NoteRead(1);  // kept while pinned: the reader moving does not move it
+  CHECK(placement.PinnedCpu() == allowed.front());
+  placement.NoteRead(2);
+  CHECK_FALSE(placement.pinned());
+  for (int i = 0; i < CallsCpu::kSequentialReads; ++i) placement.NoteRead(1);
+  CHECK(placement.PinnedCpu() == allowed.back());  // where the reader is now
+}
+
+TEST_CASE("auto never pins to a CPU the daemon may not use") {
+  Fakes fakes;
+  fakes.running = -1;  // sched_getcpu failed
+  CallsCpu placement(CallsCpu::kRunningCpu, fakes.hooks());
+  placement.NoteRead(1);
+  CHECK_FALSE(placement.pinned());
+}
+
+TEST_CASE("A host's CPU places the call path under auto; the latest host wins; a named CPU wins over it") {
+  const std::vector<int> allowed = AllowedList();
+  Fakes fakes;
+  fakes.running = allowed.back();
+  CallsCpu placement(CallsCpu::kRunningCpu, fakes.hooks());
+  placement.NoteRead(1);
+  REQUIRE(placement.PinnedCpu() == allowed.back());
+  CHECK(placement.PreferCpu(allowed.front()));
+  CHECK(placement.PinnedCpu() == allowed.front());  // moved at once
+  CHECK(placement.PreferCpu(allowed.back()));
+  CHECK(placement.PinnedCpu() == allowed.back());
+  // Not a CPU this daemon may use: ignored, the last good one stays.
+  CHECK_FALSE(placement.PreferCpu(-1));
+  CHECK_FALSE(placement.PreferCpu(CPU_SETSIZE));
+  CHECK_FALSE(placement.PreferCpu(CPU_SETSIZE - 1));
+  CHECK(placement.PinnedCpu() == allowed.back());
+  // Overlapping calls still unpin; the host's CPU comes back with the pin.
+  placement.NoteRead(2);
+  CHECK_FALSE(placement.pinned());
+  fakes.running = allowed.front();
+  for (int i = 0; i < CallsCpu::kSequentialReads; ++i) placement.NoteRead(1);
+  CHECK(placement.PinnedCpu() == allowed.back());
+
+  CallsCpu named(allowed.front(), fakes.hooks());
+  CHECK(named.PreferCpu(allowed.back()));
+  CHECK(named.PinnedCpu() == allowed.front());
+}
+
+TEST_CASE("PinBackoff: unpinned while the wait per call is above the threshold, for doubling periods") {
+  PinBackoff backoff;
+  absl::Time now = absl::UnixEpoch();
+  const int64_t calls = 100;
+  const absl::Duration below = PinBackoff::kWaitPerCall * calls;
+  const absl::Duration above = below + absl::Microseconds(calls);
+  CHECK(backoff.Over(now));
+  CHECK_FALSE(backoff.NotePinned(calls, below, now));
+  CHECK_FALSE(backoff.NotePinned(0, above, now));  // no calls: no evidence
+  CHECK(backoff.NotePinned(calls, above, now));
+  CHECK(backoff.until() == now + PinBackoff::kFirst);
+  CHECK_FALSE(backoff.Over(now + PinBackoff::kFirst - absl::Milliseconds(1)));
+  CHECK(backoff.Over(now + PinBackoff::kFirst));
+  // Still busy when pinned again: twice as long each time, up to kLongest.
+  absl::Duration expected = PinBackoff::kFirst;
+  for (int i = 0; i < 10; ++i) {
+    now = backoff.until();
+    REQUIRE(backoff.NotePinned(calls, above, now));
+    expected = std::min(expected * 2, PinBackoff::kLongest);
+    CHECK(backoff.until() - now == expected);
+  }
+  CHECK(expected == PinBackoff::kLongest);
+  // One quiet sample and the next back-off is short again.
+  now = backoff.until();
+  CHECK_FALSE(backoff.NotePinned(calls, below, now));
+  CHECK(backoff.NotePinned(calls, above, now));
+  CHECK(backoff.until() - now == PinBackoff::kFirst);
+}
+
+TEST_CASE("A busy CPU unpins the call path for the back-off period, then it pins again") {
+  const int cpu = HighestAllowed();
+  Fakes fakes;
+  CallsCpu placement(cpu, fakes.hooks());
+  const absl::Duration busy = PinBackoff::kWaitPerCall * 3;
+  const absl::Duration quiet = PinBackoff::kWaitPerCall / 4;
+  // A quiet CPU: the samples say so, it stays pinned.
+  SequentialCalls(placement, fakes, 4 * CallsCpu::kSampleCalls, quiet);
   CHECK(placement.pinned());
+  // Busy: the first sample is the baseline of its window; the next backs off.
+  SequentialCalls(placement, fakes, 2 * CallsCpu::kSampleCalls, busy);
+  CHECK_FALSE(placement.pinned());
+  CHECK(placement.backoffs() == 1);
+  fakes.now += PinBackoff::kFirst - absl::Milliseconds(1);
+  SequentialCalls(placement, fakes, 100, busy);
+  CHECK_FALSE(placement.pinned());
+  fakes.now += absl::Milliseconds(1);
+  placement.NoteRead(1);
+  CHECK(placement.PinnedCpu() == cpu);
+  // Waits while unpinned never count (those 100 busy calls would put this
+  // window above the threshold): a new baseline, then the next window.
+  SequentialCalls(placement, fakes, CallsCpu::kSampleCalls, quiet);
+  CHECK(placement.pinned());
+  SequentialCalls(placement, fakes, CallsCpu::kSampleCalls, busy);
+  CHECK_FALSE(placement.pinned());
+  CHECK(placement.backoffs() == 2);
 }
 
 TEST_CASE("Threads follow the placement when they next look; other threads are untouched") {
@@ -56,41 +195,11 @@ TEST_CASE("Threads follow the placement when they next look; other threads are u
   CHECK(base::AllowedCpus(0) == all);
 }
 
-TEST_CASE("FollowProcess places every thread of another process") {
-  const int cpu = HighestAllowed();
-  int ready[2], go[2], report[2];
-  REQUIRE(::pipe(ready) == 0);
-  REQUIRE(::pipe(go) == 0);
-  REQUIRE(::pipe(report) == 0);
-  const pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    std::thread other([&] {
-      char c;
-      (void)!::read(go[0], &c, 1);
-      const std::string mask = base::AllowedCpus(0) + "\n";
-      (void)!::write(report[1], mask.data(), mask.size());
-    });
-    (void)!::write(ready[1], "r", 1);
-    other.join();
-    ::_exit(0);
-  }
-  char c;
-  REQUIRE(::read(ready[0], &c, 1) == 1);
-  CallsCpu placement(cpu);
-  uint64_t seen = CallsCpu::kNever;
-  placement.FollowProcess(child, &seen);
-  REQUIRE(::write(go[1], "g", 1) == 1);
-  std::string out;
-  char buf[64];
-  while (out.find('\n') == std::string::npos) {
-    const ssize_t n = ::read(report[0], buf, sizeof(buf));
-    if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  int status = 0;
-  ::waitpid(child, &status, 0);
-  CHECK(out == std::to_string(cpu) + "\n");
+TEST_CASE("ThreadRunQueueWait reads this thread's schedstat and never goes back") {
+  const absl::Duration first = ThreadRunQueueWait();
+  CHECK(first >= absl::ZeroDuration());
+  for (int i = 0; i < 50; ++i) std::this_thread::yield();
+  CHECK(ThreadRunQueueWait() >= first);
 }
 
 }  // namespace

@@ -69,6 +69,10 @@ inline constexpr char kFrameStreamNamespace[] = "namespace";
 // payload ring (worker/ipc/payload_area.h; the host created it). The daemon
 // answers with an empty RING_MESSAGE once it has mapped it.
 inline constexpr char kFramePayloadRingKey[] = "agentix-payload-ring";
+// HELLO key of a Calls connection whose host pins its own waits to this CPU
+// (decimal): the daemon's call path uses it too if it may run there
+// (sandbox/calls_cpu.h, CallsCpu::PreferCpu; docs/FRAME-WIRE.md, "Wake-ups").
+inline constexpr char kFrameCallsCpuKey[] = "agentix-calls-cpu";
 
 // RING_MESSAGE's payload: `u16le count`, then `count` pieces of
 // `u32le at, u64le pos, u64le size`, then the message's bytes with each

@@ -15,6 +15,7 @@
 #include <deque>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
 #include "base/log.h"
@@ -753,6 +754,19 @@ class FrameWireServer::Connection {
     return false;
   }
 
+  // HELLO's agentix-calls-cpu: the latest such host's CPU places the call
+  // path (with --calls_cpu auto). A value that is not a CPU the daemon may
+  // use is ignored: the host's own pin is its business, not an error.
+  void PreferHostCpu(const std::string* value) {
+    CallsCpu* const calls_cpu = server_->options_.calls_cpu.get();
+    if (value == nullptr || calls_cpu == nullptr) return;
+    int cpu = -1;
+    if (!absl::SimpleAtoi(*value, &cpu) || !calls_cpu->PreferCpu(cpu)) {
+      AGX_LOG(Debug, "ignoring {}: '{}' (not a CPU this daemon may use)",
+              kFrameCallsCpuKey, base::TruncateMessage(*value, 32));
+    }
+  }
+
   bool Hello(absl::string_view payload) {
     absl::StatusOr<FrameMetadata> metadata = DecodeHello(payload);
     if (!metadata.ok()) return Refuse(metadata.status().message());
@@ -820,6 +834,7 @@ class FrameWireServer::Connection {
       hello_done_ = true;
       return true;
     }
+    PreferHostCpu(FindMetadata(*metadata, kFrameCallsCpuKey));
     const std::string* client = FindMetadata(*metadata, "agentix-client-id");
     if (client != nullptr && client->size() <= kMaxCallIdBytes) {
       sink_->SetClientId(*client);

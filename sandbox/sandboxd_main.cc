@@ -22,6 +22,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -157,17 +158,21 @@ ABSL_FLAG(bool, calls_socket, true,
           "(docs/FRAME-WIRE.md); same token, limits and semantics as gRPC's "
           "Calls, fewer thread hand-offs per call. gRPC stays the wire for "
           "everything else. --nocalls_socket: gRPC only");
-ABSL_FLAG(std::string, calls_cpu, "",
-          "while calls come one at a time, pin the frame wire's connection "
-          "threads, the worker's reader and writer threads and the worker "
-          "process (every thread and child it starts) to one CPU, so a "
-          "sequential call's hand-offs stay on one CPU instead of each "
-          "waking an idle one; unpinned while calls overlap (several results "
-          "in one read from the worker), pinned again after 64 reads with one "
-          "result each (sandbox/calls_cpu.h; docs/FRAME-WIRE.md, "
-          "\"Wake-ups\"). A CPU number, or \"auto\": the highest-numbered "
-          "CPU the daemon may use (a host with AGENTIX_CALLS_CPU=auto picks "
-          "the same). \"\" or \"off\" (default): nothing is pinned");
+ABSL_FLAG(std::string, calls_cpu, "auto",
+          "while calls come one at a time, the threads that wait for the "
+          "next frame on the call path (the frame wire's connection threads, "
+          "the worker reader and writer, and the worker's thread while it "
+          "waits for a call; never user code) run on one CPU, so a "
+          "sequential call's hand-offs are context switches instead of "
+          "waking an idle CPU; unpinned while calls overlap (several results "
+          "in one read from the worker) until 64 reads with one result each, "
+          "and for a back-off period (1 s, doubling up to 64 s) when the run "
+          "queue wait per call passes 20 us (the CPU is busy with others). "
+          "\"auto\" (default): the CPU the latest Calls frame-wire host "
+          "names in HELLO (agentix-calls-cpu) if the daemon may use it, else "
+          "the one the worker reader runs on when it pins; a number: that "
+          "CPU; \"off\" or \"\": nothing is pinned (sandbox/calls_cpu.h; "
+          "docs/FRAME-WIRE.md, \"Wake-ups\")");
 ABSL_FLAG(int64_t, frames_spin_us, 0,
           "microseconds a frame-wire connection's thread polls its socket "
           "without sleeping after handling the host's frames, before it "
@@ -433,13 +438,19 @@ int Run(int argc, char** raw_argv) {
       absl::Seconds(absl::GetFlag(FLAGS_worker_ready_timeout_s));
   options.worker.read_spin =
       absl::Microseconds(absl::GetFlag(FLAGS_worker_read_spin_us));
+  // "auto" is chosen per daemon (CallsCpu::kRunningCpu), not the fixed
+  // highest CPU ParseCpuSetting gives hosts: many daemons on one CPU would
+  // queue behind each other.
+  const std::string calls_cpu_flag = absl::GetFlag(FLAGS_calls_cpu);
   absl::StatusOr<int> calls_cpu =
-      base::ParseCpuSetting(absl::GetFlag(FLAGS_calls_cpu));
+      absl::StripAsciiWhitespace(calls_cpu_flag) == "auto"
+          ? absl::StatusOr<int>(CallsCpu::kRunningCpu)
+          : base::ParseCpuSetting(calls_cpu_flag);
   if (!calls_cpu.ok()) {
     AGX_LOG(Error, "--calls_cpu: {}", std::string(calls_cpu.status().message()));
     return 2;
   }
-  if (*calls_cpu >= 0) {
+  if (*calls_cpu != base::kNoCpu) {
     options.worker.calls_cpu = std::make_shared<CallsCpu>(*calls_cpu);
   }
   if (absl::GetFlag(FLAGS_worker_intake_spin_us) > 0) {

@@ -338,14 +338,18 @@ absl::Duration WorkerProcess::SpinUntilReadable(absl::Duration window) {
 
 void WorkerProcess::ReaderLoop() {
   pthread_setname_np(pthread_self(), "agx-wrk-read");
-  // The placement of --calls_cpu, for this thread and the worker (just
-  // after exec: the threads it starts inherit its mask).
-  uint64_t placed_self = CallsCpu::kNever;
-  uint64_t placed_worker = CallsCpu::kNever;
-  if (calls_cpu_) {
-    calls_cpu_->Follow(&placed_self);
-    calls_cpu_->FollowProcess(pid_, &placed_worker);
-  }
+  // The placement of --calls_cpu, for this thread, and published to the
+  // worker, whose threads pin only their waits for our frames to it
+  // (sandbox/calls_cpu.h).
+  uint64_t placed = CallsCpu::kNever;
+  auto follow = [&] {
+    const uint64_t before = placed;
+    calls_cpu_->Follow(&placed);
+    if (placed != before && payloads_) {
+      payloads_->PublishWaitCpu(CallsCpu::CpuOf(placed));
+    }
+  };
+  if (calls_cpu_) follow();
   ipc::FrameReader reader;
   bool ready = false;
   bool timed_out = false;
@@ -420,8 +424,7 @@ void WorkerProcess::ReaderLoop() {
                      frame.type == ipc::FrameType::kError;
       }
       calls_cpu_->NoteRead(call_ends);
-      calls_cpu_->Follow(&placed_self);
-      calls_cpu_->FollowProcess(pid_, &placed_worker);
+      follow();
     }
     if (!frames.empty()) listener_->OnWorkerFrames(generation_, frames);
     if (frames.capacity() > 4 * kMaxReserved) {

@@ -43,9 +43,11 @@ struct WorkerOptions {
   // CompletionQueueThread's spin: a long wait halves the next window, a
   // short one restores it). 0: it blocks at once.
   absl::Duration read_spin = absl::ZeroDuration();
-  // Set (--calls_cpu): the reader and writer threads and the whole worker
-  // process follow its placement, and the reader reports each read's call
-  // ends to it (sandbox/calls_cpu.h). Null: the scheduler places them.
+  // Set (--calls_cpu): the reader and writer threads follow its placement,
+  // the reader reports each read's call ends to it and publishes its CPU to
+  // the worker through the payload area, whose waiting threads pin
+  // themselves to it (sandbox/calls_cpu.h; no payload area: the worker's
+  // threads are never pinned). Null: the scheduler places them.
   std::shared_ptr<CallsCpu> calls_cpu;
 };
 

@@ -26,3 +26,36 @@ def echo(data):
 def glibc_tunables():
     """Reports the worker's GLIBC_TUNABLES, to confirm the malloc settings reached it."""
     return os.environ.get("GLIBC_TUNABLES")
+
+
+def busy_loops(loops):
+    """CPU-bound user code with the GIL held: `loops` empty Python loop turns (a fixed
+    amount of work, ~25 ns a turn on a free CPU here), so a busy CPU shows as fewer
+    calls per second."""
+    for _ in range(loops):
+        pass
+    return loops
+
+
+def busy_threads(threads, mib):
+    """Starts `threads` threads that each hash `mib` MiB (a fixed amount of work
+    without the GIL: hashlib releases it for large buffers), joins them and returns the
+    call's wall time in ms: two threads take about as long as one on two free CPUs,
+    twice as long on one (user code must not be pinned)."""
+    import hashlib
+    import threading
+    import time
+
+    block = bytes(1024 * 1024)
+
+    def work():
+        for _ in range(mib):
+            hashlib.sha256(block).digest()
+
+    start = time.perf_counter()
+    started = [threading.Thread(target=work) for _ in range(threads)]
+    for thread in started:
+        thread.start()
+    for thread in started:
+        thread.join()
+    return (time.perf_counter() - start) * 1e3

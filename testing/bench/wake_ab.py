@@ -9,17 +9,23 @@ machine measures slower than a busy one (shared/PERFORMANCE-NOTES.md item 6). Th
 compares, in alternating rounds (the order rotated every round; one fresh daemon per
 run), each setting against `off`:
 
-- `pin`:        the daemon's --calls_cpu=CPU (its frame-wire connection thread, its
-                worker's reader and the worker on one CPU while calls come one at a
-                time, unpinned while they overlap: sandbox/calls_cpu.h), the Python
-                host's AGENTIX_CALLS_CPU=CPU (its event loop's thread) and the C++
-                client's process on the same CPU (sched_setaffinity, as `taskset`
-                would);
+- `off`:        --calls_cpu=off (nothing pinned; the default up to stop 24);
+- `pin`:        the daemon's --calls_cpu=CPU (while calls come one at a time, its
+                frame-wire connection thread and worker reader, and the worker's
+                thread while it waits for a call, on one CPU; unpinned while they
+                overlap: sandbox/calls_cpu.h), the Python host's AGENTIX_CALLS_CPU=CPU
+                (its event loop's thread) and the C++ client's process on the same CPU
+                (sched_setaffinity, as `taskset` would);
 - `pinwait`:    the daemon's --calls_cpu=CPU and both hosts' AGENTIX_CALLS_CPU=wait:CPU
                 (pinned waits: the host's calling thread is on the CPU only while one
                 call waits, agentix/runtime/client/pinned_waits.py; no taskset);
-- `pin_daemon`: --calls_cpu alone: the daemon <-> worker hand-offs on one CPU, the
-                host where the scheduler puts it;
+- `pin_daemon`: --calls_cpu=auto alone (the default since stop 25: the CPU the worker
+                reader runs on, or the one a host names in HELLO), the host where the
+                scheduler puts it;
+- `pin_daemon_main`: the same flag with the binaries of --main-dir (agentix-sandboxd and
+                agentix-worker built from an older tree, e.g. stop 24's, whose
+                --calls_cpu pinned every thread of the worker process): only with
+                --main-dir;
 - `spin`:       bounded adaptive spinning on the receiving sides: --frames_spin_us,
                 --worker_read_spin_us, --worker_intake_spin_us and the C++ client's
                 AGENTIX_CALLS_SPIN_US (all --spin-us; the Python host does not spin);
@@ -68,7 +74,7 @@ _HOST = r"""
 import asyncio, json, os, statistics, sys, time
 import bench_targets, procs
 from agentix import RuntimeClient
-from wake_ab import ThreadCpuMeter
+from wake_ab import ThreadCpuMeter, reader_run_queue_wait_ns
 
 sock, daemon_pid, calls, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 
@@ -87,11 +93,15 @@ async def main():
         meter = ThreadCpuMeter({"host": os.getpid(), "daemon": daemon_pid, "worker": worker})
         lat = []
         before = meter.snapshot()
+        waited = reader_run_queue_wait_ns(daemon_pid)
         for _ in range(calls):
             t0 = time.perf_counter()
             await client.remote(bench_targets.noop)
             lat.append((time.perf_counter() - t0) * 1e6)
         cpu = meter.per_item(before, meter.snapshot(), calls)
+        # What --calls_cpu's back-off reads (sandbox/calls_cpu.h, PinBackoff).
+        out["noop_reader_rq_wait_us"] = round(
+            (reader_run_queue_wait_ns(daemon_pid) - waited) / 1e3 / calls, 2)
         out["noop_p50_us"] = round(statistics.median(lat), 2)
         out["noop_p99_us"] = round(pct(lat, 0.99), 2)
         out["noop_cpu_us"] = cpu
@@ -117,6 +127,21 @@ async def main():
 
 asyncio.run(main())
 """
+
+
+def reader_run_queue_wait_ns(daemon_pid: int) -> int:
+    """The run-queue wait so far (schedstat's second field, ns) of the daemon's worker
+    reader thread (agx-wrk-read), 0 if there is none."""
+    for task in glob.glob(f"/proc/{daemon_pid}/task/*"):
+        try:
+            with open(f"{task}/comm") as f:
+                if f.read().strip() != "agx-wrk-read":
+                    continue
+            with open(f"{task}/schedstat") as f:
+                return int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return 0
 
 
 class ThreadCpuMeter:
@@ -155,20 +180,22 @@ class ThreadCpuMeter:
 
 def settings_table(cpu: int, spin_us: int) -> dict[str, dict]:
     """{name: {"daemon": extra flags, "host_cpu": CPU for both hosts or None,
-    "cc_env": the C++ client's extra environment, "py_env" (optional): the Python host's}}."""
+    "cc_env": the C++ client's extra environment, "py_env" (optional): the Python host's,
+    "main" (optional): run the binaries of --main-dir}}."""
     wait = {"AGENTIX_CALLS_CPU": f"wait:{cpu}"}
+    spin = [f"--frames_spin_us={spin_us}", f"--worker_read_spin_us={spin_us}",
+            f"--worker_intake_spin_us={spin_us}", "--calls_cpu=off"]
     return {
-        "off": {"daemon": [], "host_cpu": None, "cc_env": {}},
+        "off": {"daemon": ["--calls_cpu=off"], "host_cpu": None, "cc_env": {}},
         "pin": {"daemon": [f"--calls_cpu={cpu}"], "host_cpu": cpu, "cc_env": {}},
-        "pinwait": {"daemon": [f"--calls_cpu={cpu}"], "host_cpu": None, "cc_env": wait, "py_env": wait},
-        "pin_daemon": {"daemon": [f"--calls_cpu={cpu}"], "host_cpu": None, "cc_env": {}},
-        "spin": {"daemon": [f"--frames_spin_us={spin_us}", f"--worker_read_spin_us={spin_us}",
-                            f"--worker_intake_spin_us={spin_us}"], "host_cpu": None,
+        "pinwait": {"daemon": [f"--calls_cpu={cpu}"], "host_cpu": None, "cc_env": wait,
+                    "py_env": wait},
+        "pin_daemon": {"daemon": ["--calls_cpu=auto"], "host_cpu": None, "cc_env": {}},
+        "pin_daemon_main": {"daemon": ["--calls_cpu=auto"], "host_cpu": None, "cc_env": {},
+                            "main": True},
+        "spin": {"daemon": spin, "host_cpu": None,
                  "cc_env": {"AGENTIX_CALLS_SPIN_US": str(spin_us)}},
-        "spin_daemon": {"daemon": [f"--frames_spin_us={spin_us}",
-                                   f"--worker_read_spin_us={spin_us}",
-                                   f"--worker_intake_spin_us={spin_us}"],
-                        "host_cpu": None, "cc_env": {}},
+        "spin_daemon": {"daemon": spin, "host_cpu": None, "cc_env": {}},
     }
 
 
@@ -194,6 +221,9 @@ def one_run(setting: dict, bins: dict, args, env: dict) -> dict:
     client's."""
     tmp = tempfile.mkdtemp(prefix="agx-wake-", dir="/tmp")
     sock = os.path.join(tmp, "sandboxd.sock")
+    if setting.get("main"):
+        bins = {**bins, "sandboxd": os.path.join(args.main_dir, "agentix-sandboxd"),
+                "worker": os.path.join(args.main_dir, "agentix-worker")}
     daemon = procs.start_process(
         [bins["sandboxd"], "--listen", f"unix://{sock}", f"--worker={bins['worker']}",
          f"--python_path={procs.bench_dir()}", "--log_level=warning", *setting["daemon"]],
@@ -312,7 +342,11 @@ def main(argv=None) -> int:
     parser.add_argument("--c64-seconds", type=float, default=1.0,
                         help="timed window of the 64-caller phase per run")
     parser.add_argument("--settings", default="off,pin,pin_daemon,spin,spin_daemon",
-                        help="comma-separated, from: off, pin, pinwait, pin_daemon, spin, spin_daemon")
+                        help="comma-separated, from: off, pin, pinwait, pin_daemon, "
+                             "pin_daemon_main, spin, spin_daemon")
+    parser.add_argument("--main-dir", default="",
+                        help="a directory with an older agentix-sandboxd and agentix-worker, "
+                             "for the pin_daemon_main setting")
     parser.add_argument("--cpu", default="auto",
                         help="the CPU of the pin settings: a number or auto (the highest "
                              "allowed, as --calls_cpu=auto)")
@@ -326,6 +360,8 @@ def main(argv=None) -> int:
     unknown = [n for n in names if n not in table]
     if unknown or "off" not in names:
         parser.error(f"settings must include off and come from {sorted(table)} (got {unknown})")
+    if "pin_daemon_main" in names and not args.main_dir:
+        parser.error("pin_daemon_main needs --main-dir")
     bins = _binaries()
     env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES,
                PYTHONPATH=os.pathsep.join([str(procs.bench_dir())] + sys.path[1:]))
@@ -351,6 +387,7 @@ def main(argv=None) -> int:
             run = this["runs"][name]
             print(f"round {index + 1} {name:<10} python p50 {run.get('python_noop_p50_us')} "
                   f"p99 {run.get('python_noop_p99_us')} cpu {run.get('python_noop_cpu_us_total')} "
+                  f"rq {run.get('python_noop_reader_rq_wait_us')} "
                   f"c64 {run.get('python_c64_calls_per_s')}/s | cc p50 {run.get('cc_noop_p50_us')} "
                   f"p99 {run.get('cc_noop_p99_us')} cpu {run.get('cc_cpu_us_total')}", flush=True)
         try:

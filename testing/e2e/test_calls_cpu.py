@@ -1,27 +1,35 @@
-"""--calls_cpu and AGENTIX_CALLS_CPU (docs/FRAME-WIRE.md, "Wake-ups"): while calls
-come one at a time, the daemon's frame-wire connection thread, its worker's
-reader and the worker process run on one CPU; while calls overlap they may run
-anywhere; the Python host's AGENTIX_CALLS_CPU pins its event loop's thread."""
+"""--calls_cpu (on by default: auto) and AGENTIX_CALLS_CPU (docs/FRAME-WIRE.md,
+"Wake-ups"): while calls come one at a time, the daemon's frame-wire
+connection thread and its worker reader run on one CPU, and the worker's thread
+waiting for the next call waits on it too, but gets the whole mask back before
+it runs the call: user code and the threads it starts are never pinned. While
+calls overlap nothing is pinned. A frame-wire host's HELLO agentix-calls-cpu
+chooses the CPU; the Python host's AGENTIX_CALLS_CPU pins its event loop's
+thread."""
 
 import asyncio
 import os
+import time
 
+import e2e_targets as t
 import pytest
+from test_frame_wire_daemon import MESSAGE, FrameClient, _token_file
 
 from agentix import RuntimeClient
+from agentix.runtime.v1 import runtime_pb2 as pb
 
-# The threads --calls_cpu places: the daemon's (by name) and every thread of the worker.
+# The daemon's threads --calls_cpu places (by name).
 DAEMON_PATH_THREADS = ("agx-frames", "agx-wrk-read")
 
 
 def _threads(pid):
-    """{tid: (name, allowed CPUs as a set)} of process `pid`."""
+    """{tid: (name, allowed CPUs as a frozenset)} of process `pid`."""
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
                 name = f.read().strip()
-            out[int(tid)] = (name, os.sched_getaffinity(int(tid)))
+            out[int(tid)] = (name, frozenset(os.sched_getaffinity(int(tid))))
         except OSError:
             continue  # ended meanwhile
     return out
@@ -36,53 +44,109 @@ def _worker_pid(daemon_pid):
     return children[0]
 
 
-def _placement(daemon_pid):
-    """(CPU sets of the daemon's call-path threads, of the worker's threads, of agx-grpc)."""
-    daemon = _threads(daemon_pid)
-    path = {frozenset(cpus) for name, cpus in daemon.values() if name in DAEMON_PATH_THREADS}
-    grpc = {frozenset(cpus) for name, cpus in daemon.values() if name == "agx-grpc"}
-    worker = {frozenset(cpus) for _, cpus in _threads(_worker_pid(daemon_pid)).values()}
-    return path, worker, grpc
+def _path(daemon_pid, names=DAEMON_PATH_THREADS):
+    """The CPU sets of the daemon's threads named `names`."""
+    return {cpus for name, cpus in _threads(daemon_pid).values() if name in names}
 
 
-async def test_calls_cpu_pins_one_at_a_time_calls_and_frees_overlapping_ones(start_daemon):
+def _pinned_worker_threads(daemon_pid, settle_s=2.0):
+    """{tid: CPUs} of the worker's threads that are pinned (fewer CPUs than the
+    process may use), once some are (bounded): the thread waiting for the next
+    call pins itself just before it blocks."""
+    everywhere = frozenset(os.sched_getaffinity(0))
+    deadline = time.monotonic() + settle_s
+    while True:
+        pinned = {tid: cpus for tid, (_, cpus) in _threads(_worker_pid(daemon_pid)).items()
+                  if cpus != everywhere}
+        if pinned or time.monotonic() > deadline:
+            return pinned
+        time.sleep(0.01)
+
+
+def _allowed():
     allowed = os.sched_getaffinity(0)
     assert len(allowed) >= 2, "needs a machine with two CPUs to tell pinned from free"
-    cpu = frozenset({max(allowed)})
-    everywhere = frozenset(allowed)
-    daemon = start_daemon(extra_args=["--calls_cpu=auto"])
-    async with RuntimeClient(daemon.url) as client:
-        for _ in range(5):
-            assert await client.remote(os.getpid) > 0
-        path, worker, grpc = _placement(daemon.proc.pid)
-        assert path == {cpu}
-        assert worker == {cpu}
-        assert grpc == {everywhere}  # only the call path is placed
+    return allowed
 
-        # Overlapping calls: the worker answers several in one write; then every
-        # thread of the worker may run anywhere.
+
+async def test_by_default_only_the_call_paths_waits_are_pinned_never_user_code(start_daemon):
+    everywhere = sorted(_allowed())
+    daemon = start_daemon()  # --calls_cpu=auto is the default
+    async with RuntimeClient(daemon.url) as client:
+        for _ in range(8):
+            tid, in_call, in_thread = await client.remote(t.cpus_in_call)
+            # The call, and a thread it starts, may use every CPU the daemon may.
+            assert in_call == everywhere
+            assert in_thread == everywhere
+        path = _path(daemon.proc.pid)
+        assert len(path) == 1
+        (cpu,) = path
+        assert len(cpu) == 1 and cpu <= frozenset(everywhere)
+        # One worker thread waits for the next call, pinned to the call path's
+        # CPU (the one that ran the last call, or the follower that took the
+        # intake over while it ran); no other worker thread is pinned.
+        pinned = _pinned_worker_threads(daemon.proc.pid)
+        assert list(pinned.values()) == [cpu]
+        assert _path(daemon.proc.pid, ("agx-grpc",)) == {frozenset(everywhere)}
+
+        # Overlapping calls: nothing on the call path is pinned.
         for _ in range(10):
             await asyncio.gather(*(client.remote(os.getpid) for _ in range(200)))
-            if _placement(daemon.proc.pid)[1] == {everywhere}:
+            if _path(daemon.proc.pid) == {frozenset(everywhere)}:
                 break
-        assert _placement(daemon.proc.pid)[1] == {everywhere}
+        assert _path(daemon.proc.pid) == {frozenset(everywhere)}
 
         # One at a time again: pinned after a run of single results.
         for _ in range(100):
             await client.remote(os.getpid)
-        path, worker, _ = _placement(daemon.proc.pid)
-        assert path == {cpu}
-        assert worker == {cpu}
+        path = _path(daemon.proc.pid)
+        assert len(path) == 1 and len(next(iter(path))) == 1
+        tid, in_call, in_thread = await client.remote(t.cpus_in_call)
+        assert in_call == in_thread == everywhere
 
 
-async def test_without_calls_cpu_nothing_is_pinned(start_daemon):
+async def test_with_calls_cpu_off_nothing_is_pinned(start_daemon):
     everywhere = frozenset(os.sched_getaffinity(0))
-    daemon = start_daemon()
+    daemon = start_daemon(extra_args=["--calls_cpu=off"])
     async with RuntimeClient(daemon.url) as client:
         for _ in range(5):
             await client.remote(os.getpid)
-        path, worker, grpc = _placement(daemon.proc.pid)
-    assert path == worker == grpc == {everywhere}
+        assert _path(daemon.proc.pid, DAEMON_PATH_THREADS + ("agx-grpc",)) == {everywhere}
+        assert _pinned_worker_threads(daemon.proc.pid, settle_s=0.2) == {}
+
+
+def _call_on(client, n, name):
+    """n sequential calls on a raw frame-wire connection (ids unique by `name`)."""
+    for i in range(n):
+        client.call(f"{name}-{i}", "e2e_targets::noop")
+        kind, payload = client.read()
+        assert kind == MESSAGE
+        (event,) = pb.CallsResponse.FromString(payload).events
+        assert event.WhichOneof("kind") == "result"
+
+
+def test_a_frame_wire_hosts_hello_names_the_cpu_latest_wins_bad_ones_ignored(start_daemon, tmp_path):
+    allowed = sorted(_allowed())
+    daemon = start_daemon(extra_args=["--token-file", _token_file(tmp_path)])
+    calls_path = daemon.socket_path.with_name(daemon.socket_path.name + ".calls")
+    clients = []
+    for cpu in (allowed[0], allowed[-1], allowed[0]):
+        c = FrameClient(calls_path)
+        clients.append(c)
+        c.hello(client_id=f"host{len(clients)}", extra=[("agentix-calls-cpu", str(cpu))])
+        _call_on(c, 3, f"host{len(clients)}")
+        assert _path(daemon.proc.pid, ("agx-wrk-read",)) == {frozenset({cpu})}
+        assert set(_pinned_worker_threads(daemon.proc.pid).values()) == {frozenset({cpu})}
+    # Not a CPU this daemon may use, or not a number: ignored (the calls work,
+    # the last good host's CPU stays).
+    for bad in ("99999", "-1", "one"):
+        c = FrameClient(calls_path)
+        clients.append(c)
+        c.hello(client_id=f"host{len(clients)}", extra=[("agentix-calls-cpu", bad)])
+        _call_on(c, 2, f"host{len(clients)}")
+        assert _path(daemon.proc.pid, ("agx-wrk-read",)) == {frozenset({allowed[0]})}
+    for c in clients:
+        c.close()
 
 
 @pytest.mark.parametrize("value", ["nope", "-1", "99999"])

@@ -34,8 +34,9 @@ class FrameClient:
     def send(self, kind, payload=b""):
         self.sock.sendall(struct.pack("<IB", len(payload), kind) + payload)
 
-    def hello(self, token=TOKEN, client_id="e2e"):
-        pairs = [("authorization", f"Bearer {token}"), ("agentix-client-id", client_id)]
+    def hello(self, token=TOKEN, client_id="e2e", extra=()):
+        pairs = [("authorization", f"Bearer {token}"), ("agentix-client-id", client_id),
+                 *extra]
         payload = b"".join(
             struct.pack("<H", len(k)) + k.encode() + struct.pack("<I", len(v)) + v.encode()
             for k, v in pairs

@@ -383,7 +383,7 @@ PyObject* ChannelIntakeToPool(PyObject* self, PyObject* /*unused*/) {
   ChannelState& st = Channel(self);
   if (st.baton == nullptr) {
     absl::StatusOr<std::unique_ptr<IntakeBaton>> baton =
-        IntakeBaton::Create(st.fd);
+        IntakeBaton::Create(st.fd, st.payloads.get());
     if (!baton.ok()) {
       PyErr_SetString(PyExc_OSError,
                       std::string(baton.status().message()).c_str());

@@ -71,7 +71,7 @@ void IntakeBaton::SetSpin(absl::Duration most) {
 }
 
 absl::StatusOr<std::unique_ptr<IntakeBaton>> IntakeBaton::Create(
-    int channel_fd) {
+    int channel_fd, const ipc::PayloadArea* placement) {
   int fds[3] = {-1, -1, -1};
   fds[0] = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (fds[0] >= 0) fds[1] = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -86,15 +86,20 @@ absl::StatusOr<std::unique_ptr<IntakeBaton>> IntakeBaton::Create(
     return absl::InternalError(absl::StrCat("eventfd/timerfd: ", error));
   }
   return std::unique_ptr<IntakeBaton>(
-      new IntakeBaton(channel_fd, fds[0], fds[1], fds[2]));
+      new IntakeBaton(channel_fd, fds[0], fds[1], fds[2], placement));
 }
 
 IntakeBaton::IntakeBaton(int channel_fd, int stop_fd, int wake_fd,
-                         int timer_fd)
+                         int timer_fd, const ipc::PayloadArea* placement)
     : channel_fd_(channel_fd),
       stop_fd_(stop_fd),
       wake_fd_(wake_fd),
-      timer_fd_(timer_fd) {}
+      timer_fd_(timer_fd),
+      placement_(placement) {
+  CPU_ZERO(&all_);
+  // Without the mask to go back to, nothing is pinned (PollChannel).
+  if (::sched_getaffinity(0, sizeof(all_), &all_) != 0) CPU_ZERO(&all_);
+}
 
 IntakeBaton::~IntakeBaton() {
   ::close(stop_fd_);
@@ -146,6 +151,26 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
     passed_ = false;                    // ours
   }
   pollfd fds[2] = {{channel_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+  const int cpu = placement_ != nullptr && CPU_COUNT(&all_) > 0
+                      ? placement_->WaitCpu()
+                      : -1;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, &one);
+  // The scheduler places a woken thread by its mask at wake time, and a
+  // thread keeps running where it is when its mask widens: pinned for the
+  // wait only.
+  const bool pinned = CPU_COUNT(&one) > 0 &&
+                      ::sched_setaffinity(0, sizeof(one), &one) == 0;
+  const int n = PollChannel(fds);
+  if (pinned) ::sched_setaffinity(0, sizeof(all_), &all_);
+  // A poll error (never expected on these fds) is reported as readable:
+  // the reader's read then reports the channel's state.
+  if (n > 0 && (fds[1].revents & POLLIN) != 0) return Turn::kStopped;
+  return Turn::kReadable;
+}
+
+int IntakeBaton::PollChannel(pollfd* fds) {
   int n = 0;
   const int64_t most = spin_most_ns.load(std::memory_order_relaxed);
   if (most > 0) {
@@ -169,10 +194,7 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
   } else {
     n = PollBlocking(fds);
   }
-  // A poll error (never expected on these fds) is reported as readable:
-  // the reader's read then reports the channel's state.
-  if (n > 0 && (fds[1].revents & POLLIN) != 0) return Turn::kStopped;
-  return Turn::kReadable;
+  return n;
 }
 
 void IntakeBaton::WakeFollower() {

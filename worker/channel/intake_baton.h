@@ -11,13 +11,18 @@
 // whenever the baton is not in pool mode (the driver switches).
 #pragma once
 
+#include <poll.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 
+#include <sched.h>
+
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "worker/ipc/payload_area.h"
 
 namespace agentix::worker {
 
@@ -29,8 +34,14 @@ class IntakeBaton {
     kStopped,   // Stop() was called
   };
 
-  // `channel_fd` is polled, never closed or read here.
-  static absl::StatusOr<std::unique_ptr<IntakeBaton>> Create(int channel_fd);
+  // `channel_fd` is polled, never closed or read here. `placement` (may be
+  // null; it must outlive the baton): the holder's poll runs pinned to its
+  // WaitCpu() when there is one (the daemon's --calls_cpu, sandbox/calls_cpu.h),
+  // so the daemon's frame wakes it on the call path's CPU; Lead() returns
+  // with the thread's mask back to the one the process had here, so the call
+  // it runs next (and the threads that call starts) is never pinned.
+  static absl::StatusOr<std::unique_ptr<IntakeBaton>> Create(
+      int channel_fd, const ipc::PayloadArea* placement = nullptr);
   ~IntakeBaton();
   IntakeBaton(const IntakeBaton&) = delete;
   IntakeBaton& operator=(const IntakeBaton&) = delete;
@@ -83,7 +94,10 @@ class IntakeBaton {
   static void SetSpin(absl::Duration most);
 
  private:
-  IntakeBaton(int channel_fd, int stop_fd, int wake_fd, int timer_fd);
+  IntakeBaton(int channel_fd, int stop_fd, int wake_fd, int timer_fd,
+              const ipc::PayloadArea* placement);
+  // The holder's wait for the channel (or a stop): > 0 ready, < 0 failed.
+  int PollChannel(pollfd* fds);
   // Under mu_: withdraws an offer.
   void Withdraw();
   // Follower: wakes it to look at the state again.
@@ -93,6 +107,8 @@ class IntakeBaton {
   const int stop_fd_;   // eventfd, readable once stopped
   const int wake_fd_;   // eventfd: a follower looks at the state again
   const int timer_fd_;  // timerfd, armed while an offer stands
+  const ipc::PayloadArea* const placement_;
+  cpu_set_t all_;  // the process's mask at Create: restored after a pinned wait
   std::mutex mu_;
   bool pool_mode_ = false;
   bool passed_ = false;    // handed to the followers, not yet taken

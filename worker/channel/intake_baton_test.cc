@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <fstream>
+#include <set>
 #include <string>
 #include <future>
 #include <thread>
@@ -281,6 +282,61 @@ TEST_CASE("a spinning holder finds frames, stops spinning on a paced channel "
   INFO("holder CPU over the paced frames: " << paced_cpu.count() << " us");
   CHECK(paced_cpu < 250ms);
   CHECK(done);
+}
+
+// The mask of thread `tid` as a set of CPU numbers.
+std::set<int> MaskOf(pid_t tid) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(::sched_getaffinity(tid, sizeof(set), &set) == 0);
+  std::set<int> out;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) out.insert(cpu);
+  }
+  return out;
+}
+
+TEST_CASE("the holder waits pinned to the published CPU and returns with the whole mask",
+          "[intake]") {
+  const std::set<int> all = MaskOf(0);
+  REQUIRE(!all.empty());
+  const int cpu = *all.rbegin();
+  auto area = ipc::PayloadArea::Create(64 * 1024);
+  REQUIRE(area.ok());
+  Sockets s;
+  auto baton = IntakeBaton::Create(s.fds[0], area->get());
+  REQUIRE(baton.ok());
+  (*baton)->ToPool();
+  for (const int published : {cpu, -1}) {
+    (*area)->PublishWaitCpu(published);
+    std::atomic<pid_t> tid{0};
+    std::set<int> after;
+    Turn turn = Turn::kStopped;
+    std::thread holder([&] {
+      tid = ::gettid();
+      turn = (*baton)->Lead(true);
+      after = MaskOf(0);  // what the call it would run next gets
+      char c;
+      (void)!::read(s.fds[0], &c, 1);
+    });
+    while (tid.load() == 0) std::this_thread::sleep_for(1ms);
+    // Waiting in its poll (bounded): the mask it waits with.
+    std::set<int> waiting = MaskOf(tid);
+    for (int i = 0; i < 2000 && published >= 0 && waiting.size() != 1; ++i) {
+      std::this_thread::sleep_for(1ms);
+      waiting = MaskOf(tid);
+    }
+    if (published >= 0) {
+      CHECK(waiting == std::set<int>{cpu});
+    } else {
+      std::this_thread::sleep_for(20ms);
+      CHECK(MaskOf(tid) == all);
+    }
+    s.Write();
+    holder.join();
+    CHECK(turn == Turn::kReadable);
+    CHECK(after == all);
+  }
 }
 
 }  // namespace

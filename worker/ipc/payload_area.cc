@@ -24,6 +24,7 @@ constexpr size_t kRingBytesOffset = 8;
 // "To worker": the creator's outgoing ring; "to daemon": the mapper's.
 constexpr size_t kToWorkerReleasedOffset = 64;   // written by the mapper
 constexpr size_t kToDaemonReleasedOffset = 128;  // written by the creator
+constexpr size_t kWaitCpuOffset = 192;           // written by the creator
 constexpr size_t kPageBytes = 4096;
 
 uint64_t* Word(char* base, size_t offset) {
@@ -48,6 +49,16 @@ PayloadArea::PayloadArea(Side side, int fd, char* base, size_t map_bytes,
       Word(base_, daemon ? kToWorkerReleasedOffset : kToDaemonReleasedOffset);
   in_released_ =
       Word(base_, daemon ? kToDaemonReleasedOffset : kToWorkerReleasedOffset);
+  static_assert(std::atomic<int32_t>::is_always_lock_free);
+  wait_cpu_ = reinterpret_cast<std::atomic<int32_t>*>(base_ + kWaitCpuOffset);
+}
+
+void PayloadArea::PublishWaitCpu(int cpu) {
+  wait_cpu_->store(cpu < 0 ? 0 : cpu + 1, std::memory_order_relaxed);
+}
+
+int PayloadArea::WaitCpu() const {
+  return wait_cpu_->load(std::memory_order_relaxed) - 1;
 }
 
 absl::StatusOr<std::unique_ptr<PayloadArea>> PayloadArea::Create(

@@ -24,6 +24,7 @@
 // counter only makes Put() fall back to the socket.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -86,6 +87,15 @@ class PayloadArea {
   // the last piece taken out; earlier pieces are released with it).
   void Release(uint64_t end);
 
+  // The CPU the worker pins its threads' waits for the daemon's frames to
+  // (sandbox/calls_cpu.h, --calls_cpu), or -1: not pinned. A word in the
+  // header so the daemon can change it at any time and a waiting thread
+  // reads it with one atomic load. The daemon (creator) publishes it; the
+  // worker (mapper) reads it. Unused between a frame-wire host and the
+  // daemon.
+  void PublishWaitCpu(int cpu);
+  int WaitCpu() const;
+
  private:
   PayloadArea(Side side, int fd, char* base, size_t map_bytes,
               size_t ring_bytes);
@@ -99,6 +109,7 @@ class PayloadArea {
   const char* in_ring_;
   uint64_t* out_released_;  // written by the peer
   uint64_t* in_released_;   // written by us
+  std::atomic<int32_t>* wait_cpu_;  // the CPU + 1; 0 (a fresh page): none
   uint64_t out_tail_ = 0;   // producer: the end of the last piece put
   uint64_t out_floor_ = 0;  // producer: where it restarted an empty ring
   uint64_t in_done_ = 0;    // consumer: what we released last
