@@ -97,10 +97,12 @@ TEST_CASE("Sequential sync calls are read by the pool thread that runs them",
   WarmUp(*worker);
   const pid_t main_thread = worker->pid();
   auto before = Switches(main_thread);
-  WarmUp(*worker);
-  // The event loop's thread does not take part.
+  for (int i = 0; i < 4; ++i) WarmUp(*worker);
+  // The event loop's thread does not take part: taking part costs it at
+  // least one wake-up per call (32 here), while a loaded machine may wake it
+  // a few times for its own timers (seen: 4 in 8 calls under parallel tests).
   CHECK(Switches(main_thread)[MainKey(main_thread)] -
-            before[MainKey(main_thread)] < 4);
+            before[MainKey(main_thread)] < 8);
 
   WorkerArgs loop_only;
   loop_only.env.push_back("AGENTIX_WORKER_INTAKE=loop");
