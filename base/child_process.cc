@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/cpu_affinity.h"
 #include "base/unique_fd.h"
 
 namespace agentix::base {
@@ -139,6 +140,8 @@ absl::StatusOr<ChildProcess> ChildProcess::Spawn(const SpawnOptions& options) {
   posix_spawnattr_setflags(&attr, flags);
 
   pid_t pid = -1;
+  // The child starts with this thread's mask: not a pinned one's.
+  const ThreadCpusForChild child_cpus;
   int rc = posix_spawn(&pid, options.path.c_str(), &actions, &attr, argv.data(),
                        envp.data());
   posix_spawn_file_actions_destroy(&actions);

@@ -1,6 +1,7 @@
 #include "base/child_process.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/cpu_affinity.h"
 #include "base/unique_fd.h"
 
 namespace agentix::base {
@@ -156,6 +158,28 @@ TEST_CASE("A child fd beyond RLIMIT_NOFILE is a clear error", "[base]") {
   REQUIRE(::setrlimit(RLIMIT_NOFILE, &saved) == 0);
   REQUIRE(child.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(child.status().message().find("RLIMIT_NOFILE 64") != std::string::npos);
+}
+
+TEST_CASE("A child spawned by a pinned thread may use every CPU the process started with",
+          "[base]") {
+  REQUIRE(CPU_COUNT(&StartCpus()) >= 2);  // two CPUs tell pinned from free
+  const std::string everywhere = AllowedCpus(0);
+  std::string direct, launched, thread_after;
+  // A fresh thread, pinned, spawns both ways; the launcher thread may be
+  // created by it (its first use in this process).
+  std::thread([&] {
+    REQUIRE(SetThreadCpus(0, CpuSetOf(0)).ok());
+    auto a = ChildProcess::Spawn(Shell("sleep 30"));
+    auto b = ChildProcess::SpawnFromLauncherThread(Shell("sleep 30"));
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    direct = AllowedCpus(a->pid());
+    launched = AllowedCpus(b->pid());
+    thread_after = AllowedCpus(0);
+  }).join();
+  CHECK(direct == everywhere);
+  CHECK(launched == everywhere);
+  CHECK(thread_after == "0");  // the spawning thread keeps its own mask
 }
 
 }  // namespace

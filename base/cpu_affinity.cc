@@ -13,6 +13,34 @@
 
 namespace agentix::base {
 
+const cpu_set_t& StartCpus() {
+  static const cpu_set_t start = [] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (::sched_getaffinity(0, sizeof(set), &set) != 0) CPU_ZERO(&set);
+    return set;
+  }();
+  return start;
+}
+
+namespace {
+// Reads the start mask during static initialization, not on the first call
+// (which may come from a thread already pinned).
+[[maybe_unused]] const bool start_cpus_read = (StartCpus(), true);
+}  // namespace
+
+ThreadCpusForChild::ThreadCpusForChild() {
+  const cpu_set_t& start = StartCpus();
+  if (CPU_COUNT(&start) == 0) return;
+  if (::sched_getaffinity(0, sizeof(own_), &own_) != 0) return;
+  if (CPU_EQUAL(&own_, &start)) return;
+  changed_ = ::sched_setaffinity(0, sizeof(start), &start) == 0;
+}
+
+ThreadCpusForChild::~ThreadCpusForChild() {
+  if (changed_) ::sched_setaffinity(0, sizeof(own_), &own_);
+}
+
 absl::StatusOr<int> ParseCpuSetting(absl::string_view setting) {
   setting = absl::StripAsciiWhitespace(setting);
   if (setting.empty() || setting == "off") return kNoCpu;

@@ -41,6 +41,27 @@ absl::Status SetThreadCpus(pid_t tid, const cpu_set_t& cpus);
 // set; threads that end meanwhile are skipped.
 absl::Status SetProcessCpus(pid_t pid, const cpu_set_t& cpus);
 
+// The CPUs the process could run on when it started (read during static
+// initialization, on the main thread, before anything was pinned): what a
+// child process gets whatever thread spawns it (ThreadCpusForChild).
+const cpu_set_t& StartCpus();
+
+// While alive, the calling thread may run on StartCpus() (nothing is changed
+// if it already may, or if either mask is unknown); its own mask is restored
+// at the end. A spawned child inherits the spawning thread's mask, and a
+// thread pinned to the call path's CPU must not pass that on to a worker.
+class ThreadCpusForChild {
+ public:
+  ThreadCpusForChild();
+  ~ThreadCpusForChild();
+  ThreadCpusForChild(const ThreadCpusForChild&) = delete;
+  ThreadCpusForChild& operator=(const ThreadCpusForChild&) = delete;
+
+ private:
+  cpu_set_t own_;
+  bool changed_ = false;
+};
+
 // The CPUs thread `tid` (0: the calling thread) may run on, e.g. "1" or
 // "0-1"; for tests and logs.
 std::string AllowedCpus(pid_t tid);

@@ -63,6 +63,27 @@ def _pinned_worker_threads(daemon_pid, settle_s=2.0):
         time.sleep(0.01)
 
 
+def _worker_settles_pinned_to(daemon_pid, cpu, settle_s=2.0):
+    """Whether the worker's pinned threads come to be all on `cpu` (bounded)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        pinned = set(_pinned_worker_threads(daemon_pid).values())
+        if pinned == {frozenset({cpu})}:
+            return True
+        if time.monotonic() > deadline:
+            wpid = _worker_pid(daemon_pid)
+            for tid, (name, cpus) in _threads(wpid).items():
+                try:
+                    wchan = open(f"/proc/{wpid}/task/{tid}/wchan").read()
+                    stat = open(f"/proc/{wpid}/task/{tid}/stat").read().split()[2]
+                    sc = open(f"/proc/{wpid}/task/{tid}/syscall").read().split()[0]
+                except OSError:
+                    wchan = stat = sc = "?"
+                print("worker thread", tid, name, sorted(cpus), stat, wchan, "syscall", sc)
+            return False
+        time.sleep(0.01)
+
+
 def _allowed():
     allowed = os.sched_getaffinity(0)
     assert len(allowed) >= 2, "needs a machine with two CPUs to tell pinned from free"
@@ -136,7 +157,9 @@ def test_a_frame_wire_hosts_hello_names_the_cpu_latest_wins_bad_ones_ignored(sta
         c.hello(client_id=f"host{len(clients)}", extra=[("agentix-calls-cpu", str(cpu))])
         _call_on(c, 3, f"host{len(clients)}")
         assert _path(daemon.proc.pid, ("agx-wrk-read",)) == {frozenset({cpu})}
-        assert set(_pinned_worker_threads(daemon.proc.pid).values()) == {frozenset({cpu})}
+        # Read thread by thread, /proc can show the intake changing hands (the
+        # last leader still pinned, the next one already): settled within 2 s.
+        assert _worker_settles_pinned_to(daemon.proc.pid, cpu)
     # Not a CPU this daemon may use, or not a number: ignored (the calls work,
     # the last good host's CPU stays).
     for bad in ("99999", "-1", "one"):
@@ -229,7 +252,9 @@ async def test_pinned_waits_pin_the_loop_thread_only_while_a_call_is_in_flight(s
             finally:
                 stop.set()
                 watcher.join()
-            assert seen and set(seen) == {frozenset(before)}, seen
+            # The first call is pinned until the second starts (microseconds later):
+            # only a first sample may have caught that.
+            assert len(seen) > 1 and set(seen[1:]) == {frozenset(before)}, seen
             assert os.sched_getaffinity(0) == before
     finally:
         os.sched_setaffinity(0, before)
