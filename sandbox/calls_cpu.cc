@@ -12,43 +12,13 @@
 
 namespace agentix::sandbox {
 
-bool PinBackoff::NotePinned(int64_t calls, absl::Duration wait,
-                            absl::Time now) {
-  if (calls <= 0) return false;
-  if (wait / calls <= kWaitPerCall) {
-    period_ = kFirst;
-    after_backoff_ = false;
-    return false;
-  }
-  // Still busy right after a back-off: the next one is longer.
-  if (after_backoff_) period_ = std::min(period_ * 2, kLongest);
-  after_backoff_ = true;
-  until_ = now + period_;
-  return true;
-}
-
-absl::Duration ThreadRunQueueWait() {
-  // "<on-CPU ns> <run-queue wait ns> <timeslices>\n"
-  const int fd = ::open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::ZeroDuration();
-  char text[96];
-  const ssize_t n = ::read(fd, text, sizeof(text) - 1);
-  ::close(fd);
-  if (n <= 0) return absl::ZeroDuration();
-  text[n] = '\0';
-  char* end = nullptr;
-  std::strtoull(text, &end, 10);
-  const unsigned long long waited = std::strtoull(end, nullptr, 10);
-  return absl::Nanoseconds(static_cast<int64_t>(waited));
-}
-
 CallsCpu::CallsCpu(int cpu, Hooks hooks)
     : fixed_cpu_(cpu), hooks_(std::move(hooks)) {
   CPU_ZERO(&all_);
   if (::sched_getaffinity(0, sizeof(all_), &all_) != 0 && cpu >= 0) {
     CPU_SET(cpu, &all_);
   }
-  if (!hooks_.run_queue_wait) hooks_.run_queue_wait = ThreadRunQueueWait;
+  if (!hooks_.run_queue_wait) hooks_.run_queue_wait = base::ThreadRunQueueWait;
   if (!hooks_.now) hooks_.now = absl::Now;
   if (!hooks_.running_cpu) hooks_.running_cpu = ::sched_getcpu;
   absl::MutexLock lock(&mu_);

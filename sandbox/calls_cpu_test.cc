@@ -115,41 +115,12 @@ TEST_CASE("A host's CPU places the call path under auto; the latest host wins; a
   CHECK(named.PinnedCpu() == allowed.front());
 }
 
-TEST_CASE("PinBackoff: unpinned while the wait per call is above the threshold, for doubling periods") {
-  PinBackoff backoff;
-  absl::Time now = absl::UnixEpoch();
-  const int64_t calls = 100;
-  const absl::Duration below = PinBackoff::kWaitPerCall * calls;
-  const absl::Duration above = below + absl::Microseconds(calls);
-  CHECK(backoff.Over(now));
-  CHECK_FALSE(backoff.NotePinned(calls, below, now));
-  CHECK_FALSE(backoff.NotePinned(0, above, now));  // no calls: no evidence
-  CHECK(backoff.NotePinned(calls, above, now));
-  CHECK(backoff.until() == now + PinBackoff::kFirst);
-  CHECK_FALSE(backoff.Over(now + PinBackoff::kFirst - absl::Milliseconds(1)));
-  CHECK(backoff.Over(now + PinBackoff::kFirst));
-  // Still busy when pinned again: twice as long each time, up to kLongest.
-  absl::Duration expected = PinBackoff::kFirst;
-  for (int i = 0; i < 10; ++i) {
-    now = backoff.until();
-    REQUIRE(backoff.NotePinned(calls, above, now));
-    expected = std::min(expected * 2, PinBackoff::kLongest);
-    CHECK(backoff.until() - now == expected);
-  }
-  CHECK(expected == PinBackoff::kLongest);
-  // One quiet sample and the next back-off is short again.
-  now = backoff.until();
-  CHECK_FALSE(backoff.NotePinned(calls, below, now));
-  CHECK(backoff.NotePinned(calls, above, now));
-  CHECK(backoff.until() - now == PinBackoff::kFirst);
-}
-
 TEST_CASE("A busy CPU unpins the call path for the back-off period, then it pins again") {
   const int cpu = HighestAllowed();
   Fakes fakes;
   CallsCpu placement(cpu, fakes.hooks());
-  const absl::Duration busy = PinBackoff::kWaitPerCall * 3;
-  const absl::Duration quiet = PinBackoff::kWaitPerCall / 4;
+  const absl::Duration busy = base::PinBackoff::kWaitPerCall * 3;
+  const absl::Duration quiet = base::PinBackoff::kWaitPerCall / 4;
   // A quiet CPU: the samples say so, it stays pinned.
   SequentialCalls(placement, fakes, 4 * CallsCpu::kSampleCalls, quiet);
   CHECK(placement.pinned());
@@ -157,7 +128,7 @@ TEST_CASE("A busy CPU unpins the call path for the back-off period, then it pins
   SequentialCalls(placement, fakes, 2 * CallsCpu::kSampleCalls, busy);
   CHECK_FALSE(placement.pinned());
   CHECK(placement.backoffs() == 1);
-  fakes.now += PinBackoff::kFirst - absl::Milliseconds(1);
+  fakes.now += base::PinBackoff::kFirst - absl::Milliseconds(1);
   SequentialCalls(placement, fakes, 100, busy);
   CHECK_FALSE(placement.pinned());
   fakes.now += absl::Milliseconds(1);
@@ -193,13 +164,6 @@ TEST_CASE("Threads follow the placement when they next look; other threads are u
   CHECK(unpinned == all);
   CHECK(again == std::to_string(cpu));
   CHECK(base::AllowedCpus(0) == all);
-}
-
-TEST_CASE("ThreadRunQueueWait reads this thread's schedstat and never goes back") {
-  const absl::Duration first = ThreadRunQueueWait();
-  CHECK(first >= absl::ZeroDuration());
-  for (int i = 0; i < 50; ++i) std::this_thread::yield();
-  CHECK(ThreadRunQueueWait() >= first);
 }
 
 }  // namespace

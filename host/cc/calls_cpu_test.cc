@@ -60,6 +60,34 @@ TEST_CASE("an unset or empty AGENTIX_CALLS_CPU is the default setting") {
   ::unsetenv("AGENTIX_CALLS_CPU");
 }
 
+TEST_CASE("PinBudget rests while the pinned thread waits in the run queue, then pins again") {
+  absl::Duration waited = absl::ZeroDuration();
+  absl::Time now = absl::UnixEpoch();
+  PinBudget budget({[&] { return waited; }, [&] { return now; }});
+  const absl::Duration busy = base::PinBackoff::kWaitPerCall * 2;
+  const absl::Duration quiet = base::PinBackoff::kWaitPerCall / 4;
+  auto window = [&](absl::Duration per_pin) {  // one sample's worth of pins
+    bool all = true;
+    for (int64_t i = 0; i < PinBudget::kSamplePins; ++i) {
+      waited += per_pin;
+      all = budget.MayPin() && all;
+    }
+    return all;
+  };
+  CHECK(window(quiet));
+  CHECK_FALSE(budget.resting());
+  CHECK_FALSE(window(busy));  // the window's last pin is refused
+  CHECK(budget.resting());
+  now += base::PinBackoff::kFirst - absl::Milliseconds(1);
+  CHECK_FALSE(budget.MayPin());
+  // What it waited while resting does not count against the next window.
+  waited += absl::Seconds(5);
+  now += absl::Milliseconds(1);
+  CHECK(budget.MayPin());
+  CHECK_FALSE(budget.resting());
+  CHECK(window(quiet));
+}
+
 TEST_CASE("ThreadPin pins the calling thread and gives it its own mask back from any thread") {
   const std::set<int> allowed = Mask();
   REQUIRE(allowed.size() >= 2);  // pinning is only visible with two CPUs allowed

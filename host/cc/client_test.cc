@@ -638,7 +638,10 @@ TEST_CASE("a Calls stream refused for its token fails the calls UNAUTHENTICATED"
   absl::StatusOr<int64_t> sum = client->Remote<int64_t>("e2e_targets::add", 1, 2);
   CHECK(sum.status().code() == absl::StatusCode::kUnauthenticated);
   CHECK(absl::Now() - started < absl::Seconds(3 * kSlow));
-  CHECK(calls_proxy.accepted() == 1);  // no reconnect loop
+  // No reconnect loop: refused at the first connection, or (when the call's
+  // write meets the closed socket before the STATUS frame is read, a race
+  // seen about once in 13 runs) at the one reconnect that follows.
+  CHECK(calls_proxy.accepted() <= 2);
 }
 
 // A daemon replaced by one with another token (both wires): the calls in

@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 
 namespace agentix::client_internal {
 namespace {
@@ -57,8 +59,34 @@ absl::StatusOr<int> CallsCpuFromEnv() {
   return ParseCallsCpu(env == nullptr || *env == '\0' ? kDefaultCallsCpu : env);
 }
 
+PinBudget::PinBudget(Hooks hooks) : hooks_(std::move(hooks)) {
+  if (!hooks_.run_queue_wait) hooks_.run_queue_wait = base::ThreadRunQueueWait;
+  if (!hooks_.now) hooks_.now = absl::Now;
+}
+
+bool PinBudget::MayPin() {
+  if (resting_) {
+    if (!backoff_.Over(hooks_.now())) return false;
+    resting_ = false;
+    started_ = false;  // the wait while resting is not the pins'
+  }
+  if (!started_) {
+    started_ = true;
+    pins_ = 0;
+    mark_ = hooks_.run_queue_wait();
+  }
+  if (++pins_ < kSamplePins) return true;
+  const absl::Duration wait = hooks_.run_queue_wait();
+  resting_ = backoff_.NotePinned(pins_, wait - mark_, hooks_.now());
+  pins_ = 0;
+  mark_ = wait;
+  return !resting_;
+}
+
 bool ThreadPin::Pin(int cpu) {
   if (tid_ != 0 || cpu < 0 || cpu >= CPU_SETSIZE) return false;
+  thread_local PinBudget budget;
+  if (!budget.MayPin()) return false;
   CPU_ZERO(&original_);
   if (::sched_getaffinity(0, sizeof(original_), &original_) != 0) return false;
   if (CPU_COUNT(&original_) == 1 && CPU_ISSET(cpu, &original_)) return false;  // already

@@ -9,8 +9,13 @@
 #include <sched.h>
 #include <sys/types.h>
 
+#include <cstdint>
+#include <functional>
+
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "base/pin_backoff.h"
 
 namespace agentix::client_internal {
 
@@ -25,11 +30,39 @@ inline constexpr absl::string_view kCallsCpuKey = "agentix-calls-cpu";
 // INVALID_ARGUMENT for anything else or a CPU the thread may not use.
 absl::StatusOr<int> ParseCallsCpu(absl::string_view value);
 // What an unset or empty $AGENTIX_CALLS_CPU means (as the Python host's
-// pinned_waits.DEFAULT_SETTING; "wait" is the candidate once a quiet-machine
-// A/B says it pays, docs/PERFORMANCE.md).
-inline constexpr absl::string_view kDefaultCallsCpu = "off";
+// pinned_waits.DEFAULT_SETTING): pinned waits since stop 25 (quiet noop p50
+// 0.33x off, docs/PERFORMANCE.md).
+inline constexpr absl::string_view kDefaultCallsCpu = "wait";
 // The same for $AGENTIX_CALLS_CPU (unset or empty: kDefaultCallsCpu).
 absl::StatusOr<int> CallsCpuFromEnv();
+
+// Whether a thread may pin itself for its next wait: not while its CPU is
+// busy with other work. Every kSamplePins pins it samples the thread's
+// run-queue wait; above base::PinBackoff::kWaitPerCall per pin it rests
+// (no pins) for the back-off's period. One per thread (ThreadPin uses a
+// thread_local one); the hooks are for tests.
+class PinBudget {
+ public:
+  static constexpr int64_t kSamplePins = 256;
+  struct Hooks {
+    std::function<absl::Duration()> run_queue_wait;  // base::ThreadRunQueueWait
+    std::function<absl::Time()> now;                 // absl::Now
+  };
+  PinBudget() : PinBudget(Hooks{}) {}
+  explicit PinBudget(Hooks hooks);
+
+  // Counts a pin and says whether to make it.
+  bool MayPin();
+  bool resting() const { return resting_; }
+
+ private:
+  Hooks hooks_;
+  base::PinBackoff backoff_;
+  bool resting_ = false;
+  bool started_ = false;
+  int64_t pins_ = 0;
+  absl::Duration mark_;  // the run-queue wait at the window's start
+};
 
 // One thread pinned to one CPU while it waits; Unpin gives it back its own
 // mask. Each is one sched_setaffinity, skipped when the mask already is the
@@ -38,7 +71,8 @@ absl::StatusOr<int> CallsCpuFromEnv();
 class ThreadPin {
  public:
   // Pins the calling thread to `cpu`; false (nothing changed) when its mask
-  // cannot be read or set, or already is `cpu` alone.
+  // cannot be read or set, already is `cpu` alone, or the thread's
+  // PinBudget rests.
   bool Pin(int cpu);
   // Restores the mask Pin found; nothing when not pinned.
   void Unpin();

@@ -182,9 +182,11 @@ async def test_hello_carries_the_token_and_the_client_id(framed):
         assert await client.remote(sandbox_functions.add, 1, 2) == 3
         assert type(client._stream) is FrameCallsStream
     # (and shares the payload ring, which this fake daemon leaves unanswered: test_payload_ring.py)
-    assert framed.frames.hellos == [
-        {"authorization": "Bearer s3cret", "agentix-client-id": client.client_id, frames.PAYLOAD_RING_KEY: "1"}
-    ]
+    (hello,) = framed.frames.hellos
+    # By default (pinned waits) it names the CPU its loop waits on.
+    assert int(hello.pop("agentix-calls-cpu")) in os.sched_getaffinity(0)
+    assert hello == {"authorization": "Bearer s3cret", "agentix-client-id": client.client_id,
+                     frames.PAYLOAD_RING_KEY: "1"}
     # Every call went on the frame wire, none on gRPC's Calls.
     assert [s.callable for s in framed.events("start")] == ["sandbox_functions::add"]
 
@@ -207,7 +209,9 @@ async def test_messages_follow_the_hello_without_waiting_for_an_answer(grpc_only
     try:
         call = asyncio.create_task(client.remote(sandbox_functions.add, 4, 5))
         (kind, payload), (kind2, payload2) = await asyncio.wait_for(got, 10)
-        assert kind == HELLO and decode_hello(payload) == {
+        hello = decode_hello(payload)
+        assert int(hello.pop("agentix-calls-cpu")) in os.sched_getaffinity(0)
+        assert kind == HELLO and hello == {
             "agentix-client-id": client.client_id,
             frames.PAYLOAD_RING_KEY: "1",
         }

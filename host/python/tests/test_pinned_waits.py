@@ -98,6 +98,50 @@ def test_a_streaming_call_counts_but_never_pins(masks):
     assert masks[-1] == (0, {0, 1})
 
 
+def test_a_busy_cpu_rests_the_pins_for_doubling_periods(masks, monkeypatch):
+    waited = [0]  # the loop thread's run-queue wait (ns), as schedstat gives it
+    now = [1000.0]
+    monkeypatch.setattr(pw, "run_queue_wait_ns", lambda: waited[0])
+    monkeypatch.setattr(pw, "time", type("Clock", (), {"monotonic": staticmethod(lambda: now[0])}))
+    waits = PinnedWaits(1, {0, 1})
+
+    def window(per_pin_ns):  # one sample's worth of sequential calls; how many pinned
+        pinned = 0
+        for _ in range(pw.SAMPLE_PINS):
+            waited[0] += per_pin_ns
+            waits.hold()
+            pinned += waits.pinned
+            waits.release()
+        return pinned
+
+    quiet, busy = pw.BUSY_WAIT_NS // 4, pw.BUSY_WAIT_NS * 2
+    assert window(quiet) == pw.SAMPLE_PINS
+    assert window(busy) == pw.SAMPLE_PINS - 1  # the sample refuses the last one
+    assert waits.resting_until == now[0] + pw.BACKOFF_FIRST_S
+    count = len(masks)
+    waits.hold()
+    waits.release()
+    assert len(masks) == count and not waits.pinned  # resting: no system call at all
+    # Still busy in the first window after it: twice as long.
+    now[0] = waits.resting_until
+    waited[0] += 5 * 10**9  # what it waited while resting does not count
+    assert window(busy) == pw.SAMPLE_PINS - 1
+    assert waits.resting_until == now[0] + 2 * pw.BACKOFF_FIRST_S
+    # A quiet window and the next back-off is short again.
+    now[0] = waits.resting_until
+    assert window(quiet) == pw.SAMPLE_PINS
+    window(busy)
+    assert waits.resting_until == now[0] + pw.BACKOFF_FIRST_S
+
+
+def test_run_queue_wait_is_this_threads_and_never_goes_back():
+    first = pw.run_queue_wait_ns()
+    assert first >= 0
+    for _ in range(50):
+        os.sched_yield()
+    assert pw.run_queue_wait_ns() >= first
+
+
 def test_another_thread_never_changes_the_mask(masks):
     waits = PinnedWaits(1, {0, 1})
     import threading

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import NamedTuple
 
 __all__ = [
@@ -37,15 +38,27 @@ __all__ = [
     "calls_cpu_setting",
     "current_cpu",
     "pinned_waits",
+    "run_queue_wait_ns",
 ]
 
 CALLS_CPU_ENV = "AGENTIX_CALLS_CPU"
 # The HELLO key of a Calls frame-wire connection naming the CPU the host
 # waits on (decimal): the daemon places its call path there (docs/FRAME-WIRE.md).
 CALLS_CPU_KEY = "agentix-calls-cpu"
-# What an unset or empty AGENTIX_CALLS_CPU means. "wait" is the candidate
-# default once a quiet-machine A/B says it pays (docs/PERFORMANCE.md).
-DEFAULT_SETTING = "off"
+# What an unset or empty AGENTIX_CALLS_CPU means: pinned waits since stop 25
+# (quiet noop p50 0.49x off, calls/s at 64 callers unchanged; PERFORMANCE.md).
+DEFAULT_SETTING = "wait"
+
+# The back-off, as base::PinBackoff (base/pin_backoff.h) for the daemon and
+# the C++ client: every SAMPLE_PINS pins the loop thread's run-queue wait
+# (time runnable, not running) is sampled; above BUSY_WAIT_NS per pin its CPU
+# is busy with other work and waiting there costs more than a cross-CPU
+# wake-up saves, so it does not pin for BACKOFF_FIRST_S, doubled (up to
+# BACKOFF_LONGEST_S) while the first window after a back-off is still busy.
+SAMPLE_PINS = 256
+BUSY_WAIT_NS = 20_000
+BACKOFF_FIRST_S = 1.0
+BACKOFF_LONGEST_S = 64.0
 
 
 class CallsCpu(NamedTuple):
@@ -107,10 +120,12 @@ class PinnedWaits:
     1 -> 2 (overlap) unpin. `hold(pin=False)` (a streaming call, whose
     consumer runs user code between items) counts as in flight but never
     pins. Each change of the mask is one ``sched_setaffinity``; none when
-    the mask is already right.
+    the mask is already right. While its CPU is busy with other work it
+    rests (pins nothing) for a back-off period (`SAMPLE_PINS`).
     """
 
-    __slots__ = ("cpu", "original", "in_flight", "pinned", "_cpu_set", "_thread")
+    __slots__ = ("cpu", "original", "in_flight", "pinned", "resting_until", "_cpu_set",
+                 "_thread", "_pins", "_mark", "_period", "_after_backoff")
 
     def __init__(self, cpu: int, original: set[int]) -> None:
         self.cpu = cpu
@@ -119,14 +134,45 @@ class PinnedWaits:
         self.in_flight = 0
         self.pinned = False
         self._thread = threading.get_ident()
+        self.resting_until = 0.0  # time.monotonic() of the back-off's end; 0: none
+        self._pins = -1  # pins in this window; -1: not started
+        self._mark = 0  # run-queue wait (ns) at the window's start
+        self._period = BACKOFF_FIRST_S
+        self._after_backoff = False
 
     def hold(self, pin: bool = True) -> None:
         self.in_flight += 1
         if self.in_flight == 1:
-            if pin and not self.pinned:
+            if pin and not self.pinned and self._may_pin():
                 self._set(True)
         elif self.pinned:
             self._set(False)
+
+    def _may_pin(self) -> bool:
+        if threading.get_ident() != self._thread:
+            return False  # (a client used from another thread's loop: never pin a thread it did not connect on)
+        if self.resting_until:
+            if time.monotonic() < self.resting_until:
+                return False
+            self.resting_until = 0.0
+            self._pins = -1  # what it waited while resting is not the pins'
+        if self._pins < 0:
+            self._pins = 0
+            self._mark = run_queue_wait_ns()
+        self._pins += 1
+        if self._pins < SAMPLE_PINS:
+            return True
+        waited = run_queue_wait_ns()
+        busy = waited - self._mark > BUSY_WAIT_NS * self._pins
+        self._pins, self._mark = 0, waited
+        if not busy:
+            self._period, self._after_backoff = BACKOFF_FIRST_S, False
+            return True
+        if self._after_backoff:  # still busy right after a back-off: a longer one
+            self._period = min(self._period * 2, BACKOFF_LONGEST_S)
+        self._after_backoff = True
+        self.resting_until = time.monotonic() + self._period
+        return False
 
     def release(self) -> None:
         self.in_flight -= 1
@@ -138,6 +184,16 @@ class PinnedWaits:
             return  # (a client used from another thread's loop: never pin a thread it did not connect on)
         os.sched_setaffinity(0, self._cpu_set if pinned else self.original)
         self.pinned = pinned
+
+
+def run_queue_wait_ns() -> int:
+    """The calling thread's run-queue wait so far in ns (the second field of
+    /proc/thread-self/schedstat); 0 where the kernel does not keep it."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 _threads = threading.local()
