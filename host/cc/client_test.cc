@@ -606,6 +606,41 @@ TEST_CASE("AGENTIX_CALLS_CPU=wait pins a caller's thread only while its call wai
   REQUIRE_OK(first);
 }
 
+TEST_CASE("pinned waits are the default on the frame wire, and never happen on gRPC's") {
+  ::unsetenv("AGENTIX_CALLS_CPU");
+  const std::set<int> before = AllowedCpus(0);
+  REQUIRE(before.size() >= 2);  // pinning is only visible with two CPUs allowed
+  Daemon daemon;
+  for (CallsWire wire : {CallsWire::kFrames, CallsWire::kGrpc}) {
+    auto client = ConnectTo(daemon.url(), "", wire);
+    REQUIRE(client->calls_wire() == wire);
+    const pid_t caller = ::gettid();
+    std::atomic<bool> stop{false};
+    std::atomic<int> samples{0}, pinned{0};
+    std::thread watcher([&] {
+      while (!stop.load()) {
+        ++samples;
+        if (AllowedCpus(caller).size() == 1) ++pinned;
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+    });
+    absl::Status slept =
+        client->Remote<msgpack::object_handle>("e2e_targets::blocking_sleep", 0.3).status();
+    stop = true;
+    watcher.join();
+    REQUIRE_OK(slept);
+    CHECK(AllowedCpus(0) == before);
+    INFO("wire " << (wire == CallsWire::kFrames ? "frames" : "grpc") << ": pinned in "
+                 << pinned.load() << " of " << samples.load() << " samples");
+    REQUIRE(samples.load() > 0);
+    if (wire == CallsWire::kFrames) {
+      CHECK(pinned.load() >= samples.load() / 2);
+    } else {
+      CHECK(pinned.load() == 0);
+    }
+  }
+}
+
 TEST_CASE("without PATH.calls the Calls stream stays on gRPC, unless the frame wire is required") {
   ::unsetenv("AGENTIX_CALLS_WIRE");
   Daemon daemon("", /*calls_socket=*/false);

@@ -9,7 +9,12 @@ machine measures slower than a busy one (shared/PERFORMANCE-NOTES.md item 6). Th
 compares, in alternating rounds (the order rotated every round; one fresh daemon per
 run), each setting against `off`:
 
-- `off`:        --calls_cpu=off (nothing pinned; the default up to stop 24);
+- `default`:    no flag, no AGENTIX_CALLS_CPU: what a user gets (since stop 25 the
+                daemon's --calls_cpu=auto and both hosts' pinned waits, `pinwait`'s
+                parts without naming a CPU);
+- `off`:        --calls_cpu=off and both hosts' AGENTIX_CALLS_CPU=off (nothing pinned;
+                the default up to stop 24; every setting below but `pinwait` runs its
+                hosts with AGENTIX_CALLS_CPU=off);
 - `pin`:        the daemon's --calls_cpu=CPU (while calls come one at a time, its
                 frame-wire connection thread and worker reader, and the worker's
                 thread while it waits for a call, on one CPU; unpinned while they
@@ -186,6 +191,7 @@ def settings_table(cpu: int, spin_us: int) -> dict[str, dict]:
     spin = [f"--frames_spin_us={spin_us}", f"--worker_read_spin_us={spin_us}",
             f"--worker_intake_spin_us={spin_us}", "--calls_cpu=off"]
     return {
+        "default": {"daemon": [], "host_cpu": None, "cc_env": {}, "default": True},
         "off": {"daemon": ["--calls_cpu=off"], "host_cpu": None, "cc_env": {}},
         "pin": {"daemon": [f"--calls_cpu={cpu}"], "host_cpu": cpu, "cc_env": {}},
         "pinwait": {"daemon": [f"--calls_cpu={cpu}"], "host_cpu": None, "cc_env": wait,
@@ -230,7 +236,12 @@ def one_run(setting: dict, bins: dict, args, env: dict) -> dict:
         env=env, stdout=sys.stderr.fileno())
     try:
         procs.wait_listening(sock, daemon)
-        host_env = {**env, **setting.get("py_env", {})}
+        # Both hosts pin their waits by default since stop 25: every setting but
+        # `default` says what it wants (off unless it names another).
+        base_env = {k: v for k, v in env.items() if k != "AGENTIX_CALLS_CPU"}
+        if not setting.get("default"):
+            base_env["AGENTIX_CALLS_CPU"] = "off"
+        host_env = {**base_env, **setting.get("py_env", {})}
         if setting["host_cpu"] is not None:
             host_env["AGENTIX_CALLS_CPU"] = str(setting["host_cpu"])
         host = subprocess.run(
@@ -247,7 +258,7 @@ def one_run(setting: dict, bins: dict, args, env: dict) -> dict:
         meter = ThreadCpuMeter({"daemon": daemon.pid, "worker": workers[0] if workers else None})
         before = meter.snapshot()
         cc = subprocess.run([bins["cc"], f"--target=unix://{sock}", f"--noops={args.calls}"],
-                            env={**env, **setting["cc_env"]}, stdout=subprocess.PIPE, text=True, timeout=120, check=True,
+                            env={**base_env, **setting["cc_env"]}, stdout=subprocess.PIPE, text=True, timeout=120, check=True,
                             preexec_fn=_pinned(setting["host_cpu"]))
         figures = json.loads([l for l in cc.stdout.splitlines() if l.strip()][-1])
         if figures.get("calls_wire") != "frames":
@@ -342,7 +353,7 @@ def main(argv=None) -> int:
     parser.add_argument("--c64-seconds", type=float, default=1.0,
                         help="timed window of the 64-caller phase per run")
     parser.add_argument("--settings", default="off,pin,pin_daemon,spin,spin_daemon",
-                        help="comma-separated, from: off, pin, pinwait, pin_daemon, "
+                        help="comma-separated, from: default, off, pin, pinwait, pin_daemon, "
                              "pin_daemon_main, spin, spin_daemon")
     parser.add_argument("--main-dir", default="",
                         help="a directory with an older agentix-sandboxd and agentix-worker, "

@@ -320,7 +320,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (closing_) return absl::FailedPreconditionError("the client is closed");
       call->id = CallId(id_prefix_, ++next_call_);
       pending_[call->id] = call;
-      if (calls_cpu_ >= 0) PlaceWaitLocked(call.get(), will_wait && !streaming);
+      // Pinned only on the frame wire: on gRPC's, gRPC's own threads read
+      // the result, and a pinned caller would only crowd the daemon's CPU.
+      if (calls_cpu_ >= 0) {
+        PlaceWaitLocked(call.get(), will_wait && !streaming && wire_ == CallsWire::kFrames);
+      }
       stream = stream_;
       if (stream == nullptr) {
         wake_.SignalAll();  // the reader reconnects, then sends it
