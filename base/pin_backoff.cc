@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 
 namespace agentix::base {
@@ -23,9 +24,11 @@ bool PinBackoff::NotePinned(int64_t calls, absl::Duration wait,
   return true;
 }
 
-absl::Duration ThreadRunQueueWait() {
+absl::Duration ThreadRunQueueWait(pid_t tid) {
   // "<on-CPU ns> <run-queue wait ns> <timeslices>\n"
-  const int fd = ::open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+  char path[64] = "/proc/thread-self/schedstat";
+  if (tid != 0) std::snprintf(path, sizeof(path), "/proc/self/task/%d/schedstat", static_cast<int>(tid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return absl::ZeroDuration();
   char text[96];
   const ssize_t n = ::read(fd, text, sizeof(text) - 1);

@@ -6,6 +6,8 @@
 // (agentix/runtime/client/pinned_waits.py).
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 
 #include "absl/time/time.h"
@@ -21,7 +23,10 @@ class PinBackoff {
  public:
   // Measured (docs/PERFORMANCE.md, "stop-25: placement by default"): quiet
   // ~2-5 us per call pinned; at load 13-15, 56-63 us pinned vs 14 unpinned.
-  static constexpr absl::Duration kWaitPerCall = absl::Microseconds(20);
+  // 20 us was too low: a quiet machine whose calls mix the frame wire with
+  // gRPC's (gRPC's threads sharing the CPU) reached 21.5, and backing off
+  // there made a C++ noop 28 -> 80 us (stop 25, the lead's runs).
+  static constexpr absl::Duration kWaitPerCall = absl::Microseconds(40);
   static constexpr absl::Duration kFirst = absl::Seconds(1);
   static constexpr absl::Duration kLongest = absl::Seconds(64);
 
@@ -39,8 +44,9 @@ class PinBackoff {
   bool after_backoff_ = false;  // no sample below since the last back-off
 };
 
-// The calling thread's run-queue wait so far (schedstat's second field);
-// zero if the kernel does not keep it.
-absl::Duration ThreadRunQueueWait();
+// The run-queue wait so far (schedstat's second field) of thread `tid` of
+// this process (0: the calling thread); zero if the kernel does not keep it
+// or the thread has ended.
+absl::Duration ThreadRunQueueWait(pid_t tid = 0);
 
 }  // namespace agentix::base

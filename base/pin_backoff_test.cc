@@ -1,6 +1,10 @@
 #include "base/pin_backoff.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <thread>
 
 #include <catch2/catch.hpp>
@@ -42,6 +46,21 @@ TEST_CASE("ThreadRunQueueWait reads this thread's schedstat and never goes back"
   CHECK(first >= absl::ZeroDuration());
   for (int i = 0; i < 50; ++i) std::this_thread::yield();
   CHECK(ThreadRunQueueWait() >= first);
+  // Another thread's, by its id: the same figure as its own reading.
+  std::atomic<pid_t> tid{0};
+  std::atomic<bool> done{false};
+  absl::Duration own;
+  std::thread other([&] {
+    for (int i = 0; i < 50; ++i) std::this_thread::yield();
+    own = ThreadRunQueueWait();
+    tid = ::gettid();
+    while (!done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  while (tid.load() == 0) std::this_thread::yield();
+  CHECK(ThreadRunQueueWait(tid.load()) >= own);
+  done = true;
+  other.join();
+  CHECK(ThreadRunQueueWait(tid.load()) == absl::ZeroDuration());  // ended
 }
 
 }  // namespace

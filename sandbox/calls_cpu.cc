@@ -18,7 +18,7 @@ CallsCpu::CallsCpu(int cpu, Hooks hooks)
   if (::sched_getaffinity(0, sizeof(all_), &all_) != 0 && cpu >= 0) {
     CPU_SET(cpu, &all_);
   }
-  if (!hooks_.run_queue_wait) hooks_.run_queue_wait = base::ThreadRunQueueWait;
+  if (!hooks_.run_queue_wait) hooks_.run_queue_wait = [] { return base::ThreadRunQueueWait(); };
   if (!hooks_.now) hooks_.now = absl::Now;
   if (!hooks_.running_cpu) hooks_.running_cpu = ::sched_getcpu;
   absl::MutexLock lock(&mu_);

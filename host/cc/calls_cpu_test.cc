@@ -60,32 +60,53 @@ TEST_CASE("an unset or empty AGENTIX_CALLS_CPU is the default setting") {
   ::unsetenv("AGENTIX_CALLS_CPU");
 }
 
-TEST_CASE("PinBudget rests while the pinned thread waits in the run queue, then pins again") {
-  absl::Duration waited = absl::ZeroDuration();
+TEST_CASE("PinBudget times one pin in 16 and rests while pinned waits queue for the CPU") {
   absl::Time now = absl::UnixEpoch();
-  PinBudget budget({[&] { return waited; }, [&] { return now; }});
+  PinBudget budget([&] { return now; });
   const absl::Duration busy = base::PinBackoff::kWaitPerCall * 2;
   const absl::Duration quiet = base::PinBackoff::kWaitPerCall / 4;
-  auto window = [&](absl::Duration per_pin) {  // one sample's worth of pins
-    bool all = true;
-    for (int64_t i = 0; i < PinBudget::kSamplePins; ++i) {
-      waited += per_pin;
-      all = budget.MayPin() && all;
+  // One judgement's worth of pins, each timed one waiting `wait`: how many
+  // were allowed.
+  auto window = [&](absl::Duration wait) {
+    int64_t allowed = 0, timed_count = 0;
+    for (int64_t i = 0; i < PinBudget::kTimeEvery * PinBudget::kTimedPerJudgement; ++i) {
+      bool timed = false;
+      if (!budget.MayPin(&timed)) continue;
+      ++allowed;
+      if (timed) {
+        ++timed_count;
+        budget.NoteTimed(wait);
+      }
     }
-    return all;
+    CHECK(timed_count <= PinBudget::kTimedPerJudgement);
+    return allowed;
   };
-  CHECK(window(quiet));
+  const int64_t all = PinBudget::kTimeEvery * PinBudget::kTimedPerJudgement;
+  CHECK(window(busy) == all);  // the first judgement (warming up) is not one
   CHECK_FALSE(budget.resting());
-  CHECK_FALSE(window(busy));  // the window's last pin is refused
+  CHECK(window(quiet) == all);
+  CHECK_FALSE(budget.resting());
+  CHECK(window(busy) == all);  // judged at the window's last pin
   CHECK(budget.resting());
-  now += base::PinBackoff::kFirst - absl::Milliseconds(1);
-  CHECK_FALSE(budget.MayPin());
-  // What it waited while resting does not count against the next window.
-  waited += absl::Seconds(5);
-  now += absl::Milliseconds(1);
-  CHECK(budget.MayPin());
+  bool timed = true;
+  CHECK_FALSE(budget.MayPin(&timed));
+  CHECK_FALSE(timed);
+  now += base::PinBackoff::kFirst;
+  CHECK(window(quiet) == all);
   CHECK_FALSE(budget.resting());
-  CHECK(window(quiet));
+}
+
+TEST_CASE("ThreadPin times the pinned thread's run-queue wait, unpinned from another thread") {
+  const std::set<int> before = Mask();
+  REQUIRE(before.size() >= 2);
+  // Enough pins for a judgement: the budget must see timed waits (not rest:
+  // this thread's pinned waits here queue behind nothing).
+  for (int64_t i = 0; i < PinBudget::kTimeEvery * PinBudget::kTimedPerJudgement; ++i) {
+    ThreadPin pin;
+    REQUIRE(pin.Pin(*before.begin()));
+    std::thread([&] { pin.Unpin(); }).join();
+    REQUIRE(Mask() == before);
+  }
 }
 
 TEST_CASE("ThreadPin pins the calling thread and gives it its own mask back from any thread") {

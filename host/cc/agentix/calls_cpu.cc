@@ -59,34 +59,32 @@ absl::StatusOr<int> CallsCpuFromEnv() {
   return ParseCallsCpu(env == nullptr || *env == '\0' ? kDefaultCallsCpu : env);
 }
 
-PinBudget::PinBudget(Hooks hooks) : hooks_(std::move(hooks)) {
-  if (!hooks_.run_queue_wait) hooks_.run_queue_wait = base::ThreadRunQueueWait;
-  if (!hooks_.now) hooks_.now = absl::Now;
+bool PinBudget::MayPin(bool* timed) {
+  *timed = false;
+  if (resting_) {
+    if (!backoff_.Over(now_())) return false;
+    resting_ = false;
+  }
+  *timed = ++pins_ % kTimeEvery == 0;
+  return true;
 }
 
-bool PinBudget::MayPin() {
-  if (resting_) {
-    if (!backoff_.Over(hooks_.now())) return false;
-    resting_ = false;
-    started_ = false;  // the wait while resting is not the pins'
-  }
-  if (!started_) {
-    started_ = true;
-    pins_ = 0;
-    mark_ = hooks_.run_queue_wait();
-  }
-  if (++pins_ < kSamplePins) return true;
-  const absl::Duration wait = hooks_.run_queue_wait();
-  resting_ = backoff_.NotePinned(pins_, wait - mark_, hooks_.now());
-  pins_ = 0;
-  mark_ = wait;
-  return !resting_;
+void PinBudget::NoteTimed(absl::Duration wait) {
+  timed_wait_ += wait;
+  if (++timed_ < kTimedPerJudgement) return;
+  // A thread's first judgement holds its connecting and warming up, not
+  // the steady state: it is not judged (as the daemon's first sample).
+  if (judged_) resting_ = backoff_.NotePinned(timed_, timed_wait_, now_());
+  judged_ = true;
+  timed_ = 0;
+  timed_wait_ = absl::ZeroDuration();
 }
 
 bool ThreadPin::Pin(int cpu) {
   if (tid_ != 0 || cpu < 0 || cpu >= CPU_SETSIZE) return false;
   thread_local PinBudget budget;
-  if (!budget.MayPin()) return false;
+  bool timed = false;
+  if (!budget.MayPin(&timed)) return false;
   CPU_ZERO(&original_);
   if (::sched_getaffinity(0, sizeof(original_), &original_) != 0) return false;
   if (CPU_COUNT(&original_) == 1 && CPU_ISSET(cpu, &original_)) return false;  // already
@@ -95,11 +93,19 @@ bool ThreadPin::Pin(int cpu) {
   CPU_SET(cpu, &one);
   if (::sched_setaffinity(0, sizeof(one), &one) != 0) return false;
   tid_ = ::gettid();
+  timing_ = timed ? &budget : nullptr;
+  if (timed) wait_at_pin_ = base::ThreadRunQueueWait();
   return true;
 }
 
 void ThreadPin::Unpin() {
   if (tid_ == 0) return;
+  // Read before the mask changes back (the pinned thread's, from any thread:
+  // it is blocked in its wait, so its budget is not in use meanwhile).
+  if (timing_ != nullptr) {
+    timing_->NoteTimed(base::ThreadRunQueueWait(tid_) - wait_at_pin_);
+    timing_ = nullptr;
+  }
   // Fails only if the thread ended meanwhile: nothing is left to restore.
   ::sched_setaffinity(tid_, sizeof(original_), &original_);
   tid_ = 0;

@@ -36,32 +36,34 @@ inline constexpr absl::string_view kDefaultCallsCpu = "wait";
 // The same for $AGENTIX_CALLS_CPU (unset or empty: kDefaultCallsCpu).
 absl::StatusOr<int> CallsCpuFromEnv();
 
-// Whether a thread may pin itself for its next wait: not while its CPU is
-// busy with other work. Every kSamplePins pins it samples the thread's
-// run-queue wait; above base::PinBackoff::kWaitPerCall per pin it rests
-// (no pins) for the back-off's period. One per thread (ThreadPin uses a
-// thread_local one); the hooks are for tests.
+// Whether a thread may pin itself for its next wait: not while waiting
+// pinned costs it run-queue time (its CPU is busy with other work). One pin
+// in kTimeEvery is timed: the pinned thread's run-queue wait from the pin to
+// the unpin (NoteTimed). Every kTimedPerJudgement timed pins the mean goes to
+// base::PinBackoff (but the first, warming up); above kWaitPerCall the
+// thread rests (pins nothing) for the back-off's period. Only the pinned waits count: what the thread waits
+// for a CPU elsewhere (its own work, other clients' calls) says nothing of
+// what pinning costs. One per thread (ThreadPin's is thread_local).
 class PinBudget {
  public:
-  static constexpr int64_t kSamplePins = 256;
-  struct Hooks {
-    std::function<absl::Duration()> run_queue_wait;  // base::ThreadRunQueueWait
-    std::function<absl::Time()> now;                 // absl::Now
-  };
-  PinBudget() : PinBudget(Hooks{}) {}
-  explicit PinBudget(Hooks hooks);
+  static constexpr int64_t kTimeEvery = 16;
+  static constexpr int64_t kTimedPerJudgement = 16;
+  explicit PinBudget(std::function<absl::Time()> now = absl::Now) : now_(std::move(now)) {}
 
-  // Counts a pin and says whether to make it.
-  bool MayPin();
+  // Counts a pin: whether to make it, and (`timed`) whether to time it.
+  bool MayPin(bool* timed);
+  // A timed pin's run-queue wait while pinned.
+  void NoteTimed(absl::Duration wait);
   bool resting() const { return resting_; }
 
  private:
-  Hooks hooks_;
+  std::function<absl::Time()> now_;
   base::PinBackoff backoff_;
   bool resting_ = false;
-  bool started_ = false;
   int64_t pins_ = 0;
-  absl::Duration mark_;  // the run-queue wait at the window's start
+  bool judged_ = false;  // past the first judgement
+  int64_t timed_ = 0;
+  absl::Duration timed_wait_;
 };
 
 // One thread pinned to one CPU while it waits; Unpin gives it back its own
@@ -81,6 +83,8 @@ class ThreadPin {
  private:
   pid_t tid_ = 0;
   cpu_set_t original_;
+  PinBudget* timing_ = nullptr;  // the pinned thread's budget, for a timed pin
+  absl::Duration wait_at_pin_;
 };
 
 }  // namespace agentix::client_internal

@@ -98,38 +98,42 @@ def test_a_streaming_call_counts_but_never_pins(masks):
     assert masks[-1] == (0, {0, 1})
 
 
-def test_a_busy_cpu_rests_the_pins_for_doubling_periods(masks, monkeypatch):
+def test_pinned_waits_that_queue_for_the_cpu_rest_the_pins_for_doubling_periods(masks, monkeypatch):
     waited = [0]  # the loop thread's run-queue wait (ns), as schedstat gives it
     now = [1000.0]
     monkeypatch.setattr(pw, "run_queue_wait_ns", lambda: waited[0])
     monkeypatch.setattr(pw, "time", type("Clock", (), {"monotonic": staticmethod(lambda: now[0])}))
     waits = PinnedWaits(1, {0, 1})
+    calls = pw.TIME_EVERY * pw.TIMED_PER_JUDGEMENT
 
-    def window(per_pin_ns):  # one sample's worth of sequential calls; how many pinned
+    def window(pinned_ns, between_ns=0):  # a judgement's worth of sequential calls; how many pinned
         pinned = 0
-        for _ in range(pw.SAMPLE_PINS):
-            waited[0] += per_pin_ns
+        for _ in range(calls):
             waits.hold()
             pinned += waits.pinned
+            waited[0] += pinned_ns if waits.pinned else 0
             waits.release()
+            waited[0] += between_ns  # queued for the CPU outside the call: not the pins' doing
         return pinned
 
     quiet, busy = pw.BUSY_WAIT_NS // 4, pw.BUSY_WAIT_NS * 2
-    assert window(quiet) == pw.SAMPLE_PINS
-    assert window(busy) == pw.SAMPLE_PINS - 1  # the sample refuses the last one
+    assert window(busy) == calls  # the first judgement (warming up) is not one
+    assert waits.resting_until == 0.0
+    assert window(quiet, between_ns=10 * busy) == calls
+    assert waits.resting_until == 0.0
+    assert window(busy) == calls  # judged as the window's last call ends
     assert waits.resting_until == now[0] + pw.BACKOFF_FIRST_S
     count = len(masks)
     waits.hold()
     waits.release()
     assert len(masks) == count and not waits.pinned  # resting: no system call at all
-    # Still busy in the first window after it: twice as long.
+    # Still busy in the first judgement after it: twice as long.
     now[0] = waits.resting_until
-    waited[0] += 5 * 10**9  # what it waited while resting does not count
-    assert window(busy) == pw.SAMPLE_PINS - 1
+    assert window(busy) == calls
     assert waits.resting_until == now[0] + 2 * pw.BACKOFF_FIRST_S
-    # A quiet window and the next back-off is short again.
+    # A quiet judgement and the next back-off is short again.
     now[0] = waits.resting_until
-    assert window(quiet) == pw.SAMPLE_PINS
+    assert window(quiet) == calls
     window(busy)
     assert waits.resting_until == now[0] + pw.BACKOFF_FIRST_S
 

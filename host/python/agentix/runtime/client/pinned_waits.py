@@ -49,14 +49,18 @@ CALLS_CPU_KEY = "agentix-calls-cpu"
 # (quiet noop p50 0.49x off, calls/s at 64 callers unchanged; PERFORMANCE.md).
 DEFAULT_SETTING = "wait"
 
-# The back-off, as base::PinBackoff (base/pin_backoff.h) for the daemon and
-# the C++ client: every SAMPLE_PINS pins the loop thread's run-queue wait
-# (time runnable, not running) is sampled; above BUSY_WAIT_NS per pin its CPU
-# is busy with other work and waiting there costs more than a cross-CPU
+# The back-off, as the C++ client's PinBudget (host/cc/agentix/calls_cpu.h)
+# and base::PinBackoff: one pin in TIME_EVERY is timed, the loop thread's
+# run-queue wait (time runnable, not running) from the pin to the unpin;
+# every TIMED_PER_JUDGEMENT timed pins, above BUSY_WAIT_NS on average its
+# CPU is busy with other work and waiting there costs more than a cross-CPU
 # wake-up saves, so it does not pin for BACKOFF_FIRST_S, doubled (up to
-# BACKOFF_LONGEST_S) while the first window after a back-off is still busy.
-SAMPLE_PINS = 256
-BUSY_WAIT_NS = 20_000
+# BACKOFF_LONGEST_S) while the first judgement after a back-off is still
+# busy. Only pinned waits count: what the thread queues for a CPU elsewhere
+# (the user's code, other clients' calls) says nothing of what pinning costs.
+TIME_EVERY = 16
+TIMED_PER_JUDGEMENT = 16
+BUSY_WAIT_NS = 40_000  # base::PinBackoff::kWaitPerCall
 BACKOFF_FIRST_S = 1.0
 BACKOFF_LONGEST_S = 64.0
 
@@ -121,11 +125,12 @@ class PinnedWaits:
     consumer runs user code between items) counts as in flight but never
     pins. Each change of the mask is one ``sched_setaffinity``; none when
     the mask is already right. While its CPU is busy with other work it
-    rests (pins nothing) for a back-off period (`SAMPLE_PINS`).
+    rests (pins nothing) for a back-off period (`TIME_EVERY`).
     """
 
     __slots__ = ("cpu", "original", "in_flight", "pinned", "resting_until", "_cpu_set",
-                 "_thread", "_pins", "_mark", "_period", "_after_backoff")
+                 "_thread", "_pins", "_timed_at", "_timed", "_timed_ns", "_judged", "_period",
+                 "_after_backoff")
 
     def __init__(self, cpu: int, original: set[int]) -> None:
         self.cpu = cpu
@@ -135,8 +140,11 @@ class PinnedWaits:
         self.pinned = False
         self._thread = threading.get_ident()
         self.resting_until = 0.0  # time.monotonic() of the back-off's end; 0: none
-        self._pins = -1  # pins in this window; -1: not started
-        self._mark = 0  # run-queue wait (ns) at the window's start
+        self._pins = 0
+        self._timed_at = -1  # run-queue wait (ns) when a timed pin was made; -1: none
+        self._timed = 0  # timed pins since the last judgement
+        self._timed_ns = 0  # and their run-queue wait
+        self._judged = False  # past the first judgement
         self._period = BACKOFF_FIRST_S
         self._after_backoff = False
 
@@ -155,24 +163,28 @@ class PinnedWaits:
             if time.monotonic() < self.resting_until:
                 return False
             self.resting_until = 0.0
-            self._pins = -1  # what it waited while resting is not the pins'
-        if self._pins < 0:
-            self._pins = 0
-            self._mark = run_queue_wait_ns()
         self._pins += 1
-        if self._pins < SAMPLE_PINS:
-            return True
-        waited = run_queue_wait_ns()
-        busy = waited - self._mark > BUSY_WAIT_NS * self._pins
-        self._pins, self._mark = 0, waited
+        if self._pins % TIME_EVERY == 0:
+            self._timed_at = run_queue_wait_ns()
+        return True
+
+    def _note_timed(self) -> None:
+        self._timed_ns += run_queue_wait_ns() - self._timed_at
+        self._timed_at = -1
+        self._timed += 1
+        if self._timed < TIMED_PER_JUDGEMENT:
+            return
+        # The first judgement holds connecting and warming up: not judged.
+        busy = self._judged and self._timed_ns > BUSY_WAIT_NS * self._timed
+        self._timed = self._timed_ns = 0
+        self._judged = True
         if not busy:
             self._period, self._after_backoff = BACKOFF_FIRST_S, False
-            return True
+            return
         if self._after_backoff:  # still busy right after a back-off: a longer one
             self._period = min(self._period * 2, BACKOFF_LONGEST_S)
         self._after_backoff = True
         self.resting_until = time.monotonic() + self._period
-        return False
 
     def release(self) -> None:
         self.in_flight -= 1
@@ -182,6 +194,8 @@ class PinnedWaits:
     def _set(self, pinned: bool) -> None:
         if threading.get_ident() != self._thread:
             return  # (a client used from another thread's loop: never pin a thread it did not connect on)
+        if not pinned and self._timed_at >= 0:
+            self._note_timed()  # read while still pinned
         os.sched_setaffinity(0, self._cpu_set if pinned else self.original)
         self.pinned = pinned
 
