@@ -13,23 +13,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "testing/status_matchers.h"
+#include "testing/cpu_masks.h"
 
 namespace agentix::client_internal {
 namespace {
 
-std::set<int> Mask(pid_t tid = 0) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  REQUIRE(::sched_getaffinity(tid, sizeof(set), &set) == 0);
-  std::set<int> cpus;
-  for (int i = 0; i < CPU_SETSIZE; ++i) {
-    if (CPU_ISSET(i, &set)) cpus.insert(i);
-  }
-  return cpus;
-}
-
 TEST_CASE("AGENTIX_CALLS_CPU names a CPU to wait on, or nothing") {
-  const std::set<int> allowed = Mask();
+  const std::set<int> allowed = testing::CpusOf();
   const int high = *allowed.rbegin();
   const int low = *allowed.begin();
   for (const char* off : {"", "off", " OFF "}) CHECK(*ParseCallsCpu(off) == -1);
@@ -54,7 +44,7 @@ TEST_CASE("an unset or empty AGENTIX_CALLS_CPU is the default setting") {
   ::setenv("AGENTIX_CALLS_CPU", "", 1);
   CHECK(*CallsCpuFromEnv() == fallback);
   ::setenv("AGENTIX_CALLS_CPU", "wait:auto", 1);
-  CHECK(*CallsCpuFromEnv() == *Mask().rbegin());
+  CHECK(*CallsCpuFromEnv() == *testing::CpusOf().rbegin());
   ::setenv("AGENTIX_CALLS_CPU", "nope", 1);
   CHECK(CallsCpuFromEnv().status().code() == absl::StatusCode::kInvalidArgument);
   ::unsetenv("AGENTIX_CALLS_CPU");
@@ -97,7 +87,7 @@ TEST_CASE("PinBudget times one pin in 16 and rests while pinned waits queue for 
 }
 
 TEST_CASE("ThreadPin times the pinned thread's run-queue wait, unpinned from another thread") {
-  const std::set<int> before = Mask();
+  const std::set<int> before = testing::CpusOf();
   REQUIRE(before.size() >= 2);
   // Enough pins for a judgement: the budget must see timed waits (not rest:
   // this thread's pinned waits here queue behind nothing).
@@ -105,24 +95,24 @@ TEST_CASE("ThreadPin times the pinned thread's run-queue wait, unpinned from ano
     ThreadPin pin;
     REQUIRE(pin.Pin(*before.begin()));
     std::thread([&] { pin.Unpin(); }).join();
-    REQUIRE(Mask() == before);
+    REQUIRE(testing::CpusOf() == before);
   }
 }
 
 TEST_CASE("ThreadPin pins the calling thread and gives it its own mask back from any thread") {
-  const std::set<int> allowed = Mask();
+  const std::set<int> allowed = testing::CpusOf();
   REQUIRE(allowed.size() >= 2);  // pinning is only visible with two CPUs allowed
   const int cpu = *allowed.rbegin();
   ThreadPin pin;
   REQUIRE(pin.Pin(cpu));
   CHECK(pin.pinned());
-  CHECK(Mask() == std::set<int>{cpu});
+  CHECK(testing::CpusOf() == std::set<int>{cpu});
   CHECK_FALSE(pin.Pin(cpu));  // pinned already: nothing changes
   std::thread([&pin] { pin.Unpin(); }).join();  // (Wait may run on another thread)
   CHECK_FALSE(pin.pinned());
-  CHECK(Mask() == allowed);
+  CHECK(testing::CpusOf() == allowed);
   pin.Unpin();  // not pinned: nothing
-  CHECK(Mask() == allowed);
+  CHECK(testing::CpusOf() == allowed);
 
   // A thread already on that CPU alone is left alone (and nothing is restored).
   cpu_set_t one;
@@ -132,7 +122,7 @@ TEST_CASE("ThreadPin pins the calling thread and gives it its own mask back from
   ThreadPin again;
   CHECK_FALSE(again.Pin(cpu));
   again.Unpin();
-  CHECK(Mask() == std::set<int>{cpu});
+  CHECK(testing::CpusOf() == std::set<int>{cpu});
   cpu_set_t all;
   CPU_ZERO(&all);
   for (int i : allowed) CPU_SET(i, &all);

@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "host/cc/test_daemon.h"
 #include "testing/status_matchers.h"
+#include "testing/cpu_masks.h"
 
 namespace agentix {
 namespace {
@@ -529,21 +530,9 @@ TEST_CASE("AGENTIX_CALLS_SPIN_US: a spinning frame-wire reader serves calls; a b
   ::unsetenv("AGENTIX_CALLS_SPIN_US");
 }
 
-// The CPUs thread `tid` may run on.
-std::set<int> AllowedCpus(pid_t tid) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  REQUIRE(::sched_getaffinity(tid, sizeof(set), &set) == 0);
-  std::set<int> cpus;
-  for (int i = 0; i < CPU_SETSIZE; ++i) {
-    if (CPU_ISSET(i, &set)) cpus.insert(i);
-  }
-  return cpus;
-}
-
 TEST_CASE("AGENTIX_CALLS_CPU=wait pins a caller's thread only while its call waits alone") {
   ::unsetenv("AGENTIX_CALLS_WIRE");
-  const std::set<int> before = AllowedCpus(0);
+  const std::set<int> before = testing::CpusOf(0);
   REQUIRE(before.size() >= 2);  // pinning is only visible with two CPUs allowed
   const int cpu = *before.rbegin();
   Daemon daemon;
@@ -554,7 +543,7 @@ TEST_CASE("AGENTIX_CALLS_CPU=wait pins a caller's thread only while its call wai
   for (int i = 0; i < 20; ++i) {  // sequential calls: the caller's own code runs unpinned
     absl::StatusOr<int64_t> sum = client->Remote<int64_t>("e2e_targets::add", i, 1);
     REQUIRE_OK(sum.status());
-    CHECK(AllowedCpus(0) == before);
+    CHECK(testing::CpusOf(0) == before);
   }
   // Another thread watches this one's mask while a call is in flight.
   const pid_t caller = ::gettid();
@@ -563,7 +552,7 @@ TEST_CASE("AGENTIX_CALLS_CPU=wait pins a caller's thread only while its call wai
   std::vector<std::set<int>> seen;
   auto watch = [&] {
     while (!stop.load()) {
-      std::set<int> mask = AllowedCpus(caller);
+      std::set<int> mask = testing::CpusOf(caller);
       {
         absl::MutexLock lock(&mu);
         seen.push_back(std::move(mask));
@@ -575,7 +564,7 @@ TEST_CASE("AGENTIX_CALLS_CPU=wait pins a caller's thread only while its call wai
   REQUIRE_OK(client->Remote<msgpack::object_handle>("e2e_targets::blocking_sleep", 0.5).status());
   stop = true;
   watcher.join();
-  CHECK(AllowedCpus(0) == before);
+  CHECK(testing::CpusOf(0) == before);
   {
     absl::MutexLock lock(&mu);
     REQUIRE(!seen.empty());
@@ -592,15 +581,15 @@ TEST_CASE("AGENTIX_CALLS_CPU=wait pins a caller's thread only while its call wai
     first = client->Remote<msgpack::object_handle>("e2e_targets::blocking_sleep", 1.0).status();
   });
   const absl::Time until = absl::Now() + absl::Seconds(5);
-  while ((waiter.load() == 0 || AllowedCpus(waiter.load()) != std::set<int>{cpu}) &&
+  while ((waiter.load() == 0 || testing::CpusOf(waiter.load()) != std::set<int>{cpu}) &&
          absl::Now() < until) {
     absl::SleepFor(absl::Milliseconds(1));
   }
-  CHECK(AllowedCpus(waiter.load()) == std::set<int>{cpu});
+  CHECK(testing::CpusOf(waiter.load()) == std::set<int>{cpu});
   absl::StatusOr<Call> second = client->Start("e2e_targets::blocking_sleep", Arguments(0.1), CallOptions());
   REQUIRE_OK(second.status());
-  CHECK(AllowedCpus(waiter.load()) == before);
-  CHECK(AllowedCpus(0) == before);
+  CHECK(testing::CpusOf(waiter.load()) == before);
+  CHECK(testing::CpusOf(0) == before);
   REQUIRE_OK(second->Wait().status());
   waiting.join();
   REQUIRE_OK(first);
@@ -608,7 +597,7 @@ TEST_CASE("AGENTIX_CALLS_CPU=wait pins a caller's thread only while its call wai
 
 TEST_CASE("pinned waits are the default on the frame wire, and never happen on gRPC's") {
   ::unsetenv("AGENTIX_CALLS_CPU");
-  const std::set<int> before = AllowedCpus(0);
+  const std::set<int> before = testing::CpusOf(0);
   REQUIRE(before.size() >= 2);  // pinning is only visible with two CPUs allowed
   Daemon daemon;
   for (CallsWire wire : {CallsWire::kFrames, CallsWire::kGrpc}) {
@@ -620,7 +609,7 @@ TEST_CASE("pinned waits are the default on the frame wire, and never happen on g
     std::thread watcher([&] {
       while (!stop.load()) {
         ++samples;
-        if (AllowedCpus(caller).size() == 1) ++pinned;
+        if (testing::CpusOf(caller).size() == 1) ++pinned;
         absl::SleepFor(absl::Milliseconds(10));
       }
     });
@@ -629,7 +618,7 @@ TEST_CASE("pinned waits are the default on the frame wire, and never happen on g
     stop = true;
     watcher.join();
     REQUIRE_OK(slept);
-    CHECK(AllowedCpus(0) == before);
+    CHECK(testing::CpusOf(0) == before);
     INFO("wire " << (wire == CallsWire::kFrames ? "frames" : "grpc") << ": pinned in "
                  << pinned.load() << " of " << samples.load() << " samples");
     REQUIRE(samples.load() > 0);

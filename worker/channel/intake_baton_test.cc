@@ -17,6 +17,8 @@
 #include <future>
 #include <thread>
 
+#include "testing/cpu_masks.h"
+
 namespace agentix::worker {
 namespace {
 
@@ -284,21 +286,9 @@ TEST_CASE("a spinning holder finds frames, stops spinning on a paced channel "
   CHECK(done);
 }
 
-// The mask of thread `tid` as a set of CPU numbers.
-std::set<int> MaskOf(pid_t tid) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  REQUIRE(::sched_getaffinity(tid, sizeof(set), &set) == 0);
-  std::set<int> out;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &set)) out.insert(cpu);
-  }
-  return out;
-}
-
 TEST_CASE("the holder waits pinned to the published CPU and returns with the whole mask",
           "[intake]") {
-  const std::set<int> all = MaskOf(0);
+  const std::set<int> all = testing::CpusOf(0);
   REQUIRE(!all.empty());
   const int cpu = *all.rbegin();
   auto area = ipc::PayloadArea::Create(64 * 1024);
@@ -315,22 +305,22 @@ TEST_CASE("the holder waits pinned to the published CPU and returns with the who
     std::thread holder([&] {
       tid = ::gettid();
       turn = (*baton)->Lead(true);
-      after = MaskOf(0);  // what the call it would run next gets
+      after = testing::CpusOf(0);  // what the call it would run next gets
       char c;
       (void)!::read(s.fds[0], &c, 1);
     });
     while (tid.load() == 0) std::this_thread::sleep_for(1ms);
     // Waiting in its poll (bounded): the mask it waits with.
-    std::set<int> waiting = MaskOf(tid);
+    std::set<int> waiting = testing::CpusOf(tid);
     for (int i = 0; i < 2000 && published >= 0 && waiting.size() != 1; ++i) {
       std::this_thread::sleep_for(1ms);
-      waiting = MaskOf(tid);
+      waiting = testing::CpusOf(tid);
     }
     if (published >= 0) {
       CHECK(waiting == std::set<int>{cpu});
     } else {
       std::this_thread::sleep_for(20ms);
-      CHECK(MaskOf(tid) == all);
+      CHECK(testing::CpusOf(tid) == all);
     }
     s.Write();
     holder.join();
