@@ -29,6 +29,10 @@ async def sleep_forever():
     await asyncio.sleep(3600)
 
 
+async def sleep_for(seconds):
+    await asyncio.sleep(seconds)
+
+
 def fail(message):
     raise ValueError(message)
 

@@ -59,43 +59,69 @@ def masks(monkeypatch):
     return calls
 
 
-def test_a_call_alone_in_flight_pins_and_its_end_unpins(masks):
-    waits = PinnedWaits(1, {0, 1})
-    waits.hold()
-    assert masks == [(0, {1})] and waits.pinned
-    waits.release()
-    assert masks == [(0, {1}), (0, {0, 1})] and not waits.pinned
-    waits.hold()  # the next sequential call: pinned again
-    waits.release()
-    assert len(masks) == 4
+def _blocks(waits, timeout=None):
+    """The loop blocks in its selector once (as _PinningSelector.select): whether it
+    waited pinned."""
+    waits.before_select(timeout)
+    pinned = waits.pinned
+    waits.after_select()
+    assert not waits.pinned  # the selector returned: nothing runs pinned
+    return pinned
 
 
-def test_overlapping_calls_unpin_and_nothing_is_set_twice(masks):
+def test_a_call_alone_in_flight_waits_pinned_and_runs_nothing_pinned(masks):
     waits = PinnedWaits(1, {0, 1})
+    assert not _blocks(waits)  # nothing in flight
     waits.hold()
-    waits.hold()  # 1 -> 2: overlap runs anywhere
+    assert masks == []  # nothing pinned until the loop blocks
+    assert _blocks(waits)
     assert masks == [(0, {1}), (0, {0, 1})]
+    assert not _blocks(waits, timeout=0)  # a poll that does not block: not pinned
+    assert _blocks(waits, timeout=0.5)  # a timer after it (a deadline): pinned
+    waits.release()
+    assert not _blocks(waits)
+    waits.hold()  # the next sequential call: pinned again
+    assert _blocks(waits)
+    waits.release()
+    assert len(masks) == 6
+
+
+def test_overlapping_calls_wait_unpinned(masks):
+    waits = PinnedWaits(1, {0, 1})
+    waits.hold()
+    waits.hold()  # 1 -> 2: overlap waits anywhere
+    assert not _blocks(waits)
     waits.hold()
     waits.release()
-    waits.release()  # 2 -> 1: stays unpinned (not pinned again mid-overlap)
-    waits.release()  # 1 -> 0: already unpinned, no call
-    assert len(masks) == 2 and waits.in_flight == 0
+    waits.release()  # 2 -> 1: not pinned again mid-overlap
+    assert not _blocks(waits)
+    waits.release()
+    assert masks == [] and waits.in_flight == 0
     waits.hold()
-    assert masks[-1] == (0, {1})
+    assert _blocks(waits)
 
 
 def test_a_streaming_call_counts_but_never_pins(masks):
     waits = PinnedWaits(1, {0, 1})
     waits.hold(pin=False)
-    assert masks == []
+    assert not _blocks(waits)
     waits.hold()  # a call beside an open stream: overlap
-    assert masks == []
+    assert not _blocks(waits)
     waits.release()
     waits.release()
     waits.hold()
-    assert masks == [(0, {1})]
+    assert _blocks(waits)
     waits.hold(pin=False)  # a stream opened while a call waits: unpinned
-    assert masks[-1] == (0, {0, 1})
+    assert not _blocks(waits)
+
+
+def test_a_select_that_raises_is_unpinned_at_the_latest_by_release(masks):
+    waits = PinnedWaits(1, {0, 1})
+    waits.hold()
+    waits.before_select(None)
+    assert waits.pinned
+    waits.release()  # (after_select did not run)
+    assert not waits.pinned and masks[-1] == (0, {0, 1})
 
 
 def test_pinned_waits_that_queue_for_the_cpu_rest_the_pins_for_doubling_periods(masks, monkeypatch):
@@ -110,8 +136,10 @@ def test_pinned_waits_that_queue_for_the_cpu_rest_the_pins_for_doubling_periods(
         pinned = 0
         for _ in range(calls):
             waits.hold()
+            waits.before_select(None)
             pinned += waits.pinned
             waited[0] += pinned_ns if waits.pinned else 0
+            waits.after_select()
             waits.release()
             waited[0] += between_ns  # queued for the CPU outside the call: not the pins' doing
         return pinned
@@ -125,8 +153,9 @@ def test_pinned_waits_that_queue_for_the_cpu_rest_the_pins_for_doubling_periods(
     assert waits.resting_until == now[0] + pw.BACKOFF_FIRST_S
     count = len(masks)
     waits.hold()
+    assert not _blocks(waits)
     waits.release()
-    assert len(masks) == count and not waits.pinned  # resting: no system call at all
+    assert len(masks) == count  # resting: no system call at all
     # Still busy in the first judgement after it: twice as long.
     now[0] = waits.resting_until
     assert window(busy) == calls
@@ -150,7 +179,12 @@ def test_another_thread_never_changes_the_mask(masks):
     waits = PinnedWaits(1, {0, 1})
     import threading
 
-    thread = threading.Thread(target=waits.hold)
+    def other():
+        waits.hold()
+        waits.before_select(None)
+        waits.after_select()
+
+    thread = threading.Thread(target=other)
     thread.start()
     thread.join()
     assert masks == [] and waits.in_flight == 1
@@ -160,13 +194,31 @@ def test_one_pinned_waits_per_thread_counts_every_client_of_its_loop(monkeypatch
     import threading
 
     monkeypatch.setattr(pw, "_threads", threading.local())
-    assert pw.pinned_waits(CallsCpu("off", None)) is None
-    assert pw.pinned_waits(CallsCpu("always", 0)) is None
-    first = pw.pinned_waits(CallsCpu("wait", max(ALLOWED)))
-    assert first is pw.pinned_waits(CallsCpu("wait", None))  # a second client of this thread
+    assert pw.pinned_waits(CallsCpu("wait", None)) is None  # no running loop: nothing to pin
+
+    async def connect():
+        loop = asyncio.get_running_loop()
+        assert pw.pinned_waits(CallsCpu("off", None)) is None
+        assert pw.pinned_waits(CallsCpu("always", 0)) is None
+        first = pw.pinned_waits(CallsCpu("wait", max(ALLOWED)))
+        selector = loop._selector
+        assert isinstance(selector, pw._PinningSelector)
+        assert first is pw.pinned_waits(CallsCpu("wait", None))  # a second client of this thread
+        assert loop._selector is selector  # wrapped once
+        await asyncio.sleep(0.01)  # the loop blocks in the wrapped selector: nothing in flight
+        return first
+
+    first = asyncio.run(connect())
     assert (first.cpu, first.original) == (max(ALLOWED), ALLOWED)
+
+    async def name(cpu):
+        return pw.pinned_waits(CallsCpu("wait", cpu))
+
+    assert asyncio.run(name(min(ALLOWED))) is first and first.cpu == min(ALLOWED)  # the latest named wins
+    assert asyncio.run(name(None)).cpu == min(ALLOWED)  # plain wait keeps it
+    assert asyncio.run(connect()) is first  # a new loop of the same thread: wrapped too
     other = []
-    thread = threading.Thread(target=lambda: other.append(pw.pinned_waits(CallsCpu("wait", None))))
+    thread = threading.Thread(target=lambda: other.append(asyncio.run(connect())))
     thread.start()
     thread.join()
     assert other[0] is not first and other[0].cpu in ALLOWED  # that thread's own, on its CPU
@@ -205,34 +257,67 @@ async def framed(tmp_path_factory):
 needs_two = pytest.mark.skipif(len(ALLOWED) < 2, reason="pinning is only visible with two CPUs allowed")
 
 
+class _Watcher:
+    """Another thread sampling the loop thread's mask every 2 ms."""
+
+    def __init__(self):
+        import threading
+
+        self.tid = threading.get_native_id()
+        self.seen: list[frozenset] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.seen.append(frozenset(os.sched_getaffinity(self.tid)))
+            self._stop.wait(0.002)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
 @needs_two
 @pytest.mark.asyncio
-async def test_wait_pins_the_loop_thread_only_while_a_call_waits(framed, monkeypatch):
+async def test_wait_pins_the_loop_thread_only_while_it_blocks_for_a_lone_call(framed, monkeypatch):
     cpu = max(ALLOWED)
     monkeypatch.setenv("AGENTIX_CALLS_CPU", "wait:auto")
     async with RuntimeClient(framed.url) as client:
-        # The fake runs the call in this thread: it sees the mask of a call in flight.
-        assert await client.remote(os.sched_getaffinity, 0) == {cpu}
-        assert os.sched_getaffinity(0) == ALLOWED  # back to user code: unpinned
+        # The fake runs the call in this loop: code the loop runs is never pinned.
+        assert await client.remote(os.sched_getaffinity, 0) == ALLOWED
+        assert os.sched_getaffinity(0) == ALLOWED
         assert type(client._stream) is FrameCallsStream
         assert framed.frames.hellos[-1]["agentix-calls-cpu"] == str(cpu)
         assert framed.frames.hellos[-1]["agentix-payload-ring"] == "1"  # beside it, not instead
-        # Overlapping calls are not pinned.
-        both = await asyncio.gather(*(client.remote(os.sched_getaffinity, 0) for _ in range(2)))
-        assert both == [ALLOWED, ALLOWED]
-        assert os.sched_getaffinity(0) == ALLOWED
-        # A call that fails, or is cancelled, unpins too.
-        with pytest.raises(Exception, match="boom"):
-            await client.remote(sandbox_functions.fail, "boom")
-        assert os.sched_getaffinity(0) == ALLOWED
+        # While a lone call waits the loop blocks on the CPU; a thread it starts meanwhile
+        # (asyncio.to_thread's pool) runs anywhere.
         waiting = asyncio.create_task(client.remote(sandbox_functions.sleep_forever))
-        await asyncio.sleep(0.05)
-        assert os.sched_getaffinity(0) == {cpu}  # this test runs while the call waits: still pinned
+        with _Watcher() as watcher:
+            await asyncio.sleep(0.1)
+            started = await asyncio.to_thread(os.sched_getaffinity, 0)
+        assert started == ALLOWED
+        assert frozenset({cpu}) in watcher.seen and frozenset(ALLOWED) in watcher.seen
+        assert os.sched_getaffinity(0) == ALLOWED
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
+        # Overlapping calls wait unpinned.
+        with _Watcher() as watcher:
+            await asyncio.gather(*(client.remote(sandbox_functions.sleep_for, 0.1) for _ in range(2)))
+        assert set(watcher.seen) == {frozenset(ALLOWED)}
+        # A call that fails unpins too; the next lone call waits pinned again.
+        with pytest.raises(Exception, match="boom"):
+            await client.remote(sandbox_functions.fail, "boom")
         assert os.sched_getaffinity(0) == ALLOWED
-        assert await client.remote(os.sched_getaffinity, 0) == {cpu}
+        with _Watcher() as watcher:
+            await client.remote(sandbox_functions.sleep_for, 0.1)
+        assert frozenset({cpu}) in watcher.seen
+        assert os.sched_getaffinity(0) == ALLOWED
 
 
 @needs_two
@@ -240,9 +325,10 @@ async def test_wait_pins_the_loop_thread_only_while_a_call_waits(framed, monkeyp
 async def test_plain_wait_pins_to_the_cpu_the_thread_connected_on(framed, monkeypatch):
     monkeypatch.setenv("AGENTIX_CALLS_CPU", "wait")
     async with RuntimeClient(framed.url) as client:
-        during = await client.remote(os.sched_getaffinity, 0)
-        (cpu,) = during
-        assert framed.frames.hellos[-1]["agentix-calls-cpu"] == str(cpu)
+        with _Watcher() as watcher:
+            await client.remote(sandbox_functions.sleep_for, 0.1)
+        cpu = int(framed.frames.hellos[-1]["agentix-calls-cpu"])
+        assert cpu in ALLOWED and frozenset({cpu}) in watcher.seen
         assert os.sched_getaffinity(0) == ALLOWED
 
 
@@ -261,7 +347,7 @@ async def test_a_namespace_stream_carries_no_cpu_and_its_events_wait_pinned_only
     client = RuntimeClient(framed.url)
     client.register_namespace(AsyncClientNamespace("/plug"))
     async with client:
-        assert await client.remote(os.sched_getaffinity, 0) == {max(ALLOWED)}
+        assert await client.remote(os.sched_getaffinity, 0) == ALLOWED
         namespace_hellos = [h for h in framed.frames.hellos if h.get("agentix-stream") == "namespace"]
         assert namespace_hellos and all("agentix-calls-cpu" not in h for h in namespace_hellos)
         assert os.sched_getaffinity(0) == ALLOWED

@@ -10,12 +10,17 @@ host's loop thread waiting on that CPU too makes every hop a same-CPU one.
 The settings (`calls_cpu_setting`):
 
 - ``off``: nothing.
-- ``wait`` (pinned waits): the loop thread is pinned to the CPU while exactly
-  one `RuntimeClient.remote` call of that thread is in flight, and gets its
-  own mask back before the awaiting coroutine returns to user code
-  (`PinnedWaits`). The CPU is the one the thread is on when it first
-  connects; ``wait:N`` / ``wait:auto`` name one (``auto``: the highest this
-  process may use, as the daemon's ``--calls_cpu=auto``).
+- ``wait`` (pinned waits): while exactly one `RuntimeClient.remote` call of
+  the loop's thread is in flight, the thread is pinned to the CPU only while
+  the loop blocks in its selector waiting for the daemon, and gets its own
+  mask back as soon as the selector returns (`PinnedWaits`, `_PinningSelector`):
+  no code runs pinned, so nothing the loop runs meanwhile (other tasks,
+  threads or processes they start, which inherit the mask of the thread
+  that starts them) is confined to that CPU. The CPU is the one the thread
+  is on when it first connects; ``wait:N`` / ``wait:auto`` name one
+  (``auto``: the highest this process may use, as the daemon's
+  ``--calls_cpu=auto``). A loop without a selector of its own (uvloop)
+  gets no pinned waits.
 - ``N`` / ``auto``: the loop thread is pinned to that CPU for good when its
   Calls stream connects (it then runs the user's code there too).
 
@@ -24,10 +29,11 @@ Unset or empty is `DEFAULT_SETTING`.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 __all__ = [
     "CALLS_CPU_ENV",
@@ -120,15 +126,17 @@ class PinnedWaits:
     its is in flight; `original` is the mask it gets back.
 
     `hold` when a call starts, `release` (always, in a ``finally``) when its
-    awaiting coroutine resumes: 0 -> 1 calls in flight pins, 1 -> 0 and
-    1 -> 2 (overlap) unpin. `hold(pin=False)` (a streaming call, whose
-    consumer runs user code between items) counts as in flight but never
-    pins. Each change of the mask is one ``sched_setaffinity``; none when
-    the mask is already right. While its CPU is busy with other work it
-    rests (pins nothing) for a back-off period (`TIME_EVERY`).
+    awaiting coroutine resumes: 0 -> 1 calls in flight arms the pin, 1 -> 0
+    and 1 -> 2 (overlap) disarm it. `hold(pin=False)` (a streaming call,
+    whose consumer runs user code between items) counts as in flight but
+    never arms it. Armed, the loop's selector pins the thread before a
+    blocking ``select`` and unpins it when it returns (`before_select`,
+    `after_select`): one ``sched_setaffinity`` each. While its CPU is busy
+    with other work it rests (pins nothing) for a back-off period
+    (`TIME_EVERY`).
     """
 
-    __slots__ = ("cpu", "original", "in_flight", "pinned", "resting_until", "_cpu_set",
+    __slots__ = ("cpu", "original", "in_flight", "armed", "pinned", "resting_until", "_cpu_set",
                  "_thread", "_pins", "_timed_at", "_timed", "_timed_ns", "_judged", "_period",
                  "_after_backoff")
 
@@ -137,6 +145,7 @@ class PinnedWaits:
         self.original = frozenset(original)
         self._cpu_set = {cpu}
         self.in_flight = 0
+        self.armed = False  # one call in flight: its waits are pinned
         self.pinned = False
         self._thread = threading.get_ident()
         self.resting_until = 0.0  # time.monotonic() of the back-off's end; 0: none
@@ -150,10 +159,20 @@ class PinnedWaits:
 
     def hold(self, pin: bool = True) -> None:
         self.in_flight += 1
-        if self.in_flight == 1:
-            if pin and not self.pinned and self._may_pin():
-                self._set(True)
-        elif self.pinned:
+        self.armed = pin and self.in_flight == 1
+
+    def move_to(self, cpu: int) -> None:
+        """Waits on `cpu` from now on."""
+        self.cpu = cpu
+        self._cpu_set = {cpu}
+
+    def before_select(self, timeout: float | None) -> None:
+        """The loop is about to block in its selector (`timeout` None or > 0)."""
+        if self.armed and not self.pinned and (timeout is None or timeout > 0) and self._may_pin():
+            self._set(True)
+
+    def after_select(self) -> None:
+        if self.pinned:
             self._set(False)
 
     def _may_pin(self) -> bool:
@@ -188,7 +207,8 @@ class PinnedWaits:
 
     def release(self) -> None:
         self.in_flight -= 1
-        if self.pinned and self.in_flight == 0:
+        self.armed = False
+        if self.pinned:  # (only if a select raised before after_select)
             self._set(False)
 
     def _set(self, pinned: bool) -> None:
@@ -213,16 +233,52 @@ def run_queue_wait_ns() -> int:
 _threads = threading.local()
 
 
+class _PinningSelector:
+    """The running loop's selector, wrapped: a blocking ``select`` is a pinned
+    wait while `waits` is armed. Everything else goes to the loop's own
+    selector."""
+
+    __slots__ = ("_inner", "_waits")
+
+    def __init__(self, inner: Any, waits: PinnedWaits) -> None:
+        self._inner = inner
+        self._waits = waits
+
+    def select(self, timeout: float | None = None) -> Any:
+        waits = self._waits
+        waits.before_select(timeout)
+        try:
+            return self._inner.select(timeout)
+        finally:
+            waits.after_select()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 def pinned_waits(setting: CallsCpu) -> PinnedWaits | None:
     """The calling thread's `PinnedWaits` for a ``wait`` `setting` (made on
     the first call: the CPU is the setting's, or the one the thread is on;
-    the mask to give back is its mask now), None for another mode. One per
-    thread: every client of a loop counts its calls in one place."""
+    the mask to give back is its mask now), None for another mode or a
+    running loop without a selector of its own. One per thread: every client
+    of a loop counts its calls in one place; its running loop's selector is
+    wrapped once (`_PinningSelector`)."""
     if setting.mode != "wait":
         return None
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    selector = getattr(loop, "_selector", None)
+    if selector is None or not callable(getattr(selector, "select", None)):
+        return None  # (uvloop and other loops with their own polling)
     waits = getattr(_threads, "waits", None)
     if waits is None:
         cpu = setting.cpu if setting.cpu is not None else current_cpu()
         waits = PinnedWaits(cpu, os.sched_getaffinity(0))
         _threads.waits = waits
+    elif setting.cpu is not None and setting.cpu != waits.cpu and not waits.pinned:
+        waits.move_to(setting.cpu)  # a CPU named by a later client wins, as at the daemon
+    if not isinstance(selector, _PinningSelector):
+        loop._selector = _PinningSelector(selector, waits)  # type: ignore[attr-defined]
     return waits
