@@ -41,9 +41,11 @@ absl::StatusOr<int> CallsCpuFromEnv();
 // in kTimeEvery is timed: the pinned thread's run-queue wait from the pin to
 // the unpin (NoteTimed). Every kTimedPerJudgement timed pins the mean goes to
 // base::PinBackoff (but the first, warming up); above kWaitPerCall the
-// thread rests (pins nothing) for the back-off's period. Only the pinned waits count: what the thread waits
-// for a CPU elsewhere (its own work, other clients' calls) says nothing of
-// what pinning costs. One per thread (ThreadPin's is thread_local).
+// thread rests (pins nothing) for the back-off's period. Only the pinned
+// waits count: what the thread waits for a CPU elsewhere (its own work,
+// other clients' calls) says nothing of what pinning costs. One per thread
+// (ThreadPin's is thread_local; a pinned thread is blocked in Wait until
+// it is unpinned, so its budget outlives every timed pin).
 class PinBudget {
  public:
   static constexpr int64_t kTimeEvery = 16;
