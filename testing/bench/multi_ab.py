@@ -6,12 +6,13 @@ by default must not pile sandboxes onto one CPU, nor pin user code).
     bazel run //testing/bench:multi_ab -- --rounds 1 --seconds 1 --threaded 1   # smoke
 
 Sides, alternating in rotated order each round (all daemons of a side fresh):
-- `off`:  every daemon --calls_cpu=off;
-- `on`:   every daemon --calls_cpu=auto (the default: each daemon pins its call path's
-          waits to the CPU its worker reader runs on when it pins);
+- `off`:  every daemon --calls_cpu=off, every host AGENTIX_CALLS_CPU=off;
+- `on`:   the defaults: every daemon --calls_cpu=auto (each pins its call path's waits to
+          the CPU its worker reader runs on, or the one its host names), every host with
+          AGENTIX_CALLS_CPU unset (pinned waits);
 - `main`: --calls_cpu=auto with the agentix-sandboxd and agentix-worker of --main-dir
           (e.g. stop 24's, whose auto pinned every daemon's call path and whole worker
-          to the highest CPU), only with --main-dir.
+          to the highest CPU), hosts AGENTIX_CALLS_CPU=off, only with --main-dir.
 
 Per side: --daemons daemons, each with one Python host process making sequential
 CPU-bound calls (bench_targets.busy_loops(--call-loops), ~2 ms) for --seconds, all in the same window:
@@ -99,14 +100,14 @@ def _result(proc_stdout: str) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def one_side(bins: dict, flags: list[str], args, env: dict) -> dict:
+def one_side(bins: dict, flags: list[str], args, env: dict, host_env: dict) -> dict:
     with contextlib.ExitStack() as stack:
         socks = [stack.enter_context(procs.ab_daemon(
             bins["sandboxd"], bins["worker"], env, prefix="agx-multi-", flags=tuple(flags)))[0]
             for _ in range(args.daemons)]
         callers = [subprocess.Popen(
             [sys.executable, "-c", _CALLER, sock, str(args.call_loops), str(args.seconds)],
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            env={**env, **host_env}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             for sock in socks]
         for caller in callers:  # every caller connected and warm
             line = caller.stdout.readline()
@@ -122,7 +123,7 @@ def one_side(bins: dict, flags: list[str], args, env: dict) -> dict:
             calls += _result(out)["calls"]
         threaded = subprocess.run(
             [sys.executable, "-c", _THREADED, socks[0], str(args.threaded),
-             str(args.threaded_mib)], env=env,
+             str(args.threaded_mib)], env={**env, **host_env},
             stdout=subprocess.PIPE, text=True, timeout=120, check=True)
         return {"calls_per_s": round(calls / args.seconds, 1),
                 **_result(threaded.stdout)}
@@ -150,11 +151,12 @@ def main(argv=None) -> int:
     if not all(here.values()):
         sys.exit("run it with bazel run //testing/bench:multi_ab")
     here = {k: str(v) for k, v in here.items()}
-    sides = {"off": (here, ["--calls_cpu=off"]), "on": (here, ["--calls_cpu=auto"])}
+    off = {"AGENTIX_CALLS_CPU": "off"}
+    sides = {"off": (here, ["--calls_cpu=off"], off), "on": (here, ["--calls_cpu=auto"], {})}
     if args.main_dir:
         sides["main"] = ({"sandboxd": os.path.join(args.main_dir, "agentix-sandboxd"),
                           "worker": os.path.join(args.main_dir, "agentix-worker")},
-                         ["--calls_cpu=auto"])
+                         ["--calls_cpu=auto"], off)
     env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES,
                PYTHONPATH=os.pathsep.join([str(procs.bench_dir())] + sys.path[1:]))
     env.pop("AGENTIX_CALLS_CPU", None)
@@ -166,8 +168,8 @@ def main(argv=None) -> int:
         order = names[index % len(names):] + names[:index % len(names)]
         row = {}
         for name in order:
-            bins, flags = sides[name]
-            row[name] = one_side(bins, flags, args, env)
+            bins, flags, host_env = sides[name]
+            row[name] = one_side(bins, flags, args, env, host_env)
             print(f"round {index + 1} {name:<4} {row[name]}", flush=True)
         rounds.append(row)
     summary = {}
