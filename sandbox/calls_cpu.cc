@@ -1,11 +1,5 @@
 #include "sandbox/calls_cpu.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cstdlib>
-
 #include "absl/time/clock.h"
 #include "base/cpu_affinity.h"
 #include "base/log.h"

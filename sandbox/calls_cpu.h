@@ -110,5 +110,4 @@ class CallsCpu {
   absl::Duration last_wait_ ABSL_GUARDED_BY(mu_) = absl::Nanoseconds(-1);
 };
 
-
 }  // namespace agentix::sandbox

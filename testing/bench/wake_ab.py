@@ -238,7 +238,7 @@ def one_run(setting: dict, bins: dict, args, env: dict) -> dict:
         procs.wait_listening(sock, daemon)
         # Both hosts pin their waits by default since stop 25: every setting but
         # `default` says what it wants (off unless it names another).
-        base_env = {k: v for k, v in env.items() if k != "AGENTIX_CALLS_CPU"}
+        base_env = dict(env)  # (main() removed the caller's AGENTIX_CALLS_CPU)
         if not setting.get("default"):
             base_env["AGENTIX_CALLS_CPU"] = "off"
         host_env = {**base_env, **setting.get("py_env", {})}

@@ -71,15 +71,7 @@ def _worker_settles_pinned_to(daemon_pid, cpu, settle_s=2.0):
         if pinned == {frozenset({cpu})}:
             return True
         if time.monotonic() > deadline:
-            wpid = _worker_pid(daemon_pid)
-            for tid, (name, cpus) in _threads(wpid).items():
-                try:
-                    wchan = open(f"/proc/{wpid}/task/{tid}/wchan").read()
-                    stat = open(f"/proc/{wpid}/task/{tid}/stat").read().split()[2]
-                    sc = open(f"/proc/{wpid}/task/{tid}/syscall").read().split()[0]
-                except OSError:
-                    wchan = stat = sc = "?"
-                print("worker thread", tid, name, sorted(cpus), stat, wchan, "syscall", sc)
+            print("worker threads:", sorted(_threads(_worker_pid(daemon_pid)).values()))
             return False
         time.sleep(0.01)
 

@@ -115,13 +115,19 @@ def test_a_streaming_call_counts_but_never_pins(masks):
     assert not _blocks(waits)
 
 
-def test_a_select_that_raises_is_unpinned_at_the_latest_by_release(masks):
+def test_a_select_that_raises_is_unpinned_by_the_selector(masks):
     waits = PinnedWaits(1, {0, 1})
+
+    class Interrupted:
+        def select(self, timeout=None):
+            assert waits.pinned  # blocking, armed: pinned
+            raise KeyboardInterrupt
+
+    selector = pw._PinningSelector(Interrupted(), waits)
     waits.hold()
-    waits.before_select(None)
-    assert waits.pinned
-    waits.release()  # (after_select did not run)
-    assert not waits.pinned and masks[-1] == (0, {0, 1})
+    with pytest.raises(KeyboardInterrupt):
+        selector.select(None)
+    assert not waits.pinned and masks == [(0, {1}), (0, {0, 1})]
 
 
 def test_pinned_waits_that_queue_for_the_cpu_rest_the_pins_for_doubling_periods(masks, monkeypatch):

@@ -358,7 +358,7 @@ class RuntimeClient:
             raise
         finally:
             if waits is not None:
-                waits.release()  # before any user code runs
+                waits.release()  # disarmed before the caller's code runs
             self._pending.pop(call.call_id, None)
             if call.future.cancelled():  # local cancellation or deadline
                 stream.cancel_call(call.call_id)

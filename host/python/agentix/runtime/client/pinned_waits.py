@@ -206,10 +206,9 @@ class PinnedWaits:
         self.resting_until = time.monotonic() + self._period
 
     def release(self) -> None:
+        # Never pinned here: only a select is (the loop runs this coroutine).
         self.in_flight -= 1
         self.armed = False
-        if self.pinned:  # (only if a select raised before after_select)
-            self._set(False)
 
     def _set(self, pinned: bool) -> None:
         if threading.get_ident() != self._thread:
