@@ -123,14 +123,22 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
     while (!passed_ && pool_mode_ && !stopped_) {
       lock.unlock();
       PollBlocking(wait, 3);
-      lock.lock();
+      // The reads and the arming are syscalls (on a VM the arming is a
+      // timer reprogramming): outside the lock, which the holder takes at
+      // every call, so it never sleeps on it waiting for this thread.
       Consume(wake_fd_);
-      // The timer is armed once for a run of offers, not per offer (each
-      // arming is a syscall, and on a VM a timer reprogramming): when it
+      const bool fired = Consume(timer_fd_);
+      lock.lock();
+      // The timer is armed once for a run of offers, not per offer: when it
       // fires, the standing offer is taken if it is old enough, else the
-      // timer is armed for the rest of its time; with none standing it stays
-      // off until the next offer.
-      if (Consume(timer_fd_)) {
+      // timer is armed for the rest of its time; with none standing it is
+      // armed for another kDeferBound if offers came since it last fired,
+      // else it stays off until the next offer. Armed here, it fires on this
+      // thread's CPU: while calls stream, the holder's (the call path's) CPU
+      // takes no timer interrupt and sends no wake-up to this one
+      // (docs/DECISIONS.md, "The noop's p99").
+      absl::Duration arm = absl::ZeroDuration();
+      if (fired) {
         timer_armed_ = false;
         if (deferred_) {
           const absl::Duration left = offered_at_ + kDeferBound - absl::Now();
@@ -139,10 +147,19 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
             passed_ = true;
             ++handovers_;
           } else {
-            Arm(timer_fd_, left);
-            timer_armed_ = true;
+            arm = left;
           }
+        } else if (offered_since_fire_) {
+          arm = kDeferBound;
         }
+        offered_since_fire_ = false;
+      }
+      if (arm > absl::ZeroDuration()) {
+        // Marked armed first: an offer meanwhile does not arm it again.
+        timer_armed_ = true;
+        lock.unlock();
+        Arm(timer_fd_, arm);
+        lock.lock();
       }
     }
     --followers_;
@@ -224,10 +241,12 @@ bool IntakeBaton::Defer() {
   std::lock_guard<std::mutex> lock(mu_);
   if (followers_ == 0 || stopped_ || !pool_mode_ || passed_) return false;
   deferred_ = true;
+  offered_since_fire_ = true;
   offered_at_ = absl::Now();
   if (!timer_armed_) {
     Arm(timer_fd_, kDeferBound);
     timer_armed_ = true;
+    ++holder_arms_;
   }
   return true;
 }
@@ -270,6 +289,11 @@ void IntakeBaton::Stop() {
 int IntakeBaton::followers() {
   std::lock_guard<std::mutex> lock(mu_);
   return followers_;
+}
+
+int64_t IntakeBaton::holder_arms() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return holder_arms_;
 }
 
 int64_t IntakeBaton::handovers() {
