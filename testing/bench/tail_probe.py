@@ -147,6 +147,88 @@ async def main():
 asyncio.run(main())
 """
 
+# The host of one side of --ab with --a-python (each side its own Python and
+# agentix package): one client of the daemon at argv[1] (pid argv[2]); after a
+# warm-up prints READY, then runs a block of argv[4] sequential calls (the
+# first argv[5] left out) for each "go" line on stdin, answering "ok"; at EOF
+# writes {"lats", "starts", "cpu" (its daemon's, worker's and own on-CPU ns
+# over its blocks), "stack_tids"} to argv[3].
+_AB_SIDE_HOST = r"""
+import asyncio, json, os, sys, time
+sys.path.insert(0, os.environ["TAIL_BENCH_DIR"])
+import bench_targets, procs
+from agentix import RuntimeClient
+
+sock, daemon, out_path, block, skip = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+
+def cpu(pids):
+    return {k: sum(procs.thread_cpu_ns(p).values()) for k, p in pids.items()}
+
+async def main():
+    lats, starts, spent = [], [], {"daemon": 0, "worker": 0, "host": 0}
+    async with RuntimeClient(f"unix://{sock}") as client:
+        remote, noop, clock = client.remote, bench_targets.noop, time.perf_counter_ns
+        for _ in range(500):
+            await remote(noop)
+        pids = {"daemon": daemon, "worker": procs.children(daemon)[0], "host": os.getpid()}
+        print("READY", flush=True)
+        while sys.stdin.readline().strip() == "go":
+            before = cpu(pids)
+            for i in range(block):
+                t0 = clock()
+                await remote(noop)
+                if i >= skip:
+                    lats.append(clock() - t0)
+                    starts.append(t0)
+            after = cpu(pids)
+            for k in after:
+                spent[k] += after[k] - before[k]
+            print("ok", flush=True)
+        tids = [int(t) for p in ["self", *pids.values()] for t in os.listdir(f"/proc/{p}/task")]
+    with open(out_path, "w") as f:
+        json.dump({"lats": lats, "starts": starts, "cpu": spent, "stack_tids": tids}, f)
+
+asyncio.run(main())
+"""
+
+
+def _two_hosts(pythons, socks, daemons, out_path, args, env):
+    """--ab with a host process per side (`pythons`): their blocks alternate
+    as _AB_HOST's do; writes what _AB_HOST writes to `out_path`."""
+    hosts = {}
+    try:
+        for side in "ab":
+            hosts[side] = subprocess.Popen(
+                [pythons[side], "-c", _AB_SIDE_HOST, socks[side], str(daemons[side]),
+                 f"{out_path}.{side}", str(args.block), str(args.skip)],
+                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            if hosts[side].stdout.readline().strip() != "READY":
+                raise RuntimeError(f"host {side} did not start")
+        for pair in range(max(1, args.calls // args.block)):
+            for side in ("ab" if pair % 2 == 0 else "ba"):
+                hosts[side].stdin.write("go\n")
+                hosts[side].stdin.flush()
+                if hosts[side].stdout.readline().strip() != "ok":
+                    raise RuntimeError(f"host {side} failed")
+        for side in "ab":
+            hosts[side].stdin.close()
+            if hosts[side].wait(timeout=60) != 0:
+                raise RuntimeError(f"host {side} failed")
+    finally:
+        for host in hosts.values():
+            if host.poll() is None:
+                host.kill()
+                host.wait()
+    out = {"stack_tids": []}
+    for side in "ab":
+        with open(f"{out_path}.{side}") as f:
+            one = json.load(f)
+        out.update({side: one["lats"], f"starts_{side}": one["starts"], f"cpu_{side}": one["cpu"]})
+        out["stack_tids"] += one["stack_tids"]
+    with open(out_path, "w") as f:
+        json.dump(out, f)
+
+
 _PERF_EVENTS = ("sched:sched_switch,sched:sched_wakeup,sched:sched_migrate_task,"
                 "timer:hrtimer_expire_entry,exceptions:page_fault_user,"
                 "irq_vectors:local_timer_entry,irq_vectors:reschedule_entry,"
@@ -476,13 +558,15 @@ def run(args):
 
 
 _AB_KEYS = ("p50_us", "p90_us", "p99_us", "p999_us", "p99_over_p50", "share_over_2x_a_p50",
-            "daemon_cpu_us_per_call", "worker_cpu_us_per_call")
+            "daemon_cpu_us_per_call", "worker_cpu_us_per_call",
+            "host_cpu_us_per_call")  # (the host's: with --a-python only)
 
 
 def run_ab(args, swapped=False):
     """Block-interleaved A/B: each side's distribution, and the share of
     each side's calls slower than 2x side a's p50 (one threshold for both).
-    `swapped`: the new build (--sandboxd/--worker) is side a."""
+    `swapped`: the new build (--sandboxd/--worker, and --python with
+    --a-python) is side a."""
     env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES, TAIL_BENCH_DIR=BENCH_DIR)
     tmp = tempfile.mkdtemp(prefix="agx-tail-")
     out_path = os.path.join(tmp, "ab.json")
@@ -500,9 +584,16 @@ def run_ab(args, swapped=False):
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(1.0)
             try:
-                subprocess.run([args.python, "-c", _AB_HOST, sa, sb, out_path, str(args.block),
-                                str(args.skip), str(args.calls), str(da.pid), str(db.pid)],
-                               env=env, timeout=1200, check=True)
+                if args.a_python:
+                    pythons = {"a": args.python, "b": args.a_python} if swapped else \
+                        {"a": args.a_python, "b": args.python}
+                    _two_hosts(pythons, {"a": sa, "b": sb}, {"a": da.pid, "b": db.pid},
+                               out_path, args, env)
+                else:
+                    subprocess.run([args.python, "-c", _AB_HOST, sa, sb, out_path,
+                                    str(args.block), str(args.skip), str(args.calls),
+                                    str(da.pid), str(db.pid)],
+                                   env=env, timeout=1200, check=True)
             finally:
                 if perf is not None:
                     perf.send_signal(signal.SIGINT)
@@ -533,7 +624,7 @@ def run_ab(args, swapped=False):
                 events, lats[f"starts_{side}"], lats[side], threshold, tids,
                 our_timers(events, tids))
     report["ratios_b_over_a"] = {k: round(report["b"][k] / report["a"][k], 3) for k in
-                                 _AB_KEYS if report["a"][k]}
+                                 _AB_KEYS if report["a"].get(k)}
     report["load_end"] = os.getloadavg()[0]
     return report
 
@@ -547,7 +638,8 @@ def runs_ab(args):
         r = run_ab(args, swapped=i % 2 == 1)
         old, new = (r["b"], r["a"]) if i % 2 else (r["a"], r["b"])
         per_run.append({"old": old, "new": new, "load": [r["load_start"], r["load_end"]]})
-        print(f"run {i + 1}: " + ", ".join(f"{k} {old[k]}/{new[k]}" for k in _AB_KEYS),
+        print(f"run {i + 1}: " + ", ".join(f"{k} {old[k]}/{new[k]}" for k in _AB_KEYS
+                                           if k in old),
               file=sys.stderr, flush=True)
         if "slow_calls_by_cause" in old:
             print("  slow by cause (old/new): " + ", ".join(
@@ -555,7 +647,7 @@ def runs_ab(args):
                 for c in CAUSES), file=sys.stderr, flush=True)
     summary = {}
     for k in _AB_KEYS:
-        pairs = [(p["old"][k], p["new"][k]) for p in per_run if p["old"][k]]
+        pairs = [(p["old"][k], p["new"][k]) for p in per_run if p["old"].get(k)]
         if pairs:
             summary[k] = {"old_median": statistics.median(o for o, _ in pairs),
                           "new_median": statistics.median(n for _, n in pairs),
@@ -588,6 +680,10 @@ def main():
                         "--sandboxd/--worker through one host (no trace, no floor)")
     parser.add_argument("--a-sandboxd", default=f"{REPO}/bazel-bin/sandbox/agentix-sandboxd")
     parser.add_argument("--a-worker", default=f"{REPO}/bazel-bin/worker/agentix-worker")
+    parser.add_argument("--a-python", default="",
+                        help="--ab: side a's Python (its venv's agentix) against --python's; "
+                        "each side then gets a host process of its own, their blocks "
+                        "alternating as in one host")
     parser.add_argument("--block", type=int, default=250, help="--ab: calls per block")
     parser.add_argument("--skip", type=int, default=2,
                         help="--ab: calls left out at the start of each block")
