@@ -258,8 +258,10 @@ def spacing(slow_idx, calls):
     return {"slow_calls": len(slow_idx),
             "gap_median_calls": statistics.median(gaps) if gaps else None,
             "gaps_of_1": sum(g == 1 for g in gaps),
-            "gap_histogram": dict(sorted(collections.Counter(
-                min(g, 64) if g < 16 else (g // 16) * 16 for g in gaps).items())[:24]),
+            # Exact gaps (a bin of 16-31 was once read as "every 16th call"): the
+            # 24 commonest, in order; "65" is 65 or more.
+            "gap_histogram": {str(g): n for g, n in sorted(collections.Counter(
+                min(g, 65) for g in gaps).most_common(24))},
             "per_tenth_of_run": [per_tenth.get(i, 0) for i in range(10)]}
 
 
@@ -358,9 +360,10 @@ def correlate(events, starts, lats, slow_threshold_ns, stack_tids, names):
 # process's thread ran on a CPU the stack used (the others' load); the
 # worker's intake timer (a timerfd whose expiry wakes a stack thread) fired
 # on a CPU the stack used; the kernel tick fired there; a stack thread
-# migrated; none of them.
+# migrated; the tracer itself (perf's buffer wake-ups: an IPI from the CPU
+# whose events filled it); none of them.
 CAUSES = ("foreign_thread_on_stack_cpu", "our_timerfd_on_stack_cpu", "tick_on_stack_cpu",
-          "stack_thread_migrated", "none_seen")
+          "stack_thread_migrated", "perf_woken", "none_seen")
 
 
 def our_timers(events, stack_tids):
@@ -428,6 +431,8 @@ def causes(events, starts, lats, slow_threshold_ns, stack_tids, timers):
                         seen.add(CAUSES[3])
                 except (IndexError, ValueError):
                     pass
+            elif ev == "sched_wakeup" and rest.startswith("comm=perf "):
+                seen.add(CAUSES[4])
         counts[next((c for c in CAUSES if c in seen), CAUSES[-1])] += 1
     return {c: round(counts[c] / max(1, len(lats)), 5) for c in CAUSES}
 
@@ -527,6 +532,12 @@ def run(args):
     p50_ns = statistics.median(lats)
     slow_idx = [i for i, x in enumerate(lats) if x > 2 * p50_ns]
     report["slow_spacing"] = spacing(slow_idx, len(lats))
+    # The hosts time one pinned wait in 16 (pinned_waits.TIME_EVERY): does a call
+    # of the period stand out?
+    report["by_call_index_mod_16"] = {
+        "p50_us": [round(statistics.median(lats[m::16]) / 1e3, 1) for m in range(16)],
+        "slow_share": [round(sum(x > 2 * p50_ns for x in lats[m::16]) / len(lats[m::16]), 4)
+                       for m in range(16)]}
     gcs = data["gcs"]
     report["host_gc"] = {"collections": len(gcs), "slow_calls_with_gc": sum(
         any(g[0] < s + l and g[1] > s for g in gcs) for s, l in
