@@ -57,6 +57,31 @@ class BatchWhileFollowing {
   bool batched_ = false;
 };
 
+// For as long as it lives, the calling thread may run anywhere in `all` but
+// on `cpu` (the call path's, when there is one and another CPU is allowed):
+// a follower waits off the call path's CPU, so the timer it arms fires
+// there and it is woken there (docs/DECISIONS.md, "The noop's p99"). It
+// would otherwise stay where it last ran, which after a hand-over is the
+// call path's CPU. Best effort, as BatchWhileFollowing.
+class AwayFromCpu {
+ public:
+  AwayFromCpu(int cpu, const cpu_set_t& all) : all_(all) {
+    if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &all) || CPU_COUNT(&all) < 2) return;
+    cpu_set_t elsewhere = all;
+    CPU_CLR(cpu, &elsewhere);
+    moved_ = ::sched_setaffinity(0, sizeof(elsewhere), &elsewhere) == 0;
+  }
+  ~AwayFromCpu() {
+    if (moved_) ::sched_setaffinity(0, sizeof(all_), &all_);
+  }
+  AwayFromCpu(const AwayFromCpu&) = delete;
+  AwayFromCpu& operator=(const AwayFromCpu&) = delete;
+
+ private:
+  const cpu_set_t all_;
+  bool moved_ = false;
+};
+
 void Arm(int timer_fd, absl::Duration after) {
   itimerspec spec = {};
   spec.it_value = absl::ToTimespec(after);
@@ -115,6 +140,8 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
     ++followers_;
     lock.unlock();
     const BatchWhileFollowing batch;  // back to SCHED_OTHER before it reads
+    // Back to the whole mask before it reads, too.
+    const AwayFromCpu away(placement_ != nullptr ? placement_->WaitCpu() : -1, all_);
     lock.lock();
     // Waits in poll rather than on a condition variable: the offer's timer
     // must wake it without the holder's help.

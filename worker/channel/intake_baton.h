@@ -52,7 +52,9 @@ class IntakeBaton {
   // baton is passed to it: kLeave at once if a follower waits already (one
   // is enough) or pool mode is off, and kLeave later if pool mode ends.
   // A SCHED_OTHER follower waits as SCHED_BATCH, and is SCHED_OTHER again
-  // when this returns.
+  // when this returns; with a `placement` CPU (and another one allowed) it
+  // waits off that CPU, and has the process's mask back before it polls or
+  // returns.
   Turn Lead(bool holding);
 
   // The holder hands the baton to a waiting follower: true if one was

@@ -371,5 +371,42 @@ TEST_CASE("the holder waits pinned to the published CPU and returns with the who
   }
 }
 
+TEST_CASE("a follower waits off the published CPU and leaves with the whole mask",
+          "[intake]") {
+  const std::set<int> all = testing::CpusOf(0);
+  REQUIRE(!all.empty());
+  const int cpu = *all.rbegin();
+  auto area = ipc::PayloadArea::Create(64 * 1024);
+  REQUIRE(area.ok());
+  Sockets s;
+  auto baton = IntakeBaton::Create(s.fds[0], area->get());
+  REQUIRE(baton.ok());
+  (*baton)->ToPool();
+  for (const int published : {cpu, -1}) {
+    (*area)->PublishWaitCpu(published);
+    std::atomic<pid_t> tid{0};
+    std::set<int> after;
+    auto follower = std::async(std::launch::async, [&] {
+      tid = ::gettid();
+      const Turn turn = (*baton)->Lead(false);
+      after = testing::CpusOf(0);
+      return turn;
+    });
+    AwaitFollowers(**baton, 1);
+    std::set<int> expected = all;
+    if (published >= 0 && all.size() > 1) expected.erase(published);
+    std::set<int> waiting = testing::CpusOf(tid);
+    for (int i = 0; i < 2000 && waiting != expected; ++i) {
+      std::this_thread::sleep_for(1ms);
+      waiting = testing::CpusOf(tid);
+    }
+    CHECK(waiting == expected);
+    (*baton)->ToLoop();  // followers leave
+    CHECK(follower.get() == Turn::kLeave);
+    CHECK(after == all);
+    (*baton)->ToPool();
+  }
+}
+
 }  // namespace
 }  // namespace agentix::worker
