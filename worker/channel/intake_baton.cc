@@ -58,28 +58,32 @@ class BatchWhileFollowing {
 };
 
 // For as long as it lives, the calling thread may run anywhere in `all` but
-// on `cpu` (the call path's, when there is one and another CPU is allowed):
-// a follower waits off the call path's CPU, so the timer it arms fires
-// there and it is woken there (docs/DECISIONS.md, "The noop's p99"). It
-// would otherwise stay where it last ran, which after a hand-over is the
-// call path's CPU. Best effort, as BatchWhileFollowing.
+// on the CPU last given to Avoid (the call path's, when there is one and
+// another CPU is allowed): a follower waits off the call path's CPU, so the
+// timer it arms fires there and it is woken there (docs/DECISIONS.md, "The
+// noop's p99"). It would otherwise stay where it last ran, which after a
+// hand-over is the call path's CPU. Best effort, as BatchWhileFollowing.
 class AwayFromCpu {
  public:
-  AwayFromCpu(int cpu, const cpu_set_t& all) : all_(all) {
-    if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &all) || CPU_COUNT(&all) < 2) return;
-    cpu_set_t elsewhere = all;
-    CPU_CLR(cpu, &elsewhere);
-    moved_ = ::sched_setaffinity(0, sizeof(elsewhere), &elsewhere) == 0;
-  }
-  ~AwayFromCpu() {
-    if (moved_) ::sched_setaffinity(0, sizeof(all_), &all_);
-  }
+  explicit AwayFromCpu(const cpu_set_t& all) : all_(all) {}
+  ~AwayFromCpu() { Avoid(-1); }
   AwayFromCpu(const AwayFromCpu&) = delete;
   AwayFromCpu& operator=(const AwayFromCpu&) = delete;
 
+  // Moves off `cpu` (< 0: back to the whole mask); nothing if unchanged.
+  void Avoid(int cpu) {
+    if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &all_) || CPU_COUNT(&all_) < 2) {
+      cpu = -1;
+    }
+    if (cpu == avoided_) return;
+    cpu_set_t mask = all_;
+    if (cpu >= 0) CPU_CLR(cpu, &mask);
+    if (::sched_setaffinity(0, sizeof(mask), &mask) == 0) avoided_ = cpu;
+  }
+
  private:
   const cpu_set_t all_;
-  bool moved_ = false;
+  int avoided_ = -1;
 };
 
 void Arm(int timer_fd, absl::Duration after) {
@@ -140,8 +144,12 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
     ++followers_;
     lock.unlock();
     const BatchWhileFollowing batch;  // back to SCHED_OTHER before it reads
-    // Back to the whole mask before it reads, too.
-    const AwayFromCpu away(placement_ != nullptr ? placement_->WaitCpu() : -1, all_);
+    // Back to the whole mask before it reads, too; it follows a change of
+    // the call path's CPU when it next wakes (within ~kDeferBound while
+    // offers come).
+    AwayFromCpu away(all_);
+    const auto avoid_path = [&] { away.Avoid(placement_ != nullptr ? placement_->WaitCpu() : -1); };
+    avoid_path();
     lock.lock();
     // Waits in poll rather than on a condition variable: the offer's timer
     // must wake it without the holder's help.
@@ -155,6 +163,7 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
       // every call, so it never sleeps on it waiting for this thread.
       Consume(wake_fd_);
       const bool fired = Consume(timer_fd_);
+      avoid_path();
       lock.lock();
       // The timer is armed once for a run of offers, not per offer: when it
       // fires, the standing offer is taken if it is old enough, else the

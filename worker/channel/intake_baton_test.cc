@@ -371,7 +371,8 @@ TEST_CASE("the holder waits pinned to the published CPU and returns with the who
   }
 }
 
-TEST_CASE("a follower waits off the published CPU and leaves with the whole mask",
+TEST_CASE("a follower waits off the published CPU, follows it, and leaves with the whole "
+          "mask",
           "[intake]") {
   const std::set<int> all = testing::CpusOf(0);
   REQUIRE(!all.empty());
@@ -401,6 +402,20 @@ TEST_CASE("a follower waits off the published CPU and leaves with the whole mask
       waiting = testing::CpusOf(tid);
     }
     CHECK(waiting == expected);
+    if (published >= 0) {
+      // The call path moves: the follower moves off the new CPU when it next
+      // wakes (here its timer, armed by an offer).
+      const int moved = *all.begin();
+      (*area)->PublishWaitCpu(moved);
+      REQUIRE((*baton)->Defer());
+      REQUIRE((*baton)->Reclaim());
+      expected = all;
+      if (all.size() > 1) expected.erase(moved);
+      for (int i = 0; i < 2000 && testing::CpusOf(tid) != expected; ++i) {
+        std::this_thread::sleep_for(1ms);
+      }
+      CHECK(testing::CpusOf(tid) == expected);
+    }
     (*baton)->ToLoop();  // followers leave
     CHECK(follower.get() == Turn::kLeave);
     CHECK(after == all);
