@@ -93,8 +93,10 @@ asyncio.run(main())
 # calls alternate between the two (the order swapped each pair of blocks),
 # so both sides meet the same moments of the machine's load; writes
 # {"a": [...], "b": [...]} latencies (ns), the first argv[5] calls of each
-# block left out (the side was idle for a block), and each side's on-CPU ns
-# of its daemon and worker over its blocks ("cpu_a", "cpu_b"), to argv[3].
+# block left out (the side was idle for a block), their starts ("starts_a",
+# "starts_b"), each side's on-CPU ns of its daemon and worker over its blocks
+# ("cpu_a", "cpu_b") and the threads of all five processes ("stack_tids"),
+# to argv[3].
 _AB_HOST = r"""
 import asyncio, json, os, sys, time
 sys.path.insert(0, os.environ["TAIL_BENCH_DIR"])
@@ -110,6 +112,7 @@ def cpu(pids):
 
 async def main():
     lats = {"a": [], "b": []}
+    starts = {"a": [], "b": []}
     spent = {s: {"daemon": 0, "worker": 0} for s in "ab"}
     async with RuntimeClient(f"unix://{socks['a']}") as ca, \
             RuntimeClient(f"unix://{socks['b']}") as cb:
@@ -122,21 +125,109 @@ async def main():
         clock, noop = time.perf_counter_ns, bench_targets.noop
         for pair in range(max(1, calls // block)):
             for side in ("ab" if pair % 2 == 0 else "ba"):
-                remote, out = remotes[side], lats[side]
+                remote, out, began = remotes[side], lats[side], starts[side]
                 before = cpu(pids[side])
                 for i in range(block):
                     t0 = clock()
                     await remote(noop)
                     if i >= skip:
                         out.append(clock() - t0)
+                        began.append(t0)
                 after = cpu(pids[side])
                 for k in after:
                     spent[side][k] += after[k] - before[k]
+        # The stack's threads, while connected (a connection's threads end with it).
+        tids = [int(t) for p in ["self", *(pids[s][k] for s in "ab" for k in pids[s])]
+                for t in os.listdir(f"/proc/{p}/task")]
     with open(out_path, "w") as f:
-        json.dump({**lats, "cpu_a": spent["a"], "cpu_b": spent["b"]}, f)
+        json.dump({**lats, "cpu_a": spent["a"], "cpu_b": spent["b"],
+                   "starts_a": starts["a"], "starts_b": starts["b"],
+                   "stack_tids": tids}, f)
 
 asyncio.run(main())
 """
+
+# The host of one side of --ab with --a-python (each side its own Python and
+# agentix package): one client of the daemon at argv[1] (pid argv[2]); after a
+# warm-up prints READY, then runs a block of argv[4] sequential calls (the
+# first argv[5] left out) for each "go" line on stdin, answering "ok"; at EOF
+# writes {"lats", "starts", "cpu" (its daemon's, worker's and own on-CPU ns
+# over its blocks), "stack_tids"} to argv[3].
+_AB_SIDE_HOST = r"""
+import asyncio, json, os, sys, time
+sys.path.insert(0, os.environ["TAIL_BENCH_DIR"])
+import bench_targets, procs
+from agentix import RuntimeClient
+
+sock, daemon, out_path, block, skip = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+
+def cpu(pids):
+    return {k: sum(procs.thread_cpu_ns(p).values()) for k, p in pids.items()}
+
+async def main():
+    lats, starts, spent = [], [], {"daemon": 0, "worker": 0, "host": 0}
+    async with RuntimeClient(f"unix://{sock}") as client:
+        remote, noop, clock = client.remote, bench_targets.noop, time.perf_counter_ns
+        for _ in range(500):
+            await remote(noop)
+        pids = {"daemon": daemon, "worker": procs.children(daemon)[0], "host": os.getpid()}
+        print("READY", flush=True)
+        while sys.stdin.readline().strip() == "go":
+            before = cpu(pids)
+            for i in range(block):
+                t0 = clock()
+                await remote(noop)
+                if i >= skip:
+                    lats.append(clock() - t0)
+                    starts.append(t0)
+            after = cpu(pids)
+            for k in after:
+                spent[k] += after[k] - before[k]
+            print("ok", flush=True)
+        tids = [int(t) for p in ["self", *pids.values()] for t in os.listdir(f"/proc/{p}/task")]
+    with open(out_path, "w") as f:
+        json.dump({"lats": lats, "starts": starts, "cpu": spent, "stack_tids": tids}, f)
+
+asyncio.run(main())
+"""
+
+
+def _two_hosts(pythons, socks, daemons, out_path, args, env):
+    """--ab with a host process per side (`pythons`): their blocks alternate
+    as _AB_HOST's do; writes what _AB_HOST writes to `out_path`."""
+    hosts = {}
+    try:
+        for side in "ab":
+            hosts[side] = subprocess.Popen(
+                [pythons[side], "-c", _AB_SIDE_HOST, socks[side], str(daemons[side]),
+                 f"{out_path}.{side}", str(args.block), str(args.skip)],
+                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            if hosts[side].stdout.readline().strip() != "READY":
+                raise RuntimeError(f"host {side} did not start")
+        for pair in range(max(1, args.calls // args.block)):
+            for side in ("ab" if pair % 2 == 0 else "ba"):
+                hosts[side].stdin.write("go\n")
+                hosts[side].stdin.flush()
+                if hosts[side].stdout.readline().strip() != "ok":
+                    raise RuntimeError(f"host {side} failed")
+        for side in "ab":
+            hosts[side].stdin.close()
+            if hosts[side].wait(timeout=60) != 0:
+                raise RuntimeError(f"host {side} failed")
+    finally:
+        for host in hosts.values():
+            if host.poll() is None:
+                host.kill()
+                host.wait()
+    out = {"stack_tids": []}
+    for side in "ab":
+        with open(f"{out_path}.{side}") as f:
+            one = json.load(f)
+        out.update({side: one["lats"], f"starts_{side}": one["starts"], f"cpu_{side}": one["cpu"]})
+        out["stack_tids"] += one["stack_tids"]
+    with open(out_path, "w") as f:
+        json.dump(out, f)
+
 
 _PERF_EVENTS = ("sched:sched_switch,sched:sched_wakeup,sched:sched_migrate_task,"
                 "timer:hrtimer_expire_entry,exceptions:page_fault_user,"
@@ -167,8 +258,10 @@ def spacing(slow_idx, calls):
     return {"slow_calls": len(slow_idx),
             "gap_median_calls": statistics.median(gaps) if gaps else None,
             "gaps_of_1": sum(g == 1 for g in gaps),
-            "gap_histogram": dict(sorted(collections.Counter(
-                min(g, 64) if g < 16 else (g // 16) * 16 for g in gaps).items())[:24]),
+            # Exact gaps (a bin of 16-31 was once read as "every 16th call"): the
+            # 24 commonest, in order; "65" is 65 or more.
+            "gap_histogram": {str(g): n for g, n in sorted(collections.Counter(
+                min(g, 65) for g in gaps).most_common(24))},
             "per_tenth_of_run": [per_tenth.get(i, 0) for i in range(10)]}
 
 
@@ -261,6 +354,87 @@ def correlate(events, starts, lats, slow_threshold_ns, stack_tids, names):
               for f, v in sorted(features.items())}
     return {"fast_calls": n_fast, "slow_calls": n_slow, "share_of_calls": shares,
             "slow_examples": examples}
+
+
+# A slow call's cause, the first of these seen in its window: another
+# process's thread ran on a CPU the stack used (the others' load); the
+# worker's intake timer (a timerfd whose expiry wakes a stack thread) fired
+# on a CPU the stack used; the kernel tick fired there; a stack thread
+# migrated; the tracer itself (perf's buffer wake-ups: an IPI from the CPU
+# whose events filled it); none of them.
+CAUSES = ("foreign_thread_on_stack_cpu", "our_timerfd_on_stack_cpu", "tick_on_stack_cpu",
+          "stack_thread_migrated", "perf_woken", "none_seen")
+
+
+def our_timers(events, stack_tids):
+    """The hrtimers (addresses) of timerfds whose expiries wake a stack
+    thread, and the threads they wake (the worker's intake follower): a stack
+    thread at least a quarter of whose (10 or more) wake-ups come within 50 us
+    after an expiry of one timerfd (the wake-up may follow on another CPU,
+    after an IPI)."""
+    expiries = []  # (t, address) of every timerfd expiry
+    for t, _, _, _, ev, rest in events:
+        if ev == "hrtimer_expire_entry" and "function=timerfd_tmrproc" in rest:
+            expiries.append((t, rest.split("hrtimer=", 1)[1].split()[0]))
+    times = [t for t, _ in expiries]
+    after = collections.Counter()  # (address, tid): wake-ups soon after its expiry
+    wakeups = collections.Counter()  # tid: all its wake-ups
+    for t, _, _, _, ev, rest in events:
+        if ev != "sched_wakeup":
+            continue
+        try:
+            tid = int(rest.split(" pid=", 1)[1].split()[0])
+        except (IndexError, ValueError):
+            continue
+        if tid not in stack_tids:
+            continue
+        wakeups[tid] += 1
+        i = bisect.bisect_right(times, t) - 1
+        if i >= 0 and t - times[i] <= 50_000:
+            after[expiries[i][1], tid] += 1
+    ours = {(address, tid) for (address, tid), n in after.items()
+            if n >= 10 and n * 4 >= wakeups[tid]}
+    return {a for a, _ in ours}, {tid for _, tid in ours}
+
+
+def causes(events, starts, lats, slow_threshold_ns, stack_tids, timers):
+    """Per slow call its cause (CAUSES; `timers`: our_timers'); returns
+    {cause: share of all calls}. The CPUs the stack used are those its
+    threads ran on, the ones our timers wake left out (else a timer firing
+    on the follower's own CPU, off the call path, would count)."""
+    addresses, followers = timers
+    times = [e[0] for e in events]
+    counts = collections.Counter()
+    for t0, lat in zip(starts, lats):
+        if lat <= slow_threshold_ns:
+            continue
+        window = events[bisect.bisect_left(times, t0):bisect.bisect_right(times, t0 + lat)]
+        cpus = {cpu for _, cpu, _, tid, _, _ in window
+                if tid in stack_tids and tid not in followers}
+        seen = set()
+        for _, cpu, _, tid, ev, rest in window:
+            if ev == "sched_switch" and cpu in cpus:
+                try:
+                    nxt = int(rest.rsplit("next_pid=", 1)[1].split()[0])
+                except (IndexError, ValueError):
+                    continue
+                if nxt not in stack_tids and nxt != 0:
+                    seen.add(CAUSES[0])
+            elif ev == "hrtimer_expire_entry" and cpu in cpus:
+                if rest.split("hrtimer=", 1)[1].split()[0] in addresses:
+                    seen.add(CAUSES[1])
+                elif "function=tick_nohz_handler" in rest or "function=tick_sched_timer" in rest:
+                    seen.add(CAUSES[2])
+            elif ev == "sched_migrate_task":
+                try:
+                    if int(rest.split(" pid=", 1)[1].split()[0]) in stack_tids:
+                        seen.add(CAUSES[3])
+                except (IndexError, ValueError):
+                    pass
+            elif ev == "sched_wakeup" and rest.startswith("comm=perf "):
+                seen.add(CAUSES[4])
+        counts[next((c for c in CAUSES if c in seen), CAUSES[-1])] += 1
+    return {c: round(counts[c] / max(1, len(lats)), 5) for c in CAUSES}
 
 
 def run_starts(events, starts, lats, slow_threshold_ns, stack_tids, quiet=20):
@@ -358,6 +532,12 @@ def run(args):
     p50_ns = statistics.median(lats)
     slow_idx = [i for i, x in enumerate(lats) if x > 2 * p50_ns]
     report["slow_spacing"] = spacing(slow_idx, len(lats))
+    # The hosts time one pinned wait in 16 (pinned_waits.TIME_EVERY): does a call
+    # of the period stand out?
+    report["by_call_index_mod_16"] = {
+        "p50_us": [round(statistics.median(lats[m::16]) / 1e3, 1) for m in range(16)],
+        "slow_share": [round(sum(x > 2 * p50_ns for x in lats[m::16]) / len(lats[m::16]), 4)
+                       for m in range(16)]}
     gcs = data["gcs"]
     report["host_gc"] = {"collections": len(gcs), "slow_calls_with_gc": sum(
         any(g[0] < s + l and g[1] > s for g in gcs) for s, l in
@@ -372,6 +552,8 @@ def run(args):
         report["threads"] = sorted(names.values())
         report["correlation"] = correlate(events, starts, lats, 2 * p50_ns, set(names), names)
         report["slow_run_starts"] = run_starts(events, starts, lats, 2 * p50_ns, set(names))
+        report["slow_calls_by_cause"] = causes(events, starts, lats, 2 * p50_ns, set(names),
+                                               our_timers(events, set(names)))
     report["load_end"] = os.getloadavg()[0]
     if args.floor:
         fl = subprocess.run([args.floor, "--big-mib=1", "--concurrency=16"], env=env,
@@ -387,29 +569,59 @@ def run(args):
 
 
 _AB_KEYS = ("p50_us", "p90_us", "p99_us", "p999_us", "p99_over_p50", "share_over_2x_a_p50",
-            "daemon_cpu_us_per_call", "worker_cpu_us_per_call")
+            "daemon_cpu_us_per_call", "worker_cpu_us_per_call",
+            "host_cpu_us_per_call")  # (the host's: with --a-python only)
 
 
 def run_ab(args, swapped=False):
     """Block-interleaved A/B: each side's distribution, and the share of
     each side's calls slower than 2x side a's p50 (one threshold for both).
-    `swapped`: the new build (--sandboxd/--worker) is side a."""
+    `swapped`: the new build (--sandboxd/--worker, and --python with
+    --a-python) is side a."""
     env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES, TAIL_BENCH_DIR=BENCH_DIR)
     tmp = tempfile.mkdtemp(prefix="agx-tail-")
     out_path = os.path.join(tmp, "ab.json")
     report = {"load_start": os.getloadavg()[0], "block": args.block, "skip": args.skip}
     old, new = (args.a_sandboxd, args.a_worker), (args.sandboxd, args.worker)
     first, second = (new, old) if swapped else (old, new)
+    perf_data = os.path.join(tmp, "perf.data")
+    perf, tids, events = None, set(), None
     try:
         with procs.ab_daemon(*first, env, "agx-tail-a-") as (sa, da), \
                 procs.ab_daemon(*second, env, "agx-tail-b-") as (sb, db):
-            subprocess.run([args.python, "-c", _AB_HOST, sa, sb, out_path, str(args.block),
-                            str(args.skip), str(args.calls), str(da.pid), str(db.pid)],
-                           env=env, timeout=1200, check=True)
-        with open(out_path) as f:
-            lats = json.load(f)
+            if args.perf:
+                perf = subprocess.Popen(["perf", "record", "-q", "-a", "-k", "CLOCK_MONOTONIC",
+                                         "-e", _PERF_EVENTS, "-o", perf_data],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                time.sleep(1.0)
+            try:
+                if args.a_python:
+                    pythons = {"a": args.python, "b": args.a_python} if swapped else \
+                        {"a": args.a_python, "b": args.python}
+                    _two_hosts(pythons, {"a": sa, "b": sb}, {"a": da.pid, "b": db.pid},
+                               out_path, args, env)
+                else:
+                    subprocess.run([args.python, "-c", _AB_HOST, sa, sb, out_path,
+                                    str(args.block), str(args.skip), str(args.calls),
+                                    str(da.pid), str(db.pid)],
+                                   env=env, timeout=1200, check=True)
+            finally:
+                if perf is not None:
+                    perf.send_signal(signal.SIGINT)
+                    perf.wait(timeout=60)
+            with open(out_path) as f:
+                lats = json.load(f)
+        if args.perf:
+            tids = set(lats["stack_tids"])
+            events = parse_perf(subprocess.run(
+                ["perf", "script", "-i", perf_data, "-F", "comm,tid,cpu,time,event,trace"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                timeout=600).stdout)
     finally:
-        subprocess.run(["rm", "-rf", tmp])
+        if args.keep:
+            report["kept"] = tmp
+        else:
+            subprocess.run(["rm", "-rf", tmp])
     threshold = 2 * statistics.median(lats["a"])
     for side in "ab":
         report[side] = distribution([x / 1e3 for x in lats[side]])
@@ -418,8 +630,12 @@ def run_ab(args, swapped=False):
         calls = max(1, args.calls // args.block) * args.block  # the CPU covers every call
         for k, ns in lats[f"cpu_{side}"].items():
             report[side][f"{k}_cpu_us_per_call"] = round(ns / 1e3 / calls, 2)
+        if events is not None:
+            report[side]["slow_calls_by_cause"] = causes(
+                events, lats[f"starts_{side}"], lats[side], threshold, tids,
+                our_timers(events, tids))
     report["ratios_b_over_a"] = {k: round(report["b"][k] / report["a"][k], 3) for k in
-                                 _AB_KEYS if report["a"][k]}
+                                 _AB_KEYS if report["a"].get(k)}
     report["load_end"] = os.getloadavg()[0]
     return report
 
@@ -433,17 +649,27 @@ def runs_ab(args):
         r = run_ab(args, swapped=i % 2 == 1)
         old, new = (r["b"], r["a"]) if i % 2 else (r["a"], r["b"])
         per_run.append({"old": old, "new": new, "load": [r["load_start"], r["load_end"]]})
-        print(f"run {i + 1}: " + ", ".join(f"{k} {old[k]}/{new[k]}" for k in _AB_KEYS),
+        print(f"run {i + 1}: " + ", ".join(f"{k} {old[k]}/{new[k]}" for k in _AB_KEYS
+                                           if k in old),
               file=sys.stderr, flush=True)
+        if "slow_calls_by_cause" in old:
+            print("  slow by cause (old/new): " + ", ".join(
+                f"{c} {old['slow_calls_by_cause'][c]}/{new['slow_calls_by_cause'][c]}"
+                for c in CAUSES), file=sys.stderr, flush=True)
     summary = {}
     for k in _AB_KEYS:
-        pairs = [(p["old"][k], p["new"][k]) for p in per_run if p["old"][k]]
+        pairs = [(p["old"][k], p["new"][k]) for p in per_run if p["old"].get(k)]
         if pairs:
             summary[k] = {"old_median": statistics.median(o for o, _ in pairs),
                           "new_median": statistics.median(n for _, n in pairs),
                           "median_ratio_new_over_old": round(
                               statistics.median(n / o for o, n in pairs), 3),
                           "per_run_ratios": [round(n / o, 2) for o, n in pairs]}
+    if all("slow_calls_by_cause" in p["old"] for p in per_run):
+        # Per cause, each side's share of calls slow for it (medians over runs).
+        summary["slow_calls_by_cause"] = {c: {
+            side: statistics.median(p[side]["slow_calls_by_cause"][c] for p in per_run)
+            for side in ("old", "new")} for c in CAUSES}
     return {"runs": args.runs, "calls_per_side_per_run": args.calls,
             "loads": [p["load"] for p in per_run], "summary": summary}
 
@@ -456,13 +682,19 @@ def main():
     parser.add_argument("--floor", default=f"{REPO}/bazel-bin/testing/bench/floor/unix_pingpong",
                         help="the Unix ping-pong floor run after the stream; '' to skip")
     parser.add_argument("--calls", type=int, default=20000)
-    parser.add_argument("--perf", action="store_true", help="trace the scheduler meanwhile")
+    parser.add_argument("--perf", action="store_true",
+                        help="trace the scheduler meanwhile (with --ab: each side's slow "
+                        "calls by cause)")
     parser.add_argument("--keep", action="store_true", help="keep the latencies and the trace")
     parser.add_argument("--ab", action="store_true",
                         help="block-interleaved A/B of --a-sandboxd/--a-worker against "
                         "--sandboxd/--worker through one host (no trace, no floor)")
     parser.add_argument("--a-sandboxd", default=f"{REPO}/bazel-bin/sandbox/agentix-sandboxd")
     parser.add_argument("--a-worker", default=f"{REPO}/bazel-bin/worker/agentix-worker")
+    parser.add_argument("--a-python", default="",
+                        help="--ab: side a's Python (its venv's agentix) against --python's; "
+                        "each side then gets a host process of its own, their blocks "
+                        "alternating as in one host")
     parser.add_argument("--block", type=int, default=250, help="--ab: calls per block")
     parser.add_argument("--skip", type=int, default=2,
                         help="--ab: calls left out at the start of each block")

@@ -63,12 +63,23 @@ def _pinned_worker_threads(daemon_pid, settle_s=2.0):
         time.sleep(0.01)
 
 
+def _waits_as_placed(pinned, cpu):
+    """Whether the worker's pinned threads (`pinned`, as _pinned_worker_threads
+    gives them) are one waiting for the next call on `cpu` (the call path's)
+    and at most one follower waiting off it, on every other CPU (so that the
+    follower's 1 ms timer fires away from the call path)."""
+    everywhere = frozenset(os.sched_getaffinity(0))
+    masks = list(pinned.values())
+    return (masks.count(frozenset({cpu})) == 1
+            and masks.count(everywhere - {cpu}) == len(masks) - 1 <= 1)
+
+
 def _worker_settles_pinned_to(daemon_pid, cpu, settle_s=2.0):
-    """Whether the worker's pinned threads come to be all on `cpu` (bounded)."""
+    """Whether the worker's pinned threads come to be placed for `cpu`
+    (_waits_as_placed; bounded)."""
     deadline = time.monotonic() + settle_s
     while True:
-        pinned = set(_pinned_worker_threads(daemon_pid).values())
-        if pinned == {frozenset({cpu})}:
+        if _waits_as_placed(_pinned_worker_threads(daemon_pid), cpu):
             return True
         if time.monotonic() > deadline:
             print("worker threads:", sorted(_threads(_worker_pid(daemon_pid)).values()))
@@ -97,9 +108,10 @@ async def test_by_default_only_the_call_paths_waits_are_pinned_never_user_code(s
         assert len(cpu) == 1 and cpu <= frozenset(everywhere)
         # One worker thread waits for the next call, pinned to the call path's
         # CPU (the one that ran the last call, or the follower that took the
-        # intake over while it ran); no other worker thread is pinned.
-        pinned = _pinned_worker_threads(daemon.proc.pid)
-        assert list(pinned.values()) == [cpu]
+        # intake over while it ran); a follower, if one waits, waits off that
+        # CPU; no other worker thread is pinned.
+        (path_cpu,) = cpu
+        assert _worker_settles_pinned_to(daemon.proc.pid, path_cpu)
         assert _path(daemon.proc.pid, ("agx-grpc",)) == {frozenset(everywhere)}
 
         # Overlapping calls: nothing on the call path is pinned.

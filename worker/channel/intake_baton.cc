@@ -57,6 +57,35 @@ class BatchWhileFollowing {
   bool batched_ = false;
 };
 
+// For as long as it lives, the calling thread may run anywhere in `all` but
+// on the CPU last given to Avoid (the call path's, when there is one and
+// another CPU is allowed): a follower waits off the call path's CPU, so the
+// timer it arms fires there and it is woken there (docs/DECISIONS.md, "The
+// noop's p99"). It would otherwise stay where it last ran, which after a
+// hand-over is the call path's CPU. Best effort, as BatchWhileFollowing.
+class AwayFromCpu {
+ public:
+  explicit AwayFromCpu(const cpu_set_t& all) : all_(all) {}
+  ~AwayFromCpu() { Avoid(-1); }
+  AwayFromCpu(const AwayFromCpu&) = delete;
+  AwayFromCpu& operator=(const AwayFromCpu&) = delete;
+
+  // Moves off `cpu` (< 0: back to the whole mask); nothing if unchanged.
+  void Avoid(int cpu) {
+    if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &all_) || CPU_COUNT(&all_) < 2) {
+      cpu = -1;
+    }
+    if (cpu == avoided_) return;
+    cpu_set_t mask = all_;
+    if (cpu >= 0) CPU_CLR(cpu, &mask);
+    if (::sched_setaffinity(0, sizeof(mask), &mask) == 0) avoided_ = cpu;
+  }
+
+ private:
+  const cpu_set_t all_;
+  int avoided_ = -1;
+};
+
 void Arm(int timer_fd, absl::Duration after) {
   itimerspec spec = {};
   spec.it_value = absl::ToTimespec(after);
@@ -115,6 +144,12 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
     ++followers_;
     lock.unlock();
     const BatchWhileFollowing batch;  // back to SCHED_OTHER before it reads
+    // Back to the whole mask before it reads, too; it follows a change of
+    // the call path's CPU when it next wakes (within ~kDeferBound while
+    // offers come).
+    AwayFromCpu away(all_);
+    const auto avoid_path = [&] { away.Avoid(placement_ != nullptr ? placement_->WaitCpu() : -1); };
+    avoid_path();
     lock.lock();
     // Waits in poll rather than on a condition variable: the offer's timer
     // must wake it without the holder's help.
@@ -123,14 +158,23 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
     while (!passed_ && pool_mode_ && !stopped_) {
       lock.unlock();
       PollBlocking(wait, 3);
-      lock.lock();
+      // The reads and the arming are syscalls (on a VM the arming is a
+      // timer reprogramming): outside the lock, which the holder takes at
+      // every call, so it never sleeps on it waiting for this thread.
       Consume(wake_fd_);
-      // The timer is armed once for a run of offers, not per offer (each
-      // arming is a syscall, and on a VM a timer reprogramming): when it
+      const bool fired = Consume(timer_fd_);
+      avoid_path();
+      lock.lock();
+      // The timer is armed once for a run of offers, not per offer: when it
       // fires, the standing offer is taken if it is old enough, else the
-      // timer is armed for the rest of its time; with none standing it stays
-      // off until the next offer.
-      if (Consume(timer_fd_)) {
+      // timer is armed for the rest of its time; with none standing it is
+      // armed for another kDeferBound if offers came since it last fired,
+      // else it stays off until the next offer. Armed here, it fires on this
+      // thread's CPU: while calls stream, the holder's (the call path's) CPU
+      // takes no timer interrupt and sends no wake-up to this one
+      // (docs/DECISIONS.md, "The noop's p99").
+      absl::Duration arm = absl::ZeroDuration();
+      if (fired) {
         timer_armed_ = false;
         if (deferred_) {
           const absl::Duration left = offered_at_ + kDeferBound - absl::Now();
@@ -139,10 +183,19 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
             passed_ = true;
             ++handovers_;
           } else {
-            Arm(timer_fd_, left);
-            timer_armed_ = true;
+            arm = left;
           }
+        } else if (offered_since_fire_) {
+          arm = kDeferBound;
         }
+        offered_since_fire_ = false;
+      }
+      if (arm > absl::ZeroDuration()) {
+        // Marked armed first: an offer meanwhile does not arm it again.
+        timer_armed_ = true;
+        lock.unlock();
+        Arm(timer_fd_, arm);
+        lock.lock();
       }
     }
     --followers_;
@@ -224,10 +277,12 @@ bool IntakeBaton::Defer() {
   std::lock_guard<std::mutex> lock(mu_);
   if (followers_ == 0 || stopped_ || !pool_mode_ || passed_) return false;
   deferred_ = true;
+  offered_since_fire_ = true;
   offered_at_ = absl::Now();
   if (!timer_armed_) {
     Arm(timer_fd_, kDeferBound);
     timer_armed_ = true;
+    ++holder_arms_;
   }
   return true;
 }
@@ -270,6 +325,11 @@ void IntakeBaton::Stop() {
 int IntakeBaton::followers() {
   std::lock_guard<std::mutex> lock(mu_);
   return followers_;
+}
+
+int64_t IntakeBaton::holder_arms() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return holder_arms_;
 }
 
 int64_t IntakeBaton::handovers() {

@@ -4,8 +4,9 @@
 // sync call runs it itself, so the call costs no thread hand-off. It offers
 // the baton first (Defer): a follower takes it only if the call still runs
 // after kDeferBound (a timerfd wakes it, armed once per kDeferBound while
-// offers come), so a short call wakes no second thread and a long one holds
-// up the next frames for at most about 2 x kDeferBound.
+// offers come, by the follower itself after the first), so a short call
+// wakes no second thread and a long one holds up the next frames for at
+// most about 2 x kDeferBound.
 // Followers wait here without the GIL, so a hand-over wakes one thread and
 // touches no Python. The event loop reads the channel instead
 // whenever the baton is not in pool mode (the driver switches).
@@ -51,7 +52,9 @@ class IntakeBaton {
   // baton is passed to it: kLeave at once if a follower waits already (one
   // is enough) or pool mode is off, and kLeave later if pool mode ends.
   // A SCHED_OTHER follower waits as SCHED_BATCH, and is SCHED_OTHER again
-  // when this returns.
+  // when this returns; with a `placement` CPU (and another one allowed) it
+  // waits off that CPU, and has the process's mask back before it polls or
+  // returns.
   Turn Lead(bool holding);
 
   // The holder hands the baton to a waiting follower: true if one was
@@ -79,9 +82,11 @@ class IntakeBaton {
   void Stop();
 
   // For tests: followers waiting now; hand-overs so far (passes, and offers
-  // a follower took).
+  // a follower took); offers that armed the offer's timer (the holder's CPU
+  // takes its interrupt) so far.
   int followers();
   int64_t handovers();
+  int64_t holder_arms();
 
   // How long a Defer()'s offer stands before the follower takes the baton.
   static constexpr absl::Duration kDeferBound = absl::Milliseconds(1);
@@ -115,6 +120,8 @@ class IntakeBaton {
   bool deferred_ = false;  // offered (Defer), neither taken nor reclaimed
   absl::Time offered_at_;   // when the standing offer was made
   bool timer_armed_ = false;  // armed, or fired and not yet consumed
+  bool offered_since_fire_ = false;  // Defer() since the timer last fired
+  int64_t holder_arms_ = 0;
   int64_t handovers_ = 0;
   bool stopped_ = false;
   int followers_ = 0;

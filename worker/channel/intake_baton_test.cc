@@ -176,6 +176,48 @@ TEST_CASE("an offer the holder reclaims in time wakes no follower; one it "
   CHECK_FALSE(baton->Reclaim());  // taken: the old holder follows now
 }
 
+TEST_CASE("while short calls stream, the follower keeps the offer's timer "
+          "going itself: only the stream's first offer arms it",
+          "[intake]") {
+  Sockets s;
+  auto baton = Make(s.fds[0]);
+  baton->ToPool();
+  std::atomic<pid_t> follower_tid{0};
+  auto follower = std::async(std::launch::async, [&] {
+    follower_tid = ::gettid();
+    return baton->Lead(false);
+  });
+  AwaitFollowers(*baton, 1);
+  const long before = Switches(follower_tid);
+  // Short calls for ~30 kDeferBound: each offered and reclaimed at once.
+  const auto until = std::chrono::steady_clock::now() + 30ms;
+  int offers = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    REQUIRE(baton->Defer());
+    REQUIRE(baton->Reclaim());
+    ++offers;
+    std::this_thread::sleep_for(100us);
+  }
+  // The holder armed the timer once; after that it fired on the follower,
+  // which armed it again while offers came (about once per kDeferBound;
+  // sleeps overshoot, so only a lower bound is certain).
+  CHECK(baton->holder_arms() == 1);
+  CHECK(Switches(follower_tid) - before >= 5);
+  CHECK(baton->handovers() == 0);
+  // Offers stop: the timer fires at most twice more and stays off.
+  std::this_thread::sleep_for(10ms);
+  const long settled = Switches(follower_tid);
+  std::this_thread::sleep_for(20ms);
+  CHECK(Switches(follower_tid) == settled);
+  // The next stream's first offer arms it again.
+  REQUIRE(baton->Defer());
+  REQUIRE(baton->Reclaim());
+  CHECK(baton->holder_arms() == 2);
+  CHECK(offers > 30);
+  baton->ToLoop();
+  CHECK(follower.get() == Turn::kLeave);
+}
+
 TEST_CASE("a follower waits as SCHED_BATCH and reads or leaves as it came",
           "[intake]") {
   Sockets s;
@@ -326,6 +368,58 @@ TEST_CASE("the holder waits pinned to the published CPU and returns with the who
     holder.join();
     CHECK(turn == Turn::kReadable);
     CHECK(after == all);
+  }
+}
+
+TEST_CASE("a follower waits off the published CPU, follows it, and leaves with the whole "
+          "mask",
+          "[intake]") {
+  const std::set<int> all = testing::CpusOf(0);
+  REQUIRE(!all.empty());
+  const int cpu = *all.rbegin();
+  auto area = ipc::PayloadArea::Create(64 * 1024);
+  REQUIRE(area.ok());
+  Sockets s;
+  auto baton = IntakeBaton::Create(s.fds[0], area->get());
+  REQUIRE(baton.ok());
+  (*baton)->ToPool();
+  for (const int published : {cpu, -1}) {
+    (*area)->PublishWaitCpu(published);
+    std::atomic<pid_t> tid{0};
+    std::set<int> after;
+    auto follower = std::async(std::launch::async, [&] {
+      tid = ::gettid();
+      const Turn turn = (*baton)->Lead(false);
+      after = testing::CpusOf(0);
+      return turn;
+    });
+    AwaitFollowers(**baton, 1);
+    std::set<int> expected = all;
+    if (published >= 0 && all.size() > 1) expected.erase(published);
+    std::set<int> waiting = testing::CpusOf(tid);
+    for (int i = 0; i < 2000 && waiting != expected; ++i) {
+      std::this_thread::sleep_for(1ms);
+      waiting = testing::CpusOf(tid);
+    }
+    CHECK(waiting == expected);
+    if (published >= 0) {
+      // The call path moves: the follower moves off the new CPU when it next
+      // wakes (here its timer, armed by an offer).
+      const int moved = *all.begin();
+      (*area)->PublishWaitCpu(moved);
+      REQUIRE((*baton)->Defer());
+      REQUIRE((*baton)->Reclaim());
+      expected = all;
+      if (all.size() > 1) expected.erase(moved);
+      for (int i = 0; i < 2000 && testing::CpusOf(tid) != expected; ++i) {
+        std::this_thread::sleep_for(1ms);
+      }
+      CHECK(testing::CpusOf(tid) == expected);
+    }
+    (*baton)->ToLoop();  // followers leave
+    CHECK(follower.get() == Turn::kLeave);
+    CHECK(after == all);
+    (*baton)->ToPool();
   }
 }
 

@@ -5,6 +5,7 @@ flight and once it returned)."""
 
 import asyncio
 import os
+import threading
 
 import pytest
 import pytest_asyncio
@@ -181,9 +182,36 @@ def test_run_queue_wait_is_this_threads_and_never_goes_back():
     assert pw.run_queue_wait_ns() >= first
 
 
+def _schedstat_wait_ns() -> int:
+    with open("/proc/thread-self/schedstat", "rb") as f:
+        return int(f.read().split()[1])
+
+
+def _reads_its_own() -> bool:
+    """Whether run_queue_wait_ns reads the calling thread's wait: between two
+    readings of its schedstat (a file it keeps open for another thread, or
+    from before a fork, would give that thread's figure)."""
+    before = _schedstat_wait_ns()
+    read = pw.run_queue_wait_ns()
+    return before <= read <= _schedstat_wait_ns()
+
+
+def test_run_queue_wait_reads_the_calling_threads_own_also_after_a_fork():
+    assert pw.run_queue_wait_ns() >= 0 and _reads_its_own()  # the main thread's file, kept
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(_reads_its_own()))
+    thread.start()
+    thread.join()
+    assert seen == [True]
+    pid = os.fork()
+    if pid == 0:  # the child: its thread is another one
+        os._exit(0 if _reads_its_own() and _reads_its_own() else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert _reads_its_own()
+
+
 def test_another_thread_never_changes_the_mask(masks):
     waits = PinnedWaits(1, {0, 1})
-    import threading
 
     def other():
         waits.hold()
