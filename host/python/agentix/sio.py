@@ -227,8 +227,9 @@ class Namespace:
         deadline = None if timeout is None else loop.time() + timeout
         with self._pending_lock:
             self._pending[request_id] = _Pending(loop, future, event, payload, envelope, deadline, timeout)
-        waits = _reply_waits.hold(loop)
+        waits = None
         try:
+            waits = _reply_waits.hold(loop)
             if deadline is not None:
                 self._arm_expiry(loop, deadline)
             if emit is not None:
