@@ -98,6 +98,8 @@ PyMethodDef kChannelMethods[] = {
     {"pending_bytes", ChannelPendingBytes, METH_NOARGS,
      "Bytes queued but not yet written."},
     {"fileno", ChannelFileno, METH_NOARGS, "The channel fd."},
+    {"wait_cpu", ChannelWaitCpu, METH_NOARGS,
+     "The CPU the daemon placed its call path on (--calls_cpu), or -1."},
     {nullptr, nullptr, 0, nullptr},
 };
 

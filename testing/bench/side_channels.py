@@ -327,6 +327,10 @@ async def _measure(remote, impl: str, plan: Plan, log, cpu: _Cpu, batches=None) 
         results["spans_long"] = spans_long
 
     # Namespace requests: timed inside the sandbox, per request.
+    resting = _host_pins_resting_s() if impl == "agentix" else None
+    if resting is not None:
+        results["ns_host_pins_resting_s"] = resting
+        log(f"namespace requests start with the host's pinned waits resting for {resting:.2f} s")
     cpu_before = cpu.snapshot()
     try:
         latencies = await asyncio.wait_for(
@@ -512,6 +516,21 @@ def _run_ours(args, plan, log, tmp) -> dict:
         if results is not None:
             results["daemon_warning_lines"] = len(warnings)
             results["daemon_warnings_sample"] = [w[:200] for w in warnings[:2] + warnings[-1:]]
+
+
+def _host_pins_resting_s():
+    """How long this thread's pinned waits (AGENTIX_CALLS_CPU=wait) still rest after a
+    back-off (0.0: not resting), None without any. Diagnostics: the namespace phase follows
+    the span bursts, which can make the host's waits back off for a second, and its loop
+    then waits unpinned (docs/PERFORMANCE.md, "stop-26: namespace request")."""
+    try:
+        from agentix.runtime.client import pinned_waits
+    except ImportError:
+        return None
+    waits = getattr(pinned_waits._threads, "waits", None)
+    if waits is None:
+        return None
+    return round(max(0.0, waits.resting_until - time.monotonic()), 2)
 
 
 def run_side(args) -> int:

@@ -15,7 +15,7 @@ import e2e_targets as t
 import pytest
 from test_frame_wire_daemon import MESSAGE, FrameClient, _token_file
 
-from agentix import RuntimeClient
+from agentix import AsyncClientNamespace, RuntimeClient, request_handler
 from agentix.runtime.v1 import runtime_pb2 as pb
 
 # The daemon's threads --calls_cpu places (by name).
@@ -262,3 +262,52 @@ async def test_pinned_waits_pin_the_loop_thread_only_while_a_call_is_in_flight(s
             assert os.sched_getaffinity(0) == before
     finally:
         os.sched_setaffinity(0, before)
+
+
+def _thread_cpus(pid, tid):
+    with open(f"/proc/{pid}/task/{tid}/status") as f:
+        (line,) = [l for l in f if l.startswith("Cpus_allowed_list:")]
+    cpus = set()
+    for part in line.split(":", 1)[1].strip().split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return sorted(cpus)
+
+
+class CpuWatch(AsyncClientNamespace):
+    """Answers "mask" with the CPUs of the sandbox thread it names, once it
+    is pinned to one (the worker's loop pins itself as it blocks, which may
+    come a little after its request got here), or after `settle_s`."""
+
+    def __init__(self, settle_s):
+        super().__init__("/cpu")
+        self.settle_s = settle_s
+
+    @request_handler("mask")
+    async def on_mask(self, who):
+        deadline = time.monotonic() + self.settle_s
+        while True:
+            cpus = _thread_cpus(who["pid"], who["tid"])
+            if len(cpus) == 1 or time.monotonic() > deadline:
+                return cpus
+            await asyncio.sleep(0.002)
+
+
+@pytest.mark.parametrize("calls_cpu", ["auto", "off"])
+async def test_the_worker_loop_awaits_a_namespace_reply_pinned_and_runs_code_unpinned(start_daemon, calls_cpu):
+    everywhere = sorted(_allowed())
+    daemon = start_daemon(extra_args=[f"--calls_cpu={calls_cpu}"])
+    client = RuntimeClient(daemon.url)
+    client.register_namespace(CpuWatch(settle_s=2.0 if calls_cpu == "auto" else 0.2))
+    async with client:
+        answers = await client.remote(t.request_loop_masks, 5)
+        path = _path(daemon.proc.pid)
+    # Sandbox code (the request's caller, once the reply came) always runs unpinned.
+    assert [after for _, after in answers] == [everywhere] * 5
+    seen = [sorted(cpus) for cpus in path]
+    if calls_cpu == "off":
+        assert [saw for saw, _ in answers] == [everywhere] * 5
+        return
+    # Waiting for the reply, the loop thread was pinned to the daemon's call-path CPU.
+    assert len(seen) == 1 and len(seen[0]) == 1, seen
+    assert [saw for saw, _ in answers] == [seen[0]] * 5

@@ -153,4 +153,9 @@ PyObject* ChannelFileno(PyObject* self, PyObject* /*unused*/) {
   return PyLong_FromLong(Channel(self).fd);
 }
 
+PyObject* ChannelWaitCpu(PyObject* self, PyObject* /*unused*/) {
+  const ipc::PayloadArea* payloads = Channel(self).payloads.get();
+  return PyLong_FromLong(payloads != nullptr ? payloads->WaitCpu() : -1);
+}
+
 }  // namespace agentix::worker

@@ -126,5 +126,7 @@ PyObject* ChannelSendEnvSet(PyObject* self, PyObject* const* args,
 PyObject* ChannelFlush(PyObject* self, PyObject* unused);
 PyObject* ChannelPendingBytes(PyObject* self, PyObject* unused);
 PyObject* ChannelFileno(PyObject* self, PyObject* unused);
+// The CPU the daemon placed the call path on (PayloadArea::WaitCpu), or -1.
+PyObject* ChannelWaitCpu(PyObject* self, PyObject* unused);
 
 }  // namespace agentix::worker

@@ -64,6 +64,22 @@ TEST_CASE("Namespace events go out without a flush, after earlier records",
   REQUIRE(frames[3].ns.status_code == 404);
 }
 
+TEST_CASE("wait_cpu is the CPU the daemon publishes in the payload area",
+          "[channel]") {
+  {
+    Pair pair;  // no payload area: never a CPU
+    REQUIRE(PyEval("ch.wait_cpu()") == "-1");
+  }
+  RingPair pair(1 << 16);
+  REQUIRE(PyEval("ch.wait_cpu()") == "-1");  // none published yet
+  pair.daemon->PublishWaitCpu(3);
+  REQUIRE(PyEval("ch.wait_cpu()") == "3");
+  pair.daemon->PublishWaitCpu(0);
+  REQUIRE(PyEval("ch.wait_cpu()") == "0");
+  pair.daemon->PublishWaitCpu(-1);  // the daemon unpinned its call path
+  REQUIRE(PyEval("ch.wait_cpu()") == "-1");
+}
+
 TEST_CASE("A record queued while the log sender sleeps wakes it", "[channel]") {
   // Producers wake the sender only when it sleeps (Writer::sender_asleep):
   // each record here is queued after the previous one went out, mostly with

@@ -2,6 +2,7 @@
 
 import logging
 import os
+import threading
 
 from .common import _DEBUG, _WARNING, _log, _text
 
@@ -17,6 +18,18 @@ class _NamespaceBridge:
     def __init__(self, channel):
         self._channel = channel
         self.enabled = True
+        # The thread whose event loop the hosts' events are delivered on
+        # (serve.py runs the loop on the main thread).
+        self._loop_thread = threading.main_thread().ident
+
+    def wait_cpu(self):
+        """For agentix.sio's pinned reply waits: the CPU the daemon placed
+        its call path on (--calls_cpu; -1: none), on the loop's thread
+        only (a request from another thread's loop gets its reply from
+        this loop, not from the daemon: -1)."""
+        if threading.get_ident() != self._loop_thread:
+            return -1
+        return self._channel.wait_cpu()
 
     def emit(self, namespace, event, payload, request_id, error):
         if not self.enabled:

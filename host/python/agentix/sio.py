@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple, Protocol
@@ -57,7 +58,9 @@ class RemoteSioError(RuntimeError):
 
 class _Bridge(Protocol):
     """What the worker provides: sends one event to the hosts (thread-safe,
-    non-blocking)."""
+    non-blocking). A worker since stop 26 also has ``wait_cpu()``: the CPU
+    the daemon placed its call path on, when called on the thread whose
+    loop the hosts' events are delivered on, else -1 (`_ReplyWaits`)."""
 
     def emit(self, namespace: str, event: str, payload: bytes, request_id: str, error: dict | None) -> None: ...
 
@@ -224,7 +227,9 @@ class Namespace:
         deadline = None if timeout is None else loop.time() + timeout
         with self._pending_lock:
             self._pending[request_id] = _Pending(loop, future, event, payload, envelope, deadline, timeout)
+        waits = None
         try:
+            waits = _reply_waits.hold(loop)
             if deadline is not None:
                 self._arm_expiry(loop, deadline)
             if emit is not None:
@@ -233,6 +238,8 @@ class Namespace:
                 self._send_packed(event, payload, request_id)
             return await future
         finally:
+            if waits is not None:
+                waits.release()  # disarmed before the caller's code runs
             with self._pending_lock:
                 self._pending.pop(request_id, None)
 
@@ -429,6 +436,65 @@ class _Pending(NamedTuple):
     timeout: float | None
 
 
+class _ReplyWaits:
+    """Pinned waits for namespace replies: while a request of the worker's
+    event loop is the one thing its thread waits for, the loop's selector
+    blocks pinned to the CPU the daemon placed its call path on (the
+    bridge's ``wait_cpu()``; the daemon's ``--calls_cpu``, default auto),
+    so the daemon's thread that relays the reply wakes it there, not on a
+    halted other CPU; the same for the request's own hand-off to the
+    daemon. It is the loop thread's `PinnedWaits`
+    (agentix.runtime.client.pinned_waits): one in-flight count with the
+    thread's remote calls, if sandbox code makes any; pinned only while the
+    selector blocks, never while code runs; its back-off when that CPU is
+    busy. Nothing with ``AGENTIX_CALLS_CPU=off`` in the sandbox, the
+    daemon's ``--calls_cpu=off`` (``wait_cpu()`` is -1), an older worker (no
+    ``wait_cpu``) or a loop without a selector of its own."""
+
+    __slots__ = ("_wait_cpu", "_loop", "_waits")
+
+    def __init__(self) -> None:
+        self.install(None)
+
+    def install(self, bridge: _Bridge | None) -> None:
+        wait_cpu = getattr(bridge, "wait_cpu", None)
+        if wait_cpu is not None:
+            from agentix.runtime.client.pinned_waits import CALLS_CPU_ENV
+
+            if os.environ.get(CALLS_CPU_ENV, "").strip().lower() == "off":
+                wait_cpu = None
+        self._wait_cpu: Callable[[], int] | None = wait_cpu
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop `_waits` is for
+        self._waits: Any = None
+
+    def hold(self, loop: asyncio.AbstractEventLoop) -> Any:
+        """On `loop`'s thread, as a request starts: the `PinnedWaits` it
+        holds (`release` it when the request ends), or None."""
+        wait_cpu = self._wait_cpu
+        if wait_cpu is None:
+            return None
+        cpu = wait_cpu()
+        if cpu < 0:
+            return None
+        waits = self._waits if loop is self._loop else self._waits_of(loop, cpu)
+        if waits is None:
+            return None
+        if cpu != waits.cpu and not waits.pinned:
+            waits.move_to(cpu)  # the daemon moved its call path
+        waits.hold()
+        return waits
+
+    def _waits_of(self, loop: asyncio.AbstractEventLoop, cpu: int) -> Any:
+        from agentix.runtime.client.pinned_waits import CallsCpu, pinned_waits
+
+        waits = pinned_waits(CallsCpu("wait", cpu))  # the running loop's (`loop`)
+        self._loop, self._waits = loop, waits
+        return waits
+
+
+_reply_waits = _ReplyWaits()
+
+
 def register_namespace(ns: Namespace) -> Namespace:
     """Makes `ns` receive the events hosts send on its namespace; returns it.
 
@@ -446,6 +512,7 @@ def _install(bridge: _Bridge | None) -> None:
     """Called by the agentix worker at start (None to uninstall)."""
     global _bridge
     _bridge = bridge
+    _reply_waits.install(bridge)
 
 
 def _deliver(namespace: str, event: str, payload: bytes) -> None:

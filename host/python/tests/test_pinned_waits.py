@@ -174,6 +174,62 @@ def test_pinned_waits_that_queue_for_the_cpu_rest_the_pins_for_doubling_periods(
     assert waits.resting_until == now[0] + pw.BACKOFF_FIRST_S
 
 
+def test_a_rest_earned_by_a_burst_inside_one_call_ends_with_that_call(masks, monkeypatch):
+    """Many pinned waits per call (records or stream items waking the loop
+    while one call runs) that queued for the CPU rest the pins only until no
+    call is in flight; the same queueing over sequential calls rests the
+    whole period."""
+    waited = [0]
+    now = [1000.0]
+    monkeypatch.setattr(pw, "run_queue_wait_ns", lambda: waited[0])
+    monkeypatch.setattr(pw, "time", type("Clock", (), {"monotonic": staticmethod(lambda: now[0])}))
+    waits = PinnedWaits(1, {0, 1})
+    pins = pw.TIME_EVERY * pw.TIMED_PER_JUDGEMENT
+    busy = pw.BUSY_WAIT_NS * 2
+
+    def burst_call(wakes):  # one call in flight while the loop wakes `wakes` times
+        waits.hold()
+        for _ in range(wakes):
+            pinned = _blocks_queued(waits, waited, busy)
+        return pinned
+
+    def sequential(n):
+        for _ in range(n):
+            waits.hold()
+            _blocks_queued(waits, waited, busy)
+            waits.release()
+
+    assert burst_call(pins)  # the first judgement (warming up) is not one
+    assert burst_call(pins) is False  # (the second call started while the first ran: 2 in flight)
+    waits.release()
+    waits.release()
+    assert burst_call(pins - 1)
+    assert _blocks_queued(waits, waited, busy)  # the window's last pin: judged busy
+    assert waits.resting_until == now[0] + pw.BACKOFF_FIRST_S
+    assert not _blocks_queued(waits, waited, busy)  # resting while the burst's call runs
+    waits.release()  # ... and no longer once it ended
+    assert waits.resting_until == 0.0
+    waits.hold()
+    assert _blocks_queued(waits, waited, busy)  # the next call waits pinned at once
+    waits.release()
+    # The same queueing one pin per call: the CPU is busy, the rest outlives the calls.
+    sequential(pins - 1)
+    assert waits.resting_until == now[0] + 2 * pw.BACKOFF_FIRST_S  # still busy after a back-off
+    waits.hold()
+    assert not _blocks_queued(waits, waited, busy)
+    waits.release()
+    assert waits.resting_until == now[0] + 2 * pw.BACKOFF_FIRST_S
+
+
+def _blocks_queued(waits, waited, queued_ns):
+    """As _blocks, the pinned wait queuing `queued_ns` for its CPU."""
+    waits.before_select(None)
+    pinned = waits.pinned
+    waited[0] += queued_ns if pinned else 0
+    waits.after_select()
+    return pinned
+
+
 def test_run_queue_wait_is_this_threads_and_never_goes_back():
     first = pw.run_queue_wait_ns()
     assert first >= 0

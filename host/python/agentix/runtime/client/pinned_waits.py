@@ -64,11 +64,17 @@ DEFAULT_SETTING = "wait"
 # BACKOFF_LONGEST_S) while the first judgement after a back-off is still
 # busy. Only pinned waits count: what the thread queues for a CPU elsewhere
 # (the user's code, other clients' calls) says nothing of what pinning costs.
+# A busy judgement whose pins came BURST_PINS_PER_CALL or more per call started
+# (a burst of records or stream items woke the loop while a call ran: the call
+# path's own traffic queued the thread, not another process's) rests only until
+# no call is in flight, if that comes first: the next sequential call after a
+# burst waits pinned again at once.
 TIME_EVERY = 16
 TIMED_PER_JUDGEMENT = 16
 BUSY_WAIT_NS = 40_000  # base::PinBackoff::kWaitPerCall
 BACKOFF_FIRST_S = 1.0
 BACKOFF_LONGEST_S = 64.0
+BURST_PINS_PER_CALL = 16
 
 
 class CallsCpu(NamedTuple):
@@ -138,7 +144,7 @@ class PinnedWaits:
 
     __slots__ = ("cpu", "original", "in_flight", "armed", "pinned", "resting_until", "_cpu_set",
                  "_thread", "_pins", "_timed_at", "_timed", "_timed_ns", "_judged", "_period",
-                 "_after_backoff")
+                 "_after_backoff", "_calls", "_window_calls", "_window_pins", "_burst_rest")
 
     def __init__(self, cpu: int, original: set[int]) -> None:
         self.cpu = cpu
@@ -156,9 +162,14 @@ class PinnedWaits:
         self._judged = False  # past the first judgement
         self._period = BACKOFF_FIRST_S
         self._after_backoff = False
+        self._calls = 0  # holds so far
+        self._window_calls = 0  # _calls and _pins when the current judgement's window began
+        self._window_pins = 0
+        self._burst_rest = False  # the rest ends when no call is in flight
 
     def hold(self, pin: bool = True) -> None:
         self.in_flight += 1
+        self._calls += 1
         self.armed = pin and self.in_flight == 1
 
     def move_to(self, cpu: int) -> None:
@@ -195,8 +206,11 @@ class PinnedWaits:
             return
         # The first judgement holds connecting and warming up: not judged.
         busy = self._judged and self._timed_ns > BUSY_WAIT_NS * self._timed
+        calls, pins = self._calls - self._window_calls, self._pins - self._window_pins
+        self._window_calls, self._window_pins = self._calls, self._pins
         self._timed = self._timed_ns = 0
         self._judged = True
+        self._burst_rest = busy and pins >= BURST_PINS_PER_CALL * max(calls, 1)
         if not busy:
             self._period, self._after_backoff = BACKOFF_FIRST_S, False
             return
@@ -209,6 +223,9 @@ class PinnedWaits:
         # Never pinned here: only a select is (the loop runs this coroutine).
         self.in_flight -= 1
         self.armed = False
+        if self._burst_rest and self.in_flight == 0:
+            self._burst_rest = False
+            self.resting_until = 0.0
 
     def _set(self, pinned: bool) -> None:
         if threading.get_ident() != self._thread:
