@@ -91,7 +91,11 @@ PyObject* BridgeHandleRecord(PyObject* state, PyObject* record) {
   // declined (False) or an Exception: emit().
   PyObject* call_id = nullptr;
   PyObject* sent = nullptr;
-  if (PyContextVar_Get(PyTuple_GET_ITEM(state, 3), nullptr, &call_id) == 0) {
+  if (PyContextVar_Get(PyTuple_GET_ITEM(state, 3), nullptr, &call_id) == 0 &&
+      call_id == nullptr) {
+    // Unset and without a default: get() raises LookupError.
+    PyErr_SetObject(PyExc_LookupError, PyTuple_GET_ITEM(state, 3));
+  } else if (call_id != nullptr) {
     PyObject* argv[5] = {record, PyTuple_GET_ITEM(state, 2), call_id,
                          PyTuple_GET_ITEM(state, 4), PyTuple_GET_ITEM(state, 5)};
     sent = PyObject_Vectorcall(PyTuple_GET_ITEM(state, 1), argv, 5, nullptr);

@@ -49,7 +49,11 @@ TEST_CASE("bridge_handle sends, and emits what send declines or fails on",
      "b.outcome = ValueError('bad record')\n"
      "assert b.handle('r3') is True\n"
      "assert b.sent == [('r1', ''), ('r2', 'call-7'), ('r3', '')], b.sent\n"
-     "assert b.emitted == ['r2', 'r3'] and b.by_class == [], b.emitted\n");
+     "assert b.emitted == ['r2', 'r3'] and b.by_class == [], b.emitted\n"
+     "unset = contextvars.ContextVar('unset')\n"  // get() raises LookupError
+     "u = Bridge()\n"
+     "u.handle = w.bridge_handle(u, u.send, 'ctx', unset, STD, UNF)\n"
+     "assert u.handle('r5') is True and u.sent == [] and u.emitted == ['r5']\n");
   // Not an Exception: it propagates, as from the Python handle's try.
   CHECK(Raised("b.outcome = KeyboardInterrupt('stop'); b.handle('r4')",
                "KeyboardInterrupt") == "stop");
