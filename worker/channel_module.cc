@@ -12,6 +12,7 @@
 #include "worker/channel/diagnostics.h"
 #include "worker/channel/durable_line.h"
 #include "worker/channel/frame_intake.h"
+#include "worker/channel/log_handles.h"
 #include "worker/channel/py_args.h"
 #include "worker/channel/record_factory.h"
 #include "worker/channel/result_sender.h"
@@ -185,6 +186,11 @@ PyMethodDef kModuleMethods[] = {
      "write_log_line(record, sink, context, room): the durable log's default "
      "line for a plain LogRecord, written; its length, or -1 (nothing "
      "written) if the record needs the general path."},
+    {"bridge_handle", Fast<BridgeHandle>(), METH_FASTCALL,
+     "bridge_handle(handler, send_log_record, context, call_id, "
+     "standard_keys, unforwarded): the log bridge's handle(record) in C."},
+    {"durable_handle", Fast<DurableHandle>(), METH_FASTCALL,
+     "durable_handle(handler): the durable log's handle(record) in C."},
     {"map_log", Fast<MapLog>(), METH_FASTCALL,
      "map_log(fd): the durable log file as a mapping to append to."},
     {"append_log", Fast<AppendLog>(), METH_FASTCALL,

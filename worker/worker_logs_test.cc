@@ -353,6 +353,65 @@ TEST_CASE("The bridge's C path and its general path send the same record",
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
 
+TEST_CASE("The log handlers' C handle does what their Python handle does",
+          "[worker][logs]") {
+  // worker_fixture::log_handles_in_c sends each record through the C handle
+  // (log_handles.h) and then the class's Python handle: both frames and both
+  // durable lines must be the same. A handler filter still runs (nothing of
+  // "filtered out"), and the fixture checks the lock and the size count.
+  const std::string dir = absl::StrCat(TempRoot(), "/handles-", getpid());
+  fs::remove_all(dir);
+  WorkerArgs args;
+  args.env.push_back("AGENTIX_LOG_DIR=" + dir);
+  auto worker = ReadyWorker(args);
+  worker->Call("h", "worker_fixture::log_handles_in_c", Pickle("((), {})"));
+  const Reply reply = worker->AwaitReply("h");
+  INFO(reply.error.message);
+  REQUIRE(reply.ok);
+  AwaitLog(*worker, "app.handles", "handles nested arg");
+  const std::vector<LogRecord> logs = LogsOf(worker->logs(), "app.handles");
+  const std::vector<std::string> messages = {"handles 0 \xc3\xa9", "handles 1 7",
+                                             "handles 2"};
+  for (const std::string& message : messages) {
+    std::vector<LogRecord> pair;
+    for (const LogRecord& log : logs) {
+      if (log.message() == message) pair.push_back(log);
+    }
+    INFO(message);
+    REQUIRE(pair.size() == 2);
+    CHECK(pair[0].DebugString() == pair[1].DebugString());
+  }
+  CHECK(LogsOf(worker->logs(), "app.nested").size() == 2);
+  std::vector<std::string> sent;
+  for (const LogRecord& log : logs) sent.push_back(log.message());
+  CHECK(sent == std::vector<std::string>{
+                    messages[0], messages[0], messages[1], messages[1],
+                    messages[2], messages[2], "handles after the filter",
+                    "handles nested arg"});
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+  CHECK(Unpickle(reply.value, "v") == dir + "/sandbox-test-worker.log");
+  std::istringstream file(ReadFile(dir + "/sandbox-test-worker.log"));
+  std::map<std::string, std::vector<std::string>> lines;  // message -> lines
+  std::string line;
+  int count = 0;
+  while (std::getline(file, line)) {
+    const size_t at = line.find("[app.handles] ");
+    if (at == std::string::npos) continue;
+    lines[line.substr(at + 14)].push_back(line);
+    ++count;
+  }
+  for (const std::string& message : messages) {
+    INFO(message);
+    REQUIRE(lines[message].size() == 2);
+    CHECK(lines[message][0] == lines[message][1]);
+  }
+  CHECK(lines["handles after the filter"].size() == 1);
+  CHECK(lines["handles nested arg"].size() == 1);
+  CHECK(count == 8);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("The durable log rotates by bytes, keeping whole lines",
           "[worker][logs]") {
   const std::string dir = absl::StrCat(TempRoot(), "/rotate-", getpid());

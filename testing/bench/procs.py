@@ -267,13 +267,23 @@ def children(pid: int) -> list[int]:
 def thread_cpu_ns(pid: int) -> dict[str, int]:
     """{thread name: on-CPU ns summed over pid's threads of that name}.
     schedstat has ns resolution; /proc/<pid>/stat counts 10 ms ticks."""
+    return _thread_schedstat_ns(pid, 0)
+
+
+def thread_wait_ns(pid: int) -> dict[str, int]:
+    """{thread name: run-queue wait in ns (runnable, not running) summed over
+    pid's threads of that name}: the second schedstat field."""
+    return _thread_schedstat_ns(pid, 1)
+
+
+def _thread_schedstat_ns(pid: int, field: int) -> dict[str, int]:
     out = {}
     for task in glob.glob(f"/proc/{pid}/task/*"):
         try:
             with open(f"{task}/comm") as f:
                 name = f.read().strip()
             with open(f"{task}/schedstat") as f:
-                ns = int(f.read().split()[0])
+                ns = int(f.read().split()[field])
         except OSError:
             continue  # the thread ended meanwhile
         out[name] = out.get(name, 0) + ns

@@ -22,7 +22,10 @@ noisy neighbour hits both); --agentix gives the directory holding the
 Medians over the rounds are printed: the worker's threads by name, its
 `total`, `host` / `daemon` (this process, all threads; the daemon's
 process) and the host's threads by role (`host:loop`, `host:replay`,
-`host:other`; see host_thread_cpu_ns) per record / span; then every thread's (worker, host, daemon) busy
+`host:other`; see host_thread_cpu_ns) per record / span, and
+`wait:agentix-call`, the worker's calling thread's run-queue wait (time
+runnable but not running) per item: in a log burst that thread is the
+serial stage, so items/s is about 1 / (its CPU + its wait) per item; then every thread's (worker, host, daemon) busy
 share of the burst's wall time, which says which serial stage bounds the
 rate. --split adds the worker's calling thread stage by stage
 (`side_targets.worker_split`: stdlib logging, the bridge, the durable log,
@@ -114,6 +117,7 @@ def host_thread_cpu_ns():
 async def burst(client, worker_pid, daemon_pid, fn, n, counter):
     counter.count = 0
     before = procs.thread_cpu_ns(worker_pid)
+    waited_before = procs.thread_wait_ns(worker_pid)
     host_threads, daemon_threads = procs.thread_cpu_ns(os.getpid()), procs.thread_cpu_ns(daemon_pid)
     host_before, daemon_before = sum(host_threads.values()), sum(daemon_threads.values())
     roles_before = host_thread_cpu_ns()
@@ -123,6 +127,7 @@ async def burst(client, worker_pid, daemon_pid, fn, n, counter):
     wall = time.perf_counter() - start
     time.sleep(0.02)  # the sender thread may still be returning from a write
     after = procs.thread_cpu_ns(worker_pid)
+    waited = procs.thread_wait_ns(worker_pid)
     host_after, daemon_after = procs.thread_cpu_ns(os.getpid()), procs.thread_cpu_ns(daemon_pid)
     host = (sum(host_after.values()) - host_before) / 1e3 / n
     daemon = (sum(daemon_after.values()) - daemon_before) / 1e3 / n
@@ -139,8 +144,12 @@ async def burst(client, worker_pid, daemon_pid, fn, n, counter):
     per_thread = {name: (after[name] - before.get(name, 0)) / 1e3 / n
                   for name in after}
     roles = {name: (ns - roles_before.get(name, 0)) / 1e3 / n for name, ns in roles_after.items()}
+    # The calling thread's run-queue wait: with its CPU time, its wall time
+    # per item, which bounds the rate (see the module docstring).
+    wait = {f"wait:{name}": (ns - waited_before.get(name, 0)) / 1e3 / n
+            for name, ns in waited.items() if name == "agentix-call"}
     return {"total": sum(per_thread.values()), "rate": n / wall, "host": host,
-            "daemon": daemon, **per_thread, **others, **roles}
+            "daemon": daemon, **per_thread, **others, **roles, **wait}
 
 
 async def measure(sock, daemon_pid, records_n, spans_n, counters, split):
@@ -203,7 +212,7 @@ def utilisation(samples):
     rate is the one near 100%."""
     shares = {}
     for key in {k for s in samples for k in s}:
-        if key in ("rate", "host", "daemon", "total", "split"):
+        if key in ("rate", "host", "daemon", "total", "split") or key.startswith("wait:"):
             continue
         share = statistics.median(s.get(key, 0.0) * s["rate"] / 1e6 for s in samples)
         if share >= 0.05:

@@ -17,7 +17,9 @@ int IsPlainLogRecord(PyObject* record);
 
 // LogRecord.getMessage() from a plain record's `msg` and `args`: str(msg),
 // %-formatted with args if they are true. New reference, or nullptr with an
-// error set (whatever str() or % raised).
+// error set (whatever str() or % raised). The last message made from a str
+// and a tuple of str / int / float is kept and given again for the same
+// objects (the bridge and the durable log format each record in turn).
 PyObject* PlainMessage(PyObject* msg, PyObject* args);
 
 }  // namespace agentix::worker

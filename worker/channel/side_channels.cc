@@ -13,10 +13,17 @@
 namespace agentix::worker {
 namespace {
 
+// Room for a frame's header and msgpack keys around its record, and for
+// a common log record's bytes: reserved up front, each string is allocated
+// once instead of growing through several reallocations.
+constexpr size_t kFrameOverhead = 64;
+constexpr size_t kRecordBytes = 512;
+
 // Encodes `frame` and puts it on the log queue (see ChannelSendTrace for
 // why side-channel frames do not go through `out`). GIL held.
 bool QueueSideChannelFrame(PyObject* self, const ipc::Frame& frame) {
   std::string frames;
+  frames.reserve(frame.record.size() + kFrameOverhead);
   absl::Status status = ipc::AppendFrame(frame, frames);
   if (!status.ok()) {
     SetError(PyExc_ValueError, status);
@@ -93,6 +100,7 @@ PyObject* ChannelSendLogRecord(PyObject* self, PyObject* const* args,
   if (!CheckArgs("send_log_record", nargs, 5)) return nullptr;
   ipc::Frame frame;
   frame.type = ipc::FrameType::kLog;
+  frame.record.reserve(kRecordBytes);
   const int encoded = EncodePlainLogRecord(args[0], args[1], args[2], args[3],
                                            args[4], frame.record);
   if (encoded <= 0) return encoded < 0 ? nullptr : Py_NewRef(Py_False);

@@ -438,6 +438,43 @@ TEST_CASE("send_log_record's standard keys remembered from one record do "
   CHECK(RecordOf(frames[2]).message() == "last");
 }
 
+TEST_CASE("A record's message is made again unless its inputs are the "
+          "same immutable objects", "[channel]") {
+  // The bridge and the durable log format each record in turn; the second
+  // gets the first's message only for the same str msg and tuple of str /
+  // int / float args. A mutable or user-defined argument is formatted anew.
+  Py("import logging, tempfile\n"
+     "out = tempfile.TemporaryFile()\n"
+     "def line(record):\n"
+     "    assert w.write_log_line(record, out.fileno(), 'c', -1) > 0\n"
+     "    return record.message\n"
+     "def rec(msg, args):\n"
+     "    return logging.LogRecord('n', 20, 'p.py', 1, msg, args, None)\n"
+     "same = ('n %d %s', (5, 'x'))\n"
+     "first, second = rec(*same), rec(*same)\n"
+     "assert line(first) == 'n 5 x' and line(second) is first.message\n"
+     "items = ['a']\n"
+     "listed = ('items %s', (items,))\n"
+     "assert line(rec(*listed)) == \"items ['a']\"\n"
+     "items.append('b')\n"
+     "assert line(rec(*listed)) == \"items ['a', 'b']\"\n"
+     "class Counted:\n"
+     "    calls = 0\n"
+     "    def __str__(self):\n"
+     "        Counted.calls += 1\n"
+     "        return f'counted {Counted.calls}'\n"
+     "counted = rec('%s', (Counted(),))\n"
+     "assert (line(counted), line(counted)) == ('counted 1', 'counted 2')\n"
+     "msg = 'v %d'\n"
+     "assert (line(rec(msg, (1,))), line(rec(msg, (2,)))) == ('v 1', 'v 2')\n"
+     "args = (3,)\n"
+     "assert (line(rec('a %d', args)), line(rec('b %d', args))) == ('a 3', 'b 3')\n"
+     "out.seek(0)\n"
+     "lines = [l.split('] ', 2)[2] for l in out.read().decode().splitlines()]\n"
+     "assert lines == ['n 5 x', 'n 5 x', \"items ['a']\", \"items ['a', 'b']\",\n"
+     "                 'counted 1', 'counted 2', 'v 1', 'v 2', 'a 3', 'b 3'], lines\n");
+}
+
 TEST_CASE("send_log_record declines every other record, sending nothing",
           "[channel]") {
   Pair pair;

@@ -95,6 +95,9 @@ class _DurableHandler(logging.FileHandler):
         self._size = self._current_size()
         self._fd = self.stream.fileno()
         self._line_formatter = None
+        # handle() below in C (log_handles.h), as this instance's attribute:
+        # logging calls it with no Python frame per record.
+        self.handle = _w.durable_handle(self)
 
     def setFormatter(self, fmt):
         super().setFormatter(fmt)

@@ -82,6 +82,10 @@ class _LogBridge(logging.Handler):
         self._channel = channel
         self._context = context
         self._send_record = channel.send_log_record
+        # handle() below in C (log_handles.h), as this instance's attribute:
+        # logging calls it with no Python frame per record.
+        self.handle = _w.bridge_handle(self, self._send_record, context,
+                                       _call_id, _STANDARD_KEYS, _UNFORWARDED)
 
     def createLock(self):
         # send_log is thread-safe; a handler lock would only serialise

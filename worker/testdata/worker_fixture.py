@@ -309,6 +309,88 @@ def bridge_paths_agree():
     return len(made)
 
 
+def log_handles_in_c():
+    """The bridge's and the durable log's `handle` are the C ones
+    (log_handles.h) and do what their classes' Python `handle` does: each
+    record "handles <i>" goes through the C handle, then the class's, so the
+    test compares each pair of frames and of durable lines. Handler filters
+    are run (a record "filtered" is neither sent nor written), the durable
+    handler's lock is taken and released once per record, a record logged
+    while one is formatted is counted in the handler's size, and a record
+    with extras takes emit(). Returns the durable log's path."""
+    import _agentix_worker as w
+    root = logging.getLogger()
+    bridge = next(h for h in root.handlers if type(h).__name__ == "_LogBridge")
+    durable = next(h for h in root.handlers
+                   if type(h).__name__ == "_DurableHandler")
+    for handler in (bridge, durable):
+        assert type(handler.handle).__name__ == "builtin_function_or_method", (
+            handler.handle)
+    logger = logging.getLogger("app.handles")
+
+    class Nested:
+        def __str__(self):
+            logging.getLogger("app.nested").info("nested while formatting")
+            return "nested arg"
+
+    def record(i, *args, **extra):
+        made = logger.makeRecord("app.handles", logging.INFO, __file__, 20 + i,
+                                 f"handles {i}" + " %s" * len(args), args, None)
+        for key, value in extra.items():
+            setattr(made, key, value)
+        return made
+
+    class CountingLock:
+        def __init__(self, inner):
+            self.inner, self.acquired, self.released = inner, 0, 0
+
+        def acquire(self, *args):
+            self.acquired += 1
+            return self.inner.acquire(*args)
+
+        def release(self):
+            self.released += 1
+            self.inner.release()
+
+        __enter__ = acquire
+
+        def __exit__(self, *exc):
+            self.release()
+
+    made = [record(0, "\u00e9"), record(1, 7), record(2, extra_key="x")]
+    lock = durable.lock
+    counting = durable.lock = CountingLock(lock)
+    try:
+        for each in made:
+            bridge.handle(each)
+            durable.handle(each)
+            for handler in (bridge, durable):
+                type(handler).handle(handler, each)
+        assert counting.acquired == counting.released == 2 * len(made), (
+            counting.acquired, counting.released)
+    finally:
+        durable.lock = lock
+
+    class Refuse(logging.Filter):
+        def filter(self, rec):
+            return "filtered" not in rec.getMessage()
+
+    refuse = Refuse()
+    for handler in (bridge, durable):
+        handler.addFilter(refuse)
+    try:
+        logger.info("filtered out")
+        logger.info("handles after the filter")
+    finally:
+        for handler in (bridge, durable):
+            handler.removeFilter(refuse)
+    logger.info("handles %s", Nested())
+    written = (w.mapped_log_length(durable._mapped) if durable._mapped is not None
+               else os.fstat(durable._fd).st_size)
+    assert durable._size == written, (durable._size, written)
+    return durable.baseFilename
+
+
 def durable_rotation(records, max_bytes):
     """Lowers the durable log's size limit, then logs `records` records of
     two-byte characters (the limit counts bytes)."""
