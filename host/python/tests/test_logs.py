@@ -358,7 +358,9 @@ async def test_a_stream_the_daemon_ended_is_read_to_its_end_and_reported_lost(ca
         await stream.aclose()
     assert handler.messages == [f"record {seq}" for seq in range(1, 13)]
     assert rpc.acks_tried and rpc.acks_tried == sorted(rpc.acks_tried)
-    assert any("stream lost" in r.getMessage() and "RESOURCE_EXHAUSTED" in r.getMessage() for r in caplog.records)
+    lost = [r for r in caplog.records if "stream lost" in r.getMessage()]
+    assert len(lost) == 1 and lost[0].levelno == logging.WARNING
+    assert "RESOURCE_EXHAUSTED" in lost[0].getMessage() and "8388608 bytes unread" in lost[0].getMessage()
 
 
 async def test_cursor_follows_a_restarted_daemon():
