@@ -4,6 +4,7 @@ import asyncio
 import logging
 import time
 
+import grpc
 import msgpack
 import pytest
 import pytest_asyncio
@@ -300,6 +301,66 @@ async def test_log_replay_does_not_block_the_event_loop(runtime, client, capture
     assert time.monotonic() - started < 0.3
     assert handler.records == []
     await eventually(lambda: handler.records)
+
+
+class EndedByTheDaemonRpc:
+    """A Logs call the daemon has ended (RESOURCE_EXHAUSTED: the host fell
+    too far behind) while `responses` still wait unread on the host, as
+    grpc.aio behaves then (stop-26): `read` returns them, then raises the
+    status; a `write` fails and, before raising, waits for the status, which
+    gRPC delivers only once every response has been read."""
+
+    def __init__(self, responses):
+        self._responses = list(responses)
+        self._all_read = asyncio.Event()
+        self.acks_tried = []
+
+    def _status(self):
+        return grpc.aio.AioRpcError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.aio.Metadata(), grpc.aio.Metadata(),
+            details="this subscriber left more than 8388608 bytes unread")
+
+    async def write(self, request):
+        if request.WhichOneof("kind") != "ack":
+            return
+        self.acks_tried.append(request.ack.seq)
+        await self._all_read.wait()
+        raise self._status()
+
+    async def read(self):
+        await asyncio.sleep(0)
+        if self._responses:
+            return self._responses.pop(0)
+        self._all_read.set()
+        raise self._status()
+
+    def cancel(self):
+        pass
+
+
+async def test_a_stream_the_daemon_ended_is_read_to_its_end_and_reported_lost(capture, caplog):
+    from agentix.runtime.client.logs import LogCursor, LogsStream
+
+    handler = capture("sandbox.test")
+    responses = [
+        pb.LogsResponse(instance_id="daemon-1", records=[log_record(seq) for seq in range(first, first + 3)])
+        .SerializeToString()
+        for first in (1, 4, 7, 10)
+    ]
+    rpc = EndedByTheDaemonRpc(responses)
+    caplog.set_level(logging.DEBUG, logger="agentix.runtime.client")
+    stream = LogsStream(rpc, LogCursor(), lambda: None)
+    try:
+        # Awaiting each ack before the next read hung here for good after the
+        # first response: the stream neither replayed the rest nor ended.
+        await eventually(lambda: not stream.alive)
+    finally:
+        await stream.aclose()
+    assert handler.messages == [f"record {seq}" for seq in range(1, 13)]
+    assert rpc.acks_tried and rpc.acks_tried == sorted(rpc.acks_tried)
+    lost = [r for r in caplog.records if "stream lost" in r.getMessage()]
+    assert len(lost) == 1 and lost[0].levelno == logging.WARNING
+    assert "RESOURCE_EXHAUSTED" in lost[0].getMessage() and "8388608 bytes unread" in lost[0].getMessage()
 
 
 async def test_cursor_follows_a_restarted_daemon():

@@ -160,9 +160,17 @@ class SubscriptionStream:
     It subscribes with ``cursor.last_seq`` and ``cursor.instance_id``, then
     for every response: adopts its instance id, replays (in a worker thread,
     in order) the items whose seq is above ``cursor.last_seq``, advancing the
-    cursor past each, and writes one ack for the last seq replayed (none when
-    the response held nothing new). An item whose replay raises is reported
-    (the first one of a stream as a WARNING, later ones at DEBUG) and skipped;
+    cursor past each, and acknowledges the last seq replayed (none when the
+    response held nothing new). Acks are written beside the reads, never
+    awaited before the next read: one ack write at a time, the newest seq
+    once the previous write completes (acks are cumulative). Reading must not
+    wait for an ack: once the daemon has ended the stream (RESOURCE_EXHAUSTED
+    for a host that fell too far behind) a grpc.aio write fails and waits for
+    the call's status, which gRPC delivers only after every response still
+    buffered has been read, so awaiting it before reading hung the stream for
+    good (docs/RELIABILITY.md, "stop-26: the stalled Logs stream"). An item
+    whose replay raises is reported (the first one of a stream as a WARNING,
+    later ones at DEBUG) and skipped;
     a batch that cannot be replayed at all is reported (ERROR, with the
     traceback) and skipped; a response that cannot be decoded is reported
     (ERROR with the traceback for a stream's first, WARNING for later ones)
@@ -207,6 +215,9 @@ class SubscriptionStream:
         self._on_unimplemented = on_unimplemented
         self._previous = previous
         self._replaying: asyncio.Future | None = None
+        # The newest seq to acknowledge, and the task writing acks (see _acknowledge).
+        self._ack_seq = 0
+        self._ack_writer: asyncio.Task | None = None
         # Futures of `wait_replayed` callers, woken after each replayed batch.
         self._waiters: list[asyncio.Future] = []
         # Loop time of the last response (see settle).
@@ -303,6 +314,9 @@ class SubscriptionStream:
         self._rpc.cancel()
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
+        if self._ack_writer is not None:
+            self._ack_writer.cancel()
+            await asyncio.gather(self._ack_writer, return_exceptions=True)
         if self._previous is not None:  # closed before the previous stream had stopped
             await self._previous.aclose()
         if self._replaying is not None:
@@ -338,7 +352,7 @@ class SubscriptionStream:
                     self._wake_waiters()
                 last = cursor.last_seq
                 if last and last != acked:
-                    await self._rpc.write(self._ack_request(last))
+                    self._acknowledge(last)
                     acked = last
         except asyncio.CancelledError:
             raise
@@ -346,6 +360,11 @@ class SubscriptionStream:
             if error.code() == grpc.StatusCode.UNIMPLEMENTED:
                 _log.debug("the runtime does not implement %s; %ss are not replayed", self.rpc_name, self.noun)
                 self._on_unimplemented()
+            elif error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and not self._done:
+                # The daemon ended it: this host fell too far behind. What the
+                # daemon could not keep meanwhile is lost (it reports how many).
+                _log.warning("%s stream lost (re-opened by the next call): RESOURCE_EXHAUSTED, the runtime "
+                             "ended it because this host fell behind: %s", feed, error.details())
             elif not self._done:
                 _log.debug("%s stream lost (re-opened by the next call): %s", feed, error.code().name)
         except Exception as error:  # never let this stream disturb the client
@@ -356,6 +375,26 @@ class SubscriptionStream:
         finally:
             self._done = True
             self._wake_waiters()
+
+    def _acknowledge(self, seq: int) -> None:
+        """Has `seq` acknowledged without waiting: by the ack writer task,
+        started when none is running (it writes the newest seq each time its
+        last write completes)."""
+        self._ack_seq = seq
+        if self._ack_writer is None or self._ack_writer.done():
+            self._ack_writer = asyncio.create_task(self._write_acks(), name=f"agentix-{self.rpc_name.lower()}-acks")
+
+    async def _write_acks(self) -> None:
+        written = 0
+        try:
+            while self._ack_seq != written and not self._done:
+                seq = self._ack_seq
+                await self._rpc.write(self._ack_request(seq))
+                written = seq
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # the stream ended or failed: its reader (_run) reports that
+            _log.debug("%s ack not written: %r", self.rpc_name, error)
 
     def _replay_batch(self, items: Sequence[Any]) -> None:
         """Replays, in order, the items not seen yet, advancing the cursor.
