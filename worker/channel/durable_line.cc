@@ -36,12 +36,11 @@ constexpr const char* kLineKeyNames[kLineKeys] = {
 
 PyObject** LineKeys() {
   static PyObject* keys[kLineKeys] = {};  // interned; GIL-guarded
-  if (keys[0] == nullptr) {
-    for (int i = 0; i < kLineKeys; ++i) {
-      PyObject* key = PyUnicode_InternFromString(kLineKeyNames[i]);
-      if (key == nullptr) return nullptr;
-      keys[i] = key;
-    }
+  // The last entry, not the first: a failure part-way leaves the table to
+  // be completed by the next call.
+  if (keys[kLineKeys - 1] == nullptr &&
+      !InternAll(kLineKeyNames, kLineKeys, keys)) {
+    return nullptr;
   }
   return keys;
 }

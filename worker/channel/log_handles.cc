@@ -33,11 +33,8 @@ constexpr const char* kKeyNames[kKeys] = {
 
 PyObject** Keys() {
   static PyObject* keys[kKeys] = {};  // interned; GIL-guarded
-  if (keys[kKeys - 1] == nullptr) {
-    for (int i = 0; i < kKeys; ++i) {
-      if (keys[i] == nullptr) keys[i] = PyUnicode_InternFromString(kKeyNames[i]);
-      if (keys[i] == nullptr) return nullptr;
-    }
+  if (keys[kKeys - 1] == nullptr && !InternAll(kKeyNames, kKeys, keys)) {
+    return nullptr;
   }
   return keys;
 }

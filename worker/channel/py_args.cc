@@ -88,6 +88,14 @@ PyObject* Fill(PyObject* container, std::initializer_list<PyObject*> items) {
 
 }  // namespace
 
+bool InternAll(const char* const* strings, int n, PyObject** out) {
+  for (int i = 0; i < n; ++i) {
+    if (out[i] == nullptr) out[i] = PyUnicode_InternFromString(strings[i]);
+    if (out[i] == nullptr) return false;
+  }
+  return true;
+}
+
 PyObject* Tuple(std::initializer_list<PyObject*> items) {
   return Fill(AllSet(items) ? PyTuple_New(static_cast<Py_ssize_t>(items.size()))
                             : nullptr,

@@ -36,6 +36,11 @@ bool OptionalBuffer(PyObject* object, std::string& out);
 // returns nullptr (the error is already set).
 PyObject* Tuple(std::initializer_list<PyObject*> items);
 
+// Interns strings[i] into out[i] for each entry still nullptr (a table of
+// names looked up per record). False with the error set if one fails; the
+// entries after it stay nullptr, so a later call completes the table.
+bool InternAll(const char* const* strings, int n, PyObject** out);
+
 // A named record (a PyStructSequence: a tuple whose items are also
 // attributes) of `type`, from new references; like Tuple on failure.
 PyObject* Record(PyObject* type, std::initializer_list<PyObject*> items);

@@ -97,14 +97,6 @@ struct Factory {
 Factory* configured = nullptr;
 constexpr Py_ssize_t kMaxPlaces = 1024;
 
-bool Intern(const char* const* strings, int n, PyObject** out) {
-  for (int i = 0; i < n; ++i) {
-    out[i] = PyUnicode_InternFromString(strings[i]);
-    if (out[i] == nullptr) return false;
-  }
-  return true;
-}
-
 // A global of the logging module (borrowed), nullptr if absent (no error
 // set) or with an error set.
 PyObject* Global(const Factory& f, Name name) {
@@ -367,8 +359,8 @@ PyObject* SetLogRecordFactory(PyObject* /*module*/, PyObject* const* args,
   }
   ForgetPidInForkedChildren();
   auto* f = new Factory;
-  bool ok = Intern(kRecordKeyNames, kRecordKeys, f->keys) &&
-            Intern(kNameStrings, kNames, f->names);
+  bool ok = InternAll(kRecordKeyNames, kRecordKeys, f->keys) &&
+            InternAll(kNameStrings, kNames, f->names);
   f->factory = Py_NewRef(factory);
   f->context = Py_NewRef(context);
   f->logging_globals = Py_XNewRef(PyModule_GetDict(logging));
