@@ -444,6 +444,37 @@ def causes(events, starts, lats, slow_threshold_ns, stack_tids, timers):
     return {c: round(counts[c] / max(1, len(lats)), 5) for c in CAUSES}
 
 
+def tick_loss(starts, lats, period_ns=4_000_000):
+    """Per boundary of the tick period (CLOCK_MONOTONIC multiples of
+    `period_ns`: the periodic tick's due times, 4 ms at HZ=250), the calls'
+    excess over the median call from 100 us before it to 150 us after, less
+    the same sum half a period later (the baseline); p25/p50/p75 in us, as
+    tick_ring (testing/bench/floor) reports for a plain ring of processes.
+    Needs no trace."""
+    p50 = statistics.median(lats)
+
+    def loss(frm, to):
+        i = bisect.bisect_left(starts, frm - 10_000_000)
+        total = 0
+        while i < len(starts) and starts[i] < to:
+            if starts[i] + lats[i] >= frm and lats[i] > p50:
+                total += lats[i] - p50
+            i += 1
+        return total
+
+    losses = []
+    b = (starts[0] // period_ns + 1) * period_ns
+    while b + period_ns < starts[-1]:
+        half = b + period_ns // 2
+        losses.append((loss(b - 100_000, b + 150_000) - loss(half - 100_000, half + 150_000)) / 1e3)
+        b += period_ns
+    if not losses:
+        return {}
+    losses.sort()
+    return {"ticks": len(losses), "p25_us": round(_pct(losses, 0.25), 1),
+            "p50_us": round(_pct(losses, 0.5), 1), "p75_us": round(_pct(losses, 0.75), 1)}
+
+
 def _q(values, q):
     return round(_pct(sorted(values), q), 1) if values else None
 
@@ -637,6 +668,7 @@ def run(args):
         "p50_us": [round(statistics.median(lats[m::16]) / 1e3, 1) for m in range(16)],
         "slow_share": [round(sum(x > 2 * p50_ns for x in lats[m::16]) / len(lats[m::16]), 4)
                        for m in range(16)]}
+    report["tick_loss"] = tick_loss(starts, lats)
     gcs = data["gcs"]
     report["host_gc"] = {"collections": len(gcs), "slow_calls_with_gc": sum(
         any(g[0] < s + l and g[1] > s for g in gcs) for s, l in

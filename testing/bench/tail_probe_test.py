@@ -104,5 +104,27 @@ class TickBreakdownTest(unittest.TestCase):
         self.assertEqual(self.breakdown(), {})
 
 
+class TickLossTest(unittest.TestCase):
+    def test_the_excess_near_each_boundary_less_the_baseline_half_a_period_later(self):
+        # Calls of 50 us back to back over 5 periods; the one spanning each
+        # boundary takes 110 us (60 over), and one call each mid-period 60 us.
+        starts, lats, t = [], [], 0
+        while t < 5 * TICK:
+            lat = 50 * US
+            if t <= (t // TICK + 1) * TICK - 10 * US < t + 50 * US and t > TICK // 2:
+                lat = 110 * US
+            elif t <= (t // TICK) * TICK + TICK // 2 < t + 50 * US:
+                lat = 60 * US
+            starts.append(t)
+            lats.append(lat)
+            t += lat
+        out = tail_probe.tick_loss(starts, lats)
+        self.assertEqual(out["ticks"], 3)
+        self.assertEqual((out["p25_us"], out["p50_us"], out["p75_us"]), (50.0, 50.0, 50.0))
+
+    def test_too_short_a_stream_gives_nothing(self):
+        self.assertEqual(tail_probe.tick_loss([0, 100 * US], [50 * US, 50 * US]), {})
+
+
 if __name__ == "__main__":
     unittest.main()
