@@ -233,6 +233,13 @@ _PERF_EVENTS = ("sched:sched_switch,sched:sched_wakeup,sched:sched_migrate_task,
                 "timer:hrtimer_expire_entry,exceptions:page_fault_user,"
                 "irq_vectors:local_timer_entry,irq_vectors:reschedule_entry,"
                 "irq_vectors:call_function_single_entry")
+# With --tick as well: the tick's own span, the softirqs after it and the IPIs
+# it sends (the nohz idle-balance kick: smp_call_function from the tick).
+_TICK_EVENTS = "irq_vectors:local_timer_exit,irq:softirq_entry,irq:softirq_exit,ipi:ipi_send_cpu"
+
+
+def _perf_events(args):
+    return _PERF_EVENTS + ("," + _TICK_EVENTS if args.tick else "")
 
 
 def _pct(sorted_values, q):
@@ -437,6 +444,129 @@ def causes(events, starts, lats, slow_threshold_ns, stack_tids, timers):
     return {c: round(counts[c] / max(1, len(lats)), 5) for c in CAUSES}
 
 
+def tick_loss(starts, lats, period_ns=4_000_000):
+    """Per boundary of the tick period (CLOCK_MONOTONIC multiples of
+    `period_ns`: the periodic tick's due times, 4 ms at HZ=250), the calls'
+    excess over the median call from 100 us before it to 150 us after, less
+    the same sum half a period later (the baseline); p25/p50/p75 in us, as
+    tick_ring (testing/bench/floor) reports for a plain ring of processes.
+    Needs no trace."""
+    p50 = statistics.median(lats)
+
+    def loss(frm, to):
+        i = bisect.bisect_left(starts, frm - 10_000_000)
+        total = 0
+        while i < len(starts) and starts[i] < to:
+            if starts[i] + lats[i] >= frm and lats[i] > p50:
+                total += lats[i] - p50
+            i += 1
+        return total
+
+    losses = []
+    b = (starts[0] // period_ns + 1) * period_ns
+    while b + period_ns < starts[-1]:
+        half = b + period_ns // 2
+        losses.append((loss(b - 100_000, b + 150_000) - loss(half - 100_000, half + 150_000)) / 1e3)
+        b += period_ns
+    if not losses:
+        return {}
+    losses.sort()
+    return {"ticks": len(losses), "p25_us": round(_pct(losses, 0.25), 1),
+            "p50_us": round(_pct(losses, 0.5), 1), "p75_us": round(_pct(losses, 0.75), 1)}
+
+
+def _q(values, q):
+    return round(_pct(sorted(values), q), 1) if values else None
+
+
+_TICK_FUNCTIONS = ("function=tick_nohz_handler", "function=tick_sched_timer")
+
+
+def tick_breakdown(events, starts, lats, slow_threshold_ns, stack_tids, followers):
+    """Where the time goes when the kernel tick lands on a call (`--tick`'s
+    events needed). For each call with one tick on the CPU its threads ran on
+    (the timer-woken follower left out), in us: `stall`, from the tick's due
+    time (the previous multiple of the tick period before the handler's
+    `now`) or the CPU's last event after it, to the interrupt's entry (the
+    vCPU made no progress: no event, and the call's work was still to do);
+    `handler`, the interrupt's span; `kick`, whether the handler sent an IPI
+    through smp_call_function (the nohz idle-balance kick of a halted CPU);
+    `softirq`, the softirqs on that CPU in the call; `others`, the time
+    other processes' threads ran there; `rest`, the call's excess over the
+    median call less all of these (its later hops running slower). Reported
+    as p10/p50/p90 over the calls, with and without a kick, and the share of
+    each group over the slow threshold."""
+    times = [e[0] for e in events]
+    ticks = collections.defaultdict(list)
+    for t, cpu, _, _, ev, rest in events:
+        if ev == "hrtimer_expire_entry" and any(f in rest for f in _TICK_FUNCTIONS):
+            ticks[cpu].append(t)
+    gaps = sorted(b - a for ts in ticks.values() for a, b in zip(ts, ts[1:]))
+    if not gaps:
+        return {}
+    period = round(gaps[len(gaps) // 2] / 100_000) * 100_000  # 4 ms at HZ=250
+    p50 = statistics.median(lats)
+    groups = {"kick": collections.defaultdict(list), "no_kick": collections.defaultdict(list)}
+    for t0, lat in zip(starts, lats):
+        window = events[bisect.bisect_left(times, t0):bisect.bisect_right(times, t0 + lat)]
+        cpus = collections.Counter(cpu for _, cpu, _, tid, _, _ in window
+                                   if tid in stack_tids and tid not in followers)
+        if not cpus:
+            continue
+        cpu = cpus.most_common(1)[0][0]
+        mine = [e for e in window if e[1] == cpu]
+        due = [e for e in mine if e[4] == "hrtimer_expire_entry"
+               and any(f in e[5] for f in _TICK_FUNCTIONS)]
+        if len(due) != 1:
+            continue
+        f = {"handler": 0, "softirq": 0, "others": 0}
+        kick, entry, soft, ran, last, stall = False, None, None, None, t0, 0
+        due_at = due[0][0] - int(due[0][5].split("now=", 1)[1].split()[0]) % period
+        for t, _, _, _, ev, rest in mine:
+            if ev == "local_timer_entry":
+                entry = t
+                if due[0][0] - 20_000 < t <= due[0][0]:  # the tick's own interrupt
+                    stall = max(0, t - max(last, due_at))
+            elif ev == "local_timer_exit" and entry is not None:
+                f["handler"] += t - entry
+                entry = None
+            elif ev == "ipi_send_cpu" and entry is not None and "generic_exec_single" in rest:
+                kick = True
+            elif ev == "softirq_entry":
+                soft = t
+            elif ev == "softirq_exit" and soft is not None:
+                f["softirq"] += t - soft
+                soft = None
+            elif ev == "sched_switch":
+                if ran is not None:
+                    f["others"] += t - ran
+                    ran = None
+                try:
+                    nxt = int(rest.rsplit("next_pid=", 1)[1].split()[0])
+                except (IndexError, ValueError):
+                    continue
+                if nxt not in stack_tids and nxt != 0:
+                    ran = t
+            last = t
+        if ran is not None:
+            f["others"] += t0 + lat - ran
+        f["stall"] = stall
+        f["excess"] = lat - p50
+        f["rest"] = f["excess"] - f["stall"] - f["handler"] - f["softirq"] - f["others"]
+        g = groups["kick" if kick else "no_kick"]
+        for k, v in f.items():
+            g[k].append(v / 1e3)
+        g["slow"].append(lat > slow_threshold_ns)
+    out = {"tick_period_us": period / 1e3}
+    for name, g in groups.items():
+        n = len(g["slow"])
+        out[name] = {"calls": n, "share_of_calls": round(n / max(1, len(lats)), 5),
+                     "share_slow": round(sum(g["slow"]) / max(1, n), 3)}
+        for k in ("excess", "stall", "handler", "softirq", "others", "rest"):
+            out[name][k + "_us_p10_p50_p90"] = [_q(g[k], q) for q in (0.1, 0.5, 0.9)]
+    return out
+
+
 def run_starts(events, starts, lats, slow_threshold_ns, stack_tids, quiet=20):
     """What happened around the first slow call after `quiet` fast ones (a
     run of slow calls starting), from the previous call's start to its end:
@@ -510,7 +640,7 @@ def run(args):
             names = thread_names(pids)
             if args.perf:
                 perf = subprocess.Popen(["perf", "record", "-q", "-a", "-k", "CLOCK_MONOTONIC",
-                                         "-e", _PERF_EVENTS, "-o", perf_data],
+                                         "-e", _perf_events(args), "-o", perf_data],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(1.0)
             host.stdin.write("go\n")
@@ -538,6 +668,7 @@ def run(args):
         "p50_us": [round(statistics.median(lats[m::16]) / 1e3, 1) for m in range(16)],
         "slow_share": [round(sum(x > 2 * p50_ns for x in lats[m::16]) / len(lats[m::16]), 4)
                        for m in range(16)]}
+    report["tick_loss"] = tick_loss(starts, lats)
     gcs = data["gcs"]
     report["host_gc"] = {"collections": len(gcs), "slow_calls_with_gc": sum(
         any(g[0] < s + l and g[1] > s for g in gcs) for s, l in
@@ -552,8 +683,12 @@ def run(args):
         report["threads"] = sorted(names.values())
         report["correlation"] = correlate(events, starts, lats, 2 * p50_ns, set(names), names)
         report["slow_run_starts"] = run_starts(events, starts, lats, 2 * p50_ns, set(names))
+        timers = our_timers(events, set(names))
         report["slow_calls_by_cause"] = causes(events, starts, lats, 2 * p50_ns, set(names),
-                                               our_timers(events, set(names)))
+                                               timers)
+        if args.tick:
+            report["tick_breakdown"] = tick_breakdown(events, starts, lats, 2 * p50_ns,
+                                                      set(names), timers[1])
     report["load_end"] = os.getloadavg()[0]
     if args.floor:
         fl = subprocess.run([args.floor, "--big-mib=1", "--concurrency=16"], env=env,
@@ -591,7 +726,7 @@ def run_ab(args, swapped=False):
                 procs.ab_daemon(*second, env, "agx-tail-b-") as (sb, db):
             if args.perf:
                 perf = subprocess.Popen(["perf", "record", "-q", "-a", "-k", "CLOCK_MONOTONIC",
-                                         "-e", _PERF_EVENTS, "-o", perf_data],
+                                         "-e", _perf_events(args), "-o", perf_data],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(1.0)
             try:
@@ -685,6 +820,10 @@ def main():
     parser.add_argument("--perf", action="store_true",
                         help="trace the scheduler meanwhile (with --ab: each side's slow "
                         "calls by cause)")
+    parser.add_argument("--tick", action="store_true",
+                        help="with --perf (not --ab): also trace the tick's interrupt, "
+                        "softirqs and IPIs, and report where a call that meets the tick "
+                        "loses its time (tick_breakdown)")
     parser.add_argument("--keep", action="store_true", help="keep the latencies and the trace")
     parser.add_argument("--ab", action="store_true",
                         help="block-interleaved A/B of --a-sandboxd/--a-worker against "

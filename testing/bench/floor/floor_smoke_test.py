@@ -70,8 +70,18 @@ class FloorSmokeTest(unittest.TestCase):
         self.assertLessEqual(report["spawn_p50_ms"], report["spawn_p99_ms"])
         self.assertGreater(report["spawn_cpu_ms"], 0)
 
+    def test_tick_ring(self):
+        for pages in ("0", "8"):
+            report = run("tick_ring", "--procs=3", "--cpu=0", f"--pages={pages}")
+            self.assertEqual((report["kind"], report["procs"]), ("tick_ring", 3))
+            self.assertEqual(report["pages_per_hop"], int(pages))
+            self.assertGreater(report["rounds"], 0)
+            self.assertGreater(report["ticks"], 10)  # --quick: 300 ms of 4 ms periods
+            self.assertLessEqual(report["round_p50_us"], report["round_p99_us"])
+            self.assertLessEqual(report["tick_loss_p25_us"], report["tick_loss_p75_us"])
+
     def test_bad_flag_is_refused(self):
-        for name in ("unix_pingpong", "grpc_pingpong", "spawn_true"):
+        for name in ("unix_pingpong", "grpc_pingpong", "spawn_true", "tick_ring"):
             proc = subprocess.run([os.path.join(HERE, name), "--nope"],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
             self.assertEqual(proc.returncode, 2, name)

@@ -1,0 +1,130 @@
+"""tail_probe's tick breakdown: where a call that meets the kernel tick loses its time."""
+
+import unittest
+
+import tail_probe
+
+US = 1000
+TICK = 4000 * US
+STACK, FOLLOWER, OTHER = {10, 11, 12}, {12}, 99
+
+
+def switch(t, cpu, prev, nxt):
+    return (t, cpu, "x", prev, "sched_switch",
+            f"prev_comm=x prev_pid={prev} prev_prio=120 prev_state=S ==> "
+            f"next_comm=y next_pid={nxt} next_prio=120")
+
+
+def tick(t_entry, cpu, handler_us, now_after_due_us, kick=False):
+    """The tick's interrupt on `cpu`: entry, the handler (its `now` that long
+    after the period's due time), an idle-balance kick if asked, exit."""
+    due_at = t_entry - (now_after_due_us - 1) * US
+    now = due_at + now_after_due_us * US
+    events = [(t_entry, cpu, "x", 0, "local_timer_entry", "vector=236"),
+              (t_entry + US, cpu, "x", 0, "hrtimer_expire_entry",
+               f"hrtimer=0xffff1 function=tick_nohz_handler now={now}")]
+    if kick:
+        events.append((t_entry + 2 * US, cpu, "x", 0, "ipi_send_cpu",
+                       "cpu=0 callsite=generic_exec_single+0x9c target=nohz_csd_func"))
+    events.append((t_entry + handler_us * US, cpu, "x", 0, "local_timer_exit", "vector=236"))
+    return events
+
+
+class TickBreakdownTest(unittest.TestCase):
+    def setUp(self):
+        # Ten plain calls of 50 us (the median) on CPU 1, away from any tick.
+        self.starts = [TICK // 2 + i * 100 * US for i in range(10)]
+        self.lats = [50 * US] * 10
+        self.events = [switch(s + 5 * US, 1, 10, 11) for s in self.starts]
+
+    def call(self, start, lat, events):
+        self.starts.append(start)
+        self.lats.append(lat)
+        self.events.extend(events)
+
+    def breakdown(self):
+        order = sorted(range(len(self.starts)), key=self.starts.__getitem__)
+        return tail_probe.tick_breakdown(
+            sorted(self.events), [self.starts[i] for i in order],
+            [self.lats[i] for i in order], 100 * US, STACK, FOLLOWER)
+
+    def test_a_kicking_tick_is_split_into_stall_handler_softirq_others_and_rest(self):
+        t0 = TICK - 10 * US  # the call starts 10 us before the tick is due
+        self.call(t0, 120 * US, [
+            switch(t0 + 5 * US, 1, 10, 11),
+            # no event from the due time until the interrupt: a 20 us stall
+            *tick(TICK + 20 * US, 1, handler_us=30, now_after_due_us=21, kick=True),
+            (TICK + 51 * US, 1, "x", 11, "softirq_entry", "vec=7 [action=SCHED]"),
+            (TICK + 56 * US, 1, "x", 11, "softirq_exit", "vec=7 [action=SCHED]"),
+            switch(TICK + 60 * US, 1, 11, OTHER),  # another process runs 10 us
+            switch(TICK + 70 * US, 1, OTHER, 11),
+        ])
+        # A tick without a kick, lasting 12 us after a 15 us stall.
+        t1 = 2 * TICK - 10 * US
+        self.call(t1, 90 * US, [switch(t1 + 5 * US, 1, 10, 11),
+                                *tick(2 * TICK + 15 * US, 1, handler_us=12, now_after_due_us=16)])
+        out = self.breakdown()
+        self.assertEqual(out["tick_period_us"], 4000.0)
+        kick, plain = out["kick"], out["no_kick"]
+        self.assertEqual((kick["calls"], plain["calls"]), (1, 1))
+        self.assertEqual(kick["share_slow"], 1.0)  # 120 us > the threshold of 100
+        self.assertEqual(plain["share_slow"], 0.0)
+        self.assertEqual(kick["excess_us_p10_p50_p90"][1], 70.0)
+        self.assertEqual(kick["stall_us_p10_p50_p90"][1], 20.0)
+        self.assertEqual(kick["handler_us_p10_p50_p90"][1], 30.0)
+        self.assertEqual(kick["softirq_us_p10_p50_p90"][1], 5.0)
+        self.assertEqual(kick["others_us_p10_p50_p90"][1], 10.0)
+        self.assertEqual(kick["rest_us_p10_p50_p90"][1], 5.0)
+        self.assertEqual(plain["excess_us_p10_p50_p90"][1], 40.0)
+        self.assertEqual(plain["stall_us_p10_p50_p90"][1], 15.0)
+        self.assertEqual(plain["handler_us_p10_p50_p90"][1], 12.0)
+        self.assertEqual(plain["rest_us_p10_p50_p90"][1], 13.0)
+
+    def test_progress_after_the_due_time_is_not_stall(self):
+        t0 = TICK - 10 * US
+        # The call's thread switches 8 us after the due time: the stall starts there.
+        self.call(t0, 100 * US, [switch(TICK + 8 * US, 1, 10, 11),
+                                 *tick(TICK + 20 * US, 1, handler_us=12, now_after_due_us=21)])
+        # (a second tick, in a call with no thread of the stack, gives the period)
+        self.call(2 * TICK - 10 * US, 60 * US,
+                  tick(2 * TICK + 5 * US, 1, handler_us=12, now_after_due_us=6))
+        self.assertEqual(self.breakdown()["no_kick"]["stall_us_p10_p50_p90"][1], 12.0)
+
+    def test_a_tick_on_the_followers_cpu_only_is_not_the_calls(self):
+        t0 = TICK - 10 * US
+        self.call(t0, 60 * US, [switch(t0 + 5 * US, 1, 10, 11),
+                                switch(t0 + 6 * US, 0, 0, 12),  # the follower wakes on CPU 0
+                                *tick(TICK + 20 * US, 0, handler_us=12, now_after_due_us=21)])
+        self.call(2 * TICK, 60 * US, tick(2 * TICK + 20 * US, 0, handler_us=12,
+                                          now_after_due_us=21))
+        out = self.breakdown()
+        self.assertEqual(out["kick"]["calls"] + out["no_kick"]["calls"], 0)
+
+    def test_no_tick_in_the_trace_gives_nothing(self):
+        self.assertEqual(self.breakdown(), {})
+
+
+class TickLossTest(unittest.TestCase):
+    def test_the_excess_near_each_boundary_less_the_baseline_half_a_period_later(self):
+        # Calls of 50 us back to back over 5 periods; the one spanning each
+        # boundary takes 110 us (60 over), and one call each mid-period 60 us.
+        starts, lats, t = [], [], 0
+        while t < 5 * TICK:
+            lat = 50 * US
+            if t <= (t // TICK + 1) * TICK - 10 * US < t + 50 * US and t > TICK // 2:
+                lat = 110 * US
+            elif t <= (t // TICK) * TICK + TICK // 2 < t + 50 * US:
+                lat = 60 * US
+            starts.append(t)
+            lats.append(lat)
+            t += lat
+        out = tail_probe.tick_loss(starts, lats)
+        self.assertEqual(out["ticks"], 3)
+        self.assertEqual((out["p25_us"], out["p50_us"], out["p75_us"]), (50.0, 50.0, 50.0))
+
+    def test_too_short_a_stream_gives_nothing(self):
+        self.assertEqual(tail_probe.tick_loss([0, 100 * US], [50 * US, 50 * US]), {})
+
+
+if __name__ == "__main__":
+    unittest.main()
