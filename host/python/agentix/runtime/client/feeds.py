@@ -36,7 +36,7 @@ class Feed(Generic[S]):
     streams share, whether the daemon lacks the RPC, and when it was last
     re-opened. `flag` names the client attribute that turns it on."""
 
-    __slots__ = ("flag", "stream_type", "cursor", "stream", "channel", "unimplemented", "reopened_at")
+    __slots__ = ("flag", "stream_type", "cursor", "stream", "channel", "metadata", "unimplemented", "reopened_at")
 
     def __init__(self, flag: str, stream_type: type[S], cursor: SeqCursor) -> None:
         self.flag = flag
@@ -44,6 +44,7 @@ class Feed(Generic[S]):
         self.cursor = cursor
         self.stream: S | None = None
         self.channel: grpc.aio.Channel | None = None
+        self.metadata: tuple | None = None
         self.unimplemented = False
         self.reopened_at = float("-inf")
 
@@ -58,22 +59,40 @@ class Feed(Generic[S]):
         rpc = self.stream_type.open_rpc(channel, metadata)
         self.stream = self.stream_type(rpc, self.cursor, self._not_implemented, previous=previous)
         self.channel = channel
+        self.metadata = metadata
 
     def _not_implemented(self) -> None:
         self.unimplemented = True
 
     async def wait_replayed(self, seq: int) -> None:
         """Waits until this feed has replayed up to `seq` (a call's barrier),
-        across a re-opened stream, while replay makes progress; returns at
-        once when there is no live stream."""
+        across re-opened streams, while replay makes progress; returns at
+        once when there is no stream (closed, turned off).
+
+        A stream lost meanwhile is re-opened at once with the cursor, so the
+        call still gets its records the daemon holds (a daemon before stop
+        27 ended the stream of a host that fell 8 MiB behind with
+        RESOURCE_EXHAUSTED, records still buffered; docs/RELIABILITY.md):
+        again after each re-opened stream that replayed something, so a
+        stream that fails at once costs one re-open per wait."""
         cursor = self.cursor
+        may_reopen = True
         while cursor.last_seq < seq:
             stream = self.stream
-            if stream is None or not stream.alive:
+            if stream is None:
                 return
+            if not stream.alive:
+                if not may_reopen or self.unimplemented or self.channel is None:
+                    return
+                may_reopen = False
+                self.reopened_at = asyncio.get_running_loop().time()
+                self.ensure(self.channel, self.metadata)
+                continue
             before = cursor.last_seq
             await stream.wait_replayed(seq, BARRIER_IDLE_SECONDS)
-            if self.stream is stream and cursor.last_seq == before:
+            if cursor.last_seq > before:
+                may_reopen = True
+            elif self.stream is stream and stream.alive:
                 return  # no progress for the whole bound
 
     def detach(self) -> SubscriptionStream | None:

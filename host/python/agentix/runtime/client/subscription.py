@@ -363,8 +363,9 @@ class SubscriptionStream:
             elif error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and not self._done:
                 # The daemon ended it: this host fell too far behind. What the
                 # daemon could not keep meanwhile is lost (it reports how many).
-                _log.warning("%s stream lost (re-opened by the next call): RESOURCE_EXHAUSTED, the runtime "
-                             "ended it because this host fell behind: %s", feed, error.details())
+                _log.warning("%s stream lost (re-opened by a call waiting for its records, else by the next "
+                             "call): RESOURCE_EXHAUSTED, the runtime ended it because this host fell behind: %s",
+                             feed, error.details())
             elif not self._done:
                 _log.debug("%s stream lost (re-opened by the next call): %s", feed, error.code().name)
         except Exception as error:  # never let this stream disturb the client
