@@ -310,14 +310,15 @@ class EndedByTheDaemonRpc:
     status; a `write` fails and, before raising, waits for the status, which
     gRPC delivers only once every response has been read."""
 
-    def __init__(self, responses):
+    def __init__(self, responses, code=grpc.StatusCode.RESOURCE_EXHAUSTED):
         self._responses = list(responses)
+        self._code = code
         self._all_read = asyncio.Event()
         self.acks_tried = []
 
     def _status(self):
         return grpc.aio.AioRpcError(
-            grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.aio.Metadata(), grpc.aio.Metadata(),
+            self._code, grpc.aio.Metadata(), grpc.aio.Metadata(),
             details="this subscriber left more than 8388608 bytes unread")
 
     async def write(self, request):
@@ -428,17 +429,22 @@ async def test_a_call_waiting_for_records_reopens_a_stream_the_daemon_ended_and_
         await feed.detach().aclose()
 
 
-async def test_a_stream_that_fails_at_once_is_reopened_once_per_wait(capture):
+@pytest.mark.parametrize("first_code", ["RESOURCE_EXHAUSTED", "UNAVAILABLE"])
+async def test_only_a_stream_ended_after_replaying_because_the_host_fell_behind_is_reopened_at_once(
+        capture, first_code):
     handler = capture("sandbox.test")
-    rpcs = [EndedByTheDaemonRpc(_responses(1)), EndedByTheDaemonRpc([]), EndedByTheDaemonRpc([])]
+    rpcs = [EndedByTheDaemonRpc(_responses(1), getattr(grpc.StatusCode, first_code)),
+            EndedByTheDaemonRpc([]), EndedByTheDaemonRpc([])]
     feed, stream_type = _scripted_feed(rpcs)
     feed.ensure(object(), None)
     try:
         await asyncio.wait_for(feed.wait_replayed(12), 10)
-        # The first stream replayed 1..3, so it was re-opened; the second
-        # one failed without replaying anything, so it was not.
         assert handler.messages == [f"record {seq}" for seq in range(1, 4)]
-        assert stream_type.opened == 2
+        # RESOURCE_EXHAUSTED after replaying 1..3: re-opened; the second
+        # stream, refused before replaying anything (e.g. too many
+        # subscribers), is not. A stream lost otherwise (UNAVAILABLE: a cut
+        # connection) is left to the client's reconnection.
+        assert stream_type.opened == (2 if first_code == "RESOURCE_EXHAUSTED" else 1)
     finally:
         await feed.detach().aclose()
 

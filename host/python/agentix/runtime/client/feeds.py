@@ -69,30 +69,29 @@ class Feed(Generic[S]):
         across re-opened streams, while replay makes progress; returns at
         once when there is no stream (closed, turned off).
 
-        A stream lost meanwhile is re-opened at once with the cursor, so the
-        call still gets its records the daemon holds (a daemon before stop
-        27 ended the stream of a host that fell 8 MiB behind with
-        RESOURCE_EXHAUSTED, records still buffered; docs/RELIABILITY.md):
-        again after each re-opened stream that replayed something, so a
-        stream that fails at once costs one re-open per wait."""
+        A stream the daemon ended because this host fell behind, after it
+        had replayed some of its records (`fell_behind`: a daemon before stop
+        27 ends a host 8 MiB behind with RESOURCE_EXHAUSTED, the records
+        still buffered; docs/RELIABILITY.md), is re-opened at once with the
+        cursor, so the call still gets what the daemon holds. Any other end
+        (a cut connection, a refusal) is left to the client's reconnection
+        and the next call, as before."""
         cursor = self.cursor
-        may_reopen = True
         while cursor.last_seq < seq:
             stream = self.stream
             if stream is None:
                 return
             if not stream.alive:
-                if not may_reopen or self.unimplemented or self.channel is None:
+                if not stream.fell_behind or self.channel is None:
                     return
-                may_reopen = False
-                self.reopened_at = asyncio.get_running_loop().time()
-                self.ensure(self.channel, self.metadata)
+                try:
+                    self.ensure(self.channel, self.metadata)
+                except Exception:  # a channel the client has closed: the next call re-opens it
+                    return
                 continue
             before = cursor.last_seq
             await stream.wait_replayed(seq, BARRIER_IDLE_SECONDS)
-            if cursor.last_seq > before:
-                may_reopen = True
-            elif self.stream is stream and stream.alive:
+            if self.stream is stream and stream.alive and cursor.last_seq == before:
                 return  # no progress for the whole bound
 
     def detach(self) -> SubscriptionStream | None:
