@@ -272,12 +272,13 @@ async def test_a_host_that_falls_behind_gets_every_record_of_the_burst_before_th
     import barrier_targets
 
     # 3,000 records of 8 KiB (24 MiB) while the host's first replay blocks
-    # for 2 s: the host falls far past the daemon's 8 MiB of unwritten bytes
-    # per stream, within its 10,000-record buffer. The daemon used to end the
+    # for 1 s (less than the 2 s a call's barrier waits without progress):
+    # the host falls far past the daemon's 8 MiB of unwritten bytes per
+    # stream, within its 10,000-record buffer. The daemon used to end the
     # stream (RESOURCE_EXHAUSTED): the call returned at once without most of
     # its records, which came with the next call or were lost.
     n = 3000
-    with on_root_logger(SlowAtFirst("e2e.big", stall=2.0)) as slow:
+    with on_root_logger(SlowAtFirst("e2e.big", stall=1.0)) as slow:
         async with RuntimeClient(daemon.url) as c:
             await c.remote(t.add, 1, 1)  # the Logs stream is open
             assert await c.remote(barrier_targets.log_big_records, n, 8192) == n

@@ -211,7 +211,8 @@ async def test_a_host_that_falls_behind_gets_every_span_of_the_burst_before_the_
     import barrier_targets
 
     class SlowAtFirst(trace.Processor):
-        """Blocks 2 s on the first big span (a host processor that stalls)."""
+        """Blocks 1 s on the first big span (a host processor that stalls;
+        less than the 2 s a call's barrier waits without progress)."""
 
         def __init__(self):
             self.indexes = []
@@ -222,7 +223,7 @@ async def test_a_host_that_falls_behind_gets_every_span_of_the_burst_before_the_
         def on_span_end(self, span):
             if span.name == "big-span":
                 if not self.indexes:
-                    time.sleep(2.0)
+                    time.sleep(1.0)
                 self.indexes.append(int(span.attrs["index"]))
 
     slow = SlowAtFirst()
