@@ -8,8 +8,9 @@ sandbox's log records into the host's stdlib logging
 events into the host's trace processors (`agentix.runtime.client.traces`).
 ``logs=False`` / ``traces=False`` turn them off. Either one, when lost while
 calls keep working, is re-opened by the next call (at most once per second
-each) with the cursor its earlier streams left; a daemon that does not
-implement one is not asked for it again."""
+each) with the cursor its earlier streams left, or at once by a call waiting
+for its records when the daemon ended it because this host fell behind; a
+daemon that does not implement one is not asked for it again."""
 
 from __future__ import annotations
 
