@@ -110,23 +110,6 @@ class BatchingWriter {
     return delay_now_;
   }
 
-  // A peer that does not read must not make this writer buffer without
-  // bound: once more than `bytes` wait to be written, the stream ends with
-  // `status` and its queue is freed. Before the first Enqueue.
-  void SetQueueLimit(size_t bytes, grpc::Status status) {
-    absl::MutexLock lock(&mu_);
-    queue_limit_bytes_ = bytes;
-    queue_limit_status_ = std::move(status);
-  }
-
-  // Raises the queue limit by `bytes` (saturating): room for a backlog handed
-  // over at once, which is bounded elsewhere and must not end the stream.
-  void RaiseQueueLimit(size_t bytes) {
-    absl::MutexLock lock(&mu_);
-    queue_limit_bytes_ = queue_limit_bytes_ > SIZE_MAX - bytes ? SIZE_MAX
-                                                               : queue_limit_bytes_ + bytes;
-  }
-
   // Caps one message at `bytes` serialized (default and most kMaxBatchBytes);
   // an item bigger than that alone still goes alone. Each stream holds its
   // message in flight serialized, so streams that may be many and idle use
@@ -152,13 +135,27 @@ class BatchingWriter {
 
   // Queues `items` in order; returns false once the stream has ended.
   bool Enqueue(std::vector<ItemPtr> items) {
+    return Offer(std::move(items), SIZE_MAX) == Offered::kQueued;
+  }
+
+  enum class Offered { kQueued, kBacklogged, kEnded };
+  // Enqueue, unless more than `high_bytes` already wait to be written (a
+  // peer reading slower than the producer): then none of `items` is queued
+  // (kBacklogged; the producer keeps them) and OnBacklogCleared() runs once
+  // the backlog falls below a quarter of `high_bytes`, for the producer to
+  // offer them again. A backlog is thus bounded by `high_bytes` plus one
+  // offer, without ending the stream. kEnded once the stream has ended.
+  Offered Offer(std::vector<ItemPtr> items, size_t high_bytes) {
     Reactor* reactor;
-    std::optional<grpc::Status> finish;
-    bool over_limit = false;
     {
       absl::MutexLock lock(&mu_);
       if (reactor_ == nullptr || finished_ || cancelled_ || failure_) {
-        return false;
+        return Offered::kEnded;
+      }
+      if (queued_bytes_ > high_bytes) {
+        resume_below_ = high_bytes / 4;
+        backlog_paused_ = true;
+        return Offered::kBacklogged;
       }
       // Items already queued here were held back for coalescing and their
       // flush has not run yet (a write in flight returns below).
@@ -170,35 +167,26 @@ class BatchingWriter {
       }
       AddQueued(static_cast<int64_t>(added));
       reactor = reactor_;
-      over_limit = queued_bytes_ > queue_limit_bytes_;
-      if (over_limit) {
-        failure_ = queue_limit_status_;
-        ClearQueue();
-        finish = TakeFinish();
-      } else {
-        // OnWriteDone, WriteFirst or WriteHeldBack picks them up.
-        if (write_in_flight_ || awaiting_first_ || HoldBack()) return true;
-        // Not held back for want of time. With items that waited their
-        // whole delay (the flush is late: a loaded machine's timer) the
-        // burst goes on, as in WriteHeldBack; only an item that finds
-        // nothing waiting found a quiet moment, which ends a burst.
-        if (coalescing_.has_value() && !urgent_ &&
-            queued_bytes_ < coalescing_->min_bytes) {
-          if (held_back) {
-            GrowDelay();
-          } else {
-            delay_now_ = coalescing_->delay;
-          }
-        }
-        StartBatch();
+      // OnWriteDone, WriteFirst or WriteHeldBack picks them up.
+      if (write_in_flight_ || awaiting_first_ || HoldBack()) {
+        return Offered::kQueued;
       }
-    }
-    if (over_limit) {
-      FinishOutsideLock(finish, reactor);
-      return false;
+      // Not held back for want of time. With items that waited their
+      // whole delay (the flush is late: a loaded machine's timer) the
+      // burst goes on, as in WriteHeldBack; only an item that finds
+      // nothing waiting found a quiet moment, which ends a burst.
+      if (coalescing_.has_value() && !urgent_ &&
+          queued_bytes_ < coalescing_->min_bytes) {
+        if (held_back) {
+          GrowDelay();
+        } else {
+          delay_now_ = coalescing_->delay;
+        }
+      }
+      StartBatch();
     }
     reactor->StartWrite(&batch_);
-    return true;
+    return Offered::kQueued;
   }
 
   // Writes what coalescing held back (see Coalescing), if nothing else has.
@@ -288,7 +276,7 @@ class BatchingWriter {
     absl::MutexLock lock(&mu_);
     if (queued_bytes_ <= high_bytes || finished_ || cancelled_) return false;
     resume_below_ = high_bytes / 4;
-    reads_paused_ = true;
+    backlog_paused_ = true;
     return true;
   }
 
@@ -297,7 +285,7 @@ class BatchingWriter {
     Reactor* reactor = nullptr;
     std::optional<grpc::Status> finish;
     bool write_next = false;
-    bool resume_reads = false;
+    bool backlog_cleared = false;
     {
       absl::MutexLock lock(&mu_);
       reactor = reactor_;
@@ -310,13 +298,13 @@ class BatchingWriter {
         write_in_flight_ = false;
         finish = TakeFinish();
       }
-      if (reads_paused_ && !cancelled_ && !finished_ &&
+      if (backlog_paused_ && !cancelled_ && !finished_ &&
           queued_bytes_ < resume_below_) {
-        reads_paused_ = false;
-        resume_reads = true;
+        backlog_paused_ = false;
+        backlog_cleared = true;
       }
     }
-    if (resume_reads) OnBacklogCleared();
+    if (backlog_cleared) OnBacklogCleared();
     if (write_next) {
       reactor->StartWrite(&batch_);
     } else {
@@ -341,8 +329,9 @@ class BatchingWriter {
   // Whether a half-closed stream may finish now (nothing queued, no write in
   // flight). Called with mu_ held; must not call back into this object.
   virtual bool ReadyToFinish() { return true; }
-  // Called (outside the lock) when reads paused by PauseReadsIfBacklogged
-  // may resume.
+  // Called (outside the lock, on the reaction thread) when reads paused by
+  // PauseReadsIfBacklogged may resume, or when the producer whose Offer
+  // was refused may offer again.
   virtual void OnBacklogCleared() {}
 
  private:
@@ -471,13 +460,13 @@ class BatchingWriter {
   std::optional<grpc::Status> failure_ ABSL_GUARDED_BY(mu_);
   bool awaiting_first_ ABSL_GUARDED_BY(mu_) = false;
   size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // serialized size of queue_
-  bool reads_paused_ ABSL_GUARDED_BY(mu_) = false;
+  // PauseReadsIfBacklogged or Offer paused something until the backlog
+  // falls below resume_below_.
+  bool backlog_paused_ ABSL_GUARDED_BY(mu_) = false;
   size_t resume_below_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<Coalescing> coalescing_ ABSL_GUARDED_BY(mu_);
   Clock::duration delay_now_ ABSL_GUARDED_BY(mu_) = Clock::duration::zero();
-  size_t queue_limit_bytes_ ABSL_GUARDED_BY(mu_) = SIZE_MAX;
   size_t max_batch_bytes_ ABSL_GUARDED_BY(mu_) = kMaxBatchBytes;
-  grpc::Status queue_limit_status_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<std::atomic<int64_t>> shared_queued_ ABSL_GUARDED_BY(mu_);
   Clock::time_point last_write_ ABSL_GUARDED_BY(mu_) = Clock::time_point::min();
   bool flush_scheduled_ ABSL_GUARDED_BY(mu_) = false;

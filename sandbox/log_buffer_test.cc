@@ -20,19 +20,35 @@ class RecordingSubscriber : public LogSubscriber {
   explicit RecordingSubscriber(std::string client = "")
       : client_(std::move(client)) {}
   const std::string& client_id() const override { return client_; }
-  void Deliver(std::vector<LogRecordPtr> records) override {
+  bool Deliver(std::vector<LogRecordPtr> records) override {
     absl::MutexLock lock(&mu_);
+    ++offers_;
+    if (refuse_) return false;
     for (auto& r : records) got_.push_back(r);
+    return true;
   }
   std::vector<LogRecordPtr> got() {
     absl::MutexLock lock(&mu_);
     return got_;
+  }
+  // Refuses what it is offered from now on (a host that fell behind), or
+  // takes it again.
+  void Refuse(bool refuse) {
+    absl::MutexLock lock(&mu_);
+    refuse_ = refuse;
+  }
+  // How many times the buffer offered it records.
+  int offers() {
+    absl::MutexLock lock(&mu_);
+    return offers_;
   }
 
  private:
   const std::string client_;
   absl::Mutex mu_;
   std::vector<LogRecordPtr> got_ ABSL_GUARDED_BY(mu_);
+  bool refuse_ ABSL_GUARDED_BY(mu_) = false;
+  int offers_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 std::vector<std::string> Messages(RecordingSubscriber& sub) {
@@ -495,6 +511,92 @@ TEST_CASE("Every subscriber gets every record", "[logs]") {
   REQUIRE(b->got().size() == 2);
 }
 
+TEST_CASE("A subscriber that falls behind is paused and caught up from the "
+          "buffer, each record once, in order",
+          "[logs]") {
+  auto owned = MakeLogBuffer(100);
+  LogBuffer& buffer = *owned;
+  auto lagging = std::make_shared<RecordingSubscriber>();
+  auto other = std::make_shared<RecordingSubscriber>();
+  REQUIRE(buffer.Subscribe(lagging, 0).ok());
+  REQUIRE(buffer.Subscribe(other, 0).ok());
+  buffer.Append({Entry("1"), Entry("2")});
+  lagging->Refuse(true);  // its stream holds as much unwritten as it may
+  buffer.Append({Entry("3")});
+  REQUIRE(buffer.paused(lagging.get()));
+  const int offers = lagging->offers();
+  buffer.Append({Entry("4"), Entry("5")});
+  // Paused: not offered the new records at all; the other host gets them.
+  REQUIRE(lagging->offers() == offers);
+  REQUIRE(Messages(*other) == std::vector<std::string>{"1", "2", "3", "4", "5"});
+  // The other host's ack frees nothing the paused one has yet to get.
+  buffer.Ack(5);
+  lagging->Refuse(false);
+  buffer.Resume(lagging);
+  REQUIRE_FALSE(buffer.paused(lagging.get()));
+  buffer.Append({Entry("6")});
+  REQUIRE(Messages(*lagging) ==
+          std::vector<std::string>{"1", "2", "3", "4", "5", "6"});
+  REQUIRE(buffer.dropped_total() == 0);
+  // Once it has them, acks free them again.
+  buffer.Ack(6);
+  REQUIRE(buffer.buffered() == 0);
+  // Resuming a subscriber that is not paused sends nothing.
+  buffer.Resume(lagging);
+  REQUIRE(Messages(*lagging).size() == 6);
+}
+
+TEST_CASE("A paused subscriber is told how many of its records the buffer "
+          "evicted before it resumed",
+          "[logs]") {
+  auto owned = MakeLogBuffer(4);
+  LogBuffer& buffer = *owned;
+  auto lagging = std::make_shared<RecordingSubscriber>();
+  REQUIRE(buffer.Subscribe(lagging, 0).ok());
+  buffer.Append({Entry("1")});
+  lagging->Refuse(true);
+  for (int i = 2; i <= 10; ++i) buffer.Append({Entry(std::to_string(i))});
+  lagging->Refuse(false);
+  buffer.Resume(lagging);
+  const std::vector<std::string> got = Messages(*lagging);
+  // 1, then what the buffer still held of 2..10, then the report counting
+  // 2..6: none twice, none out of order, the rest counted.
+  REQUIRE(got.size() == 6);
+  REQUIRE(got[0] == "1");
+  REQUIRE(got[1] == "7");
+  REQUIRE(got[4] == "10");
+  REQUIRE(got[5].find("5 sandbox log records were dropped") == 0);
+  auto records = lagging->got();
+  for (size_t i = 1; i < records.size(); ++i) {
+    REQUIRE(records[i]->seq() > records[i - 1]->seq());
+  }
+}
+
+TEST_CASE("A subscriber that refuses its catch-up stays paused from the "
+          "same record",
+          "[logs]") {
+  auto owned = MakeLogBuffer(100);
+  LogBuffer& buffer = *owned;
+  auto lagging = std::make_shared<RecordingSubscriber>();
+  REQUIRE(buffer.Subscribe(lagging, 0).ok());
+  buffer.Append({Entry("1")});
+  lagging->Refuse(true);
+  buffer.Append({Entry("2")});
+  buffer.Resume(lagging);  // still backlogged: refuses again
+  REQUIRE(buffer.paused(lagging.get()));
+  buffer.Append({Entry("3")});
+  lagging->Refuse(false);
+  buffer.Resume(lagging);
+  REQUIRE(Messages(*lagging) == std::vector<std::string>{"1", "2", "3"});
+  // Unsubscribing a paused subscriber lets acks free its records.
+  lagging->Refuse(true);
+  buffer.Append({Entry("4")});
+  REQUIRE(buffer.paused(lagging.get()));
+  buffer.Unsubscribe(lagging.get());
+  buffer.Ack(4);
+  REQUIRE(buffer.buffered() == 0);
+}
+
 TEST_CASE("Subscribers are bounded; a refused one gets nothing", "[logs]") {
   auto owned = MakeLogBuffer(10);
   LogBuffer& buffer = *owned;
@@ -563,8 +665,9 @@ TEST_CASE("Trace events carry OpenTelemetry ids; their drops go to the logs",
   REQUIRE(logs->Subscribe(log_sub, 0).ok());
   class TraceSink : public TraceSubscriber {
    public:
-    void Deliver(std::vector<TraceEventPtr> events) override {
+    bool Deliver(std::vector<TraceEventPtr> events) override {
       count += events.size();
+      return true;
     }
     size_t count = 0;
   };
@@ -682,7 +785,7 @@ class RacedSubscriber : public LogSubscriber {
     if (racer_.joinable()) racer_.join();
   }
   const std::string& client_id() const override { return client_; }
-  void Deliver(std::vector<LogRecordPtr> records) override {
+  bool Deliver(std::vector<LogRecordPtr> records) override {
     bool first;
     {
       absl::MutexLock lock(&mu_);
@@ -698,6 +801,7 @@ class RacedSubscriber : public LogSubscriber {
     }
     absl::MutexLock lock(&mu_);
     for (auto& r : records) got_.push_back(r);
+    return true;
   }
   void Join() {
     if (racer_.joinable()) racer_.join();

@@ -153,7 +153,10 @@ bool StreamSink::Deliver(std::vector<SandboxEventPtr> events) {
 }
 
 // The write side of a Logs or Traces stream: a subscriber of the side
-// channel's buffer whose responses all carry the daemon's instance id.
+// channel's buffer whose responses all carry the daemon's instance id. A
+// host that falls kSideChannelMaxUnwrittenBytes behind is paused, not ended:
+// the buffer keeps its records and catches it up once it has read most of
+// what waits for it (SeqBuffer::Subscriber::Deliver).
 template <typename Request, typename Response, typename Record, typename Field>
 class SideChannelSink final
     : public SeqBuffer<Record>::Subscriber,
@@ -161,11 +164,13 @@ class SideChannelSink final
       public Flushable,
       public std::enable_shared_from_this<
           SideChannelSink<Request, Response, Record, Field>> {
+  using Writer = BatchingWriter<Request, Response, Record, Field>;
+
  public:
+  // `buffer` must outlive the stream.
   SideChannelSink(ServerStream<Request, Response>* reactor,
-                  const std::string& instance_id)
-      : BatchingWriter<Request, Response, Record, Field>(reactor,
-                                                         Header(instance_id)) {}
+                  SeqBuffer<Record>* buffer)
+      : Writer(reactor, Header(buffer->instance_id())), buffer_(buffer) {}
   // Turns on coalescing, its delayed writes run by `scheduler` (which must
   // outlive the stream). Once, right after construction.
   void CoalesceWith(FlushScheduler* scheduler) {
@@ -177,18 +182,11 @@ class SideChannelSink final
          },
          kSideChannelCoalesceMaxDelay});
   }
-  void Deliver(std::vector<std::shared_ptr<const Record>> records) override {
-    if (!backlog_allowed_) {
-      // The first delivery is the buffered backlog (bounded by the buffer's
-      // record count): it may exceed the unwritten-bytes limit by itself, and
-      // a subscriber must still be able to take it, so the limit counts from
-      // above it.
-      backlog_allowed_ = true;
-      size_t backlog = 0;
-      for (const auto& r : records) backlog += Field::ItemBytes(*r);
-      this->RaiseQueueLimit(backlog);
-    }
-    this->Enqueue(std::move(records));
+  bool Deliver(std::vector<std::shared_ptr<const Record>> records) override {
+    // An ended stream takes nothing either, but is not paused: it is about
+    // to unsubscribe.
+    return this->Offer(std::move(records), kSideChannelMaxUnwrittenBytes) !=
+           Writer::Offered::kBacklogged;
   }
   void Flush() override { this->WriteHeldBack(); }
   void FlushNow() override { this->WriteNow(); }
@@ -202,9 +200,12 @@ class SideChannelSink final
     header.instance_id = instance_id;
     return header;
   }
+  // The host has read most of its backlog: the buffer sends what it kept
+  // meanwhile.
+  void OnBacklogCleared() override { buffer_->Resume(this->shared_from_this()); }
 
+  SeqBuffer<Record>* const buffer_;
   std::string client_id_;
-  bool backlog_allowed_ = false;  // SeqBuffer serialises deliveries
 };
 
 // One Logs or Traces stream: subscribes to the buffer on the first
@@ -219,16 +220,9 @@ class SideChannelReactor final : public ServerStream<Request, Response> {
                      FlushScheduler* scheduler)
       : manager_(manager),
         buffer_(buffer),
-        sink_(std::make_shared<Sink>(this, buffer->instance_id())) {
+        sink_(std::make_shared<Sink>(this, buffer)) {
     sink_->CoalesceWith(scheduler);
     sink_->SetMaxBatchBytes(kSideChannelMaxBatchBytes);
-    sink_->SetQueueLimit(
-        kSideChannelMaxUnwrittenBytes,
-        grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                     std::string("this subscriber left more than ") +
-                         std::to_string(kSideChannelMaxUnwrittenBytes) +
-                         " bytes unread; subscribe again with after_seq "
-                         "(the records stay buffered until acknowledged)"));
   }
 
  private:

@@ -32,10 +32,14 @@ inline constexpr std::chrono::milliseconds kSideChannelCoalesceDelay{4};
 inline constexpr std::chrono::milliseconds kSideChannelCoalesceMaxDelay{16};
 inline constexpr size_t kSideChannelCoalesceBytes = 256 << 10;
 
-// A Logs or Traces subscriber that stops reading is ended (RESOURCE_EXHAUSTED)
-// once this much waits for it: every subscriber gets every record, so an
-// idle one would otherwise hold each new record for ever. The records stay
-// in the shared buffer (until acknowledged) for its resubscription.
+// A Logs or Traces subscriber that reads slower than the sandbox writes is
+// paused once this much waits for it (plus at most one delivery): it takes
+// no new records, which stay in the shared buffer, until it has read all
+// but a quarter of this; the buffer then sends it what it still holds after
+// the subscriber's last record, and reports what it evicted meanwhile
+// (SeqBuffer::Subscriber::Deliver). So a lagging host's stream is neither
+// unbounded nor ended (before stop 27 it was ended with RESOURCE_EXHAUSTED,
+// losing what it held: docs/RELIABILITY.md).
 inline constexpr size_t kSideChannelMaxUnwrittenBytes = 8u << 20;
 // A Logs or Traces message carries at most about this much (a thousand or
 // more records): what each subscriber holds serialized while its write is

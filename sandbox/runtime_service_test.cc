@@ -326,6 +326,53 @@ TEST_CASE("A burst of log records is coalesced into few Logs messages",
   logs->Finish();
 }
 
+TEST_CASE("A Logs subscriber that falls behind is paused, not ended: it "
+          "gets every record of a burst the buffer holds, each once",
+          "[sandbox]") {
+  Harness h;
+  RunCall(h, "fake::log", "worker started");  // the worker is up
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto logs = h.stub->Logs(&ctx);
+  runtime::v1::LogsRequest subscribe;
+  subscribe.mutable_subscribe()->set_after_seq(1);
+  REQUIRE(logs->Write(subscribe));
+  // 4,000 records of 10 KiB (40 MiB, far past kSideChannelMaxUnwrittenBytes
+  // and what gRPC's flow control takes in; within the 10,000-record buffer)
+  // while this host reads nothing. The daemon used to end such a stream
+  // with RESOURCE_EXHAUSTED and drop what it held for it.
+  constexpr int kRecords = 4000;
+  constexpr int kPad = 10 << 10;
+  static_assert(size_t{kRecords} * kPad > 4 * kSideChannelMaxUnwrittenBytes);
+  RunCall(h, "fake::logs",
+          std::to_string(kRecords) + ":0:" + std::to_string(kPad));
+  std::vector<uint64_t> seqs;
+  std::vector<std::string> got;
+  runtime::v1::LogsResponse resp;
+  while (got.size() < kRecords && logs->Read(&resp)) {
+    for (const auto& r : resp.records()) {
+      seqs.push_back(r.seq());
+      got.push_back(r.message().substr(0, r.message().find(' ')));
+    }
+  }
+  REQUIRE(got.size() == kRecords);
+  for (int i = 0; i < kRecords; ++i) REQUIRE(got[i] == std::to_string(i));
+  for (size_t i = 1; i < seqs.size(); ++i) REQUIRE(seqs[i] == seqs[i - 1] + 1);
+  // The stream is still open: a later record arrives on it.
+  runtime::v1::LogsRequest ack;
+  ack.mutable_ack()->set_seq(seqs.back());
+  REQUIRE(logs->Write(ack));
+  RunCall(h, "fake::log", "after");
+  REQUIRE(logs->Read(&resp));
+  REQUIRE(resp.records_size() == 1);
+  REQUIRE(resp.records(0).message() == "after");
+  REQUIRE(h.manager.logs().dropped_total() == 0);
+  REQUIRE(logs->WritesDone());
+  while (logs->Read(&resp)) {
+  }
+  REQUIRE(logs->Finish().ok());
+}
+
 TEST_CASE("GetInfo reports version and worker state", "[sandbox]") {
   Harness h;
   grpc::ClientContext ctx;

@@ -5,9 +5,10 @@
 // broadcasts to every subscriber, and hands overflow to a reporter instead
 // of losing records silently.
 //
-// What counts as lost: a record evicted before any subscriber got it, or a
+// What counts as lost: a record evicted before any subscriber got it, a
 // record a resuming host asks for (seq above its cursor) that was evicted
-// before that host acknowledged it. Evicting a record that was already
+// before that host acknowledged it, or a record evicted while the
+// subscriber it was for was paused (see Subscriber::Deliver). Evicting a record that was already
 // delivered is not a loss by itself: the host normally has it, and acks
 // routinely trail deliveries by thousands of records during a burst.
 #pragma once
@@ -64,10 +65,17 @@ class SeqBuffer {
   class Subscriber {
    public:
     virtual ~Subscriber() = default;
-    // Queues `records` (in seq order) for the host. Thread-safe and
+    // Queues `records` (in seq order) for the host and returns true; or,
+    // when it already holds as much unwritten as it may (a host reading
+    // slower than the sandbox writes), takes none of them and returns false.
+    // The subscriber is then paused: the buffer sends it nothing more and
+    // keeps its records (acks do not free them) until it calls Resume, which
+    // sends it what the buffer still holds after its last record and reports
+    // what capacity evicted meanwhile. So a lagging host is caught up from
+    // the buffer instead of its stream being ended. Thread-safe and
     // non-blocking. Called with the buffer's delivery lock held (so calls
     // come in seq order), never with its state lock.
-    virtual void Deliver(std::vector<RecordPtr> records) = 0;
+    virtual bool Deliver(std::vector<RecordPtr> records) = 0;
     // Writes what coalescing holds back without further delay.
     virtual void FlushNow() {}
     // The host client this stream serves ("" when it named none): records
@@ -120,7 +128,9 @@ class SeqBuffer {
       absl::MutexLock lock(&mu_);
       first = next_seq_;
       deliveries.reserve(subscribers_.size());
-      for (const auto& s : subscribers_) deliveries.push_back({s, {}});
+      for (const auto& s : subscribers_) {
+        if (!s.paused) deliveries.push_back({s.subscriber, {}});
+      }
       // Which subscribers get a run's records: decided once per run.
       std::vector<char> gets(deliveries.size());
       size_t i = 0;
@@ -152,7 +162,9 @@ class SeqBuffer {
       }
     }
     for (auto& d : deliveries) {
-      if (!d.second.empty()) d.first->Deliver(std::move(d.second));
+      if (d.second.empty()) continue;
+      const uint64_t before = d.second.front()->seq() - 1;
+      if (!d.first->Deliver(std::move(d.second))) Pause(d.first.get(), before);
     }
     return first;
   }
@@ -163,7 +175,7 @@ class SeqBuffer {
     std::vector<std::shared_ptr<Subscriber>> subscribers;
     {
       absl::MutexLock lock(&mu_);
-      subscribers = subscribers_;
+      for (const auto& s : subscribers_) subscribers.push_back(s.subscriber);
     }
     for (auto& s : subscribers) s->FlushNow();
   }
@@ -192,34 +204,43 @@ class SeqBuffer {
             "with a higher --max-log-subscribers",
             what_, max_subscribers_));
       }
-      subscribers_.push_back(subscriber);
-      const uint64_t oldest_kept =
-          backlog_.empty() ? next_seq_ : backlog_.front().record->seq();
-      if (after_seq > 0 && after_seq + 1 < oldest_kept) {
-        // Every seq in (after_seq, oldest_kept) is gone; undelivered drops
-        // among them are part of this count, not reported twice.
-        unreported_drops_ = oldest_kept - 1 - after_seq;
-      }
-      // Its own calls' records after its cursor; records of no call that
-      // nobody received yet (kept for the next client, delivered once), or,
-      // for a client resuming its stream, those after its cursor.
-      const std::string& client = subscriber->client_id();
-      for (auto& entry : backlog_) {
-        const uint64_t seq = entry.record->seq();
-        const bool send =
-            seq > after_seq && (entry.owner == nullptr
-                                    ? !entry.delivered || after_seq > 0
-                                    : *entry.owner == client);
-        if (!send) continue;
-        entry.delivered = true;
-        records.push_back(entry.record);
-      }
-      // Taken after the backlog: storing the report may evict its oldest
-      // record, which this subscriber then still receives.
-      ReportDrops(records);
+      subscribers_.push_back({subscriber});
+      CatchUp(*subscriber, after_seq, /*resuming=*/after_seq > 0, records);
     }
+    // A new subscriber holds nothing yet: it takes its backlog (bounded by
+    // the capacity) whole.
     if (!records.empty()) subscriber->Deliver(std::move(records));
     return absl::OkStatus();
+  }
+
+  // A paused subscriber (see Subscriber::Deliver) may take records again:
+  // it is sent the backlog after the last record it took, then the drop
+  // report if capacity evicted some of its records meanwhile, and from then
+  // on every new record. Nothing for a subscriber that is not paused.
+  void Resume(const std::shared_ptr<Subscriber>& subscriber) {
+    std::vector<RecordPtr> records;
+    uint64_t after_seq;
+    // Held until the backlog is handed over, as in Subscribe.
+    absl::MutexLock ordered(&deliver_mu_);
+    {
+      absl::MutexLock lock(&mu_);
+      Subscription* s = Find(subscriber.get());
+      if (s == nullptr || !s->paused) return;
+      s->paused = false;
+      --paused_;
+      after_seq = s->paused_after;
+      CatchUp(*subscriber, after_seq, /*resuming=*/true, records);
+    }
+    if (!records.empty() && !subscriber->Deliver(std::move(records))) {
+      Pause(subscriber.get(), after_seq);
+    }
+  }
+
+  // Whether `subscriber` is paused (tests).
+  bool paused(const Subscriber* subscriber) {
+    absl::MutexLock lock(&mu_);
+    const Subscription* s = Find(subscriber);
+    return s != nullptr && s->paused;
   }
 
   // Subscribers allowed at once (each holds what it has not read yet).
@@ -230,17 +251,23 @@ class SeqBuffer {
 
   void Unsubscribe(const Subscriber* subscriber) {
     absl::MutexLock lock(&mu_);
-    subscribers_.erase(
-        std::remove_if(subscribers_.begin(), subscribers_.end(),
-                       [&](const auto& s) { return s.get() == subscriber; }),
-        subscribers_.end());
+    Subscription* s = Find(subscriber);
+    if (s == nullptr) return;
+    if (s->paused) --paused_;
+    subscribers_.erase(subscribers_.begin() + (s - subscribers_.data()));
   }
 
   // Frees the records with seq <= `seq`, except another client's call
   // records that have not reached it yet: they wait for it (until capacity
-  // evicts them, which counts as a drop).
+  // evicts them, which counts as a drop), and those a paused subscriber has
+  // yet to be sent (any host's ack may come here).
   void Ack(uint64_t seq) {
     absl::MutexLock lock(&mu_);
+    if (paused_ > 0) {
+      for (const auto& s : subscribers_) {
+        if (s.paused) seq = std::min(seq, s.paused_after);
+      }
+    }
     auto end = backlog_.begin();
     while (end != backlog_.end() && end->record->seq() <= seq) ++end;
     auto kept = std::remove_if(backlog_.begin(), end, [](const Entry& e) {
@@ -268,7 +295,64 @@ class SeqBuffer {
     OwnerPtr owner;
     bool delivered;  // handed to at least one subscriber
   };
+  struct Subscription {
+    std::shared_ptr<Subscriber> subscriber;
+    bool paused = false;
+    // While paused: the seq before the first record it refused.
+    uint64_t paused_after = 0;
+  };
   inline static const std::string kNoOwner;
+
+  Subscription* Find(const Subscriber* subscriber)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (auto& s : subscribers_) {
+      if (s.subscriber.get() == subscriber) return &s;
+    }
+    return nullptr;
+  }
+
+  // `subscriber` refused the records after `after_seq` (Deliver returned
+  // false): it gets nothing more until Resume. Called with deliver_mu_ held.
+  void Pause(const Subscriber* subscriber, uint64_t after_seq)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(deliver_mu_) {
+    absl::MutexLock lock(&mu_);
+    Subscription* s = Find(subscriber);
+    if (s == nullptr || s->paused) return;  // unsubscribed meanwhile
+    s->paused = true;
+    s->paused_after = after_seq;
+    ++paused_;
+  }
+
+  // Appends to `out` the backlog `subscriber` may have after `after_seq`:
+  // its own calls' records, and records of no call that nobody received
+  // yet (kept for the next client, delivered once) or, when `resuming` (a
+  // host whose stream had records up to `after_seq`), all of them. Then
+  // the drop report, counting the seqs above `after_seq` it can no longer
+  // get when resuming.
+  void CatchUp(const Subscriber& subscriber, uint64_t after_seq, bool resuming,
+               std::vector<RecordPtr>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint64_t oldest_kept =
+        backlog_.empty() ? next_seq_ : backlog_.front().record->seq();
+    if (resuming && after_seq + 1 < oldest_kept) {
+      // Every seq in (after_seq, oldest_kept) is gone; undelivered drops
+      // among them are part of this count, not reported twice.
+      unreported_drops_ = oldest_kept - 1 - after_seq;
+    }
+    const std::string& client = subscriber.client_id();
+    for (auto& entry : backlog_) {
+      const uint64_t seq = entry.record->seq();
+      const bool send =
+          seq > after_seq && (entry.owner == nullptr
+                                  ? !entry.delivered || resuming
+                                  : *entry.owner == client);
+      if (!send) continue;
+      entry.delivered = true;
+      out.push_back(entry.record);
+    }
+    // Taken after the backlog: storing the report may evict its oldest
+    // record, which this subscriber then still receives.
+    ReportDrops(out);
+  }
 
   // Adds a record to the backlog, evicting the oldest past capacity.
   RecordPtr Store(Record record, const OwnerPtr& owner, bool delivered)
@@ -322,7 +406,8 @@ class SeqBuffer {
   absl::Mutex mu_;
   absl::Mutex deliver_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::deque<Entry> backlog_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<Subscriber>> subscribers_ ABSL_GUARDED_BY(mu_);
+  std::vector<Subscription> subscribers_ ABSL_GUARDED_BY(mu_);
+  size_t paused_ ABSL_GUARDED_BY(mu_) = 0;  // subscribers paused
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   size_t max_subscribers_ ABSL_GUARDED_BY(mu_) = SIZE_MAX;
   uint64_t unreported_drops_ ABSL_GUARDED_BY(mu_) = 0;

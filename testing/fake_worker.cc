@@ -21,9 +21,10 @@
 //                  <arguments>, or "<unset>"
 //   fake::log      sends a log record "<arguments>" (logger "fake"), then
 //                  returns "logged"
-//   fake::logs     arguments "N:GAP_US": sends N log records "0", "1", ...
-//                  each in its own write, GAP_US microseconds apart, then
-//                  returns "logged"
+//   fake::logs     arguments "N:GAP_US[:PAD]": sends N log records "0", "1",
+//                  ... (each followed by a space and PAD 'x's when PAD is
+//                  given) each in its own write, GAP_US microseconds apart,
+//                  then returns "logged"
 //   fake::stream   streams <arguments> items "0", "1", ... honouring the
 //                  call's stream window and stream_ack frames, then "end"
 // A namespace event from a host is echoed back as "<event>:result".
@@ -263,7 +264,10 @@ int main(int argc, char** argv) {
     } else if (fn == "fake::logs") {
       char* rest = nullptr;
       const uint64_t count = std::strtoull(p.args.c_str(), &rest, 10);
-      const long gap_us = *rest == ':' ? std::strtol(rest + 1, nullptr, 10) : 0;
+      const long gap_us = *rest == ':' ? std::strtol(rest + 1, &rest, 10) : 0;
+      const std::string pad =
+          *rest == ':' ? " " + std::string(std::strtoul(rest + 1, nullptr, 10), 'x')
+                       : "";
       agentix::runtime::v1::LogRecord record;
       record.set_logger("fake");
       record.set_level(20);
@@ -272,7 +276,7 @@ int main(int argc, char** argv) {
       Frame log;
       log.type = FrameType::kLog;
       for (uint64_t i = 0; i < count; ++i) {
-        record.set_message(std::to_string(i));
+        record.set_message(std::to_string(i) + pad);
         log.record = record.SerializeAsString();
         Send(log);
         if (gap_us > 0) usleep(static_cast<useconds_t>(gap_us));

@@ -169,3 +169,12 @@ async def ns_legs(impl, n):
     up.sort()
     down.sort()
     return {"up_p50_us": round(up[len(up) // 2], 1), "down_p50_us": round(down[len(down) // 2], 1)}
+
+
+def log_big(n, size):
+    """n records of about `size` bytes each on logger `LOGGER` (lag_burst.py)."""
+    log = logging.getLogger(LOGGER)
+    pad = "x" * size
+    for i in range(n):
+        log.info("big %d %s", i, pad)
+    return n

@@ -4,12 +4,13 @@ silently."""
 
 import asyncio
 import logging
+import time
 
 import pytest
 
 import e2e_targets as t
 from agentix import RuntimeClient
-from conftest import wait_for
+from conftest import on_root_logger, wait_for
 
 pytestmark = pytest.mark.asyncio
 
@@ -247,3 +248,40 @@ async def test_every_log_record_field_reaches_the_host_from_its_one_definition(d
     assert got.seq > 0
     assert len(got.worker_id) == 8
     assert got == pb.LogRecord(seq=got.seq, worker_id=got.worker_id, **fields)
+
+
+class SlowAtFirst(logging.Handler):
+    """Collects the indexes of `logger`'s "big N ..." records; sleeps
+    `stall` seconds on the first one (a host handler that blocks), which
+    makes the host fall behind the sandbox's burst."""
+
+    def __init__(self, logger, stall):
+        super().__init__(logging.DEBUG)
+        self.logger, self.stall = logger, stall
+        self.indexes = []
+
+    def emit(self, record):
+        if record.name != self.logger:
+            return
+        if not self.indexes:
+            time.sleep(self.stall)
+        self.indexes.append(int(record.getMessage().split()[1]))
+
+
+async def test_a_host_that_falls_behind_gets_every_record_of_the_burst_before_the_call_returns(daemon):
+    import barrier_targets
+
+    # 3,000 records of 8 KiB (24 MiB) while the host's first replay blocks
+    # for 1 s (less than the 2 s a call's barrier waits without progress):
+    # the host falls far past the daemon's 8 MiB of unwritten bytes per
+    # stream, within its 10,000-record buffer. The daemon used to end the
+    # stream (RESOURCE_EXHAUSTED): the call returned at once without most of
+    # its records, which came with the next call or were lost.
+    n = 3000
+    with on_root_logger(SlowAtFirst("e2e.big", stall=1.0)) as slow:
+        async with RuntimeClient(daemon.url) as c:
+            await c.remote(t.add, 1, 1)  # the Logs stream is open
+            assert await c.remote(barrier_targets.log_big_records, n, 8192) == n
+            assert slow.indexes == list(range(n))  # every one, once, in order, before the result
+            assert await c.remote(barrier_targets.log_big_records, 5, 10) == 5
+            assert slow.indexes == list(range(n)) + list(range(5))  # the same stream goes on

@@ -203,3 +203,37 @@ async def test_every_trace_event_field_reaches_the_host_from_its_one_definition(
                          span_id=bytes.fromhex("a1b2c3d4" * 2),
                          parent_span_id=bytes.fromhex("5e6f7a8b" * 2), **expected)
     assert got == want
+
+
+async def test_a_host_that_falls_behind_gets_every_span_of_the_burst_before_the_call_returns(client, recorder):
+    import time
+
+    import barrier_targets
+
+    class SlowAtFirst(trace.Processor):
+        """Blocks 1 s on the first big span (a host processor that stalls;
+        less than the 2 s a call's barrier waits without progress)."""
+
+        def __init__(self):
+            self.indexes = []
+
+        def on_span_start(self, span):
+            pass
+
+        def on_span_end(self, span):
+            if span.name == "big-span":
+                if not self.indexes:
+                    time.sleep(1.0)
+                self.indexes.append(int(span.attrs["index"]))
+
+    slow = SlowAtFirst()
+    trace.add_processor(slow)
+    try:
+        await client.remote(t.add, 1, 1)  # the Traces stream is open
+        # 3,000 spans of 8 KiB (24 MiB): far past the daemon's 8 MiB unwritten
+        # per stream, within its 10,000-event buffer (a span is 2 events).
+        n = 3000
+        assert await client.remote(barrier_targets.big_spans, n, 8192) == n
+        assert slow.indexes == list(range(n))  # every span, once, in order, before the result
+    finally:
+        trace.remove_processor(slow)

@@ -310,14 +310,15 @@ class EndedByTheDaemonRpc:
     status; a `write` fails and, before raising, waits for the status, which
     gRPC delivers only once every response has been read."""
 
-    def __init__(self, responses):
+    def __init__(self, responses, code=grpc.StatusCode.RESOURCE_EXHAUSTED):
         self._responses = list(responses)
+        self._code = code
         self._all_read = asyncio.Event()
         self.acks_tried = []
 
     def _status(self):
         return grpc.aio.AioRpcError(
-            grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.aio.Metadata(), grpc.aio.Metadata(),
+            self._code, grpc.aio.Metadata(), grpc.aio.Metadata(),
             details="this subscriber left more than 8388608 bytes unread")
 
     async def write(self, request):
@@ -361,6 +362,91 @@ async def test_a_stream_the_daemon_ended_is_read_to_its_end_and_reported_lost(ca
     lost = [r for r in caplog.records if "stream lost" in r.getMessage()]
     assert len(lost) == 1 and lost[0].levelno == logging.WARNING
     assert "RESOURCE_EXHAUSTED" in lost[0].getMessage() and "8388608 bytes unread" in lost[0].getMessage()
+
+
+class BufferedRpc:
+    """A Logs call of a daemon that still buffers `responses`: it sends those
+    with records past the subscribe's after_seq, then nothing more."""
+
+    def __init__(self, responses):
+        self._responses = list(responses)
+        self.after_seq = None
+
+    async def write(self, request):
+        if request.WhichOneof("kind") == "subscribe":
+            self.after_seq = request.subscribe.after_seq
+
+    async def read(self):
+        await asyncio.sleep(0)
+        while self._responses:
+            response = self._responses.pop(0)
+            if pb.LogsResponse.FromString(response).records[-1].seq > self.after_seq:
+                return response
+        await asyncio.Event().wait()  # open, quiet
+
+    def cancel(self):
+        pass
+
+
+def _responses(*firsts, per=3):
+    return [
+        pb.LogsResponse(instance_id="daemon-1", records=[log_record(seq) for seq in range(first, first + per)])
+        .SerializeToString()
+        for first in firsts
+    ]
+
+
+def _scripted_feed(rpcs):
+    """A logs Feed whose streams get the calls in `rpcs`, in order."""
+    from agentix.runtime.client.feeds import Feed
+    from agentix.runtime.client.logs import LogCursor, LogsStream
+
+    class ScriptedLogsStream(LogsStream):
+        opened = 0
+
+        @classmethod
+        def open_rpc(cls, channel, metadata):
+            cls.opened += 1
+            return rpcs.pop(0)
+
+    return Feed("logs", ScriptedLogsStream, LogCursor()), ScriptedLogsStream
+
+
+async def test_a_call_waiting_for_records_reopens_a_stream_the_daemon_ended_and_gets_them(capture):
+    # A daemon before stop 27 ends the stream of a host that fell 8 MiB
+    # behind (RESOURCE_EXHAUSTED) while it still buffers the records: the
+    # call waiting for them (its side-channel barrier) re-subscribes at once
+    # with the cursor instead of returning without them.
+    handler = capture("sandbox.test")
+    resumed = BufferedRpc(_responses(1, 4, 7, 10))
+    feed, stream_type = _scripted_feed([EndedByTheDaemonRpc(_responses(1, 4)), resumed])
+    feed.ensure(object(), None)
+    try:
+        await asyncio.wait_for(feed.wait_replayed(12), 10)
+        assert handler.messages == [f"record {seq}" for seq in range(1, 13)]  # each once, in order
+        assert resumed.after_seq == 6 and stream_type.opened == 2
+    finally:
+        await feed.detach().aclose()
+
+
+@pytest.mark.parametrize("first_code", ["RESOURCE_EXHAUSTED", "UNAVAILABLE"])
+async def test_only_a_stream_ended_after_replaying_because_the_host_fell_behind_is_reopened_at_once(
+        capture, first_code):
+    handler = capture("sandbox.test")
+    rpcs = [EndedByTheDaemonRpc(_responses(1), getattr(grpc.StatusCode, first_code)),
+            EndedByTheDaemonRpc([]), EndedByTheDaemonRpc([])]
+    feed, stream_type = _scripted_feed(rpcs)
+    feed.ensure(object(), None)
+    try:
+        await asyncio.wait_for(feed.wait_replayed(12), 10)
+        assert handler.messages == [f"record {seq}" for seq in range(1, 4)]
+        # RESOURCE_EXHAUSTED after replaying 1..3: re-opened; the second
+        # stream, refused before replaying anything (e.g. too many
+        # subscribers), is not. A stream lost otherwise (UNAVAILABLE: a cut
+        # connection) is left to the client's reconnection.
+        assert stream_type.opened == (2 if first_code == "RESOURCE_EXHAUSTED" else 1)
+    finally:
+        await feed.detach().aclose()
 
 
 async def test_cursor_follows_a_restarted_daemon():

@@ -8,8 +8,9 @@ sandbox's log records into the host's stdlib logging
 events into the host's trace processors (`agentix.runtime.client.traces`).
 ``logs=False`` / ``traces=False`` turn them off. Either one, when lost while
 calls keep working, is re-opened by the next call (at most once per second
-each) with the cursor its earlier streams left; a daemon that does not
-implement one is not asked for it again."""
+each) with the cursor its earlier streams left, or at once by a call waiting
+for its records when the daemon ended it because this host fell behind; a
+daemon that does not implement one is not asked for it again."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ class Feed(Generic[S]):
     streams share, whether the daemon lacks the RPC, and when it was last
     re-opened. `flag` names the client attribute that turns it on."""
 
-    __slots__ = ("flag", "stream_type", "cursor", "stream", "channel", "unimplemented", "reopened_at")
+    __slots__ = ("flag", "stream_type", "cursor", "stream", "channel", "metadata", "unimplemented", "reopened_at")
 
     def __init__(self, flag: str, stream_type: type[S], cursor: SeqCursor) -> None:
         self.flag = flag
@@ -44,6 +45,7 @@ class Feed(Generic[S]):
         self.cursor = cursor
         self.stream: S | None = None
         self.channel: grpc.aio.Channel | None = None
+        self.metadata: tuple | None = None
         self.unimplemented = False
         self.reopened_at = float("-inf")
 
@@ -58,22 +60,39 @@ class Feed(Generic[S]):
         rpc = self.stream_type.open_rpc(channel, metadata)
         self.stream = self.stream_type(rpc, self.cursor, self._not_implemented, previous=previous)
         self.channel = channel
+        self.metadata = metadata
 
     def _not_implemented(self) -> None:
         self.unimplemented = True
 
     async def wait_replayed(self, seq: int) -> None:
         """Waits until this feed has replayed up to `seq` (a call's barrier),
-        across a re-opened stream, while replay makes progress; returns at
-        once when there is no live stream."""
+        across re-opened streams, while replay makes progress; returns at
+        once when there is no stream (closed, turned off).
+
+        A stream the daemon ended because this host fell behind, after it
+        had replayed some of its records (`fell_behind`: a daemon before stop
+        27 ends a host 8 MiB behind with RESOURCE_EXHAUSTED, the records
+        still buffered; docs/RELIABILITY.md), is re-opened at once with the
+        cursor, so the call still gets what the daemon holds. Any other end
+        (a cut connection, a refusal) is left to the client's reconnection
+        and the next call, as before."""
         cursor = self.cursor
         while cursor.last_seq < seq:
             stream = self.stream
-            if stream is None or not stream.alive:
+            if stream is None:
                 return
+            if not stream.alive:
+                if not stream.fell_behind or self.channel is None:
+                    return
+                try:
+                    self.ensure(self.channel, self.metadata)
+                except Exception:  # a channel the client has closed: the next call re-opens it
+                    return
+                continue
             before = cursor.last_seq
             await stream.wait_replayed(seq, BARRIER_IDLE_SECONDS)
-            if self.stream is stream and cursor.last_seq == before:
+            if self.stream is stream and stream.alive and cursor.last_seq == before:
                 return  # no progress for the whole bound
 
     def detach(self) -> SubscriptionStream | None:

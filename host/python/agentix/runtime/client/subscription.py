@@ -225,6 +225,9 @@ class SubscriptionStream:
         self._handler_failures = 0
         self._undecodable = 0
         self._done = False
+        # Ended by the daemon with RESOURCE_EXHAUSTED after replaying items:
+        # this host fell behind (see feeds.Feed.wait_replayed).
+        self.fell_behind = False
         self._task = asyncio.create_task(self._run(), name=f"agentix-{self.rpc_name.lower()}")
 
     # ── subclass hooks ──────────────────────────────────────────────
@@ -324,13 +327,13 @@ class SubscriptionStream:
 
     async def _run(self) -> None:
         feed = self.noun.rsplit(" ", 1)[0]  # "sandbox log record" -> "sandbox log"
+        acked = None
         try:
             if self._previous is not None:
                 await self._previous.aclose()
                 self._previous = None
             cursor = self._cursor
             await self._rpc.write(self._subscribe_request(cursor.last_seq, cursor.instance_id))
-            acked = None
             read = self._rpc.read  # cheaper than the call's async iterator
             loop = asyncio.get_running_loop()
             while (response := await read()) is not grpc.aio.EOF:
@@ -361,10 +364,13 @@ class SubscriptionStream:
                 _log.debug("the runtime does not implement %s; %ss are not replayed", self.rpc_name, self.noun)
                 self._on_unimplemented()
             elif error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and not self._done:
-                # The daemon ended it: this host fell too far behind. What the
-                # daemon could not keep meanwhile is lost (it reports how many).
-                _log.warning("%s stream lost (re-opened by the next call): RESOURCE_EXHAUSTED, the runtime "
-                             "ended it because this host fell behind: %s", feed, error.details())
+                # A daemon before stop 27 ended it: this host fell too far
+                # behind. What the daemon could not keep meanwhile is lost (it
+                # reports how many).
+                self.fell_behind = acked is not None
+                _log.warning("%s stream lost (re-opened at once by a call waiting for its records, else by the "
+                             "next call): RESOURCE_EXHAUSTED, the runtime ended it because this host fell behind: "
+                             "%s", feed, error.details())
             elif not self._done:
                 _log.debug("%s stream lost (re-opened by the next call): %s", feed, error.code().name)
         except Exception as error:  # never let this stream disturb the client
