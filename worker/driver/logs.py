@@ -70,6 +70,7 @@ def _extras(record):
 
 
 _FORMATTER = logging.Formatter()
+_stdlib_log = None  # the stdlib's Logger._log once the C one replaced it
 
 
 class _LogBridge(logging.Handler):
@@ -261,6 +262,14 @@ class _Logs:
         _w.set_log_record_factory(logging.getLogRecordFactory(), context,
                                   logging)
         logging.setLogRecordFactory(_w.make_log_record)
+        # Logger._log in C (logger_log.h): the caller found, the record made
+        # and handed to the handlers without logging's Python frames; the
+        # stdlib's _log (kept here) runs for anything unusual.
+        global _stdlib_log
+        try:
+            _stdlib_log = _w.install_logger_log(logging)
+        except Exception as exc:
+            _log(_WARNING, f"logging stays all Python: {_text(exc)}")
         root = logging.getLogger()
         bridge = _LogBridge(channel, context)
         root.addHandler(bridge)

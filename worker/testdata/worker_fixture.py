@@ -309,6 +309,50 @@ def bridge_paths_agree():
     return len(made)
 
 
+def logger_log_in_c():
+    """logging.Logger._log is the C one (logger_log.h): each call below is
+    made from one line twice, through it and through the stdlib's _log (the
+    driver keeps it), so the test compares each pair of frames ("clog <i>",
+    everything but the time). A logger filter notes whether a Python _log
+    frame was on the stack: none under the C one. Returns how many pairs."""
+    from _agentix_driver import logs
+    c_log = logging.Logger.__dict__["_log"]
+    if type(c_log).__name__ != "method_descriptor" or logs._stdlib_log is None:
+        raise AssertionError(f"Logger._log is {c_log!r}")
+    logger = logging.getLogger("app.clog")
+    adapter = logging.LoggerAdapter(logger, {})
+    python_frames = []
+
+    def note(record):
+        frame, names = sys._getframe(), []
+        while frame is not None:
+            names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        python_frames.append("_log" in names)
+        return True
+
+    logger.addFilter(note)
+    calls = [
+        lambda: logger.info("clog %d %s", 0, "\u00e9"),
+        lambda: logger.warning("clog %s", 1, stacklevel=2),
+        lambda: logger.info("clog 2", extra={"k": [1, "v"]}),
+        lambda: adapter.error("clog 3"),
+    ]
+    try:
+        for call in calls:
+            for impl in (c_log, logs._stdlib_log):
+                logging.Logger._log = impl
+                try:
+                    call()
+                finally:
+                    logging.Logger._log = c_log
+    finally:
+        logger.removeFilter(note)
+    if python_frames != [False, True] * len(calls):
+        raise AssertionError(f"Python _log frames: {python_frames}")
+    return len(calls)
+
+
 def log_handles_in_c():
     """The bridge's and the durable log's `handle` are the C ones
     (log_handles.h) and do what their classes' Python `handle` does: each
