@@ -43,6 +43,22 @@ enum Name {
   kUnknownFile,
   kUnknownFunction,
   kLogName,
+  kIsEnabledFor,
+  kCache,
+  kSelf,
+  // The level methods (kLevelMethods of them, in LevelMethod's order), then
+  // the levels of the first five.
+  kDebugName,
+  kInfoName,
+  kWarningName,
+  kErrorName,
+  kCriticalName,
+  kLogCallName,
+  kDebugLevel,
+  kInfoLevel,
+  kWarningLevel,
+  kErrorLevel,
+  kCriticalLevel,
   kNames
 };
 constexpr const char* kNameStrings[kNames] = {
@@ -53,7 +69,15 @@ constexpr const char* kNameStrings[kNames] = {
     "levelno",    "level",        "propagate",  "parent",
     "msg",        "args",         "exc_info",   "extra",
     "stack_info", "stacklevel",   "importlib",  "_bootstrap",
-    "(unknown file)", "(unknown function)", "_log"};
+    "(unknown file)", "(unknown function)", "_log",
+    "isEnabledFor", "_cache",     "self",
+    "debug",      "info",         "warning",    "error",
+    "critical",   "log",          "DEBUG",      "INFO",
+    "WARNING",    "ERROR",        "CRITICAL"};
+
+// Logger.debug ... critical (`if self.isEnabledFor(LEVEL): self._log(LEVEL,
+// msg, args, **kwargs)`) and Logger.log (the level its first argument).
+enum LevelMethod { kDebugCall, kInfoCall, kWarningCall, kErrorCall, kCriticalCall, kLogCall, kLevelMethods };
 
 // _log(self, level, msg, args, exc_info=None, extra=None, stack_info=False,
 // stacklevel=1): its parameters in order and their names.
@@ -75,13 +99,17 @@ struct Stdlib {
   PyObject* srcfile = nullptr;  // logging's own file (its functions' co_filename)
   PyObject* zero = nullptr;
   PyObject* names[kNames] = {};
+  PyObject* c_log = nullptr;  // the descriptor installed as Logger._log
+  PyObject* is_enabled_for = nullptr;
+  PyObject* level_methods[kLevelMethods] = {};  // the stdlib's
 };
 
 Stdlib* installed = nullptr;
 
-// The stdlib's _log with the arguments as given (self first).
-PyObject* StdlibLog(const Stdlib& s, PyObject* self, PyObject* const* args,
-                    Py_ssize_t nargs, PyObject* kwnames) {
+// fn(self, *args, **kwargs) for a vectorcall's arguments: the stdlib's
+// method the C one stands in for, called as given.
+PyObject* CallWithSelf(PyObject* fn, PyObject* self, PyObject* const* args,
+                       Py_ssize_t nargs, PyObject* kwnames) {
   const Py_ssize_t total =
       nargs + (kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0);
   PyObject* small[12];
@@ -89,9 +117,18 @@ PyObject* StdlibLog(const Stdlib& s, PyObject* self, PyObject* const* args,
   if (argv == nullptr) return PyErr_NoMemory();
   argv[0] = self;
   if (total > 0) std::memcpy(argv + 1, args, total * sizeof(PyObject*));
-  PyObject* result = PyObject_Vectorcall(s.python_log, argv, nargs + 1, kwnames);
+  PyObject* result = PyObject_Vectorcall(fn, argv, nargs + 1, kwnames);
   if (argv != small) PyMem_Free(argv);
   return result;
+}
+
+// 1 if `self` has `name` in its instance dict (it overrides the class's),
+// 0 if not, -1 error.
+int InInstance(PyObject* self, PyObject* name) {
+  PyObject** dict = _PyObject_GetDictPtr(self);
+  if (dict == nullptr || *dict == nullptr) return 0;
+  if (PyDict_GetItemWithError(*dict, name) != nullptr) return 1;
+  return PyErr_Occurred() ? -1 : 0;
 }
 
 // _log's parameters from a vectorcall (borrowed; nullptr: the default).
@@ -142,12 +179,9 @@ Verdict Check(const Stdlib& s, PyObject* self, PyObject* const (&a)[kParams],
   for (int m = 0; m < kMethods; ++m) {
     if (_PyType_Lookup(type, s.names[m]) != s.methods[m]) return kDecline;
   }
-  PyObject** dict = _PyObject_GetDictPtr(self);
-  if (dict != nullptr && *dict != nullptr) {
-    for (int m = 0; m < kMethods; ++m) {
-      if (PyDict_GetItemWithError(*dict, s.names[m]) != nullptr) return kDecline;
-      if (PyErr_Occurred()) return kError;
-    }
+  for (int m = 0; m < kMethods; ++m) {
+    const int found = InInstance(self, s.names[m]);
+    if (found != 0) return found < 0 ? kError : kDecline;
   }
   PyObject* srcfile = PyDict_GetItemWithError(s.globals, s.names[kSrcfile]);
   if (srcfile == nullptr) return PyErr_Occurred() ? kError : kDecline;
@@ -370,7 +404,7 @@ PyObject* LoggerLog(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
   long stacklevel = 1;
   bool find_caller = false;
   if (!Bind(s, args, nargs, kwnames, a)) {
-    return StdlibLog(s, self, args, nargs, kwnames);
+    return CallWithSelf(s.python_log, self, args, nargs, kwnames);
   }
   const Verdict usable = Check(s, self, a, stacklevel, find_caller);
   if (usable == kError) return nullptr;
@@ -388,7 +422,7 @@ PyObject* LoggerLog(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
     }
   }
   if (found == kError) return nullptr;
-  if (found == kDecline) return StdlibLog(s, self, args, nargs, kwnames);
+  if (found == kDecline) return CallWithSelf(s.python_log, self, args, nargs, kwnames);
   PyObject* record = MakeRecord(s, self, a, filename, lineno, function);
   Py_DECREF(filename);
   Py_DECREF(lineno);
@@ -399,6 +433,129 @@ PyObject* LoggerLog(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
   if (handled < 0) return nullptr;
   Py_RETURN_NONE;
 }
+
+// Whether a level method does this call in C: the arguments bind as the
+// Python method's would (no keyword naming one of its parameters), the
+// level is an int, and isEnabledFor and _log are the stdlib's and ours.
+// `level` borrowed.
+Verdict CheckLevelCall(const Stdlib& s, LevelMethod m, PyObject* self,
+                       PyObject* const* args, Py_ssize_t nargs,
+                       PyObject* kwnames, PyObject*& level) {
+  const Py_ssize_t fixed = m == kLogCall ? 2 : 1;
+  if (nargs < fixed) return kDecline;
+  const Py_ssize_t nkw = kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t k = 0; k < nkw; ++k) {
+    PyObject* key = PyTuple_GET_ITEM(kwnames, k);
+    for (Name taken : {kSelf, kMsg, kLevel}) {
+      if (taken == kLevel && m != kLogCall) continue;
+      if (key == s.names[taken] || PyUnicode_Compare(key, s.names[taken]) == 0) {
+        return kDecline;
+      }
+    }
+  }
+  if (m == kLogCall) {
+    level = args[0];
+    if (!PyLong_CheckExact(level)) return kDecline;
+  } else {
+    level = PyDict_GetItemWithError(s.globals, s.names[kDebugLevel + m]);
+    if (level == nullptr) return PyErr_Occurred() ? kError : kDecline;
+  }
+  PyTypeObject* type = Py_TYPE(self);
+  if (_PyType_Lookup(type, s.names[kIsEnabledFor]) != s.is_enabled_for ||
+      _PyType_Lookup(type, s.names[kLogName]) != s.c_log) {
+    return kDecline;
+  }
+  for (Name name : {kIsEnabledFor, kLogName}) {
+    const int found = InInstance(self, s.names[name]);
+    if (found != 0) return found < 0 ? kError : kDecline;
+  }
+  return kUse;
+}
+
+// isEnabledFor(level): `self.disabled`, then the logger's `_cache`; a level
+// not cached yet goes to the stdlib's isEnabledFor (it fills the cache).
+int IsEnabledFor(const Stdlib& s, PyObject* self, PyObject* level) {
+  PyObject* disabled = PyObject_GetAttr(self, s.names[kDisabled]);
+  if (disabled == nullptr) return -1;
+  const int off = PyObject_IsTrue(disabled);
+  Py_DECREF(disabled);
+  if (off != 0) return off < 0 ? -1 : 0;
+  PyObject* cache = PyObject_GetAttr(self, s.names[kCache]);
+  if (cache == nullptr) return -1;
+  PyObject* enabled = nullptr;
+  if (PyDict_CheckExact(cache)) {
+    enabled = Py_XNewRef(PyDict_GetItemWithError(cache, level));
+  }
+  Py_DECREF(cache);
+  if (enabled == nullptr) {
+    if (PyErr_Occurred()) return -1;
+    PyObject* argv[2] = {self, level};
+    enabled = PyObject_Vectorcall(s.is_enabled_for, argv, 2, nullptr);
+    if (enabled == nullptr) return -1;
+  }
+  const int truth = PyObject_IsTrue(enabled);
+  Py_DECREF(enabled);
+  return truth;
+}
+
+template <LevelMethod M>
+PyObject* AtLevel(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                  PyObject* kwnames) {
+  const Stdlib& s = *installed;
+  PyObject* level = nullptr;
+  const Verdict usable = CheckLevelCall(s, M, self, args, nargs, kwnames, level);
+  if (usable == kError) return nullptr;
+  if (usable == kDecline) return CallWithSelf(s.level_methods[M], self, args, nargs, kwnames);
+  Py_INCREF(level);  // a global: held while user code runs
+  const int enabled = IsEnabledFor(s, self, level);
+  if (enabled <= 0) {
+    Py_DECREF(level);
+    if (enabled < 0) return nullptr;
+    Py_RETURN_NONE;
+  }
+  // self._log(level, msg, args, **kwargs)
+  const Py_ssize_t fixed = M == kLogCall ? 2 : 1;
+  const Py_ssize_t nkw = kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0;
+  PyObject* rest = PyTuple_New(nargs - fixed);
+  if (rest == nullptr) {
+    Py_DECREF(level);
+    return nullptr;
+  }
+  for (Py_ssize_t i = fixed; i < nargs; ++i) {
+    PyTuple_SET_ITEM(rest, i - fixed, Py_NewRef(args[i]));
+  }
+  PyObject* small[12];
+  PyObject** argv = 3 + nkw <= 12 ? small : PyMem_New(PyObject*, 3 + nkw);
+  PyObject* result = nullptr;
+  if (argv == nullptr) {
+    PyErr_NoMemory();
+  } else {
+    argv[0] = level;
+    argv[1] = args[fixed - 1];
+    argv[2] = rest;
+    if (nkw > 0) std::memcpy(argv + 3, args + nargs, nkw * sizeof(PyObject*));
+    result = LoggerLog(self, argv, 3, kwnames);
+    if (argv != small) PyMem_Free(argv);
+  }
+  Py_DECREF(rest);
+  Py_DECREF(level);
+  return result;
+}
+
+PyMethodDef kLevelDefs[kLevelMethods] = {
+    {"debug", FastKeywords<AtLevel<kDebugCall>>(), METH_FASTCALL | METH_KEYWORDS,
+     "The stdlib's Logger.debug in C (agentix worker)."},
+    {"info", FastKeywords<AtLevel<kInfoCall>>(), METH_FASTCALL | METH_KEYWORDS,
+     "The stdlib's Logger.info in C (agentix worker)."},
+    {"warning", FastKeywords<AtLevel<kWarningCall>>(), METH_FASTCALL | METH_KEYWORDS,
+     "The stdlib's Logger.warning in C (agentix worker)."},
+    {"error", FastKeywords<AtLevel<kErrorCall>>(), METH_FASTCALL | METH_KEYWORDS,
+     "The stdlib's Logger.error in C (agentix worker)."},
+    {"critical", FastKeywords<AtLevel<kCriticalCall>>(), METH_FASTCALL | METH_KEYWORDS,
+     "The stdlib's Logger.critical in C (agentix worker)."},
+    {"log", FastKeywords<AtLevel<kLogCall>>(), METH_FASTCALL | METH_KEYWORDS,
+     "The stdlib's Logger.log in C (agentix worker)."},
+};
 
 PyMethodDef kLogDef = {
     "_log", FastKeywords<LoggerLog>(), METH_FASTCALL | METH_KEYWORDS,
@@ -412,12 +569,32 @@ bool LoggingFunction(PyObject* function, PyObject* srcfile) {
   return PyUnicode_Compare(code->co_filename, srcfile) == 0;
 }
 
+// {name: the stdlib's method} for each method the C ones replace.
+PyObject* Originals(const Stdlib& s) {
+  PyObject* originals = PyDict_New();
+  if (originals == nullptr) return nullptr;
+  bool ok = PyDict_SetItem(originals, s.names[kLogName], s.python_log) == 0;
+  for (int m = 0; m < kLevelMethods && ok; ++m) {
+    ok = PyDict_SetItem(originals, s.names[kDebugName + m], s.level_methods[m]) == 0;
+  }
+  if (!ok) Py_CLEAR(originals);
+  return originals;
+}
+
+// Puts the stdlib's methods back on Logger (a failed install).
+void Restore(const Stdlib& s) {
+  PyObject_SetAttr(s.logger_type, s.names[kLogName], s.python_log);
+  for (int m = 0; m < kLevelMethods; ++m) {
+    PyObject_SetAttr(s.logger_type, s.names[kDebugName + m], s.level_methods[m]);
+  }
+}
+
 }  // namespace
 
 PyObject* InstallLoggerLog(PyObject* /*module*/, PyObject* const* args,
                            Py_ssize_t nargs) {
   if (!CheckArgs("install_logger_log", nargs, 1)) return nullptr;
-  if (installed != nullptr) return Py_NewRef(installed->python_log);
+  if (installed != nullptr) return Originals(*installed);
   PyObject* logging = args[0];
   if (!PyModule_Check(logging)) {
     PyErr_SetString(PyExc_TypeError, "install_logger_log(logging)");
@@ -473,18 +650,50 @@ PyObject* InstallLoggerLog(PyObject* /*module*/, PyObject* const* args,
     }
     return nullptr;
   }
+  s->is_enabled_for = Py_XNewRef(_PyType_Lookup(type, s->names[kIsEnabledFor]));
+  if (!LoggingFunction(s->is_enabled_for, s->srcfile)) {
+    PyErr_SetString(PyExc_TypeError, "logging.Logger.isEnabledFor is not logging's");
+    return nullptr;
+  }
+  for (int m = 0; m < kLevelMethods; ++m) {
+    s->level_methods[m] = Py_XNewRef(_PyType_Lookup(type, s->names[kDebugName + m]));
+    if (!LoggingFunction(s->level_methods[m], s->srcfile)) {
+      PyErr_Format(PyExc_TypeError, "logging.Logger.%U is not logging's",
+                   s->names[kDebugName + m]);
+      return nullptr;
+    }
+  }
   s->zero = PyLong_FromLong(0);
-  PyObject* descriptor = PyDescr_NewMethod(type, &kLogDef);
-  if (s->zero == nullptr || descriptor == nullptr) return nullptr;
-  installed = s;  // before the attribute: the descriptor's calls read it
-  const int set = PyObject_SetAttr(s->logger_type, s->names[kLogName], descriptor);
-  Py_DECREF(descriptor);
+  s->c_log = PyDescr_NewMethod(type, &kLogDef);
+  if (s->zero == nullptr || s->c_log == nullptr) return nullptr;
+  PyObject* levels[kLevelMethods] = {};
+  for (int m = 0; m < kLevelMethods; ++m) {
+    levels[m] = PyDescr_NewMethod(type, &kLevelDefs[m]);
+    if (levels[m] == nullptr) {
+      for (PyObject* made : levels) Py_XDECREF(made);
+      return nullptr;
+    }
+  }
+  // Installed before the attributes (the descriptors' calls read it); _log
+  // first, as the level methods call it.
+  installed = s;
+  int set = PyObject_SetAttr(s->logger_type, s->names[kLogName], s->c_log);
+  for (int m = 0; m < kLevelMethods && set == 0; ++m) {
+    set = PyObject_SetAttr(s->logger_type, s->names[kDebugName + m], levels[m]);
+  }
+  for (PyObject* made : levels) Py_DECREF(made);
   if (set < 0) {
+    // Back to the stdlib's, so that no half is left (the error stays set).
+    PyObject *error_type, *error, *traceback;
+    PyErr_Fetch(&error_type, &error, &traceback);
+    Restore(*s);
+    PyErr_Clear();
+    PyErr_Restore(error_type, error, traceback);
     installed = nullptr;
     return nullptr;
   }
   // `s` is not freed on the failures above (a few references, at boot).
-  return Py_NewRef(s->python_log);
+  return Originals(*s);
 }
 
 }  // namespace agentix::worker

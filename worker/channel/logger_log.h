@@ -20,6 +20,14 @@
 // instead, with the same arguments, before anything was done. Extras go
 // through the class's makeRecord; a logger tree with no handler at all goes
 // through its callHandlers (lastResort).
+//
+// Logger.debug / info / warning / error / critical / log are C too: the
+// stdlib's `if self.isEnabledFor(level): self._log(level, msg, args,
+// **kwargs)` with isEnabledFor's `disabled` and `_cache` read here (a level
+// not cached yet asks the stdlib's isEnabledFor), and the C _log called
+// directly. A class or instance with its own isEnabledFor or _log, a
+// keyword naming one of the method's parameters, or a non-int level for
+// log() get the stdlib's method.
 #pragma once
 
 #define PY_SSIZE_T_CLEAN
@@ -27,10 +35,11 @@
 
 namespace agentix::worker {
 
-// install_logger_log(logging) -> the stdlib's _log function: replaces
-// logging.Logger._log with the C one, which falls back to the returned
-// function. Installing again returns the same function and changes
-// nothing. TypeError if Logger._log is not a Python function.
+// install_logger_log(logging) -> {name: the stdlib's method}: replaces
+// logging.Logger's _log, debug, info, warning, error, critical and log with
+// C ones, which fall back to the returned functions. Installing again
+// returns the same and changes nothing. TypeError if one of them (or what
+// the C ones stand in for) is not logging's own Python function.
 PyObject* InstallLoggerLog(PyObject* module, PyObject* const* args,
                            Py_ssize_t nargs);
 

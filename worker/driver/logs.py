@@ -70,7 +70,7 @@ def _extras(record):
 
 
 _FORMATTER = logging.Formatter()
-_stdlib_log = None  # the stdlib's Logger._log once the C one replaced it
+_stdlib_methods = {}  # the stdlib's Logger methods the C ones replaced
 
 
 class _LogBridge(logging.Handler):
@@ -262,12 +262,11 @@ class _Logs:
         _w.set_log_record_factory(logging.getLogRecordFactory(), context,
                                   logging)
         logging.setLogRecordFactory(_w.make_log_record)
-        # Logger._log in C (logger_log.h): the caller found, the record made
-        # and handed to the handlers without logging's Python frames; the
-        # stdlib's _log (kept here) runs for anything unusual.
-        global _stdlib_log
+        # Logger._log and the level methods in C (logger_log.h): the caller
+        # found, the record made and handed to the handlers without logging's
+        # Python frames; the stdlib's (kept here) run for anything unusual.
         try:
-            _stdlib_log = _w.install_logger_log(logging)
+            _stdlib_methods.update(_w.install_logger_log(logging))
         except Exception as exc:
             _log(_WARNING, f"logging stays all Python: {_text(exc)}")
         root = logging.getLogger()

@@ -310,46 +310,59 @@ def bridge_paths_agree():
 
 
 def logger_log_in_c():
-    """logging.Logger._log is the C one (logger_log.h): each call below is
-    made from one line twice, through it and through the stdlib's _log (the
-    driver keeps it), so the test compares each pair of frames ("clog <i>",
-    everything but the time). A logger filter notes whether a Python _log
-    frame was on the stack: none under the C one. Returns how many pairs."""
+    """logging.Logger's _log and level methods are the C ones
+    (logger_log.h): each call below is made from one line twice, through
+    them and through the stdlib's (the driver keeps those), so the test
+    compares each pair of frames ("clog <i>", everything but the time). A
+    logger filter notes the Python frames of those methods on the stack:
+    none under the C ones. Returns how many pairs."""
     from _agentix_driver import logs
-    c_log = logging.Logger.__dict__["_log"]
-    if type(c_log).__name__ != "method_descriptor" or logs._stdlib_log is None:
-        raise AssertionError(f"Logger._log is {c_log!r}")
+    stdlib = logs._stdlib_methods
+    ours = {name: logging.Logger.__dict__[name] for name in stdlib}
+    if sorted(stdlib) != ["_log", "critical", "debug", "error", "info", "log",
+                          "warning"] or any(
+            type(method).__name__ != "method_descriptor"
+            for method in ours.values()):
+        raise AssertionError(f"Logger's methods: {ours!r}")
     logger = logging.getLogger("app.clog")
     adapter = logging.LoggerAdapter(logger, {})
     python_frames = []
+    codes = {method.__code__ for method in stdlib.values()}
 
     def note(record):
         frame, names = sys._getframe(), []
         while frame is not None:
-            names.append(frame.f_code.co_name)
+            if frame.f_code in codes:
+                names.append(frame.f_code.co_name)
             frame = frame.f_back
-        python_frames.append("_log" in names)
+        python_frames.append(names)
         return True
+
+    def use(methods):
+        for name, method in methods.items():
+            setattr(logging.Logger, name, method)
 
     logger.addFilter(note)
     calls = [
         lambda: logger.info("clog %d %s", 0, "\u00e9"),
         lambda: logger.warning("clog %s", 1, stacklevel=2),
-        lambda: logger.info("clog 2", extra={"k": [1, "v"]}),
+        lambda: logger.log(logging.INFO, "clog 2", extra={"k": [1, "v"]}),
         lambda: adapter.error("clog 3"),
     ]
     try:
         for call in calls:
-            for impl in (c_log, logs._stdlib_log):
-                logging.Logger._log = impl
+            for methods in (ours, stdlib):
+                use(methods)
                 try:
                     call()
                 finally:
-                    logging.Logger._log = c_log
+                    use(ours)
     finally:
         logger.removeFilter(note)
-    if python_frames != [False, True] * len(calls):
-        raise AssertionError(f"Python _log frames: {python_frames}")
+    expected = [[], ["_log", "info"], [], ["_log", "warning"], [],
+                ["_log", "log"], [], ["_log", "log"]]
+    if python_frames != expected:
+        raise AssertionError(f"Python frames: {python_frames}")
     return len(calls)
 
 
