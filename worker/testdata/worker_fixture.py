@@ -1240,4 +1240,52 @@ def record_factory_matches_stdlib():
         time.time = saved_time
     if made.created != 1_000_000.25 or made.msecs != 250.0:
         raise AssertionError(f"replaced time.time: {made.created}")
+    count += 1
+    # threadName read from threading._active: a thread renamed while it
+    # runs, one threading does not know (current_thread() makes a
+    # _DummyThread), one whose class has its own `name`.
+    import _thread
+
+    class Named(threading.Thread):
+        @property
+        def name(self):
+            return "from-the-class"
+
+    def record():
+        out.append((factory(*calls[0]), logging.LogRecord(*calls[0])))
+
+    def renamed():
+        threading.current_thread().name = "renamed-while-running"
+        record()
+
+    def unknown():
+        record()
+        done.release()
+
+    out, done = [], threading.Lock()
+    for thread in (threading.Thread(target=renamed), Named(target=record)):
+        thread.start()
+        thread.join()
+    done.acquire()
+    _thread.start_new_thread(unknown, ())
+    done.acquire()
+    for (made, theirs), label in zip(out, ("renamed", "class name", "dummy")):
+        compare(made, calls[0], {}, label, theirs)
+    if [made.threadName for made, _ in out[:2]] != [
+            "renamed-while-running", "from-the-class"] or not (
+                out[2][0].threadName.startswith("Dummy-")):
+        raise AssertionError(f"thread names {[m.threadName for m, _ in out]}")
+    count += 3
+    # A mapping argument is told by isinstance, also for an exact float
+    # once float is registered as a Mapping (abc's cache token changes).
+    import collections.abc
+    float_call = ("app.f", logging.INFO, __file__, 7, "m %s", (1.5,), None,
+                  "fn", None)
+    if factory(*float_call).args != (1.5,):
+        raise AssertionError("float args before registering")
+    collections.abc.Mapping.register(float)  # this worker's last test
+    made = factory(*float_call)
+    compare(made, float_call, {}, "float as a Mapping")
+    if made.args != 1.5:
+        raise AssertionError(f"float registered as a Mapping: {made.args!r}")
     return count + 1
