@@ -2,6 +2,7 @@
 
 #include <climits>
 #include <cstring>
+#include <initializer_list>
 
 #include "worker/channel/py_args.h"
 
@@ -122,13 +123,26 @@ PyObject* CallWithSelf(PyObject* fn, PyObject* self, PyObject* const* args,
   return result;
 }
 
-// 1 if `self` has `name` in its instance dict (it overrides the class's),
-// 0 if not, -1 error.
-int InInstance(PyObject* self, PyObject* name) {
+// 1 if `self` has one of `names` in its instance dict (overriding the
+// class's method), 0 if not, -1 error.
+int InInstance(PyObject* self, std::initializer_list<PyObject*> names) {
   PyObject** dict = _PyObject_GetDictPtr(self);
   if (dict == nullptr || *dict == nullptr) return 0;
-  if (PyDict_GetItemWithError(*dict, name) != nullptr) return 1;
-  return PyErr_Occurred() ? -1 : 0;
+  for (PyObject* name : names) {
+    if (PyDict_GetItemWithError(*dict, name) != nullptr) return 1;
+    if (PyErr_Occurred()) return -1;
+  }
+  return 0;
+}
+
+// module.name for a plain module (its dict: no __getattr__ to consult when
+// the name is there), borrowed; nullptr when absent (no error set) or not a
+// plain module.
+PyObject* ModuleGlobal(PyObject* module, PyObject* name) {
+  if (module == nullptr || !PyModule_CheckExact(module)) return nullptr;
+  PyObject* value = PyDict_GetItemWithError(PyModule_GetDict(module), name);
+  if (value == nullptr) PyErr_Clear();
+  return value;
 }
 
 // _log's parameters from a vectorcall (borrowed; nullptr: the default).
@@ -179,10 +193,10 @@ Verdict Check(const Stdlib& s, PyObject* self, PyObject* const (&a)[kParams],
   for (int m = 0; m < kMethods; ++m) {
     if (_PyType_Lookup(type, s.names[m]) != s.methods[m]) return kDecline;
   }
-  for (int m = 0; m < kMethods; ++m) {
-    const int found = InInstance(self, s.names[m]);
-    if (found != 0) return found < 0 ? kError : kDecline;
-  }
+  const int found = InInstance(self, {s.names[kFindCaller], s.names[kMakeRecord],
+                                      s.names[kHandle], s.names[kFilter],
+                                      s.names[kCallHandlers]});
+  if (found != 0) return found < 0 ? kError : kDecline;
   PyObject* srcfile = PyDict_GetItemWithError(s.globals, s.names[kSrcfile]);
   if (srcfile == nullptr) return PyErr_Occurred() ? kError : kDecline;
   find_caller = srcfile != Py_None;
@@ -203,13 +217,8 @@ Verdict Check(const Stdlib& s, PyObject* self, PyObject* const (&a)[kParams],
         PyDict_GetItemWithError(s.globals, s.names[kOs]) != s.os_module) {
       return PyErr_Occurred() ? kError : kDecline;
     }
-    PyObject* path = PyObject_GetAttr(s.os_module, s.names[kPath]);
-    PyObject* normcase =
-        path != nullptr ? PyObject_GetAttr(path, s.names[kNormcase]) : nullptr;
-    Py_XDECREF(path);
-    Py_XDECREF(normcase);  // compared by identity only
-    if (normcase != s.normcase) {
-      PyErr_Clear();
+    if (ModuleGlobal(ModuleGlobal(s.os_module, s.names[kPath]),
+                     s.names[kNormcase]) != s.normcase) {
       return kDecline;
     }
   }
@@ -465,10 +474,8 @@ Verdict CheckLevelCall(const Stdlib& s, LevelMethod m, PyObject* self,
       _PyType_Lookup(type, s.names[kLogName]) != s.c_log) {
     return kDecline;
   }
-  for (Name name : {kIsEnabledFor, kLogName}) {
-    const int found = InInstance(self, s.names[name]);
-    if (found != 0) return found < 0 ? kError : kDecline;
-  }
+  const int found = InInstance(self, {s.names[kIsEnabledFor], s.names[kLogName]});
+  if (found != 0) return found < 0 ? kError : kDecline;
   return kUse;
 }
 
