@@ -551,21 +551,29 @@ PyObject* AtLevel(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
 
 PyMethodDef kLevelDefs[kLevelMethods] = {
     {"debug", FastKeywords<AtLevel<kDebugCall>>(), METH_FASTCALL | METH_KEYWORDS,
+     "debug($self, msg, *args, **kwargs)\n--\n\n"
      "The stdlib's Logger.debug in C (agentix worker)."},
     {"info", FastKeywords<AtLevel<kInfoCall>>(), METH_FASTCALL | METH_KEYWORDS,
+     "info($self, msg, *args, **kwargs)\n--\n\n"
      "The stdlib's Logger.info in C (agentix worker)."},
     {"warning", FastKeywords<AtLevel<kWarningCall>>(), METH_FASTCALL | METH_KEYWORDS,
+     "warning($self, msg, *args, **kwargs)\n--\n\n"
      "The stdlib's Logger.warning in C (agentix worker)."},
     {"error", FastKeywords<AtLevel<kErrorCall>>(), METH_FASTCALL | METH_KEYWORDS,
+     "error($self, msg, *args, **kwargs)\n--\n\n"
      "The stdlib's Logger.error in C (agentix worker)."},
     {"critical", FastKeywords<AtLevel<kCriticalCall>>(), METH_FASTCALL | METH_KEYWORDS,
+     "critical($self, msg, *args, **kwargs)\n--\n\n"
      "The stdlib's Logger.critical in C (agentix worker)."},
     {"log", FastKeywords<AtLevel<kLogCall>>(), METH_FASTCALL | METH_KEYWORDS,
+     "log($self, level, msg, *args, **kwargs)\n--\n\n"
      "The stdlib's Logger.log in C (agentix worker)."},
 };
 
 PyMethodDef kLogDef = {
     "_log", FastKeywords<LoggerLog>(), METH_FASTCALL | METH_KEYWORDS,
+    "_log($self, level, msg, args, exc_info=None, extra=None, "
+    "stack_info=False, stacklevel=1)\n--\n\n"
     "The stdlib's Logger._log in C (agentix worker): the same record, found "
     "caller and handlers; anything unusual runs the stdlib's _log."};
 

@@ -21,6 +21,15 @@ void DefineBoth() {
      "                        'log', 'warning'], OURS\n"
      "assert all(type(m).__name__ == 'method_descriptor' for m in OURS.values())\n"
      "assert w.install_logger_log(logging) == STDLIB\n"
+     "import inspect\n"  // the same signatures as the stdlib's
+     "bound = logging.getLogger('signatures')\n"
+     "for name, m in STDLIB.items():\n"
+     "    ours, theirs = (list(inspect.signature(f).parameters.values())\n"
+     "                    for f in (OURS[name], m))\n"  // but self positional-only
+     "    assert [(p.name, p.default) for p in ours] == [\n"
+     "        (p.name, p.default) for p in theirs], name\n"
+     "    assert (inspect.signature(getattr(bound, name))\n"
+     "            == inspect.signature(m.__get__(bound))), name\n"
      "CODES = {m.__code__: name for name, m in STDLIB.items()}\n"
      "def stack_names():\n"
      "    f, names = sys._getframe(), []\n"  // the stdlib methods' frames
