@@ -241,6 +241,11 @@ def durable_line_matches_formatter():
                module="stdio"),
         record("same second", created=1_764_643_201.75, msecs=750.0),
         record("midnight", created=1_764_633_600.0, msecs=0.0),
+        # Milliseconds zero-padded; the same asctime twice, then another.
+        record("ms 7", created=1_764_643_202.0079, msecs=7.9),
+        record("ms 7 again", created=1_764_643_202.0079, msecs=7.9),
+        record("ms 45", created=1_764_643_202.045, msecs=45.0),
+        record("ms 999", created=1_764_643_202.999, msecs=999.999),
     ]
     del plain[3].__dict__["agentix_context"]
     declined = [
