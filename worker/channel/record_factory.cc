@@ -97,6 +97,7 @@ struct Factory {
   PyObject* instance_check = nullptr;   // type(Mapping).__instancecheck__
   PyObject* token = nullptr;
   int scalar_is_mapping[3] = {-1, -1, -1};
+  unsigned mapping_generation = 0;  // bumped by each reset
   // threading.current_thread().name read from threading._active while
   // these are threading's own.
   PyObject* threading = nullptr;
@@ -214,12 +215,19 @@ int IsMapping(Factory& f, PyObject* value) {
   if (!same) {
     Py_XSETREF(f.token, token);
     for (int& known : f.scalar_is_mapping) known = -1;
+    ++f.mapping_generation;
   } else {
     Py_DECREF(token);
   }
-  int& known = f.scalar_is_mapping[scalar];
-  if (known < 0) known = PyObject_IsInstance(value, f.mapping);
-  return known;
+  if (f.scalar_is_mapping[scalar] >= 0) return f.scalar_is_mapping[scalar];
+  // The check may run Python (and so a nested record, even a registration):
+  // its answer is kept only if the cache was not reset meanwhile.
+  const unsigned generation = f.mapping_generation;
+  const int answer = PyObject_IsInstance(value, f.mapping);
+  if (answer >= 0 && generation == f.mapping_generation) {
+    f.scalar_is_mapping[scalar] = answer;
+  }
+  return answer;
 }
 
 // threading.current_thread().name without its two Python frames: the
