@@ -62,29 +62,78 @@ enum Name {
   kCriticalLevel,
   kNames
 };
-constexpr const char* kNameStrings[kNames] = {
-    "findCaller", "makeRecord",   "handle",     "filter",
-    "callHandlers", "_srcfile",   "_logRecordFactory", "currentframe",
-    "_is_internal_frame", "os",   "path",       "normcase",
-    "name",       "disabled",     "filters",    "handlers",
-    "levelno",    "level",        "propagate",  "parent",
-    "msg",        "args",         "exc_info",   "extra",
-    "stack_info", "stacklevel",   "importlib",  "_bootstrap",
-    "(unknown file)", "(unknown function)", "_log",
-    "isEnabledFor", "_cache",     "self",
-    "debug",      "info",         "warning",    "error",
-    "critical",   "log",          "DEBUG",      "INFO",
-    "WARNING",    "ERROR",        "CRITICAL"};
+constexpr const char* kNameStrings[kNames] = {"findCaller",
+                                              "makeRecord",
+                                              "handle",
+                                              "filter",
+                                              "callHandlers",
+                                              "_srcfile",
+                                              "_logRecordFactory",
+                                              "currentframe",
+                                              "_is_internal_frame",
+                                              "os",
+                                              "path",
+                                              "normcase",
+                                              "name",
+                                              "disabled",
+                                              "filters",
+                                              "handlers",
+                                              "levelno",
+                                              "level",
+                                              "propagate",
+                                              "parent",
+                                              "msg",
+                                              "args",
+                                              "exc_info",
+                                              "extra",
+                                              "stack_info",
+                                              "stacklevel",
+                                              "importlib",
+                                              "_bootstrap",
+                                              "(unknown file)",
+                                              "(unknown function)",
+                                              "_log",
+                                              "isEnabledFor",
+                                              "_cache",
+                                              "self",
+                                              "debug",
+                                              "info",
+                                              "warning",
+                                              "error",
+                                              "critical",
+                                              "log",
+                                              "DEBUG",
+                                              "INFO",
+                                              "WARNING",
+                                              "ERROR",
+                                              "CRITICAL"};
 
 // Logger.debug ... critical (`if self.isEnabledFor(LEVEL): self._log(LEVEL,
 // msg, args, **kwargs)`) and Logger.log (the level its first argument).
-enum LevelMethod { kDebugCall, kInfoCall, kWarningCall, kErrorCall, kCriticalCall, kLogCall, kLevelMethods };
+enum LevelMethod {
+  kDebugCall,
+  kInfoCall,
+  kWarningCall,
+  kErrorCall,
+  kCriticalCall,
+  kLogCall,
+  kLevelMethods
+};
 
 // _log(self, level, msg, args, exc_info=None, extra=None, stack_info=False,
 // stacklevel=1): its parameters in order and their names.
-enum Param { pLevel, pMsg, pArgs, pExcInfo, pExtra, pStackInfo, pStacklevel, kParams };
-constexpr Name kParamNames[kParams] = {kLevel,  kMsg,       kArgs,      kExcInfo,
-                                       kExtra,  kStackInfo, kStacklevel};
+enum Param {
+  pLevel,
+  pMsg,
+  pArgs,
+  pExcInfo,
+  pExtra,
+  pStackInfo,
+  pStacklevel,
+  kParams
+};
+constexpr Name kParamNames[kParams] = {kLevel, kMsg,       kArgs,      kExcInfo,
+                                       kExtra, kStackInfo, kStacklevel};
 
 // What install_logger_log found: the stdlib's pieces the C path stands in
 // for while they stay the same. GIL-guarded; kept for the process.
@@ -97,7 +146,8 @@ struct Stdlib {
   PyObject* is_internal_frame = nullptr;
   PyObject* os_module = nullptr;
   PyObject* normcase = nullptr;
-  PyObject* srcfile = nullptr;  // logging's own file (its functions' co_filename)
+  PyObject* srcfile =
+      nullptr;  // logging's own file (its functions' co_filename)
   PyObject* zero = nullptr;
   PyObject* names[kNames] = {};
   PyObject* c_log = nullptr;  // the descriptor installed as Logger._log
@@ -165,7 +215,8 @@ bool Bind(const Stdlib& s, PyObject* const* args, Py_ssize_t nargs,
     if (slot < 0 || out[slot] != nullptr) return false;
     out[slot] = args[nargs + k];
   }
-  return out[pLevel] != nullptr && out[pMsg] != nullptr && out[pArgs] != nullptr;
+  return out[pLevel] != nullptr && out[pMsg] != nullptr &&
+         out[pArgs] != nullptr;
 }
 
 bool NoneOrFalse(PyObject* value) {
@@ -186,16 +237,17 @@ Verdict Check(const Stdlib& s, PyObject* self, PyObject* const (&a)[kParams],
     if (!PyLong_CheckExact(a[pStacklevel])) return kDecline;
     int overflow = 0;
     stacklevel = PyLong_AsLongAndOverflow(a[pStacklevel], &overflow);
-    if (overflow > 0) stacklevel = LONG_MAX;  // past any stack: the outermost frame
+    if (overflow > 0)
+      stacklevel = LONG_MAX;  // past any stack: the outermost frame
     if (overflow < 0 || stacklevel < 1) return kDecline;
   }
   PyTypeObject* type = Py_TYPE(self);
   for (int m = 0; m < kMethods; ++m) {
     if (_PyType_Lookup(type, s.names[m]) != s.methods[m]) return kDecline;
   }
-  const int found = InInstance(self, {s.names[kFindCaller], s.names[kMakeRecord],
-                                      s.names[kHandle], s.names[kFilter],
-                                      s.names[kCallHandlers]});
+  const int found = InInstance(
+      self, {s.names[kFindCaller], s.names[kMakeRecord], s.names[kHandle],
+             s.names[kFilter], s.names[kCallHandlers]});
   if (found != 0) return found < 0 ? kError : kDecline;
   PyObject* srcfile = PyDict_GetItemWithError(s.globals, s.names[kSrcfile]);
   if (srcfile == nullptr) return PyErr_Occurred() ? kError : kDecline;
@@ -211,7 +263,8 @@ Verdict Check(const Stdlib& s, PyObject* self, PyObject* const (&a)[kParams],
     }
   }
   if (find_caller) {
-    if (PyDict_GetItemWithError(s.globals, s.names[kCurrentFrame]) != s.current_frame ||
+    if (PyDict_GetItemWithError(s.globals, s.names[kCurrentFrame]) !=
+            s.current_frame ||
         PyDict_GetItemWithError(s.globals, s.names[kIsInternalFrame]) !=
             s.is_internal_frame ||
         PyDict_GetItemWithError(s.globals, s.names[kOs]) != s.os_module) {
@@ -223,7 +276,8 @@ Verdict Check(const Stdlib& s, PyObject* self, PyObject* const (&a)[kParams],
     }
   }
   if (a[pExtra] == nullptr || a[pExtra] == Py_None) {
-    if (PyDict_GetItemWithError(s.globals, s.names[kRecordFactory]) == nullptr) {
+    if (PyDict_GetItemWithError(s.globals, s.names[kRecordFactory]) ==
+        nullptr) {
       return PyErr_Occurred() ? kError : kDecline;
     }
   }
@@ -291,7 +345,8 @@ PyObject* MakeRecord(const Stdlib& s, PyObject* self,
   PyObject* exc_info = a[pExcInfo] != nullptr ? a[pExcInfo] : Py_None;
   PyObject* record = nullptr;
   if (a[pExtra] == nullptr || a[pExtra] == Py_None) {
-    PyObject* factory = PyDict_GetItemWithError(s.globals, s.names[kRecordFactory]);
+    PyObject* factory =
+        PyDict_GetItemWithError(s.globals, s.names[kRecordFactory]);
     if (factory != nullptr) {
       Py_INCREF(factory);
       PyObject* argv[9] = {name,     a[pLevel], filename, lineno, a[pMsg],
@@ -299,11 +354,12 @@ PyObject* MakeRecord(const Stdlib& s, PyObject* self,
       record = PyObject_Vectorcall(factory, argv, 9, nullptr);
       Py_DECREF(factory);
     } else if (!PyErr_Occurred()) {
-      PyErr_SetString(PyExc_NameError, "name '_logRecordFactory' is not defined");
+      PyErr_SetString(PyExc_NameError,
+                      "name '_logRecordFactory' is not defined");
     }
   } else {
-    PyObject* argv[11] = {self,     name,     a[pLevel], filename,
-                          lineno,   a[pMsg],  a[pArgs],  exc_info,
+    PyObject* argv[11] = {self,     name,      a[pLevel], filename,
+                          lineno,   a[pMsg],   a[pArgs],  exc_info,
                           function, a[pExtra], Py_None};
     record = PyObject_Vectorcall(s.methods[kMakeRecord], argv, 11, nullptr);
   }
@@ -359,8 +415,9 @@ int Handle(const Stdlib& s, PyObject* self, PyObject* record) {
     while ((handler = PyIter_Next(iter)) != nullptr) {
       ++found;
       PyObject* levelno = PyObject_GetAttr(record, s.names[kLevelno]);
-      PyObject* level =
-          levelno != nullptr ? PyObject_GetAttr(handler, s.names[kLevel]) : nullptr;
+      PyObject* level = levelno != nullptr
+                            ? PyObject_GetAttr(handler, s.names[kLevel])
+                            : nullptr;
       int meets = level != nullptr
                       ? PyObject_RichCompareBool(levelno, level, Py_GE)
                       : -1;
@@ -399,7 +456,8 @@ int Handle(const Stdlib& s, PyObject* self, PyObject* record) {
     // No handler anywhere: the stdlib's callHandlers (lastResort, or its
     // one-off "No handlers could be found" line) walks the same empty tree.
     PyObject* argv[2] = {self, record};
-    PyObject* done = PyObject_Vectorcall(s.methods[kCallHandlers], argv, 2, nullptr);
+    PyObject* done =
+        PyObject_Vectorcall(s.methods[kCallHandlers], argv, 2, nullptr);
     if (done == nullptr) return -1;
     Py_DECREF(done);
   }
@@ -431,7 +489,8 @@ PyObject* LoggerLog(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
     }
   }
   if (found == kError) return nullptr;
-  if (found == kDecline) return CallWithSelf(s.python_log, self, args, nargs, kwnames);
+  if (found == kDecline)
+    return CallWithSelf(s.python_log, self, args, nargs, kwnames);
   PyObject* record = MakeRecord(s, self, a, filename, lineno, function);
   Py_DECREF(filename);
   Py_DECREF(lineno);
@@ -457,7 +516,8 @@ Verdict CheckLevelCall(const Stdlib& s, LevelMethod m, PyObject* self,
     PyObject* key = PyTuple_GET_ITEM(kwnames, k);
     for (Name taken : {kSelf, kMsg, kLevel}) {
       if (taken == kLevel && m != kLogCall) continue;
-      if (key == s.names[taken] || PyUnicode_Compare(key, s.names[taken]) == 0) {
+      if (key == s.names[taken] ||
+          PyUnicode_Compare(key, s.names[taken]) == 0) {
         return kDecline;
       }
     }
@@ -474,7 +534,8 @@ Verdict CheckLevelCall(const Stdlib& s, LevelMethod m, PyObject* self,
       _PyType_Lookup(type, s.names[kLogName]) != s.c_log) {
     return kDecline;
   }
-  const int found = InInstance(self, {s.names[kIsEnabledFor], s.names[kLogName]});
+  const int found =
+      InInstance(self, {s.names[kIsEnabledFor], s.names[kLogName]});
   if (found != 0) return found < 0 ? kError : kDecline;
   return kUse;
 }
@@ -510,9 +571,11 @@ PyObject* AtLevel(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
                   PyObject* kwnames) {
   const Stdlib& s = *installed;
   PyObject* level = nullptr;
-  const Verdict usable = CheckLevelCall(s, M, self, args, nargs, kwnames, level);
+  const Verdict usable =
+      CheckLevelCall(s, M, self, args, nargs, kwnames, level);
   if (usable == kError) return nullptr;
-  if (usable == kDecline) return CallWithSelf(s.level_methods[M], self, args, nargs, kwnames);
+  if (usable == kDecline)
+    return CallWithSelf(s.level_methods[M], self, args, nargs, kwnames);
   Py_INCREF(level);  // a global: held while user code runs
   const int enabled = IsEnabledFor(s, self, level);
   if (enabled <= 0) {
@@ -550,19 +613,23 @@ PyObject* AtLevel(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
 }
 
 PyMethodDef kLevelDefs[kLevelMethods] = {
-    {"debug", FastKeywords<AtLevel<kDebugCall>>(), METH_FASTCALL | METH_KEYWORDS,
+    {"debug", FastKeywords<AtLevel<kDebugCall>>(),
+     METH_FASTCALL | METH_KEYWORDS,
      "debug($self, msg, *args, **kwargs)\n--\n\n"
      "The stdlib's Logger.debug in C (agentix worker)."},
     {"info", FastKeywords<AtLevel<kInfoCall>>(), METH_FASTCALL | METH_KEYWORDS,
      "info($self, msg, *args, **kwargs)\n--\n\n"
      "The stdlib's Logger.info in C (agentix worker)."},
-    {"warning", FastKeywords<AtLevel<kWarningCall>>(), METH_FASTCALL | METH_KEYWORDS,
+    {"warning", FastKeywords<AtLevel<kWarningCall>>(),
+     METH_FASTCALL | METH_KEYWORDS,
      "warning($self, msg, *args, **kwargs)\n--\n\n"
      "The stdlib's Logger.warning in C (agentix worker)."},
-    {"error", FastKeywords<AtLevel<kErrorCall>>(), METH_FASTCALL | METH_KEYWORDS,
+    {"error", FastKeywords<AtLevel<kErrorCall>>(),
+     METH_FASTCALL | METH_KEYWORDS,
      "error($self, msg, *args, **kwargs)\n--\n\n"
      "The stdlib's Logger.error in C (agentix worker)."},
-    {"critical", FastKeywords<AtLevel<kCriticalCall>>(), METH_FASTCALL | METH_KEYWORDS,
+    {"critical", FastKeywords<AtLevel<kCriticalCall>>(),
+     METH_FASTCALL | METH_KEYWORDS,
      "critical($self, msg, *args, **kwargs)\n--\n\n"
      "The stdlib's Logger.critical in C (agentix worker)."},
     {"log", FastKeywords<AtLevel<kLogCall>>(), METH_FASTCALL | METH_KEYWORDS,
@@ -590,7 +657,8 @@ PyObject* Originals(const Stdlib& s) {
   if (originals == nullptr) return nullptr;
   bool ok = PyDict_SetItem(originals, s.names[kLogName], s.python_log) == 0;
   for (int m = 0; m < kLevelMethods && ok; ++m) {
-    ok = PyDict_SetItem(originals, s.names[kDebugName + m], s.level_methods[m]) == 0;
+    ok = PyDict_SetItem(originals, s.names[kDebugName + m],
+                        s.level_methods[m]) == 0;
   }
   if (!ok) Py_CLEAR(originals);
   return originals;
@@ -600,7 +668,8 @@ PyObject* Originals(const Stdlib& s) {
 void Restore(const Stdlib& s) {
   PyObject_SetAttr(s.logger_type, s.names[kLogName], s.python_log);
   for (int m = 0; m < kLevelMethods; ++m) {
-    PyObject_SetAttr(s.logger_type, s.names[kDebugName + m], s.level_methods[m]);
+    PyObject_SetAttr(s.logger_type, s.names[kDebugName + m],
+                     s.level_methods[m]);
   }
 }
 
@@ -641,14 +710,16 @@ PyObject* InstallLoggerLog(PyObject* /*module*/, PyObject* const* args,
     }
   }
   s->globals = Py_NewRef(PyModule_GetDict(logging));
-  s->current_frame = Py_XNewRef(PyDict_GetItemWithError(s->globals, s->names[kCurrentFrame]));
-  s->is_internal_frame =
-      Py_XNewRef(PyDict_GetItemWithError(s->globals, s->names[kIsInternalFrame]));
+  s->current_frame =
+      Py_XNewRef(PyDict_GetItemWithError(s->globals, s->names[kCurrentFrame]));
+  s->is_internal_frame = Py_XNewRef(
+      PyDict_GetItemWithError(s->globals, s->names[kIsInternalFrame]));
   s->os_module = Py_XNewRef(PyDict_GetItemWithError(s->globals, s->names[kOs]));
   PyObject* path = s->os_module != nullptr
                        ? PyObject_GetAttr(s->os_module, s->names[kPath])
                        : nullptr;
-  s->normcase = path != nullptr ? PyObject_GetAttr(path, s->names[kNormcase]) : nullptr;
+  s->normcase =
+      path != nullptr ? PyObject_GetAttr(path, s->names[kNormcase]) : nullptr;
   Py_XDECREF(path);
   // The C path takes a file name as its own normcase, as posixpath's does
   // (os.fspath of a str is the str).
@@ -667,11 +738,13 @@ PyObject* InstallLoggerLog(PyObject* /*module*/, PyObject* const* args,
   }
   s->is_enabled_for = Py_XNewRef(_PyType_Lookup(type, s->names[kIsEnabledFor]));
   if (!LoggingFunction(s->is_enabled_for, s->srcfile)) {
-    PyErr_SetString(PyExc_TypeError, "logging.Logger.isEnabledFor is not logging's");
+    PyErr_SetString(PyExc_TypeError,
+                    "logging.Logger.isEnabledFor is not logging's");
     return nullptr;
   }
   for (int m = 0; m < kLevelMethods; ++m) {
-    s->level_methods[m] = Py_XNewRef(_PyType_Lookup(type, s->names[kDebugName + m]));
+    s->level_methods[m] =
+        Py_XNewRef(_PyType_Lookup(type, s->names[kDebugName + m]));
     if (!LoggingFunction(s->level_methods[m], s->srcfile)) {
       PyErr_Format(PyExc_TypeError, "logging.Logger.%U is not logging's",
                    s->names[kDebugName + m]);

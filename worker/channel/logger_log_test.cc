@@ -19,13 +19,15 @@ void DefineBoth() {
      "OURS = {name: logging.Logger.__dict__[name] for name in STDLIB}\n"
      "assert sorted(OURS) == ['_log', 'critical', 'debug', 'error', 'info',\n"
      "                        'log', 'warning'], OURS\n"
-     "assert all(type(m).__name__ == 'method_descriptor' for m in OURS.values())\n"
+     "assert all(type(m).__name__ == 'method_descriptor' for m in "
+     "OURS.values())\n"
      "assert w.install_logger_log(logging) == STDLIB\n"
      "import inspect\n"  // the same signatures as the stdlib's
      "bound = logging.getLogger('signatures')\n"
      "for name, m in STDLIB.items():\n"
      "    ours, theirs = (list(inspect.signature(f).parameters.values())\n"
-     "                    for f in (OURS[name], m))\n"  // but self positional-only
+     "                    for f in (OURS[name], m))\n"  // but self
+                                                        // positional-only
      "    assert [(p.name, p.default) for p in ours] == [\n"
      "        (p.name, p.default) for p in theirs], name\n"
      "    assert (inspect.signature(getattr(bound, name))\n"
@@ -49,7 +51,9 @@ void DefineBoth() {
      "        d = dict(vars(record))\n"
      "        for k in ('created', 'msecs', 'relativeCreated'):\n"
      "            d.pop(k)\n"
-     "        d['thread'] = d['thread'] == threading.get_ident()\n"  // runs' threads differ
+     "        d['thread'] = d['thread'] == threading.get_ident()\n"  // runs'
+                                                                     // threads
+                                                                     // differ
      "        if d['exc_info']:\n"  // each run raises its own exception
      "            t, v, tb = d['exc_info']\n"
      "            d['exc_info'] = (t, repr(v), tb.tb_lineno)\n"
@@ -89,7 +93,8 @@ void DefineBoth() {
      "    return got, raised\n"
      "def declined(call):\n"
      "    got, raised, python = both(call)\n"
-     "    assert python and all('_log' in p for p in python), (python, got, raised)\n"
+     "    assert python and all('_log' in p for p in python), (python, got, "
+     "raised)\n"
      "    return got, raised\n");
 }
 
@@ -98,8 +103,12 @@ void DefineBoth() {
 void Tree(const std::string& base) {
   DefineBoth();
   Py("KEEPS.clear()\n"
-     "parent = logging.getLogger('" + base + "')\n"
-     "log = logging.getLogger('" + base + ".child')\n"
+     "parent = logging.getLogger('" +
+     base +
+     "')\n"
+     "log = logging.getLogger('" +
+     base +
+     ".child')\n"
      "parent.propagate = False\n"
      "parent.setLevel(1)\n"
      "child_keep, parent_keep = keep(log), keep(parent)\n");
@@ -112,10 +121,12 @@ TEST_CASE("The C _log makes the stdlib's record, caller and all",
      "_, keys, d = got[0][0]\n"
      "assert d['funcName'] == '<lambda>' and d['filename'] == '<string>', d\n"
      "assert d['levelname'] == 'INFO' and d['args'] == (1, 'two'), d\n"
-     "assert len(got[0]) == 1 and len(got[1]) == 1, got\n"  // child, then parent
+     "assert len(got[0]) == 1 and len(got[1]) == 1, got\n"  // child, then
+                                                            // parent
      "c_path(lambda: log.warning('m', stacklevel=2))\n"
      "c_path(lambda: log.error('m', stacklevel=3))\n"
-     "c_path(lambda: log.error('m', stacklevel=10**6))\n"  // the outermost frame
+     "c_path(lambda: log.error('m', stacklevel=10**6))\n"  // the outermost
+                                                           // frame
      "c_path(lambda: log.log(25, 'm %(a)s', {'a': 1}))\n"
      "c_path(lambda: logging.LoggerAdapter(log, {}).info('adapted'))\n"
      "c_path(lambda: log._log(20, 'm %s', ('a',), None, None, False, 2))\n"
@@ -133,7 +144,8 @@ TEST_CASE("The C _log makes the stdlib's record, caller and all",
      "             '/x/importlib/_bootstrap_fake.py', 'exec'), ns)\n"
      "got, _ = c_path(lambda: ns['via'](log))\n"
      "assert got[0][0][2]['funcName'] == 'both', got\n"  // via's frame skipped
-     "exec(compile('def via(log):\\n    log.info(\"plain\", stacklevel=2)\\n',\n"
+     "exec(compile('def via(log):\\n    log.info(\"plain\", "
+     "stacklevel=2)\\n',\n"
      "             '/x/importlib/fake.py', 'exec'), ns)\n"
      "got, _ = c_path(lambda: ns['via'](log))\n"
      "assert got[0][0][2]['funcName'] == '<lambda>', got\n"
@@ -172,16 +184,20 @@ TEST_CASE("The C _log leaves what it does not do to the stdlib's",
      "assert 'multiple values' in raised, raised\n"
      // The stdlib's info, which then calls the C _log.
      "got, _, python = both(lambda: log.info(msg='keyword'))\n"
-     "assert got[0][0][2]['msg'] == 'keyword' and python == [['info']] * 2, python\n"
-     "c_path(lambda: log.fatal('fatal') or logging.Logger.info(log, 'unbound'))\n"
+     "assert got[0][0][2]['msg'] == 'keyword' and python == [['info']] * 2, "
+     "python\n"
+     "c_path(lambda: log.fatal('fatal') or logging.Logger.info(log, "
+     "'unbound'))\n"
      "def exception():\n"
      "    try:\n"
      "        raise KeyError('k')\n"
      "    except KeyError:\n"
      "        log.exception('caught')\n"
      "declined(exception)\n"
-     "log.setLevel(logging.WARNING)\n"  // clears the cache: isEnabledFor refills it
-     "got, _ = c_path(lambda: log.info('no') or log.warning('yes') or log.log(45, 'yes'))\n"
+     "log.setLevel(logging.WARNING)\n"  // clears the cache: isEnabledFor
+                                        // refills it
+     "got, _ = c_path(lambda: log.info('no') or log.warning('yes') or "
+     "log.log(45, 'yes'))\n"
      "assert [g[2]['msg'] for g in got[0]] == ['yes', 'yes'], got\n"
      "assert log._cache == {20: False, 30: True, 45: True}, log._cache\n"
      "log.setLevel(logging.NOTSET)\n"
@@ -214,7 +230,8 @@ TEST_CASE("The C _log leaves what it does not do to the stdlib's",
      "got, _ = declined(lambda: own.info('m'))\n"
      "assert got[0][0][2]['filename'] == 'own.py', got\n"
      "c_path(lambda: plain.info('m'))\n"
-     "for name in ('findCaller', 'makeRecord', 'handle', 'filter', 'callHandlers'):\n"
+     "for name in ('findCaller', 'makeRecord', 'handle', 'filter', "
+     "'callHandlers'):\n"
      "    setattr(plain, name, getattr(plain, name))\n"
      "    declined(lambda: plain.info('m'))\n"
      "    delattr(plain, name)\n"
@@ -285,7 +302,8 @@ TEST_CASE("The C _log hands the record on as Logger.handle does",
      "got, _ = c_path(changing)\n"
      "parent_keep.setLevel(0)\n"
      // Remove went first and took itself out: the walk skipped child_keep.
-     "assert [[g[2]['msg'] for g in k] for k in got] == [['after'], ['after']], got\n"
+     "assert [[g[2]['msg'] for g in k] for k in got] == [['after'], "
+     "['after']], got\n"
      "log.propagate = False\n"
      "got, _ = c_path(lambda: log.info('local'))\n"
      "assert [len(g) for g in got] == [1, 0], got\n"
@@ -308,7 +326,8 @@ TEST_CASE("The C _log hands the record on as Logger.handle does",
      "last = logging.lastResort = Keep(logging.WARNING)\n"
      "KEEPS.append(last)\n"
      "try:\n"
-     "    got, _ = c_path(lambda: alone.warning('nobody') or alone.info('quiet'))\n"
+     "    got, _ = c_path(lambda: alone.warning('nobody') or "
+     "alone.info('quiet'))\n"
      "finally:\n"
      "    logging.lastResort = saved\n"
      "    KEEPS.remove(last)\n"

@@ -490,8 +490,9 @@ PyObject* SetLogRecordFactory(PyObject* /*module*/, PyObject* const* args,
                      : nullptr;
     Py_XDECREF(collections_abc);
     PyObject* abc = PyImport_ImportModule("abc");
-    f->get_cache_token =
-        abc != nullptr ? PyObject_GetAttrString(abc, "get_cache_token") : nullptr;
+    f->get_cache_token = abc != nullptr
+                             ? PyObject_GetAttrString(abc, "get_cache_token")
+                             : nullptr;
     Py_XDECREF(abc);
     if (f->mapping != nullptr) {
       f->instance_check = Py_XNewRef(
