@@ -13,6 +13,7 @@
 #include "worker/channel/durable_line.h"
 #include "worker/channel/frame_intake.h"
 #include "worker/channel/log_handles.h"
+#include "worker/channel/logger_log.h"
 #include "worker/channel/py_args.h"
 #include "worker/channel/record_factory.h"
 #include "worker/channel/result_sender.h"
@@ -206,6 +207,9 @@ PyMethodDef kModuleMethods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "A logging record factory: factory(*args, **kwargs) with "
      "agentix_context set; logging.LogRecord's records built in C."},
+    {"install_logger_log", Fast<InstallLoggerLog>(), METH_FASTCALL,
+     "install_logger_log(logging) -> the stdlib's Logger._log, replaced by "
+     "one in C that falls back to it for anything unusual."},
     {"set_thread_name", Guarded<SetThreadName>, METH_O,
      "Sets the calling OS thread's name (as shown by ps/top)."},
     {nullptr, nullptr, 0, nullptr},

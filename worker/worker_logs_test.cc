@@ -321,7 +321,36 @@ TEST_CASE("The worker's record factory makes the records LogRecord makes",
   const Reply reply = worker->AwaitReply("f");
   INFO(reply.error.message);
   REQUIRE(reply.ok);
-  CHECK(Unpickle(reply.value) == "14");
+  CHECK(Unpickle(reply.value) == "18");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("The worker's C Logger._log sends the records the stdlib's sends",
+          "[worker][logs]") {
+  // worker_fixture::logger_log_in_c makes each call through the C _log
+  // (logger_log.h) and then the stdlib's, from one line: the two frames
+  // must be the same but for the time (caller, extras, adapter, stacklevel).
+  auto worker = ReadyWorker();
+  CHECK(Unpickle(worker->CallOk("worker_fixture::logger_log_in_c",
+                                Pickle("((), {})"))) == "4");
+  AwaitLog(*worker, "app.clog", "clog 3");
+  const std::vector<LogRecord> logs = LogsOf(worker->logs(), "app.clog");
+  REQUIRE(logs.size() == 8);
+  for (size_t i = 0; i < logs.size(); i += 2) {
+    LogRecord c = logs[i];
+    LogRecord stdlib = logs[i + 1];
+    INFO(c.DebugString());
+    CHECK(c.time_unix_nanos() > 0);
+    c.clear_time_unix_nanos();
+    stdlib.clear_time_unix_nanos();
+    CHECK(c.DebugString() == stdlib.DebugString());
+  }
+  CHECK(logs[0].message() == "clog 0 \xc3\xa9");
+  CHECK(logs[0].function() == "<lambda>");
+  CHECK(logs[2].function() == "logger_log_in_c");  // stacklevel=2
+  CHECK(logs[4].extras().size() > 0);
+  CHECK(logs[6].level_name() == "ERROR");
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }

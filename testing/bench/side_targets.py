@@ -20,7 +20,8 @@ coroutine (`Namespace.request` is async).
   Returns the median sandbox→host and host→sandbox legs in µs.
 - `worker_split(n)` (ours only; side_cpu.py --split): where the worker's calling thread
   spends a record's and a span's CPU, stage by stage (thread CPU µs per item, best of
-  3 loops of n): stdlib `logging` with no handler, the log bridge's `handle` and the
+  3 loops of n): stdlib `logging` with no handler (and through the stdlib's own
+  `Logger` methods where the worker has C ones), the log bridge's `handle` and the
   durable log's `handle` on records already made, the same through their general
   (Python) paths where the worker has a C path, and `agentix.trace` alone, with the
   forwarder, and with the forwarder's general path.
@@ -86,6 +87,20 @@ def worker_split(n):
         return emit
 
     out = {"stdlib_logging": per_item(stdlib)}
+    try:  # a worker with logging.Logger's methods in C keeps the stdlib's
+        from _agentix_driver import logs as driver_logs
+        originals = dict(driver_logs._stdlib_methods)
+    except (ImportError, AttributeError):
+        originals = {}
+    if originals:
+        ours = {name: logging.Logger.__dict__[name] for name in originals}
+        for name, method in originals.items():
+            setattr(logging.Logger, name, method)
+        try:
+            out["stdlib_logging_general_path"] = per_item(stdlib)
+        finally:
+            for name, method in ours.items():
+                setattr(logging.Logger, name, method)
     if bridge is not None:
         out["bridge"] = per_item(through(bridge.handle))
         if hasattr(bridge, "_send_record"):  # a worker with the C path

@@ -4,7 +4,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -60,10 +59,29 @@ bool AppendAsctime(long long second, long msecs, std::string& out) {
     }
     cached_second = second;
   }
-  char millis[8];
-  snprintf(millis, sizeof millis, ",%03ld", msecs);
-  out.append(cached).append(millis);
+  // ",%03ld" for 0 <= msecs < 1000 (the caller checks), without printf's
+  // format parsing (~2% of the calling thread's samples).
+  const char millis[4] = {',', static_cast<char>('0' + msecs / 100),
+                          static_cast<char>('0' + msecs / 10 % 10),
+                          static_cast<char>('0' + msecs % 10)};
+  out.append(cached).append(millis, sizeof millis);
   return true;
+}
+
+// record.asctime as a str: the one made for the previous record when the
+// text is the same (a millisecond's records share it; a str is immutable),
+// else decoded as before. New reference, or nullptr with an error set.
+PyObject* Asctime(const std::string& text) {
+  static std::string last_text;       // GIL-guarded
+  static PyObject* last = nullptr;
+  if (last == nullptr || text != last_text) {
+    PyObject* made = PyUnicode_DecodeUTF8(
+        text.data(), static_cast<Py_ssize_t>(text.size()), "surrogateescape");
+    if (made == nullptr) return nullptr;
+    Py_XSETREF(last, made);
+    last_text = text;
+  }
+  return Py_NewRef(last);
 }
 
 // Appends str `text` as strict UTF-8 (as str.encode("utf-8")); false with
@@ -211,9 +229,7 @@ PyObject* WriteLogLine(PyObject* /*module*/, PyObject* const* args,
                           static_cast<long>(ms), line);
   PyObject* asctime = nullptr;
   if (ok) {
-    asctime = PyUnicode_DecodeUTF8(line.data(),
-                                   static_cast<Py_ssize_t>(line.size()),
-                                   "surrogateescape");
+    asctime = Asctime(line);
     ok = asctime != nullptr &&
          PyDict_SetItem(dict, keys[kMessage], message) == 0 &&
          PyDict_SetItem(dict, keys[kAsctime], asctime) == 0;

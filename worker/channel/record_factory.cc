@@ -56,6 +56,11 @@ enum Name {
   kCurrentProcess,
   kInit,
   kMainProcess,
+  kActive,
+  kGetIdent,
+  kInitialized,
+  kThreadNameField,
+  kInstanceCheck,
   kNames
 };
 
@@ -69,7 +74,8 @@ constexpr const char* kNameStrings[kNames] = {
     "logThreads",  "logMultiprocessing", "logProcesses",   "_startTime",
     "_levelToName", "getLevelName",      "threading",      "time",
     "current_thread", "name",            "multiprocessing", "current_process",
-    "__init__",    "MainProcess"};
+    "__init__",    "MainProcess",       "_active",        "get_ident",
+    "_initialized", "_name",            "__instancecheck__"};
 
 // What set_log_record_factory configured. GIL-guarded; kept for the
 // process (a worker configures it once at boot).
@@ -85,6 +91,19 @@ struct Factory {
   PyObject* get_level_name = nullptr;
   PyObject* time_time = nullptr;
   PyObject* mapping = nullptr;  // collections.abc.Mapping
+  // isinstance(x, Mapping) for x an exact int, str or float, as answered
+  // under abc's cache token `token` (cleared by any ABC registration).
+  PyObject* get_cache_token = nullptr;  // abc.get_cache_token
+  PyObject* instance_check = nullptr;   // type(Mapping).__instancecheck__
+  PyObject* token = nullptr;
+  int scalar_is_mapping[3] = {-1, -1, -1};
+  unsigned mapping_generation = 0;  // bumped by each reset
+  // threading.current_thread().name read from threading._active while
+  // these are threading's own.
+  PyObject* threading = nullptr;
+  PyObject* current_thread = nullptr;
+  PyObject* get_ident = nullptr;
+  PyObject* name_property = nullptr;  // threading.Thread.name
   PyObject* os_path = nullptr;
   // pathname -> (filename, module): os.path.basename / splitext of the same
   // code file, worked out once.
@@ -169,6 +188,84 @@ PyObject* Place(Factory& f, PyObject* pathname) {
   return PyDict_GetItemWithError(f.places, pathname);
 }
 
+// isinstance(value, collections.abc.Mapping). For an exact int, str or
+// float the answer cannot change while abc's cache token stays the same
+// (only an ABC registration changes what such a type is, and it bumps the
+// token), so it is remembered under that token: the check's Python
+// __instancecheck__ frame was ~2-3% of the calling thread.
+int IsMapping(Factory& f, PyObject* value) {
+  const int scalar = PyLong_CheckExact(value)      ? 0
+                     : PyUnicode_CheckExact(value) ? 1
+                     : PyFloat_CheckExact(value)   ? 2
+                                                   : -1;
+  if (scalar < 0 || f.get_cache_token == nullptr ||
+      _PyType_Lookup(Py_TYPE(f.mapping), f.names[kInstanceCheck]) !=
+          f.instance_check) {
+    return PyObject_IsInstance(value, f.mapping);
+  }
+  PyObject* token = PyObject_CallNoArgs(f.get_cache_token);
+  if (token == nullptr) return -1;
+  const int same = f.token != nullptr
+                       ? PyObject_RichCompareBool(token, f.token, Py_EQ)
+                       : 0;
+  if (same < 0) {
+    Py_DECREF(token);
+    return -1;
+  }
+  if (!same) {
+    Py_XSETREF(f.token, token);
+    for (int& known : f.scalar_is_mapping) known = -1;
+    ++f.mapping_generation;
+  } else {
+    Py_DECREF(token);
+  }
+  if (f.scalar_is_mapping[scalar] >= 0) return f.scalar_is_mapping[scalar];
+  // The check may run Python (and so a nested record, even a registration):
+  // its answer is kept only if the cache was not reset meanwhile.
+  const unsigned generation = f.mapping_generation;
+  const int answer = PyObject_IsInstance(value, f.mapping);
+  if (answer >= 0 && generation == f.mapping_generation) {
+    f.scalar_is_mapping[scalar] = answer;
+  }
+  return answer;
+}
+
+// threading.current_thread().name without its two Python frames: the
+// thread from threading._active by `ident` and its `_name`, while
+// current_thread, get_ident and the class's `name` property are
+// threading's own and the thread is initialised. nullptr with no error
+// set: the caller asks current_thread() itself.
+PyObject* ThreadName(const Factory& f, PyObject* threading, PyObject* ident) {
+  if (threading != f.threading || f.name_property == nullptr ||
+      !PyModule_CheckExact(threading)) {
+    return nullptr;
+  }
+  PyObject* globals = PyModule_GetDict(threading);
+  if (PyDict_GetItemWithError(globals, f.names[kCurrentThread]) !=
+          f.current_thread ||
+      PyDict_GetItemWithError(globals, f.names[kGetIdent]) != f.get_ident) {
+    return nullptr;
+  }
+  PyObject* active = PyDict_GetItemWithError(globals, f.names[kActive]);
+  if (active == nullptr || !PyDict_CheckExact(active)) return nullptr;
+  PyObject* thread = PyDict_GetItemWithError(active, ident);
+  if (thread == nullptr ||
+      _PyType_Lookup(Py_TYPE(thread), f.names[kThreadNameAttr]) !=
+          f.name_property) {
+    return nullptr;
+  }
+  Py_INCREF(thread);
+  PyObject* initialized = PyObject_GetAttr(thread, f.names[kInitialized]);
+  PyObject* name = nullptr;
+  if (initialized == Py_True) {
+    name = PyObject_GetAttr(thread, f.names[kThreadNameField]);
+  }
+  Py_XDECREF(initialized);
+  Py_DECREF(thread);
+  if (name == nullptr) PyErr_Clear();  // the property says what is wrong
+  return name;
+}
+
 // The values LogRecord.__init__ sets, as new references.
 struct Values {
   PyObject* v[kRecordKeys] = {};
@@ -216,7 +313,7 @@ PyObject* BuildRecord(Factory& f, PyObject* const* a, bool& declined) {
   PyObject* args = a[5];
   if (PyTuple_GET_SIZE(args) == 1) {
     PyObject* only = PyTuple_GET_ITEM(args, 0);
-    const int is_mapping = PyObject_IsInstance(only, f.mapping);
+    const int is_mapping = IsMapping(f, only);
     if (is_mapping < 0) return nullptr;
     if (is_mapping) {
       const int truth = PyObject_IsTrue(only);
@@ -284,12 +381,16 @@ PyObject* BuildRecord(Factory& f, PyObject* const* a, bool& declined) {
       declined = !PyErr_Occurred();
       return nullptr;
     }
-    PyObject* current =
-        PyObject_CallMethodNoArgs(threading, f.names[kCurrentThread]);
-    if (current == nullptr) return nullptr;
-    v[kThreadName] = PyObject_GetAttr(current, f.names[kThreadNameAttr]);
-    Py_DECREF(current);
-    if (v[kThreadName] == nullptr) return nullptr;
+    v[kThreadName] = ThreadName(f, threading, v[kThread]);
+    if (v[kThreadName] == nullptr) {
+      if (PyErr_Occurred()) return nullptr;
+      PyObject* current =
+          PyObject_CallMethodNoArgs(threading, f.names[kCurrentThread]);
+      if (current == nullptr) return nullptr;
+      v[kThreadName] = PyObject_GetAttr(current, f.names[kThreadNameAttr]);
+      Py_DECREF(current);
+      if (v[kThreadName] == nullptr) return nullptr;
+    }
   } else {
     v[kThread] = Py_NewRef(Py_None);
     v[kThreadName] = Py_NewRef(Py_None);
@@ -388,6 +489,32 @@ PyObject* SetLogRecordFactory(PyObject* /*module*/, PyObject* const* args,
                      ? PyObject_GetAttrString(collections_abc, "Mapping")
                      : nullptr;
     Py_XDECREF(collections_abc);
+    PyObject* abc = PyImport_ImportModule("abc");
+    f->get_cache_token = abc != nullptr
+                             ? PyObject_GetAttrString(abc, "get_cache_token")
+                             : nullptr;
+    Py_XDECREF(abc);
+    if (f->mapping != nullptr) {
+      f->instance_check = Py_XNewRef(
+          _PyType_Lookup(Py_TYPE(f->mapping), f->names[kInstanceCheck]));
+    }
+    // threading's own pieces, for ThreadName.
+    f->threading = Py_XNewRef(Global(*f, kThreading));
+    if (f->threading != nullptr) {
+      f->current_thread =
+          PyObject_GetAttr(f->threading, f->names[kCurrentThread]);
+      f->get_ident = PyObject_GetAttr(f->threading, f->names[kGetIdent]);
+      PyObject* thread_class = PyObject_GetAttrString(f->threading, "Thread");
+      if (thread_class != nullptr && PyType_Check(thread_class)) {
+        f->name_property = Py_XNewRef(_PyType_Lookup(
+            reinterpret_cast<PyTypeObject*>(thread_class),
+            f->names[kThreadNameAttr]));
+      }
+      Py_XDECREF(thread_class);
+      if (f->current_thread == nullptr || f->get_ident == nullptr) {
+        Py_CLEAR(f->name_property);  // ThreadName then never applies
+      }
+    }
     if (f->init != nullptr && f->get_level_name != nullptr &&
         f->time_time != nullptr && f->os_path != nullptr &&
         f->mapping != nullptr) {

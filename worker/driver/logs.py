@@ -70,6 +70,7 @@ def _extras(record):
 
 
 _FORMATTER = logging.Formatter()
+_stdlib_methods = {}  # the stdlib's Logger methods the C ones replaced
 
 
 class _LogBridge(logging.Handler):
@@ -261,6 +262,13 @@ class _Logs:
         _w.set_log_record_factory(logging.getLogRecordFactory(), context,
                                   logging)
         logging.setLogRecordFactory(_w.make_log_record)
+        # Logger._log and the level methods in C (logger_log.h): the caller
+        # found, the record made and handed to the handlers without logging's
+        # Python frames; the stdlib's (kept here) run for anything unusual.
+        try:
+            _stdlib_methods.update(_w.install_logger_log(logging))
+        except Exception as exc:
+            _log(_WARNING, f"logging stays all Python: {_text(exc)}")
         root = logging.getLogger()
         bridge = _LogBridge(channel, context)
         root.addHandler(bridge)

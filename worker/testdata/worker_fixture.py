@@ -241,6 +241,11 @@ def durable_line_matches_formatter():
                module="stdio"),
         record("same second", created=1_764_643_201.75, msecs=750.0),
         record("midnight", created=1_764_633_600.0, msecs=0.0),
+        # Milliseconds zero-padded; the same asctime twice, then another.
+        record("ms 7", created=1_764_643_202.0079, msecs=7.9),
+        record("ms 7 again", created=1_764_643_202.0079, msecs=7.9),
+        record("ms 45", created=1_764_643_202.045, msecs=45.0),
+        record("ms 999", created=1_764_643_202.999, msecs=999.999),
     ]
     del plain[3].__dict__["agentix_context"]
     declined = [
@@ -307,6 +312,63 @@ def bridge_paths_agree():
         bridge.handle(record)
         bridge.emit(record)
     return len(made)
+
+
+def logger_log_in_c():
+    """logging.Logger's _log and level methods are the C ones
+    (logger_log.h): each call below is made from one line twice, through
+    them and through the stdlib's (the driver keeps those), so the test
+    compares each pair of frames ("clog <i>", everything but the time). A
+    logger filter notes the Python frames of those methods on the stack:
+    none under the C ones. Returns how many pairs."""
+    from _agentix_driver import logs
+    stdlib = logs._stdlib_methods
+    ours = {name: logging.Logger.__dict__[name] for name in stdlib}
+    if sorted(stdlib) != ["_log", "critical", "debug", "error", "info", "log",
+                          "warning"] or any(
+            type(method).__name__ != "method_descriptor"
+            for method in ours.values()):
+        raise AssertionError(f"Logger's methods: {ours!r}")
+    logger = logging.getLogger("app.clog")
+    adapter = logging.LoggerAdapter(logger, {})
+    python_frames = []
+    codes = {method.__code__ for method in stdlib.values()}
+
+    def note(record):
+        frame, names = sys._getframe(), []
+        while frame is not None:
+            if frame.f_code in codes:
+                names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        python_frames.append(names)
+        return True
+
+    def use(methods):
+        for name, method in methods.items():
+            setattr(logging.Logger, name, method)
+
+    logger.addFilter(note)
+    calls = [
+        lambda: logger.info("clog %d %s", 0, "\u00e9"),
+        lambda: logger.warning("clog %s", 1, stacklevel=2),
+        lambda: logger.log(logging.INFO, "clog 2", extra={"k": [1, "v"]}),
+        lambda: adapter.error("clog 3"),
+    ]
+    try:
+        for call in calls:
+            for methods in (ours, stdlib):
+                use(methods)
+                try:
+                    call()
+                finally:
+                    use(ours)
+    finally:
+        logger.removeFilter(note)
+    expected = [[], ["_log", "info"], [], ["_log", "warning"], [],
+                ["_log", "log"], [], ["_log", "log"]]
+    if python_frames != expected:
+        raise AssertionError(f"Python frames: {python_frames}")
+    return len(calls)
 
 
 def log_handles_in_c():
@@ -1183,4 +1245,52 @@ def record_factory_matches_stdlib():
         time.time = saved_time
     if made.created != 1_000_000.25 or made.msecs != 250.0:
         raise AssertionError(f"replaced time.time: {made.created}")
+    count += 1
+    # threadName read from threading._active: a thread renamed while it
+    # runs, one threading does not know (current_thread() makes a
+    # _DummyThread), one whose class has its own `name`.
+    import _thread
+
+    class Named(threading.Thread):
+        @property
+        def name(self):
+            return "from-the-class"
+
+    def record():
+        out.append((factory(*calls[0]), logging.LogRecord(*calls[0])))
+
+    def renamed():
+        threading.current_thread().name = "renamed-while-running"
+        record()
+
+    def unknown():
+        record()
+        done.release()
+
+    out, done = [], threading.Lock()
+    for thread in (threading.Thread(target=renamed), Named(target=record)):
+        thread.start()
+        thread.join()
+    done.acquire()
+    _thread.start_new_thread(unknown, ())
+    done.acquire()
+    for (made, theirs), label in zip(out, ("renamed", "class name", "dummy")):
+        compare(made, calls[0], {}, label, theirs)
+    if [made.threadName for made, _ in out[:2]] != [
+            "renamed-while-running", "from-the-class"] or not (
+                out[2][0].threadName.startswith("Dummy-")):
+        raise AssertionError(f"thread names {[m.threadName for m, _ in out]}")
+    count += 3
+    # A mapping argument is told by isinstance, also for an exact float
+    # once float is registered as a Mapping (abc's cache token changes).
+    import collections.abc
+    float_call = ("app.f", logging.INFO, __file__, 7, "m %s", (1.5,), None,
+                  "fn", None)
+    if factory(*float_call).args != (1.5,):
+        raise AssertionError("float args before registering")
+    collections.abc.Mapping.register(float)  # this worker's last test
+    made = factory(*float_call)
+    compare(made, float_call, {}, "float as a Mapping")
+    if made.args != 1.5:
+        raise AssertionError(f"float registered as a Mapping: {made.args!r}")
     return count + 1

@@ -1,0 +1,370 @@
+// The stdlib's Logger._log in C (logger_log.h): each call is made twice
+// from the same line, once through the C _log and once through the
+// stdlib's, and what the handlers got (every record attribute, in order,
+// but the clock's three), what was raised and what reached lastResort must
+// be the same. A handler notes whether _log had a Python frame on its
+// stack, which says which path ran: the C one for the common calls, the
+// stdlib's for what it declines.
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "worker/channel/channel_test_util.h"
+
+namespace agentix::worker {
+namespace {
+
+void DefineBoth() {
+  Py("import logging, sys, threading\n"
+     "STDLIB = w.install_logger_log(logging)\n"
+     "OURS = {name: logging.Logger.__dict__[name] for name in STDLIB}\n"
+     "assert sorted(OURS) == ['_log', 'critical', 'debug', 'error', 'info',\n"
+     "                        'log', 'warning'], OURS\n"
+     "assert all(type(m).__name__ == 'method_descriptor' for m in "
+     "OURS.values())\n"
+     "assert w.install_logger_log(logging) == STDLIB\n"
+     "import inspect\n"  // the same signatures as the stdlib's
+     "bound = logging.getLogger('signatures')\n"
+     "for name, m in STDLIB.items():\n"
+     "    ours, theirs = (list(inspect.signature(f).parameters.values())\n"
+     "                    for f in (OURS[name], m))\n"  // but self
+                                                        // positional-only
+     "    assert [(p.name, p.default) for p in ours] == [\n"
+     "        (p.name, p.default) for p in theirs], name\n"
+     "    assert (inspect.signature(getattr(bound, name))\n"
+     "            == inspect.signature(m.__get__(bound))), name\n"
+     "CODES = {m.__code__: name for name, m in STDLIB.items()}\n"
+     "def stack_names():\n"
+     "    f, names = sys._getframe(), []\n"  // the stdlib methods' frames
+     "    while f is not None:\n"
+     "        if f.f_code in CODES:\n"
+     "            names.append(CODES[f.f_code])\n"
+     "        f = f.f_back\n"
+     "    return names\n"
+     "def use(methods):\n"
+     "    for name, m in methods.items():\n"
+     "        setattr(logging.Logger, name, m)\n"
+     "class Keep(logging.Handler):\n"
+     "    def __init__(self, level=0):\n"
+     "        super().__init__(level)\n"
+     "        self.got, self.python = [], []\n"
+     "    def emit(self, record):\n"
+     "        d = dict(vars(record))\n"
+     "        for k in ('created', 'msecs', 'relativeCreated'):\n"
+     "            d.pop(k)\n"
+     "        d['thread'] = d['thread'] == threading.get_ident()\n"  // runs'
+                                                                     // threads
+                                                                     // differ
+     "        if d['exc_info']:\n"  // each run raises its own exception
+     "            t, v, tb = d['exc_info']\n"
+     "            d['exc_info'] = (t, repr(v), tb.tb_lineno)\n"
+     "        self.got.append((type(self).__name__, list(vars(record)), d))\n"
+     "        self.python.append(stack_names())\n"
+     "KEEPS = []\n"
+     "def keep(logger, level=0):\n"
+     "    h = Keep(level)\n"
+     "    logger.addHandler(h)\n"
+     "    KEEPS.append(h)\n"
+     "    return h\n"
+     "def both(call):\n"
+     "    \"\"\"call() through the C methods, then the stdlib's (the same\n"
+     "    line): what the handlers got and what was raised must be the same.\n"
+     "    Returns those and, per record, the stdlib methods' Python frames\n"
+     "    in the C run (some where it declined).\"\"\"\n"
+     "    runs = []\n"
+     "    for methods in (OURS, STDLIB):\n"
+     "        for h in KEEPS:\n"
+     "            h.got.clear(); h.python.clear()\n"
+     "        use(methods)\n"
+     "        try:\n"
+     "            call()\n"
+     "            raised = None\n"
+     "        except Exception as e:\n"
+     "            raised = repr(e)\n"
+     "        finally:\n"
+     "            use(OURS)\n"
+     "        runs.append(([h.got[:] for h in KEEPS], raised,\n"
+     "                     [p for h in KEEPS for p in h.python]))\n"
+     "    assert runs[0][:2] == runs[1][:2], runs\n"
+     "    assert all('_log' in p for p in runs[1][2]), runs[1][2]\n"
+     "    return runs[0]\n"
+     "def c_path(call):\n"
+     "    got, raised, python = both(call)\n"
+     "    assert python and not any(python), (python, got, raised)\n"
+     "    return got, raised\n"
+     "def declined(call):\n"
+     "    got, raised, python = both(call)\n"
+     "    assert python and all('_log' in p for p in python), (python, got, "
+     "raised)\n"
+     "    return got, raised\n");
+}
+
+// A fresh logger tree `name` (child of `name`'s parent `base`) with a Keep
+// on the child and one on the parent.
+void Tree(const std::string& base) {
+  DefineBoth();
+  Py("KEEPS.clear()\n"
+     "parent = logging.getLogger('" +
+     base +
+     "')\n"
+     "log = logging.getLogger('" +
+     base +
+     ".child')\n"
+     "parent.propagate = False\n"
+     "parent.setLevel(1)\n"
+     "child_keep, parent_keep = keep(log), keep(parent)\n");
+}
+
+TEST_CASE("The C _log makes the stdlib's record, caller and all",
+          "[logger_log]") {
+  Tree("t1");
+  Py("got, _ = c_path(lambda: log.info('m %d %s', 1, 'two'))\n"
+     "_, keys, d = got[0][0]\n"
+     "assert d['funcName'] == '<lambda>' and d['filename'] == '<string>', d\n"
+     "assert d['levelname'] == 'INFO' and d['args'] == (1, 'two'), d\n"
+     "assert len(got[0]) == 1 and len(got[1]) == 1, got\n"  // child, then
+                                                            // parent
+     "c_path(lambda: log.warning('m', stacklevel=2))\n"
+     "c_path(lambda: log.error('m', stacklevel=3))\n"
+     "c_path(lambda: log.error('m', stacklevel=10**6))\n"  // the outermost
+                                                           // frame
+     "c_path(lambda: log.log(25, 'm %(a)s', {'a': 1}))\n"
+     "c_path(lambda: logging.LoggerAdapter(log, {}).info('adapted'))\n"
+     "c_path(lambda: log._log(20, 'm %s', ('a',), None, None, False, 2))\n"
+     "c_path(lambda: log._log(level=20, msg='m', args=(), stacklevel=1))\n"
+     "c_path(lambda: log.info('m', extra={'k': 1}, exc_info=False))\n"
+     "got, _ = c_path(lambda: log.info('m', extra={'k': [1]}))\n"
+     "assert got[0][0][2]['k'] == [1], got\n"
+     "def from_thread():\n"
+     "    t = threading.Thread(target=lambda: log.info('thread'), name='th')\n"
+     "    t.start(); t.join()\n"
+     "c_path(from_thread)\n");
+  // importlib's bootstrap frames are skipped as logging's own are.
+  Py("ns = {}\n"
+     "exec(compile('def via(log):\\n    log.info(\"boot\", stacklevel=2)\\n',\n"
+     "             '/x/importlib/_bootstrap_fake.py', 'exec'), ns)\n"
+     "got, _ = c_path(lambda: ns['via'](log))\n"
+     "assert got[0][0][2]['funcName'] == 'both', got\n"  // via's frame skipped
+     "exec(compile('def via(log):\\n    log.info(\"plain\", "
+     "stacklevel=2)\\n',\n"
+     "             '/x/importlib/fake.py', 'exec'), ns)\n"
+     "got, _ = c_path(lambda: ns['via'](log))\n"
+     "assert got[0][0][2]['funcName'] == '<lambda>', got\n"
+     "got, _ = c_path(lambda: ns['via'](log) or log.info('direct'))\n");
+}
+
+TEST_CASE("The C _log leaves what it does not do to the stdlib's",
+          "[logger_log]") {
+  Tree("t2");
+  Py("def raising():\n"
+     "    try:\n"
+     "        raise ValueError('x')\n"
+     "    except ValueError as e:\n"
+     "        log.error('a', exc_info=True)\n"
+     "        log.error('b', exc_info=e)\n"
+     "declined(raising)\n"
+     "declined(lambda: log.info('m', stack_info=True))\n"
+     "declined(lambda: log.info('m', stacklevel=0))\n"
+     "declined(lambda: log.info('m', stacklevel=True))\n"
+     "declined(lambda: log.info('m', exc_info=0))\n");
+  // Wrong arguments: the stdlib's _log says what is wrong.
+  Py("_, raised = both(lambda: log._log(20, 'm'))[:2]\n"
+     "assert 'missing 1 required positional argument' in raised, raised\n"
+     "_, raised = both(lambda: log._log(20, 'm', (), bogus=1))[:2]\n"
+     "assert 'unexpected keyword argument' in raised, raised\n"
+     "_, raised = both(lambda: log._log(20, 'm', (), level=20))[:2]\n"
+     "assert 'multiple values' in raised, raised\n");
+  // The level methods: keywords naming their parameters and non-int levels
+  // get the stdlib's method; isEnabledFor's cache, logging.disable and the
+  // logger's level decide as in the stdlib.
+  Py("_, raised = both(lambda: log.log('20', 'm'))[:2]\n"
+     "assert raised == \"TypeError('level must be an integer')\", raised\n"
+     "_, raised = both(lambda: log.info('m', msg='x'))[:2]\n"
+     "assert 'multiple values' in raised, raised\n"
+     "_, raised = both(lambda: log.info('m', level=5))[:2]\n"
+     "assert 'multiple values' in raised, raised\n"
+     // The stdlib's info, which then calls the C _log.
+     "got, _, python = both(lambda: log.info(msg='keyword'))\n"
+     "assert got[0][0][2]['msg'] == 'keyword' and python == [['info']] * 2, "
+     "python\n"
+     "c_path(lambda: log.fatal('fatal') or logging.Logger.info(log, "
+     "'unbound'))\n"
+     "def exception():\n"
+     "    try:\n"
+     "        raise KeyError('k')\n"
+     "    except KeyError:\n"
+     "        log.exception('caught')\n"
+     "declined(exception)\n"
+     "log.setLevel(logging.WARNING)\n"  // clears the cache: isEnabledFor
+                                        // refills it
+     "got, _ = c_path(lambda: log.info('no') or log.warning('yes') or "
+     "log.log(45, 'yes'))\n"
+     "assert [g[2]['msg'] for g in got[0]] == ['yes', 'yes'], got\n"
+     "assert log._cache == {20: False, 30: True, 45: True}, log._cache\n"
+     "log.setLevel(logging.NOTSET)\n"
+     "logging.disable(logging.ERROR)\n"
+     "got, _ = c_path(lambda: log.error('off') or log.critical('on'))\n"
+     "logging.disable(logging.NOTSET)\n"
+     "assert [g[2]['msg'] for g in got[0]] == ['on'], got\n"
+     "log.isEnabledFor = lambda level: level >= 40\n"
+     "got, _, python = both(lambda: log.warning('no') or log.error('yes'))\n"
+     "assert [g[2]['msg'] for g in got[0]] == ['yes'], got\n"
+     "assert python == [['error']] * 2, python\n"
+     "del log.isEnabledFor\n"
+     "class Enabled(logging.Logger):\n"
+     "    def isEnabledFor(self, level):\n"
+     "        return True\n"
+     "enabled = Enabled('t2.child.enabled')\n"
+     "enabled.parent = log\n"
+     "got, _ = both(lambda: enabled.debug('debug'))[:2]\n"
+     "assert [g[2]['msg'] for g in got[0]] == ['debug'], got\n");
+  // A class or an instance with its own findCaller / makeRecord / handle /
+  // filter / callHandlers gets the stdlib's _log, which calls them.
+  Py("class Own(logging.Logger):\n"
+     "    def findCaller(self, stack_info=False, stacklevel=1):\n"
+     "        return ('own.py', 1, 'own', None)\n"
+     "class Plain(logging.Logger):\n"
+     "    def extra_method(self):\n"
+     "        pass\n"
+     "own, plain = Own('t2.child.own'), Plain('t2.child.plain')\n"
+     "own.parent = plain.parent = log\n"
+     "got, _ = declined(lambda: own.info('m'))\n"
+     "assert got[0][0][2]['filename'] == 'own.py', got\n"
+     "c_path(lambda: plain.info('m'))\n"
+     "for name in ('findCaller', 'makeRecord', 'handle', 'filter', "
+     "'callHandlers'):\n"
+     "    setattr(plain, name, getattr(plain, name))\n"
+     "    declined(lambda: plain.info('m'))\n"
+     "    delattr(plain, name)\n"
+     "c_path(lambda: plain.info('m'))\n"
+     "saved = logging.Logger.makeRecord\n"
+     "logging.Logger.makeRecord = lambda self, *a: saved(self, *a)\n"
+     "try:\n"
+     "    declined(lambda: log.info('patched class'))\n"
+     "finally:\n"
+     "    logging.Logger.makeRecord = saved\n"
+     "c_path(lambda: log.info('restored'))\n");
+  // logging._srcfile: None (no caller looked up, as in the stdlib) or
+  // another file (the stdlib's walk).
+  Py("saved = logging._srcfile\n"
+     "try:\n"
+     "    logging._srcfile = None\n"
+     "    got, _ = c_path(lambda: log.info('m'))\n"
+     "    assert got[0][0][2]['pathname'] == '(unknown file)', got\n"
+     "    assert got[0][0][2]['lineno'] == 0, got\n"
+     "    logging._srcfile = ''\n"
+     "    c_path(lambda: log.info('m'))\n"
+     "    logging._srcfile = '<string>'\n"
+     "    got, _ = declined(lambda: log.info('m'))\n"
+     "    assert got[0][0][2]['funcName'] == '_log', got\n"
+     "finally:\n"
+     "    logging._srcfile = saved\n"
+     "saved = logging.currentframe\n"
+     "try:\n"
+     "    logging.currentframe = lambda: sys._getframe(1)\n"
+     "    declined(lambda: log.info('m'))\n"
+     "finally:\n"
+     "    logging.currentframe = saved\n");
+}
+
+TEST_CASE("The C _log hands the record on as Logger.handle does",
+          "[logger_log]") {
+  Tree("t3");
+  // The logger's own filters and disabled flag.
+  Py("log.addFilter(lambda r: r.msg != 'drop')\n"
+     "got, _ = c_path(lambda: log.info('keep') or log.info('drop'))\n"
+     "assert [g[2]['msg'] for g in got[0]] == ['keep'], got\n"
+     "log.filters.clear()\n"
+     "log.addFilter(logging.Filter('other'))\n"
+     "got, _ = both(lambda: log.info('filtered'))[:2]\n"
+     "assert got == [[], []], got\n"
+     "log.filters.clear()\n"
+     "log.disabled = True\n"
+     "got, _ = both(lambda: log._log(20, 'off', ()))[:2]\n"
+     "assert got == [[], []], got\n"
+     "log.disabled = False\n");
+  // Handler levels, propagation, a handler list changed while it is walked,
+  // a record changed by a handler, a tuple of handlers, a raising handler.
+  Py("child_keep.setLevel(logging.WARNING)\n"
+     "got, _ = c_path(lambda: log.info('m') or log.warning('w'))\n"
+     "assert [len(g) for g in got] == [1, 2], got\n"
+     "child_keep.setLevel(0)\n"
+     "class Remove:\n"
+     "    level = 0\n"
+     "    def handle(self, record):\n"
+     "        log.removeHandler(self)\n"
+     "        record.levelno = 5\n"
+     "        return True\n"
+     "def changing():\n"
+     "    log.handlers.insert(0, Remove())\n"
+     "    log.info('changing')\n"
+     "    log.info('after')\n"
+     "parent_keep.setLevel(10)\n"  // the changed record's levelno 5 is below
+     "got, _ = c_path(changing)\n"
+     "parent_keep.setLevel(0)\n"
+     // Remove went first and took itself out: the walk skipped child_keep.
+     "assert [[g[2]['msg'] for g in k] for k in got] == [['after'], "
+     "['after']], got\n"
+     "log.propagate = False\n"
+     "got, _ = c_path(lambda: log.info('local'))\n"
+     "assert [len(g) for g in got] == [1, 0], got\n"
+     "log.propagate = True\n"
+     "log.handlers = (child_keep,)\n"
+     "c_path(lambda: log.info('tuple'))\n"
+     "log.handlers = [child_keep]\n"
+     "class Boom:\n"
+     "    level = 0\n"
+     "    def handle(self, record):\n"
+     "        raise ValueError('boom')\n"
+     "log.handlers.insert(0, Boom())\n"
+     "_, raised = both(lambda: log.info('boom'))[:2]\n"
+     "assert raised == \"ValueError('boom')\", raised\n"
+     "del log.handlers[0]\n");
+  // No handler anywhere: lastResort, through the stdlib's callHandlers.
+  Py("alone = logging.getLogger('t3alone')\n"
+     "alone.propagate = False\n"
+     "saved = logging.lastResort\n"
+     "last = logging.lastResort = Keep(logging.WARNING)\n"
+     "KEEPS.append(last)\n"
+     "try:\n"
+     "    got, _ = c_path(lambda: alone.warning('nobody') or "
+     "alone.info('quiet'))\n"
+     "finally:\n"
+     "    logging.lastResort = saved\n"
+     "    KEEPS.remove(last)\n"
+     "assert got[-1][0][2]['msg'] == 'nobody' and len(got[-1]) == 1, got\n");
+  // Another record factory, a logger class set with setLoggerClass, the
+  // root logger through logging's module functions.
+  Py("saved = logging.getLogRecordFactory()\n"
+     "def factory(*args, **kwargs):\n"
+     "    record = saved(*args, **kwargs)\n"
+     "    record.tagged = True\n"
+     "    return record\n"
+     "logging.setLogRecordFactory(factory)\n"
+     "try:\n"
+     "    got, _ = c_path(lambda: log.info('tagged'))\n"
+     "    assert got[0][0][2]['tagged'] is True, got\n"
+     "finally:\n"
+     "    logging.setLogRecordFactory(saved)\n"
+     "class Counting(logging.Logger):\n"
+     "    def callHandlers(self, record):\n"
+     "        record.counted = True\n"
+     "        super().callHandlers(record)\n"
+     "logging.setLoggerClass(Counting)\n"
+     "try:\n"
+     "    counting = logging.getLogger('t3.child.counting')\n"
+     "finally:\n"
+     "    logging.setLoggerClass(logging.Logger)\n"
+     "got, _ = declined(lambda: counting.info('counted'))\n"
+     "assert got[0][0][2]['counted'] is True, got\n"
+     "root = logging.getLogger()\n"
+     "root_keep = keep(root)\n"
+     "try:\n"
+     "    got, _ = c_path(lambda: logging.warning('root %s', 'w'))\n"
+     "    assert got[-1][0][2]['name'] == 'root', got\n"
+     "finally:\n"
+     "    root.removeHandler(root_keep)\n"
+     "    KEEPS.remove(root_keep)\n");
+}
+
+}  // namespace
+}  // namespace agentix::worker
