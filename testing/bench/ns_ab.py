@@ -15,7 +15,9 @@ daemon's two relaying threads, the worker's loop), `*_preempts` the involuntary 
 
 A stack's EXTRA fields compare settings of the same binaries: one starting with ``--`` is
 a daemon flag (``--calls_cpu=auto``), ``NAME=VALUE`` goes into the host's environment
-(``AGENTIX_CALLS_CPU=auto``).
+(``AGENTIX_CALLS_CPU=auto``; the daemon, and so the sandbox, inherits it too) and
+``sandbox:NAME=VALUE`` into the daemon's and the sandbox's only (``sandbox:AGENTIX_CALLS_CPU=off``:
+the worker's pinned reply waits off, the host's pinned waits as they are).
 """
 import argparse
 import asyncio
@@ -73,7 +75,9 @@ def child(args):
         return result
 
     # The daemon's --python_path gives the sandbox this venv's agentix (agentix.sio).
-    with procs.ab_daemon(args.daemon, args.worker, dict(os.environ), "agx-nsab-",
+    daemon_env = dict(os.environ)
+    daemon_env.update(field.split("=", 1) for field in args.sandbox_env)
+    with procs.ab_daemon(args.daemon, args.worker, daemon_env, "agx-nsab-",
                          python_path=(hostpy,), flags=tuple(args.daemon_flag)) as (sock, daemon):
         print("RESULT " + json.dumps(asyncio.run(session(sock, daemon))), flush=True)
 
@@ -82,8 +86,9 @@ def run_side(stack, requests):
     """One run of `stack` (daemon, worker, venv) in its venv's python: its figures."""
     daemon, worker, venv, *extra = stack
     flags = [f"--daemon-flag={field}" for field in extra if field.startswith("--")]
+    flags += [f"--sandbox-env={field[len('sandbox:'):]}" for field in extra if field.startswith("sandbox:")]
     env = dict(os.environ)
-    env.update(field.split("=", 1) for field in extra if not field.startswith("--"))
+    env.update(field.split("=", 1) for field in extra if not field.startswith(("--", "sandbox:")))
     out = subprocess.run([f"{venv}/bin/python", os.path.abspath(__file__), "--child",
                           "--daemon", daemon, "--worker", worker, "--requests", str(requests), *flags],
                          check=True, capture_output=True, text=True, timeout=300, env=env)
@@ -99,8 +104,9 @@ def main():
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--busy", action="store_true", help="one unrelated busy loop beside")
     p.add_argument("--stack", action="append", default=[],
-                   help="DAEMON,WORKER,VENV[,--DAEMON_FLAG|NAME=VALUE...] (twice: A then B)")
+                   help="DAEMON,WORKER,VENV[,--DAEMON_FLAG|NAME=VALUE|sandbox:NAME=VALUE...] (twice: A then B)")
     p.add_argument("--daemon-flag", action="append", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--sandbox-env", action="append", default=[], help=argparse.SUPPRESS)
     p.add_argument("--child", action="store_true")
     p.add_argument("--daemon")
     p.add_argument("--worker")
