@@ -25,6 +25,12 @@ faults). It then reports:
         [--sandboxd B/agentix-sandboxd --worker B/agentix-worker \\
          --python VENV/bin/python] [--floor B/testing/bench/floor/unix_pingpong]
 
+`--ns`: the stream is the sandbox's sequential namespace requests
+(side_targets.ns_stream, answered by the host's echo handler) instead of the
+host's noop calls; `--sandbox-env AGENTIX_CALLS_CPU=off` unpins the worker's
+reply waits. With `--perf` the report's `tick` says what the kernel tick costs
+a call (tick_cost).
+
 Needs `perf` (perf_event_paranoid <= 1 or root) for `--perf`.
 """
 
