@@ -617,7 +617,7 @@ def run(args):
         data = json.load(f)
     starts, lats = data["starts"], data["lats"]
     lats_us = [x / 1e3 for x in lats]
-    report["latency"] = distribution(lats_us)
+    report["ns_request" if args.ns else "noop"] = distribution(lats_us)
     p50_ns = statistics.median(lats)
     slow_idx = [i for i, x in enumerate(lats) if x > 2 * p50_ns]
     report["slow_spacing"] = spacing(slow_idx, len(lats))
