@@ -11,11 +11,15 @@ request of the host, the daemon and the worker (every thread, /proc schedstat, w
 excluded) and their context switches per request (every thread, /proc status): `*_wakes`
 the voluntary ones (a request wakes one thread of each side: the host's loop, the
 daemon's two relaying threads, the worker's loop), `*_preempts` the involuntary ones
-(mostly a side preempted by the daemon thread its own write woke on its CPU). The last line (SUMMARY) gives medians and the medians of per-round B/A ratios.
+(mostly a side preempted by the daemon thread its own write woke on its CPU) and `*_rq_wait`
+their run-queue wait in µs per request (every thread, schedstat: time runnable, not running;
+on one CPU, what each side waits behind the others). The last line (SUMMARY) gives medians and the medians of per-round B/A ratios.
 
 A stack's EXTRA fields compare settings of the same binaries: one starting with ``--`` is
 a daemon flag (``--calls_cpu=auto``), ``NAME=VALUE`` goes into the host's environment
-(``AGENTIX_CALLS_CPU=auto``).
+(``AGENTIX_CALLS_CPU=auto``; the daemon, and so the sandbox, inherits it too) and
+``sandbox:NAME=VALUE`` into the daemon's and the sandbox's only (``sandbox:AGENTIX_CALLS_CPU=off``:
+the worker's pinned reply waits off, the host's pinned waits as they are).
 """
 import argparse
 import asyncio
@@ -35,8 +39,10 @@ def cpu_ns(pid):
 
 
 def sample(pids):
-    """Per process of `pids` (host, daemon, workers): (CPU ns, voluntary, involuntary)."""
-    return [(cpu_ns(pid), *procs.context_switches(pid)) for pid in pids]
+    """Per process of `pids` (host, daemon, workers): (CPU ns, voluntary,
+    involuntary, run-queue wait ns)."""
+    return [(cpu_ns(pid), *procs.context_switches(pid), sum(procs.thread_wait_ns(pid).values()))
+            for pid in pids]
 
 
 def child(args):
@@ -61,19 +67,23 @@ def child(args):
             lat = sorted(await client.remote(side_targets.ns_roundtrips, "agentix", args.requests, 0))
             after = sample([os.getpid(), daemon.pid, *workers])
         n = len(lat)
-        # Per request: [CPU µs, wakes, preempts] of the host, the daemon, the workers.
+        # Per request: [CPU ns, wakes, preempts, run-queue wait ns] of the host, the daemon, the workers.
         delta = [[(b - a) / n for a, b in zip(old, new)] for old, new in zip(before, after)]
         host, dmn = delta[0], delta[1]
-        wrk = [sum(d[i] for d in delta[2:]) for i in range(3)]
+        wrk = [sum(d[i] for d in delta[2:]) for i in range(4)]
         result = {"p50": round(lat[n // 2], 1), "p99": round(lat[int(n * .99)], 1),
                   "host_cpu": round(host[0] / 1e3, 1), "daemon_cpu": round(dmn[0] / 1e3, 1),
                   "worker_cpu": round(wrk[0] / 1e3, 1), "total_cpu": round((host[0] + dmn[0] + wrk[0]) / 1e3, 1)}
         for side, d in (("host", host), ("daemon", dmn), ("worker", wrk)):
             result[f"{side}_wakes"], result[f"{side}_preempts"] = round(d[1], 2), round(d[2], 2)
+        for side, d in (("host", host), ("daemon", dmn), ("worker", wrk)):
+            result[f"{side}_rq_wait"] = round(d[3] / 1e3, 1)
         return result
 
     # The daemon's --python_path gives the sandbox this venv's agentix (agentix.sio).
-    with procs.ab_daemon(args.daemon, args.worker, dict(os.environ), "agx-nsab-",
+    daemon_env = dict(os.environ)
+    daemon_env.update(field.split("=", 1) for field in args.sandbox_env)
+    with procs.ab_daemon(args.daemon, args.worker, daemon_env, "agx-nsab-",
                          python_path=(hostpy,), flags=tuple(args.daemon_flag)) as (sock, daemon):
         print("RESULT " + json.dumps(asyncio.run(session(sock, daemon))), flush=True)
 
@@ -82,8 +92,9 @@ def run_side(stack, requests):
     """One run of `stack` (daemon, worker, venv) in its venv's python: its figures."""
     daemon, worker, venv, *extra = stack
     flags = [f"--daemon-flag={field}" for field in extra if field.startswith("--")]
+    flags += [f"--sandbox-env={field[len('sandbox:'):]}" for field in extra if field.startswith("sandbox:")]
     env = dict(os.environ)
-    env.update(field.split("=", 1) for field in extra if not field.startswith("--"))
+    env.update(field.split("=", 1) for field in extra if not field.startswith(("--", "sandbox:")))
     out = subprocess.run([f"{venv}/bin/python", os.path.abspath(__file__), "--child",
                           "--daemon", daemon, "--worker", worker, "--requests", str(requests), *flags],
                          check=True, capture_output=True, text=True, timeout=300, env=env)
@@ -99,8 +110,9 @@ def main():
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--busy", action="store_true", help="one unrelated busy loop beside")
     p.add_argument("--stack", action="append", default=[],
-                   help="DAEMON,WORKER,VENV[,--DAEMON_FLAG|NAME=VALUE...] (twice: A then B)")
+                   help="DAEMON,WORKER,VENV[,--DAEMON_FLAG|NAME=VALUE|sandbox:NAME=VALUE...] (twice: A then B)")
     p.add_argument("--daemon-flag", action="append", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--sandbox-env", action="append", default=[], help=argparse.SUPPRESS)
     p.add_argument("--child", action="store_true")
     p.add_argument("--daemon")
     p.add_argument("--worker")

@@ -14,6 +14,10 @@ coroutine (`Namespace.request` is async).
   latencies in µs (perf_counter around each await). `impl` picks the sandbox API:
   "agentix" (ours: `agentix.Namespace`) or "baseline" (`baseline.sio.Namespace`, the model
   of the original's).
+- `ns_stream(n, warmup)` (ours; tail_probe.py --ns): as `ns_roundtrips`, but returns
+  each timed request's start and latency in ns (`perf_counter_ns`: CLOCK_MONOTONIC, the
+  clock `perf record -k CLOCK_MONOTONIC` stamps its events with) as
+  ``{"starts": [...], "lats": [...]}``.
 - `ns_legs(impl, n)`: diagnostics, after the measured requests: n requests whose body
   carries the sandbox's send time; the host handler adds its own receive time
   (`time.perf_counter`, CLOCK_MONOTONIC: one clock for every process of the machine).
@@ -169,6 +173,21 @@ async def ns_roundtrips(impl, n, warmup):
         if reply != {"i": i, "text": "ping"}:
             raise AssertionError(f"request {i}: unexpected reply {reply!r}")
     return latencies
+
+
+async def ns_stream(n, warmup):
+    ns = _namespace("agentix")
+    for i in range(warmup):
+        await ns.request("echo", {"i": i, "text": "ping"}, timeout=30)
+    starts, lats = [0] * n, [0] * n
+    clock = time.perf_counter_ns
+    for i in range(n):
+        start = clock()
+        reply = await ns.request("echo", {"i": i, "text": "ping"}, timeout=30)
+        starts[i], lats[i] = start, clock() - start
+        if reply != {"i": i, "text": "ping"}:
+            raise AssertionError(f"request {i}: unexpected reply {reply!r}")
+    return {"starts": starts, "lats": lats}
 
 
 async def ns_legs(impl, n):

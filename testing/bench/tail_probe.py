@@ -25,6 +25,12 @@ faults). It then reports:
         [--sandboxd B/agentix-sandboxd --worker B/agentix-worker \\
          --python VENV/bin/python] [--floor B/testing/bench/floor/unix_pingpong]
 
+`--ns`: the stream is the sandbox's sequential namespace requests
+(side_targets.ns_stream, answered by the host's echo handler) instead of the
+host's noop calls; `--sandbox-env AGENTIX_CALLS_CPU=off` unpins the worker's
+reply waits. With `--perf` the report's `tick` says what the kernel tick costs
+a call (tick_cost).
+
 Needs `perf` (perf_event_paranoid <= 1 or root) for `--perf`.
 """
 
@@ -83,6 +89,38 @@ async def main():
         gc.callbacks.remove(on_gc)
     with open(out_path, "w") as f:
         json.dump({"starts": starts, "lats": lats, "gcs": gcs}, f)
+    print("DONE", flush=True)
+
+asyncio.run(main())
+"""
+
+# The host of --ns: as _HOST, but the stream is the sandbox's sequential
+# namespace requests (side_targets.ns_stream, timed in the sandbox) answered
+# by this host's echo handler; no host GC record (the host only answers).
+_NS_HOST = r"""
+import asyncio, json, os, sys
+sys.path.insert(0, os.environ["TAIL_BENCH_DIR"])
+import procs, side_targets
+from agentix import AsyncClientNamespace, RuntimeClient, request_handler
+
+sock, daemon_pid, out_path, calls = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+
+class Echo(AsyncClientNamespace):
+    @request_handler("echo")
+    async def on_echo(self, body):
+        return body
+
+async def main():
+    client = RuntimeClient(f"unix://{sock}")
+    client.register_namespace(Echo(side_targets.NAMESPACE))
+    async with client:
+        await client.remote(side_targets.ns_roundtrips, "agentix", 300, 200)
+        (worker,) = procs.children(daemon_pid)
+        print(f"READY {worker}", flush=True)
+        sys.stdin.readline()
+        data = await client.remote(side_targets.ns_stream, calls, 0)
+    with open(out_path, "w") as f:
+        json.dump({**data, "gcs": []}, f)
     print("DONE", flush=True)
 
 asyncio.run(main())
@@ -239,7 +277,9 @@ _TICK_EVENTS = "irq_vectors:local_timer_exit,irq:softirq_entry,irq:softirq_exit,
 
 
 def _perf_events(args):
-    return _PERF_EVENTS + ("," + _TICK_EVENTS if args.tick else "")
+    """The tracepoints to record: the usual ones, --tick's, then --perf-event's."""
+    events = _PERF_EVENTS.split(",") + (_TICK_EVENTS.split(",") if args.tick else [])
+    return ",".join(dict.fromkeys(events + list(args.perf_event)))
 
 
 def _pct(sorted_values, q):
@@ -369,8 +409,10 @@ def correlate(events, starts, lats, slow_threshold_ns, stack_tids, names):
 # on a CPU the stack used; the kernel tick fired there; a stack thread
 # migrated; the tracer itself (perf's buffer wake-ups: an IPI from the CPU
 # whose events filled it); none of them.
+# The last before none_seen: the call's hand-offs crossed CPUs (its stack
+# threads ran on two or more: a cross-CPU wake-up, e.g. a side not pinned).
 CAUSES = ("foreign_thread_on_stack_cpu", "our_timerfd_on_stack_cpu", "tick_on_stack_cpu",
-          "stack_thread_migrated", "perf_woken", "none_seen")
+          "stack_thread_migrated", "perf_woken", "stack_on_two_cpus", "none_seen")
 
 
 def our_timers(events, stack_tids):
@@ -440,6 +482,8 @@ def causes(events, starts, lats, slow_threshold_ns, stack_tids, timers):
                     pass
             elif ev == "sched_wakeup" and rest.startswith("comm=perf "):
                 seen.add(CAUSES[4])
+        if len(cpus) > 1:
+            seen.add(CAUSES[5])
         counts[next((c for c in CAUSES if c in seen), CAUSES[-1])] += 1
     return {c: round(counts[c] / max(1, len(lats)), 5) for c in CAUSES}
 
@@ -567,6 +611,41 @@ def tick_breakdown(events, starts, lats, slow_threshold_ns, stack_tids, follower
     return out
 
 
+def tick_cost(events, starts, lats, stack_tids, followers):
+    """What the kernel tick costs a call: the share of calls during which
+    the tick fired on a CPU their stack threads ran on (the intake follower
+    left out), and the median latency over the median of the calls without
+    one; and, per such tick, the gap from the last traced event of the CPU
+    to the timer interrupt's entry (a stall before the interrupt is
+    delivered: the hypervisor's, as no guest event shows in it; read with
+    --perf-event raw_syscalls:sys_enter,raw_syscalls:sys_exit for a dense
+    trace) and the interrupt's own time (with irq_vectors:local_timer_exit)."""
+    times = [e[0] for e in events]
+    hit, clean, gaps, irq = [], [], [], []
+    for t0, lat in zip(starts, lats):
+        lo, hi = bisect.bisect_left(times, t0), bisect.bisect_right(times, t0 + lat)
+        cpus = {e[1] for e in events[lo:hi] if e[3] in stack_tids and e[3] not in followers}
+        ticks = [k for k in range(lo, hi) if events[k][4] == "local_timer_entry"
+                 and events[k][1] in cpus]
+        (hit if ticks else clean).append(lat)
+        for k in ticks:
+            cpu, before = events[k][1], k - 1
+            while before >= lo and events[before][1] != cpu:
+                before -= 1
+            if before >= lo:
+                gaps.append(events[k][0] - events[before][0])
+            after = next((e for e in events[k + 1:hi] if e[1] == cpu and e[4] == "local_timer_exit"),
+                         None)
+            if after is not None:
+                irq.append(after[0] - events[k][0])
+    base = statistics.median(clean) if clean else 0
+    med = lambda v: round(statistics.median(v) / 1e3, 1) if v else None  # noqa: E731
+    return {"share_of_calls_with_tick": round(len(hit) / max(1, len(lats)), 4),
+            "their_median_excess_us": med([x - base for x in hit]),
+            "share_of_them_over_2x_p50": round(sum(x > 2 * base for x in hit) / max(1, len(hit)), 3),
+            "gap_before_tick_entry_median_us": med(gaps), "tick_irq_median_us": med(irq)}
+
+
 def run_starts(events, starts, lats, slow_threshold_ns, stack_tids, quiet=20):
     """What happened around the first slow call after `quiet` fast ones (a
     run of slow calls starting), from the previous call's start to its end:
@@ -625,9 +704,20 @@ def run(args):
     tmp = tempfile.mkdtemp(prefix="agx-tail-")
     out_path = os.path.join(tmp, "lat.json")
     perf_data = os.path.join(tmp, "perf.data")
-    report = {"load_start": os.getloadavg()[0]}
-    with procs.ab_daemon(args.sandboxd, args.worker, env, "agx-tail-") as (sock, daemon):
-        host = subprocess.Popen([args.python, "-c", _HOST, sock, str(daemon.pid), out_path,
+    report = {"load_start": os.getloadavg()[0], "stream": "namespace requests" if args.ns else "noop"}
+    python_path = ()
+    if args.ns:  # the sandbox's agentix (agentix.sio) is the host's venv's
+        python_path = (subprocess.run(
+            [args.python, "-c", "import agentix, os; print(os.path.dirname(os.path.dirname("
+             "os.path.abspath(agentix.__file__))))"],
+            check=True, capture_output=True, text=True, env=env).stdout.strip(),)
+    daemon_env = dict(env)
+    daemon_env.update(field.split("=", 1) for field in args.sandbox_env)
+    with procs.ab_daemon(args.sandboxd, args.worker, daemon_env, "agx-tail-",
+                         python_path=python_path,
+                         flags=tuple(args.daemon_flag)) as (sock, daemon):
+        host = subprocess.Popen([args.python, "-c", _NS_HOST if args.ns else _HOST, sock,
+                                 str(daemon.pid), out_path,
                                  str(args.calls)], env=env, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
         perf = None
@@ -658,7 +748,7 @@ def run(args):
         data = json.load(f)
     starts, lats = data["starts"], data["lats"]
     lats_us = [x / 1e3 for x in lats]
-    report["noop"] = distribution(lats_us)
+    report["ns_request" if args.ns else "noop"] = distribution(lats_us)
     p50_ns = statistics.median(lats)
     slow_idx = [i for i, x in enumerate(lats) if x > 2 * p50_ns]
     report["slow_spacing"] = spacing(slow_idx, len(lats))
@@ -686,6 +776,7 @@ def run(args):
         timers = our_timers(events, set(names))
         report["slow_calls_by_cause"] = causes(events, starts, lats, 2 * p50_ns, set(names),
                                                timers)
+        report["tick"] = tick_cost(events, starts, lats, set(names), timers[1])
         if args.tick:
             report["tick_breakdown"] = tick_breakdown(events, starts, lats, 2 * p50_ns,
                                                       set(names), timers[1])
@@ -825,6 +916,16 @@ def main():
                         "softirqs and IPIs, and report where a call that meets the tick "
                         "loses its time (tick_breakdown)")
     parser.add_argument("--keep", action="store_true", help="keep the latencies and the trace")
+    parser.add_argument("--perf-event", action="append", default=[], metavar="EVENT",
+                        help="a tracepoint to record beside the usual ones (kept with --keep)")
+    parser.add_argument("--ns", action="store_true",
+                        help="the stream is the sandbox's sequential namespace requests "
+                        "(answered by the host), not the host's noop calls")
+    parser.add_argument("--sandbox-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="into the daemon's (so the sandbox's) environment only "
+                        "(AGENTIX_CALLS_CPU=off: the worker's pinned reply waits off)")
+    parser.add_argument("--daemon-flag", action="append", default=[],
+                        help="a flag for the daemon (--calls_cpu=off)")
     parser.add_argument("--ab", action="store_true",
                         help="block-interleaved A/B of --a-sandboxd/--a-worker against "
                         "--sandboxd/--worker through one host (no trace, no floor)")
