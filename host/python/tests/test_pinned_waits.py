@@ -221,6 +221,41 @@ def test_a_rest_earned_by_a_burst_inside_one_call_ends_with_that_call(masks, mon
     assert waits.resting_until == now[0] + 2 * pw.BACKOFF_FIRST_S
 
 
+def test_a_bursts_queued_waits_do_not_judge_the_calls_after_it(masks, monkeypatch):
+    """A burst that queued for the CPU (its own records waking the loop) and
+    ended before its judgement came leaves none of its waits in the
+    judgement of the sequential calls after it: they wait pinned throughout
+    (the namespace requests after a span burst, docs/PERFORMANCE.md
+    "Figures from the stop-27 session")."""
+    waited = [0]
+    now = [1000.0]
+    monkeypatch.setattr(pw, "run_queue_wait_ns", lambda: waited[0])
+    monkeypatch.setattr(pw, "time", type("Clock", (), {"monotonic": staticmethod(lambda: now[0])}))
+    waits = PinnedWaits(1, {0, 1})
+    pins = pw.TIME_EVERY * pw.TIMED_PER_JUDGEMENT
+    quiet, busy = pw.BUSY_WAIT_NS // 4, pw.BUSY_WAIT_NS * 4
+
+    def sequential(n, queued_ns):
+        pinned = 0
+        for _ in range(n):
+            waits.hold()
+            pinned += _blocks_queued(waits, waited, queued_ns)
+            waits.release()
+        return pinned
+
+    assert sequential(pins, quiet) == pins  # the first judgement (warming up) is not one
+    waits.hold()  # a burst of most of a window, queued for the CPU
+    assert all(_blocks_queued(waits, waited, busy) for _ in range(pins - pw.TIME_EVERY))
+    waits.release()
+    assert waits.resting_until == 0.0
+    # Two windows of quiet sequential calls: judged by their own waits, never resting.
+    assert sequential(2 * pins, quiet) == 2 * pins
+    assert waits.resting_until == 0.0
+    # Sequential calls that queue as much are judged busy as before.
+    assert sequential(pins, busy) == pins
+    assert waits.resting_until == now[0] + pw.BACKOFF_FIRST_S
+
+
 def _blocks_queued(waits, waited, queued_ns):
     """As _blocks, the pinned wait queuing `queued_ns` for its CPU."""
     waits.before_select(None)

@@ -68,7 +68,11 @@ DEFAULT_SETTING = "wait"
 # (a burst of records or stream items woke the loop while a call ran: the call
 # path's own traffic queued the thread, not another process's) rests only until
 # no call is in flight, if that comes first: the next sequential call after a
-# burst waits pinned again at once.
+# burst waits pinned again at once. For the same reason a burst's timed pins
+# leave the judgement when it ends (no call in flight after BURST_PINS_PER_CALL
+# or more pins since one was): a window that began in a burst of records and
+# ended in the next call's sequential waits (namespace requests after a span
+# burst) judged that call by the burst's queueing and left it unpinned for good.
 TIME_EVERY = 16
 TIMED_PER_JUDGEMENT = 16
 BUSY_WAIT_NS = 40_000  # base::PinBackoff::kWaitPerCall
@@ -144,7 +148,8 @@ class PinnedWaits:
 
     __slots__ = ("cpu", "original", "in_flight", "armed", "pinned", "resting_until", "_cpu_set",
                  "_thread", "_pins", "_timed_at", "_timed", "_timed_ns", "_judged", "_period",
-                 "_after_backoff", "_calls", "_window_calls", "_window_pins", "_burst_rest")
+                 "_after_backoff", "_calls", "_window_calls", "_window_pins", "_burst_rest",
+                 "_busy_since")
 
     def __init__(self, cpu: int, original: set[int]) -> None:
         self.cpu = cpu
@@ -166,10 +171,15 @@ class PinnedWaits:
         self._window_calls = 0  # _calls and _pins when the current judgement's window began
         self._window_pins = 0
         self._burst_rest = False  # the rest ends when no call is in flight
+        # Since calls went in flight (or the last judgement, if later): _pins,
+        # _timed and _timed_ns then, to take a burst's out of the judgement.
+        self._busy_since = (0, 0, 0)
 
     def hold(self, pin: bool = True) -> None:
         self.in_flight += 1
         self._calls += 1
+        if self.in_flight == 1:
+            self._busy_since = (self._pins, self._timed, self._timed_ns)
         self.armed = pin and self.in_flight == 1
 
     def move_to(self, cpu: int) -> None:
@@ -209,6 +219,7 @@ class PinnedWaits:
         calls, pins = self._calls - self._window_calls, self._pins - self._window_pins
         self._window_calls, self._window_pins = self._calls, self._pins
         self._timed = self._timed_ns = 0
+        self._busy_since = (self._pins, 0, 0)
         self._judged = True
         self._burst_rest = busy and pins >= BURST_PINS_PER_CALL * max(calls, 1)
         if not busy:
@@ -223,9 +234,15 @@ class PinnedWaits:
         # Never pinned here: only a select is (the loop runs this coroutine).
         self.in_flight -= 1
         self.armed = False
-        if self._burst_rest and self.in_flight == 0:
+        if self.in_flight:
+            return
+        if self._burst_rest:
             self._burst_rest = False
             self.resting_until = 0.0
+        pins, timed, timed_ns = self._busy_since
+        if self._pins - pins >= BURST_PINS_PER_CALL:  # a burst: its queueing judges nothing after it
+            self._window_pins += self._pins - pins
+            self._timed, self._timed_ns = timed, timed_ns
 
     def _set(self, pinned: bool) -> None:
         if threading.get_ident() != self._thread:
