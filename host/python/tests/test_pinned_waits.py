@@ -194,10 +194,7 @@ def test_a_rest_earned_by_a_burst_inside_one_call_ends_with_that_call(masks, mon
         return pinned
 
     def sequential(n):
-        for _ in range(n):
-            waits.hold()
-            _blocks_queued(waits, waited, busy)
-            waits.release()
+        _sequential_queued(waits, waited, n, busy)
 
     assert burst_call(pins)  # the first judgement (warming up) is not one
     assert burst_call(pins) is False  # (the second call started while the first ran: 2 in flight)
@@ -236,12 +233,7 @@ def test_a_bursts_queued_waits_do_not_judge_the_calls_after_it(masks, monkeypatc
     quiet, busy = pw.BUSY_WAIT_NS // 4, pw.BUSY_WAIT_NS * 4
 
     def sequential(n, queued_ns):
-        pinned = 0
-        for _ in range(n):
-            waits.hold()
-            pinned += _blocks_queued(waits, waited, queued_ns)
-            waits.release()
-        return pinned
+        return _sequential_queued(waits, waited, n, queued_ns)
 
     assert sequential(pins, quiet) == pins  # the first judgement (warming up) is not one
     waits.hold()  # a burst of most of a window, queued for the CPU
@@ -254,6 +246,17 @@ def test_a_bursts_queued_waits_do_not_judge_the_calls_after_it(masks, monkeypatc
     # Sequential calls that queue as much are judged busy as before.
     assert sequential(pins, busy) == pins
     assert waits.resting_until == now[0] + pw.BACKOFF_FIRST_S
+
+
+def _sequential_queued(waits, waited, n, queued_ns):
+    """`n` sequential calls, each one pinned wait queuing `queued_ns`: how many
+    waited pinned."""
+    pinned = 0
+    for _ in range(n):
+        waits.hold()
+        pinned += _blocks_queued(waits, waited, queued_ns)
+        waits.release()
+    return pinned
 
 
 def _blocks_queued(waits, waited, queued_ns):
