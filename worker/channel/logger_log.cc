@@ -242,6 +242,9 @@ Verdict Check(const Stdlib& s, PyObject* self, PyObject* const (&a)[kParams],
     if (overflow < 0 || stacklevel < 1) return kDecline;
   }
   PyTypeObject* type = Py_TYPE(self);
+  // A class with its own __getattribute__ / __getattr__ may answer
+  // self.findCaller etc. with something else.
+  if (type->tp_getattro != PyObject_GenericGetAttr) return kDecline;
   for (int m = 0; m < kMethods; ++m) {
     if (_PyType_Lookup(type, s.names[m]) != s.methods[m]) return kDecline;
   }
@@ -530,7 +533,8 @@ Verdict CheckLevelCall(const Stdlib& s, LevelMethod m, PyObject* self,
     if (level == nullptr) return PyErr_Occurred() ? kError : kDecline;
   }
   PyTypeObject* type = Py_TYPE(self);
-  if (_PyType_Lookup(type, s.names[kIsEnabledFor]) != s.is_enabled_for ||
+  if (type->tp_getattro != PyObject_GenericGetAttr ||
+      _PyType_Lookup(type, s.names[kIsEnabledFor]) != s.is_enabled_for ||
       _PyType_Lookup(type, s.names[kLogName]) != s.c_log) {
     return kDecline;
   }
@@ -582,6 +586,13 @@ PyObject* AtLevel(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
     Py_DECREF(level);
     if (enabled < 0) return nullptr;
     Py_RETURN_NONE;
+  }
+  if (PyEval_GetFrame() == nullptr) {
+    // Called with no Python frame (a thread started on the method itself,
+    // an atexit callback): the stdlib's caller is then its own level
+    // method's frame, the outermost, which only that method has.
+    Py_DECREF(level);
+    return CallWithSelf(s.level_methods[M], self, args, nargs, kwnames);
   }
   // self._log(level, msg, args, **kwargs)
   const Py_ssize_t fixed = M == kLogCall ? 2 : 1;
