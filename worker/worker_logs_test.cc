@@ -313,15 +313,15 @@ TEST_CASE("The worker's record factory makes the records LogRecord makes",
   // logging.LogRecord's records are built in C (record_factory.h): the same
   // attributes in the same order and the same values, for mappings as args,
   // levels without a name, odd paths, other threads, a renamed process,
-  // logging's switches off, keyword calls, a forked child and a replaced
-  // time.time.
+  // logging's switches off, keyword calls, a forked child, a replaced
+  // time.time and a replaced threading.get_ident.
   auto worker = ReadyWorker();
   worker->Call("f", "worker_fixture::record_factory_matches_stdlib",
                Pickle("((), {})"));
   const Reply reply = worker->AwaitReply("f");
   INFO(reply.error.message);
   REQUIRE(reply.ok);
-  CHECK(Unpickle(reply.value) == "18");
+  CHECK(Unpickle(reply.value) == "19");
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }

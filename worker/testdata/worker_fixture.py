@@ -1281,6 +1281,21 @@ def record_factory_matches_stdlib():
                 out[2][0].threadName.startswith("Dummy-")):
         raise AssertionError(f"thread names {[m.threadName for m, _ in out]}")
     count += 3
+    # threading.get_ident replaced (as gevent's monkey-patching does): the
+    # record's thread is what it answers (current_thread() then makes a
+    # _DummyThread under that ident, as in the stdlib).
+    saved_get_ident = threading.get_ident
+    threading.get_ident = lambda: 12345
+    try:
+        made = factory(*calls[0])
+        theirs = logging.LogRecord(*calls[0])
+    finally:
+        threading.get_ident = saved_get_ident
+        threading._active.pop(12345, None)
+    compare(made, calls[0], {}, "replaced get_ident", theirs)
+    if made.thread != 12345:
+        raise AssertionError(f"replaced get_ident: {made.thread}")
+    count += 1
     # A mapping argument is told by isinstance, also for an exact float
     # once float is registered as a Mapping (abc's cache token changes).
     import collections.abc
