@@ -355,6 +355,18 @@ TEST_CASE("The worker's C Logger._log sends the records the stdlib's sends",
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
 
+TEST_CASE("The worker's C Logger methods leave audited logging to the stdlib",
+          "[worker][logs]") {
+  // Once user code adds an audit hook, the hook sees (and may refuse) the
+  // stdlib's "sys._getframe" from findCaller for every record, and the C
+  // methods, which have no such frame, leave each call to the stdlib's.
+  auto worker = ReadyWorker();
+  CHECK(Unpickle(worker->CallOk("worker_fixture::logger_log_audited",
+                                Pickle("((), {})"))) == "3");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
 TEST_CASE("The bridge's C path and its general path send the same record",
           "[worker][logs]") {
   // Each record goes through _LogBridge.handle (send_log_record) and then

@@ -157,6 +157,20 @@ struct Stdlib {
 
 Stdlib* installed = nullptr;
 
+// Set once an audit hook may exist: the stdlib's findCaller raises
+// "sys._getframe" (its currentframe), which a hook sees and may refuse; the
+// C path has no such frame to show it, so it declines from then on.
+// GIL-guarded.
+bool audit_hooks = false;
+
+// An audit hook of our own (added at install, before any user code): it
+// notes each hook added after it, by sys.addaudithook or
+// PySys_AddAuditHook, both announced as "sys.addaudithook".
+int NoteAuditHooks(const char* event, PyObject* /*args*/, void* /*data*/) {
+  if (std::strcmp(event, "sys.addaudithook") == 0) audit_hooks = true;
+  return 0;
+}
+
 // fn(self, *args, **kwargs) for a vectorcall's arguments: the stdlib's
 // method the C one stands in for, called as given.
 PyObject* CallWithSelf(PyObject* fn, PyObject* self, PyObject* const* args,
@@ -266,6 +280,7 @@ Verdict Check(const Stdlib& s, PyObject* self, PyObject* const (&a)[kParams],
     }
   }
   if (find_caller) {
+    if (audit_hooks) return kDecline;
     if (PyDict_GetItemWithError(s.globals, s.names[kCurrentFrame]) !=
             s.current_frame ||
         PyDict_GetItemWithError(s.globals, s.names[kIsInternalFrame]) !=
@@ -772,6 +787,11 @@ PyObject* InstallLoggerLog(PyObject* /*module*/, PyObject* const* args,
       for (PyObject* made : levels) Py_XDECREF(made);
       return nullptr;
     }
+  }
+  // A hook that is there already and refuses ours: hooks exist.
+  if (PySys_AddAuditHook(NoteAuditHooks, nullptr) < 0) {
+    PyErr_Clear();
+    audit_hooks = true;
   }
   // Installed before the attributes (the descriptors' calls read it); _log
   // first, as the level methods call it.

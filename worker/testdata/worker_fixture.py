@@ -371,6 +371,57 @@ def logger_log_in_c():
     return len(calls)
 
 
+def logger_log_audited():
+    """An audit hook added by user code sees what the stdlib's logging
+    raises: one "sys._getframe" per record from findCaller (whose frame it
+    is), and a hook that refuses it fails the logging call. Each call is
+    made through the C methods and then the stdlib's (this worker's hook
+    stays: call it last). Returns how many calls."""
+    from _agentix_driver import logs
+    stdlib = logs._stdlib_methods
+    ours = {name: logging.Logger.__dict__[name] for name in stdlib}
+    logger = logging.getLogger("app.audited")
+    logger.propagate = False
+    logger.addHandler(logging.NullHandler())
+    seen, refuse = [], []
+
+    def hook(event, args):
+        if event == "sys._getframe" and (seen or refuse):
+            seen.append(args[0].f_code.co_name)
+            if refuse:
+                raise RuntimeError("no frames here")
+
+    sys.addaudithook(hook)
+    calls = [lambda: logger.info("audited"),
+             lambda: logger.log(logging.WARNING, "audited %s", 1),
+             lambda: logger._log(logging.INFO, "audited", ())]
+    results = []
+    for call in calls:
+        for refusing in (False, True):
+            for methods in (ours, stdlib):
+                for name, method in methods.items():
+                    setattr(logging.Logger, name, method)
+                seen[:] = ["start"]
+                refuse[:] = [True] if refusing else []
+                try:
+                    call()
+                    raised = None
+                except RuntimeError as error:
+                    raised = repr(error)
+                finally:
+                    refuse.clear()
+                    for name, method in ours.items():
+                        setattr(logging.Logger, name, method)
+                results.append((seen[1:], raised))
+                seen.clear()
+    # Per call: C then stdlib, without and then with the refusal.
+    expected = ([(["findCaller"], None)] * 2 + [
+        (["findCaller"], "RuntimeError('no frames here')")] * 2) * len(calls)
+    if results != expected:
+        raise AssertionError(f"audit events: {results}")
+    return len(calls)
+
+
 def log_handles_in_c():
     """The bridge's and the durable log's `handle` are the C ones
     (log_handles.h) and do what their classes' Python `handle` does: each
