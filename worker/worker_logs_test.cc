@@ -313,7 +313,7 @@ TEST_CASE("The worker's record factory makes the records LogRecord makes",
   // logging.LogRecord's records are built in C (record_factory.h): the same
   // attributes in the same order and the same values, for mappings as args,
   // levels without a name, odd paths, other threads, a renamed process,
-  // logging's switches off, keyword calls, a forked child, a replaced
+  // logging's switches off, keyword calls, forked children, a replaced
   // time.time and a replaced threading.get_ident.
   auto worker = ReadyWorker();
   worker->Call("f", "worker_fixture::record_factory_matches_stdlib",
@@ -321,7 +321,7 @@ TEST_CASE("The worker's record factory makes the records LogRecord makes",
   const Reply reply = worker->AwaitReply("f");
   INFO(reply.error.message);
   REQUIRE(reply.ok);
-  CHECK(Unpickle(reply.value) == "19");
+  CHECK(Unpickle(reply.value) == "20");
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }

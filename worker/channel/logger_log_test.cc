@@ -510,7 +510,26 @@ TEST_CASE("The C methods pass records, arguments and handlers on as is",
      "got, _ = c_path(lambda: log.info('original'))\n"
      "log.removeHandler(echo)\n"
      "assert [[g[2]['msg'] for g in k] for k in got] == [\n"
-     "    ['original'], ['echo %s', 'original']], got\n");
+     "    ['original'], ['echo %s', 'original']], got\n"
+     // A handler that logs without end: RecursionError out of the logging
+     // call on both paths (after how many records depends on the frames
+     // each level takes, which the C methods do not have).
+     "class Loop(logging.Handler):\n"
+     "    def emit(self, record):\n"
+     "        log.info('again')\n"
+     "loop = Loop()\n"
+     "log.addHandler(loop)\n"
+     "for methods in (OURS, STDLIB):\n"
+     "    use(methods)\n"
+     "    try:\n"
+     "        log.info('loop')\n"
+     "        raise AssertionError('no RecursionError')\n"
+     "    except RecursionError:\n"
+     "        pass\n"
+     "    finally:\n"
+     "        use(OURS)\n"
+     "log.removeHandler(loop)\n"
+     "c_path(lambda: log.info('after the loop'))\n");
   // Logger classes: one overriding only makeRecord, one only handle (set
   // with setLoggerClass), one reading attributes through
   // __getattribute__, a logger made before the methods were C.

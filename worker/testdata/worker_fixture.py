@@ -1347,6 +1347,29 @@ def record_factory_matches_stdlib():
     if made.thread != 12345:
         raise AssertionError(f"replaced get_ident: {made.thread}")
     count += 1
+    # A child forked from another thread: threading makes that thread the
+    # child's main one; its records name it and carry the child's pid.
+    def fork_from_thread():
+        child = os.fork()
+        if child == 0:
+            try:
+                made = factory(*calls[0])
+                compare(made, calls[0], {}, "forked from a thread")
+                code = 0 if (made.threadName, made.process) == (
+                    "forker", os.getpid()) else 3
+            except BaseException:
+                code = 1
+            os._exit(code)
+        _, status = os.waitpid(child, 0)
+        forked.append(os.waitstatus_to_exitcode(status))
+
+    forked = []
+    forker = threading.Thread(target=fork_from_thread, name="forker")
+    forker.start()
+    forker.join()
+    if forked != [0]:
+        raise AssertionError(f"forked from a thread: {forked}")
+    count += 1
     # A mapping argument is told by isinstance, also for an exact float
     # once float is registered as a Mapping (abc's cache token changes).
     import collections.abc
