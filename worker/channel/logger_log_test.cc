@@ -556,7 +556,24 @@ TEST_CASE("The C methods pass records, arguments and handlers on as is",
      "        logging.setLoggerClass(logging.Logger)\n"
      "for logger in made:\n"
      "    got, _ = declined(lambda: logger.info('own'))\n"
-     "assert got[0][0][2]['filename'] == 'redirected.py', got\n");
+     "assert got[0][0][2]['filename'] == 'redirected.py', got\n"
+     // Subclasses whose info / _log call the stdlib's through super(): their
+     // own frame is the caller, as in the stdlib.
+     "class Prefixing(logging.Logger):\n"
+     "    def info(self, msg, *args, **kwargs):\n"
+     "        super().info('[p] ' + msg, *args, **kwargs)\n"
+     "class Tagging(logging.Logger):\n"
+     "    def _log(self, level, msg, args, **kwargs):\n"
+     "        kwargs['extra'] = {'tag': 't'}\n"
+     "        super()._log(level, msg, args, **kwargs)\n"
+     "prefixing = Prefixing('t5.child.prefixing')\n"
+     "tagging = Tagging('t5.child.tagging')\n"
+     "prefixing.parent = tagging.parent = log\n"
+     "got, _ = c_path(lambda: prefixing.info('m'))\n"
+     "assert got[0][0][2]['funcName'] == 'info', got\n"
+     "got, _, python = both(lambda: tagging.warning('m'))\n"
+     "assert got[0][0][2]['funcName'] == '_log' and python == [['warning']] "
+     "* 2, (got, python)\n");
 }
 
 }  // namespace
