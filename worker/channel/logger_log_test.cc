@@ -54,7 +54,8 @@ void DefineBoth() {
      "        d['thread'] = d['thread'] == threading.get_ident()\n"  // runs'
                                                                      // threads
                                                                      // differ
-     "        if d['threadName'].startswith('Dummy-'):\n"  // numbered per run
+     "        if str(d['threadName']).startswith('Dummy-'):\n"  // numbered per
+                                                                // run
      "            d['threadName'] = 'Dummy'\n"
      "        if d['exc_info']:\n"  // each run raises its own exception
      "            t, v, tb = d['exc_info']\n"
@@ -395,7 +396,8 @@ TEST_CASE("The C methods find the stdlib's caller wherever Python logs from",
   // Module top level, generators, coroutines, comprehensions, class
   // bodies, __del__, a thread's own first frame with stacklevel past it.
   Py("ns = {'log': log}\n"
-     "exec(compile('log.info(\"top\")\\nlog.info(\"top 2\", stacklevel=2)\\n',\n"
+     "exec(compile('log.info(\"top\")\\nlog.info(\"top 2\", "
+     "stacklevel=2)\\n',\n"
      "             '/x/top_module.py', 'exec'), ns)\n"
      "top = compile('log.info(\"top\")\\n', '/x/top_module.py', 'exec')\n"
      "got, _ = c_path(lambda: exec(top, ns))\n"
@@ -429,7 +431,8 @@ TEST_CASE("The C methods find the stdlib's caller wherever Python logs from",
      "assert got[0][0][2]['funcName'] == '__del__', got\n"
      "def thread_first(stacklevel):\n"
      "    t = threading.Thread(target=log.info, args=('target',),\n"
-     "                         kwargs={'stacklevel': stacklevel}, name='first')\n"
+     "                         kwargs={'stacklevel': stacklevel}, "
+     "name='first')\n"
      "    t.start(); t.join()\n"
      "got, _ = c_path(lambda: thread_first(1))\n"
      "assert got[0][0][2]['funcName'] == 'run', got\n"
