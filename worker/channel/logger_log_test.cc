@@ -579,5 +579,48 @@ TEST_CASE("The C methods pass records, arguments and handlers on as is",
      "* 2, (got, python)\n");
 }
 
+TEST_CASE("The C methods print what the stdlib's print", "[logger_log]") {
+  Tree("t6");
+  // handleError's report (its "Call stack:" starts at the first frame
+  // outside logging's directory, the same on both paths), lastResort's
+  // line and the one-off "No handlers could be found" line, on stderr.
+  Py("import contextlib, io\n"
+     "def printed(call, before=lambda: None):\n"
+     "    outs = []\n"
+     "    for methods in (OURS, STDLIB):\n"
+     "        before()\n"
+     "        use(methods)\n"
+     "        err = io.StringIO()\n"
+     "        try:\n"
+     "            with contextlib.redirect_stderr(err):\n"
+     "                call()\n"
+     "        finally:\n"
+     "            use(OURS)\n"
+     "        outs.append(err.getvalue())\n"
+     "    assert outs[0] == outs[1], outs\n"
+     "    return outs[0]\n"
+     "bad = logging.StreamHandler(io.StringIO())\n"
+     "log.addHandler(bad)\n"
+     "out = printed(lambda: log.info('%d', 'not a number'))\n"
+     "log.removeHandler(bad)\n"
+     "assert out.startswith('--- Logging error ---') and 'Call stack:' in out\n"
+     "assert \"Message: '%d'\" in out and 'in printed' in out, out\n"
+     "alone = logging.getLogger('t6alone')\n"
+     "alone.propagate = False\n"
+     "out = printed(lambda: alone.warning('to lastResort %s', 1))\n"
+     "assert out == 'to lastResort 1\\n', out\n"
+     "saved = logging.lastResort\n"
+     "logging.lastResort = None\n"
+     "def fresh():\n"
+     "    alone.manager.emittedNoHandlerWarning = False\n"
+     "try:\n"
+     "    out = printed(lambda: alone.warning('a') or alone.error('b'), "
+     "fresh)\n"
+     "finally:\n"
+     "    logging.lastResort = saved\n"
+     "assert out == 'No handlers could be found for logger \"t6alone\"\\n', "
+     "out\n");
+}
+
 }  // namespace
 }  // namespace agentix::worker
