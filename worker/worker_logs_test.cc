@@ -321,7 +321,7 @@ TEST_CASE("The worker's record factory makes the records LogRecord makes",
   const Reply reply = worker->AwaitReply("f");
   INFO(reply.error.message);
   REQUIRE(reply.ok);
-  CHECK(Unpickle(reply.value) == "20");
+  CHECK(Unpickle(reply.value) == "21");
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }

@@ -1377,9 +1377,21 @@ def record_factory_matches_stdlib():
                   "fn", None)
     if factory(*float_call).args != (1.5,):
         raise AssertionError("float args before registering")
+    # A class of the user's registered as a Mapping after its first record.
+    class Lookup:
+        pass
+
+    lookup = Lookup()
+    lookup_call = float_call[:5] + ((lookup,),) + float_call[6:]
+    compare(factory(*lookup_call), lookup_call, {}, "before registering")
+    collections.abc.Mapping.register(Lookup)
+    made = factory(*lookup_call)
+    compare(made, lookup_call, {}, "registered as a Mapping")
+    if made.args is not lookup:
+        raise AssertionError(f"registered class: {made.args!r}")
     collections.abc.Mapping.register(float)  # this worker's last test
     made = factory(*float_call)
     compare(made, float_call, {}, "float as a Mapping")
     if made.args != 1.5:
         raise AssertionError(f"float registered as a Mapping: {made.args!r}")
-    return count + 1
+    return count + 2
