@@ -313,15 +313,15 @@ TEST_CASE("The worker's record factory makes the records LogRecord makes",
   // logging.LogRecord's records are built in C (record_factory.h): the same
   // attributes in the same order and the same values, for mappings as args,
   // levels without a name, odd paths, other threads, a renamed process,
-  // logging's switches off, keyword calls, a forked child and a replaced
-  // time.time.
+  // logging's switches off, keyword calls, forked children, a replaced
+  // time.time and a replaced threading.get_ident.
   auto worker = ReadyWorker();
   worker->Call("f", "worker_fixture::record_factory_matches_stdlib",
                Pickle("((), {})"));
   const Reply reply = worker->AwaitReply("f");
   INFO(reply.error.message);
   REQUIRE(reply.ok);
-  CHECK(Unpickle(reply.value) == "18");
+  CHECK(Unpickle(reply.value) == "21");
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
@@ -351,6 +351,18 @@ TEST_CASE("The worker's C Logger._log sends the records the stdlib's sends",
   CHECK(logs[2].function() == "logger_log_in_c");  // stacklevel=2
   CHECK(logs[4].extras().size() > 0);
   CHECK(logs[6].level_name() == "ERROR");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("The worker's C Logger methods leave audited logging to the stdlib",
+          "[worker][logs]") {
+  // Once user code adds an audit hook, the hook sees (and may refuse) the
+  // stdlib's "sys._getframe" from findCaller for every record, and the C
+  // methods, which have no such frame, leave each call to the stdlib's.
+  auto worker = ReadyWorker();
+  CHECK(Unpickle(worker->CallOk("worker_fixture::logger_log_audited",
+                                Pickle("((), {})"))) == "3");
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }

@@ -157,6 +157,20 @@ struct Stdlib {
 
 Stdlib* installed = nullptr;
 
+// Set once an audit hook may exist: the stdlib's findCaller raises
+// "sys._getframe" (its currentframe), which a hook sees and may refuse; the
+// C path has no such frame to show it, so it declines from then on.
+// GIL-guarded.
+bool audit_hooks = false;
+
+// An audit hook of our own (added at install, before any user code): it
+// notes each hook added after it, by sys.addaudithook or
+// PySys_AddAuditHook, both announced as "sys.addaudithook".
+int NoteAuditHooks(const char* event, PyObject* /*args*/, void* /*data*/) {
+  if (std::strcmp(event, "sys.addaudithook") == 0) audit_hooks = true;
+  return 0;
+}
+
 // fn(self, *args, **kwargs) for a vectorcall's arguments: the stdlib's
 // method the C one stands in for, called as given.
 PyObject* CallWithSelf(PyObject* fn, PyObject* self, PyObject* const* args,
@@ -242,6 +256,9 @@ Verdict Check(const Stdlib& s, PyObject* self, PyObject* const (&a)[kParams],
     if (overflow < 0 || stacklevel < 1) return kDecline;
   }
   PyTypeObject* type = Py_TYPE(self);
+  // A class with its own __getattribute__ / __getattr__ may answer
+  // self.findCaller etc. with something else.
+  if (type->tp_getattro != PyObject_GenericGetAttr) return kDecline;
   for (int m = 0; m < kMethods; ++m) {
     if (_PyType_Lookup(type, s.names[m]) != s.methods[m]) return kDecline;
   }
@@ -263,6 +280,7 @@ Verdict Check(const Stdlib& s, PyObject* self, PyObject* const (&a)[kParams],
     }
   }
   if (find_caller) {
+    if (audit_hooks) return kDecline;
     if (PyDict_GetItemWithError(s.globals, s.names[kCurrentFrame]) !=
             s.current_frame ||
         PyDict_GetItemWithError(s.globals, s.names[kIsInternalFrame]) !=
@@ -530,7 +548,8 @@ Verdict CheckLevelCall(const Stdlib& s, LevelMethod m, PyObject* self,
     if (level == nullptr) return PyErr_Occurred() ? kError : kDecline;
   }
   PyTypeObject* type = Py_TYPE(self);
-  if (_PyType_Lookup(type, s.names[kIsEnabledFor]) != s.is_enabled_for ||
+  if (type->tp_getattro != PyObject_GenericGetAttr ||
+      _PyType_Lookup(type, s.names[kIsEnabledFor]) != s.is_enabled_for ||
       _PyType_Lookup(type, s.names[kLogName]) != s.c_log) {
     return kDecline;
   }
@@ -582,6 +601,13 @@ PyObject* AtLevel(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
     Py_DECREF(level);
     if (enabled < 0) return nullptr;
     Py_RETURN_NONE;
+  }
+  if (PyEval_GetFrame() == nullptr) {
+    // Called with no Python frame (a thread started on the method itself,
+    // an atexit callback): the stdlib's caller is then its own level
+    // method's frame, the outermost, which only that method has.
+    Py_DECREF(level);
+    return CallWithSelf(s.level_methods[M], self, args, nargs, kwnames);
   }
   // self._log(level, msg, args, **kwargs)
   const Py_ssize_t fixed = M == kLogCall ? 2 : 1;
@@ -761,6 +787,11 @@ PyObject* InstallLoggerLog(PyObject* /*module*/, PyObject* const* args,
       for (PyObject* made : levels) Py_XDECREF(made);
       return nullptr;
     }
+  }
+  // A hook that is there already and refuses ours: hooks exist.
+  if (PySys_AddAuditHook(NoteAuditHooks, nullptr) < 0) {
+    PyErr_Clear();
+    audit_hooks = true;
   }
   // Installed before the attributes (the descriptors' calls read it); _log
   // first, as the level methods call it.

@@ -12,7 +12,9 @@
 // record meets, until one does not propagate.
 //
 // Declining is the safety rule: a logger class (or instance) with its own
-// findCaller / makeRecord / handle / filter / callHandlers, a replaced
+// findCaller / makeRecord / handle / filter / callHandlers (or its own
+// __getattribute__ / __getattr__), an audit hook added since install (the
+// stdlib's findCaller raises "sys._getframe", which it would see), a replaced
 // currentframe / _is_internal_frame / os.path.normcase, a _srcfile other
 // than logging's own file (or None: then no caller is looked up, as in the
 // stdlib), exc_info, stack_info, a stacklevel below 1 or not an int, odd
@@ -26,8 +28,9 @@
 // **kwargs)` with isEnabledFor's `disabled` and `_cache` read here (a level
 // not cached yet asks the stdlib's isEnabledFor), and the C _log called
 // directly. A class or instance with its own isEnabledFor or _log, a
-// keyword naming one of the method's parameters, or a non-int level for
-// log() get the stdlib's method.
+// keyword naming one of the method's parameters, a non-int level for
+// log(), or no Python frame to call from (the stdlib's caller is then its
+// own method's frame) get the stdlib's method.
 #pragma once
 
 #define PY_SSIZE_T_CLEAN

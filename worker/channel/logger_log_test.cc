@@ -54,6 +54,9 @@ void DefineBoth() {
      "        d['thread'] = d['thread'] == threading.get_ident()\n"  // runs'
                                                                      // threads
                                                                      // differ
+     "        if str(d['threadName']).startswith('Dummy-'):\n"  // numbered per
+                                                                // run
+     "            d['threadName'] = 'Dummy'\n"
      "        if d['exc_info']:\n"  // each run raises its own exception
      "            t, v, tb = d['exc_info']\n"
      "            d['exc_info'] = (t, repr(v), tb.tb_lineno)\n"
@@ -364,6 +367,259 @@ TEST_CASE("The C _log hands the record on as Logger.handle does",
      "finally:\n"
      "    root.removeHandler(root_keep)\n"
      "    KEEPS.remove(root_keep)\n");
+}
+
+TEST_CASE("The C methods find the stdlib's caller wherever Python logs from",
+          "[logger_log]") {
+  Tree("t4");
+  // A thread whose first frame is the C method (no Python frame at all):
+  // the stdlib's caller is its own level method's frame (the outermost),
+  // so the C level method leaves such a call to it.
+  Py("import _thread, time\n"
+     "def no_frame(method, *args, **kwargs):\n"
+     "    def call():\n"
+     "        before = len(child_keep.got)\n"
+     "        _thread.start_new_thread(method, args, kwargs)\n"
+     "        deadline = time.monotonic() + 10\n"
+     "        while len(child_keep.got) == before:\n"
+     "            assert time.monotonic() < deadline\n"
+     "            time.sleep(0.001)\n"
+     "        time.sleep(0.01)\n"  // the thread leaves the handlers
+     "    return call\n"
+     "got, _ = both(no_frame(log.info, 'first frame'))[:2]\n"
+     "assert got[0][0][2]['funcName'] == 'info', got\n"
+     "got, _ = both(no_frame(log.log, 25, 'first frame'))[:2]\n"
+     "assert got[0][0][2]['funcName'] == 'log', got\n"
+     "both(no_frame(log.warning, 'deep', stacklevel=5))\n"
+     "both(no_frame(log._log, 20, 'direct', ()))\n"
+     "both(no_frame(logging.LoggerAdapter(log, {}).info, 'adapter'))\n");
+  // Module top level, generators, coroutines, comprehensions, class
+  // bodies, __del__, a thread's own first frame with stacklevel past it.
+  Py("ns = {'log': log}\n"
+     "exec(compile('log.info(\"top\")\\nlog.info(\"top 2\", "
+     "stacklevel=2)\\n',\n"
+     "             '/x/top_module.py', 'exec'), ns)\n"
+     "top = compile('log.info(\"top\")\\n', '/x/top_module.py', 'exec')\n"
+     "got, _ = c_path(lambda: exec(top, ns))\n"
+     "assert got[0][0][2]['funcName'] == '<module>', got\n"
+     "assert got[0][0][2]['module'] == 'top_module', got\n"
+     "def gen():\n"
+     "    log.info('in generator')\n"
+     "    yield 1\n"
+     "    log.info('resumed', stacklevel=2)\n"
+     "    yield 2\n"
+     "got, _ = c_path(lambda: list(gen()))\n"
+     "assert [g[2]['funcName'] for g in got[0]] == ['gen', '<lambda>'], got\n"
+     "async def coro():\n"
+     "    log.info('in coroutine')\n"
+     "    log.info('awaited', stacklevel=2)\n"
+     "import asyncio\n"
+     "c_path(lambda: asyncio.run(coro()))\n"
+     "got, _ = c_path(lambda: [log.info('comp %d', i) for i in range(2)])\n"
+     "assert got[0][0][2]['funcName'] == '<listcomp>', got\n"
+     "c_path(lambda: {log.info('set %d', i) for i in range(1)})\n"
+     "c_path(lambda: list(log.info('genexp %d', i) for i in range(1)))\n"
+     "def class_body():\n"
+     "    class Body:\n"
+     "        log.info('class body')\n"
+     "got, _ = c_path(class_body)\n"
+     "assert got[0][0][2]['funcName'] == 'Body', got\n"
+     "class Dying:\n"
+     "    def __del__(self):\n"
+     "        log.warning('del')\n"
+     "got, _ = c_path(lambda: Dying())\n"
+     "assert got[0][0][2]['funcName'] == '__del__', got\n"
+     "def thread_first(stacklevel):\n"
+     "    t = threading.Thread(target=log.info, args=('target',),\n"
+     "                         kwargs={'stacklevel': stacklevel}, "
+     "name='first')\n"
+     "    t.start(); t.join()\n"
+     "got, _ = c_path(lambda: thread_first(1))\n"
+     "assert got[0][0][2]['funcName'] == 'run', got\n"
+     "got, _ = c_path(lambda: thread_first(50))\n"
+     "assert got[0][0][2]['funcName'] == '_bootstrap', got\n");
+  // logging.captureWarnings: warnings.warn's record on py.warnings.
+  Py("import warnings\n"
+     "warned = logging.getLogger('py.warnings')\n"
+     "warned.propagate = False\n"
+     "warned_keep = keep(warned)\n"
+     "logging.captureWarnings(True)\n"
+     "try:\n"
+     "    with warnings.catch_warnings():\n"
+     "        warnings.simplefilter('always')\n"
+     "        logging.captureWarnings(True)\n"
+     "        got, _ = c_path(lambda: warnings.warn('careful'))\n"
+     "finally:\n"
+     "    logging.captureWarnings(False)\n"
+     "    KEEPS.remove(warned_keep)\n"
+     "assert 'careful' in got[-1][0][2]['msg'], got\n");
+}
+
+TEST_CASE("The C methods pass records, arguments and handlers on as is",
+          "[logger_log]") {
+  Tree("t5");
+  // LoggerAdapter.process's extras, messages that are not str, a lone
+  // mapping as args, filters that change the record or answer truthy
+  // non-bools, handlers added while the record is handed on, a handler
+  // that logs (once) while it handles.
+  Py("class Adapter(logging.LoggerAdapter):\n"
+     "    def process(self, msg, kwargs):\n"
+     "        kwargs['extra'] = {'user': 'u'}\n"
+     "        return '[a] ' + msg, kwargs\n"
+     "got, _ = c_path(lambda: Adapter(log, {}).warning('m %s', 1))\n"
+     "assert got[0][0][2]['user'] == 'u', got\n"
+     "_, raised = both(lambda: Adapter(log, {}).info('m', extra={}))[:2]\n"
+     "c_path(lambda: log.info(42) or log.info(None) or log.info(['l'], 1))\n"
+     "got, _ = c_path(lambda: log.info('%(a)s', {'a': 1}))\n"
+     "assert got[0][0][2]['args'] == {'a': 1}, got\n"
+     "c_path(lambda: log.info('%s', {}) or log.info('%s %s', {'a': 1}, 2))\n"
+     "_, raised = both(lambda: log.info('m', extra={'msg': 'x'}))[:2]\n"
+     "assert raised.startswith('KeyError'), raised\n"
+     "def mutate(record):\n"
+     "    record.msg = 'changed ' + str(record.msg)\n"
+     "    record.added = 1\n"
+     "    return 'truthy'\n"
+     "log.addFilter(mutate)\n"
+     "got, _ = c_path(lambda: log.info('m'))\n"
+     "assert got[0][0][2]['msg'] == 'changed m', got\n"
+     "log.removeFilter(mutate)\n"
+     "log.addFilter(lambda r: 0.0)\n"
+     "got, _ = both(lambda: log.info('zero'))[:2]\n"
+     "assert got == [[], []], got\n"
+     "log.filters.clear()\n"
+     "class Adding:\n"
+     "    level = 0\n"
+     "    def handle(self, record):\n"
+     "        log.handlers.remove(self)\n"
+     "        log.handlers.append(late)\n"
+     "class Late(Keep):\n"
+     "    pass\n"
+     "late = Late()\n"
+     "KEEPS.append(late)\n"
+     "def adding():\n"
+     "    log.handlers[:] = [Adding(), child_keep]\n"
+     "    log.info('adding')\n"
+     "    log.handlers.remove(late)\n"
+     "got, _ = c_path(adding)\n"
+     "KEEPS.remove(late)\n"
+     "assert [len(g) for g in got] == [0, 1, 1], got\n"  // child_keep skipped
+     "log.handlers[:] = [child_keep]\n"
+     "class Echo(logging.Handler):\n"
+     "    def emit(self, record):\n"
+     "        if not record.msg.startswith('echo'):\n"
+     "            logging.getLogger('t5').warning('echo %s', record.msg)\n"
+     "echo = Echo()\n"
+     "log.addHandler(echo)\n"
+     "got, _ = c_path(lambda: log.info('original'))\n"
+     "log.removeHandler(echo)\n"
+     "assert [[g[2]['msg'] for g in k] for k in got] == [\n"
+     "    ['original'], ['echo %s', 'original']], got\n"
+     // A handler that logs without end: RecursionError out of the logging
+     // call on both paths (after how many records depends on the frames
+     // each level takes, which the C methods do not have).
+     "class Loop(logging.Handler):\n"
+     "    def emit(self, record):\n"
+     "        log.info('again')\n"
+     "loop = Loop()\n"
+     "log.addHandler(loop)\n"
+     "for methods in (OURS, STDLIB):\n"
+     "    use(methods)\n"
+     "    try:\n"
+     "        log.info('loop')\n"
+     "        raise AssertionError('no RecursionError')\n"
+     "    except RecursionError:\n"
+     "        pass\n"
+     "    finally:\n"
+     "        use(OURS)\n"
+     "log.removeHandler(loop)\n"
+     "c_path(lambda: log.info('after the loop'))\n");
+  // Logger classes: one overriding only makeRecord, one only handle (set
+  // with setLoggerClass), one reading attributes through
+  // __getattribute__, a logger made before the methods were C.
+  Py("class OwnRecord(logging.Logger):\n"
+     "    def makeRecord(self, *args, **kwargs):\n"
+     "        record = super().makeRecord(*args, **kwargs)\n"
+     "        record.own = 'record'\n"
+     "        return record\n"
+     "class OwnHandle(logging.Logger):\n"
+     "    def handle(self, record):\n"
+     "        record.own = 'handle'\n"
+     "        super().handle(record)\n"
+     "class Redirect(logging.Logger):\n"
+     "    def __getattribute__(self, name):\n"
+     "        if name == 'findCaller':\n"
+     "            return lambda *a: ('redirected.py', 7, 'redirected', None)\n"
+     "        return super().__getattribute__(name)\n"
+     "made = []\n"
+     "for cls in (OwnRecord, OwnHandle, Redirect):\n"
+     "    logging.setLoggerClass(cls)\n"
+     "    try:\n"
+     "        made.append(logging.getLogger('t5.child.' + cls.__name__))\n"
+     "    finally:\n"
+     "        logging.setLoggerClass(logging.Logger)\n"
+     "for logger in made:\n"
+     "    got, _ = declined(lambda: logger.info('own'))\n"
+     "assert got[0][0][2]['filename'] == 'redirected.py', got\n"
+     // Subclasses whose info / _log call the stdlib's through super(): their
+     // own frame is the caller, as in the stdlib.
+     "class Prefixing(logging.Logger):\n"
+     "    def info(self, msg, *args, **kwargs):\n"
+     "        super().info('[p] ' + msg, *args, **kwargs)\n"
+     "class Tagging(logging.Logger):\n"
+     "    def _log(self, level, msg, args, **kwargs):\n"
+     "        kwargs['extra'] = {'tag': 't'}\n"
+     "        super()._log(level, msg, args, **kwargs)\n"
+     "prefixing = Prefixing('t5.child.prefixing')\n"
+     "tagging = Tagging('t5.child.tagging')\n"
+     "prefixing.parent = tagging.parent = log\n"
+     "got, _ = c_path(lambda: prefixing.info('m'))\n"
+     "assert got[0][0][2]['funcName'] == 'info', got\n"
+     "got, _, python = both(lambda: tagging.warning('m'))\n"
+     "assert got[0][0][2]['funcName'] == '_log' and python == [['warning']] "
+     "* 2, (got, python)\n");
+}
+
+TEST_CASE("The C methods print what the stdlib's print", "[logger_log]") {
+  Tree("t6");
+  // handleError's report (its "Call stack:" starts at the first frame
+  // outside logging's directory, the same on both paths), lastResort's
+  // line and the one-off "No handlers could be found" line, on stderr.
+  Py("import contextlib, io\n"
+     "def printed(call, before=lambda: None):\n"
+     "    outs = []\n"
+     "    for methods in (OURS, STDLIB):\n"
+     "        before()\n"
+     "        use(methods)\n"
+     "        err = io.StringIO()\n"
+     "        try:\n"
+     "            with contextlib.redirect_stderr(err):\n"
+     "                call()\n"
+     "        finally:\n"
+     "            use(OURS)\n"
+     "        outs.append(err.getvalue())\n"
+     "    assert outs[0] == outs[1], outs\n"
+     "    return outs[0]\n"
+     "bad = logging.StreamHandler(io.StringIO())\n"
+     "log.addHandler(bad)\n"
+     "out = printed(lambda: log.info('%d', 'not a number'))\n"
+     "log.removeHandler(bad)\n"
+     "assert out.startswith('--- Logging error ---') and 'Call stack:' in out\n"
+     "assert \"Message: '%d'\" in out and 'in printed' in out, out\n"
+     "alone = logging.getLogger('t6alone')\n"
+     "alone.propagate = False\n"
+     "out = printed(lambda: alone.warning('to lastResort %s', 1))\n"
+     "assert out == 'to lastResort 1\\n', out\n"
+     "saved = logging.lastResort\n"
+     "logging.lastResort = None\n"
+     "def fresh():\n"
+     "    alone.manager.emittedNoHandlerWarning = False\n"
+     "try:\n"
+     "    out = printed(lambda: alone.warning('a') or alone.error('b'), "
+     "fresh)\n"
+     "finally:\n"
+     "    logging.lastResort = saved\n"
+     "assert out == 'No handlers could be found for logger \"t6alone\"\\n', "
+     "out\n");
 }
 
 }  // namespace

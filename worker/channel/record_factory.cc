@@ -266,6 +266,19 @@ PyObject* ThreadName(const Factory& f, PyObject* threading, PyObject* ident) {
   return name;
 }
 
+// Whether `threading` (logging's global) is the module configured and its
+// get_ident still _thread's.
+bool OwnGetIdent(const Factory& f, PyObject* threading) {
+  if (threading != f.threading || f.get_ident == nullptr ||
+      !PyModule_CheckExact(threading)) {
+    return false;
+  }
+  PyObject* get_ident = PyDict_GetItemWithError(PyModule_GetDict(threading),
+                                                f.names[kGetIdent]);
+  if (get_ident == nullptr) PyErr_Clear();  // the call says what is wrong
+  return get_ident == f.get_ident;
+}
+
 // The values LogRecord.__init__ sets, as new references.
 struct Values {
   PyObject* v[kRecordKeys] = {};
@@ -374,13 +387,20 @@ PyObject* BuildRecord(Factory& f, PyObject* const* a, bool& declined) {
   const int threads = GlobalIsTrue(f, kLogThreads);
   if (threads < 0) return nullptr;
   if (threads) {
-    v[kThread] = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
-    if (v[kThread] == nullptr) return nullptr;
     PyObject* threading = Global(f, kThreading);
     if (threading == nullptr) {
       declined = !PyErr_Occurred();
       return nullptr;
     }
+    // threading.get_ident(): the thread's ident while that is threading's
+    // own (_thread.get_ident); a replaced one (gevent's, a test's) is
+    // called, as the stdlib does.
+    if (OwnGetIdent(f, threading)) {
+      v[kThread] = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+    } else {
+      v[kThread] = PyObject_CallMethodNoArgs(threading, f.names[kGetIdent]);
+    }
+    if (v[kThread] == nullptr) return nullptr;
     v[kThreadName] = ThreadName(f, threading, v[kThread]);
     if (v[kThreadName] == nullptr) {
       if (PyErr_Occurred()) return nullptr;

@@ -371,6 +371,57 @@ def logger_log_in_c():
     return len(calls)
 
 
+def logger_log_audited():
+    """An audit hook added by user code sees what the stdlib's logging
+    raises: one "sys._getframe" per record from findCaller (whose frame it
+    is), and a hook that refuses it fails the logging call. Each call is
+    made through the C methods and then the stdlib's (this worker's hook
+    stays: call it last). Returns how many calls."""
+    from _agentix_driver import logs
+    stdlib = logs._stdlib_methods
+    ours = {name: logging.Logger.__dict__[name] for name in stdlib}
+    logger = logging.getLogger("app.audited")
+    logger.propagate = False
+    logger.addHandler(logging.NullHandler())
+    seen, refuse = [], []
+
+    def hook(event, args):
+        if event == "sys._getframe" and (seen or refuse):
+            seen.append(args[0].f_code.co_name)
+            if refuse:
+                raise RuntimeError("no frames here")
+
+    sys.addaudithook(hook)
+    calls = [lambda: logger.info("audited"),
+             lambda: logger.log(logging.WARNING, "audited %s", 1),
+             lambda: logger._log(logging.INFO, "audited", ())]
+    results = []
+    for call in calls:
+        for refusing in (False, True):
+            for methods in (ours, stdlib):
+                for name, method in methods.items():
+                    setattr(logging.Logger, name, method)
+                seen[:] = ["start"]
+                refuse[:] = [True] if refusing else []
+                try:
+                    call()
+                    raised = None
+                except RuntimeError as error:
+                    raised = repr(error)
+                finally:
+                    refuse.clear()
+                    for name, method in ours.items():
+                        setattr(logging.Logger, name, method)
+                results.append((seen[1:], raised))
+                seen.clear()
+    # Per call: C then stdlib, without and then with the refusal.
+    expected = ([(["findCaller"], None)] * 2 + [
+        (["findCaller"], "RuntimeError('no frames here')")] * 2) * len(calls)
+    if results != expected:
+        raise AssertionError(f"audit events: {results}")
+    return len(calls)
+
+
 def log_handles_in_c():
     """The bridge's and the durable log's `handle` are the C ones
     (log_handles.h) and do what their classes' Python `handle` does: each
@@ -1281,6 +1332,44 @@ def record_factory_matches_stdlib():
                 out[2][0].threadName.startswith("Dummy-")):
         raise AssertionError(f"thread names {[m.threadName for m, _ in out]}")
     count += 3
+    # threading.get_ident replaced (as gevent's monkey-patching does): the
+    # record's thread is what it answers (current_thread() then makes a
+    # _DummyThread under that ident, as in the stdlib).
+    saved_get_ident = threading.get_ident
+    threading.get_ident = lambda: 12345
+    try:
+        made = factory(*calls[0])
+        theirs = logging.LogRecord(*calls[0])
+    finally:
+        threading.get_ident = saved_get_ident
+        threading._active.pop(12345, None)
+    compare(made, calls[0], {}, "replaced get_ident", theirs)
+    if made.thread != 12345:
+        raise AssertionError(f"replaced get_ident: {made.thread}")
+    count += 1
+    # A child forked from another thread: threading makes that thread the
+    # child's main one; its records name it and carry the child's pid.
+    def fork_from_thread():
+        child = os.fork()
+        if child == 0:
+            try:
+                made = factory(*calls[0])
+                compare(made, calls[0], {}, "forked from a thread")
+                code = 0 if (made.threadName, made.process) == (
+                    "forker", os.getpid()) else 3
+            except BaseException:
+                code = 1
+            os._exit(code)
+        _, status = os.waitpid(child, 0)
+        forked.append(os.waitstatus_to_exitcode(status))
+
+    forked = []
+    forker = threading.Thread(target=fork_from_thread, name="forker")
+    forker.start()
+    forker.join()
+    if forked != [0]:
+        raise AssertionError(f"forked from a thread: {forked}")
+    count += 1
     # A mapping argument is told by isinstance, also for an exact float
     # once float is registered as a Mapping (abc's cache token changes).
     import collections.abc
@@ -1288,9 +1377,21 @@ def record_factory_matches_stdlib():
                   "fn", None)
     if factory(*float_call).args != (1.5,):
         raise AssertionError("float args before registering")
+    # A class of the user's registered as a Mapping after its first record.
+    class Lookup:
+        pass
+
+    lookup = Lookup()
+    lookup_call = float_call[:5] + ((lookup,),) + float_call[6:]
+    compare(factory(*lookup_call), lookup_call, {}, "before registering")
+    collections.abc.Mapping.register(Lookup)
+    made = factory(*lookup_call)
+    compare(made, lookup_call, {}, "registered as a Mapping")
+    if made.args is not lookup:
+        raise AssertionError(f"registered class: {made.args!r}")
     collections.abc.Mapping.register(float)  # this worker's last test
     made = factory(*float_call)
     compare(made, float_call, {}, "float as a Mapping")
     if made.args != 1.5:
         raise AssertionError(f"float registered as a Mapping: {made.args!r}")
-    return count + 1
+    return count + 2
