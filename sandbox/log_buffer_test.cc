@@ -859,3 +859,131 @@ TEST_CASE("Records appended by two threads reach a subscriber in seq order",
 }
 
 }  // namespace agentix::sandbox
+
+namespace agentix::sandbox {
+namespace {
+
+// The drop reports among what `sub` got.
+std::vector<std::string> DropReports(RecordingSubscriber& sub) {
+  std::vector<std::string> out;
+  for (const std::string& m : Messages(sub)) {
+    if (m.find("were dropped") != std::string::npos) out.push_back(m);
+  }
+  return out;
+}
+
+TEST_CASE("Records a paused host loses are reported to it alone, once, "
+          "counting only records it would have got",
+          "[logs]") {
+  auto owned = MakeLogBuffer(4);
+  LogBuffer& buffer = *owned;
+  auto lagging = std::make_shared<RecordingSubscriber>("client-a");
+  auto other = std::make_shared<RecordingSubscriber>("client-b");
+  REQUIRE(buffer.Subscribe(lagging, 0).ok());
+  REQUIRE(buffer.Subscribe(other, 0).ok());
+  lagging->Refuse(true);
+  buffer.Append({Entry("u")});  // seq 1, refused: paused after seq 0
+  REQUIRE(buffer.paused(lagging.get()));
+  buffer.Append({Entry("b2")}, {"client-b"});
+  buffer.Append({Entry("b3")}, {"client-b"});
+  // Its own call's records: evicting them evicts u (which it lacks), b2 and
+  // b3 (which were never its), then a4 (which nobody got).
+  for (int i = 4; i <= 8; ++i) {
+    buffer.Append({Entry("a" + std::to_string(i))}, {"client-a"});
+  }
+  // The other host lost nothing: it is told of no drop.
+  REQUIRE(Messages(*other) == std::vector<std::string>{"u", "b2", "b3"});
+  lagging->Refuse(false);
+  buffer.Resume(lagging);
+  // What the buffer holds of its records, then one report counting u and
+  // a4 (not b2 and b3, which went to the other client).
+  std::vector<std::string> got = Messages(*lagging);
+  REQUIRE(got.size() == 5);
+  REQUIRE(got[0] == "a5");
+  REQUIRE(got[3] == "a8");
+  REQUIRE(DropReports(*lagging).size() == 1);
+  REQUIRE(got[4].find("2 sandbox log records were dropped") == 0);
+  // Later records reach both as before, with no stale report.
+  buffer.Append({Entry("after")});
+  REQUIRE(Messages(*lagging).back() == "after");
+  REQUIRE(Messages(*other).back() == "after");
+  REQUIRE(DropReports(*other).empty());
+}
+
+TEST_CASE("Two paused hosts of different clients each get their own drop "
+          "report only",
+          "[logs]") {
+  auto owned = MakeLogBuffer(4);
+  LogBuffer& buffer = *owned;
+  auto a = std::make_shared<RecordingSubscriber>("client-a");
+  auto c = std::make_shared<RecordingSubscriber>("client-c");
+  REQUIRE(buffer.Subscribe(a, 0).ok());
+  REQUIRE(buffer.Subscribe(c, 0).ok());
+  a->Refuse(true);
+  c->Refuse(true);
+  buffer.Append({Entry("u1")});  // both paused after seq 0
+  REQUIRE(buffer.paused(a.get()));
+  REQUIRE(buffer.paused(c.get()));
+  for (int i = 2; i <= 6; ++i) {
+    buffer.Append({Entry("a" + std::to_string(i))}, {"client-a"});
+  }
+  // Evicted: u1 (both lacked it) and a2 (client-a's).
+  a->Refuse(false);
+  buffer.Resume(a);
+  REQUIRE(Messages(*a).size() == 5);
+  REQUIRE(DropReports(*a).size() == 1);
+  REQUIRE(DropReports(*a)[0].find("2 sandbox log records were dropped") == 0);
+  c->Refuse(false);
+  buffer.Resume(c);
+  // Nothing of client-a's, not a's report: its own report, counting u1.
+  REQUIRE(Messages(*c).size() == 1);
+  REQUIRE(Messages(*c)[0].find("1 sandbox log records were dropped") == 0);
+}
+
+TEST_CASE("A paused Traces host's drop report goes to its own client's Logs "
+          "streams",
+          "[traces]") {
+  auto logs = MakeLogBuffer(100);
+  auto traces = MakeTraceBuffer(2, logs.get());
+  auto logs_a = std::make_shared<RecordingSubscriber>("client-a");
+  auto logs_b = std::make_shared<RecordingSubscriber>("client-b");
+  REQUIRE(logs->Subscribe(logs_a, 0).ok());
+  REQUIRE(logs->Subscribe(logs_b, 0).ok());
+  class TraceSink : public TraceSubscriber {
+   public:
+    explicit TraceSink(std::string client) : client_(std::move(client)) {}
+    const std::string& client_id() const override { return client_; }
+    bool Deliver(std::vector<TraceEventPtr> events) override {
+      if (refuse) return false;
+      count += events.size();
+      return true;
+    }
+    bool refuse = false;
+    size_t count = 0;
+
+   private:
+    const std::string client_;
+  };
+  auto traces_a = std::make_shared<TraceSink>("client-a");
+  auto traces_b = std::make_shared<TraceSink>("client-b");
+  REQUIRE(traces->Subscribe(traces_a, 0).ok());
+  REQUIRE(traces->Subscribe(traces_b, 0).ok());
+  traces_a->refuse = true;
+  runtime::v1::TraceEvent e;
+  e.set_name("step");
+  for (int i = 0; i < 5; ++i) traces->Append({WireOf(e)});
+  // traces_b got all 5; traces_a lost the 3 the buffer (2) evicted.
+  REQUIRE(traces_b->count == 5);
+  REQUIRE(logs_a->got().empty());
+  REQUIRE(logs_b->got().empty());
+  traces_a->refuse = false;
+  traces->Resume(traces_a);
+  REQUIRE(traces_a->count == 2);
+  REQUIRE(Messages(*logs_a).size() == 1);
+  REQUIRE(Messages(*logs_a)[0].find("3 sandbox trace events were dropped") ==
+          0);
+  REQUIRE(logs_b->got().empty());
+}
+
+}  // namespace
+}  // namespace agentix::sandbox
