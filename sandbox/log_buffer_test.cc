@@ -985,5 +985,42 @@ TEST_CASE("A paused Traces host's drop report goes to its own client's Logs "
   REQUIRE(logs_b->got().empty());
 }
 
+TEST_CASE("A host that resubscribes while its paused stream is still open "
+          "gets each record once; the old stream holds records only until it "
+          "goes",
+          "[logs]") {
+  auto owned = MakeLogBuffer(4);
+  LogBuffer& buffer = *owned;
+  auto old_stream = std::make_shared<RecordingSubscriber>("client-a");
+  REQUIRE(buffer.Subscribe(old_stream, 0).ok());
+  buffer.Append({Entry("r1")}, {"client-a"});
+  buffer.Append({Entry("r2")});
+  old_stream->Refuse(true);
+  buffer.Append({Entry("r3")});  // paused after seq 2
+  REQUIRE(buffer.paused(old_stream.get()));
+  // The host (its connection cut, say) resubscribes from what it read.
+  auto new_stream = std::make_shared<RecordingSubscriber>("client-a");
+  REQUIRE(buffer.Subscribe(new_stream, 2, buffer.instance_id()).ok());
+  for (int i = 4; i <= 9; ++i) {
+    buffer.Append({Entry("r" + std::to_string(i))}, {"client-a"});
+  }
+  // Every record after its cursor once, in order; nothing was lost to it
+  // (the buffer evicted only what it had), so no drop report.
+  REQUIRE(Messages(*new_stream) ==
+          std::vector<std::string>{"r3", "r4", "r5", "r6", "r7", "r8", "r9"});
+  REQUIRE(buffer.dropped_total() == 0);
+  // Its acks free nothing the old stream, still paused, has yet to get...
+  buffer.Ack(9);
+  REQUIRE(buffer.buffered() == 4);
+  // ...until that stream goes.
+  buffer.Unsubscribe(old_stream.get());
+  buffer.Ack(9);
+  REQUIRE(buffer.buffered() == 0);
+  buffer.Append({Entry("r10")});
+  REQUIRE(Messages(*new_stream).back() == "r10");
+  REQUIRE(DropReports(*new_stream).empty());
+  REQUIRE(Messages(*old_stream) == std::vector<std::string>{"r1", "r2"});
+}
+
 }  // namespace
 }  // namespace agentix::sandbox
