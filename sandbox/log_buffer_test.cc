@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <deque>
 #include <random>
 #include <thread>
 
@@ -1020,6 +1021,213 @@ TEST_CASE("A host that resubscribes while its paused stream is still open "
   REQUIRE(Messages(*new_stream).back() == "r10");
   REQUIRE(DropReports(*new_stream).empty());
   REQUIRE(Messages(*old_stream) == std::vector<std::string>{"r1", "r2"});
+}
+
+// A subscriber shaped like the daemon's stream sink: Deliver queues up to a
+// bound and refuses past it; its own thread drains the queue (a host
+// reading, at its own pace) and, once below a quarter of the bound after a
+// refusal, calls Resume (as OnBacklogCleared does); it acks what it read
+// when `acks`.
+class DrainedSubscriber
+    : public LogSubscriber,
+      public std::enable_shared_from_this<DrainedSubscriber> {
+ public:
+  static constexpr size_t kBound = 64;
+
+  DrainedSubscriber(LogBuffer* buffer, bool acks, unsigned seed)
+      : buffer_(buffer), acks_(acks), rng_(seed) {}
+  ~DrainedSubscriber() override { Stop(); }
+
+  void Start() {
+    drainer_ = std::thread([this] { Drain(); });
+  }
+  void Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (drainer_.joinable()) drainer_.join();
+  }
+  bool Deliver(std::vector<LogRecordPtr> records) override {
+    absl::MutexLock lock(&mu_);
+    if (queue_.size() > kBound) {
+      ++refusals_;
+      backlogged_ = true;
+      return false;
+    }
+    queue_.insert(queue_.end(), records.begin(), records.end());
+    return true;
+  }
+  // Waits (at most `timeout`) until it has read `n` records.
+  std::vector<uint64_t> AwaitSeqs(size_t n, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&] { return got_.size() >= n; };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+    return got_;
+  }
+  int refusals() {
+    absl::MutexLock lock(&mu_);
+    return refusals_;
+  }
+
+ private:
+  void Drain() {
+    for (;;) {
+      bool cleared = false;
+      uint64_t read_to = 0;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [&] { return stop_ || !queue_.empty(); };
+        mu_.Await(absl::Condition(&ready));
+        if (stop_) return;
+        // A host reading a message of a few records at a time.
+        const size_t n = std::min<size_t>(queue_.size(), 1 + rng_() % 8);
+        for (size_t i = 0; i < n; ++i) {
+          got_.push_back(queue_.front()->seq());
+          queue_.pop_front();
+        }
+        read_to = got_.back();
+        if (backlogged_ && queue_.size() < kBound / 4) {
+          backlogged_ = false;
+          cleared = true;
+        }
+      }
+      if (acks_) buffer_->Ack(read_to);
+      if (cleared) buffer_->Resume(shared_from_this());
+      if (rng_() % 4 == 0) std::this_thread::yield();
+    }
+  }
+
+  LogBuffer* const buffer_;
+  const bool acks_;
+  std::minstd_rand rng_;  // the drainer's
+  std::thread drainer_;
+  absl::Mutex mu_;
+  std::deque<LogRecordPtr> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> got_ ABSL_GUARDED_BY(mu_);
+  bool backlogged_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int refusals_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TEST_CASE("Subscribers paused and resumed by their own threads while two "
+          "threads append and both ack get every record once, in order",
+          "[logs][concurrency]") {
+  constexpr int kPerThread = 20000;
+  constexpr size_t kTotal = 2 * kPerThread;
+  // Capacity for all of them: only the ack cap keeps what a paused one
+  // still needs.
+  auto owned = MakeLogBuffer(kTotal + 1);
+  LogBuffer& buffer = *owned;
+  auto first = std::make_shared<DrainedSubscriber>(&buffer, true, 1);
+  auto second = std::make_shared<DrainedSubscriber>(&buffer, true, 2);
+  REQUIRE(buffer.Subscribe(first, 0).ok());
+  REQUIRE(buffer.Subscribe(second, 0).ok());
+  first->Start();
+  second->Start();
+  auto append = [&] {
+    for (int i = 0; i < kPerThread; i += 4) {
+      buffer.Append({Entry("a"), Entry("b"), Entry("c"), Entry("d")});
+    }
+  };
+  std::thread one(append);
+  std::thread two(append);
+  one.join();
+  two.join();
+  for (auto* sub : {first.get(), second.get()}) {
+    const std::vector<uint64_t> seqs =
+        sub->AwaitSeqs(kTotal, absl::Seconds(60));
+    REQUIRE(seqs.size() == kTotal);
+    bool consecutive = true;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (seqs[i] != i + 1) consecutive = false;
+    }
+    REQUIRE(consecutive);
+    REQUIRE(sub->refusals() > 0);  // it was paused at least once
+    REQUIRE_FALSE(buffer.paused(sub));
+  }
+  REQUIRE(buffer.dropped_total() == 0);
+  first->Stop();
+  second->Stop();
+  REQUIRE(buffer.buffered() == 0);
+}
+
+// Refuses the next deliveries, and its backlog clears at once each time:
+// another thread calls Resume while Deliver has yet to return false (before
+// the buffer can have recorded the pause), as the reaction thread's
+// OnBacklogCleared may.
+class ClearsAtOnceSubscriber
+    : public LogSubscriber,
+      public std::enable_shared_from_this<ClearsAtOnceSubscriber> {
+ public:
+  explicit ClearsAtOnceSubscriber(LogBuffer* buffer) : buffer_(buffer) {}
+  ~ClearsAtOnceSubscriber() override { JoinAll(); }
+  void RefuseNext(int n) {
+    absl::MutexLock lock(&mu_);
+    refuse_ = n;
+  }
+  bool Deliver(std::vector<LogRecordPtr> records) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (refuse_ == 0) {
+        for (auto& r : records) got_.push_back(r);
+        return true;
+      }
+      --refuse_;
+      resumers_.emplace_back(
+          [self = shared_from_this()] { self->buffer_->Resume(self); });
+    }
+    // Give the resumer time to get as far as it can before the refusal.
+    absl::SleepFor(absl::Milliseconds(50));
+    return false;
+  }
+  // Joins every resumer started so far and those they start.
+  void JoinAll() {
+    for (;;) {
+      std::vector<std::thread> resumers;
+      {
+        absl::MutexLock lock(&mu_);
+        resumers.swap(resumers_);
+      }
+      if (resumers.empty()) return;
+      for (auto& t : resumers) t.join();
+    }
+  }
+  std::vector<std::string> got() {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::string> out;
+    for (const auto& r : got_) out.push_back(FullOf(*r).message());
+    return out;
+  }
+
+ private:
+  LogBuffer* const buffer_;
+  absl::Mutex mu_;
+  int refuse_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::thread> resumers_ ABSL_GUARDED_BY(mu_);
+  std::vector<LogRecordPtr> got_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_CASE("A backlog that clears before the buffer records the pause still "
+          "resumes the subscriber (no lost wake-up)",
+          "[logs]") {
+  auto owned = MakeLogBuffer(100);
+  LogBuffer& buffer = *owned;
+  auto sub = std::make_shared<ClearsAtOnceSubscriber>(&buffer);
+  REQUIRE(buffer.Subscribe(sub, 0).ok());
+  // Refused by Append's delivery.
+  sub->RefuseNext(1);
+  buffer.Append({Entry("1")});
+  sub->JoinAll();
+  REQUIRE_FALSE(buffer.paused(sub.get()));
+  buffer.Append({Entry("2")});
+  // Refused by Append's delivery, then by that Resume's own.
+  sub->RefuseNext(2);
+  buffer.Append({Entry("3")});
+  sub->JoinAll();
+  REQUIRE_FALSE(buffer.paused(sub.get()));
+  buffer.Append({Entry("4")});
+  REQUIRE(sub->got() == std::vector<std::string>{"1", "2", "3", "4"});
 }
 
 }  // namespace
