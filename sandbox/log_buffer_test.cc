@@ -1230,5 +1230,49 @@ TEST_CASE("A backlog that clears before the buffer records the pause still "
   REQUIRE(sub->got() == std::vector<std::string>{"1", "2", "3", "4"});
 }
 
+TEST_CASE("Records of no call a paused host refused, and nobody else got, "
+          "are kept for the next client once it goes",
+          "[logs]") {
+  auto owned = MakeLogBuffer(100);
+  LogBuffer& buffer = *owned;
+  auto gone = std::make_shared<RecordingSubscriber>("client-a");
+  auto other = std::make_shared<RecordingSubscriber>("client-c");
+  REQUIRE(buffer.Subscribe(gone, 0).ok());
+  REQUIRE(buffer.Subscribe(other, 0).ok());
+  gone->Refuse(true);
+  // One batch: a record of client-c's call (which client-c takes) and two
+  // of no call (which client-c takes as well), then one of client-a's call
+  // and one of no call when client-c is gone too.
+  buffer.Append({Entry("c1"), Entry("n1")}, {"client-c"});
+  REQUIRE(buffer.paused(gone.get()));
+  buffer.Unsubscribe(other.get());
+  buffer.Append({Entry("a1"), Entry("n2")}, {"client-a"});
+  // client-a's host goes away without having taken any of them.
+  buffer.Unsubscribe(gone.get());
+  auto next = std::make_shared<RecordingSubscriber>("client-b");
+  REQUIRE(buffer.Subscribe(next, 0).ok());
+  // n1 reached client-c; n2 reached nobody: the next client gets it, once.
+  REQUIRE(Messages(*next) == std::vector<std::string>{"n2"});
+  auto after = std::make_shared<RecordingSubscriber>("client-d");
+  REQUIRE(buffer.Subscribe(after, 0).ok());
+  REQUIRE(after->got().empty());
+}
+
+TEST_CASE("A record of no call refused by its only subscriber is kept for "
+          "the next client",
+          "[logs]") {
+  auto owned = MakeLogBuffer(100);
+  LogBuffer& buffer = *owned;
+  auto gone = std::make_shared<RecordingSubscriber>("client-a");
+  REQUIRE(buffer.Subscribe(gone, 0).ok());
+  gone->Refuse(true);
+  buffer.Append({Entry("r1")});  // refused: paused
+  buffer.Append({Entry("r2")});  // while paused
+  buffer.Unsubscribe(gone.get());
+  auto next = std::make_shared<RecordingSubscriber>("client-b");
+  REQUIRE(buffer.Subscribe(next, 0).ok());
+  REQUIRE(Messages(*next) == std::vector<std::string>{"r1", "r2"});
+}
+
 }  // namespace
 }  // namespace agentix::sandbox

@@ -164,11 +164,17 @@ class SeqBuffer {
         d.second.insert(d.second.end(), reports.begin(), reports.end());
       }
     }
+    bool refused = false;
     for (auto& d : deliveries) {
       if (d.second.empty()) continue;
       const uint64_t before = d.second.front()->seq() - 1;
-      if (!d.first->Deliver(std::move(d.second))) Pause(d.first.get(), before);
+      if (!d.first->Deliver(std::move(d.second))) {
+        Pause(d.first.get(), before);
+        d.first = nullptr;  // took none of them
+        refused = true;
+      }
     }
+    if (refused) Undeliver(first, deliveries);
     return first;
   }
 
@@ -358,6 +364,32 @@ class SeqBuffer {
       if (!send) continue;
       entry.delivered = true;
       out.push_back(entry.record);
+    }
+  }
+
+  // After a refusal in Append: the records it stored (seq >= `first`) that
+  // no subscriber left in `deliveries` (those that took theirs) got are
+  // undelivered again, so the next client still gets a record of no call
+  // once the paused host goes, and its eviction counts as a drop. Called
+  // with deliver_mu_ held since the records were stored (nothing else has
+  // touched their flags).
+  void Undeliver(uint64_t first,
+                 const std::vector<std::pair<std::shared_ptr<Subscriber>,
+                                             std::vector<RecordPtr>>>& taken)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(deliver_mu_) {
+    absl::MutexLock lock(&mu_);
+    for (auto it = backlog_.rbegin();
+         it != backlog_.rend() && it->record->seq() >= first; ++it) {
+      if (!it->delivered) continue;
+      bool got = false;
+      for (const auto& d : taken) {
+        if (d.first != nullptr &&
+            (it->owner == nullptr || *it->owner == d.first->client_id())) {
+          got = true;
+          break;
+        }
+      }
+      it->delivered = got;
     }
   }
 
