@@ -1274,5 +1274,27 @@ TEST_CASE("A record of no call refused by its only subscriber is kept for "
   REQUIRE(Messages(*next) == std::vector<std::string>{"r1", "r2"});
 }
 
+TEST_CASE("A new host that names no client is not sent the drop report of "
+          "a resumed one",
+          "[logs]") {
+  {
+    auto owned = MakeLogBuffer(2);
+    LogBuffer& buffer = *owned;
+    auto lagging = std::make_shared<RecordingSubscriber>();
+    REQUIRE(buffer.Subscribe(lagging, 0).ok());
+    lagging->Refuse(true);
+    for (int i = 1; i <= 4; ++i) buffer.Append({Entry(std::to_string(i))});
+    lagging->Refuse(false);
+    buffer.Resume(lagging);
+    REQUIRE(DropReports(*lagging).size() == 1);
+    // A host connecting afresh: the report was the other stream's, about
+    // records it never asked for. (A client's report, like its records,
+    // waits for that client's streams.)
+    auto fresh = std::make_shared<RecordingSubscriber>();
+    REQUIRE(buffer.Subscribe(fresh, 0).ok());
+    REQUIRE(DropReports(*fresh).empty());
+  }
+}
+
 }  // namespace
 }  // namespace agentix::sandbox

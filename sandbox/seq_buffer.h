@@ -466,9 +466,12 @@ class SeqBuffer {
     if (missed == 0) return;
     std::optional<Record> report = reporter_(missed, capacity_, client);
     if (report.has_value()) {
-      out.push_back(Store(std::move(*report),
-                          std::make_shared<const std::string>(client),
-                          /*delivered=*/true));
+      // A host that named no client cannot be told from others: its
+      // report is stored as a record of no call (delivered), as before.
+      OwnerPtr owner = client.empty()
+                           ? nullptr
+                           : std::make_shared<const std::string>(client);
+      out.push_back(Store(std::move(*report), owner, /*delivered=*/true));
     }
   }
 
