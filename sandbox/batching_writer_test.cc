@@ -6,6 +6,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <future>
 #include <map>
@@ -576,6 +577,174 @@ TEST_CASE("A burst's coalescing delay grows while items wait, also when "
   CHECK(writer->CoalescingDelay() == kTestDelay);
   stream->WritesDone();
   CHECK_FALSE(stream->Read(&response));
+  CHECK(stream->Finish().ok());
+}
+
+// A producer that keeps what the writer refused (as the side channel's
+// buffer keeps a paused subscriber's records) and offers it again from
+// OnBacklogCleared, on the reaction thread, as SeqBuffer::Resume does.
+class RefusingProducer {
+ public:
+  static constexpr size_t kHighBytes = 1u << 20;
+  static constexpr size_t kItemBytes = 64u << 10;
+  static constexpr uint64_t kItems = 400;  // 25 MiB
+
+  void Start(std::shared_ptr<Writer> writer) {
+    thread_ = std::thread([this, writer = std::move(writer)] {
+      for (uint64_t seq = 1; seq <= kItems; ++seq) {
+        std::lock_guard<std::mutex> lock(mu_);  // as SeqBuffer's deliver_mu_
+        if (ended_) return;
+        writer_ = writer;
+        pending_.push_back(Tagged("producer", seq, kItemBytes));
+        if (!paused_) OfferPending(lock);
+      }
+    });
+  }
+  // OnBacklogCleared of the writer (reaction thread, writer lock free).
+  void Cleared() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++cleared_;
+    if (!paused_) {
+      ++spurious_;  // only a refused offer asks for this
+      return;
+    }
+    paused_ = false;
+    OfferPending(lock);
+  }
+  void Join() {
+    if (thread_.joinable()) thread_.join();
+  }
+  int refusals() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return refusals_;
+  }
+  int cleared() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cleared_;
+  }
+  int spurious() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return spurious_;
+  }
+  size_t most_queued() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return most_queued_;
+  }
+
+ private:
+  void OfferPending(std::lock_guard<std::mutex>&) {
+    std::vector<Writer::ItemPtr> items(pending_.begin(), pending_.end());
+    const size_t offered = items.size() * kItemBytes;
+    switch (writer_->Offer(std::move(items), kHighBytes)) {
+      case Writer::Offered::kQueued:
+        pending_.clear();
+        most_queued_ = std::max(most_queued_, writer_->QueuedBytes());
+        CHECK(writer_->QueuedBytes() <= kHighBytes + offered + kItemBytes);
+        break;
+      case Writer::Offered::kBacklogged:
+        ++refusals_;
+        paused_ = true;
+        break;
+      case Writer::Offered::kEnded:
+        ended_ = true;
+        break;
+    }
+  }
+
+  std::thread thread_;
+  std::mutex mu_;
+  std::shared_ptr<Writer> writer_;  // guarded by mu_
+  std::deque<Writer::ItemPtr> pending_;  // guarded by mu_
+  bool paused_ = false;  // guarded by mu_
+  bool ended_ = false;  // guarded by mu_
+  int refusals_ = 0;  // guarded by mu_
+  int cleared_ = 0;  // guarded by mu_
+  int spurious_ = 0;  // guarded by mu_
+  size_t most_queued_ = 0;  // guarded by mu_
+};
+
+class RefusalWriter final : public Writer {
+ public:
+  RefusalWriter(Reactor* reactor, LogsResponse header)
+      : Writer(reactor, std::move(header)) {}
+  RefusingProducer* producer = nullptr;  // set before the first Offer
+
+ protected:
+  void OnBacklogCleared() override { producer->Cleared(); }
+};
+
+class RefusalStream final : public WriterStream<RefusalWriter> {
+ public:
+  RefusalStream(Service* service, CompletionQueueThread* thread,
+                RefusingProducer* producer)
+      : producer_(producer) {
+    writer_->producer = producer;
+    AwaitLogs(service, thread, nullptr);
+  }
+
+ private:
+  void OnStart() override { StartRead(&request_); }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      writer_->OnReadsDone();
+      return;
+    }
+    if (!started_) {
+      started_ = true;
+      producer_->Start(writer_);
+    }
+    StartRead(&request_);
+  }
+
+  RefusingProducer* const producer_;
+  bool started_ = false;
+};
+
+TEST_CASE("An offer past the backlog bound is refused without ending the "
+          "stream; OnBacklogCleared lets the producer offer it again from "
+          "the reaction thread, and every item arrives once, in order",
+          "[batching_writer][concurrency]") {
+  Service service;
+  TestServer server(
+      [&](grpc::ServerBuilder& builder) { builder.RegisterService(&service); },
+      absl::ZeroDuration(), TestSocketPath("bw-refuse"));
+  RefusingProducer producer;
+  new RefusalStream(&service, server.reactions(), &producer);
+  auto stub = runtime::v1::RuntimeService::NewStub(server.SocketChannel());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(60));
+  auto stream = stub->Logs(&context);
+  LogsRequest subscribe;
+  subscribe.mutable_subscribe();
+  REQUIRE(stream->Write(subscribe));
+  // Read nothing until the writer has refused an offer (bounded).
+  const auto give_up =
+      std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (producer.refusals() == 0 &&
+         std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  REQUIRE(producer.refusals() > 0);
+  uint64_t last = 0;
+  bool in_order = true;
+  LogsResponse response;
+  while (last < RefusingProducer::kItems && stream->Read(&response)) {
+    for (const LogRecord& record : response.records()) {
+      if (record.seq() != last + 1) in_order = false;
+      last = record.seq();
+    }
+  }
+  producer.Join();
+  CHECK(in_order);
+  CHECK(last == RefusingProducer::kItems);
+  // Each refusal was followed by exactly one OnBacklogCleared.
+  CHECK(producer.cleared() == producer.refusals());
+  CHECK(producer.spurious() == 0);
+  CHECK(producer.most_queued() > RefusingProducer::kHighBytes);
+  stream->WritesDone();
+  while (stream->Read(&response)) {
+  }
   CHECK(stream->Finish().ok());
 }
 

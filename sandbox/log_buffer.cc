@@ -475,7 +475,9 @@ uint64_t LogBuffer::Append(std::vector<LogRecord> records) {
 std::unique_ptr<LogBuffer> MakeLogBuffer(size_t capacity) {
   return std::make_unique<LogBuffer>(
       capacity, "log",
-      [](uint64_t dropped, size_t cap) -> std::optional<LogRecordWire> {
+      [](uint64_t dropped, size_t cap,
+         const std::string& /*client: the buffer routes its record*/)
+          -> std::optional<LogRecordWire> {
         return WireOf(DropWarning(dropped, cap, "log records"));
       },
       /*reports_into_self=*/true);
@@ -485,9 +487,15 @@ std::unique_ptr<TraceBuffer> MakeTraceBuffer(size_t capacity,
                                              LogBuffer* logs) {
   return std::make_unique<TraceBuffer>(
       capacity, "trace",
-      [logs](uint64_t dropped, size_t cap) -> std::optional<TraceEventWire> {
+      [logs](uint64_t dropped, size_t cap,
+             const std::string& client) -> std::optional<TraceEventWire> {
         // Lock order trace -> log; the log buffer never calls back here.
-        logs->Append({WireOf(DropWarning(dropped, cap, "trace events"))});
+        // A report for one client goes to that client's Logs streams (one
+        // that named no client cannot be told from others: to all).
+        std::vector<std::string> owners;
+        if (!client.empty()) owners.push_back(client);
+        logs->Append({WireOf(DropWarning(dropped, cap, "trace events"))},
+                     owners);
         return std::nullopt;
       },
       /*reports_into_self=*/false);

@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <deque>
 #include <random>
 #include <thread>
 
@@ -858,4 +859,442 @@ TEST_CASE("Records appended by two threads reach a subscriber in seq order",
   REQUIRE(sub->Replayed() == std::vector<std::string>{"first", "live"});
 }
 
+}  // namespace agentix::sandbox
+
+namespace agentix::sandbox {
+namespace {
+
+// The drop reports among what `sub` got.
+std::vector<std::string> DropReports(RecordingSubscriber& sub) {
+  std::vector<std::string> out;
+  for (const std::string& m : Messages(sub)) {
+    if (m.find("were dropped") != std::string::npos) out.push_back(m);
+  }
+  return out;
+}
+
+TEST_CASE("Records a paused host loses are reported to it alone, once, "
+          "counting only records it would have got",
+          "[logs]") {
+  auto owned = MakeLogBuffer(4);
+  LogBuffer& buffer = *owned;
+  auto lagging = std::make_shared<RecordingSubscriber>("client-a");
+  auto other = std::make_shared<RecordingSubscriber>("client-b");
+  REQUIRE(buffer.Subscribe(lagging, 0).ok());
+  REQUIRE(buffer.Subscribe(other, 0).ok());
+  lagging->Refuse(true);
+  buffer.Append({Entry("u")});  // seq 1, refused: paused after seq 0
+  REQUIRE(buffer.paused(lagging.get()));
+  buffer.Append({Entry("b2")}, {"client-b"});
+  buffer.Append({Entry("b3")}, {"client-b"});
+  // Its own call's records: evicting them evicts u (which it lacks), b2 and
+  // b3 (which were never its), then a4 (which nobody got).
+  for (int i = 4; i <= 8; ++i) {
+    buffer.Append({Entry("a" + std::to_string(i))}, {"client-a"});
+  }
+  // The other host lost nothing: it is told of no drop.
+  REQUIRE(Messages(*other) == std::vector<std::string>{"u", "b2", "b3"});
+  lagging->Refuse(false);
+  buffer.Resume(lagging);
+  // What the buffer holds of its records, then one report counting u and
+  // a4 (not b2 and b3, which went to the other client).
+  std::vector<std::string> got = Messages(*lagging);
+  REQUIRE(got.size() == 5);
+  REQUIRE(got[0] == "a5");
+  REQUIRE(got[3] == "a8");
+  REQUIRE(DropReports(*lagging).size() == 1);
+  REQUIRE(got[4].find("2 sandbox log records were dropped") == 0);
+  // Later records reach both as before, with no stale report.
+  buffer.Append({Entry("after")});
+  REQUIRE(Messages(*lagging).back() == "after");
+  REQUIRE(Messages(*other).back() == "after");
+  REQUIRE(DropReports(*other).empty());
+}
+
+TEST_CASE("Two paused hosts of different clients each get their own drop "
+          "report only",
+          "[logs]") {
+  auto owned = MakeLogBuffer(4);
+  LogBuffer& buffer = *owned;
+  auto a = std::make_shared<RecordingSubscriber>("client-a");
+  auto c = std::make_shared<RecordingSubscriber>("client-c");
+  REQUIRE(buffer.Subscribe(a, 0).ok());
+  REQUIRE(buffer.Subscribe(c, 0).ok());
+  a->Refuse(true);
+  c->Refuse(true);
+  buffer.Append({Entry("u1")});  // both paused after seq 0
+  REQUIRE(buffer.paused(a.get()));
+  REQUIRE(buffer.paused(c.get()));
+  for (int i = 2; i <= 6; ++i) {
+    buffer.Append({Entry("a" + std::to_string(i))}, {"client-a"});
+  }
+  // Evicted: u1 (both lacked it) and a2 (client-a's).
+  a->Refuse(false);
+  buffer.Resume(a);
+  REQUIRE(Messages(*a).size() == 5);
+  REQUIRE(DropReports(*a).size() == 1);
+  REQUIRE(DropReports(*a)[0].find("2 sandbox log records were dropped") == 0);
+  c->Refuse(false);
+  buffer.Resume(c);
+  // Nothing of client-a's, not a's report: its own report, counting u1.
+  REQUIRE(Messages(*c).size() == 1);
+  REQUIRE(Messages(*c)[0].find("1 sandbox log records were dropped") == 0);
+}
+
+TEST_CASE("A paused Traces host's drop report goes to its own client's Logs "
+          "streams",
+          "[traces]") {
+  auto logs = MakeLogBuffer(100);
+  auto traces = MakeTraceBuffer(2, logs.get());
+  auto logs_a = std::make_shared<RecordingSubscriber>("client-a");
+  auto logs_b = std::make_shared<RecordingSubscriber>("client-b");
+  REQUIRE(logs->Subscribe(logs_a, 0).ok());
+  REQUIRE(logs->Subscribe(logs_b, 0).ok());
+  class TraceSink : public TraceSubscriber {
+   public:
+    explicit TraceSink(std::string client) : client_(std::move(client)) {}
+    const std::string& client_id() const override { return client_; }
+    bool Deliver(std::vector<TraceEventPtr> events) override {
+      if (refuse) return false;
+      count += events.size();
+      return true;
+    }
+    bool refuse = false;
+    size_t count = 0;
+
+   private:
+    const std::string client_;
+  };
+  auto traces_a = std::make_shared<TraceSink>("client-a");
+  auto traces_b = std::make_shared<TraceSink>("client-b");
+  REQUIRE(traces->Subscribe(traces_a, 0).ok());
+  REQUIRE(traces->Subscribe(traces_b, 0).ok());
+  traces_a->refuse = true;
+  runtime::v1::TraceEvent e;
+  e.set_name("step");
+  for (int i = 0; i < 5; ++i) traces->Append({WireOf(e)});
+  // traces_b got all 5; traces_a lost the 3 the buffer (2) evicted.
+  REQUIRE(traces_b->count == 5);
+  REQUIRE(logs_a->got().empty());
+  REQUIRE(logs_b->got().empty());
+  traces_a->refuse = false;
+  traces->Resume(traces_a);
+  REQUIRE(traces_a->count == 2);
+  REQUIRE(Messages(*logs_a).size() == 1);
+  REQUIRE(Messages(*logs_a)[0].find("3 sandbox trace events were dropped") ==
+          0);
+  REQUIRE(logs_b->got().empty());
+}
+
+TEST_CASE("A host that resubscribes while its paused stream is still open "
+          "gets each record once; the old stream holds records only until it "
+          "goes",
+          "[logs]") {
+  auto owned = MakeLogBuffer(4);
+  LogBuffer& buffer = *owned;
+  auto old_stream = std::make_shared<RecordingSubscriber>("client-a");
+  REQUIRE(buffer.Subscribe(old_stream, 0).ok());
+  buffer.Append({Entry("r1")}, {"client-a"});
+  buffer.Append({Entry("r2")});
+  old_stream->Refuse(true);
+  buffer.Append({Entry("r3")});  // paused after seq 2
+  REQUIRE(buffer.paused(old_stream.get()));
+  // The host (its connection cut, say) resubscribes from what it read.
+  auto new_stream = std::make_shared<RecordingSubscriber>("client-a");
+  REQUIRE(buffer.Subscribe(new_stream, 2, buffer.instance_id()).ok());
+  for (int i = 4; i <= 9; ++i) {
+    buffer.Append({Entry("r" + std::to_string(i))}, {"client-a"});
+  }
+  // Every record after its cursor once, in order; nothing was lost to it
+  // (the buffer evicted only what it had), so no drop report.
+  REQUIRE(Messages(*new_stream) ==
+          std::vector<std::string>{"r3", "r4", "r5", "r6", "r7", "r8", "r9"});
+  REQUIRE(buffer.dropped_total() == 0);
+  // Its acks free nothing the old stream, still paused, has yet to get...
+  buffer.Ack(9);
+  REQUIRE(buffer.buffered() == 4);
+  // ...until that stream goes.
+  buffer.Unsubscribe(old_stream.get());
+  buffer.Ack(9);
+  REQUIRE(buffer.buffered() == 0);
+  buffer.Append({Entry("r10")});
+  REQUIRE(Messages(*new_stream).back() == "r10");
+  REQUIRE(DropReports(*new_stream).empty());
+  REQUIRE(Messages(*old_stream) == std::vector<std::string>{"r1", "r2"});
+}
+
+// A subscriber shaped like the daemon's stream sink: Deliver queues up to a
+// bound and refuses past it; its own thread drains the queue (a host
+// reading, at its own pace) and, once below a quarter of the bound after a
+// refusal, calls Resume (as OnBacklogCleared does); it acks what it read
+// when `acks`.
+class DrainedSubscriber
+    : public LogSubscriber,
+      public std::enable_shared_from_this<DrainedSubscriber> {
+ public:
+  static constexpr size_t kBound = 64;
+
+  DrainedSubscriber(LogBuffer* buffer, bool acks, unsigned seed)
+      : buffer_(buffer), acks_(acks), rng_(seed) {}
+  ~DrainedSubscriber() override { Stop(); }
+
+  void Start() {
+    drainer_ = std::thread([this] { Drain(); });
+  }
+  void Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (drainer_.joinable()) drainer_.join();
+  }
+  bool Deliver(std::vector<LogRecordPtr> records) override {
+    absl::MutexLock lock(&mu_);
+    if (queue_.size() > kBound) {
+      ++refusals_;
+      backlogged_ = true;
+      return false;
+    }
+    queue_.insert(queue_.end(), records.begin(), records.end());
+    return true;
+  }
+  // Waits (at most `timeout`) until it has read `n` records.
+  std::vector<uint64_t> AwaitSeqs(size_t n, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&] { return got_.size() >= n; };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+    return got_;
+  }
+  int refusals() {
+    absl::MutexLock lock(&mu_);
+    return refusals_;
+  }
+
+ private:
+  void Drain() {
+    for (;;) {
+      bool cleared = false;
+      uint64_t read_to = 0;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [&] { return stop_ || !queue_.empty(); };
+        mu_.Await(absl::Condition(&ready));
+        if (stop_) return;
+        // A host reading a message of a few records at a time.
+        const size_t n = std::min<size_t>(queue_.size(), 1 + rng_() % 8);
+        for (size_t i = 0; i < n; ++i) {
+          got_.push_back(queue_.front()->seq());
+          queue_.pop_front();
+        }
+        read_to = got_.back();
+        if (backlogged_ && queue_.size() < kBound / 4) {
+          backlogged_ = false;
+          cleared = true;
+        }
+      }
+      if (acks_) buffer_->Ack(read_to);
+      if (cleared) buffer_->Resume(shared_from_this());
+      if (rng_() % 4 == 0) std::this_thread::yield();
+    }
+  }
+
+  LogBuffer* const buffer_;
+  const bool acks_;
+  std::minstd_rand rng_;  // the drainer's
+  std::thread drainer_;
+  absl::Mutex mu_;
+  std::deque<LogRecordPtr> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> got_ ABSL_GUARDED_BY(mu_);
+  bool backlogged_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int refusals_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TEST_CASE("Subscribers paused and resumed by their own threads while two "
+          "threads append and both ack get every record once, in order",
+          "[logs][concurrency]") {
+  constexpr int kPerThread = 20000;
+  constexpr size_t kTotal = 2 * kPerThread;
+  // Capacity for all of them: only the ack cap keeps what a paused one
+  // still needs.
+  auto owned = MakeLogBuffer(kTotal + 1);
+  LogBuffer& buffer = *owned;
+  auto first = std::make_shared<DrainedSubscriber>(&buffer, true, 1);
+  auto second = std::make_shared<DrainedSubscriber>(&buffer, true, 2);
+  REQUIRE(buffer.Subscribe(first, 0).ok());
+  REQUIRE(buffer.Subscribe(second, 0).ok());
+  first->Start();
+  second->Start();
+  auto append = [&] {
+    for (int i = 0; i < kPerThread; i += 4) {
+      buffer.Append({Entry("a"), Entry("b"), Entry("c"), Entry("d")});
+    }
+  };
+  std::thread one(append);
+  std::thread two(append);
+  one.join();
+  two.join();
+  for (auto* sub : {first.get(), second.get()}) {
+    const std::vector<uint64_t> seqs =
+        sub->AwaitSeqs(kTotal, absl::Seconds(60));
+    REQUIRE(seqs.size() == kTotal);
+    bool consecutive = true;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (seqs[i] != i + 1) consecutive = false;
+    }
+    REQUIRE(consecutive);
+    REQUIRE(sub->refusals() > 0);  // it was paused at least once
+    REQUIRE_FALSE(buffer.paused(sub));
+  }
+  REQUIRE(buffer.dropped_total() == 0);
+  first->Stop();
+  second->Stop();
+  REQUIRE(buffer.buffered() == 0);
+}
+
+// Refuses the next deliveries, and its backlog clears at once each time:
+// another thread calls Resume while Deliver has yet to return false (before
+// the buffer can have recorded the pause), as the reaction thread's
+// OnBacklogCleared may.
+class ClearsAtOnceSubscriber
+    : public LogSubscriber,
+      public std::enable_shared_from_this<ClearsAtOnceSubscriber> {
+ public:
+  explicit ClearsAtOnceSubscriber(LogBuffer* buffer) : buffer_(buffer) {}
+  ~ClearsAtOnceSubscriber() override { JoinAll(); }
+  void RefuseNext(int n) {
+    absl::MutexLock lock(&mu_);
+    refuse_ = n;
+  }
+  bool Deliver(std::vector<LogRecordPtr> records) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (refuse_ == 0) {
+        for (auto& r : records) got_.push_back(r);
+        return true;
+      }
+      --refuse_;
+      resumers_.emplace_back(
+          [self = shared_from_this()] { self->buffer_->Resume(self); });
+    }
+    // Give the resumer time to get as far as it can before the refusal.
+    absl::SleepFor(absl::Milliseconds(50));
+    return false;
+  }
+  // Joins every resumer started so far and those they start.
+  void JoinAll() {
+    for (;;) {
+      std::vector<std::thread> resumers;
+      {
+        absl::MutexLock lock(&mu_);
+        resumers.swap(resumers_);
+      }
+      if (resumers.empty()) return;
+      for (auto& t : resumers) t.join();
+    }
+  }
+  std::vector<std::string> got() {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::string> out;
+    for (const auto& r : got_) out.push_back(FullOf(*r).message());
+    return out;
+  }
+
+ private:
+  LogBuffer* const buffer_;
+  absl::Mutex mu_;
+  int refuse_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::thread> resumers_ ABSL_GUARDED_BY(mu_);
+  std::vector<LogRecordPtr> got_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_CASE("A backlog that clears before the buffer records the pause still "
+          "resumes the subscriber (no lost wake-up)",
+          "[logs]") {
+  auto owned = MakeLogBuffer(100);
+  LogBuffer& buffer = *owned;
+  auto sub = std::make_shared<ClearsAtOnceSubscriber>(&buffer);
+  REQUIRE(buffer.Subscribe(sub, 0).ok());
+  // Refused by Append's delivery.
+  sub->RefuseNext(1);
+  buffer.Append({Entry("1")});
+  sub->JoinAll();
+  REQUIRE_FALSE(buffer.paused(sub.get()));
+  buffer.Append({Entry("2")});
+  // Refused by Append's delivery, then by that Resume's own.
+  sub->RefuseNext(2);
+  buffer.Append({Entry("3")});
+  sub->JoinAll();
+  REQUIRE_FALSE(buffer.paused(sub.get()));
+  buffer.Append({Entry("4")});
+  REQUIRE(sub->got() == std::vector<std::string>{"1", "2", "3", "4"});
+}
+
+TEST_CASE("Records of no call a paused host refused, and nobody else got, "
+          "are kept for the next client once it goes",
+          "[logs]") {
+  auto owned = MakeLogBuffer(100);
+  LogBuffer& buffer = *owned;
+  auto gone = std::make_shared<RecordingSubscriber>("client-a");
+  auto other = std::make_shared<RecordingSubscriber>("client-c");
+  REQUIRE(buffer.Subscribe(gone, 0).ok());
+  REQUIRE(buffer.Subscribe(other, 0).ok());
+  gone->Refuse(true);
+  // One batch: a record of client-c's call (which client-c takes) and two
+  // of no call (which client-c takes as well), then one of client-a's call
+  // and one of no call when client-c is gone too.
+  buffer.Append({Entry("c1"), Entry("n1")}, {"client-c"});
+  REQUIRE(buffer.paused(gone.get()));
+  buffer.Unsubscribe(other.get());
+  buffer.Append({Entry("a1"), Entry("n2")}, {"client-a"});
+  // client-a's host goes away without having taken any of them.
+  buffer.Unsubscribe(gone.get());
+  auto next = std::make_shared<RecordingSubscriber>("client-b");
+  REQUIRE(buffer.Subscribe(next, 0).ok());
+  // n1 reached client-c; n2 reached nobody: the next client gets it, once.
+  REQUIRE(Messages(*next) == std::vector<std::string>{"n2"});
+  auto after = std::make_shared<RecordingSubscriber>("client-d");
+  REQUIRE(buffer.Subscribe(after, 0).ok());
+  REQUIRE(after->got().empty());
+}
+
+TEST_CASE("A record of no call refused by its only subscriber is kept for "
+          "the next client",
+          "[logs]") {
+  auto owned = MakeLogBuffer(100);
+  LogBuffer& buffer = *owned;
+  auto gone = std::make_shared<RecordingSubscriber>("client-a");
+  REQUIRE(buffer.Subscribe(gone, 0).ok());
+  gone->Refuse(true);
+  buffer.Append({Entry("r1")});  // refused: paused
+  buffer.Append({Entry("r2")});  // while paused
+  buffer.Unsubscribe(gone.get());
+  auto next = std::make_shared<RecordingSubscriber>("client-b");
+  REQUIRE(buffer.Subscribe(next, 0).ok());
+  REQUIRE(Messages(*next) == std::vector<std::string>{"r1", "r2"});
+}
+
+TEST_CASE("A new host that names no client is not sent the drop report of "
+          "a resumed one",
+          "[logs]") {
+  {
+    auto owned = MakeLogBuffer(2);
+    LogBuffer& buffer = *owned;
+    auto lagging = std::make_shared<RecordingSubscriber>();
+    REQUIRE(buffer.Subscribe(lagging, 0).ok());
+    lagging->Refuse(true);
+    for (int i = 1; i <= 4; ++i) buffer.Append({Entry(std::to_string(i))});
+    lagging->Refuse(false);
+    buffer.Resume(lagging);
+    REQUIRE(DropReports(*lagging).size() == 1);
+    // A host connecting afresh: the report was the other stream's, about
+    // records it never asked for. (A client's report, like its records,
+    // waits for that client's streams.)
+    auto fresh = std::make_shared<RecordingSubscriber>();
+    REQUIRE(buffer.Subscribe(fresh, 0).ok());
+    REQUIRE(DropReports(*fresh).empty());
+  }
+}
+
+}  // namespace
 }  // namespace agentix::sandbox

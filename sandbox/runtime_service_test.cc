@@ -373,6 +373,138 @@ TEST_CASE("A Logs subscriber that falls behind is paused, not ended: it "
   REQUIRE(logs->Finish().ok());
 }
 
+// Reads `logs` until it has `n` records (or the stream ends), acking each
+// message; returns their messages' first words.
+std::vector<std::string> ReadRecords(
+    grpc::ClientReaderWriter<runtime::v1::LogsRequest,
+                             runtime::v1::LogsResponse>& logs,
+    size_t n, std::vector<uint64_t>* seqs = nullptr) {
+  std::vector<std::string> got;
+  runtime::v1::LogsResponse resp;
+  while (got.size() < n && logs.Read(&resp)) {
+    for (const auto& r : resp.records()) {
+      if (seqs != nullptr) seqs->push_back(r.seq());
+      got.push_back(r.message().substr(0, r.message().find(' ')));
+    }
+    if (resp.records_size() > 0) {
+      runtime::v1::LogsRequest ack;
+      ack.mutable_ack()->set_seq(resp.records(resp.records_size() - 1).seq());
+      logs.Write(ack);
+    }
+  }
+  return got;
+}
+
+TEST_CASE("A host reading its Logs stream while another is paused gets "
+          "every record; its acks free nothing the paused one still needs",
+          "[sandbox]") {
+  Harness h;
+  RunCall(h, "fake::log", "worker started");  // the worker is up
+  auto subscribe = [&](grpc::ClientContext& ctx) {
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(60));
+    auto logs = h.stub->Logs(&ctx);
+    runtime::v1::LogsRequest request;
+    request.mutable_subscribe()->set_after_seq(1);
+    REQUIRE(logs->Write(request));
+    return logs;
+  };
+  grpc::ClientContext paused_ctx;
+  grpc::ClientContext reading_ctx;
+  auto paused = subscribe(paused_ctx);
+  auto reading = subscribe(reading_ctx);
+  // 40 MiB in 4,000 records: the host that reads nothing meanwhile is
+  // paused (kSideChannelMaxUnwrittenBytes); the other reads and acks all.
+  constexpr int kRecords = 4000;
+  constexpr int kPad = 10 << 10;
+  static_assert(size_t{kRecords} * kPad > 4 * kSideChannelMaxUnwrittenBytes);
+  std::vector<std::string> read_by_reader;
+  std::thread reader(
+      [&] { read_by_reader = ReadRecords(*reading, kRecords); });
+  RunCall(h, "fake::logs",
+          std::to_string(kRecords) + ":0:" + std::to_string(kPad));
+  reader.join();
+  REQUIRE(read_by_reader.size() == kRecords);
+  // The paused host now reads: every record, once, in order, none dropped.
+  std::vector<uint64_t> seqs;
+  const std::vector<std::string> got = ReadRecords(*paused, kRecords, &seqs);
+  REQUIRE(got.size() == kRecords);
+  for (int i = 0; i < kRecords; ++i) {
+    REQUIRE(got[i] == std::to_string(i));
+    REQUIRE(read_by_reader[i] == std::to_string(i));
+  }
+  for (size_t i = 1; i < seqs.size(); ++i) REQUIRE(seqs[i] == seqs[i - 1] + 1);
+  REQUIRE(h.manager.logs().dropped_total() == 0);
+  // Both acked everything: the buffer frees it (acks arrive in order, the
+  // paused host's last).
+  for (int i = 0; i < 200 && h.manager.logs().buffered() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(h.manager.logs().buffered() == 0);
+  for (auto* logs : {paused.get(), reading.get()}) {
+    REQUIRE(logs->WritesDone());
+    runtime::v1::LogsResponse resp;
+    while (logs->Read(&resp)) {
+    }
+    REQUIRE(logs->Finish().ok());
+  }
+}
+
+TEST_CASE("A paused Logs host that goes away frees its subscriber place and "
+          "what the buffer held for it",
+          "[sandbox]") {
+  Harness h;
+  RunCall(h, "fake::log", "worker started");  // the worker is up
+  h.manager.logs().SetMaxSubscribers(1);
+  auto gone_ctx = std::make_unique<grpc::ClientContext>();
+  gone_ctx->set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(60));
+  auto gone = h.stub->Logs(gone_ctx.get());
+  runtime::v1::LogsRequest subscribe;
+  subscribe.mutable_subscribe()->set_after_seq(1);
+  REQUIRE(gone->Write(subscribe));
+  constexpr int kRecords = 4000;
+  constexpr int kPad = 10 << 10;
+  RunCall(h, "fake::logs",
+          std::to_string(kRecords) + ":0:" + std::to_string(kPad));
+  // It read nothing: paused, holding the records. It goes away.
+  gone_ctx->TryCancel();
+  REQUIRE(gone->Finish().error_code() == grpc::StatusCode::CANCELLED);
+  gone.reset();
+  // The daemon ends its stream soon after: the one place is free again (a
+  // subscribe before that is refused, and retried here).
+  std::unique_ptr<grpc::ClientContext> ctx;
+  std::unique_ptr<grpc::ClientReaderWriter<runtime::v1::LogsRequest,
+                                           runtime::v1::LogsResponse>>
+      logs;
+  std::vector<uint64_t> seqs;
+  std::vector<std::string> got;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::seconds(60));
+    logs = h.stub->Logs(ctx.get());
+    REQUIRE(logs->Write(subscribe));
+    got = ReadRecords(*logs, kRecords, &seqs);
+    if (!got.empty()) break;
+    const grpc::Status refused = logs->Finish();
+    REQUIRE(refused.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(got.size() == kRecords);
+  for (int i = 0; i < kRecords; ++i) REQUIRE(got[i] == std::to_string(i));
+  // Nothing is kept for the host that went away once this one acked all.
+  for (int i = 0; i < 200 && h.manager.logs().buffered() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(h.manager.logs().buffered() == 0);
+  REQUIRE(logs->WritesDone());
+  runtime::v1::LogsResponse resp;
+  while (logs->Read(&resp)) {
+  }
+  REQUIRE(logs->Finish().ok());
+}
+
 TEST_CASE("GetInfo reports version and worker state", "[sandbox]") {
   Harness h;
   grpc::ClientContext ctx;

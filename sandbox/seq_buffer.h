@@ -22,6 +22,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -88,10 +89,12 @@ class SeqBuffer {
 
   // Called with the buffer's lock held when records were lost to overflow
   // and a subscriber is there to be told: returns a record to store (and
-  // deliver) in this buffer, or nullopt after reporting elsewhere. Must not
-  // call back into this buffer.
-  using DropReporter =
-      std::function<std::optional<Record>(uint64_t dropped, size_t capacity)>;
+  // deliver) in this buffer, or nullopt after reporting elsewhere. `client`
+  // is the host client the report is for (a resumed subscriber's; it goes to
+  // that client only), "" for every host. Must not call back into this
+  // buffer.
+  using DropReporter = std::function<std::optional<Record>(
+      uint64_t dropped, size_t capacity, const std::string& client)>;
 
   // `reports_into_self`: the reporter returns its report for this buffer
   // (so storing it evicts one more record, which the report then counts).
@@ -161,11 +164,17 @@ class SeqBuffer {
         d.second.insert(d.second.end(), reports.begin(), reports.end());
       }
     }
+    bool refused = false;
     for (auto& d : deliveries) {
       if (d.second.empty()) continue;
       const uint64_t before = d.second.front()->seq() - 1;
-      if (!d.first->Deliver(std::move(d.second))) Pause(d.first.get(), before);
+      if (!d.first->Deliver(std::move(d.second))) {
+        Pause(d.first.get(), before);
+        d.first = nullptr;  // took none of them
+        refused = true;
+      }
     }
+    if (refused) Undeliver(first, deliveries);
     return first;
   }
 
@@ -205,7 +214,18 @@ class SeqBuffer {
             what_, max_subscribers_));
       }
       subscribers_.push_back({subscriber});
-      CatchUp(*subscriber, after_seq, /*resuming=*/after_seq > 0, records);
+      const bool resuming = after_seq > 0;
+      const uint64_t oldest_kept =
+          backlog_.empty() ? next_seq_ : backlog_.front().record->seq();
+      if (resuming && after_seq + 1 < oldest_kept) {
+        // Every seq in (after_seq, oldest_kept) is gone; undelivered drops
+        // among them are part of this count, not reported twice.
+        unreported_drops_ = oldest_kept - 1 - after_seq;
+      }
+      CatchUp(*subscriber, after_seq, resuming, records);
+      // Taken after the backlog: storing the report may evict its oldest
+      // record, which this subscriber then still receives.
+      ReportDrops(records);
     }
     // A new subscriber holds nothing yet: it takes its backlog (bounded by
     // the capacity) whole.
@@ -215,8 +235,9 @@ class SeqBuffer {
 
   // A paused subscriber (see Subscriber::Deliver) may take records again:
   // it is sent the backlog after the last record it took, then the drop
-  // report if capacity evicted some of its records meanwhile, and from then
-  // on every new record. Nothing for a subscriber that is not paused.
+  // report if capacity evicted some of its records meanwhile (counting
+  // those records exactly, for its client only), and from then on every
+  // new record. Nothing for a subscriber that is not paused.
   void Resume(const std::shared_ptr<Subscriber>& subscriber) {
     std::vector<RecordPtr> records;
     uint64_t after_seq;
@@ -229,7 +250,9 @@ class SeqBuffer {
       s->paused = false;
       --paused_;
       after_seq = s->paused_after;
+      const uint64_t missed = std::exchange(s->missed, 0);
       CatchUp(*subscriber, after_seq, /*resuming=*/true, records);
+      ReportMissed(missed, subscriber->client_id(), records);
     }
     if (!records.empty() && !subscriber->Deliver(std::move(records))) {
       Pause(subscriber.get(), after_seq);
@@ -298,8 +321,10 @@ class SeqBuffer {
   struct Subscription {
     std::shared_ptr<Subscriber> subscriber;
     bool paused = false;
-    // While paused: the seq before the first record it refused.
+    // While paused: the seq before the first record it refused, and how
+    // many records after it that it would get capacity evicted.
     uint64_t paused_after = 0;
+    uint64_t missed = 0;
   };
   inline static const std::string kNoOwner;
 
@@ -326,18 +351,9 @@ class SeqBuffer {
   // Appends to `out` the backlog `subscriber` may have after `after_seq`:
   // its own calls' records, and records of no call that nobody received
   // yet (kept for the next client, delivered once) or, when `resuming` (a
-  // host whose stream had records up to `after_seq`), all of them. Then
-  // the drop report, counting the seqs above `after_seq` it can no longer
-  // get when resuming.
+  // host whose stream had records up to `after_seq`), all of them.
   void CatchUp(const Subscriber& subscriber, uint64_t after_seq, bool resuming,
                std::vector<RecordPtr>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const uint64_t oldest_kept =
-        backlog_.empty() ? next_seq_ : backlog_.front().record->seq();
-    if (resuming && after_seq + 1 < oldest_kept) {
-      // Every seq in (after_seq, oldest_kept) is gone; undelivered drops
-      // among them are part of this count, not reported twice.
-      unreported_drops_ = oldest_kept - 1 - after_seq;
-    }
     const std::string& client = subscriber.client_id();
     for (auto& entry : backlog_) {
       const uint64_t seq = entry.record->seq();
@@ -349,9 +365,51 @@ class SeqBuffer {
       entry.delivered = true;
       out.push_back(entry.record);
     }
-    // Taken after the backlog: storing the report may evict its oldest
-    // record, which this subscriber then still receives.
-    ReportDrops(out);
+  }
+
+  // After a refusal in Append: the records it stored (seq >= `first`) that
+  // no subscriber left in `deliveries` (those that took theirs) got are
+  // undelivered again, so the next client still gets a record of no call
+  // once the paused host goes, and its eviction counts as a drop. Called
+  // with deliver_mu_ held since the records were stored (nothing else has
+  // touched their flags).
+  void Undeliver(uint64_t first,
+                 const std::vector<std::pair<std::shared_ptr<Subscriber>,
+                                             std::vector<RecordPtr>>>& taken)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(deliver_mu_) {
+    absl::MutexLock lock(&mu_);
+    for (auto it = backlog_.rbegin();
+         it != backlog_.rend() && it->record->seq() >= first; ++it) {
+      if (!it->delivered) continue;
+      bool got = false;
+      for (const auto& d : taken) {
+        if (d.first != nullptr &&
+            (it->owner == nullptr || *it->owner == d.first->client_id())) {
+          got = true;
+          break;
+        }
+      }
+      it->delivered = got;
+    }
+  }
+
+  // Whether a paused subscriber would be sent `entry` on Resume; with
+  // `count`, adds it to the `missed` of each such subscriber (`entry` is
+  // being evicted).
+  bool NeededByPaused(const Entry& entry, bool count)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (paused_ == 0) return false;
+    bool needed = false;
+    for (auto& s : subscribers_) {
+      if (!s.paused || entry.record->seq() <= s.paused_after) continue;
+      if (entry.owner != nullptr && *entry.owner != s.subscriber->client_id()) {
+        continue;
+      }
+      needed = true;
+      if (!count) break;
+      ++s.missed;
+    }
+    return needed;
   }
 
   // Adds a record to the backlog, evicting the oldest past capacity.
@@ -362,9 +420,11 @@ class SeqBuffer {
     backlog_.push_back({ptr, owner, delivered});
     while (backlog_.size() > capacity_) {
       const bool was_delivered = backlog_.front().delivered;
+      // A paused subscriber that lacks it is told on Resume, alone.
+      const bool missed = NeededByPaused(backlog_.front(), /*count=*/true);
       backlog_.pop_front();
       if (was_delivered) continue;  // the host has it (see the top comment)
-      ++unreported_drops_;
+      if (!missed) ++unreported_drops_;
       if (dropped_total_++ % 1000 == 0) {
         AGX_LOG(Warning,
                 "{} buffer full ({} entries, nobody acknowledging): dropping "
@@ -375,23 +435,44 @@ class SeqBuffer {
     return ptr;
   }
 
-  // Hands the drops since the last report to the reporter; a record it
-  // returns is stored here and appended to `out`.
+  // Hands the drops since the last report to the reporter, for every host;
+  // a record it returns is stored here and appended to `out`.
   void ReportDrops(std::vector<RecordPtr>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (unreported_drops_ == 0) return;
     // Storing the report in a full backlog evicts one more record: count it
-    // if that one never reached a host.
-    const bool evicts_undelivered = reports_into_self_ &&
-                                    backlog_.size() >= capacity_ &&
-                                    !backlog_.front().delivered;
+    // if that one never reached a host (nor is a paused one's to report).
+    const bool evicts_undelivered =
+        reports_into_self_ && backlog_.size() >= capacity_ &&
+        !backlog_.front().delivered &&
+        !NeededByPaused(backlog_.front(), /*count=*/false);
     const uint64_t dropped = unreported_drops_ + (evicts_undelivered ? 1 : 0);
-    std::optional<Record> report = reporter_(dropped, capacity_);
+    std::optional<Record> report = reporter_(dropped, capacity_, kNoOwner);
     if (report.has_value()) {
       // Delivered right after by the caller (Append or Subscribe).
       out.push_back(Store(std::move(*report), nullptr, /*delivered=*/true));
     }
     unreported_drops_ = 0;
+  }
+
+  // Reports to `client`'s hosts only the `missed` records a resumed
+  // subscriber of it lost while paused; a record the reporter returns is
+  // stored here as that client's (another paused host must not be sent it
+  // on its Resume) and appended to `out`. A record that storing it evicts
+  // is counted as Store counts it, for the next report.
+  void ReportMissed(uint64_t missed, const std::string& client,
+                    std::vector<RecordPtr>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (missed == 0) return;
+    std::optional<Record> report = reporter_(missed, capacity_, client);
+    if (report.has_value()) {
+      // A host that named no client cannot be told from others: its
+      // report is stored as a record of no call (delivered), as before.
+      OwnerPtr owner = client.empty()
+                           ? nullptr
+                           : std::make_shared<const std::string>(client);
+      out.push_back(Store(std::move(*report), owner, /*delivered=*/true));
+    }
   }
 
   const size_t capacity_;
