@@ -60,6 +60,17 @@ def masks(monkeypatch):
     return calls
 
 
+@pytest.fixture
+def clock(monkeypatch):
+    """The loop thread's run-queue wait (ns, as schedstat gives it) and the
+    monotonic clock PinnedWaits reads, both set by the test: ([wait], [now])."""
+    waited = [0]
+    now = [1000.0]
+    monkeypatch.setattr(pw, "run_queue_wait_ns", lambda: waited[0])
+    monkeypatch.setattr(pw, "time", type("Clock", (), {"monotonic": staticmethod(lambda: now[0])}))
+    return waited, now
+
+
 def _blocks(waits, timeout=None):
     """The loop blocks in its selector once (as _PinningSelector.select): whether it
     waited pinned."""
@@ -131,11 +142,8 @@ def test_a_select_that_raises_is_unpinned_by_the_selector(masks):
     assert not waits.pinned and masks == [(0, {1}), (0, {0, 1})]
 
 
-def test_pinned_waits_that_queue_for_the_cpu_rest_the_pins_for_doubling_periods(masks, monkeypatch):
-    waited = [0]  # the loop thread's run-queue wait (ns), as schedstat gives it
-    now = [1000.0]
-    monkeypatch.setattr(pw, "run_queue_wait_ns", lambda: waited[0])
-    monkeypatch.setattr(pw, "time", type("Clock", (), {"monotonic": staticmethod(lambda: now[0])}))
+def test_pinned_waits_that_queue_for_the_cpu_rest_the_pins_for_doubling_periods(masks, clock):
+    waited, now = clock
     waits = PinnedWaits(1, {0, 1})
     calls = pw.TIME_EVERY * pw.TIMED_PER_JUDGEMENT
 
@@ -174,15 +182,12 @@ def test_pinned_waits_that_queue_for_the_cpu_rest_the_pins_for_doubling_periods(
     assert waits.resting_until == now[0] + pw.BACKOFF_FIRST_S
 
 
-def test_a_rest_earned_by_a_burst_inside_one_call_ends_with_that_call(masks, monkeypatch):
+def test_a_rest_earned_by_a_burst_inside_one_call_ends_with_that_call(masks, clock):
     """Many pinned waits per call (records or stream items waking the loop
     while one call runs) that queued for the CPU rest the pins only until no
     call is in flight; the same queueing over sequential calls rests the
     whole period."""
-    waited = [0]
-    now = [1000.0]
-    monkeypatch.setattr(pw, "run_queue_wait_ns", lambda: waited[0])
-    monkeypatch.setattr(pw, "time", type("Clock", (), {"monotonic": staticmethod(lambda: now[0])}))
+    waited, now = clock
     waits = PinnedWaits(1, {0, 1})
     pins = pw.TIME_EVERY * pw.TIMED_PER_JUDGEMENT
     busy = pw.BUSY_WAIT_NS * 2
@@ -218,16 +223,13 @@ def test_a_rest_earned_by_a_burst_inside_one_call_ends_with_that_call(masks, mon
     assert waits.resting_until == now[0] + 2 * pw.BACKOFF_FIRST_S
 
 
-def test_a_bursts_queued_waits_do_not_judge_the_calls_after_it(masks, monkeypatch):
+def test_a_bursts_queued_waits_do_not_judge_the_calls_after_it(masks, clock):
     """A burst that queued for the CPU (its own records waking the loop) and
     ended before its judgement came leaves none of its waits in the
     judgement of the sequential calls after it: they wait pinned throughout
     (the namespace requests after a span burst, docs/PERFORMANCE.md
     "Figures from the stop-27 session")."""
-    waited = [0]
-    now = [1000.0]
-    monkeypatch.setattr(pw, "run_queue_wait_ns", lambda: waited[0])
-    monkeypatch.setattr(pw, "time", type("Clock", (), {"monotonic": staticmethod(lambda: now[0])}))
+    waited, now = clock
     waits = PinnedWaits(1, {0, 1})
     pins = pw.TIME_EVERY * pw.TIMED_PER_JUDGEMENT
     quiet, busy = pw.BUSY_WAIT_NS // 4, pw.BUSY_WAIT_NS * 4
