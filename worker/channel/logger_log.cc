@@ -391,13 +391,20 @@ bool NoFilters(PyObject* filters) {
   return PyList_CheckExact(filters) && PyList_GET_SIZE(filters) == 0;
 }
 
-// self.handle(record): `if (not self.disabled) and self.filter(record):
-// self.callHandlers(record)`, callHandlers' walk done here.
-int Handle(const Stdlib& s, PyObject* self, PyObject* record) {
+// Whether `self.disabled` is true: 1, 0, or -1 with an error set (read by
+// both handle and isEnabledFor).
+int Disabled(const Stdlib& s, PyObject* self) {
   PyObject* disabled = PyObject_GetAttr(self, s.names[kDisabled]);
   if (disabled == nullptr) return -1;
   const int off = PyObject_IsTrue(disabled);
   Py_DECREF(disabled);
+  return off;
+}
+
+// self.handle(record): `if (not self.disabled) and self.filter(record):
+// self.callHandlers(record)`, callHandlers' walk done here.
+int Handle(const Stdlib& s, PyObject* self, PyObject* record) {
+  const int off = Disabled(s, self);
   if (off != 0) return off < 0 ? -1 : 0;
   PyObject* filters = PyObject_GetAttr(self, s.names[kFilters]);
   if (filters == nullptr) return -1;
@@ -562,10 +569,7 @@ Verdict CheckLevelCall(const Stdlib& s, LevelMethod m, PyObject* self,
 // isEnabledFor(level): `self.disabled`, then the logger's `_cache`; a level
 // not cached yet goes to the stdlib's isEnabledFor (it fills the cache).
 int IsEnabledFor(const Stdlib& s, PyObject* self, PyObject* level) {
-  PyObject* disabled = PyObject_GetAttr(self, s.names[kDisabled]);
-  if (disabled == nullptr) return -1;
-  const int off = PyObject_IsTrue(disabled);
-  Py_DECREF(disabled);
+  const int off = Disabled(s, self);
   if (off != 0) return off < 0 ? -1 : 0;
   PyObject* cache = PyObject_GetAttr(self, s.names[kCache]);
   if (cache == nullptr) return -1;
