@@ -18,14 +18,14 @@
 // then a plain read; uring_hop.h), --uring=2: a write and a READ, one
 // syscall per hop; --defer=1 sets the ring up with DEFER_TASKRUN; --socket=1
 // passes the token over Unix stream sockets instead of pipes. Without
-// --uring a hop is a write, then a blocking read: the writer is usually
+// --uring a hop is a write, then a blocking read: the writer is often
 // preempted by the reader it woke and runs again later only to block.
 // Besides the tick's loss it prints the ring's context switches and CPU per
 // round (schedstat of every process), its involuntary switches, and the
-// other CPU's function-call interrupts per tick of --cpu (/proc/interrupts
-// CAL / LOC: mostly the nohz idle-balance kick, sent by a tick that finds
-// two or more runnable threads while the other CPU idles; load on the other
-// CPU changes it). Prints one JSON line; exits 3 if io_uring is refused.
+// other CPU's function-call interrupts per timer interrupt on --cpu
+// (/proc/interrupts CAL / LOC: the nohz idle-balance kicks a tick sends
+// while the other CPU idles, and cross-CPU wake-ups; load on the other CPU
+// changes it). Prints one JSON line; exits 3 if io_uring is refused.
 #include <poll.h>
 #include <sched.h>
 #include <sys/socket.h>
@@ -257,7 +257,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<agentix::bench::UringHop> ring;
   if (const int error = open_ring(&ring); error != 0) {
     // Exit 3: this kernel or sandbox refuses io_uring (seccomp, or
-    // kernel.io_uring_disabled); the children have exited already.
+    // kernel.io_uring_disabled); the children end at the pipes' EOF.
     std::fprintf(stderr, "tick_ring: io_uring unavailable: %s\n", std::strerror(error));
     return 3;
   }
