@@ -526,6 +526,56 @@ def _q(values, q):
 _TICK_FUNCTIONS = ("function=tick_nohz_handler", "function=tick_sched_timer")
 
 
+def runnable_at_ticks(events):
+    """{(t, cpu): threads runnable on `cpu` (the one running included) when
+    a local_timer_entry there began}: the scheduler's nr_running as the trace
+    shows it, from sched_wakeup (target_cpu), sched_switch (a prev_state of R
+    stays runnable, next is runnable) and sched_migrate_task. The nohz
+    idle-balance kick is sent for nr_running >= 2 (besides its periodic
+    blocked-load updates)."""
+    where, out, running = {}, {}, {}
+    on_cpu = collections.defaultdict(set)
+
+    def place(tid, cpu):
+        old = where.get(tid)
+        if old is not None:
+            on_cpu[old].discard(tid)
+        if cpu is None:
+            where.pop(tid, None)
+        else:
+            where[tid] = cpu
+            on_cpu[cpu].add(tid)
+
+    def field(rest, name):
+        return int(rest.rsplit(f"{name}=", 1)[1].split()[0])
+
+    for t, cpu, _, _, ev, rest in events:
+        try:
+            if ev == "sched_wakeup":
+                place(field(rest, "pid"), field(rest, "target_cpu"))
+            elif ev == "sched_switch":
+                prev, nxt = field(rest, "prev_pid"), field(rest, "next_pid")
+                state = rest.split("prev_state=", 1)[1].split()[0]
+                if running.get(cpu, prev) != prev:
+                    # The trace lost the thread that ran here last (some
+                    # threads' switches away are never seen): not counted.
+                    place(running[cpu], None)
+                running[cpu] = nxt
+                if prev != 0:
+                    place(prev, cpu if state.startswith("R") else None)
+                if nxt != 0:
+                    place(nxt, cpu)
+            elif ev == "sched_migrate_task":
+                tid = field(rest, "pid")
+                if tid in where:
+                    place(tid, field(rest, "dest_cpu"))
+            elif ev == "local_timer_entry":
+                out[(t, cpu)] = len(on_cpu[cpu])
+        except (IndexError, ValueError):
+            continue
+    return out
+
+
 def tick_breakdown(events, starts, lats, slow_threshold_ns, stack_tids, followers):
     """Where the time goes when the kernel tick lands on a call (`--tick`'s
     events needed). For each call with one tick on the CPU its threads ran on
@@ -539,8 +589,11 @@ def tick_breakdown(events, starts, lats, slow_threshold_ns, stack_tids, follower
     other processes' threads ran there; `rest`, the call's excess over the
     median call less all of these (its later hops running slower). Reported
     as p10/p50/p90 over the calls, with and without a kick, and the share of
-    each group over the slow threshold."""
+    each group over the slow threshold; and `runnable`, the threads runnable
+    on the CPU when the tick's interrupt began (runnable_at_ticks), as the
+    share of each group's calls with 2 or more."""
     times = [e[0] for e in events]
+    runnable = runnable_at_ticks(events)
     ticks = collections.defaultdict(list)
     for t, cpu, _, _, ev, rest in events:
         if ev == "hrtimer_expire_entry" and any(f in rest for f in _TICK_FUNCTIONS):
@@ -565,12 +618,14 @@ def tick_breakdown(events, starts, lats, slow_threshold_ns, stack_tids, follower
             continue
         f = {"handler": 0, "softirq": 0, "others": 0}
         kick, entry, soft, ran, last, stall = False, None, None, None, t0, 0
+        queued = None
         due_at = due[0][0] - int(due[0][5].split("now=", 1)[1].split()[0]) % period
         for t, _, _, _, ev, rest in mine:
             if ev == "local_timer_entry":
                 entry = t
                 if due[0][0] - 20_000 < t <= due[0][0]:  # the tick's own interrupt
                     stall = max(0, t - max(last, due_at))
+                    queued = runnable.get((t, cpu))
             elif ev == "local_timer_exit" and entry is not None:
                 f["handler"] += t - entry
                 entry = None
@@ -601,6 +656,8 @@ def tick_breakdown(events, starts, lats, slow_threshold_ns, stack_tids, follower
         for k, v in f.items():
             g[k].append(v / 1e3)
         g["slow"].append(lat > slow_threshold_ns)
+        if queued is not None:
+            g["runnable"].append(queued)
     out = {"tick_period_us": period / 1e3}
     for name, g in groups.items():
         n = len(g["slow"])
@@ -608,6 +665,8 @@ def tick_breakdown(events, starts, lats, slow_threshold_ns, stack_tids, follower
                      "share_slow": round(sum(g["slow"]) / max(1, n), 3)}
         for k in ("excess", "stall", "handler", "softirq", "others", "rest"):
             out[name][k + "_us_p10_p50_p90"] = [_q(g[k], q) for q in (0.1, 0.5, 0.9)]
+        out[name]["share_runnable_2_or_more"] = round(
+            sum(r >= 2 for r in g["runnable"]) / max(1, len(g["runnable"])), 3)
     return out
 
 

@@ -104,6 +104,62 @@ class TickBreakdownTest(unittest.TestCase):
         self.assertEqual(self.breakdown(), {})
 
 
+def wakeup(t, cpu, tid, target):
+    return (t, cpu, "x", 0, "sched_wakeup", f"comm=x pid={tid} prio=120 target_cpu={target:03d}")
+
+
+def preempt(t, cpu, prev, nxt):
+    """prev stays runnable (a wake-up preemption)."""
+    return (t, cpu, "x", prev, "sched_switch",
+            f"prev_comm=x prev_pid={prev} prev_prio=120 prev_state=R+ ==> "
+            f"next_comm=y next_pid={nxt} next_prio=120")
+
+
+class RunnableAtTicksTest(unittest.TestCase):
+    def test_a_preempted_waker_counts_until_it_blocks(self):
+        timer = lambda t, cpu: (t, cpu, "x", 0, "local_timer_entry", "vector=236")
+        events = [
+            switch(1 * US, 1, 0, 10),         # 10 runs on CPU 1
+            timer(2 * US, 1),                 # alone: 1
+            wakeup(3 * US, 1, 11, 1),         # 10 wakes 11 there
+            preempt(4 * US, 1, 10, 11),       # and is preempted: both runnable
+            timer(5 * US, 1),                 # 2
+            wakeup(6 * US, 1, 12, 0),         # a thread woken on the other CPU
+            timer(7 * US, 0),                 # 1 there
+            switch(8 * US, 1, 11, 10),        # 11 blocks; 10 runs again
+            timer(9 * US, 1),                 # 1
+            (10 * US, 0, "x", 0, "sched_migrate_task",
+             "comm=x pid=12 prio=120 orig_cpu=0 dest_cpu=1"),
+            timer(11 * US, 1),                # 10 and the migrated 12: 2
+            timer(12 * US, 0),                # 0
+        ]
+        self.assertEqual(tail_probe.runnable_at_ticks(events), {
+            (2 * US, 1): 1, (5 * US, 1): 2, (7 * US, 0): 1, (9 * US, 1): 1,
+            (11 * US, 1): 2, (12 * US, 0): 0})
+
+    def test_a_thread_whose_switch_away_is_lost_is_not_counted(self):
+        timer = lambda t, cpu: (t, cpu, "x", 0, "local_timer_entry", "vector=236")
+        events = [switch(1 * US, 1, 0, 10), wakeup(2 * US, 1, 13, 1),
+                  preempt(3 * US, 1, 10, 13),  # 13 runs; 10 waits
+                  switch(4 * US, 1, 14, 10),   # next switch names 14 as prev: 13's is lost
+                  timer(5 * US, 1)]
+        self.assertEqual(tail_probe.runnable_at_ticks(events), {(5 * US, 1): 1})
+
+    def test_the_breakdown_reports_the_share_of_ticks_with_two_or_more(self):
+        case = TickBreakdownTest("test_no_tick_in_the_trace_gives_nothing")
+        case.setUp()
+        t0 = TICK - 10 * US
+        case.call(t0, 120 * US, [switch(t0 + 5 * US, 1, 10, 11), wakeup(t0 + 6 * US, 1, 10, 1),
+                                 *tick(TICK + 20 * US, 1, handler_us=30, now_after_due_us=21,
+                                       kick=True)])
+        t1 = 2 * TICK - 10 * US
+        case.call(t1, 90 * US, [switch(t1 + 5 * US, 1, 10, 11),
+                                *tick(2 * TICK + 15 * US, 1, handler_us=12, now_after_due_us=16)])
+        out = case.breakdown()
+        self.assertEqual(out["kick"]["share_runnable_2_or_more"], 1.0)   # 11 running, 10 woken
+        self.assertEqual(out["no_kick"]["share_runnable_2_or_more"], 0.0)  # 11 alone
+
+
 class TickLossTest(unittest.TestCase):
     def test_the_excess_near_each_boundary_less_the_baseline_half_a_period_later(self):
         # Calls of 50 us back to back over 5 periods; the one spanning each

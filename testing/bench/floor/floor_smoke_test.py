@@ -13,6 +13,17 @@ KEYS = ("noop_p50_us", "noop_p99_us", "noop_mean_us", "calls_per_s_c1", "calls_p
         "echo_cpu_ms_4mib")
 
 
+def io_uring_available() -> bool:
+    """Whether this process may create an io_uring (io_uring_setup, x86-64 425)."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    params = ctypes.create_string_buffer(120)  # struct io_uring_params
+    fd = libc.syscall(425, 2, params)
+    if fd >= 0:
+        os.close(fd)
+    return fd >= 0
+
+
 def run(name: str, *flags: str) -> dict:
     proc = subprocess.run([os.path.join(HERE, name), "--quick", *flags],
                           stdout=subprocess.PIPE, text=True, timeout=120)
@@ -79,6 +90,28 @@ class FloorSmokeTest(unittest.TestCase):
             self.assertGreater(report["ticks"], 10)  # --quick: 300 ms of 4 ms periods
             self.assertLessEqual(report["round_p50_us"], report["round_p99_us"])
             self.assertLessEqual(report["tick_loss_p25_us"], report["tick_loss_p75_us"])
+
+    def test_tick_ring_hand_offs_in_one_kernel_entry(self):
+        # Every process sleeps once per round whichever way it hands off, so a
+        # round has at least --procs switches; the io_uring modes say so too.
+        for flags in ((), ("--poll=1",), ("--uring=1",), ("--uring=2", "--defer=1")):
+            for socket in ("0", "1"):
+                args = [os.path.join(HERE, "tick_ring"), "--quick", "--procs=3", "--cpu=0",
+                        f"--socket={socket}", *flags]
+                proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, timeout=120)
+                if proc.returncode == 3:  # refused: then io_uring must really be refused here
+                    self.assertIn("io_uring unavailable", proc.stderr)
+                    self.assertFalse(io_uring_available(), proc.stderr)
+                    continue
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+                report = json.loads(proc.stdout.strip().splitlines()[-1])
+                mode = next((int(f.split("=")[1]) for f in flags if f.startswith("--uring=")), 0)
+                self.assertEqual((report["uring"], report["socket"]), (mode, int(socket)))
+                self.assertEqual(report["poll"], 1 if "--poll=1" in flags else 0)
+                self.assertGreater(report["rounds"], 0)
+                self.assertGreaterEqual(report["switches_per_round"], 3 * 0.99, flags)
+                self.assertGreater(report["cpu_us_per_round"], 0)
 
     def test_bad_flag_is_refused(self):
         for name in ("unix_pingpong", "grpc_pingpong", "spawn_true", "tick_ring"):
