@@ -5,6 +5,8 @@ flight and once it returned)."""
 
 import asyncio
 import os
+import selectors
+import socket
 import threading
 
 import pytest
@@ -140,6 +142,28 @@ def test_a_select_that_raises_is_unpinned_by_the_selector(masks):
     with pytest.raises(KeyboardInterrupt):
         selector.select(None)
     assert not waits.pinned and masks == [(0, {1}), (0, {0, 1})]
+
+
+def test_a_wait_whose_event_is_in_already_is_not_pinned(masks):
+    waits = PinnedWaits(1, {0, 1})
+    ours, daemon = socket.socketpair()
+    with selectors.EpollSelector() as inner, ours, daemon:  # asyncio's on Linux
+        inner.register(ours, selectors.EVENT_READ)
+        selector = pw._PinningSelector(inner, waits)
+        waits.hold()
+        assert selector.select(0.01) == []  # nothing in: the loop waited, pinned
+        assert masks == [(0, {1}), (0, {0, 1})]
+        daemon.send(b"result")  # in before the loop got back to its selector
+        [(key, events)] = selector.select(None)
+        assert key.fileobj is ours and events == selectors.EVENT_READ
+        assert len(masks) == 2  # no wait, no pin
+        ours.recv(16)
+        waits.release()
+        waits.hold()  # the next lone call waits pinned again
+        assert selector.select(0.01) == [] and len(masks) == 4
+        waits.release()
+        daemon.send(b"late")  # nothing in flight: never pinned, whatever is in
+        assert len(selector.select(None)) == 1 and len(masks) == 4
 
 
 def test_pinned_waits_that_queue_for_the_cpu_rest_the_pins_for_doubling_periods(masks, clock):
