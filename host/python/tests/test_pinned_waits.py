@@ -19,6 +19,7 @@ from agentix.runtime.client.frames import FrameCallsStream
 from agentix.runtime.client.pinned_waits import CallsCpu, PinnedWaits, calls_cpu_setting
 from fake_frames import FrameServer
 from fake_runtime import FakeRuntime, serve
+from test_loop_slice import _slice_ns, needs_slices
 
 ALLOWED = os.sched_getaffinity(0)
 
@@ -505,3 +506,32 @@ async def test_a_namespace_stream_carries_no_cpu_and_its_events_wait_pinned_only
         namespace_hellos = [h for h in framed.frames.hellos if h.get("agentix-stream") == "namespace"]
         assert namespace_hellos and all("agentix-calls-cpu" not in h for h in namespace_hellos)
         assert os.sched_getaffinity(0) == ALLOWED
+
+
+@needs_slices
+@pytest.mark.asyncio
+async def test_a_loop_thread_with_pinned_waits_gets_the_slice_asked_for(framed, monkeypatch):
+    async def connect_and_call():
+        before = _slice_ns()
+        async with RuntimeClient(framed.url) as client:
+            assert await client.remote(os.getpid) == os.getpid()
+            return before, _slice_ns()
+
+    def client_thread():  # its own loop: the slice stays with that thread
+        return asyncio.run(connect_and_call())
+
+    monkeypatch.setenv("AGENTIX_CALLS_CPU", "wait")
+    monkeypatch.setenv("AGENTIX_LOOP_SLICE_US", "2000")
+    before, after = await asyncio.to_thread(client_thread)
+    assert before != 2_000_000 and after == 2_000_000
+    monkeypatch.setenv("AGENTIX_LOOP_SLICE_US", "off")
+    before, after = await asyncio.to_thread(client_thread)
+    assert after == before
+    monkeypatch.setenv("AGENTIX_CALLS_CPU", "off")  # no pinned waits: no slice either
+    monkeypatch.setenv("AGENTIX_LOOP_SLICE_US", "2000")
+    before, after = await asyncio.to_thread(client_thread)
+    assert after == before
+    monkeypatch.setenv("AGENTIX_CALLS_CPU", "wait")
+    monkeypatch.setenv("AGENTIX_LOOP_SLICE_US", "5ms")
+    with pytest.raises(ValueError, match="AGENTIX_LOOP_SLICE_US"):
+        await asyncio.to_thread(client_thread)

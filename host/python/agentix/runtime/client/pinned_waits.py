@@ -37,6 +37,8 @@ import threading
 import time
 from typing import Any, NamedTuple
 
+from agentix.runtime.client.loop_slice import set_thread_slice
+
 __all__ = [
     "CALLS_CPU_ENV",
     "CALLS_CPU_KEY",
@@ -322,13 +324,14 @@ class _PinningSelector:
         return getattr(self._inner, name)
 
 
-def pinned_waits(setting: CallsCpu) -> PinnedWaits | None:
+def pinned_waits(setting: CallsCpu, slice_us: int = 0) -> PinnedWaits | None:
     """The calling thread's `PinnedWaits` for a ``wait`` `setting` (made on
     the first call: the CPU is the setting's, or the one the thread is on;
-    the mask to give back is its mask now), None for another mode or a
-    running loop without a selector of its own. One per thread: every client
-    of a loop counts its calls in one place; its running loop's selector is
-    wrapped once (`_PinningSelector`)."""
+    the mask to give back is its mask now; the thread then gets a `slice_us`
+    slice if not 0, `loop_slice.set_thread_slice`), None for another mode or
+    a running loop without a selector of its own. One per thread: every
+    client of a loop counts its calls in one place; its running loop's
+    selector is wrapped once (`_PinningSelector`)."""
     if setting.mode != "wait":
         return None
     try:
@@ -343,6 +346,7 @@ def pinned_waits(setting: CallsCpu) -> PinnedWaits | None:
         cpu = setting.cpu if setting.cpu is not None else current_cpu()
         waits = PinnedWaits(cpu, os.sched_getaffinity(0))
         _threads.waits = waits
+        set_thread_slice(slice_us)
     elif setting.cpu is not None and setting.cpu != waits.cpu and not waits.pinned:
         waits.move_to(setting.cpu)  # a CPU named by a later client wins, as at the daemon
     if not isinstance(selector, _PinningSelector):
