@@ -39,12 +39,23 @@ def _slice_ns():
 
 
 def _in_a_thread(fn):
-    """fn() in a new thread (what it does to its thread's scheduling stays there)."""
+    """fn() in a new thread (what it does to its thread's scheduling stays
+    there); what it raises is raised here."""
     out = []
-    thread = threading.Thread(target=lambda: out.append(fn()))
+
+    def run():
+        try:
+            out.append((True, fn()))
+        except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
+            out.append((False, error))
+
+    thread = threading.Thread(target=run)
     thread.start()
     thread.join()
-    return out[0]
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value
 
 
 needs_slices = pytest.mark.skipif(

@@ -19,7 +19,7 @@ from agentix.runtime.client.frames import FrameCallsStream
 from agentix.runtime.client.pinned_waits import CallsCpu, PinnedWaits, calls_cpu_setting
 from fake_frames import FrameServer
 from fake_runtime import FakeRuntime, serve
-from test_loop_slice import _slice_ns, needs_slices
+from test_loop_slice import _in_a_thread, _slice_ns, needs_slices
 
 ALLOWED = os.sched_getaffinity(0)
 
@@ -517,8 +517,8 @@ async def test_a_loop_thread_with_pinned_waits_gets_the_slice_asked_for(framed, 
             assert await client.remote(os.getpid) == os.getpid()
             return before, _slice_ns()
 
-    def client_thread():  # its own loop: the slice stays with that thread
-        return asyncio.run(connect_and_call())
+    def client_thread():  # a new thread, its own loop: the slice stays with that thread
+        return _in_a_thread(lambda: asyncio.run(connect_and_call()))
 
     monkeypatch.setenv("AGENTIX_CALLS_CPU", "wait")
     monkeypatch.setenv("AGENTIX_LOOP_SLICE_US", "2000")

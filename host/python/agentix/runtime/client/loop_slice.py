@@ -16,11 +16,12 @@ a CPU shared with other busy threads, the loop thread wakes up behind them
 rather than preempting them.
 
 Values: unset or empty is `DEFAULT_SLICE_US`; ``off`` or ``0``: the kernel's
-default; N: N µs (`MIN_US` to `MAX_US`, the kernel's bounds). Nothing on a
-kernel without per-thread slices for normal threads (before Linux 6.12: the
-value is ignored there) or a machine whose ``sched_setattr`` number this
-module does not know; set only on a loop thread that uses pinned waits
-(`pinned_waits.pinned_waits`), once per thread.
+default; N: N µs (`MIN_US` to `MAX_US`, the kernel's bounds). Set only on a
+loop thread that uses pinned waits, once per thread, when its first Calls
+stream connects (`pinned_waits.pinned_waits`). Nothing on a machine whose
+``sched_setattr`` number this module does not know; a kernel without
+per-thread slices for normal threads (before Linux 6.12) ignores the value
+(the thread keeps the reset-on-fork flag).
 """
 
 from __future__ import annotations
