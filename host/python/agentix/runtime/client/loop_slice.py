@@ -37,7 +37,7 @@ __all__ = ["DEFAULT_SLICE_US", "LOOP_SLICE_ENV", "MAX_US", "MIN_US", "loop_slice
 LOOP_SLICE_ENV = "AGENTIX_LOOP_SLICE_US"
 # What an unset or empty AGENTIX_LOOP_SLICE_US means: the kernel's default
 # (0) until a quiet run says otherwise (PERFORMANCE.md, stop 28: 3000 cut the
-# host's CPU per sequential noop 0.89x under load).
+# host's CPU per sequential noop 0.86-0.93x under load).
 DEFAULT_SLICE_US = 0
 MIN_US = 100  # the kernel clamps sched_runtime of a normal thread to 0.1-100 ms
 MAX_US = 100_000
@@ -82,7 +82,7 @@ def set_thread_slice(us: int) -> bool:
     attr = ctypes.create_string_buffer(
         struct.pack("=IIQiIQQQII", 56, policy, _SCHED_FLAG_RESET_ON_FORK, nice, 0, us * 1000, 0, 0, 0, 0), 56)
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(_SYS_SCHED_SETATTR, 0, attr, 0) != 0:
+    if libc.syscall(ctypes.c_long(_SYS_SCHED_SETATTR), ctypes.c_long(0), attr, ctypes.c_long(0)) != 0:
         _log.debug("no %d µs slice for the event loop's thread: %s", us, os.strerror(ctypes.get_errno()))
         return False
     return True
