@@ -5,6 +5,8 @@ flight and once it returned)."""
 
 import asyncio
 import os
+import selectors
+import socket
 import threading
 
 import pytest
@@ -17,6 +19,7 @@ from agentix.runtime.client.frames import FrameCallsStream
 from agentix.runtime.client.pinned_waits import CallsCpu, PinnedWaits, calls_cpu_setting
 from fake_frames import FrameServer
 from fake_runtime import FakeRuntime, serve
+from test_loop_slice import _in_a_thread, _slice_ns, needs_slices
 
 ALLOWED = os.sched_getaffinity(0)
 
@@ -140,6 +143,28 @@ def test_a_select_that_raises_is_unpinned_by_the_selector(masks):
     with pytest.raises(KeyboardInterrupt):
         selector.select(None)
     assert not waits.pinned and masks == [(0, {1}), (0, {0, 1})]
+
+
+def test_a_wait_whose_event_is_in_already_is_not_pinned(masks):
+    waits = PinnedWaits(1, {0, 1})
+    ours, daemon = socket.socketpair()
+    with selectors.EpollSelector() as inner, ours, daemon:  # asyncio's on Linux
+        inner.register(ours, selectors.EVENT_READ)
+        selector = pw._PinningSelector(inner, waits)
+        waits.hold()
+        assert selector.select(0.01) == []  # nothing in: the loop waited, pinned
+        assert masks == [(0, {1}), (0, {0, 1})]
+        daemon.send(b"result")  # in before the loop got back to its selector
+        [(key, events)] = selector.select(None)
+        assert key.fileobj is ours and events == selectors.EVENT_READ
+        assert len(masks) == 2  # no wait, no pin
+        ours.recv(16)
+        waits.release()
+        waits.hold()  # the next lone call waits pinned again
+        assert selector.select(0.01) == [] and len(masks) == 4
+        waits.release()
+        daemon.send(b"late")  # nothing in flight: never pinned, whatever is in
+        assert len(selector.select(None)) == 1 and len(masks) == 4
 
 
 def test_pinned_waits_that_queue_for_the_cpu_rest_the_pins_for_doubling_periods(masks, clock):
@@ -481,3 +506,32 @@ async def test_a_namespace_stream_carries_no_cpu_and_its_events_wait_pinned_only
         namespace_hellos = [h for h in framed.frames.hellos if h.get("agentix-stream") == "namespace"]
         assert namespace_hellos and all("agentix-calls-cpu" not in h for h in namespace_hellos)
         assert os.sched_getaffinity(0) == ALLOWED
+
+
+@needs_slices
+@pytest.mark.asyncio
+async def test_a_loop_thread_with_pinned_waits_gets_the_slice_asked_for(framed, monkeypatch):
+    async def connect_and_call():
+        before = _slice_ns()
+        async with RuntimeClient(framed.url) as client:
+            assert await client.remote(os.getpid) == os.getpid()
+            return before, _slice_ns()
+
+    def client_thread():  # a new thread, its own loop: the slice stays with that thread
+        return _in_a_thread(lambda: asyncio.run(connect_and_call()))
+
+    monkeypatch.setenv("AGENTIX_CALLS_CPU", "wait")
+    monkeypatch.setenv("AGENTIX_LOOP_SLICE_US", "2000")
+    before, after = await asyncio.to_thread(client_thread)
+    assert before != 2_000_000 and after == 2_000_000
+    monkeypatch.setenv("AGENTIX_LOOP_SLICE_US", "off")
+    before, after = await asyncio.to_thread(client_thread)
+    assert after == before
+    monkeypatch.setenv("AGENTIX_CALLS_CPU", "off")  # no pinned waits: no slice either
+    monkeypatch.setenv("AGENTIX_LOOP_SLICE_US", "2000")
+    before, after = await asyncio.to_thread(client_thread)
+    assert after == before
+    monkeypatch.setenv("AGENTIX_CALLS_CPU", "wait")
+    monkeypatch.setenv("AGENTIX_LOOP_SLICE_US", "5ms")
+    with pytest.raises(ValueError, match="AGENTIX_LOOP_SLICE_US"):
+        await asyncio.to_thread(client_thread)

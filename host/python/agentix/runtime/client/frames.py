@@ -57,6 +57,7 @@ from agentix.runtime.client import wire
 from agentix.runtime.client.channels import NativeTransport
 from agentix.runtime.client._sio_facade import AsyncClientNamespace
 from agentix.runtime.client.errors import RuntimeUnreachable
+from agentix.runtime.client.loop_slice import loop_slice_us
 from agentix.runtime.client.namespaces import (
     NAMESPACE_METHOD,
     FrameNamespaceStream,
@@ -266,10 +267,12 @@ class FrameWire:
           RuntimeUnreachable: ``AGENTIX_CALLS_WIRE=frames`` and the frame wire
             cannot be used (no Unix target, TLS, or ``PATH.calls`` refuses).
           ValueError: ``AGENTIX_CALLS_WIRE`` has another value, or
-            ``AGENTIX_CALLS_CPU`` a wrong one (see `calls_cpu_setting`).
+            ``AGENTIX_CALLS_CPU`` (see `calls_cpu_setting`) or
+            ``AGENTIX_LOOP_SLICE_US`` (`loop_slice_us`) a wrong one.
         """
         mode = wire_mode()
         placement = calls_cpu_setting()
+        slice_us = loop_slice_us() if placement.mode == "wait" else 0
         if stream is None:
             self.waits = None
         if mode == "grpc":
@@ -299,7 +302,7 @@ class FrameWire:
         if stream is not None:
             metadata = (*metadata, (STREAM_KEY, stream))
         else:
-            waits = self.waits = pinned_waits(placement)
+            waits = self.waits = pinned_waits(placement, slice_us)
             if waits is not None:
                 cpu = waits.cpu
             if cpu is not None:  # the daemon's call path may follow it

@@ -13,7 +13,8 @@ The settings (`calls_cpu_setting`):
 - ``wait`` (pinned waits): while exactly one `RuntimeClient.remote` call of
   the loop's thread is in flight, the thread is pinned to the CPU only while
   the loop blocks in its selector waiting for the daemon, and gets its own
-  mask back as soon as the selector returns (`PinnedWaits`, `_PinningSelector`):
+  mask back as soon as the selector returns (`PinnedWaits`, `_PinningSelector`;
+  not at all when an event is in already and the select will not block):
   no code runs pinned, so nothing the loop runs meanwhile (other tasks,
   threads or processes they start, which inherit the mask of the thread
   that starts them) is confined to that CPU. The CPU is the one the thread
@@ -31,9 +32,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import selectors
 import threading
 import time
 from typing import Any, NamedTuple
+
+from agentix.runtime.client.loop_slice import set_thread_slice
 
 __all__ = [
     "CALLS_CPU_ENV",
@@ -285,17 +289,31 @@ os.register_at_fork(after_in_child=_forget_schedstat)
 
 class _PinningSelector:
     """The running loop's selector, wrapped: a blocking ``select`` is a pinned
-    wait while `waits` is armed. Everything else goes to the loop's own
+    wait while `waits` is armed, unless an event is there already (the loop
+    then does not wait: `_ready_now`). Everything else goes to the loop's own
     selector."""
 
-    __slots__ = ("_inner", "_waits")
+    __slots__ = ("_inner", "_waits", "_ready_now")
 
     def __init__(self, inner: Any, waits: PinnedWaits) -> None:
         self._inner = inner
         self._waits = waits
+        # The epoll object's own poll, called with (0, 1): an event ready now,
+        # without the selector's key lookups; level-triggered (all of asyncio's),
+        # so the select after it still returns that event. None for another
+        # selector: its waits are pinned without a look first.
+        poller = getattr(inner, "_selector", None)
+        self._ready_now = poller.poll if isinstance(inner, selectors.EpollSelector) and poller is not None else None
 
     def select(self, timeout: float | None = None) -> Any:
         waits = self._waits
+        ready_now = self._ready_now
+        # A sequential call's result is often in before the loop gets back here (the daemon's
+        # thread it woke preempted it, and the whole call ran meanwhile): one epoll_wait instead
+        # of two sched_setaffinity, and the placement they would change for nothing.
+        if (waits.armed and not waits.resting_until and (timeout is None or timeout > 0)
+                and ready_now is not None and ready_now(0, 1)):
+            return self._inner.select(timeout)
         waits.before_select(timeout)
         try:
             return self._inner.select(timeout)
@@ -306,13 +324,14 @@ class _PinningSelector:
         return getattr(self._inner, name)
 
 
-def pinned_waits(setting: CallsCpu) -> PinnedWaits | None:
+def pinned_waits(setting: CallsCpu, slice_us: int = 0) -> PinnedWaits | None:
     """The calling thread's `PinnedWaits` for a ``wait`` `setting` (made on
     the first call: the CPU is the setting's, or the one the thread is on;
-    the mask to give back is its mask now), None for another mode or a
-    running loop without a selector of its own. One per thread: every client
-    of a loop counts its calls in one place; its running loop's selector is
-    wrapped once (`_PinningSelector`)."""
+    the mask to give back is its mask now; the thread then gets a `slice_us`
+    slice if not 0, `loop_slice.set_thread_slice`), None for another mode or
+    a running loop without a selector of its own. One per thread: every
+    client of a loop counts its calls in one place; its running loop's
+    selector is wrapped once (`_PinningSelector`)."""
     if setting.mode != "wait":
         return None
     try:
@@ -327,6 +346,7 @@ def pinned_waits(setting: CallsCpu) -> PinnedWaits | None:
         cpu = setting.cpu if setting.cpu is not None else current_cpu()
         waits = PinnedWaits(cpu, os.sched_getaffinity(0))
         _threads.waits = waits
+        set_thread_slice(slice_us)
     elif setting.cpu is not None and setting.cpu != waits.cpu and not waits.pinned:
         waits.move_to(setting.cpu)  # a CPU named by a later client wins, as at the daemon
     if not isinstance(selector, _PinningSelector):
