@@ -246,7 +246,7 @@ class SideChannelReactor final : public ServerStream<Request, Response> {
         }
       }
     } else if (request_.has_ack()) {
-      buffer_->Ack(request_.ack().seq());
+      buffer_->Ack(request_.ack().seq(), sink_->client_id());
     }
     request_.Clear();
     this->StartRead(&request_);
