@@ -39,7 +39,8 @@ GoneRecords::Count GoneRecords::CountFor(const std::string& client,
 void GoneRecords::Forget() {
   const Run run = std::move(runs_.front());
   runs_.pop_front();
-  const std::string key = run.owner == nullptr ? "" : *run.owner;
+  static const std::string kNoCall;
+  const std::string& key = run.owner == nullptr ? kNoCall : *run.owner;
   auto it = forgotten_.find(key);
   Remainder* r;
   if (it != forgotten_.end()) {
