@@ -1390,5 +1390,43 @@ TEST_CASE("A client's records evicted before any of its streams got them are "
   CHECK(DropReports(*a)[0].find("3 sandbox log records were dropped") == 0);
 }
 
+TEST_CASE("A drop report a host never replayed is not counted twice when it "
+          "resubscribes",
+          "[logs]") {
+  for (const bool replayed_catch_up : {false, true}) {
+    auto owned = MakeLogBuffer(4);
+    LogBuffer& buffer = *owned;
+    auto a = std::make_shared<RecordingSubscriber>("client-a");
+    REQUIRE(buffer.Subscribe(a, 0).ok());
+    buffer.Append({Entry("a1")}, {"client-a"});  // seq 1
+    a->Refuse(true);
+    for (const char* m : {"a2", "a3", "a4", "a5", "a6", "a7"}) {
+      buffer.Append({Entry(m)}, {"client-a"});
+    }
+    // Paused after a1: a2 and a3 were evicted meanwhile; the resume sends
+    // a4-a7 and a report of those 2 (storing it evicts a4, sent already).
+    a->Refuse(false);
+    buffer.Resume(a);
+    REQUIRE(Messages(*a).size() == 6);
+    REQUIRE(DropReports(*a).size() == 1);
+    CHECK(DropReports(*a)[0].find("2 sandbox log records were dropped") == 0);
+    // The stream ends before the host replayed the report: it had replayed
+    // a1 only, or a1, a4 and a5.
+    const uint64_t cursor =
+        replayed_catch_up ? a->got()[2]->seq() : a->got()[0]->seq();
+    const uint64_t replayed = replayed_catch_up ? 3 : 1;
+    buffer.Unsubscribe(a.get());
+    auto again = std::make_shared<RecordingSubscriber>("client-a");
+    REQUIRE(buffer.Subscribe(again, cursor, buffer.instance_id()).ok());
+    uint64_t reported = 0;
+    for (const std::string& m : DropReports(*again)) {
+      reported += std::stoull(m.substr(0, m.find(' ')));
+    }
+    const uint64_t received = Messages(*again).size() - DropReports(*again).size();
+    // a1-a7: every one replayed, received again or counted, once.
+    CHECK(replayed + received + reported == 7);
+  }
+}
+
 }  // namespace
 }  // namespace agentix::sandbox

@@ -228,11 +228,12 @@ class SeqBuffer {
       // counts them.
       const GoneRecords::Count gone =
           gone_.CountFor(subscriber->client_id(), after_seq, resuming);
-      CatchUp(*subscriber, after_seq, resuming, records);
+      CatchUp(*subscriber, after_seq, resuming, records,
+              /*counted_reports=*/resuming);
       // Taken after the backlog: storing a report may evict its oldest
       // record, which this subscriber then still receives.
       ReportMissed(gone.records, gone.at_most, subscriber->client_id(),
-                   records);
+                   after_seq, records);
       ReportDrops(records);
     }
     // A new subscriber holds nothing yet: it takes its backlog (bounded by
@@ -261,7 +262,7 @@ class SeqBuffer {
       const uint64_t missed = std::exchange(s->missed, 0);
       CatchUp(*subscriber, after_seq, /*resuming=*/true, records);
       ReportMissed(missed, /*at_most=*/false, subscriber->client_id(),
-                   records);
+                   after_seq, records);
     }
     if (!records.empty() && !subscriber->Deliver(std::move(records))) {
       Pause(subscriber.get(), after_seq);
@@ -336,6 +337,8 @@ class SeqBuffer {
     // count of a report to every host (the records it reports are not in
     // GoneRecords); 0 for a report to one host (they are).
     uint64_t weight = 1;
+    // A report to one host: the records it counts all have seqs above this.
+    uint64_t covers_after = 0;
   };
   struct Subscription {
     std::shared_ptr<Subscriber> subscriber;
@@ -374,9 +377,14 @@ class SeqBuffer {
   // Appends to `out` the backlog `subscriber` may have after `after_seq`:
   // its own calls' records, and records of no call that nobody received
   // yet (kept for the next client, delivered once) or, when `resuming` (a
-  // host whose stream had records up to `after_seq`), all of them.
+  // host whose stream had records up to `after_seq`), all of them. With
+  // `counted_reports`, not a one-host drop report whose records all lie
+  // after `after_seq`: Subscribe's own report counts them (GoneRecords), so
+  // a host whose stream ended before it replayed that report is not told
+  // them twice.
   void CatchUp(const Subscriber& subscriber, uint64_t after_seq, bool resuming,
-               std::vector<RecordPtr>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+               std::vector<RecordPtr>& out, bool counted_reports = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const std::string& client = subscriber.client_id();
     for (auto& entry : backlog_) {
       const uint64_t seq = entry.record->seq();
@@ -385,6 +393,10 @@ class SeqBuffer {
                                   ? !entry.delivered || resuming
                                   : *entry.owner == client);
       if (!send) continue;
+      if (counted_reports && entry.weight == 0 &&
+          after_seq <= entry.covers_after) {
+        continue;
+      }
       entry.delivered = true;
       out.push_back(entry.record);
     }
@@ -430,18 +442,19 @@ class SeqBuffer {
       }
       needed = true;
       if (!count) break;
-      ++s.missed;
+      s.missed += entry.weight;  // as GoneRecords counts it
     }
     return needed;
   }
 
   // Adds a record to the backlog, evicting the oldest past capacity.
-  // `weight`: see Entry.
+  // `weight`, `covers_after`: see Entry.
   RecordPtr Store(Record record, const OwnerPtr& owner, bool delivered,
-                  uint64_t weight = 1) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                  uint64_t weight = 1, uint64_t covers_after = 0)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     record.set_seq(next_seq_++);
     auto ptr = std::make_shared<const Record>(std::move(record));
-    backlog_.push_back({ptr, owner, delivered, weight});
+    backlog_.push_back({ptr, owner, delivered, weight, covers_after});
     while (backlog_.size() > capacity_) {
       const Entry& oldest = backlog_.front();
       const bool was_delivered = oldest.delivered;
@@ -490,13 +503,13 @@ class SeqBuffer {
   }
 
   // Reports to `client`'s hosts only the `missed` records a resumed (or
-  // resubscribing) subscriber of it lost (`at_most`: an upper bound); a
-  // record the reporter returns is stored here as that client's (another
-  // paused host must not be sent it on its Resume) and appended to `out`.
-  // A record that storing it evicts is counted as Store counts it, for the
-  // next report.
+  // resubscribing) subscriber of it lost (`at_most`: an upper bound), all
+  // with seqs above `covers_after`; a record the reporter returns is stored
+  // here as that client's (another paused host must not be sent it on its
+  // Resume) and appended to `out`. A record that storing it evicts is
+  // counted as Store counts it, for the next report.
   void ReportMissed(uint64_t missed, bool at_most, const std::string& client,
-                    std::vector<RecordPtr>& out)
+                    uint64_t covers_after, std::vector<RecordPtr>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (missed == 0) return;
     std::optional<Record> report =
@@ -508,7 +521,8 @@ class SeqBuffer {
                            ? nullptr
                            : std::make_shared<const std::string>(client);
       out.push_back(
-          Store(std::move(*report), owner, /*delivered=*/true, /*weight=*/0));
+          Store(std::move(*report), owner, /*delivered=*/true, /*weight=*/0,
+                covers_after));
     }
   }
 
