@@ -349,8 +349,9 @@ class SeqBuffer {
     uint64_t missed = 0;
   };
   inline static const std::string kNoOwner;
-  // GoneRecords' bounds: runs (a few MB of them at most: 48 bytes and a
-  // shared owner each) and owners whose forgotten runs are told apart.
+  // GoneRecords' bounds: runs (40 bytes each and a client id a run shares:
+  // at most ~160 KiB and 4,096 ids) and owners whose forgotten runs are
+  // told apart.
   static constexpr size_t kGoneRuns = 4096;
   static constexpr size_t kGoneOwners = 1024;
 
