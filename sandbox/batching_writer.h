@@ -144,7 +144,8 @@ class BatchingWriter {
   // (kBacklogged; the producer keeps them) and OnBacklogCleared() runs once
   // the backlog falls below a quarter of `high_bytes`, for the producer to
   // offer them again. A backlog is thus bounded by `high_bytes` plus one
-  // offer, without ending the stream. kEnded once the stream has ended.
+  // offer, without ending the stream (see WatchBacklogStall for a peer
+  // that stops reading). kEnded once the stream has ended.
   Offered Offer(std::vector<ItemPtr> items, size_t high_bytes) {
     Reactor* reactor;
     {
@@ -154,7 +155,14 @@ class BatchingWriter {
       }
       if (queued_bytes_ > high_bytes) {
         resume_below_ = high_bytes / 4;
-        backlog_paused_ = true;
+        if (!backlog_paused_) {
+          backlog_paused_ = true;
+          backlog_progress_ = Clock::now();
+        }
+        if (stall_.has_value() && !stall_check_pending_) {
+          stall_check_pending_ = true;
+          stall_->schedule_check(backlog_progress_ + stall_->limit);
+        }
         return Offered::kBacklogged;
       }
       // Items already queued here were held back for coalescing and their
@@ -187,6 +195,51 @@ class BatchingWriter {
     }
     reactor->StartWrite(&batch_);
     return Offered::kQueued;
+  }
+
+  // A refused Offer (kBacklogged) starts a watch: `schedule_check(when)`
+  // must arrange a call to EndIfBacklogStalled at `when` (monotonic), which
+  // ends the stream if the peer has still read nothing (no write completed)
+  // for `limit` since the refusal or its last read, or else schedules the
+  // next check. One check is pending at most. Before the first Offer.
+  struct StallWatch {
+    Clock::duration limit;
+    std::function<void(Clock::time_point)> schedule_check;
+  };
+  void WatchBacklogStall(StallWatch watch) {
+    absl::MutexLock lock(&mu_);
+    stall_ = std::move(watch);
+  }
+
+  // The watch's check (see WatchBacklogStall), at `now`: true when it ended
+  // the stream with `status` (as Fail does; OnBacklogCleared will not run);
+  // false when the backlog cleared, the stream had ended, or the peer read
+  // within the limit (the next check is then scheduled).
+  bool EndIfBacklogStalled(Clock::time_point now, grpc::Status status) {
+    std::optional<grpc::Status> finish;
+    Reactor* reactor;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!stall_.has_value()) return false;
+      const bool ended =
+          reactor_ == nullptr || finished_ || cancelled_ || failure_;
+      if (ended || !backlog_paused_) {
+        stall_check_pending_ = false;
+        return false;
+      }
+      const Clock::time_point due = backlog_progress_ + stall_->limit;
+      if (now < due) {
+        stall_->schedule_check(due);
+        return false;
+      }
+      stall_check_pending_ = false;
+      failure_ = std::move(status);
+      ClearQueue();
+      reactor = reactor_;
+      finish = TakeFinish();
+    }
+    FinishOutsideLock(finish, reactor);
+    return true;
   }
 
   // Writes what coalescing held back (see Coalescing), if nothing else has.
@@ -298,7 +351,8 @@ class BatchingWriter {
         write_in_flight_ = false;
         finish = TakeFinish();
       }
-      if (backlog_paused_ && !cancelled_ && !finished_ &&
+      if (backlog_paused_ && ok) backlog_progress_ = Clock::now();
+      if (backlog_paused_ && !cancelled_ && !finished_ && !failure_ &&
           queued_bytes_ < resume_below_) {
         backlog_paused_ = false;
         backlog_cleared = true;
@@ -464,6 +518,10 @@ class BatchingWriter {
   // falls below resume_below_.
   bool backlog_paused_ ABSL_GUARDED_BY(mu_) = false;
   size_t resume_below_ ABSL_GUARDED_BY(mu_) = 0;
+  // While backlog_paused_: when it paused or a write last completed.
+  Clock::time_point backlog_progress_ ABSL_GUARDED_BY(mu_);
+  std::optional<StallWatch> stall_ ABSL_GUARDED_BY(mu_);
+  bool stall_check_pending_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<Coalescing> coalescing_ ABSL_GUARDED_BY(mu_);
   Clock::duration delay_now_ ABSL_GUARDED_BY(mu_) = Clock::duration::zero();
   size_t max_batch_bytes_ ABSL_GUARDED_BY(mu_) = kMaxBatchBytes;

@@ -351,11 +351,11 @@ LogRecord RuntimeWarning(std::string logger, std::string message) {
   return warning;
 }
 
-LogRecord DropWarning(uint64_t dropped, size_t capacity,
+LogRecord DropWarning(uint64_t dropped, bool at_most, size_t capacity,
                       const std::string& what) {
   return RuntimeWarning(
       "agentix.sandbox",
-      absl::StrCat(dropped, " sandbox ", what,
+      absl::StrCat(at_most ? "at most " : "", dropped, " sandbox ", what,
                    " were dropped: the daemon's buffer (", capacity,
                    " entries) filled up before a host received them"));
 }
@@ -475,10 +475,10 @@ uint64_t LogBuffer::Append(std::vector<LogRecord> records) {
 std::unique_ptr<LogBuffer> MakeLogBuffer(size_t capacity) {
   return std::make_unique<LogBuffer>(
       capacity, "log",
-      [](uint64_t dropped, size_t cap,
+      [](uint64_t dropped, bool at_most, size_t cap,
          const std::string& /*client: the buffer routes its record*/)
           -> std::optional<LogRecordWire> {
-        return WireOf(DropWarning(dropped, cap, "log records"));
+        return WireOf(DropWarning(dropped, at_most, cap, "log records"));
       },
       /*reports_into_self=*/true);
 }
@@ -487,14 +487,15 @@ std::unique_ptr<TraceBuffer> MakeTraceBuffer(size_t capacity,
                                              LogBuffer* logs) {
   return std::make_unique<TraceBuffer>(
       capacity, "trace",
-      [logs](uint64_t dropped, size_t cap,
+      [logs](uint64_t dropped, bool at_most, size_t cap,
              const std::string& client) -> std::optional<TraceEventWire> {
         // Lock order trace -> log; the log buffer never calls back here.
         // A report for one client goes to that client's Logs streams (one
         // that named no client cannot be told from others: to all).
         std::vector<std::string> owners;
         if (!client.empty()) owners.push_back(client);
-        logs->Append({WireOf(DropWarning(dropped, cap, "trace events"))},
+        logs->Append(
+            {WireOf(DropWarning(dropped, at_most, cap, "trace events"))},
                      owners);
         return std::nullopt;
       },

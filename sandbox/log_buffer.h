@@ -74,9 +74,10 @@ void FitTraceEvent(runtime::v1::TraceEvent& event);
 // A WARNING record from the daemon itself (origin RUNTIME), stamped now.
 runtime::v1::LogRecord RuntimeWarning(std::string logger, std::string message);
 
-// The WARNING record that reports `dropped` lost `what` ("log records").
-runtime::v1::LogRecord DropWarning(uint64_t dropped, size_t capacity,
-                                   const std::string& what);
+// The WARNING record that reports `dropped` lost `what` ("log records");
+// `at_most`: "at most `dropped`" (an upper bound).
+runtime::v1::LogRecord DropWarning(uint64_t dropped, bool at_most,
+                                   size_t capacity, const std::string& what);
 
 // A log buffer that reports its own overflow.
 std::unique_ptr<LogBuffer> MakeLogBuffer(size_t capacity);

@@ -1296,5 +1296,137 @@ TEST_CASE("A new host that names no client is not sent the drop report of "
   }
 }
 
+TEST_CASE("A host that resubscribes after a seq is told only the records it "
+          "would have got that left the buffer, not other clients'",
+          "[logs]") {
+  auto owned = MakeLogBuffer(4);
+  LogBuffer& buffer = *owned;
+  auto a = std::make_shared<RecordingSubscriber>("client-a");
+  auto b = std::make_shared<RecordingSubscriber>("client-b");
+  REQUIRE(buffer.Subscribe(a, 0).ok());
+  REQUIRE(buffer.Subscribe(b, 0).ok());
+  buffer.Append({Entry("a1")}, {"client-a"});
+  const uint64_t cursor = a->got().back()->seq();
+  // a's stream breaks; while it is away 3 of a's records, 2 of no call
+  // and 5 of b's pass through the 4-entry buffer.
+  buffer.Unsubscribe(a.get());
+  buffer.Append({Entry("a2"), Entry("none1"), Entry("b1"), Entry("b2"),
+                 Entry("a3"), Entry("b3"), Entry("none2"), Entry("b4"),
+                 Entry("b5"), Entry("a4")},
+                {"client-a", "", "client-b", "client-b", "client-a",
+                 "client-b", "", "client-b", "client-b", "client-a"});
+  // Left: none2 (delivered to b), b4, b5, a4. Gone after the cursor: a2,
+  // a3 (a's) and none1 (no call's); b1-b3 are b's, not a's loss.
+  auto again = std::make_shared<RecordingSubscriber>("client-a");
+  REQUIRE(buffer.Subscribe(again, cursor, buffer.instance_id()).ok());
+  auto got = Messages(*again);
+  REQUIRE(got.size() == 3);
+  CHECK(got[0] == "none2");
+  CHECK(got[1] == "a4");
+  CHECK(got[2].find("3 sandbox log records were dropped") == 0);
+  // The report is a's alone: b, reading all along, is not sent it, and a
+  // later host of another client does not get it either.
+  CHECK(DropReports(*b).empty());
+  // Storing a's report evicted none2 (b has it). A host of client c
+  // resubscribing after the same seq lost none1 and none2 of what it would
+  // have got (no call's), and nothing of a's or b's.
+  auto c = std::make_shared<RecordingSubscriber>("client-c");
+  REQUIRE(buffer.Subscribe(c, cursor, buffer.instance_id()).ok());
+  REQUIRE(DropReports(*c).size() == 1);
+  CHECK(DropReports(*c)[0].find("2 sandbox log records were dropped") == 0);
+  CHECK(Messages(*c).size() == 1);
+}
+
+TEST_CASE("What another client's ack frees counts for a host that "
+          "resubscribes before it; its own ack's does not",
+          "[logs]") {
+  auto owned = MakeLogBuffer(100);
+  LogBuffer& buffer = *owned;
+  auto a = std::make_shared<RecordingSubscriber>("client-a");
+  auto b = std::make_shared<RecordingSubscriber>("client-b");
+  REQUIRE(buffer.Subscribe(a, 0).ok());
+  REQUIRE(buffer.Subscribe(b, 0).ok());
+  buffer.Append({Entry("a1"), Entry("a2"), Entry("none"), Entry("b1")},
+                {"client-a", "client-a", "", "client-b"});
+  // a's host replayed a1 only when its stream broke; b acknowledges all.
+  const uint64_t cursor = a->got().front()->seq();
+  buffer.Unsubscribe(a.get());
+  buffer.Ack(100, "client-b");
+  auto again = std::make_shared<RecordingSubscriber>("client-a");
+  REQUIRE(buffer.Subscribe(again, cursor, buffer.instance_id()).ok());
+  // a2 (delivered to the broken stream, freed by b's ack) and "none".
+  REQUIRE(DropReports(*again).size() == 1);
+  CHECK(DropReports(*again)[0].find("2 sandbox log records were dropped") ==
+        0);
+  // A host's own acks free nothing it would be told of.
+  auto d = std::make_shared<RecordingSubscriber>("client-d");
+  REQUIRE(buffer.Subscribe(d, 0).ok());
+  buffer.Append({Entry("d1")}, {"client-d"});
+  const uint64_t d_cursor = d->got().back()->seq();
+  buffer.Ack(d_cursor, "client-d");
+  buffer.Unsubscribe(d.get());
+  auto d_again = std::make_shared<RecordingSubscriber>("client-d");
+  REQUIRE(buffer.Subscribe(d_again, d_cursor, buffer.instance_id()).ok());
+  CHECK(d_again->got().empty());
+}
+
+TEST_CASE("A client's records evicted before any of its streams got them are "
+          "reported to that client, not to every host",
+          "[logs]") {
+  auto owned = MakeLogBuffer(2);
+  LogBuffer& buffer = *owned;
+  auto b = std::make_shared<RecordingSubscriber>("client-b");
+  REQUIRE(buffer.Subscribe(b, 0).ok());
+  // Client a's calls log before a's stream subscribes: 4 records through
+  // a 2-entry buffer, while b reads.
+  buffer.Append({Entry("a1"), Entry("a2"), Entry("a3"), Entry("a4")},
+                {"client-a", "client-a", "client-a", "client-a"});
+  buffer.Append({Entry("none")});
+  CHECK(DropReports(*b).empty());
+  auto a = std::make_shared<RecordingSubscriber>("client-a");
+  REQUIRE(buffer.Subscribe(a, 0).ok());
+  // a4 is still there; a1-a3 are a's loss, told to a.
+  REQUIRE(DropReports(*a).size() == 1);
+  CHECK(DropReports(*a)[0].find("3 sandbox log records were dropped") == 0);
+}
+
+TEST_CASE("A drop report a host never replayed is not counted twice when it "
+          "resubscribes",
+          "[logs]") {
+  for (const bool replayed_catch_up : {false, true}) {
+    auto owned = MakeLogBuffer(4);
+    LogBuffer& buffer = *owned;
+    auto a = std::make_shared<RecordingSubscriber>("client-a");
+    REQUIRE(buffer.Subscribe(a, 0).ok());
+    buffer.Append({Entry("a1")}, {"client-a"});  // seq 1
+    a->Refuse(true);
+    for (const char* m : {"a2", "a3", "a4", "a5", "a6", "a7"}) {
+      buffer.Append({Entry(m)}, {"client-a"});
+    }
+    // Paused after a1: a2 and a3 were evicted meanwhile; the resume sends
+    // a4-a7 and a report of those 2 (storing it evicts a4, sent already).
+    a->Refuse(false);
+    buffer.Resume(a);
+    REQUIRE(Messages(*a).size() == 6);
+    REQUIRE(DropReports(*a).size() == 1);
+    CHECK(DropReports(*a)[0].find("2 sandbox log records were dropped") == 0);
+    // The stream ends before the host replayed the report: it had replayed
+    // a1 only, or a1, a4 and a5.
+    const uint64_t cursor =
+        replayed_catch_up ? a->got()[2]->seq() : a->got()[0]->seq();
+    const uint64_t replayed = replayed_catch_up ? 3 : 1;
+    buffer.Unsubscribe(a.get());
+    auto again = std::make_shared<RecordingSubscriber>("client-a");
+    REQUIRE(buffer.Subscribe(again, cursor, buffer.instance_id()).ok());
+    uint64_t reported = 0;
+    for (const std::string& m : DropReports(*again)) {
+      reported += std::stoull(m.substr(0, m.find(' ')));
+    }
+    const uint64_t received = Messages(*again).size() - DropReports(*again).size();
+    // a1-a7: every one replayed, received again or counted, once.
+    CHECK(replayed + received + reported == 7);
+  }
+}
+
 }  // namespace
 }  // namespace agentix::sandbox

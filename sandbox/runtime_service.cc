@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "base/grpc_status.h"
 #include "base/log.h"
 #include "sandbox/batching_writer.h"
@@ -156,7 +158,9 @@ bool StreamSink::Deliver(std::vector<SandboxEventPtr> events) {
 // channel's buffer whose responses all carry the daemon's instance id. A
 // host that falls kSideChannelMaxUnwrittenBytes behind is paused, not ended:
 // the buffer keeps its records and catches it up once it has read most of
-// what waits for it (SeqBuffer::Subscriber::Deliver).
+// what waits for it (SeqBuffer::Subscriber::Deliver). One that reads
+// nothing for the paused-subscriber timeout is ended and unsubscribed
+// (its place freed); its client's next stream gets what it had not.
 template <typename Request, typename Response, typename Record, typename Field>
 class SideChannelSink final
     : public SeqBuffer<Record>::Subscriber,
@@ -171,6 +175,21 @@ class SideChannelSink final
   SideChannelSink(ServerStream<Request, Response>* reactor,
                   SeqBuffer<Record>* buffer)
       : Writer(reactor, Header(buffer->instance_id())), buffer_(buffer) {}
+  // Ends the stream when it stays paused with nothing read for `timeout`,
+  // checked on `scheduler`'s thread (which must outlive the stream). `what`
+  // names the stream for messages ("Logs"). Once, right after construction.
+  void EndPausedAfter(absl::Duration timeout, FlushScheduler* scheduler,
+                      const char* what) {
+    timeout_ = timeout;
+    what_ = what;
+    pause_check_ = std::make_shared<PauseCheck>(this->shared_from_this());
+    std::weak_ptr<Flushable> check = pause_check_;
+    this->WatchBacklogStall(
+        {absl::ToChronoNanoseconds(timeout),
+         [scheduler, check](FlushScheduler::Clock::time_point when) {
+           scheduler->FlushAt(when, check);
+         }});
+  }
   // Turns on coalescing, its delayed writes run by `scheduler` (which must
   // outlive the stream). Once, right after construction.
   void CoalesceWith(FlushScheduler* scheduler) {
@@ -204,8 +223,50 @@ class SideChannelSink final
   // meanwhile.
   void OnBacklogCleared() override { buffer_->Resume(this->shared_from_this()); }
 
+  // The paused-subscriber check, run by the flush scheduler.
+  class PauseCheck final : public Flushable {
+   public:
+    explicit PauseCheck(std::weak_ptr<SideChannelSink> sink)
+        : sink_(std::move(sink)) {}
+    void Flush() override {
+      if (auto sink = sink_.lock()) sink->EndIfPausedTooLong();
+    }
+
+   private:
+    const std::weak_ptr<SideChannelSink> sink_;
+  };
+
+  void EndIfPausedTooLong() {
+    const std::string timeout = absl::FormatDuration(timeout_);
+    if (!this->EndIfBacklogStalled(
+            FlushScheduler::Clock::now(),
+            grpc::Status(
+                grpc::StatusCode::RESOURCE_EXHAUSTED,
+                absl::StrCat(
+                    "this host read nothing of its ", what_, " stream for ",
+                    timeout, " while more than ",
+                    kSideChannelMaxUnwrittenBytes >> 20,
+                    " MiB waited for it (--paused-subscriber-timeout-s): the "
+                    "daemon ended the stream to free its subscriber place. "
+                    "What it had not received stays in the daemon's buffer: "
+                    "subscribe again with after_seq (the agentix host does "
+                    "so at its next call) to get it, with a drop report for "
+                    "what the buffer evicted meanwhile")))) {
+      return;
+    }
+    buffer_->Unsubscribe(this);
+    AGX_LOG(Warning,
+            "a {} subscriber (client \"{}\") read nothing for {} while "
+            "paused {} MiB behind: its stream is ended (RESOURCE_EXHAUSTED) "
+            "and its place freed; its records stay buffered",
+            what_, client_id_, timeout, kSideChannelMaxUnwrittenBytes >> 20);
+  }
+
   SeqBuffer<Record>* const buffer_;
   std::string client_id_;
+  absl::Duration timeout_;
+  const char* what_ = "";
+  std::shared_ptr<PauseCheck> pause_check_;
 };
 
 // One Logs or Traces stream: subscribes to the buffer on the first
@@ -217,11 +278,13 @@ class SideChannelReactor final : public ServerStream<Request, Response> {
   using Sink = SideChannelSink<Request, Response, Record, Field>;
 
   SideChannelReactor(SessionManager* manager, SeqBuffer<Record>* buffer,
-                     FlushScheduler* scheduler)
+                     FlushScheduler* scheduler, const char* what)
       : manager_(manager),
         buffer_(buffer),
         sink_(std::make_shared<Sink>(this, buffer)) {
     sink_->CoalesceWith(scheduler);
+    sink_->EndPausedAfter(manager->options().paused_subscriber_timeout,
+                          scheduler, what);
     sink_->SetMaxBatchBytes(kSideChannelMaxBatchBytes);
   }
 
@@ -246,7 +309,7 @@ class SideChannelReactor final : public ServerStream<Request, Response> {
         }
       }
     } else if (request_.has_ack()) {
-      buffer_->Ack(request_.ack().seq());
+      buffer_->Ack(request_.ack().seq(), sink_->client_id());
     }
     request_.Clear();
     this->StartRead(&request_);
@@ -411,11 +474,13 @@ void RuntimeServiceImpl::Start(CompletionQueueThread* thread) {
                           [manager] { return new CallsReactor(manager); });
   AwaitNext<LogsReactor>(service, &AsyncService::RequestLogs, thread, activity_,
                          [manager, scheduler] {
-                           return new LogsReactor(manager, &manager->logs(), scheduler);
+                           return new LogsReactor(manager, &manager->logs(),
+                                                  scheduler, "Logs");
                          });
   AwaitNext<TracesReactor>(
       service, &AsyncService::RequestTraces, thread, activity_, [manager, scheduler] {
-        return new TracesReactor(manager, &manager->traces(), scheduler);
+        return new TracesReactor(manager, &manager->traces(), scheduler,
+                                 "Traces");
       });
   AwaitNext<NamespaceReactor>(
       service, &AsyncService::RequestNamespace, thread, activity_,

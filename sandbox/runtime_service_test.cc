@@ -16,8 +16,8 @@ using runtime::v1::CallsRequest;
 using runtime::v1::CallsResponse;
 
 struct Harness {
-  Harness()
-      : manager(FakeWorkerSessionOptions()),
+  explicit Harness(SessionOptions options = FakeWorkerSessionOptions())
+      : manager(std::move(options)),
         service(&manager, "test-version"),
         server([this](grpc::ServerBuilder& b) { service.AddTo(b); }) {
     service.Start(server.reactions());
@@ -500,6 +500,137 @@ TEST_CASE("A paused Logs host that goes away frees its subscriber place and "
   REQUIRE(h.manager.logs().buffered() == 0);
   REQUIRE(logs->WritesDone());
   runtime::v1::LogsResponse resp;
+  while (logs->Read(&resp)) {
+  }
+  REQUIRE(logs->Finish().ok());
+}
+
+SessionOptions WithPausedSubscriberTimeout(absl::Duration timeout) {
+  SessionOptions options = FakeWorkerSessionOptions();
+  options.paused_subscriber_timeout = timeout;
+  return options;
+}
+
+TEST_CASE("A paused Logs host that reads nothing for the paused-subscriber "
+          "timeout is ended with RESOURCE_EXHAUSTED and its place freed; "
+          "its next stream gets every record it had not",
+          "[sandbox]") {
+  Harness h(WithPausedSubscriberTimeout(absl::Milliseconds(300)));
+  RunCall(h, "fake::log", "worker started");  // the worker is up
+  h.manager.logs().SetMaxSubscribers(1);
+  grpc::ClientContext stuck_ctx;
+  stuck_ctx.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(60));
+  auto stuck = h.stub->Logs(&stuck_ctx);
+  runtime::v1::LogsRequest subscribe;
+  subscribe.mutable_subscribe()->set_after_seq(1);
+  REQUIRE(stuck->Write(subscribe));
+  constexpr int kRecords = 4000;
+  constexpr int kPad = 10 << 10;
+  RunCall(h, "fake::logs",
+          std::to_string(kRecords) + ":0:" + std::to_string(kPad));
+  // It reads nothing, its connection stays: once the timeout has passed
+  // the one subscriber place is free for another stream (a subscribe
+  // before that is refused, and retried here).
+  grpc::Status refused;
+  bool fitted = false;
+  for (int attempt = 0; attempt < 200 && !fitted; ++attempt) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(60));
+    auto other = h.stub->Logs(&ctx);
+    runtime::v1::LogsRequest fresh;
+    fresh.mutable_subscribe()->set_after_seq(kRecords + 10);  // nothing old
+    REQUIRE(other->Write(fresh));
+    REQUIRE(other->WritesDone());
+    runtime::v1::LogsResponse resp;
+    while (other->Read(&resp)) {
+    }
+    refused = other->Finish();
+    if (refused.ok()) {
+      fitted = true;
+    } else {
+      REQUIRE(refused.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  REQUIRE(fitted);
+  // The host reads again: what the daemon had written is there, then the
+  // stream's end, typed, saying what happened and what to do.
+  std::vector<uint64_t> seqs;
+  std::vector<std::string> got;
+  runtime::v1::LogsResponse resp;
+  while (stuck->Read(&resp)) {
+    for (const auto& r : resp.records()) {
+      seqs.push_back(r.seq());
+      got.push_back(r.message().substr(0, r.message().find(' ')));
+    }
+  }
+  const grpc::Status ended = stuck->Finish();
+  REQUIRE(ended.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(ended.error_message().find("--paused-subscriber-timeout-s") !=
+        std::string::npos);
+  CHECK(ended.error_message().find("subscribe again with after_seq") !=
+        std::string::npos);
+  REQUIRE(got.size() < kRecords);
+  // It re-opens after its last record and gets the rest, each once, in
+  // order, and no drop report (the buffer held them all).
+  grpc::ClientContext again_ctx;
+  again_ctx.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(60));
+  auto again = h.stub->Logs(&again_ctx);
+  runtime::v1::LogsRequest resume;
+  resume.mutable_subscribe()->set_after_seq(seqs.empty() ? 1 : seqs.back());
+  REQUIRE(again->Write(resume));
+  const size_t before = got.size();
+  std::vector<std::string> rest =
+      ReadRecords(*again, kRecords - before, &seqs);
+  got.insert(got.end(), rest.begin(), rest.end());
+  REQUIRE(got.size() == kRecords);
+  for (int i = 0; i < kRecords; ++i) REQUIRE(got[i] == std::to_string(i));
+  for (size_t i = 1; i < seqs.size(); ++i) REQUIRE(seqs[i] == seqs[i - 1] + 1);
+  REQUIRE(again->WritesDone());
+  while (again->Read(&resp)) {
+    for (const auto& r : resp.records()) {
+      CHECK(r.message().find("were dropped") == std::string::npos);
+    }
+  }
+  REQUIRE(again->Finish().ok());
+}
+
+TEST_CASE("A Logs host that reads slowly but steadily is not ended by the "
+          "paused-subscriber timeout",
+          "[sandbox]") {
+  // The timeout counts from the last write the host took, not from the
+  // pause: this burst keeps the stream paused for longer than the timeout
+  // in all, while every message is read well within it.
+  Harness h(WithPausedSubscriberTimeout(absl::Seconds(1)));
+  RunCall(h, "fake::log", "worker started");  // the worker is up
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto logs = h.stub->Logs(&ctx);
+  runtime::v1::LogsRequest subscribe;
+  subscribe.mutable_subscribe()->set_after_seq(1);
+  REQUIRE(logs->Write(subscribe));
+  constexpr int kRecords = 4000;
+  constexpr int kPad = 10 << 10;
+  RunCall(h, "fake::logs",
+          std::to_string(kRecords) + ":0:" + std::to_string(kPad));
+  std::vector<std::string> got;
+  runtime::v1::LogsResponse resp;
+  const auto start = std::chrono::steady_clock::now();
+  while (got.size() < kRecords && logs->Read(&resp)) {
+    for (const auto& r : resp.records()) {
+      got.push_back(r.message().substr(0, r.message().find(' ')));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(got.size() == kRecords);
+  // (Not a timing assertion: the case only tests something if reading took
+  // longer than the timeout, which 160-odd messages at 10 ms each do.)
+  CHECK(std::chrono::steady_clock::now() - start > std::chrono::seconds(1));
+  for (int i = 0; i < kRecords; ++i) REQUIRE(got[i] == std::to_string(i));
+  REQUIRE(logs->WritesDone());
   while (logs->Read(&resp)) {
   }
   REQUIRE(logs->Finish().ok());

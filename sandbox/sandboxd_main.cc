@@ -186,6 +186,13 @@ ABSL_FLAG(int64_t, worker_intake_spin_us, 0,
 ABSL_FLAG(uint64_t, max_log_subscribers, 64,
           "Logs streams (and, separately, Traces streams) subscribed at once "
           "(RESOURCE_EXHAUSTED beyond)");
+ABSL_FLAG(double, paused_subscriber_timeout_s, 60,
+          "seconds a Logs or Traces stream paused because its host fell 8 "
+          "MiB behind may read nothing before it is ended "
+          "(RESOURCE_EXHAUSTED), freeing its --max-log-subscribers place; "
+          "what it had not received stays in the buffer for the host's next "
+          "subscribe (after_seq), with a drop report for what the buffer "
+          "evicted meanwhile");
 
 namespace agentix::sandbox {
 namespace {
@@ -470,6 +477,13 @@ int Run(int argc, char** raw_argv) {
   options.stalled_host_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_stalled_host_timeout_s));
   options.max_log_subscribers = absl::GetFlag(FLAGS_max_log_subscribers);
+  if (!(absl::GetFlag(FLAGS_paused_subscriber_timeout_s) > 0)) {
+    AGX_LOG(Error, "--paused_subscriber_timeout_s must be positive (got {})",
+            absl::GetFlag(FLAGS_paused_subscriber_timeout_s));
+    return 2;
+  }
+  options.paused_subscriber_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_paused_subscriber_timeout_s));
   for (const auto& [name, value] :
        {std::pair<const char*, int64_t>{"grpc_spin_us", absl::GetFlag(FLAGS_grpc_spin_us)},
         {"worker_read_spin_us", absl::GetFlag(FLAGS_worker_read_spin_us)},

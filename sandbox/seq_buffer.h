@@ -5,12 +5,15 @@
 // broadcasts to every subscriber, and hands overflow to a reporter instead
 // of losing records silently.
 //
-// What counts as lost: a record evicted before any subscriber got it, a
-// record a resuming host asks for (seq above its cursor) that was evicted
-// before that host acknowledged it, or a record evicted while the
-// subscriber it was for was paused (see Subscriber::Deliver). Evicting a record that was already
-// delivered is not a loss by itself: the host normally has it, and acks
-// routinely trail deliveries by thousands of records during a burst.
+// What counts as lost: a record of no call evicted before any subscriber
+// got it (reported to every host), a record evicted while the subscriber it
+// was for was paused (see Subscriber::Deliver; reported to that host), or,
+// for a host that subscribes (again) after a seq, every record after that
+// seq it would have been sent that left the buffer meanwhile: its client's
+// and no call's, not other clients' (GoneRecords; reported to that host).
+// Evicting a record that was already delivered is not a loss by itself:
+// the host normally has it, and acks routinely trail deliveries by
+// thousands of records during a burst.
 #pragma once
 
 #include <algorithm>
@@ -30,6 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "base/log.h"
+#include "sandbox/gone_records.h"
 
 namespace agentix::sandbox {
 
@@ -89,12 +93,14 @@ class SeqBuffer {
 
   // Called with the buffer's lock held when records were lost to overflow
   // and a subscriber is there to be told: returns a record to store (and
-  // deliver) in this buffer, or nullopt after reporting elsewhere. `client`
-  // is the host client the report is for (a resumed subscriber's; it goes to
-  // that client only), "" for every host. Must not call back into this
-  // buffer.
+  // deliver) in this buffer, or nullopt after reporting elsewhere. With
+  // `at_most`, `dropped` is an upper bound (GoneRecords forgot which seqs
+  // some were). `client` is the host client the report is for (a resumed
+  // or resubscribing subscriber's; it goes to that client only), "" for
+  // every host. Must not call back into this buffer.
   using DropReporter = std::function<std::optional<Record>(
-      uint64_t dropped, size_t capacity, const std::string& client)>;
+      uint64_t dropped, bool at_most, size_t capacity,
+      const std::string& client)>;
 
   // `reports_into_self`: the reporter returns its report for this buffer
   // (so storing it evicts one more record, which the report then counts).
@@ -104,7 +110,8 @@ class SeqBuffer {
         what_(std::move(what)),
         reporter_(std::move(reporter)),
         reports_into_self_(reports_into_self),
-        instance_id_(RandomInstanceId()) {}
+        instance_id_(RandomInstanceId()),
+        gone_(kGoneRuns, kGoneOwners) {}
 
   // Numbers and stores `records`. A record whose `owners` entry is set (the
   // client whose call emitted it) goes to that client's subscribers only,
@@ -192,9 +199,10 @@ class SeqBuffer {
   // Adds `subscriber` and delivers the backlog with seq > `after_seq`
   // (followed by the drop report, if records were lost). An `instance_id`
   // that is set and differs from ours means `after_seq` counted in another
-  // daemon: the whole backlog is sent. A resuming host (our instance,
-  // `after_seq` > 0) whose next records were evicted meanwhile is told how
-  // many it missed. Thread-safe.
+  // daemon: the whole backlog is sent. The subscriber is told, alone, how
+  // many records after `after_seq` it would have been sent that left the
+  // buffer meanwhile: its client's, and no call's when it is resuming (our
+  // instance, `after_seq` > 0); never another client's. Thread-safe.
   // ResourceExhausted (nothing delivered) when max_subscribers are there.
   absl::Status Subscribe(const std::shared_ptr<Subscriber>& subscriber,
                          uint64_t after_seq,
@@ -215,16 +223,17 @@ class SeqBuffer {
       }
       subscribers_.push_back({subscriber});
       const bool resuming = after_seq > 0;
-      const uint64_t oldest_kept =
-          backlog_.empty() ? next_seq_ : backlog_.front().record->seq();
-      if (resuming && after_seq + 1 < oldest_kept) {
-        // Every seq in (after_seq, oldest_kept) is gone; undelivered drops
-        // among them are part of this count, not reported twice.
-        unreported_drops_ = oldest_kept - 1 - after_seq;
-      }
-      CatchUp(*subscriber, after_seq, resuming, records);
-      // Taken after the backlog: storing the report may evict its oldest
+      // No call's records that never reached a host are not in this count:
+      // the report to every host (ReportDrops, below or already stored)
+      // counts them.
+      const GoneRecords::Count gone =
+          gone_.CountFor(subscriber->client_id(), after_seq, resuming);
+      CatchUp(*subscriber, after_seq, resuming, records,
+              /*counted_reports=*/resuming);
+      // Taken after the backlog: storing a report may evict its oldest
       // record, which this subscriber then still receives.
+      ReportMissed(gone.records, gone.at_most, subscriber->client_id(),
+                   after_seq, records);
       ReportDrops(records);
     }
     // A new subscriber holds nothing yet: it takes its backlog (bounded by
@@ -252,7 +261,8 @@ class SeqBuffer {
       after_seq = s->paused_after;
       const uint64_t missed = std::exchange(s->missed, 0);
       CatchUp(*subscriber, after_seq, /*resuming=*/true, records);
-      ReportMissed(missed, subscriber->client_id(), records);
+      ReportMissed(missed, /*at_most=*/false, subscriber->client_id(),
+                   after_seq, records);
     }
     if (!records.empty() && !subscriber->Deliver(std::move(records))) {
       Pause(subscriber.get(), after_seq);
@@ -283,8 +293,10 @@ class SeqBuffer {
   // Frees the records with seq <= `seq`, except another client's call
   // records that have not reached it yet: they wait for it (until capacity
   // evicts them, which counts as a drop), and those a paused subscriber has
-  // yet to be sent (any host's ack may come here).
-  void Ack(uint64_t seq) {
+  // yet to be sent (any host's ack may come here). `client` is the acking
+  // host's: what it frees of no call's or another client's is gone for a
+  // host that resubscribes before it (GoneRecords).
+  void Ack(uint64_t seq, const std::string& client = kNoOwner) {
     absl::MutexLock lock(&mu_);
     if (paused_ > 0) {
       for (const auto& s : subscribers_) {
@@ -293,8 +305,12 @@ class SeqBuffer {
     }
     auto end = backlog_.begin();
     while (end != backlog_.end() && end->record->seq() <= seq) ++end;
-    auto kept = std::remove_if(backlog_.begin(), end, [](const Entry& e) {
-      return e.delivered || e.owner == nullptr;
+    auto kept = std::remove_if(backlog_.begin(), end, [&](const Entry& e) {
+      if (!e.delivered && e.owner != nullptr) return false;
+      if (e.owner == nullptr || *e.owner != client) {
+        gone_.Add(e.record->seq(), e.owner, e.weight, /*broadcast=*/false);
+      }
+      return true;
     });
     backlog_.erase(kept, end);
   }
@@ -317,6 +333,12 @@ class SeqBuffer {
     RecordPtr record;
     OwnerPtr owner;
     bool delivered;  // handed to at least one subscriber
+    // The sandbox records it stands for once gone (GoneRecords): 1; the
+    // count of a report to every host (the records it reports are not in
+    // GoneRecords); 0 for a report to one host (they are).
+    uint64_t weight = 1;
+    // A report to one host: the records it counts all have seqs above this.
+    uint64_t covers_after = 0;
   };
   struct Subscription {
     std::shared_ptr<Subscriber> subscriber;
@@ -327,6 +349,11 @@ class SeqBuffer {
     uint64_t missed = 0;
   };
   inline static const std::string kNoOwner;
+  // GoneRecords' bounds: runs (40 bytes each and a client id a run shares:
+  // at most ~160 KiB and 4,096 ids) and owners whose forgotten runs are
+  // told apart.
+  static constexpr size_t kGoneRuns = 4096;
+  static constexpr size_t kGoneOwners = 1024;
 
   Subscription* Find(const Subscriber* subscriber)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -351,9 +378,14 @@ class SeqBuffer {
   // Appends to `out` the backlog `subscriber` may have after `after_seq`:
   // its own calls' records, and records of no call that nobody received
   // yet (kept for the next client, delivered once) or, when `resuming` (a
-  // host whose stream had records up to `after_seq`), all of them.
+  // host whose stream had records up to `after_seq`), all of them. With
+  // `counted_reports`, not a one-host drop report whose records all lie
+  // after `after_seq`: Subscribe's own report counts them (GoneRecords), so
+  // a host whose stream ended before it replayed that report is not told
+  // them twice.
   void CatchUp(const Subscriber& subscriber, uint64_t after_seq, bool resuming,
-               std::vector<RecordPtr>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+               std::vector<RecordPtr>& out, bool counted_reports = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const std::string& client = subscriber.client_id();
     for (auto& entry : backlog_) {
       const uint64_t seq = entry.record->seq();
@@ -362,6 +394,10 @@ class SeqBuffer {
                                   ? !entry.delivered || resuming
                                   : *entry.owner == client);
       if (!send) continue;
+      if (counted_reports && entry.weight == 0 &&
+          after_seq <= entry.covers_after) {
+        continue;
+      }
       entry.delivered = true;
       out.push_back(entry.record);
     }
@@ -407,24 +443,34 @@ class SeqBuffer {
       }
       needed = true;
       if (!count) break;
-      ++s.missed;
+      s.missed += entry.weight;  // as GoneRecords counts it
     }
     return needed;
   }
 
   // Adds a record to the backlog, evicting the oldest past capacity.
-  RecordPtr Store(Record record, const OwnerPtr& owner, bool delivered)
+  // `weight`, `covers_after`: see Entry.
+  RecordPtr Store(Record record, const OwnerPtr& owner, bool delivered,
+                  uint64_t weight = 1, uint64_t covers_after = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     record.set_seq(next_seq_++);
     auto ptr = std::make_shared<const Record>(std::move(record));
-    backlog_.push_back({ptr, owner, delivered});
+    backlog_.push_back({ptr, owner, delivered, weight, covers_after});
     while (backlog_.size() > capacity_) {
-      const bool was_delivered = backlog_.front().delivered;
+      const Entry& oldest = backlog_.front();
+      const bool was_delivered = oldest.delivered;
       // A paused subscriber that lacks it is told on Resume, alone.
-      const bool missed = NeededByPaused(backlog_.front(), /*count=*/true);
+      const bool missed = NeededByPaused(oldest, /*count=*/true);
+      // No call's record that reached nobody is reported to every host;
+      // any other, to a host of its client (or any, for no call's) that
+      // subscribes after an earlier seq.
+      const bool broadcast =
+          !was_delivered && !missed && oldest.owner == nullptr;
+      gone_.Add(oldest.record->seq(), oldest.owner, oldest.weight,
+                broadcast);
       backlog_.pop_front();
       if (was_delivered) continue;  // the host has it (see the top comment)
-      if (!missed) ++unreported_drops_;
+      if (broadcast) ++unreported_drops_;
       if (dropped_total_++ % 1000 == 0) {
         AGX_LOG(Warning,
                 "{} buffer full ({} entries, nobody acknowledging): dropping "
@@ -444,34 +490,40 @@ class SeqBuffer {
     // if that one never reached a host (nor is a paused one's to report).
     const bool evicts_undelivered =
         reports_into_self_ && backlog_.size() >= capacity_ &&
-        !backlog_.front().delivered &&
+        !backlog_.front().delivered && backlog_.front().owner == nullptr &&
         !NeededByPaused(backlog_.front(), /*count=*/false);
     const uint64_t dropped = unreported_drops_ + (evicts_undelivered ? 1 : 0);
-    std::optional<Record> report = reporter_(dropped, capacity_, kNoOwner);
+    std::optional<Record> report =
+        reporter_(dropped, /*at_most=*/false, capacity_, kNoOwner);
     if (report.has_value()) {
       // Delivered right after by the caller (Append or Subscribe).
-      out.push_back(Store(std::move(*report), nullptr, /*delivered=*/true));
+      out.push_back(Store(std::move(*report), nullptr, /*delivered=*/true,
+                          dropped));
     }
     unreported_drops_ = 0;
   }
 
-  // Reports to `client`'s hosts only the `missed` records a resumed
-  // subscriber of it lost while paused; a record the reporter returns is
-  // stored here as that client's (another paused host must not be sent it
-  // on its Resume) and appended to `out`. A record that storing it evicts
-  // is counted as Store counts it, for the next report.
-  void ReportMissed(uint64_t missed, const std::string& client,
-                    std::vector<RecordPtr>& out)
+  // Reports to `client`'s hosts only the `missed` records a resumed (or
+  // resubscribing) subscriber of it lost (`at_most`: an upper bound), all
+  // with seqs above `covers_after`; a record the reporter returns is stored
+  // here as that client's (another paused host must not be sent it on its
+  // Resume) and appended to `out`. A record that storing it evicts is
+  // counted as Store counts it, for the next report.
+  void ReportMissed(uint64_t missed, bool at_most, const std::string& client,
+                    uint64_t covers_after, std::vector<RecordPtr>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (missed == 0) return;
-    std::optional<Record> report = reporter_(missed, capacity_, client);
+    std::optional<Record> report =
+        reporter_(missed, at_most, capacity_, client);
     if (report.has_value()) {
       // A host that named no client cannot be told from others: its
       // report is stored as a record of no call (delivered), as before.
       OwnerPtr owner = client.empty()
                            ? nullptr
                            : std::make_shared<const std::string>(client);
-      out.push_back(Store(std::move(*report), owner, /*delivered=*/true));
+      out.push_back(
+          Store(std::move(*report), owner, /*delivered=*/true, /*weight=*/0,
+                covers_after));
     }
   }
 
@@ -493,6 +545,7 @@ class SeqBuffer {
   size_t max_subscribers_ ABSL_GUARDED_BY(mu_) = SIZE_MAX;
   uint64_t unreported_drops_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t dropped_total_ ABSL_GUARDED_BY(mu_) = 0;
+  GoneRecords gone_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace agentix::sandbox

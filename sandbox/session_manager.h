@@ -80,6 +80,11 @@ struct SessionOptions {
   size_t trace_buffer_events = 10000;
   // Logs (and, separately, Traces) streams subscribed at once.
   size_t max_log_subscribers = 64;
+  // A Logs or Traces subscriber paused because it fell behind
+  // (kSideChannelMaxUnwrittenBytes) that reads nothing for this long is
+  // ended with RESOURCE_EXHAUSTED: its subscriber place is freed, and what
+  // it had not received stays in the buffer for its client's next stream.
+  absl::Duration paused_subscriber_timeout = absl::Seconds(60);
   // Plugin-namespace streams open at once, over all hosts.
   size_t max_namespace_streams = 256;
 };
@@ -173,6 +178,7 @@ class SessionManager : public WorkerProcess::Listener {
   // The worker's log records and trace events, for RuntimeService.Logs and
   // RuntimeService.Traces.
   LogBuffer& logs() { return *logs_; }
+  const SessionOptions& options() const { return options_; }
   TraceBuffer& traces() { return *traces_; }
   // The host streams open on each plugin namespace (RuntimeService.Namespace).
   NamespaceHub& namespaces() { return namespaces_; }

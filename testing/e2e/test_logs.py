@@ -259,12 +259,15 @@ class SlowAtFirst(logging.Handler):
         super().__init__(logging.DEBUG)
         self.logger, self.stall = logger, stall
         self.indexes = []
+        self.stalling = False  # inside the first record's sleep
 
     def emit(self, record):
         if record.name != self.logger:
             return
         if not self.indexes:
+            self.stalling = True
             time.sleep(self.stall)
+            self.stalling = False
         self.indexes.append(int(record.getMessage().split()[1]))
 
 
@@ -285,3 +288,82 @@ async def test_a_host_that_falls_behind_gets_every_record_of_the_burst_before_th
             assert slow.indexes == list(range(n))  # every one, once, in order, before the result
             assert await c.remote(barrier_targets.log_big_records, 5, 10) == 5
             assert slow.indexes == list(range(n)) + list(range(5))  # the same stream goes on
+
+
+async def _logs_subscriber_fits(url):
+    """Whether the daemon accepts one more Logs subscriber now: a raw stream
+    that subscribes past every seq and half-closes ends OK, or is refused
+    with RESOURCE_EXHAUSTED (--max-log-subscribers)."""
+    import grpc
+    from agentix.runtime.v1 import runtime_pb2 as pb
+    from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
+
+    async with grpc.aio.insecure_channel(url) as channel:
+        call = pb_grpc.RuntimeServiceStub(channel).Logs(timeout=20)
+        await call.write(pb.LogsRequest(subscribe=pb.SubscribeLogs(after_seq=1 << 40)))
+        await call.done_writing()
+        try:
+            while (await call.read()) is not grpc.aio.EOF:
+                pass
+        except grpc.aio.AioRpcError as error:
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
+            assert "--max-log-subscribers" in error.details()
+            return False
+        return True
+
+
+async def test_a_paused_host_that_reads_nothing_is_ended_its_place_freed_and_it_loses_nothing_unreported(
+        start_daemon, collected):
+    import barrier_targets
+
+    # One Logs subscriber place, a 1 s paused-subscriber timeout, a buffer of
+    # 2,000 records. The host's handler blocks 6 s on the first of 6,000
+    # records of 8 KiB (48 MiB): its stream is paused 8 MiB behind, reads
+    # nothing, and is ended after 1 s with its connection still open. Before
+    # stop 28 it kept its stream and the one place until the connection
+    # went; and a host resubscribing was told every missing seq as dropped,
+    # another client's included.
+    d = start_daemon(extra_args=["--paused-subscriber-timeout-s", "1", "--max-log-subscribers", "1",
+                                 "--log-buffer-records", "2000"])
+    n = 6000
+    with on_root_logger(SlowAtFirst("e2e.big", stall=6.0)) as slow:
+        async with RuntimeClient(d.url) as c:
+            await c.remote(t.add, 1, 1)  # the Logs stream is open
+            # Its barrier gives up without progress (2 s): the host is stuck.
+            assert await c.remote(barrier_targets.log_big_records, n, 8192) == n
+            # While the host is still stuck, its place is freed.
+            deadline = time.monotonic() + 20
+            while not await _logs_subscriber_fits(d.url):
+                assert time.monotonic() < deadline, "the paused subscriber's place was never freed"
+                await asyncio.sleep(0.1)
+            assert slow.stalling, "the place was freed only after the host read again"
+            # Another client's records pass through the buffer meanwhile
+            # (nobody of its own listens): they are no loss of this host's.
+            async with RuntimeClient(d.url, logs=False, traces=False) as other:
+                assert await other.remote(barrier_targets.log_big_records, 3000, 100, "e2e.other") == 3000
+            # The host reads again: its stream's end is typed and says why.
+            await wait_for(lambda: not slow.stalling, timeout=30)
+            await wait_for(lambda: any("--paused-subscriber-timeout-s" in r.getMessage()
+                                       for r in collected.named("agentix.runtime.client")), timeout=30)
+            ended = [r for r in collected.named("agentix.runtime.client") if "stream lost" in r.getMessage()]
+            assert len(ended) == 1 and ended[0].levelno == logging.WARNING
+            assert "RESOURCE_EXHAUSTED" in ended[0].getMessage()
+            # The next call re-opens the stream: the backlog and the drop
+            # report; every record is received once, in order, or counted.
+
+            def dropped():
+                return sum(int(r.getMessage().split()[0]) for r in collected.named("agentix.sandbox")
+                           if "sandbox log records were dropped" in r.getMessage())
+
+            deadline = time.monotonic() + 30
+            while len(slow.indexes) + dropped() < n:
+                assert time.monotonic() < deadline, (len(slow.indexes), dropped())
+                await c.remote(t.add, 1, 1)
+                await asyncio.sleep(0.2)
+            assert slow.indexes == sorted(set(slow.indexes))
+            assert len(slow.indexes) + dropped() == n
+            assert dropped() > 0  # the buffer could not keep them all
+            assert not any(r.getMessage().startswith("at most") for r in collected.named("agentix.sandbox"))
+            # The same stream goes on.
+            assert await c.remote(barrier_targets.log_big_records, 5, 10) == 5
+            assert slow.indexes[-5:] == list(range(5))

@@ -72,9 +72,10 @@ class Feed(Generic[S]):
 
         A stream the daemon ended because this host fell behind, after it
         had replayed some of its records (`fell_behind`: a daemon before stop
-        27 ends a host 8 MiB behind with RESOURCE_EXHAUSTED, the records
-        still buffered; docs/RELIABILITY.md), is re-opened at once with the
-        cursor, so the call still gets what the daemon holds. Any other end
+        27 ends a host 8 MiB behind with RESOURCE_EXHAUSTED, a later one a
+        host paused there that read nothing for --paused-subscriber-timeout-s;
+        the records still buffered; docs/RELIABILITY.md), is re-opened at once
+        with the cursor, so the call still gets what the daemon holds. Any other end
         (a cut connection, a refusal) is left to the client's reconnection
         and the next call, as before."""
         cursor = self.cursor

@@ -364,9 +364,11 @@ class SubscriptionStream:
                 _log.debug("the runtime does not implement %s; %ss are not replayed", self.rpc_name, self.noun)
                 self._on_unimplemented()
             elif error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and not self._done:
-                # A daemon before stop 27 ended it: this host fell too far
-                # behind. What the daemon could not keep meanwhile is lost (it
-                # reports how many).
+                # This host fell too far behind: a daemon before stop 27 ends
+                # the stream at 8 MiB unread, a later one when it stays paused
+                # there reading nothing for --paused-subscriber-timeout-s. What
+                # the daemon could not keep meanwhile is lost; the re-opened
+                # stream's drop report says how many.
                 self.fell_behind = acked is not None
                 _log.warning("%s stream lost (re-opened at once by a call waiting for its records, else by the "
                              "next call): RESOURCE_EXHAUSTED, the runtime ended it because this host fell behind: "
