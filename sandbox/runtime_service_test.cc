@@ -271,6 +271,19 @@ void RunCall(Harness& h, const std::string& callable, const std::string& args) {
   REQUIRE(calls->Finish().ok());
 }
 
+// A Logs stream on `ctx` (given a 60 s deadline) subscribed after seq 1, the
+// worker's start record: what it then gets is what the test's calls log.
+std::unique_ptr<grpc::ClientReaderWriter<runtime::v1::LogsRequest,
+                                         runtime::v1::LogsResponse>>
+SubscribeLogsAfterStart(Harness& h, grpc::ClientContext& ctx) {
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto logs = h.stub->Logs(&ctx);
+  runtime::v1::LogsRequest subscribe;
+  subscribe.mutable_subscribe()->set_after_seq(1);
+  REQUIRE(logs->Write(subscribe));
+  return logs;
+}
+
 TEST_CASE("A burst of log records is coalesced into few Logs messages",
           "[sandbox]") {
   Harness h;
@@ -332,11 +345,7 @@ TEST_CASE("A Logs subscriber that falls behind is paused, not ended: it "
   Harness h;
   RunCall(h, "fake::log", "worker started");  // the worker is up
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  auto logs = h.stub->Logs(&ctx);
-  runtime::v1::LogsRequest subscribe;
-  subscribe.mutable_subscribe()->set_after_seq(1);
-  REQUIRE(logs->Write(subscribe));
+  auto logs = SubscribeLogsAfterStart(h, ctx);
   // 4,000 records of 10 KiB (40 MiB, far past kSideChannelMaxUnwrittenBytes
   // and what gRPC's flow control takes in; within the 10,000-record buffer)
   // while this host reads nothing. The daemon used to end such a stream
@@ -400,19 +409,10 @@ TEST_CASE("A host reading its Logs stream while another is paused gets "
           "[sandbox]") {
   Harness h;
   RunCall(h, "fake::log", "worker started");  // the worker is up
-  auto subscribe = [&](grpc::ClientContext& ctx) {
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(60));
-    auto logs = h.stub->Logs(&ctx);
-    runtime::v1::LogsRequest request;
-    request.mutable_subscribe()->set_after_seq(1);
-    REQUIRE(logs->Write(request));
-    return logs;
-  };
   grpc::ClientContext paused_ctx;
   grpc::ClientContext reading_ctx;
-  auto paused = subscribe(paused_ctx);
-  auto reading = subscribe(reading_ctx);
+  auto paused = SubscribeLogsAfterStart(h, paused_ctx);
+  auto reading = SubscribeLogsAfterStart(h, reading_ctx);
   // 40 MiB in 4,000 records: the host that reads nothing meanwhile is
   // paused (kSideChannelMaxUnwrittenBytes); the other reads and acks all.
   constexpr int kRecords = 4000;
@@ -457,12 +457,7 @@ TEST_CASE("A paused Logs host that goes away frees its subscriber place and "
   RunCall(h, "fake::log", "worker started");  // the worker is up
   h.manager.logs().SetMaxSubscribers(1);
   auto gone_ctx = std::make_unique<grpc::ClientContext>();
-  gone_ctx->set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::seconds(60));
-  auto gone = h.stub->Logs(gone_ctx.get());
-  runtime::v1::LogsRequest subscribe;
-  subscribe.mutable_subscribe()->set_after_seq(1);
-  REQUIRE(gone->Write(subscribe));
+  auto gone = SubscribeLogsAfterStart(h, *gone_ctx);
   constexpr int kRecords = 4000;
   constexpr int kPad = 10 << 10;
   RunCall(h, "fake::logs",
@@ -481,10 +476,7 @@ TEST_CASE("A paused Logs host that goes away frees its subscriber place and "
   std::vector<std::string> got;
   for (int attempt = 0; attempt < 100; ++attempt) {
     ctx = std::make_unique<grpc::ClientContext>();
-    ctx->set_deadline(std::chrono::system_clock::now() +
-                      std::chrono::seconds(60));
-    logs = h.stub->Logs(ctx.get());
-    REQUIRE(logs->Write(subscribe));
+    logs = SubscribeLogsAfterStart(h, *ctx);
     got = ReadRecords(*logs, kRecords, &seqs);
     if (!got.empty()) break;
     const grpc::Status refused = logs->Finish();
@@ -519,12 +511,7 @@ TEST_CASE("A paused Logs host that reads nothing for the paused-subscriber "
   RunCall(h, "fake::log", "worker started");  // the worker is up
   h.manager.logs().SetMaxSubscribers(1);
   grpc::ClientContext stuck_ctx;
-  stuck_ctx.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::seconds(60));
-  auto stuck = h.stub->Logs(&stuck_ctx);
-  runtime::v1::LogsRequest subscribe;
-  subscribe.mutable_subscribe()->set_after_seq(1);
-  REQUIRE(stuck->Write(subscribe));
+  auto stuck = SubscribeLogsAfterStart(h, stuck_ctx);
   constexpr int kRecords = 4000;
   constexpr int kPad = 10 << 10;
   RunCall(h, "fake::logs",
@@ -607,11 +594,7 @@ TEST_CASE("A Logs host that reads slowly but steadily is not ended by the "
   Harness h(WithPausedSubscriberTimeout(absl::Seconds(1)));
   RunCall(h, "fake::log", "worker started");  // the worker is up
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  auto logs = h.stub->Logs(&ctx);
-  runtime::v1::LogsRequest subscribe;
-  subscribe.mutable_subscribe()->set_after_seq(1);
-  REQUIRE(logs->Write(subscribe));
+  auto logs = SubscribeLogsAfterStart(h, ctx);
   constexpr int kRecords = 4000;
   constexpr int kPad = 10 << 10;
   RunCall(h, "fake::logs",
