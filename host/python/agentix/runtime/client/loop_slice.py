@@ -36,8 +36,9 @@ __all__ = ["DEFAULT_SLICE_US", "LOOP_SLICE_ENV", "MAX_US", "MIN_US", "loop_slice
 
 LOOP_SLICE_ENV = "AGENTIX_LOOP_SLICE_US"
 # What an unset or empty AGENTIX_LOOP_SLICE_US means: the kernel's default
-# (0) until a quiet run says otherwise (PERFORMANCE.md, stop 28: 3000 cut the
-# host's CPU per sequential noop 0.86-0.93x under load).
+# (0). 3000 cut the sequential noop's p50 and host CPU to ~0.92x in a quiet
+# same-run A/B but made p99/p50 worse (1.08x) and changes the user's thread
+# for good (DECISIONS.md, "The loop thread's slice stays off").
 DEFAULT_SLICE_US = 0
 MIN_US = 100  # the kernel clamps sched_runtime of a normal thread to 0.1-100 ms
 MAX_US = 100_000
