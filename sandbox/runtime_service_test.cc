@@ -284,6 +284,20 @@ SubscribeLogsAfterStart(Harness& h, grpc::ClientContext& ctx) {
   return logs;
 }
 
+// The burst the paused-host tests log: 4,000 records of 10 KiB (40 MiB, far
+// past kSideChannelMaxUnwrittenBytes and what gRPC's flow control takes in;
+// within the 10,000-record buffer).
+constexpr int kBurstRecords = 4000;
+constexpr int kBurstPad = 10 << 10;
+static_assert(size_t{kBurstRecords} * kBurstPad >
+              4 * kSideChannelMaxUnwrittenBytes);
+
+// Has the worker log the burst, in one call.
+void LogBurst(Harness& h) {
+  RunCall(h, "fake::logs", std::to_string(kBurstRecords) + ":0:" +
+                               std::to_string(kBurstPad));
+}
+
 TEST_CASE("A burst of log records is coalesced into few Logs messages",
           "[sandbox]") {
   Harness h;
@@ -346,15 +360,10 @@ TEST_CASE("A Logs subscriber that falls behind is paused, not ended: it "
   RunCall(h, "fake::log", "worker started");  // the worker is up
   grpc::ClientContext ctx;
   auto logs = SubscribeLogsAfterStart(h, ctx);
-  // 4,000 records of 10 KiB (40 MiB, far past kSideChannelMaxUnwrittenBytes
-  // and what gRPC's flow control takes in; within the 10,000-record buffer)
-  // while this host reads nothing. The daemon used to end such a stream
-  // with RESOURCE_EXHAUSTED and drop what it held for it.
-  constexpr int kRecords = 4000;
-  constexpr int kPad = 10 << 10;
-  static_assert(size_t{kRecords} * kPad > 4 * kSideChannelMaxUnwrittenBytes);
-  RunCall(h, "fake::logs",
-          std::to_string(kRecords) + ":0:" + std::to_string(kPad));
+  // The burst (kBurstRecords) while this host reads nothing. The daemon used
+  // to end such a stream with RESOURCE_EXHAUSTED and drop what it held for it.
+  constexpr int kRecords = kBurstRecords;
+  LogBurst(h);
   std::vector<uint64_t> seqs;
   std::vector<std::string> got;
   runtime::v1::LogsResponse resp;
@@ -415,14 +424,11 @@ TEST_CASE("A host reading its Logs stream while another is paused gets "
   auto reading = SubscribeLogsAfterStart(h, reading_ctx);
   // 40 MiB in 4,000 records: the host that reads nothing meanwhile is
   // paused (kSideChannelMaxUnwrittenBytes); the other reads and acks all.
-  constexpr int kRecords = 4000;
-  constexpr int kPad = 10 << 10;
-  static_assert(size_t{kRecords} * kPad > 4 * kSideChannelMaxUnwrittenBytes);
+  constexpr int kRecords = kBurstRecords;
   std::vector<std::string> read_by_reader;
   std::thread reader(
       [&] { read_by_reader = ReadRecords(*reading, kRecords); });
-  RunCall(h, "fake::logs",
-          std::to_string(kRecords) + ":0:" + std::to_string(kPad));
+  LogBurst(h);
   reader.join();
   REQUIRE(read_by_reader.size() == kRecords);
   // The paused host now reads: every record, once, in order, none dropped.
@@ -458,10 +464,8 @@ TEST_CASE("A paused Logs host that goes away frees its subscriber place and "
   h.manager.logs().SetMaxSubscribers(1);
   auto gone_ctx = std::make_unique<grpc::ClientContext>();
   auto gone = SubscribeLogsAfterStart(h, *gone_ctx);
-  constexpr int kRecords = 4000;
-  constexpr int kPad = 10 << 10;
-  RunCall(h, "fake::logs",
-          std::to_string(kRecords) + ":0:" + std::to_string(kPad));
+  constexpr int kRecords = kBurstRecords;
+  LogBurst(h);
   // It read nothing: paused, holding the records. It goes away.
   gone_ctx->TryCancel();
   REQUIRE(gone->Finish().error_code() == grpc::StatusCode::CANCELLED);
@@ -512,10 +516,8 @@ TEST_CASE("A paused Logs host that reads nothing for the paused-subscriber "
   h.manager.logs().SetMaxSubscribers(1);
   grpc::ClientContext stuck_ctx;
   auto stuck = SubscribeLogsAfterStart(h, stuck_ctx);
-  constexpr int kRecords = 4000;
-  constexpr int kPad = 10 << 10;
-  RunCall(h, "fake::logs",
-          std::to_string(kRecords) + ":0:" + std::to_string(kPad));
+  constexpr int kRecords = kBurstRecords;
+  LogBurst(h);
   // It reads nothing, its connection stays: once the timeout has passed
   // the one subscriber place is free for another stream (a subscribe
   // before that is refused, and retried here).
@@ -595,10 +597,8 @@ TEST_CASE("A Logs host that reads slowly but steadily is not ended by the "
   RunCall(h, "fake::log", "worker started");  // the worker is up
   grpc::ClientContext ctx;
   auto logs = SubscribeLogsAfterStart(h, ctx);
-  constexpr int kRecords = 4000;
-  constexpr int kPad = 10 << 10;
-  RunCall(h, "fake::logs",
-          std::to_string(kRecords) + ":0:" + std::to_string(kPad));
+  constexpr int kRecords = kBurstRecords;
+  LogBurst(h);
   std::vector<std::string> got;
   runtime::v1::LogsResponse resp;
   const auto start = std::chrono::steady_clock::now();
