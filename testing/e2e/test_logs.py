@@ -343,11 +343,16 @@ async def test_a_paused_host_that_reads_nothing_is_ended_its_place_freed_and_it_
                 assert await other.remote(barrier_targets.log_big_records, 3000, 100, "e2e.other") == 3000
             # The host reads again: its stream's end is typed and says why.
             await wait_for(lambda: not slow.stalling, timeout=30)
-            await wait_for(lambda: any("--paused-subscriber-timeout-s" in r.getMessage()
-                                       for r in collected.named("agentix.runtime.client")), timeout=30)
-            ended = [r for r in collected.named("agentix.runtime.client") if "stream lost" in r.getMessage()]
+            # (The ack writer's debug record of the same end can come first:
+            # wait for the reader's warning itself.)
+            def stream_ends():
+                return [r for r in collected.named("agentix.runtime.client") if "stream lost" in r.getMessage()]
+
+            await wait_for(stream_ends, timeout=30)
+            ended = stream_ends()
             assert len(ended) == 1 and ended[0].levelno == logging.WARNING
             assert "RESOURCE_EXHAUSTED" in ended[0].getMessage()
+            assert "--paused-subscriber-timeout-s" in ended[0].getMessage()
             # The next call re-opens the stream: the backlog and the drop
             # report; every record is received once, in order, or counted.
 
