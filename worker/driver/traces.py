@@ -149,6 +149,15 @@ def _span_ids(span):
             name if type(name) is str else _text(name))
 
 
+class _Busy(threading.local):
+    """Per thread: whether this thread is forwarding through the general
+    path. `on` has a class default: reading an attribute a thread never set
+    raises (and getattr swallows) an AttributeError, ~0.17 µs, twice per
+    span on every thread that only ever took the C path."""
+
+    on = False
+
+
 def _declined(*args):
     """send_span's answer for a span it cannot send: the general path's."""
     return False
@@ -174,13 +183,13 @@ def _trace_forwarder_class(base):
             self.failures = 0
             # Set while this thread forwards: a repr() or a log handler run
             # by the forwarding that opens a span must not forward again.
-            self._busy = threading.local()
+            self._busy = _Busy()
 
         def __repr__(self):
             return "<agentix-worker trace forwarder>"
 
         def _forward(self, kind, item):
-            if not self.enabled or getattr(self._busy, "on", False):
+            if not self.enabled or self._busy.on:
                 return
             self._busy.on = True
             try:
@@ -218,7 +227,7 @@ def _trace_forwarder_class(base):
 
         def on_span_start(self, span):
             busy = self._busy
-            if not self.enabled or getattr(busy, "on", False):
+            if not self.enabled or busy.on:
                 return
             try:
                 # Runs no Python code: no forwarding can nest in it.
@@ -244,7 +253,7 @@ def _trace_forwarder_class(base):
 
         def on_span_end(self, span):
             busy = self._busy
-            if not self.enabled or getattr(busy, "on", False):
+            if not self.enabled or busy.on:
                 return
             try:
                 if self._send_span(_SPAN_END, span, _call_id.get(),
