@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 
+import _agentix_worker as _w
 
 from .common import _DEBUG, _WARNING, _call_id, _log, _text
 
@@ -184,6 +185,11 @@ def _trace_forwarder_class(base):
             # Set while this thread forwards: a repr() or a log handler run
             # by the forwarding that opens a span must not forward again.
             self._busy = _Busy()
+            # on_span_start / on_span_end below in C (span_handlers.h), as
+            # this instance's attributes: agentix.trace calls them with no
+            # Python frame per span event.
+            self.on_span_start, self.on_span_end = _w.span_handlers(
+                self, _call_id)
 
         def __repr__(self):
             return "<agentix-worker trace forwarder>"
@@ -223,7 +229,10 @@ def _trace_forwarder_class(base):
 
         # The two span events are most of the traffic: _forward is inlined,
         # and fields left at their defaults are not passed (send_trace
-        # leaves an omitted field at proto3's default, as for None).
+        # leaves an omitted field at proto3's default, as for None). Each
+        # instance shadows on_span_start / on_span_end with their C versions
+        # (span_handlers, set in __init__), which call the general paths
+        # below as these do.
 
         def on_span_start(self, span):
             busy = self._busy
@@ -236,6 +245,10 @@ def _trace_forwarder_class(base):
                     return
             except Exception:
                 pass  # sent nothing: the general path below decides
+            self._span_start_general(span)
+
+        def _span_start_general(self, span):
+            busy = self._busy
             busy.on = True
             try:
                 trace_id, span_id, parent_id, name = _span_ids(span)
@@ -261,6 +274,10 @@ def _trace_forwarder_class(base):
                     return
             except Exception:
                 pass
+            self._span_end_general(span)
+
+        def _span_end_general(self, span):
+            busy = self._busy
             busy.on = True
             try:
                 trace_id, span_id, parent_id, name = _span_ids(span)

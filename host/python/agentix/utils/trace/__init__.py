@@ -122,11 +122,15 @@ def gen_trace_id() -> str:
     return f"trace_{_ids.getrandbits(128) & ~clear | bits:032x}"
 
 
+_SPAN_ID_KEEP, _SPAN_ID_SET = ~_SPAN_ID_BITS[0], _SPAN_ID_BITS[1]
+
+
 def gen_span_id() -> str:
     """Returns a fresh span id: ``"span_"`` + 24 lowercase hex digits (the
     first 24 of a uuid4's form)."""
-    clear, bits = _SPAN_ID_BITS
-    return f"span_{_ids.getrandbits(96) & ~clear | bits:024x}"
+    # bytes.hex() of the 12 bytes: the same digits as format(n, "024x"), once
+    # per span at ~60% of its cost.
+    return "span_" + (_ids.getrandbits(96) & _SPAN_ID_KEEP | _SPAN_ID_SET).to_bytes(12, "big").hex()
 
 
 # The second `_now` formatted last and its "YYYY-MM-DDTHH:MM:SS": a span's two
