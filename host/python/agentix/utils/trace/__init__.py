@@ -153,8 +153,9 @@ def iso_from_unix_micros(micros: int) -> str:
 
 
 # `_now`'s own cache: the Unix seconds' decimal digits and their
-# "YYYY-MM-DDTHH:MM:SS." (one tuple, so threads read a consistent pair).
-_now_second: tuple[str, str] = ("", "")
+# "YYYY-MM-DDTHH:MM:SS." (one tuple, so threads read a consistent pair);
+# "-" matches no digits.
+_now_second: tuple[str, str] = ("-", "")
 
 
 def _now() -> str:
@@ -163,9 +164,11 @@ def _now() -> str:
     decimal digits are cut (the last six are the fraction, zero-padded)
     instead of divided and formatted."""
     global _now_second
-    digits = str(time.time_ns() // 1000)  # after 1970-01-01T00:00:01: > 6 digits
+    digits = str(time.time_ns() // 1000)
     head, text = _now_second
     if digits[:-6] != head:
+        if len(digits) <= 6:  # a clock in 1970's first second: no seconds digits
+            return iso_from_unix_micros(int(digits))
         head = digits[:-6]
         text = time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(int(head)))
         _now_second = (head, text)
