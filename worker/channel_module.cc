@@ -18,6 +18,7 @@
 #include "worker/channel/record_factory.h"
 #include "worker/channel/result_sender.h"
 #include "worker/channel/side_channels.h"
+#include "worker/channel/span_handlers.h"
 #include "worker/channel/stdio_channel.h"
 #include "worker/channel/writer.h"
 #include "worker/ipc/frame.h"
@@ -190,6 +191,9 @@ PyMethodDef kModuleMethods[] = {
     {"bridge_handle", Fast<BridgeHandle>(), METH_FASTCALL,
      "bridge_handle(handler, send_log_record, context, call_id, "
      "standard_keys, unforwarded): the log bridge's handle(record) in C."},
+    {"span_handlers", Fast<SpanHandlers>(), METH_FASTCALL,
+     "span_handlers(forwarder, call_id): the trace forwarder's "
+     "(on_span_start, on_span_end) in C."},
     {"durable_handle", Fast<DurableHandle>(), METH_FASTCALL,
      "durable_handle(handler): the durable log's handle(record) in C."},
     {"map_log", Fast<MapLog>(), METH_FASTCALL,

@@ -464,26 +464,20 @@ int SpanReader::Encode(bool end, PyObject* kind, PyObject* const* v,
       }
     }
   }
-  PyObject* start_nanos = PyLong_FromLongLong(start);
-  PyObject* end_nanos = end ? PyLong_FromLongLong(finish) : nullptr;
-  if (start_nanos == nullptr || (end && end_nanos == nullptr)) {
-    Py_XDECREF(start_nanos);
-    return -1;
-  }
   MessageFields& f = TraceEventFields();
   auto put = [&](SpanField field, PyObject* value) {
     return value == nullptr || value == Py_None ||
            f.EncodeField(fields[field], value, out);
   };
+  // The stamps as C integers: no Python int each.
   bool ok = put(kKindField, kind) && put(kTraceIdField, v[kTraceId]) &&
             put(kSpanIdField, v[kSpanId]) && put(kParentIdField, parent) &&
-            put(kNameField, v[kSpanName]) && put(kStartField, start_nanos);
-  if (ok && end) ok = put(kEndField, end_nanos);
+            put(kNameField, v[kSpanName]) &&
+            f.EncodeIntegerField(fields[kStartField], start, out);
+  if (ok && end) ok = f.EncodeIntegerField(fields[kEndField], finish, out);
   ok = ok && put(kAttributesField, attrs);
   if (ok && end) ok = put(kStatusField, status);
   ok = ok && put(kCallIdField, call_id);
-  Py_DECREF(start_nanos);
-  Py_XDECREF(end_nanos);
   return ok ? 1 : -1;
 }
 
@@ -541,9 +535,11 @@ int EncodePlainSpan(PyObject* kind, PyObject* span, PyObject* call_id,
   if (reinterpret_cast<PyObject*>(Py_TYPE(span)) != span_type) return 0;
   PyObject* dict = PyObject_GenericGetDict(span, nullptr);
   if (dict == nullptr) return -1;
-  // Nothing below runs Python code: the values stay the dict's.
-  PyObject* v[kSpanKeys];
-  for (int i = 0; i < kSpanKeys; ++i) {
+  // Nothing below runs Python code: the values stay the dict's. A start
+  // reads only the attributes before ended_at (the rest are not sent).
+  PyObject* v[kSpanKeys] = {};
+  const int read = end ? kSpanKeys : kEndedAt;
+  for (int i = 0; i < read; ++i) {
     v[i] = PyDict_GetItemWithError(dict, reader->keys[i]);
     if (v[i] == nullptr && PyErr_Occurred()) {
       Py_DECREF(dict);

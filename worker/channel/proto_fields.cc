@@ -383,6 +383,13 @@ bool MessageFields::EncodeScalar(const Field& f, PyObject* value,
   }
   // Every other type is an integer.
   if (!ToInt(value, name, number)) return false;
+  return EncodeNumber(f, number, out, always);
+}
+
+bool MessageFields::EncodeNumber(const Field& f, long long number,
+                                 std::string& out, bool always) {
+  const FieldDescriptor* field = f.field;
+  const char* name = field->name().c_str();
   uint64_t bits = 0;
   switch (field->type()) {
     case FieldDescriptor::TYPE_ENUM:
@@ -450,6 +457,28 @@ int MessageFields::IndexOf(std::string_view name) const {
 bool MessageFields::EncodeField(int index, PyObject* value,
                                 std::string& out) {
   return EncodeOne(fields_[static_cast<size_t>(index)], value, out);
+}
+
+bool MessageFields::EncodeIntegerField(int index, long long value,
+                                       std::string& out) {
+  const Field& f = fields_[static_cast<size_t>(index)];
+  if (f.form != Form::kScalar) {
+    PyErr_Format(PyExc_TypeError, "%s is not a single scalar",
+                 f.field->name().c_str());
+    return false;
+  }
+  switch (f.field->type()) {
+    case FieldDescriptor::TYPE_STRING:
+    case FieldDescriptor::TYPE_BYTES:
+    case FieldDescriptor::TYPE_BOOL:
+    case FieldDescriptor::TYPE_DOUBLE:
+    case FieldDescriptor::TYPE_FLOAT:
+      PyErr_Format(PyExc_TypeError, "%s is not an integer field",
+                   f.field->name().c_str());
+      return false;
+    default:
+      return EncodeNumber(f, value, out, f.presence);
+  }
 }
 
 bool MessageFields::Encode(const char* function, PyObject* const* args,

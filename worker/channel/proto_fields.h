@@ -57,6 +57,9 @@ class MessageFields {
   // checks, the same bytes). GIL held.
   int IndexOf(std::string_view name) const;
   bool EncodeField(int index, PyObject* value, std::string& out);
+  // EncodeField of an integer field (a scalar of any integer or enum type)
+  // with the value as a C integer: the same bytes, without a Python int.
+  bool EncodeIntegerField(int index, long long value, std::string& out);
 
  private:
   enum class Form { kScalar, kScalars, kChoice, kMap, kMessage, kMessages };
@@ -79,6 +82,9 @@ class MessageFields {
   // `always`: write the value even if it is the default (list items).
   bool EncodeScalar(const Field& f, PyObject* value, std::string& out,
                     bool always = false);
+  // EncodeScalar's integer types, from the value as a C integer.
+  bool EncodeNumber(const Field& f, long long number, std::string& out,
+                    bool always);
   // This message's fields from a dict of field names.
   bool EncodeDict(PyObject* dict, std::string& out);
   // This message (one oneof of scalars) from a scalar.

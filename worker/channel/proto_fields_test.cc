@@ -1,6 +1,7 @@
 // MessageFields on a message of every shape (built here, not from
 // runtime.proto): each field's Python form follows from its type alone.
 #include <catch2/catch.hpp>
+#include <climits>
 #include <memory>
 #include <string>
 
@@ -21,7 +22,8 @@ namespace pb = google::protobuf;
 // message Inner { string name = 1; repeated int32 ns = 2; }
 // message Probe { repeated sint64 nums = 1; Inner inner = 2;
 //   repeated Inner inners = 3; map<string, int64> counts = 4;
-//   Value value = 5; string owned = 6; double d = 7; }
+//   Value value = 5; string owned = 6; double d = 7; int64 n = 8;
+//   sint32 z = 9; }
 const pb::Descriptor* ProbeDescriptor() {
   static pb::DescriptorPool* pool = [] {
     const char* text = R"pb(
@@ -46,6 +48,8 @@ const pb::Descriptor* ProbeDescriptor() {
         field { name: "value" number: 5 type: TYPE_MESSAGE label: LABEL_OPTIONAL type_name: ".probe.Value" }
         field { name: "owned" number: 6 type: TYPE_STRING label: LABEL_OPTIONAL }
         field { name: "d" number: 7 type: TYPE_DOUBLE label: LABEL_OPTIONAL }
+        field { name: "n" number: 8 type: TYPE_INT64 label: LABEL_OPTIONAL }
+        field { name: "z" number: 9 type: TYPE_SINT32 label: LABEL_OPTIONAL }
         nested_type {
           name: "CountsEntry"
           options { map_entry: true }
@@ -65,9 +69,14 @@ const pb::Descriptor* ProbeDescriptor() {
 
 // Encodes probe(**kwargs), kwargs being a Python dict expression; returns
 // the message's text form, or "error: <type>: <message>".
-std::string Encode(const std::string& kwargs) {
+MessageFields& ProbeFields() {
   static MessageFields* fields =
       new MessageFields(ProbeDescriptor(), {"owned"});
+  return *fields;
+}
+
+std::string Encode(const std::string& kwargs) {
+  MessageFields* fields = &ProbeFields();
   Py("kw = " + kwargs + "\nnames = tuple(kw)\nvalues = tuple(kw.values())\n");
   PyObject* main = PyModule_GetDict(PyImport_AddModule("__main__"));
   PyObject* names = PyDict_GetItemString(main, "names");
@@ -127,6 +136,56 @@ TEST_CASE("Every field shape has a Python form from its descriptor",
         "error: TypeError: counts must be a dict, not list");
   CHECK(Encode("{'value': 1.5}") ==
         "error: TypeError: a probe.Value cannot hold a float");
+}
+
+// EncodeIntegerField(name, value): the bytes, or "error: <type>: <message>".
+std::string EncodeInteger(const char* name, long long value) {
+  std::string out;
+  if (!ProbeFields().EncodeIntegerField(ProbeFields().IndexOf(name), value,
+                                        out)) {
+    PythonError error = FetchPythonError();
+    return "error: " + error.type + ": " + error.message;
+  }
+  return out;
+}
+
+// EncodeField(name, int(value)): the bytes, or "error: ...".
+std::string EncodePythonInteger(const char* name, long long value) {
+  std::string out;
+  PyObject* number = PyLong_FromLongLong(value);
+  REQUIRE(number != nullptr);
+  const bool ok =
+      ProbeFields().EncodeField(ProbeFields().IndexOf(name), number, out);
+  Py_DECREF(number);
+  if (!ok) {
+    PythonError error = FetchPythonError();
+    return "error: " + error.type + ": " + error.message;
+  }
+  return out;
+}
+
+TEST_CASE("An integer field from a C integer: the bytes of its Python int",
+          "[channel][proto_fields]") {
+  EnsureChannelInterpreter();
+  Encode("{}");  // interns the field names
+  for (long long value : {0LL, 1LL, -1LL, 1704164645123456000LL, LLONG_MIN,
+                          LLONG_MAX}) {
+    INFO(value);
+    CHECK(EncodeInteger("n", value) == EncodePythonInteger("n", value));
+  }
+  CHECK(EncodeInteger("n", 0).empty());  // proto3's default: left out
+  CHECK(EncodeInteger("n", 300) == std::string("\x40\xac\x02", 3));
+  for (long long value : {0LL, 5LL, -5LL, 2147483647LL}) {
+    INFO(value);
+    CHECK(EncodeInteger("z", value) == EncodePythonInteger("z", value));
+  }
+  CHECK(EncodeInteger("z", -1) == std::string("\x48\x01", 2));  // zigzag
+  CHECK(EncodeInteger("z", 2147483648LL) == EncodePythonInteger("z", 2147483648LL));
+  CHECK(EncodeInteger("z", 2147483648LL).rfind("error: ValueError", 0) == 0);
+  // Not a single integer: refused.
+  CHECK(EncodeInteger("d", 1) == "error: TypeError: d is not an integer field");
+  CHECK(EncodeInteger("nums", 1) ==
+        "error: TypeError: nums is not a single scalar");
 }
 
 }  // namespace

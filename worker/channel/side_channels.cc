@@ -19,10 +19,11 @@ namespace {
 constexpr size_t kFrameOverhead = 64;
 constexpr size_t kRecordBytes = 512;
 
-// Encodes `frame` and puts it on the log queue (see ChannelSendTrace for
-// why side-channel frames do not go through `out`). GIL held.
-bool QueueSideChannelFrame(PyObject* self, const ipc::Frame& frame) {
-  std::string frames;
+// Encodes `frame` into `frames` (empty) and puts it on the log queue (see
+// ChannelSendTrace for why side-channel frames do not go through `out`).
+// GIL held.
+bool QueueSideChannelFrame(PyObject* self, const ipc::Frame& frame,
+                           std::string& frames) {
   frames.reserve(frame.record.size() + kFrameOverhead);
   absl::Status status = ipc::AppendFrame(frame, frames);
   if (!status.ok()) {
@@ -32,6 +33,36 @@ bool QueueSideChannelFrame(PyObject* self, const ipc::Frame& frame) {
   QueueLogsFromPython(Channel(self).writer, frames);
   return true;
 }
+
+bool QueueSideChannelFrame(PyObject* self, const ipc::Frame& frame) {
+  std::string frames;
+  return QueueSideChannelFrame(self, frame, frames);
+}
+
+// A span event's frame and its encoding, reused by each thread: their
+// buffers keep their capacity, so the two events of a span allocate no
+// frame and no string here. Buffers that grew past kScratchBytes (a span
+// with large attributes) are released at the thread's next span event.
+struct SpanScratch {
+  static constexpr size_t kScratchBytes = 16 * 1024;
+
+  ipc::Frame frame;
+  std::string frames;
+
+  SpanScratch() {
+    frame.type = ipc::FrameType::kTrace;
+    frame.record.reserve(kRecordBytes);
+  }
+
+  void Reset() {
+    frame.record.clear();
+    frames.clear();
+    if (frame.record.capacity() > kScratchBytes) {
+      std::string().swap(frame.record);
+    }
+    if (frames.capacity() > kScratchBytes) std::string().swap(frames);
+  }
+};
 
 // Like QueueSideChannelFrame, but when no write is in flight the calling
 // thread writes the queued log frames and this one itself instead of waking
@@ -117,12 +148,14 @@ PyObject* ChannelSendTrace(PyObject* self, PyObject* const* args,
 PyObject* ChannelSendSpan(PyObject* self, PyObject* const* args,
                           Py_ssize_t nargs) {
   if (!CheckArgs("send_span", nargs, 4)) return nullptr;
-  ipc::Frame frame;
-  frame.type = ipc::FrameType::kTrace;
-  const int encoded =
-      EncodePlainSpan(args[0], args[1], args[2], args[3], frame.record);
+  static thread_local SpanScratch scratch;
+  scratch.Reset();
+  const int encoded = EncodePlainSpan(args[0], args[1], args[2], args[3],
+                                      scratch.frame.record);
   if (encoded <= 0) return encoded < 0 ? nullptr : Py_NewRef(Py_False);
-  if (!QueueSideChannelFrame(self, frame)) return nullptr;
+  if (!QueueSideChannelFrame(self, scratch.frame, scratch.frames)) {
+    return nullptr;
+  }
   Py_RETURN_TRUE;
 }
 

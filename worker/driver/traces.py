@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 
+import _agentix_worker as _w
 
 from .common import _DEBUG, _WARNING, _call_id, _log, _text
 
@@ -149,6 +150,15 @@ def _span_ids(span):
             name if type(name) is str else _text(name))
 
 
+class _Busy(threading.local):
+    """Per thread: whether this thread is forwarding through the general
+    path. `on` has a class default: reading an attribute a thread never set
+    raises (and getattr swallows) an AttributeError, ~0.17 µs, twice per
+    span on every thread that only ever took the C path."""
+
+    on = False
+
+
 def _declined(*args):
     """send_span's answer for a span it cannot send: the general path's."""
     return False
@@ -174,13 +184,18 @@ def _trace_forwarder_class(base):
             self.failures = 0
             # Set while this thread forwards: a repr() or a log handler run
             # by the forwarding that opens a span must not forward again.
-            self._busy = threading.local()
+            self._busy = _Busy()
+            # on_span_start / on_span_end below in C (span_handlers.h), as
+            # this instance's attributes: agentix.trace calls them with no
+            # Python frame per span event.
+            self.on_span_start, self.on_span_end = _w.span_handlers(
+                self, _call_id)
 
         def __repr__(self):
             return "<agentix-worker trace forwarder>"
 
         def _forward(self, kind, item):
-            if not self.enabled or getattr(self._busy, "on", False):
+            if not self.enabled or self._busy.on:
                 return
             self._busy.on = True
             try:
@@ -214,11 +229,14 @@ def _trace_forwarder_class(base):
 
         # The two span events are most of the traffic: _forward is inlined,
         # and fields left at their defaults are not passed (send_trace
-        # leaves an omitted field at proto3's default, as for None).
+        # leaves an omitted field at proto3's default, as for None). Each
+        # instance shadows on_span_start / on_span_end with their C versions
+        # (span_handlers, set in __init__), which call the general paths
+        # below as these do.
 
         def on_span_start(self, span):
             busy = self._busy
-            if not self.enabled or getattr(busy, "on", False):
+            if not self.enabled or busy.on:
                 return
             try:
                 # Runs no Python code: no forwarding can nest in it.
@@ -227,6 +245,10 @@ def _trace_forwarder_class(base):
                     return
             except Exception:
                 pass  # sent nothing: the general path below decides
+            self._span_start_general(span)
+
+        def _span_start_general(self, span):
+            busy = self._busy
             busy.on = True
             try:
                 trace_id, span_id, parent_id, name = _span_ids(span)
@@ -244,7 +266,7 @@ def _trace_forwarder_class(base):
 
         def on_span_end(self, span):
             busy = self._busy
-            if not self.enabled or getattr(busy, "on", False):
+            if not self.enabled or busy.on:
                 return
             try:
                 if self._send_span(_SPAN_END, span, _call_id.get(),
@@ -252,6 +274,10 @@ def _trace_forwarder_class(base):
                     return
             except Exception:
                 pass
+            self._span_end_general(span)
+
+        def _span_end_general(self, span):
+            busy = self._busy
             busy.on = True
             try:
                 trace_id, span_id, parent_id, name = _span_ids(span)

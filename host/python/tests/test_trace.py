@@ -112,7 +112,9 @@ def test_a_forked_child_does_not_repeat_its_parents_ids():
 def test_now_matches_the_clock_across_seconds(monkeypatch):
     # _now reuses the formatted second; a new second must be formatted afresh.
     for ns in (1_700_000_000_123_456_789, 1_700_000_000_999_999_999, 1_700_000_001_000_000_000,
-               1_700_000_000_000_001_000, 951_782_400_000_000_000):
+               1_700_000_000_000_001_000, 951_782_400_000_000_000,
+               # 1970's first second (fewer than 7 microsecond digits) and the next ones.
+               123_456_789, 0, 999_999_999, 1_000_000_000, 1_000_000_007_000, 5_000):
         monkeypatch.setattr(tr.time, "time_ns", lambda ns=ns: ns)
         epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
         expected = epoch + datetime.timedelta(microseconds=ns // 1000)
