@@ -228,7 +228,10 @@ class RecordBatch:
     def _base_for(self, name: str, level: int, record: Any) -> dict[str, Any]:
         """The base attributes of `record` (replayed under the logger named
         `name`, its wire name within the bound) for LogReplayer."""
-        return self._base_of(self._template, name, level, record, record.logger)
+        template = self._template
+        if template is None:  # replayer() makes no LogReplayer then
+            raise RuntimeError("a RecordBatch without a template has no base attributes")
+        return self._base_of(template, name, level, record, record.logger)
 
     def _base_of(
         self, template: dict[str, Any], name: str, level: int, record: Any, wire_name: str
