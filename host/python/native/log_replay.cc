@@ -257,10 +257,10 @@ PyObject* Replayer_vectorcall(PyObject* callable, PyObject* const* args, size_t 
   if (logger == nullptr) return PyErr_Occurred() ? nullptr : Decline(self, item);
   Py_INCREF(logger);
   PyObject* level = PyStructSequence_GET_ITEM(item, kLevel);
-  PyObject* time = PyStructSequence_GET_ITEM(item, kTime);
+  PyObject* stamp = PyStructSequence_GET_ITEM(item, kTime);
   PyObject* extras = PyStructSequence_GET_ITEM(item, kExtras);
   const long level_value = PyLong_CheckExact(level) ? PyLong_AsLong(level) : -1;
-  const long long nanos = PyLong_CheckExact(time) ? PyLong_AsLongLong(time) : -1;
+  const long long nanos = PyLong_CheckExact(stamp) ? PyLong_AsLongLong(stamp) : -1;
   if (PyErr_Occurred()) PyErr_Clear();  // beyond long / int64: the Python path
   PyObject* record_type = PyDict_GetItemWithError(self->logging_dict, names[kLogRecordName]);
   if (record_type != self->record_type || level_value < 0 || level_value > kMaxCachedLevel || nanos <= 0 ||

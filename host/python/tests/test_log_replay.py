@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from agentix.runtime.client import logs
-from agentix.runtime.client._native_calls import LogReplayer, log_records
+from agentix.runtime.client._native_calls import LogRecordFields, LogReplayer, log_records
 from agentix.runtime.v1 import runtime_pb2 as pb
 from fake_runtime import log_record
 
@@ -133,8 +133,13 @@ def test_protobuf_records_and_unknown_loggers_take_replay(loggers):
     # A logger not known yet: replay finds (or makes) it, as the first record of a stream does.
     replayer(_fields([log_record(1, "new name", logger="replay.a.fresh", time_unix_nanos=_T)])[0])
     replayer(log_record(2, "protobuf's", logger="replay.a", time_unix_nanos=_T))
+    # Fields objects made by hand with items of other types: replay's, whatever it makes of them.
+    odd = list(_fields([log_record(3, "odd", logger="replay.a", time_unix_nanos=_T)])[0])
+    odd[5] = 1.5e18  # time_unix_nanos as a float
+    replayer(LogRecordFields(odd))
     assert "replay.a.fresh" in logs._loggers
-    assert [record["msg"] for _, record, _ in loggers] == ["new name", "protobuf's"]  # (propagated)
+    assert [record["msg"] for _, record, _ in loggers] == ["new name", "protobuf's", "odd"]  # (propagated)
+    assert loggers[-1][1]["created"] == 1.5e9
 
 
 class _Counting(logging.Logger):
