@@ -30,6 +30,7 @@
 #include "host/python/native/calls_reactor.h"
 #include "host/python/native/cxx_errors.h"
 #include "host/python/native/namespace_wire.h"
+#include "host/python/native/log_replay.h"
 #include "host/python/native/side_records.h"
 
 namespace {
@@ -635,7 +636,8 @@ PyMODINIT_FUNC PyInit__native_calls() {
   if (PyModule_AddObjectRef(module, "Channel", reinterpret_cast<PyObject*>(&ChannelType)) < 0 ||
       PyModule_AddObjectRef(module, "CallsTransport", reinterpret_cast<PyObject*>(&TransportType)) < 0 ||
       PyModule_AddObjectRef(module, "CallResultFields", reinterpret_cast<PyObject*>(call_result_type)) < 0 ||
-      !agentix::host::AddSideRecordTypes(module)) {
+      !agentix::host::AddSideRecordTypes(module) ||
+      !agentix::host::AddLogReplayType(module)) {
     Py_DECREF(module);
     return nullptr;
   }

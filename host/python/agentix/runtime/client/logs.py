@@ -211,20 +211,47 @@ class RecordBatch:
         replayed.agentix_logger = wire_name
         logger.handle(replayed)
 
-    def _from_template(
-        self, template: dict[str, Any], name: str, level: int, record: Any, wire_name: str, nanos: int
-    ) -> logging.LogRecord:
+    def replayer(self) -> Callable[[Any], None]:
+        """What replays this batch's records one call each: `replay`, or
+        with the native module and the template, its ``LogReplayer``, which
+        does replay's templated path in C and hands any other record to
+        `replay` (log_replay.h)."""
+        native = _native_replayer()
+        if native is None or self._template is None:
+            return self.replay
+        return native(
+            fields_type=_native_fields, loggers=_loggers, logging_module=logging, record_type=_LOG_RECORD,
+            relative_ms=self._relative_ms, max_name_chars=MAX_LOGGER_NAME_CHARS, base_for=self._base_for,
+            fallback=self.replay, is_enabled_for=_IS_ENABLED_FOR, make_record=_MAKE_RECORD, handle=_HANDLE,
+        )
+
+    def _base_for(self, name: str, level: int, record: Any) -> dict[str, Any]:
+        """The base attributes of `record` (replayed under the logger named
+        `name`, its wire name within the bound) for LogReplayer."""
+        template = self._template
+        if template is None:  # replayer() makes no LogReplayer then
+            raise RuntimeError("a RecordBatch without a template has no base attributes")
+        return self._base_of(template, name, level, record, record.logger)
+
+    def _base_of(
+        self, template: dict[str, Any], name: str, level: int, record: Any, wire_name: str
+    ) -> dict[str, Any]:
         # Records of one batch mostly repeat their logger, level, place and
         # ids: the attributes those give are worked out once per distinct
         # combination (a copy of the template with them), and each record is
         # a copy of that plus what is its own.
-        path = record.file
-        key = (name, level, wire_name, path, record.module, record.function, record.context, record.call_id,
-               record.worker_id, record.origin, record.level_name)
+        key = (name, level, wire_name, record.file, record.module, record.function, record.context,
+               record.call_id, record.worker_id, record.origin, record.level_name)
         base = self._bases.get(key)
         if base is None:
             base = self._base(template, key)
-        attrs = base.copy()
+        return base
+
+    def _from_template(
+        self, template: dict[str, Any], name: str, level: int, record: Any, wire_name: str, nanos: int
+    ) -> logging.LogRecord:
+        # (LogReplayer makes the same dict in C: keep the two in step.)
+        attrs = self._base_of(template, name, level, record, wire_name).copy()
         created = nanos / 1e9
         attrs.update({
             "msg": record.message, "lineno": record.line, "created": created,
@@ -272,6 +299,25 @@ class RecordBatch:
 
 # Distinct (logger, level, place, ids) combinations a RecordBatch keeps.
 _BASES_PER_BATCH = 64
+
+
+# _native_calls.LogReplayer and LogRecordFields (None without the native
+# module), looked up at first use (the module loads grpc++).
+_native_types: tuple[Any, Any] | None = None
+_native_fields: Any = None
+
+
+def _native_replayer() -> Any:
+    global _native_types, _native_fields
+    if _native_types is None:
+        try:
+            from agentix.runtime.client import _native_calls
+
+            _native_types = (_native_calls.LogReplayer, _native_calls.LogRecordFields)
+        except (ImportError, AttributeError):
+            _native_types = (None, None)
+        _native_fields = _native_types[1]
+    return _native_types[0]
 
 
 def _made_record(logger: logging.Logger, level: int, record: pb.LogRecord) -> logging.LogRecord:
@@ -330,6 +376,8 @@ def _msecs(nanos: int) -> float:
 
 _MAKE_RECORD = logging.Logger.makeRecord
 _HANDLE = logging.Logger.handle
+_IS_ENABLED_FOR = logging.Logger.isEnabledFor
+_LOG_RECORD = logging.LogRecord
 # The logging module's own level names (addLevelName updates this dict in place).
 _level_to_name: dict[int, str] = logging._levelToName
 _new_record = object.__new__
@@ -579,7 +627,7 @@ class LogsStream(SubscriptionStream):
         return pb.LogsRequest(ack=pb.AckLogs(seq=seq))
 
     def _batch_replayer(self) -> Callable[[Any], None]:
-        return RecordBatch().replay
+        return RecordBatch().replayer()
 
     def _describe(self, item: pb.LogRecord) -> str:
         return f"logger {item.logger[:MAX_LOGGER_NAME_CHARS] or DEFAULT_LOGGER!r}"
