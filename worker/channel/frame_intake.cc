@@ -10,6 +10,7 @@
 #include <string_view>
 #include <utility>
 
+#include "base/payload_copy.h"
 #include "worker/channel/channel_state.h"
 #include "worker/channel/intake_baton.h"
 #include "worker/channel/pickle_splitter.h"
@@ -171,7 +172,7 @@ class UploadSink final : public PickleSplitter::Sink {
         upload_.values, PyList_GET_SIZE(upload_.values) - 1);
     char* data = PyBytes_Check(value) ? PyBytes_AS_STRING(value)
                                       : PyByteArray_AS_STRING(value);
-    std::memcpy(data + upload_.value_filled, bytes.data(), bytes.size());
+    base::CopyPayload(data + upload_.value_filled, bytes.data(), bytes.size());
     upload_.value_filled += bytes.size();
   }
 
