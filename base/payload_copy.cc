@@ -63,4 +63,12 @@ void CopyPayload(void* dst, const void* src, size_t n) {
   std::memcpy(dst, src, n);
 }
 
+void CopyPayloadToHeap(void* dst, const void* src, size_t n, size_t buffer_bytes) {
+  if (buffer_bytes >= kPayloadCopyFreshBytes) {
+    std::memcpy(dst, src, n);
+  } else {
+    CopyPayload(dst, src, n);
+  }
+}
+
 }  // namespace agentix::base

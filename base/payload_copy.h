@@ -21,7 +21,20 @@ inline constexpr size_t kPayloadCopyStreamBytes = 256 << 10;
 
 // memcpy(dst, src, n) for non-overlapping ranges; see above. The stores are
 // fenced before it returns, so the bytes are visible to another process as
-// soon as whatever publishes them (a frame, a release counter) is.
+// soon as whatever publishes them (a frame, a release counter) is. For
+// destinations whose pages are mapped and reused (the rings, heap buffers
+// below kPayloadCopyFreshBytes).
 void CopyPayload(void* dst, const void* src, size_t n);
+
+// Heap buffers this large are fresh mmaps (glibc's mmap threshold stops
+// growing at 32 MiB, and the daemon and the worker set it there): each page
+// faults in zeroed, and the zeroing leaves its lines cached, which streaming
+// stores must then evict: slower than memcpy (a 64 MiB echo measured 1.1-1.2x
+// the CPU).
+inline constexpr size_t kPayloadCopyFreshBytes = 32 << 20;
+
+// CopyPayload into part of a heap buffer of `buffer_bytes` in all (a value
+// filled piece by piece): memcpy when that buffer is a fresh mapping.
+void CopyPayloadToHeap(void* dst, const void* src, size_t n, size_t buffer_bytes);
 
 }  // namespace agentix::base

@@ -45,5 +45,17 @@ TEST_CASE("CopyPayload copies every byte, whatever the size and alignment") {
   }
 }
 
+TEST_CASE("CopyPayloadToHeap copies every byte into small and fresh-mapping-sized buffers") {
+  const std::string source = Pattern(kPayloadCopyStreamBytes + 100);
+  for (size_t buffer : {kPayloadCopyStreamBytes + 100, kPayloadCopyFreshBytes}) {
+    std::vector<char> out(source.size() + 2, '\x5a');
+    CopyPayloadToHeap(out.data() + 1, source.data(), source.size(), buffer);
+    CAPTURE(buffer);
+    REQUIRE(std::string(out.data() + 1, source.size()) == source);
+    REQUIRE(out.front() == '\x5a');
+    REQUIRE(out.back() == '\x5a');
+  }
+}
+
 }  // namespace
 }  // namespace agentix::base

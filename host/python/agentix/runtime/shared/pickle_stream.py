@@ -254,8 +254,11 @@ def needs_memo_check(chunks: list) -> bool:
     return False
 
 
-# Pieces `ChunkReader` copies with its `copy` function from this size on.
+# Pieces `ChunkReader` copies with its `copy` function from this size on,
+# into values below COPY_FUNCTION_MAX_VALUE (larger ones are fresh mmaps
+# whose zeroed pages are cached: memcpy is faster there; base/payload_copy.h).
 COPY_FUNCTION_BYTES = 256 << 10
+COPY_FUNCTION_MAX_VALUE = 32 << 20
 
 
 class ChunkReader:
@@ -276,7 +279,7 @@ class ChunkReader:
         while filled < len(target) and self._index < len(self._chunks):
             chunk = self._chunks[self._index]
             count = min(len(target) - filled, len(chunk) - self._offset)
-            if self._copy is not None and count >= COPY_FUNCTION_BYTES:
+            if self._copy is not None and count >= COPY_FUNCTION_BYTES and len(target) < COPY_FUNCTION_MAX_VALUE:
                 self._copy(target, filled, chunk[self._offset : self._offset + count])
             else:
                 target[filled : filled + count] = chunk[self._offset : self._offset + count]
