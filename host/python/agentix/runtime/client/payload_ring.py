@@ -61,11 +61,10 @@ def native_copy() -> Callable[[Any, int, Any], None] | None:
     global _native_copy
     if _native_copy is _NOT_LOADED:
         try:
-            from agentix.runtime.client import _native_calls
+            from agentix.runtime.client._native_calls import copy_payload
         except Exception:  # the pure wheel, another interpreter, libgrpc++ missing, ...
-            _native_copy = None
-        else:
-            _native_copy = _native_calls.copy_payload
+            copy_payload = None
+        _native_copy = copy_payload
     return _native_copy
 
 
