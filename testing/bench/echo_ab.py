@@ -8,7 +8,7 @@ of wall time, CPU and page faults by process, per payload size.
 
 A side's --X-env KEY=VALUE (repeatable) sets an environment variable for its
 runs only, e.g. --a-env AGENTIX_PAYLOAD_RING=off for a flag off/on A/B of one
-build. Each side defaults to this checkout's bazel-bin and this interpreter. All
+build, and --X-daemon-arg FLAG a daemon flag (e.g. --a-daemon-arg=--calls_cpu=off). Each side defaults to this checkout's bazel-bin and this interpreter. All
 processes get procs.MALLOC_TUNABLES, as in remote_calls.
 """
 
@@ -29,9 +29,10 @@ KEYS = ("wall_ms", "host_ms", "daemon_ms", "worker_ms", "host_faults", "daemon_f
         "worker_faults")
 
 
-def run(python, sandboxd, worker, calls, sizes, env):
+def run(python, sandboxd, worker, calls, sizes, env, daemon_args=()):
     argv = [python, os.path.join(BENCH_DIR, "echo_cpu.py"), "--calls", str(calls),
-            "--sandboxd", sandboxd, "--worker", worker]
+            "--sandboxd", sandboxd, "--worker", worker,
+            *(f"--daemon-arg={arg}" for arg in daemon_args)]
     for mib in sizes:
         argv += ["--mib", str(mib)]
     out = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True, check=True,
@@ -52,6 +53,9 @@ def main():
                             default=f"{REPO}/bazel-bin/worker/agentix-worker")
         parser.add_argument(f"--{side}-env", action="append", default=[], metavar="KEY=VALUE",
                             help="environment variable for this side's runs (repeatable)")
+        parser.add_argument(f"--{side}-daemon-arg", action="append", default=[], metavar="FLAG",
+                            help="agentix-sandboxd flag for this side's runs (repeatable), "
+                            "e.g. --a-daemon-arg=--calls_cpu=off")
     args = parser.parse_args()
     sizes = args.mib or [16]
     env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES)
@@ -62,7 +66,8 @@ def main():
         for side in order:
             side_env = dict(env, **dict(pair.split("=", 1) for pair in getattr(args, f"{side}_env")))
             got[side] = run(getattr(args, f"{side}_python"), getattr(args, f"{side}_sandboxd"),
-                            getattr(args, f"{side}_worker"), args.calls, sizes, side_env)
+                            getattr(args, f"{side}_worker"), args.calls, sizes, side_env,
+                            getattr(args, f"{side}_daemon_arg"))
         pairs.append(got)
         for mib in sizes:
             a, b = got["a"][str(mib)], got["b"][str(mib)]

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <utility>
 
+#include "base/payload_copy.h"
 #include "worker/channel/channel_state.h"
 #include "worker/channel/intake_baton.h"
 #include "worker/channel/pickle_splitter.h"
@@ -169,9 +170,12 @@ class UploadSink final : public PickleSplitter::Sink {
     if (upload_.buffer == nullptr) return;
     PyObject* value = PyList_GET_ITEM(
         upload_.values, PyList_GET_SIZE(upload_.values) - 1);
-    char* data = PyBytes_Check(value) ? PyBytes_AS_STRING(value)
-                                      : PyByteArray_AS_STRING(value);
-    std::memcpy(data + upload_.value_filled, bytes.data(), bytes.size());
+    const bool is_bytes = PyBytes_Check(value);
+    char* data = is_bytes ? PyBytes_AS_STRING(value) : PyByteArray_AS_STRING(value);
+    const Py_ssize_t size =
+        is_bytes ? PyBytes_GET_SIZE(value) : PyByteArray_GET_SIZE(value);
+    base::CopyPayloadToHeap(data + upload_.value_filled, bytes.data(),
+                            bytes.size(), static_cast<size_t>(size));
     upload_.value_filled += bytes.size();
   }
 

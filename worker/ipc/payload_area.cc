@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/payload_copy.h"
 
 namespace agentix::ipc {
 namespace {
@@ -189,7 +190,7 @@ std::optional<uint64_t> PayloadArea::Put(
   char* out = out_ring_ + pos % ring_bytes_;
   for (std::string_view part : parts) {
     if (part.empty()) continue;
-    std::memcpy(out, part.data(), part.size());
+    base::CopyPayload(out, part.data(), part.size());
     out += part.size();
   }
   out_tail_ = pos + size;

@@ -26,6 +26,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "base/mutex_tuning.h"
+#include "base/payload_copy.h"
 #include "host/python/native/call_results_wire.h"
 #include "host/python/native/calls_reactor.h"
 #include "host/python/native/cxx_errors.h"
@@ -565,7 +566,48 @@ PyObject* CallResults(PyObject*, PyObject* message) {
   return result;
 }
 
+// copy_payload(target, offset, source): target[offset:offset + len(source)]
+// = source, with base::CopyPayload (non-temporal stores for large pieces)
+// and without the GIL for those.
+PyObject* CopyPayloadInto(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "copy_payload(target, offset, source) takes 3 arguments");
+    return nullptr;
+  }
+  const Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
+  if (offset == -1 && PyErr_Occurred()) return nullptr;
+  Py_buffer out;
+  if (PyObject_GetBuffer(args[0], &out, PyBUF_WRITABLE) < 0) return nullptr;
+  Py_buffer in;
+  if (PyObject_GetBuffer(args[2], &in, PyBUF_SIMPLE) < 0) {
+    PyBuffer_Release(&out);
+    return nullptr;
+  }
+  PyObject* result = nullptr;
+  if (offset < 0 || offset > out.len || in.len > out.len - offset) {
+    PyErr_Format(PyExc_ValueError, "copy_payload: %zd bytes at offset %zd of a %zd-byte target", in.len, offset,
+                 out.len);
+  } else {
+    char* to = static_cast<char*>(out.buf) + offset;
+    const size_t size = static_cast<size_t>(in.len);
+    if (size >= agentix::base::kPayloadCopyStreamBytes) {
+      Py_BEGIN_ALLOW_THREADS agentix::base::CopyPayload(to, in.buf, size);
+      Py_END_ALLOW_THREADS
+    } else {
+      std::memcpy(to, in.buf, size);
+    }
+    result = Py_NewRef(Py_None);
+  }
+  PyBuffer_Release(&in);
+  PyBuffer_Release(&out);
+  return result;
+}
+
 PyMethodDef kModuleMethods[] = {
+    {"copy_payload", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(CopyPayloadInto)), METH_FASTCALL,
+     "copy_payload(target, offset, source) -> None: target[offset:offset + len(source)] = source for "
+     "contiguous buffers (a writable target), with non-temporal stores for pieces of 256 KiB or more "
+     "(payload ring and decode copies, base/payload_copy.h); ValueError if it does not fit."},
     {"call_results", CallResults, METH_O,
      "call_results(message) -> [CallResultFields, ...] | None: the CallResults of a serialized "
      "CallsResponse that holds nothing else, or None when only protobuf should judge the bytes (another "

@@ -14,7 +14,7 @@ import pytest
 
 from agentix.runtime.client import frames, wire
 from agentix.runtime.client.frames import FrameTransport
-from agentix.runtime.client.payload_ring import PayloadRing, SplitMessage
+from agentix.runtime.client.payload_ring import COPY_STREAM_BYTES, PayloadRing, SplitMessage, native_copy
 from agentix.runtime.v1 import runtime_pb2 as pb
 from fake_frames import HELLO, MESSAGE, decode_hello, encode
 
@@ -161,6 +161,36 @@ async def test_hello_shares_a_sealed_ring_and_pieces_go_through_it_once_accepted
     seals = fcntl.fcntl(other.fd, fcntl.F_GET_SEALS)
     assert seals & fcntl.F_SEAL_SHRINK and seals & fcntl.F_SEAL_GROW
     other.close()
+
+
+def test_the_native_copy_copies_any_piece_and_refuses_one_that_does_not_fit():
+    copy = native_copy()
+    assert copy is not None  # the unit tests run with the native module
+    source = os.urandom(COPY_STREAM_BYTES * 2 + 77)
+    for size, at, start in ((COPY_STREAM_BYTES * 2 + 70, 65, 3), (COPY_STREAM_BYTES, 0, 64), (1000, 7, 1)):
+        target = bytearray(size + at + 130)
+        copy(memoryview(target), at, memoryview(source)[start : start + size])
+        assert target[at : at + size] == source[start : start + size]
+        assert target[:at] == bytes(at) and target[at + size :] == bytes(130)
+    target = bytearray(100)
+    with pytest.raises(ValueError, match="does not fit|offset"):
+        copy(target, 90, b"x" * 11)
+    with pytest.raises(ValueError):
+        copy(target, -1, b"x")
+    with pytest.raises(BufferError):
+        copy(b"read-only" * 10, 0, b"x")
+    assert target == bytes(100)
+
+
+async def test_pieces_of_a_mebibyte_go_through_the_ring_byte_for_byte(pair):
+    transport, daemon = pair(PayloadRing(4 << 20))
+    daemon.accept()
+    drain(transport, 0)
+    data = os.urandom((1 << 20) + 13)  # streamed by the native copy
+    transport.write(chunk_pieces(data, 3))
+    kind, body = daemon.frame()
+    assert kind == RING_MESSAGE
+    assert daemon.message(kind, body) == b"".join(bytes(piece) for piece in chunk_pieces(data, 3))
 
 
 async def test_a_full_ring_sends_inline_and_a_released_one_restarts_at_its_start(pair):

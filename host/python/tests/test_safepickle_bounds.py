@@ -352,3 +352,24 @@ def test_a_few_large_values_in_pieces_are_walked_without_the_byte_scan(monkeypat
     many = pickle.dumps(list(range(1000)), protocol=5)
     assert restricted_loads_chunks([many[:10], many[10:]]) == list(range(1000))
     assert scanned == [1]
+
+
+def test_chunked_decode_copies_large_pieces_of_values_below_32_mib_with_the_given_copy():
+    copied = []
+
+    def copy(target, offset, source):
+        copied.append((len(target), len(source)))
+        memoryview(target)[offset : offset + len(source)] = source
+
+    value = random.randbytes(3 << 20)
+    stream = pickle.dumps(value, protocol=5)
+    pieces = [stream[i : i + (1 << 20)] for i in range(0, len(stream), 1 << 20)]
+    assert restricted_loads_chunks(pieces, copy=copy) == value
+    assert copied and all(size >= pickle_stream.COPY_FUNCTION_BYTES for _, size in copied)
+    # A value of 32 MiB or more is a fresh mapping: copied as before.
+    copied.clear()
+    big = bytes(pickle_stream.COPY_FUNCTION_MAX_VALUE)
+    stream = pickle.dumps(big, protocol=5)
+    pieces = [stream[i : i + (1 << 20)] for i in range(0, len(stream), 1 << 20)]
+    assert restricted_loads_chunks(pieces, copy=copy) == big
+    assert copied == []

@@ -44,6 +44,7 @@ from agentix.runtime.client._sio_facade import AsyncClientNamespace
 from agentix.runtime.client.chunking import CHUNK_BYTES
 from agentix.runtime.client.channels import NativeTransport, bounded, close_channel, open_channel
 from agentix.runtime.client.frames import FrameWire
+from agentix.runtime.client.payload_ring import native_copy
 from agentix.runtime.client.feeds import Feed, ensure_feeds, reopen_lost_feeds, settle_feeds, wait_barrier
 from agentix.runtime.client.namespaces import NamespaceSet, NamespaceStream, NativeNamespaceStream
 from agentix.runtime.client.reconnect import ReconnectPolicy
@@ -368,7 +369,7 @@ class RuntimeClient:
         if isinstance(outcome, RemoteError):
             raise await remote_call_error_async(display_name, outcome)
         if isinstance(outcome, list):
-            return await asyncio.get_running_loop().run_in_executor(None, restricted_loads_chunks, outcome)
+            return await asyncio.get_running_loop().run_in_executor(None, lambda: restricted_loads_chunks(outcome, copy=native_copy()))
         if len(outcome) < _INLINE_DECODE_BYTES:
             try:
                 return restricted_loads(outcome, wait=False)

@@ -28,11 +28,12 @@ import mmap
 import os
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from agentix.runtime.client import wire
 
-__all__ = ["PayloadRing", "RING_BYTES", "SplitMessage", "ring_frame", "split_message"]
+__all__ = ["COPY_STREAM_BYTES", "PayloadRing", "RING_BYTES", "SplitMessage", "native_copy", "ring_frame", "split_message"]
 
 # Bytes per ring (one each way), as the daemon ↔ worker rings.
 RING_BYTES = 16 << 20
@@ -45,6 +46,26 @@ _U64 = struct.Struct("<Q")
 _RING_COUNT = struct.Struct("<H")
 _RING_PIECE = struct.Struct("<IQQ")
 _RING_MAX_PIECES = 64
+# Pieces copied by `native_copy` (with non-temporal stores) from this size on:
+# base/payload_copy.h's kPayloadCopyStreamBytes.
+COPY_STREAM_BYTES = 256 << 10
+_NOT_LOADED = object()
+_native_copy: Any = _NOT_LOADED
+
+
+def native_copy() -> Callable[[Any, int, Any], None] | None:
+    """``_native_calls.copy_payload(target, offset, source)``, or None when
+    the native module cannot be loaded (then memoryview assignment copies).
+    A 16 MiB echo's buffers outgrow the caches, where stores that bypass them
+    write each line once instead of reading it first (base/payload_copy.h)."""
+    global _native_copy
+    if _native_copy is _NOT_LOADED:
+        try:
+            from agentix.runtime.client._native_calls import copy_payload
+        except Exception:  # the pure wheel, another interpreter, libgrpc++ missing, ...
+            copy_payload = None
+        _native_copy = copy_payload
+    return _native_copy
 
 
 class PayloadRing:
@@ -52,7 +73,7 @@ class PayloadRing:
     mapped. `fd` is for the HELLO that shares it; `close_fd` once sent (the
     mapping stays until `close`). Raises OSError when it cannot be made."""
 
-    __slots__ = ("fd", "ring_bytes", "held", "_map", "_view", "_out", "_in", "_tail", "_floor", "_in_done", "_taken")
+    __slots__ = ("fd", "ring_bytes", "held", "_map", "_view", "_out", "_in", "_tail", "_floor", "_in_done", "_taken", "_copy")
 
     def __init__(self, ring_bytes: int = RING_BYTES) -> None:
         ring_bytes = -(-ring_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
@@ -80,6 +101,7 @@ class PayloadRing:
         # holder is exported by its views only, so it is free when nothing
         # but this deque refers to it. Empty: nothing to release.
         self.held: collections.deque = collections.deque()
+        self._copy = native_copy()
 
     def close_fd(self) -> None:
         if self.fd >= 0:
@@ -128,9 +150,13 @@ class PayloadRing:
                 return None
         out = self._out
         offset = pos % ring
+        copy = self._copy
         for view in views:
             end = offset + len(view)
-            out[offset:end] = view
+            if copy is not None and end - offset >= COPY_STREAM_BYTES:
+                copy(out, offset, view)
+            else:
+                out[offset:end] = view
             offset = end
         self._tail = pos + size
         return pos

@@ -7,6 +7,7 @@ chunked stream is read through (`ChunkReader`)."""
 from __future__ import annotations
 
 import pickletools
+from collections.abc import Callable
 from typing import Any
 
 from agentix.runtime.shared.pickle_bounds import RestrictedUnpickleError
@@ -253,14 +254,24 @@ def needs_memo_check(chunks: list) -> bool:
     return False
 
 
+# Pieces `ChunkReader` copies with its `copy` function from this size on,
+# into values below COPY_FUNCTION_MAX_VALUE (larger ones are fresh mmaps
+# whose zeroed pages are cached: memcpy is faster there; base/payload_copy.h).
+COPY_FUNCTION_BYTES = 256 << 10
+COPY_FUNCTION_MAX_VALUE = 32 << 20
+
+
 class ChunkReader:
     """A read-only binary file over a list of buffers, for the unpickler
-    (which uses ``readinto`` for large values)."""
+    (which uses ``readinto`` for large values). `copy(target, offset,
+    source)`, if given, copies pieces of COPY_FUNCTION_BYTES or more (the
+    host's native copy, which bypasses the caches for them)."""
 
-    def __init__(self, chunks: list) -> None:
+    def __init__(self, chunks: list, copy: Callable[[Any, int, Any], None] | None = None) -> None:
         self._chunks = [memoryview(chunk).cast("B") for chunk in chunks if len(chunk)]
         self._index = 0  # current chunk
         self._offset = 0  # position in it
+        self._copy = copy
 
     def readinto(self, buffer: Any) -> int:
         target = memoryview(buffer).cast("B")
@@ -268,7 +279,10 @@ class ChunkReader:
         while filled < len(target) and self._index < len(self._chunks):
             chunk = self._chunks[self._index]
             count = min(len(target) - filled, len(chunk) - self._offset)
-            target[filled : filled + count] = chunk[self._offset : self._offset + count]
+            if self._copy is not None and count >= COPY_FUNCTION_BYTES and len(target) < COPY_FUNCTION_MAX_VALUE:
+                self._copy(target, filled, chunk[self._offset : self._offset + count])
+            else:
+                target[filled : filled + count] = chunk[self._offset : self._offset + count]
             filled += count
             self._offset += count
             if self._offset == len(chunk):

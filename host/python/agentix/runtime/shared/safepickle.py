@@ -466,13 +466,14 @@ def restricted_loads(data: bytes, *, wait: bool = True) -> Any:
     return _restricted_load(lambda: io.BytesIO(data), lambda: data, [data], len(data), wait, scan)
 
 
-def restricted_loads_chunks(chunks: list) -> Any:
+def restricted_loads_chunks(chunks: list, copy: Callable[[Any, int, Any], None] | None = None) -> Any:
     """`restricted_loads` of the concatenation of `chunks` (bytes-like
     objects) without building it: large ``bytes`` values are copied straight
     out of the chunks (a result arrives in MiB-sized pieces; joining them
-    first would cost one more copy of the whole value)."""
+    first would cost one more copy of the whole value), by `copy` if given
+    (`ChunkReader`'s)."""
     total = sum(len(chunk) for chunk in chunks)
-    return _restricted_load(lambda: ChunkReader(chunks), lambda: b"".join(chunks), chunks, total, True, None)
+    return _restricted_load(lambda: ChunkReader(chunks, copy), lambda: b"".join(chunks), chunks, total, True, None)
 
 
 # Opcodes the memo walk of a chunked stream tries first: a stream of a few
