@@ -26,8 +26,6 @@ void ResizeUninitialized(std::string& s, size_t n) {
   }
   s.reserve(n);  // keeps the first size() bytes, writes none past them
   (s.*StringSetLength())(n);
-#elif defined(_LIBCPP_VERSION)
-  s.__resize_default_init(n);
 #else
   s.resize(n);
 #endif

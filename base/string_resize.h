@@ -13,8 +13,8 @@ namespace agentix::base {
 
 // Makes `s` exactly `n` bytes long. Bytes below the old size keep their
 // value; bytes from the old size up to `n` are unspecified (the caller
-// overwrites them) where the standard library lets us skip the fill
-// (libstdc++'s C++11 ABI, libc++), zero elsewhere. s[n] is '\0'.
+// overwrites them) with libstdc++'s C++11 ABI (ours), zero elsewhere.
+// s[n] is '\0'.
 void ResizeUninitialized(std::string& s, size_t n);
 
 }  // namespace agentix::base
