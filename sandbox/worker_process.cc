@@ -16,6 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/log.h"
+#include "base/payload_copy.h"
+#include "base/string_resize.h"
 #include "worker/ipc/io.h"
 
 namespace agentix::sandbox {
@@ -306,7 +308,12 @@ absl::Status WorkerProcess::TakeRingPayload(ipc::Frame& frame) {
   }
   auto view = payloads_->Get(frame.ring_pos, frame.ring_size);
   if (!view.ok()) return view.status();
-  frame.data.assign(view->data(), view->size());
+  // The retained copy (kept until the host acknowledges the result): sized
+  // without the zero fill so that a large piece is streamed into it once
+  // (DECISIONS, "The daemon's retained copy of large results").
+  base::ResizeUninitialized(frame.data, view->size());
+  base::CopyPayloadToHeap(frame.data.data(), view->data(), view->size(),
+                          view->size());
   payloads_->Release(frame.ring_pos + frame.ring_size);
   frame.in_ring = false;
   return absl::OkStatus();
