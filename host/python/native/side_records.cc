@@ -577,27 +577,38 @@ int TracingDisabled(const SpanReplayer* self) {
   return PyObject_IsTrue(disabled);
 }
 
-// Whether the C path may replay an event for `method` now: the replayer has
-// seen the current processor list (else its replay refreshes first), there
-// is a processor (else _dispatch's warning path), `method` is not one it
-// skips, tracing is on. 1 yes, 0 no, -1 an error; `*processors` the list.
-int MayReplay(const SpanReplayer* self, PyObject* method, PyObject** processors) {
+// What the C path does with an event for `method` now.
+enum class Step { kError, kDecline, kSkip, kReplay };
+
+// kReplay when the replayer has seen agentix.trace's current processor list
+// (else its replay refreshes first), `method` is not one it skips, tracing
+// is on and there is a processor (else _dispatch's warning path, declined);
+// kSkip (nothing to do) for a skipped method or tracing off when the ids are
+// within their bound (else declined: replay refuses it). `*processors` the list.
+Step NextStep(const SpanReplayer* self, PyObject* event, PyObject* method, PyObject** processors) {
   *processors = PyDict_GetItemWithError(self->trace_dict, replay_names[kProcessorsName]);
-  if (*processors == nullptr) return PyErr_Occurred() ? -1 : 0;
+  if (*processors == nullptr) return PyErr_Occurred() ? Step::kError : Step::kDecline;
   PyObject* seen = PyObject_GetAttr(self->replayer, replay_names[kProcessorsName]);
-  if (seen == nullptr) return -1;
+  if (seen == nullptr) return Step::kError;
   Py_DECREF(seen);  // only compared
-  if (seen != *processors || !PyTuple_CheckExact(*processors) || PyTuple_GET_SIZE(*processors) == 0) return 0;
+  if (seen != *processors) return Step::kDecline;
   PyObject* skipped = PyObject_GetAttr(self->replayer, replay_names[kSkippedName]);
-  if (skipped == nullptr) return -1;
-  const int skips = PySequence_Contains(skipped, method);
+  if (skipped == nullptr) return Step::kError;
+  int skips = PySequence_Contains(skipped, method);
   Py_DECREF(skipped);
-  if (skips != 0) return skips < 0 ? -1 : 0;
-  const int disabled = TracingDisabled(self);
-  return disabled < 0 ? -1 : disabled == 0;
+  if (skips == 0) skips = TracingDisabled(self);
+  if (skips < 0) return Step::kError;
+  if (skips > 0) {
+    const TraceField ids[] = {kFieldTraceId, kFieldSpanId, kFieldParentId};
+    for (TraceField id : ids) {
+      if (LongerThan(PyStructSequence_GET_ITEM(event, id), self->limits.id_chars)) return Step::kDecline;
+    }
+    return Step::kSkip;
+  }
+  return PyTuple_CheckExact(*processors) && PyTuple_GET_SIZE(*processors) > 0 ? Step::kReplay : Step::kDecline;
 }
 
-// _dispatch(method, span) for the list MayReplay saw: each processor's
+// _dispatch(method, span) for the list NextStep saw: each processor's
 // method in order, an Exception from one reported (report) and the next
 // called; `_dispatch` itself if the list changed meanwhile.
 PyObject* Dispatch(const SpanReplayer* self, PyObject* method, PyObject* span, PyObject* processors) {
@@ -651,8 +662,12 @@ PyObject* SpanReplayer_vectorcall(PyObject* callable, PyObject* const* args, siz
   if (kind != kSpanStart && kind != kSpanEnd) return PyObject_CallOneArg(self->fallback, event);
   PyObject* method = replay_names[kind == kSpanStart ? kOnSpanStartName : kOnSpanEndName];
   PyObject* processors = nullptr;
-  const int may = MayReplay(self, method, &processors);
-  if (may <= 0) return may < 0 ? nullptr : PyObject_CallOneArg(self->fallback, event);
+  switch (NextStep(self, event, method, &processors)) {
+    case Step::kError: return nullptr;
+    case Step::kDecline: return PyObject_CallOneArg(self->fallback, event);
+    case Step::kSkip: return Py_NewRef(Py_None);
+    case Step::kReplay: break;
+  }
   Py_INCREF(processors);  // held across the processors' calls
   bool declined = false;
   PyObject* span = NewSpan(event, reinterpret_cast<PyTypeObject*>(self->span_type), self->limits, &declined);
