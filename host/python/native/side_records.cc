@@ -621,8 +621,11 @@ PyObject* Dispatch(const SpanReplayer* self, PyObject* method, PyObject* span, P
       if (!PyErr_Occurred()) PyErr_SetString(PyExc_AttributeError, "agentix.trace has no _dispatch");
       return nullptr;
     }
+    Py_INCREF(dispatch);  // borrowed from a dict Python code may change
     PyObject* argv[] = {method, span};
-    return PyObject_Vectorcall(dispatch, argv, 2, nullptr);
+    PyObject* done = PyObject_Vectorcall(dispatch, argv, 2, nullptr);
+    Py_DECREF(dispatch);
+    return done;
   }
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(processors); ++i) {
     PyObject* processor = PyTuple_GET_ITEM(processors, i);
