@@ -559,14 +559,6 @@ PyObject* SpanReplayer_new(PyTypeObject* type, PyObject* args, PyObject* kwargs)
   return reinterpret_cast<PyObject*>(self);
 }
 
-// The truth of `value` (a new reference, released); -1 for nullptr / an error.
-int TruthOfNew(PyObject* value) {
-  if (value == nullptr) return -1;
-  const int truth = PyObject_IsTrue(value);
-  Py_DECREF(value);
-  return truth;
-}
-
 // agentix.trace's _disabled, read as _dispatch reads it; -1 with an error set.
 int TracingDisabled(const SpanReplayer* self) {
   PyObject* disabled = PyDict_GetItemWithError(self->trace_dict, replay_names[kDisabledName]);
