@@ -494,6 +494,213 @@ PyObject* SpanItem(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return span;
 }
 
+namespace {
+
+// SpanReplayer: EventReplayer.replay's plain span path without a Python frame
+// per event (see side_records.h). Declining is the safety rule, as for
+// span_item: every check that can send an event to the Python path runs
+// before the first step a processor could observe.
+enum ReplayName : size_t {
+  kProcessorsName, kSkippedName, kDisabledName, kDispatchName, kOnSpanStartName, kOnSpanEndName, kReplayNames,
+};
+constexpr const char* kReplayNameTexts[kReplayNames] = {"_processors", "_skipped", "_disabled", "_dispatch",
+                                                        "on_span_start", "on_span_end"};
+PyObject* replay_names[kReplayNames] = {};
+
+struct SpanReplayer {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;  // SpanReplayer_vectorcall: no argument tuple per event
+  PyObject* replayer;         // the traces.EventReplayer whose state (processors, skipped methods) is read
+  PyObject* fallback;         // its replay: every event the C path declines
+  PyObject* trace_dict;       // agentix.utils.trace's module dict (_processors, _disabled, _dispatch)
+  PyObject* span_type;        // agentix.trace's Span
+  PyObject* report;           // (processor, method, error): a processor raised (_dispatch's log record)
+  SpanLimits limits;
+};
+
+void SpanReplayer_dealloc(SpanReplayer* self) {
+  Py_XDECREF(self->replayer);
+  Py_XDECREF(self->fallback);
+  Py_XDECREF(self->trace_dict);
+  Py_XDECREF(self->span_type);
+  Py_XDECREF(self->report);
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+PyObject* SpanReplayer_vectorcall(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames);
+
+PyObject* SpanReplayer_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  PyObject *replayer, *fallback, *trace_module, *span_type, *report;
+  SpanLimits limits{};
+  static const char* kKeywords[] = {"replayer", "fallback", "trace_module", "span_type", "report",
+                                    "max_id_chars", "max_name_chars", "max_key_chars", "max_attributes",
+                                    nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!O!OLLLL:SpanReplayer", const_cast<char**>(kKeywords),
+                                   &replayer, &fallback, &PyModule_Type, &trace_module, &PyType_Type,
+                                   &span_type, &report, &limits.id_chars, &limits.name_chars,
+                                   &limits.key_chars, &limits.attributes)) {
+    return nullptr;
+  }
+  if (!PyCallable_Check(fallback) || !PyCallable_Check(report)) {
+    PyErr_SetString(PyExc_TypeError, "SpanReplayer: fallback and report must be callable");
+    return nullptr;
+  }
+  PyObject* trace_dict = PyModule_GetDict(trace_module);  // borrowed
+  if (trace_dict == nullptr) return nullptr;
+  auto* self = reinterpret_cast<SpanReplayer*>(type->tp_alloc(type, 0));
+  if (self == nullptr) return nullptr;
+  self->vectorcall = SpanReplayer_vectorcall;
+  self->replayer = Py_NewRef(replayer);
+  self->fallback = Py_NewRef(fallback);
+  self->trace_dict = Py_NewRef(trace_dict);
+  self->span_type = Py_NewRef(span_type);
+  self->report = Py_NewRef(report);
+  self->limits = limits;
+  return reinterpret_cast<PyObject*>(self);
+}
+
+// agentix.trace's _disabled, read as _dispatch reads it; -1 with an error set.
+int TracingDisabled(const SpanReplayer* self) {
+  PyObject* disabled = PyDict_GetItemWithError(self->trace_dict, replay_names[kDisabledName]);
+  if (disabled == nullptr) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_AttributeError, "agentix.trace has no _disabled");
+    return -1;
+  }
+  return PyObject_IsTrue(disabled);
+}
+
+// What the C path does with an event for `method` now.
+enum class Step { kError, kDecline, kSkip, kReplay };
+
+// kReplay when the replayer has seen agentix.trace's current processor list
+// (else its replay refreshes first), `method` is not one it skips, tracing
+// is on and there is a processor (else _dispatch's warning path, declined);
+// kSkip (nothing to do) for a skipped method or tracing off when the ids are
+// within their bound (else declined: replay refuses it). `*processors` the list.
+Step NextStep(const SpanReplayer* self, PyObject* event, PyObject* method, PyObject** processors) {
+  *processors = PyDict_GetItemWithError(self->trace_dict, replay_names[kProcessorsName]);
+  if (*processors == nullptr) return PyErr_Occurred() ? Step::kError : Step::kDecline;
+  PyObject* seen = PyObject_GetAttr(self->replayer, replay_names[kProcessorsName]);
+  if (seen == nullptr) return Step::kError;
+  Py_DECREF(seen);  // only compared
+  if (seen != *processors) return Step::kDecline;
+  PyObject* skipped = PyObject_GetAttr(self->replayer, replay_names[kSkippedName]);
+  if (skipped == nullptr) return Step::kError;
+  int skips = PySequence_Contains(skipped, method);
+  Py_DECREF(skipped);
+  if (skips == 0) skips = TracingDisabled(self);
+  if (skips < 0) return Step::kError;
+  if (skips > 0) {
+    const TraceField ids[] = {kFieldTraceId, kFieldSpanId, kFieldParentId};
+    for (TraceField id : ids) {
+      if (LongerThan(PyStructSequence_GET_ITEM(event, id), self->limits.id_chars)) return Step::kDecline;
+    }
+    return Step::kSkip;
+  }
+  return PyTuple_CheckExact(*processors) && PyTuple_GET_SIZE(*processors) > 0 ? Step::kReplay : Step::kDecline;
+}
+
+// _dispatch(method, span) for the list NextStep saw: each processor's
+// method in order, an Exception from one reported (report) and the next
+// called; `_dispatch` itself if the list changed meanwhile.
+PyObject* Dispatch(const SpanReplayer* self, PyObject* method, PyObject* span, PyObject* processors) {
+  const int disabled = TracingDisabled(self);
+  if (disabled != 0) return disabled < 0 ? nullptr : Py_NewRef(Py_None);
+  PyObject* now = PyDict_GetItemWithError(self->trace_dict, replay_names[kProcessorsName]);
+  if (now != processors) {
+    PyObject* dispatch = PyDict_GetItemWithError(self->trace_dict, replay_names[kDispatchName]);
+    if (dispatch == nullptr) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_AttributeError, "agentix.trace has no _dispatch");
+      return nullptr;
+    }
+    Py_INCREF(dispatch);  // borrowed from a dict Python code may change
+    PyObject* argv[] = {method, span};
+    PyObject* done = PyObject_Vectorcall(dispatch, argv, 2, nullptr);
+    Py_DECREF(dispatch);
+    return done;
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(processors); ++i) {
+    PyObject* processor = PyTuple_GET_ITEM(processors, i);
+    PyObject* argv[] = {processor, span};
+    PyObject* done = PyObject_VectorcallMethod(method, argv, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+    if (done != nullptr) {
+      Py_DECREF(done);
+      continue;
+    }
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;  // as `except Exception:`
+    PyObject *type, *error, *traceback;
+    PyErr_Fetch(&type, &error, &traceback);
+    PyErr_NormalizeException(&type, &error, &traceback);
+    if (traceback != nullptr && error != nullptr) PyException_SetTraceback(error, traceback);
+    PyObject* report_argv[] = {processor, method, error != nullptr ? error : Py_None};
+    PyObject* reported = PyObject_Vectorcall(self->report, report_argv, 3, nullptr);
+    Py_XDECREF(type);
+    Py_XDECREF(error);
+    Py_XDECREF(traceback);
+    if (reported == nullptr) return nullptr;
+    Py_DECREF(reported);
+  }
+  return Py_NewRef(Py_None);
+}
+
+PyObject* SpanReplayer_vectorcall(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  auto* self = reinterpret_cast<SpanReplayer*>(callable);
+  if (PyVectorcall_NARGS(nargsf) != 1 || (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) != 0)) {
+    PyErr_SetString(PyExc_TypeError, "a SpanReplayer takes one event");
+    return nullptr;
+  }
+  PyObject* event = args[0];
+  if (Py_TYPE(event) != trace_event_type) return PyObject_CallOneArg(self->fallback, event);
+  PyObject* kind_value = PyStructSequence_GET_ITEM(event, kFieldKind);
+  const long kind = PyLong_CheckExact(kind_value) ? PyLong_AsLong(kind_value) : -1;
+  if (kind == -1 && PyErr_Occurred()) PyErr_Clear();  // beyond long: the Python path
+  if (kind != kSpanStart && kind != kSpanEnd) return PyObject_CallOneArg(self->fallback, event);
+  PyObject* method = replay_names[kind == kSpanStart ? kOnSpanStartName : kOnSpanEndName];
+  PyObject* processors = nullptr;
+  switch (NextStep(self, event, method, &processors)) {
+    case Step::kError: return nullptr;
+    case Step::kDecline: return PyObject_CallOneArg(self->fallback, event);
+    case Step::kSkip: return Py_NewRef(Py_None);
+    case Step::kReplay: break;
+  }
+  Py_INCREF(processors);  // held across the processors' calls
+  bool declined = false;
+  PyObject* span = NewSpan(event, reinterpret_cast<PyTypeObject*>(self->span_type), self->limits, &declined);
+  PyObject* done = nullptr;
+  if (span != nullptr) {
+    done = Dispatch(self, method, span, processors);
+    Py_DECREF(span);
+  } else if (declined && !PyErr_Occurred()) {
+    done = PyObject_CallOneArg(self->fallback, event);
+  }
+  Py_DECREF(processors);
+  return done;
+}
+
+PyTypeObject SpanReplayerType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+bool AddSpanReplayerType(PyObject* module) {
+  for (size_t i = 0; i < kReplayNames; ++i) {
+    replay_names[i] = PyUnicode_InternFromString(kReplayNameTexts[i]);
+    if (replay_names[i] == nullptr) return false;
+  }
+  SpanReplayerType.tp_name = "agentix.runtime.client._native_calls.SpanReplayer";
+  SpanReplayerType.tp_basicsize = sizeof(SpanReplayer);
+  SpanReplayerType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  SpanReplayerType.tp_vectorcall_offset = offsetof(SpanReplayer, vectorcall);
+  SpanReplayerType.tp_doc =
+      "SpanReplayer(replayer, fallback, trace_module, span_type, report, max_id_chars, max_name_chars, "
+      "max_key_chars, max_attributes): called with one trace event, replays it as traces.EventReplayer.replay "
+      "does (a plain span start / end in C; anything else through fallback).";
+  SpanReplayerType.tp_new = SpanReplayer_new;
+  SpanReplayerType.tp_dealloc = reinterpret_cast<destructor>(SpanReplayer_dealloc);
+  SpanReplayerType.tp_call = PyVectorcall_Call;
+  return PyType_Ready(&SpanReplayerType) == 0 &&
+         PyModule_AddObjectRef(module, "SpanReplayer", reinterpret_cast<PyObject*>(&SpanReplayerType)) == 0;
+}
+
+}  // namespace
+
 PyObject* IsoFromUnixNanos(PyObject*, PyObject* nanos) {
   if (!PyLong_Check(nanos)) {
     PyErr_Format(PyExc_TypeError, "iso_from_unix_nanos() takes an int, not %.100s", Py_TYPE(nanos)->tp_name);
@@ -537,7 +744,7 @@ bool AddSideRecordTypes(PyObject* module) {
   log_record_type = PyStructSequence_NewType(&kLogRecordDesc);
   trace_event_type = log_record_type == nullptr ? nullptr : PyStructSequence_NewType(&kTraceEventDesc);
   span_event_type = trace_event_type == nullptr ? nullptr : PyStructSequence_NewType(&kSpanEventDesc);
-  return span_event_type != nullptr &&
+  return span_event_type != nullptr && AddSpanReplayerType(module) &&
          PyModule_AddObjectRef(module, "LogRecordFields", reinterpret_cast<PyObject*>(log_record_type)) == 0 &&
          PyModule_AddObjectRef(module, "TraceEventFields", reinterpret_cast<PyObject*>(trace_event_type)) == 0 &&
          PyModule_AddObjectRef(module, "SpanEventFields", reinterpret_cast<PyObject*>(span_event_type)) == 0;

@@ -27,12 +27,24 @@ PyObject* TraceEvents(PyObject* module, PyObject* message);
 // caller then takes trace_item's path, which bounds or refuses it.
 PyObject* SpanItem(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
 
+// SpanReplayer(replayer, fallback, trace_module, span_type, report,
+// max_id_chars, max_name_chars, max_key_chars, max_attributes), a type:
+// called with one event, it does traces.EventReplayer.replay (`replayer`'s,
+// given as `fallback`) for a TraceEventFields span_item takes, in one call
+// with no Python frame: while `replayer` has seen agentix.trace's current
+// processor list (non-empty), does not skip the event's method and tracing
+// is on, the span_item Span goes to each processor's on_span_start /
+// on_span_end in order as _dispatch does (an Exception from one is passed to
+// report(processor, method, error), which logs _dispatch's record, and the
+// next processor is called). Any other event goes to `fallback` whole,
+// before anything a processor could observe.
+
 // iso_from_unix_nanos(nanos) -> str | None: `nanos` (an int64) since the
 // epoch as agentix.trace's stamp ("YYYY-MM-DDTHH:MM:SS.ffffffZ", truncated
 // to microseconds), None for 0 or less; what traces.iso_from_nanos returns.
 PyObject* IsoFromUnixNanos(PyObject* module, PyObject* nanos);
 
-// Creates the struct sequence types and adds them to `module`; false with a
+// Creates the struct sequence types and SpanReplayer and adds them to `module`; false with a
 // Python exception set on failure. Once, at import.
 bool AddSideRecordTypes(PyObject* module);
 

@@ -96,6 +96,11 @@ _stamp_chosen = False
 # And `_native_calls.span_item` (trace_item's Span of a plain span event,
 # made in one call) once chosen with it, when the native module loads.
 _native_span: Callable[..., Span | None] | None = None
+# And the span_item and `_native_calls.SpanReplayer` chosen with it (None
+# without the native module): a batch replays through a SpanReplayer only
+# while `_native_span` is still that span_item.
+_native_span_item: Callable[..., Span | None] | None = None
+_native_replayer: Any = None
 
 
 def attribute_value(value: pb.AttributeValue) -> Any:
@@ -307,13 +312,45 @@ def native_span() -> Callable[..., Span | None] | None:
     return _native_calls.span_item
 
 
+def _native_replayer_type() -> Any:
+    """``_native_calls.SpanReplayer``, or None without the native module."""
+    try:
+        from agentix.runtime.client import _native_calls
+    except ImportError:
+        return None
+    return _native_calls.SpanReplayer
+
+
 def choose_native() -> None:
     """Makes replay stamp times with `native_stamp` and build plain spans
-    with `native_span` (once; a Traces stream calls it before its first
-    batch)."""
-    global _stamp, _stamp_chosen, _native_span
+    with `native_span`, and batches replay through ``SpanReplayer`` (once;
+    a Traces stream calls it before its first batch)."""
+    global _stamp, _stamp_chosen, _native_span, _native_span_item, _native_replayer
     if not _stamp_chosen:
         _stamp, _native_span, _stamp_chosen = native_stamp(), native_span(), True
+        _native_span_item, _native_replayer = _native_span, _native_replayer_type()
+
+
+def _processor_raised(processor: Any, method: str, error: BaseException) -> None:
+    """What ``_dispatch`` logs when a processor raises, for SpanReplayer."""
+    _trace._logger.exception("trace processor %r raised in %s", processor, method, exc_info=error)
+
+
+def batch_replayer() -> Callable[[Any], None]:
+    """One batch's replay: an `EventReplayer`'s, through
+    ``_native_calls.SpanReplayer`` (its plain span path in C, one call per
+    event with no Python frame: the same processor calls, in the same order,
+    and the same log record for one that raises) when the native module
+    loads and `_native_span` is its span_item."""
+    choose_native()
+    replayer = EventReplayer()
+    if _native_replayer is None or _native_span is not _native_span_item:
+        return replayer.replay
+    return _native_replayer(
+        replayer=replayer, fallback=replayer.replay, trace_module=_trace, span_type=Span,
+        report=_processor_raised, max_id_chars=MAX_ID_CHARS, max_name_chars=MAX_NAME_CHARS,
+        max_key_chars=MAX_KEY_CHARS, max_attributes=MAX_ATTRIBUTES,
+    )
 
 
 class TracesStream(SubscriptionStream):
@@ -332,8 +369,7 @@ class TracesStream(SubscriptionStream):
         return pb.TracesRequest(ack=pb.AckTraces(seq=seq))
 
     def _batch_replayer(self) -> Callable[[Any], None]:
-        choose_native()
-        return EventReplayer().replay
+        return batch_replayer()
 
     def _describe(self, item: pb.TraceEvent) -> str:
         kind = pb.TraceEventKind.Name(item.kind) if item.kind in _METHODS else item.kind
