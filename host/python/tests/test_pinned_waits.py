@@ -317,18 +317,39 @@ def _reads_its_own() -> bool:
     return before <= read <= _schedstat_wait_ns()
 
 
+# Run in an interpreter of its own: forking pytest's process, whose other
+# tests leave threads behind, can leave the child waiting forever on a lock
+# one of them held (seen under asan, whose allocator has such a lock).
+_FORK_CHILD = """
+import os, threading
+import conftest
+from agentix.runtime.client import pinned_waits as pw
+from test_pinned_waits import _reads_its_own
+
+assert pw.run_queue_wait_ns() >= 0 and _reads_its_own()  # the main thread's file, kept
+seen = []
+thread = threading.Thread(target=lambda: seen.append(_reads_its_own()))
+thread.start()
+thread.join()
+assert seen == [True], seen
+pid = os.fork()
+if pid == 0:  # the child: its thread is another one
+    os._exit(0 if _reads_its_own() and _reads_its_own() else 1)
+assert os.waitpid(pid, 0)[1] == 0, "the forked child read another thread's wait"
+assert _reads_its_own()
+print("done", flush=True)
+"""
+
+
 def test_run_queue_wait_reads_the_calling_threads_own_also_after_a_fork():
-    assert pw.run_queue_wait_ns() >= 0 and _reads_its_own()  # the main thread's file, kept
-    seen = []
-    thread = threading.Thread(target=lambda: seen.append(_reads_its_own()))
-    thread.start()
-    thread.join()
-    assert seen == [True]
-    pid = os.fork()
-    if pid == 0:  # the child: its thread is another one
-        os._exit(0 if _reads_its_own() and _reads_its_own() else 1)
-    assert os.waitpid(pid, 0)[1] == 0
-    assert _reads_its_own()
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    done = subprocess.run([sys.executable, "-c", _FORK_CHILD], env=env, cwd=os.path.dirname(__file__),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "done"
 
 
 def test_another_thread_never_changes_the_mask(masks):
