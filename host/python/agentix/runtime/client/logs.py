@@ -216,11 +216,11 @@ class RecordBatch:
         with the native module and the template, its ``LogReplayer``, which
         does replay's templated path in C and hands any other record to
         `replay` (log_replay.h)."""
-        native = _native_replayer()
+        native, fields_type = _native_replay_types()
         if native is None or self._template is None:
             return self.replay
         return native(
-            fields_type=_native_fields, loggers=_loggers, logging_module=logging, record_type=_LOG_RECORD,
+            fields_type=fields_type, loggers=_loggers, logging_module=logging, record_type=_LOG_RECORD,
             relative_ms=self._relative_ms, max_name_chars=MAX_LOGGER_NAME_CHARS, base_for=self._base_for,
             fallback=self.replay, is_enabled_for=_IS_ENABLED_FOR, make_record=_MAKE_RECORD, handle=_HANDLE,
         )
@@ -301,14 +301,14 @@ class RecordBatch:
 _BASES_PER_BATCH = 64
 
 
-# _native_calls.LogReplayer and LogRecordFields (None without the native
-# module), looked up at first use (the module loads grpc++).
+# (_native_calls.LogReplayer, _native_calls.LogRecordFields), or (None,
+# None) without the native module; looked up at first use (the module loads
+# grpc++).
 _native_types: tuple[Any, Any] | None = None
-_native_fields: Any = None
 
 
-def _native_replayer() -> Any:
-    global _native_types, _native_fields
+def _native_replay_types() -> tuple[Any, Any]:
+    global _native_types
     if _native_types is None:
         try:
             from agentix.runtime.client import _native_calls
@@ -316,8 +316,7 @@ def _native_replayer() -> Any:
             _native_types = (_native_calls.LogReplayer, _native_calls.LogRecordFields)
         except (ImportError, AttributeError):
             _native_types = (None, None)
-        _native_fields = _native_types[1]
-    return _native_types[0]
+    return _native_types
 
 
 def _made_record(logger: logging.Logger, level: int, record: pb.LogRecord) -> logging.LogRecord:
