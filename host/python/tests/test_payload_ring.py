@@ -14,7 +14,8 @@ import pytest
 
 from agentix.runtime.client import frames, wire
 from agentix.runtime.client.frames import FrameTransport
-from agentix.runtime.client.payload_ring import COPY_STREAM_BYTES, PayloadRing, SplitMessage, native_copy
+from agentix.runtime.client.payload_ring import PayloadRing, SplitMessage, native_copy
+from agentix.runtime.shared.pickle_stream import COPY_FUNCTION_BYTES
 from agentix.runtime.v1 import runtime_pb2 as pb
 from fake_frames import HELLO, MESSAGE, decode_hello, encode
 
@@ -166,8 +167,8 @@ async def test_hello_shares_a_sealed_ring_and_pieces_go_through_it_once_accepted
 def test_the_native_copy_copies_any_piece_and_refuses_one_that_does_not_fit():
     copy = native_copy()
     assert copy is not None  # the unit tests run with the native module
-    source = os.urandom(COPY_STREAM_BYTES * 2 + 77)
-    for size, at, start in ((COPY_STREAM_BYTES * 2 + 70, 65, 3), (COPY_STREAM_BYTES, 0, 64), (1000, 7, 1)):
+    source = os.urandom(COPY_FUNCTION_BYTES * 2 + 77)
+    for size, at, start in ((COPY_FUNCTION_BYTES * 2 + 70, 65, 3), (COPY_FUNCTION_BYTES, 0, 64), (1000, 7, 1)):
         target = bytearray(size + at + 130)
         copy(memoryview(target), at, memoryview(source)[start : start + size])
         assert target[at : at + size] == source[start : start + size]

@@ -32,8 +32,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentix.runtime.client import wire
+from agentix.runtime.shared.pickle_stream import COPY_FUNCTION_BYTES
 
-__all__ = ["COPY_STREAM_BYTES", "PayloadRing", "RING_BYTES", "SplitMessage", "native_copy", "ring_frame", "split_message"]
+__all__ = ["PayloadRing", "RING_BYTES", "SplitMessage", "native_copy", "ring_frame", "split_message"]
 
 # Bytes per ring (one each way), as the daemon ↔ worker rings.
 RING_BYTES = 16 << 20
@@ -46,9 +47,6 @@ _U64 = struct.Struct("<Q")
 _RING_COUNT = struct.Struct("<H")
 _RING_PIECE = struct.Struct("<IQQ")
 _RING_MAX_PIECES = 64
-# Pieces copied by `native_copy` (with non-temporal stores) from this size on:
-# base/payload_copy.h's kPayloadCopyStreamBytes.
-COPY_STREAM_BYTES = 256 << 10
 _NOT_LOADED = object()
 _native_copy: Any = _NOT_LOADED
 
@@ -153,7 +151,7 @@ class PayloadRing:
         copy = self._copy
         for view in views:
             end = offset + len(view)
-            if copy is not None and end - offset >= COPY_STREAM_BYTES:
+            if copy is not None and end - offset >= COPY_FUNCTION_BYTES:
                 copy(out, offset, view)
             else:
                 out[offset:end] = view

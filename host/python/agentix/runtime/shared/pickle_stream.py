@@ -256,7 +256,9 @@ def needs_memo_check(chunks: list) -> bool:
 
 # Pieces `ChunkReader` copies with its `copy` function from this size on,
 # into values below COPY_FUNCTION_MAX_VALUE (larger ones are fresh mmaps
-# whose zeroed pages are cached: memcpy is faster there; base/payload_copy.h).
+# whose zeroed pages are cached: memcpy is faster there; base/payload_copy.h's
+# kPayloadCopyStreamBytes and kPayloadCopyFreshBytes). The host's payload
+# ring copies its pieces of this size or more the same way.
 COPY_FUNCTION_BYTES = 256 << 10
 COPY_FUNCTION_MAX_VALUE = 32 << 20
 
