@@ -52,25 +52,6 @@ async def test_remote_returns_the_value(client):
     assert await client.remote(sandbox_functions.echo, {"k": [1, 2]}) == {"k": [1, 2]}
 
 
-async def test_a_call_on_an_open_stream_does_not_ask_asyncio_for_the_loop(runtime, client, monkeypatch):
-    # asyncio.get_running_loop() is a getpid() system call per call on
-    # CPython 3.11 (its fork check): a call takes the loop from its stream.
-    assert await client.remote(sandbox_functions.add, 1, 1) == 2  # opens the stream
-    asked = []
-    real = asyncio.get_running_loop
-
-    def counted():
-        asked.append(1)
-        return real()
-
-    monkeypatch.setattr(asyncio, "get_running_loop", counted)
-    assert await client.remote(sandbox_functions.add, 2, 3) == 5
-    runtime.scripts["sandbox_functions::echo"] = lambda start: stream_events(start.call_id, ["a", "b"])
-    assert [item async for item in client.remote_stream(sandbox_functions.echo, 1)] == ["a", "b"]
-    assert client._stream.loop is real()
-    assert asked == []
-
-
 async def test_start_call_fields(runtime, client):
     await client.remote(sandbox_functions.add, 1, 2)
     (start,) = runtime.events("start")

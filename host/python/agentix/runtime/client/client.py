@@ -329,7 +329,7 @@ class RuntimeClient:
 
         # Registering and starting happen without yielding to the loop right after
         # _live_stream() saw the stream alive, so a loss cannot slip in between.
-        loop = stream.loop  # the running loop, without get_running_loop()'s getpid()
+        loop = asyncio.get_running_loop()
         call = PendingCall(
             _call_ids.next(),
             display_name,
@@ -404,7 +404,7 @@ class RuntimeClient:
         carrier = wire.context_carrier()
         stream = self._stream_now() or await self._stream_for_call()
 
-        loop = stream.loop
+        loop = asyncio.get_running_loop()
         call = PendingCall(
             _call_ids.next(),
             display_name,

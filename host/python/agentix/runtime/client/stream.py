@@ -131,10 +131,6 @@ class CallsStream(CallRouter):
     ) -> None:
         self._pending = pending
         self._on_lost = on_lost
-        # The loop this stream runs in, which is every call's: a call takes it
-        # from here, since asyncio.get_running_loop() makes a getpid() system
-        # call each time (CPython 3.11's fork check).
-        self.loop = asyncio.get_running_loop()
         # (estimated size, event, upload to begin once the event is sent); an
         # event is a HostEvent or the pieces of an encoded one (wire.py)
         self._queue: collections.deque[tuple[int, pb.HostEvent | list, Upload | None]] = collections.deque()
@@ -463,7 +459,7 @@ class NativeCallsStream(CallsStream):
     ) -> None:
         self._transport = transport
         self._init_state(pending, on_lost)
-        self._loop = self.loop
+        self._loop = asyncio.get_running_loop()
         self._fd = transport.fileno()
         self._loop.add_reader(self._fd, self._on_readable)
         self._watching = True
