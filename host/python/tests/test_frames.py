@@ -329,22 +329,6 @@ async def test_eof_without_status_reconnects_and_resumes_the_calls(framed):
         await task
 
 
-async def test_a_call_whose_upload_is_cut_sends_its_arguments_again_on_the_new_stream(framed):
-    # Over 16 MiB: such a call was once only resumed, and the daemon waited
-    # for the rest of its upload until --upload-idle-timeout-s (60 s) failed it.
-    data = os.urandom(17 * MiB + 5)
-    framed.drop_at_start = "sandbox_functions::length"  # the stream breaks under the upload
-    async with RuntimeClient(framed.url) as client:
-        call = asyncio.create_task(client.remote(sandbox_functions.length, data))
-        await eventually(lambda: framed.streams_opened == 2)
-        # A bound on a hang only (the fake answers in well under a second).
-        assert await asyncio.wait_for(call, 60) == len(data)
-    starts = [s for s in framed.events("start") if s.callable == "sandbox_functions::length"]
-    assert len(starts) == 2 and starts[0].call_id == starts[1].call_id
-    (resume,) = framed.events("resume")
-    assert list(resume.call_ids) == [starts[0].call_id]
-
-
 async def test_a_large_upload_goes_in_chunks_through_a_tiny_send_buffer(framed, monkeypatch):
     # A 4 KiB SO_SNDBUF: nearly every write leaves bytes for loop.add_writer.
     connect = frames._connect
