@@ -124,6 +124,9 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
         self.namespaces_opened = 0
         # GetInfo probes to answer UNAVAILABLE (a connection cut mid-probe).
         self.failing_probes = 0
+        # A callable whose next StartCall drops its stream on arrival (a cut
+        # in the middle of its upload: nothing of the call is answered there).
+        self.drop_at_start: str | None = None
 
     def events(self, kind: str) -> list:
         """Every host event of `kind` received so far, in order."""
@@ -286,6 +289,9 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
                     kind = event.WhichOneof("kind")
                     if kind == "start":
                         start = event.start
+                        if start.callable == self.drop_at_start:
+                            self.drop_at_start = None
+                            self.drop_streams()
                         if start.call_id in running or start.call_id in uploads:
                             continue
                         if start.arguments_size > len(start.arguments):

@@ -329,6 +329,21 @@ async def test_lost_stream_reconnects_and_resumes_pending_calls(runtime, client)
         await task
 
 
+async def test_a_call_whose_upload_is_cut_sends_its_arguments_again_on_the_new_stream(runtime, client):
+    # Over 16 MiB: such a call was once only resumed, and the daemon waited
+    # for the rest of its upload until --upload-idle-timeout-s (60 s) failed it.
+    data = os.urandom(17 * MiB + 5)
+    runtime.drop_at_start = "sandbox_functions::length"  # the stream breaks under the upload
+    call = asyncio.create_task(client.remote(sandbox_functions.length, data))
+    await eventually(lambda: runtime.streams_opened >= 2)
+    # A bound on a hang only (the fake answers in well under a second).
+    assert await asyncio.wait_for(call, 60) == len(data)
+    starts = [s for s in runtime.events("start") if s.callable == "sandbox_functions::length"]
+    assert len(starts) == 2 and starts[0].call_id == starts[1].call_id
+    (resume,) = runtime.events("resume")
+    assert list(resume.call_ids) == [starts[0].call_id]
+
+
 async def test_a_call_made_after_a_cut_survives_a_cut_of_its_reconnect(runtime):
     # The connection is lost with no call in flight; the next call's first
     # reconnect is cut too (its GetInfo probe fails). It retries as calls in

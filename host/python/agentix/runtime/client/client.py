@@ -11,8 +11,10 @@ If the stream ends or breaks while calls are in flight, the client reconnects by
 backoff, see `RuntimeClient`) and resumes them on a new stream: it sends each call's StartCall
 again (the daemon runs a call_id at most once and refuses to re-run a finished one) and
 ``ResumeCalls``, and the daemon replays what they produced; streamed items and result chunks that
-arrive twice are dropped. Calls whose arguments were larger than `_RESEND_ARGUMENTS_BYTES` are
-only resumed (if their start never reached the daemon they fail with ``ResultUnavailable``). When
+arrive twice are dropped. A call's arguments are kept for this until the daemon's first result
+chunk or stream item of it (it ran, so it had them all), whatever their size: an upload cut
+mid-way is sent again from the start (the daemon skips the bytes it has, by
+``ArgumentChunk.offset``) instead of leaving the call waiting for bytes that never come. When
 reconnecting fails, or with ``reconnection=False``, pending calls fail with `RuntimeUnreachable`.
 A call made while a lost connection is down reconnects under the same policy, so a cut that also
 breaks its first reconnect does not fail it.
@@ -96,9 +98,6 @@ _MAX_RESULT_BYTES_ENV = "AGENTIX_MAX_RESULT_BYTES"
 # stream may still take milliseconds the event loop should not stall for.
 # Smaller results decode inline, without a thread hop.
 _INLINE_DECODE_BYTES = 64 * 1024
-# Arguments up to this size are kept until the call ends so its StartCall can
-# be sent again after a reconnect; larger calls are only resumed.
-_RESEND_ARGUMENTS_BYTES = 16 * 1024 * 1024
 
 
 # Longest wait for the daemon to confirm a namespace stream (under the
@@ -636,9 +635,10 @@ class RuntimeClient:
     @staticmethod
     def _start_request(
         callable_ref: str, arguments: bytes | wire.Pieces, context: bytes, stream_window: int
-    ) -> StartRequest | None:
-        if len(arguments) > _RESEND_ARGUMENTS_BYTES:
-            return None
+    ) -> StartRequest:
+        # Kept whatever the size, until the daemon shows it had the arguments
+        # (routing drops it): a large call cut mid-upload would otherwise be
+        # resumed without its missing bytes and wait out --upload-idle-timeout-s.
         return StartRequest(callable_ref, arguments, context, stream_window)
 
     def _stream_lost(self, stream: CallsStream, error: BaseException | None) -> None:

@@ -197,7 +197,8 @@ class PendingCall:
         self.future = future
         self.result_chunks: list[bytes] = []
         self.items: asyncio.Queue | None = asyncio.Queue() if streaming else None
-        # What re-sends the call after a reconnect (None: resume only).
+        # What re-sends the call after a reconnect; None (resume only) once the
+        # daemon sent a result chunk or item of it: it had all the arguments.
         self.start = start
         # StreamItems received (index of the next one expected) and consumed
         # by the caller (what the last StreamAck said).

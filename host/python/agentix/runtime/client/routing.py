@@ -207,6 +207,7 @@ class CallRouter:
             call = self._pending.get(item.call_id)
             if call is None or call.items is None or call.future.done():
                 return
+            call.start = None  # as in _add_chunk
             value = item.value
             if call.result_chunks:
                 # An item over 1 MiB comes as ResultChunks of its leading
@@ -244,6 +245,7 @@ class CallRouter:
             call.barrier = SideBarrier(log_seq, trace_seq)
 
     def _add_chunk(self, call: PendingCall, data: bytes | memoryview) -> None:
+        call.start = None  # it ran, so the daemon has its arguments: a resume need not re-send them
         call.result_bytes += len(data)
         if call.result_bytes > call.max_result_bytes:
             self._refuse_result(call, call.result_bytes, "result")
