@@ -380,6 +380,16 @@ int Run(int argc, char** raw_argv) {
     }
     return InstallBundle(raw_argv[2], raw_argv[3]);
   }
+  // Signals are taken synchronously by this thread (sigwait below); block
+  // them before any thread starts (the connection guard's reaper, gRPC's),
+  // since threads inherit the mask: a SIGTERM that arrives before the
+  // sigwait would otherwise go to a thread that does not block it and end
+  // the daemon without its shutdown (socket paths left behind).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::vector<std::string> storage;
   std::vector<char*> normalized =
       base::NormalizeFlagNames(argc, raw_argv, storage);
@@ -528,13 +538,6 @@ int Run(int argc, char** raw_argv) {
                            }),
             env.end());
 
-  // Signals are taken synchronously by this thread; block them before gRPC
-  // starts its threads so none of those receives them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
   SessionManager manager(options);

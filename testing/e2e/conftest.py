@@ -42,6 +42,20 @@ def _venv():
     return sys.prefix
 
 
+def _thread_states(pid):
+    """One line per thread of `pid`: its name, state and kernel wait channel,
+    to tell where a process that does not exit is waiting."""
+    lines = []
+    for task in sorted(Path(f"/proc/{pid}/task").iterdir(), key=lambda t: int(t.name)):
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            lines.append(f"  {task.name} {(task / 'comm').read_text().strip()} {state} "
+                         f"{(task / 'wchan').read_text().strip()}")
+        except OSError:
+            pass
+    return "\n".join(lines)
+
+
 class Daemon:
     """One running agentix-sandboxd; stops it on `stop()`."""
 
@@ -102,9 +116,11 @@ class Daemon:
             deadline = time.monotonic() + timeout
             while self.proc.poll() is None:
                 if time.monotonic() > deadline:
+                    threads = _thread_states(self.proc.pid)
                     self.proc.kill()
                     self.proc.wait()
-                    raise RuntimeError(f"sandboxd ignored SIGTERM:\n{self.log()}")
+                    raise RuntimeError(f"sandboxd ignored SIGTERM for {timeout} s; its threads "
+                                       f"(name state wchan):\n{threads}\nits log:\n{self.log()}")
                 time.sleep(0.01)
         self._log.close()
         return self.proc.returncode
