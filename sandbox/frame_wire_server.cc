@@ -442,6 +442,7 @@ class FrameWireServer::Connection {
     CallsCpu* const calls_cpu = server_->options_.calls_cpu.get();
     for (;;) {
       if (calls_cpu != nullptr) calls_cpu->Follow(&placed);
+      if (follow_) TellHostPlacement(calls_cpu);
       if (server_->stopping_.load(std::memory_order_acquire)) {
         sink_->End(absl::StatusCode::kUnavailable,
                    "the sandbox daemon is shutting down", false);
@@ -767,6 +768,22 @@ class FrameWireServer::Connection {
     }
   }
 
+  // A host that asked (HELLO's agentix-calls-cpu-follow) is told, once the
+  // probe has chosen (--calls_cpu=probe), whether to pin its waits; checked
+  // each time this thread wakes until then.
+  void TellHostPlacement(CallsCpu* calls_cpu) {
+    const CallsCpu::HostWaits waits = calls_cpu->host_waits();
+    if (waits == CallsCpu::HostWaits::kUnknown) return;
+    follow_ = false;
+    std::deque<OutPiece> told;
+    told.emplace_back(
+        EncodeFrame(FrameKind::kHello,
+                    EncodeHello({{kFrameCallsCpuKey,
+                                  waits == CallsCpu::HostWaits::kOff ? "off" : "wait"}})),
+        /*frame_end=*/true);
+    sink_->WritePieces(std::move(told));
+  }
+
   bool Hello(absl::string_view payload) {
     absl::StatusOr<FrameMetadata> metadata = DecodeHello(payload);
     if (!metadata.ok()) return Refuse(metadata.status().message());
@@ -835,6 +852,9 @@ class FrameWireServer::Connection {
       return true;
     }
     PreferHostCpu(FindMetadata(*metadata, kFrameCallsCpuKey));
+    follow_ = server_->options_.calls_cpu != nullptr &&
+              FindMetadata(*metadata, kFrameCallsCpuFollowKey) != nullptr;
+    if (follow_) TellHostPlacement(server_->options_.calls_cpu.get());
     const std::string* client = FindMetadata(*metadata, "agentix-client-id");
     if (client != nullptr && client->size() <= kMaxCallIdBytes) {
       sink_->SetClientId(*client);
@@ -878,6 +898,7 @@ class FrameWireServer::Connection {
   size_t read_start_ = 0;
   size_t read_end_ = 0;
   bool hello_done_ = false;
+  bool follow_ = false;  // the host asked to be told the probe's choice
   bool half_closed_ = false;
   absl::Time end_deadline_ = absl::InfiniteFuture();
   absl::Duration spin_window_ = server_->options_.spin;
