@@ -246,7 +246,8 @@ def one_run(setting: dict, bins: dict, args, env: dict) -> dict:
         [bins["sandboxd"], "--listen", f"unix://{sock}", f"--worker={bins['worker']}",
          f"--python_path={procs.bench_dir()}",
          "--log_level=info" if log else "--log_level=warning", *setting["daemon"]],
-        env=env, stdout=log.fileno() if log else sys.stderr.fileno())
+        env=env, stdout=log.fileno() if log else sys.stderr.fileno(),
+        stderr=log.fileno() if log else None)
     try:
         procs.wait_listening(sock, daemon)
         # Both hosts pin their waits by default since stop 25: every setting but
