@@ -109,24 +109,23 @@ async def test_the_reader_reassembles_frames_however_the_bytes_arrive():
 
 
 async def test_a_daemons_hello_steers_the_pinned_waits_that_asked(monkeypatch):
-    from agentix.runtime.client.pinned_waits import PinnedWaits
-
     payload = frames.encode_hello((("agentix-calls-cpu", "off"), ("other", "x")))
     assert frames.decode_hello(payload) == [("agentix-calls-cpu", "off"), ("other", "x")]
     assert frames.decode_hello(payload[:-1]) == [("agentix-calls-cpu", "off")]  # truncated: dropped
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
     transport = FrameTransport(ours, ())
-    waits = transport.waits = PinnedWaits(0, {0})
+    told = []
+    transport.told = told.append
     try:
         theirs.sendall(encode(HELLO, payload) + encode(MESSAGE, b"m"))
         got, status, _ = transport.drain()
         assert [bytes(m) for m in got] == [b"m"] and status is None
-        assert waits.told_off
+        assert told == [False]
         theirs.sendall(encode(HELLO, frames.encode_hello((("agentix-calls-cpu", "wait"),))))
         transport.drain()
-        assert not waits.told_off
-        transport.waits = None  # a host that did not ask ignores it
+        assert told == [False, True]
+        transport.told = None  # a host that did not ask ignores it
         theirs.sendall(encode(HELLO, payload))
         got, status, _ = transport.drain()
         assert status is None

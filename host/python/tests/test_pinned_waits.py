@@ -65,11 +65,29 @@ def test_a_daemon_that_says_off_stops_the_pins_until_one_says_wait(masks):
     waits.hold()
     waits.before_select(None)
     assert not waits.pinned  # for every later call too
+    waits.release()
     waits.follow(True)
+    waits.hold()
     waits.before_select(None)
     assert waits.pinned and masks[-1] == (0, {min(ALLOWED)})
     waits.after_select()
     waits.release()
+
+
+async def test_told_off_the_loop_runs_its_own_selector_and_told_wait_the_pinning_one(masks):
+    loop = asyncio.get_running_loop()
+    inner = loop._selector
+    waits = pw.pinned_waits(CallsCpu("wait", min(ALLOWED), follow=True))
+    try:
+        assert isinstance(loop._selector, pw._PinningSelector)
+        pw.follow_daemon(waits, False)
+        assert loop._selector is inner and waits.told_off
+        await asyncio.sleep(0)  # the loop runs on its own selector
+        pw.follow_daemon(waits, True)
+        assert isinstance(loop._selector, pw._PinningSelector) and not waits.told_off
+    finally:
+        loop._selector = inner
+        pw._threads.__dict__.pop("waits", None)
 
 
 def test_current_cpu_is_one_this_thread_may_run_on():

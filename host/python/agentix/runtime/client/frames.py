@@ -73,6 +73,7 @@ from agentix.runtime.client.pinned_waits import (
     CALLS_CPU_KEY,
     PinnedWaits,
     calls_cpu_setting,
+    follow_daemon,
     pinned_waits,
 )
 from agentix.runtime.client.stream import CallsStream, NativeCallsStream
@@ -185,7 +186,7 @@ class FrameWire:
         is not used: ``auto`` falls back, ``frames`` is an error).
     """
 
-    __slots__ = ("_path", "_tls", "waits")
+    __slots__ = ("_path", "_tls", "waits", "_told_off")
 
     def __init__(self, target: str, tls: bool) -> None:
         self._path = calls_socket_path(target)
@@ -193,6 +194,7 @@ class FrameWire:
         # The loop thread's pinned waits (``AGENTIX_CALLS_CPU=wait``) once a
         # Calls stream connected on the frame wire; None otherwise.
         self.waits: PinnedWaits | None = None
+        self._told_off: PinnedWaits | None = None  # waits a daemon said not to pin
 
     def preferred(self) -> bool:
         """Whether the next Calls stream tries the frame wire first: the
@@ -307,9 +309,17 @@ class FrameWire:
             except OSError as error:  # no memfd here: every piece goes inline
                 _log.debug("no payload ring for the frame wire: %r", error)
         transport = FrameTransport(sock, metadata, ring)
-        if stream is None and placement.follow:
-            transport.waits = self.waits
+        if stream is None and placement.follow and self.waits is not None:
+            transport.told = self._told_by_daemon
         return transport
+
+    def _told_by_daemon(self, pin: bool) -> None:
+        """The daemon's probe said whether pinning our waits pays: told off, the
+        client's calls skip them (``remote`` holds none), as with ``off``."""
+        waits = self.waits or self._told_off
+        if waits is not None:
+            follow_daemon(waits, pin)
+            self.waits, self._told_off = (waits, None) if pin else (None, waits)
 
 
 class FrameTransport:
@@ -348,7 +358,7 @@ class FrameTransport:
         "_ring",
         "_ring_ready",
         "on_progress",
-        "waits",
+        "told",
     )
 
     def __init__(self, sock: socket.socket, metadata: tuple, ring: PayloadRing | None = None) -> None:
@@ -375,8 +385,8 @@ class FrameTransport:
         self._spare: collections.deque[bytearray] = collections.deque()  # buffers of long frames, oldest first
         self._spare_bytes = 0
         self.on_progress: Callable[[], None] | None = None
-        # The pinned waits the daemon's HELLO answer (CALLS_CPU_FOLLOW_KEY) steers.
-        self.waits: PinnedWaits | None = None
+        # Takes the daemon's HELLO answer to CALLS_CPU_FOLLOW_KEY: pin or not.
+        self.told: Callable[[bool], None] | None = None
         self._ring = ring
         self._ring_ready = False  # the daemon said it maps the ring
         fds = None
@@ -648,8 +658,8 @@ class FrameTransport:
             # The daemon's probe says whether pinning our waits pays (sent
             # only when asked: CALLS_CPU_FOLLOW_KEY).
             told = dict(decode_hello(payload)).get(CALLS_CPU_KEY)
-            if told is not None and self.waits is not None:
-                self.waits.follow(told != "off")
+            if told is not None and self.told is not None:
+                self.told(told != "off")
         elif kind == STATUS and len(payload) >= 4:
             (code,) = struct.unpack_from("<I", payload)
             self._status = (code, bytes(payload[4:]).decode("utf-8", "replace"))

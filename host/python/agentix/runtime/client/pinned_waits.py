@@ -52,6 +52,7 @@ __all__ = [
     "PinnedWaits",
     "calls_cpu_setting",
     "current_cpu",
+    "follow_daemon",
     "pinned_waits",
     "run_queue_wait_ns",
 ]
@@ -197,7 +198,7 @@ class PinnedWaits:
         self._calls += 1
         if self.in_flight == 1:
             self._busy_since = (self._pins, self._timed, self._timed_ns)
-        self.armed = pin and self.in_flight == 1
+        self.armed = pin and self.in_flight == 1 and not self.told_off
 
     def move_to(self, cpu: int) -> None:
         """Waits on `cpu` from now on."""
@@ -215,10 +216,12 @@ class PinnedWaits:
 
     def follow(self, pin: bool) -> None:
         """A daemon's answer to `CALLS_CPU_FOLLOW_KEY` (its start-up probe's
-        choice): with `pin` False this thread's waits are not pinned any more,
+        choice): with `pin` False this thread's waits are not armed any more,
         for every client on it, until a daemon answers True (the latest
         answer wins, as the latest host's CPU does at the daemon)."""
         self.told_off = not pin
+        if self.told_off:
+            self.armed = False
 
     def _may_pin(self) -> bool:
         if self.told_off:
@@ -344,6 +347,23 @@ class _PinningSelector:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+def follow_daemon(waits: PinnedWaits, pin: bool) -> None:
+    """A daemon's answer to `CALLS_CPU_FOLLOW_KEY`, on the thread of the loop
+    `waits` belongs to: `PinnedWaits.follow`, and with `pin` False the loop's
+    selector unwrapped, so that the loop runs as with ``off`` (no look ahead,
+    no calls around each select); True wraps it again."""
+    waits.follow(pin)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    selector = getattr(loop, "_selector", None)
+    if not pin and isinstance(selector, _PinningSelector):
+        loop._selector = selector._inner  # type: ignore[attr-defined]
+    elif pin and selector is not None and not isinstance(selector, _PinningSelector):
+        loop._selector = _PinningSelector(selector, waits)  # type: ignore[attr-defined]
 
 
 def pinned_waits(setting: CallsCpu, slice_us: int = 0) -> PinnedWaits | None:
