@@ -79,9 +79,10 @@ class CallsCpu {
   // chooses (sandbox/placement_probe.h). Active by default.
   void SetActive(bool active);
   // What the daemon tells a host that asks (HELLO's
-  // agentix-calls-cpu-follow): kUnknown until the probe chose, and without
-  // the probe (explicit settings leave the host's waits to the host).
-  enum class HostWaits { kUnknown, kPin, kOff };
+  // agentix-calls-cpu-follow): kNone without the probe (explicit settings
+  // leave the host's waits to the host: nothing is told), kUnknown while it
+  // runs.
+  enum class HostWaits { kNone, kUnknown, kPin, kOff };
   void SetHostWaits(HostWaits waits) {
     host_waits_.store(static_cast<int>(waits), std::memory_order_release);
   }

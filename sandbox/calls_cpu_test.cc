@@ -120,8 +120,8 @@ TEST_CASE("An inactive placement (the probe not done, or it chose off) pins noth
   Fakes fakes;
   fakes.running = allowed.back();
   CallsCpu placement(CallsCpu::kRunningCpu, fakes.hooks());
+  CHECK(placement.host_waits() == CallsCpu::HostWaits::kNone);  // no probe: nothing to tell
   placement.SetActive(false);
-  CHECK(placement.host_waits() == CallsCpu::HostWaits::kUnknown);
   placement.NoteRead(1);
   CHECK(placement.PreferCpu(allowed.front()));  // remembered, not applied
   for (int i = 0; i < CallsCpu::kSequentialReads; ++i) placement.NoteRead(1);

@@ -28,7 +28,7 @@ struct ProbeFigures {
 enum class Placement {
   kAll,     // the daemon's placement and the hosts' pinned waits (`auto`)
   kDaemon,  // the daemon's placement; the hosts are told not to pin
-  kOff,     // nothing pinned; the hosts are told not to pin
+  kOff,     // nothing pinned (one CPU); the hosts are told not to pin
 };
 
 struct PlacementChoice {

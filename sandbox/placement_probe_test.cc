@@ -25,23 +25,23 @@ TEST_CASE("Idle vCPUs that halt (the docs' older VM) choose the whole placement"
   CHECK(ChoosePlacement(Figures(8.5, 60, 3)).placement == Placement::kAll);
 }
 
-TEST_CASE("Cheap cross-CPU wake-ups with dear pins choose the daemon's placement or none") {
-  // This machine (stop 30): 8.5 us pinned, 15.8 unpinned, ~3 us a pin.
+TEST_CASE("Cheap cross-CPU wake-ups with dear pins keep the daemon's placement and unpin the hosts") {
+  // This machine (stop 30/31): 8.5-19 us pinned, about the same unpinned, ~3 us a pin.
+  CHECK(ChoosePlacement(Figures(15.6, 15.4, 3.5)).placement == Placement::kDaemon);
   CHECK(ChoosePlacement(Figures(8.5, 15.8, 2.8)).placement == Placement::kDaemon);
-  // wake_ab's floors: the pinned round trip about the unpinned one.
-  CHECK(ChoosePlacement(Figures(24, 25, 3)).placement == Placement::kOff);
-  // A saving that a pin eats is not taken.
-  CHECK(ChoosePlacement(Figures(8, 14, 3)).placement == Placement::kOff);
+  // A saving a host's pins eat (4 x 3 us against 11 us) is not taken.
+  CHECK(ChoosePlacement(Figures(8, 30, 3)).placement == Placement::kDaemon);
+  CHECK(ChoosePlacement(Figures(8, 34, 3)).placement == Placement::kAll);
 }
 
 TEST_CASE("An unpinned pair faster than a pinned one saves nothing") {
   const PlacementChoice choice = ChoosePlacement(Figures(20, 10, 0.5));
-  CHECK(choice.placement == Placement::kOff);
-  CHECK_FALSE(choice.why.empty());
+  CHECK(choice.placement == Placement::kDaemon);
+  CHECK(choice.why.find("saves 0.0 us") != std::string::npos);
 }
 
 TEST_CASE("A saving within the probe's noise is not taken, however cheap a pin") {
-  CHECK(ChoosePlacement(Figures(8, 9.5, 0.01)).placement == Placement::kOff);
+  CHECK(ChoosePlacement(Figures(8, 9.5, 0.01)).placement == Placement::kDaemon);
   CHECK(ChoosePlacement(Figures(8, 11, 0.01)).placement == Placement::kAll);
 }
 

@@ -176,9 +176,10 @@ ABSL_FLAG(std::string, calls_cpu, "auto",
           "the one the worker reader runs on when it pins; a number: that "
           "CPU; \"off\" or \"\": nothing is pinned; \"probe\": a start-up "
           "measurement (~15-30 ms, on a thread of its own; calls run unpinned "
-          "until it ends) chooses between auto with the hosts' pinned waits, "
-          "auto alone (Calls frame-wire hosts that ask are told not to pin "
-          "their waits), and off, and logs its figures and choice at info "
+          "until it ends) chooses between auto with the hosts' pinned waits "
+          "(a hand-off on one CPU saves more than ~4 sched_setaffinity) and "
+          "auto alone (frame-wire hosts that ask are told not to pin their "
+          "waits; off with one CPU), and logs its figures and choice at info "
           "level (sandbox/calls_cpu.h, sandbox/placement_probe.h; "
           "docs/FRAME-WIRE.md, \"Wake-ups\")");
 ABSL_FLAG(int64_t, frames_spin_us, 0,
@@ -506,6 +507,7 @@ int Run(int argc, char** raw_argv) {
     options.worker.calls_cpu = std::make_shared<CallsCpu>(*calls_cpu);
     if (probe_placement) {
       options.worker.calls_cpu->SetActive(false);
+      options.worker.calls_cpu->SetHostWaits(CallsCpu::HostWaits::kUnknown);
       placement_probe = std::thread(ProbePlacement, options.worker.calls_cpu);
     }
   }
