@@ -32,7 +32,7 @@ int64_t CallsCpu::backoffs() {
 void CallsCpu::Update() {
   int cpu = base::kNoCpu;
   const uint64_t old = state_.load(std::memory_order_relaxed);
-  if (!overlapping_ && !backed_off_) {
+  if (active_ && !overlapping_ && !backed_off_) {
     if (fixed_cpu_ >= 0) {
       cpu = fixed_cpu_;
     } else if (hint_ >= 0) {
@@ -88,6 +88,13 @@ void CallsCpu::NoteRead(int call_ends) {
   }
   if (backed_off_ && backoff_.Over(hooks_.now())) backed_off_ = false;
   Update();
+}
+
+void CallsCpu::SetActive(bool active) {
+  absl::MutexLock lock(&mu_);
+  active_ = active;
+  // A CPU of the reader's own is chosen at its next call's end, on its thread.
+  if (!active || fixed_cpu_ >= 0 || hint_ >= 0) Update();
 }
 
 bool CallsCpu::PreferCpu(int cpu) {

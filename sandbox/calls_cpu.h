@@ -75,6 +75,21 @@ class CallsCpu {
   // one. False (ignored) if the daemon may not run on it.
   bool PreferCpu(int cpu);
 
+  // --calls_cpu=probe: inactive (nothing pinned) until the start-up probe
+  // chooses (sandbox/placement_probe.h). Active by default.
+  void SetActive(bool active);
+  // What the daemon tells a host that asks (HELLO's
+  // agentix-calls-cpu-follow): kNone without the probe (explicit settings
+  // leave the host's waits to the host: nothing is told), kUnknown while it
+  // runs.
+  enum class HostWaits { kNone, kUnknown, kPin, kOff };
+  void SetHostWaits(HostWaits waits) {
+    host_waits_.store(static_cast<int>(waits), std::memory_order_release);
+  }
+  HostWaits host_waits() const {
+    return static_cast<HostWaits>(host_waits_.load(std::memory_order_acquire));
+  }
+
   // Pins or unpins the calling thread if the placement changed since
   // `*seen` (start it at kNever). Cheap when nothing changed.
   static constexpr uint64_t kNever = ~uint64_t{0};
@@ -98,7 +113,9 @@ class CallsCpu {
   // placement that was current together with its CPU.
   std::atomic<uint64_t> state_{0};
   std::atomic<int64_t> calls_{0};  // call ends since the last sample
+  std::atomic<int> host_waits_{0};  // HostWaits
   absl::Mutex mu_;
+  bool active_ ABSL_GUARDED_BY(mu_) = true;
   int streak_ ABSL_GUARDED_BY(mu_) = 0;
   bool overlapping_ ABSL_GUARDED_BY(mu_) = false;
   int hint_ ABSL_GUARDED_BY(mu_) = -1;    // the latest host's CPU

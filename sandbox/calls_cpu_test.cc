@@ -115,6 +115,33 @@ TEST_CASE("A host's CPU places the call path under auto; the latest host wins; a
   CHECK(named.PinnedCpu() == allowed.front());
 }
 
+TEST_CASE("An inactive placement (the probe not done, or it chose off) pins nothing until made active") {
+  const std::vector<int> allowed = AllowedList();
+  Fakes fakes;
+  fakes.running = allowed.back();
+  CallsCpu placement(CallsCpu::kRunningCpu, fakes.hooks());
+  CHECK(placement.host_waits() == CallsCpu::HostWaits::kNone);  // no probe: nothing to tell
+  placement.SetActive(false);
+  placement.NoteRead(1);
+  CHECK(placement.PreferCpu(allowed.front()));  // remembered, not applied
+  for (int i = 0; i < CallsCpu::kSequentialReads; ++i) placement.NoteRead(1);
+  CHECK_FALSE(placement.pinned());
+  placement.SetActive(true);
+  CHECK(placement.PinnedCpu() == allowed.front());  // the host's CPU, at once
+  placement.SetActive(false);
+  CHECK_FALSE(placement.pinned());
+
+  // Without a host's CPU the reader's is taken at its next call's end.
+  CallsCpu own(CallsCpu::kRunningCpu, fakes.hooks());
+  own.SetActive(false);
+  own.SetActive(true);
+  CHECK_FALSE(own.pinned());
+  own.NoteRead(1);
+  CHECK(own.PinnedCpu() == allowed.back());
+  own.SetHostWaits(CallsCpu::HostWaits::kOff);
+  CHECK(own.host_waits() == CallsCpu::HostWaits::kOff);
+}
+
 TEST_CASE("A busy CPU unpins the call path for the back-off period, then it pins again") {
   const int cpu = HighestAllowed();
   Fakes fakes;

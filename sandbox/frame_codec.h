@@ -20,7 +20,8 @@ namespace agentix::sandbox {
 inline constexpr size_t kFrameHeaderBytes = 5;
 
 enum class FrameKind : uint8_t {
-  kHello = 1,      // host -> daemon, first frame, once: metadata pairs
+  kHello = 1,      // host -> daemon, first frame, once: metadata pairs (and
+                   // daemon -> host once, asked: kFrameCallsCpuFollowKey)
   kMessage = 2,    // a serialized CallsRequest / CallsResponse
   kHalfClose = 3,  // host -> daemon, empty: the host's writes_done
   kStatus = 4,     // daemon -> host, last frame: u32le code, UTF-8 details
@@ -73,6 +74,12 @@ inline constexpr char kFramePayloadRingKey[] = "agentix-payload-ring";
 // (decimal): the daemon's call path uses it too if it may run there
 // (sandbox/calls_cpu.h, CallsCpu::PreferCpu; docs/FRAME-WIRE.md, "Wake-ups").
 inline constexpr char kFrameCallsCpuKey[] = "agentix-calls-cpu";
+// HELLO key of a Calls connection whose host pins its waits by default and
+// follows the daemon's choice: a daemon run with --calls_cpu=probe answers,
+// once its probe has chosen, with a HELLO frame of its own holding
+// agentix-calls-cpu "wait" (keep pinning) or "off" (do not pin). Other
+// daemons send nothing; a host that does not ask is sent nothing.
+inline constexpr char kFrameCallsCpuFollowKey[] = "agentix-calls-cpu-follow";
 
 // RING_MESSAGE's payload: `u16le count`, then `count` pieces of
 // `u32le at, u64le pos, u64le size`, then the message's bytes with each

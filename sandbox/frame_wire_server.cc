@@ -442,6 +442,7 @@ class FrameWireServer::Connection {
     CallsCpu* const calls_cpu = server_->options_.calls_cpu.get();
     for (;;) {
       if (calls_cpu != nullptr) calls_cpu->Follow(&placed);
+      if (follow_) TellHostPlacement(calls_cpu);
       if (server_->stopping_.load(std::memory_order_acquire)) {
         sink_->End(absl::StatusCode::kUnavailable,
                    "the sandbox daemon is shutting down", false);
@@ -767,6 +768,25 @@ class FrameWireServer::Connection {
     }
   }
 
+  // A host that asked (HELLO's agentix-calls-cpu-follow) is told, once the
+  // probe has chosen (--calls_cpu=probe), whether to pin its waits; checked
+  // each time this thread wakes until then.
+  void TellHostPlacement(CallsCpu* calls_cpu) {
+    const CallsCpu::HostWaits waits = calls_cpu->host_waits();
+    if (waits == CallsCpu::HostWaits::kUnknown || waits == CallsCpu::HostWaits::kNone) return;
+    follow_ = false;
+    if (waits == CallsCpu::HostWaits::kPin && !follow_cpu_.empty()) {
+      PreferHostCpu(&follow_cpu_);
+    }
+    std::deque<OutPiece> told;
+    told.emplace_back(
+        EncodeFrame(FrameKind::kHello,
+                    EncodeHello({{kFrameCallsCpuKey,
+                                  waits == CallsCpu::HostWaits::kOff ? "off" : "wait"}})),
+        /*frame_end=*/true);
+    sink_->WritePieces(std::move(told));
+  }
+
   bool Hello(absl::string_view payload) {
     absl::StatusOr<FrameMetadata> metadata = DecodeHello(payload);
     if (!metadata.ok()) return Refuse(metadata.status().message());
@@ -834,7 +854,18 @@ class FrameWireServer::Connection {
       hello_done_ = true;
       return true;
     }
-    PreferHostCpu(FindMetadata(*metadata, kFrameCallsCpuKey));
+    follow_ = server_->options_.calls_cpu != nullptr &&
+              server_->options_.calls_cpu->host_waits() != CallsCpu::HostWaits::kNone &&
+              FindMetadata(*metadata, kFrameCallsCpuFollowKey) != nullptr;
+    const std::string* host_cpu = FindMetadata(*metadata, kFrameCallsCpuKey);
+    if (follow_) {
+      // Its CPU places the call path only if it is told to keep pinning
+      // there: a host told not to pin runs anywhere.
+      if (host_cpu != nullptr) follow_cpu_ = *host_cpu;
+      TellHostPlacement(server_->options_.calls_cpu.get());
+    } else {
+      PreferHostCpu(host_cpu);
+    }
     const std::string* client = FindMetadata(*metadata, "agentix-client-id");
     if (client != nullptr && client->size() <= kMaxCallIdBytes) {
       sink_->SetClientId(*client);
@@ -878,6 +909,8 @@ class FrameWireServer::Connection {
   size_t read_start_ = 0;
   size_t read_end_ = 0;
   bool hello_done_ = false;
+  bool follow_ = false;  // the host asked to be told the probe's choice
+  std::string follow_cpu_;  // and its agentix-calls-cpu, until then
   bool half_closed_ = false;
   absl::Time end_deadline_ = absl::InfiniteFuture();
   absl::Duration spin_window_ = server_->options_.spin;

@@ -1,5 +1,6 @@
 // agentix-sandboxd: the gRPC server inside a sandbox. Parses flags, builds
 // the session manager and the services, serves until SIGTERM/SIGINT.
+#include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -35,6 +37,7 @@
 #include "sandbox/admin_service.h"
 #include "sandbox/auth.h"
 #include "sandbox/calls_cpu.h"
+#include "sandbox/placement_probe.h"
 #include "sandbox/connection_guard.h"
 #include "sandbox/frame_wire_server.h"
 #include "sandbox/grpc_executor.h"
@@ -171,7 +174,13 @@ ABSL_FLAG(std::string, calls_cpu, "auto",
           "\"auto\" (default): the CPU the latest Calls frame-wire host "
           "names in HELLO (agentix-calls-cpu) if the daemon may use it, else "
           "the one the worker reader runs on when it pins; a number: that "
-          "CPU; \"off\" or \"\": nothing is pinned (sandbox/calls_cpu.h; "
+          "CPU; \"off\" or \"\": nothing is pinned; \"probe\": a start-up "
+          "measurement (~15-30 ms, on a thread of its own; calls run unpinned "
+          "until it ends) chooses between auto with the hosts' pinned waits "
+          "(a hand-off on one CPU saves more than ~4 sched_setaffinity) and "
+          "auto alone (frame-wire hosts that ask are told not to pin their "
+          "waits; off with one CPU), and logs its figures and choice at info "
+          "level (sandbox/calls_cpu.h, sandbox/placement_probe.h; "
           "docs/FRAME-WIRE.md, \"Wake-ups\")");
 ABSL_FLAG(int64_t, frames_spin_us, 0,
           "microseconds a frame-wire connection's thread polls its socket "
@@ -231,6 +240,27 @@ int InstallBundle(const std::string& src, const std::string& dst) {
 
 // --listen is repeatable, which absl flags are not: collect every occurrence
 // and hand the rest of argv to absl.
+// --calls_cpu=probe (sandbox/placement_probe.h): measures, logs the figures
+// and the choice, and applies it. A probe that fails keeps the placement
+// before it (the daemon's and the hosts' pins).
+void ProbePlacement(std::shared_ptr<CallsCpu> calls_cpu) {
+  pthread_setname_np(pthread_self(), "agx-probe");
+  absl::StatusOr<ProbeFigures> figures = MeasurePlacement();
+  PlacementChoice choice;
+  if (figures.ok()) {
+    choice = ChoosePlacement(*figures);
+    AGX_LOG(Info, "calls_cpu probe: {} ({}); {}", PlacementName(choice.placement),
+            choice.why, DescribeFigures(*figures));
+  } else {
+    AGX_LOG(Warning, "calls_cpu probe failed ({}): pin",
+            std::string(figures.status().message()));
+  }
+  calls_cpu->SetHostWaits(choice.placement == Placement::kAll
+                              ? CallsCpu::HostWaits::kPin
+                              : CallsCpu::HostWaits::kOff);
+  calls_cpu->SetActive(choice.placement != Placement::kOff);
+}
+
 std::vector<std::string> ExtractListenFlags(int& argc, char** argv) {
   std::vector<std::string> listen;
   int out = 1;
@@ -459,16 +489,27 @@ int Run(int argc, char** raw_argv) {
   // highest CPU ParseCpuSetting gives hosts: many daemons on one CPU would
   // queue behind each other.
   const std::string calls_cpu_flag = absl::GetFlag(FLAGS_calls_cpu);
+  const absl::string_view calls_cpu_setting =
+      absl::StripAsciiWhitespace(calls_cpu_flag);
+  const bool probe_placement = calls_cpu_setting == "probe";
   absl::StatusOr<int> calls_cpu =
-      absl::StripAsciiWhitespace(calls_cpu_flag) == "auto"
+      calls_cpu_setting == "auto" || probe_placement
           ? absl::StatusOr<int>(CallsCpu::kRunningCpu)
           : base::ParseCpuSetting(calls_cpu_flag);
   if (!calls_cpu.ok()) {
     AGX_LOG(Error, "--calls_cpu: {}", std::string(calls_cpu.status().message()));
     return 2;
   }
+  // --calls_cpu=probe: unpinned until the probe, on a thread of its own,
+  // chooses (a few ms; the first calls run unpinned meanwhile).
+  std::thread placement_probe;
   if (*calls_cpu != base::kNoCpu) {
     options.worker.calls_cpu = std::make_shared<CallsCpu>(*calls_cpu);
+    if (probe_placement) {
+      options.worker.calls_cpu->SetActive(false);
+      options.worker.calls_cpu->SetHostWaits(CallsCpu::HostWaits::kUnknown);
+      placement_probe = std::thread(ProbePlacement, options.worker.calls_cpu);
+    }
   }
   if (absl::GetFlag(FLAGS_worker_intake_spin_us) > 0) {
     options.worker.extra_args.push_back(absl::StrCat(
@@ -719,6 +760,7 @@ int Run(int argc, char** raw_argv) {
     health_reactions->Stop();
   }
   reactions.Stop();
+  if (placement_probe.joinable()) placement_probe.join();
   RemoveOwnSocketPaths();
   AGX_LOG(Info, "stopped");
   return 0;

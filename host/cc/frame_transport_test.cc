@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 #include <string>
+#include <vector>
 #include <thread>
 
 #include "absl/time/clock.h"
@@ -84,6 +85,31 @@ pb::CallsResponse ResultFor(const std::string& id, const std::string& value) {
   result->set_call_id(id);
   result->set_value(value);
   return response;
+}
+
+TEST_CASE("A daemon's HELLO answer reaches the callback that asked; unasked, it ends the stream") {
+  int fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
+  Peer peer(fds[1]);
+  std::vector<std::string> told;
+  std::unique_ptr<CallsTransport> transport =
+      NewFrameTransport(fds[0], {{"agentix-calls-cpu-follow", "1"}}, absl::ZeroDuration(),
+                        [&](absl::string_view value) { told.emplace_back(value); });
+  REQUIRE(peer.Next().kind == FrameKind::kHello);
+  peer.Send(sandbox::EncodeFrame(FrameKind::kHello,
+                                 sandbox::EncodeHello({{"agentix-calls-cpu", "off"}})) +
+            Message(ResultFor("call-1", "a")));
+  pb::CallsResponse response;
+  REQUIRE(transport->Read(&response));  // the answer is not a message: the next one is
+  CHECK(response.events(0).result().call_id() == "call-1");
+  CHECK(told == std::vector<std::string>{"off"});
+
+  Pair unasked = Open();
+  unasked.peer->Next();
+  unasked.peer->Send(sandbox::EncodeFrame(FrameKind::kHello,
+                                          sandbox::EncodeHello({{"agentix-calls-cpu", "off"}})));
+  CHECK_FALSE(unasked.transport->Read(&response));
+  CHECK(unasked.transport->Finish().code() == absl::StatusCode::kInternal);
 }
 
 TEST_CASE("HELLO carries the metadata first; requests and responses are MESSAGE frames") {

@@ -24,6 +24,10 @@ run), each setting against `off`:
 - `pinwait`:    the daemon's --calls_cpu=CPU and both hosts' AGENTIX_CALLS_CPU=wait:CPU
                 (pinned waits: the host's calling thread is on the CPU only while one
                 call waits, agentix/runtime/client/pinned_waits.py; no taskset);
+- `probe`:      --calls_cpu=probe, hosts at their defaults: the daemon's start-up probe
+                chooses `default`'s placement, `pin_daemon`'s or `off`'s and tells the
+                Python host whether to pin its waits (the C++ client keeps pinning them);
+                the choice and the probe's figures are in each run's figures;
 - `pin_daemon`: --calls_cpu=auto alone (the default since stop 25: the CPU the worker
                 reader runs on, or the one a host names in HELLO), the host where the
                 scheduler puts it;
@@ -61,6 +65,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -197,6 +202,10 @@ def settings_table(cpu: int, spin_us: int) -> dict[str, dict]:
         "pinwait": {"daemon": [f"--calls_cpu={cpu}"], "host_cpu": None, "cc_env": wait,
                     "py_env": wait},
         "pin_daemon": {"daemon": ["--calls_cpu=auto"], "host_cpu": None, "cc_env": {}},
+        # The start-up probe's choice; the hosts' default settings follow it (the
+        # Python host asks; the C++ client keeps its pinned waits).
+        "probe": {"daemon": ["--calls_cpu=probe"], "host_cpu": None, "cc_env": {}, "default": True,
+                  "probe": True},
         "pin_daemon_main": {"daemon": ["--calls_cpu=auto"], "host_cpu": None, "cc_env": {},
                             "main": True},
         "spin": {"daemon": spin, "host_cpu": None,
@@ -230,10 +239,15 @@ def one_run(setting: dict, bins: dict, args, env: dict) -> dict:
     if setting.get("main"):
         bins = {**bins, "sandboxd": os.path.join(args.main_dir, "agentix-sandboxd"),
                 "worker": os.path.join(args.main_dir, "agentix-worker")}
+    # The probe's choice is logged at info level (no info logs per call).
+    log_path = os.path.join(tmp, "sandboxd.log")
+    log = open(log_path, "wb") if setting.get("probe") else None
     daemon = procs.start_process(
         [bins["sandboxd"], "--listen", f"unix://{sock}", f"--worker={bins['worker']}",
-         f"--python_path={procs.bench_dir()}", "--log_level=warning", *setting["daemon"]],
-        env=env, stdout=sys.stderr.fileno())
+         f"--python_path={procs.bench_dir()}",
+         "--log_level=info" if log else "--log_level=warning", *setting["daemon"]],
+        env=env, stdout=log.fileno() if log else sys.stderr.fileno(),
+        stderr=log.fileno() if log else None)
     try:
         procs.wait_listening(sock, daemon)
         # Both hosts pin their waits by default since stop 25: every setting but
@@ -266,10 +280,31 @@ def one_run(setting: dict, bins: dict, args, env: dict) -> dict:
         figures["cpu_us"] = meter.per_item(before, meter.snapshot(), figures["calls"])
         figures["cpu_us"]["client"] = figures.pop("noop_cpu_us_per_call")
         out["cc"] = figures
+        if log:
+            out["probe"] = probe_choice(log_path)
         return out
     finally:
         procs.stop_process(daemon)
+        if log:
+            log.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+PROBE_CHOICES = ("pin", "pin_daemon", "off")
+
+
+def probe_choice(log_path: str) -> dict:
+    """--calls_cpu=probe's choice and figures from the daemon's log line:
+    {"choice_<name>": 1, "same_cpu_us", "any_cpu_us", "affinity_us", "probe_ms"}."""
+    with open(log_path, errors="replace") as f:
+        found = re.search(r"calls_cpu probe: (\w+) \(.*\); same-CPU round trip ([\d.]+) us, any-CPU "
+                          r"([\d.]+) us, sched_setaffinity ([\d.]+) us, \d+ CPUs, ([\d.]+) ms", f.read())
+    if not found:
+        return {}
+    out = {f"choice_{name}": int(found.group(1) == name) for name in PROBE_CHOICES}
+    for key, value in zip(("same_cpu_us", "any_cpu_us", "affinity_us", "probe_ms"), found.groups()[1:]):
+        out[key] = float(value)
+    return out
 
 
 def floor_round(cpu: int, env: dict) -> dict:
@@ -353,7 +388,7 @@ def main(argv=None) -> int:
     parser.add_argument("--c64-seconds", type=float, default=1.0,
                         help="timed window of the 64-caller phase per run")
     parser.add_argument("--settings", default="off,pin,pin_daemon,spin,spin_daemon",
-                        help="comma-separated, from: default, off, pin, pinwait, pin_daemon, "
+                        help="comma-separated, from: default, off, pin, pinwait, pin_daemon, probe, "
                              "pin_daemon_main, spin, spin_daemon")
     parser.add_argument("--main-dir", default="",
                         help="a directory with an older agentix-sandboxd and agentix-worker, "
@@ -400,7 +435,9 @@ def main(argv=None) -> int:
                   f"p99 {run.get('python_noop_p99_us')} cpu {run.get('python_noop_cpu_us_total')} "
                   f"rq {run.get('python_noop_reader_rq_wait_us')} "
                   f"c64 {run.get('python_c64_calls_per_s')}/s | cc p50 {run.get('cc_noop_p50_us')} "
-                  f"p99 {run.get('cc_noop_p99_us')} cpu {run.get('cc_cpu_us_total')}", flush=True)
+                  f"p99 {run.get('cc_noop_p99_us')} cpu {run.get('cc_cpu_us_total')}"
+                  + "".join(f" | probe chose {c}" for c in PROBE_CHOICES if run.get(f"probe_choice_{c}")),
+                  flush=True)
         try:
             this["floors"] = floor_round(cpu, env)
             print(f"round {index + 1} floors " + ", ".join(
@@ -434,6 +471,13 @@ def main(argv=None) -> int:
             print(f"{'':<10} over off: python p50 {over.get('python_noop_p50_us')} cpu "
                   f"{over.get('python_noop_cpu_us_total')} c64 {over.get('python_c64_calls_per_s')}"
                   f" | cc p50 {over.get('cc_noop_p50_us')} cpu {over.get('cc_cpu_us_total')}")
+        chose = {c: sum(int((r["runs"].get(name) or {}).get(f"probe_choice_{c}", 0)) for r in rounds)
+                 for c in PROBE_CHOICES}
+        if any(chose.values()):
+            entry["probe_chose"] = chose
+            print(f"{'':<10} the probe chose {chose}; same-CPU {med.get('probe_same_cpu_us')} us, "
+                  f"any-CPU {med.get('probe_any_cpu_us')} us, sched_setaffinity "
+                  f"{med.get('probe_affinity_us')} us, {med.get('probe_probe_ms')} ms (medians)")
         fl = entry["over_floors"]
         print(f"{'':<10} targets {entry['targets']}")
         print(f"{'':<10} python/floor {fl.get('python_noop_p50_over_floor')} "

@@ -13,7 +13,7 @@ import time
 
 import e2e_targets as t
 import pytest
-from test_frame_wire_daemon import MESSAGE, FrameClient, _token_file
+from test_frame_wire_daemon import MESSAGE, TOKEN, FrameClient, _token_file
 
 from agentix import AsyncClientNamespace, RuntimeClient, request_handler
 from agentix.runtime.v1 import runtime_pb2 as pb
@@ -311,3 +311,75 @@ async def test_the_worker_loop_awaits_a_namespace_reply_pinned_and_runs_code_unp
     # Waiting for the reply, the loop thread was pinned to the daemon's call-path CPU.
     assert len(seen) == 1 and len(seen[0]) == 1, seen
     assert [saw for saw, _ in answers] == [seen[0]] * 5
+
+
+def _probe_choice(daemon, timeout_s=10.0):
+    """(choice, figures) from the daemon's start-up log line of --calls_cpu=probe."""
+    import re
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = re.search(r"calls_cpu probe: (pin|pin_daemon|off) \((.+)\); same-CPU round trip "
+                          r"([\d.]+) us, any-CPU ([\d.]+) us, sched_setaffinity ([\d.]+) us, (\d+) CPUs",
+                          daemon.log())
+        if found:
+            return found.group(1), [float(v) for v in found.groups()[2:]]
+        assert time.monotonic() < deadline, daemon.log()
+        time.sleep(0.02)
+
+
+async def test_calls_cpu_probe_serves_calls_reports_its_choice_and_tells_the_hosts_that_ask(start_daemon, tmp_path):
+    import threading
+
+    from agentix.runtime.client.hello import decode_hello
+
+    before = frozenset(_allowed())
+    daemon = start_daemon(extra_args=["--calls_cpu=probe", "--token-file", _token_file(tmp_path)])
+    choice, (same, any_cpu, affinity, cpus) = _probe_choice(daemon)
+    assert same > 0 and any_cpu > 0 and affinity > 0 and cpus == len(before)
+    # A frame-wire host that asks is told whether to pin its waits; one that
+    # does not ask is told nothing (its first frame is its call's result).
+    calls_path = daemon.socket_path.with_name(daemon.socket_path.name + ".calls")
+    asking, silent = FrameClient(calls_path), FrameClient(calls_path)
+    asking.hello(client_id="asking", extra=[("agentix-calls-cpu-follow", "1")])
+    kind, payload = asking.read()
+    assert kind == 1 and decode_hello(payload) == [("agentix-calls-cpu", "wait" if choice == "pin" else "off")]
+    silent.hello(client_id="silent")
+    _call_on(silent, 3, "silent")
+    _call_on(asking, 70, "asking")  # past the 64 sequential reads that pin
+    # The daemon's call path is placed as chosen.
+    path = _path(daemon.proc.pid, ("agx-wrk-read",))
+    if choice == "off":
+        assert path == {before}
+    else:
+        assert len(path) == 1 and len(next(iter(path))) == 1
+    asking.close()
+    silent.close()
+    # The Python host (default setting) asks, and its loop thread waits pinned
+    # only if the probe chose the whole placement.
+    loop_tid = threading.get_native_id()
+    seen, stop = [], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            seen.append(frozenset(_allowed_list(loop_tid)))
+            time.sleep(0.01)
+
+    try:
+        async with RuntimeClient(daemon.url, token=TOKEN) as client:
+            for _ in range(20):
+                assert await client.remote(os.getpid) > 0
+            watcher = threading.Thread(target=watch)
+            watcher.start()
+            try:
+                await client.remote(time.sleep, 0.5)
+            finally:
+                stop.set()
+                watcher.join()
+        assert seen
+        if choice == "pin":
+            assert seen.count(before) < len(seen), seen
+        else:
+            assert set(seen) == {before}, seen
+    finally:
+        os.sched_setaffinity(0, before)

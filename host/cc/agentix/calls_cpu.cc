@@ -59,6 +59,11 @@ absl::StatusOr<int> CallsCpuFromEnv() {
   return ParseCallsCpu(env == nullptr || *env == '\0' ? kDefaultCallsCpu : env);
 }
 
+bool CallsCpuFollowsDaemon() {
+  const char* env = std::getenv("AGENTIX_CALLS_CPU");
+  return env == nullptr || *env == '\0';
+}
+
 bool PinBudget::MayPin(bool* timed) {
   *timed = false;
   if (resting_) {

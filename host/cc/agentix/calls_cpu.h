@@ -35,6 +35,11 @@ absl::StatusOr<int> ParseCallsCpu(absl::string_view value);
 inline constexpr absl::string_view kDefaultCallsCpu = "wait";
 // The same for $AGENTIX_CALLS_CPU (unset or empty: kDefaultCallsCpu).
 absl::StatusOr<int> CallsCpuFromEnv();
+// Whether $AGENTIX_CALLS_CPU is unset or empty: the default's pinned waits
+// then follow a --calls_cpu=probe daemon's answer (HELLO key
+// kCallsCpuFollowKey; "off" stops them). A setting named is not changed.
+bool CallsCpuFollowsDaemon();
+inline constexpr absl::string_view kCallsCpuFollowKey = "agentix-calls-cpu-follow";
 
 // Whether a thread may pin itself for its next wait: not while waiting
 // pinned costs it run-queue time (its CPU is busy with other work). One pin

@@ -223,6 +223,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     absl::StatusOr<int> calls_cpu = CallsCpuFromEnv();
     if (!calls_cpu.ok()) return calls_cpu.status();
     calls_cpu_ = *calls_cpu;
+    follow_daemon_ = calls_cpu_ >= 0 && CallsCpuFollowsDaemon();
     absl::Status status = Open();
     if (!status.ok()) return status;
     reader_ = std::thread([this] { ReaderLoop(); });
@@ -512,8 +513,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (options_.calls_wire == CallsWire::kGrpc) return absl::OkStatus();
     StreamMetadata metadata = Metadata();
     if (calls_cpu_ >= 0) metadata.emplace_back(kCallsCpuKey, absl::StrCat(calls_cpu_));
+    CallsCpuAnswer on_calls_cpu;
+    if (follow_daemon_) {  // a --calls_cpu=probe daemon says whether pinning pays
+      metadata.emplace_back(kCallsCpuFollowKey, "1");
+      on_calls_cpu = [this](absl::string_view told) {
+        told_off_.store(told == "off", std::memory_order_relaxed);
+      };
+    }
     absl::StatusOr<std::unique_ptr<CallsTransport>> transport =
-        ConnectFrameTransport(CallsSocketPath(options_.target), metadata);
+        ConnectFrameTransport(CallsSocketPath(options_.target), metadata,
+                              std::move(on_calls_cpu));
     if (transport.ok()) {
       stream->transport = *std::move(transport);
       return absl::OkStatus();
@@ -530,7 +539,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // unpins the thread pinned (overlapping calls run anywhere).
   void PlaceWaitLocked(Call* call, bool waited) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (pending_.size() == 1 && waited && call->deadline == absl::InfiniteFuture()) {
-      if (call->pin.Pin(calls_cpu_)) pinned_ = call;
+      if (!told_off_.load(std::memory_order_relaxed) && call->pin.Pin(calls_cpu_)) {
+        pinned_ = call;
+      }
     } else if (pinned_ != nullptr) {
       UnpinLocked(pinned_);
     }
@@ -961,6 +972,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // $AGENTIX_CALLS_CPU's CPU (-1: off), and the call whose caller's thread
   // is pinned to it (PlaceWaitLocked).
   int calls_cpu_ = -1;
+  bool follow_daemon_ = false;  // $AGENTIX_CALLS_CPU unset: ask the daemon
+  std::atomic<bool> told_off_{false};  // a --calls_cpu=probe daemon said "off"
   Call* pinned_ ABSL_GUARDED_BY(mu_) = nullptr;
   // A thread is in Read() on the Calls stream (the read "token"); only it
   // uses response_.

@@ -35,8 +35,10 @@ constexpr size_t kKeepBytes = 256 << 10;
 
 class FrameTransport final : public CallsTransport {
  public:
-  FrameTransport(int fd, const StreamMetadata& metadata, absl::Duration spin)
-      : fd_(fd), spin_(spin), window_(spin), in_(kReadBytes) {
+  FrameTransport(int fd, const StreamMetadata& metadata, absl::Duration spin,
+                 CallsCpuAnswer on_calls_cpu)
+      : fd_(fd), spin_(spin), on_calls_cpu_(std::move(on_calls_cpu)), window_(spin),
+        in_(kReadBytes) {
     const sandbox::FrameMetadata pairs(metadata.begin(), metadata.end());
     const std::string hello =
         sandbox::EncodeFrame(FrameKind::kHello, sandbox::EncodeHello(pairs));
@@ -93,6 +95,18 @@ class FrameTransport final : public CallsTransport {
                                             ? static_cast<absl::StatusCode>(status->code)
                                             : absl::StatusCode::kUnknown;
           return End(absl::Status(code, status->details));
+        }
+        case FrameKind::kHello: {
+          // The daemon's answer to agentix-calls-cpu-follow (asked only
+          // with a callback); a daemon never sends one unasked.
+          absl::StatusOr<sandbox::FrameMetadata> told = sandbox::DecodeHello(frame->payload);
+          if (!told.ok() || !on_calls_cpu_) {
+            return End(absl::InternalError("agentix-sandboxd sent an unasked or bad HELLO"));
+          }
+          const std::string* value = sandbox::FindMetadata(*told, sandbox::kFrameCallsCpuKey);
+          if (value != nullptr) on_calls_cpu_(*value);
+          Compact();
+          continue;
         }
         default:
           return End(absl::InternalError(absl::StrCat(
@@ -209,6 +223,7 @@ class FrameTransport final : public CallsTransport {
 
   const int fd_;
   const absl::Duration spin_;
+  const CallsCpuAnswer on_calls_cpu_;
   absl::Duration window_;  // the reader's current spin window
   std::atomic<bool> cancelled_{false};
   // The reader's buffer: bytes [start_, end_) are received, not consumed.
@@ -231,7 +246,7 @@ std::string CallsSocketPath(absl::string_view target) {
 }
 
 absl::StatusOr<std::unique_ptr<CallsTransport>> ConnectFrameTransport(
-    const std::string& path, const StreamMetadata& metadata) {
+    const std::string& path, const StreamMetadata& metadata, CallsCpuAnswer on_calls_cpu) {
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   if (path.size() >= sizeof(address.sun_path)) {
@@ -251,7 +266,7 @@ absl::StatusOr<std::unique_ptr<CallsTransport>> ConnectFrameTransport(
     return absl::UnavailableError(absl::StrCat(
         "cannot connect to the frame wire at ", path, ": ", std::strerror(error)));
   }
-  return NewFrameTransport(fd, metadata, *spin);
+  return NewFrameTransport(fd, metadata, *spin, std::move(on_calls_cpu));
 }
 
 absl::StatusOr<absl::Duration> CallsSpinFromEnv() {
@@ -266,8 +281,9 @@ absl::StatusOr<absl::Duration> CallsSpinFromEnv() {
 }
 
 std::unique_ptr<CallsTransport> NewFrameTransport(int fd, const StreamMetadata& metadata,
-                                                  absl::Duration spin) {
-  return std::make_unique<FrameTransport>(fd, metadata, spin);
+                                                  absl::Duration spin,
+                                                  CallsCpuAnswer on_calls_cpu) {
+  return std::make_unique<FrameTransport>(fd, metadata, spin, std::move(on_calls_cpu));
 }
 
 }  // namespace agentix::client_internal

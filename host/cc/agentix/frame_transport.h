@@ -7,6 +7,7 @@
 #ifndef AGENTIX_HOST_CC_AGENTIX_FRAME_TRANSPORT_H_
 #define AGENTIX_HOST_CC_AGENTIX_FRAME_TRANSPORT_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -21,12 +22,18 @@ namespace agentix::client_internal {
 // empty for any other target.
 std::string CallsSocketPath(absl::string_view target);
 
+// Called from Read with the value of agentix-calls-cpu in a HELLO the daemon
+// sends (only to a host whose HELLO asked: agentix-calls-cpu-follow; "wait"
+// or "off", docs/FRAME-WIRE.md "Wake-ups").
+using CallsCpuAnswer = std::function<void(absl::string_view)>;
+
 // Connects to the frame wire at `path` and sends HELLO with `metadata`
 // (messages may follow at once; a refusal arrives as the stream's STATUS).
 // UNAVAILABLE naming the errno when the socket cannot be connected;
 // INVALID_ARGUMENT for a bad $AGENTIX_CALLS_SPIN_US.
 absl::StatusOr<std::unique_ptr<CallsTransport>> ConnectFrameTransport(
-    const std::string& path, const StreamMetadata& metadata);
+    const std::string& path, const StreamMetadata& metadata,
+    CallsCpuAnswer on_calls_cpu = nullptr);
 
 // $AGENTIX_CALLS_SPIN_US: how long the reader polls the socket without
 // sleeping before it blocks (adaptive: a wait longer than this halves the
@@ -37,7 +44,8 @@ absl::StatusOr<absl::Duration> CallsSpinFromEnv();
 // Takes over `fd`, a connected stream socket (tests: a socketpair), and
 // sends HELLO with `metadata`; the reader spins up to `spin` (above).
 std::unique_ptr<CallsTransport> NewFrameTransport(int fd, const StreamMetadata& metadata,
-                                                  absl::Duration spin = absl::ZeroDuration());
+                                                  absl::Duration spin = absl::ZeroDuration(),
+                                                  CallsCpuAnswer on_calls_cpu = nullptr);
 
 }  // namespace agentix::client_internal
 

@@ -108,6 +108,42 @@ async def test_the_reader_reassembles_frames_however_the_bytes_arrive():
         theirs.close()
 
 
+async def test_a_daemons_hello_steers_the_pinned_waits_that_asked(monkeypatch):
+    payload = frames.encode_hello((("agentix-calls-cpu", "off"), ("other", "x")))
+    assert frames.decode_hello(payload) == [("agentix-calls-cpu", "off"), ("other", "x")]
+    assert frames.decode_hello(payload[:-1]) == [("agentix-calls-cpu", "off")]  # truncated: dropped
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    transport = FrameTransport(ours, ())
+    told = []
+    transport.told = told.append
+    try:
+        theirs.sendall(encode(HELLO, payload) + encode(MESSAGE, b"m"))
+        got, status, _ = transport.drain()
+        assert [bytes(m) for m in got] == [b"m"] and status is None
+        assert told == [False]
+        theirs.sendall(encode(HELLO, frames.encode_hello((("agentix-calls-cpu", "wait"),))))
+        transport.drain()
+        assert told == [False, True]
+        transport.told = None  # a host that did not ask ignores it
+        theirs.sendall(encode(HELLO, payload))
+        got, status, _ = transport.drain()
+        assert status is None
+    finally:
+        transport.close()
+        theirs.close()
+
+
+async def test_only_the_default_setting_asks_the_daemon_whether_to_pin(framed, monkeypatch):
+    monkeypatch.delenv("AGENTIX_CALLS_CPU", raising=False)
+    assert await stream_type(framed.url) is FrameCallsStream
+    assert framed.frames.hellos[-1].get("agentix-calls-cpu-follow") == "1"
+    monkeypatch.setenv("AGENTIX_CALLS_CPU", "wait")
+    assert await stream_type(framed.url) is FrameCallsStream
+    assert "agentix-calls-cpu-follow" not in framed.frames.hellos[-1]
+    assert "agentix-calls-cpu" in framed.frames.hellos[-1]
+
+
 async def test_long_frames_reuse_a_buffer_only_once_nothing_refers_to_its_bytes(monkeypatch):
     # Long frames (result chunks) are read into buffers that are reused, and
     # result chunks are memoryviews into them: a buffer must not be read
@@ -185,8 +221,9 @@ async def test_hello_carries_the_token_and_the_client_id(framed):
     (hello,) = framed.frames.hellos
     # By default (pinned waits) it names the CPU its loop waits on.
     assert int(hello.pop("agentix-calls-cpu")) in os.sched_getaffinity(0)
+    # and asks the daemon whether pinning its waits pays (--calls_cpu=probe).
     assert hello == {"authorization": "Bearer s3cret", "agentix-client-id": client.client_id,
-                     frames.PAYLOAD_RING_KEY: "1"}
+                     frames.PAYLOAD_RING_KEY: "1", "agentix-calls-cpu-follow": "1"}
     # Every call went on the frame wire, none on gRPC's Calls.
     assert [s.callable for s in framed.events("start")] == ["sandbox_functions::add"]
 
@@ -214,6 +251,7 @@ async def test_messages_follow_the_hello_without_waiting_for_an_answer(grpc_only
         assert kind == HELLO and hello == {
             "agentix-client-id": client.client_id,
             frames.PAYLOAD_RING_KEY: "1",
+            "agentix-calls-cpu-follow": "1",
         }
         assert kind2 == MESSAGE
         (event,) = pb.CallsRequest.FromString(payload2).events

@@ -42,13 +42,52 @@ def test_settings_parse_to_a_mode_and_a_cpu(monkeypatch):
 
 def test_unset_or_empty_is_the_default_setting(monkeypatch):
     monkeypatch.delenv("AGENTIX_CALLS_CPU", raising=False)
-    assert calls_cpu_setting() == calls_cpu_setting(pw.DEFAULT_SETTING)
+    # The default follows the daemon's probe; the same setting named does not.
+    assert calls_cpu_setting() == CallsCpu("wait", None, follow=True)
+    assert calls_cpu_setting(pw.DEFAULT_SETTING) == CallsCpu("wait", None, follow=False)
     monkeypatch.setenv("AGENTIX_CALLS_CPU", "  ")
-    assert calls_cpu_setting() == calls_cpu_setting(pw.DEFAULT_SETTING)
-    monkeypatch.setattr(pw, "DEFAULT_SETTING", "wait:auto")  # what the lead may flip it to
-    assert calls_cpu_setting() == CallsCpu("wait", max(ALLOWED))
+    assert calls_cpu_setting() == CallsCpu("wait", None, follow=True)
     monkeypatch.setenv("AGENTIX_CALLS_CPU", "off")
     assert calls_cpu_setting() == CallsCpu("off", None)
+
+
+def test_a_daemon_that_says_off_stops_the_pins_until_one_says_wait(masks):
+    waits = PinnedWaits(min(ALLOWED), ALLOWED)
+    waits.hold()
+    waits.before_select(None)
+    waits.after_select()
+    assert len(masks) == 2
+    waits.follow(False)
+    waits.before_select(None)
+    waits.after_select()
+    assert len(masks) == 2 and not waits.pinned
+    waits.release()
+    waits.hold()
+    waits.before_select(None)
+    assert not waits.pinned  # for every later call too
+    waits.release()
+    waits.follow(True)
+    waits.hold()
+    waits.before_select(None)
+    assert waits.pinned and masks[-1] == (0, {min(ALLOWED)})
+    waits.after_select()
+    waits.release()
+
+
+async def test_told_off_the_loop_runs_its_own_selector_and_told_wait_the_pinning_one(masks):
+    loop = asyncio.get_running_loop()
+    inner = loop._selector
+    waits = pw.pinned_waits(CallsCpu("wait", min(ALLOWED), follow=True))
+    try:
+        assert isinstance(loop._selector, pw._PinningSelector)
+        pw.follow_daemon(waits, False)
+        assert loop._selector is inner and waits.told_off
+        await asyncio.sleep(0)  # the loop runs on its own selector
+        pw.follow_daemon(waits, True)
+        assert isinstance(loop._selector, pw._PinningSelector) and not waits.told_off
+    finally:
+        loop._selector = inner
+        pw._threads.__dict__.pop("waits", None)
 
 
 def test_current_cpu_is_one_this_thread_may_run_on():

@@ -57,6 +57,7 @@ from agentix.runtime.client import wire
 from agentix.runtime.client.channels import NativeTransport
 from agentix.runtime.client._sio_facade import AsyncClientNamespace
 from agentix.runtime.client.errors import RuntimeUnreachable
+from agentix.runtime.client.hello import decode_hello, encode_hello
 from agentix.runtime.client.loop_slice import loop_slice_us
 from agentix.runtime.client.namespaces import (
     NAMESPACE_METHOD,
@@ -68,9 +69,11 @@ from agentix.runtime.client.payload_ring import PayloadRing, ring_frame, split_m
 from agentix.runtime.client.pending import PendingCall
 from agentix.runtime.client.pinned_waits import (
     CALLS_CPU_ENV,
+    CALLS_CPU_FOLLOW_KEY,
     CALLS_CPU_KEY,
     PinnedWaits,
     calls_cpu_setting,
+    follow_daemon,
     pinned_waits,
 )
 from agentix.runtime.client.stream import CallsStream, NativeCallsStream
@@ -94,6 +97,7 @@ __all__ = [
     "payload_ring_wanted",
     "STREAM_KEY",
     "calls_socket_path",
+    "decode_hello",
     "encode_hello",
     "frame",
     "wire_mode",
@@ -160,17 +164,6 @@ def frame(kind: int, payload: bytes = b"") -> bytes:
     return _HEADER.pack(len(payload), kind) + payload
 
 
-def encode_hello(metadata: tuple[tuple[str, str], ...]) -> bytes:
-    """A HELLO payload: each pair as ``u16le key length, key, u32le value
-    length, value``."""
-    out = bytearray()
-    for key, value in metadata:
-        k = key.lower().encode("ascii")
-        v = value.encode("utf-8")
-        out += struct.pack("<H", len(k)) + k + struct.pack("<I", len(v)) + v
-    return bytes(out)
-
-
 def _connect(path: str) -> socket.socket:
     """A non-blocking stream socket connected to `path` (a Unix socket
     accepts at once or fails at once; a full backlog is EAGAIN)."""
@@ -193,7 +186,7 @@ class FrameWire:
         is not used: ``auto`` falls back, ``frames`` is an error).
     """
 
-    __slots__ = ("_path", "_tls", "waits")
+    __slots__ = ("_path", "_tls", "waits", "_told_off")
 
     def __init__(self, target: str, tls: bool) -> None:
         self._path = calls_socket_path(target)
@@ -201,6 +194,7 @@ class FrameWire:
         # The loop thread's pinned waits (``AGENTIX_CALLS_CPU=wait``) once a
         # Calls stream connected on the frame wire; None otherwise.
         self.waits: PinnedWaits | None = None
+        self._told_off: PinnedWaits | None = None  # waits a daemon said not to pin
 
     def preferred(self) -> bool:
         """Whether the next Calls stream tries the frame wire first: the
@@ -307,12 +301,25 @@ class FrameWire:
                 cpu = waits.cpu
             if cpu is not None:  # the daemon's call path may follow it
                 metadata = (*metadata, (CALLS_CPU_KEY, str(cpu)))
+            if waits is not None and placement.follow:  # and we may follow its probe
+                metadata = (*metadata, (CALLS_CPU_FOLLOW_KEY, "1"))
         if stream is None and payload_ring_wanted():
             try:
                 ring = PayloadRing()
             except OSError as error:  # no memfd here: every piece goes inline
                 _log.debug("no payload ring for the frame wire: %r", error)
-        return FrameTransport(sock, metadata, ring)
+        transport = FrameTransport(sock, metadata, ring)
+        if stream is None and placement.follow and self.waits is not None:
+            transport.told = self._told_by_daemon
+        return transport
+
+    def _told_by_daemon(self, pin: bool) -> None:
+        """The daemon's probe said whether pinning our waits pays: told off, the
+        client's calls skip them (``remote`` holds none), as with ``off``."""
+        waits = self.waits or self._told_off
+        if waits is not None:
+            follow_daemon(waits, pin)
+            self.waits, self._told_off = (waits, None) if pin else (None, waits)
 
 
 class FrameTransport:
@@ -351,6 +358,7 @@ class FrameTransport:
         "_ring",
         "_ring_ready",
         "on_progress",
+        "told",
     )
 
     def __init__(self, sock: socket.socket, metadata: tuple, ring: PayloadRing | None = None) -> None:
@@ -377,6 +385,8 @@ class FrameTransport:
         self._spare: collections.deque[bytearray] = collections.deque()  # buffers of long frames, oldest first
         self._spare_bytes = 0
         self.on_progress: Callable[[], None] | None = None
+        # Takes the daemon's HELLO answer to CALLS_CPU_FOLLOW_KEY: pin or not.
+        self.told: Callable[[bool], None] | None = None
         self._ring = ring
         self._ring_ready = False  # the daemon said it maps the ring
         fds = None
@@ -644,6 +654,12 @@ class FrameTransport:
                     messages.append(split_message(self._ring, payload, MAX_PAYLOAD))
                 except ValueError as error:
                     self._status = (_INTERNAL, f"frame wire: {error}")
+        elif kind == HELLO:
+            # The daemon's probe says whether pinning our waits pays (sent
+            # only when asked: CALLS_CPU_FOLLOW_KEY).
+            told = dict(decode_hello(payload)).get(CALLS_CPU_KEY)
+            if told is not None and self.told is not None:
+                self.told(told != "off")
         elif kind == STATUS and len(payload) >= 4:
             (code,) = struct.unpack_from("<I", payload)
             self._status = (code, bytes(payload[4:]).decode("utf-8", "replace"))

@@ -25,7 +25,11 @@ The settings (`calls_cpu_setting`):
 - ``N`` / ``auto``: the loop thread is pinned to that CPU for good when its
   Calls stream connects (it then runs the user's code there too).
 
-Unset or empty is `DEFAULT_SETTING`.
+Unset or empty is `DEFAULT_SETTING`, which also follows the daemon: a Calls
+frame-wire HELLO asks (`CALLS_CPU_FOLLOW_KEY`), and a daemon run with
+``--calls_cpu=probe`` answers whether pinning the host's waits pays on this
+machine (`PinnedWaits.follow`). A setting named explicitly is not changed by
+the daemon.
 """
 
 from __future__ import annotations
@@ -41,12 +45,14 @@ from agentix.runtime.client.loop_slice import set_thread_slice
 
 __all__ = [
     "CALLS_CPU_ENV",
+    "CALLS_CPU_FOLLOW_KEY",
     "CALLS_CPU_KEY",
     "CallsCpu",
     "DEFAULT_SETTING",
     "PinnedWaits",
     "calls_cpu_setting",
     "current_cpu",
+    "follow_daemon",
     "pinned_waits",
     "run_queue_wait_ns",
 ]
@@ -55,6 +61,9 @@ CALLS_CPU_ENV = "AGENTIX_CALLS_CPU"
 # The HELLO key of a Calls frame-wire connection naming the CPU the host
 # waits on (decimal): the daemon places its call path there (docs/FRAME-WIRE.md).
 CALLS_CPU_KEY = "agentix-calls-cpu"
+# The HELLO key asking the daemon to say (a HELLO frame of its own, with
+# CALLS_CPU_KEY "wait" or "off") whether the host should pin its waits.
+CALLS_CPU_FOLLOW_KEY = "agentix-calls-cpu-follow"
 # What an unset or empty AGENTIX_CALLS_CPU means: pinned waits since stop 25
 # (quiet noop p50 0.49x off, calls/s at 64 callers unchanged; PERFORMANCE.md).
 DEFAULT_SETTING = "wait"
@@ -92,9 +101,11 @@ class CallsCpu(NamedTuple):
 
     mode: str
     cpu: int | None
+    follow: bool = False  # the default: the daemon may say not to pin
 
 
 _OFF = CallsCpu("off", None)
+_DEFAULT = CallsCpu(DEFAULT_SETTING, None, follow=True)
 
 
 def calls_cpu_setting(value: str | None = None) -> CallsCpu:
@@ -103,7 +114,9 @@ def calls_cpu_setting(value: str | None = None) -> CallsCpu:
     the module docstring, or a CPU this thread may not run on."""
     if value is None:
         value = os.environ.get(CALLS_CPU_ENV, "")
-    setting = value.strip().lower() or DEFAULT_SETTING
+    setting = value.strip().lower()
+    if not setting:
+        return _DEFAULT
     if setting == "off":
         return _OFF
     mode, colon, cpu_text = setting.partition(":")
@@ -150,7 +163,7 @@ class PinnedWaits:
     (`TIME_EVERY`).
     """
 
-    __slots__ = ("cpu", "original", "in_flight", "armed", "pinned", "resting_until", "_cpu_set",
+    __slots__ = ("cpu", "original", "in_flight", "armed", "pinned", "resting_until", "told_off", "_cpu_set",
                  "_thread", "_pins", "_timed_at", "_timed", "_timed_ns", "_judged", "_period",
                  "_after_backoff", "_calls", "_window_calls", "_window_pins", "_burst_rest",
                  "_busy_since")
@@ -164,6 +177,7 @@ class PinnedWaits:
         self.pinned = False
         self._thread = threading.get_ident()
         self.resting_until = 0.0  # time.monotonic() of the back-off's end; 0: none
+        self.told_off = False  # a daemon said pinning does not pay here (`follow`)
         self._pins = 0
         self._timed_at = -1  # run-queue wait (ns) when a timed pin was made; -1: none
         self._timed = 0  # timed pins since the last judgement
@@ -184,7 +198,7 @@ class PinnedWaits:
         self._calls += 1
         if self.in_flight == 1:
             self._busy_since = (self._pins, self._timed, self._timed_ns)
-        self.armed = pin and self.in_flight == 1
+        self.armed = pin and self.in_flight == 1 and not self.told_off
 
     def move_to(self, cpu: int) -> None:
         """Waits on `cpu` from now on."""
@@ -200,7 +214,18 @@ class PinnedWaits:
         if self.pinned:
             self._set(False)
 
+    def follow(self, pin: bool) -> None:
+        """A daemon's answer to `CALLS_CPU_FOLLOW_KEY` (its start-up probe's
+        choice): with `pin` False this thread's waits are not armed any more,
+        for every client on it, until a daemon answers True (the latest
+        answer wins, as the latest host's CPU does at the daemon)."""
+        self.told_off = not pin
+        if self.told_off:
+            self.armed = False
+
     def _may_pin(self) -> bool:
+        if self.told_off:
+            return False
         if threading.get_ident() != self._thread:
             return False  # (a client used from another thread's loop: never pin a thread it did not connect on)
         if self.resting_until:
@@ -322,6 +347,23 @@ class _PinningSelector:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+def follow_daemon(waits: PinnedWaits, pin: bool) -> None:
+    """A daemon's answer to `CALLS_CPU_FOLLOW_KEY`, on the thread of the loop
+    `waits` belongs to: `PinnedWaits.follow`, and with `pin` False the loop's
+    selector unwrapped, so that the loop runs as with ``off`` (no look ahead,
+    no calls around each select); True wraps it again."""
+    waits.follow(pin)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    selector = getattr(loop, "_selector", None)
+    if not pin and isinstance(selector, _PinningSelector):
+        loop._selector = selector._inner  # type: ignore[attr-defined]
+    elif pin and selector is not None and not isinstance(selector, _PinningSelector):
+        loop._selector = _PinningSelector(selector, waits)  # type: ignore[attr-defined]
 
 
 def pinned_waits(setting: CallsCpu, slice_us: int = 0) -> PinnedWaits | None:

@@ -1,0 +1,88 @@
+#include "sandbox/placement_probe.h"
+
+#include <sched.h>
+
+#include <catch2/catch.hpp>
+#include <limits>
+
+namespace agentix::sandbox {
+namespace {
+
+ProbeFigures Figures(double same, double any, double affinity, int cpus = 2) {
+  ProbeFigures f;
+  f.same_cpu_us = same;
+  f.any_cpu_us = any;
+  f.affinity_us = affinity;
+  f.cpus = cpus;
+  return f;
+}
+
+TEST_CASE("Idle vCPUs that halt (the docs' older VM) choose the whole placement") {
+  // stop 24: 54-72 us unpinned, 6-7 us on one CPU; sched_setaffinity ~0.65 us.
+  CHECK(ChoosePlacement(Figures(6.5, 54, 0.65)).placement == Placement::kAll);
+  CHECK(ChoosePlacement(Figures(7, 72, 0.65)).placement == Placement::kAll);
+  // Even at this machine's system-call prices.
+  CHECK(ChoosePlacement(Figures(8.5, 60, 3)).placement == Placement::kAll);
+}
+
+TEST_CASE("Cheap cross-CPU wake-ups with dear pins keep the daemon's placement and unpin the hosts") {
+  // This machine (stop 30/31): 8.5-19 us pinned, about the same unpinned, ~3 us a pin.
+  CHECK(ChoosePlacement(Figures(15.6, 15.4, 3.5)).placement == Placement::kDaemon);
+  CHECK(ChoosePlacement(Figures(8.5, 15.8, 2.8)).placement == Placement::kDaemon);
+  // A saving a host's pins eat (4 x 3 us against 11 us) is not taken.
+  CHECK(ChoosePlacement(Figures(8, 30, 3)).placement == Placement::kDaemon);
+  CHECK(ChoosePlacement(Figures(8, 34, 3)).placement == Placement::kAll);
+}
+
+TEST_CASE("An unpinned pair faster than a pinned one saves nothing") {
+  const PlacementChoice choice = ChoosePlacement(Figures(20, 10, 0.5));
+  CHECK(choice.placement == Placement::kDaemon);
+  CHECK(choice.why.find("saves 0.0 us") != std::string::npos);
+}
+
+TEST_CASE("A saving within the probe's noise is not taken, however cheap a pin") {
+  CHECK(ChoosePlacement(Figures(8, 9.5, 0.01)).placement == Placement::kDaemon);
+  CHECK(ChoosePlacement(Figures(8, 11, 0.01)).placement == Placement::kAll);
+}
+
+TEST_CASE("One CPU pins nothing; figures that cannot be right keep the placement before the probe") {
+  CHECK(ChoosePlacement(Figures(8, 60, 1, /*cpus=*/1)).placement == Placement::kOff);
+  CHECK(ChoosePlacement(Figures(0, 0, 0, /*cpus=*/1)).placement == Placement::kOff);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  CHECK(ChoosePlacement(Figures(nan, 60, 1)).placement == Placement::kAll);
+  CHECK(ChoosePlacement(Figures(8, inf, 1)).placement == Placement::kAll);
+  CHECK(ChoosePlacement(Figures(8, 60, 0)).placement == Placement::kAll);
+  CHECK(ChoosePlacement(Figures(-1, 60, 1)).placement == Placement::kAll);
+}
+
+TEST_CASE("Placements have wake_ab's names") {
+  CHECK(std::string(PlacementName(Placement::kAll)) == "pin");
+  CHECK(std::string(PlacementName(Placement::kDaemon)) == "pin_daemon");
+  CHECK(std::string(PlacementName(Placement::kOff)) == "off");
+}
+
+TEST_CASE("The probe measures every figure on a machine with two CPUs, and leaves the mask alone") {
+  cpu_set_t before;
+  CPU_ZERO(&before);
+  REQUIRE(::sched_getaffinity(0, sizeof(before), &before) == 0);
+  ProbeOptions options;
+  options.round_trips = 20;
+  options.affinity_pairs = 5;
+  absl::StatusOr<ProbeFigures> figures = MeasurePlacement(options);
+  REQUIRE(figures.ok());
+  CHECK(figures->cpus == CPU_COUNT(&before));
+  if (figures->cpus >= 2) {
+    CHECK(figures->same_cpu_us > 0);
+    CHECK(figures->any_cpu_us > 0);
+    CHECK(figures->affinity_us > 0);
+  }
+  CHECK(DescribeFigures(*figures).find("CPUs") != std::string::npos);
+  cpu_set_t after;
+  CPU_ZERO(&after);
+  REQUIRE(::sched_getaffinity(0, sizeof(after), &after) == 0);
+  CHECK(CPU_EQUAL(&before, &after));
+}
+
+}  // namespace
+}  // namespace agentix::sandbox
