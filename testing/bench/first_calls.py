@@ -10,7 +10,10 @@ reports:
 - per 500-call window: p50, p99, calls over 1 ms (`--windows`),
 - the steady state (the second half of the calls): p50, p99, CPU per call of
   host, daemon and worker (schedstat of all their threads),
-- RSS (kB) of daemon and worker after the first call and at the end.
+- RSS (kB) of daemon and worker after the first call and at the end,
+- with `--pause S`: the calls over 1 ms among the first `--first` calls
+  after a pause of S seconds taken after `--pause-after` (300) calls (a
+  client that stops and resumes: when the worker's deferred imports run).
 
 With `--a-*` paths it is a same-run A/B: pairs of runs, old (A) and new (B)
 alternating which goes first, medians per side and per-pair ratios (B/A).
@@ -32,7 +35,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(BENCH_DIR))
@@ -47,6 +49,7 @@ import bench_targets, procs
 from agentix import RuntimeClient
 
 sock, daemon_pid, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+pause_after, pause_s = int(sys.argv[4]), float(sys.argv[5])
 
 def rss_kb(pid):
     with open(f"/proc/{pid}/status") as f:
@@ -72,6 +75,8 @@ async def main():
         for i in range(calls):
             if i == steady_from:
                 cpu_a = cpu_ns(pids)
+            if i == pause_after and pause_s:
+                time.sleep(pause_s)  # the host's loop blocked: no traffic
             t = perf()
             await client.remote(bench_targets.noop)
             lat.append((perf() - t) * 1e6)
@@ -79,6 +84,7 @@ async def main():
         n = calls - steady_from
         print("RESULT " + json.dumps({
             "first_call_ms": first_ms, "lat_us": lat,
+            "pause_after": pause_after if pause_s else 0,
             "cpu_us": {k: (cpu_b[k] - cpu_a[k]) / 1e3 / n for k in pids},
             "rss_start_kb": rss_start,
             "rss_end_kb": {k: rss_kb(p) for k, p in pids.items()},
@@ -97,6 +103,7 @@ def summarize(raw: dict, first: int) -> dict:
     """The figures of one run from the host's RESULT."""
     lat = raw["lat_us"]
     steady = sorted(lat[len(lat) // 2:])
+    after = lat[raw["pause_after"]:] if raw["pause_after"] else []
     windows = []
     for w in range(0, len(lat), 500):
         x = sorted(lat[w:w + 500])
@@ -108,6 +115,7 @@ def summarize(raw: dict, first: int) -> dict:
         "p99_first1000": round(pct(sorted(lat[:1000]), 0.99), 1),
         "p50_steady": round(pct(steady, 0.5), 1),
         "p99_steady": round(pct(steady, 0.99), 1),
+        "slow_after_pause": sum(v > 1000 for v in after[:first]),
         "cpu_us": {k: round(v, 1) for k, v in raw["cpu_us"].items()},
         "cpu_total_us": round(sum(raw["cpu_us"].values()), 1),
         "rss_start_kb": raw["rss_start_kb"],
@@ -125,8 +133,8 @@ def run_once(side: dict, args) -> dict:
                          flags=tuple(args.daemon_flag)) as (sock, daemon):
         out = subprocess.run(
             [side["python"], "-c", _HOST, sock, str(daemon.pid),
-             str(args.calls)], env=env, capture_output=True, text=True,
-            timeout=600)
+             str(args.calls), str(args.pause_after), str(args.pause)],
+            env=env, capture_output=True, text=True, timeout=600)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             return summarize(json.loads(line[7:]), args.first)
@@ -136,6 +144,7 @@ def run_once(side: dict, args) -> dict:
 def show(label: str, r: dict, windows: bool) -> str:
     line = (f"{label}: first call {r['first_call_ms']} ms, >1ms in first "
             f"calls {r['slow_first']}, p99 first 1000 {r['p99_first1000']}, "
+            f"after the pause {r['slow_after_pause']}, "
             f"steady p50 {r['p50_steady']} p99 {r['p99_steady']}, CPU/call "
             f"{r['cpu_total_us']} ({r['cpu_us']['host']} / "
             f"{r['cpu_us']['daemon']} / {r['cpu_us']['worker']}), RSS kB "
@@ -151,6 +160,7 @@ def show(label: str, r: dict, windows: bool) -> str:
 _FIGURES = [
     ("slow_first", lambda r: r["slow_first"]),
     ("p99_first1000", lambda r: r["p99_first1000"]),
+    ("slow_after_pause", lambda r: r["slow_after_pause"]),
     ("p50_steady", lambda r: r["p50_steady"]),
     ("p99_steady", lambda r: r["p99_steady"]),
     ("cpu_total_us", lambda r: r["cpu_total_us"]),
@@ -171,8 +181,8 @@ def ab_table(pairs) -> str:
         ratios = [y / x for x, y in zip(a, b) if x]
         ratio = (f"{statistics.median(ratios):.3f} ({min(ratios):.2f}-"
                  f"{max(ratios):.2f})" if ratios else "-")
-        rows.append(f"{name} | {statistics.median(a)} | "
-                    f"{statistics.median(b)} | {ratio}")
+        rows.append(f"{name} | {statistics.median(a):g} | "
+                    f"{statistics.median(b):g} | {ratio}")
     return "\n".join(rows)
 
 
@@ -190,6 +200,9 @@ def main():
     parser.add_argument("--first", type=int, default=1500)
     parser.add_argument("--daemon-flag", action="append", default=[],
                         help="passed to agentix-sandboxd (repeatable)")
+    parser.add_argument("--pause", type=float, default=0.0,
+                        help="seconds without calls after --pause-after calls")
+    parser.add_argument("--pause-after", type=int, default=300)
     parser.add_argument("--malloc-tunables", action="store_true")
     parser.add_argument("--windows", action="store_true",
                         help="print every run's 500-call windows")
