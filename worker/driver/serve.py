@@ -73,7 +73,7 @@ def main(channel_fd, worker_id, payload_fd=-1):
 # (cold start) does not share the GIL with that work; an idle prestarted
 # worker has agentix loaded ~0.2 s after ready. Idle means for the whole
 # period, not at the instant of a look: a client calling in a row leaves the
-# worker without a call most of the time, and the ~50-100 ms of imports under
+# worker without a call most of the time, and the ~50 ms of imports under
 # its first calls held each of them up to a GIL switch interval (5 ms).
 _WARM_UP_IDLE_S = 0.1
 
@@ -90,7 +90,7 @@ def _warm_up_when_idle(loop, worker, agentix_setup, started):
 
 def _wait_for_need_or_idle(boot_loop, worker):
     """Main thread, while sync calls run on the intake leader: returns once
-    something needs the loop, or no call ran for _WARM_UP_IDLE_S."""
+    something needs the loop, or no call ran or came for _WARM_UP_IDLE_S."""
     started = worker.calls_started
     while not boot_loop.needed.wait(_WARM_UP_IDLE_S):
         if worker.idle_since(started):
