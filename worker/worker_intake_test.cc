@@ -78,6 +78,10 @@ std::vector<std::pair<long, std::string>> WakesPerThread(Worker& worker,
                                                          int calls) {
   const std::string args = Pickle("((1, 2), {})");
   const std::string three = Pickle("3");
+  // Idle first: the loop's start and the agentix warm-up come at the first
+  // pause (serve.py), such as the encoding above, and must not run under
+  // the calls counted.
+  absl::SleepFor(absl::Milliseconds(600));
   const auto before = Switches(worker.pid());
   for (int i = 0; i < calls; ++i) {
     REQUIRE(worker.CallOk("worker_fixture::add", args) == three);
@@ -95,6 +99,10 @@ TEST_CASE("Sequential sync calls are read by the pool thread that runs them",
           "[worker][intake]") {
   auto worker = ReadyWorker();
   WarmUp(*worker);
+  // Idle first: the event loop has started and the agentix warm-up is
+  // done. Until a first pause the main thread looks every 0.1 s whether
+  // calls stopped (serve.py), which is not taking part in them.
+  absl::SleepFor(absl::Milliseconds(600));
   const pid_t main_thread = worker->pid();
   auto before = Switches(main_thread);
   for (int i = 0; i < 4; ++i) WarmUp(*worker);

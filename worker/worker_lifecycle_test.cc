@@ -213,6 +213,77 @@ TEST_CASE("A first sync call runs before asyncio is imported; the loop "
   REQUIRE(worker.AwaitExit().returncode() == 0);
 }
 
+// Sends sync calls one after another for `span`, each asking which of
+// `names` are imported, and returns the first answer that is not `none`
+// (the encoded empty list), or `none`. A client calling in a row leaves the
+// worker without a call most of the time, but never for 0.1 s (serve.py's
+// idle period); answers are decoded afterwards (a Python process each).
+std::string ImportedWhileCalling(Worker& worker, const std::string& names,
+                                 const std::string& none,
+                                 absl::Duration span) {
+  const absl::Time end = absl::Now() + span;
+  std::string seen;
+  do {
+    seen = worker.CallOk("worker_cold::imported", names);
+  } while (seen == none && absl::Now() < end);
+  return seen;
+}
+
+// The first ~1,500 calls of a new sandbox used to share the GIL with the
+// event loop's start and the agentix warm-up (~50 ms of imports), which the
+// worker began whenever it looked and found no call running: calls over
+// 1 ms came 10x as often as later. Both now wait for a real pause.
+TEST_CASE("Sync calls in a row do not start the event loop under them; "
+          "it and the warm-up come once the calls pause",
+          "[worker]") {
+  // Encoded first: each encoding or decoding is a pause of its own.
+  const std::string names = Pickle("((['asyncio', '_ssl'],), {})");
+  const std::string asyncio = Pickle("((['asyncio'],), {})");
+  const std::string no_args = Pickle("((), {})");
+  Worker worker;
+  worker.Call("first", "worker_cold::imported", names);
+  worker.AwaitReady();
+  Reply first = worker.AwaitReply("first");
+  INFO(first.error.type << ": " << first.error.message);
+  REQUIRE(first.ok);
+  const std::string seen =
+      ImportedWhileCalling(worker, names, first.value, absl::Milliseconds(600));
+  CHECK(Unpickle(first.value) == "[]");
+  CHECK(Unpickle(seen) == "[]");
+  absl::SleepFor(absl::Milliseconds(600));  // a pause: the loop has started
+  CHECK(Unpickle(worker.CallOk("worker_cold::imported", asyncio)) ==
+        "['asyncio']");
+  CHECK(Unpickle(worker.CallOk("worker_fixture::deferred_stdlib", no_args)) ==
+        "{'ssl': 'agentix-warmup', 'asyncio.sslproto': 'agentix-warmup', "
+        "'inspect': 'agentix-warmup'}");
+  worker.Shutdown();
+  REQUIRE(worker.AwaitExit().returncode() == 0);
+}
+
+TEST_CASE("Sync calls in a row after the loop started do not start the "
+          "warm-up under them; it comes once the calls pause",
+          "[worker]") {
+  const std::string names = Pickle("((['_ssl'],), {})");
+  const std::string no_args = Pickle("((), {})");
+  Worker worker;
+  worker.Call("first", "worker_cold::on_the_loop", no_args);
+  worker.AwaitReady();
+  Reply first = worker.AwaitReply("first");  // the loop runs from now on
+  INFO(first.error.type << ": " << first.error.message);
+  REQUIRE(first.ok);
+  const std::string none = worker.CallOk("worker_cold::imported", names);
+  const std::string seen =
+      ImportedWhileCalling(worker, names, none, absl::Milliseconds(600));
+  CHECK(Unpickle(none) == "[]");
+  CHECK(Unpickle(seen) == "[]");
+  absl::SleepFor(absl::Milliseconds(600));  // a pause: the warm-up has begun
+  CHECK(Unpickle(worker.CallOk("worker_fixture::deferred_stdlib", no_args)) ==
+        "{'ssl': 'agentix-warmup', 'asyncio.sslproto': 'agentix-warmup', "
+        "'inspect': 'agentix-warmup'}");
+  worker.Shutdown();
+  REQUIRE(worker.AwaitExit().returncode() == 0);
+}
+
 // Cold start in activation mode: providerd's Activate always sends a set_env
 // (at least AGENTIX_SANDBOX_ID) before the first call, which the daemon holds
 // until env_set. The intake leader applies it itself: neither the answer nor

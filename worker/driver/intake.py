@@ -271,6 +271,7 @@ class _LeaderIntake:
         call = _Call(call_id, frame.callable, frame.encoding, frame.total_size,
                      frame.context, 0)
         self._calls[call_id] = call
+        self.calls_started += 1
         data = frame.data
         call.received = len(data)
         if (frame.context or call.encoding != _PICKLE

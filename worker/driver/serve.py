@@ -67,21 +67,35 @@ def main(channel_fd, worker_id, payload_fd=-1):
         logs.stop()
 
 
-# How long the worker must be idle (no call running) after ready, and
-# between checks, before agentix is imported in the background: a first call
-# that arrives with the ready frame (cold start) does not share the GIL with
-# that import; an idle prestarted worker has agentix loaded ~0.1 s after ready.
+# How long the worker must be idle (no call running, none received) after
+# ready before it starts the event loop, and then again before agentix is
+# imported in the background: a first call that arrives with the ready frame
+# (cold start) does not share the GIL with that work; an idle prestarted
+# worker has agentix loaded ~0.2 s after ready. Idle means for the whole
+# period, not at the instant of a look: a client calling in a row leaves the
+# worker without a call most of the time, and the ~50 ms of imports under
+# its first calls held each of them up to a GIL switch interval (5 ms).
 _WARM_UP_IDLE_S = 0.1
 
 
-def _warm_up_when_idle(loop, worker, agentix_setup):
+def _warm_up_when_idle(loop, worker, agentix_setup, started):
     if worker.exit_code is not None:
         return
-    if worker.busy:
+    if not worker.idle_since(started):
         loop.call_later(_WARM_UP_IDLE_S, _warm_up_when_idle, loop, worker,
-                        agentix_setup)
+                        agentix_setup, worker.calls_started)
         return
     agentix_setup.warm_up()
+
+
+def _wait_for_need_or_idle(boot_loop, worker):
+    """Main thread, while sync calls run on the intake leader: returns once
+    something needs the loop, or no call ran or came for _WARM_UP_IDLE_S."""
+    started = worker.calls_started
+    while not boot_loop.needed.wait(_WARM_UP_IDLE_S):
+        if worker.idle_since(started):
+            return
+        started = worker.calls_started
 
 
 class _BootLoop:
@@ -181,9 +195,7 @@ def _serve(channel, channel_fd, worker_id, agentix_setup):
         leading = leading and worker.lead_from_boot()
         if leading:
             # Sync calls run meanwhile; wait for a need of the loop, or idle.
-            while (not boot_loop.needed.wait(_WARM_UP_IDLE_S)
-                   and worker.busy):
-                pass
+            _wait_for_need_or_idle(boot_loop, worker)
             stop = boot_loop.take_stop(worker)
             if stop is not None:
                 code, notify = stop
@@ -199,7 +211,7 @@ def _serve(channel, channel_fd, worker_id, agentix_setup):
     if not leading:
         loop.add_reader(channel_fd, worker.on_readable)
     loop.call_later(_WARM_UP_IDLE_S, _warm_up_when_idle, loop, worker,
-                    agentix_setup)
+                    agentix_setup, worker.calls_started)
     while worker.exit_code is None:
         try:
             loop.run_forever()

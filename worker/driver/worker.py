@@ -75,6 +75,10 @@ class _Worker(_LeaderIntake):
         # Calls that have not had their terminal frame yet, receiving or
         # running. A call leaves exactly when that frame is queued.
         self._calls = {}
+        # Calls received so far: a change between two looks means the worker
+        # was not idle in between (serve.py's idle test), even if each call
+        # was done by the time anyone looked.
+        self.calls_started = 0
         # Sync callables' threads; shutdown must not wait on a function that
         # is still running there (abandoned ones included).
         self._pool = _SyncPool(_SYNC_THREADS, self._arm_pool_monitor)
@@ -96,6 +100,11 @@ class _Worker(_LeaderIntake):
     def busy(self):
         """True while a call has not had its terminal frame."""
         return bool(self._calls)
+
+    def idle_since(self, started):
+        """True if no call is running and none came since calls_started was
+        `started`."""
+        return not self._calls and self.calls_started == started
 
     # ---- channel -----------------------------------------------------------
 
@@ -211,6 +220,7 @@ class _Worker(_LeaderIntake):
         call = _Call(call_id, frame.callable, frame.encoding, frame.total_size,
                      frame.context, frame.stream_window)
         self._calls[call_id] = call
+        self.calls_started += 1
         data = frame.data
         if data is None:
             call.receiving = True  # the rest comes in chunks
