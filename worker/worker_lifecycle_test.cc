@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -215,18 +216,40 @@ TEST_CASE("A first sync call runs before asyncio is imported; the loop "
 
 // Sends sync calls one after another for `span`, each asking which of
 // `names` are imported, and returns the first answer that is not `none`
-// (the encoded empty list), or `none`. A client calling in a row leaves the
-// worker without a call most of the time, but never for 0.1 s (serve.py's
-// idle period); answers are decoded afterwards (a Python process each).
-std::string ImportedWhileCalling(Worker& worker, const std::string& names,
-                                 const std::string& none,
-                                 absl::Duration span) {
-  const absl::Time end = absl::Now() + span;
+// (the encoded empty list), or `none`, with the longest time between two
+// calls' sends. A client calling in a row leaves the worker without a call
+// most of the time, but never for 0.1 s (serve.py's idle period); answers
+// are decoded afterwards (a Python process each).
+struct StreamSeen {
   std::string seen;
+  absl::Duration longest_gap;
+};
+StreamSeen ImportedWhileCalling(Worker& worker, const std::string& names,
+                                const std::string& none,
+                                absl::Duration span) {
+  const absl::Time end = absl::Now() + span;
+  StreamSeen result{none, absl::ZeroDuration()};
+  absl::Time sent = absl::Now();
   do {
-    seen = worker.CallOk("worker_cold::imported", names);
-  } while (seen == none && absl::Now() < end);
-  return seen;
+    const absl::Time now = absl::Now();
+    result.longest_gap = std::max(result.longest_gap, now - sent);
+    sent = now;
+    result.seen = worker.CallOk("worker_cold::imported", names);
+  } while (result.seen == none && absl::Now() < end);
+  return result;
+}
+
+// A run in which this test itself stalled between two calls gave the worker
+// a real pause, so imports under it prove nothing: such a run is repeated
+// (a loaded CI machine), at most twice.
+bool StalledRun(const StreamSeen& run, int attempt) {
+  const bool stalled = run.longest_gap >= absl::Milliseconds(50);
+  if (stalled && attempt < 3) {
+    WARN("the test stalled " << absl::FormatDuration(run.longest_gap)
+                             << " between two calls: run again");
+    return true;
+  }
+  return false;
 }
 
 // The first ~1,500 calls of a new sandbox used to share the GIL with the
@@ -240,24 +263,32 @@ TEST_CASE("Sync calls in a row do not start the event loop under them; "
   const std::string names = Pickle("((['asyncio', '_ssl'],), {})");
   const std::string asyncio = Pickle("((['asyncio'],), {})");
   const std::string no_args = Pickle("((), {})");
-  Worker worker;
-  worker.Call("first", "worker_cold::imported", names);
-  worker.AwaitReady();
-  Reply first = worker.AwaitReply("first");
-  INFO(first.error.type << ": " << first.error.message);
-  REQUIRE(first.ok);
-  const std::string seen =
-      ImportedWhileCalling(worker, names, first.value, absl::Milliseconds(600));
-  CHECK(Unpickle(first.value) == "[]");
-  CHECK(Unpickle(seen) == "[]");
-  absl::SleepFor(absl::Milliseconds(600));  // a pause: the loop has started
-  CHECK(Unpickle(worker.CallOk("worker_cold::imported", asyncio)) ==
-        "['asyncio']");
-  CHECK(Unpickle(worker.CallOk("worker_fixture::deferred_stdlib", no_args)) ==
-        "{'ssl': 'agentix-warmup', 'asyncio.sslproto': 'agentix-warmup', "
-        "'inspect': 'agentix-warmup'}");
-  worker.Shutdown();
-  REQUIRE(worker.AwaitExit().returncode() == 0);
+  for (int attempt = 1;; ++attempt) {
+    Worker worker;
+    worker.Call("first", "worker_cold::imported", names);
+    worker.AwaitReady();
+    Reply first = worker.AwaitReply("first");
+    INFO(first.error.type << ": " << first.error.message);
+    REQUIRE(first.ok);
+    const StreamSeen run =
+        ImportedWhileCalling(worker, names, first.value, absl::Milliseconds(600));
+    if (run.seen != first.value && StalledRun(run, attempt)) {
+      worker.Shutdown();
+      REQUIRE(worker.AwaitExit().returncode() == 0);
+      continue;
+    }
+    CHECK(Unpickle(first.value) == "[]");
+    CHECK(Unpickle(run.seen) == "[]");
+    absl::SleepFor(absl::Milliseconds(600));  // a pause: the loop has started
+    CHECK(Unpickle(worker.CallOk("worker_cold::imported", asyncio)) ==
+          "['asyncio']");
+    CHECK(Unpickle(worker.CallOk("worker_fixture::deferred_stdlib", no_args)) ==
+          "{'ssl': 'agentix-warmup', 'asyncio.sslproto': 'agentix-warmup', "
+          "'inspect': 'agentix-warmup'}");
+    worker.Shutdown();
+    REQUIRE(worker.AwaitExit().returncode() == 0);
+    break;
+  }
 }
 
 TEST_CASE("Sync calls in a row after the loop started do not start the "
@@ -265,23 +296,31 @@ TEST_CASE("Sync calls in a row after the loop started do not start the "
           "[worker]") {
   const std::string names = Pickle("((['_ssl'],), {})");
   const std::string no_args = Pickle("((), {})");
-  Worker worker;
-  worker.Call("first", "worker_cold::on_the_loop", no_args);
-  worker.AwaitReady();
-  Reply first = worker.AwaitReply("first");  // the loop runs from now on
-  INFO(first.error.type << ": " << first.error.message);
-  REQUIRE(first.ok);
-  const std::string none = worker.CallOk("worker_cold::imported", names);
-  const std::string seen =
-      ImportedWhileCalling(worker, names, none, absl::Milliseconds(600));
-  CHECK(Unpickle(none) == "[]");
-  CHECK(Unpickle(seen) == "[]");
-  absl::SleepFor(absl::Milliseconds(600));  // a pause: the warm-up has begun
-  CHECK(Unpickle(worker.CallOk("worker_fixture::deferred_stdlib", no_args)) ==
-        "{'ssl': 'agentix-warmup', 'asyncio.sslproto': 'agentix-warmup', "
-        "'inspect': 'agentix-warmup'}");
-  worker.Shutdown();
-  REQUIRE(worker.AwaitExit().returncode() == 0);
+  for (int attempt = 1;; ++attempt) {
+    Worker worker;
+    worker.Call("first", "worker_cold::on_the_loop", no_args);
+    worker.AwaitReady();
+    Reply first = worker.AwaitReply("first");  // the loop runs from now on
+    INFO(first.error.type << ": " << first.error.message);
+    REQUIRE(first.ok);
+    const std::string none = worker.CallOk("worker_cold::imported", names);
+    const StreamSeen run =
+        ImportedWhileCalling(worker, names, none, absl::Milliseconds(600));
+    if (run.seen != none && StalledRun(run, attempt)) {
+      worker.Shutdown();
+      REQUIRE(worker.AwaitExit().returncode() == 0);
+      continue;
+    }
+    CHECK(Unpickle(none) == "[]");
+    CHECK(Unpickle(run.seen) == "[]");
+    absl::SleepFor(absl::Milliseconds(600));  // a pause: the warm-up has begun
+    CHECK(Unpickle(worker.CallOk("worker_fixture::deferred_stdlib", no_args)) ==
+          "{'ssl': 'agentix-warmup', 'asyncio.sslproto': 'agentix-warmup', "
+          "'inspect': 'agentix-warmup'}");
+    worker.Shutdown();
+    REQUIRE(worker.AwaitExit().returncode() == 0);
+    break;
+  }
 }
 
 // Cold start in activation mode: providerd's Activate always sends a set_env
