@@ -426,6 +426,26 @@ class FrameTransport:
             return -1
         return 0 if sent == size else self._keep_unsent(pieces, sent)
 
+    def write_frame(self, frame: bytes) -> int:
+        """Sends one whole MESSAGE frame, its header included (a StartCall
+        whose arguments are short: no bulk piece for the payload ring);
+        returns as `write`."""
+        if self._write_error is not None or self._status is not None or self._closed:
+            return -1
+        ring = self._ring
+        if ring is not None and ring.held and self._ring_ready:
+            ring.release_unreferenced()  # results decoded since the last read
+        if self._out:
+            return self._send([frame], len(frame))
+        try:
+            sent = self._sock.sendmsg((frame,))
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as error:
+            self._failed(error)
+            return -1
+        return 0 if sent == len(frame) else self._keep_unsent([frame], sent)
+
     def writes_done(self) -> None:
         """Sends HALF_CLOSE: no more messages from the host."""
         if self._write_error is None and not self._closed:
@@ -681,3 +701,5 @@ class FrameCallsStream(NativeCallsStream):
     ) -> None:
         super().__init__(transport, pending, on_lost)
         transport.on_progress = self._on_readable
+        self._write_message = transport.write_frame
+        self._frame_kind = MESSAGE

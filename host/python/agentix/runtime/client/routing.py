@@ -23,15 +23,23 @@ from typing import TYPE_CHECKING
 
 from agentix.runtime.client import wire
 from agentix.runtime.client.errors import RemoteCallError, ResultTooLarge, RuntimeUnreachable
-from agentix.runtime.client.pending import Outcome, PendingCall, SideBarrier, remote_error_outcome
+from agentix.runtime.client.pending import (
+    CallFuture,
+    Outcome,
+    PendingCall,
+    SideBarrier,
+    _set_result,
+    remote_error_outcome,
+)
 from agentix.runtime.shared.models import RemoteError
 from agentix.runtime.v1 import runtime_pb2 as pb
 
 if TYPE_CHECKING:
     from agentix.runtime.client.chunking import Upload
-    from agentix.runtime.client.pending import CallFuture
 
 __all__ = ["CallRouter"]
+
+_RawResult = wire.RawResult  # (the native CallResultFields when the extension is there)
 
 _log = logging.getLogger("agentix.runtime.client")
 
@@ -96,8 +104,36 @@ class CallRouter:
         except Exception as exc:
             self._routing_failed(exc, "reading a response")
             return
+        pending = self._pending
         for event in events:
             try:
+                # A plain call's whole result without a barrier (a noop's) inline: what _route,
+                # _on_result, _result_outcome, _finish and settle do with it, without their calls.
+                # (A RawResult's encoding is always unspecified or pickle.)
+                if type(event) is _RawResult and not event.log_seq and not event.trace_seq:
+                    call_id = event.call_id
+                    call = pending.get(call_id)
+                    if (call is not None and type(call) is PendingCall and call.items is None
+                            and not call.result_chunks):
+                        value = event.value
+                        size = len(value)
+                        if size <= call.max_result_bytes and (not event.value_size or event.value_size == size):
+                            del pending[call_id]
+                            future = call.future
+                            if not future.done():
+                                try:
+                                    woken = self._woken
+                                    if woken is not None and type(future) is CallFuture:
+                                        _set_result(future, value)  # woken by the stream (PendingCall.settle)
+                                        woken.append(future)
+                                    else:
+                                        future.set_result(value)
+                                except Exception as exc:  # no longer in `pending`: fail it here (as _finish)
+                                    self._call_failed(call, "result", exc)
+                            if self._uploads_by_id:
+                                self._drop_upload(call_id)
+                            self._acknowledge(call_id)
+                            continue
                 route(event)
             except Exception as exc:
                 self._event_failed(event, exc)
