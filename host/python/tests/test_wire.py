@@ -57,11 +57,13 @@ def test_start_call_request_is_the_acks_then_the_start_call_event(
     monkeypatch, native, size, acks, call_id, callable_ref, context, stream_window, frame_kind
 ):
     if native:
-        assert wire._native_calls_request is not None, "the native module is part of this build"
+        assert stream_module._native_calls_request is not None, "the native module is part of this build"
     else:
-        monkeypatch.setattr(wire, "_native_calls_request", None)
+        monkeypatch.setattr(stream_module, "_native_calls_request", None)
     arguments = os.urandom(size)
-    message = wire.start_call_request(acks, call_id, callable_ref, arguments, context, stream_window, frame_kind)
+    message = stream_module.start_call_request(
+        acks, call_id, callable_ref, arguments, context, stream_window, frame_kind
+    )
     expected = wire.ack_events(acks or []) + b"".join(
         wire.start_call_event(call_id, callable_ref, memoryview(arguments), size, context, stream_window)
     )
@@ -80,7 +82,8 @@ def test_start_call_request_keeps_a_plain_context_s_fields():
     with trace.trace("t") as t, trace.span("s") as s, context.scope(run="r42"):
         carrier = wire.context_carrier()
     assert type(carrier) is wire.ContextFields
-    start = pb.CallsRequest.FromString(wire.start_call_request(None, "c1", "m::f", b"\x80x", carrier, 0, 0)).events[0].start
+    message = stream_module.start_call_request(None, "c1", "m::f", b"\x80x", carrier, 0, 0)
+    start = pb.CallsRequest.FromString(message).events[0].start
     assert start.context == b"" and start.baggage == {"run": "r42"}
     assert start.traceparent == f"00-{t.trace_id[6:]}-{s.span_id[5:21]}-01"
     assert start.tracestate == "agentix=" + s.span_id[5:]
@@ -88,9 +91,9 @@ def test_start_call_request_keeps_a_plain_context_s_fields():
 
 def test_start_call_request_refuses_an_id_protobuf_refuses():
     with pytest.raises(UnicodeEncodeError):
-        wire.start_call_request(["\udc80"], "c1", "m::f", b"", b"", 0, 0)
+        stream_module.start_call_request(["\udc80"], "c1", "m::f", b"", b"", 0, 0)
     with pytest.raises(UnicodeEncodeError):
-        wire.start_call_request(None, "\udc80", "m::f", b"", b"", 0, 0)
+        stream_module.start_call_request(None, "\udc80", "m::f", b"", b"", 0, 0)
 
 
 def test_mixed_batch_keeps_event_order():

@@ -427,14 +427,11 @@ class FrameTransport:
         return 0 if sent == size else self._keep_unsent(pieces, sent)
 
     def write_frame(self, frame: bytes) -> int:
-        """Sends one whole MESSAGE frame, its header included (a StartCall
-        whose arguments are short: no bulk piece for the payload ring);
-        returns as `write`."""
+        """`write` of one whole MESSAGE frame, header included, with no bulk piece for the ring."""
         if self._write_error is not None or self._status is not None or self._closed:
             return -1
-        ring = self._ring
-        if ring is not None and ring.held and self._ring_ready:
-            ring.release_unreferenced()  # results decoded since the last read
+        if self._ring_ready and self._ring is not None and self._ring.held:
+            self._ring.release_unreferenced()  # results decoded since the last read
         if self._out:
             return self._send([frame], len(frame))
         try:
@@ -442,8 +439,7 @@ class FrameTransport:
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError as error:
-            self._failed(error)
-            return -1
+            return self._failed(error) or -1  # (_failed returns None)
         return 0 if sent == len(frame) else self._keep_unsent([frame], sent)
 
     def writes_done(self) -> None:
@@ -701,5 +697,4 @@ class FrameCallsStream(NativeCallsStream):
     ) -> None:
         super().__init__(transport, pending, on_lost)
         transport.on_progress = self._on_readable
-        self._write_message = transport.write_frame
-        self._frame_kind = MESSAGE
+        self._write_message, self._frame_kind = transport.write_frame, MESSAGE

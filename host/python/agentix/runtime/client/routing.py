@@ -18,6 +18,7 @@ resume: the daemon would replay the same events into the same failure
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING
 
@@ -28,7 +29,6 @@ from agentix.runtime.client.pending import (
     Outcome,
     PendingCall,
     SideBarrier,
-    _set_result,
     remote_error_outcome,
 )
 from agentix.runtime.shared.models import RemoteError
@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 __all__ = ["CallRouter"]
 
 _RawResult = wire.RawResult  # (the native CallResultFields when the extension is there)
+# asyncio.Future's own set_result: runs no done callback of a CallFuture (as PendingCall.settle).
+_set_result = asyncio.Future.set_result
 
 _log = logging.getLogger("agentix.runtime.client")
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import pickle
 import re
-import struct
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeAlias, final
 
@@ -54,6 +53,7 @@ __all__ = [
     "pickle_arguments",
     "pickle_pieces",
     "start_call_event",
+    "start_fields",
 ]
 
 CALLS_METHOD = "/agentix.runtime.v1.RuntimeService/Calls"
@@ -440,7 +440,7 @@ _callable_fields: dict[str, bytes] = {}
 _MAX_CALLABLE_FIELDS = 4096
 
 
-def _start_fields(callable_ref: str) -> bytes:
+def start_fields(callable_ref: str) -> bytes:  # StartCall's callable and encoding (cached)
     fields = _callable_fields.get(callable_ref)
     if fields is None:
         ref = callable_ref.encode()
@@ -481,7 +481,7 @@ def start_call_event(
         size = len(arguments)
     ident = call_id.encode()
     length = len(ident)
-    fields = _callable_fields.get(callable_ref) or _start_fields(callable_ref)  # never empty (the encoding)
+    fields = _callable_fields.get(callable_ref) or start_fields(callable_ref)  # never empty (the encoding)
     if length:
         head = (_CALL_ID_HEADS[length] if length < 128 else _length_header(_START_CALL_ID, length)) + ident + fields
     else:
@@ -506,38 +506,6 @@ def start_call_event(
     if size < _ONE_PIECE_BYTES:
         return [b"".join((head, *views, tail))]
     return [_bulk_head(head, size), *views, tail]
-
-
-# Arguments shorter than this go into the StartCall that `start_call_request` makes; longer
-# ones, or wire.Pieces, take `start_call_event` (which keeps them out of a copy).
-SMALL_ARGUMENTS_BYTES = _ONE_PIECE_BYTES
-
-
-def _start_call_request_py(
-    acks: list[str] | None, call_id: str, callable_ref: str, arguments: bytes, context: bytes, stream_window: int,
-    frame_kind: int,
-) -> bytes:
-    """`start_call_request` without the native module."""
-    message = b"".join(start_call_event(call_id, callable_ref, arguments, len(arguments), context, stream_window))
-    if acks:
-        message = ack_events(acks) + message
-    return struct.pack("<IB", len(message), frame_kind) + message if frame_kind else message
-
-
-def start_call_request(
-    acks: list[str] | None, call_id: str, callable_ref: str, arguments: bytes, context: bytes, stream_window: int,
-    frame_kind: int,
-) -> bytes:
-    """One ``CallsRequest``: ``ack_events(acks)`` (None: no acks) then the
-    StartCall `start_call_event` makes of bytes `arguments` shorter than
-    `SMALL_ARGUMENTS_BYTES`, joined (the same bytes); behind a frame-wire
-    header of `frame_kind` unless it is 0. One native call when the
-    extension is there (a sequential call's whole write)."""
-    if _native_calls_request is None:
-        return _start_call_request_py(acks, call_id, callable_ref, arguments, context, stream_window, frame_kind)
-    fields = _callable_fields.get(callable_ref) or _start_fields(callable_ref)
-    return _native_calls_request(acks, call_id, fields, arguments, context, type(context) is ContextFields,
-                                 stream_window, frame_kind)
 
 
 @final  # as Pieces: `type(event) is RawResultChunk` narrows both ways
@@ -606,16 +574,11 @@ class RawResult:
         self.call_id, self.encoding, self.value, self.value_size, self.log_seq, self.trace_seq = fields
 
 
-# A CallsResponse's CallResults read in C (None: it holds anything else), and their type; a
-# CallsRequest of acks and one StartCall of small arguments made in C (`start_call_request`).
+# A CallsResponse's CallResults read in C (None: it holds anything else), and their type.
 try:
-    from agentix.runtime.client._native_calls import (
-        CallResultFields as _Native,
-        call_results as _native_call_results,
-        calls_request as _native_calls_request,
-    )
+    from agentix.runtime.client._native_calls import call_results as _native_call_results, CallResultFields as _Native
 except Exception:  # the pure wheel, another interpreter, libgrpc++ missing (as channels.native_calls_module)
-    _native_call_results = _Native = _native_calls_request = None
+    _native_call_results = _Native = None
 if not TYPE_CHECKING and _Native is not None:
     RawResult = _Native  # noqa: F811
 _new_result: Callable[[tuple[str, int, bytes, int, int, int]], RawResult] = RawResult  # (fields) -> RawResult
