@@ -18,30 +18,22 @@ resume: the daemon would replay the same events into the same failure
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import TYPE_CHECKING
 
 from agentix.runtime.client import wire
 from agentix.runtime.client.errors import RemoteCallError, ResultTooLarge, RuntimeUnreachable
-from agentix.runtime.client.pending import (
-    CallFuture,
-    Outcome,
-    PendingCall,
-    SideBarrier,
-    remote_error_outcome,
-)
+from agentix.runtime.client.pending import Outcome, PendingCall, SideBarrier, remote_error_outcome
 from agentix.runtime.shared.models import RemoteError
 from agentix.runtime.v1 import runtime_pb2 as pb
 
 if TYPE_CHECKING:
     from agentix.runtime.client.chunking import Upload
+    from agentix.runtime.client.pending import CallFuture
 
 __all__ = ["CallRouter"]
 
 _RawResult = wire.RawResult  # (the native CallResultFields when the extension is there)
-# asyncio.Future's own set_result: runs no done callback of a CallFuture (as PendingCall.settle).
-_set_result = asyncio.Future.set_result
 
 _log = logging.getLogger("agentix.runtime.client")
 
@@ -110,28 +102,20 @@ class CallRouter:
         for event in events:
             try:
                 # A plain call's whole result without a barrier (a noop's) inline: what _route,
-                # _on_result, _result_outcome, _finish and settle do with it, without their calls.
+                # _on_result, _result_outcome and _finish do with it, without their calls.
                 # (A RawResult's encoding is always unspecified or pickle.)
                 if type(event) is _RawResult and not event.log_seq and not event.trace_seq:
                     call_id = event.call_id
                     call = pending.get(call_id)
-                    if (call is not None and type(call) is PendingCall and call.items is None
-                            and not call.result_chunks):
+                    if call is not None and call.items is None and not call.result_chunks:
                         value = event.value
                         size = len(value)
                         if size <= call.max_result_bytes and (not event.value_size or event.value_size == size):
                             del pending[call_id]
-                            future = call.future
-                            if not future.done():
-                                try:
-                                    woken = self._woken
-                                    if woken is not None and type(future) is CallFuture:
-                                        _set_result(future, value)  # woken by the stream (PendingCall.settle)
-                                        woken.append(future)
-                                    else:
-                                        future.set_result(value)
-                                except Exception as exc:  # no longer in `pending`: fail it here (as _finish)
-                                    self._call_failed(call, "result", exc)
+                            try:
+                                call.settle(value, self._woken)
+                            except Exception as exc:  # no longer in `pending`: fail it here (as _finish)
+                                self._call_failed(call, "result", exc)
                             if self._uploads_by_id:
                                 self._drop_upload(call_id)
                             self._acknowledge(call_id)
