@@ -428,18 +428,17 @@ class FrameTransport:
 
     def write_frame(self, frame: bytes) -> int:
         """`write` of one whole MESSAGE frame, header included, with no bulk piece for the ring."""
-        if self._write_error is not None or self._status is not None or self._closed:
-            return -1
+        if self._out or self._write_error is not None or self._status is not None or self._closed:
+            return self.write(frame[_HEADER_BYTES:])  # bytes waiting, or the stream ending: write's path
         if self._ring_ready and self._ring is not None and self._ring.held:
             self._ring.release_unreferenced()  # results decoded since the last read
-        if self._out:
-            return self._send([frame], len(frame))
         try:
             sent = self._sock.sendmsg((frame,))
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError as error:
-            return self._failed(error) or -1  # (_failed returns None)
+            self._failed(error)
+            return -1
         return 0 if sent == len(frame) else self._keep_unsent([frame], sent)
 
     def writes_done(self) -> None:

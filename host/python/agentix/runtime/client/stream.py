@@ -523,7 +523,7 @@ class NativeCallsStream(CallsStream):
         # message, made in one native call (`_enqueue`'s lone-event case, without its steps).
         acks = self._acks
         message = start_call_request(acks or None, call_id, callable_ref, arguments, context, stream_window,
-                                          self._frame_kind)
+                                     self._frame_kind)
         if acks:
             self._recent_acks.extend(acks)
             acks.clear()
