@@ -104,15 +104,23 @@ def chunk(call_id, data):
 def record_start_calls(monkeypatch) -> list:
     """Makes the host package's StartCall encoder also append each StartCall
     it writes (decoded) to the returned list, for tests of the wire fields."""
-    from agentix.runtime.client import wire
+    from agentix.runtime.client import stream, wire
 
     sent = []
     original = wire.start_call_event
+    original_request = stream.start_call_request  # small arguments: acks and the StartCall in one
 
     def spy(*args):
         pieces = original(*args)
         sent.append(pb.CallsRequest.FromString(b"".join(bytes(p) for p in pieces)).events[0].start)
         return pieces
 
+    def spy_request(*args):
+        message = original_request(*args)
+        framed = args[-1] != 0  # frame_kind: behind the frame wire's 5-byte header
+        sent.append(pb.CallsRequest.FromString(message[5:] if framed else message).events[-1].start)
+        return message
+
     monkeypatch.setattr(wire, "start_call_event", spy)
+    monkeypatch.setattr(stream, "start_call_request", spy_request)
     return sent

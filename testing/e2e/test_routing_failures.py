@@ -15,7 +15,7 @@ import e2e_targets as t
 from raw_stream import RawStream
 
 from agentix import RuntimeClient
-from agentix.runtime.client import wire
+from agentix.runtime.client import routing, wire
 from agentix.runtime.client.errors import RemoteCallError, RuntimeUnreachable
 from agentix.runtime.client.frames import FrameCallsStream
 from agentix.runtime.client.pending import PendingCall
@@ -117,6 +117,9 @@ async def test_a_result_whose_decoding_raises_fails_that_call_and_nothing_else(
         return original(self, result, call_id)
 
     monkeypatch.setattr(CallsStream, "_result_outcome", result_outcome)
+    # Plain results are settled inline (routing), where nothing decodes them: every result takes
+    # the layered path here, whose decoding step is the one made to raise.
+    monkeypatch.setattr(routing, "_RawResult", Injected)
     async with RuntimeClient(daemon.url) as client:
         stream = client._stream
         error, results = await run_with_poison(client)

@@ -28,6 +28,7 @@
 #include "base/mutex_tuning.h"
 #include "base/payload_copy.h"
 #include "host/python/native/call_results_wire.h"
+#include "host/python/native/call_start_wire.h"
 #include "host/python/native/calls_reactor.h"
 #include "host/python/native/cxx_errors.h"
 #include "host/python/native/namespace_wire.h"
@@ -566,6 +567,91 @@ PyObject* CallResults(PyObject*, PyObject* message) {
   return result;
 }
 
+// ------------------------------------------------------------ Call starts
+
+// A str's UTF-8, or false with a Python error set (TypeError naming `what`).
+bool Utf8View(PyObject* text, std::string_view* out, const char* what) {
+  if (!PyUnicode_Check(text)) {
+    PyErr_Format(PyExc_TypeError, "calls_request: %s must be a str", what);
+    return false;
+  }
+  Py_ssize_t size;
+  const char* data = PyUnicode_AsUTF8AndSize(text, &size);
+  if (data == nullptr) return false;
+  *out = std::string_view(data, static_cast<size_t>(size));
+  return true;
+}
+
+// bytes (or a subclass) as a view, or false with a TypeError naming `what`.
+bool BytesView(PyObject* bytes, std::string_view* out, const char* what) {
+  if (!PyBytes_Check(bytes)) {
+    PyErr_Format(PyExc_TypeError, "calls_request: %s must be bytes", what);
+    return false;
+  }
+  *out = std::string_view(PyBytes_AS_STRING(bytes), static_cast<size_t>(PyBytes_GET_SIZE(bytes)));
+  return true;
+}
+
+// calls_request(acks, call_id, callable_fields, arguments, context,
+//               context_is_fields, stream_window, frame_kind) -> bytes
+PyObject* CallsRequestBytes(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 8) {
+    PyErr_SetString(PyExc_TypeError, "calls_request takes 8 arguments");
+    return nullptr;
+  }
+  agentix::host::StartCallParts start;
+  if (!Utf8View(args[1], &start.call_id, "call_id") ||
+      !BytesView(args[2], &start.callable_fields, "callable_fields") ||
+      !BytesView(args[3], &start.arguments, "arguments") || !BytesView(args[4], &start.context, "context")) {
+    return nullptr;
+  }
+  const int is_fields = PyObject_IsTrue(args[5]);
+  if (is_fields < 0) return nullptr;
+  start.context_is_fields = is_fields != 0;
+  const unsigned long window = PyLong_AsUnsignedLong(args[6]);
+  if (window == static_cast<unsigned long>(-1) && PyErr_Occurred()) return nullptr;
+  if (window > UINT32_MAX) {
+    PyErr_SetString(PyExc_OverflowError, "calls_request: stream_window exceeds uint32");
+    return nullptr;
+  }
+  start.stream_window = window;
+  const long kind = PyLong_AsLong(args[7]);
+  if (kind == -1 && PyErr_Occurred()) return nullptr;
+  if (kind < 0 || kind > 255) {
+    PyErr_SetString(PyExc_ValueError, "calls_request: frame_kind must be 0..255");
+    return nullptr;
+  }
+  PyObject* result = nullptr;
+  try {
+    std::vector<std::string_view> acks;
+    PyObject* ack_list = args[0];
+    if (ack_list != Py_None) {
+      if (!PyList_Check(ack_list)) {
+        PyErr_SetString(PyExc_TypeError, "calls_request: acks must be a list of str or None");
+        return nullptr;
+      }
+      // The views point into the ids' cached UTF-8; nothing below runs Python code.
+      const Py_ssize_t count = PyList_GET_SIZE(ack_list);
+      acks.resize(static_cast<size_t>(count));
+      for (Py_ssize_t i = 0; i < count; ++i) {
+        if (!Utf8View(PyList_GET_ITEM(ack_list, i), &acks[static_cast<size_t>(i)], "an ack id")) return nullptr;
+      }
+    }
+    const uint8_t frame_kind = static_cast<uint8_t>(kind);
+    const size_t size = agentix::host::CallsRequestSize(acks, start, frame_kind);
+    if (size > static_cast<size_t>(PY_SSIZE_T_MAX)) {
+      PyErr_SetString(PyExc_OverflowError, "calls_request: message too large");
+      return nullptr;
+    }
+    result = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(size));
+    if (result != nullptr) agentix::host::EncodeCallsRequest(acks, start, frame_kind, PyBytes_AS_STRING(result));
+  } catch (...) {
+    Py_CLEAR(result);
+    SetErrorFromCxx("native calls_request");
+  }
+  return result;
+}
+
 // copy_payload(target, offset, source): target[offset:offset + len(source)]
 // = source, with base::CopyPayload (non-temporal stores for large pieces)
 // and without the GIL for those.
@@ -612,6 +698,13 @@ PyMethodDef kModuleMethods[] = {
      "call_results(message) -> [CallResultFields, ...] | None: the CallResults of a serialized "
      "CallsResponse that holds nothing else, or None when only protobuf should judge the bytes (another "
      "event kind, malformed, or a form this decoder does not read; see call_results_wire.h)."},
+    {"calls_request", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(CallsRequestBytes)), METH_FASTCALL,
+     "calls_request(acks, call_id, callable_fields, arguments, context, context_is_fields, stream_window, "
+     "frame_kind) -> bytes: a serialized CallsRequest of an AckResult per id in `acks` (a list of str, or "
+     "None) and then one StartCall (callable_fields: its encoded callable and encoding; arguments: all of "
+     "them; context: the pickled carrier, or with context_is_fields its encoded plain fields), the bytes "
+     "wire.start_call_event and wire.ack_events make; with a frame_kind other than 0 behind the frame "
+     "wire's header of that kind (see call_start_wire.h)."},
     {"namespace_events", NamespaceEvents, METH_O,
      "namespace_events(message) -> (opened, [(event, data), ...]) | None: the parts of a serialized "
      "NamespaceResponse the host acts on, or None when only protobuf should judge the bytes (malformed, "

@@ -134,6 +134,40 @@ async def test_a_daemons_hello_steers_the_pinned_waits_that_asked(monkeypatch):
         theirs.close()
 
 
+async def test_whole_frames_go_out_in_order_behind_what_waits_and_not_after_the_end():
+    # A sequential call's frame (write_frame) written while a large message is still
+    # waiting for the socket goes after it; once the daemon ended the stream, nothing is sent.
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    transport = FrameTransport(ours, ())
+    theirs.settimeout(5)
+    try:
+        assert theirs.recv(64) == encode(HELLO, b"")
+        assert transport.write_frame(encode(MESSAGE, b"first")) == 0
+        large = os.urandom(1 << 20)
+        assert transport.write([large]) > 0  # the rest waits for the socket
+        assert transport.write_frame(encode(MESSAGE, b"second")) > 0  # queued behind it
+        theirs.setblocking(False)
+        received = bytearray()
+
+        def read_all() -> bool:
+            try:
+                received.extend(theirs.recv(1 << 20))
+            except BlockingIOError:
+                pass
+            return len(received) >= 3 * 5 + len(b"first") + len(large) + len(b"second")
+
+        await eventually(read_all)
+        assert received == encode(MESSAGE, b"first") + encode(MESSAGE, large) + encode(MESSAGE, b"second")
+        theirs.sendall(status_frame(0, ""))
+        await eventually(lambda: transport.drain()[1] == (0, ""))
+        assert transport.write_frame(encode(MESSAGE, b"late")) == -1
+    finally:
+        transport.close()
+        theirs.close()
+
+
 async def test_only_the_default_setting_asks_the_daemon_whether_to_pin(framed, monkeypatch):
     monkeypatch.delenv("AGENTIX_CALLS_CPU", raising=False)
     assert await stream_type(framed.url) is FrameCallsStream

@@ -45,6 +45,57 @@ def test_start_call_event_is_what_protobuf_would_write(size, call_id, callable_r
         assert encoded == pb.CallsRequest(events=[pb.HostEvent(start=start)]).SerializeToString()
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+@pytest.mark.parametrize("size", [0, 5, 127, 128, 4095])
+@pytest.mark.parametrize("acks", [None, ["a"], ["c" * 32] * 3, ["", "x" * 121, "y" * 300, "\u00e9" * 70]])
+@pytest.mark.parametrize(
+    "call_id, callable_ref, context, stream_window",
+    [("c1", "m::f", b"ctx", 4), ("", "", b"", 0), ("\u00e9" * 40, "mod.sub::Cls.method", b"x" * 300, 1 << 20)],
+)
+@pytest.mark.parametrize("frame_kind", [0, 2])
+def test_start_call_request_is_the_acks_then_the_start_call_event(
+    monkeypatch, native, size, acks, call_id, callable_ref, context, stream_window, frame_kind
+):
+    if native:
+        assert stream_module._native_calls_request is not None, "the native module is part of this build"
+    else:
+        monkeypatch.setattr(stream_module, "_native_calls_request", None)
+    arguments = os.urandom(size)
+    message = stream_module.start_call_request(
+        acks, call_id, callable_ref, arguments, context, stream_window, frame_kind
+    )
+    expected = wire.ack_events(acks or []) + b"".join(
+        wire.start_call_event(call_id, callable_ref, memoryview(arguments), size, context, stream_window)
+    )
+    if frame_kind:
+        expected = len(expected).to_bytes(4, "little") + bytes((frame_kind,)) + expected
+    assert message == expected
+    if not frame_kind:
+        events = pb.CallsRequest.FromString(message).events
+        assert [event.ack.call_id for event in events[:-1]] == (acks or [])
+        assert events[-1].start.call_id == call_id and events[-1].start.arguments == arguments
+
+
+def test_start_call_request_keeps_a_plain_context_s_fields():
+    from agentix.utils import context, trace
+
+    with trace.trace("t") as t, trace.span("s") as s, context.scope(run="r42"):
+        carrier = wire.context_carrier()
+    assert type(carrier) is wire.ContextFields
+    message = stream_module.start_call_request(None, "c1", "m::f", b"\x80x", carrier, 0, 0)
+    start = pb.CallsRequest.FromString(message).events[0].start
+    assert start.context == b"" and start.baggage == {"run": "r42"}
+    assert start.traceparent == f"00-{t.trace_id[6:]}-{s.span_id[5:21]}-01"
+    assert start.tracestate == "agentix=" + s.span_id[5:]
+
+
+def test_start_call_request_refuses_an_id_protobuf_refuses():
+    with pytest.raises(UnicodeEncodeError):
+        stream_module.start_call_request(["\udc80"], "c1", "m::f", b"", b"", 0, 0)
+    with pytest.raises(UnicodeEncodeError):
+        stream_module.start_call_request(None, "\udc80", "m::f", b"", b"", 0, 0)
+
+
 def test_mixed_batch_keeps_event_order():
     data = os.urandom(3000)
     batch = [

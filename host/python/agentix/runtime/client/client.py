@@ -335,7 +335,7 @@ class RuntimeClient:
             # Alone in flight: resumed by the callback that reads its result (no loop turn of its
             # own); among others, one loop turn resumes many and a plain Future is cheaper to await.
             loop.create_future() if self._pending else CallFuture(loop=loop),
-            start=self._start_request(callable_ref, arguments, carrier, 0),
+            start=StartRequest(callable_ref, arguments, carrier, 0),  # (_start_request's, without its call)
             max_result_bytes=self.max_result_bytes,
         )
         self._pending[call.call_id] = call
@@ -409,7 +409,7 @@ class RuntimeClient:
             display_name,
             loop.create_future(),
             streaming=True,
-            start=self._start_request(callable_ref, arguments, carrier, self.stream_window),
+            start=StartRequest(callable_ref, arguments, carrier, self.stream_window),
             max_result_bytes=self.max_result_bytes,
         )
         self._pending[call.call_id] = call

@@ -436,6 +436,21 @@ class FrameTransport:
             return -1
         return 0 if sent == size else self._keep_unsent(pieces, sent)
 
+    def write_frame(self, frame: bytes) -> int:
+        """`write` of one whole MESSAGE frame, header included, with no bulk piece for the ring."""
+        if self._out or self._write_error is not None or self._status is not None or self._closed:
+            return self.write(frame[_HEADER_BYTES:])  # bytes waiting, or the stream ending: write's path
+        if self._ring_ready and self._ring is not None and self._ring.held:
+            self._ring.release_unreferenced()  # results decoded since the last read
+        try:
+            sent = self._sock.sendmsg((frame,))
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as error:
+            self._failed(error)
+            return -1
+        return 0 if sent == len(frame) else self._keep_unsent([frame], sent)
+
     def writes_done(self) -> None:
         """Sends HALF_CLOSE: no more messages from the host."""
         if self._write_error is None and not self._closed:
@@ -697,3 +712,4 @@ class FrameCallsStream(NativeCallsStream):
     ) -> None:
         super().__init__(transport, pending, on_lost)
         transport.on_progress = self._on_readable
+        self._write_message, self._frame_kind = transport.write_frame, MESSAGE

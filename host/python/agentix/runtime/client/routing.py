@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 __all__ = ["CallRouter"]
 
+_RawResult = wire.RawResult  # (the native CallResultFields when the extension is there)
+
 _log = logging.getLogger("agentix.runtime.client")
 
 
@@ -96,8 +98,28 @@ class CallRouter:
         except Exception as exc:
             self._routing_failed(exc, "reading a response")
             return
+        pending = self._pending
         for event in events:
             try:
+                # A plain call's whole result without a barrier (a noop's) inline: what _route,
+                # _on_result, _result_outcome and _finish do with it, without their calls.
+                # (A RawResult's encoding is always unspecified or pickle.)
+                if type(event) is _RawResult and not event.log_seq and not event.trace_seq:
+                    call_id = event.call_id
+                    call = pending.get(call_id)
+                    if call is not None and call.items is None and not call.result_chunks:
+                        value = event.value
+                        size = len(value)
+                        if size <= call.max_result_bytes and (not event.value_size or event.value_size == size):
+                            del pending[call_id]
+                            try:
+                                call.settle(value, self._woken)
+                            except Exception as exc:  # no longer in `pending`: fail it here (as _finish)
+                                self._call_failed(call, "result", exc)
+                            if self._uploads_by_id:
+                                self._drop_upload(call_id)
+                            self._acknowledge(call_id)
+                            continue
                 route(event)
             except Exception as exc:
                 self._event_failed(event, exc)

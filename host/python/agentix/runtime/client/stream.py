@@ -68,6 +68,7 @@ __all__ = [
     "STREAM_END",
     "SideBarrier",
     "StartRequest",
+    "start_call_request",
 ]
 
 _log = logging.getLogger("agentix.runtime.client")
@@ -84,6 +85,34 @@ ACK_DELAY = 0.05
 ACK_BATCH = 512
 # How many written acks a stream remembers for re-sending after a cut.
 RECENT_ACKS = 4096
+
+# A CallsRequest of acks and one StartCall made in C (call_start_wire.h), when the extension is there.
+try:
+    from agentix.runtime.client._native_calls import calls_request as _native_calls_request
+except Exception:  # the pure wheel, another interpreter, libgrpc++ missing (as channels.native_calls_module)
+    _native_calls_request = None
+# Arguments shorter than this go into the StartCall `start_call_request` makes (one buffer, as
+# wire.start_call_event's below 4 KiB); longer ones, or wire.Pieces, take wire.start_call_event.
+SMALL_ARGUMENTS_BYTES = 4096
+
+
+def start_call_request(
+    acks: list[str] | None, call_id: str, callable_ref: str, arguments: bytes, context: bytes, stream_window: int,
+    frame_kind: int,
+) -> bytes:
+    """One ``CallsRequest``: ``wire.ack_events(acks)`` (None: no acks), then
+    the StartCall ``wire.start_call_event`` makes of bytes `arguments`
+    shorter than `SMALL_ARGUMENTS_BYTES`: the same bytes, joined, behind a
+    frame-wire header of `frame_kind` unless it is 0. One native call when
+    the extension is there (a sequential call's whole write)."""
+    if _native_calls_request is not None:
+        return _native_calls_request(acks, call_id, wire.start_fields(callable_ref), arguments, context,
+                                     type(context) is wire.ContextFields, stream_window, frame_kind)
+    message = b"".join(wire.start_call_event(call_id, callable_ref, arguments, len(arguments), context, stream_window))
+    if acks:
+        message = wire.ack_events(acks) + message
+    return len(message).to_bytes(4, "little") + bytes((frame_kind,)) + message if frame_kind else message
+
 
 def _encode_batch(batch: list[pb.HostEvent | list]) -> bytes:
     """The encoded CallsRequest carrying a batch of events and hand-encoded
@@ -162,7 +191,11 @@ class CallsStream(CallRouter):
         a non-zero `stream_window` makes it a streaming call. `arguments`:
         the pickled (args, kwargs), `wire.Pieces` only when over CHUNK_BYTES."""
         size = len(arguments)
-        if size <= CHUNK_BYTES:  # the common case: the StartCall carries them all (first_chunk's bytes)
+        if size < SMALL_ARGUMENTS_BYTES and type(arguments) is bytes:  # the common case: one buffer
+            event = [start_call_request(None, call_id, callable_ref, arguments, context, stream_window, 0)]
+            self._enqueue(size + len(context) + len(callable_ref) + _EVENT_OVERHEAD, event)
+            return
+        if size <= CHUNK_BYTES:  # the StartCall carries them all (first_chunk's bytes)
             event = wire.start_call_event(call_id, callable_ref, arguments, size, context, stream_window)  # type: ignore[arg-type]
             self._enqueue(size + len(context) + len(callable_ref) + _EVENT_OVERHEAD, event)
             return
@@ -458,6 +491,9 @@ class NativeCallsStream(CallsStream):
         on_lost: Callable[[CallsStream, BaseException | None], None],
     ) -> None:
         self._transport = transport
+        # How `start_call` writes one whole CallsRequest, and the frame kind in front of it (0: none).
+        self._write_message = transport.write
+        self._frame_kind = 0
         self._init_state(pending, on_lost)
         self._loop = asyncio.get_running_loop()
         self._fd = transport.fileno()
@@ -470,6 +506,33 @@ class NativeCallsStream(CallsStream):
         self._deferral_scheduled = False
         self._half_closed = False
         self._flushed: asyncio.Future | None = None  # aclose() waits for it
+
+    def start_call(
+        self, call_id: str, callable_ref: str, arguments: bytes | wire.Pieces, context: bytes, stream_window: int = 0
+    ) -> None:
+        if type(arguments) is not bytes or len(arguments) >= SMALL_ARGUMENTS_BYTES:
+            super().start_call(call_id, callable_ref, arguments, context, stream_window)
+            return
+        if self._deferred or self._queue or self._uploads or self._throttled or self._lost or self._closing:
+            # Queued behind others (`_enqueue`'s first case): one native call makes the event.
+            event = start_call_request(None, call_id, callable_ref, arguments, context, stream_window, 0)
+            self._queue.append((len(arguments) + len(context) + len(callable_ref) + _EVENT_OVERHEAD, [event], None))
+            self._kick()
+            return
+        # A sequential call on an idle stream: the waiting acks and its StartCall in one
+        # message, made in one native call (`_enqueue`'s lone-event case, without its steps).
+        acks = self._acks
+        message = start_call_request(acks or None, call_id, callable_ref, arguments, context, stream_window,
+                                     self._frame_kind)
+        if acks:
+            self._recent_acks.extend(acks)
+            acks.clear()
+            self._acks_due = False
+        self._deferred = True
+        try:
+            self._write_message(message)  # < 0: the stream is ending, drain() brings its status
+        except Exception as exc:  # the transport refused: the stream is unusable
+            self._report_lost(exc)
 
     def _enqueue(self, size: int, event: pb.HostEvent | list, upload: Upload | None = None) -> None:
         if (self._deferred or self._queue or self._uploads or upload is not None or self._throttled
@@ -533,42 +596,39 @@ class NativeCallsStream(CallsStream):
         # Tasks of calls settled here resume before it returns, not one loop iteration later.
         outer, self._woken = self._woken, []
         try:
-            self._read_responses()
+            if not self._deferral_scheduled:
+                # A response: the loop has been round since the last write (or
+                # this is that write's iteration, where a second write is what the
+                # deferral would have made too); the next event is written at once.
+                self._deferred = False
+            try:
+                messages, status, below = self._transport.drain()
+            except Exception as exc:  # the transport failed: reconnect and resume
+                self._report_lost(exc)
+                return
+            for message in messages:
+                if self._lost:  # dropped by a routing failure, or a write failed meanwhile
+                    break
+                self._route_message(message)
+            try:
+                if status is not None:
+                    self._settle_flushed()
+                    code, details = status
+                    self._report_lost(None if code == 0 else NativeStreamError(code, details))
+                    self._unwatch()
+                    return
+                if below:
+                    self._throttled = False
+                    if self._half_closed:
+                        self._settle_flushed()
+                    elif not self._lost:
+                        self._flush()
+            except Exception as exc:  # the transport failed: reconnect and resume
+                self._report_lost(exc)
         finally:
             woken, self._woken = self._woken, outer
             for future in woken:
                 future.wake()
-
-    def _read_responses(self) -> None:
-        if not self._deferral_scheduled:
-            # A response: the loop has been round since the last write (or
-            # this is that write's iteration, where a second write is what the
-            # deferral would have made too); the next event is written at once.
-            self._deferred = False
-        try:
-            messages, status, below = self._transport.drain()
-        except Exception as exc:  # the transport failed: reconnect and resume
-            self._report_lost(exc)
-            return
-        for message in messages:
-            if self._lost:  # dropped by a routing failure, or a write failed meanwhile
-                break
-            self._route_message(message)
-        try:
-            if status is not None:
-                self._settle_flushed()
-                code, details = status
-                self._report_lost(None if code == 0 else NativeStreamError(code, details))
-                self._unwatch()
-                return
-            if below:
-                self._throttled = False
-                if self._half_closed:
-                    self._settle_flushed()
-                elif not self._lost:
-                    self._flush()
-        except Exception as exc:  # the transport failed: reconnect and resume
-            self._report_lost(exc)
 
     def _settle_flushed(self) -> None:
         if self._flushed is not None and not self._flushed.done():

@@ -53,6 +53,7 @@ __all__ = [
     "pickle_arguments",
     "pickle_pieces",
     "start_call_event",
+    "start_fields",
 ]
 
 CALLS_METHOD = "/agentix.runtime.v1.RuntimeService/Calls"
@@ -439,7 +440,7 @@ _callable_fields: dict[str, bytes] = {}
 _MAX_CALLABLE_FIELDS = 4096
 
 
-def _start_fields(callable_ref: str) -> bytes:
+def start_fields(callable_ref: str) -> bytes:  # StartCall's callable and encoding (cached)
     fields = _callable_fields.get(callable_ref)
     if fields is None:
         ref = callable_ref.encode()
@@ -480,7 +481,7 @@ def start_call_event(
         size = len(arguments)
     ident = call_id.encode()
     length = len(ident)
-    fields = _callable_fields.get(callable_ref) or _start_fields(callable_ref)  # never empty (the encoding)
+    fields = _callable_fields.get(callable_ref) or start_fields(callable_ref)  # never empty (the encoding)
     if length:
         head = (_CALL_ID_HEADS[length] if length < 128 else _length_header(_START_CALL_ID, length)) + ident + fields
     else:
