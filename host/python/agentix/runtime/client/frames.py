@@ -49,7 +49,6 @@ import os
 import socket
 import struct
 from collections.abc import Callable
-from urllib.parse import urlsplit
 
 import grpc
 
@@ -77,6 +76,13 @@ from agentix.runtime.client.pinned_waits import (
     pinned_waits,
 )
 from agentix.runtime.client.stream import CallsStream, NativeCallsStream
+from agentix.runtime.client.wire_choice import (
+    CALLS_WIRE_ENV,
+    PAYLOAD_RING_ENV,
+    calls_socket_path,
+    payload_ring_wanted,
+    wire_mode,
+)
 from agentix.runtime.v1 import runtime_pb2 as pb
 
 __all__ = [
@@ -105,17 +111,12 @@ __all__ = [
 
 _log = logging.getLogger("agentix.runtime.client")
 
-CALLS_WIRE_ENV = "AGENTIX_CALLS_WIRE"
-PAYLOAD_RING_ENV = "AGENTIX_PAYLOAD_RING"
 # The HELLO key that shares the payload ring (its memfd rides with HELLO).
 PAYLOAD_RING_KEY = "agentix-payload-ring"
 # The HELLO key naming the RuntimeService stream a connection carries
 # (absent: Calls), and the Namespace stream's value.
 STREAM_KEY = "agentix-stream"
 NAMESPACE_STREAM = "namespace"
-_MODES = ("auto", "frames", "grpc")
-# Appended to a daemon's Unix socket path: where its frame wire listens.
-_CALLS_SUFFIX = ".calls"
 
 HELLO, MESSAGE, HALF_CLOSE, STATUS, RING_MESSAGE = 1, 2, 3, 4, 5
 _HEADER = struct.Struct("<IB")
@@ -134,29 +135,6 @@ _READ_BYTES = 256 * 1024
 _SPARE_BYTES = (16 << 20) + (64 << 10)
 # At most this many buffers go to one sendmsg (Linux's IOV_MAX is 1024).
 _IOV_MAX = 1024
-
-
-def wire_mode() -> str:
-    """``AGENTIX_CALLS_WIRE``: ``auto`` (also when unset or empty), ``frames`` or
-    ``grpc``; ValueError for anything else."""
-    mode = os.environ.get(CALLS_WIRE_ENV, "").strip().lower() or "auto"
-    if mode not in _MODES:
-        raise ValueError(f"{CALLS_WIRE_ENV}={mode!r} is not one of {', '.join(_MODES)}")
-    return mode
-
-
-def payload_ring_wanted() -> bool:
-    """``AGENTIX_PAYLOAD_RING``: ``off`` or ``0`` (any case) turn the payload
-    ring off; anything else, or unset, leaves it on."""
-    return os.environ.get(PAYLOAD_RING_ENV, "").strip().lower() not in ("off", "0")
-
-
-def calls_socket_path(target: str) -> str | None:
-    """``PATH.calls`` for a ``unix:`` target (``unix:///PATH`` or ``unix:/PATH``),
-    None for any other target."""
-    if not target.startswith("unix:"):
-        return None
-    return urlsplit(target).path + _CALLS_SUFFIX
 
 
 def frame(kind: int, payload: bytes = b"") -> bytes:
