@@ -241,15 +241,16 @@ StreamSeen ImportedWhileCalling(Worker& worker, const std::string& names,
 
 // A run in which this test itself stalled between two calls gave the worker
 // a real pause, so imports under it prove nothing: such a run is repeated
-// (a loaded CI machine), at most twice.
-bool StalledRun(const StreamSeen& run, int attempt) {
+// (a loaded CI machine), at most twice: true when `worker` was shut down for
+// that.
+bool StalledRun(const StreamSeen& run, int attempt, Worker& worker) {
   const bool stalled = run.longest_gap >= absl::Milliseconds(50);
-  if (stalled && attempt < 3) {
-    WARN("the test stalled " << absl::FormatDuration(run.longest_gap)
-                             << " between two calls: run again");
-    return true;
-  }
-  return false;
+  if (!stalled || attempt >= 3) return false;
+  WARN("the test stalled " << absl::FormatDuration(run.longest_gap)
+                           << " between two calls: run again");
+  worker.Shutdown();
+  REQUIRE(worker.AwaitExit().returncode() == 0);
+  return true;
 }
 
 // The first ~1,500 calls of a new sandbox used to share the GIL with the
@@ -272,11 +273,7 @@ TEST_CASE("Sync calls in a row do not start the event loop under them; "
     REQUIRE(first.ok);
     const StreamSeen run =
         ImportedWhileCalling(worker, names, first.value, absl::Milliseconds(600));
-    if (run.seen != first.value && StalledRun(run, attempt)) {
-      worker.Shutdown();
-      REQUIRE(worker.AwaitExit().returncode() == 0);
-      continue;
-    }
+    if (run.seen != first.value && StalledRun(run, attempt, worker)) continue;
     CHECK(Unpickle(first.value) == "[]");
     CHECK(Unpickle(run.seen) == "[]");
     absl::SleepFor(absl::Milliseconds(600));  // a pause: the loop has started
@@ -306,11 +303,7 @@ TEST_CASE("Sync calls in a row after the loop started do not start the "
     const std::string none = worker.CallOk("worker_cold::imported", names);
     const StreamSeen run =
         ImportedWhileCalling(worker, names, none, absl::Milliseconds(600));
-    if (run.seen != none && StalledRun(run, attempt)) {
-      worker.Shutdown();
-      REQUIRE(worker.AwaitExit().returncode() == 0);
-      continue;
-    }
+    if (run.seen != none && StalledRun(run, attempt, worker)) continue;
     CHECK(Unpickle(none) == "[]");
     CHECK(Unpickle(run.seen) == "[]");
     absl::SleepFor(absl::Milliseconds(600));  // a pause: the warm-up has begun
