@@ -238,8 +238,6 @@ int InstallBundle(const std::string& src, const std::string& dst) {
   return 0;
 }
 
-// --listen is repeatable, which absl flags are not: collect every occurrence
-// and hand the rest of argv to absl.
 // --calls_cpu=probe (sandbox/placement_probe.h): measures, logs the figures
 // and the choice, and applies it. A probe that fails keeps the placement
 // before it (the daemon's and the hosts' pins).
@@ -261,6 +259,8 @@ void ProbePlacement(std::shared_ptr<CallsCpu> calls_cpu) {
   calls_cpu->SetActive(choice.placement != Placement::kOff);
 }
 
+// --listen is repeatable, which absl flags are not: collect every occurrence
+// and hand the rest of argv to absl.
 std::vector<std::string> ExtractListenFlags(int& argc, char** argv) {
   std::vector<std::string> listen;
   int out = 1;
