@@ -30,11 +30,11 @@ size_t FieldSize(std::string_view value) {
   return value.empty() ? 0 : 1 + VarintSize(value.size()) + value.size();
 }
 
-size_t AckEventSize(std::string_view id) {
-  const size_t ack = FieldSize(id);
-  const size_t event = 1 + VarintSize(ack) + ack;
-  return 1 + VarintSize(event) + event;
-}
+// A length-delimited field of `body` bytes: its tag, length and body.
+size_t DelimitedSize(size_t body) { return 1 + VarintSize(body) + body; }
+
+// One CallsRequest.events entry whose HostEvent holds a `body`-byte message.
+size_t EventSize(size_t body) { return DelimitedSize(DelimitedSize(body)); }
 
 size_t StartSize(const StartCallParts& start) {
   size_t size = FieldSize(start.call_id) + start.callable_fields.size() + FieldSize(start.arguments);
@@ -60,6 +60,14 @@ class Writer {
     if (!bytes.empty()) std::memcpy(at_, bytes.data(), bytes.size());
     at_ += bytes.size();
   }
+  // The head of an events entry (EventSize's) whose HostEvent field `kind`
+  // holds `body` bytes, which follow.
+  void Event(uint8_t kind, size_t body) {
+    Byte(kEvents);
+    Varint(DelimitedSize(body));
+    Byte(kind);
+    Varint(body);
+  }
   void Field(uint8_t tag, std::string_view value) {
     if (value.empty()) return;
     Byte(tag);
@@ -74,10 +82,8 @@ class Writer {
 
 size_t PayloadSize(const std::vector<std::string_view>& ack_ids, const StartCallParts& start) {
   size_t size = 0;
-  for (std::string_view id : ack_ids) size += AckEventSize(id);
-  const size_t start_size = StartSize(start);
-  const size_t event = 1 + VarintSize(start_size) + start_size;
-  return size + 1 + VarintSize(event) + event;
+  for (std::string_view id : ack_ids) size += EventSize(FieldSize(id));
+  return size + EventSize(StartSize(start));
 }
 
 }  // namespace
@@ -96,20 +102,10 @@ size_t EncodeCallsRequest(const std::vector<std::string_view>& ack_ids, const St
     w.Byte(frame_kind);
   }
   for (std::string_view id : ack_ids) {
-    const size_t ack = FieldSize(id);
-    const size_t event = 1 + VarintSize(ack) + ack;
-    w.Byte(kEvents);
-    w.Varint(event);
-    w.Byte(kHostAck);
-    w.Varint(ack);
+    w.Event(kHostAck, FieldSize(id));
     w.Field(kAckCallId, id);
   }
-  const size_t start_size = StartSize(start);
-  const size_t event = 1 + VarintSize(start_size) + start_size;
-  w.Byte(kEvents);
-  w.Varint(event);
-  w.Byte(kHostStart);
-  w.Varint(start_size);
+  w.Event(kHostStart, StartSize(start));
   w.Field(kStartCallId, start.call_id);
   w.Raw(start.callable_fields);
   w.Field(kStartArguments, start.arguments);
