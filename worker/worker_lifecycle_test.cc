@@ -214,6 +214,55 @@ TEST_CASE("A first sync call runs before asyncio is imported; the loop "
   REQUIRE(worker.AwaitExit().returncode() == 0);
 }
 
+// Cold start (driver/gcpause.py): the boot's imports and a first call that
+// comes with the ready frame run without the cycle collector's automatic
+// runs; they are back once the worker has waited (0.1 s after ready).
+TEST_CASE("A cold start's first call runs with automatic collection paused; "
+          "it is back once the worker waits",
+          "[worker]") {
+  Worker worker;
+  const std::string look = Pickle("((), {})");
+  worker.Call("first", "worker_cold::collector", look);
+  worker.AwaitReady();
+  Reply first = worker.AwaitReply("first");
+  INFO(first.error.type << ": " << first.error.message);
+  REQUIRE(first.ok);
+  CHECK(Unpickle(first.value) == "[[0, 10, 10], True]");
+  absl::SleepFor(absl::Milliseconds(600));  // the worker has waited
+  CHECK(Unpickle(worker.CallOk("worker_cold::collector", look)) ==
+        "[[700, 10, 10], True]");
+  worker.Shutdown();
+  REQUIRE(worker.AwaitExit().returncode() == 0);
+}
+
+// What user code sets during the pause is its own: the driver puts back
+// its thresholds only if they are still the paused ones.
+TEST_CASE("Collector settings a first call makes are kept after the boot's "
+          "pause",
+          "[worker]") {
+  const struct {
+    const char* args;
+    const char* later;
+  } cases[] = {
+      {"(([500, 20, 30],), {})", "[[500, 20, 30], True]"},
+      {"((None, False), {})", "[[700, 10, 10], False]"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.args);
+    Worker worker;
+    worker.Call("first", "worker_cold::collector", Pickle(c.args));
+    worker.AwaitReady();
+    Reply first = worker.AwaitReply("first");
+    INFO(first.error.type << ": " << first.error.message);
+    REQUIRE(first.ok);
+    absl::SleepFor(absl::Milliseconds(600));  // the worker has waited
+    CHECK(Unpickle(worker.CallOk("worker_cold::collector",
+                                 Pickle("((), {})"))) == c.later);
+    worker.Shutdown();
+    REQUIRE(worker.AwaitExit().returncode() == 0);
+  }
+}
+
 // Sends sync calls one after another for `span`, each asking which of
 // `names` are imported, and returns the first answer that is not `none`
 // (the encoded empty list), or `none`, with the longest time between two

@@ -73,3 +73,17 @@ def note_modules_at_exit(path, names):
             f.write(repr(imported(names)))
 
     atexit.register(note)
+
+
+def collector(thresholds=None, enabled=None):
+    """The cycle collector as the call sees it, [thresholds, enabled], after
+    setting its thresholds and on/off state where given."""
+    import gc
+
+    if thresholds is not None:
+        gc.set_threshold(*thresholds)
+    if enabled is True:
+        gc.enable()
+    elif enabled is False:
+        gc.disable()
+    return [list(gc.get_threshold()), gc.isenabled()]
