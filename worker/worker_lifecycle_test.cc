@@ -263,6 +263,20 @@ TEST_CASE("Collector settings a first call makes are kept after the boot's "
   }
 }
 
+// Cold start (driver/re_table.py): the regexes the stdlib compiles as it
+// is imported come from the build's table, as the same Pattern objects re
+// would make; anything else is compiled by re as before.
+TEST_CASE("The stdlib's import-time regexes come from the build's table, "
+          "equal to what re compiles",
+          "[worker]") {
+  auto worker = ReadyWorker();
+  CHECK(Unpickle(worker->CallOk("worker_cold::re_table",
+                                Pickle("((), {})"))) ==
+        "['_TableCache', True, True, [], ('cold', '32')]");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
 // Sends sync calls one after another for `span`, each asking which of
 // `names` are imported, and returns the first answer that is not `none`
 // (the encoded empty list), or `none`, with the longest time between two

@@ -87,3 +87,24 @@ def collector(thresholds=None, enabled=None):
     elif enabled is False:
         gc.disable()
     return [list(gc.get_threshold()), gc.isenabled()]
+
+
+def re_table():
+    """re's cache as the boot left it: its type, whether the build's table
+    is there (and answered what the boot compiled), the table's patterns
+    that differ from what re compiles itself, and a purge and a fresh
+    pattern working after."""
+    import re
+    from re import _compiler
+
+    from _agentix_driver import re_table_data
+
+    cache = re._cache
+    answered = [key for key in cache if key in cache._table]
+    differ = [entry[0] for entry in re_table_data.PATTERNS
+              if re._compile(entry[0], entry[1]) !=
+              _compiler.compile(entry[0], entry[1])]
+    re.purge()
+    fresh = re.compile(r"(?P<word>\w+)-(\d+)").match("cold-32").groups()
+    return [type(re._cache).__name__, len(re_table_data.PATTERNS) > 20,
+            len(answered) > 0, differ, fresh]
