@@ -161,18 +161,18 @@ TEST_CASE("What boot and the warm-up loaded is out of the cycle collector's "
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
 
-// Cold start (driver/lazy.py): asyncio's ssl and inspect are not executed
-// before the ready frame; the warm-up thread loads them once the worker is
-// idle.
-TEST_CASE("asyncio's ssl and inspect are loaded after ready, by the warm-up "
-          "thread",
+// Cold start (driver/lazy.py): asyncio's ssl, inspect and (through
+// subprocess) locale are not executed before the ready frame; the warm-up
+// thread loads them once the worker is idle.
+TEST_CASE("asyncio's ssl, inspect and locale are loaded after ready, by the "
+          "warm-up thread",
           "[worker]") {
   auto worker = ReadyWorker();
   absl::SleepFor(absl::Milliseconds(500));  // idle: the warm-up has begun
   CHECK(Unpickle(worker->CallOk("worker_fixture::deferred_stdlib",
                                 Pickle("((), {})"))) ==
         "{'ssl': 'agentix-warmup', 'asyncio.sslproto': 'agentix-warmup', "
-        "'inspect': 'agentix-warmup'}");
+        "'inspect': 'agentix-warmup', 'locale': 'agentix-warmup'}");
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
@@ -344,7 +344,7 @@ TEST_CASE("Sync calls in a row do not start the event loop under them; "
           "['asyncio']");
     CHECK(Unpickle(worker.CallOk("worker_fixture::deferred_stdlib", no_args)) ==
           "{'ssl': 'agentix-warmup', 'asyncio.sslproto': 'agentix-warmup', "
-          "'inspect': 'agentix-warmup'}");
+          "'inspect': 'agentix-warmup', 'locale': 'agentix-warmup'}");
     worker.Shutdown();
     REQUIRE(worker.AwaitExit().returncode() == 0);
     break;
@@ -372,7 +372,7 @@ TEST_CASE("Sync calls in a row after the loop started do not start the "
     absl::SleepFor(absl::Milliseconds(600));  // a pause: the warm-up has begun
     CHECK(Unpickle(worker.CallOk("worker_fixture::deferred_stdlib", no_args)) ==
           "{'ssl': 'agentix-warmup', 'asyncio.sslproto': 'agentix-warmup', "
-          "'inspect': 'agentix-warmup'}");
+          "'inspect': 'agentix-warmup', 'locale': 'agentix-warmup'}");
     worker.Shutdown();
     REQUIRE(worker.AwaitExit().returncode() == 0);
     break;
@@ -410,9 +410,9 @@ TEST_CASE("A set_env before the first call is applied without importing "
 }
 
 // A first call importing asyncio itself (as most tool modules do) gets
-// inspect deferred, and inspect works once used.
-TEST_CASE("A first call that imports asyncio finds inspect deferred, and "
-          "usable",
+// inspect and locale deferred, and both work once used.
+TEST_CASE("A first call that imports asyncio finds inspect and locale "
+          "deferred, and usable",
           "[worker]") {
   Worker worker;
   worker.Call("first", "worker_cold::asyncio_first", Pickle("((), {})"));
@@ -422,7 +422,8 @@ TEST_CASE("A first call that imports asyncio finds inspect deferred, and "
                         << first.error.traceback);
   REQUIRE(first.ok);
   CHECK(Unpickle(first.value) ==
-        "['_DeferredModule', 7, '(seconds)', 'module']");
+        "['_DeferredModule', 7, '(seconds)', 'module', '_DeferredModule', "
+        "'en_US.ISO8859-1', 'module']");
   worker.Shutdown();
   REQUIRE(worker.AwaitExit().returncode() == 0);
 }

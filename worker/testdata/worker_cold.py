@@ -49,19 +49,22 @@ def env_and_imported(name, names):
 
 def asyncio_first():
     """A first call that imports asyncio itself and runs a coroutine: what
-    it sees of `inspect` (deferred while asyncio is imported) before and
-    after using it."""
+    it sees of `inspect` and `locale` (deferred while asyncio is imported)
+    before and after using them."""
     import asyncio
 
     before = type(sys.modules["inspect"]).__name__
+    locale_before = type(sys.modules["locale"]).__name__
 
     async def seven():
         return 7
 
     value = asyncio.run(seven())
     import inspect
+    import locale
     return [before, value, str(inspect.signature(sleep)),
-            type(sys.modules["inspect"]).__name__]
+            type(sys.modules["inspect"]).__name__, locale_before,
+            locale.normalize("en_US"), type(sys.modules["locale"]).__name__]
 
 
 def note_modules_at_exit(path, names):
