@@ -235,6 +235,21 @@ TEST_CASE("A cold start's first call runs with automatic collection paused; "
   REQUIRE(worker.AwaitExit().returncode() == 0);
 }
 
+// A child forked during the pause (multiprocessing's fork start method)
+// has no driver thread to end it: it collects from its start.
+TEST_CASE("A child forked by a cold start's first call collects as usual",
+          "[worker]") {
+  Worker worker;
+  worker.Call("first", "worker_cold::collector_in_fork", Pickle("((), {})"));
+  worker.AwaitReady();
+  Reply first = worker.AwaitReply("first");
+  INFO(first.error.type << ": " << first.error.message);
+  REQUIRE(first.ok);
+  CHECK(Unpickle(first.value) == "[[0, 10, 10], '[700, 10, 10]']");
+  worker.Shutdown();
+  REQUIRE(worker.AwaitExit().returncode() == 0);
+}
+
 // What user code sets during the pause is its own: the driver puts back
 // its thresholds only if they are still the paused ones.
 TEST_CASE("Collector settings a first call makes are kept after the boot's "

@@ -14,13 +14,17 @@ left then is collected at the next allocation after.
 
 User code that sets its own thresholds, or gc.disable(), meanwhile keeps
 its setting: the thresholds are put back only if they are still the paused
-ones.
+ones. A child forked meanwhile (multiprocessing's fork) has no main thread
+of ours to wake: it resumes collection as it starts.
 """
 
 import gc
+import os
 
 # The thresholds to put back, while paused; None otherwise.
 _saved = None
+# Whether resume() is registered to run in forked children.
+_fork_hook = [False]
 
 
 def pause():
@@ -31,6 +35,9 @@ def pause():
         return
     _saved = current
     gc.set_threshold(0, *current[1:])
+    if not _fork_hook[0]:
+        _fork_hook[0] = True
+        os.register_at_fork(after_in_child=resume)
 
 
 def resume():
@@ -42,8 +49,3 @@ def resume():
         return False
     gc.set_threshold(*saved)
     return True
-
-
-def paused():
-    """True between pause() and resume()."""
-    return _saved is not None

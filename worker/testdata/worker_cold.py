@@ -111,3 +111,20 @@ def re_table():
     fresh = re.compile(r"(?P<word>\w+)-(\d+)").match("cold-32").groups()
     return [type(re._cache).__name__, len(re_table_data.PATTERNS) > 20,
             len(answered) > 0, differ, fresh]
+
+
+def collector_in_fork():
+    """The collector's thresholds here and in a child forked now."""
+    import gc
+    import os
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write_end, repr(list(gc.get_threshold())).encode())
+        os._exit(0)
+    os.close(write_end)
+    child = os.read(read_end, 100).decode()
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    return [list(gc.get_threshold()), child]
