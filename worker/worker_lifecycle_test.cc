@@ -161,18 +161,18 @@ TEST_CASE("What boot and the warm-up loaded is out of the cycle collector's "
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
 
-// Cold start (driver/lazy.py): asyncio's ssl and inspect are not executed
-// before the ready frame; the warm-up thread loads them once the worker is
-// idle.
-TEST_CASE("asyncio's ssl and inspect are loaded after ready, by the warm-up "
-          "thread",
+// Cold start (driver/lazy.py): asyncio's ssl, inspect and (through
+// subprocess) locale are not executed before the ready frame; the warm-up
+// thread loads them once the worker is idle.
+TEST_CASE("asyncio's ssl, inspect and locale are loaded after ready, by the "
+          "warm-up thread",
           "[worker]") {
   auto worker = ReadyWorker();
   absl::SleepFor(absl::Milliseconds(500));  // idle: the warm-up has begun
   CHECK(Unpickle(worker->CallOk("worker_fixture::deferred_stdlib",
                                 Pickle("((), {})"))) ==
         "{'ssl': 'agentix-warmup', 'asyncio.sslproto': 'agentix-warmup', "
-        "'inspect': 'agentix-warmup'}");
+        "'inspect': 'agentix-warmup', 'locale': 'agentix-warmup'}");
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
@@ -212,6 +212,84 @@ TEST_CASE("A first sync call runs before asyncio is imported; the loop "
         "['asyncio', 'inspect']");
   worker.Shutdown();
   REQUIRE(worker.AwaitExit().returncode() == 0);
+}
+
+// Cold start (driver/gcpause.py): the boot's imports and a first call that
+// comes with the ready frame run without the cycle collector's automatic
+// runs; they are back once the worker has waited (0.1 s after ready).
+TEST_CASE("A cold start's first call runs with automatic collection paused; "
+          "it is back once the worker waits",
+          "[worker]") {
+  Worker worker;
+  const std::string look = Pickle("((), {})");
+  worker.Call("first", "worker_cold::collector", look);
+  worker.AwaitReady();
+  Reply first = worker.AwaitReply("first");
+  INFO(first.error.type << ": " << first.error.message);
+  REQUIRE(first.ok);
+  CHECK(Unpickle(first.value) == "[[0, 10, 10], True]");
+  absl::SleepFor(absl::Milliseconds(600));  // the worker has waited
+  CHECK(Unpickle(worker.CallOk("worker_cold::collector", look)) ==
+        "[[700, 10, 10], True]");
+  worker.Shutdown();
+  REQUIRE(worker.AwaitExit().returncode() == 0);
+}
+
+// A child forked during the pause (multiprocessing's fork start method)
+// has no driver thread to end it: it collects from its start.
+TEST_CASE("A child forked by a cold start's first call collects as usual",
+          "[worker]") {
+  Worker worker;
+  worker.Call("first", "worker_cold::collector_in_fork", Pickle("((), {})"));
+  worker.AwaitReady();
+  Reply first = worker.AwaitReply("first");
+  INFO(first.error.type << ": " << first.error.message);
+  REQUIRE(first.ok);
+  CHECK(Unpickle(first.value) == "[[0, 10, 10], '[700, 10, 10]']");
+  worker.Shutdown();
+  REQUIRE(worker.AwaitExit().returncode() == 0);
+}
+
+// What user code sets during the pause is its own: the driver puts back
+// its thresholds only if they are still the paused ones.
+TEST_CASE("Collector settings a first call makes are kept after the boot's "
+          "pause",
+          "[worker]") {
+  const struct {
+    const char* args;
+    const char* later;
+  } cases[] = {
+      {"(([500, 20, 30],), {})", "[[500, 20, 30], True]"},
+      {"((None, False), {})", "[[700, 10, 10], False]"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.args);
+    Worker worker;
+    worker.Call("first", "worker_cold::collector", Pickle(c.args));
+    worker.AwaitReady();
+    Reply first = worker.AwaitReply("first");
+    INFO(first.error.type << ": " << first.error.message);
+    REQUIRE(first.ok);
+    absl::SleepFor(absl::Milliseconds(600));  // the worker has waited
+    CHECK(Unpickle(worker.CallOk("worker_cold::collector",
+                                 Pickle("((), {})"))) == c.later);
+    worker.Shutdown();
+    REQUIRE(worker.AwaitExit().returncode() == 0);
+  }
+}
+
+// Cold start (driver/re_table.py): the regexes the stdlib compiles as it
+// is imported come from the build's table, as the same Pattern objects re
+// would make; anything else is compiled by re as before.
+TEST_CASE("The stdlib's import-time regexes come from the build's table, "
+          "equal to what re compiles",
+          "[worker]") {
+  auto worker = ReadyWorker();
+  CHECK(Unpickle(worker->CallOk("worker_cold::re_table",
+                                Pickle("((), {})"))) ==
+        "['_TableCache', True, True, [], ('cold', '32')]");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
 }
 
 // Sends sync calls one after another for `span`, each asking which of
@@ -281,7 +359,7 @@ TEST_CASE("Sync calls in a row do not start the event loop under them; "
           "['asyncio']");
     CHECK(Unpickle(worker.CallOk("worker_fixture::deferred_stdlib", no_args)) ==
           "{'ssl': 'agentix-warmup', 'asyncio.sslproto': 'agentix-warmup', "
-          "'inspect': 'agentix-warmup'}");
+          "'inspect': 'agentix-warmup', 'locale': 'agentix-warmup'}");
     worker.Shutdown();
     REQUIRE(worker.AwaitExit().returncode() == 0);
     break;
@@ -309,7 +387,7 @@ TEST_CASE("Sync calls in a row after the loop started do not start the "
     absl::SleepFor(absl::Milliseconds(600));  // a pause: the warm-up has begun
     CHECK(Unpickle(worker.CallOk("worker_fixture::deferred_stdlib", no_args)) ==
           "{'ssl': 'agentix-warmup', 'asyncio.sslproto': 'agentix-warmup', "
-          "'inspect': 'agentix-warmup'}");
+          "'inspect': 'agentix-warmup', 'locale': 'agentix-warmup'}");
     worker.Shutdown();
     REQUIRE(worker.AwaitExit().returncode() == 0);
     break;
@@ -347,9 +425,9 @@ TEST_CASE("A set_env before the first call is applied without importing "
 }
 
 // A first call importing asyncio itself (as most tool modules do) gets
-// inspect deferred, and inspect works once used.
-TEST_CASE("A first call that imports asyncio finds inspect deferred, and "
-          "usable",
+// inspect and locale deferred, and both work once used.
+TEST_CASE("A first call that imports asyncio finds inspect and locale "
+          "deferred, and usable",
           "[worker]") {
   Worker worker;
   worker.Call("first", "worker_cold::asyncio_first", Pickle("((), {})"));
@@ -359,7 +437,8 @@ TEST_CASE("A first call that imports asyncio finds inspect deferred, and "
                         << first.error.traceback);
   REQUIRE(first.ok);
   CHECK(Unpickle(first.value) ==
-        "['_DeferredModule', 7, '(seconds)', 'module']");
+        "['_DeferredModule', 7, '(seconds)', 'module', '_DeferredModule', "
+        "'en_US.ISO8859-1', 'module']");
   worker.Shutdown();
   REQUIRE(worker.AwaitExit().returncode() == 0);
 }

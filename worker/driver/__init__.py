@@ -42,8 +42,20 @@ frame with the opener's call id; it rides the log queue, so it is ordered
 with the records around it.
 """
 
+# Before anything else: the driver's imports run without the cycle
+# collector (gcpause.py; serve.py resumes it).
+from . import gcpause as _gcpause
+
+_gcpause.pause()
+
+# The stdlib's regexes the imports below (and a first call's) compile come
+# from the build's table (re_table.py).
+from . import re_table as _re_table  # noqa: E402
+
+_re_table.install()
+
 # asyncio (and, through lazy.py, its ssl) is imported after the ready frame:
 # serve.py.
-from .serve import main
+from .serve import main  # noqa: E402
 
 __all__ = ["main"]

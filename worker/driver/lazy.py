@@ -6,8 +6,8 @@ worker's import time before its ready frame (the worker's cold start, issue
 25). asyncio only *calls* ssl for TLS transports; likewise `inspect`. So
 from the worker's boot until asyncio is imported (serve.py: `deferring()`;
 asyncio itself now comes after the ready frame, by the driver or by a
-call), `ssl`, `asyncio.sslproto` (whose body reads `ssl.SSLWantReadError`)
-and `inspect` are imported as deferred modules, whoever imports them: found,
+call), `ssl`, `asyncio.sslproto` (whose body reads `ssl.SSLWantReadError`),
+`inspect` and `locale` are imported as deferred modules, whoever imports them: found,
 registered in sys.modules and bound as usual, but their body runs at the
 first attribute access, from whichever thread, or on the warm-up thread
 after ready (`load_deferred()`, deferred.py), whichever comes first.
@@ -31,8 +31,10 @@ import types
 # The modules deferred, in load order for load_deferred(). `inspect` (with
 # ast, dis, tokenize: about a third of `import asyncio` on this VM): asyncio's
 # modules import it but only call it (debug reprs, a few checks), and the
-# driver's own checks do without it (calls.py).
-DEFERRED = ("ssl", "asyncio.sslproto", "inspect")
+# driver's own checks do without it (calls.py). `locale` (its alias tables,
+# ~1.2 ms of a first call's `import asyncio` on the stop-30 VM): subprocess
+# imports it for text-mode pipes' encoding only.
+DEFERRED = ("ssl", "asyncio.sslproto", "inspect", "locale")
 # What a module's body needs to be loadable later: a missing one means the
 # module is imported (and fails) now, as without deferral.
 _NEEDS = {"ssl": "_ssl"}

@@ -19,6 +19,7 @@ import threading
 
 import _agentix_worker as _w
 
+from . import gcpause as _gcpause
 from . import lazy as _lazy
 
 from .common import (
@@ -93,6 +94,9 @@ def _wait_for_need_or_idle(boot_loop, worker):
     something needs the loop, or no call ran or came for _WARM_UP_IDLE_S."""
     started = worker.calls_started
     while not boot_loop.needed.wait(_WARM_UP_IDLE_S):
+        # The first wake ends the boot's pause of the cycle collector (a
+        # cold start's first call has run in it).
+        _gcpause.resume()
         if worker.idle_since(started):
             return
         started = worker.calls_started
@@ -206,6 +210,7 @@ def _serve(channel, channel_fd, worker_id, agentix_setup):
         loop = _new_loop()
     finally:
         deferring.__exit__(None, None, None)
+        _gcpause.resume()
     boot_loop.adopt(loop)
     worker.adopt_loop(loop)
     if not leading:

@@ -49,19 +49,22 @@ def env_and_imported(name, names):
 
 def asyncio_first():
     """A first call that imports asyncio itself and runs a coroutine: what
-    it sees of `inspect` (deferred while asyncio is imported) before and
-    after using it."""
+    it sees of `inspect` and `locale` (deferred while asyncio is imported)
+    before and after using them."""
     import asyncio
 
     before = type(sys.modules["inspect"]).__name__
+    locale_before = type(sys.modules["locale"]).__name__
 
     async def seven():
         return 7
 
     value = asyncio.run(seven())
     import inspect
+    import locale
     return [before, value, str(inspect.signature(sleep)),
-            type(sys.modules["inspect"]).__name__]
+            type(sys.modules["inspect"]).__name__, locale_before,
+            locale.normalize("en_US"), type(sys.modules["locale"]).__name__]
 
 
 def note_modules_at_exit(path, names):
@@ -73,3 +76,55 @@ def note_modules_at_exit(path, names):
             f.write(repr(imported(names)))
 
     atexit.register(note)
+
+
+def collector(thresholds=None, enabled=None):
+    """The cycle collector as the call sees it, [thresholds, enabled], after
+    setting its thresholds and on/off state where given."""
+    import gc
+
+    if thresholds is not None:
+        gc.set_threshold(*thresholds)
+    if enabled is True:
+        gc.enable()
+    elif enabled is False:
+        gc.disable()
+    return [list(gc.get_threshold()), gc.isenabled()]
+
+
+def re_table():
+    """re's cache as the boot left it: its type, whether the build's table
+    is there (and answered what the boot compiled), the table's patterns
+    that differ from what re compiles itself, and a purge and a fresh
+    pattern working after."""
+    import re
+    from re import _compiler
+
+    from _agentix_driver import re_table_data
+
+    cache = re._cache
+    answered = [key for key in cache if key in cache._table]
+    differ = [entry[0] for entry in re_table_data.PATTERNS
+              if re._compile(entry[0], entry[1]) !=
+              _compiler.compile(entry[0], entry[1])]
+    re.purge()
+    fresh = re.compile(r"(?P<word>\w+)-(\d+)").match("cold-32").groups()
+    return [type(re._cache).__name__, len(re_table_data.PATTERNS) > 20,
+            len(answered) > 0, differ, fresh]
+
+
+def collector_in_fork():
+    """The collector's thresholds here and in a child forked now."""
+    import gc
+    import os
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write_end, repr(list(gc.get_threshold())).encode())
+        os._exit(0)
+    os.close(write_end)
+    child = os.read(read_end, 100).decode()
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    return [list(gc.get_threshold()), child]
