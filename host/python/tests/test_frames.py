@@ -108,6 +108,31 @@ async def test_the_reader_reassembles_frames_however_the_bytes_arrive():
         theirs.close()
 
 
+async def test_the_reader_takes_a_lone_whole_message_and_leaves_other_frames_to_the_parser():
+    # One whole MESSAGE per read into an empty buffer (a sequential call's result) is taken
+    # without the parser; a frame of another kind, or more or less than one frame, is not.
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    transport = FrameTransport(ours, ())
+    theirs.settimeout(5)
+    theirs.recv(64)  # the HELLO
+    try:
+        reads = [
+            (encode(MESSAGE, b"one"), [b"one"], None),
+            (encode(MESSAGE, b""), [b""], None),
+            (encode(MESSAGE, b"two") + encode(MESSAGE, b"three")[:6], [b"two"], None),
+            (encode(MESSAGE, b"three")[6:], [b"three"], None),
+            (encode(frames.RING_MESSAGE, b"\0\0"), [], (13, "frame wire: the daemon sent a RING_MESSAGE unasked")),
+        ]
+        for data, messages, status in reads:
+            theirs.sendall(data)  # (readable at once on a socketpair)
+            got, got_status, _ = transport.drain()
+            assert [bytes(m) for m in got] == messages and got_status == status
+    finally:
+        transport.close()
+        theirs.close()
+
+
 async def test_a_daemons_hello_steers_the_pinned_waits_that_asked(monkeypatch):
     payload = frames.encode_hello((("agentix-calls-cpu", "off"), ("other", "x")))
     assert frames.decode_hello(payload) == [("agentix-calls-cpu", "off"), ("other", "x")]
@@ -594,3 +619,4 @@ async def test_a_daemon_refusing_the_namespace_stream_fails_the_connect_clearly(
     finally:
         await frames_server.stop()
         await server.stop(None)
+
