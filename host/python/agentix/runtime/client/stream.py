@@ -427,7 +427,7 @@ class CallsStream(CallRouter):
         acks.append(call_id)
         if len(acks) >= ACK_BATCH:
             self._acks_ready()
-        elif self._ack_timer is None:
+        elif self._ack_timer is None and self._woken is None:  # (NativeCallsStream._on_readable: after it)
             self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY, self._acks_ready)
 
 
@@ -624,8 +624,14 @@ class NativeCallsStream(CallsStream):
                 self._report_lost(exc)
         finally:
             woken, self._woken = self._woken, outer
-            for future in woken:
-                future.wake()
+            try:
+                for future in woken:
+                    future.wake()
+            finally:
+                # The acks' timer only if they still wait: a sequential caller's next call, made
+                # in a wake above, took them (no timer in the loop's heap for every turn to check).
+                if self._acks and self._ack_timer is None:
+                    self._ack_timer = self._loop.call_later(ACK_DELAY, self._acks_ready)
 
     def _settle_flushed(self) -> None:
         if self._flushed is not None and not self._flushed.done():
