@@ -110,3 +110,40 @@ def test_round_trip_through_the_carrier():
             return context.get("user")
 
     assert run_isolated(sandbox) == "alice"
+
+
+class _Unequal:
+    """A value whose == is not a plain bool (as a numpy array's)."""
+
+    def __eq__(self, other):
+        raise ValueError("ambiguous")
+
+    __hash__ = object.__hash__
+
+    def __reduce__(self):
+        return (_Unequal, ())
+
+
+def test_capture_counts_equal_defaults_as_unset_and_ambiguous_values_as_set():
+    listed = context.var("agentix_test_listed", default=[])
+    registered_later = context.var("agentix_test_registered_later", default=None)
+
+    def equal_but_not_the_default():
+        listed.set([])  # == its default, another object: not carried
+        return context.capture()
+
+    def ambiguous():
+        registered_later.set(_Unequal())  # a var created after the others is checked too
+        return context.capture()
+
+    def both_set():
+        context.set(run="r1")
+        listed.set([1])
+        return context.capture()
+
+    assert run_isolated(equal_but_not_the_default) == {}
+    captured = run_isolated(ambiguous)
+    assert list(captured) == ["agentix_test_registered_later"]
+    assert type(captured["agentix_test_registered_later"]) is _Unequal
+    assert run_isolated(both_set) == {"agentix_context_baggage": {"run": "r1"}, "agentix_test_listed": [1]}
+    assert run_isolated(context.capture) == {}

@@ -108,6 +108,31 @@ async def test_the_reader_reassembles_frames_however_the_bytes_arrive():
         theirs.close()
 
 
+async def test_the_reader_takes_a_lone_whole_message_and_leaves_other_frames_to_the_parser():
+    # One whole MESSAGE per read into an empty buffer (a sequential call's result) is taken
+    # without the parser; a frame of another kind, or more or less than one frame, is not.
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    transport = FrameTransport(ours, ())
+    theirs.settimeout(5)
+    theirs.recv(64)  # the HELLO
+    try:
+        reads = [
+            (encode(MESSAGE, b"one"), [b"one"], None),
+            (encode(MESSAGE, b""), [b""], None),
+            (encode(MESSAGE, b"two") + encode(MESSAGE, b"three")[:6], [b"two"], None),
+            (encode(MESSAGE, b"three")[6:], [b"three"], None),
+            (encode(frames.RING_MESSAGE, b"\0\0"), [], (13, "frame wire: the daemon sent a RING_MESSAGE unasked")),
+        ]
+        for data, messages, status in reads:
+            theirs.sendall(data)  # (readable at once on a socketpair)
+            got, got_status, _ = transport.drain()
+            assert [bytes(m) for m in got] == messages and got_status == status
+    finally:
+        transport.close()
+        theirs.close()
+
+
 async def test_a_daemons_hello_steers_the_pinned_waits_that_asked(monkeypatch):
     payload = frames.encode_hello((("agentix-calls-cpu", "off"), ("other", "x")))
     assert frames.decode_hello(payload) == [("agentix-calls-cpu", "off"), ("other", "x")]
@@ -594,3 +619,26 @@ async def test_a_daemon_refusing_the_namespace_stream_fails_the_connect_clearly(
     finally:
         await frames_server.stop()
         await server.stop(None)
+
+
+async def test_sequential_calls_leave_no_ack_timer_and_the_last_ack_still_goes_out(framed):
+    # Each call's ack rides ahead of the next call's StartCall, taken while the
+    # read callback wakes the caller: no ack timer is armed for it (a timer in the
+    # loop's heap costs every loop turn). The last call's ack, which no call
+    # takes, is sent alone once ACK_DELAY has passed, as before.
+    async with RuntimeClient(framed.url, logs=False, traces=False) as client:
+        assert await client.remote(sandbox_functions.add, 0, 1) == 1
+        stream = client._stream
+        assert type(stream) is FrameCallsStream
+        await eventually(lambda: len(framed.events("ack")) == 1)
+        await asyncio.sleep(0.1)  # the first call's timer has fired
+        for i in range(5):
+            assert await client.remote(sandbox_functions.add, i, 1) == i + 1
+            assert stream._ack_timer is None
+        acked = [e.ack.call_id for r in framed.requests for e in r.events if e.WhichOneof("kind") == "ack"]
+        starts = [start.call_id for start in framed.events("start")]
+        assert len(starts) == 6 and acked == starts[:5]  # the first alone, then each ahead of a StartCall
+        await asyncio.sleep(0)  # the read callback has returned: the last ack waits, with its timer
+        assert stream._ack_timer is not None and stream._acks == [starts[5]]
+        await eventually(lambda: [e.call_id for e in framed.events("ack")] == starts)
+        assert stream._acks == []

@@ -38,6 +38,10 @@ _registry_lock = threading.Lock()
 # on every registration: capture() (once per remote call) reads it without
 # the lock or a copy.
 _entries: tuple[tuple[str, tuple[ContextVar[Any], Any]], ...] = ()
+# The same vars and their defaults as two tuples (one object, replaced with
+# `_entries`): capture()'s check that every var holds its default, in C calls.
+_all_vars: tuple[tuple[ContextVar[Any], ...], tuple[Any, ...]] = ((), ())
+_var_get = ContextVar.get
 
 
 def var(name: str, *, default: T) -> ContextVar[T]:
@@ -49,10 +53,12 @@ def var(name: str, *, default: T) -> ContextVar[T]:
     with _registry_lock:
         entry = _registry.get(name)
         if entry is None:
-            global _entries
+            global _entries, _all_vars
             entry = (ContextVar(name, default=default), default)
             _registry[name] = entry
             _entries = tuple(_registry.items())
+            pairs = tuple(_registry.values())
+            _all_vars = (tuple(pair[0] for pair in pairs), tuple(pair[1] for pair in pairs))
         return entry[0]
 
 
@@ -100,6 +106,12 @@ def _is_default(value: Any, default: Any) -> bool:
 
 def capture() -> dict[str, Any]:
     """Returns ``{name: value}`` for every propagated var holding a non-default value."""
+    variables, defaults = _all_vars
+    try:
+        if tuple(map(_var_get, variables)) == defaults:  # each value is (or equals) its default: the common case
+            return {}
+    except Exception:  # a value whose == is not a plain bool: the loop below decides
+        pass
     captured = {}
     for name, (context_var, default) in _entries:
         value = context_var.get()

@@ -33,13 +33,8 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 import grpc
 
-from agentix.runtime.client.errors import (
-    CallTimeout,
-    RemoteCallError,
-    RuntimeUnreachable,
-    Unauthenticated,
-    remote_call_error_async,
-)
+from agentix.runtime.client.errors import (CallTimeout, RemoteCallError, RuntimeUnreachable, Unauthenticated,
+                                           remote_call_error_async)
 from agentix.runtime.client.bundle_check import BundleCheck
 from agentix.runtime.client.logs import LogCursor, LogsStream
 from agentix.runtime.client._sio_facade import AsyncClientNamespace
@@ -365,10 +360,11 @@ class RuntimeClient:
 
         if call.barrier is not None:
             await self._side_barrier(call.barrier)
-        if isinstance(outcome, RemoteError):
-            raise await remote_call_error_async(display_name, outcome)
-        if isinstance(outcome, list):
-            return await asyncio.get_running_loop().run_in_executor(None, lambda: restricted_loads_chunks(outcome, copy=native_copy()))
+        if type(outcome) is not bytes:  # (the common case: one check)
+            if isinstance(outcome, RemoteError):
+                raise await remote_call_error_async(display_name, outcome)
+            if isinstance(outcome, list):
+                return await asyncio.get_running_loop().run_in_executor(None, lambda: restricted_loads_chunks(outcome, copy=native_copy()))
         if len(outcome) < _INLINE_DECODE_BYTES:
             try:
                 return restricted_loads(outcome, wait=False)

@@ -121,6 +121,7 @@ NAMESPACE_STREAM = "namespace"
 HELLO, MESSAGE, HALF_CLOSE, STATUS, RING_MESSAGE = 1, 2, 3, 4, 5
 _HEADER = struct.Struct("<IB")
 _HEADER_BYTES = _HEADER.size
+_unpack_header = _HEADER.unpack_from  # (size, kind) of the frame at a buffer's start
 # The largest payload either side sends (the daemon's gRPC message limit,
 # sandbox/wire_limits.h); a longer frame from the daemon is a broken stream.
 MAX_PAYLOAD = (4 << 20) + (64 << 10)
@@ -451,7 +452,7 @@ class FrameTransport:
         if ring is not None and ring.held:
             ring.release_unreferenced()
         if self._status is None and not self._closed:
-            sock = self._sock  # the read loop is inline: no call per response
+            sock, buf = self._sock, self._buf  # the read loop is inline: no call per response
             while self._status is None:
                 big = self._big
                 if big is not None:
@@ -479,9 +480,12 @@ class FrameTransport:
                         # a result chunk cut from it) is alive, _take skips it.
                         self._frame(self._big_kind, memoryview(big)[: self._big_size], messages)
                         self._keep(big)
-                else:
+                elif self._have or count <= _HEADER_BYTES or _unpack_header(buf) != (count - _HEADER_BYTES, MESSAGE):
                     self._have += count
                     self._parse(messages)
+                else:  # one whole MESSAGE frame into an empty buffer (a sequential call's result): no _parse
+                    messages.append(bytes(self._view[_HEADER_BYTES:count]))
+                    self._header_first = False
                 if count < len(target):
                     break  # the socket had no more
             if self._status is None and self._write_error is not None:

@@ -78,10 +78,7 @@ class CallRouter:
     def _drop_upload(self, call_id: str) -> None:
         raise NotImplementedError
 
-    def _acknowledge(self, call_id: str) -> None:
-        raise NotImplementedError
-
-    def _finish(self, call_id: str, outcome: Outcome | ResultTooLarge) -> None:
+    def _finish(self, call_id: str, outcome: Outcome | ResultTooLarge | None) -> None:
         raise NotImplementedError
 
     def _report_lost(self, error: BaseException | None) -> None:
@@ -101,24 +98,16 @@ class CallRouter:
         pending = self._pending
         for event in events:
             try:
-                # A plain call's whole result without a barrier (a noop's) inline: what _route,
-                # _on_result, _result_outcome and _finish do with it, without their calls.
+                # A plain call's whole result without a barrier (a noop's): the checks of _route,
+                # _on_result and _result_outcome without their calls, then _finish as theirs.
                 # (A RawResult's encoding is always unspecified or pickle.)
                 if type(event) is _RawResult and not event.log_seq and not event.trace_seq:
-                    call_id = event.call_id
-                    call = pending.get(call_id)
+                    call = pending.get(event.call_id)
                     if call is not None and call.items is None and not call.result_chunks:
                         value = event.value
                         size = len(value)
                         if size <= call.max_result_bytes and (not event.value_size or event.value_size == size):
-                            del pending[call_id]
-                            try:
-                                call.settle(value, self._woken)
-                            except Exception as exc:  # no longer in `pending`: fail it here (as _finish)
-                                self._call_failed(call, "result", exc)
-                            if self._uploads_by_id:
-                                self._drop_upload(call_id)
-                            self._acknowledge(call_id)
+                            self._finish(event.call_id, value)
                             continue
                 route(event)
             except Exception as exc:
@@ -144,11 +133,9 @@ class CallRouter:
             _log.error("handling the runtime's %s for call %s (no longer awaited) raised", kind, call_id,
                        exc_info=error)
         if kind in ("result", "error"):
-            self._acknowledge(call_id)
+            self._finish(call_id, None)  # no longer pending: the ack alone (and its upload dropped)
         else:
-            self.cancel_call(call_id)
-        if self._uploads_by_id:
-            self._drop_upload(call_id)
+            self.cancel_call(call_id)  # (drops its upload too)
 
     def _call_failed(self, call: PendingCall, kind: str, error: Exception) -> None:
         """Fails `call`, whose `kind` event raised `error` on the host, with a

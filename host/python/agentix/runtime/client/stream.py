@@ -389,14 +389,6 @@ class CallsStream(CallRouter):
         else:
             self._report_lost(None)
 
-    def _acknowledge(self, call_id: str) -> None:
-        """Queues the AckResult of a terminal event (`_finish` does the same inline)."""
-        self._acks.append(call_id)
-        if len(self._acks) >= ACK_BATCH:
-            self._acks_ready()
-        elif self._ack_timer is None:
-            self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY, self._acks_ready)
-
     def _report_lost(self, error: BaseException | None) -> None:
         if self._lost:
             return
@@ -414,23 +406,28 @@ class CallsStream(CallRouter):
                 task.cancel()
         self._rpc.cancel()
 
-    def _finish(self, call_id: str, outcome: Outcome | ResultTooLarge) -> None:
-        """Settles a call on its terminal event and acknowledges the event."""
+    def _finish(self, call_id: str, outcome: Outcome | ResultTooLarge | None) -> None:
+        """Where every terminal event ends (a plain result straight from
+        `_route_message`): settles the call if it is still pending, with
+        `outcome` (None: it was failed already, `_event_failed`), drops its
+        upload and queues the event's AckResult, which rides along with the
+        next write (or goes alone after ACK_DELAY, or once ACK_BATCH wait)."""
         call = self._pending.pop(call_id, None)
         if call is not None:
             try:
                 if isinstance(outcome, ResultTooLarge):
                     call.fail(outcome)
                 else:
-                    call.settle(outcome, self._woken)
+                    call.settle(outcome, self._woken)  # type: ignore[arg-type]
             except Exception as exc:  # no longer in `pending`: fail it here, then ack as usual
                 self._call_failed(call, "result" if type(outcome) is not RemoteError else "error", exc)
         if self._uploads_by_id:  # (no call per result when nothing uploads)
             self._drop_upload(call_id)
-        self._acks.append(call_id)
-        if len(self._acks) >= ACK_BATCH:
+        acks = self._acks
+        acks.append(call_id)
+        if len(acks) >= ACK_BATCH:
             self._acks_ready()
-        elif self._ack_timer is None:
+        elif self._ack_timer is None and self._woken is None:  # (NativeCallsStream._on_readable: after it)
             self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY, self._acks_ready)
 
 
@@ -627,8 +624,14 @@ class NativeCallsStream(CallsStream):
                 self._report_lost(exc)
         finally:
             woken, self._woken = self._woken, outer
-            for future in woken:
-                future.wake()
+            try:
+                for future in woken:
+                    future.wake()
+            finally:
+                # The acks' timer only if they still wait: a sequential caller's next call, made
+                # in a wake above, took them (no timer in the loop's heap for every turn to check).
+                if self._acks and self._ack_timer is None:
+                    self._ack_timer = self._loop.call_later(ACK_DELAY, self._acks_ready)
 
     def _settle_flushed(self) -> None:
         if self._flushed is not None and not self._flushed.done():
