@@ -89,6 +89,7 @@ _REMEMBERED_REPLIES = 1024
 _REMEMBERED_REPLY_BYTES = 64 << 20
 _REMEMBERED_ID_CHARS = 128
 _IN_PROGRESS = object()
+_IN_PROGRESS_ENTRY = (_IN_PROGRESS, 0)
 # Distinct unhandled event names warned about per namespace object.
 _WARNED_EVENTS = 256
 
@@ -125,15 +126,29 @@ class _RememberedReplies:
     def get(self, request_id: Any) -> Any:
         return self._entries[request_id][0]
 
+    def begin(self, request_id: Any) -> None:
+        """Marks `request_id`, which it does not hold, as being answered
+        (`get` gives `_IN_PROGRESS`): `put` for a new id with no bytes."""
+        entries = self._entries
+        entries[request_id] = _IN_PROGRESS_ENTRY
+        if len(entries) > _REMEMBERED_REPLIES:
+            self._forget_oldest()
+
     def put(self, request_id: Any, answer: Any, size: int = 0) -> None:
         """Remembers `answer` (`size` bytes packed) for `request_id`, then
         forgets the oldest answers while over a bound (this one too when it
         alone is larger than the byte bound)."""
-        previous = self._entries.pop(request_id, None)
+        entries = self._entries
+        previous = entries.pop(request_id, None)
+        total = self._bytes + size
         if previous is not None:
-            self._bytes -= previous[1]
-        self._entries[request_id] = (answer, size)
-        self._bytes += size
+            total -= previous[1]
+        entries[request_id] = (answer, size)
+        self._bytes = total
+        if total > _REMEMBERED_REPLY_BYTES or len(entries) > _REMEMBERED_REPLIES:
+            self._forget_oldest()
+
+    def _forget_oldest(self) -> None:
         entries = self._entries
         while entries and (len(entries) > _REMEMBERED_REPLIES or self._bytes > _REMEMBERED_REPLY_BYTES):
             self._bytes -= entries.popitem(last=False)[1][1]
@@ -303,7 +318,7 @@ def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., 
                     if previous is not _IN_PROGRESS:
                         await self.emit(*previous)
                     return
-                replies.put(request_id, _IN_PROGRESS)
+                replies.begin(request_id)
             try:
                 value = fn(self, body)
                 if type(value) is CoroutineType or inspect.isawaitable(value):
