@@ -311,9 +311,10 @@ def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., 
             # send or our reply may have been lost): answer each id once,
             # replaying the reply to repeats.
             replies = _replies_of(self)
-            remember = _rememberable(request_id)
+            kind = type(request_id)  # _rememberable, inline (the sandbox's ids are str)
+            remember = (kind is str and len(request_id) <= _REMEMBERED_ID_CHARS) or kind is int
             if remember:
-                if request_id in replies:
+                if request_id in replies._entries:
                     previous = replies.get(request_id)
                     if previous is not _IN_PROGRESS:
                         await self.emit(*previous)
