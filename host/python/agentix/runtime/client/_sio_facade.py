@@ -311,8 +311,8 @@ def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., 
             # send or our reply may have been lost): answer each id once,
             # replaying the reply to repeats.
             replies = _replies_of(self)
-            kind = type(request_id)  # _rememberable, inline (the sandbox's ids are str)
-            remember = (kind is str and len(request_id) <= _REMEMBERED_ID_CHARS) or kind is int
+            # _rememberable, inline (the sandbox's ids are str)
+            remember = (type(request_id) is str and len(request_id) <= _REMEMBERED_ID_CHARS) or type(request_id) is int
             if remember:
                 if request_id in replies._entries:
                     previous = replies.get(request_id)
