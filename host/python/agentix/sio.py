@@ -379,7 +379,6 @@ class _DetachedTasks(set):
         set.add(self, task)
         _first_step_now(loop, task)
 
-
     async def _held(self, event: str, coroutine: Any, loop: asyncio.AbstractEventLoop) -> None:
         try:
             await coroutine

@@ -94,11 +94,6 @@ _IN_PROGRESS_ENTRY = (_IN_PROGRESS, 0)
 _WARNED_EVENTS = 256
 
 
-def _rememberable(request_id: Any) -> bool:
-    kind = type(request_id)
-    return (kind is str and len(request_id) <= _REMEMBERED_ID_CHARS) or kind is int
-
-
 class _RememberedReplies:
     """The answers of one namespace object by request id, oldest first,
     within the bounds above."""
@@ -311,7 +306,7 @@ def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., 
             # send or our reply may have been lost): answer each id once,
             # replaying the reply to repeats.
             replies = _replies_of(self)
-            # _rememberable, inline (the sandbox's ids are str)
+            # Ids remembered: ints, and strs of at most _REMEMBERED_ID_CHARS.
             remember = (type(request_id) is str and len(request_id) <= _REMEMBERED_ID_CHARS) or type(request_id) is int
             if remember:
                 if request_id in replies._entries:
