@@ -24,6 +24,7 @@ value}`` or ``<event>:error {request_id, error: {type, message}}``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import logging
 import os
@@ -312,6 +313,7 @@ class Namespace:
             here = None
         if here is loop:  # the common case: replies arrive on the request's loop
             _settle(future, value, error)
+            _wake_now(loop, future)  # the awaiting task resumes now
         elif not loop.is_closed():
             loop.call_soon_threadsafe(_settle, future, value, error)
 
@@ -373,7 +375,9 @@ class _DetachedTasks(set):
         until it ends: as `start`, but the task lets go of itself and logs
         its own failure, so its end schedules no done callback (one event
         loop turn less per event on the host's hot path)."""
-        set.add(self, loop.create_task(self._held(event, coroutine, loop)))
+        task = loop.create_task(self._held(event, coroutine, loop))
+        set.add(self, task)
+        _first_step_now(loop, task)
 
     async def _held(self, event: str, coroutine: Any, loop: asyncio.AbstractEventLoop) -> None:
         try:
@@ -422,6 +426,42 @@ def _settle(future: asyncio.Future, value: Any, error: BaseException | None) -> 
         future.set_exception(error)
     else:
         future.set_result(value)
+
+
+_Task = asyncio.Task
+_Deque = collections.deque
+
+
+def _first_step_now(loop: asyncio.AbstractEventLoop, task: asyncio.Task) -> None:
+    """Runs `task`'s first step now, not at `loop`'s next turn (as Python
+    3.12's eager tasks do), when that step is the newest callback in the
+    ready queue of one of asyncio's own loops (its private ``_ready``; other
+    loops and custom task factories keep the turn) and no task is running
+    (a step can only run outside one). The task's own step runs, in the
+    task's context: its code runs in the task as before, only ahead of the
+    callbacks queued before it. Saves the namespace path a loop turn (a
+    ``select`` and ~250 bytecodes) per event handled by a coroutine."""
+    ready = getattr(loop, "_ready", None)
+    if type(ready) is _Deque and ready:
+        handle = ready[-1]
+        if getattr(handle._callback, "__self__", None) is task and asyncio.current_task(loop) is None:
+            ready.pop()
+            handle._run()
+
+
+def _wake_now(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> None:
+    """After `future` was settled: runs the wake-up of the task awaiting it
+    now, not at `loop`'s next turn, on the same terms as `_first_step_now`
+    (the newest callback of one of asyncio's loops, a task's, called with
+    `future`; no task running). The task resumes in its own step."""
+    ready = getattr(loop, "_ready", None)
+    if type(ready) is _Deque and ready:
+        handle = ready[-1]
+        args = handle._args
+        if (len(args) == 1 and args[0] is future and isinstance(getattr(handle._callback, "__self__", None), _Task)
+                and asyncio.current_task(loop) is None):
+            ready.pop()
+            handle._run()
 
 
 class _Pending(NamedTuple):

@@ -89,13 +89,9 @@ _REMEMBERED_REPLIES = 1024
 _REMEMBERED_REPLY_BYTES = 64 << 20
 _REMEMBERED_ID_CHARS = 128
 _IN_PROGRESS = object()
+_IN_PROGRESS_ENTRY = (_IN_PROGRESS, 0)
 # Distinct unhandled event names warned about per namespace object.
 _WARNED_EVENTS = 256
-
-
-def _rememberable(request_id: Any) -> bool:
-    kind = type(request_id)
-    return (kind is str and len(request_id) <= _REMEMBERED_ID_CHARS) or kind is int
 
 
 class _RememberedReplies:
@@ -125,15 +121,29 @@ class _RememberedReplies:
     def get(self, request_id: Any) -> Any:
         return self._entries[request_id][0]
 
+    def begin(self, request_id: Any) -> None:
+        """Marks `request_id`, which it does not hold, as being answered
+        (`get` gives `_IN_PROGRESS`): `put` for a new id with no bytes."""
+        entries = self._entries
+        entries[request_id] = _IN_PROGRESS_ENTRY
+        if len(entries) > _REMEMBERED_REPLIES:
+            self._forget_oldest()
+
     def put(self, request_id: Any, answer: Any, size: int = 0) -> None:
         """Remembers `answer` (`size` bytes packed) for `request_id`, then
         forgets the oldest answers while over a bound (this one too when it
         alone is larger than the byte bound)."""
-        previous = self._entries.pop(request_id, None)
+        entries = self._entries
+        previous = entries.pop(request_id, None)
+        total = self._bytes + size
         if previous is not None:
-            self._bytes -= previous[1]
-        self._entries[request_id] = (answer, size)
-        self._bytes += size
+            total -= previous[1]
+        entries[request_id] = (answer, size)
+        self._bytes = total
+        if total > _REMEMBERED_REPLY_BYTES or len(entries) > _REMEMBERED_REPLIES:
+            self._forget_oldest()
+
+    def _forget_oldest(self) -> None:
         entries = self._entries
         while entries and (len(entries) > _REMEMBERED_REPLIES or self._bytes > _REMEMBERED_REPLY_BYTES):
             self._bytes -= entries.popitem(last=False)[1][1]
@@ -296,14 +306,15 @@ def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., 
             # send or our reply may have been lost): answer each id once,
             # replaying the reply to repeats.
             replies = _replies_of(self)
-            remember = _rememberable(request_id)
+            # Ids remembered: ints, and strs of at most _REMEMBERED_ID_CHARS.
+            remember = (type(request_id) is str and len(request_id) <= _REMEMBERED_ID_CHARS) or type(request_id) is int
             if remember:
-                if request_id in replies:
+                if request_id in replies._entries:
                     previous = replies.get(request_id)
                     if previous is not _IN_PROGRESS:
                         await self.emit(*previous)
                     return
-                replies.put(request_id, _IN_PROGRESS)
+                replies.begin(request_id)
             try:
                 value = fn(self, body)
                 if type(value) is CoroutineType or inspect.isawaitable(value):
