@@ -255,6 +255,9 @@ class _LeaderIntake:
         claimed or just-activated sandbox's first call does not wait for
         `import asyncio` (worker cold start). No call is in flight, so no
         user code reads the environment meanwhile."""
+        # Activity for serve.py's idle test, before anything that may let
+        # the GIL go (the call read with it may not have started yet).
+        self.calls_started += 1
         try:
             self._channel.send_env_set(_apply_env(frame.entries))
             self._channel.flush()

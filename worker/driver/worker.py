@@ -75,9 +75,10 @@ class _Worker(_LeaderIntake):
         # Calls that have not had their terminal frame yet, receiving or
         # running. A call leaves exactly when that frame is queued.
         self._calls = {}
-        # Calls received so far: a change between two looks means the worker
-        # was not idle in between (serve.py's idle test), even if each call
-        # was done by the time anyone looked.
+        # Calls (and an intake leader's set_envs) received so far: a change
+        # between two looks means the worker was not idle in between
+        # (serve.py's idle test), even if each call was done by the time
+        # anyone looked.
         self.calls_started = 0
         # Sync callables' threads; shutdown must not wait on a function that
         # is still running there (abandoned ones included).
@@ -102,9 +103,19 @@ class _Worker(_LeaderIntake):
         return bool(self._calls)
 
     def idle_since(self, started):
-        """True if no call is running and none came since calls_started was
-        `started`."""
-        return not self._calls and self.calls_started == started
+        """True if no call is running, none came since calls_started was
+        `started`, and no frame waits unread in the channel (a reader slow to
+        run on a loaded machine is not a pause: frames sent with the ready
+        frame must not find the event loop's start or the warm-up under
+        them). Called at most every 0.1 s, off the calls' path."""
+        if self._calls or self.calls_started != started:
+            return False
+        import select  # a builtin module; asyncio imports it anyway
+        try:
+            readable, _, _ = select.select([self._channel.fileno()], [], [], 0)
+        except (OSError, ValueError):
+            return True  # a closed channel: the reader sees its end
+        return not readable
 
     # ---- channel -----------------------------------------------------------
 
