@@ -21,6 +21,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -38,6 +39,7 @@
 #include "sandbox/auth.h"
 #include "sandbox/calls_cpu.h"
 #include "sandbox/placement_probe.h"
+#include "sandbox/placement_prober.h"
 #include "sandbox/connection_guard.h"
 #include "sandbox/frame_wire_server.h"
 #include "sandbox/grpc_executor.h"
@@ -182,6 +184,14 @@ ABSL_FLAG(std::string, calls_cpu, "auto",
           "waits; off with one CPU), and logs its figures and choice at info "
           "level (sandbox/calls_cpu.h, sandbox/placement_probe.h; "
           "docs/FRAME-WIRE.md, \"Wake-ups\")");
+ABSL_FLAG(double, calls_cpu_reprobe_s, 60,
+          "with --calls_cpu=probe: seconds between the probe's measurements "
+          "after the start-up one (at most one per period, only in a pause of "
+          "the call path: no call running for 0.1 s after one ran since the "
+          "last probe, no worker booting); a changed choice applies to the "
+          "daemon at once and reaches the frame-wire hosts that asked for "
+          "changes (agentix-calls-cpu-follow: 2) with their next frame. 0: "
+          "the start-up probe only");
 ABSL_FLAG(int64_t, frames_spin_us, 0,
           "microseconds a frame-wire connection's thread polls its socket "
           "without sleeping after handling the host's frames, before it "
@@ -236,27 +246,6 @@ int InstallBundle(const std::string& src, const std::string& dst) {
     return 1;
   }
   return 0;
-}
-
-// --calls_cpu=probe (sandbox/placement_probe.h): measures, logs the figures
-// and the choice, and applies it. A probe that fails keeps the placement
-// before it (the daemon's and the hosts' pins).
-void ProbePlacement(std::shared_ptr<CallsCpu> calls_cpu) {
-  pthread_setname_np(pthread_self(), "agx-probe");
-  absl::StatusOr<ProbeFigures> figures = MeasurePlacement();
-  PlacementChoice choice;
-  if (figures.ok()) {
-    choice = ChoosePlacement(*figures);
-    AGX_LOG(Info, "calls_cpu probe: {} ({}); {}", PlacementName(choice.placement),
-            choice.why, DescribeFigures(*figures));
-  } else {
-    AGX_LOG(Warning, "calls_cpu probe failed ({}): pin",
-            std::string(figures.status().message()));
-  }
-  calls_cpu->SetHostWaits(choice.placement == Placement::kAll
-                              ? CallsCpu::HostWaits::kPin
-                              : CallsCpu::HostWaits::kOff);
-  calls_cpu->SetActive(choice.placement != Placement::kOff);
 }
 
 // --listen is repeatable, which absl flags are not: collect every occurrence
@@ -501,14 +490,22 @@ int Run(int argc, char** raw_argv) {
     return 2;
   }
   // --calls_cpu=probe: unpinned until the probe, on a thread of its own,
-  // chooses (a few ms; the first calls run unpinned meanwhile).
-  std::thread placement_probe;
+  // chooses (a few ms; the first calls run unpinned meanwhile); measured
+  // again later in the call path's pauses (sandbox/placement_probe.h,
+  // ReprobeSchedule).
+  std::unique_ptr<PlacementProber> prober;
   if (*calls_cpu != base::kNoCpu) {
     options.worker.calls_cpu = std::make_shared<CallsCpu>(*calls_cpu);
     if (probe_placement) {
-      options.worker.calls_cpu->SetActive(false);
-      options.worker.calls_cpu->SetHostWaits(CallsCpu::HostWaits::kUnknown);
-      placement_probe = std::thread(ProbePlacement, options.worker.calls_cpu);
+      const double every_s = absl::GetFlag(FLAGS_calls_cpu_reprobe_s);
+      if (!(every_s >= 0)) {
+        AGX_LOG(Error, "--calls_cpu_reprobe_s must be 0 or more (got {})", every_s);
+        return 2;
+      }
+      ReprobeSchedule::Options reprobe;
+      reprobe.every = absl::Seconds(every_s);
+      prober = std::make_unique<PlacementProber>(options.worker.calls_cpu, reprobe);
+      prober->Start();
     }
   }
   if (absl::GetFlag(FLAGS_worker_intake_spin_us) > 0) {
@@ -582,6 +579,17 @@ int Run(int argc, char** raw_argv) {
   signal(SIGPIPE, SIG_IGN);
 
   SessionManager manager(options);
+  if (prober != nullptr) {
+    prober->Watch([&manager] {
+      const SessionManager::CallPathQuiet quiet = manager.Quiet();
+      return CallPathActivity{quiet.calls_running || quiet.worker_booting,
+                              quiet.last_call_end};
+    });
+  }
+  // Whatever the way out, the prober stops before the manager it watches.
+  absl::Cleanup stop_prober = [&prober] {
+    if (prober != nullptr) prober->Stop();
+  };
   StreamActivity activity;
   RuntimeServiceImpl service(&manager, kVersion, &activity);
   // In activation mode a prestarted worker boots now but runs no user code
@@ -760,7 +768,6 @@ int Run(int argc, char** raw_argv) {
     health_reactions->Stop();
   }
   reactions.Stop();
-  if (placement_probe.joinable()) placement_probe.join();
   RemoveOwnSocketPaths();
   AGX_LOG(Info, "stopped");
   return 0;

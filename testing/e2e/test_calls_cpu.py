@@ -383,3 +383,80 @@ async def test_calls_cpu_probe_serves_calls_reports_its_choice_and_tells_the_hos
             assert set(seen) == {before}, seen
     finally:
         os.sched_setaffinity(0, before)
+
+
+def _told_on(client, name, want, timeout_s=20.0):
+    """Sequential calls on a raw frame-wire connection, with pauses between
+    them (a re-probe waits for one), until the daemon's HELLO answer `want`
+    arrives among their frames; the answers seen, in order."""
+    from agentix.runtime.client.hello import decode_hello
+
+    told, deadline, i = [], time.monotonic() + timeout_s, 0
+    while want not in told:
+        assert time.monotonic() < deadline, f"never told {want!r} (told {told})"
+        client.call(f"{name}-{i}", "e2e_targets::noop")
+        while True:
+            kind, payload = client.read()
+            if kind == 1:  # HELLO
+                (key, value), = decode_hello(payload)
+                assert key == "agentix-calls-cpu"
+                told.append(value)
+                continue
+            assert kind == MESSAGE
+            if pb.CallsResponse.FromString(payload).events[0].WhichOneof("kind") == "result":
+                break
+        i += 1
+        time.sleep(0.15)
+    return told
+
+
+def test_calls_cpu_probe_measures_again_in_pauses_and_tells_each_change_to_the_hosts_that_asked(start_daemon, tmp_path):
+    import resource
+
+    from agentix.runtime.client.hello import decode_hello
+
+    # A re-probe at most every 0.3 s (the default is a minute). Two ways to make
+    # the real probe choose otherwise: no file descriptor left for its
+    # socketpair (a failed probe keeps the placement before it: the hosts
+    # pin, "wait"), or one CPU allowed to its thread (nothing to place: "off").
+    daemon = start_daemon(extra_args=["--calls_cpu=probe", "--calls_cpu_reprobe_s=0.3",
+                                      "--token-file", _token_file(tmp_path)])
+    pid = daemon.proc.pid
+    choice, _ = _probe_choice(daemon)
+    first = "wait" if choice == "pin" else "off"
+    calls_path = daemon.socket_path.with_name(daemon.socket_path.name + ".calls")
+    changes, once = FrameClient(calls_path), FrameClient(calls_path)
+    changes.hello(client_id="changes", extra=[("agentix-calls-cpu-follow", "2")])
+    once.hello(client_id="once", extra=[("agentix-calls-cpu-follow", "1")])
+    for client in (changes, once):
+        kind, payload = client.read()
+        assert kind == 1 and decode_hello(payload) == [("agentix-calls-cpu", first)]
+    _call_on(changes, 3, "booted")  # (the worker boots with all of the daemon's files)
+    (probe_tid,) = [tid for tid, (name, _) in _threads(pid).items() if name == "agx-probe"]
+    allowed = _allowed()
+    files = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+
+    def force(answer):
+        if answer == "wait":
+            os.sched_setaffinity(probe_tid, allowed)
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (3, files[1]))
+        else:
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, files)
+            os.sched_setaffinity(probe_tid, {min(allowed)})
+
+    try:
+        for answer in (("wait", "off") if first == "off" else ("off", "wait")):
+            force(answer)
+            assert _told_on(changes, f"to-{answer}", answer)[-1] == answer
+            if answer == "off":
+                # One CPU to place on: the daemon's call path is unpinned too
+                # (each thread at its next call).
+                _call_on(changes, 2, f"after-{answer}")
+                assert _path(pid, ("agx-wrk-read",)) == {frozenset(allowed)}
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, files)
+    assert "calls_cpu re-probe" in daemon.log()
+    # The host that asked for the first answer only was told nothing more.
+    _call_on(once, 5, "once")
+    changes.close()
+    once.close()
