@@ -163,7 +163,7 @@ ABSL_FLAG(bool, calls_socket, true,
           "(docs/FRAME-WIRE.md); same token, limits and semantics as gRPC's "
           "Calls, fewer thread hand-offs per call. gRPC stays the wire for "
           "everything else. --nocalls_socket: gRPC only");
-ABSL_FLAG(std::string, calls_cpu, "auto",
+ABSL_FLAG(std::string, calls_cpu, "probe",
           "while calls come one at a time, the threads that wait for the "
           "next frame on the call path (the frame wire's connection threads, "
           "the worker reader and writer, and the worker's thread while it "
@@ -172,17 +172,19 @@ ABSL_FLAG(std::string, calls_cpu, "auto",
           "waking an idle CPU; unpinned while calls overlap (several results "
           "in one read from the worker) until 64 reads with one result each, "
           "and for a back-off period (1 s, doubling up to 64 s) when the run "
-          "queue wait per call passes 20 us (the CPU is busy with others). "
-          "\"auto\" (default): the CPU the latest Calls frame-wire host "
+          "queue wait per call passes 40 us (the CPU is busy with others). "
+          "\"auto\": the CPU the latest Calls frame-wire host "
           "names in HELLO (agentix-calls-cpu) if the daemon may use it, else "
           "the one the worker reader runs on when it pins; a number: that "
-          "CPU; \"off\" or \"\": nothing is pinned; \"probe\": a start-up "
+          "CPU; \"off\" or \"\": nothing is pinned; \"probe\" (default since "
+          "stop 32): a start-up "
           "measurement (~15-30 ms, on a thread of its own; calls run unpinned "
           "until it ends) chooses between auto with the hosts' pinned waits "
           "(a hand-off on one CPU saves more than ~4 sched_setaffinity) and "
           "auto alone (frame-wire hosts that ask are told not to pin their "
           "waits; off with one CPU), and logs its figures and choice at info "
-          "level (sandbox/calls_cpu.h, sandbox/placement_probe.h; "
+          "level; measured again in the call path's pauses "
+          "(--calls_cpu_reprobe_s) (sandbox/calls_cpu.h, sandbox/placement_probe.h; "
           "docs/FRAME-WIRE.md, \"Wake-ups\")");
 ABSL_FLAG(double, calls_cpu_reprobe_s, 60,
           "with --calls_cpu=probe: seconds between the probe's measurements "
@@ -474,7 +476,7 @@ int Run(int argc, char** raw_argv) {
       absl::Seconds(absl::GetFlag(FLAGS_worker_ready_timeout_s));
   options.worker.read_spin =
       absl::Microseconds(absl::GetFlag(FLAGS_worker_read_spin_us));
-  // "auto" is chosen per daemon (CallsCpu::kRunningCpu), not the fixed
+  // "auto" (and "probe", the default) is chosen per daemon (CallsCpu::kRunningCpu), not the fixed
   // highest CPU ParseCpuSetting gives hosts: many daemons on one CPU would
   // queue behind each other.
   const std::string calls_cpu_flag = absl::GetFlag(FLAGS_calls_cpu);

@@ -595,11 +595,15 @@ TEST_CASE("AGENTIX_CALLS_CPU=wait pins a caller's thread only while its call wai
   REQUIRE_OK(first);
 }
 
-TEST_CASE("pinned waits are the default on the frame wire, and never happen on gRPC's") {
+// (a daemon with the default --calls_cpu=probe tells this client whether to
+// pin: on a machine whose cross-CPU wake-ups are cheap, not to; a daemon with
+// --calls_cpu=auto never tells, so the client's own default shows)
+TEST_CASE("pinned waits are the default on the frame wire against --calls_cpu=auto, and never "
+          "happen on gRPC's") {
   ::unsetenv("AGENTIX_CALLS_CPU");
   const std::set<int> before = testing::CpusOf(0);
   REQUIRE(before.size() >= 2);  // pinning is only visible with two CPUs allowed
-  Daemon daemon;
+  Daemon daemon("", /*calls_socket=*/true, {"--calls_cpu=auto"});
   for (CallsWire wire : {CallsWire::kFrames, CallsWire::kGrpc}) {
     auto client = ConnectTo(daemon.url(), "", wire);
     REQUIRE(client->calls_wire() == wire);

@@ -27,9 +27,10 @@ The settings (`calls_cpu_setting`):
 
 Unset or empty is `DEFAULT_SETTING`, which also follows the daemon: a Calls
 frame-wire HELLO asks (`CALLS_CPU_FOLLOW_KEY`), and a daemon run with
-``--calls_cpu=probe`` answers whether pinning the host's waits pays on this
-machine (`PinnedWaits.follow`). A setting named explicitly is not changed by
-the daemon.
+``--calls_cpu=probe`` (its default since stop 32) answers whether pinning the
+host's waits pays on this machine, and again whenever a later probe changes
+that answer (`PinnedWaits.follow`). A setting named explicitly is not changed
+by the daemon.
 """
 
 from __future__ import annotations
