@@ -119,6 +119,7 @@ class Daemon {
   std::string calls_socket_path() const { return socket_ + ".calls"; }
   std::string url() const { return "unix://" + socket_; }
   const TempDir& dir() const { return dir_; }
+  pid_t pid() const { return child_.pid(); }
 
  private:
   TempDir dir_;
