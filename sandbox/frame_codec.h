@@ -21,7 +21,7 @@ inline constexpr size_t kFrameHeaderBytes = 5;
 
 enum class FrameKind : uint8_t {
   kHello = 1,      // host -> daemon, first frame, once: metadata pairs (and
-                   // daemon -> host once, asked: kFrameCallsCpuFollowKey)
+                   // daemon -> host only when asked: kFrameCallsCpuFollowKey)
   kMessage = 2,    // a serialized CallsRequest / CallsResponse
   kHalfClose = 3,  // host -> daemon, empty: the host's writes_done
   kStatus = 4,     // daemon -> host, last frame: u32le code, UTF-8 details
@@ -77,9 +77,12 @@ inline constexpr char kFrameCallsCpuKey[] = "agentix-calls-cpu";
 // HELLO key of a Calls connection whose host pins its waits by default and
 // follows the daemon's choice: a daemon run with --calls_cpu=probe answers,
 // once its probe has chosen, with a HELLO frame of its own holding
-// agentix-calls-cpu "wait" (keep pinning) or "off" (do not pin). Other
-// daemons send nothing; a host that does not ask is sent nothing.
+// agentix-calls-cpu "wait" (keep pinning) or "off" (do not pin). Value "1"
+// (stop 31's hosts): that first answer only; kFrameCallsCpuFollowChanges:
+// also each later change of it (a re-probe's). Other daemons send nothing;
+// a host that does not ask is sent nothing.
 inline constexpr char kFrameCallsCpuFollowKey[] = "agentix-calls-cpu-follow";
+inline constexpr char kFrameCallsCpuFollowChanges[] = "2";
 
 // RING_MESSAGE's payload: `u16le count`, then `count` pieces of
 // `u32le at, u64le pos, u64le size`, then the message's bytes with each

@@ -442,7 +442,7 @@ class FrameWireServer::Connection {
     CallsCpu* const calls_cpu = server_->options_.calls_cpu.get();
     for (;;) {
       if (calls_cpu != nullptr) calls_cpu->Follow(&placed);
-      if (follow_) TellHostPlacement(calls_cpu);
+      if (follow_ != Follow::kNone) TellHostPlacement(calls_cpu);
       if (server_->stopping_.load(std::memory_order_acquire)) {
         sink_->End(absl::StatusCode::kUnavailable,
                    "the sandbox daemon is shutting down", false);
@@ -770,11 +770,18 @@ class FrameWireServer::Connection {
 
   // A host that asked (HELLO's agentix-calls-cpu-follow) is told, once the
   // probe has chosen (--calls_cpu=probe), whether to pin its waits; checked
-  // each time this thread wakes until then.
+  // each time this thread wakes until then. A host that asked for changes
+  // is told again whenever a re-probe changes the answer, at this thread's
+  // next wake-up (its next frame at the latest: the answer matters for its
+  // calls only). One atomic load a wake-up.
   void TellHostPlacement(CallsCpu* calls_cpu) {
     const CallsCpu::HostWaits waits = calls_cpu->host_waits();
-    if (waits == CallsCpu::HostWaits::kUnknown || waits == CallsCpu::HostWaits::kNone) return;
-    follow_ = false;
+    if (waits == CallsCpu::HostWaits::kUnknown || waits == CallsCpu::HostWaits::kNone ||
+        waits == told_) {
+      return;
+    }
+    if (follow_ == Follow::kFirst) follow_ = Follow::kNone;
+    told_ = waits;
     if (waits == CallsCpu::HostWaits::kPin && !follow_cpu_.empty()) {
       PreferHostCpu(&follow_cpu_);
     }
@@ -854,11 +861,14 @@ class FrameWireServer::Connection {
       hello_done_ = true;
       return true;
     }
-    follow_ = server_->options_.calls_cpu != nullptr &&
-              server_->options_.calls_cpu->host_waits() != CallsCpu::HostWaits::kNone &&
-              FindMetadata(*metadata, kFrameCallsCpuFollowKey) != nullptr;
+    const std::string* follow = FindMetadata(*metadata, kFrameCallsCpuFollowKey);
+    if (follow != nullptr && server_->options_.calls_cpu != nullptr &&
+        server_->options_.calls_cpu->host_waits() != CallsCpu::HostWaits::kNone) {
+      // Any other value is stop 31's: the first answer only.
+      follow_ = *follow == kFrameCallsCpuFollowChanges ? Follow::kChanges : Follow::kFirst;
+    }
     const std::string* host_cpu = FindMetadata(*metadata, kFrameCallsCpuKey);
-    if (follow_) {
+    if (follow_ != Follow::kNone) {
       // Its CPU places the call path only if it is told to keep pinning
       // there: a host told not to pin runs anywhere.
       if (host_cpu != nullptr) follow_cpu_ = *host_cpu;
@@ -909,8 +919,11 @@ class FrameWireServer::Connection {
   size_t read_start_ = 0;
   size_t read_end_ = 0;
   bool hello_done_ = false;
-  bool follow_ = false;  // the host asked to be told the probe's choice
-  std::string follow_cpu_;  // and its agentix-calls-cpu, until then
+  // The host asked to be told the probe's choice: its first, or every change.
+  enum class Follow { kNone, kFirst, kChanges };
+  Follow follow_ = Follow::kNone;
+  CallsCpu::HostWaits told_ = CallsCpu::HostWaits::kUnknown;  // the latest answer
+  std::string follow_cpu_;  // and its agentix-calls-cpu, applied when told to pin
   bool half_closed_ = false;
   absl::Time end_deadline_ = absl::InfiniteFuture();
   absl::Duration spin_window_ = server_->options_.spin;

@@ -1140,5 +1140,83 @@ TEST_CASE("HELLO asking for the ring without a memfd (a relay that passes "
   REQUIRE(LastEcho(c, "relayed", value) == value);
 }
 
+// --calls_cpu=probe's answers: hosts that asked for changes hear each one,
+// stop 31's hosts ("1") the first only, hosts that did not ask nothing.
+TEST_CASE("A probing daemon tells each host what it asked for: every change, the first "
+          "answer, or nothing",
+          "[frame_wire]") {
+  FrameWireOptions wire;
+  wire.calls_cpu = std::make_shared<CallsCpu>(CallsCpu::kRunningCpu);
+  wire.calls_cpu->SetActive(false);  // (this test's threads stay where they are)
+  wire.calls_cpu->SetHostWaits(CallsCpu::HostWaits::kUnknown);
+  Harness h(FakeWorkerSessionOptions(), wire);
+  auto hello = [&](Client& c, const char* follow) {
+    FrameMetadata metadata{{"authorization", absl::StrCat("Bearer ", kToken)}};
+    if (follow != nullptr) metadata.emplace_back(kFrameCallsCpuFollowKey, follow);
+    c.Send(FrameKind::kHello, EncodeHello(metadata));
+  };
+  // One call's frames: its result's, and the HELLO answers before it is in.
+  auto call = [](Client& c, const std::string& id) {
+    CallsRequest req;
+    AddStart(req, id, "fake::echo", id);
+    c.Request(req);
+    std::vector<std::string> told;
+    for (;;) {
+      std::optional<Frame> frame = c.Read();
+      REQUIRE(frame.has_value());
+      if (frame->kind == FrameKind::kHello) {
+        absl::StatusOr<FrameMetadata> answer = DecodeHello(frame->payload);
+        REQUIRE(answer.ok());
+        REQUIRE(answer->size() == 1);
+        CHECK((*answer)[0].first == kFrameCallsCpuKey);
+        told.push_back((*answer)[0].second);
+        continue;
+      }
+      REQUIRE(frame->kind == FrameKind::kMessage);
+      CallsResponse response;
+      REQUIRE(response.ParseFromString(frame->payload));
+      if (Results({response}).count(id) != 0) return told;
+    }
+  };
+  Client changes(h.path), first(h.path), silent(h.path);
+  hello(changes, kFrameCallsCpuFollowChanges);
+  hello(first, "1");
+  hello(silent, nullptr);
+  // Before the probe has chosen nothing is told; then each asker at its next frame.
+  CHECK(call(changes, "c1").empty());
+  CHECK(call(first, "f1").empty());
+  wire.calls_cpu->SetHostWaits(CallsCpu::HostWaits::kOff);
+  std::vector<std::string> told_changes = call(changes, "c2");
+  std::vector<std::string> told_first = call(first, "f2");
+  // (the answer may come behind the result, written by another thread: the
+  // next call's frames carry it then)
+  if (told_changes.empty()) told_changes = call(changes, "c2b");
+  if (told_first.empty()) told_first = call(first, "f2b");
+  CHECK(told_changes == std::vector<std::string>{"off"});
+  CHECK(told_first == std::vector<std::string>{"off"});
+  // A re-probe changes the answer: only the host that asked for changes hears it.
+  wire.calls_cpu->SetHostWaits(CallsCpu::HostWaits::kPin);
+  told_changes = call(changes, "c3");
+  if (told_changes.empty()) told_changes = call(changes, "c3b");
+  CHECK(told_changes == std::vector<std::string>{"wait"});
+  // The others, while the answer differs from what they were told: only
+  // MESSAGE frames to the end (ReadToStatus requires it).
+  for (Client* c : {&first, &silent}) {
+    for (int i = 0; i < 2; ++i) {
+      CallsRequest req;
+      AddStart(req, absl::StrCat(c == &first ? "first-" : "silent-", i), "fake::echo", "x");
+      c->Request(req);
+    }
+    c->HalfClose();
+    std::vector<CallsResponse> messages;
+    CHECK(c->ReadToStatus(&messages).code == 0);
+    CHECK(Results(messages).size() == 2);
+  }
+  wire.calls_cpu->SetHostWaits(CallsCpu::HostWaits::kOff);
+  told_changes = call(changes, "c4");
+  if (told_changes.empty()) told_changes = call(changes, "c4b");
+  CHECK(told_changes == std::vector<std::string>{"off"});
+}
+
 }  // namespace
 }  // namespace agentix::sandbox

@@ -169,6 +169,28 @@ absl::StatusOr<ProbeFigures> MeasurePlacement(const ProbeOptions& options) {
   return figures;
 }
 
+ReprobeSchedule::Step ReprobeSchedule::Next(const CallPathActivity& activity,
+                                             absl::Time now) const {
+  if (options_.every <= absl::ZeroDuration()) return {};
+  const absl::Time due = probed_at_ + options_.every;
+  if (now < due) return {false, due};
+  // Unused since the last probe: nothing to decide for; a look per period
+  // costs an idle daemon one wake-up.
+  if (!activity.busy && activity.last_call_end <= probed_at_) {
+    return {false, now + options_.every};
+  }
+  // A call runs: look again soon, then less often the longer it lasts (a
+  // long call or a stream without a pause costs a few looks a minute).
+  if (activity.busy) {
+    return {false, now + std::min(std::max(options_.quiet, (now - due) / 8),
+                                  std::max(options_.quiet, options_.every / 4))};
+  }
+  // The pause is too short yet to tell from a stream's gap.
+  const absl::Time paused = activity.last_call_end + options_.quiet;
+  if (now < paused) return {false, paused};
+  return {true, now};
+}
+
 std::string DescribeFigures(const ProbeFigures& f) {
   return absl::StrFormat(
       "same-CPU round trip %.1f us, any-CPU %.1f us, sched_setaffinity %.2f us, "

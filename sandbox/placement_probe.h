@@ -56,4 +56,46 @@ absl::StatusOr<ProbeFigures> MeasurePlacement(const ProbeOptions& options = {});
 // 2 CPUs, 12.3 ms"
 std::string DescribeFigures(const ProbeFigures& figures);
 
+// What the call path is doing, as a re-probe needs to know it.
+struct CallPathActivity {
+  bool busy = false;  // a call runs or waits, or a worker boots
+  absl::Time last_call_end = absl::InfinitePast();  // the latest with none running
+};
+
+// When the probe measures again (--calls_cpu=probe): a start-up probe sees
+// the machine as it was then (many sandboxes starting at once look like a
+// busy machine, whose cross-CPU wake-ups are cheap), so the choice is
+// measured again, at most once per `every`, and only in a pause of the
+// call path: after a call ended since the last probe (an unused daemon
+// never probes again: its hosts have nothing to pin for), with no call
+// running or waiting and no worker booting, `quiet` after the latest call's
+// end (while calls run it looks every `quiet`, less often as they go on,
+// up to every `every` / 4). The probe's ~13 ms of two threads then delays no call that was
+// already there, and it measures what the start-up probe measured: the
+// machine without this sandbox's calls. Not thread-safe.
+class ReprobeSchedule {
+ public:
+  struct Options {
+    absl::Duration every = absl::Seconds(60);  // ZeroDuration: never again
+    absl::Duration quiet = absl::Milliseconds(100);
+  };
+  struct Step {
+    bool probe = false;
+    absl::Time look_at = absl::InfiniteFuture();  // when !probe: look again then
+  };
+
+  // `probed_at`: when the start-up probe ended.
+  ReprobeSchedule(Options options, absl::Time probed_at)
+      : options_(options), probed_at_(probed_at) {}
+
+  // Whether to probe now; otherwise when to call Next again.
+  Step Next(const CallPathActivity& activity, absl::Time now) const;
+  // A probe ended at `at`.
+  void Probed(absl::Time at) { probed_at_ = at; }
+
+ private:
+  const Options options_;
+  absl::Time probed_at_;
+};
+
 }  // namespace agentix::sandbox

@@ -84,5 +84,72 @@ TEST_CASE("The probe measures every figure on a machine with two CPUs, and leave
   CHECK(CPU_EQUAL(&before, &after));
 }
 
+// The re-probe's schedule (defaults: at most one a minute, after a 0.1 s pause).
+const absl::Time kStart = absl::FromUnixSeconds(1000);
+
+CallPathActivity Idle(absl::Time last_call_end) { return {false, last_call_end}; }
+CallPathActivity Busy(absl::Time last_call_end) { return {true, last_call_end}; }
+
+TEST_CASE("A re-probe waits for its period after the last probe") {
+  const ReprobeSchedule schedule({}, kStart);
+  const absl::Time call_end = kStart + absl::Seconds(5);
+  const ReprobeSchedule::Step early = schedule.Next(Idle(call_end), kStart + absl::Seconds(30));
+  CHECK_FALSE(early.probe);
+  CHECK(early.look_at == kStart + absl::Seconds(60));
+  CHECK(schedule.Next(Idle(call_end), kStart + absl::Seconds(60)).probe);
+}
+
+TEST_CASE("A daemon unused since the last probe is not probed again, and looks once a period") {
+  const ReprobeSchedule schedule({}, kStart);
+  const absl::Time now = kStart + absl::Seconds(90);
+  const ReprobeSchedule::Step step = schedule.Next(Idle(kStart - absl::Seconds(1)), now);
+  CHECK_FALSE(step.probe);
+  CHECK(step.look_at == now + absl::Seconds(60));
+}
+
+TEST_CASE("A re-probe never runs while a call runs or a worker boots, and looks less often as it lasts") {
+  const ReprobeSchedule schedule({}, kStart);
+  const absl::Time due = kStart + absl::Seconds(60);
+  const ReprobeSchedule::Step soon = schedule.Next(Busy(kStart - absl::Seconds(1)), due);
+  CHECK_FALSE(soon.probe);
+  CHECK(soon.look_at == due + absl::Milliseconds(100));
+  const ReprobeSchedule::Step later =
+      schedule.Next(Busy(kStart + absl::Seconds(1)), due + absl::Seconds(16));
+  CHECK_FALSE(later.probe);
+  CHECK(later.look_at == due + absl::Seconds(18));
+  // A call that never ends is looked at every quarter period at most.
+  const ReprobeSchedule::Step capped =
+      schedule.Next(Busy(kStart + absl::Seconds(1)), due + absl::Hours(1));
+  CHECK(capped.look_at == due + absl::Hours(1) + absl::Seconds(15));
+}
+
+TEST_CASE("A re-probe runs only once the call path has paused for `quiet`") {
+  const ReprobeSchedule schedule({}, kStart);
+  const absl::Time now = kStart + absl::Seconds(70);
+  const absl::Time call_end = now - absl::Milliseconds(30);
+  const ReprobeSchedule::Step step = schedule.Next(Idle(call_end), now);
+  CHECK_FALSE(step.probe);
+  CHECK(step.look_at == call_end + absl::Milliseconds(100));
+  CHECK(schedule.Next(Idle(call_end), step.look_at).probe);
+}
+
+TEST_CASE("After a re-probe the next one waits a whole period again") {
+  ReprobeSchedule schedule({}, kStart);
+  const absl::Time probed = kStart + absl::Seconds(75);
+  schedule.Probed(probed);
+  const absl::Time call_end = probed + absl::Seconds(1);
+  CHECK(schedule.Next(Idle(call_end), probed + absl::Seconds(59)).look_at ==
+        probed + absl::Seconds(60));
+  CHECK(schedule.Next(Idle(call_end), probed + absl::Seconds(60)).probe);
+}
+
+TEST_CASE("A zero period never probes again") {
+  const ReprobeSchedule schedule({absl::ZeroDuration(), absl::Milliseconds(100)}, kStart);
+  const ReprobeSchedule::Step step =
+      schedule.Next(Idle(kStart + absl::Seconds(1)), kStart + absl::Hours(5));
+  CHECK_FALSE(step.probe);
+  CHECK(step.look_at == absl::InfiniteFuture());
+}
+
 }  // namespace
 }  // namespace agentix::sandbox

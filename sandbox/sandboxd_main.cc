@@ -21,6 +21,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -38,6 +39,7 @@
 #include "sandbox/auth.h"
 #include "sandbox/calls_cpu.h"
 #include "sandbox/placement_probe.h"
+#include "sandbox/placement_prober.h"
 #include "sandbox/connection_guard.h"
 #include "sandbox/frame_wire_server.h"
 #include "sandbox/grpc_executor.h"
@@ -161,7 +163,7 @@ ABSL_FLAG(bool, calls_socket, true,
           "(docs/FRAME-WIRE.md); same token, limits and semantics as gRPC's "
           "Calls, fewer thread hand-offs per call. gRPC stays the wire for "
           "everything else. --nocalls_socket: gRPC only");
-ABSL_FLAG(std::string, calls_cpu, "auto",
+ABSL_FLAG(std::string, calls_cpu, "probe",
           "while calls come one at a time, the threads that wait for the "
           "next frame on the call path (the frame wire's connection threads, "
           "the worker reader and writer, and the worker's thread while it "
@@ -170,18 +172,28 @@ ABSL_FLAG(std::string, calls_cpu, "auto",
           "waking an idle CPU; unpinned while calls overlap (several results "
           "in one read from the worker) until 64 reads with one result each, "
           "and for a back-off period (1 s, doubling up to 64 s) when the run "
-          "queue wait per call passes 20 us (the CPU is busy with others). "
-          "\"auto\" (default): the CPU the latest Calls frame-wire host "
+          "queue wait per call passes 40 us (the CPU is busy with others). "
+          "\"auto\": the CPU the latest Calls frame-wire host "
           "names in HELLO (agentix-calls-cpu) if the daemon may use it, else "
           "the one the worker reader runs on when it pins; a number: that "
-          "CPU; \"off\" or \"\": nothing is pinned; \"probe\": a start-up "
+          "CPU; \"off\" or \"\": nothing is pinned; \"probe\" (default since "
+          "stop 32): a start-up "
           "measurement (~15-30 ms, on a thread of its own; calls run unpinned "
           "until it ends) chooses between auto with the hosts' pinned waits "
           "(a hand-off on one CPU saves more than ~4 sched_setaffinity) and "
           "auto alone (frame-wire hosts that ask are told not to pin their "
           "waits; off with one CPU), and logs its figures and choice at info "
-          "level (sandbox/calls_cpu.h, sandbox/placement_probe.h; "
+          "level; measured again in the call path's pauses "
+          "(--calls_cpu_reprobe_s) (sandbox/calls_cpu.h, sandbox/placement_probe.h; "
           "docs/FRAME-WIRE.md, \"Wake-ups\")");
+ABSL_FLAG(double, calls_cpu_reprobe_s, 60,
+          "with --calls_cpu=probe: seconds between the probe's measurements "
+          "after the start-up one (at most one per period, only in a pause of "
+          "the call path: no call running for 0.1 s after one ran since the "
+          "last probe, no worker booting); a changed choice applies to the "
+          "daemon at once and reaches the frame-wire hosts that asked for "
+          "changes (agentix-calls-cpu-follow: 2) with their next frame. 0: "
+          "the start-up probe only");
 ABSL_FLAG(int64_t, frames_spin_us, 0,
           "microseconds a frame-wire connection's thread polls its socket "
           "without sleeping after handling the host's frames, before it "
@@ -236,27 +248,6 @@ int InstallBundle(const std::string& src, const std::string& dst) {
     return 1;
   }
   return 0;
-}
-
-// --calls_cpu=probe (sandbox/placement_probe.h): measures, logs the figures
-// and the choice, and applies it. A probe that fails keeps the placement
-// before it (the daemon's and the hosts' pins).
-void ProbePlacement(std::shared_ptr<CallsCpu> calls_cpu) {
-  pthread_setname_np(pthread_self(), "agx-probe");
-  absl::StatusOr<ProbeFigures> figures = MeasurePlacement();
-  PlacementChoice choice;
-  if (figures.ok()) {
-    choice = ChoosePlacement(*figures);
-    AGX_LOG(Info, "calls_cpu probe: {} ({}); {}", PlacementName(choice.placement),
-            choice.why, DescribeFigures(*figures));
-  } else {
-    AGX_LOG(Warning, "calls_cpu probe failed ({}): pin",
-            std::string(figures.status().message()));
-  }
-  calls_cpu->SetHostWaits(choice.placement == Placement::kAll
-                              ? CallsCpu::HostWaits::kPin
-                              : CallsCpu::HostWaits::kOff);
-  calls_cpu->SetActive(choice.placement != Placement::kOff);
 }
 
 // --listen is repeatable, which absl flags are not: collect every occurrence
@@ -485,7 +476,7 @@ int Run(int argc, char** raw_argv) {
       absl::Seconds(absl::GetFlag(FLAGS_worker_ready_timeout_s));
   options.worker.read_spin =
       absl::Microseconds(absl::GetFlag(FLAGS_worker_read_spin_us));
-  // "auto" is chosen per daemon (CallsCpu::kRunningCpu), not the fixed
+  // "auto" (and "probe", the default) is chosen per daemon (CallsCpu::kRunningCpu), not the fixed
   // highest CPU ParseCpuSetting gives hosts: many daemons on one CPU would
   // queue behind each other.
   const std::string calls_cpu_flag = absl::GetFlag(FLAGS_calls_cpu);
@@ -501,14 +492,22 @@ int Run(int argc, char** raw_argv) {
     return 2;
   }
   // --calls_cpu=probe: unpinned until the probe, on a thread of its own,
-  // chooses (a few ms; the first calls run unpinned meanwhile).
-  std::thread placement_probe;
+  // chooses (a few ms; the first calls run unpinned meanwhile); measured
+  // again later in the call path's pauses (sandbox/placement_probe.h,
+  // ReprobeSchedule).
+  std::unique_ptr<PlacementProber> prober;
   if (*calls_cpu != base::kNoCpu) {
     options.worker.calls_cpu = std::make_shared<CallsCpu>(*calls_cpu);
     if (probe_placement) {
-      options.worker.calls_cpu->SetActive(false);
-      options.worker.calls_cpu->SetHostWaits(CallsCpu::HostWaits::kUnknown);
-      placement_probe = std::thread(ProbePlacement, options.worker.calls_cpu);
+      const double every_s = absl::GetFlag(FLAGS_calls_cpu_reprobe_s);
+      if (!(every_s >= 0)) {
+        AGX_LOG(Error, "--calls_cpu_reprobe_s must be 0 or more (got {})", every_s);
+        return 2;
+      }
+      ReprobeSchedule::Options reprobe;
+      reprobe.every = absl::Seconds(every_s);
+      prober = std::make_unique<PlacementProber>(options.worker.calls_cpu, reprobe);
+      prober->Start();
     }
   }
   if (absl::GetFlag(FLAGS_worker_intake_spin_us) > 0) {
@@ -582,6 +581,17 @@ int Run(int argc, char** raw_argv) {
   signal(SIGPIPE, SIG_IGN);
 
   SessionManager manager(options);
+  if (prober != nullptr) {
+    prober->Watch([&manager] {
+      const SessionManager::CallPathQuiet quiet = manager.Quiet();
+      return CallPathActivity{quiet.calls_running || quiet.worker_booting,
+                              quiet.last_call_end};
+    });
+  }
+  // Whatever the way out, the prober stops before the manager it watches.
+  absl::Cleanup stop_prober = [&prober] {
+    if (prober != nullptr) prober->Stop();
+  };
   StreamActivity activity;
   RuntimeServiceImpl service(&manager, kVersion, &activity);
   // In activation mode a prestarted worker boots now but runs no user code
@@ -760,7 +770,6 @@ int Run(int argc, char** raw_argv) {
     health_reactions->Stop();
   }
   reactions.Stop();
-  if (placement_probe.joinable()) placement_probe.join();
   RemoveOwnSocketPaths();
   AGX_LOG(Info, "stopped");
   return 0;

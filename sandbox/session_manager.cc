@@ -1335,6 +1335,15 @@ SessionInfo SessionManager::Info() {
   return info;
 }
 
+SessionManager::CallPathQuiet SessionManager::Quiet() {
+  absl::MutexLock lock(&mu_);
+  CallPathQuiet quiet;
+  quiet.calls_running = running_calls_ != 0 || !call_queue_.empty();
+  quiet.worker_booting = worker_ && !worker_->booted();
+  quiet.last_call_end = last_call_end_;
+  return quiet;
+}
+
 void SessionManager::Shutdown(absl::Duration grace) {
   std::unique_ptr<WorkerProcess> worker;
   std::vector<Delivery> out;

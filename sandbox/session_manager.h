@@ -144,6 +144,14 @@ class SessionManager : public WorkerProcess::Listener {
   // handed to it; CallSink::OnDelivered follows).
   bool HasOpenCalls(const CallSink* sink);
   SessionInfo Info();
+  // What --calls_cpu=probe's re-probe waits for a pause of (sandboxd_main.cc):
+  // one lock, no walk over the calls (Info walks them).
+  struct CallPathQuiet {
+    bool calls_running = false;  // dispatched and not ended, or queued
+    bool worker_booting = false;
+    absl::Time last_call_end;  // SessionInfo::last_call_end
+  };
+  CallPathQuiet Quiet();
   // Starts the worker now if none is running (it otherwise starts with the
   // first call that needs it). Errors as posix_spawn reports them; a worker
   // that fails later in its boot is reported to the calls that wait for it.

@@ -3,10 +3,13 @@
 #include "agentix/client.h"
 
 #include <sched.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -595,11 +598,15 @@ TEST_CASE("AGENTIX_CALLS_CPU=wait pins a caller's thread only while its call wai
   REQUIRE_OK(first);
 }
 
-TEST_CASE("pinned waits are the default on the frame wire, and never happen on gRPC's") {
+// (a daemon with the default --calls_cpu=probe tells this client whether to
+// pin: on a machine whose cross-CPU wake-ups are cheap, not to; a daemon with
+// --calls_cpu=auto never tells, so the client's own default shows)
+TEST_CASE("pinned waits are the default on the frame wire against --calls_cpu=auto, and never "
+          "happen on gRPC's") {
   ::unsetenv("AGENTIX_CALLS_CPU");
   const std::set<int> before = testing::CpusOf(0);
   REQUIRE(before.size() >= 2);  // pinning is only visible with two CPUs allowed
-  Daemon daemon;
+  Daemon daemon("", /*calls_socket=*/true, {"--calls_cpu=auto"});
   for (CallsWire wire : {CallsWire::kFrames, CallsWire::kGrpc}) {
     auto client = ConnectTo(daemon.url(), "", wire);
     REQUIRE(client->calls_wire() == wire);
@@ -628,6 +635,82 @@ TEST_CASE("pinned waits are the default on the frame wire, and never happen on g
       CHECK(pinned.load() == 0);
     }
   }
+}
+
+// The fraction of samples, taken every 10 ms by another thread while this
+// thread's noop calls wait (each call waits 20 ms in the sandbox), in which
+// this thread was pinned to one CPU.
+double PinnedWhileWaiting(Client& client) {
+  const pid_t caller = ::gettid();
+  std::atomic<bool> stop{false};
+  std::atomic<int> samples{0}, pinned{0};
+  std::thread watcher([&] {
+    while (!stop.load()) {
+      ++samples;
+      if (testing::CpusOf(caller).size() == 1) ++pinned;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  });
+  for (int i = 0; i < 10; ++i) {
+    REQUIRE_OK(client.Remote<msgpack::object_handle>("e2e_targets::blocking_sleep", 0.02).status());
+  }
+  stop = true;
+  watcher.join();
+  return samples.load() == 0 ? 0 : static_cast<double>(pinned.load()) / samples.load();
+}
+
+// A --calls_cpu=probe daemon (the default) measures again in its call path's
+// pauses (here every 0.3 s) and tells this client (which asked for changes:
+// agentix-calls-cpu-follow 2) each changed answer. Two ways to make its real
+// probe choose otherwise: no file descriptor left for its socketpair (a
+// failed probe answers "wait"), one CPU allowed to its thread ("off").
+TEST_CASE("the default's pinned waits follow each changed answer of a daemon that probes again") {
+  ::unsetenv("AGENTIX_CALLS_CPU");
+  const std::set<int> before = testing::CpusOf(0);
+  REQUIRE(before.size() >= 2);  // pinning is only visible with two CPUs allowed
+  Daemon daemon("", /*calls_socket=*/true, {"--calls_cpu=probe", "--calls_cpu_reprobe_s=0.3"});
+  auto client = ConnectTo(daemon.url(), "", CallsWire::kFrames);
+  REQUIRE_OK(client->Remote<int64_t>("e2e_targets::add", 1, 2).status());  // the worker boots
+  pid_t probe_tid = 0;
+  for (const auto& task : std::filesystem::directory_iterator(
+           absl::StrCat("/proc/", daemon.pid(), "/task"))) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name == "agx-probe") probe_tid = std::stoi(task.path().filename().string());
+  }
+  REQUIRE(probe_tid > 0);
+  rlimit files{};
+  REQUIRE(::prlimit(daemon.pid(), RLIMIT_NOFILE, nullptr, &files) == 0);
+  cpu_set_t all, one;
+  CPU_ZERO(&all);
+  CPU_ZERO(&one);
+  for (int cpu : before) CPU_SET(cpu, &all);
+  CPU_SET(*before.begin(), &one);
+  for (const bool wait : {true, false, true}) {
+    if (wait) {
+      REQUIRE(::sched_setaffinity(probe_tid, sizeof(all), &all) == 0);
+      const rlimit none{3, files.rlim_max};
+      REQUIRE(::prlimit(daemon.pid(), RLIMIT_NOFILE, &none, nullptr) == 0);
+    } else {
+      REQUIRE(::prlimit(daemon.pid(), RLIMIT_NOFILE, &files, nullptr) == 0);
+      REQUIRE(::sched_setaffinity(probe_tid, sizeof(one), &one) == 0);
+    }
+    // Calls with pauses between them (a re-probe waits for one) until the
+    // waits are placed as told.
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    bool placed = false;
+    while (!placed && absl::Now() < deadline) {
+      REQUIRE_OK(client->Remote<int64_t>("e2e_targets::add", 1, 2).status());
+      absl::SleepFor(absl::Milliseconds(150));
+      const double pinned = PinnedWhileWaiting(*client);
+      placed = wait ? pinned >= 0.5 : pinned == 0;
+    }
+    INFO((wait ? "told wait" : "told off"));
+    CHECK(placed);
+    CHECK(testing::CpusOf(0) == before);
+  }
+  REQUIRE(::prlimit(daemon.pid(), RLIMIT_NOFILE, &files, nullptr) == 0);
 }
 
 TEST_CASE("without PATH.calls the Calls stream stays on gRPC, unless the frame wire is required") {

@@ -93,7 +93,7 @@ TEST_CASE("A daemon's HELLO answer reaches the callback that asked; unasked, it 
   Peer peer(fds[1]);
   std::vector<std::string> told;
   std::unique_ptr<CallsTransport> transport =
-      NewFrameTransport(fds[0], {{"agentix-calls-cpu-follow", "1"}}, absl::ZeroDuration(),
+      NewFrameTransport(fds[0], {{"agentix-calls-cpu-follow", "2"}}, absl::ZeroDuration(),
                         [&](absl::string_view value) { told.emplace_back(value); });
   REQUIRE(peer.Next().kind == FrameKind::kHello);
   peer.Send(sandbox::EncodeFrame(FrameKind::kHello,
@@ -103,6 +103,19 @@ TEST_CASE("A daemon's HELLO answer reaches the callback that asked; unasked, it 
   REQUIRE(transport->Read(&response));  // the answer is not a message: the next one is
   CHECK(response.events(0).result().call_id() == "call-1");
   CHECK(told == std::vector<std::string>{"off"});
+  // A daemon that probes again says so whenever its answer changes.
+  peer.Send(sandbox::EncodeFrame(FrameKind::kHello,
+                                 sandbox::EncodeHello({{"agentix-calls-cpu", "wait"}})) +
+            Message(ResultFor("call-2", "b")) +
+            sandbox::EncodeFrame(FrameKind::kHello,
+                                 sandbox::EncodeHello({{"agentix-calls-cpu", "off"}})) +
+            Message(ResultFor("call-3", "c")));
+  REQUIRE(transport->Read(&response));
+  CHECK(response.events(0).result().call_id() == "call-2");
+  CHECK(told == std::vector<std::string>{"off", "wait"});
+  REQUIRE(transport->Read(&response));
+  CHECK(response.events(0).result().call_id() == "call-3");
+  CHECK(told == std::vector<std::string>{"off", "wait", "off"});
 
   Pair unasked = Open();
   unasked.peer->Next();

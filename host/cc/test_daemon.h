@@ -83,7 +83,8 @@ inline std::string Wheel() {
 // frame wire (socket() + ".calls") is up too when the constructor returns.
 class Daemon {
  public:
-  explicit Daemon(const std::string& token = "", bool calls_socket = true) {
+  explicit Daemon(const std::string& token = "", bool calls_socket = true,
+                  const std::vector<std::string>& extra_args = {}) {
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
     base::SpawnOptions spawn;
@@ -94,6 +95,7 @@ class Daemon {
                   "--python_path=" + Runfile("testing/fixtures/remote_targets") + ":" + Wheel(),
                   "--log_level=warning"};
     if (!calls_socket) spawn.argv.push_back("--nocalls_socket");
+    spawn.argv.insert(spawn.argv.end(), extra_args.begin(), extra_args.end());
     if (!token.empty()) {
       const std::string file = dir_ / "token";
       FILE* f = std::fopen(file.c_str(), "w");
@@ -117,6 +119,7 @@ class Daemon {
   std::string calls_socket_path() const { return socket_ + ".calls"; }
   std::string url() const { return "unix://" + socket_; }
   const TempDir& dir() const { return dir_; }
+  pid_t pid() const { return child_.pid(); }
 
  private:
   TempDir dir_;

@@ -7,7 +7,8 @@ by default must not pile sandboxes onto one CPU, nor pin user code).
 
 Sides, alternating in rotated order each round (all daemons of a side fresh):
 - `off`:  every daemon --calls_cpu=off, every host AGENTIX_CALLS_CPU=off;
-- `on`:   the defaults: every daemon --calls_cpu=auto (each pins its call path's waits to
+- `on`:   the defaults of stops 25-31 (since stop 32 the daemon's is --calls_cpu=probe,
+          which places the daemon as auto does): every daemon --calls_cpu=auto (each pins its call path's waits to
           the CPU its worker reader runs on, or the one its host names), every host with
           AGENTIX_CALLS_CPU unset (pinned waits);
 - `main`: --calls_cpu=auto with the agentix-sandboxd and agentix-worker of --main-dir

@@ -9,9 +9,12 @@ machine measures slower than a busy one (shared/PERFORMANCE-NOTES.md item 6). Th
 compares, in alternating rounds (the order rotated every round; one fresh daemon per
 run), each setting against `off`:
 
-- `default`:    no flag, no AGENTIX_CALLS_CPU: what a user gets (since stop 25 the
-                daemon's --calls_cpu=auto and both hosts' pinned waits, `pinwait`'s
-                parts without naming a CPU);
+- `default`:    no flag, no AGENTIX_CALLS_CPU: what a user gets (since stop 32 the
+                daemon's --calls_cpu=probe, whose choice both hosts follow; stops
+                25-31 `auto`'s);
+- `auto`:       --calls_cpu=auto with both hosts at their defaults (the default of
+                stops 25-31: the daemon's call path and both hosts' pinned waits,
+                `pinwait`'s parts without naming a CPU);
 - `off`:        --calls_cpu=off and both hosts' AGENTIX_CALLS_CPU=off (nothing pinned;
                 the default up to stop 24; every setting below but `pinwait` runs its
                 hosts with AGENTIX_CALLS_CPU=off);
@@ -24,11 +27,11 @@ run), each setting against `off`:
 - `pinwait`:    the daemon's --calls_cpu=CPU and both hosts' AGENTIX_CALLS_CPU=wait:CPU
                 (pinned waits: the host's calling thread is on the CPU only while one
                 call waits, agentix/runtime/client/pinned_waits.py; no taskset);
-- `probe`:      --calls_cpu=probe, hosts at their defaults: the daemon's start-up probe
-                chooses `default`'s placement, `pin_daemon`'s or `off`'s and tells the
-                Python host whether to pin its waits (the C++ client keeps pinning them);
-                the choice and the probe's figures are in each run's figures;
-- `pin_daemon`: --calls_cpu=auto alone (the default since stop 25: the CPU the worker
+- `probe`:      --calls_cpu=probe (the default, named), hosts at their defaults: the
+                daemon's start-up probe chooses `auto`'s placement, `pin_daemon`'s or
+                `off`'s and tells both hosts whether to pin their waits; the choice and
+                the probe's figures are in each run's figures;
+- `pin_daemon`: --calls_cpu=auto alone (the default of stops 25-31: the CPU the worker
                 reader runs on, or the one a host names in HELLO), the host where the
                 scheduler puts it;
 - `pin_daemon_main`: the same flag with the binaries of --main-dir (agentix-sandboxd and
@@ -202,8 +205,10 @@ def settings_table(cpu: int, spin_us: int) -> dict[str, dict]:
         "pinwait": {"daemon": [f"--calls_cpu={cpu}"], "host_cpu": None, "cc_env": wait,
                     "py_env": wait},
         "pin_daemon": {"daemon": ["--calls_cpu=auto"], "host_cpu": None, "cc_env": {}},
-        # The start-up probe's choice; the hosts' default settings follow it (the
-        # Python host asks; the C++ client keeps its pinned waits).
+        # The default up to stop 31: the daemon's auto and both hosts' pinned waits.
+        "auto": {"daemon": ["--calls_cpu=auto"], "host_cpu": None, "cc_env": {}, "default": True},
+        # The probe's choice (the daemon's default since stop 32, named: its
+        # figures are logged and read); the hosts' default settings follow it.
         "probe": {"daemon": ["--calls_cpu=probe"], "host_cpu": None, "cc_env": {}, "default": True,
                   "probe": True},
         "pin_daemon_main": {"daemon": ["--calls_cpu=auto"], "host_cpu": None, "cc_env": {},

@@ -38,8 +38,11 @@ def _threads(pid):
 def _worker_pid(daemon_pid):
     children = []
     for tid in os.listdir(f"/proc/{daemon_pid}/task"):
-        with open(f"/proc/{daemon_pid}/task/{tid}/children") as f:
-            children += [int(p) for p in f.read().split()]
+        try:
+            with open(f"/proc/{daemon_pid}/task/{tid}/children") as f:
+                children += [int(p) for p in f.read().split()]
+        except OSError:
+            continue  # ended meanwhile
     assert len(children) == 1, children
     return children[0]
 
@@ -93,9 +96,11 @@ def _allowed():
     return allowed
 
 
-async def test_by_default_only_the_call_paths_waits_are_pinned_never_user_code(start_daemon):
+async def test_with_calls_cpu_auto_only_the_call_paths_waits_are_pinned_never_user_code(start_daemon):
     everywhere = sorted(_allowed())
-    daemon = start_daemon()  # --calls_cpu=auto is the default
+    # (the default, probe, places the daemon's call path as auto does once its
+    # probe has chosen, on every machine that has two CPUs)
+    daemon = start_daemon(extra_args=["--calls_cpu=auto"])
     async with RuntimeClient(daemon.url) as client:
         for _ in range(8):
             tid, in_call, in_thread = await client.remote(t.cpus_in_call)
@@ -152,7 +157,7 @@ def _call_on(client, n, name):
 
 def test_a_frame_wire_hosts_hello_names_the_cpu_latest_wins_bad_ones_ignored(start_daemon, tmp_path):
     allowed = sorted(_allowed())
-    daemon = start_daemon(extra_args=["--token-file", _token_file(tmp_path)])
+    daemon = start_daemon(extra_args=["--calls_cpu=auto", "--token-file", _token_file(tmp_path)])
     calls_path = daemon.socket_path.with_name(daemon.socket_path.name + ".calls")
     clients = []
     for cpu in (allowed[0], allowed[-1], allowed[0]):
@@ -383,3 +388,80 @@ async def test_calls_cpu_probe_serves_calls_reports_its_choice_and_tells_the_hos
             assert set(seen) == {before}, seen
     finally:
         os.sched_setaffinity(0, before)
+
+
+def _told_on(client, name, want, timeout_s=20.0):
+    """Sequential calls on a raw frame-wire connection, with pauses between
+    them (a re-probe waits for one), until the daemon's HELLO answer `want`
+    arrives among their frames; the answers seen, in order."""
+    from agentix.runtime.client.hello import decode_hello
+
+    told, deadline, i = [], time.monotonic() + timeout_s, 0
+    while want not in told:
+        assert time.monotonic() < deadline, f"never told {want!r} (told {told})"
+        client.call(f"{name}-{i}", "e2e_targets::noop")
+        while True:
+            kind, payload = client.read()
+            if kind == 1:  # HELLO
+                (key, value), = decode_hello(payload)
+                assert key == "agentix-calls-cpu"
+                told.append(value)
+                continue
+            assert kind == MESSAGE
+            if pb.CallsResponse.FromString(payload).events[0].WhichOneof("kind") == "result":
+                break
+        i += 1
+        time.sleep(0.15)
+    return told
+
+
+def test_calls_cpu_probe_measures_again_in_pauses_and_tells_each_change_to_the_hosts_that_asked(start_daemon, tmp_path):
+    import resource
+
+    from agentix.runtime.client.hello import decode_hello
+
+    # A re-probe at most every 0.3 s (the default is a minute). Two ways to make
+    # the real probe choose otherwise: no file descriptor left for its
+    # socketpair (a failed probe keeps the placement before it: the hosts
+    # pin, "wait"), or one CPU allowed to its thread (nothing to place: "off").
+    daemon = start_daemon(extra_args=["--calls_cpu=probe", "--calls_cpu_reprobe_s=0.3",
+                                      "--token-file", _token_file(tmp_path)])
+    pid = daemon.proc.pid
+    choice, _ = _probe_choice(daemon)
+    first = "wait" if choice == "pin" else "off"
+    calls_path = daemon.socket_path.with_name(daemon.socket_path.name + ".calls")
+    changes, once = FrameClient(calls_path), FrameClient(calls_path)
+    changes.hello(client_id="changes", extra=[("agentix-calls-cpu-follow", "2")])
+    once.hello(client_id="once", extra=[("agentix-calls-cpu-follow", "1")])
+    for client in (changes, once):
+        kind, payload = client.read()
+        assert kind == 1 and decode_hello(payload) == [("agentix-calls-cpu", first)]
+    _call_on(changes, 3, "booted")  # (the worker boots with all of the daemon's files)
+    (probe_tid,) = [tid for tid, (name, _) in _threads(pid).items() if name == "agx-probe"]
+    allowed = _allowed()
+    files = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+
+    def force(answer):
+        if answer == "wait":
+            os.sched_setaffinity(probe_tid, allowed)
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (3, files[1]))
+        else:
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, files)
+            os.sched_setaffinity(probe_tid, {min(allowed)})
+
+    try:
+        for answer in (("wait", "off") if first == "off" else ("off", "wait")):
+            force(answer)
+            assert _told_on(changes, f"to-{answer}", answer)[-1] == answer
+            if answer == "off":
+                # One CPU to place on: the daemon's call path is unpinned too
+                # (each thread at its next call).
+                _call_on(changes, 2, f"after-{answer}")
+                assert _path(pid, ("agx-wrk-read",)) == {frozenset(allowed)}
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, files)
+    assert "calls_cpu re-probe" in daemon.log()
+    # The host that asked for the first answer only was told nothing more.
+    _call_on(once, 5, "once")
+    changes.close()
+    once.close()

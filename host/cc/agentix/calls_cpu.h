@@ -37,9 +37,13 @@ inline constexpr absl::string_view kDefaultCallsCpu = "wait";
 absl::StatusOr<int> CallsCpuFromEnv();
 // Whether $AGENTIX_CALLS_CPU is unset or empty: the default's pinned waits
 // then follow a --calls_cpu=probe daemon's answer (HELLO key
-// kCallsCpuFollowKey; "off" stops them). A setting named is not changed.
+// kCallsCpuFollowKey; "off" stops them, "wait" starts them again). A
+// setting named is not changed.
 bool CallsCpuFollowsDaemon();
 inline constexpr absl::string_view kCallsCpuFollowKey = "agentix-calls-cpu-follow";
+// Its value: the daemon's first answer and every later change of it (a
+// re-probe's); stop 31's "1" asked for the first only (docs/FRAME-WIRE.md).
+inline constexpr absl::string_view kCallsCpuFollowChanges = "2";
 
 // Whether a thread may pin itself for its next wait: not while waiting
 // pinned costs it run-queue time (its CPU is busy with other work). One pin

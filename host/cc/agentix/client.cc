@@ -515,7 +515,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (calls_cpu_ >= 0) metadata.emplace_back(kCallsCpuKey, absl::StrCat(calls_cpu_));
     CallsCpuAnswer on_calls_cpu;
     if (follow_daemon_) {  // a --calls_cpu=probe daemon says whether pinning pays
-      metadata.emplace_back(kCallsCpuFollowKey, "1");
+      // (and says it again whenever a re-probe changes its answer)
+      metadata.emplace_back(kCallsCpuFollowKey, kCallsCpuFollowChanges);
       on_calls_cpu = [this](absl::string_view told) {
         told_off_.store(told == "off", std::memory_order_relaxed);
       };

@@ -6,6 +6,8 @@ whose HELLO says ``agentix-stream: namespace`` (another value: STATUS 12). Frame
 against the spec, not against itself.
 
 `FrameServer.hellos` records each connection's HELLO metadata (a dict);
+`FrameServer.tell` sends the open Calls connections a HELLO of the daemon's
+own (a --calls_cpu=probe daemon's answer, and a re-probe's change of it);
 `eof_instead_of_status` makes an aborted stream (e.g. `drop_streams()`) end
 with a bare EOF instead of a STATUS frame.
 """
@@ -39,6 +41,15 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes] | None:
         return None
     size, kind = HEADER.unpack(header)
     return kind, await reader.readexactly(size)
+
+
+def encode_hello(pairs: dict[str, str]) -> bytes:
+    """A HELLO payload: each pair as u16le key length, key, u32le value length, value."""
+    out = b""
+    for key, value in pairs.items():
+        k, v = key.encode("ascii"), value.encode()
+        out += struct.pack("<H", len(k)) + k + struct.pack("<I", len(v)) + v
+    return out
 
 
 def decode_hello(payload: bytes) -> dict[str, str]:
@@ -107,6 +118,7 @@ class FrameServer:
         self.eof_instead_of_status = False
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.StreamWriter, asyncio.Task] = {}
+        self._calls: list[asyncio.StreamWriter] = []
 
     async def start(self) -> "FrameServer":
         self._server = await asyncio.start_unix_server(self._serve, self.path)
@@ -121,6 +133,11 @@ class FrameServer:
             task.cancel()
         await asyncio.gather(*self._connections.values(), return_exceptions=True)
         await self._server.wait_closed()
+
+    def tell(self, calls_cpu: str) -> None:
+        """A HELLO frame with ``agentix-calls-cpu: calls_cpu`` to every open Calls connection."""
+        for writer in self._calls:
+            writer.write(encode(HELLO, encode_hello({"agentix-calls-cpu": calls_cpu})))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._connections[writer] = asyncio.current_task()
@@ -143,6 +160,8 @@ class FrameServer:
                 writer.write(status_frame(12, f"no stream named {stream!r}"))
                 return
 
+            self._calls.append(writer)
+
             async def requests():
                 while (next_frame := await read_frame(reader)) is not None:
                     kind, payload = next_frame
@@ -160,4 +179,6 @@ class FrameServer:
             pass
         finally:
             self._connections.pop(writer, None)
+            if writer in self._calls:
+                self._calls.remove(writer)
             writer.close()

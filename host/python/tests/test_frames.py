@@ -196,7 +196,7 @@ async def test_whole_frames_go_out_in_order_behind_what_waits_and_not_after_the_
 async def test_only_the_default_setting_asks_the_daemon_whether_to_pin(framed, monkeypatch):
     monkeypatch.delenv("AGENTIX_CALLS_CPU", raising=False)
     assert await stream_type(framed.url) is FrameCallsStream
-    assert framed.frames.hellos[-1].get("agentix-calls-cpu-follow") == "1"
+    assert framed.frames.hellos[-1].get("agentix-calls-cpu-follow") == "2"
     monkeypatch.setenv("AGENTIX_CALLS_CPU", "wait")
     assert await stream_type(framed.url) is FrameCallsStream
     assert "agentix-calls-cpu-follow" not in framed.frames.hellos[-1]
@@ -282,7 +282,7 @@ async def test_hello_carries_the_token_and_the_client_id(framed):
     assert int(hello.pop("agentix-calls-cpu")) in os.sched_getaffinity(0)
     # and asks the daemon whether pinning its waits pays (--calls_cpu=probe).
     assert hello == {"authorization": "Bearer s3cret", "agentix-client-id": client.client_id,
-                     frames.PAYLOAD_RING_KEY: "1", "agentix-calls-cpu-follow": "1"}
+                     frames.PAYLOAD_RING_KEY: "1", "agentix-calls-cpu-follow": "2"}
     # Every call went on the frame wire, none on gRPC's Calls.
     assert [s.callable for s in framed.events("start")] == ["sandbox_functions::add"]
 
@@ -310,7 +310,7 @@ async def test_messages_follow_the_hello_without_waiting_for_an_answer(grpc_only
         assert kind == HELLO and hello == {
             "agentix-client-id": client.client_id,
             frames.PAYLOAD_RING_KEY: "1",
-            "agentix-calls-cpu-follow": "1",
+            "agentix-calls-cpu-follow": "2",
         }
         assert kind2 == MESSAGE
         (event,) = pb.CallsRequest.FromString(payload2).events

@@ -18,7 +18,7 @@ from agentix.runtime.client import pinned_waits as pw
 from agentix.runtime.client.frames import FrameCallsStream
 from agentix.runtime.client.pinned_waits import CallsCpu, PinnedWaits, calls_cpu_setting
 from fake_frames import FrameServer
-from fake_runtime import FakeRuntime, serve
+from fake_runtime import FakeRuntime, eventually, serve
 from test_loop_slice import _in_a_thread, _slice_ns, needs_slices
 
 ALLOWED = os.sched_getaffinity(0)
@@ -545,6 +545,26 @@ async def test_plain_wait_pins_to_the_cpu_the_thread_connected_on(framed, monkey
         cpu = int(framed.frames.hellos[-1]["agentix-calls-cpu"])
         assert cpu in ALLOWED and frozenset({cpu}) in watcher.seen
         assert os.sched_getaffinity(0) == ALLOWED
+
+
+@needs_two
+@pytest.mark.asyncio
+async def test_the_default_follows_each_answer_of_a_daemon_that_probes_again(framed, monkeypatch):
+    # A --calls_cpu=probe daemon answers once its probe has chosen, and again
+    # whenever a later probe changes its answer (agentix-calls-cpu-follow: 2).
+    monkeypatch.delenv("AGENTIX_CALLS_CPU", raising=False)
+    async with RuntimeClient(framed.url) as client:
+        await client.remote(os.getpid)
+        assert framed.frames.hellos[-1]["agentix-calls-cpu-follow"] == "2"
+        cpu = int(framed.frames.hellos[-1]["agentix-calls-cpu"])
+        loop = asyncio.get_running_loop()
+        for told, pinned in (("off", False), ("wait", True), ("off", False), ("wait", True)):
+            framed.frames.tell(told)
+            await eventually(lambda: isinstance(loop._selector, pw._PinningSelector) == pinned)
+            with _Watcher() as watcher:
+                await client.remote(sandbox_functions.sleep_for, 0.1)
+            assert (frozenset({cpu}) in watcher.seen) == pinned, (told, set(watcher.seen))
+            assert os.sched_getaffinity(0) == ALLOWED
 
 
 @pytest.mark.asyncio

@@ -68,6 +68,7 @@ from agentix.runtime.client.payload_ring import PayloadRing, ring_frame, split_m
 from agentix.runtime.client.pending import PendingCall
 from agentix.runtime.client.pinned_waits import (
     CALLS_CPU_ENV,
+    CALLS_CPU_FOLLOW_CHANGES,
     CALLS_CPU_FOLLOW_KEY,
     CALLS_CPU_KEY,
     PinnedWaits,
@@ -281,7 +282,7 @@ class FrameWire:
             if cpu is not None:  # the daemon's call path may follow it
                 metadata = (*metadata, (CALLS_CPU_KEY, str(cpu)))
             if waits is not None and placement.follow:  # and we may follow its probe
-                metadata = (*metadata, (CALLS_CPU_FOLLOW_KEY, "1"))
+                metadata = (*metadata, (CALLS_CPU_FOLLOW_KEY, CALLS_CPU_FOLLOW_CHANGES))
         if stream is None and payload_ring_wanted():
             try:
                 ring = PayloadRing()

@@ -27,9 +27,10 @@ The settings (`calls_cpu_setting`):
 
 Unset or empty is `DEFAULT_SETTING`, which also follows the daemon: a Calls
 frame-wire HELLO asks (`CALLS_CPU_FOLLOW_KEY`), and a daemon run with
-``--calls_cpu=probe`` answers whether pinning the host's waits pays on this
-machine (`PinnedWaits.follow`). A setting named explicitly is not changed by
-the daemon.
+``--calls_cpu=probe`` (its default since stop 32) answers whether pinning the
+host's waits pays on this machine, and again whenever a later probe changes
+that answer (`PinnedWaits.follow`). A setting named explicitly is not changed
+by the daemon.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from agentix.runtime.client.loop_slice import set_thread_slice
 
 __all__ = [
     "CALLS_CPU_ENV",
+    "CALLS_CPU_FOLLOW_CHANGES",
     "CALLS_CPU_FOLLOW_KEY",
     "CALLS_CPU_KEY",
     "CallsCpu",
@@ -62,8 +64,11 @@ CALLS_CPU_ENV = "AGENTIX_CALLS_CPU"
 # waits on (decimal): the daemon places its call path there (docs/FRAME-WIRE.md).
 CALLS_CPU_KEY = "agentix-calls-cpu"
 # The HELLO key asking the daemon to say (a HELLO frame of its own, with
-# CALLS_CPU_KEY "wait" or "off") whether the host should pin its waits.
+# CALLS_CPU_KEY "wait" or "off") whether the host should pin its waits; its
+# value CALLS_CPU_FOLLOW_CHANGES asks for every later change of that answer
+# too (a re-probe's; stop 31's hosts sent "1": the first answer only).
 CALLS_CPU_FOLLOW_KEY = "agentix-calls-cpu-follow"
+CALLS_CPU_FOLLOW_CHANGES = "2"
 # What an unset or empty AGENTIX_CALLS_CPU means: pinned waits since stop 25
 # (quiet noop p50 0.49x off, calls/s at 64 callers unchanged; PERFORMANCE.md).
 DEFAULT_SETTING = "wait"
@@ -215,10 +220,11 @@ class PinnedWaits:
             self._set(False)
 
     def follow(self, pin: bool) -> None:
-        """A daemon's answer to `CALLS_CPU_FOLLOW_KEY` (its start-up probe's
-        choice): with `pin` False this thread's waits are not armed any more,
-        for every client on it, until a daemon answers True (the latest
-        answer wins, as the latest host's CPU does at the daemon)."""
+        """A daemon's answer to `CALLS_CPU_FOLLOW_KEY` (its probe's choice, at
+        start-up or a later change): with `pin` False this thread's waits are
+        not armed any more, for every client on it, until a daemon answers
+        True (the latest answer wins, as the latest host's CPU does at the
+        daemon)."""
         self.told_off = not pin
         if self.told_off:
             self.armed = False

@@ -1,0 +1,102 @@
+#include "sandbox/placement_prober.h"
+
+#include <pthread.h>
+
+#include <string>
+#include <utility>
+
+#include "absl/time/clock.h"
+#include "base/log.h"
+
+namespace agentix::sandbox {
+
+PlacementProber::PlacementProber(std::shared_ptr<CallsCpu> calls_cpu,
+                                 ReprobeSchedule::Options options, Measure measure)
+    : calls_cpu_(std::move(calls_cpu)),
+      options_(options),
+      measure_(measure ? std::move(measure) : [] { return MeasurePlacement(); }) {
+  calls_cpu_->SetActive(false);
+  calls_cpu_->SetHostWaits(CallsCpu::HostWaits::kUnknown);
+}
+
+PlacementProber::~PlacementProber() { Stop(); }
+
+void PlacementProber::Start() {
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "agx-probe");
+    Run();
+  });
+}
+
+void PlacementProber::Watch(std::function<CallPathActivity()> activity) {
+  absl::MutexLock lock(&mu_);
+  activity_ = std::move(activity);
+}
+
+void PlacementProber::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+PlacementChoice PlacementProber::ProbeOnce(bool first) {
+  absl::StatusOr<ProbeFigures> figures = measure_();
+  PlacementChoice choice;  // a failed probe: Placement::kAll
+  if (figures.ok()) choice = ChoosePlacement(*figures);
+  const bool changed = !chose_ || choice.placement != placement_;
+  const char* const what = first ? "probe" : "re-probe";
+  if (!figures.ok()) {
+    if (changed) {
+      AGX_LOG(Warning, "calls_cpu {} failed ({}): pin", what,
+              std::string(figures.status().message()));
+    }
+  } else if (first || changed) {
+    AGX_LOG(Info, "calls_cpu {}: {} ({}); {}", what, PlacementName(choice.placement),
+            choice.why, DescribeFigures(*figures));
+  } else {
+    AGX_LOG(Debug, "calls_cpu {}: {} ({}); {}", what, PlacementName(choice.placement),
+            choice.why, DescribeFigures(*figures));
+  }
+  chose_ = true;
+  placement_ = choice.placement;
+  if (changed) {
+    // The daemon's side first: a host told meanwhile finds it in place.
+    calls_cpu_->SetActive(choice.placement != Placement::kOff);
+    calls_cpu_->SetHostWaits(choice.placement == Placement::kAll
+                                 ? CallsCpu::HostWaits::kPin
+                                 : CallsCpu::HostWaits::kOff);
+  }
+  return choice;
+}
+
+void PlacementProber::Run() {
+  ProbeOnce(/*first=*/true);
+  ReprobeSchedule schedule(options_, absl::Now());
+  absl::Time look_at = absl::Now();
+  for (;;) {
+    std::function<CallPathActivity()> activity;
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithDeadline(absl::Condition(&stop_), look_at)) return;
+      activity = activity_;
+    }
+    const absl::Time now = absl::Now();
+    if (!activity) {  // not watching yet: no call can have run
+      look_at = options_.every > absl::ZeroDuration() ? now + options_.every
+                                                      : absl::InfiniteFuture();
+      continue;
+    }
+    const ReprobeSchedule::Step step = schedule.Next(activity(), now);
+    if (!step.probe) {
+      look_at = step.look_at;
+      continue;
+    }
+    ProbeOnce(/*first=*/false);
+    schedule.Probed(absl::Now());
+    look_at = absl::Now();
+  }
+}
+
+}  // namespace agentix::sandbox

@@ -1,0 +1,63 @@
+// The thread behind --calls_cpu=probe (agx-probe): the start-up probe
+// (sandbox/placement_probe.h), then the re-probes its ReprobeSchedule
+// allows, each applied to the daemon's CallsCpu: whether the call path is
+// pinned and what hosts that ask are told (CallsCpu::HostWaits; each
+// frame-wire connection tells its host a changed answer when its thread next
+// wakes: sandbox/frame_wire_server.cc).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "sandbox/calls_cpu.h"
+#include "sandbox/placement_probe.h"
+
+namespace agentix::sandbox {
+
+class PlacementProber {
+ public:
+  // Measures the machine (MeasurePlacement unless set).
+  using Measure = std::function<absl::StatusOr<ProbeFigures>()>;
+
+  // Until the start-up probe has chosen, `calls_cpu` pins nothing and hosts
+  // that ask are not told yet (HostWaits::kUnknown).
+  PlacementProber(std::shared_ptr<CallsCpu> calls_cpu, ReprobeSchedule::Options options,
+                  Measure measure = nullptr);
+  ~PlacementProber();  // Stop()
+  PlacementProber(const PlacementProber&) = delete;
+  PlacementProber& operator=(const PlacementProber&) = delete;
+
+  // Starts the thread: the start-up probe at once, then re-probes.
+  void Start();
+  // From now on the re-probes wait for pauses of `activity` (called on the
+  // prober's thread, never under its lock; must stay callable until Stop).
+  // Until then none runs. Thread-safe.
+  void Watch(std::function<CallPathActivity()> activity);
+  // Ends the thread (after a probe that is running). Idempotent.
+  void Stop();
+
+  // One probe, applied and logged (the start-up one at info level with its
+  // figures, later ones at info level only when the choice changes). A
+  // probe that fails chooses Placement::kAll, the placement before the
+  // probe. Returns the choice. On the prober's thread; tests call it
+  // without Start.
+  PlacementChoice ProbeOnce(bool first);
+
+ private:
+  void Run();
+
+  const std::shared_ptr<CallsCpu> calls_cpu_;
+  const ReprobeSchedule::Options options_;
+  const Measure measure_;
+  std::thread thread_;
+  bool chose_ = false;  // the prober's thread only
+  Placement placement_ = Placement::kAll;  // the latest choice
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<CallPathActivity()> activity_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace agentix::sandbox

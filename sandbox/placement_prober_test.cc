@@ -1,0 +1,127 @@
+#include "sandbox/placement_prober.h"
+
+#include <catch2/catch.hpp>
+#include <deque>
+#include <memory>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+
+namespace agentix::sandbox {
+namespace {
+
+ProbeFigures Figures(double same, double any, double affinity) {
+  ProbeFigures f;
+  f.same_cpu_us = same;
+  f.any_cpu_us = any;
+  f.affinity_us = affinity;
+  f.cpus = 2;
+  return f;
+}
+
+// Idle vCPUs that halt (whole placement) and cheap wake-ups (hosts unpinned).
+const ProbeFigures kQuiet = Figures(6.5, 54, 0.65);
+const ProbeFigures kBusy = Figures(7, 7, 0.65);
+
+// Hands out the figures queued, then the last one again.
+class Measures {
+ public:
+  explicit Measures(std::deque<absl::StatusOr<ProbeFigures>> queued)
+      : queued_(std::move(queued)) {}
+  PlacementProber::Measure measure() {
+    return [this]() -> absl::StatusOr<ProbeFigures> {
+      absl::MutexLock lock(&mu_);
+      ++taken_;
+      absl::StatusOr<ProbeFigures> next = queued_.front();
+      if (queued_.size() > 1) queued_.pop_front();
+      return next;
+    };
+  }
+  int taken() {
+    absl::MutexLock lock(&mu_);
+    return taken_;
+  }
+  bool TakenAtLeast(int n, absl::Duration within) {
+    auto enough = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return taken_ >= n; };
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), within);
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::deque<absl::StatusOr<ProbeFigures>> queued_ ABSL_GUARDED_BY(mu_);
+  int taken_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TEST_CASE("Until the first probe, nothing is pinned and hosts that ask are not told yet") {
+  auto calls_cpu = std::make_shared<CallsCpu>(CallsCpu::kRunningCpu);
+  Measures measures({kBusy});
+  PlacementProber prober(calls_cpu, {}, measures.measure());
+  CHECK(calls_cpu->host_waits() == CallsCpu::HostWaits::kUnknown);
+  CHECK(prober.ProbeOnce(/*first=*/true).placement == Placement::kDaemon);
+  CHECK(calls_cpu->host_waits() == CallsCpu::HostWaits::kOff);
+}
+
+TEST_CASE("A re-probe that chooses otherwise changes what hosts are told, either way") {
+  auto calls_cpu = std::make_shared<CallsCpu>(CallsCpu::kRunningCpu);
+  Measures measures({kBusy, kBusy, kQuiet, kBusy});
+  PlacementProber prober(calls_cpu, {}, measures.measure());
+  prober.ProbeOnce(/*first=*/true);
+  CHECK(calls_cpu->host_waits() == CallsCpu::HostWaits::kOff);
+  prober.ProbeOnce(/*first=*/false);
+  CHECK(calls_cpu->host_waits() == CallsCpu::HostWaits::kOff);
+  CHECK(prober.ProbeOnce(/*first=*/false).placement == Placement::kAll);
+  CHECK(calls_cpu->host_waits() == CallsCpu::HostWaits::kPin);
+  prober.ProbeOnce(/*first=*/false);
+  CHECK(calls_cpu->host_waits() == CallsCpu::HostWaits::kOff);
+}
+
+TEST_CASE("A probe that fails chooses the placement before the probe") {
+  auto calls_cpu = std::make_shared<CallsCpu>(CallsCpu::kRunningCpu);
+  Measures measures({kBusy, absl::InternalError("socketpair: errno 24")});
+  PlacementProber prober(calls_cpu, {}, measures.measure());
+  prober.ProbeOnce(/*first=*/true);
+  CHECK(prober.ProbeOnce(/*first=*/false).placement == Placement::kAll);
+  CHECK(calls_cpu->host_waits() == CallsCpu::HostWaits::kPin);
+}
+
+TEST_CASE("The prober's thread probes at start-up, and again only in the call path's pauses") {
+  auto calls_cpu = std::make_shared<CallsCpu>(CallsCpu::kRunningCpu);
+  Measures measures({kBusy, kQuiet});
+  ReprobeSchedule::Options options;
+  options.every = absl::Milliseconds(20);
+  options.quiet = absl::Milliseconds(1);
+  PlacementProber prober(calls_cpu, options, measures.measure());
+  prober.Start();
+  REQUIRE(measures.TakenAtLeast(1, absl::Seconds(30)));
+  // Not watching anything: no call can have run, no re-probe.
+  absl::SleepFor(absl::Milliseconds(100));
+  CHECK(measures.taken() == 1);
+  // Watching a call path that has paused after a call since.
+  const absl::Time ended = absl::Now();
+  prober.Watch([ended] { return CallPathActivity{false, ended}; });
+  REQUIRE(measures.TakenAtLeast(2, absl::Seconds(30)));
+  prober.Stop();
+  CHECK(calls_cpu->host_waits() == CallsCpu::HostWaits::kPin);
+  // The paused call path is probed no more: no call ended since.
+  const int taken = measures.taken();
+  CHECK(taken == 2);
+}
+
+TEST_CASE("A call path that never pauses is never re-probed") {
+  auto calls_cpu = std::make_shared<CallsCpu>(CallsCpu::kRunningCpu);
+  Measures measures({kBusy});
+  ReprobeSchedule::Options options;
+  options.every = absl::Milliseconds(5);
+  options.quiet = absl::Milliseconds(1);
+  PlacementProber prober(calls_cpu, options, measures.measure());
+  prober.Watch([] { return CallPathActivity{true, absl::Now()}; });
+  prober.Start();
+  REQUIRE(measures.TakenAtLeast(1, absl::Seconds(30)));
+  absl::SleepFor(absl::Milliseconds(100));
+  prober.Stop();
+  CHECK(measures.taken() == 1);
+}
+
+}  // namespace
+}  // namespace agentix::sandbox
