@@ -90,6 +90,29 @@ async def test_told_off_the_loop_runs_its_own_selector_and_told_wait_the_pinning
         pw._threads.__dict__.pop("waits", None)
 
 
+async def test_a_named_setting_pins_again_after_a_daemon_told_an_earlier_client_off(masks):
+    loop = asyncio.get_running_loop()
+    inner = loop._selector
+    try:
+        waits = pw.pinned_waits(CallsCpu("wait", min(ALLOWED), follow=True))
+        pw.follow_daemon(waits, False)  # a probing daemon's answer to the default setting
+        assert loop._selector is inner and waits.told_off
+        # A later client on the thread that names `wait` (AGENTIX_CALLS_CPU set): pinned waits.
+        assert pw.pinned_waits(CallsCpu("wait", min(ALLOWED))) is waits
+        assert isinstance(loop._selector, pw._PinningSelector) and not waits.told_off
+        waits.hold()
+        waits.before_select(None)
+        assert waits.pinned and masks[-1] == (0, {min(ALLOWED)})
+        waits.after_select()
+        waits.release()
+        # Another client following the daemon's default keeps what it was told last.
+        pw.follow_daemon(waits, False)
+        assert pw.pinned_waits(CallsCpu("wait", None, follow=True)) is waits and waits.told_off
+    finally:
+        loop._selector = inner
+        pw._threads.__dict__.pop("waits", None)
+
+
 def test_current_cpu_is_one_this_thread_may_run_on():
     assert pw.current_cpu() in ALLOWED
 

@@ -397,6 +397,12 @@ def pinned_waits(setting: CallsCpu, slice_us: int = 0) -> PinnedWaits | None:
         set_thread_slice(slice_us)
     elif setting.cpu is not None and setting.cpu != waits.cpu and not waits.pinned:
         waits.move_to(setting.cpu)  # a CPU named by a later client wins, as at the daemon
+    if waits.told_off and not setting.follow:
+        # A client that named its placement pins as it says, whatever a
+        # probing daemon told an earlier client of this thread (the latest
+        # word wins, as above): one told `off` must not leave a later
+        # ``asyncio.run`` on the thread unpinned for good.
+        waits.follow(True)
     if not isinstance(selector, _PinningSelector):
         loop._selector = _PinningSelector(selector, waits)  # type: ignore[attr-defined]
     return waits
