@@ -598,6 +598,36 @@ TEST_CASE("AGENTIX_CALLS_CPU=wait pins a caller's thread only while its call wai
   REQUIRE_OK(first);
 }
 
+// Another thread samples the constructing thread's CPU mask every 10 ms
+// until Stop(): how often that thread was pinned to one CPU.
+class PinSampler {
+ public:
+  struct Counts {
+    int samples = 0;
+    int pinned = 0;
+  };
+  PinSampler()
+      : caller_(::gettid()), watcher_([this] {
+          while (!stop_.load()) {
+            ++samples_;
+            if (testing::CpusOf(caller_).size() == 1) ++pinned_;
+            absl::SleepFor(absl::Milliseconds(10));
+          }
+        }) {}
+  ~PinSampler() { Stop(); }
+  Counts Stop() {
+    stop_ = true;
+    if (watcher_.joinable()) watcher_.join();
+    return {samples_.load(), pinned_.load()};
+  }
+
+ private:
+  const pid_t caller_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> samples_{0}, pinned_{0};
+  std::thread watcher_;  // last: starts once the fields above exist
+};
+
 // (a daemon with the default --calls_cpu=probe tells this client whether to
 // pin: on a machine whose cross-CPU wake-ups are cheap, not to; a daemon with
 // --calls_cpu=auto never tells, so the client's own default shows)
@@ -610,29 +640,19 @@ TEST_CASE("pinned waits are the default on the frame wire against --calls_cpu=au
   for (CallsWire wire : {CallsWire::kFrames, CallsWire::kGrpc}) {
     auto client = ConnectTo(daemon.url(), "", wire);
     REQUIRE(client->calls_wire() == wire);
-    const pid_t caller = ::gettid();
-    std::atomic<bool> stop{false};
-    std::atomic<int> samples{0}, pinned{0};
-    std::thread watcher([&] {
-      while (!stop.load()) {
-        ++samples;
-        if (testing::CpusOf(caller).size() == 1) ++pinned;
-        absl::SleepFor(absl::Milliseconds(10));
-      }
-    });
+    PinSampler sampler;
     absl::Status slept =
         client->Remote<msgpack::object_handle>("e2e_targets::blocking_sleep", 0.3).status();
-    stop = true;
-    watcher.join();
+    const PinSampler::Counts seen = sampler.Stop();
     REQUIRE_OK(slept);
     CHECK(testing::CpusOf(0) == before);
     INFO("wire " << (wire == CallsWire::kFrames ? "frames" : "grpc") << ": pinned in "
-                 << pinned.load() << " of " << samples.load() << " samples");
-    REQUIRE(samples.load() > 0);
+                 << seen.pinned << " of " << seen.samples << " samples");
+    REQUIRE(seen.samples > 0);
     if (wire == CallsWire::kFrames) {
-      CHECK(pinned.load() >= samples.load() / 2);
+      CHECK(seen.pinned >= seen.samples / 2);
     } else {
-      CHECK(pinned.load() == 0);
+      CHECK(seen.pinned == 0);
     }
   }
 }
@@ -641,22 +661,12 @@ TEST_CASE("pinned waits are the default on the frame wire against --calls_cpu=au
 // thread's noop calls wait (each call waits 20 ms in the sandbox), in which
 // this thread was pinned to one CPU.
 double PinnedWhileWaiting(Client& client) {
-  const pid_t caller = ::gettid();
-  std::atomic<bool> stop{false};
-  std::atomic<int> samples{0}, pinned{0};
-  std::thread watcher([&] {
-    while (!stop.load()) {
-      ++samples;
-      if (testing::CpusOf(caller).size() == 1) ++pinned;
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-  });
+  PinSampler sampler;
   for (int i = 0; i < 10; ++i) {
     REQUIRE_OK(client.Remote<msgpack::object_handle>("e2e_targets::blocking_sleep", 0.02).status());
   }
-  stop = true;
-  watcher.join();
-  return samples.load() == 0 ? 0 : static_cast<double>(pinned.load()) / samples.load();
+  const PinSampler::Counts seen = sampler.Stop();
+  return seen.samples == 0 ? 0 : static_cast<double>(seen.pinned) / seen.samples;
 }
 
 // A --calls_cpu=probe daemon (the default) measures again in its call path's
