@@ -201,12 +201,9 @@ TEST_CASE("A first sync call runs before asyncio is imported; the loop "
           "[worker]") {
   Worker worker;
   const std::string names = Pickle("((['asyncio', 'inspect'],), {})");
-  worker.Call("first", "worker_cold::imported_after_checks", names);
-  worker.AwaitReady();
-  Reply first = worker.AwaitReply("first");
-  INFO(first.error.type << ": " << first.error.message);
-  REQUIRE(first.ok);
-  CHECK(Unpickle(first.value) == "[]");
+  const std::string first =
+      worker.FirstCallOk("worker_cold::imported_after_checks", names);
+  CHECK(Unpickle(first) == "[]");
   absl::SleepFor(absl::Milliseconds(600));  // idle: the loop has started
   CHECK(Unpickle(worker.CallOk("worker_cold::imported", names)) ==
         "['asyncio', 'inspect']");
@@ -222,12 +219,8 @@ TEST_CASE("A cold start's first call runs with automatic collection paused; "
           "[worker]") {
   Worker worker;
   const std::string look = Pickle("((), {})");
-  worker.Call("first", "worker_cold::collector", look);
-  worker.AwaitReady();
-  Reply first = worker.AwaitReply("first");
-  INFO(first.error.type << ": " << first.error.message);
-  REQUIRE(first.ok);
-  CHECK(Unpickle(first.value) == "[[0, 10, 10], True]");
+  const std::string first = worker.FirstCallOk("worker_cold::collector", look);
+  CHECK(Unpickle(first) == "[[0, 10, 10], True]");
   absl::SleepFor(absl::Milliseconds(600));  // the worker has waited
   CHECK(Unpickle(worker.CallOk("worker_cold::collector", look)) ==
         "[[700, 10, 10], True]");
@@ -240,12 +233,9 @@ TEST_CASE("A cold start's first call runs with automatic collection paused; "
 TEST_CASE("A child forked by a cold start's first call collects as usual",
           "[worker]") {
   Worker worker;
-  worker.Call("first", "worker_cold::collector_in_fork", Pickle("((), {})"));
-  worker.AwaitReady();
-  Reply first = worker.AwaitReply("first");
-  INFO(first.error.type << ": " << first.error.message);
-  REQUIRE(first.ok);
-  CHECK(Unpickle(first.value) == "[[0, 10, 10], '[700, 10, 10]']");
+  const std::string first =
+      worker.FirstCallOk("worker_cold::collector_in_fork", Pickle("((), {})"));
+  CHECK(Unpickle(first) == "[[0, 10, 10], '[700, 10, 10]']");
   worker.Shutdown();
   REQUIRE(worker.AwaitExit().returncode() == 0);
 }
@@ -265,11 +255,7 @@ TEST_CASE("Collector settings a first call makes are kept after the boot's "
   for (const auto& c : cases) {
     INFO(c.args);
     Worker worker;
-    worker.Call("first", "worker_cold::collector", Pickle(c.args));
-    worker.AwaitReady();
-    Reply first = worker.AwaitReply("first");
-    INFO(first.error.type << ": " << first.error.message);
-    REQUIRE(first.ok);
+    worker.FirstCallOk("worker_cold::collector", Pickle(c.args));
     absl::SleepFor(absl::Milliseconds(600));  // the worker has waited
     CHECK(Unpickle(worker.CallOk("worker_cold::collector",
                                  Pickle("((), {})"))) == c.later);
@@ -344,15 +330,12 @@ TEST_CASE("Sync calls in a row do not start the event loop under them; "
   const std::string no_args = Pickle("((), {})");
   for (int attempt = 1;; ++attempt) {
     Worker worker;
-    worker.Call("first", "worker_cold::imported", names);
-    worker.AwaitReady();
-    Reply first = worker.AwaitReply("first");
-    INFO(first.error.type << ": " << first.error.message);
-    REQUIRE(first.ok);
+    const std::string first =
+        worker.FirstCallOk("worker_cold::imported", names);
     const StreamSeen run =
-        ImportedWhileCalling(worker, names, first.value, absl::Milliseconds(600));
-    if (run.seen != first.value && StalledRun(run, attempt, worker)) continue;
-    CHECK(Unpickle(first.value) == "[]");
+        ImportedWhileCalling(worker, names, first, absl::Milliseconds(600));
+    if (run.seen != first && StalledRun(run, attempt, worker)) continue;
+    CHECK(Unpickle(first) == "[]");
     CHECK(Unpickle(run.seen) == "[]");
     absl::SleepFor(absl::Milliseconds(600));  // a pause: the loop has started
     CHECK(Unpickle(worker.CallOk("worker_cold::imported", asyncio)) ==
@@ -373,11 +356,8 @@ TEST_CASE("Sync calls in a row after the loop started do not start the "
   const std::string no_args = Pickle("((), {})");
   for (int attempt = 1;; ++attempt) {
     Worker worker;
-    worker.Call("first", "worker_cold::on_the_loop", no_args);
-    worker.AwaitReady();
-    Reply first = worker.AwaitReply("first");  // the loop runs from now on
-    INFO(first.error.type << ": " << first.error.message);
-    REQUIRE(first.ok);
+    // The loop runs from this call on.
+    worker.FirstCallOk("worker_cold::on_the_loop", no_args);
     const std::string none = worker.CallOk("worker_cold::imported", names);
     const StreamSeen run =
         ImportedWhileCalling(worker, names, none, absl::Milliseconds(600));
@@ -430,13 +410,9 @@ TEST_CASE("A first call that imports asyncio finds inspect and locale "
           "deferred, and usable",
           "[worker]") {
   Worker worker;
-  worker.Call("first", "worker_cold::asyncio_first", Pickle("((), {})"));
-  worker.AwaitReady();
-  Reply first = worker.AwaitReply("first");
-  INFO(first.error.type << ": " << first.error.message << "\n"
-                        << first.error.traceback);
-  REQUIRE(first.ok);
-  CHECK(Unpickle(first.value) ==
+  const std::string first =
+      worker.FirstCallOk("worker_cold::asyncio_first", Pickle("((), {})"));
+  CHECK(Unpickle(first) ==
         "['_DeferredModule', 7, '(seconds)', 'module', '_DeferredModule', "
         "'en_US.ISO8859-1', 'module']");
   worker.Shutdown();
@@ -446,12 +422,9 @@ TEST_CASE("A first call that imports asyncio finds inspect and locale "
 TEST_CASE("A first call that is a coroutine runs on the loop it starts",
           "[worker]") {
   Worker worker;
-  worker.Call("first", "worker_cold::on_the_loop", Pickle("((), {})"));
-  worker.AwaitReady();
-  Reply first = worker.AwaitReply("first");
-  INFO(first.error.type << ": " << first.error.message);
-  REQUIRE(first.ok);
-  CHECK(Unpickle(first.value) == "[True, True]");
+  const std::string first =
+      worker.FirstCallOk("worker_cold::on_the_loop", Pickle("((), {})"));
+  CHECK(Unpickle(first) == "[True, True]");
   CHECK(Unpickle(worker.CallOk("worker_cold::sleep", Pickle("((0,), {})"))) ==
         "0");
   worker.Shutdown();
@@ -488,10 +461,9 @@ TEST_CASE("A shutdown before the event loop started exits without importing "
   for (int attempt = 0; attempt < 3 && seen != "[]"; ++attempt) {
     std::filesystem::remove(path);
     Worker worker;
-    worker.Call("first", "worker_cold::note_modules_at_exit",
-                Pickle(absl::StrCat("(('", path, "', ['asyncio']), {})")));
-    worker.AwaitReady();
-    REQUIRE(worker.AwaitReply("first").ok);
+    worker.FirstCallOk(
+        "worker_cold::note_modules_at_exit",
+        Pickle(absl::StrCat("(('", path, "', ['asyncio']), {})")));
     worker.Shutdown();
     REQUIRE(worker.AwaitExit(absl::Seconds(20)).returncode() == 0);
     std::ifstream in(path);
