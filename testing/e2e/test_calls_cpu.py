@@ -8,7 +8,9 @@ chooses the CPU; the Python host's AGENTIX_CALLS_CPU pins its event loop's
 thread."""
 
 import asyncio
+import contextlib
 import os
+import threading
 import time
 
 import e2e_targets as t
@@ -220,47 +222,45 @@ def _allowed_list(tid):
     return cpus
 
 
-async def test_pinned_waits_pin_the_loop_thread_only_while_a_call_is_in_flight(start_daemon, monkeypatch):
-    import threading
-    import time
+@contextlib.contextmanager
+def _masks_of(tid):
+    """Another thread samples thread `tid`'s CPU mask every 10 ms while the
+    block runs (a call in flight); yields the list the samples go to."""
+    seen, stop = [], threading.Event()
 
+    def watch():
+        while not stop.is_set():
+            seen.append(frozenset(_allowed_list(tid)))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        watcher.join()
+
+
+async def test_pinned_waits_pin_the_loop_thread_only_while_a_call_is_in_flight(start_daemon, monkeypatch):
     before = os.sched_getaffinity(0)
     assert len(before) >= 2, "needs a machine with two CPUs to tell pinned from free"
     cpu = max(before)
     monkeypatch.setenv("AGENTIX_CALLS_CPU", "wait:auto")
     daemon = start_daemon(extra_args=["--calls_cpu=auto"])
     loop_tid = threading.get_native_id()
-    seen, stop = [], threading.Event()
-
-    def watch():  # another thread reads the loop thread's mask while a call is in flight
-        while not stop.is_set():
-            seen.append(frozenset(_allowed_list(loop_tid)))
-            time.sleep(0.01)
-
     try:
         async with RuntimeClient(daemon.url) as client:
             for _ in range(20):  # sequential calls: user code after each runs unpinned
                 assert await client.remote(os.getpid) > 0
                 assert os.sched_getaffinity(0) == before
-            watcher = threading.Thread(target=watch)
-            watcher.start()
-            try:
+            with _masks_of(loop_tid) as seen:
                 await client.remote(time.sleep, 0.5)
-            finally:
-                stop.set()
-                watcher.join()
             assert os.sched_getaffinity(0) == before
             assert seen.count(frozenset({cpu})) >= len(seen) // 2 > 0, seen
             # Overlapping calls wait unpinned; the next sequential one is pinned again.
-            seen.clear()
-            stop.clear()
-            watcher = threading.Thread(target=watch)
-            watcher.start()
-            try:
+            with _masks_of(loop_tid) as seen:
                 await asyncio.gather(*(client.remote(time.sleep, 0.3) for _ in range(2)))
-            finally:
-                stop.set()
-                watcher.join()
             # The first call is pinned until the second starts (microseconds later):
             # only a first sample may have caught that.
             assert len(seen) > 1 and set(seen[1:]) == {frozenset(before)}, seen
@@ -334,8 +334,6 @@ def _probe_choice(daemon, timeout_s=10.0):
 
 
 async def test_calls_cpu_probe_serves_calls_reports_its_choice_and_tells_the_hosts_that_ask(start_daemon, tmp_path):
-    import threading
-
     from agentix.runtime.client.hello import decode_hello
 
     before = frozenset(_allowed())
@@ -363,24 +361,12 @@ async def test_calls_cpu_probe_serves_calls_reports_its_choice_and_tells_the_hos
     # The Python host (default setting) asks, and its loop thread waits pinned
     # only if the probe chose the whole placement.
     loop_tid = threading.get_native_id()
-    seen, stop = [], threading.Event()
-
-    def watch():
-        while not stop.is_set():
-            seen.append(frozenset(_allowed_list(loop_tid)))
-            time.sleep(0.01)
-
     try:
         async with RuntimeClient(daemon.url, token=TOKEN) as client:
             for _ in range(20):
                 assert await client.remote(os.getpid) > 0
-            watcher = threading.Thread(target=watch)
-            watcher.start()
-            try:
+            with _masks_of(loop_tid) as seen:
                 await client.remote(time.sleep, 0.5)
-            finally:
-                stop.set()
-                watcher.join()
         assert seen
         if choice == "pin":
             assert seen.count(before) < len(seen), seen
