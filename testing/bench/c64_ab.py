@@ -63,8 +63,7 @@ def cpu(pids):
     return {k: (sum(procs.thread_cpu_ns(p).values()) if p else 0) for k, p in pids.items()}
 
 
-def by_thread(pids):
-    """{(process, thread name): (on-CPU ns, run-queue wait ns)}."""
+def by_thread(pids):  # {(process, thread name): (on-CPU ns, run-queue wait ns)}
     out = {}
     for k, p in pids.items():
         waits = procs.thread_wait_ns(p)
