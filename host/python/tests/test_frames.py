@@ -358,7 +358,10 @@ async def test_a_lone_call_costs_no_loop_turn_and_a_burst_still_shares_one_messa
             sum(e.WhichOneof("kind") == "start" for e in request.events) for request in framed.requests
         ]
         assert [n for n in starts if n] == [1, 4]
-        assert len(loop.scheduled) == 1
+        # One deferred flush for the burst, and one more if a read settled several of its
+        # calls (their callers' next starts would have gone out together: none came).
+        assert 1 <= len(loop.scheduled) <= 2
+        assert all(callback == stream._end_deferral for callback in loop.scheduled)
 
 
 async def test_a_sequential_callers_task_resumes_in_the_callback_that_read_its_result(framed):
