@@ -16,6 +16,10 @@ The two sides alternate, one fresh daemon and one fresh host process per
   host, each calling the sync noop in a loop for a fixed time),
 - CPU per call by process (host, daemon, worker; all threads, from
   /proc/<pid>/task/*/schedstat) at 16 and 64 callers,
+- at 64 callers, by thread (process:thread name; threads under 1 % of a
+  core left out): the share of a core it ran (`c64_core:…`; 1.0 is a
+  saturated thread, the bound on calls/s), its CPU a call (`c64_cpu_us:…`)
+  and the share of the window it waited runnable for a CPU (`c64_runq:…`),
 
 and the summary gives per key the medians of each side and the median of the
 per-round ratios b / a. Run after `bazel build //sandbox:agentix-sandboxd
@@ -59,6 +63,15 @@ def cpu(pids):
     return {k: (sum(procs.thread_cpu_ns(p).values()) if p else 0) for k, p in pids.items()}
 
 
+def by_thread(pids):  # {(process, thread name): (on-CPU ns, run-queue wait ns)}
+    out = {}
+    for k, p in pids.items():
+        waits = procs.thread_wait_ns(p)
+        for name, ns in procs.thread_cpu_ns(p).items():
+            out[(k, name)] = (ns, waits.get(name, 0))
+    return out
+
+
 def wakeups(pid):
     total = 0
     for task in os.listdir(f"/proc/{pid}/task"):
@@ -98,11 +111,11 @@ async def main():
                 if profile_to and callers == 64:
                     prof = cProfile.Profile()
                     prof.enable()
-                w0 = {k: wakeups(p) for k, p in pids.items()}
+                w0, th0 = {k: wakeups(p) for k, p in pids.items()}, by_thread(pids)
                 c0, n0, t0 = cpu(pids), load.completed, time.perf_counter()
                 await asyncio.sleep(seconds)
                 c1, n1, t1 = cpu(pids), load.completed, time.perf_counter()
-                w1 = {k: wakeups(p) for k, p in pids.items()}
+                w1, th1 = {k: wakeups(p) for k, p in pids.items()}, by_thread(pids)
                 if prof is not None:
                     prof.disable()
                     prof.dump_stats(profile_to)
@@ -113,6 +126,14 @@ async def main():
             for k in pids:
                 out[f"c{callers}_{k}_wakeups"] = (w1[k] - w0[k]) / n
             out[f"c{callers}_total_cpu_us"] = sum((c1[k] - c0[k]) for k in pids) / 1e3 / n
+            if callers == 64:
+                wall_ns = (t1 - t0) * 1e9
+                for (k, name), (ns, waited) in sorted(th1.items()):
+                    ns0, waited0 = th0.get((k, name), (0, 0))
+                    if ns - ns0 >= 0.01 * wall_ns:
+                        out[f"c64_core:{k}:{name}"] = (ns - ns0) / wall_ns
+                        out[f"c64_cpu_us:{k}:{name}"] = (ns - ns0) / 1e3 / n
+                        out[f"c64_runq:{k}:{name}"] = (waited - waited0) / wall_ns
     print("RESULT " + json.dumps(out), flush=True)
 
 asyncio.run(main())

@@ -214,9 +214,13 @@ def _rounded(value: float) -> float:
 
 def ab_summary(rows: list[dict]) -> dict:
     """Per figure of A/B `rows` (each side "a"/"b" -> figures): each side's
-    median and the median of the per-round ratios b / a."""
+    median and the median of the per-round ratios b / a. Only figures that
+    every round gave on both sides (a thread under a bench's threshold in
+    one round, or of one side's binary only, has no ratio to take)."""
     summary = {}
     for key in rows[0]["a"]:
+        if any(key not in r["a"] or key not in r["b"] for r in rows):
+            continue
         summary[key] = {
             "a_median": _rounded(statistics.median(r["a"][key] for r in rows)),
             "b_median": _rounded(statistics.median(r["b"][key] for r in rows)),

@@ -43,3 +43,12 @@ def baggage(key):
 
 def opaque():
     return Opaque()
+
+
+# Gates the tests open to release calls together (the fake runtime runs these in the test's loop).
+GATES: dict[str, asyncio.Event] = {}
+
+
+async def gated(name, value):
+    await GATES.setdefault(name, asyncio.Event()).wait()
+    return value

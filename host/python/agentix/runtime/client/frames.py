@@ -76,7 +76,7 @@ from agentix.runtime.client.pinned_waits import (
     follow_daemon,
     pinned_waits,
 )
-from agentix.runtime.client.stream import CallsStream, NativeCallsStream
+from agentix.runtime.client.stream import CallsStream, NativeCallsStream, coalesce_starts
 from agentix.runtime.client.wire_choice import (
     CALLS_WIRE_ENV,
     PAYLOAD_RING_ENV,
@@ -197,7 +197,8 @@ class FrameWire:
     ) -> CallsStream:
         """A new Calls stream of a client: on the frame wire (`transport`), else
         on the native transport's grpc++ channel, else on grpc.aio `channel`.
-        Raises as `transport`."""
+        Raises as `transport`, or ValueError for a bad setting (nothing opened)."""
+        coalesce_starts()
         frames = self.transport(metadata)
         if frames is not None:
             return FrameCallsStream(frames, pending, on_lost)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 from collections.abc import Callable
 
 import grpc
@@ -457,6 +458,19 @@ class NativeStreamError(grpc.RpcError):
         return self._details
 
 
+COALESCE_STARTS_ENV = "AGENTIX_COALESCE_STARTS"
+
+
+def coalesce_starts() -> bool:
+    """Whether a read that settled several calls defers the next loop turn's
+    first StartCall to go out with the others (``AGENTIX_COALESCE_STARTS``:
+    1, the default, or 0: the first is written at once, the rest together)."""
+    value = os.environ.get(COALESCE_STARTS_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{COALESCE_STARTS_ENV} must be 0 or 1, not {value!r}")
+    return value != "0"
+
+
 class NativeCallsStream(CallsStream):
     """A `CallsStream` over ``_native_calls.CallsTransport`` (grpc++'s
     completion-queue API in a C++ extension) instead of grpc.aio.
@@ -487,6 +501,11 @@ class NativeCallsStream(CallsStream):
         pending: dict[str, PendingCall],
         on_lost: Callable[[CallsStream, BaseException | None], None],
     ) -> None:
+        try:
+            coalesce = coalesce_starts()
+        except ValueError:
+            transport.close()  # the stream that would own it is not made
+            raise
         self._transport = transport
         # How `start_call` writes one whole CallsRequest, and the frame kind in front of it (0: none).
         self._write_message = transport.write
@@ -501,6 +520,9 @@ class NativeCallsStream(CallsStream):
         # the next loop iteration (_deferral_scheduled), with any others.
         self._deferred = False
         self._deferral_scheduled = False
+        # A read that settled several calls: their callers' next StartCalls, made as they resume in
+        # the next loop turn, go out in one write after them (not the first alone, then the rest).
+        self._coalesce_starts = coalesce
         self._half_closed = False
         self._flushed: asyncio.Future | None = None  # aclose() waits for it
 
@@ -603,10 +625,18 @@ class NativeCallsStream(CallsStream):
             except Exception as exc:  # the transport failed: reconnect and resume
                 self._report_lost(exc)
                 return
+            pending = self._pending
+            before = len(pending)
             for message in messages:
                 if self._lost:  # dropped by a routing failure, or a write failed meanwhile
                     break
                 self._route_message(message)
+            if before - len(pending) > 1 and self._coalesce_starts and not self._deferral_scheduled:
+                # The settled calls' tasks resume in the next turn, ahead of this handle: every
+                # StartCall they make queues (`_deferred`) and _end_deferral writes them together.
+                self._deferred = True
+                self._deferral_scheduled = True
+                self._loop.call_soon(self._end_deferral)
             try:
                 if status is not None:
                     self._settle_flushed()

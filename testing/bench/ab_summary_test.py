@@ -1,0 +1,30 @@
+"""How a same-run A/B's rounds combine into medians and ratios (procs.ab_summary)."""
+
+import unittest
+
+import procs
+
+
+class AbSummaryTest(unittest.TestCase):
+    def test_medians_of_each_side_and_of_the_per_round_ratios(self):
+        rows = [{"a": {"p50": 100.0}, "b": {"p50": 90.0}},
+                {"a": {"p50": 200.0}, "b": {"p50": 100.0}},
+                {"a": {"p50": 120.0}, "b": {"p50": 132.0}}]
+        self.assertEqual(procs.ab_summary(rows)["p50"],
+                         {"a_median": 120.0, "b_median": 100.0, "median_ratio_b_over_a": 0.9})
+
+    def test_a_figure_missing_from_any_round_or_side_is_left_out(self):
+        # c64_ab's per-thread figures: a thread under its threshold in one
+        # round, or a thread only one side's binary has.
+        rows = [{"a": {"p50": 1.0, "c64_core:daemon:x": 0.5}, "b": {"p50": 1.0, "c64_core:daemon:x": 0.4}},
+                {"a": {"p50": 1.0, "c64_core:daemon:x": 0.5}, "b": {"p50": 1.0}},
+                {"a": {"p50": 1.0}, "b": {"p50": 1.0, "c64_core:worker:y": 0.2}}]
+        self.assertEqual(list(procs.ab_summary(rows)), ["p50"])
+
+    def test_a_zero_on_side_a_has_no_ratio(self):
+        rows = [{"a": {"preempted": 0.0}, "b": {"preempted": 1.0}}]
+        self.assertIsNone(procs.ab_summary(rows)["preempted"]["median_ratio_b_over_a"])
+
+
+if __name__ == "__main__":
+    unittest.main()
