@@ -54,6 +54,9 @@ ABSL_FLAG(int, prefault_arena_mib, 6,
 ABSL_FLAG(int, prefault_heap_mib, 4,
           "MiB at the top of malloc's main heap faulted in the same way; 0: "
           "none");
+ABSL_FLAG(bool, prefault_libpython, false,
+          "read libpython's mapped pages in the same way (off: on a loaded "
+          "machine the reads compete with the boot; not measured quiet)");
 
 namespace {
 
@@ -97,7 +100,8 @@ int main(int argc, char** argv) {
       {.arena_mib = static_cast<size_t>(
            std::max(0, absl::GetFlag(FLAGS_prefault_arena_mib))),
        .heap_mib = static_cast<size_t>(
-           std::max(0, absl::GetFlag(FLAGS_prefault_heap_mib)))});
+           std::max(0, absl::GetFlag(FLAGS_prefault_heap_mib))),
+       .libpython = absl::GetFlag(FLAGS_prefault_libpython)});
   agentix::worker::IntakeBaton::SetSpin(absl::Microseconds(
       std::clamp<int64_t>(absl::GetFlag(FLAGS_intake_spin_us), 0, 1000000)));
   agentix::worker::WorkerOptions options;

@@ -1,8 +1,10 @@
 #include "worker/python/prefault.h"
 
 #include <Python.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -39,6 +41,7 @@ struct ArenaReserve {
 
 ArenaReserve* g_reserve = nullptr;  // set once, never freed (the process's life)
 std::atomic<size_t> g_pages_done{0};
+std::atomic<size_t> g_library_pages{0};
 std::atomic<bool> g_finished{false};
 
 void* ArenaAlloc(void* ctx, size_t size) {
@@ -79,17 +82,57 @@ void ArenaFree(void* ctx, void* ptr, size_t size) {
 // access after the fault costs as much again, and it is paid once per page
 // whichever thread makes it. Reads only: the boot thread may already be
 // writing to these pages.
+// `populate`: anonymous memory, faulted in writable first (a read alone
+// would map the zero page); file pages are only read.
 __attribute__((no_sanitize("address", "thread"))) void Touch(uintptr_t begin,
-                                                            uintptr_t end) {
+                                                            uintptr_t end,
+                                                            bool populate) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  if (madvise(reinterpret_cast<void*>(begin), end - begin,
-              MADV_POPULATE_WRITE) != 0) {
+  if (populate && madvise(reinterpret_cast<void*>(begin), end - begin,
+                          MADV_POPULATE_WRITE) != 0) {
     return;  // an older kernel: a read would only map the zero page
   }
   for (uintptr_t at = begin; at < end; at += page) {
     (void)*reinterpret_cast<volatile const char*>(at);
   }
   g_pages_done.fetch_add((end - begin) / page, std::memory_order_relaxed);
+}
+
+struct Range {
+  uintptr_t begin;
+  uintptr_t end;
+};
+
+// The readable loadable segments' file-backed part of the loaded
+// libpython, page-aligned. Found by name: the address of one of its
+// functions can be the executable's PLT entry (a non-PIC executable's
+// canonical address).
+std::vector<Range> LibpythonRanges() {
+  std::vector<Range> ranges;
+  dl_iterate_phdr(
+      [](dl_phdr_info* object, size_t, void* data) {
+        const char* name = object->dlpi_name;
+        const char* base = name == nullptr ? nullptr : strrchr(name, '/');
+        base = base == nullptr ? name : base + 1;
+        if (base == nullptr || strncmp(base, "libpython", 9) != 0) return 0;
+        auto* ranges = static_cast<std::vector<Range>*>(data);
+        const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+        for (int i = 0; i < object->dlpi_phnum; ++i) {
+          const ElfW(Phdr)& header = object->dlpi_phdr[i];
+          if (header.p_type != PT_LOAD || (header.p_flags & PF_R) == 0) {
+            continue;
+          }
+          const uintptr_t begin =
+              (object->dlpi_addr + header.p_vaddr) & ~(page - 1);
+          const uintptr_t end =
+              (object->dlpi_addr + header.p_vaddr + header.p_filesz) &
+              ~(page - 1);
+          if (end > begin) ranges->push_back({begin, end});
+        }
+        return 1;
+      },
+      &ranges);
+  return ranges;
 }
 
 }  // namespace
@@ -149,25 +192,40 @@ absl::Status StartPrefault(const PrefaultOptions& options) {
       heap_end = (address + bytes) & ~(page - 1);
     }
   }
-  if (arenas_begin == 0 && heap_begin == 0) {
+  std::vector<Range> library;
+  if (options.libpython) library = LibpythonRanges();
+  if (arenas_begin == 0 && heap_begin == 0 && library.empty()) {
     g_finished.store(true);
     return absl::OkStatus();
   }
-  std::thread([arenas_begin, arenas_end, heap_begin, heap_end] {
+  std::thread([arenas_begin, arenas_end, heap_begin, heap_end,
+               library = std::move(library)] {
     pthread_setname_np(pthread_self(), "agx-prefault");
-    // In the order a booting interpreter needs them: an arena, then a MiB
-    // of the heap, and so on.
+    // In the order a booting interpreter needs them: an arena, a MiB of
+    // the heap, a MiB of libpython, and so on.
     uintptr_t arena = arenas_begin;
     uintptr_t heap = heap_begin;
-    while (arena < arenas_end || heap < heap_end) {
+    size_t segment = 0;
+    uintptr_t at = library.empty() ? 0 : library[0].begin;
+    while (arena < arenas_end || heap < heap_end || segment < library.size()) {
       if (arena < arenas_end) {
-        Touch(arena, arena + kArenaBytes);
+        Touch(arena, arena + kArenaBytes, true);
         arena += kArenaBytes;
       }
       if (heap < heap_end) {
         const uintptr_t next = std::min(heap + kMiB, heap_end);
-        Touch(heap, next);
+        Touch(heap, next, true);
         heap = next;
+      }
+      if (segment < library.size()) {
+        const uintptr_t next = std::min(at + kMiB, library[segment].end);
+        Touch(at, next, false);
+        g_library_pages.fetch_add((next - at) / static_cast<size_t>(sysconf(_SC_PAGESIZE)),
+                                  std::memory_order_relaxed);
+        at = next;
+        if (at >= library[segment].end && ++segment < library.size()) {
+          at = library[segment].begin;
+        }
       }
     }
     g_finished.store(true);
@@ -184,6 +242,7 @@ PrefaultState GetPrefaultState() {
     state.arenas_mapped = g_reserve->mapped.load();
   }
   state.pages_done = g_pages_done.load();
+  state.library_pages = g_library_pages.load();
   state.finished = g_finished.load();
   return state;
 }

@@ -6,7 +6,8 @@
 // the interpreter. A second thread on the otherwise idle CPU can fault the
 // pages in and access them first; the boot thread then finds them ready.
 // Which pages: CPython's object arenas (handed out from a reserve through
-// PyObject_SetArenaAllocator) and the top of malloc's main heap.
+// PyObject_SetArenaAllocator), the top of malloc's main heap and libpython's
+// mapped file.
 #pragma once
 
 #include <cstddef>
@@ -25,6 +26,10 @@ struct PrefaultOptions {
   // use (allocated once and freed, so the heap keeps them: the worker's
   // malloc trim threshold is far above). 0: none.
   size_t heap_mib = 0;
+  // libpython's mapped file pages (its loadable segments' file part) are
+  // read once, a MiB at a time between the others: the boot thread then
+  // finds their page-table entries made. false: not read.
+  bool libpython = false;
 };
 
 // Installs the arena reserve and starts a detached thread that faults in
@@ -39,7 +44,8 @@ struct PrefaultState {
   uintptr_t reserve_end = 0;
   size_t arenas_from_reserve = 0;  // handed out, reused ones included
   size_t arenas_mapped = 0;        // beyond the reserve
-  size_t pages_done = 0;           // faulted in by the thread so far
+  size_t pages_done = 0;           // faulted in or read by the thread so far
+  size_t library_pages = 0;        // of which libpython's
   bool finished = false;           // the thread is done
 };
 PrefaultState GetPrefaultState();

@@ -2,9 +2,12 @@
 
 #include <Python.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -26,7 +29,7 @@ constexpr size_t kMiB = size_t{1} << 20;
 // every case here runs after this one start (Catch2 runs them in order).
 void StartOnce() {
   static const bool started = [] {
-    const absl::Status status = StartPrefault({.arena_mib = 4, .heap_mib = 2});
+    const absl::Status status = StartPrefault({.arena_mib = 4, .heap_mib = 2, .libpython = true});
     INFO(status.ToString());
     REQUIRE(status.ok());
     return true;
@@ -60,6 +63,9 @@ uintptr_t AddressOf(const char* expression) {
 TEST_CASE("The interpreter's objects live in the arena reserve, which the thread faults in") {
   StartOnce();
   const PrefaultState state = WaitFinished();
+  INFO("pages " << state.pages_done << ", of libpython " << state.library_pages
+                << ", arenas " << state.arenas_from_reserve << " + "
+                << state.arenas_mapped);
   REQUIRE(state.finished);
   REQUIRE(state.reserve_end - state.reserve_begin == 4 * kMiB);
   CHECK(state.reserve_begin % kMiB == 0);
@@ -71,14 +77,38 @@ TEST_CASE("The interpreter's objects live in the arena reserve, which the thread
   // Every page of the reserve is resident: the thread faulted them in
   // (the heap's 2 MiB too, unless malloc is not glibc's, as under ASan).
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  CHECK(state.pages_done >= 4 * kMiB / page);
-  CHECK(state.pages_done <= 6 * kMiB / page);
+  CHECK(state.pages_done - state.library_pages >= 4 * kMiB / page);
+  CHECK(state.pages_done - state.library_pages <= 6 * kMiB / page);
   std::vector<unsigned char> resident(4 * kMiB / page);
   REQUIRE(mincore(reinterpret_cast<void*>(state.reserve_begin), 4 * kMiB,
                   resident.data()) == 0);
   size_t in = 0;
   for (unsigned char r : resident) in += r & 1;
   CHECK(in == resident.size());
+}
+
+TEST_CASE("libpython's mapped file is read, and only it") {
+  StartOnce();
+  const PrefaultState state = WaitFinished();
+  REQUIRE(state.finished);
+  // The libpython this process mapped, from /proc/self/maps.
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  std::string path;
+  while (std::getline(maps, line)) {
+    const size_t slash = line.find('/');
+    if (slash != std::string::npos && line.find("/libpython", slash) != std::string::npos) {
+      path = line.substr(slash);
+      break;
+    }
+  }
+  REQUIRE(!path.empty());
+  struct stat file {};
+  REQUIRE(stat(path.c_str(), &file) == 0);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  // Its segments' file parts: most of the file, never more than all of it.
+  CHECK(state.library_pages > static_cast<size_t>(file.st_size) / page / 2);
+  CHECK(state.library_pages <= static_cast<size_t>(file.st_size) / page + 4);
 }
 
 TEST_CASE("Arenas beyond the reserve are mapped as usual, and freed ones are reused") {
