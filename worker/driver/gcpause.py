@@ -6,11 +6,12 @@ rest) is tens of thousands of containers that all live on: every 700 of them
 started a young collection, every tenth of those a middle one, now and then
 a full one, each walking objects that survive anyway (issue 25, cold start).
 So automatic collection is off (threshold 0; explicit gc.collect() works)
-from the driver's first import until the worker's main thread first wakes
-after ready: 0.1 s later (serve.py), or at once when something needs the
-event loop, or at shutdown. A cold create's first call runs in that window;
-user code runs at most ~0.1 s without automatic collection, and what it
-left then is collected at the next allocation after.
+from the driver's first import until the worker's main thread, looking every
+0.1 s after ready (serve.py), finds it idle or a call started by its previous
+look; or at once when something needs the event loop, or at shutdown. A cold
+create's first call runs in that window even if it was slow to start (a
+loaded machine); user code runs at most ~0.2 s without automatic
+collection, and what it left then is collected at the next allocation after.
 
 User code that sets its own thresholds, or gc.disable(), meanwhile keeps
 its setting: the thresholds are put back only if they are still the paused

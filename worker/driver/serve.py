@@ -94,10 +94,15 @@ def _wait_for_need_or_idle(boot_loop, worker):
     something needs the loop, or no call ran or came for _WARM_UP_IDLE_S."""
     started = worker.calls_started
     while not boot_loop.needed.wait(_WARM_UP_IDLE_S):
-        # The first wake ends the boot's pause of the cycle collector (a
-        # cold start's first call has run in it).
-        _gcpause.resume()
-        if worker.idle_since(started):
+        idle = worker.idle_since(started)
+        # The boot's pause of the cycle collector ends at the first look that
+        # finds the worker idle, or a call started by the previous look: a
+        # cold start's first call runs in it even when its reader or the
+        # call itself was slow to start (a loaded machine), and keeps it for
+        # 0.1-0.2 s at most.
+        if idle or started:
+            _gcpause.resume()
+        if idle:
             return
         started = worker.calls_started
 
