@@ -141,6 +141,50 @@ TEST_CASE("A forked child neither writes into nor truncates its parent's "
   close(fd);
 }
 
+TEST_CASE("The same records land in the file with the pages faulted in "
+          "ahead or not, a window taken back while being faulted in") {
+  const bool prefault = GENERATE(true, false);
+  CAPTURE(prefault);
+  const std::string path = TempPath();
+  const int fd = OpenRw(path);
+  REQUIRE_OK_AND_ASSIGN(std::unique_ptr<MappedLog> log,
+                        MappedLog::Open(fd, prefault));
+  std::string expected;
+  // Many windows; each Append right after a slide races the prefaulter
+  // reading the same pages.
+  for (int i = 0; expected.size() < 5 * MappedLog::kChunk + 3; ++i) {
+    REQUIRE_OK(log->Append(Line(i)));
+    expected += Line(i);
+  }
+  // A window longer than kChunk, then at once the next: the first is taken
+  // back from the prefaulter mid-way.
+  const std::string long_line(2 * MappedLog::kChunk + 5, 'y');
+  REQUIRE_OK(log->Append(long_line + "\n"));
+  expected += long_line + "\n";
+  const std::string longer_line(4 * MappedLog::kChunk, 'z');
+  REQUIRE_OK(log->Append(longer_line + "\n"));
+  expected += longer_line + "\n";
+  REQUIRE_OK(log->Append(Line(-2)));
+  expected += Line(-2);
+  REQUIRE_OK(log->Close());
+  CHECK(ReadAll(path) == expected);
+  close(fd);
+}
+
+TEST_CASE("A log closed right after its first record holds that record") {
+  const std::string path = TempPath();
+  const int fd = OpenRw(path);
+  for (int round = 0; round < 20; ++round) {
+    REQUIRE_OK_AND_ASSIGN(std::unique_ptr<MappedLog> log, MappedLog::Open(fd));
+    REQUIRE_OK(log->Append(Line(round)));
+    REQUIRE_OK(log->Close());  // the prefaulter likely still in the window
+  }
+  std::string expected;
+  for (int round = 0; round < 20; ++round) expected += Line(round);
+  CHECK(ReadAll(path) == expected);
+  close(fd);
+}
+
 TEST_CASE("Only a regular file is mapped") {
   int fds[2];
   REQUIRE(pipe(fds) == 0);
