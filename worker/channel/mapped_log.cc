@@ -207,10 +207,7 @@ absl::Status MappedLog::Slide(size_t bytes) {
   base_ = static_cast<char*>(base);
   offset_ = offset;
   mapped_ = size;
-  if (prefault_) {
-    if (prefaulter_ == nullptr) prefaulter_ = new Prefaulter();
-    prefaulter_->Warm(base_, mapped_);
-  }
+  if (prefaulter_ != nullptr) prefaulter_->Warm(base_, mapped_);
   return absl::OkStatus();
 }
 
@@ -227,7 +224,18 @@ absl::Status MappedLog::Append(std::string_view data) {
   }
   std::memcpy(base_ + (length_ - offset_), data.data(), data.size());
   length_ += data.size();
+  if (prefault_ && prefaulter_ == nullptr &&
+      (appended_ += data.size()) >= kPrefaultAfter) {
+    StartPrefaulting();
+  }
   return absl::OkStatus();
+}
+
+void MappedLog::StartPrefaulting() {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t at = (length_ - offset_) / page * page;
+  prefaulter_ = new Prefaulter();
+  prefaulter_->Warm(base_ + at, mapped_ - at);
 }
 
 absl::Status MappedLog::Close() {

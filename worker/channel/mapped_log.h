@@ -14,12 +14,14 @@
 // Close fail / only unmap, so it never writes over or truncates the parent's
 // records.
 //
-// Each window's pages are faulted in ahead of the writer by a thread of the
-// log's own (MADV_POPULATE_WRITE, then a read of each page): on a VM a first
-// write to a fresh page of the mapping costs the writer ~9-15 µs (the guest's
-// fault and the hypervisor's), about 0.2-0.35 µs a record, on the thread
-// that logs. The prefaulter only reads; the writer unmaps a window only
-// after it has let go of it.
+// Once kPrefaultAfter bytes have been appended, each window's pages are
+// faulted in ahead of the writer by a thread of the log's own
+// (MADV_POPULATE_WRITE, then a read of each page): on a VM a first write to a
+// fresh page of the mapping costs the writer ~9-15 µs (the guest's fault and
+// the hypervisor's), about 0.2-0.35 µs a record, on the thread that logs. A
+// log that stays small (a worker's boot, a quiet sandbox) starts no thread.
+// The prefaulter only reads; the writer unmaps a window only after it has
+// let go of it.
 #pragma once
 
 #include <cstddef>
@@ -34,12 +36,14 @@ namespace agentix::worker {
 class MappedLog {
  public:
   static constexpr size_t kChunk = size_t{1} << 20;
+  static constexpr size_t kPrefaultAfter = 64 * 1024;
 
   // Maps the regular file open for reading and writing on `fd` (not owned;
   // keep it open until Close), appending after its content with a previous
   // crash's NUL tail (at most kChunk bytes) trimmed off.
-  // `prefault`: fault each window's pages in on the log's own thread (off:
-  // the writer takes every page's first-write fault itself).
+  // `prefault`: past kPrefaultAfter bytes, fault each window's pages in on
+  // the log's own thread (off: the writer takes every page's first-write
+  // fault itself).
   static absl::StatusOr<std::unique_ptr<MappedLog>> Open(int fd,
                                                          bool prefault = true);
 
@@ -66,6 +70,8 @@ class MappedLog {
   absl::Status Slide(size_t bytes);
   // Unmaps the window, after the prefaulter has let go of it.
   void Unmap();
+  // Starts the prefaulter on the rest of the window.
+  void StartPrefaulting();
 
   int fd_;
   size_t length_;
@@ -75,7 +81,8 @@ class MappedLog {
   size_t mapped_ = 0;
   bool closed_ = false;
   bool prefault_;
-  // Started with the first window; in a forked child (where its thread does
+  size_t appended_ = 0;  // by this object, counted until the prefaulter starts
+  // Started past kPrefaultAfter bytes; in a forked child (where its thread does
   // not exist) never stopped nor freed.
   Prefaulter* prefaulter_ = nullptr;
 };

@@ -3,6 +3,7 @@
 // child.
 #include "worker/channel/mapped_log.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -37,6 +38,22 @@ int OpenRw(const std::string& path) {
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// How many of this process's threads are named `name`.
+int ThreadsNamed(const std::string& name) {
+  int count = 0;
+  std::unique_ptr<DIR, int (*)(DIR*)> dir(opendir("/proc/self/task"), closedir);
+  REQUIRE(dir != nullptr);
+  while (dirent* entry = readdir(dir.get())) {
+    if (entry->d_name[0] == '.') continue;
+    std::ifstream comm(std::string("/proc/self/task/") + entry->d_name +
+                       "/comm");
+    std::string comm_name;
+    std::getline(comm, comm_name);
+    if (comm_name == name) ++count;
+  }
+  return count;
 }
 
 std::string Line(int i) {
@@ -171,16 +188,49 @@ TEST_CASE("The same records land in the file with the pages faulted in "
   close(fd);
 }
 
-TEST_CASE("A log closed right after its first record holds that record") {
+TEST_CASE("A log closed just after its prefaulter starts holds its records") {
   const std::string path = TempPath();
   const int fd = OpenRw(path);
-  for (int round = 0; round < 20; ++round) {
+  std::string expected;
+  for (int round = 0; round < 10; ++round) {
     REQUIRE_OK_AND_ASSIGN(std::unique_ptr<MappedLog> log, MappedLog::Open(fd));
-    REQUIRE_OK(log->Append(Line(round)));
+    for (size_t appended = 0; appended <= MappedLog::kPrefaultAfter;) {
+      const std::string line = Line(round);
+      REQUIRE_OK(log->Append(line));
+      expected += line;
+      appended += line.size();
+    }
     REQUIRE_OK(log->Close());  // the prefaulter likely still in the window
   }
+  CHECK(ReadAll(path) == expected);
+  close(fd);
+}
+
+TEST_CASE("A small log starts no prefaulting thread; a larger one starts "
+          "one, which ends with the log") {
+  const std::string path = TempPath();
+  const int fd = OpenRw(path);
+  REQUIRE(ThreadsNamed("agx-log-fault") == 0);
+  REQUIRE_OK_AND_ASSIGN(std::unique_ptr<MappedLog> log, MappedLog::Open(fd));
   std::string expected;
-  for (int round = 0; round < 20; ++round) expected += Line(round);
+  for (int i = 0; i < 100; ++i) {
+    REQUIRE_OK(log->Append(Line(i)));
+    expected += Line(i);
+  }
+  CHECK(ThreadsNamed("agx-log-fault") == 0);
+  for (int i = 100; expected.size() <= MappedLog::kPrefaultAfter; ++i) {
+    REQUIRE_OK(log->Append(Line(i)));
+    expected += Line(i);
+  }
+  // The thread names itself as it starts.
+  for (int tries = 0; tries < 500 && ThreadsNamed("agx-log-fault") == 0;
+       ++tries) {
+    usleep(10'000);
+  }
+  CHECK(ThreadsNamed("agx-log-fault") == 1);
+  REQUIRE_OK(log->Close());
+  log.reset();
+  CHECK(ThreadsNamed("agx-log-fault") == 0);
   CHECK(ReadAll(path) == expected);
   close(fd);
 }
