@@ -12,6 +12,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -240,7 +241,14 @@ absl::Status MappedLog::Append(std::string_view data) {
 void MappedLog::StartPrefaulting() {
   static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const size_t at = (length_ - offset_) / page * page;
-  prefaulter_ = new Prefaulter();
+  try {
+    prefaulter_ = new Prefaulter();
+  } catch (const std::exception&) {
+    // No thread (std::system_error) or no memory: the writer keeps taking
+    // its own faults, as without prefaulting.
+    prefault_ = false;
+    return;
+  }
   prefaulter_->Warm(base_ + at, mapped_ - at);
 }
 
