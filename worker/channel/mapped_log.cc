@@ -4,13 +4,17 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -62,9 +66,99 @@ absl::StatusOr<size_t> ContentLength(int fd, size_t size) {
   return 0;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older kernels say EINVAL
+#endif
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<MappedLog>> MappedLog::Open(int fd) {
+// Faults in the pages of the window it is given, from its start, a group at
+// a time, until the window is done or taken back. Reads only: the records
+// the writer copies in meanwhile are never written over.
+class MappedLog::Prefaulter {
+ public:
+  Prefaulter() : thread_([this] { Run(); }) {}
+
+  // Stops and joins the thread.
+  ~Prefaulter() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      cancel_.store(true, std::memory_order_relaxed);
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+
+  // Starts on [base, base + size) (after any earlier window is released).
+  void Warm(char* base, size_t size) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      base_ = base;
+      size_ = size;
+      cancel_.store(false, std::memory_order_relaxed);
+    }
+    changed_.notify_all();
+  }
+
+  // Returns once the thread no longer touches the window (it stops within
+  // one group), so the caller may unmap it.
+  void Release() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cancel_.store(true, std::memory_order_relaxed);
+    base_ = nullptr;
+    changed_.wait(lock, [this] { return !busy_; });
+  }
+
+ private:
+  static constexpr size_t kGroup = 64 * 1024;
+  static constexpr int kNiceness = 10;
+
+  void Run() {
+    pthread_setname_np(pthread_self(), "agx-log-fault");
+    // Below the threads it works for: it runs ahead of the writer in spare
+    // CPU time instead of preempting the logging thread or the pipeline
+    // after it (a failure leaves the inherited priority).
+    setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), kNiceness);
+    static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      changed_.wait(lock, [this] { return stop_ || base_ != nullptr; });
+      if (stop_) return;
+      char* const base = base_;
+      const size_t size = size_;
+      base_ = nullptr;
+      busy_ = true;
+      lock.unlock();
+      for (size_t at = 0; at < size; at += kGroup) {
+        if (cancel_.load(std::memory_order_relaxed)) break;
+        const size_t n = std::min(kGroup, size - at);
+        // The guest's write faults (the file's blocks are reserved, so
+        // this cannot fail for room), then a read of each page so the
+        // hypervisor maps it too; EINVAL (an old kernel) leaves the reads.
+        madvise(base + at, n, MADV_POPULATE_WRITE);
+        for (size_t p = at; p < at + n; p += page) {
+          (void)*static_cast<volatile const char*>(base + p);
+        }
+      }
+      lock.lock();
+      busy_ = false;
+      changed_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable changed_;
+  char* base_ = nullptr;  // a window to warm, not yet taken
+  size_t size_ = 0;
+  bool busy_ = false;  // the thread is in a window
+  bool stop_ = false;
+  std::atomic<bool> cancel_{false};
+  std::thread thread_;  // last: starts once the rest is set
+};
+
+absl::StatusOr<std::unique_ptr<MappedLog>> MappedLog::Open(int fd,
+                                                           bool prefault) {
   WatchForksOnce();
   struct stat st;
   if (fstat(fd, &st) != 0) return ErrnoStatus(errno, "fstat");
@@ -79,11 +173,22 @@ absl::StatusOr<std::unique_ptr<MappedLog>> MappedLog::Open(int fd) {
     return ErrnoStatus(errno, "trimming a crash's NUL tail");
   }
   return std::unique_ptr<MappedLog>(
-      new MappedLog(fd, *length, fork_generation.load()));
+      new MappedLog(fd, *length, fork_generation.load(), prefault));
 }
 
 MappedLog::~MappedLog() {
-  if (base_ != nullptr) munmap(base_, mapped_);
+  Unmap();
+  // A forked child has the parent's Prefaulter but not its thread (nor,
+  // maybe, a usable mutex): it leaks the object instead of joining.
+  if (prefaulter_ != nullptr && !InheritedByFork()) delete prefaulter_;
+}
+
+void MappedLog::Unmap() {
+  if (base_ == nullptr) return;
+  if (prefaulter_ != nullptr && !InheritedByFork()) prefaulter_->Release();
+  munmap(base_, mapped_);
+  base_ = nullptr;
+  mapped_ = 0;
 }
 
 bool MappedLog::InheritedByFork() const {
@@ -102,17 +207,14 @@ absl::Status MappedLog::Slide(size_t bytes) {
   const int error = posix_fallocate(fd_, static_cast<off_t>(length_),
                                     static_cast<off_t>(offset + size - length_));
   if (error != 0) return ErrnoStatus(error, "growing the file");
-  if (base_ != nullptr) {
-    munmap(base_, mapped_);
-    base_ = nullptr;
-    mapped_ = 0;
-  }
+  Unmap();
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_,
                     static_cast<off_t>(offset));
   if (base == MAP_FAILED) return ErrnoStatus(errno, "mapping the file");
   base_ = static_cast<char*>(base);
   offset_ = offset;
   mapped_ = size;
+  if (prefaulter_ != nullptr) prefaulter_->Warm(base_, mapped_);
   return absl::OkStatus();
 }
 
@@ -129,17 +231,31 @@ absl::Status MappedLog::Append(std::string_view data) {
   }
   std::memcpy(base_ + (length_ - offset_), data.data(), data.size());
   length_ += data.size();
+  if (prefault_ && prefaulter_ == nullptr &&
+      (appended_ += data.size()) >= kPrefaultAfter) {
+    StartPrefaulting();
+  }
   return absl::OkStatus();
+}
+
+void MappedLog::StartPrefaulting() {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t at = (length_ - offset_) / page * page;
+  try {
+    prefaulter_ = new Prefaulter();
+  } catch (const std::exception&) {
+    // No thread (std::system_error) or no memory: the writer keeps taking
+    // its own faults, as without prefaulting.
+    prefault_ = false;
+    return;
+  }
+  prefaulter_->Warm(base_ + at, mapped_ - at);
 }
 
 absl::Status MappedLog::Close() {
   if (closed_) return absl::OkStatus();
   closed_ = true;
-  if (base_ != nullptr) {
-    munmap(base_, mapped_);
-    base_ = nullptr;
-    mapped_ = 0;
-  }
+  Unmap();
   if (InheritedByFork()) return absl::OkStatus();  // the parent's file
   if (ftruncate(fd_, static_cast<off_t>(length_)) != 0) {
     return ErrnoStatus(errno, "truncating the file to its records");

@@ -13,6 +13,15 @@
 // A forked child inherits the mapping but not the ownership: its Append and
 // Close fail / only unmap, so it never writes over or truncates the parent's
 // records.
+//
+// Once kPrefaultAfter bytes have been appended, each window's pages are
+// faulted in ahead of the writer by a thread of the log's own
+// (MADV_POPULATE_WRITE, then a read of each page): on a VM a first write to a
+// fresh page of the mapping costs the writer ~9-15 µs (the guest's fault and
+// the hypervisor's), about 0.2-0.35 µs a record, on the thread that logs. A
+// log that stays small (a worker's boot, a quiet sandbox) starts no thread.
+// The prefaulter only reads; the writer unmaps a window only after it has
+// let go of it.
 #pragma once
 
 #include <cstddef>
@@ -27,11 +36,16 @@ namespace agentix::worker {
 class MappedLog {
  public:
   static constexpr size_t kChunk = size_t{1} << 20;
+  static constexpr size_t kPrefaultAfter = 64 * 1024;
 
   // Maps the regular file open for reading and writing on `fd` (not owned;
   // keep it open until Close), appending after its content with a previous
   // crash's NUL tail (at most kChunk bytes) trimmed off.
-  static absl::StatusOr<std::unique_ptr<MappedLog>> Open(int fd);
+  // `prefault`: past kPrefaultAfter bytes, fault each window's pages in on
+  // the log's own thread (off: the writer takes every page's first-write
+  // fault itself).
+  static absl::StatusOr<std::unique_ptr<MappedLog>> Open(int fd,
+                                                         bool prefault = true);
 
   MappedLog(const MappedLog&) = delete;
   MappedLog& operator=(const MappedLog&) = delete;
@@ -47,11 +61,17 @@ class MappedLog {
   size_t Length() const { return length_; }
 
  private:
-  MappedLog(int fd, size_t length, unsigned generation)
-      : fd_(fd), length_(length), generation_(generation) {}
+  class Prefaulter;
+
+  MappedLog(int fd, size_t length, unsigned generation, bool prefault)
+      : fd_(fd), length_(length), generation_(generation), prefault_(prefault) {}
   bool InheritedByFork() const;
   // Maps a window from the end of the records that holds `bytes` more.
   absl::Status Slide(size_t bytes);
+  // Unmaps the window, after the prefaulter has let go of it.
+  void Unmap();
+  // Starts the prefaulter on the rest of the window.
+  void StartPrefaulting();
 
   int fd_;
   size_t length_;
@@ -60,6 +80,11 @@ class MappedLog {
   size_t offset_ = 0;
   size_t mapped_ = 0;
   bool closed_ = false;
+  bool prefault_;
+  size_t appended_ = 0;  // by this object, counted until the prefaulter starts
+  // Started past kPrefaultAfter bytes; in a forked child (where its thread does
+  // not exist) never stopped nor freed.
+  Prefaulter* prefaulter_ = nullptr;
 };
 
 }  // namespace agentix::worker

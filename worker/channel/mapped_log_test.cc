@@ -3,6 +3,7 @@
 // child.
 #include "worker/channel/mapped_log.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -37,6 +38,22 @@ int OpenRw(const std::string& path) {
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// How many of this process's threads are named `name`.
+int ThreadsNamed(const std::string& name) {
+  int count = 0;
+  std::unique_ptr<DIR, int (*)(DIR*)> dir(opendir("/proc/self/task"), closedir);
+  REQUIRE(dir != nullptr);
+  while (dirent* entry = readdir(dir.get())) {
+    if (entry->d_name[0] == '.') continue;
+    std::ifstream comm(std::string("/proc/self/task/") + entry->d_name +
+                       "/comm");
+    std::string comm_name;
+    std::getline(comm, comm_name);
+    if (comm_name == name) ++count;
+  }
+  return count;
 }
 
 std::string Line(int i) {
@@ -138,6 +155,83 @@ TEST_CASE("A forked child neither writes into nor truncates its parent's "
   REQUIRE_OK(log->Append("parent 2\n"));
   REQUIRE_OK(log->Close());
   CHECK(ReadAll(path) == "parent 1\nparent 2\n");
+  close(fd);
+}
+
+TEST_CASE("The same records land in the file with the pages faulted in "
+          "ahead or not, a window taken back while being faulted in") {
+  const bool prefault = GENERATE(true, false);
+  CAPTURE(prefault);
+  const std::string path = TempPath();
+  const int fd = OpenRw(path);
+  REQUIRE_OK_AND_ASSIGN(std::unique_ptr<MappedLog> log,
+                        MappedLog::Open(fd, prefault));
+  std::string expected;
+  // Many windows; each Append right after a slide races the prefaulter
+  // reading the same pages.
+  for (int i = 0; expected.size() < 5 * MappedLog::kChunk + 3; ++i) {
+    REQUIRE_OK(log->Append(Line(i)));
+    expected += Line(i);
+  }
+  // A window longer than kChunk, then at once the next: the first is taken
+  // back from the prefaulter mid-way.
+  const std::string long_line(2 * MappedLog::kChunk + 5, 'y');
+  REQUIRE_OK(log->Append(long_line + "\n"));
+  expected += long_line + "\n";
+  const std::string longer_line(4 * MappedLog::kChunk, 'z');
+  REQUIRE_OK(log->Append(longer_line + "\n"));
+  expected += longer_line + "\n";
+  REQUIRE_OK(log->Append(Line(-2)));
+  expected += Line(-2);
+  REQUIRE_OK(log->Close());
+  CHECK(ReadAll(path) == expected);
+  close(fd);
+}
+
+TEST_CASE("A log closed just after its prefaulter starts holds its records") {
+  const std::string path = TempPath();
+  const int fd = OpenRw(path);
+  std::string expected;
+  for (int round = 0; round < 10; ++round) {
+    REQUIRE_OK_AND_ASSIGN(std::unique_ptr<MappedLog> log, MappedLog::Open(fd));
+    for (size_t appended = 0; appended <= MappedLog::kPrefaultAfter;) {
+      const std::string line = Line(round);
+      REQUIRE_OK(log->Append(line));
+      expected += line;
+      appended += line.size();
+    }
+    REQUIRE_OK(log->Close());  // the prefaulter likely still in the window
+  }
+  CHECK(ReadAll(path) == expected);
+  close(fd);
+}
+
+TEST_CASE("A small log starts no prefaulting thread; a larger one starts "
+          "one, which ends with the log") {
+  const std::string path = TempPath();
+  const int fd = OpenRw(path);
+  REQUIRE(ThreadsNamed("agx-log-fault") == 0);
+  REQUIRE_OK_AND_ASSIGN(std::unique_ptr<MappedLog> log, MappedLog::Open(fd));
+  std::string expected;
+  for (int i = 0; i < 100; ++i) {
+    REQUIRE_OK(log->Append(Line(i)));
+    expected += Line(i);
+  }
+  CHECK(ThreadsNamed("agx-log-fault") == 0);
+  for (int i = 100; expected.size() <= MappedLog::kPrefaultAfter; ++i) {
+    REQUIRE_OK(log->Append(Line(i)));
+    expected += Line(i);
+  }
+  // The thread names itself as it starts.
+  for (int tries = 0; tries < 500 && ThreadsNamed("agx-log-fault") == 0;
+       ++tries) {
+    usleep(10'000);
+  }
+  CHECK(ThreadsNamed("agx-log-fault") == 1);
+  REQUIRE_OK(log->Close());
+  log.reset();
+  CHECK(ThreadsNamed("agx-log-fault") == 0);
+  CHECK(ReadAll(path) == expected);
   close(fd);
 }
 
