@@ -152,6 +152,7 @@ class _LeaderIntake:
             # the baton was still ours the loop must read on; if not, the
             # loop reading too is harmless once the followers left.
             _log(_ERROR, f"frame intake: {_text(exc)}; the loop reads on")
+            self._intake_reading = False
             self._to_loop(())
 
     def _lead(self, holding):
@@ -162,13 +163,16 @@ class _LeaderIntake:
             if lead(holding) != 0 or self.exit_code is not None:
                 return  # not needed (another reads), or stopping
             holding = True
+            self._intake_reading = True  # until the batch's calls are known
             try:
                 frames = read_frames()
             except (_w.ProtocolError, OSError) as exc:
+                self._intake_reading = False
                 channel.intake_to_loop()
                 self._call_on_loop(self._read_failed, exc)
                 return
             if frames is None:  # end of stream: the loop reads it again
+                self._intake_reading = False
                 self._to_loop(None)
                 return
             pending = []
@@ -183,6 +187,9 @@ class _LeaderIntake:
                     rest = frames[i:]
                     break
                 self._lead_call(frame, pending)
+            # Calls are in _calls now; the rest of the batch goes to the
+            # loop, which counts as not idle (serve.py's `needed`).
+            self._intake_reading = False
             if (len(pending) == 1 and not rest and pending[0][5]
                     and len(self._calls) == 1):
                 # One sync call, alone in flight (the common case): it runs

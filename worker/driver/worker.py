@@ -80,6 +80,10 @@ class _Worker(_LeaderIntake):
         # (serve.py's idle test), even if each call was done by the time
         # anyone looked.
         self.calls_started = 0
+        # True while an intake leader holds frames it has read but whose
+        # calls are not yet in _calls: the channel no longer shows them, so
+        # a look from the main thread must see this (idle_since).
+        self._intake_reading = False
         # Sync callables' threads; shutdown must not wait on a function that
         # is still running there (abandoned ones included).
         self._pool = _SyncPool(_SYNC_THREADS, self._arm_pool_monitor)
@@ -108,7 +112,8 @@ class _Worker(_LeaderIntake):
         run on a loaded machine is not a pause: frames sent with the ready
         frame must not find the event loop's start or the warm-up under
         them). Called at most every 0.1 s, off the calls' path."""
-        if self._calls or self.calls_started != started:
+        if (self._calls or self._intake_reading
+                or self.calls_started != started):
             return False
         import select  # a builtin module; asyncio imports it anyway
         try:
