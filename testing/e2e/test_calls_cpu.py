@@ -376,6 +376,35 @@ async def test_calls_cpu_probe_serves_calls_reports_its_choice_and_tells_the_hos
         os.sched_setaffinity(0, before)
 
 
+@pytest.mark.parametrize("sandbox_setting", ["", "wait"])
+async def test_the_worker_loops_reply_waits_follow_the_probes_answer_to_the_hosts(start_daemon, sandbox_setting):
+    # The worker's namespace-reply waits are a host's waits inside the
+    # sandbox: with AGENTIX_CALLS_CPU unset in the sandbox they pin only if
+    # the probe told the hosts to pin (it chose "pin"; "pin_daemon" places
+    # only the daemon's call path); named there, they pin to the call path's
+    # CPU whatever the probe told the hosts.
+    everywhere = sorted(_allowed())
+    env = {"AGENTIX_CALLS_CPU": sandbox_setting} if sandbox_setting else None
+    daemon = start_daemon(extra_args=["--calls_cpu=probe"], env=env)
+    choice, _ = _probe_choice(daemon)
+    pins = choice == "pin" or (sandbox_setting and choice != "off")
+    client = RuntimeClient(daemon.url)
+    client.register_namespace(CpuWatch(settle_s=2.0 if pins else 0.3))
+    async with client:
+        await client.remote(t.request_loop_masks, 1)  # the worker has read the answer
+        answers = await client.remote(t.request_loop_masks, 5)
+        path = _path(daemon.proc.pid, ("agx-wrk-read",))
+    print("probe chose", choice)  # (pytest -s)
+    assert [after for _, after in answers] == [everywhere] * 5
+    if not pins:
+        assert [saw for saw, _ in answers] == [everywhere] * 5
+        if choice == "pin_daemon":  # the daemon's own call path stays placed
+            assert len(path) == 1 and len(next(iter(path))) == 1, path
+        return
+    (cpus,) = path
+    assert len(cpus) == 1 and [saw for saw, _ in answers] == [sorted(cpus)] * 5
+
+
 def _told_on(client, name, want, timeout_s=20.0):
     """Sequential calls on a raw frame-wire connection, with pauses between
     them (a re-probe waits for one), until the daemon's HELLO answer `want`

@@ -128,5 +128,8 @@ PyObject* ChannelPendingBytes(PyObject* self, PyObject* unused);
 PyObject* ChannelFileno(PyObject* self, PyObject* unused);
 // The CPU the daemon placed the call path on (PayloadArea::WaitCpu), or -1.
 PyObject* ChannelWaitCpu(PyObject* self, PyObject* unused);
+// The CPU the namespace-reply waits pin to (PayloadArea::ReplyWaitCpu: the
+// call path's, unless the daemon's probe told the hosts not to pin), or -1.
+PyObject* ChannelReplyWaitCpu(PyObject* self, PyObject* unused);
 
 }  // namespace agentix::worker

@@ -21,15 +21,23 @@ class _NamespaceBridge:
         # The thread whose event loop the hosts' events are delivered on
         # (serve.py runs the loop on the main thread).
         self._loop_thread = threading.main_thread().ident
+        # The reply waits are a host's waits inside the sandbox: with
+        # AGENTIX_CALLS_CPU unset they follow the daemon's placement probe
+        # as the hosts do (no pin when it told the hosts not to pin); a
+        # setting named in the sandbox pins to the call path's CPU as
+        # before (agentix.sio itself honours "off").
+        named = os.environ.get("AGENTIX_CALLS_CPU", "").strip()
+        self._cpu_of = channel.wait_cpu if named else channel.reply_wait_cpu
 
     def wait_cpu(self):
         """For agentix.sio's pinned reply waits: the CPU the daemon placed
-        its call path on (--calls_cpu; -1: none), on the loop's thread
-        only (a request from another thread's loop gets its reply from
-        this loop, not from the daemon: -1)."""
+        its call path on (--calls_cpu; -1: none, or the daemon's probe
+        told its hosts not to pin), on the loop's thread only (a request
+        from another thread's loop gets its reply from this loop, not from
+        the daemon: -1)."""
         if threading.get_ident() != self._loop_thread:
             return -1
-        return self._channel.wait_cpu()
+        return self._cpu_of()
 
     def emit(self, namespace, event, payload, request_id, error):
         if not self.enabled:

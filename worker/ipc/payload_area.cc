@@ -26,6 +26,7 @@ constexpr size_t kRingBytesOffset = 8;
 constexpr size_t kToWorkerReleasedOffset = 64;   // written by the mapper
 constexpr size_t kToDaemonReleasedOffset = 128;  // written by the creator
 constexpr size_t kWaitCpuOffset = 192;           // written by the creator
+constexpr size_t kHostWaitsOffOffset = 196;      // written by the creator
 constexpr size_t kPageBytes = 4096;
 
 uint64_t* Word(char* base, size_t offset) {
@@ -52,6 +53,8 @@ PayloadArea::PayloadArea(Side side, int fd, char* base, size_t map_bytes,
       Word(base_, daemon ? kToDaemonReleasedOffset : kToWorkerReleasedOffset);
   static_assert(std::atomic<int32_t>::is_always_lock_free);
   wait_cpu_ = reinterpret_cast<std::atomic<int32_t>*>(base_ + kWaitCpuOffset);
+  host_waits_off_ =
+      reinterpret_cast<std::atomic<int32_t>*>(base_ + kHostWaitsOffOffset);
 }
 
 void PayloadArea::PublishWaitCpu(int cpu) {
@@ -60,6 +63,14 @@ void PayloadArea::PublishWaitCpu(int cpu) {
 
 int PayloadArea::WaitCpu() const {
   return wait_cpu_->load(std::memory_order_relaxed) - 1;
+}
+
+void PayloadArea::PublishHostWaitsOff(bool off) {
+  host_waits_off_->store(off ? 1 : 0, std::memory_order_relaxed);
+}
+
+bool PayloadArea::HostWaitsOff() const {
+  return host_waits_off_->load(std::memory_order_relaxed) == 1;
 }
 
 absl::StatusOr<std::unique_ptr<PayloadArea>> PayloadArea::Create(

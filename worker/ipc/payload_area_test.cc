@@ -117,6 +117,26 @@ TEST_CASE("An empty ring takes the next piece at its start",
   CHECK(*p.worker->Get(*b, 63 * 1024) == Bytes(63 * 1024, 'h'));
 }
 
+TEST_CASE("The worker sees the daemon's wait CPU and its hosts' waits answer",
+          "[ipc][payload]") {
+  Pair p = MakePair(4096);
+  // A fresh area: no CPU, hosts' waits not off (an older daemon's).
+  CHECK(p.worker->WaitCpu() == -1);
+  CHECK_FALSE(p.worker->HostWaitsOff());
+  CHECK(p.worker->ReplyWaitCpu() == -1);
+  p.daemon->PublishWaitCpu(1);
+  CHECK(p.worker->WaitCpu() == 1);
+  CHECK(p.worker->ReplyWaitCpu() == 1);  // the reply waits pin with it
+  p.daemon->PublishHostWaitsOff(true);  // the probe chose pin_daemon
+  CHECK(p.worker->WaitCpu() == 1);      // the call path stays placed
+  CHECK(p.worker->HostWaitsOff());
+  CHECK(p.worker->ReplyWaitCpu() == -1);  // the reply waits do not pin
+  p.daemon->PublishHostWaitsOff(false);   // a re-probe chose pin
+  CHECK(p.worker->ReplyWaitCpu() == 1);
+  p.daemon->PublishWaitCpu(-1);
+  CHECK(p.worker->ReplyWaitCpu() == -1);
+}
+
 TEST_CASE("Put gathers parts into one piece", "[ipc][payload]") {
   Pair p = MakePair(64 * 1024);
   const std::string a = Bytes(5000, 'a'), b = Bytes(7, 'b'),
