@@ -34,8 +34,12 @@ def podman_setup(root: Path) -> tuple[dict[str, str], list[str]]:
     """podman on storage of its own under `root` (ENVIRONMENT.md §2): the
     environment, with a CONTAINERS_CONF written there (runc, cgroupfs,
     default ulimits, no network namespace, file events and locks), and the
-    global options naming its roots (vfs) and runc."""
+    global options naming its roots (vfs) and runc. Its network definitions
+    are under `root` too: the machine's own (/etc/cni/net.d as root) are
+    shared by every podman, and `podman kube play` adds one there."""
     conf = root / "containers.conf"
+    networks = root / "networks"
+    networks.mkdir(mode=0o700, exist_ok=True)
     conf.write_text(
         '[containers]\n'
         'default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]\n'
@@ -44,7 +48,9 @@ def podman_setup(root: Path) -> tuple[dict[str, str], list[str]]:
         'runtime = "runc"\n'
         'cgroup_manager = "cgroupfs"\n'
         'events_logger = "file"\n'
-        'lock_type = "file"\n')
+        'lock_type = "file"\n'
+        '[network]\n'
+        f'network_config_dir = "{networks}"\n')
     # podman refuses a runroot longer than 50 characters: keep them short.
     options = ["--root", str(root / "r"), "--runroot", str(root / "rr"), "--tmpdir", str(root / "t"),
                "--storage-driver", "vfs", "--runtime", "runc"]
