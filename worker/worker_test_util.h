@@ -457,12 +457,7 @@ class Worker {
                      int encoding = 1) {
     const std::string id = absl::StrCat("ok-", ++ids_);
     Call(id, callable, args, encoding);
-    Reply reply = AwaitReply(id);
-    INFO(reply.error.type << ": " << reply.error.message << "\n"
-                          << reply.error.traceback);
-    REQUIRE(reply.ok);
-    REQUIRE(reply.total_size == reply.value.size());
-    return reply.value;
+    return OkValue(AwaitReply(id));
   }
 
   // A cold start's first call: sent before the ready frame is read, so it is
@@ -473,7 +468,11 @@ class Worker {
     const std::string id = absl::StrCat("first-", ++ids_);
     Call(id, callable, args);
     AwaitReady();
-    Reply reply = AwaitReply(id);
+    return OkValue(AwaitReply(id));
+  }
+
+  // The value bytes of `reply`, which must be a whole success.
+  static std::string OkValue(const Reply& reply) {
     INFO(reply.error.type << ": " << reply.error.message << "\n"
                           << reply.error.traceback);
     REQUIRE(reply.ok);
