@@ -592,28 +592,35 @@ TEST_CASE("A Logs host that reads slowly but steadily is not ended by the "
           "[sandbox]") {
   // The timeout counts from the last write the host took, not from the
   // pause: this burst keeps the stream paused for longer than the timeout
-  // in all, while every message is read well within it.
+  // in all, while every message is read well within it. The host reads from
+  // before the burst starts (a host that read nothing while a slow burst
+  // ran — one call taking over a second under a sanitizer — would rightly
+  // be ended).
   Harness h(WithPausedSubscriberTimeout(absl::Seconds(1)));
   RunCall(h, "fake::log", "worker started");  // the worker is up
   grpc::ClientContext ctx;
   auto logs = SubscribeLogsAfterStart(h, ctx);
   constexpr int kRecords = kBurstRecords;
-  LogBurst(h);
   std::vector<std::string> got;
-  runtime::v1::LogsResponse resp;
   const auto start = std::chrono::steady_clock::now();
-  while (got.size() < kRecords && logs->Read(&resp)) {
-    for (const auto& r : resp.records()) {
-      got.push_back(r.message().substr(0, r.message().find(' ')));
+  std::thread slow_reader([&] {
+    runtime::v1::LogsResponse resp;
+    while (got.size() < kRecords && logs->Read(&resp)) {
+      for (const auto& r : resp.records()) {
+        got.push_back(r.message().substr(0, r.message().find(' ')));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  });
+  LogBurst(h);
+  slow_reader.join();
   REQUIRE(got.size() == kRecords);
   // (Not a timing assertion: the case only tests something if reading took
   // longer than the timeout, which 160-odd messages at 10 ms each do.)
   CHECK(std::chrono::steady_clock::now() - start > std::chrono::seconds(1));
   for (int i = 0; i < kRecords; ++i) REQUIRE(got[i] == std::to_string(i));
   REQUIRE(logs->WritesDone());
+  runtime::v1::LogsResponse resp;
   while (logs->Read(&resp)) {
   }
   REQUIRE(logs->Finish().ok());
