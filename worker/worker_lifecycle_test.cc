@@ -192,6 +192,18 @@ TEST_CASE("The boot leaves asyncio, inspect, ssl, calendar, datetime, "
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
 
+// The cases below check what a cold start's first call sees inside the
+// worker's idle period after ready (serve.py, 0.1 s by default): the period
+// is made 0.4 s so that a loaded machine's late start of that call is not
+// mistaken for the worker having idled, and the sleeps that wait it out
+// are 1.5 s (the period ends at most two looks after the last call).
+WorkerArgs WithLongerIdlePeriod() {
+  WorkerArgs args;
+  args.env.push_back("AGENTIX_WORKER_WARM_UP_IDLE_S=0.4");
+  return args;
+}
+constexpr absl::Duration kIdlePeriodWaitedOut = absl::Milliseconds(1500);
+
 // Cold start (serve.py): the ready frame and a first sync call do not wait
 // for `import asyncio`; the event loop starts once the worker is idle. The
 // call is sent before the ready frame is read, so it is there when the
@@ -199,12 +211,12 @@ TEST_CASE("The boot leaves asyncio, inspect, ssl, calendar, datetime, "
 TEST_CASE("A first sync call runs before asyncio is imported; the loop "
           "comes once the worker is idle",
           "[worker]") {
-  Worker worker;
+  Worker worker(WithLongerIdlePeriod());
   const std::string names = Pickle("((['asyncio', 'inspect'],), {})");
   const std::string first =
       worker.FirstCallOk("worker_cold::imported_after_checks", names);
   CHECK(Unpickle(first) == "[]");
-  absl::SleepFor(absl::Milliseconds(600));  // idle: the loop has started
+  absl::SleepFor(kIdlePeriodWaitedOut);  // idle: the loop has started
   CHECK(Unpickle(worker.CallOk("worker_cold::imported", names)) ==
         "['asyncio', 'inspect']");
   worker.Shutdown();
@@ -217,11 +229,11 @@ TEST_CASE("A first sync call runs before asyncio is imported; the loop "
 TEST_CASE("A cold start's first call runs with automatic collection paused; "
           "it is back once the worker waits",
           "[worker]") {
-  Worker worker;
+  Worker worker(WithLongerIdlePeriod());
   const std::string look = Pickle("((), {})");
   const std::string first = worker.FirstCallOk("worker_cold::collector", look);
   CHECK(Unpickle(first) == "[[0, 10, 10], True]");
-  absl::SleepFor(absl::Milliseconds(600));  // the worker has waited
+  absl::SleepFor(kIdlePeriodWaitedOut);  // the worker has waited
   CHECK(Unpickle(worker.CallOk("worker_cold::collector", look)) ==
         "[[700, 10, 10], True]");
   worker.Shutdown();
@@ -232,7 +244,7 @@ TEST_CASE("A cold start's first call runs with automatic collection paused; "
 // has no driver thread to end it: it collects from its start.
 TEST_CASE("A child forked by a cold start's first call collects as usual",
           "[worker]") {
-  Worker worker;
+  Worker worker(WithLongerIdlePeriod());
   const std::string first =
       worker.FirstCallOk("worker_cold::collector_in_fork", Pickle("((), {})"));
   CHECK(Unpickle(first) == "[[0, 10, 10], '[700, 10, 10]']");
@@ -254,9 +266,9 @@ TEST_CASE("Collector settings a first call makes are kept after the boot's "
   };
   for (const auto& c : cases) {
     INFO(c.args);
-    Worker worker;
+    Worker worker(WithLongerIdlePeriod());
     worker.FirstCallOk("worker_cold::collector", Pickle(c.args));
-    absl::SleepFor(absl::Milliseconds(600));  // the worker has waited
+    absl::SleepFor(kIdlePeriodWaitedOut);  // the worker has waited
     CHECK(Unpickle(worker.CallOk("worker_cold::collector",
                                  Pickle("((), {})"))) == c.later);
     worker.Shutdown();

@@ -76,7 +76,29 @@ def main(channel_fd, worker_id, payload_fd=-1):
 # period, not at the instant of a look: a client calling in a row leaves the
 # worker without a call most of the time, and the ~50 ms of imports under
 # its first calls held each of them up to a GIL switch interval (5 ms).
-_WARM_UP_IDLE_S = 0.1
+# AGENTIX_WORKER_WARM_UP_IDLE_S changes it (tests that need a first call to
+# run inside the period on a loaded machine; a deployment whose first calls
+# come later than 0.1 s after the worker starts).
+_WARM_UP_IDLE_DEFAULT_S = 0.1
+
+
+def _warm_up_idle_s():
+    text = os.environ.get("AGENTIX_WORKER_WARM_UP_IDLE_S")
+    if text is None:
+        return _WARM_UP_IDLE_DEFAULT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 60:
+        _log(_WARNING, f"AGENTIX_WORKER_WARM_UP_IDLE_S={text!r} is not a "
+             "number of seconds in (0, 60]: using "
+             f"{_WARM_UP_IDLE_DEFAULT_S}")
+        return _WARM_UP_IDLE_DEFAULT_S
+    return value
+
+
+_WARM_UP_IDLE_S = _warm_up_idle_s()
 
 
 def _warm_up_when_idle(loop, worker, agentix_setup, started):
