@@ -191,6 +191,17 @@ ReprobeSchedule::Step ReprobeSchedule::Next(const CallPathActivity& activity,
   return {true, now};
 }
 
+ReprobeSchedule::Step StartupProbeStep(const ReprobeSchedule::Options& options,
+                                       bool watching, const CallPathActivity& activity,
+                                       absl::Time started, absl::Time now) {
+  // A look costs one lock; a worker boots in ~50-100 ms.
+  constexpr absl::Duration kLook = absl::Milliseconds(5);
+  const absl::Time deadline = started + options.startup_wait;
+  if (now >= deadline) return {true, now};
+  if (watching && !activity.busy) return {true, now};
+  return {false, std::min(now + kLook, deadline)};
+}
+
 std::string DescribeFigures(const ProbeFigures& f) {
   return absl::StrFormat(
       "same-CPU round trip %.1f us, any-CPU %.1f us, sched_setaffinity %.2f us, "

@@ -78,6 +78,9 @@ class ReprobeSchedule {
   struct Options {
     absl::Duration every = absl::Seconds(60);  // ZeroDuration: never again
     absl::Duration quiet = absl::Milliseconds(100);
+    // How long the start-up probe may wait for a call path at rest (see
+    // StartupProbeStep). ZeroDuration: it measures at once.
+    absl::Duration startup_wait = absl::ZeroDuration();
   };
   struct Step {
     bool probe = false;
@@ -97,5 +100,16 @@ class ReprobeSchedule {
   const Options options_;
   absl::Time probed_at_;
 };
+
+// When the start-up probe measures. Its ~15-30 ms of two busy threads took
+// CPU from a prestarted worker's boot, the cold create's critical path, and
+// measured the boot's load instead of the machine (stop 34). So it waits,
+// up to `options.startup_wait` after `started`, until the call path is
+// watched (`watching`) and at rest: no worker booting, no call running or
+// queued. No `quiet` pause is required: a daemon whose calls start at once
+// is not left unpinned for long. While it waits it looks every few ms.
+ReprobeSchedule::Step StartupProbeStep(const ReprobeSchedule::Options& options,
+                                       bool watching, const CallPathActivity& activity,
+                                       absl::Time started, absl::Time now);
 
 }  // namespace agentix::sandbox

@@ -151,5 +151,50 @@ TEST_CASE("A zero period never probes again") {
   CHECK(step.look_at == absl::InfiniteFuture());
 }
 
+ReprobeSchedule::Options WaitUpTo(absl::Duration wait) {
+  ReprobeSchedule::Options options;
+  options.startup_wait = wait;
+  return options;
+}
+
+TEST_CASE("A start-up probe that may not wait measures at once, even while a worker boots") {
+  const CallPathActivity booting{true, kStart};
+  CHECK(StartupProbeStep(WaitUpTo(absl::ZeroDuration()), true, booting, kStart, kStart).probe);
+  CHECK(StartupProbeStep({}, false, {}, kStart, kStart).probe);
+}
+
+TEST_CASE("A start-up probe waits while a worker boots or a call runs, looking again within ms") {
+  const ReprobeSchedule::Options options = WaitUpTo(absl::Seconds(1));
+  const absl::Time now = kStart + absl::Milliseconds(30);
+  const ReprobeSchedule::Step step =
+      StartupProbeStep(options, true, CallPathActivity{true, kStart}, kStart, now);
+  CHECK_FALSE(step.probe);
+  CHECK(step.look_at > now);
+  CHECK(step.look_at <= now + absl::Milliseconds(10));
+}
+
+TEST_CASE("A start-up probe waits until the call path is watched") {
+  const ReprobeSchedule::Options options = WaitUpTo(absl::Seconds(1));
+  CHECK_FALSE(StartupProbeStep(options, false, {}, kStart, kStart).probe);
+  CHECK(StartupProbeStep(options, true, {}, kStart, kStart + absl::Milliseconds(2)).probe);
+}
+
+TEST_CASE("A start-up probe measures as soon as the call path rests, however recent the last call") {
+  const ReprobeSchedule::Options options = WaitUpTo(absl::Seconds(1));
+  const absl::Time now = kStart + absl::Milliseconds(80);
+  CHECK(StartupProbeStep(options, true, CallPathActivity{false, now}, kStart, now).probe);
+}
+
+TEST_CASE("A start-up probe waits no longer than its limit") {
+  const ReprobeSchedule::Options options = WaitUpTo(absl::Milliseconds(12));
+  const CallPathActivity busy{true, kStart};
+  const ReprobeSchedule::Step last =
+      StartupProbeStep(options, true, busy, kStart, kStart + absl::Milliseconds(10));
+  CHECK_FALSE(last.probe);
+  CHECK(last.look_at == kStart + absl::Milliseconds(12));
+  CHECK(StartupProbeStep(options, true, busy, kStart, kStart + absl::Milliseconds(12)).probe);
+  CHECK(StartupProbeStep(options, false, {}, kStart, kStart + absl::Seconds(3)).probe);
+}
+
 }  // namespace
 }  // namespace agentix::sandbox

@@ -72,6 +72,7 @@ PlacementChoice PlacementProber::ProbeOnce(bool first) {
 }
 
 void PlacementProber::Run() {
+  if (!AwaitStartupProbe()) return;
   ProbeOnce(/*first=*/true);
   ReprobeSchedule schedule(options_, absl::Now());
   absl::Time look_at = absl::Now();
@@ -96,6 +97,25 @@ void PlacementProber::Run() {
     ProbeOnce(/*first=*/false);
     schedule.Probed(absl::Now());
     look_at = absl::Now();
+  }
+}
+
+bool PlacementProber::AwaitStartupProbe() {
+  const absl::Time started = absl::Now();
+  for (;;) {
+    std::function<CallPathActivity()> activity;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return false;
+      activity = activity_;
+    }
+    const absl::Time now = absl::Now();
+    const ReprobeSchedule::Step step = StartupProbeStep(
+        options_, activity != nullptr, activity ? activity() : CallPathActivity{},
+        started, now);
+    if (step.probe) return true;
+    absl::MutexLock lock(&mu_);
+    if (mu_.AwaitWithDeadline(absl::Condition(&stop_), step.look_at)) return false;
   }
 }
 

@@ -30,11 +30,12 @@ class PlacementProber {
   PlacementProber(const PlacementProber&) = delete;
   PlacementProber& operator=(const PlacementProber&) = delete;
 
-  // Starts the thread: the start-up probe at once, then re-probes.
+  // Starts the thread: the start-up probe (at once, or when the call path
+  // rests: ReprobeSchedule::Options::startup_wait), then re-probes.
   void Start();
   // From now on the re-probes wait for pauses of `activity` (called on the
   // prober's thread, never under its lock; must stay callable until Stop).
-  // Until then none runs. Thread-safe.
+  // Until then none runs, nor a start-up probe that waits. Thread-safe.
   void Watch(std::function<CallPathActivity()> activity);
   // Ends the thread (after a probe that is running). Idempotent.
   void Stop();
@@ -48,6 +49,8 @@ class PlacementProber {
 
  private:
   void Run();
+  // Waits as StartupProbeStep says; false when stopped meanwhile.
+  bool AwaitStartupProbe();
 
   const std::shared_ptr<CallsCpu> calls_cpu_;
   const ReprobeSchedule::Options options_;

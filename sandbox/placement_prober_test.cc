@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 #include <deque>
+#include <functional>
 #include <memory>
 
 #include "absl/synchronization/mutex.h"
@@ -121,6 +122,75 @@ TEST_CASE("A call path that never pauses is never re-probed") {
   absl::SleepFor(absl::Milliseconds(100));
   prober.Stop();
   CHECK(measures.taken() == 1);
+}
+
+// A call path whose business the test sets (a worker booting, say).
+class Path {
+ public:
+  void SetBusy(bool busy) {
+    absl::MutexLock lock(&mu_);
+    busy_ = busy;
+  }
+  std::function<CallPathActivity()> activity() {
+    return [this] {
+      absl::MutexLock lock(&mu_);
+      return CallPathActivity{busy_, absl::InfinitePast()};
+    };
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool busy_ ABSL_GUARDED_BY(mu_) = true;
+};
+
+ReprobeSchedule::Options StartupWait(absl::Duration wait) {
+  ReprobeSchedule::Options options;
+  options.every = absl::ZeroDuration();
+  options.startup_wait = wait;
+  return options;
+}
+
+TEST_CASE("A start-up probe that may wait measures once the booting worker is ready, not before") {
+  auto calls_cpu = std::make_shared<CallsCpu>(CallsCpu::kRunningCpu);
+  Measures measures({kBusy});
+  Path path;  // a prestarted worker boots
+  PlacementProber prober(calls_cpu, StartupWait(absl::Seconds(60)), measures.measure());
+  prober.Start();
+  absl::SleepFor(absl::Milliseconds(30));  // not watched yet
+  prober.Watch(path.activity());
+  absl::SleepFor(absl::Milliseconds(70));
+  CHECK(measures.taken() == 0);
+  CHECK(calls_cpu->host_waits() == CallsCpu::HostWaits::kUnknown);
+  path.SetBusy(false);  // booted, no call
+  REQUIRE(measures.TakenAtLeast(1, absl::Seconds(30)));
+  prober.Stop();
+  CHECK(measures.taken() == 1);
+  CHECK(calls_cpu->host_waits() == CallsCpu::HostWaits::kOff);
+}
+
+TEST_CASE("A start-up probe whose call path never rests measures when its wait runs out") {
+  auto calls_cpu = std::make_shared<CallsCpu>(CallsCpu::kRunningCpu);
+  Measures measures({kQuiet});
+  Path path;
+  PlacementProber prober(calls_cpu, StartupWait(absl::Milliseconds(20)), measures.measure());
+  prober.Watch(path.activity());
+  prober.Start();
+  REQUIRE(measures.TakenAtLeast(1, absl::Seconds(30)));
+  prober.Stop();
+  CHECK(calls_cpu->host_waits() == CallsCpu::HostWaits::kPin);
+}
+
+TEST_CASE("A daemon stopped while its start-up probe waits stops without measuring") {
+  auto calls_cpu = std::make_shared<CallsCpu>(CallsCpu::kRunningCpu);
+  Measures measures({kBusy});
+  Path path;
+  PlacementProber prober(calls_cpu, StartupWait(absl::Hours(1)), measures.measure());
+  prober.Watch(path.activity());
+  prober.Start();
+  absl::SleepFor(absl::Milliseconds(20));
+  prober.Stop();  // returns: the wait ends with the stop, not the hour
+  CHECK(measures.taken() == 0);
+  CHECK(calls_cpu->host_waits() == CallsCpu::HostWaits::kUnknown);
 }
 
 }  // namespace

@@ -194,6 +194,13 @@ ABSL_FLAG(double, calls_cpu_reprobe_s, 60,
           "daemon at once and reaches the frame-wire hosts that asked for "
           "changes (agentix-calls-cpu-follow: 2) with their next frame. 0: "
           "the start-up probe only");
+ABSL_FLAG(int64_t, calls_cpu_probe_wait_ms, 1000,
+          "with --calls_cpu=probe: the start-up probe waits, at most this "
+          "long, until no worker boots and no call runs or waits (a "
+          "prestarted worker's boot, then the first calls), so that its two "
+          "busy threads neither slow a cold start nor measure it instead of "
+          "the machine; calls run unpinned meanwhile. 0: it measures at once "
+          "(before stop 34)");
 ABSL_FLAG(int64_t, frames_spin_us, 0,
           "microseconds a frame-wire connection's thread polls its socket "
           "without sleeping after handling the host's frames, before it "
@@ -504,8 +511,15 @@ int Run(int argc, char** raw_argv) {
         AGX_LOG(Error, "--calls_cpu_reprobe_s must be 0 or more (got {})", every_s);
         return 2;
       }
+      const int64_t wait_ms = absl::GetFlag(FLAGS_calls_cpu_probe_wait_ms);
+      if (wait_ms < 0 || wait_ms > 600000) {
+        AGX_LOG(Error, "--calls_cpu_probe_wait_ms must be between 0 and 600000 (got {})",
+                wait_ms);
+        return 2;
+      }
       ReprobeSchedule::Options reprobe;
       reprobe.every = absl::Seconds(every_s);
+      reprobe.startup_wait = absl::Milliseconds(wait_ms);
       prober = std::make_unique<PlacementProber>(options.worker.calls_cpu, reprobe);
       prober->Start();
     }
@@ -581,13 +595,6 @@ int Run(int argc, char** raw_argv) {
   signal(SIGPIPE, SIG_IGN);
 
   SessionManager manager(options);
-  if (prober != nullptr) {
-    prober->Watch([&manager] {
-      const SessionManager::CallPathQuiet quiet = manager.Quiet();
-      return CallPathActivity{quiet.calls_running || quiet.worker_booting,
-                              quiet.last_call_end};
-    });
-  }
   // Whatever the way out, the prober stops before the manager it watches.
   absl::Cleanup stop_prober = [&prober] {
     if (prober != nullptr) prober->Stop();
@@ -611,6 +618,15 @@ int Run(int argc, char** raw_argv) {
       AGX_LOG(Warning, "could not start the worker early: {}",
               std::string(started.message()));
     }
+  }
+  // After the prestart: a start-up probe that waits for the call path to
+  // rest must see the prestarted worker booting.
+  if (prober != nullptr) {
+    prober->Watch([&manager] {
+      const SessionManager::CallPathQuiet quiet = manager.Quiet();
+      return CallPathActivity{quiet.calls_running || quiet.worker_booting,
+                              quiet.last_call_end};
+    });
   }
 
   // The health-only server: grpc.health.v1 alone, plaintext, no token (the

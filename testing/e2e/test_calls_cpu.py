@@ -480,3 +480,24 @@ def test_calls_cpu_probe_measures_again_in_pauses_and_tells_each_change_to_the_h
     _call_on(once, 5, "once")
     changes.close()
     once.close()
+
+
+def test_the_start_up_probe_waits_for_a_prestarted_workers_boot(start_daemon):
+    # Its two busy threads would take CPU from the boot, a cold create's
+    # critical path (stop 34). A long limit: a loaded machine's boot can take seconds.
+    import re
+
+    daemon = start_daemon(extra_args=["--calls_cpu=probe", "--prestart-worker", "--log-level=debug",
+                                      "--calls_cpu_probe_wait_ms=60000"])
+    _probe_choice(daemon, timeout_s=60.0)
+    log = daemon.log()
+    ready = re.search(r"worker \S+ ready", log)
+    assert ready is not None, log
+    assert log.index("calls_cpu probe:") > ready.start(), log
+
+
+@pytest.mark.parametrize("value", ["-1", "600001", "soon"])
+def test_a_bad_start_up_probe_wait_stops_the_daemon_with_the_reason(start_daemon, value):
+    with pytest.raises(RuntimeError) as failed:
+        start_daemon(extra_args=["--calls_cpu=probe", f"--calls_cpu_probe_wait_ms={value}"])
+    assert "calls_cpu_probe_wait_ms" in str(failed.value)
