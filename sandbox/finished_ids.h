@@ -9,8 +9,8 @@
 // The views are spread over kShards small sets by their hash: a hash set
 // grows by moving everything it holds into a table twice its size, and
 // Remember runs under the session lock on a call's path (its ack). One set
-// of 65,536 ids stalled the call that crossed 57,344 ids for ~11 ms (7,168,
-// 14,336 and 28,672: 1.6, 3 and 6 ms; issue 25's tail, stop 34); a shard
+// of 65,536 ids stalled the call that crossed 57,344 ids for 11-14 ms (7,168,
+// 14,336 and 28,672: 1.6, 3 and 6-11 ms; issue 25's tail, stop 34); a shard
 // moves about 1/kShards of that. The memory is the same: the shards' tables
 // together are as large as the one table was
 // (bazel run //testing/bench:finished_ids_ab).
