@@ -44,18 +44,21 @@ class FinishedIds {
   FinishedIds& operator=(const FinishedIds&) = delete;
 
   bool Contains(std::string_view id) const {
-    return ShardOf(id).contains(id);
+    const Hashed key = HashOf(id);
+    return ShardOf(key).contains(key);
   }
 
   // Remembers `id` (no-op if remembered), forgetting the oldest when full.
   void Remember(std::string_view id) {
     if (capacity_ == 0) return;
-    Shard& shard = ShardOf(id);
-    if (shard.contains(id)) return;
+    const Hashed key = HashOf(id);
+    Shard& shard = ShardOf(key);
+    if (shard.contains(key)) return;
     std::string slot;
     if (order_.size() >= capacity_) {
       // The key is a view of this string: out of its set before it moves.
-      ShardOf(order_.front()).erase(order_.front());
+      const Hashed oldest = HashOf(order_.front());
+      ShardOf(oldest).erase(oldest);
       slot = std::move(order_.front());
       order_.pop_front();
     }
@@ -76,18 +79,41 @@ class FinishedIds {
   }
 
  private:
-  using Shard = absl::flat_hash_set<std::string_view>;
+  // An id and its hash, hashed once: the shard is chosen by the hash's top
+  // bits and the shard's own lookup uses the same hash (it places keys by
+  // the low bits, so one shard's keys still spread over its table).
+  struct Hashed {
+    std::string_view id;
+    size_t hash;
+  };
+  struct IdHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view id) const {
+      return absl::Hash<std::string_view>{}(id);
+    }
+    size_t operator()(const Hashed& key) const { return key.hash; }
+  };
+  struct IdEq {
+    using is_transparent = void;
+    bool operator()(std::string_view a, std::string_view b) const {
+      return a == b;
+    }
+    bool operator()(std::string_view a, const Hashed& b) const {
+      return a == b.id;
+    }
+    bool operator()(const Hashed& a, std::string_view b) const {
+      return a.id == b;
+    }
+  };
+  using Shard = absl::flat_hash_set<std::string_view, IdHash, IdEq>;
 
-  // The hash's top bits: the shard's own table places a key by its low
-  // bits, so the keys of one shard still spread over its table.
-  size_t ShardIndex(std::string_view id) const {
-    return shard_shift_ == 0
-               ? 0
-               : absl::Hash<std::string_view>{}(id) >> shard_shift_;
+  static Hashed HashOf(std::string_view id) { return {id, IdHash{}(id)}; }
+  size_t ShardIndex(const Hashed& key) const {
+    return shard_shift_ == 0 ? 0 : key.hash >> shard_shift_;
   }
-  Shard& ShardOf(std::string_view id) { return shards_[ShardIndex(id)]; }
-  const Shard& ShardOf(std::string_view id) const {
-    return shards_[ShardIndex(id)];
+  Shard& ShardOf(const Hashed& key) { return shards_[ShardIndex(key)]; }
+  const Shard& ShardOf(const Hashed& key) const {
+    return shards_[ShardIndex(key)];
   }
 
   const size_t capacity_;
