@@ -10,7 +10,7 @@ namespace {
 
 TEST_CASE("FinishedIds forgets the oldest id first", "[finished_ids]") {
   // Sharded (the daemon's) and one set (the benchmark's baseline).
-  const int shard_bits = GENERATE(FinishedIds::kShardBits, 0);
+  const int shard_bits = GENERATE(as<int>{}, FinishedIds::kShardBits, 0);
   FinishedIds ids(3, shard_bits);
   for (const char* id : {"a", "b", "c", "d"}) ids.Remember(id);
   CHECK_FALSE(ids.Contains("a"));
