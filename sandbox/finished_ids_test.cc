@@ -9,7 +9,9 @@ namespace agentix::sandbox {
 namespace {
 
 TEST_CASE("FinishedIds forgets the oldest id first", "[finished_ids]") {
-  FinishedIds ids(3);
+  // Sharded (the daemon's) and one set (the benchmark's baseline).
+  const int shard_bits = GENERATE(as<int>{}, FinishedIds::kShardBits, 0);
+  FinishedIds ids(3, shard_bits);
   for (const char* id : {"a", "b", "c", "d"}) ids.Remember(id);
   CHECK_FALSE(ids.Contains("a"));
   CHECK(ids.Contains("b"));
@@ -45,6 +47,32 @@ TEST_CASE("FinishedIds keeps short and long ids exactly across reuse",
   }
   CHECK_FALSE(ids.Contains(absl::StrCat(std::string(40, 'x'), 10000 - 65)));
   CHECK_FALSE(ids.Contains(""));
+}
+
+TEST_CASE("FinishedIds at the daemon's capacity: every id until forgotten, "
+          "spread over its shards", "[finished_ids]") {
+  // Python hosts' ids: 32 hex chars. The session manager remembers 65,536.
+  constexpr size_t kCapacity = 65536;
+  FinishedIds ids(kCapacity);
+  auto id_of = [](size_t i) {
+    return absl::StrCat(absl::Hex(i * 0x9E3779B97F4A7C15ULL, absl::kZeroPad16),
+                        absl::Hex(i, absl::kZeroPad16));
+  };
+  const size_t total = kCapacity + kCapacity / 2;
+  for (size_t i = 0; i < total; ++i) ids.Remember(id_of(i));
+  CHECK(ids.size() == kCapacity);
+  for (size_t i = 0; i < total; ++i) {
+    INFO("id " << i);
+    REQUIRE(ids.Contains(id_of(i)) == (i >= total - kCapacity));
+  }
+  // A set grows by moving all it holds (under the session lock): no shard
+  // may hold much more than its share.
+  CHECK(ids.largest_shard() < 2 * kCapacity / FinishedIds::kShards);
+  // Forgetting keeps the shards' views valid: the oldest ids go in order.
+  ids.Remember("one more");
+  CHECK_FALSE(ids.Contains(id_of(total - kCapacity)));
+  CHECK(ids.Contains(id_of(total - kCapacity + 1)));
+  CHECK(ids.Contains("one more"));
 }
 
 }  // namespace

@@ -65,6 +65,12 @@ ABSL_FLAG(uint64_t, max_payload_bytes, uint64_t{1} << 30,
           "largest accepted encoded arguments of one call");
 ABSL_FLAG(uint64_t, max_retained_results, 4096,
           "finished, unacknowledged results kept for resume");
+ABSL_FLAG(int, finished_ids_shard_bits,
+          agentix::sandbox::FinishedIds::kShardBits,
+          "the ids of finished calls remembered for at-most-once after a "
+          "reconnect are kept in 2^N hash sets, so that a set's growth (under "
+          "the session lock, on a call's path) moves few of them; 0: one set "
+          "(as before stop 34); 0-12");
 ABSL_FLAG(uint64_t, max_retained_bytes, uint64_t{512} << 20,
           "total size of finished, unacknowledged results kept for resume "
           "(oldest evicted first; the newest is always kept)");
@@ -530,6 +536,13 @@ int Run(int argc, char** raw_argv) {
   }
   options.max_payload_bytes = absl::GetFlag(FLAGS_max_payload_bytes);
   options.max_retained_results = absl::GetFlag(FLAGS_max_retained_results);
+  options.finished_ids_shard_bits = absl::GetFlag(FLAGS_finished_ids_shard_bits);
+  if (options.finished_ids_shard_bits < 0 ||
+      options.finished_ids_shard_bits > kMaxFinishedIdsShardBits) {
+    AGX_LOG(Error, "--finished_ids_shard_bits={} is out of range (0-{})",
+            options.finished_ids_shard_bits, kMaxFinishedIdsShardBits);
+    return 2;
+  }
   options.max_retained_bytes = absl::GetFlag(FLAGS_max_retained_bytes);
   options.log_buffer_records = absl::GetFlag(FLAGS_log_buffer_records);
   options.trace_buffer_events = absl::GetFlag(FLAGS_trace_buffer_events);

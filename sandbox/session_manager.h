@@ -49,10 +49,15 @@ namespace agentix::sandbox {
 // its length must not be the host's choice. Python hosts send 32 hex chars.
 inline constexpr size_t kMaxCallIdBytes = 256;
 
+// The most --finished_ids_shard_bits takes (4,096 sets of ~16 ids).
+inline constexpr int kMaxFinishedIdsShardBits = 12;
+
 struct SessionOptions {
   WorkerOptions worker;
   // Finished, unacknowledged results kept for resume; oldest evicted first.
   size_t max_retained_results = 4096;
+  // The remembered finished call ids in 2^N sets (FinishedIds; 0: one set).
+  int finished_ids_shard_bits = FinishedIds::kShardBits;
   // Calls running at once (0: no limit); more wait in a queue of at most
   // max_queued_calls, beyond which a call fails with TooManyCalls
   // (RESOURCE_EXHAUSTED).
@@ -419,7 +424,8 @@ class SessionManager : public WorkerProcess::Listener {
   // forgotten first): execution stays at most once when a reconnecting host
   // re-sends a StartCall (about 100 bytes per id).
   static constexpr size_t kRememberedFinishedCalls = 65536;
-  FinishedIds finished_ids_ ABSL_GUARDED_BY(mu_){kRememberedFinishedCalls};
+  FinishedIds finished_ids_ ABSL_GUARDED_BY(mu_){
+      kRememberedFinishedCalls, options_.finished_ids_shard_bits};
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   // Calls whose arguments are still arriving (watched for idleness).
   absl::flat_hash_set<std::string> uploading_ ABSL_GUARDED_BY(mu_);

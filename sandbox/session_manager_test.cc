@@ -465,6 +465,10 @@ TEST_CASE("An argument chunk that leaves a gap ends the call, once",
 TEST_CASE("A re-sent StartCall never runs a call twice", "[sandbox]") {
   SessionOptions options = FakeWorkerOptions();
   options.max_retained_results = 1;
+  // The remembered ids sharded (the default) and in one set (as<int>: the
+  // values by value; the first an lvalue would make them references).
+  options.finished_ids_shard_bits =
+      GENERATE(as<int>{}, FinishedIds::kShardBits, 0);
   SessionManager manager(options);
   auto a = std::make_shared<RecordingSink>();
   manager.HandleHostEvent(a, Start("acked", "fake::echo", "x"));

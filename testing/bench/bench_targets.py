@@ -59,3 +59,38 @@ def busy_threads(threads, mib):
     for thread in started:
         thread.join()
     return (time.perf_counter() - start) * 1e3
+
+
+# The worker's cycle collections while recording (tail_probe.py): (start ns,
+# end ns, generation, collected) on the worker's CLOCK_MONOTONIC, which is the
+# host's (no time namespace).
+_gc_spans = []
+_gc_start = [0]
+
+
+def _on_gc(phase, info):
+    import time
+    now = time.perf_counter_ns()
+    if phase == "start":
+        _gc_start[0] = now
+    else:
+        _gc_spans.append((_gc_start[0], now, info["generation"], info["collected"]))
+
+
+def gc_record_start():
+    """Starts recording the worker's collections; returns gc.get_threshold()."""
+    import gc
+    del _gc_spans[:]
+    if _on_gc not in gc.callbacks:
+        gc.callbacks.append(_on_gc)
+    return list(gc.get_threshold())
+
+
+def gc_record_stop():
+    """Stops recording; returns the spans recorded."""
+    import gc
+    if _on_gc in gc.callbacks:
+        gc.callbacks.remove(_on_gc)
+    spans = list(_gc_spans)
+    del _gc_spans[:]
+    return spans

@@ -78,6 +78,7 @@ async def main():
         (worker,) = procs.children(daemon_pid)
         print(f"READY {worker}", flush=True)
         sys.stdin.readline()
+        await client.remote(bench_targets.gc_record_start)
         gc.callbacks.append(on_gc)
         starts, lats = [0] * calls, [0] * calls
         clock, noop, remote = time.perf_counter_ns, bench_targets.noop, client.remote
@@ -87,8 +88,9 @@ async def main():
             starts[i] = t0
             lats[i] = clock() - t0
         gc.callbacks.remove(on_gc)
+        worker_gcs = await client.remote(bench_targets.gc_record_stop)
     with open(out_path, "w") as f:
-        json.dump({"starts": starts, "lats": lats, "gcs": gcs}, f)
+        json.dump({"starts": starts, "lats": lats, "gcs": gcs, "worker_gcs": worker_gcs}, f)
     print("DONE", flush=True)
 
 asyncio.run(main())
@@ -306,10 +308,38 @@ def spacing(slow_idx, calls):
             "gap_median_calls": statistics.median(gaps) if gaps else None,
             "gaps_of_1": sum(g == 1 for g in gaps),
             # Exact gaps (a bin of 16-31 was once read as "every 16th call"): the
-            # 24 commonest, in order; "65" is 65 or more.
-            "gap_histogram": {str(g): n for g, n in sorted(collections.Counter(
-                min(g, 65) for g in gaps).most_common(24))},
-            "per_tenth_of_run": [per_tenth.get(i, 0) for i in range(10)]}
+            # 24 commonest, in order; "65+" is 65 or more (a bin once read as
+            # "exactly 65 calls apart": see period below).
+            "gap_histogram": {(str(g) if g < 65 else "65+"): n for g, n in sorted(
+                collections.Counter(min(g, 65) for g in gaps).most_common(24))},
+            "per_tenth_of_run": [per_tenth.get(i, 0) for i in range(10)],
+            "period": period(slow_idx, calls)}
+
+
+def period(slow_idx, calls, max_lag=256):
+    """Is a slow call followed by another one a fixed number of calls later
+    more often than at the distances around it? For each lag L, the share of
+    slow calls with a slow call L calls later, against the median share of
+    the lags within 3 of it: a stall every N calls makes lags N, 2N, ...
+    stand out of their neighbours (a contrast well above 1); clustered slow
+    calls (a loaded machine's episodes) raise the short lags together and
+    random ones none. Reports the base rate (the share of all calls that are
+    slow), the lag-1 share (clustering) and the five lags of highest contrast."""
+    if len(slow_idx) < 2:
+        return {}
+    slow = set(slow_idx)
+    share = {lag: sum(i + lag in slow for i in slow_idx) / len(slow_idx)
+             for lag in range(1, max_lag + 4)}
+    contrast = []
+    for lag in range(3, max_lag + 1):
+        around = statistics.median(share[k] for k in range(max(2, lag - 3), lag + 4)
+                                   if k != lag)
+        if share[lag] > 0:
+            contrast.append((share[lag] / around if around else float("inf"), lag))
+    contrast.sort(reverse=True)
+    return {"base_rate": round(len(slow_idx) / calls, 4), "lag_1": round(share[1], 4),
+            "top_lags": [{"lag": lag, "share": round(share[lag], 4),
+                          "over_neighbours": round(c, 2)} for c, lag in contrast[:5]]}
 
 
 def parse_perf(script_text):
@@ -740,6 +770,28 @@ def run_starts(events, starts, lats, slow_threshold_ns, stack_tids, quiet=20):
     return {"run_starts": found, "in_how_many": dict(counts.most_common(20))}
 
 
+def gc_overlap(gcs, starts, lats, slow_idx):
+    """How a process's cycle collections ([start ns, end ns, generation, ...])
+    meet the stream's calls: how many, by generation, their median length,
+    how many calls apart, how many calls (and slow calls) one overlaps."""
+    hit = set()
+    for g in gcs:  # calls are sequential: starts sorted
+        i = bisect.bisect_right(starts, g[1]) - 1
+        while i >= 0 and starts[i] + lats[i] > g[0]:
+            hit.add(i)
+            i -= 1
+    slow = set(slow_idx)
+    idx = sorted(hit)
+    gaps = collections.Counter(b - a for a, b in zip(idx, idx[1:]))
+    return {"collections": len(gcs),
+            "by_generation": dict(collections.Counter(g[2] for g in gcs)),
+            "median_us": round(statistics.median(g[1] - g[0] for g in gcs) / 1e3, 1) if gcs else 0,
+            "calls_with_gc": len(hit), "slow_calls_with_gc": len(hit & slow),
+            "slow_calls": len(slow), "slow_with_gc_p50_us": round(statistics.median(
+                lats[i] for i in hit & slow) / 1e3, 1) if hit & slow else 0,
+            "gap_calls_top": dict(gaps.most_common(3))}
+
+
 def thread_names(pids, seen=None):
     """{tid: "process/thread name"} of the stack's threads (and of `seen`,
     an earlier answer, for threads gone since); a name several threads
@@ -818,10 +870,9 @@ def run(args):
         "slow_share": [round(sum(x > 2 * p50_ns for x in lats[m::16]) / len(lats[m::16]), 4)
                        for m in range(16)]}
     report["tick_loss"] = tick_loss(starts, lats)
-    gcs = data["gcs"]
-    report["host_gc"] = {"collections": len(gcs), "slow_calls_with_gc": sum(
-        any(g[0] < s + l and g[1] > s for g in gcs) for s, l in
-        ((starts[i], lats[i]) for i in slow_idx))}
+    report["host_gc"] = gc_overlap(data["gcs"], starts, lats, slow_idx)
+    if "worker_gcs" in data:
+        report["worker_gc"] = gc_overlap(data["worker_gcs"], starts, lats, slow_idx)
     if args.perf:
         text = subprocess.run(["perf", "script", "-i", perf_data, "-F",
                                "comm,tid,cpu,time,event,trace"],
@@ -853,7 +904,8 @@ def run(args):
     return report
 
 
-_AB_KEYS = ("p50_us", "p90_us", "p99_us", "p999_us", "p99_over_p50", "share_over_2x_a_p50",
+_AB_KEYS = ("p50_us", "p90_us", "p99_us", "p999_us", "max_us", "p99_over_p50",
+            "share_over_2x_a_p50",
             "daemon_cpu_us_per_call", "worker_cpu_us_per_call",
             "host_cpu_us_per_call")  # (the host's: with --a-python only)
 

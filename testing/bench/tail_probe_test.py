@@ -1,5 +1,6 @@
 """tail_probe's tick breakdown: where a call that meets the kernel tick loses its time."""
 
+import random
 import unittest
 
 import tail_probe
@@ -184,3 +185,29 @@ class TickLossTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PeriodTest(unittest.TestCase):
+    CALLS = 30000
+
+    def test_a_stall_every_n_calls_stands_out_at_its_lag(self):
+        slow = sorted(set(range(10, self.CALLS, 65)) | set(range(7, self.CALLS, 997)))
+        found = tail_probe.spacing(slow, self.CALLS)["period"]
+        self.assertEqual(found["top_lags"][0]["lag"] % 65, 0)
+        self.assertGreater(found["top_lags"][0]["over_neighbours"], 5)
+
+    def test_clustered_slow_calls_show_no_period(self):
+        # Bursts of slow calls (a loaded machine's episodes) at irregular
+        # places, irregular inside too.
+        rng = random.Random(25)
+        slow = set()
+        for start in rng.sample(range(self.CALLS - 500), 12):
+            slow |= {start + k for k in range(300) if rng.random() < 0.3}
+        found = tail_probe.spacing(sorted(slow), self.CALLS)["period"]
+        self.assertGreater(found["lag_1"], 5 * found["base_rate"])
+        self.assertLess(found["top_lags"][0]["over_neighbours"], 2)
+
+    def test_gaps_of_65_or_more_share_one_labelled_bin(self):
+        slow = [0, 65, 200, 1000, 1001]
+        hist = tail_probe.spacing(slow, 2000)["gap_histogram"]
+        self.assertEqual(hist, {"1": 1, "65+": 3})
