@@ -192,11 +192,9 @@ class Sandbox:
                 self.runtime_url, call_deadline=self.call_deadline, token=self.token,
                 bundle_manifest=self.bundle_manifest,
             )
-            checked, self.checked_channel = self.checked_channel, None
+            checked = self.checked_channel
             if checked is not None and (checked.target, checked.token) == (self.runtime_url, self.token):
-                client.checked_channel = checked
-            elif checked is not None:
-                self.checked_channel = checked  # not this client's: closed by aclose()
+                client.checked_channel = checked  # taken once; aclose() closes it if never taken
         else:
             client.call_deadline = self.call_deadline
         return client
@@ -254,9 +252,6 @@ class Sandbox:
         client, self._client = self._client, None
         if client is not None:
             await client.close()
-            checked, client.checked_channel = client.checked_channel, None
-            if checked is not None:
-                await checked.discard()
         checked, self.checked_channel = self.checked_channel, None
         if checked is not None:
             await checked.discard()
