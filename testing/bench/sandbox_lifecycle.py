@@ -291,7 +291,8 @@ async def one_run(provider, config, tools_module, timeline: Timeline) -> dict:
     # Popen -> daemon logs "serving": bwrap + namespaces + mounts, bootstrap.sh, the
     # daemon's exec (bundle loader, ~90 libraries), gRPC server start
     r["create.spawn_to_listening_ms"] = _ms(m.get("spawned"), daemon.get("listening"))
-    # "serving" -> health SERVING seen by the host (poll interval 5-50 ms, fresh channel)
+    # "serving" -> health SERVING seen by the host (woken by that log line; a fresh channel,
+    # which the first call then takes)
     r["create.listening_to_healthy_ms"] = _ms(daemon.get("listening"), m.get("healthy"))
     # of which: the last health probe itself (a fresh grpc.aio channel + Check)
     r["create.health_probe_ms"] = _ms(m.get("last_probe"), m.get("healthy"))

@@ -45,6 +45,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 
 from conftest import REPO, BAZEL_BIN, SANDBOXD, TARGETS_DIR, WORKER, _venv, on_root_logger
@@ -53,7 +54,7 @@ sys.path.insert(0, str(REPO / "testing" / "providerd"))
 import providerd_harness as harness  # noqa: E402
 
 import e2e_targets
-from agentix import WorkerExited
+from agentix import Unauthenticated, WorkerExited
 from agentix.provider import SandboxConfig, SandboxResource, providers
 from agentix.provider.local import LocalProvider, LocalProviderConfig
 from agentix.provider._local_inprocess import InProcessLocalProvider
@@ -1264,3 +1265,75 @@ async def test_in_process_leftovers_of_a_killed_host_process_are_pruned(dev_bund
         assert [path for path in cgroup_paths if path.exists()] == []
         assert make_inprocess_provider(dirs).prune() == []
         assert await live.remote(e2e_targets.add, 1, 2) == 3
+
+
+async def test_in_process_first_call_takes_the_channel_of_the_readiness_check(dev_bundle, dirs):
+    """The create's health check leaves its channel with the sandbox; the
+    client's first connection takes it instead of opening a second one."""
+    provider = make_inprocess_provider(dirs)
+    try:
+        sandbox = await provider.create(SandboxConfig(image="host", bundle=str(dev_bundle)))
+        checked = sandbox.checked_channel
+        assert checked is not None and checked.target == sandbox.runtime_url
+        channel = checked._channel
+        assert await sandbox.remote(e2e_targets.add, 2, 3) == 5
+        assert sandbox.client._channel is channel
+        assert checked.take() is None  # taken once
+        await sandbox.aclose()
+        assert channel.get_state() == grpc.ChannelConnectivity.SHUTDOWN
+
+        # Never used for calls: aclose() closes it.
+        unused = await provider.create(SandboxConfig(image="host", bundle=str(dev_bundle)))
+        channel = unused.checked_channel._channel
+        await unused.aclose()
+        assert unused.checked_channel is None
+        assert channel.get_state() == grpc.ChannelConnectivity.SHUTDOWN
+
+        # A client with another token does not take it (and is refused by the daemon).
+        other = await provider.create(SandboxConfig(image="host", bundle=str(dev_bundle)))
+        channel = other.checked_channel._channel
+        other.token = "not-the-sandbox-token"
+        with pytest.raises(Unauthenticated):
+            await other.remote(e2e_targets.add, 1, 1)
+        assert other.client._channel is not channel and other.checked_channel._channel is channel
+        await other.aclose()
+        assert channel.get_state() == grpc.ChannelConnectivity.SHUTDOWN
+    finally:
+        await provider.aclose()
+    assert list(dirs[0].iterdir()) == []
+
+
+_QUIET_BOOTSTRAP = "#!/bin/sh\nexec {sandboxd} --listen \"$AGENTIX_LISTEN\" --worker {worker} --venv {venv} " \
+    "--python-path {python_path} --log-level warning \"$@\"\n"
+
+
+async def test_in_process_ready_without_the_serving_line(dirs, tmp_path):
+    """A daemon logging below info never writes "serving …": the create still
+    finds it ready (by the slower poll) and its first call runs."""
+    bundle = _write_bundle(tmp_path / "quiet", _QUIET_BOOTSTRAP.format(
+        sandboxd=os.path.realpath(SANDBOXD), worker=os.path.realpath(WORKER), venv=_venv(),
+        python_path=TARGETS_DIR))
+    provider = make_inprocess_provider(dirs)
+    async with provider.session(SandboxConfig(image="host", bundle=str(bundle))) as sandbox:
+        log = provider._sandboxes[sandbox.sandbox_id].log_path
+        assert await sandbox.remote(e2e_targets.add, 2, 2) == 4
+        assert "serving agentix.runtime.v1" not in log.read_text()
+
+
+async def test_in_process_a_false_serving_line_still_times_out_with_the_log(dirs, tmp_path):
+    """The "serving" line only wakes the wait: a bootstrap that writes it and
+    never serves times out within ready_timeout with its output, and one
+    that writes it and dies reports its exit."""
+    liar = _write_bundle(tmp_path / "liar", "#!/bin/sh\necho 'serving agentix.runtime.v1 on nothing'\nexec sleep 600\n")
+    provider = make_inprocess_provider(dirs, ready_timeout=1.0, stop_grace=0.5)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"runtime not serving[\s\S]*serving agentix.runtime.v1 on nothing"):
+        await provider.create(SandboxConfig(image="host", bundle=str(liar)))
+    assert time.monotonic() - started < 5
+    dying = _write_bundle(tmp_path / "dying", "#!/bin/sh\necho 'serving agentix.runtime.v1 on x'\necho bye >&2\nexit 4\n")
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"exited with code 4[\s\S]*bye"):
+        await provider.create(SandboxConfig(image="host", bundle=str(dying)))
+    assert time.monotonic() - started < 5
+    await provider.aclose()
+    assert list(dirs[0].iterdir()) == []

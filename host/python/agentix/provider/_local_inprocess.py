@@ -26,6 +26,8 @@ docs/PROVIDERS.md explains each choice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -39,6 +41,7 @@ import subprocess
 import tarfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from pathlib import Path
@@ -59,6 +62,8 @@ from agentix.provider.base import (
 from agentix.runtime import BUNDLE_NIX_ROOT, BUNDLE_RUNTIME_ENTRYPOINT, LISTEN_ENV
 
 if TYPE_CHECKING:
+    import grpc
+
     from agentix.provider.local import LocalProvider
 
 __all__ = ["InProcessLocalProvider", "LocalProviderConfig", "parse_memory"]
@@ -77,6 +82,12 @@ _FRESH_TOP_LEVEL = {"dev", "proc", "sys", "tmp", "run", "nix"}
 # sun_path is 108 bytes including the terminating NUL.
 _MAX_SOCKET_PATH = 107
 _TAIL_BYTES = 8192
+# What the daemon writes once it listens (docs/BUNDLE.md): the readiness
+# wait checks the socket then rather than at its next poll.
+_SERVING_LINE = b"serving agentix.runtime.v1 on "
+# Until that line (a daemon logging below info never writes it), the wait
+# looks at the socket this often; after it, every 5 ms.
+_QUIET_POLL_SECONDS = 0.025
 # Size of the tmpfs at /run/agentix: it holds a socket; a sandbox must not
 # fill memory through the one directory the host looks into.
 _SOCKET_DIR_BYTES = 1 << 20
@@ -291,10 +302,13 @@ class _LogDrain:
     inside through ``/proc/<pid>/fd/1`` — read, truncated or grown without
     bound. A pipe reopened that way is still only this capped stream."""
 
-    def __init__(self, read_fd: int, path: Path, max_bytes: int) -> None:
+    def __init__(self, read_fd: int, path: Path, max_bytes: int, wake: Callable[[], None] | None = None) -> None:
         self.path = path
         self._fd = read_fd
         self._half = max_bytes // 2
+        # Called once when the daemon says it serves (its log line) or the
+        # output ends: the provider's readiness wait wakes then, not a poll later.
+        self._wake = wake
         self._thread = threading.Thread(target=self._run, name=f"agentix-log-{path.parent.name}", daemon=True)
         self._thread.start()
 
@@ -303,7 +317,12 @@ class _LogDrain:
         written = 0
         try:
             out = open(self.path, "ab", buffering=0)
+            carry = b""
             while data := os.read(self._fd, 1 << 16):
+                if self._wake is not None:
+                    if _SERVING_LINE in carry + data:
+                        self._call_wake()
+                    carry = data[-len(_SERVING_LINE) + 1:]
                 while data and out is not None:
                     try:
                         if written >= self._half:
@@ -323,6 +342,15 @@ class _LogDrain:
             os.close(self._fd)
             if out is not None:
                 out.close()
+            self._call_wake()
+
+    def _call_wake(self) -> None:
+        wake, self._wake = self._wake, None
+        if wake is not None:
+            try:
+                wake()
+            except RuntimeError:  # the waiting loop has closed
+                pass
 
     def join(self, timeout: float) -> None:
         """Waits until the sandbox's side is closed and everything is written."""
@@ -340,6 +368,8 @@ class _Running:
     runtime_url: str
     token: str = ""
     log: _LogDrain | None = None
+    # Set (from the log drain's thread) once the daemon said it serves or its output ended.
+    said_serving: asyncio.Event | None = None
 
 
 def _children(pid: int) -> list[int]:
@@ -397,14 +427,22 @@ class _TokenNotEnforced(RuntimeError):
     """The daemon serves without checking the sandbox's token."""
 
 
-async def _health_ok(socket_path: Path, timeout: float, token: str = "") -> bool:
+async def _health_ok(socket_path: Path, timeout: float, token: str = "") -> grpc.aio.Channel | None:
     """One ``grpc.health.v1.Health/Check`` on the daemon's socket. Hand-encoded
     (an empty request; the reply's field 1 is the status, 1 = SERVING) because
     Debian's grpcio ships without the grpc_health package. With a token, a
-    second check without it must be refused (else `_TokenNotEnforced`)."""
+    second check without it must be refused (else `_TokenNotEnforced`).
+    Returns the channel, still open, when the daemon serves (made with the
+    client's options: the sandbox's client takes it, `CheckedChannel`), else
+    None."""
     import grpc
 
-    channel = grpc.aio.insecure_channel(f"unix://{socket_path}", options=[("grpc.use_local_subchannel_pool", 1)])
+    from agentix.runtime.client.channels import channel_options, close_channel
+    from agentix.runtime.client.tls import TlsFiles
+
+    target = f"unix://{socket_path}"
+    channel = grpc.aio.insecure_channel(target, options=channel_options(TlsFiles(target, None, None, None, None)))
+    serving = False
     try:
         check = channel.unary_unary(
             "/grpc.health.v1.Health/Check",
@@ -414,7 +452,7 @@ async def _health_ok(socket_path: Path, timeout: float, token: str = "") -> bool
         metadata = (("authorization", f"Bearer {token}"),) if token else None
         reply = await check(None, timeout=timeout, metadata=metadata)
         if reply[:2] != b"\x08\x01":
-            return False
+            return None
         if token:
             # Fail closed: an entry point that drops its arguments leaves the
             # daemon without --token-file, i.e. without a token check.
@@ -422,17 +460,21 @@ async def _health_ok(socket_path: Path, timeout: float, token: str = "") -> bool
                 await check(None, timeout=timeout)
             except grpc.aio.AioRpcError as error:
                 if error.code() == grpc.StatusCode.UNAUTHENTICATED:
-                    return True
+                    serving = True
+                    return channel
             raise _TokenNotEnforced(
                 "the sandbox's daemon answers without the token: its entry point must pass its arguments "
                 "(--token-file /proc/self/fd/N) to agentix-sandboxd, as a bundle's bootstrap.sh does"
             )
-        return True
+        serving = True
+        return channel
     except grpc.aio.AioRpcError as error:
         # Something answered gRPC on the socket but has no health service: it is up.
-        return error.code() == grpc.StatusCode.UNIMPLEMENTED
+        serving = error.code() == grpc.StatusCode.UNIMPLEMENTED
+        return channel if serving else None
     finally:
-        await channel.close()
+        if not serving:
+            await close_channel(channel)
 
 
 class InProcessLocalProvider(SandboxProvider):
@@ -516,6 +558,7 @@ class InProcessLocalProvider(SandboxProvider):
             runtime_url=f"unix://{socket_path}",
             # Every RPC to the sandbox's daemon must carry it (docs/PROVIDERS.md).
             token=secrets.token_urlsafe(32),
+            said_serving=asyncio.Event(),
         )
         try:
             self._apply_limits(running.cgroups, resource)
@@ -527,7 +570,7 @@ class InProcessLocalProvider(SandboxProvider):
             env = self._sandbox_env(sandbox_id, config.env)
             self._start(running, bwrap, root, nix_dir, env)
             self._sandboxes[sandbox_id] = running
-            await self._wait_ready(running)
+            channel = await self._wait_ready(running)
         except BaseException:
             # Cancelled or failed: leave nothing behind (shielded so a
             # cancellation cannot interrupt the cleanup itself).
@@ -535,9 +578,14 @@ class InProcessLocalProvider(SandboxProvider):
             await asyncio.shield(self._teardown(running))
             raise
         _log.debug("sandbox %s ready at %s", sandbox_id, running.runtime_url)
-        return Sandbox(
+        sandbox = Sandbox(
             sandbox_id=SandboxId(sandbox_id), runtime_url=running.runtime_url, status="running", token=running.token
         )
+        if channel is not None:
+            from agentix.runtime.client.channels import CheckedChannel
+
+            sandbox.checked_channel = CheckedChannel(running.runtime_url, running.token, channel)
+        return sandbox
 
     def _start(self, running: _Running, bwrap: str, root: Path, nix_dir: Path, env: dict[str, str]) -> None:
         """Starts the bwrap tree of `running`. What it gets besides argv and env:
@@ -568,7 +616,9 @@ class InProcessLocalProvider(SandboxProvider):
                 pass_fds=passed,
             )
             opened.remove(log_read)
-            running.log = _LogDrain(log_read, running.log_path, self.config.log_max_bytes)
+            said = running.said_serving
+            wake = None if said is None else functools.partial(asyncio.get_running_loop().call_soon_threadsafe, said.set)
+            running.log = _LogDrain(log_read, running.log_path, self.config.log_max_bytes, wake)
         finally:
             for fd in opened:
                 os.close(fd)
@@ -681,7 +731,11 @@ class InProcessLocalProvider(SandboxProvider):
         ]
         return argv
 
-    async def _wait_ready(self, running: _Running) -> None:
+    async def _wait_ready(self, running: _Running) -> grpc.aio.Channel | None:
+        """Waits until the daemon answers its health check (`_health_ok`)
+        and returns that check's channel (None when it could not be kept).
+        Between looks it sleeps until the daemon's log says it serves (or its
+        output ends), at most `_QUIET_POLL_SECONDS`; after that line, 5 ms."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.ready_timeout
         delay = 0.005
@@ -697,18 +751,27 @@ class InProcessLocalProvider(SandboxProvider):
             if not running.socket_path.parent.is_symlink():
                 _link_socket_dir(running)
             if _is_socket(running.socket_path):
-                if await _health_ok(
+                channel = await _health_ok(
                     running.socket_path, timeout=max(0.1, min(2.0, deadline - loop.time())), token=running.token
-                ):
-                    return
-            if loop.time() >= deadline:
+                )
+                if channel is not None:
+                    return channel
+            left = deadline - loop.time()
+            if left <= 0:
                 raise TimeoutError(
                     f"sandbox {running.sandbox_id}: runtime not serving on {running.runtime_url} after "
                     f"{self.config.ready_timeout}s; its output ends with:\n{_tail(running.log_path)}"
                 )
-            # A short, flat interval: a sandbox comes up in ~40-80 ms, and a
-            # backoff to 50 ms cost up to 40 ms of every create (measured).
-            await asyncio.sleep(delay)
+            said = running.said_serving
+            if said is not None and not said.is_set():
+                # No poll while the daemon starts: its "serving" line (or
+                # the end of its output) wakes this wait (issue 25).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(said.wait(), min(_QUIET_POLL_SECONDS, left))
+            else:
+                # A short, flat interval: a backoff to 50 ms cost up to 40 ms
+                # of every create (measured).
+                await asyncio.sleep(min(delay, left))
 
     # ------------------------------------------------------------- bundle/root
 

@@ -177,6 +177,9 @@ class Sandbox:
     # checks the host's copy of each called module against it (stale bundles).
     bundle_manifest: str | None = field(default=None, repr=False, compare=False)
     _client: RuntimeClient | None = field(default=None, init=False, repr=False, compare=False)
+    # The provider's channel of its readiness check (`CheckedChannel`), which
+    # the client's first connection takes instead of opening its own.
+    checked_channel: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def client(self) -> RuntimeClient:
@@ -189,6 +192,9 @@ class Sandbox:
                 self.runtime_url, call_deadline=self.call_deadline, token=self.token,
                 bundle_manifest=self.bundle_manifest,
             )
+            checked = self.checked_channel
+            if checked is not None and (checked.target, checked.token) == (self.runtime_url, self.token):
+                client.checked_channel = checked  # taken once; aclose() closes it if never taken
         else:
             client.call_deadline = self.call_deadline
         return client
@@ -246,6 +252,9 @@ class Sandbox:
         client, self._client = self._client, None
         if client is not None:
             await client.close()
+        checked, self.checked_channel = self.checked_channel, None
+        if checked is not None:
+            await checked.discard()
 
     async def __aenter__(self) -> Sandbox:
         """``async with sandbox:`` gives the sandbox itself; leaving it closes the

@@ -19,6 +19,7 @@ from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
 
 __all__ = [
     "CLOSE_SECONDS",
+    "CheckedChannel",
     "NativeTransport",
     "bounded",
     "channel_options",
@@ -160,6 +161,39 @@ def new_channel(target: str, tls: TlsFiles, options: list[tuple[str, Any]]) -> g
     return grpc.aio.insecure_channel(target, options=options)
 
 
+class CheckedChannel:
+    """A channel to a sandbox's daemon that its provider has just checked on
+    this event loop (health with the sandbox's token, and refused without
+    it): the sandbox's client takes it for its first connection instead of
+    opening a second channel and probing it (issue 25: a create's host CPU
+    competes with the sandbox's start on a small machine)."""
+
+    def __init__(self, target: str, token: str | None, channel: grpc.aio.Channel) -> None:
+        self.target = target
+        self.token = token
+        self._channel: grpc.aio.Channel | None = channel
+        self._loop = asyncio.get_running_loop()
+
+    def take(self) -> grpc.aio.Channel | None:
+        """The channel, once, on the loop it was made on (None elsewhere: a
+        channel belongs to one loop), unless it broke meanwhile."""
+        channel = self._channel
+        if channel is None or asyncio.get_running_loop() is not self._loop:
+            return None
+        self._channel = None
+        if channel.get_state() in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN):
+            self._loop.create_task(close_channel(channel))
+            return None
+        return channel
+
+    async def discard(self) -> None:
+        """Closes the channel if nobody took it (on its loop; elsewhere it is
+        left to gRPC's clean-up)."""
+        channel, self._channel = self._channel, None
+        if channel is not None and asyncio.get_running_loop() is self._loop:
+            await close_channel(channel)
+
+
 async def open_channel(
     target: str,
     tls: TlsFiles,
@@ -167,14 +201,24 @@ async def open_channel(
     timeout: float,
     metadata: tuple,
     defer_native: bool = False,
+    checked: CheckedChannel | None = None,
 ) -> grpc.aio.Channel:
     """A new channel to `target`, probed with ``GetInfo`` (within `timeout`),
     and the native transport's channel beside it (`native.channel`, set once
     the probe answered; with `defer_native`, deferred to its first use, see
     `NativeTransport`: `RuntimeClient` passes it when its Calls stream
     tries the frame wire first and no namespace is registered yet). Raises
-    the probe's `grpc.aio.AioRpcError`, closing the channel first."""
+    the probe's `grpc.aio.AioRpcError`, closing the channel first. With
+    `checked` (its provider's channel to this target), that channel
+    instead, unprobed, when it can still be taken."""
     options = channel_options(tls)
+    taken = checked.take() if checked is not None else None
+    if taken is not None:
+        if defer_native:
+            native.defer(target, tls, options)
+        else:
+            native.channel = native.new_channel(target, tls, options)
+        return taken
     channel = new_channel(target, tls, options)
     # Made before the probe: it starts connecting at once, so its connection
     # is set up while GetInfo runs, not after it (which made a first call

@@ -39,7 +39,7 @@ from agentix.runtime.client.bundle_check import BundleCheck
 from agentix.runtime.client.logs import LogCursor, LogsStream
 from agentix.runtime.client._sio_facade import AsyncClientNamespace
 from agentix.runtime.client.chunking import CHUNK_BYTES
-from agentix.runtime.client.channels import NativeTransport, bounded, close_channel, open_channel
+from agentix.runtime.client.channels import CheckedChannel, NativeTransport, bounded, close_channel, open_channel
 from agentix.runtime.client.frames import FrameWire
 from agentix.runtime.client.payload_ring import native_copy
 from agentix.runtime.client.feeds import Feed, ensure_feeds, reopen_lost_feeds, settle_feeds, wait_barrier
@@ -228,6 +228,7 @@ class RuntimeClient:
         )
         self._tls = TlsFiles(base_url, tls_ca_file, tls_cert_file, tls_key_file, tls_server_name)
         self._channel: grpc.aio.Channel | None = None
+        self.checked_channel: CheckedChannel | None = None  # a provider's, for the first connection (Sandbox.client)
         self._channel_broken = False
         # With the native transport, the Calls stream runs on a grpc++ channel
         # to the same target, made and replaced together with `_channel`.
@@ -614,7 +615,9 @@ class RuntimeClient:
 
         try:
             defer = self._frames.preferred()  # NativeTransport.defer; Namespace streams ride the frame wire too
-            channel = await open_channel(self._target, self._tls, self._native, self.timeout, self._metadata, defer)
+            channel = await open_channel(
+                self._target, self._tls, self._native, self.timeout, self._metadata, defer, self.checked_channel
+            )
         except grpc.aio.AioRpcError as error:
             raise self._unreachable(error) from error
         self._channel = channel
