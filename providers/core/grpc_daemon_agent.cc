@@ -48,10 +48,16 @@ std::shared_ptr<grpc::Channel> GrpcDaemonAgent::NewChannel(
   // Its own subchannel: a subchannel shared through the global pool may be
   // in reconnect backoff from an earlier probe of a daemon not yet up.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  // A kept channel that loses its daemon reconnects soon, not after 1 s+.
+  // A kept channel that loses its daemon reconnects soon, not after 1 s+
+  // (gRPC raises the initial backoff to its floor, 100 ms).
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 20);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // gRPC takes the "minimum reconnect backoff" as the time one connection
+  // attempt may take. It was 20 ms here (100 ms after gRPC's floor): a daemon
+  // slow to finish the HTTP/2 handshake (a loaded machine, a sanitizer
+  // build) failed CheckReady with "connection attempt timed out" although it
+  // was up. The call's own deadline bounds the attempt anyway.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
   if (!endpoint.authority().empty()) {
     args.SetString(GRPC_ARG_DEFAULT_AUTHORITY, endpoint.authority());
   }
