@@ -13,10 +13,11 @@ from pathlib import Path
 
 # Shared objects either binary may still name: glibc, the C++ runtime, libfmt
 # (Debian ships no libfmt.a), the sanitizer runtimes of --config=asan/ubsan and, for
-# the worker, libpython's own dependencies.
+# the worker, libpython's own dependencies. The worker links libpython statically unless
+# built with --define=agentix_libpython=shared (worker/BUILD.bazel; argv[3] says which).
 ALLOWED = {"libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "libfmt.so.9",
            "ld-linux-x86-64.so.2", "libasan.so.8", "libubsan.so.1"}
-WORKER_ALLOWED = ALLOWED | {"libpython3.11.so.1.0", "libz.so.1", "libexpat.so.1"}
+WORKER_ALLOWED = ALLOWED | {"libz.so.1", "libexpat.so.1"}
 STATIC = ("libabsl_", "libgrpc", "libgpr", "libprotobuf", "libupb", "libre2", "libcares",
           "libssl", "libcrypto", "libaddress_sorting")
 
@@ -44,7 +45,19 @@ class StaticLinkTest(unittest.TestCase):
         self.check(Path(sys.argv[1]), ALLOWED)
 
     def test_worker(self) -> None:
-        self.check(Path(sys.argv[2]), WORKER_ALLOWED)
+        libpython = sys.argv[3]
+        self.assertIn(libpython, ("static", "shared"))
+        worker = Path(sys.argv[2])
+        self.check(worker, WORKER_ALLOWED | ({"libpython3.11.so.1.0"} if libpython == "shared"
+                                             else set()))
+        if libpython == "static":
+            # Extension modules bind to the binary's libpython: it exports the C API.
+            out = subprocess.run(["nm", "-D", "--defined-only", str(worker)], check=True,
+                                 capture_output=True, text=True, timeout=30).stdout
+            exported = {line.split()[-1] for line in out.splitlines()}
+            for name in ("PyLong_FromLong", "PyExc_TypeError", "_Py_NoneStruct",
+                         "PyModule_Create2", "PyType_Ready"):
+                self.assertIn(name, exported)
 
 
 if __name__ == "__main__":

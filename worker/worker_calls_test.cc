@@ -108,6 +108,26 @@ TEST_CASE("The interpreter is Debian's, isolated from the environment",
           "'test-worker'");
 }
 
+// The binary links libpython statically unless built with
+// --define=agentix_libpython=shared (worker/BUILD.bazel); extension modules
+// (lib-dynload's, Debian's numpy) bind to the interpreter in the binary.
+TEST_CASE("Extension modules load and use the worker's one libpython",
+          "[worker]") {
+  auto worker = ReadyWorker();
+  const std::string used =
+      worker->CallOk("worker_fixture::extension_modules", Pickle("((), {})"));
+  REQUIRE(Unpickle(used, "v['pythonapi']") == "42");
+  REQUIRE(Unpickle(used, "v['decimal']") == "3.305");
+  REQUIRE(Unpickle(used, "v['ssl']") == "True");
+  REQUIRE(Unpickle(used, "v['asyncio']") == "slept");
+  REQUIRE(Unpickle(used, "v['numpy']") == "45");
+#ifdef AGENTIX_WORKER_LIBPYTHON_SHARED
+  REQUIRE(Unpickle(used, "len(v['libpython_mapped'])") == "1");
+#else
+  REQUIRE(Unpickle(used, "v['libpython_mapped']") == "[]");
+#endif
+}
+
 TEST_CASE("A target rebound in its module is the one called", "[worker]") {
   auto worker = ReadyWorker();
   const std::string none = Pickle("((), {})");

@@ -55,7 +55,8 @@ ABSL_FLAG(int, prefault_heap_mib, 4,
           "MiB at the top of malloc's main heap faulted in the same way; 0: "
           "none");
 ABSL_FLAG(bool, prefault_libpython, false,
-          "read libpython's mapped pages in the same way (off: on a loaded "
+          "read the shared libpython's mapped pages in the same way (a worker "
+          "linking libpython statically, the default, has none; off: on a loaded "
           "machine the reads compete with the boot; not measured quiet)");
 
 namespace {

@@ -94,10 +94,16 @@ def test_tree_layout_and_manifest(bundle):
     root = out / "nix" / "runtime"
     for rel in ("bootstrap.sh", "bin/agentix-sandboxd", "bin/agentix-worker",
                 "bin/patchelf", "bin/sh", "lib/ld-linux-x86-64.so.2",
-                "lib/libc.so.6", "lib/libpython3.11.so.1.0",
+                "lib/libc.so.6",
                 "python/lib/python3.11/os.py", "python/lib/python3.11/lib-dynload",
                 "venv/pyvenv.cfg"):
         assert (root / rel).exists(), rel
+    # The bundle's python3.11 links libpython statically, and so does the worker unless
+    # built with --define=agentix_libpython=shared: the shared library comes only with a
+    # worker that names it.
+    dynamic = subprocess.run(["readelf", "-d", str(root / "bin/agentix-worker")], check=True,
+                             capture_output=True, text=True, timeout=30).stdout
+    assert (root / "lib/libpython3.11.so.1.0").exists() == ("[libpython3.11.so" in dynamic)
     site = root / "venv/lib/python3.11/site-packages"
     for rel in ("bundle_app/__init__.py", "bundle_helper/__init__.py",
                 "msgpack/__init__.py", "agentix/__init__.py"):

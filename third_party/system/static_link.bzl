@@ -95,3 +95,23 @@ def static_linkopts(libs):
         ["-l:lib%s.a" % lib for lib in libs] +
         ["-Wl,--end-group"]
     )
+
+# Debian's static libpython in an executable (agentix-worker), as Debian's own
+# /usr/bin/python3.11 links it: the non-PIC libpython3.11.a in a non-PIE binary, or the
+# -pic.a archive in a PIE one. The binary exports libpython's API (python_exports.lds:
+# the names the shared library exports), so extension modules loaded at run time bind
+# to it. --as-needed (static_linkopts, before this) drops the shared libpython that
+# //third_party/system:python_embed still names. libexpat and libz: pyexpat and zlib are
+# built into Debian's libpython (its Makefile's LOCALMODLIBS).
+PYTHON_CONFIG_DIR = "/usr/lib/python3.11/config-3.11-x86_64-linux-gnu"
+PYTHON_EXPORTS = "//third_party/system:python_exports"
+
+def python_static_linkopts(pie):
+    """Linkopts that link libpython3.11 statically into a cc_binary (see above)."""
+    archive = "libpython3.11-pic.a" if pie else "libpython3.11.a"
+    return ([] if pie else ["-no-pie"]) + [
+        "-Wl,--dynamic-list=$(location %s)" % PYTHON_EXPORTS,
+        "%s/%s" % (PYTHON_CONFIG_DIR, archive),
+        "-lexpat",
+        "-lz",
+    ]

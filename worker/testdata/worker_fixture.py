@@ -1395,3 +1395,31 @@ def record_factory_matches_stdlib():
     if made.args != 1.5:
         raise AssertionError(f"float registered as a Mapping: {made.args!r}")
     return count + 2
+
+
+def extension_modules():
+    """Uses C extension modules loaded into the worker at run time: each binds
+    to the worker's one libpython (static in the binary, or the shared one)."""
+    import ctypes
+    import decimal
+    import ssl
+
+    import numpy
+
+    # ctypes.pythonapi resolves the C API from the process's own symbols.
+    ctypes.pythonapi.PyLong_FromLong.restype = ctypes.py_object
+    ctypes.pythonapi.PyLong_FromLong.argtypes = [ctypes.c_long]
+    mapped = set()
+    with open("/proc/self/maps", encoding="ascii") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if "/libpython" in path:
+                mapped.add(path)
+    return {
+        "pythonapi": ctypes.pythonapi.PyLong_FromLong(41) + 1,
+        "decimal": str(decimal.Decimal("1.10") + decimal.Decimal("2.205")),
+        "ssl": ssl.create_default_context().protocol == ssl.PROTOCOL_TLS_CLIENT,
+        "asyncio": asyncio.run(asyncio.sleep(0, "slept")),
+        "numpy": int(numpy.arange(10, dtype=numpy.int64).sum()),
+        "libpython_mapped": sorted(mapped),
+    }
