@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <system_error>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/cpu_affinity.h"
 
@@ -62,13 +64,24 @@ absl::StatusOr<double> RoundTrip(const cpu_set_t& cpus, int round_trips) {
     return set;
   }();
   absl::Status placed = base::SetThreadCpus(0, cpus);
-  std::thread echo([fd = fds[1], cpus] {
-    (void)base::SetThreadCpus(0, cpus);
-    char byte;
-    while (::read(fd, &byte, 1) == 1) {
-      if (::write(fd, &byte, 1) != 1) break;
-    }
-  });
+  std::thread echo;
+  try {
+    echo = std::thread([fd = fds[1], cpus] {
+      (void)base::SetThreadCpus(0, cpus);
+      char byte;
+      while (::read(fd, &byte, 1) == 1) {
+        if (::write(fd, &byte, 1) != 1) break;
+      }
+    });
+  } catch (const std::system_error& error) {
+    // No thread to be had (a sandbox's pids limit reached by user code, say):
+    // this probe fails, the daemon goes on (the caller keeps its placement).
+    ::close(fds[0]);
+    ::close(fds[1]);
+    (void)base::SetThreadCpus(0, before);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the probe's echo thread: ", error.what()));
+  }
   std::vector<double> times;
   times.reserve(round_trips);
   bool broken = !placed.ok();

@@ -184,14 +184,21 @@ def deb(tmp_path_factory):
 
 
 def test_the_deb_depends_on_the_debian_libraries_and_python_packages_it_uses(deb):
-    package, control, _ = deb
+    package, control, tree = deb
     assert package.name == f"agentix_{control['Version']}_amd64.deb"
     assert control["Package"] == "agentix" and control["Architecture"] == "amd64"
     depends = {entry.strip().split(" ")[0] for entry in control["Depends"].split(",")}
-    # From dpkg-shlibdeps: what the binaries and the extension link.
-    for library in ("libgrpc++1.51", "libgrpc29", "libprotobuf32", "libabsl20220623", "libpython3.11",
+    # From dpkg-shlibdeps: what the binaries and the extension link. The
+    # worker links libpython statically by default (stop 34; Debian's python3
+    # package brings the stdlib it runs), so libpython3.11 is a dependency
+    # exactly when the packaged worker names the shared library.
+    worker = tree / "usr" / "lib" / "agentix" / "bin" / "agentix-worker"
+    dynamic = subprocess.run(["readelf", "-d", str(worker)], check=True, capture_output=True, text=True).stdout
+    links_libpython = "libpython3.11.so" in dynamic
+    for library in ("libgrpc++1.51", "libgrpc29", "libprotobuf32", "libabsl20220623",
                     "libstdc++6", "libc6", "libfmt9", "libarchive13", "libcurl4"):
         assert library in depends, (library, control["Depends"])
+    assert ("libpython3.11" in depends) == links_libpython, (links_libpython, control["Depends"])
     # Declared: the Python package's dependencies and what the binaries run.
     for package_name in ("python3", "python3-grpcio", "python3-protobuf", "python3-msgpack",
                          "bubblewrap", "patchelf", "busybox-static", "python3-venv", "python3-pip"):

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import json
 import logging
@@ -477,6 +476,19 @@ async def _health_ok(socket_path: Path, timeout: float, token: str = "") -> grpc
             await close_channel(channel)
 
 
+def _waker(event: asyncio.Event | None) -> Callable[[], None] | None:
+    """What another thread calls to set `event` on the running loop (None
+    without an event)."""
+    if event is None:
+        return None
+    loop, set_event = asyncio.get_running_loop(), event.set
+
+    def wake() -> None:
+        loop.call_soon_threadsafe(set_event)
+
+    return wake
+
+
 class InProcessLocalProvider(SandboxProvider):
     """Sandboxes on this machine with bubblewrap, run by this process (see the module docstring).
 
@@ -616,9 +628,7 @@ class InProcessLocalProvider(SandboxProvider):
                 pass_fds=passed,
             )
             opened.remove(log_read)
-            said = running.said_serving
-            wake = None if said is None else functools.partial(asyncio.get_running_loop().call_soon_threadsafe, said.set)
-            running.log = _LogDrain(log_read, running.log_path, self.config.log_max_bytes, wake)
+            running.log = _LogDrain(log_read, running.log_path, self.config.log_max_bytes, _waker(running.said_serving))
         finally:
             for fd in opened:
                 os.close(fd)
