@@ -1278,7 +1278,7 @@ async def test_in_process_first_call_takes_the_channel_of_the_readiness_check(de
         channel = checked._channel
         assert await sandbox.remote(e2e_targets.add, 2, 3) == 5
         assert sandbox.client._channel is channel
-        assert checked.take() is None  # taken once
+        assert await checked.take() is None  # taken once
         await sandbox.aclose()
         assert channel.get_state() == grpc.ChannelConnectivity.SHUTDOWN
 

@@ -174,15 +174,16 @@ class CheckedChannel:
         self._channel: grpc.aio.Channel | None = channel
         self._loop = asyncio.get_running_loop()
 
-    def take(self) -> grpc.aio.Channel | None:
+    async def take(self) -> grpc.aio.Channel | None:
         """The channel, once, on the loop it was made on (None elsewhere: a
-        channel belongs to one loop), unless it broke meanwhile."""
+        channel belongs to one loop), unless it broke meanwhile (then it is
+        closed here)."""
         channel = self._channel
         if channel is None or asyncio.get_running_loop() is not self._loop:
             return None
         self._channel = None
         if channel.get_state() in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN):
-            self._loop.create_task(close_channel(channel))
+            await close_channel(channel)
             return None
         return channel
 
@@ -212,7 +213,7 @@ async def open_channel(
     `checked` (its provider's channel to this target), that channel
     instead, unprobed, when it can still be taken."""
     options = channel_options(tls)
-    taken = checked.take() if checked is not None else None
+    taken = await checked.take() if checked is not None else None
     if taken is not None:
         if defer_native:
             native.defer(target, tls, options)
