@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -64,6 +65,13 @@ absl::StatusOr<double> RoundTrip(const cpu_set_t& cpus, int round_trips) {
     return set;
   }();
   absl::Status placed = base::SetThreadCpus(0, cpus);
+  // Whatever the way out (after the echo thread, if any, has been joined):
+  // the sockets closed, this thread's mask given back.
+  absl::Cleanup restore = [&fds, &before] {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    (void)base::SetThreadCpus(0, before);
+  };
   std::thread echo;
   try {
     echo = std::thread([fd = fds[1], cpus] {
@@ -76,9 +84,6 @@ absl::StatusOr<double> RoundTrip(const cpu_set_t& cpus, int round_trips) {
   } catch (const std::system_error& error) {
     // No thread to be had (a sandbox's pids limit reached by user code, say):
     // this probe fails, the daemon goes on (the caller keeps its placement).
-    ::close(fds[0]);
-    ::close(fds[1]);
-    (void)base::SetThreadCpus(0, before);
     return absl::ResourceExhaustedError(
         absl::StrCat("the probe's echo thread: ", error.what()));
   }
@@ -96,9 +101,6 @@ absl::StatusOr<double> RoundTrip(const cpu_set_t& cpus, int round_trips) {
   }
   ::shutdown(fds[0], SHUT_RDWR);  // ends the echo thread's read
   echo.join();
-  ::close(fds[0]);
-  ::close(fds[1]);
-  (void)base::SetThreadCpus(0, before);
   if (!placed.ok()) return placed;
   if (broken) return absl::InternalError("the probe's socketpair broke");
   return Median(std::move(times));
