@@ -36,6 +36,15 @@ async def wait_for(predicate, timeout=10.0):
         await asyncio.sleep(0.02)
 
 
+def names_shared_libpython(binary) -> bool:
+    """Whether an ELF file's DT_NEEDED names Debian's shared libpython3.11
+    (agentix-worker does only when built with
+    --define=agentix_libpython=shared; worker/BUILD.bazel)."""
+    dynamic = subprocess.run(["readelf", "-d", str(binary)], check=True, capture_output=True, text=True,
+                             timeout=30).stdout
+    return any("(NEEDED)" in line and "[libpython3.11.so" in line for line in dynamic.splitlines())
+
+
 def _venv():
     if sys.prefix == sys.base_prefix:
         pytest.exit("run the e2e suite with the venv made by tools/test", 2)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BAZEL_BIN, REPO
+from conftest import BAZEL_BIN, REPO, names_shared_libpython
 
 BUNDLER = BAZEL_BIN / "bundler" / "bundler"
 PROJECT = REPO / "testing" / "fixtures" / "bundle_project"
@@ -101,9 +101,7 @@ def test_tree_layout_and_manifest(bundle):
     # The bundle's python3.11 links libpython statically, and so does the worker unless
     # built with --define=agentix_libpython=shared: the shared library comes only with a
     # worker that names it.
-    dynamic = subprocess.run(["readelf", "-d", str(root / "bin/agentix-worker")], check=True,
-                             capture_output=True, text=True, timeout=30).stdout
-    assert (root / "lib/libpython3.11.so.1.0").exists() == ("[libpython3.11.so" in dynamic)
+    assert (root / "lib/libpython3.11.so.1.0").exists() == names_shared_libpython(root / "bin/agentix-worker")
     site = root / "venv/lib/python3.11/site-packages"
     for rel in ("bundle_app/__init__.py", "bundle_helper/__init__.py",
                 "msgpack/__init__.py", "agentix/__init__.py"):

@@ -14,7 +14,7 @@ import sysconfig
 import zipfile
 
 import pytest
-from conftest import BAZEL_BIN, TARGETS_DIR
+from conftest import BAZEL_BIN, TARGETS_DIR, names_shared_libpython
 
 # The floors are Debian 12's versions (python3-grpcio, python3-protobuf, python3-msgpack).
 DECLARED = {"grpcio": ">=1.51.1", "protobuf": ">=4.21.12", "msgpack": ">=1.0.3"}
@@ -192,9 +192,7 @@ def test_the_deb_depends_on_the_debian_libraries_and_python_packages_it_uses(deb
     # worker links libpython statically by default (stop 34; Debian's python3
     # package brings the stdlib it runs), so libpython3.11 is a dependency
     # exactly when the packaged worker names the shared library.
-    worker = tree / "usr" / "lib" / "agentix" / "bin" / "agentix-worker"
-    dynamic = subprocess.run(["readelf", "-d", str(worker)], check=True, capture_output=True, text=True).stdout
-    links_libpython = "libpython3.11.so" in dynamic
+    links_libpython = names_shared_libpython(tree / "usr" / "lib" / "agentix" / "bin" / "agentix-worker")
     for library in ("libgrpc++1.51", "libgrpc29", "libprotobuf32", "libabsl20220623",
                     "libstdc++6", "libc6", "libfmt9", "libarchive13", "libcurl4"):
         assert library in depends, (library, control["Depends"])
