@@ -15,9 +15,7 @@ ones, right after start: the window in which the two settings differ.
 import argparse
 import asyncio
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +25,7 @@ REPO = os.path.dirname(os.path.dirname(BENCH_DIR))
 sys.path.insert(0, BENCH_DIR)
 
 import bench_targets  # noqa: E402
+import procs  # noqa: E402
 from agentix.runtime.client import RuntimeClient  # noqa: E402
 
 
@@ -44,28 +43,13 @@ async def _noop_p50(sock: str, calls: int) -> float:
 
 def one(sandboxd: str, worker: str, wait_ms: int | None, calls: int) -> tuple[float, list[str]]:
     """(p50 µs, the daemon's calls_cpu log lines) for one fresh daemon."""
-    tmp = tempfile.mkdtemp(prefix="agx-pwab-", dir="/tmp")  # short: sun_path is 108 bytes
-    sock = os.path.join(tmp, "s.sock")
-    with open(os.path.join(tmp, "log"), "w+") as log:
-        flags = [] if wait_ms is None else [f"--calls_cpu_probe_wait_ms={wait_ms}"]
-        daemon = subprocess.Popen(
-            [sandboxd, "--listen", f"unix://{sock}", f"--worker={worker}",
-             f"--python_path={BENCH_DIR}", "--log_level=info", *flags],
-            stdout=log, stderr=log)
-        try:
-            deadline = time.monotonic() + 30
-            while not os.path.exists(sock):
-                if daemon.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"agentix-sandboxd did not start; its log:\n{open(log.name).read()}")
-                time.sleep(0.002)
+    flags = ["--log_level=info"] + ([] if wait_ms is None else [f"--calls_cpu_probe_wait_ms={wait_ms}"])
+    with tempfile.TemporaryFile("w+") as log:
+        with procs.ab_daemon(sandboxd, worker, dict(os.environ), "agx-pwab-", flags=tuple(flags),
+                             log=log) as (sock, _):
             p50 = asyncio.run(_noop_p50(sock, calls))
-        finally:
-            daemon.terminate()
-            daemon.wait()
-            log.seek(0)
-            lines = [line.strip() for line in log if "calls_cpu" in line]
-            shutil.rmtree(tmp, ignore_errors=True)
-    return p50, lines
+        log.seek(0)
+        return p50, [line.strip() for line in log if "calls_cpu" in line]
 
 
 def main() -> None:

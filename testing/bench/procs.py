@@ -177,17 +177,18 @@ def wait_listening(sock: str, daemon: subprocess.Popen, timeout_s: float = 30.0)
 
 @contextlib.contextmanager
 def ab_daemon(sandboxd: str, worker: str, env: dict, prefix: str = "agx-ab-",
-              python_path: tuple[str, ...] = (), flags: tuple[str, ...] = ()):
+              python_path: tuple[str, ...] = (), flags: tuple[str, ...] = (), log=None):
     """agentix-sandboxd (with `worker`, this directory and then `python_path`
     on the worker's path, warnings only, then `flags`) on a Unix socket in a
     fresh directory, for one side of a same-run A/B: yields ``(socket path,
-    process)`` once it listens, then stops it and removes the directory."""
+    process)`` once it listens, then stops it and removes the directory.
+    `log`: a file for its output (default: this process's)."""
     tmp = tempfile.mkdtemp(prefix=prefix, dir="/tmp")  # short: sun_path is 108 bytes
     sock = os.path.join(tmp, "sandboxd.sock")
     daemon = subprocess.Popen(
         [sandboxd, "--listen", f"unix://{sock}", f"--worker={worker}",
          f"--python_path={':'.join((str(bench_dir()), *python_path))}", "--log_level=warning", *flags],
-        env=env)
+        env=env, stdout=log, stderr=log)
     try:
         wait_listening(sock, daemon)
         yield sock, daemon
