@@ -128,9 +128,32 @@ def one_run(old: str, new: str, new_is_b: bool, blocks: int, block: int) -> dict
             child.stdin.write("\n")
             child.stdin.flush()
             child.wait(timeout=60)
-    return {k: (statistics.median(n[k] / max(o[k], 1e-3) for o, n in zip(got["old"], got["new"])),
+    return {k: (median_ratio([(o[k], n[k]) for o, n in zip(got["old"], got["new"])]),
                 statistics.median(o[k] for o in got["old"]), statistics.median(n[k] for n in got["new"]))
             for k in FIGURES}
+
+
+def median_ratio(pairs: list[tuple[float, float]]) -> float | None:
+    """The median of new / old over (old, new) pairs whose old is not 0 (a
+    block with no preemption on the old side has no ratio); None if none has."""
+    ratios = [n / o for o, n in pairs if o]
+    return statistics.median(ratios) if ratios else None
+
+
+def _shown(figure: str, ratio: float | None, old: float, new: float) -> str:
+    """`figure old/new (ratio)`; switches a request with two decimals."""
+    places = 2 if figure.endswith("_inv") else 1
+    return f"{figure} {old:.{places}f}/{new:.{places}f} ({'-' if ratio is None else f'{ratio:.3f}'})"
+
+
+def _median_of_runs(ratios: list[float | None]) -> float | None:
+    """The median of the runs' ratios that exist."""
+    got = [r for r in ratios if r is not None]
+    return statistics.median(got) if got else None
+
+
+def _rounded(ratio: float | None) -> float | None:
+    return None if ratio is None else round(ratio, 3)
 
 
 def main() -> None:
@@ -152,11 +175,11 @@ def main() -> None:
         run = one_run(*args.stack, new_is_b=r % 2 == 0, blocks=args.blocks, block=args.block)
         runs.append(run)
         print(f"run {r + 1} (new is side {'b' if r % 2 == 0 else 'a'}, load {load:.1f}-{os.getloadavg()[0]:.1f}): "
-              + ", ".join(f"{k} {o:.2f}/{n:.2f} ({ratio:.3f})" if k.endswith("_inv") else f"{k} {o:.1f}/{n:.1f} ({ratio:.3f})" for k, (ratio, o, n) in run.items()), flush=True)
+              + ", ".join(_shown(k, *figure) for k, figure in run.items()), flush=True)
     summary = {k: {"old_median": round(statistics.median(r[k][1] for r in runs), 2),
                    "new_median": round(statistics.median(r[k][2] for r in runs), 2),
-                   "median_ratio_new_over_old": round(statistics.median(r[k][0] for r in runs), 3),
-                   "per_run_ratios": [round(r[k][0], 3) for r in runs]} for k in FIGURES}
+                   "median_ratio_new_over_old": _rounded(_median_of_runs([r[k][0] for r in runs])),
+                   "per_run_ratios": [_rounded(r[k][0]) for r in runs]} for k in FIGURES}
     print("SUMMARY " + json.dumps(summary), flush=True)
 
 
