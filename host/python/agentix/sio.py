@@ -483,7 +483,9 @@ _Deque = collections.deque
 # `asyncio.current_task(loop)` without its Python frame: the dict its C
 # implementation reads (Python 3.11–3.13), else the function itself.
 _current_tasks = getattr(asyncio.tasks, "_current_tasks", None)
-_current_task = _current_tasks.get if type(_current_tasks) is dict else asyncio.current_task
+_current_task: Callable[[asyncio.AbstractEventLoop], asyncio.Task | None] = asyncio.current_task
+if isinstance(_current_tasks, dict):
+    _current_task = _current_tasks.get
 
 
 def _first_step_now(loop: asyncio.AbstractEventLoop, task: asyncio.Task) -> None:

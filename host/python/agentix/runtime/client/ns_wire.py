@@ -87,8 +87,20 @@ def namespace_event_frame(event: str, payload: bytes, request_id: str) -> bytes:
     """The MESSAGE frame (header included) carrying
     `namespace_event_request`'s message, as one ``bytes`` (`payload` is
     copied into it: for payloads of at most `FRAME_PAYLOAD_MAX` bytes)."""
+    name_field = _NS_NAME_FIELDS.get(event)
+    if name_field is None:
+        name_field = _name_field(event)
+    count = len(payload)
+    ident = request_id.encode()
+    # The common sizes (under 128 bytes each: one-byte lengths) from the
+    # tables; anything else as `namespace_event_request` makes it.
+    if 0 < count < 0x80 and 0 < len(ident) < 0x80:
+        size = len(name_field) + count + len(ident) + 4
+        if size < 0x80:
+            return b"".join((_FRAME_HEADER(size + 2, _MESSAGE), _NS_OUTER_HEADS[size], name_field,
+                             _NS_DATA_HEADS[count], payload, _NS_ID_HEADS[len(ident)], ident))
     head, _, tail = namespace_event_request(event, payload, request_id)
-    return b"".join((_FRAME_HEADER(len(head) + len(payload) + len(tail), _MESSAGE), head, payload, tail))
+    return b"".join((_FRAME_HEADER(len(head) + count + len(tail), _MESSAGE), head, payload, tail))
 
 
 # The per-request parts of `namespace_event_request` that repeat: each event
