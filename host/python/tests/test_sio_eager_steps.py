@@ -12,6 +12,10 @@ import agentix.sio as sio
 from agentix import Namespace, register_namespace
 from agentix.runtime.shared.codec import pack
 
+# Every test here is a coroutine (without the mark, pytest skips them when
+# asyncio_mode is not auto, as under bazel test).
+pytestmark = pytest.mark.asyncio
+
 _VAR = contextvars.ContextVar("ns32_var", default="unset")
 
 
@@ -103,7 +107,6 @@ async def test_a_custom_task_factory_keeps_its_tasks_and_the_turn():
     assert seen == [True]
 
 
-@pytest.mark.asyncio
 async def test_a_request_resumes_within_the_callback_that_delivers_its_reply(bridge):
     loop = asyncio.get_running_loop()
     ns = register_namespace(Namespace("/p"))
@@ -125,3 +128,46 @@ async def test_a_request_resumes_within_the_callback_that_delivers_its_reply(bri
     assert await _in_callback(loop, deliver) == [(7, True)]
     assert await request == 7
     assert ns._pending == {}
+
+
+async def test_a_reply_with_other_callbacks_on_its_future_resumes_the_request_and_runs_them():
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+    seen = []
+
+    async def waiter():
+        seen.append(("resumed", await future))
+
+    task = asyncio.ensure_future(waiter())
+    await asyncio.sleep(0)
+    future.add_done_callback(lambda f: seen.append(("callback", f.result())))
+
+    def settle():
+        sio._settle_and_wake(loop, future, 5, None)
+        return list(seen)
+
+    assert await _in_callback(loop, settle) == []  # two callbacks: the loop runs them, in order
+    await task
+    assert seen == [("resumed", 5), ("callback", 5)]
+
+
+async def test_an_error_reply_raises_in_the_request_within_the_delivering_callback():
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+    seen = []
+
+    async def waiter():
+        try:
+            await future
+        except sio.RemoteSioError as error:
+            seen.append((error.type, asyncio.current_task() is task))
+
+    task = asyncio.ensure_future(waiter())
+    await asyncio.sleep(0)
+
+    def settle():
+        sio._settle_and_wake(loop, future, None, sio.RemoteSioError("KeyError", "k"))
+        return list(seen)
+
+    assert await _in_callback(loop, settle) == [("KeyError", True)]
+    await task

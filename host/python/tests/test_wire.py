@@ -5,7 +5,7 @@ import os
 import pytest
 
 from agentix.runtime.client import stream as stream_module
-from agentix.runtime.client import wire
+from agentix.runtime.client import frames, ns_wire, wire
 from agentix.runtime.v1 import runtime_pb2 as pb
 
 
@@ -329,26 +329,32 @@ def test_namespace_event_request_is_what_protobuf_serializes(event, size, reques
     expected = pb.NamespaceRequest(
         event=pb.NamespaceEvent(event=event, data=payload, request_id=request_id)
     ).SerializeToString()
-    assert b"".join(wire.namespace_event_request(event, payload, request_id)) == expected
+    assert b"".join(ns_wire.namespace_event_request(event, payload, request_id)) == expected
     # Again: the event name's field now comes from the encoder's cache.
-    assert b"".join(wire.namespace_event_request(event, payload, request_id)) == expected
+    assert b"".join(ns_wire.namespace_event_request(event, payload, request_id)) == expected
+    # As one frame-wire MESSAGE frame: the header frames.py writes, then the message.
+    if size <= ns_wire.FRAME_PAYLOAD_MAX:
+        frame = ns_wire.namespace_event_frame(event, payload, request_id)
+        assert frame == frames._HEADER.pack(len(expected), frames.MESSAGE) + expected
 
 
 def test_namespace_event_request_caches_a_bounded_number_of_event_names(monkeypatch):
-    monkeypatch.setattr(wire, "_NS_NAME_FIELDS", {})
-    monkeypatch.setattr(wire, "_NS_NAME_FIELDS_KEPT", 3)
+    monkeypatch.setattr(ns_wire, "_NS_NAME_FIELDS", {})
+    monkeypatch.setattr(ns_wire, "_NS_NAME_FIELDS_KEPT", 3)
     for i in range(10):
         name = f"event{i}"
         expected = pb.NamespaceRequest(event=pb.NamespaceEvent(event=name, data=b"x")).SerializeToString()
-        assert b"".join(wire.namespace_event_request(name, b"x", "")) == expected
-    assert list(wire._NS_NAME_FIELDS) == ["event0", "event1", "event2"]
+        assert b"".join(ns_wire.namespace_event_request(name, b"x", "")) == expected
+    assert list(ns_wire._NS_NAME_FIELDS) == ["event0", "event1", "event2"]
 
 
 def test_namespace_event_request_refuses_what_protobuf_refuses():
     with pytest.raises(ValueError):
         pb.NamespaceEvent(event="\udc80")
     with pytest.raises(ValueError):  # UnicodeEncodeError
-        wire.namespace_event_request("\udc80", b"", "")
+        ns_wire.namespace_event_request("\udc80", b"", "")
+    with pytest.raises(ValueError):
+        ns_wire.namespace_event_frame("\udc80", b"", "")
 
 
 def _start_of(context_pieces):

@@ -126,8 +126,22 @@ class _RememberedReplies:
         (`get` gives `_IN_PROGRESS`): `put` for a new id with no bytes."""
         entries = self._entries
         entries[request_id] = _IN_PROGRESS_ENTRY
-        if len(entries) > _REMEMBERED_REPLIES:
-            self._forget_oldest()
+        if len(entries) > _REMEMBERED_REPLIES:  # one over the count bound: the oldest goes
+            self._bytes -= entries.popitem(last=False)[1][1]
+
+    def finish(self, request_id: Any, answer: Any, size: int = 0) -> None:
+        """`put` of the answer of a request `begin` marked: in that
+        entry's place while it is still held (no move, and the count bound
+        holds already), else as `put`."""
+        entries = self._entries
+        if entries.get(request_id) is not _IN_PROGRESS_ENTRY:
+            self.put(request_id, answer, size)
+            return
+        entries[request_id] = (answer, size)
+        if size:
+            self._bytes += size
+            if self._bytes > _REMEMBERED_REPLY_BYTES:
+                self._forget_oldest()
 
     def put(self, request_id: Any, answer: Any, size: int = 0) -> None:
         """Remembers `answer` (`size` bytes packed) for `request_id`, then
@@ -305,7 +319,9 @@ def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., 
             # The sandbox sends a request again after a reconnect (its first
             # send or our reply may have been lost): answer each id once,
             # replaying the reply to repeats.
-            replies = _replies_of(self)
+            replies = getattr(self, "_agentix_replies", None)  # `_replies_of` inline
+            if replies is None:
+                replies = _replies_of(self)
             # Ids remembered: ints, and strs of at most _REMEMBERED_ID_CHARS.
             remember = (type(request_id) is str and len(request_id) <= _REMEMBERED_ID_CHARS) or type(request_id) is int
             if remember:
@@ -339,13 +355,13 @@ def request_handler(event: str) -> Callable[[Callable[..., Any]], Callable[..., 
                     # emit() would pack the reply again: send the bytes at hand,
                     # straight to the stream when it takes them without waiting.
                     if remember:
-                        replies.put(request_id, answer, size)
+                        replies.finish(request_id, answer, size)
                     ident = request_id if isinstance(request_id, str) else ""
                     if not link.send_nowait(result_event, packed, ident):
                         await link.emit(result_event, reply, packed)
                     return
             if remember:
-                replies.put(request_id, answer, size)
+                replies.finish(request_id, answer, size)
             await self.emit(*answer)
 
         return handle

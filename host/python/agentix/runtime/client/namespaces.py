@@ -39,13 +39,12 @@ from typing import Any, Union
 
 import grpc
 
-from agentix.runtime.client import namespace_failures, wire
+from agentix.runtime.client import namespace_failures, ns_wire
 from agentix.runtime.client._sio_facade import (
     LIFECYCLE_EVENTS,
     RESERVED_NAMESPACES,
     AsyncClientNamespace,
     attach,
-    detach_coroutine_event,
     trigger_data_event,
 )
 from agentix.runtime.client.errors import RuntimeUnreachable
@@ -368,6 +367,9 @@ class NativeNamespaceStream(_StreamBase):
       ns: the namespace object events are delivered to.
     """
 
+    # The transport takes a whole frame-wire frame (`write_frame`).
+    _whole_frames = False
+
     def __init__(self, transport: Any, ns: AsyncClientNamespace) -> None:
         super().__init__(ns)
         loop = asyncio.get_running_loop()
@@ -408,10 +410,12 @@ class NativeNamespaceStream(_StreamBase):
         if self._done:
             raise _closed(self.ns)
         if error is None and type(payload) is bytes:
-            message = wire.namespace_event_request(event, payload, request_id)
+            if self._whole_frames and len(payload) <= ns_wire.FRAME_PAYLOAD_MAX:
+                waiting = self._transport.write_frame(ns_wire.namespace_event_frame(event, payload, request_id))
+            else:
+                waiting = self._transport.write(ns_wire.namespace_event_request(event, payload, request_id))
         else:
-            message = _event_request(event, payload, request_id, error).SerializeToString()
-        waiting = self._transport.write(message)
+            waiting = self._transport.write(_event_request(event, payload, request_id, error).SerializeToString())
         if waiting < 0:
             raise _closed(self.ns)
         if waiting <= NATIVE_SEND_AHEAD:
@@ -513,7 +517,7 @@ class NativeNamespaceStream(_StreamBase):
         """Triggers `event` now, or after the triggers before it have ended."""
         if self._dispatcher is None and self._plain and event not in LIFECYCLE_EVENTS:
             try:
-                if detach_coroutine_event(self.ns, event, args[0], self._loop):
+                if self.ns._detach_coroutine_event(event, args[0], self._loop):  # detach_coroutine_event
                     return
             except Exception:
                 _log.exception("namespace %s: handling event %r raised", self.ns.namespace, event)
@@ -547,12 +551,16 @@ class FrameNamespaceStream(NativeNamespaceStream):
     ``agentix-stream: namespace``): the event loop reads the socket itself
     and writes go out at once with a non-blocking ``sendmsg``; write progress
     comes from the transport's ``on_progress``. A STATUS other than OK, or
-    EOF without one, ends the stream as a gRPC status does.
+    EOF without one, ends the stream as a gRPC status does. An event of a
+    payload below the payload ring's bulk size is written as one whole
+    frame (`ns_wire.namespace_event_frame`).
 
     Args:
       transport: a new ``FrameTransport``; this stream owns and closes it.
       ns: the namespace object events are delivered to.
     """
+
+    _whole_frames = True
 
     def __init__(self, transport: Any, ns: AsyncClientNamespace) -> None:
         super().__init__(transport, ns)

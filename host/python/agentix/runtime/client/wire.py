@@ -17,9 +17,7 @@ times more). Everything else still goes through the generated classes; the bytes
 produce and accept (``tests/test_wire.py`` checks both ways).
 
 A host event on a Namespace stream (`namespace_event_request`) is encoded
-here too: it is the per-request write of a plugin's request handler, and
-building a NamespaceEvent inside a NamespaceRequest and serializing it costs
-several times more than these few bytes of framing.
+in `agentix.runtime.client.ns_wire`.
 
 Field numbers are those of ``agentix/runtime/v1/runtime.proto``.
 """
@@ -48,7 +46,6 @@ __all__ = [
     "byte_views",
     "ContextFields",
     "context_carrier",
-    "namespace_event_request",
     "parse_calls_response",
     "pickle_arguments",
     "pickle_pieces",
@@ -108,10 +105,6 @@ _RESULT_ENCODING = 2 << 3 | 0  # CallResult.encoding
 _RESULT_VALUE_SIZE = 4 << 3 | 0  # CallResult.value_size
 _RESULT_LOG_SEQ = 5 << 3 | 0  # CallResult.log_seq
 _RESULT_TRACE_SEQ = 6 << 3 | 0  # CallResult.trace_seq
-_NS_REQUEST_EVENT = 2 << 3 | 2  # NamespaceRequest.event
-_NS_EVENT_NAME = 1 << 3 | 2  # NamespaceEvent.event
-_NS_EVENT_DATA = 2 << 3 | 2  # NamespaceEvent.data
-_NS_EVENT_REQUEST_ID = 3 << 3 | 2  # NamespaceEvent.request_id
 
 
 def _varint(value: int) -> bytes:
@@ -217,47 +210,6 @@ def byte_views(data: bytes | Pieces, start: int, end: int) -> list[memoryview]:
     if type(data) is Pieces:
         return data.slice(start, end)
     return [memoryview(data)[start:end]]
-
-
-def namespace_event_request(event: str, payload: bytes, request_id: str) -> list:
-    """The pieces (joined: the serialized message) of
-    ``NamespaceRequest{event: {event, data: payload, request_id}}``, exactly
-    as protobuf serializes it (empty fields left out); `payload` is not
-    copied here. Raises UnicodeEncodeError for names protobuf refuses too.
-    Events with an ``error`` go through the generated classes."""
-    name_field = _NS_NAME_FIELDS.get(event)
-    if name_field is None:
-        name = event.encode()
-        name_field = _length_header(_NS_EVENT_NAME, len(name)) + name if name else b""
-        if len(_NS_NAME_FIELDS) < _NS_NAME_FIELDS_KEPT:
-            _NS_NAME_FIELDS[event] = name_field
-    count = len(payload)
-    if not count:
-        data_head = b""
-    elif count < 0x80:
-        data_head = _NS_DATA_HEADS[count]
-    else:
-        data_head = _length_header(_NS_EVENT_DATA, count)
-    ident = request_id.encode()
-    if not ident:
-        tail = b""
-    elif len(ident) < 0x80:
-        tail = _NS_ID_HEADS[len(ident)] + ident
-    else:
-        tail = _length_header(_NS_EVENT_REQUEST_ID, len(ident)) + ident
-    size = len(name_field) + len(data_head) + count + len(tail)
-    outer = _NS_OUTER_HEADS[size] if size < 0x80 else _length_header(_NS_REQUEST_EVENT, size)
-    return [outer + name_field + data_head, payload, tail]
-
-
-# The per-request parts of `namespace_event_request` that repeat: each event
-# name's field (a plugin uses a handful; bounded all the same) and the
-# one-byte-length field heads.
-_NS_NAME_FIELDS: dict[str, bytes] = {}
-_NS_NAME_FIELDS_KEPT = 1024
-_NS_DATA_HEADS = [bytes((_NS_EVENT_DATA, n)) for n in range(0x80)]
-_NS_ID_HEADS = [bytes((_NS_EVENT_REQUEST_ID, n)) for n in range(0x80)]
-_NS_OUTER_HEADS = [bytes((_NS_REQUEST_EVENT, n)) for n in range(0x80)]
 
 
 def request_event(host_event: bytes) -> tuple[bytes, bytes]:
