@@ -55,8 +55,8 @@ class OwnSchedstat {
     if (fd_ >= 0) ::close(fd_);
   }
 
-  absl::Duration Read() {
-    const pid_t tid = ::gettid();
+  // `tid`: the calling thread's id.
+  absl::Duration Read(pid_t tid) {
     if (tid != tid_) {
       fd_ = ::open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
       tid_ = tid;
@@ -74,9 +74,10 @@ class OwnSchedstat {
 }  // namespace
 
 absl::Duration ThreadRunQueueWait(pid_t tid) {
-  if (tid == 0) {
+  const pid_t self = ::gettid();
+  if (tid == 0 || tid == self) {
     thread_local OwnSchedstat own;
-    return own.Read();
+    return own.Read(self);
   }
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/self/task/%d/schedstat", static_cast<int>(tid));

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <thread>
 
@@ -68,6 +69,16 @@ TEST_CASE("ThreadRunQueueWait reads this thread's schedstat and never goes back"
   CHECK(ThreadRunQueueWait(tid.load()) == absl::ZeroDuration());  // ended
 }
 
+// The calling thread's run-queue wait, from its schedstat opened here.
+absl::Duration WaitReadAfresh() {
+  std::FILE* file = std::fopen("/proc/thread-self/schedstat", "r");
+  if (file == nullptr) return absl::ZeroDuration();
+  unsigned long long ran = 0, waited = 0;
+  const int fields = std::fscanf(file, "%llu %llu", &ran, &waited);
+  std::fclose(file);
+  return fields == 2 ? absl::Nanoseconds(static_cast<int64_t>(waited)) : absl::ZeroDuration();
+}
+
 // Two threads spinning on one CPU for `each`: each waits in the run queue
 // while the other runs. The first calls `before` and `after` around its spin.
 void SpinTogetherOnOneCpu(absl::Duration each, const std::function<void()>& before,
@@ -94,11 +105,17 @@ void SpinTogetherOnOneCpu(absl::Duration each, const std::function<void()>& befo
 
 TEST_CASE("ThreadRunQueueWait: a thread's later readings see the wait it gathered since") {
   absl::Duration before, after, by_id;
+  std::atomic<pid_t> spinner{0};
   SpinTogetherOnOneCpu(
-      absl::Milliseconds(60), [&] { before = ThreadRunQueueWait(); },
+      absl::Milliseconds(60),
       [&] {
-        after = ThreadRunQueueWait();
-        by_id = ThreadRunQueueWait(::gettid());  // the file opened afresh
+        before = ThreadRunQueueWait();
+        spinner = ::gettid();
+      },
+      [&] {
+        after = ThreadRunQueueWait(::gettid());  // its own id: the kept file too
+        // Read by id from another thread: the file opened afresh.
+        std::thread([&] { by_id = ThreadRunQueueWait(spinner.load()); }).join();
       });
   CHECK(after > before);
   CHECK(by_id >= after);
@@ -117,9 +134,9 @@ TEST_CASE("ThreadRunQueueWait: a forked child reads its own thread's, not its pa
         if (child == 0) {
           // A new task's wait starts from zero: the copy's reading lies
           // between two readings of its own file by id.
-          const absl::Duration low = ThreadRunQueueWait(::gettid());
+          const absl::Duration low = WaitReadAfresh();
           const absl::Duration own = ThreadRunQueueWait();
-          const absl::Duration high = ThreadRunQueueWait(::gettid());
+          const absl::Duration high = WaitReadAfresh();
           ::_exit(low <= own && own <= high ? 0 : 1);
         }
         if (child > 0) (void)::waitpid(child, &status, 0);
