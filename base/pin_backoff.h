@@ -46,7 +46,8 @@ class PinBackoff {
 
 // The run-queue wait so far (schedstat's second field) of thread `tid` of
 // this process (0: the calling thread); zero if the kernel does not keep it
-// or the thread has ended.
+// or the thread has ended. The calling thread's own file is opened once and
+// kept (one pread a reading); another thread's is opened each time.
 absl::Duration ThreadRunQueueWait(pid_t tid = 0);
 
 }  // namespace agentix::base

@@ -1,13 +1,19 @@
 #include "base/pin_backoff.h"
 
+#include <sched.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <functional>
 #include <thread>
 
 #include <catch2/catch.hpp>
+
+#include "absl/time/clock.h"
 
 namespace agentix::base {
 namespace {
@@ -61,6 +67,84 @@ TEST_CASE("ThreadRunQueueWait reads this thread's schedstat and never goes back"
   done = true;
   other.join();
   CHECK(ThreadRunQueueWait(tid.load()) == absl::ZeroDuration());  // ended
+}
+
+// The calling thread's run-queue wait, from its schedstat opened here.
+absl::Duration WaitReadAfresh() {
+  std::FILE* file = std::fopen("/proc/thread-self/schedstat", "r");
+  if (file == nullptr) return absl::ZeroDuration();
+  unsigned long long ran = 0, waited = 0;
+  const int fields = std::fscanf(file, "%llu %llu", &ran, &waited);
+  std::fclose(file);
+  return fields == 2 ? absl::Nanoseconds(static_cast<int64_t>(waited)) : absl::ZeroDuration();
+}
+
+// Two threads spinning on one CPU for `each`: each waits in the run queue
+// while the other runs. The first calls `before` and `after` around its spin.
+void SpinTogetherOnOneCpu(absl::Duration each, const std::function<void()>& before,
+                          const std::function<void()>& after) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(::sched_getcpu(), &one);
+  std::atomic<int> started{0};
+  auto spin = [&](bool first) {
+    if (first) before();
+    (void)::sched_setaffinity(0, sizeof(one), &one);
+    ++started;
+    while (started.load() < 2) {
+    }
+    const absl::Time end = absl::Now() + each;
+    while (absl::Now() < end) {
+    }
+    if (first) after();
+  };
+  std::thread a(spin, true), b(spin, false);
+  a.join();
+  b.join();
+}
+
+TEST_CASE("ThreadRunQueueWait: a thread's later readings see the wait it gathered since") {
+  absl::Duration before, after, by_id;
+  std::atomic<pid_t> spinner{0};
+  SpinTogetherOnOneCpu(
+      absl::Milliseconds(60),
+      [&] {
+        before = ThreadRunQueueWait();
+        spinner = ::gettid();
+      },
+      [&] {
+        after = ThreadRunQueueWait(::gettid());  // its own id: the kept file too
+        // Read by id from another thread: the file opened afresh.
+        std::thread([&] { by_id = ThreadRunQueueWait(spinner.load()); }).join();
+      });
+  CHECK(after > before);
+  CHECK(by_id >= after);
+}
+
+TEST_CASE("ThreadRunQueueWait: a forked child reads its own thread's, not its parent's") {
+  // The forking thread has gathered a wait and read it (the file it keeps).
+  absl::Duration parent;
+  pid_t child = -1;
+  int status = -1;
+  SpinTogetherOnOneCpu(
+      absl::Milliseconds(60), [] { (void)ThreadRunQueueWait(); },
+      [&] {
+        parent = ThreadRunQueueWait();
+        child = ::fork();
+        if (child == 0) {
+          // A new task's wait starts from zero: the copy's reading lies
+          // between two readings of its own file by id.
+          const absl::Duration low = WaitReadAfresh();
+          const absl::Duration own = ThreadRunQueueWait();
+          const absl::Duration high = WaitReadAfresh();
+          ::_exit(low <= own && own <= high ? 0 : 1);
+        }
+        if (child > 0) (void)::waitpid(child, &status, 0);
+      });
+  REQUIRE(parent > absl::ZeroDuration());
+  REQUIRE(child > 0);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }
 
 }  // namespace

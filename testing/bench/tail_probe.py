@@ -342,6 +342,30 @@ def period(slow_idx, calls, max_lag=256):
                           "over_neighbours": round(c, 2)} for c, lag in contrast[:5]]}
 
 
+def by_residue(lats, periods=(16, 64, 256, 512)):
+    """Something every N calls (a count-based sample, a buffer or a block
+    refilled every N) makes one call index modulo N slower in its median, a
+    shift the 2 x p50 threshold sees only in part (stop 35: the daemon's
+    schedstat sample every 256 call ends, a 256-call lag at the edge of
+    `period`'s range). Per N: the residue whose calls' median is highest, that
+    median over the median of all residues' medians, and its share of calls
+    over 2 x p50 against the run's."""
+    if not lats:
+        return {}
+    p50 = statistics.median(lats)
+    out = {}
+    for n in periods:
+        if len(lats) < 16 * n:
+            continue
+        medians = [statistics.median(lats[r::n]) for r in range(n)]
+        top = max(range(n), key=medians.__getitem__)
+        out[str(n)] = {"residue": top,
+                       "median_over_residues": round(medians[top] / statistics.median(medians), 3),
+                       "slow_share": round(sum(x > 2 * p50 for x in lats[top::n]) / len(lats[top::n]), 4),
+                       "slow_share_all": round(sum(x > 2 * p50 for x in lats) / len(lats), 4)}
+    return out
+
+
 def parse_perf(script_text):
     """perf script lines -> list of (t_ns, cpu, comm, tid, event, rest)."""
     events = []
@@ -869,6 +893,7 @@ def run(args):
         "p50_us": [round(statistics.median(lats[m::16]) / 1e3, 1) for m in range(16)],
         "slow_share": [round(sum(x > 2 * p50_ns for x in lats[m::16]) / len(lats[m::16]), 4)
                        for m in range(16)]}
+    report["by_call_index_mod_n"] = by_residue(lats)
     report["tick_loss"] = tick_loss(starts, lats)
     report["host_gc"] = gc_overlap(data["gcs"], starts, lats, slow_idx)
     if "worker_gcs" in data:

@@ -211,3 +211,24 @@ class PeriodTest(unittest.TestCase):
         slow = [0, 65, 200, 1000, 1001]
         hist = tail_probe.spacing(slow, 2000)["gap_histogram"]
         self.assertEqual(hist, {"1": 1, "65+": 3})
+
+
+class ResidueTest(unittest.TestCase):
+    CALLS = 30000
+
+    def test_a_call_slower_every_256_stands_out_at_its_residue(self):
+        rng = random.Random(35)
+        lats = [rng.gauss(78_000, 8_000) for _ in range(self.CALLS)]
+        for i in range(11, self.CALLS, 256):
+            lats[i] += 45_000
+        found = tail_probe.by_residue(lats)
+        self.assertEqual(found["256"]["residue"], 11)
+        self.assertGreater(found["256"]["median_over_residues"], 1.4)
+        self.assertEqual(found["512"]["residue"] % 256, 11)
+        self.assertLess(found["16"]["median_over_residues"], 1.1)  # 1 call in 16 of residue 11
+
+    def test_no_period_gives_no_residue_far_above_the_others(self):
+        rng = random.Random(36)
+        lats = [rng.gauss(78_000, 8_000) for _ in range(self.CALLS)]
+        for n, found in tail_probe.by_residue(lats).items():
+            self.assertLess(found["median_over_residues"], 1.1, n)
