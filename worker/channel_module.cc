@@ -2,7 +2,13 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <exception>
 #include <string>
@@ -178,6 +184,48 @@ PyObject* SetThreadName(PyObject* /*module*/, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
+// A read-only file mapped for the rest of the process's life, as a read-only
+// memoryview (the bundle's bytecode pack, driver/bytecode_pack.py); None if
+// the file does not exist or is empty. Never unmapped: views of it may live
+// as long as the interpreter, and the pages are the page cache's.
+PyObject* MapFile(PyObject* /*module*/, PyObject* arg) {
+  std::string path;
+  if (!ToUtf8(arg, "path", "surrogateescape", path)) return nullptr;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) Py_RETURN_NONE;
+    return PyErr_SetFromErrnoWithFilename(PyExc_OSError, path.c_str());
+  }
+  struct stat st{};
+  if (fstat(fd, &st) != 0) {
+    const int error = errno;
+    close(fd);
+    errno = error;
+    return PyErr_SetFromErrnoWithFilename(PyExc_OSError, path.c_str());
+  }
+  if (!S_ISREG(st.st_mode) || st.st_size == 0) {
+    close(fd);
+    if (!S_ISREG(st.st_mode)) {
+      return PyErr_Format(PyExc_OSError, "%s is not a regular file",
+                          path.c_str());
+    }
+    Py_RETURN_NONE;
+  }
+  void* data = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ,
+                    MAP_PRIVATE, fd, 0);
+  const int error = errno;
+  close(fd);
+  if (data == MAP_FAILED) {
+    errno = error;
+    return PyErr_SetFromErrnoWithFilename(PyExc_OSError, path.c_str());
+  }
+  PyObject* view = PyMemoryView_FromMemory(static_cast<char*>(data),
+                                           static_cast<Py_ssize_t>(st.st_size),
+                                           PyBUF_READ);
+  if (view == nullptr) munmap(data, static_cast<size_t>(st.st_size));
+  return view;
+}
+
 PyMethodDef kModuleMethods[] = {
     {"msgpack_loads", Guarded<MsgpackLoads>, METH_O,
      "Decode one msgpack value."},
@@ -217,6 +265,9 @@ PyMethodDef kModuleMethods[] = {
     {"install_logger_log", Fast<InstallLoggerLog>(), METH_FASTCALL,
      "install_logger_log(logging) -> the stdlib's Logger._log, replaced by "
      "one in C that falls back to it for anything unusual."},
+    {"map_file", Guarded<MapFile>, METH_O,
+     "map_file(path): the file mapped read-only for the process's life, as "
+     "a read-only memoryview; None if it does not exist or is empty."},
     {"set_thread_name", Guarded<SetThreadName>, METH_O,
      "Sets the calling OS thread's name (as shown by ps/top)."},
     {nullptr, nullptr, 0, nullptr},

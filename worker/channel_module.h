@@ -75,6 +75,9 @@
 //   msgpack_loads(buffer) / msgpack_dumps(obj)   see msgpack_convert.h
 //   log(severity, message)      0 debug .. 3 error, to stderr via //base:log
 //   set_thread_name(name)       names the calling OS thread (<= 15 bytes)
+//   map_file(path)              the file mapped read-only for the process's
+//                               life, as a read-only memoryview; None if it
+//                               does not exist or is empty; OSError otherwise
 //   ProtocolError, ChannelError (write failures), CHUNK_BYTES, the frame
 //   kind constants and the record types.
 //

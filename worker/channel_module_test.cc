@@ -25,5 +25,29 @@ TEST_CASE("Module helpers: msgpack and constants", "[channel]") {
   Py("w.log(0, 'debug line from the channel test')\n");
 }
 
+TEST_CASE("map_file maps a file read-only for good", "[channel]") {
+  EnsureChannelInterpreter();
+  Py("import os\n"
+     "d = os.environ['TEST_TMPDIR'] + '/map_file'\n"
+     "os.makedirs(d, exist_ok=True)\n"
+     "with open(d + '/data', 'wb') as f: f.write(b'abc' * 5000)\n"
+     "open(d + '/empty', 'wb').close()\n"
+     "v = w.map_file(d + '/data')\n");
+  REQUIRE(PyEval("len(v), bytes(v[14994:]), v.readonly") ==
+          "(15000, b'abcabc', True)");
+  // Writing through the view is refused, not a crash.
+  Py("try:\n    v[0] = 1\n    refused = False\n"
+     "except TypeError:\n    refused = True\n");
+  REQUIRE(PyEval("refused") == "True");
+  REQUIRE(PyEval("w.map_file(d + '/missing')") == "None");
+  REQUIRE(PyEval("w.map_file(d + '/empty')") == "None");
+  Py("try:\n    w.map_file(d)\n    error = None\n"
+     "except OSError as e:\n    error = str(e)\n");
+  REQUIRE(PyEval("'not a regular file' in error") == "True");
+  Py("try:\n    w.map_file(1)\n    error = None\n"
+     "except TypeError:\n    error = 'TypeError'\n");
+  REQUIRE(PyEval("error") == "TypeError");
+}
+
 }  // namespace
 }  // namespace agentix::worker

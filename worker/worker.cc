@@ -36,7 +36,9 @@ constexpr char kDriverModule[] = "_agentix_driver";
 constexpr char kDriverBootstrap[] = R"PY(
 import marshal
 import sys
-from importlib.machinery import ModuleSpec
+# importlib.machinery's ModuleSpec without importing importlib (and warnings)
+# here: the driver's imports of them come after its bytecode pack is in place.
+from _frozen_importlib import ModuleSpec
 
 
 class _DriverImporter:

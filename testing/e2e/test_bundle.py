@@ -387,3 +387,96 @@ def test_wheelhouse_provides_a_dependency(tmp_path):
     site = out / "nix/runtime/venv/lib/python3.11/site-packages"
     assert (site / "agentix_padlib" / "__init__.py").exists()
     assert (site / "agentix_padlib-1.2.dist-info").is_dir()
+
+
+async def run_in_bundle(bundle, tmp_path, body, env=()):
+    """Starts the bundle as test_bundle_runs_self_contained does (`env`: more
+    (name, value) pairs for the daemon and its workers) and returns
+    `await body(client)`."""
+    from agentix import RuntimeClient
+
+    root = busybox_root(tmp_path / "root")
+    sockdir = tmp_path / "sock"
+    sockdir.mkdir()
+    log = tmp_path / "bootstrap.log"
+    extra = [arg for name, value in env for arg in ("--setenv", name, value)]
+    with open(log, "wb") as log_file:
+        proc = subprocess.Popen(
+            ["bwrap", "--bind", str(root), "/",
+             "--ro-bind", str(bundle["out"] / "nix"), "/nix",
+             "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+             "--bind", str(sockdir), "/run/agentix",
+             "--unshare-pid", "--unshare-net", "--unshare-ipc",
+             "--die-with-parent", "--clearenv",
+             "--setenv", "AGENTIX_LISTEN", "unix:///run/agentix/agentix.sock", *extra,
+             f"{RUNTIME}/bootstrap.sh"],
+            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        await wait_for_socket(sockdir / "agentix.sock", proc, log)
+        async with RuntimeClient(f"unix://{sockdir / 'agentix.sock'}") as sandbox:
+            return await asyncio.wait_for(body(sandbox), 60)
+    finally:
+        stop(proc)
+
+
+def test_the_stdlib_bytecode_pack_holds_asyncio(bundle):
+    pack = bundle["out"] / "nix/runtime/python/lib/python3.11/__pycache__/agentix-stdlib.pack"
+    assert pack.is_file() and pack.read_bytes()[:8] == b"AGXPYC1\n"
+    line = [l for l in bundle["stderr"].splitlines() if l.startswith("[bundler] bytecode: ")][0]
+    assert "stdlib modules packed" in line, line
+
+
+async def test_user_code_sees_the_stdlib_as_the_path_finder_gives_it(bundle, tmp_path):
+    """asyncio comes from the bundle's bytecode pack, and looks to user code
+    as it does when the path finder loads it: file, bytecode path, package
+    path, source, tracebacks with their lines, reload."""
+    stdlib = f"{RUNTIME}/python/lib/python3.11"
+
+    async def body(sandbox):
+        return await sandbox.remote(bundle_app.stdlib_imports)
+
+    info = await run_in_bundle(bundle, tmp_path, body)
+    assert info["status"] == ""
+    assert info["served"] == ["asyncio", "asyncio.base_events", "json", "typing"]
+    assert info["asyncio_file"] == info["asyncio_origin"] == f"{stdlib}/asyncio/__init__.py"
+    assert info["asyncio_cached"] == f"{stdlib}/asyncio/__pycache__/__init__.cpython-311.pyc"
+    assert info["asyncio_path"] == [f"{stdlib}/asyncio"]
+    assert info["source_file_loader"] and info["sleep_source"] and info["reloaded"]
+    assert f'File "{stdlib}/asyncio/queues.py"' in info["trace"], info["trace"]
+    assert "raise QueueEmpty" in info["trace"], info["trace"]
+
+
+async def test_an_import_root_first_on_sys_path_shadows_a_packed_module(bundle, tmp_path):
+    async def body(sandbox):
+        return await sandbox.remote(bundle_app.shadowed_stdlib_module, "/tmp/shadow")
+
+    name, shadow, file = await run_in_bundle(bundle, tmp_path, body)
+    assert shadow is True and file == f"/tmp/shadow/{name}.py", (name, file)
+
+
+async def test_asyncio_and_ssl_are_complete_in_a_bundle(bundle, tmp_path):
+    """A TLS echo over loopback through asyncio's streams, in the sandbox:
+    the worker's deferred ssl and its bytecode pack change nothing a user
+    can use. With AGENTIX_WORKER_BYTECODE_PACK=0 the pack is off."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60)
+    for env, status in (((), ""), ((("AGENTIX_WORKER_BYTECODE_PACK", "0"),),
+                                   "off (AGENTIX_WORKER_BYTECODE_PACK=0)")):
+        async def body(sandbox):
+            echoed = await sandbox.remote(bundle_app.tls_echo, cert.read_text(),
+                                          key.read_text(), "hello over tls")
+            imports = await sandbox.remote(bundle_app.stdlib_imports)
+            return echoed, imports
+
+        run_dir = tmp_path / f"run{len(env)}"
+        run_dir.mkdir()
+        (answer, version, loop_module), imports = await run_in_bundle(bundle, run_dir, body, env)
+        assert answer == "hello over tls"
+        assert version.startswith("TLSv1.")
+        assert loop_module == "asyncio.unix_events"
+        assert imports["status"] == status
+        assert imports["served"] == ([] if env else ["asyncio", "asyncio.base_events", "json", "typing"])

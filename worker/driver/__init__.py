@@ -4,7 +4,8 @@ Compiled into agentix-worker (BUILD.bazel: driver_source) as the package
 `_agentix_driver` and started by worker.cc on the interpreter's main thread
 as `main(channel_fd, worker_id)` (serve.py). The modules: common (constants),
 worker (the event loop side: frames in, replies out), calls, streams, pool,
-errors and env (one call's pieces), logs, durable, traces and namespaces (the
+errors and env (one call's pieces), bytecode_pack (the bundle's stdlib
+bytecode), logs, durable, traces and namespaces (the
 side channels), serve (boot).
 
 One asyncio event loop owns the frame channel through `loop.add_reader`, so
@@ -47,6 +48,12 @@ with the records around it.
 from . import gcpause as _gcpause
 
 _gcpause.pause()
+
+# The stdlib modules below (and a first call's: asyncio) from the bundle's
+# bytecode pack, when it has one (bytecode_pack.py).
+from . import bytecode_pack as _bytecode_pack  # noqa: E402
+
+_bytecode_pack.install()
 
 # The stdlib's regexes the imports below (and a first call's) compile come
 # from the build's table (re_table.py).
