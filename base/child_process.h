@@ -53,6 +53,13 @@ class ChildProcess {
   static absl::StatusOr<ChildProcess> SpawnFromLauncherThread(
       const SpawnOptions& options);
 
+  // Takes ownership of `pid`, a child this process forked before it exec'd
+  // its current image (sandbox/launch_main.cc starts the worker that way).
+  // kInvalidArgument if `pid` is not a child of this process (waitpid would
+  // say ECHILD). A child that has already exited is adopted all the same:
+  // TryWait reports its status.
+  static absl::StatusOr<ChildProcess> Adopt(pid_t pid);
+
   ChildProcess() = default;
   ChildProcess(ChildProcess&& other) noexcept;
   ChildProcess& operator=(ChildProcess&& other) noexcept;
