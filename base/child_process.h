@@ -77,6 +77,9 @@ class ChildProcess {
   absl::StatusOr<ExitStatus> AwaitExit(absl::Duration timeout);
   // Sends `signal` (default SIGKILL) if the process is still running.
   void Kill(int signal = 9);
+  // Gives up ownership without killing or reaping: returns the pid (whoever
+  // adopts it, e.g. the image this process execs next, must reap it).
+  pid_t Release() { exit_.reset(); return std::exchange(pid_, -1); }
 
  private:
   pid_t pid_ = -1;
