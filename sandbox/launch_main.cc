@@ -51,7 +51,7 @@ absl::StatusOr<LaunchArgs> ParseArgs(int argc, char** argv) {
   LaunchArgs args;
   int i = 1;
   for (; i < argc; ++i) {
-    const std::string_view arg = argv[i];
+    const std::string arg = argv[i];
     if (arg == "--") {
       ++i;
       break;

@@ -652,7 +652,7 @@ int Run(int argc, char** raw_argv) {
   if (adopt_worker.has_value()) {
     absl::Status adopted = manager.AdoptWorker(*adopt_worker);
     if (absl::IsInvalidArgument(adopted)) {
-      // A launcher that does not match this daemon: a deployment bug.
+      // Fds or a pid that are not what the flag says: a launcher bug.
       AGX_LOG(Error, "{}", std::string(adopted.message()));
       return 2;
     }

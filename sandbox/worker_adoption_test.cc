@@ -87,7 +87,7 @@ AdoptedWorker Launch(const WorkerOptions& options,
   int err[2];
   REQUIRE(::pipe2(err, O_CLOEXEC) == 0);
   base::UniqueFd err_write(err[1]);
-  auto area = ipc::PayloadArea::Create(64 * 1024);
+  auto area = ipc::PayloadArea::Create(options.payload_ring_bytes);
   REQUIRE(area.ok());
   AdoptedWorker adopted;
   adopted.worker_id = NewWorkerId();
@@ -202,7 +202,7 @@ TEST_CASE("Bad adoptions are clear errors and leave no worker behind",
     WorkerOptions options = manager.options().worker;
     const AdoptedWorker adopted = Launch(options, {options.worker_path, "--surprise"});
     const absl::Status s = manager.AdoptWorker(adopted);
-    REQUIRE(s.code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE(s.code() == absl::StatusCode::kFailedPrecondition);
     REQUIRE_THAT(std::string(s.message()),
                  Catch::Contains("command line is not the one this daemon would "
                                  "spawn: entry 1 is '--surprise'"));
@@ -213,10 +213,20 @@ TEST_CASE("Bad adoptions are clear errors and leave no worker behind",
     options.env = {"PLAIN=2"};
     const AdoptedWorker adopted = Launch(options);
     const absl::Status s = manager.AdoptWorker(adopted);
-    REQUIRE(s.code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE(s.code() == absl::StatusCode::kFailedPrecondition);
     REQUIRE_THAT(std::string(s.message()),
                  Catch::Contains("environment is not the one this daemon would "
                                  "spawn: entry 0 is 'PLAIN=2', expected 'PLAIN=1'"));
+    REQUIRE(::kill(adopted.pid, 0) == -1);
+  }
+  SECTION("its payload rings are not the daemon's size") {
+    WorkerOptions options = manager.options().worker;
+    options.payload_ring_bytes = 64 * 1024;
+    const AdoptedWorker adopted = Launch(options);
+    const absl::Status s = manager.AdoptWorker(adopted);
+    REQUIRE(s.code() == absl::StatusCode::kFailedPrecondition);
+    REQUIRE_THAT(std::string(s.message()),
+                 Catch::Contains("payload rings hold 65536 bytes"));
     REQUIRE(::kill(adopted.pid, 0) == -1);
   }
   SECTION("the worker died before the daemon was up") {

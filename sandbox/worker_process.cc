@@ -269,7 +269,15 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Adopt(
     worker->payloads_->CloseFd();  // the worker holds its copy; the mapping stays
   }
   // Exactly the worker Start would have spawned, or none: a launcher that
-  // drifted from the daemon's options would otherwise go unnoticed.
+  // drifted from the daemon's options (e.g. flags given to the daemon alone)
+  // would otherwise go unnoticed.
+  if (worker->payloads_ != nullptr &&
+      worker->payloads_->ring_bytes() !=
+          (options.payload_ring_bytes + 4095) / 4096 * 4096) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "adopt: the worker's payload rings hold ", worker->payloads_->ring_bytes(),
+        " bytes, this daemon's ", options.payload_ring_bytes));
+  }
   const WorkerCommand want =
       BuildWorkerCommand(options, adopted.worker_id, worker->payloads_ != nullptr);
   for (const auto& [file, expected] :
@@ -291,7 +299,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Adopt(
           child->TryWait()->Describe()));
     }
     if (!difference.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
+      return absl::FailedPreconditionError(absl::StrCat(
           "adopt: the worker's ", std::string(file) == "cmdline" ? "command line" : "environment",
           " is not the one this daemon would spawn: ", difference));
     }

@@ -103,12 +103,13 @@ class WorkerProcess {
   // is this generation's worker exactly as if Start had spawned it with
   // `options`. Its fds become this object's (closed on error too), and its
   // RLIMIT_NOFILE is set to this process's (the daemon raises its own before
-  // spawning; a spawned worker inherits it). Errors: kInvalidArgument for
-  // bad adoption arguments (the pid is not our child, an fd is not a socket /
-  // pipe / payload area, its command line or environment is not the one
-  // Start would use: the message names the first difference; the worker is
-  // killed); kFailedPrecondition if the worker already exited (the message
-  // gives its status and the end of its stderr).
+  // spawning; a spawned worker inherits it). On any error the worker is
+  // killed and reaped. kInvalidArgument: bad adoption arguments (the pid is
+  // not our child, an fd is not a socket / pipe / payload area).
+  // kFailedPrecondition: a worker Start would not have started (its command
+  // line, environment or payload ring size differs from `options`: the
+  // message names the first difference), or one that already exited (its
+  // status and the end of its stderr); the caller may spawn one instead.
   static absl::StatusOr<std::unique_ptr<WorkerProcess>> Adopt(
       const WorkerOptions& options, const AdoptedWorker& adopted,
       uint64_t generation, Listener* listener);
