@@ -23,8 +23,8 @@ std::string BootstrapScript(const std::string& runtime_root,
   // No LD_LIBRARY_PATH: every bundled ELF file names the bundle's loader and
   // carries DT_RPATH=@ROOT@/lib, so the bundle's libraries are used without
   // leaking into programs of the task image that user code starts.
-  // AGENTIX_EARLY_WORKER=1 (the default unless built with
-  // --early_worker=false) and a bundled agentix-launch: the launcher starts
+  // AGENTIX_EARLY_WORKER=1 (the default only if built with
+  // --early_worker) and a bundled agentix-launch: the launcher starts
   // the worker and execs the daemon, which adopts it (--adopt_worker), so the
   // worker's boot overlaps the daemon's exec and start. The launcher's worker
   // options are the ones the daemon gets here; extra arguments that change

@@ -29,7 +29,7 @@ namespace agentix::bundler {
 // `early_worker` AGENTIX_EARLY_WORKER's.
 std::string BootstrapScript(const std::string& runtime_root,
                             const std::string& default_wire = "grpc",
-                            bool early_worker = true);
+                            bool early_worker = false);
 
 // The PATH the bundle's processes get in front of the task image's.
 std::string RuntimePath(const std::string& runtime_root);

@@ -61,16 +61,20 @@ TEST_CASE("bootstrap.sh listens on AGENTIX_LISTEN", "[bundler]") {
         std::string::npos);
 }
 
-// With a bundled agentix-launch, bootstrap.sh execs it with the worker's
-// options and the daemon's command after "--" (AGENTIX_EARLY_WORKER=1, the
-// default); AGENTIX_EARLY_WORKER=0 or a bundle built with early_worker=false
-// execs the daemon itself.
-TEST_CASE("bootstrap.sh starts the daemon through agentix-launch when bundled",
+// With a bundled agentix-launch and AGENTIX_EARLY_WORKER=1 (the default of a
+// bundle built with early_worker), bootstrap.sh execs the launcher with the
+// worker's options and the daemon's command after "--"; AGENTIX_EARLY_WORKER=0
+// or a bundle built without early_worker execs the daemon itself.
+TEST_CASE("bootstrap.sh starts the daemon through agentix-launch when asked",
           "[bundler]") {
   const std::string root = FakeRuntime();
+  // The default script execs the daemon even with a launcher bundled.
   REQUIRE_OK(WriteFile(root + "/bin/agentix-launch",
                        "#!/bin/busybox sh\necho launch\nfor a in \"$@\"; do "
                        "echo \"$a\"; done\n",
+                       /*executable=*/true));
+  CHECK(Run(root, {}).find("launch") == std::string::npos);
+  REQUIRE_OK(WriteFile(root + "/bootstrap.sh", BootstrapScript(root, "grpc", true),
                        /*executable=*/true));
   const std::string out =
       Run(root, {"AGENTIX_LISTEN=unix://" + root + "/a.sock",

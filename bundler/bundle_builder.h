@@ -26,7 +26,7 @@ struct BundleOptions {
   // starts its worker itself whatever AGENTIX_EARLY_WORKER says.
   std::string launcher;
   // AGENTIX_EARLY_WORKER's default in bootstrap.sh.
-  bool early_worker = true;
+  bool early_worker = false;
   std::string agentix_wheel;
   std::string closure_helper;
   // Inputs from the build machine.

@@ -36,10 +36,10 @@ ABSL_FLAG(std::string, worker, "",
 ABSL_FLAG(std::string, launcher, "",
           "agentix-launch to bundle (default: from the runfiles; 'none': "
           "bundle none, the daemon then always starts its worker itself)");
-ABSL_FLAG(bool, early_worker, true,
+ABSL_FLAG(bool, early_worker, false,
           "AGENTIX_EARLY_WORKER's default in bootstrap.sh: agentix-launch "
-          "starts the worker before the daemon's exec (docs/DECISIONS.md, "
-          "stop 35)");
+          "starts the worker before the daemon's exec (off: it did not "
+          "measure better, docs/DECISIONS.md, stop 35)");
 ABSL_FLAG(std::string, wire, "grpc",
           "the wire bootstrap.sh serves when AGENTIX_WIRE is unset: grpc, or "
           "socketio for the original's providers and hosts (agentix-sio-gateway "

@@ -185,6 +185,11 @@ TEST_CASE("Bad adoptions are clear errors and leave no worker behind",
         manager.AdoptWorker({::getppid(), "x", fds[0], err[0], -1});
     REQUIRE(s.code() == absl::StatusCode::kInvalidArgument);
     REQUIRE_THAT(std::string(s.message()), Catch::Contains("is not a child"));
+    // Not the worker's fds then: left alone.
+    REQUIRE(::fcntl(fds[0], F_GETFD) != -1);
+    REQUIRE(::fcntl(err[0], F_GETFD) != -1);
+    ::close(fds[0]);
+    ::close(err[0]);
   }
   SECTION("the channel is not a socket") {
     AdoptedWorker adopted = Launch(manager.options().worker);

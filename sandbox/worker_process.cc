@@ -229,6 +229,10 @@ std::string DrainPipe(int fd) {
 absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Adopt(
     const WorkerOptions& options, const AdoptedWorker& adopted,
     uint64_t generation, Listener* listener) {
+  // A pid that is not our child says the fds are not the worker's either:
+  // they are left alone.
+  absl::StatusOr<base::ChildProcess> child = base::ChildProcess::Adopt(adopted.pid);
+  if (!child.ok()) return child.status();
   base::UniqueFd channel(adopted.channel_fd);
   base::UniqueFd stderr_read(adopted.stderr_fd);
   base::UniqueFd payload_fd(adopted.payload_fd);
@@ -236,8 +240,6 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Adopt(
   for (int fd : {adopted.channel_fd, adopted.stderr_fd, adopted.payload_fd}) {
     if (fd >= 0) (void)::fcntl(fd, F_SETFD, FD_CLOEXEC);
   }
-  absl::StatusOr<base::ChildProcess> child = base::ChildProcess::Adopt(adopted.pid);
-  if (!child.ok()) return child.status();
   // From here on `child` kills and reaps the worker on every error return.
   if (auto exit = child->TryWait()) {
     const std::string said = stderr_read.valid() ? DrainPipe(stderr_read.get()) : "";

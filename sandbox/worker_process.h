@@ -101,7 +101,8 @@ class WorkerProcess {
 
   // Takes over a worker a launcher started (AdoptedWorker): from here on it
   // is this generation's worker exactly as if Start had spawned it with
-  // `options`. Its fds become this object's (closed on error too), and its
+  // `options`. Its fds become this object's (closed on error too, unless
+  // the pid is not our child: then they are not taken), and its
   // RLIMIT_NOFILE is set to this process's (the daemon raises its own before
   // spawning; a spawned worker inherits it). On any error the worker is
   // killed and reaped. kInvalidArgument: bad adoption arguments (the pid is
