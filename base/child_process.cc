@@ -212,6 +212,24 @@ absl::StatusOr<ChildProcess> ChildProcess::SpawnFromLauncherThread(
   return result;
 }
 
+absl::StatusOr<ChildProcess> ChildProcess::Adopt(pid_t pid) {
+  if (pid <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("adopt: bad pid ", pid));
+  }
+  // WNOWAIT: a child that already exited stays a zombie for TryWait to reap.
+  siginfo_t info{};
+  if (::waitid(P_PID, static_cast<id_t>(pid), &info,
+               WEXITED | WNOHANG | WNOWAIT) != 0) {
+    const int err = errno;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adopt: pid ", pid, " is not a child of this process (",
+        strerror(err), ")"));
+  }
+  ChildProcess child;
+  child.pid_ = pid;
+  return child;
+}
+
 ChildProcess::ChildProcess(ChildProcess&& other) noexcept
     : pid_(std::exchange(other.pid_, -1)), exit_(std::move(other.exit_)) {}
 

@@ -53,6 +53,13 @@ class ChildProcess {
   static absl::StatusOr<ChildProcess> SpawnFromLauncherThread(
       const SpawnOptions& options);
 
+  // Takes ownership of `pid`, a child this process forked before it exec'd
+  // its current image (sandbox/launch_main.cc starts the worker that way).
+  // kInvalidArgument if `pid` is not a child of this process (waitpid would
+  // say ECHILD). A child that has already exited is adopted all the same:
+  // TryWait reports its status.
+  static absl::StatusOr<ChildProcess> Adopt(pid_t pid);
+
   ChildProcess() = default;
   ChildProcess(ChildProcess&& other) noexcept;
   ChildProcess& operator=(ChildProcess&& other) noexcept;
@@ -70,6 +77,9 @@ class ChildProcess {
   absl::StatusOr<ExitStatus> AwaitExit(absl::Duration timeout);
   // Sends `signal` (default SIGKILL) if the process is still running.
   void Kill(int signal = 9);
+  // Gives up ownership without killing or reaping: returns the pid (whoever
+  // adopts it, e.g. the image this process execs next, must reap it).
+  pid_t Release() { exit_.reset(); return std::exchange(pid_, -1); }
 
  private:
   pid_t pid_ = -1;

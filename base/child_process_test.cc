@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -58,6 +60,58 @@ TEST_CASE("ChildProcess times out waiting and kills on destruction",
     REQUIRE(exit.status().code() == absl::StatusCode::kDeadlineExceeded);
   }
   REQUIRE(::kill(pid, 0) == -1);  // reaped: no such process
+}
+
+// A child this process started without a ChildProcess (as the launcher's
+// fork is, before the daemon's exec).
+pid_t RawSpawn(const char* script) {
+  pid_t pid = -1;
+  char* argv[] = {const_cast<char*>("sh"), const_cast<char*>("-c"),
+                  const_cast<char*>(script), nullptr};
+  REQUIRE(::posix_spawn(&pid, "/bin/sh", nullptr, nullptr, argv, environ) == 0);
+  return pid;
+}
+
+TEST_CASE("ChildProcess::Adopt owns a running child: its exit, its kill",
+          "[base]") {
+  const pid_t pid = RawSpawn("exec sleep 30");
+  auto child = ChildProcess::Adopt(pid);
+  REQUIRE(child.ok());
+  REQUIRE(child->pid() == pid);
+  REQUIRE(child->running());
+  REQUIRE_FALSE(child->TryWait().has_value());
+  child->Kill(SIGKILL);
+  auto exit = child->AwaitExit(absl::Seconds(10));
+  REQUIRE(exit.ok());
+  REQUIRE(exit->returncode() == -9);
+}
+
+TEST_CASE("ChildProcess::Adopt takes a child that already exited", "[base]") {
+  const pid_t pid = RawSpawn("exit 7");
+  // Exited (a zombie) but not reaped: WNOWAIT leaves it for the adopter.
+  siginfo_t info{};
+  REQUIRE(::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOWAIT) == 0);
+  auto child = ChildProcess::Adopt(pid);
+  REQUIRE(child.ok());
+  auto exit = child->AwaitExit(absl::Seconds(10));
+  REQUIRE(exit.ok());
+  REQUIRE(exit->Describe() == "exit code 7");
+}
+
+TEST_CASE("ChildProcess::Adopt refuses a pid that is not its child", "[base]") {
+  for (pid_t pid : {::getppid(), ::getpid(), pid_t{0}, pid_t{-5}}) {
+    auto child = ChildProcess::Adopt(pid);
+    REQUIRE(child.status().code() == absl::StatusCode::kInvalidArgument);
+  }
+  auto parent = ChildProcess::Adopt(::getppid());
+  REQUIRE_THAT(std::string(parent.status().message()),
+               Catch::Contains("is not a child of this process"));
+  // A child already reaped is no longer ours either.
+  const pid_t pid = RawSpawn("exit 0");
+  int wstatus = 0;
+  REQUIRE(::waitpid(pid, &wstatus, 0) == pid);
+  REQUIRE(ChildProcess::Adopt(pid).status().code() ==
+          absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("ChildProcess::Spawn fails clearly for a missing binary",

@@ -10,7 +10,7 @@ std::string RuntimePath(const std::string& runtime_root) {
 }
 
 std::string BootstrapScript(const std::string& runtime_root,
-                            const std::string& default_wire) {
+                            const std::string& default_wire, bool early_worker) {
   // The TCP default is loopback: a daemon reachable from every interface is
   // one any host on the network can hold connections to, so that takes an
   // explicit AGENTIX_BIND_HOST (a container whose port is published from
@@ -23,6 +23,12 @@ std::string BootstrapScript(const std::string& runtime_root,
   // No LD_LIBRARY_PATH: every bundled ELF file names the bundle's loader and
   // carries DT_RPATH=@ROOT@/lib, so the bundle's libraries are used without
   // leaking into programs of the task image that user code starts.
+  // AGENTIX_EARLY_WORKER=1 (the default only if built with
+  // --early_worker) and a bundled agentix-launch: the launcher starts
+  // the worker and execs the daemon, which adopts it (--adopt_worker), so the
+  // worker's boot overlaps the daemon's exec and start. The launcher's worker
+  // options are the ones the daemon gets here; extra arguments that change
+  // the worker's make the daemon replace the adopted worker (it checks).
   // AGENTIX_WIRE=socketio (or a bundle built with --wire=socketio): the
   // original's providers poll HTTP/1 GET /health on BIND_HOST:BIND_PORT, so
   // agentix-sio-gateway takes that address and reaches the daemon through a
@@ -88,12 +94,21 @@ if [ -n "${AGENTIX_LISTEN:-}" ]; then
 elif [ "$wire" = grpc ]; then
   set -- --listen "${AGENTIX_BIND_HOST:-127.0.0.1}:${AGENTIX_BIND_PORT:-8000}" "$@"
 fi
+if [ "${AGENTIX_EARLY_WORKER:-@EARLY@}" = 1 ] && [ -x "$R/bin/agentix-launch" ]; then
+  set -- -- "$R/bin/agentix-sandboxd" "$@"
+  if [ -n "${AGENTIX_PYTHON_PATH:-}" ]; then
+    set -- --python-path "$AGENTIX_PYTHON_PATH" "$@"
+  fi
+  exec "$R/bin/agentix-launch" --worker "$R/bin/agentix-worker" --venv "$R/venv" \
+    --worker-arg "--python-home=$R/python" "$@"
+fi
 exec "$R/bin/agentix-sandboxd" "$@"
 )SH";
   return absl::StrReplaceAll(
       kTemplate, {{"@ROOT@", runtime_root},
                   {"@PATH@", RuntimePath(runtime_root)},
-                  {"@WIRE@", default_wire}});
+                  {"@WIRE@", default_wire},
+                  {"@EARLY@", early_worker ? "1" : "0"}});
 }
 
 }  // namespace agentix::bundler

@@ -61,6 +61,46 @@ TEST_CASE("bootstrap.sh listens on AGENTIX_LISTEN", "[bundler]") {
         std::string::npos);
 }
 
+// With a bundled agentix-launch and AGENTIX_EARLY_WORKER=1 (the default of a
+// bundle built with early_worker), bootstrap.sh execs the launcher with the
+// worker's options and the daemon's command after "--"; AGENTIX_EARLY_WORKER=0
+// or a bundle built without early_worker execs the daemon itself.
+TEST_CASE("bootstrap.sh starts the daemon through agentix-launch when asked",
+          "[bundler]") {
+  const std::string root = FakeRuntime();
+  // The default script execs the daemon even with a launcher bundled.
+  REQUIRE_OK(WriteFile(root + "/bin/agentix-launch",
+                       "#!/bin/busybox sh\necho launch\nfor a in \"$@\"; do "
+                       "echo \"$a\"; done\n",
+                       /*executable=*/true));
+  CHECK(Run(root, {}).find("launch") == std::string::npos);
+  REQUIRE_OK(WriteFile(root + "/bootstrap.sh", BootstrapScript(root, "grpc", true),
+                       /*executable=*/true));
+  const std::string out =
+      Run(root, {"AGENTIX_LISTEN=unix://" + root + "/a.sock",
+                 "AGENTIX_PYTHON_PATH=/p1:/p2"},
+          {"--max-retained-results", "7"});
+  const std::string daemon = "--\n" + root + "/bin/agentix-sandboxd\n";
+  REQUIRE(out.rfind("launch\n--worker\n" + root + "/bin/agentix-worker\n--venv\n" +
+                        root + "/venv\n--worker-arg\n--python-home=" + root +
+                        "/python\n--python-path\n/p1:/p2\n" + daemon,
+                    0) == 0);
+  // The daemon's own arguments are unchanged behind "--".
+  const std::string after = out.substr(out.find(daemon) + daemon.size());
+  CHECK(after.find("--worker\n" + root + "/bin/agentix-worker\n") != std::string::npos);
+  CHECK(after.find("--python-path\n/p1:/p2\n") != std::string::npos);
+  CHECK(after.find("--prestart-worker\n") != std::string::npos);
+  CHECK(after.find("--max-retained-results\n7\n") != std::string::npos);
+
+  const std::string direct = Run(root, {"AGENTIX_EARLY_WORKER=0"});
+  CHECK(direct.find("launch") == std::string::npos);
+  CHECK(direct.find("--prestart-worker\n") != std::string::npos);
+  REQUIRE_OK(WriteFile(root + "/bootstrap.sh", BootstrapScript(root, "grpc", false),
+                       /*executable=*/true));
+  CHECK(Run(root, {}).find("launch") == std::string::npos);
+  CHECK(Run(root, {"AGENTIX_EARLY_WORKER=1"}).rfind("launch\n", 0) == 0);
+}
+
 // The socket's directory comes from parameter expansion (no fork on the way
 // to the daemon's exec): nested and several addresses, as dirname would.
 TEST_CASE("bootstrap.sh makes each unix socket's directory, nested or not",

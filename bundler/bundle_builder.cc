@@ -121,10 +121,10 @@ static absl::StatusOr<BundleResult> BuildBundleStages(const BundleOptions& optio
   // Tools first, so a missing one fails before minutes of work.
   AGX_ASSIGN_OR_RETURN(std::string patchelf, FindOnPath(options.patchelf));
   for (const std::string& input :
-       {options.sandboxd, options.worker, options.agentix_wheel,
+       {options.sandboxd, options.worker, options.launcher, options.agentix_wheel,
         options.closure_helper, options.python, options.python_executable,
         options.busybox}) {
-    if (access(input.c_str(), R_OK) != 0) {
+    if (!input.empty() && access(input.c_str(), R_OK) != 0) {
       return absl::NotFoundError(absl::StrCat(
           "bundle input ", input, " is missing; run tools/setup and build "
           "with `bazel run //bundler -- build PATH`"));
@@ -153,6 +153,10 @@ static absl::StatusOr<BundleResult> BuildBundleStages(const BundleOptions& optio
       CopyFileTo(options.sandboxd, (root / "bin/agentix-sandboxd").string()));
   AGX_RETURN_IF_ERROR(
       CopyFileTo(options.worker, (root / "bin/agentix-worker").string()));
+  if (!options.launcher.empty()) {
+    AGX_RETURN_IF_ERROR(
+        CopyFileTo(options.launcher, (root / "bin/agentix-launch").string()));
+  }
   // busybox-static: bootstrap.sh's shell, needing no library at all.
   AGX_RETURN_IF_ERROR(CopyFileTo(options.busybox, (root / "bin/busybox").string()));
   fs::create_symlink("busybox", root / "bin/sh", ec);
@@ -312,7 +316,8 @@ static absl::StatusOr<BundleResult> BuildBundleStages(const BundleOptions& optio
   // -- bootstrap, digest, manifest ------------------------------------------
   Stage manifest_stage("manifest");
   AGX_RETURN_IF_ERROR(WriteFile((root / "bootstrap.sh").string(),
-                                BootstrapScript(options.runtime_root, options.wire),
+                                BootstrapScript(options.runtime_root, options.wire,
+                                                options.early_worker),
                                 /*executable=*/true));
   AGX_ASSIGN_OR_RETURN(std::string tree_digest, TreeDigest(tree.string()));
   result.digest = "sha256:" + tree_digest;

@@ -22,6 +22,11 @@ struct BundleOptions {
   // Inputs from the build (runfiles of //bundler).
   std::string sandboxd;
   std::string worker;
+  // agentix-launch (bin/agentix-launch); empty: not bundled, the daemon
+  // starts its worker itself whatever AGENTIX_EARLY_WORKER says.
+  std::string launcher;
+  // AGENTIX_EARLY_WORKER's default in bootstrap.sh.
+  bool early_worker = false;
   std::string agentix_wheel;
   std::string closure_helper;
   // Inputs from the build machine.

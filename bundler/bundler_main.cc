@@ -33,6 +33,13 @@ ABSL_FLAG(std::string, sandboxd, "",
           "agentix-sandboxd to bundle (default: from the runfiles)");
 ABSL_FLAG(std::string, worker, "",
           "agentix-worker to bundle (default: from the runfiles)");
+ABSL_FLAG(std::string, launcher, "",
+          "agentix-launch to bundle (default: from the runfiles; 'none': "
+          "bundle none, the daemon then always starts its worker itself)");
+ABSL_FLAG(bool, early_worker, false,
+          "AGENTIX_EARLY_WORKER's default in bootstrap.sh: agentix-launch "
+          "starts the worker before the daemon's exec (off: it did not "
+          "measure better, docs/DECISIONS.md, stop 35)");
 ABSL_FLAG(std::string, wire, "grpc",
           "the wire bootstrap.sh serves when AGENTIX_WIRE is unset: grpc, or "
           "socketio for the original's providers and hosts (agentix-sio-gateway "
@@ -186,6 +193,10 @@ int main(int argc, char** raw_argv) {
   options.sandboxd =
       FlagOr(absl::GetFlag(FLAGS_sandboxd), "sandbox/agentix-sandboxd");
   options.worker = FlagOr(absl::GetFlag(FLAGS_worker), "worker/agentix-worker");
+  options.launcher = absl::GetFlag(FLAGS_launcher) == "none"
+                         ? ""
+                         : FlagOr(absl::GetFlag(FLAGS_launcher), "sandbox/agentix-launch");
+  options.early_worker = absl::GetFlag(FLAGS_early_worker);
   if (absl::GetFlag(FLAGS_wheel).empty()) {
     absl::StatusOr<std::string> wheel = AgentixWheel();
     if (!wheel.ok()) {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -35,6 +36,7 @@
 #include "base/log.h"
 #include "base/malloc_tuning.h"
 #include "base/mutex_tuning.h"
+#include "sandbox/adopted_worker.h"
 #include "sandbox/admin_service.h"
 #include "sandbox/auth.h"
 #include "sandbox/calls_cpu.h"
@@ -85,6 +87,12 @@ ABSL_FLAG(bool, prestart_worker, false,
           "(bundles do: its start then overlaps the host's readiness wait; "
           "with --admin-token-file, also a warm sandbox's wait for its "
           "claim)");
+ABSL_FLAG(std::string, adopt_worker, "",
+          "set by agentix-launch, which started the worker before it exec'd "
+          "this daemon: pid=P,id=ID,channel=N,stderr=N[,payload=N] names that "
+          "worker (a child of this process) and its fds; the daemon adopts it "
+          "as its prestarted worker (needs --prestart_worker). Later workers "
+          "(after a crash) are spawned as usual");
 ABSL_FLAG(uint64_t, max_concurrent_calls, 0,
           "calls running at once (0: no limit); more wait in a queue");
 ABSL_FLAG(uint64_t, max_queued_calls, 10000,
@@ -467,6 +475,23 @@ int Run(int argc, char** raw_argv) {
     }
     gate = TokenGate::Armable(*std::move(admin_token));
   }
+  // Parsed early: a bad value fails before anything starts (the adoption
+  // itself waits for the prestart's place below).
+  std::optional<AdoptedWorker> adopt_worker;
+  if (!absl::GetFlag(FLAGS_adopt_worker).empty()) {
+    absl::StatusOr<AdoptedWorker> parsed =
+        ParseAdoptFlag(absl::GetFlag(FLAGS_adopt_worker));
+    if (!parsed.ok()) {
+      AGX_LOG(Error, "{}", std::string(parsed.status().message()));
+      return 2;
+    }
+    if (!absl::GetFlag(FLAGS_prestart_worker)) {
+      AGX_LOG(Error, "--adopt_worker needs --prestart_worker: the adopted "
+                     "worker is the prestarted one");
+      return 2;
+    }
+    adopt_worker = *std::move(parsed);
+  }
   if (listen.empty()) {
     AGX_LOG(Error, "at least one --listen address is required "
                    "(unix:///abs/path.sock or HOST:PORT)");
@@ -624,7 +649,20 @@ int Run(int argc, char** raw_argv) {
         gate, &manager, &activity, absl::GetFlag(FLAGS_prestart_worker),
         options.worker.ready_timeout + absl::Seconds(5));
   }
+  if (adopt_worker.has_value()) {
+    absl::Status adopted = manager.AdoptWorker(*adopt_worker);
+    if (absl::IsInvalidArgument(adopted)) {
+      // Fds or a pid that are not what the flag says: a launcher bug.
+      AGX_LOG(Error, "{}", std::string(adopted.message()));
+      return 2;
+    }
+    if (!adopted.ok()) {
+      AGX_LOG(Warning, "could not adopt the launcher's worker ({}); starting "
+                       "one", std::string(adopted.message()));
+    }
+  }
   if (absl::GetFlag(FLAGS_prestart_worker)) {
+    // A no-op after a successful adoption (the worker is running).
     absl::Status started = manager.StartWorker();
     if (!started.ok()) {
       // Not fatal: the first call tries again and reports the reason.

@@ -1,5 +1,7 @@
 #include "sandbox/session_manager.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <utility>
 #include <optional>
@@ -1231,6 +1233,26 @@ absl::Status SessionManager::StartWorker() {
   absl::MutexLock lock(&mu_);
   if (shut_down_) return absl::UnavailableError("shutting down");
   return EnsureWorker().status();
+}
+
+absl::Status SessionManager::AdoptWorker(const AdoptedWorker& adopted) {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError("shutting down");
+  if (worker_ || !extra_env_.empty()) {
+    // The fds are ours to close whatever happens.
+    for (int fd : {adopted.channel_fd, adopted.stderr_fd, adopted.payload_fd}) {
+      if (fd >= 0) ::close(fd);
+    }
+    return absl::FailedPreconditionError(
+        "a worker is already running or its environment changed: nothing to adopt");
+  }
+  absl::StatusOr<std::unique_ptr<WorkerProcess>> worker =
+      WorkerProcess::Adopt(options_.worker, adopted, next_generation_, this);
+  if (!worker.ok()) return worker.status();
+  ++next_generation_;
+  ++workers_started_;
+  worker_ = std::move(*worker);
+  return absl::OkStatus();
 }
 
 absl::Status SessionManager::AddWorkerEnv(

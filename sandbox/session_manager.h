@@ -161,6 +161,12 @@ class SessionManager : public WorkerProcess::Listener {
   // first call that needs it). Errors as posix_spawn reports them; a worker
   // that fails later in its boot is reported to the calls that wait for it.
   absl::Status StartWorker();
+  // Takes over a worker a launcher started before this daemon's exec
+  // (--adopt_worker, sandbox/launch_main.cc) as the worker StartWorker would
+  // have started; a worker started later (after a crash) is spawned as
+  // usual. Errors as WorkerProcess::Adopt; kFailedPrecondition also if a
+  // worker is already running.
+  absl::Status AdoptWorker(const AdoptedWorker& adopted);
   // Adds "K=V" entries to the environment of workers started from now on
   // (SandboxAdmin.Activate's env); they replace the daemon's own entries of
   // the same keys (the environment holds each key once).

@@ -3,7 +3,9 @@
 A cold sandbox waits for both binaries' exec; with Debian's shared libraries each
 loaded ~70 objects (third_party/system/static_link.bzl). This reads the binaries'
 DT_NEEDED entries (the libraries the dynamic loader opens at exec) and starts each
-with --version, so a dependency that brings a shared copy back fails here.
+with --version, so a dependency that brings a shared copy back fails here. The daemon
+links non-PIE (no relative relocations at exec) unless built with
+--define=agentix_sandboxd_link=pie (argv[4] says which).
 """
 
 import subprocess
@@ -20,6 +22,14 @@ ALLOWED = {"libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "libfmt.
 WORKER_ALLOWED = ALLOWED | {"libz.so.1", "libexpat.so.1"}
 STATIC = ("libabsl_", "libgrpc", "libgpr", "libprotobuf", "libupb", "libre2", "libcares",
           "libssl", "libcrypto", "libaddress_sorting")
+
+
+def elf_type(binary: Path) -> str:
+    """The ELF header's type, as `readelf -h` prints it: EXEC (non-PIE) or DYN (a PIE)."""
+    out = subprocess.run(["readelf", "-h", str(binary)], check=True, capture_output=True,
+                         text=True, timeout=30).stdout
+    return next(line.split(":", 1)[1].split()[0]
+                for line in out.splitlines() if line.strip().startswith("Type:"))
 
 
 def needed(binary: Path) -> list[str]:
@@ -42,7 +52,11 @@ class StaticLinkTest(unittest.TestCase):
         self.assertIn("agentix", (run.stdout + run.stderr).lower())
 
     def test_daemon(self) -> None:
-        self.check(Path(sys.argv[1]), ALLOWED)
+        daemon = Path(sys.argv[1])
+        self.check(daemon, ALLOWED)
+        link = sys.argv[4]
+        self.assertIn(link, ("no-pie", "pie"))
+        self.assertEqual(elf_type(daemon), "EXEC" if link == "no-pie" else "DYN")
 
     def test_worker(self) -> None:
         libpython = sys.argv[3]

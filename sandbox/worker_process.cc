@@ -6,7 +6,9 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,10 +25,6 @@
 namespace agentix::sandbox {
 namespace {
 
-std::string RandomWorkerId() {
-  std::random_device rd;
-  return fmt::format("{:08x}", rd());
-}
 
 // Frames queued for one write are joined up to this size, so many small
 // frames cost one syscall.
@@ -69,8 +67,43 @@ bool WriteBatch(int fd, const std::deque<std::string>& batch) {
 
 }  // namespace
 
+std::string NewWorkerId() {
+  std::random_device rd;
+  return fmt::format("{:08x}", rd());
+}
+
 WorkerProcess::WorkerProcess(uint64_t generation, Listener* listener)
     : generation_(generation), listener_(listener) {}
+
+WorkerProcess::WorkerProcess(const WorkerOptions& options, uint64_t generation,
+                             Listener* listener, std::string worker_id)
+    : generation_(generation), listener_(listener) {
+  worker_id_ = std::move(worker_id);
+  ready_timeout_ = options.ready_timeout;
+  read_spin_ = options.read_spin;
+  calls_cpu_ = options.calls_cpu;
+}
+
+WorkerCommand BuildWorkerCommand(const WorkerOptions& options,
+                                 const std::string& worker_id, bool payload_fd) {
+  WorkerCommand command;
+  command.argv = {options.worker_path,
+                  absl::StrCat("--channel-fd=", ipc::kWorkerChannelFd),
+                  absl::StrCat("--worker-id=", worker_id)};
+  if (!options.venv.empty()) {
+    command.argv.push_back(absl::StrCat("--venv=", options.venv));
+  }
+  if (!options.python_path.empty()) {
+    command.argv.push_back(absl::StrCat("--python-path=", options.python_path));
+  }
+  for (const auto& a : options.extra_args) command.argv.push_back(a);
+  if (payload_fd) {
+    command.argv.push_back(absl::StrCat("--payload-fd=", ipc::kWorkerPayloadFd));
+  }
+  command.env = options.env;
+  command.env.push_back(absl::StrCat("AGENTIX_WORKER_ID=", worker_id));
+  return command;
+}
 
 absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
     const WorkerOptions& options, uint64_t generation, Listener* listener) {
@@ -83,38 +116,23 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
   base::UniqueFd child_end(fds[1]);
 
   std::unique_ptr<WorkerProcess> worker(
-      new WorkerProcess(generation, listener));
-  worker->worker_id_ = RandomWorkerId();
-  worker->ready_timeout_ = options.ready_timeout;
-  worker->read_spin_ = options.read_spin;
-  worker->calls_cpu_ = options.calls_cpu;
-
-  base::SpawnOptions spawn;
-  spawn.path = options.worker_path;
-  spawn.argv = {options.worker_path,
-                absl::StrCat("--channel-fd=", ipc::kWorkerChannelFd),
-                absl::StrCat("--worker-id=", worker->worker_id_)};
-  if (!options.venv.empty()) {
-    spawn.argv.push_back(absl::StrCat("--venv=", options.venv));
-  }
-  if (!options.python_path.empty()) {
-    spawn.argv.push_back(absl::StrCat("--python-path=", options.python_path));
-  }
-  for (const auto& a : options.extra_args) spawn.argv.push_back(a);
-  spawn.env = options.env;
-  spawn.env.push_back(absl::StrCat("AGENTIX_WORKER_ID=", worker->worker_id_));
+      new WorkerProcess(options, generation, listener, NewWorkerId()));
   if (options.payload_ring_bytes > 0) {
     auto area = ipc::PayloadArea::Create(options.payload_ring_bytes);
     if (area.ok()) {
       worker->payloads_ = std::move(*area);
-      spawn.argv.push_back(
-          absl::StrCat("--payload-fd=", ipc::kWorkerPayloadFd));
     } else {
       // Not fatal: payloads then all take the socketpair.
       AGX_LOG(Warning, "no payload area for worker {}: {}", worker->worker_id_,
               area.status().ToString());
     }
   }
+  WorkerCommand command = BuildWorkerCommand(options, worker->worker_id_,
+                                             worker->payloads_ != nullptr);
+  base::SpawnOptions spawn;
+  spawn.path = options.worker_path;
+  spawn.argv = std::move(command.argv);
+  spawn.env = std::move(command.env);
   int err_pipe[2];
   if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
     return absl::ResourceExhaustedError(absl::StrCat("pipe: ", strerror(errno)));
@@ -139,22 +157,180 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
   if (!child.ok()) return child.status();
   err_write.Reset();  // EOF once the worker (and whoever inherited it) exits
   if (worker->payloads_) worker->payloads_->CloseFd();  // the mapping stays
-  worker->pid_ = child->pid();
-  {
-    absl::MutexLock lock(&worker->child_mu_);
-    worker->child_ = std::move(*child);
-  }
   child_end.Reset();  // only the worker holds its end now: EOF works
-  worker->channel_ = std::move(parent_end);
-  worker->reader_ = std::thread([w = worker.get()] { w->ReaderLoop(); });
-  worker->writer_ = std::thread([w = worker.get()] { w->WriterLoop(); });
-  worker->stderr_reader_ = std::thread(
-      [w = worker.get(), fd = std::move(err_read)]() mutable {
-        w->StderrLoop(std::move(fd));
-      });
+  worker->Run(*std::move(child), std::move(parent_end), std::move(err_read));
   AGX_LOG(Debug, "worker {} (generation {}) started as pid {}",
           worker->worker_id_, generation, worker->pid_);
   return worker;
+}
+
+namespace {
+
+// The NUL-separated strings of /proc/PID/{cmdline,environ}.
+absl::StatusOr<std::vector<std::string>> ReadProcStrings(pid_t pid,
+                                                         const char* file) {
+  const std::string path = absl::StrCat("/proc/", pid, "/", file);
+  base::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("adopt: cannot read ", path, ": ", strerror(errno)));
+  }
+  std::string bytes;
+  char buffer[8192];
+  while (true) {
+    const ssize_t n = ::read(fd.get(), buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("adopt: cannot read ", path, ": ", strerror(errno)));
+    }
+    if (n == 0) break;
+    bytes.append(buffer, static_cast<size_t>(n));
+  }
+  std::vector<std::string> strings;
+  size_t at = 0;
+  while (at < bytes.size()) {
+    const size_t end = bytes.find('\0', at);
+    const size_t stop = end == std::string::npos ? bytes.size() : end;
+    strings.emplace_back(bytes, at, stop - at);
+    at = stop + 1;
+  }
+  return strings;
+}
+
+// "" if equal, else what differs first (for the adoption's error).
+std::string FirstDifference(const std::vector<std::string>& got,
+                            const std::vector<std::string>& want) {
+  for (size_t i = 0; i < std::max(got.size(), want.size()); ++i) {
+    const std::string g = i < got.size() ? absl::StrCat("'", got[i], "'") : "nothing";
+    const std::string w = i < want.size() ? absl::StrCat("'", want[i], "'") : "nothing";
+    if (g != w) return absl::StrCat("entry ", i, " is ", g, ", expected ", w);
+  }
+  return "";
+}
+
+// Reads what is already in a pipe without blocking (a dead worker's last words).
+std::string DrainPipe(int fd) {
+  std::string text;
+  char buffer[4096];
+  while (text.size() < 4096) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0 || (p.revents & POLLIN) == 0) break;
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n <= 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Adopt(
+    const WorkerOptions& options, const AdoptedWorker& adopted,
+    uint64_t generation, Listener* listener) {
+  // A pid that is not our child says the fds are not the worker's either:
+  // they are left alone.
+  absl::StatusOr<base::ChildProcess> child = base::ChildProcess::Adopt(adopted.pid);
+  if (!child.ok()) return child.status();
+  base::UniqueFd channel(adopted.channel_fd);
+  base::UniqueFd stderr_read(adopted.stderr_fd);
+  base::UniqueFd payload_fd(adopted.payload_fd);
+  // They crossed the launcher's exec; no later child of ours inherits them.
+  for (int fd : {adopted.channel_fd, adopted.stderr_fd, adopted.payload_fd}) {
+    if (fd >= 0) (void)::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+  // From here on `child` kills and reaps the worker on every error return.
+  if (auto exit = child->TryWait()) {
+    const std::string said = stderr_read.valid() ? DrainPipe(stderr_read.get()) : "";
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the adopted worker (pid ", adopted.pid, ") exited before the daemon was up: ",
+        exit->Describe(), said.empty() ? "" : absl::StrCat("; its stderr: ", said)));
+  }
+  struct stat st;
+  if (!channel.valid() || ::fstat(channel.get(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adopt: the worker's channel fd ", adopted.channel_fd, " is not a socket"));
+  }
+  if (!stderr_read.valid() || ::fstat(stderr_read.get(), &st) != 0 ||
+      !S_ISFIFO(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adopt: the worker's stderr fd ", adopted.stderr_fd, " is not a pipe"));
+  }
+  std::unique_ptr<WorkerProcess> worker(
+      new WorkerProcess(options, generation, listener, adopted.worker_id));
+  if (payload_fd.valid()) {
+    auto area = ipc::PayloadArea::AdoptCreated(payload_fd.get());
+    if (!area.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "adopt: the worker's payload fd ", adopted.payload_fd, ": ",
+          area.status().message()));
+    }
+    (void)payload_fd.Release();  // the area's now
+    worker->payloads_ = *std::move(area);
+    worker->payloads_->CloseFd();  // the worker holds its copy; the mapping stays
+  }
+  // Exactly the worker Start would have spawned, or none: a launcher that
+  // drifted from the daemon's options (e.g. flags given to the daemon alone)
+  // would otherwise go unnoticed.
+  if (worker->payloads_ != nullptr &&
+      worker->payloads_->ring_bytes() !=
+          (options.payload_ring_bytes + 4095) / 4096 * 4096) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "adopt: the worker's payload rings hold ", worker->payloads_->ring_bytes(),
+        " bytes, this daemon's ", options.payload_ring_bytes));
+  }
+  const WorkerCommand want =
+      BuildWorkerCommand(options, adopted.worker_id, worker->payloads_ != nullptr);
+  for (const auto& [file, expected] :
+       {std::pair<const char*, const std::vector<std::string>*>{"cmdline", &want.argv},
+        {"environ", &want.env}}) {
+    // posix_spawn returns once the worker's exec replaced its memory, a
+    // moment before the kernel records where its arguments are: until then
+    // /proc shows none (a launcher that execs the daemon never sees this).
+    absl::StatusOr<std::vector<std::string>> got = ReadProcStrings(adopted.pid, file);
+    for (int tries = 0; got.ok() && got->empty() && tries < 1000; ++tries) {
+      absl::SleepFor(absl::Milliseconds(1));
+      got = ReadProcStrings(adopted.pid, file);
+    }
+    if (!got.ok()) return got.status();
+    const std::string difference = FirstDifference(*got, *expected);
+    if (!difference.empty() && child->TryWait().has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the adopted worker (pid ", adopted.pid, ") exited before the daemon was up: ",
+          child->TryWait()->Describe()));
+    }
+    if (!difference.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "adopt: the worker's ", std::string(file) == "cmdline" ? "command line" : "environment",
+          " is not the one this daemon would spawn: ", difference));
+    }
+  }
+  struct rlimit nofile {};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 &&
+      ::prlimit(adopted.pid, RLIMIT_NOFILE, &nofile, nullptr) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "adopt: cannot set the worker's RLIMIT_NOFILE: ", strerror(errno)));
+  }
+  worker->Run(*std::move(child), std::move(channel), std::move(stderr_read));
+  AGX_LOG(Debug, "worker {} (generation {}) adopted as pid {}", worker->worker_id_,
+          generation, worker->pid_);
+  return worker;
+}
+
+void WorkerProcess::Run(base::ChildProcess child, base::UniqueFd channel,
+                        base::UniqueFd stderr_read) {
+  pid_ = child.pid();
+  {
+    absl::MutexLock lock(&child_mu_);
+    child_ = std::move(child);
+  }
+  channel_ = std::move(channel);
+  reader_ = std::thread([this] { ReaderLoop(); });
+  writer_ = std::thread([this] { WriterLoop(); });
+  stderr_reader_ = std::thread([this, fd = std::move(stderr_read)]() mutable {
+    StderrLoop(std::move(fd));
+  });
 }
 
 WorkerProcess::~WorkerProcess() {

@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "base/child_process.h"
 #include "base/unique_fd.h"
+#include "sandbox/adopted_worker.h"
 #include "sandbox/calls_cpu.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/payload_area.h"
@@ -50,6 +51,21 @@ struct WorkerOptions {
   // threads are never pinned). Null: the scheduler places them.
   std::shared_ptr<CallsCpu> calls_cpu;
 };
+
+// The worker's command line and environment as Start spawns it with id
+// `worker_id` (fds: 0 /dev/null, 2 a stderr pipe, ipc::kWorkerChannelFd the
+// channel, ipc::kWorkerPayloadFd the payload area when `payload_fd`). A
+// launcher that starts a worker for the daemon to adopt must use exactly
+// these (Adopt checks).
+struct WorkerCommand {
+  std::vector<std::string> argv;  // argv[0] is options.worker_path
+  std::vector<std::string> env;
+};
+WorkerCommand BuildWorkerCommand(const WorkerOptions& options,
+                                 const std::string& worker_id, bool payload_fd);
+
+// A fresh worker id (8 hex digits), as Start gives each worker.
+std::string NewWorkerId();
 
 // Why a worker ended, as the calls it was running will be told.
 struct WorkerExit {
@@ -83,6 +99,22 @@ class WorkerProcess {
   static absl::StatusOr<std::unique_ptr<WorkerProcess>> Start(
       const WorkerOptions& options, uint64_t generation, Listener* listener);
 
+  // Takes over a worker a launcher started (AdoptedWorker): from here on it
+  // is this generation's worker exactly as if Start had spawned it with
+  // `options`. Its fds become this object's (closed on error too, unless
+  // the pid is not our child: then they are not taken), and its
+  // RLIMIT_NOFILE is set to this process's (the daemon raises its own before
+  // spawning; a spawned worker inherits it). On any error the worker is
+  // killed and reaped. kInvalidArgument: bad adoption arguments (the pid is
+  // not our child, an fd is not a socket / pipe / payload area).
+  // kFailedPrecondition: a worker Start would not have started (its command
+  // line, environment or payload ring size differs from `options`: the
+  // message names the first difference), or one that already exited (its
+  // status and the end of its stderr); the caller may spawn one instead.
+  static absl::StatusOr<std::unique_ptr<WorkerProcess>> Adopt(
+      const WorkerOptions& options, const AdoptedWorker& adopted,
+      uint64_t generation, Listener* listener);
+
   // Kills the process if still running and joins both threads. Must not be
   // called from the listener callbacks of this instance.
   ~WorkerProcess();
@@ -115,6 +147,12 @@ class WorkerProcess {
 
  private:
   WorkerProcess(uint64_t generation, Listener* listener);
+  WorkerProcess(const WorkerOptions& options, uint64_t generation,
+                Listener* listener, std::string worker_id);
+  // The rest of Start and Adopt: owns the child and the channel, starts the
+  // reader, writer and stderr threads.
+  void Run(base::ChildProcess child, base::UniqueFd channel,
+           base::UniqueFd stderr_read);
   void ReaderLoop();
   // Waits (spinning up to `window` first) until the channel has something
   // to read; returns the next spin window (see WorkerOptions::read_spin).

@@ -21,6 +21,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 BAZEL_BIN = Path(os.environ.get("AGENTIX_BAZEL_BIN", REPO / "bazel-bin"))
 SANDBOXD = BAZEL_BIN / "sandbox" / "agentix-sandboxd"
+LAUNCHER = BAZEL_BIN / "sandbox" / "agentix-launch"
 WORKER = BAZEL_BIN / "worker" / "agentix-worker"
 TARGETS_DIR = REPO / "testing" / "fixtures" / "remote_targets"
 
@@ -68,7 +69,8 @@ def _thread_states(pid):
 class Daemon:
     """One running agentix-sandboxd; stops it on `stop()`."""
 
-    def __init__(self, tmp_path, *, tcp=False, extra_args=(), env=None, popen_kwargs=None):
+    def __init__(self, tmp_path, *, tcp=False, extra_args=(), env=None, popen_kwargs=None,
+                 prefix=()):
         self.log_path = tmp_path / "sandboxd.log"
         if tcp:
             with socket.socket() as s:
@@ -81,7 +83,9 @@ class Daemon:
             self.socket_path = tmp_path / "sandboxd.sock"
             self.listen = f"unix://{self.socket_path}"
             self.url = self.listen
+        # `prefix`: a command that execs the daemon (agentix-launch ... --).
         argv = [
+            *prefix,
             str(SANDBOXD),
             "--listen", self.listen,
             "--worker", str(WORKER),

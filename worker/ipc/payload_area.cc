@@ -115,6 +115,15 @@ absl::StatusOr<std::unique_ptr<PayloadArea>> PayloadArea::Create(
 }
 
 absl::StatusOr<std::unique_ptr<PayloadArea>> PayloadArea::Map(int fd) {
+  return MapAs(fd, Side::kMapper);
+}
+
+absl::StatusOr<std::unique_ptr<PayloadArea>> PayloadArea::AdoptCreated(int fd) {
+  return MapAs(fd, Side::kCreator);
+}
+
+absl::StatusOr<std::unique_ptr<PayloadArea>> PayloadArea::MapAs(int fd,
+                                                               Side side) {
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     return absl::InvalidArgumentError(
@@ -140,8 +149,9 @@ absl::StatusOr<std::unique_ptr<PayloadArea>> PayloadArea::Map(int fd) {
     return absl::InvalidArgumentError(
         absl::StrCat("fd ", fd, " does not hold a payload area"));
   }
-  return std::unique_ptr<PayloadArea>(new PayloadArea(
-      Side::kMapper, -1, b, map_bytes, static_cast<size_t>(ring_bytes)));
+  return std::unique_ptr<PayloadArea>(
+      new PayloadArea(side, side == Side::kCreator ? fd : -1, b, map_bytes,
+                      static_cast<size_t>(ring_bytes)));
 }
 
 absl::StatusOr<std::unique_ptr<PayloadArea>> PayloadArea::MapSealed(int fd) {

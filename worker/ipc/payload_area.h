@@ -55,6 +55,10 @@ class PayloadArea {
   // requires of a frame-wire host's area.
   static absl::StatusOr<std::unique_ptr<PayloadArea>> Create(
       size_t ring_bytes, bool sealed = false);
+  // Daemon, for the area a launcher created (Create) and handed to the worker
+  // it adopts (sandbox/launch_main.cc): the creator's side of the area behind
+  // `fd`, which becomes this object's on success. kInvalidArgument as Map.
+  static absl::StatusOr<std::unique_ptr<PayloadArea>> AdoptCreated(int fd);
   // Worker: maps the area behind `fd` (which stays the caller's).
   // kInvalidArgument for an fd that is not such an area.
   static absl::StatusOr<std::unique_ptr<PayloadArea>> Map(int fd);
@@ -110,6 +114,7 @@ class PayloadArea {
  private:
   PayloadArea(Side side, int fd, char* base, size_t map_bytes,
               size_t ring_bytes);
+  static absl::StatusOr<std::unique_ptr<PayloadArea>> MapAs(int fd, Side side);
 
   const Side side_;
   int fd_;

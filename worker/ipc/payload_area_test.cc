@@ -171,6 +171,42 @@ TEST_CASE("A garbage release counter only makes Put fall back",
   CHECK_FALSE(p.daemon->Put(Bytes(100, 'z')).has_value());
 }
 
+TEST_CASE("AdoptCreated takes the creator's side of an area another process made",
+          "[ipc][payload]") {
+  // The launcher's area: it creates it, the worker maps it, the daemon
+  // (after the launcher's exec) adopts the creator's side from the fd.
+  auto launcher = PayloadArea::Create(64 * 1024);
+  REQUIRE(launcher.ok());
+  auto worker = PayloadArea::Map((*launcher)->fd());
+  REQUIRE(worker.ok());
+  const int fd = ::dup((*launcher)->fd());
+  launcher->reset();  // the launcher's image is gone; the fd stays
+  auto daemon = PayloadArea::AdoptCreated(fd);
+  REQUIRE(daemon.ok());
+  CHECK((*daemon)->fd() == fd);
+  CHECK((*daemon)->ring_bytes() == 64 * 1024);
+  const std::string a = Bytes(20000, 'a'), c = Bytes(3000, 'c');
+  auto pa = (*daemon)->Put(a);
+  REQUIRE(pa.has_value());
+  auto va = (*worker)->Get(*pa, a.size());
+  REQUIRE(va.ok());
+  CHECK(*va == a);
+  auto pc = (*worker)->Put(c);
+  REQUIRE(pc.has_value());
+  auto vc = (*daemon)->Get(*pc, c.size());
+  REQUIRE(vc.ok());
+  CHECK(*vc == c);
+  (*daemon)->CloseFd();
+  CHECK((*daemon)->fd() == -1);
+
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  CHECK(PayloadArea::AdoptCreated(fds[0]).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  ::close(fds[0]);
+  ::close(fds[1]);
+}
+
 TEST_CASE("Map refuses an fd that is not a payload area", "[ipc][payload]") {
   int fds[2];
   REQUIRE(::pipe(fds) == 0);
