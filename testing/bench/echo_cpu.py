@@ -12,7 +12,9 @@ around every call. Run from a venv with the agentix host package
 two daemon builds; --daemon-arg passes a daemon flag (e.g.
 --daemon-arg=--payload_ring_bytes=0 for the socketpair-only path). The last
 line is JSON: {"<mib>": {"wall_ms", "host_ms", "daemon_ms", "worker_ms",
-"host_faults", "daemon_faults", "worker_faults"}} (medians per echo);
+"host_faults", "daemon_faults", "worker_faults" (medians per echo),
+"fresh_page_echoes": {process: the echoes in which it faulted in half the
+payload's pages or more}}};
 echo_ab.py alternates two builds with it.
 """
 
@@ -81,12 +83,20 @@ def main():
     summary = {}
     for mib, samples in zip(sizes, results):
         medians = {key: statistics.median(values) for key, values in samples.items()}
+        # Echoes where a process first-touched at least half the payload's
+        # pages: the median hides them, the mean and a round's median of few
+        # echoes do not (a fresh page costs ~11 us on these VMs).
+        half = (mib << 20) // 4096 // 2
+        fresh = {name: sum(f >= half for f in samples[f"{name}_faults"])
+                 for name in ("host", "daemon", "worker")}
+        medians["fresh_page_echoes"] = fresh
         summary[str(mib)] = medians
         print(f"{mib} MiB echo x{args.calls}: "
               f"wall {medians['wall_ms']:.1f} ms; CPU host {medians['host_ms']:.1f} / "
               f"daemon {medians['daemon_ms']:.1f} / worker {medians['worker_ms']:.1f} ms; "
               f"faults host {medians['host_faults']:.0f} / daemon "
-              f"{medians['daemon_faults']:.0f} / worker {medians['worker_faults']:.0f} (medians)")
+              f"{medians['daemon_faults']:.0f} / worker {medians['worker_faults']:.0f} (medians); "
+              f"echoes that faulted in half the payload or more: {fresh}")
     print(json.dumps(summary))
 
 
