@@ -4,6 +4,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "sandbox/recording_sink.h"
 
 namespace agentix::sandbox {
 namespace {
@@ -11,37 +12,6 @@ namespace {
 using runtime::v1::ActivateRequest;
 using runtime::v1::HostEvent;
 using runtime::v1::SandboxEvent;
-
-// Keeps every delivered event; waits for one call's terminal event.
-class Sink : public CallSink {
- public:
-  bool Deliver(std::vector<SandboxEventPtr> events) override {
-    absl::MutexLock lock(&mu_);
-    for (auto& e : events) events_.push_back(std::move(e));
-    return true;
-  }
-  SandboxEvent AwaitTerminal(const std::string& call_id) {
-    absl::MutexLock lock(&mu_);
-    const SandboxEvent* found = nullptr;
-    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      for (const auto& e : events_) {
-        if ((e->has_result() && e->result().call_id() == call_id) ||
-            (e->has_error() && e->error().call_id() == call_id)) {
-          found = e.get();
-          return true;
-        }
-      }
-      return false;
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10));
-    REQUIRE(found != nullptr);
-    return *found;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<SandboxEventPtr> events_ ABSL_GUARDED_BY(mu_);
-};
 
 SessionOptions FakeWorker() {
   SessionOptions options;
@@ -55,7 +25,7 @@ SessionOptions FakeWorker() {
 std::string WorkerEnv(SessionManager& manager, const std::string& name) {
   static int next = 0;
   const std::string id = "env-" + std::to_string(next++);
-  auto sink = std::make_shared<Sink>();
+  auto sink = std::make_shared<RecordingSink>();
   HostEvent start;
   start.mutable_start()->set_call_id(id);
   start.mutable_start()->set_callable("fake::env");
@@ -107,7 +77,7 @@ TEST_CASE("Activate arms the gate and gives the worker its environment",
 int64_t CallPid(SessionManager& manager) {
   static int next = 0;
   const std::string id = "pid-" + std::to_string(next++);
-  auto sink = std::make_shared<Sink>();
+  auto sink = std::make_shared<RecordingSink>();
   HostEvent start;
   start.mutable_start()->set_call_id(id);
   start.mutable_start()->set_callable("fake::pid");
@@ -142,7 +112,7 @@ TEST_CASE("A prestarted worker gets Activate's env in place: same process",
   exit.mutable_start()->set_callable("fake::exit");
   exit.mutable_start()->set_encoding(runtime::v1::ENCODING_PICKLE);
   exit.mutable_start()->set_arguments("0");
-  auto sink = std::make_shared<Sink>();
+  auto sink = std::make_shared<RecordingSink>();
   manager.HandleHostEvent(sink, exit);
   CHECK(sink->AwaitTerminal("exit").has_error());
   CHECK(WorkerEnv(manager, "USER_VAR") == "hello");
@@ -269,7 +239,7 @@ TEST_CASE("A prestarted worker that failed to boot: Activate succeeds, the "
   start.mutable_start()->set_call_id("first");
   start.mutable_start()->set_callable("fake::pid");
   start.mutable_start()->set_encoding(runtime::v1::ENCODING_PICKLE);
-  auto sink = std::make_shared<Sink>();
+  auto sink = std::make_shared<RecordingSink>();
   manager.HandleHostEvent(sink, start);
   SandboxEvent e = sink->AwaitTerminal("first");
   REQUIRE(e.has_error());
@@ -283,7 +253,7 @@ TEST_CASE("ApplyWorkerEnv is refused while a call runs", "[admin]") {
   hang.mutable_start()->set_call_id("hang");
   hang.mutable_start()->set_callable("fake::hang");
   hang.mutable_start()->set_encoding(runtime::v1::ENCODING_PICKLE);
-  auto sink = std::make_shared<Sink>();
+  auto sink = std::make_shared<RecordingSink>();
   manager.HandleHostEvent(sink, hang);
   const absl::Status status =
       manager.ApplyWorkerEnv({"LATE=1"}, absl::Seconds(1));
@@ -341,7 +311,7 @@ TEST_CASE("GetStatus: idle grows while nothing runs, 0 while busy",
   CHECK(admin.GetStatus().open_streams() == 1);
   activity.Closed();
   CHECK(admin.GetStatus().idle_ms() < first);  // restarted at the close
-  auto sink = std::make_shared<Sink>();
+  auto sink = std::make_shared<RecordingSink>();
   HostEvent start;
   start.mutable_start()->set_call_id("slow");
   start.mutable_start()->set_callable("fake::sleep");

@@ -1,3 +1,4 @@
+#include "sandbox/recording_sink.h"
 #include "sandbox/session_manager.h"
 
 #include <atomic>
@@ -12,34 +13,10 @@ namespace {
 using runtime::v1::HostEvent;
 using runtime::v1::SandboxEvent;
 
-// Records every delivered event; lets a test wait for a call's terminal one.
-class RecordingSink : public CallSink {
+// The shared RecordingSink, and what the session tests read of the events:
+// terminal events counted, stream items, result chunks.
+class ItemsSink : public RecordingSink {
  public:
-  bool Deliver(std::vector<SandboxEventPtr> events) override {
-    absl::MutexLock lock(&mu_);
-    for (auto& e : events) events_.push_back(std::move(e));
-    return true;
-  }
-
-  // Waits up to 10 s for the terminal event of `call_id`.
-  SandboxEvent AwaitTerminal(const std::string& call_id) {
-    absl::MutexLock lock(&mu_);
-    const SandboxEvent* found = nullptr;
-    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      for (const auto& e : events_) {
-        if ((e->has_result() && e->result().call_id() == call_id) ||
-            (e->has_error() && e->error().call_id() == call_id)) {
-          found = e.get();
-          return true;
-        }
-      }
-      return false;
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10));
-    REQUIRE(found != nullptr);
-    return *found;
-  }
-
   int CountTerminal(const std::string& call_id) {
     absl::MutexLock lock(&mu_);
     int n = 0;
@@ -91,13 +68,10 @@ class RecordingSink : public CallSink {
     }
     return out;
   }
-
-  absl::Mutex mu_;
-  std::vector<SandboxEventPtr> events_ ABSL_GUARDED_BY(mu_);
 };
 
-// A RecordingSink of a named client (agentix-client-id).
-class ClientSink final : public RecordingSink {
+// An ItemsSink of a named client (agentix-client-id).
+class ClientSink final : public ItemsSink {
  public:
   explicit ClientSink(std::string id) : id_(std::move(id)) {}
   const std::string& client_id() const override { return id_; }
@@ -155,7 +129,7 @@ HostEvent AckEvent(const std::string& id) {
 TEST_CASE("A call returns its result to the stream that made it",
           "[sandbox]") {
   SessionManager manager(FakeWorkerOptions());
-  auto sink = std::make_shared<RecordingSink>();
+  auto sink = std::make_shared<ItemsSink>();
   manager.HandleHostEvent(sink, Start("c1", "fake::echo", "hello"));
   SandboxEvent e = sink->AwaitTerminal("c1");
   REQUIRE(e.has_result());
@@ -174,7 +148,7 @@ TEST_CASE("Large arguments and results travel in chunks", "[sandbox]") {
     options.worker.payload_ring_bytes = 0;
   }
   SessionManager manager(options);
-  auto sink = std::make_shared<RecordingSink>();
+  auto sink = std::make_shared<ItemsSink>();
   std::string payload(5 * ipc::kChunkBytes + 123, '\0');
   for (size_t i = 0; i < payload.size(); ++i) payload[i] = char(i * 7);
   const size_t first = ipc::kChunkBytes;
@@ -201,7 +175,7 @@ TEST_CASE("Argument chunks of every size in one message arrive in order",
   SECTION("small ring") { options.worker.payload_ring_bytes = 128 * 1024; }
   SECTION("no ring") { options.worker.payload_ring_bytes = 0; }
   SessionManager manager(options);
-  auto sink = std::make_shared<RecordingSink>();
+  auto sink = std::make_shared<ItemsSink>();
   const std::vector<size_t> sizes = {100, 70 * 1024, 10, ipc::kChunkBytes,
                                      5, 64 * 1024, 64 * 1024 - 1};
   size_t total = 0;
@@ -234,7 +208,7 @@ TEST_CASE("Argument chunks of every size in one message arrive in order",
 
 TEST_CASE("Exactly one terminal event per call", "[sandbox]") {
   SessionManager manager(FakeWorkerOptions());
-  auto sink = std::make_shared<RecordingSink>();
+  auto sink = std::make_shared<ItemsSink>();
   manager.HandleHostEvent(sink, Start("d", "fake::double"));
   REQUIRE(sink->AwaitTerminal("d").result().value() == "first");
   // A duplicate start of a known id runs nothing.
@@ -247,8 +221,8 @@ TEST_CASE("Exactly one terminal event per call", "[sandbox]") {
 TEST_CASE("Cancel ends the call with Cancelled; late frames are dropped",
           "[sandbox]") {
   SessionManager manager(FakeWorkerOptions());
-  auto owner = std::make_shared<RecordingSink>();
-  auto other = std::make_shared<RecordingSink>();
+  auto owner = std::make_shared<ItemsSink>();
+  auto other = std::make_shared<ItemsSink>();
   manager.HandleHostEvent(owner, Start("h", "fake::hang"));
   manager.HandleHostEvent(owner, Start("l", "fake::late"));
   // A cancel from another client still tells the caller.
@@ -272,7 +246,7 @@ TEST_CASE("Cancel ends the call with Cancelled; late frames are dropped",
 TEST_CASE("A crash report longer than the usual stderr tail is quoted whole",
           "[sandbox]") {
   SessionManager manager(FakeWorkerOptions());
-  auto sink = std::make_shared<RecordingSink>();
+  auto sink = std::make_shared<ItemsSink>();
   // ~9 KiB of report (every thread's stack): far over the 2 KiB tail.
   manager.HandleHostEvent(sink, Start("c", "fake::crash", "200"));
   SandboxEvent c = sink->AwaitTerminal("c");
@@ -290,7 +264,7 @@ TEST_CASE("A crash report longer than the usual stderr tail is quoted whole",
 TEST_CASE("Worker death fails in-flight calls and the next call respawns",
           "[sandbox]") {
   SessionManager manager(FakeWorkerOptions());
-  auto sink = std::make_shared<RecordingSink>();
+  auto sink = std::make_shared<ItemsSink>();
   manager.HandleHostEvent(sink, Start("p1", "fake::pid"));
   const std::string pid1 = sink->AwaitTerminal("p1").result().value();
 
@@ -336,7 +310,7 @@ TEST_CASE("Worker death fails in-flight calls and the next call respawns",
 
 TEST_CASE("A worker that cannot boot fails the call with the reason",
           "[sandbox]") {
-  auto sink = std::make_shared<RecordingSink>();
+  auto sink = std::make_shared<ItemsSink>();
   SECTION("boot_error frame") {
     SessionManager manager(FakeWorkerOptions({"FAKE_WORKER_BOOT=fail"}));
     manager.HandleHostEvent(sink, Start("b", "fake::echo"));
@@ -378,7 +352,7 @@ TEST_CASE("A worker that cannot boot fails the call with the reason",
 TEST_CASE("Malformed host events get BadRequest and change nothing",
           "[sandbox]") {
   SessionManager manager(FakeWorkerOptions());
-  auto sink = std::make_shared<RecordingSink>();
+  auto sink = std::make_shared<ItemsSink>();
   manager.HandleHostEvent(sink, Start("", "fake::echo", "x"));
   REQUIRE(sink->AwaitTerminal("").error().error().type() == "BadRequest");
 
@@ -409,8 +383,8 @@ TEST_CASE("Malformed host events get BadRequest and change nothing",
 TEST_CASE("Resume re-attaches running calls and replays retained results",
           "[sandbox]") {
   SessionManager manager(FakeWorkerOptions());
-  auto a = std::make_shared<RecordingSink>();
-  auto b = std::make_shared<RecordingSink>();
+  auto a = std::make_shared<ItemsSink>();
+  auto b = std::make_shared<ItemsSink>();
   manager.HandleHostEvent(a, Start("run", "fake::sleep", "200"));
   manager.HandleHostEvent(a, Start("done", "fake::echo", "kept"));
   a->AwaitTerminal("done");
@@ -424,7 +398,7 @@ TEST_CASE("Resume re-attaches running calls and replays retained results",
 
   // After an ack the result is gone.
   manager.HandleHostEvent(b, AckEvent("done"));
-  auto c = std::make_shared<RecordingSink>();
+  auto c = std::make_shared<ItemsSink>();
   manager.HandleHostEvent(c, ResumeEvent({"done"}));
   REQUIRE(c->AwaitTerminal("done").error().error().type() ==
           "ResultUnavailable");
@@ -433,7 +407,7 @@ TEST_CASE("Resume re-attaches running calls and replays retained results",
 TEST_CASE("A refused call gets one terminal event, even if chunks follow",
           "[sandbox]") {
   SessionManager manager(FakeWorkerOptions());
-  auto sink = std::make_shared<RecordingSink>();
+  auto sink = std::make_shared<ItemsSink>();
   // arguments (5 bytes) larger than arguments_size (3): refused at once.
   manager.HandleHostEvent(sink, Start("a", "fake::echo", "hello", 3));
   manager.HandleHostEvent(sink, Chunk("a", "world"));
@@ -447,7 +421,7 @@ TEST_CASE("An argument chunk that leaves a gap ends the call, once",
   // Fuzzer finding: the gap error used to go out while the call went on, so
   // the call had two terminal events.
   SessionManager manager(FakeWorkerOptions());
-  auto sink = std::make_shared<RecordingSink>();
+  auto sink = std::make_shared<ItemsSink>();
   manager.HandleHostEvent(sink, Start("g", "fake::echo", "ab", 6));
   HostEvent gap = Chunk("g", "ef");
   gap.mutable_argument_chunk()->set_offset(4);  // 2 bytes received so far
@@ -470,7 +444,7 @@ TEST_CASE("A re-sent StartCall never runs a call twice", "[sandbox]") {
   options.finished_ids_shard_bits =
       GENERATE(as<int>{}, FinishedIds::kShardBits, 0);
   SessionManager manager(options);
-  auto a = std::make_shared<RecordingSink>();
+  auto a = std::make_shared<ItemsSink>();
   manager.HandleHostEvent(a, Start("acked", "fake::echo", "x"));
   a->AwaitTerminal("acked");
   manager.HandleHostEvent(a, AckEvent("acked"));
@@ -486,7 +460,7 @@ TEST_CASE("A re-sent StartCall never runs a call twice", "[sandbox]") {
   // A reconnecting host re-sends every start, then resumes, in one message
   // (as separate messages, "fresh" could finish before the resume and its
   // retained result evict "newest": the ASan flake of this case).
-  auto b = std::make_shared<RecordingSink>();
+  auto b = std::make_shared<ItemsSink>();
   google::protobuf::RepeatedPtrField<HostEvent> events;
   for (const char* id : {"acked", "evicted", "newest", "running", "fresh"}) {
     *events.Add() = Start(id, "fake::echo", "again");
@@ -542,12 +516,12 @@ TEST_CASE("Retained results are bounded; the oldest is evicted",
   SessionOptions options = FakeWorkerOptions();
   options.max_retained_results = 2;
   SessionManager manager(options);
-  auto sink = std::make_shared<RecordingSink>();
+  auto sink = std::make_shared<ItemsSink>();
   for (const char* id : {"r1", "r2", "r3"}) {
     manager.HandleHostEvent(sink, Start(id, "fake::echo", id));
     sink->AwaitTerminal(id);
   }
-  auto later = std::make_shared<RecordingSink>();
+  auto later = std::make_shared<ItemsSink>();
   manager.HandleHostEvent(later, ResumeEvent({"r1", "r3"}));
   REQUIRE(later->AwaitTerminal("r1").error().error().type() ==
           "ResultUnavailable");
@@ -560,7 +534,7 @@ TEST_CASE("Concurrent calls are limited; excess waits, then is refused",
   options.max_concurrent_calls = 1;
   options.max_queued_calls = 2;
   SessionManager manager(options);
-  auto sink = std::make_shared<RecordingSink>();
+  auto sink = std::make_shared<ItemsSink>();
   manager.HandleHostEvent(sink, Start("slow", "fake::sleep", "300"));
   manager.HandleHostEvent(sink, Start("waits", "fake::echo", "w"));
   manager.HandleHostEvent(sink, Start("dropped", "fake::echo", "d"));
@@ -582,13 +556,13 @@ TEST_CASE("Retained results are bounded by bytes too", "[sandbox]") {
   SessionOptions options = FakeWorkerOptions();
   options.max_retained_bytes = 250;  // about two 100-byte results
   SessionManager manager(options);
-  auto sink = std::make_shared<RecordingSink>();
+  auto sink = std::make_shared<ItemsSink>();
   const std::string value(100, 'v');
   for (const char* id : {"b1", "b2", "b3"}) {
     manager.HandleHostEvent(sink, Start(id, "fake::echo", value));
     sink->AwaitTerminal(id);
   }
-  auto later = std::make_shared<RecordingSink>();
+  auto later = std::make_shared<ItemsSink>();
   manager.HandleHostEvent(later, ResumeEvent({"b1", "b3"}));
   REQUIRE(later->AwaitTerminal("b1").error().error().type() ==
           "ResultUnavailable");
@@ -598,7 +572,7 @@ TEST_CASE("Retained results are bounded by bytes too", "[sandbox]") {
 TEST_CASE("Streaming calls honour the window; acks free retained items",
           "[sandbox]") {
   SessionManager manager(FakeWorkerOptions());
-  auto sink = std::make_shared<RecordingSink>();
+  auto sink = std::make_shared<ItemsSink>();
   HostEvent start = Start("s", "fake::stream", "5");
   start.mutable_start()->set_stream_window(2);
   manager.HandleHostEvent(sink, start);
@@ -620,7 +594,7 @@ TEST_CASE("Streaming calls honour the window; acks free retained items",
           std::vector<std::string>{"0", "1", "2", "3", "4"});
 
   // A resumed stream replays only what was not acknowledged.
-  auto later = std::make_shared<RecordingSink>();
+  auto later = std::make_shared<ItemsSink>();
   manager.HandleHostEvent(later, ResumeEvent({"s"}));
   REQUIRE(later->AwaitTerminal("s").result().value() == "end");
   REQUIRE(later->Items("s") == std::vector<std::string>{"4"});
@@ -631,7 +605,7 @@ TEST_CASE("A huge stream window is capped, so unacknowledged items stay "
   SessionOptions options = FakeWorkerOptions();
   options.max_stream_window = 3;
   SessionManager manager(options);
-  auto sink = std::make_shared<RecordingSink>();
+  auto sink = std::make_shared<ItemsSink>();
   HostEvent start = Start("s", "fake::stream", "1000");
   start.mutable_start()->set_stream_window(4000000000u);
   manager.HandleHostEvent(sink, start);
@@ -642,7 +616,7 @@ TEST_CASE("A huge stream window is capped, so unacknowledged items stay "
 
 // Holds its first delivery for a while before recording it, as a gRPC
 // thread preempted between the manager's lock and the hand-over would.
-class SlowFirstDeliverySink : public RecordingSink {
+class SlowFirstDeliverySink : public ItemsSink {
  public:
   bool Deliver(std::vector<SandboxEventPtr> events) override {
     if (!delayed_.exchange(true)) absl::SleepFor(absl::Milliseconds(300));
@@ -656,7 +630,7 @@ class SlowFirstDeliverySink : public RecordingSink {
 TEST_CASE("A resumed stream gets its replayed items before later ones",
           "[sandbox]") {
   SessionManager manager(FakeWorkerOptions());
-  auto a = std::make_shared<RecordingSink>();
+  auto a = std::make_shared<ItemsSink>();
   HostEvent start = Start("s", "fake::stream", "6");
   start.mutable_start()->set_stream_window(2);
   manager.HandleHostEvent(a, start);
@@ -687,7 +661,7 @@ TEST_CASE("A resumed stream gets its replayed items before later ones",
 
 TEST_CASE("Over-long call ids are refused and never stored", "[sandbox]") {
   SessionManager manager(FakeWorkerOptions());
-  auto sink = std::make_shared<RecordingSink>();
+  auto sink = std::make_shared<ItemsSink>();
   const std::string id(kMaxCallIdBytes + 1, 'i');
   manager.HandleHostEvent(sink, Start(id, "fake::echo", "x"));
   auto e = sink->AwaitTerminal("").error().error();
@@ -697,10 +671,10 @@ TEST_CASE("Over-long call ids are refused and never stored", "[sandbox]") {
   REQUIRE(sink->CountTerminal(id) == 0);  // never echoed back
   REQUIRE(manager.Info().calls_in_flight == 0);
   // Nor are they stored by chunks or resumes.
-  auto other = std::make_shared<RecordingSink>();
+  auto other = std::make_shared<ItemsSink>();
   manager.HandleHostEvent(other, Chunk(id, "x"));
   REQUIRE(other->AwaitTerminal("").error().error().type() == "BadRequest");
-  auto third = std::make_shared<RecordingSink>();
+  auto third = std::make_shared<ItemsSink>();
   manager.HandleHostEvent(third, ResumeEvent({id}));
   REQUIRE(third->AwaitTerminal("").error().error().type() == "BadRequest");
   // The limit itself is accepted, and the daemon keeps serving.
@@ -714,7 +688,7 @@ TEST_CASE("An upload that stops arriving fails with UploadTimeout",
   SessionOptions options = FakeWorkerOptions();
   options.upload_idle_timeout = absl::Milliseconds(200);
   SessionManager manager(options);
-  auto sink = std::make_shared<RecordingSink>();
+  auto sink = std::make_shared<ItemsSink>();
   // Announces 1 GiB, sends 3 bytes, then nothing.
   manager.HandleHostEvent(sink, Start("stuck", "fake::echo", "abc", 1 << 30));
   // One that keeps making progress is not cut.
@@ -744,7 +718,7 @@ TEST_CASE("A queued call whose upload stalls fails and frees its slot",
   options.upload_idle_timeout = absl::Milliseconds(100);
   options.max_concurrent_calls = 1;
   SessionManager manager(options);
-  auto sink = std::make_shared<RecordingSink>();
+  auto sink = std::make_shared<ItemsSink>();
   manager.HandleHostEvent(sink, Start("busy", "fake::sleep", "300"));
   manager.HandleHostEvent(sink, Start("waiting", "fake::echo", "xy", 100));
   REQUIRE(sink->AwaitTerminal("waiting").error().error().type() ==
@@ -755,7 +729,7 @@ TEST_CASE("A queued call whose upload stalls fails and frees its slot",
 
 // A stream whose host never reads: what it is handed stays unwritten (and
 // counted in the manager's total, as the real writer does) until Abort.
-class StalledSink : public RecordingSink {
+class StalledSink : public ItemsSink {
  public:
   explicit StalledSink(std::shared_ptr<std::atomic<int64_t>> total)
       : total_(std::move(total)) {}
@@ -805,7 +779,7 @@ TEST_CASE("Unwritten results are bounded: the worker waits, a stalled "
   }
   // A reading host's call waits behind the paused worker output, then is
   // answered once the stalled stream has been ended.
-  auto reader = std::make_shared<RecordingSink>();
+  auto reader = std::make_shared<ItemsSink>();
   manager.HandleHostEvent(reader, Start("small", "fake::echo", "hi"));
   REQUIRE(reader->AwaitTerminal("small").result().value() == "hi");
   REQUIRE(stalled->aborted());
@@ -815,14 +789,14 @@ TEST_CASE("Unwritten results are bounded: the worker waits, a stalled "
   REQUIRE(*manager.unwritten_result_bytes() == 0);
   manager.DetachSink(stalled.get());
   // The stalled host's calls were retained (within the bound) for resume.
-  auto resumed = std::make_shared<RecordingSink>();
+  auto resumed = std::make_shared<ItemsSink>();
   manager.HandleHostEvent(resumed, ResumeEvent({"big3"}));
   REQUIRE(resumed->AwaitTerminal("big3").has_result());
 }
 
 TEST_CASE("Shutdown fails running calls and refuses new ones", "[sandbox]") {
   SessionManager manager(FakeWorkerOptions());
-  auto sink = std::make_shared<RecordingSink>();
+  auto sink = std::make_shared<ItemsSink>();
   manager.HandleHostEvent(sink, Start("h", "fake::hang"));
   manager.HandleHostEvent(sink, Start("p", "fake::pid"));
   sink->AwaitTerminal("p");

@@ -19,6 +19,7 @@
 #include "base/child_process.h"
 #include "base/unique_fd.h"
 #include "sandbox/adopted_worker.h"
+#include "sandbox/recording_sink.h"
 #include "sandbox/session_manager.h"
 #include "sandbox/worker_process.h"
 #include "worker/ipc/frame.h"
@@ -29,36 +30,6 @@ namespace {
 
 using runtime::v1::HostEvent;
 using runtime::v1::SandboxEvent;
-
-class RecordingSink : public CallSink {
- public:
-  bool Deliver(std::vector<SandboxEventPtr> events) override {
-    absl::MutexLock lock(&mu_);
-    for (auto& e : events) events_.push_back(std::move(e));
-    return true;
-  }
-  SandboxEvent AwaitTerminal(const std::string& call_id) {
-    absl::MutexLock lock(&mu_);
-    const SandboxEvent* found = nullptr;
-    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      for (const auto& e : events_) {
-        if ((e->has_result() && e->result().call_id() == call_id) ||
-            (e->has_error() && e->error().call_id() == call_id)) {
-          found = e.get();
-          return true;
-        }
-      }
-      return false;
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10));
-    REQUIRE(found != nullptr);
-    return *found;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<SandboxEventPtr> events_ ABSL_GUARDED_BY(mu_);
-};
 
 SessionOptions FakeWorkerOptions(std::vector<std::string> env = {}) {
   SessionOptions options;
