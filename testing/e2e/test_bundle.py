@@ -12,6 +12,7 @@ bubblewrap and busybox-static (tools/setup).
 """
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -238,15 +239,16 @@ async def call_everything(socket_path):
     assert info["python_exists"] is False
 
 
-async def test_bundle_runs_self_contained_in_a_busybox_root(bundle, tmp_path):
-    if shutil.which("bwrap") is None:
-        pytest.fail("bubblewrap missing: run tools/setup")
-    root = busybox_root(tmp_path / "root")
-    assert sorted(p.name for p in (root / "bin").iterdir()) == ["busybox", "sh"]
-    assert not (root / "usr").exists() and not (root / "lib").exists()
+@contextlib.asynccontextmanager
+async def bootstrapped(bundle, root, tmp_path, env=()):
+    """The bundle's bootstrap.sh in bwrap over `root` (e.g. a busybox root),
+    with the daemon's socket bound out to tmp_path/sock; yields the socket's
+    path once it listens. `env`: more (name, value) pairs for the daemon and
+    its workers. Output goes to tmp_path/bootstrap.log."""
     sockdir = tmp_path / "sock"
     sockdir.mkdir()
     log = tmp_path / "bootstrap.log"
+    extra = [arg for name, value in env for arg in ("--setenv", name, value)]
     with open(log, "wb") as log_file:
         proc = subprocess.Popen(
             ["bwrap", "--bind", str(root), "/",
@@ -255,16 +257,26 @@ async def test_bundle_runs_self_contained_in_a_busybox_root(bundle, tmp_path):
              "--bind", str(sockdir), "/run/agentix",
              "--unshare-pid", "--unshare-net", "--unshare-ipc",
              "--die-with-parent", "--clearenv",
-             "--setenv", "AGENTIX_LISTEN", "unix:///run/agentix/agentix.sock",
+             "--setenv", "AGENTIX_LISTEN", "unix:///run/agentix/agentix.sock", *extra,
              f"{RUNTIME}/bootstrap.sh"],
             stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         await wait_for_socket(sockdir / "agentix.sock", proc, log)
-        await asyncio.wait_for(call_everything(sockdir / "agentix.sock"), 60)
+        yield sockdir / "agentix.sock"
     finally:
         stop(proc)
+
+
+async def test_bundle_runs_self_contained_in_a_busybox_root(bundle, tmp_path):
+    if shutil.which("bwrap") is None:
+        pytest.fail("bubblewrap missing: run tools/setup")
+    root = busybox_root(tmp_path / "root")
+    assert sorted(p.name for p in (root / "bin").iterdir()) == ["busybox", "sh"]
+    assert not (root / "usr").exists() and not (root / "lib").exists()
+    async with bootstrapped(bundle, root, tmp_path) as sock:
+        await asyncio.wait_for(call_everything(sock), 60)
     assert "serving agentix.runtime.v1 on unix:///run/agentix/agentix.sock" in \
-        log.read_text()
+        (tmp_path / "bootstrap.log").read_text()
 
 
 async def test_bootstrap_passes_the_admin_token_file_through(bundle, tmp_path):
@@ -396,27 +408,9 @@ async def run_in_bundle(bundle, tmp_path, body, env=()):
     from agentix import RuntimeClient
 
     root = busybox_root(tmp_path / "root")
-    sockdir = tmp_path / "sock"
-    sockdir.mkdir()
-    log = tmp_path / "bootstrap.log"
-    extra = [arg for name, value in env for arg in ("--setenv", name, value)]
-    with open(log, "wb") as log_file:
-        proc = subprocess.Popen(
-            ["bwrap", "--bind", str(root), "/",
-             "--ro-bind", str(bundle["out"] / "nix"), "/nix",
-             "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-             "--bind", str(sockdir), "/run/agentix",
-             "--unshare-pid", "--unshare-net", "--unshare-ipc",
-             "--die-with-parent", "--clearenv",
-             "--setenv", "AGENTIX_LISTEN", "unix:///run/agentix/agentix.sock", *extra,
-             f"{RUNTIME}/bootstrap.sh"],
-            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        await wait_for_socket(sockdir / "agentix.sock", proc, log)
-        async with RuntimeClient(f"unix://{sockdir / 'agentix.sock'}") as sandbox:
+    async with bootstrapped(bundle, root, tmp_path, env) as sock:
+        async with RuntimeClient(f"unix://{sock}") as sandbox:
             return await asyncio.wait_for(body(sandbox), 60)
-    finally:
-        stop(proc)
 
 
 def test_the_stdlib_bytecode_pack_holds_asyncio(bundle):
