@@ -14,6 +14,7 @@
 #include <string>
 
 #include "base/log.h"
+#include "base/unique_fd.h"
 #include "worker/channel/channel_state.h"
 #include "worker/channel/diagnostics.h"
 #include "worker/channel/durable_line.h"
@@ -191,32 +192,23 @@ PyObject* SetThreadName(PyObject* /*module*/, PyObject* arg) {
 PyObject* MapFile(PyObject* /*module*/, PyObject* arg) {
   std::string path;
   if (!ToUtf8(arg, "path", "surrogateescape", path)) return nullptr;
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
+  // Closed on the way out, after any error has read errno (the mapping stays).
+  const base::UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) {
     if (errno == ENOENT) Py_RETURN_NONE;
     return PyErr_SetFromErrnoWithFilename(PyExc_OSError, path.c_str());
   }
   struct stat st{};
-  if (fstat(fd, &st) != 0) {
-    const int error = errno;
-    close(fd);
-    errno = error;
+  if (fstat(fd.get(), &st) != 0) {
     return PyErr_SetFromErrnoWithFilename(PyExc_OSError, path.c_str());
   }
-  if (!S_ISREG(st.st_mode) || st.st_size == 0) {
-    close(fd);
-    if (!S_ISREG(st.st_mode)) {
-      return PyErr_Format(PyExc_OSError, "%s is not a regular file",
-                          path.c_str());
-    }
-    Py_RETURN_NONE;
+  if (!S_ISREG(st.st_mode)) {
+    return PyErr_Format(PyExc_OSError, "%s is not a regular file", path.c_str());
   }
+  if (st.st_size == 0) Py_RETURN_NONE;
   void* data = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ,
-                    MAP_PRIVATE, fd, 0);
-  const int error = errno;
-  close(fd);
+                    MAP_PRIVATE, fd.get(), 0);
   if (data == MAP_FAILED) {
-    errno = error;
     return PyErr_SetFromErrnoWithFilename(PyExc_OSError, path.c_str());
   }
   PyObject* view = PyMemoryView_FromMemory(static_cast<char*>(data),
