@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import struct
 
-from agentix.runtime.client.wire import BULK_MIN_BYTES
+from agentix.runtime.client.wire import BULK_MIN_BYTES, length_header
 
 __all__ = ["FRAME_PAYLOAD_MAX", "namespace_event_frame", "namespace_event_request"]
 
@@ -36,20 +36,10 @@ _MESSAGE = 2
 FRAME_PAYLOAD_MAX = BULK_MIN_BYTES - 1
 
 
-def _length_header(tag: int, length: int) -> bytes:
-    """A length-delimited field's tag and varint length."""
-    out = bytearray((tag,))
-    while length > 0x7F:
-        out.append(length & 0x7F | 0x80)
-        length >>= 7
-    out.append(length)
-    return bytes(out)
-
-
 def _name_field(event: str) -> bytes:
     """The event name's field, kept for the next events of that name."""
     name = event.encode()
-    name_field = _length_header(_NS_EVENT_NAME, len(name)) + name if name else b""
+    name_field = length_header(_NS_EVENT_NAME, len(name)) + name if name else b""
     if len(_NS_NAME_FIELDS) < _NS_NAME_FIELDS_KEPT:
         _NS_NAME_FIELDS[event] = name_field
     return name_field
@@ -70,16 +60,16 @@ def namespace_event_request(event: str, payload: bytes, request_id: str) -> list
     elif count < 0x80:
         data_head = _NS_DATA_HEADS[count]
     else:
-        data_head = _length_header(_NS_EVENT_DATA, count)
+        data_head = length_header(_NS_EVENT_DATA, count)
     ident = request_id.encode()
     if not ident:
         tail = b""
     elif len(ident) < 0x80:
         tail = _NS_ID_HEADS[len(ident)] + ident
     else:
-        tail = _length_header(_NS_EVENT_REQUEST_ID, len(ident)) + ident
+        tail = length_header(_NS_EVENT_REQUEST_ID, len(ident)) + ident
     size = len(name_field) + len(data_head) + count + len(tail)
-    outer = _NS_OUTER_HEADS[size] if size < 0x80 else _length_header(_NS_REQUEST_EVENT, size)
+    outer = _NS_OUTER_HEADS[size] if size < 0x80 else length_header(_NS_REQUEST_EVENT, size)
     return [outer + name_field + data_head, payload, tail]
 
 

@@ -312,7 +312,7 @@ def _split_events(message: SplitMessage) -> Sequence[wire.CallsEvent]:
                 raise ValueError("malformed")
             event = _split_chunk(rest, start, stop, at, view)
             if event is None:  # not a bare chunk: as a message of its own
-                event_bytes = b"".join((wire._length_header(wire._EVENTS, length), rest[start:at], view, rest[at:stop]))
+                event_bytes = b"".join((wire.length_header(wire._EVENTS, length), rest[start:at], view, rest[at:stop]))
                 events.extend(wire.parse_calls_response(event_bytes))
             else:
                 events.append(event)

@@ -46,6 +46,7 @@ __all__ = [
     "byte_views",
     "ContextFields",
     "context_carrier",
+    "length_header",
     "parse_calls_response",
     "pickle_arguments",
     "pickle_pieces",
@@ -121,7 +122,8 @@ def _varint(value: int) -> bytes:
 _SMALL_VARINTS = [bytes((value,)) for value in range(0x80)]
 
 
-def _length_header(tag: int, length: int) -> bytes:
+def length_header(tag: int, length: int) -> bytes:
+    """A length-delimited field's tag and varint length."""
     return bytes((tag,)) + _varint(length)
 
 
@@ -214,7 +216,7 @@ def byte_views(data: bytes | Pieces, start: int, end: int) -> list[memoryview]:
 
 def request_event(host_event: bytes) -> tuple[bytes, bytes]:
     """The pieces of one ``CallsRequest.events`` entry for a serialized HostEvent."""
-    return _length_header(_EVENTS, len(host_event)), host_event
+    return length_header(_EVENTS, len(host_event)), host_event
 
 
 # Id length -> the tags and lengths in front of an AckResult's call id in a
@@ -235,9 +237,9 @@ def ack_events(call_ids: Sequence[str]) -> bytes:
             out.append(heads[size])
             out.append(ident)
         else:
-            ack = _length_header(_ACK_CALL_ID, size) + ident if size else b""
-            event = _length_header(_HOST_ACK, len(ack)) + ack
-            out.append(_length_header(_EVENTS, len(event)) + event)
+            ack = length_header(_ACK_CALL_ID, size) + ident if size else b""
+            event = length_header(_HOST_ACK, len(ack)) + ack
+            out.append(length_header(_EVENTS, len(event)) + event)
     return b"".join(out)
 
 
@@ -249,13 +251,13 @@ def argument_chunk_event(call_id: str, data: memoryview | list[memoryview], offs
     views = [data] if type(data) is memoryview else data  # memoryview is final: narrows both ways
     size = sum(len(view) for view in views)
     ident = call_id.encode()
-    chunk_head = _length_header(_CHUNK_CALL_ID, len(ident)) + ident
+    chunk_head = length_header(_CHUNK_CALL_ID, len(ident)) + ident
     chunk_tail = bytes((_CHUNK_OFFSET,)) + _varint(offset)
-    data_head = _length_header(_CHUNK_DATA, size)
+    data_head = length_header(_CHUNK_DATA, size)
     chunk_size = len(chunk_head) + len(data_head) + size + len(chunk_tail)
-    event_head = _length_header(_HOST_ARGUMENT_CHUNK, chunk_size)
+    event_head = length_header(_HOST_ARGUMENT_CHUNK, chunk_size)
     return [
-        _length_header(_EVENTS, len(event_head) + chunk_size),
+        length_header(_EVENTS, len(event_head) + chunk_size),
         event_head,
         chunk_head,
         _bulk_head(data_head, size),
@@ -281,7 +283,7 @@ _ZERO_PARENT = "0" * 16
 
 def _field(tag: int, text: str) -> bytes:
     data = text.encode()
-    return _length_header(tag, len(data)) + data
+    return length_header(tag, len(data)) + data
 
 
 def context_carrier() -> bytes:
@@ -380,7 +382,7 @@ def _baggage_fields(baggage: object) -> bytes | None:
             _last_baggage = (baggage, None)
             return None
         entry = _field(_MAP_KEY, key) + _field(_MAP_VALUE, value)
-        out.append(_length_header(_START_BAGGAGE, len(entry)) + entry)
+        out.append(length_header(_START_BAGGAGE, len(entry)) + entry)
     encoded = b"".join(out)
     _last_baggage = (baggage, encoded)
     return encoded
@@ -396,7 +398,7 @@ def start_fields(callable_ref: str) -> bytes:  # StartCall's callable and encodi
     fields = _callable_fields.get(callable_ref)
     if fields is None:
         ref = callable_ref.encode()
-        fields = (_length_header(_START_CALLABLE, len(ref)) + ref if ref else b"") + _START_ENCODING_PICKLE
+        fields = (length_header(_START_CALLABLE, len(ref)) + ref if ref else b"") + _START_ENCODING_PICKLE
         if len(_callable_fields) >= _MAX_CALLABLE_FIELDS:
             _callable_fields.clear()
         _callable_fields[callable_ref] = fields
@@ -435,26 +437,26 @@ def start_call_event(
     length = len(ident)
     fields = _callable_fields.get(callable_ref) or start_fields(callable_ref)  # never empty (the encoding)
     if length:
-        head = (_CALL_ID_HEADS[length] if length < 128 else _length_header(_START_CALL_ID, length)) + ident + fields
+        head = (_CALL_ID_HEADS[length] if length < 128 else length_header(_START_CALL_ID, length)) + ident + fields
     else:
         head = fields
     if size:
-        head += bytes((_START_ARGUMENTS, size)) if size < 0x80 else _length_header(_START_ARGUMENTS, size)
+        head += bytes((_START_ARGUMENTS, size)) if size < 0x80 else length_header(_START_ARGUMENTS, size)
     if arguments_size:
         tail = bytes((_START_ARGUMENTS_SIZE, arguments_size)) if arguments_size < 0x80 else (
             bytes((_START_ARGUMENTS_SIZE,)) + _varint(arguments_size))
     else:
         tail = b""
     if context:
-        tail += context if type(context) is ContextFields else _length_header(_START_CONTEXT, len(context)) + context
+        tail += context if type(context) is ContextFields else length_header(_START_CONTEXT, len(context)) + context
     if stream_window:
         tail += bytes((_START_STREAM_WINDOW,)) + _varint(stream_window)
     start_size = len(head) + size + len(tail)
     if start_size < 0x7E:  # both lengths in front of it are one byte
         head = bytes((_EVENTS, start_size + 2, _HOST_START, start_size)) + head
     else:
-        event_head = _length_header(_HOST_START, start_size)
-        head = _length_header(_EVENTS, len(event_head) + start_size) + event_head + head
+        event_head = length_header(_HOST_START, start_size)
+        head = length_header(_EVENTS, len(event_head) + start_size) + event_head + head
     if size < _ONE_PIECE_BYTES:
         return [b"".join((head, *views, tail))]
     return [_bulk_head(head, size), *views, tail]
