@@ -1,10 +1,14 @@
 // What the daemon's tests that run calls through testing/fake_worker share,
 // whichever wire carries them (gRPC: runtime_service_test; the frame wire:
-// frame_wire_server_test).
+// frame_wire_server_test), and the session manager's own tests
+// (session_manager_test, worker_adoption_test).
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/time/time.h"
 #include "agentix/runtime/v1/runtime.pb.h"
 #include "sandbox/session_manager.h"
 
@@ -14,6 +18,15 @@ namespace agentix::sandbox {
 inline SessionOptions FakeWorkerSessionOptions() {
   SessionOptions options;
   options.worker.worker_path = "testing/fake_worker";
+  return options;
+}
+
+// The same with `env` for the worker and a 5 s ready timeout (the session
+// and adoption tests').
+inline SessionOptions FakeWorkerOptions(std::vector<std::string> env = {}) {
+  SessionOptions options = FakeWorkerSessionOptions();
+  options.worker.env = std::move(env);
+  options.worker.ready_timeout = absl::Seconds(5);
   return options;
 }
 

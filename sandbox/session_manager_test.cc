@@ -1,4 +1,3 @@
-#include "sandbox/recording_sink.h"
 #include "sandbox/session_manager.h"
 
 #include <atomic>
@@ -6,6 +5,8 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "sandbox/fake_worker_calls.h"
+#include "sandbox/recording_sink.h"
 
 namespace agentix::sandbox {
 namespace {
@@ -79,14 +80,6 @@ class ClientSink final : public ItemsSink {
  private:
   std::string id_;
 };
-
-SessionOptions FakeWorkerOptions(std::vector<std::string> env = {}) {
-  SessionOptions options;
-  options.worker.worker_path = "testing/fake_worker";
-  options.worker.env = std::move(env);
-  options.worker.ready_timeout = absl::Seconds(5);
-  return options;
-}
 
 HostEvent Start(const std::string& id, const std::string& callable,
                 const std::string& args = "", uint64_t total = 0) {

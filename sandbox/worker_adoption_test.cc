@@ -19,6 +19,7 @@
 #include "base/child_process.h"
 #include "base/unique_fd.h"
 #include "sandbox/adopted_worker.h"
+#include "sandbox/fake_worker_calls.h"
 #include "sandbox/recording_sink.h"
 #include "sandbox/session_manager.h"
 #include "sandbox/worker_process.h"
@@ -30,14 +31,6 @@ namespace {
 
 using runtime::v1::HostEvent;
 using runtime::v1::SandboxEvent;
-
-SessionOptions FakeWorkerOptions(std::vector<std::string> env = {}) {
-  SessionOptions options;
-  options.worker.worker_path = "testing/fake_worker";
-  options.worker.env = std::move(env);
-  options.worker.ready_timeout = absl::Seconds(5);
-  return options;
-}
 
 HostEvent Start(const std::string& id, const std::string& callable) {
   HostEvent e;
