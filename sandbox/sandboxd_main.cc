@@ -73,6 +73,11 @@ ABSL_FLAG(int, finished_ids_shard_bits,
           "reconnect are kept in 2^N hash sets, so that a set's growth (under "
           "the session lock, on a call's path) moves few of them; 0: one set "
           "(as before stop 34); 0-12");
+ABSL_FLAG(bool, acks_after_starts, true,
+          "a host message of the previous calls' acks and new StartCalls "
+          "sends the starts to the worker before it applies the acks (frees "
+          "the results, remembers the ids), off the new calls' path; false: "
+          "in the message's order (as before stop 36)");
 ABSL_FLAG(uint64_t, max_retained_bytes, uint64_t{512} << 20,
           "total size of finished, unacknowledged results kept for resume "
           "(oldest evicted first; the newest is always kept)");
@@ -562,6 +567,7 @@ int Run(int argc, char** raw_argv) {
   options.max_payload_bytes = absl::GetFlag(FLAGS_max_payload_bytes);
   options.max_retained_results = absl::GetFlag(FLAGS_max_retained_results);
   options.finished_ids_shard_bits = absl::GetFlag(FLAGS_finished_ids_shard_bits);
+  options.acks_after_starts = absl::GetFlag(FLAGS_acks_after_starts);
   if (options.finished_ids_shard_bits < 0 ||
       options.finished_ids_shard_bits > kMaxFinishedIdsShardBits) {
     AGX_LOG(Error, "--finished_ids_shard_bits={} is out of range (0-{})",

@@ -6,6 +6,7 @@
 #include <utility>
 #include <optional>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
 #include "base/malloc_tuning.h"
@@ -203,6 +204,39 @@ void SessionManager::FailCall(const std::string& id, Call& call,
   }
 }
 
+bool AcksCanFollowStarts(
+    const google::protobuf::RepeatedPtrField<HostEvent>& events) {
+  // Small: a sequential caller's message is its previous call's ack and its
+  // next StartCall; a pipelined one's a few of each.
+  absl::InlinedVector<std::string_view, 4> acked;
+  bool starts = false;
+  for (const HostEvent& event : events) {
+    switch (event.kind_case()) {
+      case HostEvent::kAck:
+        acked.push_back(event.ack().call_id());
+        break;
+      case HostEvent::kStart:
+        starts = true;
+        break;
+      default:
+        return false;  // a resume, cancel or chunk sees the acks in order
+    }
+  }
+  if (!starts || acked.empty()) return false;
+  absl::flat_hash_set<std::string_view> acked_set;
+  if (acked.size() > 8) acked_set.insert(acked.begin(), acked.end());
+  for (const HostEvent& event : events) {
+    if (event.kind_case() != HostEvent::kStart) continue;
+    const std::string_view id = event.start().call_id();
+    const bool same = acked.size() > 8
+                          ? acked_set.contains(id)
+                          : std::find(acked.begin(), acked.end(), id) != acked.end();
+    // A start of an id acked before it must find it finished (refused).
+    if (same) return false;
+  }
+  return true;
+}
+
 void SessionManager::HandleHostEvent(const std::shared_ptr<CallSink>& sink,
                                      const HostEvent& event) {
   google::protobuf::RepeatedPtrField<HostEvent> one;
@@ -222,9 +256,11 @@ void SessionManager::HandleHostEvents(
     absl::Span<const std::optional<std::string_view>> bulk) {
   static const std::optional<std::string_view> kInMessage;
   std::vector<Delivery> out;
+  const bool acks_last = options_.acks_after_starts && AcksCanFollowStarts(events);
   {
     absl::MutexLock lock(&mu_);
     for (int i = 0; i < events.size(); ++i) {
+      if (acks_last && events[i].kind_case() == HostEvent::kAck) continue;
       ApplyHostEvent(sink, events[i],
                      static_cast<size_t>(i) < bulk.size() ? bulk[i] : kInMessage,
                      out);
@@ -234,6 +270,19 @@ void SessionManager::HandleHostEvents(
     Post(out);
   }
   DeliverPosted();
+  if (acks_last) {
+    // The previous calls' acks once this message's calls are on their way
+    // to the worker: freeing a result and remembering its id (at times a
+    // fresh page or a heap growth) is no longer on the next call's path.
+    // Not under the lock the starts took: a worker that woke on this CPU
+    // and answers at once must not find the session lock held.
+    absl::MutexLock lock(&mu_);
+    for (const HostEvent& event : events) {
+      if (event.kind_case() == HostEvent::kAck) {
+        Ack(*sink, event.ack().call_id());
+      }
+    }
+  }
   ReapDeadWorkers();
 }
 

@@ -52,12 +52,22 @@ inline constexpr size_t kMaxCallIdBytes = 256;
 // The most --finished_ids_shard_bits takes (4,096 sets of ~16 ids).
 inline constexpr int kMaxFinishedIdsShardBits = 12;
 
+// True when `events` are acks and StartCalls only, with at least one of
+// each, and no start names an id acked in the same message: then applying
+// the acks after the starts gives the same outcome as in order.
+bool AcksCanFollowStarts(
+    const google::protobuf::RepeatedPtrField<runtime::v1::HostEvent>& events);
+
 struct SessionOptions {
   WorkerOptions worker;
   // Finished, unacknowledged results kept for resume; oldest evicted first.
   size_t max_retained_results = 4096;
   // The remembered finished call ids in 2^N sets (FinishedIds; 0: one set).
   int finished_ids_shard_bits = FinishedIds::kShardBits;
+  // A host message of acks and StartCalls (a sequential caller's previous
+  // call's ack and its next call): the starts go to the worker first and
+  // the acks are applied after (AcksCanFollowStarts); false: in order.
+  bool acks_after_starts = true;
   // Calls running at once (0: no limit); more wait in a queue of at most
   // max_queued_calls, beyond which a call fails with TooManyCalls
   // (RESOURCE_EXHAUSTED).

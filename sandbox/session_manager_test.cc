@@ -3,6 +3,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "sandbox/fake_worker_calls.h"
@@ -13,6 +14,7 @@ namespace {
 
 using runtime::v1::HostEvent;
 using runtime::v1::SandboxEvent;
+using HostEvents = google::protobuf::RepeatedPtrField<HostEvent>;
 
 // The shared RecordingSink, and what the session tests read of the events:
 // terminal events counted, stream items, result chunks.
@@ -20,14 +22,32 @@ class ItemsSink : public RecordingSink {
  public:
   int CountTerminal(const std::string& call_id) {
     absl::MutexLock lock(&mu_);
-    int n = 0;
+    return static_cast<int>(TerminalsLocked(call_id).size());
+  }
+
+  std::vector<const SandboxEvent*> TerminalsLocked(const std::string& call_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<const SandboxEvent*> out;
     for (const auto& e : events_) {
       if ((e->has_result() && e->result().call_id() == call_id) ||
           (e->has_error() && e->error().call_id() == call_id)) {
-        ++n;
+        out.push_back(e.get());
       }
     }
-    return n;
+    return out;
+  }
+
+  // Waits up to 10 s until `call_id` has `n` terminal events; returns the
+  // last of them (empty if fewer arrived).
+  SandboxEvent AwaitNthTerminal(const std::string& call_id, int n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return TerminalsLocked(call_id).size() >= static_cast<size_t>(n);
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+    auto terminals = TerminalsLocked(call_id);
+    return terminals.size() >= static_cast<size_t>(n) ? *terminals[n - 1]
+                                                       : SandboxEvent();
   }
 
   // Values of the StreamItems of `call_id`, in arrival order.
@@ -469,6 +489,71 @@ TEST_CASE("A re-sent StartCall never runs a call twice", "[sandbox]") {
   REQUIRE(b->AwaitTerminal("running").result().value() == "done");
   REQUIRE(b->AwaitTerminal("fresh").result().value() == "again");
   REQUIRE(b->CountTerminal("fresh") == 1);
+}
+
+HostEvents Message(std::initializer_list<HostEvent> events) {
+  HostEvents out;
+  for (const HostEvent& event : events) *out.Add() = event;
+  return out;
+}
+
+TEST_CASE("Acks may follow the starts of one message only when that changes "
+          "nothing",
+          "[sandbox]") {
+  // A sequential caller's message: its previous call's ack, its next start.
+  REQUIRE(AcksCanFollowStarts(
+      Message({AckEvent("1"), Start("2", "fake::echo", "x")})));
+  REQUIRE(AcksCanFollowStarts(Message({AckEvent("1"), AckEvent("2"),
+                                       Start("3", "fake::echo", "x"),
+                                       Start("4", "fake::echo", "x")})));
+  // Nothing to gain: no start, or no ack.
+  REQUIRE_FALSE(AcksCanFollowStarts(Message({AckEvent("1")})));
+  REQUIRE_FALSE(
+      AcksCanFollowStarts(Message({Start("2", "fake::echo", "x")})));
+  // A start of an id acked in the same message must find it finished.
+  REQUIRE_FALSE(AcksCanFollowStarts(
+      Message({AckEvent("1"), Start("1", "fake::echo", "x")})));
+  // Other events see the acks in order.
+  REQUIRE_FALSE(AcksCanFollowStarts(Message(
+      {AckEvent("1"), Start("2", "fake::echo", "x"), ResumeEvent({"1"})})));
+  REQUIRE_FALSE(AcksCanFollowStarts(Message(
+      {AckEvent("1"), CancelEvent("1"), Start("2", "fake::echo", "x")})));
+  // Many acks (a pipelined caller) are looked up in a set.
+  HostEvents many;
+  for (int i = 0; i < 20; ++i) *many.Add() = AckEvent(absl::StrCat("a", i));
+  *many.Add() = Start("b", "fake::echo", "x");
+  REQUIRE(AcksCanFollowStarts(many));
+  *many.Add() = Start("a7", "fake::echo", "x");
+  REQUIRE_FALSE(AcksCanFollowStarts(many));
+}
+
+TEST_CASE("A message of an ack and a start: the start runs, the acked result "
+          "is gone, a start of the acked id in it is refused",
+          "[sandbox]") {
+  SessionOptions options = FakeWorkerOptions();
+  options.acks_after_starts = GENERATE(true, false);
+  SessionManager manager(options);
+  auto a = std::make_shared<ItemsSink>();
+  manager.HandleHostEvent(a, Start("one", "fake::echo", "1"));
+  REQUIRE(a->AwaitTerminal("one").result().value() == "1");
+  manager.HandleHostEvents(
+      a, Message({AckEvent("one"), Start("two", "fake::echo", "2")}));
+  REQUIRE(a->AwaitTerminal("two").result().value() == "2");
+  // "one" was acked: not resumable, never run again.
+  auto b = std::make_shared<ItemsSink>();
+  manager.HandleHostEvent(b, ResumeEvent({"one"}));
+  REQUIRE(b->AwaitTerminal("one").error().error().type() ==
+          "ResultUnavailable");
+  manager.HandleHostEvent(b, Start("one", "fake::echo", "again"));
+  REQUIRE(b->AwaitNthTerminal("one", 2).error().error().type() ==
+          "ResultUnavailable");
+
+  // The same id acked and started in one message: the ack comes first.
+  manager.HandleHostEvents(
+      a, Message({AckEvent("two"), Start("two", "fake::echo", "again")}));
+  REQUIRE(a->AwaitNthTerminal("two", 2).error().error().type() ==
+          "ResultUnavailable");
+  REQUIRE(a->CountTerminal("two") == 2);
 }
 
 TEST_CASE("A call id in flight or retained for another client is refused "

@@ -62,6 +62,7 @@ import bench_targets, procs
 from agentix import RuntimeClient
 
 sock, daemon_pid, out_path, calls = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+warmup = int(sys.argv[5])
 gcs, gc_start = [], [0]
 
 def on_gc(phase, info):
@@ -73,7 +74,7 @@ def on_gc(phase, info):
 
 async def main():
     async with RuntimeClient(f"unix://{sock}") as client:
-        for _ in range(500):
+        for _ in range(warmup):
             await client.remote(bench_targets.noop)
         (worker,) = procs.children(daemon_pid)
         print(f"READY {worker}", flush=True)
@@ -853,7 +854,8 @@ def run(args):
                          flags=tuple(args.daemon_flag)) as (sock, daemon):
         host = subprocess.Popen([args.python, "-c", _NS_HOST if args.ns else _HOST, sock,
                                  str(daemon.pid), out_path,
-                                 str(args.calls)], env=env, stdin=subprocess.PIPE,
+                                 str(args.calls), str(args.warmup)], env=env,
+                                stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
         perf = None
         try:
@@ -1044,6 +1046,11 @@ def main():
     parser.add_argument("--floor", default=f"{REPO}/bazel-bin/testing/bench/floor/unix_pingpong",
                         help="the Unix ping-pong floor run after the stream; '' to skip")
     parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--warmup", type=int, default=500,
+                        help="noop calls before the stream (not --ns, not --ab); 301: "
+                             "the stream is remote_calls' noop phase, calls 3-2,302 of a "
+                             "fresh daemon with --calls 2000 (its first call, "
+                             "glibc_tunables, 300 warm-ups)")
     parser.add_argument("--perf", action="store_true",
                         help="trace the scheduler meanwhile (with --ab: each side's slow "
                         "calls by cause)")
