@@ -15,6 +15,8 @@ constexpr std::string_view kNames[] = {
     "GLIBC_TUNABLES",     // glibc, at process start
     "LANG",               // locale, as LC_*
     "AGENTIX_WORKER_ID",  // the daemon's id of a worker generation
+    // The worker's large-buffer pool, installed before its interpreter.
+    "AGENTIX_WORKER_LARGE_BUFFERS",
     // Read by setuptools' distutils-precedence.pth, which site.py runs at
     // interpreter start (in most venvs and in Debian's dist-packages).
     "SETUPTOOLS_USE_DISTUTILS",

@@ -11,7 +11,8 @@ TEST_CASE("Start-up-only variables are recognised by name and family",
        {"LD_PRELOAD", "LD_LIBRARY_PATH", "LD_BIND_NOW", "PYTHONPATH",
         "PYTHONHOME", "PYTHONHASHSEED", "LC_ALL", "LC_CTYPE", "LANG",
         "MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "AGENTIX_LOG_LEVEL",
-        "AGENTIX_LOG_DIR", "AGENTIX_WORKER_ID", "SETUPTOOLS_USE_DISTUTILS"}) {
+        "AGENTIX_LOG_DIR", "AGENTIX_WORKER_ID", "AGENTIX_WORKER_LARGE_BUFFERS",
+        "SETUPTOOLS_USE_DISTUTILS"}) {
     CAPTURE(name);
     CHECK(IsStartupOnlyEnvVar(name));
   }

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -24,6 +25,7 @@
 #include "base/mutex_tuning.h"
 #include "worker/ipc/frame.h"
 #include "worker/channel/intake_baton.h"
+#include "worker/python/large_buffers.h"
 #include "worker/python/path_config.h"
 #include "worker/python/prefault.h"
 #include "worker/worker.h"
@@ -103,6 +105,15 @@ int main(int argc, char** argv) {
        .heap_mib = static_cast<size_t>(
            std::max(0, absl::GetFlag(FLAGS_prefault_heap_mib))),
        .libpython = absl::GetFlag(FLAGS_prefault_libpython)});
+  // Large buffers (1–64 MiB: a large argument's bytes) from a pool whose
+  // freed slots keep their pages, whichever thread allocated them;
+  // AGENTIX_WORKER_LARGE_BUFFERS=0 leaves them to malloc.
+  const char* large_buffers = getenv("AGENTIX_WORKER_LARGE_BUFFERS");
+  const bool pool_large_buffers =
+      large_buffers == nullptr || strcmp(large_buffers, "0") != 0;
+  const absl::Status pool = pool_large_buffers
+                                ? agentix::worker::InstallLargeBufferPool({})
+                                : absl::OkStatus();
   agentix::worker::IntakeBaton::SetSpin(absl::Microseconds(
       std::clamp<int64_t>(absl::GetFlag(FLAGS_intake_spin_us), 0, 1000000)));
   agentix::worker::WorkerOptions options;
@@ -123,6 +134,9 @@ int main(int argc, char** argv) {
   agentix::base::SetLogTag("agentix-worker[" + options.worker_id + "]");
   agentix::base::SetMinLogSeverity(
       agentix::base::ParseLogSeverity(absl::GetFlag(FLAGS_log_level)));
+  if (!pool.ok()) {
+    AGX_LOG(Warning, "large buffers come from malloc: {}", pool.ToString());
+  }
   if (!prefault.ok()) {
     AGX_LOG(Warning, "booting without prefaulted memory: {}", prefault.ToString());
   }

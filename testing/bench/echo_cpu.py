@@ -10,7 +10,11 @@ around every call. Run from a venv with the agentix host package
 
 --worker lets two worker builds be compared under the same daemon, --sandboxd
 two daemon builds; --daemon-arg passes a daemon flag (e.g.
---daemon-arg=--payload_ring_bytes=0 for the socketpair-only path). The last
+--daemon-arg=--payload_ring_bytes=0 for the socketpair-only path).
+--malloc-tunables runs all three processes with the benchmarks'
+procs.MALLOC_TUNABLES (as remote_calls does; without it, malloc as users
+have it); --env NAME=VALUE sets a variable for the daemon and its worker
+(e.g. --env AGENTIX_WORKER_LARGE_BUFFERS=0). The last
 line is JSON: {"<mib>": {"wall_ms", "host_ms", "daemon_ms", "worker_ms",
 "host_faults", "daemon_faults", "worker_faults" (medians per echo),
 "fresh_page_echoes": {process: the echoes in which it faulted in half the
@@ -62,14 +66,29 @@ def main():
     parser.add_argument("--daemon-arg", action="append", default=[],
                         help="extra agentix-sandboxd flag (repeatable), e.g. "
                         "--daemon-arg=--payload_ring_bytes=0")
+    parser.add_argument("--malloc-tunables", action="store_true",
+                        help="GLIBC_TUNABLES=procs.MALLOC_TUNABLES for the host, "
+                        "the daemon and the worker")
+    parser.add_argument("--env", action="append", default=[],
+                        help="NAME=VALUE for the daemon and its worker (repeatable)")
     args = parser.parse_args()
+    if args.malloc_tunables and os.environ.get("GLIBC_TUNABLES") != procs.MALLOC_TUNABLES:
+        # glibc reads them at process start: this process starts again with them.
+        env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES)
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    daemon_env = dict(os.environ)
+    for entry in args.env:
+        name, sep, value = entry.partition("=")
+        if not sep or not name:
+            parser.error(f"--env wants NAME=VALUE, not {entry!r}")
+        daemon_env[name] = value
     sizes = args.mib or [16]
     tmp = tempfile.mkdtemp(prefix="agx-cpu-", dir="/tmp")  # short sun_path
     sock = os.path.join(tmp, "sandboxd.sock")
     daemon = subprocess.Popen(
         [args.sandboxd, "--listen", f"unix://{sock}", f"--worker={args.worker}",
          f"--python_path={BENCH_DIR}", "--log_level=warning",
-         *args.daemon_arg])
+         *args.daemon_arg], env=daemon_env)
     try:
         while not os.path.exists(sock):
             if daemon.poll() is not None:

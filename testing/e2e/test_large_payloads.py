@@ -47,3 +47,37 @@ async def test_small_calls_complete_while_a_big_one_transfers(client):
 async def test_a_large_result_from_a_small_call(client):
     out = await client.remote(t.make_bytes, 20 * MiB)
     assert out == b"x" * (20 * MiB)
+
+
+def _payload(size, seed):
+    return bytes((seed + i) % 251 for i in range(251)) * (size // 251) + bytes([seed]) * (size % 251)
+
+
+async def _echo_mixed_sizes(client):
+    # Sizes across the worker's large-buffer pool (1–64 MiB slots), two at a
+    # time so that several slots are in use at once; each echo's bytes differ.
+    sizes = [48 * MiB, 40 * MiB + 3, 33 * MiB, 24 * MiB + 1, 16 * MiB, 2 * MiB - 5]
+    for round_ in range(2):
+        for i in range(0, len(sizes), 2):
+            pair = [_payload(size, round_ * 10 + i + k) for k, size in enumerate(sizes[i:i + 2])]
+            outs = await asyncio.gather(*(client.remote(t.echo, p) for p in pair))
+            assert [len(o) for o in outs] == [len(p) for p in pair]
+            assert outs == pair
+
+
+async def test_repeated_large_echoes_keep_the_worker_bounded(client):
+    await client.remote(t.echo, _payload(16 * MiB, 1))
+    before = await client.remote(t.rss_bytes)
+    await _echo_mixed_sizes(client)
+    after = await client.remote(t.rss_bytes)
+    # Idle pool slots keep at most 64 MiB faulted in; a slot kept per size
+    # seen (48+40+33+24 MiB) would not fit, nor would buffers never freed.
+    assert after - before < 64 * MiB + 40 * MiB, (before, after)
+
+
+async def test_large_echoes_without_the_pool(start_daemon):
+    from agentix import RuntimeClient
+
+    daemon = start_daemon(env={"AGENTIX_WORKER_LARGE_BUFFERS": "0"})
+    async with RuntimeClient(daemon.url) as client:
+        await _echo_mixed_sizes(client)
