@@ -8,8 +8,10 @@ Per round, alternating, each on the same machine load:
   the user / system split (/proc/<tid>/stat, 10 ms ticks: a share, not µs);
 - `floor/unix_pingpong --relay` (a process relaying 64-byte messages with a
   blocking read and a write per direction, one thread per direction), and
-  the plain ping-pong right after: the relay's CPU per call is the relay
-  run's server side less the plain run's (the echo process);
+  the same relay waiting in poll(POLLIN) before each read as the daemon's
+  threads do (`--relay-poll`), and the plain ping-pong right after: a
+  relay's CPU per call is its run's server side less the plain run's (the
+  echo process);
 
 `--busy` keeps one spinning process (`sh -c 'while :; do :; done'`) running
 over both, the issue's busy regime. `--strace FILE` also counts the daemon's
@@ -137,8 +139,8 @@ def stream(args, env, strace_to=None) -> dict:
     return result
 
 
-def floor(args, relay: bool) -> dict:
-    argv = [args.floor, "--big-mib=", "--concurrency="] + (["--relay"] if relay else [])
+def floor(args, *mode: str) -> dict:
+    argv = [args.floor, "--big-mib=", "--concurrency=", *mode]
     return json.loads(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)
 
 
@@ -152,7 +154,7 @@ def run(args) -> dict:
             time.sleep(0.3)
         try:
             calls = stream(args, env)
-            relayed, plain = floor(args, True), floor(args, False)
+            relayed, polled, plain = floor(args, "--relay"), floor(args, "--relay-poll"), floor(args)
         finally:
             if spinner:
                 spinner.kill()
@@ -166,14 +168,19 @@ def run(args) -> dict:
             "host_cpu_us": calls["host"]["total"]["cpu_us"],
             "relay_floor_cpu_us": relayed["noop_cpu_us_per_call_server"]
                                   - plain["noop_cpu_us_per_call_server"],
+            "relay_poll_floor_cpu_us": polled["noop_cpu_us_per_call_server"]
+                                       - plain["noop_cpu_us_per_call_server"],
             "echo_floor_cpu_us": plain["noop_cpu_us_per_call_server"],
             "relay_floor_p50_us": relayed["noop_p50_us"],
+            "relay_poll_floor_p50_us": polled["noop_p50_us"],
             "plain_floor_p50_us": plain["noop_p50_us"],
         }
         row["daemon_over_relay_floor"] = row["daemon_cpu_us"] / row["relay_floor_cpu_us"]
+        row["daemon_over_relay_poll_floor"] = row["daemon_cpu_us"] / row["relay_poll_floor_cpu_us"]
         rounds.append(row)
         print(f"round {index + 1}: load {row['load']:.1f}, daemon {row['daemon_cpu_us']:.1f} µs, "
-              f"bare relay {row['relay_floor_cpu_us']:.1f} µs, echo {row['echo_floor_cpu_us']:.1f} µs",
+              f"bare relay {row['relay_floor_cpu_us']:.1f} µs "
+              f"(polling {row['relay_poll_floor_cpu_us']:.1f} µs), echo {row['echo_floor_cpu_us']:.1f} µs",
               file=sys.stderr)
     scalar = [k for k, v in rounds[0].items() if isinstance(v, float)]
     report = {"busy": args.busy, "calls": args.calls, "rounds": rounds,
