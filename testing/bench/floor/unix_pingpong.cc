@@ -5,7 +5,7 @@
 //   unix_pingpong [--quick] [--small-bytes=64] [--big-mib=1,16,64]
 //                 [--concurrency=16,64]
 //   unix_pingpong [--quick] --stream-records=N --record-bytes=S
-//   unix_pingpong [--quick] --relay [the ping-pong flags]
+//   unix_pingpong [--quick] --relay [--relay-poll] [the ping-pong flags]
 //
 // Prints one JSON line (floor_stats.h). The echo streams a message back in
 // pieces of at most 1 MiB as they arrive (as the daemon relays chunks), and
@@ -71,10 +71,14 @@ void Echo(int fd) {
 }
 
 // Forwards whatever arrives on `from` to `to` until EOF, then shuts `to`
-// down for writing so EOF travels on.
-void Forward(int from, int to) {
+// down for writing so EOF travels on. `poll_first`: wait in poll(POLLIN)
+// before each read, as the daemon's relay threads do (a reader blocked in
+// read() is also woken by the socket's write-space wake-ups).
+void Forward(int from, int to, bool poll_first) {
   std::string buffer(1 << 20, '\0');
   for (;;) {
+    pollfd ready{from, POLLIN, 0};
+    if (poll_first && ::poll(&ready, 1, -1) < 0) break;
     const ssize_t got = ::read(from, buffer.data(), buffer.size());
     if (got <= 0 || !WriteAll(to, buffer.data(), static_cast<size_t>(got))) break;
   }
@@ -82,9 +86,9 @@ void Forward(int from, int to) {
 }
 
 // The relay process: `client` <-> `server`, one thread per direction.
-void Relay(int client, int server) {
-  std::thread back([&] { Forward(server, client); });
-  Forward(client, server);
+void Relay(int client, int server, bool poll_first) {
+  std::thread back([&] { Forward(server, client, poll_first); });
+  Forward(client, server, poll_first);
   back.join();
 }
 
@@ -236,7 +240,7 @@ pid_t ForkChild(Body body) {
   return child;
 }
 
-int PingPong(const FloorArgs& args, bool relay) {
+int PingPong(const FloorArgs& args, bool relay, bool relay_poll) {
   int fds[2];
   BigSocketPair(fds);
   std::vector<pid_t> children;
@@ -257,7 +261,7 @@ int PingPong(const FloorArgs& args, bool relay) {
     children.push_back(ForkChild([&] {
       ::close(fds[0]);
       ::close(inner[1]);
-      Relay(fds[1], inner[0]);
+      Relay(fds[1], inner[0], relay_poll);
     }));
     ::close(inner[0]);
     ::close(inner[1]);
@@ -266,7 +270,7 @@ int PingPong(const FloorArgs& args, bool relay) {
   const int fd = fds[0];
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   JsonLine json;
-  json.Str("kind", relay ? "unix_socket_relay" : "unix_socket");
+  json.Str("kind", !relay ? "unix_socket" : relay_poll ? "unix_socket_relay_poll" : "unix_socket_relay");
   json.Num("small_bytes", args.small_bytes);
   std::string back;
   const std::string small(args.small_bytes, 'x');
@@ -356,6 +360,7 @@ int Main(int argc, char** argv) {
   uint64_t records = 0;
   size_t record_bytes = 200;
   bool relay = false;
+  bool relay_poll = false;
   const FloorArgs args = ParseFloorArgs(argc, argv, [&](const char* a) {
     if (std::strncmp(a, "--stream-records=", 17) == 0) {
       records = std::strtoull(a + 17, nullptr, 10);
@@ -363,12 +368,14 @@ int Main(int argc, char** argv) {
       record_bytes = std::strtoull(a + 15, nullptr, 10);
     } else if (std::strcmp(a, "--relay") == 0) {
       relay = true;
+    } else if (std::strcmp(a, "--relay-poll") == 0) {
+      relay = relay_poll = true;
     } else {
       return false;
     }
     return true;
   });
-  return records > 0 ? Stream(args, records, record_bytes) : PingPong(args, relay);
+  return records > 0 ? Stream(args, records, record_bytes) : PingPong(args, relay, relay_poll);
 }
 
 }  // namespace
