@@ -602,12 +602,25 @@ int Run(int argc, char** raw_argv) {
     return 2;
   }
 
-  // The worker first: its boot is the longest step of a cold create's first
-  // call, and nothing it needs waits for gRPC's initialisation, the
-  // credentials or the connection guard, which now overlap its exec.
-  // The fd limit before it (the worker inherits it).
+  // Before any gRPC object exists (grpc_executor.h).
+  if (absl::GetFlag(FLAGS_grpc_inline_executor)) RunGrpcExecutorInline();
+  // The frame wire checks HELLO's token with the same gate as gRPC's.
+  std::shared_ptr<TokenGate> calls_gate =
+      gate != nullptr ? gate : TokenGate::Fixed(*token);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      LoadServerCredentials(std::move(token).value(), gate);
+  if (!credentials.ok()) {
+    AGX_LOG(Error, "{}", std::string(credentials.status().message()));
+    return 2;
+  }
   const uint64_t fd_limit = RaiseOpenFileLimit(
       absl::GetFlag(FLAGS_max_connections) + 2 * kReservedFds);
+  const ConnectionLimits connection_limits = ConnectionLimitsFromFlags(fd_limit);
+  absl::Status guarded = StartConnectionGuard(connection_limits);
+  if (!guarded.ok()) {
+    AGX_LOG(Error, "{}", std::string(guarded.message()));
+    return 2;
+  }
   // The worker must not inherit the token.
   const std::string token_entry = absl::StrCat(kTokenEnvVar, "=");
   auto& env = options.worker.env;
@@ -624,6 +637,18 @@ int Run(int argc, char** raw_argv) {
   absl::Cleanup stop_prober = [&prober] {
     if (prober != nullptr) prober->Stop();
   };
+  StreamActivity activity;
+  RuntimeServiceImpl service(&manager, kVersion, &activity);
+  // In activation mode a prestarted worker boots now but runs no user code
+  // before Activate, which hands it the env (or replaces it with a worker
+  // spawned with it): a claimed warm sandbox's first call does not wait for
+  // a Python start-up.
+  std::unique_ptr<SandboxAdminService> admin;
+  if (gate != nullptr) {
+    admin = std::make_unique<SandboxAdminService>(
+        gate, &manager, &activity, absl::GetFlag(FLAGS_prestart_worker),
+        options.worker.ready_timeout + absl::Seconds(5));
+  }
   if (adopt_worker.has_value()) {
     absl::Status adopted = manager.AdoptWorker(*adopt_worker);
     if (absl::IsInvalidArgument(adopted)) {
@@ -644,37 +669,6 @@ int Run(int argc, char** raw_argv) {
       AGX_LOG(Warning, "could not start the worker early: {}",
               std::string(started.message()));
     }
-  }
-
-  // Before any gRPC object exists (grpc_executor.h).
-  if (absl::GetFlag(FLAGS_grpc_inline_executor)) RunGrpcExecutorInline();
-  // The frame wire checks HELLO's token with the same gate as gRPC's.
-  std::shared_ptr<TokenGate> calls_gate =
-      gate != nullptr ? gate : TokenGate::Fixed(*token);
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      LoadServerCredentials(std::move(token).value(), gate);
-  if (!credentials.ok()) {
-    AGX_LOG(Error, "{}", std::string(credentials.status().message()));
-    return 2;
-  }
-  const ConnectionLimits connection_limits = ConnectionLimitsFromFlags(fd_limit);
-  absl::Status guarded = StartConnectionGuard(connection_limits);
-  if (!guarded.ok()) {
-    AGX_LOG(Error, "{}", std::string(guarded.message()));
-    return 2;
-  }
-
-  StreamActivity activity;
-  RuntimeServiceImpl service(&manager, kVersion, &activity);
-  // In activation mode a prestarted worker boots now but runs no user code
-  // before Activate, which hands it the env (or replaces it with a worker
-  // spawned with it): a claimed warm sandbox's first call does not wait for
-  // a Python start-up.
-  std::unique_ptr<SandboxAdminService> admin;
-  if (gate != nullptr) {
-    admin = std::make_unique<SandboxAdminService>(
-        gate, &manager, &activity, absl::GetFlag(FLAGS_prestart_worker),
-        options.worker.ready_timeout + absl::Seconds(5));
   }
   // After the prestart: a start-up probe that waits for the call path to
   // rest must see the prestarted worker booting.
