@@ -16,23 +16,21 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/child_process.h"
-#include "base/unique_fd.h"
 #include "sandbox/adopted_worker.h"
 #include "sandbox/worker_process.h"
-#include "worker/ipc/frame.h"
 #include "worker/ipc/payload_area.h"
 
 namespace agentix::sandbox {
@@ -105,22 +103,6 @@ absl::Status KeepAcrossExec(int fd) {
 // Starts the worker as WorkerProcess::Start would; returns what the daemon
 // needs to adopt it. The daemon's ends of the fds stay open across exec.
 absl::StatusOr<AdoptedWorker> StartWorker(const WorkerOptions& options) {
-  int fds[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
-    return absl::ResourceExhaustedError(absl::StrCat("socketpair: ", strerror(errno)));
-  }
-  base::UniqueFd daemon_end(fds[0]);
-  base::UniqueFd worker_end(fds[1]);
-  int err_pipe[2];
-  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
-    return absl::ResourceExhaustedError(absl::StrCat("pipe: ", strerror(errno)));
-  }
-  base::UniqueFd err_read(err_pipe[0]);
-  base::UniqueFd err_write(err_pipe[1]);
-  base::UniqueFd null_in(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-  if (!null_in.valid()) {
-    return absl::ResourceExhaustedError(absl::StrCat("open /dev/null: ", strerror(errno)));
-  }
   std::unique_ptr<ipc::PayloadArea> area;
   if (options.payload_ring_bytes > 0) {
     auto created = ipc::PayloadArea::Create(options.payload_ring_bytes);
@@ -134,20 +116,11 @@ absl::StatusOr<AdoptedWorker> StartWorker(const WorkerOptions& options) {
   }
   AdoptedWorker adopted;
   adopted.worker_id = NewWorkerId();
-  WorkerCommand command = BuildWorkerCommand(options, adopted.worker_id, area != nullptr);
-  base::SpawnOptions spawn;
-  spawn.path = options.worker_path;
-  spawn.argv = std::move(command.argv);
-  spawn.env = std::move(command.env);
-  spawn.fd_map = {{null_in.get(), 0},
-                  {worker_end.get(), ipc::kWorkerChannelFd},
-                  {err_write.get(), 2}};
-  if (area != nullptr) spawn.fd_map.push_back({area->fd(), ipc::kWorkerPayloadFd});
   // This thread becomes the daemon's main thread: the worker's
   // PR_SET_PDEATHSIG follows it, as it follows the daemon's launcher thread.
-  absl::StatusOr<base::ChildProcess> child = base::ChildProcess::Spawn(spawn);
-  if (!child.ok()) return child.status();
-  base::ChildProcess worker = *std::move(child);
+  absl::StatusOr<SpawnedWorker> spawned =
+      SpawnWorker(options, adopted.worker_id, area.get(), SpawnThread::kCaller);
+  if (!spawned.ok()) return spawned.status();
   int payload_fd = -1;
   if (area != nullptr) {
     // The memfd outlives the area's mapping here (exec drops the mapping).
@@ -156,15 +129,15 @@ absl::StatusOr<AdoptedWorker> StartWorker(const WorkerOptions& options) {
       return absl::ResourceExhaustedError(absl::StrCat("dup: ", strerror(errno)));
     }
   }
-  for (int fd : {daemon_end.get(), err_read.get(), payload_fd}) {
+  for (int fd : {spawned->channel.get(), spawned->stderr_read.get(), payload_fd}) {
     if (fd < 0) continue;
     absl::Status kept = KeepAcrossExec(fd);
     if (!kept.ok()) return kept;
   }
-  adopted.channel_fd = daemon_end.Release();
-  adopted.stderr_fd = err_read.Release();
+  adopted.channel_fd = spawned->channel.Release();
+  adopted.stderr_fd = spawned->stderr_read.Release();
   adopted.payload_fd = payload_fd;
-  adopted.pid = worker.Release();
+  adopted.pid = spawned->child.Release();
   return adopted;
 }
 

@@ -105,8 +105,10 @@ WorkerCommand BuildWorkerCommand(const WorkerOptions& options,
   return command;
 }
 
-absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
-    const WorkerOptions& options, uint64_t generation, Listener* listener) {
+absl::StatusOr<SpawnedWorker> SpawnWorker(const WorkerOptions& options,
+                                          const std::string& worker_id,
+                                          const ipc::PayloadArea* payloads,
+                                          SpawnThread thread) {
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
     return absl::ResourceExhaustedError(
@@ -114,7 +116,42 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
   }
   base::UniqueFd parent_end(fds[0]);
   base::UniqueFd child_end(fds[1]);
+  int err_pipe[2];
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("pipe: ", strerror(errno)));
+  }
+  base::UniqueFd err_read(err_pipe[0]);
+  base::UniqueFd err_write(err_pipe[1]);
+  // The worker gets exactly these fds (the spawn closes all others): the
+  // spawner's stdin is not the worker's to read.
+  base::UniqueFd null_in(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!null_in.valid()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("open /dev/null: ", strerror(errno)));
+  }
+  WorkerCommand command = BuildWorkerCommand(options, worker_id, payloads != nullptr);
+  base::SpawnOptions spawn;
+  spawn.path = options.worker_path;
+  spawn.argv = std::move(command.argv);
+  spawn.env = std::move(command.env);
+  spawn.fd_map = {{null_in.get(), 0},
+                  {child_end.get(), ipc::kWorkerChannelFd},
+                  {err_write.get(), 2}};
+  if (payloads != nullptr) {
+    spawn.fd_map.push_back({payloads->fd(), ipc::kWorkerPayloadFd});
+  }
+  absl::StatusOr<base::ChildProcess> child =
+      thread == SpawnThread::kLauncher
+          ? base::ChildProcess::SpawnFromLauncherThread(spawn)
+          : base::ChildProcess::Spawn(spawn);
+  if (!child.ok()) return child.status();
+  // Only the worker holds its ends now: EOF on the pipe and the channel
+  // once it (and whoever inherited them) exits.
+  return SpawnedWorker{*std::move(child), std::move(parent_end), std::move(err_read)};
+}
 
+absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
+    const WorkerOptions& options, uint64_t generation, Listener* listener) {
   std::unique_ptr<WorkerProcess> worker(
       new WorkerProcess(options, generation, listener, NewWorkerId()));
   if (options.payload_ring_bytes > 0) {
@@ -127,38 +164,12 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
               area.status().ToString());
     }
   }
-  WorkerCommand command = BuildWorkerCommand(options, worker->worker_id_,
-                                             worker->payloads_ != nullptr);
-  base::SpawnOptions spawn;
-  spawn.path = options.worker_path;
-  spawn.argv = std::move(command.argv);
-  spawn.env = std::move(command.env);
-  int err_pipe[2];
-  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
-    return absl::ResourceExhaustedError(absl::StrCat("pipe: ", strerror(errno)));
-  }
-  base::UniqueFd err_read(err_pipe[0]);
-  base::UniqueFd err_write(err_pipe[1]);
-  // The worker gets exactly these fds (the spawn closes all others): the
-  // daemon's stdin is not the worker's to read.
-  base::UniqueFd null_in(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-  if (!null_in.valid()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("open /dev/null: ", strerror(errno)));
-  }
-  spawn.fd_map = {{null_in.get(), 0},
-                  {child_end.get(), ipc::kWorkerChannelFd},
-                  {err_write.get(), 2}};
-  if (worker->payloads_) {
-    spawn.fd_map.push_back({worker->payloads_->fd(), ipc::kWorkerPayloadFd});
-  }
-
-  auto child = base::ChildProcess::SpawnFromLauncherThread(spawn);
-  if (!child.ok()) return child.status();
-  err_write.Reset();  // EOF once the worker (and whoever inherited it) exits
+  absl::StatusOr<SpawnedWorker> spawned = SpawnWorker(
+      options, worker->worker_id_, worker->payloads_.get(), SpawnThread::kLauncher);
+  if (!spawned.ok()) return spawned.status();
   if (worker->payloads_) worker->payloads_->CloseFd();  // the mapping stays
-  child_end.Reset();  // only the worker holds its end now: EOF works
-  worker->Run(*std::move(child), std::move(parent_end), std::move(err_read));
+  worker->Run(std::move(spawned->child), std::move(spawned->channel),
+              std::move(spawned->stderr_read));
   AGX_LOG(Debug, "worker {} (generation {}) started as pid {}",
           worker->worker_id_, generation, worker->pid_);
   return worker;

@@ -67,6 +67,25 @@ WorkerCommand BuildWorkerCommand(const WorkerOptions& options,
 // A fresh worker id (8 hex digits), as Start gives each worker.
 std::string NewWorkerId();
 
+// A worker just spawned and the spawner's ends of its fds.
+struct SpawnedWorker {
+  base::ChildProcess child;
+  base::UniqueFd channel;      // the spawner's end of the socketpair
+  base::UniqueFd stderr_read;  // the read end of the worker's stderr pipe
+};
+// Which thread forks (base::ChildProcess): the daemon's process-lifetime
+// launcher thread, or the caller's (a launcher whose calling thread becomes
+// the daemon's main thread).
+enum class SpawnThread { kLauncher, kCaller };
+// Spawns the worker exactly as Start does (BuildWorkerCommand's command
+// line; fds: 0 /dev/null, 2 a pipe, ipc::kWorkerChannelFd the socketpair,
+// ipc::kWorkerPayloadFd `payloads`' memfd when not null). The worker's ends
+// are closed here once it runs; every fd returned is close-on-exec.
+absl::StatusOr<SpawnedWorker> SpawnWorker(const WorkerOptions& options,
+                                          const std::string& worker_id,
+                                          const ipc::PayloadArea* payloads,
+                                          SpawnThread thread);
+
 // Why a worker ended, as the calls it was running will be told.
 struct WorkerExit {
   // "WorkerDied" (it was running and exited or broke the protocol) or

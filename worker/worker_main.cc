@@ -49,13 +49,14 @@ ABSL_FLAG(int64_t, intake_spin_us, 0,
           "microseconds the pool thread reading the channel polls it without "
           "sleeping before it blocks (adaptive; the daemon's "
           "--worker_intake_spin_us). 0 (default): no spinning");
-ABSL_FLAG(int, prefault_arena_mib, 6,
+ABSL_FLAG(int, prefault_arena_mib, 5,
           "MiB of the interpreter's object arenas faulted in ahead of use by a "
           "second thread while the worker boots (worker/python/prefault.h); "
-          "0: none");
-ABSL_FLAG(int, prefault_heap_mib, 4,
+          "0: none. A cold first call importing asyncio uses ~4.7 MiB of "
+          "arenas (docs/DECISIONS.md, stop 36)");
+ABSL_FLAG(int, prefault_heap_mib, 2,
           "MiB at the top of malloc's main heap faulted in the same way; 0: "
-          "none");
+          "none. That first call grows the heap by ~2.3 MiB");
 ABSL_FLAG(bool, prefault_libpython, false,
           "read the shared libpython's mapped pages in the same way (a worker "
           "linking libpython statically, the default, has none; off: on a loaded "

@@ -1,7 +1,8 @@
 """Same-run A/B of the worker's cold start inside built bundles.
 
     .venv-test/bin/python testing/bench/worker_boot_ab.py --a BUNDLE_A --b BUNDLE_B \
-        [--rounds 20] [--call os::getpid] [--call hello_agentix.tools::add:1,2]
+        [--rounds 20] [--call os::getpid] [--call hello_agentix.tools::add:1,2] \
+        [--a-worker-arg ARG]... [--b-worker-arg ARG]...
     PYTHONPATH=examples/hello .venv-test/bin/python testing/bench/worker_boot_ab.py \
         --a BUNDLE_A --b BUNDLE_B --lifecycle [--rounds 4] [--runs 5]
 
@@ -18,8 +19,10 @@ create's first call waits at the daemon for the worker), and notes:
 
   ready_ms   spawn -> the ready frame
   result_ms  spawn -> the first call's result frame
-  cpu_ms     the worker's CPU (all its threads, /proc/PID/task/*/schedstat) when
+  cpu_ms     the worker's CPU (its live threads, /proc/PID/task/*/schedstat) when
              the result arrived
+  cpu_all_ms the worker's CPU with its exited threads' (e.g. the prefault thread's),
+             /proc/PID/stat's utime + stime: clock ticks, 10 ms steps
   faults     the worker's minor page faults (/proc/PID/stat) when the result arrived
 
 Printed: the medians per side and the median of the per-round ratios B / A
@@ -76,8 +79,9 @@ def _worker_pid(root_pid: int) -> int | None:
     return None
 
 
-def _usage(pid: int) -> tuple[float, int]:
-    """(CPU ms of every thread, minor faults) of a live process."""
+def _usage(pid: int) -> tuple[float, float, int]:
+    """(CPU ms of its live threads, CPU ms of all its threads in clock ticks, minor faults)
+    of a live process."""
     cpu_ns = 0
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
@@ -85,7 +89,9 @@ def _usage(pid: int) -> tuple[float, int]:
         except (OSError, ValueError, IndexError):
             pass
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return cpu_ns / 1e6, int(fields[7])  # minflt is field 10 of stat
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat
+    # minflt is field 10 of stat
+    return cpu_ns / 1e6, ticks * 1000 / os.sysconf("SC_CLK_TCK"), int(fields[7])
 
 
 class Reader:
@@ -107,7 +113,8 @@ class Reader:
             self.buf += chunk
 
 
-async def one_run(provider, bundle: Path, root: Path, reference: str, args: tuple) -> dict:
+async def one_run(provider, bundle: Path, root: Path, reference: str, args: tuple,
+                  worker_args: tuple = ()) -> dict:
     bwrap = provider.config.bwrap
     nix_dir = provider._bundle_nix_dir(str(bundle))
     base_argv = provider._argv(bwrap, "boot-ab", root, nix_dir)[:-1]
@@ -116,7 +123,7 @@ async def one_run(provider, bundle: Path, root: Path, reference: str, args: tupl
     env = provider._sandbox_env("boot-ab", None)
     argv = base_argv + ["/nix/runtime/bin/agentix-worker", f"--channel-fd={child.fileno()}",
                         "--worker-id=boot-ab", "--venv=/nix/runtime/venv",
-                        "--python-home=/nix/runtime/python"]
+                        "--python-home=/nix/runtime/python", *worker_args]
     parent.sendall(_call_frame("first", reference, args))
     start = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
@@ -135,7 +142,7 @@ async def one_run(provider, bundle: Path, root: Path, reference: str, args: tupl
                 r["result_ms"] = (time.perf_counter() - start) * 1000
                 pid = _worker_pid(proc.pid)
                 if pid is not None:
-                    r["cpu_ms"], r["faults"] = _usage(pid)
+                    r["cpu_ms"], r["cpu_all_ms"], r["faults"] = _usage(pid)
                 if kind == "error":
                     r["error"] = str(frame.get("error"))[:300]
                 break
@@ -162,6 +169,7 @@ async def main_async(args) -> dict:
 
     provider = local_mod.InProcessLocalProvider(local_mod.LocalProviderConfig())
     sides = {"a": Path(args.a), "b": Path(args.b)}
+    extra = {"a": tuple(args.a_worker_arg or ()), "b": tuple(args.b_worker_arg or ())}
     calls = []
     for spec in args.call or ["os::getpid"]:
         # module::name, or module::name:1,2 (int arguments)
@@ -178,14 +186,15 @@ async def main_async(args) -> dict:
         for reference, values in calls:
             runs = {"a": [], "b": []}
             for side in ("a", "b"):  # warm-up (page cache), not counted
-                await one_run(provider, sides[side], root, reference, values)
+                await one_run(provider, sides[side], root, reference, values, extra[side])
             for i in range(args.rounds):
                 order = ("a", "b") if i % 2 == 0 else ("b", "a")
                 for side in order:
-                    runs[side].append(await one_run(provider, sides[side], root, reference, values))
+                    runs[side].append(
+                        await one_run(provider, sides[side], root, reference, values, extra[side]))
             errors = [r["error"] for side in runs for r in runs[side] if "error" in r]
             out = {"rounds": args.rounds, "errors": errors[:3]}
-            for key in ("ready_ms", "result_ms", "cpu_ms", "faults"):
+            for key in ("ready_ms", "result_ms", "cpu_ms", "cpu_all_ms", "faults"):
                 a = [r.get(key) for r in runs["a"]]
                 b = [r.get(key) for r in runs["b"]]
                 ratios = [y / x for x, y in zip(a, b) if x and y]
@@ -194,7 +203,7 @@ async def main_async(args) -> dict:
             report[reference] = out
             print(f"[boot-ab] {reference}: " + ", ".join(
                 f"{k} {out[k]['a']} -> {out[k]['b']} (x{out[k]['ratio_b_over_a']})"
-                for k in ("ready_ms", "result_ms", "cpu_ms", "faults")) + (f"; errors {errors[:1]}" if errors else ""),
+                for k in ("ready_ms", "result_ms", "cpu_ms", "cpu_all_ms", "faults")) + (f"; errors {errors[:1]}" if errors else ""),
                 flush=True)
     report["loadavg"] = os.getloadavg()
     return report
@@ -242,7 +251,14 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5, help="--lifecycle: sandboxes per side and round")
     parser.add_argument("--call", action="append",
                         help="first call, module::name[:int,int...] (default os::getpid; repeatable)")
+    parser.add_argument("--a-worker-arg", action="append", metavar="ARG",
+                        help="an extra agentix-worker argument for side A's worker (repeatable; "
+                             "not with --lifecycle), e.g. --prefault_arena_mib=0")
+    parser.add_argument("--b-worker-arg", action="append", metavar="ARG",
+                        help="the same for side B")
     args = parser.parse_args()
+    if args.lifecycle and (args.a_worker_arg or args.b_worker_arg):
+        parser.error("--a-worker-arg/--b-worker-arg apply to the worker alone, not --lifecycle")
     report = asyncio.run(lifecycle_async(args) if args.lifecycle else main_async(args))
     print(json.dumps(report))
     return 0
