@@ -73,11 +73,11 @@ ABSL_FLAG(int, finished_ids_shard_bits,
           "reconnect are kept in 2^N hash sets, so that a set's growth (under "
           "the session lock, on a call's path) moves few of them; 0: one set "
           "(as before stop 34); 0-12");
-ABSL_FLAG(bool, acks_after_starts, true,
+ABSL_FLAG(bool, acks_after_starts, false,
           "a host message of the previous calls' acks and new StartCalls "
           "sends the starts to the worker before it applies the acks (frees "
-          "the results, remembers the ids), off the new calls' path; false: "
-          "in the message's order (as before stop 36)");
+          "the results, remembers the ids), off the new calls' path; off by "
+          "default: slower in the quiet A/B of stop 36 (docs/DECISIONS.md)");
 ABSL_FLAG(uint64_t, max_retained_bytes, uint64_t{512} << 20,
           "total size of finished, unacknowledged results kept for resume "
           "(oldest evicted first; the newest is always kept)");
