@@ -3,9 +3,14 @@ sequential noop with and without the daemon's hop, same run, alternating.
 
 Per round, in an order that alternates between rounds, each on the same load:
 
-- `direct`: `worker_direct` spawns agentix-worker on a socketpair (as the
-  daemon does, no payload area: nothing pinned) and ping-pongs `call` /
-  `result` frames for bench_targets.noop with it: the worker's own round trip;
+- `direct`: `worker_direct` spawns agentix-worker on a socketpair with a
+  payload area (as the daemon does; no CPU published in it: nothing pinned)
+  and ping-pongs `call` / `result` frames for bench_targets.noop with it:
+  the worker's own round trip;
+- `direct_slow` (`--caller-work-us T`, default 40; 0 leaves it out): the same
+  with T µs of the caller's own CPU spun before each call (outside the
+  timing), standing in for the Python host's per-call work, so the worker
+  sleeps between calls as it would behind that host;
 - `relayed`: a fresh agentix-sandboxd with the same worker, `--calls_cpu=off`,
   and the C++ client (`cc_remote_calls --noops=N`, `AGENTIX_CALLS_CPU=off`)
   on the frame wire: the same calls through the daemon, nothing pinned;
@@ -50,6 +55,8 @@ RATIOS = {
     "p99 relayed / direct": ("relayed.p99_us", "direct.p99_us"),
     "CPU relayed / direct": ("relayed.cpu_us", "direct.cpu_us"),
     "p50 relayed_default / direct": ("relayed_default.p50_us", "direct.p50_us"),
+    "worker CPU relayed / direct": ("relayed.worker_cpu_us", "direct.worker_cpu_us"),
+    "worker CPU relayed / direct_slow": ("relayed.worker_cpu_us", "direct_slow.worker_cpu_us"),
     "CPU relayed_default / direct": ("relayed_default.cpu_us", "direct.cpu_us"),
     "p50 relay floor / plain floor": ("floor_relay.p50_us", "floor_plain.p50_us"),
     "CPU relay floor / plain floor": ("floor_relay.cpu_us", "floor_plain.cpu_us"),
@@ -61,16 +68,18 @@ def task_cpu_ns(pid: int) -> int:
     return sum(procs.thread_cpu_ns(pid).values())
 
 
-def direct_side(args, env) -> dict:
+def direct_side(args, env, caller_work_us: int = 0) -> dict:
     out = subprocess.run([args.direct, f"--worker={args.worker}", f"--python-path={BENCH_DIR}",
-                          f"--calls={args.calls}"],
+                          f"--calls={args.calls}", "--payload-area",
+                          f"--client-work-us={caller_work_us}"],
                          env=env, check=True, capture_output=True, text=True, timeout=600)
     row = json.loads(out.stdout.strip().splitlines()[-1])
+    client_us = row["client_cpu_us_per_call"] - caller_work_us  # the spin is not the path's
     return {"p50_us": row["p50_us"], "p99_us": row["p99_us"],
-            "client_cpu_us": row["client_cpu_us_per_call"],
+            "client_cpu_us": client_us,
             "worker_cpu_us": row["worker_cpu_us_per_call"],
             "daemon_cpu_us": 0.0,
-            "cpu_us": row["client_cpu_us_per_call"] + row["worker_cpu_us_per_call"]}
+            "cpu_us": client_us + row["worker_cpu_us_per_call"]}
 
 
 def relayed_side(args, env, default_placement: bool) -> dict:
@@ -141,6 +150,8 @@ def run(args) -> dict:
         "direct": lambda: direct_side(args, env),
         "relayed": lambda: relayed_side(args, env, default_placement=False),
     }
+    if args.caller_work_us > 0:
+        sides["direct_slow"] = lambda: direct_side(args, env, args.caller_work_us)
     if not args.no_default:
         sides["relayed_default"] = lambda: relayed_side(args, env, default_placement=True)
     sides["floor_plain"] = lambda: floor_side(args)
@@ -177,6 +188,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--calls", type=int, default=10000)
     parser.add_argument("--busy", action="store_true", help="one spinning process meanwhile")
+    parser.add_argument("--caller-work-us", type=int, default=40,
+                        help="the direct_slow side's caller CPU a call (0: no such side)")
     parser.add_argument("--no-default", action="store_true",
                         help="leave out the relayed side with the default placement")
     print(json.dumps(run(parser.parse_args(argv)), indent=1))

@@ -52,6 +52,21 @@ class WorkerDirectTest(unittest.TestCase):
         self.assertGreater(row["p50_us"], 0)
         self.assertLessEqual(row["p50_us"], row["p99_us"])
         self.assertGreater(row["worker_cpu_us_per_call"], 0)
+        self.assertFalse(row["payload_area"])
+
+    def test_a_payload_area_and_the_callers_own_work(self):
+        tool = procs.runfile("testing/bench/worker_direct")
+        worker = procs.runfile("worker/agentix-worker")
+        out = subprocess.run([str(tool), f"--worker={worker}",
+                              f"--python-path={direct_bound.BENCH_DIR}", "--calls=30",
+                              "--payload-area", "--client-work-us=200"],
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        row = json.loads(out.stdout)
+        self.assertTrue(row["payload_area"])
+        self.assertEqual(row["client_work_us"], 200)
+        # The spin is CPU the caller burns per call, whatever the load.
+        self.assertGreaterEqual(row["client_cpu_us_per_call"], 200)
 
     def test_a_callable_that_is_not_a_noop_is_reported(self):
         # A python path without bench_targets: the worker answers an error

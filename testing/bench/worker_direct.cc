@@ -7,14 +7,26 @@
 // `result`, checking it is that call's msgpack None.
 //
 //   worker_direct --worker=PATH --python-path=DIR [--calls=N] [--warmup=N]
+//                 [--client-work-us=T] [--payload-area]
 //
-// Prints one JSON line: calls, p50_us, p90_us, p99_us, this process's CPU a
+// --payload-area gives the worker a payload area on fd 4 as the daemon does
+// (16 MiB rings; nothing publishes a CPU in it, so nothing pins): the
+// worker's intake then runs as under a daemon with --calls_cpu=off.
+//
+// --client-work-us=T spins T µs of this process's CPU before each call (and
+// outside its timing), standing in for a slower caller's own per-call work
+// (the Python host's is ~40 µs): the worker then waits longer for each call,
+// as it would behind a Python host, so its sleep-and-wake share is that
+// host's, not a tight C++ loop's.
+//
+// Prints one JSON line: calls, mean_us, p50_us, p90_us, p99_us, this process's CPU a
 // call (client_cpu_us_per_call), the worker's (worker_cpu_us_per_call: every
 // thread's schedstat run time, warm-up excluded) and its switches a call.
 // Exit 1 with a message on any protocol surprise (an error frame, a wrong
 // id or value, the worker's exit).
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +35,7 @@
 #include <cstring>
 #include <dirent.h>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,6 +47,7 @@
 #include "base/unique_fd.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/io.h"
+#include "worker/ipc/payload_area.h"
 
 namespace agentix::bench {
 namespace {
@@ -84,7 +98,8 @@ double ProcessCpuUs() {
 
 class DirectWorker {
  public:
-  DirectWorker(const std::string& worker, const std::string& python_path) {
+  DirectWorker(const std::string& worker, const std::string& python_path,
+               bool payload_area) {
     int fds[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
       Die("socketpair failed");
@@ -102,6 +117,14 @@ class DirectWorker {
       spawn.env.push_back(absl::StrCat("GLIBC_TUNABLES=", tunables));
     }
     spawn.fd_map = {{child_end.get(), ipc::kWorkerChannelFd}};
+    if (payload_area) {
+      absl::StatusOr<std::unique_ptr<ipc::PayloadArea>> area =
+          ipc::PayloadArea::Create(size_t{16} << 20);
+      if (!area.ok()) Die(area.status().ToString());
+      area_ = std::move(*area);
+      spawn.argv.push_back(absl::StrCat("--payload-fd=", ipc::kWorkerPayloadFd));
+      spawn.fd_map.push_back({area_->fd(), ipc::kWorkerPayloadFd});
+    }
     absl::StatusOr<base::ChildProcess> child = base::ChildProcess::Spawn(spawn);
     if (!child.ok()) Die(child.status().ToString());
     child_ = std::move(*child);
@@ -180,10 +203,22 @@ class DirectWorker {
   }
 
   base::UniqueFd channel_;
+  std::unique_ptr<ipc::PayloadArea> area_;
   base::ChildProcess child_;
   ipc::FrameReader reader_;
   std::string out_;
 };
+
+// Burns `us` µs of this thread's CPU (not sleeping: a caller's own work).
+void Spin(int us) {
+  if (us <= 0) return;
+  timespec start{}, now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &start);
+  const int64_t until = start.tv_sec * 1000000000LL + start.tv_nsec + us * 1000LL;
+  do {
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  } while (now.tv_sec * 1000000000LL + now.tv_nsec < until);
+}
 
 double Percentile(std::vector<double> sorted, double q) {
   const size_t rank = static_cast<size_t>(q * (sorted.size() - 1) + 0.5);
@@ -192,7 +227,8 @@ double Percentile(std::vector<double> sorted, double q) {
 
 int Main(int argc, char** argv) {
   std::string worker, python_path;
-  int calls = 10000, warmup = -1;
+  int calls = 10000, warmup = -1, client_work_us = 0;
+  bool payload_area = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--worker=", 0) == 0) {
@@ -201,6 +237,10 @@ int Main(int argc, char** argv) {
       python_path = arg.substr(14);
     } else if (arg.rfind("--calls=", 0) == 0) {
       calls = std::atoi(arg.c_str() + 8);
+    } else if (arg.rfind("--client-work-us=", 0) == 0) {
+      client_work_us = std::atoi(arg.c_str() + 17);
+    } else if (arg == "--payload-area") {
+      payload_area = true;
     } else if (arg.rfind("--warmup=", 0) == 0) {
       warmup = std::atoi(arg.c_str() + 9);
     } else {
@@ -211,15 +251,19 @@ int Main(int argc, char** argv) {
     Die("usage: worker_direct --worker=PATH --python-path=DIR [--calls=N] [--warmup=N]");
   }
   if (warmup < 0) warmup = calls / 5;
-  DirectWorker direct(worker, python_path);
+  DirectWorker direct(worker, python_path, payload_area);
   int next_id = 0;
-  for (int i = 0; i < warmup; ++i) direct.Noop(absl::StrCat("w", next_id++));
+  for (int i = 0; i < warmup; ++i) {
+    Spin(client_work_us);
+    direct.Noop(absl::StrCat("w", next_id++));
+  }
   std::vector<double> samples;
   samples.reserve(calls);
   const TaskTotals before = ReadTasks(direct.pid());
   const double client_before = ProcessCpuUs();
   for (int i = 0; i < calls; ++i) {
     const std::string id = absl::StrCat("c", next_id++);
+    Spin(client_work_us);
     const absl::Time start = absl::Now();
     direct.Noop(id);
     samples.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
@@ -227,13 +271,15 @@ int Main(int argc, char** argv) {
   const double client_cpu = ProcessCpuUs() - client_before;
   const TaskTotals after = ReadTasks(direct.pid());
   direct.Shutdown();
+  double total_us = 0;
+  for (double sample : samples) total_us += sample;
   std::sort(samples.begin(), samples.end());
   std::printf(
-      "{\"calls\": %d, \"warmup\": %d, \"p50_us\": %.2f, \"p90_us\": %.2f, "
+      "{\"calls\": %d, \"warmup\": %d, \"client_work_us\": %d, \"payload_area\": %s, \"mean_us\": %.2f, \"p50_us\": %.2f, \"p90_us\": %.2f, "
       "\"p99_us\": %.2f, \"client_cpu_us_per_call\": %.2f, "
       "\"worker_cpu_us_per_call\": %.2f, \"worker_voluntary_per_call\": %.3f, "
       "\"worker_involuntary_per_call\": %.3f}\n",
-      calls, warmup, Percentile(samples, 0.5), Percentile(samples, 0.9),
+      calls, warmup, client_work_us, payload_area ? "true" : "false", total_us / calls, Percentile(samples, 0.5), Percentile(samples, 0.9),
       Percentile(samples, 0.99), client_cpu / calls,
       (after.cpu_ns - before.cpu_ns) / 1e3 / calls,
       static_cast<double>(after.voluntary - before.voluntary) / calls,
