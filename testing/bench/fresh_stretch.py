@@ -122,6 +122,7 @@ def run_once(sandboxd: str, worker: str) -> dict:
             "calls": f"{begin + 3}-{end + 2}",
             "slow_pct": 100 * sum(x > 2 * steady for x in part) / len(part),
             "p50_us": statistics.median(part) * 1e6,
+            "max_us": max(part) * 1e6,
             "faults": {name: faults[k + 1][name] - faults[k][name] for name in faults[0]}})
         begin = end
     window = sorted(latencies[WINDOW[0]:WINDOW[1]])
