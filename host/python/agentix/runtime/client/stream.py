@@ -41,7 +41,7 @@ from collections.abc import Callable
 
 import grpc
 
-from agentix.runtime.client import recent_acks, wire
+from agentix.runtime.client import wire
 from agentix.runtime.client.chunking import CHUNK_BYTES, Upload, first_chunk
 from agentix.runtime.client.errors import ResultTooLarge
 from agentix.runtime.client.routing import CallRouter
@@ -172,7 +172,7 @@ class CallsStream(CallRouter):
         # Acks written lately: a connection cut can lose them in flight, so
         # they are sent again on the next stream (the daemon ignores acks of
         # results it no longer holds).
-        self._recent_acks: collections.deque[str] = recent_acks.reserved(RECENT_ACKS)
+        self._recent_acks: collections.deque[str] = collections.deque(maxlen=RECENT_ACKS)
         self._acks_due = False  # set when the acks may not wait any longer
         self._ack_timer: asyncio.TimerHandle | None = None
         self._closing = False
@@ -231,7 +231,7 @@ class CallsStream(CallRouter):
         lately (it may not have arrived), and those of the calls it failed
         when it was dropped (`_routing_failed`); the client sends them on the
         next stream (`ack_results`) so the daemon can free the results."""
-        acks = [*recent_acks.written(self._recent_acks), *self._acks, *self._dropped_ids]
+        acks = [*self._recent_acks, *self._acks, *self._dropped_ids]
         self._acks = []
         self._recent_acks.clear()
         self._dropped_ids = []
