@@ -132,6 +132,37 @@ TEST_CASE("print, fd writes and child processes become stdout/stderr logs",
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }
 
+TEST_CASE("fd output precedes its call's result when results share a write",
+          "[worker][logs]") {
+  // The barrier (AcquireCaughtUp) runs once per write of queued results:
+  // with many calls in flight a pool thread queues several replies before
+  // one write, and each call's fd-level line must still come before its
+  // result in the stream.
+  auto worker = ReadyWorker();
+  constexpr int kCalls = 64;
+  for (int i = 0; i < kCalls; ++i) {
+    worker->Call(absl::StrCat("fd", i), "worker_fixture::fd_line",
+                 Pickle(absl::StrCat("((", i, ",), {})")));
+  }
+  std::set<std::string> lines_seen;
+  int replies = 0;
+  while (replies < kCalls) {
+    REQUIRE_OK_AND_ASSIGN(Frame frame, worker->Next(absl::Seconds(20)));
+    REQUIRE(frame.type == FrameType::kResult);
+    REQUIRE(absl::StartsWith(frame.call_id, "fd"));
+    ++replies;
+    for (const LogRecord& log : worker->logs()) {
+      if (log.logger() == kStdout) lines_seen.insert(log.message());
+    }
+    const std::string line = absl::StrCat("fd-line ", frame.call_id.substr(2));
+    INFO("result of " << frame.call_id << " after " << lines_seen.size()
+                      << " lines");
+    CHECK(lines_seen.count(line) == 1);
+  }
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
 TEST_CASE("A line over 64 KiB is cut; the rest comes at the end",
           "[worker][logs]") {
   auto worker = ReadyWorker();

@@ -18,11 +18,30 @@ bool Enter(PyObject* self) {
   return true;
 }
 
+void AcquireCaughtUp(ChannelState& st) {
+  Writer& w = *st.writer;
+  while (true) {
+    while (st.uncaught) {
+      st.uncaught = false;
+      // May let go of the GIL: a sender queueing meanwhile sets it again.
+      st.capture->CatchUp();
+    }
+    AcquireWrite(w);  // may let go of the GIL too
+    if (!st.uncaught) return;
+    // A call frame was queued while we waited: its lines first.
+    Leave(w);
+  }
+}
+
 bool Flush(PyObject* self) {
   ChannelState& st = Channel(self);
   if (st.out.empty()) return true;
   Writer& w = *st.writer;
-  AcquireWrite(w);
+  AcquireCaughtUp(st);
+  if (st.out.empty()) {  // written by another thread while we waited
+    Leave(w);
+    return true;
+  }
   absl::Status status =
       WithoutGil([&w, &st] { return WriteQueued(w, st.out); });
   Leave(w);

@@ -63,6 +63,10 @@ struct ChannelState {
   std::string dead_reason;
   std::shared_ptr<DurableLog> durable;
   std::unique_ptr<StdioCapture> capture;  // never null
+  // A call's result, item or error was queued in `out` since the last
+  // CatchUp: lines its code wrote to fds 1/2 may still be in the pipes. The
+  // barrier is paid once per write, not once per frame (AcquireCaughtUp).
+  bool uncaught = false;
   // Leader/follower intake (intake_baton.h); made by the first
   // intake_to_pool(). Shared with the pool threads waiting in it.
   std::shared_ptr<IntakeBaton> baton;
@@ -105,6 +109,13 @@ inline ChannelState& Channel(PyObject* self) {
 // passing Enter() makes `out` ours until we let go of the GIL. (The log
 // sender thread may take `busy` meanwhile; it never touches `out`.)
 bool Enter(PyObject* self);
+
+// The side-channel barrier, then the write lock: takes `busy` once every
+// line written to fds 1/2 before the last call frame was queued (`uncaught`)
+// is on the log queue, so it goes out ahead of that frame. Pays one
+// CatchUp (a poll()) per write rather than one per result: at 64 callers a
+// write carries ~8 results. GIL held on entry and exit; may let go of it.
+void AcquireCaughtUp(ChannelState& st);
 
 // Writes everything queued. GIL held on entry and exit. False with
 // ChannelError set if the write failed.

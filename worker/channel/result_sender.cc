@@ -44,10 +44,12 @@ absl::Status SendPieces(ChannelState& st,
     } catch (const std::bad_alloc&) {
       return absl::ResourceExhaustedError("out of memory");
     }
+    st.uncaught = true;  // the barrier is paid when `out` is written
     return absl::OkStatus();
   }
   Writer& w = *st.writer;
-  AcquireWrite(w);
+  st.uncaught = true;
+  AcquireCaughtUp(st);
   absl::Status status = WithoutGil([&w, &st, &pieces] {
     const std::string logs = TakeLogs(w);
     std::vector<std::string_view> all;
@@ -130,7 +132,8 @@ absl::Status SendResultViaRing(ChannelState& st, const std::string& call_id,
                                const std::vector<std::string_view>& parts,
                                size_t size) {
   Writer& w = *st.writer;
-  AcquireWrite(w);
+  st.uncaught = true;
+  AcquireCaughtUp(st);
   absl::Status status = WithoutGil([&]() -> absl::Status {
     const std::string logs = TakeLogs(w);
     const std::string_view queued[] = {logs, st.out};
@@ -219,8 +222,6 @@ class ResultParts {
 
 PyObject* ChannelSendResult(PyObject* self, PyObject* const* args,
                             Py_ssize_t nargs) {
-  // Before Enter(): it may let go of the GIL.
-  Channel(self).capture->CatchUp();
   if (!Enter(self) || !CheckArgs("send_result", nargs, 3)) return nullptr;
   std::string call_id;
   long long encoding = 0;
@@ -260,8 +261,6 @@ PyObject* ChannelSendResult(PyObject* self, PyObject* const* args,
 
 PyObject* ChannelSendItem(PyObject* self, PyObject* const* args,
                           Py_ssize_t nargs) {
-  // Before Enter(): it may let go of the GIL.
-  Channel(self).capture->CatchUp();
   if (!Enter(self) || !CheckArgs("send_item", nargs, 4)) return nullptr;
   ipc::Frame frame;
   frame.type = ipc::FrameType::kStreamItem;
@@ -308,8 +307,6 @@ PyObject* ChannelSendItem(PyObject* self, PyObject* const* args,
 
 PyObject* ChannelSendError(PyObject* self, PyObject* const* args,
                            Py_ssize_t nargs) {
-  // Before Enter(): it may let go of the GIL.
-  Channel(self).capture->CatchUp();
   if (!Enter(self)) return nullptr;
   if (nargs != 6 && nargs != 9) {
     PyErr_Format(PyExc_TypeError,
@@ -351,6 +348,7 @@ PyObject* ChannelSendError(PyObject* self, PyObject* const* args,
       PyBuffer_Release(&view);
     }
   }
+  Channel(self).uncaught = true;  // the barrier is paid when it is written
   if (!Queue(self, frame)) return nullptr;
   Py_RETURN_NONE;
 }

@@ -27,7 +27,7 @@
 namespace agentix::worker {
 
 // The read end of one capture pipe (fd 1 or fd 2). Its drainer thread reads
-// it, and so does a thread about to send a call's result (CatchUp):
+// it, and so does a thread about to write a call's result (CatchUp):
 // whoever holds `mu` reads what the pipe holds and queues its lines, so
 // once a thread has taken `mu` and found the pipe empty, every line written
 // before is on the log queue. Lock order: `mu` before Writer::mu; nobody

@@ -48,10 +48,11 @@ class StdioCapture {
   void Stop(int timeout_ms);
 
   // The side-channel barrier's worker half: before a call's result, item or
-  // error is queued, the lines already written to fds 1 and 2 (by the call,
+  // error is written, the lines already written to fds 1 and 2 (by the call,
   // os.write, a child process) are read and queued, so they reach the daemon
-  // ahead of it. Costs one poll() when the pipes are empty. GIL held on
-  // entry and exit; released only to wait for a drainer or to read.
+  // ahead of it (AcquireCaughtUp: once per write of queued frames, not per
+  // frame). Costs one poll() when the pipes are empty. GIL held on entry and
+  // exit; released only to wait for a drainer or to read.
   void CatchUp();
 
   // Queues one stdout (2) / stderr (3) line written through Python's

@@ -562,6 +562,11 @@ def run_child():
     return "ran"
 
 
+def fd_line(i):
+    os.write(1, b"fd-line %d\n" % i)
+    return i
+
+
 def long_line(size):
     os.write(1, b"y" * size)
     return "written"
