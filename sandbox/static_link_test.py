@@ -15,11 +15,13 @@ from pathlib import Path
 
 # Shared objects either binary may still name: glibc, the C++ runtime, libfmt
 # (Debian ships no libfmt.a), the sanitizer runtimes of --config=asan/ubsan and, for
-# the worker, libpython's own dependencies. The worker links libpython statically unless
-# built with --define=agentix_libpython=shared (worker/BUILD.bazel; argv[3] says which).
+# a worker with a shared or PIC libpython, libpython's own dependencies. The worker
+# links libpython statically, non-PIE, with expat and zlib in the binary too, unless
+# built with --define=agentix_libpython=shared|static_pie (worker/BUILD.bazel; argv[3]
+# says which).
 ALLOWED = {"libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "libfmt.so.9",
            "ld-linux-x86-64.so.2", "libasan.so.8", "libubsan.so.1"}
-WORKER_ALLOWED = ALLOWED | {"libz.so.1", "libexpat.so.1"}
+LIBPYTHON_NEEDS = {"libz.so.1", "libexpat.so.1"}
 STATIC = ("libabsl_", "libgrpc", "libgpr", "libprotobuf", "libupb", "libre2", "libcares",
           "libssl", "libcrypto", "libaddress_sorting")
 
@@ -60,11 +62,12 @@ class StaticLinkTest(unittest.TestCase):
 
     def test_worker(self) -> None:
         libpython = sys.argv[3]
-        self.assertIn(libpython, ("static", "shared"))
+        self.assertIn(libpython, ("static", "static_pie", "shared"))
         worker = Path(sys.argv[2])
-        self.check(worker, WORKER_ALLOWED | ({"libpython3.11.so.1.0"} if libpython == "shared"
-                                             else set()))
-        if libpython == "static":
+        allowed = {"static": ALLOWED, "static_pie": ALLOWED | LIBPYTHON_NEEDS,
+                   "shared": ALLOWED | LIBPYTHON_NEEDS | {"libpython3.11.so.1.0"}}[libpython]
+        self.check(worker, allowed)
+        if libpython != "shared":
             # Extension modules bind to the binary's libpython: it exports the C API.
             out = subprocess.run(["nm", "-D", "--defined-only", str(worker)], check=True,
                                  capture_output=True, text=True, timeout=30).stdout

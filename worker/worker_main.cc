@@ -58,9 +58,10 @@ ABSL_FLAG(int, prefault_heap_mib, 2,
           "MiB at the top of malloc's main heap faulted in the same way; 0: "
           "none. That first call grows the heap by ~2.3 MiB");
 ABSL_FLAG(bool, prefault_libpython, false,
-          "read the shared libpython's mapped pages in the same way (a worker "
-          "linking libpython statically, the default, has none; off: on a loaded "
-          "machine the reads compete with the boot; not measured quiet)");
+          "read libpython's mapped file pages in the same way: the shared "
+          "library's, or the worker's own when it links libpython statically "
+          "(the default build). Off: with no idle CPU the reads compete with "
+          "the boot; not measured quiet (docs/DECISIONS.md, stop 37)");
 
 namespace {
 

@@ -102,7 +102,10 @@ def static_linkopts(libs):
 # the names the shared library exports), so extension modules loaded at run time bind
 # to it. --as-needed (static_linkopts, before this) drops the shared libpython that
 # //third_party/system:python_embed still names. libexpat and libz: pyexpat and zlib are
-# built into Debian's libpython (its Makefile's LOCALMODLIBS).
+# built into Debian's libpython (its Makefile's LOCALMODLIBS); the non-PIE binary takes
+# them from their archives too (two objects fewer for the loader at every worker exec:
+# docs/DECISIONS.md, stop 37; they export nothing, so a module that needs the shared ones
+# loads its own), the PIE one from the shared libraries as before.
 PYTHON_CONFIG_DIR = "/usr/lib/python3.11/config-3.11-x86_64-linux-gnu"
 PYTHON_EXPORTS = "//third_party/system:python_exports"
 
@@ -112,6 +115,4 @@ def python_static_linkopts(pie):
     return ([] if pie else ["-no-pie"]) + [
         "-Wl,--dynamic-list=$(location %s)" % PYTHON_EXPORTS,
         "%s/%s" % (PYTHON_CONFIG_DIR, archive),
-        "-lexpat",
-        "-lz",
-    ]
+    ] + (["-lexpat", "-lz"] if pie else ["-l:libexpat.a", "-l:libz.a"])

@@ -103,10 +103,37 @@ struct Range {
   uintptr_t end;
 };
 
-// The readable loadable segments' file-backed part of the loaded
-// libpython, page-aligned. Found by name: the address of one of its
-// functions can be the executable's PLT entry (a non-PIC executable's
-// canonical address).
+// The readable loadable segments' file-backed part of one loaded object,
+// page-aligned.
+void AddFileRanges(const dl_phdr_info& object, std::vector<Range>& ranges) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  for (int i = 0; i < object.dlpi_phnum; ++i) {
+    const ElfW(Phdr)& header = object.dlpi_phdr[i];
+    if (header.p_type != PT_LOAD || (header.p_flags & PF_R) == 0) continue;
+    const uintptr_t begin = (object.dlpi_addr + header.p_vaddr) & ~(page - 1);
+    const uintptr_t end =
+        (object.dlpi_addr + header.p_vaddr + header.p_filesz) & ~(page - 1);
+    if (end > begin) ranges.push_back({begin, end});
+  }
+}
+
+bool HoldsAddress(const dl_phdr_info& object, uintptr_t address) {
+  for (int i = 0; i < object.dlpi_phnum; ++i) {
+    const ElfW(Phdr)& header = object.dlpi_phdr[i];
+    const uintptr_t begin = object.dlpi_addr + header.p_vaddr;
+    if (header.p_type == PT_LOAD && address >= begin &&
+        address < begin + header.p_memsz) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The mapped file of libpython. Found by name first: the address of one of
+// its functions can be the executable's PLT entry (a non-PIC executable's
+// canonical address). With no shared libpython loaded (agentix-worker links
+// it statically) it is the object holding the interpreter's code: the
+// executable itself.
 std::vector<Range> LibpythonRanges() {
   std::vector<Range> ranges;
   dl_iterate_phdr(
@@ -115,20 +142,16 @@ std::vector<Range> LibpythonRanges() {
         const char* base = name == nullptr ? nullptr : strrchr(name, '/');
         base = base == nullptr ? name : base + 1;
         if (base == nullptr || strncmp(base, "libpython", 9) != 0) return 0;
-        auto* ranges = static_cast<std::vector<Range>*>(data);
-        const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-        for (int i = 0; i < object->dlpi_phnum; ++i) {
-          const ElfW(Phdr)& header = object->dlpi_phdr[i];
-          if (header.p_type != PT_LOAD || (header.p_flags & PF_R) == 0) {
-            continue;
-          }
-          const uintptr_t begin =
-              (object->dlpi_addr + header.p_vaddr) & ~(page - 1);
-          const uintptr_t end =
-              (object->dlpi_addr + header.p_vaddr + header.p_filesz) &
-              ~(page - 1);
-          if (end > begin) ranges->push_back({begin, end});
-        }
+        AddFileRanges(*object, *static_cast<std::vector<Range>*>(data));
+        return 1;
+      },
+      &ranges);
+  if (!ranges.empty()) return ranges;
+  dl_iterate_phdr(
+      [](dl_phdr_info* object, size_t, void* data) {
+        const auto code = reinterpret_cast<uintptr_t>(&Py_InitializeFromConfig);
+        if (!HoldsAddress(*object, code)) return 0;
+        AddFileRanges(*object, *static_cast<std::vector<Range>*>(data));
         return 1;
       },
       &ranges);

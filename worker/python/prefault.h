@@ -7,7 +7,7 @@
 // pages in and access them first; the boot thread then finds them ready.
 // Which pages: CPython's object arenas (handed out from a reserve through
 // PyObject_SetArenaAllocator), the top of malloc's main heap and libpython's
-// mapped file.
+// mapped file (the executable's, when it links libpython statically).
 #pragma once
 
 #include <cstddef>
@@ -28,7 +28,8 @@ struct PrefaultOptions {
   size_t heap_mib = 0;
   // libpython's mapped file pages (its loadable segments' file part) are
   // read once, a MiB at a time between the others: the boot thread then
-  // finds their page-table entries made. false: not read.
+  // finds their page-table entries made. With libpython linked statically
+  // (no shared libpython loaded), the executable's own. false: not read.
   bool libpython = false;
 };
 
