@@ -9,7 +9,7 @@ import contextvars
 
 import pytest
 
-from agentix.runtime.client.pending import CallFuture, PendingCall
+from agentix.runtime.client.pending import CallFuture, PendingCall, wake_all
 
 pytestmark = pytest.mark.asyncio
 
@@ -204,3 +204,54 @@ async def test_an_interrupt_in_a_callback_propagates_and_the_rest_are_scheduled(
         await asyncio.sleep(0)
     assert raised == ["KeyboardInterrupt"]
     assert calls == [b"r"]
+
+
+async def test_wake_all_schedules_the_later_wakeups_when_one_raises_keyboard_interrupt():
+    # A task's KeyboardInterrupt propagates out of the read callback; the calls settled by the
+    # same read after it still resume (one iteration later), none is left waiting forever.
+    loop = asyncio.get_running_loop()
+    futures = [CallFuture(loop=loop) for _ in range(3)]
+    order: list = []
+    tasks = [await _awaiting(future, order) for future in futures[1:]]
+
+    def interrupt(future: CallFuture) -> None:
+        order.append("interrupt")
+        raise KeyboardInterrupt
+
+    futures[0].add_done_callback(interrupt)
+    raised: list = []
+
+    def read_callback() -> None:
+        woken: list = []
+        for index, future in enumerate(futures):
+            PendingCall(f"id{index}", "fn", future).settle(index, woken)
+        try:
+            wake_all(woken)
+        except KeyboardInterrupt:
+            raised.append("KeyboardInterrupt")
+        order.append("callback returns")
+
+    loop.call_soon(read_callback)
+    for _ in range(5):  # (a task left unwoken would wait forever: not awaited here)
+        await asyncio.sleep(0)
+    assert [task.done() for task in tasks] == [True, True]
+    assert raised == ["KeyboardInterrupt"]
+    assert order == ["interrupt", "callback returns", ("result", 1), ("result", 2)]
+
+
+async def test_wake_all_resumes_each_settled_task_in_order_inside_the_callback():
+    loop = asyncio.get_running_loop()
+    futures = [CallFuture(loop=loop) for _ in range(3)]
+    order: list = []
+    tasks = [await _awaiting(future, order) for future in futures]
+
+    def read_callback() -> None:
+        woken: list = []
+        for index, future in enumerate(futures):
+            PendingCall(f"id{index}", "fn", future).settle(index, woken)
+        wake_all(woken)
+        order.append("callback returns")
+
+    loop.call_soon(read_callback)
+    await asyncio.gather(*tasks)
+    assert order == [("result", 0), ("result", 1), ("result", 2), "callback returns"]

@@ -378,7 +378,7 @@ async def test_a_sequential_callers_task_resumes_in_the_callback_that_read_its_r
                 resumed_by.append(frame.f_code.co_name)
                 frame = frame.f_back
             # (A task woken by an asyncio Handle shows _run, _run_once here.)
-            assert resumed_by[:2] == ["wake", "_on_readable"]
+            assert resumed_by[:3] == ["wake", "wake_all", "_on_readable"]
         # With other calls in flight a loop turn resumes many callers at
         # once, and each awaits a plain Future (cheaper to await).
         client.call_deadline = None

@@ -1,5 +1,5 @@
-"""The host's record of one call in flight (`PendingCall`), the future a call
-alone in flight is awaited through (`CallFuture`), what a call's future
+"""The host's record of one call in flight (`PendingCall`), the future a
+`remote()` call is awaited through (`CallFuture`), what a call's future
 receives (`Outcome`; a sandbox error read by `remote_error_outcome`), the
 side-channel barrier a result carries, and the StartCall kept for re-sending
 after a reconnect. The client owns the table of pending calls; the Calls
@@ -8,6 +8,7 @@ streams fill and settle its entries."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Union
 
 from agentix.runtime.client import wire
@@ -23,7 +24,11 @@ __all__ = [
     "SideBarrier",
     "StartRequest",
     "remote_error_outcome",
+    "wake_all",
 ]
+
+# asyncio.current_task(loop) without its Python frame: on 3.11 it is this dict's lookup.
+_current_tasks: dict | None = getattr(asyncio.tasks, "_current_tasks", None) if sys.version_info < (3, 12) else None
 
 # A call's outcome: the encoded result value (bytes, or the list of pieces it
 # arrived in), or the sandbox's error report.
@@ -126,7 +131,7 @@ class CallFuture(asyncio.Future):
         if not wakeups:
             return
         loop = self.get_loop()
-        if asyncio.current_task(loop) is not None:
+        if (asyncio.current_task(loop) if _current_tasks is None else _current_tasks.get(loop)) is not None:
             self._schedule()
             return
         self._wakeups = None
@@ -152,6 +157,21 @@ class CallFuture(asyncio.Future):
             loop = self.get_loop()
             for fn, context in wakeups:
                 loop.call_soon(fn, self, context=context)
+
+
+def wake_all(futures: list[CallFuture]) -> None:
+    """`CallFuture.wake` of each of `futures`, in order. Should one raise (a
+    task's SystemExit or KeyboardInterrupt), the later ones' callbacks are
+    scheduled before it propagates: no settled call's task is left unwoken."""
+    woken = 0
+    try:
+        for future in futures:
+            woken += 1
+            future.wake()
+    except BaseException:
+        for later in futures[woken:]:
+            later._schedule()
+        raise
 
 
 # asyncio.Future's own set_result: sets the result, runs no done callback

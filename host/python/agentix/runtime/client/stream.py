@@ -53,6 +53,7 @@ from agentix.runtime.client.pending import (
     PendingCall,
     SideBarrier,
     StartRequest,
+    wake_all,
 )
 from agentix.runtime.shared.models import RemoteError
 from agentix.runtime.v1 import runtime_pb2 as pb
@@ -92,6 +93,7 @@ try:
     from agentix.runtime.client._native_calls import calls_request as _native_calls_request
 except Exception:  # the pure wheel, another interpreter, libgrpc++ missing (as channels.native_calls_module)
     _native_calls_request = None
+_callable_fields = wire._callable_fields  # start_fields' cache
 # Arguments shorter than this go into the StartCall `start_call_request` makes (one buffer, as
 # wire.start_call_event's below 4 KiB); longer ones, or wire.Pieces, take wire.start_call_event.
 SMALL_ARGUMENTS_BYTES = 4096
@@ -107,7 +109,8 @@ def start_call_request(
     frame-wire header of `frame_kind` unless it is 0. One native call when
     the extension is there (a sequential call's whole write)."""
     if _native_calls_request is not None:
-        return _native_calls_request(acks, call_id, wire.start_fields(callable_ref), arguments, context,
+        fields = _callable_fields.get(callable_ref) or wire.start_fields(callable_ref)  # (no call when cached)
+        return _native_calls_request(acks, call_id, fields, arguments, context,
                                      type(context) is wire.ContextFields, stream_window, frame_kind)
     message = b"".join(wire.start_call_event(call_id, callable_ref, arguments, len(arguments), context, stream_window))
     if acks:
@@ -655,8 +658,7 @@ class NativeCallsStream(CallsStream):
         finally:
             woken, self._woken = self._woken, outer
             try:
-                for future in woken:
-                    future.wake()
+                wake_all(woken)
             finally:
                 # The acks' timer only if they still wait: a sequential caller's next call, made
                 # in a wake above, took them (no timer in the loop's heap for every turn to check).
