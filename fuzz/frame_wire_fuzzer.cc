@@ -1,4 +1,4 @@
-// libFuzzer target for the frame wire's codec (sandbox/frame_codec.h): the
+// libFuzzer target for the frame wire's codec (wire/frame_codec.h): the
 // bytes a host sends on PATH.calls, parsed frame by frame as the daemon's
 // connection thread does, each HELLO and STATUS payload decoded.
 //
@@ -17,8 +17,8 @@
 
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
-#include "sandbox/frame_codec.h"
-#include "sandbox/frame_splice.h"
+#include "wire/frame_codec.h"
+#include "wire/frame_splice.h"
 
 namespace {
 

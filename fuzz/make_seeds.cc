@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "agentix/runtime/v1/runtime.pb.h"
-#include "sandbox/frame_codec.h"
+#include "wire/frame_codec.h"
 #include "worker/ipc/frame.h"
 
 namespace {

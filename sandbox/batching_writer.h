@@ -30,7 +30,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "sandbox/server_stream.h"
-#include "sandbox/wire_limits.h"
+#include "wire/wire_limits.h"
 
 namespace agentix::sandbox {
 

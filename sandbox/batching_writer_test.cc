@@ -19,7 +19,7 @@
 #include "agentix/runtime/v1/runtime.grpc.pb.h"
 #include "sandbox/log_buffer.h"
 #include "sandbox/test_server.h"
-#include "sandbox/wire_limits.h"
+#include "wire/wire_limits.h"
 
 namespace agentix::sandbox {
 namespace {

@@ -7,11 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "agentix/runtime/v1/runtime.pb.h"
+#include "wire/sandbox_event.h"
 
 namespace agentix::sandbox {
-
-using SandboxEventPtr = std::shared_ptr<const runtime::v1::SandboxEvent>;
 
 class CallSink {
  public:

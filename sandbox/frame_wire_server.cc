@@ -20,10 +20,10 @@
 #include "base/grpc_status.h"
 #include "base/log.h"
 #include "sandbox/connection_guard.h"
-#include "sandbox/frame_codec.h"
+#include "wire/frame_codec.h"
 #include "sandbox/namespace_stream.h"
-#include "sandbox/frame_splice.h"
-#include "sandbox/wire_limits.h"
+#include "wire/frame_splice.h"
+#include "wire/wire_limits.h"
 #include "worker/ipc/payload_area.h"
 
 namespace agentix::sandbox {

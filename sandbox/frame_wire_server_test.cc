@@ -22,8 +22,8 @@
 #include "absl/strings/str_cat.h"
 #include "sandbox/connection_guard.h"
 #include "sandbox/fake_worker_calls.h"
-#include "sandbox/frame_codec.h"
-#include "sandbox/wire_limits.h"
+#include "wire/frame_codec.h"
+#include "wire/wire_limits.h"
 #include "worker/ipc/payload_area.h"
 
 namespace agentix::sandbox {

@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/utf8.h"
-#include "sandbox/wire_limits.h"
+#include "wire/wire_limits.h"
 
 namespace agentix::sandbox {
 

@@ -11,9 +11,9 @@
 #include "base/log.h"
 #include "base/malloc_tuning.h"
 #include "base/status_macros.h"
-#include "sandbox/call_context.h"
+#include "wire/call_context.h"
 #include "sandbox/startup_env.h"
-#include "sandbox/wire_limits.h"
+#include "wire/wire_limits.h"
 #include "worker/ipc/chunking.h"
 
 namespace agentix::sandbox {

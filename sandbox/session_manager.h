@@ -37,7 +37,7 @@
 #include "absl/types/span.h"
 #include "agentix/runtime/v1/runtime.pb.h"
 #include "sandbox/call_sink.h"
-#include "sandbox/finished_ids.h"
+#include "wire/finished_ids.h"
 #include "sandbox/log_buffer.h"
 #include "sandbox/namespace_hub.h"
 #include "sandbox/worker_process.h"

@@ -1,6 +1,6 @@
 // The C++ client's frame-wire transport against a daemon end scripted on
 // the other side of a socketpair (frames encoded and parsed with
-// sandbox/frame_codec, the daemon's codec).
+// wire/frame_codec, the daemon's codec).
 #include "agentix/frame_transport.h"
 
 #include <sys/resource.h>
@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "absl/time/clock.h"
-#include "sandbox/frame_codec.h"
+#include "wire/frame_codec.h"
 #include "testing/status_matchers.h"
 
 namespace agentix::client_internal {

@@ -1,4 +1,4 @@
-// Same-run A/B of the daemon's remembered call ids (sandbox/finished_ids.h)
+// Same-run A/B of the daemon's remembered call ids (wire/finished_ids.h)
 // as one hash set (shard_bits 0, the layout before stop 34) and as sharded
 // sets: what one Remember costs while the daemon's first 65,536 calls fill
 // it. A set grows by moving all it holds into a new table, under the session
@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "sandbox/finished_ids.h"
+#include "wire/finished_ids.h"
 
 namespace {
 

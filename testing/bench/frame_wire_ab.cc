@@ -30,7 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agentix/runtime/v1/runtime.grpc.pb.h"
-#include "sandbox/frame_codec.h"
+#include "wire/frame_codec.h"
 #include "testing/bench/floor/floor_stats.h"
 
 extern char** environ;

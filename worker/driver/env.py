@@ -73,7 +73,7 @@ def _apply_env(entries):
 
 
 # StartCall's plain context fields as the daemon passes them in the call
-# frame (sandbox/call_context.h): this prefix, then u32-LE-length-prefixed
+# frame (wire/call_context.h): this prefix, then u32-LE-length-prefixed
 # strings traceparent, tracestate, key, value, key, value...
 _PLAIN_CONTEXT_MAGIC = b"\0AXC1"
 _HEX = frozenset("0123456789abcdef")

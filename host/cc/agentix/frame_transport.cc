@@ -19,7 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "sandbox/frame_codec.h"
+#include "wire/frame_codec.h"
 
 namespace agentix::client_internal {
 namespace {

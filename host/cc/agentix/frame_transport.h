@@ -1,7 +1,7 @@
 // The Calls stream over the daemon's frame wire (docs/FRAME-WIRE.md): a
 // plain Unix socket at PATH.calls beside the daemon's unix://PATH, carrying
 // the same serialized CallsRequest / CallsResponse messages as gRPC in
-// 5-byte-header frames (sandbox/frame_codec.h). Blocking I/O on the
+// 5-byte-header frames (wire/frame_codec.h). Blocking I/O on the
 // caller's thread: a write is one send(), a read one recv() for a small
 // message, with no thread of gRPC's in between.
 #ifndef AGENTIX_HOST_CC_AGENTIX_FRAME_TRANSPORT_H_

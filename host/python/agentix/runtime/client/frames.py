@@ -124,7 +124,7 @@ _HEADER = struct.Struct("<IB")
 _HEADER_BYTES = _HEADER.size
 _unpack_header = _HEADER.unpack_from  # (size, kind) of the frame at a buffer's start
 # The largest payload either side sends (the daemon's gRPC message limit,
-# sandbox/wire_limits.h); a longer frame from the daemon is a broken stream.
+# wire/wire_limits.h); a longer frame from the daemon is a broken stream.
 MAX_PAYLOAD = (4 << 20) + (64 << 10)
 _UNAVAILABLE = 14
 _INTERNAL = 13

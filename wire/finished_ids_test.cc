@@ -1,4 +1,4 @@
-#include "sandbox/finished_ids.h"
+#include "wire/finished_ids.h"
 
 #include <catch2/catch.hpp>
 #include <string>

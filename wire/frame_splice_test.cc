@@ -1,12 +1,12 @@
-#include "sandbox/frame_splice.h"
+#include "wire/frame_splice.h"
 
 #include <catch2/catch.hpp>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "sandbox/frame_codec.h"
-#include "sandbox/wire_limits.h"
+#include "wire/frame_codec.h"
+#include "wire/wire_limits.h"
 #include "worker/ipc/payload_area.h"
 
 namespace agentix::sandbox {

@@ -1,4 +1,4 @@
-#include "sandbox/frame_codec.h"
+#include "wire/frame_codec.h"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-#include "sandbox/call_context.h"
+#include "wire/call_context.h"
 
 #include <catch2/catch.hpp>
 

@@ -1,13 +1,13 @@
-#include "sandbox/frame_splice.h"
+#include "wire/frame_splice.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "google/protobuf/io/coded_stream.h"
-#include "sandbox/frame_codec.h"
+#include "wire/frame_codec.h"
 #include "absl/strings/str_cat.h"
-#include "sandbox/wire_limits.h"
+#include "wire/wire_limits.h"
 #include "worker/ipc/payload_area.h"
 
 namespace agentix::sandbox {

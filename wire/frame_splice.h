@@ -19,7 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "agentix/runtime/v1/runtime.pb.h"
 #include "absl/status/status.h"
-#include "sandbox/call_sink.h"
+#include "wire/sandbox_event.h"
 
 namespace agentix::ipc {
 class PayloadArea;
