@@ -4,28 +4,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <fstream>
 #include <string>
-#include <thread>
 
 #include <catch2/catch.hpp>
 
 #include "worker/python/prefault.h"
+#include "worker/python/prefault_wait.h"
 #include "worker/python/test_interpreter.h"
 
 namespace agentix::worker {
 namespace {
-
-PrefaultState WaitFinished() {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  PrefaultState state = GetPrefaultState();
-  while (!state.finished && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    state = GetPrefaultState();
-  }
-  return state;
-}
 
 TEST_CASE("A static libpython: the executable's own mapped file is read") {
   // No shared libpython in this process (the premise of the case).
@@ -36,7 +25,7 @@ TEST_CASE("A static libpython: the executable's own mapped file is read") {
     REQUIRE(line.find("/libpython") == std::string::npos);
   }
   REQUIRE(StartPrefault({.arena_mib = 0, .heap_mib = 0, .libpython = true}).ok());
-  const PrefaultState state = WaitFinished();
+  const PrefaultState state = WaitPrefaultFinished();
   REQUIRE(state.finished);
   struct stat exe {};
   REQUIRE(stat("/proc/self/exe", &exe) == 0);

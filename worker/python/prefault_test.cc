@@ -5,15 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "testing/status_matchers.h"
+#include "worker/python/prefault_wait.h"
 #include "worker/python/test_interpreter.h"
 
 namespace agentix::worker {
@@ -38,16 +37,6 @@ void StartOnce() {
   EnsureInterpreter();
 }
 
-PrefaultState WaitFinished() {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  PrefaultState state = GetPrefaultState();
-  while (!state.finished && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    state = GetPrefaultState();
-  }
-  return state;
-}
-
 uintptr_t AddressOf(const char* expression) {
   PyObject* value = EvalPython(expression);
   REQUIRE(value != nullptr);
@@ -62,7 +51,7 @@ uintptr_t AddressOf(const char* expression) {
 
 TEST_CASE("The interpreter's objects live in the arena reserve, which the thread faults in") {
   StartOnce();
-  const PrefaultState state = WaitFinished();
+  const PrefaultState state = WaitPrefaultFinished();
   INFO("pages " << state.pages_done << ", of libpython " << state.library_pages
                 << ", arenas " << state.arenas_from_reserve << " + "
                 << state.arenas_mapped);
@@ -89,7 +78,7 @@ TEST_CASE("The interpreter's objects live in the arena reserve, which the thread
 
 TEST_CASE("libpython's mapped file is read, and only it") {
   StartOnce();
-  const PrefaultState state = WaitFinished();
+  const PrefaultState state = WaitPrefaultFinished();
   REQUIRE(state.finished);
   // The libpython this process mapped, from /proc/self/maps.
   std::ifstream maps("/proc/self/maps");
