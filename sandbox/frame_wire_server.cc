@@ -452,7 +452,10 @@ class FrameWireServer::Connection {
       FrameSink::State state = sink_->Get();
       if (!state.ending && !state.broken) {
         ProcessFrames(paused);
-        if (direct_wanted_ && TryHandOver()) return;  // the worker's now
+        if (direct_wanted_) {
+          if (TryHandOver()) return;  // the worker's now
+          ProcessFrames(paused);  // relayed: what came after HELLO
+        }
         state = sink_->Get();
       }
       if (!state.ending && !state.broken && half_closed_ &&
