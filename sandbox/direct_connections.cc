@@ -10,7 +10,9 @@ namespace agentix::sandbox {
 
 std::optional<uint64_t> DirectConnections::Reserve(uint64_t generation) {
   absl::MutexLock lock(&mu_);
-  if (live_.size() >= max_live_) return std::nullopt;
+  // A worker reports its exit before the session manager forgets it: a
+  // hand-over in between must not count a connection no one will close.
+  if (live_.size() >= max_live_ || gone_.contains(generation)) return std::nullopt;
   const uint64_t conn = next_++;
   live_.emplace(conn, Entry{generation});
   return conn;
@@ -67,6 +69,7 @@ void DirectConnections::OnDirectWorkerGone(uint64_t generation) {
   std::vector<Entry> gone;
   {
     absl::MutexLock lock(&mu_);
+    gone_.insert(generation);
     for (auto it = live_.begin(); it != live_.end();) {
       auto next = std::next(it);
       if (it->second.generation == generation) {

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "sandbox/stream_activity.h"
 #include "sandbox/worker_process.h"
@@ -58,6 +59,8 @@ class DirectConnections final : public DirectLinkListener {
   absl::flat_hash_map<uint64_t, Entry> live_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t unknown_closes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Generations whose worker exited (one entry per worker started).
+  absl::flat_hash_set<uint64_t> gone_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace agentix::sandbox
