@@ -368,7 +368,11 @@ bool FrameConnection::ReadBufferIdleAndLarge() const {
 }
 
 void FrameConnection::ReportEndIfDone() {
-  if (end_reported_) return;
+  // Done needs EOF, a broken socket or a STATUS (both set closing_): the
+  // common case takes no lock.
+  if (end_reported_ || (!eof_ && !closing_.load(std::memory_order_acquire))) {
+    return;
+  }
   absl::Status why;
   {
     absl::MutexLock lock(&mu_);

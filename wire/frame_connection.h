@@ -53,7 +53,9 @@ class FrameConnectionConsumer {
   virtual void OnHalfClose() = 0;
   // Once, when the connection is done (Done()): `why` is the STATUS it
   // wrote (kOk included), or kUnavailable for an EOF or socket error with
-  // none. Nothing is called after; the owner may then destroy it.
+  // none. Nothing is called after; the owner may then destroy the
+  // connection, from inside OnEnd too (it is the last thing the connection
+  // does in that call), once no writer thread uses it any more.
   virtual void OnEnd(absl::Status why) = 0;
 };
 
