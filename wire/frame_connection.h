@@ -127,7 +127,9 @@ class FrameConnection {
   // kMaxBatchBytes (frame_splice.h AppendMessagePieces: large bulk bytes
   // through the host's ring when it has room, else written from the event
   // itself), written at once when nothing was queued. kFailedPrecondition
-  // once the connection is ending (a STATUS queued) or broken.
+  // once the connection is ending (a STATUS queued) or broken;
+  // kResourceExhausted when this call found the host stalled (over the
+  // bound, nothing written for stalled_host_timeout: STATUS 8 is queued).
   absl::StatusOr<Backlog> Send(const std::vector<SandboxEventPtr>& events);
   // A calls-CPU HELLO answer (docs/FRAME-WIRE.md "Wake-ups"): a HELLO frame
   // holding agentix-calls-cpu `value` ("wait" or "off").
