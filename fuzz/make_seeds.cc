@@ -474,7 +474,9 @@ bool WriteFrameConnectionSeeds(const std::string& dir) {
     return Write(dir, name, std::string(1, static_cast<char>(mode)) + bytes);
   };
   return seed("requests", 0x00, message + message + half_close) &&
-         seed("pre-and-pieces", (3 << 2) | (2 << 5), message + message + half_close) &&
+         // 97 bytes read with HELLO, the rest written 38 bytes at a time.
+         seed("pre-and-pieces", (1 << 2) | (1 << 5),
+              message + message + message + message + half_close) &&
          seed("upload", 0x00,
               EncodeFrame(FrameKind::kMessage, serialized) + half_close) &&
          seed("ring", 0x01, ring_message + message) &&
