@@ -117,32 +117,39 @@ void FrameConnection::Start() {
 
 short FrameConnection::PollEvents() {
   if (end_reported_) return 0;
-  const size_t unwritten = UnwrittenBytes();
+  bool writable_wanted;
+  size_t unwritten;
+  {
+    absl::MutexLock lock(&mu_);
+    unwritten = queue_.bytes();
+    writable_wanted = !queue_.empty() && !broken_;
+  }
   UpdatePause(unwritten);
-  short events = 0;
+  short events = writable_wanted ? POLLOUT : 0;
   if (!eof_ && !paused_) events |= POLLIN;
-  absl::MutexLock lock(&mu_);
-  if (!queue_.empty() && !broken_) events |= POLLOUT;
   return events;
 }
 
 absl::Time FrameConnection::NextDeadline() {
   if (end_reported_) return absl::InfiniteFuture();
-  UpdatePause(UnwrittenBytes());
-  if (resume_frames_) return absl::InfinitePast();
   absl::Time deadline = shrink_read_buffer_at_;
-  absl::MutexLock lock(&mu_);
-  if (ending_ || broken_) {
-    deadline = std::min(deadline, end_deadline_);
-  } else if (queue_.bytes() > options_.max_unwritten_bytes) {
-    deadline = std::min(deadline,
-                        stalled_since_ + options_.stalled_host_timeout);
+  size_t unwritten;
+  {
+    absl::MutexLock lock(&mu_);
+    unwritten = queue_.bytes();
+    // OnEnd is due.
+    if (eof_ || broken_ || (ending_ && queue_.empty())) {
+      return absl::InfinitePast();
+    }
+    if (ending_) {
+      deadline = std::min(deadline, end_deadline_);
+    } else if (unwritten > options_.max_unwritten_bytes) {
+      deadline = std::min(deadline,
+                          stalled_since_ + options_.stalled_host_timeout);
+    }
   }
-  // OnEnd is due.
-  if (eof_ || broken_ || (ending_ && queue_.empty())) {
-    deadline = absl::InfinitePast();
-  }
-  return deadline;
+  UpdatePause(unwritten);
+  return resume_frames_ ? absl::InfinitePast() : deadline;
 }
 
 void FrameConnection::ReadReady() {
