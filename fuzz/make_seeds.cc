@@ -473,6 +473,60 @@ bool WriteClientFrameReaderSeeds(const std::string& dir) {
          Write(dir, "not-a-response", plain + EncodeFrame(FrameKind::kMessage, "\xff\xff"));
 }
 
+// frame_connection_fuzzer: a mode byte (bit 0: the host's ring, bit 1: a
+// 1024-byte message limit, bits 2-4: bytes read past HELLO, bits 5-7: how
+// the rest is cut), then what a host sends after HELLO.
+bool WriteFrameConnectionSeeds(const std::string& dir) {
+  using namespace agentix::sandbox;
+  agentix::runtime::v1::CallsRequest request;
+  auto* start = request.add_events()->mutable_start();
+  start->set_call_id("c1");
+  start->set_callable("mod::fn");
+  start->set_arguments("hi");
+  const std::string message =
+      EncodeFrame(FrameKind::kMessage, request.SerializeAsString());
+  const std::string half_close = EncodeFrame(FrameKind::kHalfClose, "");
+  // An upload whose chunk's data lies in the fuzzer's ring (positions 0-9).
+  agentix::runtime::v1::CallsRequest upload;
+  auto* first = upload.add_events()->mutable_start();
+  first->set_call_id("c2");
+  first->set_callable("mod::fn");
+  first->set_arguments("0123456789");
+  first->set_arguments_size(20);
+  auto* chunk = upload.add_events()->mutable_argument_chunk();
+  chunk->set_call_id("c2");
+  chunk->set_data("abcdefghij");
+  chunk->set_offset(10);
+  const std::string serialized = upload.SerializeAsString();
+  const size_t data_at = serialized.find("abcdefghij");
+  const std::string ring_message = EncodeFrame(
+      FrameKind::kRingMessage,
+      EncodeRingHead({{static_cast<uint32_t>(data_at), 0, 10}}) +
+          serialized.substr(0, data_at) + serialized.substr(data_at + 10));
+  char oversized[kFrameHeaderBytes];
+  EncodeFrameHeader(FrameKind::kMessage, kMaxFrameMessageBytes + 1, oversized);
+  agentix::runtime::v1::CallsRequest large = request;
+  large.mutable_events(0)->mutable_start()->set_arguments(std::string(1500, 'x'));
+  auto seed = [&](const char* name, uint8_t mode, const std::string& bytes) {
+    return Write(dir, name, std::string(1, static_cast<char>(mode)) + bytes);
+  };
+  return seed("requests", 0x00, message + message + half_close) &&
+         // 97 bytes read with HELLO, the rest written 38 bytes at a time.
+         seed("pre-and-pieces", (1 << 2) | (1 << 5),
+              message + message + message + message + half_close) &&
+         seed("upload", 0x00,
+              EncodeFrame(FrameKind::kMessage, serialized) + half_close) &&
+         seed("ring", 0x01, ring_message + message) &&
+         seed("unparseable", 0x00,
+              EncodeFrame(FrameKind::kMessage, "\xff\xff") + message) &&
+         seed("after-half-close", 0x00, half_close + message) &&
+         seed("unknown-kind", 0x00, message + std::string("\0\0\0\0\x09", 5)) &&
+         seed("oversized", 0x00,
+              message + std::string(oversized, sizeof(oversized))) &&
+         seed("over-limit", 0x02,
+              EncodeFrame(FrameKind::kMessage, large.SerializeAsString()));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -488,7 +542,8 @@ int main(int argc, char** argv) {
             WriteSideSeeds(root + "/side_wire_fuzzer") &&
             WriteSessionSeeds(root + "/session_fuzzer") &&
             WriteFrameWireSeeds(root + "/frame_wire_fuzzer") &&
-            WriteClientFrameReaderSeeds(root + "/client_frame_reader_fuzzer");
+            WriteClientFrameReaderSeeds(root + "/client_frame_reader_fuzzer") &&
+            WriteFrameConnectionSeeds(root + "/frame_connection_fuzzer");
   if (!ok) {
     std::fprintf(stderr, "make_seeds: could not write under %s (do the "
                  "<target> directories exist?)\n", root.c_str());
