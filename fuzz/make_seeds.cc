@@ -436,6 +436,43 @@ bool WriteFrameWireSeeds(const std::string& dir) {
          WriteNamespaceStreamSeed(dir);
 }
 
+// What a peer sends the C++ client on a Calls connection (the fuzzer's first
+// byte: bit 0 = the client asked for calls-CPU answers).
+bool WriteClientFrameReaderSeeds(const std::string& dir) {
+  using namespace agentix::sandbox;
+  agentix::runtime::v1::CallsResponse response;
+  auto* chunk = response.add_events()->mutable_result_chunk();
+  chunk->set_call_id("c1");
+  chunk->set_data("lead");
+  auto* result = response.add_events()->mutable_result();
+  result->set_call_id("c1");
+  result->set_value("tail");
+  result->set_value_size(8);
+  auto* error = response.add_events()->mutable_error();
+  error->set_call_id("c2");
+  response.add_events()->mutable_stream_item()->set_call_id("c3");
+  const std::string message = EncodeFrame(FrameKind::kMessage, response.SerializeAsString());
+  const std::string told =
+      EncodeFrame(FrameKind::kHello, EncodeHello({{kFrameCallsCpuKey, "off"}}));
+  const std::string ok = EncodeFrame(FrameKind::kStatus, EncodeStatus(absl::StatusCode::kOk, ""));
+  char oversized[kFrameHeaderBytes];
+  EncodeFrameHeader(FrameKind::kMessage, kMaxFrameMessageBytes + 1, oversized);
+  char promised[kFrameHeaderBytes];  // a whole MESSAGE's length, then EOF
+  EncodeFrameHeader(FrameKind::kMessage, kMaxFrameMessageBytes, promised);
+  const std::string plain(1, '\0'), asked(1, '\1'), spins(1, '\2');  // the first byte
+  return Write(dir, "results", plain + message + message + ok) &&
+         Write(dir, "told", asked + told + message + told + ok) &&
+         Write(dir, "unasked-hello", plain + told) &&
+         Write(dir, "eof", spins + message + message.substr(0, 7)) &&
+         Write(dir, "unauthenticated",
+               plain + EncodeFrame(FrameKind::kStatus,
+                                    EncodeStatus(absl::StatusCode::kUnauthenticated, "no"))) &&
+         Write(dir, "ring", plain + EncodeFrame(FrameKind::kRingMessage, std::string(2, '\0'))) &&
+         Write(dir, "oversized", plain + std::string(oversized, sizeof(oversized))) &&
+         Write(dir, "promised", asked + std::string(promised, sizeof(promised)) + "abc") &&
+         Write(dir, "not-a-response", plain + EncodeFrame(FrameKind::kMessage, "\xff\xff"));
+}
+
 // frame_connection_fuzzer: a mode byte (bit 0: the host's ring, bit 1: a
 // 1024-byte message limit, bits 2-4: bytes read past HELLO, bits 5-7: how
 // the rest is cut), then what a host sends after HELLO.
@@ -505,6 +542,7 @@ int main(int argc, char** argv) {
             WriteSideSeeds(root + "/side_wire_fuzzer") &&
             WriteSessionSeeds(root + "/session_fuzzer") &&
             WriteFrameWireSeeds(root + "/frame_wire_fuzzer") &&
+            WriteClientFrameReaderSeeds(root + "/client_frame_reader_fuzzer") &&
             WriteFrameConnectionSeeds(root + "/frame_connection_fuzzer");
   if (!ok) {
     std::fprintf(stderr, "make_seeds: could not write under %s (do the "
