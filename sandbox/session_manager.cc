@@ -11,7 +11,6 @@
 #include "base/log.h"
 #include "base/malloc_tuning.h"
 #include "base/status_macros.h"
-#include "wire/call_context.h"
 #include "sandbox/startup_env.h"
 #include "wire/wire_limits.h"
 #include "worker/ipc/chunking.h"

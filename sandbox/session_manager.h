@@ -249,11 +249,6 @@ class SessionManager : public WorkerProcess::Listener {
   // same code as the worker's direct sessions.
   using Table = calls::CallTable<CallSink, CallState>;
   using Call = Table::Call;
-  // Whether `call` belongs to the client behind `sink` (its
-  // agentix-client-id; clients without one are one anonymous client).
-  static bool OwnedBy(const Call& call, const CallSink& sink) {
-    return call.client == sink.client_id();
-  }
   // An event to hand to a sink once the lock is released.
   using Delivery = Table::Delivery;
 
@@ -268,7 +263,7 @@ class SessionManager : public WorkerProcess::Listener {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Any client may cancel a call (as in the original); Ack, AckStreamItems,
   // ArgumentChunk and Resume act only on calls of the sender's client
-  // (OwnedBy).
+  // (its CallSink::client_id; clients without one are one anonymous client).
   void Cancel(const std::string& call_id, std::vector<Delivery>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Resume(const std::shared_ptr<CallSink>& sink,

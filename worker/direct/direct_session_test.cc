@@ -293,6 +293,29 @@ TEST_CASE("DirectSession hands the driver the records the daemon sends",
   REQUIRE(driver.frames_.size() == frames_before);
 }
 
+TEST_CASE("DirectSession takes argument bytes left out of the message",
+          "[direct]") {
+  // frame_splice hands the bytes of StartCall.arguments and
+  // ArgumentChunk.data as views beside the parsed message.
+  RecordingDriver driver;
+  DirectSession session("c", DirectLimits{}, driver);
+  auto conn = std::make_shared<RecordingConn>();
+  CallsRequest request = StartRequest("b", "", 6, 0);
+  auto* chunk = request.add_events()->mutable_argument_chunk();
+  chunk->set_call_id("b");
+  const std::string start_bytes = "\x80" "ab";
+  const std::string chunk_bytes = "cde";
+  const std::vector<std::optional<std::string_view>> bulk = {
+      std::string_view(start_bytes), std::string_view(chunk_bytes)};
+  session.HandleRequest(conn, request, bulk);
+  REQUIRE(conn->events_.empty());
+  REQUIRE(driver.frames_.size() == 2);
+  REQUIRE(driver.frames_[0].data == start_bytes);
+  REQUIRE(driver.frames_[0].total_size == 6);
+  REQUIRE(driver.frames_[1].type == ipc::FrameType::kArgChunk);
+  REQUIRE(driver.frames_[1].data == chunk_bytes);
+}
+
 TEST_CASE("DirectSession cancels in the driver what it ends itself",
           "[direct]") {
   RecordingDriver driver;
