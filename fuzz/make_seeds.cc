@@ -436,6 +436,97 @@ bool WriteFrameWireSeeds(const std::string& dir) {
          WriteNamespaceStreamSeed(dir);
 }
 
+// What a peer sends the C++ client on a Calls connection (the fuzzer's first
+// byte: bit 0 = the client asked for calls-CPU answers).
+bool WriteClientFrameReaderSeeds(const std::string& dir) {
+  using namespace agentix::sandbox;
+  agentix::runtime::v1::CallsResponse response;
+  auto* chunk = response.add_events()->mutable_result_chunk();
+  chunk->set_call_id("c1");
+  chunk->set_data("lead");
+  auto* result = response.add_events()->mutable_result();
+  result->set_call_id("c1");
+  result->set_value("tail");
+  result->set_value_size(8);
+  auto* error = response.add_events()->mutable_error();
+  error->set_call_id("c2");
+  response.add_events()->mutable_stream_item()->set_call_id("c3");
+  const std::string message = EncodeFrame(FrameKind::kMessage, response.SerializeAsString());
+  const std::string told =
+      EncodeFrame(FrameKind::kHello, EncodeHello({{kFrameCallsCpuKey, "off"}}));
+  const std::string ok = EncodeFrame(FrameKind::kStatus, EncodeStatus(absl::StatusCode::kOk, ""));
+  char oversized[kFrameHeaderBytes];
+  EncodeFrameHeader(FrameKind::kMessage, kMaxFrameMessageBytes + 1, oversized);
+  char promised[kFrameHeaderBytes];  // a whole MESSAGE's length, then EOF
+  EncodeFrameHeader(FrameKind::kMessage, kMaxFrameMessageBytes, promised);
+  const std::string plain(1, '\0'), asked(1, '\1'), spins(1, '\2');  // the first byte
+  return Write(dir, "results", plain + message + message + ok) &&
+         Write(dir, "told", asked + told + message + told + ok) &&
+         Write(dir, "unasked-hello", plain + told) &&
+         Write(dir, "eof", spins + message + message.substr(0, 7)) &&
+         Write(dir, "unauthenticated",
+               plain + EncodeFrame(FrameKind::kStatus,
+                                    EncodeStatus(absl::StatusCode::kUnauthenticated, "no"))) &&
+         Write(dir, "ring", plain + EncodeFrame(FrameKind::kRingMessage, std::string(2, '\0'))) &&
+         Write(dir, "oversized", plain + std::string(oversized, sizeof(oversized))) &&
+         Write(dir, "promised", asked + std::string(promised, sizeof(promised)) + "abc") &&
+         Write(dir, "not-a-response", plain + EncodeFrame(FrameKind::kMessage, "\xff\xff"));
+}
+
+// frame_connection_fuzzer: a mode byte (bit 0: the host's ring, bit 1: a
+// 1024-byte message limit, bits 2-4: bytes read past HELLO, bits 5-7: how
+// the rest is cut), then what a host sends after HELLO.
+bool WriteFrameConnectionSeeds(const std::string& dir) {
+  using namespace agentix::sandbox;
+  agentix::runtime::v1::CallsRequest request;
+  auto* start = request.add_events()->mutable_start();
+  start->set_call_id("c1");
+  start->set_callable("mod::fn");
+  start->set_arguments("hi");
+  const std::string message =
+      EncodeFrame(FrameKind::kMessage, request.SerializeAsString());
+  const std::string half_close = EncodeFrame(FrameKind::kHalfClose, "");
+  // An upload whose chunk's data lies in the fuzzer's ring (positions 0-9).
+  agentix::runtime::v1::CallsRequest upload;
+  auto* first = upload.add_events()->mutable_start();
+  first->set_call_id("c2");
+  first->set_callable("mod::fn");
+  first->set_arguments("0123456789");
+  first->set_arguments_size(20);
+  auto* chunk = upload.add_events()->mutable_argument_chunk();
+  chunk->set_call_id("c2");
+  chunk->set_data("abcdefghij");
+  chunk->set_offset(10);
+  const std::string serialized = upload.SerializeAsString();
+  const size_t data_at = serialized.find("abcdefghij");
+  const std::string ring_message = EncodeFrame(
+      FrameKind::kRingMessage,
+      EncodeRingHead({{static_cast<uint32_t>(data_at), 0, 10}}) +
+          serialized.substr(0, data_at) + serialized.substr(data_at + 10));
+  char oversized[kFrameHeaderBytes];
+  EncodeFrameHeader(FrameKind::kMessage, kMaxFrameMessageBytes + 1, oversized);
+  agentix::runtime::v1::CallsRequest large = request;
+  large.mutable_events(0)->mutable_start()->set_arguments(std::string(1500, 'x'));
+  auto seed = [&](const char* name, uint8_t mode, const std::string& bytes) {
+    return Write(dir, name, std::string(1, static_cast<char>(mode)) + bytes);
+  };
+  return seed("requests", 0x00, message + message + half_close) &&
+         // 97 bytes read with HELLO, the rest written 38 bytes at a time.
+         seed("pre-and-pieces", (1 << 2) | (1 << 5),
+              message + message + message + message + half_close) &&
+         seed("upload", 0x00,
+              EncodeFrame(FrameKind::kMessage, serialized) + half_close) &&
+         seed("ring", 0x01, ring_message + message) &&
+         seed("unparseable", 0x00,
+              EncodeFrame(FrameKind::kMessage, "\xff\xff") + message) &&
+         seed("after-half-close", 0x00, half_close + message) &&
+         seed("unknown-kind", 0x00, message + std::string("\0\0\0\0\x09", 5)) &&
+         seed("oversized", 0x00,
+              message + std::string(oversized, sizeof(oversized))) &&
+         seed("over-limit", 0x02,
+              EncodeFrame(FrameKind::kMessage, large.SerializeAsString()));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -450,7 +541,9 @@ int main(int argc, char** argv) {
             WriteCallResultsSeeds(root + "/call_results_wire_fuzzer") &&
             WriteSideSeeds(root + "/side_wire_fuzzer") &&
             WriteSessionSeeds(root + "/session_fuzzer") &&
-            WriteFrameWireSeeds(root + "/frame_wire_fuzzer");
+            WriteFrameWireSeeds(root + "/frame_wire_fuzzer") &&
+            WriteClientFrameReaderSeeds(root + "/client_frame_reader_fuzzer") &&
+            WriteFrameConnectionSeeds(root + "/frame_connection_fuzzer");
   if (!ok) {
     std::fprintf(stderr, "make_seeds: could not write under %s (do the "
                  "<target> directories exist?)\n", root.c_str());

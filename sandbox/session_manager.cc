@@ -11,7 +11,6 @@
 #include "base/log.h"
 #include "base/malloc_tuning.h"
 #include "base/status_macros.h"
-#include "wire/call_context.h"
 #include "sandbox/startup_env.h"
 #include "wire/wire_limits.h"
 #include "worker/ipc/chunking.h"
@@ -21,89 +20,20 @@ namespace agentix::sandbox {
 using runtime::v1::HostEvent;
 using runtime::v1::SandboxEvent;
 
-namespace {
+using calls::BadRequest;
+using calls::NewCallError;
 
-std::shared_ptr<SandboxEvent> NewCallError(const std::string& call_id,
-                                           std::string type,
-                                           std::string message,
-                                           absl::StatusCode code,
-                                           std::string traceback,
-                                           std::optional<int> returncode) {
-  auto event = std::make_shared<SandboxEvent>();
-  auto* error = event->mutable_error();
-  error->set_call_id(call_id);
-  auto* e = error->mutable_error();
-  e->set_cancelled(type == "Cancelled");
-  e->set_type(std::move(type));
-  e->set_message(std::move(message));
-  e->set_traceback(std::move(traceback));
-  e->set_code(static_cast<int>(code));
-  if (returncode.has_value()) e->set_returncode(*returncode);
-  return event;
+calls::CallTableLimits SessionManager::TableLimits(
+    const SessionOptions& options) {
+  calls::CallTableLimits limits;
+  limits.max_retained_results = options.max_retained_results;
+  limits.max_retained_bytes = options.max_retained_bytes;
+  limits.max_payload_bytes = options.max_payload_bytes;
+  limits.upload_idle_timeout = options.upload_idle_timeout;
+  limits.max_stream_window = options.max_stream_window;
+  limits.finished_ids_shard_bits = options.finished_ids_shard_bits;
+  return limits;
 }
-
-}  // namespace
-
-SandboxEventPtr MakeCallError(const std::string& call_id, std::string type,
-                              std::string message, absl::StatusCode code,
-                              std::string traceback,
-                              std::optional<int> returncode) {
-  return NewCallError(call_id, std::move(type), std::move(message), code,
-                      std::move(traceback), returncode);
-}
-
-namespace {
-
-SandboxEventPtr BadRequest(const std::string& call_id, std::string message) {
-  return MakeCallError(call_id, "BadRequest", std::move(message),
-                       absl::StatusCode::kInvalidArgument);
-}
-
-// An over-long id is neither stored nor echoed: the error carries its length.
-bool IdTooLong(const std::string& id) { return id.size() > kMaxCallIdBytes; }
-
-SandboxEventPtr IdTooLongError(const std::string& id) {
-  return BadRequest("", absl::StrCat("call_id of ", id.size(),
-                                     " bytes exceeds the limit of ",
-                                     kMaxCallIdBytes, " bytes"));
-}
-
-// A call id in flight or retained for another client (StartCall.call_id).
-std::shared_ptr<SandboxEvent> CallIdInUse(const std::string& id) {
-  return NewCallError(
-      id, "CallIdInUse",
-      "another client (agentix-client-id) has a call with this call_id "
-      "running or retained; call ids are daemon-wide: use unique ones (e.g. "
-      "a UUID) and a client id of your own",
-      absl::StatusCode::kAlreadyExists, "", std::nullopt);
-}
-
-std::shared_ptr<SandboxEvent> FromWorkerError(const std::string& call_id,
-                                              const ipc::ErrorInfo& error) {
-  auto event = NewCallError(call_id, error.type, error.message,
-                            static_cast<absl::StatusCode>(error.code),
-                            error.traceback, error.returncode);
-  auto* e = event->mutable_error()->mutable_error();
-  e->set_type_module(error.type_module);
-  e->set_type_qualname(error.type_qualname);
-  // The worker bounds the state; a worker that does not is not forwarded.
-  if (error.state.size() <= ipc::kMaxExceptionStateBytes) {
-    e->set_state(error.state);
-  }
-  // The event must fit one 4 MiB message (wire_limits.h): a huge message
-  // or traceback is cut, with a note, to a quarter of that each.
-  if (e->ByteSizeLong() > kMaxWireItemBytes / 2) {
-    constexpr size_t kName = 64u << 10;
-    TruncateForWire(*e->mutable_message(), kMaxWireItemBytes / 4);
-    TruncateForWire(*e->mutable_traceback(), kMaxWireItemBytes / 4);
-    TruncateForWire(*e->mutable_type(), kName);
-    TruncateForWire(*e->mutable_type_module(), kName);
-    TruncateForWire(*e->mutable_type_qualname(), kName);
-  }
-  return event;
-}
-
-}  // namespace
 
 SessionManager::SessionManager(SessionOptions options)
     : options_(std::move(options)),
@@ -129,7 +59,7 @@ void SessionManager::WatchUploads() {
     {
       absl::MutexLock lock(&mu_);
       auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return shut_down_ || !uploading_.empty() || release_memory_ ||
+        return shut_down_ || table_.uploading() || release_memory_ ||
                env_pending_generation_ != 0;
       };
       mu_.Await(absl::Condition(&wake));
@@ -150,7 +80,7 @@ void SessionManager::WatchUploads() {
             absl::Now() >= env_pending_deadline_) {
           EndEnvPending("no answer to set_env in time", out);
         }
-        if (!uploading_.empty()) ExpireUploads(absl::Now(), out);
+        if (table_.uploading()) ExpireUploads(absl::Now(), out);
         if (!out.empty()) {
           DispatchQueued(out);
           FlushToWorker();
@@ -165,28 +95,12 @@ void SessionManager::WatchUploads() {
 }
 
 void SessionManager::ExpireUploads(absl::Time now, std::vector<Delivery>& out) {
-  std::vector<std::string> expired;
-  for (const std::string& id : uploading_) {
-    auto it = calls_.find(id);
-    if (it == calls_.end() ||
-        now - it->second.last_upload_progress >= options_.upload_idle_timeout) {
-      expired.push_back(id);
-    }
-  }
-  for (const std::string& id : expired) {
-    uploading_.erase(id);
-    auto it = calls_.find(id);
-    if (it == calls_.end() || it->second.terminal) continue;
-    Call& call = it->second;
+  for (const std::string& id : table_.ExpiredUploads(now)) {
+    Call& call = *table_.FindOpen(id);
     FailCall(id, call,
-             MakeCallError(
-                 id, "UploadTimeout",
-                 absl::StrCat("arguments incomplete: ", call.args_received,
-                              " of ", call.args_expected,
-                              " bytes arrived and none for ",
-                              absl::FormatDuration(options_.upload_idle_timeout),
-                              " (--upload-idle-timeout-s)"),
-                 absl::StatusCode::kDeadlineExceeded),
+             calls::UploadTimeoutError(id, call.args_received,
+                                       call.args_expected,
+                                       options_.upload_idle_timeout),
              out);
   }
 }
@@ -194,9 +108,9 @@ void SessionManager::ExpireUploads(absl::Time now, std::vector<Delivery>& out) {
 void SessionManager::FailCall(const std::string& id, Call& call,
                               SandboxEventPtr event,
                               std::vector<Delivery>& out) {
+  const uint64_t generation = call.generation;  // `call` may be evicted
   Emit(id, call, std::move(event), /*terminal=*/true, out);
-  if (worker_ && call.generation != 0 &&
-      worker_->generation() == call.generation) {
+  if (worker_ && generation != 0 && worker_->generation() == generation) {
     ipc::Frame cancel;
     cancel.type = ipc::FrameType::kCancel;
     cancel.call_id = id;
@@ -341,33 +255,7 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
                                std::string_view args,
                                std::vector<Delivery>& out) {
   const std::string& id = start.call_id();
-  if (id.empty()) {
-    out.push_back({sink, BadRequest("", "missing call_id")});
-    return;
-  }
-  if (IdTooLong(id)) {
-    out.push_back({sink, IdTooLongError(id)});
-    return;
-  }
-  if (auto known = calls_.find(id); known != calls_.end()) {
-    // At most once per call_id: the owner re-sending it (after a reconnect)
-    // is ignored; another client is refused at once, the call untouched.
-    if (!OwnedBy(known->second, *sink)) {
-      out.push_back({sink, CallIdInUse(id)});
-    }
-    return;
-  }
-  if (finished_ids_.Contains(id)) {
-    // A host re-sending the start of a call it still awaits after a
-    // reconnect: the call ran and its result is gone. Never run it again.
-    out.push_back({sink, MakeCallError(
-                             id, "ResultUnavailable",
-                             "this call already ran and its result is no "
-                             "longer held by the runtime (acknowledged or "
-                             "evicted); retry as a new call",
-                             absl::StatusCode::kNotFound)});
-    return;
-  }
+  if (!table_.IsNewStart(sink, sink->client_id(), id, out)) return;
   if (shut_down_) {
     out.push_back({sink, MakeCallError(id, "Unavailable",
                                        "sandbox daemon is shutting down",
@@ -376,66 +264,14 @@ void SessionManager::StartCall(const std::shared_ptr<CallSink>& sink,
   }
   // No argument bytes at all mean no arguments: `[[], {}]` in the call's
   // encoding (hosts that send arguments never get here).
-  if (args.empty() && start.arguments_size() == 0) {
-    runtime::v1::StartCall with_empty = start;
-    with_empty.set_arguments(
-        start.encoding() == runtime::v1::ENCODING_MSGPACK
-            ? std::string("\x92\x90\x80", 3)              // [[], {}]
-            : std::string("\x80\x02)}\x86.", 6));        // ((), {})
+  if (calls::HasNoArguments(start, args)) {
+    const runtime::v1::StartCall with_empty = calls::WithEmptyArguments(start);
     StartCall(sink, with_empty, with_empty.arguments(), out);
     return;
   }
-  // ENCODING_UNSPECIFIED means pickle, which every Python host sends with
-  // protocol 2 or later (first byte PROTO, 0x80). Anything else is most
-  // likely another language's msgpack sent without setting the encoding.
-  if (start.encoding() == runtime::v1::ENCODING_UNSPECIFIED &&
-      !args.empty() && args[0] != '\x80') {
-    out.push_back({sink, BadRequest(
-        id, "StartCall.arguments is not a pickle (it does not start with "
-            "0x80), and StartCall.encoding is ENCODING_UNSPECIFIED, which "
-            "means ENCODING_PICKLE; set StartCall.encoding to "
-            "ENCODING_MSGPACK for msgpack arguments")});
-    RememberFinished(id);
-    return;
-  }
-  if (auto status = CheckCallContext(start); !status.ok()) {
-    out.push_back({sink, BadRequest(id, std::string(status.message()))});
-    RememberFinished(id);
-    return;
-  }
-  const uint64_t expected =
-      start.arguments_size() == 0 ? args.size() : start.arguments_size();
-  // A refused call has had its one terminal event: its id is remembered so
-  // that chunks still on their way for it are dropped, not answered again.
-  if (args.size() > expected) {
-    out.push_back({sink, BadRequest(id, absl::StrCat(
-                                            "arguments carry ",
-                                            args.size(),
-                                            " bytes but arguments_size says ",
-                                            expected))});
-    RememberFinished(id);
-    return;
-  }
-  if (expected > options_.max_payload_bytes) {
-    out.push_back(
-        {sink, MakeCallError(
-                   id, "PayloadTooLarge",
-                   absl::StrCat("arguments of ", expected,
-                                " bytes exceed the sandbox limit of ",
-                                options_.max_payload_bytes, " bytes"),
-                   absl::StatusCode::kResourceExhausted)});
-    RememberFinished(id);
-    return;
-  }
-  Call& call = calls_[id];
-  call.sink = sink;
-  call.client = sink->client_id();
-  call.args_expected = expected;
-  call.args_received = args.size();
-  if (call.args_received < expected) {
-    call.last_upload_progress = absl::Now();
-    uploading_.insert(id);
-  }
+  Call* admitted = table_.Admit(sink, sink->client_id(), start, args, out);
+  if (admitted == nullptr) return;
+  Call& call = *admitted;
   const size_t limit = options_.max_concurrent_calls;
   if (env_pending_generation_ != 0 ||
       (limit > 0 && (running_calls_ >= limit || !call_queue_.empty()))) {
@@ -482,17 +318,8 @@ void SessionManager::Dispatch(const std::string& id, Call& call,
   call.unattributed_trace_mark = unattributed_trace_seq_;
   ++running_calls_;
 
-  ipc::Frame frame;
-  frame.type = ipc::FrameType::kCall;
-  frame.call_id = id;
-  frame.callable = start.callable();
-  frame.encoding = start.encoding() == runtime::v1::ENCODING_UNSPECIFIED
-                       ? runtime::v1::ENCODING_PICKLE
-                       : start.encoding();
-  frame.total_size = call.args_expected;
-  frame.context = WorkerContext(start);
-  frame.stream_window =
-      std::min(start.stream_window(), options_.max_stream_window);
+  ipc::Frame frame = calls::MakeCallFrame(id, start, call.args_expected,
+                                         options_.max_stream_window);
   const size_t first = std::min(args.size(), ipc::kChunkBytes);
   if (!PutInRing(args.substr(0, first), frame)) {
     frame.data.assign(args.data(), first);
@@ -508,9 +335,9 @@ void SessionManager::DispatchQueued(std::vector<Delivery>& out) {
          (limit == 0 || running_calls_ < limit)) {
     const std::string id = std::move(call_queue_.front());
     call_queue_.pop_front();
-    auto it = calls_.find(id);
-    if (it == calls_.end() || !it->second.queued) continue;
-    Call& call = it->second;
+    Call* queued = table_.Find(id);
+    if (queued == nullptr || !queued->queued) continue;
+    Call& call = *queued;
     call.queued = false;
     std::string args = std::move(call.queued_args);
     call.queued_args.clear();
@@ -555,136 +382,45 @@ void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
                                       std::string_view data,
                                       std::vector<Delivery>& out) {
   const std::string& id = chunk.call_id();
-  if (IdTooLong(id)) {
-    out.push_back({sink, IdTooLongError(id)});
-    return;
-  }
-  auto it = calls_.find(id);
-  if (it == calls_.end() && finished_ids_.Contains(id)) {
-    return;  // a resumed upload of a call that already finished
-  }
-  if (it == calls_.end()) {
-    out.push_back({sink, BadRequest(id, absl::StrCat(
-                                            "argument chunk for unknown call_id '",
-                                            id, "'"))});
-    return;
-  }
-  Call& call = it->second;
-  // Another client's call: its StartCall was refused (CallIdInUse).
-  if (!OwnedBy(call, *sink)) return;
-  if (call.terminal) return;  // e.g. cancelled while uploading: nothing to do
+  Table::ChunkUpdate update =
+      table_.AddChunk(sink, sink->client_id(), chunk, data, out);
+  if (update.call == nullptr) return;
+  Call& call = *update.call;
   // A broken upload ends the call: its one terminal event is this error, and
   // the worker is told to drop it.
-  auto fail_call = [&](std::string message) {
-    FailCall(id, call, BadRequest(id, std::move(message)), out);
-  };
-  if (chunk.has_offset()) {
-    // A host resuming an upload after a reconnect sends pieces again from
-    // where it lost track; the bytes already received are skipped.
-    if (chunk.offset() > call.args_received) {
-      fail_call(absl::StrCat("argument chunk at offset ", chunk.offset(),
-                             " leaves a gap (", call.args_received,
-                             " bytes received)"));
-      return;
-    }
-    const uint64_t seen = call.args_received - chunk.offset();
-    if (seen >= data.size()) return;
-    data.remove_prefix(seen);
-  }
-  if (call.args_received + data.size() > call.args_expected) {
-    fail_call(absl::StrCat("argument chunks exceed arguments_size (",
-                           call.args_expected, " bytes)"));
+  if (!update.failure.empty()) {
+    FailCall(id, call, BadRequest(id, std::move(update.failure)), out);
     return;
   }
-  call.args_received += data.size();
-  if (call.args_received == call.args_expected) {
-    uploading_.erase(id);
-  } else if (!data.empty()) {
-    call.last_upload_progress = absl::Now();
-  }
   if (call.queued) {
-    call.queued_args.append(data.data(), data.size());
+    call.queued_args.append(update.data.data(), update.data.size());
   } else if (worker_ && worker_->generation() == call.generation) {
-    ForwardArguments(id, data);
+    ForwardArguments(id, update.data);
   }
 }
 
 void SessionManager::Cancel(const std::string& call_id,
                             std::vector<Delivery>& out) {
-  auto it = calls_.find(call_id);
-  if (it == calls_.end() || it->second.terminal) return;
-  Call& call = it->second;
+  Call* call = table_.FindOpen(call_id);
+  if (call == nullptr) return;
   // The owner is told, whoever sent the cancel (the original left it hanging).
-  Emit(call_id, call,
-       MakeCallError(call_id, "Cancelled", "remote call cancelled",
-                     absl::StatusCode::kCancelled),
-       /*terminal=*/true, out);
-  if (worker_ && worker_->generation() == call.generation) {
-    ipc::Frame cancel;
-    cancel.type = ipc::FrameType::kCancel;
-    cancel.call_id = call_id;
-    SendToWorker(cancel);
-  }
+  FailCall(call_id, *call,
+           MakeCallError(call_id, "Cancelled", "remote call cancelled",
+                         absl::StatusCode::kCancelled),
+           out);
 }
 
 void SessionManager::Resume(const std::shared_ptr<CallSink>& sink,
                             const runtime::v1::ResumeCalls& resume,
                             std::vector<Delivery>& out) {
-  for (const std::string& id : resume.call_ids()) {
-    if (IdTooLong(id)) {
-      out.push_back({sink, IdTooLongError(id)});
-      continue;
-    }
-    auto it = calls_.find(id);
-    if (it == calls_.end()) {
-      out.push_back(
-          {sink, MakeCallError(
-                     id, "ResultUnavailable",
-                     "result is no longer held by the runtime (evicted or "
-                     "unknown call_id); retry as a new call",
-                     absl::StatusCode::kNotFound)});
-      continue;
-    }
-    Call& call = it->second;
-    if (!OwnedBy(call, *sink)) {
-      out.push_back({sink, CallIdInUse(id)});
-      continue;
-    }
-    // This stream already had every event live (it started the call, or
-    // resumed it before): a replay would deliver them twice.
-    if (call.sink == sink) continue;
-    call.sink = sink;
-    // Replay what was already produced; the rest follows live.
-    for (const auto& event : call.delivered) out.push_back({sink, event});
-  }
+  table_.Resume(sink, sink->client_id(), resume, out);
 }
 
 void SessionManager::AckStreamItems(const CallSink& sink,
                                     const runtime::v1::StreamAck& ack) {
-  auto it = calls_.find(ack.call_id());
-  if (it == calls_.end() || !OwnedBy(it->second, sink)) return;
-  Call& call = it->second;
-  // Consumed items need no replay: drop their retained copies, so a long
-  // stream holds at most about one window of items here.
-  // The ResultChunks in front of a consumed item (its leading bytes) go
-  // with it.
-  auto& delivered = call.delivered;
-  auto consumed_end = delivered.begin();
-  for (auto e = delivered.begin(); e != delivered.end(); ++e) {
-    if ((*e)->has_stream_item() &&
-        (*e)->stream_item().index() < ack.next_index()) {
-      consumed_end = e + 1;
-    }
-  }
-  delivered.erase(
-      std::remove_if(delivered.begin(), consumed_end,
-                     [&](const SandboxEventPtr& e) {
-                       return e->has_result_chunk() ||
-                              (e->has_stream_item() &&
-                               e->stream_item().index() < ack.next_index());
-                     }),
-      consumed_end);
-  if (call.terminal || !worker_ || worker_->generation() != call.generation) {
+  Call* call = table_.AckStreamItems(sink.client_id(), ack);
+  if (call == nullptr || !worker_ ||
+      worker_->generation() != call->generation) {
     return;
   }
   ipc::Frame frame;
@@ -695,68 +431,28 @@ void SessionManager::AckStreamItems(const CallSink& sink,
 }
 
 void SessionManager::Ack(const CallSink& sink, const std::string& call_id) {
-  auto it = calls_.find(call_id);
-  if (it == calls_.end() || !it->second.terminal ||
-      !OwnedBy(it->second, sink)) {
-    return;
-  }
-  retained_order_.erase(it->second.retained_pos);
-  retained_bytes_ -= std::min(retained_bytes_, it->second.retained_bytes);
-  calls_.erase(it);
-  RememberFinished(call_id);
-}
-
-void SessionManager::RememberFinished(const std::string& call_id) {
-  finished_ids_.Remember(call_id);
+  table_.Ack(sink.client_id(), call_id);
 }
 
 void SessionManager::Emit(const std::string& call_id, Call& call,
                           SandboxEventPtr event, bool terminal,
                           std::vector<Delivery>& out) {
-  call.delivered.push_back(event);
-  if (call.sink) out.push_back({call.sink, std::move(event)});
-  if (!terminal) return;
-  call.terminal = true;
-  if (call.args_received < call.args_expected) uploading_.erase(call_id);
-  if (call.dispatched) {
-    call.dispatched = false;
-    --running_calls_;
-  }
-  // One clock read per burst of calls, not per call, when calls overlap.
-  if (running_calls_ == 0) last_call_end_ = absl::Now();
-  if (call.queued) {  // cancelled or refused while waiting
-    call.queued = false;
-    call.queued_args.clear();
-    call_queue_.erase(
-        std::remove(call_queue_.begin(), call_queue_.end(), call_id),
-        call_queue_.end());
-  }
-  call.retained_pos = retained_order_.insert(retained_order_.end(), call_id);
-  call.retained_bytes = 0;
-  for (const auto& e : call.delivered) call.retained_bytes += e->ByteSizeLong();
-  retained_bytes_ += call.retained_bytes;
-  // Bounded by count and by bytes: a host whose acks were lost (e.g. in a
-  // connection cut) must not pin large results for ever.
-  while (retained_order_.size() > options_.max_retained_results ||
-         (retained_bytes_ > options_.max_retained_bytes &&
-          retained_order_.size() > 1)) {
-    const std::string oldest = retained_order_.front();
-    retained_order_.pop_front();
-    auto victim = calls_.find(oldest);
-    if (victim != calls_.end()) {
-      retained_bytes_ -= std::min(retained_bytes_, victim->second.retained_bytes);
-      calls_.erase(victim);
+  if (terminal) {
+    if (call.dispatched) {
+      call.dispatched = false;
+      --running_calls_;
     }
-    RememberFinished(oldest);
-    if (evicted_++ % 1000 == 0) {
-      AGX_LOG(Warning,
-              "retained-result buffer full (max {} results, {} bytes): "
-              "evicted unacknowledged result of call {} (evictions so far: "
-              "{})",
-              options_.max_retained_results, options_.max_retained_bytes,
-              oldest, evicted_);
+    // One clock read per burst of calls, not per call, when calls overlap.
+    if (running_calls_ == 0) last_call_end_ = absl::Now();
+    if (call.queued) {  // cancelled or refused while waiting
+      call.queued = false;
+      call.queued_args.clear();
+      call_queue_.erase(
+          std::remove(call_queue_.begin(), call_queue_.end(), call_id),
+          call_queue_.end());
     }
   }
+  table_.Emit(call_id, call, std::move(event), terminal, out);
 }
 
 absl::StatusOr<WorkerProcess*> SessionManager::EnsureWorker() {
@@ -901,9 +597,8 @@ std::vector<IdRun> SessionManager::OwnersOf(
     const std::vector<IdRun>& call_ids) {
   std::vector<IdRun> owners;
   for (const IdRun& run : call_ids) {
-    auto it = run.id.empty() ? calls_.end() : calls_.find(run.id);
-    AddToRuns(owners,
-              it == calls_.end() ? std::string_view() : it->second.client,
+    const Call* call = run.id.empty() ? nullptr : table_.Find(run.id);
+    AddToRuns(owners, call == nullptr ? std::string_view() : call->client,
               run.count);
   }
   return owners;
@@ -921,10 +616,7 @@ void SessionManager::TrackSeqs(const std::vector<IdRun>& call_ids,
       unattributed = last;
       continue;
     }
-    auto it = calls_.find(run.id);
-    if (it != calls_.end() && !it->second.terminal) {
-      it->second.*call_seq = last;
-    }
+    if (Call* call = table_.FindOpen(run.id)) call->*call_seq = last;
   }
 }
 
@@ -1126,9 +818,7 @@ bool SessionManager::ApplyWorkerFrame(uint64_t generation, ipc::Frame& frame,
   if (frame.type == FrameType::kReady || frame.type == FrameType::kBootError) {
     return false;  // WorkerProcess tracks readiness and reports boot errors
   }
-  if (frame.type != FrameType::kResultChunk &&
-      frame.type != FrameType::kResult && frame.type != FrameType::kError &&
-      frame.type != FrameType::kStreamItem) {
+  if (!calls::IsCallOutput(frame.type)) {
     if (frame.type == FrameType::kEnvSet) {  // the calls wait for it
       env_set_generation_ = generation;
       env_set_detail_ = std::move(frame.detail);
@@ -1145,75 +835,17 @@ bool SessionManager::ApplyWorkerFrame(uint64_t generation, ipc::Frame& frame,
             ipc::FrameTypeName(frame.type));
     return false;
   }
-  auto it = calls_.find(frame.call_id);
+  Call* open = table_.FindOpen(frame.call_id);
   // Closed calls are quiet: late frames (after a cancel, say) are dropped.
-  if (it == calls_.end() || it->second.terminal ||
-      it->second.generation != generation) {
-    return false;
-  }
-  Call& call = it->second;
-  // A result, chunk or item over one chunk (a worker that did not chunk it,
-  // or any stream item) is sent as ResultChunks of its leading bytes and the event
-  // with the rest, so that every event fits a default client's message.
-  if (frame.type != FrameType::kError &&
-      frame.data.size() > ipc::kChunkBytes) {
-    EmitLeadingChunks(frame.call_id, call, frame.data, out);
-  }
-  std::shared_ptr<SandboxEvent> event;
+  if (open == nullptr || open->generation != generation) return false;
+  Call& call = *open;
   bool terminal = true;
-  switch (frame.type) {
-    case FrameType::kResultChunk: {
-      auto chunk_event = std::make_shared<SandboxEvent>();
-      auto* chunk = chunk_event->mutable_result_chunk();
-      chunk->set_call_id(frame.call_id);
-      chunk->set_data(std::move(frame.data));
-      event = std::move(chunk_event);
-      terminal = false;
-      break;
-    }
-    case FrameType::kStreamItem: {
-      auto item_event = std::make_shared<SandboxEvent>();
-      auto* item = item_event->mutable_stream_item();
-      item->set_call_id(frame.call_id);
-      item->set_index(frame.index);
-      item->set_encoding(static_cast<runtime::v1::Encoding>(frame.encoding));
-      item->set_value(std::move(frame.data));
-      event = std::move(item_event);
-      terminal = false;
-      break;
-    }
-    case FrameType::kResult: {
-      auto result_event = std::make_shared<SandboxEvent>();
-      auto* result = result_event->mutable_result();
-      result->set_call_id(frame.call_id);
-      result->set_encoding(static_cast<runtime::v1::Encoding>(frame.encoding));
-      result->set_value_size(frame.total_size);
-      result->set_value(std::move(frame.data));
-      event = std::move(result_event);
-      break;
-    }
-    default:
-      event = FromWorkerError(frame.call_id, frame.error);
-      break;
-  }
+  std::shared_ptr<SandboxEvent> event =
+      table_.TakeWorkerOutput(frame.call_id, call, frame, terminal, out);
   const bool barrier =
-      frame.type != FrameType::kResultChunk && StampBarrier(call, *event);
+      frame.type != ipc::FrameType::kResultChunk && StampBarrier(call, *event);
   Emit(frame.call_id, call, std::move(event), terminal, out);
   return barrier;
-}
-
-void SessionManager::EmitLeadingChunks(const std::string& call_id, Call& call,
-                                       std::string& data,
-                                       std::vector<Delivery>& out) {
-  const size_t lead = ipc::SplitWithTail(data.size()).full * ipc::kChunkBytes;
-  for (size_t off = 0; off < lead; off += ipc::kChunkBytes) {
-    auto chunk_event = std::make_shared<SandboxEvent>();
-    auto* chunk = chunk_event->mutable_result_chunk();
-    chunk->set_call_id(call_id);
-    chunk->set_data(data.substr(off, ipc::kChunkBytes));
-    Emit(call_id, call, std::move(chunk_event), /*terminal=*/false, out);
-  }
-  data.erase(0, lead);
 }
 
 void SessionManager::OnWorkerExit(uint64_t generation,
@@ -1221,8 +853,17 @@ void SessionManager::OnWorkerExit(uint64_t generation,
   std::vector<Delivery> out;
   {
     absl::MutexLock lock(&mu_);
-    for (auto& [id, call] : calls_) {
-      if (call.terminal || call.generation != generation) continue;
+    // Collected first: a terminal Emit may evict other calls.
+    std::vector<std::string> running;
+    for (auto& [id, call] : table_.calls()) {
+      if (!call.terminal && call.generation == generation) {
+        running.push_back(id);
+      }
+    }
+    for (const std::string& id : running) {
+      Call* open = table_.FindOpen(id);
+      if (open == nullptr) continue;
+      Call& call = *open;
       auto event = NewCallError(id, exit.error_type, exit.message,
                                 absl::StatusCode::kUnavailable, "",
                                 exit.returncode);
@@ -1259,16 +900,12 @@ void SessionManager::RegisterSink(const std::shared_ptr<CallSink>& sink) {
 void SessionManager::DetachSink(const CallSink* sink) {
   absl::MutexLock lock(&mu_);
   sinks_.erase(sink);
-  for (auto& [id, call] : calls_) {
-    if (call.sink.get() == sink) call.sink.reset();
-  }
+  table_.Detach(sink);
 }
 
 bool SessionManager::HasOpenCalls(const CallSink* sink) {
   absl::MutexLock lock(&mu_);
-  for (const auto& [id, call] : calls_) {
-    if (!call.terminal && call.sink.get() == sink) return true;
-  }
+  if (table_.HasOpenCalls(sink)) return true;
   // Posted events not yet handed to the sink (e.g. a terminal one) keep it
   // open; handing them over writes to it, which asks again.
   for (const Delivery& d : posted_) {
@@ -1398,7 +1035,7 @@ SessionInfo SessionManager::Info() {
   info.worker_pid = worker_ ? worker_->pid() : 0;
   info.worker_booting = worker_ && !worker_->booted();
   info.workers_started = workers_started_;
-  for (const auto& [id, call] : calls_) {
+  for (const auto& [id, call] : table_.calls()) {
     if (!call.terminal && !call.queued) ++info.calls_in_flight;
   }
   info.calls_queued = call_queue_.size();
@@ -1424,12 +1061,12 @@ void SessionManager::Shutdown(absl::Duration grace) {
     worker = std::move(worker_);
     while (!call_queue_.empty()) {
       const std::string id = call_queue_.front();
-      auto it = calls_.find(id);
-      if (it == calls_.end() || it->second.terminal) {
+      Call* queued = table_.FindOpen(id);
+      if (queued == nullptr) {
         call_queue_.pop_front();
         continue;
       }
-      Emit(id, it->second,  // removes it from the queue
+      Emit(id, *queued,  // removes it from the queue
            MakeCallError(id, "Unavailable", "sandbox daemon is shutting down",
                          absl::StatusCode::kUnavailable),
            /*terminal=*/true, out);
@@ -1527,7 +1164,7 @@ SessionManager::DirectHandOver SessionManager::HandOverDirect(
   if (shut_down_ || worker_ == nullptr) return DirectHandOver::kNoWorker;
   if (!worker_->booted()) return DirectHandOver::kBooting;
   if (env_pending_generation_ != 0) return DirectHandOver::kNotEligible;
-  for (const auto& [id, call] : calls_) {
+  for (const auto& [id, call] : table_.calls()) {
     if (call.client == client_id) return DirectHandOver::kNotEligible;
   }
   return hand_over(*worker_) ? DirectHandOver::kHandedOver

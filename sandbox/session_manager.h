@@ -37,6 +37,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "agentix/runtime/v1/runtime.pb.h"
+#include "calls/call_table.h"
 #include "sandbox/call_sink.h"
 #include "wire/finished_ids.h"
 #include "sandbox/log_buffer.h"
@@ -45,10 +46,8 @@
 
 namespace agentix::sandbox {
 
-// Longest accepted call_id (and namespace request_id): every id is kept as a
-// hash-map key and remembered after its call (kRememberedFinishedCalls), so
-// its length must not be the host's choice. Python hosts send 32 hex chars.
-inline constexpr size_t kMaxCallIdBytes = 256;
+// Longest accepted call_id (and namespace request_id); calls/call_errors.h.
+inline constexpr size_t kMaxCallIdBytes = calls::kMaxCallIdBytes;
 
 // The most --finished_ids_shard_bits takes (4,096 sets of ~16 ids).
 inline constexpr int kMaxFinishedIdsShardBits = 12;
@@ -240,17 +239,9 @@ class SessionManager : public WorkerProcess::Listener {
       absl::FunctionRef<bool(WorkerProcess& worker)> hand_over);
 
  private:
-  struct Call {
-    std::shared_ptr<CallSink> sink;  // null while no stream owns the call
-    uint64_t generation = 0;         // the worker running it
-    uint64_t args_expected = 0;
-    uint64_t args_received = 0;
-    absl::Time last_upload_progress;  // while args_received < args_expected
-    bool terminal = false;
-    // Every event sent for this call, kept for replay until acknowledged.
-    std::vector<SandboxEventPtr> delivered;
-    std::list<std::string>::iterator retained_pos;
-    uint64_t retained_bytes = 0;  // of `delivered`, once terminal
+  // The daemon's own state of a call, beside the table's (CallTable::Call).
+  struct CallState {
+    uint64_t generation = 0;  // the worker running it
     // Counted against max_concurrent_calls until terminal.
     bool dispatched = false;
     // Waiting for a slot (max_concurrent_calls): the StartCall without its
@@ -262,24 +253,17 @@ class SessionManager : public WorkerProcess::Listener {
     // seq of the records and trace events tagged with this call, and the
     // seqs of unattributed ones when the call was dispatched (those that
     // appear later, while it runs, count as possibly its own).
-    // The host client that started it (CallSink::client_id): its records
-    // go to that client's Logs and Traces streams.
-    std::string client;
     uint64_t log_seq = 0;
     uint64_t trace_seq = 0;
     uint64_t unattributed_log_mark = 0;
     uint64_t unattributed_trace_mark = 0;
   };
-  // Whether `call` belongs to the client behind `sink` (its
-  // agentix-client-id; clients without one are one anonymous client).
-  static bool OwnedBy(const Call& call, const CallSink& sink) {
-    return call.client == sink.client_id();
-  }
+  // Ids, at most once, retention, resume, acks (calls/call_table.h): the
+  // same code as the worker's direct sessions.
+  using Table = calls::CallTable<CallSink, CallState>;
+  using Call = Table::Call;
   // An event to hand to a sink once the lock is released.
-  struct Delivery {
-    std::shared_ptr<CallSink> sink;
-    SandboxEventPtr event;
-  };
+  using Delivery = Table::Delivery;
 
   // `args`: the arguments' first bytes (start.arguments(), or the frame
   // wire's view of them); `data` likewise for a chunk.
@@ -292,7 +276,7 @@ class SessionManager : public WorkerProcess::Listener {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Any client may cancel a call (as in the original); Ack, AckStreamItems,
   // ArgumentChunk and Resume act only on calls of the sender's client
-  // (OwnedBy).
+  // (its CallSink::client_id; clients without one are one anonymous client).
   void Cancel(const std::string& call_id, std::vector<Delivery>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Resume(const std::shared_ptr<CallSink>& sink,
@@ -314,12 +298,6 @@ class SessionManager : public WorkerProcess::Listener {
   // Records `event` for `call_id` (terminal or not) and queues its delivery.
   void Emit(const std::string& call_id, Call& call, SandboxEventPtr event,
             bool terminal, std::vector<Delivery>& out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Emits the leading whole chunks of `data` (a result or stream item
-  // value over ipc::kChunkBytes) as ResultChunk events and leaves the rest
-  // (at most one chunk) in `data`.
-  void EmitLeadingChunks(const std::string& call_id, Call& call,
-                         std::string& data, std::vector<Delivery>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies one host event; frames for the worker go to `to_worker_`.
   void ApplyHostEvent(const std::shared_ptr<CallSink>& sink,
@@ -379,10 +357,6 @@ class SessionManager : public WorkerProcess::Listener {
   // Broadcasts the worker's namespace events (in order) to the host streams
   // open on their namespaces; reports events nobody received. Not under mu_.
   void RouteNamespaceEvents(const std::vector<const ipc::Frame*>& frames);
-  // Remembers that `call_id` finished and its result was freed, so that a
-  // repeated StartCall for it is refused instead of run again.
-  void RememberFinished(const std::string& call_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Destroys workers that have exited (joins their threads). Never called
   // from a worker callback or with mu_ held.
   void ReapDeadWorkers();
@@ -401,14 +375,15 @@ class SessionManager : public WorkerProcess::Listener {
   // Ends a running call with `event` and tells its worker to drop it.
   void FailCall(const std::string& id, Call& call, SandboxEventPtr event,
                 std::vector<Delivery>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The table's limits from the session's options.
+  static calls::CallTableLimits TableLimits(const SessionOptions& options);
 
   const SessionOptions options_;
   const std::unique_ptr<LogBuffer> logs_;
   const std::unique_ptr<TraceBuffer> traces_;
   NamespaceHub namespaces_;
   absl::Mutex mu_;
-  absl::flat_hash_map<std::string, Call> calls_ ABSL_GUARDED_BY(mu_);
-  std::list<std::string> retained_order_ ABSL_GUARDED_BY(mu_);
+  Table table_ ABSL_GUARDED_BY(mu_){TableLimits(options_)};
   std::string to_worker_ ABSL_GUARDED_BY(mu_);  // encoded, not yet sent
   std::unique_ptr<WorkerProcess> worker_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<WorkerProcess>> dead_workers_
@@ -438,8 +413,6 @@ class SessionManager : public WorkerProcess::Listener {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Time last_call_end_ ABSL_GUARDED_BY(mu_) = absl::Now();
   uint64_t workers_started_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t evicted_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t retained_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   size_t running_calls_ ABSL_GUARDED_BY(mu_) = 0;  // dispatched, not terminal
   std::deque<std::string> call_queue_ ABSL_GUARDED_BY(mu_);
   // Events produced under mu_ and not yet handed to their sinks, in order
@@ -450,15 +423,7 @@ class SessionManager : public WorkerProcess::Listener {
   // posted_, not yet delivered): HasOpenCalls counts them, or a half-closed
   // stream could finish before its last result reached it.
   std::vector<const CallSink*> in_hand_ ABSL_GUARDED_BY(mu_);
-  // Ids of calls whose results were acknowledged or evicted (bounded, oldest
-  // forgotten first): execution stays at most once when a reconnecting host
-  // re-sends a StartCall (about 100 bytes per id).
-  static constexpr size_t kRememberedFinishedCalls = 65536;
-  FinishedIds finished_ids_ ABSL_GUARDED_BY(mu_){
-      kRememberedFinishedCalls, options_.finished_ids_shard_bits};
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
-  // Calls whose arguments are still arriving (watched for idleness).
-  absl::flat_hash_set<std::string> uploading_ ABSL_GUARDED_BY(mu_);
   std::thread upload_watch_;
   bool release_memory_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<const CallSink*, std::weak_ptr<CallSink>> sinks_
@@ -473,9 +438,6 @@ class SessionManager : public WorkerProcess::Listener {
 };
 
 // Builds a CallError event (exposed for the adapter and tests).
-SandboxEventPtr MakeCallError(const std::string& call_id, std::string type,
-                              std::string message, absl::StatusCode code,
-                              std::string traceback = "",
-                              std::optional<int> returncode = std::nullopt);
+using calls::MakeCallError;
 
 }  // namespace agentix::sandbox

@@ -133,3 +133,16 @@ async def test_the_frame_wire_checks_the_token(start_daemon, tmp_path, monkeypat
         size, kind = struct.unpack_from("<IB", answer)
         assert kind == frames.STATUS and len(answer) == 5 + size
         assert struct.unpack_from("<I", answer, 5)[0] == 16  # UNAUTHENTICATED
+
+
+@pytest.mark.parametrize("direct", ["auto", "off"])
+async def test_a_host_asking_for_direct_calls_is_served_by_a_daemon_without_them(daemon, monkeypatch, direct):
+    # HELLO's agentix-direct: 1 (AGENTIX_CALLS_DIRECT=auto, the default) is ignored by a daemon
+    # without --direct_calls: the connection is relayed as before, payload ring included.
+    monkeypatch.setenv("AGENTIX_CALLS_WIRE", "frames")
+    monkeypatch.setenv("AGENTIX_CALLS_DIRECT", direct)
+    data = os.urandom(9 * MiB)
+    async with RuntimeClient(daemon.url) as client:
+        assert await client.remote(t.add, 2, 3) == 5
+        assert await client.remote(t.echo, data) == data
+        assert type(client._stream) is FrameCallsStream

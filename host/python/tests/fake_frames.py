@@ -9,11 +9,15 @@ against the spec, not against itself.
 `FrameServer.tell` sends the open Calls connections a HELLO of the daemon's
 own (a --calls_cpu=probe daemon's answer, and a re-probe's change of it);
 `eof_instead_of_status` makes an aborted stream (e.g. `drop_streams()`) end
-with a bare EOF instead of a STATUS frame.
+with a bare EOF instead of a STATUS frame. `hostile` plays a hostile peer (a
+worker holding the host's connection, docs/DIRECT-CALLS.md) once: see there.
 """
 
 import asyncio
+import os
+import socket
 import struct
+from collections.abc import Callable
 
 import grpc
 
@@ -83,8 +87,21 @@ class _Context:
         self._writer = writer
 
     async def write(self, message: pb.CallsResponse) -> None:
-        self._writer.write(encode(MESSAGE, message.SerializeToString()))
-        await self._writer.drain()
+        framed = encode(MESSAGE, message.SerializeToString())
+        hostile, self._server.hostile = self._server.hostile, None
+        if hostile is None:
+            self._writer.write(framed)
+            await self._writer.drain()
+            return
+        await self._writer.drain()  # nothing of ours waits in front of its bytes
+        raw = self._writer.get_extra_info("socket")
+        # A duplicate with a timeout (poll-based: the shared O_NONBLOCK stays set for asyncio).
+        with socket.socket(fileno=os.dup(raw.fileno())) as sock:
+            sock.settimeout(10)
+            # On a thread: the client's reader shares this loop, and a peer may send more than a buffer's worth.
+            keep = await asyncio.to_thread(hostile, sock, framed)
+        if not keep:
+            self._writer.transport.abort()
 
     async def abort(self, code, details: str) -> None:
         if not self._server.eof_instead_of_status:
@@ -116,6 +133,10 @@ class FrameServer:
         self.path = path
         self.hellos: list[dict[str, str]] = []
         self.eof_instead_of_status = False
+        # Called once, with the connection's socket and the next response's whole
+        # MESSAGE frame, instead of writing that frame: it writes what it likes
+        # (or nothing); False closes the connection after it.
+        self.hostile: Callable[[socket.socket, bytes], bool] | None = None
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.StreamWriter, asyncio.Task] = {}
         self._calls: list[asyncio.StreamWriter] = []

@@ -36,6 +36,7 @@ MiB = 1 << 20
 @pytest.fixture(autouse=True)
 def _default_wire(monkeypatch):
     monkeypatch.setenv("AGENTIX_CALLS_WIRE", "auto")
+    monkeypatch.delenv("AGENTIX_CALLS_DIRECT", raising=False)
     monkeypatch.delenv("AGENTIX_NATIVE_TRANSPORT", raising=False)
 
 
@@ -280,9 +281,10 @@ async def test_hello_carries_the_token_and_the_client_id(framed):
     (hello,) = framed.frames.hellos
     # By default (pinned waits) it names the CPU its loop waits on.
     assert int(hello.pop("agentix-calls-cpu")) in os.sched_getaffinity(0)
-    # and asks the daemon whether pinning its waits pays (--calls_cpu=probe).
+    # and asks the daemon whether pinning its waits pays (--calls_cpu=probe), and
+    # (AGENTIX_CALLS_DIRECT unset: auto) for direct calls (test_frames_hostile.py).
     assert hello == {"authorization": "Bearer s3cret", "agentix-client-id": client.client_id,
-                     frames.PAYLOAD_RING_KEY: "1", "agentix-calls-cpu-follow": "2"}
+                     frames.PAYLOAD_RING_KEY: "1", "agentix-calls-cpu-follow": "2", "agentix-direct": "1"}
     # Every call went on the frame wire, none on gRPC's Calls.
     assert [s.callable for s in framed.events("start")] == ["sandbox_functions::add"]
 
@@ -311,6 +313,7 @@ async def test_messages_follow_the_hello_without_waiting_for_an_answer(grpc_only
             "agentix-client-id": client.client_id,
             frames.PAYLOAD_RING_KEY: "1",
             "agentix-calls-cpu-follow": "2",
+            "agentix-direct": "1",
         }
         assert kind2 == MESSAGE
         (event,) = pb.CallsRequest.FromString(payload2).events

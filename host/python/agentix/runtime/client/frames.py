@@ -35,6 +35,9 @@ on one CPU while it waits for the daemon, or for good
 (`agentix.runtime.client.pinned_waits`); a Calls stream's HELLO then names
 that CPU (``agentix-calls-cpu``) so that the daemon's call path runs there
 too (docs/FRAME-WIRE.md, "Wake-ups").
+
+``AGENTIX_CALLS_DIRECT`` (`agentix.runtime.client.hello`): whether a Calls
+connection asks the daemon to hand it to the worker (docs/DIRECT-CALLS.md).
 """
 
 from __future__ import annotations
@@ -56,7 +59,15 @@ from agentix.runtime.client import wire
 from agentix.runtime.client.channels import NativeTransport
 from agentix.runtime.client._sio_facade import AsyncClientNamespace
 from agentix.runtime.client.errors import RuntimeUnreachable
-from agentix.runtime.client.hello import decode_hello, encode_hello
+from agentix.runtime.client.hello import (
+    CALLS_DIRECT_ENV,
+    NAMESPACE_STREAM,
+    PAYLOAD_RING_KEY,
+    STREAM_KEY,
+    decode_hello,
+    direct_calls_keys,
+    encode_hello,
+)
 from agentix.runtime.client.loop_slice import loop_slice_us
 from agentix.runtime.client.namespaces import (
     NAMESPACE_METHOD,
@@ -81,6 +92,7 @@ from agentix.runtime.client.wire_choice import (
     CALLS_WIRE_ENV,
     PAYLOAD_RING_ENV,
     calls_socket_path,
+    connect_calls_socket as _connect,
     payload_ring_wanted,
     wire_mode,
 )
@@ -88,6 +100,7 @@ from agentix.runtime.v1 import runtime_pb2 as pb
 
 __all__ = [
     "CALLS_CPU_ENV",
+    "CALLS_DIRECT_ENV",
     "CALLS_WIRE_ENV",
     "FrameCallsStream",
     "FrameTransport",
@@ -112,13 +125,6 @@ __all__ = [
 
 _log = logging.getLogger("agentix.runtime.client")
 
-# The HELLO key that shares the payload ring (its memfd rides with HELLO).
-PAYLOAD_RING_KEY = "agentix-payload-ring"
-# The HELLO key naming the RuntimeService stream a connection carries
-# (absent: Calls), and the Namespace stream's value.
-STREAM_KEY = "agentix-stream"
-NAMESPACE_STREAM = "namespace"
-
 HELLO, MESSAGE, HALF_CLOSE, STATUS, RING_MESSAGE = 1, 2, 3, 4, 5
 _HEADER = struct.Struct("<IB")
 _HEADER_BYTES = _HEADER.size
@@ -142,18 +148,6 @@ _IOV_MAX = 1024
 def frame(kind: int, payload: bytes = b"") -> bytes:
     """One encoded frame."""
     return _HEADER.pack(len(payload), kind) + payload
-
-
-def _connect(path: str) -> socket.socket:
-    """A non-blocking stream socket connected to `path` (a Unix socket
-    accepts at once or fails at once; a full backlog is EAGAIN)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
-    try:
-        sock.connect(path)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 class FrameWire:
@@ -242,10 +236,12 @@ class FrameWire:
           RuntimeUnreachable: ``AGENTIX_CALLS_WIRE=frames`` and the frame wire
             cannot be used (no Unix target, TLS, or ``PATH.calls`` refuses).
           ValueError: ``AGENTIX_CALLS_WIRE`` has another value, or
-            ``AGENTIX_CALLS_CPU`` (see `calls_cpu_setting`) or
-            ``AGENTIX_LOOP_SLICE_US`` (`loop_slice_us`) a wrong one.
+            ``AGENTIX_CALLS_CPU`` (see `calls_cpu_setting`),
+            ``AGENTIX_LOOP_SLICE_US`` (`loop_slice_us`) or
+            ``AGENTIX_CALLS_DIRECT`` (`direct_calls_keys`) a wrong one.
         """
         mode = wire_mode()
+        direct = direct_calls_keys()
         placement = calls_cpu_setting()
         slice_us = loop_slice_us() if placement.mode == "wait" else 0
         if stream is None:
@@ -276,7 +272,8 @@ class FrameWire:
         ring = None
         if stream is not None:
             metadata = (*metadata, (STREAM_KEY, stream))
-        else:
+        else:  # a Calls stream: it may ask for direct calls (Namespace streams never do)
+            metadata = (*metadata, *direct)
             waits = self.waits = pinned_waits(placement, slice_us)
             if waits is not None:
                 cpu = waits.cpu
@@ -463,6 +460,8 @@ class FrameTransport:
                     target = self._view[self._have : _HEADER_BYTES]
                 else:
                     target = self._view[self._have :]
+                # Never recvmsg: no control buffer, so the kernel closes any fds a
+                # peer sends with SCM_RIGHTS (a direct peer is untrusted; DIRECT-CALLS.md).
                 try:
                     count = sock.recv_into(target)
                 except (BlockingIOError, InterruptedError):

@@ -1,13 +1,53 @@
 """A frame-wire HELLO payload (docs/FRAME-WIRE.md): metadata pairs, each as
 ``u16le key length, key, u32le value length, value``. The host sends one
 first on every connection; a daemon run with ``--calls_cpu=probe`` answers a
-Calls host that asked (``agentix-calls-cpu-follow``) with one of its own."""
+Calls host that asked (``agentix-calls-cpu-follow``) with one of its own.
+
+The HELLO keys of the host's own (not gRPC metadata) are named here, with
+``AGENTIX_CALLS_DIRECT``, which decides whether a Calls connection asks for
+direct calls (docs/DIRECT-CALLS.md): ``auto`` (also unset or empty) sends
+``agentix-direct: 1``, ``off`` never. A daemon run without
+``--direct_calls`` (its default), or one that does not know the key, ignores
+it; one with it may hand the connection to the worker, whose frames the
+reader then treats as a hostile peer's (it already treats the daemon's so)."""
 
 from __future__ import annotations
 
+import os
 import struct
 
-__all__ = ["decode_hello", "encode_hello"]
+__all__ = [
+    "CALLS_DIRECT_ENV",
+    "DIRECT_KEY",
+    "NAMESPACE_STREAM",
+    "PAYLOAD_RING_KEY",
+    "STREAM_KEY",
+    "decode_hello",
+    "direct_calls_keys",
+    "encode_hello",
+]
+
+# The HELLO key that shares the payload ring (its memfd rides with HELLO).
+PAYLOAD_RING_KEY = "agentix-payload-ring"
+# The HELLO key naming the RuntimeService stream a connection carries
+# (absent: Calls), and the Namespace stream's value.
+STREAM_KEY = "agentix-stream"
+NAMESPACE_STREAM = "namespace"
+# The HELLO key of a Calls connection that asks for direct calls; only
+# Calls connections send it (Namespace streams stay relayed).
+DIRECT_KEY = "agentix-direct"
+CALLS_DIRECT_ENV = "AGENTIX_CALLS_DIRECT"
+_DIRECT_MODES = ("auto", "off")
+
+
+def direct_calls_keys() -> tuple[tuple[str, str], ...]:
+    """The HELLO pairs ``AGENTIX_CALLS_DIRECT`` adds to a Calls connection:
+    ``((DIRECT_KEY, "1"),)`` for ``auto`` (also unset or empty, any case),
+    none for ``off``; ValueError naming the variable for anything else."""
+    mode = os.environ.get(CALLS_DIRECT_ENV, "").strip().lower() or "auto"
+    if mode not in _DIRECT_MODES:
+        raise ValueError(f"{CALLS_DIRECT_ENV}={mode!r} is not one of {', '.join(_DIRECT_MODES)}")
+    return ((DIRECT_KEY, "1"),) if mode == "auto" else ()
 
 
 def encode_hello(metadata: tuple[tuple[str, str], ...]) -> bytes:

@@ -6,9 +6,17 @@ acts on them."""
 from __future__ import annotations
 
 import os
+import socket
 from urllib.parse import urlsplit
 
-__all__ = ["CALLS_WIRE_ENV", "PAYLOAD_RING_ENV", "calls_socket_path", "payload_ring_wanted", "wire_mode"]
+__all__ = [
+    "CALLS_WIRE_ENV",
+    "PAYLOAD_RING_ENV",
+    "calls_socket_path",
+    "connect_calls_socket",
+    "payload_ring_wanted",
+    "wire_mode",
+]
 
 CALLS_WIRE_ENV = "AGENTIX_CALLS_WIRE"
 PAYLOAD_RING_ENV = "AGENTIX_PAYLOAD_RING"
@@ -38,3 +46,15 @@ def calls_socket_path(target: str) -> str | None:
     if not target.startswith("unix:"):
         return None
     return urlsplit(target).path + _CALLS_SUFFIX
+
+
+def connect_calls_socket(path: str) -> socket.socket:
+    """A non-blocking stream socket connected to `path` (a Unix socket
+    accepts at once or fails at once; a full backlog is EAGAIN)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+    try:
+        sock.connect(path)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

@@ -1,0 +1,229 @@
+#include "worker/direct/direct_session.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "calls/call_errors.h"
+#include "worker/ipc/chunking.h"
+
+namespace agentix::worker {
+
+using runtime::v1::HostEvent;
+using sandbox::SandboxEventPtr;
+
+calls::CallTableLimits DirectSession::TableLimits(const DirectLimits& limits) {
+  calls::CallTableLimits table;
+  table.max_retained_results = limits.max_retained_results;
+  table.max_retained_bytes = limits.max_retained_bytes;
+  table.max_payload_bytes = limits.max_payload_bytes;
+  table.upload_idle_timeout = limits.upload_idle_timeout;
+  table.max_stream_window = limits.max_stream_window;
+  return table;
+}
+
+DirectSession::DirectSession(std::string client, const DirectLimits& limits,
+                             DriverSink& driver)
+    : client_(std::move(client)), driver_(driver), table_(TableLimits(limits)) {}
+
+void DirectSession::HandleRequest(
+    const std::shared_ptr<DirectResponseSink>& conn,
+    const runtime::v1::CallsRequest& request,
+    absl::Span<const std::optional<std::string_view>> bulk) {
+  static const std::optional<std::string_view> kInMessage;
+  Out out;
+  std::vector<ipc::Frame> to_driver;
+  absl::MutexLock lock(&mu_);
+  for (int i = 0; i < request.events_size(); ++i) {
+    Apply(conn, request.events(i),
+          static_cast<size_t>(i) < bulk.size() ? bulk[i] : kInMessage, out,
+          to_driver);
+  }
+  Flush(out, to_driver);
+}
+
+void DirectSession::Apply(const std::shared_ptr<DirectResponseSink>& conn,
+                          const HostEvent& event,
+                          const std::optional<std::string_view>& bulk,
+                          Out& out, std::vector<ipc::Frame>& to_driver) {
+  switch (event.kind_case()) {
+    case HostEvent::kStart:
+      StartCall(conn, event.start(),
+                bulk ? *bulk : std::string_view(event.start().arguments()),
+                out, to_driver);
+      break;
+    case HostEvent::kArgumentChunk: {
+      const std::string& id = event.argument_chunk().call_id();
+      Table::ChunkUpdate update = table_.AddChunk(
+          conn, client_, event.argument_chunk(),
+          bulk ? *bulk : std::string_view(event.argument_chunk().data()), out);
+      if (update.call == nullptr) break;
+      if (!update.failure.empty()) {
+        FailCall(id, *update.call,
+                 calls::BadRequest(id, std::move(update.failure)), out,
+                 to_driver);
+        break;
+      }
+      ipc::ForEachChunk(update.data, [&](std::string_view piece) {
+        ipc::Frame chunk;
+        chunk.type = ipc::FrameType::kArgChunk;
+        chunk.call_id = id;
+        chunk.data.assign(piece.data(), piece.size());
+        to_driver.push_back(std::move(chunk));
+      });
+      break;
+    }
+    case HostEvent::kCancel: {
+      const std::string& id = event.cancel().call_id();
+      if (Call* call = table_.FindOpen(id)) {
+        FailCall(id, *call,
+                 calls::MakeCallError(id, "Cancelled", "remote call cancelled",
+                                      absl::StatusCode::kCancelled),
+                 out, to_driver);
+      }
+      break;
+    }
+    case HostEvent::kResume:
+      table_.Resume(conn, client_, event.resume(), out);
+      break;
+    case HostEvent::kAck:
+      table_.Ack(client_, event.ack().call_id());
+      break;
+    case HostEvent::kStreamAck:
+      if (table_.AckStreamItems(client_, event.stream_ack()) != nullptr) {
+        ipc::Frame ack;
+        ack.type = ipc::FrameType::kStreamAck;
+        ack.call_id = event.stream_ack().call_id();
+        ack.index = event.stream_ack().next_index();
+        to_driver.push_back(std::move(ack));
+      }
+      break;
+    case HostEvent::KIND_NOT_SET:
+      out.push_back({conn, calls::BadRequest("", "host event has no kind set")});
+      break;
+  }
+}
+
+void DirectSession::StartCall(const std::shared_ptr<DirectResponseSink>& conn,
+                              const runtime::v1::StartCall& start,
+                              std::string_view args, Out& out,
+                              std::vector<ipc::Frame>& to_driver) {
+  const std::string& id = start.call_id();
+  if (!table_.IsNewStart(conn, client_, id, out)) return;
+  if (calls::HasNoArguments(start, args)) {
+    const runtime::v1::StartCall with_empty = calls::WithEmptyArguments(start);
+    StartCall(conn, with_empty, with_empty.arguments(), out, to_driver);
+    return;
+  }
+  Call* call = table_.Admit(conn, client_, start, args, out);
+  if (call == nullptr) return;
+  ++running_;
+  ipc::Frame frame = calls::MakeCallFrame(
+      id, start, call->args_expected, table_.limits().max_stream_window);
+  const size_t first = std::min(args.size(), ipc::kChunkBytes);
+  frame.data.assign(args.data(), first);
+  to_driver.push_back(std::move(frame));
+  ipc::ForEachChunk(args.substr(first), [&](std::string_view piece) {
+    ipc::Frame chunk;
+    chunk.type = ipc::FrameType::kArgChunk;
+    chunk.call_id = id;
+    chunk.data.assign(piece.data(), piece.size());
+    to_driver.push_back(std::move(chunk));
+  });
+}
+
+void DirectSession::Emit(const std::string& id, Call& call,
+                         SandboxEventPtr event, bool terminal, Out& out) {
+  if (terminal) --running_;
+  table_.Emit(id, call, std::move(event), terminal, out);
+}
+
+void DirectSession::FailCall(const std::string& id, Call& call,
+                             SandboxEventPtr event, Out& out,
+                             std::vector<ipc::Frame>& to_driver) {
+  Emit(id, call, std::move(event), /*terminal=*/true, out);
+  ipc::Frame cancel;
+  cancel.type = ipc::FrameType::kCancel;
+  cancel.call_id = id;
+  to_driver.push_back(std::move(cancel));
+}
+
+absl::Status DirectSession::HandleDriverFrames(
+    std::vector<ipc::Frame>& frames) {
+  absl::Status status;
+  Out out;
+  std::vector<ipc::Frame> to_driver;
+  absl::MutexLock lock(&mu_);
+  for (ipc::Frame& frame : frames) {
+    if (!calls::IsCallOutput(frame.type)) {
+      if (status.ok()) {
+        status = absl::InvalidArgumentError(
+            absl::StrCat("a '", std::string(ipc::FrameTypeName(frame.type)),
+                         "' frame is not a call's output"));
+      }
+      continue;
+    }
+    Call* call = table_.FindOpen(frame.call_id);
+    if (call == nullptr) continue;  // closed: late frames are dropped
+    bool terminal = true;
+    SandboxEventPtr event =
+        table_.TakeWorkerOutput(frame.call_id, *call, frame, terminal, out);
+    Emit(frame.call_id, *call, std::move(event), terminal, out);
+  }
+  Flush(out, to_driver);
+  return status;
+}
+
+bool DirectSession::ExpireUploads(absl::Time now) {
+  Out out;
+  std::vector<ipc::Frame> to_driver;
+  absl::MutexLock lock(&mu_);
+  for (const std::string& id : table_.ExpiredUploads(now)) {
+    Call& call = *table_.FindOpen(id);
+    FailCall(id, call,
+             calls::UploadTimeoutError(id, call.args_received,
+                                       call.args_expected,
+                                       table_.limits().upload_idle_timeout),
+             out, to_driver);
+  }
+  Flush(out, to_driver);
+  return table_.uploading();
+}
+
+void DirectSession::Flush(Out& out, std::vector<ipc::Frame>& to_driver) {
+  // Consecutive events of one connection go in one Send, in order.
+  for (size_t i = 0; i < out.size();) {
+    DirectResponseSink* conn = out[i].sink.get();
+    std::vector<SandboxEventPtr> batch;
+    size_t j = i;
+    for (; j < out.size() && out[j].sink.get() == conn; ++j) {
+      batch.push_back(std::move(out[j].event));
+    }
+    conn->Send(std::move(batch));
+    i = j;
+  }
+  out.clear();
+  if (!to_driver.empty()) driver_.Send(std::move(to_driver));
+  to_driver.clear();
+}
+
+void DirectSession::Detach(const DirectResponseSink* conn) {
+  absl::MutexLock lock(&mu_);
+  table_.Detach(conn);
+}
+
+bool DirectSession::HasOpenCalls(const DirectResponseSink* conn) {
+  absl::MutexLock lock(&mu_);
+  return table_.HasOpenCalls(conn);
+}
+
+bool DirectSession::Runs(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  return table_.FindOpen(id) != nullptr;
+}
+
+size_t DirectSession::running() {
+  absl::MutexLock lock(&mu_);
+  return running_;
+}
+
+}  // namespace agentix::worker

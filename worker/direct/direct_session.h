@@ -1,0 +1,157 @@
+// DirectSession: the worker's owner of one host client's calls when the
+// client's Calls connections are handed to the worker (docs/DIRECT-CALLS.md,
+// stage 2: the call state, without sockets). It is to a direct client what
+// the daemon's SessionManager is to a relayed one, on the same CallTable
+// (calls/call_table.h), so ids, at most once, limits, retention, acks,
+// stream acks and resume behave the same for both owners.
+//
+// In: parsed CallsRequests from the client's connections (HandleRequest) and
+// the driver's output for its calls (HandleDriverFrames: result,
+// result_chunk, stream_item, error — what the worker's result sender writes
+// for a relayed call). Out: CallsResponse events to the connection that
+// started or last resumed each call (DirectResponseSink), and the records
+// the daemon writes on the worker link for a relayed call — call (with its
+// first argument piece), arg_chunk, cancel, stream_ack — to the driver
+// (DriverSink). One session per client; several connections may attach.
+//
+// Thread-safe (one lock). No threads of its own: whoever serves the direct
+// connections drives ExpireUploads (stage 3: the worker's watchdog).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "agentix/runtime/v1/runtime.pb.h"
+#include "calls/call_table.h"
+#include "wire/sandbox_event.h"
+#include "worker/ipc/frame.h"
+
+namespace agentix::worker {
+
+// One direct Calls connection's way to its host.
+class DirectResponseSink {
+ public:
+  virtual ~DirectResponseSink() = default;
+  // Queues `events` (in order) to be written as CallsResponse frames.
+  // Called with the session's lock held, in the order the session produced
+  // them: must not block on I/O and must not call into the session.
+  virtual void Send(std::vector<sandbox::SandboxEventPtr> events) = 0;
+};
+
+// The worker's driver, as the session's calls reach it.
+class DriverSink {
+ public:
+  virtual ~DriverSink() = default;
+  // Queues `frames` for the driver, in order: kCall (its first argument
+  // piece, at most ipc::kChunkBytes, in `data`), kArgChunk, kCancel,
+  // kStreamAck — what the daemon writes on the worker link for a relayed
+  // call (docs/WORKER-PROTOCOL.md). Same rules as DirectResponseSink::Send.
+  virtual void Send(std::vector<ipc::Frame> frames) = 0;
+};
+
+// The daemon's per-call limits, as the `direct_conn` frame carries them.
+struct DirectLimits {
+  uint64_t max_payload_bytes = uint64_t{1} << 30;      // --max_payload_bytes
+  absl::Duration upload_idle_timeout = absl::Seconds(60);
+  size_t max_retained_results = 4096;                  // --max_retained_results
+  uint64_t max_retained_bytes = uint64_t{512} << 20;   // --max_retained_bytes
+  uint32_t max_stream_window = 1024;                   // --max_stream_window
+  // The direct writer's bound on a host that stops reading (stage 3); the
+  // session itself does not use it.
+  absl::Duration stalled_host_timeout = absl::Seconds(20);
+};
+
+class DirectSession {
+ public:
+  // `client`: the HELLO's agentix-client-id ("" for the anonymous client).
+  // `driver` must outlive the session.
+  DirectSession(std::string client, const DirectLimits& limits,
+                DriverSink& driver);
+  DirectSession(const DirectSession&) = delete;
+  DirectSession& operator=(const DirectSession&) = delete;
+
+  const std::string& client() const { return client_; }
+
+  // Applies a request's events in order, as SessionManager::HandleHostEvents
+  // does: problems are answered on `conn` as CallErrors. `bulk[i]`, when
+  // set, is events[i]'s arguments or chunk data left out of the message
+  // (frame_splice's view); `bulk` is empty or has one entry per event.
+  // A cancel of an id this session does not hold does nothing (stage 3
+  // passes it to the daemon: another client's call).
+  void HandleRequest(
+      const std::shared_ptr<DirectResponseSink>& conn,
+      const runtime::v1::CallsRequest& request,
+      absl::Span<const std::optional<std::string_view>> bulk = {});
+
+  // The driver's output for this session's calls, in order: each frame
+  // becomes its call's event(s) (values over ipc::kChunkBytes as leading
+  // ResultChunks), sent to the call's connection and retained. Frames of
+  // closed or unknown calls are dropped (late frames after a cancel).
+  // InvalidArgument naming the first frame that is not a call's output
+  // (the others are still applied).
+  absl::Status HandleDriverFrames(std::vector<ipc::Frame>& frames);
+
+  // Ends the calls whose arguments made no progress for
+  // upload_idle_timeout by `now` with UploadTimeout (and cancels them in
+  // the driver). Whether any upload is still watched.
+  bool ExpireUploads(absl::Time now);
+
+  // The connection ended: its calls keep running, their events retained
+  // for a resume (or eviction).
+  void Detach(const DirectResponseSink* conn);
+  // A call owned by `conn` has not reached its terminal event (a
+  // half-closed connection ends once this is false).
+  bool HasOpenCalls(const DirectResponseSink* conn);
+  // `id` is a call of this session that has not ended (the worker refuses
+  // a relayed call of the same id: docs/DIRECT-CALLS.md, stage 3).
+  bool Runs(const std::string& id);
+  // Calls started and not terminal.
+  size_t running();
+
+ private:
+  struct NoExtra {};
+  using Table = calls::CallTable<DirectResponseSink, NoExtra>;
+  using Call = Table::Call;
+  using Out = Table::Out;
+
+  static calls::CallTableLimits TableLimits(const DirectLimits& limits);
+  void Apply(const std::shared_ptr<DirectResponseSink>& conn,
+             const runtime::v1::HostEvent& event,
+             const std::optional<std::string_view>& bulk, Out& out,
+             std::vector<ipc::Frame>& to_driver)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartCall(const std::shared_ptr<DirectResponseSink>& conn,
+                 const runtime::v1::StartCall& start, std::string_view args,
+                 Out& out, std::vector<ipc::Frame>& to_driver)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records `event` and, for a terminal one, counts the call as ended.
+  void Emit(const std::string& id, Call& call, sandbox::SandboxEventPtr event,
+            bool terminal, Out& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a running call with `event` and cancels it in the driver.
+  void FailCall(const std::string& id, Call& call,
+                sandbox::SandboxEventPtr event, Out& out,
+                std::vector<ipc::Frame>& to_driver)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands `out` to the connections (one Send per run of one connection)
+  // and `to_driver` to the driver.
+  void Flush(Out& out, std::vector<ipc::Frame>& to_driver)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string client_;
+  DriverSink& driver_;
+  absl::Mutex mu_;
+  Table table_ ABSL_GUARDED_BY(mu_);
+  size_t running_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace agentix::worker

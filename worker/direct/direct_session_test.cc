@@ -1,0 +1,345 @@
+// DirectSession against the shared owner scenarios (calls/owner_scenarios.h,
+// also run for SessionManager), with testing/fake_worker as the driver: a
+// real child process speaking the worker protocol on a socketpair, fed the
+// session's call / arg_chunk / cancel / stream_ack records and answering
+// with the result frames the session turns into CallsResponse events.
+#include "worker/direct/direct_session.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <deque>
+#include <map>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "calls/owner_scenarios.h"
+#include "worker/ipc/io.h"
+
+extern char** environ;
+
+namespace agentix::worker {
+namespace {
+
+using calls::testing::EventLog;
+using runtime::v1::CallsRequest;
+using runtime::v1::SandboxEvent;
+using sandbox::SandboxEventPtr;
+
+class LogConn final : public DirectResponseSink {
+ public:
+  explicit LogConn(std::shared_ptr<EventLog> log) : log_(std::move(log)) {}
+  void Send(std::vector<SandboxEventPtr> events) override {
+    log_->Add(std::move(events));
+  }
+
+ private:
+  const std::shared_ptr<EventLog> log_;
+};
+
+// testing/fake_worker on a socketpair (its channel fd), as the driver of a
+// session: frames queued by Send are written by a writer thread (Send runs
+// under the session's lock and must not block), frames read by a reader
+// thread go to the session.
+class FakeWorkerDriver final : public DriverSink {
+ public:
+  FakeWorkerDriver() {
+    int fds[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
+    fd_ = fds[0];
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], ipc::kWorkerChannelFd);
+    char path[] = "testing/fake_worker";
+    char* argv[] = {path, nullptr};
+    REQUIRE(::posix_spawn(&pid_, path, &actions, nullptr, argv, environ) == 0);
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(fds[1]);
+  }
+  ~FakeWorkerDriver() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (writer_.joinable()) writer_.join();
+    ::shutdown(fd_, SHUT_RDWR);
+    if (reader_.joinable()) reader_.join();
+    ::close(fd_);
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+
+  // Starts the threads once the session exists.
+  void Serve(DirectSession& session) {
+    writer_ = std::thread([this] { WriteLoop(); });
+    reader_ = std::thread([this, &session] { ReadLoop(session); });
+  }
+
+  void Send(std::vector<ipc::Frame> frames) override {
+    absl::MutexLock lock(&mu_);
+    for (const ipc::Frame& frame : frames) {
+      REQUIRE(frame.type != ipc::FrameType::kShutdown);
+      CHECK(ipc::AppendFrame(frame, pending_).ok());
+    }
+  }
+
+  // Worker frames the session refused (not a call's output).
+  int refused() const { return refused_.load(); }
+
+ private:
+  void WriteLoop() {
+    while (true) {
+      std::string bytes;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || !pending_.empty();
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (pending_.empty()) return;  // stopping
+        bytes.swap(pending_);
+      }
+      if (!ipc::WriteAll(fd_, bytes).ok()) return;
+    }
+  }
+
+  void ReadLoop(DirectSession& session) {
+    ipc::FrameReader reader;
+    while (true) {
+      auto n = ipc::ReadInto(fd_, reader);
+      if (!n.ok() || *n == 0) return;
+      std::vector<ipc::Frame> frames;
+      while (true) {
+        auto next = reader.Next();
+        if (!next.ok() || !next->has_value()) break;
+        if ((*next)->type == ipc::FrameType::kReady) continue;
+        frames.push_back(std::move(**next));
+      }
+      if (!session.HandleDriverFrames(frames).ok()) ++refused_;
+    }
+  }
+
+  int fd_ = -1;
+  pid_t pid_ = 0;
+  absl::Mutex mu_;
+  std::string pending_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int> refused_{0};
+  std::thread writer_;
+  std::thread reader_;
+};
+
+class SessionOwner final : public calls::testing::OwnerUnderTest {
+ public:
+  explicit SessionOwner(const calls::CallTableLimits& limits)
+      : session_("scenario-client", Limits(limits), driver_) {
+    driver_.Serve(session_);
+    // The upload watchdog the worker's intake will run (stage 3).
+    watchdog_ = std::thread([this] {
+      while (!stop_.load()) {
+        session_.ExpireUploads(absl::Now());
+        absl::SleepFor(absl::Milliseconds(20));
+      }
+    });
+  }
+  ~SessionOwner() override {
+    stop_ = true;
+    watchdog_.join();
+    CHECK(driver_.refused() == 0);
+  }
+
+  std::shared_ptr<EventLog> Connect() override {
+    auto log = std::make_shared<EventLog>();
+    conns_[log.get()] = std::make_shared<LogConn>(log);
+    return log;
+  }
+  void Send(const std::shared_ptr<EventLog>& conn,
+            const CallsRequest& request) override {
+    session_.HandleRequest(conns_.at(conn.get()), request);
+  }
+  void Close(const std::shared_ptr<EventLog>& conn) override {
+    session_.Detach(conns_.at(conn.get()).get());
+  }
+
+ private:
+  static DirectLimits Limits(const calls::CallTableLimits& table) {
+    DirectLimits limits;
+    limits.max_retained_results = table.max_retained_results;
+    limits.max_retained_bytes = table.max_retained_bytes;
+    limits.max_payload_bytes = table.max_payload_bytes;
+    limits.upload_idle_timeout = table.upload_idle_timeout;
+    limits.max_stream_window = table.max_stream_window;
+    return limits;
+  }
+
+  // Declared first: destroyed last, after the session it feeds stops
+  // being used (its threads join in its destructor).
+  FakeWorkerDriver driver_;
+  DirectSession session_;
+  std::map<const EventLog*, std::shared_ptr<LogConn>> conns_;
+  std::atomic<bool> stop_{false};
+  std::thread watchdog_;
+};
+
+TEST_CASE("DirectSession keeps every Calls guarantee (the owner scenarios)",
+          "[direct][calls]") {
+  calls::testing::RunOwnerScenarios([](const calls::CallTableLimits& limits) {
+    return std::make_unique<SessionOwner>(limits);
+  });
+}
+
+// A driver that records what the session asks of it, for the records'
+// exact content (what the daemon writes on the link for a relayed call).
+class RecordingDriver final : public DriverSink {
+ public:
+  void Send(std::vector<ipc::Frame> frames) override {
+    for (auto& f : frames) frames_.push_back(std::move(f));
+  }
+  std::vector<ipc::Frame> frames_;
+};
+
+class RecordingConn final : public DirectResponseSink {
+ public:
+  void Send(std::vector<SandboxEventPtr> events) override {
+    for (auto& e : events) events_.push_back(std::move(e));
+  }
+  std::vector<SandboxEventPtr> events_;
+};
+
+CallsRequest StartRequest(const std::string& id, std::string args,
+                          uint64_t total, uint32_t window) {
+  CallsRequest r;
+  auto* s = r.add_events()->mutable_start();
+  s->set_call_id(id);
+  s->set_callable("mod:fn");
+  s->set_arguments(std::move(args));
+  s->set_arguments_size(total);
+  s->set_stream_window(window);
+  s->set_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+  return r;
+}
+
+TEST_CASE("DirectSession hands the driver the records the daemon sends",
+          "[direct]") {
+  RecordingDriver driver;
+  DirectLimits limits;
+  limits.max_stream_window = 8;
+  DirectSession session("c", limits, driver);
+  auto conn = std::make_shared<RecordingConn>();
+  const std::string args(ipc::kChunkBytes + 10, '\x80');
+  session.HandleRequest(conn, StartRequest("s", args, 0, 1000));
+  REQUIRE(conn->events_.empty());
+  REQUIRE(driver.frames_.size() == 2);
+  const ipc::Frame& call = driver.frames_[0];
+  REQUIRE(call.type == ipc::FrameType::kCall);
+  REQUIRE(call.call_id == "s");
+  REQUIRE(call.callable == "mod:fn");
+  REQUIRE(call.encoding == runtime::v1::ENCODING_PICKLE);  // unspecified
+  REQUIRE(call.total_size == args.size());
+  REQUIRE(call.stream_window == 8);  // clamped
+  REQUIRE(!call.context.empty());    // the traceparent
+  REQUIRE(call.data.size() == ipc::kChunkBytes);
+  REQUIRE(driver.frames_[1].type == ipc::FrameType::kArgChunk);
+  REQUIRE(driver.frames_[1].data.size() == 10);
+  REQUIRE(session.running() == 1);
+  REQUIRE(session.Runs("s"));
+
+  CallsRequest ack;
+  ack.add_events()->mutable_stream_ack()->set_call_id("s");
+  ack.mutable_events(0)->mutable_stream_ack()->set_next_index(3);
+  session.HandleRequest(conn, ack);
+  REQUIRE(driver.frames_.back().type == ipc::FrameType::kStreamAck);
+  REQUIRE(driver.frames_.back().index == 3);
+
+  // A value over one chunk arrives as leading ResultChunks, then the rest.
+  std::vector<ipc::Frame> out(1);
+  out[0].type = ipc::FrameType::kResult;
+  out[0].call_id = "s";
+  out[0].encoding = runtime::v1::ENCODING_PICKLE;
+  out[0].data.assign(2 * ipc::kChunkBytes + 5, 'r');
+  out[0].total_size = out[0].data.size();
+  REQUIRE(session.HandleDriverFrames(out).ok());
+  REQUIRE(conn->events_.size() == 3);
+  REQUIRE(conn->events_[0]->has_result_chunk());
+  REQUIRE(conn->events_[2]->result().value().size() == 5);
+  REQUIRE(conn->events_[2]->result().value_size() == 2 * ipc::kChunkBytes + 5);
+  REQUIRE(session.running() == 0);
+  REQUIRE(!session.HasOpenCalls(conn.get()));
+
+  // A late frame of the closed call is dropped; a frame that is no call's
+  // output is refused, by name.
+  std::vector<ipc::Frame> late(2);
+  late[0].type = ipc::FrameType::kResult;
+  late[0].call_id = "s";
+  late[1].type = ipc::FrameType::kReady;
+  absl::Status refused = session.HandleDriverFrames(late);
+  REQUIRE(refused.code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(refused.message().find("ready") != std::string::npos);
+  REQUIRE(conn->events_.size() == 3);
+
+  // The acknowledged call is finished: a re-sent start is refused.
+  CallsRequest done;
+  done.add_events()->mutable_ack()->set_call_id("s");
+  session.HandleRequest(conn, done);
+  const size_t frames_before = driver.frames_.size();
+  session.HandleRequest(conn, StartRequest("s", "\x80", 0, 0));
+  REQUIRE(conn->events_.back()->error().error().type() == "ResultUnavailable");
+  REQUIRE(driver.frames_.size() == frames_before);
+}
+
+TEST_CASE("DirectSession takes argument bytes left out of the message",
+          "[direct]") {
+  // frame_splice hands the bytes of StartCall.arguments and
+  // ArgumentChunk.data as views beside the parsed message.
+  RecordingDriver driver;
+  DirectSession session("c", DirectLimits{}, driver);
+  auto conn = std::make_shared<RecordingConn>();
+  CallsRequest request = StartRequest("b", "", 6, 0);
+  auto* chunk = request.add_events()->mutable_argument_chunk();
+  chunk->set_call_id("b");
+  const std::string start_bytes = "\x80" "ab";
+  const std::string chunk_bytes = "cde";
+  const std::vector<std::optional<std::string_view>> bulk = {
+      std::string_view(start_bytes), std::string_view(chunk_bytes)};
+  session.HandleRequest(conn, request, bulk);
+  REQUIRE(conn->events_.empty());
+  REQUIRE(driver.frames_.size() == 2);
+  REQUIRE(driver.frames_[0].data == start_bytes);
+  REQUIRE(driver.frames_[0].total_size == 6);
+  REQUIRE(driver.frames_[1].type == ipc::FrameType::kArgChunk);
+  REQUIRE(driver.frames_[1].data == chunk_bytes);
+}
+
+TEST_CASE("DirectSession cancels in the driver what it ends itself",
+          "[direct]") {
+  RecordingDriver driver;
+  DirectLimits limits;
+  limits.upload_idle_timeout = absl::Seconds(1);
+  DirectSession session("c", limits, driver);
+  auto conn = std::make_shared<RecordingConn>();
+  session.HandleRequest(conn, StartRequest("u", "\x80", 100, 0));
+  REQUIRE(session.ExpireUploads(absl::Now()));  // still within its time
+  REQUIRE(conn->events_.empty());
+  REQUIRE(!session.ExpireUploads(absl::Now() + absl::Seconds(2)));
+  REQUIRE(conn->events_.back()->error().error().type() == "UploadTimeout");
+  REQUIRE(driver.frames_.back().type == ipc::FrameType::kCancel);
+  REQUIRE(driver.frames_.back().call_id == "u");
+
+  session.HandleRequest(conn, StartRequest("h", "\x80", 0, 0));
+  CallsRequest cancel;
+  cancel.add_events()->mutable_cancel()->set_call_id("h");
+  session.HandleRequest(conn, cancel);
+  REQUIRE(conn->events_.back()->error().error().type() == "Cancelled");
+  REQUIRE(driver.frames_.back().type == ipc::FrameType::kCancel);
+  REQUIRE(driver.frames_.back().call_id == "h");
+  REQUIRE(session.running() == 0);
+}
+
+}  // namespace
+}  // namespace agentix::worker
