@@ -150,6 +150,23 @@ class Guard {
     g_state[fd].store(kUntracked, std::memory_order_release);
   }
 
+  // Moves `fd`'s entry to the handed-over count; the close that follows
+  // finds nothing to forget.
+  bool HandOver(int fd) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(fd);
+    if (it == entries_.end()) return false;
+    Forget(it);
+    g_state[fd].store(kUntracked, std::memory_order_release);
+    ++handed_over_;
+    return true;
+  }
+
+  void ReleaseHandedOver() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (handed_over_ > 0) --handed_over_;
+  }
+
   void MarkAuthenticated(int fd) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     auto it = entries_.find(fd);
@@ -177,7 +194,8 @@ class Guard {
     ConnectionGuardStats stats;
     {
       absl::MutexLock lock(&mu_);
-      stats.open = entries_.size();
+      stats.open = entries_.size() + handed_over_;
+      stats.handed_over = handed_over_;
       for (const auto& [peer, count] : unauthenticated_by_peer_) {
         stats.unauthenticated += count;
       }
@@ -225,7 +243,7 @@ class Guard {
     absl::MutexLock lock(&mu_);
     // A stale entry: that descriptor was closed without passing close().
     if (auto it = entries_.find(fd); it != entries_.end()) Forget(it);
-    if (entries_.size() >= limits_.max_connections) return false;
+    if (entries_.size() + handed_over_ >= limits_.max_connections) return false;
     size_t& unauthenticated = unauthenticated_by_peer_[key];
     if (unauthenticated >= limits_.max_unauthenticated_per_peer) {
       if (unauthenticated == 0) unauthenticated_by_peer_.erase(key);
@@ -300,6 +318,7 @@ class Guard {
   absl::Mutex mu_;
   ConnectionLimits limits_ ABSL_GUARDED_BY(mu_);
   Map entries_ ABSL_GUARDED_BY(mu_);
+  size_t handed_over_ ABSL_GUARDED_BY(mu_) = 0;  // HandOver, not released
   absl::flat_hash_map<std::string, size_t> unauthenticated_by_peer_
       ABSL_GUARDED_BY(mu_);
 
@@ -363,6 +382,19 @@ void CountConnectionTimedOut(int fd) {
     return;
   }
   if (Guard* guard = ActiveGuard()) guard->CountTimedOut(fd);
+}
+
+bool HandOverConnection(int fd) {
+  if (fd < 0 || fd >= kTableSize ||
+      g_state[fd].load(std::memory_order_acquire) == kUntracked) {
+    return false;
+  }
+  Guard* guard = ActiveGuard();
+  return guard != nullptr && guard->HandOver(fd);
+}
+
+void ReleaseHandedOverConnection() {
+  if (Guard* guard = ActiveGuard()) guard->ReleaseHandedOver();
 }
 
 ConnectionGuardStats GetConnectionGuardStats() {

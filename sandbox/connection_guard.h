@@ -52,8 +52,18 @@ void MarkCurrentConnectionAuthenticated();
 // wires. Counts `fd` once, only while it is tracked and unauthenticated.
 void CountConnectionTimedOut(int fd);
 
+// Direct calls (docs/DIRECT-CALLS.md): the frame wire hands the
+// authenticated connection `fd` to the worker and then closes its own
+// descriptor. The connection stays counted (open, against max_connections)
+// until ReleaseHandedOverConnection; returns whether it was tracked (false:
+// nothing to release). Call before closing `fd`.
+bool HandOverConnection(int fd);
+// A handed-over connection ended (the worker's direct_closed, or its exit).
+void ReleaseHandedOverConnection();
+
 struct ConnectionGuardStats {
-  size_t open = 0;             // tracked connections now
+  size_t open = 0;             // tracked connections now (handed over too)
+  size_t handed_over = 0;      // of which held by the worker
   size_t unauthenticated = 0;  // of which not authenticated
   uint64_t refused = 0;        // closed at accept: a cap was reached
   uint64_t dropped_no_fd = 0;  // closed at accept: out of descriptors

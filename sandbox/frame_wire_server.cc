@@ -1,6 +1,7 @@
 #include "sandbox/frame_wire_server.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
 #include "base/log.h"
+#include "base/unique_fd.h"
 #include "sandbox/connection_guard.h"
 #include "wire/frame_codec.h"
 #include "sandbox/namespace_stream.h"
@@ -450,6 +452,10 @@ class FrameWireServer::Connection {
       FrameSink::State state = sink_->Get();
       if (!state.ending && !state.broken) {
         ProcessFrames(paused);
+        if (direct_wanted_) {
+          if (TryHandOver()) return;  // the worker's now
+          ProcessFrames(paused);  // relayed: what came after HELLO
+        }
         state = sink_->Get();
       }
       if (!state.ending && !state.broken && half_closed_ &&
@@ -647,6 +653,7 @@ class FrameWireServer::Connection {
       const bool go_on = HandleFrame(*frame);
       read_start_ += consumed;
       if (!go_on) return;
+      if (direct_wanted_) break;  // the rest is the worker's (TryHandOver)
       if (sink_->UnwrittenBytes() > kPauseReadsAboveBytes) paused = true;
     }
     if (read_start_ == read_end_) read_start_ = read_end_ = 0;
@@ -830,6 +837,9 @@ class FrameWireServer::Connection {
         return false;
       }
     }
+    const std::string* direct_key = FindMetadata(*metadata, kFrameDirectKey);
+    const bool direct_asked = calls && server_->options_.direct != nullptr &&
+                              direct_key != nullptr && *direct_key == "1";
     // The key without a memfd: the host reaches us through a relay that
     // passes bytes only. It gets no ring (no answer: it sends everything
     // inline, as to a daemon that does not know the key).
@@ -837,6 +847,8 @@ class FrameWireServer::Connection {
       if (!calls) return Refuse("a payload ring is for the Calls stream only");
       absl::StatusOr<std::unique_ptr<ipc::PayloadArea>> ring =
           ipc::PayloadArea::MapSealed(ring_fd_);
+      // Kept for a hand-over: the worker maps the host's ring itself.
+      if (direct_asked) direct_ring_fd_.Reset(::fcntl(ring_fd_, F_DUPFD_CLOEXEC, 0));
       ::close(ring_fd_);  // the mapping stays
       ring_fd_ = -1;
       if (!ring.ok()) return Refuse(ring.status().message());
@@ -885,7 +897,116 @@ class FrameWireServer::Connection {
       server_->options_.activity->Opened();
     }
     hello_done_ = true;
+    // A ring whose memfd could not be kept cannot go with the socket.
+    direct_wanted_ = direct_asked && (ring_ == nullptr || direct_ring_fd_.valid());
     return true;
+  }
+
+  // Direct calls (docs/DIRECT-CALLS.md): hands this Calls connection, the
+  // host's ring memfd and the bytes read past HELLO to the worker when the
+  // connection is eligible, waiting for a booting worker's `ready`; then
+  // the daemon's descriptors are closed and the thread ends. False: the
+  // connection stays relayed for its whole life.
+  bool TryHandOver() {
+    direct_wanted_ = false;
+    DirectConnections* const direct = server_->options_.direct.get();
+    const SessionOptions& session = manager_->options();
+    // Rule 3 (the daemon's queue must see every call) and rule 5 (the
+    // payload area holds the direct session's ledger).
+    if (session.max_concurrent_calls != 0 ||
+        session.worker.payload_ring_bytes == 0) {
+      return false;
+    }
+    // HELLO's answers (the ring's acceptance, calls-CPU) precede whatever
+    // the worker writes.
+    const FrameSink::State state = sink_->Get();
+    if (state.ending || state.broken || state.unwritten != 0) return false;
+    const absl::Time give_up =
+        absl::Now() + session.worker.ready_timeout + absl::Seconds(1);
+    bool started = false;
+    for (;;) {
+      uint64_t conn = 0;
+      const SessionManager::DirectHandOver outcome = manager_->HandOverDirect(
+          sink_->client_id(), [&](WorkerProcess& worker) {
+            return SendToWorker(worker, *direct, conn);
+          });
+      switch (outcome) {
+        case SessionManager::DirectHandOver::kHandedOver:
+          ReleaseHandedOver(*direct, conn);
+          return true;
+        case SessionManager::DirectHandOver::kNotEligible:
+          return false;
+        case SessionManager::DirectHandOver::kNoWorker:
+          // Started as the first call would start it; a worker that then
+          // fails its boot leaves the connection relayed (its calls get
+          // WorkerBootError there).
+          if (started || !manager_->StartWorker().ok()) return false;
+          started = true;
+          break;
+        case SessionManager::DirectHandOver::kBooting:
+          break;
+      }
+      if (server_->stopping_.load(std::memory_order_acquire) ||
+          absl::Now() >= give_up) {
+        return false;
+      }
+      // The host's pipelined frames wait in the socket meanwhile.
+      pollfd wake{wake_fd_, POLLIN, 0};
+      if (::poll(&wake, 1, 5) > 0) DrainWake(wake_fd_);
+    }
+  }
+
+  // Under the session manager's lock: queues the direct_conn frame and the
+  // descriptors for `worker`; false (nothing sent) if it cannot take them.
+  bool SendToWorker(WorkerProcess& worker, DirectConnections& direct,
+                    uint64_t& conn) {
+    if (!worker.direct_capable() || worker.payloads() == nullptr) return false;
+    std::optional<uint64_t> reserved = direct.Reserve(worker.generation());
+    if (!reserved) {
+      AGX_LOG(Debug, "direct connections at their cap: serving one relayed");
+      return false;
+    }
+    conn = *reserved;
+    const SessionOptions& session = manager_->options();
+    ipc::Frame frame;
+    frame.type = ipc::FrameType::kDirectConn;
+    ipc::DirectConnInfo& info = frame.direct_conn;
+    info.conn = conn;
+    info.client = sink_->client_id();
+    info.ring = direct_ring_fd_.valid();
+    info.follow = follow_ == Follow::kChanges ? 2 : follow_ == Follow::kFirst ? 1 : 0;
+    info.max_payload = session.max_payload_bytes;
+    info.upload_idle_ms = static_cast<uint64_t>(
+        absl::ToInt64Milliseconds(session.upload_idle_timeout));
+    info.max_retained = session.max_retained_results;
+    info.max_retained_bytes = session.max_retained_bytes;
+    info.max_stream_window = session.max_stream_window;
+    info.stalled_ms = static_cast<uint64_t>(
+        absl::ToInt64Milliseconds(session.stalled_host_timeout));
+    frame.data = std::string(Buffered());
+    std::string bytes;
+    std::vector<base::UniqueFd> fds;
+    fds.emplace_back(::fcntl(fd_, F_DUPFD_CLOEXEC, 0));
+    if (!fds.back().valid() || !ipc::AppendFrame(frame, bytes).ok()) {
+      direct.Cancel(conn);
+      return false;
+    }
+    if (direct_ring_fd_.valid()) fds.push_back(std::move(direct_ring_fd_));
+    worker.SendWithDescriptors(std::move(bytes), std::move(fds));
+    return true;
+  }
+
+  // After the hand-over: the daemon forgets the connection but for its
+  // count (DirectConnections, the connection guard's HandOverConnection).
+  void ReleaseHandedOver(DirectConnections& direct, uint64_t conn) {
+    read_start_ = read_end_ = 0;  // sent as `pre`
+    sink_->Close();
+    manager_->DetachSink(sink_.get());
+    ring_.reset();
+    const bool guard_counted = HandOverConnection(fd_);
+    ::close(fd_);
+    ::close(wake_fd_);
+    direct.Commit(conn, guard_counted);
   }
 
   void Finish() {
@@ -934,6 +1055,11 @@ class FrameWireServer::Connection {
   bool stray_fds_ = false;
   std::shared_ptr<ipc::PayloadArea> ring_;
   std::vector<RingPiece> ring_pieces_;
+  // HELLO asked for direct calls and the server allows them: Run offers
+  // the connection to the worker once HELLO is handled (TryHandOver).
+  bool direct_wanted_ = false;
+  // The ring's memfd, kept (HELLO closes its own) for the hand-over.
+  base::UniqueFd direct_ring_fd_;
   // Set by a HELLO naming the Namespace stream.
   std::unique_ptr<NamespaceStream> namespace_;
   runtime::v1::NamespaceRequest ns_request_;

@@ -23,10 +23,14 @@
 #include "absl/time/time.h"
 #include "sandbox/auth.h"
 #include "sandbox/calls_cpu.h"
+#include "sandbox/direct_connections.h"
 #include "sandbox/session_manager.h"
 #include "sandbox/stream_activity.h"
 
 namespace agentix::sandbox {
+
+// HELLO's key asking for direct calls (docs/DIRECT-CALLS.md); its value "1".
+inline constexpr char kFrameDirectKey[] = "agentix-direct";
 
 struct FrameWireOptions {
   // The socket file to create (the daemon: its unix PATH + ".calls"). A
@@ -57,6 +61,14 @@ struct FrameWireOptions {
   // as WorkerOptions::read_spin: a long wait halves the next window, a
   // short one restores it). 0: it blocks at once.
   absl::Duration spin = absl::ZeroDuration();
+  // Set (--direct_calls): a Calls connection whose HELLO has
+  // agentix-direct: 1 is handed to the worker after HELLO when it is
+  // eligible (docs/DIRECT-CALLS.md "Eligibility": the worker advertised
+  // `direct`, no set_env pending, --max_concurrent_calls 0, a payload area,
+  // no call of the client held here); it then counts here (and against the
+  // connection guard) until the worker reports it closed. Null: every
+  // connection is relayed.
+  std::shared_ptr<DirectConnections> direct;
 };
 
 class FrameWireServer {

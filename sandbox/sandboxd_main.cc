@@ -43,6 +43,7 @@
 #include "sandbox/placement_probe.h"
 #include "sandbox/placement_prober.h"
 #include "sandbox/connection_guard.h"
+#include "sandbox/direct_connections.h"
 #include "sandbox/frame_wire_server.h"
 #include "sandbox/grpc_executor.h"
 #include "sandbox/health_service.h"
@@ -175,6 +176,15 @@ ABSL_FLAG(std::string, health_listen, "",
           "agentix.runtime.v1.RuntimeService SERVING while the daemon runs, "
           "armed or not; every other service is UNIMPLEMENTED there (grpc++'s "
           "server reflection lists only the health service)");
+ABSL_FLAG(bool, direct_calls, false,
+          "direct calls (docs/DIRECT-CALLS.md; default off until stage 5's "
+          "A/B): a frame-wire Calls connection whose HELLO has "
+          "agentix-direct: 1 is handed to the worker after HELLO (the socket, "
+          "its payload ring, the bytes read past HELLO) when the worker "
+          "advertises the capability and the connection is eligible; else it "
+          "is relayed as without the flag. At most min(--max_connections, "
+          "256) are handed over at once; they count against "
+          "--max_connections until the worker reports them closed");
 ABSL_FLAG(bool, calls_socket, true,
           "for each --listen unix:///PATH also listen on PATH.calls (mode "
           "0600, removed on exit): the frame wire, the Calls stream over a "
@@ -638,12 +648,19 @@ int Run(int argc, char** raw_argv) {
 
   signal(SIGPIPE, SIG_IGN);
 
+  // Before the manager, whose worker reports direct connections to it.
+  StreamActivity activity;
+  std::shared_ptr<DirectConnections> direct_connections;
+  if (absl::GetFlag(FLAGS_direct_calls) && absl::GetFlag(FLAGS_calls_socket)) {
+    direct_connections = std::make_shared<DirectConnections>(
+        std::min<size_t>(connection_limits.max_connections, 256), &activity);
+    options.worker.direct_listener = direct_connections;
+  }
   SessionManager manager(options);
   // Whatever the way out, the prober stops before the manager it watches.
   absl::Cleanup stop_prober = [&prober] {
     if (prober != nullptr) prober->Stop();
   };
-  StreamActivity activity;
   RuntimeServiceImpl service(&manager, kVersion, &activity);
   // In activation mode a prestarted worker boots now but runs no user code
   // before Activate, which hands it the env (or replaces it with a worker
@@ -805,6 +822,7 @@ int Run(int argc, char** raw_argv) {
       wire.activity = &activity;
       wire.calls_cpu = options.worker.calls_cpu;
       wire.spin = absl::Microseconds(absl::GetFlag(FLAGS_frames_spin_us));
+      wire.direct = direct_connections;
       auto server_for_path =
           std::make_unique<FrameWireServer>(&manager, std::move(wire));
       absl::Status started = server_for_path->Start();

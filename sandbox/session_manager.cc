@@ -1157,4 +1157,18 @@ void SessionManager::ReapDeadWorkers() {
   dead.clear();  // joins their threads outside the lock
 }
 
+SessionManager::DirectHandOver SessionManager::HandOverDirect(
+    const std::string& client_id,
+    absl::FunctionRef<bool(WorkerProcess& worker)> hand_over) {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_ || worker_ == nullptr) return DirectHandOver::kNoWorker;
+  if (!worker_->booted()) return DirectHandOver::kBooting;
+  if (env_pending_generation_ != 0) return DirectHandOver::kNotEligible;
+  for (const auto& [id, call] : table_.calls()) {
+    if (call.client == client_id) return DirectHandOver::kNotEligible;
+  }
+  return hand_over(*worker_) ? DirectHandOver::kHandedOver
+                             : DirectHandOver::kNotEligible;
+}
+
 }  // namespace agentix::sandbox

@@ -32,6 +32,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -224,6 +225,18 @@ class SessionManager : public WorkerProcess::Listener {
   void OnWorkerFrames(uint64_t generation,
                       std::vector<ipc::Frame>& frames) override;
   void OnWorkerExit(uint64_t generation, const WorkerExit& exit) override;
+
+  // Direct calls (docs/DIRECT-CALLS.md, eligibility rules 2 and 4): whether
+  // the live worker may take a Calls connection of client `client_id`. When
+  // it has sent `ready`, no set_env is pending and this daemon holds no call
+  // (running, queued or retained) of that client, runs `hand_over` with it
+  // under the manager's lock, so that no call of the client and no other
+  // worker comes between the check and the hand-over; kHandedOver when it
+  // returned true. Not a call path: it walks the calls.
+  enum class DirectHandOver { kHandedOver, kNoWorker, kBooting, kNotEligible };
+  DirectHandOver HandOverDirect(
+      const std::string& client_id,
+      absl::FunctionRef<bool(WorkerProcess& worker)> hand_over);
 
  private:
   // The daemon's own state of a call, beside the table's (CallTable::Call).

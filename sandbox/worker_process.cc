@@ -20,6 +20,7 @@
 #include "base/log.h"
 #include "base/payload_copy.h"
 #include "base/string_resize.h"
+#include "worker/ipc/descriptors.h"
 #include "worker/ipc/io.h"
 
 namespace agentix::sandbox {
@@ -30,11 +31,15 @@ namespace {
 // frames cost one syscall.
 constexpr size_t kCoalesceBytes = 256 * 1024;
 
-// Writes as much of `batch` as the socket takes without blocking; leaves the
-// unwritten rest in `batch`. Returns false if the channel is broken.
-bool TryWriteNow(int fd, std::deque<std::string>& batch) {
+// Writes as much of `batch` (WorkerProcess::Outbound entries) as the socket
+// takes without blocking; leaves the unwritten rest in `batch`. An entry
+// with descriptors is left to the writer thread (SendWithDescriptors).
+// Returns false if the channel is broken.
+template <typename Queue>
+bool TryWriteNow(int fd, Queue& batch) {
   while (!batch.empty()) {
-    std::string& bytes = batch.front();
+    if (!batch.front().fds.empty()) return true;
+    std::string& bytes = batch.front().bytes;
     ssize_t n = ::send(fd, bytes.data(), bytes.size(),
                        MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n < 0) {
@@ -50,16 +55,26 @@ bool TryWriteNow(int fd, std::deque<std::string>& batch) {
   return true;
 }
 
-// Writes queued frames, joining small neighbours into one syscall.
-bool WriteBatch(int fd, const std::deque<std::string>& batch) {
+// Writes queued frames, joining small neighbours into one syscall; a frame
+// with descriptors goes alone, with them on its first byte.
+template <typename Queue>
+bool WriteBatch(int fd, const Queue& batch) {
   std::string joined;
-  for (const auto& bytes : batch) {
-    if (bytes.size() < kCoalesceBytes && joined.size() < kCoalesceBytes) {
+  for (const auto& entry : batch) {
+    const std::string& bytes = entry.bytes;
+    if (entry.fds.empty() && bytes.size() < kCoalesceBytes &&
+        joined.size() < kCoalesceBytes) {
       joined += bytes;
       continue;
     }
     if (!joined.empty() && !ipc::WriteAll(fd, joined).ok()) return false;
     joined.clear();
+    if (!entry.fds.empty()) {
+      std::vector<int> fds;
+      for (const base::UniqueFd& owned : entry.fds) fds.push_back(owned.get());
+      if (!ipc::SendWithDescriptors(fd, bytes, fds).ok()) return false;
+      continue;
+    }
     if (!ipc::WriteAll(fd, bytes).ok()) return false;
   }
   return joined.empty() || ipc::WriteAll(fd, joined).ok();
@@ -82,6 +97,7 @@ WorkerProcess::WorkerProcess(const WorkerOptions& options, uint64_t generation,
   ready_timeout_ = options.ready_timeout;
   read_spin_ = options.read_spin;
   calls_cpu_ = options.calls_cpu;
+  direct_listener_ = options.direct_listener;
 }
 
 WorkerCommand BuildWorkerCommand(const WorkerOptions& options,
@@ -411,11 +427,11 @@ void WorkerProcess::Send(const ipc::Frame& frame) {
 
 void WorkerProcess::SendEncoded(std::string bytes) {
   if (bytes.empty()) return;
-  std::deque<std::string> batch;
+  std::deque<Outbound> batch;
   {
     absl::MutexLock lock(&out_mu_);
     if (writer_stop_) return;
-    outbound_.push_back(std::move(bytes));
+    outbound_.push_back({std::move(bytes), {}});
     if (writing_) return;  // the current owner writes it
     writing_ = true;
     batch.swap(outbound_);
@@ -434,6 +450,16 @@ void WorkerProcess::SendEncoded(std::string bytes) {
     }
   }
   writing_ = false;
+}
+
+void WorkerProcess::SendWithDescriptors(std::string frame,
+                                        std::vector<base::UniqueFd> fds) {
+  if (frame.empty() || fds.empty()) return;
+  absl::MutexLock lock(&out_mu_);
+  if (writer_stop_) return;  // the descriptors close with `fds`
+  // Queued even when the channel is idle: the writer thread's send may
+  // block, which an inline Send never does.
+  outbound_.push_back({std::move(frame), std::move(fds)});
 }
 
 void WorkerProcess::Kill() {
@@ -462,7 +488,7 @@ void WorkerProcess::WriterLoop() {
   pthread_setname_np(pthread_self(), "agx-wrk-write");
   uint64_t placed = CallsCpu::kNever;
   while (true) {
-    std::deque<std::string> batch;
+    std::deque<Outbound> batch;
     {
       absl::MutexLock lock(&out_mu_);
       out_mu_.Await(absl::Condition(
@@ -606,8 +632,22 @@ void WorkerProcess::ReaderLoop() {
           break;
         }
       }
+      if (frame.type == ipc::FrameType::kDirectClosed) {
+        // The daemon's bookkeeping, not a call's: the session never sees it.
+        if (direct_listener_ == nullptr) {
+          protocol_error = "a 'direct_closed' frame, but no connection was "
+                           "handed over (--direct_calls is off)";
+          frames.pop_back();
+          break;
+        }
+        direct_listener_->OnDirectClosed(generation_, frame.direct_conn.conn,
+                                         frame.detail);
+        frames.pop_back();
+        continue;
+      }
       if (frame.type == ipc::FrameType::kReady) {
         ready = true;
+        direct_capable_.store(frame.direct, std::memory_order_release);
         booted_.store(true, std::memory_order_release);
         AGX_LOG(Debug, "worker {} ready: python {}", worker_id_, frame.detail);
       } else if (frame.type == ipc::FrameType::kBootError) {
@@ -685,6 +725,8 @@ void WorkerProcess::ReaderLoop() {
     absl::StrAppend(&result.message, "; last stderr output:\n", tail);
   }
   AGX_LOG(Info, "worker {} pid {}: {}", worker_id_, pid_, result.message);
+  // The kernel closed the connections it held: they are no longer counted.
+  if (direct_listener_ != nullptr) direct_listener_->OnDirectWorkerGone(generation_);
   listener_->OnWorkerExit(generation_, result);
 }
 

@@ -12,6 +12,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -26,6 +27,19 @@
 #include "worker/ipc/payload_area.h"
 
 namespace agentix::sandbox {
+
+// Told about the Calls connections a worker was handed (direct calls,
+// docs/DIRECT-CALLS.md): on the worker's reader thread, never under a lock
+// of the WorkerProcess. Implemented by sandbox/direct_connections.
+class DirectLinkListener {
+ public:
+  virtual ~DirectLinkListener() = default;
+  // The worker of `generation` reported `direct_closed` for `conn`.
+  virtual void OnDirectClosed(uint64_t generation, uint64_t conn,
+                              std::string_view why) = 0;
+  // The worker of `generation` exited: every connection it held is closed.
+  virtual void OnDirectWorkerGone(uint64_t generation) = 0;
+};
 
 struct WorkerOptions {
   std::string worker_path;   // the agentix-worker binary
@@ -50,6 +64,9 @@ struct WorkerOptions {
   // themselves to it (sandbox/calls_cpu.h; no payload area: the worker's
   // threads are never pinned). Null: the scheduler places them.
   std::shared_ptr<CallsCpu> calls_cpu;
+  // Set (--direct_calls): told about the connections handed to the worker;
+  // null: a `direct_closed` frame is a protocol error, as before.
+  std::shared_ptr<DirectLinkListener> direct_listener;
 };
 
 // The worker's command line and environment as Start spawns it with id
@@ -146,6 +163,11 @@ class WorkerProcess {
   // Sends frames already encoded with the ipc codec (several may be
   // concatenated), with as few syscalls as possible.
   void SendEncoded(std::string bytes);
+  // Sends one encoded frame with `fds` on its first byte (SCM_RIGHTS: a
+  // direct_conn), in order with the frames sent before and after it; never
+  // blocks (the writer thread sends it). The descriptors are closed once
+  // sent, or dropped with the frame if the worker is gone.
+  void SendWithDescriptors(std::string frame, std::vector<base::UniqueFd> fds);
   // Asks the worker to finish (`shutdown` frame), waits up to `grace`, then
   // kills it. Blocks; call from a non-callback thread.
   void Shutdown(absl::Duration grace);
@@ -161,6 +183,10 @@ class WorkerProcess {
   pid_t pid() const { return pid_; }
   // True once the worker has sent `ready` (its boot is over).
   bool booted() const { return booted_.load(std::memory_order_acquire); }
+  // True once its `ready` said it serves handed-over Calls connections.
+  bool direct_capable() const {
+    return direct_capable_.load(std::memory_order_acquire);
+  }
   uint64_t generation() const { return generation_; }
   const std::string& worker_id() const { return worker_id_; }
 
@@ -191,6 +217,8 @@ class WorkerProcess {
   std::unique_ptr<ipc::PayloadArea> payloads_;
   pid_t pid_ = -1;
   std::atomic<bool> booted_{false};
+  std::atomic<bool> direct_capable_{false};
+  std::shared_ptr<DirectLinkListener> direct_listener_;
 
   absl::Mutex child_mu_;
   base::ChildProcess child_ ABSL_GUARDED_BY(child_mu_);
@@ -199,7 +227,12 @@ class WorkerProcess {
   // Send() caller writing inline without blocking (the common, low-latency
   // path) or the writer thread, which takes over whatever would block.
   absl::Mutex out_mu_;
-  std::deque<std::string> outbound_ ABSL_GUARDED_BY(out_mu_);
+  // Encoded frames; one that carries descriptors is alone in its entry.
+  struct Outbound {
+    std::string bytes;
+    std::vector<base::UniqueFd> fds;
+  };
+  std::deque<Outbound> outbound_ ABSL_GUARDED_BY(out_mu_);
   bool writing_ ABSL_GUARDED_BY(out_mu_) = false;
   bool writer_stop_ ABSL_GUARDED_BY(out_mu_) = false;
 

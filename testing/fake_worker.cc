@@ -32,10 +32,19 @@
 // A set_env frame's entries are applied with setenv and answered with
 // env_set; FAKE_WORKER_SET_ENV=refuse answers with an error detail instead,
 // =ignore never answers.
+// FAKE_WORKER_DIRECT=1 advertises the direct-calls capability in `ready`
+// and serves each handed-over Calls connection (direct_conn) itself: every
+// StartCall gets a CallResult "direct <pid>" (fake::kill SIGKILLs the
+// fake), HALF_CLOSE gets STATUS 0; it then (or at EOF) closes the socket
+// and its ring memfd and reports direct_closed. Without it, a direct_conn
+// is refused as agentix-worker refuses it: STATUS 14, close, direct_closed.
+// On shutdown, each direct connection gets STATUS 14.
 // With --payload-fd=N (as the daemon passes it) payloads may arrive in the
 // payload area's ring, and result pieces of kRingMinPieceBytes or more are
 // sent through it while it has room, as agentix-worker does.
+#include <errno.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -46,8 +55,12 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "agentix/runtime/v1/runtime.pb.h"
+#include "base/unique_fd.h"
+#include "wire/frame_codec.h"
+#include "worker/ipc/descriptors.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/io.h"
 #include "worker/ipc/payload_area.h"
@@ -146,6 +159,79 @@ bool Pump(const std::string& id, Stream& s) {
   return true;
 }
 
+// A Calls connection the daemon handed over (FAKE_WORKER_DIRECT=1).
+struct DirectConn {
+  uint64_t conn = 0;
+  agentix::base::UniqueFd socket;
+  agentix::base::UniqueFd ring;  // the host's ring memfd, held only
+  std::string in;                // unparsed frame-wire bytes
+};
+
+void WriteToHost(int fd, const std::string& bytes) {
+  size_t at = 0;
+  while (at < bytes.size()) {
+    const ssize_t n = ::send(fd, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
+    if (n <= 0) return;  // the host is gone: its EOF ends the connection
+    at += static_cast<size_t>(n);
+  }
+}
+
+void SendStatus(int fd, absl::StatusCode code, const std::string& details) {
+  WriteToHost(fd, agentix::sandbox::EncodeFrame(
+                      agentix::sandbox::FrameKind::kStatus,
+                      agentix::sandbox::EncodeStatus(code, details)));
+}
+
+void SendDirectClosed(uint64_t conn, const std::string& why) {
+  Frame closed;
+  closed.type = FrameType::kDirectClosed;
+  closed.direct_conn.conn = conn;
+  closed.detail = why;
+  Send(closed);
+}
+
+// Handles what the host sent; false once the connection is over (its
+// STATUS written, or a bad frame).
+bool ServeDirect(DirectConn& d) {
+  using agentix::sandbox::FrameKind;
+  for (;;) {
+    auto frame = agentix::sandbox::ParseFrame(d.in);
+    if (!frame.ok()) {
+      SendStatus(d.socket.get(), absl::StatusCode::kInvalidArgument,
+                 std::string(frame.status().message()));
+      return false;
+    }
+    if (frame->frame_bytes == 0) return true;
+    const FrameKind kind = frame->kind;
+    agentix::runtime::v1::CallsRequest request;
+    const bool parsed =
+        kind == FrameKind::kMessage &&
+        request.ParseFromArray(frame->payload.data(),
+                               static_cast<int>(frame->payload.size()));
+    d.in.erase(0, frame->frame_bytes);
+    if (kind == FrameKind::kHalfClose) {
+      SendStatus(d.socket.get(), absl::StatusCode::kOk, "");
+      return false;
+    }
+    if (!parsed) continue;
+    agentix::runtime::v1::CallsResponse response;
+    for (const auto& event : request.events()) {
+      if (!event.has_start()) continue;
+      if (event.start().callable() == "fake::kill") raise(SIGKILL);
+      auto* result = response.add_events()->mutable_result();
+      result->set_call_id(event.start().call_id());
+      result->set_encoding(event.start().encoding());
+      result->set_value("direct " + std::to_string(getpid()));
+      result->set_value_size(result->value().size());
+    }
+    if (response.events_size() > 0) {
+      WriteToHost(d.socket.get(),
+                  agentix::sandbox::EncodeFrame(FrameKind::kMessage,
+                                                response.SerializeAsString()));
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -175,13 +261,24 @@ int main(int argc, char** argv) {
     pause();
     return 0;
   }
+  const char* direct_env = std::getenv("FAKE_WORKER_DIRECT");
+  const bool serve_direct = direct_env != nullptr && std::string(direct_env) == "1";
   Frame ready;
   ready.type = FrameType::kReady;
   ready.pid = getpid();
   ready.detail = "fake";
+  ready.direct = serve_direct;
   Send(ready);
 
   agentix::ipc::FrameReader reader;
+  agentix::ipc::DescriptorReader descriptors;
+  std::map<int, DirectConn> directs;  // by socket descriptor
+  auto close_direct = [&](std::map<int, DirectConn>::iterator it,
+                          const std::string& why) {
+    const uint64_t conn = it->second.conn;
+    directs.erase(it);  // closes the socket and the ring memfd
+    SendDirectClosed(conn, why);
+  };
   std::map<std::string, Pending> assembling;
   // Timed replies: due time -> (call id, value).
   std::multimap<Clock::time_point, std::pair<std::string, std::string>> timers;
@@ -300,8 +397,23 @@ int main(int argc, char** argv) {
           timers.begin()->first - Clock::now());
       timeout_ms = std::max<int>(0, static_cast<int>(wait.count()));
     }
-    pollfd pfd{kFd, POLLIN, 0};
-    int rc = poll(&pfd, 1, timeout_ms);
+    std::vector<pollfd> pfds{{kFd, POLLIN, 0}};
+    for (const auto& [fd, d] : directs) pfds.push_back({fd, POLLIN, 0});
+    int rc = poll(pfds.data(), pfds.size(), timeout_ms);
+    for (size_t i = 1; rc > 0 && i < pfds.size(); ++i) {
+      if (pfds[i].revents == 0) continue;
+      auto it = directs.find(pfds[i].fd);
+      char buffer[65536];
+      const ssize_t n = ::recv(pfds[i].fd, buffer, sizeof(buffer), MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+      if (n <= 0) {
+        close_direct(it, "eof");
+        continue;
+      }
+      it->second.in.append(buffer, static_cast<size_t>(n));
+      if (!ServeDirect(it->second)) close_direct(it, "status written");
+    }
+    if (rc > 0 && pfds[0].revents == 0) rc = 0;  // only direct sockets
     while (!timers.empty() && timers.begin()->first <= Clock::now()) {
       auto [id, value] = timers.begin()->second;
       timers.erase(timers.begin());
@@ -309,13 +421,37 @@ int main(int argc, char** argv) {
       if (!cancelled.count(id) || value == "late") SendResult(id, value);
     }
     if (rc <= 0) continue;
-    auto n = agentix::ipc::ReadInto(kFd, reader);
-    if (!n.ok() || *n == 0) return 0;
+    ssize_t n;
+    do {
+      n = descriptors.ReadFrom(kFd, reader, 1 << 20);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0) return 0;
     while (true) {
       auto next = reader.Next();
       if (!next.ok()) return 5;  // desynchronised
       if (!next->has_value()) break;
       Frame f = std::move(**next);
+      auto fds = descriptors.TakeFor(f, reader);
+      if (!fds.ok()) return 5;  // the descriptors did not match the frame
+      if (f.type == FrameType::kDirectConn) {
+        DirectConn d;
+        d.conn = f.direct_conn.conn;
+        d.socket = std::move((*fds)[0]);
+        if (fds->size() > 1) d.ring = std::move((*fds)[1]);
+        if (!serve_direct) {
+          SendStatus(d.socket.get(), absl::StatusCode::kUnavailable,
+                     "this worker does not serve direct connections");
+          d.socket.Reset();
+          d.ring.Reset();
+          SendDirectClosed(d.conn, "refused: not advertised");
+          continue;
+        }
+        d.in = std::move(f.data);  // what the daemon read past HELLO
+        const int fd = d.socket.get();
+        auto it = directs.emplace(fd, std::move(d)).first;
+        if (!ServeDirect(it->second)) close_direct(it, "status written");
+        continue;
+      }
       if (f.in_ring) {
         if (!payloads) return 5;
         auto piece = payloads->Get(f.ring_pos, f.ring_size);
@@ -400,10 +536,15 @@ int main(int argc, char** argv) {
           break;
         }
         case FrameType::kShutdown:
+          for (const auto& [fd, d] : directs) {
+            SendStatus(fd, absl::StatusCode::kUnavailable,
+                       "the sandbox daemon is shutting down");
+          }
           return 0;
         default:
           break;
       }
     }
+    if (!descriptors.Settle(reader).ok()) return 5;
   }
 }

@@ -15,6 +15,7 @@
 #include "worker/channel/pickle_splitter.h"
 #include "worker/channel/stdio_capture.h"
 #include "worker/channel/writer.h"
+#include "worker/ipc/descriptors.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/payload_area.h"
 
@@ -52,6 +53,9 @@ struct ChannelState {
   std::shared_ptr<Writer> writer;
   int fd = -1;
   ipc::FrameReader reader;
+  // Descriptors that come with the daemon's frames (direct_conn), matched
+  // to them as `reader` decodes; reads of `fd` go through it (recvmsg).
+  ipc::DescriptorReader descriptors;
   std::string out;  // encoded frames not yet written
   // Shared with the daemon for large payload pieces (payload_area.h), or
   // nullptr. Get/Release: the reader (GIL held); Put: the write owner.

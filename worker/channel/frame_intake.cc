@@ -1,6 +1,7 @@
 #include "worker/channel/frame_intake.h"
 
 #include <errno.h>
+#include <sys/socket.h>
 
 #include <cstring>
 #include <initializer_list>
@@ -9,12 +10,16 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "base/payload_copy.h"
+#include "base/unique_fd.h"
+#include "wire/frame_codec.h"
 #include "worker/channel/channel_state.h"
 #include "worker/channel/intake_baton.h"
 #include "worker/channel/pickle_splitter.h"
 #include "worker/channel/py_args.h"
+#include "worker/ipc/descriptors.h"
 #include "worker/ipc/frame.h"
 
 namespace agentix::worker {
@@ -324,7 +329,7 @@ PyObject* FrameToRecord(PyObject* self, const ipc::Frame& f,
 bool ReadAvailable(ChannelState& st) {
   size_t total = 0;
   while (!st.eof && total < kMaxReadPerCall) {
-    const ssize_t n = st.reader.ReadFrom(st.fd, kReadBufferBytes);
+    const ssize_t n = st.descriptors.ReadFrom(st.fd, st.reader, kReadBufferBytes);
     if (n > 0) {
       total += static_cast<size_t>(n);
       // A short read means the socket is drained; skip the EAGAIN round trip.
@@ -341,6 +346,28 @@ bool ReadAvailable(ChannelState& st) {
     }
   }
   return true;
+}
+
+// A direct_conn this worker did not advertise (it serves no direct
+// connections yet: the daemon never hands one over; defensive): STATUS 14
+// to the host, which reconnects, the descriptors closed, and direct_closed
+// so the daemon stops counting the connection. False with an exception set
+// when the frame to the daemon cannot be written.
+bool RefuseDirect(PyObject* self, const ipc::Frame& frame,
+                  std::vector<base::UniqueFd>& fds) {
+  const std::string status = sandbox::EncodeFrame(
+      sandbox::FrameKind::kStatus,
+      sandbox::EncodeStatus(absl::StatusCode::kUnavailable,
+                            "this worker does not serve direct connections"));
+  // Best effort and never blocking: a fresh connection has room for it.
+  (void)::send(fds[0].get(), status.data(), status.size(),
+               MSG_DONTWAIT | MSG_NOSIGNAL);
+  fds.clear();  // closes the socket and the ring's memfd
+  ipc::Frame closed;
+  closed.type = ipc::FrameType::kDirectClosed;
+  closed.direct_conn.conn = frame.direct_conn.conn;
+  closed.detail = "refused: this worker did not advertise direct calls";
+  return Queue(self, closed) && Flush(self);
 }
 
 // Marks the channel dead with `reason` and raises ProtocolError.
@@ -439,6 +466,19 @@ PyObject* ChannelReadFrames(PyObject* self, PyObject* /*unused*/) {
       }
       if (!next->has_value()) break;
       const ipc::Frame& frame = **next;
+      absl::StatusOr<std::vector<base::UniqueFd>> fds =
+          st.descriptors.TakeFor(frame, st.reader);
+      if (!fds.ok()) {
+        return Desynchronised(st, ms, std::string(fds.status().message()),
+                              list);
+      }
+      if (frame.type == ipc::FrameType::kDirectConn) {
+        if (!RefuseDirect(self, frame, *fds)) {
+          Py_DECREF(list);
+          return nullptr;
+        }
+        continue;
+      }
       if (frame.in_ring) {
         absl::StatusOr<std::string_view> piece =
             st.payloads != nullptr
@@ -465,6 +505,9 @@ PyObject* ChannelReadFrames(PyObject* self, PyObject* /*unused*/) {
         return nullptr;
       }
       Py_DECREF(record);
+    }
+    if (absl::Status settled = st.descriptors.Settle(st.reader); !settled.ok()) {
+      return Desynchronised(st, ms, std::string(settled.message()), list);
     }
     if (PyList_GET_SIZE(list) == 0 && st.eof) {
       // A partial frame left at EOF is dropped with the stream.

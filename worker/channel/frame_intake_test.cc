@@ -1,4 +1,6 @@
 // read_frames: decoding, dead channels, chunked and ring-borne arguments.
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -10,6 +12,9 @@
 #include "absl/time/time.h"
 #include "testing/status_matchers.h"
 #include "worker/channel/channel_test_util.h"
+#include "base/unique_fd.h"
+#include "wire/frame_codec.h"
+#include "worker/ipc/descriptors.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/io.h"
 #include "worker/ipc/payload_area.h"
@@ -151,6 +156,70 @@ TEST_CASE("Worker-to-daemon frames from the daemon are protocol errors",
   pair.Send(result);
   REQUIRE(Raised("ch.read_frames()", "w.ProtocolError") ==
           "unexpected 'result' frame from the daemon");
+}
+
+// The worker does not advertise direct calls yet (stage 3's serving is
+// the next step): a direct_conn it gets anyway is refused, STATUS 14 to the
+// host, the descriptors closed, direct_closed to the daemon; Python never
+// sees it. Descriptors that do not match their frame kill the channel.
+TEST_CASE("A direct_conn the worker did not advertise is refused; stray "
+          "descriptors are a ProtocolError", "[channel][direct]") {
+  Pair pair;
+  int host[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, host) == 0);
+  base::UniqueFd host_end(host[0]);
+  base::UniqueFd handed(host[1]);
+  ipc::Frame conn;
+  conn.type = ipc::FrameType::kDirectConn;
+  conn.direct_conn.conn = 42;
+  conn.direct_conn.client = "client-a";
+  std::string bytes;
+  REQUIRE_OK(ipc::AppendFrame(conn, bytes));
+  const int fds[] = {handed.get()};
+  REQUIRE_OK(ipc::SendWithDescriptors(pair.peer, bytes, fds));
+  handed.Reset();  // the worker holds the only other copy now
+  REQUIRE(PyEval("ch.read_frames()") == "[]");
+  // The host: STATUS 14, then EOF (the worker closed its descriptor).
+  std::string got;
+  char buffer[256];
+  for (;;) {
+    pollfd pfd{host_end.get(), POLLIN, 0};
+    REQUIRE(::poll(&pfd, 1, 20000) == 1);
+    const ssize_t n = ::read(host_end.get(), buffer, sizeof buffer);
+    REQUIRE(n >= 0);
+    if (n == 0) break;
+    got.append(buffer, static_cast<size_t>(n));
+  }
+  auto frame = sandbox::ParseFrame(got);
+  REQUIRE(frame.ok());
+  REQUIRE(frame->kind == sandbox::FrameKind::kStatus);
+  auto status = sandbox::DecodeStatus(frame->payload);
+  REQUIRE(status.ok());
+  CHECK(status->code == 14);
+  CHECK(got.size() == frame->frame_bytes);
+  // The daemon: direct_closed for that connection.
+  FrameCollector collector(pair.peer);
+  auto frames = collector.Wait(1, absl::Seconds(5));
+  REQUIRE(frames.size() == 1);
+  CHECK(frames[0].type == ipc::FrameType::kDirectClosed);
+  CHECK(frames[0].direct_conn.conn == 42);
+
+  SECTION("a direct_conn without its descriptor") {
+    pair.Send(conn);
+    CHECK(Raised("ch.read_frames()", "w.ProtocolError") ==
+          "a 'direct_conn' frame came without its descriptors");
+  }
+  SECTION("a descriptor with a frame that carries none") {
+    ipc::Frame cancel;
+    cancel.type = ipc::FrameType::kCancel;
+    cancel.call_id = "c";
+    std::string cancel_bytes;
+    REQUIRE_OK(ipc::AppendFrame(cancel, cancel_bytes));
+    const int stray[] = {host_end.get()};
+    REQUIRE_OK(ipc::SendWithDescriptors(pair.peer, cancel_bytes, stray));
+    CHECK(Raised("ch.read_frames()", "w.ProtocolError") ==
+          "descriptors arrived with frames that carry none");
+  }
 }
 
 TEST_CASE("Oversized frame lengths are refused before reading the body",

@@ -2,6 +2,8 @@
 
 #include <msgpack.hpp>
 
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,6 +36,8 @@ constexpr TypeName kTypeNames[] = {
     {FrameType::kNamespaceEvent, "ns_event"},
     {FrameType::kSetEnv, "set_env"},
     {FrameType::kEnvSet, "env_set"},
+    {FrameType::kDirectConn, "direct_conn"},
+    {FrameType::kDirectClosed, "direct_closed"},
 };
 
 std::optional<FrameType> ParseType(std::string_view name) {
@@ -211,6 +215,11 @@ absl::Status ReadError(const msgpack::object& o, ErrorInfo& e) {
 }
 
 }  // namespace
+
+size_t DescriptorsCarried(const Frame& frame) {
+  if (frame.type != FrameType::kDirectConn) return 0;
+  return frame.direct_conn.ring ? 2 : 1;
+}
 
 std::string_view FrameTypeName(FrameType type) {
   for (const auto& t : kTypeNames) {
@@ -432,10 +441,43 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       PackStr(p, "detail", f.detail);
       break;
     case FrameType::kReady:
-      p.pack_map(3);
+      // The capability only when set: an older daemon sees today's frame.
+      p.pack_map(f.direct ? 4 : 3);
       PackStr(p, "t", "ready");
       PackInt(p, "pid", f.pid);
       PackStr(p, "detail", f.detail);
+      if (f.direct) {
+        PackKey(p, "direct");
+        p.pack_true();
+      }
+      break;
+    case FrameType::kDirectConn: {
+      const DirectConnInfo& d = f.direct_conn;
+      p.pack_map(12);
+      PackStr(p, "t", "direct_conn");
+      PackInt(p, "conn", d.conn);
+      PackStr(p, "client", d.client);
+      PackBin(p, "pre", f.data);
+      PackKey(p, "ring");
+      if (d.ring) {
+        p.pack_true();
+      } else {
+        p.pack_false();
+      }
+      PackInt(p, "follow", d.follow);
+      PackInt(p, "max_payload", d.max_payload);
+      PackInt(p, "upload_idle_ms", d.upload_idle_ms);
+      PackInt(p, "max_retained", d.max_retained);
+      PackInt(p, "max_retained_bytes", d.max_retained_bytes);
+      PackInt(p, "max_stream_window", d.max_stream_window);
+      PackInt(p, "stalled_ms", d.stalled_ms);
+      break;
+    }
+    case FrameType::kDirectClosed:
+      p.pack_map(3);
+      PackStr(p, "t", "direct_closed");
+      PackInt(p, "conn", f.direct_conn.conn);
+      PackStr(p, "why", f.detail);
       break;
     case FrameType::kBootError:
       p.pack_map(2);
@@ -539,6 +581,31 @@ absl::StatusOr<Frame> DecodeBody(std::string_view body,
       s = ReadBytes(kv.val, key, f.record);
     } else if (key == "ns") {
       s = ReadNamespace(kv.val, f.ns);
+    } else if (key == "direct" || key == "ring") {
+      if (kv.val.type != msgpack::type::BOOLEAN) return InvalidField(key, "a bool");
+      (key == "direct" ? f.direct : f.direct_conn.ring) = kv.val.via.boolean;
+    } else if (key == "conn") {
+      s = ReadInt(kv.val, key, f.direct_conn.conn);
+    } else if (key == "client") {
+      s = ReadBytes(kv.val, key, f.direct_conn.client);
+    } else if (key == "pre") {
+      s = ReadBytes(kv.val, key, f.data);
+    } else if (key == "why") {
+      s = ReadBytes(kv.val, key, f.detail);
+    } else if (key == "follow") {
+      s = ReadInt(kv.val, key, f.direct_conn.follow);
+    } else if (key == "max_payload") {
+      s = ReadInt(kv.val, key, f.direct_conn.max_payload);
+    } else if (key == "upload_idle_ms") {
+      s = ReadInt(kv.val, key, f.direct_conn.upload_idle_ms);
+    } else if (key == "max_retained") {
+      s = ReadInt(kv.val, key, f.direct_conn.max_retained);
+    } else if (key == "max_retained_bytes") {
+      s = ReadInt(kv.val, key, f.direct_conn.max_retained_bytes);
+    } else if (key == "max_stream_window") {
+      s = ReadInt(kv.val, key, f.direct_conn.max_stream_window);
+    } else if (key == "stalled_ms") {
+      s = ReadInt(kv.val, key, f.direct_conn.stalled_ms);
     } else if (key == "ring_pos") {
       s = ReadInt(kv.val, key, f.ring_pos);
       has_ring_pos = true;
@@ -607,6 +674,18 @@ ssize_t FrameReader::ReadFrom(int fd, size_t max_bytes) {
   return n;
 }
 
+ssize_t FrameReader::ReceiveFrom(int fd, size_t max_bytes, msghdr& msg,
+                                 int flags) {
+  iovec iov{Reserve(max_bytes), max_bytes};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  const ssize_t n = ::recvmsg(fd, &msg, flags);
+  msg.msg_iov = nullptr;
+  msg.msg_iovlen = 0;
+  if (n > 0) size_ += static_cast<size_t>(n);
+  return n;
+}
+
 size_t FrameReader::CompleteFrames() const {
   size_t count = 0;
   size_t at = offset_;
@@ -643,6 +722,7 @@ absl::StatusOr<std::optional<Frame>> FrameReader::Next(
   auto frame = DecodeBody(std::string_view(buffer_.get() + offset_ + 4, len),
                           data, &scratch_->zone);
   offset_ += 4 + len;
+  last_frame_bytes_ = 4 + size_t{len};
   if (!frame.ok()) return frame.status();
   return std::optional<Frame>(std::move(*frame));
 }

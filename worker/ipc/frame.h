@@ -14,6 +14,8 @@
 #include <string>
 #include <string_view>
 
+#include <sys/socket.h>
+
 #include "absl/status/statusor.h"
 #include "worker/ipc/chunking.h"  // kChunkBytes: payload frames carry one chunk
 
@@ -36,10 +38,15 @@ enum class FrameType {
   kStreamAck,  // call_id, index (the next index the host has not consumed)
   kSetEnv,     // data: "K=V\0" entries to set in the running worker's
                // environment (SandboxAdmin.Activate's env); answered by kEnvSet
+  kDirectConn,  // direct (DirectConnInfo), data ("pre": the bytes the daemon
+                // read past HELLO); sent with SCM_RIGHTS: the host's Calls
+                // socket, then its payload ring's memfd when direct.ring
+                // (docs/DIRECT-CALLS.md). Expects kDirectClosed, never a reply.
   // both directions
   kNamespaceEvent,  // ns (see NamespaceEntry), data (msgpack payload)
   // worker -> daemon
-  kReady,        // pid, detail (python version)
+  kReady,        // pid, detail (python version), direct (optional: the
+                 // worker serves kDirectConn connections)
   kBootError,    // error
   kResultChunk,  // call_id, data
   kResult,       // call_id, encoding, data (last bytes), total_size
@@ -49,6 +56,8 @@ enum class FrameType {
                  // they could not be
   kLog,          // record: one serialized agentix.runtime.v1.LogRecord
   kTrace,        // record: one serialized agentix.runtime.v1.TraceEvent
+  kDirectClosed,  // direct.conn, detail ("why"): a handed-over connection
+                  // ended; its descriptors are closed in the worker
 };
 
 // "call", "arg_chunk", ... as used in the "t" key.
@@ -89,6 +98,22 @@ struct NamespaceEntry {
   int status_code = 0;
 };
 
+// A handed-over Calls connection (kDirectConn; kDirectClosed uses `conn`).
+// The limits are the daemon's flags, which the worker applies to the calls
+// of this connection as the daemon would.
+struct DirectConnInfo {
+  uint64_t conn = 0;     // the daemon's number for the connection
+  std::string client;    // HELLO's agentix-client-id ("" for none)
+  bool ring = false;     // the payload ring's memfd follows the socket
+  uint32_t follow = 0;   // calls-CPU answers asked: 0 none, 1 first, 2 changes
+  uint64_t max_payload = 0;         // --max_payload_bytes
+  uint64_t upload_idle_ms = 0;      // --upload_idle_timeout
+  uint64_t max_retained = 0;        // --max_retained_results
+  uint64_t max_retained_bytes = 0;  // --max_retained_bytes
+  uint64_t max_stream_window = 0;   // --max_stream_window
+  uint64_t stalled_ms = 0;          // --stalled_host_timeout
+};
+
 // One decoded frame. Only the fields its type lists are meaningful.
 struct Frame {
   FrameType type = FrameType::kShutdown;
@@ -108,6 +133,8 @@ struct Frame {
   // its bytes, and the daemon sets the fields it owns: seq, worker_id, ...).
   std::string record;
   NamespaceEntry ns;           // kNamespaceEvent
+  bool direct = false;         // kReady: the direct-calls capability
+  DirectConnInfo direct_conn;  // kDirectConn; kDirectClosed: conn only
   // kCall, kArgChunk, kResultChunk, kResult: the payload lies in the
   // sender's payload ring (payload_area.h) at ring_pos, ring_size bytes,
   // instead of in "data" (keys "ring_pos", "ring_size"; "data" is absent).
@@ -115,6 +142,11 @@ struct Frame {
   uint64_t ring_pos = 0;
   uint64_t ring_size = 0;
 };
+
+// Descriptors that travel with a frame (SCM_RIGHTS on its first byte):
+// 1 or 2 for kDirectConn (the socket; the ring's memfd when `ring`), none
+// for any other frame.
+size_t DescriptorsCarried(const Frame& frame);
 
 // Appends the encoded frame (length prefix included) to `out`.
 // kResourceExhausted if the body would exceed kMaxFrameBytes;
@@ -153,6 +185,9 @@ class FrameReader {
   // (-1 with errno set on failure; EINTR is not retried). Invalidates the
   // views Next(&data) returned.
   ssize_t ReadFrom(int fd, size_t max_bytes);
+  // The same with recvmsg(2) and `flags`: `msg` brings its own control
+  // buffer (ancillary data); its iovec is set here (DescriptorReader).
+  ssize_t ReceiveFrom(int fd, size_t max_bytes, msghdr& msg, int flags);
   // Returns the next complete frame, std::nullopt when more bytes are needed,
   // or an error: kResourceExhausted for a length over kMaxFrameBytes (checked
   // before any body byte is buffered), kInvalidArgument for a bad body. After
@@ -169,6 +204,9 @@ class FrameReader {
   // are not looked at): what Next() will return at most before it needs
   // more bytes, so a caller can size its vector once.
   size_t CompleteFrames() const;
+  // Bytes of the frame Next() returned last, length prefix included (where
+  // it began in the stream, for DescriptorReader).
+  size_t last_frame_bytes() const { return last_frame_bytes_; }
 
  private:
   // Room for `n` more bytes at buffer_ + size_: compacts consumed bytes
@@ -182,6 +220,7 @@ class FrameReader {
   size_t capacity_ = 0;
   size_t size_ = 0;    // bytes filled
   size_t offset_ = 0;  // bytes consumed by Next()
+  size_t last_frame_bytes_ = 0;
 };
 
 }  // namespace agentix::ipc

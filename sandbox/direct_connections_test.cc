@@ -1,0 +1,59 @@
+// DirectConnections: the count of handed-over connections, kept until the
+// worker reports them closed or exits, whatever the order.
+#include "sandbox/direct_connections.h"
+
+#include <catch2/catch.hpp>
+
+namespace agentix::sandbox {
+namespace {
+
+TEST_CASE("Handed-over connections count until closed, bounded", "[direct]") {
+  StreamActivity activity;
+  DirectConnections direct(2, &activity);
+  activity.Opened();  // the frame wire counts each at HELLO
+  activity.Opened();
+  auto a = direct.Reserve(1);
+  auto b = direct.Reserve(1);
+  REQUIRE(a.has_value());
+  REQUIRE(b.has_value());
+  CHECK(*a != *b);
+  CHECK(!direct.Reserve(1).has_value());  // at the cap
+  direct.Commit(*a, false);
+  direct.Commit(*b, false);
+  CHECK(direct.live() == 2);
+  CHECK(activity.open() == 2);
+  // Another worker generation cannot close them; an unknown number neither.
+  direct.OnDirectClosed(2, *a, "eof");
+  direct.OnDirectClosed(1, 999, "eof");
+  CHECK(direct.unknown_closes() == 2);
+  CHECK(direct.live() == 2);
+  direct.OnDirectClosed(1, *a, "eof");
+  CHECK(direct.live() == 1);
+  CHECK(activity.open() == 1);
+  direct.OnDirectWorkerGone(1);
+  CHECK(direct.live() == 0);
+  CHECK(activity.open() == 0);
+}
+
+TEST_CASE("A close before the commit, a cancel and a gone worker's late "
+          "reserve leave nothing counted", "[direct]") {
+  StreamActivity activity;
+  DirectConnections direct(4, &activity);
+  activity.Opened();
+  auto a = direct.Reserve(1);
+  REQUIRE(a.has_value());
+  direct.OnDirectClosed(1, *a, "eof");  // the worker was quick
+  direct.Commit(*a, false);
+  CHECK(activity.open() == 0);
+  CHECK(direct.live() == 0);
+  auto b = direct.Reserve(1);
+  REQUIRE(b.has_value());
+  direct.Cancel(*b);
+  CHECK(direct.live() == 0);
+  direct.OnDirectWorkerGone(1);
+  CHECK(!direct.Reserve(1).has_value());  // that worker is gone
+  CHECK(direct.Reserve(2).has_value());
+}
+
+}  // namespace
+}  // namespace agentix::sandbox

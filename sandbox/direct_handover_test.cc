@@ -1,0 +1,389 @@
+// Direct calls, stage 3's daemon side (docs/DIRECT-CALLS.md): the frame wire
+// hands an eligible Calls connection to the worker (testing/fake_worker with
+// FAKE_WORKER_DIRECT=1 serves it itself: its answers say "direct <pid>"),
+// keeps it counted until the worker reports it closed, and relays every
+// connection the rules refuse (the fake's relayed fake::echo answers the
+// arguments).
+#include <dirent.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "sandbox/connection_guard.h"
+#include "sandbox/direct_connections.h"
+#include "sandbox/fake_worker_calls.h"
+#include "sandbox/frame_wire_server.h"
+#include "wire/frame_codec.h"
+#include "worker/ipc/payload_area.h"
+
+namespace agentix::sandbox {
+namespace {
+
+using runtime::v1::CallsRequest;
+using runtime::v1::CallsResponse;
+
+constexpr char kToken[] = "direct-test-token";
+
+struct WireFrame {
+  FrameKind kind;
+  std::string payload;
+};
+
+// A frame-wire host: blocking I/O, a deadline on every read.
+class Host {
+ public:
+  explicit Host(const std::string& path) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd_ >= 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strcpy(addr.sun_path, path.c_str());
+    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  }
+  ~Host() { ::close(fd_); }
+
+  // HELLO (and, pipelined in the same write, `then`'s frames): with the
+  // direct key when `direct`, and the ring's memfd when `ring`.
+  void Hello(bool direct, const std::string& client_id,
+             const std::string& then = "", const ipc::PayloadArea* ring = nullptr) {
+    FrameMetadata metadata;
+    metadata.emplace_back("authorization", absl::StrCat("Bearer ", kToken));
+    if (!client_id.empty()) metadata.emplace_back("agentix-client-id", client_id);
+    if (direct) metadata.emplace_back(kFrameDirectKey, "1");
+    if (ring != nullptr) metadata.emplace_back(kFramePayloadRingKey, "1");
+    const std::string bytes =
+        EncodeFrame(FrameKind::kHello, EncodeHello(metadata)) + then;
+    iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    if (ring != nullptr) {
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      const int fd = ring->fd();
+      std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    }
+    REQUIRE(::sendmsg(fd_, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
+  }
+  void Send(const std::string& bytes) {
+    REQUIRE(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+            static_cast<ssize_t>(bytes.size()));
+  }
+  // The next frame; nullopt on EOF.
+  std::optional<WireFrame> Read(absl::Duration timeout = absl::Seconds(20)) {
+    std::string header;
+    if (!ReadExactly(kFrameHeaderBytes, header, timeout)) return std::nullopt;
+    const auto* h = reinterpret_cast<const unsigned char*>(header.data());
+    const size_t length = size_t{h[0]} | size_t{h[1]} << 8 |
+                          size_t{h[2]} << 16 | size_t{h[3]} << 24;
+    WireFrame frame{static_cast<FrameKind>(h[4]), ""};
+    REQUIRE(ReadExactly(length, frame.payload, timeout));
+    return frame;
+  }
+  // The value of the next CallResult (skipping the ring's acceptance).
+  std::string NextResult() {
+    for (;;) {
+      std::optional<WireFrame> frame = Read();
+      REQUIRE(frame.has_value());
+      if (frame->kind == FrameKind::kRingMessage) continue;
+      INFO("frame kind " << static_cast<int>(frame->kind) << ": "
+                         << frame->payload);
+      REQUIRE(frame->kind == FrameKind::kMessage);
+      CallsResponse response;
+      REQUIRE(response.ParseFromString(frame->payload));
+      REQUIRE(response.events_size() == 1);
+      if (response.events(0).has_error()) {
+        return "error " + response.events(0).error().error().type();
+      }
+      REQUIRE(response.events(0).has_result());
+      return response.events(0).result().value();
+    }
+  }
+  // The STATUS frame's code, which must be followed by EOF.
+  absl::StatusCode ReadStatus() {
+    std::optional<WireFrame> frame = Read();
+    REQUIRE(frame.has_value());
+    REQUIRE(frame->kind == FrameKind::kStatus);
+    auto status = DecodeStatus(frame->payload);
+    REQUIRE(status.ok());
+    REQUIRE(!Read().has_value());
+    return static_cast<absl::StatusCode>(status->code);
+  }
+  int fd() const { return fd_; }
+
+ private:
+  bool ReadExactly(size_t n, std::string& out, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    out.resize(n);
+    size_t got = 0;
+    while (got < n) {
+      pollfd p{fd_, POLLIN, 0};
+      const int left = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+      REQUIRE(left > 0);
+      if (::poll(&p, 1, left) <= 0) continue;
+      const ssize_t r = ::recv(fd_, out.data() + got, n - got, 0);
+      if (r == 0) return false;
+      REQUIRE(r > 0);
+      got += static_cast<size_t>(r);
+    }
+    return true;
+  }
+  int fd_ = -1;
+};
+
+std::string Start(const std::string& id, const std::string& callable,
+                  const std::string& args) {
+  CallsRequest request;
+  AddStart(request, id, callable, args);
+  return EncodeFrame(FrameKind::kMessage, request.SerializeAsString());
+}
+
+std::string HalfClose() { return EncodeFrame(FrameKind::kHalfClose, ""); }
+
+bool Eventually(const std::function<bool()>& done,
+                absl::Duration timeout = absl::Seconds(10)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return done();
+}
+
+size_t OpenFdsOf(int64_t pid) {
+  size_t count = 0;
+  DIR* dir = ::opendir(absl::StrCat("/proc/", pid, "/fd").c_str());
+  REQUIRE(dir != nullptr);
+  while (readdir(dir) != nullptr) ++count;
+  ::closedir(dir);
+  return count;
+}
+
+struct Setup {
+  bool flag = true;             // --direct_calls
+  bool capable = true;          // the fake advertises `direct`
+  size_t max_live = 256;
+  size_t max_concurrent_calls = 0;
+  size_t payload_ring_bytes = ipc::kDefaultRingBytes;
+  std::vector<std::string> env;
+};
+
+struct Harness {
+  explicit Harness(Setup setup = Setup()) {
+    char dir_template[] = "/tmp/agx-direct-XXXXXX";
+    REQUIRE(::mkdtemp(dir_template) != nullptr);
+    dir = dir_template;
+    direct = std::make_shared<DirectConnections>(setup.max_live, &activity);
+    SessionOptions session = FakeWorkerOptions(setup.env);
+    if (setup.capable) session.worker.env.push_back("FAKE_WORKER_DIRECT=1");
+    session.worker.payload_ring_bytes = setup.payload_ring_bytes;
+    session.max_concurrent_calls = setup.max_concurrent_calls;
+    session.worker.ready_timeout = absl::Seconds(2);
+    if (setup.flag) session.worker.direct_listener = direct;
+    manager = std::make_unique<SessionManager>(std::move(session));
+    FrameWireOptions wire;
+    wire.path = dir + "/d.sock.calls";
+    wire.gate = TokenGate::Fixed(kToken);
+    wire.activity = &activity;
+    if (setup.flag) wire.direct = direct;
+    path = wire.path;
+    server = std::make_unique<FrameWireServer>(manager.get(), wire);
+    REQUIRE(server->Start().ok());
+  }
+  ~Harness() {
+    server->Stop();
+    manager.reset();
+    ::rmdir(dir.c_str());
+  }
+  // Whether `result` came from the worker's own process (served directly).
+  bool IsDirect(const std::string& result) {
+    return result == absl::StrCat("direct ", manager->Info().worker_pid);
+  }
+  std::string dir;
+  std::string path;
+  StreamActivity activity;
+  std::shared_ptr<DirectConnections> direct;
+  std::unique_ptr<SessionManager> manager;
+  std::unique_ptr<FrameWireServer> server;
+};
+
+TEST_CASE("A connection asking for direct calls is served by the worker; "
+          "HALF_CLOSE ends it and its count", "[direct]") {
+  Harness h;
+  // No worker yet: the hand-over starts one and waits for its `ready`.
+  Host host(h.path);
+  // Pipelined with HELLO: these bytes reach the worker as `pre`.
+  host.Hello(true, "client-a", Start("c1", "fake::echo", "x"));
+  REQUIRE(h.IsDirect(host.NextResult()));
+  host.Send(Start("c2", "fake::echo", "y"));
+  CHECK(h.IsDirect(host.NextResult()));
+  CHECK(h.direct->live() == 1);
+  CHECK(h.server->connections() == 0);  // no daemon thread holds it
+  CHECK(h.activity.open() == 1);        // but it is an open stream
+  host.Send(HalfClose());
+  CHECK(host.ReadStatus() == absl::StatusCode::kOk);
+  REQUIRE(Eventually([&] { return h.direct->live() == 0; }));
+  CHECK(h.activity.open() == 0);
+  CHECK(h.direct->unknown_closes() == 0);
+}
+
+TEST_CASE("Connections the rules refuse are relayed", "[direct]") {
+  Setup setup;
+  bool key = true;
+  SECTION("--direct_calls off") { setup.flag = false; }
+  SECTION("no agentix-direct key") { key = false; }
+  SECTION("a worker without the capability") { setup.capable = false; }
+  SECTION("--max_concurrent_calls set") { setup.max_concurrent_calls = 4; }
+  SECTION("no payload area") { setup.payload_ring_bytes = 0; }
+  SECTION("a worker that never becomes ready (its boot error is relayed)") {
+    setup.env.push_back("FAKE_WORKER_BOOT=hang");
+  }
+  Harness h(setup);
+  Host host(h.path);
+  host.Hello(key, "client-a", Start("c1", "fake::echo", "relayed"));
+  const std::string result = host.NextResult();
+  if (absl::StrContains(setup.env.empty() ? "" : setup.env[0], "hang")) {
+    CHECK(result == "error WorkerBootError");
+  } else {
+    CHECK(result == "relayed");
+  }
+  CHECK(h.direct->live() == 0);
+  host.Send(HalfClose());
+  CHECK(host.ReadStatus() == absl::StatusCode::kOk);
+}
+
+TEST_CASE("A client whose calls the daemon holds stays relayed; others go "
+          "direct", "[direct]") {
+  Harness h;
+  Host relayed(h.path);
+  relayed.Hello(false, "client-a", Start("held", "fake::hang", ""));
+  REQUIRE(Eventually([&] { return h.manager->Info().calls_in_flight == 1; }));
+  Host same_client(h.path);
+  same_client.Hello(true, "client-a", Start("c1", "fake::echo", "relayed"));
+  CHECK(same_client.NextResult() == "relayed");
+  Host other_client(h.path);
+  other_client.Hello(true, "client-b", Start("c2", "fake::echo", "x"));
+  CHECK(h.IsDirect(other_client.NextResult()));
+  CHECK(h.direct->live() == 1);
+}
+
+TEST_CASE("Hand-overs beyond the cap are relayed until one closes", "[direct]") {
+  Setup setup;
+  setup.max_live = 1;
+  Harness h(setup);
+  Host first(h.path);
+  first.Hello(true, "a", Start("c1", "fake::echo", "x"));
+  REQUIRE(h.IsDirect(first.NextResult()));
+  Host second(h.path);
+  second.Hello(true, "b", Start("c2", "fake::echo", "relayed"));
+  CHECK(second.NextResult() == "relayed");
+  first.Send(HalfClose());
+  CHECK(first.ReadStatus() == absl::StatusCode::kOk);
+  REQUIRE(Eventually([&] { return h.direct->live() == 0; }));
+  Host third(h.path);
+  third.Hello(true, "c", Start("c3", "fake::echo", "x"));
+  CHECK(h.IsDirect(third.NextResult()));
+}
+
+TEST_CASE("The worker holds the socket and the ring memfd until it reports "
+          "direct_closed", "[direct]") {
+  Harness h;
+  REQUIRE(h.manager->StartWorker().ok());
+  REQUIRE(Eventually([&] { return !h.manager->Info().worker_booting; }));
+  const int64_t pid = h.manager->Info().worker_pid;
+  const size_t before = OpenFdsOf(pid);
+  auto ring = ipc::PayloadArea::Create(1u << 20, /*sealed=*/true);
+  REQUIRE(ring.ok());
+  Host host(h.path);
+  host.Hello(true, "client-a", Start("c1", "fake::echo", "x"), ring->get());
+  (*ring)->CloseFd();
+  CHECK(h.IsDirect(host.NextResult()));
+  CHECK(OpenFdsOf(pid) == before + 2);  // the socket and the ring's memfd
+  host.Send(HalfClose());
+  CHECK(host.ReadStatus() == absl::StatusCode::kOk);
+  REQUIRE(Eventually([&] { return h.direct->live() == 0; }));
+  CHECK(OpenFdsOf(pid) == before);
+}
+
+TEST_CASE("A worker that dies leaves its direct hosts an EOF and drops their "
+          "counts", "[direct]") {
+  Harness h;
+  Host host(h.path);
+  host.Hello(true, "client-a", Start("c1", "fake::echo", "x"));
+  REQUIRE(h.IsDirect(host.NextResult()));
+  Host other(h.path);
+  other.Hello(true, "client-b", Start("c2", "fake::echo", "x"));
+  REQUIRE(h.IsDirect(other.NextResult()));
+  REQUIRE(h.direct->live() == 2);
+  host.Send(Start("c3", "fake::kill", ""));
+  CHECK(!host.Read().has_value());   // EOF, no STATUS: the host reconnects
+  CHECK(!other.Read().has_value());
+  REQUIRE(Eventually([&] { return h.direct->live() == 0; }));
+  CHECK(h.activity.open() == 0);
+}
+
+TEST_CASE("Shutdown: the worker ends its direct connections with STATUS 14; "
+          "Stop does not wait for them", "[direct]") {
+  Harness h;
+  Host host(h.path);
+  host.Hello(true, "client-a", Start("c1", "fake::echo", "x"));
+  REQUIRE(h.IsDirect(host.NextResult()));
+  h.manager->Shutdown(absl::Seconds(3));
+  CHECK(host.ReadStatus() == absl::StatusCode::kUnavailable);
+  const absl::Time before = absl::Now();
+  h.server->Stop();
+  CHECK(absl::Now() - before < absl::Seconds(2));
+  REQUIRE(Eventually([&] { return h.direct->live() == 0; }));
+}
+
+TEST_CASE("Handed-over connections count against --max-connections until the "
+          "worker closes them", "[direct][guard]") {
+  const ConnectionGuardStats at_start = GetConnectionGuardStats();
+  ConnectionLimits limits;
+  limits.max_connections = at_start.open + 1;
+  REQUIRE(StartConnectionGuard(limits).ok());
+  {
+    Harness h;
+    Host host(h.path);
+    host.Hello(true, "client-a", Start("c1", "fake::echo", "x"));
+    REQUIRE(h.IsDirect(host.NextResult()));
+    ConnectionGuardStats stats = GetConnectionGuardStats();
+    CHECK(stats.handed_over == 1);
+    CHECK(stats.open == at_start.open + 1);
+    // At the cap: the guard closes the next connection at accept.
+    Host refused(h.path);
+    CHECK(!refused.Read(absl::Seconds(5)).has_value());
+    host.Send(HalfClose());
+    CHECK(host.ReadStatus() == absl::StatusCode::kOk);
+    REQUIRE(Eventually([&] { return GetConnectionGuardStats().handed_over == 0; }));
+    CHECK(GetConnectionGuardStats().open == at_start.open);
+    Host served(h.path);
+    served.Hello(true, "client-b", Start("c2", "fake::echo", "x"));
+    CHECK(h.IsDirect(served.NextResult()));
+    served.Send(HalfClose());
+    CHECK(served.ReadStatus() == absl::StatusCode::kOk);
+    REQUIRE(Eventually([&] { return GetConnectionGuardStats().handed_over == 0; }));
+  }
+  limits.max_connections = 1024;  // the later cases' default
+  REQUIRE(StartConnectionGuard(limits).ok());
+}
+
+}  // namespace
+}  // namespace agentix::sandbox
