@@ -38,6 +38,8 @@ constexpr TypeName kTypeNames[] = {
     {FrameType::kEnvSet, "env_set"},
     {FrameType::kDirectConn, "direct_conn"},
     {FrameType::kDirectClosed, "direct_closed"},
+    {FrameType::kCollapse, "collapse"},
+    {FrameType::kSessionState, "session_state"},
 };
 
 std::optional<FrameType> ParseType(std::string_view name) {
@@ -479,6 +481,23 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       PackInt(p, "conn", f.direct_conn.conn);
       PackStr(p, "why", f.detail);
       break;
+    case FrameType::kCollapse:
+      p.pack_map(2);
+      PackStr(p, "t", "collapse");
+      PackStr(p, "client", f.direct_conn.client);
+      break;
+    case FrameType::kSessionState:
+      p.pack_map(4);
+      PackStr(p, "t", "session_state");
+      PackStr(p, "client", f.direct_conn.client);
+      PackBin(p, "record", f.record);
+      PackKey(p, "last");
+      if (f.last) {
+        p.pack_true();
+      } else {
+        p.pack_false();
+      }
+      break;
     case FrameType::kBootError:
       p.pack_map(2);
       PackStr(p, "t", "boot_error");
@@ -581,6 +600,9 @@ absl::StatusOr<Frame> DecodeBody(std::string_view body,
       s = ReadBytes(kv.val, key, f.record);
     } else if (key == "ns") {
       s = ReadNamespace(kv.val, f.ns);
+    } else if (key == "last") {
+      if (kv.val.type != msgpack::type::BOOLEAN) return InvalidField(key, "a bool");
+      f.last = kv.val.via.boolean;
     } else if (key == "direct" || key == "ring") {
       if (kv.val.type != msgpack::type::BOOLEAN) return InvalidField(key, "a bool");
       (key == "direct" ? f.direct : f.direct_conn.ring) = kv.val.via.boolean;
