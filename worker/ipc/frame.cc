@@ -455,7 +455,7 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       break;
     case FrameType::kDirectConn: {
       const DirectConnInfo& d = f.direct_conn;
-      p.pack_map(12);
+      p.pack_map(13);
       PackStr(p, "t", "direct_conn");
       PackInt(p, "conn", d.conn);
       PackStr(p, "client", d.client);
@@ -473,6 +473,7 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       PackInt(p, "max_retained_bytes", d.max_retained_bytes);
       PackInt(p, "max_stream_window", d.max_stream_window);
       PackInt(p, "stalled_ms", d.stalled_ms);
+      PackInt(p, "client_slot", d.client_slot);
       break;
     }
     case FrameType::kDirectClosed:
@@ -628,6 +629,8 @@ absl::StatusOr<Frame> DecodeBody(std::string_view body,
       s = ReadInt(kv.val, key, f.direct_conn.max_stream_window);
     } else if (key == "stalled_ms") {
       s = ReadInt(kv.val, key, f.direct_conn.stalled_ms);
+    } else if (key == "client_slot") {
+      s = ReadInt(kv.val, key, f.direct_conn.client_slot);
     } else if (key == "ring_pos") {
       s = ReadInt(kv.val, key, f.ring_pos);
       has_ring_pos = true;

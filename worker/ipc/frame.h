@@ -116,6 +116,9 @@ struct DirectConnInfo {
   uint64_t max_retained_bytes = 0;  // --max_retained_bytes
   uint64_t max_stream_window = 0;   // --max_stream_window
   uint64_t stalled_ms = 0;          // --stalled_host_timeout
+  // The client's slot in the payload area's ledger (ledger.h), assigned by
+  // the daemon at the client's first hand-over.
+  uint32_t client_slot = 0;
 };
 
 // One decoded frame. Only the fields its type lists are meaningful.

@@ -152,6 +152,14 @@ TEST_CASE("collapse and session_state round-trip", "[ipc]") {
     CHECK(got.last == last);
   }
   CHECK(FrameTypeName(FrameType::kSessionState) == "session_state");
+
+  // direct_conn carries the client's ledger slot.
+  Frame conn;
+  conn.type = FrameType::kDirectConn;
+  conn.direct_conn.client = "client-7";
+  conn.direct_conn.client_slot = 41;
+  got = Decode(Encode(conn));
+  CHECK(got.direct_conn.client_slot == 41);
 }
 
 TEST_CASE("FrameReader yields frames split at any byte", "[ipc]") {

@@ -167,6 +167,13 @@ void LedgerWriter::Finished(uint32_t slot) {
   free_.push_back(slot);
 }
 
+void LedgerWriter::Forget(uint32_t slot) {
+  if (slot >= call_slots_) return;
+  absl::MutexLock lock(&mu_);
+  StoreState(CallSlot(slot), static_cast<uint32_t>(LedgerState::kFree));
+  free_.push_back(slot);
+}
+
 uint64_t LedgerWriter::unrecorded() const {
   absl::MutexLock lock(&mu_);
   return unrecorded_;

@@ -102,6 +102,9 @@ class LedgerWriter {
   // The call's result was acked or evicted: the slot is freed and its id
   // appended to the finished ring.
   void Finished(uint32_t slot);
+  // The call's id went to the daemon with its session (collapse): the slot
+  // is freed and nothing enters the finished ring.
+  void Forget(uint32_t slot);
 
   uint64_t unrecorded() const;
   uint64_t finished_too_long() const;
