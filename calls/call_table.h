@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <string>
@@ -138,6 +139,12 @@ class CallTable {
     return call != nullptr && !call->terminal ? call : nullptr;
   }
   bool IsFinished(std::string_view id) const { return finished_.Contains(id); }
+  const sandbox::FinishedIds& finished() const { return finished_; }
+  // Called with each call the table forgets on its own (evicted past the
+  // retention bounds) just before it is erased; acks are the owner's call.
+  void set_on_evict(std::function<void(const std::string&, Call&)> f) {
+    on_evict_ = std::move(f);
+  }
   // Remembers that `id` finished, so a re-sent start of it is refused.
   void RememberFinished(std::string_view id) { finished_.Remember(id); }
   uint32_t StreamWindow(const runtime::v1::StartCall& start) const {
@@ -353,6 +360,7 @@ class CallTable {
       retained_order_.pop_front();
       auto victim = calls_.find(oldest);
       if (victim != calls_.end()) {
+        if (on_evict_) on_evict_(oldest, victim->second);
         retained_bytes_ -=
             std::min(retained_bytes_, victim->second.retained_bytes);
         calls_.erase(victim);
@@ -445,6 +453,7 @@ class CallTable {
   sandbox::FinishedIds finished_;
   // Calls whose arguments are still arriving (watched for idleness).
   absl::flat_hash_set<std::string> uploading_;
+  std::function<void(const std::string&, Call&)> on_evict_;
 };
 
 }  // namespace agentix::calls

@@ -13,6 +13,7 @@
 #include "agentix/runtime/v1/runtime.pb.h"
 #include "wire/frame_codec.h"
 #include "worker/ipc/frame.h"
+#include "worker/ipc/ledger.h"
 
 namespace {
 
@@ -529,6 +530,32 @@ bool WriteFrameConnectionSeeds(const std::string& dir) {
 
 }  // namespace
 
+// ledger_reader_fuzzer: two count bytes, then a ledger the writer filled
+// (running, retained and finished calls of known clients).
+bool WriteLedgerSeeds(const std::string& dir) {
+  namespace ipc = agentix::ipc;
+  bool ok = true;
+  for (uint32_t n : {1u, 4u}) {
+    std::string region(ipc::LedgerBytes(n, n), '\0');
+    if (!ipc::FormatLedger(absl::MakeSpan(region.data(), region.size()), n, n)
+             .ok()) {
+      std::abort();
+    }
+    auto writer =
+        ipc::LedgerWriter::Open(absl::MakeSpan(region.data(), region.size()));
+    if (!writer.ok()) std::abort();
+    auto done = (*writer)->Started(1, "0123456789abcdef0123456789abcdef");
+    if (done) (*writer)->Finished(*done);
+    auto running = (*writer)->Started(2, "running");
+    auto retained = (*writer)->Started(0, "retained");
+    if (retained) (*writer)->Retained(*retained);
+    (void)running;
+    const std::string counts{static_cast<char>(n), static_cast<char>(n)};
+    ok &= Write(dir, "ledger_" + std::to_string(n), counts + region);
+  }
+  return ok;
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: make_seeds CORPUS_DIR\n");
@@ -543,7 +570,8 @@ int main(int argc, char** argv) {
             WriteSessionSeeds(root + "/session_fuzzer") &&
             WriteFrameWireSeeds(root + "/frame_wire_fuzzer") &&
             WriteClientFrameReaderSeeds(root + "/client_frame_reader_fuzzer") &&
-            WriteFrameConnectionSeeds(root + "/frame_connection_fuzzer");
+            WriteFrameConnectionSeeds(root + "/frame_connection_fuzzer") &&
+            WriteLedgerSeeds(root + "/ledger_reader_fuzzer");
   if (!ok) {
     std::fprintf(stderr, "make_seeds: could not write under %s (do the "
                  "<target> directories exist?)\n", root.c_str());

@@ -1,5 +1,6 @@
 #include "sandbox/session_manager.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1040,6 +1041,11 @@ SessionInfo SessionManager::Info() {
   }
   info.calls_queued = call_queue_.size();
   info.namespace_streams = namespaces_.OpenStreams();
+  if (const ipc::PayloadArea* area = worker_ ? worker_->payloads() : nullptr) {
+    info.calls_in_flight += static_cast<uint64_t>(area->DirectRunning());
+    info.last_call_end =
+        std::max(info.last_call_end, DirectLastEnd(area->DirectLastEndNs()));
+  }
   return info;
 }
 
@@ -1049,7 +1055,97 @@ SessionManager::CallPathQuiet SessionManager::Quiet() {
   quiet.calls_running = running_calls_ != 0 || !call_queue_.empty();
   quiet.worker_booting = worker_ && !worker_->booted();
   quiet.last_call_end = last_call_end_;
+  if (const ipc::PayloadArea* area = worker_ ? worker_->payloads() : nullptr) {
+    quiet.calls_running |= area->DirectRunning() > 0;
+    quiet.last_call_end =
+        std::max(quiet.last_call_end, DirectLastEnd(area->DirectLastEndNs()));
+  }
   return quiet;
+}
+
+absl::Time SessionManager::DirectLastEnd(int64_t monotonic_ns) {
+  if (monotonic_ns <= 0) return absl::InfinitePast();
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const int64_t now_ns = int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+  // The worker's clock is the same CLOCK_MONOTONIC; a time in the future
+  // (garbage) reads as now.
+  return absl::Now() - absl::Nanoseconds(std::max<int64_t>(0, now_ns - monotonic_ns));
+}
+
+size_t SessionManager::AdoptDirectSession(const std::string& client,
+                                          const ipc::SessionState& state) {
+  std::vector<Delivery> out;
+  size_t adopted = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& id : state.finished) table_.RememberFinished(id);
+    for (const ipc::CollapsedCall& collapsed : state.calls) {
+      if (table_.Find(collapsed.id) != nullptr ||
+          table_.IsFinished(collapsed.id)) {
+        continue;
+      }
+      std::vector<SandboxEventPtr> events;
+      for (const std::string& bytes : collapsed.delivered) {
+        auto event = std::make_shared<runtime::v1::SandboxEvent>();
+        if (!event->ParseFromString(bytes)) {
+          AGX_LOG(Warning, "collapsed direct call {}: an undecodable event "
+                  "skipped", collapsed.id);
+          continue;
+        }
+        events.push_back(std::move(event));
+      }
+      if (!collapsed.running && events.empty()) continue;  // nothing to keep
+      Call& call = table_.calls()[collapsed.id];
+      call.client = client;
+      if (collapsed.running) {
+        if (!worker_) {
+          // The worker is gone: it ends as its other calls did.
+          events.push_back(NewCallError(
+              collapsed.id, "WorkerDied", "runtime worker exited",
+              absl::StatusCode::kUnavailable, "", std::nullopt));
+        } else {
+          call.generation = worker_->generation();
+          call.dispatched = true;
+          ++running_calls_;
+        }
+      }
+      for (size_t i = 0; i < events.size(); ++i) {
+        const bool terminal =
+            i + 1 == events.size() && (!collapsed.running || !worker_);
+        Emit(collapsed.id, call, std::move(events[i]), terminal, out);
+      }
+      ++adopted;
+    }
+    Post(out);
+  }
+  DeliverPosted();
+  return adopted;
+}
+
+size_t SessionManager::AdoptLedger(const ipc::LedgerContents& ledger,
+                                   const WorkerExit& exit) {
+  std::vector<Delivery> out;
+  size_t made = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const ipc::LedgerFinished& done : ledger.finished) {
+      if (table_.Find(done.id) == nullptr) table_.RememberFinished(done.id);
+    }
+    for (const ipc::LedgerCall& held : ledger.calls) {
+      if (table_.Find(held.id) != nullptr) continue;
+      Call& call = table_.calls()[held.id];
+      call.client = held.client;
+      Emit(held.id, call,
+           NewCallError(held.id, exit.error_type, exit.message,
+                        absl::StatusCode::kUnavailable, "", exit.returncode),
+           /*terminal=*/true, out);
+      ++made;
+    }
+    Post(out);
+  }
+  DeliverPosted();
+  return made;
 }
 
 void SessionManager::Shutdown(absl::Duration grace) {

@@ -43,6 +43,8 @@
 #include "sandbox/log_buffer.h"
 #include "sandbox/namespace_hub.h"
 #include "sandbox/worker_process.h"
+#include "worker/ipc/ledger.h"
+#include "worker/ipc/session_state.h"
 
 namespace agentix::sandbox {
 
@@ -168,6 +170,24 @@ class SessionManager : public WorkerProcess::Listener {
     absl::Time last_call_end;  // SessionInfo::last_call_end
   };
   CallPathQuiet Quiet();
+
+  // Direct calls, stage 4 (docs/DIRECT-CALLS.md). A direct client's
+  // session collapsed back into the daemon: `state` is the worker's
+  // session_state pieces, decoded (ipc::DecodeSessionStatePiece). Running
+  // calls become this daemon's, on the live worker (their later output
+  // arrives as ordinary frames); terminal ones are retained with their
+  // delivered events; finished ids remembered. No stream owns them until
+  // the host's Resume. An id the daemon already holds is skipped. Returns
+  // the calls adopted.
+  size_t AdoptDirectSession(const std::string& client,
+                            const ipc::SessionState& state);
+  // After a worker died with direct calls: each call its ledger held
+  // (running or retained; ipc::ReadLedger) becomes a terminal call of its
+  // client with `exit`'s error (WorkerDied: the only copy of a retained
+  // result was in the worker), each finished id is remembered, so a
+  // reconnecting host gets today's outcome. Ids the daemon holds are
+  // skipped. Returns the calls made.
+  size_t AdoptLedger(const ipc::LedgerContents& ledger, const WorkerExit& exit);
   // Starts the worker now if none is running (it otherwise starts with the
   // first call that needs it). Errors as posix_spawn reports them; a worker
   // that fails later in its boot is reported to the calls that wait for it.
@@ -375,6 +395,9 @@ class SessionManager : public WorkerProcess::Listener {
   // Ends a running call with `event` and tells its worker to drop it.
   void FailCall(const std::string& id, Call& call, SandboxEventPtr event,
                 std::vector<Delivery>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The wall time of a CLOCK_MONOTONIC instant the worker published
+  // (PayloadArea::DirectLastEndNs); InfinitePast for none.
+  static absl::Time DirectLastEnd(int64_t monotonic_ns);
   // The table's limits from the session's options.
   static calls::CallTableLimits TableLimits(const SessionOptions& options);
 

@@ -1,6 +1,7 @@
 #include "sandbox/session_manager.h"
 
 #include <atomic>
+#include <cstring>
 #include <catch2/catch.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -587,6 +588,110 @@ TEST_CASE("A call id in flight or retained for another client is refused "
   // The owner re-sending its StartCall (a reconnect) is still ignored.
   manager.HandleHostEvent(a2, Start("kept", "fake::echo", "again"));
   CHECK(a2->CountTerminal("kept") == 1);
+}
+
+// Direct calls, stage 4: a worker's direct session collapsed into the
+// daemon (session_state), then resumed as a relayed client's.
+TEST_CASE("A collapsed direct session is adopted and resumed", "[sandbox]") {
+  SessionManager manager(FakeWorkerOptions());
+  REQUIRE(manager.StartWorker().ok());
+  ipc::SessionState state;
+  SandboxEvent result;
+  result.mutable_result()->set_call_id("done");
+  result.mutable_result()->set_value("from the worker's session");
+  state.calls.push_back({"done", false, {result.SerializeAsString()}});
+  state.calls.push_back({"run", true, {}});
+  state.finished = {"acked"};
+  // Through the codec, as the pieces arrive on the link.
+  ipc::SessionState decoded;
+  for (const std::string& piece : ipc::EncodeSessionState(state, 64)) {
+    REQUIRE(ipc::DecodeSessionStatePiece(piece, decoded).ok());
+  }
+  REQUIRE(manager.AdoptDirectSession("client-a", decoded) == 2);
+  CHECK(manager.Info().calls_in_flight == 1);  // "run", the daemon's now
+  CHECK(manager.Quiet().calls_running);
+
+  auto a = std::make_shared<ClientSink>("client-a");
+  manager.HandleHostEvent(a, ResumeEvent({"done", "acked"}));
+  CHECK(a->AwaitTerminal("done").result().value() ==
+        "from the worker's session");
+  CHECK(a->AwaitTerminal("acked").error().error().type() ==
+        "ResultUnavailable");
+  // At most once across the owners: a re-sent start of a finished id is
+  // refused, of a held one ignored; another client's is refused.
+  manager.HandleHostEvent(a, Start("done", "fake::echo", "again"));
+  CHECK(a->CountTerminal("done") == 1);
+  auto b = std::make_shared<ClientSink>("client-b");
+  manager.HandleHostEvent(b, Start("run", "fake::echo", "theirs"));
+  CHECK(b->AwaitTerminal("run").error().error().type() == "CallIdInUse");
+  auto a2 = std::make_shared<ClientSink>("client-a");
+  manager.HandleHostEvent(a2, Start("acked", "fake::echo", "x"));
+  CHECK(a2->AwaitTerminal("acked").error().error().type() ==
+        "ResultUnavailable");
+  // Adopting the same state again changes nothing.
+  CHECK(manager.AdoptDirectSession("client-a", decoded) == 0);
+
+  // The running call is on the live worker: its death ends it, and the
+  // resume replays that.
+  manager.HandleHostEvent(a, ResumeEvent({"run"}));
+  manager.HandleHostEvent(a, Start("k", "fake::kill"));
+  CHECK(a->AwaitTerminal("k").error().error().type() == "WorkerDied");
+  CHECK(a->AwaitTerminal("run").error().error().type() == "WorkerDied");
+  CHECK(manager.Info().calls_in_flight == 0);
+}
+
+TEST_CASE("A dead worker's ledger makes WorkerDied calls and refuses its "
+          "finished ids",
+          "[sandbox]") {
+  SessionManager manager(FakeWorkerOptions());
+  constexpr uint32_t kCalls = 8, kFinished = 8;
+  std::vector<char> region(ipc::LedgerBytes(kCalls, kFinished));
+  REQUIRE(ipc::FormatLedger(absl::MakeSpan(region), kCalls, kFinished).ok());
+  ipc::LedgerClients clients;
+  const uint32_t a = *clients.SlotOf("client-a");
+  auto writer = ipc::LedgerWriter::Open(absl::MakeSpan(region));
+  REQUIRE(writer.ok());
+  REQUIRE((*writer)->Started(a, "live").has_value());
+  auto kept = (*writer)->Started(a, "kept");
+  REQUIRE(kept.has_value());
+  (*writer)->Retained(*kept);
+  auto gone = (*writer)->Started(a, "gone");
+  REQUIRE(gone.has_value());
+  (*writer)->Finished(*gone);
+  // Garbage the dying worker left: a slot of a client never assigned.
+  char* slot = region.data() + ipc::kLedgerHeaderBytes +
+               5 * ipc::kLedgerCallSlotBytes;
+  const uint32_t running = 1, unknown = 9;
+  const uint16_t length = 4;
+  std::memcpy(slot, &running, 4);
+  std::memcpy(slot + 4, &unknown, 4);
+  std::memcpy(slot + 8, &length, 2);
+  std::memcpy(slot + 16, "evil", 4);
+
+  auto read = ipc::ReadLedger(absl::MakeConstSpan(region), kCalls, kFinished,
+                              clients);
+  REQUIRE(read.ok());
+  CHECK(read->skipped == 1);
+  WorkerExit exit{"WorkerDied",
+                  "runtime worker exited: killed by signal 9 (SIGKILL)", -9};
+  REQUIRE(manager.AdoptLedger(*read, exit) == 2);
+
+  auto host = std::make_shared<ClientSink>("client-a");
+  manager.HandleHostEvent(host, ResumeEvent({"live", "kept", "evil"}));
+  for (const char* id : {"live", "kept"}) {
+    const auto error = host->AwaitTerminal(id).error().error();
+    CHECK(error.type() == "WorkerDied");
+    CHECK(error.returncode() == -9);
+  }
+  CHECK(host->AwaitTerminal("evil").error().error().type() ==
+        "ResultUnavailable");
+  // Re-sent starts: never run twice.
+  manager.HandleHostEvent(host, Start("gone", "fake::echo", "again"));
+  CHECK(host->AwaitTerminal("gone").error().error().type() ==
+        "ResultUnavailable");
+  manager.HandleHostEvent(host, Start("live", "fake::echo", "again"));
+  CHECK(host->CountTerminal("live") == 1);
+  CHECK(manager.Info().workers_started == 0);  // nothing ran
 }
 
 TEST_CASE("Retained results are bounded; the oldest is evicted",

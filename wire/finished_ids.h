@@ -71,6 +71,13 @@ class FinishedIds {
 
   size_t size() const { return order_.size(); }
 
+  // Calls `f(id)` for each remembered id, oldest first (a session handed
+  // to another owner takes its finished ids along).
+  template <typename F>
+  void ForEach(F&& f) const {
+    for (const std::string& id : order_) f(std::string_view(id));
+  }
+
   // The most ids one shard holds (tests: the ids spread over the shards).
   size_t largest_shard() const {
     size_t most = 0;

@@ -1,10 +1,13 @@
 #include "worker/direct/direct_session.h"
 
+#include <time.h>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "calls/call_errors.h"
 #include "worker/ipc/chunking.h"
+#include "worker/ipc/session_state.h"
 
 namespace agentix::worker {
 
@@ -21,9 +24,38 @@ calls::CallTableLimits DirectSession::TableLimits(const DirectLimits& limits) {
   return table;
 }
 
+namespace {
+
+int64_t MonotonicNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // vDSO: no system call
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+}  // namespace
+
 DirectSession::DirectSession(std::string client, const DirectLimits& limits,
-                             DriverSink& driver)
-    : client_(std::move(client)), driver_(driver), table_(TableLimits(limits)) {}
+                             DriverSink& driver, const DirectRecords& records)
+    : client_(std::move(client)),
+      driver_(driver),
+      records_(records),
+      table_(NewTable(TableLimits(limits))) {}
+
+std::unique_ptr<DirectSession::Table> DirectSession::NewTable(
+    const calls::CallTableLimits& limits) {
+  auto table = std::make_unique<Table>(limits);
+  // Only called under mu_ (from Table::Emit).
+  table->set_on_evict([this](const std::string&, Call& call)
+                          ABSL_NO_THREAD_SAFETY_ANALYSIS { Forgotten(call); });
+  return table;
+}
+
+void DirectSession::Forgotten(Call& call) {
+  if (records_.ledger != nullptr && call.ledger_slot) {
+    records_.ledger->Finished(*call.ledger_slot);
+    call.ledger_slot.reset();
+  }
+}
 
 void DirectSession::HandleRequest(
     const std::shared_ptr<DirectResponseSink>& conn,
@@ -53,7 +85,7 @@ void DirectSession::Apply(const std::shared_ptr<DirectResponseSink>& conn,
       break;
     case HostEvent::kArgumentChunk: {
       const std::string& id = event.argument_chunk().call_id();
-      Table::ChunkUpdate update = table_.AddChunk(
+      Table::ChunkUpdate update = table_->AddChunk(
           conn, client_, event.argument_chunk(),
           bulk ? *bulk : std::string_view(event.argument_chunk().data()), out);
       if (update.call == nullptr) break;
@@ -74,7 +106,7 @@ void DirectSession::Apply(const std::shared_ptr<DirectResponseSink>& conn,
     }
     case HostEvent::kCancel: {
       const std::string& id = event.cancel().call_id();
-      if (Call* call = table_.FindOpen(id)) {
+      if (Call* call = table_->FindOpen(id)) {
         FailCall(id, *call,
                  calls::MakeCallError(id, "Cancelled", "remote call cancelled",
                                       absl::StatusCode::kCancelled),
@@ -83,13 +115,19 @@ void DirectSession::Apply(const std::shared_ptr<DirectResponseSink>& conn,
       break;
     }
     case HostEvent::kResume:
-      table_.Resume(conn, client_, event.resume(), out);
+      table_->Resume(conn, client_, event.resume(), out);
       break;
-    case HostEvent::kAck:
-      table_.Ack(client_, event.ack().call_id());
+    case HostEvent::kAck: {
+      const std::string& id = event.ack().call_id();
+      Call* call = table_->Find(id);
+      if (call != nullptr && call->terminal && call->client == client_) {
+        Forgotten(*call);
+      }
+      table_->Ack(client_, id);
       break;
+    }
     case HostEvent::kStreamAck:
-      if (table_.AckStreamItems(client_, event.stream_ack()) != nullptr) {
+      if (table_->AckStreamItems(client_, event.stream_ack()) != nullptr) {
         ipc::Frame ack;
         ack.type = ipc::FrameType::kStreamAck;
         ack.call_id = event.stream_ack().call_id();
@@ -108,17 +146,21 @@ void DirectSession::StartCall(const std::shared_ptr<DirectResponseSink>& conn,
                               std::string_view args, Out& out,
                               std::vector<ipc::Frame>& to_driver) {
   const std::string& id = start.call_id();
-  if (!table_.IsNewStart(conn, client_, id, out)) return;
+  if (!table_->IsNewStart(conn, client_, id, out)) return;
   if (calls::HasNoArguments(start, args)) {
     const runtime::v1::StartCall with_empty = calls::WithEmptyArguments(start);
     StartCall(conn, with_empty, with_empty.arguments(), out, to_driver);
     return;
   }
-  Call* call = table_.Admit(conn, client_, start, args, out);
+  Call* call = table_->Admit(conn, client_, start, args, out);
   if (call == nullptr) return;
   ++running_;
+  if (records_.area != nullptr) records_.area->AddDirectRunning(1);
+  if (records_.ledger != nullptr) {
+    call->ledger_slot = records_.ledger->Started(records_.client_slot, id);
+  }
   ipc::Frame frame = calls::MakeCallFrame(
-      id, start, call->args_expected, table_.limits().max_stream_window);
+      id, start, call->args_expected, table_->limits().max_stream_window);
   const size_t first = std::min(args.size(), ipc::kChunkBytes);
   frame.data.assign(args.data(), first);
   to_driver.push_back(std::move(frame));
@@ -133,8 +175,18 @@ void DirectSession::StartCall(const std::shared_ptr<DirectResponseSink>& conn,
 
 void DirectSession::Emit(const std::string& id, Call& call,
                          SandboxEventPtr event, bool terminal, Out& out) {
-  if (terminal) --running_;
-  table_.Emit(id, call, std::move(event), terminal, out);
+  if (terminal) {
+    --running_;
+    if (records_.area != nullptr) {
+      records_.area->AddDirectRunning(-1);
+      records_.area->PublishDirectCallEnd(MonotonicNs());
+    }
+    if (records_.ledger != nullptr && call.ledger_slot) {
+      records_.ledger->Retained(*call.ledger_slot);
+    }
+  }
+  // May evict `call` itself (Forgotten then frees its ledger slot).
+  table_->Emit(id, call, std::move(event), terminal, out);
 }
 
 void DirectSession::FailCall(const std::string& id, Call& call,
@@ -162,11 +214,11 @@ absl::Status DirectSession::HandleDriverFrames(
       }
       continue;
     }
-    Call* call = table_.FindOpen(frame.call_id);
+    Call* call = table_->FindOpen(frame.call_id);
     if (call == nullptr) continue;  // closed: late frames are dropped
     bool terminal = true;
     SandboxEventPtr event =
-        table_.TakeWorkerOutput(frame.call_id, *call, frame, terminal, out);
+        table_->TakeWorkerOutput(frame.call_id, *call, frame, terminal, out);
     Emit(frame.call_id, *call, std::move(event), terminal, out);
   }
   Flush(out, to_driver);
@@ -177,16 +229,16 @@ bool DirectSession::ExpireUploads(absl::Time now) {
   Out out;
   std::vector<ipc::Frame> to_driver;
   absl::MutexLock lock(&mu_);
-  for (const std::string& id : table_.ExpiredUploads(now)) {
-    Call& call = *table_.FindOpen(id);
+  for (const std::string& id : table_->ExpiredUploads(now)) {
+    Call& call = *table_->FindOpen(id);
     FailCall(id, call,
              calls::UploadTimeoutError(id, call.args_received,
                                        call.args_expected,
-                                       table_.limits().upload_idle_timeout),
+                                       table_->limits().upload_idle_timeout),
              out, to_driver);
   }
   Flush(out, to_driver);
-  return table_.uploading();
+  return table_->uploading();
 }
 
 void DirectSession::Flush(Out& out, std::vector<ipc::Frame>& to_driver) {
@@ -208,22 +260,63 @@ void DirectSession::Flush(Out& out, std::vector<ipc::Frame>& to_driver) {
 
 void DirectSession::Detach(const DirectResponseSink* conn) {
   absl::MutexLock lock(&mu_);
-  table_.Detach(conn);
+  table_->Detach(conn);
 }
 
 bool DirectSession::HasOpenCalls(const DirectResponseSink* conn) {
   absl::MutexLock lock(&mu_);
-  return table_.HasOpenCalls(conn);
+  return table_->HasOpenCalls(conn);
 }
 
 bool DirectSession::Runs(const std::string& id) {
   absl::MutexLock lock(&mu_);
-  return table_.FindOpen(id) != nullptr;
+  return table_->FindOpen(id) != nullptr;
 }
 
 size_t DirectSession::running() {
   absl::MutexLock lock(&mu_);
   return running_;
+}
+
+bool DirectSession::Owns(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  return table_->FindOpen(id) != nullptr;
+}
+
+std::vector<ipc::Frame> DirectSession::Collapse() {
+  ipc::SessionState state;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, call] : table_->calls()) {
+      ipc::CollapsedCall& out = state.calls.emplace_back();
+      out.id = id;
+      out.running = !call.terminal;
+      out.delivered.reserve(call.delivered.size());
+      for (const SandboxEventPtr& event : call.delivered) {
+        out.delivered.push_back(event->SerializeAsString());
+      }
+      if (records_.ledger != nullptr && call.ledger_slot) {
+        records_.ledger->Forget(*call.ledger_slot);
+      }
+    }
+    table_->finished().ForEach(
+        [&](std::string_view id) { state.finished.emplace_back(id); });
+    if (records_.area != nullptr && running_ > 0) {
+      records_.area->AddDirectRunning(-static_cast<int64_t>(running_));
+    }
+    running_ = 0;
+    // A fresh table: the ids are the daemon's from here on.
+    table_ = NewTable(table_->limits());
+  }
+  std::vector<ipc::Frame> frames;
+  for (std::string& piece : ipc::EncodeSessionState(state)) {
+    ipc::Frame& frame = frames.emplace_back();
+    frame.type = ipc::FrameType::kSessionState;
+    frame.direct_conn.client = client_;
+    frame.record = std::move(piece);
+  }
+  frames.back().last = true;
+  return frames;
 }
 
 }  // namespace agentix::worker

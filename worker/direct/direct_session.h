@@ -35,6 +35,8 @@
 #include "calls/call_table.h"
 #include "wire/sandbox_event.h"
 #include "worker/ipc/frame.h"
+#include "worker/ipc/ledger.h"
+#include "worker/ipc/payload_area.h"
 
 namespace agentix::worker {
 
@@ -71,12 +73,22 @@ struct DirectLimits {
   absl::Duration stalled_host_timeout = absl::Seconds(20);
 };
 
+// Where a session records its calls for the daemon (stage 4,
+// docs/DIRECT-CALLS.md): the payload area's counters (direct_running,
+// direct_last_end_ns) and the ledger. Either may be null (no payload area:
+// the hand-over's eligibility 5 makes that a test-only case).
+struct DirectRecords {
+  ipc::PayloadArea* area = nullptr;
+  ipc::LedgerWriter* ledger = nullptr;
+  uint32_t client_slot = 0;  // the daemon's (DirectConnInfo::client_slot)
+};
+
 class DirectSession {
  public:
   // `client`: the HELLO's agentix-client-id ("" for the anonymous client).
   // `driver` must outlive the session.
   DirectSession(std::string client, const DirectLimits& limits,
-                DriverSink& driver);
+                DriverSink& driver, const DirectRecords& records = {});
   DirectSession(const DirectSession&) = delete;
   DirectSession& operator=(const DirectSession&) = delete;
 
@@ -118,13 +130,33 @@ class DirectSession {
   // Calls started and not terminal.
   size_t running();
 
+  // The daemon's `collapse` of this client (docs/DIRECT-CALLS.md, "one
+  // owner at a time"): the session's calls (delivered events serialized)
+  // and finished ids as `session_state` frames (≤ 4 MiB pieces, the last
+  // marked), for the link. Afterwards the session is empty and refuses
+  // nothing — the registry drops it; Owns() is false for every call it
+  // held, so the driver's later output for a running one goes to the link
+  // as for a relayed call (the daemon now owns it). The connections are
+  // detached; the caller ends them (STATUS 14). Its ledger slots are freed
+  // without entering the finished ring: the daemon holds those ids now.
+  // A call still uploading its arguments is exported running; chunks that
+  // arrive after the collapse reach the daemon, which has no upload state
+  // for it (left for stage 4's e2e: the daemon fails it UploadTimeout).
+  std::vector<ipc::Frame> Collapse();
+  // `id` is an open call of this session (before any Collapse): the
+  // driver's output for it is this session's, not the link's.
+  bool Owns(const std::string& id);
+
  private:
-  struct NoExtra {};
-  using Table = calls::CallTable<DirectResponseSink, NoExtra>;
+  struct DirectExtra {
+    std::optional<uint32_t> ledger_slot;  // in DirectRecords::ledger
+  };
+  using Table = calls::CallTable<DirectResponseSink, DirectExtra>;
   using Call = Table::Call;
   using Out = Table::Out;
 
   static calls::CallTableLimits TableLimits(const DirectLimits& limits);
+  std::unique_ptr<Table> NewTable(const calls::CallTableLimits& limits);
   void Apply(const std::shared_ptr<DirectResponseSink>& conn,
              const runtime::v1::HostEvent& event,
              const std::optional<std::string_view>& bulk, Out& out,
@@ -147,10 +179,15 @@ class DirectSession {
   void Flush(Out& out, std::vector<ipc::Frame>& to_driver)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // The call left the table (ack or eviction): its ledger slot moves to
+  // the finished ring.
+  void Forgotten(Call& call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const std::string client_;
   DriverSink& driver_;
+  const DirectRecords records_;
   absl::Mutex mu_;
-  Table table_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Table> table_ ABSL_GUARDED_BY(mu_);  // replaced by Collapse
   size_t running_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -21,6 +21,9 @@
 #include "absl/time/clock.h"
 #include "calls/owner_scenarios.h"
 #include "worker/ipc/io.h"
+#include "worker/ipc/ledger.h"
+#include "worker/ipc/payload_area.h"
+#include "worker/ipc/session_state.h"
 
 extern char** environ;
 
@@ -339,6 +342,163 @@ TEST_CASE("DirectSession cancels in the driver what it ends itself",
   REQUIRE(driver.frames_.back().type == ipc::FrameType::kCancel);
   REQUIRE(driver.frames_.back().call_id == "h");
   REQUIRE(session.running() == 0);
+}
+
+
+// A payload area and a ledger as the daemon makes them for a worker.
+struct Records {
+  std::unique_ptr<ipc::PayloadArea> daemon;
+  std::unique_ptr<ipc::PayloadArea> worker;
+  ipc::LedgerClients clients;
+  std::unique_ptr<ipc::LedgerWriter> ledger;
+  static constexpr uint32_t kCalls = 16, kFinished = 16;
+
+  Records() {
+    auto created = ipc::PayloadArea::Create(
+        4096, false, ipc::LedgerBytes(kCalls, kFinished));
+    REQUIRE(created.ok());
+    daemon = std::move(*created);
+    REQUIRE(ipc::FormatLedger(daemon->Ledger(), kCalls, kFinished).ok());
+    auto mapped = ipc::PayloadArea::Map(daemon->fd());
+    REQUIRE(mapped.ok());
+    worker = std::move(*mapped);
+    auto opened = ipc::LedgerWriter::Open(worker->Ledger());
+    REQUIRE(opened.ok());
+    ledger = std::move(*opened);
+  }
+  DirectRecords For(std::string_view client) {
+    return {worker.get(), ledger.get(), *clients.SlotOf(client)};
+  }
+  ipc::LedgerContents Read() {
+    auto read = ipc::ReadLedger(daemon->Ledger(), kCalls, kFinished, clients);
+    REQUIRE(read.ok());
+    return *std::move(read);
+  }
+};
+
+std::vector<ipc::Frame> ResultFrame(const std::string& id, std::string value) {
+  std::vector<ipc::Frame> out(1);
+  out[0].type = ipc::FrameType::kResult;
+  out[0].call_id = id;
+  out[0].encoding = runtime::v1::ENCODING_PICKLE;
+  out[0].total_size = value.size();
+  out[0].data = std::move(value);
+  return out;
+}
+
+TEST_CASE("DirectSession writes the ledger and the payload header's counters",
+          "[direct]") {
+  Records records;
+  RecordingDriver driver;
+  DirectSession session("alice", DirectLimits{}, driver, records.For("alice"));
+  auto conn = std::make_shared<RecordingConn>();
+  session.HandleRequest(conn, StartRequest("a", "\x80", 0, 0));
+  session.HandleRequest(conn, StartRequest("b", "\x80", 0, 0));
+  CHECK(records.daemon->DirectRunning() == 2);
+  CHECK(records.daemon->DirectLastEndNs() == 0);
+  ipc::LedgerContents read = records.Read();
+  REQUIRE(read.calls.size() == 2);
+  CHECK(read.calls[0].running);
+  CHECK(read.calls[0].client == "alice");
+
+  auto out = ResultFrame("a", "r");
+  REQUIRE(session.HandleDriverFrames(out).ok());
+  CHECK(records.daemon->DirectRunning() == 1);
+  CHECK(records.daemon->DirectLastEndNs() > 0);
+  read = records.Read();
+  REQUIRE(read.calls.size() == 2);
+  for (const auto& call : read.calls) CHECK(call.running == (call.id == "b"));
+
+  CallsRequest ack;
+  ack.add_events()->mutable_ack()->set_call_id("a");
+  session.HandleRequest(conn, ack);
+  read = records.Read();
+  REQUIRE(read.calls.size() == 1);
+  CHECK(read.calls[0].id == "b");
+  REQUIRE(read.finished.size() == 1);
+  CHECK(read.finished[0].id == "a");
+  CHECK(read.finished[0].client == "alice");
+}
+
+TEST_CASE("DirectSession's evictions move ledger slots to the finished ring",
+          "[direct]") {
+  Records records;
+  RecordingDriver driver;
+  DirectLimits limits;
+  limits.max_retained_results = 1;
+  DirectSession session("", limits, driver, records.For(""));
+  auto conn = std::make_shared<RecordingConn>();
+  for (const std::string id : {"x", "y", "z"}) {
+    session.HandleRequest(conn, StartRequest(id, "\x80", 0, 0));
+    auto out = ResultFrame(id, "r");
+    REQUIRE(session.HandleDriverFrames(out).ok());
+  }
+  const ipc::LedgerContents read = records.Read();
+  REQUIRE(read.calls.size() == 1);  // the newest, retained
+  CHECK(read.calls[0].id == "z");
+  CHECK_FALSE(read.calls[0].running);
+  REQUIRE(read.finished.size() == 2);
+  CHECK(read.finished[0].id == "x");
+  CHECK(read.finished[1].id == "y");
+}
+
+TEST_CASE("DirectSession::Collapse hands its calls and finished ids over",
+          "[direct]") {
+  Records records;
+  RecordingDriver driver;
+  DirectSession session("bob", DirectLimits{}, driver, records.For("bob"));
+  auto conn = std::make_shared<RecordingConn>();
+  session.HandleRequest(conn, StartRequest("run", "\x80", 0, 0));
+  session.HandleRequest(conn, StartRequest("done", "\x80", 0, 0));
+  session.HandleRequest(conn, StartRequest("acked", "\x80", 0, 0));
+  for (const std::string id : {"done", "acked"}) {
+    auto out = ResultFrame(id, "v-" + id);
+    REQUIRE(session.HandleDriverFrames(out).ok());
+  }
+  CallsRequest ack;
+  ack.add_events()->mutable_ack()->set_call_id("acked");
+  session.HandleRequest(conn, ack);
+  CHECK(session.Owns("run"));
+  CHECK_FALSE(session.Owns("done"));  // terminal: no driver output to route
+
+  std::vector<ipc::Frame> frames = session.Collapse();
+  REQUIRE(!frames.empty());
+  ipc::SessionState state;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    REQUIRE(frames[i].type == ipc::FrameType::kSessionState);
+    CHECK(frames[i].direct_conn.client == "bob");
+    CHECK(frames[i].last == (i + 1 == frames.size()));
+    REQUIRE(ipc::DecodeSessionStatePiece(frames[i].record, state).ok());
+  }
+  REQUIRE(state.calls.size() == 2);
+  for (const ipc::CollapsedCall& call : state.calls) {
+    if (call.id == "run") {
+      CHECK(call.running);
+      CHECK(call.delivered.empty());
+    } else {
+      REQUIRE(call.id == "done");
+      CHECK_FALSE(call.running);
+      REQUIRE(call.delivered.size() == 1);
+      runtime::v1::SandboxEvent event;
+      REQUIRE(event.ParseFromString(call.delivered[0]));
+      CHECK(event.result().call_id() == "done");
+    }
+  }
+  CHECK(state.finished == std::vector<std::string>{"acked"});
+
+  // Afterwards: nothing owned, nothing running, the ledger's live slots
+  // freed (the daemon holds those ids now), the driver's late output for
+  // the collapsed call not this session's.
+  CHECK_FALSE(session.Owns("run"));
+  CHECK(session.running() == 0);
+  CHECK(records.daemon->DirectRunning() == 0);
+  const ipc::LedgerContents read = records.Read();
+  CHECK(read.calls.empty());
+  CHECK(read.finished.size() == 1);
+  const size_t events_before = conn->events_.size();
+  auto late = ResultFrame("run", "late");
+  REQUIRE(session.HandleDriverFrames(late).ok());
+  CHECK(conn->events_.size() == events_before);
 }
 
 }  // namespace

@@ -38,6 +38,8 @@ constexpr TypeName kTypeNames[] = {
     {FrameType::kEnvSet, "env_set"},
     {FrameType::kDirectConn, "direct_conn"},
     {FrameType::kDirectClosed, "direct_closed"},
+    {FrameType::kCollapse, "collapse"},
+    {FrameType::kSessionState, "session_state"},
 };
 
 std::optional<FrameType> ParseType(std::string_view name) {
@@ -453,7 +455,7 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       break;
     case FrameType::kDirectConn: {
       const DirectConnInfo& d = f.direct_conn;
-      p.pack_map(12);
+      p.pack_map(13);
       PackStr(p, "t", "direct_conn");
       PackInt(p, "conn", d.conn);
       PackStr(p, "client", d.client);
@@ -471,6 +473,7 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       PackInt(p, "max_retained_bytes", d.max_retained_bytes);
       PackInt(p, "max_stream_window", d.max_stream_window);
       PackInt(p, "stalled_ms", d.stalled_ms);
+      PackInt(p, "client_slot", d.client_slot);
       break;
     }
     case FrameType::kDirectClosed:
@@ -478,6 +481,23 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       PackStr(p, "t", "direct_closed");
       PackInt(p, "conn", f.direct_conn.conn);
       PackStr(p, "why", f.detail);
+      break;
+    case FrameType::kCollapse:
+      p.pack_map(2);
+      PackStr(p, "t", "collapse");
+      PackStr(p, "client", f.direct_conn.client);
+      break;
+    case FrameType::kSessionState:
+      p.pack_map(4);
+      PackStr(p, "t", "session_state");
+      PackStr(p, "client", f.direct_conn.client);
+      PackBin(p, "record", f.record);
+      PackKey(p, "last");
+      if (f.last) {
+        p.pack_true();
+      } else {
+        p.pack_false();
+      }
       break;
     case FrameType::kBootError:
       p.pack_map(2);
@@ -581,6 +601,9 @@ absl::StatusOr<Frame> DecodeBody(std::string_view body,
       s = ReadBytes(kv.val, key, f.record);
     } else if (key == "ns") {
       s = ReadNamespace(kv.val, f.ns);
+    } else if (key == "last") {
+      if (kv.val.type != msgpack::type::BOOLEAN) return InvalidField(key, "a bool");
+      f.last = kv.val.via.boolean;
     } else if (key == "direct" || key == "ring") {
       if (kv.val.type != msgpack::type::BOOLEAN) return InvalidField(key, "a bool");
       (key == "direct" ? f.direct : f.direct_conn.ring) = kv.val.via.boolean;
@@ -606,6 +629,8 @@ absl::StatusOr<Frame> DecodeBody(std::string_view body,
       s = ReadInt(kv.val, key, f.direct_conn.max_stream_window);
     } else if (key == "stalled_ms") {
       s = ReadInt(kv.val, key, f.direct_conn.stalled_ms);
+    } else if (key == "client_slot") {
+      s = ReadInt(kv.val, key, f.direct_conn.client_slot);
     } else if (key == "ring_pos") {
       s = ReadInt(kv.val, key, f.ring_pos);
       has_ring_pos = true;

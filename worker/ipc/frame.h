@@ -42,6 +42,8 @@ enum class FrameType {
                 // read past HELLO); sent with SCM_RIGHTS: the host's Calls
                 // socket, then its payload ring's memfd when direct.ring
                 // (docs/DIRECT-CALLS.md). Expects kDirectClosed, never a reply.
+  kCollapse,  // direct.client: hand that client's direct session to the
+              // daemon; answered by kSessionState pieces (the last: `last`)
   // both directions
   kNamespaceEvent,  // ns (see NamespaceEntry), data (msgpack payload)
   // worker -> daemon
@@ -58,6 +60,8 @@ enum class FrameType {
   kTrace,        // record: one serialized agentix.runtime.v1.TraceEvent
   kDirectClosed,  // direct.conn, detail ("why"): a handed-over connection
                   // ended; its descriptors are closed in the worker
+  kSessionState,  // direct.client, record (one piece, session_state.h),
+                  // last: a collapsed session's calls and finished ids
 };
 
 // "call", "arg_chunk", ... as used in the "t" key.
@@ -112,6 +116,9 @@ struct DirectConnInfo {
   uint64_t max_retained_bytes = 0;  // --max_retained_bytes
   uint64_t max_stream_window = 0;   // --max_stream_window
   uint64_t stalled_ms = 0;          // --stalled_host_timeout
+  // The client's slot in the payload area's ledger (ledger.h), assigned by
+  // the daemon at the client's first hand-over.
+  uint32_t client_slot = 0;
 };
 
 // One decoded frame. Only the fields its type lists are meaningful.
@@ -134,7 +141,9 @@ struct Frame {
   std::string record;
   NamespaceEntry ns;           // kNamespaceEvent
   bool direct = false;         // kReady: the direct-calls capability
-  DirectConnInfo direct_conn;  // kDirectConn; kDirectClosed: conn only
+  DirectConnInfo direct_conn;  // kDirectConn; kDirectClosed: conn only;
+                               // kCollapse, kSessionState: client only
+  bool last = false;           // kSessionState: the session's last piece
   // kCall, kArgChunk, kResultChunk, kResult: the payload lies in the
   // sender's payload ring (payload_area.h) at ring_pos, ring_size bytes,
   // instead of in "data" (keys "ring_pos", "ring_size"; "data" is absent).

@@ -130,6 +130,38 @@ TEST_CASE("set_env and env_set round-trip (an env block with NULs)",
   REQUIRE(FrameTypeName(FrameType::kEnvSet) == "env_set");
 }
 
+TEST_CASE("collapse and session_state round-trip", "[ipc]") {
+  Frame collapse;
+  collapse.type = FrameType::kCollapse;
+  collapse.direct_conn.client = "client-7";
+  Frame got = Decode(Encode(collapse));
+  REQUIRE(got.type == FrameType::kCollapse);
+  CHECK(got.direct_conn.client == "client-7");
+  CHECK(FrameTypeName(FrameType::kCollapse) == "collapse");
+
+  Frame state;
+  state.type = FrameType::kSessionState;
+  state.direct_conn.client = "client-7";
+  state.record = std::string("\x01\x00\x01\x00a\x00\x00\x00\x00", 9);
+  for (bool last : {false, true}) {
+    state.last = last;
+    got = Decode(Encode(state));
+    REQUIRE(got.type == FrameType::kSessionState);
+    CHECK(got.direct_conn.client == "client-7");
+    CHECK(got.record == state.record);
+    CHECK(got.last == last);
+  }
+  CHECK(FrameTypeName(FrameType::kSessionState) == "session_state");
+
+  // direct_conn carries the client's ledger slot.
+  Frame conn;
+  conn.type = FrameType::kDirectConn;
+  conn.direct_conn.client = "client-7";
+  conn.direct_conn.client_slot = 41;
+  got = Decode(Encode(conn));
+  CHECK(got.direct_conn.client_slot == 41);
+}
+
 TEST_CASE("FrameReader yields frames split at any byte", "[ipc]") {
   Frame a;
   a.type = FrameType::kResult;

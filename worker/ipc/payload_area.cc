@@ -22,11 +22,17 @@ constexpr size_t kHeaderBytes = 4096;
 constexpr uint64_t kMagic = 0x314c594150584741ull;  // "AGXPAYL1"
 constexpr size_t kMagicOffset = 0;
 constexpr size_t kRingBytesOffset = 8;
+// The ledger's bytes after the rings (0: none, as in an area made before
+// stop 38 or by a frame-wire host).
+constexpr size_t kLedgerBytesOffset = 16;
 // "To worker": the creator's outgoing ring; "to daemon": the mapper's.
 constexpr size_t kToWorkerReleasedOffset = 64;   // written by the mapper
 constexpr size_t kToDaemonReleasedOffset = 128;  // written by the creator
 constexpr size_t kWaitCpuOffset = 192;           // written by the creator
 constexpr size_t kHostWaitsOffOffset = 196;      // written by the creator
+// Direct calls' counters (docs/DIRECT-CALLS.md), written by the mapper.
+constexpr size_t kDirectRunningOffset = 256;
+constexpr size_t kDirectLastEndOffset = 320;
 constexpr size_t kPageBytes = 4096;
 
 uint64_t* Word(char* base, size_t offset) {
@@ -41,7 +47,8 @@ PayloadArea::PayloadArea(Side side, int fd, char* base, size_t map_bytes,
       fd_(fd),
       base_(base),
       map_bytes_(map_bytes),
-      ring_bytes_(ring_bytes) {
+      ring_bytes_(ring_bytes),
+      ledger_bytes_(map_bytes - kHeaderBytes - 2 * ring_bytes) {
   char* to_worker = base_ + kHeaderBytes;
   char* to_daemon = to_worker + ring_bytes_;
   const bool daemon = side_ == Side::kCreator;  // the creator's view
@@ -55,6 +62,32 @@ PayloadArea::PayloadArea(Side side, int fd, char* base, size_t map_bytes,
   wait_cpu_ = reinterpret_cast<std::atomic<int32_t>*>(base_ + kWaitCpuOffset);
   host_waits_off_ =
       reinterpret_cast<std::atomic<int32_t>*>(base_ + kHostWaitsOffOffset);
+  static_assert(std::atomic<int64_t>::is_always_lock_free);
+  direct_running_ =
+      reinterpret_cast<std::atomic<int64_t>*>(base_ + kDirectRunningOffset);
+  direct_last_end_ns_ =
+      reinterpret_cast<std::atomic<int64_t>*>(base_ + kDirectLastEndOffset);
+}
+
+absl::Span<char> PayloadArea::Ledger() const {
+  return absl::MakeSpan(base_ + kHeaderBytes + 2 * ring_bytes_, ledger_bytes_);
+}
+
+void PayloadArea::AddDirectRunning(int64_t delta) {
+  direct_running_->fetch_add(delta, std::memory_order_relaxed);
+}
+
+void PayloadArea::PublishDirectCallEnd(int64_t monotonic_ns) {
+  direct_last_end_ns_->store(monotonic_ns, std::memory_order_relaxed);
+}
+
+int64_t PayloadArea::DirectRunning() const {
+  return std::max<int64_t>(0, direct_running_->load(std::memory_order_relaxed));
+}
+
+int64_t PayloadArea::DirectLastEndNs() const {
+  return std::max<int64_t>(
+      0, direct_last_end_ns_->load(std::memory_order_relaxed));
 }
 
 void PayloadArea::PublishWaitCpu(int cpu) {
@@ -74,8 +107,9 @@ bool PayloadArea::HostWaitsOff() const {
 }
 
 absl::StatusOr<std::unique_ptr<PayloadArea>> PayloadArea::Create(
-    size_t ring_bytes, bool sealed) {
+    size_t ring_bytes, bool sealed, size_t ledger_bytes) {
   ring_bytes = (ring_bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
+  ledger_bytes = (ledger_bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
   if (ring_bytes == 0) {
     return absl::InvalidArgumentError("payload ring size must not be zero");
   }
@@ -85,7 +119,7 @@ absl::StatusOr<std::unique_ptr<PayloadArea>> PayloadArea::Create(
     return absl::ResourceExhaustedError(
         absl::StrCat("memfd_create: ", strerror(errno)));
   }
-  const size_t map_bytes = kHeaderBytes + 2 * ring_bytes;
+  const size_t map_bytes = kHeaderBytes + 2 * ring_bytes + ledger_bytes;
   if (::ftruncate(fd, static_cast<off_t>(map_bytes)) != 0) {
     const int err = errno;
     ::close(fd);
@@ -110,6 +144,7 @@ absl::StatusOr<std::unique_ptr<PayloadArea>> PayloadArea::Create(
   char* b = static_cast<char*>(base);
   *Word(b, kMagicOffset) = kMagic;
   *Word(b, kRingBytesOffset) = ring_bytes;
+  *Word(b, kLedgerBytesOffset) = ledger_bytes;
   return std::unique_ptr<PayloadArea>(
       new PayloadArea(Side::kCreator, fd, b, map_bytes, ring_bytes));
 }
@@ -142,9 +177,12 @@ absl::StatusOr<std::unique_ptr<PayloadArea>> PayloadArea::MapAs(int fd,
   }
   char* b = static_cast<char*>(base);
   const uint64_t ring_bytes = *Word(b, kRingBytesOffset);
+  const uint64_t ledger_bytes = *Word(b, kLedgerBytesOffset);
+  // Each term bounded by the mapping first, so the sum cannot wrap.
   if (*Word(b, kMagicOffset) != kMagic || ring_bytes == 0 ||
-      ring_bytes % kPageBytes != 0 ||
-      kHeaderBytes + 2 * ring_bytes != map_bytes) {
+      ring_bytes % kPageBytes != 0 || ring_bytes > map_bytes ||
+      ledger_bytes > map_bytes ||
+      kHeaderBytes + 2 * ring_bytes + ledger_bytes != map_bytes) {
     ::munmap(base, map_bytes);
     return absl::InvalidArgumentError(
         absl::StrCat("fd ", fd, " does not hold a payload area"));

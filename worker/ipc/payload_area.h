@@ -53,8 +53,10 @@ class PayloadArea {
   // (rounded up to whole pages). kResourceExhausted if it cannot be made.
   // `sealed`: its size is sealed (F_SEAL_SHRINK, F_SEAL_GROW), as MapSealed
   // requires of a frame-wire host's area.
+  // `ledger_bytes` (rounded up to whole pages): a third region after the
+  // rings for the direct calls' ledger (ledger.h); 0 for none.
   static absl::StatusOr<std::unique_ptr<PayloadArea>> Create(
-      size_t ring_bytes, bool sealed = false);
+      size_t ring_bytes, bool sealed = false, size_t ledger_bytes = 0);
   // Daemon, for the area a launcher created (Create) and handed to the worker
   // it adopts (sandbox/launch_main.cc): the creator's side of the area behind
   // `fd`, which becomes this object's on success. kInvalidArgument as Map.
@@ -111,6 +113,20 @@ class PayloadArea {
   // For the namespace-reply waits: WaitCpu(), or -1 if HostWaitsOff().
   int ReplyWaitCpu() const { return HostWaitsOff() ? -1 : WaitCpu(); }
 
+  // The ledger's region (empty when the creator made none); both sides see
+  // the same bytes (ledger.h says who writes what).
+  absl::Span<char> Ledger() const;
+
+  // Direct calls' counters for the daemon's Info()/Quiet()
+  // (docs/DIRECT-CALLS.md, the SessionInfo row): the worker's sessions
+  // (mapper) add to the running count as calls start and end and publish
+  // each call end's CLOCK_MONOTONIC time; relaxed, no system call. The
+  // daemon reads them as untrusted (negative values read as 0).
+  void AddDirectRunning(int64_t delta);
+  void PublishDirectCallEnd(int64_t monotonic_ns);
+  int64_t DirectRunning() const;
+  int64_t DirectLastEndNs() const;
+
  private:
   PayloadArea(Side side, int fd, char* base, size_t map_bytes,
               size_t ring_bytes);
@@ -121,12 +137,15 @@ class PayloadArea {
   char* const base_;
   const size_t map_bytes_;
   const size_t ring_bytes_;
+  const size_t ledger_bytes_;
   char* out_ring_;
   const char* in_ring_;
   uint64_t* out_released_;  // written by the peer
   uint64_t* in_released_;   // written by us
   std::atomic<int32_t>* wait_cpu_;  // the CPU + 1; 0 (a fresh page): none
   std::atomic<int32_t>* host_waits_off_;  // 1: off; 0 (a fresh page): no
+  std::atomic<int64_t>* direct_running_;      // written by the mapper
+  std::atomic<int64_t>* direct_last_end_ns_;  // written by the mapper
   uint64_t out_tail_ = 0;   // producer: the end of the last piece put
   uint64_t out_floor_ = 0;  // producer: where it restarted an empty ring
   uint64_t in_done_ = 0;    // consumer: what we released last

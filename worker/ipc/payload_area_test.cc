@@ -137,6 +137,58 @@ TEST_CASE("The worker sees the daemon's wait CPU and its hosts' waits answer",
   CHECK(p.worker->ReplyWaitCpu() == -1);
 }
 
+TEST_CASE("The daemon sees the worker's direct-call counters",
+          "[ipc][payload]") {
+  Pair p = MakePair(4096);
+  CHECK(p.daemon->DirectRunning() == 0);
+  CHECK(p.daemon->DirectLastEndNs() == 0);
+  p.worker->AddDirectRunning(1);
+  p.worker->AddDirectRunning(1);
+  CHECK(p.daemon->DirectRunning() == 2);
+  p.worker->AddDirectRunning(-1);
+  p.worker->PublishDirectCallEnd(123456789);
+  CHECK(p.daemon->DirectRunning() == 1);
+  CHECK(p.daemon->DirectLastEndNs() == 123456789);
+  // A worker's garbage never reads as a negative count or time.
+  p.worker->AddDirectRunning(-5);
+  p.worker->PublishDirectCallEnd(-7);
+  CHECK(p.daemon->DirectRunning() == 0);
+  CHECK(p.daemon->DirectLastEndNs() == 0);
+}
+
+TEST_CASE("A ledger region follows the rings and both sides see it",
+          "[ipc][payload]") {
+  auto none = PayloadArea::Create(4096);
+  REQUIRE(none.ok());
+  CHECK((*none)->Ledger().empty());
+
+  auto daemon = PayloadArea::Create(4096, /*sealed=*/false, 5000);
+  REQUIRE(daemon.ok());
+  CHECK((*daemon)->Ledger().size() == 8192);  // whole pages
+  auto worker = PayloadArea::Map((*daemon)->fd());
+  REQUIRE(worker.ok());
+  REQUIRE((*worker)->Ledger().size() == 8192);
+  (*worker)->Ledger()[8191] = 'x';
+  CHECK((*daemon)->Ledger()[8191] == 'x');
+  // The rings are unchanged by it.
+  const std::string a = Bytes(1000, 'a');
+  auto pos = (*daemon)->Put(a);
+  REQUIRE(pos.has_value());
+  CHECK((*worker)->Get(*pos, a.size()).value() == a);
+}
+
+TEST_CASE("Map refuses a header whose ledger size does not match the file",
+          "[ipc][payload]") {
+  auto daemon = PayloadArea::Create(4096, /*sealed=*/false, 4096);
+  REQUIRE(daemon.ok());
+  // The header's ledger size (offset 16) as a peer could scribble it.
+  for (uint64_t lie : {uint64_t{0}, uint64_t{8192}, ~uint64_t{0}}) {
+    REQUIRE(::pwrite((*daemon)->fd(), &lie, sizeof lie, 16) == sizeof lie);
+    CHECK(PayloadArea::Map((*daemon)->fd()).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST_CASE("Put gathers parts into one piece", "[ipc][payload]") {
   Pair p = MakePair(64 * 1024);
   const std::string a = Bytes(5000, 'a'), b = Bytes(7, 'b'),
