@@ -226,6 +226,11 @@ def main():
         order = ("a", "b") if r % 2 == 0 else ("b", "a")
         row = {side: one(sides[side], args.seconds, args.calls, cc=args.cc,
                          floor_grpc=args.floor_grpc) for side in order}
+        # Per-thread keys exist only for threads over 1 % of a core: with a
+        # daemon flag the sides' threads differ (e.g. --direct_calls leaves
+        # the daemon's frame-wire threads idle). Compare what both have.
+        common = row["a"].keys() & row["b"].keys()
+        row = {s: {k: v for k, v in row[s].items() if k in common} for s in row}
         rows.append(row)
         print(procs.ab_round_line(r, order, row), flush=True)
     summary = procs.ab_summary(rows)
