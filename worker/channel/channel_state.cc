@@ -35,6 +35,8 @@ void AcquireCaughtUp(ChannelState& st) {
 
 bool Flush(PyObject* self) {
   ChannelState& st = Channel(self);
+  // Direct calls' replies go out at the same points as the link's.
+  if (st.direct != nullptr) st.direct->FlushReplies();
   if (st.out.empty()) return true;
   Writer& w = *st.writer;
   AcquireCaughtUp(st);

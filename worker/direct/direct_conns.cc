@@ -70,17 +70,34 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
   }
 
   // ---- DirectResponseSink (any thread, under the session's lock) ----
+  // Held until Flush, so that the replies of one batch of calls share one
+  // write, as the link's replies share one write per flush().
   void Send(std::vector<SandboxEventPtr> events) override {
-    // Never blocks: the write is non-blocking and the rest is queued for
-    // the poll side. Over the bound the poll side's stalled-host deadline
-    // ends the connection with STATUS 8, its calls kept for a resume.
-    (void)connection_->Send(events);
+    absl::MutexLock lock(&mu_);
+    if (held_.empty()) {
+      held_ = std::move(events);
+    } else {
+      for (SandboxEventPtr& e : events) held_.push_back(std::move(e));
+    }
+  }
+
+  // Writes what Send held (non-blocking; the rest is queued for the poll
+  // side). Over the bound the poll side's stalled-host deadline ends the
+  // connection with STATUS 8, its calls kept for a resume.
+  void Flush() {
+    std::vector<SandboxEventPtr> events;
+    {
+      absl::MutexLock lock(&mu_);
+      events.swap(held_);
+    }
+    if (!events.empty()) (void)connection_->Send(events);
   }
 
   // A half-closed connection ends (STATUS 0) once its calls are terminal;
-  // their events were queued first, so the STATUS follows them.
+  // their events are written first, so the STATUS follows them.
   void FinishIfDrained() {
     if (half_closed_.load() && !session_->HasOpenCalls(this)) {
+      Flush();
       connection_->Finish(absl::StatusCode::kOk, "");
     }
   }
@@ -98,6 +115,8 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
   std::unique_ptr<FrameConnection> connection_;
   std::weak_ptr<Conn> self_;
   std::atomic<bool> half_closed_{false};
+  absl::Mutex mu_;
+  std::vector<SandboxEventPtr> held_ ABSL_GUARDED_BY(mu_);
   bool ended_ = false;  // poll side
   std::string why_;
 };
@@ -288,6 +307,7 @@ void DirectConns::Drive() {
     if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) c.ReadReady();
   }
   if (timer_fired) timer_at_ = absl::InfiniteFuture();
+  for (const auto& conn : all) conn->Flush();
   const absl::Time now = absl::Now();
   absl::Time next = absl::InfiniteFuture();
   for (const auto& session : sessions) {
@@ -370,7 +390,10 @@ void DirectConns::FinishAll(absl::StatusCode code, const std::string& message) {
     absl::MutexLock lock(&mu_);
     for (auto& [fd, conn] : conns_) all.push_back(conn);
   }
-  for (const auto& conn : all) conn->connection().Finish(code, message);
+  for (const auto& conn : all) {
+    conn->Flush();
+    conn->connection().Finish(code, message);
+  }
   // Written, or given up after each connection's finish grace (2 s).
   while (true) {
     std::vector<pollfd> fds;
@@ -396,6 +419,16 @@ void DirectConns::FinishAll(absl::StatusCode code, const std::string& message) {
     }
   }
   for (const auto& conn : all) Reap(conn);
+}
+
+void DirectConns::FlushReplies() {
+  std::vector<std::shared_ptr<Conn>> all;
+  {
+    absl::MutexLock lock(&mu_);
+    if (conns_.empty()) return;
+    for (auto& [fd, conn] : conns_) all.push_back(conn);
+  }
+  for (const auto& conn : all) conn->Flush();
 }
 
 size_t DirectConns::connections() {

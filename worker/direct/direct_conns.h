@@ -73,8 +73,13 @@ class DirectConns {
   bool Owns(const std::string& call_id);
 
   // The driver's output frames (result, result_chunk, stream_item, error) of
-  // one direct call, given to its session. False if no session runs it.
+  // one direct call, given to its session (written at FlushReplies). False
+  // if no session runs it.
   bool Reply(std::vector<ipc::Frame> frames);
+
+  // Writes the events the sessions produced since the last call, one
+  // batch per connection (the channel's flush() calls it; Drive too).
+  void FlushReplies();
 
   // Shutdown: every connection gets `code` / `message` as its STATUS after
   // what is queued; waits (up to the connections' finish grace) until they
