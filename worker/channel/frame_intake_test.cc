@@ -226,7 +226,8 @@ TEST_CASE("A direct_conn is served beside the link; stray descriptors are a "
   REQUIRE(response.events_size() == 1);
   CHECK(response.events(0).result().call_id() == "d-1");
   CHECK(response.events(0).result().value() == "\xc0");
-  auto status_frame = sandbox::ParseFrame(got.substr(frame->frame_bytes));
+  const std::string rest = got.substr(frame->frame_bytes);  // outlives the view
+  auto status_frame = sandbox::ParseFrame(rest);
   REQUIRE(status_frame.ok());
   REQUIRE(status_frame->kind == sandbox::FrameKind::kStatus);
   auto status = sandbox::DecodeStatus(status_frame->payload);
