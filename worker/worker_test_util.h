@@ -226,6 +226,8 @@ class Worker {
     REQUIRE_OK(ipc::AppendFrame(frame, bytes));
     SendRaw(bytes);
   }
+  // The link's daemon end (for frames that carry descriptors).
+  int fd() const { return channel_.get(); }
   void SendRaw(const std::string& bytes) {
     REQUIRE_OK(ipc::WriteAll(channel_.get(), bytes));
   }

@@ -30,6 +30,10 @@ per-round ratios b / a. Run after `bazel build //sandbox:agentix-sandboxd
         --a-python OLDVENV/bin/python --b-python .venv-test/bin/python \\
         [--rounds 6] [--seconds 2]
 
+`--a-daemon-flag` /
+`--b-daemon-flag FLAG` (repeatable) add daemon flags to one side: the same
+binaries with `--b-daemon-flag=--direct_calls` measure direct calls on/off.
+
 (b defaults to this checkout's bazel-bin binaries.) `--profile-host FILE`
 runs one side-b host under cProfile during the 64-caller phase and writes
 the stats to FILE (no A/B).
@@ -150,7 +154,8 @@ def _json_tail(argv, env):
 def one(side, seconds, calls, profile_to="", cc="", floor_grpc=""):
     env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES,
                C64_BENCH_DIR=BENCH_DIR)
-    with procs.ab_daemon(side["sandboxd"], side["worker"], env, "agx-c64-") as (sock, daemon):
+    with procs.ab_daemon(side["sandboxd"], side["worker"], env, "agx-c64-",
+                         flags=tuple(side["flags"])) as (sock, daemon):
         argv = [side["python"], "-c", _HOST, sock, str(daemon.pid), str(seconds),
                 str(calls)]
         if profile_to:
@@ -185,6 +190,9 @@ def main():
         parser.add_argument(f"--{s}-worker",
                             default=f"{REPO}/bazel-bin/worker/agentix-worker")
         parser.add_argument(f"--{s}-python", default=f"{REPO}/.venv-test/bin/python")
+        parser.add_argument(f"--{s}-daemon-flag", action="append", default=[],
+                            metavar="FLAG", help=f"an extra agentix-sandboxd flag "
+                            f"for side {s} (repeatable), e.g. --{s}-daemon-flag=--direct_calls")
     parser.add_argument("--cc", default=f"{REPO}/bazel-bin/testing/bench/cc_remote_calls",
                         help="the C++ client (cc_remote_calls) measured against each "
                         "side's daemon; '' to skip")
@@ -204,7 +212,8 @@ def main():
     args = parser.parse_args()
     sides = {s: {"sandboxd": getattr(args, f"{s}_sandboxd"),
                  "worker": getattr(args, f"{s}_worker"),
-                 "python": getattr(args, f"{s}_python")} for s in ("a", "b")}
+                 "python": getattr(args, f"{s}_python"),
+                 "flags": getattr(args, f"{s}_daemon_flag")} for s in ("a", "b")}
     if args.single:
         print(json.dumps(one(sides["b"], args.seconds, args.calls), indent=1))
         return
@@ -217,6 +226,11 @@ def main():
         order = ("a", "b") if r % 2 == 0 else ("b", "a")
         row = {side: one(sides[side], args.seconds, args.calls, cc=args.cc,
                          floor_grpc=args.floor_grpc) for side in order}
+        # Per-thread keys exist only for threads over 1 % of a core: with a
+        # daemon flag the sides' threads differ (e.g. --direct_calls leaves
+        # the daemon's frame-wire threads idle). Compare what both have.
+        common = row["a"].keys() & row["b"].keys()
+        row = {s: {k: v for k, v in row[s].items() if k in common} for s in row}
         rows.append(row)
         print(procs.ab_round_line(r, order, row), flush=True)
     summary = procs.ab_summary(rows)

@@ -146,18 +146,3 @@ async def test_a_host_asking_for_direct_calls_is_served_by_a_daemon_without_them
         assert await client.remote(t.add, 2, 3) == 5
         assert await client.remote(t.echo, data) == data
         assert type(client._stream) is FrameCallsStream
-
-
-async def test_direct_calls_on_with_a_worker_that_does_not_serve_them_relays(start_daemon, monkeypatch):
-    # --direct_calls with today's agentix-worker, whose `ready` does not advertise the
-    # capability (docs/DIRECT-CALLS.md, stage 3): the keyed connection waits for the worker
-    # (none runs yet: the hand-over starts it), then is relayed, payload ring included.
-    monkeypatch.setenv("AGENTIX_CALLS_WIRE", "frames")
-    monkeypatch.setenv("AGENTIX_CALLS_DIRECT", "auto")
-    daemon = start_daemon(extra_args=["--direct_calls"])
-    data = os.urandom(9 * MiB)
-    async with RuntimeClient(daemon.url) as client:
-        assert await client.remote(t.add, 2, 3) == 5
-        assert await client.remote(t.echo, data) == data
-        assert type(client._stream) is FrameCallsStream
-    assert "direct connection" not in daemon.log()  # none was handed over or closed

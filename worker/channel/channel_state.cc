@@ -35,6 +35,8 @@ void AcquireCaughtUp(ChannelState& st) {
 
 bool Flush(PyObject* self) {
   ChannelState& st = Channel(self);
+  // Direct calls' replies go out at the same points as the link's.
+  if (st.direct != nullptr) st.direct->FlushReplies();
   if (st.out.empty()) return true;
   Writer& w = *st.writer;
   AcquireCaughtUp(st);
@@ -114,6 +116,9 @@ PyObject* ChannelNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   state->writer->fd = fd;
   state->fd = fd;
   state->payloads = std::move(payloads);
+  if (auto direct = DirectConns::Create(fd); direct.ok()) {
+    state->direct = std::move(*direct);
+  }
   reinterpret_cast<ChannelObject*>(self)->state = state;
   return self;
 }
@@ -143,6 +148,7 @@ PyObject* ChannelSendReady(PyObject* self, PyObject* const* args,
     return nullptr;
   }
   frame.pid = pid;
+  frame.direct = Channel(self).direct != nullptr;
   if (!Queue(self, frame)) return nullptr;
   Py_RETURN_NONE;
 }
@@ -169,7 +175,43 @@ PyObject* ChannelPendingBytes(PyObject* self, PyObject* /*unused*/) {
 }
 
 PyObject* ChannelFileno(PyObject* self, PyObject* /*unused*/) {
-  return PyLong_FromLong(Channel(self).fd);
+  return PyLong_FromLong(Channel(self).poll_fd());
+}
+
+bool QueueDirectClosed(PyObject* self) {
+  DirectConns* direct = Channel(self).direct.get();
+  if (direct == nullptr) return true;
+  for (auto& [conn, why] : direct->TakeClosed()) {
+    ipc::Frame closed;
+    closed.type = ipc::FrameType::kDirectClosed;
+    closed.direct_conn.conn = conn;
+    closed.detail = std::move(why);
+    if (!Queue(self, closed)) return false;
+  }
+  return true;
+}
+
+PyObject* ChannelFinishDirect(PyObject* self, PyObject* const* args,
+                              Py_ssize_t nargs) {
+  if (!Enter(self) || !CheckArgs("finish_direct", nargs, 2)) return nullptr;
+  long long code = 0;
+  std::string message;
+  if (!ToInt(args[0], "code", code) ||
+      !ToUtf8(args[1], "message", "backslashreplace", message)) {
+    return nullptr;
+  }
+  if (code < 0 || code > 16) {
+    PyErr_SetString(PyExc_ValueError, "code must be a status code (0..16)");
+    return nullptr;
+  }
+  DirectConns* direct = Channel(self).direct.get();
+  if (direct == nullptr) Py_RETURN_NONE;
+  Py_BEGIN_ALLOW_THREADS
+  direct->FinishAll(static_cast<absl::StatusCode>(code), message);
+  Py_END_ALLOW_THREADS
+  // The GIL was let go: the queue is ours again only after Enter.
+  if (!Enter(self) || !QueueDirectClosed(self) || !Flush(self)) return nullptr;
+  Py_RETURN_NONE;
 }
 
 PyObject* ChannelWaitCpu(PyObject* self, PyObject* /*unused*/) {

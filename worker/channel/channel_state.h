@@ -15,6 +15,7 @@
 #include "worker/channel/pickle_splitter.h"
 #include "worker/channel/stdio_capture.h"
 #include "worker/channel/writer.h"
+#include "worker/direct/direct_conns.h"
 #include "worker/ipc/descriptors.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/payload_area.h"
@@ -74,6 +75,12 @@ struct ChannelState {
   // Leader/follower intake (intake_baton.h); made by the first
   // intake_to_pool(). Shared with the pool threads waiting in it.
   std::shared_ptr<IntakeBaton> baton;
+  // Handed-over Calls connections (docs/DIRECT-CALLS.md): their poll set
+  // holds `fd` too and is what fileno() gives the intake to poll. Null if
+  // it could not be made (the worker then does not advertise direct calls).
+  std::unique_ptr<DirectConns> direct;
+  // The descriptor the intake polls: the direct poll set, or `fd`.
+  int poll_fd() const { return direct != nullptr ? direct->poll_fd() : fd; }
 
   ChannelState() = default;
   ChannelState(const ChannelState&) = delete;
@@ -133,7 +140,9 @@ PyObject* ChannelNew(PyTypeObject* type, PyObject* args, PyObject* kwargs);
 void ChannelDealloc(PyObject* self);
 
 // send_ready(pid, detail), send_env_set(detail), flush(), pending_bytes(),
-// fileno().
+// fileno() (what to poll for frames: the link and the direct connections),
+// finish_direct(code, message) (shutdown: STATUS on every direct connection,
+// then direct_closed to the daemon).
 PyObject* ChannelSendReady(PyObject* self, PyObject* const* args,
                            Py_ssize_t nargs);
 PyObject* ChannelSendEnvSet(PyObject* self, PyObject* const* args,
@@ -141,6 +150,10 @@ PyObject* ChannelSendEnvSet(PyObject* self, PyObject* const* args,
 PyObject* ChannelFlush(PyObject* self, PyObject* unused);
 PyObject* ChannelPendingBytes(PyObject* self, PyObject* unused);
 PyObject* ChannelFileno(PyObject* self, PyObject* unused);
+PyObject* ChannelFinishDirect(PyObject* self, PyObject* const* args,
+                              Py_ssize_t nargs);
+// Queues a direct_closed frame for each connection that ended. GIL held.
+bool QueueDirectClosed(PyObject* self);
 // The CPU the daemon placed the call path on (PayloadArea::WaitCpu), or -1.
 PyObject* ChannelWaitCpu(PyObject* self, PyObject* unused);
 // The CPU the namespace-reply waits pin to (PayloadArea::ReplyWaitCpu: the

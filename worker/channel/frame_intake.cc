@@ -272,14 +272,35 @@ PyObject* AddChunk(PyObject* self, ChannelState& st, const ipc::Frame& f,
                       PyLong_FromUnsignedLongLong(received)});
 }
 
+// A relayed call whose id a direct session runs: CallIdInUse, as the
+// daemon answers a start of another client's running id. Py_None (no
+// record), or NULL with an exception set.
+PyObject* RefuseRelayedCall(PyObject* self, const ipc::Frame& f) {
+  ipc::Frame error;
+  error.type = ipc::FrameType::kError;
+  error.call_id = f.call_id;
+  error.error.code = static_cast<int>(absl::StatusCode::kAlreadyExists);
+  error.error.type = "CallIdInUse";
+  error.error.message =
+      "a direct connection of another client runs a call with this call_id; "
+      "call ids are daemon-wide: use unique ones (e.g. a UUID)";
+  if (!Queue(self, error)) return nullptr;
+  Py_RETURN_NONE;
+}
+
 // The record for one frame from the daemon (see channel_module.h); Py_None
 // for a frame Python does not see; NULL with an exception set on error.
 // `data` is the frame's payload (a view into the read buffer).
 PyObject* FrameToRecord(PyObject* self, const ipc::Frame& f,
-                       std::string_view data) {
+                       std::string_view data, bool relayed = true) {
   ChannelState& st = Channel(self);
   switch (f.type) {
     case ipc::FrameType::kCall: {
+      if (relayed && st.direct != nullptr && st.direct->Owns(f.call_id)) {
+        // One owner per call id (docs/DIRECT-CALLS.md): a direct session
+        // runs this id, so the relayed call is refused, not run twice.
+        return RefuseRelayedCall(self, f);
+      }
       PyObject* first =
           StartUpload(st, f, data) ? Py_NewRef(Py_None) : BytesOf(data);
       return FrameRecord(
@@ -370,6 +391,26 @@ bool RefuseDirect(PyObject* self, const ipc::Frame& frame,
   return Queue(self, closed) && Flush(self);
 }
 
+// The direct connections' turn in read_frames (docs/DIRECT-CALLS.md): their
+// I/O, then the records their sessions made for the driver (the same
+// tuples a relayed call's frames give), appended to `list`; connections
+// that ended are reported to the daemon. False with an exception set.
+bool AddDirectRecords(PyObject* self, ChannelState& st, PyObject* list) {
+  st.direct->Drive();
+  for (const ipc::Frame& f : st.direct->TakeDriverFrames()) {
+    PyObject* record = FrameToRecord(self, f, f.data, /*relayed=*/false);
+    if (record == nullptr) return false;
+    if (record != Py_None && PyList_Append(list, record) != 0) {
+      Py_DECREF(record);
+      return false;
+    }
+    Py_DECREF(record);
+  }
+  const size_t queued = st.out.size();
+  if (!QueueDirectClosed(self)) return false;
+  return st.out.size() == queued || Flush(self);
+}
+
 // Marks the channel dead with `reason` and raises ProtocolError.
 PyObject* Desynchronised(ChannelState& st, ModuleState* ms,
                          const std::string& reason, PyObject* list) {
@@ -414,7 +455,7 @@ PyObject* ChannelIntakeToPool(PyObject* self, PyObject* /*unused*/) {
   ChannelState& st = Channel(self);
   if (st.baton == nullptr) {
     absl::StatusOr<std::unique_ptr<IntakeBaton>> baton =
-        IntakeBaton::Create(st.fd, st.payloads.get());
+        IntakeBaton::Create(st.poll_fd(), st.payloads.get());
     if (!baton.ok()) {
       PyErr_SetString(PyExc_OSError,
                       std::string(baton.status().message()).c_str());
@@ -473,6 +514,10 @@ PyObject* ChannelReadFrames(PyObject* self, PyObject* /*unused*/) {
                               list);
       }
       if (frame.type == ipc::FrameType::kDirectConn) {
+        if (st.direct != nullptr) {
+          st.direct->Accept(frame, std::move(*fds));
+          continue;
+        }
         if (!RefuseDirect(self, frame, *fds)) {
           Py_DECREF(list);
           return nullptr;
@@ -508,6 +553,10 @@ PyObject* ChannelReadFrames(PyObject* self, PyObject* /*unused*/) {
     }
     if (absl::Status settled = st.descriptors.Settle(st.reader); !settled.ok()) {
       return Desynchronised(st, ms, std::string(settled.message()), list);
+    }
+    if (st.direct != nullptr && !AddDirectRecords(self, st, list)) {
+      Py_DECREF(list);
+      return nullptr;
     }
     if (PyList_GET_SIZE(list) == 0 && st.eof) {
       // A partial frame left at EOF is dropped with the stream.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agentix/runtime/v1/runtime.pb.h"
 #include "absl/time/time.h"
 #include "testing/status_matchers.h"
 #include "worker/channel/channel_test_util.h"
@@ -158,12 +159,13 @@ TEST_CASE("Worker-to-daemon frames from the daemon are protocol errors",
           "unexpected 'result' frame from the daemon");
 }
 
-// The worker does not advertise direct calls yet (stage 3's serving is
-// the next step): a direct_conn it gets anyway is refused, STATUS 14 to the
-// host, the descriptors closed, direct_closed to the daemon; Python never
-// sees it. Descriptors that do not match their frame kill the channel.
-TEST_CASE("A direct_conn the worker did not advertise is refused; stray "
-          "descriptors are a ProtocolError", "[channel][direct]") {
+// A direct_conn is served (docs/DIRECT-CALLS.md, stage 3): the host's
+// StartCall comes out of read_frames() as the same CALL record a relayed
+// call frame gives; HALF_CLOSE with no call open ends the connection with
+// STATUS 0 and EOF, and the daemon gets direct_closed. Descriptors that do
+// not match their frame kill the channel.
+TEST_CASE("A direct_conn is served beside the link; stray descriptors are a "
+          "ProtocolError", "[channel][direct]") {
   Pair pair;
   int host[2];
   REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, host) == 0);
@@ -179,12 +181,38 @@ TEST_CASE("A direct_conn the worker did not advertise is refused; stray "
   REQUIRE_OK(ipc::SendWithDescriptors(pair.peer, bytes, fds));
   handed.Reset();  // the worker holds the only other copy now
   REQUIRE(PyEval("ch.read_frames()") == "[]");
-  // The host: STATUS 14, then EOF (the worker closed its descriptor).
+  // A StartCall on the direct socket: polled through fileno().
+  runtime::v1::CallsRequest request;
+  auto* start = request.add_events()->mutable_start();
+  start->set_call_id("d-1");
+  start->set_callable("m::f");
+  start->set_encoding(runtime::v1::ENCODING_MSGPACK);
+  start->set_arguments(std::string("\x92\x90\x80", 3));
+  const std::string message = sandbox::EncodeFrame(
+      sandbox::FrameKind::kMessage, request.SerializeAsString());
+  REQUIRE(::write(host_end.get(), message.data(), message.size()) ==
+          static_cast<ssize_t>(message.size()));
+  Py("import select\n"
+     "got = []\n"
+     "while not got:\n"
+     "    select.select([ch.fileno()], [], [], 10)\n"
+     "    got += ch.read_frames()\n");
+  CHECK(PyEval("[(f.kind == w.CALL, f.call_id, f.callable, f.encoding, "
+               "f.data, f.total_size) for f in got]") ==
+        "[(True, 'd-1', 'm::f', 2, b'\\x92\\x90\\x80', 3)]");
+  // The driver's reply goes to the host, not the link.
+  Py("ch.send_result('d-1', 2, b'\\xc0')\n");
+  // HALF_CLOSE: the call is terminal, so STATUS 0 follows its result.
+  const std::string half = sandbox::EncodeFrame(sandbox::FrameKind::kHalfClose, "");
+  REQUIRE(::write(host_end.get(), half.data(), half.size()) ==
+          static_cast<ssize_t>(half.size()));
   std::string got;
   char buffer[256];
   for (;;) {
+    Py("select.select([ch.fileno()], [], [], 0.05)\n"
+       "ch.read_frames()\n");
     pollfd pfd{host_end.get(), POLLIN, 0};
-    REQUIRE(::poll(&pfd, 1, 20000) == 1);
+    if (::poll(&pfd, 1, 50) == 0) continue;
     const ssize_t n = ::read(host_end.get(), buffer, sizeof buffer);
     REQUIRE(n >= 0);
     if (n == 0) break;
@@ -192,11 +220,20 @@ TEST_CASE("A direct_conn the worker did not advertise is refused; stray "
   }
   auto frame = sandbox::ParseFrame(got);
   REQUIRE(frame.ok());
-  REQUIRE(frame->kind == sandbox::FrameKind::kStatus);
-  auto status = sandbox::DecodeStatus(frame->payload);
+  REQUIRE(frame->kind == sandbox::FrameKind::kMessage);
+  runtime::v1::CallsResponse response;
+  REQUIRE(response.ParseFromString(std::string(frame->payload)));
+  REQUIRE(response.events_size() == 1);
+  CHECK(response.events(0).result().call_id() == "d-1");
+  CHECK(response.events(0).result().value() == "\xc0");
+  const std::string rest = got.substr(frame->frame_bytes);  // outlives the view
+  auto status_frame = sandbox::ParseFrame(rest);
+  REQUIRE(status_frame.ok());
+  REQUIRE(status_frame->kind == sandbox::FrameKind::kStatus);
+  auto status = sandbox::DecodeStatus(status_frame->payload);
   REQUIRE(status.ok());
-  CHECK(status->code == 14);
-  CHECK(got.size() == frame->frame_bytes);
+  CHECK(status->code == 0);
+  Py("ch.read_frames()\n");
   // The daemon: direct_closed for that connection.
   FrameCollector collector(pair.peer);
   auto frames = collector.Wait(1, absl::Seconds(5));

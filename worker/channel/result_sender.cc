@@ -217,6 +217,16 @@ class ResultParts {
   size_t size_ = 0;
 };
 
+// A direct call's output goes to its session (docs/DIRECT-CALLS.md), which
+// writes it on the host's connection; the link never sees it. False if no
+// direct session runs `frame.call_id` (a relayed call).
+bool SendDirect(ChannelState& st, ipc::Frame frame) {
+  if (st.direct == nullptr || !st.direct->Owns(frame.call_id)) return false;
+  std::vector<ipc::Frame> frames;
+  frames.push_back(std::move(frame));
+  return st.direct->Reply(std::move(frames));
+}
+
 }  // namespace
 
 
@@ -236,6 +246,22 @@ PyObject* ChannelSendResult(PyObject* self, PyObject* const* args,
     // The list is not changed while we hold the GIL; its items' buffers stay
     // exported (hence unchanged) until `result` ends.
     if (!result.Take(args[2])) return nullptr;
+    if (st.direct != nullptr && st.direct->Owns(call_id)) {
+      ipc::Frame frame;
+      frame.type = ipc::FrameType::kResult;
+      frame.call_id = call_id;
+      frame.encoding = static_cast<int>(encoding);
+      frame.total_size = result.size();
+      try {
+        frame.data.reserve(result.size());
+        for (std::string_view part : result.parts()) frame.data.append(part);
+      } catch (const std::bad_alloc&) {
+        return PyErr_NoMemory();
+      }
+      if (SendDirect(st, std::move(frame))) Py_RETURN_NONE;
+      // Ended meanwhile (not possible under the GIL): nobody wants it.
+      Py_RETURN_NONE;
+    }
     if (st.payloads != nullptr && result.size() >= kFlushThreshold) {
       status = SendResultViaRing(st, call_id, static_cast<int>(encoding),
                                  result.parts(), result.size());
@@ -291,6 +317,12 @@ PyObject* ChannelSendItem(PyObject* self, PyObject* const* args,
     return nullptr;
   }
   ChannelState& st = Channel(self);
+  if (st.direct != nullptr && st.direct->Owns(frame.call_id)) {
+    frame.data.assign(data, size);
+    PyBuffer_Release(&view);
+    SendDirect(st, std::move(frame));
+    Py_RETURN_NONE;
+  }
   std::string head, tail;
   absl::Status status = ipc::EncodeFrameAround(frame, size, head, tail);
   if (!status.ok()) {
@@ -347,6 +379,11 @@ PyObject* ChannelSendError(PyObject* self, PyObject* const* args,
       }
       PyBuffer_Release(&view);
     }
+  }
+  ChannelState& st = Channel(self);
+  if (st.direct != nullptr && st.direct->Owns(frame.call_id)) {
+    SendDirect(st, std::move(frame));
+    Py_RETURN_NONE;
   }
   Channel(self).uncaught = true;  // the barrier is paid when it is written
   if (!Queue(self, frame)) return nullptr;

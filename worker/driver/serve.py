@@ -241,7 +241,8 @@ def _serve(channel, channel_fd, worker_id, agentix_setup):
     boot_loop.adopt(loop)
     worker.adopt_loop(loop)
     if not leading:
-        loop.add_reader(channel_fd, worker.on_readable)
+        # fileno(): the link and the direct connections' poll set.
+        loop.add_reader(channel.fileno(), worker.on_readable)
     loop.call_later(_WARM_UP_IDLE_S, _warm_up_when_idle, loop, worker,
                     agentix_setup, worker.calls_started)
     while worker.exit_code is None:

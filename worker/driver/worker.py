@@ -697,6 +697,12 @@ class _Worker(_LeaderIntake):
                     self._send_cancelled(call)
                 except _w.ChannelError:
                     notify = False
+        # Direct connections (docs/DIRECT-CALLS.md): the errors above went
+        # to their hosts; then STATUS 14 on each (the host reconnects).
+        try:
+            self._channel.finish_direct(14, "the worker is shutting down")
+        except _w.ChannelError:
+            pass
         if code != EXIT_CHANNEL:
             try:
                 self._channel.flush()

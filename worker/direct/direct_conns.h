@@ -1,0 +1,122 @@
+// DirectConns: the worker's handed-over Calls connections and their
+// sessions (docs/DIRECT-CALLS.md, stage 3). One DirectSession per client id
+// (the registry), one FrameConnection per handed-over socket with the
+// session as its consumer; the driver's records of direct calls (call,
+// arg_chunk, cancel, stream_ack) are queued here for the frame intake, and
+// the driver's replies to them are routed back to their session.
+//
+// No thread of its own. poll_fd() is an epoll descriptor holding the worker
+// link, every direct socket (with the events its FrameConnection wants), a
+// wake eventfd (FrameConnectionOptions::wake) and a deadline timerfd: the
+// intake polls it where it polled the link (the leader/follower baton, the
+// event loop's selector), so a direct frame wakes the same thread a link
+// frame does and no thread hop is added. Drive() then does the direct
+// sockets' I/O and deadlines, and the upload watchdog (ExpireUploads) runs
+// there too, the timerfd waking it while an upload is watched.
+//
+// Thread-safety: every method may be called from any thread, but the poll
+// side (Accept, Drive, Take*, FinishAll) from one at a time (the worker holds
+// the GIL for them); Owns / Reply may run concurrently with it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "base/unique_fd.h"
+#include "worker/direct/direct_session.h"
+#include "worker/ipc/frame.h"
+
+namespace agentix::worker {
+
+class DirectConns {
+ public:
+  // `link_fd` (polled, never read or closed here) joins the poll set.
+  static absl::StatusOr<std::unique_ptr<DirectConns>> Create(int link_fd);
+  ~DirectConns();
+  DirectConns(const DirectConns&) = delete;
+  DirectConns& operator=(const DirectConns&) = delete;
+
+  // Readable when the link or a direct socket has something to do.
+  int poll_fd() const { return epoll_fd_.get(); }
+
+  // Serves a kDirectConn frame's connection: `fds` holds the socket and,
+  // with `frame.direct_conn.ring`, the ring's memfd (both taken). The
+  // connection joins its client's session (made on first use) and its
+  // pre-read bytes are handled now. An error (the ring refused: STATUS 3 is
+  // written; no memory for the poll set) is reported as the connection's end
+  // through TakeClosed.
+  void Accept(const ipc::Frame& frame, std::vector<base::UniqueFd> fds);
+
+  // Reads and writes what the direct sockets are ready for, runs due
+  // deadlines and the upload watchdog; never blocks.
+  void Drive();
+
+  // The driver records the sessions produced since the last call, in order
+  // (what the daemon would have written on the link for these calls).
+  std::vector<ipc::Frame> TakeDriverFrames();
+
+  // Connections that ended since the last call: {conn, why} for the
+  // daemon's direct_closed.
+  std::vector<std::pair<uint64_t, std::string>> TakeClosed();
+
+  // Whether a direct session runs `call_id` (its replies go to Reply; a
+  // relayed call frame of that id is refused with CallIdInUse).
+  bool Owns(const std::string& call_id);
+
+  // The driver's output frames (result, result_chunk, stream_item, error) of
+  // one direct call, given to its session (written at FlushReplies). False
+  // if no session runs it.
+  bool Reply(std::vector<ipc::Frame> frames);
+
+  // Writes the events the sessions produced since the last call, one
+  // batch per connection (the channel's flush() calls it; Drive too).
+  void FlushReplies();
+
+  // Shutdown: every connection gets `code` / `message` as its STATUS after
+  // what is queued; waits (up to the connections' finish grace) until they
+  // are written or given up, then closes them. Call without the GIL.
+  void FinishAll(absl::StatusCode code, const std::string& message);
+
+  // The session of `client`, or null (stage 4's collapse takes a session
+  // from here: docs/DIRECT-CALLS.md).
+  std::shared_ptr<DirectSession> SessionOf(const std::string& client);
+
+  // Open direct connections; sessions held.
+  size_t connections();
+  size_t sessions();
+
+ private:
+  class Conn;
+  class Driver;
+
+  DirectConns(base::UniqueFd epoll_fd, base::UniqueFd wake_fd,
+              base::UniqueFd timer_fd, int link_fd);
+  void Watch(int fd, uint32_t events, int op);
+  void Reap(const std::shared_ptr<Conn>& conn);
+  void ArmTimer(absl::Time at);
+  void FinishHalfClosed(DirectSession* session);
+
+  const base::UniqueFd epoll_fd_;
+  const base::UniqueFd wake_fd_;
+  const base::UniqueFd timer_fd_;
+  const int link_fd_;
+  std::unique_ptr<Driver> driver_;
+
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<DirectSession>> sessions_
+      ABSL_GUARDED_BY(mu_);
+  std::map<int, std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);  // by fd
+  std::vector<std::pair<uint64_t, std::string>> closed_ ABSL_GUARDED_BY(mu_);
+  absl::Time timer_at_ = absl::InfiniteFuture();  // poll side only
+};
+
+}  // namespace agentix::worker

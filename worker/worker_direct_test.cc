@@ -1,0 +1,348 @@
+// The real agentix-worker serving handed-over Calls connections
+// (docs/DIRECT-CALLS.md, stage 3): the test plays the daemon on the link
+// (direct_conn with the socket passed by SCM_RIGHTS, as the daemon does) and
+// the host on the other end of a socketpair, speaking raw frame-wire bytes.
+#include <sys/socket.h>
+
+#include "wire/frame_codec.h"
+#include "worker/ipc/descriptors.h"
+#include "worker/worker_test_util.h"
+
+namespace agentix::worker {
+namespace {
+
+using runtime::v1::CallsRequest;
+using runtime::v1::CallsResponse;
+using runtime::v1::SandboxEvent;
+using sandbox::EncodeFrame;
+using sandbox::FrameKind;
+
+// msgpack [[value], {}]: the arguments of f(value).
+std::string OneArg(const std::function<void(msgpack::packer<msgpack::sbuffer>&)>& value) {
+  return Msgpack([&](auto& p) {
+    p.pack_array(2);
+    p.pack_array(1);
+    value(p);
+    p.pack_map(0);
+  });
+}
+
+std::string NoArgs() {
+  return Msgpack([](auto& p) {
+    p.pack_array(2);
+    p.pack_array(0);
+    p.pack_map(0);
+  });
+}
+
+// The host's end of one handed-over connection.
+class Host {
+ public:
+  // Hands the other end to `worker` as connection `conn` of `client`.
+  Host(Worker& worker, uint64_t conn, const std::string& client,
+       const std::string& pre = "") {
+    int fds[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
+    fd_.Reset(fds[0]);
+    base::UniqueFd theirs(fds[1]);
+    Frame direct;
+    direct.type = FrameType::kDirectConn;
+    direct.direct_conn.conn = conn;
+    direct.direct_conn.client = client;
+    direct.direct_conn.max_payload = uint64_t{64} << 20;
+    direct.direct_conn.upload_idle_ms = 60000;
+    direct.direct_conn.max_retained = 4096;
+    direct.direct_conn.max_retained_bytes = uint64_t{512} << 20;
+    direct.direct_conn.max_stream_window = 1024;
+    direct.direct_conn.stalled_ms = 20000;
+    direct.data = pre;
+    std::string bytes;
+    REQUIRE_OK(ipc::AppendFrame(direct, bytes));
+    const int pass[] = {theirs.get()};
+    REQUIRE_OK(ipc::SendWithDescriptors(worker.fd(), bytes, pass));
+  }
+
+  void Write(const std::string& bytes) {
+    REQUIRE_OK(ipc::WriteAll(fd_.get(), bytes));
+  }
+  void Send(const CallsRequest& request) {
+    Write(EncodeFrame(FrameKind::kMessage, request.SerializeAsString()));
+  }
+  static std::string StartFrame(const std::string& id,
+                                const std::string& callable,
+                                const std::string& args,
+                                uint32_t window = 0) {
+    CallsRequest request;
+    auto* start = request.add_events()->mutable_start();
+    start->set_call_id(id);
+    start->set_callable(callable);
+    start->set_encoding(runtime::v1::ENCODING_MSGPACK);
+    start->set_arguments(args);
+    start->set_stream_window(window);
+    return EncodeFrame(FrameKind::kMessage, request.SerializeAsString());
+  }
+  void Start(const std::string& id, const std::string& callable,
+             const std::string& args, uint32_t window = 0) {
+    Write(StartFrame(id, callable, args, window));
+  }
+  void Cancel(const std::string& id) {
+    CallsRequest request;
+    request.add_events()->mutable_cancel()->set_call_id(id);
+    Send(request);
+  }
+  void Resume(const std::string& id) {
+    CallsRequest request;
+    request.add_events()->mutable_resume()->add_call_ids(id);
+    Send(request);
+  }
+  void StreamAck(const std::string& id, uint64_t next) {
+    CallsRequest request;
+    auto* ack = request.add_events()->mutable_stream_ack();
+    ack->set_call_id(id);
+    ack->set_next_index(next);
+    Send(request);
+  }
+  void HalfClose() { Write(EncodeFrame(FrameKind::kHalfClose, "")); }
+
+  // The next frame from the worker (MESSAGE, STATUS or HELLO); kind 0 at
+  // EOF. Bounded by `timeout`.
+  std::pair<FrameKind, std::string> NextFrame(
+      absl::Duration timeout = absl::Seconds(30)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      absl::StatusOr<sandbox::FrameView> frame = sandbox::ParseFrame(buffer_);
+      if (frame.ok() && frame->frame_bytes > 0) {
+        std::pair<FrameKind, std::string> out{frame->kind,
+                                              std::string(frame->payload)};
+        buffer_.erase(0, frame->frame_bytes);
+        return out;
+      }
+      REQUIRE(absl::Now() < deadline);
+      pollfd pfd{fd_.get(), POLLIN, 0};
+      ::poll(&pfd, 1, 100);
+      char chunk[1 << 16];
+      const ssize_t n = ::recv(fd_.get(), chunk, sizeof chunk, MSG_DONTWAIT);
+      if (n == 0) return {FrameKind{0}, ""};
+      if (n > 0) buffer_.append(chunk, static_cast<size_t>(n));
+    }
+  }
+
+  // The next CallsResponse event (STATUS frames are a failure here).
+  SandboxEvent NextEvent() {
+    while (pending_.empty()) {
+      auto [kind, payload] = NextFrame();
+      INFO("frame kind " << static_cast<int>(kind) << ": " << payload);
+      REQUIRE(kind == FrameKind::kMessage);
+      CallsResponse response;
+      REQUIRE(response.ParseFromString(payload));
+      for (const SandboxEvent& event : response.events()) {
+        pending_.push_back(event);
+      }
+    }
+    SandboxEvent event = pending_.front();
+    pending_.pop_front();
+    return event;
+  }
+
+  // The terminal event of the next call to end; result chunks joined.
+  SandboxEvent Terminal(std::string* value = nullptr) {
+    std::string joined;
+    while (true) {
+      SandboxEvent event = NextEvent();
+      if (event.has_result_chunk()) {
+        joined += event.result_chunk().data();
+        continue;
+      }
+      if (event.has_stream_item()) continue;
+      if (event.has_result()) joined += event.result().value();
+      if (value != nullptr) *value = joined;
+      return event;
+    }
+  }
+
+  // The STATUS the worker ended the stream with, then EOF.
+  int Status() {
+    auto [kind, payload] = NextFrame();
+    REQUIRE(kind == FrameKind::kStatus);
+    REQUIRE_OK_AND_ASSIGN(sandbox::FrameStatus status,
+                          sandbox::DecodeStatus(payload));
+    REQUIRE(NextFrame().first == FrameKind{0});
+    return static_cast<int>(status.code);
+  }
+
+  void Close() { fd_.Reset(); }
+
+ private:
+  base::UniqueFd fd_;
+  std::string buffer_;
+  std::deque<SandboxEvent> pending_;
+};
+
+// msgpack of a value as the worker encodes the result of echo(value).
+std::string Packed(const std::function<void(msgpack::packer<msgpack::sbuffer>&)>& value) {
+  return Msgpack(value);
+}
+
+// The link's direct_closed for `conn` (other frames set aside or skipped).
+Frame AwaitClosed(Worker& worker, uint64_t conn) {
+  while (true) {
+    REQUIRE_OK_AND_ASSIGN(Frame frame, worker.Next(absl::Seconds(30)));
+    if (frame.type == FrameType::kDirectClosed &&
+        frame.direct_conn.conn == conn) {
+      return frame;
+    }
+  }
+}
+
+TEST_CASE("the worker advertises direct calls and serves a noop") {
+  Worker worker;
+  REQUIRE_OK_AND_ASSIGN(Frame ready, worker.Next(absl::Seconds(20)));
+  REQUIRE(ready.type == FrameType::kReady);
+  CHECK(ready.direct);
+  Host host(worker, 1, "client-a");
+  host.Start("noop-1", "worker_fixture::echo",
+             OneArg([](auto& p) { p.pack_nil(); }));
+  std::string value;
+  SandboxEvent end = host.Terminal(&value);
+  REQUIRE(end.has_result());
+  CHECK(end.result().call_id() == "noop-1");
+  CHECK(value == Packed([](auto& p) { p.pack_nil(); }));
+  // The link saw no frame of the call: its result went to the host only.
+  host.HalfClose();
+  CHECK(host.Status() == 0);
+  Frame closed = AwaitClosed(worker, 1);
+  CHECK(!closed.detail.empty());
+}
+
+TEST_CASE("pre-read bytes, a 9 MiB echo in chunks, both ways") {
+  Worker worker;
+  worker.AwaitReady();
+  const std::string big(9 << 20, 'z');
+  const std::string args = OneArg([&](auto& p) {
+    p.pack_bin(big.size());
+    p.pack_bin_body(big.data(), big.size());
+  });
+  // The first StartCall came with HELLO's read: it is in `pre`.
+  const std::string first = Host::StartFrame(
+      "pre-1", "worker_fixture::echo", OneArg([](auto& p) { p.pack(7); }));
+  Host host(worker, 2, "client-b", first);
+  SandboxEvent end = host.Terminal();
+  REQUIRE(end.has_result());
+  CHECK(end.result().call_id() == "pre-1");
+
+  // 9 MiB of arguments in one StartCall and a chunk, as a host uploads.
+  CallsRequest start;
+  auto* s = start.add_events()->mutable_start();
+  s->set_call_id("big-1");
+  s->set_callable("worker_fixture::echo");
+  s->set_encoding(runtime::v1::ENCODING_MSGPACK);
+  s->set_arguments(args.substr(0, 3 << 20));
+  s->set_arguments_size(args.size());
+  host.Send(start);
+  for (size_t off = 3 << 20; off < args.size(); off += 3 << 20) {
+    CallsRequest chunk;
+    auto* c = chunk.add_events()->mutable_argument_chunk();
+    c->set_call_id("big-1");
+    c->set_data(args.substr(off, 3 << 20));
+    c->set_offset(off);
+    host.Send(chunk);
+  }
+  std::string value;
+  end = host.Terminal(&value);
+  REQUIRE(end.has_result());
+  CHECK(end.result().call_id() == "big-1");
+  CHECK(value == Packed([&](auto& p) {
+          p.pack_bin(big.size());
+          p.pack_bin_body(big.data(), big.size());
+        }));
+}
+
+TEST_CASE("a stream with window 2 waits for the host's acks") {
+  Worker worker;
+  worker.AwaitReady();
+  Host host(worker, 3, "client-c");
+  host.Start("gen-1", "worker_fixture::gen_count",
+             OneArg([](auto& p) { p.pack(5); }), /*window=*/2);
+  std::vector<uint64_t> seen;
+  for (int i = 0; i < 2; ++i) {
+    SandboxEvent event = host.NextEvent();
+    REQUIRE(event.has_stream_item());
+    seen.push_back(event.stream_item().index());
+  }
+  CHECK(seen == std::vector<uint64_t>{0, 1});
+  // Nothing more until acked.
+  pollfd nothing{-1, 0, 0};
+  ::poll(&nothing, 0, 200);
+  host.StreamAck("gen-1", 2);
+  for (int i = 2; i < 5; ++i) {
+    SandboxEvent event = host.NextEvent();
+    REQUIRE(event.has_stream_item());
+    CHECK(event.stream_item().index() == static_cast<uint64_t>(i));
+    if (i == 3) host.StreamAck("gen-1", 4);
+  }
+  host.StreamAck("gen-1", 5);
+  SandboxEvent end = host.Terminal();
+  CHECK(end.has_result());
+}
+
+TEST_CASE("cancel, an exception, and a relayed call of a direct id") {
+  Worker worker;
+  worker.AwaitReady();
+  Host host(worker, 4, "client-d");
+  host.Start("sleep-1", "worker_fixture::sleep_async",
+             OneArg([](auto& p) { p.pack(30); }));
+  // The relayed call of the same id is refused on the link: one owner.
+  absl::SleepFor(absl::Milliseconds(200));
+  worker.Call("sleep-1", "worker_fixture::echo", NoArgs(), 2);
+  REQUIRE_OK_AND_ASSIGN(Frame refused, worker.Next(absl::Seconds(30)));
+  REQUIRE(refused.type == FrameType::kError);
+  CHECK(refused.call_id == "sleep-1");
+  CHECK(refused.error.type == "CallIdInUse");
+  host.Cancel("sleep-1");
+  SandboxEvent end = host.Terminal();
+  REQUIRE(end.has_error());
+  CHECK(end.error().error().cancelled());
+
+  host.Start("fail-1", "worker_fixture::gen_then_fail",
+             OneArg([](auto& p) { p.pack(0); }), 4);
+  end = host.Terminal();
+  REQUIRE(end.has_error());
+  CHECK(end.error().error().type() == "ValueError");
+}
+
+TEST_CASE("a second connection of the client resumes the first's call") {
+  Worker worker;
+  worker.AwaitReady();
+  {
+    Host first(worker, 5, "client-e");
+    first.Start("slow-1", "worker_fixture::sleep_sync",
+                OneArg([](auto& p) { p.pack(1); }));
+    absl::SleepFor(absl::Milliseconds(100));
+    first.Close();  // the host's connection is cut
+  }
+  Frame closed = AwaitClosed(worker, 5);
+  CHECK(absl::StrContains(closed.detail, "UNAVAILABLE"));
+  Host second(worker, 6, "client-e");
+  second.Resume("slow-1");
+  SandboxEvent end = second.Terminal();
+  REQUIRE(end.has_result());
+  CHECK(end.result().call_id() == "slow-1");
+}
+
+TEST_CASE("shutdown ends a running direct call, then STATUS 14") {
+  Worker worker;
+  worker.AwaitReady();
+  Host host(worker, 7, "client-f");
+  host.Start("sleep-2", "worker_fixture::sleep_sync",
+             OneArg([](auto& p) { p.pack(30); }));
+  absl::SleepFor(absl::Milliseconds(200));
+  worker.Shutdown();
+  SandboxEvent end = host.Terminal();
+  INFO(end.DebugString());
+  REQUIRE(end.has_error());
+  CHECK(end.error().call_id() == "sleep-2");
+  CHECK(host.Status() == 14);
+}
+
+}  // namespace
+}  // namespace agentix::worker
