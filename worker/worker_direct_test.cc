@@ -194,8 +194,27 @@ Frame AwaitClosed(Worker& worker, uint64_t conn) {
   }
 }
 
-TEST_CASE("the worker advertises direct calls and serves a noop") {
+// A worker told to serve handed-over connections, as the daemon's
+// --direct_calls starts it.
+WorkerArgs DirectWorker() {
+  WorkerArgs args;
+  args.args = {"--direct_calls"};
+  return args;
+}
+
+TEST_CASE("without --direct_calls the worker does not advertise direct calls "
+          "and refuses a hand-over with STATUS 14") {
   Worker worker;
+  REQUIRE_OK_AND_ASSIGN(Frame ready, worker.Next(absl::Seconds(20)));
+  REQUIRE(ready.type == FrameType::kReady);
+  CHECK(!ready.direct);
+  Host host(worker, 7, "client-a");
+  CHECK(host.Status() == 14);
+  AwaitClosed(worker, 7);
+}
+
+TEST_CASE("the worker advertises direct calls and serves a noop") {
+  Worker worker(DirectWorker());
   REQUIRE_OK_AND_ASSIGN(Frame ready, worker.Next(absl::Seconds(20)));
   REQUIRE(ready.type == FrameType::kReady);
   CHECK(ready.direct);
@@ -215,7 +234,7 @@ TEST_CASE("the worker advertises direct calls and serves a noop") {
 }
 
 TEST_CASE("pre-read bytes, a 9 MiB echo in chunks, both ways") {
-  Worker worker;
+  Worker worker(DirectWorker());
   worker.AwaitReady();
   const std::string big(9 << 20, 'z');
   const std::string args = OneArg([&](auto& p) {
@@ -258,7 +277,7 @@ TEST_CASE("pre-read bytes, a 9 MiB echo in chunks, both ways") {
 }
 
 TEST_CASE("a stream with window 2 waits for the host's acks") {
-  Worker worker;
+  Worker worker(DirectWorker());
   worker.AwaitReady();
   Host host(worker, 3, "client-c");
   host.Start("gen-1", "worker_fixture::gen_count",
@@ -286,7 +305,7 @@ TEST_CASE("a stream with window 2 waits for the host's acks") {
 }
 
 TEST_CASE("cancel, an exception, and a relayed call of a direct id") {
-  Worker worker;
+  Worker worker(DirectWorker());
   worker.AwaitReady();
   Host host(worker, 4, "client-d");
   host.Start("sleep-1", "worker_fixture::sleep_async",
@@ -311,7 +330,7 @@ TEST_CASE("cancel, an exception, and a relayed call of a direct id") {
 }
 
 TEST_CASE("a second connection of the client resumes the first's call") {
-  Worker worker;
+  Worker worker(DirectWorker());
   worker.AwaitReady();
   {
     Host first(worker, 5, "client-e");
@@ -330,7 +349,7 @@ TEST_CASE("a second connection of the client resumes the first's call") {
 }
 
 TEST_CASE("shutdown ends a running direct call, then STATUS 14") {
-  Worker worker;
+  Worker worker(DirectWorker());
   worker.AwaitReady();
   Host host(worker, 7, "client-f");
   host.Start("sleep-2", "worker_fixture::sleep_sync",

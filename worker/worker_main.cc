@@ -24,6 +24,7 @@
 #include "base/malloc_tuning.h"
 #include "base/mutex_tuning.h"
 #include "worker/ipc/frame.h"
+#include "worker/channel/channel_state.h"
 #include "worker/channel/intake_baton.h"
 #include "worker/python/large_buffers.h"
 #include "worker/python/path_config.h"
@@ -45,6 +46,10 @@ ABSL_FLAG(int, payload_fd, -1,
 ABSL_FLAG(std::string, worker_id, "",
           "id used in logs; default $AGENTIX_WORKER_ID, else random");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+ABSL_FLAG(bool, direct_calls, false,
+          "serve Calls connections the daemon hands over (its --direct_calls "
+          "passes this; docs/DIRECT-CALLS.md). Off: the intake polls the bare "
+          "link and ready does not advertise direct calls");
 ABSL_FLAG(int64_t, intake_spin_us, 0,
           "microseconds the pool thread reading the channel polls it without "
           "sleeping before it blocks (adaptive; the daemon's "
@@ -118,6 +123,7 @@ int main(int argc, char** argv) {
                                 : absl::OkStatus();
   agentix::worker::IntakeBaton::SetSpin(absl::Microseconds(
       std::clamp<int64_t>(absl::GetFlag(FLAGS_intake_spin_us), 0, 1000000)));
+  agentix::worker::SetServeDirectCalls(absl::GetFlag(FLAGS_direct_calls));
   agentix::worker::WorkerOptions options;
   options.paths.venv = absl::GetFlag(FLAGS_venv);
   options.paths.python_path =

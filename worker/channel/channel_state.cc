@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <new>
 #include <utility>
 
@@ -10,6 +11,14 @@
 #include "worker/channel/py_args.h"
 
 namespace agentix::worker {
+
+namespace {
+std::atomic<bool> serve_direct_calls{false};
+}  // namespace
+
+void SetServeDirectCalls(bool on) {
+  serve_direct_calls.store(on, std::memory_order_relaxed);
+}
 
 ChannelState::~ChannelState() = default;  // uploads release their objects
 
@@ -116,8 +125,10 @@ PyObject* ChannelNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   state->writer->fd = fd;
   state->fd = fd;
   state->payloads = std::move(payloads);
-  if (auto direct = DirectConns::Create(fd); direct.ok()) {
-    state->direct = std::move(*direct);
+  if (serve_direct_calls.load(std::memory_order_relaxed)) {
+    if (auto direct = DirectConns::Create(fd); direct.ok()) {
+      state->direct = std::move(*direct);
+    }
   }
   reinterpret_cast<ChannelObject*>(self)->state = state;
   return self;

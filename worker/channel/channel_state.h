@@ -26,6 +26,14 @@ namespace agentix::worker {
 // flush(); from this size on a payload is written in place (writev).
 inline constexpr size_t kFlushThreshold = 256 * 1024;
 
+// Whether channels made from now on serve handed-over Calls connections
+// (docs/DIRECT-CALLS.md): the worker's --direct_calls, set once at startup
+// before Python runs. Off (the default), a channel polls its bare link and
+// refuses a direct_conn (it does not advertise the capability): the direct
+// poll set, an epoll descriptor, costs a relayed noop ~3 % (PERFORMANCE.md,
+// stop 38, h-serve).
+void SetServeDirectCalls(bool on);
+
 // A call's arguments arriving in arg_chunk frames (frame_intake.h).
 struct Upload {
   PyObject* buffer = nullptr;  // owned; nullptr if it could not be allocated

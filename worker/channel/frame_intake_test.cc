@@ -12,6 +12,7 @@
 #include "agentix/runtime/v1/runtime.pb.h"
 #include "absl/time/time.h"
 #include "testing/status_matchers.h"
+#include "worker/channel/channel_state.h"
 #include "worker/channel/channel_test_util.h"
 #include "base/unique_fd.h"
 #include "wire/frame_codec.h"
@@ -164,8 +165,16 @@ TEST_CASE("Worker-to-daemon frames from the daemon are protocol errors",
 // call frame gives; HALF_CLOSE with no call open ends the connection with
 // STATUS 0 and EOF, and the daemon gets direct_closed. Descriptors that do
 // not match their frame kill the channel.
+// Channels made while it lives serve direct connections (the worker's
+// --direct_calls).
+struct ServeDirectCalls {
+  ServeDirectCalls() { SetServeDirectCalls(true); }
+  ~ServeDirectCalls() { SetServeDirectCalls(false); }
+};
+
 TEST_CASE("A direct_conn is served beside the link; stray descriptors are a "
           "ProtocolError", "[channel][direct]") {
+  ServeDirectCalls serve_direct;
   Pair pair;
   int host[2];
   REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, host) == 0);
