@@ -160,11 +160,6 @@ TEST_CASE("Worker-to-daemon frames from the daemon are protocol errors",
           "unexpected 'result' frame from the daemon");
 }
 
-// A direct_conn is served (docs/DIRECT-CALLS.md, stage 3): the host's
-// StartCall comes out of read_frames() as the same CALL record a relayed
-// call frame gives; HALF_CLOSE with no call open ends the connection with
-// STATUS 0 and EOF, and the daemon gets direct_closed. Descriptors that do
-// not match their frame kill the channel.
 // Channels made while it lives serve direct connections (the worker's
 // --direct_calls).
 struct ServeDirectCalls {
@@ -172,6 +167,11 @@ struct ServeDirectCalls {
   ~ServeDirectCalls() { SetServeDirectCalls(false); }
 };
 
+// A direct_conn is served (docs/DIRECT-CALLS.md, stage 3): the host's
+// StartCall comes out of read_frames() as the same CALL record a relayed
+// call frame gives; HALF_CLOSE with no call open ends the connection with
+// STATUS 0 and EOF, and the daemon gets direct_closed. Descriptors that do
+// not match their frame kill the channel.
 TEST_CASE("A direct_conn is served beside the link; stray descriptors are a "
           "ProtocolError", "[channel][direct]") {
   ServeDirectCalls serve_direct;
