@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "wire/frame_codec.h"
 #include "wire/frame_splice.h"
+#include "wire/splice_test_util.h"
 #include "wire/wire_limits.h"
 #include "worker/ipc/payload_area.h"
 
@@ -31,29 +32,6 @@ using runtime::v1::CallsRequest;
 using runtime::v1::CallsResponse;
 using runtime::v1::HostEvent;
 using runtime::v1::SandboxEvent;
-
-std::string Bytes(size_t n, char seed) {
-  std::string out(n, '\0');
-  for (size_t i = 0; i < n; ++i) out[i] = static_cast<char>(seed + i * 7);
-  return out;
-}
-
-// The request the consumer was handed, its bulk views copied back in.
-CallsRequest Rebuilt(const SplicedRequest& parsed) {
-  CallsRequest out = parsed.request;
-  REQUIRE(parsed.bulk.size() == static_cast<size_t>(out.events_size()));
-  for (int i = 0; i < out.events_size(); ++i) {
-    const auto& bulk = parsed.bulk[static_cast<size_t>(i)];
-    if (!bulk) continue;
-    HostEvent* event = out.mutable_events(i);
-    if (event->has_start()) {
-      event->mutable_start()->set_arguments(std::string(*bulk));
-    } else {
-      event->mutable_argument_chunk()->set_data(std::string(*bulk));
-    }
-  }
-  return out;
-}
 
 class Recorder : public FrameConnectionConsumer {
  public:
