@@ -116,6 +116,23 @@ def bridge():
 
 
 @pytest_asyncio.fixture
+async def framed():
+    """A FakeRuntime on gRPC over a Unix socket (``.url``, ``.path``) with its
+    Calls also on the frame wire at ``PATH.calls`` (``.frames``)."""
+    with tempfile.TemporaryDirectory(prefix="agx-framed-", dir="/tmp") as directory:
+        fake = FakeRuntime()
+        fake.path = os.path.join(directory, "runtime.sock")
+        fake.url = f"unix://{fake.path}"
+        server, _ = await serve(fake, fake.url)
+        fake.frames = await FrameServer(fake, fake.path + ".calls").start()
+        try:
+            yield fake
+        finally:
+            await fake.frames.stop()
+            await server.stop(None)
+
+
+@pytest_asyncio.fixture
 async def runtime(request):
     """A FakeRuntime served on a loopback port (``.url``, ``.server``), or,
     under ``calls_transport`` "frames", on a Unix socket with its frame wire

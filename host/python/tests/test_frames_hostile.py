@@ -14,11 +14,9 @@ import asyncio
 import os
 import socket
 import struct
-import tempfile
 
 import grpc
 import pytest
-import pytest_asyncio
 from google.protobuf.message import DecodeError
 
 import sandbox_functions
@@ -28,8 +26,7 @@ from agentix.runtime.client.frames import FrameCallsStream, FrameTransport
 from agentix.runtime.client.hello import DIRECT_KEY
 from agentix.runtime.client.payload_ring import PayloadRing
 from agentix.runtime.client.stream import NativeStreamError
-from fake_frames import HELLO, MESSAGE, STATUS, FrameServer, encode, encode_hello, status_frame
-from fake_runtime import FakeRuntime, serve
+from fake_frames import HELLO, MESSAGE, STATUS, encode, encode_hello, status_frame
 
 pytestmark = pytest.mark.asyncio
 RING_MESSAGE = 5
@@ -42,22 +39,6 @@ def _default_wire(monkeypatch):
     monkeypatch.setenv("AGENTIX_CALLS_WIRE", "auto")
     monkeypatch.delenv("AGENTIX_CALLS_DIRECT", raising=False)
     monkeypatch.delenv("AGENTIX_NATIVE_TRANSPORT", raising=False)
-
-
-@pytest_asyncio.fixture
-async def framed():
-    """A FakeRuntime on gRPC (``.url``) with its Calls also on ``PATH.calls`` (``.frames``)."""
-    with tempfile.TemporaryDirectory(prefix="agx-hostile-", dir="/tmp") as directory:
-        fake = FakeRuntime()
-        fake.path = os.path.join(directory, "runtime.sock")
-        fake.url = f"unix://{fake.path}"
-        server, _ = await serve(fake, fake.url)
-        fake.frames = await FrameServer(fake, fake.path + ".calls").start()
-        try:
-            yield fake
-        finally:
-            await fake.frames.stop()
-            await server.stop(None)
 
 
 def watched(client: RuntimeClient) -> list:

@@ -10,15 +10,13 @@ import socket
 import threading
 
 import pytest
-import pytest_asyncio
 
 import sandbox_functions
 from agentix import AsyncClientNamespace, RuntimeClient
 from agentix.runtime.client import pinned_waits as pw
 from agentix.runtime.client.frames import FrameCallsStream
 from agentix.runtime.client.pinned_waits import CallsCpu, PinnedWaits, calls_cpu_setting
-from fake_frames import FrameServer
-from fake_runtime import FakeRuntime, eventually, serve
+from fake_runtime import eventually
 from test_loop_slice import _in_a_thread, _slice_ns, needs_slices
 
 ALLOWED = os.sched_getaffinity(0)
@@ -472,24 +470,6 @@ def _frame_wire(monkeypatch):
     monkeypatch.setattr(pw, "_threads", pw.threading.local())  # each test makes its own PinnedWaits
     yield
     os.sched_setaffinity(0, ALLOWED)
-
-
-@pytest_asyncio.fixture
-async def framed(tmp_path_factory):
-    """A FakeRuntime (it runs calls in this thread's loop) with a frame wire."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="agx-pw-", dir="/tmp") as directory:
-        fake = FakeRuntime()
-        fake.path = os.path.join(directory, "runtime.sock")
-        fake.url = f"unix://{fake.path}"
-        server, _ = await serve(fake, fake.url)
-        fake.frames = await FrameServer(fake, fake.path + ".calls").start()
-        try:
-            yield fake
-        finally:
-            await fake.frames.stop()
-            await server.stop(None)
 
 
 needs_two = pytest.mark.skipif(len(ALLOWED) < 2, reason="pinning is only visible with two CPUs allowed")
