@@ -33,12 +33,13 @@
 #include "absl/time/time.h"
 #include "agentix/frame_transport.h"
 #include "agentix/runtime/v1/runtime.pb.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "fuzz/deterministic_bytes.h"
 #include "google/protobuf/stubs/logging.h"
 #include "wire/frame_codec.h"
 
 namespace {
+
+using agentix::fuzz::DeterministicBytes;
 
 namespace pb = ::agentix::runtime::v1;
 using namespace agentix::sandbox;
@@ -50,17 +51,6 @@ constexpr size_t kMaxInput = 64 << 10;
 [[noreturn]] void Fail(const char* what) {
   std::fprintf(stderr, "client_frame_reader_fuzzer: %s\n", what);
   std::abort();
-}
-
-std::string Deterministic(const google::protobuf::Message& message) {
-  std::string out;
-  {
-    google::protobuf::io::StringOutputStream stream(&out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    message.SerializeToCodedStream(&coded);
-  }
-  return out;
 }
 
 // What the reader must make of `bytes`: the responses, the calls-CPU values
@@ -89,7 +79,7 @@ Expected Walk(absl::string_view rest, bool has_callback) {
           out.end = absl::StatusCode::kInternal;
           return out;
         }
-        out.responses.push_back(Deterministic(response));
+        out.responses.push_back(DeterministicBytes(response));
         break;
       }
       case FrameKind::kStatus: {
@@ -155,7 +145,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<std::string> responses;
   pb::CallsResponse response;
   while (transport->Read(&response)) {
-    responses.push_back(Deterministic(response));
+    responses.push_back(DeterministicBytes(response));
     if (responses.size() > sent.size()) Fail("more responses than frames");
   }
   const absl::Status end = transport->Finish();

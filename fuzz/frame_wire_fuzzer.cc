@@ -15,30 +15,19 @@
 #include <cstdlib>
 #include <string>
 
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "fuzz/deterministic_bytes.h"
 #include "wire/frame_codec.h"
 #include "wire/frame_splice.h"
 
 namespace {
+
+using agentix::fuzz::DeterministicBytes;
 
 using namespace agentix::sandbox;
 
 [[noreturn]] void Fail(const char* what) {
   std::fprintf(stderr, "frame_wire_fuzzer: %s\n", what);
   std::abort();
-}
-
-// Map entries in a fixed order, so two equal messages compare equal.
-std::string Deterministic(const google::protobuf::Message& message) {
-  std::string out;
-  {
-    google::protobuf::io::StringOutputStream stream(&out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    message.SerializeToCodedStream(&coded);
-  }
-  return out;
 }
 
 void CheckSpliced(absl::string_view payload) {
@@ -70,7 +59,7 @@ void CheckSpliced(absl::string_view payload) {
       Fail("a bulk view for an event without a bulk field");
     }
   }
-  if (Deterministic(spliced.request) != Deterministic(expected)) {
+  if (DeterministicBytes(spliced.request) != DeterministicBytes(expected)) {
     Fail("spliced parse differs from protobuf's");
   }
 }
@@ -125,7 +114,7 @@ void CheckRing(absl::string_view payload) {
       Fail("a ring piece for an event without a bulk field");
     }
   }
-  if (Deterministic(parsed.request) != Deterministic(expected)) {
+  if (DeterministicBytes(parsed.request) != DeterministicBytes(expected)) {
     Fail("ring parse differs from protobuf's");
   }
 }
