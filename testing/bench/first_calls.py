@@ -17,6 +17,9 @@ reports:
 
 With `--a-*` paths it is a same-run A/B: pairs of runs, old (A) and new (B)
 alternating which goes first, medians per side and per-pair ratios (B/A).
+`--daemon-arg=ARG` (repeatable) goes to every daemon; `--b-daemon-arg=ARG`
+to side B's only, which makes an A/B of daemon arguments on the same
+binaries (`--b-daemon-arg=--direct_calls`: direct calls off/on).
 
     /usr/bin/python3 testing/bench/first_calls.py --pairs 6 \\
         --a-sandboxd OLD/agentix-sandboxd --a-worker OLD/agentix-worker \\
@@ -130,7 +133,7 @@ def run_once(side: dict, args) -> dict:
     if args.malloc_tunables:
         env["GLIBC_TUNABLES"] = procs.MALLOC_TUNABLES
     with procs.ab_daemon(side["sandboxd"], side["worker"], env, "agx-first-",
-                         flags=tuple(args.daemon_flag)) as (sock, daemon):
+                         flags=tuple(side["daemon_args"])) as (sock, daemon):
         out = subprocess.run(
             [side["python"], "-c", _HOST, sock, str(daemon.pid),
              str(args.calls), str(args.pause_after), str(args.pause)],
@@ -198,8 +201,13 @@ def main():
     parser.add_argument("--pairs", type=int, default=6)
     parser.add_argument("--calls", type=int, default=6000)
     parser.add_argument("--first", type=int, default=1500)
-    parser.add_argument("--daemon-flag", action="append", default=[],
-                        help="passed to agentix-sandboxd (repeatable)")
+    parser.add_argument("--daemon-arg", "--daemon-flag", dest="daemon_arg", action="append",
+                        default=[], metavar="ARG",
+                        help="passed to every agentix-sandboxd, both sides (repeatable; "
+                             "write flags as --daemon-arg=--direct_calls)")
+    parser.add_argument("--b-daemon-arg", action="append", default=[], metavar="ARG",
+                        help="passed to side B's agentix-sandboxd only, after --daemon-arg: "
+                             "an A/B of daemon arguments on the same binaries")
     parser.add_argument("--pause", type=float, default=0.0,
                         help="seconds without calls after --pause-after calls")
     parser.add_argument("--pause-after", type=int, default=300)
@@ -209,12 +217,13 @@ def main():
     parser.add_argument("--json", help="write every run's figures here")
     args = parser.parse_args()
     new = {"sandboxd": args.sandboxd, "worker": args.worker,
-           "python": args.python}
-    ab = args.a_sandboxd or args.a_worker or args.a_python
+           "python": args.python, "daemon_args": args.daemon_arg + args.b_daemon_arg}
+    ab = args.a_sandboxd or args.a_worker or args.a_python or args.b_daemon_arg
     old = {"sandboxd": args.a_sandboxd or args.sandboxd,
            "worker": args.a_worker or args.worker,
-           "python": args.a_python or args.python}
+           "python": args.a_python or args.python, "daemon_args": args.daemon_arg}
     print(f"machine {procs.machine()}", flush=True)
+    print(f"daemon args: A {old['daemon_args']}, B {new['daemon_args']}", flush=True)
     pairs = []
     for i in range(args.pairs if ab else 1):
         order = ("A", "B") if i % 2 == 0 else ("B", "A")
@@ -229,7 +238,8 @@ def main():
         print(ab_table(pairs))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([{"A": a, "B": b} for a, b in pairs], f)
+            json.dump({"daemon_args": {"A": old["daemon_args"], "B": new["daemon_args"]},
+                       "pairs": [{"A": a, "B": b} for a, b in pairs]}, f)
 
 
 if __name__ == "__main__":

@@ -178,7 +178,7 @@ def _run_ours(args, plan, log) -> dict:
     # absl flag spelling (--python_path): this absl does not accept "--python-path".
     daemon = procs.start_process(
         [sandboxd, "--listen", url, f"--worker={worker}",
-         f"--python_path={procs.bench_dir()}", "--log_level=warning"],
+         f"--python_path={procs.bench_dir()}", "--log_level=warning", *args.daemon_arg],
         stdout=sys.stderr.fileno())  # keep our stdout for the report
     try:
         _wait_for_unix_socket(sock, daemon, SERVER_START_TIMEOUT_S)
@@ -219,7 +219,7 @@ def _run_cc(args, env: dict, log) -> dict:
     sock = os.path.join(tmp, "sandboxd.sock")
     daemon = procs.start_process(
         [sandboxd, "--listen", f"unix://{sock}", f"--worker={worker}",
-         f"--python_path={procs.bench_dir()}", "--log_level=warning"],
+         f"--python_path={procs.bench_dir()}", "--log_level=warning", *args.daemon_arg],
         env=env, stdout=sys.stderr.fileno())
     try:
         _wait_for_unix_socket(sock, daemon, SERVER_START_TIMEOUT_S)

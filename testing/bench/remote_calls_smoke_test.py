@@ -7,7 +7,9 @@ floor programs in its runfiles) and checks the issue-25 keys (floor, floor_grpc,
 busy, the ratios to the floor, CPU per call), so none can silently disappear.
 """
 
+import json
 import os
+import subprocess
 import sys
 import unittest
 
@@ -39,9 +41,11 @@ class RemoteCallsSmokeTest(unittest.TestCase):
 
     def test_quick_run_of_ours_reports_floors_busy_and_cpu(self):
         report = run_report(
-            self, [sys.executable, os.path.join(BENCH_DIR, "remote_calls"), "--quick", "--only", "ours"],
+            self, [sys.executable, os.path.join(BENCH_DIR, "remote_calls"), "--quick", "--only", "ours",
+                   "--daemon-arg=--log_level=warning"],
             timeout_s=600)
         self.assertNotIn("errors", report)
+        self.assertEqual(report["details"]["daemon_args"], ["--log_level=warning"])
         positive_numbers(self, report, HEADLINE_KEYS + CPU_KEYS, "ours")
         noop_cpu = report["details"]["ours"]["cpu_per_call"]["noop_us"]
         positive_numbers(self, noop_cpu, ("host", "daemon", "worker", "total"), "cpu noop")
@@ -73,6 +77,20 @@ class RemoteCallsSmokeTest(unittest.TestCase):
         # measured in the other regime can come out 4x lower; seen at 15.8 vs 68.2.)
         self.assertGreater(report["floor_relay"]["noop_cpu_us_per_call"], 0)
         self.assertIsNotNone(report["cc_noop"]["over_floor_relay"])
+
+    def test_a_daemon_arg_reaches_every_daemon_of_ours(self):
+        # A flag the daemon refuses: it exits, so each of ours' runs fails (the
+        # headline pass and the C++ client's), while the floors still run.
+        proc = subprocess.run(
+            [sys.executable, os.path.join(BENCH_DIR, "remote_calls"), "--quick", "--only", "ours",
+             "--no-busy", "--daemon-arg=--agx_bench_no_such_flag"],
+            stdout=subprocess.PIPE, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 1, proc.stdout[-4000:])
+        report = json.loads(proc.stdout.strip().splitlines()[-1])
+        self.assertEqual(report["details"]["daemon_args"], ["--agx_bench_no_such_flag"])
+        self.assertTrue(any(e.startswith("ours:") for e in report["errors"]), report["errors"])
+        self.assertTrue(any(e.startswith("cc_client:") for e in report["errors"]), report["errors"])
+        self.assertIsNone(report["noop_p50_us"])
 
 
 if __name__ == "__main__":

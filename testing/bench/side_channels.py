@@ -488,7 +488,8 @@ def _run_ours(args, plan, log, tmp) -> dict:
     # records); its warnings are summarised in the result instead.
     daemon = procs.start_process(
         [sandboxd, "--listen", url, f"--worker={worker}",
-         f"--python_path={procs.bench_dir()}:{_host_python_dir()}", "--log_level=warning"],
+         f"--python_path={procs.bench_dir()}:{_host_python_dir()}", "--log_level=warning",
+         *args.daemon_arg],
         env=env, stdout=daemon_log, stderr=subprocess.STDOUT)
     results = None
     try:

@@ -4,7 +4,9 @@ Asserts structure and positivity only, never timing thresholds or targets: it mu
 on a slow or busy machine. The figures come from `bazel run :side_channels`.
 """
 
+import json
 import os
+import subprocess
 import sys
 import unittest
 
@@ -21,8 +23,10 @@ RATIO_KEYS = ("ns_request_p50_ours_over_floor", "log_records_per_s_floor_over_ou
 class SideChannelsSmokeTest(unittest.TestCase):
     def test_quick_run_of_both_stacks_reports_every_key(self):
         report = run_report(
-            self, [sys.executable, os.path.join(BENCH_DIR, "side_channels.py"), "--quick"],
+            self, [sys.executable, os.path.join(BENCH_DIR, "side_channels.py"), "--quick",
+                   "--daemon-arg=--log_level=warning"],
             timeout_s=280)
+        self.assertEqual(report["details"]["daemon_args"], ["--log_level=warning"])
 
         for key in HEADLINE_KEYS + ("baseline", "ratios", "targets_met", "details"):
             self.assertIn(key, report)
@@ -64,6 +68,18 @@ class SideChannelsSmokeTest(unittest.TestCase):
         self.assertIs(busy["spinner"]["pinned"], False)
         positive_numbers(self, report["ratios"], RATIO_KEYS, "ratios")
         positive_numbers(self, report["ratios"], tuple("busy_" + k for k in RATIO_KEYS), "ratios")
+
+    def test_a_daemon_arg_reaches_the_daemon(self):
+        # A flag the daemon refuses: it exits, so ours fails; the floors still run.
+        proc = subprocess.run(
+            [sys.executable, os.path.join(BENCH_DIR, "side_channels.py"), "--quick",
+             "--only", "ours", "--no-busy", "--daemon-arg=--agx_bench_no_such_flag"],
+            stdout=subprocess.PIPE, text=True, timeout=280)
+        self.assertEqual(proc.returncode, 1, proc.stdout[-4000:])
+        report = json.loads(proc.stdout.strip().splitlines()[-1])
+        self.assertEqual(report["details"]["daemon_args"], ["--agx_bench_no_such_flag"])
+        self.assertIn("ours: no result (exit code 1)", report["errors"])
+        self.assertIsNone(report["ns_request_p50_us"])
 
 
 if __name__ == "__main__":

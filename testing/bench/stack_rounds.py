@@ -33,6 +33,9 @@ def add_arguments(parser, *, quick_help: str) -> None:
                              "every metric is the median over the rounds")
     parser.add_argument("--sandboxd", help="agentix-sandboxd binary (default: from runfiles)")
     parser.add_argument("--worker", help="agentix-worker binary (default: from runfiles)")
+    parser.add_argument("--daemon-arg", action="append", default=[], metavar="ARG",
+                        help="passed to every agentix-sandboxd of ours this run starts "
+                             "(repeatable; write flags as --daemon-arg=--direct_calls)")
     # Internal: child mode, measuring one stack for the driver.
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
@@ -45,8 +48,8 @@ def print_result(results: dict) -> None:
 
 def run_child(script: str, side: str, args, env: dict,
               timeout_s: float) -> tuple[dict | None, str | None]:
-    """Runs `script --side side` (passing on --quick, --sandboxd, --worker), echoing its
-    lines; returns (results, None) or (None, what went wrong)."""
+    """Runs `script --side side` (passing on --quick, --sandboxd, --worker, --daemon-arg),
+    echoing its lines; returns (results, None) or (None, what went wrong)."""
     argv = [sys.executable, os.path.abspath(script), "--side", side,
             "--parent-pid", str(os.getpid())]
     if args.quick:
@@ -55,6 +58,8 @@ def run_child(script: str, side: str, args, env: dict,
         argv += ["--sandboxd", args.sandboxd]
     if args.worker:
         argv += ["--worker", args.worker]
+    # The = form: an ARG that starts with "--" is not taken for the child's own option.
+    argv += [f"--daemon-arg={arg}" for arg in args.daemon_arg]
     # Own process group, so a timeout or Ctrl-C can stop the child and all it started.
     child = procs.start_process(argv, env=env, stdout=subprocess.PIPE, new_session=True)
     results, deadline = None, time.monotonic() + timeout_s
@@ -99,6 +104,7 @@ class Rounds:
     def __init__(self, script: str, args, env: dict, timeout_s: float) -> None:
         self.sides = SIDES if args.only == "all" else (args.only,)
         self.count = args.rounds
+        self.daemon_args = tuple(args.daemon_arg)
         self.load_start = os.getloadavg()[0]
         self.results = {side: [] for side in self.sides}
         self.cpu_probes = {side: [] for side in self.sides}
@@ -122,11 +128,13 @@ class Rounds:
         return combine(self.results.get(side))
 
     def details(self, headline_keys) -> dict:
-        """`rounds`, `per_round` (the headline figures of each round),
+        """`rounds`, `daemon_args` (--daemon-arg, given to every daemon of ours),
+        `per_round` (the headline figures of each round),
         `cpu_probe_ms` (per side, before each of its rounds, failed ones
         included) and `loadavg_1m`."""
         return {
             "rounds": self.count,
+            "daemon_args": list(self.daemon_args),
             "per_round": {side: [{key: result.get(key) for key in headline_keys}
                                  for result in results]
                           for side, results in self.results.items()},

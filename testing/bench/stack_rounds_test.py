@@ -47,7 +47,7 @@ class RoundsTest(unittest.TestCase):
             ran.append(side)
             return {"p50": float(len(ran))}, None
 
-        args = types.SimpleNamespace(only="all", rounds=2, quick=True)
+        args = types.SimpleNamespace(only="all", rounds=2, quick=True, daemon_arg=["--direct_calls"])
         with mock.patch.object(stack_rounds, "run_child", fake_child), \
                 mock.patch.object(stack_rounds, "cpu_probe_ms", side_effect=[1.0, 2.0, 3.0, 4.0]):
             rounds = stack_rounds.Rounds("script.py", args, {}, 1.0)
@@ -56,6 +56,25 @@ class RoundsTest(unittest.TestCase):
         self.assertEqual(details["cpu_probe_ms"], {"baseline": [1.0, 4.0], "ours": [2.0, 3.0]})
         self.assertEqual(details["per_round"], {"baseline": [{"p50": 1.0}, {"p50": 4.0}],
                                                 "ours": [{"p50": 2.0}, {"p50": 3.0}]})
+        self.assertEqual(details["daemon_args"], ["--direct_calls"])
+
+    def test_a_child_gets_each_daemon_arg_in_the_equals_form(self):
+        # "--daemon-arg --direct_calls" would be taken for the child's own option.
+        class Started(Exception):
+            pass
+
+        seen = []
+
+        def fake_start(argv, **kwargs):
+            seen.extend(argv)
+            raise Started
+
+        args = types.SimpleNamespace(quick=False, sandboxd=None, worker=None,
+                                     daemon_arg=["--direct_calls", "--calls_cpu=off"])
+        with mock.patch.object(stack_rounds.procs, "start_process", fake_start), \
+                self.assertRaises(Started):
+            stack_rounds.run_child("script.py", "ours", args, {}, 1.0)
+        self.assertEqual(seen[-2:], ["--daemon-arg=--direct_calls", "--daemon-arg=--calls_cpu=off"])
 
     def test_the_cpu_probe_is_a_median_of_positive_timings(self):
         with mock.patch.object(stack_rounds.time, "perf_counter",
