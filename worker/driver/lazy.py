@@ -122,7 +122,8 @@ def _load(module, reader=None):
         # A submodule's import reading the package's __path__ (the import
         # system's _find_and_load_unlocked: its `name` is the submodule).
         submodule = None
-        if by_import_system and reader.f_code.co_name == "_find_and_load_unlocked":
+        if (by_import_system
+                and reader.f_code.co_name == "_find_and_load_unlocked"):
             submodule = reader.f_locals.get("name")
         _loading[name] = threading.get_ident()
         try:
