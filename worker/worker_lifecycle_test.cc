@@ -416,17 +416,54 @@ TEST_CASE("A set_env before the first call is applied without importing "
   REQUIRE(worker.AwaitExit().returncode() == 0);
 }
 
-// A first call importing asyncio itself (as most tool modules do) gets
-// inspect and locale deferred, and both work once used.
-TEST_CASE("A first call that imports asyncio finds inspect and locale "
+// A first call importing asyncio itself (as most tool modules do) gets it
+// deferred; using it runs its body, with inspect and locale deferred, and
+// both work once used.
+TEST_CASE("A first call that imports asyncio finds it, inspect and locale "
           "deferred, and usable",
           "[worker]") {
   Worker worker;
   const std::string first =
       worker.FirstCallOk("worker_cold::asyncio_first", Pickle("((), {})"));
   CHECK(Unpickle(first) ==
-        "['_DeferredModule', 7, '(seconds)', 'module', '_DeferredModule', "
-        "'en_US.ISO8859-1', 'module']");
+        "['_DeferredModule', False, 'module', '_DeferredModule', 7, "
+        "'(seconds)', 'module', '_DeferredModule', 'en_US.ISO8859-1', "
+        "'module']");
+  worker.Shutdown();
+  REQUIRE(worker.AwaitExit().returncode() == 0);
+}
+
+// Cold start (driver/lazy.py): a tool module's `import asyncio` is deferred
+// until the event loop starts, so a first sync call of such a module does
+// not wait for asyncio's ~30 modules; the loop's start runs them.
+TEST_CASE("A first sync call of a module that imports asyncio runs before "
+          "asyncio's body; the loop's start runs it",
+          "[worker]") {
+  Worker worker(WithLongerIdlePeriod());
+  const std::string args = Pickle("((1, 2), {})");
+  const std::string first =
+      worker.FirstCallOk("worker_cold_asyncio::add", args);
+  CHECK(Unpickle(first) == "[3, '_DeferredModule', False]");
+  absl::SleepFor(kIdlePeriodWaitedOut);  // idle: the loop has started
+  CHECK(Unpickle(worker.CallOk("worker_cold_asyncio::add", args)) ==
+        "[3, 'module', True]");
+  CHECK(Unpickle(worker.CallOk("worker_cold_asyncio::add_later", args)) ==
+        "3");
+  worker.Shutdown();
+  REQUIRE(worker.AwaitExit().returncode() == 0);
+}
+
+// A submodule import is what runs a deferred package's body (the import
+// system reads its __path__); that body imports the submodule itself, and
+// the import must get that module, not a second copy.
+TEST_CASE("A first call importing an asyncio submodule gets one module per "
+          "name",
+          "[worker]") {
+  Worker worker;
+  const std::string first = worker.FirstCallOk(
+      "worker_cold::asyncio_submodule_first", Pickle("((), {})"));
+  CHECK(Unpickle(first) ==
+        "['_DeferredModule', True, True, True, 'asyncio.events', True]");
   worker.Shutdown();
   REQUIRE(worker.AwaitExit().returncode() == 0);
 }
@@ -525,6 +562,24 @@ TEST_CASE("A deferred module's body runs once, whichever threads read it",
   // The worker still serves.
   CHECK(Unpickle(worker->CallOk("worker_fixture::add",
                                 Pickle("((1, 2), {})"))) == "3");
+  worker->Shutdown();
+  REQUIRE(worker->AwaitExit().returncode() == 0);
+}
+
+// A thread importing a submodule holds that submodule's import lock while
+// the import system reads the package: if it waited there for a body that
+// another thread runs and that imports the same submodule, neither would
+// go on.
+TEST_CASE("A deferred package read on one thread while another imports its "
+          "submodule: both go on, each body runs once",
+          "[worker]") {
+  auto worker = ReadyWorker();
+  const std::string dir = absl::StrCat(TempRoot(), "/lazy_package_", getpid());
+  std::filesystem::create_directories(dir);
+  CHECK(Unpickle(worker->CallOk(
+            "worker_fixture::deferred_package_race",
+            Pickle(absl::StrCat("(('", dir, "',), {})")))) ==
+        "([('import', 42), ('read', 42)], 1, 1, True)");
   worker->Shutdown();
   REQUIRE(worker->AwaitExit().returncode() == 0);
 }

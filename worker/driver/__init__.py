@@ -15,7 +15,8 @@ runs on a thread pool, so a blocking function never stalls the loop.
 
 Cold start: the ready frame goes out before asyncio is imported; until the
 loop starts (on the first frame that needs it, or once the worker is idle),
-pool threads read the channel and run sync calls (serve.py, intake.py).
+pool threads read the channel and run sync calls (serve.py, intake.py), and
+a call's own `import asyncio` is deferred (lazy.py).
 
 Streaming calls (stream_window > 0) send each item of a generator as a
 stream_item frame, at most `window` items beyond the host's last stream_ack.

@@ -12,6 +12,17 @@ registered in sys.modules and bound as usual, but their body runs at the
 first attribute access, from whichever thread, or on the warm-up thread
 after ready (`load_deferred()`, deferred.py), whichever comes first.
 
+`asyncio` itself is deferred too, but only until the event loop starts
+(serve.py: `BOOT_DEFERRED`; the loop's start reads it, so the warm-up never
+has it to load): most tool modules `import asyncio` at their top, and its
+~30 modules (~15 ms on a quiet VM) were the largest part of a cold start's
+first sync call, which never uses them. A package needs two more rules
+(below, `_load`): a submodule import that makes the package's body run gets
+the module that body imported, not a second copy; and the import system's
+own reads of a package another thread is running the body of answer at once,
+as for any package under initialisation (a thread that holds a submodule's
+import lock must not wait for a body that will need that lock).
+
 What user code can tell: until then `type(ssl)` is `_DeferredModule` (a
 `types.ModuleType` subclass; `types.ModuleType` once loaded) and `ssl` is
 in sys.modules but `_ssl` is not. Any attribute read, write or delete loads
@@ -28,6 +39,8 @@ import sys
 import threading
 import types
 
+from _frozen_importlib import ModuleSpec
+
 # The modules deferred, in load order for load_deferred(). `inspect` (with
 # ast, dis, tokenize: about a third of `import asyncio` on this VM): asyncio's
 # modules import it but only call it (debug reprs, a few checks), and the
@@ -35,6 +48,9 @@ import types
 # ~1.2 ms of a first call's `import asyncio` on the stop-30 VM): subprocess
 # imports it for text-mode pipes' encoding only.
 DEFERRED = ("ssl", "asyncio.sslproto", "inspect", "locale")
+# What the boot defers (serve.py): the above, and asyncio until the event
+# loop starts (not the warm-up's: starting the loop loads it).
+BOOT_DEFERRED = DEFERRED + ("asyncio",)
 # What a module's body needs to be loadable later: a missing one means the
 # module is imported (and fails) now, as without deferral.
 _NEEDS = {"ssl": "_ssl"}
@@ -53,6 +69,13 @@ _pending = {}
 _loading = {}
 # name -> the name of the thread that ran its body (diagnostics and tests).
 loaded_by = {}
+# A submodule whose import ran its deferred package's body (the import
+# system read the package's __path__), and the module that body imported
+# for it: the import, which goes on to find and load the name, gets this one
+# (_DeferFinder) instead of a second copy.
+_imported_by_package = {}
+
+_IMPORT_SYSTEM = "<frozen importlib._bootstrap>"
 
 
 class _DeferredModule(types.ModuleType):
@@ -61,29 +84,47 @@ class _DeferredModule(types.ModuleType):
 
     def __getattribute__(self, name):
         if name not in _PASS_THROUGH:
-            _load(self)
+            _load(self, sys._getframe(1))
         return _module_getattribute(self, name)
 
     def __setattr__(self, name, value):
-        _load(self)
+        _load(self, sys._getframe(1))
         _module_setattr(self, name, value)
 
     def __delattr__(self, name):
-        _load(self)
+        _load(self, sys._getframe(1))
         _module_delattr(self, name)
 
 
-def _load(module):
+def _load(module, reader=None):
+    """Runs the body of a deferred module, once. `reader`: the frame that
+    read, set or deleted an attribute, if any."""
     name = _module_getattribute(module, "__name__")
     entry = _pending.get(name)
     if entry is None:
         return
     loader, lock = entry
-    with lock:
+    spec = _module_getattribute(module, "__spec__")
+    package = spec is not None and spec.submodule_search_locations is not None
+    by_import_system = (package and reader is not None
+                        and reader.f_code.co_filename == _IMPORT_SYSTEM)
+    # The import system reading (or binding a submodule on) a package whose
+    # body another thread runs sees it as it stands (CPython's rule for a
+    # package under initialisation): it may hold the import lock of a
+    # submodule that body is about to import.
+    if not lock.acquire(blocking=not by_import_system):
+        return
+    try:
         if type(module) is not _DeferredModule:
             return  # another thread loaded it while we waited
         if _loading.get(name) == threading.get_ident():
             return  # the module's own body (or the loader) reading it
+        # A submodule's import reading the package's __path__ (the import
+        # system's _find_and_load_unlocked: its `name` is the submodule).
+        submodule = None
+        if (by_import_system
+                and reader.f_code.co_name == "_find_and_load_unlocked"):
+            submodule = reader.f_locals.get("name")
         _loading[name] = threading.get_ident()
         try:
             loaded_by[name] = threading.current_thread().name
@@ -98,6 +139,25 @@ def _load(module):
             del _loading[name]
             _pending.pop(name, None)
             _module_setattr(module, "__class__", types.ModuleType)
+        if submodule is not None and submodule in sys.modules:
+            _imported_by_package[submodule] = sys.modules[submodule]
+    finally:
+        lock.release()
+
+
+class _Imported:
+    """The loader of a spec for a module already imported (_DeferFinder):
+    the import gets that module, its __spec__ kept."""
+
+    def __init__(self, module):
+        self._module = module
+        self._spec = module.__spec__
+
+    def create_module(self, spec):
+        return self._module
+
+    def exec_module(self, module):
+        module.__spec__ = self._spec  # the import system set the new spec
 
 
 class _DeferLoader:
@@ -131,6 +191,9 @@ class _DeferFinder:
         self._names = frozenset(names)
 
     def find_spec(self, fullname, path=None, target=None):
+        imported = _imported_by_package.pop(fullname, None)
+        if imported is not None and sys.modules.get(fullname) is imported:
+            return ModuleSpec(fullname, _Imported(imported))
         if fullname not in self._names:
             return None
         spec = _find_elsewhere(fullname, path, target)

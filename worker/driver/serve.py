@@ -9,7 +9,9 @@ streaming call, overlapping calls, a cancel, a namespace event, shutdown,
 end of stream: whatever the intake leader hands to the loop; a set_env
 before any call is applied by the leader), or
 once the worker has been idle for _WARM_UP_IDLE_S; until then `_BootLoop`
-stands in for the loop and keeps what is handed to it, in order.
+stands in for the loop and keeps what is handed to it, in order. A call's
+own `import asyncio` (most tool modules have one) is deferred until then
+too (lazy.py): a first sync call does not wait for asyncio's body.
 """
 
 import gc
@@ -203,9 +205,9 @@ def _new_loop():
 
 
 def _serve(channel, channel_fd, worker_id, agentix_setup):
-    # asyncio's ssl is deferred (lazy.py) until asyncio is imported, by us or
-    # by a call.
-    deferring = _lazy.deferring()
+    # asyncio is deferred (lazy.py) until the loop starts or a call reads
+    # it, and its ssl, inspect and locale until the warm-up.
+    deferring = _lazy.deferring(_lazy.BOOT_DEFERRED)
     deferring.__enter__()
     try:
         boot_loop = _BootLoop()

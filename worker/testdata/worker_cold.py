@@ -49,22 +49,42 @@ def env_and_imported(name, names):
 
 def asyncio_first():
     """A first call that imports asyncio itself and runs a coroutine: what
-    it sees of `inspect` and `locale` (deferred while asyncio is imported)
-    before and after using them."""
+    it sees of asyncio before using it (deferred: its body not run), then of
+    `inspect` and `locale` (deferred while asyncio's body ran) before and
+    after using them."""
     import asyncio
 
-    before = type(sys.modules["inspect"]).__name__
-    locale_before = type(sys.modules["locale"]).__name__
+    deferred = [type(asyncio).__name__, "asyncio.events" in sys.modules]
 
     async def seven():
         return 7
 
     value = asyncio.run(seven())
+    before = type(sys.modules["inspect"]).__name__
+    locale_before = type(sys.modules["locale"]).__name__
     import inspect
     import locale
-    return [before, value, str(inspect.signature(sleep)),
-            type(sys.modules["inspect"]).__name__, locale_before,
-            locale.normalize("en_US"), type(sys.modules["locale"]).__name__]
+    return deferred + [type(asyncio).__name__, before, value,
+                       str(inspect.signature(sleep)),
+                       type(sys.modules["inspect"]).__name__, locale_before,
+                       locale.normalize("en_US"),
+                       type(sys.modules["locale"]).__name__]
+
+
+def asyncio_submodule_first():
+    """A first call whose `import asyncio.events` runs the deferred
+    package's body (which imports asyncio.events itself): one module per
+    name, each with its own spec."""
+    import asyncio
+    before = type(asyncio).__name__
+    import asyncio.events
+    from asyncio.subprocess import create_subprocess_exec
+    events = sys.modules["asyncio.events"]
+    return [before, asyncio.events is events,
+            asyncio.AbstractEventLoop is events.AbstractEventLoop,
+            create_subprocess_exec is asyncio.create_subprocess_exec,
+            events.__spec__.name,
+            type(events.__spec__.loader).__name__ != "_Imported"]
 
 
 def note_modules_at_exit(path, names):

@@ -952,6 +952,61 @@ def deferred_module_race(directory, threads, fail=False):
         sys.path.remove(directory)
 
 
+def deferred_package_race(directory):
+    """Defers a fresh package whose body sleeps 100 ms, then imports its
+    submodule; one thread reads the package (running that body), a second
+    imports the submodule meanwhile. Returns (what each thread got, or
+    "hung" if one still waits after 5 s; times the package's and the
+    submodule's bodies ran; whether the package's `sub` is the one in
+    sys.modules)."""
+    import builtins
+    import importlib
+    import threading
+    from _agentix_driver import lazy
+    name = f"lazy_package_probe_{os.getpid()}"
+    os.makedirs(os.path.join(directory, name), exist_ok=True)
+    with open(os.path.join(directory, name, "__init__.py"), "w") as f:
+        f.write("import builtins, time\n"
+                "builtins._lazy_package_runs += 1\n"
+                "time.sleep(0.1)\n"
+                "from . import sub\n"
+                "VALUE = sub.VALUE\n")
+    with open(os.path.join(directory, name, "sub.py"), "w") as f:
+        f.write("import builtins\n"
+                "builtins._lazy_sub_runs += 1\n"
+                "VALUE = 42\n")
+    sys.path.insert(0, directory)
+    builtins._lazy_package_runs = 0
+    builtins._lazy_sub_runs = 0
+    seen = {}
+    try:
+        with lazy.deferring((name,)):
+            package = __import__(name)
+
+            def read():
+                seen["read"] = package.VALUE
+
+            def import_sub():
+                while builtins._lazy_package_runs == 0:  # the body runs
+                    time.sleep(0.001)
+                seen["import"] = importlib.import_module(name + ".sub").VALUE
+
+            threads = [threading.Thread(target=read, daemon=True),
+                       threading.Thread(target=import_sub, daemon=True)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(5)
+            if any(t.is_alive() for t in threads):
+                return ("hung", builtins._lazy_package_runs,
+                        builtins._lazy_sub_runs, None)
+        return (sorted(seen.items()), builtins._lazy_package_runs,
+                builtins._lazy_sub_runs,
+                package.sub is sys.modules[name + ".sub"])
+    finally:
+        sys.path.remove(directory)
+
+
 def import_while_deferring_ends(directory):
     """Imports a fresh module while the boot thread leaves `deferring()`
     (as a call does when it runs during boot): a finder just before
