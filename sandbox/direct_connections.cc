@@ -8,14 +8,45 @@
 
 namespace agentix::sandbox {
 
-std::optional<uint64_t> DirectConnections::Reserve(uint64_t generation) {
+std::optional<uint64_t> DirectConnections::Reserve(uint64_t generation,
+                                                   std::string_view client) {
   absl::MutexLock lock(&mu_);
   // A worker reports its exit before the session manager forgets it: a
   // hand-over in between must not count a connection no one will close.
   if (live_.size() >= max_live_ || gone_.contains(generation)) return std::nullopt;
   const uint64_t conn = next_++;
-  live_.emplace(conn, Entry{generation});
+  live_.emplace(conn, Entry{generation, false, false, std::string(client)});
+  Client& counted = clients_[std::string(client)];
+  ++counted.live;
+  counted.orphaned_at = absl::InfiniteFuture();
   return conn;
+}
+
+void DirectConnections::Unlive(const std::string& client) {
+  auto it = clients_.find(client);
+  if (it == clients_.end() || it->second.live == 0) return;
+  if (--it->second.live == 0) it->second.orphaned_at = absl::Now();
+}
+
+std::vector<std::string> DirectConnections::TakeOrphans(absl::Time now,
+                                                        absl::Duration after) {
+  std::vector<std::string> orphans;
+  absl::MutexLock lock(&mu_);
+  for (auto it = clients_.begin(); it != clients_.end();) {
+    auto next = std::next(it);
+    if (it->second.live == 0 && now - it->second.orphaned_at >= after) {
+      orphans.push_back(it->first);
+      clients_.erase(it);
+    }
+    it = next;
+  }
+  return orphans;
+}
+
+bool DirectConnections::HasLive(std::string_view client) {
+  absl::MutexLock lock(&mu_);
+  auto it = clients_.find(std::string(client));
+  return it != clients_.end() && it->second.live > 0;
 }
 
 void DirectConnections::Commit(uint64_t conn, bool guard_counted) {
@@ -37,7 +68,12 @@ void DirectConnections::Commit(uint64_t conn, bool guard_counted) {
 
 void DirectConnections::Cancel(uint64_t conn) {
   absl::MutexLock lock(&mu_);
-  live_.erase(conn);
+  auto it = live_.find(conn);
+  if (it == live_.end()) return;
+  // A session the worker held before stays timed (a collapse of nothing
+  // held does nothing).
+  Unlive(it->second.client);
+  live_.erase(it);
 }
 
 void DirectConnections::Drop(const Entry& entry) {
@@ -60,6 +96,7 @@ void DirectConnections::OnDirectClosed(uint64_t generation, uint64_t conn,
     }
     entry = it->second;
     live_.erase(it);
+    Unlive(entry.client);
   }
   AGX_LOG(Debug, "direct connection {} closed: {}", conn, std::string(why));
   Drop(entry);
@@ -74,6 +111,7 @@ void DirectConnections::OnDirectWorkerGone(uint64_t generation) {
       auto next = std::next(it);
       if (it->second.generation == generation) {
         gone.push_back(it->second);
+        Unlive(it->second.client);
         live_.erase(it);
       }
       it = next;

@@ -7,11 +7,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "sandbox/stream_activity.h"
 #include "sandbox/worker_process.h"
 
@@ -24,9 +27,10 @@ class DirectConnections final : public DirectLinkListener {
   DirectConnections(size_t max_live, StreamActivity* activity)
       : max_live_(max_live), activity_(activity) {}
 
-  // A number for a connection about to be handed to the worker of
-  // `generation`, counted from here on; nullopt when max_live are live.
-  std::optional<uint64_t> Reserve(uint64_t generation);
+  // A number for a connection of `client` about to be handed to the worker
+  // of `generation`, counted from here on; nullopt when max_live are live.
+  std::optional<uint64_t> Reserve(uint64_t generation,
+                                  std::string_view client = {});
   // The connection's descriptor was handed over (HandOverConnection said
   // `guard_counted`) and the daemon's is closed: it is counted as open
   // until the worker reports it closed.
@@ -45,13 +49,27 @@ class DirectConnections final : public DirectLinkListener {
   // (a confused or hostile worker; logged once each).
   uint64_t unknown_closes();
 
+  // The orphan timer (--direct_orphan_s): clients whose last connection
+  // closed at least `after` before `now` and none came back since; each is
+  // returned once per orphaning.
+  std::vector<std::string> TakeOrphans(absl::Time now, absl::Duration after);
+  // Whether a connection of `client` is reserved or live.
+  bool HasLive(std::string_view client);
+
  private:
   struct Entry {
     uint64_t generation = 0;
     bool committed = false;
     bool guard_counted = false;
+    std::string client;
+  };
+  // A client's live connections, and since when it has none.
+  struct Client {
+    size_t live = 0;
+    absl::Time orphaned_at = absl::InfiniteFuture();
   };
   void Drop(const Entry& entry);
+  void Unlive(const std::string& client) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t max_live_;
   StreamActivity* const activity_;
@@ -61,6 +79,7 @@ class DirectConnections final : public DirectLinkListener {
   uint64_t unknown_closes_ ABSL_GUARDED_BY(mu_) = 0;
   // Generations whose worker exited (one entry per worker started).
   absl::flat_hash_set<uint64_t> gone_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Client> clients_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace agentix::sandbox

@@ -2,6 +2,9 @@
 // worker reports them closed or exits, whatever the order.
 #include "sandbox/direct_connections.h"
 
+#include <string>
+#include <vector>
+
 #include <catch2/catch.hpp>
 
 namespace agentix::sandbox {
@@ -53,6 +56,34 @@ TEST_CASE("A close before the commit, a cancel and a gone worker's late "
   direct.OnDirectWorkerGone(1);
   CHECK(!direct.Reserve(1).has_value());  // that worker is gone
   CHECK(direct.Reserve(2).has_value());
+}
+
+TEST_CASE("A client is an orphan once its last connection is closed for the "
+          "timeout, reported once", "[direct]") {
+  DirectConnections direct(8, nullptr);
+  const absl::Duration after = absl::Seconds(30);
+  auto a1 = direct.Reserve(1, "a");
+  auto a2 = direct.Reserve(1, "a");
+  auto b1 = direct.Reserve(1, "b");
+  for (auto conn : {a1, a2, b1}) direct.Commit(*conn, false);
+  CHECK(direct.HasLive("a"));
+  direct.OnDirectClosed(1, *a1, "eof");
+  CHECK(direct.HasLive("a"));  // one left
+  const absl::Time far = absl::Now() + absl::Hours(1);
+  CHECK(direct.TakeOrphans(far, after).empty());
+  direct.OnDirectClosed(1, *a2, "eof");
+  CHECK(!direct.HasLive("a"));
+  CHECK(direct.TakeOrphans(absl::Now(), after).empty());  // not yet
+  // One came back meanwhile: the clock starts again at its close.
+  auto a3 = direct.Reserve(1, "a");
+  direct.Commit(*a3, false);
+  CHECK(direct.TakeOrphans(far, after).empty());
+  direct.OnDirectClosed(1, *a3, "status 0 written");
+  CHECK(direct.TakeOrphans(far, after) == std::vector<std::string>{"a"});
+  CHECK(direct.TakeOrphans(far, after).empty());  // once
+  // A worker's exit orphans its clients too (their collapse finds nothing).
+  direct.OnDirectWorkerGone(1);
+  CHECK(direct.TakeOrphans(far, after) == std::vector<std::string>{"b"});
 }
 
 }  // namespace

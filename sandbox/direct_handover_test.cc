@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -23,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "sandbox/connection_guard.h"
 #include "sandbox/direct_connections.h"
+#include "sandbox/direct_orphan_timer.h"
 #include "sandbox/fake_worker_calls.h"
 #include "sandbox/frame_wire_server.h"
 #include "wire/frame_codec.h"
@@ -157,6 +159,13 @@ std::string Start(const std::string& id, const std::string& callable,
 
 std::string HalfClose() { return EncodeFrame(FrameKind::kHalfClose, ""); }
 
+std::string Resume(const std::vector<std::string>& ids) {
+  CallsRequest request;
+  auto* resume = request.add_events()->mutable_resume();
+  for (const std::string& id : ids) resume->add_call_ids(id);
+  return EncodeFrame(FrameKind::kMessage, request.SerializeAsString());
+}
+
 bool Eventually(const std::function<bool()>& done,
                 absl::Duration timeout = absl::Seconds(10)) {
   const absl::Time deadline = absl::Now() + timeout;
@@ -183,6 +192,9 @@ struct Setup {
   size_t max_concurrent_calls = 0;
   size_t payload_ring_bytes = ipc::kDefaultRingBytes;
   std::vector<std::string> env;
+  absl::Duration collapse_timeout = absl::Seconds(5);
+  // The orphan timer's timeout (none when zero).
+  absl::Duration orphan_after = absl::ZeroDuration();
 };
 
 struct Harness {
@@ -196,8 +208,16 @@ struct Harness {
     session.worker.payload_ring_bytes = setup.payload_ring_bytes;
     session.max_concurrent_calls = setup.max_concurrent_calls;
     session.worker.ready_timeout = absl::Seconds(2);
+    session.direct_collapse_timeout = setup.collapse_timeout;
     if (setup.flag) session.worker.direct_listener = direct;
     manager = std::make_unique<SessionManager>(std::move(session));
+    if (setup.orphan_after > absl::ZeroDuration()) {
+      orphans = std::make_unique<DirectOrphanTimer>(
+          *direct, setup.orphan_after, [this](const std::string& client) {
+            manager->AskCollapse(client,
+                                 [&] { return !direct->HasLive(client); });
+          });
+    }
     FrameWireOptions wire;
     wire.path = dir + "/d.sock.calls";
     wire.gate = TokenGate::Fixed(kToken);
@@ -208,6 +228,7 @@ struct Harness {
     REQUIRE(server->Start().ok());
   }
   ~Harness() {
+    orphans.reset();
     server->Stop();
     manager.reset();
     ::rmdir(dir.c_str());
@@ -222,6 +243,7 @@ struct Harness {
   std::shared_ptr<DirectConnections> direct;
   std::unique_ptr<SessionManager> manager;
   std::unique_ptr<FrameWireServer> server;
+  std::unique_ptr<DirectOrphanTimer> orphans;
 };
 
 TEST_CASE("A connection asking for direct calls is served by the worker; "
@@ -383,6 +405,130 @@ TEST_CASE("Handed-over connections count against --max-connections until the "
   }
   limits.max_connections = 1024;  // the later cases' default
   REQUIRE(StartConnectionGuard(limits).ok());
+}
+
+// Stage 4b: the collapse (docs/DIRECT-CALLS.md). The fake worker's direct
+// session retains its results until acked and runs fake::sleep.
+TEST_CASE("A relayed connection of a direct client takes its session back: "
+          "retained results replayed, a running call's result delivered "
+          "relayed, finished ids refused, known ids ignored",
+          "[direct][collapse]") {
+  Harness h;
+  Host direct(h.path);
+  direct.Hello(true, "client-a", Start("acked", "fake::echo", "x"));
+  REQUIRE(h.IsDirect(direct.NextResult()));
+  direct.Send(Start("kept", "fake::echo", "x"));
+  const std::string kept = direct.NextResult();
+  REQUIRE(h.IsDirect(kept));
+  // In one message, in order: the ack, then a call that runs 700 ms.
+  CallsRequest both;
+  both.add_events()->mutable_ack()->set_call_id("acked");
+  AddStart(both, "running", "fake::sleep", "700");
+  direct.Send(EncodeFrame(FrameKind::kMessage, both.SerializeAsString()));
+  // (The fake publishes no running count: a moment for it to read them;
+  // it reads its direct sockets before its link in each turn anyway.)
+  absl::SleepFor(absl::Milliseconds(100));
+  CHECK(h.manager->HoldsDirectSession("client-a"));
+
+  Host relayed(h.path);
+  relayed.Hello(false, "client-a", Resume({"kept", "running"}));
+  // The direct connection ends as after any cut: the host reconnects.
+  CHECK(direct.ReadStatus() == absl::StatusCode::kUnavailable);
+  CHECK(relayed.NextResult() == kept);         // replayed by the daemon
+  CHECK(relayed.NextResult() == "done");       // the worker's later output
+  CHECK(!h.manager->HoldsDirectSession("client-a"));
+  relayed.Send(Start("acked", "fake::echo", "again"));
+  CHECK(relayed.NextResult() == "error ResultUnavailable");
+  // A known id is ignored: the next answer is the next call's.
+  relayed.Send(Start("kept", "fake::echo", "again") +
+               Start("new", "fake::echo", "relayed"));
+  CHECK(relayed.NextResult() == "relayed");
+  REQUIRE(Eventually([&] { return h.direct->live() == 0; }));
+  relayed.Send(HalfClose());
+  CHECK(relayed.ReadStatus() == absl::StatusCode::kOk);
+}
+
+TEST_CASE("A client's new direct connection joins its held session; without "
+          "a session a relayed connection waits for nothing",
+          "[direct][collapse]") {
+  Harness h;
+  Host first(h.path);
+  first.Hello(true, "client-a", Start("c1", "fake::echo", "x"));
+  REQUIRE(h.IsDirect(first.NextResult()));
+  Host second(h.path);
+  second.Hello(true, "client-a", Start("c2", "fake::echo", "x"));
+  CHECK(h.IsDirect(second.NextResult()));
+  CHECK(h.manager->HoldsDirectSession("client-a"));
+  const absl::Time before = absl::Now();
+  Host other(h.path);
+  other.Hello(false, "client-b", Start("c3", "fake::echo", "relayed"));
+  CHECK(other.NextResult() == "relayed");
+  CHECK(absl::Now() - before < absl::Seconds(2));
+  CHECK(h.manager->HoldsDirectSession("client-a"));
+}
+
+TEST_CASE("A worker that does not answer the collapse: the relayed "
+          "connection ends with UNAVAILABLE; no hand-over meanwhile",
+          "[direct][collapse]") {
+  Setup setup;
+  setup.env.push_back("FAKE_WORKER_COLLAPSE=ignore");
+  setup.collapse_timeout = absl::Milliseconds(300);
+  Harness h(setup);
+  Host direct(h.path);
+  direct.Hello(true, "client-a", Start("c1", "fake::echo", "x"));
+  REQUIRE(h.IsDirect(direct.NextResult()));
+  Host relayed(h.path);
+  relayed.Hello(false, "client-a", Start("c2", "fake::echo", "relayed"));
+  CHECK(relayed.ReadStatus() == absl::StatusCode::kUnavailable);
+  // The collapse stays asked: the client's next connections are relayed
+  // and wait for it too.
+  Host again(h.path);
+  again.Hello(true, "client-a", Start("c3", "fake::echo", "relayed"));
+  CHECK(again.ReadStatus() == absl::StatusCode::kUnavailable);
+  CHECK(h.manager->HoldsDirectSession("client-a"));
+  CHECK(h.direct->live() == 1);
+}
+
+TEST_CASE("A worker that dies while a collapse waits: the connection is "
+          "served relayed by the next worker", "[direct][collapse]") {
+  Setup setup;
+  setup.env.push_back("FAKE_WORKER_COLLAPSE=ignore");
+  Harness h(setup);
+  Host direct(h.path);
+  direct.Hello(true, "client-a", Start("c1", "fake::echo", "x"));
+  REQUIRE(h.IsDirect(direct.NextResult()));
+  const int64_t pid = h.manager->Info().worker_pid;
+  Host relayed(h.path);
+  relayed.Hello(false, "client-a", Start("c2", "fake::echo", "relayed"));
+  absl::SleepFor(absl::Milliseconds(200));  // the collapse is waiting
+  REQUIRE(::kill(static_cast<pid_t>(pid), SIGKILL) == 0);
+  CHECK(relayed.NextResult() == "relayed");
+  CHECK(!h.manager->HoldsDirectSession("client-a"));
+}
+
+TEST_CASE("An orphaned session is collapsed after the timeout; one with a "
+          "live connection is not", "[direct][collapse]") {
+  Setup setup;
+  setup.orphan_after = absl::Milliseconds(200);
+  Harness h(setup);
+  Host stays(h.path);
+  stays.Hello(true, "client-b", Start("b1", "fake::echo", "x"));
+  REQUIRE(h.IsDirect(stays.NextResult()));
+  Host leaves(h.path);
+  leaves.Hello(true, "client-a", Start("a1", "fake::sleep", "300"));
+  REQUIRE(Eventually([&] { return h.direct->live() == 2; }));
+  ::shutdown(leaves.fd(), SHUT_RDWR);  // a cut: the call runs on
+  REQUIRE(Eventually([&] { return h.direct->live() == 1; }));
+  REQUIRE(Eventually([&] { return !h.manager->HoldsDirectSession("client-a"); },
+                     absl::Seconds(5)));
+  // The daemon holds it now: its result arrives there, and the client's
+  // reconnect (direct asked, not eligible: the daemon holds its calls) is
+  // relayed and resumes it.
+  Host back(h.path);
+  back.Hello(true, "client-a", Resume({"a1"}));
+  CHECK(back.NextResult() == "done");
+  CHECK(h.manager->HoldsDirectSession("client-b"));
+  CHECK(h.direct->live() == 1);
 }
 
 }  // namespace

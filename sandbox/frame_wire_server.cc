@@ -454,7 +454,8 @@ class FrameWireServer::Connection {
         ProcessFrames(paused);
         if (direct_wanted_) {
           if (TryHandOver()) return;  // the worker's now
-          ProcessFrames(paused);  // relayed: what came after HELLO
+          // Relayed: what came after HELLO, once the client's state is here.
+          if (CollapseHeldSession()) ProcessFrames(paused);
         }
         state = sink_->Get();
       }
@@ -899,7 +900,21 @@ class FrameWireServer::Connection {
     hello_done_ = true;
     // A ring whose memfd could not be kept cannot go with the socket.
     direct_wanted_ = direct_asked && (ring_ == nullptr || direct_ring_fd_.valid());
-    return true;
+    return direct_wanted_ || CollapseHeldSession();
+  }
+
+  // A Calls connection served relayed while the worker holds its client's
+  // direct session waits until that session is the daemon's (the
+  // collapse, docs/DIRECT-CALLS.md): its ResumeCalls then replays as
+  // always. False (the stream ended with UNAVAILABLE; the host reconnects)
+  // when the worker did not hand it back in time.
+  bool CollapseHeldSession() {
+    if (server_->options_.direct == nullptr) return true;
+    const absl::Status collapsed = manager_->CollapseDirect(
+        sink_->client_id(), manager_->options().direct_collapse_timeout);
+    if (collapsed.ok()) return true;
+    sink_->End(absl::StatusCode::kUnavailable, collapsed.message(), false);
+    return false;
   }
 
   // Direct calls (docs/DIRECT-CALLS.md): hands this Calls connection, the
@@ -961,7 +976,8 @@ class FrameWireServer::Connection {
   bool SendToWorker(WorkerProcess& worker, DirectConnections& direct,
                     uint64_t& conn) {
     if (!worker.direct_capable() || worker.payloads() == nullptr) return false;
-    std::optional<uint64_t> reserved = direct.Reserve(worker.generation());
+    std::optional<uint64_t> reserved =
+        direct.Reserve(worker.generation(), sink_->client_id());
     if (!reserved) {
       AGX_LOG(Debug, "direct connections at their cap: serving one relayed");
       return false;

@@ -103,6 +103,16 @@ class CallsReactor final : public ServerStream<CallsRequest, CallsResponse> {
  private:
   void OnStart() override {
     sink_->SetClientId(ClientIdOf(server_context()));
+    // A client whose direct session the worker holds is served here only
+    // once that session is the daemon's (docs/DIRECT-CALLS.md, collapse).
+    // The completion queue's thread waits: a few ms, at most the bound.
+    const absl::Status collapsed = manager_->CollapseDirect(
+        sink_->client_id(), manager_->options().direct_collapse_timeout);
+    if (!collapsed.ok()) {
+      sink_->Fail(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               std::string(collapsed.message())));
+      return;
+    }
     StartRead(&request_);
   }
 

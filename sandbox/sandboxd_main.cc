@@ -44,6 +44,7 @@
 #include "sandbox/placement_prober.h"
 #include "sandbox/connection_guard.h"
 #include "sandbox/direct_connections.h"
+#include "sandbox/direct_orphan_timer.h"
 #include "sandbox/frame_wire_server.h"
 #include "sandbox/grpc_executor.h"
 #include "sandbox/health_service.h"
@@ -185,6 +186,11 @@ ABSL_FLAG(bool, direct_calls, false,
           "is relayed as without the flag. At most min(--max_connections, "
           "256) are handed over at once; they count against "
           "--max_connections until the worker reports them closed");
+ABSL_FLAG(int32_t, direct_orphan_s, 30,
+          "with --direct_calls: a client whose last handed-over connection "
+          "closed and none came back within this many seconds has its "
+          "calls taken back from the worker (collapsed), so the daemon's "
+          "retention bounds and GetStatus see them (at least 1)");
 ABSL_FLAG(bool, calls_socket, true,
           "for each --listen unix:///PATH also listen on PATH.calls (mode "
           "0600, removed on exit): the frame wire, the Calls stream over a "
@@ -660,6 +666,17 @@ int Run(int argc, char** raw_argv) {
     options.worker.extra_args.push_back("--direct_calls");
   }
   SessionManager manager(options);
+  // After the manager, so it stops first.
+  std::unique_ptr<DirectOrphanTimer> orphan_timer;
+  if (direct_connections != nullptr) {
+    orphan_timer = std::make_unique<DirectOrphanTimer>(
+        *direct_connections,
+        absl::Seconds(std::max(1, absl::GetFlag(FLAGS_direct_orphan_s))),
+        [&manager, direct = direct_connections.get()](const std::string& client) {
+          // Not if a connection of the client came back meanwhile.
+          manager.AskCollapse(client, [&] { return !direct->HasLive(client); });
+        });
+  }
   // Whatever the way out, the prober stops before the manager it watches.
   absl::Cleanup stop_prober = [&prober] {
     if (prober != nullptr) prober->Stop();

@@ -403,7 +403,18 @@ void SessionManager::AddArgumentChunk(const std::shared_ptr<CallSink>& sink,
 void SessionManager::Cancel(const std::string& call_id,
                             std::vector<Delivery>& out) {
   Call* call = table_.FindOpen(call_id);
-  if (call == nullptr) return;
+  if (call == nullptr) {
+    // Perhaps another client's direct call: the worker's session tells its
+    // owner Cancelled (the driver answers the cancel), or nothing happens.
+    if (!direct_held_.empty() && worker_ && !call_id.empty() &&
+        call_id.size() <= kMaxCallIdBytes) {
+      ipc::Frame cancel;
+      cancel.type = ipc::FrameType::kCancel;
+      cancel.call_id = call_id;
+      SendToWorker(cancel);
+    }
+    return;
+  }
   // The owner is told, whoever sent the cancel (the original left it hanging).
   FailCall(call_id, *call,
            MakeCallError(call_id, "Cancelled", "remote call cancelled",
@@ -820,6 +831,10 @@ bool SessionManager::ApplyWorkerFrame(uint64_t generation, ipc::Frame& frame,
     return false;  // WorkerProcess tracks readiness and reports boot errors
   }
   if (!calls::IsCallOutput(frame.type)) {
+    if (frame.type == FrameType::kSessionState) {
+      ApplySessionState(generation, frame, out);
+      return false;
+    }
     if (frame.type == FrameType::kEnvSet) {  // the calls wait for it
       env_set_generation_ = generation;
       env_set_detail_ = std::move(frame.detail);
@@ -886,6 +901,14 @@ void SessionManager::OnWorkerExit(uint64_t generation,
     Post(out);
   }
   DeliverPosted();
+  {
+    // Last, after the ledger's calls are the daemon's: a connection waiting
+    // for a collapse of this worker's sessions goes on (CollapseDirect).
+    absl::MutexLock lock(&mu_);
+    absl::erase_if(direct_held_, [generation](const auto& entry) {
+      return entry.second.generation == generation;
+    });
+  }
 }
 
 void SessionManager::ReleaseMemorySoon() {
@@ -1079,6 +1102,21 @@ size_t SessionManager::AdoptDirectSession(const std::string& client,
   size_t adopted = 0;
   {
     absl::MutexLock lock(&mu_);
+    adopted = AdoptCollapsed(worker_ ? worker_->generation() : 0, client,
+                             state, out);
+    Post(out);
+  }
+  DeliverPosted();
+  return adopted;
+}
+
+size_t SessionManager::AdoptCollapsed(uint64_t generation,
+                                      const std::string& client,
+                                      const ipc::SessionState& state,
+                                      std::vector<Delivery>& out) {
+  const bool live = worker_ && worker_->generation() == generation;
+  size_t adopted = 0;
+  {
     for (const std::string& id : state.finished) table_.RememberFinished(id);
     for (const ipc::CollapsedCall& collapsed : state.calls) {
       if (table_.Find(collapsed.id) != nullptr ||
@@ -1099,7 +1137,7 @@ size_t SessionManager::AdoptDirectSession(const std::string& client,
       Call& call = table_.calls()[collapsed.id];
       call.client = client;
       if (collapsed.running) {
-        if (!worker_) {
+        if (!live) {
           // The worker is gone: it ends as its other calls did.
           events.push_back(NewCallError(
               collapsed.id, "WorkerDied", "runtime worker exited",
@@ -1112,14 +1150,12 @@ size_t SessionManager::AdoptDirectSession(const std::string& client,
       }
       for (size_t i = 0; i < events.size(); ++i) {
         const bool terminal =
-            i + 1 == events.size() && (!collapsed.running || !worker_);
+            i + 1 == events.size() && (!collapsed.running || !live);
         Emit(collapsed.id, call, std::move(events[i]), terminal, out);
       }
       ++adopted;
     }
-    Post(out);
   }
-  DeliverPosted();
   return adopted;
 }
 
@@ -1260,11 +1296,99 @@ SessionManager::DirectHandOver SessionManager::HandOverDirect(
   if (shut_down_ || worker_ == nullptr) return DirectHandOver::kNoWorker;
   if (!worker_->booted()) return DirectHandOver::kBooting;
   if (env_pending_generation_ != 0) return DirectHandOver::kNotEligible;
+  // A session on its way back is the daemon's already.
+  if (auto held = direct_held_.find(client_id);
+      held != direct_held_.end() && held->second.collapse_asked) {
+    return DirectHandOver::kNotEligible;
+  }
   for (const auto& [id, call] : table_.calls()) {
     if (call.client == client_id) return DirectHandOver::kNotEligible;
   }
-  return hand_over(*worker_) ? DirectHandOver::kHandedOver
-                             : DirectHandOver::kNotEligible;
+  if (!hand_over(*worker_)) return DirectHandOver::kNotEligible;
+  direct_held_[client_id].generation = worker_->generation();
+  return DirectHandOver::kHandedOver;
+}
+
+bool SessionManager::HoldsDirectSession(const std::string& client) {
+  absl::MutexLock lock(&mu_);
+  return direct_held_.contains(client);
+}
+
+void SessionManager::SendCollapse(const std::string& client,
+                                  HeldSession& held) {
+  held.collapse_asked = true;
+  // A replaced worker's exit ends the wait (OnWorkerExit).
+  if (!worker_ || worker_->generation() != held.generation) return;
+  ipc::Frame frame;
+  frame.type = ipc::FrameType::kCollapse;
+  frame.direct_conn.client = client;
+  SendToWorker(frame);
+  FlushToWorker();
+}
+
+bool SessionManager::AskCollapse(const std::string& client,
+                                 absl::FunctionRef<bool()> still_wanted) {
+  absl::MutexLock lock(&mu_);
+  auto it = direct_held_.find(client);
+  if (it == direct_held_.end() || it->second.collapse_asked ||
+      !still_wanted()) {
+    return false;
+  }
+  SendCollapse(client, it->second);
+  return true;
+}
+
+absl::Status SessionManager::CollapseDirect(const std::string& client,
+                                            absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto it = direct_held_.find(client);
+  if (it == direct_held_.end()) return absl::OkStatus();
+  if (!it->second.collapse_asked) SendCollapse(client, it->second);
+  // The reader thread adopts the session and erases its entry; the
+  // worker's exit erases it too.
+  auto settled = [this, &client]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return shut_down_ || !direct_held_.contains(client);
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&settled), timeout);
+  if (!direct_held_.contains(client)) return absl::OkStatus();
+  if (shut_down_) {
+    return absl::UnavailableError("the sandbox daemon is shutting down");
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "the runtime worker did not hand back this client's direct calls "
+      "within ", absl::FormatDuration(timeout), "; reconnect to retry"));
+}
+
+void SessionManager::ApplySessionState(uint64_t generation, ipc::Frame& frame,
+                                       std::vector<Delivery>& out) {
+  const std::string& client = frame.direct_conn.client;
+  auto it = direct_held_.find(client);
+  if (it == direct_held_.end() || !it->second.collapse_asked ||
+      it->second.generation != generation) {
+    AGX_LOG(Warning, "worker generation {} sent a 'session_state' frame for "
+            "a client whose session was not asked back ({} bytes of id); "
+            "ignored", generation, client.size());
+    return;
+  }
+  HeldSession& held = it->second;
+  // Retained results are bounded in the worker as here; the finished ids
+  // add at most 65,536 ids. Past that the worker is not to be believed.
+  const size_t bound = options_.max_retained_bytes + (size_t{64} << 20);
+  held.received_bytes += frame.record.size();
+  if (held.received_bytes > bound) {
+    AGX_LOG(Warning, "a collapsed direct session is over {} bytes: the rest "
+            "of it is dropped", bound);
+  } else if (absl::Status decoded =
+                 ipc::DecodeSessionStatePiece(frame.record, held.received);
+             !decoded.ok()) {
+    AGX_LOG(Warning, "a collapsed direct session's piece is malformed ({}); "
+            "dropped", std::string(decoded.message()));
+  }
+  if (!frame.last) return;
+  const size_t adopted = AdoptCollapsed(generation, client, held.received, out);
+  AGX_LOG(Debug, "a direct session came back from the worker: {} calls, {} "
+          "finished ids", adopted, held.received.finished.size());
+  direct_held_.erase(it);
 }
 
 }  // namespace agentix::sandbox

@@ -105,6 +105,9 @@ struct SessionOptions {
   absl::Duration paused_subscriber_timeout = absl::Seconds(60);
   // Plugin-namespace streams open at once, over all hosts.
   size_t max_namespace_streams = 256;
+  // Direct calls: how long a relayed stream of a client waits for the
+  // worker to hand back that client's direct session (CollapseDirect).
+  absl::Duration direct_collapse_timeout = absl::Seconds(5);
 };
 
 struct SessionInfo {
@@ -257,6 +260,27 @@ class SessionManager : public WorkerProcess::Listener {
   DirectHandOver HandOverDirect(
       const std::string& client_id,
       absl::FunctionRef<bool(WorkerProcess& worker)> hand_over);
+
+  // Direct calls, stage 4: `client`'s session comes back to the daemon
+  // (docs/DIRECT-CALLS.md, "one owner at a time"). When the live worker
+  // holds it (a connection of the client was handed over since the last
+  // collapse), sends `collapse{client}` unless already sent, and waits up
+  // to `timeout` for the worker's last session_state piece; its calls are
+  // adopted on the worker's reader thread, before any later output of
+  // theirs. OK once the daemon holds the client's state: nothing was held,
+  // it was adopted, or the worker exited (the ledger's path). Unavailable
+  // when the worker did not answer in time (the collapse stays asked: a
+  // late answer is still adopted) or the daemon is shutting down.
+  absl::Status CollapseDirect(const std::string& client,
+                              absl::Duration timeout);
+  // Sends `collapse{client}` without waiting when the worker holds the
+  // session, none is asked yet and `still_wanted()` holds — checked under
+  // the manager's lock, so no hand-over of the client comes between (the
+  // orphan timer). True when it was sent.
+  bool AskCollapse(const std::string& client,
+                   absl::FunctionRef<bool()> still_wanted);
+  // Whether the live worker holds a direct session of `client`.
+  bool HoldsDirectSession(const std::string& client);
 
  private:
   // The daemon's own state of a call, beside the table's (CallTable::Call).
@@ -458,6 +482,29 @@ class SessionManager : public WorkerProcess::Listener {
   uint64_t unattributed_trace_seq_ ABSL_GUARDED_BY(mu_) = 0;
   // "namespace\0event" pairs already reported as emitted with no listener.
   absl::flat_hash_set<std::string> unrouted_reported_ ABSL_GUARDED_BY(mu_);
+
+  // Direct calls, stage 4: a client's session the worker holds, and the
+  // collapse that takes it back.
+  struct HeldSession {
+    uint64_t generation = 0;  // the worker it was handed to
+    bool collapse_asked = false;
+    ipc::SessionState received;  // session_state pieces so far
+    size_t received_bytes = 0;
+  };
+  absl::flat_hash_map<std::string, HeldSession> direct_held_
+      ABSL_GUARDED_BY(mu_);
+  void SendCollapse(const std::string& client, HeldSession& held)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One session_state piece; the last adopts the session.
+  void ApplySessionState(uint64_t generation, ipc::Frame& frame,
+                         std::vector<Delivery>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // AdoptDirectSession's body; running calls are the worker of
+  // `generation`'s if it is the live one, else WorkerDied.
+  size_t AdoptCollapsed(uint64_t generation, const std::string& client,
+                        const ipc::SessionState& state,
+                        std::vector<Delivery>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 // Builds a CallError event (exposed for the adapter and tests).

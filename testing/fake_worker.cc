@@ -38,7 +38,12 @@
 // fake), HALF_CLOSE gets STATUS 0; it then (or at EOF) closes the socket
 // and its ring memfd and reports direct_closed. Without it, a direct_conn
 // is refused as agentix-worker refuses it: STATUS 14, close, direct_closed.
-// On shutdown, each direct connection gets STATUS 14.
+// On shutdown, each direct connection gets STATUS 14. A direct
+// fake::sleep runs <arguments> ms; each direct result is retained per
+// client until acked (then a finished id). `collapse{client}` ends that
+// client's direct connections with STATUS 14 and answers session_state
+// (retained results, running sleeps, finished ids); a sleep collapsed while
+// running answers on the link. FAKE_WORKER_COLLAPSE=ignore never answers.
 // With --payload-fd=N (as the daemon passes it) payloads may arrive in the
 // payload area's ring, and result pieces of kRingMinPieceBytes or more are
 // sent through it while it has room, as agentix-worker does.
@@ -64,6 +69,7 @@
 #include "worker/ipc/frame.h"
 #include "worker/ipc/io.h"
 #include "worker/ipc/payload_area.h"
+#include "worker/ipc/session_state.h"
 
 namespace {
 
@@ -159,9 +165,18 @@ bool Pump(const std::string& id, Stream& s) {
   return true;
 }
 
+// A client's direct calls (FAKE_WORKER_DIRECT=1), until a collapse.
+struct DirectSession {
+  std::map<std::string, std::string> retained;  // id -> serialized event
+  std::set<std::string> running;                // fake::sleep calls
+  std::vector<std::string> finished;            // acked ids
+};
+std::map<std::string, DirectSession> sessions;  // by client id
+
 // A Calls connection the daemon handed over (FAKE_WORKER_DIRECT=1).
 struct DirectConn {
   uint64_t conn = 0;
+  std::string client;
   agentix::base::UniqueFd socket;
   agentix::base::UniqueFd ring;  // the host's ring memfd, held only
   std::string in;                // unparsed frame-wire bytes
@@ -190,9 +205,31 @@ void SendDirectClosed(uint64_t conn, const std::string& why) {
   Send(closed);
 }
 
+std::string DirectResultEvent(const std::string& id, int encoding,
+                              const std::string& value) {
+  agentix::runtime::v1::SandboxEvent event;
+  auto* result = event.mutable_result();
+  result->set_call_id(id);
+  result->set_encoding(static_cast<agentix::runtime::v1::Encoding>(encoding));
+  result->set_value(value);
+  result->set_value_size(value.size());
+  return event.SerializeAsString();
+}
+
+// Writes one retained event to the host as a CallsResponse.
+void WriteEvent(int fd, const std::string& serialized) {
+  agentix::runtime::v1::CallsResponse response;
+  response.add_events()->ParseFromString(serialized);
+  WriteToHost(fd, agentix::sandbox::EncodeFrame(
+                      agentix::sandbox::FrameKind::kMessage,
+                      response.SerializeAsString()));
+}
+
 // Handles what the host sent; false once the connection is over (its
-// STATUS written, or a bad frame).
-bool ServeDirect(DirectConn& d) {
+// STATUS written, or a bad frame). A fake::sleep is timed by `sleep`.
+template <typename Sleep>
+bool ServeDirect(DirectConn& d, Sleep sleep) {
+  DirectSession& session = sessions[d.client];
   using agentix::sandbox::FrameKind;
   for (;;) {
     auto frame = agentix::sandbox::ParseFrame(d.in);
@@ -216,13 +253,25 @@ bool ServeDirect(DirectConn& d) {
     if (!parsed) continue;
     agentix::runtime::v1::CallsResponse response;
     for (const auto& event : request.events()) {
+      if (event.has_ack()) {
+        if (session.retained.erase(event.ack().call_id()) > 0) {
+          session.finished.push_back(event.ack().call_id());
+        }
+        continue;
+      }
       if (!event.has_start()) continue;
+      const std::string& id = event.start().call_id();
+      if (session.retained.count(id) || session.running.count(id)) continue;
       if (event.start().callable() == "fake::kill") raise(SIGKILL);
-      auto* result = response.add_events()->mutable_result();
-      result->set_call_id(event.start().call_id());
-      result->set_encoding(event.start().encoding());
-      result->set_value("direct " + std::to_string(getpid()));
-      result->set_value_size(result->value().size());
+      if (event.start().callable() == "fake::sleep") {
+        session.running.insert(id);
+        sleep(id, std::atoi(event.start().arguments().c_str()));
+        continue;
+      }
+      const std::string serialized = DirectResultEvent(
+          id, event.start().encoding(), "direct " + std::to_string(getpid()));
+      response.add_events()->ParseFromString(serialized);
+      session.retained[id] = serialized;
     }
     if (response.events_size() > 0) {
       WriteToHost(d.socket.get(),
@@ -284,6 +333,58 @@ int main(int argc, char** argv) {
   std::multimap<Clock::time_point, std::pair<std::string, std::string>> timers;
   std::set<std::string> cancelled;
   std::map<std::string, Stream> streams;
+  auto direct_sleep = [&](const std::string& id, int ms) {
+    timers.emplace(Clock::now() + std::chrono::milliseconds(ms),
+                   std::make_pair(id, std::string("done")));
+  };
+  // A direct fake::sleep's end: to its session's host (retained), or, once
+  // collapsed, to the link like a relayed call's.
+  auto direct_end = [&](const std::string& id, const std::string& value) {
+    for (auto& [client, session] : sessions) {
+      if (session.running.erase(id) == 0) continue;
+      const std::string serialized = DirectResultEvent(id, 1, value);
+      session.retained[id] = serialized;
+      for (const auto& [fd, d] : directs) {
+        if (d.client == client) WriteEvent(fd, serialized);
+      }
+      return true;
+    }
+    return false;
+  };
+  auto collapse = [&](const std::string& client) {
+    const char* mode = std::getenv("FAKE_WORKER_COLLAPSE");
+    if (mode != nullptr && std::string(mode) == "ignore") return;
+    for (auto it = directs.begin(); it != directs.end();) {
+      auto next = std::next(it);
+      if (it->second.client == client) {
+        SendStatus(it->first, absl::StatusCode::kUnavailable,
+                   "the sandbox daemon took this client's calls back");
+        close_direct(it, "collapsed");
+      }
+      it = next;
+    }
+    agentix::ipc::SessionState state;
+    auto found = sessions.find(client);
+    if (found != sessions.end()) {
+      for (const auto& [id, event] : found->second.retained) {
+        state.calls.push_back({id, false, {event}});
+      }
+      for (const std::string& id : found->second.running) {
+        state.calls.push_back({id, true, {}});
+      }
+      state.finished = found->second.finished;
+      sessions.erase(found);
+    }
+    std::vector<std::string> pieces = agentix::ipc::EncodeSessionState(state);
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      Frame piece;
+      piece.type = FrameType::kSessionState;
+      piece.direct_conn.client = client;
+      piece.record = std::move(pieces[i]);
+      piece.last = i + 1 == pieces.size();
+      Send(piece);
+    }
+  };
 
   auto start = [&](const std::string& id, Pending& p) {
     const std::string& fn = p.callable;
@@ -411,12 +512,15 @@ int main(int argc, char** argv) {
         continue;
       }
       it->second.in.append(buffer, static_cast<size_t>(n));
-      if (!ServeDirect(it->second)) close_direct(it, "status written");
+      if (!ServeDirect(it->second, direct_sleep)) {
+        close_direct(it, "status written");
+      }
     }
     if (rc > 0 && pfds[0].revents == 0) rc = 0;  // only direct sockets
     while (!timers.empty() && timers.begin()->first <= Clock::now()) {
       auto [id, value] = timers.begin()->second;
       timers.erase(timers.begin());
+      if (direct_end(id, value)) continue;
       // fake::late answers regardless; others honour cancellation.
       if (!cancelled.count(id) || value == "late") SendResult(id, value);
     }
@@ -436,6 +540,7 @@ int main(int argc, char** argv) {
       if (f.type == FrameType::kDirectConn) {
         DirectConn d;
         d.conn = f.direct_conn.conn;
+        d.client = f.direct_conn.client;
         d.socket = std::move((*fds)[0]);
         if (fds->size() > 1) d.ring = std::move((*fds)[1]);
         if (!serve_direct) {
@@ -449,7 +554,13 @@ int main(int argc, char** argv) {
         d.in = std::move(f.data);  // what the daemon read past HELLO
         const int fd = d.socket.get();
         auto it = directs.emplace(fd, std::move(d)).first;
-        if (!ServeDirect(it->second)) close_direct(it, "status written");
+        if (!ServeDirect(it->second, direct_sleep)) {
+          close_direct(it, "status written");
+        }
+        continue;
+      }
+      if (f.type == FrameType::kCollapse) {
+        collapse(f.direct_conn.client);
         continue;
       }
       if (f.in_ring) {

@@ -4,8 +4,13 @@
 // the host on the other end of a socketpair, speaking raw frame-wire bytes.
 #include <sys/socket.h>
 
+#include <map>
+#include <string>
+#include <vector>
+
 #include "wire/frame_codec.h"
 #include "worker/ipc/descriptors.h"
+#include "worker/ipc/session_state.h"
 #include "worker/worker_test_util.h"
 
 namespace agentix::worker {
@@ -361,6 +366,94 @@ TEST_CASE("shutdown ends a running direct call, then STATUS 14") {
   REQUIRE(end.has_error());
   CHECK(end.error().call_id() == "sleep-2");
   CHECK(host.Status() == 14);
+}
+
+// The session_state pieces answering a collapse, decoded (other frames,
+// e.g. direct_closed, skipped).
+ipc::SessionState AwaitSessionState(Worker& worker, const std::string& client) {
+  ipc::SessionState state;
+  while (true) {
+    REQUIRE_OK_AND_ASSIGN(Frame frame, worker.Next(absl::Seconds(30)));
+    if (frame.type != FrameType::kSessionState) continue;
+    CHECK(frame.direct_conn.client == client);
+    REQUIRE_OK(ipc::DecodeSessionStatePiece(frame.record, state));
+    if (frame.last) return state;
+  }
+}
+
+void SendCollapse(Worker& worker, const std::string& client) {
+  Frame collapse;
+  collapse.type = FrameType::kCollapse;
+  collapse.direct_conn.client = client;
+  worker.Send(collapse);
+}
+
+TEST_CASE("collapse: STATUS 14 to the client's connection, its session as "
+          "session_state, a running call's later result on the link") {
+  Worker worker(DirectWorker());
+  worker.AwaitReady();
+  Host host(worker, 8, "client-g");
+  host.Start("done-1", "worker_fixture::echo",
+             OneArg([](auto& p) { p.pack(3); }));
+  SandboxEvent first = host.Terminal();
+  REQUIRE(first.has_result());
+  host.Start("slow-3", "worker_fixture::sleep_sync",
+             OneArg([](auto& p) { p.pack(1); }));
+  absl::SleepFor(absl::Milliseconds(200));
+  SendCollapse(worker, "client-g");
+  const ipc::SessionState state = AwaitSessionState(worker, "client-g");
+  CHECK(host.Status() == 14);
+  REQUIRE(state.calls.size() == 2);
+  std::map<std::string, ipc::CollapsedCall> calls;
+  for (const ipc::CollapsedCall& call : state.calls) calls[call.id] = call;
+  REQUIRE(calls.count("done-1") == 1);
+  CHECK(!calls["done-1"].running);
+  REQUIRE(calls["done-1"].delivered.size() == 1);
+  SandboxEvent retained;
+  REQUIRE(retained.ParseFromString(calls["done-1"].delivered[0]));
+  CHECK(retained.result().call_id() == "done-1");
+  REQUIRE(calls.count("slow-3") == 1);
+  CHECK(calls["slow-3"].running);
+  // The daemon's now: its result comes on the link.
+  while (true) {
+    REQUIRE_OK_AND_ASSIGN(Frame frame, worker.Next(absl::Seconds(30)));
+    if (frame.type != FrameType::kResult) continue;
+    CHECK(frame.call_id == "slow-3");
+    break;
+  }
+  // Another collapse of the client, or of one never seen: empty.
+  SendCollapse(worker, "client-g");
+  ipc::SessionState again = AwaitSessionState(worker, "client-g");
+  CHECK(again.calls.empty());
+  CHECK(again.finished.empty());
+  SendCollapse(worker, "nobody");
+  CHECK(AwaitSessionState(worker, "nobody").calls.empty());
+}
+
+TEST_CASE("acked ids come back as finished; a worker without --direct_calls "
+          "answers an empty session_state") {
+  SECTION("finished ids") {
+    Worker worker(DirectWorker());
+    worker.AwaitReady();
+    Host host(worker, 9, "client-h");
+    host.Start("acked-1", "worker_fixture::echo",
+               OneArg([](auto& p) { p.pack(1); }));
+    REQUIRE(host.Terminal().has_result());
+    CallsRequest ack;
+    ack.add_events()->mutable_ack()->set_call_id("acked-1");
+    host.Send(ack);
+    absl::SleepFor(absl::Milliseconds(200));
+    SendCollapse(worker, "client-h");
+    const ipc::SessionState state = AwaitSessionState(worker, "client-h");
+    CHECK(state.calls.empty());
+    CHECK(state.finished == std::vector<std::string>{"acked-1"});
+  }
+  SECTION("no direct calls") {
+    Worker worker;
+    worker.AwaitReady();
+    SendCollapse(worker, "client-i");
+    CHECK(AwaitSessionState(worker, "client-i").calls.empty());
+  }
 }
 
 }  // namespace

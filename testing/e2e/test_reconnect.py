@@ -70,6 +70,17 @@ class Proxies:
         return min(p.connections for p in self._all)
 
 
+@pytest.fixture(params=["relayed", "direct"])
+def daemon(request, start_daemon):
+    """The daemon with and without direct calls (docs/DIRECT-CALLS.md):
+    the proxy relays bytes, so with --direct_calls the daemon hands the
+    proxy's frame-wire connection to the worker and the cuts cut direct
+    connections; the guarantees are the same."""
+    if request.param == "direct":
+        return start_daemon(extra_args=["--direct_calls"])
+    return start_daemon()
+
+
 @pytest.fixture(params=["frames", "grpc"])
 def proxy(request, daemon, tmp_path, monkeypatch):
     """Cuts the Calls stream on the frame wire (AGENTIX_CALLS_WIRE=frames: a

@@ -391,6 +391,27 @@ bool RefuseDirect(PyObject* self, const ipc::Frame& frame,
   return Queue(self, closed) && Flush(self);
 }
 
+// The daemon's `collapse{client}` (docs/DIRECT-CALLS.md, stage 4): the
+// client's session goes back as session_state frames, before any later
+// output of its running calls (which now goes to the link: the session no
+// longer Owns them). A worker without direct calls holds no session: one
+// empty piece. False with an exception set.
+bool AnswerCollapse(PyObject* self, ChannelState& st, const ipc::Frame& frame) {
+  std::vector<ipc::Frame> pieces;
+  if (st.direct != nullptr) {
+    pieces = st.direct->Collapse(frame.direct_conn.client);
+  } else {
+    ipc::Frame& empty = pieces.emplace_back();
+    empty.type = ipc::FrameType::kSessionState;
+    empty.direct_conn.client = frame.direct_conn.client;
+    empty.last = true;
+  }
+  for (const ipc::Frame& piece : pieces) {
+    if (!Queue(self, piece)) return false;
+  }
+  return Flush(self);
+}
+
 // The direct connections' turn in read_frames (docs/DIRECT-CALLS.md): their
 // I/O, then the records their sessions made for the driver (the same
 // tuples a relayed call's frames give), appended to `list`; connections
@@ -512,6 +533,13 @@ PyObject* ChannelReadFrames(PyObject* self, PyObject* /*unused*/) {
       if (!fds.ok()) {
         return Desynchronised(st, ms, std::string(fds.status().message()),
                               list);
+      }
+      if (frame.type == ipc::FrameType::kCollapse) {
+        if (!AnswerCollapse(self, st, frame)) {
+          Py_DECREF(list);
+          return nullptr;
+        }
+        continue;
       }
       if (frame.type == ipc::FrameType::kDirectConn) {
         if (st.direct != nullptr) {

@@ -55,7 +55,9 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
   // ---- FrameConnectionConsumer (poll side) ----
   void OnRequest(SplicedRequest& request) override {
     std::shared_ptr<Conn> self = self_.lock();
-    if (self == nullptr) return;
+    // After a collapse the host's requests are the daemon's: it re-sends
+    // them on its next connection.
+    if (self == nullptr || collapsed_) return;
     session_->HandleRequest(self, request.request, request.bulk);
   }
   void OnHalfClose() override {
@@ -102,6 +104,9 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
     }
   }
 
+  // Its session went back to the daemon (poll side).
+  void MarkCollapsed() { collapsed_ = true; }
+
   FrameConnection& connection() { return *connection_; }
   DirectSession* session() const { return session_.get(); }
   uint64_t number() const { return number_; }
@@ -118,6 +123,7 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
   absl::Mutex mu_;
   std::vector<SandboxEventPtr> held_ ABSL_GUARDED_BY(mu_);
   bool ended_ = false;  // poll side
+  bool collapsed_ = false;  // poll side
   std::string why_;
 };
 
@@ -344,6 +350,39 @@ std::shared_ptr<DirectSession> DirectConns::SessionOf(
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(client);
   return it == sessions_.end() ? nullptr : it->second;
+}
+
+std::vector<ipc::Frame> DirectConns::Collapse(const std::string& client) {
+  std::shared_ptr<DirectSession> session;
+  std::vector<std::shared_ptr<Conn>> conns;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(client);
+    if (it != sessions_.end()) {
+      session = std::move(it->second);
+      sessions_.erase(it);
+      for (auto& [fd, conn] : conns_) {
+        if (conn->session() == session.get()) conns.push_back(conn);
+      }
+    }
+  }
+  if (session == nullptr) {
+    std::vector<ipc::Frame> frames(1);
+    frames[0].type = ipc::FrameType::kSessionState;
+    frames[0].direct_conn.client = client;
+    frames[0].last = true;
+    return frames;
+  }
+  // What they were sent is theirs; the STATUS follows it. Drive reaps them
+  // (direct_closed) once it is written or the finish grace is over.
+  for (const auto& conn : conns) {
+    conn->MarkCollapsed();
+    conn->Flush();
+    conn->connection().Finish(absl::StatusCode::kUnavailable,
+                              "the sandbox daemon took this client's calls "
+                              "back; reconnect and resume");
+  }
+  return session->Collapse();
 }
 
 bool DirectConns::Owns(const std::string& call_id) {

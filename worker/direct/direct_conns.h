@@ -86,9 +86,15 @@ class DirectConns {
   // are written or given up, then closes them. Call without the GIL.
   void FinishAll(absl::StatusCode code, const std::string& message);
 
-  // The session of `client`, or null (stage 4's collapse takes a session
-  // from here: docs/DIRECT-CALLS.md).
+  // The session of `client`, or null.
   std::shared_ptr<DirectSession> SessionOf(const std::string& client);
+
+  // The daemon's `collapse{client}` (docs/DIRECT-CALLS.md, stage 4): the
+  // client's open connections end with STATUS 14 (the host reconnects and
+  // resumes), its session is exported and dropped from the registry. The
+  // session_state frames for the link, the last marked; one empty one for
+  // a client without a session.
+  std::vector<ipc::Frame> Collapse(const std::string& client);
 
   // Open direct connections; sessions held.
   size_t connections();

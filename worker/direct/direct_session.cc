@@ -285,6 +285,7 @@ bool DirectSession::Owns(const std::string& id) {
 
 std::vector<ipc::Frame> DirectSession::Collapse() {
   ipc::SessionState state;
+  std::vector<ipc::Frame> to_driver;
   {
     absl::MutexLock lock(&mu_);
     for (auto& [id, call] : table_->calls()) {
@@ -294,6 +295,24 @@ std::vector<ipc::Frame> DirectSession::Collapse() {
       out.delivered.reserve(call.delivered.size());
       for (const SandboxEventPtr& event : call.delivered) {
         out.delivered.push_back(event->SerializeAsString());
+      }
+      if (out.running && call.args_received < call.args_expected) {
+        // Its upload cannot move (the daemon has none of its bytes, and the
+        // host's re-sent start is a known id there): it ends here, typed,
+        // and the driver drops what arrived (its Cancelled answer reaches
+        // the daemon after this state, for a call already ended: dropped).
+        out.running = false;
+        out.delivered.push_back(
+            calls::MakeCallError(
+                id, "Unavailable",
+                "the call's arguments were still arriving when its direct "
+                "session moved back to the sandbox daemon; call it again",
+                absl::StatusCode::kUnavailable)
+                ->SerializeAsString());
+        ipc::Frame cancel;
+        cancel.type = ipc::FrameType::kCancel;
+        cancel.call_id = id;
+        to_driver.push_back(std::move(cancel));
       }
       if (records_.ledger != nullptr && call.ledger_slot) {
         records_.ledger->Forget(*call.ledger_slot);
@@ -316,6 +335,7 @@ std::vector<ipc::Frame> DirectSession::Collapse() {
     frame.record = std::move(piece);
   }
   frames.back().last = true;
+  if (!to_driver.empty()) driver_.Send(std::move(to_driver));
   return frames;
 }
 

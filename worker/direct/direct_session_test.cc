@@ -442,6 +442,27 @@ TEST_CASE("DirectSession's evictions move ledger slots to the finished ring",
   CHECK(read.finished[1].id == "y");
 }
 
+TEST_CASE("DirectSession::Collapse ends a call still uploading, typed, and "
+          "cancels it in the driver", "[direct]") {
+  RecordingDriver driver;
+  DirectSession session("carol", DirectLimits{}, driver);
+  auto conn = std::make_shared<RecordingConn>();
+  session.HandleRequest(conn, StartRequest("up", "\x80", 100, 0));
+  std::vector<ipc::Frame> frames = session.Collapse();
+  ipc::SessionState state;
+  for (const ipc::Frame& frame : frames) {
+    REQUIRE(ipc::DecodeSessionStatePiece(frame.record, state).ok());
+  }
+  REQUIRE(state.calls.size() == 1);
+  CHECK_FALSE(state.calls[0].running);
+  REQUIRE(state.calls[0].delivered.size() == 1);
+  runtime::v1::SandboxEvent event;
+  REQUIRE(event.ParseFromString(state.calls[0].delivered[0]));
+  CHECK(event.error().error().type() == "Unavailable");
+  REQUIRE(driver.frames_.back().type == ipc::FrameType::kCancel);
+  CHECK(driver.frames_.back().call_id == "up");
+}
+
 TEST_CASE("DirectSession::Collapse hands its calls and finished ids over",
           "[direct]") {
   Records records;
