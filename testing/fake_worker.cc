@@ -39,6 +39,12 @@
 // and its ring memfd and reports direct_closed. Without it, a direct_conn
 // is refused as agentix-worker refuses it: STATUS 14, close, direct_closed.
 // On shutdown, each direct connection gets STATUS 14.
+// A direct call is written in the payload area's ledger (when the daemon
+// made one) as agentix-worker's sessions write it: running when its start
+// is read, retained at its result, finished at the host's AckResult. Direct
+// fake::hang never answers (it stays running); direct fake::ledger_garbage
+// also writes a running slot for id "ghost" of a client slot the daemon
+// never assigned (the daemon must skip it) and answers as any call.
 // With --payload-fd=N (as the daemon passes it) payloads may arrive in the
 // payload area's ring, and result pieces of kRingMinPieceBytes or more are
 // sent through it while it has room, as agentix-worker does.
@@ -52,6 +58,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <set>
 #include <string>
@@ -63,6 +70,7 @@
 #include "worker/ipc/descriptors.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/io.h"
+#include "worker/ipc/ledger.h"
 #include "worker/ipc/payload_area.h"
 
 namespace {
@@ -73,6 +81,10 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kFd = agentix::ipc::kWorkerChannelFd;
 std::unique_ptr<agentix::ipc::PayloadArea> payloads;
+// The direct calls' ledger in `payloads` (null: the daemon made none), and
+// each direct call's slot in it.
+std::unique_ptr<agentix::ipc::LedgerWriter> ledger;
+std::map<std::string, uint32_t> ledger_slots;
 
 void Send(const Frame& f) {
   std::string out;
@@ -162,6 +174,7 @@ bool Pump(const std::string& id, Stream& s) {
 // A Calls connection the daemon handed over (FAKE_WORKER_DIRECT=1).
 struct DirectConn {
   uint64_t conn = 0;
+  uint32_t client_slot = 0;  // the daemon's, in the ledger
   agentix::base::UniqueFd socket;
   agentix::base::UniqueFd ring;  // the host's ring memfd, held only
   std::string in;                // unparsed frame-wire bytes
@@ -190,6 +203,29 @@ void SendDirectClosed(uint64_t conn, const std::string& why) {
   Send(closed);
 }
 
+// A running call slot (the ledger's last: LedgerWriter fills the lowest
+// first) for id "ghost" of client slot 4000, which no daemon test assigns.
+void WriteGarbageLedgerSlot(absl::Span<char> region) {
+  if (region.size() < agentix::ipc::kLedgerHeaderBytes) return;
+  uint32_t call_slots;
+  std::memcpy(&call_slots, region.data() + 8, sizeof call_slots);
+  if (call_slots == 0 ||
+      agentix::ipc::kLedgerHeaderBytes +
+              size_t{call_slots} * agentix::ipc::kLedgerCallSlotBytes >
+          region.size()) {
+    return;
+  }
+  char* slot = region.data() + agentix::ipc::kLedgerHeaderBytes +
+               size_t{call_slots - 1} * agentix::ipc::kLedgerCallSlotBytes;
+  const uint32_t running = 1;
+  const uint32_t client_slot = 4000;
+  const uint16_t length = 5;
+  std::memcpy(slot + 16, "ghost", length);
+  std::memcpy(slot + 4, &client_slot, sizeof client_slot);
+  std::memcpy(slot + 8, &length, sizeof length);
+  std::memcpy(slot, &running, sizeof running);
+}
+
 // Handles what the host sent; false once the connection is over (its
 // STATUS written, or a bad frame).
 bool ServeDirect(DirectConn& d) {
@@ -216,13 +252,32 @@ bool ServeDirect(DirectConn& d) {
     if (!parsed) continue;
     agentix::runtime::v1::CallsResponse response;
     for (const auto& event : request.events()) {
+      if (event.has_ack() && ledger) {
+        auto slot = ledger_slots.find(event.ack().call_id());
+        if (slot != ledger_slots.end()) {
+          ledger->Finished(slot->second);
+          ledger_slots.erase(slot);
+        }
+      }
       if (!event.has_start()) continue;
-      if (event.start().callable() == "fake::kill") raise(SIGKILL);
+      const std::string& id = event.start().call_id();
+      if (ledger && ledger_slots.count(id) == 0) {
+        if (auto slot = ledger->Started(d.client_slot, id)) {
+          ledger_slots[id] = *slot;
+        }
+      }
+      const std::string& callable = event.start().callable();
+      if (callable == "fake::kill") raise(SIGKILL);
+      if (callable == "fake::hang") continue;
+      if (callable == "fake::ledger_garbage" && payloads) {
+        WriteGarbageLedgerSlot(payloads->Ledger());
+      }
       auto* result = response.add_events()->mutable_result();
-      result->set_call_id(event.start().call_id());
+      result->set_call_id(id);
       result->set_encoding(event.start().encoding());
       result->set_value("direct " + std::to_string(getpid()));
       result->set_value_size(result->value().size());
+      if (ledger && ledger_slots.count(id) != 0) ledger->Retained(ledger_slots[id]);
     }
     if (response.events_size() > 0) {
       WriteToHost(d.socket.get(),
@@ -243,6 +298,11 @@ int main(int argc, char** argv) {
           agentix::ipc::PayloadArea::Map(std::atoi(arg.c_str() + flag.size()));
       if (!area.ok()) return 6;
       payloads = std::move(*area);
+      if (!payloads->Ledger().empty()) {
+        auto opened = agentix::ipc::LedgerWriter::Open(payloads->Ledger());
+        if (!opened.ok()) return 6;
+        ledger = std::move(*opened);
+      }
     }
   }
   signal(SIGPIPE, SIG_IGN);
@@ -436,6 +496,7 @@ int main(int argc, char** argv) {
       if (f.type == FrameType::kDirectConn) {
         DirectConn d;
         d.conn = f.direct_conn.conn;
+        d.client_slot = f.direct_conn.client_slot;
         d.socket = std::move((*fds)[0]);
         if (fds->size() > 1) d.ring = std::move((*fds)[1]);
         if (!serve_direct) {
