@@ -38,6 +38,7 @@
 #include "testing/status_matchers.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/io.h"
+#include "worker/ipc/payload_area.h"
 
 namespace agentix::worker {
 
