@@ -14,6 +14,7 @@
 
 #include <cstring>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -100,8 +101,11 @@ class Host {
     return frame;
   }
   // The value of the next CallResult (skipping the ring's acceptance).
-  std::string NextResult() {
-    for (;;) {
+  std::string NextResult() { return NextEvent().second; }
+  // The next event as {call id, its result's value or "error <type>"}; a
+  // response of several events is taken one event at a time.
+  std::pair<std::string, std::string> NextEvent() {
+    while (events_.empty()) {
       std::optional<WireFrame> frame = Read();
       REQUIRE(frame.has_value());
       if (frame->kind == FrameKind::kRingMessage) continue;
@@ -110,14 +114,24 @@ class Host {
       REQUIRE(frame->kind == FrameKind::kMessage);
       CallsResponse response;
       REQUIRE(response.ParseFromString(frame->payload));
-      REQUIRE(response.events_size() == 1);
-      if (response.events(0).has_error()) {
-        return "error " + response.events(0).error().error().type();
+      REQUIRE(response.events_size() >= 1);
+      for (const auto& event : response.events()) {
+        if (event.has_error()) {
+          events_.emplace_back(event.error().call_id(),
+                               "error " + event.error().error().type());
+          last_error_ = event.error().error();
+        } else {
+          REQUIRE(event.has_result());
+          events_.emplace_back(event.result().call_id(), event.result().value());
+        }
       }
-      REQUIRE(response.events(0).has_result());
-      return response.events(0).result().value();
     }
+    std::pair<std::string, std::string> next = events_.front();
+    events_.erase(events_.begin());
+    return next;
   }
+  // The last CallError NextEvent returned.
+  const runtime::v1::RemoteError& last_error() const { return last_error_; }
   // The STATUS frame's code, which must be followed by EOF.
   absl::StatusCode ReadStatus() {
     std::optional<WireFrame> frame = Read();
@@ -148,6 +162,8 @@ class Host {
     return true;
   }
   int fd_ = -1;
+  std::vector<std::pair<std::string, std::string>> events_;
+  runtime::v1::RemoteError last_error_;
 };
 
 std::string Start(const std::string& id, const std::string& callable,
@@ -158,6 +174,12 @@ std::string Start(const std::string& id, const std::string& callable,
 }
 
 std::string HalfClose() { return EncodeFrame(FrameKind::kHalfClose, ""); }
+
+std::string Ack(const std::string& id) {
+  CallsRequest request;
+  request.add_events()->mutable_ack()->set_call_id(id);
+  return EncodeFrame(FrameKind::kMessage, request.SerializeAsString());
+}
 
 std::string Resume(const std::vector<std::string>& ids) {
   CallsRequest request;
@@ -191,6 +213,7 @@ struct Setup {
   size_t max_live = 256;
   size_t max_concurrent_calls = 0;
   size_t payload_ring_bytes = ipc::kDefaultRingBytes;
+  bool ledger = true;  // the payload area holds a ledger (with the flag)
   std::vector<std::string> env;
   absl::Duration collapse_timeout = absl::Seconds(5);
   // The orphan timer's timeout (none when zero).
@@ -210,6 +233,10 @@ struct Harness {
     session.worker.ready_timeout = absl::Seconds(2);
     session.direct_collapse_timeout = setup.collapse_timeout;
     if (setup.flag) session.worker.direct_listener = direct;
+    if (setup.flag && setup.ledger) {
+      session.worker.ledger_call_slots =
+          LedgerCallSlots(session.max_retained_results);
+    }
     manager = std::make_unique<SessionManager>(std::move(session));
     if (setup.orphan_after > absl::ZeroDuration()) {
       orphans = std::make_unique<DirectOrphanTimer>(
@@ -257,7 +284,9 @@ TEST_CASE("A connection asking for direct calls is served by the worker; "
   host.Send(Start("c2", "fake::echo", "y"));
   CHECK(h.IsDirect(host.NextResult()));
   CHECK(h.direct->live() == 1);
-  CHECK(h.server->connections() == 0);  // no daemon thread holds it
+  // No daemon thread holds it (the worker may answer before that thread
+  // has closed its descriptors and ended).
+  CHECK(Eventually([&] { return h.server->connections() == 0; }));
   CHECK(h.activity.open() == 1);        // but it is an open stream
   host.Send(HalfClose());
   CHECK(host.ReadStatus() == absl::StatusCode::kOk);
@@ -274,6 +303,7 @@ TEST_CASE("Connections the rules refuse are relayed", "[direct]") {
   SECTION("a worker without the capability") { setup.capable = false; }
   SECTION("--max_concurrent_calls set") { setup.max_concurrent_calls = 4; }
   SECTION("no payload area") { setup.payload_ring_bytes = 0; }
+  SECTION("a payload area without a ledger") { setup.ledger = false; }
   SECTION("a worker that never becomes ready (its boot error is relayed)") {
     setup.env.push_back("FAKE_WORKER_BOOT=hang");
   }
@@ -358,7 +388,81 @@ TEST_CASE("A worker that dies leaves its direct hosts an EOF and drops their "
   CHECK(!host.Read().has_value());   // EOF, no STATUS: the host reconnects
   CHECK(!other.Read().has_value());
   REQUIRE(Eventually([&] { return h.direct->live() == 0; }));
-  CHECK(h.activity.open() == 0);
+  // A hand-over whose daemon thread commits after the worker's death drops
+  // its stream count then (DirectConnections::Commit).
+  CHECK(Eventually([&] { return h.activity.open() == 0; }));
+}
+
+TEST_CASE("A worker's death: its direct calls come back from the ledger as "
+          "WorkerDied, finished ids refused, re-sent starts not run again",
+          "[direct][ledger]") {
+  Harness h;
+  Host host(h.path);
+  host.Hello(true, "client-a", Start("acked", "fake::echo", "x"));
+  REQUIRE(h.IsDirect(host.NextResult()));
+  const int64_t first_pid = h.manager->Info().worker_pid;
+  host.Send(Ack("acked") + Start("retained", "fake::echo", "y") +
+            Start("running", "fake::hang", "") +
+            Start("garbage", "fake::ledger_garbage", ""));
+  CHECK(host.NextEvent() == std::pair<std::string, std::string>(
+                                "retained", absl::StrCat("direct ", first_pid)));
+  CHECK(host.NextEvent().first == "garbage");
+  // Another client with nothing open when the worker dies.
+  Host other(h.path);
+  other.Hello(true, "client-b", Start("b1", "fake::echo", "x"));
+  REQUIRE(h.IsDirect(other.NextResult()));
+  other.Send(Ack("b1") + HalfClose());
+  CHECK(other.ReadStatus() == absl::StatusCode::kOk);
+  host.Send(Start("killer", "fake::kill", ""));
+  CHECK(!host.Read().has_value());  // EOF without STATUS: the host reconnects
+  REQUIRE(Eventually([&] { return h.manager->Info().worker_pid != first_pid; }));
+
+  // client-a's calls are the daemon's now: its reconnection is relayed
+  // (eligibility 4) although it asks for direct calls.
+  Host again(h.path);
+  again.Hello(true, "client-a",
+              Resume({"running", "retained", "garbage", "killer"}) +
+                  Start("running", "fake::echo", "run again?") +
+                  Start("acked", "fake::echo", "run again?") +
+                  Start("ghost", "fake::echo", "ghost ran") +
+                  Start("fresh", "fake::echo", "relayed"));
+  std::map<std::string, std::string> seen;
+  for (int i = 0; i < 7; ++i) {
+    auto [id, value] = again.NextEvent();
+    INFO(id << ": " << value);
+    CHECK(seen.emplace(id, value).second);  // each id answered once
+    if (value == "error WorkerDied") {
+      CHECK(again.last_error().returncode() == -9);
+      CHECK(absl::StrContains(again.last_error().message(), "killed by signal 9"));
+    }
+  }
+  CHECK(seen["running"] == "error WorkerDied");  // re-sent start ignored
+  CHECK(seen["retained"] == "error WorkerDied");
+  CHECK(seen["garbage"] == "error WorkerDied");
+  CHECK(seen["killer"] == "error WorkerDied");
+  CHECK(seen["acked"] == "error ResultUnavailable");
+  // The garbage slot (a client slot never assigned) was skipped: the id is
+  // unknown, so its start runs.
+  CHECK(seen["ghost"] == "ghost ran");
+  CHECK(h.direct->live() == 0);
+  // client-b held nothing: it goes direct to the fresh worker.
+  Host b_again(h.path);
+  b_again.Hello(true, "client-b", Start("b2", "fake::echo", "x"));
+  CHECK(h.IsDirect(b_again.NextResult()));
+  CHECK(h.manager->Info().worker_pid != first_pid);
+
+  // Once client-a's calls are acked, its next connection goes direct again.
+  again.Send(Ack("running") + Ack("retained") + Ack("garbage") + Ack("killer") +
+             Ack("ghost") + Ack("fresh"));
+  int probes = 0;
+  REQUIRE(Eventually([&] {
+    const std::string id = absl::StrCat("probe", ++probes);
+    Host probe(h.path);
+    probe.Hello(true, "client-a", Start(id, "fake::echo", "relayed"));
+    const std::string result = probe.NextResult();
+    probe.Send(Ack(id));
+    return h.IsDirect(result);
+  }));
 }
 
 TEST_CASE("Shutdown: the worker ends its direct connections with STATUS 14; "
@@ -386,8 +490,10 @@ TEST_CASE("Handed-over connections count against --max-connections until the "
     Host host(h.path);
     host.Hello(true, "client-a", Start("c1", "fake::echo", "x"));
     REQUIRE(h.IsDirect(host.NextResult()));
+    // The daemon's thread hands the connection to the guard after the
+    // worker may have answered.
+    CHECK(Eventually([] { return GetConnectionGuardStats().handed_over == 1; }));
     ConnectionGuardStats stats = GetConnectionGuardStats();
-    CHECK(stats.handed_over == 1);
     CHECK(stats.open == at_start.open + 1);
     // At the cap: the guard closes the next connection at accept.
     Host refused(h.path);

@@ -976,6 +976,14 @@ class FrameWireServer::Connection {
   bool SendToWorker(WorkerProcess& worker, DirectConnections& direct,
                     uint64_t& conn) {
     if (!worker.direct_capable() || worker.payloads() == nullptr) return false;
+    // Rule 5: the client's calls are written in the worker's ledger.
+    absl::StatusOr<uint32_t> client_slot =
+        worker.LedgerClientSlot(sink_->client_id());
+    if (!client_slot.ok()) {
+      AGX_LOG(Debug, "serving a connection relayed: {}",
+              client_slot.status().ToString());
+      return false;
+    }
     std::optional<uint64_t> reserved =
         direct.Reserve(worker.generation(), sink_->client_id());
     if (!reserved) {
@@ -989,6 +997,7 @@ class FrameWireServer::Connection {
     ipc::DirectConnInfo& info = frame.direct_conn;
     info.conn = conn;
     info.client = sink_->client_id();
+    info.client_slot = *client_slot;
     info.ring = direct_ring_fd_.valid();
     info.follow = follow_ == Follow::kChanges ? 2 : follow_ == Follow::kFirst ? 1 : 0;
     info.max_payload = session.max_payload_bytes;

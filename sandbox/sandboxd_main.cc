@@ -661,6 +661,7 @@ int Run(int argc, char** raw_argv) {
     direct_connections = std::make_shared<DirectConnections>(
         std::min<size_t>(connection_limits.max_connections, 256), &activity);
     options.worker.direct_listener = direct_connections;
+    options.worker.ledger_call_slots = LedgerCallSlots(options.max_retained_results);
     // A worker serves handed-over connections only when told: without it,
     // it polls its bare link (the epoll set costs a relayed noop ~3 %).
     options.worker.extra_args.push_back("--direct_calls");

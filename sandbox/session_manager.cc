@@ -886,6 +886,9 @@ void SessionManager::OnWorkerExit(uint64_t generation,
       StampBarrier(call, *event);  // what it logged before the worker died
       Emit(id, call, std::move(event), /*terminal=*/true, out);
     }
+    // Its direct calls, from the ledger, in the same hold of the lock: a
+    // host reconnecting now finds them (and is relayed: eligibility 4).
+    AdoptDeadWorkersLedger(generation, exit, out);
     if (worker_ && worker_->generation() == generation) {
       // Destroyed later from another thread: this is its reader thread.
       dead_workers_.push_back(std::move(worker_));
@@ -1165,23 +1168,60 @@ size_t SessionManager::AdoptLedger(const ipc::LedgerContents& ledger,
   size_t made = 0;
   {
     absl::MutexLock lock(&mu_);
-    for (const ipc::LedgerFinished& done : ledger.finished) {
-      if (table_.Find(done.id) == nullptr) table_.RememberFinished(done.id);
-    }
-    for (const ipc::LedgerCall& held : ledger.calls) {
-      if (table_.Find(held.id) != nullptr) continue;
-      Call& call = table_.calls()[held.id];
-      call.client = held.client;
-      Emit(held.id, call,
-           NewCallError(held.id, exit.error_type, exit.message,
-                        absl::StatusCode::kUnavailable, "", exit.returncode),
-           /*terminal=*/true, out);
-      ++made;
-    }
+    made = AdoptLedgerLocked(ledger, exit, out);
     Post(out);
   }
   DeliverPosted();
   return made;
+}
+
+size_t SessionManager::AdoptLedgerLocked(const ipc::LedgerContents& ledger,
+                                         const WorkerExit& exit,
+                                         std::vector<Delivery>& out) {
+  size_t made = 0;
+  for (const ipc::LedgerFinished& done : ledger.finished) {
+    if (table_.Find(done.id) == nullptr) table_.RememberFinished(done.id);
+  }
+  for (const ipc::LedgerCall& held : ledger.calls) {
+    if (table_.Find(held.id) != nullptr) continue;
+    Call& call = table_.calls()[held.id];
+    call.client = held.client;
+    Emit(held.id, call,
+         NewCallError(held.id, exit.error_type, exit.message,
+                      absl::StatusCode::kUnavailable, "", exit.returncode),
+         /*terminal=*/true, out);
+    ++made;
+  }
+  return made;
+}
+
+void SessionManager::AdoptDeadWorkersLedger(uint64_t generation,
+                                            const WorkerExit& exit,
+                                            std::vector<Delivery>& out) {
+  // Alive until this callback returns: it runs on the worker's reader
+  // thread, which its destructor joins.
+  WorkerProcess* dead = nullptr;
+  if (worker_ && worker_->generation() == generation) dead = worker_.get();
+  for (const auto& replaced : dead_workers_) {
+    if (replaced->generation() == generation) dead = replaced.get();
+  }
+  if (dead == nullptr) return;
+  absl::StatusOr<ipc::LedgerContents> ledger = dead->ReadLedger();
+  if (!ledger.ok()) {
+    AGX_LOG(Warning, "worker {}'s direct calls' ledger unreadable, its direct "
+            "calls' ids are lost: {}", dead->worker_id(),
+            ledger.status().ToString());
+    return;
+  }
+  if (ledger->skipped > 0) {
+    AGX_LOG(Warning, "worker {}'s direct calls' ledger: {} slot(s) held "
+            "garbage and were skipped", dead->worker_id(), ledger->skipped);
+  }
+  if (ledger->calls.empty() && ledger->finished.empty()) return;
+  const size_t made = AdoptLedgerLocked(*ledger, exit, out);
+  AGX_LOG(Info, "worker {}'s direct calls: {} ended with {}, {} finished ids "
+          "remembered", dead->worker_id(), made, exit.error_type,
+          ledger->finished.size());
 }
 
 void SessionManager::Shutdown(absl::Duration grace) {

@@ -419,6 +419,15 @@ class SessionManager : public WorkerProcess::Listener {
   // Ends a running call with `event` and tells its worker to drop it.
   void FailCall(const std::string& id, Call& call, SandboxEventPtr event,
                 std::vector<Delivery>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // AdoptLedger's work, under the lock.
+  size_t AdoptLedgerLocked(const ipc::LedgerContents& ledger,
+                           const WorkerExit& exit, std::vector<Delivery>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OnWorkerExit: reads the ledger of the worker of `generation` (the live
+  // one or a replaced one) and adopts it; a WARNING counts garbage slots.
+  void AdoptDeadWorkersLedger(uint64_t generation, const WorkerExit& exit,
+                              std::vector<Delivery>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The wall time of a CLOCK_MONOTONIC instant the worker published
   // (PayloadArea::DirectLastEndNs); InfinitePast for none.
   static absl::Time DirectLastEnd(int64_t monotonic_ns);

@@ -82,6 +82,11 @@ bool WriteBatch(int fd, const Queue& batch) {
 
 }  // namespace
 
+uint32_t LedgerCallSlots(size_t max_retained_results) {
+  return static_cast<uint32_t>(std::clamp<size_t>(
+      max_retained_results, 4096, ipc::kLedgerMaxCallSlots));
+}
+
 std::string NewWorkerId() {
   std::random_device rd;
   return fmt::format("{:08x}", rd());
@@ -171,7 +176,21 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
   std::unique_ptr<WorkerProcess> worker(
       new WorkerProcess(options, generation, listener, NewWorkerId()));
   if (options.payload_ring_bytes > 0) {
-    auto area = ipc::PayloadArea::Create(options.payload_ring_bytes);
+    const uint32_t slots = options.ledger_call_slots;
+    auto area = ipc::PayloadArea::Create(
+        options.payload_ring_bytes, /*sealed=*/false,
+        slots == 0 ? 0 : ipc::LedgerBytes(slots, kLedgerFinishedSlots));
+    if (area.ok() && slots != 0) {
+      // Before the spawn: the worker opens the ledger as it boots.
+      absl::Status formatted =
+          ipc::FormatLedger((*area)->Ledger(), slots, kLedgerFinishedSlots);
+      if (formatted.ok()) {
+        worker->ledger_call_slots_ = slots;
+      } else {
+        AGX_LOG(Warning, "no direct calls' ledger for worker {}: {}",
+                worker->worker_id_, formatted.ToString());
+      }
+    }
     if (area.ok()) {
       worker->payloads_ = std::move(*area);
     } else {
@@ -728,6 +747,25 @@ void WorkerProcess::ReaderLoop() {
   // The kernel closed the connections it held: they are no longer counted.
   if (direct_listener_ != nullptr) direct_listener_->OnDirectWorkerGone(generation_);
   listener_->OnWorkerExit(generation_, result);
+}
+
+absl::StatusOr<uint32_t> WorkerProcess::LedgerClientSlot(
+    const std::string& client) {
+  if (ledger_call_slots_ == 0 || payloads_ == nullptr) {
+    return absl::FailedPreconditionError("the worker's payload area has no ledger");
+  }
+  absl::MutexLock lock(&ledger_mu_);
+  return ledger_clients_.SlotOf(client);
+}
+
+absl::StatusOr<ipc::LedgerContents> WorkerProcess::ReadLedger() {
+  absl::MutexLock lock(&ledger_mu_);
+  if (ledger_call_slots_ == 0 || payloads_ == nullptr ||
+      ledger_clients_.size() == 0) {
+    return ipc::LedgerContents{};
+  }
+  return ipc::ReadLedger(payloads_->Ledger(), ledger_call_slots_,
+                         kLedgerFinishedSlots, ledger_clients_);
 }
 
 }  // namespace agentix::sandbox

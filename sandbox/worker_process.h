@@ -24,6 +24,7 @@
 #include "sandbox/adopted_worker.h"
 #include "sandbox/calls_cpu.h"
 #include "worker/ipc/frame.h"
+#include "worker/ipc/ledger.h"
 #include "worker/ipc/payload_area.h"
 
 namespace agentix::sandbox {
@@ -67,7 +68,18 @@ struct WorkerOptions {
   // Set (--direct_calls): told about the connections handed to the worker;
   // null: a `direct_closed` frame is a protocol error, as before.
   std::shared_ptr<DirectLinkListener> direct_listener;
+  // Set (--direct_calls): the payload area gets a ledger of this many call
+  // slots (LedgerCallSlots; worker/ipc/ledger.h) and kLedgerFinishedSlots
+  // finished ids, formatted before the worker starts. 0: no ledger, and the
+  // area is exactly the relayed path's.
+  uint32_t ledger_call_slots = 0;
 };
+
+// The ledger's finished ring: as many ids as a session's FinishedIds keeps.
+inline constexpr uint32_t kLedgerFinishedSlots = 65536;
+// Call slots for a daemon keeping `max_retained_results` results per
+// client: max(4096, it), within the ledger's bound.
+uint32_t LedgerCallSlots(size_t max_retained_results);
 
 // The worker's command line and environment as Start spawns it with id
 // `worker_id` (fds: 0 /dev/null, 2 a stderr pipe, ipc::kWorkerChannelFd the
@@ -190,6 +202,17 @@ class WorkerProcess {
   uint64_t generation() const { return generation_; }
   const std::string& worker_id() const { return worker_id_; }
 
+  // Direct calls' ledger (docs/DIRECT-CALLS.md, "The ledger"). The slot of
+  // `client` in this worker's ledger, assigned at its first hand-over and
+  // kept for this worker's life; kFailedPrecondition when the area has no
+  // ledger (--direct_calls off, or an adopted worker's area), then the
+  // connection stays relayed; kResourceExhausted past kLedgerMaxClients.
+  absl::StatusOr<uint32_t> LedgerClientSlot(const std::string& client);
+  // After the worker exited: the calls its ledger holds, read as untrusted
+  // input (ipc::ReadLedger). Empty contents when no client was ever handed
+  // over (nothing is scanned).
+  absl::StatusOr<ipc::LedgerContents> ReadLedger();
+
  private:
   WorkerProcess(uint64_t generation, Listener* listener);
   WorkerProcess(const WorkerOptions& options, uint64_t generation,
@@ -219,6 +242,12 @@ class WorkerProcess {
   std::atomic<bool> booted_{false};
   std::atomic<bool> direct_capable_{false};
   std::shared_ptr<DirectLinkListener> direct_listener_;
+  // The ledger's call slots as this daemon formatted them (0: no ledger),
+  // and the clients given slots in it (the daemon's memory: the worker
+  // could overwrite anything in the area).
+  uint32_t ledger_call_slots_ = 0;
+  absl::Mutex ledger_mu_;
+  ipc::LedgerClients ledger_clients_ ABSL_GUARDED_BY(ledger_mu_);
 
   absl::Mutex child_mu_;
   base::ChildProcess child_ ABSL_GUARDED_BY(child_mu_);

@@ -44,6 +44,13 @@
 // client's direct connections with STATUS 14 and answers session_state
 // (retained results, running sleeps, finished ids); a sleep collapsed while
 // running answers on the link. FAKE_WORKER_COLLAPSE=ignore never answers.
+// A direct call is written in the payload area's ledger (when the daemon
+// made one) as agentix-worker's sessions write it: running when its start
+// is read, retained at its result, finished at the host's AckResult, freed
+// at a collapse. Direct fake::hang never answers (it stays running); direct
+// fake::ledger_garbage also writes a running slot for id "ghost" of a client
+// slot the daemon never assigned (the daemon must skip it) and answers as
+// any call.
 // With --payload-fd=N (as the daemon passes it) payloads may arrive in the
 // payload area's ring, and result pieces of kRingMinPieceBytes or more are
 // sent through it while it has room, as agentix-worker does.
@@ -57,6 +64,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <set>
 #include <string>
@@ -68,6 +76,7 @@
 #include "worker/ipc/descriptors.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/io.h"
+#include "worker/ipc/ledger.h"
 #include "worker/ipc/payload_area.h"
 #include "worker/ipc/session_state.h"
 
@@ -79,6 +88,10 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kFd = agentix::ipc::kWorkerChannelFd;
 std::unique_ptr<agentix::ipc::PayloadArea> payloads;
+// The direct calls' ledger in `payloads` (null: the daemon made none), and
+// each direct call's slot in it.
+std::unique_ptr<agentix::ipc::LedgerWriter> ledger;
+std::map<std::string, uint32_t> ledger_slots;
 
 void Send(const Frame& f) {
   std::string out;
@@ -177,6 +190,7 @@ std::map<std::string, DirectSession> sessions;  // by client id
 struct DirectConn {
   uint64_t conn = 0;
   std::string client;
+  uint32_t client_slot = 0;  // the daemon's, in the ledger
   agentix::base::UniqueFd socket;
   agentix::base::UniqueFd ring;  // the host's ring memfd, held only
   std::string in;                // unparsed frame-wire bytes
@@ -225,6 +239,29 @@ void WriteEvent(int fd, const std::string& serialized) {
                       response.SerializeAsString()));
 }
 
+// A running call slot (the ledger's last: LedgerWriter fills the lowest
+// first) for id "ghost" of client slot 4000, which no daemon test assigns.
+void WriteGarbageLedgerSlot(absl::Span<char> region) {
+  if (region.size() < agentix::ipc::kLedgerHeaderBytes) return;
+  uint32_t call_slots;
+  std::memcpy(&call_slots, region.data() + 8, sizeof call_slots);
+  if (call_slots == 0 ||
+      agentix::ipc::kLedgerHeaderBytes +
+              size_t{call_slots} * agentix::ipc::kLedgerCallSlotBytes >
+          region.size()) {
+    return;
+  }
+  char* slot = region.data() + agentix::ipc::kLedgerHeaderBytes +
+               size_t{call_slots - 1} * agentix::ipc::kLedgerCallSlotBytes;
+  const uint32_t running = 1;
+  const uint32_t client_slot = 4000;
+  const uint16_t length = 5;
+  std::memcpy(slot + 16, "ghost", length);
+  std::memcpy(slot + 4, &client_slot, sizeof client_slot);
+  std::memcpy(slot + 8, &length, sizeof length);
+  std::memcpy(slot, &running, sizeof running);
+}
+
 // Handles what the host sent; false once the connection is over (its
 // STATUS written, or a bad frame). A fake::sleep is timed by `sleep`.
 template <typename Sleep>
@@ -254,24 +291,42 @@ bool ServeDirect(DirectConn& d, Sleep sleep) {
     agentix::runtime::v1::CallsResponse response;
     for (const auto& event : request.events()) {
       if (event.has_ack()) {
-        if (session.retained.erase(event.ack().call_id()) > 0) {
-          session.finished.push_back(event.ack().call_id());
+        const std::string& acked = event.ack().call_id();
+        if (session.retained.erase(acked) > 0) session.finished.push_back(acked);
+        auto slot = ledger_slots.find(acked);
+        if (ledger && slot != ledger_slots.end()) {
+          ledger->Finished(slot->second);
+          ledger_slots.erase(slot);
         }
         continue;
       }
       if (!event.has_start()) continue;
       const std::string& id = event.start().call_id();
       if (session.retained.count(id) || session.running.count(id)) continue;
-      if (event.start().callable() == "fake::kill") raise(SIGKILL);
-      if (event.start().callable() == "fake::sleep") {
+      if (ledger && ledger_slots.count(id) == 0) {
+        if (auto slot = ledger->Started(d.client_slot, id)) {
+          ledger_slots[id] = *slot;
+        }
+      }
+      const std::string& callable = event.start().callable();
+      if (callable == "fake::kill") raise(SIGKILL);
+      if (callable == "fake::hang") {
+        session.running.insert(id);
+        continue;
+      }
+      if (callable == "fake::sleep") {
         session.running.insert(id);
         sleep(id, std::atoi(event.start().arguments().c_str()));
         continue;
+      }
+      if (callable == "fake::ledger_garbage" && payloads) {
+        WriteGarbageLedgerSlot(payloads->Ledger());
       }
       const std::string serialized = DirectResultEvent(
           id, event.start().encoding(), "direct " + std::to_string(getpid()));
       response.add_events()->ParseFromString(serialized);
       session.retained[id] = serialized;
+      if (ledger && ledger_slots.count(id) != 0) ledger->Retained(ledger_slots[id]);
     }
     if (response.events_size() > 0) {
       WriteToHost(d.socket.get(),
@@ -292,6 +347,11 @@ int main(int argc, char** argv) {
           agentix::ipc::PayloadArea::Map(std::atoi(arg.c_str() + flag.size()));
       if (!area.ok()) return 6;
       payloads = std::move(*area);
+      if (!payloads->Ledger().empty()) {
+        auto opened = agentix::ipc::LedgerWriter::Open(payloads->Ledger());
+        if (!opened.ok()) return 6;
+        ledger = std::move(*opened);
+      }
     }
   }
   signal(SIGPIPE, SIG_IGN);
@@ -344,6 +404,7 @@ int main(int argc, char** argv) {
       if (session.running.erase(id) == 0) continue;
       const std::string serialized = DirectResultEvent(id, 1, value);
       session.retained[id] = serialized;
+      if (ledger && ledger_slots.count(id) != 0) ledger->Retained(ledger_slots[id]);
       for (const auto& [fd, d] : directs) {
         if (d.client == client) WriteEvent(fd, serialized);
       }
@@ -373,6 +434,15 @@ int main(int argc, char** argv) {
         state.calls.push_back({id, true, {}});
       }
       state.finished = found->second.finished;
+      // The daemon owns these calls now: their ledger slots are free, as
+      // agentix-worker's Collapse frees them.
+      for (const auto& call : state.calls) {
+        auto slot = ledger_slots.find(call.id);
+        if (ledger && slot != ledger_slots.end()) {
+          ledger->Forget(slot->second);
+          ledger_slots.erase(slot);
+        }
+      }
       sessions.erase(found);
     }
     std::vector<std::string> pieces = agentix::ipc::EncodeSessionState(state);
@@ -541,6 +611,7 @@ int main(int argc, char** argv) {
         DirectConn d;
         d.conn = f.direct_conn.conn;
         d.client = f.direct_conn.client;
+        d.client_slot = f.direct_conn.client_slot;
         d.socket = std::move((*fds)[0]);
         if (fds->size() > 1) d.ring = std::move((*fds)[1]);
         if (!serve_direct) {

@@ -10,6 +10,8 @@
 
 #include "wire/frame_codec.h"
 #include "worker/ipc/descriptors.h"
+#include "worker/ipc/ledger.h"
+#include "worker/ipc/payload_area.h"
 #include "worker/ipc/session_state.h"
 #include "worker/worker_test_util.h"
 
@@ -45,7 +47,7 @@ class Host {
  public:
   // Hands the other end to `worker` as connection `conn` of `client`.
   Host(Worker& worker, uint64_t conn, const std::string& client,
-       const std::string& pre = "") {
+       const std::string& pre = "", uint32_t client_slot = 0) {
     int fds[2];
     REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
     fd_.Reset(fds[0]);
@@ -54,6 +56,7 @@ class Host {
     direct.type = FrameType::kDirectConn;
     direct.direct_conn.conn = conn;
     direct.direct_conn.client = client;
+    direct.direct_conn.client_slot = client_slot;
     direct.direct_conn.max_payload = uint64_t{64} << 20;
     direct.direct_conn.upload_idle_ms = 60000;
     direct.direct_conn.max_retained = 4096;
@@ -98,6 +101,11 @@ class Host {
   void Resume(const std::string& id) {
     CallsRequest request;
     request.add_events()->mutable_resume()->add_call_ids(id);
+    Send(request);
+  }
+  void Ack(const std::string& id) {
+    CallsRequest request;
+    request.add_events()->mutable_ack()->set_call_id(id);
     Send(request);
   }
   void StreamAck(const std::string& id, uint64_t next) {
@@ -454,6 +462,61 @@ TEST_CASE("acked ids come back as finished; a worker without --direct_calls "
     SendCollapse(worker, "client-i");
     CHECK(AwaitSessionState(worker, "client-i").calls.empty());
   }
+}
+
+TEST_CASE("with a ledger in the payload area, a direct call is written in "
+          "it and in the header's counters (stage 4)") {
+  constexpr uint32_t kCallSlots = 16;
+  constexpr uint32_t kFinishedSlots = 64;
+  REQUIRE_OK_AND_ASSIGN(
+      std::unique_ptr<ipc::PayloadArea> area,
+      ipc::PayloadArea::Create(1 << 20, /*sealed=*/false,
+                               ipc::LedgerBytes(kCallSlots, kFinishedSlots)));
+  REQUIRE_OK(ipc::FormatLedger(area->Ledger(), kCallSlots, kFinishedSlots));
+  // The daemon's table: client-b is slot 1.
+  ipc::LedgerClients clients;
+  REQUIRE_OK(clients.SlotOf("client-a").status());
+  REQUIRE_OK_AND_ASSIGN(uint32_t slot, clients.SlotOf("client-b"));
+  auto read = [&] {
+    absl::StatusOr<ipc::LedgerContents> contents =
+        ipc::ReadLedger(area->Ledger(), kCallSlots, kFinishedSlots, clients);
+    REQUIRE(contents.ok());
+    CHECK(contents->skipped == 0);
+    return *contents;
+  };
+  WorkerArgs args = DirectWorker();
+  args.payload_fd = area->fd();
+  Worker worker(args);
+  worker.AwaitReady();
+  Host host(worker, 9, "client-b", "", slot);
+  host.Start("slow-1", "worker_fixture::sleep_async",
+             OneArg([](auto& p) { p.pack(0.5); }));
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (area->DirectRunning() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  CHECK(area->DirectRunning() == 1);
+  ipc::LedgerContents running = read();
+  REQUIRE(running.calls.size() == 1);
+  CHECK(running.calls[0].client == "client-b");
+  CHECK(running.calls[0].id == "slow-1");
+  CHECK(running.calls[0].running);
+
+  REQUIRE(host.Terminal().has_result());
+  CHECK(area->DirectRunning() == 0);
+  CHECK(area->DirectLastEndNs() > 0);
+  ipc::LedgerContents retained = read();
+  REQUIRE(retained.calls.size() == 1);
+  CHECK(!retained.calls[0].running);
+
+  host.Ack("slow-1");
+  host.HalfClose();
+  CHECK(host.Status() == 0);  // after the ack was read
+  ipc::LedgerContents finished = read();
+  CHECK(finished.calls.empty());
+  REQUIRE(finished.finished.size() == 1);
+  CHECK(finished.finished[0].client == "client-b");
+  CHECK(finished.finished[0].id == "slow-1");
 }
 
 }  // namespace

@@ -38,6 +38,7 @@
 #include "testing/status_matchers.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/io.h"
+#include "worker/ipc/payload_area.h"
 
 namespace agentix::worker {
 
@@ -165,6 +166,9 @@ struct StreamReply {
 // How to start a worker.
 struct WorkerArgs {
   std::vector<std::string> args;  // besides --channel-fd
+  // A payload area's memfd (the caller's), passed as --payload-fd as the
+  // daemon passes it; -1: none.
+  int payload_fd = -1;
   bool python_path = true;        // pass --python-path worker/testdata
   std::vector<std::string> env = {
       // Isolation: none of these may influence the worker.
@@ -206,6 +210,11 @@ class Worker {
           absl::StrCat("AGENTIX_LOG_DIR=", TempRoot(), "/agentix-logs"));
     }
     spawn.fd_map = {{child_end.get(), ipc::kWorkerChannelFd}};
+    if (options.payload_fd >= 0) {
+      spawn.argv.push_back(
+          absl::StrCat("--payload-fd=", ipc::kWorkerPayloadFd));
+      spawn.fd_map.push_back({options.payload_fd, ipc::kWorkerPayloadFd});
+    }
     REQUIRE_OK_AND_ASSIGN(child_, base::ChildProcess::Spawn(spawn));
   }
 

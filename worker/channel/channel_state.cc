@@ -126,7 +126,8 @@ PyObject* ChannelNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   state->fd = fd;
   state->payloads = std::move(payloads);
   if (serve_direct_calls.load(std::memory_order_relaxed)) {
-    if (auto direct = DirectConns::Create(fd); direct.ok()) {
+    if (auto direct = DirectConns::Create(fd, state->payloads.get());
+        direct.ok()) {
       state->direct = std::move(*direct);
     }
   }

@@ -168,7 +168,8 @@ constexpr absl::Duration kWatchdogPeriod = absl::Seconds(1);
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DirectConns>> DirectConns::Create(int link_fd) {
+absl::StatusOr<std::unique_ptr<DirectConns>> DirectConns::Create(
+    int link_fd, ipc::PayloadArea* area) {
   base::UniqueFd epoll_fd(::epoll_create1(EPOLL_CLOEXEC));
   base::UniqueFd wake_fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   base::UniqueFd timer_fd(
@@ -177,8 +178,17 @@ absl::StatusOr<std::unique_ptr<DirectConns>> DirectConns::Create(int link_fd) {
     return absl::InternalError(
         absl::StrCat("direct connections' poll set: ", std::strerror(errno)));
   }
-  std::unique_ptr<DirectConns> conns(new DirectConns(
-      std::move(epoll_fd), std::move(wake_fd), std::move(timer_fd), link_fd));
+  // The daemon formats a ledger only with --direct_calls; without one (or
+  // a header the worker cannot read) sessions write the counters alone.
+  std::unique_ptr<ipc::LedgerWriter> ledger;
+  if (area != nullptr && !area->Ledger().empty()) {
+    if (auto opened = ipc::LedgerWriter::Open(area->Ledger()); opened.ok()) {
+      ledger = std::move(*opened);
+    }
+  }
+  std::unique_ptr<DirectConns> conns(
+      new DirectConns(std::move(epoll_fd), std::move(wake_fd),
+                      std::move(timer_fd), link_fd, area, std::move(ledger)));
   for (int fd : {link_fd, conns->wake_fd_.get(), conns->timer_fd_.get()}) {
     epoll_event ev{};
     ev.events = EPOLLIN;
@@ -192,11 +202,15 @@ absl::StatusOr<std::unique_ptr<DirectConns>> DirectConns::Create(int link_fd) {
 }
 
 DirectConns::DirectConns(base::UniqueFd epoll_fd, base::UniqueFd wake_fd,
-                         base::UniqueFd timer_fd, int link_fd)
+                         base::UniqueFd timer_fd, int link_fd,
+                         ipc::PayloadArea* area,
+                         std::unique_ptr<ipc::LedgerWriter> ledger)
     : epoll_fd_(std::move(epoll_fd)),
       wake_fd_(std::move(wake_fd)),
       timer_fd_(std::move(timer_fd)),
       link_fd_(link_fd),
+      area_(area),
+      ledger_(std::move(ledger)),
       driver_(std::make_unique<Driver>()) {}
 
 DirectConns::~DirectConns() {
@@ -223,7 +237,11 @@ void DirectConns::Accept(const ipc::Frame& frame,
     absl::MutexLock lock(&mu_);
     std::shared_ptr<DirectSession>& slot = sessions_[info.client];
     if (slot == nullptr) {
-      slot = std::make_shared<DirectSession>(info.client, limits, *driver_);
+      // The client's slot is the daemon's, the same for every connection
+      // of the client while this worker lives.
+      const DirectRecords records{area_, ledger_.get(), info.client_slot};
+      slot = std::make_shared<DirectSession>(info.client, limits, *driver_,
+                                             records);
     }
     session = slot;
   }

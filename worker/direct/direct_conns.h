@@ -34,13 +34,19 @@
 #include "base/unique_fd.h"
 #include "worker/direct/direct_session.h"
 #include "worker/ipc/frame.h"
+#include "worker/ipc/ledger.h"
+#include "worker/ipc/payload_area.h"
 
 namespace agentix::worker {
 
 class DirectConns {
  public:
   // `link_fd` (polled, never read or closed here) joins the poll set.
-  static absl::StatusOr<std::unique_ptr<DirectConns>> Create(int link_fd);
+  // `area` (may be null; must outlive this): the payload area whose
+  // counters and ledger (when the daemon made one) every session writes
+  // (DirectRecords; the slot of a client comes with its direct_conn).
+  static absl::StatusOr<std::unique_ptr<DirectConns>> Create(
+      int link_fd, ipc::PayloadArea* area = nullptr);
   ~DirectConns();
   DirectConns(const DirectConns&) = delete;
   DirectConns& operator=(const DirectConns&) = delete;
@@ -105,7 +111,8 @@ class DirectConns {
   class Driver;
 
   DirectConns(base::UniqueFd epoll_fd, base::UniqueFd wake_fd,
-              base::UniqueFd timer_fd, int link_fd);
+              base::UniqueFd timer_fd, int link_fd, ipc::PayloadArea* area,
+              std::unique_ptr<ipc::LedgerWriter> ledger);
   void Watch(int fd, uint32_t events, int op);
   void Reap(const std::shared_ptr<Conn>& conn);
   void ArmTimer(absl::Time at);
@@ -115,6 +122,8 @@ class DirectConns {
   const base::UniqueFd wake_fd_;
   const base::UniqueFd timer_fd_;
   const int link_fd_;
+  ipc::PayloadArea* const area_;
+  const std::unique_ptr<ipc::LedgerWriter> ledger_;  // null: none
   std::unique_ptr<Driver> driver_;
 
   absl::Mutex mu_;
