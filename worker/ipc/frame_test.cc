@@ -215,10 +215,16 @@ TEST_CASE("Direct calls' side-channel frames round-trip", "[ipc][direct]") {
 
   // Wrong msgpack types are refused: untagged not a bool, a seq not an int.
   auto bad = DecodeFrameBody(
-      std::string("¡t«barrier_ask¨untagged", 24));
+      std::string("\x82\xa1t\xab" "barrier_ask\xa8untagged\x01", 25));
   CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
-  bad = DecodeFrameBody(std::string("¡t§" "barrier§log_seq¡x", 22));
+  bad = DecodeFrameBody(std::string("\x82\xa1t\xa7" "barrier\xa7log_seq\xa1x", 21));
   CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  // The same bodies with the right types decode (the lengths above are exact).
+  CHECK(DecodeFrameBody(
+            std::string("\x82\xa1t\xab" "barrier_ask\xa8untagged\xc3", 25))
+            .ok());
+  CHECK(DecodeFrameBody(std::string("\x82\xa1t\xa7" "barrier\xa7log_seq\x07", 20))
+            .ok());
 }
 
 TEST_CASE("FrameReader yields frames split at any byte", "[ipc]") {
