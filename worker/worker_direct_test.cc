@@ -39,8 +39,9 @@ std::string NoArgs() {
 class Host {
  public:
   // Hands the other end to `worker` as connection `conn` of `client`.
+  // `follow`: the calls-CPU answers the host asked for (0, 1, 2).
   Host(Worker& worker, uint64_t conn, const std::string& client,
-       const std::string& pre = "") {
+       const std::string& pre = "", uint32_t follow = 0) {
     int fds[2];
     REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
     fd_.Reset(fds[0]);
@@ -55,6 +56,7 @@ class Host {
     direct.direct_conn.max_retained_bytes = uint64_t{512} << 20;
     direct.direct_conn.max_stream_window = 1024;
     direct.direct_conn.stalled_ms = 20000;
+    direct.direct_conn.follow = follow;
     direct.data = pre;
     std::string bytes;
     REQUIRE_OK(ipc::AppendFrame(direct, bytes));
@@ -361,6 +363,54 @@ TEST_CASE("shutdown ends a running direct call, then STATUS 14") {
   REQUIRE(end.has_error());
   CHECK(end.error().call_id() == "sleep-2");
   CHECK(host.Status() == 14);
+}
+
+}  // namespace
+}  // namespace agentix::worker
+
+namespace agentix::worker {
+namespace {
+
+// The calls-CPU answer a HELLO frame carries.
+std::string CpuAnswerOf(const std::pair<FrameKind, std::string>& frame) {
+  REQUIRE(frame.first == FrameKind::kHello);
+  REQUIRE_OK_AND_ASSIGN(sandbox::FrameMetadata hello,
+                        sandbox::DecodeHello(frame.second));
+  const std::string* value = sandbox::FindMetadata(hello, sandbox::kFrameCallsCpuKey);
+  REQUIRE(value != nullptr);
+  return *value;
+}
+
+TEST_CASE("calls_cpu_answer reaches the hosts that follow changes, and one "
+          "owed its first answer") {
+  Worker worker(DirectWorker());
+  worker.AwaitReady();
+  Host changes(worker, 1, "a", "", /*follow=*/2);
+  Host first(worker, 2, "b", "", /*follow=*/1);
+  Host none(worker, 3, "c", "", /*follow=*/0);
+  const std::string nil = OneArg([](auto& p) { p.pack_nil(); });
+  // Each connection is served before the answer comes.
+  for (Host* host : {&changes, &first, &none}) {
+    host->Start("n", "worker_fixture::echo", nil);
+    REQUIRE(host->Terminal().has_result());
+  }
+  Frame answer;
+  answer.type = FrameType::kCallsCpuAnswer;
+  answer.detail = "off";
+  worker.Send(answer);
+  CHECK(CpuAnswerOf(changes.NextFrame()) == "off");
+  CHECK(CpuAnswerOf(first.NextFrame()) == "off");
+  answer.detail = "wait";
+  worker.Send(answer);
+  CHECK(CpuAnswerOf(changes.NextFrame()) == "wait");
+  // Written to every connection at once: none is ahead of these results.
+  for (Host* host : {&first, &none}) {
+    host->Start("m", "worker_fixture::echo", nil);
+    CHECK(host->NextFrame().first == FrameKind::kMessage);
+  }
+  // A connection handed over after a change hears the latest answer first.
+  Host later(worker, 4, "d", "", /*follow=*/2);
+  CHECK(CpuAnswerOf(later.NextFrame()) == "wait");
 }
 
 }  // namespace

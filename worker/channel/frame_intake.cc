@@ -335,6 +335,10 @@ PyObject* FrameToRecord(PyObject* self, const ipc::Frame& f,
            BytesOf(data), Str(f.ns.request_id), error_type,
            Str(f.ns.error_message), PyLong_FromLong(f.ns.status_code)});
     }
+    case ipc::FrameType::kCallsCpuAnswer:
+      if (st.direct == nullptr) break;  // never sent to such a worker
+      st.direct->TellCallsCpu(f.detail);
+      return Py_NewRef(Py_None);
     default:
       break;
   }

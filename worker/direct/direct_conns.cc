@@ -43,8 +43,8 @@ class DirectConns::Driver final : public DriverSink {
 class DirectConns::Conn final : public FrameConnectionConsumer,
                                 public DirectResponseSink {
  public:
-  Conn(uint64_t number, std::shared_ptr<DirectSession> session)
-      : number_(number), session_(std::move(session)) {}
+  Conn(uint64_t number, uint32_t follow, std::shared_ptr<DirectSession> session)
+      : number_(number), follow_(follow), session_(std::move(session)) {}
 
   void Attach(std::unique_ptr<FrameConnection> connection,
               std::weak_ptr<Conn> self) {
@@ -102,6 +102,13 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
     }
   }
 
+  // Writes a calls-CPU answer if the host asked for it (poll side).
+  void TellCallsCpu(const std::string& value) {
+    if (follow_ == 0) return;
+    if (follow_ == 1) follow_ = 0;  // the first answer only
+    (void)connection_->SendCallsCpuAnswer(value);
+  }
+
   FrameConnection& connection() { return *connection_; }
   DirectSession* session() const { return session_.get(); }
   uint64_t number() const { return number_; }
@@ -111,6 +118,7 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
 
  private:
   const uint64_t number_;
+  uint32_t follow_;  // direct_conn's: 0 none, 1 the first answer, 2 changes
   const std::shared_ptr<DirectSession> session_;
   std::unique_ptr<FrameConnection> connection_;
   std::weak_ptr<Conn> self_;
@@ -221,7 +229,7 @@ void DirectConns::Accept(const ipc::Frame& frame,
     }
     session = slot;
   }
-  auto conn = std::make_shared<Conn>(info.conn, session);
+  auto conn = std::make_shared<Conn>(info.conn, info.follow, session);
   FrameConnectionOptions options;
   options.max_unwritten_bytes = limits.max_retained_bytes;
   options.stalled_host_timeout = limits.stalled_host_timeout;
@@ -249,8 +257,22 @@ void DirectConns::Accept(const ipc::Frame& frame,
   }
   conn->watched = EPOLLIN;
   Watch(fd, EPOLLIN, EPOLL_CTL_ADD);
+  // An answer that changed after the daemon answered this host's HELLO
+  // reached the link before this connection did.
+  if (!calls_cpu_answer_.empty()) conn->TellCallsCpu(calls_cpu_answer_);
   conn->connection().Start();
   Drive();  // its state after `pre`: interest, end, deadlines
+}
+
+void DirectConns::TellCallsCpu(const std::string& value) {
+  calls_cpu_answer_ = value;
+  std::vector<std::shared_ptr<Conn>> all;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [fd, conn] : conns_) all.push_back(conn);
+  }
+  for (const auto& conn : all) conn->TellCallsCpu(value);
+  Drive();  // what was queued gets written
 }
 
 void DirectConns::Reap(const std::shared_ptr<Conn>& conn) {

@@ -86,6 +86,13 @@ class DirectConns {
   // are written or given up, then closes them. Call without the GIL.
   void FinishAll(absl::StatusCode code, const std::string& message);
 
+  // The daemon's changed calls-CPU answer (calls_cpu_answer: "wait" or
+  // "off"): written, as the daemon writes it on a relayed connection, on
+  // each connection that follows changes (direct_conn's follow 2) and on
+  // one still owed its first answer (follow 1). Remembered for connections
+  // handed over later, whose HELLO answer it may postdate. Poll side.
+  void TellCallsCpu(const std::string& value);
+
   // The session of `client`, or null (stage 4's collapse takes a session
   // from here: docs/DIRECT-CALLS.md).
   std::shared_ptr<DirectSession> SessionOf(const std::string& client);
@@ -117,6 +124,7 @@ class DirectConns {
   std::map<int, std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);  // by fd
   std::vector<std::pair<uint64_t, std::string>> closed_ ABSL_GUARDED_BY(mu_);
   absl::Time timer_at_ = absl::InfiniteFuture();  // poll side only
+  std::string calls_cpu_answer_;  // the latest told (poll side only)
 };
 
 }  // namespace agentix::worker
