@@ -415,3 +415,66 @@ TEST_CASE("calls_cpu_answer reaches the hosts that follow changes, and one "
 
 }  // namespace
 }  // namespace agentix::worker
+
+namespace agentix::worker {
+namespace {
+
+// Stage 5: the test, as the daemon, answers the worker's barrier_ask.
+TEST_CASE("a direct call that logs gets its records' seqs in its result") {
+  Worker worker(DirectWorker());
+  worker.AwaitReady();
+  Host host(worker, 5, "client-a");
+  const std::string nil = OneArg([](auto& p) { p.pack_nil(); });
+  // A call that logged nothing asks nothing: its result comes at once.
+  host.Start("n1", "worker_fixture::echo", nil);
+  SandboxEvent quiet = host.Terminal();
+  REQUIRE(quiet.has_result());
+  CHECK(quiet.result().log_seq() == 0);
+
+  host.Start("l1", "worker_fixture::log_warning", NoArgs());
+  // On the link: the call's record, tagged with its connection, then the
+  // ask (after it: the daemon numbers the record first).
+  bool tagged = false;
+  Frame ask;
+  while (true) {
+    REQUIRE_OK_AND_ASSIGN(Frame f, worker.NextAny(absl::Seconds(30)));
+    if (f.type == FrameType::kLog) {
+      LogRecord record;
+      REQUIRE(record.ParseFromString(f.record));
+      if (record.call_id() == "l1") {
+        CHECK(f.direct_conn.conn == 5);
+        tagged = true;
+      }
+      continue;
+    }
+    INFO("frame " << ipc::FrameTypeName(f.type));
+    REQUIRE(f.type == FrameType::kBarrierAsk);
+    ask = f;
+    break;
+  }
+  CHECK(tagged);
+  CHECK(ask.call_id == "l1");
+  CHECK(!ask.untagged);
+  Frame answer;
+  answer.type = FrameType::kBarrier;
+  answer.call_id = "l1";
+  answer.log_seq = 77;
+  answer.trace_seq = 3;
+  worker.Send(answer);
+  SandboxEvent end = host.Terminal();
+  REQUIRE(end.has_result());
+  CHECK(end.result().call_id() == "l1");
+  CHECK(end.result().log_seq() == 77);
+  CHECK(end.result().trace_seq() == 3);
+
+  // The next quiet call asks nothing again.
+  host.Start("n2", "worker_fixture::echo", nil);
+  SandboxEvent after = host.Terminal();
+  REQUIRE(after.has_result());
+  CHECK(after.result().log_seq() == 0);
+  host.HalfClose();
+  CHECK(host.Status() == 0);
+}
+
+}  // namespace
+}  // namespace agentix::worker

@@ -228,6 +228,7 @@ void DirectConns::Accept(const ipc::Frame& frame,
       slot = std::make_shared<DirectSession>(info.client, limits, *driver_);
     }
     session = slot;
+    latest_conn_[info.client] = info.conn;
   }
   auto conn = std::make_shared<Conn>(info.conn, info.follow, session);
   FrameConnectionOptions options;
@@ -352,8 +353,90 @@ void DirectConns::Drive() {
   ArmTimer(next);
 }
 
-std::vector<ipc::Frame> DirectConns::TakeDriverFrames() {
-  return driver_->Take();
+std::vector<ipc::Frame> DirectConns::TakeDriverFrames(uint64_t untagged) {
+  std::vector<ipc::Frame> frames = driver_->Take();
+  absl::MutexLock lock(&side_mu_);
+  for (const ipc::Frame& f : frames) {
+    if (f.type != ipc::FrameType::kCall) continue;
+    CallRecords& call = records_[f.call_id];
+    call = CallRecords();
+    call.untagged_mark = untagged;
+  }
+  return frames;
+}
+
+namespace {
+
+bool IsStamped(ipc::FrameType type) {
+  return type == ipc::FrameType::kResult || type == ipc::FrameType::kError ||
+         type == ipc::FrameType::kStreamItem;
+}
+
+bool NeedsBarrier(const std::vector<ipc::Frame>& frames) {
+  for (const ipc::Frame& f : frames) {
+    if (IsStamped(f.type)) return true;
+  }
+  return false;
+}
+
+bool EndsCall(const std::vector<ipc::Frame>& frames) {
+  for (const ipc::Frame& f : frames) {
+    if (f.type == ipc::FrameType::kResult || f.type == ipc::FrameType::kError) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+bool DirectConns::AskIfLogged(const std::string& call_id, CallRecords& call,
+                              const std::vector<ipc::Frame>& frames,
+                              uint64_t untagged, std::string& link_out) {
+  const bool saw_untagged = untagged > call.untagged_mark;
+  if (!NeedsBarrier(frames) || !(call.tagged || saw_untagged)) return false;
+  ipc::Frame ask;
+  ask.type = ipc::FrameType::kBarrierAsk;
+  ask.call_id = call_id;
+  ask.untagged = saw_untagged;
+  if (!ipc::AppendFrame(ask, link_out).ok()) return false;  // an id too long
+  call.tagged = false;
+  call.untagged_mark = untagged;
+  call.asking = true;
+  ++barrier_asks_;
+  return true;
+}
+
+uint64_t DirectConns::TagRecord(std::string_view call_id) {
+  uint64_t conn = 0;
+  {
+    absl::MutexLock lock(&side_mu_);
+    auto it = records_.find(std::string(call_id));
+    if (it == records_.end()) return 0;
+    it->second.tagged = true;
+    conn = it->second.conn;
+  }
+  if (conn != 0) return conn;
+  // Its first record: the client's latest connection.
+  {
+    absl::MutexLock lock(&mu_);
+    const std::string id(call_id);
+    for (auto& [client, session] : sessions_) {
+      if (!session->Runs(id)) continue;
+      auto latest = latest_conn_.find(client);
+      if (latest != latest_conn_.end()) conn = latest->second;
+      break;
+    }
+  }
+  absl::MutexLock lock(&side_mu_);
+  auto it = records_.find(std::string(call_id));
+  if (it != records_.end()) it->second.conn = conn;
+  return conn;
+}
+
+uint64_t DirectConns::barrier_asks() {
+  absl::MutexLock lock(&side_mu_);
+  return barrier_asks_;
 }
 
 std::vector<std::pair<uint64_t, std::string>> DirectConns::TakeClosed() {
@@ -387,8 +470,59 @@ void DirectConns::FinishHalfClosed(DirectSession* session) {
   for (const auto& conn : conns) conn->FinishIfDrained();
 }
 
-bool DirectConns::Reply(std::vector<ipc::Frame> frames) {
+bool DirectConns::Reply(std::vector<ipc::Frame> frames, uint64_t untagged,
+                        std::string& link_out) {
   if (frames.empty()) return true;
+  const std::string& id = frames.front().call_id;
+  {
+    absl::MutexLock lock(&side_mu_);
+    auto it = records_.find(id);
+    if (it != records_.end()) {
+      CallRecords& call = it->second;
+      if (call.asking || AskIfLogged(id, call, frames, untagged, link_out)) {
+        call.held.push_back(std::move(frames));
+        return true;
+      }
+      if (EndsCall(frames)) records_.erase(it);
+    }
+  }
+  return Deliver(frames);
+}
+
+void DirectConns::OnBarrier(const ipc::Frame& answer, uint64_t untagged,
+                            std::string& link_out) {
+  std::vector<std::vector<ipc::Frame>> release;
+  {
+    absl::MutexLock lock(&side_mu_);
+    auto it = records_.find(answer.call_id);
+    if (it == records_.end() || !it->second.asking) return;  // not asked
+    CallRecords& call = it->second;
+    call.asking = false;
+    bool ended = false;
+    for (size_t i = 0; i < call.held.size(); ++i) {
+      std::vector<ipc::Frame>& frames = call.held[i];
+      if (i == 0) {
+        for (ipc::Frame& f : frames) {
+          if (!IsStamped(f.type)) continue;
+          f.log_seq = answer.log_seq;
+          f.trace_seq = answer.trace_seq;
+        }
+      } else if (AskIfLogged(answer.call_id, call, frames, untagged, link_out)) {
+        call.held.erase(call.held.begin(), call.held.begin() + i);
+        break;
+      }
+      ended |= EndsCall(frames);
+      release.push_back(std::move(frames));
+    }
+    if (!call.asking) {
+      call.held.clear();
+      if (ended) records_.erase(it);
+    }
+  }
+  for (std::vector<ipc::Frame>& frames : release) (void)Deliver(frames);
+}
+
+bool DirectConns::Deliver(std::vector<ipc::Frame>& frames) {
   std::shared_ptr<DirectSession> owner;
   {
     absl::MutexLock lock(&mu_);
@@ -407,6 +541,17 @@ bool DirectConns::Reply(std::vector<ipc::Frame> frames) {
 }
 
 void DirectConns::FinishAll(absl::StatusCode code, const std::string& message) {
+  // Output held for a barrier the daemon will not answer now: written
+  // without its seqs rather than lost.
+  std::vector<std::vector<ipc::Frame>> held;
+  {
+    absl::MutexLock lock(&side_mu_);
+    for (auto& [id, call] : records_) {
+      for (auto& frames : call.held) held.push_back(std::move(frames));
+    }
+    records_.clear();
+  }
+  for (std::vector<ipc::Frame>& frames : held) (void)Deliver(frames);
   std::vector<std::shared_ptr<Conn>> all;
   {
     absl::MutexLock lock(&mu_);
