@@ -6,12 +6,11 @@ yields the item that follows it. No waiting or polling in these tests: each
 check runs the moment the call returns."""
 
 import logging
-import time
 
 import pytest
 
 import barrier_targets as t
-from conftest import on_root_logger
+from conftest import on_root_logger, relayed_or_direct
 from agentix import RemoteCallError, RuntimeClient, trace
 
 pytestmark = pytest.mark.asyncio
@@ -19,22 +18,8 @@ pytestmark = pytest.mark.asyncio
 
 @pytest.fixture(params=["relayed", "direct"])
 def daemon(request, start_daemon, monkeypatch):
-    """Each test against the relayed path and against direct calls
-    (docs/DIRECT-CALLS.md, stage 5: the worker asks the daemon for the
-    barrier of a direct call that emitted records)."""
-    if request.param == "relayed":
-        yield start_daemon()
-        return
-    monkeypatch.setenv("AGENTIX_CALLS_WIRE", "frames")
-    monkeypatch.setenv("AGENTIX_CALLS_DIRECT", "auto")
-    d = start_daemon(extra_args=["--direct_calls", "--log_level=debug"])
-    yield d
-    # The calls really went direct: the worker reported a handed-over
-    # connection's end (logged at debug level; asynchronous, so bounded).
-    deadline = time.monotonic() + 10
-    while "direct connection" not in d.log() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert "direct connection" in d.log(), d.log()[-4000:]
+    """Each test against the relayed path and against direct calls."""
+    yield from relayed_or_direct(request.param, start_daemon, monkeypatch)
 
 
 class Seen(logging.Handler):
