@@ -23,6 +23,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "sandbox/calls_cpu.h"
 #include "sandbox/connection_guard.h"
 #include "sandbox/direct_connections.h"
 #include "sandbox/direct_orphan_timer.h"
@@ -66,6 +67,7 @@ class Host {
     if (!client_id.empty()) metadata.emplace_back("agentix-client-id", client_id);
     if (direct) metadata.emplace_back(kFrameDirectKey, "1");
     if (ring != nullptr) metadata.emplace_back(kFramePayloadRingKey, "1");
+    metadata.insert(metadata.end(), extra.begin(), extra.end());
     const std::string bytes =
         EncodeFrame(FrameKind::kHello, EncodeHello(metadata)) + then;
     iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
@@ -142,7 +144,30 @@ class Host {
     REQUIRE(!Read().has_value());
     return static_cast<absl::StatusCode>(status->code);
   }
+  // The next CallsResponse (skipping the ring's acceptance; calls-CPU
+  // answers are counted in `cpu_answers`).
+  CallsResponse NextResponse() {
+    for (;;) {
+      std::optional<WireFrame> frame = Read();
+      REQUIRE(frame.has_value());
+      if (frame->kind == FrameKind::kRingMessage) continue;
+      if (frame->kind == FrameKind::kHello) {
+        auto answer = DecodeHello(frame->payload);
+        REQUIRE(answer.ok());
+        const std::string* value = FindMetadata(*answer, kFrameCallsCpuKey);
+        REQUIRE(value != nullptr);
+        cpu_answers.push_back(*value);
+        continue;
+      }
+      REQUIRE(frame->kind == FrameKind::kMessage);
+      CallsResponse response;
+      REQUIRE(response.ParseFromString(frame->payload));
+      return response;
+    }
+  }
   int fd() const { return fd_; }
+  FrameMetadata extra;  // more HELLO keys
+  std::vector<std::string> cpu_answers;
 
  private:
   bool ReadExactly(size_t n, std::string& out, absl::Duration timeout) {
@@ -218,6 +243,28 @@ struct Setup {
   absl::Duration collapse_timeout = absl::Seconds(5);
   // The orphan timer's timeout (none when zero).
   absl::Duration orphan_after = absl::ZeroDuration();
+  std::shared_ptr<CallsCpu> calls_cpu;  // the frame wire's (--calls_cpu)
+};
+
+// A Logs stream of one client (or of none: "").
+class LogStream : public LogSubscriber {
+ public:
+  explicit LogStream(std::string client) : client_(std::move(client)) {}
+  const std::string& client_id() const override { return client_; }
+  bool Deliver(std::vector<LogRecordPtr> records) override {
+    absl::MutexLock lock(&mu_);
+    for (auto& r : records) got_.push_back(FullOf(*r));
+    return true;
+  }
+  std::vector<runtime::v1::LogRecord> got() {
+    absl::MutexLock lock(&mu_);
+    return got_;
+  }
+
+ private:
+  const std::string client_;
+  absl::Mutex mu_;
+  std::vector<runtime::v1::LogRecord> got_ ABSL_GUARDED_BY(mu_);
 };
 
 struct Harness {
@@ -250,6 +297,7 @@ struct Harness {
     wire.gate = TokenGate::Fixed(kToken);
     wire.activity = &activity;
     if (setup.flag) wire.direct = direct;
+    wire.calls_cpu = setup.calls_cpu;
     path = wire.path;
     server = std::make_unique<FrameWireServer>(manager.get(), wire);
     REQUIRE(server->Start().ok());
@@ -490,11 +538,10 @@ TEST_CASE("Handed-over connections count against --max-connections until the "
     Host host(h.path);
     host.Hello(true, "client-a", Start("c1", "fake::echo", "x"));
     REQUIRE(h.IsDirect(host.NextResult()));
-    // The daemon's thread hands the connection to the guard after the
-    // worker may have answered.
-    CHECK(Eventually([] { return GetConnectionGuardStats().handed_over == 1; }));
-    ConnectionGuardStats stats = GetConnectionGuardStats();
-    CHECK(stats.open == at_start.open + 1);
+    // The worker may answer before the daemon's thread has counted the
+    // hand-over (ReleaseHandedOver runs after the frame is queued).
+    REQUIRE(Eventually([] { return GetConnectionGuardStats().handed_over == 1; }));
+    CHECK(GetConnectionGuardStats().open == at_start.open + 1);
     // At the cap: the guard closes the next connection at accept.
     Host refused(h.path);
     CHECK(!refused.Read(absl::Seconds(5)).has_value());
@@ -635,6 +682,119 @@ TEST_CASE("An orphaned session is collapsed after the timeout; one with a "
   CHECK(back.NextResult() == "done");
   CHECK(h.manager->HoldsDirectSession("client-b"));
   CHECK(h.direct->live() == 1);
+}
+
+}  // namespace
+}  // namespace agentix::sandbox
+
+namespace agentix::sandbox {
+namespace {
+
+// Stage 5: the fake worker tags a direct fake::log call's record with its
+// connection, asks for the barrier and stamps the result with the answer.
+TEST_CASE("A direct call's log record reaches its client's Logs streams "
+          "before its result, whose barrier names it", "[direct]") {
+  Harness h;
+  auto mine = std::make_shared<LogStream>("client-a");
+  auto other = std::make_shared<LogStream>("client-b");
+  REQUIRE(h.manager->logs().Subscribe(mine, 0).ok());
+  REQUIRE(h.manager->logs().Subscribe(other, 0).ok());
+  Host host(h.path);
+  host.Hello(true, "client-a", Start("c1", "fake::log", "direct hello"));
+  const CallsResponse response = host.NextResponse();
+  REQUIRE(response.events_size() == 1);
+  REQUIRE(response.events(0).has_result());
+  const runtime::v1::CallResult& result = response.events(0).result();
+  CHECK(result.value() == "logged");
+  REQUIRE(h.direct->live() == 1);  // served by the worker, not relayed
+  // Read at once: the record was delivered before the barrier was answered.
+  const std::vector<runtime::v1::LogRecord> got = mine->got();
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].message() == "direct hello");
+  CHECK(got[0].call_id() == "c1");
+  CHECK(result.log_seq() == got[0].seq());
+  CHECK(result.log_seq() > 0);
+  CHECK(result.trace_seq() == 0);
+  CHECK(other->got().empty());  // another client's stream never sees it
+  CHECK(h.manager->direct_side_channels().calls_waiting() == 0);
+  CHECK(h.manager->direct_side_channels().unknown_tags() == 0);
+
+  // An untagged record while the call ran goes to every stream, as a
+  // relayed call's does, and the barrier covers it.
+  host.Send(Start("c2", "fake::log_untagged", "untagged"));
+  const CallsResponse second = host.NextResponse();
+  REQUIRE(second.events(0).has_result());
+  const std::vector<runtime::v1::LogRecord> both = mine->got();
+  REQUIRE(both.size() == 2);
+  CHECK(both[1].message() == "untagged");
+  CHECK(both[1].call_id().empty());
+  CHECK(second.events(0).result().log_seq() == both[1].seq());
+  REQUIRE(other->got().size() == 1);
+  CHECK(other->got()[0].seq() == both[1].seq());
+
+  // A call that logged nothing asks nothing: no barrier on its result.
+  host.Send(Start("c3", "fake::echo", "quiet"));
+  const CallsResponse quiet = host.NextResponse();
+  REQUIRE(quiet.events(0).has_result());
+  CHECK(quiet.events(0).result().log_seq() == 0);
+  CHECK(h.manager->direct_side_channels().calls_waiting() == 0);
+}
+
+TEST_CASE("Two clients' direct calls: each client's streams get only its own "
+          "records", "[direct]") {
+  Harness h;
+  auto a_stream = std::make_shared<LogStream>("client-a");
+  auto b_stream = std::make_shared<LogStream>("client-b");
+  REQUIRE(h.manager->logs().Subscribe(a_stream, 0).ok());
+  REQUIRE(h.manager->logs().Subscribe(b_stream, 0).ok());
+  Host a(h.path);
+  a.Hello(true, "client-a", Start("a1", "fake::log", "from a"));
+  Host b(h.path);
+  b.Hello(true, "client-b", Start("b1", "fake::log", "from b"));
+  const uint64_t a_seq = a.NextResponse().events(0).result().log_seq();
+  const uint64_t b_seq = b.NextResponse().events(0).result().log_seq();
+  CHECK(h.direct->live() == 2);
+  REQUIRE(a_stream->got().size() == 1);
+  REQUIRE(b_stream->got().size() == 1);
+  CHECK(a_stream->got()[0].message() == "from a");
+  CHECK(a_stream->got()[0].seq() == a_seq);
+  CHECK(b_stream->got()[0].message() == "from b");
+  CHECK(b_stream->got()[0].seq() == b_seq);
+}
+
+TEST_CASE("A changed calls-CPU answer reaches the direct hosts that follow "
+          "changes, through the worker", "[direct]") {
+  Setup setup;
+  setup.calls_cpu = std::make_shared<CallsCpu>(CallsCpu::kRunningCpu);
+  setup.calls_cpu->SetActive(false);  // (this test's threads stay put)
+  setup.calls_cpu->SetHostWaits(CallsCpu::HostWaits::kPin);
+  Harness h(setup);
+  Host follows(h.path);
+  follows.extra = {{kFrameCallsCpuFollowKey, kFrameCallsCpuFollowChanges}};
+  follows.Hello(true, "client-a", Start("c1", "fake::echo", "x"));
+  REQUIRE(h.IsDirect(follows.NextResponse().events(0).result().value()));
+  Host first_only(h.path);
+  first_only.extra = {{kFrameCallsCpuFollowKey, "1"}};
+  first_only.Hello(true, "client-b", Start("c2", "fake::echo", "x"));
+  REQUIRE(h.IsDirect(first_only.NextResponse().events(0).result().value()));
+  CHECK(h.direct->live() == 2);
+  // The daemon answered HELLO itself, before the hand-over.
+  CHECK(follows.cpu_answers == std::vector<std::string>{"wait"});
+  CHECK(first_only.cpu_answers == std::vector<std::string>{"wait"});
+
+  h.manager->TellDirectCallsCpu("off");
+  std::optional<WireFrame> told = follows.Read();
+  REQUIRE(told.has_value());
+  REQUIRE(told->kind == FrameKind::kHello);
+  auto answer = DecodeHello(told->payload);
+  REQUIRE(answer.ok());
+  REQUIRE(FindMetadata(*answer, kFrameCallsCpuKey) != nullptr);
+  CHECK(*FindMetadata(*answer, kFrameCallsCpuKey) == "off");
+  // The worker wrote its answers to every connection at once: one for the
+  // host that was told its first answer would be ahead of this result.
+  first_only.Send(Start("c4", "fake::echo", "x"));
+  CHECK(h.IsDirect(first_only.NextResponse().events(0).result().value()));
+  CHECK(first_only.cpu_answers == std::vector<std::string>{"wait"});
 }
 
 }  // namespace

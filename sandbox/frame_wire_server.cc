@@ -991,6 +991,9 @@ class FrameWireServer::Connection {
       return false;
     }
     conn = *reserved;
+    // Its calls' log records and trace events come tagged with `conn`.
+    manager_->direct_side_channels().NameClient(worker.generation(), conn,
+                                                sink_->client_id());
     const SessionOptions& session = manager_->options();
     ipc::Frame frame;
     frame.type = ipc::FrameType::kDirectConn;

@@ -33,6 +33,12 @@ void PlacementProber::Watch(std::function<CallPathActivity()> activity) {
   activity_ = std::move(activity);
 }
 
+void PlacementProber::OnHostWaits(
+    std::function<void(CallsCpu::HostWaits)> told) {
+  absl::MutexLock lock(&mu_);
+  told_ = std::move(told);
+}
+
 void PlacementProber::Stop() {
   {
     absl::MutexLock lock(&mu_);
@@ -64,9 +70,16 @@ PlacementChoice PlacementProber::ProbeOnce(bool first) {
   if (changed) {
     // The daemon's side first: a host told meanwhile finds it in place.
     calls_cpu_->SetActive(choice.placement != Placement::kOff);
-    calls_cpu_->SetHostWaits(choice.placement == Placement::kAll
-                                 ? CallsCpu::HostWaits::kPin
-                                 : CallsCpu::HostWaits::kOff);
+    const CallsCpu::HostWaits waits = choice.placement == Placement::kAll
+                                          ? CallsCpu::HostWaits::kPin
+                                          : CallsCpu::HostWaits::kOff;
+    calls_cpu_->SetHostWaits(waits);
+    std::function<void(CallsCpu::HostWaits)> told;
+    {
+      absl::MutexLock lock(&mu_);
+      told = told_;
+    }
+    if (told) told(waits);
   }
   return choice;
 }

@@ -37,6 +37,11 @@ class PlacementProber {
   // prober's thread, never under its lock; must stay callable until Stop).
   // Until then none runs, nor a start-up probe that waits. Thread-safe.
   void Watch(std::function<CallPathActivity()> activity);
+  // From now on each changed answer to hosts (HostWaits::kPin or kOff) is
+  // also given to `told` (on the prober's thread, never under its lock):
+  // the direct connections' hosts are told by the worker, not by a daemon
+  // thread that follows CallsCpu. Thread-safe.
+  void OnHostWaits(std::function<void(CallsCpu::HostWaits)> told);
   // Ends the thread (after a probe that is running). Idempotent.
   void Stop();
 
@@ -61,6 +66,7 @@ class PlacementProber {
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::function<CallPathActivity()> activity_ ABSL_GUARDED_BY(mu_);
+  std::function<void(CallsCpu::HostWaits)> told_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace agentix::sandbox

@@ -4,6 +4,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -75,6 +76,19 @@ TEST_CASE("A re-probe that chooses otherwise changes what hosts are told, either
   CHECK(calls_cpu->host_waits() == CallsCpu::HostWaits::kPin);
   prober.ProbeOnce(/*first=*/false);
   CHECK(calls_cpu->host_waits() == CallsCpu::HostWaits::kOff);
+}
+
+TEST_CASE("Each changed answer, and only a changed one, is given to OnHostWaits") {
+  auto calls_cpu = std::make_shared<CallsCpu>(CallsCpu::kRunningCpu);
+  Measures measures({kBusy, kBusy, kQuiet, kQuiet, kBusy});
+  PlacementProber prober(calls_cpu, {}, measures.measure());
+  std::vector<CallsCpu::HostWaits> told;
+  prober.OnHostWaits([&told](CallsCpu::HostWaits waits) { told.push_back(waits); });
+  prober.ProbeOnce(/*first=*/true);
+  for (int i = 0; i < 4; ++i) prober.ProbeOnce(/*first=*/false);
+  CHECK(told == std::vector<CallsCpu::HostWaits>{CallsCpu::HostWaits::kOff,
+                                                 CallsCpu::HostWaits::kPin,
+                                                 CallsCpu::HostWaits::kOff});
 }
 
 TEST_CASE("A probe that fails chooses the placement before the probe") {

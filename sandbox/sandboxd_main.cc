@@ -716,6 +716,12 @@ int Run(int argc, char** raw_argv) {
   }
   // After the prestart: a start-up probe that waits for the call path to
   // rest must see the prestarted worker booting.
+  if (prober != nullptr && direct_connections != nullptr) {
+    // Direct hosts that follow changes are told by the worker (stage 5).
+    prober->OnHostWaits([&manager](CallsCpu::HostWaits waits) {
+      manager.TellDirectCallsCpu(waits == CallsCpu::HostWaits::kOff ? "off" : "wait");
+    });
+  }
   if (prober != nullptr) {
     prober->Watch([&manager] {
       const SessionManager::CallPathQuiet quiet = manager.Quiet();

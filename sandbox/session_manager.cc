@@ -521,6 +521,16 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
   // themselves are moved into the buffers).
   std::vector<IdRun> log_calls;
   std::vector<IdRun> trace_calls;
+  // Each record's direct connection (0: relayed), when a batch has any
+  // (docs/DIRECT-CALLS.md, stage 5); empty otherwise.
+  std::vector<uint64_t> log_conns;
+  std::vector<uint64_t> trace_conns;
+  auto note_conn = [](std::vector<uint64_t>& conns, size_t index,
+                      uint64_t conn) {
+    if (conn == 0 && conns.empty()) return;
+    conns.resize(index, 0);
+    conns.push_back(conn);
+  };
   if (!log_frames.empty() || !trace_frames.empty()) {
     std::string worker_id;
     std::vector<IdRun> log_owners;
@@ -533,6 +543,7 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
       records.push_back(
           ToWireLogRecord(std::move(f->record), "", &call_id));
       AddToRuns(log_calls, call_id);
+      note_conn(log_conns, records.size() - 1, f->direct_conn.conn);
     }
     std::vector<TraceEventWire> events;
     events.reserve(trace_frames.size());
@@ -552,7 +563,10 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
       }
       AddToRuns(trace_calls, call_id);
       events.push_back(std::move(*e));
+      note_conn(trace_conns, events.size() - 1, f->direct_conn.conn);
     }
+    if (!log_conns.empty()) log_conns.resize(records.size(), 0);
+    if (!trace_conns.empty()) trace_conns.resize(events.size(), 0);
     {
       absl::MutexLock lock(&mu_);
       if (worker_ && worker_->generation() == generation) {
@@ -560,6 +574,13 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
       }
       log_owners = OwnersOf(log_calls);
       trace_owners = OwnersOf(trace_calls);
+    }
+    if (!log_conns.empty()) {
+      log_owners = direct_side_.Owners(generation, log_calls, log_conns, log_owners);
+    }
+    if (!trace_conns.empty()) {
+      trace_owners =
+          direct_side_.Owners(generation, trace_calls, trace_conns, trace_owners);
     }
     if (!records.empty()) {
       for (LogRecordWire& r : records) r.set_worker_id(worker_id);
@@ -581,13 +602,26 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
       TrackSeqs(trace_calls, first_trace, &Call::trace_seq,
                 unattributed_trace_seq_);
     }
+    if (!log_conns.empty()) {
+      direct_side_.TrackSeqs(generation, log_calls, log_conns, first_log,
+                             /*trace=*/false);
+    }
+    if (!trace_conns.empty()) {
+      direct_side_.TrackSeqs(generation, trace_calls, trace_conns, first_trace,
+                             /*trace=*/true);
+    }
+    bool answered = false;
     for (ipc::Frame& frame : frames) {
-      if (frame.type != ipc::FrameType::kLog &&
-          frame.type != ipc::FrameType::kTrace &&
-          frame.type != ipc::FrameType::kNamespaceEvent) {
+      if (frame.type == ipc::FrameType::kBarrierAsk) {
+        AnswerBarrier(generation, frame);
+        answered = barrier = true;
+      } else if (frame.type != ipc::FrameType::kLog &&
+                 frame.type != ipc::FrameType::kTrace &&
+                 frame.type != ipc::FrameType::kNamespaceEvent) {
         barrier |= ApplyWorkerFrame(generation, frame, out);
       }
     }
+    if (answered) FlushToWorker();
     if (!call_queue_.empty()) {
       DispatchQueued(out);
       FlushToWorker();
@@ -603,6 +637,34 @@ void SessionManager::OnWorkerFrames(uint64_t generation,
   }
   DeliverPosted();
   ThrottleResults();
+}
+
+void SessionManager::AnswerBarrier(uint64_t generation,
+                                   const ipc::Frame& ask) {
+  // The records before the ask (in the link's order) are numbered: the
+  // seqs they got, or the untagged ones' when the call saw some.
+  const DirectSideChannels::Seqs seqs = direct_side_.Take(generation, ask.call_id);
+  ipc::Frame answer;
+  answer.type = ipc::FrameType::kBarrier;
+  answer.call_id = ask.call_id;
+  answer.log_seq = seqs.log_seq;
+  answer.trace_seq = seqs.trace_seq;
+  if (ask.untagged) {
+    answer.log_seq = std::max(answer.log_seq, unattributed_log_seq_);
+    answer.trace_seq = std::max(answer.trace_seq, unattributed_trace_seq_);
+  }
+  // Only the asking worker waits for it (a later one never asked).
+  if (worker_ && worker_->generation() == generation) SendToWorker(answer);
+}
+
+void SessionManager::TellDirectCallsCpu(std::string_view value) {
+  absl::MutexLock lock(&mu_);
+  if (!worker_ || !worker_->direct_capable()) return;
+  ipc::Frame answer;
+  answer.type = ipc::FrameType::kCallsCpuAnswer;
+  answer.detail = std::string(value);
+  SendToWorker(answer);
+  FlushToWorker();
 }
 
 std::vector<IdRun> SessionManager::OwnersOf(
@@ -889,6 +951,7 @@ void SessionManager::OnWorkerExit(uint64_t generation,
     // Its direct calls, from the ledger, in the same hold of the lock: a
     // host reconnecting now finds them (and is relayed: eligibility 4).
     AdoptDeadWorkersLedger(generation, exit, out);
+    direct_side_.ForgetWorker(generation);
     if (worker_ && worker_->generation() == generation) {
       // Destroyed later from another thread: this is its reader thread.
       dead_workers_.push_back(std::move(worker_));

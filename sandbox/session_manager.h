@@ -39,6 +39,7 @@
 #include "agentix/runtime/v1/runtime.pb.h"
 #include "calls/call_table.h"
 #include "sandbox/call_sink.h"
+#include "sandbox/direct_side_channels.h"
 #include "wire/finished_ids.h"
 #include "sandbox/log_buffer.h"
 #include "sandbox/namespace_hub.h"
@@ -235,6 +236,13 @@ class SessionManager : public WorkerProcess::Listener {
   TraceBuffer& traces() { return *traces_; }
   // The host streams open on each plugin namespace (RuntimeService.Namespace).
   NamespaceHub& namespaces() { return namespaces_; }
+  // Direct calls' records: the frame wire names each handed-over
+  // connection's client here (docs/DIRECT-CALLS.md, stage 5).
+  DirectSideChannels& direct_side_channels() { return direct_side_; }
+  // The daemon's calls-CPU answer changed ("wait" or "off"): the live
+  // worker writes it on its direct connections that follow changes
+  // (calls_cpu_answer). Relayed connections follow it themselves.
+  void TellDirectCallsCpu(std::string_view value) ABSL_LOCKS_EXCLUDED(mu_);
   // Forwards one host event of namespace `name` to the worker, starting it
   // if needed. Unavailable if no worker can be started or the daemon is
   // shutting down; ResourceExhausted if it exceeds the worker frame limit.
@@ -393,6 +401,9 @@ class SessionManager : public WorkerProcess::Listener {
   void TrackSeqs(const std::vector<IdRun>& call_ids, uint64_t first,
                  uint64_t Call::*call_seq, uint64_t& unattributed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers a direct call's barrier_ask from the seqs its records got.
+  void AnswerBarrier(uint64_t generation, const ipc::Frame& ask)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Turns one worker frame into an event of its call (if still open);
   // returns whether that event carries a side-channel barrier.
   bool ApplyWorkerFrame(uint64_t generation, ipc::Frame& frame,
@@ -438,6 +449,7 @@ class SessionManager : public WorkerProcess::Listener {
   const std::unique_ptr<LogBuffer> logs_;
   const std::unique_ptr<TraceBuffer> traces_;
   NamespaceHub namespaces_;
+  DirectSideChannels direct_side_;
   absl::Mutex mu_;
   Table table_ ABSL_GUARDED_BY(mu_){TableLimits(options_)};
   std::string to_worker_ ABSL_GUARDED_BY(mu_);  // encoded, not yet sent

@@ -51,6 +51,15 @@
 // fake::ledger_garbage also writes a running slot for id "ghost" of a client
 // slot the daemon never assigned (the daemon must skip it) and answers as
 // any call.
+// A direct StartCall of fake::log sends, as agentix-worker does (stage 5),
+// a log record "<arguments>" of that call tagged with the connection's
+// number, then barrier_ask, and writes the call's result ("logged") with
+// the seqs of the daemon's barrier answer; fake::log_untagged the same
+// with a record that names no call (untagged: true); any other StartCall
+// asks nothing.
+// A calls_cpu_answer is written as a calls-CPU HELLO answer on each direct
+// connection that follows changes (direct_conn's follow 2), and on one
+// that asked for the first answer only (follow 1) if it got none yet.
 // With --payload-fd=N (as the daemon passes it) payloads may arrive in the
 // payload area's ring, and result pieces of kRingMinPieceBytes or more are
 // sent through it while it has room, as agentix-worker does.
@@ -191,6 +200,7 @@ struct DirectConn {
   uint64_t conn = 0;
   std::string client;
   uint32_t client_slot = 0;  // the daemon's, in the ledger
+  uint32_t follow = 0;
   agentix::base::UniqueFd socket;
   agentix::base::UniqueFd ring;  // the host's ring memfd, held only
   std::string in;                // unparsed frame-wire bytes
@@ -262,6 +272,40 @@ void WriteGarbageLedgerSlot(absl::Span<char> region) {
   std::memcpy(slot, &running, sizeof running);
 }
 
+// Direct calls' results waiting for the daemon's barrier: the host socket
+// and the CallsResponse to stamp and write.
+std::map<std::string, std::pair<int, agentix::runtime::v1::CallsResponse>>
+    awaiting_barrier;
+
+// A fake::log or fake::log_untagged StartCall of a direct connection: the
+// record, the ask, and the result parked until the answer.
+void LogDirect(const DirectConn& d, const agentix::runtime::v1::StartCall& start) {
+  const bool untagged = start.callable() == "fake::log_untagged";
+  agentix::runtime::v1::LogRecord record;
+  record.set_logger("fake");
+  record.set_level(30);
+  record.set_level_name("WARNING");
+  record.set_message(start.arguments());
+  if (!untagged) record.set_call_id(start.call_id());
+  Frame log;
+  log.type = FrameType::kLog;
+  log.record = record.SerializeAsString();
+  log.direct_conn.conn = d.conn;
+  Send(log);
+  Frame ask;
+  ask.type = FrameType::kBarrierAsk;
+  ask.call_id = start.call_id();
+  ask.untagged = untagged;
+  Send(ask);
+  agentix::runtime::v1::CallsResponse response;
+  auto* result = response.add_events()->mutable_result();
+  result->set_call_id(start.call_id());
+  result->set_encoding(start.encoding());
+  result->set_value("logged");
+  result->set_value_size(result->value().size());
+  awaiting_barrier[start.call_id()] = {d.socket.get(), std::move(response)};
+}
+
 // Handles what the host sent; false once the connection is over (its
 // STATUS written, or a bad frame). A fake::sleep is timed by `sleep`.
 template <typename Sleep>
@@ -312,6 +356,10 @@ bool ServeDirect(DirectConn& d, Sleep sleep) {
       if (callable == "fake::kill") raise(SIGKILL);
       if (callable == "fake::hang") {
         session.running.insert(id);
+        continue;
+      }
+      if (callable == "fake::log" || callable == "fake::log_untagged") {
+        LogDirect(d, event.start());
         continue;
       }
       if (callable == "fake::sleep") {
@@ -612,6 +660,7 @@ int main(int argc, char** argv) {
         d.conn = f.direct_conn.conn;
         d.client = f.direct_conn.client;
         d.client_slot = f.direct_conn.client_slot;
+        d.follow = f.direct_conn.follow;
         d.socket = std::move((*fds)[0]);
         if (fds->size() > 1) d.ring = std::move((*fds)[1]);
         if (!serve_direct) {
@@ -717,6 +766,29 @@ int main(int argc, char** argv) {
           Send(reply);
           break;
         }
+        case FrameType::kBarrier: {
+          auto it = awaiting_barrier.find(f.call_id);
+          if (it == awaiting_barrier.end()) return 5;  // never asked
+          auto* result = it->second.second.mutable_events(0)->mutable_result();
+          result->set_log_seq(f.log_seq);
+          result->set_trace_seq(f.trace_seq);
+          WriteToHost(it->second.first,
+                      agentix::sandbox::EncodeFrame(
+                          agentix::sandbox::FrameKind::kMessage,
+                          it->second.second.SerializeAsString()));
+          awaiting_barrier.erase(it);
+          break;
+        }
+        case FrameType::kCallsCpuAnswer:
+          for (auto& [fd, d] : directs) {
+            if (d.follow == 0) continue;
+            if (d.follow == 1) d.follow = 0;  // the first answer only
+            WriteToHost(fd, agentix::sandbox::EncodeFrame(
+                                agentix::sandbox::FrameKind::kHello,
+                                agentix::sandbox::EncodeHello(
+                                    {{agentix::sandbox::kFrameCallsCpuKey, f.detail}})));
+          }
+          break;
         case FrameType::kShutdown:
           for (const auto& [fd, d] : directs) {
             SendStatus(fd, absl::StatusCode::kUnavailable,

@@ -46,8 +46,10 @@ std::string NoArgs() {
 class Host {
  public:
   // Hands the other end to `worker` as connection `conn` of `client`.
+  // `follow`: the calls-CPU answers the host asked for (0, 1, 2).
   Host(Worker& worker, uint64_t conn, const std::string& client,
-       const std::string& pre = "", uint32_t client_slot = 0) {
+       const std::string& pre = "", uint32_t client_slot = 0,
+       uint32_t follow = 0) {
     int fds[2];
     REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
     fd_.Reset(fds[0]);
@@ -63,6 +65,7 @@ class Host {
     direct.direct_conn.max_retained_bytes = uint64_t{512} << 20;
     direct.direct_conn.max_stream_window = 1024;
     direct.direct_conn.stalled_ms = 20000;
+    direct.direct_conn.follow = follow;
     direct.data = pre;
     std::string bytes;
     REQUIRE_OK(ipc::AppendFrame(direct, bytes));
@@ -517,6 +520,117 @@ TEST_CASE("with a ledger in the payload area, a direct call is written in "
   REQUIRE(finished.finished.size() == 1);
   CHECK(finished.finished[0].client == "client-b");
   CHECK(finished.finished[0].id == "slow-1");
+}
+
+}  // namespace
+}  // namespace agentix::worker
+
+namespace agentix::worker {
+namespace {
+
+// The calls-CPU answer a HELLO frame carries.
+std::string CpuAnswerOf(const std::pair<FrameKind, std::string>& frame) {
+  REQUIRE(frame.first == FrameKind::kHello);
+  REQUIRE_OK_AND_ASSIGN(sandbox::FrameMetadata hello,
+                        sandbox::DecodeHello(frame.second));
+  const std::string* value = sandbox::FindMetadata(hello, sandbox::kFrameCallsCpuKey);
+  REQUIRE(value != nullptr);
+  return *value;
+}
+
+TEST_CASE("calls_cpu_answer reaches the hosts that follow changes, and one "
+          "owed its first answer") {
+  Worker worker(DirectWorker());
+  worker.AwaitReady();
+  Host changes(worker, 1, "a", "", /*client_slot=*/0, /*follow=*/2);
+  Host first(worker, 2, "b", "", /*client_slot=*/0, /*follow=*/1);
+  Host none(worker, 3, "c", "", /*client_slot=*/0, /*follow=*/0);
+  const std::string nil = OneArg([](auto& p) { p.pack_nil(); });
+  // Each connection is served before the answer comes.
+  for (Host* host : {&changes, &first, &none}) {
+    host->Start("n", "worker_fixture::echo", nil);
+    REQUIRE(host->Terminal().has_result());
+  }
+  Frame answer;
+  answer.type = FrameType::kCallsCpuAnswer;
+  answer.detail = "off";
+  worker.Send(answer);
+  CHECK(CpuAnswerOf(changes.NextFrame()) == "off");
+  CHECK(CpuAnswerOf(first.NextFrame()) == "off");
+  answer.detail = "wait";
+  worker.Send(answer);
+  CHECK(CpuAnswerOf(changes.NextFrame()) == "wait");
+  // Written to every connection at once: none is ahead of these results.
+  for (Host* host : {&first, &none}) {
+    host->Start("m", "worker_fixture::echo", nil);
+    CHECK(host->NextFrame().first == FrameKind::kMessage);
+  }
+  // A connection handed over after a change hears the latest answer first.
+  Host later(worker, 4, "d", "", /*client_slot=*/0, /*follow=*/2);
+  CHECK(CpuAnswerOf(later.NextFrame()) == "wait");
+}
+
+}  // namespace
+}  // namespace agentix::worker
+
+namespace agentix::worker {
+namespace {
+
+// Stage 5: the test, as the daemon, answers the worker's barrier_ask.
+TEST_CASE("a direct call that logs gets its records' seqs in its result") {
+  Worker worker(DirectWorker());
+  worker.AwaitReady();
+  Host host(worker, 5, "client-a");
+  const std::string nil = OneArg([](auto& p) { p.pack_nil(); });
+  // A call that logged nothing asks nothing: its result comes at once.
+  host.Start("n1", "worker_fixture::echo", nil);
+  SandboxEvent quiet = host.Terminal();
+  REQUIRE(quiet.has_result());
+  CHECK(quiet.result().log_seq() == 0);
+
+  host.Start("l1", "worker_fixture::log_warning", NoArgs());
+  // On the link: the call's record, tagged with its connection, then the
+  // ask (after it: the daemon numbers the record first).
+  bool tagged = false;
+  Frame ask;
+  while (true) {
+    REQUIRE_OK_AND_ASSIGN(Frame f, worker.NextAny(absl::Seconds(30)));
+    if (f.type == FrameType::kLog) {
+      LogRecord record;
+      REQUIRE(record.ParseFromString(f.record));
+      if (record.call_id() == "l1") {
+        CHECK(f.direct_conn.conn == 5);
+        tagged = true;
+      }
+      continue;
+    }
+    INFO("frame " << ipc::FrameTypeName(f.type));
+    REQUIRE(f.type == FrameType::kBarrierAsk);
+    ask = f;
+    break;
+  }
+  CHECK(tagged);
+  CHECK(ask.call_id == "l1");
+  CHECK(!ask.untagged);
+  Frame answer;
+  answer.type = FrameType::kBarrier;
+  answer.call_id = "l1";
+  answer.log_seq = 77;
+  answer.trace_seq = 3;
+  worker.Send(answer);
+  SandboxEvent end = host.Terminal();
+  REQUIRE(end.has_result());
+  CHECK(end.result().call_id() == "l1");
+  CHECK(end.result().log_seq() == 77);
+  CHECK(end.result().trace_seq() == 3);
+
+  // The next quiet call asks nothing again.
+  host.Start("n2", "worker_fixture::echo", nil);
+  SandboxEvent after = host.Terminal();
+  REQUIRE(after.has_result());
+  CHECK(after.result().log_seq() == 0);
+  host.HalfClose();
+  CHECK(host.Status() == 0);
 }
 
 }  // namespace

@@ -158,6 +158,25 @@ def daemon(start_daemon):
     return start_daemon()
 
 
+def relayed_or_direct(kind, start_daemon, monkeypatch):
+    """A module's `daemon` fixture parametrized ["relayed", "direct"] yields
+    from this: "direct" starts the daemon with --direct_calls and the host
+    asking for them (docs/DIRECT-CALLS.md), then checks the calls really went
+    direct: the worker reported a handed-over connection's end (logged at
+    debug level; asynchronous, so the wait is bounded)."""
+    if kind == "relayed":
+        yield start_daemon()
+        return
+    monkeypatch.setenv("AGENTIX_CALLS_WIRE", "frames")
+    monkeypatch.setenv("AGENTIX_CALLS_DIRECT", "auto")
+    d = start_daemon(extra_args=["--direct_calls", "--log_level=debug"])
+    yield d
+    deadline = time.monotonic() + 10
+    while "direct connection" not in d.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "direct connection" in d.log(), d.log()[-4000:]
+
+
 @pytest.fixture
 async def client(daemon):
     from agentix import RuntimeClient

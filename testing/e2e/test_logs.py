@@ -10,9 +10,15 @@ import pytest
 
 import e2e_targets as t
 from agentix import RuntimeClient
-from conftest import on_root_logger, wait_for
+from conftest import on_root_logger, relayed_or_direct, wait_for
 
 pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture(params=["relayed", "direct"])
+def daemon(request, start_daemon, monkeypatch):
+    """Each test against the relayed path and against direct calls."""
+    yield from relayed_or_direct(request.param, start_daemon, monkeypatch)
 
 
 async def test_logging_records_are_replayed_with_their_fields(client, collected):

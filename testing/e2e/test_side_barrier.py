@@ -10,10 +10,16 @@ import logging
 import pytest
 
 import barrier_targets as t
-from conftest import on_root_logger
+from conftest import on_root_logger, relayed_or_direct
 from agentix import RemoteCallError, RuntimeClient, trace
 
 pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture(params=["relayed", "direct"])
+def daemon(request, start_daemon, monkeypatch):
+    """Each test against the relayed path and against direct calls."""
+    yield from relayed_or_direct(request.param, start_daemon, monkeypatch)
 
 
 class Seen(logging.Handler):

@@ -8,10 +8,16 @@ import pytest
 
 import e2e_targets as t
 from agentix import trace
-from conftest import wait_for
+from conftest import relayed_or_direct, wait_for
 from raw_stream import distinct_scalar
 
 pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture(params=["relayed", "direct"])
+def daemon(request, start_daemon, monkeypatch):
+    """Each test against the relayed path and against direct calls."""
+    yield from relayed_or_direct(request.param, start_daemon, monkeypatch)
 
 
 class Recorder(trace.Processor):

@@ -335,6 +335,22 @@ PyObject* FrameToRecord(PyObject* self, const ipc::Frame& f,
            BytesOf(data), Str(f.ns.request_id), error_type,
            Str(f.ns.error_message), PyLong_FromLong(f.ns.status_code)});
     }
+    case ipc::FrameType::kBarrier: {
+      if (st.direct == nullptr) break;  // never sent to such a worker
+      const size_t queued = st.out.size();
+      st.direct->OnBarrier(
+          f, st.writer->untagged_records.load(std::memory_order_acquire), st.out);
+      // Asked again (records came since): after the records, now.
+      if (st.out.size() != queued) {
+        st.uncaught = true;
+        if (!Flush(self)) return nullptr;
+      }
+      return Py_NewRef(Py_None);
+    }
+    case ipc::FrameType::kCallsCpuAnswer:
+      if (st.direct == nullptr) break;  // never sent to such a worker
+      st.direct->TellCallsCpu(f.detail);
+      return Py_NewRef(Py_None);
     default:
       break;
   }
@@ -418,7 +434,8 @@ bool AnswerCollapse(PyObject* self, ChannelState& st, const ipc::Frame& frame) {
 // that ended are reported to the daemon. False with an exception set.
 bool AddDirectRecords(PyObject* self, ChannelState& st, PyObject* list) {
   st.direct->Drive();
-  for (const ipc::Frame& f : st.direct->TakeDriverFrames()) {
+  for (const ipc::Frame& f : st.direct->TakeDriverFrames(
+           st.writer->untagged_records.load(std::memory_order_acquire))) {
     PyObject* record = FrameToRecord(self, f, f.data, /*relayed=*/false);
     if (record == nullptr) return false;
     if (record != Py_None && PyList_Append(list, record) != 0) {

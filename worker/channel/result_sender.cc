@@ -224,7 +224,13 @@ bool SendDirect(ChannelState& st, ipc::Frame frame) {
   if (st.direct == nullptr || !st.direct->Owns(frame.call_id)) return false;
   std::vector<ipc::Frame> frames;
   frames.push_back(std::move(frame));
-  return st.direct->Reply(std::move(frames));
+  // A barrier_ask goes into `out`, written after the records queued before.
+  const size_t queued = st.out.size();
+  const bool ok = st.direct->Reply(
+      std::move(frames),
+      st.writer->untagged_records.load(std::memory_order_acquire), st.out);
+  if (st.out.size() != queued) st.uncaught = true;
+  return ok;
 }
 
 }  // namespace

@@ -19,22 +19,86 @@ namespace {
 constexpr size_t kFrameOverhead = 64;
 constexpr size_t kRecordBytes = 512;
 
+// The call_id field of runtime.proto's LogRecord and TraceEvent.
+constexpr uint32_t kLogRecordCallId = 14;
+constexpr uint32_t kTraceEventCallId = 18;
+
+bool ReadVarint(std::string_view& in, uint64_t& value) {
+  value = 0;
+  for (int shift = 0; shift < 64 && !in.empty(); shift += 7) {
+    const auto byte = static_cast<uint8_t>(in.front());
+    in.remove_prefix(1);
+    value |= uint64_t{byte & 0x7fu} << shift;
+    if ((byte & 0x80u) == 0) return true;
+  }
+  return false;
+}
+
+// The top-level string field `field` of a serialized message ("" if absent
+// or the bytes are not a message): the call id a record names.
+std::string_view StringField(std::string_view message, uint32_t field) {
+  std::string_view found;
+  while (!message.empty()) {
+    uint64_t key = 0;
+    uint64_t value = 0;
+    if (!ReadVarint(message, key)) return {};
+    switch (key & 7) {
+      case 0:
+        if (!ReadVarint(message, value)) return {};
+        break;
+      case 1:
+      case 5: {
+        const size_t size = (key & 7) == 1 ? 8 : 4;
+        if (message.size() < size) return {};
+        message.remove_prefix(size);
+        break;
+      }
+      case 2:
+        if (!ReadVarint(message, value) || value > message.size()) return {};
+        if ((key >> 3) == field) found = message.substr(0, value);
+        message.remove_prefix(value);
+        break;
+      default:
+        return {};
+    }
+  }
+  return found;
+}
+
 // Encodes `frame` into `frames` (empty) and puts it on the log queue (see
 // ChannelSendTrace for why side-channel frames do not go through `out`).
-// GIL held.
-bool QueueSideChannelFrame(PyObject* self, const ipc::Frame& frame,
+// With direct calls, a record of one is tagged with its connection and one
+// that names no call is counted (docs/DIRECT-CALLS.md, stage 5). GIL held.
+bool QueueSideChannelFrame(PyObject* self, ipc::Frame& frame,
                            std::string& frames) {
+  ChannelState& st = Channel(self);
+  bool untagged = false;
+  frame.direct_conn.conn = 0;
+  if (st.direct != nullptr && (frame.type == ipc::FrameType::kLog ||
+                               frame.type == ipc::FrameType::kTrace)) {
+    const std::string_view call_id = StringField(
+        frame.record, frame.type == ipc::FrameType::kLog ? kLogRecordCallId
+                                                         : kTraceEventCallId);
+    if (call_id.empty()) {
+      untagged = true;
+    } else {
+      frame.direct_conn.conn = st.direct->TagRecord(call_id);
+    }
+  }
   frames.reserve(frame.record.size() + kFrameOverhead);
   absl::Status status = ipc::AppendFrame(frame, frames);
   if (!status.ok()) {
     SetError(PyExc_ValueError, status);
     return false;
   }
-  QueueLogsFromPython(Channel(self).writer, frames);
+  QueueLogsFromPython(st.writer, frames);
+  if (untagged) {
+    st.writer->untagged_records.fetch_add(1, std::memory_order_release);
+  }
   return true;
 }
 
-bool QueueSideChannelFrame(PyObject* self, const ipc::Frame& frame) {
+bool QueueSideChannelFrame(PyObject* self, ipc::Frame& frame) {
   std::string frames;
   return QueueSideChannelFrame(self, frame, frames);
 }
@@ -69,7 +133,7 @@ struct SpanScratch {
 // the log sender thread: a namespace request's round trip waits on it (a
 // thread wake-up is tens of microseconds here). Order is kept: queued
 // records go first. GIL held on entry and exit.
-bool SendSideChannelFrameNow(PyObject* self, const ipc::Frame& frame) {
+bool SendSideChannelFrameNow(PyObject* self, ipc::Frame& frame) {
   Writer& w = *Channel(self).writer;
   bool write_now = false;
   {

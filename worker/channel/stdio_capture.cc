@@ -108,7 +108,8 @@ namespace {
 // Encodes the log frame of one captured line (text already valid UTF-8).
 absl::Status AppendStdioFrame(const StdioCapture::Shared& s, int origin,
                               int64_t time_ns, const std::string& text,
-                              const std::string& call_id, std::string& out) {
+                              const std::string& call_id, std::string& out,
+                              uint64_t direct_conn = 0) {
   runtime::v1::LogRecord log;
   const bool is_stdout = origin == kOriginStdout;
   log.set_logger(is_stdout ? "agentix.sandbox.stdout"
@@ -124,6 +125,7 @@ absl::Status AppendStdioFrame(const StdioCapture::Shared& s, int origin,
   log.set_extras(is_stdout ? s.stdout_extras : s.stderr_extras);
   ipc::Frame frame;
   frame.type = ipc::FrameType::kLog;
+  frame.direct_conn.conn = direct_conn;
   log.SerializeToString(&frame.record);
   return ipc::AppendFrame(frame, out);
 }
@@ -133,6 +135,9 @@ absl::Status AppendStdioFrame(const StdioCapture::Shared& s, int origin,
 void QueueLines(StdioCapture::Shared& s, std::string& frames,
                 std::vector<StdioLine>& lines) {
   if (QueueLogs(*s.writer, frames)) s.durable->Offer(lines);
+  // fd-level output names no call: a direct call running meanwhile asks
+  // for the daemon's barrier (docs/DIRECT-CALLS.md, stage 5).
+  s.writer->untagged_records.fetch_add(1, std::memory_order_release);
 }
 
 // With `p.mu` held and without the GIL: reads what pipe `p` holds (it is
@@ -404,7 +409,8 @@ void StdioCapture::CatchUp() {
   Py_END_ALLOW_THREADS
 }
 
-absl::Status StdioCapture::SendLine(int origin, std::string text,
+absl::Status StdioCapture::SendLine(int origin, uint64_t direct_conn,
+                                    std::string text,
                                     const std::string& call_id) {
   std::vector<StdioLine> lines(1);
   lines[0].origin = origin;
@@ -412,7 +418,7 @@ absl::Status StdioCapture::SendLine(int origin, std::string text,
   std::string frames;
   absl::Status status = AppendStdioFrame(*shared_, origin,
                                          lines[0].time_unix_nanos, text,
-                                         call_id, frames);
+                                         call_id, frames, direct_conn);
   if (!status.ok()) return status;
   lines[0].text = std::move(text);
   if (QueueLogsFromPython(shared_->writer, frames)) {

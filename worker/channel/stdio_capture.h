@@ -57,8 +57,9 @@ class StdioCapture {
 
   // Queues one stdout (2) / stderr (3) line written through Python's
   // sys.stdout/sys.stderr as a `log` frame, and to the durable log. GIL held.
-  // kInvalidArgument if it cannot be encoded.
-  absl::Status SendLine(int origin, std::string text,
+  // kInvalidArgument if it cannot be encoded. `direct_conn`: the tag of a
+  // direct call's line (DirectConns::TagRecord), 0 for none.
+  absl::Status SendLine(int origin, uint64_t direct_conn, std::string text,
                         const std::string& call_id);
 
  private:

@@ -88,11 +88,18 @@ PyObject* ChannelSendStdio(PyObject* self, PyObject* const* args,
     PyErr_SetString(PyExc_ValueError, "origin must be 2 (stdout) or 3");
     return nullptr;
   }
-  const absl::Status status = Channel(self).capture->SendLine(
-      static_cast<int>(origin), std::move(text), call_id);
+  ChannelState& st = Channel(self);
+  // Tagged or counted as side_channels.cc's records are.
+  const uint64_t direct_conn =
+      st.direct != nullptr && !call_id.empty() ? st.direct->TagRecord(call_id) : 0;
+  const absl::Status status = st.capture->SendLine(
+      static_cast<int>(origin), direct_conn, std::move(text), call_id);
   if (!status.ok()) {
     SetError(PyExc_ValueError, status);
     return nullptr;
+  }
+  if (st.direct != nullptr && call_id.empty()) {
+    st.writer->untagged_records.fetch_add(1, std::memory_order_release);
   }
   Py_RETURN_NONE;
 }

@@ -5,6 +5,7 @@
 // it touches.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <string>
@@ -37,6 +38,10 @@ struct Writer {
   bool sender_running = false;
   bool sender_stop = false;
   bool failed = false;  // a log write failed: later records are dropped
+  // Log records and trace events queued without a call id so far, counted
+  // after they are queued: a direct call that saw this grow asks for the
+  // daemon's barrier (docs/DIRECT-CALLS.md, stage 5).
+  std::atomic<uint64_t> untagged_records{0};
   std::thread sender;
 };
 

@@ -43,8 +43,8 @@ class DirectConns::Driver final : public DriverSink {
 class DirectConns::Conn final : public FrameConnectionConsumer,
                                 public DirectResponseSink {
  public:
-  Conn(uint64_t number, std::shared_ptr<DirectSession> session)
-      : number_(number), session_(std::move(session)) {}
+  Conn(uint64_t number, uint32_t follow, std::shared_ptr<DirectSession> session)
+      : number_(number), follow_(follow), session_(std::move(session)) {}
 
   void Attach(std::unique_ptr<FrameConnection> connection,
               std::weak_ptr<Conn> self) {
@@ -107,6 +107,13 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
   // Its session went back to the daemon (poll side).
   void MarkCollapsed() { collapsed_ = true; }
 
+  // Writes a calls-CPU answer if the host asked for it (poll side).
+  void TellCallsCpu(const std::string& value) {
+    if (follow_ == 0) return;
+    if (follow_ == 1) follow_ = 0;  // the first answer only
+    (void)connection_->SendCallsCpuAnswer(value);
+  }
+
   FrameConnection& connection() { return *connection_; }
   DirectSession* session() const { return session_.get(); }
   uint64_t number() const { return number_; }
@@ -116,6 +123,7 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
 
  private:
   const uint64_t number_;
+  uint32_t follow_;  // direct_conn's: 0 none, 1 the first answer, 2 changes
   const std::shared_ptr<DirectSession> session_;
   std::unique_ptr<FrameConnection> connection_;
   std::weak_ptr<Conn> self_;
@@ -244,8 +252,9 @@ void DirectConns::Accept(const ipc::Frame& frame,
                                              records);
     }
     session = slot;
+    latest_conn_[info.client] = info.conn;
   }
-  auto conn = std::make_shared<Conn>(info.conn, session);
+  auto conn = std::make_shared<Conn>(info.conn, info.follow, session);
   FrameConnectionOptions options;
   options.max_unwritten_bytes = limits.max_retained_bytes;
   options.stalled_host_timeout = limits.stalled_host_timeout;
@@ -273,8 +282,22 @@ void DirectConns::Accept(const ipc::Frame& frame,
   }
   conn->watched = EPOLLIN;
   Watch(fd, EPOLLIN, EPOLL_CTL_ADD);
+  // An answer that changed after the daemon answered this host's HELLO
+  // reached the link before this connection did.
+  if (!calls_cpu_answer_.empty()) conn->TellCallsCpu(calls_cpu_answer_);
   conn->connection().Start();
   Drive();  // its state after `pre`: interest, end, deadlines
+}
+
+void DirectConns::TellCallsCpu(const std::string& value) {
+  calls_cpu_answer_ = value;
+  std::vector<std::shared_ptr<Conn>> all;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [fd, conn] : conns_) all.push_back(conn);
+  }
+  for (const auto& conn : all) conn->TellCallsCpu(value);
+  Drive();  // what was queued gets written
 }
 
 void DirectConns::Reap(const std::shared_ptr<Conn>& conn) {
@@ -354,8 +377,90 @@ void DirectConns::Drive() {
   ArmTimer(next);
 }
 
-std::vector<ipc::Frame> DirectConns::TakeDriverFrames() {
-  return driver_->Take();
+std::vector<ipc::Frame> DirectConns::TakeDriverFrames(uint64_t untagged) {
+  std::vector<ipc::Frame> frames = driver_->Take();
+  absl::MutexLock lock(&side_mu_);
+  for (const ipc::Frame& f : frames) {
+    if (f.type != ipc::FrameType::kCall) continue;
+    CallRecords& call = records_[f.call_id];
+    call = CallRecords();
+    call.untagged_mark = untagged;
+  }
+  return frames;
+}
+
+namespace {
+
+bool IsStamped(ipc::FrameType type) {
+  return type == ipc::FrameType::kResult || type == ipc::FrameType::kError ||
+         type == ipc::FrameType::kStreamItem;
+}
+
+bool NeedsBarrier(const std::vector<ipc::Frame>& frames) {
+  for (const ipc::Frame& f : frames) {
+    if (IsStamped(f.type)) return true;
+  }
+  return false;
+}
+
+bool EndsCall(const std::vector<ipc::Frame>& frames) {
+  for (const ipc::Frame& f : frames) {
+    if (f.type == ipc::FrameType::kResult || f.type == ipc::FrameType::kError) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+bool DirectConns::AskIfLogged(const std::string& call_id, CallRecords& call,
+                              const std::vector<ipc::Frame>& frames,
+                              uint64_t untagged, std::string& link_out) {
+  const bool saw_untagged = untagged > call.untagged_mark;
+  if (!NeedsBarrier(frames) || !(call.tagged || saw_untagged)) return false;
+  ipc::Frame ask;
+  ask.type = ipc::FrameType::kBarrierAsk;
+  ask.call_id = call_id;
+  ask.untagged = saw_untagged;
+  if (!ipc::AppendFrame(ask, link_out).ok()) return false;  // an id too long
+  call.tagged = false;
+  call.untagged_mark = untagged;
+  call.asking = true;
+  ++barrier_asks_;
+  return true;
+}
+
+uint64_t DirectConns::TagRecord(std::string_view call_id) {
+  uint64_t conn = 0;
+  {
+    absl::MutexLock lock(&side_mu_);
+    auto it = records_.find(std::string(call_id));
+    if (it == records_.end()) return 0;
+    it->second.tagged = true;
+    conn = it->second.conn;
+  }
+  if (conn != 0) return conn;
+  // Its first record: the client's latest connection.
+  {
+    absl::MutexLock lock(&mu_);
+    const std::string id(call_id);
+    for (auto& [client, session] : sessions_) {
+      if (!session->Runs(id)) continue;
+      auto latest = latest_conn_.find(client);
+      if (latest != latest_conn_.end()) conn = latest->second;
+      break;
+    }
+  }
+  absl::MutexLock lock(&side_mu_);
+  auto it = records_.find(std::string(call_id));
+  if (it != records_.end()) it->second.conn = conn;
+  return conn;
+}
+
+uint64_t DirectConns::barrier_asks() {
+  absl::MutexLock lock(&side_mu_);
+  return barrier_asks_;
 }
 
 std::vector<std::pair<uint64_t, std::string>> DirectConns::TakeClosed() {
@@ -422,8 +527,59 @@ void DirectConns::FinishHalfClosed(DirectSession* session) {
   for (const auto& conn : conns) conn->FinishIfDrained();
 }
 
-bool DirectConns::Reply(std::vector<ipc::Frame> frames) {
+bool DirectConns::Reply(std::vector<ipc::Frame> frames, uint64_t untagged,
+                        std::string& link_out) {
   if (frames.empty()) return true;
+  const std::string& id = frames.front().call_id;
+  {
+    absl::MutexLock lock(&side_mu_);
+    auto it = records_.find(id);
+    if (it != records_.end()) {
+      CallRecords& call = it->second;
+      if (call.asking || AskIfLogged(id, call, frames, untagged, link_out)) {
+        call.held.push_back(std::move(frames));
+        return true;
+      }
+      if (EndsCall(frames)) records_.erase(it);
+    }
+  }
+  return Deliver(frames);
+}
+
+void DirectConns::OnBarrier(const ipc::Frame& answer, uint64_t untagged,
+                            std::string& link_out) {
+  std::vector<std::vector<ipc::Frame>> release;
+  {
+    absl::MutexLock lock(&side_mu_);
+    auto it = records_.find(answer.call_id);
+    if (it == records_.end() || !it->second.asking) return;  // not asked
+    CallRecords& call = it->second;
+    call.asking = false;
+    bool ended = false;
+    for (size_t i = 0; i < call.held.size(); ++i) {
+      std::vector<ipc::Frame>& frames = call.held[i];
+      if (i == 0) {
+        for (ipc::Frame& f : frames) {
+          if (!IsStamped(f.type)) continue;
+          f.log_seq = answer.log_seq;
+          f.trace_seq = answer.trace_seq;
+        }
+      } else if (AskIfLogged(answer.call_id, call, frames, untagged, link_out)) {
+        call.held.erase(call.held.begin(), call.held.begin() + i);
+        break;
+      }
+      ended |= EndsCall(frames);
+      release.push_back(std::move(frames));
+    }
+    if (!call.asking) {
+      call.held.clear();
+      if (ended) records_.erase(it);
+    }
+  }
+  for (std::vector<ipc::Frame>& frames : release) (void)Deliver(frames);
+}
+
+bool DirectConns::Deliver(std::vector<ipc::Frame>& frames) {
   std::shared_ptr<DirectSession> owner;
   {
     absl::MutexLock lock(&mu_);
@@ -442,6 +598,17 @@ bool DirectConns::Reply(std::vector<ipc::Frame> frames) {
 }
 
 void DirectConns::FinishAll(absl::StatusCode code, const std::string& message) {
+  // Output held for a barrier the daemon will not answer now: written
+  // without its seqs rather than lost.
+  std::vector<std::vector<ipc::Frame>> held;
+  {
+    absl::MutexLock lock(&side_mu_);
+    for (auto& [id, call] : records_) {
+      for (auto& frames : call.held) held.push_back(std::move(frames));
+    }
+    records_.clear();
+  }
+  for (std::vector<ipc::Frame>& frames : held) (void)Deliver(frames);
   std::vector<std::shared_ptr<Conn>> all;
   {
     absl::MutexLock lock(&mu_);

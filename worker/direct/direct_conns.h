@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -68,7 +69,9 @@ class DirectConns {
 
   // The driver records the sessions produced since the last call, in order
   // (what the daemon would have written on the link for these calls).
-  std::vector<ipc::Frame> TakeDriverFrames();
+  // `untagged`: the channel's count of records sent without a call id so
+  // far (Writer::untagged_records), the mark of each call started here.
+  std::vector<ipc::Frame> TakeDriverFrames(uint64_t untagged);
 
   // Connections that ended since the last call: {conn, why} for the
   // daemon's direct_closed.
@@ -80,8 +83,30 @@ class DirectConns {
 
   // The driver's output frames (result, result_chunk, stream_item, error) of
   // one direct call, given to its session (written at FlushReplies). False
-  // if no session runs it.
-  bool Reply(std::vector<ipc::Frame> frames);
+  // if no session runs it. The side-channel barrier (docs/DIRECT-CALLS.md,
+  // stage 5): a result, error or stream item of a call that emitted records
+  // since its start or its last barrier (tagged ones, TagRecord, or
+  // untagged ones: `untagged` grew past the call's mark) is held, and a
+  // barrier_ask is appended to `link_out`, which the channel writes after
+  // the records it queued; the call's later frames wait behind it. A call
+  // that logged nothing asks nothing.
+  bool Reply(std::vector<ipc::Frame> frames, uint64_t untagged,
+             std::string& link_out);
+
+  // The daemon's `barrier` answer: the held frames get its seqs and go to
+  // their session; frames held behind them are released too, or asked for
+  // again if the call emitted records since the ask.
+  void OnBarrier(const ipc::Frame& answer, uint64_t untagged,
+                 std::string& link_out);
+
+  // A log record or trace event of `call_id` is about to be queued for the
+  // daemon: the connection number to tag it with (`conn`), or 0 when no
+  // direct session started that call. Marks the call as having emitted
+  // records. Any thread.
+  uint64_t TagRecord(std::string_view call_id);
+
+  // barrier_ask frames sent (tests: the noop asks nothing).
+  uint64_t barrier_asks();
 
   // Writes the events the sessions produced since the last call, one
   // batch per connection (the channel's flush() calls it; Drive too).
@@ -91,6 +116,13 @@ class DirectConns {
   // what is queued; waits (up to the connections' finish grace) until they
   // are written or given up, then closes them. Call without the GIL.
   void FinishAll(absl::StatusCode code, const std::string& message);
+
+  // The daemon's changed calls-CPU answer (calls_cpu_answer: "wait" or
+  // "off"): written, as the daemon writes it on a relayed connection, on
+  // each connection that follows changes (direct_conn's follow 2) and on
+  // one still owed its first answer (follow 1). Remembered for connections
+  // handed over later, whose HELLO answer it may postdate. Poll side.
+  void TellCallsCpu(const std::string& value);
 
   // The session of `client`, or null.
   std::shared_ptr<DirectSession> SessionOf(const std::string& client);
@@ -117,6 +149,20 @@ class DirectConns {
   void Reap(const std::shared_ptr<Conn>& conn);
   void ArmTimer(absl::Time at);
   void FinishHalfClosed(DirectSession* session);
+  // Gives one call's output to its session; false if none runs it.
+  bool Deliver(std::vector<ipc::Frame>& frames);
+  // What a direct call emitted on the side channels, for its barrier.
+  struct CallRecords {
+    uint64_t conn = 0;           // the tag of its records (resolved once)
+    bool tagged = false;         // records with its id since the last ask
+    uint64_t untagged_mark = 0;  // Writer::untagged_records then
+    bool asking = false;         // a barrier_ask is unanswered
+    std::vector<std::vector<ipc::Frame>> held;  // output behind the ask
+  };
+  // Whether `frames` need the barrier now; if so the ask is appended.
+  bool AskIfLogged(const std::string& call_id, CallRecords& call,
+                   const std::vector<ipc::Frame>& frames, uint64_t untagged,
+                   std::string& link_out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(side_mu_);
 
   const base::UniqueFd epoll_fd_;
   const base::UniqueFd wake_fd_;
@@ -132,6 +178,15 @@ class DirectConns {
   std::map<int, std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);  // by fd
   std::vector<std::pair<uint64_t, std::string>> closed_ ABSL_GUARDED_BY(mu_);
   absl::Time timer_at_ = absl::InfiniteFuture();  // poll side only
+  std::string calls_cpu_answer_;  // the latest told (poll side only)
+  // The latest connection handed over for each client: a direct call's
+  // records are tagged with it (the daemon maps it to the client).
+  std::map<std::string, uint64_t> latest_conn_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex side_mu_;  // taken without mu_
+  absl::flat_hash_map<std::string, CallRecords> records_
+      ABSL_GUARDED_BY(side_mu_);
+  uint64_t barrier_asks_ ABSL_GUARDED_BY(side_mu_) = 0;
 };
 
 }  // namespace agentix::worker

@@ -26,6 +26,23 @@ calls::CallTableLimits DirectSession::TableLimits(const DirectLimits& limits) {
 
 namespace {
 
+// The side-channel barrier the daemon answered for a direct call
+// (ipc::Frame::log_seq / trace_seq, set by DirectConns), on its event as
+// SessionManager::StampBarrier puts it on a relayed call's.
+void StampBarrier(const ipc::Frame& frame, runtime::v1::SandboxEvent& event) {
+  if (frame.log_seq == 0 && frame.trace_seq == 0) return;
+  if (event.has_result()) {
+    event.mutable_result()->set_log_seq(frame.log_seq);
+    event.mutable_result()->set_trace_seq(frame.trace_seq);
+  } else if (event.has_error()) {
+    event.mutable_error()->set_log_seq(frame.log_seq);
+    event.mutable_error()->set_trace_seq(frame.trace_seq);
+  } else if (event.has_stream_item()) {
+    event.mutable_stream_item()->set_log_seq(frame.log_seq);
+    event.mutable_stream_item()->set_trace_seq(frame.trace_seq);
+  }
+}
+
 int64_t MonotonicNs() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);  // vDSO: no system call
@@ -217,8 +234,9 @@ absl::Status DirectSession::HandleDriverFrames(
     Call* call = table_->FindOpen(frame.call_id);
     if (call == nullptr) continue;  // closed: late frames are dropped
     bool terminal = true;
-    SandboxEventPtr event =
+    std::shared_ptr<runtime::v1::SandboxEvent> event =
         table_->TakeWorkerOutput(frame.call_id, *call, frame, terminal, out);
+    if (event != nullptr) StampBarrier(frame, *event);
     Emit(frame.call_id, *call, std::move(event), terminal, out);
   }
   Flush(out, to_driver);

@@ -40,6 +40,9 @@ constexpr TypeName kTypeNames[] = {
     {FrameType::kDirectClosed, "direct_closed"},
     {FrameType::kCollapse, "collapse"},
     {FrameType::kSessionState, "session_state"},
+    {FrameType::kBarrierAsk, "barrier_ask"},
+    {FrameType::kBarrier, "barrier"},
+    {FrameType::kCallsCpuAnswer, "calls_cpu_answer"},
 };
 
 std::optional<FrameType> ParseType(std::string_view name) {
@@ -398,10 +401,37 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       PackInt(p, "index", f.index);
       break;
     case FrameType::kLog:
-    case FrameType::kTrace:
-      p.pack_map(2);
+    case FrameType::kTrace: {
+      // The tag only when set: a relayed call's record is today's frame.
+      const uint64_t conn = f.direct_conn.conn;
+      p.pack_map(conn != 0 ? 3 : 2);
       PackStr(p, "t", FrameTypeName(f.type));
       PackBin(p, "record", f.record);
+      if (conn != 0) PackInt(p, "conn", conn);
+      break;
+    }
+    case FrameType::kBarrierAsk:
+      p.pack_map(3);
+      PackStr(p, "t", "barrier_ask");
+      PackStr(p, "call_id", f.call_id);
+      PackKey(p, "untagged");
+      if (f.untagged) {
+        p.pack_true();
+      } else {
+        p.pack_false();
+      }
+      break;
+    case FrameType::kBarrier:
+      p.pack_map(4);
+      PackStr(p, "t", "barrier");
+      PackStr(p, "call_id", f.call_id);
+      PackInt(p, "log_seq", f.log_seq);
+      PackInt(p, "trace_seq", f.trace_seq);
+      break;
+    case FrameType::kCallsCpuAnswer:
+      p.pack_map(2);
+      PackStr(p, "t", "calls_cpu_answer");
+      PackStr(p, "value", f.detail);
       break;
     case FrameType::kNamespaceEvent:
       p.pack_map(3);
@@ -613,8 +643,15 @@ absl::StatusOr<Frame> DecodeBody(std::string_view body,
       s = ReadBytes(kv.val, key, f.direct_conn.client);
     } else if (key == "pre") {
       s = ReadBytes(kv.val, key, f.data);
-    } else if (key == "why") {
+    } else if (key == "why" || key == "value") {
       s = ReadBytes(kv.val, key, f.detail);
+    } else if (key == "untagged") {
+      if (kv.val.type != msgpack::type::BOOLEAN) return InvalidField(key, "a bool");
+      f.untagged = kv.val.via.boolean;
+    } else if (key == "log_seq") {
+      s = ReadInt(kv.val, key, f.log_seq);
+    } else if (key == "trace_seq") {
+      s = ReadInt(kv.val, key, f.trace_seq);
     } else if (key == "follow") {
       s = ReadInt(kv.val, key, f.direct_conn.follow);
     } else if (key == "max_payload") {

@@ -44,6 +44,9 @@ enum class FrameType {
                 // (docs/DIRECT-CALLS.md). Expects kDirectClosed, never a reply.
   kCollapse,  // direct.client: hand that client's direct session to the
               // daemon; answered by kSessionState pieces (the last: `last`)
+  kBarrier,   // call_id, log_seq, trace_seq: the answer to kBarrierAsk
+  kCallsCpuAnswer,  // detail ("value": "wait" or "off"): the daemon's changed
+                    // calls-CPU answer, for direct hosts that follow changes
   // both directions
   kNamespaceEvent,  // ns (see NamespaceEntry), data (msgpack payload)
   // worker -> daemon
@@ -56,8 +59,15 @@ enum class FrameType {
   kStreamItem,   // call_id, index, encoding, data (one whole encoded item)
   kEnvSet,       // detail: empty once kSetEnv's entries are applied, else why
                  // they could not be
-  kLog,          // record: one serialized agentix.runtime.v1.LogRecord
-  kTrace,        // record: one serialized agentix.runtime.v1.TraceEvent
+  kLog,          // record: one serialized agentix.runtime.v1.LogRecord;
+                 // direct.conn (optional, key "conn"): emitted by a direct
+                 // call of that handed-over connection
+  kTrace,        // record: one serialized agentix.runtime.v1.TraceEvent;
+                 // direct.conn as kLog
+  kBarrierAsk,   // call_id, untagged: the seqs the daemon gave the records
+                 // of a direct call sent before this frame (answered by
+                 // kBarrier); `untagged`: records without a call id were
+                 // sent while it ran
   kDirectClosed,  // direct.conn, detail ("why"): a handed-over connection
                   // ended; its descriptors are closed in the worker
   kSessionState,  // direct.client, record (one piece, session_state.h),
@@ -141,9 +151,13 @@ struct Frame {
   std::string record;
   NamespaceEntry ns;           // kNamespaceEvent
   bool direct = false;         // kReady: the direct-calls capability
-  DirectConnInfo direct_conn;  // kDirectConn; kDirectClosed: conn only;
-                               // kCollapse, kSessionState: client only
+  DirectConnInfo direct_conn;  // kDirectConn; kDirectClosed, kLog, kTrace:
+                               // conn only (0: none); kCollapse,
+                               // kSessionState: client only
   bool last = false;           // kSessionState: the session's last piece
+  bool untagged = false;       // kBarrierAsk
+  uint64_t log_seq = 0;        // kBarrier
+  uint64_t trace_seq = 0;      // kBarrier
   // kCall, kArgChunk, kResultChunk, kResult: the payload lies in the
   // sender's payload ring (payload_area.h) at ring_pos, ring_size bytes,
   // instead of in "data" (keys "ring_pos", "ring_size"; "data" is absent).

@@ -162,6 +162,71 @@ TEST_CASE("collapse and session_state round-trip", "[ipc]") {
   CHECK(got.direct_conn.client_slot == 41);
 }
 
+TEST_CASE("Direct calls' side-channel frames round-trip", "[ipc][direct]") {
+  // A log or trace record of a direct call names its connection; one of a
+  // relayed call is today's two-key frame.
+  for (FrameType type : {FrameType::kLog, FrameType::kTrace}) {
+    Frame record;
+    record.type = type;
+    record.record = "rec";
+    const std::string plain = Encode(record);
+    Frame got = Decode(plain);
+    CHECK(got.direct_conn.conn == 0);
+    record.direct_conn.conn = 1ull << 40;
+    const std::string tagged = Encode(record);
+    CHECK(tagged.size() > plain.size());
+    got = Decode(tagged);
+    REQUIRE(got.type == type);
+    CHECK(got.record == "rec");
+    CHECK(got.direct_conn.conn == 1ull << 40);
+  }
+
+  Frame ask;
+  ask.type = FrameType::kBarrierAsk;
+  ask.call_id = "c1";
+  for (bool untagged : {false, true}) {
+    ask.untagged = untagged;
+    Frame got = Decode(Encode(ask));
+    REQUIRE(got.type == FrameType::kBarrierAsk);
+    CHECK(got.call_id == "c1");
+    CHECK(got.untagged == untagged);
+  }
+  CHECK(FrameTypeName(FrameType::kBarrierAsk) == "barrier_ask");
+
+  Frame barrier;
+  barrier.type = FrameType::kBarrier;
+  barrier.call_id = "c1";
+  barrier.log_seq = 12;
+  barrier.trace_seq = (1ull << 63) + 5;
+  Frame got = Decode(Encode(barrier));
+  REQUIRE(got.type == FrameType::kBarrier);
+  CHECK(got.call_id == "c1");
+  CHECK(got.log_seq == 12);
+  CHECK(got.trace_seq == (1ull << 63) + 5);
+  CHECK(FrameTypeName(FrameType::kBarrier) == "barrier");
+
+  Frame answer;
+  answer.type = FrameType::kCallsCpuAnswer;
+  answer.detail = "off";
+  got = Decode(Encode(answer));
+  REQUIRE(got.type == FrameType::kCallsCpuAnswer);
+  CHECK(got.detail == "off");
+  CHECK(FrameTypeName(FrameType::kCallsCpuAnswer) == "calls_cpu_answer");
+
+  // Wrong msgpack types are refused: untagged not a bool, a seq not an int.
+  auto bad = DecodeFrameBody(
+      std::string("\x82\xa1t\xab" "barrier_ask\xa8untagged\x01", 25));
+  CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  bad = DecodeFrameBody(std::string("\x82\xa1t\xa7" "barrier\xa7log_seq\xa1x", 21));
+  CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  // The same bodies with the right types decode (the lengths above are exact).
+  CHECK(DecodeFrameBody(
+            std::string("\x82\xa1t\xab" "barrier_ask\xa8untagged\xc3", 25))
+            .ok());
+  CHECK(DecodeFrameBody(std::string("\x82\xa1t\xa7" "barrier\xa7log_seq\x07", 20))
+            .ok());
+}
+
 TEST_CASE("FrameReader yields frames split at any byte", "[ipc]") {
   Frame a;
   a.type = FrameType::kResult;
