@@ -148,7 +148,7 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
     // the call path's CPU when it next wakes (within ~kDeferBound while
     // offers come).
     AwayFromCpu away(all_);
-    const auto avoid_path = [&] { away.Avoid(placement_ != nullptr ? placement_->WaitCpu() : -1); };
+    const auto avoid_path = [&] { away.Avoid(PathCpu()); };
     avoid_path();
     lock.lock();
     // Waits in poll rather than on a condition variable: the offer's timer
@@ -273,7 +273,15 @@ bool IntakeBaton::Pass() {
   return true;
 }
 
+int IntakeBaton::PathCpu() const {
+  const int placed = placement_ != nullptr ? placement_->WaitCpu() : -1;
+  return placed >= 0 ? placed : offer_cpu_.load(std::memory_order_relaxed);
+}
+
 bool IntakeBaton::Defer() {
+  // Where the call path runs when nothing is placed (direct calls: the
+  // daemon, which places, sees no call): read before the lock, a vDSO call.
+  offer_cpu_.store(::sched_getcpu(), std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(mu_);
   if (followers_ == 0 || stopped_ || !pool_mode_ || passed_) return false;
   deferred_ = true;

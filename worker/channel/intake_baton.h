@@ -53,8 +53,10 @@ class IntakeBaton {
   // is enough) or pool mode is off, and kLeave later if pool mode ends.
   // A SCHED_OTHER follower waits as SCHED_BATCH, and is SCHED_OTHER again
   // when this returns; with a `placement` CPU (and another one allowed) it
-  // waits off that CPU, and has the process's mask back before it polls or
-  // returns.
+  // waits off that CPU — with none published (direct calls bypass the
+  // daemon that places), off the CPU the holder last offered from, so the
+  // offer's timer, which it arms, never fires on the call path's CPU — and
+  // has the process's mask back before it polls or returns.
   Turn Lead(bool holding);
 
   // The holder hands the baton to a waiting follower: true if one was
@@ -107,6 +109,9 @@ class IntakeBaton {
   void Withdraw();
   // Follower: wakes it to look at the state again.
   void WakeFollower();
+  // The CPU a follower waits off: the placement's WaitCpu() if published,
+  // else the CPU of the holder's latest offer (-1: none yet).
+  int PathCpu() const;
 
   const int channel_fd_;
   const int stop_fd_;   // eventfd, readable once stopped
@@ -125,6 +130,9 @@ class IntakeBaton {
   int64_t handovers_ = 0;
   bool stopped_ = false;
   int followers_ = 0;
+  // sched_getcpu() at the latest Defer(): the call path's CPU when there is
+  // no placement to follow.
+  std::atomic<int> offer_cpu_{-1};
   // The current spin window (ns); only the holder uses it.
   std::atomic<int64_t> spin_window_ns_{-1};
 };
