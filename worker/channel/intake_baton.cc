@@ -18,6 +18,7 @@ namespace agentix::worker {
 namespace {
 
 std::atomic<int64_t> spin_most_ns{0};
+std::atomic<bool> avoid_holder_cpu{false};
 
 // poll(fds, count, -1), retried on EINTR.
 int PollBlocking(pollfd* fds, nfds_t count = 2) {
@@ -273,9 +274,14 @@ bool IntakeBaton::Pass() {
   return true;
 }
 
+void IntakeBaton::SetAvoidHolderCpu(bool on) {
+  avoid_holder_cpu.store(on, std::memory_order_relaxed);
+}
+
 int IntakeBaton::PathCpu() const {
   const int placed = placement_ != nullptr ? placement_->WaitCpu() : -1;
-  return placed >= 0 ? placed : offer_cpu_.load(std::memory_order_relaxed);
+  if (placed >= 0 || !avoid_holder_cpu.load(std::memory_order_relaxed)) return placed;
+  return offer_cpu_.load(std::memory_order_relaxed);
 }
 
 bool IntakeBaton::Defer() {

@@ -424,11 +424,28 @@ TEST_CASE("a follower waits off the published CPU, follows it, and leaves with t
   }
 }
 
+// Runs a holder's offer (Defer, then Reclaim) on a thread pinned to `cpu`.
+void OfferFrom(IntakeBaton& baton, int cpu) {
+  bool pinned = false, offered = false, reclaimed = false;
+  std::thread holder([&] {  // Catch's macros stay on the test's thread
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pinned = ::sched_setaffinity(0, sizeof(one), &one) == 0;
+    offered = baton.Defer();
+    reclaimed = baton.Reclaim();
+  });
+  holder.join();
+  REQUIRE(pinned);
+  REQUIRE(offered);
+  REQUIRE(reclaimed);
+}
+
 // Direct calls bypass the daemon, so nothing is published: the follower's
 // timer would fire on the CPU it last ran on, after a hand-over the call
-// path's (docs/PERFORMANCE.md, "stop-39: ... p99 weak spots").
+// path's (docs/PERFORMANCE.md, "stop-39: the direct noop's p99").
 TEST_CASE("with no published CPU a follower waits off the CPU the holder offered from, "
-          "and follows it",
+          "and follows it; not unless serving direct calls",
           "[intake]") {
   const std::set<int> all = testing::CpusOf(0);
   REQUIRE(!all.empty());
@@ -449,18 +466,17 @@ TEST_CASE("with no published CPU a follower waits off the CPU the holder offered
   });
   AwaitFollowers(**baton, 1);
   CHECK(testing::CpusOf(tid) == all);  // nothing offered yet: nothing to avoid
-  // The holder offers from one CPU, then from another: the follower, woken
-  // by the offer's timer, moves off each in turn.
+  // A relayed worker (--calls_cpu=off publishes nothing either): the
+  // follower, woken by the offer's timer, keeps the whole mask.
+  IntakeBaton::SetAvoidHolderCpu(false);
+  OfferFrom(**baton, *all.rbegin());
+  std::this_thread::sleep_for(20ms);
+  CHECK(testing::CpusOf(tid) == all);
+  // Serving direct calls: the holder offers from one CPU, then from
+  // another; the follower, woken by the offer's timer, moves off each.
+  IntakeBaton::SetAvoidHolderCpu(true);
   for (const int holder_cpu : {*all.rbegin(), *all.begin()}) {
-    std::thread holder([&] {
-      cpu_set_t one;
-      CPU_ZERO(&one);
-      CPU_SET(holder_cpu, &one);
-      REQUIRE(::sched_setaffinity(0, sizeof(one), &one) == 0);
-      REQUIRE((*baton)->Defer());
-      REQUIRE((*baton)->Reclaim());
-    });
-    holder.join();
+    OfferFrom(**baton, holder_cpu);
     std::set<int> expected = all;
     if (all.size() > 1) expected.erase(holder_cpu);
     for (int i = 0; i < 2000 && testing::CpusOf(tid) != expected; ++i) {
@@ -482,6 +498,7 @@ TEST_CASE("with no published CPU a follower waits off the CPU the holder offered
   (*baton)->ToLoop();
   CHECK(follower.get() == Turn::kLeave);
   CHECK(after == all);
+  IntakeBaton::SetAvoidHolderCpu(false);
 }
 
 }  // namespace
