@@ -18,6 +18,9 @@ std::atomic<bool> serve_direct_calls{false};
 
 void SetServeDirectCalls(bool on) {
   serve_direct_calls.store(on, std::memory_order_relaxed);
+  // Direct calls end in the worker, so the daemon publishes no call-path
+  // CPU for the intake's follower to avoid: it avoids the holder's.
+  IntakeBaton::SetAvoidHolderCpu(on);
 }
 
 ChannelState::~ChannelState() = default;  // uploads release their objects

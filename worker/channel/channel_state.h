@@ -31,7 +31,8 @@ inline constexpr size_t kFlushThreshold = 256 * 1024;
 // before Python runs. Off (the default), a channel polls its bare link and
 // refuses a direct_conn (it does not advertise the capability): the direct
 // poll set, an epoll descriptor, costs a relayed noop ~3 % (PERFORMANCE.md,
-// stop 38, h-serve).
+// stop 38, h-serve). On, the intake's follower waits off the holder's CPU
+// when no call-path CPU is published (IntakeBaton::SetAvoidHolderCpu).
 void SetServeDirectCalls(bool on);
 
 // A call's arguments arriving in arg_chunk frames (frame_intake.h).

@@ -18,6 +18,7 @@ namespace agentix::worker {
 namespace {
 
 std::atomic<int64_t> spin_most_ns{0};
+std::atomic<bool> avoid_holder_cpu{false};
 
 // poll(fds, count, -1), retried on EINTR.
 int PollBlocking(pollfd* fds, nfds_t count = 2) {
@@ -148,7 +149,7 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
     // the call path's CPU when it next wakes (within ~kDeferBound while
     // offers come).
     AwayFromCpu away(all_);
-    const auto avoid_path = [&] { away.Avoid(placement_ != nullptr ? placement_->WaitCpu() : -1); };
+    const auto avoid_path = [&] { away.Avoid(PathCpu()); };
     avoid_path();
     lock.lock();
     // Waits in poll rather than on a condition variable: the offer's timer
@@ -273,7 +274,20 @@ bool IntakeBaton::Pass() {
   return true;
 }
 
+void IntakeBaton::SetAvoidHolderCpu(bool on) {
+  avoid_holder_cpu.store(on, std::memory_order_relaxed);
+}
+
+int IntakeBaton::PathCpu() const {
+  const int placed = placement_ != nullptr ? placement_->WaitCpu() : -1;
+  if (placed >= 0 || !avoid_holder_cpu.load(std::memory_order_relaxed)) return placed;
+  return offer_cpu_.load(std::memory_order_relaxed);
+}
+
 bool IntakeBaton::Defer() {
+  // Where the call path runs when nothing is placed (direct calls: the
+  // daemon, which places, sees no call): read before the lock, a vDSO call.
+  offer_cpu_.store(::sched_getcpu(), std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(mu_);
   if (followers_ == 0 || stopped_ || !pool_mode_ || passed_) return false;
   deferred_ = true;

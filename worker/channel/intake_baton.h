@@ -53,8 +53,11 @@ class IntakeBaton {
   // is enough) or pool mode is off, and kLeave later if pool mode ends.
   // A SCHED_OTHER follower waits as SCHED_BATCH, and is SCHED_OTHER again
   // when this returns; with a `placement` CPU (and another one allowed) it
-  // waits off that CPU, and has the process's mask back before it polls or
-  // returns.
+  // waits off that CPU — with none published (direct calls bypass the
+  // daemon that places) and SetAvoidHolderCpu, off the CPU the holder last
+  // offered from, so the
+  // offer's timer, which it arms, never fires on the call path's CPU — and
+  // has the process's mask back before it polls or returns.
   Turn Lead(bool holding);
 
   // The holder hands the baton to a waiting follower: true if one was
@@ -88,6 +91,11 @@ class IntakeBaton {
   int64_t handovers();
   int64_t holder_arms();
 
+  // Whether a follower with no published CPU waits off the holder's (the
+  // worker's --direct_calls, process-wide, set once at start; off: it waits
+  // with the whole mask, as --calls_cpu=off promises the relayed path).
+  static void SetAvoidHolderCpu(bool on);
+
   // How long a Defer()'s offer stands before the follower takes the baton.
   static constexpr absl::Duration kDeferBound = absl::Milliseconds(1);
 
@@ -107,6 +115,10 @@ class IntakeBaton {
   void Withdraw();
   // Follower: wakes it to look at the state again.
   void WakeFollower();
+  // The CPU a follower waits off: the placement's WaitCpu() if published,
+  // else (with SetAvoidHolderCpu) the CPU of the holder's latest offer
+  // (-1: none yet).
+  int PathCpu() const;
 
   const int channel_fd_;
   const int stop_fd_;   // eventfd, readable once stopped
@@ -125,6 +137,9 @@ class IntakeBaton {
   int64_t handovers_ = 0;
   bool stopped_ = false;
   int followers_ = 0;
+  // sched_getcpu() at the latest Defer(): the call path's CPU when there is
+  // no placement to follow.
+  std::atomic<int> offer_cpu_{-1};
   // The current spin window (ns); only the holder uses it.
   std::atomic<int64_t> spin_window_ns_{-1};
 };

@@ -380,10 +380,12 @@ TEST_CASE("a follower waits off the published CPU, follows it, and leaves with t
   auto area = ipc::PayloadArea::Create(64 * 1024);
   REQUIRE(area.ok());
   Sockets s;
-  auto baton = IntakeBaton::Create(s.fds[0], area->get());
-  REQUIRE(baton.ok());
-  (*baton)->ToPool();
   for (const int published : {cpu, -1}) {
+    // A fresh baton: no offer yet, whose CPU a follower would avoid with
+    // nothing published (the next test).
+    auto baton = IntakeBaton::Create(s.fds[0], area->get());
+    REQUIRE(baton.ok());
+    (*baton)->ToPool();
     (*area)->PublishWaitCpu(published);
     std::atomic<pid_t> tid{0};
     std::set<int> after;
@@ -419,8 +421,84 @@ TEST_CASE("a follower waits off the published CPU, follows it, and leaves with t
     (*baton)->ToLoop();  // followers leave
     CHECK(follower.get() == Turn::kLeave);
     CHECK(after == all);
-    (*baton)->ToPool();
   }
+}
+
+// Runs a holder's offer (Defer, then Reclaim) on a thread pinned to `cpu`.
+void OfferFrom(IntakeBaton& baton, int cpu) {
+  bool pinned = false, offered = false, reclaimed = false;
+  std::thread holder([&] {  // Catch's macros stay on the test's thread
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pinned = ::sched_setaffinity(0, sizeof(one), &one) == 0;
+    offered = baton.Defer();
+    reclaimed = baton.Reclaim();
+  });
+  holder.join();
+  REQUIRE(pinned);
+  REQUIRE(offered);
+  REQUIRE(reclaimed);
+}
+
+// Direct calls bypass the daemon, so nothing is published: the follower's
+// timer would fire on the CPU it last ran on, after a hand-over the call
+// path's (docs/PERFORMANCE.md, "stop-39: the direct noop's p99").
+TEST_CASE("with no published CPU a follower waits off the CPU the holder offered from, "
+          "and follows it; not unless serving direct calls",
+          "[intake]") {
+  const std::set<int> all = testing::CpusOf(0);
+  REQUIRE(!all.empty());
+  auto area = ipc::PayloadArea::Create(64 * 1024);
+  REQUIRE(area.ok());
+  (*area)->PublishWaitCpu(-1);
+  Sockets s;
+  auto baton = IntakeBaton::Create(s.fds[0], area->get());
+  REQUIRE(baton.ok());
+  (*baton)->ToPool();
+  std::atomic<pid_t> tid{0};
+  std::set<int> after;
+  auto follower = std::async(std::launch::async, [&] {
+    tid = ::gettid();
+    const Turn turn = (*baton)->Lead(false);
+    after = testing::CpusOf(0);
+    return turn;
+  });
+  AwaitFollowers(**baton, 1);
+  CHECK(testing::CpusOf(tid) == all);  // nothing offered yet: nothing to avoid
+  // A relayed worker (--calls_cpu=off publishes nothing either): the
+  // follower, woken by the offer's timer, keeps the whole mask.
+  IntakeBaton::SetAvoidHolderCpu(false);
+  OfferFrom(**baton, *all.rbegin());
+  std::this_thread::sleep_for(20ms);
+  CHECK(testing::CpusOf(tid) == all);
+  // Serving direct calls: the holder offers from one CPU, then from
+  // another; the follower, woken by the offer's timer, moves off each.
+  IntakeBaton::SetAvoidHolderCpu(true);
+  for (const int holder_cpu : {*all.rbegin(), *all.begin()}) {
+    OfferFrom(**baton, holder_cpu);
+    std::set<int> expected = all;
+    if (all.size() > 1) expected.erase(holder_cpu);
+    for (int i = 0; i < 2000 && testing::CpusOf(tid) != expected; ++i) {
+      std::this_thread::sleep_for(1ms);
+    }
+    CHECK(testing::CpusOf(tid) == expected);
+  }
+  // A published CPU wins over the offer's.
+  const int placed = *all.rbegin();
+  (*area)->PublishWaitCpu(placed);
+  REQUIRE((*baton)->Defer());  // from this thread, wherever it runs
+  REQUIRE((*baton)->Reclaim());
+  std::set<int> expected = all;
+  if (all.size() > 1) expected.erase(placed);
+  for (int i = 0; i < 2000 && testing::CpusOf(tid) != expected; ++i) {
+    std::this_thread::sleep_for(1ms);
+  }
+  CHECK(testing::CpusOf(tid) == expected);
+  (*baton)->ToLoop();
+  CHECK(follower.get() == Turn::kLeave);
+  CHECK(after == all);
+  IntakeBaton::SetAvoidHolderCpu(false);
 }
 
 }  // namespace
