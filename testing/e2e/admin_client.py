@@ -2,6 +2,7 @@
 the generated admin messages, a gRPC client of the service, and the admin
 token handed over through a pipe as providerd does it."""
 
+import asyncio
 import contextlib
 import importlib.util
 import os
@@ -60,3 +61,27 @@ class Admin:
 
     async def get_status(self, token=ADMIN):
         return await self.status(pb.GetStatusRequest(), timeout=10, metadata=bearer(token))
+
+    async def await_calls_in_flight(self, count):
+        """GetStatus once `calls_in_flight` is `count` (or after ~2 s)."""
+        for _ in range(200):
+            status = await self.get_status()
+            if status.calls_in_flight == count:
+                break
+            await asyncio.sleep(0.01)
+        return status
+
+    async def assert_idle_time_grows(self):
+        """Waits until no stream is open (a direct connection is counted until
+        the worker reports it closed), then checks that GetStatus's idle time
+        grows with the clock; returns the later status."""
+        for _ in range(200):
+            first = await self.get_status()
+            if first.open_streams == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert first.open_streams == 0 and first.calls_in_flight == 0
+        await asyncio.sleep(0.3)
+        second = await self.get_status()
+        assert second.idle_ms >= first.idle_ms + 250
+        return second

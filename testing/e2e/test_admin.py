@@ -99,24 +99,12 @@ async def test_status_idle_time_grows_when_idle_and_is_zero_during_a_call(start_
         await admin.activate(pb.ActivateRequest(token=RUNTIME), timeout=10, metadata=bearer(ADMIN))
         async with RuntimeClient(daemon.url, token=RUNTIME) as client:
             call = asyncio.ensure_future(client.remote(t.blocking_sleep, 1.0))
-            for _ in range(200):
-                status = await admin.get_status()
-                if status.calls_in_flight == 1:
-                    break
-                await asyncio.sleep(0.01)
+            status = await admin.await_calls_in_flight(1)
             assert status.calls_in_flight == 1 and status.idle_ms == 0
             assert status.worker_running and status.open_streams >= 1
             await call
         # The client's streams close with it; then the idle time grows.
-        for _ in range(200):
-            first = await admin.get_status()
-            if first.open_streams == 0:
-                break
-            await asyncio.sleep(0.01)
-        assert first.open_streams == 0 and first.calls_in_flight == 0
-        await asyncio.sleep(0.3)
-        second = await admin.get_status()
-        assert second.idle_ms >= first.idle_ms + 250
+        second = await admin.assert_idle_time_grows()
         assert second.idle_ms < 10_000
 
 

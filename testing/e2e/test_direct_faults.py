@@ -114,24 +114,12 @@ async def test_get_status_counts_a_running_direct_call(start_daemon, direct_env)
         async with RuntimeClient(daemon.url, token=RUNTIME) as client:
             assert await client.remote(t.add, 1, 2) == 3  # the connection is direct now
             call = asyncio.ensure_future(client.remote(t.blocking_sleep, 1.0))
-            for _ in range(200):
-                status = await admin.get_status()
-                if status.calls_in_flight == 1:
-                    break
-                await asyncio.sleep(0.01)
+            status = await admin.await_calls_in_flight(1)
             assert status.calls_in_flight == 1 and status.idle_ms == 0
             await call
             status = await admin.get_status()
             assert status.calls_in_flight == 0 and status.open_streams >= 1
         # The direct connection closes with the client (direct_closed); then
         # the idle time grows.
-        for _ in range(200):
-            first = await admin.get_status()
-            if first.open_streams == 0:
-                break
-            await asyncio.sleep(0.01)
-        assert first.open_streams == 0 and first.calls_in_flight == 0
-        await asyncio.sleep(0.3)
-        second = await admin.get_status()
-        assert second.idle_ms >= first.idle_ms + 250
+        await admin.assert_idle_time_grows()
     assert _CLOSED.search(daemon.log()), daemon.log()[-4000:]  # it went direct
