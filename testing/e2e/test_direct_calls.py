@@ -19,7 +19,7 @@ from agentix import RemoteCallError, RuntimeClient
 from agentix.runtime.client.frames import FrameCallsStream
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "proxy"))
-from cutting_proxy import CuttingProxy  # noqa: E402
+from cutting_proxy import start_pair  # noqa: E402
 
 MiB = 1024 * 1024
 _CLOSED = re.compile(r"direct connection (\d+) closed")
@@ -67,10 +67,7 @@ async def test_a_cut_direct_connection_resumes_its_running_call(direct_daemon, t
     # the worker; a cut ends it, the host reconnects (handed over again, to
     # the same session) and resumes the call that kept running.
     upstream = str(direct_daemon.socket_path)
-    proxies = [CuttingProxy(str(tmp_path / "p.sock"), upstream),
-               CuttingProxy(str(tmp_path / "p.sock") + ".calls", upstream + ".calls")]
-    for p in proxies:
-        p.start()
+    proxies = start_pair(str(tmp_path / "p.sock"), upstream)
     try:
         async with RuntimeClient(proxies[0].url) as client:
             call = asyncio.ensure_future(client.remote(t.chaos_step, 7, 0.6))

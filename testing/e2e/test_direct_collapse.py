@@ -14,7 +14,7 @@ import e2e_targets as t
 from agentix import RuntimeClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "proxy"))
-from cutting_proxy import CuttingProxy  # noqa: E402
+from cutting_proxy import start_pair  # noqa: E402
 
 _BACK = "a direct session came back from the worker"
 
@@ -42,10 +42,7 @@ async def test_a_relayed_reconnect_takes_the_running_call_back(orphan_daemon, tm
     # session before serving it, and the resume finds the call there: its
     # result arrives once, it ran once.
     upstream = str(orphan_daemon.socket_path)
-    proxies = [CuttingProxy(str(tmp_path / "p.sock"), upstream),
-               CuttingProxy(str(tmp_path / "p.sock") + ".calls", upstream + ".calls")]
-    for p in proxies:
-        p.start()
+    proxies = start_pair(str(tmp_path / "p.sock"), upstream)
     try:
         async with RuntimeClient(proxies[0].url) as client:
             assert await client.remote(t.add, 1, 2) == 3  # direct

@@ -17,7 +17,7 @@ import asyncio
 import os
 import threading
 
-__all__ = ["CuttingProxy"]
+__all__ = ["CuttingProxy", "start_pair"]
 
 
 class CuttingProxy:
@@ -117,3 +117,13 @@ class CuttingProxy:
         await asyncio.gather(pump(client_reader, upstream_writer), pump(upstream_reader, client_writer))
         self._writers.discard(client_writer)
         self._writers.discard(upstream_writer)
+
+
+def start_pair(listen_path: str, upstream_path: str) -> list[CuttingProxy]:
+    """Started proxies for a daemon's socket and its frame-wire Calls socket
+    (`<path>.calls`), the two a Python host connects to."""
+    proxies = [CuttingProxy(listen_path, upstream_path),
+               CuttingProxy(listen_path + ".calls", upstream_path + ".calls")]
+    for p in proxies:
+        p.start()
+    return proxies
