@@ -16,7 +16,9 @@ faults). It then reports:
   on a CPU the stack used, whether the worker's intake follower woke (its
   1 ms timerfd), hrtimer expiries in the stack, page faults; each as a
   share of the fast calls and of the slow ones, so what goes with a slow
-  call stands out,
+  call stands out, and each slow call's first cause (`slow_calls_by_cause`:
+  another process on the stack's CPU, our timerfd, the tick, a migration, a
+  page fault of a stack thread, ...),
 - what happened around each first slow call after 20 fast ones (which
   timers fired, which other processes ran, which threads migrated),
 - the Unix ping-pong floor's p50/p99 measured right after (`--floor`).
@@ -56,7 +58,7 @@ import procs  # noqa: E402
 # stdin, runs the stream and writes (start ns, latency ns) pairs and GC
 # spans to argv[3] as JSON.
 _HOST = r"""
-import asyncio, gc, json, os, sys, time
+import array, asyncio, gc, json, os, sys, time
 sys.path.insert(0, os.environ["TAIL_BENCH_DIR"])
 import bench_targets, procs
 from agentix import RuntimeClient
@@ -81,7 +83,9 @@ async def main():
         sys.stdin.readline()
         await client.remote(bench_targets.gc_record_start)
         gc.callbacks.append(on_gc)
-        starts, lats = [0] * calls, [0] * calls
+        # Raw int64s: a list would keep two int objects a call alive, and
+        # the host would fault in a fresh page every ~64 calls (its own).
+        starts, lats = array.array("q", bytes(8 * calls)), array.array("q", bytes(8 * calls))
         clock, noop, remote = time.perf_counter_ns, bench_targets.noop, client.remote
         for i in range(calls):
             t0 = clock()
@@ -91,7 +95,8 @@ async def main():
         gc.callbacks.remove(on_gc)
         worker_gcs = await client.remote(bench_targets.gc_record_stop)
     with open(out_path, "w") as f:
-        json.dump({"starts": starts, "lats": lats, "gcs": gcs, "worker_gcs": worker_gcs}, f)
+        json.dump({"starts": starts.tolist(), "lats": lats.tolist(), "gcs": gcs,
+                   "worker_gcs": worker_gcs}, f)
     print("DONE", flush=True)
 
 asyncio.run(main())
@@ -462,12 +467,14 @@ def correlate(events, starts, lats, slow_threshold_ns, stack_tids, names):
 # process's thread ran on a CPU the stack used (the others' load); the
 # worker's intake timer (a timerfd whose expiry wakes a stack thread) fired
 # on a CPU the stack used; the kernel tick fired there; a stack thread
-# migrated; the tracer itself (perf's buffer wake-ups: an IPI from the CPU
+# migrated; a stack thread took a page fault (first touches of memory a
+# growing table or buffer takes from the kernel); the tracer itself (perf's buffer wake-ups: an IPI from the CPU
 # whose events filled it); none of them.
 # The last before none_seen: the call's hand-offs crossed CPUs (its stack
 # threads ran on two or more: a cross-CPU wake-up, e.g. a side not pinned).
 CAUSES = ("foreign_thread_on_stack_cpu", "our_timerfd_on_stack_cpu", "tick_on_stack_cpu",
-          "stack_thread_migrated", "perf_woken", "stack_on_two_cpus", "none_seen")
+          "stack_thread_migrated", "stack_page_fault", "perf_woken", "stack_on_two_cpus",
+          "none_seen")
 
 
 def our_timers(events, stack_tids):
@@ -535,10 +542,12 @@ def causes(events, starts, lats, slow_threshold_ns, stack_tids, timers):
                         seen.add(CAUSES[3])
                 except (IndexError, ValueError):
                     pass
-            elif ev == "sched_wakeup" and rest.startswith("comm=perf "):
+            elif ev == "page_fault_user" and tid in stack_tids:
                 seen.add(CAUSES[4])
+            elif ev == "sched_wakeup" and rest.startswith("comm=perf "):
+                seen.add(CAUSES[5])
         if len(cpus) > 1:
-            seen.add(CAUSES[5])
+            seen.add(CAUSES[6])
         counts[next((c for c in CAUSES if c in seen), CAUSES[-1])] += 1
     return {c: round(counts[c] / max(1, len(lats)), 5) for c in CAUSES}
 

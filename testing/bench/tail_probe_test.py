@@ -183,10 +183,6 @@ class TickLossTest(unittest.TestCase):
         self.assertEqual(tail_probe.tick_loss([0, 100 * US], [50 * US, 50 * US]), {})
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class PeriodTest(unittest.TestCase):
     CALLS = 30000
 
@@ -213,6 +209,51 @@ class PeriodTest(unittest.TestCase):
         self.assertEqual(hist, {"1": 1, "65+": 3})
 
 
+def fault(t, cpu, tid):
+    return (t, cpu, "x", tid, "page_fault_user",
+            "address=0x7f0000001000 ip=0x7f0000000100 error_code=0x6")
+
+
+class CausesTest(unittest.TestCase):
+    NO_TIMERS = (set(), set())
+
+    def setUp(self):
+        # Nine 50 us calls and one of 200 us (the slow one, index 5), on CPU 1.
+        self.starts = [i * 1000 * US for i in range(10)]
+        self.lats = [50 * US] * 10
+        self.lats[5] = 200 * US
+        self.slow_start = self.starts[5]
+
+    def causes(self, events):
+        return tail_probe.causes(sorted(events), self.starts, self.lats, 100 * US, STACK,
+                                 self.NO_TIMERS)
+
+    def test_a_stack_threads_page_fault_is_the_slow_calls_cause(self):
+        found = self.causes([switch(self.slow_start + 5 * US, 1, 10, 11),
+                             fault(self.slow_start + 20 * US, 1, 11)])
+        self.assertEqual(found["stack_page_fault"], 0.1)
+        self.assertEqual(found["none_seen"], 0)
+
+    def test_another_processs_fault_is_not_the_stacks(self):
+        found = self.causes([switch(self.slow_start + 5 * US, 1, 10, 11),
+                             fault(self.slow_start + 20 * US, 0, OTHER)])
+        self.assertEqual(found["stack_page_fault"], 0)
+        self.assertEqual(found["none_seen"], 0.1)
+
+    def test_a_tick_comes_before_a_fault_in_the_same_call(self):
+        found = self.causes([switch(self.slow_start + 5 * US, 1, 10, 11),
+                             fault(self.slow_start + 20 * US, 1, 11)]
+                            + tick(self.slow_start + 30 * US, 1, 10, 5))
+        self.assertEqual(found["tick_on_stack_cpu"], 0.1)
+        self.assertEqual(found["stack_page_fault"], 0)
+
+    def test_a_fault_in_a_fast_call_counts_nothing(self):
+        found = self.causes([switch(self.starts[2] + 5 * US, 1, 10, 11),
+                             fault(self.starts[2] + 20 * US, 1, 11)])
+        self.assertEqual(sum(found.values()), 0.1)  # the slow call alone, none seen
+        self.assertEqual(found["stack_page_fault"], 0)
+
+
 class ResidueTest(unittest.TestCase):
     CALLS = 30000
 
@@ -232,3 +273,7 @@ class ResidueTest(unittest.TestCase):
         lats = [rng.gauss(78_000, 8_000) for _ in range(self.CALLS)]
         for n, found in tail_probe.by_residue(lats).items():
             self.assertLess(found["median_over_residues"], 1.1, n)
+
+
+if __name__ == "__main__":
+    unittest.main()
