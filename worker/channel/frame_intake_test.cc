@@ -268,6 +268,127 @@ TEST_CASE("A direct_conn is served beside the link; stray descriptors are a "
   }
 }
 
+// A direct call's large result (docs/DECISIONS.md "stop-40: a direct result
+// is cut once"): cut by the channel into whole 1 MiB ResultChunks and the
+// result with the rest, each chunk's buffer taken from the worker's
+// ChunkBuffers; once the host acks the call they come back, and the next
+// result reuses them.
+TEST_CASE("A direct result is cut into chunks from recycled buffers",
+          "[channel][direct]") {
+  ServeDirectCalls serve_direct;
+  Pair pair;
+  int host[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, host) == 0);
+  base::UniqueFd host_end(host[0]);
+  base::UniqueFd handed(host[1]);
+  ipc::Frame conn;
+  conn.type = ipc::FrameType::kDirectConn;
+  conn.direct_conn.conn = 7;
+  conn.direct_conn.client = "client-r";
+  conn.direct_conn.max_payload = uint64_t{64} << 20;
+  conn.direct_conn.max_retained = 16;
+  conn.direct_conn.max_retained_bytes = uint64_t{64} << 20;
+  conn.direct_conn.stalled_ms = 20000;
+  std::string bytes;
+  REQUIRE_OK(ipc::AppendFrame(conn, bytes));
+  const int fds[] = {handed.get()};
+  REQUIRE_OK(ipc::SendWithDescriptors(pair.peer, bytes, fds));
+  handed.Reset();
+  REQUIRE(PyEval("ch.read_frames()") == "[]");
+  PyObject* main = PyImport_AddModule("__main__");
+  ChunkBuffers& buffers =
+      Channel(PyDict_GetItemString(PyModule_GetDict(main), "ch"))
+          .direct->chunk_buffers();
+
+  auto send = [&](const runtime::v1::CallsRequest& request) {
+    const std::string message = sandbox::EncodeFrame(
+        sandbox::FrameKind::kMessage, request.SerializeAsString());
+    REQUIRE_OK(ipc::WriteAll(host_end.get(), message));
+  };
+  std::string unread;
+  // The host's events up to and including the next result, the channel
+  // driven meanwhile (it writes what the socket did not take at once).
+  auto events_to_result = [&] {
+    std::vector<runtime::v1::SandboxEvent> events;
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (events.empty() || !events.back().has_result()) {
+      REQUIRE(absl::Now() < deadline);
+      Py("select.select([ch.fileno()], [], [], 0.01)\n"
+         "ch.read_frames()\n");
+      char buffer[1 << 16];
+      const ssize_t n =
+          ::recv(host_end.get(), buffer, sizeof buffer, MSG_DONTWAIT);
+      if (n > 0) unread.append(buffer, static_cast<size_t>(n));
+      for (;;) {
+        auto frame = sandbox::ParseFrame(unread);
+        REQUIRE(frame.ok());
+        if (frame->frame_bytes == 0) break;
+        REQUIRE(frame->kind == sandbox::FrameKind::kMessage);
+        runtime::v1::CallsResponse response;
+        REQUIRE(response.ParseFromString(std::string(frame->payload)));
+        for (const auto& event : response.events()) events.push_back(event);
+        unread.erase(0, frame->frame_bytes);
+      }
+    }
+    return events;
+  };
+  // Starts `id`, answers it with a result of two parts (3 MiB + 5 bytes:
+  // three whole chunks, the rest in the result) and checks what the host
+  // got.
+  auto call = [&](const std::string& id) {
+    runtime::v1::CallsRequest request;
+    auto* start = request.add_events()->mutable_start();
+    start->set_call_id(id);
+    start->set_callable("m::f");
+    start->set_encoding(runtime::v1::ENCODING_MSGPACK);
+    start->set_arguments(std::string("\x92\x90\x80", 3));
+    send(request);
+    Py("import select\n"
+       "got = []\n"
+       "while not got:\n"
+       "    select.select([ch.fileno()], [], [], 10)\n"
+       "    got += ch.read_frames()\n");
+    REQUIRE(PyEval("[(f.kind == w.CALL, f.call_id) for f in got]") ==
+            absl::StrCat("[(True, '", id, "')]"));
+    Py(absl::StrCat("ch.send_result('", id,
+                    "', 2, [b'a' * (2 << 20), b'b' * ((1 << 20) + 5)])\n"
+                    "ch.flush()\n"));
+    std::vector<runtime::v1::SandboxEvent> events = events_to_result();
+    REQUIRE(events.size() == 4);
+    const std::string mib(ipc::kChunkBytes, 'a');
+    CHECK(events[0].result_chunk().call_id() == id);
+    CHECK(events[0].result_chunk().data() == mib);
+    CHECK(events[1].result_chunk().data() == mib);
+    CHECK(events[2].result_chunk().data() ==
+          std::string(ipc::kChunkBytes, 'b'));
+    CHECK(events[3].result().call_id() == id);
+    CHECK(events[3].result().value() == "bbbbb");
+    CHECK(events[3].result().value_size() == 3 * ipc::kChunkBytes + 5);
+  };
+  auto ack = [&](const std::string& id) {
+    runtime::v1::CallsRequest request;
+    request.add_events()->mutable_ack()->set_call_id(id);
+    send(request);
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (buffers.kept() < 3) {
+      REQUIRE(absl::Now() < deadline);
+      Py("select.select([ch.fileno()], [], [], 0.01)\n"
+         "ch.read_frames()\n");
+    }
+  };
+
+  call("r-1");
+  CHECK(buffers.fresh() == 3);
+  CHECK(buffers.reused() == 0);
+  CHECK(buffers.kept() == 0);  // retained until the host acks
+  ack("r-1");
+  CHECK(buffers.kept() == 3);
+  call("r-2");
+  CHECK(buffers.fresh() == 3);
+  CHECK(buffers.reused() == 3);
+  ack("r-2");
+}
+
 TEST_CASE("Oversized frame lengths are refused before reading the body",
           "[channel]") {
   Pair pair;

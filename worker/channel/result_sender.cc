@@ -8,6 +8,7 @@
 
 #include "worker/channel/channel_state.h"
 #include "worker/channel/py_args.h"
+#include "worker/direct/chunk_buffers.h"
 #include "worker/ipc/chunking.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/io.h"
@@ -219,11 +220,11 @@ class ResultParts {
 
 // A direct call's output goes to its session (docs/DIRECT-CALLS.md), which
 // writes it on the host's connection; the link never sees it. False if no
-// direct session runs `frame.call_id` (a relayed call).
-bool SendDirect(ChannelState& st, ipc::Frame frame) {
-  if (st.direct == nullptr || !st.direct->Owns(frame.call_id)) return false;
-  std::vector<ipc::Frame> frames;
-  frames.push_back(std::move(frame));
+// direct session runs the frames' call (a relayed call).
+bool SendDirect(ChannelState& st, std::vector<ipc::Frame> frames) {
+  if (st.direct == nullptr || !st.direct->Owns(frames.front().call_id)) {
+    return false;
+  }
   // A barrier_ask goes into `out`, written after the records queued before.
   const size_t queued = st.out.size();
   const bool ok = st.direct->Reply(
@@ -231,6 +232,56 @@ bool SendDirect(ChannelState& st, ipc::Frame frame) {
       st.writer->untagged_records.load(std::memory_order_acquire), st.out);
   if (st.out.size() != queued) st.uncaught = true;
   return ok;
+}
+
+bool SendDirect(ChannelState& st, ipc::Frame frame) {
+  std::vector<ipc::Frame> frames;
+  frames.push_back(std::move(frame));
+  return SendDirect(st, std::move(frames));
+}
+
+// A direct call's result as the frames the relayed path writes: whole
+// kChunkBytes result_chunk frames, then the result frame with the rest,
+// each copied once from the caller's buffers. Cut here, not joined into one
+// frame that the session cuts again (CallTable::TakeWorkerOutput): that was
+// a second copy of the payload and twice its size in fresh memory on
+// whichever pool thread replied (stop 40: 8,192 page faults a 16 MiB echo
+// once the 16- and 64-caller phases had spread the replies over threads).
+// The chunks' buffers come from `buffers`, which gets them back once the
+// host acked them, so their pages are reused whichever thread replies.
+// kResourceExhausted when out of memory.
+absl::Status DirectResultFrames(const std::string& call_id, int encoding,
+                                const std::vector<std::string_view>& parts,
+                                size_t size, ChunkBuffers& buffers,
+                                std::vector<ipc::Frame>& frames) {
+  const auto [chunks, last] = ipc::SplitWithTail(size);
+  try {
+    frames.resize(chunks + 1);
+    for (size_t i = 0; i <= chunks; ++i) {
+      ipc::Frame& frame = frames[i];
+      const bool final = i == chunks;
+      frame.type =
+          final ? ipc::FrameType::kResult : ipc::FrameType::kResultChunk;
+      frame.call_id = call_id;
+      if (final) {
+        frame.encoding = encoding;
+        frame.total_size = size;
+      }
+      const size_t piece_size = final ? last : ipc::kChunkBytes;
+      if (final) {
+        frame.data.reserve(piece_size);  // the session keeps it as is
+      } else {
+        frame.data = buffers.Take(piece_size);
+      }
+      for (std::string_view piece :
+           SliceParts(parts, i * ipc::kChunkBytes, piece_size)) {
+        frame.data.append(piece);
+      }
+    }
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("out of memory");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -253,19 +304,16 @@ PyObject* ChannelSendResult(PyObject* self, PyObject* const* args,
     // exported (hence unchanged) until `result` ends.
     if (!result.Take(args[2])) return nullptr;
     if (st.direct != nullptr && st.direct->Owns(call_id)) {
-      ipc::Frame frame;
-      frame.type = ipc::FrameType::kResult;
-      frame.call_id = call_id;
-      frame.encoding = static_cast<int>(encoding);
-      frame.total_size = result.size();
-      try {
-        frame.data.reserve(result.size());
-        for (std::string_view part : result.parts()) frame.data.append(part);
-      } catch (const std::bad_alloc&) {
+      std::vector<ipc::Frame> frames;
+      if (!DirectResultFrames(call_id, static_cast<int>(encoding),
+                              result.parts(), result.size(),
+                              st.direct->chunk_buffers(), frames)
+               .ok()) {
         return PyErr_NoMemory();
       }
-      if (SendDirect(st, std::move(frame))) Py_RETURN_NONE;
-      // Ended meanwhile (not possible under the GIL): nobody wants it.
+      // False only if the call ended meanwhile (not possible under the
+      // GIL): nobody wants it then.
+      (void)SendDirect(st, std::move(frames));
       Py_RETURN_NONE;
     }
     if (st.payloads != nullptr && result.size() >= kFlushThreshold) {

@@ -249,7 +249,7 @@ void DirectConns::Accept(const ipc::Frame& frame,
       // of the client while this worker lives.
       const DirectRecords records{area_, ledger_.get(), info.client_slot};
       slot = std::make_shared<DirectSession>(info.client, limits, *driver_,
-                                             records);
+                                             records, chunk_buffers_);
     }
     session = slot;
     latest_conn_[info.client] = info.conn;

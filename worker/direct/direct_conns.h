@@ -33,6 +33,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "base/unique_fd.h"
+#include "worker/direct/chunk_buffers.h"
 #include "worker/direct/direct_session.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/ledger.h"
@@ -108,6 +109,11 @@ class DirectConns {
   // barrier_ask frames sent (tests: the noop asks nothing).
   uint64_t barrier_asks();
 
+  // Where the channel takes the buffers of a direct result's whole chunks
+  // (result_chunk frames); the sessions give them back when the host has
+  // acked them (chunk_buffers.h). Any thread.
+  ChunkBuffers& chunk_buffers() { return *chunk_buffers_; }
+
   // Writes the events the sessions produced since the last call, one
   // batch per connection (the channel's flush() calls it; Drive too).
   void FlushReplies();
@@ -171,6 +177,9 @@ class DirectConns {
   ipc::PayloadArea* const area_;
   const std::unique_ptr<ipc::LedgerWriter> ledger_;  // null: none
   std::unique_ptr<Driver> driver_;
+  // Shared with every session; 32 buffers (32 MiB) kept at most: two
+  // 16 MiB results in flight reuse their memory.
+  const std::shared_ptr<ChunkBuffers> chunk_buffers_ = ChunkBuffers::Create(32);
 
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<DirectSession>> sessions_

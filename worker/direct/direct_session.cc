@@ -52,10 +52,12 @@ int64_t MonotonicNs() {
 }  // namespace
 
 DirectSession::DirectSession(std::string client, const DirectLimits& limits,
-                             DriverSink& driver, const DirectRecords& records)
+                             DriverSink& driver, const DirectRecords& records,
+                             std::shared_ptr<ChunkBuffers> chunk_buffers)
     : client_(std::move(client)),
       driver_(driver),
       records_(records),
+      chunk_buffers_(std::move(chunk_buffers)),
       table_(NewTable(TableLimits(limits))) {}
 
 std::unique_ptr<DirectSession::Table> DirectSession::NewTable(
@@ -234,8 +236,17 @@ absl::Status DirectSession::HandleDriverFrames(
     Call* call = table_->FindOpen(frame.call_id);
     if (call == nullptr) continue;  // closed: late frames are dropped
     bool terminal = true;
-    std::shared_ptr<runtime::v1::SandboxEvent> event =
-        table_->TakeWorkerOutput(frame.call_id, *call, frame, terminal, out);
+    std::shared_ptr<runtime::v1::SandboxEvent> event;
+    if (chunk_buffers_ != nullptr &&
+        frame.type == ipc::FrameType::kResultChunk &&
+        frame.data.size() <= ipc::kChunkBytes) {
+      // What TakeWorkerOutput makes of it, its buffer recycled.
+      event = chunk_buffers_->ChunkEvent(frame.call_id, std::move(frame.data));
+      terminal = false;
+    } else {
+      event = table_->TakeWorkerOutput(frame.call_id, *call, frame, terminal,
+                                       out);
+    }
     if (event != nullptr) StampBarrier(frame, *event);
     Emit(frame.call_id, *call, std::move(event), terminal, out);
   }

@@ -34,6 +34,7 @@
 #include "agentix/runtime/v1/runtime.pb.h"
 #include "calls/call_table.h"
 #include "wire/sandbox_event.h"
+#include "worker/direct/chunk_buffers.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/ledger.h"
 #include "worker/ipc/payload_area.h"
@@ -86,9 +87,12 @@ struct DirectRecords {
 class DirectSession {
  public:
   // `client`: the HELLO's agentix-client-id ("" for the anonymous client).
-  // `driver` must outlive the session.
+  // `driver` must outlive the session. `chunk_buffers`, when given, takes
+  // back the buffers of the ResultChunk events made from whole-chunk
+  // result_chunk frames (the channel fills those frames from it).
   DirectSession(std::string client, const DirectLimits& limits,
-                DriverSink& driver, const DirectRecords& records = {});
+                DriverSink& driver, const DirectRecords& records = {},
+                std::shared_ptr<ChunkBuffers> chunk_buffers = nullptr);
   DirectSession(const DirectSession&) = delete;
   DirectSession& operator=(const DirectSession&) = delete;
 
@@ -186,6 +190,7 @@ class DirectSession {
   const std::string client_;
   DriverSink& driver_;
   const DirectRecords records_;
+  const std::shared_ptr<ChunkBuffers> chunk_buffers_;
   absl::Mutex mu_;
   std::unique_ptr<Table> table_ ABSL_GUARDED_BY(mu_);  // replaced by Collapse
   size_t running_ ABSL_GUARDED_BY(mu_) = 0;

@@ -524,3 +524,65 @@ TEST_CASE("DirectSession::Collapse hands its calls and finished ids over",
 
 }  // namespace
 }  // namespace agentix::worker
+
+namespace agentix::worker {
+namespace {
+
+TEST_CASE("DirectSession gives a result's chunk buffers back once the host "
+          "acked it, and the next result reuses them",
+          "[direct]") {
+  RecordingDriver driver;
+  std::shared_ptr<ChunkBuffers> buffers = ChunkBuffers::Create(4);
+  DirectSession session("c", DirectLimits(), driver, {}, buffers);
+  auto conn = std::make_shared<RecordingConn>();
+  // A result as the channel cuts a direct one (result_sender.cc): whole
+  // chunks in buffers taken from `buffers`, then the rest.
+  auto result = [&](const std::string& id) {
+    std::vector<ipc::Frame> frames(3);
+    for (int i = 0; i < 2; ++i) {
+      frames[i].type = ipc::FrameType::kResultChunk;
+      frames[i].call_id = id;
+      frames[i].data = buffers->Take(ipc::kChunkBytes);
+      frames[i].data.assign(ipc::kChunkBytes, static_cast<char>('a' + i));
+    }
+    frames[2] = ResultFrame(id, "tail")[0];
+    frames[2].total_size = 2 * ipc::kChunkBytes + 4;
+    REQUIRE(session.HandleDriverFrames(frames).ok());
+  };
+  auto ack = [&](const std::string& id) {
+    CallsRequest request;
+    request.add_events()->mutable_ack()->set_call_id(id);
+    session.HandleRequest(conn, request);
+  };
+
+  session.HandleRequest(conn, StartRequest("r1", "\x80", 0, 0));
+  result("r1");
+  REQUIRE(conn->events_.size() == 3);
+  CHECK(conn->events_[0]->result_chunk().call_id() == "r1");
+  CHECK(conn->events_[0]->result_chunk().data() ==
+        std::string(ipc::kChunkBytes, 'a'));
+  CHECK(conn->events_[1]->result_chunk().data() ==
+        std::string(ipc::kChunkBytes, 'b'));
+  CHECK(conn->events_[2]->result().value() == "tail");
+  CHECK(conn->events_[2]->result().value_size() == 2 * ipc::kChunkBytes + 4);
+  const char* const first = conn->events_[0]->result_chunk().data().data();
+  conn->events_.clear();  // written
+  CHECK(buffers->kept() == 0);  // retained for a resume until acked
+  CHECK(buffers->fresh() == 2);
+
+  ack("r1");
+  CHECK(buffers->kept() == 2);
+
+  session.HandleRequest(conn, StartRequest("r2", "\x80", 0, 0));
+  result("r2");
+  CHECK(buffers->fresh() == 2);
+  CHECK(buffers->reused() == 2);
+  bool same_memory = false;
+  for (const SandboxEventPtr& e : conn->events_) {
+    same_memory |= e->has_result_chunk() && e->result_chunk().data().data() == first;
+  }
+  CHECK(same_memory);
+}
+
+}  // namespace
+}  // namespace agentix::worker

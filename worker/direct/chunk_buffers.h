@@ -1,0 +1,67 @@
+// Recycled buffers for direct calls' result chunks (docs/DIRECT-CALLS.md,
+// "stop 40: the 16 MiB echo"). A direct call's result is copied once out of
+// the caller's Python buffers into 1 MiB chunk strings, which its session
+// retains until the host acks them. The copy runs on whichever pool thread
+// replied, so fresh strings come from that thread's malloc arena: once the
+// 16- and 64-caller phases have spread replies over many threads, a 16 MiB
+// echo faulted in 16 MiB of fresh pages each time. Chunks taken from here
+// and given back when their event is destroyed reuse the same, already
+// faulted-in memory whichever thread replies.
+//
+// Thread-safe; Take and Give take a leaf lock (Give may run under a
+// session's lock, from an event's deleter).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "agentix/runtime/v1/runtime.pb.h"
+
+namespace agentix::worker {
+
+class ChunkBuffers : public std::enable_shared_from_this<ChunkBuffers> {
+ public:
+  // Keeps at most `max_kept` buffers (each at least ipc::kChunkBytes of
+  // capacity) between uses; more are freed.
+  static std::shared_ptr<ChunkBuffers> Create(size_t max_kept);
+  ChunkBuffers(const ChunkBuffers&) = delete;
+  ChunkBuffers& operator=(const ChunkBuffers&) = delete;
+
+  // An empty string with room for `size` bytes: a kept buffer when `size`
+  // is at most ipc::kChunkBytes and one is kept, else a fresh allocation.
+  // Throws std::bad_alloc as std::string::reserve does (the caller turns
+  // it into a Status).
+  std::string Take(size_t size);
+  // Keeps `buffer` for a later Take (its bytes are dropped, its capacity
+  // kept) if it holds at least ipc::kChunkBytes and fewer than max_kept
+  // are kept; frees it otherwise.
+  void Give(std::string buffer);
+
+  // A ResultChunk event of `call_id` holding `data`; when the event is
+  // destroyed (its last reference dropped, on any thread) the data's
+  // buffer comes back here. Keeps this object alive until then.
+  std::shared_ptr<runtime::v1::SandboxEvent> ChunkEvent(
+      const std::string& call_id, std::string data);
+
+  // Takes served from a kept buffer / by a fresh allocation, and buffers
+  // given back and kept; for tests and diagnostics.
+  uint64_t reused();
+  uint64_t fresh();
+  uint64_t kept();
+
+ private:
+  explicit ChunkBuffers(size_t max_kept) : max_kept_(max_kept) {}
+
+  const size_t max_kept_;
+  absl::Mutex mu_;
+  std::vector<std::string> kept_ ABSL_GUARDED_BY(mu_);
+  uint64_t reused_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t fresh_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace agentix::worker

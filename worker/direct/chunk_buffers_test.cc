@@ -1,0 +1,78 @@
+#include "worker/direct/chunk_buffers.h"
+
+#include <catch2/catch.hpp>
+
+#include <memory>
+#include <string>
+
+#include "worker/ipc/chunking.h"
+
+namespace agentix::worker {
+namespace {
+
+TEST_CASE("a chunk event's buffer comes back when the event is destroyed and "
+          "serves the next take",
+          "[direct]") {
+  std::shared_ptr<ChunkBuffers> buffers = ChunkBuffers::Create(2);
+  std::string data = buffers->Take(ipc::kChunkBytes);
+  CHECK(buffers->fresh() == 1);
+  CHECK(data.empty());
+  REQUIRE(data.capacity() >= ipc::kChunkBytes);
+  data.assign(ipc::kChunkBytes, 'x');
+  const char* const memory = data.data();
+
+  auto event = buffers->ChunkEvent("c1", std::move(data));
+  REQUIRE(event->has_result_chunk());
+  CHECK(event->result_chunk().call_id() == "c1");
+  CHECK(event->result_chunk().data() == std::string(ipc::kChunkBytes, 'x'));
+  CHECK(event->result_chunk().data().data() == memory);  // moved, not copied
+  CHECK(buffers->kept() == 0);
+
+  event.reset();
+  CHECK(buffers->kept() == 1);
+  std::string again = buffers->Take(ipc::kChunkBytes);
+  CHECK(buffers->reused() == 1);
+  CHECK(buffers->fresh() == 1);
+  CHECK(again.empty());
+  CHECK(again.data() == memory);  // the same pages
+  CHECK(buffers->kept() == 0);
+}
+
+TEST_CASE("chunk buffers keep at most their bound and no small or oversized "
+          "takes",
+          "[direct]") {
+  std::shared_ptr<ChunkBuffers> buffers = ChunkBuffers::Create(2);
+  std::string taken[3];
+  for (std::string& b : taken) b = buffers->Take(ipc::kChunkBytes);
+  CHECK(buffers->fresh() == 3);
+  for (std::string& b : taken) {
+    b.resize(ipc::kChunkBytes);
+    buffers->Give(std::move(b));
+  }
+  CHECK(buffers->kept() == 2);  // the third was freed
+  buffers->Give(std::string(100, 'y'));  // too small to be worth keeping
+  CHECK(buffers->kept() == 2);
+
+  // A take over a chunk is never served from the kept ones.
+  const uint64_t reused = buffers->reused();
+  std::string big = buffers->Take(ipc::kChunkBytes + 1);
+  CHECK(big.capacity() >= ipc::kChunkBytes + 1);
+  CHECK(buffers->reused() == reused);
+  CHECK(buffers->kept() == 2);
+}
+
+TEST_CASE("a chunk event outliving its last other reference to the buffers "
+          "keeps them alive",
+          "[direct]") {
+  std::shared_ptr<ChunkBuffers> buffers = ChunkBuffers::Create(1);
+  std::weak_ptr<ChunkBuffers> weak = buffers;
+  auto event =
+      buffers->ChunkEvent("c2", std::string(ipc::kChunkBytes, 'z'));
+  buffers.reset();
+  CHECK_FALSE(weak.expired());
+  event.reset();  // gives the buffer back, then the buffers go
+  CHECK(weak.expired());
+}
+
+}  // namespace
+}  // namespace agentix::worker
