@@ -137,14 +137,28 @@ async def test_with_calls_cpu_auto_only_the_call_paths_waits_are_pinned_never_us
         assert in_call == in_thread == everywhere
 
 
-async def test_with_calls_cpu_off_nothing_is_pinned(start_daemon):
+@pytest.mark.parametrize("kind", ["relayed", "direct"])
+async def test_with_calls_cpu_off_nothing_is_pinned(start_daemon, monkeypatch, kind):
+    """Direct calls too: their worker's intake follower, which otherwise waits
+    off the CPU the holder last offered from, is not pinned (the daemon tells
+    the worker --noavoid_holder_cpu)."""
     everywhere = frozenset(os.sched_getaffinity(0))
-    daemon = start_daemon(extra_args=["--calls_cpu=off"])
+    if kind == "direct":
+        monkeypatch.setenv("AGENTIX_CALLS_WIRE", "frames")
+        monkeypatch.setenv("AGENTIX_CALLS_DIRECT", "auto")
+        daemon = start_daemon(extra_args=["--calls_cpu=off", "--direct_calls", "--log_level=debug"])
+    else:
+        daemon = start_daemon(extra_args=["--calls_cpu=off"], relayed_only="the relayed case of two")
     async with RuntimeClient(daemon.url) as client:
         for _ in range(5):
             await client.remote(os.getpid)
         assert _path(daemon.proc.pid, DAEMON_PATH_THREADS + ("agx-grpc",)) == {everywhere}
         assert _pinned_worker_threads(daemon.proc.pid, settle_s=0.2) == {}
+    if kind == "direct":  # the calls went direct: the worker reported the connection's end
+        deadline = time.monotonic() + 10
+        while "direct connection" not in daemon.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "direct connection" in daemon.log(), daemon.log()[-4000:]
 
 
 def _call_on(client, n, name):
