@@ -665,6 +665,10 @@ int Run(int argc, char** raw_argv) {
     // A worker serves handed-over connections only when told: without it,
     // it polls its bare link (the epoll set costs a relayed noop ~3 %).
     options.worker.extra_args.push_back("--direct_calls");
+    // --calls_cpu=off pins nothing: not the direct intake's follower either.
+    if (*calls_cpu == base::kNoCpu) {
+      options.worker.extra_args.push_back("--noavoid_holder_cpu");
+    }
   }
   SessionManager manager(options);
   // After the manager, so it stops first.

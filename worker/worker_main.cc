@@ -50,6 +50,11 @@ ABSL_FLAG(bool, direct_calls, false,
           "serve Calls connections the daemon hands over (its --direct_calls "
           "passes this; docs/DIRECT-CALLS.md). Off: the intake polls the bare "
           "link and ready does not advertise direct calls");
+ABSL_FLAG(bool, avoid_holder_cpu, true,
+          "with --direct_calls: the intake's follower waits off the CPU the "
+          "holder last offered from (no call-path CPU is published for direct "
+          "calls). The daemon passes --noavoid_holder_cpu with --calls_cpu=off, "
+          "which promises that nothing is pinned");
 ABSL_FLAG(int64_t, intake_spin_us, 0,
           "microseconds the pool thread reading the channel polls it without "
           "sleeping before it blocks (adaptive; the daemon's "
@@ -124,6 +129,9 @@ int main(int argc, char** argv) {
   agentix::worker::IntakeBaton::SetSpin(absl::Microseconds(
       std::clamp<int64_t>(absl::GetFlag(FLAGS_intake_spin_us), 0, 1000000)));
   agentix::worker::SetServeDirectCalls(absl::GetFlag(FLAGS_direct_calls));
+  if (!absl::GetFlag(FLAGS_avoid_holder_cpu)) {
+    agentix::worker::IntakeBaton::SetAvoidHolderCpu(false);
+  }
   agentix::worker::WorkerOptions options;
   options.paths.venv = absl::GetFlag(FLAGS_venv);
   options.paths.python_path =

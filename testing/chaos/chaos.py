@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "testing" / "proxy"))
 
 import chaos_targets as targets  # noqa: E402
-from cutting_proxy import CuttingProxy  # noqa: E402
+from cutting_proxy import CuttingProxy, start_pair  # noqa: E402
 
 from agentix import AsyncClientNamespace, RuntimeClient, WorkerExited, request_handler, trace  # noqa: E402
 
@@ -115,13 +115,14 @@ async def run(args):
             f"--worker={args.worker}",
             f"--python_path={ROOT / 'host' / 'python'}:{HERE}",
             "--log_level=warning",
+            *(["--direct_calls"] if args.direct_calls else []),
         ],
         stdout=daemon_log,
         stderr=subprocess.STDOUT,
         env=env,
         start_new_session=True,
     )
-    proxy = CuttingProxy(str(work / "proxy.sock"), str(socket_path))
+    proxies = []
     rng = random.Random(args.seed)
     outcomes = collections.Counter()
     lost_samples, op_kind = [], {}
@@ -139,8 +140,15 @@ async def run(args):
             if daemon.poll() is not None:
                 raise RuntimeError(f"sandboxd exited: {(work / 'sandboxd.log').read_text()}")
             await asyncio.sleep(0.05)
-        proxy.start()
-        client = RuntimeClient(proxy.url)
+        # With --direct-calls the frame-wire Calls socket is proxied too, so
+        # the cut client's Calls connections are handed-over ones; without it
+        # that client finds no proxy.sock.calls and stays on gRPC, as before.
+        if args.direct_calls:
+            proxies = start_pair(str(work / "proxy.sock"), str(socket_path))
+        else:
+            proxies = [CuttingProxy(str(work / "proxy.sock"), str(socket_path))]
+            proxies[0].start()
+        client = RuntimeClient(proxies[0].url)
         client.register_namespace(Double("/chaos"))
         direct = RuntimeClient(f"unix://{socket_path}", logs=False, traces=False)
         deadline = time.monotonic() + args.minutes * 60
@@ -222,7 +230,8 @@ async def run(args):
         async def cutter():
             while True:
                 await asyncio.sleep(rng.uniform(0.3, 2.0))
-                await asyncio.to_thread(proxy.cut)
+                for proxy in proxies:
+                    await asyncio.to_thread(proxy.cut)
 
         async def killer():
             while True:
@@ -243,7 +252,7 @@ async def run(args):
                     streams = (await asyncio.wait_for(direct._info(), 5)).namespace_streams
                 except Exception as error:
                     streams = repr(error)
-                print(f"[chaos] {time.strftime('%H:%M:%S')} {dict(outcomes)} cuts={proxy.cuts} "
+                print(f"[chaos] {time.strftime('%H:%M:%S')} {dict(outcomes)} cuts={sum(p.cuts for p in proxies)} "
                       f"rss={peak_rss_mb(daemon.pid):.0f} MiB in-flight={dict(running)} "
                       f"namespace-streams={streams}", flush=True)
 
@@ -291,7 +300,7 @@ async def run(args):
             "peak_rss_mb": round(peak_rss_mb(daemon.pid) or 0, 1),
             "worker_exited_calls": outcomes["worker_exited"],
             "worker_kills": outcomes["worker_kills"],
-            "connection_cuts": proxy.cuts,
+            "connection_cuts": sum(p.cuts for p in proxies),
             "log_records_missing": sum(1 for op in completed if records.ops[op] == 0),
             "log_records_duplicated": sum(1 for n in records.ops.values() if n > 1),
             "spans_missing": sum(1 for op in completed if spans.ops[op] == 0),
@@ -306,7 +315,8 @@ async def run(args):
     finally:
         trace.remove_processor(spans)
         root.removeHandler(records)
-        proxy.stop()
+        for proxy in proxies:
+            proxy.stop()
         if daemon.poll() is None:
             os.killpg(daemon.pid, signal.SIGTERM)
             try:
@@ -324,13 +334,17 @@ def main():
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--sandboxd", default=str(ROOT / "sandbox" / "agentix-sandboxd"))
     parser.add_argument("--worker", default=str(ROOT / "worker" / "agentix-worker"))
+    parser.add_argument("--direct-calls", action="store_true",
+                        help="the daemon with --direct_calls (docs/DIRECT-CALLS.md) and the "
+                             "cut client on the frame wire, asking for them")
     args = parser.parse_args()
     # `kill -USR1 <pid>` prints every thread's Python stack (diagnosing a stall).
     import faulthandler
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     logging.getLogger("agentix").setLevel(logging.WARNING)
-    print(f"[chaos] {args.minutes} min, {args.concurrency} callers, seed {args.seed}", flush=True)
+    print(f"[chaos] {args.minutes} min, {args.concurrency} callers, seed {args.seed}"
+          f"{', direct calls' if args.direct_calls else ''}", flush=True)
     started = time.monotonic()
     result = asyncio.run(run(args))
     print(f"[chaos] finished in {time.monotonic() - started:.0f} s")

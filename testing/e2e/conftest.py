@@ -27,6 +27,20 @@ TARGETS_DIR = REPO / "testing" / "fixtures" / "remote_targets"
 
 sys.path.insert(0, str(TARGETS_DIR))
 
+# AGENTIX_TEST_DIRECT_CALLS=1 runs the suite with direct calls on
+# (docs/DIRECT-CALLS.md "Flag and default", testing/README.md): every daemon
+# a test starts gets --direct_calls (DIRECT_CALLS_ARGS), every worker a test
+# launches itself --direct_calls too (DIRECT_WORKER_ARGS), and the host asks
+# for them (AGENTIX_CALLS_DIRECT=auto). AGENTIX_CALLS_WIRE stays as the test
+# sets it: its default, auto, takes the frame wire wherever a daemon has one,
+# which is where a call can go direct; forcing `frames` would fail every TCP
+# or --nocalls_socket test for a reason that is not direct calls.
+DIRECT_CALLS = os.environ.get("AGENTIX_TEST_DIRECT_CALLS", "") == "1"
+DIRECT_CALLS_ARGS = ("--direct_calls",) if DIRECT_CALLS else ()
+DIRECT_WORKER_ARGS = ("--worker-arg", "--direct_calls") if DIRECT_CALLS else ()
+if DIRECT_CALLS:
+    os.environ["AGENTIX_CALLS_DIRECT"] = "auto"
+
 
 async def wait_for(predicate, timeout=10.0):
     """Polls `predicate` every 20 ms until it holds; fails the test after
@@ -70,7 +84,10 @@ class Daemon:
     """One running agentix-sandboxd; stops it on `stop()`."""
 
     def __init__(self, tmp_path, *, tcp=False, extra_args=(), env=None, popen_kwargs=None,
-                 prefix=()):
+                 prefix=(), relayed_only=None):
+        """`relayed_only`: why the test needs a relayed daemon (a sentence);
+        the daemon then gets no --direct_calls under AGENTIX_TEST_DIRECT_CALLS,
+        so the test says so rather than being skipped."""
         self.log_path = tmp_path / "sandboxd.log"
         if tcp:
             with socket.socket() as s:
@@ -91,6 +108,7 @@ class Daemon:
             "--worker", str(WORKER),
             "--venv", _venv(),
             "--python-path", str(TARGETS_DIR),
+            *(() if relayed_only else DIRECT_CALLS_ARGS),
             *extra_args,
         ]
         self._log = open(self.log_path, "wb")
@@ -165,7 +183,7 @@ def relayed_or_direct(kind, start_daemon, monkeypatch):
     direct: the worker reported a handed-over connection's end (logged at
     debug level; asynchronous, so the wait is bounded)."""
     if kind == "relayed":
-        yield start_daemon()
+        yield start_daemon(relayed_only="the relayed half of a relayed/direct pair")
         return
     monkeypatch.setenv("AGENTIX_CALLS_WIRE", "frames")
     monkeypatch.setenv("AGENTIX_CALLS_DIRECT", "auto")

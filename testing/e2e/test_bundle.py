@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BAZEL_BIN, REPO, names_shared_libpython
+from conftest import BAZEL_BIN, DIRECT_CALLS_ARGS, REPO, names_shared_libpython
 
 BUNDLER = BAZEL_BIN / "bundler" / "bundler"
 PROJECT = REPO / "testing" / "fixtures" / "bundle_project"
@@ -258,7 +258,7 @@ async def bootstrapped(bundle, root, tmp_path, env=()):
              "--unshare-pid", "--unshare-net", "--unshare-ipc",
              "--die-with-parent", "--clearenv",
              "--setenv", "AGENTIX_LISTEN", "unix:///run/agentix/agentix.sock", *extra,
-             f"{RUNTIME}/bootstrap.sh"],
+             f"{RUNTIME}/bootstrap.sh", *DIRECT_CALLS_ARGS],
             stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         await wait_for_socket(sockdir / "agentix.sock", proc, log)
@@ -303,7 +303,7 @@ async def test_bootstrap_passes_the_admin_token_file_through(bundle, tmp_path):
              "--die-with-parent", "--clearenv",
              f"{RUNTIME}/bootstrap.sh",
              "--listen", "unix:///run/agentix/agentix.sock",
-             "--admin-token-file", f"/proc/self/fd/{fd}"],
+             "--admin-token-file", f"/proc/self/fd/{fd}", *DIRECT_CALLS_ARGS],
             stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
             pass_fds=(fd,))
     try:

@@ -22,6 +22,10 @@ from agentix.runtime.v1 import runtime_pb2 as pb
 
 # The daemon's threads --calls_cpu places (by name).
 DAEMON_PATH_THREADS = ("agx-frames", "agx-wrk-read")
+# Why a test watching those threads' placement runs relayed under
+# AGENTIX_TEST_DIRECT_CALLS: a direct call never passes them, so the daemon
+# places nothing (docs/DIRECT-CALLS.md, "Flag and default").
+PLACES_THE_DAEMONS_PATH = "asserts where the daemon places its relay threads"
 
 
 def _threads(pid):
@@ -102,7 +106,7 @@ async def test_with_calls_cpu_auto_only_the_call_paths_waits_are_pinned_never_us
     everywhere = sorted(_allowed())
     # (the default, probe, places the daemon's call path as auto does once its
     # probe has chosen, on every machine that has two CPUs)
-    daemon = start_daemon(extra_args=["--calls_cpu=auto"])
+    daemon = start_daemon(extra_args=["--calls_cpu=auto"], relayed_only=PLACES_THE_DAEMONS_PATH)
     async with RuntimeClient(daemon.url) as client:
         for _ in range(8):
             tid, in_call, in_thread = await client.remote(t.cpus_in_call)
@@ -137,14 +141,28 @@ async def test_with_calls_cpu_auto_only_the_call_paths_waits_are_pinned_never_us
         assert in_call == in_thread == everywhere
 
 
-async def test_with_calls_cpu_off_nothing_is_pinned(start_daemon):
+@pytest.mark.parametrize("kind", ["relayed", "direct"])
+async def test_with_calls_cpu_off_nothing_is_pinned(start_daemon, monkeypatch, kind):
+    """Direct calls too: their worker's intake follower, which otherwise waits
+    off the CPU the holder last offered from, is not pinned (the daemon tells
+    the worker --noavoid_holder_cpu)."""
     everywhere = frozenset(os.sched_getaffinity(0))
-    daemon = start_daemon(extra_args=["--calls_cpu=off"])
+    if kind == "direct":
+        monkeypatch.setenv("AGENTIX_CALLS_WIRE", "frames")
+        monkeypatch.setenv("AGENTIX_CALLS_DIRECT", "auto")
+        daemon = start_daemon(extra_args=["--calls_cpu=off", "--direct_calls", "--log_level=debug"])
+    else:
+        daemon = start_daemon(extra_args=["--calls_cpu=off"], relayed_only="the relayed case of two")
     async with RuntimeClient(daemon.url) as client:
         for _ in range(5):
             await client.remote(os.getpid)
         assert _path(daemon.proc.pid, DAEMON_PATH_THREADS + ("agx-grpc",)) == {everywhere}
         assert _pinned_worker_threads(daemon.proc.pid, settle_s=0.2) == {}
+    if kind == "direct":  # the calls went direct: the worker reported the connection's end
+        deadline = time.monotonic() + 10
+        while "direct connection" not in daemon.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "direct connection" in daemon.log(), daemon.log()[-4000:]
 
 
 def _call_on(client, n, name):
@@ -385,7 +403,8 @@ async def test_the_worker_loops_reply_waits_follow_the_probes_answer_to_the_host
     # CPU whatever the probe told the hosts.
     everywhere = sorted(_allowed())
     env = {"AGENTIX_CALLS_CPU": sandbox_setting} if sandbox_setting else None
-    daemon = start_daemon(extra_args=["--calls_cpu=probe"], env=env)
+    daemon = start_daemon(extra_args=["--calls_cpu=probe"], env=env,
+                          relayed_only=PLACES_THE_DAEMONS_PATH)
     choice, _ = _probe_choice(daemon)
     pins = choice == "pin" or (sandbox_setting and choice != "off")
     client = RuntimeClient(daemon.url)

@@ -20,7 +20,7 @@ import pytest
 
 import e2e_targets as t
 from agentix import RuntimeClient, Unauthenticated
-from conftest import SANDBOXD, TARGETS_DIR, WORKER, _venv
+from conftest import DIRECT_CALLS_ARGS, SANDBOXD, TARGETS_DIR, WORKER, _venv
 
 pytestmark = pytest.mark.asyncio
 
@@ -56,7 +56,7 @@ class Sandboxd:
         self.proc = subprocess.Popen(
             [*prefix, str(SANDBOXD), "--listen", self.unix_url, "--listen", self.tcp_url,
              "--worker", str(WORKER), "--venv", _venv(), "--python-path", str(TARGETS_DIR),
-             *extra_args],
+             *DIRECT_CALLS_ARGS, *extra_args],
             stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=limit_fds,
             env={**os.environ, "AGENTIX_LOG_DIR": "", **(env or {})},
         )

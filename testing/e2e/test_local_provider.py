@@ -48,7 +48,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import REPO, BAZEL_BIN, SANDBOXD, TARGETS_DIR, WORKER, _venv, on_root_logger
+from conftest import (REPO, BAZEL_BIN, DIRECT_CALLS_ARGS, SANDBOXD, TARGETS_DIR, WORKER, _venv,
+                      on_root_logger)
 
 sys.path.insert(0, str(REPO / "testing" / "providerd"))
 import providerd_harness as harness  # noqa: E402
@@ -316,7 +317,8 @@ def dev_bundle():
         directory,
         "#!/bin/sh\n"
         f'exec {os.path.realpath(SANDBOXD)} --listen "$AGENTIX_LISTEN" '
-        f'--worker {os.path.realpath(WORKER)} --venv {_venv()} --python-path {python_path} "$@"\n',
+        f'--worker {os.path.realpath(WORKER)} --venv {_venv()} --python-path {python_path} '
+        f'{" ".join(DIRECT_CALLS_ARGS)} "$@"\n',
         probe=True,
     )
     sys.path.insert(0, str(directory / "nix" / "runtime" / "probe"))
@@ -705,7 +707,7 @@ async def test_entry_point_that_drops_the_token_fails_closed(dirs, tmp_path, pro
         tmp_path / "bundle",
         "#!/bin/sh\n"
         f'exec {os.path.realpath(SANDBOXD)} --listen "$AGENTIX_LISTEN" '
-        f"--worker {os.path.realpath(WORKER)} --venv {_venv()}\n",
+        f"--worker {os.path.realpath(WORKER)} --venv {_venv()} {' '.join(DIRECT_CALLS_ARGS)}\n",
     )
     provider = make_provider(providerd, dirs)
     before = providerd.entries()
@@ -1304,7 +1306,7 @@ async def test_in_process_first_call_takes_the_channel_of_the_readiness_check(de
 
 
 _QUIET_BOOTSTRAP = "#!/bin/sh\nexec {sandboxd} --listen \"$AGENTIX_LISTEN\" --worker {worker} --venv {venv} " \
-    "--python-path {python_path} --log-level warning \"$@\"\n"
+    "--python-path {python_path} --log-level warning " + " ".join(DIRECT_CALLS_ARGS) + " \"$@\"\n"
 
 
 async def test_in_process_ready_without_the_serving_line(dirs, tmp_path):

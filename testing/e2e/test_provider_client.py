@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, BAZEL_BIN, SANDBOXD, TARGETS_DIR, WORKER, _venv
+from conftest import REPO, BAZEL_BIN, DIRECT_CALLS_ARGS, SANDBOXD, TARGETS_DIR, WORKER, _venv
 
 sys.path.insert(0, str(REPO / "testing" / "providerd"))
 import providerd_harness as harness  # noqa: E402
@@ -78,7 +78,7 @@ def bundle():
     (runtime / "bootstrap.sh").write_text(
         "#!/bin/sh\n"
         f'exec {os.path.realpath(SANDBOXD)} --listen "$AGENTIX_LISTEN" --worker {os.path.realpath(WORKER)} '
-        f'--venv {_venv()} --python-path {TARGETS_DIR}:/nix/runtime/probe "$@"\n'
+        f'--venv {_venv()} --python-path {TARGETS_DIR}:/nix/runtime/probe {" ".join(DIRECT_CALLS_ARGS)} "$@"\n'
     )
     (runtime / "bootstrap.sh").chmod(0o755)
     sys.path.insert(0, str(runtime / "probe"))

@@ -36,7 +36,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import REPO, SANDBOXD, TARGETS_DIR, WORKER, _venv
+from conftest import DIRECT_CALLS_ARGS, REPO, SANDBOXD, TARGETS_DIR, WORKER, _venv
 
 sys.path.insert(0, str(REPO / "testing" / "providerd"))
 
@@ -69,7 +69,8 @@ def _dev_bundle():
     directory = Path(tempfile.mkdtemp(prefix="agx-pdb-"))
     mark = f"pdtest-{secrets.token_hex(6)}"
     harness.write_dev_bundle(directory, sandboxd=SANDBOXD, worker=WORKER,
-                             python_path=str(TARGETS_DIR), venv=_venv(), mark=mark)
+                             python_path=str(TARGETS_DIR), venv=_venv(), mark=mark,
+                             daemon_args=DIRECT_CALLS_ARGS)
     return Bundle(directory, mark)
 
 

@@ -78,7 +78,7 @@ def daemon(request, start_daemon):
     connections; the guarantees are the same."""
     if request.param == "direct":
         return start_daemon(extra_args=["--direct_calls"])
-    return start_daemon()
+    return start_daemon(relayed_only="the relayed case of two")
 
 
 @pytest.fixture(params=["frames", "grpc"])

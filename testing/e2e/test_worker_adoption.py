@@ -12,15 +12,17 @@ import subprocess
 
 import e2e_targets as t
 import pytest
-from conftest import LAUNCHER, SANDBOXD, TARGETS_DIR, WORKER, _venv
+from conftest import DIRECT_WORKER_ARGS, LAUNCHER, SANDBOXD, TARGETS_DIR, WORKER, _venv
 
 from agentix import RuntimeClient, WorkerExited
 
 
 def _launcher(*worker_args, worker=WORKER):
-    """agentix-launch with the worker options conftest's Daemon gives the daemon."""
+    """agentix-launch with the worker options conftest's Daemon gives the daemon
+    (with AGENTIX_TEST_DIRECT_CALLS, the worker's --direct_calls too: the
+    daemon passes it only to workers it spawns)."""
     return [str(LAUNCHER), "--worker", str(worker), "--venv", _venv(),
-            "--python-path", str(TARGETS_DIR), *worker_args, "--"]
+            "--python-path", str(TARGETS_DIR), *DIRECT_WORKER_ARGS, *worker_args, "--"]
 
 
 def _adopted_pid(log):

@@ -264,13 +264,13 @@ class Providerd:
 
 def write_dev_bundle(directory: Path, *, sandboxd: Path, worker: Path, python_path: str,
                      venv: str | None = None, mark: str = "", probe_source: str = "",
-                     prestart_worker: bool = False) -> Path:
+                     prestart_worker: bool = False, daemon_args: Iterable[str] = ()) -> Path:
     """A development bundle: nix/runtime/bootstrap.sh execs the Bazel-built
     daemon (by its absolute host path: the sandbox's root is the host's,
     read-only) with the arguments the backend gives it (--admin-token-file ...).
     `mark` goes into the daemon's environment, to find its processes later.
     `prestart_worker`: pass --prestart-worker, as a built bundle's bootstrap.sh
-    does."""
+    does. `daemon_args`: more of the daemon's flags (e.g. --direct_calls)."""
     runtime = Path(directory) / "nix" / "runtime"
     runtime.mkdir(parents=True)
     venv_arg = f" --venv {venv}" if venv else ""
@@ -279,7 +279,8 @@ def write_dev_bundle(directory: Path, *, sandboxd: Path, worker: Path, python_pa
         + (f"export AGENTIX_E2E_MARK={mark}\n" if mark else "")
         + f'exec {os.path.realpath(sandboxd)} --listen "$AGENTIX_LISTEN" '
         f"--worker {os.path.realpath(worker)}{venv_arg} --python-path {python_path}"
-        + (" --prestart-worker" if prestart_worker else "") + ' "$@"\n')
+        + (" --prestart-worker" if prestart_worker else "")
+        + "".join(f" {arg}" for arg in daemon_args) + ' "$@"\n')
     (runtime / "bootstrap.sh").chmod(0o755)
     if probe_source:
         (runtime / "probe").mkdir()
