@@ -105,11 +105,6 @@ bool CallsCpu::PreferCpu(int cpu) {
   return true;
 }
 
-void CallsCpu::PlaceNow() {
-  absl::MutexLock lock(&mu_);
-  Update();
-}
-
 bool CallsCpu::PreferCpuOncePinned(int cpu) {
   if (!Allowed(cpu)) return false;
   absl::MutexLock lock(&mu_);

@@ -74,11 +74,6 @@ class CallsCpu {
   // agentix-calls-cpu): the call path uses it too, unless --calls_cpu named
   // one. False (ignored) if the daemon may not run on it.
   bool PreferCpu(int cpu);
-  // A Calls connection went to the worker (direct calls): places the call
-  // path now as a relayed call's end would (with auto and no host's CPU: the
-  // calling thread's CPU), since no relayed read will. Nothing while
-  // inactive, overlapping or backed off.
-  void PlaceNow();
   // A host that follows the probe's answer (HELLO's
   // agentix-calls-cpu-follow) and whose Calls connection went to the worker
   // (direct calls) before it was told to pin: its CPU places the call path

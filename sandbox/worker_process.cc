@@ -585,12 +585,6 @@ void WorkerProcess::PublishPlacement() {
   payloads_->PublishWaitCpu(CallsCpu::CpuOf(state));
 }
 
-void WorkerProcess::PlaceDirectCalls() {
-  if (!calls_cpu_) return;
-  calls_cpu_->PlaceNow();
-  PublishPlacement();
-}
-
 void WorkerProcess::ReaderLoop() {
   pthread_setname_np(pthread_self(), "agx-wrk-read");
   // The placement of --calls_cpu, for this thread, and published to the

@@ -195,12 +195,11 @@ class WorkerProcess {
   // Publishes the call path's current CPU (--calls_cpu) to the worker
   // (PayloadArea::PublishWaitCpu) if it changed since the last publish.
   // The reader does after each read; a placement made for direct calls
-  // (a handed-over host's CPU, the probe's answer) has no read behind it,
-  // so the session manager calls this then. Thread-safe.
+  // (a handed-over host's CPU, the probe's answer) has no relayed read
+  // behind it, so the session manager calls this then. It never chooses a
+  // CPU for direct calls itself: a direct worker pinned while its host runs
+  // anywhere lost (docs/DECISIONS.md "stop-40: …"). Thread-safe.
   void PublishPlacement();
-  // The same after placing the call path for direct calls
-  // (CallsCpu::PlaceNow, on the calling thread's CPU if it chooses one).
-  void PlaceDirectCalls();
 
   pid_t pid() const { return pid_; }
   // True once the worker has sent `ready` (its boot is over).
