@@ -21,6 +21,12 @@
 //
 // Each thread applies the current placement to itself when it next looks
 // (Follow: one atomic load when nothing changed).
+//
+// Direct calls (--direct_calls) end in the worker, never in a read here: a
+// host's CPU places their path (the worker is given it at the hand-over,
+// WorkerProcess::PublishPlacement), a CPU of the reader's own never does.
+// A direct worker pinned while its host runs anywhere lost
+// (docs/DECISIONS.md, "stop-40: direct calls follow the placement …").
 #pragma once
 
 #include <sched.h>

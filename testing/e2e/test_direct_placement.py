@@ -73,11 +73,13 @@ async def test_a_direct_hosts_cpu_places_the_workers_waits_and_the_namespace_cha
             # reader is placed there too.
             answers = await client.remote(t.request_loop_masks, 3)
             reader = _path(daemon.proc.pid, ("agx-wrk-read",))
+            namespace_stream = _path(daemon.proc.pid, ("agx-frames",))
     finally:
         os.sched_setaffinity(0, before)
     assert [saw for saw, _ in answers] == [[cpu]] * 3
     assert [after for _, after in answers] == [allowed] * 3
     assert reader == {frozenset({cpu})}
+    assert namespace_stream == {frozenset({cpu})}  # its frame-wire thread
     assert _went_direct(daemon), daemon.log()[-4000:]
 
 
