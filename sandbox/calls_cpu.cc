@@ -105,6 +105,28 @@ bool CallsCpu::PreferCpu(int cpu) {
   return true;
 }
 
+bool CallsCpu::PreferCpuOncePinned(int cpu) {
+  if (!Allowed(cpu)) return false;
+  absl::MutexLock lock(&mu_);
+  if (host_waits() == HostWaits::kPin) {
+    hint_ = cpu;
+    Update();
+  } else {
+    pending_hint_ = cpu;
+  }
+  return true;
+}
+
+void CallsCpu::SetHostWaits(HostWaits waits) {
+  absl::MutexLock lock(&mu_);
+  host_waits_.store(static_cast<int>(waits), std::memory_order_release);
+  if (waits == HostWaits::kPin && pending_hint_ >= 0) {
+    hint_ = pending_hint_;
+    pending_hint_ = -1;
+    Update();
+  }
+}
+
 void CallsCpu::Follow(uint64_t* seen) {
   const uint64_t state = state_.load(std::memory_order_acquire);
   if (state == *seen) return;

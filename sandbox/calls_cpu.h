@@ -21,6 +21,12 @@
 //
 // Each thread applies the current placement to itself when it next looks
 // (Follow: one atomic load when nothing changed).
+//
+// Direct calls (--direct_calls) end in the worker, never in a read here: a
+// host's CPU places their path (the worker is given it at the hand-over,
+// WorkerProcess::PublishPlacement), a CPU of the reader's own never does.
+// A direct worker pinned while its host runs anywhere lost
+// (docs/DECISIONS.md, "stop-40: direct calls follow the placement …").
 #pragma once
 
 #include <sched.h>
@@ -74,6 +80,14 @@ class CallsCpu {
   // agentix-calls-cpu): the call path uses it too, unless --calls_cpu named
   // one. False (ignored) if the daemon may not run on it.
   bool PreferCpu(int cpu);
+  // A host that follows the probe's answer (HELLO's
+  // agentix-calls-cpu-follow) and whose Calls connection went to the worker
+  // (direct calls) before it was told to pin: its CPU places the call path
+  // as PreferCpu's once the hosts are told to pin (SetHostWaits(kPin)), at
+  // once if they are. A relayed connection's thread does that itself when
+  // it tells its host; a handed-over one's thread has ended. False (ignored)
+  // if the daemon may not run on `cpu`.
+  bool PreferCpuOncePinned(int cpu);
 
   // --calls_cpu=probe: inactive (nothing pinned) until the start-up probe
   // chooses (sandbox/placement_probe.h). Active by default.
@@ -83,9 +97,7 @@ class CallsCpu {
   // leave the host's waits to the host: nothing is told), kUnknown while it
   // runs.
   enum class HostWaits { kNone, kUnknown, kPin, kOff };
-  void SetHostWaits(HostWaits waits) {
-    host_waits_.store(static_cast<int>(waits), std::memory_order_release);
-  }
+  void SetHostWaits(HostWaits waits);
   HostWaits host_waits() const {
     return static_cast<HostWaits>(host_waits_.load(std::memory_order_acquire));
   }
@@ -119,6 +131,7 @@ class CallsCpu {
   int streak_ ABSL_GUARDED_BY(mu_) = 0;
   bool overlapping_ ABSL_GUARDED_BY(mu_) = false;
   int hint_ ABSL_GUARDED_BY(mu_) = -1;    // the latest host's CPU
+  int pending_hint_ ABSL_GUARDED_BY(mu_) = -1;  // PreferCpuOncePinned's
   int chosen_ ABSL_GUARDED_BY(mu_) = -1;  // kRunningCpu's choice
   base::PinBackoff backoff_ ABSL_GUARDED_BY(mu_);
   bool backed_off_ ABSL_GUARDED_BY(mu_) = false;

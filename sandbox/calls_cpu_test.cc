@@ -142,6 +142,29 @@ TEST_CASE("An inactive placement (the probe not done, or it chose off) pins noth
   CHECK(own.host_waits() == CallsCpu::HostWaits::kOff);
 }
 
+TEST_CASE("A following host's CPU left at a hand-over places the call path once hosts are told to pin") {
+  const std::vector<int> allowed = AllowedList();
+  Fakes fakes;
+  fakes.running = allowed.back();
+  // The probe has not answered: the direct host's CPU waits, no call end is needed.
+  CallsCpu placement(CallsCpu::kRunningCpu, fakes.hooks());
+  placement.SetActive(false);
+  placement.SetHostWaits(CallsCpu::HostWaits::kUnknown);
+  CHECK(placement.PreferCpuOncePinned(allowed.front()));
+  CHECK_FALSE(placement.PreferCpuOncePinned(CPU_SETSIZE));  // not one it may use
+  placement.SetActive(true);
+  CHECK_FALSE(placement.pinned());  // not the host's CPU before it is told to pin
+  placement.SetHostWaits(CallsCpu::HostWaits::kOff);
+  CHECK_FALSE(placement.pinned());
+  const uint64_t before = placement.state();
+  placement.SetHostWaits(CallsCpu::HostWaits::kPin);  // a re-probe's change
+  CHECK(placement.PinnedCpu() == allowed.front());
+  CHECK(placement.state() != before);  // a new state: the worker is given it
+  // Told to pin already: at once.
+  CHECK(placement.PreferCpuOncePinned(allowed.back()));
+  CHECK(placement.PinnedCpu() == allowed.back());
+}
+
 TEST_CASE("A busy CPU unpins the call path for the back-off period, then it pins again") {
   const int cpu = HighestAllowed();
   Fakes fakes;

@@ -802,6 +802,20 @@ class FrameWireServer::Connection {
     sink_->WritePieces(std::move(told));
   }
 
+  // A host that follows the probe's answer and was not told to pin yet:
+  // its CPU places the call path once the hosts are (CallsCpu), since this
+  // thread, which would apply it when it tells the host, ends at a
+  // hand-over. Harmless if the connection stays relayed: the same CPU.
+  void LeaveFollowedCpu() {
+    CallsCpu* const calls_cpu = server_->options_.calls_cpu.get();
+    int cpu = -1;
+    if (calls_cpu == nullptr || follow_ == Follow::kNone ||
+        told_ == CallsCpu::HostWaits::kPin || !absl::SimpleAtoi(follow_cpu_, &cpu)) {
+      return;
+    }
+    (void)calls_cpu->PreferCpuOncePinned(cpu);
+  }
+
   bool Hello(absl::string_view payload) {
     absl::StatusOr<FrameMetadata> metadata = DecodeHello(payload);
     if (!metadata.ok()) return Refuse(metadata.status().message());
@@ -924,6 +938,7 @@ class FrameWireServer::Connection {
   // connection stays relayed for its whole life.
   bool TryHandOver() {
     direct_wanted_ = false;
+    LeaveFollowedCpu();
     DirectConnections* const direct = server_->options_.direct.get();
     const SessionOptions& session = manager_->options();
     // Rule 3 (the daemon's queue must see every call) and rule 5 (the

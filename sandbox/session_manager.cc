@@ -660,6 +660,9 @@ void SessionManager::AnswerBarrier(uint64_t generation,
 void SessionManager::TellDirectCallsCpu(std::string_view value) {
   absl::MutexLock lock(&mu_);
   if (!worker_ || !worker_->direct_capable()) return;
+  // The probe's answer placed the call path on a direct host's CPU (or
+  // unpinned it): no relayed read will publish it.
+  worker_->PublishPlacement();
   ipc::Frame answer;
   answer.type = ipc::FrameType::kCallsCpuAnswer;
   answer.detail = std::string(value);
@@ -1408,6 +1411,9 @@ SessionManager::DirectHandOver SessionManager::HandOverDirect(
     if (call.client == client_id) return DirectHandOver::kNotEligible;
   }
   if (!hand_over(*worker_)) return DirectHandOver::kNotEligible;
+  // The host's CPU its HELLO named may have placed the call path: no
+  // relayed read will publish it for this connection's calls.
+  worker_->PublishPlacement();
   direct_held_[client_id].generation = worker_->generation();
   return DirectHandOver::kHandedOver;
 }

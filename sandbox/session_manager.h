@@ -241,7 +241,9 @@ class SessionManager : public WorkerProcess::Listener {
   DirectSideChannels& direct_side_channels() { return direct_side_; }
   // The daemon's calls-CPU answer changed ("wait" or "off"): the live
   // worker writes it on its direct connections that follow changes
-  // (calls_cpu_answer). Relayed connections follow it themselves.
+  // (calls_cpu_answer), and is given the call path's CPU the answer placed
+  // (WorkerProcess::PublishPlacement). Relayed connections follow it
+  // themselves.
   void TellDirectCallsCpu(std::string_view value) ABSL_LOCKS_EXCLUDED(mu_);
   // Forwards one host event of namespace `name` to the worker, starting it
   // if needed. Unavailable if no worker can be started or the daemon is

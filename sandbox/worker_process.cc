@@ -575,6 +575,16 @@ absl::Duration WorkerProcess::SpinUntilReadable(absl::Duration window) {
              : window / 2;
 }
 
+void WorkerProcess::PublishPlacement() {
+  if (!calls_cpu_ || !payloads_) return;
+  // Loaded under the lock: the last caller publishes the latest state.
+  absl::MutexLock lock(&placement_mu_);
+  const uint64_t state = calls_cpu_->state();
+  if (state == published_placement_) return;
+  published_placement_ = state;
+  payloads_->PublishWaitCpu(CallsCpu::CpuOf(state));
+}
+
 void WorkerProcess::ReaderLoop() {
   pthread_setname_np(pthread_self(), "agx-wrk-read");
   // The placement of --calls_cpu, for this thread, and published to the
@@ -587,7 +597,7 @@ void WorkerProcess::ReaderLoop() {
     const uint64_t before = placed;
     calls_cpu_->Follow(&placed);
     if (!payloads_) return;
-    if (placed != before) payloads_->PublishWaitCpu(CallsCpu::CpuOf(placed));
+    if (placed != before) PublishPlacement();
     const bool off = calls_cpu_->host_waits() == CallsCpu::HostWaits::kOff;
     if (off != host_waits_off) {
       host_waits_off = off;

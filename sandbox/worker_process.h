@@ -192,6 +192,15 @@ class WorkerProcess {
   // reader thread resolves the worker's ring references itself.
   ipc::PayloadArea* payloads() const { return payloads_.get(); }
 
+  // Publishes the call path's current CPU (--calls_cpu) to the worker
+  // (PayloadArea::PublishWaitCpu) if it changed since the last publish.
+  // The reader does after each read; a placement made for direct calls
+  // (a handed-over host's CPU, the probe's answer) has no relayed read
+  // behind it, so the session manager calls this then. It never chooses a
+  // CPU for direct calls itself: a direct worker pinned while its host runs
+  // anywhere lost (docs/DECISIONS.md "stop-40: …"). Thread-safe.
+  void PublishPlacement();
+
   pid_t pid() const { return pid_; }
   // True once the worker has sent `ready` (its boot is over).
   bool booted() const { return booted_.load(std::memory_order_acquire); }
@@ -236,6 +245,9 @@ class WorkerProcess {
   absl::Duration ready_timeout_;
   absl::Duration read_spin_;
   std::shared_ptr<CallsCpu> calls_cpu_;
+  absl::Mutex placement_mu_;
+  // The CallsCpu state whose CPU the worker was last given.
+  uint64_t published_placement_ ABSL_GUARDED_BY(placement_mu_) = ~uint64_t{0};
   base::UniqueFd channel_;
   std::unique_ptr<ipc::PayloadArea> payloads_;
   pid_t pid_ = -1;
