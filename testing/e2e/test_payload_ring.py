@@ -112,24 +112,28 @@ async def test_a_decoded_result_leaves_no_ring_piece_held(ring_daemon):
     data = os.urandom(16 * MiB)
     executor = _KeepingExecutor()
     asyncio.get_running_loop().set_default_executor(executor)
-    async with RuntimeClient(ring_daemon.url) as client:
-        assert await client.remote(t.add, 1, 1) == 2
-        ring = ring_of(client)
-        for _ in range(2):
-            taken = ring._taken
-            assert await client.remote(t.echo, data) == data
-            assert ring._taken - taken >= 16 * MiB, "the result did not come through the ring"
-            ring.release_unreferenced()  # what the next write does first
-            assert not ring.held
-            assert ring._in_done == ring._taken
-        assert executor.kept  # the results were decoded there
+    try:
+        async with RuntimeClient(ring_daemon.url) as client:
+            assert await client.remote(t.add, 1, 1) == 2
+            ring = ring_of(client)
+            for _ in range(2):
+                taken = ring._taken
+                assert await client.remote(t.echo, data) == data
+                assert ring._taken - taken >= 16 * MiB, "the result did not come through the ring"
+                ring.release_unreferenced()  # what the next write does first
+                assert not ring.held
+                assert ring._in_done == ring._taken
+            assert executor.kept  # the results were decoded there
+    finally:
+        executor.shutdown()
 
 
 async def test_sequential_16_mib_results_never_fall_back_to_the_socket(ring_daemon, monkeypatch):
     """Every result chunk of eight sequential 16 MiB echoes arrives in the
-    ring: no MESSAGE frame carries more than a few KiB (docs/PERFORMANCE.md
-    "stop-40: a direct 16 MiB result ..."). Without the release above a
-    direct worker sent whole results inline in about 1 echo out of 10."""
+    ring: no MESSAGE frame carries more than 64 KiB (docs/PERFORMANCE.md
+    "stop-40: a direct 16 MiB result no longer falls back to the socket").
+    While the previous result's pieces were still referenced, a direct
+    worker sent a whole result inline in about 1 echo of 4, relayed a chunk."""
     inline: list = []
     frame = frames.FrameTransport._frame
 
