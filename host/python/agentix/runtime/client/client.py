@@ -95,19 +95,6 @@ _MAX_RESULT_BYTES_ENV = "AGENTIX_MAX_RESULT_BYTES"
 _INLINE_DECODE_BYTES = 64 * 1024
 
 
-def _decode_pieces(pieces: list) -> Any:
-    """`restricted_loads_chunks` of a result left in pieces, then empties
-    `pieces`. Pieces in the frame wire's payload ring are released only once
-    nothing refers to them, and the executor's work item (which holds this
-    list) can outlive the await by a thread switch: a 16 MiB result still
-    referenced when the next call is written leaves a direct worker no room
-    for the next result, which then all goes through the socket."""
-    try:
-        return restricted_loads_chunks(pieces, copy=native_copy())
-    finally:
-        pieces.clear()
-
-
 # Longest wait for the daemon to confirm a namespace stream (under the
 # connect lock, so it must be short).
 _CONFIRM_SECONDS = 15.0
@@ -378,7 +365,8 @@ class RuntimeClient:
             if isinstance(outcome, RemoteError):
                 raise await remote_call_error_async(display_name, outcome)
             if isinstance(outcome, list):
-                return await asyncio.get_running_loop().run_in_executor(None, _decode_pieces, outcome)
+                # consume: ring pieces are released once nothing refers to them (docs/FRAME-WIRE.md)
+                return await asyncio.get_running_loop().run_in_executor(None, lambda: restricted_loads_chunks(outcome, copy=native_copy(), consume=True))
         if len(outcome) < _INLINE_DECODE_BYTES:
             try:
                 return restricted_loads(outcome, wait=False)

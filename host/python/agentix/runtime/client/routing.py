@@ -290,8 +290,8 @@ class CallRouter:
             size = len(value)
         else:
             # Left in pieces: restricted_loads_chunks decodes them unjoined. The
-            # outcome's list is the only one left holding them (client._decode_pieces
-            # empties it), so ring pieces are free as soon as they are decoded.
+            # outcome's list is then the only one holding them, and the decode
+            # empties it (consume=True): ring pieces are free once decoded.
             value = [*call.result_chunks, result.value]
             call.result_chunks = []
             size = sum(len(piece) for piece in value)
