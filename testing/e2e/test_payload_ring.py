@@ -6,6 +6,7 @@ ring are served beside it, and a connection lost mid-transfer resumes with
 the daemon's retained results on a new ring."""
 
 import asyncio
+import concurrent.futures
 import os
 import socket
 
@@ -15,6 +16,7 @@ import e2e_targets as t
 from agentix import RuntimeClient
 from agentix.runtime.client import frames
 from agentix.runtime.client.frames import FrameCallsStream
+from conftest import relayed_or_direct
 
 pytestmark = pytest.mark.asyncio
 MiB = 1 << 20
@@ -24,6 +26,11 @@ MiB = 1 << 20
 def _frame_wire(monkeypatch):
     monkeypatch.setenv("AGENTIX_CALLS_WIRE", "frames")
     monkeypatch.delenv(frames.PAYLOAD_RING_ENV, raising=False)
+
+
+@pytest.fixture(params=["relayed", "direct"])
+def ring_daemon(request, start_daemon, monkeypatch):
+    yield from relayed_or_direct(request.param, start_daemon, monkeypatch)
 
 
 def ring_of(client: RuntimeClient):
@@ -80,3 +87,67 @@ async def test_a_lost_connection_resumes_large_results_on_a_new_ring(daemon):
             assert await client.remote(t.echo, data) == data
             assert client._stream is not first
             ring_of(client)
+
+
+class _KeepingExecutor(concurrent.futures.ThreadPoolExecutor):
+    """Keeps every function it was given, with its arguments: a work item
+    its thread has not dropped yet when the loop goes on, which happens
+    whenever the thread is switched out between setting the result and
+    taking the next item."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)
+        self.kept: list = []
+
+    def submit(self, fn, /, *args, **kwargs):
+        self.kept.append((fn, args, kwargs))
+        return super().submit(fn, *args, **kwargs)
+
+
+async def test_a_decoded_result_leaves_no_ring_piece_held(ring_daemon):
+    """Once `remote` returned a result that came in ring pieces, nothing
+    refers to them: the next write releases the whole incoming ring, so the
+    next 16 MiB result (which a direct worker puts at once) finds it empty.
+    Not a matter of timing: the executor keeps what it ran."""
+    data = os.urandom(16 * MiB)
+    executor = _KeepingExecutor()
+    asyncio.get_running_loop().set_default_executor(executor)
+    try:
+        async with RuntimeClient(ring_daemon.url) as client:
+            assert await client.remote(t.add, 1, 1) == 2
+            ring = ring_of(client)
+            for _ in range(2):
+                taken = ring._taken
+                assert await client.remote(t.echo, data) == data
+                assert ring._taken - taken >= 16 * MiB, "the result did not come through the ring"
+                ring.release_unreferenced()  # what the next write does first
+                assert not ring.held
+                assert ring._in_done == ring._taken
+            assert executor.kept  # the results were decoded there
+    finally:
+        executor.shutdown()
+
+
+async def test_sequential_16_mib_results_never_fall_back_to_the_socket(ring_daemon, monkeypatch):
+    """Every result chunk of eight sequential 16 MiB echoes arrives in the
+    ring: no MESSAGE frame carries more than 64 KiB (docs/PERFORMANCE.md
+    "stop-40: a direct 16 MiB result no longer falls back to the socket").
+    While the previous result's pieces were still referenced, a direct
+    worker sent a whole result inline in about 1 echo of 4, relayed a chunk."""
+    inline: list = []
+    frame = frames.FrameTransport._frame
+
+    def counting_frame(self, kind, payload, messages):
+        if kind == frames.MESSAGE:
+            inline.append(len(payload))
+        frame(self, kind, payload, messages)
+
+    monkeypatch.setattr(frames.FrameTransport, "_frame", counting_frame)
+    data = os.urandom(16 * MiB)
+    async with RuntimeClient(ring_daemon.url) as client:
+        assert await client.remote(t.add, 1, 1) == 2
+        inline.clear()
+        for _ in range(8):
+            assert await client.remote(t.echo, data) == data
+        ring_of(client)
+    assert max(inline, default=0) < 64 * 1024, sorted(inline)[-4:]

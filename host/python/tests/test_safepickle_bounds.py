@@ -373,3 +373,20 @@ def test_chunked_decode_copies_large_pieces_of_values_below_32_mib_with_the_give
     pieces = [stream[i : i + (1 << 20)] for i in range(0, len(stream), 1 << 20)]
     assert restricted_loads_chunks(pieces, copy=copy) == big
     assert copied == []
+
+
+def test_chunked_decode_with_consume_empties_the_list_however_it_ends():
+    # The host's ring pieces are released only once nothing refers to them:
+    # a consumed list keeps none, after a value and after a refusal alike.
+    value = random.randbytes(3 << 20)
+    stream = pickle.dumps(value, protocol=5)
+    pieces = [memoryview(stream)[i : i + (1 << 20)] for i in range(0, len(stream), 1 << 20)]
+    kept = list(pieces)
+    assert restricted_loads_chunks(kept) == value
+    assert kept == pieces  # not consumed unless asked
+    assert restricted_loads_chunks(kept, consume=True) == value
+    assert kept == []
+    bad = [b"\x80\x05c", b"os\nsystem\n", b"."]
+    with pytest.raises(RestrictedUnpickleError):
+        restricted_loads_chunks(bad, consume=True)
+    assert bad == []

@@ -365,7 +365,8 @@ class RuntimeClient:
             if isinstance(outcome, RemoteError):
                 raise await remote_call_error_async(display_name, outcome)
             if isinstance(outcome, list):
-                return await asyncio.get_running_loop().run_in_executor(None, lambda: restricted_loads_chunks(outcome, copy=native_copy()))
+                # consume: ring pieces are released once nothing refers to them (docs/FRAME-WIRE.md)
+                return await asyncio.get_running_loop().run_in_executor(None, lambda: restricted_loads_chunks(outcome, copy=native_copy(), consume=True))
         if len(outcome) < _INLINE_DECODE_BYTES:
             try:
                 return restricted_loads(outcome, wait=False)

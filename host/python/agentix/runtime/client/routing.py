@@ -289,8 +289,11 @@ class CallRouter:
             value = result.value
             size = len(value)
         else:
-            # Left in pieces: restricted_loads_chunks decodes them unjoined.
+            # Left in pieces: restricted_loads_chunks decodes them unjoined. The
+            # outcome's list is then the only one holding them, and the decode
+            # empties it (consume=True): ring pieces are free once decoded.
             value = [*call.result_chunks, result.value]
+            call.result_chunks = []
             size = sum(len(piece) for piece in value)
         if result.encoding not in (pb.ENCODING_UNSPECIFIED, pb.ENCODING_PICKLE):
             return RemoteError(
