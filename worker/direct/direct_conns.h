@@ -71,7 +71,8 @@ class DirectConns {
   // (what the daemon would have written on the link for these calls).
   // `untagged`: the channel's count of records sent without a call id so
   // far (Writer::untagged_records), the mark of each call started here.
-  std::vector<ipc::Frame> TakeDriverFrames(uint64_t untagged);
+  // Valid until the next call (its vector is reused, capacity kept).
+  const std::vector<ipc::Frame>& TakeDriverFrames(uint64_t untagged);
 
   // Connections that ended since the last call: {conn, why} for the
   // daemon's direct_closed.
@@ -171,6 +172,7 @@ class DirectConns {
   ipc::PayloadArea* const area_;
   const std::unique_ptr<ipc::LedgerWriter> ledger_;  // null: none
   std::unique_ptr<Driver> driver_;
+  std::vector<ipc::Frame> taken_;  // TakeDriverFrames' (poll side only)
 
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<DirectSession>> sessions_
