@@ -327,8 +327,10 @@ void DirectConns::ArmTimer(absl::Time at) {
 }
 
 void DirectConns::Drive() {
-  std::vector<std::shared_ptr<Conn>> all;
-  std::vector<std::shared_ptr<DirectSession>> sessions;
+  // Reused across calls (capacity kept); emptied on return, so that a
+  // reaped connection is not kept alive until the next Drive.
+  std::vector<std::shared_ptr<Conn>>& all = drive_conns_;
+  std::vector<std::shared_ptr<DirectSession>>& sessions = drive_sessions_;
   {
     absl::MutexLock lock(&mu_);
     if (conns_.empty() && sessions_.empty()) return;
@@ -380,6 +382,8 @@ void DirectConns::Drive() {
     }
   }
   ArmTimer(next);
+  all.clear();
+  sessions.clear();
 }
 
 const std::vector<ipc::Frame>& DirectConns::TakeDriverFrames(

@@ -173,6 +173,9 @@ class DirectConns {
   const std::unique_ptr<ipc::LedgerWriter> ledger_;  // null: none
   std::unique_ptr<Driver> driver_;
   std::vector<ipc::Frame> taken_;  // TakeDriverFrames' (poll side only)
+  // Drive's snapshots of the connections and sessions (poll side only).
+  std::vector<std::shared_ptr<Conn>> drive_conns_;
+  std::vector<std::shared_ptr<DirectSession>> drive_sessions_;
 
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<DirectSession>> sessions_
