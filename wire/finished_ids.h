@@ -1,27 +1,34 @@
 // FinishedIds: the ids of calls whose results the daemon no longer holds
 // (acknowledged or evicted), so that a reconnecting host re-sending a
 // StartCall never runs a call twice. Bounded: the oldest id is forgotten
-// first. Remembering an id costs no allocation once full: the oldest id's
-// string is reused for the new one (ids are 32 chars from Python hosts, past
-// std::string's inline size), and the set keys are views of the queue's
-// strings, not copies. Not thread-safe (the session manager's lock guards it).
+// first. Not thread-safe (the session manager's lock guards it).
 //
-// The views are spread over kShards small sets by their hash: a hash set
+// The ids sit in a ring of `capacity` entries (each with its hash), made in
+// blocks of kBlockEntries as it fills and never moved; once full, the oldest
+// entry is reused for the new id, its string's buffer too (ids are 32 chars
+// from Python hosts, past std::string's inline size), so remembering costs
+// no allocation. The sets hold 4-byte ring positions, not copies or views:
+// forgetting the oldest finds it by its stored hash and its position (no
+// string read or hashed again), and the tables are a quarter of views'
+// size. (Before stop 40: a deque of strings, whose blocks were freed and
+// made again every 16 ids, and sets of views; the direct worker's profile
+// had Remember at 3.6 % of its samples.)
+//
+// The positions are spread over kShards small sets by their hash: a hash set
 // grows by moving everything it holds into a table twice its size, and
 // Remember runs under the session lock on a call's path (its ack). One set
 // of 65,536 ids stalled the call that crossed 57,344 ids for 11-14 ms (7,168,
 // 14,336 and 28,672: 1.6, 3 and 6-11 ms; issue 25's tail, stop 34); a shard
-// moves about 1/kShards of that. The memory is the same: the shards' tables
-// together are as large as the one table was
-// (bazel run //testing/bench:finished_ids_ab).
+// moves about 1/kShards of that (bazel run //testing/bench:finished_ids_ab).
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
-#include <deque>
+#include <cstdint>
+#include <limits>
+#include <memory>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -33,49 +40,68 @@ class FinishedIds {
  public:
   static constexpr int kShardBits = 9;
   static constexpr size_t kShards = size_t{1} << kShardBits;
+  // Ring entries made at once (a block is never moved or freed while the
+  // set lives).
+  static constexpr size_t kBlockEntries = 1024;
 
   // `shard_bits`: 2^shard_bits shards (0: one set, as before stop 34; the
-  // benchmark's baseline).
+  // benchmark's baseline). `capacity` is capped at 2^32 - 1 ids.
   explicit FinishedIds(size_t capacity, int shard_bits = kShardBits)
-      : capacity_(capacity),
-        shard_shift_(shard_bits == 0 ? 0 : sizeof(size_t) * 8 - shard_bits),
-        shards_(size_t{1} << shard_bits) {}
+      : capacity_(std::min<size_t>(capacity,
+                                   std::numeric_limits<Position>::max())),
+        shard_shift_(shard_bits == 0 ? 0 : sizeof(size_t) * 8 - shard_bits) {
+    const size_t shards = size_t{1} << shard_bits;
+    shards_.reserve(shards);
+    for (size_t i = 0; i < shards; ++i) {
+      shards_.emplace_back(0, PositionHash{this}, PositionEq{this});
+    }
+  }
   FinishedIds(const FinishedIds&) = delete;
   FinishedIds& operator=(const FinishedIds&) = delete;
 
   bool Contains(std::string_view id) const {
-    const Hashed key = HashOf(id);
-    return ShardOf(key).contains(key);
+    const Probe probe{id, HashOf(id)};
+    return ShardOf(probe.hash).contains(probe);
   }
 
   // Remembers `id` (no-op if remembered), forgetting the oldest when full.
   void Remember(std::string_view id) {
     if (capacity_ == 0) return;
-    const Hashed key = HashOf(id);
-    Shard& shard = ShardOf(key);
-    if (shard.contains(key)) return;
-    std::string slot;
-    if (order_.size() >= capacity_) {
-      // The key is a view of this string: out of its set before it moves.
-      const Hashed oldest = HashOf(order_.front());
-      ShardOf(oldest).erase(oldest);
-      slot = std::move(order_.front());
-      order_.pop_front();
+    const Probe probe{id, HashOf(id)};
+    Shard& shard = ShardOf(probe.hash);
+    if (shard.contains(probe)) return;
+    Position at;
+    if (size_ == capacity_) {
+      at = oldest_;
+      // Out of its set (found by its stored hash and position) before its
+      // entry takes the new id.
+      ShardOf(EntryAt(at).hash).erase(at);
+      oldest_ = oldest_ + 1 == capacity_ ? 0 : oldest_ + 1;
+    } else {
+      at = static_cast<Position>(size_);  // oldest_ is 0 until full
+      if (at % kBlockEntries == 0) {
+        blocks_.push_back(std::make_unique<Entry[]>(
+            std::min(kBlockEntries, capacity_ - at)));
+      }
+      ++size_;
     }
-    slot.assign(id.data(), id.size());
-    // A deque never moves its elements on push_back / pop_front, so the
-    // view stays valid while the id is remembered.
-    order_.push_back(std::move(slot));
-    shard.insert(std::string_view(order_.back()));
+    Entry& entry = EntryAt(at);
+    entry.id.assign(id.data(), id.size());
+    entry.hash = probe.hash;
+    shard.insert(at);
   }
 
-  size_t size() const { return order_.size(); }
+  size_t size() const { return size_; }
 
   // Calls `f(id)` for each remembered id, oldest first (a session handed
   // to another owner takes its finished ids along).
   template <typename F>
   void ForEach(F&& f) const {
-    for (const std::string& id : order_) f(std::string_view(id));
+    size_t at = oldest_;
+    for (size_t i = 0; i < size_; ++i) {
+      f(std::string_view(EntryAt(static_cast<Position>(at)).id));
+      if (++at == capacity_) at = 0;
+    }
   }
 
   // The most ids one shard holds (tests: the ids spread over the shards).
@@ -85,48 +111,63 @@ class FinishedIds {
     return most;
   }
 
+  // Ring blocks made so far (tests: the ring stops growing once full).
+  size_t blocks() const { return blocks_.size(); }
+
  private:
-  // An id and its hash, hashed once: the shard is chosen by the hash's top
-  // bits and the shard's own lookup uses the same hash (it places keys by
-  // the low bits, so one shard's keys still spread over its table).
-  struct Hashed {
+  using Position = uint32_t;
+  struct Entry {
+    std::string id;
+    size_t hash = 0;
+  };
+  // An id looked up, hashed once: the shard is chosen by the hash's top bits
+  // and the shard's own lookup uses the same hash (it places keys by the low
+  // bits, so one shard's keys still spread over its table).
+  struct Probe {
     std::string_view id;
     size_t hash;
   };
-  struct IdHash {
+  // A set's key is a ring position; its hash is the entry's stored one.
+  struct PositionHash {
     using is_transparent = void;
-    size_t operator()(std::string_view id) const {
-      return absl::Hash<std::string_view>{}(id);
-    }
-    size_t operator()(const Hashed& key) const { return key.hash; }
+    const FinishedIds* ids;
+    size_t operator()(Position at) const { return ids->EntryAt(at).hash; }
+    size_t operator()(const Probe& probe) const { return probe.hash; }
   };
-  struct IdEq {
+  struct PositionEq {
     using is_transparent = void;
-    bool operator()(std::string_view a, std::string_view b) const {
-      return a == b;
+    const FinishedIds* ids;
+    bool operator()(Position a, Position b) const { return a == b; }
+    bool operator()(Position a, const Probe& b) const {
+      return ids->EntryAt(a).id == b.id;
     }
-    bool operator()(std::string_view a, const Hashed& b) const {
-      return a == b.id;
-    }
-    bool operator()(const Hashed& a, std::string_view b) const {
-      return a.id == b;
+    bool operator()(const Probe& a, Position b) const {
+      return a.id == ids->EntryAt(b).id;
     }
   };
-  using Shard = absl::flat_hash_set<std::string_view, IdHash, IdEq>;
+  using Shard = absl::flat_hash_set<Position, PositionHash, PositionEq>;
 
-  static Hashed HashOf(std::string_view id) { return {id, IdHash{}(id)}; }
-  size_t ShardIndex(const Hashed& key) const {
-    return shard_shift_ == 0 ? 0 : key.hash >> shard_shift_;
+  static size_t HashOf(std::string_view id) {
+    return absl::Hash<std::string_view>{}(id);
   }
-  Shard& ShardOf(const Hashed& key) { return shards_[ShardIndex(key)]; }
-  const Shard& ShardOf(const Hashed& key) const {
-    return shards_[ShardIndex(key)];
+  Shard& ShardOf(size_t hash) { return shards_[ShardIndex(hash)]; }
+  const Shard& ShardOf(size_t hash) const { return shards_[ShardIndex(hash)]; }
+  size_t ShardIndex(size_t hash) const {
+    return shard_shift_ == 0 ? 0 : hash >> shard_shift_;
+  }
+  Entry& EntryAt(Position at) {
+    return blocks_[at / kBlockEntries][at % kBlockEntries];
+  }
+  const Entry& EntryAt(Position at) const {
+    return blocks_[at / kBlockEntries][at % kBlockEntries];
   }
 
   const size_t capacity_;
   const int shard_shift_;  // 0: one shard
-  std::deque<std::string> order_;  // oldest first
-  std::vector<Shard> shards_;  // views of order_'s strings
+  size_t size_ = 0;
+  Position oldest_ = 0;  // the ring position of the oldest id once full
+  std::vector<std::unique_ptr<Entry[]>> blocks_;
+  std::vector<Shard> shards_;  // positions in the ring
 };
 
 }  // namespace agentix::sandbox

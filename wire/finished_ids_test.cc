@@ -2,6 +2,8 @@
 
 #include <catch2/catch.hpp>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -73,6 +75,40 @@ TEST_CASE("FinishedIds at the daemon's capacity: every id until forgotten, "
   CHECK_FALSE(ids.Contains(id_of(total - kCapacity)));
   CHECK(ids.Contains(id_of(total - kCapacity + 1)));
   CHECK(ids.Contains("one more"));
+}
+
+TEST_CASE("FinishedIds' ring: made up to its capacity, then reused; oldest "
+          "first across the wrap", "[finished_ids]") {
+  // A capacity past one block and not a multiple of it: the last block is
+  // short, and the ring wraps inside it.
+  constexpr size_t kCapacity = FinishedIds::kBlockEntries + 7;
+  FinishedIds ids(kCapacity);
+  CHECK(ids.blocks() == 0);
+  ids.Remember("0");
+  CHECK(ids.blocks() == 1);
+  for (size_t i = 1; i < kCapacity; ++i) ids.Remember(absl::StrCat(i));
+  CHECK(ids.blocks() == 2);
+  const size_t total = 3 * kCapacity + 5;
+  for (size_t i = kCapacity; i < total; ++i) ids.Remember(absl::StrCat(i));
+  CHECK(ids.blocks() == 2);  // no entry made once full
+  CHECK(ids.size() == kCapacity);
+  std::vector<std::string> order;
+  ids.ForEach([&](std::string_view id) { order.emplace_back(id); });
+  REQUIRE(order.size() == kCapacity);
+  for (size_t i = 0; i < kCapacity; ++i) {
+    INFO("position " << i);
+    REQUIRE(order[i] == absl::StrCat(total - kCapacity + i));
+  }
+  CHECK_FALSE(ids.Contains(absl::StrCat(total - kCapacity - 1)));
+  CHECK(ids.Contains(absl::StrCat(total - kCapacity)));
+}
+
+TEST_CASE("FinishedIds of capacity 0 remembers nothing", "[finished_ids]") {
+  FinishedIds ids(0);
+  ids.Remember("a");
+  CHECK_FALSE(ids.Contains("a"));
+  CHECK(ids.size() == 0);
+  CHECK(ids.blocks() == 0);
 }
 
 }  // namespace

@@ -72,7 +72,8 @@ class DirectConns {
   // (what the daemon would have written on the link for these calls).
   // `untagged`: the channel's count of records sent without a call id so
   // far (Writer::untagged_records), the mark of each call started here.
-  std::vector<ipc::Frame> TakeDriverFrames(uint64_t untagged);
+  // Valid until the next call (its vector is reused, capacity kept).
+  const std::vector<ipc::Frame>& TakeDriverFrames(uint64_t untagged);
 
   // Connections that ended since the last call: {conn, why} for the
   // daemon's direct_closed.
@@ -180,6 +181,11 @@ class DirectConns {
   // Shared with every session; 32 buffers (32 MiB) kept at most: two
   // 16 MiB results in flight reuse their memory.
   const std::shared_ptr<ChunkBuffers> chunk_buffers_ = ChunkBuffers::Create(32);
+
+  std::vector<ipc::Frame> taken_;  // TakeDriverFrames' (poll side only)
+  // Drive's snapshots of the connections and sessions (poll side only).
+  std::vector<std::shared_ptr<Conn>> drive_conns_;
+  std::vector<std::shared_ptr<DirectSession>> drive_sessions_;
 
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<DirectSession>> sessions_
