@@ -177,12 +177,13 @@ class DirectConns {
   ipc::PayloadArea* const area_;
   const std::unique_ptr<ipc::LedgerWriter> ledger_;  // null: none
   std::unique_ptr<Driver> driver_;
-  // Shared with every session, for results and arguments: 32 buffers
-  // (32 MiB) keep their pages (a 16 MiB echo's argument and result reuse
-  // them); up to 256 MiB more stay allocated with their pages released, so
-  // larger calls in flight do not leave freed buffers in threads' arenas.
+  // Shared with every session, for results and arguments: 48 buffers
+  // (48 MiB) keep their pages (a 48 MiB echo's result reuses them without
+  // a fault); up to 256 in all stay allocated, the others with their pages
+  // released, so larger calls in flight leave no freed buffers in threads'
+  // arenas.
   const std::shared_ptr<ChunkBuffers> chunk_buffers_ =
-      ChunkBuffers::Create(/*max_kept=*/256, /*max_faulted=*/32);
+      ChunkBuffers::Create(/*max_kept=*/256, /*max_faulted=*/48);
 
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<DirectSession>> sessions_
