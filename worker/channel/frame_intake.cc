@@ -434,9 +434,15 @@ bool AnswerCollapse(PyObject* self, ChannelState& st, const ipc::Frame& frame) {
 // that ended are reported to the daemon. False with an exception set.
 bool AddDirectRecords(PyObject* self, ChannelState& st, PyObject* list) {
   st.direct->Drive();
-  for (const ipc::Frame& f : st.direct->TakeDriverFrames(
+  for (ipc::Frame& f : st.direct->TakeDriverFrames(
            st.writer->untagged_records.load(std::memory_order_acquire))) {
     PyObject* record = FrameToRecord(self, f, f.data, /*relayed=*/false);
+    if (f.type == ipc::FrameType::kCall ||
+        f.type == ipc::FrameType::kArgChunk) {
+      // Copied into the call's bytes object: the argument's buffer serves
+      // the next large argument (DirectSession::ArgBytes).
+      st.direct->chunk_buffers().Give(std::move(f.data));
+    }
     if (record == nullptr) return false;
     if (record != Py_None && PyList_Append(list, record) != 0) {
       Py_DECREF(record);

@@ -6,7 +6,16 @@
 // 16- and 64-caller phases have spread replies over many threads, a 16 MiB
 // echo faulted in 16 MiB of fresh pages each time. Chunks taken from here
 // and given back when their event is destroyed reuse the same, already
-// faulted-in memory whichever thread replies.
+// faulted-in memory whichever thread replies. Large direct arguments' frames
+// for the driver take theirs here too (DirectSession::ArgBytes).
+//
+// Freeing a buffer instead would leave it in that thread's arena for good
+// (base/malloc_tuning keeps freed heap mapped): a pair of 48 MiB echoes needs
+// ~190 buffers at once, and buffers freed over many threads' arenas made the
+// worker's RSS grow round after round (docs/DIRECT-CALLS.md, "stop 40: the
+// worker's memory under large echoes"). So many buffers are kept, but only a
+// few keep their pages: the others give them back (madvise) and fault them
+// in again when next taken.
 //
 // Thread-safe; Take and Give take a leaf lock (Give may run under a
 // session's lock, from an event's deleter).
@@ -27,19 +36,24 @@ namespace agentix::worker {
 class ChunkBuffers : public std::enable_shared_from_this<ChunkBuffers> {
  public:
   // Keeps at most `max_kept` buffers (each at least ipc::kChunkBytes of
-  // capacity) between uses; more are freed.
-  static std::shared_ptr<ChunkBuffers> Create(size_t max_kept);
+  // capacity) between uses; more are freed. At most `max_faulted` of them
+  // keep their pages; the others are kept released.
+  static std::shared_ptr<ChunkBuffers> Create(size_t max_kept,
+                                              size_t max_faulted = SIZE_MAX);
   ChunkBuffers(const ChunkBuffers&) = delete;
   ChunkBuffers& operator=(const ChunkBuffers&) = delete;
 
-  // An empty string with room for `size` bytes: a kept buffer when `size`
-  // is at most ipc::kChunkBytes and one is kept, else a fresh allocation.
+  // An empty string with room for `size` bytes: a kept buffer (one with
+  // its pages first) when `size` is at most ipc::kChunkBytes and one is
+  // kept, else a fresh allocation (of at least ipc::kChunkBytes, so that it
+  // can be kept).
   // Throws std::bad_alloc as std::string::reserve does (the caller turns
   // it into a Status).
   std::string Take(size_t size);
   // Keeps `buffer` for a later Take (its bytes are dropped, its capacity
   // kept) if it holds at least ipc::kChunkBytes and fewer than max_kept
-  // are kept; frees it otherwise.
+  // are kept; frees it otherwise. A buffer kept beyond max_faulted gives
+  // its pages back first.
   void Give(std::string buffer);
 
   // A ResultChunk event of `call_id` holding `data`; when the event is
@@ -48,18 +62,23 @@ class ChunkBuffers : public std::enable_shared_from_this<ChunkBuffers> {
   std::shared_ptr<runtime::v1::SandboxEvent> ChunkEvent(
       const std::string& call_id, std::string data);
 
-  // Takes served from a kept buffer / by a fresh allocation, and buffers
-  // given back and kept; for tests and diagnostics.
+  // Takes served from a kept buffer / by a fresh allocation, buffers
+  // kept now / kept with their pages given back now; for tests and
+  // diagnostics.
   uint64_t reused();
   uint64_t fresh();
   uint64_t kept();
+  uint64_t kept_released();
 
  private:
-  explicit ChunkBuffers(size_t max_kept) : max_kept_(max_kept) {}
+  ChunkBuffers(size_t max_kept, size_t max_faulted)
+      : max_kept_(max_kept), max_faulted_(max_faulted) {}
 
   const size_t max_kept_;
+  const size_t max_faulted_;
   absl::Mutex mu_;
-  std::vector<std::string> kept_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> faulted_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> released_ ABSL_GUARDED_BY(mu_);
   uint64_t reused_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t fresh_ ABSL_GUARDED_BY(mu_) = 0;
 };

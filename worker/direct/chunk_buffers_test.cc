@@ -76,3 +76,52 @@ TEST_CASE("a chunk event outliving its last other reference to the buffers "
 
 }  // namespace
 }  // namespace agentix::worker
+
+namespace agentix::worker {
+namespace {
+
+TEST_CASE("chunk buffers kept beyond max_faulted give their pages back, stay "
+          "kept and serve later takes after the faulted ones",
+          "[direct]") {
+  std::shared_ptr<ChunkBuffers> buffers = ChunkBuffers::Create(3, 1);
+  std::string taken[4];
+  const char* memory[4];
+  for (int i = 0; i < 4; ++i) {
+    taken[i] = buffers->Take(ipc::kChunkBytes);
+    taken[i].assign(ipc::kChunkBytes, 'x');
+    memory[i] = taken[i].data();
+  }
+  CHECK(buffers->fresh() == 4);
+  for (std::string& b : taken) buffers->Give(std::move(b));
+  CHECK(buffers->kept() == 3);  // the fourth was freed
+  CHECK(buffers->kept_released() == 2);
+
+  // The one with its pages comes first, then the released ones; no fresh
+  // allocation while any is kept.
+  std::string again[3];
+  for (std::string& b : again) b = buffers->Take(ipc::kChunkBytes);
+  CHECK(again[0].data() == memory[0]);
+  CHECK(again[1].data() == memory[2]);
+  CHECK(again[2].data() == memory[1]);
+  CHECK(buffers->fresh() == 4);
+  CHECK(buffers->reused() == 3);
+  CHECK(buffers->kept() == 0);
+  for (std::string& b : again) {
+    CHECK(b.empty());
+    REQUIRE(b.capacity() >= ipc::kChunkBytes);
+    b.assign(ipc::kChunkBytes, 'y');  // released pages are writable again
+    CHECK(b == std::string(ipc::kChunkBytes, 'y'));
+  }
+}
+
+TEST_CASE("a fresh chunk buffer for a partial chunk can still be kept",
+          "[direct]") {
+  std::shared_ptr<ChunkBuffers> buffers = ChunkBuffers::Create(1);
+  std::string part = buffers->Take(ipc::kChunkBytes - 5);
+  CHECK(part.capacity() >= ipc::kChunkBytes);
+  buffers->Give(std::move(part));
+  CHECK(buffers->kept() == 1);
+}
+
+}  // namespace
+}  // namespace agentix::worker

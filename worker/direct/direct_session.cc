@@ -114,13 +114,7 @@ void DirectSession::Apply(const std::shared_ptr<DirectResponseSink>& conn,
                  to_driver);
         break;
       }
-      ipc::ForEachChunk(update.data, [&](std::string_view piece) {
-        ipc::Frame chunk;
-        chunk.type = ipc::FrameType::kArgChunk;
-        chunk.call_id = id;
-        chunk.data.assign(piece.data(), piece.size());
-        to_driver.push_back(std::move(chunk));
-      });
+      ArgChunkFrames(id, update.data, to_driver);
       break;
     }
     case HostEvent::kCancel: {
@@ -181,15 +175,30 @@ void DirectSession::StartCall(const std::shared_ptr<DirectResponseSink>& conn,
   ipc::Frame frame = calls::MakeCallFrame(
       id, start, call->args_expected, table_->limits().max_stream_window);
   const size_t first = std::min(args.size(), ipc::kChunkBytes);
-  frame.data.assign(args.data(), first);
+  frame.data = ArgBytes(args.substr(0, first));
   to_driver.push_back(std::move(frame));
-  ipc::ForEachChunk(args.substr(first), [&](std::string_view piece) {
+  ArgChunkFrames(id, args.substr(first), to_driver);
+}
+
+void DirectSession::ArgChunkFrames(const std::string& id,
+                                   std::string_view data,
+                                   std::vector<ipc::Frame>& to_driver) {
+  ipc::ForEachChunk(data, [&](std::string_view piece) {
     ipc::Frame chunk;
     chunk.type = ipc::FrameType::kArgChunk;
     chunk.call_id = id;
-    chunk.data.assign(piece.data(), piece.size());
+    chunk.data = ArgBytes(piece);
     to_driver.push_back(std::move(chunk));
   });
+}
+
+std::string DirectSession::ArgBytes(std::string_view piece) {
+  if (chunk_buffers_ == nullptr || piece.size() < kRecycledArgBytes) {
+    return std::string(piece);
+  }
+  std::string bytes = chunk_buffers_->Take(piece.size());
+  bytes.append(piece);
+  return bytes;
 }
 
 void DirectSession::Emit(const std::string& id, Call& call,

@@ -89,7 +89,9 @@ class DirectSession {
   // `client`: the HELLO's agentix-client-id ("" for the anonymous client).
   // `driver` must outlive the session. `chunk_buffers`, when given, takes
   // back the buffers of the ResultChunk events made from whole-chunk
-  // result_chunk frames (the channel fills those frames from it).
+  // result_chunk frames (the channel fills those frames from it), and
+  // gives the buffers of large arguments' call / arg_chunk frames (the
+  // driver's intake gives them back).
   DirectSession(std::string client, const DirectLimits& limits,
                 DriverSink& driver, const DirectRecords& records = {},
                 std::shared_ptr<ChunkBuffers> chunk_buffers = nullptr);
@@ -170,6 +172,16 @@ class DirectSession {
                  const runtime::v1::StartCall& start, std::string_view args,
                  Out& out, std::vector<ipc::Frame>& to_driver)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The driver frames of argument bytes after a call's first frame, in
+  // ipc::kChunkBytes pieces.
+  void ArgChunkFrames(const std::string& id, std::string_view data,
+                      std::vector<ipc::Frame>& to_driver);
+  // A driver frame's copy of an argument piece: a piece of at least
+  // kRecycledArgBytes goes into a buffer from chunk_buffers_ (the intake
+  // gives it back once the piece is in the call's bytes object), so large
+  // arguments reuse the same faulted-in buffers whichever thread copies them.
+  std::string ArgBytes(std::string_view piece);
+  static constexpr size_t kRecycledArgBytes = size_t{64} << 10;
   // Records `event` and, for a terminal one, counts the call as ended.
   void Emit(const std::string& id, Call& call, sandbox::SandboxEventPtr event,
             bool terminal, Out& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

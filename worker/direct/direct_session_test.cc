@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <deque>
@@ -582,6 +583,66 @@ TEST_CASE("DirectSession gives a result's chunk buffers back once the host "
     same_memory |= e->has_result_chunk() && e->result_chunk().data().data() == first;
   }
   CHECK(same_memory);
+}
+
+}  // namespace
+}  // namespace agentix::worker
+
+namespace agentix::worker {
+namespace {
+
+TEST_CASE("DirectSession copies a large argument into recycled chunk "
+          "buffers, and the next call's argument reuses them",
+          "[direct]") {
+  RecordingDriver driver;
+  std::shared_ptr<ChunkBuffers> buffers = ChunkBuffers::Create(8);
+  DirectSession session("c", DirectLimits(), driver, {}, buffers);
+  auto conn = std::make_shared<RecordingConn>();
+  // What the intake does once a frame's piece is in the call's bytes.
+  auto consume = [&] {
+    std::vector<const char*> memory;
+    for (ipc::Frame& f : driver.frames_) {
+      memory.push_back(f.data.data());
+      buffers->Give(std::move(f.data));
+    }
+    driver.frames_.clear();
+    return memory;
+  };
+
+  const std::string args = "\x80" + std::string(3 * ipc::kChunkBytes - 1, 'a');
+  session.HandleRequest(conn, StartRequest("a1", args, 0, 0));
+  REQUIRE(driver.frames_.size() == 3);
+  std::string received;
+  for (const ipc::Frame& f : driver.frames_) received += f.data;
+  CHECK(received == args);
+  CHECK(buffers->fresh() == 3);
+  std::vector<const char*> first = consume();
+  CHECK(buffers->kept() == 3);
+
+  // Uploaded in a start and a chunk: the same buffers again.
+  CallsRequest upload = StartRequest("a2", args.substr(0, 10), args.size(), 0);
+  auto* chunk = upload.add_events()->mutable_argument_chunk();
+  chunk->set_call_id("a2");
+  chunk->set_data(args.substr(10));
+  session.HandleRequest(conn, upload);
+  REQUIRE(conn->events_.empty());
+  received.clear();
+  for (const ipc::Frame& f : driver.frames_) received += f.data;
+  CHECK(received == args);
+  CHECK(buffers->fresh() == 3);
+  CHECK(buffers->reused() == 3);
+  std::vector<const char*> second = consume();
+  std::sort(first.begin(), first.end());
+  std::vector<const char*> large(second.begin() + 1, second.end());
+  std::sort(large.begin(), large.end());
+  // The 10-byte first piece is a plain string; the chunk's three pieces
+  // (1 MiB, 1 MiB, 1 MiB - 10) are the first call's buffers.
+  CHECK(large == first);
+
+  // A small argument takes none.
+  session.HandleRequest(conn, StartRequest("a3", "\x80", 0, 0));
+  CHECK(buffers->fresh() == 3);
+  CHECK(buffers->reused() == 3);
 }
 
 }  // namespace
