@@ -386,7 +386,7 @@ void DirectConns::Drive() {
   sessions.clear();
 }
 
-const std::vector<ipc::Frame>& DirectConns::TakeDriverFrames(
+std::vector<ipc::Frame>& DirectConns::TakeDriverFrames(
     uint64_t untagged) {
   std::vector<ipc::Frame>& frames = taken_;
   driver_->Take(frames);

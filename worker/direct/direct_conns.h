@@ -72,8 +72,10 @@ class DirectConns {
   // (what the daemon would have written on the link for these calls).
   // `untagged`: the channel's count of records sent without a call id so
   // far (Writer::untagged_records), the mark of each call started here.
-  // Valid until the next call (its vector is reused, capacity kept).
-  const std::vector<ipc::Frame>& TakeDriverFrames(uint64_t untagged);
+  // Valid until the next call (its vector is reused, capacity kept); the
+  // caller may move a frame's bytes out (AddDirectRecords gives argument
+  // buffers back to chunk_buffers()).
+  std::vector<ipc::Frame>& TakeDriverFrames(uint64_t untagged);
 
   // Connections that ended since the last call: {conn, why} for the
   // daemon's direct_closed.
