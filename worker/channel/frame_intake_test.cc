@@ -167,6 +167,21 @@ struct ServeDirectCalls {
   ~ServeDirectCalls() { SetServeDirectCalls(false); }
 };
 
+// Hands the worker one end of a fresh socket pair with `conn` (a
+// direct_conn frame), as the daemon's hand-over does; returns the host's
+// end. The worker then holds the only other copy.
+base::UniqueFd HandOverSocket(Pair& pair, const ipc::Frame& conn) {
+  int host[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, host) == 0);
+  base::UniqueFd host_end(host[0]);
+  base::UniqueFd handed(host[1]);
+  std::string bytes;
+  REQUIRE_OK(ipc::AppendFrame(conn, bytes));
+  const int fds[] = {handed.get()};
+  REQUIRE_OK(ipc::SendWithDescriptors(pair.peer, bytes, fds));
+  return host_end;
+}
+
 // A direct_conn is served (docs/DIRECT-CALLS.md, stage 3): the host's
 // StartCall comes out of read_frames() as the same CALL record a relayed
 // call frame gives; HALF_CLOSE with no call open ends the connection with
@@ -176,19 +191,11 @@ TEST_CASE("A direct_conn is served beside the link; stray descriptors are a "
           "ProtocolError", "[channel][direct]") {
   ServeDirectCalls serve_direct;
   Pair pair;
-  int host[2];
-  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, host) == 0);
-  base::UniqueFd host_end(host[0]);
-  base::UniqueFd handed(host[1]);
   ipc::Frame conn;
   conn.type = ipc::FrameType::kDirectConn;
   conn.direct_conn.conn = 42;
   conn.direct_conn.client = "client-a";
-  std::string bytes;
-  REQUIRE_OK(ipc::AppendFrame(conn, bytes));
-  const int fds[] = {handed.get()};
-  REQUIRE_OK(ipc::SendWithDescriptors(pair.peer, bytes, fds));
-  handed.Reset();  // the worker holds the only other copy now
+  base::UniqueFd host_end = HandOverSocket(pair, conn);
   REQUIRE(PyEval("ch.read_frames()") == "[]");
   // A StartCall on the direct socket: polled through fileno().
   runtime::v1::CallsRequest request;
@@ -277,10 +284,6 @@ TEST_CASE("A direct result is cut into chunks from recycled buffers",
           "[channel][direct]") {
   ServeDirectCalls serve_direct;
   Pair pair;
-  int host[2];
-  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, host) == 0);
-  base::UniqueFd host_end(host[0]);
-  base::UniqueFd handed(host[1]);
   ipc::Frame conn;
   conn.type = ipc::FrameType::kDirectConn;
   conn.direct_conn.conn = 7;
@@ -289,11 +292,7 @@ TEST_CASE("A direct result is cut into chunks from recycled buffers",
   conn.direct_conn.max_retained = 16;
   conn.direct_conn.max_retained_bytes = uint64_t{64} << 20;
   conn.direct_conn.stalled_ms = 20000;
-  std::string bytes;
-  REQUIRE_OK(ipc::AppendFrame(conn, bytes));
-  const int fds[] = {handed.get()};
-  REQUIRE_OK(ipc::SendWithDescriptors(pair.peer, bytes, fds));
-  handed.Reset();
+  base::UniqueFd host_end = HandOverSocket(pair, conn);
   REQUIRE(PyEval("ch.read_frames()") == "[]");
   PyObject* main = PyImport_AddModule("__main__");
   ChunkBuffers& buffers =

@@ -121,6 +121,19 @@ std::vector<std::string_view> SliceParts(
   return out;
 }
 
+// The header of one piece of a result cut into pieces: a result_chunk, or
+// the final result frame, which carries the encoding and the total size.
+void SetResultPieceHeader(ipc::Frame& frame, bool final,
+                          const std::string& call_id, int encoding,
+                          size_t size) {
+  frame.type = final ? ipc::FrameType::kResult : ipc::FrameType::kResultChunk;
+  frame.call_id = call_id;
+  if (final) {
+    frame.encoding = encoding;
+    frame.total_size = size;
+  }
+}
+
 // A large result with a payload area: each piece is copied into the ring
 // and announced by a small frame written at once (so the daemon copies it
 // out while the next is copied in); a piece that does not fit now (or is
@@ -150,13 +163,7 @@ absl::Status SendResultViaRing(ChannelState& st, const std::string& call_id,
       std::vector<std::string_view> piece =
           SliceParts(parts, i * kChunk, piece_size);
       ipc::Frame frame;
-      frame.type =
-          final ? ipc::FrameType::kResult : ipc::FrameType::kResultChunk;
-      frame.call_id = call_id;
-      if (final) {
-        frame.encoding = encoding;
-        frame.total_size = size;
-      }
+      SetResultPieceHeader(frame, final, call_id, encoding, size);
       std::optional<uint64_t> pos;
       if (piece_size >= ipc::kRingMinPieceBytes) {
         pos = st.payloads->Put(piece);
@@ -260,13 +267,7 @@ absl::Status DirectResultFrames(const std::string& call_id, int encoding,
     for (size_t i = 0; i <= chunks; ++i) {
       ipc::Frame& frame = frames[i];
       const bool final = i == chunks;
-      frame.type =
-          final ? ipc::FrameType::kResult : ipc::FrameType::kResultChunk;
-      frame.call_id = call_id;
-      if (final) {
-        frame.encoding = encoding;
-        frame.total_size = size;
-      }
+      SetResultPieceHeader(frame, final, call_id, encoding, size);
       const size_t piece_size = final ? last : ipc::kChunkBytes;
       if (final) {
         frame.data.reserve(piece_size);  // the session keeps it as is
