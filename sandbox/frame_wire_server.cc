@@ -810,7 +810,8 @@ class FrameWireServer::Connection {
     CallsCpu* const calls_cpu = server_->options_.calls_cpu.get();
     int cpu = -1;
     if (calls_cpu == nullptr || follow_ == Follow::kNone ||
-        told_ == CallsCpu::HostWaits::kPin || !absl::SimpleAtoi(follow_cpu_, &cpu)) {
+        told_ == CallsCpu::HostWaits::kPin ||
+        !absl::SimpleAtoi(follow_cpu_, &cpu)) {
       return;
     }
     (void)calls_cpu->PreferCpuOncePinned(cpu);

@@ -198,7 +198,8 @@ class WorkerProcess {
   // (a handed-over host's CPU, the probe's answer) has no relayed read
   // behind it, so the session manager calls this then. It never chooses a
   // CPU for direct calls itself: a direct worker pinned while its host runs
-  // anywhere lost (docs/DECISIONS.md "stop-40: …"). Thread-safe.
+  // anywhere lost (docs/DECISIONS.md "stop-40: direct calls follow the
+  // placement …"). Thread-safe.
   void PublishPlacement();
 
   pid_t pid() const { return pid_; }

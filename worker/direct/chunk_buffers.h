@@ -1,5 +1,5 @@
-// Recycled buffers for direct calls' result chunks (docs/DIRECT-CALLS.md,
-// "stop 40: the 16 MiB echo"). A direct call's result is copied once out of
+// Recycled buffers for direct calls' result chunks (docs/DECISIONS.md,
+// "stop-40: a direct result is cut once …"). A direct call's result is copied once out of
 // the caller's Python buffers into 1 MiB chunk strings, which its session
 // retains until the host acks them. The copy runs on whichever pool thread
 // replied, so fresh strings come from that thread's malloc arena: once the
@@ -12,8 +12,8 @@
 // Freeing a buffer instead would leave it in that thread's arena for good
 // (base/malloc_tuning keeps freed heap mapped): a pair of 48 MiB echoes needs
 // ~190 buffers at once, and buffers freed over many threads' arenas made the
-// worker's RSS grow round after round (docs/DIRECT-CALLS.md, "stop 40: the
-// worker's memory under large echoes"). So many buffers are kept, but only a
+// worker's RSS grow round after round (docs/DECISIONS.md, "stop-40: direct
+// chunk buffers are kept, most without their pages"). So many buffers are kept, but only a
 // few keep their pages: the others give them back (madvise) and fault them
 // in again when next taken.
 //
