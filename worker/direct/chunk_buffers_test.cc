@@ -74,12 +74,6 @@ TEST_CASE("a chunk event outliving its last other reference to the buffers "
   CHECK(weak.expired());
 }
 
-}  // namespace
-}  // namespace agentix::worker
-
-namespace agentix::worker {
-namespace {
-
 TEST_CASE("chunk buffers kept beyond max_faulted give their pages back, stay "
           "kept and serve later takes after the faulted ones",
           "[direct]") {

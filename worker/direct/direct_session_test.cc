@@ -345,7 +345,6 @@ TEST_CASE("DirectSession cancels in the driver what it ends itself",
   REQUIRE(session.running() == 0);
 }
 
-
 // A payload area and a ledger as the daemon makes them for a worker.
 struct Records {
   std::unique_ptr<ipc::PayloadArea> daemon;
@@ -523,12 +522,6 @@ TEST_CASE("DirectSession::Collapse hands its calls and finished ids over",
   CHECK(conn->events_.size() == events_before);
 }
 
-}  // namespace
-}  // namespace agentix::worker
-
-namespace agentix::worker {
-namespace {
-
 TEST_CASE("DirectSession gives a result's chunk buffers back once the host "
           "acked it, and the next result reuses them",
           "[direct]") {
@@ -584,12 +577,6 @@ TEST_CASE("DirectSession gives a result's chunk buffers back once the host "
   }
   CHECK(same_memory);
 }
-
-}  // namespace
-}  // namespace agentix::worker
-
-namespace agentix::worker {
-namespace {
 
 TEST_CASE("DirectSession copies a large argument into recycled chunk "
           "buffers, and the next call's argument reuses them",
