@@ -31,7 +31,11 @@ faults). It then reports:
 (side_targets.ns_stream, answered by the host's echo handler) instead of the
 host's noop calls; `--sandbox-env AGENTIX_CALLS_CPU=off` unpins the worker's
 reply waits. With `--perf` the report's `tick` says what the kernel tick costs
-a call (tick_cost).
+a call (tick_cost). `--busy`: one unpinned spinner runs from before the daemon
+starts to the stream's end (remote_calls' busy core; `--calls 200 --warmup 51`
+is its busy pass's noop phase); a slow call whose stack CPU ran it counts as
+`busy_spinner_on_stack_cpu`, and `--keep` leaves report.json (the stack's
+threads, the spinner's pid) beside the trace for a later look.
 
 Needs `perf` (perf_event_paranoid <= 1 or root) for `--perf`.
 """
@@ -39,6 +43,7 @@ Needs `perf` (perf_event_paranoid <= 1 or root) for `--perf`.
 import argparse
 import bisect
 import collections
+import contextlib
 import json
 import os
 import signal
@@ -52,6 +57,7 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(BENCH_DIR))
 sys.path.insert(0, BENCH_DIR)
 
+import floors  # noqa: E402
 import procs  # noqa: E402
 
 # The host: warms up, prints "READY <worker pid>", waits for a line on
@@ -463,7 +469,8 @@ def correlate(events, starts, lats, slow_threshold_ns, stack_tids, names):
             "slow_examples": examples}
 
 
-# A slow call's cause, the first of these seen in its window: another
+# A slow call's cause, the first of these seen in its window: the --busy
+# spinner ran on a CPU the stack used (the chain shared the busy core); another
 # process's thread ran on a CPU the stack used (the others' load); the
 # worker's intake timer (a timerfd whose expiry wakes a stack thread) fired
 # on a CPU the stack used; the kernel tick fired there; a stack thread
@@ -472,9 +479,9 @@ def correlate(events, starts, lats, slow_threshold_ns, stack_tids, names):
 # whose events filled it); none of them.
 # The last before none_seen: the call's hand-offs crossed CPUs (its stack
 # threads ran on two or more: a cross-CPU wake-up, e.g. a side not pinned).
-CAUSES = ("foreign_thread_on_stack_cpu", "our_timerfd_on_stack_cpu", "tick_on_stack_cpu",
-          "stack_thread_migrated", "stack_page_fault", "perf_woken", "stack_on_two_cpus",
-          "none_seen")
+CAUSES = ("busy_spinner_on_stack_cpu", "foreign_thread_on_stack_cpu",
+          "our_timerfd_on_stack_cpu", "tick_on_stack_cpu", "stack_thread_migrated",
+          "stack_page_fault", "perf_woken", "stack_on_two_cpus", "none_seen")
 
 
 def our_timers(events, stack_tids):
@@ -508,10 +515,10 @@ def our_timers(events, stack_tids):
     return {a for a, _ in ours}, {tid for _, tid in ours}
 
 
-def causes(events, starts, lats, slow_threshold_ns, stack_tids, timers):
-    """Per slow call its cause (CAUSES; `timers`: our_timers'); returns
-    {cause: share of all calls}. The CPUs the stack used are those its
-    threads ran on, the ones our timers wake left out (else a timer firing
+def causes(events, starts, lats, slow_threshold_ns, stack_tids, timers, spinner=None):
+    """Per slow call its cause (CAUSES; `timers`: our_timers'; `spinner`: the
+    --busy spinner's pid, its own cause); returns {cause: share of all calls}.
+    The CPUs the stack used are those its threads ran on, the ones our timers wake left out (else a timer firing
     on the follower's own CPU, off the call path, would count)."""
     addresses, followers = timers
     times = [e[0] for e in events]
@@ -529,25 +536,27 @@ def causes(events, starts, lats, slow_threshold_ns, stack_tids, timers):
                     nxt = int(rest.rsplit("next_pid=", 1)[1].split()[0])
                 except (IndexError, ValueError):
                     continue
-                if nxt not in stack_tids and nxt != 0:
+                if nxt == spinner:
                     seen.add(CAUSES[0])
+                elif nxt not in stack_tids and nxt != 0:
+                    seen.add(CAUSES[1])
             elif ev == "hrtimer_expire_entry" and cpu in cpus:
                 if rest.split("hrtimer=", 1)[1].split()[0] in addresses:
-                    seen.add(CAUSES[1])
-                elif "function=tick_nohz_handler" in rest or "function=tick_sched_timer" in rest:
                     seen.add(CAUSES[2])
+                elif "function=tick_nohz_handler" in rest or "function=tick_sched_timer" in rest:
+                    seen.add(CAUSES[3])
             elif ev == "sched_migrate_task":
                 try:
                     if int(rest.split(" pid=", 1)[1].split()[0]) in stack_tids:
-                        seen.add(CAUSES[3])
+                        seen.add(CAUSES[4])
                 except (IndexError, ValueError):
                     pass
             elif ev == "page_fault_user" and tid in stack_tids:
-                seen.add(CAUSES[4])
-            elif ev == "sched_wakeup" and rest.startswith("comm=perf "):
                 seen.add(CAUSES[5])
+            elif ev == "sched_wakeup" and rest.startswith("comm=perf "):
+                seen.add(CAUSES[6])
         if len(cpus) > 1:
-            seen.add(CAUSES[6])
+            seen.add(CAUSES[7])
         counts[next((c for c in CAUSES if c in seen), CAUSES[-1])] += 1
     return {c: round(counts[c] / max(1, len(lats)), 5) for c in CAUSES}
 
@@ -844,6 +853,18 @@ def thread_names(pids, seen=None):
             for tid, name in names.items()}
 
 
+@contextlib.contextmanager
+def _busy(args):
+    """With --busy, one spinning process (floors.BusyCore, unpinned: remote_calls'
+    busy core) for the block, started before the daemon as there; yields it, or None."""
+    if not args.busy:
+        yield None
+        return
+    with floors.BusyCore() as busy:
+        time.sleep(0.2)  # the spinner runs before the first call
+        yield busy
+
+
 def run(args):
     env = dict(os.environ, GLIBC_TUNABLES=procs.MALLOC_TUNABLES, TAIL_BENCH_DIR=BENCH_DIR)
     tmp = tempfile.mkdtemp(prefix="agx-tail-")
@@ -858,9 +879,10 @@ def run(args):
             check=True, capture_output=True, text=True, env=env).stdout.strip(),)
     daemon_env = dict(env)
     daemon_env.update(field.split("=", 1) for field in args.sandbox_env)
-    with procs.ab_daemon(args.sandboxd, args.worker, daemon_env, "agx-tail-",
-                         python_path=python_path,
-                         flags=tuple(args.daemon_flag)) as (sock, daemon):
+    with _busy(args) as busy, \
+            procs.ab_daemon(args.sandboxd, args.worker, daemon_env, "agx-tail-",
+                            python_path=python_path,
+                            flags=tuple(args.daemon_flag)) as (sock, daemon):
         host = subprocess.Popen([args.python, "-c", _NS_HOST if args.ns else _HOST, sock,
                                  str(daemon.pid), out_path,
                                  str(args.calls), str(args.warmup)], env=env,
@@ -890,6 +912,8 @@ def run(args):
                 perf.send_signal(signal.SIGINT)
                 perf.wait(timeout=60)
             host.wait(timeout=60)
+    if busy is not None:
+        report["busy"] = busy.report()
     with open(out_path) as f:
         data = json.load(f)
     starts, lats = data["starts"], data["lats"]
@@ -921,7 +945,7 @@ def run(args):
         report["slow_run_starts"] = run_starts(events, starts, lats, 2 * p50_ns, set(names))
         timers = our_timers(events, set(names))
         report["slow_calls_by_cause"] = causes(events, starts, lats, 2 * p50_ns, set(names),
-                                               timers)
+                                               timers, busy and busy.proc.pid)
         report["tick"] = tick_cost(events, starts, lats, set(names), timers[1])
         if args.tick:
             report["tick_breakdown"] = tick_breakdown(events, starts, lats, 2 * p50_ns,
@@ -937,6 +961,8 @@ def run(args):
         subprocess.run(["rm", "-rf", tmp])
     else:
         report["kept"] = tmp
+        with open(os.path.join(tmp, "report.json"), "w") as f:  # what a later look needs
+            json.dump({"tids": sorted(names), "spinner": busy and busy.proc.pid}, f)
     return report
 
 
@@ -960,8 +986,10 @@ def run_ab(args, swapped=False):
     perf_data = os.path.join(tmp, "perf.data")
     perf, tids, events = None, set(), None
     try:
-        with procs.ab_daemon(*first, env, "agx-tail-a-") as (sa, da), \
-                procs.ab_daemon(*second, env, "agx-tail-b-") as (sb, db):
+        flags = tuple(args.daemon_flag)
+        with procs.ab_daemon(*first, env, "agx-tail-a-", flags=flags) as (sa, da), \
+                procs.ab_daemon(*second, env, "agx-tail-b-", flags=flags) as (sb, db), \
+                _busy(args) as busy:
             if args.perf:
                 perf = subprocess.Popen(["perf", "record", "-q", "-a", "-k", "CLOCK_MONOTONIC",
                                          "-e", _perf_events(args), "-o", perf_data],
@@ -1006,7 +1034,9 @@ def run_ab(args, swapped=False):
         if events is not None:
             report[side]["slow_calls_by_cause"] = causes(
                 events, lats[f"starts_{side}"], lats[side], threshold, tids,
-                our_timers(events, tids))
+                our_timers(events, tids), busy and busy.proc.pid)
+    if busy is not None:
+        report["busy"] = busy.report()
     report["ratios_b_over_a"] = {k: round(report["b"][k] / report["a"][k], 3) for k in
                                  _AB_KEYS if report["a"].get(k)}
     report["load_end"] = os.getloadavg()[0]
@@ -1077,7 +1107,12 @@ def main():
                         help="into the daemon's (so the sandbox's) environment only "
                         "(AGENTIX_CALLS_CPU=off: the worker's pinned reply waits off)")
     parser.add_argument("--daemon-flag", action="append", default=[],
-                        help="a flag for the daemon (--calls_cpu=off)")
+                        help="a flag for the daemon (--calls_cpu=off, --direct_calls; "
+                        "with --ab both sides')")
+    parser.add_argument("--busy", action="store_true",
+                        help="one busy core (an unpinned spinner, remote_calls' busy pass) "
+                        "while the calls run; its switches-in are the cause "
+                        "busy_spinner_on_stack_cpu")
     parser.add_argument("--ab", action="store_true",
                         help="block-interleaved A/B of --a-sandboxd/--a-worker against "
                         "--sandboxd/--worker through one host (no trace, no floor)")

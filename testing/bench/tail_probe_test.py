@@ -247,6 +247,19 @@ class CausesTest(unittest.TestCase):
         self.assertEqual(found["tick_on_stack_cpu"], 0.1)
         self.assertEqual(found["stack_page_fault"], 0)
 
+    def test_the_busy_spinner_on_the_stacks_cpu_is_its_own_cause(self):
+        spinner = OTHER + 1
+        run = [switch(self.slow_start + 5 * US, 1, 10, spinner),
+               switch(self.slow_start + 150 * US, 1, spinner, 11)]
+        found = tail_probe.causes(sorted(run), self.starts, self.lats, 100 * US, STACK,
+                                  self.NO_TIMERS, spinner)
+        self.assertEqual(found["busy_spinner_on_stack_cpu"], 0.1)
+        self.assertEqual(found["foreign_thread_on_stack_cpu"], 0)
+        # Without --busy the same thread is any other process's.
+        found = self.causes(run)
+        self.assertEqual(found["busy_spinner_on_stack_cpu"], 0)
+        self.assertEqual(found["foreign_thread_on_stack_cpu"], 0.1)
+
     def test_a_fault_in_a_fast_call_counts_nothing(self):
         found = self.causes([switch(self.starts[2] + 5 * US, 1, 10, 11),
                              fault(self.starts[2] + 20 * US, 1, 11)])
