@@ -375,17 +375,19 @@ void StdioCapture::Stop(int timeout_ms) {
   }
 }
 
-void StdioCapture::CatchUp() {
+bool StdioCapture::CatchUp() {
   Shared& s = *shared_;
   if (!s.capturing.load(std::memory_order_acquire) || InForkedChild()) {
-    return;
+    return false;
   }
+  bool released = false;
   std::unique_lock<std::mutex> locks[2];
   for (int i = 0; i < 2; ++i) {
     locks[i] = std::unique_lock<std::mutex>(s.pipes[i].mu, std::try_to_lock);
     if (!locks[i].owns_lock()) {
       // A drainer is queueing lines (its lock is only ever held without the
       // GIL): wait for it with the GIL released.
+      released = true;
       Py_BEGIN_ALLOW_THREADS
       locks[i].lock();
       Py_END_ALLOW_THREADS
@@ -399,7 +401,7 @@ void StdioCapture::CatchUp() {
     fds[count] = pollfd{s.pipes[i].fd, POLLIN, 0};
     which[count++] = i;
   }
-  if (count == 0 || ::poll(fds, count, 0) <= 0) return;
+  if (count == 0 || ::poll(fds, count, 0) <= 0) return released;
   Py_BEGIN_ALLOW_THREADS
   for (int k = 0; k < count; ++k) {
     if (fds[k].revents & POLLIN) {
@@ -407,6 +409,7 @@ void StdioCapture::CatchUp() {
     }
   }
   Py_END_ALLOW_THREADS
+  return true;
 }
 
 absl::Status StdioCapture::SendLine(int origin, uint64_t direct_conn,
