@@ -230,7 +230,7 @@ class ResultParts {
 // link: lines written to fds 1/2 before the call returned (os.write, C
 // output, a child) that are still in the capture pipes are queued now, so
 // Reply counts them (Writer::untagged_records) and holds the reply for
-// their seqs. One poll() when the pipes are empty: a call that wrote
+// their seqs. One epoll_wait(0) when the pipes are empty: a call that wrote
 // nothing asks nothing. If CatchUp let go of the GIL, another thread may be
 // writing `out` and the call may have left its session: both are waited
 // for and asked again.

@@ -52,9 +52,9 @@ class StdioCapture {
   // os.write, a child process) are read and queued, so they reach the daemon
   // ahead of it (AcquireCaughtUp: once per write of queued frames, not per
   // frame; a direct call's reply: before DirectConns::Reply counts them).
-  // Costs one poll() when the pipes are empty. GIL held on entry and exit;
-  // released only to wait for a drainer or to read. True if it let go of
-  // the GIL (the caller's view of shared state may be stale).
+  // Costs one epoll_wait(0) when the pipes are empty. GIL held on entry
+  // and exit; released only to wait for a drainer or to read. True if it
+  // let go of the GIL (the caller's view of shared state may be stale).
   bool CatchUp();
 
   // Queues one stdout (2) / stderr (3) line written through Python's
