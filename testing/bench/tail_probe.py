@@ -960,9 +960,8 @@ def run_ab(args, swapped=False):
     perf_data = os.path.join(tmp, "perf.data")
     perf, tids, events = None, set(), None
     try:
-        flags = tuple(args.daemon_flag)  # both sides (--direct_calls: the direct noop)
-        with procs.ab_daemon(*first, env, "agx-tail-a-", flags=flags) as (sa, da), \
-                procs.ab_daemon(*second, env, "agx-tail-b-", flags=flags) as (sb, db):
+        with procs.ab_daemon(*first, env, "agx-tail-a-") as (sa, da), \
+                procs.ab_daemon(*second, env, "agx-tail-b-") as (sb, db):
             if args.perf:
                 perf = subprocess.Popen(["perf", "record", "-q", "-a", "-k", "CLOCK_MONOTONIC",
                                          "-e", _perf_events(args), "-o", perf_data],
@@ -1078,7 +1077,7 @@ def main():
                         help="into the daemon's (so the sandbox's) environment only "
                         "(AGENTIX_CALLS_CPU=off: the worker's pinned reply waits off)")
     parser.add_argument("--daemon-flag", action="append", default=[],
-                        help="a flag for the daemon (--calls_cpu=off); with --ab, both sides'")
+                        help="a flag for the daemon (--calls_cpu=off)")
     parser.add_argument("--ab", action="store_true",
                         help="block-interleaved A/B of --a-sandboxd/--a-worker against "
                         "--sandboxd/--worker through one host (no trace, no floor)")
