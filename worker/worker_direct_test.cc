@@ -5,9 +5,11 @@
 #include <sys/socket.h>
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "wire/frame_codec.h"
 #include "worker/ipc/descriptors.h"
 #include "worker/ipc/ledger.h"
@@ -629,6 +631,76 @@ TEST_CASE("a direct call that logs gets its records' seqs in its result") {
   SandboxEvent after = host.Terminal();
   REQUIRE(after.has_result());
   CHECK(after.result().log_seq() == 0);
+  host.HalfClose();
+  CHECK(host.Status() == 0);
+}
+
+// A direct call's lines written to fds 1/2 (os.write, a child process) that
+// are still in the capture pipe when it returns are read before its reply
+// is given to its session: on the link, the lines and then its ask.
+// Without that, a line the drainer thread had not read yet reached the
+// daemon after the result reached the host (no ask: nothing counted yet).
+TEST_CASE("a direct call's fd-level lines precede its barrier_ask") {
+  Worker worker(DirectWorker());
+  worker.AwaitReady();
+  Host host(worker, 5, "client-a");
+  // Reads the link up to the next barrier_ask; the stdout/stderr lines
+  // before it go to `lines`.
+  auto ask_after_lines = [&worker](std::set<std::string>& lines) {
+    while (true) {
+      REQUIRE_OK_AND_ASSIGN(Frame f, worker.NextAny(absl::Seconds(10)));
+      if (f.type == FrameType::kLog) {
+        LogRecord record;
+        REQUIRE(record.ParseFromString(f.record));
+        lines.insert(record.message());
+        continue;
+      }
+      INFO("frame " << ipc::FrameTypeName(f.type));
+      REQUIRE(f.type == FrameType::kBarrierAsk);
+      return f;
+    }
+  };
+  auto answer = [&worker](const std::string& id, uint64_t log_seq) {
+    Frame barrier;
+    barrier.type = FrameType::kBarrier;
+    barrier.call_id = id;
+    barrier.log_seq = log_seq;
+    worker.Send(barrier);
+  };
+  // Many calls: each is one chance for the drainer to be late.
+  for (int i = 0; i < 40; ++i) {
+    const std::string id = absl::StrCat("fd", i);
+    host.Start(id, "worker_fixture::fd_line",
+               OneArg([i](auto& p) { p.pack(i); }));
+    std::set<std::string> lines;
+    const Frame ask = ask_after_lines(lines);
+    INFO("call " << id);
+    CHECK(lines.count(absl::StrCat("fd-line ", i)) == 1);
+    CHECK(ask.call_id == id);
+    CHECK(ask.untagged);
+    answer(id, 1000 + i);
+    SandboxEvent end = host.Terminal();
+    REQUIRE(end.has_result());
+    CHECK(end.result().call_id() == id);
+    CHECK(end.result().log_seq() == static_cast<uint64_t>(1000 + i));
+  }
+  // A child's lines on both pipes.
+  host.Start("ch", "worker_fixture::run_child", NoArgs());
+  std::set<std::string> lines;
+  const Frame ask = ask_after_lines(lines);
+  CHECK(lines.count("hi") == 1);
+  CHECK(lines.count("err") == 1);
+  CHECK(ask.call_id == "ch");
+  answer("ch", 2000);
+  SandboxEvent end = host.Terminal();
+  REQUIRE(end.has_result());
+  CHECK(end.result().log_seq() == 2000);
+  // A call that wrote nothing still asks nothing.
+  host.Start("n1", "worker_fixture::echo",
+             OneArg([](auto& p) { p.pack_nil(); }));
+  SandboxEvent quiet = host.Terminal();
+  REQUIRE(quiet.has_result());
+  CHECK(quiet.result().log_seq() == 0);
   host.HalfClose();
   CHECK(host.Status() == 0);
 }

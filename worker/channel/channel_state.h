@@ -133,7 +133,7 @@ bool Enter(PyObject* self);
 // The side-channel barrier, then the write lock: takes `busy` once every
 // line written to fds 1/2 before the last call frame was queued (`uncaught`)
 // is on the log queue, so it goes out ahead of that frame. Pays one
-// CatchUp (a poll()) per write rather than one per result: at 64 callers a
+// CatchUp (an epoll_wait(0)) per write rather than one per result: at 64 callers a
 // write carries ~8 results. GIL held on entry and exit; may let go of it.
 void AcquireCaughtUp(ChannelState& st);
 

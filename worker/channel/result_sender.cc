@@ -225,6 +225,22 @@ class ResultParts {
   size_t size_ = 0;
 };
 
+// Whether a direct session runs `call_id`, asked when its reply is ready.
+// First the side-channel barrier's fd half, as AcquireCaughtUp does for the
+// link: lines written to fds 1/2 before the call returned (os.write, C
+// output, a child) that are still in the capture pipes are queued now, so
+// Reply counts them (Writer::untagged_records) and holds the reply for
+// their seqs. One epoll_wait(0) when the pipes are empty: a call that wrote
+// nothing asks nothing. If CatchUp let go of the GIL, another thread may be
+// writing `out` and the call may have left its session: both are waited
+// for and asked again.
+bool DirectOwnsCaughtUp(ChannelState& st, const std::string& call_id) {
+  if (st.direct == nullptr || !st.direct->Owns(call_id)) return false;
+  if (!st.capture->CatchUp()) return true;
+  WaitIdle(*st.writer);
+  return st.direct->Owns(call_id);
+}
+
 // A direct call's output goes to its session (docs/DIRECT-CALLS.md), which
 // writes it on the host's connection; the link never sees it. False if no
 // direct session runs the frames' call (a relayed call).
@@ -304,7 +320,7 @@ PyObject* ChannelSendResult(PyObject* self, PyObject* const* args,
     // The list is not changed while we hold the GIL; its items' buffers stay
     // exported (hence unchanged) until `result` ends.
     if (!result.Take(args[2])) return nullptr;
-    if (st.direct != nullptr && st.direct->Owns(call_id)) {
+    if (DirectOwnsCaughtUp(st, call_id)) {
       std::vector<ipc::Frame> frames;
       if (!DirectResultFrames(call_id, static_cast<int>(encoding),
                               result.parts(), result.size(),
@@ -372,7 +388,7 @@ PyObject* ChannelSendItem(PyObject* self, PyObject* const* args,
     return nullptr;
   }
   ChannelState& st = Channel(self);
-  if (st.direct != nullptr && st.direct->Owns(frame.call_id)) {
+  if (DirectOwnsCaughtUp(st, frame.call_id)) {
     frame.data.assign(data, size);
     PyBuffer_Release(&view);
     SendDirect(st, std::move(frame));
@@ -436,7 +452,7 @@ PyObject* ChannelSendError(PyObject* self, PyObject* const* args,
     }
   }
   ChannelState& st = Channel(self);
-  if (st.direct != nullptr && st.direct->Owns(frame.call_id)) {
+  if (DirectOwnsCaughtUp(st, frame.call_id)) {
     SendDirect(st, std::move(frame));
     Py_RETURN_NONE;
   }

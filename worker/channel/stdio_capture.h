@@ -51,9 +51,11 @@ class StdioCapture {
   // error is written, the lines already written to fds 1 and 2 (by the call,
   // os.write, a child process) are read and queued, so they reach the daemon
   // ahead of it (AcquireCaughtUp: once per write of queued frames, not per
-  // frame). Costs one poll() when the pipes are empty. GIL held on entry and
-  // exit; released only to wait for a drainer or to read.
-  void CatchUp();
+  // frame; a direct call's reply: before DirectConns::Reply counts them).
+  // Costs one epoll_wait(0) when the pipes are empty. GIL held on entry
+  // and exit; released only to wait for a drainer or to read. True if it
+  // let go of the GIL (the caller's view of shared state may be stale).
+  bool CatchUp();
 
   // Queues one stdout (2) / stderr (3) line written through Python's
   // sys.stdout/sys.stderr as a `log` frame, and to the durable log. GIL held.
