@@ -416,6 +416,88 @@ TEST_CASE("A direct result is cut into chunks from recycled buffers",
   CHECK(buffers.kept() == 3);
 }
 
+// A direct result of more than four whole chunks (docs/DECISIONS.md
+// "stop-41: a large direct result is written as it is cut"): its first
+// chunks reach the host's socket during send_result, before the channel's
+// flush(); the result frame waits for the flush, and the host gets every
+// chunk in order.
+TEST_CASE("A large direct result is written as it is cut", "[channel][direct]") {
+  ServeDirectCalls serve_direct;
+  Pair pair;
+  ipc::Frame conn;
+  conn.type = ipc::FrameType::kDirectConn;
+  conn.direct_conn.conn = 8;
+  conn.direct_conn.client = "client-s";
+  conn.direct_conn.max_payload = uint64_t{64} << 20;
+  conn.direct_conn.max_retained = 16;
+  conn.direct_conn.max_retained_bytes = uint64_t{64} << 20;
+  conn.direct_conn.stalled_ms = 20000;
+  base::UniqueFd host_end = HandOverSocket(pair, conn);
+  REQUIRE(PyEval("ch.read_frames()") == "[]");
+
+  runtime::v1::CallsRequest request;
+  auto* start = request.add_events()->mutable_start();
+  start->set_call_id("s-1");
+  start->set_callable("m::f");
+  start->set_encoding(runtime::v1::ENCODING_MSGPACK);
+  start->set_arguments(std::string("\x92\x90\x80", 3));
+  REQUIRE_OK(ipc::WriteAll(
+      host_end.get(), sandbox::EncodeFrame(sandbox::FrameKind::kMessage,
+                                           request.SerializeAsString())));
+  Py("import select\n"
+     "got = []\n"
+     "while not got:\n"
+     "    select.select([ch.fileno()], [], [], 10)\n"
+     "    got += ch.read_frames()\n");
+  REQUIRE(PyEval("[(f.kind == w.CALL, f.call_id) for f in got]") ==
+          "[(True, 's-1')]");
+  std::string unread;
+  char buffer[1 << 16];
+  ssize_t n;
+  while ((n = ::recv(host_end.get(), buffer, sizeof buffer, MSG_DONTWAIT)) >
+         0) {
+    unread.append(buffer, static_cast<size_t>(n));
+  }
+  REQUIRE(unread.empty());  // nothing is owed to the host yet
+
+  // Nine whole chunks and 5 bytes, in two parts; no flush().
+  Py("ch.send_result('s-1', 2, [b'a' * (5 << 20), b'b' * ((4 << 20) + 5)])\n");
+  n = ::recv(host_end.get(), buffer, sizeof buffer, MSG_DONTWAIT);
+  REQUIRE(n > 0);  // cut whole then written, nothing came before flush()
+  unread.append(buffer, static_cast<size_t>(n));
+
+  Py("ch.flush()\n");
+  std::vector<runtime::v1::SandboxEvent> events;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (events.empty() || !events.back().has_result()) {
+    REQUIRE(absl::Now() < deadline);
+    Py("select.select([ch.fileno()], [], [], 0.01)\n"
+       "ch.read_frames()\n");
+    n = ::recv(host_end.get(), buffer, sizeof buffer, MSG_DONTWAIT);
+    if (n > 0) unread.append(buffer, static_cast<size_t>(n));
+    for (;;) {
+      auto frame = sandbox::ParseFrame(unread);
+      REQUIRE(frame.ok());
+      if (frame->frame_bytes == 0) break;
+      REQUIRE(frame->kind == sandbox::FrameKind::kMessage);
+      runtime::v1::CallsResponse response;
+      REQUIRE(response.ParseFromString(std::string(frame->payload)));
+      for (const auto& event : response.events()) events.push_back(event);
+      unread.erase(0, frame->frame_bytes);
+    }
+  }
+  REQUIRE(events.size() == 10);
+  for (size_t i = 0; i < 9; ++i) {
+    INFO("chunk " << i);
+    CHECK(events[i].result_chunk().call_id() == "s-1");
+    CHECK(events[i].result_chunk().data() ==
+          std::string(ipc::kChunkBytes, i < 5 ? 'a' : 'b'));
+  }
+  CHECK(events[9].result().call_id() == "s-1");
+  CHECK(events[9].result().value() == "bbbbb");
+  CHECK(events[9].result().value_size() == 9 * ipc::kChunkBytes + 5);
+}
+
 TEST_CASE("Oversized frame lengths are refused before reading the body",
           "[channel]") {
   Pair pair;
