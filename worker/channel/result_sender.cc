@@ -1,7 +1,5 @@
 #include "worker/channel/result_sender.h"
 
-#include <algorithm>
-#include <atomic>
 #include <new>
 #include <optional>
 #include <string>
@@ -11,7 +9,6 @@
 #include "worker/channel/channel_state.h"
 #include "worker/channel/py_args.h"
 #include "worker/direct/chunk_buffers.h"
-#include "worker/direct/direct_conns.h"
 #include "worker/ipc/chunking.h"
 #include "worker/ipc/frame.h"
 #include "worker/ipc/io.h"
@@ -250,27 +247,25 @@ bool SendDirect(ChannelState& st, ipc::Frame frame) {
   return SendDirect(st, std::move(frames));
 }
 
-// Frames [first, end) of a direct call's result cut as the relayed path
-// cuts it: whole kChunkBytes result_chunk frames, then (index `chunks`) the
-// result frame with the rest, each copied once from the caller's buffers.
-// Cut here, not joined into one frame that the session cuts again
-// (CallTable::TakeWorkerOutput): that was a second copy of the payload and
-// twice its size in fresh memory on whichever pool thread replied (stop 40:
-// 8,192 page faults a 16 MiB echo once the 16- and 64-caller phases had
-// spread the replies over threads). The chunks' buffers come from
-// `buffers`, which gets them back once the host acked them, so their pages
-// are reused whichever thread replies. Needs no GIL (the parts' buffers
-// stay exported). kResourceExhausted when out of memory.
+// A direct call's result as the frames the relayed path writes: whole
+// kChunkBytes result_chunk frames, then the result frame with the rest,
+// each copied once from the caller's buffers. Cut here, not joined into one
+// frame that the session cuts again (CallTable::TakeWorkerOutput): that was
+// a second copy of the payload and twice its size in fresh memory on
+// whichever pool thread replied (stop 40: 8,192 page faults a 16 MiB echo
+// once the 16- and 64-caller phases had spread the replies over threads).
+// The chunks' buffers come from `buffers`, which gets them back once the
+// host acked them, so their pages are reused whichever thread replies.
+// kResourceExhausted when out of memory.
 absl::Status DirectResultFrames(const std::string& call_id, int encoding,
                                 const std::vector<std::string_view>& parts,
-                                size_t size, size_t first, size_t end,
-                                ChunkBuffers& buffers,
+                                size_t size, ChunkBuffers& buffers,
                                 std::vector<ipc::Frame>& frames) {
   const auto [chunks, last] = ipc::SplitWithTail(size);
   try {
-    frames.resize(end - first);
-    for (size_t i = first; i < end; ++i) {
-      ipc::Frame& frame = frames[i - first];
+    frames.resize(chunks + 1);
+    for (size_t i = 0; i <= chunks; ++i) {
+      ipc::Frame& frame = frames[i];
       const bool final = i == chunks;
       SetResultPieceHeader(frame, final, call_id, encoding, size);
       const size_t piece_size = final ? last : ipc::kChunkBytes;
@@ -287,65 +282,6 @@ absl::Status DirectResultFrames(const std::string& call_id, int encoding,
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError("out of memory");
   }
-  return absl::OkStatus();
-}
-
-// A direct result of more than kStreamChunks whole chunks is written as it
-// is cut, kStreamChunks at a time, with the GIL released: each group goes to
-// the session and is written at once (into the host's ring, or queued on its
-// socket for the poll side), so the host and the poll thread move it while
-// the next group is cut. Cut whole and then written, the host saw nothing
-// until the worker's one thread had copied the payload twice, and under load
-// every preemption of that thread stalled the whole transfer (stop 41: the
-// relayed path overlaps the same copies over three processes).
-constexpr size_t kStreamChunks = 4;
-
-// Sends a direct call's result; GIL held on entry and exit. Chunk frames
-// never wait for a side-channel barrier (only results, errors and stream
-// items do), so the groups sent without the GIL append nothing to `out`;
-// the result frame goes with the GIL held and is written at the channel's
-// next flush, as before. kResourceExhausted when out of memory.
-absl::Status SendDirectResult(ChannelState& st, const std::string& call_id,
-                              int encoding,
-                              const std::vector<std::string_view>& parts,
-                              size_t size) {
-  DirectConns& direct = *st.direct;
-  const size_t chunks = ipc::SplitWithTail(size).full;
-  size_t first = 0;
-  if (chunks > kStreamChunks) {
-    std::atomic<uint64_t>& untagged = st.writer->untagged_records;
-    absl::Status status = WithoutGil([&]() -> absl::Status {
-      std::vector<ipc::Frame> frames;
-      std::string no_ask;  // chunks ask for no barrier
-      while (first < chunks) {
-        const size_t end = std::min(first + kStreamChunks, chunks);
-        absl::Status cut = DirectResultFrames(call_id, encoding, parts, size,
-                                              first, end,
-                                              direct.chunk_buffers(), frames);
-        if (!cut.ok()) return cut;
-        first = end;
-        // False only if the call ended meanwhile (a cancel): nobody wants
-        // the rest then.
-        if (!direct.Reply(std::move(frames),
-                          untagged.load(std::memory_order_acquire), no_ask)) {
-          first = chunks + 1;
-          break;
-        }
-        frames.clear();
-        direct.FlushReplies();
-      }
-      return absl::OkStatus();
-    });
-    if (!status.ok()) return status;
-    if (first > chunks) return absl::OkStatus();
-  }
-  std::vector<ipc::Frame> frames;
-  absl::Status status =
-      DirectResultFrames(call_id, encoding, parts, size, first, chunks + 1,
-                         direct.chunk_buffers(), frames);
-  if (!status.ok()) return status;
-  // False only if the call ended meanwhile: nobody wants it then.
-  (void)SendDirect(st, std::move(frames));
   return absl::OkStatus();
 }
 
@@ -369,11 +305,16 @@ PyObject* ChannelSendResult(PyObject* self, PyObject* const* args,
     // exported (hence unchanged) until `result` ends.
     if (!result.Take(args[2])) return nullptr;
     if (st.direct != nullptr && st.direct->Owns(call_id)) {
-      if (!SendDirectResult(st, call_id, static_cast<int>(encoding),
-                            result.parts(), result.size())
+      std::vector<ipc::Frame> frames;
+      if (!DirectResultFrames(call_id, static_cast<int>(encoding),
+                              result.parts(), result.size(),
+                              st.direct->chunk_buffers(), frames)
                .ok()) {
         return PyErr_NoMemory();
       }
+      // False only if the call ended meanwhile (not possible under the
+      // GIL): nobody wants it then.
+      (void)SendDirect(st, std::move(frames));
       Py_RETURN_NONE;
     }
     if (st.payloads != nullptr && result.size() >= kFlushThreshold) {

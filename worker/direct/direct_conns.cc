@@ -90,13 +90,8 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
 
   // Writes what Send held (non-blocking; the rest is queued for the poll
   // side). Over the bound the poll side's stalled-host deadline ends the
-  // connection with STATUS 8, its calls kept for a resume. Flushers take
-  // flush_mu_ from the swap to the Send: a large result's groups are
-  // flushed without the GIL (result_sender.cc), and a batch swapped out by
-  // one thread must reach the connection before a later one swapped out by
-  // another.
+  // connection with STATUS 8, its calls kept for a resume.
   void Flush() {
-    absl::MutexLock flushing(&flush_mu_);
     std::vector<SandboxEventPtr> events;
     {
       absl::MutexLock lock(&mu_);
@@ -138,7 +133,6 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
   std::unique_ptr<FrameConnection> connection_;
   std::weak_ptr<Conn> self_;
   std::atomic<bool> half_closed_{false};
-  absl::Mutex flush_mu_;  // taken before mu_
   absl::Mutex mu_;
   std::vector<SandboxEventPtr> held_ ABSL_GUARDED_BY(mu_);
   bool ended_ = false;  // poll side

@@ -16,8 +16,7 @@
 //
 // Thread-safety: every method may be called from any thread, but the poll
 // side (Accept, Drive, Take*, FinishAll) from one at a time (the worker holds
-// the GIL for them); Owns / Reply / FlushReplies may run concurrently with
-// it (a large result's groups are replied and flushed without the GIL).
+// the GIL for them); Owns / Reply may run concurrently with it.
 #pragma once
 
 #include <cstdint>
@@ -119,9 +118,7 @@ class DirectConns {
   ChunkBuffers& chunk_buffers() { return *chunk_buffers_; }
 
   // Writes the events the sessions produced since the last call, one
-  // batch per connection (the channel's flush() calls it; Drive too; a
-  // large result's groups as they are cut). A connection's batches are
-  // written in the order they were taken, whichever threads flush.
+  // batch per connection (the channel's flush() calls it; Drive too).
   void FlushReplies();
 
   // Shutdown: every connection gets `code` / `message` as its STATUS after
