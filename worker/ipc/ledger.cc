@@ -60,6 +60,25 @@ absl::Status FormatLedger(absl::Span<char> region, uint32_t call_slots,
   return absl::OkStatus();
 }
 
+absl::Status CheckLedgerFormat(absl::Span<const char> region,
+                               uint32_t call_slots, uint32_t finished_slots) {
+  if (region.size() < LedgerBytes(call_slots, finished_slots)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ledger region of ", region.size(), " bytes, ",
+        LedgerBytes(call_slots, finished_slots), " needed"));
+  }
+  const auto calls = Load<uint32_t>(region.data() + kCallSlotsOffset);
+  const auto finished = Load<uint32_t>(region.data() + kFinishedSlotsOffset);
+  if (Load<uint64_t>(region.data()) != kMagic || calls != call_slots ||
+      finished != finished_slots) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ledger holds ", calls, " call and ", finished,
+        " finished slots (or none), this daemon's ", call_slots, " and ",
+        finished_slots));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint32_t> LedgerClients::SlotOf(std::string_view client) {
   if (auto it = slots_.find(absl::string_view(client.data(), client.size()));
       it != slots_.end()) {

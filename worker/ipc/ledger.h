@@ -68,6 +68,12 @@ size_t LedgerBytes(uint32_t call_slots, uint32_t finished_slots);
 absl::Status FormatLedger(absl::Span<char> region, uint32_t call_slots,
                           uint32_t finished_slots);
 
+// Daemon, adopting a worker whose launcher formatted the ledger
+// (sandbox/launch_main.cc): OK if `region` holds one of exactly these counts,
+// kFailedPrecondition naming the difference otherwise.
+absl::Status CheckLedgerFormat(absl::Span<const char> region,
+                               uint32_t call_slots, uint32_t finished_slots);
+
 // Daemon: the client ids it assigned slots to, in its own memory.
 class LedgerClients {
  public:

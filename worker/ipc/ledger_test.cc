@@ -209,5 +209,21 @@ TEST_CASE("ledger: client slots are bounded") {
   CHECK(clients.ClientOf(kLedgerMaxClients) == nullptr);
 }
 
+TEST_CASE("ledger: an adopted worker's ledger is checked against the daemon's counts") {
+  std::vector<char> region(LedgerBytes(kCalls, kFinished));
+  // Never formatted: no ledger.
+  CHECK(absl::IsFailedPrecondition(
+      CheckLedgerFormat(absl::MakeConstSpan(region), kCalls, kFinished)));
+  REQUIRE(FormatLedger(absl::MakeSpan(region), kCalls, kFinished).ok());
+  CHECK(CheckLedgerFormat(absl::MakeConstSpan(region), kCalls, kFinished).ok());
+  CHECK(absl::IsFailedPrecondition(
+      CheckLedgerFormat(absl::MakeConstSpan(region), kCalls - 1, kFinished)));
+  CHECK(absl::IsFailedPrecondition(
+      CheckLedgerFormat(absl::MakeConstSpan(region), kCalls, kFinished + 1)));
+  // A region too short for the daemon's counts.
+  CHECK(absl::IsFailedPrecondition(
+      CheckLedgerFormat(absl::MakeConstSpan(region), kCalls * 2, kFinished)));
+}
+
 }  // namespace
 }  // namespace agentix::ipc
