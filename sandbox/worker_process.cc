@@ -91,10 +91,11 @@ absl::StatusOr<std::unique_ptr<ipc::PayloadArea>> CreateWorkerArea(
       ipc::PayloadArea::Create(
           options.payload_ring_bytes, /*sealed=*/false,
           slots == 0 ? 0 : ipc::LedgerBytes(slots, kLedgerFinishedSlots)));
-  // Before the spawn: the worker opens the ledger as it boots.
+  // Before the spawn: the worker opens the ledger as it boots. The memfd
+  // is fresh: only the header is written.
   if (slots != 0) {
-    AGX_RETURN_IF_ERROR(
-        ipc::FormatLedger(area->Ledger(), slots, kLedgerFinishedSlots));
+    AGX_RETURN_IF_ERROR(ipc::FormatLedger(area->Ledger(), slots, kLedgerFinishedSlots,
+                                          /*region_is_zero=*/true));
   }
   return area;
 }

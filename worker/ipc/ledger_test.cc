@@ -225,5 +225,27 @@ TEST_CASE("ledger: an adopted worker's ledger is checked against the daemon's co
       CheckLedgerFormat(absl::MakeConstSpan(region), kCalls * 2, kFinished)));
 }
 
+TEST_CASE("ledger: a zero region is formatted by its header alone") {
+  std::vector<char> region(LedgerBytes(kCalls, kFinished), '\xab');
+  REQUIRE(FormatLedger(absl::MakeSpan(region), kCalls, kFinished,
+                       /*region_is_zero=*/true).ok());
+  CHECK(CheckLedgerFormat(absl::MakeConstSpan(region), kCalls, kFinished).ok());
+  // The slots were not touched (a fresh memfd's pages stay unfaulted).
+  CHECK(region[kLedgerHeaderBytes] == '\xab');
+  CHECK(region.back() == '\xab');
+  REQUIRE(FormatLedger(absl::MakeSpan(region), kCalls, kFinished).ok());
+  CHECK(region[kLedgerHeaderBytes] == 0);
+  CHECK(region.back() == 0);
+
+  std::vector<char> zero(LedgerBytes(kCalls, kFinished), 0);
+  REQUIRE(FormatLedger(absl::MakeSpan(zero), kCalls, kFinished, /*region_is_zero=*/true).ok());
+  LedgerClients clients;
+  auto read = ReadLedger(absl::MakeConstSpan(zero), kCalls, kFinished, clients);
+  REQUIRE(read.ok());
+  CHECK(read->calls.empty());
+  CHECK(read->finished.empty());
+  CHECK(read->skipped == 0);
+}
+
 }  // namespace
 }  // namespace agentix::ipc
