@@ -27,8 +27,10 @@ std::string BootstrapScript(const std::string& runtime_root,
   // --early_worker) and a bundled agentix-launch: the launcher starts
   // the worker and execs the daemon, which adopts it (--adopt_worker), so the
   // worker's boot overlaps the daemon's exec and start. The launcher's worker
-  // options are the ones the daemon gets here; extra arguments that change
-  // the worker's make the daemon replace the adopted worker (it checks).
+  // options are the ones the daemon gets here; the worker arguments that
+  // follow from the daemon's flags (--python-home, --direct_calls, extra
+  // arguments to bootstrap.sh) the launcher reads from the daemon's command
+  // line as the daemon would (the daemon checks and replaces a mismatch).
   // AGENTIX_WIRE=socketio (or a bundle built with --wire=socketio): the
   // original's providers poll HTTP/1 GET /health on BIND_HOST:BIND_PORT, so
   // agentix-sio-gateway takes that address and reaches the daemon through a
@@ -99,8 +101,7 @@ if [ "${AGENTIX_EARLY_WORKER:-@EARLY@}" = 1 ] && [ -x "$R/bin/agentix-launch" ];
   if [ -n "${AGENTIX_PYTHON_PATH:-}" ]; then
     set -- --python-path "$AGENTIX_PYTHON_PATH" "$@"
   fi
-  exec "$R/bin/agentix-launch" --worker "$R/bin/agentix-worker" --venv "$R/venv" \
-    --worker-arg "--python-home=$R/python" "$@"
+  exec "$R/bin/agentix-launch" --worker "$R/bin/agentix-worker" --venv "$R/venv" "$@"
 fi
 exec "$R/bin/agentix-sandboxd" "$@"
 )SH";

@@ -63,7 +63,9 @@ TEST_CASE("bootstrap.sh listens on AGENTIX_LISTEN", "[bundler]") {
 
 // With a bundled agentix-launch and AGENTIX_EARLY_WORKER=1 (the default of a
 // bundle built with early_worker), bootstrap.sh execs the launcher with the
-// worker's options and the daemon's command after "--"; AGENTIX_EARLY_WORKER=0
+// worker's options and the daemon's command after "--" (the worker arguments
+// that follow from the daemon's flags, --python-home included, the launcher
+// reads from there: nothing of them before "--"); AGENTIX_EARLY_WORKER=0
 // or a bundle built without early_worker execs the daemon itself.
 TEST_CASE("bootstrap.sh starts the daemon through agentix-launch when asked",
           "[bundler]") {
@@ -82,13 +84,13 @@ TEST_CASE("bootstrap.sh starts the daemon through agentix-launch when asked",
           {"--max-retained-results", "7"});
   const std::string daemon = "--\n" + root + "/bin/agentix-sandboxd\n";
   REQUIRE(out.rfind("launch\n--worker\n" + root + "/bin/agentix-worker\n--venv\n" +
-                        root + "/venv\n--worker-arg\n--python-home=" + root +
-                        "/python\n--python-path\n/p1:/p2\n" + daemon,
+                        root + "/venv\n--python-path\n/p1:/p2\n" + daemon,
                     0) == 0);
   // The daemon's own arguments are unchanged behind "--".
   const std::string after = out.substr(out.find(daemon) + daemon.size());
   CHECK(after.find("--worker\n" + root + "/bin/agentix-worker\n") != std::string::npos);
   CHECK(after.find("--python-path\n/p1:/p2\n") != std::string::npos);
+  CHECK(after.find("--python-home\n" + root + "/python\n") != std::string::npos);
   CHECK(after.find("--prestart-worker\n") != std::string::npos);
   CHECK(after.find("--max-retained-results\n7\n") != std::string::npos);
 

@@ -10,9 +10,12 @@
 //       [--worker-arg ARG]... [--payload-ring-bytes N] -- DAEMON [ARGS...]
 //
 // The worker options must be the daemon's (--worker, --venv, --python-path,
-// --payload_ring_bytes; --worker-arg for each of its extra worker arguments,
-// e.g. --python-home=DIR). If the worker cannot be started the daemon is
-// exec'd without --adopt_worker and starts one itself.
+// --payload_ring_bytes). The worker arguments that follow from the daemon's
+// flags (--python-home, --direct_calls, ...) and the direct calls' ledger
+// are read from the daemon's command line with the daemon's defaults
+// (SetWorkerOptionsFor, as the daemon sets its own); --worker-arg adds
+// arguments before them, which the daemon then refuses. If the worker cannot be started the daemon is exec'd
+// without --adopt_worker and starts one itself.
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
@@ -30,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/child_process.h"
 #include "sandbox/adopted_worker.h"
+#include "sandbox/daemon_worker_args.h"
 #include "sandbox/worker_process.h"
 #include "worker/ipc/payload_area.h"
 
@@ -82,6 +86,16 @@ absl::StatusOr<LaunchArgs> ParseArgs(int argc, char** argv) {
   if (args.daemon.empty()) {
     return absl::InvalidArgumentError("no daemon command after '--'");
   }
+  absl::StatusOr<DaemonWorkerFlags> daemon_flags = DaemonWorkerFlagsFrom(
+      std::vector<std::string>(args.daemon.begin() + 1, args.daemon.end()));
+  if (!daemon_flags.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the daemon's command line: ", daemon_flags.status().message()));
+  }
+  std::vector<std::string> launcher_args = std::move(args.worker.extra_args);
+  SetWorkerOptionsFor(*daemon_flags, args.worker);
+  args.worker.extra_args.insert(args.worker.extra_args.begin(),
+                                launcher_args.begin(), launcher_args.end());
   // The daemon's worker environment: its own, without the runtime token.
   const std::string token_entry = "AGENTIX_TOKEN=";
   for (char** e = environ; *e != nullptr; ++e) {
@@ -105,7 +119,7 @@ absl::Status KeepAcrossExec(int fd) {
 absl::StatusOr<AdoptedWorker> StartWorker(const WorkerOptions& options) {
   std::unique_ptr<ipc::PayloadArea> area;
   if (options.payload_ring_bytes > 0) {
-    auto created = ipc::PayloadArea::Create(options.payload_ring_bytes);
+    auto created = CreateWorkerArea(options);
     // Not fatal, as in the daemon: payloads then all take the socketpair.
     if (created.ok()) {
       area = *std::move(created);

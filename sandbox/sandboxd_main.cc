@@ -40,6 +40,7 @@
 #include "sandbox/admin_service.h"
 #include "sandbox/auth.h"
 #include "sandbox/calls_cpu.h"
+#include "sandbox/daemon_worker_args.h"
 #include "sandbox/placement_probe.h"
 #include "sandbox/placement_prober.h"
 #include "sandbox/connection_guard.h"
@@ -67,7 +68,8 @@ ABSL_FLAG(std::string, worker, "",
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 ABSL_FLAG(uint64_t, max_payload_bytes, uint64_t{1} << 30,
           "largest accepted encoded arguments of one call");
-ABSL_FLAG(uint64_t, max_retained_results, 4096,
+ABSL_FLAG(uint64_t, max_retained_results,
+          agentix::sandbox::kMaxRetainedResultsByDefault,
           "finished, unacknowledged results kept for resume");
 ABSL_FLAG(int, finished_ids_shard_bits,
           agentix::sandbox::FinishedIds::kShardBits,
@@ -177,7 +179,7 @@ ABSL_FLAG(std::string, health_listen, "",
           "agentix.runtime.v1.RuntimeService SERVING while the daemon runs, "
           "armed or not; every other service is UNIMPLEMENTED there (grpc++'s "
           "server reflection lists only the health service)");
-ABSL_FLAG(bool, direct_calls, false,
+ABSL_FLAG(bool, direct_calls, agentix::sandbox::kDirectCallsByDefault,
           "direct calls (docs/DIRECT-CALLS.md; default off until stage 5's "
           "A/B): a frame-wire Calls connection whose HELLO has "
           "agentix-direct: 1 is handed to the worker after HELLO (the socket, "
@@ -191,14 +193,14 @@ ABSL_FLAG(int32_t, direct_orphan_s, 30,
           "closed and none came back within this many seconds has its "
           "calls taken back from the worker (collapsed), so the daemon's "
           "retention bounds and GetStatus see them (at least 1)");
-ABSL_FLAG(bool, calls_socket, true,
+ABSL_FLAG(bool, calls_socket, agentix::sandbox::kCallsSocketByDefault,
           "for each --listen unix:///PATH also listen on PATH.calls (mode "
           "0600, removed on exit): the frame wire, the Calls stream over a "
           "plain Unix socket, which the Python host uses when it finds it "
           "(docs/FRAME-WIRE.md); same token, limits and semantics as gRPC's "
           "Calls, fewer thread hand-offs per call. gRPC stays the wire for "
           "everything else. --nocalls_socket: gRPC only");
-ABSL_FLAG(std::string, calls_cpu, "probe",
+ABSL_FLAG(std::string, calls_cpu, agentix::sandbox::kCallsCpuByDefault,
           "while calls come one at a time, the threads that wait for the "
           "next frame on the call path (the frame wire's connection threads, "
           "the worker reader and writer, and the worker's thread while it "
@@ -241,7 +243,8 @@ ABSL_FLAG(int64_t, frames_spin_us, 0,
           "without sleeping after handling the host's frames, before it "
           "blocks (adaptive, as --worker_read_spin_us). 0 (default): no "
           "spinning");
-ABSL_FLAG(int64_t, worker_intake_spin_us, 0,
+ABSL_FLAG(int64_t, worker_intake_spin_us,
+          agentix::sandbox::kWorkerIntakeSpinUsByDefault,
           "microseconds the worker's pool thread that reads the daemon's "
           "frames polls without sleeping before it blocks (adaptive, as "
           "--worker_read_spin_us; the worker's --intake-spin-us). 0 "
@@ -525,10 +528,6 @@ int Run(int argc, char** raw_argv) {
                                    : absl::GetFlag(FLAGS_worker);
   options.worker.venv = absl::GetFlag(FLAGS_venv);
   options.worker.python_path = absl::GetFlag(FLAGS_python_path);
-  if (!absl::GetFlag(FLAGS_python_home).empty()) {
-    options.worker.extra_args.push_back(
-        absl::StrCat("--python-home=", absl::GetFlag(FLAGS_python_home)));
-  }
   options.worker.env = CurrentEnvironment();
   options.worker.payload_ring_bytes = absl::GetFlag(FLAGS_payload_ring_bytes);
   options.worker.ready_timeout =
@@ -575,10 +574,6 @@ int Run(int argc, char** raw_argv) {
       prober = std::make_unique<PlacementProber>(options.worker.calls_cpu, reprobe);
       prober->Start();
     }
-  }
-  if (absl::GetFlag(FLAGS_worker_intake_spin_us) > 0) {
-    options.worker.extra_args.push_back(absl::StrCat(
-        "--intake-spin-us=", absl::GetFlag(FLAGS_worker_intake_spin_us)));
   }
   options.max_payload_bytes = absl::GetFlag(FLAGS_max_payload_bytes);
   options.max_retained_results = absl::GetFlag(FLAGS_max_retained_results);
@@ -657,18 +652,16 @@ int Run(int argc, char** raw_argv) {
   // Before the manager, whose worker reports direct connections to it.
   StreamActivity activity;
   std::shared_ptr<DirectConnections> direct_connections;
-  if (absl::GetFlag(FLAGS_direct_calls) && absl::GetFlag(FLAGS_calls_socket)) {
+  const DaemonWorkerFlags worker_flags{
+      absl::GetFlag(FLAGS_python_home), absl::GetFlag(FLAGS_worker_intake_spin_us),
+      absl::GetFlag(FLAGS_direct_calls), absl::GetFlag(FLAGS_calls_socket),
+      *calls_cpu == base::kNoCpu, absl::GetFlag(FLAGS_max_retained_results)};
+  // The same function gives agentix-launch's worker its options.
+  SetWorkerOptionsFor(worker_flags, options.worker);
+  if (ServesDirectCalls(worker_flags)) {
     direct_connections = std::make_shared<DirectConnections>(
         std::min<size_t>(connection_limits.max_connections, 256), &activity);
     options.worker.direct_listener = direct_connections;
-    options.worker.ledger_call_slots = LedgerCallSlots(options.max_retained_results);
-    // A worker serves handed-over connections only when told: without it,
-    // it polls its bare link (the epoll set costs a relayed noop ~3 %).
-    options.worker.extra_args.push_back("--direct_calls");
-    // --calls_cpu=off pins nothing: not the direct intake's follower either.
-    if (*calls_cpu == base::kNoCpu) {
-      options.worker.extra_args.push_back("--noavoid_holder_cpu");
-    }
   }
   SessionManager manager(options);
   // After the manager, so it stops first.

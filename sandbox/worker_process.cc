@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 #include "base/log.h"
 #include "base/payload_copy.h"
 #include "base/string_resize.h"
@@ -81,6 +82,23 @@ bool WriteBatch(int fd, const Queue& batch) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<ipc::PayloadArea>> CreateWorkerArea(
+    const WorkerOptions& options) {
+  const uint32_t slots = options.ledger_call_slots;
+  AGX_ASSIGN_OR_RETURN(
+      std::unique_ptr<ipc::PayloadArea> area,
+      ipc::PayloadArea::Create(
+          options.payload_ring_bytes, /*sealed=*/false,
+          slots == 0 ? 0 : ipc::LedgerBytes(slots, kLedgerFinishedSlots)));
+  // Before the spawn: the worker opens the ledger as it boots. The memfd
+  // is fresh: only the header is written.
+  if (slots != 0) {
+    AGX_RETURN_IF_ERROR(ipc::FormatLedger(area->Ledger(), slots, kLedgerFinishedSlots,
+                                          /*region_is_zero=*/true));
+  }
+  return area;
+}
 
 uint32_t LedgerCallSlots(size_t max_retained_results) {
   return static_cast<uint32_t>(std::clamp<size_t>(
@@ -176,23 +194,10 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
   std::unique_ptr<WorkerProcess> worker(
       new WorkerProcess(options, generation, listener, NewWorkerId()));
   if (options.payload_ring_bytes > 0) {
-    const uint32_t slots = options.ledger_call_slots;
-    auto area = ipc::PayloadArea::Create(
-        options.payload_ring_bytes, /*sealed=*/false,
-        slots == 0 ? 0 : ipc::LedgerBytes(slots, kLedgerFinishedSlots));
-    if (area.ok() && slots != 0) {
-      // Before the spawn: the worker opens the ledger as it boots.
-      absl::Status formatted =
-          ipc::FormatLedger((*area)->Ledger(), slots, kLedgerFinishedSlots);
-      if (formatted.ok()) {
-        worker->ledger_call_slots_ = slots;
-      } else {
-        AGX_LOG(Warning, "no direct calls' ledger for worker {}: {}",
-                worker->worker_id_, formatted.ToString());
-      }
-    }
+    auto area = CreateWorkerArea(options);
     if (area.ok()) {
       worker->payloads_ = std::move(*area);
+      worker->ledger_call_slots_ = options.ledger_call_slots;
     } else {
       // Not fatal: payloads then all take the socketpair.
       AGX_LOG(Warning, "no payload area for worker {}: {}", worker->worker_id_,
@@ -325,6 +330,17 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Adopt(
     return absl::FailedPreconditionError(absl::StrCat(
         "adopt: the worker's payload rings hold ", worker->payloads_->ring_bytes(),
         " bytes, this daemon's ", options.payload_ring_bytes));
+  }
+  // The ledger the daemon would have formatted, so the adopted worker
+  // serves direct calls with the at-most-once promise across its death.
+  if (worker->payloads_ != nullptr && options.ledger_call_slots != 0) {
+    absl::Status ledger = ipc::CheckLedgerFormat(
+        worker->payloads_->Ledger(), options.ledger_call_slots, kLedgerFinishedSlots);
+    if (!ledger.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("adopt: the worker's payload area: ", ledger.message()));
+    }
+    worker->ledger_call_slots_ = options.ledger_call_slots;
   }
   const WorkerCommand want =
       BuildWorkerCommand(options, adopted.worker_id, worker->payloads_ != nullptr);

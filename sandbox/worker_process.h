@@ -81,6 +81,13 @@ inline constexpr uint32_t kLedgerFinishedSlots = 65536;
 // client: max(4096, it), within the ledger's bound.
 uint32_t LedgerCallSlots(size_t max_retained_results);
 
+// The payload area Start gives a worker of `options`, its ledger formatted
+// when options.ledger_call_slots is set; agentix-launch makes its worker's
+// the same way (Adopt checks the rings' size and the ledger's counts).
+// kResourceExhausted if the memfd cannot be made.
+absl::StatusOr<std::unique_ptr<ipc::PayloadArea>> CreateWorkerArea(
+    const WorkerOptions& options);
+
 // The worker's command line and environment as Start spawns it with id
 // `worker_id` (fds: 0 /dev/null, 2 a stderr pipe, ipc::kWorkerChannelFd the
 // channel, ipc::kWorkerPayloadFd the payload area when `payload_fd`). A

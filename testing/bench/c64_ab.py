@@ -32,7 +32,8 @@ per-round ratios b / a. Run after `bazel build //sandbox:agentix-sandboxd
 
 `--a-daemon-flag` /
 `--b-daemon-flag FLAG` (repeatable) add daemon flags to one side: the same
-binaries with `--b-daemon-flag=--direct_calls` measure direct calls on/off.
+binaries with `--a-daemon-flag=--nodirect_calls --b-daemon-flag=--direct_calls`
+measure direct calls off/on (say both: the default may change).
 
 (b defaults to this checkout's bazel-bin binaries.) `--profile-host FILE`
 runs one side-b host under cProfile during the 64-caller phase and writes

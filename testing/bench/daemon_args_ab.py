@@ -1,15 +1,16 @@
 """Same-run A/B of two daemon argument sets on one build, for the two-stack benchmarks.
 
     bazel run //testing/bench:daemon_args_ab -- --bench remote_calls --rounds 3 \\
-        --b-daemon-arg=--direct_calls -- --only ours
+        --a-daemon-arg=--nodirect_calls --b-daemon-arg=--direct_calls -- --only ours
     bazel run //testing/bench:daemon_args_ab -- --bench side_channels --rounds 3 \\
-        --b-daemon-arg=--direct_calls -- --only ours
+        --a-daemon-arg=--nodirect_calls --b-daemon-arg=--direct_calls -- --only ours
 
 Each round runs the benchmark (`remote_calls` or `side_channels`, from the
 runfiles, with the arguments after `--`) once per side, side a with
 `--daemon-arg=ARG` for each `--a-daemon-arg`, side b for each `--b-daemon-arg`
 (the benchmark gives them to every daemon of ours it starts), the order swapped
-every round. Every number of a report outside `details` (the headline, `ratios`,
+every round. A side that means a daemon default says it (`--nodirect_calls`
+for relayed calls): the default may change between builds. Every number of a report outside `details` (the headline, `ratios`,
 `busy`, the floors, `cc_noop`, ...) becomes a dotted key (`busy.noop_p50_us`);
 per key the summary gives each side's median and the median of the per-round
 ratios b / a (procs.ab_summary). The 1-minute load average is taken before and

@@ -11,7 +11,7 @@ Per round, in an order that alternates between rounds, each on the same load:
   with T µs of the caller's own CPU spun before each call (outside the
   timing), standing in for the Python host's per-call work, so the worker
   sleeps between calls as it would behind that host;
-- `relayed`: a fresh agentix-sandboxd with the same worker, `--calls_cpu=off`,
+- `relayed`: a fresh agentix-sandboxd with the same worker, `--nodirect_calls --calls_cpu=off`,
   and the C++ client (`cc_remote_calls --noops=N`, `AGENTIX_CALLS_CPU=off`)
   on the frame wire: the same calls through the daemon, nothing pinned;
 - `relayed_default` (unless `--no-default`): the same with the daemon's and
@@ -83,7 +83,9 @@ def direct_side(args, env, caller_work_us: int = 0) -> dict:
 
 
 def relayed_side(args, env, default_placement: bool) -> dict:
-    flags = () if default_placement else ("--calls_cpu=off",)
+    # Relayed whatever the daemon's default (the C++ client never asks for
+    # direct calls, but a daemon with them gives its worker the direct poll set).
+    flags = ("--nodirect_calls",) + (() if default_placement else ("--calls_cpu=off",))
     client_env = dict(env)
     if not default_placement:
         client_env["AGENTIX_CALLS_CPU"] = "off"

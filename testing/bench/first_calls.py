@@ -19,7 +19,8 @@ With `--a-*` paths it is a same-run A/B: pairs of runs, old (A) and new (B)
 alternating which goes first, medians per side and per-pair ratios (B/A).
 `--daemon-arg=ARG` (repeatable) goes to every daemon; `--b-daemon-arg=ARG`
 to side B's only, which makes an A/B of daemon arguments on the same
-binaries (`--b-daemon-arg=--direct_calls`: direct calls off/on).
+binaries (`--daemon-arg=--nodirect_calls --b-daemon-arg=--direct_calls`:
+direct calls off/on whatever the daemon's default; B's come last and win).
 
     /usr/bin/python3 testing/bench/first_calls.py --pairs 6 \\
         --a-sandboxd OLD/agentix-sandboxd --a-worker OLD/agentix-worker \\

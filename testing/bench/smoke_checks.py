@@ -25,6 +25,15 @@ def run_report(test: unittest.TestCase, argv: Sequence[str], timeout_s: float,
     return json.loads(lines[-1])  # the JSON object is the LAST line
 
 
+def daemon_share(test: unittest.TestCase, value, where: str) -> None:
+    """Fails `test` unless `value` (the daemon's CPU for a Python host's call) is
+    a number of zero or more: zero when the call went direct (the daemon's
+    default since stop 41, docs/DIRECT-CALLS.md), which never wakes the daemon."""
+    test.assertIsInstance(value, (int, float), where)
+    test.assertNotIsInstance(value, bool, where)
+    test.assertGreaterEqual(value, 0, where)
+
+
 def positive_numbers(test: unittest.TestCase, record: dict, keys: Iterable[str], where: str) -> None:
     """Fails `test` unless each of `keys` in `record` is a number (not a bool)
     above zero; `where` names the record in the failure message."""

@@ -6,11 +6,11 @@ import os
 import sys
 import unittest
 
-from smoke_checks import positive_numbers, run_report
+from smoke_checks import daemon_share, positive_numbers, run_report
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 FIGURES = ("python_noop_p50_us", "python_noop_p99_us", "python_noop_cpu_us_total",
-           "python_noop_cpu_us_daemon", "python_noop_cpu_us_worker", "python_c64_calls_per_s",
+           "python_noop_cpu_us_worker", "python_c64_calls_per_s",
            "python_c64_cpu_us_total", "cc_noop_p50_us", "cc_noop_p99_us", "cc_cpu_us_client",
            "cc_cpu_us_daemon", "cc_cpu_us_worker")
 
@@ -27,6 +27,9 @@ class WakeAbSmokeTest(unittest.TestCase):
         for name, entry in report["settings"].items():
             self.assertEqual(entry["runs"], 2, name)
             positive_numbers(self, entry["medians"], FIGURES, f"{name}.medians")
+            # Its ratio to `off` is null when both are 0 (direct calls).
+            daemon_share(self, entry["medians"]["python_noop_cpu_us_daemon"],
+                         f"{name}.medians.python_noop_cpu_us_daemon")
             positive_numbers(self, entry["over_floors"],
                              ("python_noop_p50_over_floor", "cc_noop_p50_over_floor_grpc",
                               "cc_noop_p50_over_floor_relay_pinned"), f"{name}.over_floors")

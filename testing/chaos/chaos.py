@@ -115,7 +115,8 @@ async def run(args):
             f"--worker={args.worker}",
             f"--python_path={ROOT / 'host' / 'python'}:{HERE}",
             "--log_level=warning",
-            *(["--direct_calls"] if args.direct_calls else []),
+            # Explicit either way: the daemon's default may change.
+            "--direct_calls" if args.direct_calls else "--nodirect_calls",
         ],
         stdout=daemon_log,
         stderr=subprocess.STDOUT,
@@ -336,7 +337,8 @@ def main():
     parser.add_argument("--worker", default=str(ROOT / "worker" / "agentix-worker"))
     parser.add_argument("--direct-calls", action="store_true",
                         help="the daemon with --direct_calls (docs/DIRECT-CALLS.md) and the "
-                             "cut client on the frame wire, asking for them")
+                             "cut client on the frame wire, asking for them; without it the "
+                             "daemon gets --nodirect_calls")
     args = parser.parse_args()
     # `kill -USR1 <pid>` prints every thread's Python stack (diagnosing a stall).
     import faulthandler

@@ -27,18 +27,23 @@ TARGETS_DIR = REPO / "testing" / "fixtures" / "remote_targets"
 
 sys.path.insert(0, str(TARGETS_DIR))
 
-# AGENTIX_TEST_DIRECT_CALLS=1 runs the suite with direct calls on
-# (docs/DIRECT-CALLS.md "Flag and default", testing/README.md): every daemon
-# a test starts gets --direct_calls (DIRECT_CALLS_ARGS), every worker a test
-# launches itself --direct_calls too (DIRECT_WORKER_ARGS), and the host asks
-# for them (AGENTIX_CALLS_DIRECT=auto). AGENTIX_CALLS_WIRE stays as the test
-# sets it: its default, auto, takes the frame wire wherever a daemon has one,
-# which is where a call can go direct; forcing `frames` would fail every TCP
-# or --nocalls_socket test for a reason that is not direct calls.
-DIRECT_CALLS = os.environ.get("AGENTIX_TEST_DIRECT_CALLS", "") == "1"
-DIRECT_CALLS_ARGS = ("--direct_calls",) if DIRECT_CALLS else ()
-DIRECT_WORKER_ARGS = ("--worker-arg", "--direct_calls") if DIRECT_CALLS else ()
-if DIRECT_CALLS:
+# AGENTIX_TEST_DIRECT_CALLS runs the suite with direct calls on or off
+# whatever the daemon's default (docs/DIRECT-CALLS.md "Flag and default",
+# testing/README.md): "1" gives every daemon a test starts --direct_calls
+# (DIRECT_CALLS_ARGS) and has the host ask for them (AGENTIX_CALLS_DIRECT=auto);
+# "0" gives every daemon --nodirect_calls; unset, daemons keep their default.
+# A worker a test launches itself (agentix-launch) gets the worker arguments
+# of the daemon's flags from the launcher. AGENTIX_CALLS_WIRE stays as the
+# test sets it: its default, auto, takes the frame wire wherever a daemon has
+# one, which is where a call can go direct; forcing `frames` would fail every
+# TCP or --nocalls_socket test for a reason that is not direct calls.
+DIRECT_SWITCH = os.environ.get("AGENTIX_TEST_DIRECT_CALLS", "")
+if DIRECT_SWITCH not in ("", "0", "1"):
+    raise RuntimeError(f"AGENTIX_TEST_DIRECT_CALLS must be 1, 0 or unset, not {DIRECT_SWITCH!r}")
+DIRECT_CALLS_ARGS = {"1": ("--direct_calls",), "0": ("--nodirect_calls",)}.get(DIRECT_SWITCH, ())
+# What a daemon that must relay says, whatever the default and the switch.
+RELAYED_ARGS = ("--nodirect_calls",)
+if DIRECT_SWITCH == "1":
     os.environ["AGENTIX_CALLS_DIRECT"] = "auto"
 
 
@@ -86,8 +91,9 @@ class Daemon:
     def __init__(self, tmp_path, *, tcp=False, extra_args=(), env=None, popen_kwargs=None,
                  prefix=(), relayed_only=None):
         """`relayed_only`: why the test needs a relayed daemon (a sentence);
-        the daemon then gets no --direct_calls under AGENTIX_TEST_DIRECT_CALLS,
-        so the test says so rather than being skipped."""
+        the daemon then gets --nodirect_calls whatever the default and
+        AGENTIX_TEST_DIRECT_CALLS, so the test says so rather than being
+        skipped."""
         self.log_path = tmp_path / "sandboxd.log"
         if tcp:
             with socket.socket() as s:
@@ -108,7 +114,7 @@ class Daemon:
             "--worker", str(WORKER),
             "--venv", _venv(),
             "--python-path", str(TARGETS_DIR),
-            *(() if relayed_only else DIRECT_CALLS_ARGS),
+            *(RELAYED_ARGS if relayed_only else DIRECT_CALLS_ARGS),
             *extra_args,
         ]
         self._log = open(self.log_path, "wb")

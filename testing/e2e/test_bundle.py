@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import re
 import os
 import shutil
 import signal
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BAZEL_BIN, DIRECT_CALLS_ARGS, REPO, names_shared_libpython
+from conftest import BAZEL_BIN, DIRECT_CALLS_ARGS, REPO, names_shared_libpython, wait_for
 
 BUNDLER = BAZEL_BIN / "bundler" / "bundler"
 PROJECT = REPO / "testing" / "fixtures" / "bundle_project"
@@ -240,11 +241,12 @@ async def call_everything(socket_path):
 
 
 @contextlib.asynccontextmanager
-async def bootstrapped(bundle, root, tmp_path, env=()):
+async def bootstrapped(bundle, root, tmp_path, env=(), args=DIRECT_CALLS_ARGS):
     """The bundle's bootstrap.sh in bwrap over `root` (e.g. a busybox root),
     with the daemon's socket bound out to tmp_path/sock; yields the socket's
     path once it listens. `env`: more (name, value) pairs for the daemon and
-    its workers. Output goes to tmp_path/bootstrap.log."""
+    its workers; `args`: bootstrap.sh's (the daemon's) arguments. Output goes
+    to tmp_path/bootstrap.log."""
     sockdir = tmp_path / "sock"
     sockdir.mkdir()
     log = tmp_path / "bootstrap.log"
@@ -258,7 +260,7 @@ async def bootstrapped(bundle, root, tmp_path, env=()):
              "--unshare-pid", "--unshare-net", "--unshare-ipc",
              "--die-with-parent", "--clearenv",
              "--setenv", "AGENTIX_LISTEN", "unix:///run/agentix/agentix.sock", *extra,
-             f"{RUNTIME}/bootstrap.sh", *DIRECT_CALLS_ARGS],
+             f"{RUNTIME}/bootstrap.sh", *args],
             stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         await wait_for_socket(sockdir / "agentix.sock", proc, log)
@@ -277,6 +279,31 @@ async def test_bundle_runs_self_contained_in_a_busybox_root(bundle, tmp_path):
         await asyncio.wait_for(call_everything(sock), 60)
     assert "serving agentix.runtime.v1 on unix:///run/agentix/agentix.sock" in \
         (tmp_path / "bootstrap.log").read_text()
+
+
+@pytest.mark.parametrize("args", [(), ("--direct_calls",), ("--nodirect_calls",)],
+                         ids=["default", "direct", "relayed"])
+async def test_the_early_worker_is_adopted_with_direct_calls_on_off_or_the_default(
+        bundle, tmp_path, monkeypatch, args):
+    """AGENTIX_EARLY_WORKER=1: agentix-launch gives the early worker the
+    arguments the daemon would spawn it with for bootstrap.sh's flags
+    (--python-home, --direct_calls), so the daemon adopts it."""
+    from agentix import RuntimeClient
+
+    monkeypatch.setenv("AGENTIX_CALLS_DIRECT", "auto")
+    env = [("AGENTIX_EARLY_WORKER", "1"), ("AGENTIX_LOG_LEVEL", "debug")]
+    async with bootstrapped(bundle, busybox_root(tmp_path / "root"), tmp_path, env=env,
+                            args=args) as sock:
+        async with RuntimeClient(f"unix://{sock}") as sandbox:
+            assert await asyncio.wait_for(sandbox.remote(bundle_app.add, 2, 3), 30) == 5
+            pid = await sandbox.remote(os.getpid)
+        log = tmp_path / "bootstrap.log"
+        adopted = re.search(r"\(generation 1\) adopted as pid (\d+)", log.read_text())
+        assert adopted and "could not adopt" not in log.read_text(), log.read_text()
+        # The worker that ran the calls is the adopted one (pids in bwrap's namespace).
+        assert pid == int(adopted.group(1))
+        if args == ("--direct_calls",):
+            await wait_for(lambda: re.search(r"direct connection \S+ closed", log.read_text()))
 
 
 async def test_bootstrap_passes_the_admin_token_file_through(bundle, tmp_path):

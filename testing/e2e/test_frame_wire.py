@@ -136,9 +136,11 @@ async def test_the_frame_wire_checks_the_token(start_daemon, tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("direct", ["auto", "off"])
-async def test_a_host_asking_for_direct_calls_is_served_by_a_daemon_without_them(daemon, monkeypatch, direct):
+async def test_a_host_asking_for_direct_calls_is_served_by_a_daemon_without_them(
+        start_daemon, monkeypatch, direct):
     # HELLO's agentix-direct: 1 (AGENTIX_CALLS_DIRECT=auto, the default) is ignored by a daemon
     # without --direct_calls: the connection is relayed as before, payload ring included.
+    daemon = start_daemon(relayed_only="a daemon without direct calls is the case")
     monkeypatch.setenv("AGENTIX_CALLS_WIRE", "frames")
     monkeypatch.setenv("AGENTIX_CALLS_DIRECT", direct)
     data = os.urandom(9 * MiB)

@@ -12,17 +12,17 @@ import subprocess
 
 import e2e_targets as t
 import pytest
-from conftest import DIRECT_WORKER_ARGS, LAUNCHER, SANDBOXD, TARGETS_DIR, WORKER, _venv
+from conftest import LAUNCHER, SANDBOXD, TARGETS_DIR, WORKER, _venv, wait_for
 
 from agentix import RuntimeClient, WorkerExited
 
 
 def _launcher(*worker_args, worker=WORKER):
     """agentix-launch with the worker options conftest's Daemon gives the daemon
-    (with AGENTIX_TEST_DIRECT_CALLS, the worker's --direct_calls too: the
-    daemon passes it only to workers it spawns)."""
+    (the worker arguments that follow from the daemon's flags, --direct_calls
+    among them, the launcher reads from the daemon's command line)."""
     return [str(LAUNCHER), "--worker", str(worker), "--venv", _venv(),
-            "--python-path", str(TARGETS_DIR), *DIRECT_WORKER_ARGS, *worker_args, "--"]
+            "--python-path", str(TARGETS_DIR), *worker_args, "--"]
 
 
 def _adopted_pid(log):
@@ -82,6 +82,37 @@ def test_bad_adoption_arguments_stop_the_daemon_with_the_reason(tmp_path, flag, 
         capture_output=True, text=True, timeout=30)
     assert run.returncode == 2, run.stderr
     assert reason in run.stderr
+
+
+@pytest.mark.parametrize("daemon_args,worker_args", [
+    ((), None),  # the daemon's default, whichever it is
+    (("--direct_calls",), ["--direct_calls"]),
+    (("--nodirect_calls",), []),
+    (("--direct-calls", "--calls_cpu=off"), ["--direct_calls", "--noavoid_holder_cpu"]),
+    (("--direct_calls", "--calls_cpu", "off", "--direct_calls=false"), []),
+    (("--direct_calls", "--nocalls_socket"), []),  # nothing to hand over
+], ids=["default", "direct", "relayed", "direct-cpu-off", "last-wins", "no-calls-socket"])
+async def test_the_launcher_gives_the_worker_the_daemons_worker_arguments(
+        start_daemon, monkeypatch, daemon_args, worker_args):
+    """The worker arguments that follow from the daemon's flags come from the
+    daemon's command line (WorkerArgsFor, as the daemon spawns): the daemon
+    adopts the early worker with direct calls on, off or the default."""
+    daemon = start_daemon(prefix=_launcher(),
+                          extra_args=["--prestart_worker", "--log_level", "debug", *daemon_args])
+    adopted = _adopted_pid(daemon.log())
+    assert "could not adopt" not in daemon.log()
+    cmdline = open(f"/proc/{adopted}/cmdline").read().split("\0")
+    if worker_args is not None:
+        assert [a for a in cmdline if a in ("--direct_calls", "--noavoid_holder_cpu")] == worker_args
+    direct = worker_args is not None and "--direct_calls" in worker_args
+    monkeypatch.setenv("AGENTIX_CALLS_DIRECT", "auto")
+    if direct:
+        monkeypatch.setenv("AGENTIX_CALLS_WIRE", "frames")
+    async with RuntimeClient(daemon.url) as client:
+        assert await client.remote(t.getpid) == adopted
+    if direct:
+        # The adopted worker served the handed-over connection (logged at its end).
+        await wait_for(lambda: re.search(r"direct connection \S+ closed", daemon.log()))
 
 
 def test_adoption_needs_prestart_worker(tmp_path):

@@ -41,7 +41,7 @@ size_t LedgerBytes(uint32_t call_slots, uint32_t finished_slots) {
 }
 
 absl::Status FormatLedger(absl::Span<char> region, uint32_t call_slots,
-                          uint32_t finished_slots) {
+                          uint32_t finished_slots, bool region_is_zero) {
   if (call_slots > kLedgerMaxCallSlots ||
       finished_slots > kLedgerMaxFinishedSlots) {
     return absl::InvalidArgumentError(
@@ -53,10 +53,29 @@ absl::Status FormatLedger(absl::Span<char> region, uint32_t call_slots,
     return absl::InvalidArgumentError(absl::StrCat(
         "ledger region of ", region.size(), " bytes, ", need, " needed"));
   }
-  std::memset(region.data(), 0, need);
+  std::memset(region.data(), 0, region_is_zero ? kLedgerHeaderBytes : need);
   Store<uint64_t>(region.data(), kMagic);
   Store<uint32_t>(region.data() + kCallSlotsOffset, call_slots);
   Store<uint32_t>(region.data() + kFinishedSlotsOffset, finished_slots);
+  return absl::OkStatus();
+}
+
+absl::Status CheckLedgerFormat(absl::Span<const char> region,
+                               uint32_t call_slots, uint32_t finished_slots) {
+  if (region.size() < LedgerBytes(call_slots, finished_slots)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ledger region of ", region.size(), " bytes, ",
+        LedgerBytes(call_slots, finished_slots), " needed"));
+  }
+  const auto calls = Load<uint32_t>(region.data() + kCallSlotsOffset);
+  const auto finished = Load<uint32_t>(region.data() + kFinishedSlotsOffset);
+  if (Load<uint64_t>(region.data()) != kMagic || calls != call_slots ||
+      finished != finished_slots) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ledger holds ", calls, " call and ", finished,
+        " finished slots (or none), this daemon's ", call_slots, " and ",
+        finished_slots));
+  }
   return absl::OkStatus();
 }
 

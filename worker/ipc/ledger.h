@@ -63,10 +63,19 @@ enum class LedgerState : uint32_t {
 // Bytes a region of `call_slots` and `finished_slots` takes.
 size_t LedgerBytes(uint32_t call_slots, uint32_t finished_slots);
 
-// Daemon: writes an empty ledger into `region` (LedgerBytes long, zeroed
-// or not). kInvalidArgument for counts over the bounds or a short region.
+// Daemon: writes an empty ledger into `region` (LedgerBytes long). Its
+// slots are cleared unless `region_is_zero` (a fresh memfd's pages already
+// are: clearing them would fault in every page, ~4 MiB at the daemon's
+// defaults, before each worker's spawn). kInvalidArgument for counts over
+// the bounds or a short region.
 absl::Status FormatLedger(absl::Span<char> region, uint32_t call_slots,
-                          uint32_t finished_slots);
+                          uint32_t finished_slots, bool region_is_zero = false);
+
+// Daemon, adopting a worker whose launcher formatted the ledger
+// (sandbox/launch_main.cc): OK if `region` holds one of exactly these counts,
+// kFailedPrecondition naming the difference otherwise.
+absl::Status CheckLedgerFormat(absl::Span<const char> region,
+                               uint32_t call_slots, uint32_t finished_slots);
 
 // Daemon: the client ids it assigned slots to, in its own memory.
 class LedgerClients {

@@ -209,5 +209,43 @@ TEST_CASE("ledger: client slots are bounded") {
   CHECK(clients.ClientOf(kLedgerMaxClients) == nullptr);
 }
 
+TEST_CASE("ledger: an adopted worker's ledger is checked against the daemon's counts") {
+  std::vector<char> region(LedgerBytes(kCalls, kFinished));
+  // Never formatted: no ledger.
+  CHECK(absl::IsFailedPrecondition(
+      CheckLedgerFormat(absl::MakeConstSpan(region), kCalls, kFinished)));
+  REQUIRE(FormatLedger(absl::MakeSpan(region), kCalls, kFinished).ok());
+  CHECK(CheckLedgerFormat(absl::MakeConstSpan(region), kCalls, kFinished).ok());
+  CHECK(absl::IsFailedPrecondition(
+      CheckLedgerFormat(absl::MakeConstSpan(region), kCalls - 1, kFinished)));
+  CHECK(absl::IsFailedPrecondition(
+      CheckLedgerFormat(absl::MakeConstSpan(region), kCalls, kFinished + 1)));
+  // A region too short for the daemon's counts.
+  CHECK(absl::IsFailedPrecondition(
+      CheckLedgerFormat(absl::MakeConstSpan(region), kCalls * 2, kFinished)));
+}
+
+TEST_CASE("ledger: a zero region is formatted by its header alone") {
+  std::vector<char> region(LedgerBytes(kCalls, kFinished), '\xab');
+  REQUIRE(FormatLedger(absl::MakeSpan(region), kCalls, kFinished,
+                       /*region_is_zero=*/true).ok());
+  CHECK(CheckLedgerFormat(absl::MakeConstSpan(region), kCalls, kFinished).ok());
+  // The slots were not touched (a fresh memfd's pages stay unfaulted).
+  CHECK(region[kLedgerHeaderBytes] == '\xab');
+  CHECK(region.back() == '\xab');
+  REQUIRE(FormatLedger(absl::MakeSpan(region), kCalls, kFinished).ok());
+  CHECK(region[kLedgerHeaderBytes] == 0);
+  CHECK(region.back() == 0);
+
+  std::vector<char> zero(LedgerBytes(kCalls, kFinished), 0);
+  REQUIRE(FormatLedger(absl::MakeSpan(zero), kCalls, kFinished, /*region_is_zero=*/true).ok());
+  LedgerClients clients;
+  auto read = ReadLedger(absl::MakeConstSpan(zero), kCalls, kFinished, clients);
+  REQUIRE(read.ok());
+  CHECK(read->calls.empty());
+  CHECK(read->finished.empty());
+  CHECK(read->skipped == 0);
+}
+
 }  // namespace
 }  // namespace agentix::ipc
