@@ -39,6 +39,9 @@ constexpr char kCallsMethod[] = "/agentix.runtime.v1.RuntimeService/Calls";
 // How long a Namespace stream that asked for direct waits for a booting
 // worker before it is served relayed (docs/DIRECT-CALLS.md stage 8).
 constexpr absl::Duration kNamespaceHandOverWait = absl::Seconds(2);
+// How long it waits for the name's previous direct stream to be reported
+// closed (a reconnect's, a dead worker's) before it is served relayed.
+constexpr absl::Duration kNamespaceClaimWait = absl::Milliseconds(250);
 constexpr char kNamespaceMethod[] =
     "/agentix.runtime.v1.RuntimeService/Namespace";
 // As the gRPC Calls stream: past this many unwritten bytes the stream's
@@ -1020,10 +1023,23 @@ class FrameWireServer::Connection {
     DirectConnections* const direct = server_->options_.direct.get();
     // Nothing of the daemon's may follow the worker's `opened`.
     const FrameSink::State state = sink_->Get();
-    if (state.ending || state.broken || state.unwritten != 0 ||
-        !hub.ClaimDirect(name, namespace_->subscriber())) {
+    if (state.ending || state.broken || state.unwritten != 0) {
       namespace_->ServeRelayed();
       return false;
+    }
+    // The name's previous direct stream (this host's, before a reconnect
+    // or its worker's death) is about to be reported closed: wait a little.
+    const absl::Time claim_until = absl::Now() + kNamespaceClaimWait;
+    while (!hub.ClaimDirect(name, namespace_->subscriber())) {
+      if (!hub.OthersAreDirect(name, namespace_->subscriber()) ||
+          absl::Now() >= claim_until) {
+        AGX_LOG(Debug, "namespace {}: another stream has it open; served "
+                "relayed", name);
+        namespace_->ServeRelayed();
+        return false;
+      }
+      pollfd wake{wake_fd_, POLLIN, 0};
+      if (::poll(&wake, 1, 5) > 0) DrainWake(wake_fd_);
     }
     // The host waits for `opened` (its OPEN_TIMEOUT is 10 s): a worker not
     // ready within this leaves the stream relayed, answered at once.
@@ -1053,6 +1069,8 @@ class FrameWireServer::Connection {
       pollfd wake{wake_fd_, POLLIN, 0};
       if (::poll(&wake, 1, 5) > 0) DrainWake(wake_fd_);
     }
+    AGX_LOG(Debug, "namespace {}: the worker cannot take it; served relayed",
+            name);
     hub.UnclaimDirect(namespace_->subscriber());
     namespace_->ServeRelayed();
     return false;

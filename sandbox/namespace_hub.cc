@@ -80,8 +80,10 @@ size_t NamespaceHub::Broadcast(const std::string& name,
   // holding that lock may call Unsubscribe.
   size_t delivered = 0;
   for (const auto& target : targets) {
-    // A handed-over stream is the worker's to write: its host has them.
-    if (target.get() == direct || target->Deliver(events)) ++delivered;
+    // A handed-over stream is the worker's to write: its host has them
+    // (until the hand-over its sink still holds them for a relayed
+    // fallback; after it, the sink is closed and drops them).
+    if (target->Deliver(events) || target.get() == direct) ++delivered;
   }
   return delivered;
 }
@@ -101,6 +103,18 @@ bool NamespaceHub::ClaimDirect(const std::string& name,
     return false;
   }
   direct_[name] = subscriber;
+  return true;
+}
+
+bool NamespaceHub::OthersAreDirect(const std::string& name,
+                                   const NamespaceSubscriber* subscriber) {
+  absl::MutexLock lock(&mu_);
+  auto it = subscribers_.find(name);
+  auto d = direct_.find(name);
+  if (it == subscribers_.end() || d == direct_.end()) return false;
+  for (const auto& s : it->second) {
+    if (s.get() != subscriber && s.get() != d->second) return false;
+  }
   return true;
 }
 

@@ -63,6 +63,11 @@ class NamespaceHub {
   // until Unsubscribe.
   bool ClaimDirect(const std::string& name,
                    const NamespaceSubscriber* subscriber);
+  // Whether the streams on `name` other than `subscriber` are all handed
+  // over (a host's previous stream whose end the worker has not reported
+  // yet, typically): a claim may succeed shortly.
+  bool OthersAreDirect(const std::string& name,
+                       const NamespaceSubscriber* subscriber);
   // Whether `name` has a handed-over stream.
   bool HasDirect(const std::string& name);
   // The hand-over did not happen: `subscriber` is a relayed stream again.

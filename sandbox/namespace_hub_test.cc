@@ -161,6 +161,18 @@ TEST_CASE("A name's one stream may be claimed as handed over; it keeps its "
   REQUIRE(hub.Subscribe("/p", third).ok());
   CHECK(!hub.ClaimDirect("/p", other.get()));
   CHECK(!hub.ClaimDirect("/p", third.get()));
+  CHECK(!hub.OthersAreDirect("/p", third.get()));  // `other` is relayed
+  // A handed-over stream whose end is not reported yet: worth a wait.
+  NamespaceHub two(4);
+  auto old_direct = std::make_shared<Recorder>();
+  auto next = std::make_shared<Recorder>();
+  REQUIRE(two.Subscribe("/n", old_direct).ok());
+  REQUIRE(two.ClaimDirect("/n", old_direct.get()));
+  REQUIRE(two.Subscribe("/n", next).ok());
+  CHECK(!two.ClaimDirect("/n", next.get()));
+  CHECK(two.OthersAreDirect("/n", next.get()));
+  two.Unsubscribe(old_direct.get());
+  CHECK(two.ClaimDirect("/n", next.get()));
 }
 
 }  // namespace

@@ -122,6 +122,7 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
     frame.data = event.data();
     driver_->Send(std::move(frames));
   }
+  bool opened_owed() const { return opened_owed_; }  // under DirectConns' mu_
   // Whether `opened` is still owed (once true). Under DirectConns' mu_.
   bool TakeOpenedOwed() {
     const bool owed = opened_owed_;
@@ -462,6 +463,9 @@ bool DirectConns::SendNamespaceEvent(const ipc::Frame& frame) {
     if (it == namespaces_.end()) return false;
     conn = it->second;
     relayed = relayed_names_.contains(frame.ns.name);
+    // Before `opened` the sandbox has not been told of this host: nothing
+    // may precede `opened`, and the event had no listening host.
+    if (conn->opened_owed()) return !relayed;
   }
   conn->SendNamespaceEvent(frame);
   return !relayed;

@@ -153,6 +153,11 @@ TEST_CASE("A handed-over Namespace stream: opened, host events to the driver, "
   // `opened` is the worker's, written once the link's host_connected for
   // the name became the sandbox's record: the host starts behind it.
   c.conns->OnHostConnected("/other");  // not this stream's
+  ipc::Frame early;
+  early.type = ipc::FrameType::kNamespaceEvent;
+  early.ns.name = "/plug";
+  early.ns.event = "early";
+  CHECK(c.conns->SendNamespaceEvent(early));  // dropped: no host yet
   char byte;
   CHECK(::recv(c.host.get(), &byte, 1, MSG_DONTWAIT) < 0);
   c.conns->OnHostConnected("/plug");
