@@ -9,25 +9,21 @@
 namespace agentix::sandbox {
 
 std::optional<uint64_t> DirectConnections::Reserve(uint64_t generation,
-                                                   std::string_view client,
-                                                   bool calls) {
+                                                   std::string_view client) {
   absl::MutexLock lock(&mu_);
   // A worker reports its exit before the session manager forgets it: a
   // hand-over in between must not count a connection no one will close.
   if (live_.size() >= max_live_ || gone_.contains(generation)) return std::nullopt;
   const uint64_t conn = next_++;
-  live_.emplace(conn, Entry{generation, false, false, std::string(client),
-                            calls, nullptr});
-  if (!calls) return conn;
+  live_.emplace(conn, Entry{generation, false, false, std::string(client)});
   Client& counted = clients_[std::string(client)];
   ++counted.live;
   counted.orphaned_at = absl::InfiniteFuture();
   return conn;
 }
 
-void DirectConnections::Unlive(const Entry& entry) {
-  if (!entry.calls) return;
-  auto it = clients_.find(entry.client);
+void DirectConnections::Unlive(const std::string& client) {
+  auto it = clients_.find(client);
   if (it == clients_.end() || it->second.live == 0) return;
   if (--it->second.live == 0) it->second.orphaned_at = absl::Now();
 }
@@ -53,8 +49,7 @@ bool DirectConnections::HasLive(std::string_view client) {
   return it != clients_.end() && it->second.live > 0;
 }
 
-void DirectConnections::Commit(uint64_t conn, bool guard_counted,
-                               std::function<void()> on_end) {
+void DirectConnections::Commit(uint64_t conn, bool guard_counted) {
   bool closed_already = false;
   {
     absl::MutexLock lock(&mu_);
@@ -62,17 +57,13 @@ void DirectConnections::Commit(uint64_t conn, bool guard_counted,
     if (it != live_.end()) {
       it->second.committed = true;
       it->second.guard_counted = guard_counted;
-      it->second.on_end = std::move(on_end);
     } else {
       closed_already = true;  // the worker ended (or reported it) first
     }
   }
   // The stream the frame wire counted open at HELLO stays open until the
   // worker's report, unless that came first.
-  if (closed_already) {
-    Drop(Entry{0, /*committed=*/true, guard_counted, {}, true,
-               std::move(on_end)});
-  }
+  if (closed_already) Drop(Entry{0, /*committed=*/true, guard_counted});
 }
 
 void DirectConnections::Cancel(uint64_t conn) {
@@ -81,7 +72,7 @@ void DirectConnections::Cancel(uint64_t conn) {
   if (it == live_.end()) return;
   // A session the worker held before stays timed (a collapse of nothing
   // held does nothing).
-  Unlive(it->second);
+  Unlive(it->second.client);
   live_.erase(it);
 }
 
@@ -89,7 +80,6 @@ void DirectConnections::Drop(const Entry& entry) {
   if (!entry.committed) return;  // Commit releases what it would have held
   if (entry.guard_counted) ReleaseHandedOverConnection();
   if (activity_ != nullptr) activity_->Closed();
-  if (entry.on_end) entry.on_end();
 }
 
 void DirectConnections::OnDirectClosed(uint64_t generation, uint64_t conn,
@@ -106,7 +96,7 @@ void DirectConnections::OnDirectClosed(uint64_t generation, uint64_t conn,
     }
     entry = it->second;
     live_.erase(it);
-    Unlive(entry);
+    Unlive(entry.client);
   }
   AGX_LOG(Debug, "direct connection {} closed: {}", conn, std::string(why));
   Drop(entry);
@@ -121,7 +111,7 @@ void DirectConnections::OnDirectWorkerGone(uint64_t generation) {
       auto next = std::next(it);
       if (it->second.generation == generation) {
         gone.push_back(it->second);
-        Unlive(it->second);
+        Unlive(it->second.client);
         live_.erase(it);
       }
       it = next;
