@@ -316,6 +316,30 @@ async def test_namespace_streams_are_bounded(start_daemon):
         assert await first.remote(p.ask, "still") == {"a": "STILL"}
 
 
+async def test_a_direct_calls_daemon_serves_namespace_streams_relayed_whatever_the_host_asks(start_daemon, monkeypatch):
+    # The host asks on every frame-wire Namespace stream (HELLO agentix-direct: 1, with
+    # AGENTIX_CALLS_DIRECT=auto) while DIRECT-CALLS.md's stage 8 is not built: a daemon with
+    # --direct_calls serves it as before — requests answered, events delivered, the stream
+    # counted against --max-namespace-streams — whichever transport carries it.
+    monkeypatch.setenv("AGENTIX_CALLS_DIRECT", "auto")
+    daemon = start_daemon(extra_args=["--direct_calls", "--max-namespace-streams", "1"])
+    host = HostEcho()
+    first = RuntimeClient(daemon.url)
+    first.register_namespace(host)
+    async with first:
+        assert await first.remote(p.ask, "direct?") == {"a": "DIRECT?"}
+        await wait_for(lambda: len(host.progress) >= 2)
+        assert host.progress == [{"stage": "asking", "q": "direct?"}, {"stage": "answered", "q": "direct?"}]
+        second = RuntimeClient(daemon.url)
+        second.register_namespace(AsyncClientNamespace("/other"))
+        with pytest.raises(Exception, match="RESOURCE_EXHAUSTED.*--max-namespace-streams"):
+            async with second:
+                pass
+        await second.close()
+        assert await first.remote(p.ask, "still") == {"a": "STILL"}
+    assert host.lifecycle[0] == "connect"
+
+
 async def test_forged_lifecycle_events_and_hostile_names_from_the_sandbox_are_dropped(plugin, collected):
     # issue 17, item 1: the sandbox chooses event names; only the host's
     # stream says connect/disconnect, and odd or many names stay bounded.

@@ -568,9 +568,9 @@ async def test_a_namespace_stream_rides_the_frame_wire_when_calls_do(framed, mon
 
     kind, client = await namespace_stream_type(framed.url, token="s3cret")
     assert kind is FrameNamespaceStream
-    # Its own connection, whose HELLO names the stream and carries the token.
+    # Its own connection, whose HELLO names the stream, carries the token and asks for direct.
     assert {"authorization": "Bearer s3cret", "agentix-client-id": client.client_id,
-            "agentix-stream": "namespace"} in framed.frames.hellos
+            "agentix-direct": "1", "agentix-stream": "namespace"} in framed.frames.hellos
     assert framed.namespaces_opened == 1
     monkeypatch.setenv("AGENTIX_CALLS_WIRE", "grpc")
     hellos = len(framed.frames.hellos)

@@ -57,7 +57,7 @@ def watched(client: RuntimeClient) -> list:
 # --- the HELLO key --------------------------------------------------------
 
 
-async def test_calls_connections_ask_for_direct_calls_by_default_and_namespace_streams_never(framed):
+async def test_calls_connections_and_namespace_streams_ask_for_direct_by_default(framed):
     client = RuntimeClient(framed.url, token="s3cret")
     client.register_namespace(AsyncClientNamespace("/plug"))
     async with client:
@@ -66,7 +66,7 @@ async def test_calls_connections_ask_for_direct_calls_by_default_and_namespace_s
     namespace = [h for h in framed.frames.hellos if h.get("agentix-stream") == "namespace"]
     assert len(calls) == 1 and len(namespace) == 1
     assert calls[0][DIRECT_KEY] == "1"
-    assert DIRECT_KEY not in namespace[0]
+    assert namespace[0][DIRECT_KEY] == "1"  # stage 8's ask (test_namespace_hostile.py)
 
 
 @pytest.mark.parametrize("setting, sent", [("", True), ("auto", True), (" AUTO ", True), ("off", False), ("OFF", False)])

@@ -270,10 +270,10 @@ class FrameWire:
             # The calling thread only (pid 0): the loop that reads and writes the socket.
             os.sched_setaffinity(0, {cpu})
         ring = None
+        metadata = (*metadata, *direct)  # either stream may be served by the worker
         if stream is not None:
             metadata = (*metadata, (STREAM_KEY, stream))
-        else:  # a Calls stream: it may ask for direct calls (Namespace streams never do)
-            metadata = (*metadata, *direct)
+        else:  # a Calls stream
             waits = self.waits = pinned_waits(placement, slice_us)
             if waits is not None:
                 cpu = waits.cpu

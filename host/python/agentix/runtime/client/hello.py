@@ -4,11 +4,12 @@ first on every connection; a daemon run with ``--calls_cpu=probe`` answers a
 Calls host that asked (``agentix-calls-cpu-follow``) with one of its own.
 
 The HELLO keys of the host's own (not gRPC metadata) are named here, with
-``AGENTIX_CALLS_DIRECT``, which decides whether a Calls connection asks for
-direct calls (docs/DIRECT-CALLS.md): ``auto`` (also unset or empty) sends
-``agentix-direct: 1``, ``off`` never. A daemon run without
-``--direct_calls`` (its default), or one that does not know the key, ignores
-it; one with it may hand the connection to the worker, whose frames the
+``AGENTIX_CALLS_DIRECT``, which decides whether a Calls connection, and a
+Namespace stream, asks to be served by the worker (docs/DIRECT-CALLS.md):
+``auto`` (also unset or empty) sends ``agentix-direct: 1``, ``off`` never.
+A daemon run without ``--direct_calls`` (its default), or one that does not
+know the key, ignores it, as every daemon does on a Namespace stream so far;
+one with it may hand a Calls connection to the worker, whose frames the
 reader then treats as a hostile peer's (it already treats the daemon's so)."""
 
 from __future__ import annotations
@@ -33,15 +34,16 @@ PAYLOAD_RING_KEY = "agentix-payload-ring"
 # (absent: Calls), and the Namespace stream's value.
 STREAM_KEY = "agentix-stream"
 NAMESPACE_STREAM = "namespace"
-# The HELLO key of a Calls connection that asks for direct calls; only
-# Calls connections send it (Namespace streams stay relayed).
+# The HELLO key of a connection that asks to be served by the worker
+# (docs/DIRECT-CALLS.md): Calls connections and, from stop 41, Namespace
+# streams (stage 8; a daemon that serves them relayed ignores it).
 DIRECT_KEY = "agentix-direct"
 CALLS_DIRECT_ENV = "AGENTIX_CALLS_DIRECT"
 _DIRECT_MODES = ("auto", "off")
 
 
 def direct_calls_keys() -> tuple[tuple[str, str], ...]:
-    """The HELLO pairs ``AGENTIX_CALLS_DIRECT`` adds to a Calls connection:
+    """The HELLO pairs ``AGENTIX_CALLS_DIRECT`` adds to a frame-wire connection:
     ``((DIRECT_KEY, "1"),)`` for ``auto`` (also unset or empty, any case),
     none for ``off``; ValueError naming the variable for anything else."""
     mode = os.environ.get(CALLS_DIRECT_ENV, "").strip().lower() or "auto"
