@@ -13,6 +13,7 @@ with a bare EOF instead of a STATUS frame. `hostile` plays a hostile peer (a
 worker holding the host's connection, docs/DIRECT-CALLS.md) once: see there.
 """
 
+import array
 import asyncio
 import os
 import socket
@@ -203,3 +204,39 @@ class FrameServer:
             if writer in self._calls:
                 self._calls.remove(writer)
             writer.close()
+
+
+# --- hostile-peer helpers shared by the Calls and Namespace hostile tests ---
+
+
+def fds_open() -> dict[int, str]:
+    """This process's open descriptors and what each names (/proc/self/fd)."""
+    links = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            links[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # the listing's own descriptor, gone already
+            pass
+    return links
+
+
+def with_descriptors(fd: int, count: int):
+    """A `hostile` peer that sends the response as it is, with `count` copies
+    of `fd` attached (SCM_RIGHTS), and stays connected."""
+
+    def send(sock: socket.socket, response: bytes) -> bool:
+        fds = array.array("i", [fd] * count)
+        assert sock.sendmsg([response], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)]) == len(response)
+        return True
+
+    return send
+
+
+def keep(data: bytes):
+    """A `hostile` peer that writes `data` instead of the response, then stays connected."""
+
+    def send(sock: socket.socket, response: bytes) -> bool:
+        sock.sendall(data)
+        return True
+
+    return send

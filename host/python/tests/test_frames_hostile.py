@@ -26,7 +26,7 @@ from agentix.runtime.client.frames import FrameCallsStream, FrameTransport
 from agentix.runtime.client.hello import DIRECT_KEY
 from agentix.runtime.client.payload_ring import PayloadRing
 from agentix.runtime.client.stream import NativeStreamError
-from fake_frames import HELLO, MESSAGE, STATUS, encode, encode_hello, status_frame
+from fake_frames import HELLO, MESSAGE, STATUS, encode, encode_hello, fds_open, keep, status_frame, with_descriptors
 
 pytestmark = pytest.mark.asyncio
 RING_MESSAGE = 5
@@ -93,17 +93,6 @@ async def test_a_bad_agentix_calls_direct_is_a_clear_error_on_any_wire(framed, m
 # --- no ancillary data ----------------------------------------------------
 
 
-def fds_open() -> dict[int, str]:
-    """This process's open descriptors and what each refers to."""
-    links = {}
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            links[int(name)] = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:  # the listing's own descriptor, gone already
-            pass
-    return links
-
-
 async def test_descriptors_a_peer_sends_are_never_received_and_the_call_still_works(framed):
     sent = 64
     client = RuntimeClient(framed.url)
@@ -114,12 +103,7 @@ async def test_descriptors_a_peer_sends_are_never_received_and_the_call_still_wo
         read_end, write_end = os.pipe()
         pipe = os.readlink(f"/proc/self/fd/{read_end}")
 
-        def with_fds(sock: socket.socket, response: bytes) -> bool:
-            fds = array.array("i", [read_end] * sent)
-            assert sock.sendmsg([response], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)]) == len(response)
-            return True
-
-        framed.frames.hostile = with_fds
+        framed.frames.hostile = with_descriptors(read_end, sent)
         assert await asyncio.wait_for(client.remote(sandbox_functions.add, 2, 3), BOUND_S) == 5
         assert framed.frames.hostile is None  # the result came with the descriptors
         os.close(read_end)
@@ -154,16 +138,6 @@ async def test_status_16_from_the_peer_reconnects_with_the_same_token(framed):
 
 
 # --- hostile frames: a typed error or a reconnect, never a hang -----------
-
-
-def keep(data: bytes):
-    """A peer that writes `data` instead of the response, then stays connected."""
-
-    def send(sock: socket.socket, response: bytes) -> bool:
-        sock.sendall(data)
-        return True
-
-    return send
 
 
 def then_close(data: bytes):

@@ -10,7 +10,6 @@ response frame (here: a NamespaceResponse carrying the fake's event) with the
 peer's bytes.
 """
 
-import array
 import asyncio
 import os
 import socket
@@ -24,7 +23,7 @@ from agentix.runtime.client.hello import DIRECT_KEY
 from agentix.runtime.client.namespaces import FrameNamespaceStream
 from agentix.runtime.shared.codec import pack
 from agentix.runtime.v1 import runtime_pb2 as pb
-from fake_frames import MESSAGE, encode, status_frame
+from fake_frames import MESSAGE, encode, fds_open, keep, status_frame, with_descriptors
 from fake_runtime import eventually
 
 pytestmark = pytest.mark.asyncio
@@ -61,16 +60,6 @@ def namespace_hellos(framed) -> list[dict[str, str]]:
     return [h for h in framed.frames.hellos if h.get("agentix-stream") == "namespace"]
 
 
-def fds_open() -> dict[int, str]:
-    links = {}
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            links[int(name)] = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:  # the listing's own descriptor, gone already
-            pass
-    return links
-
-
 @pytest.mark.parametrize("setting, sent", [("", True), ("auto", True), ("off", False)])
 async def test_agentix_calls_direct_decides_the_key_on_namespace_streams_too(framed, monkeypatch, setting, sent):
     monkeypatch.setenv("AGENTIX_CALLS_DIRECT", setting)
@@ -95,12 +84,7 @@ async def test_descriptors_a_namespace_peer_sends_are_never_received_and_the_str
         read_end, write_end = os.pipe()
         pipe = os.readlink(f"/proc/self/fd/{read_end}")
 
-        def with_fds(sock: socket.socket, response: bytes) -> bool:
-            fds = array.array("i", [read_end] * sent)
-            assert sock.sendmsg([response], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)]) == len(response)
-            return True
-
-        framed.frames.hostile = with_fds
+        framed.frames.hostile = with_descriptors(read_end, sent)
         framed.emit_namespace("/plug", tick(1))
         await asyncio.wait_for(eventually(lambda: ("tick", 1) in ns.seen), BOUND_S)
         assert framed.frames.hostile is None  # the event came with the descriptors
@@ -154,12 +138,7 @@ async def test_a_forged_frame_ends_the_namespace_stream_and_the_next_emit_reopen
     client = RuntimeClient(framed.url, logs=False, traces=False, reconnection_delay=0.05)
     client.register_namespace(ns)
     async with client:
-
-        def forge(sock: socket.socket, response: bytes) -> bool:
-            sock.sendall(forged)
-            return True  # and stays connected: the host must end it
-
-        framed.frames.hostile = forge
+        framed.frames.hostile = keep(forged)  # and stays connected: the host must end it
         framed.emit_namespace("/plug", tick(1))
         await asyncio.wait_for(eventually(lambda: "disconnect" in ns.seen), BOUND_S)
         await asyncio.wait_for(ns.emit("config", {"k": 2}), BOUND_S)
