@@ -133,6 +133,7 @@ def test_large_bulk_fields_are_marked_small_ones_are_not():
     assert [piece.size for piece in start if type(piece) is wire.BulkHead] == [100_000]
 
 
+@pytest.mark.asyncio
 async def test_hello_shares_a_sealed_ring_and_pieces_go_through_it_once_accepted(pair):
     import fcntl
 
@@ -183,6 +184,7 @@ def test_the_native_copy_copies_any_piece_and_refuses_one_that_does_not_fit():
     assert target == bytes(100)
 
 
+@pytest.mark.asyncio
 async def test_pieces_of_a_mebibyte_go_through_the_ring_byte_for_byte(pair):
     transport, daemon = pair(PayloadRing(4 << 20))
     daemon.accept()
@@ -194,6 +196,7 @@ async def test_pieces_of_a_mebibyte_go_through_the_ring_byte_for_byte(pair):
     assert daemon.message(kind, body) == b"".join(bytes(piece) for piece in chunk_pieces(data, 3))
 
 
+@pytest.mark.asyncio
 async def test_a_full_ring_sends_inline_and_a_released_one_restarts_at_its_start(pair):
     transport, daemon = pair(PayloadRing(256 * 1024))
     daemon.accept()
@@ -219,6 +222,7 @@ async def test_a_full_ring_sends_inline_and_a_released_one_restarts_at_its_start
     assert daemon.frame()[0] == MESSAGE
 
 
+@pytest.mark.asyncio
 async def test_results_come_back_through_the_ring_and_it_is_released(pair):
     transport, daemon = pair(PayloadRing(1 << 20))
     daemon.accept()
@@ -235,6 +239,7 @@ async def test_results_come_back_through_the_ring_and_it_is_released(pair):
     assert daemon.host_released() == len(value)
 
 
+@pytest.mark.asyncio
 async def test_a_result_chunk_in_the_ring_is_a_view_kept_until_it_is_dropped(pair):
     transport, daemon = pair(PayloadRing(1 << 20))
     daemon.accept()
@@ -284,6 +289,7 @@ async def test_a_result_chunk_in_the_ring_is_a_view_kept_until_it_is_dropped(pai
         ((9, 0, 10), "out of order"),  # past the bytes that came
     ],
 )
+@pytest.mark.asyncio
 async def test_a_bad_ring_piece_from_the_daemon_fails_the_stream(pair, piece, why):
     transport, daemon = pair(PayloadRing(1 << 20))
     daemon.accept()
@@ -293,6 +299,7 @@ async def test_a_bad_ring_piece_from_the_daemon_fails_the_stream(pair, piece, wh
     assert status is not None and status[0] == 13 and why in status[1], status
 
 
+@pytest.mark.asyncio
 async def test_a_released_piece_cannot_be_taken_again(pair):
     transport, daemon = pair(PayloadRing(1 << 20))
     daemon.accept()
@@ -304,6 +311,7 @@ async def test_a_released_piece_cannot_be_taken_again(pair):
     assert status is not None and status[0] == 13 and "already released" in status[1]
 
 
+@pytest.mark.asyncio
 async def test_a_ring_message_without_a_ring_fails_the_stream(pair):
     transport, daemon = pair(None)
     assert frames.PAYLOAD_RING_KEY not in daemon.hello and daemon.fds == []
@@ -312,6 +320,7 @@ async def test_a_ring_message_without_a_ring_fails_the_stream(pair):
     assert status is not None and status[0] == 13 and "unasked" in status[1]
 
 
+@pytest.mark.asyncio
 async def test_agentix_payload_ring_off_shares_no_ring(monkeypatch, tmp_path):
     path = str(tmp_path / "d.sock.calls")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

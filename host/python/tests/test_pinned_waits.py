@@ -72,6 +72,7 @@ def test_a_daemon_that_says_off_stops_the_pins_until_one_says_wait(masks):
     waits.release()
 
 
+@pytest.mark.asyncio
 async def test_told_off_the_loop_runs_its_own_selector_and_told_wait_the_pinning_one(masks):
     loop = asyncio.get_running_loop()
     inner = loop._selector
@@ -88,6 +89,7 @@ async def test_told_off_the_loop_runs_its_own_selector_and_told_wait_the_pinning
         pw._threads.__dict__.pop("waits", None)
 
 
+@pytest.mark.asyncio
 async def test_a_named_setting_pins_again_after_a_daemon_told_an_earlier_client_off(masks):
     loop = asyncio.get_running_loop()
     inner = loop._selector
