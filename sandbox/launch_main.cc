@@ -14,8 +14,9 @@
 // flags (--python-home, --direct_calls, ...) and the direct calls' ledger
 // are read from the daemon's command line with the daemon's defaults
 // (SetWorkerOptionsFor, as the daemon sets its own); --worker-arg adds
-// arguments before them, which the daemon then refuses. If the worker cannot be started the daemon is exec'd
-// without --adopt_worker and starts one itself.
+// arguments before them, which the daemon then refuses. If the worker
+// cannot be started the daemon is exec'd without --adopt_worker and starts
+// one itself.
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
