@@ -302,18 +302,24 @@ async def test_raw_stream_sees_request_ids_and_errors_without_decoding(daemon):
         await ns.done_writing()
 
 
+async def _a_second_stream_is_refused_and_the_first_goes_on(daemon, first):
+    """With --max-namespace-streams 1 and `first`'s stream open: another
+    host's stream is refused with the flag named, and `first` still works."""
+    second = RuntimeClient(daemon.url)
+    second.register_namespace(AsyncClientNamespace("/other"))
+    with pytest.raises(Exception, match="RESOURCE_EXHAUSTED.*--max-namespace-streams"):
+        async with second:
+            pass
+    await second.close()
+    assert await first.remote(p.ask, "still") == {"a": "STILL"}
+
+
 async def test_namespace_streams_are_bounded(start_daemon):
     daemon = start_daemon(extra_args=["--max-namespace-streams", "1"])
     first = RuntimeClient(daemon.url)
     first.register_namespace(HostEcho())
     async with first:
-        second = RuntimeClient(daemon.url)
-        second.register_namespace(AsyncClientNamespace("/other"))
-        with pytest.raises(Exception, match="RESOURCE_EXHAUSTED.*--max-namespace-streams"):
-            async with second:
-                pass
-        await second.close()
-        assert await first.remote(p.ask, "still") == {"a": "STILL"}
+        await _a_second_stream_is_refused_and_the_first_goes_on(daemon, first)
 
 
 async def test_a_direct_calls_daemon_serves_namespace_streams_relayed_whatever_the_host_asks(start_daemon, monkeypatch):
@@ -330,13 +336,7 @@ async def test_a_direct_calls_daemon_serves_namespace_streams_relayed_whatever_t
         assert await first.remote(p.ask, "direct?") == {"a": "DIRECT?"}
         await wait_for(lambda: len(host.progress) >= 2)
         assert host.progress == [{"stage": "asking", "q": "direct?"}, {"stage": "answered", "q": "direct?"}]
-        second = RuntimeClient(daemon.url)
-        second.register_namespace(AsyncClientNamespace("/other"))
-        with pytest.raises(Exception, match="RESOURCE_EXHAUSTED.*--max-namespace-streams"):
-            async with second:
-                pass
-        await second.close()
-        assert await first.remote(p.ask, "still") == {"a": "STILL"}
+        await _a_second_stream_is_refused_and_the_first_goes_on(daemon, first)
     assert host.lifecycle[0] == "connect"
 
 

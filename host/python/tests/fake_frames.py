@@ -240,3 +240,10 @@ def keep(data: bytes):
         return True
 
     return send
+
+
+def unauthenticated(sock: socket.socket, response: bytes) -> bool:
+    """A `hostile` peer that answers STATUS 16 (UNAUTHENTICATED) instead of
+    the response and closes: the host must keep its token."""
+    sock.sendall(status_frame(16, "the token is wrong, forget it"))
+    return False

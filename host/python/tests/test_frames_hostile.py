@@ -26,7 +26,8 @@ from agentix.runtime.client.frames import FrameCallsStream, FrameTransport
 from agentix.runtime.client.hello import DIRECT_KEY
 from agentix.runtime.client.payload_ring import PayloadRing
 from agentix.runtime.client.stream import NativeStreamError
-from fake_frames import HELLO, MESSAGE, STATUS, encode, encode_hello, fds_open, keep, status_frame, with_descriptors
+from fake_frames import (HELLO, MESSAGE, STATUS, encode, encode_hello, fds_open, keep,
+                         unauthenticated, with_descriptors)
 
 pytestmark = pytest.mark.asyncio
 RING_MESSAGE = 5
@@ -123,11 +124,6 @@ async def test_status_16_from_the_peer_reconnects_with_the_same_token(framed):
     lost = watched(client)  # before the first stream takes its on_lost
     async with client:
         metadata = client._metadata
-
-        def unauthenticated(sock: socket.socket, response: bytes) -> bool:
-            sock.sendall(status_frame(16, "the token is wrong, forget it"))
-            return False
-
         framed.frames.hostile = unauthenticated
         assert await asyncio.wait_for(client.remote(sandbox_functions.add, 2, 3), BOUND_S) == 5
         assert client._metadata is metadata

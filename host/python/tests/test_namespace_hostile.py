@@ -12,7 +12,6 @@ peer's bytes.
 
 import asyncio
 import os
-import socket
 import struct
 
 import pytest
@@ -23,7 +22,7 @@ from agentix.runtime.client.hello import DIRECT_KEY
 from agentix.runtime.client.namespaces import FrameNamespaceStream
 from agentix.runtime.shared.codec import pack
 from agentix.runtime.v1 import runtime_pb2 as pb
-from fake_frames import MESSAGE, encode, fds_open, keep, status_frame, with_descriptors
+from fake_frames import MESSAGE, encode, fds_open, keep, unauthenticated, with_descriptors
 from fake_runtime import eventually
 
 pytestmark = pytest.mark.asyncio
@@ -106,11 +105,6 @@ async def test_status_16_from_a_namespace_peer_reopens_with_the_same_token(frame
     client.register_namespace(ns)
     async with client:
         metadata = client._metadata
-
-        def unauthenticated(sock: socket.socket, response: bytes) -> bool:
-            sock.sendall(status_frame(16, "the token is wrong, forget it"))
-            return False
-
         framed.frames.hostile = unauthenticated
         framed.emit_namespace("/plug", tick(1))
         await asyncio.wait_for(eventually(lambda: "disconnect" in ns.seen), BOUND_S)
