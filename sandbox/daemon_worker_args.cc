@@ -94,8 +94,10 @@ absl::StatusOr<DaemonWorkerFlags> DaemonWorkerFlagsFrom(
     if (args[i] == "--") break;
     std::optional<FlagArg> flag = SplitFlag(args[i]);
     if (!flag.has_value()) continue;
-    for (auto [name, target] : {std::pair<absl::string_view, bool*>{"direct_calls", &flags.direct_calls},
-                                {"calls_socket", &flags.calls_socket}}) {
+    const std::pair<absl::string_view, bool*> bools[] = {
+        {"direct_calls", &flags.direct_calls},
+        {"calls_socket", &flags.calls_socket}};
+    for (auto [name, target] : bools) {
       absl::StatusOr<std::optional<bool>> value = BoolFlag(*flag, name);
       if (!value.ok()) return value.status();
       if (value->has_value()) *target = **value;
