@@ -15,6 +15,7 @@ worker holding the host's connection, docs/DIRECT-CALLS.md) once: see there.
 
 import array
 import asyncio
+import contextlib
 import os
 import socket
 import struct
@@ -230,6 +231,27 @@ def with_descriptors(fd: int, count: int):
         return True
 
     return send
+
+
+@contextlib.contextmanager
+def descriptors_with_next_response(frames: "FrameServer", count: int):
+    """The block makes the server send its next response with `count`
+    descriptors of a fresh pipe attached (`with_descriptors`); on leaving it,
+    checks that the response went and that the host received none of them."""
+    before = len(fds_open())
+    read_end, write_end = os.pipe()
+    pipe = os.readlink(f"/proc/self/fd/{read_end}")
+    frames.hostile = with_descriptors(read_end, count)
+    try:
+        yield
+        assert frames.hostile is None  # the response came with the descriptors
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    after = fds_open()
+    # Had the reader taken them, `count` descriptors of the pipe would be open here.
+    assert pipe not in after.values()
+    assert len(after) < before + count
 
 
 def keep(data: bytes):

@@ -26,8 +26,8 @@ from agentix.runtime.client.frames import FrameCallsStream, FrameTransport
 from agentix.runtime.client.hello import DIRECT_KEY
 from agentix.runtime.client.payload_ring import PayloadRing
 from agentix.runtime.client.stream import NativeStreamError
-from fake_frames import (HELLO, MESSAGE, STATUS, encode, encode_hello, fds_open, keep,
-                         unauthenticated, with_descriptors)
+from fake_frames import (HELLO, MESSAGE, STATUS, descriptors_with_next_response, encode, encode_hello,
+                         keep, unauthenticated)
 
 pytestmark = pytest.mark.asyncio
 RING_MESSAGE = 5
@@ -100,19 +100,8 @@ async def test_descriptors_a_peer_sends_are_never_received_and_the_call_still_wo
     lost = watched(client)  # before the first stream takes its on_lost
     async with client:
         assert await client.remote(sandbox_functions.add, 0, 0) == 0  # everything opened
-        before = len(fds_open())
-        read_end, write_end = os.pipe()
-        pipe = os.readlink(f"/proc/self/fd/{read_end}")
-
-        framed.frames.hostile = with_descriptors(read_end, sent)
-        assert await asyncio.wait_for(client.remote(sandbox_functions.add, 2, 3), BOUND_S) == 5
-        assert framed.frames.hostile is None  # the result came with the descriptors
-        os.close(read_end)
-        os.close(write_end)
-        after = fds_open()
-        # Had the reader taken them, `sent` descriptors of the pipe would be open here.
-        assert pipe not in after.values()
-        assert len(after) < before + sent
+        with descriptors_with_next_response(framed.frames, sent):  # the result comes with them
+            assert await asyncio.wait_for(client.remote(sandbox_functions.add, 2, 3), BOUND_S) == 5
         assert lost == [] and len(framed.frames.hellos) == 1  # the same stream, unharmed
 
 
