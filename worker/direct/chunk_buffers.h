@@ -1,21 +1,22 @@
 // Recycled buffers for direct calls' result chunks (docs/DECISIONS.md,
-// "stop-40: a direct result is cut once …"). A direct call's result is copied once out of
-// the caller's Python buffers into 1 MiB chunk strings, which its session
-// retains until the host acks them. The copy runs on whichever pool thread
-// replied, so fresh strings come from that thread's malloc arena: once the
-// 16- and 64-caller phases have spread replies over many threads, a 16 MiB
-// echo faulted in 16 MiB of fresh pages each time. Chunks taken from here
-// and given back when their event is destroyed reuse the same, already
-// faulted-in memory whichever thread replies. Large direct arguments' frames
-// for the driver take theirs here too (DirectSession::ArgBytes).
+// "stop-40: a direct result is cut once …"). A direct call's result is
+// copied once out of the caller's Python buffers into 1 MiB chunk strings,
+// which its session retains until the host acks them. The copy runs on
+// whichever pool thread replied, so fresh strings come from that thread's
+// malloc arena: once the 16- and 64-caller phases have spread replies over
+// many threads, a 16 MiB echo faulted in 16 MiB of fresh pages each time.
+// Chunks taken from here and given back when their event is destroyed
+// reuse the same, already faulted-in memory whichever thread replies. Large
+// direct arguments' frames for the driver take theirs here too
+// (DirectSession::ArgBytes).
 //
 // Freeing a buffer instead would leave it in that thread's arena for good
 // (base/malloc_tuning keeps freed heap mapped): a pair of 48 MiB echoes needs
 // ~190 buffers at once, and buffers freed over many threads' arenas made the
 // worker's RSS grow round after round (docs/DECISIONS.md, "stop-40: direct
-// chunk buffers are kept, most without their pages"). So many buffers are kept, but only a
-// few keep their pages: the others give them back (madvise) and fault them
-// in again when next taken.
+// chunk buffers are kept, most without their pages"). So many buffers are
+// kept, but only a few keep their pages: the others give them back
+// (madvise) and fault them in again when next taken.
 //
 // Thread-safe; Take and Give take a leaf lock (Give may run under a
 // session's lock, from an event's deleter).
