@@ -556,18 +556,25 @@ class RuntimeClient:
             if self._stream is None or not self._stream.alive:
                 channel = await self._ready_channel()
                 self._connected_once = True
-                self._stream = self._frames.calls_stream(
+                stream = self._stream = self._frames.calls_stream(
                     self._native, channel, self._metadata, self._pending, self._stream_lost
                 )
                 if self._pending:  # calls of a lost stream: re-attach them
-                    self._stream.resume(list(self._pending.values()))
+                    stream.resume(list(self._pending.values()))
                 if self._orphan_acks:
-                    self._stream.ack_results(self._orphan_acks)
+                    stream.ack_results(self._orphan_acks)
                     self._orphan_acks = []
                 ensure_feeds(self._feeds, self, channel, self._metadata)
                 # Events the sandbox emits during the first call must find
                 # the host's namespaces open: wait for the daemon's answer.
                 await self._namespaces.confirm(self._namespaces.open(channel), min(self.timeout, _CONFIRM_SECONDS))
+                # The new stream may have been lost during that wait (a worker
+                # that died as it took the stream over): its _stream_lost
+                # started no reconnect if this is one, so this one must retry.
+                if self._stream is not stream or not stream.alive:
+                    raise RuntimeUnreachable(
+                        f"runtime server connection lost while its namespaces were confirmed: {self.base_url}"
+                    )
             return self._stream
 
     async def _stream_for_call(self) -> CallsStream:
