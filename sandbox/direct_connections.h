@@ -4,6 +4,8 @@
 // reports `direct_closed` or exits. The daemon holds no descriptor of them.
 #pragma once
 
+#include <functional>
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -29,12 +31,17 @@ class DirectConnections final : public DirectLinkListener {
 
   // A number for a connection of `client` about to be handed to the worker
   // of `generation`, counted from here on; nullopt when max_live are live.
+  // `calls`: a Calls connection, whose client's sessions the orphan timer
+  // watches (a Namespace stream's, stage 8, is not).
   std::optional<uint64_t> Reserve(uint64_t generation,
-                                  std::string_view client = {});
+                                  std::string_view client = {},
+                                  bool calls = true);
   // The connection's descriptor was handed over (HandOverConnection said
   // `guard_counted`) and the daemon's is closed: it is counted as open
-  // until the worker reports it closed.
-  void Commit(uint64_t conn, bool guard_counted);
+  // until the worker reports it closed. `on_end` (may be empty) runs once
+  // then, or when its worker exits (a Namespace stream's hub slot).
+  void Commit(uint64_t conn, bool guard_counted,
+              std::function<void()> on_end = nullptr);
   // A reserved connection was not handed over after all.
   void Cancel(uint64_t conn);
 
@@ -62,6 +69,8 @@ class DirectConnections final : public DirectLinkListener {
     bool committed = false;
     bool guard_counted = false;
     std::string client;
+    bool calls = true;
+    std::function<void()> on_end;
   };
   // A client's live connections, and since when it has none.
   struct Client {
@@ -69,7 +78,7 @@ class DirectConnections final : public DirectLinkListener {
     absl::Time orphaned_at = absl::InfiniteFuture();
   };
   void Drop(const Entry& entry);
-  void Unlive(const std::string& client) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Unlive(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t max_live_;
   StreamActivity* const activity_;

@@ -58,6 +58,38 @@ TEST_CASE("A close before the commit, a cancel and a gone worker's late "
   CHECK(direct.Reserve(2).has_value());
 }
 
+TEST_CASE("A Namespace stream's end runs its on_end once, and its client "
+          "is never an orphan", "[direct]") {
+  StreamActivity activity;
+  DirectConnections direct(4, &activity);
+  int ended = 0;
+  activity.Opened();
+  auto a = direct.Reserve(1, "", /*calls=*/false);
+  REQUIRE(a.has_value());
+  direct.Commit(*a, false, [&] { ++ended; });
+  CHECK(!direct.HasLive(""));  // the orphan timer watches Calls clients only
+  direct.OnDirectClosed(1, *a, "eof");
+  CHECK(ended == 1);
+  CHECK(activity.open() == 0);
+  direct.OnDirectWorkerGone(1);
+  CHECK(ended == 1);
+  CHECK(direct.TakeOrphans(absl::InfiniteFuture(), absl::ZeroDuration()).empty());
+  // A worker's exit runs it; so does a close that came before the commit.
+  activity.Opened();
+  auto b = direct.Reserve(2, "", false);
+  REQUIRE(b.has_value());
+  direct.Commit(*b, false, [&] { ++ended; });
+  direct.OnDirectWorkerGone(2);
+  CHECK(ended == 2);
+  activity.Opened();
+  auto c = direct.Reserve(3, "", false);
+  REQUIRE(c.has_value());
+  direct.OnDirectClosed(3, *c, "eof");
+  direct.Commit(*c, false, [&] { ++ended; });
+  CHECK(ended == 3);
+  CHECK(activity.open() == 0);
+}
+
 TEST_CASE("A client is an orphan once its last connection is closed for the "
           "timeout, reported once", "[direct]") {
   DirectConnections direct(8, nullptr);

@@ -36,6 +36,12 @@ using runtime::v1::CallsResponse;
 
 // The method paths HELLO's token is checked for: the stream it replaces.
 constexpr char kCallsMethod[] = "/agentix.runtime.v1.RuntimeService/Calls";
+// How long a Namespace stream that asked for direct waits for a booting
+// worker before it is served relayed (docs/DIRECT-CALLS.md stage 8).
+constexpr absl::Duration kNamespaceHandOverWait = absl::Seconds(2);
+// How long it waits for the name's previous direct stream to be reported
+// closed (a reconnect's, a dead worker's) before it is served relayed.
+constexpr absl::Duration kNamespaceClaimWait = absl::Milliseconds(250);
 constexpr char kNamespaceMethod[] =
     "/agentix.runtime.v1.RuntimeService/Namespace";
 // As the gRPC Calls stream: past this many unwritten bytes the stream's
@@ -452,7 +458,10 @@ class FrameWireServer::Connection {
       FrameSink::State state = sink_->Get();
       if (!state.ending && !state.broken) {
         ProcessFrames(paused);
-        if (direct_wanted_) {
+        if (direct_wanted_ && namespace_ != nullptr) {
+          if (TryHandOverNamespace()) return;  // the worker's now
+          ProcessFrames(paused);
+        } else if (direct_wanted_) {
           if (TryHandOver()) return;  // the worker's now
           // Relayed: what came after HELLO, once the client's state is here.
           if (CollapseHeldSession()) ProcessFrames(paused);
@@ -755,7 +764,15 @@ class FrameWireServer::Connection {
       namespace_->BadMessage("not a valid protobuf encoding");
       return false;
     }
-    return namespace_->Handle(ns_request_);
+    const bool opening = namespace_->name().empty();
+    if (!namespace_->Handle(ns_request_)) return false;
+    // Just opened by a host that asked for a direct stream: Run offers it
+    // to the worker before reading on (TryHandOverNamespace).
+    if (opening && ns_direct_asked_ && !namespace_->name().empty()) {
+      ns_direct_asked_ = false;
+      direct_wanted_ = true;
+    }
+    return true;
   }
 
   bool Refuse(absl::string_view why) {
@@ -854,8 +871,9 @@ class FrameWireServer::Connection {
       }
     }
     const std::string* direct_key = FindMetadata(*metadata, kFrameDirectKey);
-    const bool direct_asked = calls && server_->options_.direct != nullptr &&
-                              direct_key != nullptr && *direct_key == "1";
+    const bool direct_key_set = server_->options_.direct != nullptr &&
+                                direct_key != nullptr && *direct_key == "1";
+    const bool direct_asked = calls && direct_key_set;
     // The key without a memfd: the host reaches us through a relay that
     // passes bytes only. It gets no ring (no answer: it sends everything
     // inline, as to a daemon that does not know the key).
@@ -883,6 +901,11 @@ class FrameWireServer::Connection {
       sink_->CountIn(std::make_shared<std::atomic<int64_t>>(0));
       namespace_ = std::make_unique<NamespaceStream>(
           manager_, std::make_shared<FrameNamespaceSink>(sink_));
+      // Stage 8: decided once `open` names the namespace (TryHandOverNamespace).
+      if (direct_key_set) {
+        ns_direct_asked_ = true;
+        namespace_->AskedForDirect();
+      }
       if (server_->options_.activity != nullptr) {
         server_->options_.activity->Opened();
       }
@@ -985,6 +1008,121 @@ class FrameWireServer::Connection {
       pollfd wake{wake_fd_, POLLIN, 0};
       if (::poll(&wake, 1, 5) > 0) DrainWake(wake_fd_);
     }
+  }
+
+  // Direct Namespace streams (docs/DIRECT-CALLS.md stage 8): after `open`,
+  // hands the connection and the bytes read past `open` to the worker when
+  // the name has no other stream and the worker can take it, waiting for a
+  // booting worker's `ready`; the hub slot stays counted until the
+  // worker's direct_closed. False: the stream stays relayed (the worker is
+  // told of the host now).
+  bool TryHandOverNamespace() {
+    direct_wanted_ = false;
+    const std::string name = namespace_->name();
+    NamespaceHub& hub = manager_->namespaces();
+    DirectConnections* const direct = server_->options_.direct.get();
+    // Nothing of the daemon's may follow the worker's `opened`.
+    const FrameSink::State state = sink_->Get();
+    if (state.ending || state.broken || state.unwritten != 0) {
+      namespace_->ServeRelayed();
+      return false;
+    }
+    // The name's previous direct stream (this host's, before a reconnect
+    // or its worker's death) is about to be reported closed: wait a little.
+    const absl::Time claim_until = absl::Now() + kNamespaceClaimWait;
+    while (!hub.ClaimDirect(name, namespace_->subscriber())) {
+      if (!hub.OthersAreDirect(name, namespace_->subscriber()) ||
+          absl::Now() >= claim_until) {
+        AGX_LOG(Debug, "namespace {}: another stream has it open; served "
+                "relayed", name);
+        namespace_->ServeRelayed();
+        return false;
+      }
+      pollfd wake{wake_fd_, POLLIN, 0};
+      if (::poll(&wake, 1, 5) > 0) DrainWake(wake_fd_);
+    }
+    // The host waits for `opened` (its OPEN_TIMEOUT is 10 s): a worker not
+    // ready within this leaves the stream relayed, answered at once.
+    const absl::Time give_up = absl::Now() + kNamespaceHandOverWait;
+    bool started = false;
+    for (;;) {
+      uint64_t conn = 0;
+      const SessionManager::DirectHandOver outcome =
+          manager_->HandOverNamespace(name, [&](WorkerProcess& worker) {
+            return SendNamespaceToWorker(worker, *direct, name, conn);
+          });
+      if (outcome == SessionManager::DirectHandOver::kHandedOver) {
+        ReleaseNamespaceHandedOver(*direct, conn);
+        AGX_LOG(Debug, "namespace {} handed to the worker as direct "
+                "connection {}", name, conn);
+        return true;
+      }
+      if (outcome == SessionManager::DirectHandOver::kNotEligible) break;
+      if (outcome == SessionManager::DirectHandOver::kNoWorker) {
+        if (started || !manager_->StartWorker().ok()) break;
+        started = true;
+      }
+      if (server_->stopping_.load(std::memory_order_acquire) ||
+          absl::Now() >= give_up) {
+        break;
+      }
+      pollfd wake{wake_fd_, POLLIN, 0};
+      if (::poll(&wake, 1, 5) > 0) DrainWake(wake_fd_);
+    }
+    AGX_LOG(Debug, "namespace {}: the worker cannot take it; served relayed",
+            name);
+    hub.UnclaimDirect(namespace_->subscriber());
+    namespace_->ServeRelayed();
+    return false;
+  }
+
+  // Under the session manager's lock: queues a Namespace stream's
+  // direct_conn frame and socket for `worker`; false if it cannot.
+  bool SendNamespaceToWorker(WorkerProcess& worker, DirectConnections& direct,
+                             const std::string& name, uint64_t& conn) {
+    if (!worker.direct_capable()) return false;
+    std::optional<uint64_t> reserved =
+        direct.Reserve(worker.generation(), {}, /*calls=*/false);
+    if (!reserved) return false;
+    conn = *reserved;
+    const SessionOptions& session = manager_->options();
+    ipc::Frame frame;
+    frame.type = ipc::FrameType::kDirectConn;
+    ipc::DirectConnInfo& info = frame.direct_conn;
+    info.conn = conn;
+    info.ns_name = name;
+    info.instance_id = manager_->logs().instance_id();
+    info.max_retained_bytes = session.max_retained_bytes;
+    info.stalled_ms = static_cast<uint64_t>(
+        absl::ToInt64Milliseconds(session.stalled_host_timeout));
+    frame.data = std::string(Buffered());
+    std::string bytes;
+    std::vector<base::UniqueFd> fds;
+    fds.emplace_back(::fcntl(fd_, F_DUPFD_CLOEXEC, 0));
+    if (!fds.back().valid() || !ipc::AppendFrame(frame, bytes).ok()) {
+      direct.Cancel(conn);
+      return false;
+    }
+    worker.SendWithDescriptors(std::move(bytes), std::move(fds));
+    return true;
+  }
+
+  // After a Namespace stream's hand-over: the daemon keeps its hub slot
+  // (the cap) and its count until the worker reports the stream closed or
+  // exits.
+  void ReleaseNamespaceHandedOver(DirectConnections& direct, uint64_t conn) {
+    read_start_ = read_end_ = 0;  // sent as `pre`
+    std::shared_ptr<NamespaceSubscriber> slot = namespace_->Release();
+    // The slot delivers nothing from now on: events broadcast since the
+    // subscription are dropped with it (the worker sent them before it
+    // took the stream, i.e. before the sandbox was told of this host).
+    sink_->Close();
+    const bool guard_counted = HandOverConnection(fd_);
+    ::close(fd_);
+    ::close(wake_fd_);
+    NamespaceHub* const hub = &manager_->namespaces();
+    direct.Commit(conn, guard_counted,
+                  [hub, slot] { hub->Unsubscribe(slot.get()); });
   }
 
   // Under the session manager's lock: queues the direct_conn frame and the
@@ -1106,6 +1244,8 @@ class FrameWireServer::Connection {
   base::UniqueFd direct_ring_fd_;
   // Set by a HELLO naming the Namespace stream.
   std::unique_ptr<NamespaceStream> namespace_;
+  // Its HELLO asked for a direct stream, not yet decided (stage 8).
+  bool ns_direct_asked_ = false;
   runtime::v1::NamespaceRequest ns_request_;
 };
 

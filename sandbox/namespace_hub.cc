@@ -8,53 +8,16 @@
 namespace agentix::sandbox {
 
 absl::Status NamespaceHub::CheckName(absl::string_view name) {
-  if (name.size() > kMaxNamespaceBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("namespace name of ", name.size(),
-                     " bytes exceeds the limit of ", kMaxNamespaceBytes));
-  }
-  if (name.empty() || name[0] != '/') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "namespace '", name, "' must start with '/' (e.g. '/myplugin')"));
-  }
-  if (name == "/") {
-    return absl::InvalidArgumentError(
-        "namespace '/' cannot be opened: name the plugin's namespace");
-  }
-  if (name == "/rpc" || name == "/log" || name == "/trace") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "namespace '", name,
-        "' is reserved by agentix-core; choose another name for the plugin"));
-  }
-  return absl::OkStatus();
+  return CheckNamespaceName(name);
 }
 
 absl::Status NamespaceHub::CheckHostEvent(
     const runtime::v1::NamespaceEvent& event) {
-  // Host-chosen names the daemon forwards to the worker (which keeps
-  // handlers and pending requests by them) are bounded.
-  if (event.event().size() > kMaxEventNameBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("event name of ", event.event().size(),
-                     " bytes exceeds the limit of ", kMaxEventNameBytes));
-  }
-  if (event.request_id().size() > kMaxRequestIdBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request_id of ", event.request_id().size(),
-                     " bytes exceeds the limit of ", kMaxRequestIdBytes));
-  }
-  if (event.event() == kHostConnectedEvent) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "event name ", kHostConnectedEvent, " is reserved for the daemon"));
-  }
-  return absl::OkStatus();
+  return CheckHostNamespaceEvent(event);
 }
 
 runtime::v1::NamespaceEvent NamespaceHub::HostConnectedEvent() {
-  runtime::v1::NamespaceEvent connected;
-  connected.set_event(kHostConnectedEvent);
-  connected.set_data(std::string(1, '\xc0'));  // msgpack nil
-  return connected;
+  return sandbox::HostConnectedEvent();
 }
 
 absl::Status NamespaceHub::Subscribe(
@@ -71,8 +34,22 @@ absl::Status NamespaceHub::Subscribe(
   return absl::OkStatus();
 }
 
+void NamespaceHub::UnclaimDirect(const NamespaceSubscriber* subscriber) {
+  absl::MutexLock lock(&mu_);
+  UnclaimLocked(subscriber);
+}
+
+void NamespaceHub::UnclaimLocked(const NamespaceSubscriber* subscriber) {
+  for (auto it = direct_.begin(); it != direct_.end();) {
+    auto next = std::next(it);
+    if (it->second == subscriber) direct_.erase(it);
+    it = next;
+  }
+}
+
 void NamespaceHub::Unsubscribe(const NamespaceSubscriber* subscriber) {
   absl::MutexLock lock(&mu_);
+  UnclaimLocked(subscriber);
   for (auto it = subscribers_.begin(); it != subscribers_.end();) {
     auto& list = it->second;
     const auto removed = std::remove_if(
@@ -91,16 +68,22 @@ void NamespaceHub::Unsubscribe(const NamespaceSubscriber* subscriber) {
 size_t NamespaceHub::Broadcast(const std::string& name,
                                const std::vector<NamespaceEventPtr>& events) {
   std::vector<std::shared_ptr<NamespaceSubscriber>> targets;
+  const NamespaceSubscriber* direct = nullptr;
   {
     absl::MutexLock lock(&mu_);
     auto it = subscribers_.find(name);
     if (it != subscribers_.end()) targets = it->second;
+    auto d = direct_.find(name);
+    if (d != direct_.end()) direct = d->second;
   }
   // Outside mu_: Deliver takes the stream writer's lock, and a reaction
   // holding that lock may call Unsubscribe.
   size_t delivered = 0;
   for (const auto& target : targets) {
-    if (target->Deliver(events)) ++delivered;
+    // A handed-over stream is the worker's to write: its host has them
+    // (until the hand-over its sink still holds them for a relayed
+    // fallback; after it, the sink is closed and drops them).
+    if (target->Deliver(events) || target.get() == direct) ++delivered;
   }
   return delivered;
 }
@@ -109,6 +92,35 @@ size_t NamespaceHub::Subscribers(const std::string& name) {
   absl::MutexLock lock(&mu_);
   auto it = subscribers_.find(name);
   return it == subscribers_.end() ? 0 : it->second.size();
+}
+
+bool NamespaceHub::ClaimDirect(const std::string& name,
+                               const NamespaceSubscriber* subscriber) {
+  absl::MutexLock lock(&mu_);
+  auto it = subscribers_.find(name);
+  if (it == subscribers_.end() || it->second.size() != 1 ||
+      it->second[0].get() != subscriber || direct_.contains(name)) {
+    return false;
+  }
+  direct_[name] = subscriber;
+  return true;
+}
+
+bool NamespaceHub::OthersAreDirect(const std::string& name,
+                                   const NamespaceSubscriber* subscriber) {
+  absl::MutexLock lock(&mu_);
+  auto it = subscribers_.find(name);
+  auto d = direct_.find(name);
+  if (it == subscribers_.end() || d == direct_.end()) return false;
+  for (const auto& s : it->second) {
+    if (s.get() != subscriber && s.get() != d->second) return false;
+  }
+  return true;
+}
+
+bool NamespaceHub::HasDirect(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  return direct_.contains(name);
 }
 
 size_t NamespaceHub::OpenStreams() {

@@ -13,21 +13,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "agentix/runtime/v1/runtime.pb.h"
+#include "wire/namespace_rules.h"  // the limits, kHostConnectedEvent
 
 namespace agentix::sandbox {
-
-// Longest accepted namespace name and event name (host-chosen strings kept
-// as map keys here and in the worker).
-inline constexpr size_t kMaxNamespaceBytes = 256;
-inline constexpr size_t kMaxEventNameBytes = 1024;
-// Longest request_id of a host event (the worker keeps pending requests by
-// it); the same bound as a call id.
-inline constexpr size_t kMaxRequestIdBytes = 256;
-
-// The event the daemon sends the sandbox's agentix.sio when a host opens a
-// namespace, so requests whose event or reply a broken connection lost are
-// sent again. Reserved: a host may not send it.
-inline constexpr char kHostConnectedEvent[] = "agentix:host_connected";
 
 using NamespaceEventPtr = std::shared_ptr<const runtime::v1::NamespaceEvent>;
 
@@ -67,16 +55,38 @@ class NamespaceHub {
                    const std::vector<NamespaceEventPtr>& events);
   // Number of open streams on `name`.
   size_t Subscribers(const std::string& name);
+
+  // Direct Namespace streams (docs/DIRECT-CALLS.md stage 8). True, and
+  // `subscriber` is marked as `name`'s handed-over stream, when it is the
+  // one stream open on `name`; it stays subscribed (counted against the
+  // cap; a broadcast counts it as delivered, the worker writing to it)
+  // until Unsubscribe.
+  bool ClaimDirect(const std::string& name,
+                   const NamespaceSubscriber* subscriber);
+  // Whether the streams on `name` other than `subscriber` are all handed
+  // over (a host's previous stream whose end the worker has not reported
+  // yet, typically): a claim may succeed shortly.
+  bool OthersAreDirect(const std::string& name,
+                       const NamespaceSubscriber* subscriber);
+  // Whether `name` has a handed-over stream.
+  bool HasDirect(const std::string& name);
+  // The hand-over did not happen: `subscriber` is a relayed stream again.
+  void UnclaimDirect(const NamespaceSubscriber* subscriber);
   // Number of open streams, over all names.
   size_t OpenStreams();
 
  private:
+  void UnclaimLocked(const NamespaceSubscriber* subscriber)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const size_t max_streams_;
   absl::Mutex mu_;
   size_t open_streams_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string,
                       std::vector<std::shared_ptr<NamespaceSubscriber>>>
       subscribers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, const NamespaceSubscriber*> direct_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace agentix::sandbox

@@ -126,5 +126,54 @@ TEST_CASE("The daemon tells the sandbox of a host with a nil-payload event",
   CHECK(!NamespaceHub::CheckHostEvent(connected).ok());
 }
 
+TEST_CASE("A name's one stream may be claimed as handed over; it keeps its "
+          "slot and counts as delivered", "[namespace]") {
+  NamespaceHub hub(/*max_streams=*/2);
+  auto direct = std::make_shared<Recorder>();
+  auto other = std::make_shared<Recorder>();
+  REQUIRE(hub.Subscribe("/p", direct).ok());
+  CHECK(!hub.ClaimDirect("/q", direct.get()));  // not its name
+  CHECK(!hub.ClaimDirect("/p", other.get()));   // not subscribed there
+  CHECK(hub.ClaimDirect("/p", direct.get()));
+  CHECK(!hub.ClaimDirect("/p", direct.get()));  // once
+  CHECK(hub.HasDirect("/p"));
+  CHECK(!hub.HasDirect("/q"));
+  // The handed-over stream is written by the worker: the daemon delivers
+  // nothing to it, yet the event had a listening host.
+  direct->closed = true;
+  CHECK(hub.Broadcast("/p", {Event("e1")}) == 1);
+  CHECK(direct->received.empty());
+  // It still holds its slot under the cap; a relayed stream joins the name.
+  REQUIRE(hub.Subscribe("/p", other).ok());
+  CHECK(hub.Subscribe("/r", std::make_shared<Recorder>()).code() ==
+        absl::StatusCode::kResourceExhausted);
+  CHECK(hub.Broadcast("/p", {Event("e2")}) == 2);
+  CHECK(other->received == std::vector<std::string>{"e2"});
+  // A hand-over that did not happen makes it a relayed stream again.
+  hub.UnclaimDirect(direct.get());
+  CHECK(!hub.HasDirect("/p"));
+  CHECK(hub.Broadcast("/p", {Event("e3")}) == 1);  // `direct` is closed
+  hub.Unsubscribe(direct.get());
+  CHECK(!hub.HasDirect("/p"));
+  CHECK(hub.OpenStreams() == 1);
+  // With two streams open, neither may be claimed.
+  auto third = std::make_shared<Recorder>();
+  REQUIRE(hub.Subscribe("/p", third).ok());
+  CHECK(!hub.ClaimDirect("/p", other.get()));
+  CHECK(!hub.ClaimDirect("/p", third.get()));
+  CHECK(!hub.OthersAreDirect("/p", third.get()));  // `other` is relayed
+  // A handed-over stream whose end is not reported yet: worth a wait.
+  NamespaceHub two(4);
+  auto old_direct = std::make_shared<Recorder>();
+  auto next = std::make_shared<Recorder>();
+  REQUIRE(two.Subscribe("/n", old_direct).ok());
+  REQUIRE(two.ClaimDirect("/n", old_direct.get()));
+  REQUIRE(two.Subscribe("/n", next).ok());
+  CHECK(!two.ClaimDirect("/n", next.get()));
+  CHECK(two.OthersAreDirect("/n", next.get()));
+  two.Unsubscribe(old_direct.get());
+  CHECK(two.ClaimDirect("/n", next.get()));
+}
+
 }  // namespace
 }  // namespace agentix::sandbox

@@ -62,16 +62,40 @@ bool NamespaceStream::Open(const std::string& name) {
   }
   name_ = name;
   header.set_opened(true);
+  // A name whose stream the worker serves: it writes the name's events
+  // on the link for this one too (docs/DIRECT-CALLS.md stage 8).
+  if (manager_->namespaces().HasDirect(name)) {
+    manager_->TellNamespaceRelayed(name);
+  }
+  if (direct_asked_) {
+    opened_ = std::move(header);  // ServeRelayed, or the worker, answers
+    return true;
+  }
   sink_->WriteOpened(std::move(header));
+  TellHostConnected();
+  return true;
+}
+
+void NamespaceStream::ServeRelayed() {
+  direct_asked_ = false;
+  sink_->WriteOpened(std::move(opened_));
+  TellHostConnected();
+}
+
+void NamespaceStream::TellHostConnected() {
   // Tells the sandbox a host is listening, so requests whose event or
   // reply a broken connection lost are sent again (agentix.sio).
   absl::Status told =
-      manager_->SendNamespaceEvent(name, NamespaceHub::HostConnectedEvent());
+      manager_->SendNamespaceEvent(name_, NamespaceHub::HostConnectedEvent());
   if (!told.ok()) {
-    AGX_LOG(Debug, "namespace {}: worker not told of the host: {}", name,
+    AGX_LOG(Debug, "namespace {}: worker not told of the host: {}", name_,
             std::string(told.message()));
   }
-  return true;
+}
+
+std::shared_ptr<NamespaceStreamSink> NamespaceStream::Release() {
+  name_.clear();
+  return sink_;
 }
 
 }  // namespace agentix::sandbox

@@ -46,6 +46,21 @@ class NamespaceStream {
   // and answers `opened`; an event goes to the worker. False once the stream
   // has been ended (through the sink's Fail): stop reading it.
   bool Handle(const runtime::v1::NamespaceRequest& request);
+  // The host asked for a direct stream (docs/DIRECT-CALLS.md stage 8): a
+  // successful OpenNamespace neither answers `opened` nor tells the worker
+  // of the host. The transport hands the stream over (the worker answers;
+  // SessionManager::HandOverNamespace tells it) or calls ServeRelayed.
+  void AskedForDirect() { direct_asked_ = true; }
+  // Answers `opened`, then tells the worker of the host, as a relayed
+  // stream's Open does.
+  void ServeRelayed();
+  // The open namespace; empty before OpenNamespace.
+  const std::string& name() const { return name_; }
+  // What the hub knows the stream by.
+  const NamespaceSubscriber* subscriber() const { return sink_.get(); }
+  // The stream was handed to the worker: its hub slot is no longer this
+  // object's to drop (Close does nothing); returns its sink.
+  std::shared_ptr<NamespaceStreamSink> Release();
   // A message that is not a NamespaceRequest: ends the stream with
   // INVALID_ARGUMENT naming `error`.
   void BadMessage(absl::string_view error);
@@ -54,10 +69,13 @@ class NamespaceStream {
 
  private:
   bool Open(const std::string& name);
+  void TellHostConnected();
 
   SessionManager* const manager_;
   const std::shared_ptr<NamespaceStreamSink> sink_;
   std::string name_;  // the open namespace; empty before OpenNamespace
+  bool direct_asked_ = false;
+  runtime::v1::NamespaceResponse opened_;  // while direct_asked_
 };
 
 }  // namespace agentix::sandbox

@@ -1418,6 +1418,35 @@ SessionManager::DirectHandOver SessionManager::HandOverDirect(
   return DirectHandOver::kHandedOver;
 }
 
+SessionManager::DirectHandOver SessionManager::HandOverNamespace(
+    const std::string& name,
+    absl::FunctionRef<bool(WorkerProcess& worker)> hand_over) {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_ || worker_ == nullptr) return DirectHandOver::kNoWorker;
+  if (!worker_->booted()) return DirectHandOver::kBooting;
+  if (env_pending_generation_ != 0) return DirectHandOver::kNotEligible;
+  if (!hand_over(*worker_)) return DirectHandOver::kNotEligible;
+  const runtime::v1::NamespaceEvent connected = HostConnectedEvent();
+  ipc::Frame frame;
+  frame.type = ipc::FrameType::kNamespaceEvent;
+  frame.ns.name = name;
+  frame.ns.event = connected.event();
+  frame.data = connected.data();
+  SendToWorker(frame);
+  FlushToWorker();
+  return DirectHandOver::kHandedOver;
+}
+
+void SessionManager::TellNamespaceRelayed(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_ || worker_ == nullptr) return;
+  ipc::Frame frame;
+  frame.type = ipc::FrameType::kNsRelayed;
+  frame.ns.name = name;
+  SendToWorker(frame);
+  FlushToWorker();
+}
+
 bool SessionManager::HoldsDirectSession(const std::string& client) {
   absl::MutexLock lock(&mu_);
   return direct_held_.contains(client);

@@ -271,6 +271,18 @@ class SessionManager : public WorkerProcess::Listener {
       const std::string& client_id,
       absl::FunctionRef<bool(WorkerProcess& worker)> hand_over);
 
+  // Direct Namespace streams (docs/DIRECT-CALLS.md stage 8): runs
+  // `hand_over` with the live worker under the manager's lock when it has
+  // sent `ready` and no set_env is pending; when it returned true (the
+  // direct_conn frame queued), queues `name`'s agentix:host_connected after
+  // it, so that the requests the sandbox sends again go to the new stream.
+  DirectHandOver HandOverNamespace(
+      const std::string& name,
+      absl::FunctionRef<bool(WorkerProcess& worker)> hand_over);
+  // A relayed stream opened on `name`, which has a handed-over stream: the
+  // worker is told to write `name`'s events on the link too (ns_relayed).
+  void TellNamespaceRelayed(const std::string& name);
+
   // Direct calls, stage 4: `client`'s session comes back to the daemon
   // (docs/DIRECT-CALLS.md, "one owner at a time"). When the live worker
   // holds it (a connection of the client was handed over since the last

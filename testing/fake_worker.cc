@@ -663,7 +663,9 @@ int main(int argc, char** argv) {
         d.follow = f.direct_conn.follow;
         d.socket = std::move((*fds)[0]);
         if (fds->size() > 1) d.ring = std::move((*fds)[1]);
-        if (!serve_direct) {
+        // A Namespace stream (stage 8) is not served here: refused as a
+        // worker that cannot take it refuses it.
+        if (!serve_direct || !f.direct_conn.ns_name.empty()) {
           SendStatus(d.socket.get(), absl::StatusCode::kUnavailable,
                      "this worker does not serve direct connections");
           d.socket.Reset();

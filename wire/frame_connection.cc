@@ -293,6 +293,10 @@ bool FrameConnection::HandleFrame(const FrameView& frame) {
   if (half_closed_) return Refuse("a frame after HALF_CLOSE");
   switch (frame.kind) {
     case FrameKind::kMessage:
+      if (options_.raw_messages) {
+        consumer_->OnMessage(frame.payload);
+        return true;
+      }
       // Large argument bytes stay in the read buffer (frame_splice.h).
       if (!ParseCallsRequestSpliced(frame.payload, request_)) {
         (void)Send({UnparseableMessageError()});
@@ -418,6 +422,17 @@ absl::StatusOr<FrameConnection::Backlog> FrameConnection::Send(
     return QueueLocked(std::move(pieces));
   }
   if (!events.empty()) AppendMessagePieces(events, pieces);
+  absl::MutexLock lock(&mu_);
+  return QueueLocked(std::move(pieces));
+}
+
+absl::StatusOr<FrameConnection::Backlog> FrameConnection::SendMessages(
+    const std::vector<std::string>& messages) {
+  std::deque<OutPiece> pieces;
+  for (const std::string& message : messages) {
+    pieces.emplace_back(EncodeFrame(FrameKind::kMessage, message),
+                        /*frame_end=*/true);
+  }
   absl::MutexLock lock(&mu_);
   return QueueLocked(std::move(pieces));
 }

@@ -48,6 +48,10 @@ class FrameConnectionConsumer {
   // left in the read buffer or in the host's ring) are valid until this
   // returns: copy what is kept.
   virtual void OnRequest(SplicedRequest& request) = 0;
+  // One MESSAGE payload, unparsed, instead of OnRequest on a connection
+  // made with FrameConnectionOptions::raw_messages (a Namespace stream's:
+  // docs/DIRECT-CALLS.md stage 8). Valid until this returns.
+  virtual void OnMessage(absl::string_view payload) {}
   // HALF_CLOSE: the host sends nothing more. The consumer ends the stream
   // (Finish(kOk)) once its calls are terminal and written.
   virtual void OnHalfClose() = 0;
@@ -79,6 +83,9 @@ struct FrameConnectionOptions {
   // must only wake, e.g. write an eventfd) when PollEvents() or
   // NextDeadline() changed behind the poll thread's back.
   std::function<void()> wake;
+  // MESSAGE payloads go to OnMessage unparsed, and RING_MESSAGE is refused
+  // (a Namespace stream has no ring).
+  bool raw_messages = false;
 };
 
 class FrameConnection {
@@ -131,6 +138,9 @@ class FrameConnection {
   // kResourceExhausted when this call found the host stalled (over the
   // bound, nothing written for stalled_host_timeout: STATUS 8 is queued).
   absl::StatusOr<Backlog> Send(const std::vector<SandboxEventPtr>& events);
+  // Queues each of `messages` (serialized, e.g. NamespaceResponse) as one
+  // MESSAGE frame; as Send otherwise.
+  absl::StatusOr<Backlog> SendMessages(const std::vector<std::string>& messages);
   // A calls-CPU HELLO answer (docs/FRAME-WIRE.md "Wake-ups"): a HELLO frame
   // holding agentix-calls-cpu `value` ("wait" or "off").
   absl::StatusOr<Backlog> SendCallsCpuAnswer(absl::string_view value);

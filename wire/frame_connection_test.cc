@@ -49,7 +49,12 @@ class Recorder : public FrameConnectionConsumer {
     end = std::move(why);
   }
 
+  void OnMessage(absl::string_view payload) override {
+    messages.emplace_back(payload);
+  }
+
   std::vector<CallsRequest> requests;
+  std::vector<std::string> messages;  // raw_messages only
   size_t bulk_views = 0;
   int half_closes = 0;
   std::optional<absl::Status> end;
@@ -297,6 +302,42 @@ TEST_CASE("requests are handed over whole: in one read, split across reads, "
     CHECK(recorder.requests[1].events(0).start().call_id() == "c2");
   }
   CHECK(!recorder.end.has_value());
+}
+
+TEST_CASE("raw_messages: MESSAGE payloads unparsed, SendMessages' frames "
+          "written, no ring pieces (a Namespace stream's, stage 8)") {
+  Recorder recorder;
+  Sockets sockets;
+  FrameConnectionOptions options;
+  options.raw_messages = true;
+  // Not a CallsRequest: a raw connection hands it over as it is.
+  const std::string odd = "\xff\x01 not protobuf";
+  auto connection = Serve(sockets.served, recorder,
+                          EncodeFrame(FrameKind::kMessage, "first"), -1,
+                          std::move(options));
+  REQUIRE(recorder.messages == std::vector<std::string>{"first"});
+  WriteAll(sockets.host, EncodeFrame(FrameKind::kMessage, odd));
+  REQUIRE(Pump(*connection, [&] { return recorder.messages.size() == 2; }));
+  CHECK(recorder.messages[1] == odd);
+  CHECK(recorder.requests.empty());
+
+  auto sent = connection->SendMessages({"one", std::string(100000, 'x')});
+  REQUIRE(sent.ok());
+  std::string expected = EncodeFrame(FrameKind::kMessage, "one") +
+                         EncodeFrame(FrameKind::kMessage,
+                                     std::string(100000, 'x'));
+  std::string got;
+  REQUIRE(Pump(*connection, [&] {
+    got += ReadAvailable(sockets.host);
+    return got.size() >= expected.size();
+  }));
+  CHECK(got == expected);
+
+  // A ring piece has no ring to come from: refused.
+  WriteAll(sockets.host, EncodeFrame(FrameKind::kRingMessage, "x"));
+  Pump(*connection, [] { return false; }, absl::Seconds(5));
+  REQUIRE(recorder.end.has_value());
+  CHECK(recorder.end->code() == absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("a 9 MiB upload arrives whole through socket bytes and through "

@@ -322,11 +322,11 @@ async def test_namespace_streams_are_bounded(start_daemon):
         await _a_second_stream_is_refused_and_the_first_goes_on(daemon, first)
 
 
-async def test_a_direct_calls_daemon_serves_namespace_streams_relayed_whatever_the_host_asks(start_daemon, monkeypatch):
+async def test_a_direct_calls_daemon_keeps_the_namespace_guarantees_on_every_transport(start_daemon, monkeypatch):
     # The host asks on every frame-wire Namespace stream (HELLO agentix-direct: 1, with
-    # AGENTIX_CALLS_DIRECT=auto) while DIRECT-CALLS.md's stage 8 is not built: a daemon with
-    # --direct_calls serves it as before — requests answered, events delivered, the stream
-    # counted against --max-namespace-streams — whichever transport carries it.
+    # AGENTIX_CALLS_DIRECT=auto): a daemon with --direct_calls hands it to the worker
+    # (DIRECT-CALLS.md stage 8; gRPC streams stay relayed) — requests answered, events
+    # delivered, the stream counted against --max-namespace-streams, whichever transport.
     monkeypatch.setenv("AGENTIX_CALLS_DIRECT", "auto")
     daemon = start_daemon(extra_args=["--direct_calls", "--max-namespace-streams", "1"])
     host = HostEcho()

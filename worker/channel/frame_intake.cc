@@ -15,6 +15,7 @@
 #include "base/payload_copy.h"
 #include "base/unique_fd.h"
 #include "wire/frame_codec.h"
+#include "wire/namespace_rules.h"
 #include "worker/channel/channel_state.h"
 #include "worker/channel/intake_baton.h"
 #include "worker/channel/pickle_splitter.h"
@@ -327,6 +328,12 @@ PyObject* FrameToRecord(PyObject* self, const ipc::Frame& f,
       return FrameRecord(self, kSetEnv,
                          {PyLong_FromLong(kSetEnv), BytesOf(data)});
     case ipc::FrameType::kNamespaceEvent: {
+      // A direct Namespace stream's `opened` waits for this record
+      // (docs/DIRECT-CALLS.md stage 8): written once it is made, the host
+      // starts behind it.
+      if (st.direct != nullptr && f.ns.event == sandbox::kHostConnectedEvent) {
+        st.direct->OnHostConnected(f.ns.name);
+      }
       PyObject* error_type = f.ns.has_error ? Str(f.ns.error_type)
                                             : Py_NewRef(Py_None);
       return FrameRecord(
@@ -350,6 +357,10 @@ PyObject* FrameToRecord(PyObject* self, const ipc::Frame& f,
     case ipc::FrameType::kCallsCpuAnswer:
       if (st.direct == nullptr) break;  // never sent to such a worker
       st.direct->TellCallsCpu(f.detail);
+      return Py_NewRef(Py_None);
+    case ipc::FrameType::kNsRelayed:
+      if (st.direct == nullptr) break;  // never sent to such a worker
+      st.direct->OnNamespaceRelayed(f.ns.name);
       return Py_NewRef(Py_None);
     default:
       break;

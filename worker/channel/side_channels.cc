@@ -252,6 +252,12 @@ PyObject* ChannelSendNamespaceEvent(PyObject* self, PyObject* const* args,
     ns.has_error = true;
   }
   ns.status_code = static_cast<int>(status_code);
+  // A name whose host stream was handed over (docs/DIRECT-CALLS.md stage
+  // 8) gets it written there; the link carries it otherwise, or too.
+  ChannelState& st = Channel(self);
+  if (st.direct != nullptr && st.direct->SendNamespaceEvent(frame)) {
+    Py_RETURN_NONE;
+  }
   if (!SendSideChannelFrameNow(self, frame)) return nullptr;
   Py_RETURN_NONE;
 }

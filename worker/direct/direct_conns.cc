@@ -11,6 +11,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "agentix/runtime/v1/runtime.pb.h"
+#include "wire/namespace_rules.h"
+#include "wire/wire_limits.h"
 #include "wire/frame_connection.h"
 
 namespace agentix::worker {
@@ -50,6 +53,15 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
  public:
   Conn(uint64_t number, uint32_t follow, std::shared_ptr<DirectSession> session)
       : number_(number), follow_(follow), session_(std::move(session)) {}
+  // A Namespace stream's (docs/DIRECT-CALLS.md stage 8): no session; the
+  // host's events go to `driver` as the daemon's ns_event frames would.
+  Conn(uint64_t number, std::string ns_name, std::string instance_id,
+       DriverSink* driver)
+      : number_(number),
+        follow_(0),
+        ns_name_(std::move(ns_name)),
+        instance_id_(std::move(instance_id)),
+        driver_(driver) {}
 
   void Attach(std::unique_ptr<FrameConnection> connection,
               std::weak_ptr<Conn> self) {
@@ -68,6 +80,81 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
   void OnHalfClose() override {
     half_closed_.store(true);
     FinishIfDrained();
+  }
+  // A Namespace stream's message: the checks the daemon applies to a
+  // relayed stream's (NamespaceStream::Handle), then the event goes to
+  // the sandbox; a failed check ends the stream with the daemon's status.
+  void OnMessage(absl::string_view payload) override {
+    request_.Clear();
+    if (!request_.ParseFromArray(payload.data(),
+                                 static_cast<int>(payload.size()))) {
+      connection_->Finish(absl::StatusCode::kInvalidArgument,
+                          "unparseable NamespaceRequest message (not a valid "
+                          "protobuf encoding)");
+      return;
+    }
+    if (request_.has_open()) {
+      connection_->Finish(
+          absl::StatusCode::kFailedPrecondition,
+          absl::StrCat("this stream already carries namespace ", ns_name_,
+                       "; open one stream per namespace"));
+      return;
+    }
+    if (!request_.has_event()) return;  // an empty message: nothing to do
+    const runtime::v1::NamespaceEvent& event = request_.event();
+    const absl::Status valid = sandbox::CheckHostNamespaceEvent(event);
+    if (!valid.ok()) {
+      connection_->Finish(valid.code(), valid.message());
+      return;
+    }
+    std::vector<ipc::Frame> frames(1);
+    ipc::Frame& frame = frames[0];
+    frame.type = ipc::FrameType::kNamespaceEvent;
+    frame.ns.name = ns_name_;
+    frame.ns.event = event.event();
+    frame.ns.request_id = event.request_id();
+    if (event.has_error()) {
+      frame.ns.has_error = true;
+      frame.ns.error_type = event.error().type();
+      frame.ns.error_message = event.error().message();
+      frame.ns.status_code = event.error().status_code();
+    }
+    frame.data = event.data();
+    driver_->Send(std::move(frames));
+  }
+  bool opened_owed() const { return opened_owed_; }  // under DirectConns' mu_
+  // Whether `opened` is still owed (once true). Under DirectConns' mu_.
+  bool TakeOpenedOwed() {
+    const bool owed = opened_owed_;
+    opened_owed_ = false;
+    return owed;
+  }
+  // The answer to the host's OpenNamespace, which the daemon leaves to the
+  // worker so that the host starts after the worker took the stream.
+  void SendOpened() {
+    runtime::v1::NamespaceResponse opened;
+    opened.set_namespace_(ns_name_);
+    opened.set_instance_id(instance_id_);
+    opened.set_opened(true);
+    (void)connection_->SendMessages({opened.SerializeAsString()});
+  }
+  // One sandbox event for the host (any thread): a NamespaceResponse as
+  // the daemon writes it, written now or queued.
+  void SendNamespaceEvent(const ipc::Frame& frame) {
+    runtime::v1::NamespaceResponse response;
+    response.set_namespace_(ns_name_);
+    response.set_instance_id(instance_id_);
+    runtime::v1::NamespaceEvent* event = response.add_events();
+    event->set_event(frame.ns.event);
+    event->set_data(frame.data);
+    event->set_request_id(frame.ns.request_id);
+    if (frame.ns.has_error) {
+      runtime::v1::NamespaceError* error = event->mutable_error();
+      error->set_type(frame.ns.error_type);
+      error->set_message(frame.ns.error_message);
+      error->set_status_code(frame.ns.status_code);
+    }
+    (void)connection_->SendMessages({response.SerializeAsString()});
   }
   void OnEnd(absl::Status why) override {
     ended_ = true;
@@ -103,7 +190,8 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
   // A half-closed connection ends (STATUS 0) once its calls are terminal;
   // their events are written first, so the STATUS follows them.
   void FinishIfDrained() {
-    if (half_closed_.load() && !session_->HasOpenCalls(this)) {
+    if (half_closed_.load() &&
+        (session_ == nullptr || !session_->HasOpenCalls(this))) {
       Flush();
       connection_->Finish(absl::StatusCode::kOk, "");
     }
@@ -121,6 +209,7 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
 
   FrameConnection& connection() { return *connection_; }
   DirectSession* session() const { return session_.get(); }
+  const std::string& ns_name() const { return ns_name_; }
   uint64_t number() const { return number_; }
   bool ended() const { return ended_; }
   const std::string& why() const { return why_; }
@@ -130,6 +219,11 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
   const uint64_t number_;
   uint32_t follow_;  // direct_conn's: 0 none, 1 the first answer, 2 changes
   const std::shared_ptr<DirectSession> session_;
+  const std::string ns_name_;      // a Namespace stream's name, else empty
+  const std::string instance_id_;  // a Namespace stream's
+  DriverSink* const driver_ = nullptr;  // a Namespace stream's
+  runtime::v1::NamespaceRequest request_;  // poll side
+  bool opened_owed_ = true;  // a Namespace stream's, under DirectConns' mu_
   std::unique_ptr<FrameConnection> connection_;
   std::weak_ptr<Conn> self_;
   std::atomic<bool> half_closed_{false};
@@ -244,6 +338,10 @@ void DirectConns::Watch(int fd, uint32_t events, int op) {
 void DirectConns::Accept(const ipc::Frame& frame,
                          std::vector<base::UniqueFd> fds) {
   const ipc::DirectConnInfo& info = frame.direct_conn;
+  if (!info.ns_name.empty()) {
+    AcceptNamespace(frame, std::move(fds));
+    return;
+  }
   const DirectLimits limits = LimitsOf(info);
   std::shared_ptr<DirectSession> session;
   {
@@ -294,6 +392,90 @@ void DirectConns::Accept(const ipc::Frame& frame,
   Drive();  // its state after `pre`: interest, end, deadlines
 }
 
+void DirectConns::AcceptNamespace(const ipc::Frame& frame,
+                                  std::vector<base::UniqueFd> fds) {
+  const ipc::DirectConnInfo& info = frame.direct_conn;
+  auto conn = std::make_shared<Conn>(info.conn, info.ns_name,
+                                     info.instance_id, driver_.get());
+  FrameConnectionOptions options;
+  options.raw_messages = true;
+  if (info.max_retained_bytes > 0) {
+    options.max_unwritten_bytes = info.max_retained_bytes;
+  }
+  if (info.stalled_ms > 0) {
+    options.stalled_host_timeout = absl::Milliseconds(info.stalled_ms);
+  }
+  const int wake = wake_fd_.get();
+  options.wake = [wake] {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(wake, &one, sizeof one);
+  };
+  const int socket = fds.empty() ? -1 : fds[0].Release();
+  absl::StatusOr<std::unique_ptr<FrameConnection>> made =
+      FrameConnection::Create(socket, frame.data, /*ring_fd=*/-1, conn.get(),
+                              std::move(options));
+  if (!made.ok()) {
+    absl::MutexLock lock(&mu_);
+    closed_.emplace_back(info.conn,
+                         absl::StrCat("refused: ", made.status().message()));
+    return;
+  }
+  conn->Attach(std::move(*made), conn);
+  const int fd = conn->connection().fd();
+  {
+    absl::MutexLock lock(&mu_);
+    conns_[fd] = conn;
+    // One direct stream a name (the daemon's rule): the latest wins.
+    namespaces_[info.ns_name] = conn;
+  }
+  conn->watched = EPOLLIN;
+  Watch(fd, EPOLLIN, EPOLL_CTL_ADD);
+  conn->connection().Start();
+  Drive();
+}
+
+void DirectConns::OnHostConnected(const std::string& name) {
+  std::shared_ptr<Conn> conn;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = namespaces_.find(name);
+    if (it == namespaces_.end() || !it->second->TakeOpenedOwed()) return;
+    conn = it->second;
+  }
+  conn->SendOpened();
+  Drive();
+}
+
+bool DirectConns::SendNamespaceEvent(const ipc::Frame& frame) {
+  // One the daemon drops (over one message's limit) goes its way: the
+  // hosts' logs say so.
+  if (frame.data.size() + frame.ns.event.size() + frame.ns.request_id.size() +
+          frame.ns.error_type.size() + frame.ns.error_message.size() +
+          frame.ns.name.size() + 64 >
+      sandbox::kMaxWireItemBytes) {
+    return false;
+  }
+  std::shared_ptr<Conn> conn;
+  bool relayed = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = namespaces_.find(frame.ns.name);
+    if (it == namespaces_.end()) return false;
+    conn = it->second;
+    relayed = relayed_names_.contains(frame.ns.name);
+    // Before `opened` the sandbox has not been told of this host: nothing
+    // may precede `opened`, and the event had no listening host.
+    if (conn->opened_owed()) return !relayed;
+  }
+  conn->SendNamespaceEvent(frame);
+  return !relayed;
+}
+
+void DirectConns::OnNamespaceRelayed(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  relayed_names_.insert(name);
+}
+
 void DirectConns::TellCallsCpu(const std::string& value) {
   calls_cpu_answer_ = value;
   std::vector<std::shared_ptr<Conn>> all;
@@ -308,10 +490,17 @@ void DirectConns::TellCallsCpu(const std::string& value) {
 void DirectConns::Reap(const std::shared_ptr<Conn>& conn) {
   const int fd = conn->connection().fd();
   Watch(fd, 0, EPOLL_CTL_DEL);
-  conn->session()->Detach(conn.get());
+  if (conn->session() != nullptr) conn->session()->Detach(conn.get());
   absl::MutexLock lock(&mu_);
   closed_.emplace_back(conn->number(), conn->why());
   conns_.erase(fd);
+  if (!conn->ns_name().empty()) {
+    auto it = namespaces_.find(conn->ns_name());
+    if (it != namespaces_.end() && it->second == conn) {
+      namespaces_.erase(it);
+      relayed_names_.erase(conn->ns_name());
+    }
+  }
 }
 
 void DirectConns::ArmTimer(absl::Time at) {

@@ -28,6 +28,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -52,6 +53,22 @@ class DirectConns {
   ~DirectConns();
   DirectConns(const DirectConns&) = delete;
   DirectConns& operator=(const DirectConns&) = delete;
+
+  // Direct Namespace streams (docs/DIRECT-CALLS.md stage 8): a sandbox
+  // event of a name whose stream was handed over is written on it (any
+  // thread); true when that is all, false when the link must carry it too
+  // (no such stream, or a relayed stream is open on the name:
+  // OnNamespaceRelayed).
+  bool SendNamespaceEvent(const ipc::Frame& frame);
+  // The daemon's ns_relayed{name} (poll side).
+  void OnNamespaceRelayed(const std::string& name);
+  // The link's agentix:host_connected of `name` became the driver's record
+  // (poll side): a stream of that name handed over since is answered
+  // `opened` now. The host starts after it, so nothing it causes reaches
+  // the sandbox before the sandbox has heard of it (it would send its
+  // pending requests twice), as on a relayed stream, whose host_connected
+  // precedes the host's next frames on the link.
+  void OnHostConnected(const std::string& name);
 
   // Readable when the link or a direct socket has something to do.
   int poll_fd() const { return epoll_fd_.get(); }
@@ -155,6 +172,7 @@ class DirectConns {
               base::UniqueFd timer_fd, int link_fd, ipc::PayloadArea* area,
               std::unique_ptr<ipc::LedgerWriter> ledger);
   void Watch(int fd, uint32_t events, int op);
+  void AcceptNamespace(const ipc::Frame& frame, std::vector<base::UniqueFd> fds);
   void Reap(const std::shared_ptr<Conn>& conn);
   void ArmTimer(absl::Time at);
   void FinishHalfClosed(DirectSession* session);
@@ -197,6 +215,11 @@ class DirectConns {
   std::map<std::string, std::shared_ptr<DirectSession>> sessions_
       ABSL_GUARDED_BY(mu_);
   std::map<int, std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);  // by fd
+  // Handed-over Namespace streams by name, and the names a relayed stream
+  // was opened on meanwhile (their events go on the link too).
+  absl::flat_hash_map<std::string, std::shared_ptr<Conn>> namespaces_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> relayed_names_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<uint64_t, std::string>> closed_ ABSL_GUARDED_BY(mu_);
   absl::Time timer_at_ = absl::InfiniteFuture();  // poll side only
   std::string calls_cpu_answer_;  // the latest told (poll side only)

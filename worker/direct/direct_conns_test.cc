@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstring>
+#include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -84,6 +87,177 @@ TEST_CASE("TakeDriverFrames keeps its vectors' capacity across batches",
   }
   CHECK(largest >= kLarge);
   conns.FinishAll(absl::StatusCode::kOk, "");
+}
+
+// Reads whole frames from `fd` until `count` came (or EOF).
+std::vector<std::pair<FrameKind, std::string>> ReadFrames(int fd, size_t count) {
+  std::vector<std::pair<FrameKind, std::string>> frames;
+  std::string buffer;
+  char chunk[4096];
+  while (frames.size() < count) {
+    absl::StatusOr<sandbox::FrameView> frame = sandbox::ParseFrame(buffer);
+    REQUIRE(frame.ok());
+    if (frame->frame_bytes != 0) {
+      frames.emplace_back(frame->kind, std::string(frame->payload));
+      buffer.erase(0, frame->frame_bytes);
+      continue;
+    }
+    const ssize_t n = ::read(fd, chunk, sizeof chunk);
+    if (n <= 0) break;
+    buffer.append(chunk, static_cast<size_t>(n));
+  }
+  return frames;
+}
+
+std::string HostEvent(const std::string& event, const std::string& request_id) {
+  runtime::v1::NamespaceRequest request;
+  request.mutable_event()->set_event(event);
+  request.mutable_event()->set_data("\xc0");
+  request.mutable_event()->set_request_id(request_id);
+  return EncodeFrame(FrameKind::kMessage, request.SerializeAsString());
+}
+
+struct NamespaceConn {
+  int link[2];
+  base::UniqueFd link_read, link_write, host;
+  std::unique_ptr<DirectConns> conns;
+
+  // A Namespace stream of `name` handed over with `pre` read past `open`.
+  explicit NamespaceConn(const std::string& name, const std::string& pre = "") {
+    REQUIRE(::pipe(link) == 0);
+    link_read.Reset(link[0]);
+    link_write.Reset(link[1]);
+    auto made = DirectConns::Create(link_read.get());
+    REQUIRE(made.ok());
+    conns = std::move(*made);
+    int sockets[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sockets) == 0);
+    host.Reset(sockets[0]);
+    ipc::Frame handed;
+    handed.type = ipc::FrameType::kDirectConn;
+    handed.direct_conn.conn = 7;
+    handed.direct_conn.ns_name = name;
+    handed.direct_conn.instance_id = "inst-1";
+    handed.data = pre;
+    std::vector<base::UniqueFd> fds;
+    fds.emplace_back(sockets[1]);
+    conns->Accept(handed, std::move(fds));
+  }
+};
+
+TEST_CASE("A handed-over Namespace stream: opened, host events to the driver, "
+          "sandbox events to the host", "[direct_conns][namespace]") {
+  // The host pipelined an event behind its `open`: the daemon passes it on.
+  NamespaceConn c("/plug", HostEvent("config", ""));
+  REQUIRE(c.conns->connections() == 1);
+  // `opened` is the worker's, written once the link's host_connected for
+  // the name became the sandbox's record: the host starts behind it.
+  c.conns->OnHostConnected("/other");  // not this stream's
+  ipc::Frame early;
+  early.type = ipc::FrameType::kNamespaceEvent;
+  early.ns.name = "/plug";
+  early.ns.event = "early";
+  CHECK(c.conns->SendNamespaceEvent(early));  // dropped: no host yet
+  char byte;
+  CHECK(::recv(c.host.get(), &byte, 1, MSG_DONTWAIT) < 0);
+  c.conns->OnHostConnected("/plug");
+  auto frames = ReadFrames(c.host.get(), 1);
+  REQUIRE(frames.size() == 1);
+  runtime::v1::NamespaceResponse opened;
+  REQUIRE(opened.ParseFromString(frames[0].second));
+  CHECK(opened.opened());
+  CHECK(opened.namespace_() == "/plug");
+  CHECK(opened.instance_id() == "inst-1");
+  CHECK(opened.events_size() == 0);
+  c.conns->OnHostConnected("/plug");  // once
+
+  WriteAll(c.host.get(), HostEvent("answer:result", "r1"));
+  c.conns->Drive();
+  const std::vector<ipc::Frame>& taken = c.conns->TakeDriverFrames(0);
+  REQUIRE(taken.size() == 2);
+  CHECK(taken[0].type == ipc::FrameType::kNamespaceEvent);
+  CHECK(taken[0].ns.name == "/plug");
+  CHECK(taken[0].ns.event == "config");
+  CHECK(taken[1].ns.event == "answer:result");
+  CHECK(taken[1].ns.request_id == "r1");
+  CHECK(taken[1].data == "\xc0");
+
+  ipc::Frame out;
+  out.type = ipc::FrameType::kNamespaceEvent;
+  out.ns.name = "/plug";
+  out.ns.event = "answer";
+  out.ns.request_id = "q1";
+  out.ns.has_error = true;
+  out.ns.error_type = "Busy";
+  out.ns.status_code = 503;
+  out.data = "\x81";
+  CHECK(c.conns->SendNamespaceEvent(out));  // written here, not on the link
+  frames = ReadFrames(c.host.get(), 1);
+  REQUIRE(frames.size() == 1);
+  runtime::v1::NamespaceResponse response;
+  REQUIRE(response.ParseFromString(frames[0].second));
+  CHECK(response.namespace_() == "/plug");
+  CHECK(response.instance_id() == "inst-1");
+  REQUIRE(response.events_size() == 1);
+  CHECK(response.events(0).event() == "answer");
+  CHECK(response.events(0).request_id() == "q1");
+  CHECK(response.events(0).data() == "\x81");
+  CHECK(response.events(0).error().type() == "Busy");
+  CHECK(response.events(0).error().status_code() == 503);
+
+  // Another name's events are the link's; so are this one's, too, once a
+  // relayed stream opened on it.
+  ipc::Frame other = out;
+  other.ns.name = "/other";
+  CHECK_FALSE(c.conns->SendNamespaceEvent(other));
+  c.conns->OnNamespaceRelayed("/plug");
+  CHECK_FALSE(c.conns->SendNamespaceEvent(out));
+  CHECK(ReadFrames(c.host.get(), 1).size() == 1);  // and written here
+
+  // The host goes: the daemon is told, and the name has no stream any more.
+  c.host.Reset();
+  c.conns->Drive();
+  auto closed = c.conns->TakeClosed();
+  REQUIRE(closed.size() == 1);
+  CHECK(closed[0].first == 7);
+  CHECK(c.conns->connections() == 0);
+  CHECK_FALSE(c.conns->SendNamespaceEvent(out));
+}
+
+TEST_CASE("A handed-over Namespace stream refuses what the daemon refuses",
+          "[direct_conns][namespace]") {
+  struct Case {
+    std::string bytes;
+    uint32_t code;
+    std::string words;
+  };
+  runtime::v1::NamespaceRequest reopen;
+  reopen.mutable_open()->set_namespace_("/plug");
+  const std::vector<Case> cases = {
+      {EncodeFrame(FrameKind::kMessage, reopen.SerializeAsString()), 9,
+       "already carries namespace /plug"},
+      {HostEvent("agentix:host_connected", ""), 3, "reserved for the daemon"},
+      {HostEvent(std::string(1025, 'e'), ""), 3, "event name of 1025 bytes"},
+      {HostEvent("e", std::string(257, 'r')), 3, "request_id of 257 bytes"},
+      {EncodeFrame(FrameKind::kMessage, "\xff\xff\xff"), 3,
+       "unparseable NamespaceRequest"},
+  };
+  for (const Case& k : cases) {
+    INFO(k.words);
+    NamespaceConn c("/plug");
+    c.conns->OnHostConnected("/plug");
+    REQUIRE(ReadFrames(c.host.get(), 1).size() == 1);  // opened
+    WriteAll(c.host.get(), k.bytes);
+    c.conns->Drive();
+    auto frames = ReadFrames(c.host.get(), 1);
+    REQUIRE(frames.size() == 1);
+    REQUIRE(frames[0].first == FrameKind::kStatus);
+    uint32_t code = 0;
+    std::memcpy(&code, frames[0].second.data(), sizeof code);
+    CHECK(code == k.code);
+    CHECK(frames[0].second.find(k.words) != std::string::npos);
+    CHECK(c.conns->TakeDriverFrames(0).empty());
+  }
 }
 
 }  // namespace

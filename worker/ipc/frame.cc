@@ -43,6 +43,7 @@ constexpr TypeName kTypeNames[] = {
     {FrameType::kBarrierAsk, "barrier_ask"},
     {FrameType::kBarrier, "barrier"},
     {FrameType::kCallsCpuAnswer, "calls_cpu_answer"},
+    {FrameType::kNsRelayed, "ns_relayed"},
 };
 
 std::optional<FrameType> ParseType(std::string_view name) {
@@ -439,6 +440,11 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       PackNamespace(p, f.ns);
       PackBin(p, "data", f.data);
       break;
+    case FrameType::kNsRelayed:
+      p.pack_map(2);
+      PackStr(p, "t", "ns_relayed");
+      PackNamespace(p, f.ns);
+      break;
     case FrameType::kCall:
     case FrameType::kStreamItem:
     case FrameType::kArgChunk:
@@ -485,7 +491,8 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       break;
     case FrameType::kDirectConn: {
       const DirectConnInfo& d = f.direct_conn;
-      p.pack_map(13);
+      const bool ns = !d.ns_name.empty();
+      p.pack_map(ns ? 15 : 13);
       PackStr(p, "t", "direct_conn");
       PackInt(p, "conn", d.conn);
       PackStr(p, "client", d.client);
@@ -504,6 +511,10 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
       PackInt(p, "max_stream_window", d.max_stream_window);
       PackInt(p, "stalled_ms", d.stalled_ms);
       PackInt(p, "client_slot", d.client_slot);
+      if (ns) {
+        PackStr(p, "ns_name", d.ns_name);
+        PackStr(p, "instance", d.instance_id);
+      }
       break;
     }
     case FrameType::kDirectClosed:
@@ -668,6 +679,10 @@ absl::StatusOr<Frame> DecodeBody(std::string_view body,
       s = ReadInt(kv.val, key, f.direct_conn.stalled_ms);
     } else if (key == "client_slot") {
       s = ReadInt(kv.val, key, f.direct_conn.client_slot);
+    } else if (key == "ns_name") {
+      s = ReadBytes(kv.val, key, f.direct_conn.ns_name);
+    } else if (key == "instance") {
+      s = ReadBytes(kv.val, key, f.direct_conn.instance_id);
     } else if (key == "ring_pos") {
       s = ReadInt(kv.val, key, f.ring_pos);
       has_ring_pos = true;

@@ -47,6 +47,9 @@ enum class FrameType {
   kBarrier,   // call_id, log_seq, trace_seq: the answer to kBarrierAsk
   kCallsCpuAnswer,  // detail ("value": "wait" or "off"): the daemon's changed
                     // calls-CPU answer, for direct hosts that follow changes
+  kNsRelayed,  // ns.name: a relayed Namespace stream opened on a name whose
+               // stream was handed over; the worker writes that name's
+               // events on the link too, while the direct stream lives
   // both directions
   kNamespaceEvent,  // ns (see NamespaceEntry), data (msgpack payload)
   // worker -> daemon
@@ -129,6 +132,11 @@ struct DirectConnInfo {
   // The client's slot in the payload area's ledger (ledger.h), assigned by
   // the daemon at the client's first hand-over.
   uint32_t client_slot = 0;
+  // A Namespace stream's connection (docs/DIRECT-CALLS.md stage 8): the
+  // namespace it opened (empty: a Calls connection) and the daemon's
+  // instance id, which every NamespaceResponse carries.
+  std::string ns_name;
+  std::string instance_id;
 };
 
 // One decoded frame. Only the fields its type lists are meaningful.

@@ -160,6 +160,26 @@ TEST_CASE("collapse and session_state round-trip", "[ipc]") {
   conn.direct_conn.client_slot = 41;
   got = Decode(Encode(conn));
   CHECK(got.direct_conn.client_slot == 41);
+  CHECK(got.direct_conn.ns_name.empty());
+
+  // A Namespace stream's names its namespace and the daemon's instance id
+  // (docs/DIRECT-CALLS.md stage 8); a Calls connection's frame is unchanged.
+  const std::string calls_bytes = Encode(conn);
+  conn.direct_conn.ns_name = "/plug";
+  conn.direct_conn.instance_id = "inst-9";
+  const std::string ns_bytes = Encode(conn);
+  CHECK(ns_bytes.size() > calls_bytes.size());
+  got = Decode(ns_bytes);
+  CHECK(got.direct_conn.ns_name == "/plug");
+  CHECK(got.direct_conn.instance_id == "inst-9");
+  CHECK(got.direct_conn.client_slot == 41);
+
+  Frame relayed;
+  relayed.type = FrameType::kNsRelayed;
+  relayed.ns.name = "/plug";
+  got = Decode(Encode(relayed));
+  CHECK(got.type == FrameType::kNsRelayed);
+  CHECK(got.ns.name == "/plug");
 }
 
 TEST_CASE("Direct calls' side-channel frames round-trip", "[ipc][direct]") {

@@ -120,6 +120,9 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
         self._namespace_outboxes: dict[str, list[asyncio.Queue]] = {}
         self.namespace_refusals: dict[str, tuple[grpc.StatusCode, str]] = {}
         self.namespace_silent: set[str] = set()
+        # When set, a Namespace stream opened from now on is confirmed only
+        # once this event is (a slow confirmation, under the test's control).
+        self.namespace_gate: asyncio.Event | None = None
         self.namespace_answer: Callable[[str, pb.NamespaceEvent], list[pb.NamespaceEvent]] | None = None
         self.namespaces_opened = 0
         # GetInfo probes to answer UNAVAILABLE (a connection cut mid-probe).
@@ -256,6 +259,8 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
 
         reader = asyncio.ensure_future(read())
         try:
+            if (gate := self.namespace_gate) is not None:
+                await gate.wait()
             await context_.write(pb.NamespaceResponse(namespace=path, opened=True, instance_id=self.instance_id))
             while (item := await outbox.get()) is not None:
                 if isinstance(item, tuple):

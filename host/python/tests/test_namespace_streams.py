@@ -308,6 +308,38 @@ async def test_a_lost_stream_warns_disconnects_and_is_reopened_by_the_next_call(
     assert runtime.namespaces_opened == 2
 
 
+async def test_a_calls_stream_lost_while_its_reconnect_confirms_the_namespaces_is_reconnected_again(runtime):
+    # Stop 41's direct-namespace hang: the reconnect's new Calls stream (the
+    # pending call resumed on it) was lost while the reconnect waited for its
+    # namespaces' confirmation; the loss did not start a reconnect (one was
+    # running) and the running one returned as if connected: the call waited
+    # for ever with no stream. Here the confirmation waits for a gate and the
+    # new stream is dropped meanwhile: a third stream must resume the call.
+    ns = Recorder()
+    client = RuntimeClient(runtime.url, reconnection_delay=0.05)
+    client.register_namespace(ns)
+    async with client:
+        call = asyncio.create_task(client.remote(sandbox_functions.sleep_forever))
+        await eventually(lambda: runtime.started)
+        (call_id,) = runtime.started
+        runtime.namespace_gate = asyncio.Event()
+        runtime.drop_namespaces()
+        await eventually(lambda: not client._namespace_streams["/plug"].alive)
+        namespaces_opened = runtime.namespaces_opened
+        runtime.drop_streams()
+        await eventually(lambda: runtime.streams_opened == 2 and runtime.namespaces_opened == namespaces_opened + 1)
+        runtime.drop_streams()
+        await eventually(lambda: client._stream is None)
+        runtime.namespace_gate.set()
+        await eventually(lambda: runtime.streams_opened == 3 and client._stream is not None and client._stream.alive)
+        await eventually(lambda: len(runtime.events("resume")) == 2)
+        assert [list(resume.call_ids) for resume in runtime.events("resume")] == [[call_id], [call_id]]
+        assert not call.done()
+        assert await client.remote(sandbox_functions.add, 3, 4) == 7
+    with pytest.raises(RuntimeUnreachable, match="closed"):
+        await call
+
+
 async def test_aclose_is_idempotent_and_disconnects_once(runtime, plugin, caplog):
     client, ns = plugin
     stream = client._namespace_streams["/plug"]

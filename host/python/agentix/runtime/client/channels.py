@@ -1,6 +1,6 @@
 """A client's gRPC channels: the options every channel gets, making one
-(TLS or not), the native transport's extension, and closing without waiting
-for ever."""
+(TLS or not), the native transport's extension, a failed one's error, and
+closing without waiting for ever."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from agentix.runtime.client import wire
+from agentix.runtime.client.errors import RuntimeUnreachable, Unauthenticated
 from agentix.runtime.client.tls import TlsFiles
 from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.runtime.v1 import runtime_pb2_grpc as pb_grpc
@@ -27,6 +28,7 @@ __all__ = [
     "native_calls_module",
     "new_channel",
     "open_channel",
+    "unreachable",
 ]
 
 _log = logging.getLogger("agentix.runtime.client")
@@ -235,6 +237,13 @@ async def open_channel(
     else:
         native.channel = native_channel
     return channel
+
+
+def unreachable(error: grpc.aio.AioRpcError, base_url: str) -> RuntimeUnreachable | Unauthenticated:
+    """The client's error for a channel that failed to open or probe."""
+    if error.code() == grpc.StatusCode.UNAUTHENTICATED:
+        return Unauthenticated(f"runtime at {base_url} refused the token (UNAUTHENTICATED: {error.details()})")
+    return RuntimeUnreachable(f"runtime server unreachable at {base_url}: {error.code().name}: {error.details()}")
 
 
 async def bounded(awaitable: Awaitable[Any], what: str) -> None:

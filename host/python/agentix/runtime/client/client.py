@@ -39,7 +39,8 @@ from agentix.runtime.client.bundle_check import BundleCheck
 from agentix.runtime.client.logs import LogCursor, LogsStream
 from agentix.runtime.client._sio_facade import AsyncClientNamespace
 from agentix.runtime.client.chunking import CHUNK_BYTES
-from agentix.runtime.client.channels import CheckedChannel, NativeTransport, bounded, close_channel, open_channel
+from agentix.runtime.client.channels import (CheckedChannel, NativeTransport, bounded, close_channel, open_channel,
+                                             unreachable)
 from agentix.runtime.client.frames import FrameWire
 from agentix.runtime.client.payload_ring import native_copy
 from agentix.runtime.client.feeds import Feed, ensure_feeds, reopen_lost_feeds, settle_feeds, wait_barrier
@@ -500,7 +501,7 @@ class RuntimeClient:
                 pb.GetInfoRequest(), timeout=self.timeout, metadata=self._metadata
             )
         except grpc.aio.AioRpcError as error:
-            raise self._unreachable(error) from error
+            raise unreachable(error, self.base_url) from error
 
     def _pending_call_ids(self) -> list[str]:
         """Ids of the calls still awaiting their terminal event, for diagnostics and tests."""
@@ -556,18 +557,22 @@ class RuntimeClient:
             if self._stream is None or not self._stream.alive:
                 channel = await self._ready_channel()
                 self._connected_once = True
-                self._stream = self._frames.calls_stream(
+                stream = self._stream = self._frames.calls_stream(
                     self._native, channel, self._metadata, self._pending, self._stream_lost
                 )
                 if self._pending:  # calls of a lost stream: re-attach them
-                    self._stream.resume(list(self._pending.values()))
+                    stream.resume(list(self._pending.values()))
                 if self._orphan_acks:
-                    self._stream.ack_results(self._orphan_acks)
+                    stream.ack_results(self._orphan_acks)
                     self._orphan_acks = []
                 ensure_feeds(self._feeds, self, channel, self._metadata)
                 # Events the sandbox emits during the first call must find
                 # the host's namespaces open: wait for the daemon's answer.
                 await self._namespaces.confirm(self._namespaces.open(channel), min(self.timeout, _CONFIRM_SECONDS))
+                # The stream may be lost during that wait; its _stream_lost then
+                # started no reconnect if this is one, so this one must retry.
+                if self._stream is not stream or not stream.alive:
+                    raise RuntimeUnreachable(f"runtime server connection lost while connecting: {self.base_url}")
             return self._stream
 
     async def _stream_for_call(self) -> CallsStream:
@@ -620,17 +625,10 @@ class RuntimeClient:
                 self._target, self._tls, self._native, self.timeout, self._metadata, defer, self.checked_channel
             )
         except grpc.aio.AioRpcError as error:
-            raise self._unreachable(error) from error
+            raise unreachable(error, self.base_url) from error
         self._channel = channel
         self._channel_broken = False
         return channel
-
-    def _unreachable(self, error: grpc.aio.AioRpcError) -> RuntimeUnreachable | Unauthenticated:
-        if error.code() == grpc.StatusCode.UNAUTHENTICATED:
-            return Unauthenticated(f"runtime at {self.base_url} refused the token (UNAUTHENTICATED: {error.details()})")
-        return RuntimeUnreachable(
-            f"runtime server unreachable at {self.base_url}: {error.code().name}: {error.details()}"
-        )
 
     @staticmethod
     def _start_request(

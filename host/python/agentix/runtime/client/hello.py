@@ -8,9 +8,9 @@ The HELLO keys of the host's own (not gRPC metadata) are named here, with
 Namespace stream, asks to be served by the worker (docs/DIRECT-CALLS.md):
 ``auto`` (also unset or empty) sends ``agentix-direct: 1``, ``off`` never.
 A daemon run without ``--direct_calls`` (its default), or one that does not
-know the key, ignores it, as every daemon does on a Namespace stream so far;
-one with it may hand a Calls connection to the worker, whose frames the
-reader then treats as a hostile peer's (it already treats the daemon's so)."""
+know the key, ignores it; one with it may hand the connection to the worker
+(a Namespace stream after its ``open``), whose frames the reader then treats
+as a hostile peer's (it already treats the daemon's so)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ STREAM_KEY = "agentix-stream"
 NAMESPACE_STREAM = "namespace"
 # The HELLO key of a connection that asks to be served by the worker
 # (docs/DIRECT-CALLS.md): Calls connections and, from stop 41, Namespace
-# streams (stage 8; a daemon that serves them relayed ignores it).
+# streams (stage 8).
 DIRECT_KEY = "agentix-direct"
 CALLS_DIRECT_ENV = "AGENTIX_CALLS_DIRECT"
 _DIRECT_MODES = ("auto", "off")
