@@ -36,6 +36,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "agentix/runtime/v1/runtime.pb.h"
@@ -111,7 +112,8 @@ class CallTable {
     absl::Time last_upload_progress;  // while args_received < args_expected
     bool terminal = false;
     // Every event sent for this call, kept for replay until acknowledged.
-    std::vector<SandboxEventPtr> delivered;
+    // Most calls have one (their result): kept inline, no allocation.
+    absl::InlinedVector<SandboxEventPtr, 1> delivered;
     std::list<std::string>::iterator retained_pos;
     uint64_t retained_bytes = 0;  // of `delivered`, once terminal
   };

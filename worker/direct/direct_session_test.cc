@@ -15,6 +15,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <deque>
+#include <iterator>
 #include <map>
 #include <thread>
 
@@ -39,8 +40,10 @@ using sandbox::SandboxEventPtr;
 class LogConn final : public DirectResponseSink {
  public:
   explicit LogConn(std::shared_ptr<EventLog> log) : log_(std::move(log)) {}
-  void Send(std::vector<SandboxEventPtr> events) override {
-    log_->Add(std::move(events));
+  void Send(absl::Span<SandboxEventPtr> events) override {
+    log_->Add(std::vector<SandboxEventPtr>(
+        std::make_move_iterator(events.begin()),
+        std::make_move_iterator(events.end())));
   }
 
  private:
@@ -85,7 +88,7 @@ class FakeWorkerDriver final : public DriverSink {
     reader_ = std::thread([this, &session] { ReadLoop(session); });
   }
 
-  void Send(std::vector<ipc::Frame> frames) override {
+  void Send(absl::Span<ipc::Frame> frames) override {
     absl::MutexLock lock(&mu_);
     for (const ipc::Frame& frame : frames) {
       REQUIRE(frame.type != ipc::FrameType::kShutdown);
@@ -202,7 +205,7 @@ TEST_CASE("DirectSession keeps every Calls guarantee (the owner scenarios)",
 // exact content (what the daemon writes on the link for a relayed call).
 class RecordingDriver final : public DriverSink {
  public:
-  void Send(std::vector<ipc::Frame> frames) override {
+  void Send(absl::Span<ipc::Frame> frames) override {
     for (auto& f : frames) frames_.push_back(std::move(f));
   }
   std::vector<ipc::Frame> frames_;
@@ -210,7 +213,7 @@ class RecordingDriver final : public DriverSink {
 
 class RecordingConn final : public DirectResponseSink {
  public:
-  void Send(std::vector<SandboxEventPtr> events) override {
+  void Send(absl::Span<SandboxEventPtr> events) override {
     for (auto& e : events) events_.push_back(std::move(e));
   }
   std::vector<SandboxEventPtr> events_;
