@@ -1,10 +1,8 @@
 #include "calls/call_table.h"
 
-#include <cstddef>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/arena.h"
 #include "wire/call_context.h"
 
 namespace agentix::calls {
@@ -74,32 +72,9 @@ ipc::Frame MakeCallFrame(const std::string& id, const StartCall& start,
   return frame;
 }
 
-namespace {
-
-// A worker output's event with its messages and string objects on an arena
-// whose first block is inline, in one allocation with the shared_ptr's
-// count: a small result costs one malloc (and its call id's bytes) instead
-// of one for the event, its CallResult and each string object (stop 42:
-// the direct worker makes one a call under its GIL; the daemon one a
-// relayed call). Larger outputs spill into arena blocks of their own.
-struct ArenaEvent {
-  static constexpr size_t kInlineBytes = 512;
-  alignas(std::max_align_t) char block[kInlineBytes];
-  google::protobuf::Arena arena{block, kInlineBytes};
-};
-
-std::shared_ptr<SandboxEvent> NewArenaEvent() {
-  auto holder = std::make_shared<ArenaEvent>();
-  SandboxEvent* event =
-      google::protobuf::Arena::CreateMessage<SandboxEvent>(&holder->arena);
-  return std::shared_ptr<SandboxEvent>(std::move(holder), event);
-}
-
-}  // namespace
-
 std::shared_ptr<SandboxEvent> EventFromWorkerFrame(ipc::Frame& frame,
                                                    bool& terminal) {
-  auto event = NewArenaEvent();
+  auto event = std::make_shared<SandboxEvent>();
   terminal = true;
   switch (frame.type) {
     case ipc::FrameType::kResultChunk: {

@@ -252,44 +252,6 @@ TEST_CASE("CallTable: uploads — offsets, gaps, overruns, idle uploads",
   REQUIRE(out.empty());
 }
 
-TEST_CASE("EventFromWorkerFrame's events hold their fields on their own, "
-          "small and large", "[calls]") {
-  for (size_t size : {size_t{1}, size_t{400}, size_t{600}, size_t{1} << 20}) {
-    std::shared_ptr<SandboxEvent> kept;
-    {
-      ipc::Frame frame;
-      frame.type = ipc::FrameType::kResult;
-      frame.call_id = std::string(200, 'i');  // longer than the inline block
-      frame.encoding = runtime::v1::ENCODING_MSGPACK;
-      frame.total_size = size;
-      frame.data.assign(size, 'v');
-      bool terminal = false;
-      std::shared_ptr<SandboxEvent> event = EventFromWorkerFrame(frame,
-                                                                 terminal);
-      REQUIRE(terminal);
-      event->mutable_result()->set_log_seq(7);  // stamped after, as owners do
-      kept = event;
-    }  // the frame and the first reference are gone
-    REQUIRE(kept->result().call_id() == std::string(200, 'i'));
-    REQUIRE(kept->result().value() == std::string(size, 'v'));
-    REQUIRE(kept->result().value_size() == size);
-    REQUIRE(kept->result().log_seq() == 7);
-    SandboxEvent parsed;
-    REQUIRE(parsed.ParseFromString(kept->SerializeAsString()));
-    REQUIRE(parsed.result().value().size() == size);
-  }
-  ipc::Frame item;
-  item.type = ipc::FrameType::kStreamItem;
-  item.call_id = "s";
-  item.index = 3;
-  item.data = "x";
-  bool terminal = true;
-  auto event = EventFromWorkerFrame(item, terminal);
-  REQUIRE(!terminal);
-  REQUIRE(event->stream_item().index() == 3);
-  REQUIRE(event->stream_item().value() == "x");
-}
-
 TEST_CASE("CallTable: worker output over one chunk is cut; windows clamp",
           "[calls]") {
   CallTableLimits limits;
