@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <list>
 #include <memory>
 #include <string>
@@ -36,6 +37,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "agentix/runtime/v1/runtime.pb.h"
@@ -111,7 +113,8 @@ class CallTable {
     absl::Time last_upload_progress;  // while args_received < args_expected
     bool terminal = false;
     // Every event sent for this call, kept for replay until acknowledged.
-    std::vector<SandboxEventPtr> delivered;
+    // Most calls have one (their result): kept inline, no allocation.
+    absl::InlinedVector<SandboxEventPtr, 1> delivered;
     std::list<std::string>::iterator retained_pos;
     uint64_t retained_bytes = 0;  // of `delivered`, once terminal
   };
@@ -329,7 +332,7 @@ class CallTable {
         it->second.client != client) {
       return false;
     }
-    retained_order_.erase(it->second.retained_pos);
+    Recycle(it->second.retained_pos);
     retained_bytes_ -= std::min(retained_bytes_, it->second.retained_bytes);
     calls_.erase(it);
     finished_.Remember(id);
@@ -347,7 +350,7 @@ class CallTable {
     if (!terminal) return;
     call.terminal = true;
     if (call.args_received < call.args_expected) uploading_.erase(id);
-    call.retained_pos = retained_order_.insert(retained_order_.end(), id);
+    call.retained_pos = Retain(id);
     call.retained_bytes = 0;
     for (const auto& e : call.delivered) call.retained_bytes += e->ByteSizeLong();
     retained_bytes_ += call.retained_bytes;
@@ -356,8 +359,8 @@ class CallTable {
     while (retained_order_.size() > limits_.max_retained_results ||
            (retained_bytes_ > limits_.max_retained_bytes &&
             retained_order_.size() > 1)) {
-      const std::string oldest = retained_order_.front();
-      retained_order_.pop_front();
+      Recycle(retained_order_.begin());
+      const std::string& oldest = spare_order_.front();  // until the next one
       auto victim = calls_.find(oldest);
       if (victim != calls_.end()) {
         if (on_evict_) on_evict_(oldest, victim->second);
@@ -445,9 +448,31 @@ class CallTable {
   }
 
  private:
+  // The retention order's node for `id`, at the back: a spare node when
+  // there is one, so a call in the steady state allocates neither a node
+  // nor its id's copy (the spare's string keeps its capacity).
+  std::list<std::string>::iterator Retain(const std::string& id) {
+    if (spare_order_.empty()) {
+      return retained_order_.insert(retained_order_.end(), id);
+    }
+    spare_order_.front().assign(id);
+    retained_order_.splice(retained_order_.end(), spare_order_,
+                           spare_order_.begin());
+    return std::prev(retained_order_.end());
+  }
+  // Takes `pos` out of the retention order into the spare nodes' front (its
+  // id readable there until the next Retain or Recycle).
+  void Recycle(std::list<std::string>::iterator pos) {
+    spare_order_.splice(spare_order_.begin(), retained_order_, pos);
+    if (spare_order_.size() > kSpareOrderNodes) spare_order_.pop_back();
+  }
+  // Enough for the retained count's usual swings; ~100 bytes each.
+  static constexpr size_t kSpareOrderNodes = 1024;
+
   const CallTableLimits limits_;
   Map calls_;
   std::list<std::string> retained_order_;
+  std::list<std::string> spare_order_;  // Recycle'd nodes, for Retain
   uint64_t retained_bytes_ = 0;
   uint64_t evicted_ = 0;
   sandbox::FinishedIds finished_;

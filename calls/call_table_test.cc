@@ -129,6 +129,46 @@ TEST_CASE("CallTable: retention is bounded by count and bytes; evicted ids "
   REQUIRE(TypeOf(out.back()) == "ResultUnavailable");
 }
 
+TEST_CASE("CallTable: eviction follows the order calls ended, acked calls' "
+          "places reused", "[calls]") {
+  CallTableLimits limits;
+  limits.max_retained_results = 2;
+  Table table(limits);
+  auto a = std::make_shared<Stream>();
+  Table::Out out;
+  auto finish = [&](const std::string& id) {
+    Table::Call* call = Begin(table, a, "A", Start(id), out);
+    REQUIRE(call != nullptr);
+    table.Emit(id, *call, Result(id, "v"), true, out);
+  };
+  // Each ack frees a place that a later call reuses; that call is then the
+  // newest, not the acked call's old place in the order.
+  for (int round = 0; round < 3; ++round) {
+    const std::string p = std::to_string(round);
+    finish(p + "a");
+    finish(p + "b");
+    REQUIRE(table.Ack("A", p + "a"));
+    finish(p + "c");
+    REQUIRE(table.retained_results() == 2);
+    finish(p + "d");  // evicts the oldest retained, b
+    REQUIRE(table.Find(p + "b") == nullptr);
+    REQUIRE(table.IsFinished(p + "b"));
+    REQUIRE(table.Find(p + "c") != nullptr);
+    REQUIRE(table.Find(p + "d") != nullptr);
+    REQUIRE(table.Ack("A", p + "c"));
+    REQUIRE(table.Ack("A", p + "d"));
+    REQUIRE(table.retained_results() == 0);
+  }
+  // A long id after short ones: its place holds all of it.
+  const std::string long_id(200, 'L');
+  finish(long_id);
+  finish("x");
+  finish("y");  // evicts long_id, found by its whole id
+  REQUIRE(table.Find(long_id) == nullptr);
+  REQUIRE(table.IsFinished(long_id));
+  REQUIRE(table.Find("x") != nullptr);
+}
+
 TEST_CASE("CallTable: resume re-attaches and replays; acks of stream items "
           "drop them", "[calls]") {
   Table table(CallTableLimits{});

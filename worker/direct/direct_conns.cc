@@ -30,7 +30,7 @@ using sandbox::SplicedRequest;
 // from empty (stop 40: the direct worker's malloc and Frame moves).
 class DirectConns::Driver final : public DriverSink {
  public:
-  void Send(std::vector<ipc::Frame> frames) override {
+  void Send(absl::Span<ipc::Frame> frames) override {
     absl::MutexLock lock(&mu_);
     for (ipc::Frame& f : frames) pending_.push_back(std::move(f));
   }
@@ -107,8 +107,7 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
       connection_->Finish(valid.code(), valid.message());
       return;
     }
-    std::vector<ipc::Frame> frames(1);
-    ipc::Frame& frame = frames[0];
+    ipc::Frame frame;
     frame.type = ipc::FrameType::kNamespaceEvent;
     frame.ns.name = ns_name_;
     frame.ns.event = event.event();
@@ -120,7 +119,7 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
       frame.ns.status_code = event.error().status_code();
     }
     frame.data = event.data();
-    driver_->Send(std::move(frames));
+    driver_->Send(absl::MakeSpan(&frame, 1));
   }
   bool opened_owed() const { return opened_owed_; }  // under DirectConns' mu_
   // Whether `opened` is still owed (once true). Under DirectConns' mu_.
@@ -166,25 +165,24 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
   // ---- DirectResponseSink (any thread, under the session's lock) ----
   // Held until Flush, so that the replies of one batch of calls share one
   // write, as the link's replies share one write per flush().
-  void Send(std::vector<SandboxEventPtr> events) override {
+  void Send(absl::Span<SandboxEventPtr> events) override {
     absl::MutexLock lock(&mu_);
-    if (held_.empty()) {
-      held_ = std::move(events);
-    } else {
-      for (SandboxEventPtr& e : events) held_.push_back(std::move(e));
-    }
+    for (SandboxEventPtr& e : events) held_.push_back(std::move(e));
   }
 
   // Writes what Send held (non-blocking; the rest is queued for the poll
   // side). Over the bound the poll side's stalled-host deadline ends the
-  // connection with STATUS 8, its calls kept for a resume.
+  // connection with STATUS 8, its calls kept for a resume. The held and
+  // the flushing vector swap, so both keep their capacity (stop 42: no
+  // vector a reply); one flush at a time keeps the batches in order.
   void Flush() {
-    std::vector<SandboxEventPtr> events;
+    absl::MutexLock flushing(&flush_mu_);
     {
       absl::MutexLock lock(&mu_);
-      events.swap(held_);
+      flushing_.swap(held_);
     }
-    if (!events.empty()) (void)connection_->Send(events);
+    if (!flushing_.empty()) (void)connection_->Send(flushing_);
+    flushing_.clear();
   }
 
   // A half-closed connection ends (STATUS 0) once its calls are terminal;
@@ -210,6 +208,7 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
   FrameConnection& connection() { return *connection_; }
   DirectSession* session() const { return session_.get(); }
   const std::string& ns_name() const { return ns_name_; }
+  bool half_closed() const { return half_closed_.load(); }
   uint64_t number() const { return number_; }
   bool ended() const { return ended_; }
   const std::string& why() const { return why_; }
@@ -229,6 +228,8 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
   std::atomic<bool> half_closed_{false};
   absl::Mutex mu_;
   std::vector<SandboxEventPtr> held_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex flush_mu_;  // taken before mu_
+  std::vector<SandboxEventPtr> flushing_ ABSL_GUARDED_BY(flush_mu_);
   bool ended_ = false;  // poll side
   bool collapsed_ = false;  // poll side
   std::string why_;
@@ -721,7 +722,9 @@ void DirectConns::FinishHalfClosed(DirectSession* session) {
   {
     absl::MutexLock lock(&mu_);
     for (auto& [fd, conn] : conns_) {
-      if (conn->session() == session) conns.push_back(conn);
+      if (conn->session() == session && conn->half_closed()) {
+        conns.push_back(conn);
+      }
     }
   }
   for (const auto& conn : conns) conn->FinishIfDrained();
@@ -781,6 +784,15 @@ void DirectConns::OnBarrier(const ipc::Frame& answer, uint64_t untagged,
 
 bool DirectConns::Deliver(std::vector<ipc::Frame>& frames) {
   std::shared_ptr<DirectSession> owner;
+  {
+    absl::MutexLock lock(&mu_);
+    if (sessions_.size() == 1) owner = sessions_.begin()->second;
+  }
+  if (owner != nullptr) {  // one client, the common case: one lookup
+    if (!owner->HandleCallOutput(frames)) return false;
+    FinishHalfClosed(owner.get());
+    return true;
+  }
   {
     absl::MutexLock lock(&mu_);
     for (auto& [client, session] : sessions_) {

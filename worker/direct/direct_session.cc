@@ -81,15 +81,13 @@ void DirectSession::HandleRequest(
     const runtime::v1::CallsRequest& request,
     absl::Span<const std::optional<std::string_view>> bulk) {
   static const std::optional<std::string_view> kInMessage;
-  Out out;
-  std::vector<ipc::Frame> to_driver;
   absl::MutexLock lock(&mu_);
   for (int i = 0; i < request.events_size(); ++i) {
     Apply(conn, request.events(i),
-          static_cast<size_t>(i) < bulk.size() ? bulk[i] : kInMessage, out,
-          to_driver);
+          static_cast<size_t>(i) < bulk.size() ? bulk[i] : kInMessage, out_,
+          to_driver_);
   }
-  Flush(out, to_driver);
+  Flush(out_, to_driver_);
 }
 
 void DirectSession::Apply(const std::shared_ptr<DirectResponseSink>& conn,
@@ -229,10 +227,23 @@ void DirectSession::FailCall(const std::string& id, Call& call,
 
 absl::Status DirectSession::HandleDriverFrames(
     std::vector<ipc::Frame>& frames) {
-  absl::Status status;
-  Out out;
-  std::vector<ipc::Frame> to_driver;
   absl::MutexLock lock(&mu_);
+  return HandleDriverFramesLocked(frames);
+}
+
+bool DirectSession::HandleCallOutput(std::vector<ipc::Frame>& frames) {
+  absl::MutexLock lock(&mu_);
+  if (frames.empty() || table_->FindOpen(frames.front().call_id) == nullptr) {
+    return false;
+  }
+  (void)HandleDriverFramesLocked(frames);
+  return true;
+}
+
+absl::Status DirectSession::HandleDriverFramesLocked(
+    std::vector<ipc::Frame>& frames) {
+  absl::Status status;
+  Out& out = out_;
   for (ipc::Frame& frame : frames) {
     if (!calls::IsCallOutput(frame.type)) {
       if (status.ok()) {
@@ -259,23 +270,22 @@ absl::Status DirectSession::HandleDriverFrames(
     if (event != nullptr) StampBarrier(frame, *event);
     Emit(frame.call_id, *call, std::move(event), terminal, out);
   }
-  Flush(out, to_driver);
+  Flush(out, to_driver_);
   return status;
 }
 
 bool DirectSession::ExpireUploads(absl::Time now) {
-  Out out;
-  std::vector<ipc::Frame> to_driver;
   absl::MutexLock lock(&mu_);
+  if (!table_->uploading()) return false;  // the common case: nothing to do
   for (const std::string& id : table_->ExpiredUploads(now)) {
     Call& call = *table_->FindOpen(id);
     FailCall(id, call,
              calls::UploadTimeoutError(id, call.args_received,
                                        call.args_expected,
                                        table_->limits().upload_idle_timeout),
-             out, to_driver);
+             out_, to_driver_);
   }
-  Flush(out, to_driver);
+  Flush(out_, to_driver_);
   return table_->uploading();
 }
 
@@ -283,16 +293,17 @@ void DirectSession::Flush(Out& out, std::vector<ipc::Frame>& to_driver) {
   // Consecutive events of one connection go in one Send, in order.
   for (size_t i = 0; i < out.size();) {
     DirectResponseSink* conn = out[i].sink.get();
-    std::vector<SandboxEventPtr> batch;
+    batch_.clear();
     size_t j = i;
     for (; j < out.size() && out[j].sink.get() == conn; ++j) {
-      batch.push_back(std::move(out[j].event));
+      batch_.push_back(std::move(out[j].event));
     }
-    conn->Send(std::move(batch));
+    conn->Send(absl::MakeSpan(batch_));
     i = j;
   }
+  batch_.clear();
   out.clear();
-  if (!to_driver.empty()) driver_.Send(std::move(to_driver));
+  if (!to_driver.empty()) driver_.Send(absl::MakeSpan(to_driver));
   to_driver.clear();
 }
 
@@ -373,7 +384,7 @@ std::vector<ipc::Frame> DirectSession::Collapse() {
     frame.record = std::move(piece);
   }
   frames.back().last = true;
-  if (!to_driver.empty()) driver_.Send(std::move(to_driver));
+  if (!to_driver.empty()) driver_.Send(absl::MakeSpan(to_driver));
   return frames;
 }
 

@@ -45,10 +45,11 @@ namespace agentix::worker {
 class DirectResponseSink {
  public:
   virtual ~DirectResponseSink() = default;
-  // Queues `events` (in order) to be written as CallsResponse frames.
+  // Queues `events` (in order) to be written as CallsResponse frames,
+  // moving them out (the session reuses the span's vector).
   // Called with the session's lock held, in the order the session produced
   // them: must not block on I/O and must not call into the session.
-  virtual void Send(std::vector<sandbox::SandboxEventPtr> events) = 0;
+  virtual void Send(absl::Span<sandbox::SandboxEventPtr> events) = 0;
 };
 
 // The worker's driver, as the session's calls reach it.
@@ -58,8 +59,9 @@ class DriverSink {
   // Queues `frames` for the driver, in order: kCall (its first argument
   // piece, at most ipc::kChunkBytes, in `data`), kArgChunk, kCancel,
   // kStreamAck — what the daemon writes on the worker link for a relayed
-  // call (docs/WORKER-PROTOCOL.md). Same rules as DirectResponseSink::Send.
-  virtual void Send(std::vector<ipc::Frame> frames) = 0;
+  // call (docs/WORKER-PROTOCOL.md), moved out of the span. Same rules as
+  // DirectResponseSink::Send.
+  virtual void Send(absl::Span<ipc::Frame> frames) = 0;
 };
 
 // The daemon's per-call limits, as the `direct_conn` frame carries them.
@@ -118,6 +120,10 @@ class DirectSession {
   // InvalidArgument naming the first frame that is not a call's output
   // (the others are still applied).
   absl::Status HandleDriverFrames(std::vector<ipc::Frame>& frames);
+  // HandleDriverFrames for the output of one call (every frame has its id)
+  // if this session holds that call open; false, nothing done, otherwise.
+  // One lookup where Runs then HandleDriverFrames take two.
+  bool HandleCallOutput(std::vector<ipc::Frame>& frames);
 
   // Ends the calls whose arguments made no progress for
   // upload_idle_timeout by `now` with UploadTimeout (and cancels them in
@@ -191,8 +197,11 @@ class DirectSession {
                 std::vector<ipc::Frame>& to_driver)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands `out` to the connections (one Send per run of one connection)
-  // and `to_driver` to the driver.
+  // and `to_driver` to the driver; both are left empty.
   void Flush(Out& out, std::vector<ipc::Frame>& to_driver)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Status HandleDriverFramesLocked(std::vector<ipc::Frame>& frames)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The call left the table (ack or eviction): its ledger slot moves to
@@ -206,6 +215,12 @@ class DirectSession {
   absl::Mutex mu_;
   std::unique_ptr<Table> table_ ABSL_GUARDED_BY(mu_);  // replaced by Collapse
   size_t running_ ABSL_GUARDED_BY(mu_) = 0;
+  // One request's or one reply's work, reused (capacity kept) so that a
+  // call allocates no vectors here (stop 42: the direct path's per-call
+  // allocations run under the worker's GIL). Empty between calls.
+  Out out_ ABSL_GUARDED_BY(mu_);
+  std::vector<ipc::Frame> to_driver_ ABSL_GUARDED_BY(mu_);
+  std::vector<sandbox::SandboxEventPtr> batch_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace agentix::worker

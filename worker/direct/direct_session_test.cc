@@ -15,6 +15,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <deque>
+#include <iterator>
 #include <map>
 #include <thread>
 
@@ -39,8 +40,10 @@ using sandbox::SandboxEventPtr;
 class LogConn final : public DirectResponseSink {
  public:
   explicit LogConn(std::shared_ptr<EventLog> log) : log_(std::move(log)) {}
-  void Send(std::vector<SandboxEventPtr> events) override {
-    log_->Add(std::move(events));
+  void Send(absl::Span<SandboxEventPtr> events) override {
+    log_->Add(std::vector<SandboxEventPtr>(
+        std::make_move_iterator(events.begin()),
+        std::make_move_iterator(events.end())));
   }
 
  private:
@@ -85,7 +88,7 @@ class FakeWorkerDriver final : public DriverSink {
     reader_ = std::thread([this, &session] { ReadLoop(session); });
   }
 
-  void Send(std::vector<ipc::Frame> frames) override {
+  void Send(absl::Span<ipc::Frame> frames) override {
     absl::MutexLock lock(&mu_);
     for (const ipc::Frame& frame : frames) {
       REQUIRE(frame.type != ipc::FrameType::kShutdown);
@@ -202,7 +205,7 @@ TEST_CASE("DirectSession keeps every Calls guarantee (the owner scenarios)",
 // exact content (what the daemon writes on the link for a relayed call).
 class RecordingDriver final : public DriverSink {
  public:
-  void Send(std::vector<ipc::Frame> frames) override {
+  void Send(absl::Span<ipc::Frame> frames) override {
     for (auto& f : frames) frames_.push_back(std::move(f));
   }
   std::vector<ipc::Frame> frames_;
@@ -210,7 +213,7 @@ class RecordingDriver final : public DriverSink {
 
 class RecordingConn final : public DirectResponseSink {
  public:
-  void Send(std::vector<SandboxEventPtr> events) override {
+  void Send(absl::Span<SandboxEventPtr> events) override {
     for (auto& e : events) events_.push_back(std::move(e));
   }
   std::vector<SandboxEventPtr> events_;
@@ -384,6 +387,58 @@ std::vector<ipc::Frame> ResultFrame(const std::string& id, std::string value) {
   out[0].total_size = value.size();
   out[0].data = std::move(value);
   return out;
+}
+
+TEST_CASE("DirectSession's reused buffers carry nothing from one request or "
+          "reply to the next; HandleCallOutput takes only a running call's",
+          "[direct]") {
+  RecordingDriver driver;
+  DirectSession session("c", DirectLimits{}, driver);
+  auto a = std::make_shared<RecordingConn>();
+  auto b = std::make_shared<RecordingConn>();
+
+  // Two empty ids around a good start: two BadRequests, in order, and one
+  // call record.
+  CallsRequest mixed = StartRequest("", "\x80", 0, 0);
+  *mixed.add_events() = StartRequest("x", "\x80", 0, 0).events(0);
+  *mixed.add_events() = StartRequest("", "\x80", 0, 0).events(0);
+  session.HandleRequest(a, mixed);
+  REQUIRE(a->events_.size() == 2);
+  REQUIRE(a->events_[0]->error().error().type() == "BadRequest");
+  REQUIRE(a->events_[1]->error().error().type() == "BadRequest");
+  REQUIRE(driver.frames_.size() == 1);
+  REQUIRE(driver.frames_[0].call_id == "x");
+
+  // The next request, on another connection: only its own record.
+  session.HandleRequest(b, StartRequest("y", "\x80", 0, 0));
+  REQUIRE(driver.frames_.size() == 2);
+  REQUIRE(driver.frames_[1].call_id == "y");
+  REQUIRE(b->events_.empty());
+  REQUIRE(a->events_.size() == 2);
+
+  // Not a call of this session: nothing done.
+  std::vector<ipc::Frame> other = ResultFrame("z", "v");
+  REQUIRE(!session.HandleCallOutput(other));
+  REQUIRE(a->events_.size() == 2);
+  REQUIRE(b->events_.empty());
+
+  // Each reply reaches its own call's connection, once.
+  std::vector<ipc::Frame> to_y = ResultFrame("y", "vy");
+  REQUIRE(session.HandleCallOutput(to_y));
+  REQUIRE(b->events_.size() == 1);
+  REQUIRE(b->events_[0]->result().value() == "vy");
+  std::vector<ipc::Frame> to_x = ResultFrame("x", "vx");
+  REQUIRE(session.HandleCallOutput(to_x));
+  REQUIRE(a->events_.size() == 3);
+  REQUIRE(a->events_[2]->result().value() == "vx");
+  REQUIRE(b->events_.size() == 1);
+
+  // A call that ended takes nothing more (late output after a cancel).
+  std::vector<ipc::Frame> late = ResultFrame("x", "again");
+  REQUIRE(!session.HandleCallOutput(late));
+  REQUIRE(a->events_.size() == 3);
+  REQUIRE(session.running() == 0);
+  REQUIRE(driver.frames_.size() == 2);
 }
 
 TEST_CASE("DirectSession writes the ledger and the payload header's counters",
