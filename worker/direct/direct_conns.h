@@ -20,9 +20,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -67,6 +69,15 @@ class DirectConns {
   // Reads and writes what the direct sockets are ready for, runs due
   // deadlines and the upload watchdog; never blocks.
   void Drive();
+
+  // Where a chunked direct call's argument pieces are copied as they are
+  // read (DriverSink::Land), so each byte is copied once: true if `bytes`
+  // went there (frame.landed set). Without one (the default) they are
+  // copied into the driver frames' data. Set it before the first Accept;
+  // it runs on the poll side, under a session's lock.
+  using ArgumentHome =
+      std::function<bool(ipc::Frame& frame, std::string_view bytes)>;
+  void LandArgumentsIn(ArgumentHome home);
 
   // The driver records the sessions produced since the last call, in order
   // (what the daemon would have written on the link for these calls).

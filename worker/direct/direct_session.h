@@ -60,6 +60,16 @@ class DriverSink {
   // kStreamAck — what the daemon writes on the worker link for a relayed
   // call (docs/WORKER-PROTOCOL.md). Same rules as DirectResponseSink::Send.
   virtual void Send(std::vector<ipc::Frame> frames) = 0;
+  // Copies `bytes`, the next piece of a chunked call's arguments (`frame`
+  // is its kCall, with call_id, encoding and total_size set, or its
+  // kArgChunk), straight into the arguments' final home while the host's
+  // ring or the read buffer still holds them, and sets frame.landed; the
+  // frame then carries no data. False (the default) leaves the copy to the
+  // caller. Called under the session's lock, on the poll side only
+  // (DirectConns: Accept, Drive), before `frame` is queued by Send.
+  virtual bool Land(ipc::Frame& /*frame*/, std::string_view /*bytes*/) {
+    return false;
+  }
 };
 
 // The daemon's per-call limits, as the `direct_conn` frame carries them.
@@ -176,11 +186,13 @@ class DirectSession {
   // ipc::kChunkBytes pieces.
   void ArgChunkFrames(const std::string& id, std::string_view data,
                       std::vector<ipc::Frame>& to_driver);
-  // A driver frame's copy of an argument piece: a piece of at least
-  // kRecycledArgBytes goes into a buffer from chunk_buffers_ (the intake
-  // gives it back once the piece is in the call's bytes object), so large
-  // arguments reuse the same faulted-in buffers whichever thread copies them.
-  std::string ArgBytes(std::string_view piece);
+  // Puts an argument piece on its driver frame: landed where the driver
+  // keeps the arguments (DriverSink::Land: one copy), or else copied into
+  // frame.data — a piece of at least kRecycledArgBytes into a buffer from
+  // chunk_buffers_ (the intake gives it back once the piece is in the
+  // call's bytes object), so large arguments reuse the same faulted-in
+  // buffers whichever thread copies them.
+  void PutArgBytes(ipc::Frame& frame, std::string_view piece);
   static constexpr size_t kRecycledArgBytes = size_t{64} << 10;
   // Records `event` and, for a terminal one, counts the call as ended.
   void Emit(const std::string& id, Call& call, sandbox::SandboxEventPtr event,
