@@ -488,7 +488,8 @@ bool AddDirectRecords(PyObject* self, ChannelState& st, PyObject* list) {
     if (f.type == ipc::FrameType::kCall ||
         f.type == ipc::FrameType::kArgChunk) {
       // Copied into the call's bytes object: the argument's buffer serves
-      // the next large argument (DirectSession::ArgBytes).
+      // the next large argument (DirectSession::PutArgBytes; empty for a
+      // landed piece).
       st.direct->chunk_buffers().Give(std::move(f.data));
     }
     if (record == nullptr) return false;

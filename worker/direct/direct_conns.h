@@ -191,7 +191,7 @@ class DirectConns {
   ipc::PayloadArea* const area_;
   const std::unique_ptr<ipc::LedgerWriter> ledger_;  // null: none
   std::unique_ptr<Driver> driver_;
-  // Shared with every session, for results and arguments: 48 buffers
+  // Shared with every session, for results and one-piece arguments: 48 buffers
   // (48 MiB) keep their pages (a 48 MiB echo's result reuses them without
   // a fault); up to 256 in all stay allocated, the others with their pages
   // released, so larger calls in flight leave no freed buffers in threads'

@@ -100,8 +100,8 @@ class DirectSession {
   // `driver` must outlive the session. `chunk_buffers`, when given, takes
   // back the buffers of the ResultChunk events made from whole-chunk
   // result_chunk frames (the channel fills those frames from it), and
-  // gives the buffers of large arguments' call / arg_chunk frames (the
-  // driver's intake gives them back).
+  // gives the buffers of large arguments' call / arg_chunk frames that
+  // `driver` does not land (the driver's intake gives them back).
   DirectSession(std::string client, const DirectLimits& limits,
                 DriverSink& driver, const DirectRecords& records = {},
                 std::shared_ptr<ChunkBuffers> chunk_buffers = nullptr);
