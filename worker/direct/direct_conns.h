@@ -191,13 +191,13 @@ class DirectConns {
   ipc::PayloadArea* const area_;
   const std::unique_ptr<ipc::LedgerWriter> ledger_;  // null: none
   std::unique_ptr<Driver> driver_;
-  // Shared with every session, for results and one-piece arguments: 64
-  // buffers (64 MiB) keep their pages (a 64 MiB echo's result reuses them
-  // without a fault; chunked arguments take none since stop 42); up to 256
-  // in all stay allocated, the others with their pages released, so larger
-  // calls in flight leave no freed buffers in threads' arenas.
+  // Shared with every session, for results and one-piece arguments: 48
+  // buffers (48 MiB) keep their pages (a 48 MiB echo's result reuses them
+  // without a fault; 64 broke h-mem's bound on a worker's growth, stop 42);
+  // up to 256 in all stay allocated, the others with their pages released,
+  // so larger calls in flight leave no freed buffers in threads' arenas.
   const std::shared_ptr<ChunkBuffers> chunk_buffers_ =
-      ChunkBuffers::Create(/*max_kept=*/256, /*max_faulted=*/64);
+      ChunkBuffers::Create(/*max_kept=*/256, /*max_faulted=*/48);
 
   std::vector<ipc::Frame> taken_;  // TakeDriverFrames' (poll side only)
   // Drive's snapshots of the connections and sessions (poll side only).
