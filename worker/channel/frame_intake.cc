@@ -356,10 +356,14 @@ PyObject* FrameToRecord(PyObject* self, const ipc::Frame& f,
     case ipc::FrameType::kArgChunk:
       return AddChunk(self, st, f, data);
     case ipc::FrameType::kCancel: {
-      // Releases what it received; a relayed cancel leaves a direct call's
-      // upload alone (ids have one owner; its own cancel comes unrelayed).
+      // Releases what it received; a relayed cancel leaves the upload of a
+      // call a direct session runs alone (ids have one owner; its own
+      // cancel comes unrelayed). After a collapse the daemon owns the call:
+      // its cancel releases the upload.
       auto it = st.uploads.find(f.call_id);
-      if (it != st.uploads.end() && !(relayed && it->second.direct)) {
+      if (it != st.uploads.end() &&
+          !(relayed && it->second.direct && st.direct != nullptr &&
+            st.direct->Owns(f.call_id))) {
         st.uploads.erase(it);
       }
       return FrameRecord(self, kCancel,
