@@ -294,6 +294,97 @@ TEST_CASE("pre-read bytes, a 9 MiB echo in chunks, both ways") {
         }));
 }
 
+// Starts `id` with `args` uploaded in pieces cut at `cuts` (increasing
+// offsets inside it), as a host uploads: the first in the StartCall, the
+// others in argument chunks.
+void Upload(Host& host, const std::string& id, const std::string& args,
+            const std::vector<size_t>& cuts) {
+  CallsRequest start;
+  auto* s = start.add_events()->mutable_start();
+  s->set_call_id(id);
+  s->set_callable("worker_fixture::echo");
+  s->set_encoding(runtime::v1::ENCODING_PICKLE);
+  s->set_arguments(args.substr(0, cuts.front()));
+  s->set_arguments_size(args.size());
+  host.Send(start);
+  for (size_t i = 0; i < cuts.size(); ++i) {
+    const size_t end = i + 1 < cuts.size() ? cuts[i + 1] : args.size();
+    CallsRequest chunk;
+    auto* c = chunk.add_events()->mutable_argument_chunk();
+    c->set_call_id(id);
+    c->set_data(args.substr(cuts[i], end - cuts[i]));
+    c->set_offset(cuts[i]);
+    host.Send(chunk);
+  }
+}
+
+TEST_CASE("pickled arguments cut at every byte around their large values "
+          "land intact; over-long ones are refused") {
+  Worker worker(DirectWorker());
+  worker.AwaitReady();
+  Host host(worker, 12, "client-pieces");
+  // Two values the intake takes out of the stream (BINBYTES8, BYTEARRAY8:
+  // 64 KiB or more) between small ones.
+  const std::string value =
+      "(1, bytes(range(256)) * 1024, 'x', bytearray(b'y' * 100000), 2)";
+  const std::string args = Pickle("((" + value + ",), {})");
+  const std::string expected = Pickle(value);
+  std::string first_value(256, '\0');
+  for (int i = 0; i < 256; ++i) first_value[i] = static_cast<char>(i);
+  const size_t bytes_at = args.find(first_value);
+  const size_t bytearray_at = args.find(std::string(1000, 'y'));
+  REQUIRE(bytes_at != std::string::npos);
+  REQUIRE(bytearray_at != std::string::npos);
+  // Every cut from before each value's opcode and 8-byte length to its
+  // first bytes, around its end, and at the stream's last bytes; each with
+  // a one-byte piece after it.
+  std::vector<size_t> at;
+  for (size_t v : {bytes_at, bytearray_at}) {
+    for (size_t k = v - 12; k <= v + 2; ++k) at.push_back(k);
+  }
+  for (size_t k = bytes_at + (256 << 10) - 2; k <= bytes_at + (256 << 10) + 2;
+       ++k) {
+    at.push_back(k);
+  }
+  for (size_t k = args.size() - 3; k < args.size() - 1; ++k) at.push_back(k);
+  int n = 0;
+  for (size_t k : at) {
+    const std::string id = absl::StrCat("piece-", n++);
+    INFO("cut at " << k << " of " << args.size());
+    Upload(host, id, args, {k, k + 1});
+    std::string got;
+    SandboxEvent end = host.Terminal(&got);
+    REQUIRE(end.has_result());
+    CHECK(end.result().call_id() == id);
+    CHECK(got == expected);
+  }
+
+  // One byte more than announced: refused, and the next call is served.
+  CallsRequest start;
+  auto* s = start.add_events()->mutable_start();
+  s->set_call_id("over-1");
+  s->set_callable("worker_fixture::echo");
+  s->set_encoding(runtime::v1::ENCODING_PICKLE);
+  s->set_arguments(args.substr(0, bytes_at));
+  s->set_arguments_size(args.size());
+  host.Send(start);
+  CallsRequest chunk;
+  auto* c = chunk.add_events()->mutable_argument_chunk();
+  c->set_call_id("over-1");
+  c->set_data(args.substr(bytes_at) + "!");
+  c->set_offset(bytes_at);
+  host.Send(chunk);
+  SandboxEvent end = host.Terminal();
+  REQUIRE(end.has_error());
+  CHECK(end.error().call_id() == "over-1");
+  CHECK(end.error().error().type() == "BadRequest");
+  Upload(host, "after-over", args, {bytes_at});
+  std::string got;
+  end = host.Terminal(&got);
+  REQUIRE(end.has_result());
+  CHECK(got == expected);
+}
+
 TEST_CASE("a stream with window 2 waits for the host's acks") {
   Worker worker(DirectWorker());
   worker.AwaitReady();

@@ -117,9 +117,9 @@ int main(int argc, char** argv) {
        .heap_mib = static_cast<size_t>(
            std::max(0, absl::GetFlag(FLAGS_prefault_heap_mib))),
        .libpython = absl::GetFlag(FLAGS_prefault_libpython)});
-  // Large buffers (1–64 MiB: a large argument's bytes) from a pool whose
-  // freed slots keep their pages, whichever thread allocated them;
-  // AGENTIX_WORKER_LARGE_BUFFERS=0 leaves them to malloc.
+  // Large buffers (1 MiB up to a 64 MiB value: a large argument's bytes)
+  // from a pool whose freed slots keep their pages, whichever thread
+  // allocated them; AGENTIX_WORKER_LARGE_BUFFERS=0 leaves them to malloc.
   const char* large_buffers = getenv("AGENTIX_WORKER_LARGE_BUFFERS");
   const bool pool_large_buffers =
       large_buffers == nullptr || strcmp(large_buffers, "0") != 0;

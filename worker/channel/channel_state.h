@@ -47,6 +47,11 @@ struct Upload {
   uint64_t written = 0;
   PyObject* values = nullptr;  // owned list, made for the first value
   uint64_t value_filled = 0;   // bytes of the last value in `values`
+  // A direct call's: its pieces are copied in as the session reads them
+  // (LandDirectArgument, `landed` bytes so far) and counted in `received`
+  // when their driver frames come, in order with the call's other frames.
+  bool direct = false;
+  uint64_t landed = 0;
 
   ~Upload() {
     Py_XDECREF(buffer);

@@ -233,6 +233,36 @@ bool StartUpload(ChannelState& st, const ipc::Frame& f, std::string_view data) {
   return true;
 }
 
+}  // namespace
+
+bool LandDirectArgument(ChannelState& st, ipc::Frame& frame,
+                        std::string_view bytes) {
+  if (frame.type == ipc::FrameType::kCall) {
+    if (bytes.size() >= frame.total_size) return false;  // no upload
+    if (!StartUpload(st, frame, bytes)) return false;  // a relayed upload
+    Upload& upload = st.uploads[frame.call_id];
+    upload.direct = true;
+    upload.received = 0;  // counted when the call frame comes
+    upload.landed = bytes.size();
+    frame.landed = bytes.size();
+    return true;
+  }
+  if (frame.type != ipc::FrameType::kArgChunk || bytes.empty()) return false;
+  auto it = st.uploads.find(frame.call_id);
+  if (it == st.uploads.end() || !it->second.direct) return false;
+  Upload& upload = it->second;
+  if (bytes.size() <= upload.total - upload.landed) {
+    Receive(upload, bytes);
+  } else {
+    Py_CLEAR(upload.buffer);  // over-long: its data will be None
+  }
+  upload.landed += bytes.size();
+  frame.landed = bytes.size();
+  return true;
+}
+
+namespace {
+
 // Copies an arg_chunk into its Upload. Returns the ARGS record once the last
 // byte arrived, Py_None while more are due (or the chunk belongs to no
 // upload: cancelled, complete or never announced, dropped as before), NULL
@@ -246,9 +276,12 @@ PyObject* AddChunk(PyObject* self, ChannelState& st, const ipc::Frame& f,
   auto it = st.uploads.find(f.call_id);
   if (it == st.uploads.end()) Py_RETURN_NONE;
   Upload& upload = it->second;
-  const bool fits = data.size() <= upload.total - upload.received;
-  if (fits) Receive(upload, data);
-  upload.received += data.size();
+  // A landed piece is in the upload already (LandDirectArgument checked
+  // that it fits).
+  const uint64_t size = f.landed != 0 ? f.landed : data.size();
+  const bool fits = f.landed != 0 || size <= upload.total - upload.received;
+  if (fits && f.landed == 0) Receive(upload, data);
+  upload.received += size;
   if (upload.received < upload.total) Py_RETURN_NONE;
   PyObject* buffer = std::exchange(upload.buffer, nullptr);
   if (!fits) Py_CLEAR(buffer);
@@ -302,8 +335,18 @@ PyObject* FrameToRecord(PyObject* self, const ipc::Frame& f,
         // runs this id, so the relayed call is refused, not run twice.
         return RefuseRelayedCall(self, f);
       }
-      PyObject* first =
-          StartUpload(st, f, data) ? Py_NewRef(Py_None) : BytesOf(data);
+      PyObject* first;
+      if (f.landed != 0) {
+        // Its upload was made when the first piece landed (and is gone
+        // only if a later cancel came first: then no ARGS follows, as for
+        // any cancelled upload).
+        if (auto it = st.uploads.find(f.call_id); it != st.uploads.end()) {
+          it->second.received += f.landed;
+        }
+        first = Py_NewRef(Py_None);
+      } else {
+        first = StartUpload(st, f, data) ? Py_NewRef(Py_None) : BytesOf(data);
+      }
       return FrameRecord(
           self, kCall,
           {PyLong_FromLong(kCall), Str(f.call_id), Str(f.callable),
@@ -314,7 +357,16 @@ PyObject* FrameToRecord(PyObject* self, const ipc::Frame& f,
     case ipc::FrameType::kArgChunk:
       return AddChunk(self, st, f, data);
     case ipc::FrameType::kCancel: {
-      st.uploads.erase(f.call_id);  // releases what it received
+      // Releases what it received; a relayed cancel leaves the upload of a
+      // call a direct session runs alone (ids have one owner; its own
+      // cancel comes unrelayed). After a collapse the daemon owns the call:
+      // its cancel releases the upload.
+      auto it = st.uploads.find(f.call_id);
+      if (it != st.uploads.end() &&
+          !(relayed && it->second.direct && st.direct != nullptr &&
+            st.direct->Owns(f.call_id))) {
+        st.uploads.erase(it);
+      }
       return FrameRecord(self, kCancel,
                          {PyLong_FromLong(kCancel), Str(f.call_id)});
     }
@@ -451,7 +503,8 @@ bool AddDirectRecords(PyObject* self, ChannelState& st, PyObject* list) {
     if (f.type == ipc::FrameType::kCall ||
         f.type == ipc::FrameType::kArgChunk) {
       // Copied into the call's bytes object: the argument's buffer serves
-      // the next large argument (DirectSession::ArgBytes).
+      // the next large argument (DirectSession::PutArgBytes; empty for a
+      // landed piece).
       st.direct->chunk_buffers().Give(std::move(f.data));
     }
     if (record == nullptr) return false;
@@ -464,6 +517,18 @@ bool AddDirectRecords(PyObject* self, ChannelState& st, PyObject* list) {
   const size_t queued = st.out.size();
   if (!QueueDirectClosed(self)) return false;
   return st.out.size() == queued || Flush(self);
+}
+
+// Serves a handed-over connection (DirectConns::Accept). Its calls' chunked
+// arguments land in this channel's uploads as they are read: one copy from
+// the host's ring, as a relayed call's from the daemon's.
+void AcceptDirect(ChannelState& st, const ipc::Frame& frame,
+                  std::vector<base::UniqueFd> fds) {
+  ChannelState* state = &st;  // owns st.direct, so outlives it
+  st.direct->LandArgumentsIn([state](ipc::Frame& f, std::string_view bytes) {
+    return LandDirectArgument(*state, f, bytes);
+  });
+  st.direct->Accept(frame, std::move(fds));
 }
 
 // Marks the channel dead with `reason` and raises ProtocolError.
@@ -577,7 +642,7 @@ PyObject* ChannelReadFrames(PyObject* self, PyObject* /*unused*/) {
       }
       if (frame.type == ipc::FrameType::kDirectConn) {
         if (st.direct != nullptr) {
-          st.direct->Accept(frame, std::move(*fds));
+          AcceptDirect(st, frame, std::move(*fds));
           continue;
         }
         if (!RefuseDirect(self, frame, *fds)) {

@@ -9,6 +9,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <string_view>
+
+#include "worker/ipc/frame.h"
+
 namespace agentix::worker {
 
 // Frame kinds as the driver sees them (the first item of each tuple).
@@ -34,6 +38,17 @@ int AddFrameTypes(PyObject* module, ModuleState& state);
 // records (see channel_module.h); None at end of stream; ProtocolError on a bad frame (the
 // channel is then dead) or OSError.
 PyObject* ChannelReadFrames(PyObject* self, PyObject* unused);
+
+struct ChannelState;
+
+// DirectConns' ArgumentHome: copies a piece of a direct call's chunked
+// arguments into the call's upload (as the link's arg_chunk frames are),
+// made by the call's first piece, so the host's ring is copied once. False
+// (the frame keeps its own copy, as before) for a call whose first piece is
+// all of it, an id that has a relayed upload, or a chunk of no direct
+// upload. GIL held (the poll side holds it).
+bool LandDirectArgument(ChannelState& st, ipc::Frame& frame,
+                        std::string_view bytes);
 
 // Leader/follower intake (intake_baton.h), for the driver's pool threads:
 // intake_lead(holding) -> 0 readable (the caller holds the baton), 1 leave,

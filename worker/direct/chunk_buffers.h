@@ -6,9 +6,10 @@
 // malloc arena: once the 16- and 64-caller phases have spread replies over
 // many threads, a 16 MiB echo faulted in 16 MiB of fresh pages each time.
 // Chunks taken from here and given back when their event is destroyed
-// reuse the same, already faulted-in memory whichever thread replies. Large
-// direct arguments' frames for the driver take theirs here too
-// (DirectSession::ArgBytes).
+// reuse the same, already faulted-in memory whichever thread replies. A
+// direct argument of one piece from 64 KiB to 1 MiB takes its driver frame's
+// buffer here too (DirectSession::PutArgBytes); a chunked one is copied
+// straight into the call's upload instead (DriverSink::Land).
 //
 // Freeing a buffer instead would leave it in that thread's arena for good
 // (base/malloc_tuning keeps freed heap mapped): a pair of 48 MiB echoes needs

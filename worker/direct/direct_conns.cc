@@ -34,12 +34,17 @@ class DirectConns::Driver final : public DriverSink {
     absl::MutexLock lock(&mu_);
     for (ipc::Frame& f : frames) pending_.push_back(std::move(f));
   }
+  bool Land(ipc::Frame& frame, std::string_view bytes) override {
+    return land_ != nullptr && land_(frame, bytes);
+  }
   // `taken`'s old frames are dropped; it gets the queued ones.
   void Take(std::vector<ipc::Frame>& taken) {
     taken.clear();
     absl::MutexLock lock(&mu_);
     pending_.swap(taken);
   }
+
+  ArgumentHome land_;  // set before any connection; poll side only
 
  private:
   absl::Mutex mu_;
@@ -574,6 +579,10 @@ void DirectConns::Drive() {
   ArmTimer(next);
   all.clear();
   sessions.clear();
+}
+
+void DirectConns::LandArgumentsIn(ArgumentHome home) {
+  driver_->land_ = std::move(home);
 }
 
 std::vector<ipc::Frame>& DirectConns::TakeDriverFrames(

@@ -20,9 +20,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -84,6 +86,15 @@ class DirectConns {
   // Reads and writes what the direct sockets are ready for, runs due
   // deadlines and the upload watchdog; never blocks.
   void Drive();
+
+  // Where a chunked direct call's argument pieces are copied as they are
+  // read (DriverSink::Land), so each byte is copied once: true if `bytes`
+  // went there (frame.landed set). Without one (the default) they are
+  // copied into the driver frames' data. Set it before the first Accept;
+  // it runs on the poll side, under a session's lock.
+  using ArgumentHome =
+      std::function<bool(ipc::Frame& frame, std::string_view bytes)>;
+  void LandArgumentsIn(ArgumentHome home);
 
   // The driver records the sessions produced since the last call, in order
   // (what the daemon would have written on the link for these calls).
@@ -198,11 +209,11 @@ class DirectConns {
   ipc::PayloadArea* const area_;
   const std::unique_ptr<ipc::LedgerWriter> ledger_;  // null: none
   std::unique_ptr<Driver> driver_;
-  // Shared with every session, for results and arguments: 48 buffers
-  // (48 MiB) keep their pages (a 48 MiB echo's result reuses them without
-  // a fault); up to 256 in all stay allocated, the others with their pages
-  // released, so larger calls in flight leave no freed buffers in threads'
-  // arenas.
+  // Shared with every session, for results and one-piece arguments: 48
+  // buffers (48 MiB) keep their pages (a 48 MiB echo's result reuses them
+  // without a fault; 64 broke h-mem's bound on a worker's growth, stop 42);
+  // up to 256 in all stay allocated, the others with their pages released,
+  // so larger calls in flight leave no freed buffers in threads' arenas.
   const std::shared_ptr<ChunkBuffers> chunk_buffers_ =
       ChunkBuffers::Create(/*max_kept=*/256, /*max_faulted=*/48);
 

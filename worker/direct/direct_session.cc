@@ -173,7 +173,7 @@ void DirectSession::StartCall(const std::shared_ptr<DirectResponseSink>& conn,
   ipc::Frame frame = calls::MakeCallFrame(
       id, start, call->args_expected, table_->limits().max_stream_window);
   const size_t first = std::min(args.size(), ipc::kChunkBytes);
-  frame.data = ArgBytes(args.substr(0, first));
+  PutArgBytes(frame, args.substr(0, first));
   to_driver.push_back(std::move(frame));
   ArgChunkFrames(id, args.substr(first), to_driver);
 }
@@ -185,18 +185,19 @@ void DirectSession::ArgChunkFrames(const std::string& id,
     ipc::Frame chunk;
     chunk.type = ipc::FrameType::kArgChunk;
     chunk.call_id = id;
-    chunk.data = ArgBytes(piece);
+    PutArgBytes(chunk, piece);
     to_driver.push_back(std::move(chunk));
   });
 }
 
-std::string DirectSession::ArgBytes(std::string_view piece) {
+void DirectSession::PutArgBytes(ipc::Frame& frame, std::string_view piece) {
+  if (driver_.Land(frame, piece)) return;
   if (chunk_buffers_ == nullptr || piece.size() < kRecycledArgBytes) {
-    return std::string(piece);
+    frame.data.assign(piece);
+    return;
   }
-  std::string bytes = chunk_buffers_->Take(piece.size());
-  bytes.append(piece);
-  return bytes;
+  frame.data = chunk_buffers_->Take(piece.size());
+  frame.data.append(piece);
 }
 
 void DirectSession::Emit(const std::string& id, Call& call,

@@ -62,6 +62,16 @@ class DriverSink {
   // call (docs/WORKER-PROTOCOL.md), moved out of the span. Same rules as
   // DirectResponseSink::Send.
   virtual void Send(absl::Span<ipc::Frame> frames) = 0;
+  // Copies `bytes`, the next piece of a chunked call's arguments (`frame`
+  // is its kCall, with call_id, encoding and total_size set, or its
+  // kArgChunk), straight into the arguments' final home while the host's
+  // ring or the read buffer still holds them, and sets frame.landed; the
+  // frame then carries no data. False (the default) leaves the copy to the
+  // caller. Called under the session's lock, on the poll side only
+  // (DirectConns: Accept, Drive), before `frame` is queued by Send.
+  virtual bool Land(ipc::Frame& /*frame*/, std::string_view /*bytes*/) {
+    return false;
+  }
 };
 
 // The daemon's per-call limits, as the `direct_conn` frame carries them.
@@ -92,8 +102,8 @@ class DirectSession {
   // `driver` must outlive the session. `chunk_buffers`, when given, takes
   // back the buffers of the ResultChunk events made from whole-chunk
   // result_chunk frames (the channel fills those frames from it), and
-  // gives the buffers of large arguments' call / arg_chunk frames (the
-  // driver's intake gives them back).
+  // gives the buffers of large arguments' call / arg_chunk frames that
+  // `driver` does not land (the driver's intake gives them back).
   DirectSession(std::string client, const DirectLimits& limits,
                 DriverSink& driver, const DirectRecords& records = {},
                 std::shared_ptr<ChunkBuffers> chunk_buffers = nullptr);
@@ -182,11 +192,13 @@ class DirectSession {
   // ipc::kChunkBytes pieces.
   void ArgChunkFrames(const std::string& id, std::string_view data,
                       std::vector<ipc::Frame>& to_driver);
-  // A driver frame's copy of an argument piece: a piece of at least
-  // kRecycledArgBytes goes into a buffer from chunk_buffers_ (the intake
-  // gives it back once the piece is in the call's bytes object), so large
-  // arguments reuse the same faulted-in buffers whichever thread copies them.
-  std::string ArgBytes(std::string_view piece);
+  // Puts an argument piece on its driver frame: landed where the driver
+  // keeps the arguments (DriverSink::Land: one copy), or else copied into
+  // frame.data — a piece of at least kRecycledArgBytes into a buffer from
+  // chunk_buffers_ (the intake gives it back once the piece is in the
+  // call's bytes object), so large arguments reuse the same faulted-in
+  // buffers whichever thread copies them.
+  void PutArgBytes(ipc::Frame& frame, std::string_view piece);
   static constexpr size_t kRecycledArgBytes = size_t{64} << 10;
   // Records `event` and, for a terminal one, counts the call as ended.
   void Emit(const std::string& id, Call& call, sandbox::SandboxEventPtr event,

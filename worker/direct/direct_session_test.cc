@@ -687,5 +687,52 @@ TEST_CASE("DirectSession copies a large argument into recycled chunk "
   CHECK(buffers->reused() == 3);
 }
 
+// A driver whose arguments have a home of their own (the worker's intake:
+// LandDirectArgument): it takes every piece of a chunked call.
+class LandingDriver final : public DriverSink {
+ public:
+  void Send(absl::Span<ipc::Frame> frames) override {
+    for (auto& f : frames) frames_.push_back(std::move(f));
+  }
+  bool Land(ipc::Frame& frame, std::string_view bytes) override {
+    landed_ += bytes;
+    frame.landed = bytes.size();
+    return true;
+  }
+  std::vector<ipc::Frame> frames_;
+  std::string landed_;
+};
+
+TEST_CASE("DirectSession lands a chunked argument's pieces where the driver "
+          "keeps them, with no copy of its own",
+          "[direct]") {
+  LandingDriver driver;
+  std::shared_ptr<ChunkBuffers> buffers = ChunkBuffers::Create(8);
+  DirectSession session("c", DirectLimits(), driver, {}, buffers);
+  auto conn = std::make_shared<RecordingConn>();
+  const std::string args = "\x80" + std::string(3 * ipc::kChunkBytes, 'a');
+  CallsRequest upload = StartRequest("l1", args.substr(0, 10), args.size(), 0);
+  auto* chunk = upload.add_events()->mutable_argument_chunk();
+  chunk->set_call_id("l1");
+  chunk->set_data(args.substr(10));
+  session.HandleRequest(conn, upload);
+  REQUIRE(conn->events_.empty());
+  CHECK(driver.landed_ == args);
+  // The call frame (10 bytes) and the chunk's pieces, in order, each
+  // saying how much of the argument it stands for and carrying none.
+  REQUIRE(driver.frames_.size() == 4);
+  CHECK(driver.frames_[0].type == ipc::FrameType::kCall);
+  CHECK(driver.frames_[0].total_size == args.size());
+  uint64_t landed = 0;
+  for (const ipc::Frame& f : driver.frames_) {
+    CHECK(f.data.empty());
+    CHECK(f.landed != 0);
+    landed += f.landed;
+  }
+  CHECK(landed == args.size());
+  CHECK(buffers->fresh() == 0);
+  CHECK(buffers->reused() == 0);
+}
+
 }  // namespace
 }  // namespace agentix::worker

@@ -172,6 +172,10 @@ struct Frame {
   bool in_ring = false;
   uint64_t ring_pos = 0;
   uint64_t ring_size = 0;
+  // Never encoded. kCall, kArgChunk of a direct call: this many argument
+  // bytes were already copied into the call's upload (DriverSink::Land),
+  // instead of being in "data".
+  uint64_t landed = 0;
 };
 
 // Descriptors that travel with a frame (SCM_RIGHTS on its first byte):

@@ -21,13 +21,20 @@
 
 namespace agentix::worker {
 
+// A 64 MiB value's allocation: its bytes, the object's header and a
+// pickle's or msgpack's few bytes around them (an upload's buffer) fit in
+// this; with 64 MiB exactly they went to malloc, past its mmap threshold, and
+// each 64 MiB argument faulted in 16,384 fresh pages.
+inline constexpr size_t kLargeBufferSlotBytes = (size_t{64} << 20) + (64 << 10);
+
 struct LargeBufferOptions {
-  size_t threshold_bytes = size_t{1} << 20;  // smaller: malloc
-  size_t slot_bytes = size_t{64} << 20;      // larger: malloc
-  size_t slots = 4;                          // all in use: malloc
-  // Idle slots keep at most this many faulted-in bytes; a freed slot beyond
-  // it gives its pages back (MADV_DONTNEED), the longest-idle first.
-  size_t keep_idle_bytes = size_t{64} << 20;
+  size_t threshold_bytes = size_t{1} << 20;      // smaller: malloc
+  size_t slot_bytes = kLargeBufferSlotBytes;     // larger: malloc
+  size_t slots = 4;                              // all in use: malloc
+  // Idle slots keep at most this many faulted-in bytes (one 64 MiB value's
+  // slot); a freed slot beyond it gives its pages back (MADV_DONTNEED), the
+  // longest-idle first.
+  size_t keep_idle_bytes = kLargeBufferSlotBytes;
 };
 
 class LargeBufferPool {

@@ -144,6 +144,24 @@ TEST_CASE("LargeBufferPool never hands one slot to two threads at once") {
   CHECK(pool->state().idle_faulted <= 2 * kMiB);
 }
 
+TEST_CASE("the default pool holds a 64 MiB bytes object and keeps its pages "
+          "when it is freed") {
+  auto pool = MakePool({});
+  // What PyBytes_FromStringAndSize asks for 64 MiB: the header, the bytes
+  // and their NUL; an upload's buffer adds its encoding's few bytes.
+  const size_t value = offsetof(PyBytesObject, ob_sval) + (64 * kMiB) + 1;
+  void* first = pool->Allocate(value + 64, /*zeroed=*/false);
+  REQUIRE(first != nullptr);
+  std::memset(first, 1, value + 64);
+  pool->Free(first);
+  CHECK(pool->state().idle_faulted >= value + 64);  // not given back
+  // The next 64 MiB value reuses the same, faulted-in slot.
+  void* second = pool->Allocate(value, /*zeroed=*/false);
+  CHECK(second == first);
+  CHECK(static_cast<unsigned char*>(second)[value - 1] == 1);
+  pool->Free(second);
+}
+
 // The pool behind CPython's raw allocator: installed before the interpreter
 // starts (this binary's first case; Catch2 runs them in order).
 void InstallOnce() {
