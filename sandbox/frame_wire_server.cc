@@ -1093,18 +1093,7 @@ class FrameWireServer::Connection {
     info.ns_name = name;
     info.instance_id = manager_->logs().instance_id();
     info.max_retained_bytes = session.max_retained_bytes;
-    info.stalled_ms = static_cast<uint64_t>(
-        absl::ToInt64Milliseconds(session.stalled_host_timeout));
-    frame.data = std::string(Buffered());
-    std::string bytes;
-    std::vector<base::UniqueFd> fds;
-    fds.emplace_back(::fcntl(fd_, F_DUPFD_CLOEXEC, 0));
-    if (!fds.back().valid() || !ipc::AppendFrame(frame, bytes).ok()) {
-      direct.Cancel(conn);
-      return false;
-    }
-    worker.SendWithDescriptors(std::move(bytes), std::move(fds));
-    return true;
+    return SendDirectConn(worker, direct, frame);
   }
 
   // After a Namespace stream's hand-over: the daemon keeps its hub slot
@@ -1163,17 +1152,28 @@ class FrameWireServer::Connection {
     info.max_retained = session.max_retained_results;
     info.max_retained_bytes = session.max_retained_bytes;
     info.max_stream_window = session.max_stream_window;
-    info.stalled_ms = static_cast<uint64_t>(
-        absl::ToInt64Milliseconds(session.stalled_host_timeout));
+    return SendDirectConn(worker, direct, frame);
+  }
+
+  // Queues `frame`, a direct_conn with its reservation in
+  // frame.direct_conn.conn, for `worker` with a duplicate of this
+  // connection's socket (and the payload ring when info.ring): the bytes read
+  // past the HELLO travel as its data, and the stalled-host bound with it.
+  // False, the reservation cancelled, if the socket or the frame fails.
+  bool SendDirectConn(WorkerProcess& worker, DirectConnections& direct,
+                      ipc::Frame& frame) {
+    ipc::DirectConnInfo& info = frame.direct_conn;
+    info.stalled_ms = static_cast<uint64_t>(absl::ToInt64Milliseconds(
+        manager_->options().stalled_host_timeout));
     frame.data = std::string(Buffered());
     std::string bytes;
     std::vector<base::UniqueFd> fds;
     fds.emplace_back(::fcntl(fd_, F_DUPFD_CLOEXEC, 0));
     if (!fds.back().valid() || !ipc::AppendFrame(frame, bytes).ok()) {
-      direct.Cancel(conn);
+      direct.Cancel(info.conn);
       return false;
     }
-    if (direct_ring_fd_.valid()) fds.push_back(std::move(direct_ring_fd_));
+    if (info.ring) fds.push_back(std::move(direct_ring_fd_));
     worker.SendWithDescriptors(std::move(bytes), std::move(fds));
     return true;
   }

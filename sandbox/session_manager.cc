@@ -13,6 +13,7 @@
 #include "base/malloc_tuning.h"
 #include "base/status_macros.h"
 #include "sandbox/startup_env.h"
+#include "wire/namespace_rules.h"
 #include "wire/wire_limits.h"
 #include "worker/ipc/chunking.h"
 
@@ -860,18 +861,7 @@ void SessionManager::RouteNamespaceEvents(
 
 absl::Status SessionManager::SendNamespaceEvent(
     const std::string& name, const runtime::v1::NamespaceEvent& event) {
-  ipc::Frame frame;
-  frame.type = ipc::FrameType::kNamespaceEvent;
-  frame.ns.name = name;
-  frame.ns.event = event.event();
-  frame.ns.request_id = event.request_id();
-  if (event.has_error()) {
-    frame.ns.has_error = true;
-    frame.ns.error_type = event.error().type();
-    frame.ns.error_message = event.error().message();
-    frame.ns.status_code = event.error().status_code();
-  }
-  frame.data = event.data();
+  const ipc::Frame frame = NamespaceEventFrame(name, event);
   absl::MutexLock lock(&mu_);
   if (shut_down_) {
     return absl::UnavailableError("sandbox daemon is shutting down");
@@ -1426,13 +1416,7 @@ SessionManager::DirectHandOver SessionManager::HandOverNamespace(
   if (!worker_->booted()) return DirectHandOver::kBooting;
   if (env_pending_generation_ != 0) return DirectHandOver::kNotEligible;
   if (!hand_over(*worker_)) return DirectHandOver::kNotEligible;
-  const runtime::v1::NamespaceEvent connected = HostConnectedEvent();
-  ipc::Frame frame;
-  frame.type = ipc::FrameType::kNamespaceEvent;
-  frame.ns.name = name;
-  frame.ns.event = connected.event();
-  frame.data = connected.data();
-  SendToWorker(frame);
+  SendToWorker(NamespaceEventFrame(name, HostConnectedEvent()));
   FlushToWorker();
   return DirectHandOver::kHandedOver;
 }

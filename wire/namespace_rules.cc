@@ -55,4 +55,21 @@ runtime::v1::NamespaceEvent HostConnectedEvent() {
   return connected;
 }
 
+ipc::Frame NamespaceEventFrame(const std::string& name,
+                               const runtime::v1::NamespaceEvent& event) {
+  ipc::Frame frame;
+  frame.type = ipc::FrameType::kNamespaceEvent;
+  frame.ns.name = name;
+  frame.ns.event = event.event();
+  frame.ns.request_id = event.request_id();
+  if (event.has_error()) {
+    frame.ns.has_error = true;
+    frame.ns.error_type = event.error().type();
+    frame.ns.error_message = event.error().message();
+    frame.ns.status_code = event.error().status_code();
+  }
+  frame.data = event.data();
+  return frame;
+}
+
 }  // namespace agentix::sandbox

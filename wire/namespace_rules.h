@@ -1,14 +1,17 @@
 // The rules of a host's Namespace stream that whoever serves it applies —
 // the daemon, or the worker for a stream handed over to it
 // (docs/DIRECT-CALLS.md stage 8): which names may be opened, which host
-// events are accepted, and the event that tells the sandbox a host listens.
+// events are accepted and the frame they become, and the event that tells
+// the sandbox a host listens.
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "agentix/runtime/v1/runtime.pb.h"
+#include "worker/ipc/frame.h"
 
 namespace agentix::sandbox {
 
@@ -35,5 +38,10 @@ absl::Status CheckNamespaceName(absl::string_view name);
 absl::Status CheckHostNamespaceEvent(const runtime::v1::NamespaceEvent& event);
 // The kHostConnectedEvent sent to the sandbox (msgpack nil data).
 runtime::v1::NamespaceEvent HostConnectedEvent();
+// A host's `event` on namespace `name` as the worker link's kNamespaceEvent
+// frame: the same whether the daemon relays it or the worker serves the
+// stream.
+ipc::Frame NamespaceEventFrame(const std::string& name,
+                               const runtime::v1::NamespaceEvent& event);
 
 }  // namespace agentix::sandbox

@@ -112,18 +112,7 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
       connection_->Finish(valid.code(), valid.message());
       return;
     }
-    ipc::Frame frame;
-    frame.type = ipc::FrameType::kNamespaceEvent;
-    frame.ns.name = ns_name_;
-    frame.ns.event = event.event();
-    frame.ns.request_id = event.request_id();
-    if (event.has_error()) {
-      frame.ns.has_error = true;
-      frame.ns.error_type = event.error().type();
-      frame.ns.error_message = event.error().message();
-      frame.ns.status_code = event.error().status_code();
-    }
-    frame.data = event.data();
+    ipc::Frame frame = sandbox::NamespaceEventFrame(ns_name_, event);
     driver_->Send(absl::MakeSpan(&frame, 1));
   }
   bool opened_owed() const { return opened_owed_; }  // under DirectConns' mu_
@@ -367,30 +356,7 @@ void DirectConns::Accept(const ipc::Frame& frame,
   FrameConnectionOptions options;
   options.max_unwritten_bytes = limits.max_retained_bytes;
   options.stalled_host_timeout = limits.stalled_host_timeout;
-  const int wake = wake_fd_.get();
-  options.wake = [wake] {
-    const uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = ::write(wake, &one, sizeof one);
-  };
-  const int socket = fds.empty() ? -1 : fds[0].Release();
-  const int ring = fds.size() > 1 ? fds[1].Release() : -1;
-  absl::StatusOr<std::unique_ptr<FrameConnection>> made =
-      FrameConnection::Create(socket, frame.data, ring, conn.get(),
-                              std::move(options));
-  if (!made.ok()) {
-    absl::MutexLock lock(&mu_);
-    closed_.emplace_back(info.conn,
-                         absl::StrCat("refused: ", made.status().message()));
-    return;
-  }
-  conn->Attach(std::move(*made), conn);
-  const int fd = conn->connection().fd();
-  {
-    absl::MutexLock lock(&mu_);
-    conns_[fd] = conn;
-  }
-  conn->watched = EPOLLIN;
-  Watch(fd, EPOLLIN, EPOLL_CTL_ADD);
+  if (!Open(conn, frame, std::move(fds), std::move(options))) return;
   // An answer that changed after the daemon answered this host's HELLO
   // reached the link before this connection did.
   if (!calls_cpu_answer_.empty()) conn->TellCallsCpu(calls_cpu_answer_);
@@ -411,20 +377,33 @@ void DirectConns::AcceptNamespace(const ipc::Frame& frame,
   if (info.stalled_ms > 0) {
     options.stalled_host_timeout = absl::Milliseconds(info.stalled_ms);
   }
+  if (!Open(conn, frame, std::move(fds), std::move(options))) return;
+  conn->connection().Start();
+  Drive();
+}
+
+bool DirectConns::Open(const std::shared_ptr<Conn>& conn,
+                       const ipc::Frame& frame,
+                       std::vector<base::UniqueFd> fds,
+                       FrameConnectionOptions options) {
+  const ipc::DirectConnInfo& info = frame.direct_conn;
   const int wake = wake_fd_.get();
   options.wake = [wake] {
     const uint64_t one = 1;
     [[maybe_unused]] ssize_t n = ::write(wake, &one, sizeof one);
   };
   const int socket = fds.empty() ? -1 : fds[0].Release();
+  // A Namespace stream has no ring.
+  const int ring =
+      info.ns_name.empty() && fds.size() > 1 ? fds[1].Release() : -1;
   absl::StatusOr<std::unique_ptr<FrameConnection>> made =
-      FrameConnection::Create(socket, frame.data, /*ring_fd=*/-1, conn.get(),
+      FrameConnection::Create(socket, frame.data, ring, conn.get(),
                               std::move(options));
   if (!made.ok()) {
     absl::MutexLock lock(&mu_);
     closed_.emplace_back(info.conn,
                          absl::StrCat("refused: ", made.status().message()));
-    return;
+    return false;
   }
   conn->Attach(std::move(*made), conn);
   const int fd = conn->connection().fd();
@@ -432,12 +411,11 @@ void DirectConns::AcceptNamespace(const ipc::Frame& frame,
     absl::MutexLock lock(&mu_);
     conns_[fd] = conn;
     // One direct stream a name (the daemon's rule): the latest wins.
-    namespaces_[info.ns_name] = conn;
+    if (!info.ns_name.empty()) namespaces_[info.ns_name] = conn;
   }
   conn->watched = EPOLLIN;
   Watch(fd, EPOLLIN, EPOLL_CTL_ADD);
-  conn->connection().Start();
-  Drive();
+  return true;
 }
 
 void DirectConns::OnHostConnected(const std::string& name) {

@@ -42,6 +42,10 @@
 #include "worker/ipc/ledger.h"
 #include "worker/ipc/payload_area.h"
 
+namespace agentix::sandbox {
+struct FrameConnectionOptions;
+}  // namespace agentix::sandbox
+
 namespace agentix::worker {
 
 class DirectConns {
@@ -184,6 +188,13 @@ class DirectConns {
               std::unique_ptr<ipc::LedgerWriter> ledger);
   void Watch(int fd, uint32_t events, int op);
   void AcceptNamespace(const ipc::Frame& frame, std::vector<base::UniqueFd> fds);
+  // Opens `conn`'s transport on the handed-over socket (and ring, if sent)
+  // with the bytes read past its HELLO, keeps and watches it, and for a
+  // Namespace stream makes it its name's; false (the refusal queued for the
+  // daemon) if the transport cannot be made. The caller starts it.
+  bool Open(const std::shared_ptr<Conn>& conn, const ipc::Frame& frame,
+            std::vector<base::UniqueFd> fds,
+            sandbox::FrameConnectionOptions options);
   void Reap(const std::shared_ptr<Conn>& conn);
   void ArmTimer(absl::Time at);
   void FinishHalfClosed(DirectSession* session);
