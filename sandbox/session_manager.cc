@@ -784,25 +784,6 @@ void SessionManager::AbortMostBacklogged() {
       "); reconnect and resume the calls"));
 }
 
-namespace {
-
-std::shared_ptr<const runtime::v1::NamespaceEvent> ToNamespaceEvent(
-    const ipc::Frame& frame) {
-  auto event = std::make_shared<runtime::v1::NamespaceEvent>();
-  event->set_event(frame.ns.event);
-  event->set_data(frame.data);
-  event->set_request_id(frame.ns.request_id);
-  if (frame.ns.has_error) {
-    auto* error = event->mutable_error();
-    error->set_type(frame.ns.error_type);
-    error->set_message(frame.ns.error_message);
-    error->set_status_code(frame.ns.status_code);
-  }
-  return event;
-}
-
-}  // namespace
-
 void SessionManager::RouteNamespaceEvents(
     const std::vector<const ipc::Frame*>& frames) {
   // Consecutive events of one namespace go out as one batch.
@@ -813,7 +794,8 @@ void SessionManager::RouteNamespaceEvents(
     std::vector<NamespaceEventPtr> batch;
     std::vector<runtime::v1::LogRecord> oversize;
     while (end < frames.size() && frames[end]->ns.name == name) {
-      auto event = ToNamespaceEvent(*frames[end]);
+      auto event = std::make_shared<runtime::v1::NamespaceEvent>();
+      FillNamespaceEvent(*frames[end], *event);
       // Payloads cannot be cut: one that cannot fit a default client's
       // 4 MiB message is not delivered, and the hosts' logs say so.
       if (event->ByteSizeLong() > kMaxWireItemBytes) {

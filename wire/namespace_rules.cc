@@ -72,4 +72,17 @@ ipc::Frame NamespaceEventFrame(const std::string& name,
   return frame;
 }
 
+void FillNamespaceEvent(const ipc::Frame& frame,
+                        runtime::v1::NamespaceEvent& event) {
+  event.set_event(frame.ns.event);
+  event.set_data(frame.data);
+  event.set_request_id(frame.ns.request_id);
+  if (frame.ns.has_error) {
+    runtime::v1::NamespaceError* error = event.mutable_error();
+    error->set_type(frame.ns.error_type);
+    error->set_message(frame.ns.error_message);
+    error->set_status_code(frame.ns.status_code);
+  }
+}
+
 }  // namespace agentix::sandbox

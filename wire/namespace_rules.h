@@ -43,5 +43,9 @@ runtime::v1::NamespaceEvent HostConnectedEvent();
 // stream.
 ipc::Frame NamespaceEventFrame(const std::string& name,
                                const runtime::v1::NamespaceEvent& event);
+// The other way: the sandbox's kNamespaceEvent `frame` as the event its
+// hosts get, written into `event` (whoever serves the stream).
+void FillNamespaceEvent(const ipc::Frame& frame,
+                        runtime::v1::NamespaceEvent& event);
 
 }  // namespace agentix::sandbox

@@ -137,16 +137,7 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
     runtime::v1::NamespaceResponse response;
     response.set_namespace_(ns_name_);
     response.set_instance_id(instance_id_);
-    runtime::v1::NamespaceEvent* event = response.add_events();
-    event->set_event(frame.ns.event);
-    event->set_data(frame.data);
-    event->set_request_id(frame.ns.request_id);
-    if (frame.ns.has_error) {
-      runtime::v1::NamespaceError* error = event->mutable_error();
-      error->set_type(frame.ns.error_type);
-      error->set_message(frame.ns.error_message);
-      error->set_status_code(frame.ns.status_code);
-    }
+    sandbox::FillNamespaceEvent(frame, *response.add_events());
     (void)connection_->SendMessages({response.SerializeAsString()});
   }
   void OnEnd(absl::Status why) override {
