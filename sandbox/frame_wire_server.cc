@@ -16,6 +16,7 @@
 #include <deque>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
@@ -977,23 +978,35 @@ class FrameWireServer::Connection {
     if (state.ending || state.broken || state.unwritten != 0) return false;
     const absl::Time give_up =
         absl::Now() + session.worker.ready_timeout + absl::Seconds(1);
-    bool started = false;
-    for (;;) {
-      uint64_t conn = 0;
-      const SessionManager::DirectHandOver outcome = manager_->HandOverDirect(
+    uint64_t conn = 0;
+    const bool handed = OfferToWorker(give_up, [&] {
+      return manager_->HandOverDirect(
           sink_->client_id(), [&](WorkerProcess& worker) {
             return SendToWorker(worker, *direct, conn);
           });
-      switch (outcome) {
+    });
+    if (handed) ReleaseHandedOver(*direct, conn);
+    return handed;
+  }
+
+  // Makes `offer` (one try of SessionManager::HandOverDirect or
+  // HandOverNamespace) until the connection is handed over (true) or it
+  // is not eligible, the worker cannot be started, the daemon stops or
+  // `give_up` passes (false: it stays relayed). A missing worker is started
+  // once, as the first call would start it; a worker that then fails its
+  // boot leaves the connection relayed (its calls get WorkerBootError
+  // there). Between tries the host's pipelined frames wait in the socket.
+  bool OfferToWorker(
+      absl::Time give_up,
+      absl::FunctionRef<SessionManager::DirectHandOver()> offer) {
+    bool started = false;
+    for (;;) {
+      switch (offer()) {
         case SessionManager::DirectHandOver::kHandedOver:
-          ReleaseHandedOver(*direct, conn);
           return true;
         case SessionManager::DirectHandOver::kNotEligible:
           return false;
         case SessionManager::DirectHandOver::kNoWorker:
-          // Started as the first call would start it; a worker that then
-          // fails its boot leaves the connection relayed (its calls get
-          // WorkerBootError there).
           if (started || !manager_->StartWorker().ok()) return false;
           started = true;
           break;
@@ -1004,7 +1017,6 @@ class FrameWireServer::Connection {
           absl::Now() >= give_up) {
         return false;
       }
-      // The host's pipelined frames wait in the socket meanwhile.
       pollfd wake{wake_fd_, POLLIN, 0};
       if (::poll(&wake, 1, 5) > 0) DrainWake(wake_fd_);
     }
@@ -1043,31 +1055,19 @@ class FrameWireServer::Connection {
     }
     // The host waits for `opened` (its OPEN_TIMEOUT is 10 s): a worker not
     // ready within this leaves the stream relayed, answered at once.
-    const absl::Time give_up = absl::Now() + kNamespaceHandOverWait;
-    bool started = false;
-    for (;;) {
-      uint64_t conn = 0;
-      const SessionManager::DirectHandOver outcome =
-          manager_->HandOverNamespace(name, [&](WorkerProcess& worker) {
-            return SendNamespaceToWorker(worker, *direct, name, conn);
-          });
-      if (outcome == SessionManager::DirectHandOver::kHandedOver) {
-        ReleaseNamespaceHandedOver(*direct, conn);
-        AGX_LOG(Debug, "namespace {} handed to the worker as direct "
-                "connection {}", name, conn);
-        return true;
-      }
-      if (outcome == SessionManager::DirectHandOver::kNotEligible) break;
-      if (outcome == SessionManager::DirectHandOver::kNoWorker) {
-        if (started || !manager_->StartWorker().ok()) break;
-        started = true;
-      }
-      if (server_->stopping_.load(std::memory_order_acquire) ||
-          absl::Now() >= give_up) {
-        break;
-      }
-      pollfd wake{wake_fd_, POLLIN, 0};
-      if (::poll(&wake, 1, 5) > 0) DrainWake(wake_fd_);
+    uint64_t conn = 0;
+    const bool handed =
+        OfferToWorker(absl::Now() + kNamespaceHandOverWait, [&] {
+          return manager_->HandOverNamespace(
+              name, [&](WorkerProcess& worker) {
+                return SendNamespaceToWorker(worker, *direct, name, conn);
+              });
+        });
+    if (handed) {
+      ReleaseNamespaceHandedOver(*direct, conn);
+      AGX_LOG(Debug, "namespace {} handed to the worker as direct "
+              "connection {}", name, conn);
+      return true;
     }
     AGX_LOG(Debug, "namespace {}: the worker cannot take it; served relayed",
             name);
