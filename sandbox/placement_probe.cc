@@ -9,30 +9,46 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "base/cpu_affinity.h"
 
 namespace agentix::sandbox {
 namespace {
 
-// A sequential call hands off four times (host -> daemon -> worker -> daemon
-// -> host). The hosts' pinned waits keep the host <-> daemon hand-offs on
-// the daemon's CPU and pay two sched_setaffinity per call in the host, where
-// a pin from Python cost ~4x the bare system call (stop 25: 5-6 us of loop
-// CPU for two, against 0.65 us a call in a tight loop). The daemon's own
+// A sequential call hands off four times relayed (host -> daemon -> worker ->
+// daemon -> host), twice direct (host -> worker -> host). The hosts' pinned
+// waits keep the host's two hand-offs a call (its request's and its reply's:
+// a round trip) on the call path's CPU and pay two sched_setaffinity per call
+// in the host, where a pin from Python cost ~4x the bare system call (stop
+// 25: 5-6 us of loop CPU for two, against 0.65 us a call in a tight loop).
+// Pinning pays only where an unpinned call path would spread over CPUs that
+// halt: with another CPU idle the scheduler wakes each side there, and a
+// round trip across CPUs costs what it costs two threads pinned apart; with
+// no other CPU idle (a busy core on two CPUs, a loaded machine) it keeps the
+// chain on one CPU by itself and the pins are pure cost (stop 43, two CPUs:
+// idle, pinned 0.67x the direct noop's p50 and 0.82x the relayed one; one
+// busy core, 1.41x and 1.16x). Until stop 43 the rule read one unpinned pair
+// of threads, which the scheduler kept on one CPU in some runs and spread in
+// others on the same idle machine (9 or 29 us), and weighed half of it
+// against the pins: it chose pin_daemon in many quiet starts. The daemon's own
 // placement is kept even where a hand-off saves nothing: on the machine
 // whose wake-ups are cheap it measured no worse than off (p50 0.89-1.08x
 // off, 0.83-0.91x the whole placement; docs/PERFORMANCE.md, stop 30/31).
 constexpr double kHostPinFactor = 4.0;
-// Below this a hand-off's saving is the probe's own noise.
-constexpr double kMinGainUs = 1.0;
+// Below this a round trip's saving is the probe's own noise.
+constexpr double kMinGainUs = 2.0;
+// A CPU idle for at least this share of the window counts as idle.
+constexpr double kIdleShare = 0.5;
 constexpr int kWarmUp = 30;
 
 double NowUs() {
@@ -51,9 +67,10 @@ double Median(std::vector<double> values) {
 bool Finite(double value) { return std::isfinite(value) && value > 0; }
 
 // One byte each way between this thread and an echo thread, over a Unix
-// socketpair (the call path's own kind of hand-off). `cpus`: both threads'
-// mask for the whole run.
-absl::StatusOr<double> RoundTrip(const cpu_set_t& cpus, int round_trips) {
+// socketpair (the call path's own kind of hand-off). `cpus`: this thread's
+// mask for the whole run, `echo_cpus` the echo thread's.
+absl::StatusOr<double> RoundTrip(const cpu_set_t& cpus, const cpu_set_t& echo_cpus,
+                                 int round_trips) {
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
     return absl::InternalError(absl::StrFormat("socketpair: errno %d", errno));
@@ -74,8 +91,8 @@ absl::StatusOr<double> RoundTrip(const cpu_set_t& cpus, int round_trips) {
   };
   std::thread echo;
   try {
-    echo = std::thread([fd = fds[1], cpus] {
-      (void)base::SetThreadCpus(0, cpus);
+    echo = std::thread([fd = fds[1], echo_cpus] {
+      (void)base::SetThreadCpus(0, echo_cpus);
       char byte;
       while (::read(fd, &byte, 1) == 1) {
         if (::write(fd, &byte, 1) != 1) break;
@@ -104,6 +121,46 @@ absl::StatusOr<double> RoundTrip(const cpu_set_t& cpus, int round_trips) {
   if (!placed.ok()) return placed;
   if (broken) return absl::InternalError("the probe's socketpair broke");
   return Median(std::move(times));
+}
+
+// Per CPU of `cpus`: idle + iowait jiffies from /proc/stat; empty if it
+// cannot be read.
+std::vector<std::pair<int, long long>> IdleJiffies(const cpu_set_t& cpus) {
+  std::vector<std::pair<int, long long>> out;
+  std::FILE* stat = std::fopen("/proc/stat", "re");
+  if (stat == nullptr) return out;
+  char line[512];
+  while (std::fgets(line, sizeof(line), stat) != nullptr) {
+    int cpu = -1;
+    long long user, nice, system, idle, iowait;
+    if (std::sscanf(line, "cpu%d %lld %lld %lld %lld %lld", &cpu, &user, &nice, &system,
+                    &idle, &iowait) == 6 &&
+        cpu >= 0 && cpu < CPU_SETSIZE && CPU_ISSET(cpu, &cpus)) {
+      out.emplace_back(cpu, idle + iowait);
+    }
+  }
+  std::fclose(stat);
+  return out;
+}
+
+// How many CPUs of `cpus` were idle at least kIdleShare of `window` (slept
+// through by this thread); -1 if /proc/stat cannot say.
+int IdleCpus(const cpu_set_t& cpus, absl::Duration window) {
+  const std::vector<std::pair<int, long long>> before = IdleJiffies(cpus);
+  const double start = NowUs();
+  absl::SleepFor(window);
+  const double slept_s = (NowUs() - start) / 1e6;
+  const std::vector<std::pair<int, long long>> after = IdleJiffies(cpus);
+  const long ticks = ::sysconf(_SC_CLK_TCK);
+  if (before.empty() || before.size() != after.size() || ticks <= 0 || slept_s <= 0) {
+    return -1;
+  }
+  int idle = 0;
+  for (size_t i = 0; i < before.size(); ++i) {
+    const double idle_s = static_cast<double>(after[i].second - before[i].second) / ticks;
+    if (idle_s >= kIdleShare * slept_s) ++idle;
+  }
+  return idle;
 }
 
 // The calling thread pinned to its CPU and given its mask back, per call.
@@ -142,21 +199,30 @@ PlacementChoice ChoosePlacement(const ProbeFigures& f) {
   if (f.cpus < 2) {
     return {Placement::kOff, "one CPU: every hand-off is on it anyway"};
   }
-  if (!Finite(f.same_cpu_us) || !Finite(f.any_cpu_us) || !Finite(f.affinity_us)) {
+  if (!Finite(f.same_cpu_us) || !Finite(f.cross_cpu_us) || !Finite(f.affinity_us)) {
     return {Placement::kAll, "no usable figures: the placement before the probe"};
   }
-  // What one hand-off saves on one CPU; an unpinned pair that came out
-  // faster saves nothing.
-  const double gain = std::max(0.0, (f.any_cpu_us - f.same_cpu_us) / 2);
-  if (gain < kMinGainUs || gain <= kHostPinFactor * f.affinity_us) {
+  const double pins = kHostPinFactor * f.affinity_us;
+  // No other CPU idle: the scheduler keeps a call path on one CPU by itself.
+  if (f.idle_cpus >= 0 && f.idle_cpus < 2) {
     return {Placement::kDaemon,
-            absl::StrFormat("a hand-off saves %.1f us on one CPU, a host's pin costs ~%.1f us",
-                            gain, kHostPinFactor * f.affinity_us)};
+            absl::StrFormat("%d of %d CPUs idle: an unpinned call path stays on one CPU, "
+                            "a host's pins cost ~%.1f us",
+                            f.idle_cpus, f.cpus, pins)};
+  }
+  // What a call's round trip (the host's two hand-offs) saves on one CPU
+  // against one spread over two; a pair pinned apart that came out faster
+  // saves nothing.
+  const double gain = std::max(0.0, f.cross_cpu_us - f.same_cpu_us);
+  if (gain < kMinGainUs || gain <= pins) {
+    return {Placement::kDaemon,
+            absl::StrFormat("a round trip saves %.1f us on one CPU, a host's pins cost ~%.1f us",
+                            gain, pins)};
   }
   return {Placement::kAll,
-          absl::StrFormat("a hand-off saves %.1f us on one CPU: more than a host's "
-                          "pin (~%.1f us)",
-                          gain, kHostPinFactor * f.affinity_us)};
+          absl::StrFormat("a round trip saves %.1f us on one CPU: more than a host's "
+                          "pins (~%.1f us)",
+                          gain, pins)};
 }
 
 absl::StatusOr<ProbeFigures> MeasurePlacement(const ProbeOptions& options) {
@@ -169,14 +235,20 @@ absl::StatusOr<ProbeFigures> MeasurePlacement(const ProbeOptions& options) {
   }
   figures.cpus = CPU_COUNT(&all);
   if (figures.cpus >= 2) {
-    // Unpinned first, with fresh threads: where the scheduler puts them.
-    absl::StatusOr<double> any = RoundTrip(all, options.round_trips);
-    if (!any.ok()) return any.status();
-    const int cpu = ::sched_getcpu();
-    absl::StatusOr<double> same =
-        RoundTrip(base::CpuSetOf(cpu >= 0 ? cpu : 0), options.round_trips);
+    // Idleness first, before this probe's own threads run.
+    figures.idle_cpus = IdleCpus(all, options.idle_window);
+    const int cpu = std::max(0, ::sched_getcpu());
+    int other = -1;
+    for (int c = 0; c < CPU_SETSIZE && other < 0; ++c) {
+      if (c != cpu && CPU_ISSET(c, &all)) other = c;
+    }
+    const cpu_set_t here = base::CpuSetOf(cpu);
+    absl::StatusOr<double> cross =
+        RoundTrip(here, base::CpuSetOf(other), options.round_trips);
+    if (!cross.ok()) return cross.status();
+    absl::StatusOr<double> same = RoundTrip(here, here, options.round_trips);
     if (!same.ok()) return same.status();
-    figures.any_cpu_us = *any;
+    figures.cross_cpu_us = *cross;
     figures.same_cpu_us = *same;
     figures.affinity_us = AffinityUs(all, options.affinity_pairs);
   }
@@ -187,12 +259,17 @@ absl::StatusOr<ProbeFigures> MeasurePlacement(const ProbeOptions& options) {
 ReprobeSchedule::Step ReprobeSchedule::Next(const CallPathActivity& activity,
                                              absl::Time now) const {
   if (options_.every <= absl::ZeroDuration()) return {};
-  const absl::Time due = probed_at_ + options_.every;
+  const absl::Duration period =
+      reprobed_ ? options_.every : std::min(options_.every, options_.first_every);
+  const absl::Time due = probed_at_ + period;
   if (now < due) return {false, due};
   // Unused since the last probe: nothing to decide for; a look per period
-  // costs an idle daemon one wake-up.
+  // costs an idle daemon one wake-up (one a `first_every` in the start-up
+  // probe's first `every`, so that a sandbox's first calls are not left
+  // with the start-up answer for a minute).
   if (!activity.busy && activity.last_call_end <= probed_at_) {
-    return {false, now + options_.every};
+    const bool first = !reprobed_ && now < probed_at_ + options_.every;
+    return {false, now + (first ? period : options_.every)};
   }
   // A call runs: look again soon, then less often the longer it lasts (a
   // long call or a stream without a pause costs a few looks a minute).
@@ -219,9 +296,9 @@ ReprobeSchedule::Step StartupProbeStep(const ReprobeSchedule::Options& options,
 
 std::string DescribeFigures(const ProbeFigures& f) {
   return absl::StrFormat(
-      "same-CPU round trip %.1f us, any-CPU %.1f us, sched_setaffinity %.2f us, "
-      "%d CPUs, %.1f ms",
-      f.same_cpu_us, f.any_cpu_us, f.affinity_us, f.cpus,
+      "same-CPU round trip %.1f us, cross-CPU %.1f us, sched_setaffinity %.2f us, "
+      "%d CPUs (%d idle), %.1f ms",
+      f.same_cpu_us, f.cross_cpu_us, f.affinity_us, f.cpus, f.idle_cpus,
       absl::ToDoubleMilliseconds(f.took));
 }
 

@@ -18,10 +18,13 @@ namespace agentix::sandbox {
 
 // What the probe measured; medians, in microseconds.
 struct ProbeFigures {
-  double same_cpu_us = 0;  // a round trip between two threads on one CPU
-  double any_cpu_us = 0;   // the same, both unpinned (the scheduler's choice)
-  double affinity_us = 0;  // one sched_setaffinity of the calling thread
-  int cpus = 0;            // CPUs the daemon may run on
+  double same_cpu_us = 0;   // a round trip between two threads on one CPU
+  double cross_cpu_us = 0;  // the same, the two threads pinned to two CPUs
+  double affinity_us = 0;   // one sched_setaffinity of the calling thread
+  int cpus = 0;             // CPUs the daemon may run on
+  // Of those, the CPUs idle at least half of a short window before the round
+  // trips (/proc/stat); -1: not known.
+  int idle_cpus = -1;
   absl::Duration took;     // the probe's wall time
 };
 
@@ -45,6 +48,7 @@ PlacementChoice ChoosePlacement(const ProbeFigures& figures);
 
 struct ProbeOptions {
   int round_trips = 300;  // per mode, after kWarmUp
+  absl::Duration idle_window = absl::Milliseconds(50);  // for idle_cpus
   int affinity_pairs = 100;
 };
 
@@ -52,8 +56,8 @@ struct ProbeOptions {
 // the caller's mask as it was. One CPU allowed: only `cpus` is set.
 absl::StatusOr<ProbeFigures> MeasurePlacement(const ProbeOptions& options = {});
 
-// "same-CPU round trip 8.1 us, any-CPU 15.2 us, sched_setaffinity 2.9 us,
-// 2 CPUs, 12.3 ms"
+// "same-CPU round trip 8.1 us, cross-CPU 15.2 us, sched_setaffinity 2.9 us,
+// 2 CPUs (2 idle), 12.3 ms"
 std::string DescribeFigures(const ProbeFigures& figures);
 
 // What the call path is doing, as a re-probe needs to know it.
@@ -78,6 +82,11 @@ class ReprobeSchedule {
   struct Options {
     absl::Duration every = absl::Seconds(60);  // ZeroDuration: never again
     absl::Duration quiet = absl::Milliseconds(100);
+    // The first re-probe's period (at most `every`): the start-up probe often
+    // sees a moment that is not the machine's usual (the host's own start,
+    // other sandboxes booting), and a sandbox's first pause is the first
+    // chance to measure it at rest.
+    absl::Duration first_every = absl::Seconds(1);
     // How long the start-up probe may wait for a call path at rest (see
     // StartupProbeStep). ZeroDuration: it measures at once.
     absl::Duration startup_wait = absl::ZeroDuration();
@@ -94,11 +103,15 @@ class ReprobeSchedule {
   // Whether to probe now; otherwise when to call Next again.
   Step Next(const CallPathActivity& activity, absl::Time now) const;
   // A probe ended at `at`.
-  void Probed(absl::Time at) { probed_at_ = at; }
+  void Probed(absl::Time at) {
+    probed_at_ = at;
+    reprobed_ = true;
+  }
 
  private:
   const Options options_;
   absl::Time probed_at_;
+  bool reprobed_ = false;  // whether the start-up probe is the last one
 };
 
 // When the start-up probe measures. Its ~15-30 ms of two busy threads took

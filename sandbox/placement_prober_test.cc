@@ -12,10 +12,10 @@
 namespace agentix::sandbox {
 namespace {
 
-ProbeFigures Figures(double same, double any, double affinity) {
+ProbeFigures Figures(double same, double cross, double affinity) {
   ProbeFigures f;
   f.same_cpu_us = same;
-  f.any_cpu_us = any;
+  f.cross_cpu_us = cross;
   f.affinity_us = affinity;
   f.cpus = 2;
   return f;

@@ -215,9 +215,10 @@ ABSL_FLAG(std::string, calls_cpu, agentix::sandbox::kCallsCpuByDefault,
           "the one the worker reader runs on when it pins; a number: that "
           "CPU; \"off\" or \"\": nothing is pinned; \"probe\" (default since "
           "stop 32): a start-up "
-          "measurement (~15-30 ms, on a thread of its own; calls run unpinned "
+          "measurement (~60-130 ms, on a thread of its own; calls run unpinned "
           "until it ends) chooses between auto with the hosts' pinned waits "
-          "(a hand-off on one CPU saves more than ~4 sched_setaffinity) and "
+          "(two or more CPUs idle, and a round trip on one CPU saves more "
+          "than ~4 sched_setaffinity against one across two) and "
           "auto alone (frame-wire hosts that ask are told not to pin their "
           "waits; off with one CPU), and logs its figures and choice at info "
           "level; measured again in the call path's pauses "
@@ -225,7 +226,8 @@ ABSL_FLAG(std::string, calls_cpu, agentix::sandbox::kCallsCpuByDefault,
           "docs/FRAME-WIRE.md, \"Wake-ups\")");
 ABSL_FLAG(double, calls_cpu_reprobe_s, 60,
           "with --calls_cpu=probe: seconds between the probe's measurements "
-          "after the start-up one (at most one per period, only in a pause of "
+          "after the start-up one (at most one per period, the first as soon "
+          "as 1 s after the start-up one; only in a pause of "
           "the call path: no call running for 0.1 s after one ran since the "
           "last probe, no worker booting); a changed choice applies to the "
           "daemon at once and reaches the frame-wire hosts that asked for "

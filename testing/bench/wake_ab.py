@@ -300,14 +300,15 @@ PROBE_CHOICES = ("pin", "pin_daemon", "off")
 
 def probe_choice(log_path: str) -> dict:
     """--calls_cpu=probe's choice and figures from the daemon's log line:
-    {"choice_<name>": 1, "same_cpu_us", "any_cpu_us", "affinity_us", "probe_ms"}."""
+    {"choice_<name>": 1, "same_cpu_us", "cross_cpu_us", "affinity_us", "probe_ms"}."""
     with open(log_path, errors="replace") as f:
-        found = re.search(r"calls_cpu probe: (\w+) \(.*\); same-CPU round trip ([\d.]+) us, any-CPU "
-                          r"([\d.]+) us, sched_setaffinity ([\d.]+) us, \d+ CPUs, ([\d.]+) ms", f.read())
+        found = re.search(r"calls_cpu probe: (\w+) \(.*\); same-CPU round trip ([\d.]+) us, cross-CPU "
+                          r"([\d.]+) us, sched_setaffinity ([\d.]+) us, \d+ CPUs \(-?\d+ idle\), ([\d.]+) ms",
+                          f.read())
     if not found:
         return {}
     out = {f"choice_{name}": int(found.group(1) == name) for name in PROBE_CHOICES}
-    for key, value in zip(("same_cpu_us", "any_cpu_us", "affinity_us", "probe_ms"), found.groups()[1:]):
+    for key, value in zip(("same_cpu_us", "cross_cpu_us", "affinity_us", "probe_ms"), found.groups()[1:]):
         out[key] = float(value)
     return out
 
@@ -481,7 +482,7 @@ def main(argv=None) -> int:
         if any(chose.values()):
             entry["probe_chose"] = chose
             print(f"{'':<10} the probe chose {chose}; same-CPU {med.get('probe_same_cpu_us')} us, "
-                  f"any-CPU {med.get('probe_any_cpu_us')} us, sched_setaffinity "
+                  f"cross-CPU {med.get('probe_cross_cpu_us')} us, sched_setaffinity "
                   f"{med.get('probe_affinity_us')} us, {med.get('probe_probe_ms')} ms (medians)")
         fl = entry["over_floors"]
         print(f"{'':<10} targets {entry['targets']}")

@@ -343,7 +343,7 @@ def _probe_choice(daemon, timeout_s=10.0):
     deadline = time.monotonic() + timeout_s
     while True:
         found = re.search(r"calls_cpu probe: (pin|pin_daemon|off) \((.+)\); same-CPU round trip "
-                          r"([\d.]+) us, any-CPU ([\d.]+) us, sched_setaffinity ([\d.]+) us, (\d+) CPUs",
+                          r"([\d.]+) us, cross-CPU ([\d.]+) us, sched_setaffinity ([\d.]+) us, (\d+) CPUs \((-?\d+) idle\)",
                           daemon.log())
         if found:
             return found.group(1), [float(v) for v in found.groups()[2:]]
@@ -356,8 +356,8 @@ async def test_calls_cpu_probe_serves_calls_reports_its_choice_and_tells_the_hos
 
     before = frozenset(_allowed())
     daemon = start_daemon(extra_args=["--calls_cpu=probe", "--token-file", _token_file(tmp_path)])
-    choice, (same, any_cpu, affinity, cpus) = _probe_choice(daemon)
-    assert same > 0 and any_cpu > 0 and affinity > 0 and cpus == len(before)
+    choice, (same, cross_cpu, affinity, cpus, idle) = _probe_choice(daemon)
+    assert same > 0 and cross_cpu > 0 and affinity > 0 and cpus == len(before) and 0 <= idle <= cpus
     # A frame-wire host that asks is told whether to pin its waits; one that
     # does not ask is told nothing (its first frame is its call's result).
     calls_path = daemon.socket_path.with_name(daemon.socket_path.name + ".calls")
