@@ -15,7 +15,8 @@ namespace agentix::sandbox {
 
 // The daemon's defaults for these flags (its ABSL_FLAGs use them): the
 // launcher reads a daemon command line that may leave them out.
-inline constexpr bool kDirectCallsByDefault = false;
+// Direct calls on since stop 43 (docs/DIRECT-CALLS.md, "Flag and default").
+inline constexpr bool kDirectCallsByDefault = true;
 inline constexpr bool kCallsSocketByDefault = true;
 inline constexpr int64_t kWorkerIntakeSpinUsByDefault = 0;
 inline constexpr char kCallsCpuByDefault[] = "probe";

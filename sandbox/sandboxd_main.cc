@@ -180,8 +180,9 @@ ABSL_FLAG(std::string, health_listen, "",
           "armed or not; every other service is UNIMPLEMENTED there (grpc++'s "
           "server reflection lists only the health service)");
 ABSL_FLAG(bool, direct_calls, agentix::sandbox::kDirectCallsByDefault,
-          "direct calls (docs/DIRECT-CALLS.md; default off until stage 5's "
-          "A/B): a frame-wire Calls connection whose HELLO has "
+          "direct calls (docs/DIRECT-CALLS.md; on by default since stop 43, "
+          "--nodirect_calls relays every call): a frame-wire Calls connection "
+          "(and a Namespace stream after its open) whose HELLO has "
           "agentix-direct: 1 is handed to the worker after HELLO (the socket, "
           "its payload ring, the bytes read past HELLO) when the worker "
           "advertises the capability and the connection is eligible; else it "

@@ -7,8 +7,9 @@ The HELLO keys of the host's own (not gRPC metadata) are named here, with
 ``AGENTIX_CALLS_DIRECT``, which decides whether a Calls connection, and a
 Namespace stream, asks to be served by the worker (docs/DIRECT-CALLS.md):
 ``auto`` (also unset or empty) sends ``agentix-direct: 1``, ``off`` never.
-A daemon run without ``--direct_calls`` (its default), or one that does not
-know the key, ignores it; one with it may hand the connection to the worker
+A daemon run with ``--nodirect_calls`` (``--direct_calls`` is its default
+since stop 43), or one that does not know the key, ignores it; one with
+``--direct_calls`` may hand the connection to the worker
 (a Namespace stream after its ``open``), whose frames the reader then treats
 as a hostile peer's (it already treats the daemon's so)."""
 
