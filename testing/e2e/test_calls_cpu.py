@@ -449,6 +449,29 @@ def _told_on(client, name, want, timeout_s=20.0):
     return told
 
 
+def _latest_choice_becomes(daemon, client, want, force, timeout_s=20.0):
+    """Sequential calls with pauses (a re-probe waits for one) until the
+    daemon's latest logged probe choice is `want`; `force()` before each (a
+    probe running when the test changed its thread's mask gives its own mask
+    back as it ends)."""
+    import re
+
+    deadline, i = time.monotonic() + timeout_s, 0
+    while True:
+        force()
+        choices = re.findall(r"calls_cpu (?:re-)?probe: (\w+) \(", daemon.log())
+        if choices and choices[-1] == want:
+            return
+        assert time.monotonic() < deadline, f"never chose {want!r} (chose {choices})"
+        client.call(f"until-{want}-{i}", "e2e_targets::noop")
+        while True:  # (a HELLO answer may come first: skipped)
+            kind, payload = client.read()
+            if kind == MESSAGE and pb.CallsResponse.FromString(payload).events[0].WhichOneof("kind") == "result":
+                break
+        i += 1
+        time.sleep(0.15)
+
+
 def test_calls_cpu_probe_measures_again_in_pauses_and_tells_each_change_to_the_hosts_that_asked(start_daemon, tmp_path):
     import resource
 
@@ -489,7 +512,12 @@ def test_calls_cpu_probe_measures_again_in_pauses_and_tells_each_change_to_the_h
             assert _told_on(changes, f"to-{answer}", answer)[-1] == answer
             if answer == "off":
                 # One CPU to place on: the daemon's call path is unpinned too
-                # (each thread at its next call).
+                # (each thread at its next call). Hosts are told "off" for
+                # pin_daemon as well, which a re-probe that began before the
+                # probe's thread lost its CPUs may have chosen (its idle window
+                # is 50 ms), and such a probe gives its thread's mask back as it
+                # ends: wait, forcing again, until the latest choice is `off`.
+                _latest_choice_becomes(daemon, changes, "off", lambda: force("off"))
                 _call_on(changes, 2, f"after-{answer}")
                 assert _path(pid, ("agx-wrk-read",)) == {frozenset(allowed)}
     finally:
