@@ -92,6 +92,9 @@ absl::StatusOr<double> RoundTrip(const cpu_set_t& cpus, const cpu_set_t& echo_cp
   std::thread echo;
   try {
     echo = std::thread([fd = fds[1], echo_cpus] {
+      // A new thread inherits its creator's name; the prober's own
+      // ("agx-probe") is the one tools and tests look for.
+      pthread_setname_np(pthread_self(), "agx-probe-echo");
       (void)base::SetThreadCpus(0, echo_cpus);
       char byte;
       while (::read(fd, &byte, 1) == 1) {

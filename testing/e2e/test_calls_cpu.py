@@ -494,7 +494,9 @@ def test_calls_cpu_probe_measures_again_in_pauses_and_tells_each_change_to_the_h
         kind, payload = client.read()
         assert kind == 1 and decode_hello(payload) == [("agentix-calls-cpu", first)]
     _call_on(changes, 3, "booted")  # (the worker boots with all of the daemon's files)
-    (probe_tid,) = [tid for tid, (name, _) in _threads(pid).items() if name == "agx-probe"]
+    # The prober's thread: the first of that name (a probe's echo thread
+    # renames itself, but is "agx-probe" for its first microseconds).
+    probe_tid = min(tid for tid, (name, _) in _threads(pid).items() if name == "agx-probe")
     allowed = _allowed()
     files = resource.prlimit(pid, resource.RLIMIT_NOFILE)
 
