@@ -1,9 +1,11 @@
 #include "worker/direct/chunk_buffers.h"
 
+#include <errno.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <utility>
 
 #include "worker/ipc/chunking.h"
@@ -24,6 +26,36 @@ void ReleasePages(std::string& buffer) {
   }
 }
 
+// Faults in, in one system call, the pages of `buffer` that its next `size`
+// bytes will be written to, after ReleasePages gave them back: a page fault
+// each costs more than the kernel filling the range at once (a 64 MiB
+// direct echo writes 16 MiB into released buffers: docs/PERFORMANCE.md,
+// "stop-43: the direct 64 MiB echo"). The memory is what those writes would
+// fault in anyway. Without MADV_POPULATE_WRITE (Linux < 5.14) the writes
+// fault them in as before.
+void PopulatePages(std::string& buffer, size_t size) {
+#ifdef MADV_POPULATE_WRITE
+  static std::atomic<bool> unsupported{false};
+  if (unsupported.load(std::memory_order_relaxed)) return;
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto data = reinterpret_cast<uintptr_t>(buffer.data());
+  // The pages ReleasePages gave back that the writes reach.
+  const uintptr_t begin = (data + page) & ~(page - 1);
+  const uintptr_t end =
+      std::min((data + size + page - 1) & ~(page - 1),
+               (data + buffer.capacity()) & ~(page - 1));
+  if (begin < end &&
+      madvise(reinterpret_cast<void*>(begin), end - begin,
+              MADV_POPULATE_WRITE) != 0 &&
+      errno == EINVAL) {
+    unsupported.store(true, std::memory_order_relaxed);
+  }
+#else
+  (void)buffer;
+  (void)size;
+#endif
+}
+
 }  // namespace
 
 std::shared_ptr<ChunkBuffers> ChunkBuffers::Create(size_t max_kept,
@@ -34,21 +66,27 @@ std::shared_ptr<ChunkBuffers> ChunkBuffers::Create(size_t max_kept,
 
 std::string ChunkBuffers::Take(size_t size) {
   std::string buffer;
+  bool released = false;
+  bool fresh = false;
   {
     absl::MutexLock lock(&mu_);
-    if (size <= ipc::kChunkBytes) {
-      for (std::vector<std::string>* kept : {&faulted_, &released_}) {
-        if (kept->empty()) continue;
-        buffer = std::move(kept->back());
-        kept->pop_back();
-        ++reused_;
-        return buffer;  // cleared by Give, capacity >= kChunkBytes
-      }
+    if (size <= ipc::kChunkBytes && !(faulted_.empty() && released_.empty())) {
+      std::vector<std::string>& kept = faulted_.empty() ? released_ : faulted_;
+      released = &kept == &released_;
+      buffer = std::move(kept.back());
+      kept.pop_back();
+      ++reused_;
+    } else {
+      ++fresh_;
+      fresh = true;
     }
-    ++fresh_;
   }
-  buffer.reserve(std::max(size, ipc::kChunkBytes));
-  return buffer;
+  if (released) {
+    PopulatePages(buffer, size);  // outside the lock: a system call
+  } else if (fresh) {
+    buffer.reserve(std::max(size, ipc::kChunkBytes));
+  }
+  return buffer;  // a kept one was cleared by Give, capacity >= kChunkBytes
 }
 
 void ChunkBuffers::Give(std::string buffer) {

@@ -17,7 +17,7 @@
 // worker's RSS grow round after round (docs/DECISIONS.md, "stop-40: direct
 // chunk buffers are kept, most without their pages"). So many buffers are
 // kept, but only a few keep their pages: the others give them back
-// (madvise) and fault them in again when next taken.
+// (madvise) and have them faulted in again, in one call, when next taken.
 //
 // Thread-safe; Take and Give take a leaf lock (Give may run under a
 // session's lock, from an event's deleter).
@@ -48,7 +48,9 @@ class ChunkBuffers : public std::enable_shared_from_this<ChunkBuffers> {
   // An empty string with room for `size` bytes: a kept buffer (one with
   // its pages first) when `size` is at most ipc::kChunkBytes and one is
   // kept, else a fresh allocation (of at least ipc::kChunkBytes, so that it
-  // can be kept).
+  // can be kept). A kept buffer without its pages gets those its first
+  // `size` bytes reach faulted in at once (MADV_POPULATE_WRITE), cheaper
+  // than a page fault a page as they are written.
   // Throws std::bad_alloc as std::string::reserve does (the caller turns
   // it into a Status).
   std::string Take(size_t size);

@@ -1,14 +1,40 @@
 #include "worker/direct/chunk_buffers.h"
 
 #include <catch2/catch.hpp>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "worker/ipc/chunking.h"
 
 namespace agentix::worker {
 namespace {
+
+// The whole pages in [data, data + size): their first byte and count.
+std::pair<uintptr_t, size_t> WholePages(const char* data, size_t size) {
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin =
+      (reinterpret_cast<uintptr_t>(data) + page - 1) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + size) & ~(page - 1);
+  return {begin, begin < end ? (end - begin) / page : 0};
+}
+
+// How many of the whole pages in [data, data + size) are resident.
+size_t ResidentPages(const char* data, size_t size) {
+  const auto [begin, count] = WholePages(data, size);
+  if (count == 0) return 0;
+  std::vector<unsigned char> pages(count);
+  const size_t bytes = count * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  REQUIRE(mincore(reinterpret_cast<void*>(begin), bytes, pages.data()) == 0);
+  size_t resident = 0;
+  for (unsigned char p : pages) resident += p & 1;
+  return resident;
+}
 
 TEST_CASE("a chunk event's buffer comes back when the event is destroyed and "
           "serves the next take",
@@ -106,6 +132,30 @@ TEST_CASE("chunk buffers kept beyond max_faulted give their pages back, stay "
     b.assign(ipc::kChunkBytes, 'y');  // released pages are writable again
     CHECK(b == std::string(ipc::kChunkBytes, 'y'));
   }
+}
+
+TEST_CASE("a released chunk buffer is taken with the pages its take's size "
+          "reaches faulted in at once, and no more",
+          "[direct]") {
+  // MADV_POPULATE_WRITE (Linux 5.14): one system call instead of a page
+  // fault a page as the chunk is written.
+  std::shared_ptr<ChunkBuffers> buffers = ChunkBuffers::Create(1, 0);
+  std::string buffer = buffers->Take(ipc::kChunkBytes);
+  buffer.assign(ipc::kChunkBytes, 'x');
+  const char* const memory = buffer.data();
+  buffers->Give(std::move(buffer));
+  REQUIRE(buffers->kept_released() == 1);
+  // Released: only the first page (the terminator) may still be there.
+  CHECK(ResidentPages(memory, ipc::kChunkBytes) <= 1);
+
+  const size_t half = ipc::kChunkBytes / 2;
+  std::string again = buffers->Take(half);
+  REQUIRE(again.data() == memory);
+  CHECK(again.empty());
+  const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  CHECK(ResidentPages(memory, half) == WholePages(memory, half).second);
+  CHECK(ResidentPages(memory + half + page, ipc::kChunkBytes - half - page) ==
+        0);
 }
 
 TEST_CASE("a fresh chunk buffer for a partial chunk can still be kept",
