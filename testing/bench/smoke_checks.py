@@ -26,9 +26,10 @@ def run_report(test: unittest.TestCase, argv: Sequence[str], timeout_s: float,
 
 
 def daemon_share(test: unittest.TestCase, value, where: str) -> None:
-    """Fails `test` unless `value` (the daemon's CPU for a Python host's call) is
-    a number of zero or more: zero when the call went direct (the daemon's
-    default since stop 41, docs/DIRECT-CALLS.md), which never wakes the daemon."""
+    """Fails `test` unless `value` (the daemon's CPU for a Python host's call,
+    or for a sandbox's namespace request) is a number of zero or more: zero
+    when it went direct (the daemon's default since stop 43,
+    docs/DIRECT-CALLS.md), which never wakes the daemon."""
     test.assertIsInstance(value, (int, float), where)
     test.assertNotIsInstance(value, bool, where)
     test.assertGreaterEqual(value, 0, where)
