@@ -126,10 +126,10 @@ absl::StatusOr<double> RoundTrip(const cpu_set_t& cpus, const cpu_set_t& echo_cp
   return Median(std::move(times));
 }
 
-// Per CPU of `cpus`: idle + iowait jiffies from /proc/stat; empty if it
-// cannot be read.
-std::vector<std::pair<int, long long>> IdleJiffies(const cpu_set_t& cpus) {
-  std::vector<std::pair<int, long long>> out;
+// Idle + iowait jiffies of each CPU of `cpus`, in /proc/stat's order; empty
+// if it cannot be read.
+std::vector<long long> IdleJiffies(const cpu_set_t& cpus) {
+  std::vector<long long> out;
   std::FILE* stat = std::fopen("/proc/stat", "re");
   if (stat == nullptr) return out;
   char line[512];
@@ -139,7 +139,7 @@ std::vector<std::pair<int, long long>> IdleJiffies(const cpu_set_t& cpus) {
     if (std::sscanf(line, "cpu%d %lld %lld %lld %lld %lld", &cpu, &user, &nice, &system,
                     &idle, &iowait) == 6 &&
         cpu >= 0 && cpu < CPU_SETSIZE && CPU_ISSET(cpu, &cpus)) {
-      out.emplace_back(cpu, idle + iowait);
+      out.push_back(idle + iowait);
     }
   }
   std::fclose(stat);
@@ -149,18 +149,18 @@ std::vector<std::pair<int, long long>> IdleJiffies(const cpu_set_t& cpus) {
 // How many CPUs of `cpus` were idle at least kIdleShare of `window` (slept
 // through by this thread); -1 if /proc/stat cannot say.
 int IdleCpus(const cpu_set_t& cpus, absl::Duration window) {
-  const std::vector<std::pair<int, long long>> before = IdleJiffies(cpus);
+  const std::vector<long long> before = IdleJiffies(cpus);
   const double start = NowUs();
   absl::SleepFor(window);
   const double slept_s = (NowUs() - start) / 1e6;
-  const std::vector<std::pair<int, long long>> after = IdleJiffies(cpus);
+  const std::vector<long long> after = IdleJiffies(cpus);
   const long ticks = ::sysconf(_SC_CLK_TCK);
   if (before.empty() || before.size() != after.size() || ticks <= 0 || slept_s <= 0) {
     return -1;
   }
   int idle = 0;
   for (size_t i = 0; i < before.size(); ++i) {
-    const double idle_s = static_cast<double>(after[i].second - before[i].second) / ticks;
+    const double idle_s = static_cast<double>(after[i] - before[i]) / ticks;
     if (idle_s >= kIdleShare * slept_s) ++idle;
   }
   return idle;
