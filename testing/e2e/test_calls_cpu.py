@@ -424,26 +424,33 @@ async def test_the_worker_loops_reply_waits_follow_the_probes_answer_to_the_host
     assert len(cpus) == 1 and [saw for saw, _ in answers] == [sorted(cpus)] * 5
 
 
+def _call_reading_answers(client, call_id):
+    """One noop call on a raw frame-wire connection, read up to its result;
+    the daemon's HELLO answers (`agentix-calls-cpu`) that came before it."""
+    from agentix.runtime.client.hello import decode_hello
+
+    told = []
+    client.call(call_id, "e2e_targets::noop")
+    while True:
+        kind, payload = client.read()
+        if kind == 1:  # HELLO
+            (key, value), = decode_hello(payload)
+            assert key == "agentix-calls-cpu"
+            told.append(value)
+            continue
+        assert kind == MESSAGE
+        if pb.CallsResponse.FromString(payload).events[0].WhichOneof("kind") == "result":
+            return told
+
+
 def _told_on(client, name, want, timeout_s=20.0):
     """Sequential calls on a raw frame-wire connection, with pauses between
     them (a re-probe waits for one), until the daemon's HELLO answer `want`
     arrives among their frames; the answers seen, in order."""
-    from agentix.runtime.client.hello import decode_hello
-
     told, deadline, i = [], time.monotonic() + timeout_s, 0
     while want not in told:
         assert time.monotonic() < deadline, f"never told {want!r} (told {told})"
-        client.call(f"{name}-{i}", "e2e_targets::noop")
-        while True:
-            kind, payload = client.read()
-            if kind == 1:  # HELLO
-                (key, value), = decode_hello(payload)
-                assert key == "agentix-calls-cpu"
-                told.append(value)
-                continue
-            assert kind == MESSAGE
-            if pb.CallsResponse.FromString(payload).events[0].WhichOneof("kind") == "result":
-                break
+        told += _call_reading_answers(client, f"{name}-{i}")
         i += 1
         time.sleep(0.15)
     return told
@@ -463,11 +470,7 @@ def _latest_choice_becomes(daemon, client, want, force, timeout_s=20.0):
         if choices and choices[-1] == want:
             return
         assert time.monotonic() < deadline, f"never chose {want!r} (chose {choices})"
-        client.call(f"until-{want}-{i}", "e2e_targets::noop")
-        while True:  # (a HELLO answer may come first: skipped)
-            kind, payload = client.read()
-            if kind == MESSAGE and pb.CallsResponse.FromString(payload).events[0].WhichOneof("kind") == "result":
-                break
+        _call_reading_answers(client, f"until-{want}-{i}")  # (its answers: not asked)
         i += 1
         time.sleep(0.15)
 
