@@ -25,6 +25,7 @@
 #include <grpc/slice.h>
 #include <grpcpp/grpcpp.h>
 
+#include "base/fresh_pages.h"
 #include "base/mutex_tuning.h"
 #include "base/payload_copy.h"
 #include "host/python/native/call_results_wire.h"
@@ -689,7 +690,24 @@ PyObject* CopyPayloadInto(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return result;
 }
 
+// prefault_for_write(target) -> (huge_bytes, small_bytes): base::PrefaultForWrite
+// over a writable buffer about to be written in full (a large value being
+// decoded), without the GIL.
+PyObject* PrefaultForWriteOf(PyObject*, PyObject* target) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(target, &view, PyBUF_WRITABLE) < 0) return nullptr;
+  agentix::base::PrefaultResult done;
+  Py_BEGIN_ALLOW_THREADS done = agentix::base::PrefaultForWrite(view.buf, static_cast<size_t>(view.len));
+  Py_END_ALLOW_THREADS PyBuffer_Release(&view);
+  return Py_BuildValue("(nn)", static_cast<Py_ssize_t>(done.huge_bytes), static_cast<Py_ssize_t>(done.small_bytes));
+}
+
 PyMethodDef kModuleMethods[] = {
+    {"prefault_for_write", PrefaultForWriteOf, METH_O,
+     "prefault_for_write(target) -> (huge_bytes, small_bytes): faults in the whole 2 MiB pages inside a "
+     "writable buffer of 4 MiB or more that is about to be written in full (a large value being decoded), "
+     "in huge or small pages by whichever has been cheaper here (base/fresh_pages.h); the bytes done each "
+     "way, (0, 0) if none."},
     {"copy_payload", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(CopyPayloadInto)), METH_FASTCALL,
      "copy_payload(target, offset, source) -> None: target[offset:offset + len(source)] = source for "
      "contiguous buffers (a writable target), with non-temporal stores for pieces of 256 KiB or more "

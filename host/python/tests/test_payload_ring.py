@@ -14,8 +14,9 @@ import pytest
 
 from agentix.runtime.client import frames, wire
 from agentix.runtime.client.frames import FrameTransport
-from agentix.runtime.client.payload_ring import PayloadRing, SplitMessage, native_copy
-from agentix.runtime.shared.pickle_stream import COPY_FUNCTION_BYTES
+from agentix.runtime.client.payload_ring import PayloadRing, SplitMessage, native_copy, native_prefault
+from agentix.runtime.shared.pickle_stream import COPY_FUNCTION_BYTES, PREFAULT_TARGET_BYTES
+from agentix.runtime.shared.safepickle import restricted_loads_chunks
 from agentix.runtime.v1 import runtime_pb2 as pb
 from fake_frames import HELLO, MESSAGE, decode_hello, encode
 
@@ -182,6 +183,66 @@ def test_the_native_copy_copies_any_piece_and_refuses_one_that_does_not_fit():
     with pytest.raises(BufferError):
         copy(b"read-only" * 10, 0, b"x")
     assert target == bytes(100)
+
+
+def _resident_pages(view) -> int:
+    """Pages of `view` (page-aligned start and length) resident now."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = mmap.PAGESIZE
+    vec = (ctypes.c_ubyte * (len(view) // page))()
+    address = ctypes.addressof(ctypes.c_char.from_buffer(view))
+    assert libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(len(view)), vec) == 0, ctypes.get_errno()
+    return sum(v & 1 for v in vec)
+
+
+def test_the_prefault_fills_the_whole_huge_pages_of_a_large_target_only():
+    prefault = native_prefault()
+    assert prefault is not None  # the unit tests run with the native module
+    huge = 2 << 20
+    for size in (PREFAULT_TARGET_BYTES, 12 * huge + 4097, 64 << 20):
+        region = mmap.mmap(-1, size + 3 * huge)  # fresh pages, none touched
+        view = memoryview(region)
+        start = -ctypes_address(view) % huge + 4096  # one page past a huge page's start
+        target = view[start : start + size]
+        huge_bytes, small_bytes = prefault(target)
+        done = huge_bytes + small_bytes
+        # Every whole 2 MiB page inside the target: all but under 2 MiB at each end.
+        assert done % huge == 0 and size - 2 * huge < done <= size
+        inside = view[start + huge - 4096 : start + huge - 4096 + done]
+        assert _resident_pages(inside) == done // mmap.PAGESIZE
+        assert _resident_pages(view[start - 4096 : start + huge - 4096]) == 0  # the head: left to the writes
+        assert bytes(target[-4096:]) == bytes(4096)
+        del target, inside, view
+        region.close()
+    assert prefault(bytearray(PREFAULT_TARGET_BYTES - 1)) == (0, 0)
+    with pytest.raises(BufferError):
+        prefault(b"read-only" * (1 << 20))
+
+
+def ctypes_address(view) -> int:
+    import ctypes
+
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
+def test_a_chunked_decode_prefaults_each_large_value_before_filling_it():
+    import pickle
+
+    handed = []
+
+    def prefault(target):
+        handed.append(len(target))
+        return (0, 0)
+
+    value = ([os.urandom(PREFAULT_TARGET_BYTES + 5), b"y" * (PREFAULT_TARGET_BYTES - 1)], bytearray(b"z" * (5 << 20)))
+    data = pickle.dumps(value, protocol=5)
+    chunks = [data[i : i + (1 << 20)] for i in range(0, len(data), 1 << 20)]
+    assert restricted_loads_chunks(chunks, copy=native_copy(), prefault=prefault) == value
+    # The two values of 4 MiB or more, each handed over once (before its
+    # bytes are copied in: they are right afterwards); the smaller one never.
+    assert handed == [PREFAULT_TARGET_BYTES + 5, 5 << 20]
 
 
 @pytest.mark.asyncio

@@ -42,7 +42,7 @@ from agentix.runtime.client.chunking import CHUNK_BYTES
 from agentix.runtime.client.channels import (CheckedChannel, NativeTransport, bounded, close_channel, open_channel,
                                              unreachable)
 from agentix.runtime.client.frames import FrameWire
-from agentix.runtime.client.payload_ring import native_copy
+from agentix.runtime.client.payload_ring import native_copy, native_prefault
 from agentix.runtime.client.feeds import Feed, ensure_feeds, reopen_lost_feeds, settle_feeds, wait_barrier
 from agentix.runtime.client.namespaces import NamespaceSet, NamespaceStream, NativeNamespaceStream
 from agentix.runtime.client.reconnect import ReconnectPolicy
@@ -367,7 +367,7 @@ class RuntimeClient:
                 raise await remote_call_error_async(display_name, outcome)
             if isinstance(outcome, list):
                 # consume: ring pieces are released once nothing refers to them (docs/FRAME-WIRE.md)
-                return await asyncio.get_running_loop().run_in_executor(None, lambda: restricted_loads_chunks(outcome, copy=native_copy(), consume=True))
+                return await asyncio.get_running_loop().run_in_executor(None, lambda: restricted_loads_chunks(outcome, copy=native_copy(), consume=True, prefault=native_prefault()))
         if len(outcome) < _INLINE_DECODE_BYTES:
             try:
                 return restricted_loads(outcome, wait=False)

@@ -34,7 +34,7 @@ from typing import Any
 from agentix.runtime.client import wire
 from agentix.runtime.shared.pickle_stream import COPY_FUNCTION_BYTES
 
-__all__ = ["PayloadRing", "RING_BYTES", "SplitMessage", "native_copy", "ring_frame", "split_message"]
+__all__ = ["PayloadRing", "RING_BYTES", "SplitMessage", "native_prefault", "native_copy", "ring_frame", "split_message"]
 
 # Bytes per ring (one each way), as the daemon ↔ worker rings.
 RING_BYTES = 16 << 20
@@ -65,6 +65,25 @@ def native_copy() -> Callable[[Any, int, Any], None] | None:
         _native_copy = copy_payload
     return _native_copy
 
+
+
+_native_prefault: Any = _NOT_LOADED
+
+
+def native_prefault() -> Callable[[Any], tuple[int, int]] | None:
+    """``_native_calls.prefault_for_write(target)``, or None when the native
+    module cannot be loaded. A large result value is decoded into a fresh
+    mapping whose page faults were most of its decode (16,384 for 64 MiB);
+    the kernel fills it faster at once, in huge pages where they are cheap
+    here (base/fresh_pages.h)."""
+    global _native_prefault
+    if _native_prefault is _NOT_LOADED:
+        try:
+            from agentix.runtime.client._native_calls import prefault_for_write
+        except Exception:  # as native_copy
+            prefault_for_write = None
+        _native_prefault = prefault_for_write
+    return _native_prefault
 
 class PayloadRing:
     """A fresh sealed memfd holding two rings of `ring_bytes` (whole pages),

@@ -261,22 +261,35 @@ def needs_memo_check(chunks: list) -> bool:
 # ring copies its pieces of this size or more the same way.
 COPY_FUNCTION_BYTES = 256 << 10
 COPY_FUNCTION_MAX_VALUE = 32 << 20
+# Targets `ChunkReader` hands its `prefault` function: base/fresh_pages.h's
+# kPrefaultMinBytes (smaller ones are left to their own page faults).
+PREFAULT_TARGET_BYTES = 4 << 20
 
 
 class ChunkReader:
     """A read-only binary file over a list of buffers, for the unpickler
     (which uses ``readinto`` for large values). `copy(target, offset,
     source)`, if given, copies pieces of COPY_FUNCTION_BYTES or more (the
-    host's native copy, which bypasses the caches for them)."""
+    host's native copy, which bypasses the caches for them); `prefault(target)`,
+    if given, is handed each target of PREFAULT_TARGET_BYTES or more before
+    it is filled (the host's native prefault of a fresh value's pages)."""
 
-    def __init__(self, chunks: list, copy: Callable[[Any, int, Any], None] | None = None) -> None:
+    def __init__(
+        self,
+        chunks: list,
+        copy: Callable[[Any, int, Any], None] | None = None,
+        prefault: Callable[[Any], Any] | None = None,
+    ) -> None:
         self._chunks = [memoryview(chunk).cast("B") for chunk in chunks if len(chunk)]
         self._index = 0  # current chunk
         self._offset = 0  # position in it
         self._copy = copy
+        self._prefault = prefault
 
     def readinto(self, buffer: Any) -> int:
         target = memoryview(buffer).cast("B")
+        if self._prefault is not None and len(target) >= PREFAULT_TARGET_BYTES:
+            self._prefault(target)
         filled = 0
         while filled < len(target) and self._index < len(self._chunks):
             chunk = self._chunks[self._index]

@@ -466,18 +466,23 @@ def restricted_loads(data: bytes, *, wait: bool = True) -> Any:
     return _restricted_load(lambda: io.BytesIO(data), lambda: data, [data], len(data), wait, scan)
 
 
-def restricted_loads_chunks(chunks: list, copy: Callable[[Any, int, Any], None] | None = None, consume: bool = False) -> Any:
+def restricted_loads_chunks(
+    chunks: list,
+    copy: Callable[[Any, int, Any], None] | None = None,
+    consume: bool = False,
+    prefault: Callable[[Any], Any] | None = None,
+) -> Any:
     """`restricted_loads` of the concatenation of `chunks` (bytes-like
     objects) without building it: large ``bytes`` values are copied straight
     out of the chunks (a result arrives in MiB-sized pieces; joining them
     first would cost one more copy of the whole value), by `copy` if given
-    (`ChunkReader`'s). With `consume`, `chunks` is emptied when the load ends,
+    (`ChunkReader`'s, as `prefault`). With `consume`, `chunks` is emptied when the load ends,
     however it ends: the chunks may be views of a payload ring that is
     released only once nothing refers to them, and the caller's list (an
     executor's work item) can outlive the load."""
     total = sum(len(chunk) for chunk in chunks)
     try:
-        return _restricted_load(lambda: ChunkReader(chunks, copy), lambda: b"".join(chunks), chunks, total, True, None)
+        return _restricted_load(lambda: ChunkReader(chunks, copy, prefault), lambda: b"".join(chunks), chunks, total, True, None)
     finally:
         if consume:
             chunks.clear()
