@@ -245,6 +245,27 @@ def test_a_chunked_decode_prefaults_each_large_value_before_filling_it():
     assert handed == [PREFAULT_TARGET_BYTES + 5, 5 << 20]
 
 
+def test_a_prefaulted_value_of_32_mib_or_more_is_copied_by_the_copy_function():
+    import pickle
+
+    from agentix.runtime.shared.pickle_stream import COPY_FUNCTION_MAX_VALUE
+
+    value = os.urandom(1 << 20) * (COPY_FUNCTION_MAX_VALUE // (1 << 20) + 1)
+    data = pickle.dumps(value, protocol=5)
+    chunks = [data[i : i + (1 << 20)] for i in range(0, len(data), 1 << 20)]
+    for done, copied in (((0, 0), False), ((2 << 20, len(value) - (4 << 20)), True)):
+        copies = []
+
+        def copy(target, offset, source):
+            copies.append(len(source))
+            native_copy()(target, offset, source)
+
+        # A fresh mapping left to fault in is filled by memcpy (its zeroed
+        # lines are cached); one faulted in first by the copy function.
+        assert restricted_loads_chunks(list(chunks), copy=copy, prefault=lambda target: done) == value
+        assert (sum(copies) > len(value) // 2) is copied
+
+
 @pytest.mark.asyncio
 async def test_pieces_of_a_mebibyte_go_through_the_ring_byte_for_byte(pair):
     transport, daemon = pair(PayloadRing(4 << 20))

@@ -257,7 +257,8 @@ def needs_memo_check(chunks: list) -> bool:
 # Pieces `ChunkReader` copies with its `copy` function from this size on,
 # into values below COPY_FUNCTION_MAX_VALUE (larger ones are fresh mmaps
 # whose zeroed pages are cached: memcpy is faster there; base/payload_copy.h's
-# kPayloadCopyStreamBytes and kPayloadCopyFreshBytes). The host's payload
+# kPayloadCopyStreamBytes and kPayloadCopyFreshBytes) unless their pages were
+# faulted in first (`prefault`). The host's payload
 # ring copies its pieces of this size or more the same way.
 COPY_FUNCTION_BYTES = 256 << 10
 COPY_FUNCTION_MAX_VALUE = 32 << 20
@@ -288,13 +289,18 @@ class ChunkReader:
 
     def readinto(self, buffer: Any) -> int:
         target = memoryview(buffer).cast("B")
+        use_copy = self._copy is not None and len(target) < COPY_FUNCTION_MAX_VALUE
         if self._prefault is not None and len(target) >= PREFAULT_TARGET_BYTES:
-            self._prefault(target)
+            huge_bytes, small_bytes = self._prefault(target)
+            # Faulted in already: no freshly zeroed lines in the caches for
+            # memcpy to use, so the copy function's streaming stores win
+            # whatever the size (and it lets go of the GIL).
+            use_copy = self._copy is not None and (use_copy or huge_bytes + small_bytes > 0)
         filled = 0
         while filled < len(target) and self._index < len(self._chunks):
             chunk = self._chunks[self._index]
             count = min(len(target) - filled, len(chunk) - self._offset)
-            if self._copy is not None and count >= COPY_FUNCTION_BYTES and len(target) < COPY_FUNCTION_MAX_VALUE:
+            if use_copy and count >= COPY_FUNCTION_BYTES:
                 self._copy(target, filled, chunk[self._offset : self._offset + count])
             else:
                 target[filled : filled + count] = chunk[self._offset : self._offset + count]
