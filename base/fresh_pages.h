@@ -30,6 +30,10 @@ inline constexpr size_t kPrefaultMinBytes = size_t{4} << 20;
 // kHugePageBytes).
 inline constexpr size_t kPrefaultStepBytes = size_t{8} << 20;
 
+// Ranges this large are filled in two halves at once, one on a thread of
+// their own.
+inline constexpr size_t kPrefaultSplitBytes = size_t{16} << 20;
+
 // Chooses, step by step, huge pages or small ones from the cost per byte
 // each has measured lately. Each is first measured on one huge page's worth
 // of bytes; then steps take the cheaper, and now and then one huge page's
@@ -72,7 +76,9 @@ struct PrefaultResult {
 // Faults in the whole 2 MiB pages inside [data, data + n) (the head and the
 // tail are left to the writes), kPrefaultStepBytes at a time, each step in
 // the page size the process-wide PageSizeChooser picks; a step whose first
-// page is resident already (reused heap memory) is skipped. Nothing when n <
+// page is resident already (reused heap memory) is skipped. From
+// kPrefaultSplitBytes on, the second half is filled on a thread started for
+// it while the caller fills the first. Nothing when n <
 // kPrefaultMinBytes, or on a kernel without MADV_POPULATE_WRITE (Linux <
 // 5.14): the writes fault the pages in as before. For a buffer about to be
 // written in full; its bytes are not changed (fresh pages read as zero).
