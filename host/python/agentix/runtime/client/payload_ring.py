@@ -34,7 +34,7 @@ from typing import Any
 from agentix.runtime.client import wire
 from agentix.runtime.shared.pickle_stream import COPY_FUNCTION_BYTES
 
-__all__ = ["PayloadRing", "RING_BYTES", "SplitMessage", "native_prefault", "native_copy", "ring_frame", "split_message"]
+__all__ = ["PayloadRing", "RING_BYTES", "SplitMessage", "native_copy", "native_prefault", "ring_frame", "split_message"]
 
 # Bytes per ring (one each way), as the daemon ↔ worker rings.
 RING_BYTES = 16 << 20
@@ -66,7 +66,6 @@ def native_copy() -> Callable[[Any, int, Any], None] | None:
     return _native_copy
 
 
-
 _native_prefault: Any = _NOT_LOADED
 
 
@@ -84,6 +83,7 @@ def native_prefault() -> Callable[[Any], tuple[int, int]] | None:
             prefault_for_write = None
         _native_prefault = prefault_for_write
     return _native_prefault
+
 
 class PayloadRing:
     """A fresh sealed memfd holding two rings of `ring_bytes` (whole pages),

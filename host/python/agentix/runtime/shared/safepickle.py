@@ -475,8 +475,9 @@ def restricted_loads_chunks(
     """`restricted_loads` of the concatenation of `chunks` (bytes-like
     objects) without building it: large ``bytes`` values are copied straight
     out of the chunks (a result arrives in MiB-sized pieces; joining them
-    first would cost one more copy of the whole value), by `copy` if given
-    (`ChunkReader`'s, as `prefault`). With `consume`, `chunks` is emptied when the load ends,
+    first would cost one more copy of the whole value), by `copy` if given,
+    into values whose pages `prefault` (if given) faulted in first (both as
+    `ChunkReader`'s). With `consume`, `chunks` is emptied when the load ends,
     however it ends: the chunks may be views of a payload ring that is
     released only once nothing refers to them, and the caller's list (an
     executor's work item) can outlive the load."""
