@@ -227,6 +227,16 @@ def ctypes_address(view) -> int:
     return ctypes.addressof(ctypes.c_char.from_buffer(view))
 
 
+def test_agentix_prefault_off_turns_the_prefault_off(monkeypatch):
+    from agentix.runtime.client import payload_ring
+
+    for setting, on in (("off", False), ("0", False), (" OFF ", False), ("", True), ("on", True)):
+        monkeypatch.setenv(payload_ring.PREFAULT_ENV, setting)
+        assert (native_prefault() is not None) is on
+    monkeypatch.delenv(payload_ring.PREFAULT_ENV)
+    assert native_prefault() is not None
+
+
 def test_a_chunked_decode_prefaults_each_large_value_before_filling_it():
     import pickle
 

@@ -34,7 +34,7 @@ from typing import Any
 from agentix.runtime.client import wire
 from agentix.runtime.shared.pickle_stream import COPY_FUNCTION_BYTES
 
-__all__ = ["PayloadRing", "RING_BYTES", "SplitMessage", "native_copy", "native_prefault", "ring_frame", "split_message"]
+__all__ = ["PREFAULT_ENV", "PayloadRing", "RING_BYTES", "SplitMessage", "native_copy", "native_prefault", "ring_frame", "split_message"]
 
 # Bytes per ring (one each way), as the daemon ↔ worker rings.
 RING_BYTES = 16 << 20
@@ -67,15 +67,19 @@ def native_copy() -> Callable[[Any, int, Any], None] | None:
 
 
 _native_prefault: Any = _NOT_LOADED
+PREFAULT_ENV = "AGENTIX_PREFAULT"
 
 
 def native_prefault() -> Callable[[Any], tuple[int, int]] | None:
     """``_native_calls.prefault_for_write(target)``, or None when the native
-    module cannot be loaded. A large result value is decoded into a fresh
+    module cannot be loaded or ``AGENTIX_PREFAULT`` is ``off`` or ``0`` (any
+    case; the A/B switch). A large result value is decoded into a fresh
     mapping whose page faults were most of its decode (16,384 for 64 MiB);
     the kernel fills it faster at once, in huge pages where they are cheap
     here (base/fresh_pages.h)."""
     global _native_prefault
+    if os.environ.get(PREFAULT_ENV, "").strip().lower() in ("off", "0"):
+        return None
     if _native_prefault is _NOT_LOADED:
         try:
             from agentix.runtime.client._native_calls import prefault_for_write
