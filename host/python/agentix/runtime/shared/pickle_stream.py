@@ -289,19 +289,22 @@ class ChunkReader:
 
     def readinto(self, buffer: Any) -> int:
         target = memoryview(buffer).cast("B")
-        use_copy = self._copy is not None and len(target) < COPY_FUNCTION_MAX_VALUE
+        copy = self._copy
+        if copy is not None and len(target) >= COPY_FUNCTION_MAX_VALUE:
+            copy = None  # a fresh mapping: memcpy (slice assignment) is faster
         if self._prefault is not None and len(target) >= PREFAULT_TARGET_BYTES:
             huge_bytes, small_bytes = self._prefault(target)
             # Faulted in already: no freshly zeroed lines in the caches for
             # memcpy to use, so the copy function's streaming stores win
             # whatever the size (and it lets go of the GIL).
-            use_copy = self._copy is not None and (use_copy or huge_bytes + small_bytes > 0)
+            if huge_bytes + small_bytes > 0:
+                copy = self._copy
         filled = 0
         while filled < len(target) and self._index < len(self._chunks):
             chunk = self._chunks[self._index]
             count = min(len(target) - filled, len(chunk) - self._offset)
-            if use_copy and count >= COPY_FUNCTION_BYTES:
-                self._copy(target, filled, chunk[self._offset : self._offset + count])
+            if copy is not None and count >= COPY_FUNCTION_BYTES:
+                copy(target, filled, chunk[self._offset : self._offset + count])
             else:
                 target[filled : filled + count] = chunk[self._offset : self._offset + count]
             filled += count
