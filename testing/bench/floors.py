@@ -10,8 +10,11 @@ machine can do at the moment of the run rather than against absolute numbers:
   `floor_grpc` the same on a raw gRPC C++ bidi stream over a Unix socket
   (grpc_pingpong), `floor_relay` the Unix-socket ping-pong through a third
   process that forwards the bytes (unix_pingpong --relay): the shape of our
-  call path, host -> daemon -> worker and back, with nothing else in it. All
-  report the same keys as the stack they stand beside.
+  call path, host -> daemon -> worker and back, with nothing else in it;
+  `floor_pinned` the Unix-socket ping-pong with both processes pinned to one CPU
+  (unix_pingpong --one-cpu): `floor` lands there in some runs and across two CPUs
+  in others, ~16 against ~31 µs here, and the pinned one is what co-location can
+  reach. All report the same keys as the stack they stand beside.
 - **a busy core** (`BusyCore`): one process spinning in a loop while a benchmark
   measures its headline figures again (`busy`). The spinner is NOT pinned to a CPU:
   it is what any other busy program on the machine looks like to us (the scheduler
@@ -43,7 +46,8 @@ import procs
 
 # Where a floor's figures come from, by report key: (program, its own flags).
 FLOOR_PROGRAMS = {"floor": ("unix_pingpong", ()), "floor_grpc": ("grpc_pingpong", ()),
-                  "floor_relay": ("unix_pingpong", ("--relay",))}
+                  "floor_relay": ("unix_pingpong", ("--relay",)),
+                  "floor_pinned": ("unix_pingpong", ("--one-cpu",))}
 SPIN = "while True: pass"
 
 

@@ -23,6 +23,8 @@ Unless --only baseline or --no-cc, each round then also measures, in this order:
 - floor_relay: floor/unix_pingpong --relay, the raw Unix-socket ping-pong through
               a third process forwarding the bytes: the shape of a call (host ->
               daemon -> worker and back) with nothing else on the path;
+- floor_pinned: floor/unix_pingpong --one-cpu, `floor` with both processes pinned
+              to one CPU (where the scheduler puts `floor` in some runs only);
 and every figure is also reported as a ratio to the floors (`ratios`).
 
 Unless --only baseline or --no-busy, our stack is then measured once more with one

@@ -52,13 +52,13 @@ class RemoteCallsSmokeTest(unittest.TestCase):
         daemon_share(self, noop_cpu["daemon"], "cpu noop.daemon")
         self.assertAlmostEqual(noop_cpu["total"], report["noop_cpu_us_per_call"], delta=0.01)
         # The floors: the same keys as ours, measured in this run.
-        for name in ("floor", "floor_grpc", "floor_relay"):
+        for name in ("floor", "floor_grpc", "floor_relay", "floor_pinned"):
             positive_numbers(self, report[name], HEADLINE_KEYS + CPU_KEYS, name)
             self.assertLessEqual(report[name]["noop_p50_us"], report[name]["noop_p99_us"])
         # Ours again with one busy core, and the floors under it.
         busy = report["busy"]
         positive_numbers(self, busy, HEADLINE_KEYS + CPU_KEYS, "busy")
-        for name in ("floor", "floor_grpc", "floor_relay"):
+        for name in ("floor", "floor_grpc", "floor_relay", "floor_pinned"):
             positive_numbers(self, busy[name], HEADLINE_KEYS + CPU_KEYS, f"busy.{name}")
         self.assertIs(busy["spinner"]["pinned"], False)
         self.assertGreater(busy["spinner"]["cpu_share"], 0)
@@ -66,7 +66,7 @@ class RemoteCallsSmokeTest(unittest.TestCase):
         # Every headline figure as a ratio to each floor, idle and busy.
         ratios = report["ratios"]
         for prefix in ("", "busy_"):
-            for floor in ("floor", "floor_grpc", "floor_relay"):
+            for floor in ("floor", "floor_grpc", "floor_relay", "floor_pinned"):
                 keys = [f"{prefix}{stem}_ours_over_{floor}" for stem in ("noop_p50", "noop_p99")]
                 keys += [f"{prefix}{key}_{floor}_over_ours" for key in HEADLINE_KEYS[2:]]
                 positive_numbers(self, ratios, keys, "ratios")

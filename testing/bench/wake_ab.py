@@ -316,10 +316,12 @@ def probe_choice(log_path: str) -> dict:
 def floor_round(cpu: int, env: dict) -> dict:
     """The floors of one round (small messages only), two of them also pinned to `cpu`."""
     flags = ["--small-bytes=64", "--big-mib=", "--concurrency="]
+    pinned = (("floor_pinned", []), ("floor_relay_pinned", ["--relay"]))  # to `cpu`, below
     out = {}
     for name, (program, own) in floors.FLOOR_PROGRAMS.items():
-        out[name] = floors.run_floor(program, [*own, *flags], quick=True, env=env, log=_quiet)
-    for name, own in (("floor_pinned", []), ("floor_relay_pinned", ["--relay"])):
+        if name not in dict(pinned):
+            out[name] = floors.run_floor(program, [*own, *flags], quick=True, env=env, log=_quiet)
+    for name, own in pinned:
         binary = procs.runfile("testing/bench/floor/unix_pingpong")
         out[name] = floors.run_json(["taskset", "-c", str(cpu), binary, *own, *flags, "--quick"],
                                     env=env, log=_quiet)
@@ -454,8 +456,8 @@ def main(argv=None) -> int:
     report = {
         "settings": summarise(rounds, names),
         "floors": {name: {"noop_p50_us": median([(r.get("floors") or {}).get(name, {}).get(
-            "noop_p50_us") for r in rounds])} for name in (
-            *floors.FLOOR_PROGRAMS, "floor_pinned", "floor_relay_pinned")},
+            "noop_p50_us") for r in rounds])} for name in dict.fromkeys(
+            (*floors.FLOOR_PROGRAMS, "floor_pinned", "floor_relay_pinned"))},
         "cpu": cpu,
         "spin_us": args.spin_us,
         "rounds": len(rounds),

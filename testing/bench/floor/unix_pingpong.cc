@@ -6,6 +6,7 @@
 //                 [--concurrency=16,64]
 //   unix_pingpong [--quick] --stream-records=N --record-bytes=S
 //   unix_pingpong [--quick] --relay [--relay-poll] [the ping-pong flags]
+//   unix_pingpong --one-cpu [the ping-pong flags]
 //
 // Prints one JSON line (floor_stats.h). The echo streams a message back in
 // pieces of at most 1 MiB as they arrive (as the daemon relays chunks), and
@@ -16,8 +17,13 @@
 // length-prefixed records of S bytes to a reader that counts them, packed
 // into 64 KiB writes (records_per_s) and one write per record
 // (records_per_s_unbatched) -- the floor of a log or span stream.
+// --one-cpu pins the ping-pong (both processes) to the CPU it starts on: the
+// floor when the scheduler keeps the pair on one CPU, which it does in some
+// runs and not in others (16 against 31 µs on these VMs; docs/PERFORMANCE.md
+// "stop-44: the floor's two placements").
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -240,7 +246,18 @@ pid_t ForkChild(Body body) {
   return child;
 }
 
-int PingPong(const FloorArgs& args, bool relay, bool relay_poll) {
+// Pins this process, and so the children it forks, to the CPU it runs on.
+void PinToThisCpu() {
+  const int cpu = sched_getcpu();
+  if (cpu < 0) Die("sched_getcpu");
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (sched_setaffinity(0, sizeof set, &set) != 0) Die("sched_setaffinity");
+}
+
+int PingPong(const FloorArgs& args, bool relay, bool relay_poll, bool one_cpu) {
+  if (one_cpu) PinToThisCpu();
   int fds[2];
   BigSocketPair(fds);
   std::vector<pid_t> children;
@@ -271,6 +288,7 @@ int PingPong(const FloorArgs& args, bool relay, bool relay_poll) {
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   JsonLine json;
   json.Str("kind", !relay ? "unix_socket" : relay_poll ? "unix_socket_relay_poll" : "unix_socket_relay");
+  json.Str("cpus", one_cpu ? "one" : "any");
   json.Num("small_bytes", args.small_bytes);
   std::string back;
   const std::string small(args.small_bytes, 'x');
@@ -361,6 +379,7 @@ int Main(int argc, char** argv) {
   size_t record_bytes = 200;
   bool relay = false;
   bool relay_poll = false;
+  bool one_cpu = false;
   const FloorArgs args = ParseFloorArgs(argc, argv, [&](const char* a) {
     if (std::strncmp(a, "--stream-records=", 17) == 0) {
       records = std::strtoull(a + 17, nullptr, 10);
@@ -370,12 +389,14 @@ int Main(int argc, char** argv) {
       relay = true;
     } else if (std::strcmp(a, "--relay-poll") == 0) {
       relay = relay_poll = true;
+    } else if (std::strcmp(a, "--one-cpu") == 0) {
+      one_cpu = true;
     } else {
       return false;
     }
     return true;
   });
-  return records > 0 ? Stream(args, records, record_bytes) : PingPong(args, relay, relay_poll);
+  return records > 0 ? Stream(args, records, record_bytes) : PingPong(args, relay, relay_poll, one_cpu);
 }
 
 }  // namespace
