@@ -5,8 +5,10 @@ plays the daemon (it maps the shared memfd, as agentix-sandboxd does)."""
 from __future__ import annotations
 
 import array
+import ctypes
 import mmap
 import os
+import pickle
 import socket
 import struct
 
@@ -15,7 +17,7 @@ import pytest
 from agentix.runtime.client import frames, wire
 from agentix.runtime.client.frames import FrameTransport
 from agentix.runtime.client.payload_ring import PayloadRing, SplitMessage, native_copy, native_prefault
-from agentix.runtime.shared.pickle_stream import COPY_FUNCTION_BYTES, PREFAULT_TARGET_BYTES
+from agentix.runtime.shared.pickle_stream import COPY_FUNCTION_BYTES, COPY_FUNCTION_MAX_VALUE, PREFAULT_TARGET_BYTES
 from agentix.runtime.shared.safepickle import restricted_loads_chunks
 from agentix.runtime.v1 import runtime_pb2 as pb
 from fake_frames import HELLO, MESSAGE, decode_hello, encode
@@ -185,15 +187,16 @@ def test_the_native_copy_copies_any_piece_and_refuses_one_that_does_not_fit():
     assert target == bytes(100)
 
 
+def _address(view) -> int:
+    """Where a writable buffer's bytes start."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
 def _resident_pages(view) -> int:
     """Pages of `view` (page-aligned start and length) resident now."""
-    import ctypes
-
     libc = ctypes.CDLL(None, use_errno=True)
-    page = mmap.PAGESIZE
-    vec = (ctypes.c_ubyte * (len(view) // page))()
-    address = ctypes.addressof(ctypes.c_char.from_buffer(view))
-    assert libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(len(view)), vec) == 0, ctypes.get_errno()
+    vec = (ctypes.c_ubyte * (len(view) // mmap.PAGESIZE))()
+    assert libc.mincore(ctypes.c_void_p(_address(view)), ctypes.c_size_t(len(view)), vec) == 0, ctypes.get_errno()
     return sum(v & 1 for v in vec)
 
 
@@ -204,7 +207,7 @@ def test_the_prefault_fills_the_whole_huge_pages_of_a_large_target_only():
     for size in (PREFAULT_TARGET_BYTES, 12 * huge + 4097, 64 << 20):
         region = mmap.mmap(-1, size + 3 * huge)  # fresh pages, none touched
         view = memoryview(region)
-        start = -ctypes_address(view) % huge + 4096  # one page past a huge page's start
+        start = -_address(view) % huge + 4096  # one page past a huge page's start
         target = view[start : start + size]
         huge_bytes, small_bytes = prefault(target)
         done = huge_bytes + small_bytes
@@ -221,12 +224,6 @@ def test_the_prefault_fills_the_whole_huge_pages_of_a_large_target_only():
         prefault(b"read-only" * (1 << 20))
 
 
-def ctypes_address(view) -> int:
-    import ctypes
-
-    return ctypes.addressof(ctypes.c_char.from_buffer(view))
-
-
 def test_agentix_prefault_off_turns_the_prefault_off(monkeypatch):
     from agentix.runtime.client import payload_ring
 
@@ -238,8 +235,6 @@ def test_agentix_prefault_off_turns_the_prefault_off(monkeypatch):
 
 
 def test_a_chunked_decode_prefaults_each_large_value_before_filling_it():
-    import pickle
-
     handed = []
 
     def prefault(target):
@@ -256,9 +251,6 @@ def test_a_chunked_decode_prefaults_each_large_value_before_filling_it():
 
 
 def test_a_prefaulted_value_of_32_mib_or_more_is_copied_by_the_copy_function():
-    import pickle
-
-    from agentix.runtime.shared.pickle_stream import COPY_FUNCTION_MAX_VALUE
 
     value = os.urandom(1 << 20) * (COPY_FUNCTION_MAX_VALUE // (1 << 20) + 1)
     data = pickle.dumps(value, protocol=5)
