@@ -42,6 +42,13 @@ std::atomic<bool> populate_unsupported{false};
 
 }  // namespace
 
+bool PopulateForWrite(void* begin, size_t n) {
+  if (populate_unsupported.load(std::memory_order_relaxed)) return false;
+  if (madvise(begin, n, MADV_POPULATE_WRITE) == 0) return true;
+  if (errno == EINVAL) populate_unsupported.store(true, std::memory_order_relaxed);
+  return false;
+}
+
 PageSizeChooser::Step PageSizeChooser::Next() {
   if (huge_ns_per_mib_ == 0) return {true, true};
   if (small_ns_per_mib_ == 0) return {false, true};
@@ -94,10 +101,7 @@ PrefaultResult PrefaultRange(uintptr_t first, uintptr_t last) {
     // and measured as such.
     if (choice.huge && madvise(step, size, MADV_HUGEPAGE) != 0) choice.huge = false;
     const uint64_t start = MonotonicNanos();
-    if (madvise(step, size, MADV_POPULATE_WRITE) != 0) {
-      if (errno == EINVAL) populate_unsupported.store(true, std::memory_order_relaxed);
-      break;  // the writes fault the rest in
-    }
+    if (!PopulateForWrite(step, size)) break;  // the writes fault the rest in
     const uint64_t took = MonotonicNanos() - start;
     {
       std::lock_guard<std::mutex> lock(process.mu);

@@ -68,6 +68,12 @@ class PageSizeChooser {
   bool huge_was_cheaper_ = true;
 };
 
+// Faults in the pages of [begin, begin + n) (page-aligned) for writing in
+// one system call (MADV_POPULATE_WRITE). False if the kernel did not: on
+// one without it (Linux < 5.14, EINVAL) this and every later call return
+// false at once, and the writes fault the pages in as before.
+bool PopulateForWrite(void* begin, size_t n);
+
 struct PrefaultResult {
   size_t huge_bytes = 0;   // filled after MADV_HUGEPAGE (huge pages where the kernel had them)
   size_t small_bytes = 0;  // filled in 4 KiB pages

@@ -92,6 +92,17 @@ size_t ResidentPages(const char* data, size_t n) {
   return resident;
 }
 
+TEST_CASE("PopulateForWrite faults in exactly the range it is given") {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  char* base = static_cast<char*>(mmap(nullptr, 8 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(base != MAP_FAILED);
+  REQUIRE(PopulateForWrite(base + 2 * page, 3 * page));  // Linux >= 5.14
+  REQUIRE(ResidentPages(base, 2 * page) == 0);
+  REQUIRE(ResidentPages(base + 2 * page, 3 * page) == 3);
+  REQUIRE(ResidentPages(base + 5 * page, 3 * page) == 0);
+  munmap(base, 8 * page);
+}
+
 TEST_CASE("PrefaultForWrite fills the whole huge pages inside a large buffer, and nothing of a small one") {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const size_t mapped = 40 * kMiB;

@@ -316,12 +316,12 @@ def probe_choice(log_path: str) -> dict:
 def floor_round(cpu: int, env: dict) -> dict:
     """The floors of one round (small messages only), two of them also pinned to `cpu`."""
     flags = ["--small-bytes=64", "--big-mib=", "--concurrency="]
-    pinned = (("floor_pinned", []), ("floor_relay_pinned", ["--relay"]))  # to `cpu`, below
+    pinned = {"floor_pinned": [], "floor_relay_pinned": ["--relay"]}  # to `cpu`, below
     out = {}
     for name, (program, own) in floors.FLOOR_PROGRAMS.items():
-        if name not in dict(pinned):
+        if name not in pinned:
             out[name] = floors.run_floor(program, [*own, *flags], quick=True, env=env, log=_quiet)
-    for name, own in pinned:
+    for name, own in pinned.items():
         binary = procs.runfile("testing/bench/floor/unix_pingpong")
         out[name] = floors.run_json(["taskset", "-c", str(cpu), binary, *own, *flags, "--quick"],
                                     env=env, log=_quiet)

@@ -1,13 +1,12 @@
 #include "worker/direct/chunk_buffers.h"
 
-#include <errno.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <utility>
 
+#include "base/fresh_pages.h"
 #include "worker/ipc/chunking.h"
 
 namespace agentix::worker {
@@ -31,12 +30,8 @@ void ReleasePages(std::string& buffer) {
 // each costs more than the kernel filling the range at once (a 64 MiB
 // direct echo writes 16 MiB into released buffers: docs/PERFORMANCE.md,
 // "stop-43: the direct 64 MiB echo"). The memory is what those writes would
-// fault in anyway. Without MADV_POPULATE_WRITE (Linux < 5.14) the writes
-// fault them in as before.
+// fault in anyway.
 void PopulatePages(std::string& buffer, size_t size) {
-#ifdef MADV_POPULATE_WRITE
-  static std::atomic<bool> unsupported{false};
-  if (unsupported.load(std::memory_order_relaxed)) return;
   static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const auto data = reinterpret_cast<uintptr_t>(buffer.data());
   // The pages ReleasePages gave back that the writes reach.
@@ -44,16 +39,9 @@ void PopulatePages(std::string& buffer, size_t size) {
   const uintptr_t end =
       std::min((data + size + page - 1) & ~(page - 1),
                (data + buffer.capacity()) & ~(page - 1));
-  if (begin < end &&
-      madvise(reinterpret_cast<void*>(begin), end - begin,
-              MADV_POPULATE_WRITE) != 0 &&
-      errno == EINVAL) {
-    unsupported.store(true, std::memory_order_relaxed);
+  if (begin < end) {
+    (void)base::PopulateForWrite(reinterpret_cast<void*>(begin), end - begin);
   }
-#else
-  (void)buffer;
-  (void)size;
-#endif
 }
 
 }  // namespace
