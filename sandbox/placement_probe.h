@@ -4,9 +4,12 @@
 // 6-7 us on one CPU, docs/DECISIONS.md) and costs where it is cheap and
 // sched_setaffinity is dear (a guest whose hypervisor wakes vCPUs cheaply:
 // the pinned round trip about the unpinned one, ~3 us per
-// sched_setaffinity). Nothing the guest can read says which machine it is
+// sched_setaffinity). Little the guest can read says which machine it is
 // on, so the probe measures the three figures that decide and
-// ChoosePlacement turns them into a placement.
+// ChoosePlacement turns them into a placement. The one thing it reads is
+// the idle policy: vCPUs that poll before they halt (a KVM guest's haltpoll
+// default) wake without the hypervisor, and there a call spread over two
+// CPUs beats one kept on one CPU by pins, whatever the round trips say.
 #pragma once
 
 #include <string>
@@ -25,8 +28,21 @@ struct ProbeFigures {
   // Of those, the CPUs idle at least half of a short window before the round
   // trips (/proc/stat); -1: not known.
   int idle_cpus = -1;
+  // How long an idle CPU polls before it halts, in ns (the haltpoll cpuidle
+  // governor's guest_halt_poll_ns); 0: it halts at once; -1: not known
+  // (another governor, or none).
+  long long idle_poll_ns = -1;
   absl::Duration took;     // the probe's wall time
 };
+
+// An idle CPU that polls at least this long before halting catches the
+// next hand-off of a call (a few to a few tens of us away) without a halt:
+// the haltpoll governor's own starting window.
+inline constexpr long long kPollCoversWakeNs = 50'000;
+
+// guest_halt_poll_ns under `sys_root` when the cpuidle governor is haltpoll,
+// else -1 (`agentix doctor`'s "cpu idle" check reads the same files).
+long long ReadIdlePollNs(const std::string& sys_root = "/sys");
 
 enum class Placement {
   kAll,     // the daemon's placement and the hosts' pinned waits (`auto`)
@@ -57,7 +73,8 @@ struct ProbeOptions {
 absl::StatusOr<ProbeFigures> MeasurePlacement(const ProbeOptions& options = {});
 
 // "same-CPU round trip 8.1 us, cross-CPU 15.2 us, sched_setaffinity 2.9 us,
-// 2 CPUs (2 idle), 12.3 ms"
+// 2 CPUs (2 idle), 12.3 ms; idle CPUs poll up to 200 us" (or "...; idle
+// CPUs halt at once (guest_halt_poll_ns 0)"; nothing when not known)
 std::string DescribeFigures(const ProbeFigures& figures);
 
 // What the call path is doing, as a re-probe needs to know it.

@@ -1,9 +1,13 @@
 #include "sandbox/placement_probe.h"
 
 #include <sched.h>
+#include <stdlib.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 #include <limits>
+#include <string>
 
 namespace agentix::sandbox {
 namespace {
@@ -81,6 +85,69 @@ TEST_CASE("One CPU pins nothing; figures that cannot be right keep the placement
   CHECK(ChoosePlacement(Figures(8, inf, 1)).placement == Placement::kAll);
   CHECK(ChoosePlacement(Figures(8, 60, 0)).placement == Placement::kAll);
   CHECK(ChoosePlacement(Figures(-1, 60, 1)).placement == Placement::kAll);
+}
+
+TEST_CASE("Idle CPUs that poll before halting keep the daemon's placement and unpin the hosts") {
+  // stop 45, this VM with guest_halt_poll_ns 200000: the round trips still
+  // read 8.7 / 28.5 us, yet unpinned the direct noop took 27 us against
+  // 53-57 pinned (relayed 49 against 89).
+  ProbeFigures polling = Figures(8.7, 28.5, 2.03, 2, /*idle_cpus=*/2);
+  polling.idle_poll_ns = 200'000;
+  const PlacementChoice choice = ChoosePlacement(polling);
+  CHECK(choice.placement == Placement::kDaemon);
+  CHECK(choice.why.find("idle CPUs poll up to 200 us") != std::string::npos);
+  // Halting at once, or polling too briefly to catch a hand-off: the round trips decide.
+  polling.idle_poll_ns = 0;
+  CHECK(ChoosePlacement(polling).placement == Placement::kAll);
+  polling.idle_poll_ns = kPollCoversWakeNs - 1;
+  CHECK(ChoosePlacement(polling).placement == Placement::kAll);
+  // One CPU is still one CPU.
+  ProbeFigures one = Figures(8, 60, 1, /*cpus=*/1);
+  one.idle_poll_ns = 200'000;
+  CHECK(ChoosePlacement(one).placement == Placement::kOff);
+}
+
+std::string FakeSysfs(const char* governor, const char* poll_ns) {
+  char dir[] = "/tmp/agentix-idle-policy-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  const std::string root = dir;
+  if (governor != nullptr) {
+    std::filesystem::create_directories(root + "/devices/system/cpu/cpuidle");
+    std::ofstream(root + "/devices/system/cpu/cpuidle/current_governor_ro") << governor << "\n";
+  }
+  if (poll_ns != nullptr) {
+    std::filesystem::create_directories(root + "/module/haltpoll/parameters");
+    std::ofstream(root + "/module/haltpoll/parameters/guest_halt_poll_ns") << poll_ns << "\n";
+  }
+  return root;
+}
+
+TEST_CASE("The idle policy is read from the haltpoll governor's parameter, and only from it") {
+  const std::string polling = FakeSysfs("haltpoll", "200000");
+  const std::string halting = FakeSysfs("haltpoll", "0");
+  const std::string menu = FakeSysfs("menu", "200000");
+  const std::string bare = FakeSysfs("haltpoll", nullptr);
+  const std::string garbage = FakeSysfs("haltpoll", "lots");
+  const std::string none = FakeSysfs(nullptr, nullptr);
+  CHECK(ReadIdlePollNs(polling) == 200'000);
+  CHECK(ReadIdlePollNs(halting) == 0);
+  CHECK(ReadIdlePollNs(menu) == -1);  // another governor does not use the parameter
+  CHECK(ReadIdlePollNs(bare) == -1);
+  CHECK(ReadIdlePollNs(garbage) == -1);
+  CHECK(ReadIdlePollNs(none) == -1);
+  for (const std::string& root : {polling, halting, menu, bare, garbage, none}) {
+    std::filesystem::remove_all(root);
+  }
+}
+
+TEST_CASE("The probe's log line says how idle CPUs wait, when it is known") {
+  ProbeFigures f = Figures(8.7, 28.5, 2.03, 2, 2);
+  CHECK(DescribeFigures(f).find("idle CPUs") == std::string::npos);
+  f.idle_poll_ns = 0;
+  CHECK(DescribeFigures(f).find("; idle CPUs halt at once (guest_halt_poll_ns 0)") != std::string::npos);
+  f.idle_poll_ns = 200'000;
+  CHECK(DescribeFigures(f).find("2 CPUs (2 idle), 0.0 ms; idle CPUs poll up to 200 us") !=
+        std::string::npos);
 }
 
 TEST_CASE("Placements have wake_ab's names") {

@@ -241,8 +241,9 @@ def cpu_idle(sys_root: Path = Path("/sys")) -> Check:
         return Check("cpu idle", "ok", f"cpuidle governor haltpoll, vCPUs poll {poll_ns} ns before halting")
     return Check("cpu idle", "warn",
                  "cpuidle governor haltpoll with guest_halt_poll_ns=0: idle vCPUs halt at once, so on an "
-                 "otherwise idle machine each hand-off of a call waits ~25 us for a vCPU to wake "
-                 "(a noop call ~130 us instead of ~40 us)",
+                 "otherwise idle machine a hand-off of a call to another CPU waits ~25 us for a vCPU to "
+                 "wake; the daemon keeps a call on one CPU instead, at two system calls a wait (a noop "
+                 "call ~55 us instead of ~27 us with polling)",
                  "as root: echo 200000 > /sys/module/haltpoll/parameters/guest_halt_poll_ns (the driver's "
                  "default), or boot without haltpoll.guest_halt_poll_ns=0; costs some host CPU while idle")
 
