@@ -24,6 +24,11 @@ std::vector<std::string> WorkerArgsFor(const DaemonWorkerFlags& flags) {
   if (flags.worker_intake_spin_us > 0) {
     args.push_back(absl::StrCat("--intake-spin-us=", flags.worker_intake_spin_us));
   }
+  // Only when not the default: a worker's command line stays what it was.
+  if (flags.worker_intake_look_slack_us != kWorkerIntakeLookSlackUsByDefault) {
+    args.push_back(
+        absl::StrCat("--intake-look-slack-us=", flags.worker_intake_look_slack_us));
+  }
   if (ServesDirectCalls(flags)) {
     // Without it the worker polls its bare link (the epoll set costs a
     // relayed noop ~3 %).
@@ -104,6 +109,7 @@ absl::StatusOr<DaemonWorkerFlags> DaemonWorkerFlagsFrom(
     }
     const bool valued = flag->name == "python_home" || flag->name == "calls_cpu" ||
                         flag->name == "worker_intake_spin_us" ||
+                        flag->name == "worker_intake_look_slack_us" ||
                         flag->name == "max_retained_results";
     if (!valued) continue;
     if (!flag->value.has_value()) {
@@ -121,6 +127,11 @@ absl::StatusOr<DaemonWorkerFlags> DaemonWorkerFlagsFrom(
       if (!absl::SimpleAtoi(*flag->value, &flags.max_retained_results)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "--max_retained_results: not a number: '", *flag->value, "'"));
+      }
+    } else if (flag->name == "worker_intake_look_slack_us") {
+      if (!absl::SimpleAtoi(*flag->value, &flags.worker_intake_look_slack_us)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--worker_intake_look_slack_us: not a number: '", *flag->value, "'"));
       }
     } else if (!absl::SimpleAtoi(*flag->value, &flags.worker_intake_spin_us)) {
       return absl::InvalidArgumentError(absl::StrCat(

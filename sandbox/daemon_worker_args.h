@@ -19,6 +19,8 @@ namespace agentix::sandbox {
 inline constexpr bool kDirectCallsByDefault = true;
 inline constexpr bool kCallsSocketByDefault = true;
 inline constexpr int64_t kWorkerIntakeSpinUsByDefault = 0;
+// The worker's IntakeBaton::kDefaultLookSlack, in us.
+inline constexpr int64_t kWorkerIntakeLookSlackUsByDefault = 4000;
 inline constexpr char kCallsCpuByDefault[] = "probe";
 inline constexpr uint64_t kMaxRetainedResultsByDefault = 4096;
 
@@ -29,6 +31,7 @@ struct DaemonWorkerFlags {
   bool calls_socket = kCallsSocketByDefault;  // --calls_socket
   bool calls_cpu_off = false;                 // --calls_cpu pins nothing
   uint64_t max_retained_results = kMaxRetainedResultsByDefault;
+  int64_t worker_intake_look_slack_us = kWorkerIntakeLookSlackUsByDefault;
 };
 
 // Whether the daemon hands connections to its workers: --direct_calls, and

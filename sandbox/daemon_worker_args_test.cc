@@ -1,6 +1,7 @@
 #include "sandbox/daemon_worker_args.h"
 
 #include <catch2/catch.hpp>
+#include <string>
 
 namespace agentix::sandbox {
 namespace {
@@ -38,6 +39,13 @@ TEST_CASE("Each daemon flag gives the worker argument the daemon spawns with",
         Args{"--direct_calls", "--noavoid_holder_cpu"});
   CHECK(WorkerArgsOf({"--direct_calls", "--calls_cpu=probe"}) == Args{"--direct_calls"});
   CHECK(WorkerArgsOf({"--direct_calls", "--calls_cpu=auto"}) == Args{"--direct_calls"});
+  // The follower's look slack: on the command line only when not the default.
+  CHECK(WorkerArgsOf({"--worker_intake_look_slack_us=0", "--nodirect_calls"}) ==
+        Args{"--intake-look-slack-us=0"});
+  CHECK(WorkerArgsOf({"--worker-intake-look-slack-us",
+                      std::to_string(kWorkerIntakeLookSlackUsByDefault),
+                      "--nodirect_calls"})
+            .empty());
   // Without the frame wire's socket nothing is handed over.
   CHECK(WorkerArgsOf({"--direct_calls", "--nocalls_socket"}).empty());
   CHECK(WorkerArgsOf({"--direct_calls", "--calls_socket=false"}).empty());
@@ -57,6 +65,8 @@ TEST_CASE("A value the daemon would refuse is an error", "[worker_args]") {
   CHECK(absl::IsInvalidArgument(DaemonWorkerFlagsFrom({"--calls_cpu"}).status()));
   CHECK(absl::IsInvalidArgument(
       DaemonWorkerFlagsFrom({"--worker_intake_spin_us=soon"}).status()));
+  CHECK(absl::IsInvalidArgument(
+      DaemonWorkerFlagsFrom({"--worker_intake_look_slack_us=late"}).status()));
 }
 
 TEST_CASE("CallsCpuPinsNothing reads --calls_cpu as the daemon does", "[worker_args]") {

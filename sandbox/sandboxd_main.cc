@@ -252,6 +252,14 @@ ABSL_FLAG(int64_t, worker_intake_spin_us,
           "frames polls without sleeping before it blocks (adaptive, as "
           "--worker_read_spin_us; the worker's --intake-spin-us). 0 "
           "(default): no spinning");
+ABSL_FLAG(int64_t, worker_intake_look_slack_us,
+          agentix::sandbox::kWorkerIntakeLookSlackUsByDefault,
+          "microseconds late the worker's intake follower may look for a "
+          "call that runs past 1 ms while short calls stream: it then looks "
+          "with its CPU's tick instead of an interrupt of its own (the "
+          "worker's --intake-look-slack-us). A long call holds up the next "
+          "frames for up to 1 ms plus this until a follower has taken one "
+          "(then exact for 10 s). 0: always exact");
 ABSL_FLAG(uint64_t, max_log_subscribers, 64,
           "Logs streams (and, separately, Traces streams) subscribed at once "
           "(RESOURCE_EXHAUSTED beyond)");
@@ -610,7 +618,8 @@ int Run(int argc, char** raw_argv) {
        {std::pair<const char*, int64_t>{"grpc_spin_us", absl::GetFlag(FLAGS_grpc_spin_us)},
         {"worker_read_spin_us", absl::GetFlag(FLAGS_worker_read_spin_us)},
         {"frames_spin_us", absl::GetFlag(FLAGS_frames_spin_us)},
-        {"worker_intake_spin_us", absl::GetFlag(FLAGS_worker_intake_spin_us)}}) {
+        {"worker_intake_spin_us", absl::GetFlag(FLAGS_worker_intake_spin_us)},
+        {"worker_intake_look_slack_us", absl::GetFlag(FLAGS_worker_intake_look_slack_us)}}) {
     if (value < 0 || value > 1000000) {
       AGX_LOG(Error, "--{} must be between 0 and 1000000 (got {})", name, value);
       return 2;
@@ -658,7 +667,8 @@ int Run(int argc, char** raw_argv) {
   const DaemonWorkerFlags worker_flags{
       absl::GetFlag(FLAGS_python_home), absl::GetFlag(FLAGS_worker_intake_spin_us),
       absl::GetFlag(FLAGS_direct_calls), absl::GetFlag(FLAGS_calls_socket),
-      *calls_cpu == base::kNoCpu, absl::GetFlag(FLAGS_max_retained_results)};
+      *calls_cpu == base::kNoCpu, absl::GetFlag(FLAGS_max_retained_results),
+      absl::GetFlag(FLAGS_worker_intake_look_slack_us)};
   // The same function gives agentix-launch's worker its options.
   SetWorkerOptionsFor(worker_flags, options.worker);
   if (ServesDirectCalls(worker_flags)) {

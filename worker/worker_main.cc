@@ -59,6 +59,11 @@ ABSL_FLAG(int64_t, intake_spin_us, 0,
           "microseconds the pool thread reading the channel polls it without "
           "sleeping before it blocks (adaptive; the daemon's "
           "--worker_intake_spin_us). 0 (default): no spinning");
+ABSL_FLAG(int64_t, intake_look_slack_us, 4000,
+          "microseconds late the intake's follower may look for a call that "
+          "runs past 1 ms while short calls stream (its looks then ride its "
+          "CPU's tick; exact for 10 s after it took one; the daemon's "
+          "--worker_intake_look_slack_us). 0: always exact");
 ABSL_FLAG(int, prefault_arena_mib, 5,
           "MiB of the interpreter's object arenas faulted in ahead of use by a "
           "second thread while the worker boots (worker/python/prefault.h); "
@@ -128,6 +133,8 @@ int main(int argc, char** argv) {
                                 : absl::OkStatus();
   agentix::worker::IntakeBaton::SetSpin(absl::Microseconds(
       std::clamp<int64_t>(absl::GetFlag(FLAGS_intake_spin_us), 0, 1000000)));
+  agentix::worker::IntakeBaton::SetLookSlack(absl::Microseconds(
+      std::clamp<int64_t>(absl::GetFlag(FLAGS_intake_look_slack_us), 0, 1000000)));
   agentix::worker::SetServeDirectCalls(absl::GetFlag(FLAGS_direct_calls));
   if (!absl::GetFlag(FLAGS_avoid_holder_cpu)) {
     agentix::worker::IntakeBaton::SetAvoidHolderCpu(false);

@@ -4,7 +4,9 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <sys/timerfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,12 +21,25 @@ namespace {
 
 std::atomic<int64_t> spin_most_ns{0};
 std::atomic<bool> avoid_holder_cpu{false};
+std::atomic<int64_t> look_slack_ns{
+    absl::ToInt64Nanoseconds(IntakeBaton::kDefaultLookSlack)};
 
 // poll(fds, count, -1), retried on EINTR.
 int PollBlocking(pollfd* fds, nfds_t count = 2) {
   int n;
   while ((n = ::poll(fds, count, -1)) < 0 && errno == EINTR) {
   }
+  return n;
+}
+
+// ppoll(fds, count) until `due`: > 0 ready, 0 at `due`, < 0 failed; retried
+// on EINTR. The kernel may end the wait up to the thread's timer slack late.
+int PollUntil(pollfd* fds, nfds_t count, absl::Time due) {
+  int n;
+  do {
+    const timespec left = absl::ToTimespec(std::max(due - absl::Now(), absl::ZeroDuration()));
+    n = ::ppoll(fds, count, &left, nullptr);
+  } while (n < 0 && errno == EINTR);
   return n;
 }
 
@@ -56,6 +71,28 @@ class BatchWhileFollowing {
 
  private:
   bool batched_ = false;
+};
+
+// For as long as it lives, the calling thread's timer slack is `slack` (its
+// own again after: the follower goes on to run user code, whose sleeps must
+// not come late). Best effort, as BatchWhileFollowing.
+class SlackWhileFollowing {
+ public:
+  explicit SlackWhileFollowing(int64_t slack_ns) {
+    const int old = ::prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    if (slack_ns > 0 && old >= 0 &&
+        ::prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(slack_ns), 0, 0, 0) == 0) {
+      old_ = old;
+    }
+  }
+  ~SlackWhileFollowing() {
+    if (old_ > 0) ::prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(old_), 0, 0, 0);
+  }
+  SlackWhileFollowing(const SlackWhileFollowing&) = delete;
+  SlackWhileFollowing& operator=(const SlackWhileFollowing&) = delete;
+
+ private:
+  int old_ = -1;
 };
 
 // For as long as it lives, the calling thread may run anywhere in `all` but
@@ -95,6 +132,11 @@ void Arm(int timer_fd, absl::Duration after) {
 }
 
 }  // namespace
+
+void IntakeBaton::SetLookSlack(absl::Duration slack) {
+  look_slack_ns.store(absl::ToInt64Nanoseconds(std::max(slack, absl::ZeroDuration())),
+                      std::memory_order_relaxed);
+}
 
 void IntakeBaton::SetSpin(absl::Duration most) {
   spin_most_ns.store(absl::ToInt64Nanoseconds(most), std::memory_order_relaxed);
@@ -145,6 +187,8 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
     ++followers_;
     lock.unlock();
     const BatchWhileFollowing batch;  // back to SCHED_OTHER before it reads
+    const int64_t slack_ns = look_slack_ns.load(std::memory_order_relaxed);
+    const SlackWhileFollowing slack(slack_ns);
     // Back to the whole mask before it reads, too; it follows a change of
     // the call path's CPU when it next wakes (within ~kDeferBound while
     // offers come).
@@ -156,14 +200,25 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
     // must wake it without the holder's help.
     pollfd wait[3] = {
         {wake_fd_, POLLIN, 0}, {timer_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+    // A look this thread waits for itself, with the slack (InfiniteFuture:
+    // none); while one is due, timer_armed_ stands for it.
+    absl::Time look_at = absl::InfiniteFuture();
     while (!passed_ && pool_mode_ && !stopped_) {
       lock.unlock();
-      PollBlocking(wait, 3);
+      if (look_at == absl::InfiniteFuture()) {
+        PollBlocking(wait, 3);
+      } else {
+        PollUntil(wait, 3, look_at);
+      }
       // The reads and the arming are syscalls (on a VM the arming is a
       // timer reprogramming): outside the lock, which the holder takes at
       // every call, so it never sleeps on it waiting for this thread.
       Consume(wake_fd_);
-      const bool fired = Consume(timer_fd_);
+      bool fired = Consume(timer_fd_);
+      if (look_at != absl::InfiniteFuture() && absl::Now() >= look_at) {
+        fired = true;
+        look_at = absl::InfiniteFuture();
+      }
       avoid_path();
       lock.lock();
       // The timer is armed once for a run of offers, not per offer: when it
@@ -173,16 +228,21 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
       // else it stays off until the next offer. Armed here, it fires on this
       // thread's CPU: while calls stream, the holder's (the call path's) CPU
       // takes no timer interrupt and sends no wake-up to this one
-      // (docs/DECISIONS.md, "The noop's p99").
+      // (docs/DECISIONS.md, "The noop's p99"). Unless a follower took an
+      // offer lately, this thread waits for the look itself with the slack
+      // (look_at) instead: with the call path spread over every CPU there is
+      // no CPU off it, and the look then rides its CPU's tick.
       absl::Duration arm = absl::ZeroDuration();
+      const absl::Time now = absl::Now();
       if (fired) {
         timer_armed_ = false;
         if (deferred_) {
-          const absl::Duration left = offered_at_ + kDeferBound - absl::Now();
+          const absl::Duration left = offered_at_ + kDeferBound - now;
           if (left <= absl::ZeroDuration()) {
             deferred_ = false;
             passed_ = true;
             ++handovers_;
+            exact_until_ = now + kExactAfterTake;
           } else {
             arm = left;
           }
@@ -194,11 +254,20 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
       if (arm > absl::ZeroDuration()) {
         // Marked armed first: an offer meanwhile does not arm it again.
         timer_armed_ = true;
-        lock.unlock();
-        Arm(timer_fd_, arm);
-        lock.lock();
+        if (slack_ns > 0 && now >= exact_until_) {
+          look_at = now + arm;
+          ++slack_looks_;
+        } else {
+          ++exact_looks_;
+          lock.unlock();
+          Arm(timer_fd_, arm);
+          lock.lock();
+        }
       }
     }
+    // A look of its own still due leaves with this thread: the next offer
+    // arms the timer again.
+    if (look_at != absl::InfiniteFuture()) timer_armed_ = false;
     --followers_;
     if (stopped_) return Turn::kStopped;
     if (!passed_) return Turn::kLeave;  // pool mode ended
@@ -344,6 +413,16 @@ int IntakeBaton::followers() {
 int64_t IntakeBaton::holder_arms() {
   std::lock_guard<std::mutex> lock(mu_);
   return holder_arms_;
+}
+
+int64_t IntakeBaton::slack_looks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return slack_looks_;
+}
+
+int64_t IntakeBaton::exact_looks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return exact_looks_;
 }
 
 int64_t IntakeBaton::handovers() {

@@ -86,10 +86,13 @@ class IntakeBaton {
 
   // For tests: followers waiting now; hand-overs so far (passes, and offers
   // a follower took); offers that armed the offer's timer (the holder's CPU
-  // takes its interrupt) so far.
+  // takes its interrupt) so far; looks the followers waited for with the
+  // slack, and exact ones they armed the timer for.
   int followers();
   int64_t handovers();
   int64_t holder_arms();
+  int64_t slack_looks();
+  int64_t exact_looks();
 
   // Whether a follower with no published CPU waits off the holder's (the
   // worker's --direct_calls, process-wide, set once at start; off: it waits
@@ -98,6 +101,19 @@ class IntakeBaton {
 
   // How long a Defer()'s offer stands before the follower takes the baton.
   static constexpr absl::Duration kDeferBound = absl::Milliseconds(1);
+
+  // While short calls stream, the follower's looks (one per kDeferBound)
+  // may come up to this much late (`SetLookSlack`; the default): it waits
+  // for them in ppoll with this timer slack instead of arming the timerfd,
+  // so the kernel expires them with the next tick of its CPU (every 4 ms at
+  // HZ=250) rather than with an interrupt of their own on a CPU that a
+  // spread call path uses (docs/DECISIONS.md, "The intake follower's
+  // looks ride the tick"). A long call then holds up the next frames for up
+  // to kDeferBound + the slack; after a look found one (the follower took
+  // the baton) the looks are exact for kExactAfterTake. Zero: always exact.
+  static constexpr absl::Duration kDefaultLookSlack = absl::Milliseconds(4);
+  static constexpr absl::Duration kExactAfterTake = absl::Seconds(10);
+  static void SetLookSlack(absl::Duration slack);
 
   // The holder's poll first polls without sleeping for up to `most` (the
   // worker's --intake-spin-us; process-wide, set once at start), adapting
@@ -134,6 +150,11 @@ class IntakeBaton {
   bool timer_armed_ = false;  // armed, or fired and not yet consumed
   bool offered_since_fire_ = false;  // Defer() since the timer last fired
   int64_t holder_arms_ = 0;
+  int64_t slack_looks_ = 0;
+  int64_t exact_looks_ = 0;
+  // Until then a follower's looks are exact (a follower took an offer: long
+  // calls come, and their hold-up is kept to ~2 x kDeferBound).
+  absl::Time exact_until_ = absl::InfinitePast();
   int64_t handovers_ = 0;
   bool stopped_ = false;
   int followers_ = 0;

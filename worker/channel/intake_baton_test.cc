@@ -4,6 +4,7 @@
 #include "worker/channel/intake_baton.h"
 
 #include <sched.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -216,6 +217,94 @@ TEST_CASE("while short calls stream, the follower keeps the offer's timer "
   CHECK(offers > 30);
   baton->ToLoop();
   CHECK(follower.get() == Turn::kLeave);
+}
+
+// Offers reclaimed at once, one per ~100 us, for `how_long`.
+int StreamShortCalls(IntakeBaton& baton, std::chrono::milliseconds how_long) {
+  const auto until = std::chrono::steady_clock::now() + how_long;
+  int offers = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    REQUIRE(baton.Defer());
+    REQUIRE(baton.Reclaim());
+    ++offers;
+    std::this_thread::sleep_for(100us);
+  }
+  return offers;
+}
+
+// The timer slack of thread `tid` of this process (ns), -1 if unreadable.
+long TimerSlackOf(pid_t tid) {
+  std::ifstream in("/proc/" + std::to_string(tid) + "/timerslack_ns");  // a thread id names one too
+  long slack = -1;
+  in >> slack;
+  return in ? slack : -1;
+}
+
+TEST_CASE("while short calls stream the follower's looks wait with the slack, not the "
+          "timer; once it took an offer they are exact, and a long call is taken either way",
+          "[intake]") {
+  Sockets s;
+  auto baton = Make(s.fds[0]);
+  baton->ToPool();
+  std::atomic<pid_t> tid{0};
+  std::atomic<long> slack_after{-1};
+  auto follow = [&] {
+    tid = ::gettid();
+    const long before = ::prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    const Turn turn = baton->Lead(false);
+    // The thread goes on to run calls: its sleeps are as precise as before.
+    slack_after = ::prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) == before ? before : -2;
+    return turn;
+  };
+  auto follower = std::async(std::launch::async, follow);
+  AwaitFollowers(*baton, 1);
+  CHECK(TimerSlackOf(tid) == absl::ToInt64Nanoseconds(IntakeBaton::kDefaultLookSlack));
+  CHECK(StreamShortCalls(*baton, 30ms) > 30);
+  CHECK(baton->holder_arms() == 1);  // the stream's first offer, as before
+  CHECK(baton->slack_looks() >= 1);
+  CHECK(baton->exact_looks() == 0);
+  CHECK(baton->handovers() == 0);
+  // A long call: still taken, after kDeferBound and well within a second.
+  s.Write();
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE(baton->Defer());
+  REQUIRE(follower.wait_for(5s) == std::future_status::ready);
+  const auto took = std::chrono::steady_clock::now() - start;
+  CHECK(took >= 1ms);
+  CHECK(took < 1s);
+  CHECK(follower.get() == Turn::kReadable);
+  CHECK(slack_after > 0);
+  CHECK(baton->handovers() == 1);
+  // Long calls come now: the next follower's looks are exact (the timer).
+  auto next = std::async(std::launch::async, follow);
+  AwaitFollowers(*baton, 1);
+  const int64_t slack_looks = baton->slack_looks();
+  StreamShortCalls(*baton, 30ms);
+  CHECK(baton->exact_looks() >= 1);
+  CHECK(baton->slack_looks() == slack_looks);
+  baton->ToLoop();
+  REQUIRE(next.wait_for(5s) == std::future_status::ready);
+  CHECK(next.get() == Turn::kLeave);
+}
+
+TEST_CASE("with no slack every look is exact and the timer slack is left alone", "[intake]") {
+  IntakeBaton::SetLookSlack(absl::ZeroDuration());
+  Sockets s;
+  auto baton = Make(s.fds[0]);
+  baton->ToPool();
+  std::atomic<pid_t> tid{0};
+  auto follower = std::async(std::launch::async, [&] {
+    tid = ::gettid();
+    return baton->Lead(false);
+  });
+  AwaitFollowers(*baton, 1);
+  CHECK(TimerSlackOf(tid) == ::prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0));
+  StreamShortCalls(*baton, 30ms);
+  CHECK(baton->exact_looks() >= 1);
+  CHECK(baton->slack_looks() == 0);
+  baton->ToLoop();
+  REQUIRE(follower.wait_for(5s) == std::future_status::ready);
+  IntakeBaton::SetLookSlack(IntakeBaton::kDefaultLookSlack);
 }
 
 TEST_CASE("a follower waits as SCHED_BATCH and reads or leaves as it came",
