@@ -35,7 +35,8 @@ WORKSPACE = "agentix"
 
 
 def machine() -> dict:
-    """The machine a report's figures come from: CPUs, CPU model, kernel, Python."""
+    """The machine a report's figures come from: CPUs, CPU model, kernel, Python,
+    and how its idle CPUs wait (`idle_policy`)."""
     model = ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -43,7 +44,29 @@ def machine() -> dict:
     except OSError:
         pass
     return {"cpus": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),
-            "python": platform.python_version()}
+            "python": platform.python_version(), "idle": idle_policy()}
+
+
+def idle_policy(sys_root: str = "/sys") -> dict:
+    """The cpuidle governor and, under haltpoll, how long an idle vCPU polls
+    before it halts (``guest_halt_poll_ns``; 0: at once): on an idle machine
+    it decides what every cross-CPU hand-off costs (docs/PERFORMANCE.md, "The
+    idle regime is the VM's halt policy"), so every report says which it was.
+    None where not known."""
+    def first_line(path: str) -> str | None:
+        try:
+            with open(os.path.join(sys_root, path)) as f:
+                return f.readline().strip()
+        except OSError:
+            return None
+
+    governor = (first_line("devices/system/cpu/cpuidle/current_governor_ro")
+                or first_line("devices/system/cpu/cpuidle/current_governor"))
+    poll_ns = None
+    if governor == "haltpoll":
+        text = first_line("module/haltpoll/parameters/guest_halt_poll_ns")
+        poll_ns = int(text) if text is not None and text.isdigit() else None
+    return {"cpuidle_governor": governor, "guest_halt_poll_ns": poll_ns}
 
 
 def loadavg() -> list[float] | None:
