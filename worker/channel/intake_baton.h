@@ -107,10 +107,11 @@ class IntakeBaton {
   // for them in ppoll with this timer slack instead of arming the timerfd,
   // so the kernel expires them with the next tick of its CPU (every 4 ms at
   // HZ=250) rather than with an interrupt of their own on a CPU that a
-  // spread call path uses (docs/DECISIONS.md, "The intake follower's
-  // looks ride the tick"). A long call then holds up the next frames for up
-  // to kDeferBound + the slack; after a look found one (the follower took
-  // the baton) the looks are exact for kExactAfterTake. Zero: always exact.
+  // spread call path uses (docs/DECISIONS.md, "stop-45: the intake
+  // follower's looks ride the tick"). A long call then holds up the next
+  // frames for up to kDeferBound + the slack; after a look found one (the
+  // follower took the baton) the looks are exact for kExactAfterTake.
+  // Zero: always exact.
   static constexpr absl::Duration kDefaultLookSlack = absl::Milliseconds(4);
   static constexpr absl::Duration kExactAfterTake = absl::Seconds(10);
   static void SetLookSlack(absl::Duration slack);
