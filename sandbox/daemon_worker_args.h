@@ -19,7 +19,8 @@ namespace agentix::sandbox {
 inline constexpr bool kDirectCallsByDefault = true;
 inline constexpr bool kCallsSocketByDefault = true;
 inline constexpr int64_t kWorkerIntakeSpinUsByDefault = 0;
-// The worker's IntakeBaton::kDefaultLookSlack, in us.
+// The worker's IntakeBaton::kDefaultLookSlack, in us (its --intake-look-slack-us
+// default): the daemon leaves the flag off a worker's command line at this value.
 inline constexpr int64_t kWorkerIntakeLookSlackUsByDefault = 4000;
 inline constexpr char kCallsCpuByDefault[] = "probe";
 inline constexpr uint64_t kMaxRetainedResultsByDefault = 4096;

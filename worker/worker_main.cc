@@ -59,7 +59,8 @@ ABSL_FLAG(int64_t, intake_spin_us, 0,
           "microseconds the pool thread reading the channel polls it without "
           "sleeping before it blocks (adaptive; the daemon's "
           "--worker_intake_spin_us). 0 (default): no spinning");
-ABSL_FLAG(int64_t, intake_look_slack_us, 4000,
+ABSL_FLAG(int64_t, intake_look_slack_us,
+          absl::ToInt64Microseconds(agentix::worker::IntakeBaton::kDefaultLookSlack),
           "microseconds late the intake's follower may look for a call that "
           "runs past 1 ms while short calls stream (its looks then ride its "
           "CPU's tick; exact for 10 s after it took one; the daemon's "
