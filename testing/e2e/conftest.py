@@ -290,3 +290,16 @@ def engine_bundle(tmp_path_factory):
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     return out
+
+
+async def disconnect_sio(sio) -> None:
+    """`sio.disconnect()` (a python-socketio AsyncClient), then the end of its
+    engine.io read and write loops: socketio's disconnect aborts them
+    (engineio's ``abort=True``), and one still pending when the test's event
+    loop closes warns at garbage collection, in whatever test runs then."""
+    eio = sio.eio
+    loops = [task for task in (getattr(eio, "read_loop_task", None), getattr(eio, "write_loop_task", None))
+             if task is not None]
+    await sio.disconnect()
+    if loops:
+        await asyncio.wait(loops, timeout=10)

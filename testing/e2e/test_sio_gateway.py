@@ -21,7 +21,7 @@ import msgpack
 import pytest
 import socketio
 
-from conftest import TARGETS_DIR
+from conftest import TARGETS_DIR, disconnect_sio
 
 import e2e_targets
 import plugin_targets
@@ -168,7 +168,7 @@ async def host(gateway):
     h = LegacyHost(gateway.url)
     await h.connect()
     yield h
-    await h.sio.disconnect()
+    await disconnect_sio(h.sio)
 
 
 def ref(fn):
@@ -305,7 +305,7 @@ async def test_resume_after_a_cut_connection_delivers_once(gateway):
         assert pickle.loads(after["value"]) == pickle.loads(before["value"]) + 1
         assert len(host.results[call_id]) >= 1
     finally:
-        await host.sio.disconnect()
+        await disconnect_sio(host.sio)
 
 
 async def test_resume_of_unknown_id_is_result_unavailable(host):
@@ -338,7 +338,7 @@ async def test_unacked_result_is_replayed_by_resume_and_freed_by_ack(gateway):
         event, payload = await asyncio.wait_for(fut, 10)
         assert payload["error"]["type"] == "ResultUnavailable"
     finally:
-        await h.sio.disconnect()
+        await disconnect_sio(h.sio)
 
 
 async def test_post_call_fast_path_and_202(gateway, host):
@@ -422,7 +422,7 @@ async def test_logs_arrive_once_with_the_reliable_envelope(gateway):
         await asyncio.sleep(0.5)
         assert len(seen) == count, [e["_seq"] for e in seen]
     finally:
-        await host.sio.disconnect()
+        await disconnect_sio(host.sio)
 
 
 async def test_logs_emitted_while_disconnected_are_replayed_on_resume(gateway):
@@ -434,7 +434,7 @@ async def test_logs_emitted_while_disconnected_are_replayed_on_resume(gateway):
     try:
         await first.call(e2e_targets.log_many, 30)
     finally:
-        await first.sio.disconnect()
+        await disconnect_sio(first.sio)
     await asyncio.sleep(0.5)
     late = LegacyHost(gateway.url)
     got = []
@@ -452,7 +452,7 @@ async def test_logs_emitted_while_disconnected_are_replayed_on_resume(gateway):
         seqs = [e["_seq"] for e in got]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     finally:
-        await late.sio.disconnect()
+        await disconnect_sio(late.sio)
 
 
 async def test_spans_arrive_on_trace(gateway):
@@ -482,7 +482,7 @@ async def test_spans_arrive_on_trace(gateway):
         seqs = [env["_seq"] for _, env in events]
         assert seqs == sorted(set(seqs))
     finally:
-        await host.sio.disconnect()
+        await disconnect_sio(host.sio)
 
 
 async def test_plugin_namespace_round_trip(gateway):
@@ -526,7 +526,7 @@ async def test_plugin_namespace_round_trip(gateway):
         _, _, payload = await host.call(plugin_targets.proxy_request, "/v1/messages", b"\x00\x01\xff")
         assert pickle.loads(payload["value"]) == {"body": b"\xff\x01\x00", "status_code": 200}
     finally:
-        await host.sio.disconnect()
+        await disconnect_sio(host.sio)
 
 
 def _declared_oversize(port, request_line, extra=b""):
@@ -559,7 +559,7 @@ async def test_oversized_messages_are_refused_and_serving_continues(gateway):
         _, _, payload = await host.call(e2e_targets.add, 1, 1)
         assert pickle.loads(payload["value"]) == 2
     finally:
-        await host.sio.disconnect()
+        await disconnect_sio(host.sio)
 
 
 async def test_websocket_transport_and_large_payload(gateway):
@@ -579,7 +579,7 @@ async def test_websocket_transport_and_large_payload(gateway):
         assert event == "call:result", payload
         assert pickle.loads(payload["value"]) == len(blob)
     finally:
-        await host.sio.disconnect()
+        await disconnect_sio(host.sio)
 
 
 async def test_gateway_waits_for_the_daemon_and_health_says_so(start_daemon, tmp_path):
@@ -697,5 +697,5 @@ async def test_results_reach_every_rpc_client_on_either_transport(gateway):
             assert all(len(frames) == 1 for frames in h.results.values())  # once each
         assert socket_host.results[ids[0]][0][1] == polling.results[ids[0]][0][1]
     finally:
-        await polling.sio.disconnect()
-        await socket_host.sio.disconnect()
+        await disconnect_sio(polling.sio)
+        await disconnect_sio(socket_host.sio)

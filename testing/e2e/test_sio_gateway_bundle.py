@@ -22,6 +22,7 @@ import msgpack
 import pytest
 import socketio
 
+from conftest import disconnect_sio
 from test_bundle import BUNDLER, REPO, RUNTIME, build, busybox_root, stop, summary
 
 pytestmark = pytest.mark.asyncio
@@ -129,7 +130,7 @@ async def test_original_provider_starts_the_bundle_and_a_legacy_host_calls_it(ga
                 await asyncio.sleep(0.05)
             assert any("called in pid" in r["message"] and r["name"] == "gateway_app" for r in records)
         finally:
-            await sio.disconnect()
+            await disconnect_sio(sio)
         # POST /call fast path against the bundle too.
         async with aiohttp.ClientSession() as http:
             body = pack({"call_id": uuid.uuid4().hex, "callable": "gateway_app::add",
