@@ -177,6 +177,19 @@ TEST_CASE("an offer the holder reclaims in time wakes no follower; one it "
   CHECK_FALSE(baton->Reclaim());  // taken: the old holder follows now
 }
 
+// Offers reclaimed at once, one per ~100 us, for `how_long`.
+int StreamShortCalls(IntakeBaton& baton, std::chrono::milliseconds how_long) {
+  const auto until = std::chrono::steady_clock::now() + how_long;
+  int offers = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    REQUIRE(baton.Defer());
+    REQUIRE(baton.Reclaim());
+    ++offers;
+    std::this_thread::sleep_for(100us);
+  }
+  return offers;
+}
+
 TEST_CASE("while short calls stream, the follower keeps the offer's timer "
           "going itself: only the stream's first offer arms it",
           "[intake]") {
@@ -191,16 +204,10 @@ TEST_CASE("while short calls stream, the follower keeps the offer's timer "
   AwaitFollowers(*baton, 1);
   const long before = Switches(follower_tid);
   // Short calls for ~30 kDeferBound: each offered and reclaimed at once.
-  const auto until = std::chrono::steady_clock::now() + 30ms;
-  int offers = 0;
-  while (std::chrono::steady_clock::now() < until) {
-    REQUIRE(baton->Defer());
-    REQUIRE(baton->Reclaim());
-    ++offers;
-    std::this_thread::sleep_for(100us);
-  }
+  const int offers = StreamShortCalls(*baton, 30ms);
   // The holder armed the timer once; after that it fired on the follower,
-  // which armed it again while offers came (about once per kDeferBound;
+  // which looked again by itself while offers came (about once per
+  // kDeferBound, up to the look slack late: slack looks since stop 45;
   // sleeps overshoot, so only a lower bound is certain).
   CHECK(baton->holder_arms() == 1);
   CHECK(Switches(follower_tid) - before >= 5);
@@ -217,19 +224,6 @@ TEST_CASE("while short calls stream, the follower keeps the offer's timer "
   CHECK(offers > 30);
   baton->ToLoop();
   CHECK(follower.get() == Turn::kLeave);
-}
-
-// Offers reclaimed at once, one per ~100 us, for `how_long`.
-int StreamShortCalls(IntakeBaton& baton, std::chrono::milliseconds how_long) {
-  const auto until = std::chrono::steady_clock::now() + how_long;
-  int offers = 0;
-  while (std::chrono::steady_clock::now() < until) {
-    REQUIRE(baton.Defer());
-    REQUIRE(baton.Reclaim());
-    ++offers;
-    std::this_thread::sleep_for(100us);
-  }
-  return offers;
 }
 
 // The timer slack of thread `tid` of this process (ns), -1 if unreadable.
