@@ -728,32 +728,14 @@ class FrameWireServer::Connection {
                                  "payload ring (HELLO had no ",
                                  kFramePayloadRingKey, ")"));
     }
-    absl::StatusOr<sandbox::RingMessage> message =
-        DecodeRingMessage(payload, kMaxFrameMessageBytes);
-    if (!message.ok()) return Refuse(message.status().message());
-    ring_pieces_.clear();
-    uint64_t end = 0;
-    for (const RingPieceRef& ref : message->pieces) {
-      // Pieces come in ring order: one before the end of the previous one
-      // overlaps it (Get refuses what was released already).
-      if (ref.pos < end) {
-        return Refuse(absl::StrCat("ring piece at ", ref.pos,
-                                   " overlaps the one before it (ending at ",
-                                   end, ")"));
-      }
-      absl::StatusOr<std::string_view> data = ring_->Get(ref.pos, ref.size);
-      if (!data.ok()) return Refuse(data.status().message());
-      ring_pieces_.push_back({ref.at, *data});
-      end = ref.pos + ref.size;
-    }
-    absl::Status parsed =
-        ParseCallsRequestWithRing(message->bytes, ring_pieces_, request_);
-    if (!parsed.ok()) return Refuse(parsed.message());
+    absl::StatusOr<uint64_t> end = ParseRingMessage(
+        payload, kMaxFrameMessageBytes, *ring_, ring_pieces_, request_);
+    if (!end.ok()) return Refuse(end.status().message());
     // The session manager copies each bulk view (into the worker's ring or
     // a frame) before it returns: the pieces can be handed back after.
     manager_->HandleHostEvents(sink_, request_.request.events(),
                                request_.bulk);
-    if (end != 0) ring_->Release(end);
+    if (*end != 0) ring_->Release(*end);
     return true;
   }
 

@@ -382,6 +382,34 @@ absl::Status ParseCallsRequestWithRing(absl::string_view bytes,
   return absl::OkStatus();
 }
 
+absl::StatusOr<uint64_t> ParseRingMessage(absl::string_view payload,
+                                          size_t max_message_bytes,
+                                          const ipc::PayloadArea& ring,
+                                          std::vector<RingPiece>& pieces,
+                                          SplicedRequest& out) {
+  absl::StatusOr<RingMessage> message =
+      DecodeRingMessage(payload, max_message_bytes);
+  if (!message.ok()) return message.status();
+  pieces.clear();
+  uint64_t end = 0;
+  for (const RingPieceRef& ref : message->pieces) {
+    // Pieces come in ring order: one before the end of the previous one
+    // overlaps it (Get refuses what was released already).
+    if (ref.pos < end) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ring piece at ", ref.pos,
+                       " overlaps the one before it (ending at ", end, ")"));
+    }
+    absl::StatusOr<std::string_view> data = ring.Get(ref.pos, ref.size);
+    if (!data.ok()) return data.status();
+    pieces.push_back({ref.at, *data});
+    end = ref.pos + ref.size;
+  }
+  absl::Status parsed = ParseCallsRequestWithRing(message->bytes, pieces, out);
+  if (!parsed.ok()) return parsed;
+  return end;
+}
+
 bool ParseCallsRequestSpliced(absl::string_view bytes, SplicedRequest& out,
                               size_t min_bytes) {
   // Small messages hold no bulk field worth splicing: protobuf as before.

@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "agentix/runtime/v1/runtime.pb.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "wire/sandbox_event.h"
 
 namespace agentix::ipc {
@@ -70,6 +71,20 @@ struct RingPiece {
 absl::Status ParseCallsRequestWithRing(absl::string_view bytes,
                                        const std::vector<RingPiece>& pieces,
                                        SplicedRequest& out);
+
+// A RING_MESSAGE frame's `payload` (frame_codec.h) parsed into `out`:
+// decoded (DecodeRingMessage with `max_message_bytes`), each piece resolved
+// in `ring` (the sender's payload ring) into `pieces` (replaced; views into
+// the ring), then ParseCallsRequestWithRing. Returns the ring position the
+// pieces end at (0: none), to be released once the request's consumer has
+// copied what it keeps of them; InvalidArgument saying what is wrong
+// otherwise (the head, pieces out of ring order or released already, the
+// request itself).
+absl::StatusOr<uint64_t> ParseRingMessage(absl::string_view payload,
+                                          size_t max_message_bytes,
+                                          const ipc::PayloadArea& ring,
+                                          std::vector<RingPiece>& pieces,
+                                          SplicedRequest& out);
 
 // Bytes queued for a socket: owned, or a view into an event that the piece
 // keeps alive (a retained ResultChunk's data).

@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -369,6 +370,59 @@ TEST_CASE("ring pieces anywhere but at a bulk field are refused, saying so") {
   // Without pieces, a RING_MESSAGE's bytes are a CallsRequest as any.
   REQUIRE(ParseCallsRequestWithRing(message, {}, parsed).ok());
   CHECK(Rebuilt(parsed).SerializeAsString() == message);
+}
+
+TEST_CASE("a RING_MESSAGE is resolved in the sender's ring: the request, the "
+          "end to release, and pieces out of order or released refused") {
+  // The host creates the area and puts the bulk bytes in; the daemon maps it.
+  auto host = ipc::PayloadArea::Create(2u << 20, /*sealed=*/true);
+  REQUIRE(host.ok());
+  auto daemon = ipc::PayloadArea::MapSealed((*host)->fd());
+  REQUIRE(daemon.ok());
+  CallsRequest request;
+  for (char fill : {'a', 'b'}) {
+    auto* chunk = request.add_events()->mutable_argument_chunk();
+    chunk->set_call_id("c1");
+    chunk->set_data(Bytes(kSpliceMinBytes, fill));
+  }
+  const std::string message = request.SerializeAsString();
+  const Cut cut = CutOut(message, {request.events(0).argument_chunk().data(),
+                                   request.events(1).argument_chunk().data()});
+  std::vector<RingPieceRef> refs;
+  for (size_t i = 0; i < 2; ++i) {
+    const std::string& data =
+        request.events(static_cast<int>(i)).argument_chunk().data();
+    std::optional<uint64_t> pos = (*host)->Put(data);
+    REQUIRE(pos.has_value());
+    refs.push_back({static_cast<uint32_t>(cut.at[i]), *pos, data.size()});
+  }
+  const std::string payload = EncodeRingHead(refs) + cut.bytes;
+  std::vector<RingPiece> pieces;
+  SplicedRequest parsed;
+  absl::StatusOr<uint64_t> end = ParseRingMessage(
+      payload, kMaxFrameMessageBytes, **daemon, pieces, parsed);
+  REQUIRE(end.ok());
+  CHECK(*end == refs[1].pos + refs[1].size);
+  CHECK(Rebuilt(parsed).SerializeAsString() == message);
+  REQUIRE(pieces.size() == 2);  // views into the ring, not copies
+  CHECK(pieces[0].data.data() == parsed.bulk[0]->data());
+
+  auto refused = [&](const std::string& bytes) {
+    absl::StatusOr<uint64_t> status = ParseRingMessage(
+        bytes, kMaxFrameMessageBytes, **daemon, pieces, parsed);
+    CHECK(status.status().code() == absl::StatusCode::kInvalidArgument);
+    return std::string(status.status().message());
+  };
+  // The second piece before the first in the ring.
+  std::vector<RingPieceRef> swapped = refs;
+  std::swap(swapped[0].pos, swapped[1].pos);
+  CHECK(refused(EncodeRingHead(swapped) + cut.bytes).find("overlaps") !=
+        std::string::npos);
+  // A head cut short.
+  refused(payload.substr(0, 3));
+  // Once released, the same pieces are the ring's no more.
+  (*daemon)->Release(*end);
+  refused(payload);
 }
 
 TEST_CASE("with the host's ring, large results go into it; a full ring "
