@@ -25,6 +25,7 @@
 #include "sandbox/connection_guard.h"
 #include "wire/frame_codec.h"
 #include "sandbox/namespace_stream.h"
+#include "wire/frame_read_buffer.h"
 #include "wire/frame_splice.h"
 #include "wire/wire_limits.h"
 #include "worker/ipc/payload_area.h"
@@ -48,8 +49,6 @@ constexpr char kNamespaceMethod[] =
 // As the gRPC Calls stream: past this many unwritten bytes the stream's
 // frames are not read (no new calls) until a quarter of it is left.
 constexpr size_t kPauseReadsAboveBytes = 64u << 20;
-// What one recvmsg asks for at least.
-constexpr size_t kReadChunkBytes = 64u << 10;
 // iovecs per sendmsg.
 constexpr size_t kMaxIov = 64;
 // How long a read buffer grown for large frames is kept once empty.
@@ -506,16 +505,16 @@ class FrameWireServer::Connection {
       } else if (!hello_done_) {
         deadline = hello_deadline;
       }
-      const bool large_idle = ReadBufferIdleAndLarge();
+      const bool large_idle = read_.idle_and_large();
       if (large_idle) {
         deadline = std::min(deadline, absl::Now() + kKeepReadBufferFor);
       }
       const int ready = Wait(fds, PollTimeoutMs(deadline),
                              /*spin=*/hello_done_ && !state.ending);
       if (ready < 0 && errno != EINTR) break;
-      if (ready == 0 && large_idle && ReadBufferIdleAndLarge()) {
+      if (ready == 0 && large_idle && read_.idle_and_large()) {
         // No frame came for a while: a large buffer is not kept idle.
-        ResizeReadBuffer(kReadChunkBytes);
+        read_.Shrink();
       }
       if (ready <= 0) continue;
       if (fds[1].revents & POLLIN) {
@@ -557,103 +556,28 @@ class FrameWireServer::Connection {
   // Reads what the socket has; false on EOF or an error. While the
   // stream is ending, what arrives is discarded (only EOF matters).
   bool ReadSome(bool discard) {
-    if (discard || read_start_ == read_end_) read_start_ = read_end_ = 0;
-    // Room for at least kReadChunkBytes, or for the whole frame in progress.
-    size_t want = kReadChunkBytes;
-    const absl::string_view buffered = Buffered();
-    if (buffered.size() >= kFrameHeaderBytes) {
-      const auto* h = reinterpret_cast<const unsigned char*>(buffered.data());
-      const size_t length = size_t{h[0]} | size_t{h[1]} << 8 |
-                            size_t{h[2]} << 16 | size_t{h[3]} << 24;
-      // ParseFrame has refused lengths over the limits already.
-      if (length <= kMaxFrameMessageBytes &&
-          kFrameHeaderBytes + length > buffered.size()) {
-        want = std::max(want, kFrameHeaderBytes + length - buffered.size());
-      }
-    }
-    if (read_capacity_ - read_end_ < want && read_start_ > 0) {
-      std::memmove(read_buffer_.get(), read_buffer_.get() + read_start_,
-                   read_end_ - read_start_);
-      read_end_ -= read_start_;
-      read_start_ = 0;
-    }
-    if (read_capacity_ - read_end_ < want) {
-      // Not zero-filled (std::string::resize would write every byte of a
-      // megabyte frame once more before recvmsg does).
-      ResizeReadBuffer(read_end_ + want);
-    }
-    iovec iov{read_buffer_.get() + read_end_, read_capacity_ - read_end_};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    // Room for the payload ring's memfd, which comes with HELLO (and a few
-    // more, so that extra descriptors are seen and closed, not truncated).
-    alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    // recvmsg (not read): the connection guard notes the descriptor, so a
-    // good HELLO marks this connection authenticated.
-    ssize_t n;
-    do {
-      n = ::recvmsg(fd_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    } while (n < 0 && errno == EINTR);
-    if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK;
-    TakeDescriptors(msg);
-    read_end_ += static_cast<size_t>(n);
-    return n > 0;
-  }
-
-  // Keeps the one descriptor a host may send (its payload ring, with HELLO)
-  // for Hello(); any other is closed and makes the stream fail there
-  // (before HELLO) or at once.
-  void TakeDescriptors(msghdr& msg) {
-    if (msg.msg_flags & MSG_CTRUNC) stray_fds_ = true;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
-         c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        if (!hello_done_ && ring_fd_ < 0) {
-          ring_fd_ = fd;
-        } else {
-          ::close(fd);
-          stray_fds_ = true;
-        }
-      }
-    }
-  }
-
-  absl::string_view Buffered() const {
-    return absl::string_view(read_buffer_.get() + read_start_,
-                             read_end_ - read_start_);
-  }
-
-  // A buffer of `capacity` bytes holding the unparsed bytes, at its start.
-  void ResizeReadBuffer(size_t capacity) {
-    std::unique_ptr<char[]> buffer(new char[capacity]);
-    if (read_end_ > read_start_) {
-      std::memcpy(buffer.get(), read_buffer_.get() + read_start_,
-                  read_end_ - read_start_);
-    }
-    read_end_ -= read_start_;
-    read_start_ = 0;
-    read_buffer_ = std::move(buffer);
-    read_capacity_ = capacity;
-  }
-
-  // A buffer grown for large frames, now empty: kept while frames keep
-  // coming (an upload's next chunk), given back after kKeepReadBufferFor.
-  bool ReadBufferIdleAndLarge() const {
-    return read_start_ == read_end_ && read_capacity_ > 4 * kReadChunkBytes;
+    if (discard) read_.Clear();
+    // The one descriptor a host may send (its payload ring, with HELLO) is
+    // kept for Hello(); any other is closed and makes the stream fail there
+    // (before HELLO) or at once.
+    const FrameReadBuffer::ReadOutcome outcome =
+        read_.Read(fd_, kMaxFrameMessageBytes, [this](int fd) {
+          if (!hello_done_ && ring_fd_ < 0) {
+            ring_fd_ = fd;
+          } else {
+            ::close(fd);
+            stray_fds_ = true;
+          }
+        });
+    if (outcome.descriptors_truncated) stray_fds_ = true;
+    return outcome.open;
   }
 
   // Handles every whole frame buffered (until the stream ends or its reads
   // pause for a write backlog).
   void ProcessFrames(bool& paused) {
     while (!paused) {
-      absl::StatusOr<FrameView> frame = ParseFrame(Buffered());
+      absl::StatusOr<FrameView> frame = ParseFrame(read_.buffered());
       if (!frame.ok()) {
         sink_->End(absl::StatusCode::kInvalidArgument, frame.status().message(),
                    false);
@@ -662,12 +586,11 @@ class FrameWireServer::Connection {
       if (frame->frame_bytes == 0) break;
       const size_t consumed = frame->frame_bytes;
       const bool go_on = HandleFrame(*frame);
-      read_start_ += consumed;
+      read_.Consume(consumed);
       if (!go_on) return;
       if (direct_wanted_) break;  // the rest is the worker's (TryHandOver)
       if (sink_->UnwrittenBytes() > kPauseReadsAboveBytes) paused = true;
     }
-    if (read_start_ == read_end_) read_start_ = read_end_ = 0;
   }
 
   // False once the stream ends.
@@ -1082,7 +1005,7 @@ class FrameWireServer::Connection {
   // (the cap) and its count until the worker reports the stream closed or
   // exits.
   void ReleaseNamespaceHandedOver(DirectConnections& direct, uint64_t conn) {
-    read_start_ = read_end_ = 0;  // sent as `pre`
+    read_.Clear();  // sent as `pre`
     std::shared_ptr<NamespaceSubscriber> slot = namespace_->Release();
     // The slot delivers nothing from now on: events broadcast since the
     // subscription are dropped with it (the worker sent them before it
@@ -1147,7 +1070,7 @@ class FrameWireServer::Connection {
     ipc::DirectConnInfo& info = frame.direct_conn;
     info.stalled_ms = static_cast<uint64_t>(absl::ToInt64Milliseconds(
         manager_->options().stalled_host_timeout));
-    frame.data = std::string(Buffered());
+    frame.data = std::string(read_.buffered());
     std::string bytes;
     std::vector<base::UniqueFd> fds;
     fds.emplace_back(::fcntl(fd_, F_DUPFD_CLOEXEC, 0));
@@ -1163,7 +1086,7 @@ class FrameWireServer::Connection {
   // After the hand-over: the daemon forgets the connection but for its
   // count (DirectConnections, the connection guard's HandOverConnection).
   void ReleaseHandedOver(DirectConnections& direct, uint64_t conn) {
-    read_start_ = read_end_ = 0;  // sent as `pre`
+    read_.Clear();  // sent as `pre`
     sink_->Close();
     manager_->DetachSink(sink_.get());
     ring_.reset();
@@ -1198,11 +1121,7 @@ class FrameWireServer::Connection {
   std::thread thread_;
   std::atomic<bool> done_{false};
   // Only the connection's thread touches these.
-  // Bytes [read_start_, read_end_) are unparsed.
-  std::unique_ptr<char[]> read_buffer_{new char[kReadChunkBytes]};
-  size_t read_capacity_ = kReadChunkBytes;
-  size_t read_start_ = 0;
-  size_t read_end_ = 0;
+  FrameReadBuffer read_;
   bool hello_done_ = false;
   // The host asked to be told the probe's choice: its first, or every change.
   enum class Follow { kNone, kFirst, kChanges };

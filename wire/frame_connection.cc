@@ -16,8 +16,6 @@
 namespace agentix::sandbox {
 namespace {
 
-// What one recvmsg asks for at least (as the daemon's connection thread).
-constexpr size_t kReadChunkBytes = 64u << 10;
 // iovecs per sendmsg.
 constexpr size_t kMaxIov = 64;
 // How long a read buffer grown for large frames is kept once empty.
@@ -93,12 +91,8 @@ FrameConnection::FrameConnection(int fd, std::string pre,
     : fd_(fd),
       consumer_(consumer),
       options_(std::move(options)),
-      ring_(std::move(ring)) {
-  read_capacity_ = std::max(kReadChunkBytes, pre.size());
-  read_buffer_.reset(new char[read_capacity_]);
-  std::memcpy(read_buffer_.get(), pre.data(), pre.size());
-  read_end_ = pre.size();
-}
+      ring_(std::move(ring)),
+      read_(pre) {}
 
 FrameConnection::~FrameConnection() {
   {
@@ -157,9 +151,9 @@ void FrameConnection::ReadReady() {
   if (!eof_) {
     if (closing_.load(std::memory_order_acquire)) {
       // Ending: what arrives is discarded, only EOF matters.
-      read_start_ = read_end_ = 0;
+      read_.Clear();
       if (!ReadSome()) eof_ = true;
-      read_start_ = read_end_ = 0;
+      read_.Clear();
     } else if (!ReadSome()) {
       eof_ = true;
     } else if (stray_fds_) {
@@ -193,78 +187,36 @@ void FrameConnection::OnDeadline() {
     absl::MutexLock lock(&mu_);
     CheckStalledLocked(now);
   }
-  if (now >= shrink_read_buffer_at_ && ReadBufferIdleAndLarge()) {
-    ResizeReadBuffer(kReadChunkBytes);
-  }
-  if (!ReadBufferIdleAndLarge()) shrink_read_buffer_at_ = absl::InfiniteFuture();
+  if (now >= shrink_read_buffer_at_ && read_.idle_and_large()) read_.Shrink();
+  if (!read_.idle_and_large()) shrink_read_buffer_at_ = absl::InfiniteFuture();
   ReportEndIfDone();
 }
 
 void FrameConnection::UpdatePause(size_t unwritten) {
   if (paused_ && unwritten < options_.pause_reads_above_bytes / 4) {
     paused_ = false;
-    resume_frames_ = read_start_ != read_end_;
+    resume_frames_ = !read_.empty();
   } else if (!paused_ && unwritten > options_.pause_reads_above_bytes) {
     paused_ = true;
   }
 }
 
 bool FrameConnection::ReadSome() {
-  if (read_start_ == read_end_) read_start_ = read_end_ = 0;
-  // Room for at least kReadChunkBytes, or for the whole frame in progress
-  // (its length was checked by ParseFrame when its header came).
-  size_t want = kReadChunkBytes;
-  const absl::string_view buffered = Buffered();
-  if (buffered.size() >= kFrameHeaderBytes) {
-    const auto* h = reinterpret_cast<const unsigned char*>(buffered.data());
-    const size_t length = size_t{h[0]} | size_t{h[1]} << 8 |
-                          size_t{h[2]} << 16 | size_t{h[3]} << 24;
-    if (length <= options_.max_message_bytes &&
-        kFrameHeaderBytes + length > buffered.size()) {
-      want = std::max(want, kFrameHeaderBytes + length - buffered.size());
-    }
-  }
-  if (read_capacity_ - read_end_ < want && read_start_ > 0) {
-    std::memmove(read_buffer_.get(), read_buffer_.get() + read_start_,
-                 read_end_ - read_start_);
-    read_end_ -= read_start_;
-    read_start_ = 0;
-  }
-  if (read_capacity_ - read_end_ < want) ResizeReadBuffer(read_end_ + want);
-  iovec iov{read_buffer_.get() + read_end_, read_capacity_ - read_end_};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
   // A host sends no descriptor after HELLO: any that comes is closed and
-  // refused (a control buffer, so that they are seen, not silently lost).
-  alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  ssize_t n;
-  do {
-    n = ::recvmsg(fd_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-  } while (n < 0 && errno == EINTR);
-  if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK;
-  if (msg.msg_flags & MSG_CTRUNC) stray_fds_ = true;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
-       c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < count; ++i) {
-      int fd;
-      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      ::close(fd);
-      stray_fds_ = true;
-    }
-  }
-  read_end_ += static_cast<size_t>(n);
-  return n > 0;
+  // refused.
+  const FrameReadBuffer::ReadOutcome outcome =
+      read_.Read(fd_, options_.max_message_bytes, [this](int fd) {
+        ::close(fd);
+        stray_fds_ = true;
+      });
+  if (outcome.descriptors_truncated) stray_fds_ = true;
+  return outcome.open;
 }
 
 void FrameConnection::ProcessFrames() {
   resume_frames_ = false;
   while (!paused_ && !closing_.load(std::memory_order_acquire)) {
-    absl::StatusOr<FrameView> frame = ParseFrame(Buffered());
+    absl::StatusOr<FrameView> frame = ParseFrame(read_.buffered());
     if (!frame.ok()) {
       Refuse(frame.status().message());
       return;
@@ -279,12 +231,11 @@ void FrameConnection::ProcessFrames() {
       return;
     }
     const bool go_on = HandleFrame(*frame);
-    read_start_ += consumed;
+    read_.Consume(consumed);
     if (!go_on) return;
     if (UnwrittenBytes() > options_.pause_reads_above_bytes) paused_ = true;
   }
-  if (read_start_ == read_end_) read_start_ = read_end_ = 0;
-  shrink_read_buffer_at_ = ReadBufferIdleAndLarge()
+  shrink_read_buffer_at_ = read_.idle_and_large()
                                ? absl::Now() + kKeepReadBufferFor
                                : absl::InfiniteFuture();
 }
@@ -338,27 +289,6 @@ bool FrameConnection::Refuse(absl::string_view why) {
   return false;
 }
 
-absl::string_view FrameConnection::Buffered() const {
-  return absl::string_view(read_buffer_.get() + read_start_,
-                           read_end_ - read_start_);
-}
-
-void FrameConnection::ResizeReadBuffer(size_t capacity) {
-  // Not zero-filled: recvmsg writes the bytes.
-  std::unique_ptr<char[]> buffer(new char[capacity]);
-  if (read_end_ > read_start_) {
-    std::memcpy(buffer.get(), read_buffer_.get() + read_start_,
-                read_end_ - read_start_);
-  }
-  read_end_ -= read_start_;
-  read_start_ = 0;
-  read_buffer_ = std::move(buffer);
-  read_capacity_ = capacity;
-}
-
-bool FrameConnection::ReadBufferIdleAndLarge() const {
-  return read_start_ == read_end_ && read_capacity_ > 4 * kReadChunkBytes;
-}
 
 void FrameConnection::ReportEndIfDone() {
   // Done needs EOF, a broken socket or a STATUS (both set closing_): the

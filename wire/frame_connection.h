@@ -32,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "wire/frame_codec.h"
+#include "wire/frame_read_buffer.h"
 #include "wire/frame_splice.h"
 #include "wire/sandbox_event.h"
 #include "worker/ipc/payload_area.h"
@@ -170,9 +171,6 @@ class FrameConnection {
   bool HandleFrame(const FrameView& frame);  // false once ending
   bool HandleRingMessage(absl::string_view payload);
   bool Refuse(absl::string_view why);  // STATUS 3; false
-  absl::string_view Buffered() const;
-  void ResizeReadBuffer(size_t capacity);
-  bool ReadBufferIdleAndLarge() const;
   // Reads pause above pause_reads_above_bytes unwritten and go on below a
   // quarter of it; frames buffered meanwhile are then handled (OnDeadline).
   void UpdatePause(size_t unwritten);
@@ -197,12 +195,8 @@ class FrameConnection {
   // the writer puts results into the other half (Put, under mu_).
   const std::unique_ptr<ipc::PayloadArea> ring_;
 
-  // Read side: the poll thread only. Bytes [read_start_, read_end_) of the
-  // buffer are unparsed.
-  std::unique_ptr<char[]> read_buffer_;
-  size_t read_capacity_ = 0;
-  size_t read_start_ = 0;
-  size_t read_end_ = 0;
+  // Read side: the poll thread only.
+  FrameReadBuffer read_;
   absl::Time shrink_read_buffer_at_ = absl::InfiniteFuture();
   bool half_closed_ = false;
   bool eof_ = false;       // EOF or a read error: the host is gone
