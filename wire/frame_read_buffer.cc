@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "wire/frame_codec.h"
+#include "worker/ipc/descriptors.h"
 
 namespace agentix::sandbox {
 
@@ -60,16 +61,7 @@ FrameReadBuffer::ReadOutcome FrameReadBuffer::Read(
   } while (n < 0 && errno == EINTR);
   if (n < 0) return {errno == EAGAIN || errno == EWOULDBLOCK, false};
   ReadOutcome outcome{n > 0, (msg.msg_flags & MSG_CTRUNC) != 0};
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
-       c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < count; ++i) {
-      int received;
-      std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      take_descriptor(received);
-    }
-  }
+  ipc::TakeReceivedDescriptors(msg, take_descriptor);
   end_ += static_cast<size_t>(n);
   return outcome;
 }

@@ -20,6 +20,20 @@ constexpr size_t kControlDescriptors = kMaxFrameDescriptors + 6;
 
 }  // namespace
 
+void TakeReceivedDescriptors(msghdr& msg,
+                             absl::FunctionRef<void(int)> take) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
+       c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int received;
+      std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      take(received);
+    }
+  }
+}
+
 absl::Status SendWithDescriptors(int fd, std::string_view frame,
                                  absl::Span<const int> fds) {
   if (frame.empty() || fds.empty() || fds.size() > kMaxFrameDescriptors) {
@@ -66,16 +80,8 @@ ssize_t DescriptorReader::ReadFrom(int fd, FrameReader& reader,
   if (n < 0) return n;
   if (msg.msg_flags & MSG_CTRUNC) truncated_ = true;
   Batch batch;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
-       c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < count; ++i) {
-      int received;
-      std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      batch.fds.emplace_back(received);
-    }
-  }
+  TakeReceivedDescriptors(
+      msg, [&batch](int received) { batch.fds.emplace_back(received); });
   batch.begin = received_;
   received_ += static_cast<uint64_t>(n);
   batch.end = received_;

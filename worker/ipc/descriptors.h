@@ -8,6 +8,7 @@
 // caller is closed.
 #pragma once
 
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <cstddef>
@@ -16,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -35,6 +37,11 @@ inline constexpr size_t kMaxFrameDescriptors = 2;
 // gone.
 absl::Status SendWithDescriptors(int fd, std::string_view frame,
                                  absl::Span<const int> fds);
+
+// Hands each descriptor of `msg`'s SCM_RIGHTS control messages (as recvmsg
+// filled it) to `take`, which owns it from then on, in the order sent.
+void TakeReceivedDescriptors(msghdr& msg,
+                             absl::FunctionRef<void(int)> take);
 
 // Reads the link with recvmsg(MSG_CMSG_CLOEXEC) into a FrameReader and
 // keeps the descriptors that arrive until the frame carrying them claims
