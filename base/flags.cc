@@ -5,6 +5,7 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace agentix::base {
 
@@ -41,6 +42,29 @@ void SetFlagsUsage(const std::string& usage, const std::string& version_line) {
   config.contains_helppackage_flags = config.contains_help_flags;
   config.version_string = [version_line] { return version_line + "\n"; };
   absl::SetFlagsUsageConfig(config);
+}
+
+std::vector<std::string> ExtractRepeatedFlag(absl::string_view flag, int& argc,
+                                             char** argv) {
+  std::vector<std::string> values;
+  const std::string with_value = absl::StrCat(flag, "=");
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") {  // the rest is not flags
+      while (i < argc) argv[out++] = argv[i++];
+      break;
+    }
+    if (arg == flag && i + 1 < argc) {
+      values.emplace_back(argv[++i]);
+    } else if (absl::StartsWith(arg, with_value)) {
+      values.emplace_back(arg.substr(with_value.size()));
+    } else {
+      argv[out++] = argv[i];
+    }
+  }
+  argc = out;
+  return values;
 }
 
 }  // namespace agentix::base

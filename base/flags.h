@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
+
 namespace agentix::base {
 
 // Returns argv with every "--a-b[=v]" / "-a-b[=v]" rewritten to "--a_b[=v]"
@@ -13,6 +15,14 @@ namespace agentix::base {
 // the returned vector is null-terminated and valid while `storage` lives.
 std::vector<char*> NormalizeFlagNames(int argc, char** argv,
                                       std::vector<std::string>& storage);
+
+// Takes every occurrence of the repeatable `flag` (spelled with dashes, as
+// "--listen": argv is not normalized yet) out of argv: "--flag VALUE" and
+// "--flag=VALUE", in order, up to a bare "--" (the rest is not flags).
+// Returns the values; argv keeps the other arguments in order, and argc
+// their count, for absl (whose flags are not repeatable).
+std::vector<std::string> ExtractRepeatedFlag(absl::string_view flag, int& argc,
+                                             char** argv);
 
 // Sets what `--help` and `--version` print, before absl::ParseCommandLine:
 // `usage` first, then every flag defined in this repository's files with its

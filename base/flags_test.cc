@@ -34,3 +34,31 @@ TEST_CASE("--help lists our flags, not absl's own", "[base]") {
 
 }  // namespace
 }  // namespace agentix::base
+
+namespace agentix::base {
+namespace {
+
+TEST_CASE("a repeatable flag is taken out of argv in both spellings, up to "
+          "a bare --") {
+  std::vector<std::string> args = {
+      "prog", "--listen", "unix:///a.sock", "--token-file=/t",
+      "--listen=127.0.0.1:5", "--", "--listen", "c"};
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  int argc = static_cast<int>(argv.size());
+  const std::vector<std::string> values =
+      ExtractRepeatedFlag("--listen", argc, argv.data());
+  CHECK(values == std::vector<std::string>{"unix:///a.sock", "127.0.0.1:5"});
+  std::vector<std::string> rest(argv.begin(), argv.begin() + argc);
+  CHECK(rest == std::vector<std::string>{"prog", "--token-file=/t", "--",
+                                         "--listen", "c"});
+  // A last "--listen" without a value is left for absl to refuse.
+  std::vector<std::string> lone = {"prog", "--listen"};
+  std::vector<char*> lone_argv = {lone[0].data(), lone[1].data()};
+  int lone_argc = 2;
+  CHECK(ExtractRepeatedFlag("--listen", lone_argc, lone_argv.data()).empty());
+  CHECK(lone_argc == 2);
+}
+
+}  // namespace
+}  // namespace agentix::base

@@ -157,32 +157,6 @@ constexpr char kListenFlag[] = "--listen";
 // point), for what the local backend does not model.
 constexpr char kExtraBwrapArgFlag[] = "--local-extra-bwrap-arg";
 
-// --listen and --local-extra-bwrap-arg are repeatable, which absl flags are
-// not: collect every occurrence of `flag` (spelled with dashes; argv is not
-// normalized yet) and hand the rest of argv on.
-std::vector<std::string> ExtractRepeatedFlag(absl::string_view flag, int& argc,
-                                             char** argv) {
-  std::vector<std::string> values;
-  const std::string with_value = absl::StrCat(flag, "=");
-  int out = 1;
-  for (int i = 1; i < argc; ++i) {
-    const absl::string_view arg = argv[i];
-    if (arg == "--") {  // the rest is not flags
-      while (i < argc) argv[out++] = argv[i++];
-      break;
-    }
-    if (arg == flag && i + 1 < argc) {
-      values.emplace_back(argv[++i]);
-    } else if (absl::StartsWith(arg, with_value)) {
-      values.emplace_back(arg.substr(with_value.size()));
-    } else {
-      argv[out++] = argv[i];
-    }
-  }
-  argc = out;
-  return values;
-}
-
 absl::StatusOr<auth::ServerSecurityOptions> LoadSecurity() {
   auth::ServerSecurityOptions security;
   if (!absl::GetFlag(FLAGS_token_file).empty()) {
@@ -316,9 +290,9 @@ void SignalReady(int fd) {
 
 int Run(int argc, char** raw_argv) {
   std::vector<std::string> listen =
-      ExtractRepeatedFlag(kListenFlag, argc, raw_argv);
+      base::ExtractRepeatedFlag(kListenFlag, argc, raw_argv);
   std::vector<std::string> extra_bwrap_args =
-      ExtractRepeatedFlag(kExtraBwrapArgFlag, argc, raw_argv);
+      base::ExtractRepeatedFlag(kExtraBwrapArgFlag, argc, raw_argv);
   std::vector<std::string> storage;
   std::vector<char*> normalized =
       base::NormalizeFlagNames(argc, raw_argv, storage);

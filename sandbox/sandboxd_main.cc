@@ -306,25 +306,6 @@ int InstallBundle(const std::string& src, const std::string& dst) {
   return 0;
 }
 
-// --listen is repeatable, which absl flags are not: collect every occurrence
-// and hand the rest of argv to absl.
-std::vector<std::string> ExtractListenFlags(int& argc, char** argv) {
-  std::vector<std::string> listen;
-  int out = 1;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == kListenFlag && i + 1 < argc) {
-      listen.push_back(argv[++i]);
-    } else if (absl::StartsWith(arg, absl::StrCat(kListenFlag, "="))) {
-      listen.push_back(arg.substr(sizeof(kListenFlag)));
-    } else {
-      argv[out++] = argv[i];
-    }
-  }
-  argc = out;
-  return listen;
-}
-
 std::string DefaultWorkerPath() {
   std::error_code ec;
   auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
@@ -471,7 +452,8 @@ int Run(int argc, char** raw_argv) {
   std::vector<char*> normalized =
       base::NormalizeFlagNames(argc, raw_argv, storage);
   char** argv = normalized.data();
-  std::vector<std::string> listen = ExtractListenFlags(argc, argv);
+  std::vector<std::string> listen = base::ExtractRepeatedFlag(
+      kListenFlag, argc, argv);
   base::SetFlagsUsage(
       "agentix-sandboxd --listen unix:///abs/path.sock|HOST:PORT "
       "[--listen ...] [--venv DIR] [--python-path DIR[:DIR]] "
