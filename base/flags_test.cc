@@ -32,12 +32,6 @@ TEST_CASE("--help lists our flags, not absl's own", "[base]") {
   REQUIRE_FALSE(IsOwnFlagFile("absl/flags/internal/usage.cc"));
 }
 
-}  // namespace
-}  // namespace agentix::base
-
-namespace agentix::base {
-namespace {
-
 TEST_CASE("a repeatable flag is taken out of argv in both spellings, up to "
           "a bare --") {
   std::vector<std::string> args = {
