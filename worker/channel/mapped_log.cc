@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/fresh_pages.h"
 
 namespace agentix::worker {
 namespace {
@@ -65,10 +66,6 @@ absl::StatusOr<size_t> ContentLength(int fd, size_t size) {
   }
   return 0;
 }
-
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23  // Linux 5.14; older kernels say EINVAL
-#endif
 
 }  // namespace
 
@@ -135,8 +132,8 @@ class MappedLog::Prefaulter {
         const size_t n = std::min(kGroup, size - at);
         // The guest's write faults (the file's blocks are reserved, so
         // this cannot fail for room), then a read of each page so the
-        // hypervisor maps it too; EINVAL (an old kernel) leaves the reads.
-        madvise(base + at, n, MADV_POPULATE_WRITE);
+        // hypervisor maps it too; an old kernel leaves the reads.
+        (void)base::PopulateForWrite(base + at, n);
         for (size_t p = at; p < at + n; p += page) {
           (void)*static_cast<volatile const char*>(base + p);
         }

@@ -15,10 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23  // Linux 5.14
-#endif
+#include "base/fresh_pages.h"
 
 namespace agentix::worker {
 namespace {
@@ -88,8 +85,8 @@ __attribute__((no_sanitize("address", "thread"))) void Touch(uintptr_t begin,
                                                             uintptr_t end,
                                                             bool populate) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  if (populate && madvise(reinterpret_cast<void*>(begin), end - begin,
-                          MADV_POPULATE_WRITE) != 0) {
+  if (populate &&
+      !base::PopulateForWrite(reinterpret_cast<void*>(begin), end - begin)) {
     return;  // an older kernel: a read would only map the zero page
   }
   for (uintptr_t at = begin; at < end; at += page) {
