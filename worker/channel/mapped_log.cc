@@ -133,7 +133,7 @@ class MappedLog::Prefaulter {
         // The guest's write faults (the file's blocks are reserved, so
         // this cannot fail for room), then a read of each page so the
         // hypervisor maps it too; an old kernel leaves the reads.
-        (void)base::PopulateForWrite(base + at, n);
+        (void)agentix::base::PopulateForWrite(base + at, n);
         for (size_t p = at; p < at + n; p += page) {
           (void)*static_cast<volatile const char*>(base + p);
         }
