@@ -86,7 +86,7 @@ class SlackWhileFollowing {
     }
   }
   ~SlackWhileFollowing() {
-    if (old_ > 0) ::prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(old_), 0, 0, 0);
+    if (old_ >= 0) ::prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(old_), 0, 0, 0);
   }
   SlackWhileFollowing(const SlackWhileFollowing&) = delete;
   SlackWhileFollowing& operator=(const SlackWhileFollowing&) = delete;
