@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 #include <string>
 
+#include "worker/channel/intake_baton.h"
+
 namespace agentix::sandbox {
 namespace {
 
@@ -39,7 +41,11 @@ TEST_CASE("Each daemon flag gives the worker argument the daemon spawns with",
         Args{"--direct_calls", "--noavoid_holder_cpu"});
   CHECK(WorkerArgsOf({"--direct_calls", "--calls_cpu=probe"}) == Args{"--direct_calls"});
   CHECK(WorkerArgsOf({"--direct_calls", "--calls_cpu=auto"}) == Args{"--direct_calls"});
-  // The follower's look slack: on the command line only when not the default.
+  // The follower's look slack: on the command line only when not the default,
+  // which must be the worker's own (the daemon keeps a copy; drift would
+  // leave a worker with another slack than the daemon's flag says).
+  CHECK(kWorkerIntakeLookSlackUsByDefault ==
+        absl::ToInt64Microseconds(worker::IntakeBaton::kDefaultLookSlack));
   CHECK(WorkerArgsOf({"--worker_intake_look_slack_us=0", "--nodirect_calls"}) ==
         Args{"--intake-look-slack-us=0"});
   CHECK(WorkerArgsOf({"--worker-intake-look-slack-us",
