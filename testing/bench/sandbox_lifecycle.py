@@ -297,7 +297,8 @@ async def one_run(provider, config, tools_module, timeline: Timeline) -> dict:
     # of which: the last health probe itself (a fresh grpc.aio channel + Check)
     r["create.health_probe_ms"] = _ms(m.get("last_probe"), m.get("healthy"))
     r["create.healthy_to_return_ms"] = _ms(m.get("healthy"), t1w)
-    # first call: client channel + Calls stream + StartCall reach the daemon
+    # create() returned -> the daemon started the worker: negative, since the daemon starts
+    # it ahead of the first connection (README.md's table; the key keeps its old name)
     r["call.connect_to_daemon_ms"] = _ms(t1w, daemon.get("worker_started"))
     # the worker: embedded CPython init, venv, driver imports, then the ready frame
     r["call.worker_boot_ms"] = _ms(daemon.get("worker_started"), daemon.get("worker_ready"))
