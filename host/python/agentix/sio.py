@@ -603,9 +603,10 @@ class _ReplyWaits:
         return waits
 
     def _waits_of(self, loop: asyncio.AbstractEventLoop, cpu: int) -> Any:
-        from agentix.runtime.client.pinned_waits import CallsCpu, pinned_waits
+        from agentix.runtime.client.pinned_waits import CallsCpu, pinned_waits, wait_yield_setting
 
-        waits = pinned_waits(CallsCpu("wait", cpu))  # the running loop's (`loop`)
+        # The running loop's (`loop`); AGENTIX_WAIT_YIELD as for a host's calls.
+        waits = pinned_waits(CallsCpu("wait", cpu), yields=wait_yield_setting())
         self._loop, self._waits = loop, waits
         return waits
 

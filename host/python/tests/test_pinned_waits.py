@@ -15,7 +15,7 @@ import sandbox_functions
 from agentix import AsyncClientNamespace, RuntimeClient
 from agentix.runtime.client import pinned_waits as pw
 from agentix.runtime.client.frames import FrameCallsStream
-from agentix.runtime.client.pinned_waits import CallsCpu, PinnedWaits, calls_cpu_setting
+from agentix.runtime.client.pinned_waits import CallsCpu, PinnedWaits, calls_cpu_setting, wait_yield_setting
 from fake_runtime import eventually
 from test_loop_slice import _in_a_thread, _slice_ns, needs_slices
 
@@ -227,6 +227,94 @@ def test_a_wait_whose_event_is_in_already_is_not_pinned(masks):
         waits.release()
         daemon.send(b"late")  # nothing in flight: never pinned, whatever is in
         assert len(selector.select(None)) == 1 and len(masks) == 4
+
+
+def test_the_yield_setting_is_on_unless_turned_off(monkeypatch):
+    monkeypatch.delenv("AGENTIX_WAIT_YIELD", raising=False)
+    assert wait_yield_setting() is True
+    for value, yields in (("", True), ("on", True), (" 1 ", True), ("OFF", False), ("0", False)):
+        assert wait_yield_setting(value) is yields, value
+    monkeypatch.setenv("AGENTIX_WAIT_YIELD", "off")
+    assert wait_yield_setting() is False
+    with pytest.raises(ValueError, match="AGENTIX_WAIT_YIELD='sometimes' is not on or off"):
+        wait_yield_setting("sometimes")
+
+
+@pytest.fixture
+def yields(monkeypatch):
+    """Counts the loop thread's sched_yield calls; `then` (settable) runs in each,
+    as another thread the yield let run would (none by default)."""
+
+    class Yields:
+        count = 0
+        then = None
+
+        def __call__(self):
+            self.count += 1
+            if self.then is not None:
+                self.then()
+
+    counter = Yields()
+    monkeypatch.setattr(pw.os, "sched_yield", counter)
+    return counter
+
+
+def test_a_lone_call_yields_once_before_it_pins_and_needs_no_pin_if_the_result_came_meanwhile(masks, yields):
+    waits = PinnedWaits(1, {0, 1})
+    ours, daemon = socket.socketpair()
+    with selectors.EpollSelector() as inner, ours, daemon:
+        inner.register(ours, selectors.EVENT_READ)
+        selector = pw._PinningSelector(inner, waits)
+        assert selector.select(0.01) == [] and yields.count == 0  # nothing in flight: no yield, no pin
+        waits.hold()
+        assert selector.select(0.01) == []  # nothing came during the yield: the wait is pinned
+        assert yields.count == 1 and masks == [(0, {1}), (0, {0, 1})]
+        yields.then = lambda: daemon.send(b"result")  # the worker finished the call in the yield
+        [(key, _)] = selector.select(None)
+        assert key.fileobj is ours and yields.count == 2 and len(masks) == 2  # no pin
+        ours.recv(16)
+        yields.then = None
+        daemon.send(b"result")  # in before the loop got back: no yield either
+        assert len(selector.select(None)) == 1 and yields.count == 2
+        ours.recv(16)
+        assert selector.select(0) == [] and yields.count == 2  # a poll that does not block
+        waits.hold()  # overlapping calls wait unpinned, without a yield
+        assert selector.select(0.01) == [] and yields.count == 2 and len(masks) == 2
+        waits.release()
+        waits.release()
+        off = PinnedWaits(1, {0, 1}, yields=False)  # AGENTIX_WAIT_YIELD=off
+        selector = pw._PinningSelector(inner, off)
+        off.hold()
+        assert selector.select(0.01) == [] and yields.count == 2 and len(masks) == 4
+
+
+def test_a_yield_that_ran_another_busy_thread_rests_the_yields_for_doubling_periods(masks, clock, yields):
+    _, now = clock
+    waits = PinnedWaits(1, {0, 1})
+    ready = lambda timeout, most: []  # noqa: E731 (the epoll object's poll: nothing in)
+
+    def slow():  # another busy thread on this CPU ran for a tick
+        now[0] += 0.004
+
+    def yielded_at(when):
+        now[0] = when
+        before = yields.count
+        assert not waits.yield_first(ready)
+        return yields.count > before
+
+    waits.hold()
+    assert yielded_at(1000.0)  # a fast yield: no rest
+    yields.then = slow
+    assert yielded_at(1001.0)  # slow: no yields for 1 s
+    assert not yielded_at(1001.5) and not yielded_at(1002.0)
+    assert yielded_at(1002.01)  # slow again within 1 s of the rest's end: 2 s
+    assert not yielded_at(1003.9)
+    yields.then = None
+    assert yielded_at(1004.02)  # fast
+    yields.then = slow
+    assert yielded_at(1010.0)  # slow, long after the last rest ended: 1 s again
+    assert not yielded_at(1010.9) and yielded_at(1011.01)
+    assert masks == []  # yield_first never pins
 
 
 def test_pinned_waits_that_queue_for_the_cpu_rest_the_pins_for_doubling_periods(masks, clock):
@@ -620,3 +708,30 @@ async def test_a_loop_thread_with_pinned_waits_gets_the_slice_asked_for(framed, 
     monkeypatch.setenv("AGENTIX_LOOP_SLICE_US", "5ms")
     with pytest.raises(ValueError, match="AGENTIX_LOOP_SLICE_US"):
         await asyncio.to_thread(client_thread)
+
+
+@pytest.mark.asyncio
+async def test_a_client_with_pinned_waits_takes_its_yield_setting_at_connect(framed, monkeypatch):
+    async def connect_and_call():
+        async with RuntimeClient(framed.url) as client:
+            assert await client.remote(os.getpid) == os.getpid()
+            return pw._threads.waits.yields
+
+    def client_thread():
+        return _in_a_thread(lambda: asyncio.run(connect_and_call()))
+
+    monkeypatch.setenv("AGENTIX_CALLS_CPU", "wait")
+    monkeypatch.delenv("AGENTIX_WAIT_YIELD", raising=False)
+    assert await asyncio.to_thread(client_thread) is True
+    monkeypatch.setenv("AGENTIX_WAIT_YIELD", "off")
+    assert await asyncio.to_thread(client_thread) is False
+    monkeypatch.setenv("AGENTIX_WAIT_YIELD", "maybe")
+    with pytest.raises(ValueError, match="AGENTIX_WAIT_YIELD"):
+        await asyncio.to_thread(client_thread)
+    monkeypatch.setenv("AGENTIX_CALLS_CPU", "off")  # no pinned waits: the setting is not read
+    assert await asyncio.to_thread(lambda: _in_a_thread(lambda: asyncio.run(_call_only(framed)))) == os.getpid()
+
+
+async def _call_only(framed):
+    async with RuntimeClient(framed.url) as client:
+        return await client.remote(os.getpid)

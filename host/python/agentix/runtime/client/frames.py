@@ -86,6 +86,7 @@ from agentix.runtime.client.pinned_waits import (
     calls_cpu_setting,
     follow_daemon,
     pinned_waits,
+    wait_yield_setting,
 )
 from agentix.runtime.client.stream import CallsStream, NativeCallsStream, coalesce_starts
 from agentix.runtime.client.wire_choice import (
@@ -237,13 +238,14 @@ class FrameWire:
             cannot be used (no Unix target, TLS, or ``PATH.calls`` refuses).
           ValueError: ``AGENTIX_CALLS_WIRE`` has another value, or
             ``AGENTIX_CALLS_CPU`` (see `calls_cpu_setting`),
-            ``AGENTIX_LOOP_SLICE_US`` (`loop_slice_us`) or
-            ``AGENTIX_CALLS_DIRECT`` (`direct_calls_keys`) a wrong one.
+            ``AGENTIX_LOOP_SLICE_US`` (`loop_slice_us`), ``AGENTIX_WAIT_YIELD``
+            (`wait_yield_setting`) or ``AGENTIX_CALLS_DIRECT`` a wrong one.
         """
         mode = wire_mode()
         direct = direct_calls_keys()
         placement = calls_cpu_setting()
         slice_us = loop_slice_us() if placement.mode == "wait" else 0
+        yields = wait_yield_setting() if placement.mode == "wait" else False
         if stream is None:
             self.waits = None
         if mode == "grpc":
@@ -274,7 +276,7 @@ class FrameWire:
         if stream is not None:
             metadata = (*metadata, (STREAM_KEY, stream))
         else:  # a Calls stream
-            waits = self.waits = pinned_waits(placement, slice_us)
+            waits = self.waits = pinned_waits(placement, slice_us, yields)
             if waits is not None:
                 cpu = waits.cpu
             if cpu is not None:  # the daemon's call path may follow it

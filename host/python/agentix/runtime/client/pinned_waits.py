@@ -17,7 +17,10 @@ The settings (`calls_cpu_setting`):
   not at all when an event is in already and the select will not block):
   no code runs pinned, so nothing the loop runs meanwhile (other tasks,
   threads or processes they start, which inherit the mask of the thread
-  that starts them) is confined to that CPU. The CPU is the one the thread
+  that starts them) is confined to that CPU. Before it pins, the thread yields its CPU
+  once (``AGENTIX_WAIT_YIELD``, `wait_yield_setting`): the call path's
+  thread that its send woke there is often still runnable, and finishing
+  first it leaves the result in with no pin and no wake-up. The CPU is the one the thread
   is on when it first connects; ``wait:N`` / ``wait:auto`` name one
   (``auto``: the highest this process may use, as the daemon's
   ``--calls_cpu=auto``). A loop without a selector of its own (uvloop)
@@ -52,11 +55,13 @@ __all__ = [
     "CallsCpu",
     "DEFAULT_SETTING",
     "PinnedWaits",
+    "WAIT_YIELD_ENV",
     "calls_cpu_setting",
     "current_cpu",
     "follow_daemon",
     "pinned_waits",
     "run_queue_wait_ns",
+    "wait_yield_setting",
 ]
 
 CALLS_CPU_ENV = "AGENTIX_CALLS_CPU"
@@ -97,6 +102,23 @@ BUSY_WAIT_NS = 40_000  # base::PinBackoff::kWaitPerCall
 BACKOFF_FIRST_S = 1.0
 BACKOFF_LONGEST_S = 64.0
 BURST_PINS_PER_CALL = 16
+
+# The yield before a pinned wait (stop 47; docs/PERFORMANCE.md "stop-47: the
+# host yields before it pins"). On the pinned call path the send wakes the
+# worker's thread on this CPU; when the loop gets to its selector first (the
+# worker did not preempt it, or a tick gave the CPU back mid-call), one
+# sched_yield lets that thread finish the call, and the result is in: no
+# sched_setaffinity pair, no sleep and wake-up (a quiet noop 0.90x, host CPU
+# 0.83x). With nothing else runnable here the yield returns at once (~1 us,
+# then the pinned wait as before). With another busy thread on this CPU it
+# may run that thread for up to a tick (4 ms here) instead: a yield that
+# takes YIELD_SLOW_S or more stops the yields for YIELD_REST_FIRST_S, doubled
+# (up to YIELD_REST_LONGEST_S) while one comes that slow again within a rest
+# period of the last rest's end.
+WAIT_YIELD_ENV = "AGENTIX_WAIT_YIELD"
+YIELD_SLOW_S = 0.001
+YIELD_REST_FIRST_S = 1.0
+YIELD_REST_LONGEST_S = 64.0
 
 
 class CallsCpu(NamedTuple):
@@ -144,6 +166,20 @@ def _cpu(text: str, setting: str) -> int:
     return cpu
 
 
+def wait_yield_setting(value: str | None = None) -> bool:
+    """Whether a thread with pinned waits yields once before it pins (`value`,
+    default ``AGENTIX_WAIT_YIELD``: unset, empty, ``on`` or ``1`` yes; ``off``
+    or ``0`` no). ValueError for anything else."""
+    if value is None:
+        value = os.environ.get(WAIT_YIELD_ENV, "")
+    setting = value.strip().lower()
+    if setting in ("", "on", "1"):
+        return True
+    if setting in ("off", "0"):
+        return False
+    raise ValueError(f"{WAIT_YIELD_ENV}={setting!r} is not on or off")
+
+
 def current_cpu() -> int:
     """The CPU the calling thread last ran on (field 39 of its
     /proc/thread-self/stat; read once per thread, so no native call)."""
@@ -171,9 +207,9 @@ class PinnedWaits:
     __slots__ = ("cpu", "original", "in_flight", "armed", "pinned", "resting_until", "told_off", "_cpu_set",
                  "_thread", "_pins", "_timed_at", "_timed", "_timed_ns", "_judged", "_period",
                  "_after_backoff", "_calls", "_window_calls", "_window_pins", "_burst_rest",
-                 "_busy_since")
+                 "_busy_since", "yields", "_yield_rest_until", "_yield_rest_ended", "_yield_period")
 
-    def __init__(self, cpu: int, original: set[int]) -> None:
+    def __init__(self, cpu: int, original: set[int], yields: bool = True) -> None:
         self.cpu = cpu
         self.original = frozenset(original)
         self._cpu_set = {cpu}
@@ -197,6 +233,10 @@ class PinnedWaits:
         # Since calls went in flight (or the last judgement, if later): _pins,
         # _timed and _timed_ns then, to take a burst's out of the judgement.
         self._busy_since = (0, 0, 0)
+        self.yields = yields  # yield once before a pinned wait (`yield_first`)
+        self._yield_rest_until = 0.0  # time.monotonic() the yields' rest ends; 0: none
+        self._yield_rest_ended = None  # when the last rest ended, if one did
+        self._yield_period = YIELD_REST_FIRST_S
 
     def hold(self, pin: bool = True) -> None:
         self.in_flight += 1
@@ -218,6 +258,31 @@ class PinnedWaits:
     def after_select(self) -> None:
         if self.pinned:
             self._set(False)
+
+    def yield_first(self, ready_now: Any) -> bool:
+        """Before a pinned wait with nothing in (`ready_now`: the epoll
+        object's poll): yields this thread's CPU once, so that a call path's
+        thread runnable here finishes first. True if an event is in after it
+        (the loop then need not pin). False at once while the yields rest
+        after one that ran another busy thread (`YIELD_SLOW_S`)."""
+        if not self.yields:
+            return False
+        if self._yield_rest_until:
+            if time.monotonic() < self._yield_rest_until:
+                return False
+            self._yield_rest_until = 0.0
+            self._yield_rest_ended = time.monotonic()
+        start = time.monotonic()
+        os.sched_yield()
+        end = time.monotonic()
+        if end - start >= YIELD_SLOW_S:
+            ended = self._yield_rest_ended
+            if ended is not None and end - ended < self._yield_period:
+                self._yield_period = min(self._yield_period * 2, YIELD_REST_LONGEST_S)
+            else:
+                self._yield_period = YIELD_REST_FIRST_S
+            self._yield_rest_until = end + self._yield_period
+        return bool(ready_now(0, 1))
 
     def follow(self, pin: bool) -> None:
         """A daemon's answer to `CALLS_CPU_FOLLOW_KEY` (its probe's choice, at
@@ -341,9 +406,10 @@ class _PinningSelector:
         ready_now = self._ready_now
         # A sequential call's result is often in before the loop gets back here (the daemon's
         # thread it woke preempted it, and the whole call ran meanwhile): one epoll_wait instead
-        # of two sched_setaffinity, and the placement they would change for nothing.
+        # of two sched_setaffinity, and the placement they would change for nothing. If not,
+        # the thread it woke may still be runnable on this CPU: one yield lets it finish first.
         if (waits.armed and not waits.resting_until and (timeout is None or timeout > 0)
-                and ready_now is not None and ready_now(0, 1)):
+                and ready_now is not None and (ready_now(0, 1) or waits.yield_first(ready_now))):
             return self._inner.select(timeout)
         waits.before_select(timeout)
         try:
@@ -372,14 +438,16 @@ def follow_daemon(waits: PinnedWaits, pin: bool) -> None:
         loop._selector = _PinningSelector(selector, waits)  # type: ignore[attr-defined]
 
 
-def pinned_waits(setting: CallsCpu, slice_us: int = 0) -> PinnedWaits | None:
+def pinned_waits(setting: CallsCpu, slice_us: int = 0, yields: bool = True) -> PinnedWaits | None:
     """The calling thread's `PinnedWaits` for a ``wait`` `setting` (made on
     the first call: the CPU is the setting's, or the one the thread is on;
     the mask to give back is its mask now; the thread then gets a `slice_us`
     slice if not 0, `loop_slice.set_thread_slice`), None for another mode or
     a running loop without a selector of its own. One per thread: every
     client of a loop counts its calls in one place; its running loop's
-    selector is wrapped once (`_PinningSelector`)."""
+    selector is wrapped once (`_PinningSelector`). `yields`: whether its
+    waits yield once before they pin (`wait_yield_setting`; the latest
+    client's word)."""
     if setting.mode != "wait":
         return None
     try:
@@ -403,6 +471,7 @@ def pinned_waits(setting: CallsCpu, slice_us: int = 0) -> PinnedWaits | None:
         # word wins, as above): one told `off` must not leave a later
         # ``asyncio.run`` on the thread unpinned for good.
         waits.follow(True)
+    waits.yields = yields
     if not isinstance(selector, _PinningSelector):
         loop._selector = _PinningSelector(selector, waits)  # type: ignore[attr-defined]
     return waits
