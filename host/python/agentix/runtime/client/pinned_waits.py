@@ -235,7 +235,7 @@ class PinnedWaits:
         self._busy_since = (0, 0, 0)
         self.yields = yields  # yield once before a pinned wait (`yield_first`)
         self._yield_rest_until = 0.0  # time.monotonic() the yields' rest ends; 0: none
-        self._yield_rest_ended = None  # when the last rest ended, if one did
+        self._yield_rest_ended: float | None = None  # when the last rest ended, if one did
         self._yield_period = YIELD_REST_FIRST_S
 
     def hold(self, pin: bool = True) -> None:
