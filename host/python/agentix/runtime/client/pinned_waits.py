@@ -17,14 +17,14 @@ The settings (`calls_cpu_setting`):
   not at all when an event is in already and the select will not block):
   no code runs pinned, so nothing the loop runs meanwhile (other tasks,
   threads or processes they start, which inherit the mask of the thread
-  that starts them) is confined to that CPU. Before it pins, the thread yields its CPU
-  once (``AGENTIX_WAIT_YIELD``, `wait_yield_setting`): the call path's
-  thread that its send woke there is often still runnable, and finishing
-  first it leaves the result in with no pin and no wake-up. The CPU is the one the thread
-  is on when it first connects; ``wait:N`` / ``wait:auto`` name one
-  (``auto``: the highest this process may use, as the daemon's
-  ``--calls_cpu=auto``). A loop without a selector of its own (uvloop)
-  gets no pinned waits.
+  that starts them) is confined to that CPU. Before it pins, the thread
+  yields its CPU once (``AGENTIX_WAIT_YIELD``, `wait_yield_setting`): the
+  call path's thread that its send woke there is often still runnable, and
+  finishing first it leaves the result in with no pin and no wake-up. The
+  CPU is the one the thread is on when it first connects; ``wait:N`` /
+  ``wait:auto`` name one (``auto``: the highest this process may use, as
+  the daemon's ``--calls_cpu=auto``). A loop without a selector of its own
+  (uvloop) gets no pinned waits.
 - ``N`` / ``auto``: the loop thread is pinned to that CPU for good when its
   Calls stream connects (it then runs the user's code there too).
 
@@ -108,8 +108,8 @@ BURST_PINS_PER_CALL = 16
 # worker's thread on this CPU; when the loop gets to its selector first (the
 # worker did not preempt it, or a tick gave the CPU back mid-call), one
 # sched_yield lets that thread finish the call, and the result is in: no
-# sched_setaffinity pair, no sleep and wake-up (a quiet noop 0.90x, host CPU
-# 0.83x). With nothing else runnable here the yield returns at once (~1 us,
+# sched_setaffinity pair, no sleep and wake-up (a quiet noop 0.91x, host CPU
+# 0.85x). With nothing else runnable here the yield returns at once (~1 us,
 # then the pinned wait as before). With another busy thread on this CPU it
 # may run that thread for up to a tick (4 ms here) instead: a yield that
 # takes YIELD_SLOW_S or more stops the yields for YIELD_REST_FIRST_S, doubled
@@ -201,7 +201,8 @@ class PinnedWaits:
     blocking ``select`` and unpins it when it returns (`before_select`,
     `after_select`): one ``sched_setaffinity`` each. While its CPU is busy
     with other work it rests (pins nothing) for a back-off period
-    (`TIME_EVERY`).
+    (`TIME_EVERY`). Before a pin the selector first yields the CPU once
+    (`yield_first`, unless `yields` is False).
     """
 
     __slots__ = ("cpu", "original", "in_flight", "armed", "pinned", "resting_until", "told_off", "_cpu_set",
