@@ -31,7 +31,11 @@ faults). It then reports:
 (side_targets.ns_stream, answered by the host's echo handler) instead of the
 host's noop calls; `--sandbox-env AGENTIX_CALLS_CPU=off` unpins the worker's
 reply waits. With `--perf` the report's `tick` says what the kernel tick costs
-a call (tick_cost). `--busy`: one unpinned spinner runs from before the daemon
+a call (tick_cost); with `--tick` too, `tick_breakdown` splits a tick-meeting
+call's excess into the stall before the interrupt, the handler, softirqs and
+the rest, and `tick_threads` into who had the chain's CPU (each stack
+thread, idle, other processes, the interrupts) against a call without a
+tick. `--busy`: one unpinned spinner runs from before the daemon
 starts to the stream's end (remote_calls' busy core; `--calls 200 --warmup 51`
 is its busy pass's noop phase); a slow call whose stack CPU ran it counts as
 `busy_spinner_on_stack_cpu`, and `--keep` leaves report.json (the stack's
@@ -743,6 +747,114 @@ def tick_breakdown(events, starts, lats, slow_threshold_ns, stack_tids, follower
     return out
 
 
+def tick_threads(events, starts, lats, stack_tids, followers, names):
+    """Who had the chain's CPU during a call that met the tick, against a
+    call that did not (`--tick`'s events needed): per call, on the CPU its
+    stack threads ran on most, the time each stack thread ran there (the
+    timer interrupts and softirqs taken out, as `irq`), the time the CPU was
+    idle, the time other processes ran, the stack threads' time on the other
+    CPUs, and the context switches there. Means in us over the calls with
+    exactly one tick on that CPU and over those with none, and the
+    difference: means add up, so the difference's parts sum to the excess."""
+    switches = collections.defaultdict(list)  # cpu -> [(t, next_pid)]
+    irqs = collections.defaultdict(list)  # cpu -> [(entry, exit)]
+    open_irq = {}
+    for t, cpu, _, _, ev, rest in events:
+        if ev == "sched_switch":
+            try:
+                switches[cpu].append((t, int(rest.rsplit("next_pid=", 1)[1].split()[0]),
+                                      int(rest.split("prev_pid=", 1)[1].split()[0])))
+            except (IndexError, ValueError):
+                continue
+        elif ev in ("local_timer_entry", "softirq_entry"):
+            open_irq.setdefault(cpu, t)
+        elif ev in ("local_timer_exit", "softirq_exit") and cpu in open_irq:
+            irqs[cpu].append((open_irq.pop(cpu), t))
+    sw_times = {cpu: [t for t, _, _ in v] for cpu, v in switches.items()}
+    irq_starts = {cpu: [a for a, _ in v] for cpu, v in irqs.items()}
+    times = [e[0] for e in events]
+
+    def label(tid):
+        if tid == 0:
+            return "idle"
+        if tid in followers:
+            return "follower"
+        if tid in stack_tids:
+            return names.get(tid, str(tid)).split("[")[0]
+        return "other_processes"
+
+    def occupancy(cpu, lo, hi):
+        """{label: ns} of [lo, hi) on cpu, irq time apart; and the switches."""
+        out = collections.Counter()
+        ts = sw_times.get(cpu, [])
+        if not ts:
+            return None, 0
+        k = bisect.bisect_right(ts, lo) - 1
+        # Before the CPU's first switch, the thread it switched away from ran.
+        cur = switches[cpu][k][1] if k >= 0 else switches[cpu][0][2]
+        n_sw, t = 0, lo
+        k += 1
+        while True:
+            end = ts[k] if k < len(ts) and ts[k] < hi else hi
+            out[label(cur)] += end - t
+            if end >= hi:
+                break
+            cur, t, n_sw = switches[cpu][k][1], end, n_sw + 1
+            k += 1
+        istarts = irq_starts.get(cpu, [])
+        j = bisect.bisect_left(istarts, lo - 1_000_000)
+        irq = 0
+        while j < len(istarts) and istarts[j] < hi:
+            a, b = irqs[cpu][j]
+            irq += max(0, min(b, hi) - max(a, lo))
+            j += 1
+        out["irq"] = irq
+        return out, n_sw
+
+    groups = {"tick": [], "clean": []}
+    for t0, lat in zip(starts, lats):
+        window = events[bisect.bisect_left(times, t0):bisect.bisect_right(times, t0 + lat)]
+        cpus = collections.Counter(cpu for _, cpu, _, tid, _, _ in window
+                                   if tid in stack_tids and tid not in followers)
+        if not cpus:
+            continue
+        cpu = cpus.most_common(1)[0][0]
+        n_ticks = sum(1 for e in window if e[1] == cpu and e[4] == "local_timer_entry")
+        if n_ticks > 1:
+            continue
+        occ, n_sw = occupancy(cpu, t0, t0 + lat)
+        if occ is None:
+            continue
+        # The running thread's share of the interrupts is the interrupts'.
+        irq_left = occ["irq"]
+        for name in sorted(occ, key=lambda n: -occ[n]):
+            if name not in ("irq", "idle") and irq_left:
+                taken = min(irq_left, occ[name])
+                occ[name] -= taken
+                irq_left -= taken
+        elsewhere = 0
+        for other in cpus:
+            if other != cpu:
+                o, _ = occupancy(other, t0, t0 + lat)
+                if o:
+                    elsewhere += sum(v for k, v in o.items()
+                                     if k not in ("idle", "irq", "other_processes"))
+        occ["stack_on_other_cpus"] = elsewhere
+        occ["switches"] = n_sw * 1000  # shown / 1e3 below, as a count
+        occ["latency"] = lat
+        groups["tick" if n_ticks else "clean"].append(occ)
+    if not groups["tick"] or not groups["clean"]:
+        return {}
+    keys = sorted({k for g in groups.values() for occ in g for k in occ}
+                  | {"idle", "irq", "other_processes"})
+    mean = {name: {k: round(sum(o[k] for o in g) / len(g) / 1e3, 1) for k in keys}
+            for name, g in groups.items()}
+    return {"calls": {name: len(g) for name, g in groups.items()},
+            "mean_us": mean,
+            "tick_minus_clean_us": {k: round(mean["tick"][k] - mean["clean"][k], 1)
+                                    for k in keys}}
+
+
 def tick_cost(events, starts, lats, stack_tids, followers):
     """What the kernel tick costs a call: the share of calls during which
     the tick fired on a CPU their stack threads ran on (the intake follower
@@ -950,6 +1062,8 @@ def run(args):
         if args.tick:
             report["tick_breakdown"] = tick_breakdown(events, starts, lats, 2 * p50_ns,
                                                       set(names), timers[1])
+            report["tick_threads"] = tick_threads(events, starts, lats, set(names),
+                                                  timers[1], names)
     report["load_end"] = os.getloadavg()[0]
     if args.floor:
         fl = subprocess.run([args.floor, "--big-mib=1", "--concurrency=16"], env=env,

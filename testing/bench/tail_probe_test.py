@@ -161,6 +161,49 @@ class RunnableAtTicksTest(unittest.TestCase):
         self.assertEqual(out["no_kick"]["share_runnable_2_or_more"], 0.0)  # 11 alone
 
 
+class TickThreadsTest(unittest.TestCase):
+    NAMES = {10: "host/python3", 11: "worker/agentix-worker", 12: "worker/pool"}
+
+    def test_the_tick_calls_excess_is_split_by_who_had_the_cpu(self):
+        starts, lats = [], []
+        events = []
+        # Two clean calls of 50 us on CPU 1: the host 20 us, the worker 30.
+        for t0 in (TICK // 2, TICK // 2 + 100 * US):
+            starts.append(t0)
+            lats.append(50 * US)
+            events += [switch(t0 - US, 1, 0, 10), switch(t0 + 20 * US, 1, 10, 11),
+                       switch(t0 + 50 * US, 1, 11, 0)]
+        # A call that meets the tick: the host 20 us, then the interrupt's 10
+        # us (taken from the worker), another process 15, the worker 30 more.
+        t0 = TICK - 25 * US
+        starts.append(t0)
+        lats.append(90 * US)
+        events += [switch(t0 - US, 1, 0, 10), switch(t0 + 20 * US, 1, 10, 11),
+                   (t0 + 25 * US, 1, "x", 11, "local_timer_entry", "vector=236"),
+                   (t0 + 35 * US, 1, "x", 11, "local_timer_exit", "vector=236"),
+                   switch(t0 + 40 * US, 1, 11, OTHER), switch(t0 + 55 * US, 1, OTHER, 11),
+                   switch(t0 + 90 * US, 1, 11, 0),
+                   switch(t0 + 30 * US, 0, 0, 12), switch(t0 + 34 * US, 0, 12, 0)]
+        out = tail_probe.tick_threads(sorted(events), starts, lats, {10, 11, 12}, set(),
+                                      self.NAMES)
+        self.assertEqual(out["calls"], {"tick": 1, "clean": 2})
+        clean, hit = out["mean_us"]["clean"], out["mean_us"]["tick"]
+        self.assertEqual((clean["host/python3"], clean["worker/agentix-worker"]), (20.0, 30.0))
+        self.assertEqual(clean["switches"], 1.0)
+        self.assertEqual((hit["host/python3"], hit["irq"], hit["other_processes"]),
+                         (20.0, 10.0, 15.0))
+        self.assertEqual(hit["worker/agentix-worker"], 45.0)  # 55 on the CPU less 10 of irq
+        self.assertEqual(hit["stack_on_other_cpus"], 4.0)     # the pool thread on CPU 0
+        self.assertEqual(hit["switches"], 3.0)
+        diff = out["tick_minus_clean_us"]
+        self.assertEqual(diff["latency"], 40.0)
+        self.assertEqual(diff["worker/agentix-worker"] + diff["irq"] + diff["other_processes"]
+                         + diff["host/python3"] + diff["idle"], 40.0)
+
+    def test_without_a_clean_call_nothing(self):
+        self.assertEqual(tail_probe.tick_threads([], [0], [50 * US], {10}, set(), {}), {})
+
+
 class TickLossTest(unittest.TestCase):
     def test_the_excess_near_each_boundary_less_the_baseline_half_a_period_later(self):
         # Calls of 50 us back to back over 5 periods; the one spanning each
