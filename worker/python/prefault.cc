@@ -40,6 +40,7 @@ ArenaReserve* g_reserve = nullptr;  // set once, never freed (the process's life
 std::atomic<size_t> g_pages_done{0};
 std::atomic<size_t> g_library_pages{0};
 std::atomic<bool> g_finished{false};
+size_t g_image_data_pages = 0;
 
 void* ArenaAlloc(void* ctx, size_t size) {
   auto* reserve = static_cast<ArenaReserve*>(ctx);
@@ -155,11 +156,55 @@ std::vector<Range> LibpythonRanges() {
   return ranges;
 }
 
+// The executable's writable loadable segments, page-aligned, less the part
+// that is read-only after relocation (PT_GNU_RELRO: populating it for
+// writing would fail, and the loader wrote it already).
+std::vector<Range> ImageDataRanges() {
+  std::vector<Range> ranges;
+  dl_iterate_phdr(
+      [](dl_phdr_info* object, size_t, void* data) {
+        // The executable comes first and has an empty name.
+        if (object->dlpi_name != nullptr && object->dlpi_name[0] != '\0') return 1;
+        const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+        uintptr_t relro_end = 0;
+        for (int i = 0; i < object->dlpi_phnum; ++i) {
+          const ElfW(Phdr)& header = object->dlpi_phdr[i];
+          if (header.p_type == PT_GNU_RELRO) {
+            relro_end = (object->dlpi_addr + header.p_vaddr + header.p_memsz) & ~(page - 1);
+          }
+        }
+        auto& out = *static_cast<std::vector<Range>*>(data);
+        for (int i = 0; i < object->dlpi_phnum; ++i) {
+          const ElfW(Phdr)& header = object->dlpi_phdr[i];
+          if (header.p_type != PT_LOAD || (header.p_flags & PF_W) == 0) continue;
+          const uintptr_t begin = std::max(
+              (object->dlpi_addr + header.p_vaddr) & ~(page - 1), relro_end);
+          const uintptr_t end =
+              (object->dlpi_addr + header.p_vaddr + header.p_memsz + page - 1) & ~(page - 1);
+          if (end > begin) out.push_back({begin, end});
+        }
+        return 1;
+      },
+      &ranges);
+  return ranges;
+}
+
 }  // namespace
 
 absl::Status StartPrefault(const PrefaultOptions& options) {
   if (g_reserve != nullptr) {
     return absl::FailedPreconditionError("StartPrefault called twice");
+  }
+  if (options.image_data) {
+    // On this thread: the boot's first steps write these pages. A kernel
+    // without MADV_POPULATE_WRITE leaves them to those writes.
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    for (const Range& range : ImageDataRanges()) {
+      if (base::PopulateForWrite(reinterpret_cast<void*>(range.begin),
+                                 range.end - range.begin)) {
+        g_image_data_pages += (range.end - range.begin) / page;
+      }
+    }
   }
   uintptr_t arenas_begin = 0;
   uintptr_t arenas_end = 0;
@@ -263,6 +308,7 @@ PrefaultState GetPrefaultState() {
   }
   state.pages_done = g_pages_done.load();
   state.library_pages = g_library_pages.load();
+  state.image_data_pages = g_image_data_pages;
   state.finished = g_finished.load();
   return state;
 }
