@@ -40,7 +40,7 @@ ArenaReserve* g_reserve = nullptr;  // set once, never freed (the process's life
 std::atomic<size_t> g_pages_done{0};
 std::atomic<size_t> g_library_pages{0};
 std::atomic<bool> g_finished{false};
-size_t g_image_data_pages = 0;
+std::atomic<size_t> g_image_data_pages{0};
 
 void* ArenaAlloc(void* ctx, size_t size) {
   auto* reserve = static_cast<ArenaReserve*>(ctx);
@@ -308,7 +308,7 @@ PrefaultState GetPrefaultState() {
   }
   state.pages_done = g_pages_done.load();
   state.library_pages = g_library_pages.load();
-  state.image_data_pages = g_image_data_pages;
+  state.image_data_pages = g_image_data_pages.load();
   state.finished = g_finished.load();
   return state;
 }
