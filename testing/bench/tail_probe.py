@@ -653,6 +653,14 @@ def runnable_at_ticks(events):
     return out
 
 
+def _call_window(events, times, t0, lat, stack_tids, followers):
+    """The events of the call [t0, t0 + lat) and a Counter of the CPUs its
+    stack threads' events were on (the timer-woken follower left out)."""
+    window = events[bisect.bisect_left(times, t0):bisect.bisect_right(times, t0 + lat)]
+    return window, collections.Counter(cpu for _, cpu, _, tid, _, _ in window
+                                       if tid in stack_tids and tid not in followers)
+
+
 def tick_breakdown(events, starts, lats, slow_threshold_ns, stack_tids, followers):
     """Where the time goes when the kernel tick lands on a call (`--tick`'s
     events needed). For each call with one tick on the CPU its threads ran on
@@ -682,9 +690,7 @@ def tick_breakdown(events, starts, lats, slow_threshold_ns, stack_tids, follower
     p50 = statistics.median(lats)
     groups = {"kick": collections.defaultdict(list), "no_kick": collections.defaultdict(list)}
     for t0, lat in zip(starts, lats):
-        window = events[bisect.bisect_left(times, t0):bisect.bisect_right(times, t0 + lat)]
-        cpus = collections.Counter(cpu for _, cpu, _, tid, _, _ in window
-                                   if tid in stack_tids and tid not in followers)
+        window, cpus = _call_window(events, times, t0, lat, stack_tids, followers)
         if not cpus:
             continue
         cpu = cpus.most_common(1)[0][0]
@@ -813,9 +819,7 @@ def tick_threads(events, starts, lats, stack_tids, followers, names):
 
     groups = {"tick": [], "clean": []}
     for t0, lat in zip(starts, lats):
-        window = events[bisect.bisect_left(times, t0):bisect.bisect_right(times, t0 + lat)]
-        cpus = collections.Counter(cpu for _, cpu, _, tid, _, _ in window
-                                   if tid in stack_tids and tid not in followers)
+        window, cpus = _call_window(events, times, t0, lat, stack_tids, followers)
         if not cpus:
             continue
         cpu = cpus.most_common(1)[0][0]
