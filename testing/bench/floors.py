@@ -23,8 +23,9 @@ machine can do at the moment of the run rather than against absolute numbers:
   another process keeps the CPUs awake). `BusyCore.report()` gives the share of
   one CPU the spinner really got, so a reader can see it spun.
 - **CPU per call** (`CpuMeter`): on-CPU time of each process of a stack (host,
-  daemon, worker) over a phase, from /proc/<pid>/task/*/schedstat (ns resolution),
-  divided by the calls of the phase. It sits beside each latency so that a figure
+  daemon, worker) over a phase, from each process's CPU-time clock (ns resolution;
+  threads that end during the phase keep their time in it), divided by the calls of
+  the phase. It sits beside each latency so that a figure
   bought by spinning shows up as CPU.
 
 Ratios (`floor_ratios`) are oriented so that >= 1 means the floor is better: for a
@@ -35,6 +36,7 @@ latency `<stem>_ours_over_<floor>` (ours / floor), for a rate
 from __future__ import annotations
 
 import copy
+import errno
 import glob
 import json
 import os
@@ -52,9 +54,18 @@ SPIN = "while True: pass"
 
 
 def process_cpu_s(pid: int) -> float | None:
-    """On-CPU seconds of every live thread of `pid` (schedstat); None if it is gone.
-    Threads that ended meanwhile are not counted: the benchmarks' processes keep
-    their threads for the whole run."""
+    """On-CPU seconds of process `pid`, its ended threads included; None if it is gone.
+
+    Read from the process's CPU-time clock (clock_getcpuclockid's id: (~pid << 3) | 2,
+    CPUCLOCK_SCHED of the whole thread group, in ns). A sum over /proc/PID/task/*/schedstat
+    would lose a thread's time when the thread ends between two readings, and a phase's
+    difference could come out negative (a pool thread retiring, a prefault thread of a
+    large echo); that sum is only the fallback where the clock cannot be read."""
+    try:
+        return time.clock_gettime((~pid << 3) | 2)
+    except OSError as error:
+        if error.errno == errno.EINVAL and not os.path.exists(f"/proc/{pid}"):
+            return None  # gone
     total, found = 0, False
     for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
         try:

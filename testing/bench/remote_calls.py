@@ -32,7 +32,7 @@ busy core (floors.BusyCore: a spinning process, not pinned), with the quick plan
 and the floors again under the same busy core: `busy`. Every phase also reports
 the CPU the host, the daemon (server) and the worker spent per call
 (`noop_cpu_us_per_call`, `echo_cpu_ms_16mib`, per process in
-`details.<side>.cpu_per_call`), from /proc schedstat (floors.CpuMeter).
+`details.<side>.cpu_per_call`), from each process's CPU-time clock (floors.CpuMeter).
 
 The C++ client's noop against the floors, in one place of the last JSON line,
 `cc_noop` (None without a C++ client round):
