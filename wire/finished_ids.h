@@ -5,14 +5,15 @@
 //
 // The ids sit in a ring of `capacity` entries (each with its hash), made in
 // blocks of kBlockEntries as it fills and never moved; once full, the oldest
-// entry is reused for the new id, its string's buffer too (ids are 32 chars
-// from Python hosts, past std::string's inline size), so remembering costs
-// no allocation. The sets hold 4-byte ring positions, not copies or views:
-// forgetting the oldest finds it by its stored hash and its position (no
-// string read or hashed again), and the tables are a quarter of views'
-// size. (Before stop 40: a deque of strings, whose blocks were freed and
-// made again every 16 ids, and sets of views; the direct worker's profile
-// had Remember at 3.6 % of its samples.)
+// entry is reused for the new id. An id of up to kInlineIdBytes (a Python
+// host's 32 hex chars, a UUID's 36) is kept inside its entry, so
+// remembering one allocates nothing; a longer one gets a buffer of its own.
+// The sets hold 4-byte ring positions, not copies or views: forgetting the
+// oldest finds it by its stored hash and its position (no string read or
+// hashed again), and the tables are a quarter of views' size. (Before stop
+// 40: a deque of strings, whose blocks were freed and made again every 16
+// ids, and sets of views; the direct worker's profile had Remember at 3.6 %
+// of its samples.)
 //
 // The positions are spread over kShards small sets by their hash: a hash set
 // grows by moving everything it holds into a table twice its size, and
@@ -20,19 +21,28 @@
 // of 65,536 ids stalled the call that crossed 57,344 ids for 11-14 ms (7,168,
 // 14,336 and 28,672: 1.6, 3 and 6-11 ms; issue 25's tail, stop 34); a shard
 // moves about 1/kShards of that (bazel run //testing/bench:finished_ids_ab).
+//
+// The ring's blocks and the sets' tables come from a PopulatedPool: memory
+// faulted in 16-64 KiB at a time when the pool takes it, not a page at a
+// time as the ids arrive. Until it is full the structure grows by ~75 bytes
+// an id, which with malloc's fresh pages (and a string buffer an id) made
+// one call in ~50 of a client's first 65,536 pay a ~11 µs page fault here,
+// and a block's 10 pages at once every 1,024 (the Remembers over 100 µs).
+// Stop 49, issue 25's tail.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
-#include <memory>
-#include <string>
+#include <new>
 #include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/hash/hash.h"
+#include "base/populated_pool.h"
 
 namespace agentix::sandbox {
 
@@ -41,8 +51,10 @@ class FinishedIds {
   static constexpr int kShardBits = 9;
   static constexpr size_t kShards = size_t{1} << kShardBits;
   // Ring entries made at once (a block is never moved or freed while the
-  // set lives).
-  static constexpr size_t kBlockEntries = 1024;
+  // set lives): 16 KiB, so a session that remembers a few ids holds little.
+  static constexpr size_t kBlockEntries = 256;
+  // Ids up to this long are kept inside their entry.
+  static constexpr size_t kInlineIdBytes = 44;
 
   // `shard_bits`: 2^shard_bits shards (0: one set, as before stop 34; the
   // benchmark's baseline). `capacity` is capped at 2^32 - 1 ids.
@@ -50,11 +62,17 @@ class FinishedIds {
       : capacity_(std::min<size_t>(capacity,
                                    std::numeric_limits<Position>::max())),
         shard_shift_(shard_bits == 0 ? 0 : sizeof(size_t) * 8 - shard_bits) {
+    blocks_.reserve(std::min<size_t>((capacity_ + kBlockEntries - 1) / kBlockEntries, 256));
     const size_t shards = size_t{1} << shard_bits;
     shards_.reserve(shards);
     for (size_t i = 0; i < shards; ++i) {
-      shards_.emplace_back(0, PositionHash{this}, PositionEq{this});
+      shards_.emplace_back(0, PositionHash{this}, PositionEq{this},
+                           base::PopulatedPoolAllocator<Position>(&pool_));
     }
+  }
+  ~FinishedIds() {
+    shards_.clear();  // their tables are the pool's
+    for (size_t at = 0; at < size_; ++at) delete[] EntryAt(static_cast<Position>(at)).spill;
   }
   FinishedIds(const FinishedIds&) = delete;
   FinishedIds& operator=(const FinishedIds&) = delete;
@@ -80,13 +98,16 @@ class FinishedIds {
     } else {
       at = static_cast<Position>(size_);  // oldest_ is 0 until full
       if (at % kBlockEntries == 0) {
-        blocks_.push_back(std::make_unique<Entry[]>(
-            std::min(kBlockEntries, capacity_ - at)));
+        const size_t entries = std::min(kBlockEntries, capacity_ - at);
+        void* block = pool_.Allocate(entries * sizeof(Entry), alignof(Entry));
+        if (block == nullptr) throw std::bad_alloc();  // as make_unique did
+        blocks_.push_back(static_cast<Entry*>(block));
       }
       ++size_;
+      EntryAt(at).spill = nullptr;  // the block's bytes are not zeroed
     }
     Entry& entry = EntryAt(at);
-    entry.id.assign(id.data(), id.size());
+    entry.Set(id);
     entry.hash = probe.hash;
     shard.insert(at);
   }
@@ -99,7 +120,7 @@ class FinishedIds {
   void ForEach(F&& f) const {
     size_t at = oldest_;
     for (size_t i = 0; i < size_; ++i) {
-      f(std::string_view(EntryAt(static_cast<Position>(at)).id));
+      f(EntryAt(static_cast<Position>(at)).id());
       if (++at == capacity_) at = 0;
     }
   }
@@ -113,13 +134,36 @@ class FinishedIds {
 
   // Ring blocks made so far (tests: the ring stops growing once full).
   size_t blocks() const { return blocks_.size(); }
+  // Where the ring and the sets' tables live (tests, benchmarks).
+  const base::PopulatedPool& pool() const { return pool_; }
 
  private:
   using Position = uint32_t;
+  // One cache line; its bytes are the pool's, so every field is written
+  // before it is read (Remember sets spill, then the id and the hash).
   struct Entry {
-    std::string id;
-    size_t hash = 0;
+    size_t hash;
+    char* spill;  // new[]'d: the id, when longer than kInlineIdBytes
+    uint32_t size;
+    char text[kInlineIdBytes];  // the id, when it fits
+
+    std::string_view id() const { return {spill != nullptr ? spill : text, size}; }
+    void Set(std::string_view id) {
+      if (id.size() <= kInlineIdBytes) {
+        delete[] spill;
+        spill = nullptr;
+        std::memcpy(text, id.data(), id.size());
+      } else {
+        if (spill == nullptr || size < id.size()) {
+          delete[] spill;
+          spill = new char[id.size()];
+        }
+        std::memcpy(spill, id.data(), id.size());
+      }
+      size = static_cast<uint32_t>(id.size());
+    }
   };
+  static_assert(sizeof(Entry) == 64, "an entry is one cache line");
   // An id looked up, hashed once: the shard is chosen by the hash's top bits
   // and the shard's own lookup uses the same hash (it places keys by the low
   // bits, so one shard's keys still spread over its table).
@@ -139,13 +183,14 @@ class FinishedIds {
     const FinishedIds* ids;
     bool operator()(Position a, Position b) const { return a == b; }
     bool operator()(Position a, const Probe& b) const {
-      return ids->EntryAt(a).id == b.id;
+      return ids->EntryAt(a).id() == b.id;
     }
     bool operator()(const Probe& a, Position b) const {
-      return a.id == ids->EntryAt(b).id;
+      return a.id == ids->EntryAt(b).id();
     }
   };
-  using Shard = absl::flat_hash_set<Position, PositionHash, PositionEq>;
+  using Shard = absl::flat_hash_set<Position, PositionHash, PositionEq,
+                                    base::PopulatedPoolAllocator<Position>>;
 
   static size_t HashOf(std::string_view id) {
     return absl::Hash<std::string_view>{}(id);
@@ -166,7 +211,8 @@ class FinishedIds {
   const int shard_shift_;  // 0: one shard
   size_t size_ = 0;
   Position oldest_ = 0;  // the ring position of the oldest id once full
-  std::vector<std::unique_ptr<Entry[]>> blocks_;
+  base::PopulatedPool pool_;  // before what lives in it: destroyed after
+  std::vector<Entry*> blocks_;  // the pool's
   std::vector<Shard> shards_;  // positions in the ring
 };
 

@@ -30,23 +30,27 @@ TEST_CASE("FinishedIds forgets the oldest id first", "[finished_ids]") {
 
 TEST_CASE("FinishedIds keeps short and long ids exactly across reuse",
           "[finished_ids]") {
-  // Short ids live inside the string object, long ones on the heap; reused
-  // slots alternate between both, and every key must still match its id.
+  // Ids up to kInlineIdBytes live inside their entry, longer ones in a
+  // buffer of their own (41-45 chars here: both sides of the line, and 300);
+  // reused entries alternate between all of them, and every key must still
+  // match its id.
   FinishedIds ids(64);
+  auto id_of = [](int i) {
+    return i % 3 == 0   ? absl::StrCat("s", i)
+           : i % 7 == 0 ? absl::StrCat(std::string(300, 'y'), i)
+                        : absl::StrCat(std::string(40, 'x'), i);
+  };
   for (int i = 0; i < 10000; ++i) {
-    const std::string id = i % 3 == 0
-                               ? absl::StrCat("s", i)
-                               : absl::StrCat(std::string(40, 'x'), i);
+    const std::string id = id_of(i);
     ids.Remember(id);
     REQUIRE(ids.Contains(id));
     REQUIRE(ids.size() <= 64);
   }
-  for (int i = 10000 - 64; i < 10000; ++i) {
-    const std::string id = i % 3 == 0
-                               ? absl::StrCat("s", i)
-                               : absl::StrCat(std::string(40, 'x'), i);
-    CHECK(ids.Contains(id));
-  }
+  for (int i = 10000 - 64; i < 10000; ++i) CHECK(ids.Contains(id_of(i)));
+  std::vector<std::string> kept;
+  ids.ForEach([&](std::string_view id) { kept.emplace_back(id); });
+  REQUIRE(kept.size() == 64);
+  for (int i = 0; i < 64; ++i) CHECK(kept[i] == id_of(10000 - 64 + i));
   CHECK_FALSE(ids.Contains(absl::StrCat(std::string(40, 'x'), 10000 - 65)));
   CHECK_FALSE(ids.Contains(""));
 }

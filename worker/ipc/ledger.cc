@@ -1,10 +1,14 @@
 #include "worker/ipc/ledger.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/fresh_pages.h"
 
 namespace agentix::ipc {
 namespace {
@@ -124,6 +128,23 @@ LedgerWriter::LedgerWriter(absl::Span<char> region, uint32_t call_slots,
   free_.reserve(call_slots);
   // Lowest slots first: pages are touched only as the calls need them.
   for (uint32_t i = call_slots; i > 0; --i) free_.push_back(i - 1);
+  populated_end_ = FinishedRing();
+}
+
+void LedgerWriter::PopulateAhead(const char* slot_end) {
+  if (slot_end <= populated_end_) return;
+  const char* ring_end = FinishedRing() + size_t{finished_slots_} * kLedgerFinishedSlotBytes;
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  // From the page the slot ends in (the pages below are faulted in: by the
+  // last step or by the writes before it).
+  const uintptr_t from = (reinterpret_cast<uintptr_t>(slot_end) - 1) & ~(page - 1);
+  const char* to = std::min(ring_end, slot_end + kLedgerPopulateBytes);
+  // A kernel without MADV_POPULATE_WRITE: the writes fault the pages in.
+  base::PopulateForWrite(reinterpret_cast<void*>(from),
+                         static_cast<size_t>(reinterpret_cast<uintptr_t>(to) - from));
+  // Up to the end of the last page asked for (the kernel rounds it up).
+  const uintptr_t to_page_end = (reinterpret_cast<uintptr_t>(to) + page - 1) & ~(page - 1);
+  populated_end_ = std::min(ring_end, reinterpret_cast<const char*>(to_page_end));
 }
 
 char* LedgerWriter::CallSlot(uint32_t slot) const {
@@ -131,11 +152,12 @@ char* LedgerWriter::CallSlot(uint32_t slot) const {
          size_t{slot} * kLedgerCallSlotBytes;
 }
 
+char* LedgerWriter::FinishedRing() const {
+  return region_.data() + kLedgerHeaderBytes + size_t{call_slots_} * kLedgerCallSlotBytes;
+}
+
 char* LedgerWriter::FinishedSlot(uint64_t index) const {
-  return region_.data() + kLedgerHeaderBytes +
-         size_t{call_slots_} * kLedgerCallSlotBytes +
-         static_cast<size_t>(index % finished_slots_) *
-             kLedgerFinishedSlotBytes;
+  return FinishedRing() + static_cast<size_t>(index % finished_slots_) * kLedgerFinishedSlotBytes;
 }
 
 std::optional<uint32_t> LedgerWriter::Started(uint32_t client_slot,
@@ -167,6 +189,7 @@ void LedgerWriter::Finished(uint32_t slot) {
   const auto length = Load<uint16_t>(p + 8);
   if (finished_slots_ > 0 && length <= kLedgerFinishedIdBytes) {
     char* f = FinishedSlot(finished_count_);
+    if (finished_count_ < finished_slots_) PopulateAhead(f + kLedgerFinishedSlotBytes);
     // Invalid while rewritten, so a death in between loses only this slot.
     StoreState(f, 0);
     Store<uint16_t>(f + 4, static_cast<uint16_t>(Load<uint32_t>(p + 4)));

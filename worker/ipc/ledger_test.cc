@@ -1,11 +1,15 @@
 #include "worker/ipc/ledger.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "testing/status_matchers.h"
 
 namespace agentix::ipc {
@@ -245,6 +249,71 @@ TEST_CASE("ledger: a zero region is formatted by its header alone") {
   CHECK(read->calls.empty());
   CHECK(read->finished.empty());
   CHECK(read->skipped == 0);
+}
+
+// Pages of [begin, end) in memory (begin page-aligned).
+size_t ResidentPages(const char* begin, const char* end) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> in_core((end - begin + page - 1) / page);
+  REQUIRE(mincore(const_cast<char*>(begin), end - begin, in_core.data()) == 0);
+  size_t resident = 0;
+  for (unsigned char c : in_core) resident += c & 1;
+  return resident;
+}
+
+TEST_CASE("ledger: the finished ring's first pass faults its pages in ahead, a step at a time") {
+  // As the daemon makes it: a fresh memfd, shared, formatted by its header.
+  constexpr uint32_t kRingCalls = 4096;  // the daemon's default call slots
+  constexpr uint32_t kRingFinished = 4096;
+  const size_t bytes = LedgerBytes(kRingCalls, kRingFinished);
+  const int fd = memfd_create("ledger-test", MFD_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(ftruncate(fd, static_cast<off_t>(bytes)) == 0);
+  void* mapped = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  REQUIRE(mapped != MAP_FAILED);
+  const absl::Span<char> region(static_cast<char*>(mapped), bytes);
+  REQUIRE(FormatLedger(region, kRingCalls, kRingFinished, /*region_is_zero=*/true).ok());
+  auto writer = LedgerWriter::Open(region);
+  REQUIRE(writer.ok());
+
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const char* ring = region.data() + kLedgerHeaderBytes + kRingCalls * kLedgerCallSlotBytes;
+  const char* ring_end = ring + kRingFinished * kLedgerFinishedSlotBytes;
+  auto ring_page = [&](size_t offset) {
+    return reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(ring + offset) & ~(page - 1));
+  };
+  auto finish_one = [&](uint64_t i) {
+    const auto slot = (*writer)->Started(0, absl::StrCat("call-", i));
+    REQUIRE(slot.has_value());
+    (*writer)->Finished(*slot);
+  };
+  CHECK(ResidentPages(ring_page(0), ring_page(kLedgerPopulateBytes)) == 0);
+  finish_one(0);
+  // The first id's write, and the step's pages after it.
+  const size_t step_pages = kLedgerPopulateBytes / page;
+  CHECK(ResidentPages(ring_page(0), ring_page(kLedgerPopulateBytes)) == step_pages);
+  CHECK(ResidentPages(ring_page(kLedgerPopulateBytes) + 2 * page,
+                      ring_page(2 * kLedgerPopulateBytes)) == 0);
+  // Writes past the first step's pages: the pages well ahead of them are in
+  // memory before any write reaches them.
+  const uint64_t past = (kLedgerPopulateBytes + 2 * page) / kLedgerFinishedSlotBytes + 1;
+  for (uint64_t i = 1; i <= past; ++i) finish_one(i);
+  const size_t written = past * kLedgerFinishedSlotBytes + kLedgerFinishedSlotBytes;
+  const char* ahead = ring_page(written) + 2 * page;
+  CHECK(ResidentPages(ahead, ahead + step_pages / 2 * page) == step_pages / 2);
+  for (uint64_t i = past + 1; i < kRingFinished + 10; ++i) finish_one(i);
+  // To the end and round again: the ids are all there, newest kept.
+  const auto ring_pages = static_cast<size_t>((ring_end - ring_page(0) + page - 1) / page);
+  CHECK(ResidentPages(ring_page(0), ring_end) == ring_pages);
+  LedgerClients clients;
+  REQUIRE(clients.SlotOf("alice").ok());
+  auto read = ReadLedger(region, kRingCalls, kRingFinished, clients);
+  REQUIRE(read.ok());
+  REQUIRE(read->finished.size() == kRingFinished);
+  CHECK(read->finished.front().id == absl::StrCat("call-", 10));
+  CHECK(read->finished.back().id == absl::StrCat("call-", kRingFinished + 9));
+  munmap(mapped, bytes);
 }
 
 }  // namespace
