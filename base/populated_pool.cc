@@ -46,13 +46,20 @@ size_t PopulatedPool::Rounded(size_t bytes) {
 }
 
 char* PopulatedPool::NewChunk(size_t bytes) {
-  const size_t page = PageBytes();
-  const size_t size = (bytes + page - 1) / page * page;
-  auto* chunk = static_cast<char*>(std::aligned_alloc(page, size));
+  // From malloc, so that what the blocks point to stays visible to leak
+  // checkers, aligned to kMaxAlign only: a page alignment would leave up to
+  // a page of slack, and malloc's header in it, beside every chunk.
+  const size_t size = (bytes + kMaxAlign - 1) / kMaxAlign * kMaxAlign;
+  auto* chunk = static_cast<char*>(std::aligned_alloc(kMaxAlign, size));
   if (chunk == nullptr) return nullptr;
-  // One system call for all its pages; on a kernel without it the blocks'
-  // first writes fault them in as before.
-  PopulateForWrite(chunk, size);
+  // Every page the chunk touches, in one system call (the edge pages are
+  // shared with malloc's neighbours, which are mapped as well; filling a
+  // page changes none of its bytes). On a kernel without it the blocks'
+  // first writes fault the pages in as before.
+  const uintptr_t page = PageBytes();
+  const uintptr_t from = reinterpret_cast<uintptr_t>(chunk) & ~(page - 1);
+  const uintptr_t to = (reinterpret_cast<uintptr_t>(chunk) + size + page - 1) & ~(page - 1);
+  PopulateForWrite(reinterpret_cast<void*>(from), to - from);
   AGX_POOL_POISON(chunk, size);
   chunks_.emplace_back(chunk, size);
   chunk_bytes_ += size;
@@ -94,7 +101,7 @@ void* PopulatedPool::Allocate(size_t bytes, size_t align) {
     next_chunk_bytes_ = std::min(2 * chunk_bytes, kChunkBytes);
     next_ = chunk;
     end_ = chunk + chunk_bytes;
-    at = reinterpret_cast<uintptr_t>(chunk);  // page-aligned
+    at = reinterpret_cast<uintptr_t>(chunk);  // kMaxAlign-aligned
   }
   auto* block = reinterpret_cast<char*>(at);
   next_ = block + size;

@@ -27,8 +27,7 @@ class PopulatedPool {
  public:
   // Bytes of a chunk (16 pages); the first is kFirstChunkBytes, and each
   // next one twice the last up to this, so a pool that holds a few blocks
-  // holds little. A block of a quarter chunk or more is a chunk of its own,
-  // rounded up to whole pages.
+  // holds little. A block of a quarter chunk or more is a chunk of its own.
   static constexpr size_t kChunkBytes = size_t{64} << 10;
   static constexpr size_t kFirstChunkBytes = size_t{16} << 10;
   // Every block starts at a multiple of this; larger alignments are not
