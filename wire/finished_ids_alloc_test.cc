@@ -18,20 +18,48 @@ namespace {
 size_t g_news = 0;
 }  // namespace
 
-void* operator new(size_t n) {
+// Every form, so that each block is freed by the same kind of call that
+// made it (ASan checks; Catch2 uses the nothrow ones).
+namespace {
+void* Counted(size_t n) {
   ++g_news;
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  return std::malloc(n == 0 ? 1 : n);
+}
+void* CountedAligned(size_t n, std::align_val_t align) {
+  ++g_news;
+  const auto a = static_cast<size_t>(align);
+  return std::aligned_alloc(a, (n + a - 1) / a * a);
+}
+}  // namespace
+
+void* operator new(size_t n) {
+  if (void* p = Counted(n)) return p;
   throw std::bad_alloc();
 }
 void* operator new[](size_t n) {
-  ++g_news;
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  if (void* p = Counted(n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new(size_t n, const std::nothrow_t&) noexcept { return Counted(n); }
+void* operator new[](size_t n, const std::nothrow_t&) noexcept { return Counted(n); }
+void* operator new(size_t n, std::align_val_t align) {
+  if (void* p = CountedAligned(n, align)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](size_t n, std::align_val_t align) {
+  if (void* p = CountedAligned(n, align)) return p;
   throw std::bad_alloc();
 }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, size_t) noexcept { std::free(p); }
 void operator delete[](void* p, size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, size_t, std::align_val_t) noexcept { std::free(p); }
 
 namespace agentix::sandbox {
 namespace {
