@@ -7,7 +7,7 @@
 // structure that grows by a few dozen bytes a call — the finished call ids
 // a session remembers, 65,536 of them — then makes one call in ~40 pay a
 // fault. Taking its memory from a pool whose chunks are filled whole when
-// made moves that to one call in a thousand or more, paying ~20 µs.
+// made moves that to one call in hundreds or more, paying ~10-20 µs.
 //
 // Blocks are handed out from the current chunk; a freed block is kept on a
 // list of its exact size and handed out again for that size (a hash table

@@ -156,6 +156,7 @@ class FinishedIds {
       } else {
         if (spill == nullptr || size < id.size()) {
           delete[] spill;
+          spill = nullptr;  // not left dangling if new throws
           spill = new char[id.size()];
         }
         std::memcpy(spill, id.data(), id.size());
