@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -47,6 +48,14 @@ bool PopulateForWrite(void* begin, size_t n) {
   if (madvise(begin, n, MADV_POPULATE_WRITE) == 0) return true;
   if (errno == EINVAL) populate_unsupported.store(true, std::memory_order_relaxed);
   return false;
+}
+
+bool PopulateCoveringForWrite(const void* begin, size_t n) {
+  if (n == 0) return true;
+  static const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t from = reinterpret_cast<uintptr_t>(begin) & ~(page - 1);
+  const uintptr_t to = (reinterpret_cast<uintptr_t>(begin) + n + page - 1) & ~(page - 1);
+  return PopulateForWrite(reinterpret_cast<void*>(from), to - from);
 }
 
 PageSizeChooser::Step PageSizeChooser::Next() {

@@ -74,6 +74,12 @@ class PageSizeChooser {
 // false at once, and the writes fault the pages in as before.
 bool PopulateForWrite(void* begin, size_t n);
 
+// The same for every page [begin, begin + n) touches, whatever its
+// alignment (the pages at the edges must be mapped writable, as they are
+// when the range lies inside one mapping; filling a page changes none of its
+// bytes). n == 0: nothing.
+bool PopulateCoveringForWrite(const void* begin, size_t n);
+
 struct PrefaultResult {
   size_t huge_bytes = 0;   // filled after MADV_HUGEPAGE (huge pages where the kernel had them)
   size_t small_bytes = 0;  // filled in 4 KiB pages

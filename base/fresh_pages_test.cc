@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "testing/resident_pages.h"
+
 namespace agentix::base {
 namespace {
 
@@ -82,15 +84,7 @@ TEST_CASE("PageSizeChooser ignores an empty step") {
   REQUIRE(chooser.huge_ns_per_mib() == 0);
 }
 
-// Pages of [data, data + n) resident now, by mincore.
-size_t ResidentPages(const char* data, size_t n) {
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  std::vector<unsigned char> in(n / page);
-  REQUIRE(mincore(const_cast<char*>(data), n, in.data()) == 0);
-  size_t resident = 0;
-  for (unsigned char c : in) resident += c & 1;
-  return resident;
-}
+using agentix::testing::ResidentPages;
 
 TEST_CASE("PopulateForWrite faults in exactly the range it is given") {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));

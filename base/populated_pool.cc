@@ -1,7 +1,5 @@
 #include "base/populated_pool.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdlib>
 
@@ -20,11 +18,6 @@ namespace agentix::base {
 namespace {
 
 constexpr size_t kMinBlock = 16;  // holds a FreeBlock; keeps blocks 16-aligned
-
-size_t PageBytes() {
-  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  return page;
-}
 
 }  // namespace
 
@@ -53,13 +46,9 @@ char* PopulatedPool::NewChunk(size_t bytes) {
   auto* chunk = static_cast<char*>(std::aligned_alloc(kMaxAlign, size));
   if (chunk == nullptr) return nullptr;
   // Every page the chunk touches, in one system call (the edge pages are
-  // shared with malloc's neighbours, which are mapped as well; filling a
-  // page changes none of its bytes). On a kernel without it the blocks'
-  // first writes fault the pages in as before.
-  const uintptr_t page = PageBytes();
-  const uintptr_t from = reinterpret_cast<uintptr_t>(chunk) & ~(page - 1);
-  const uintptr_t to = (reinterpret_cast<uintptr_t>(chunk) + size + page - 1) & ~(page - 1);
-  PopulateForWrite(reinterpret_cast<void*>(from), to - from);
+  // shared with malloc's neighbours, mapped as well). On a kernel without it
+  // the blocks' first writes fault the pages in as before.
+  PopulateCoveringForWrite(chunk, size);
   AGX_POOL_POISON(chunk, size);
   chunks_.emplace_back(chunk, size);
   chunk_bytes_ += size;

@@ -1,8 +1,5 @@
 #include "base/populated_pool.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
@@ -11,22 +8,13 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "testing/resident_pages.h"
 
 namespace agentix::base {
 namespace {
 
-// Of the pages [begin, begin + n) touches, those the kernel has not mapped
-// for this process.
-size_t MissingPages(const void* begin, size_t n) {
-  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t from = reinterpret_cast<uintptr_t>(begin) & ~(page - 1);
-  const uintptr_t to = (reinterpret_cast<uintptr_t>(begin) + n + page - 1) & ~(page - 1);
-  std::vector<unsigned char> in_core((to - from) / page);
-  REQUIRE(mincore(reinterpret_cast<void*>(from), to - from, in_core.data()) == 0);
-  size_t missing = 0;
-  for (unsigned char c : in_core) missing += (c & 1) == 0;
-  return missing;
-}
+using agentix::testing::PagesTouched;
+using agentix::testing::ResidentPages;
 
 TEST_CASE("PopulatedPool: a chunk's pages are in memory before any block of it is written",
           "[populated_pool]") {
@@ -37,11 +25,12 @@ TEST_CASE("PopulatedPool: a chunk's pages are in memory before any block of it i
   void* big = pool.Allocate(kBig, 64);
   REQUIRE(big != nullptr);
   CHECK(reinterpret_cast<uintptr_t>(big) % 64 == 0);
-  CHECK(MissingPages(big, kBig) == 0);
+  CHECK(ResidentPages(big, kBig) == PagesTouched(big, kBig));
   // A small block starts a shared chunk, all its pages in memory as well.
   void* small = pool.Allocate(24, 8);
   REQUIRE(small != nullptr);
-  CHECK(MissingPages(small, PopulatedPool::kFirstChunkBytes) == 0);
+  CHECK(ResidentPages(small, PopulatedPool::kFirstChunkBytes) ==
+        PagesTouched(small, PopulatedPool::kFirstChunkBytes));
   CHECK(pool.chunks() == 2);
   CHECK(pool.chunk_bytes() == kBig + PopulatedPool::kFirstChunkBytes);
 }

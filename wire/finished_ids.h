@@ -36,7 +36,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <new>
 #include <string_view>
 #include <vector>
 
@@ -98,10 +97,8 @@ class FinishedIds {
     } else {
       at = static_cast<Position>(size_);  // oldest_ is 0 until full
       if (at % kBlockEntries == 0) {
-        const size_t entries = std::min(kBlockEntries, capacity_ - at);
-        void* block = pool_.Allocate(entries * sizeof(Entry), alignof(Entry));
-        if (block == nullptr) throw std::bad_alloc();  // as make_unique did
-        blocks_.push_back(static_cast<Entry*>(block));
+        blocks_.push_back(base::PopulatedPoolAllocator<Entry>(&pool_).allocate(
+            std::min(kBlockEntries, capacity_ - at)));
       }
       ++size_;
       EntryAt(at).spill = nullptr;  // the block's bytes are not zeroed

@@ -1,7 +1,5 @@
 #include "worker/ipc/ledger.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -134,17 +132,12 @@ LedgerWriter::LedgerWriter(absl::Span<char> region, uint32_t call_slots,
 void LedgerWriter::PopulateAhead(const char* slot_end) {
   if (slot_end <= populated_end_) return;
   const char* ring_end = FinishedRing() + size_t{finished_slots_} * kLedgerFinishedSlotBytes;
-  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  // From the page the slot ends in (the pages below are faulted in: by the
-  // last step or by the writes before it).
-  const uintptr_t from = (reinterpret_cast<uintptr_t>(slot_end) - 1) & ~(page - 1);
+  // From the slot's last byte (the bytes below are faulted in: by the last
+  // step or by the writes before it). A kernel without MADV_POPULATE_WRITE:
+  // the writes fault the pages in.
   const char* to = std::min(ring_end, slot_end + kLedgerPopulateBytes);
-  // A kernel without MADV_POPULATE_WRITE: the writes fault the pages in.
-  base::PopulateForWrite(reinterpret_cast<void*>(from),
-                         static_cast<size_t>(reinterpret_cast<uintptr_t>(to) - from));
-  // Up to the end of the last page asked for (the kernel rounds it up).
-  const uintptr_t to_page_end = (reinterpret_cast<uintptr_t>(to) + page - 1) & ~(page - 1);
-  populated_end_ = std::min(ring_end, reinterpret_cast<const char*>(to_page_end));
+  base::PopulateCoveringForWrite(slot_end - 1, static_cast<size_t>(to - (slot_end - 1)));
+  populated_end_ = to;
 }
 
 char* LedgerWriter::CallSlot(uint32_t slot) const {

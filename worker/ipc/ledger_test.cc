@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "testing/resident_pages.h"
 #include "testing/status_matchers.h"
 
 namespace agentix::ipc {
@@ -251,14 +252,9 @@ TEST_CASE("ledger: a zero region is formatted by its header alone") {
   CHECK(read->skipped == 0);
 }
 
-// Pages of [begin, end) in memory (begin page-aligned).
+// Pages of [begin, end) in memory.
 size_t ResidentPages(const char* begin, const char* end) {
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  std::vector<unsigned char> in_core((end - begin + page - 1) / page);
-  REQUIRE(mincore(const_cast<char*>(begin), end - begin, in_core.data()) == 0);
-  size_t resident = 0;
-  for (unsigned char c : in_core) resident += c & 1;
-  return resident;
+  return agentix::testing::ResidentPages(begin, static_cast<size_t>(end - begin));
 }
 
 TEST_CASE("ledger: the finished ring's first pass faults its pages in ahead, a step at a time") {
@@ -304,7 +300,8 @@ TEST_CASE("ledger: the finished ring's first pass faults its pages in ahead, a s
   CHECK(ResidentPages(ahead, ahead + step_pages / 2 * page) == step_pages / 2);
   for (uint64_t i = past + 1; i < kRingFinished + 10; ++i) finish_one(i);
   // To the end and round again: the ids are all there, newest kept.
-  const auto ring_pages = static_cast<size_t>((ring_end - ring_page(0) + page - 1) / page);
+  const size_t ring_pages =
+      agentix::testing::PagesTouched(ring_page(0), static_cast<size_t>(ring_end - ring_page(0)));
   CHECK(ResidentPages(ring_page(0), ring_end) == ring_pages);
   LedgerClients clients;
   REQUIRE(clients.SlotOf("alice").ok());
