@@ -15,6 +15,7 @@ from agentix.cli.main import main
 from agentix.provider import SandboxConfig
 from agentix.provider.service import ServiceProvider
 from agentix.provider.v1 import provider_pb2 as pb
+from child_paths import with_stub_paths
 
 
 @pytest_asyncio.fixture
@@ -179,21 +180,9 @@ def test_python_dash_m_agentix_runs_the_command(short_dir):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "XDG_RUNTIME_DIR": str(short_dir)}
     env.pop("AGENTIX_PROVIDER_URL", None)
     code = "import runpy, sys; sys.argv = ['agentix', 'pool', 'ls']; runpy.run_module('agentix', run_name='__main__')"
-    result = subprocess.run([sys.executable, "-c", _with_stub_paths(code)], env=env, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-c", with_stub_paths(code)], env=env, capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 1 and "cannot reach agentix-providerd" in result.stderr
-
-
-def _with_stub_paths(code):
-    """The child sees the generated stubs the way this process does (conftest extends the package paths)."""
-    import agentix.provider.v1
-    import agentix.runtime.v1
-
-    return (
-        f"import agentix.provider.v1, agentix.runtime.v1; "
-        f"agentix.provider.v1.__path__[:] = {list(agentix.provider.v1.__path__)!r}; "
-        f"agentix.runtime.v1.__path__[:] = {list(agentix.runtime.v1.__path__)!r}; " + code
-    )
 
 
 @pytest.mark.asyncio

@@ -3,7 +3,6 @@ the loop it remembers must never stand in for another (a later loop on the
 same thread, another thread's loop, a forked child's copy)."""
 
 import asyncio
-import os
 import threading
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 import agentix.sio as sio
 from agentix import Namespace, register_namespace
 from agentix.runtime.shared.codec import pack
+from child_paths import run_in_fresh_interpreter
 
 
 async def _ask_and_answer(bridge, ns, value):
@@ -68,22 +68,30 @@ def test_no_loop_outside_a_loop_even_after_one_ran_on_the_thread():
         sio._running_loop()
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_a_forked_child_has_no_running_loop_as_asyncio_says():
-    async def fork_inside():
-        assert sio._running_loop() is asyncio.get_running_loop()
-        pid = os.fork()
-        if pid == 0:  # the child: asyncio's process check finds no loop here
-            code = 0
-            try:
-                sio._running_loop()
-                code = 3
-            except RuntimeError:
-                pass
-            except BaseException:
-                code = 4
-            os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        return os.waitstatus_to_exitcode(status)
+_FORK_INSIDE_A_LOOP = """
+import asyncio, os
+import agentix.sio as sio
 
-    assert asyncio.run(fork_inside()) == 0
+async def fork_inside():
+    assert sio._running_loop() is asyncio.get_running_loop()
+    pid = os.fork()
+    if pid == 0:  # the child: asyncio's process check finds no loop here
+        code = 0
+        try:
+            sio._running_loop()
+            code = 3
+        except RuntimeError:
+            pass
+        except BaseException:
+            code = 4
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+print("child exit", asyncio.run(fork_inside()))
+"""
+
+
+def test_a_forked_child_has_no_running_loop_as_asyncio_says():
+    # Forked from a fresh interpreter (child_paths.run_in_fresh_interpreter says why).
+    assert run_in_fresh_interpreter(_FORK_INSIDE_A_LOOP).splitlines()[-1] == "child exit 0"

@@ -7,7 +7,6 @@ import datetime
 import io
 import json
 import logging
-import os
 import pickle
 import random
 import re
@@ -19,6 +18,7 @@ import pytest
 import agentix
 from agentix.utils import context
 from agentix.utils import trace as tr
+from child_paths import run_in_fresh_interpreter
 
 ISO = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
 
@@ -93,19 +93,29 @@ def test_ids_do_not_follow_the_programs_random_seed():
     assert not set(first) & set(again)
 
 
+_FORKED_TRACE_IDS = """
+import json, os
+from agentix.utils import trace as tr
+read_end, write_end = os.pipe()
+pid = os.fork()
+if pid == 0:  # the child: its next ids to the parent, then out at once
+    try:
+        os.write(write_end, " ".join([tr.gen_span_id() for _ in range(5)] + [tr.gen_trace_id()]).encode())
+    finally:
+        os._exit(0)
+os.close(write_end)
+with os.fdopen(read_end, "rb") as pipe:
+    child = pipe.read().decode().split()
+os.waitpid(pid, 0)
+parent = [tr.gen_span_id() for _ in range(5)] + [tr.gen_trace_id()]
+print(json.dumps({"child": child, "parent": parent}))
+"""
+
+
 def test_a_forked_child_does_not_repeat_its_parents_ids():
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: its next ids to the parent, then out at once
-        try:
-            os.write(write_end, " ".join([tr.gen_span_id() for _ in range(5)] + [tr.gen_trace_id()]).encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        child = pipe.read().decode().split()
-    os.waitpid(pid, 0)
-    parent = [tr.gen_span_id() for _ in range(5)] + [tr.gen_trace_id()]
+    # Forked from a fresh interpreter (child_paths.run_in_fresh_interpreter says why).
+    seen = json.loads(run_in_fresh_interpreter(_FORKED_TRACE_IDS).splitlines()[-1])
+    child, parent = seen["child"], seen["parent"]
     assert len(child) == 6 and not set(child) & set(parent)
 
 
