@@ -40,7 +40,6 @@ import statistics
 import subprocess
 import sys
 import threading
-import time
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(BENCH_DIR))

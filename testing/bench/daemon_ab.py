@@ -52,7 +52,7 @@ async def session(url, dpid, args):
             await client.remote(bench_targets.noop)
         n = args.calls
         lat = []
-        t0 = threads(dpid); c0 = time.process_time()
+        t0 = threads(dpid)
         perf = time.perf_counter
         for _ in range(n):
             s = perf()

@@ -24,10 +24,8 @@ import os
 import secrets
 import shutil
 import socket
-import stat
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 

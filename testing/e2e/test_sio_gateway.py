@@ -21,7 +21,7 @@ import msgpack
 import pytest
 import socketio
 
-from conftest import TARGETS_DIR, disconnect_sio
+from conftest import disconnect_sio
 
 import e2e_targets
 import plugin_targets

@@ -9,7 +9,6 @@ no libraries of the build machine), under bubblewrap."""
 
 import asyncio
 import contextlib
-import os
 import pickle
 import shutil
 import socket
