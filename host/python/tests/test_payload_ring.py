@@ -343,7 +343,7 @@ async def test_a_result_chunk_in_the_ring_is_a_view_kept_until_it_is_dropped(pai
     rest = message[:first] + message[first + len(data) : second] + message[second + len(data) :]
     head = struct.pack("<HIQQIQQ", 2, first, 0, len(data), second - len(data), len(data), len(data))
     daemon.sock.sendall(encode(RING_MESSAGE, head + rest))
-    (split,), status = transport.drain()[0], None
+    (split,) = transport.drain()[0]
     assert type(split) is SplitMessage and split.join() == message
     chunk_a, chunk_b, result = wire.parse_calls_response(split)
     assert type(chunk_a) is wire.RawResultChunk and chunk_a.call_id == "c1"

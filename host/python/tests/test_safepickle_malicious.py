@@ -14,7 +14,6 @@ from host/python); ``test_committed_corpus_*`` checks they match and are refused
 
 from __future__ import annotations
 
-import builtins
 import copyreg
 import fractions
 import functools
@@ -149,7 +148,7 @@ def handwritten_payloads() -> dict[str, bytes]:
             tRVsystem
             tR(Vtouch {m}
             tR."""),
-        "getattr_chain_via_dict_globals": text(f"""
+        "getattr_chain_via_dict_globals": text("""
             cbuiltins
             getattr
             (cbuiltins
