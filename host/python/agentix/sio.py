@@ -30,6 +30,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 from agentix.runtime.shared import codec
@@ -395,7 +396,17 @@ class _DetachedTasks(set):
         else:
             task = loop.create_task(held)
         set.add(self, task)
-        _first_step_now(loop, task)
+        if not _first_step_now(loop, task):
+            # Its first step waits for the loop's next turn. Cancelled before
+            # then, `_held` never runs (the cancellation is thrown in before
+            # its `try`): this callback lets go of the task and closes the
+            # handler's coroutine, which would otherwise be "never awaited".
+            # Not on the host streams' path, whose first step runs now.
+            task.add_done_callback(partial(self._ended, coroutine))
+
+    def _ended(self, coroutine: Any, task: asyncio.Future) -> None:
+        self.discard(task)
+        coroutine.close()  # nothing to do once `_held` awaited it
 
     async def _held(self, event: str, coroutine: Any, loop: asyncio.AbstractEventLoop) -> None:
         try:
@@ -488,7 +499,7 @@ if isinstance(_current_tasks, dict):
     _current_task = _current_tasks.get
 
 
-def _first_step_now(loop: asyncio.AbstractEventLoop, task: asyncio.Task) -> None:
+def _first_step_now(loop: asyncio.AbstractEventLoop, task: asyncio.Task) -> bool:
     """Runs `task`'s first step now, not at `loop`'s next turn (as Python
     3.12's eager tasks do), when that step is the newest callback in the
     ready queue of one of asyncio's own loops (its private ``_ready``; other
@@ -499,13 +510,16 @@ def _first_step_now(loop: asyncio.AbstractEventLoop, task: asyncio.Task) -> None
     ``select`` and ~250 bytecodes) per event handled by a coroutine. The
     step is called as `Handle._run` calls it, without that frame: a task's
     step keeps its code's exceptions (as its result) and lets through only
-    SystemExit and KeyboardInterrupt, which `Handle._run` re-raises too."""
+    SystemExit and KeyboardInterrupt, which `Handle._run` re-raises too.
+    Returns whether the step ran."""
     ready = getattr(loop, "_ready", None)
     if type(ready) is _Deque and ready:
         handle = ready[-1]
         if getattr(handle._callback, "__self__", None) is task and _current_task(loop) is None:
             ready.pop()
             handle._context.run(handle._callback, *handle._args)  # `handle._run()` without its frame
+            return True
+    return False
 
 
 def _settle_and_wake(loop: asyncio.AbstractEventLoop, future: asyncio.Future, value: Any,

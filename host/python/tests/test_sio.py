@@ -243,8 +243,10 @@ async def test_host_namespace_dispatch_and_lifecycle(caplog):
     await ns.trigger_event("missing", pack(1))
     assert seen == ["connect", {"x": b"\x01"}]
     assert len([r for r in caplog.records if "'missing' with no handler" in r.getMessage()]) == 1
-    for task in list(ns._detached_tasks):
+    detached = list(ns._detached_tasks)
+    for task in detached:
         task.cancel()
+    await asyncio.gather(*detached, return_exceptions=True)  # ended before the loop closes
     with pytest.raises(RuntimeError, match="not registered with a RuntimeClient"):
         await ns.emit("e", 1)
 
@@ -372,3 +374,29 @@ async def test_request_handler_answers_a_repeated_request_once():
     await ns.on_ask(envelope)  # after the answer: the reply is replayed
     assert calls == [1]
     assert link.sent == [("/h", "ask:result", {"request_id": "r1", "value": 2})] * 2
+
+
+@pytest.mark.asyncio
+async def test_a_detached_handler_cancelled_before_its_first_step_is_let_go_and_closed():
+    """A coroutine handler detached from inside a running task starts at the
+    loop's next turn; cancelled before then (a plugin cancelling its
+    namespace's tasks, a loop shutting down), its task still leaves
+    ``_detached_tasks`` and the handler's coroutine is closed, not left
+    "never awaited"."""
+    started = []
+
+    class Host(AsyncClientNamespace):
+        async def on_slow(self, data):
+            started.append(data)
+            await asyncio.sleep(10)
+
+    ns = Host("/h")
+    await ns.trigger_event("slow", pack(1))  # from this task: its first step waits for the next turn
+    (task,) = ns._detached_tasks
+    handler = task.get_coro().cr_frame.f_locals["coroutine"]
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.sleep(0)  # the done callbacks' turn
+    assert task.cancelled() and started == []
+    assert not ns._detached_tasks
+    assert handler.cr_frame is None  # closed
