@@ -18,17 +18,19 @@ def with_stub_paths(code: str) -> str:
 
 
 def run_in_fresh_interpreter(code: str, timeout: float = 60) -> str:
-    """Runs `code` in a new interpreter (with the stubs) and returns its
+    """Runs `code` in a new interpreter (this one's `sys.path`, the stubs) and returns its
     standard output; fails with its standard error if it does not exit 0.
 
     Tests that fork use it: this process runs gRPC's and the native
     transport's threads, and fork(2) copies only the calling thread, so a
     child forked here can wait forever on a lock one of them held (a CI run
     hung so); the fresh interpreter forks with one thread."""
+    import os
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", with_stub_paths(code)], capture_output=True, text=True,
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run([sys.executable, "-c", with_stub_paths(code)], env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert done.returncode == 0, f"the child interpreter failed ({done.returncode}): {done.stderr[-3000:]}"
     return done.stdout
