@@ -625,8 +625,8 @@ def _replay_in_child(names: list[str], address_space: int = 2 << 30, timeout: fl
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     env.pop("AGENTIX_MAX_SANDBOX_LOGGERS", None)
     env.pop("LD_PRELOAD", None)  # a sanitizer runtime cannot map its shadow under RLIMIT_AS
-    done = subprocess.run([sys.executable, "-c", with_stub_paths(_CHILD), str(address_space)], input=json.dumps(names), env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run([sys.executable, "-c", with_stub_paths(_CHILD), str(address_space)], input=json.dumps(names),
+                          env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"the replaying host failed ({done.returncode}): {done.stderr[-2000:]}"
     return json.loads(done.stdout.splitlines()[-1])
 
