@@ -16,6 +16,7 @@ from agentix import AsyncClientNamespace, RuntimeClient
 from agentix.runtime.client import pinned_waits as pw
 from agentix.runtime.client.frames import FrameCallsStream
 from agentix.runtime.client.pinned_waits import CallsCpu, PinnedWaits, calls_cpu_setting, wait_yield_setting
+from child_paths import run_in_fresh_interpreter
 from fake_runtime import eventually
 from test_loop_slice import _in_a_thread, _slice_ns, needs_slices
 
@@ -467,12 +468,10 @@ def _reads_its_own() -> bool:
     return before <= read <= _schedstat_wait_ns()
 
 
-# Run in an interpreter of its own: forking pytest's process, whose other
-# tests leave threads behind, can leave the child waiting forever on a lock
-# one of them held (seen under asan, whose allocator has such a lock).
+# Run in an interpreter of its own (child_paths.run_in_fresh_interpreter says
+# why; seen here under asan, whose allocator has such a lock).
 _FORK_CHILD = """
 import os, threading
-import conftest
 from agentix.runtime.client import pinned_waits as pw
 from test_pinned_waits import _reads_its_own
 
@@ -492,14 +491,7 @@ print("done", flush=True)
 
 
 def test_run_queue_wait_reads_the_calling_threads_own_also_after_a_fork():
-    import subprocess
-    import sys
-
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    done = subprocess.run([sys.executable, "-c", _FORK_CHILD], env=env, cwd=os.path.dirname(__file__),
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "done"
+    assert run_in_fresh_interpreter(_FORK_CHILD, timeout=120).strip() == "done"
 
 
 def test_another_thread_never_changes_the_mask(masks):
