@@ -34,6 +34,7 @@ from functools import partial
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 from agentix.runtime.shared import codec
+from agentix.runtime.shared import running_loop as _loops
 from agentix.runtime.shared.ids import UniqueIds
 
 __all__ = ["RESERVED_NAMESPACES", "Namespace", "RemoteSioError", "register_namespace"]
@@ -222,8 +223,8 @@ class Namespace:
         if event not in self._reply_events:
             self._ensure_reply_handlers(event)
         request_id = _request_ids.next()
-        loop = _last_loop
-        if loop is None or getattr(loop, "_thread_id", None) != _get_ident():  # see _running_loop
+        loop = _loops.last_loop  # running_loop(), inline: this is the sandbox's hot path
+        if loop is None or getattr(loop, "_thread_id", None) != _get_ident():
             loop = _running_loop()
         future: asyncio.Future = loop.create_future()
         envelope = {"request_id": request_id, "data": data}
@@ -458,34 +459,8 @@ def _settle(future: asyncio.Future, value: Any, error: BaseException | None) -> 
 
 
 _get_ident = threading.get_ident
-# The loop `_running_loop` last found (forgotten in a forked child).
-_last_loop: asyncio.AbstractEventLoop | None = None
-
-
-def _running_loop() -> asyncio.AbstractEventLoop:
-    """`asyncio.get_running_loop()` without its `getpid()`: Python 3.11's
-    checks the process on every call, a system call (~1 µs on this
-    project's machines, twice a request on the sandbox's hot path). The
-    loop found last is still this thread's running loop while it records
-    this thread as the one running it (asyncio's own loops set
-    ``_thread_id`` for the length of ``run_forever``, and only one loop runs
-    on a thread at a time); otherwise, and for loops that do not record it,
-    asyncio is asked. Raises RuntimeError when no loop runs on this thread."""
-    global _last_loop
-    loop = _last_loop
-    if loop is None or getattr(loop, "_thread_id", None) != _get_ident():
-        loop = _last_loop = asyncio.get_running_loop()
-    return loop
-
-
-def _forget_loop() -> None:
-    # A forked child has a copy of the parent's loop, with the forking
-    # thread's id: asyncio's process check says no loop runs there.
-    global _last_loop
-    _last_loop = None
-
-
-os.register_at_fork(after_in_child=_forget_loop)
+# `asyncio.get_running_loop()` without its getpid() (agentix.runtime.shared.running_loop).
+_running_loop = _loops.running_loop
 
 
 _Task = asyncio.Task

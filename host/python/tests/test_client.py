@@ -52,6 +52,20 @@ async def test_remote_returns_the_value(client):
     assert await client.remote(sandbox_functions.echo, {"k": [1, 2]}) == {"k": [1, 2]}
 
 
+async def test_a_call_from_another_threads_loop_does_not_confuse_this_loops_calls(runtime, client):
+    # remote() finds its loop without asyncio's getpid() (running_loop remembers the
+    # last one): the loop another thread ran last must never stand in for this one.
+    assert await client.remote(sandbox_functions.add, 1, 2) == 3
+
+    async def on_the_other_loop():
+        async with RuntimeClient(runtime.url) as other:
+            return await other.remote(sandbox_functions.add, 10, 20)
+
+    loop = asyncio.get_running_loop()
+    assert await loop.run_in_executor(None, asyncio.run, on_the_other_loop()) == 30
+    assert await client.remote(sandbox_functions.add, 100, 200) == 300
+
+
 async def test_start_call_fields(runtime, client):
     await client.remote(sandbox_functions.add, 1, 2)
     (start,) = runtime.events("start")

@@ -55,6 +55,7 @@ from agentix.runtime.client.tls import TlsFiles
 from agentix.runtime.client.traces import TraceCursor, TracesStream
 from agentix.runtime.shared.callables import named_target
 from agentix.runtime.shared.ids import UniqueIds
+from agentix.runtime.shared.running_loop import running_loop
 from agentix.runtime.shared.models import HealthResponse, RemoteError
 from agentix.runtime.shared.safepickle import DecodeBusy, restricted_loads, restricted_loads_chunks
 from agentix.runtime.v1 import runtime_pb2 as pb
@@ -325,7 +326,7 @@ class RuntimeClient:
 
         # Registering and starting happen without yielding to the loop right after
         # _live_stream() saw the stream alive, so a loss cannot slip in between.
-        loop = asyncio.get_running_loop()
+        loop = running_loop()  # asyncio.get_running_loop() without its getpid()
         call = PendingCall(
             _call_ids.next(),
             display_name,
