@@ -615,7 +615,11 @@ PyObject* ChannelReadFrames(PyObject* self, PyObject* /*unused*/) {
     return nullptr;
   }
   try {
-    if (!ReadAvailable(st)) return nullptr;
+    // With direct connections the link is read only when the poll set says
+    // it is readable (DirectConns::LookReady); a direct call's frames come
+    // on its own socket.
+    const bool link_readable = st.direct == nullptr || st.direct->LookReady();
+    if (link_readable && !ReadAvailable(st)) return nullptr;
     PyObject* list = PyList_New(0);
     if (list == nullptr) return nullptr;
     while (true) {

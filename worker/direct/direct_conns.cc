@@ -501,8 +501,15 @@ void DirectConns::Drive() {
     for (auto& [fd, conn] : conns_) all.push_back(conn);
     for (auto& [client, session] : sessions_) sessions.push_back(session);
   }
-  epoll_event events[64];
-  const int n = ::epoll_wait(epoll_fd_.get(), events, 64, 0);
+  // A look LookReady kept is this Drive's; none: look now.
+  epoll_event own[kMaxEvents];
+  const epoll_event* events = looked_;
+  int n = looked_count_;
+  looked_count_ = -1;
+  if (n < 0) {
+    events = own;
+    n = ::epoll_wait(epoll_fd_.get(), own, kMaxEvents, 0);
+  }
   bool timer_fired = false;
   for (int i = 0; i < n; ++i) {
     const int fd = events[i].data.fd;
@@ -548,6 +555,23 @@ void DirectConns::Drive() {
   ArmTimer(next);
   all.clear();
   sessions.clear();
+}
+
+bool DirectConns::LookReady() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (conns_.empty() && sessions_.empty()) return true;
+  }
+  const int n = ::epoll_wait(epoll_fd_.get(), looked_, kMaxEvents, 0);
+  if (n < 0) {
+    looked_count_ = -1;  // Drive looks again; the link is read as before
+    return true;
+  }
+  looked_count_ = n;
+  for (int i = 0; i < n; ++i) {
+    if (looked_[i].data.fd == link_fd_) return true;
+  }
+  return false;
 }
 
 void DirectConns::LandArgumentsIn(ArgumentHome home) {

@@ -19,6 +19,8 @@
 // the GIL for them); Owns / Reply may run concurrently with it.
 #pragma once
 
+#include <sys/epoll.h>
+
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -90,6 +92,15 @@ class DirectConns {
   // Reads and writes what the direct sockets are ready for, runs due
   // deadlines and the upload watchdog; never blocks.
   void Drive();
+
+  // The poll side's look at the poll set before a read (no wait): whether
+  // the link is readable, so the intake reads it only then — on a direct
+  // call the link has nothing, and a read that finds nothing is a system
+  // call (~1 µs on this project's VMs). What the look saw is kept for the
+  // next Drive(), which then makes no look of its own (same count of
+  // system calls as before when the link is readable). True, keeping
+  // nothing, while no direct connection is served.
+  bool LookReady();
 
   // Where a chunked direct call's argument pieces are copied as they are
   // read (DriverSink::Land), so each byte is copied once: true if `bytes`
@@ -229,6 +240,12 @@ class DirectConns {
       ChunkBuffers::Create(/*max_kept=*/256, /*max_faulted=*/48);
 
   std::vector<ipc::Frame> taken_;  // TakeDriverFrames' (poll side only)
+  // LookReady's events, kept for the next Drive (poll side only; -1: none
+  // kept). The poll set is level-triggered, so an fd that became ready
+  // after the look is seen at the next poll.
+  static constexpr int kMaxEvents = 64;
+  epoll_event looked_[kMaxEvents];
+  int looked_count_ = -1;
   // Drive's snapshots of the connections and sessions (poll side only).
   std::vector<std::shared_ptr<Conn>> drive_conns_;
   std::vector<std::shared_ptr<DirectSession>> drive_sessions_;

@@ -89,6 +89,66 @@ TEST_CASE("TakeDriverFrames keeps its vectors' capacity across batches",
   conns.FinishAll(absl::StatusCode::kOk, "");
 }
 
+TEST_CASE("LookReady says whether the link is readable; Drive serves what it saw",
+          "[direct_conns]") {
+  int link[2];
+  REQUIRE(::pipe(link) == 0);
+  base::UniqueFd link_read(link[0]), link_write(link[1]);
+  auto made = DirectConns::Create(link_read.get());
+  REQUIRE(made.ok());
+  DirectConns& conns = **made;
+  // No direct connection yet: the link is read as it always was.
+  CHECK(conns.LookReady());
+
+  int sockets[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sockets) == 0);
+  base::UniqueFd host(sockets[0]);
+  ipc::Frame handed;
+  handed.type = ipc::FrameType::kDirectConn;
+  handed.direct_conn.conn = 1;
+  handed.direct_conn.client = "client";
+  std::vector<base::UniqueFd> fds;
+  fds.emplace_back(sockets[1]);
+  conns.Accept(handed, std::move(fds));
+  REQUIRE(conns.connections() == 1);
+
+  int next = 0;
+  // A direct call only: the link has nothing, and the Drive after the look
+  // reads the call the look saw.
+  WriteAll(host.get(), Starts(1, &next));
+  CHECK_FALSE(conns.LookReady());
+  conns.Drive();
+  CHECK(conns.TakeDriverFrames(0).size() == 1);
+
+  // The link readable (with or without a direct call beside it): said so,
+  // and the direct call is still served.
+  WriteAll(link_write.get(), "x");
+  CHECK(conns.LookReady());
+  conns.Drive();
+  CHECK(conns.TakeDriverFrames(0).empty());
+  WriteAll(host.get(), Starts(1, &next));
+  CHECK(conns.LookReady());  // level-triggered: the unread byte still counts
+  conns.Drive();
+  const std::vector<ipc::Frame>& frames = conns.TakeDriverFrames(0);
+  REQUIRE(frames.size() == 1);
+  CHECK(frames.front().call_id == "call-1");
+  char byte;
+  REQUIRE(::read(link_read.get(), &byte, 1) == 1);
+  CHECK_FALSE(conns.LookReady());
+  conns.Drive();
+
+  // A call that comes after a look (kept by no Drive yet) is served by the
+  // next look's Drive: nothing is lost between them.
+  CHECK_FALSE(conns.LookReady());
+  WriteAll(host.get(), Starts(1, &next));
+  conns.Drive();  // the kept look saw nothing
+  CHECK(conns.TakeDriverFrames(0).empty());
+  CHECK_FALSE(conns.LookReady());
+  conns.Drive();
+  CHECK(conns.TakeDriverFrames(0).size() == 1);
+  conns.FinishAll(absl::StatusCode::kOk, "");
+}
+
 // Reads whole frames from `fd` until `count` came (or EOF).
 std::vector<std::pair<FrameKind, std::string>> ReadFrames(int fd, size_t count) {
   std::vector<std::pair<FrameKind, std::string>> frames;
