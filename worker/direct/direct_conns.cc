@@ -497,7 +497,10 @@ void DirectConns::Drive() {
   std::vector<std::shared_ptr<DirectSession>>& sessions = drive_sessions_;
   {
     absl::MutexLock lock(&mu_);
-    if (conns_.empty() && sessions_.empty()) return;
+    if (conns_.empty() && sessions_.empty()) {
+      looked_count_ = -1;  // a kept look is this Drive's, served or not
+      return;
+    }
     for (auto& [fd, conn] : conns_) all.push_back(conn);
     for (auto& [client, session] : sessions_) sessions.push_back(session);
   }
