@@ -42,28 +42,46 @@ void WriteAll(int fd, const std::string& bytes) {
   }
 }
 
+// A DirectConns whose link is a pipe; Serve() hands it one connection of
+// client "client", whose host end is `host`.
+struct OneClient {
+  base::UniqueFd link_read, link_write, host;
+  std::unique_ptr<DirectConns> conns;
+
+  OneClient() {
+    int link[2];
+    REQUIRE(::pipe(link) == 0);
+    link_read.Reset(link[0]);
+    link_write.Reset(link[1]);
+    auto made = DirectConns::Create(link_read.get());
+    REQUIRE(made.ok());
+    conns = std::move(*made);
+  }
+
+  void Serve() {
+    int sockets[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sockets) == 0);
+    host.Reset(sockets[0]);
+    ipc::Frame handed;
+    handed.type = ipc::FrameType::kDirectConn;
+    handed.direct_conn.conn = 1;
+    handed.direct_conn.client = "client";
+    std::vector<base::UniqueFd> fds;
+    fds.emplace_back(sockets[1]);
+    conns->Accept(handed, std::move(fds));
+    REQUIRE(conns->connections() == 1);
+  }
+};
+
 TEST_CASE("TakeDriverFrames keeps its vectors' capacity across batches",
           "[direct_conns]") {
   // The intake's vector and the sessions' queue swap on each take: a batch
   // after a large one is moved into the large one's buffer, not into a
   // vector grown from empty (the direct path's per-call malloc, stop 40).
-  int link[2];
-  REQUIRE(::pipe(link) == 0);
-  base::UniqueFd link_read(link[0]), link_write(link[1]);
-  auto made = DirectConns::Create(link_read.get());
-  REQUIRE(made.ok());
-  DirectConns& conns = **made;
-  int sockets[2];
-  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sockets) == 0);
-  base::UniqueFd host(sockets[0]);
-  ipc::Frame handed;
-  handed.type = ipc::FrameType::kDirectConn;
-  handed.direct_conn.conn = 1;
-  handed.direct_conn.client = "client";
-  std::vector<base::UniqueFd> fds;
-  fds.emplace_back(sockets[1]);
-  conns.Accept(handed, std::move(fds));
-  REQUIRE(conns.connections() == 1);
+  OneClient client;
+  client.Serve();
+  DirectConns& conns = *client.conns;
+  const base::UniqueFd& host = client.host;
 
   int next = 0;
   auto batch = [&](int calls) -> const std::vector<ipc::Frame>& {
@@ -91,26 +109,14 @@ TEST_CASE("TakeDriverFrames keeps its vectors' capacity across batches",
 
 TEST_CASE("LookReady says whether the link is readable; Drive serves what it saw",
           "[direct_conns]") {
-  int link[2];
-  REQUIRE(::pipe(link) == 0);
-  base::UniqueFd link_read(link[0]), link_write(link[1]);
-  auto made = DirectConns::Create(link_read.get());
-  REQUIRE(made.ok());
-  DirectConns& conns = **made;
+  OneClient client;
+  DirectConns& conns = *client.conns;
   // No direct connection yet: the link is read as it always was.
   CHECK(conns.LookReady());
-
-  int sockets[2];
-  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sockets) == 0);
-  base::UniqueFd host(sockets[0]);
-  ipc::Frame handed;
-  handed.type = ipc::FrameType::kDirectConn;
-  handed.direct_conn.conn = 1;
-  handed.direct_conn.client = "client";
-  std::vector<base::UniqueFd> fds;
-  fds.emplace_back(sockets[1]);
-  conns.Accept(handed, std::move(fds));
-  REQUIRE(conns.connections() == 1);
+  client.Serve();
+  const base::UniqueFd& host = client.host;
+  const base::UniqueFd& link_read = client.link_read;
+  const base::UniqueFd& link_write = client.link_write;
 
   int next = 0;
   // A direct call only: the link has nothing, and the Drive after the look
