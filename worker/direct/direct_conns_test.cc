@@ -42,13 +42,13 @@ void WriteAll(int fd, const std::string& bytes) {
   }
 }
 
-// A DirectConns whose link is a pipe; Serve() hands it one connection of
-// client "client", whose host end is `host`.
-struct OneClient {
+// A DirectConns whose link is a pipe, and the host end of the connection
+// handed to it (HandOver).
+struct DirectFixture {
   base::UniqueFd link_read, link_write, host;
   std::unique_ptr<DirectConns> conns;
 
-  OneClient() {
+  DirectFixture() {
     int link[2];
     REQUIRE(::pipe(link) == 0);
     link_read.Reset(link[0]);
@@ -58,17 +58,26 @@ struct OneClient {
     conns = std::move(*made);
   }
 
-  void Serve() {
+  // Accepts a socket as the kDirectConn `handed` describes; `host` is its
+  // other end.
+  void HandOver(ipc::Frame handed) {
     int sockets[2];
     REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sockets) == 0);
     host.Reset(sockets[0]);
-    ipc::Frame handed;
     handed.type = ipc::FrameType::kDirectConn;
-    handed.direct_conn.conn = 1;
-    handed.direct_conn.client = "client";
     std::vector<base::UniqueFd> fds;
     fds.emplace_back(sockets[1]);
     conns->Accept(handed, std::move(fds));
+  }
+};
+
+// Serve() hands over one Calls connection of client "client".
+struct OneClient : DirectFixture {
+  void Serve() {
+    ipc::Frame handed;
+    handed.direct_conn.conn = 1;
+    handed.direct_conn.client = "client";
+    HandOver(std::move(handed));
     REQUIRE(conns->connections() == 1);
   }
 };
@@ -183,31 +192,15 @@ std::string HostEvent(const std::string& event, const std::string& request_id) {
   return EncodeFrame(FrameKind::kMessage, request.SerializeAsString());
 }
 
-struct NamespaceConn {
-  int link[2];
-  base::UniqueFd link_read, link_write, host;
-  std::unique_ptr<DirectConns> conns;
-
+struct NamespaceConn : DirectFixture {
   // A Namespace stream of `name` handed over with `pre` read past `open`.
   explicit NamespaceConn(const std::string& name, const std::string& pre = "") {
-    REQUIRE(::pipe(link) == 0);
-    link_read.Reset(link[0]);
-    link_write.Reset(link[1]);
-    auto made = DirectConns::Create(link_read.get());
-    REQUIRE(made.ok());
-    conns = std::move(*made);
-    int sockets[2];
-    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sockets) == 0);
-    host.Reset(sockets[0]);
     ipc::Frame handed;
-    handed.type = ipc::FrameType::kDirectConn;
     handed.direct_conn.conn = 7;
     handed.direct_conn.ns_name = name;
     handed.direct_conn.instance_id = "inst-1";
     handed.data = pre;
-    std::vector<base::UniqueFd> fds;
-    fds.emplace_back(sockets[1]);
-    conns->Accept(handed, std::move(fds));
+    HandOver(std::move(handed));
   }
 };
 
