@@ -15,6 +15,7 @@ namespace agentix::testing {
 struct PageSpan {
   uintptr_t first;  // address of the first page
   size_t pages;
+  size_t page_bytes;
 };
 
 // The pages [begin, begin + n) touches, whatever its alignment.
@@ -22,7 +23,7 @@ inline PageSpan PagesOf(const void* begin, size_t n) {
   const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const uintptr_t from = reinterpret_cast<uintptr_t>(begin) & ~(page - 1);
   const uintptr_t to = (reinterpret_cast<uintptr_t>(begin) + n + page - 1) & ~(page - 1);
-  return {from, static_cast<size_t>((to - from) / page)};
+  return {from, static_cast<size_t>((to - from) / page), static_cast<size_t>(page)};
 }
 
 inline size_t PagesTouched(const void* begin, size_t n) { return PagesOf(begin, n).pages; }
@@ -32,8 +33,8 @@ inline size_t ResidentPages(const void* begin, size_t n) {
   const PageSpan span = PagesOf(begin, n);
   if (span.pages == 0) return 0;
   std::vector<unsigned char> in_core(span.pages);
-  REQUIRE(mincore(reinterpret_cast<void*>(span.first),
-                  span.pages * static_cast<size_t>(sysconf(_SC_PAGESIZE)), in_core.data()) == 0);
+  REQUIRE(mincore(reinterpret_cast<void*>(span.first), span.pages * span.page_bytes,
+                  in_core.data()) == 0);
   size_t resident = 0;
   for (unsigned char c : in_core) resident += c & 1;
   return resident;
