@@ -17,7 +17,7 @@ from pathlib import Path
 
 # Shared objects the binaries may still name: glibc's libc and libm, gcc's unwinder
 # libgcc_s (glibc loads it for pthread_exit anyway, and a second, static unwinder
-# aborts that: static_link.bzl, STATIC_CXX_RUNTIME), the sanitizer runtimes of
+# aborts that: static_link.bzl, STATIC_LIBSTDCXX), the sanitizer runtimes of
 # --config=asan/ubsan and, for a worker with a shared or PIC libpython, libpython's own
 # dependencies. Not libstdc++ or libfmt: libstdc++ comes from its archive and fmt is
 # header-only. The worker links libpython statically, non-PIE, with expat and zlib in

@@ -10,10 +10,10 @@ libgrpc-dev, libssl-dev, zlib1g-dev, libc-ares-dev, libre2-dev).
 binary's objects and before its deps' `-l` options: the group resolves every symbol from
 the archives, and `--as-needed` then drops the shared copies the deps still name, so a
 binary never loads a library twice (//sandbox:static_link_test reads the binaries'
-DT_NEEDED). libc and libm stay shared; so does everything else that links these libraries
-(tests, providerd, and the host's extension module, which needs PIC objects). See
-docs/DECISIONS.md, "fifth pass". The three cold-path binaries also take libstdc++ from
-its archive (`STATIC_CXX_RUNTIME`) and fmt is header-only everywhere
+DT_NEEDED). libc, libm and libgcc_s stay shared; so does everything else that links these
+libraries (tests, providerd, and the host's extension module, which needs PIC objects).
+See docs/DECISIONS.md, "fifth pass". The three cold-path binaries also take libstdc++
+from its archive (`STATIC_LIBSTDCXX`) and fmt is header-only everywhere
 (//third_party/system:fmt), so they load libc, libm and libgcc_s alone
 (docs/DECISIONS.md, stop 52).
 """
@@ -28,7 +28,7 @@ its archive (`STATIC_CXX_RUNTIME`) and fmt is header-only everywhere
 # pthread_exit, which CPython calls for a daemon thread after finalisation, unwinds
 # with the libgcc_s.so it loads, and a thread whose frames belong to a static copy of
 # the unwinder then aborts (a worker's exit did, 2 of 6 runs of worker_lifecycle_test).
-STATIC_CXX_RUNTIME = ["-l:libstdc++.a"]
+STATIC_LIBSTDCXX = ["-l:libstdc++.a"]
 
 # The dynamic closure of //third_party/system:grpc_reflection and :absl_flags
 # (`ldd agentix-sandboxd`), in link order (users before the libraries they use).
