@@ -4,8 +4,10 @@
 // first. Not thread-safe (the session manager's lock guards it).
 //
 // The ids sit in a ring of `capacity` entries (each with its hash), made in
-// blocks of kBlockEntries as it fills and never moved; once full, the oldest
-// entry is reused for the new id. An id of up to kInlineIdBytes (a Python
+// blocks as it fills and never moved; once full, the oldest entry is reused
+// for the new id. The blocks double from 256 entries to 4,096 and stay
+// there (BlockOf), so a session that remembers a few ids holds 16 KiB and
+// one that fills 65,536 makes 20 blocks, not 256. An id of up to kInlineIdBytes (a Python
 // host's 32 hex chars, a UUID's 36) is kept inside its entry, so
 // remembering one allocates nothing; a longer one gets a buffer of its own.
 // The sets hold 4-byte ring positions, not copies or views: forgetting the
@@ -23,12 +25,15 @@
 // moves about 1/kShards of that (bazel run //testing/bench:finished_ids_ab).
 //
 // The ring's blocks and the sets' tables come from a PopulatedPool: memory
-// faulted in 16-64 KiB at a time when the pool takes it, not a page at a
+// faulted in 16-256 KiB at a time when the pool takes it, not a page at a
 // time as the ids arrive. Until it is full the structure grows by ~75 bytes
 // an id, which with malloc's fresh pages (and a string buffer an id) made
 // one call in ~50 of a client's first 65,536 pay a ~11 µs page fault here,
 // and a block's 10 pages at once every 1,024 (the Remembers over 100 µs).
-// Stop 49, issue 25's tail.
+// Stop 49, issue 25's tail. With 16 KiB blocks throughout, the id that
+// opened one still paid for its memory (malloc growing its arena, a fault
+// on the fresh page, the pool's populate): the calls that did took 2.4-2.5
+// x p50 on this VM, one in 256 of a direct noop stream (stop 53).
 #pragma once
 
 #include <algorithm>
@@ -49,9 +54,14 @@ class FinishedIds {
  public:
   static constexpr int kShardBits = 9;
   static constexpr size_t kShards = size_t{1} << kShardBits;
-  // Ring entries made at once (a block is never moved or freed while the
-  // set lives): 16 KiB, so a session that remembers a few ids holds little.
-  static constexpr size_t kBlockEntries = 256;
+  // The ring's first block (16 KiB: a session that remembers a few ids
+  // holds little) and its largest (256 KiB: made in one go at most ~16
+  // times while 65,536 ids arrive). A block is never moved or freed while
+  // the set lives.
+  static constexpr int kFirstBlockBits = 8;
+  static constexpr int kLargestBlockBits = 12;
+  static constexpr size_t kFirstBlockEntries = size_t{1} << kFirstBlockBits;
+  static constexpr size_t kLargestBlockEntries = size_t{1} << kLargestBlockBits;
   // Ids up to this long are kept inside their entry.
   static constexpr size_t kInlineIdBytes = 44;
 
@@ -61,7 +71,9 @@ class FinishedIds {
       : capacity_(std::min<size_t>(capacity,
                                    std::numeric_limits<Position>::max())),
         shard_shift_(shard_bits == 0 ? 0 : sizeof(size_t) * 8 - shard_bits) {
-    blocks_.reserve(std::min<size_t>((capacity_ + kBlockEntries - 1) / kBlockEntries, 256));
+    if (capacity_ > 0) {
+      blocks_.reserve(std::min<size_t>(BlockOf(static_cast<Position>(capacity_ - 1)) + 1, 64));
+    }
     const size_t shards = size_t{1} << shard_bits;
     shards_.reserve(shards);
     for (size_t i = 0; i < shards; ++i) {
@@ -96,9 +108,9 @@ class FinishedIds {
       oldest_ = oldest_ + 1 == capacity_ ? 0 : oldest_ + 1;
     } else {
       at = static_cast<Position>(size_);  // oldest_ is 0 until full
-      if (at % kBlockEntries == 0) {
+      if (BlockOf(at) == blocks_.size()) {  // the first id of a new block
         blocks_.push_back(base::PopulatedPoolAllocator<Entry>(&pool_).allocate(
-            std::min(kBlockEntries, capacity_ - at)));
+            std::min(BlockEntries(blocks_.size()), capacity_ - at)));
       }
       ++size_;
       EntryAt(at).spill = nullptr;  // the block's bytes are not zeroed
@@ -198,11 +210,36 @@ class FinishedIds {
   size_t ShardIndex(size_t hash) const {
     return shard_shift_ == 0 ? 0 : hash >> shard_shift_;
   }
+  // The ring's blocks: 256 entries, then 256, 512, 1,024 and 2,048 (each
+  // as many as all before it), then 4,096 each. So block b >= 1 of the
+  // doubling ones starts at 2^(b+7), which is its own size, and position
+  // `at` in [2^8, 2^12) is in block bit_width(at) - 8.
+  static constexpr size_t kDoublingBlocks = kLargestBlockBits - kFirstBlockBits;
+  static size_t BlockOf(Position at) {
+    if (at < kFirstBlockEntries) return 0;
+    if (at < kLargestBlockEntries) {
+      const int bit_width = 32 - __builtin_clz(at);  // at > 0
+      return static_cast<size_t>(bit_width - kFirstBlockBits);
+    }
+    return kDoublingBlocks + (at >> kLargestBlockBits);
+  }
+  static size_t BlockStart(size_t block) {
+    if (block == 0) return 0;
+    if (block <= kDoublingBlocks) return size_t{1} << (block + kFirstBlockBits - 1);
+    return (block - kDoublingBlocks) << kLargestBlockBits;
+  }
+  static size_t BlockEntries(size_t block) {
+    if (block == 0) return kFirstBlockEntries;
+    if (block <= kDoublingBlocks) return BlockStart(block);
+    return kLargestBlockEntries;
+  }
   Entry& EntryAt(Position at) {
-    return blocks_[at / kBlockEntries][at % kBlockEntries];
+    const size_t block = BlockOf(at);
+    return blocks_[block][at - BlockStart(block)];
   }
   const Entry& EntryAt(Position at) const {
-    return blocks_[at / kBlockEntries][at % kBlockEntries];
+    const size_t block = BlockOf(at);
+    return blocks_[block][at - BlockStart(block)];
   }
 
   const size_t capacity_;

@@ -72,7 +72,7 @@ std::string IdOf(size_t i) {
 
 TEST_CASE("FinishedIds remembers 32-char ids, and forgets them, with no heap allocation "
           "an id", "[finished_ids]") {
-  constexpr size_t kCapacity = 3 * FinishedIds::kBlockEntries + 100;
+  constexpr size_t kCapacity = 3 * FinishedIds::kFirstBlockEntries + 100;
   std::vector<std::string> ids;
   for (size_t i = 0; i < 2 * kCapacity; ++i) ids.push_back(IdOf(i));
   FinishedIds finished(kCapacity);

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -85,7 +86,7 @@ TEST_CASE("FinishedIds' ring: made up to its capacity, then reused; oldest "
           "first across the wrap", "[finished_ids]") {
   // A capacity past one block and not a multiple of it: the last block is
   // short, and the ring wraps inside it.
-  constexpr size_t kCapacity = FinishedIds::kBlockEntries + 7;
+  constexpr size_t kCapacity = FinishedIds::kFirstBlockEntries + 7;
   FinishedIds ids(kCapacity);
   CHECK(ids.blocks() == 0);
   ids.Remember("0");
@@ -105,6 +106,52 @@ TEST_CASE("FinishedIds' ring: made up to its capacity, then reused; oldest "
   }
   CHECK_FALSE(ids.Contains(absl::StrCat(total - kCapacity - 1)));
   CHECK(ids.Contains(absl::StrCat(total - kCapacity)));
+}
+
+TEST_CASE("FinishedIds' ring: blocks double up to the largest, then stay; every "
+          "id is found in them, and forgotten oldest first", "[finished_ids]") {
+  // Past the doubling blocks (256, 256, 512, 1,024, 2,048) into two full
+  // 4,096-entry ones and a short last one.
+  constexpr size_t kLargest = FinishedIds::kLargestBlockEntries;
+  constexpr size_t kCapacity = 3 * kLargest + 100;
+  FinishedIds ids(kCapacity);
+  // Blocks made once the ids up to each count are remembered.
+  const std::vector<std::pair<size_t, size_t>> expected = {
+      {1, 1},    {256, 1},  {257, 2},  {512, 2},  {513, 3},  {1024, 3},
+      {1025, 4}, {2048, 4}, {2049, 5}, {4096, 5}, {4097, 6}, {8192, 6},
+      {8193, 7}, {3 * kLargest, 7}, {3 * kLargest + 1, 8}, {kCapacity, 8}};
+  size_t made = 0;
+  for (const auto& [count, blocks] : expected) {
+    for (; made < count; ++made) ids.Remember(absl::StrCat("id-", made));
+    INFO("after " << count << " ids");
+    CHECK(ids.blocks() == blocks);
+  }
+  for (size_t i = 0; i < kCapacity; ++i) {
+    INFO("id " << i);
+    REQUIRE(ids.Contains(absl::StrCat("id-", i)));
+  }
+  // Wrapping: the oldest go first, through every block.
+  const size_t total = kCapacity + 5000;
+  for (size_t i = kCapacity; i < total; ++i) ids.Remember(absl::StrCat("id-", i));
+  CHECK(ids.blocks() == 8);
+  CHECK(ids.size() == kCapacity);
+  for (size_t i = 0; i < total; ++i) {
+    INFO("id " << i);
+    REQUIRE(ids.Contains(absl::StrCat("id-", i)) == (i >= total - kCapacity));
+  }
+  std::vector<std::string> order;
+  ids.ForEach([&](std::string_view id) { order.emplace_back(id); });
+  REQUIRE(order.size() == kCapacity);
+  CHECK(order.front() == absl::StrCat("id-", total - kCapacity));
+  CHECK(order.back() == absl::StrCat("id-", total - 1));
+}
+
+TEST_CASE("FinishedIds' default ring of 65,536 ids is 20 blocks", "[finished_ids]") {
+  FinishedIds ids(65536);
+  for (size_t i = 0; i < 65536; ++i) ids.Remember(absl::StrCat(i));
+  CHECK(ids.blocks() == 20);
+  CHECK(ids.Contains("0"));
+  CHECK(ids.Contains("65535"));
 }
 
 TEST_CASE("FinishedIds of capacity 0 remembers nothing", "[finished_ids]") {
