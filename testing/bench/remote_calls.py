@@ -26,6 +26,10 @@ Unless --only baseline or --no-cc, each round then also measures, in this order:
 - floor_pinned: floor/unix_pingpong --one-cpu, `floor` with both processes pinned
               to one CPU (where the scheduler puts `floor` in some runs only);
 and every figure is also reported as a ratio to the floors (`ratios`).
+Unless --only baseline or --no-cc, the Unix floor's noop alone also runs right
+before each round of ours: `ratios.noop_p50_ours_over_floor_paired` (and
+`_p99_`) is the median over the rounds of that round's ratio, robust to the
+machine changing speed between the rounds and the floors (`details.paired_floor`).
 
 Unless --only baseline or --no-busy, our stack is then measured once more with one
 busy core (floors.BusyCore: a spinning process, not pinned), with the quick plan,
@@ -241,6 +245,39 @@ def _run_floor(name: str, args, env: dict, log) -> dict:
                             quick=args.quick, env=env, log=log)
 
 
+def _run_paired_floor(args, env: dict) -> dict:
+    """The Unix floor's noop alone (no echoes, one caller), run right before
+    each round of ours: ~0.1 s, a second or two before that round's noop."""
+    program, flags = floors.FLOOR_PROGRAMS["floor"]
+    return floors.run_floor(program, [*flags, f"--small-bytes={FLOOR_SMALL_BYTES}",
+                                      "--big-mib=", "--concurrency="],
+                            quick=args.quick, env=env, log=_log_for("paired floor"))
+
+
+def _paired_floor_ratios(report: dict, rounds) -> None:
+    """`ratios.noop_p50_ours_over_floor_paired` (and p99): the median over the
+    rounds of each round's noop over the Unix floor run right before it. The
+    unpaired `noop_p50_ours_over_floor` divides medians taken minutes apart (the
+    floor after every round of ours), and these VMs change speed by up to 1.6x
+    within minutes; `details.paired_floor` has each round's figures."""
+    paired = rounds.paired.get("ours", [])
+    for stem in ("noop_p50", "noop_p99"):
+        per_round = rounds.paired_ratios("ours", f"{stem}_us", f"{stem}_us")
+        report["ratios"][f"{stem}_ours_over_floor_paired"] = (
+            round(statistics.median(per_round), 2) if per_round else None)
+    report["details"]["paired_floor"] = [
+        {"ours_noop_p50_us": (result or {}).get("noop_p50_us"),
+         "ours_noop_p99_us": (result or {}).get("noop_p99_us"),
+         "floor_noop_p50_us": (before or {}).get("noop_p50_us"),
+         "floor_noop_p99_us": (before or {}).get("noop_p99_us")}
+        for result, before in paired]
+    print(f"noop ours / the Unix floor run right before each round: p50 "
+          f"{rounds.paired_ratios('ours', 'noop_p50_us', 'noop_p50_us')} (median "
+          f"{report['ratios']['noop_p50_ours_over_floor_paired']}), p99 "
+          f"{rounds.paired_ratios('ours', 'noop_p99_us', 'noop_p99_us')} (median "
+          f"{report['ratios']['noop_p99_ours_over_floor_paired']})", flush=True)
+
+
 # Every headline figure against the floors: True where lower is better.
 FLOOR_RATIO_KEYS = {key: key.endswith(("_us", "_ms")) for key in HEADLINE_KEYS}
 
@@ -422,7 +459,9 @@ def run_driver(args) -> int:
     else:
         env["GLIBC_TUNABLES"] = tunables = procs.MALLOC_TUNABLES
     timeout_s = 240.0 if args.quick else 600.0
-    rounds = stack_rounds.Rounds(__file__, args, env, timeout_s)
+    paired = args.only != "baseline" and not args.no_cc
+    beside = {"ours": lambda: _run_paired_floor(args, env)} if paired else None
+    rounds = stack_rounds.Rounds(__file__, args, env, timeout_s, beside=beside)
     report = _summarise(rounds.combined("ours"), rounds.combined("baseline"), args, tunables)
     report["details"].update(rounds.details(HEADLINE_KEYS))
     for key in CPU_KEYS:  # beside the latencies (the workloads' CPU per call)
@@ -443,6 +482,8 @@ def run_driver(args) -> int:
         report["cc_noop"] = extra.pop("cc_noop")
         report["details"]["cc_and_floor"] = extra
         _print_floor_table(report)
+    if paired:
+        _paired_floor_ratios(report, rounds)
     errors += _busy_and_floor_ratios(report, args, env, timeout_s)
     _print_busy(report)
     if errors:

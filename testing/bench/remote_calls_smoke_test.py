@@ -73,6 +73,18 @@ class RemoteCallsSmokeTest(unittest.TestCase):
         self.assertAlmostEqual(
             ratios["noop_p50_ours_over_floor"],
             report["noop_p50_us"] / report["floor"]["noop_p50_us"], delta=0.01)
+        # The Unix floor run right before each round of ours, and the ratio paired
+        # round by round (one round here: that round's figures).
+        paired = report["details"]["paired_floor"]
+        self.assertEqual(len(paired), 1)
+        positive_numbers(self, paired[0], ("ours_noop_p50_us", "ours_noop_p99_us",
+                                           "floor_noop_p50_us", "floor_noop_p99_us"),
+                         "paired_floor")
+        positive_numbers(self, ratios, ("noop_p50_ours_over_floor_paired",
+                                        "noop_p99_ours_over_floor_paired"), "ratios")
+        self.assertAlmostEqual(
+            ratios["noop_p50_ours_over_floor_paired"],
+            paired[0]["ours_noop_p50_us"] / paired[0]["floor_noop_p50_us"], delta=0.01)
         # (No ordering between the floors' CPU per call is asserted: a floor measured
         # while the CPUs halt between messages pays each wake-up in CPU too, so one
         # measured in the other regime can come out 4x lower; seen at 15.8 vs 68.2.)

@@ -99,21 +99,39 @@ def cpu_probe_ms(repeats: int = 5) -> float:
 
 class Rounds:
     """The results of `run` for each stack, the errors met, the load average
-    and the CPU probe (`cpu_probe_ms`) taken before each round."""
+    and the CPU probe (`cpu_probe_ms`) taken before each round.
 
-    def __init__(self, script: str, args, env: dict, timeout_s: float) -> None:
+    `beside` ({side: callable returning a dict}, optional): run right before
+    each round of that side, after the CPU probe; its result is kept with the
+    round's (`paired`), so that a figure can be judged against a floor taken
+    seconds, not minutes, from it (these VMs change speed within minutes)."""
+
+    def __init__(self, script: str, args, env: dict, timeout_s: float,
+                 beside: dict | None = None) -> None:
         self.sides = SIDES if args.only == "all" else (args.only,)
         self.count = args.rounds
         self.daemon_args = tuple(args.daemon_arg)
         self.load_start = os.getloadavg()[0]
         self.results = {side: [] for side in self.sides}
+        # Per side, each successful round's (result, what `beside` returned
+        # before it, or None if it failed).
+        self.paired = {side: [] for side in self.sides}
         self.cpu_probes = {side: [] for side in self.sides}
         self.errors = []
+        beside = beside or {}
         for index in range(args.rounds):
             order = self.sides if index % 2 == 0 else tuple(reversed(self.sides))
             for side in order:
                 probe = cpu_probe_ms()
                 self.cpu_probes[side].append(probe)
+                before = None
+                if side in beside:
+                    try:
+                        before = beside[side]()
+                    except (RuntimeError, OSError, subprocess.TimeoutExpired,
+                            ValueError) as failure:
+                        self.errors.append(f"{side} (beside round {index + 1}): {failure}")
+                        print(f"!! {self.errors[-1]}", flush=True)
                 print(f"== {side} ({'quick' if args.quick else 'full'}, round {index + 1}"
                       f"/{args.rounds}; CPU probe {probe:.1f} ms) ==", flush=True)
                 result, error = run_child(script, side, args, env, timeout_s)
@@ -122,6 +140,17 @@ class Rounds:
                     print(f"!! {error}", flush=True)
                 else:
                     self.results[side].append(result)
+                    self.paired[side].append((result, before))
+
+    def paired_ratios(self, side: str, key: str, beside_key: str) -> list[float]:
+        """Per successful round of `side` that has both: its `key` over the
+        `beside_key` of what ran right before it."""
+        out = []
+        for result, before in self.paired.get(side, ()):
+            ratio = _ratio((result or {}).get(key), (before or {}).get(beside_key))
+            if ratio is not None:
+                out.append(ratio)
+        return out
 
     def combined(self, side: str) -> dict | None:
         """Per-metric median over the rounds of one side (None if no round succeeded)."""

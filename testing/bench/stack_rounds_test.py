@@ -58,6 +58,39 @@ class RoundsTest(unittest.TestCase):
                                                 "ours": [{"p50": 2.0}, {"p50": 3.0}]})
         self.assertEqual(details["daemon_args"], ["--direct_calls"])
 
+    def test_beside_runs_right_before_each_round_of_its_side_and_pairs_with_it(self):
+        events = []
+        floors = iter([{"p50": 10.0}, {"p50": 12.0}, RuntimeError("floor failed"),
+                       {"p50": 20.0}])
+
+        def fake_child(script, side, args, env, timeout_s):
+            events.append(side)
+            if len([e for e in events if e == side]) == 2:
+                return None, f"{side}: no result"  # the second round fails
+            return {"p50": 30.0 * len(events)}, None
+
+        def fake_floor():
+            events.append("floor")
+            value = next(floors)
+            if isinstance(value, Exception):
+                raise value
+            return value
+
+        args = types.SimpleNamespace(only="ours", rounds=4, quick=True, daemon_arg=[])
+        with mock.patch.object(stack_rounds, "run_child", fake_child), \
+                mock.patch.object(stack_rounds, "cpu_probe_ms", return_value=1.0):
+            rounds = stack_rounds.Rounds("script.py", args, {}, 1.0,
+                                         beside={"ours": fake_floor})
+        self.assertEqual(events, ["floor", "ours"] * 4)
+        # Round 2's child failed (dropped with its floor); round 3's floor failed
+        # (the round stays, unpaired); rounds 1 and 4 pair.
+        self.assertEqual([r["p50"] for r, _ in rounds.paired["ours"]], [60.0, 180.0, 240.0])
+        self.assertEqual([b for _, b in rounds.paired["ours"]],
+                         [{"p50": 10.0}, None, {"p50": 20.0}])
+        self.assertEqual(rounds.paired_ratios("ours", "p50", "p50"), [6.0, 12.0])
+        self.assertTrue(any("floor failed" in e for e in rounds.errors), rounds.errors)
+        self.assertTrue(any("no result" in e for e in rounds.errors), rounds.errors)
+
     def test_a_child_gets_each_daemon_arg_in_the_equals_form(self):
         # "--daemon-arg --direct_calls" would be taken for the child's own option.
         class Started(Exception):
