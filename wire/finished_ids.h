@@ -7,9 +7,10 @@
 // blocks as it fills and never moved; once full, the oldest entry is reused
 // for the new id. The blocks double from 256 entries to 4,096 and stay
 // there (BlockOf), so a session that remembers a few ids holds 16 KiB and
-// one that fills 65,536 makes 20 blocks, not 256. An id of up to kInlineIdBytes (a Python
-// host's 32 hex chars, a UUID's 36) is kept inside its entry, so
-// remembering one allocates nothing; a longer one gets a buffer of its own.
+// one that fills 65,536 makes 20 blocks, not 256. An id of up to
+// kInlineIdBytes (a Python host's 32 hex chars, a UUID's 36) is kept inside
+// its entry, so remembering one allocates nothing; a longer one gets a
+// buffer of its own.
 // The sets hold 4-byte ring positions, not copies or views: forgetting the
 // oldest finds it by its stored hash and its position (no string read or
 // hashed again), and the tables are a quarter of views' size. (Before stop
