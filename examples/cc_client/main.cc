@@ -1,8 +1,8 @@
 // Calls examples/hello's functions from C++ (host/cc/README.md).
 //
 //   bazel build //examples/cc_client //sandbox:agentix-sandboxd //worker:agentix-worker
-//   bazel-bin/sandbox/agentix-sandboxd --listen unix:///tmp/agentix.sock \
-//       --worker bazel-bin/worker/agentix-worker --python-path examples/hello &
+//   bazel-bin/sandbox/agentix-sandboxd --listen unix:///tmp/agentix.sock
+//       --worker bazel-bin/worker/agentix-worker --python-path examples/hello &   (one line)
 //   bazel-bin/examples/cc_client/cc_client unix:///tmp/agentix.sock
 //
 // $AGENTIX_TOKEN, when set, is sent as the bearer token.

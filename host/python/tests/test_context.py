@@ -1,7 +1,9 @@
 """Context propagation: baggage API and the carrier the runtime ships per call."""
 
 import contextvars
+import gc
 import pickle
+import sys
 
 import pytest
 
@@ -147,3 +149,23 @@ def test_capture_counts_equal_defaults_as_unset_and_ambiguous_values_as_set():
     assert type(captured["agentix_test_registered_later"]) is _Unequal
     assert run_isolated(both_set) == {"agentix_context_baggage": {"run": "r1"}, "agentix_test_listed": [1]}
     assert run_isolated(context.capture) == {}
+
+
+def test_capture_keeps_no_memory_between_calls():
+    # capture() runs once per remote call: what it allocates must be freed to
+    # where the next call takes it again. tuple(map(...)) was not: each call
+    # left one more tuple on CPython's free list (until 2,000), new memory of
+    # the object allocator (a page fault every ~64 calls, on the call path).
+    context.var("agentix_test_a", default=None)
+    context.var("agentix_test_b", default=0)
+    if len(context._registry) == 10:  # tuple(map(...))'s first guess: made exact, never shrunk
+        context.var("agentix_test_c", default=None)
+    capture = context.capture
+    for _ in range(10):
+        capture()
+    gc.collect()  # a full collection empties CPython's free lists
+    before = sys.getallocatedblocks()
+    for _ in range(1000):
+        capture()
+    grown = sys.getallocatedblocks() - before
+    assert grown < 50, f"{grown} blocks left allocated by 1,000 captures"

@@ -38,9 +38,10 @@ _registry_lock = threading.Lock()
 # on every registration: capture() (once per remote call) reads it without
 # the lock or a copy.
 _entries: tuple[tuple[str, tuple[ContextVar[Any], Any]], ...] = ()
-# The same vars and their defaults as two tuples (one object, replaced with
-# `_entries`): capture()'s check that every var holds its default, in C calls.
-_all_vars: tuple[tuple[ContextVar[Any], ...], tuple[Any, ...]] = ((), ())
+# The same vars (a tuple) and their defaults (a list: capture() compares a
+# list with it), one object replaced with `_entries`: capture()'s check that
+# every var holds its default, in C calls.
+_all_vars: tuple[tuple[ContextVar[Any], ...], list[Any]] = ((), [])
 _var_get = ContextVar.get
 
 
@@ -58,7 +59,7 @@ def var(name: str, *, default: T) -> ContextVar[T]:
             _registry[name] = entry
             _entries = tuple(_registry.items())
             pairs = tuple(_registry.values())
-            _all_vars = (tuple(pair[0] for pair in pairs), tuple(pair[1] for pair in pairs))
+            _all_vars = (tuple(pair[0] for pair in pairs), [pair[1] for pair in pairs])
         return entry[0]
 
 
@@ -108,7 +109,12 @@ def capture() -> dict[str, Any]:
     """Returns ``{name: value}`` for every propagated var holding a non-default value."""
     variables, defaults = _all_vars
     try:
-        if tuple(map(_var_get, variables)) == defaults:  # each value is (or equals) its default: the common case
+        # A list, not tuple(map(...)): a tuple built from an iterator is made
+        # at 10 slots and shrunk, then freed to the free list of its final
+        # size, which so grew by one tuple a call (up to 2,000 after every
+        # full collection): a fresh page of the object allocator every ~64
+        # calls, faulted in on the call path.
+        if [*map(_var_get, variables)] == defaults:  # each value is (or equals) its default: the common case
             return {}
     except Exception:  # a value whose == is not a plain bool: the loop below decides
         pass
