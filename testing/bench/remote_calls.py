@@ -261,10 +261,11 @@ def _paired_floor_ratios(report: dict, rounds) -> None:
     floor after every round of ours), and these VMs change speed by up to 1.6x
     within minutes; `details.paired_floor` has each round's figures."""
     paired = rounds.paired.get("ours", [])
-    for stem in ("noop_p50", "noop_p99"):
-        per_round = rounds.paired_ratios("ours", f"{stem}_us", f"{stem}_us")
+    per_round = {stem: rounds.paired_ratios("ours", f"{stem}_us", f"{stem}_us")
+                 for stem in ("noop_p50", "noop_p99")}
+    for stem, ratios in per_round.items():
         report["ratios"][f"{stem}_ours_over_floor_paired"] = (
-            round(statistics.median(per_round), 2) if per_round else None)
+            round(statistics.median(ratios), 2) if ratios else None)
     report["details"]["paired_floor"] = [
         {"ours_noop_p50_us": (result or {}).get("noop_p50_us"),
          "ours_noop_p99_us": (result or {}).get("noop_p99_us"),
@@ -272,9 +273,9 @@ def _paired_floor_ratios(report: dict, rounds) -> None:
          "floor_noop_p99_us": (before or {}).get("noop_p99_us")}
         for result, before in paired]
     print(f"noop ours / the Unix floor run right before each round: p50 "
-          f"{rounds.paired_ratios('ours', 'noop_p50_us', 'noop_p50_us')} (median "
+          f"{per_round['noop_p50']} (median "
           f"{report['ratios']['noop_p50_ours_over_floor_paired']}), p99 "
-          f"{rounds.paired_ratios('ours', 'noop_p99_us', 'noop_p99_us')} (median "
+          f"{per_round['noop_p99']} (median "
           f"{report['ratios']['noop_p99_ours_over_floor_paired']})", flush=True)
 
 
