@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <initializer_list>
+#include <memory>
 #include <new>
 #include <optional>
 #include <string>
@@ -541,6 +542,20 @@ PyObject* Desynchronised(ChannelState& st, ModuleState* ms,
   return nullptr;
 }
 
+// The holder waits in the direct connections' poll set and leaves what it
+// saw for read_frames' look (DirectConns::WaitReady). The channel owns both
+// the connections and the baton, and a holder waits inside a method of the
+// channel, which keeps it alive.
+class DirectWait final : public ChannelWait {
+ public:
+  explicit DirectWait(DirectConns* conns) : conns_(conns) {}
+  int Wait(int timeout_ms) override { return conns_->WaitReady(timeout_ms); }
+  void Wake() override { conns_->WakeWaiter(); }
+
+ private:
+  DirectConns* const conns_;
+};
+
 }  // namespace
 
 PyObject* ChannelIntakeLead(PyObject* self, PyObject* holding) {
@@ -574,8 +589,10 @@ PyObject* ChannelIntakeReclaim(PyObject* self, PyObject* /*unused*/) {
 PyObject* ChannelIntakeToPool(PyObject* self, PyObject* /*unused*/) {
   ChannelState& st = Channel(self);
   if (st.baton == nullptr) {
+    std::unique_ptr<ChannelWait> wait;
+    if (st.direct != nullptr) wait = std::make_unique<DirectWait>(st.direct.get());
     absl::StatusOr<std::unique_ptr<IntakeBaton>> baton =
-        IntakeBaton::Create(st.poll_fd(), st.payloads.get());
+        IntakeBaton::Create(st.poll_fd(), st.payloads.get(), std::move(wait));
     if (!baton.ok()) {
       PyErr_SetString(PyExc_OSError,
                       std::string(baton.status().message()).c_str());

@@ -25,7 +25,7 @@ std::atomic<int64_t> look_slack_ns{
     absl::ToInt64Nanoseconds(IntakeBaton::kDefaultLookSlack)};
 
 // poll(fds, count, -1), retried on EINTR.
-int PollBlocking(pollfd* fds, nfds_t count = 2) {
+int PollBlocking(pollfd* fds, nfds_t count) {
   int n;
   while ((n = ::poll(fds, count, -1)) < 0 && errno == EINTR) {
   }
@@ -143,7 +143,8 @@ void IntakeBaton::SetSpin(absl::Duration most) {
 }
 
 absl::StatusOr<std::unique_ptr<IntakeBaton>> IntakeBaton::Create(
-    int channel_fd, const ipc::PayloadArea* placement) {
+    int channel_fd, const ipc::PayloadArea* placement,
+    std::unique_ptr<ChannelWait> wait) {
   int fds[3] = {-1, -1, -1};
   fds[0] = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (fds[0] >= 0) fds[1] = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -158,16 +159,18 @@ absl::StatusOr<std::unique_ptr<IntakeBaton>> IntakeBaton::Create(
     return absl::InternalError(absl::StrCat("eventfd/timerfd: ", error));
   }
   return std::unique_ptr<IntakeBaton>(
-      new IntakeBaton(channel_fd, fds[0], fds[1], fds[2], placement));
+      new IntakeBaton(channel_fd, fds[0], fds[1], fds[2], placement, std::move(wait)));
 }
 
 IntakeBaton::IntakeBaton(int channel_fd, int stop_fd, int wake_fd,
-                         int timer_fd, const ipc::PayloadArea* placement)
+                         int timer_fd, const ipc::PayloadArea* placement,
+                         std::unique_ptr<ChannelWait> wait)
     : channel_fd_(channel_fd),
       stop_fd_(stop_fd),
       wake_fd_(wake_fd),
       timer_fd_(timer_fd),
-      placement_(placement) {
+      placement_(placement),
+      wait_(std::move(wait)) {
   CPU_ZERO(&all_);
   // Without the mask to go back to, nothing is pinned (PollChannel).
   if (::sched_getaffinity(0, sizeof(all_), &all_) != 0) CPU_ZERO(&all_);
@@ -273,6 +276,11 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
     if (!passed_) return Turn::kLeave;  // pool mode ended
     passed_ = false;                    // ours
   }
+  // A wait_ does not see stop_fd_: a stop before it begins is seen here,
+  // one during it wakes it (Stop).
+  if (wait_ != nullptr && stopped_seen_.load(std::memory_order_acquire)) {
+    return Turn::kStopped;
+  }
   pollfd fds[2] = {{channel_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
   const int cpu = placement_ != nullptr && CPU_COUNT(&all_) > 0
                       ? placement_->WaitCpu()
@@ -289,8 +297,16 @@ IntakeBaton::Turn IntakeBaton::Lead(bool holding) {
   if (pinned) ::sched_setaffinity(0, sizeof(all_), &all_);
   // A poll error (never expected on these fds) is reported as readable:
   // the reader's read then reports the channel's state.
-  if (n > 0 && (fds[1].revents & POLLIN) != 0) return Turn::kStopped;
+  if (wait_ != nullptr) {
+    if (stopped_seen_.load(std::memory_order_acquire)) return Turn::kStopped;
+  } else if (n > 0 && (fds[1].revents & POLLIN) != 0) {
+    return Turn::kStopped;
+  }
   return Turn::kReadable;
+}
+
+int IntakeBaton::WaitOnce(pollfd* fds, int timeout_ms) {
+  return wait_ != nullptr ? wait_->Wait(timeout_ms) : ::poll(fds, 2, timeout_ms);
 }
 
 int IntakeBaton::PollChannel(pollfd* fds) {
@@ -303,11 +319,11 @@ int IntakeBaton::PollChannel(pollfd* fds) {
     const absl::Time until = since + absl::Nanoseconds(window);
     if (window >= 1000) {
       do {
-        n = ::poll(fds, 2, 0);
+        n = WaitOnce(fds, 0);
       } while (n == 0 && absl::Now() < until);
     }
     if (n == 0 || (n < 0 && errno == EINTR)) {
-      n = PollBlocking(fds);
+      n = WaitBlocking(fds);
       // The whole wait counts: double after a short one, halve after a long one.
       window = absl::Now() - since <= absl::Nanoseconds(most)
                    ? std::min(most, std::max<int64_t>(window * 2, 1000))
@@ -315,7 +331,14 @@ int IntakeBaton::PollChannel(pollfd* fds) {
     }
     spin_window_ns_.store(window, std::memory_order_relaxed);
   } else {
-    n = PollBlocking(fds);
+    n = WaitBlocking(fds);
+  }
+  return n;
+}
+
+int IntakeBaton::WaitBlocking(pollfd* fds) {
+  int n;
+  while ((n = WaitOnce(fds, -1)) < 0 && errno == EINTR) {
   }
   return n;
 }
@@ -399,10 +422,12 @@ void IntakeBaton::Stop() {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopped_) return;
     stopped_ = true;
+    stopped_seen_.store(true, std::memory_order_release);
   }
   const uint64_t one = 1;
   // Cannot fail short of a programming error (the counter is far from full).
   [[maybe_unused]] ssize_t n = ::write(stop_fd_, &one, sizeof one);
+  if (wait_ != nullptr) wait_->Wake();
 }
 
 int IntakeBaton::followers() {

@@ -27,6 +27,19 @@
 
 namespace agentix::worker {
 
+// How a holder waits for a channel whose reader wants what the wait saw
+// (the direct connections' poll set: DirectConns::WaitReady keeps the events
+// for the read's look, one system call instead of a poll and a look).
+class ChannelWait {
+ public:
+  virtual ~ChannelWait() = default;
+  // Waits up to `timeout_ms` (-1: no limit) for the channel: > 0 ready, 0
+  // nothing, < 0 failed (errno).
+  virtual int Wait(int timeout_ms) = 0;
+  // Makes a Wait return: the one waiting now, or else the next at once.
+  virtual void Wake() = 0;
+};
+
 class IntakeBaton {
  public:
   enum class Turn {
@@ -41,8 +54,11 @@ class IntakeBaton {
   // so the daemon's frame wakes it on the call path's CPU; Lead() returns
   // with the thread's mask back to the one the process had here, so the call
   // it runs next (and the threads that call starts) is never pinned.
+  // With a `wait`, the holder waits in it instead of polling `channel_fd`
+  // (which it then never touches), and Stop() wakes it there.
   static absl::StatusOr<std::unique_ptr<IntakeBaton>> Create(
-      int channel_fd, const ipc::PayloadArea* placement = nullptr);
+      int channel_fd, const ipc::PayloadArea* placement = nullptr,
+      std::unique_ptr<ChannelWait> wait = nullptr);
   ~IntakeBaton();
   IntakeBaton(const IntakeBaton&) = delete;
   IntakeBaton& operator=(const IntakeBaton&) = delete;
@@ -125,9 +141,14 @@ class IntakeBaton {
 
  private:
   IntakeBaton(int channel_fd, int stop_fd, int wake_fd, int timer_fd,
-              const ipc::PayloadArea* placement);
+              const ipc::PayloadArea* placement,
+              std::unique_ptr<ChannelWait> wait);
   // The holder's wait for the channel (or a stop): > 0 ready, < 0 failed.
   int PollChannel(pollfd* fds);
+  // One look or wait of PollChannel's for up to `timeout_ms`; the same
+  // until something other than EINTR.
+  int WaitOnce(pollfd* fds, int timeout_ms);
+  int WaitBlocking(pollfd* fds);
   // Under mu_: withdraws an offer.
   void Withdraw();
   // Follower: wakes it to look at the state again.
@@ -142,6 +163,10 @@ class IntakeBaton {
   const int wake_fd_;   // eventfd: a follower looks at the state again
   const int timer_fd_;  // timerfd, armed while an offer stands
   const ipc::PayloadArea* const placement_;
+  const std::unique_ptr<ChannelWait> wait_;  // null: poll channel_fd_
+  // stopped_, for a holder that waits in wait_ (which does not see
+  // stop_fd_): read without the lock before and after its wait.
+  std::atomic<bool> stopped_seen_{false};
   cpu_set_t all_;  // the process's mask at Create: restored after a pinned wait
   std::mutex mu_;
   bool pool_mode_ = false;

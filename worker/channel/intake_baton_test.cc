@@ -3,7 +3,9 @@
 // follower waits as SCHED_BATCH.
 #include "worker/channel/intake_baton.h"
 
+#include <poll.h>
 #include <sched.h>
+#include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -124,6 +126,59 @@ TEST_CASE("ToLoop sends followers back; Stop ends holders and followers",
   CHECK(second.get() == Turn::kStopped);
   CHECK(baton->Lead(false) == Turn::kStopped);
   CHECK(baton->Lead(true) == Turn::kStopped);  // stopped before polling
+}
+
+// A ChannelWait over a socket: polls it and its own wake eventfd (never
+// drained, as nobody reads for it here), counting the waits.
+class SocketWait final : public ChannelWait {
+ public:
+  explicit SocketWait(int fd) : fd_(fd), wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+  ~SocketWait() override { ::close(wake_); }
+  int Wait(int timeout_ms) override {
+    ++waits;
+    pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_, POLLIN, 0}};
+    return ::poll(fds, 2, timeout_ms);
+  }
+  void Wake() override {
+    const uint64_t one = 1;
+    REQUIRE(::write(wake_, &one, sizeof one) == sizeof one);
+  }
+  std::atomic<int> waits{0};
+
+ private:
+  const int fd_;
+  const int wake_;
+};
+
+TEST_CASE("with a ChannelWait the holder waits in it, and Stop wakes it there", "[intake]") {
+  Sockets s;
+  // A descriptor that is never readable: the holder must not poll it.
+  Sockets unused;
+  auto wait = std::make_unique<SocketWait>(s.fds[0]);
+  SocketWait& waits = *wait;
+  auto made = IntakeBaton::Create(unused.fds[0], nullptr, std::move(wait));
+  REQUIRE(made.ok());
+  IntakeBaton& baton = **made;
+  baton.ToPool();
+  auto holder = std::async(std::launch::async, [&] { return baton.Lead(true); });
+  CHECK(holder.wait_for(50ms) == std::future_status::timeout);
+  s.Write();
+  REQUIRE(holder.wait_for(5s) == std::future_status::ready);
+  CHECK(holder.get() == Turn::kReadable);
+  CHECK(waits.waits >= 1);
+  char byte;
+  REQUIRE(::read(s.fds[0], &byte, 1) == 1);
+
+  // A stop during the wait ends it: kStopped, though the channel has nothing.
+  auto stopped = std::async(std::launch::async, [&] { return baton.Lead(true); });
+  CHECK(stopped.wait_for(50ms) == std::future_status::timeout);
+  baton.Stop();
+  REQUIRE(stopped.wait_for(5s) == std::future_status::ready);
+  CHECK(stopped.get() == Turn::kStopped);
+  // After the stop a holder does not wait at all.
+  const int before = waits.waits;
+  CHECK(baton.Lead(true) == Turn::kStopped);
+  CHECK(waits.waits == before);
 }
 
 // Context switches of thread `tid` of this process so far.

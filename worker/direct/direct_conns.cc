@@ -499,6 +499,7 @@ void DirectConns::Drive() {
     absl::MutexLock lock(&mu_);
     if (conns_.empty() && sessions_.empty()) {
       looked_count_ = -1;  // a kept look is this Drive's, served or not
+      waited_count_.store(-1, std::memory_order_relaxed);
       return;
     }
     for (auto& [fd, conn] : conns_) all.push_back(conn);
@@ -512,6 +513,7 @@ void DirectConns::Drive() {
   if (n < 0) {
     events = own;
     n = ::epoll_wait(epoll_fd_.get(), own, kMaxEvents, 0);
+    own_looks_.fetch_add(1, std::memory_order_relaxed);
   }
   bool timer_fired = false;
   for (int i = 0; i < n; ++i) {
@@ -560,12 +562,34 @@ void DirectConns::Drive() {
   sessions.clear();
 }
 
+int DirectConns::WaitReady(int timeout_ms) {
+  // A look kept from an earlier wait that nobody used is dropped first:
+  // the poll side never reads events this wait is writing.
+  waited_count_.store(-1, std::memory_order_relaxed);
+  const int n = ::epoll_wait(epoll_fd_.get(), waited_, kMaxEvents, timeout_ms);
+  if (n > 0) waited_count_.store(n, std::memory_order_release);
+  return n;
+}
+
+void DirectConns::WakeWaiter() {
+  const uint64_t one = 1;
+  // Cannot fail short of a programming error (the counter is far from full).
+  [[maybe_unused]] ssize_t n = ::write(wake_fd_.get(), &one, sizeof one);
+}
+
 bool DirectConns::LookReady() {
+  const int waited = waited_count_.exchange(-1, std::memory_order_acquire);
   {
     absl::MutexLock lock(&mu_);
     if (conns_.empty() && sessions_.empty()) return true;
   }
-  const int n = ::epoll_wait(epoll_fd_.get(), looked_, kMaxEvents, 0);
+  int n = waited;
+  if (n > 0) {
+    std::copy(waited_, waited_ + n, looked_);
+  } else {
+    n = ::epoll_wait(epoll_fd_.get(), looked_, kMaxEvents, 0);
+    own_looks_.fetch_add(1, std::memory_order_relaxed);
+  }
   if (n < 0) {
     looked_count_ = -1;  // Drive looks again; the link is read as before
     return true;

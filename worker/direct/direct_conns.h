@@ -21,6 +21,7 @@
 
 #include <sys/epoll.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -101,6 +102,23 @@ class DirectConns {
   // system calls as before when the link is readable). True, keeping
   // nothing, while no direct connection is served.
   bool LookReady();
+
+  // The intake holder's wait for the poll set (the intake baton's
+  // ChannelWait; no GIL needed): epoll_wait for up to `timeout_ms` (-1:
+  // until something is ready). What it saw is kept for the next LookReady,
+  // which then makes no look of its own, so the holder's wake-up and the
+  // look are one system call. > 0 ready, 0 nothing, < 0 failed (errno).
+  // One waiter at a time, and the look it keeps is used by the poll side
+  // after it returns (the baton orders the two; the set is level-triggered,
+  // so a look that is old by then only costs another turn).
+  int WaitReady(int timeout_ms);
+  // Makes a WaitReady return: the one waiting now, or else the next at once
+  // (the wake eventfd, until a Drive drains it). Any thread.
+  void WakeWaiter();
+
+  // For tests: the looks at the poll set LookReady and Drive made
+  // themselves (an epoll_wait each), not counting WaitReady's.
+  int64_t own_looks() const { return own_looks_.load(std::memory_order_relaxed); }
 
   // Where a chunked direct call's argument pieces are copied as they are
   // read (DriverSink::Land), so each byte is copied once: true if `bytes`
@@ -246,6 +264,11 @@ class DirectConns {
   static constexpr int kMaxEvents = 64;
   epoll_event looked_[kMaxEvents];
   int looked_count_ = -1;
+  // WaitReady's events, for the next LookReady (-1: none kept). Written by
+  // the waiter, taken by the poll side: the count publishes the events.
+  epoll_event waited_[kMaxEvents];
+  std::atomic<int> waited_count_{-1};
+  std::atomic<int64_t> own_looks_{0};
   // Drive's snapshots of the connections and sessions (poll side only).
   std::vector<std::shared_ptr<Conn>> drive_conns_;
   std::vector<std::shared_ptr<DirectSession>> drive_sessions_;

@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <utility>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/unique_fd.h"
@@ -158,6 +160,70 @@ TEST_CASE("LookReady says whether the link is readable; Drive serves what it saw
   WriteAll(host.get(), Starts(1, &next));
   conns.Drive();  // the kept look saw nothing
   CHECK(conns.TakeDriverFrames(0).empty());
+  CHECK_FALSE(conns.LookReady());
+  conns.Drive();
+  CHECK(conns.TakeDriverFrames(0).size() == 1);
+  conns.FinishAll(absl::StatusCode::kOk, "");
+}
+
+TEST_CASE("WaitReady blocks until the poll set is ready and its events are the next look's",
+          "[direct_conns]") {
+  OneClient client;
+  client.Serve();
+  DirectConns& conns = *client.conns;
+  const base::UniqueFd& host = client.host;
+  int next = 0;
+  // Nothing ready: a wait with a timeout comes back empty.
+  CHECK(conns.WaitReady(10) == 0);
+
+  // A direct call wakes a waiting holder; the look after the wait is the
+  // wait's (no epoll_wait of its own), and so is the Drive's after it.
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    WriteAll(host.get(), Starts(1, &next));
+  });
+  CHECK(conns.WaitReady(-1) == 1);
+  writer.join();
+  const int64_t looks = conns.own_looks();
+  CHECK_FALSE(conns.LookReady());
+  conns.Drive();
+  CHECK(conns.own_looks() == looks);
+  CHECK(conns.TakeDriverFrames(0).size() == 1);
+  // The next look is its own again.
+  CHECK_FALSE(conns.LookReady());
+  CHECK(conns.own_looks() == looks + 1);
+  conns.Drive();
+
+  // The link readable: the wait's look says so.
+  WriteAll(client.link_write.get(), "x");
+  CHECK(conns.WaitReady(-1) == 1);
+  CHECK(conns.LookReady());
+  CHECK(conns.own_looks() == looks + 1);
+  conns.Drive();
+  char byte;
+  REQUIRE(::read(client.link_read.get(), &byte, 1) == 1);
+
+  // WakeWaiter ends a wait in progress (and the Drive after drains it: the
+  // next wait blocks again).
+  std::thread waker([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    conns.WakeWaiter();
+  });
+  CHECK(conns.WaitReady(5000) == 1);
+  waker.join();
+  CHECK_FALSE(conns.LookReady());
+  conns.Drive();
+  CHECK(conns.WaitReady(10) == 0);
+
+  // A call that comes after the wait is not lost: the wait's look missed
+  // it, the next look (its own) sees it.
+  WriteAll(client.link_write.get(), "x");
+  CHECK(conns.WaitReady(-1) == 1);
+  WriteAll(host.get(), Starts(1, &next));
+  CHECK(conns.LookReady());
+  conns.Drive();
+  CHECK(conns.TakeDriverFrames(0).empty());
+  REQUIRE(::read(client.link_read.get(), &byte, 1) == 1);
   CHECK_FALSE(conns.LookReady());
   conns.Drive();
   CHECK(conns.TakeDriverFrames(0).size() == 1);
