@@ -190,7 +190,7 @@ def busy_child_pass(stack_rounds, script: str, args, env: dict, timeout_s: float
         for name, run in floor_runs.items():
             try:
                 measured[name] = run()
-            except (RuntimeError, OSError, subprocess.TimeoutExpired, ValueError) as failure:
+            except procs.RUN_FAILURES as failure:
                 errors.append(f"busy {name}: {failure}")
     if error:
         errors.append(f"busy {error}")

@@ -33,6 +33,12 @@ MALLOC_TUNABLES = (
 # The Bazel workspace name: runfiles of this repository live under <runfiles>/agentix.
 WORKSPACE = "agentix"
 
+# What running one measured program (a floor, a side's round, the C++ client) can
+# raise when that program, not the benchmark, failed: it exited badly or printed no
+# figures (RuntimeError, ValueError), could not start (OSError) or overran its time.
+# A benchmark records the error and goes on with the other figures.
+RUN_FAILURES = (RuntimeError, OSError, subprocess.TimeoutExpired, ValueError)
+
 
 def machine() -> dict:
     """The machine a report's figures come from: CPUs, CPU model, kernel, Python,

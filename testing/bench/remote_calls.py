@@ -322,7 +322,7 @@ def _cc_and_floor_rounds(args, env: dict) -> tuple[dict, list[str]]:
             try:
                 this_round[key] = run()
                 runs[key].append(this_round[key])
-            except (RuntimeError, OSError, subprocess.TimeoutExpired, ValueError) as error:
+            except procs.RUN_FAILURES as error:
                 this_round[key] = None
                 errors.append(f"{key}: {error}")
                 print(f"!! {key}: {error}", flush=True)

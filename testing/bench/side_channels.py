@@ -652,7 +652,7 @@ def _add_floors_and_busy(report: dict, args, env: dict, timeout_s: float, ours) 
     errors = []
     try:
         measured = _floors(args, ours, log)
-    except (RuntimeError, OSError, subprocess.TimeoutExpired, ValueError) as error:
+    except procs.RUN_FAILURES as error:
         return [f"floor: {error}"]
     report.update(measured)
     report["ratios"].update(floors.floor_ratios(report, measured, FLOOR_RATIO_KEYS))

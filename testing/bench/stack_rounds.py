@@ -128,8 +128,7 @@ class Rounds:
                 if side in beside:
                     try:
                         before = beside[side]()
-                    except (RuntimeError, OSError, subprocess.TimeoutExpired,
-                            ValueError) as failure:
+                    except procs.RUN_FAILURES as failure:
                         self.errors.append(f"{side} (beside round {index + 1}): {failure}")
                         print(f"!! {self.errors[-1]}", flush=True)
                 print(f"== {side} ({'quick' if args.quick else 'full'}, round {index + 1}"
