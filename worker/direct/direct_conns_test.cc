@@ -171,16 +171,15 @@ TEST_CASE("WaitReady blocks until the poll set is ready and its events are the n
   OneClient client;
   client.Serve();
   DirectConns& conns = *client.conns;
-  const base::UniqueFd& host = client.host;
-  int next = 0;
   // Nothing ready: a wait with a timeout comes back empty.
+  int next = 0;
   CHECK(conns.WaitReady(10) == 0);
 
   // A direct call wakes a waiting holder; the look after the wait is the
   // wait's (no epoll_wait of its own), and so is the Drive's after it.
   std::thread writer([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    WriteAll(host.get(), Starts(1, &next));
+    WriteAll(client.host.get(), Starts(1, &next));
   });
   CHECK(conns.WaitReady(-1) == 1);
   writer.join();
@@ -219,7 +218,7 @@ TEST_CASE("WaitReady blocks until the poll set is ready and its events are the n
   // it, the next look (its own) sees it.
   WriteAll(client.link_write.get(), "x");
   CHECK(conns.WaitReady(-1) == 1);
-  WriteAll(host.get(), Starts(1, &next));
+  WriteAll(client.host.get(), Starts(1, &next));
   CHECK(conns.LookReady());
   conns.Drive();
   CHECK(conns.TakeDriverFrames(0).empty());
