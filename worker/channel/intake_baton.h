@@ -145,9 +145,10 @@ class IntakeBaton {
               std::unique_ptr<ChannelWait> wait);
   // The holder's wait for the channel (or a stop): > 0 ready, < 0 failed.
   int PollChannel(pollfd* fds);
-  // One look or wait of PollChannel's for up to `timeout_ms`; the same
-  // until something other than EINTR.
+  // One look or wait of PollChannel's, in wait_ or on `fds`, for up to
+  // `timeout_ms` (0: a look).
   int WaitOnce(pollfd* fds, int timeout_ms);
+  // WaitOnce with no time limit, again while it ends in EINTR.
   int WaitBlocking(pollfd* fds);
   // Under mu_: withdraws an offer.
   void Withdraw();
