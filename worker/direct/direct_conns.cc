@@ -222,6 +222,13 @@ class DirectConns::Conn final : public FrameConnectionConsumer,
 
 namespace {
 
+// Makes the poll set readable (its wake eventfd; Drive drains it). Cannot
+// fail short of a programming error (the counter is far from full).
+void WriteWake(int wake_fd) {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(wake_fd, &one, sizeof one);
+}
+
 uint32_t EpollEvents(short poll_events) {
   uint32_t events = 0;
   if (poll_events & POLLIN) events |= EPOLLIN;
@@ -379,10 +386,7 @@ bool DirectConns::Open(const std::shared_ptr<Conn>& conn,
                        FrameConnectionOptions options) {
   const ipc::DirectConnInfo& info = frame.direct_conn;
   const int wake = wake_fd_.get();
-  options.wake = [wake] {
-    const uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = ::write(wake, &one, sizeof one);
-  };
+  options.wake = [wake] { WriteWake(wake); };
   const int socket = fds.empty() ? -1 : fds[0].Release();
   // A Namespace stream has no ring.
   const int ring =
@@ -571,11 +575,7 @@ int DirectConns::WaitReady(int timeout_ms) {
   return n;
 }
 
-void DirectConns::WakeWaiter() {
-  const uint64_t one = 1;
-  // Cannot fail short of a programming error (the counter is far from full).
-  [[maybe_unused]] ssize_t n = ::write(wake_fd_.get(), &one, sizeof one);
-}
+void DirectConns::WakeWaiter() { WriteWake(wake_fd_.get()); }
 
 bool DirectConns::LookReady() {
   const int waited = waited_count_.exchange(-1, std::memory_order_acquire);
