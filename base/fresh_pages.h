@@ -13,7 +13,10 @@
 // (docs/PERFORMANCE.md, "stop-44: a large result's pages"). So the range is
 // filled in steps, each as huge pages or as small ones by whichever has
 // been faster per byte in this process lately, trying the other now and
-// then.
+// then. A step's cost includes the read of each page after the fill
+// (PopulateForWrite): on this VM small pages fill at ~0.2 ms a MiB and then
+// cost ~1.5 ms a MiB more at their first access, which the chooser did not
+// see until stop 56 — it took small pages for every step of a 64 MiB value.
 #pragma once
 
 #include <cstddef>
@@ -69,9 +72,16 @@ class PageSizeChooser {
 };
 
 // Faults in the pages of [begin, begin + n) (page-aligned) for writing in
-// one system call (MADV_POPULATE_WRITE). False if the kernel did not: on
-// one without it (Linux < 5.14, EINVAL) this and every later call return
-// false at once, and the writes fault the pages in as before.
+// one system call (MADV_POPULATE_WRITE), then reads one byte of each page.
+// The read is for VMs like this one, where the guest's page tables being
+// filled is not the end of it: the first access after the populate still
+// traps to the hypervisor, ~6 µs a 4 KiB page (a 2 MiB page: one trip), as
+// much as the populate saved; made here, that trip is off the writes and in
+// the cost a caller measures (docs/PERFORMANCE.md, "stop-56"). On bare metal
+// the reads are a TLB walk a page. False if the kernel did not populate: on
+// one without MADV_POPULATE_WRITE (Linux < 5.14, EINVAL) this and every later
+// call return false at once, nothing is read, and the writes fault the pages
+// in as before.
 bool PopulateForWrite(void* begin, size_t n);
 
 // The same for every page [begin, begin + n) touches, whatever its

@@ -132,10 +132,12 @@ class MappedLog::Prefaulter {
         const size_t n = std::min(kGroup, size - at);
         // The guest's write faults (the file's blocks are reserved, so
         // this cannot fail for room), then a read of each page so the
-        // hypervisor maps it too; an old kernel leaves the reads.
-        (void)agentix::base::PopulateForWrite(base + at, n);
-        for (size_t p = at; p < at + n; p += page) {
-          (void)*static_cast<volatile const char*>(base + p);
+        // hypervisor maps it too (PopulateForWrite does both); an old
+        // kernel leaves the reads.
+        if (!agentix::base::PopulateForWrite(base + at, n)) {
+          for (size_t p = at; p < at + n; p += page) {
+            (void)*static_cast<volatile const char*>(base + p);
+          }
         }
       }
       lock.lock();

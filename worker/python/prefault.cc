@@ -81,17 +81,20 @@ void ArenaFree(void* ctx, void* ptr, size_t size) {
 // whichever thread makes it. Reads only: the boot thread may already be
 // writing to these pages.
 // `populate`: anonymous memory, faulted in writable first (a read alone
-// would map the zero page); file pages are only read.
+// would map the zero page) by PopulateForWrite, which reads each page
+// itself; file pages are only read.
 __attribute__((no_sanitize("address", "thread"))) void Touch(uintptr_t begin,
                                                             uintptr_t end,
                                                             bool populate) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  if (populate &&
-      !base::PopulateForWrite(reinterpret_cast<void*>(begin), end - begin)) {
-    return;  // an older kernel: a read would only map the zero page
-  }
-  for (uintptr_t at = begin; at < end; at += page) {
-    (void)*reinterpret_cast<volatile const char*>(at);
+  if (populate) {
+    if (!base::PopulateForWrite(reinterpret_cast<void*>(begin), end - begin)) {
+      return;  // an older kernel: a read would only map the zero page
+    }
+  } else {
+    for (uintptr_t at = begin; at < end; at += page) {
+      (void)*reinterpret_cast<volatile const char*>(at);
+    }
   }
   g_pages_done.fetch_add((end - begin) / page, std::memory_order_relaxed);
 }
