@@ -42,25 +42,30 @@ ProcessChooser& TheChooser() {
 std::atomic<bool> populate_unsupported{false};
 
 // One byte of each page of [begin, begin + n) read (PopulateForWrite's
-// second half). Reads only, and not instrumented: a covering range's edge
-// pages hold other objects' bytes (and ASan's redzones), which another
-// thread may be writing; a read changes none of them.
+// second half). Reads only, and not instrumented: the range is whole pages
+// of its caller's mapping, which other threads may be writing (the worker's
+// prefault runs beside its boot) and ASan may have poisoned in part (a
+// string's capacity); a read changes none of it.
 __attribute__((no_sanitize("address"))) void ReadEachPage(const void* begin, size_t n) {
   static const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const auto* bytes = static_cast<const volatile char*>(begin);
   for (size_t at = 0; at < n; at += page) (void)bytes[at];
 }
 
+// MADV_POPULATE_WRITE alone (page-aligned range).
+bool Populate(void* begin, size_t n) {
+  if (populate_unsupported.load(std::memory_order_relaxed)) return false;
+  if (madvise(begin, n, MADV_POPULATE_WRITE) == 0) return true;
+  if (errno == EINVAL) populate_unsupported.store(true, std::memory_order_relaxed);
+  return false;
+}
+
 }  // namespace
 
 bool PopulateForWrite(void* begin, size_t n) {
-  if (populate_unsupported.load(std::memory_order_relaxed)) return false;
-  if (madvise(begin, n, MADV_POPULATE_WRITE) == 0) {
-    ReadEachPage(begin, n);
-    return true;
-  }
-  if (errno == EINVAL) populate_unsupported.store(true, std::memory_order_relaxed);
-  return false;
+  if (!Populate(begin, n)) return false;
+  ReadEachPage(begin, n);
+  return true;
 }
 
 bool PopulateCoveringForWrite(const void* begin, size_t n) {
@@ -68,7 +73,7 @@ bool PopulateCoveringForWrite(const void* begin, size_t n) {
   static const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const uintptr_t from = reinterpret_cast<uintptr_t>(begin) & ~(page - 1);
   const uintptr_t to = (reinterpret_cast<uintptr_t>(begin) + n + page - 1) & ~(page - 1);
-  return PopulateForWrite(reinterpret_cast<void*>(from), to - from);
+  return Populate(reinterpret_cast<void*>(from), to - from);
 }
 
 PageSizeChooser::Step PageSizeChooser::Next() {
