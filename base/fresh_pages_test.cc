@@ -97,6 +97,22 @@ TEST_CASE("PopulateForWrite faults in exactly the range it is given") {
   munmap(base, 8 * page);
 }
 
+TEST_CASE("PopulateForWrite and the covering populate change no byte of pages already written") {
+  // The worker populates its executable's data while the boot writes it,
+  // and PopulateForWrite reads each page after the fill (stop 56): neither
+  // may change what is there.
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  char* base = static_cast<char*>(mmap(nullptr, 6 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(base != MAP_FAILED);
+  for (size_t i = 0; i < 3 * page; ++i) base[i] = static_cast<char>(i * 7 + 1);
+  REQUIRE(PopulateForWrite(base, 4 * page));
+  REQUIRE(PopulateCoveringForWrite(base + page / 2, 4 * page));
+  REQUIRE(ResidentPages(base, 6 * page) == 5);  // before the reads below map the last
+  for (size_t i = 0; i < 3 * page; ++i) REQUIRE(base[i] == static_cast<char>(i * 7 + 1));
+  for (size_t i = 3 * page; i < 5 * page; ++i) REQUIRE(base[i] == 0);
+  munmap(base, 6 * page);
+}
+
 TEST_CASE("PrefaultForWrite fills the whole huge pages inside a large buffer, and nothing of a small one") {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const size_t mapped = 40 * kMiB;
