@@ -41,17 +41,6 @@ ProcessChooser& TheChooser() {
 
 std::atomic<bool> populate_unsupported{false};
 
-// One byte of each page of [begin, begin + n) read (PopulateForWrite's
-// second half). Reads only, and not instrumented: the range is whole pages
-// of its caller's mapping, which other threads may be writing (the worker's
-// prefault runs beside its boot) and ASan may have poisoned in part (a
-// string's capacity); a read changes none of it.
-__attribute__((no_sanitize("address"))) void ReadEachPage(const void* begin, size_t n) {
-  static const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const auto* bytes = static_cast<const volatile char*>(begin);
-  for (size_t at = 0; at < n; at += page) (void)bytes[at];
-}
-
 // MADV_POPULATE_WRITE alone (page-aligned range).
 bool Populate(void* begin, size_t n) {
   if (populate_unsupported.load(std::memory_order_relaxed)) return false;
@@ -61,6 +50,16 @@ bool Populate(void* begin, size_t n) {
 }
 
 }  // namespace
+
+// Not instrumented: the range is whole pages of its caller's mapping, which
+// other threads may be writing (the worker's prefault runs beside its boot)
+// and ASan may have poisoned in part (a string's capacity); a read changes
+// none of it.
+__attribute__((no_sanitize("address", "thread"))) void ReadEachPage(const void* begin, size_t n) {
+  static const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const auto* bytes = static_cast<const volatile char*>(begin);
+  for (size_t at = 0; at < n; at += page) (void)bytes[at];
+}
 
 bool PopulateForWrite(void* begin, size_t n) {
   if (!Populate(begin, n)) return false;

@@ -71,6 +71,13 @@ class PageSizeChooser {
   bool huge_was_cheaper_ = true;
 };
 
+// Reads one byte of each page of [begin, begin + n) (page-aligned): on this
+// VM the first access to a page, even one the kernel has filled, traps to
+// the hypervisor (below); made here, that trip is off whoever touches the
+// page next. Reads only: no byte changes, and other threads may be writing
+// the range meanwhile.
+void ReadEachPage(const void* begin, size_t n);
+
 // Faults in the pages of [begin, begin + n) (page-aligned) for writing in
 // one system call (MADV_POPULATE_WRITE), then reads one byte of each page.
 // The read is for VMs like this one, where the guest's page tables being

@@ -117,7 +117,6 @@ class MappedLog::Prefaulter {
     // CPU time instead of preempting the logging thread or the pipeline
     // after it (a failure leaves the inherited priority).
     setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), kNiceness);
-    static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
       changed_.wait(lock, [this] { return stop_ || base_ != nullptr; });
@@ -135,9 +134,7 @@ class MappedLog::Prefaulter {
         // hypervisor maps it too (PopulateForWrite does both); an old
         // kernel leaves the reads.
         if (!agentix::base::PopulateForWrite(base + at, n)) {
-          for (size_t p = at; p < at + n; p += page) {
-            (void)*static_cast<volatile const char*>(base + p);
-          }
+          agentix::base::ReadEachPage(base + at, n);
         }
       }
       lock.lock();

@@ -83,18 +83,14 @@ void ArenaFree(void* ctx, void* ptr, size_t size) {
 // `populate`: anonymous memory, faulted in writable first (a read alone
 // would map the zero page) by PopulateForWrite, which reads each page
 // itself; file pages are only read.
-__attribute__((no_sanitize("address", "thread"))) void Touch(uintptr_t begin,
-                                                            uintptr_t end,
-                                                            bool populate) {
+void Touch(uintptr_t begin, uintptr_t end, bool populate) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   if (populate) {
     if (!base::PopulateForWrite(reinterpret_cast<void*>(begin), end - begin)) {
       return;  // an older kernel: a read would only map the zero page
     }
   } else {
-    for (uintptr_t at = begin; at < end; at += page) {
-      (void)*reinterpret_cast<volatile const char*>(at);
-    }
+    base::ReadEachPage(reinterpret_cast<const void*>(begin), end - begin);
   }
   g_pages_done.fetch_add((end - begin) / page, std::memory_order_relaxed);
 }
