@@ -105,6 +105,13 @@ void PageSizeChooser::Record(const Step& step, uint64_t nanos, size_t bytes) {
 
 namespace {
 
+// Whether the page at `at` is in memory (or cannot be told: then it is
+// left alone).
+bool Resident(void* at) {
+  unsigned char resident = 0;
+  return mincore(at, 1, &resident) != 0 || (resident & 1) != 0;
+}
+
 // Fills [first, last) (2 MiB-aligned) step by step; see PrefaultForWrite.
 PrefaultResult PrefaultRange(uintptr_t first, uintptr_t last) {
   PrefaultResult result;
@@ -121,8 +128,7 @@ PrefaultResult PrefaultRange(uintptr_t first, uintptr_t last) {
     // A step whose first page is there already is reused memory (a heap
     // buffer malloc kept): nothing to fault in, and huge-page advice there
     // would outlive the value (khugepaged may collapse the range later).
-    unsigned char resident = 0;
-    if (mincore(step, 1, &resident) != 0 || (resident & 1) != 0) continue;
+    if (Resident(step)) continue;
     // Refused (a kernel without THP): the step is filled in small pages,
     // and measured as such.
     if (choice.huge && madvise(step, size, MADV_HUGEPAGE) != 0) choice.huge = false;
@@ -150,6 +156,9 @@ PrefaultResult PrefaultForWrite(void* data, size_t n) {
   // other is idle (64 MiB in small pages: ~12 ms against ~21 here), and
   // costs a thread's start when it is not.
   const uintptr_t middle = first + ((last - first) / 2 & ~(uintptr_t{kHugePageBytes} - 1));
+  // A second half that starts on a resident page is reused memory (a kept
+  // buffer): its steps are skipped at a mincore each, not worth a thread.
+  if (Resident(reinterpret_cast<void*>(middle))) return PrefaultRange(first, last);
   PrefaultResult second;
   std::thread helper;
   try {

@@ -152,6 +152,19 @@ TEST_CASE("PrefaultForWrite fills the whole huge pages inside a large buffer, an
     REQUIRE(ResidentPages(data + 3 * kPrefaultStepBytes - done, done) == done / page);
     REQUIRE(data[0] == 1);
   }
+  SECTION("a buffer whose second half is in memory already has only its first half filled") {
+    // (on this thread alone: a resident middle page means reused memory)
+    char* data = aligned;
+    const size_t n = 24 * kMiB;
+    for (size_t i = n / 2; i < n; i += page) data[i] = 3;
+    const PrefaultResult got = PrefaultForWrite(data, n);
+    // Whole steps: the one that crosses the middle is filled up to its end.
+    const size_t done = got.huge_bytes + got.small_bytes;
+    REQUIRE(done >= n / 2);
+    REQUIRE(done <= n / 2 + kPrefaultStepBytes - kHugePageBytes);
+    REQUIRE(ResidentPages(data, n) == n / page);
+    for (size_t i = n / 2; i < n; i += page) REQUIRE(data[i] == 3);
+  }
   munmap(base, mapped);
 }
 

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/fresh_pages.h"
 #include "base/payload_copy.h"
 #include "base/unique_fd.h"
 #include "wire/frame_codec.h"
@@ -122,6 +123,17 @@ PyObject* FrameRecord(PyObject* self, FrameKind kind,
 // (pickle_splitter.h); CPython's pickler writes them outside its frames.
 constexpr uint64_t kSplitValueBytes = 64 * 1024;
 
+// Fills the fresh pages of a large buffer about to be written in full (an
+// argument value, an unsplit upload) in one go, in huge pages where those
+// are cheaper here: a 64 MiB value that lands in memory the worker never
+// touched otherwise faults in 16,384 pages as its chunks are copied in
+// (~0.3 s of the first 64 MiB echo on these VMs; docs/PERFORMANCE.md
+// "stop-59"). Reused pages (the large-buffer pool's kept slot, every echo
+// after the first) are skipped by the prefault's residency look.
+void PrefaultFresh(char* data, uint64_t size) {
+  if (size >= base::kPrefaultMinBytes) base::PrefaultForWrite(data, size);
+}
+
 // The sink of an Upload's splitter: stream bytes go into `buffer`, values
 // into objects of their own. An allocation that fails makes the upload's
 // data None (reported as out of memory once it is complete).
@@ -170,6 +182,10 @@ class UploadSink final : public PickleSplitter::Sink {
     }
     Py_DECREF(value);  // the list holds it
     upload_.value_filled = 0;
+    PrefaultFresh(kind == PickleSplitter::ValueKind::kBytes
+                      ? PyBytes_AS_STRING(value)
+                      : PyByteArray_AS_STRING(value),
+                  size);
     return true;
   }
 
@@ -229,6 +245,8 @@ bool StartUpload(ChannelState& st, const ipc::Frame& f, std::string_view data) {
   if (f.encoding != 2) {  // pickle (1, or 0 for the default); 2 is msgpack
     upload.splitter =
         std::make_unique<PickleSplitter>(f.total_size, kSplitValueBytes);
+  } else {  // written in full; a pickle's buffer shrinks as values leave it
+    PrefaultFresh(PyBytes_AS_STRING(upload.buffer), f.total_size);
   }
   Receive(upload, data);
   return true;

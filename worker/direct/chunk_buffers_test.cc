@@ -1,6 +1,7 @@
 #include "worker/direct/chunk_buffers.h"
 
 #include <catch2/catch.hpp>
+#include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -152,6 +153,26 @@ TEST_CASE("a released chunk buffer is taken with the pages its take's size "
   std::string again = buffers->Take(half);
   REQUIRE(again.data() == memory);
   CHECK(again.empty());
+  const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  CHECK(ResidentPages(memory, half) == WholePages(memory, half).second);
+  CHECK(ResidentPages(memory + half + page, ipc::kChunkBytes - half - page) ==
+        0);
+}
+
+TEST_CASE("a fresh chunk buffer is taken with the pages its take's size "
+          "reaches faulted in at once, and no more",
+          "[direct]") {
+  // A worker's first large results take fresh buffers: filled in one system
+  // call, not a page fault a page as the chunk is written. The earlier
+  // cases' buffers are free heap blocks now, which malloc hands out again
+  // with their pages: malloc_trim gives those pages back first.
+  malloc_trim(0);
+  std::shared_ptr<ChunkBuffers> buffers = ChunkBuffers::Create(1);
+  const size_t half = ipc::kChunkBytes / 2;
+  std::string fresh = buffers->Take(half);
+  REQUIRE(buffers->fresh() == 1);
+  CHECK(fresh.empty());
+  const char* const memory = fresh.data();
   const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   CHECK(ResidentPages(memory, half) == WholePages(memory, half).second);
   CHECK(ResidentPages(memory + half + page, ipc::kChunkBytes - half - page) ==
