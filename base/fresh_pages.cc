@@ -41,6 +41,13 @@ ProcessChooser& TheChooser() {
 
 std::atomic<bool> populate_unsupported{false};
 
+// Whether the page at `at` is in memory (or cannot be told: then it is
+// left alone).
+bool Resident(void* at) {
+  unsigned char resident = 0;
+  return mincore(at, 1, &resident) != 0 || (resident & 1) != 0;
+}
+
 // MADV_POPULATE_WRITE alone (page-aligned range).
 bool Populate(void* begin, size_t n) {
   if (populate_unsupported.load(std::memory_order_relaxed)) return false;
@@ -65,6 +72,14 @@ bool PopulateForWrite(void* begin, size_t n) {
   if (!Populate(begin, n)) return false;
   ReadEachPage(begin, n);
   return true;
+}
+
+bool PopulateFreshForWrite(void* data, size_t n) {
+  static const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (reinterpret_cast<uintptr_t>(data) + page - 1) & ~(page - 1);
+  const uintptr_t last = (reinterpret_cast<uintptr_t>(data) + n) & ~(page - 1);
+  if (last <= first || Resident(reinterpret_cast<void*>(first))) return false;
+  return PopulateForWrite(reinterpret_cast<void*>(first), last - first);
 }
 
 bool PopulateCoveringForWrite(const void* begin, size_t n) {
@@ -105,13 +120,6 @@ void PageSizeChooser::Record(const Step& step, uint64_t nanos, size_t bytes) {
 
 namespace {
 
-// Whether the page at `at` is in memory (or cannot be told: then it is
-// left alone).
-bool Resident(void* at) {
-  unsigned char resident = 0;
-  return mincore(at, 1, &resident) != 0 || (resident & 1) != 0;
-}
-
 // Fills [first, last) (2 MiB-aligned) step by step; see PrefaultForWrite.
 PrefaultResult PrefaultRange(uintptr_t first, uintptr_t last) {
   PrefaultResult result;
@@ -125,10 +133,14 @@ PrefaultResult PrefaultRange(uintptr_t first, uintptr_t last) {
     const size_t size = std::min<uintptr_t>(choice.explore ? kHugePageBytes : kPrefaultStepBytes, last - at);
     void* const step = reinterpret_cast<void*>(at);
     at += size;
-    // A step whose first page is there already is reused memory (a heap
+    // A step whose last page is there already is reused memory (a heap
     // buffer malloc kept): nothing to fault in, and huge-page advice there
-    // would outlive the value (khugepaged may collapse the range later).
-    if (Resident(step)) continue;
+    // would outlive the value (khugepaged may collapse the range later). Its
+    // last page, not its first: a fresh buffer's first page may hold what
+    // was written before it (an allocation's header; the worker's argument
+    // value lands where its upload's stream was begun).
+    static const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    if (Resident(reinterpret_cast<void*>(at - page))) continue;
     // Refused (a kernel without THP): the step is filled in small pages,
     // and measured as such.
     if (choice.huge && madvise(step, size, MADV_HUGEPAGE) != 0) choice.huge = false;

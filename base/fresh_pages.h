@@ -91,6 +91,15 @@ void ReadEachPage(const void* begin, size_t n);
 // in as before.
 bool PopulateForWrite(void* begin, size_t n);
 
+// PopulateForWrite over the whole pages inside [data, data + n) (any
+// alignment) of a buffer about to be written in full, unless the first of
+// them is resident already: then the buffer is recycled memory (a heap block
+// malloc handed out again) and is left as it is. True if it filled the pages.
+// For buffers below kPrefaultMinBytes or outside a kept pool's reach (a
+// fresh chunk buffer, a large frame's receive buffer); larger ones take
+// PrefaultForWrite, which may use huge pages.
+bool PopulateFreshForWrite(void* data, size_t n);
+
 // The populate alone, for every page [begin, begin + n) touches, whatever
 // its alignment (the pages at the edges must be mapped writable, as they are
 // when the range lies inside one mapping; filling a page changes none of its
@@ -110,7 +119,7 @@ struct PrefaultResult {
 
 // Faults in the whole 2 MiB pages inside [data, data + n) (the head and the
 // tail are left to the writes), kPrefaultStepBytes at a time, each step in
-// the page size the process-wide PageSizeChooser picks; a step whose first
+// the page size the process-wide PageSizeChooser picks; a step whose last
 // page is resident already (reused heap memory) is skipped. From
 // kPrefaultSplitBytes on, the second half is filled on a thread started for
 // it while the caller fills the first. Nothing when n <

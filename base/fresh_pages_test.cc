@@ -113,6 +113,29 @@ TEST_CASE("PopulateForWrite and the covering populate change no byte of pages al
   munmap(base, 6 * page);
 }
 
+TEST_CASE("PopulateFreshForWrite fills the whole pages inside a fresh buffer, and leaves a recycled one alone") {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  char* base = static_cast<char*>(mmap(nullptr, 16 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(base != MAP_FAILED);
+  SECTION("fresh: the pages wholly inside, not the partial ones at its edges") {
+    REQUIRE(PopulateFreshForWrite(base + 100, 6 * page));  // pages 1-5 whole; 0 and 6 partial
+    REQUIRE(ResidentPages(base, page) == 0);
+    REQUIRE(ResidentPages(base + page, 5 * page) == 5);
+    REQUIRE(ResidentPages(base + 6 * page, 10 * page) == 0);
+  }
+  SECTION("recycled: its first whole page is resident, so nothing is filled") {
+    base[page] = 1;
+    REQUIRE_FALSE(PopulateFreshForWrite(base + 100, 6 * page));
+    REQUIRE(ResidentPages(base + 2 * page, 4 * page) == 0);
+    REQUIRE(base[page] == 1);
+  }
+  SECTION("no whole page inside: nothing") {
+    REQUIRE_FALSE(PopulateFreshForWrite(base + 100, page));
+    REQUIRE(ResidentPages(base, 2 * page) == 0);
+  }
+  munmap(base, 16 * page);
+}
+
 TEST_CASE("PrefaultForWrite fills the whole huge pages inside a large buffer, and nothing of a small one") {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const size_t mapped = 40 * kMiB;
@@ -139,17 +162,24 @@ TEST_CASE("PrefaultForWrite fills the whole huge pages inside a large buffer, an
     data[n - 1] = 7;
     REQUIRE(data[n - 1] == 7);
   }
-  SECTION("a step whose first page is resident already is skipped (reused memory)") {
+  SECTION("a step whose last page is resident already is skipped (reused memory)") {
     char* data = aligned;
-    data[0] = 1;  // the first step's first page
+    for (size_t i = 0; i < kPrefaultStepBytes; i += page) data[i] = 1;  // a reused first 8 MiB
     const PrefaultResult got = PrefaultForWrite(data, 3 * kPrefaultStepBytes);
     // The first step (2 MiB when the chooser explores, else 8) is left as
     // it was; every other one is filled, the second half on its own thread.
     const size_t done = got.huge_bytes + got.small_bytes;
     REQUIRE(done >= 2 * kPrefaultStepBytes);
     REQUIRE(done <= 3 * kPrefaultStepBytes - kHugePageBytes);
-    REQUIRE(ResidentPages(data, kHugePageBytes) == 1);
-    REQUIRE(ResidentPages(data + 3 * kPrefaultStepBytes - done, done) == done / page);
+    REQUIRE(ResidentPages(data, 3 * kPrefaultStepBytes) == 3 * kPrefaultStepBytes / page);
+    for (size_t i = 0; i < kPrefaultStepBytes; i += page) REQUIRE(data[i] == 1);
+  }
+  SECTION("a fresh buffer whose first page alone was written (a header) is filled whole") {
+    char* data = aligned;
+    data[0] = 1;
+    const PrefaultResult got = PrefaultForWrite(data, 3 * kPrefaultStepBytes);
+    REQUIRE(got.huge_bytes + got.small_bytes == 3 * kPrefaultStepBytes);
+    REQUIRE(ResidentPages(data, 3 * kPrefaultStepBytes) == 3 * kPrefaultStepBytes / page);
     REQUIRE(data[0] == 1);
   }
   SECTION("a buffer whose second half is in memory already has only its first half filled") {
@@ -158,11 +188,12 @@ TEST_CASE("PrefaultForWrite fills the whole huge pages inside a large buffer, an
     const size_t n = 24 * kMiB;
     for (size_t i = n / 2; i < n; i += page) data[i] = 3;
     const PrefaultResult got = PrefaultForWrite(data, n);
-    // Whole steps: the one that crosses the middle is filled up to its end.
+    // Whole steps: the one that crosses the middle is filled or skipped
+    // with its last page, which is resident.
     const size_t done = got.huge_bytes + got.small_bytes;
-    REQUIRE(done >= n / 2);
-    REQUIRE(done <= n / 2 + kPrefaultStepBytes - kHugePageBytes);
-    REQUIRE(ResidentPages(data, n) == n / page);
+    REQUIRE(done + kPrefaultStepBytes >= n / 2);
+    REQUIRE(done <= n / 2);
+    REQUIRE(ResidentPages(data, done) == done / page);
     for (size_t i = n / 2; i < n; i += page) REQUIRE(data[i] == 3);
   }
   munmap(base, mapped);

@@ -4,7 +4,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-#include <cstdio>
+#include <cstdint>
 #include <string>
 #include <thread>
 #include <vector>
@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "agentix/runtime/v1/runtime.pb.h"
 #include "absl/time/time.h"
+#include "testing/resident_pages.h"
 #include "testing/status_matchers.h"
 #include "worker/channel/channel_state.h"
 #include "worker/channel/channel_test_util.h"
@@ -567,17 +568,6 @@ TEST_CASE("Msgpack and unsplittable arguments arrive as one bytes object",
   Py("del got, value, stream\n");
 }
 
-// Resident memory of this process, in bytes.
-size_t ResidentBytes() {
-  long pages = 0;
-  long resident = 0;
-  FILE* statm = fopen("/proc/self/statm", "r");
-  REQUIRE(statm != nullptr);
-  REQUIRE(fscanf(statm, "%ld %ld", &pages, &resident) == 2);
-  fclose(statm);
-  return static_cast<size_t>(resident) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
-}
-
 TEST_CASE("A large argument value's pages are filled when it begins, not "
           "chunk by chunk as its bytes arrive",
           "[channel][args]") {
@@ -597,7 +587,6 @@ TEST_CASE("A large argument value's pages are filled when it begins, not "
   }
   const uint64_t total = std::stoull(PyEval("len(stream)"));
   Py("del head, stream\n");
-  const size_t before = ResidentBytes();
   std::thread sender([&] { pair.Send(CallFrame("v", head, total)); });
   Py("import select\n"
      "got = []\n"
@@ -605,12 +594,24 @@ TEST_CASE("A large argument value's pages are filled when it begins, not "
      "    select.select([ch.fileno()], [], [], 10)\n"
      "    got += ch.read_frames()\n");
   sender.join();
-  // Only the first chunk (1 MiB of the value) has come; the value's whole
-  // 2 MiB pages (at least 10 MiB of its 12) are in memory already.
   REQUIRE(PyEval("repr([tuple(f) for f in got])") ==
           absl::StrCat("[(1, 'v', 'm::f', 1, None, ", total, ", b'', 0)]"));
-  CHECK(ResidentBytes() - before >= kValue - 2 * kHugePage);
   Py("del got\n");
+  // Only the first chunk (1 MiB of the value) has come; the value's whole
+  // 2 MiB pages (at least 10 MiB of its 12) are in memory already.
+  PyObject* channel = testing::EvalPython("ch");
+  REQUIRE(channel != nullptr);
+  const Upload& upload = Channel(channel).uploads.at("v");
+  Py_DECREF(channel);  // `ch` in __main__ keeps it
+  REQUIRE(upload.values != nullptr);
+  PyObject* value = PyList_GET_ITEM(upload.values, PyList_GET_SIZE(upload.values) - 1);
+  REQUIRE(static_cast<size_t>(PyBytes_GET_SIZE(value)) == kValue);
+  const auto at = reinterpret_cast<uintptr_t>(PyBytes_AS_STRING(value));
+  const uintptr_t first = (at + kHugePage - 1) & ~uintptr_t{kHugePage - 1};
+  const uintptr_t last = (at + kValue) & ~uintptr_t{kHugePage - 1};
+  const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  CHECK(agentix::testing::ResidentPages(reinterpret_cast<const void*>(first), last - first) ==
+        (last - first) / page);
   ipc::Frame cancel;
   cancel.type = ipc::FrameType::kCancel;
   cancel.call_id = "v";

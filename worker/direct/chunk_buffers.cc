@@ -44,19 +44,6 @@ void PopulatePages(std::string& buffer, size_t size) {
   }
 }
 
-// The same for a fresh allocation whose pages the process never touched
-// (the first large results of a worker: a 64 MiB result takes 64 of them);
-// one whose first whole page is in memory already is recycled heap, left
-// as it is.
-void PopulateFreshPages(std::string& buffer, size_t size) {
-  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t first = (reinterpret_cast<uintptr_t>(buffer.data()) + page) & ~(page - 1);
-  unsigned char resident = 0;
-  if (mincore(reinterpret_cast<void*>(first), 1, &resident) == 0 && (resident & 1) == 0) {
-    PopulatePages(buffer, size);
-  }
-}
-
 }  // namespace
 
 std::shared_ptr<ChunkBuffers> ChunkBuffers::Create(size_t max_kept,
@@ -86,7 +73,9 @@ std::string ChunkBuffers::Take(size_t size) {
     PopulatePages(buffer, size);  // outside the lock: a system call
   } else if (fresh) {
     buffer.reserve(std::max(size, ipc::kChunkBytes));
-    PopulateFreshPages(buffer, size);
+    // A worker's first large results take fresh ones (a 64 MiB result, 64):
+    // filled at once, as the released ones above.
+    (void)base::PopulateFreshForWrite(buffer.data(), size);
   }
   return buffer;  // a kept one was cleared by Give, capacity >= kChunkBytes
 }

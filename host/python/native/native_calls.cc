@@ -702,7 +702,29 @@ PyObject* PrefaultForWriteOf(PyObject*, PyObject* target) {
   return Py_BuildValue("(nn)", static_cast<Py_ssize_t>(done.huge_bytes), static_cast<Py_ssize_t>(done.small_bytes));
 }
 
+// new_buffer(size) -> bytearray: see its docstring. Fresh memory filled at
+// once costs about half of a fault a page on these VMs (docs/DECISIONS.md
+// "stop-59"), and nothing is zero-filled: the frame reader writes every byte.
+PyObject* NewBuffer(PyObject*, PyObject* arg) {
+  const Py_ssize_t size = PyLong_AsSsize_t(arg);
+  if (size == -1 && PyErr_Occurred()) return nullptr;
+  if (size < 0) {
+    PyErr_SetString(PyExc_ValueError, "new_buffer: the size is negative");
+    return nullptr;
+  }
+  PyObject* buffer = PyByteArray_FromStringAndSize(nullptr, size);
+  if (buffer == nullptr) return nullptr;
+  char* const data = PyByteArray_AS_STRING(buffer);
+  Py_BEGIN_ALLOW_THREADS(void) agentix::base::PopulateFreshForWrite(data, static_cast<size_t>(size));
+  Py_END_ALLOW_THREADS return buffer;
+}
+
 PyMethodDef kModuleMethods[] = {
+    {"new_buffer", NewBuffer, METH_O,
+     "new_buffer(size) -> bytearray of `size` bytes whose contents are undefined, for a buffer about to be "
+     "written in full (a large frame's payload read from a socket): not zero-filled, and when its memory is "
+     "fresh its whole pages are faulted in at once instead of one fault a page "
+     "(base::PopulateFreshForWrite)."},
     {"prefault_for_write", PrefaultForWriteOf, METH_O,
      "prefault_for_write(target) -> (huge_bytes, small_bytes): faults in the whole 2 MiB pages inside a "
      "writable buffer of 4 MiB or more that is about to be written in full (a large value being decoded), "

@@ -16,7 +16,7 @@ import pytest
 
 from agentix.runtime.client import frames, wire
 from agentix.runtime.client.frames import FrameTransport
-from agentix.runtime.client.payload_ring import PayloadRing, SplitMessage, native_copy, native_prefault
+from agentix.runtime.client.payload_ring import PayloadRing, SplitMessage, native_copy, native_new_buffer, native_prefault
 from agentix.runtime.shared.pickle_stream import COPY_FUNCTION_BYTES, COPY_FUNCTION_MAX_VALUE, PREFAULT_TARGET_BYTES
 from agentix.runtime.shared.safepickle import restricted_loads_chunks
 from agentix.runtime.v1 import runtime_pb2 as pb
@@ -232,6 +232,38 @@ def test_agentix_prefault_off_turns_the_prefault_off(monkeypatch):
         assert (native_prefault() is not None) is on
     monkeypatch.delenv(payload_ring.PREFAULT_ENV)
     assert native_prefault() is not None
+
+
+def test_a_new_buffer_is_a_bytearray_of_its_size_with_a_fresh_ones_pages_filled_at_once():
+    new_buffer = native_new_buffer()
+    assert new_buffer is not bytearray  # the unit tests run with the native module
+    for size in (0, 1, 300 * 1024, (4 << 20) + (64 << 10)):
+        buffer = new_buffer(size)
+        assert type(buffer) is bytearray and len(buffer) == size
+        buffer[:] = b"\x01" * size  # writable in full, as a frame read into it
+        assert buffer.count(1) == size
+    # A fresh allocation (above 32 MiB glibc always maps one afresh, whatever
+    # its sliding mmap threshold): its whole pages are there before anything
+    # is written.
+    buffer = new_buffer(33 << 20)
+    view = memoryview(buffer)
+    inside = view[-_address(view) % mmap.PAGESIZE :]
+    whole = len(inside) // mmap.PAGESIZE
+    assert _resident_pages(inside[: whole * mmap.PAGESIZE]) == whole
+    del inside, view
+    with pytest.raises(ValueError):
+        new_buffer(-1)
+    with pytest.raises(TypeError):
+        new_buffer("4096")
+
+
+def test_agentix_prefault_off_makes_new_buffers_plain_bytearrays(monkeypatch):
+    from agentix.runtime.client import payload_ring
+
+    monkeypatch.setenv(payload_ring.PREFAULT_ENV, "off")
+    assert native_new_buffer() is bytearray
+    monkeypatch.delenv(payload_ring.PREFAULT_ENV)
+    assert native_new_buffer() is not bytearray
 
 
 def test_a_chunked_decode_prefaults_each_large_value_before_filling_it():

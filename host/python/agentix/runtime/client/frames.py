@@ -75,7 +75,7 @@ from agentix.runtime.client.namespaces import (
     NamespaceStream,
     NativeNamespaceStream,
 )
-from agentix.runtime.client.payload_ring import PayloadRing, ring_frame, split_message
+from agentix.runtime.client.payload_ring import PayloadRing, native_new_buffer, ring_frame, split_message
 from agentix.runtime.client.pending import PendingCall
 from agentix.runtime.client.pinned_waits import (
     CALLS_CPU_ENV,
@@ -621,15 +621,14 @@ class FrameTransport:
     def _take(self, size: int) -> bytearray:
         """A buffer for a frame payload of `size` bytes (longer than `_buf`):
         a kept one of at least that size (at most twice) whose bytes nobody
-        refers to any more, else a new one. Reuse spares the zero-filling (and
-        on a default-tuned malloc the page faults) of a megabyte per result
-        chunk."""
+        refers to any more, else a new one (`native_new_buffer`: not zero-
+        filled, fresh pages filled at once; a spare needs neither)."""
         for index, spare in enumerate(self._spare):
             if size <= len(spare) <= 2 * size and _unreferenced(spare):
                 del self._spare[index]
                 self._spare_bytes -= len(spare)
                 return spare
-        return bytearray(size)
+        return native_new_buffer()(size)
 
     def _keep(self, buf: bytearray) -> None:
         """Remembers the buffer of a frame just read for reuse by `_take`,

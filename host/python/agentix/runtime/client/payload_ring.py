@@ -34,7 +34,17 @@ from typing import Any
 from agentix.runtime.client import wire
 from agentix.runtime.shared.pickle_stream import COPY_FUNCTION_BYTES
 
-__all__ = ["PREFAULT_ENV", "PayloadRing", "RING_BYTES", "SplitMessage", "native_copy", "native_prefault", "ring_frame", "split_message"]
+__all__ = [
+    "PREFAULT_ENV",
+    "PayloadRing",
+    "RING_BYTES",
+    "SplitMessage",
+    "native_copy",
+    "native_new_buffer",
+    "native_prefault",
+    "ring_frame",
+    "split_message",
+]
 
 # Bytes per ring (one each way), as the daemon ↔ worker rings.
 RING_BYTES = 16 << 20
@@ -87,6 +97,28 @@ def native_prefault() -> Callable[[Any], tuple[int, int]] | None:
             prefault_for_write = None
         _native_prefault = prefault_for_write
     return _native_prefault
+
+
+_native_new_buffer: Any = _NOT_LOADED
+
+
+def native_new_buffer() -> Callable[[int], bytearray]:
+    """``_native_calls.new_buffer(size)``: a bytearray whose bytes are
+    undefined, for a buffer about to be written in full (a large frame's
+    payload); fresh memory gets its pages at once, not a fault a page, and
+    nothing is zero-filled (a sandbox's first 64 MiB result is read through
+    ~48 MiB of such buffers). ``bytearray`` itself when the native module
+    cannot be loaded or ``AGENTIX_PREFAULT`` is ``off`` or ``0``."""
+    global _native_new_buffer
+    if os.environ.get(PREFAULT_ENV, "").strip().lower() in ("off", "0"):
+        return bytearray
+    if _native_new_buffer is _NOT_LOADED:
+        try:
+            from agentix.runtime.client._native_calls import new_buffer
+        except Exception:  # as native_copy
+            new_buffer = bytearray
+        _native_new_buffer = new_buffer
+    return _native_new_buffer
 
 
 class PayloadRing:
