@@ -136,9 +136,9 @@ PrefaultResult PrefaultRange(uintptr_t first, uintptr_t last) {
     // A step whose last page is there already is reused memory (a heap
     // buffer malloc kept): nothing to fault in, and huge-page advice there
     // would outlive the value (khugepaged may collapse the range later). Its
-    // last page, not its first: a fresh buffer's first page may hold what
-    // was written before it (an allocation's header; the worker's argument
-    // value lands where its upload's stream was begun).
+    // last page, not its first: a heap grows at the top, so a buffer that
+    // is recycled below and fresh above is the common mix (docs/DECISIONS.md
+    // "stop-59").
     static const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     if (Resident(reinterpret_cast<void*>(at - page))) continue;
     // Refused (a kernel without THP): the step is filled in small pages,
