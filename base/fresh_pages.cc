@@ -78,7 +78,12 @@ bool PopulateFreshForWrite(void* data, size_t n) {
   static const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const uintptr_t first = (reinterpret_cast<uintptr_t>(data) + page - 1) & ~(page - 1);
   const uintptr_t last = (reinterpret_cast<uintptr_t>(data) + n) & ~(page - 1);
-  if (last <= first || Resident(reinterpret_cast<void*>(first))) return false;
+  // The middle page is the witness: allocators and terminators write a
+  // buffer's ends (ASan fills its first 4 KiB; a bytearray's NUL follows its
+  // last byte), while recycled memory is resident throughout.
+  if (last <= first || Resident(reinterpret_cast<void*>(first + (last - first) / page / 2 * page))) {
+    return false;
+  }
   return PopulateForWrite(reinterpret_cast<void*>(first), last - first);
 }
 

@@ -92,8 +92,8 @@ void ReadEachPage(const void* begin, size_t n);
 bool PopulateForWrite(void* begin, size_t n);
 
 // PopulateForWrite over the whole pages inside [data, data + n) (any
-// alignment) of a buffer about to be written in full, unless the first of
-// them is resident already: then the buffer is recycled memory (a heap block
+// alignment) of a buffer about to be written in full, unless the middle one
+// is resident already: then the buffer is recycled memory (a heap block
 // malloc handed out again) and is left as it is. True if it filled the pages.
 // For buffers below kPrefaultMinBytes or outside a kept pool's reach (a
 // fresh chunk buffer, a large frame's receive buffer); larger ones take

@@ -123,11 +123,19 @@ TEST_CASE("PopulateFreshForWrite fills the whole pages inside a fresh buffer, an
     REQUIRE(ResidentPages(base + page, 5 * page) == 5);
     REQUIRE(ResidentPages(base + 6 * page, 10 * page) == 0);
   }
-  SECTION("recycled: its first whole page is resident, so nothing is filled") {
-    base[page] = 1;
+  SECTION("recycled: its middle whole page is resident, so nothing is filled") {
+    base[3 * page] = 1;
     REQUIRE_FALSE(PopulateFreshForWrite(base + 100, 6 * page));
-    REQUIRE(ResidentPages(base + 2 * page, 4 * page) == 0);
+    REQUIRE(ResidentPages(base + page, 5 * page) == 1);
+    REQUIRE(base[3 * page] == 1);
+  }
+  SECTION("fresh with its ends written (an allocator's fill, a terminator): filled") {
+    base[page] = 1;
+    base[5 * page] = 2;
+    REQUIRE(PopulateFreshForWrite(base + 100, 6 * page));
+    REQUIRE(ResidentPages(base + page, 5 * page) == 5);
     REQUIRE(base[page] == 1);
+    REQUIRE(base[5 * page] == 2);
   }
   SECTION("no whole page inside: nothing") {
     REQUIRE_FALSE(PopulateFreshForWrite(base + 100, page));
