@@ -57,8 +57,27 @@ _U64 = struct.Struct("<Q")
 _RING_COUNT = struct.Struct("<H")
 _RING_PIECE = struct.Struct("<IQQ")
 _RING_MAX_PIECES = 64
-_NOT_LOADED = object()
-_native_copy: Any = _NOT_LOADED
+PREFAULT_ENV = "AGENTIX_PREFAULT"
+_natives: dict[str, Any] = {}
+
+
+def _native(name: str, fallback: Any) -> Any:
+    """``_native_calls.<name>``, loaded once; `fallback` when the native
+    module cannot be loaded (the pure wheel, another interpreter, libgrpc++
+    missing, ...)."""
+    if name not in _natives:
+        try:
+            from agentix.runtime.client import _native_calls
+
+            _natives[name] = getattr(_native_calls, name)
+        except Exception:
+            _natives[name] = fallback
+    return _natives[name]
+
+
+def _prefault_off() -> bool:
+    """``AGENTIX_PREFAULT`` is ``off`` or ``0`` (any case): the A/B switch."""
+    return os.environ.get(PREFAULT_ENV, "").strip().lower() in ("off", "0")
 
 
 def native_copy() -> Callable[[Any, int, Any], None] | None:
@@ -66,40 +85,16 @@ def native_copy() -> Callable[[Any, int, Any], None] | None:
     the native module cannot be loaded (then memoryview assignment copies).
     A 16 MiB echo's buffers outgrow the caches, where stores that bypass them
     write each line once instead of reading it first (base/payload_copy.h)."""
-    global _native_copy
-    if _native_copy is _NOT_LOADED:
-        try:
-            from agentix.runtime.client._native_calls import copy_payload
-        except Exception:  # the pure wheel, another interpreter, libgrpc++ missing, ...
-            copy_payload = None
-        _native_copy = copy_payload
-    return _native_copy
-
-
-_native_prefault: Any = _NOT_LOADED
-PREFAULT_ENV = "AGENTIX_PREFAULT"
+    return _native("copy_payload", None)
 
 
 def native_prefault() -> Callable[[Any], tuple[int, int]] | None:
     """``_native_calls.prefault_for_write(target)``, or None when the native
-    module cannot be loaded or ``AGENTIX_PREFAULT`` is ``off`` or ``0`` (any
-    case; the A/B switch). A large result value is decoded into a fresh
-    mapping whose page faults were most of its decode (16,384 for 64 MiB);
-    the kernel fills it faster at once, in huge pages where they are cheap
-    here (base/fresh_pages.h)."""
-    global _native_prefault
-    if os.environ.get(PREFAULT_ENV, "").strip().lower() in ("off", "0"):
-        return None
-    if _native_prefault is _NOT_LOADED:
-        try:
-            from agentix.runtime.client._native_calls import prefault_for_write
-        except Exception:  # as native_copy
-            prefault_for_write = None
-        _native_prefault = prefault_for_write
-    return _native_prefault
-
-
-_native_new_buffer: Any = _NOT_LOADED
+    module cannot be loaded or ``AGENTIX_PREFAULT`` is ``off`` or ``0``. A
+    large result value is decoded into a fresh mapping whose page faults were
+    most of its decode (16,384 for 64 MiB); the kernel fills it faster at
+    once, in huge pages where they are cheap here (base/fresh_pages.h)."""
+    return None if _prefault_off() else _native("prefault_for_write", None)
 
 
 def native_new_buffer() -> Callable[[int], bytearray]:
@@ -109,16 +104,7 @@ def native_new_buffer() -> Callable[[int], bytearray]:
     nothing is zero-filled (a sandbox's first 64 MiB result is read through
     ~48 MiB of such buffers). ``bytearray`` itself when the native module
     cannot be loaded or ``AGENTIX_PREFAULT`` is ``off`` or ``0``."""
-    global _native_new_buffer
-    if os.environ.get(PREFAULT_ENV, "").strip().lower() in ("off", "0"):
-        return bytearray
-    if _native_new_buffer is _NOT_LOADED:
-        try:
-            from agentix.runtime.client._native_calls import new_buffer
-        except Exception:  # as native_copy
-            new_buffer = bytearray
-        _native_new_buffer = new_buffer
-    return _native_new_buffer
+    return bytearray if _prefault_off() else _native("new_buffer", bytearray)
 
 
 class PayloadRing:
