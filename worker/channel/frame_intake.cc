@@ -129,9 +129,10 @@ constexpr uint64_t kSplitValueBytes = 64 * 1024;
 // touched otherwise faults in 16,384 pages as its chunks are copied in
 // (~0.3 s of the first 64 MiB echo on these VMs; docs/PERFORMANCE.md
 // "stop-59"). Reused pages (the large-buffer pool's kept slot, every echo
-// after the first) are skipped by the prefault's residency look.
+// after the first) are skipped by the prefault's residency look, and a
+// value below base::kPrefaultMinBytes by the prefault itself.
 void PrefaultFresh(char* data, uint64_t size) {
-  if (size >= base::kPrefaultMinBytes) base::PrefaultForWrite(data, size);
+  (void)base::PrefaultForWrite(data, size);
 }
 
 // The sink of an Upload's splitter: stream bytes go into `buffer`, values
