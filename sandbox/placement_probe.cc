@@ -70,11 +70,17 @@ double Median(std::vector<double> values) {
 
 bool Finite(double value) { return std::isfinite(value) && value > 0; }
 
+bool Cancelled(const absl::Notification* cancel) {
+  return cancel != nullptr && cancel->HasBeenNotified();
+}
+
+absl::Status CancelledProbe() { return absl::CancelledError("the probe was stopped"); }
+
 // One byte each way between this thread and an echo thread, over a Unix
 // socketpair (the call path's own kind of hand-off). `cpus`: this thread's
 // mask for the whole run, `echo_cpus` the echo thread's.
 absl::StatusOr<double> RoundTrip(const cpu_set_t& cpus, const cpu_set_t& echo_cpus,
-                                 int round_trips) {
+                                 int round_trips, const absl::Notification* cancel) {
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
     return absl::InternalError(absl::StrFormat("socketpair: errno %d", errno));
@@ -114,7 +120,12 @@ absl::StatusOr<double> RoundTrip(const cpu_set_t& cpus, const cpu_set_t& echo_cp
   std::vector<double> times;
   times.reserve(round_trips);
   bool broken = !placed.ok();
+  bool cancelled = false;
   for (int i = 0; !broken && i < kWarmUp + round_trips; ++i) {
+    if (Cancelled(cancel)) {
+      cancelled = true;
+      break;
+    }
     char byte = 'p';
     const double start = NowUs();
     if (::write(fds[0], &byte, 1) != 1 || ::read(fds[0], &byte, 1) != 1) {
@@ -126,6 +137,7 @@ absl::StatusOr<double> RoundTrip(const cpu_set_t& cpus, const cpu_set_t& echo_cp
   ::shutdown(fds[0], SHUT_RDWR);  // ends the echo thread's read
   echo.join();
   if (!placed.ok()) return placed;
+  if (cancelled) return CancelledProbe();
   if (broken) return absl::InternalError("the probe's socketpair broke");
   return Median(std::move(times));
 }
@@ -151,11 +163,17 @@ std::vector<long long> IdleJiffies(const cpu_set_t& cpus) {
 }
 
 // How many CPUs of `cpus` were idle at least kIdleShare of `window` (slept
-// through by this thread); -1 if /proc/stat cannot say.
-int IdleCpus(const cpu_set_t& cpus, absl::Duration window) {
+// through by this thread); -1 if /proc/stat cannot say; CancelledError if
+// `cancel` is notified meanwhile.
+absl::StatusOr<int> IdleCpus(const cpu_set_t& cpus, absl::Duration window,
+                             const absl::Notification* cancel) {
   const std::vector<long long> before = IdleJiffies(cpus);
   const double start = NowUs();
-  absl::SleepFor(window);
+  if (cancel == nullptr) {
+    absl::SleepFor(window);
+  } else if (cancel->WaitForNotificationWithTimeout(window)) {
+    return CancelledProbe();
+  }
   const double slept_s = (NowUs() - start) / 1e6;
   const std::vector<long long> after = IdleJiffies(cpus);
   const long ticks = ::sysconf(_SC_CLK_TCK);
@@ -171,13 +189,13 @@ int IdleCpus(const cpu_set_t& cpus, absl::Duration window) {
 }
 
 // The calling thread pinned to its CPU and given its mask back, per call.
-double AffinityUs(const cpu_set_t& all, int pairs) {
+double AffinityUs(const cpu_set_t& all, int pairs, const absl::Notification* cancel) {
   const int cpu = ::sched_getcpu();
   if (cpu < 0) return 0;
   const cpu_set_t one = base::CpuSetOf(cpu);
   std::vector<double> times;
   times.reserve(pairs);
-  for (int i = 0; i < pairs; ++i) {
+  for (int i = 0; i < pairs && !Cancelled(cancel); ++i) {
     const double start = NowUs();
     if (::sched_setaffinity(0, sizeof(one), &one) != 0 ||
         ::sched_setaffinity(0, sizeof(all), &all) != 0) {
@@ -275,7 +293,9 @@ absl::StatusOr<ProbeFigures> MeasurePlacement(const ProbeOptions& options) {
   figures.cpus = CPU_COUNT(&all);
   if (figures.cpus >= 2) {
     // Idleness first, before this probe's own threads run.
-    figures.idle_cpus = IdleCpus(all, options.idle_window);
+    absl::StatusOr<int> idle = IdleCpus(all, options.idle_window, options.cancel);
+    if (!idle.ok()) return idle.status();
+    figures.idle_cpus = *idle;
     const int cpu = std::max(0, ::sched_getcpu());
     int other = -1;
     for (int c = 0; c < CPU_SETSIZE && other < 0; ++c) {
@@ -283,13 +303,14 @@ absl::StatusOr<ProbeFigures> MeasurePlacement(const ProbeOptions& options) {
     }
     const cpu_set_t here = base::CpuSetOf(cpu);
     absl::StatusOr<double> cross =
-        RoundTrip(here, base::CpuSetOf(other), options.round_trips);
+        RoundTrip(here, base::CpuSetOf(other), options.round_trips, options.cancel);
     if (!cross.ok()) return cross.status();
-    absl::StatusOr<double> same = RoundTrip(here, here, options.round_trips);
+    absl::StatusOr<double> same = RoundTrip(here, here, options.round_trips, options.cancel);
     if (!same.ok()) return same.status();
     figures.cross_cpu_us = *cross;
     figures.same_cpu_us = *same;
-    figures.affinity_us = AffinityUs(all, options.affinity_pairs);
+    figures.affinity_us = AffinityUs(all, options.affinity_pairs, options.cancel);
+    if (Cancelled(options.cancel)) return CancelledProbe();
     figures.idle_poll_ns = ReadIdlePollNs();
   }
   figures.took = absl::Microseconds(NowUs() - start);

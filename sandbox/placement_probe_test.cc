@@ -8,6 +8,9 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
 
 namespace agentix::sandbox {
 namespace {
@@ -179,6 +182,35 @@ TEST_CASE("The probe measures every figure on a machine with two CPUs, and leave
   CPU_ZERO(&after);
   REQUIRE(::sched_getaffinity(0, sizeof(after), &after) == 0);
   CHECK(CPU_EQUAL(&before, &after));
+}
+
+TEST_CASE("A probe whose cancel is notified ends with CancelledError and leaves the mask alone") {
+  cpu_set_t before;
+  CPU_ZERO(&before);
+  REQUIRE(::sched_getaffinity(0, sizeof(before), &before) == 0);
+  if (CPU_COUNT(&before) < 2) return;  // one CPU: nothing is measured, nothing to cut
+  // Cancelled during each long step in turn: the idle window, the round
+  // trips, the pins (each made to last far longer than the test's timeout).
+  for (const std::string step : {"idle window", "round trips", "pins"}) {
+    CAPTURE(step);
+    absl::Notification cancel;
+    ProbeOptions options;
+    options.cancel = &cancel;
+    options.idle_window = step == "idle window" ? absl::Hours(1) : absl::Milliseconds(1);
+    options.round_trips = step == "round trips" ? 1'000'000'000 : 20;
+    options.affinity_pairs = step == "pins" ? 1'000'000'000 : 5;
+    std::thread canceller([&cancel] {
+      absl::SleepFor(absl::Milliseconds(30));
+      cancel.Notify();
+    });
+    absl::StatusOr<ProbeFigures> figures = MeasurePlacement(options);
+    canceller.join();
+    CHECK(absl::IsCancelled(figures.status()));
+    cpu_set_t after;
+    CPU_ZERO(&after);
+    REQUIRE(::sched_getaffinity(0, sizeof(after), &after) == 0);
+    CHECK(CPU_EQUAL(&before, &after));
+  }
 }
 
 // The re-probe's schedule (defaults: at most one a minute, after a 0.1 s pause).

@@ -14,7 +14,11 @@ PlacementProber::PlacementProber(std::shared_ptr<CallsCpu> calls_cpu,
                                  ReprobeSchedule::Options options, Measure measure)
     : calls_cpu_(std::move(calls_cpu)),
       options_(options),
-      measure_(measure ? std::move(measure) : [] { return MeasurePlacement(); }) {
+      measure_(measure ? std::move(measure) : [](const absl::Notification& stopping) {
+        ProbeOptions probe;
+        probe.cancel = &stopping;
+        return MeasurePlacement(probe);
+      }) {
   calls_cpu_->SetActive(false);
   calls_cpu_->SetHostWaits(CallsCpu::HostWaits::kUnknown);
 }
@@ -42,13 +46,22 @@ void PlacementProber::OnHostWaits(
 void PlacementProber::Stop() {
   {
     absl::MutexLock lock(&mu_);
-    stop_ = true;
+    if (!stop_) {
+      stop_ = true;
+      stopping_.Notify();
+    }
   }
   if (thread_.joinable()) thread_.join();
 }
 
 PlacementChoice PlacementProber::ProbeOnce(bool first) {
-  absl::StatusOr<ProbeFigures> figures = measure_();
+  absl::StatusOr<ProbeFigures> figures = measure_(stopping_);
+  if (stopping_.HasBeenNotified() && absl::IsCancelled(figures.status())) {
+    // Stopped meanwhile: nothing measured, nothing to apply.
+    PlacementChoice in_force;
+    in_force.placement = placement_;
+    return in_force;
+  }
   PlacementChoice choice;  // a failed probe: Placement::kAll
   if (figures.ok()) choice = ChoosePlacement(*figures);
   const bool changed = !chose_ || choice.placement != placement_;

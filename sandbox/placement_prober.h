@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "sandbox/calls_cpu.h"
 #include "sandbox/placement_probe.h"
 
@@ -19,8 +20,11 @@ namespace agentix::sandbox {
 
 class PlacementProber {
  public:
-  // Measures the machine (MeasurePlacement unless set).
-  using Measure = std::function<absl::StatusOr<ProbeFigures>()>;
+  // Measures the machine (MeasurePlacement unless set). `stopping` is
+  // notified by Stop(): a measurement then ends with CancelledError (at
+  // once, not after the round trips it had left), which changes nothing.
+  using Measure =
+      std::function<absl::StatusOr<ProbeFigures>(const absl::Notification& stopping)>;
 
   // Until the start-up probe has chosen, `calls_cpu` pins nothing and hosts
   // that ask are not told yet (HostWaits::kUnknown).
@@ -42,14 +46,14 @@ class PlacementProber {
   // the direct connections' hosts are told by the worker, not by a daemon
   // thread that follows CallsCpu. Thread-safe.
   void OnHostWaits(std::function<void(CallsCpu::HostWaits)> told);
-  // Ends the thread (after a probe that is running). Idempotent.
+  // Ends the thread; a probe that is running is cut short. Idempotent.
   void Stop();
 
   // One probe, applied and logged (the start-up one at info level with its
   // figures, later ones at info level only when the choice changes). A
   // probe that fails chooses Placement::kAll, the placement before the
-  // probe. Returns the choice. On the prober's thread; tests call it
-  // without Start.
+  // probe; one cut short by Stop() changes and logs nothing. Returns the
+  // placement in force. On the prober's thread; tests call it without Start.
   PlacementChoice ProbeOnce(bool first);
 
  private:
@@ -65,6 +69,7 @@ class PlacementProber {
   Placement placement_ = Placement::kAll;  // the latest choice
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Notification stopping_;  // notified once, with stop_ set
   std::function<CallPathActivity()> activity_ ABSL_GUARDED_BY(mu_);
   std::function<void(CallsCpu::HostWaits)> told_ ABSL_GUARDED_BY(mu_);
 };

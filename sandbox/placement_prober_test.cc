@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 
 namespace agentix::sandbox {
@@ -31,7 +32,7 @@ class Measures {
   explicit Measures(std::deque<absl::StatusOr<ProbeFigures>> queued)
       : queued_(std::move(queued)) {}
   PlacementProber::Measure measure() {
-    return [this]() -> absl::StatusOr<ProbeFigures> {
+    return [this](const absl::Notification&) -> absl::StatusOr<ProbeFigures> {
       absl::MutexLock lock(&mu_);
       ++taken_;
       absl::StatusOr<ProbeFigures> next = queued_.front();
@@ -205,6 +206,54 @@ TEST_CASE("A daemon stopped while its start-up probe waits stops without measuri
   prober.Stop();  // returns: the wait ends with the stop, not the hour
   CHECK(measures.taken() == 0);
   CHECK(calls_cpu->host_waits() == CallsCpu::HostWaits::kUnknown);
+}
+
+TEST_CASE("A daemon stopped while a probe measures cuts the probe short and applies nothing") {
+  auto calls_cpu = std::make_shared<CallsCpu>(CallsCpu::kRunningCpu);
+  absl::Notification measuring;
+  std::vector<CallsCpu::HostWaits> told;
+  // A measurement that lasts until the prober is stopped (the real one
+  // takes 60-130 ms; a daemon told to stop must not wait for it).
+  PlacementProber prober(calls_cpu, StartupWait(absl::ZeroDuration()),
+                         [&measuring](const absl::Notification& stopping)
+                             -> absl::StatusOr<ProbeFigures> {
+                           measuring.Notify();
+                           stopping.WaitForNotification();
+                           return absl::CancelledError("the probe was stopped");
+                         });
+  prober.OnHostWaits([&told](CallsCpu::HostWaits waits) { told.push_back(waits); });
+  prober.Start();
+  REQUIRE(measuring.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  prober.Stop();  // returns: the measurement ends with the stop
+  prober.Stop();  // idempotent
+  CHECK(calls_cpu->host_waits() == CallsCpu::HostWaits::kUnknown);
+  CHECK(told.empty());
+}
+
+TEST_CASE("The real measurement is cut short by Stop() too") {
+  auto calls_cpu = std::make_shared<CallsCpu>(CallsCpu::kRunningCpu);
+  absl::Notification measuring;
+  absl::StatusOr<ProbeFigures> measured = ProbeFigures{};
+  PlacementProber prober(calls_cpu, StartupWait(absl::ZeroDuration()),
+                         [&](const absl::Notification& stopping) {
+                           ProbeOptions options;
+                           options.idle_window = absl::Hours(1);  // ends only with the stop
+                           options.cancel = &stopping;
+                           measuring.Notify();
+                           measured = MeasurePlacement(options);
+                           return measured;
+                         });
+  prober.Start();
+  REQUIRE(measuring.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  prober.Stop();
+  if (calls_cpu->host_waits() == CallsCpu::HostWaits::kUnknown) {
+    // Two CPUs or more: the hour-long idle window was cut short.
+    CHECK(absl::IsCancelled(measured.status()));
+  } else {
+    // One CPU: nothing to wait for, the probe chose `off` at once.
+    REQUIRE(measured.ok());
+    CHECK(measured->cpus < 2);
+  }
 }
 
 }  // namespace

@@ -506,13 +506,16 @@ void WorkerProcess::Shutdown(absl::Duration grace) {
   ipc::Frame shutdown;
   shutdown.type = ipc::FrameType::kShutdown;
   Send(shutdown);
-  const absl::Time deadline = absl::Now() + grace;
-  while (absl::Now() < deadline) {
-    {
-      absl::MutexLock lock(&child_mu_);
-      if (!child_.running()) return;
+  {
+    // Woken when the reader thread reaps the worker (TryWait, under
+    // child_mu_), not at the next tick of a poll.
+    absl::MutexLock lock(&child_mu_);
+    if (child_mu_.AwaitWithTimeout(
+            absl::Condition(+[](base::ChildProcess* child) { return !child->running(); },
+                            &child_),
+            grace)) {
+      return;
     }
-    absl::SleepFor(absl::Milliseconds(10));
   }
   AGX_LOG(Warning, "worker {} did not exit within {}; killing", worker_id_,
           absl::FormatDuration(grace));
