@@ -6,10 +6,12 @@ sandboxes themselves are tested in testing/e2e/test_local_provider.py."""
 import logging
 import os
 import struct
+import subprocess
+import sys
 
 import pytest
 
-from agentix.provider import SandboxConfig, SandboxId, SandboxResource
+from agentix.provider import SandboxConfig, SandboxId, SandboxResource, _local_inprocess
 from agentix.provider._local_inprocess import InProcessLocalProvider as LocalProvider
 from agentix.provider._local_inprocess import LocalProviderConfig, _Cgroups, parse_memory
 from agentix.runtime import (
@@ -214,3 +216,43 @@ def test_unsafe_runtime_dir_is_refused(tmp_path):
     link.symlink_to(tmp_path)
     with pytest.raises(RuntimeError, match="mode 0700"):
         _private_dir(link)
+
+
+def _child(seconds: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "polled"])
+async def test_exited_is_woken_by_the_exit_and_reaps(monkeypatch, pidfd):
+    if not pidfd:
+        monkeypatch.setattr(_local_inprocess, "_pidfd", lambda pid: None)
+    child = _child(0.2)
+    assert await _local_inprocess._exited(child, 30.0)
+    assert child.returncode == 0  # reaped
+    assert await _local_inprocess._exited(child, 0.0)  # already reaped: at once
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "polled"])
+async def test_exited_gives_up_after_its_timeout_and_leaves_the_child(monkeypatch, pidfd):
+    if not pidfd:
+        monkeypatch.setattr(_local_inprocess, "_pidfd", lambda pid: None)
+    child = _child(60)
+    try:
+        assert not await _local_inprocess._exited(child, 0.1)
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
+    assert await _local_inprocess._exited(child, 1.0)
+
+
+@pytest.mark.asyncio
+async def test_exited_uses_a_pidfd_where_there_is_one(monkeypatch):
+    opened = []
+    real = _local_inprocess._pidfd
+    monkeypatch.setattr(_local_inprocess, "_pidfd", lambda pid: opened.append(pid) or real(pid))
+    child = _child(0.05)
+    assert await _local_inprocess._exited(child, 30.0)
+    assert opened == [child.pid]

@@ -992,14 +992,47 @@ def _signal(pid: int, signum: int) -> None:
 
 
 async def _exited(process: subprocess.Popen[bytes], timeout: float) -> bool:
-    """Polls (never a blocking waitpid on the loop) until `process` exits and is reaped."""
+    """Waits (never a blocking waitpid on the loop) until `process` exits and
+    is reaped, or `timeout` seconds pass: woken by its pidfd as it exits,
+    where the kernel and the loop offer one (a 10 ms poll saw the exit 5 ms
+    late on average), else polled every 10 ms."""
+    if process.poll() is not None:
+        return True
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while process.poll() is None:
-        if loop.time() >= deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
+    pidfd = _pidfd(process.pid)  # not reaped yet (poll above): still our child's pid
+    if pidfd is not None:
+        try:
+            exited = loop.create_future()
+            loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+        except (NotImplementedError, OSError, ValueError):
+            os.close(pidfd)
+            pidfd = None
+    if pidfd is None:
+        deadline = loop.time() + timeout
+        while process.poll() is None:
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
+    try:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(exited, timeout)
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+    return process.poll() is not None
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd for `pid` (readable once it exits), or None where the kernel
+    or Python has none."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
+    try:
+        return pidfd_open(pid)
+    except OSError:
+        return None
 
 
 def _read_manifest(tar: Path) -> dict | None:
