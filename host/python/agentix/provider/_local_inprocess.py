@@ -1001,9 +1001,14 @@ async def _exited(process: subprocess.Popen[bytes], timeout: float) -> bool:
     loop = asyncio.get_running_loop()
     pidfd = _pidfd(process.pid)  # not reaped yet (poll above): still our child's pid
     if pidfd is not None:
+        exited = loop.create_future()
+
+        def readable() -> None:  # the pidfd stays readable until removed
+            if not exited.done():
+                exited.set_result(None)
+
         try:
-            exited = loop.create_future()
-            loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+            loop.add_reader(pidfd, readable)
         except (NotImplementedError, OSError, ValueError):
             os.close(pidfd)
             pidfd = None
