@@ -222,30 +222,32 @@ def _child(seconds: float) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
 
 
-@pytest.mark.asyncio
-@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "polled"])
-async def test_exited_is_woken_by_the_exit_and_reaps(monkeypatch, pidfd):
-    if not pidfd:
+@pytest.fixture(params=["pidfd", "polled"])
+def exited(request, monkeypatch):
+    """`_exited` as it runs with a pidfd, and as it runs without one (polled)."""
+    if request.param == "polled":
         monkeypatch.setattr(_local_inprocess, "_pidfd", lambda pid: None)
+    return _local_inprocess._exited
+
+
+@pytest.mark.asyncio
+async def test_exited_is_woken_by_the_exit_and_reaps(exited):
     child = _child(0.2)
-    assert await _local_inprocess._exited(child, 30.0)
+    assert await exited(child, 30.0)
     assert child.returncode == 0  # reaped
-    assert await _local_inprocess._exited(child, 0.0)  # already reaped: at once
+    assert await exited(child, 0.0)  # already reaped: at once
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "polled"])
-async def test_exited_gives_up_after_its_timeout_and_leaves_the_child(monkeypatch, pidfd):
-    if not pidfd:
-        monkeypatch.setattr(_local_inprocess, "_pidfd", lambda pid: None)
+async def test_exited_gives_up_after_its_timeout_and_leaves_the_child(exited):
     child = _child(60)
     try:
-        assert not await _local_inprocess._exited(child, 0.1)
+        assert not await exited(child, 0.1)
         assert child.poll() is None
     finally:
         child.kill()
         child.wait()
-    assert await _local_inprocess._exited(child, 1.0)
+    assert await exited(child, 1.0)
 
 
 @pytest.mark.asyncio
