@@ -998,9 +998,11 @@ async def _exited(process: subprocess.Popen[bytes], timeout: float) -> bool:
     late on average), else polled every 10 ms."""
     if process.poll() is not None:
         return True
-    loop = asyncio.get_running_loop()
     pidfd = _pidfd(process.pid)  # not reaped yet (poll above): still our child's pid
-    if pidfd is not None:
+    if pidfd is None:
+        return await _polled_exit(process, timeout)
+    try:
+        loop = asyncio.get_running_loop()
         exited = loop.create_future()
 
         def readable() -> None:  # the pidfd stays readable until removed
@@ -1010,22 +1012,26 @@ async def _exited(process: subprocess.Popen[bytes], timeout: float) -> bool:
         try:
             loop.add_reader(pidfd, readable)
         except (NotImplementedError, OSError, ValueError):
-            os.close(pidfd)
-            pidfd = None
-    if pidfd is None:
-        deadline = loop.time() + timeout
-        while process.poll() is None:
-            if loop.time() >= deadline:
-                return False
-            await asyncio.sleep(0.01)
-        return True
-    try:
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(exited, timeout)
+            return await _polled_exit(process, timeout)
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(exited, timeout)
+        finally:
+            loop.remove_reader(pidfd)
     finally:
-        loop.remove_reader(pidfd)
         os.close(pidfd)
     return process.poll() is not None
+
+
+async def _polled_exit(process: subprocess.Popen[bytes], timeout: float) -> bool:
+    """`_exited` without a pidfd: looks every 10 ms."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while process.poll() is None:
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
 
 
 def _pidfd(pid: int) -> int | None:

@@ -69,6 +69,7 @@ from agentix.provider._local_inprocess import (
     InProcessLocalProvider,
     LocalProviderConfig,
     _default_cache_dir,
+    _exited,
     _private_dir,
 )
 from agentix.provider._sizes import parse_memory
@@ -191,10 +192,7 @@ class _Providerd:
         process = self.process
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while process.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
-            if process.poll() is None:
+            if not await _exited(process, timeout):
                 process.kill()
                 await asyncio.to_thread(process.wait)
         if self.private_dir is not None:
