@@ -85,6 +85,20 @@ class RemoteCallsSmokeTest(unittest.TestCase):
         self.assertAlmostEqual(
             ratios["noop_p50_ours_over_floor_paired"],
             paired[0]["ours_noop_p50_us"] / paired[0]["floor_noop_p50_us"], delta=0.01)
+        # Issue 25's tail target (p99 <= 2 x p50) beside every floor's own ratio,
+        # idle and busy, read from the same run's figures.
+        tail_keys = ["noop_p99_over_p50_ours", "noop_p99_over_p50_ours_per_round",
+                     "noop_p99_over_p50_floor_paired", "busy_noop_p99_over_p50_ours"]
+        for floor in ("floor", "floor_grpc", "floor_relay", "floor_pinned"):
+            tail_keys += [f"noop_p99_over_p50_{floor}", f"busy_noop_p99_over_p50_{floor}"]
+        positive_numbers(self, ratios, tail_keys, "ratios")
+        self.assertAlmostEqual(ratios["noop_p99_over_p50_ours"],
+                               report["noop_p99_us"] / report["noop_p50_us"], delta=0.01)
+        self.assertAlmostEqual(ratios["noop_p99_over_p50_floor_pinned"],
+                               report["floor_pinned"]["noop_p99_us"]
+                               / report["floor_pinned"]["noop_p50_us"], delta=0.01)
+        self.assertEqual(report["targets_met"]["noop_p99_at_most_2x_p50"],
+                         ratios["noop_p99_over_p50_ours"] <= 2.0)
         # (No ordering between the floors' CPU per call is asserted: a floor measured
         # while the CPUs halt between messages pays each wake-up in CPU too, so one
         # measured in the other regime can come out 4x lower; seen at 15.8 vs 68.2.)
