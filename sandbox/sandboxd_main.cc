@@ -363,8 +363,10 @@ absl::StatusOr<std::string> TakeAdminToken() {
   return token;
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>>
-LoadServerCredentials(std::string token, std::shared_ptr<TokenGate> gate) {
+// The token, the gate and the TLS files, read and logged; cheap (no gRPC),
+// so a daemon refuses a bad file before it starts a worker.
+absl::StatusOr<ServerSecurityOptions> LoadServerSecurity(
+    std::string token, std::shared_ptr<TokenGate> gate) {
   ServerSecurityOptions security;
   security.token = std::move(token);
   security.gate = std::move(gate);
@@ -390,7 +392,7 @@ LoadServerCredentials(std::string token, std::shared_ptr<TokenGate> gate) {
     AGX_LOG(Warning, "no --token-file and no ${}: whoever can connect can run "
                      "code here", kTokenEnvVar);
   }
-  return MakeServerCredentials(security);
+  return security;
 }
 
 // Descriptors kept for everything but connections, so that a full set of
@@ -618,20 +620,16 @@ int Run(int argc, char** raw_argv) {
   // The frame wire checks HELLO's token with the same gate as gRPC's.
   std::shared_ptr<TokenGate> calls_gate =
       gate != nullptr ? gate : TokenGate::Fixed(*token);
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      LoadServerCredentials(std::move(token).value(), gate);
-  if (!credentials.ok()) {
-    AGX_LOG(Error, "{}", std::string(credentials.status().message()));
+  absl::StatusOr<ServerSecurityOptions> security =
+      LoadServerSecurity(std::move(token).value(), gate);
+  if (!security.ok()) {
+    AGX_LOG(Error, "{}", std::string(security.status().message()));
     return 2;
   }
+  // Before the worker starts: it inherits the raised limit.
   const uint64_t fd_limit = RaiseOpenFileLimit(
       absl::GetFlag(FLAGS_max_connections) + 2 * kReservedFds);
   const ConnectionLimits connection_limits = ConnectionLimitsFromFlags(fd_limit);
-  absl::Status guarded = StartConnectionGuard(connection_limits);
-  if (!guarded.ok()) {
-    AGX_LOG(Error, "{}", std::string(guarded.message()));
-    return 2;
-  }
   // The worker must not inherit the token.
   const std::string token_entry = absl::StrCat(kTokenEnvVar, "=");
   auto& env = options.worker.env;
@@ -674,17 +672,10 @@ int Run(int argc, char** raw_argv) {
   absl::Cleanup stop_prober = [&prober] {
     if (prober != nullptr) prober->Stop();
   };
-  RuntimeServiceImpl service(&manager, kVersion, &activity);
-  // In activation mode a prestarted worker boots now but runs no user code
-  // before Activate, which hands it the env (or replaces it with a worker
-  // spawned with it): a claimed warm sandbox's first call does not wait for
-  // a Python start-up.
-  std::unique_ptr<SandboxAdminService> admin;
-  if (gate != nullptr) {
-    admin = std::make_unique<SandboxAdminService>(
-        gate, &manager, &activity, absl::GetFlag(FLAGS_prestart_worker),
-        options.worker.ready_timeout + absl::Seconds(5));
-  }
+  // The worker's boot (tens of ms of Python) is a cold start's critical
+  // path, so it starts before gRPC's own start-up (grpc_init with the
+  // credentials, the connection guard, the servers), which then runs beside
+  // it (docs/DECISIONS.md, stop-61).
   if (adopt_worker.has_value()) {
     absl::Status adopted = manager.AdoptWorker(*adopt_worker);
     if (absl::IsInvalidArgument(adopted)) {
@@ -705,6 +696,29 @@ int Run(int argc, char** raw_argv) {
       AGX_LOG(Warning, "could not start the worker early: {}",
               std::string(started.message()));
     }
+  }
+  // grpc_init runs here, beside the worker's boot.
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      MakeServerCredentials(*security);
+  if (!credentials.ok()) {
+    AGX_LOG(Error, "{}", std::string(credentials.status().message()));
+    return 2;
+  }
+  absl::Status guarded = StartConnectionGuard(connection_limits);
+  if (!guarded.ok()) {
+    AGX_LOG(Error, "{}", std::string(guarded.message()));
+    return 2;
+  }
+  RuntimeServiceImpl service(&manager, kVersion, &activity);
+  // In activation mode a prestarted worker boots now but runs no user code
+  // before Activate, which hands it the env (or replaces it with a worker
+  // spawned with it): a claimed warm sandbox's first call does not wait for
+  // a Python start-up.
+  std::unique_ptr<SandboxAdminService> admin;
+  if (gate != nullptr) {
+    admin = std::make_unique<SandboxAdminService>(
+        gate, &manager, &activity, absl::GetFlag(FLAGS_prestart_worker),
+        options.worker.ready_timeout + absl::Seconds(5));
   }
   // After the prestart: a start-up probe that waits for the call path to
   // rest must see the prestarted worker booting.

@@ -364,3 +364,18 @@ async def test_busy_authenticated_clients_are_never_timed_out(sandboxd, tmp_path
         for client in clients:
             await client.__aexit__(None, None, None)
     assert "connection limits:" not in daemon.log()
+
+
+async def test_a_daemon_refused_for_its_tls_files_exits_before_starting_a_worker(sandboxd, tmp_path):
+    # The prestarted worker starts before gRPC's own start-up (stop 61), but
+    # after the files the daemon is configured with are read: a daemon that
+    # cannot read one says so and exits 2 without having started a worker.
+    daemon = sandboxd(extra_args=["--prestart_worker", "--log_level=debug",
+                                  "--tls-cert", str(tmp_path / "missing.pem"),
+                                  "--tls-key", str(tmp_path / "missing.key")])
+    assert daemon.wait_exit() == 2
+    log = daemon.log()
+    assert f"--tls-cert {tmp_path / 'missing.pem'}: cannot open it" in log
+    assert "started as pid" not in log
+    assert "serving agentix.runtime.v1" not in log
+
