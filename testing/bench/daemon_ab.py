@@ -136,10 +136,12 @@ def main():
     keys = ["p50", "p99", "cps64", "dcpu", "dcpu64", "ns_p50", "ns_dcpu"]
     summ = {}
     for k in keys:
-        ratios = [x["B"][k] / x["A"][k] for x in rows]
+        # The daemon's CPU is 0 on the direct path (the host talks to the
+        # worker): such a round has no ratio.
+        ratios = [x["B"][k] / x["A"][k] for x in rows if x["A"][k]]
         summ[k] = {"A_med": round(statistics.median(x["A"][k] for x in rows), 1),
                    "B_med": round(statistics.median(x["B"][k] for x in rows), 1),
-                   "ratio_med": round(statistics.median(ratios), 3),
+                   "ratio_med": round(statistics.median(ratios), 3) if ratios else None,
                    "ratios": [round(x, 3) for x in ratios]}
     print("SUMMARY", json.dumps(summ))
 
