@@ -378,4 +378,3 @@ async def test_a_daemon_refused_for_its_tls_files_exits_before_starting_a_worker
     assert f"--tls-cert {tmp_path / 'missing.pem'}: cannot open it" in log
     assert "started as pid" not in log
     assert "serving agentix.runtime.v1" not in log
-
