@@ -264,8 +264,7 @@ def _paired_floor_ratios(report: dict, rounds) -> None:
     per_round = {stem: rounds.paired_ratios("ours", f"{stem}_us", f"{stem}_us")
                  for stem in ("noop_p50", "noop_p99")}
     for stem, ratios in per_round.items():
-        report["ratios"][f"{stem}_ours_over_floor_paired"] = (
-            round(statistics.median(ratios), 2) if ratios else None)
+        report["ratios"][f"{stem}_ours_over_floor_paired"] = _median_of_figures(ratios)
     report["details"]["paired_floor"] = [
         {"ours_noop_p50_us": (result or {}).get("noop_p50_us"),
          "ours_noop_p99_us": (result or {}).get("noop_p99_us"),
@@ -333,14 +332,17 @@ def _cc_and_floor_rounds(args, env: dict) -> tuple[dict, list[str]]:
     return combined, errors
 
 
+def _median_of_figures(values) -> float | None:
+    """The median of the positive numbers among `values` (a failed round's
+    figure is None), to two places; None if there are none."""
+    values = [v for v in values if isinstance(v, (int, float)) and v > 0]
+    return round(statistics.median(values), 2) if values else None
+
+
 def cc_noop_summary(rounds: list[dict]) -> dict | None:
     """The report's `cc_noop` (see the module docstring) from the rounds'
     results ({"cc_client", "floor", "floor_grpc"} each, None where a program
     failed); ratios are taken within a round, then the median over rounds."""
-    def median(values):
-        values = [v for v in values if isinstance(v, (int, float)) and v > 0]
-        return round(statistics.median(values), 2) if values else None
-
     def ratio(top, bottom):
         return top / bottom if top and bottom else None
 
@@ -349,11 +351,12 @@ def cc_noop_summary(rounds: list[dict]) -> dict | None:
         return None
 
     def figure(name, key):
-        return median([(r.get(name) or {}).get(key) for r in rounds])
+        return _median_of_figures([(r.get(name) or {}).get(key) for r in rounds])
 
     def per_round(name, key="noop_p50_us"):
-        return median([ratio((r.get("cc_client") or {}).get(key),
-                             (r.get(name) or {}).get("noop_p50_us")) for r in rounds])
+        return _median_of_figures([ratio((r.get("cc_client") or {}).get(key),
+                                         (r.get(name) or {}).get("noop_p50_us"))
+                                   for r in rounds])
 
     summary = {
         "calls_wire": cc[-1].get("calls_wire"),
@@ -410,11 +413,6 @@ def _p99_over_p50(figures) -> float | None:
     return floors.ratio(figures.get("noop_p99_us"), figures.get("noop_p50_us"))
 
 
-def _median_or_none(values):
-    values = [value for value in values if value is not None]
-    return round(statistics.median(values), 2) if values else None
-
-
 def _tail_ratios(report: dict) -> None:
     """Issue 25's tail target (noop p99 <= 2 x p50) beside the same ratio of every
     floor in this run, idle and busy: `ratios.noop_p99_over_p50_ours` (the
@@ -427,10 +425,10 @@ def _tail_ratios(report: dict) -> None:
     ratios = report["ratios"]
     ratios["noop_p99_over_p50_ours"] = _p99_over_p50(report)
     rounds = report["details"].get("per_round", {}).get("ours") or []
-    ratios["noop_p99_over_p50_ours_per_round"] = _median_or_none(
+    ratios["noop_p99_over_p50_ours_per_round"] = _median_of_figures(
         [_p99_over_p50(figures) for figures in rounds])
     paired = report["details"].get("paired_floor") or []
-    ratios["noop_p99_over_p50_floor_paired"] = _median_or_none(
+    ratios["noop_p99_over_p50_floor_paired"] = _median_of_figures(
         [floors.ratio(pair.get("floor_noop_p99_us"), pair.get("floor_noop_p50_us"))
          for pair in paired])
     busy = report.get("busy") or {}
