@@ -665,13 +665,14 @@ void WorkerProcess::ReaderLoop() {
     constexpr size_t kMaxReserved = 1024;
     frames.reserve(std::min(reader.CompleteFrames(), kMaxReserved));
     while (true) {
-      auto next = reader.Next();
-      if (!next.ok()) {
-        protocol_error = std::string(next.status().message());
+      // Decoded in place: no Frame moved per frame (ipc::FrameReader::NextInto).
+      ipc::Frame& frame = frames.emplace_back();
+      absl::StatusOr<bool> got = reader.NextInto(frame);
+      if (!got.ok() || !*got) {
+        frames.pop_back();
+        if (!got.ok()) protocol_error = std::string(got.status().message());
         break;
       }
-      if (!next->has_value()) break;
-      ipc::Frame& frame = frames.emplace_back(std::move(**next));
       if (frame.in_ring) {
         absl::Status taken = TakeRingPayload(frame);
         if (!taken.ok()) {

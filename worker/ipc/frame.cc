@@ -557,9 +557,10 @@ absl::Status AppendFrame(const Frame& f, std::string& out) {
 
 namespace {
 
-absl::StatusOr<Frame> DecodeBody(std::string_view body,
-                                 std::string_view* data_view,
-                                 msgpack::zone* scratch) {
+// Decodes into `f`, a default-constructed Frame (on an error it holds
+// part of the frame).
+absl::Status DecodeBody(std::string_view body, std::string_view* data_view,
+                        msgpack::zone* scratch, Frame& f) {
   msgpack::object_handle handle;
   msgpack::object root_object;
   try {
@@ -595,7 +596,6 @@ absl::StatusOr<Frame> DecodeBody(std::string_view body,
   if (root.type != msgpack::type::MAP) {
     return absl::InvalidArgumentError("frame body is not a msgpack map");
   }
-  Frame f;
   bool have_type = false;
   bool has_inline_data = false;
   bool has_ring_pos = false;
@@ -703,13 +703,16 @@ absl::StatusOr<Frame> DecodeBody(std::string_view body,
                        std::string(FrameTypeName(f.type)), "' frame"));
     }
   }
-  return f;
+  return absl::OkStatus();
 }
 
 }  // namespace
 
 absl::StatusOr<Frame> DecodeFrameBody(std::string_view body) {
-  return DecodeBody(body, nullptr, nullptr);
+  Frame f;
+  absl::Status decoded = DecodeBody(body, nullptr, nullptr, f);
+  if (!decoded.ok()) return decoded;
+  return f;
 }
 
 struct FrameReader::Scratch {
@@ -779,9 +782,9 @@ size_t FrameReader::CompleteFrames() const {
   return count;
 }
 
-absl::StatusOr<std::optional<Frame>> FrameReader::Next(
-    std::string_view* data) {
-  if (buffered() < 4) return std::optional<Frame>();
+absl::StatusOr<bool> FrameReader::NextInto(Frame& frame,
+                                           std::string_view* data) {
+  if (buffered() < 4) return false;
   const auto* p =
       reinterpret_cast<const unsigned char*>(buffer_.get() + offset_);
   const uint32_t len = static_cast<uint32_t>(p[0]) |
@@ -793,15 +796,25 @@ absl::StatusOr<std::optional<Frame>> FrameReader::Next(
         "frame length ", len, " exceeds the ", kMaxFrameBytes,
         "-byte frame limit"));
   }
-  if (buffered() - 4 < len) return std::optional<Frame>();
+  if (buffered() - 4 < len) return false;
   if (data != nullptr) *data = {};
   if (scratch_ == nullptr) scratch_ = std::make_shared<Scratch>();
-  auto frame = DecodeBody(std::string_view(buffer_.get() + offset_ + 4, len),
-                          data, &scratch_->zone);
+  absl::Status decoded =
+      DecodeBody(std::string_view(buffer_.get() + offset_ + 4, len), data,
+                 &scratch_->zone, frame);
   offset_ += 4 + len;
   last_frame_bytes_ = 4 + size_t{len};
-  if (!frame.ok()) return frame.status();
-  return std::optional<Frame>(std::move(*frame));
+  if (!decoded.ok()) return decoded;
+  return true;
+}
+
+absl::StatusOr<std::optional<Frame>> FrameReader::Next(
+    std::string_view* data) {
+  Frame frame;
+  absl::StatusOr<bool> got = NextInto(frame, data);
+  if (!got.ok()) return got.status();
+  if (!*got) return std::optional<Frame>();
+  return std::optional<Frame>(std::move(frame));
 }
 
 }  // namespace agentix::ipc

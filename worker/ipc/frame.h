@@ -233,6 +233,11 @@ class FrameReader {
   // next Append (large argument chunks are then copied once, straight to
   // where they belong).
   absl::StatusOr<std::optional<Frame>> Next(std::string_view* data = nullptr);
+  // Next() into `frame`, which must be default-constructed (a caller's
+  // vector element): true with a frame, false when more bytes are needed.
+  // A reader of thousands of log frames a read saves moving each Frame (~20
+  // strings) through the optional, the StatusOr and into its vector.
+  absl::StatusOr<bool> NextInto(Frame& frame, std::string_view* data = nullptr);
   // Bytes buffered but not yet consumed (a truncated frame at EOF shows here).
   size_t buffered() const { return size_ - offset_; }
   // How many whole frames are buffered (by their length prefixes; bodies

@@ -270,6 +270,53 @@ TEST_CASE("FrameReader yields frames split at any byte", "[ipc]") {
   REQUIRE(reader.buffered() == 0);
 }
 
+TEST_CASE("NextInto decodes in place what Next returns, frame by frame",
+          "[ipc]") {
+  Frame log;
+  log.type = FrameType::kLog;
+  log.record = std::string(300, 'r');  // past the short-string buffer
+  log.direct_conn.conn = 7;
+  Frame result;
+  result.type = FrameType::kResult;
+  result.call_id = "c-1";
+  result.data = "payload";
+  const std::string wire = Encode(log) + Encode(result);
+  FrameReader reader;
+  reader.Append(wire.data(), wire.size() - 1);  // the second lacks a byte
+  std::vector<Frame> frames;
+  while (true) {
+    Frame& frame = frames.emplace_back();
+    absl::StatusOr<bool> got = reader.NextInto(frame);
+    REQUIRE(got.ok());
+    if (!*got) {
+      frames.pop_back();
+      break;
+    }
+  }
+  REQUIRE(frames.size() == 1);
+  CHECK(frames[0].type == FrameType::kLog);
+  CHECK(frames[0].record == log.record);
+  CHECK(frames[0].direct_conn.conn == 7);
+  reader.Append(wire.data() + wire.size() - 1, 1);
+  Frame& second = frames.emplace_back();
+  absl::StatusOr<bool> got = reader.NextInto(second);
+  REQUIRE(got.ok());
+  REQUIRE(*got);
+  CHECK(second.type == FrameType::kResult);
+  CHECK(second.call_id == "c-1");
+  CHECK(second.data == "payload");
+  CHECK(reader.buffered() == 0);
+
+  // A bad body is the same typed error as Next's, and the frame is consumed.
+  const std::string bad("\x01\x00\x00\x00\xc1", 5);  // length 1, not msgpack
+  reader.Append(bad.data(), bad.size());
+  Frame garbage;
+  got = reader.NextInto(garbage);
+  REQUIRE_FALSE(got.ok());
+  CHECK(got.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(reader.buffered() == 0);
+}
+
 TEST_CASE("A truncated frame waits for more bytes and shows as buffered",
           "[ipc]") {
   Frame a;

@@ -274,21 +274,41 @@ PyObject* ResponseTuple(std::string_view instance_id, const std::vector<Item>& i
   return Py_BuildValue("(NN)", id, list);
 }
 
-// Decodes `message` (any bytes-like object) with `decode` and builds the
-// result with `make`; None when the decoder leaves the message to protobuf.
-template <typename Decode, typename Build>
-PyObject* DecodeMessage(PyObject* message, const char* what, Decode decode, Build build) {
-  Py_buffer view;
-  if (PyObject_GetBuffer(message, &view, PyBUF_SIMPLE) < 0) return nullptr;
+// Decodes `message` (any bytes-like object) with `decode` into this
+// thread's reused view of its type (side_wire.h says why) and builds the
+// result with `build`; None when the decoder leaves the message to
+// protobuf. A view whose items grew past kMaxKeptViewBytes is not kept.
+constexpr size_t kMaxKeptViewBytes = size_t{4} << 20;
+
+template <typename View, typename Item, typename Build>
+PyObject* DecodeMessage(PyObject* message, const char* what, bool (*decode)(std::string_view, View*),
+                        std::vector<Item> View::*items, Build build) {
+  // `build` runs no Python code that could decode again on this thread, but
+  // should one ever, it gets a view of its own rather than this one.
+  static thread_local View reused;
+  static thread_local bool reused_busy = false;
+  View own;
+  View* view = reused_busy ? &own : &reused;
+  const bool uses_reused = view == &reused;
+  Py_buffer buffer;
+  if (PyObject_GetBuffer(message, &buffer, PyBUF_SIMPLE) < 0) return nullptr;
   PyObject* result = nullptr;
+  if (uses_reused) reused_busy = true;
   try {
-    auto decoded = decode(std::string_view(static_cast<const char*>(view.buf), static_cast<size_t>(view.len)));
-    result = decoded ? build(*decoded) : Py_NewRef(Py_None);
+    const bool decoded = decode(std::string_view(static_cast<const char*>(buffer.buf), static_cast<size_t>(buffer.len)), view);
+    result = decoded ? build(*view) : Py_NewRef(Py_None);
   } catch (...) {
     Py_CLEAR(result);
     SetErrorFromCxx(what);
   }
-  PyBuffer_Release(&view);
+  if (uses_reused) {
+    // Its views point into `buffer`: cleared before it is released.
+    (view->*items).clear();
+    view->instance_id = {};
+    if ((view->*items).capacity() * sizeof(Item) > kMaxKeptViewBytes) (view->*items) = {};
+    reused_busy = false;
+  }
+  PyBuffer_Release(&buffer);
   return result;
 }
 
@@ -716,13 +736,14 @@ PyObject* IsoFromUnixNanos(PyObject*, PyObject* nanos) {
 }
 
 PyObject* LogRecords(PyObject*, PyObject* message) {
-  return DecodeMessage(message, "native log_records", DecodeLogsResponse, [](const LogsResponseView& response) {
+  return DecodeMessage(message, "native log_records", DecodeLogsResponseInto, &LogsResponseView::records,
+                       [](const LogsResponseView& response) {
     return ResponseTuple(response.instance_id, response.records, NewLogRecord);
   });
 }
 
 PyObject* TraceEvents(PyObject*, PyObject* message) {
-  return DecodeMessage(message, "native trace_events", DecodeTracesResponse,
+  return DecodeMessage(message, "native trace_events", DecodeTracesResponseInto, &TracesResponseView::events,
                        [](const TracesResponseView& response) {
                          return ResponseTuple(response.instance_id, response.events, NewTraceEvent);
                        });

@@ -209,44 +209,58 @@ bool DecodeTraceEvent(std::string_view bytes, TraceEventView* out) {
   });
 }
 
-// {1: repeated Item, 2: instance_id}, the shape of both responses.
+// {1: repeated Item, 2: instance_id}, the shape of both responses, into
+// *out (its items' capacity kept: see side_wire.h).
 // `typical_item_bytes`: a low guess of an item's size, to reserve the items
 // once for a whole response.
 template <typename View, typename Item>
-std::optional<View> DecodeResponse(std::string_view bytes,
-                                   bool (*decode_item)(std::string_view, Item*),
-                                   std::vector<Item> View::*items,
-                                   size_t typical_item_bytes) {
-  View response;
-  (response.*items).reserve(bytes.size() / typical_item_bytes);
-  const bool read = ReadFields(bytes, [&](WireReader& in, uint32_t field,
-                                          int wire_type) {
+bool DecodeResponse(std::string_view bytes,
+                    bool (*decode_item)(std::string_view, Item*),
+                    std::vector<Item> View::*items, size_t typical_item_bytes,
+                    View* out) {
+  out->instance_id = {};
+  std::vector<Item>& decoded = out->*items;
+  decoded.clear();
+  decoded.reserve(bytes.size() / typical_item_bytes);
+  return ReadFields(bytes, [&](WireReader& in, uint32_t field,
+                               int wire_type) {
     std::string_view value;
     switch (field) {
       case 1:
         return ReadBytes(in, wire_type, &value) &&
-               decode_item(value, &(response.*items).emplace_back());
+               decode_item(value, &decoded.emplace_back());
       case 2:
-        return ReadString(in, wire_type, &response.instance_id);
+        return ReadString(in, wire_type, &out->instance_id);
       default:
         return in.SkipUnknown(wire_type);
     }
   });
-  if (!read) return std::nullopt;
-  return response;
 }
 
 }  // namespace
 
+bool DecodeLogsResponseInto(std::string_view bytes, LogsResponseView* out) {
+  return DecodeResponse(bytes, DecodeLogRecord, &LogsResponseView::records, 64,
+                        out);
+}
+
+bool DecodeTracesResponseInto(std::string_view bytes,
+                              TracesResponseView* out) {
+  return DecodeResponse(bytes, DecodeTraceEvent, &TracesResponseView::events,
+                        96, out);
+}
+
 std::optional<LogsResponseView> DecodeLogsResponse(std::string_view bytes) {
-  return DecodeResponse<LogsResponseView>(bytes, DecodeLogRecord,
-                                          &LogsResponseView::records, 64);
+  LogsResponseView out;
+  if (!DecodeLogsResponseInto(bytes, &out)) return std::nullopt;
+  return out;
 }
 
 std::optional<TracesResponseView> DecodeTracesResponse(
     std::string_view bytes) {
-  return DecodeResponse<TracesResponseView>(bytes, DecodeTraceEvent,
-                                            &TracesResponseView::events, 96);
+  TracesResponseView out;
+  if (!DecodeTracesResponseInto(bytes, &out)) return std::nullopt;
+  return out;
 }
 
 }  // namespace agentix::host

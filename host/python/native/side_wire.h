@@ -96,6 +96,14 @@ struct TracesResponseView {
 
 std::optional<TracesResponseView> DecodeTracesResponse(std::string_view bytes);
 
+// The same into `*out`, which keeps its vectors' capacity from one response
+// to the next: the host decodes a response of ~1,300 spans or ~750 records
+// every few milliseconds in a burst, and a fresh vector that size each time
+// was fresh memory to fault in (~3% of the host's CPU a span). False where
+// the functions above give nullopt (*out then holds a partial decode).
+bool DecodeLogsResponseInto(std::string_view bytes, LogsResponseView* out);
+bool DecodeTracesResponseInto(std::string_view bytes, TracesResponseView* out);
+
 }  // namespace agentix::host
 
 #endif  // AGENTIX_HOST_PYTHON_NATIVE_SIDE_WIRE_H_

@@ -232,6 +232,41 @@ TEST_CASE("Logs and traces responses decode as protobuf reads them",
   CHECK(empty->instance_id.empty());
 }
 
+TEST_CASE("Decoding into a reused view leaves nothing of the previous response",
+          "[side_wire]") {
+  // The host decodes every response into one view per thread (its items'
+  // capacity kept): a smaller response after a larger one must not show
+  // the larger one's records or instance id.
+  TracesResponse big = SampleTraces();
+  big.set_instance_id("instance-a");
+  for (int i = 0; i < 40; ++i) *big.add_events() = big.events(i % 2);
+  const std::string big_bytes = big.SerializeAsString();
+  TracesResponse small = SampleTraces();
+  small.mutable_events()->DeleteSubrange(1, 1);
+  small.clear_instance_id();
+  const std::string small_bytes = small.SerializeAsString();
+
+  TracesResponseView view;
+  REQUIRE(DecodeTracesResponseInto(big_bytes, &view));
+  REQUIRE(view.events.size() == 42);
+  CHECK(view.instance_id == "instance-a");
+  REQUIRE(DecodeTracesResponseInto(small_bytes, &view));
+  REQUIRE(view.events.size() == 1);
+  CHECK(view.instance_id.empty());
+  RequireSameAsProtobuf(small_bytes, view);
+
+  LogsResponse logs = SampleLogs();
+  logs.set_instance_id("instance-b");
+  const std::string logs_bytes = logs.SerializeAsString();
+  LogsResponseView records;
+  REQUIRE(DecodeLogsResponseInto(logs_bytes, &records));
+  REQUIRE(DecodeLogsResponseInto("", &records));
+  CHECK(records.records.empty());
+  CHECK(records.instance_id.empty());
+  // A response the decoder leaves to protobuf says so the same way.
+  CHECK_FALSE(DecodeLogsResponseInto(logs_bytes.substr(0, logs_bytes.size() - 1), &records));
+}
+
 TEST_CASE("Repeated scalars keep the last value and message fields merge",
           "[side_wire]") {
   std::string record;
