@@ -661,9 +661,11 @@ void WorkerProcess::ReaderLoop() {
     // them all again at each doubling (a fifth of the daemon's CPU per
     // record; each large allocation also made glibc consolidate its fast
     // bins). Sized from the length prefixes, capped: a hostile worker's tiny
-    // frames must not make it reserve 656 bytes per few it sent.
+    // frames must not make it reserve 656 bytes per few it sent. One more
+    // than the frames: the loop below places the next frame before it knows
+    // whether there is one.
     constexpr size_t kMaxReserved = 1024;
-    frames.reserve(std::min(reader.CompleteFrames(), kMaxReserved));
+    frames.reserve(std::min(reader.CompleteFrames(), kMaxReserved) + 1);
     while (true) {
       // Decoded in place: no Frame moved per frame (ipc::FrameReader::NextInto).
       ipc::Frame& frame = frames.emplace_back();
