@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import glob
 import json
-import logging
 import os
 import statistics
 import subprocess
@@ -47,25 +46,11 @@ def child(args) -> dict:
     """One side's measurement, in a process of that side's Python."""
     import agentix
     import side_targets  # noqa: F401  (by this name on both sides)
-    from agentix import RuntimeClient, trace
+    from agentix import RuntimeClient
+    from side_cpu import install_counters  # the host's log handler and span processor
 
-    arrived = {"logs": 0, "spans": 0}
-
-    class Records(logging.Handler):
-        def emit(self, record):
-            arrived["logs"] += 1
-
-    logger = logging.getLogger(side_targets.LOGGER)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    logger.addHandler(Records())
-
-    class Spans(trace.Processor):
-        def on_span_end(self, span):
-            if span.name == "s":
-                arrived["spans"] += 1
-
-    trace.add_processor(Spans())
+    records, spans = install_counters()
+    arrived = {"logs": records, "spans": spans}
     agentix_dir = os.path.dirname(os.path.dirname(os.path.abspath(agentix.__file__)))
 
     def cpu_ns(pid):
@@ -86,16 +71,17 @@ def child(args) -> dict:
         return sum(ns - before.get(tid, 0) for tid, ns in after.items())
 
     async def burst(client, kind, fn, n):
-        arrived[kind] = 0
+        counter = arrived[kind]
+        counter.count = 0
         start = time.perf_counter()
         await client.remote(fn, n)
         deadline = time.monotonic() + 120
-        while arrived[kind] < n:
+        while counter.count < n:  # polled every 1 ms: a burst lasts 0.1-0.3 s
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{arrived[kind]}/{n} {kind} arrived")
+                raise TimeoutError(f"{counter.count}/{n} {kind} arrived")
             await asyncio.sleep(0.001)
-        if arrived[kind] != n:
-            raise AssertionError(f"{arrived[kind]} {kind} arrived, {n} sent")
+        if counter.count != n:
+            raise AssertionError(f"{counter.count} {kind} arrived, {n} sent")
         return n / (time.perf_counter() - start)
 
     async def measure(sock, daemon_pid):
