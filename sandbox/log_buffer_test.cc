@@ -753,6 +753,29 @@ TEST_CASE("Owners given as runs route each record as owners given one by one",
   CHECK(buffer.buffered() == 0);
 }
 
+TEST_CASE("An ack keeps, in order, the records waiting for their owner among "
+          "those it frees",
+          "[logs]") {
+  auto owned = MakeLogBuffer(100);
+  LogBuffer& buffer = *owned;
+  auto a = std::make_shared<RecordingSubscriber>("client-a");
+  REQUIRE(buffer.Subscribe(a, 0).ok());
+  // client-c has no stream yet: its records wait, between records that
+  // client-a received and its ack frees.
+  CHECK(buffer.AppendRuns({Entry("c1"), Entry("x"), Entry("c2"), Entry("c3"),
+                           Entry("y"), Entry("c4")},
+                          {{"client-c", 1}, {"", 1}, {"client-c", 2},
+                           {"", 1}, {"client-c", 1}}) == 1);
+  CHECK(Messages(*a) == std::vector<std::string>{"x", "y"});
+  buffer.Ack(5);  // up to "y": c4 (seq 6) is past the ack
+  CHECK(buffer.buffered() == 4);
+  auto c = std::make_shared<RecordingSubscriber>("client-c");
+  REQUIRE(buffer.Subscribe(c, 0).ok());
+  CHECK(Messages(*c) == std::vector<std::string>{"c1", "c2", "c3", "c4"});
+  buffer.Ack(100);
+  CHECK(buffer.buffered() == 0);
+}
+
 TEST_CASE("Records of no call kept while nobody listens go to one client once",
           "[logs]") {
   auto owned = MakeLogBuffer(100);
