@@ -63,12 +63,12 @@ class Counter:
     def hit(self):
         self.count += 1  # one GIL-held increment; exactness is checked below
 
-    async def wait_for(self, n, timeout_s=120.0):
+    async def wait_for(self, n, timeout_s=120.0, poll_s=0.005):
         deadline = time.monotonic() + timeout_s
         while self.count < n:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.count}/{n} arrived")
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(poll_s)
 
 
 def install_counters():

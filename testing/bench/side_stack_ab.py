@@ -18,15 +18,14 @@ of `side_targets.span_burst(--spans)`, each waited for until the host's handler 
 processor has every item (the worker writes its durable log to a fresh
 `AGENTIX_LOG_DIR`, as in `side_channels`). A child prints one JSON line: the median burst's items/s
 (remote() start to the last arrival) and the host's, the daemon's and the worker's CPU
-per item over all its bursts (schedstat of every thread alive at the end: one that ended
-in between, such as an idle gRPC executor thread, is left out). The summary gives each side's
+per item over all its bursts (`floors.CpuMeter`: each process's CPU clock, its ended
+threads included). The summary gives each side's
 median over the rounds and the median of the per-round ratios b / a
 (procs.ab_summary).
 """
 
 import argparse
 import asyncio
-import glob
 import json
 import os
 import statistics
@@ -39,6 +38,7 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(BENCH_DIR))
 sys.path.insert(0, BENCH_DIR)
 
+import floors  # noqa: E402
 import procs  # noqa: E402
 
 
@@ -53,33 +53,12 @@ def child(args) -> dict:
     arrived = {"logs": records, "spans": spans}
     agentix_dir = os.path.dirname(os.path.dirname(os.path.abspath(agentix.__file__)))
 
-    def cpu_ns(pid):
-        """{tid: on-CPU ns} (schedstat): a sum by thread name would drop when one of
-        gRPC's executor threads ends between two readings."""
-        out = {}
-        for task in glob.glob(f"/proc/{pid}/task/*"):
-            try:
-                with open(f"{task}/schedstat") as f:
-                    out[task] = int(f.read().split()[0])
-            except OSError:
-                continue  # the thread ended meanwhile
-        return out
-
-    def used_ns(before, after):
-        """CPU the threads alive at `after` used since `before` (a thread that ended
-        in between is not counted: an undercount, never a negative figure)."""
-        return sum(ns - before.get(tid, 0) for tid, ns in after.items())
-
     async def burst(client, kind, fn, n):
         counter = arrived[kind]
         counter.count = 0
         start = time.perf_counter()
         await client.remote(fn, n)
-        deadline = time.monotonic() + 120
-        while counter.count < n:  # polled every 1 ms: a burst lasts 0.1-0.3 s
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{counter.count}/{n} {kind} arrived")
-            await asyncio.sleep(0.001)
+        await counter.wait_for(n, poll_s=0.001)  # 1 ms: a burst lasts 0.1-0.3 s
         if counter.count != n:
             raise AssertionError(f"{counter.count} {kind} arrived, {n} sent")
         return n / (time.perf_counter() - start)
@@ -91,14 +70,14 @@ def child(args) -> dict:
                                 ("spans", side_targets.span_burst, args.spans)):
                 await burst(client, kind, fn, min(n, 2000))  # warm-up (starts the worker)
                 (worker,) = procs.children(daemon_pid)
-                pids = {"host": os.getpid(), "daemon": daemon_pid, "worker": worker}
-                before = {who: cpu_ns(pid) for who, pid in pids.items()}
+                meter = floors.CpuMeter({"host": os.getpid(), "daemon": daemon_pid,
+                                         "worker": worker})
+                before = meter.snapshot()
                 rates = [await burst(client, kind, fn, n) for _ in range(args.reps)]
-                after = {who: cpu_ns(pid) for who, pid in pids.items()}
+                used = floors.CpuMeter.per_item(before, meter.snapshot(), n * args.reps)
                 out[f"{kind}_per_s"] = statistics.median(rates)
-                for who in pids:
-                    used = used_ns(before[who], after[who])
-                    out[f"{kind}_cpu_us_{who}"] = used / 1e3 / (n * args.reps)
+                for who in ("host", "daemon", "worker"):
+                    out[f"{kind}_cpu_us_{who}"] = used[who]
         return out
 
     # The worker keeps its durable log, as side_channels' does.
