@@ -283,8 +283,9 @@ constexpr size_t kMaxKeptViewBytes = size_t{4} << 20;
 template <typename View, typename Item, typename Build>
 PyObject* DecodeMessage(PyObject* message, const char* what, bool (*decode)(std::string_view, View*),
                         std::vector<Item> View::*items, Build build) {
-  // `build` runs no Python code that could decode again on this thread, but
-  // should one ever, it gets a view of its own rather than this one.
+  // `build` allocates Python objects, and a collection that triggers can run
+  // finalizers (any Python code): one that decodes again on this thread gets
+  // a view of its own rather than this one.
   static thread_local View reused;
   static thread_local bool reused_busy = false;
   View own;
