@@ -11,6 +11,10 @@ _sio = None
 _sio_missing_reported = False
 
 
+def _no_cpu():
+    return -1
+
+
 class _NamespaceBridge:
     """What agentix.sio sends plugin-namespace events through: the channel's
     side-channel queue (thread-safe, in order with log records)."""
@@ -21,20 +25,22 @@ class _NamespaceBridge:
         # The thread whose event loop the hosts' events are delivered on
         # (serve.py runs the loop on the main thread).
         self._loop_thread = threading.main_thread().ident
-        # The reply waits are a host's waits inside the sandbox: with
-        # AGENTIX_CALLS_CPU unset they follow the daemon's placement probe
-        # as the hosts do (no pin when it told the hosts not to pin); a
-        # setting named in the sandbox pins to the call path's CPU as
-        # before (agentix.sio itself honours "off").
+        # The reply waits are pinned only with AGENTIX_CALLS_CPU named in
+        # the sandbox (to the call path's CPU; agentix.sio itself honours
+        # "off"). Unset, they are not: the request's other end is a host's
+        # event loop, whose work after each hand-off then runs beside this
+        # loop's instead of after it on one CPU (a namespace request 0.74x
+        # with the sandbox's waits unpinned; docs/DECISIONS.md, "stop-63:
+        # namespace traffic is not pinned").
         named = os.environ.get("AGENTIX_CALLS_CPU", "").strip()
-        self._cpu_of = channel.wait_cpu if named else channel.reply_wait_cpu
+        self._cpu_of = channel.wait_cpu if named else _no_cpu
 
     def wait_cpu(self):
-        """For agentix.sio's pinned reply waits: the CPU the daemon placed
-        its call path on (--calls_cpu; -1: none, or the daemon's probe
-        told its hosts not to pin), on the loop's thread only (a request
-        from another thread's loop gets its reply from this loop, not from
-        the daemon: -1)."""
+        """For agentix.sio's pinned reply waits: with AGENTIX_CALLS_CPU
+        named in the sandbox, the CPU the daemon placed its call path on
+        (--calls_cpu; -1: none), on the loop's thread only (a request from
+        another thread's loop gets its reply from this loop, not from the
+        daemon: -1); unset, -1 (no pinned reply waits)."""
         if threading.get_ident() != self._loop_thread:
             return -1
         return self._cpu_of()

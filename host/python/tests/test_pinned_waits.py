@@ -15,6 +15,9 @@ import sandbox_functions
 from agentix import AsyncClientNamespace, RuntimeClient
 from agentix.runtime.client import pinned_waits as pw
 from agentix.runtime.client.frames import FrameCallsStream
+from agentix.runtime.client.namespaces import FrameNamespaceStream
+from agentix.runtime.shared.codec import pack
+from agentix.runtime.v1 import runtime_pb2 as pb
 from agentix.runtime.client.pinned_waits import CallsCpu, PinnedWaits, calls_cpu_setting, wait_yield_setting
 from child_paths import run_in_fresh_interpreter
 from fake_runtime import eventually
@@ -191,6 +194,36 @@ def test_a_streaming_call_counts_but_never_pins(masks):
     assert _blocks(waits)
     waits.hold(pin=False)  # a stream opened while a call waits: unpinned
     assert not _blocks(waits)
+
+
+def test_namespace_traffic_leaves_the_call_in_flight_unpinned_until_the_next_lone_call(masks):
+    waits = PinnedWaits(1, {0, 1})
+    pw._threads.waits = waits  # this thread's, as pinned_waits() makes it
+    waits.hold()
+    assert _blocks(waits)
+    pw.converse()  # a namespace event reached this thread's loop
+    assert not _blocks(waits) and not _blocks(waits, timeout=0.5)
+    waits.release()
+    waits.hold()  # the next call alone in flight: pinned again
+    assert _blocks(waits)
+    waits.release()
+    assert masks == [(0, {1}), (0, {0, 1})] * 2
+
+
+def test_converse_on_a_thread_without_pinned_waits_does_nothing(masks):
+    waits = PinnedWaits(1, {0, 1})
+    pw._threads.waits = waits
+    waits.hold()
+    left = []
+
+    def other_thread():
+        pw.converse()  # its own (none): not this thread's waits
+        left.append(getattr(pw._threads, "waits", None))
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+    assert left == [None] and waits.armed and _blocks(waits)
 
 
 def test_a_select_that_raises_is_unpinned_by_the_selector(masks):
@@ -670,6 +703,41 @@ async def test_a_namespace_stream_carries_no_cpu_and_its_events_wait_pinned_only
         assert await client.remote(os.sched_getaffinity, 0) == ALLOWED
         namespace_hellos = [h for h in framed.frames.hellos if h.get("agentix-stream") == "namespace"]
         assert namespace_hellos and all("agentix-calls-cpu" not in h for h in namespace_hellos)
+        assert os.sched_getaffinity(0) == ALLOWED
+
+
+@needs_two
+@pytest.mark.asyncio
+async def test_a_call_that_converses_over_a_namespace_waits_unpinned_from_then_on(framed, monkeypatch):
+    # Sandbox code that makes namespace requests (or gets the host's) during a
+    # call: this loop and the sandbox's hand work to each other, and pinned to
+    # one CPU each would run after the other instead of beside it
+    # (docs/DECISIONS.md, "stop-63: namespace traffic is not pinned").
+    cpu = max(ALLOWED)
+    monkeypatch.setenv("AGENTIX_CALLS_CPU", "wait:auto")
+    ticks = asyncio.Event()
+
+    class Plug(AsyncClientNamespace):
+        def on_tick(self, data):
+            ticks.set()
+
+    client = RuntimeClient(framed.url, logs=False, traces=False)
+    client.register_namespace(Plug("/plug"))
+    async with client:
+        await client.remote(os.getpid)
+        assert type(client._namespace_streams["/plug"]) is FrameNamespaceStream
+        waiting = asyncio.create_task(client.remote(sandbox_functions.sleep_for, 0.6))
+        with _Watcher() as watcher:
+            await asyncio.sleep(0.15)
+        assert frozenset({cpu}) in watcher.seen  # a lone call: pinned waits
+        framed.emit_namespace("/plug", pb.NamespaceEvent(event="tick", data=pack(1)))
+        await asyncio.wait_for(ticks.wait(), 10)
+        with _Watcher() as watcher:
+            await waiting
+        assert set(watcher.seen) == {frozenset(ALLOWED)}  # the rest of that call
+        with _Watcher() as watcher:
+            await client.remote(sandbox_functions.sleep_for, 0.15)
+        assert frozenset({cpu}) in watcher.seen  # the next lone call: pinned again
         assert os.sched_getaffinity(0) == ALLOWED
 
 

@@ -48,6 +48,7 @@ from agentix.runtime.client._sio_facade import (
     trigger_data_event,
 )
 from agentix.runtime.client.errors import RuntimeUnreachable
+from agentix.runtime.client.pinned_waits import converse
 from agentix.runtime.client.stream import NativeStreamError
 from agentix.runtime.shared import codec
 from agentix.runtime.v1 import runtime_pb2 as pb
@@ -448,6 +449,10 @@ class NativeNamespaceStream(_StreamBase):
             return
         try:
             messages, status, below = self._transport.drain()
+            if messages:
+                # A call in flight on this loop (pinned waits: frame-wire
+                # Calls, whose namespace streams are these) now converses.
+                converse()
             decode = self._decode
             for message in messages:
                 try:

@@ -57,6 +57,7 @@ __all__ = [
     "PinnedWaits",
     "WAIT_YIELD_ENV",
     "calls_cpu_setting",
+    "converse",
     "current_cpu",
     "follow_daemon",
     "pinned_waits",
@@ -331,6 +332,16 @@ class PinnedWaits:
         self._after_backoff = True
         self.resting_until = time.monotonic() + self._period
 
+    def converse(self) -> None:
+        """A namespace event from a sandbox reached this thread's loop: the
+        call in flight converses with this loop (sandbox code's requests, or
+        the replies to this loop's own), and its waits are not pinned until
+        the next call goes alone in flight. Pinned, this loop and the
+        sandbox's would share one CPU and run each other's work after each
+        hand-off instead of beside it: a namespace request took 1.75x as long
+        (docs/DECISIONS.md, "stop-63: namespace traffic is not pinned")."""
+        self.armed = False
+
     def release(self) -> None:
         # Never pinned here: only a select is (the loop runs this coroutine).
         self.in_flight -= 1
@@ -352,6 +363,14 @@ class PinnedWaits:
             self._note_timed()  # read while still pinned
         os.sched_setaffinity(0, self._cpu_set if pinned else self.original)
         self.pinned = pinned
+
+
+def converse() -> None:
+    """`PinnedWaits.converse` for the calling thread's waits, if it has any
+    (a namespace stream's reader calls it on its loop's thread)."""
+    waits = getattr(_threads, "waits", None)
+    if waits is not None:
+        waits.converse()
 
 
 def run_queue_wait_ns() -> int:
