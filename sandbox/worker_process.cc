@@ -608,20 +608,12 @@ void WorkerProcess::ReaderLoop() {
   pthread_setname_np(pthread_self(), "agx-wrk-read");
   // The placement of --calls_cpu, for this thread, and published to the
   // worker, whose threads pin only their waits for our frames to it
-  // (sandbox/calls_cpu.h). And the probe's answer to the hosts (pin their
-  // waits or not), which the worker's namespace-reply waits follow.
+  // (sandbox/calls_cpu.h).
   uint64_t placed = CallsCpu::kNever;
-  bool host_waits_off = false;  // a fresh payload area's
   auto follow = [&] {
     const uint64_t before = placed;
     calls_cpu_->Follow(&placed);
-    if (!payloads_) return;
-    if (placed != before) PublishPlacement();
-    const bool off = calls_cpu_->host_waits() == CallsCpu::HostWaits::kOff;
-    if (off != host_waits_off) {
-      host_waits_off = off;
-      payloads_->PublishHostWaitsOff(off);
-    }
+    if (payloads_ && placed != before) PublishPlacement();
   };
   if (calls_cpu_) follow();
   ipc::FrameReader reader;

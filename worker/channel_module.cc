@@ -114,9 +114,6 @@ PyMethodDef kChannelMethods[] = {
      "finish_direct(code, message): STATUS on every direct connection."},
     {"wait_cpu", ChannelWaitCpu, METH_NOARGS,
      "The CPU the daemon placed its call path on (--calls_cpu), or -1."},
-    {"reply_wait_cpu", ChannelReplyWaitCpu, METH_NOARGS,
-     "The CPU namespace-reply waits pin to: wait_cpu(), or -1 if the "
-     "daemon's placement probe told the hosts not to pin their waits."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -234,9 +234,4 @@ PyObject* ChannelWaitCpu(PyObject* self, PyObject* /*unused*/) {
   return PyLong_FromLong(payloads != nullptr ? payloads->WaitCpu() : -1);
 }
 
-PyObject* ChannelReplyWaitCpu(PyObject* self, PyObject* /*unused*/) {
-  const ipc::PayloadArea* payloads = Channel(self).payloads.get();
-  return PyLong_FromLong(payloads != nullptr ? payloads->ReplyWaitCpu() : -1);
-}
-
 }  // namespace agentix::worker

@@ -170,8 +170,5 @@ PyObject* ChannelFinishDirect(PyObject* self, PyObject* const* args,
 bool QueueDirectClosed(PyObject* self);
 // The CPU the daemon placed the call path on (PayloadArea::WaitCpu), or -1.
 PyObject* ChannelWaitCpu(PyObject* self, PyObject* unused);
-// The CPU the namespace-reply waits pin to (PayloadArea::ReplyWaitCpu: the
-// call path's, unless the daemon's probe told the hosts not to pin), or -1.
-PyObject* ChannelReplyWaitCpu(PyObject* self, PyObject* unused);
 
 }  // namespace agentix::worker

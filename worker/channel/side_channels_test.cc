@@ -80,23 +80,6 @@ TEST_CASE("wait_cpu is the CPU the daemon publishes in the payload area",
   REQUIRE(PyEval("ch.wait_cpu()") == "-1");
 }
 
-TEST_CASE("reply_wait_cpu is the call path's CPU unless the daemon's probe "
-          "told the hosts not to pin",
-          "[channel]") {
-  {
-    Pair pair;  // no payload area: never a CPU
-    REQUIRE(PyEval("ch.reply_wait_cpu()") == "-1");
-  }
-  RingPair pair(1 << 16);
-  REQUIRE(PyEval("ch.reply_wait_cpu()") == "-1");
-  pair.daemon->PublishWaitCpu(1);
-  REQUIRE(PyEval("ch.reply_wait_cpu()") == "1");
-  pair.daemon->PublishHostWaitsOff(true);
-  REQUIRE(PyEval("(ch.wait_cpu(), ch.reply_wait_cpu())") == "(1, -1)");
-  pair.daemon->PublishHostWaitsOff(false);
-  REQUIRE(PyEval("ch.reply_wait_cpu()") == "1");
-}
-
 TEST_CASE("A record queued while the log sender sleeps wakes it", "[channel]") {
   // Producers wake the sender only when it sleeps (Writer::sender_asleep):
   // each record here is queued after the previous one went out, mostly with

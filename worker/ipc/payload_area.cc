@@ -29,7 +29,6 @@ constexpr size_t kLedgerBytesOffset = 16;
 constexpr size_t kToWorkerReleasedOffset = 64;   // written by the mapper
 constexpr size_t kToDaemonReleasedOffset = 128;  // written by the creator
 constexpr size_t kWaitCpuOffset = 192;           // written by the creator
-constexpr size_t kHostWaitsOffOffset = 196;      // written by the creator
 // Direct calls' counters (docs/DIRECT-CALLS.md), written by the mapper.
 constexpr size_t kDirectRunningOffset = 256;
 constexpr size_t kDirectLastEndOffset = 320;
@@ -60,8 +59,6 @@ PayloadArea::PayloadArea(Side side, int fd, char* base, size_t map_bytes,
       Word(base_, daemon ? kToDaemonReleasedOffset : kToWorkerReleasedOffset);
   static_assert(std::atomic<int32_t>::is_always_lock_free);
   wait_cpu_ = reinterpret_cast<std::atomic<int32_t>*>(base_ + kWaitCpuOffset);
-  host_waits_off_ =
-      reinterpret_cast<std::atomic<int32_t>*>(base_ + kHostWaitsOffOffset);
   static_assert(std::atomic<int64_t>::is_always_lock_free);
   direct_running_ =
       reinterpret_cast<std::atomic<int64_t>*>(base_ + kDirectRunningOffset);
@@ -96,14 +93,6 @@ void PayloadArea::PublishWaitCpu(int cpu) {
 
 int PayloadArea::WaitCpu() const {
   return wait_cpu_->load(std::memory_order_relaxed) - 1;
-}
-
-void PayloadArea::PublishHostWaitsOff(bool off) {
-  host_waits_off_->store(off ? 1 : 0, std::memory_order_relaxed);
-}
-
-bool PayloadArea::HostWaitsOff() const {
-  return host_waits_off_->load(std::memory_order_relaxed) == 1;
 }
 
 absl::StatusOr<std::unique_ptr<PayloadArea>> PayloadArea::Create(

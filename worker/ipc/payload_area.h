@@ -102,17 +102,6 @@ class PayloadArea {
   void PublishWaitCpu(int cpu);
   int WaitCpu() const;
 
-  // Whether the daemon's placement probe (--calls_cpu=probe) told its hosts
-  // not to pin their waits (it chose pin_daemon or off): the worker's
-  // namespace-reply waits, a host's waits inside the sandbox, follow that
-  // answer as the hosts do. False on a fresh page (an older daemon, or no
-  // probe: the reply waits follow WaitCpu alone). Creator writes, mapper
-  // reads, as WaitCpu.
-  void PublishHostWaitsOff(bool off);
-  bool HostWaitsOff() const;
-  // For the namespace-reply waits: WaitCpu(), or -1 if HostWaitsOff().
-  int ReplyWaitCpu() const { return HostWaitsOff() ? -1 : WaitCpu(); }
-
   // The ledger's region (empty when the creator made none); both sides see
   // the same bytes (ledger.h says who writes what).
   absl::Span<char> Ledger() const;
@@ -143,7 +132,6 @@ class PayloadArea {
   uint64_t* out_released_;  // written by the peer
   uint64_t* in_released_;   // written by us
   std::atomic<int32_t>* wait_cpu_;  // the CPU + 1; 0 (a fresh page): none
-  std::atomic<int32_t>* host_waits_off_;  // 1: off; 0 (a fresh page): no
   std::atomic<int64_t>* direct_running_;      // written by the mapper
   std::atomic<int64_t>* direct_last_end_ns_;  // written by the mapper
   uint64_t out_tail_ = 0;   // producer: the end of the last piece put

@@ -117,24 +117,15 @@ TEST_CASE("An empty ring takes the next piece at its start",
   CHECK(*p.worker->Get(*b, 63 * 1024) == Bytes(63 * 1024, 'h'));
 }
 
-TEST_CASE("The worker sees the daemon's wait CPU and its hosts' waits answer",
-          "[ipc][payload]") {
+TEST_CASE("The worker sees the daemon's wait CPU", "[ipc][payload]") {
   Pair p = MakePair(4096);
-  // A fresh area: no CPU, hosts' waits not off (an older daemon's).
-  CHECK(p.worker->WaitCpu() == -1);
-  CHECK_FALSE(p.worker->HostWaitsOff());
-  CHECK(p.worker->ReplyWaitCpu() == -1);
+  CHECK(p.worker->WaitCpu() == -1);  // a fresh area: no CPU
   p.daemon->PublishWaitCpu(1);
   CHECK(p.worker->WaitCpu() == 1);
-  CHECK(p.worker->ReplyWaitCpu() == 1);  // the reply waits pin with it
-  p.daemon->PublishHostWaitsOff(true);  // the probe chose pin_daemon
-  CHECK(p.worker->WaitCpu() == 1);      // the call path stays placed
-  CHECK(p.worker->HostWaitsOff());
-  CHECK(p.worker->ReplyWaitCpu() == -1);  // the reply waits do not pin
-  p.daemon->PublishHostWaitsOff(false);   // a re-probe chose pin
-  CHECK(p.worker->ReplyWaitCpu() == 1);
-  p.daemon->PublishWaitCpu(-1);
-  CHECK(p.worker->ReplyWaitCpu() == -1);
+  p.daemon->PublishWaitCpu(0);
+  CHECK(p.worker->WaitCpu() == 0);
+  p.daemon->PublishWaitCpu(-1);  // the daemon unpinned its call path
+  CHECK(p.worker->WaitCpu() == -1);
 }
 
 TEST_CASE("The daemon sees the worker's direct-call counters",

@@ -554,9 +554,12 @@ class _ReplyWaits:
     (agentix.runtime.client.pinned_waits): one in-flight count with the
     thread's remote calls, if sandbox code makes any; pinned only while the
     selector blocks, never while code runs; its back-off when that CPU is
-    busy. Nothing with ``AGENTIX_CALLS_CPU=off`` in the sandbox, the
-    daemon's ``--calls_cpu=off`` (``wait_cpu()`` is -1), an older worker (no
-    ``wait_cpu``) or a loop without a selector of its own."""
+    busy. Nothing unless ``AGENTIX_CALLS_CPU`` is named in the sandbox (a
+    worker since stop 63 answers ``wait_cpu()`` -1 otherwise: the reply
+    comes from a host's event loop, and the two loops work better beside
+    each other than after each other on one CPU), nothing with it ``off``,
+    the daemon's ``--calls_cpu=off`` (``wait_cpu()`` is -1), an older worker
+    (no ``wait_cpu``) or a loop without a selector of its own."""
 
     __slots__ = ("_wait_cpu", "_loop", "_waits")
 
