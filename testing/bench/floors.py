@@ -174,15 +174,16 @@ def floor_ratios(ours: dict | None, floors: dict, keys: dict[str, bool],
 
 
 def busy_child_pass(stack_rounds, script: str, args, env: dict, timeout_s: float,
-                    floor_runs: dict, keys) -> tuple[dict | None, list[str]]:
+                    floor_runs: dict, keys, quick: bool = True) -> tuple[dict | None, list[str]]:
     """For the two-stack benchmarks (stack_rounds): our stack measured again in a
-    child (`--side ours`, the quick plan: fewer iterations) with one busy core, then
-    each floor of `floor_runs` ({name: callable}) under the same busy core.
-    Returns (`busy` record, errors)."""
+    child (`--side ours`; `quick`: the quick plan, fewer iterations, else the run's
+    own) with one busy core, then each floor of `floor_runs` ({name: callable})
+    under the same busy core. Returns (`busy` record, errors)."""
     busy_args = copy.copy(args)
-    busy_args.quick = True
+    busy_args.quick = quick or args.quick
+    plan = "quick" if busy_args.quick else "full"
     errors = []
-    print("== ours again with one busy core (quick plan) and the floors ==", flush=True)
+    print(f"== ours again with one busy core ({plan} plan) and the floors ==", flush=True)
     start = time.monotonic()
     with BusyCore() as spinner:
         ours, error = stack_rounds.run_child(script, "ours", busy_args, env, timeout_s)
@@ -199,7 +200,7 @@ def busy_child_pass(stack_rounds, script: str, args, env: dict, timeout_s: float
     busy = {key: (ours or {}).get(key) for key in keys}
     busy.update(measured)
     busy["spinner"] = spinner.report()
-    busy["plan"] = "quick"
+    busy["plan"] = plan
     busy["pass_s"] = round(time.monotonic() - start, 1)
     busy["details"] = ours
     return busy, errors

@@ -1,5 +1,7 @@
-"""floors.process_cpu_s: a process's CPU over a phase never shrinks when a thread ends."""
+"""floors.process_cpu_s: a process's CPU over a phase never shrinks when a thread ends.
+floors.busy_child_pass: which plan the busy pass runs ours with."""
 
+import argparse
 import subprocess
 import sys
 import time
@@ -41,6 +43,32 @@ class ProcessCpuTest(unittest.TestCase):
             child.stdin.close()
             child.wait(timeout=10)
         self.assertIsNone(floors.process_cpu_s(child.pid))
+
+
+class _Rounds:
+    """stack_rounds' run_child, recording the plan each child was asked for."""
+
+    def __init__(self):
+        self.quick = []
+
+    def run_child(self, script, side, args, env, timeout_s):
+        self.quick.append(args.quick)
+        return {"noop_p50_us": 1.0}, None
+
+
+class BusyPassPlanTest(unittest.TestCase):
+    def _pass(self, run_quick, **kwargs):
+        rounds = _Rounds()
+        busy, errors = floors.busy_child_pass(rounds, "bench.py", argparse.Namespace(quick=run_quick),
+                                              {}, 10.0, {}, ("noop_p50_us",), **kwargs)
+        self.assertEqual(errors, [])
+        self.assertEqual(busy["noop_p50_us"], 1.0)
+        return rounds.quick, busy["plan"]
+
+    def test_the_quick_plan_by_default_and_the_runs_own_when_asked(self):
+        self.assertEqual(self._pass(False), ([True], "quick"))
+        self.assertEqual(self._pass(False, quick=False), ([False], "full"))
+        self.assertEqual(self._pass(True, quick=False), ([True], "quick"))  # a --quick run
 
 
 if __name__ == "__main__":

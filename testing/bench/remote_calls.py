@@ -169,6 +169,20 @@ def _wait_for_unix_socket(path: str, proc, timeout_s: float) -> None:
     raise RuntimeError(f"agentix-sandboxd did not listen on {path} within {timeout_s} s")
 
 
+def _host_waits() -> str:
+    """How this thread's calls waited, as the daemon's placement probe left it: "pin"
+    (pinned waits: the probe chose `pin`), "off" (told not to pin: `pin_daemon`) or
+    "none" (no pinned waits here). The noop's p50 differs between the two by ~1.25x on
+    this VM (docs/PERFORMANCE.md, "stop-63"), and the probe chooses afresh in each
+    round's daemon, so each round says which it had (`details.per_round`)."""
+    from agentix.runtime.client import pinned_waits
+
+    waits = getattr(pinned_waits._threads, "waits", None)
+    if waits is None:
+        return "none"
+    return "off" if waits.told_off else "pin"
+
+
 def _run_ours(args, plan, log) -> dict:
     sandboxd = args.sandboxd or procs.runfile("sandbox/agentix-sandboxd")
     worker = args.worker or procs.runfile("worker/agentix-worker")
@@ -192,7 +206,10 @@ def _run_ours(args, plan, log) -> dict:
 
         async def session():
             async with RuntimeClient(url) as client:
-                return await _measure(client.remote, plan, log, daemon.pid)
+                results = await _measure(client.remote, plan, log, daemon.pid)
+                results["host_waits"] = _host_waits()
+                log(f"the host's waits at the end: {results['host_waits']}")
+                return results
 
         return asyncio.run(session())
     finally:
@@ -517,7 +534,7 @@ def run_driver(args) -> int:
     beside = {"ours": lambda: _run_paired_floor(args, env)} if paired else None
     rounds = stack_rounds.Rounds(__file__, args, env, timeout_s, beside=beside)
     report = _summarise(rounds.combined("ours"), rounds.combined("baseline"), args, tunables)
-    report["details"].update(rounds.details(HEADLINE_KEYS))
+    report["details"].update(rounds.details(HEADLINE_KEYS + ("host_waits",)))
     for key in CPU_KEYS:  # beside the latencies (the workloads' CPU per call)
         report[key] = (rounds.combined("ours") or {}).get(key)
         if report["baseline"] is not None:

@@ -73,6 +73,10 @@ class RemoteCallsSmokeTest(unittest.TestCase):
         self.assertAlmostEqual(
             ratios["noop_p50_ours_over_floor"],
             report["noop_p50_us"] / report["floor"]["noop_p50_us"], delta=0.01)
+        # Each round of ours says how its host's calls waited (the daemon's probe
+        # chooses afresh in every round's daemon).
+        (round_,) = report["details"]["per_round"]["ours"]
+        self.assertIn(round_["host_waits"], ("pin", "off", "none"))
         # The Unix floor run right before each round of ours, and the ratio paired
         # round by round (one round here: that round's figures).
         paired = report["details"]["paired_floor"]

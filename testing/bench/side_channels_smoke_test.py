@@ -69,6 +69,7 @@ class SideChannelsSmokeTest(unittest.TestCase):
         positive_numbers(self, busy["floor_grpc"], ("ns_request_p50_us",), "busy.floor_grpc")
         positive_numbers(self, busy["floor_relay"], ("ns_request_p50_us",), "busy.floor_relay")
         self.assertIs(busy["spinner"]["pinned"], False)
+        self.assertEqual(busy["plan"], "quick")  # a --quick run's busy pass is quick too
         positive_numbers(self, report["ratios"], RATIO_KEYS, "ratios")
         positive_numbers(self, report["ratios"], tuple("busy_" + k for k in RATIO_KEYS), "ratios")
 
