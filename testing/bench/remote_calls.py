@@ -9,7 +9,11 @@ stack's server side, runs workloads.run_all() against it and reports one `RESULT
 line. The stacks:
 
 - ours:     agentix-sandboxd (+ agentix-worker) on a Unix socket, driven by the
-            `agentix` host package (`RuntimeClient(...).remote`).
+            `agentix` host package (`RuntimeClient(...).remote`); after its first
+            calls it waits PROBE_SETTLE_S for the daemon's placement probe, so
+            that the figures are the steady state's (`placement_settle_s`);
+            `details.per_round[].host_waits` says how the host's calls then
+            waited (pinned or not: the probe's choice).
 - baseline: baseline/ (python-socketio server + Python worker on a msgpack pipe,
             socketio.AsyncClient host), a model of the original; see README.md.
 
@@ -95,6 +99,12 @@ HEADLINE_KEYS = ("noop_p50_us", "noop_p99_us", "calls_per_s_c1", "calls_per_s_c1
                  "calls_per_s_c64", "mb_per_s_1mib", "mb_per_s_16mib", "mb_per_s_64mib")
 SERVER_START_TIMEOUT_S = 30.0
 FIRST_CALL_TIMEOUT_S = 60.0
+# Ours measures after the daemon's placement probe (--calls_cpu=probe, its default): it
+# measures once the first call has ended (two busy threads, 60-130 ms) and again about
+# 1 s later, and calls made meanwhile share the CPUs with it. Noops that overlapped it
+# had, with one busy core, a p99 / p50 of 2.6-3.2 against 2.2-2.5 after it
+# (docs/DECISIONS.md, "stop-63: remote_calls measures after the placement probe").
+PROBE_SETTLE_S = 2.0
 
 
 # --------------------------------------------------------------------------- host side
@@ -107,9 +117,10 @@ def _log_for(side: str):
 
 
 async def _measure(remote, plan: workloads.Plan, log, server_pid: int | None = None,
-                   server_name: str = "daemon") -> dict:
-    """Warms the stack up (the first call may start the worker), then runs everything;
-    with `server_pid`, CPU per call of this host, the server and its worker."""
+                   server_name: str = "daemon", settle_s: float = 0.0) -> dict:
+    """Warms the stack up (the first call may start the worker), waits `settle_s`, then
+    runs everything; with `server_pid`, CPU per call of this host, the server and its
+    worker."""
     import bench_targets  # imported by this top-level name on both sides
 
     start = time.perf_counter()
@@ -117,6 +128,9 @@ async def _measure(remote, plan: workloads.Plan, log, server_pid: int | None = N
     log(f"first call (may include worker start) took {(time.perf_counter() - start) * 1e3:.1f} ms")
     tunables = await asyncio.wait_for(remote(bench_targets.glibc_tunables), 10)
     log(f"worker GLIBC_TUNABLES: {tunables}")
+    if settle_s:
+        log(f"waiting {settle_s:g} s for the daemon's placement probe")
+        await asyncio.sleep(settle_s)
     cpu = None
     if server_pid:
         workers = procs.children(server_pid)
@@ -124,6 +138,7 @@ async def _measure(remote, plan: workloads.Plan, log, server_pid: int | None = N
                                "worker": workers[0] if workers else None})
     results = await workloads.run_all(remote, bench_targets, plan, log, cpu)
     results["worker_glibc_tunables"] = tunables
+    results["placement_settle_s"] = settle_s
     return results
 
 
@@ -206,7 +221,8 @@ def _run_ours(args, plan, log) -> dict:
 
         async def session():
             async with RuntimeClient(url) as client:
-                results = await _measure(client.remote, plan, log, daemon.pid)
+                results = await _measure(client.remote, plan, log, daemon.pid,
+                                         settle_s=PROBE_SETTLE_S)
                 results["host_waits"] = _host_waits()
                 log(f"the host's waits at the end: {results['host_waits']}")
                 return results

@@ -77,6 +77,8 @@ class RemoteCallsSmokeTest(unittest.TestCase):
         # chooses afresh in every round's daemon).
         (round_,) = report["details"]["per_round"]["ours"]
         self.assertIn(round_["host_waits"], ("pin", "off", "none"))
+        # ... measured after the daemon's placement probe.
+        self.assertGreater(report["details"]["ours"]["placement_settle_s"], 0)
         # The Unix floor run right before each round of ours, and the ratio paired
         # round by round (one round here: that round's figures).
         paired = report["details"]["paired_floor"]
