@@ -16,9 +16,9 @@ from agentix import AsyncClientNamespace, RuntimeClient
 from agentix.runtime.client import pinned_waits as pw
 from agentix.runtime.client.frames import FrameCallsStream
 from agentix.runtime.client.namespaces import FrameNamespaceStream
+from agentix.runtime.client.pinned_waits import CallsCpu, PinnedWaits, calls_cpu_setting, wait_yield_setting
 from agentix.runtime.shared.codec import pack
 from agentix.runtime.v1 import runtime_pb2 as pb
-from agentix.runtime.client.pinned_waits import CallsCpu, PinnedWaits, calls_cpu_setting, wait_yield_setting
 from child_paths import run_in_fresh_interpreter
 from fake_runtime import eventually
 from test_loop_slice import _in_a_thread, _slice_ns, needs_slices

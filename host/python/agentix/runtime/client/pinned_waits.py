@@ -338,7 +338,7 @@ class PinnedWaits:
         the replies to this loop's own), and its waits are not pinned until
         the next call goes alone in flight. Pinned, this loop and the
         sandbox's would share one CPU and run each other's work after each
-        hand-off instead of beside it: a namespace request took 1.75x as long
+        hand-off instead of beside it: a namespace request took 1.6x as long
         (docs/DECISIONS.md, "stop-63: namespace traffic is not pinned")."""
         self.armed = False
 
