@@ -18,8 +18,9 @@ on one CPU, what each side waits behind the others). The last line (SUMMARY) giv
 A stack's EXTRA fields compare settings of the same binaries: one starting with ``--`` is
 a daemon flag (``--calls_cpu=auto``), ``NAME=VALUE`` goes into the host's environment
 (``AGENTIX_CALLS_CPU=auto``; the daemon, and so the sandbox, inherits it too) and
-``sandbox:NAME=VALUE`` into the daemon's and the sandbox's only (``sandbox:AGENTIX_CALLS_CPU=off``:
-the worker's pinned reply waits off, the host's pinned waits as they are).
+``sandbox:NAME=VALUE`` into the daemon's and the sandbox's only (``sandbox:AGENTIX_CALLS_CPU=wait``:
+the worker's namespace-reply waits pinned, which since stop 63 they are only when named there;
+the host's pinned waits as they are).
 """
 import argparse
 import asyncio
