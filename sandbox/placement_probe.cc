@@ -328,7 +328,7 @@ ReprobeSchedule::Step ReprobeSchedule::Next(const CallPathActivity& activity,
   // costs an idle daemon one wake-up (one a `first_every` in the start-up
   // probe's first `every`, so that a sandbox's first calls are not left
   // with the start-up answer for a minute).
-  if (!activity.busy && activity.last_call_end <= probed_at_) {
+  if (!activity.busy && activity.last_call_end <= began_) {
     const bool first = !reprobed_ && now < probed_at_ + options_.every;
     return {false, now + (first ? period : options_.every)};
   }

@@ -12,6 +12,7 @@
 // CPUs beats one kept on one CPU by pins, whatever the round trips say.
 #pragma once
 
+#include <algorithm>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -93,7 +94,7 @@ struct CallPathActivity {
 // the machine as it was then (many sandboxes starting at once look like a
 // busy machine, whose cross-CPU wake-ups are cheap), so the choice is
 // measured again, at most once per `every`, and only in a pause of the
-// call path: after a call ended since the last probe (an unused daemon
+// call path: after a call ended since the last probe began (an unused daemon
 // never probes again: its hosts have nothing to pin for), with no call
 // running or waiting and no worker booting, `quiet` after the latest call's
 // end (while calls run it looks every `quiet`, less often as they go on,
@@ -119,21 +120,28 @@ class ReprobeSchedule {
     absl::Time look_at = absl::InfiniteFuture();  // when !probe: look again then
   };
 
-  // `probed_at`: when the start-up probe ended.
-  ReprobeSchedule(Options options, absl::Time probed_at)
-      : options_(options), probed_at_(probed_at) {}
+  // `probed_at`: when the start-up probe ended; `began`: when it began
+  // (default: `probed_at`). A call that ended after `began` counts as use
+  // since that probe: the probe measured its load as the machine's (the
+  // start-up probe may begin between two of a host's first calls, which
+  // then read as a busy CPU), so the first pause measures again.
+  ReprobeSchedule(Options options, absl::Time probed_at,
+                  absl::Time began = absl::InfiniteFuture())
+      : options_(options), probed_at_(probed_at), began_(std::min(began, probed_at)) {}
 
   // Whether to probe now; otherwise when to call Next again.
   Step Next(const CallPathActivity& activity, absl::Time now) const;
-  // A probe ended at `at`.
-  void Probed(absl::Time at) {
+  // A probe that began at `began` (default: `at`) ended at `at`.
+  void Probed(absl::Time at, absl::Time began = absl::InfiniteFuture()) {
     probed_at_ = at;
+    began_ = std::min(began, at);
     reprobed_ = true;
   }
 
  private:
   const Options options_;
   absl::Time probed_at_;
+  absl::Time began_;  // calls that ended after it are use since the last probe
   bool reprobed_ = false;  // whether the start-up probe is the last one
 };
 

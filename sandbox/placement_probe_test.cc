@@ -311,6 +311,27 @@ TEST_CASE("The first re-probe after the start-up probe may come after `first_eve
         kStart + absl::Milliseconds(500));
 }
 
+TEST_CASE("A call that ended while a probe measured is use since it: the next pause measures again") {
+  // The start-up probe began between two of a host's first calls (kStart -
+  // 100 ms) and ended at kStart; the last call ended meanwhile.
+  const absl::Time began = kStart - absl::Milliseconds(100);
+  const absl::Time call_end = kStart - absl::Milliseconds(40);
+  const ReprobeSchedule schedule({}, kStart, began);
+  CHECK(schedule.Next(Idle(call_end), kStart + absl::Seconds(1)).probe);
+  // A call that ended before the probe began is not.
+  const ReprobeSchedule::Step unused =
+      schedule.Next(Idle(began - absl::Milliseconds(1)), kStart + absl::Seconds(1));
+  CHECK_FALSE(unused.probe);
+  CHECK(unused.look_at == kStart + absl::Seconds(2));
+  // The same for a re-probe: its period counts from its end.
+  ReprobeSchedule after({}, kStart);
+  const absl::Time reprobe_end = kStart + absl::Seconds(80);
+  after.Probed(reprobe_end, reprobe_end - absl::Milliseconds(50));
+  const absl::Time during = reprobe_end - absl::Milliseconds(10);
+  CHECK_FALSE(after.Next(Idle(during), reprobe_end + absl::Seconds(59)).probe);
+  CHECK(after.Next(Idle(during), reprobe_end + absl::Seconds(60)).probe);
+}
+
 ReprobeSchedule::Options WaitUpTo(absl::Duration wait) {
   ReprobeSchedule::Options options;
   options.startup_wait = wait;

@@ -99,8 +99,9 @@ PlacementChoice PlacementProber::ProbeOnce(bool first) {
 
 void PlacementProber::Run() {
   if (!AwaitStartupProbe()) return;
+  const absl::Time began = absl::Now();
   ProbeOnce(/*first=*/true);
-  ReprobeSchedule schedule(options_, absl::Now());
+  ReprobeSchedule schedule(options_, absl::Now(), began);
   absl::Time look_at = absl::Now();
   for (;;) {
     std::function<CallPathActivity()> activity;
@@ -120,8 +121,9 @@ void PlacementProber::Run() {
       look_at = step.look_at;
       continue;
     }
+    const absl::Time reprobe_began = absl::Now();
     ProbeOnce(/*first=*/false);
-    schedule.Probed(absl::Now());
+    schedule.Probed(absl::Now(), reprobe_began);
     look_at = absl::Now();
   }
 }

@@ -124,6 +124,43 @@ TEST_CASE("The prober's thread probes at start-up, and again only in the call pa
   CHECK(taken == 2);
 }
 
+TEST_CASE("A call that ends while the start-up probe measures brings a re-probe at the next pause") {
+  // The start-up probe may begin between two of a host's first calls; the
+  // calls that end while it measures are load it saw, not the machine's.
+  auto calls_cpu = std::make_shared<CallsCpu>(CallsCpu::kRunningCpu);
+  absl::Mutex mu;
+  absl::Time call_end = absl::InfinitePast();
+  int taken = 0;
+  ReprobeSchedule::Options options;
+  options.every = absl::Seconds(3600);
+  options.first_every = absl::Milliseconds(20);
+  options.quiet = absl::Milliseconds(1);
+  PlacementProber prober(calls_cpu, options,
+                         [&](const absl::Notification&) -> absl::StatusOr<ProbeFigures> {
+                           absl::MutexLock lock(&mu);
+                           if (++taken == 1) {
+                             absl::SleepFor(absl::Milliseconds(5));
+                             call_end = absl::Now();  // a call ends mid-probe
+                             absl::SleepFor(absl::Milliseconds(5));
+                             return kBusy;
+                           }
+                           return kQuiet;
+                         });
+  prober.Watch([&] {
+    absl::MutexLock lock(&mu);
+    return CallPathActivity{false, call_end};
+  });
+  prober.Start();
+  auto reprobed = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return taken >= 2; };
+  {
+    absl::MutexLock lock(&mu);
+    CHECK(mu.AwaitWithTimeout(absl::Condition(&reprobed), absl::Seconds(30)));
+  }
+  prober.Stop();
+  // The re-probe measured the machine at rest: the hosts pin their waits.
+  CHECK(calls_cpu->host_waits() == CallsCpu::HostWaits::kPin);
+}
+
 TEST_CASE("A call path that never pauses is never re-probed") {
   auto calls_cpu = std::make_shared<CallsCpu>(CallsCpu::kRunningCpu);
   Measures measures({kBusy});
