@@ -229,8 +229,8 @@ ABSL_FLAG(double, calls_cpu_reprobe_s, 60,
           "with --calls_cpu=probe: seconds between the probe's measurements "
           "after the start-up one (at most one per period, the first as soon "
           "as 1 s after the start-up one; only in a pause of "
-          "the call path: no call running for 0.1 s after one ran since the "
-          "last probe, no worker booting); a changed choice applies to the "
+          "the call path: no call running for 0.1 s after one ended since the "
+          "last probe began, no worker booting); a changed choice applies to the "
           "daemon at once and reaches the frame-wire hosts that asked for "
           "changes (agentix-calls-cpu-follow: 2) with their next frame. 0: "
           "the start-up probe only");
