@@ -14,7 +14,10 @@ machine can do at the moment of the run rather than against absolute numbers:
   `floor_pinned` the Unix-socket ping-pong with both processes pinned to one CPU
   (unix_pingpong --one-cpu): `floor` lands there in some runs and across two CPUs
   in others, ~16 against ~31 µs here, and the pinned one is what co-location can
-  reach. All report the same keys as the stack they stand beside.
+  reach. All report the same keys as the stack they stand beside. `floor_work`
+  (`run_work_floor`, work_floor.py) is no ping-pong: chunks of plain Python work
+  as long as our noop's p50, for the p99 / p50 this machine gives any code of that
+  length with no hand-off at all (remote_calls' tail target).
 - **a busy core** (`BusyCore`): one process spinning in a loop while a benchmark
   measures its headline figures again (`busy`). The spinner is NOT pinned to a CPU:
   it is what any other busy program on the machine looks like to us (the scheduler
@@ -51,6 +54,9 @@ FLOOR_PROGRAMS = {"floor": ("unix_pingpong", ()), "floor_grpc": ("grpc_pingpong"
                   "floor_relay": ("unix_pingpong", ("--relay",)),
                   "floor_pinned": ("unix_pingpong", ("--one-cpu",))}
 SPIN = "while True: pass"
+# The work floor's key in a report (work_floor.py; not a ping-pong, so not in
+# FLOOR_PROGRAMS: only its noop_p50_us / noop_p99_us mean anything beside ours).
+WORK_FLOOR = "floor_work"
 
 
 def process_cpu_s(pid: int) -> float | None:
@@ -116,6 +122,15 @@ def run_floor(program: str, flags, *, quick: bool, env: dict | None = None, log=
     if not binary:
         raise RuntimeError(f"testing/bench/floor/{program} not in the runfiles")
     return run_json([binary, *flags] + (["--quick"] if quick else []), env=env, log=log)
+
+
+def run_work_floor(chunk_us: float, *, quick: bool, env: dict | None = None,
+                   log=print) -> dict:
+    """One run of work_floor.py in the host's interpreter, its chunk sized to
+    `chunk_us` (a noop's p50 of the same run)."""
+    script = procs.bench_dir() / "work_floor.py"
+    return run_json([sys.executable, script, f"--chunk-us={max(1.0, round(chunk_us, 1))}"]
+                    + (["--quick"] if quick else []), env=env, log=log)
 
 
 class BusyCore:

@@ -29,6 +29,9 @@ Unless --only baseline or --no-cc, each round then also measures, in this order:
               daemon -> worker and back) with nothing else on the path;
 - floor_pinned: floor/unix_pingpong --one-cpu, `floor` with both processes pinned
               to one CPU (where the scheduler puts `floor` in some runs only);
+- floor_work: work_floor.py, chunks of plain Python work (no hand-off, no system
+              call) as long as our noop's p50: the p99 / p50 the machine gives
+              any code of that length, beside the tail target (`_tail_ratios`);
 and every figure is also reported as a ratio to the floors (`ratios`).
 Unless --only baseline or --no-cc, the Unix floor's noop alone also runs right
 before each round of ours: `ratios.noop_p50_ours_over_floor_paired` (and
@@ -313,6 +316,17 @@ def _paired_floor_ratios(report: dict, rounds) -> None:
 
 # Every headline figure against the floors: True where lower is better.
 FLOOR_RATIO_KEYS = {key: key.endswith(("_us", "_ms")) for key in HEADLINE_KEYS}
+# What a report keeps of the work floor's figures (work_floor.py).
+WORK_FLOOR_KEYS = ("noop_p50_us", "noop_p90_us", "noop_p99_us", "over_2x_p50_share",
+                   "chunk_us_target", "chunk_units", "cpu_share")
+# The work floor's chunk when ours measured no noop p50 (µs).
+DEFAULT_WORK_CHUNK_US = 50.0
+
+
+def _work_chunk_us(report: dict) -> float:
+    """The work floor's chunk: ours' idle noop p50 of this run."""
+    p50 = report.get("noop_p50_us")
+    return p50 if isinstance(p50, (int, float)) and p50 > 0 else DEFAULT_WORK_CHUNK_US
 
 
 def _busy_and_floor_ratios(report: dict, args, env: dict, timeout_s: float) -> list[str]:
@@ -325,6 +339,10 @@ def _busy_and_floor_ratios(report: dict, args, env: dict, timeout_s: float) -> l
     log = _log_for("busy")
     runs = {name: (lambda name=name: _run_floor(name, args, env, log))
             for name in floors.FLOOR_PROGRAMS}
+    if not args.no_cc:  # the same chunk as idle, under the busy core
+        chunk_us = _work_chunk_us(report)
+        runs[floors.WORK_FLOOR] = lambda: floors.run_work_floor(
+            chunk_us, quick=args.quick, env=env, log=log)
     busy, errors = floors.busy_child_pass(stack_rounds, __file__, args, env, timeout_s, runs,
                                           FLOOR_KEYS)
     report["busy"] = busy
@@ -337,13 +355,16 @@ def _busy_and_floor_ratios(report: dict, args, env: dict, timeout_s: float) -> l
     return errors
 
 
-def _cc_and_floor_rounds(args, env: dict) -> tuple[dict, list[str]]:
-    """`args.rounds` rounds of (C++ client, each floor), back to back so that all
-    meet the same load; per-metric medians over the rounds."""
+def _cc_and_floor_rounds(args, env: dict, work_chunk_us: float) -> tuple[dict, list[str]]:
+    """`args.rounds` rounds of (C++ client, each floor, the work floor with
+    chunks of `work_chunk_us`), back to back so that all meet the same load;
+    per-metric medians over the rounds."""
     log = _log_for("cc+floor")
     programs = {"cc_client": lambda: _run_cc(args, env, log)}
     programs.update({name: (lambda name=name: _run_floor(name, args, env, log))
                      for name in floors.FLOOR_PROGRAMS})
+    programs[floors.WORK_FLOOR] = lambda: floors.run_work_floor(
+        work_chunk_us, quick=args.quick, env=env, log=log)
     runs = {key: [] for key in programs}
     rounds = []  # per round: {"cc_client": ..., "floor": ..., ...} (None: failed)
     errors = []
@@ -453,8 +474,11 @@ def _tail_ratios(report: dict) -> None:
     each round's ratio), `..._floor_paired` (the Unix floor run right before each
     round), `..._<floor>` and `busy_...`. A machine whose own ping-pong has a
     tail over 2 x its p50 (this VM's 250 Hz tick costs tens of microseconds,
-    docs/PERFORMANCE.md) shows it here. `targets_met.noop_p99_at_most_2x_p50`
-    reads the headline ratio."""
+    docs/PERFORMANCE.md) shows it here; `..._floor_work` is the same ratio for
+    plain Python work as long as our noop (no hand-off at all), and
+    `..._ours_over_floor_work` ours over it: the tail the call path adds
+    (`..._floor_work_per_round`: the median of its rounds' own ratios).
+    `targets_met.noop_p99_at_most_2x_p50` reads the headline ratio."""
     ratios = report["ratios"]
     ratios["noop_p99_over_p50_ours"] = _p99_over_p50(report)
     rounds = report["details"].get("per_round", {}).get("ours") or []
@@ -465,26 +489,40 @@ def _tail_ratios(report: dict) -> None:
         [floors.ratio(pair.get("floor_noop_p99_us"), pair.get("floor_noop_p50_us"))
          for pair in paired])
     busy = report.get("busy") or {}
-    for name in floors.FLOOR_PROGRAMS:
+    for name in (*floors.FLOOR_PROGRAMS, floors.WORK_FLOOR):
         ratios[f"noop_p99_over_p50_{name}"] = _p99_over_p50(report.get(name))
         if busy:
             ratios[f"busy_noop_p99_over_p50_{name}"] = _p99_over_p50(busy.get(name))
     if busy:
         ratios["busy_noop_p99_over_p50_ours"] = _p99_over_p50(busy)
+    # The work floor's chunk length follows the machine's speed of the moment
+    # (sized once per run), so its rounds' own ratios are read too, as ours.
+    work_rounds = (report["details"].get("cc_and_floor") or {}).get("per_round", {}).get(
+        floors.WORK_FLOOR) or []
+    ratios[f"noop_p99_over_p50_{floors.WORK_FLOOR}_per_round"] = _median_of_figures(
+        [_p99_over_p50(figures) for figures in work_rounds])
+    # What the call path adds to the machine's own tail for code of its length.
+    for prefix in ("", "busy_"):
+        ratios[f"{prefix}noop_p99_over_p50_ours_over_{floors.WORK_FLOOR}"] = floors.ratio(
+            ratios.get(f"{prefix}noop_p99_over_p50_ours"),
+            ratios.get(f"{prefix}noop_p99_over_p50_{floors.WORK_FLOOR}"))
     ours = ratios["noop_p99_over_p50_ours"]
     report["targets_met"]["noop_p99_at_most_2x_p50"] = (
         None if ours is None else ours <= TAIL_TARGET)
     if ours is None:
         return
     floors_text = ", ".join(
-        f"{name} {ratios[f'noop_p99_over_p50_{name}']}" for name in floors.FLOOR_PROGRAMS
+        f"{name} {ratios[f'noop_p99_over_p50_{name}']}"
+        for name in (*floors.FLOOR_PROGRAMS, floors.WORK_FLOOR)
         if ratios.get(f"noop_p99_over_p50_{name}") is not None)
     busy_text = (f"; one busy core: ours {ratios.get('busy_noop_p99_over_p50_ours')}, floor "
-                 f"{ratios.get('busy_noop_p99_over_p50_floor')}" if busy else "")
+                 f"{ratios.get('busy_noop_p99_over_p50_floor')}, floor_work "
+                 f"{ratios.get('busy_noop_p99_over_p50_floor_work')}" if busy else "")
     print(f"noop p99 / p50 (target <= {TAIL_TARGET:g}): ours {ours} (per round, median "
           f"{ratios['noop_p99_over_p50_ours_per_round']}); in the same run the floors' "
           f"{floors_text or '-'} (paired Unix floor "
-          f"{ratios['noop_p99_over_p50_floor_paired']}){busy_text}", flush=True)
+          f"{ratios['noop_p99_over_p50_floor_paired']}, floor_work per round "
+          f"{ratios['noop_p99_over_p50_floor_work_per_round']}){busy_text}", flush=True)
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -557,13 +595,16 @@ def run_driver(args) -> int:
             report["baseline"][key] = (rounds.combined("baseline") or {}).get(key)
     errors = list(rounds.errors)
     if args.only != "baseline" and not args.no_cc:
-        extra, extra_errors = _cc_and_floor_rounds(args, env)
+        extra, extra_errors = _cc_and_floor_rounds(args, env, _work_chunk_us(report))
         errors += extra_errors
         report["cc_client"] = ({key: extra["cc_client"].get(key) for key in CC_KEYS}
                                if extra["cc_client"] else None)
         for name in floors.FLOOR_PROGRAMS:
             report[name] = ({key: extra[name].get(key) for key in FLOOR_KEYS}
                             if extra[name] else None)
+        work = extra[floors.WORK_FLOOR]
+        report[floors.WORK_FLOOR] = ({key: work.get(key) for key in WORK_FLOOR_KEYS}
+                                     if work else None)
         _floor_ratios(report, extra["cc_client"],
                       {name: extra[name] for name in floors.FLOOR_PROGRAMS})
         report["cc_noop"] = extra.pop("cc_noop")

@@ -105,6 +105,24 @@ class RemoteCallsSmokeTest(unittest.TestCase):
                                / report["floor_pinned"]["noop_p50_us"], delta=0.01)
         self.assertEqual(report["targets_met"]["noop_p99_at_most_2x_p50"],
                          ratios["noop_p99_over_p50_ours"] <= 2.0)
+        # The work floor: plain Python work sized to our idle noop's p50, idle and
+        # busy (the same chunk), and ours' tail ratio over its.
+        work = report["floor_work"]
+        positive_numbers(self, work, ("noop_p50_us", "noop_p99_us", "chunk_units"), "floor_work")
+        self.assertEqual(work["chunk_us_target"], round(report["noop_p50_us"], 1))
+        self.assertEqual(busy["floor_work"]["chunk_us_target"], work["chunk_us_target"])
+        positive_numbers(self, ratios, [f"{prefix}noop_p99_over_p50_{key}"
+                                        for prefix in ("", "busy_")
+                                        for key in ("floor_work", "ours_over_floor_work")],
+                         "ratios")
+        self.assertAlmostEqual(ratios["noop_p99_over_p50_floor_work"],
+                               work["noop_p99_us"] / work["noop_p50_us"], delta=0.01)
+        # One round: the rounds' median ratio is that round's.
+        self.assertAlmostEqual(ratios["noop_p99_over_p50_floor_work_per_round"],
+                               ratios["noop_p99_over_p50_floor_work"], delta=0.02)
+        self.assertAlmostEqual(ratios["noop_p99_over_p50_ours_over_floor_work"],
+                               ratios["noop_p99_over_p50_ours"]
+                               / ratios["noop_p99_over_p50_floor_work"], delta=0.02)
         # (No ordering between the floors' CPU per call is asserted: a floor measured
         # while the CPUs halt between messages pays each wake-up in CPU too, so one
         # measured in the other regime can come out 4x lower; seen at 15.8 vs 68.2.)
