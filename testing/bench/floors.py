@@ -189,33 +189,46 @@ def floor_ratios(ours: dict | None, floors: dict, keys: dict[str, bool],
 
 
 def busy_child_pass(stack_rounds, script: str, args, env: dict, timeout_s: float,
-                    floor_runs: dict, keys, quick: bool = True) -> tuple[dict | None, list[str]]:
-    """For the two-stack benchmarks (stack_rounds): our stack measured again in a
-    child (`--side ours`; `quick`: the quick plan, fewer iterations, else the run's
-    own) with one busy core, then each floor of `floor_runs` ({name: callable})
-    under the same busy core. Returns (`busy` record, errors)."""
+                    floor_runs: dict, keys, quick: bool = True,
+                    rounds: int = 1) -> tuple[dict | None, list[str]]:
+    """For the two-stack benchmarks (stack_rounds): our stack measured again in
+    `rounds` children (`--side ours`; `quick`: the quick plan, fewer iterations,
+    else the run's own) with one busy core, then each floor of `floor_runs`
+    ({name: callable}) under the same busy core. `busy` has the per-figure
+    medians over the rounds that succeeded (`stack_rounds.combine`), as the idle
+    figures do, and each round's figures of `keys` in `per_round`. Returns
+    (`busy` record, errors)."""
     busy_args = copy.copy(args)
     busy_args.quick = quick or args.quick
     plan = "quick" if busy_args.quick else "full"
+    rounds = max(1, rounds)
     errors = []
-    print(f"== ours again with one busy core ({plan} plan) and the floors ==", flush=True)
+    print(f"== ours again with one busy core ({plan} plan, {rounds} round"
+          f"{'s' if rounds > 1 else ''}) and the floors ==", flush=True)
     start = time.monotonic()
+    results = []
     with BusyCore() as spinner:
-        ours, error = stack_rounds.run_child(script, "ours", busy_args, env, timeout_s)
+        for _ in range(rounds):
+            ours, error = stack_rounds.run_child(script, "ours", busy_args, env, timeout_s)
+            if error:
+                errors.append(f"busy {error}")
+            if ours is not None:
+                results.append(ours)
         measured = {}
         for name, run in floor_runs.items():
             try:
                 measured[name] = run()
             except procs.RUN_FAILURES as failure:
                 errors.append(f"busy {name}: {failure}")
-    if error:
-        errors.append(f"busy {error}")
-    if ours is None and not measured:
+    if not results and not measured:
         return None, errors
+    ours = stack_rounds.combine(results) if results else None
     busy = {key: (ours or {}).get(key) for key in keys}
     busy.update(measured)
     busy["spinner"] = spinner.report()
     busy["plan"] = plan
+    busy["rounds"] = len(results)
+    busy["per_round"] = [{key: result.get(key) for key in keys} for result in results]
     busy["pass_s"] = round(time.monotonic() - start, 1)
     busy["details"] = ours
     return busy, errors

@@ -38,9 +38,10 @@ before each round of ours: `ratios.noop_p50_ours_over_floor_paired` (and
 `_p99_`) is the median over the rounds of that round's ratio, robust to the
 machine changing speed between the rounds and the floors (`details.paired_floor`).
 
-Unless --only baseline or --no-busy, our stack is then measured once more with one
-busy core (floors.BusyCore: a spinning process, not pinned), with the quick plan,
-and the floors again under the same busy core: `busy`. Every phase also reports
+Unless --only baseline or --no-busy, our stack is then measured again with one
+busy core (floors.BusyCore: a spinning process, not pinned), --rounds times with
+the quick plan (per-figure medians, each round in `busy.per_round`), and the
+floors once under the same busy core: `busy`. Every phase also reports
 the CPU the host, the daemon (server) and the worker spent per call
 (`noop_cpu_us_per_call`, `echo_cpu_ms_16mib`, per process in
 `details.<side>.cpu_per_call`), from each process's CPU-time clock (floors.CpuMeter).
@@ -343,8 +344,9 @@ def _busy_and_floor_ratios(report: dict, args, env: dict, timeout_s: float) -> l
         chunk_us = _work_chunk_us(report)
         runs[floors.WORK_FLOOR] = lambda: floors.run_work_floor(
             chunk_us, quick=args.quick, env=env, log=log)
+    # As many rounds as idle: the targets are medians over --rounds, idle and busy.
     busy, errors = floors.busy_child_pass(stack_rounds, __file__, args, env, timeout_s, runs,
-                                          FLOOR_KEYS)
+                                          FLOOR_KEYS, rounds=args.rounds)
     report["busy"] = busy
     if busy:
         report["ratios"].update(floors.floor_ratios(
@@ -495,6 +497,8 @@ def _tail_ratios(report: dict) -> None:
             ratios[f"busy_noop_p99_over_p50_{name}"] = _p99_over_p50(busy.get(name))
     if busy:
         ratios["busy_noop_p99_over_p50_ours"] = _p99_over_p50(busy)
+        ratios["busy_noop_p99_over_p50_ours_per_round"] = _median_of_figures(
+            [_p99_over_p50(figures) for figures in busy.get("per_round") or []])
     # The work floor's chunk length follows the machine's speed of the moment
     # (sized once per run), so its rounds' own ratios are read too, as ours.
     work_rounds = (report["details"].get("cc_and_floor") or {}).get("per_round", {}).get(
@@ -515,7 +519,8 @@ def _tail_ratios(report: dict) -> None:
         f"{name} {ratios[f'noop_p99_over_p50_{name}']}"
         for name in (*floors.FLOOR_PROGRAMS, floors.WORK_FLOOR)
         if ratios.get(f"noop_p99_over_p50_{name}") is not None)
-    busy_text = (f"; one busy core: ours {ratios.get('busy_noop_p99_over_p50_ours')}, floor "
+    busy_text = (f"; one busy core: ours {ratios.get('busy_noop_p99_over_p50_ours')} (per "
+                 f"round, median {ratios.get('busy_noop_p99_over_p50_ours_per_round')}), floor "
                  f"{ratios.get('busy_noop_p99_over_p50_floor')}, floor_work "
                  f"{ratios.get('busy_noop_p99_over_p50_floor_work')}" if busy else "")
     print(f"noop p99 / p50 (target <= {TAIL_TARGET:g}): ours {ours} (per round, median "

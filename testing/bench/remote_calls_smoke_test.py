@@ -63,6 +63,8 @@ class RemoteCallsSmokeTest(unittest.TestCase):
         self.assertIs(busy["spinner"]["pinned"], False)
         self.assertGreater(busy["spinner"]["cpu_share"], 0)
         self.assertEqual(busy["plan"], "quick")
+        self.assertEqual(busy["rounds"], 1)  # as many as idle (--rounds; 1 here)
+        self.assertEqual(busy["per_round"][0]["noop_p50_us"], busy["noop_p50_us"])
         # Every headline figure as a ratio to each floor, idle and busy.
         ratios = report["ratios"]
         for prefix in ("", "busy_"):
@@ -94,7 +96,8 @@ class RemoteCallsSmokeTest(unittest.TestCase):
         # Issue 25's tail target (p99 <= 2 x p50) beside every floor's own ratio,
         # idle and busy, read from the same run's figures.
         tail_keys = ["noop_p99_over_p50_ours", "noop_p99_over_p50_ours_per_round",
-                     "noop_p99_over_p50_floor_paired", "busy_noop_p99_over_p50_ours"]
+                     "noop_p99_over_p50_floor_paired", "busy_noop_p99_over_p50_ours",
+                     "busy_noop_p99_over_p50_ours_per_round"]
         for floor in ("floor", "floor_grpc", "floor_relay", "floor_pinned"):
             tail_keys += [f"noop_p99_over_p50_{floor}", f"busy_noop_p99_over_p50_{floor}"]
         positive_numbers(self, ratios, tail_keys, "ratios")
