@@ -3,8 +3,9 @@
     python3 work_floor.py --chunk-us 50 [--chunks 20000] [--quick]
 
 Times `--chunks` back-to-back chunks of pure Python work (no system call, no
-allocation that grows, no other thread or process), each sized at start to take
-about `--chunk-us` microseconds at the median, and prints one JSON line: the
+allocation that grows, no other thread or process), each sized at start to cost
+about `--chunk-us` microseconds of CPU (its wall time is then what the machine
+makes of that), and prints one JSON line: the
 chunks' p50/p90/p99 under the same keys as a noop (`noop_p50_us`,
 `noop_p99_us`, ...), so that the benchmarks read its p99 / p50 beside ours.
 
@@ -54,16 +55,27 @@ def time_chunks(units: int, count: int, clock=time.perf_counter_ns) -> list[int]
     return out
 
 
-def calibrate(target_us: float, timer=time_chunks, tries: int = 6) -> int:
-    """Units per chunk whose median takes about `target_us` (within 10 %, or the
-    last estimate after `tries`): scaled from a median of 101 chunks each try."""
+def chunk_cpu_ns(units: int, count: int, clock=time.thread_time_ns) -> float:
+    """The CPU time (ns) one chunk of `units` units costs this thread: the mean
+    over `count` back to back. CPU time, not wall time: a chunk that shares
+    its CPU for a moment (the busy core's spinner before the scheduler moves
+    one of them) is not counted long, so the size does not shrink with it."""
+    start = clock()
+    for _ in range(count):
+        chunk(units)
+    return (clock() - start) / count
+
+
+def calibrate(target_us: float, cost=chunk_cpu_ns, tries: int = 6) -> int:
+    """Units per chunk that cost about `target_us` of CPU (within 10 %, or the
+    last estimate after `tries`), scaled each try from 101 chunks' mean."""
     units = 64
     for _ in range(tries):
-        median_us = statistics.median(timer(units, 101)) / 1e3
-        if median_us <= 0:
+        per_chunk_us = cost(units, 101) / 1e3
+        if per_chunk_us <= 0:  # a clock too coarse to see them: more units
             units *= 4
             continue
-        wanted = max(1, round(units * target_us / median_us))
+        wanted = max(1, round(units * target_us / per_chunk_us))
         if abs(wanted - units) <= 0.1 * units:
             return wanted
         units = wanted

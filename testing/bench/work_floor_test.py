@@ -12,33 +12,33 @@ import floors
 import work_floor
 
 
-def linear_timer(ns_per_unit: float):
-    """A fake `time_chunks`: every chunk takes units x ns_per_unit; records calls."""
+def linear_cost(ns_per_unit: float):
+    """A fake `chunk_cpu_ns`: a chunk costs units x ns_per_unit; records calls."""
     calls = []
 
-    def timer(units, count):
+    def cost(units, count):
         calls.append((units, count))
-        return [int(units * ns_per_unit)] * count
+        return units * ns_per_unit
 
-    timer.calls = calls
-    return timer
+    cost.calls = calls
+    return cost
 
 
 class CalibrateTest(unittest.TestCase):
-    def test_the_chunk_is_sized_to_the_asked_median(self):
-        timer = linear_timer(ns_per_unit=70.0)  # 50 µs = ~714 units
-        units = work_floor.calibrate(50.0, timer=timer)
+    def test_the_chunk_is_sized_to_the_asked_cpu_time(self):
+        cost = linear_cost(ns_per_unit=70.0)  # 50 µs = ~714 units
+        units = work_floor.calibrate(50.0, cost=cost)
         self.assertAlmostEqual(units * 70.0 / 1e3, 50.0, delta=5.0)
-        # Each try timed 101 chunks (a median, not one sample).
-        self.assertTrue(all(count == 101 for _, count in timer.calls))
+        # Each try timed 101 chunks (a mean, not one sample).
+        self.assertTrue(all(count == 101 for _, count in cost.calls))
 
     def test_a_clock_that_reads_zero_grows_the_chunk_instead_of_dividing_by_zero(self):
         readings = iter([0, 0] + [1000] * 10)  # two tries too short to see
 
-        def timer(units, count):
-            return [next(readings) * units // 64] * count
+        def cost(units, count):
+            return next(readings) * units / 64
 
-        self.assertGreater(work_floor.calibrate(20.0, timer=timer), 64)
+        self.assertGreater(work_floor.calibrate(20.0, cost=cost), 64)
 
     def test_it_gives_up_after_its_tries_with_the_last_estimate(self):
         sizes = []
@@ -46,11 +46,15 @@ class CalibrateTest(unittest.TestCase):
         def jittery(units, count):  # each try reads 3x or 1/3x the truth
             sizes.append(units)
             factor = 3.0 if len(sizes) % 2 else 1 / 3
-            return [int(units * 100 * factor)] * count
+            return units * 100 * factor
 
-        units = work_floor.calibrate(50.0, timer=jittery, tries=4)
+        units = work_floor.calibrate(50.0, cost=jittery, tries=4)
         self.assertEqual(len(sizes), 4)
         self.assertGreaterEqual(units, 1)
+
+    def test_the_cpu_cost_is_a_mean_per_chunk_on_the_given_clock(self):
+        ticks = iter([1_000, 31_000])  # 30 µs for 3 chunks
+        self.assertEqual(work_floor.chunk_cpu_ns(10, 3, clock=lambda: next(ticks)), 10_000)
 
 
 class SummarizeTest(unittest.TestCase):
