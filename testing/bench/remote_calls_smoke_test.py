@@ -63,6 +63,9 @@ class RemoteCallsSmokeTest(unittest.TestCase):
         self.assertIs(busy["spinner"]["pinned"], False)
         self.assertGreater(busy["spinner"]["cpu_share"], 0)
         self.assertEqual(busy["plan"], "quick")
+        # A sandbox's first 16 MiB echo beside the headline's median, idle and busy.
+        positive_numbers(self, report, ("echo_first_ms_16mib",), "ours")
+        positive_numbers(self, busy, ("echo_first_ms_16mib",), "busy")
         self.assertEqual(busy["rounds"], 1)  # as many as idle (--rounds; 1 here)
         self.assertEqual(busy["per_round"][0]["noop_p50_us"], busy["noop_p50_us"])
         # Every headline figure as a ratio to each floor, idle and busy.

@@ -11,8 +11,9 @@ Both stacks run exactly this code; only the `remote` coroutine differs. Definiti
 - echo MB/s: `remote(echo, payload)` with `payload` random bytes of 1, 16 or 64 MiB;
   MB/s = 2 x payload bytes / round-trip seconds / 1e6 (the payload crosses the wire
   twice: argument and result; MB = 10^6 bytes). Median over the repetitions, after
-  one unmeasured warm-up call per size. Each result is checked equal to the payload
-  (outside the timed region).
+  one warm-up call per size, which is reported on its own as `echo_first_ms_<size>`
+  (the sandbox's first echo that large: fresh buffers on every side). Each result is
+  checked equal to the payload (outside the timed region).
 - CPU per call (when run_all gets a `cpu` meter, floors.CpuMeter): on-CPU time of
   each process of the stack (host, daemon/server, worker) over a phase divided by
   its calls: `noop_cpu_us_per_call` (the sequential noop phase, all processes),
@@ -49,10 +50,13 @@ FULL = Plan(noop_warmup=300, noop_calls=2000, concurrency=(1, 16, 64),
             phase_timeout_s=180.0)
 # The quick plan (smoke runs, and every busy-core pass) still takes 2,000
 # sequential noops: a p99 of 200 is their 3rd slowest and resolves no tail
-# finer than ~1.5 % of calls; the 1,800 more cost ~0.2 s.
+# finer than ~1.5 % of calls; the 1,800 more cost ~0.2 s. And five 16 MiB
+# echoes after the warm-up, as FULL: a fresh sandbox's second to fourth are
+# still growing its buffers (15-40 ms against 5-8 once warm, stop 65), so
+# one timed echo read the busy pass's 16 MiB at 7-27 ms; ~40 ms more.
 QUICK = Plan(noop_warmup=50, noop_calls=2000, concurrency=(1, 16, 64),
              conc_warmup_s=0.2, conc_measure_s=0.5,
-             echo=(("1mib", 1 * MIB, 3, 1), ("16mib", 16 * MIB, 1, 1), ("64mib", 64 * MIB, 1, 0)),
+             echo=(("1mib", 1 * MIB, 3, 1), ("16mib", 16 * MIB, 5, 1), ("64mib", 64 * MIB, 1, 0)),
              phase_timeout_s=120.0)
 
 
@@ -143,8 +147,12 @@ async def calls_per_second(remote, targets, callers: int, plan: Plan, log,
 async def echo_throughput(remote, targets, key: str, size: int, reps: int, warmup: int,
                           log, cpu=None, cpu_out: dict | None = None) -> dict:
     payload = os.urandom(size)
+    first_s = None
     for _ in range(warmup):
+        start = time.perf_counter()
         await remote(targets.echo, payload)
+        if first_s is None:
+            first_s = time.perf_counter() - start
     times = []
     cpu_spent = {}
     for _ in range(reps):
@@ -163,6 +171,9 @@ async def echo_throughput(remote, targets, key: str, size: int, reps: int, warmu
     log(f"echo {size // MIB} MiB: median {seconds * 1e3:.1f} ms over {reps} runs "
         f"(min {min(times) * 1e3:.1f}, max {max(times) * 1e3:.1f}) -> {mb_per_s:,.0f} MB/s")
     out = {f"mb_per_s_{key}": round(mb_per_s, 1), f"echo_ms_{key}": round(seconds * 1e3, 2)}
+    if first_s is not None:  # the sandbox's first echo this large: its buffers' pages are fresh
+        out[f"echo_first_ms_{key}"] = round(first_s * 1e3, 2)
+        log(f"echo {size // MIB} MiB: the first (warm-up) took {first_s * 1e3:.1f} ms")
     if cpu and cpu_out is not None:
         cpu_out[f"echo_{key}_ms"] = cpu_spent
         out[f"echo_cpu_ms_{key}"] = cpu_spent.get("total")
