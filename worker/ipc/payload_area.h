@@ -85,6 +85,13 @@ class PayloadArea {
   std::optional<uint64_t> Put(std::string_view data);
   // The same for the concatenation of `parts`, gathered into one piece.
   std::optional<uint64_t> Put(absl::Span<const std::string_view> parts);
+
+  // A Put reaching ring pages no Put wrote before fills them at once
+  // (base::PopulateFreshForWrite) ahead of its copy when they are at least
+  // this many bytes; fewer are left to the copy's faults.
+  static constexpr uint64_t kPopulateMinBytes = uint64_t{256} << 10;
+  // For tests: the bytes of fresh ring that Puts asked to fill so far.
+  uint64_t populated_bytes() const { return populated_bytes_; }
   // The bytes of a payload the peer put at `pos`: a view into the incoming
   // ring, valid until Release() passes it. kInvalidArgument for a piece
   // outside the ring, empty, or before what was already released.
@@ -136,6 +143,9 @@ class PayloadArea {
   std::atomic<int64_t>* direct_last_end_ns_;  // written by the mapper
   uint64_t out_tail_ = 0;   // producer: the end of the last piece put
   uint64_t out_floor_ = 0;  // producer: where it restarted an empty ring
+  // producer: the ring offset from which our ring's pages were never written
+  uint64_t out_fresh_at_ = 0;
+  uint64_t populated_bytes_ = 0;  // producer: what Put asked to fill, for tests
   uint64_t in_done_ = 0;    // consumer: what we released last
 };
 

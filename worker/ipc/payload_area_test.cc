@@ -180,6 +180,43 @@ TEST_CASE("Map refuses a header whose ledger size does not match the file",
   }
 }
 
+TEST_CASE("Put fills only ring pages no put reached before, large runs of them",
+          "[ipc][payload]") {
+  constexpr size_t kMin = PayloadArea::kPopulateMinBytes;
+  Pair p = MakePair(4 * kMin);
+  // A first large piece: its pages are all fresh.
+  const std::string big = Bytes(kMin + 4096, 'b');
+  auto first = p.daemon->Put(big);
+  REQUIRE(first.has_value());
+  CHECK(p.daemon->populated_bytes() == big.size());
+  // The ring empties and restarts at its start: those pages are not fresh.
+  p.worker->Release(*first + big.size());
+  auto again = p.daemon->Put(big);
+  REQUIRE(again.has_value());
+  CHECK(*again % p.daemon->ring_bytes() == 0);
+  CHECK(p.daemon->populated_bytes() == big.size());
+  // A small piece past them: too few fresh bytes to fill, left to the copy.
+  const std::string small = Bytes(8192, 's');
+  auto past = p.daemon->Put(small);
+  REQUIRE(past.has_value());
+  CHECK(p.daemon->populated_bytes() == big.size());
+  // The next large one fills only what is fresh after that piece.
+  const std::string next = Bytes(kMin, 'n');
+  auto after = p.daemon->Put(next);
+  REQUIRE(after.has_value());
+  CHECK(p.daemon->populated_bytes() == big.size() + next.size());
+  // Every piece reads back whole on the other side.
+  for (auto [pos, bytes] : {std::pair{*again, &big}, {*past, &small}, {*after, &next}}) {
+    auto view = p.worker->Get(pos, bytes->size());
+    REQUIRE(view.ok());
+    CHECK(*view == *bytes);
+  }
+  // The other ring keeps its own mark.
+  CHECK(p.worker->populated_bytes() == 0);
+  REQUIRE(p.worker->Put(big).has_value());
+  CHECK(p.worker->populated_bytes() == big.size());
+}
+
 TEST_CASE("Put gathers parts into one piece", "[ipc][payload]") {
   Pair p = MakePair(64 * 1024);
   const std::string a = Bytes(5000, 'a'), b = Bytes(7, 'b'),

@@ -719,7 +719,23 @@ PyObject* NewBuffer(PyObject*, PyObject* arg) {
   Py_END_ALLOW_THREADS return buffer;
 }
 
+// populate_fresh(target) -> bool: base::PopulateFreshForWrite over a writable
+// buffer about to be written in full (the payload ring's pages past the
+// furthest any message reached), without the GIL.
+PyObject* PopulateFresh(PyObject*, PyObject* target) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(target, &view, PyBUF_WRITABLE) < 0) return nullptr;
+  bool filled = false;
+  Py_BEGIN_ALLOW_THREADS filled = agentix::base::PopulateFreshForWrite(view.buf, static_cast<size_t>(view.len));
+  Py_END_ALLOW_THREADS PyBuffer_Release(&view);
+  return PyBool_FromLong(filled);
+}
+
 PyMethodDef kModuleMethods[] = {
+    {"populate_fresh", PopulateFresh, METH_O,
+     "populate_fresh(target) -> bool: faults in the whole pages inside a writable buffer about to be "
+     "written in full, in one system call and a read a page instead of a fault a page, unless its middle "
+     "page is resident already (recycled memory); whether it filled them (base::PopulateFreshForWrite)."},
     {"new_buffer", NewBuffer, METH_O,
      "new_buffer(size) -> bytearray of `size` bytes whose contents are undefined, for a buffer about to be "
      "written in full (a large frame's payload read from a socket): not zero-filled, and when its memory is "

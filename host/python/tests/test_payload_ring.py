@@ -257,6 +257,59 @@ def test_a_new_buffer_is_a_bytearray_of_its_size_with_a_fresh_ones_pages_filled_
         new_buffer("4096")
 
 
+def test_puts_fill_only_ring_pages_no_put_reached_before_large_runs_of_them():
+    from agentix.runtime.client import payload_ring
+
+    minimum = payload_ring._POPULATE_MIN_BYTES
+    ring = PayloadRing(4 * minimum)
+    try:
+        assert ring._populate is not None  # the unit tests run with the native module
+        filled = []
+
+        def record(target):
+            filled.append(len(target))
+            return payload_ring.native_populate_fresh()(target)
+
+        ring._populate = record
+        big = os.urandom(minimum + 4096)
+        first = ring.put([memoryview(big)], len(big))
+        assert first == 0 and filled == [len(big)]
+        assert bytes(ring._out[: len(big)]) == big
+        # Released: the ring restarts at its start, whose pages are not fresh.
+        struct.pack_into("<Q", ring._map, 64, len(big))
+        again = ring.put([memoryview(big)], len(big))
+        assert again % ring.ring_bytes == 0 and filled == [len(big)]
+        # A small piece past them is left to the copy; the next large one
+        # fills only what is fresh after it.
+        small = b"s" * 8192
+        ring.put([memoryview(small)], len(small))
+        assert filled == [len(big)]
+        nxt = os.urandom(minimum)
+        at = ring.put([memoryview(nxt)], len(nxt))
+        assert filled == [len(big), len(nxt)]
+        offset = at % ring.ring_bytes
+        assert bytes(ring._out[offset : offset + len(nxt)]) == nxt
+    finally:
+        ring.close()
+
+
+def test_agentix_prefault_off_leaves_the_rings_pages_to_the_copy(monkeypatch):
+    from agentix.runtime.client import payload_ring
+
+    monkeypatch.setenv(payload_ring.PREFAULT_ENV, "off")
+    assert payload_ring.native_populate_fresh() is None
+    ring = PayloadRing(1 << 20)
+    try:
+        assert ring._populate is None
+        data = os.urandom(600 << 10)
+        assert ring.put([memoryview(data)], len(data)) == 0
+        assert bytes(ring._out[: len(data)]) == data
+    finally:
+        ring.close()
+    monkeypatch.delenv(payload_ring.PREFAULT_ENV)
+    assert payload_ring.native_populate_fresh() is not None
+
+
 def test_agentix_prefault_off_makes_new_buffers_plain_bytearrays(monkeypatch):
     from agentix.runtime.client import payload_ring
 

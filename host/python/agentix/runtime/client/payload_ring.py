@@ -41,6 +41,7 @@ __all__ = [
     "SplitMessage",
     "native_copy",
     "native_new_buffer",
+    "native_populate_fresh",
     "native_prefault",
     "ring_frame",
     "split_message",
@@ -58,6 +59,10 @@ _RING_COUNT = struct.Struct("<H")
 _RING_PIECE = struct.Struct("<IQQ")
 _RING_MAX_PIECES = 64
 PREFAULT_ENV = "AGENTIX_PREFAULT"
+# Fresh ring pages a put fills at once before its copy, from this many bytes
+# on (fewer are left to the copy's faults: a system call and a residency look
+# are not worth a few pages).
+_POPULATE_MIN_BYTES = 256 << 10
 _natives: dict[str, Any] = {}
 
 
@@ -97,6 +102,16 @@ def native_prefault() -> Callable[[Any], tuple[int, int]] | None:
     return None if _prefault_off() else _native("prefault_for_write", None)
 
 
+def native_populate_fresh() -> Callable[[Any], bool] | None:
+    """``_native_calls.populate_fresh(target)``, or None when the native module
+    cannot be loaded or ``AGENTIX_PREFAULT`` is ``off`` or ``0``. The
+    outgoing ring's pages are allocated by the first message that reaches
+    them; filled at once they cost about a third of the faults a page (a
+    sandbox's first 16 MiB argument: ~70 ms of faults, docs/PERFORMANCE.md
+    "stop-65: a sandbox's first large echo")."""
+    return None if _prefault_off() else _native("populate_fresh", None)
+
+
 def native_new_buffer() -> Callable[[int], bytearray]:
     """``_native_calls.new_buffer(size)``: a bytearray whose bytes are
     undefined, for a buffer about to be written in full (a large frame's
@@ -112,7 +127,8 @@ class PayloadRing:
     mapped. `fd` is for the HELLO that shares it; `close_fd` once sent (the
     mapping stays until `close`). Raises OSError when it cannot be made."""
 
-    __slots__ = ("fd", "ring_bytes", "held", "_map", "_view", "_out", "_in", "_tail", "_floor", "_in_done", "_taken", "_copy")
+    __slots__ = ("fd", "ring_bytes", "held", "_map", "_view", "_out", "_in", "_tail", "_floor", "_in_done", "_taken",
+                 "_copy", "_populate", "_fresh_at")
 
     def __init__(self, ring_bytes: int = RING_BYTES) -> None:
         ring_bytes = -(-ring_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
@@ -141,6 +157,10 @@ class PayloadRing:
         # but this deque refers to it. Empty: nothing to release.
         self.held: collections.deque = collections.deque()
         self._copy = native_copy()
+        # Our ring's pages from here on have never been written (a put restarts
+        # at the ring's start when it is empty, so they are reached in order).
+        self._fresh_at = 0
+        self._populate = native_populate_fresh()
 
     def close_fd(self) -> None:
         if self.fd >= 0:
@@ -189,6 +209,11 @@ class PayloadRing:
                 return None
         out = self._out
         offset = pos % ring
+        end = offset + size
+        if end > self._fresh_at:
+            if self._populate is not None and end - self._fresh_at >= _POPULATE_MIN_BYTES:
+                self._populate(out[self._fresh_at : end])
+            self._fresh_at = end
         copy = self._copy
         for view in views:
             end = offset + len(view)
