@@ -209,11 +209,11 @@ class PayloadRing:
                 return None
         out = self._out
         offset = pos % ring
-        end = offset + size
-        if end > self._fresh_at:
-            if self._populate is not None and end - self._fresh_at >= _POPULATE_MIN_BYTES:
-                self._populate(out[self._fresh_at : end])
-            self._fresh_at = end
+        reach = offset + size
+        if reach > self._fresh_at:
+            if self._populate is not None and reach - self._fresh_at >= _POPULATE_MIN_BYTES:
+                self._populate(out[self._fresh_at : reach])
+            self._fresh_at = reach
         copy = self._copy
         for view in views:
             end = offset + len(view)
