@@ -222,7 +222,7 @@ def busy_child_pass(stack_rounds, script: str, args, env: dict, timeout_s: float
                 errors.append(f"busy {name}: {failure}")
     if not results and not measured:
         return None, errors
-    ours = stack_rounds.combine(results) if results else None
+    ours = stack_rounds.combine(results)  # None when no round succeeded
     busy = {key: (ours or {}).get(key) for key in keys}
     busy.update(measured)
     busy["spinner"] = spinner.report()

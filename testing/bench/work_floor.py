@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import struct
 import sys
 import time
+
+import workloads
 
 # The chunk's unit: the kind of work a host's call turn does (a dict lookup, a
 # list index, a struct pack, a call), with nothing kept between units.
@@ -91,7 +92,7 @@ def summarize(latencies_ns: list[int]) -> dict:
         raise ValueError("no chunks timed")
 
     def at(q: float) -> float:
-        return ordered[max(0, math.ceil(q * n) - 1)] / 1e3
+        return workloads.percentile(ordered, q) / 1e3
 
     p50, p99 = statistics.median(ordered) / 1e3, at(0.99)
     return {
