@@ -236,13 +236,14 @@ std::optional<uint64_t> PayloadArea::Put(
     if (at + size > ring_bytes_) pos += ring_bytes_ - at;  // never wraps
     if (pos + size - free_from > ring_bytes_) return std::nullopt;
   }
-  char* out = out_ring_ + pos % ring_bytes_;
+  const uint64_t offset = pos % ring_bytes_;
+  char* out = out_ring_ + offset;
   // The ring's pages from out_fresh_at_ on have never been written (a put
   // never starts past it: pieces follow each other and restart at 0). Filled
   // at once they cost about a third of a fault a page here (a 16 MiB
   // result's first put: ~70 ms of faults; docs/PERFORMANCE.md "stop-65: a
   // sandbox's first large echo"); a few pages are left to the copy.
-  const uint64_t end = pos % ring_bytes_ + size;
+  const uint64_t end = offset + size;
   if (end > out_fresh_at_) {
     if (end - out_fresh_at_ >= kPopulateMinBytes) {
       (void)base::PopulateFreshForWrite(out_ring_ + out_fresh_at_,
