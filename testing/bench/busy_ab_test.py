@@ -45,13 +45,22 @@ class BusyAbTest(unittest.TestCase):
         cpu = min(os.sched_getaffinity(0))
         child = subprocess.Popen([sys.executable, "-c",
                                   f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\n"
-                                  "end = time.monotonic() + 0.4\nwhile time.monotonic() < end: pass"])
+                                  "print('pinned', flush=True)\n"
+                                  "end = time.monotonic() + 60\nwhile time.monotonic() < end: pass"],
+                                 stdout=subprocess.PIPE, text=True)
         try:
-            time.sleep(0.05)  # pinned by now
+            # Sampled from its pin on, until the sampler has seen 0.1 s of its CPU:
+            # a fixed 0.2 s window saw nothing once on a loaded CI machine (the
+            # child still starting, or the sampler thread not yet run).
+            self.assertEqual(child.stdout.readline().strip(), "pinned")
             with busy_ab.PlacementSampler([child.pid], child.pid) as sampler:
-                time.sleep(0.2)
+                deadline = time.monotonic() + 30
+                while sampler.total_ns < 100_000_000 and time.monotonic() < deadline:
+                    time.sleep(0.02)
         finally:
+            child.kill()
             child.wait(timeout=30)
+            child.stdout.close()
         self.assertEqual(sampler.share(), 1.0)
 
     def test_no_spinner_no_share(self):
