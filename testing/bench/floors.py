@@ -133,6 +133,14 @@ def run_work_floor(chunk_us: float, *, quick: bool, env: dict | None = None,
                     + (["--quick"] if quick else []), env=env, log=log)
 
 
+def run_cpu_stops(*, env: dict | None = None, log=print) -> dict:
+    """One run of cpu_stops.py: what the machine takes from each CPU (its
+    stops while a clock loop runs pinned there), at a moment when the run's
+    own processes are idle."""
+    script = procs.bench_dir() / "cpu_stops.py"
+    return run_json([sys.executable, script], env=env, log=log)
+
+
 class BusyCore:
     """A context in which one process spins on the CPU (unpinned; see the module
     docstring). `report()` after the block: its wall time and the CPU it got."""

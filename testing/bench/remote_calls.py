@@ -71,6 +71,11 @@ The C++ client's noop against the floors, in one place of the last JSON line,
   per noop, with the library and with raw gRPC (medians over the rounds);
 - `at_most_1_5x_floor_grpc`: the acceptance target, `over_floor_grpc` <= 1.5.
 
+Before the first round and after the busy pass (the run's own processes idle),
+cpu_stops.py measures what the machine takes from each CPU (a clock loop
+pinned there: stops per second, share lost, those of 30 µs or more):
+`cpu_stops` {start, end}, each None if it failed.
+
 All processes of both stacks get the same GLIBC_TUNABLES (procs.MALLOC_TUNABLES)
 unless --no-malloc-tunables. Output: human-readable lines, then, LAST, one JSON object
 (see README.md for its keys).
@@ -94,6 +99,7 @@ import time
 # instead, so that procs.bench_dir() (handed to both workers) points into the runfiles.
 sys.path[0] = os.path.dirname(os.path.abspath(__file__))
 
+import cpu_stops  # noqa: E402
 import floors  # noqa: E402
 import procs  # noqa: E402
 import stack_rounds  # noqa: E402
@@ -600,6 +606,7 @@ def run_driver(args) -> int:
     timeout_s = 240.0 if args.quick else 600.0
     paired = args.only != "baseline" and not args.no_cc
     beside = {"ours": lambda: _run_paired_floor(args, env)} if paired else None
+    stops = {"start": _cpu_stops(env)}  # before anything of the run's is started
     rounds = stack_rounds.Rounds(__file__, args, env, timeout_s, beside=beside)
     report = _summarise(rounds.combined("ours"), rounds.combined("baseline"), args, tunables)
     report["details"].update(rounds.details(HEADLINE_KEYS + ("host_waits",)))
@@ -627,6 +634,8 @@ def run_driver(args) -> int:
     if paired:
         _paired_floor_ratios(report, rounds)
     errors += _busy_and_floor_ratios(report, args, env, timeout_s)
+    stops["end"] = _cpu_stops(env)  # the spinner and every stack have stopped
+    report["cpu_stops"] = stops
     _print_busy(report)
     if args.only != "baseline":
         _tail_ratios(report)
@@ -635,6 +644,16 @@ def run_driver(args) -> int:
     stack_rounds.print_table(report, HEADLINE_KEYS)
     print(json.dumps(report), flush=True)
     return 1 if errors else 0
+
+
+def _cpu_stops(env: dict) -> dict | None:
+    """cpu_stops.py's figures now (None if it failed: they explain a run's
+    figures, they are not one of them)."""
+    try:
+        return floors.run_cpu_stops(env=env, log=lambda *_: None)
+    except procs.RUN_FAILURES as error:
+        print(f"!! cpu_stops: {error}", flush=True)
+        return None
 
 
 def _print_floor_table(report: dict) -> None:
@@ -664,6 +683,10 @@ def _print_busy(report: dict) -> None:
     print(f"a sandbox's first 16 MiB echo: idle {report.get('echo_first_ms_16mib')} ms, busy "
           f"{busy.get('echo_first_ms_16mib')} ms (the headline's echo is the median after it)",
           flush=True)
+    stops = report.get("cpu_stops") or {}
+    print(f"the machine's stops (cpu_stops.py, a clock loop pinned to each CPU), at the start: "
+          f"{cpu_stops.describe(stops.get('start'))}; at the end: "
+          f"{cpu_stops.describe(stops.get('end'))}", flush=True)
     ratios = report["ratios"]
     print(f"noop p50 ours / floor: idle {ratios.get('noop_p50_ours_over_floor')}, "
           f"busy {ratios.get('busy_noop_p50_ours_over_floor')}; ours / floor_relay: idle "

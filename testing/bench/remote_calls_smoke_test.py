@@ -132,6 +132,15 @@ class RemoteCallsSmokeTest(unittest.TestCase):
         self.assertAlmostEqual(ratios["busy_noop_p99_over_p50_ours_over_floor_work"],
                                ratios["busy_noop_p99_over_p50_ours_per_round"]
                                / ratios["busy_noop_p99_over_p50_floor_work"], delta=0.02)
+        # What the machine took from each CPU, before the first round and after
+        # the busy pass: every CPU this run may use (up to 8), a share in 0-100 %.
+        allowed = sorted(os.sched_getaffinity(0))[:8]
+        for when in ("start", "end"):
+            stops = report["cpu_stops"][when]
+            self.assertEqual([c["cpu"] for c in stops["cpus"]], allowed, when)
+            for cpu in stops["cpus"]:
+                self.assertTrue(0 <= cpu["lost_pct"] <= 100, (when, cpu))
+                self.assertGreaterEqual(cpu["stops_per_s"], cpu["over_30us_per_s"], (when, cpu))
         # (No ordering between the floors' CPU per call is asserted: a floor measured
         # while the CPUs halt between messages pays each wake-up in CPU too, so one
         # measured in the other regime can come out 4x lower; seen at 15.8 vs 68.2.)
