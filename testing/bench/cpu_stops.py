@@ -9,7 +9,14 @@ task, or (on a VM) the hypervisor, which the guest cannot see in
 /proc/interrupts. Prints one JSON line:
 
     {"seconds": 0.25, "cpus": [{"cpu": 0, "stops_per_s": ..., "lost_pct": ...,
-      "mean_us": ..., "over_30us_per_s": ..., "max_us": ...}, ...]}
+      "mean_us": ..., "over_30us_per_s": ..., "max_us": ...,
+      "timer_interrupts_per_s": ...}, ...]}
+
+`timer_interrupts_per_s` (from /proc/interrupts' LOC line; None where there is
+none) is the scheduler tick's rate on a CPU that never idles: on these VMs a
+tick landing in a call costs it ~55-65 µs (docs/PERFORMANCE.md, "stop-66: the
+noop's p99 is the tick"), so the share of calls with one, p50 x this rate, says
+whether a run's p99 falls among them (over 1 %) or not.
 
 Why: on the VMs this project is measured on, the stops move between the
 vCPUs from one quarter-minute to the next (docs/PERFORMANCE.md, "stop-66: the
@@ -51,8 +58,33 @@ def gaps(seconds: float, clock=time.perf_counter_ns, gap_ns: int = GAP_NS) -> li
     return out
 
 
-def summarize(cpu: int, stops_ns: list[int], seconds: float) -> dict:
-    """One CPU's figures from its stops over `seconds` of looking."""
+def local_timer_counts(text: str | None = None) -> list[int] | None:
+    """Each CPU's local timer interrupts so far (the ``LOC:`` line of
+    /proc/interrupts, x86), or None where there is no such line."""
+    if text is None:
+        try:
+            with open("/proc/interrupts") as f:
+                text = f.read()
+        except OSError:
+            return None
+    lines = text.splitlines()
+    if not lines:
+        return None
+    cpus = len(lines[0].split())  # the header names one column per CPU
+    for line in lines[1:]:
+        fields = line.split()
+        if fields and fields[0] == "LOC:":
+            try:
+                return [int(x) for x in fields[1:1 + cpus]]
+            except ValueError:
+                return None
+    return None
+
+
+def summarize(cpu: int, stops_ns: list[int], seconds: float,
+              timer_interrupts: int | None = None) -> dict:
+    """One CPU's figures from its stops over `seconds` of looking, and from
+    the local timer interrupts it took meanwhile (None: not known)."""
     per_s = 1.0 / seconds
     return {
         "cpu": cpu,
@@ -61,6 +93,11 @@ def summarize(cpu: int, stops_ns: list[int], seconds: float) -> dict:
         "mean_us": round(sum(stops_ns) / len(stops_ns) / 1e3, 1) if stops_ns else 0.0,
         "over_30us_per_s": round(sum(1 for s in stops_ns if s >= LONG_STOP_NS) * per_s),
         "max_us": round(max(stops_ns) / 1e3, 1) if stops_ns else 0.0,
+        # On a CPU that never idles, the scheduler tick's rate (HZ) and any
+        # other timer the CPU took: a call of length L has a tick in it with
+        # probability L x this rate.
+        "timer_interrupts_per_s": (None if timer_interrupts is None
+                                   else round(timer_interrupts * per_s)),
     }
 
 
@@ -72,7 +109,12 @@ def measure(seconds: float, max_cpus: int) -> dict:
     try:
         for cpu in allowed[:max_cpus]:
             os.sched_setaffinity(0, {cpu})
-            cpus.append(summarize(cpu, gaps(seconds), seconds))
+            before = local_timer_counts()
+            stops = gaps(seconds)
+            after = local_timer_counts()
+            timers = (after[cpu] - before[cpu]
+                      if before and after and cpu < min(len(before), len(after)) else None)
+            cpus.append(summarize(cpu, stops, seconds, timers))
     finally:
         os.sched_setaffinity(0, allowed)
     return {"seconds": seconds, "cpus": cpus}
@@ -84,7 +126,8 @@ def describe(report: dict | None) -> str:
         return "not measured"
     return "; ".join(
         f"cpu{c['cpu']} {c['lost_pct']:.1f} % lost in {c['stops_per_s']:,}/s "
-        f"(mean {c['mean_us']:.0f} us, {c['over_30us_per_s']:,}/s of 30 us or more)"
+        f"(mean {c['mean_us']:.0f} us, {c['over_30us_per_s']:,}/s of 30 us or more; "
+        f"timer interrupts {c.get('timer_interrupts_per_s')}/s)"
         for c in report["cpus"])
 
 

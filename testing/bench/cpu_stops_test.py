@@ -62,6 +62,26 @@ class SummarizeTest(unittest.TestCase):
         self.assertEqual(cpu_stops.describe(None), "not measured")
 
 
+class LocalTimerTest(unittest.TestCase):
+    INTERRUPTS = (
+        "            CPU0       CPU1       \n"
+        "  24:          1          0  ACPI:Ged\n"
+        "LOC:     569919     553243   Local timer interrupts\n"
+        "SPU:          0          0   Spurious interrupts\n")
+
+    def test_the_loc_line_gives_one_count_per_cpu(self):
+        self.assertEqual(cpu_stops.local_timer_counts(self.INTERRUPTS), [569919, 553243])
+
+    def test_no_loc_line_is_not_known(self):
+        self.assertIsNone(cpu_stops.local_timer_counts("      CPU0\n  24:   1  ACPI\n"))
+        self.assertIsNone(cpu_stops.local_timer_counts(""))
+
+    def test_the_rate_is_per_second(self):
+        got = cpu_stops.summarize(0, [], 0.25, timer_interrupts=63)
+        self.assertEqual(got["timer_interrupts_per_s"], 252)
+        self.assertIsNone(cpu_stops.summarize(0, [], 0.25)["timer_interrupts_per_s"])
+
+
 class RunTest(unittest.TestCase):
     def test_a_run_prints_one_json_line_and_keeps_the_mask(self):
         before = os.sched_getaffinity(0)
@@ -76,6 +96,8 @@ class RunTest(unittest.TestCase):
             self.assertIn(cpu["cpu"], before)
             self.assertGreaterEqual(cpu["lost_pct"], 0.0)
             self.assertLessEqual(cpu["lost_pct"], 100.0)
+            if cpu_stops.local_timer_counts() is not None:  # x86 Linux: a count, not None
+                self.assertGreaterEqual(cpu["timer_interrupts_per_s"], 0)
         # In this process too: measure() gives the thread its mask back.
         cpu_stops.measure(0.005, 1)
         self.assertEqual(os.sched_getaffinity(0), before)

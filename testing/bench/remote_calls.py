@@ -525,6 +525,13 @@ def _tail_ratios(report: dict) -> None:
     ratios[f"busy_noop_p99_over_p50_ours_over_{floors.WORK_FLOOR}"] = floors.ratio(
         ratios.get("busy_noop_p99_over_p50_ours_per_round"),
         ratios.get(f"busy_noop_p99_over_p50_{floors.WORK_FLOOR}"))
+    # The share of calls a tick lands in (p50 x the tick's rate): over 1 %, the
+    # p99 is such a call (docs/PERFORMANCE.md, "stop-66: the noop's p99 is the tick").
+    tick_rate = _tick_rate_per_s(report)
+    for prefix, figures in (("", report), ("busy_", busy)):
+        p50 = (figures or {}).get("noop_p50_us")
+        ratios[f"{prefix}noop_calls_with_a_tick_pct"] = (
+            round(p50 * tick_rate / 1e4, 2) if tick_rate and isinstance(p50, (int, float)) else None)
     ours = ratios["noop_p99_over_p50_ours"]
     report["targets_met"]["noop_p99_at_most_2x_p50"] = (
         None if ours is None else ours <= TAIL_TARGET)
@@ -543,6 +550,22 @@ def _tail_ratios(report: dict) -> None:
           f"{floors_text or '-'} (paired Unix floor "
           f"{ratios['noop_p99_over_p50_floor_paired']}, floor_work per round "
           f"{ratios['noop_p99_over_p50_floor_work_per_round']}){busy_text}", flush=True)
+    print(f"a timer tick lands in {ratios.get('noop_calls_with_a_tick_pct')} % of the noops "
+          f"(busy {ratios.get('busy_noop_calls_with_a_tick_pct')} %): p50 x the "
+          f"{tick_rate} timer interrupts/s of a CPU that never idles (cpu_stops); over 1 % "
+          f"the p99 is a call with a tick in it", flush=True)
+
+
+def _tick_rate_per_s(report: dict) -> float | None:
+    """The median over CPUs of the local timer interrupts a second that
+    cpu_stops counted at the start of the run (at the end if it has none)."""
+    stops = report.get("cpu_stops") or {}
+    for when in ("start", "end"):
+        rates = [c.get("timer_interrupts_per_s") for c in (stops.get(when) or {}).get("cpus", [])]
+        rates = [r for r in rates if isinstance(r, (int, float)) and r > 0]
+        if rates:
+            return statistics.median(rates)
+    return None
 
 
 def _exit_with_parent(parent_pid: int) -> None:

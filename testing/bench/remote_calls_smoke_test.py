@@ -9,6 +9,7 @@ busy, the ratios to the floor, CPU per call), so none can silently disappear.
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import unittest
@@ -141,6 +142,12 @@ class RemoteCallsSmokeTest(unittest.TestCase):
             for cpu in stops["cpus"]:
                 self.assertTrue(0 <= cpu["lost_pct"] <= 100, (when, cpu))
                 self.assertGreaterEqual(cpu["stops_per_s"], cpu["over_30us_per_s"], (when, cpu))
+        # The share of calls a tick lands in: p50 x the tick's rate, idle and busy.
+        rate = statistics.median(c["timer_interrupts_per_s"]
+                                 for c in report["cpu_stops"]["start"]["cpus"])
+        for prefix, figures in (("", report), ("busy_", busy)):
+            self.assertAlmostEqual(ratios[f"{prefix}noop_calls_with_a_tick_pct"],
+                                   figures["noop_p50_us"] * rate / 1e4, delta=0.01)
         # (No ordering between the floors' CPU per call is asserted: a floor measured
         # while the CPUs halt between messages pays each wake-up in CPU too, so one
         # measured in the other regime can come out 4x lower; seen at 15.8 vs 68.2.)
