@@ -58,9 +58,10 @@ def gaps(seconds: float, clock=time.perf_counter_ns, gap_ns: int = GAP_NS) -> li
     return out
 
 
-def local_timer_counts(text: str | None = None) -> list[int] | None:
-    """Each CPU's local timer interrupts so far (the ``LOC:`` line of
-    /proc/interrupts, x86), or None where there is no such line."""
+def local_timer_counts(text: str | None = None) -> dict[int, int] | None:
+    """{CPU: its local timer interrupts so far} from the ``LOC:`` line of
+    /proc/interrupts (x86), or None where there is no such line. The columns
+    are the online CPUs the header names (``CPU0 CPU3 ...``), not 0..n-1."""
     if text is None:
         try:
             with open("/proc/interrupts") as f:
@@ -70,12 +71,15 @@ def local_timer_counts(text: str | None = None) -> list[int] | None:
     lines = text.splitlines()
     if not lines:
         return None
-    cpus = len(lines[0].split())  # the header names one column per CPU
+    try:
+        cpus = [int(name[3:]) for name in lines[0].split()]
+    except ValueError:
+        return None
     for line in lines[1:]:
         fields = line.split()
         if fields and fields[0] == "LOC:":
             try:
-                return [int(x) for x in fields[1:1 + cpus]]
+                return {cpu: int(x) for cpu, x in zip(cpus, fields[1:1 + len(cpus)])}
             except ValueError:
                 return None
     return None
@@ -113,7 +117,7 @@ def measure(seconds: float, max_cpus: int) -> dict:
             stops = gaps(seconds)
             after = local_timer_counts()
             timers = (after[cpu] - before[cpu]
-                      if before and after and cpu < min(len(before), len(after)) else None)
+                      if before and after and cpu in before and cpu in after else None)
             cpus.append(summarize(cpu, stops, seconds, timers))
     finally:
         os.sched_setaffinity(0, allowed)

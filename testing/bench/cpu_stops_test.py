@@ -70,7 +70,13 @@ class LocalTimerTest(unittest.TestCase):
         "SPU:          0          0   Spurious interrupts\n")
 
     def test_the_loc_line_gives_one_count_per_cpu(self):
-        self.assertEqual(cpu_stops.local_timer_counts(self.INTERRUPTS), [569919, 553243])
+        self.assertEqual(cpu_stops.local_timer_counts(self.INTERRUPTS), {0: 569919, 1: 553243})
+
+    def test_columns_are_the_cpus_the_header_names(self):
+        # CPU1 offline: the second column is CPU2's.
+        text = ("            CPU0       CPU2\n"
+                "LOC:        10         20   Local timer interrupts\n")
+        self.assertEqual(cpu_stops.local_timer_counts(text), {0: 10, 2: 20})
 
     def test_no_loc_line_is_not_known(self):
         self.assertIsNone(cpu_stops.local_timer_counts("      CPU0\n  24:   1  ACPI\n"))
