@@ -40,6 +40,16 @@ class SandboxLifecycleSmokeTest(unittest.TestCase):
         # The daemon log gave the worker's timestamps (--log-level debug by default).
         self.assertGreater(main["stats"]["call.worker_boot_ms"]["median"], 0)
         self.assertIsNotNone(details["bundle"]["fresh"]["sha256"])
+        # The machine's floor, timed beside each measured run, and ours over it.
+        positive_numbers(self, report["floor"], ("bwrap_true_ms", "bwrap_python_ms"), "floor")
+        self.assertEqual(len(main["samples"]["floor.bwrap_python_ms"]), 3)
+        ratios = report["ratios"]
+        positive_numbers(self, ratios, ("create_to_first_call_over_bwrap_true",
+                                        "create_to_first_call_over_bwrap_python"), "ratios")
+        # A cold create runs a bwrap itself and more: never under the bare one.
+        self.assertGreater(ratios["create_to_first_call_over_bwrap_true"], 1)
+        self.assertEqual(report["targets_met"]["create_to_first_call_at_most_80ms"],
+                         report["create_to_first_call_ms"] <= 80)
         self.assertNotIn("error", report)
 
 
