@@ -398,10 +398,15 @@ def _slowest_imports(text: str, top: int = 15) -> dict:
 # sandboxed Python takes). A cold create -> first call holds both (bwrap, then the
 # daemon and an embedded CPython), so its ratio to them says how far above the
 # machine's own cost it is in that minute, whatever this VM's speed then.
-FLOOR_COMMANDS = (
-    ("bwrap_true_ms", ["/nix/runtime/bin/busybox", "true"]),
-    ("bwrap_python_ms", ["/nix/runtime/venv/bin/python", "-c", "pass"]),
-)
+BWRAP_TRUE = ["/nix/runtime/bin/busybox", "true"]
+PYTHON_PASS = ["/nix/runtime/venv/bin/python", "-c", "pass"]
+# name -> command; a run's sample gets `floor.<name>_ms` and
+# `ratio.create_to_first_call_over_<name>`.
+FLOOR_COMMANDS = (("bwrap_true", BWRAP_TRUE), ("bwrap_python", PYTHON_PASS))
+
+
+def _ratio_name(name: str) -> str:
+    return f"create_to_first_call_over_{name}"
 
 
 async def paired_floor(provider, local_mod, nix_dir: Path, root: Path, total_ms: float) -> dict:
@@ -409,14 +414,13 @@ async def paired_floor(provider, local_mod, nix_dir: Path, root: Path, total_ms:
     create -> first call over each (`floor.*` and `ratio.*` keys of its sample). A floor
     that fails raises: without it the run's ratios would be missing, not smaller."""
     out = {}
-    for key, command in FLOOR_COMMANDS:
+    for name, command in FLOOR_COMMANDS:
         probe = await probe_bwrap(provider, local_mod, nix_dir, root, command, 1)
         if "error" in probe:
             raise RuntimeError(f"the floor's {' '.join(command)} under bwrap failed: {probe['error']}")
-        out[f"floor.{key}"] = round(probe["median_ms"], 1)
-    for key, _ in FLOOR_COMMANDS:
-        name = key.removesuffix("_ms")
-        out[f"ratio.create_to_first_call_over_{name}"] = round(total_ms / out[f"floor.{key}"], 2)
+        floor_ms = round(probe["median_ms"], 1)
+        out[f"floor.{name}_ms"] = floor_ms
+        out[f"ratio.{_ratio_name(name)}"] = round(total_ms / floor_ms, 2)
     return out
 
 
@@ -466,9 +470,9 @@ async def measure_sandboxes(args, bundle_dir: Path, image: str, image_label: str
         if probes:
             result["probes"] = {}
             for name, command in (
-                ("bwrap_true", ["/nix/runtime/bin/busybox", "true"]),
+                ("bwrap_true", BWRAP_TRUE),
                 ("bwrap_sandboxd_version", ["/nix/runtime/bin/agentix-sandboxd", "--version"]),
-                ("bwrap_python_empty", ["/nix/runtime/venv/bin/python", "-c", "pass"]),
+                ("bwrap_python_empty", PYTHON_PASS),
                 # what worker/driver/ imports before its ready frame: stdlib modules only
                 # (-X importtime); the venv's agentix (.utils.trace, .sio) comes after
                 # ready, on the worker's warm-up thread (worker/driver/deferred.py)
@@ -498,7 +502,7 @@ async def measure_sandboxes(args, bundle_dir: Path, image: str, image_label: str
         await asyncio.shield(provider.aclose())  # deletes anything still running
     sampled = ["create_to_first_call_ms", "create_ms", "first_call_ms", "delete_ms"]
     if probes:
-        sampled += [f"floor.{key}" for key, _ in FLOOR_COMMANDS]
+        sampled += [f"floor.{name}_ms" for name, _ in FLOOR_COMMANDS]
     result["samples"] = {k: [r[k] for r in results] for k in sampled}
     result["stats"] = _summary(results)
     return result
@@ -557,11 +561,10 @@ async def run_all(args, tools: dict, work: Path, report: dict) -> None:
     report["create_ms"] = st["create_ms"]["median"]
     report["first_call_ms"] = st["first_call_ms"]["median"]
     report["target_met"] = report["create_to_first_call_ms"] < TARGET_MS
-    report["floor"] = {key: st[f"floor.{key}"]["median"] for key, _ in FLOOR_COMMANDS}
+    report["floor"] = {f"{name}_ms": st[f"floor.{name}_ms"]["median"] for name, _ in FLOOR_COMMANDS}
     # Medians of the per-run ratios (each run over the floor timed right after it).
-    report["ratios"] = {name: st[f"ratio.{name}"]["median"] for name in
-                        (f"create_to_first_call_over_{key.removesuffix('_ms')}"
-                         for key, _ in FLOOR_COMMANDS)}
+    report["ratios"] = {_ratio_name(name): st[f"ratio.{_ratio_name(name)}"]["median"]
+                        for name, _ in FLOOR_COMMANDS}
     report["targets_met"] = {
         "create_to_first_call_at_most_80ms": report["create_to_first_call_ms"] <= ISSUE25_TARGET_MS}
     report["details"]["p90"] = {k: st[k]["p90"] for k in
