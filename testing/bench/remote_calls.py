@@ -195,17 +195,22 @@ def _wait_for_unix_socket(path: str, proc, timeout_s: float) -> None:
 
 
 def _host_waits() -> str:
-    """How this thread's calls waited, as the daemon's placement probe left it: "pin"
-    (pinned waits: the probe chose `pin`), "off" (told not to pin: `pin_daemon`) or
-    "none" (no pinned waits here). The noop's p50 differs between the two by ~1.25x on
-    this VM (docs/PERFORMANCE.md, "stop-63"), and the probe chooses afresh in each
-    round's daemon, so each round says which it had (`details.per_round`)."""
+    """How this thread's calls waited at the end: "pin" (pinned waits: the probe chose
+    `pin` and the host's own trials kept it), "unpin" (the probe chose `pin`, the host's
+    trials found its calls faster unpinned: `pinned_waits.PinTrial`, stop 68), "off"
+    (told not to pin: `pin_daemon`) or "none" (no pinned waits here). The noop's p50
+    differs between pinned and not by ~1.25x on this VM (docs/PERFORMANCE.md, "stop-63",
+    "stop-68"), and the probe chooses afresh in each round's daemon, so each round says
+    which it had (`details.per_round`)."""
     from agentix.runtime.client import pinned_waits
 
     waits = getattr(pinned_waits._threads, "waits", None)
     if waits is None:
         return "none"
-    return "off" if waits.told_off else "pin"
+    if waits.told_off:
+        return "off"
+    trial = getattr(waits, "trial", None)
+    return "unpin" if trial is not None and not trial.pin else "pin"
 
 
 def _run_ours(args, plan, log) -> dict:

@@ -479,6 +479,140 @@ def _blocks_queued(waits, waited, queued_ns):
     return pinned
 
 
+@pytest.fixture
+def call_clock(monkeypatch, clock):
+    """The ns clock PinnedWaits times lone calls with, set by the test, beside
+    `clock`: ([ns], [wait], [now])."""
+    ns = [10**12]
+    monkeypatch.setattr(pw, "_clock_ns", lambda: ns[0])
+    waited, now = clock
+    return ns, waited, now
+
+
+def _lone_calls(waits, ns, count, pinned_us, unpinned_us, after_switch_us=None):
+    """`count` sequential lone calls, each taking the time given for how it
+    waited (as the loop's selector runs them), or `after_switch_us` for the
+    first TRIAL_SKIP after a change of how; how many waited pinned."""
+    pinned, last, since = 0, True, 0
+    for _ in range(count):
+        waits.hold()
+        waited_pinned = _blocks(waits)
+        pinned += waited_pinned
+        since = 0 if waited_pinned != last else since + 1
+        last = waited_pinned
+        took = pinned_us if waited_pinned else unpinned_us
+        if after_switch_us is not None and since < pw.TRIAL_SKIP:
+            took = after_switch_us
+        ns[0] += int(took * 1000)
+        waits.release()
+    return pinned
+
+
+def _trial_waits():
+    waits = PinnedWaits(1, {0, 1})
+    waits.trial = pw.PinTrial()
+    return waits
+
+
+def test_the_default_times_its_lone_calls_both_ways_and_keeps_the_faster(masks, call_clock):
+    ns, _, now = call_clock
+    waits = _trial_waits()
+    trial_calls = pw.TRIAL_BLOCK * pw.TRIAL_BLOCKS
+    # Warming up: pinned, not timed.
+    assert _lone_calls(waits, ns, pw.TRIAL_FIRST_AFTER, 64, 49) == pw.TRIAL_FIRST_AFTER
+    assert not waits.trial.running and waits.trial.last is None
+    # The trial: blocks pinned and unpinned in turn, half of its calls each.
+    assert _lone_calls(waits, ns, trial_calls, 64, 49) == trial_calls // 2
+    assert waits.trial.last == (64.0, 49.0) and not waits.trial.pin
+    # Unpinned was faster: no pins (no system call) until the next trial is due.
+    count = len(masks)
+    assert _lone_calls(waits, ns, 500, 64, 49) == 0
+    assert len(masks) == count
+    # The next trials come 1 s, 2 s, 4 s ... (up to TRIAL_EVERY_S) after the last.
+    every = pw.TRIAL_FIRST_EVERY_S
+    for _ in range(8):
+        now[0] += every - 0.01
+        _lone_calls(waits, ns, 1, 64, 49)
+        assert not waits.trial.running
+        now[0] += 0.01
+        assert _lone_calls(waits, ns, trial_calls, 64, 49) == trial_calls // 2
+        assert not waits.trial.running and not waits.trial.pin
+        every = min(every * 2, pw.TRIAL_EVERY_S)
+    assert every == pw.TRIAL_EVERY_S
+    now[0] += every
+    # The machine changed: pinned is now the faster, and is kept.
+    assert _lone_calls(waits, ns, trial_calls, 40, 70) == trial_calls // 2
+    assert waits.trial.last == (40.0, 70.0) and waits.trial.pin
+    assert _lone_calls(waits, ns, 100, 40, 70) == 100
+
+
+def test_pinned_stays_unless_unpinned_is_faster_by_the_margin(masks, call_clock):
+    ns, _, _ = call_clock
+    waits = _trial_waits()
+    _lone_calls(waits, ns, pw.TRIAL_FIRST_AFTER + pw.TRIAL_BLOCK * pw.TRIAL_BLOCKS, 100, 100 * pw.TRIAL_MARGIN + 1)
+    assert waits.trial.last is not None and waits.trial.pin
+    assert _lone_calls(waits, ns, 10, 100, 90) == 10
+
+
+def test_the_calls_right_after_a_switch_are_not_timed(masks, call_clock):
+    ns, _, _ = call_clock
+    waits = _trial_waits()
+    calls = pw.TRIAL_FIRST_AFTER + pw.TRIAL_BLOCK * pw.TRIAL_BLOCKS
+    _lone_calls(waits, ns, calls, 64, 49, after_switch_us=1000)
+    assert waits.trial.last == (64.0, 49.0) and not waits.trial.pin
+
+
+def test_calls_that_overlap_stream_or_converse_are_not_timed(masks, call_clock):
+    ns, _, _ = call_clock
+    waits = _trial_waits()
+    _lone_calls(waits, ns, pw.TRIAL_FIRST_AFTER + 1, 64, 49)  # the trial's first call ends
+    assert waits.trial.running
+    timed = waits.trial._in_block  # the trial's calls so far in its block
+    waits.hold()
+    waits.hold()  # overlap: neither is a lone call
+    ns[0] += 10**9
+    waits.release()
+    waits.release()
+    waits.hold(pin=False)  # a stream alone
+    waits.release()
+    waits.hold()
+    waits.converse()  # a call that converses over a namespace
+    waits.release()
+    assert waits.trial._in_block == timed
+    # A trial's call that the daemon told off mid-way is not timed either.
+    waits.hold()
+    waits.follow(False)
+    waits.release()
+    assert waits.trial._in_block == timed
+    waits.follow(True)
+    _lone_calls(waits, ns, 1, 64, 49)
+    assert waits.trial._in_block == timed + 1
+
+
+def test_a_resting_thread_times_nothing(masks, call_clock):
+    ns, _, now = call_clock
+    waits = _trial_waits()
+    waits.resting_until = now[0] + 5.0  # backing off: its calls cannot wait pinned
+    assert _lone_calls(waits, ns, pw.TRIAL_FIRST_AFTER + 100, 64, 49) == 0
+    assert not waits.trial.running and waits.trial._lone_calls == 0
+
+
+def test_only_the_default_setting_runs_trials(monkeypatch):
+    import threading
+
+    monkeypatch.setattr(pw, "_threads", threading.local())
+
+    async def connect():
+        default = pw.pinned_waits(pw._DEFAULT)
+        assert isinstance(default.trial, pw.PinTrial)
+        trial = default.trial
+        assert pw.pinned_waits(pw._DEFAULT).trial is trial  # kept across the thread's clients
+        assert pw.pinned_waits(CallsCpu("wait", None)).trial is None  # a named wait pins
+        assert isinstance(pw.pinned_waits(pw._DEFAULT).trial, pw.PinTrial)
+
+    asyncio.run(connect())
+
+
 def test_run_queue_wait_is_this_threads_and_never_goes_back():
     first = pw.run_queue_wait_ns()
     assert first >= 0

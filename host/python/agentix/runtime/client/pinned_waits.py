@@ -32,8 +32,12 @@ Unset or empty is `DEFAULT_SETTING`, which also follows the daemon: a Calls
 frame-wire HELLO asks (`CALLS_CPU_FOLLOW_KEY`), and a daemon run with
 ``--calls_cpu=probe`` (its default since stop 32) answers whether pinning the
 host's waits pays on this machine, and again whenever a later probe changes
-that answer (`PinnedWaits.follow`). A setting named explicitly is not changed
-by the daemon.
+that answer (`PinnedWaits.follow`). While the daemon says pin, the default
+also times the thread's own sequential calls both ways now and then and
+keeps the faster (`PinTrial`): the probe's round trips of two bare threads
+do not show what a real call's two processes do on either side of a
+hand-off. A setting named explicitly is not changed by the daemon or by the
+trials.
 """
 
 from __future__ import annotations
@@ -42,7 +46,9 @@ import asyncio
 import os
 import selectors
 import threading
+import statistics
 import time
+from time import perf_counter_ns as _clock_ns
 from typing import Any, NamedTuple
 
 from agentix.runtime.client.loop_slice import set_thread_slice
@@ -54,6 +60,7 @@ __all__ = [
     "CALLS_CPU_KEY",
     "CallsCpu",
     "DEFAULT_SETTING",
+    "PinTrial",
     "PinnedWaits",
     "WAIT_YIELD_ENV",
     "calls_cpu_setting",
@@ -120,6 +127,32 @@ WAIT_YIELD_ENV = "AGENTIX_WAIT_YIELD"
 YIELD_SLOW_S = 0.001
 YIELD_REST_FIRST_S = 1.0
 YIELD_REST_LONGEST_S = 64.0
+
+# The trials of the default setting (stop 68; docs/DECISIONS.md "stop-68: the
+# host times its own calls pinned and unpinned"). The daemon's probe says pin
+# when a round trip of two bare threads is cheaper on one CPU than across two
+# by more than the pins cost; on this VM at stop 68 it said so (10 against
+# 21 us, pins ~7) while the real noop took 64 us pinned and 49 unpinned: two
+# processes spread over two CPUs overlap what each does after a hand-off.
+# So the thread's lone calls are timed: a trial is TRIAL_BLOCKS blocks of
+# TRIAL_BLOCK calls, pinned and unpinned in turn, the first TRIAL_SKIP of
+# each block not timed (the calls right after a switch still run where the
+# other way left the threads: untimed, the trial's two medians came out
+# 0.90-0.96 apart where the steady ones were 0.82); unpinned wins when its
+# median is under TRIAL_MARGIN times the pinned one (pinned stays on a tie:
+# its rare slow calls are fewer). The first trial comes after
+# TRIAL_FIRST_AFTER lone calls (connecting and warming up are not timed),
+# the next TRIAL_FIRST_EVERY_S after it ended, at the next lone call, each
+# later one twice as long after the last (up to TRIAL_EVERY_S): the first
+# trial often meets a moment that is not the machine's usual (the daemon's
+# probes, a worker still warming up), as the daemon's re-probes do.
+TRIAL_BLOCK = 48
+TRIAL_SKIP = 8
+TRIAL_BLOCKS = 6
+TRIAL_MARGIN = 0.95
+TRIAL_FIRST_AFTER = 64
+TRIAL_FIRST_EVERY_S = 1.0
+TRIAL_EVERY_S = 32.0
 
 
 class CallsCpu(NamedTuple):
@@ -190,6 +223,65 @@ def current_cpu() -> int:
     return int(stat[stat.rindex(b")") + 2 :].split()[36])
 
 
+class PinTrial:
+    """Whether a thread's lone calls wait pinned, measured on those calls.
+
+    `pins_now` says how the next lone call waits; `begin` and `end` (with
+    the call's round trip in ns and how it waited) feed it the thread's
+    lone calls only (no overlap, no stream, no namespace traffic, no
+    back-off rest: a call whose wait could not be what `pins_now` said).
+    Between trials it keeps the last trial's answer (`pin`; True before
+    the first); `last` is that trial's (pinned, unpinned) medians in us."""
+
+    __slots__ = ("pin", "last", "_block", "_in_block", "_samples", "_lone_calls", "_next_at", "_every")
+
+    def __init__(self) -> None:
+        self.pin = True
+        self.last: tuple[float, float] | None = None
+        self._block = -1  # the running trial's block (even: pinned); -1: no trial
+        self._in_block = 0
+        self._samples: tuple[list[int], list[int]] = ([], [])  # (unpinned, pinned) round trips, ns
+        self._lone_calls = 0
+        self._next_at: float | None = None  # time.monotonic() the next trial is due; None: the first
+        self._every = TRIAL_FIRST_EVERY_S  # from the end of the next trial to the one after it
+
+    @property
+    def running(self) -> bool:
+        return self._block >= 0
+
+    def pins_now(self) -> bool:
+        return self._block % 2 == 0 if self._block >= 0 else self.pin
+
+    def begin(self, now: float) -> None:
+        """A lone call starts (`now`: time.monotonic()): a trial starts with it when one is due."""
+        if self._block >= 0:
+            return
+        self._lone_calls += 1
+        due = self._lone_calls > TRIAL_FIRST_AFTER if self._next_at is None else now >= self._next_at
+        if due:
+            self._block, self._in_block = 0, 0
+            self._samples = ([], [])
+
+    def end(self, pinned: bool, took_ns: int, now: float) -> None:
+        """A lone call that `begin` saw ended, having waited as `pinned` said, after `took_ns`."""
+        if self._block < 0:
+            return
+        if self._in_block >= TRIAL_SKIP:
+            self._samples[pinned].append(took_ns)
+        self._in_block += 1
+        if self._in_block < TRIAL_BLOCK:
+            return
+        self._block, self._in_block = self._block + 1, 0
+        if self._block < TRIAL_BLOCKS:
+            return
+        unpinned, pinned_ = (statistics.median(times) / 1e3 for times in self._samples)
+        self.pin = not unpinned < TRIAL_MARGIN * pinned_
+        self.last = (pinned_, unpinned)
+        self._block = -1
+        self._next_at = now + self._every
+        self._every = min(self._every * 2, TRIAL_EVERY_S)
+
+
 class PinnedWaits:
     """Pins one thread (the event loop's) to `cpu` while exactly one call of
     its is in flight; `original` is the mask it gets back.
@@ -209,7 +301,8 @@ class PinnedWaits:
     __slots__ = ("cpu", "original", "in_flight", "armed", "pinned", "resting_until", "told_off", "_cpu_set",
                  "_thread", "_pins", "_timed_at", "_timed", "_timed_ns", "_judged", "_period",
                  "_after_backoff", "_calls", "_window_calls", "_window_pins", "_burst_rest",
-                 "_busy_since", "yields", "_yield_rest_until", "_yield_rest_ended", "_yield_period")
+                 "_busy_since", "yields", "_yield_rest_until", "_yield_rest_ended", "_yield_period",
+                 "trial", "_lone", "_lone_pins", "_lone_at")
 
     def __init__(self, cpu: int, original: set[int], yields: bool = True) -> None:
         self.cpu = cpu
@@ -239,6 +332,12 @@ class PinnedWaits:
         self._yield_rest_until = 0.0  # time.monotonic() the yields' rest ends; 0: none
         self._yield_rest_ended: float | None = None  # when the last rest ended, if one did
         self._yield_period = YIELD_REST_FIRST_S
+        # None: pinned whenever armed (a setting named explicitly); else the
+        # default's trials (`PinTrial`, set by `pinned_waits`).
+        self.trial: PinTrial | None = None
+        self._lone = False  # the call in flight is a lone one the trial times
+        self._lone_pins = False  # and how it waits
+        self._lone_at = 0  # _clock_ns() when it started
 
     def hold(self, pin: bool = True) -> None:
         self.in_flight += 1
@@ -246,6 +345,15 @@ class PinnedWaits:
         if self.in_flight == 1:
             self._busy_since = (self._pins, self._timed, self._timed_ns)
         self.armed = pin and self.in_flight == 1 and not self.told_off
+        trial = self.trial
+        self._lone = False
+        if self.armed and trial is not None:
+            if self.resting_until and time.monotonic() < self.resting_until:
+                return  # resting: pinned or not, nothing pins; not timed
+            trial.begin(time.monotonic())
+            self._lone_pins = self.armed = trial.pins_now()
+            self._lone = trial.running
+            self._lone_at = _clock_ns()
 
     def move_to(self, cpu: int) -> None:
         """Waits on `cpu` from now on."""
@@ -341,13 +449,19 @@ class PinnedWaits:
         hand-off instead of beside it: a namespace request took 1.6x as long
         (docs/DECISIONS.md, "stop-63: namespace traffic is not pinned")."""
         self.armed = False
+        self._lone = False
 
     def release(self) -> None:
         # Never pinned here: only a select is (the loop runs this coroutine).
         self.in_flight -= 1
         self.armed = False
         if self.in_flight:
+            self._lone = False  # it overlapped another call: not a lone call's time
             return
+        if self._lone:
+            self._lone = False
+            if self.trial is not None and not self.told_off:
+                self.trial.end(self._lone_pins, _clock_ns() - self._lone_at, time.monotonic())
         if self._burst_rest:
             self._burst_rest = False
             self.resting_until = 0.0
@@ -492,6 +606,12 @@ def pinned_waits(setting: CallsCpu, slice_us: int = 0, yields: bool = True) -> P
         # ``asyncio.run`` on the thread unpinned for good.
         waits.follow(True)
     waits.yields = yields
+    # The latest client's word, as `yields`: the default times its calls
+    # both ways (`PinTrial`, kept across its clients), a named wait pins.
+    if not setting.follow:
+        waits.trial = None
+    elif waits.trial is None:
+        waits.trial = PinTrial()
     if not isinstance(selector, _PinningSelector):
         loop._selector = _PinningSelector(selector, waits)  # type: ignore[attr-defined]
     return waits
