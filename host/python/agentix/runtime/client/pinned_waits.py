@@ -45,8 +45,8 @@ from __future__ import annotations
 import asyncio
 import os
 import selectors
-import threading
 import statistics
+import threading
 import time
 from time import perf_counter_ns as _clock_ns
 from typing import Any, NamedTuple
