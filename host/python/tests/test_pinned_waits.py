@@ -546,6 +546,23 @@ def test_the_default_times_its_lone_calls_both_ways_and_keeps_the_faster(masks, 
     assert _lone_calls(waits, ns, 100, 40, 70) == 100
 
 
+def test_a_trial_that_changes_the_choice_says_so_at_debug_level(masks, call_clock, caplog):
+    ns, _, now = call_clock
+    waits = _trial_waits()
+    trial_calls = pw.TRIAL_BLOCK * pw.TRIAL_BLOCKS
+    with caplog.at_level("DEBUG", logger="agentix.runtime.client"):
+        _lone_calls(waits, ns, pw.TRIAL_FIRST_AFTER + trial_calls, 64, 49)
+        now[0] += pw.TRIAL_FIRST_EVERY_S
+        _lone_calls(waits, ns, trial_calls, 64, 49)  # the same answer: nothing more said
+        now[0] += 2 * pw.TRIAL_FIRST_EVERY_S
+        _lone_calls(waits, ns, trial_calls, 40, 70)
+    said = [r.getMessage() for r in caplog.records if "pinned waits" in r.getMessage()]
+    assert said == ["pinned waits: a trial of the thread's lone calls keeps them unpinned "
+                    "(median 64.0 us pinned, 49.0 us unpinned)",
+                    "pinned waits: a trial of the thread's lone calls keeps them pinned "
+                    "(median 40.0 us pinned, 70.0 us unpinned)"]
+
+
 def test_pinned_stays_unless_unpinned_is_faster_by_the_margin(masks, call_clock):
     ns, _, _ = call_clock
     waits = _trial_waits()

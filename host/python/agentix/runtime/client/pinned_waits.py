@@ -43,6 +43,7 @@ trials.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import selectors
 import statistics
@@ -52,6 +53,8 @@ from time import perf_counter_ns as _clock_ns
 from typing import Any, NamedTuple
 
 from agentix.runtime.client.loop_slice import set_thread_slice
+
+_log = logging.getLogger("agentix.runtime.client")
 
 __all__ = [
     "CALLS_CPU_ENV",
@@ -275,7 +278,12 @@ class PinTrial:
         if self._block < TRIAL_BLOCKS:
             return
         unpinned, pinned_ = (statistics.median(times) / 1e3 for times in self._samples)
-        self.pin = not unpinned < TRIAL_MARGIN * pinned_
+        pin = not unpinned < TRIAL_MARGIN * pinned_
+        if pin != self.pin or self.last is None:
+            _log.debug("pinned waits: a trial of the thread's lone calls keeps them %s "
+                       "(median %.1f us pinned, %.1f us unpinned)",
+                       "pinned" if pin else "unpinned", pinned_, unpinned)
+        self.pin = pin
         self.last = (pinned_, unpinned)
         self._block = -1
         self._next_at = now + self._every
