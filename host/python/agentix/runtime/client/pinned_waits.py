@@ -230,7 +230,8 @@ class PinTrial:
     """Whether a thread's lone calls wait pinned, measured on those calls.
 
     `pins_now` says how the next lone call waits; `begin` and `end` (with
-    the call's round trip in ns and how it waited) feed it the thread's
+    the call's round trip in ns; it waited as `pins_now` said, which only
+    `end` changes) feed it the thread's
     lone calls only (no overlap, no stream, no namespace traffic, no
     back-off rest: a call whose wait could not be what `pins_now` said).
     Between trials it keeps the last trial's answer (`pin`; True before
@@ -265,12 +266,12 @@ class PinTrial:
             self._block, self._in_block = 0, 0
             self._samples = ([], [])
 
-    def end(self, pinned: bool, took_ns: int, now: float) -> None:
-        """A lone call that `begin` saw ended, having waited as `pinned` said, after `took_ns`."""
+    def end(self, took_ns: int, now: float) -> None:
+        """A lone call that `begin` saw ended after `took_ns`."""
         if self._block < 0:
             return
         if self._in_block >= TRIAL_SKIP:
-            self._samples[pinned].append(took_ns)
+            self._samples[self.pins_now()].append(took_ns)
         self._in_block += 1
         if self._in_block < TRIAL_BLOCK:
             return
@@ -310,7 +311,7 @@ class PinnedWaits:
                  "_thread", "_pins", "_timed_at", "_timed", "_timed_ns", "_judged", "_period",
                  "_after_backoff", "_calls", "_window_calls", "_window_pins", "_burst_rest",
                  "_busy_since", "yields", "_yield_rest_until", "_yield_rest_ended", "_yield_period",
-                 "trial", "_lone", "_lone_pins", "_lone_at")
+                 "trial", "_lone", "_lone_at")
 
     def __init__(self, cpu: int, original: set[int], yields: bool = True) -> None:
         self.cpu = cpu
@@ -344,7 +345,6 @@ class PinnedWaits:
         # default's trials (`PinTrial`, set by `pinned_waits`).
         self.trial: PinTrial | None = None
         self._lone = False  # the call in flight is a lone one the trial times
-        self._lone_pins = False  # and how it waits
         self._lone_at = 0  # _clock_ns() when it started
 
     def hold(self, pin: bool = True) -> None:
@@ -356,12 +356,14 @@ class PinnedWaits:
         trial = self.trial
         self._lone = False
         if self.armed and trial is not None:
-            if self.resting_until and time.monotonic() < self.resting_until:
+            now = time.monotonic()
+            if self.resting_until and now < self.resting_until:
                 return  # resting: pinned or not, nothing pins; not timed
-            trial.begin(time.monotonic())
-            self._lone_pins = self.armed = trial.pins_now()
+            trial.begin(now)
+            self.armed = trial.pins_now()
             self._lone = trial.running
-            self._lone_at = _clock_ns()
+            if self._lone:
+                self._lone_at = _clock_ns()
 
     def move_to(self, cpu: int) -> None:
         """Waits on `cpu` from now on."""
@@ -411,6 +413,7 @@ class PinnedWaits:
         self.told_off = not pin
         if self.told_off:
             self.armed = False
+            self._lone = False  # a call told off mid-way waited both ways: not timed
 
     def _may_pin(self) -> bool:
         if self.told_off:
@@ -468,8 +471,8 @@ class PinnedWaits:
             return
         if self._lone:
             self._lone = False
-            if self.trial is not None and not self.told_off:
-                self.trial.end(self._lone_pins, _clock_ns() - self._lone_at, time.monotonic())
+            if self.trial is not None:
+                self.trial.end(_clock_ns() - self._lone_at, time.monotonic())
         if self._burst_rest:
             self._burst_rest = False
             self.resting_until = 0.0
