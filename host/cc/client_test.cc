@@ -512,6 +512,74 @@ TEST_CASE("the Calls stream takes the frame wire by default on unix:// when PATH
   CHECK(Client::Connect(options).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
+// The daemon's threads named `name` (/proc/PID/task/*/comm).
+int ThreadsNamed(pid_t pid, const std::string& name) {
+  int count = 0;
+  std::error_code error;
+  for (const auto& task : std::filesystem::directory_iterator(
+           "/proc/" + std::to_string(pid) + "/task", error)) {
+    std::ifstream comm(task.path() / "comm");
+    std::string line;
+    if (std::getline(comm, line) && line == name) ++count;
+  }
+  return count;
+}
+
+// Waits (bounded) until the daemon has `want` frame-wire connection threads:
+// a relayed Calls connection keeps its agx-frames thread, one handed to
+// the worker (direct calls) ends it right after the hand-over.
+bool SettlesAtFrameThreads(pid_t pid, int want) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10 * kSlow);
+  while (ThreadsNamed(pid, "agx-frames") != want) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+TEST_CASE("the frame wire's Calls connection goes direct to the worker by default; "
+          "AGENTIX_CALLS_DIRECT=off keeps it relayed; a bad value fails Connect") {
+  ::unsetenv("AGENTIX_CALLS_WIRE");
+  ::unsetenv("AGENTIX_CALLS_DIRECT");
+  Daemon daemon;  // --direct_calls is the daemon's default
+  {
+    auto client = ConnectTo(daemon.url());
+    REQUIRE(client->calls_wire() == CallsWire::kFrames);
+    for (int i = 0; i < 20; ++i) {
+      absl::StatusOr<int64_t> sum = client->Remote<int64_t>("e2e_targets::add", i, 1);
+      REQUIRE_OK(sum.status());
+      CHECK(*sum == i + 1);
+    }
+    // Served by the worker: no daemon thread reads it.
+    CHECK(SettlesAtFrameThreads(daemon.pid(), 0));
+    // The worker dies under a direct call: a typed error, and the next call
+    // runs in a new worker, on a connection handed over again.
+    absl::StatusOr<int64_t> died = client->Remote<int64_t>("e2e_targets::kill_self");
+    REQUIRE_FALSE(died.ok());
+    REQUIRE(GetRemoteError(died.status()).has_value());
+    CHECK(GetRemoteError(died.status())->type == "WorkerDied");
+    absl::StatusOr<int64_t> after = client->Remote<int64_t>("e2e_targets::add", 40, 2);
+    REQUIRE_OK(after.status());
+    CHECK(*after == 42);
+  }
+  ::setenv("AGENTIX_CALLS_DIRECT", " OFF ", 1);
+  {
+    auto relayed = ConnectTo(daemon.url());
+    REQUIRE(relayed->calls_wire() == CallsWire::kFrames);
+    absl::StatusOr<int64_t> sum = relayed->Remote<int64_t>("e2e_targets::add", 2, 2);
+    REQUIRE_OK(sum.status());
+    CHECK(*sum == 4);
+    CHECK(SettlesAtFrameThreads(daemon.pid(), 1));
+  }
+  ::setenv("AGENTIX_CALLS_DIRECT", "sideways", 1);
+  ConnectOptions options;
+  options.target = daemon.url();
+  absl::StatusOr<std::unique_ptr<Client>> refused = Client::Connect(options);
+  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(refused.status().message(), "AGENTIX_CALLS_DIRECT=sideways"));
+  ::unsetenv("AGENTIX_CALLS_DIRECT");
+}
+
 TEST_CASE("AGENTIX_CALLS_SPIN_US: a spinning frame-wire reader serves calls; a bad value "
           "fails Connect") {
   ::unsetenv("AGENTIX_CALLS_WIRE");

@@ -224,6 +224,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (!calls_cpu.ok()) return calls_cpu.status();
     calls_cpu_ = *calls_cpu;
     follow_daemon_ = calls_cpu_ >= 0 && CallsCpuFollowsDaemon();
+    absl::StatusOr<bool> direct = CallsDirectFromEnv();
+    if (!direct.ok()) return direct.status();
+    direct_calls_ = *direct;
     absl::Status status = Open();
     if (!status.ok()) return status;
     reader_ = std::thread([this] { ReaderLoop(); });
@@ -512,6 +515,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   absl::Status OpenFrames(CallsStream* stream) {
     if (options_.calls_wire == CallsWire::kGrpc) return absl::OkStatus();
     StreamMetadata metadata = Metadata();
+    // Served by the worker if the daemon hands the socket over: two fewer
+    // hand-offs a call (the daemon's connection thread and worker link).
+    if (direct_calls_) metadata.emplace_back(kCallsDirectKey, "1");
     if (calls_cpu_ >= 0) metadata.emplace_back(kCallsCpuKey, absl::StrCat(calls_cpu_));
     CallsCpuAnswer on_calls_cpu;
     if (follow_daemon_) {  // a --calls_cpu=probe daemon says whether pinning pays
@@ -973,6 +979,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // $AGENTIX_CALLS_CPU's CPU (-1: off), and the call whose caller's thread
   // is pinned to it (PlaceWaitLocked).
   int calls_cpu_ = -1;
+  bool direct_calls_ = true;  // $AGENTIX_CALLS_DIRECT (CallsDirectFromEnv)
   bool follow_daemon_ = false;  // $AGENTIX_CALLS_CPU unset: ask the daemon
   std::atomic<bool> told_off_{false};  // a --calls_cpu=probe daemon said "off"
   Call* pinned_ ABSL_GUARDED_BY(mu_) = nullptr;

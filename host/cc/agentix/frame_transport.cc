@@ -13,6 +13,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/strip.h"
@@ -278,6 +279,16 @@ absl::StatusOr<absl::Duration> CallsSpinFromEnv() {
         "AGENTIX_CALLS_SPIN_US=", env, " is not a number of microseconds from 0 to 1000000"));
   }
   return absl::Microseconds(us);
+}
+
+absl::StatusOr<bool> CallsDirectFromEnv() {
+  const char* env = std::getenv("AGENTIX_CALLS_DIRECT");
+  const std::string mode =
+      absl::AsciiStrToLower(absl::StripAsciiWhitespace(env == nullptr ? "" : env));
+  if (mode.empty() || mode == "auto") return true;
+  if (mode == "off") return false;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "AGENTIX_CALLS_DIRECT=", env, " is not one of auto, off"));
 }
 
 std::unique_ptr<CallsTransport> NewFrameTransport(int fd, const StreamMetadata& metadata,

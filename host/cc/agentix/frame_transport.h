@@ -41,6 +41,18 @@ absl::StatusOr<std::unique_ptr<CallsTransport>> ConnectFrameTransport(
 // INVALID_ARGUMENT for anything but a number of microseconds <= 1000000.
 absl::StatusOr<absl::Duration> CallsSpinFromEnv();
 
+// The HELLO key of a Calls connection that asks to be served by the worker
+// (docs/DIRECT-CALLS.md): a daemon run with --direct_calls (its default) may
+// hand the socket over after HELLO; the worker is then the peer whose
+// frames Read parses (as untrusted as the daemon's: fuzzed by
+// //fuzz:client_frame_reader_fuzzer).
+inline constexpr absl::string_view kCallsDirectKey = "agentix-direct";
+
+// $AGENTIX_CALLS_DIRECT, as the Python host reads it: "auto" (also unset or
+// empty, any case) asks for direct calls (kCallsDirectKey "1"), "off" never.
+// INVALID_ARGUMENT naming the variable for anything else.
+absl::StatusOr<bool> CallsDirectFromEnv();
+
 // Takes over `fd`, a connected stream socket (tests: a socketpair), and
 // sends HELLO with `metadata`; the reader spins up to `spin` (above).
 std::unique_ptr<CallsTransport> NewFrameTransport(int fd, const StreamMetadata& metadata,
