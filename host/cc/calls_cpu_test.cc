@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <set>
 #include <string>
@@ -127,6 +128,97 @@ TEST_CASE("ThreadPin pins the calling thread and gives it its own mask back from
   CPU_ZERO(&all);
   for (int i : allowed) CPU_SET(i, &all);
   REQUIRE(::sched_setaffinity(0, sizeof(all), &all) == 0);
+}
+
+// Drives `trial` with `n` lone calls at `now` (a call's time moves the
+// clock): pinned ones take `pinned_us`, unpinned ones `unpinned_us`, and
+// with `after_switch_us` >= 0 the first kSkip after each switch of the way
+// take that instead. Returns how many waited pinned.
+int LoneCalls(PinTrial& trial, absl::Time& now, int n, double pinned_us, double unpinned_us,
+              double after_switch_us = -1) {
+  int pinned = 0;
+  int since_switch = 0;
+  bool last = true;
+  for (int i = 0; i < n; ++i) {
+    trial.Begin(now);
+    const bool pins = trial.PinsNow();
+    since_switch = pins == last ? since_switch + 1 : 0;
+    last = pins;
+    pinned += pins;
+    double took = pins ? pinned_us : unpinned_us;
+    if (after_switch_us >= 0 && since_switch < PinTrial::kSkip) took = after_switch_us;
+    now += absl::Microseconds(took);
+    if (trial.running()) trial.End(absl::Microseconds(took), now);
+  }
+  return pinned;
+}
+
+TEST_CASE("PinTrial times the thread's lone calls both ways and keeps the faster") {
+  absl::Time now = absl::UnixEpoch();
+  PinTrial trial;
+  const int trial_calls = PinTrial::kBlock * PinTrial::kBlocks;
+  // Warming up: pinned, no trial.
+  CHECK(LoneCalls(trial, now, PinTrial::kFirstAfter, 64, 49) == PinTrial::kFirstAfter);
+  CHECK_FALSE(trial.running());
+  CHECK(trial.last_pinned() == absl::ZeroDuration());
+  // The trial: blocks pinned and unpinned in turn, half of its calls each.
+  CHECK(LoneCalls(trial, now, trial_calls, 64, 49) == trial_calls / 2);
+  CHECK_FALSE(trial.running());
+  CHECK_FALSE(trial.pin());
+  CHECK(trial.last_pinned() == absl::Microseconds(64));
+  CHECK(trial.last_unpinned() == absl::Microseconds(49));
+  // Unpinned until the next trial is due: 1 s, then 2, 4 ... up to kEvery.
+  CHECK(LoneCalls(trial, now, 500, 64, 49) == 0);
+  absl::Duration every = PinTrial::kFirstEvery;
+  for (int i = 0; i < 8; ++i) {
+    now += every - absl::Milliseconds(40);  // (the 500 calls took ~25 ms)
+    CHECK(LoneCalls(trial, now, 1, 64, 49) == 0);
+    CHECK_FALSE(trial.running());
+    now += absl::Milliseconds(40);
+    CHECK(LoneCalls(trial, now, trial_calls, 64, 49) == trial_calls / 2);
+    CHECK_FALSE(trial.running());
+    CHECK_FALSE(trial.pin());
+    every = std::min(every * 2, PinTrial::kEvery);
+  }
+  CHECK(every == PinTrial::kEvery);
+  now += every;
+  // The machine changed: pinned is the faster now, and is kept.
+  CHECK(LoneCalls(trial, now, trial_calls, 40, 70) == trial_calls / 2);
+  CHECK(trial.pin());
+  CHECK(LoneCalls(trial, now, 100, 40, 70) == 100);
+}
+
+TEST_CASE("PinTrial keeps pinned unless unpinned is faster by the margin") {
+  absl::Time now = absl::UnixEpoch();
+  PinTrial trial;
+  LoneCalls(trial, now, PinTrial::kFirstAfter + PinTrial::kBlock * PinTrial::kBlocks, 100,
+            100 * PinTrial::kMargin + 1);
+  CHECK(trial.last_pinned() == absl::Microseconds(100));
+  CHECK(trial.pin());
+}
+
+TEST_CASE("PinTrial does not time the calls right after a switch") {
+  absl::Time now = absl::UnixEpoch();
+  PinTrial trial;
+  LoneCalls(trial, now, PinTrial::kFirstAfter + PinTrial::kBlock * PinTrial::kBlocks, 64, 49,
+            /*after_switch_us=*/1000);
+  CHECK(trial.last_pinned() == absl::Microseconds(64));
+  CHECK(trial.last_unpinned() == absl::Microseconds(49));
+  CHECK_FALSE(trial.pin());
+}
+
+TEST_CASE("the default's trial and budget are the calling thread's own") {
+  PinTrial* mine = &ThreadPinTrial();
+  CHECK(&ThreadPinTrial() == mine);
+  PinTrial* other = nullptr;
+  PinBudget* other_budget = nullptr;
+  std::thread([&] {
+    other = &ThreadPinTrial();
+    other_budget = &ThreadPinBudget();
+  }).join();
+  CHECK(other != mine);
+  CHECK(other_budget != &ThreadPinBudget());
+  CHECK_FALSE(ThreadPinBudget().Resting());
 }
 
 }  // namespace

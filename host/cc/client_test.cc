@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "agentix/calls_cpu.h"
 #include "host/cc/test_daemon.h"
 #include "testing/status_matchers.h"
 #include "testing/cpu_masks.h"
@@ -666,6 +668,24 @@ TEST_CASE("AGENTIX_CALLS_CPU=wait pins a caller's thread only while its call wai
   REQUIRE_OK(first);
 }
 
+// Runs `body` on a new thread and waits for it: that thread's trial of
+// pinned against unpinned waits (PinTrial, one per thread) starts from
+// nothing, as a new program's would, whatever calls this binary's main
+// thread made before; a trial begins after 64 lone calls. A failed
+// assertion there is rethrown here.
+template <typename Body>
+void OnFreshThread(Body body) {
+  std::exception_ptr failed;
+  std::thread([&] {
+    try {
+      body();
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  }).join();
+  if (failed) std::rethrow_exception(failed);
+}
+
 // Another thread samples the constructing thread's CPU mask every 10 ms
 // until Stop(): how often that thread was pinned to one CPU.
 class PinSampler {
@@ -701,28 +721,30 @@ class PinSampler {
 // --calls_cpu=auto never tells, so the client's own default shows)
 TEST_CASE("pinned waits are the default on the frame wire against --calls_cpu=auto, and never "
           "happen on gRPC's") {
-  ::unsetenv("AGENTIX_CALLS_CPU");
-  const std::set<int> before = testing::CpusOf(0);
-  REQUIRE(before.size() >= 2);  // pinning is only visible with two CPUs allowed
-  Daemon daemon("", /*calls_socket=*/true, {"--calls_cpu=auto"});
-  for (CallsWire wire : {CallsWire::kFrames, CallsWire::kGrpc}) {
-    auto client = ConnectTo(daemon.url(), "", wire);
-    REQUIRE(client->calls_wire() == wire);
-    PinSampler sampler;
-    absl::Status slept =
-        client->Remote<msgpack::object_handle>("e2e_targets::blocking_sleep", 0.3).status();
-    const PinSampler::Counts seen = sampler.Stop();
-    REQUIRE_OK(slept);
-    CHECK(testing::CpusOf(0) == before);
-    INFO("wire " << (wire == CallsWire::kFrames ? "frames" : "grpc") << ": pinned in "
-                 << seen.pinned << " of " << seen.samples << " samples");
-    REQUIRE(seen.samples > 0);
-    if (wire == CallsWire::kFrames) {
-      CHECK(seen.pinned >= seen.samples / 2);
-    } else {
-      CHECK(seen.pinned == 0);
+  OnFreshThread([&] {
+    ::unsetenv("AGENTIX_CALLS_CPU");
+    const std::set<int> before = testing::CpusOf(0);
+    REQUIRE(before.size() >= 2);  // pinning is only visible with two CPUs allowed
+    Daemon daemon("", /*calls_socket=*/true, {"--calls_cpu=auto"});
+    for (CallsWire wire : {CallsWire::kFrames, CallsWire::kGrpc}) {
+      auto client = ConnectTo(daemon.url(), "", wire);
+      REQUIRE(client->calls_wire() == wire);
+      PinSampler sampler;
+      absl::Status slept =
+          client->Remote<msgpack::object_handle>("e2e_targets::blocking_sleep", 0.3).status();
+      const PinSampler::Counts seen = sampler.Stop();
+      REQUIRE_OK(slept);
+      CHECK(testing::CpusOf(0) == before);
+      INFO("wire " << (wire == CallsWire::kFrames ? "frames" : "grpc") << ": pinned in "
+                   << seen.pinned << " of " << seen.samples << " samples");
+      REQUIRE(seen.samples > 0);
+      if (wire == CallsWire::kFrames) {
+        CHECK(seen.pinned >= seen.samples / 2);
+      } else {
+        CHECK(seen.pinned == 0);
+      }
     }
-  }
+  });
 }
 
 // The fraction of samples, taken every 10 ms by another thread while this
@@ -743,56 +765,99 @@ double PinnedWhileWaiting(Client& client) {
 // probe choose otherwise: no file descriptor left for its socketpair (a
 // failed probe answers "wait"), one CPU allowed to its thread ("off").
 TEST_CASE("the default's pinned waits follow each changed answer of a daemon that probes again") {
+  OnFreshThread([&] {
+    ::unsetenv("AGENTIX_CALLS_CPU");
+    const std::set<int> before = testing::CpusOf(0);
+    REQUIRE(before.size() >= 2);  // pinning is only visible with two CPUs allowed
+    Daemon daemon("", /*calls_socket=*/true, {"--calls_cpu=probe", "--calls_cpu_reprobe_s=0.3"});
+    auto client = ConnectTo(daemon.url(), "", CallsWire::kFrames);
+    REQUIRE_OK(client->Remote<int64_t>("e2e_targets::add", 1, 2).status());  // the worker boots
+    pid_t probe_tid = 0;
+    for (const auto& task : std::filesystem::directory_iterator(
+             absl::StrCat("/proc/", daemon.pid(), "/task"))) {
+      std::ifstream comm(task.path() / "comm");
+      std::string name;
+      std::getline(comm, name);
+      // The prober's thread: the first of that name (a probe's echo thread
+      // renames itself, but is "agx-probe" for its first microseconds).
+      const pid_t tid = std::stoi(task.path().filename().string());
+      if (name == "agx-probe" && (probe_tid == 0 || tid < probe_tid)) probe_tid = tid;
+    }
+    REQUIRE(probe_tid > 0);
+    rlimit files{};
+    REQUIRE(::prlimit(daemon.pid(), RLIMIT_NOFILE, nullptr, &files) == 0);
+    cpu_set_t all, one;
+    CPU_ZERO(&all);
+    CPU_ZERO(&one);
+    for (int cpu : before) CPU_SET(cpu, &all);
+    CPU_SET(*before.begin(), &one);
+    for (const bool wait : {true, false, true}) {
+      // Calls with pauses between them (a re-probe waits for one) until the
+      // waits are placed as told. Forced again before each: a probe running
+      // when its thread's mask was changed gives its own mask back as it ends.
+      const absl::Time deadline = absl::Now() + absl::Seconds(30);
+      bool placed = false;
+      while (!placed && absl::Now() < deadline) {
+        if (wait) {
+          REQUIRE(::sched_setaffinity(probe_tid, sizeof(all), &all) == 0);
+          const rlimit none{3, files.rlim_max};
+          REQUIRE(::prlimit(daemon.pid(), RLIMIT_NOFILE, &none, nullptr) == 0);
+        } else {
+          REQUIRE(::prlimit(daemon.pid(), RLIMIT_NOFILE, &files, nullptr) == 0);
+          REQUIRE(::sched_setaffinity(probe_tid, sizeof(one), &one) == 0);
+        }
+        REQUIRE_OK(client->Remote<int64_t>("e2e_targets::add", 1, 2).status());
+        absl::SleepFor(absl::Milliseconds(150));
+        const double pinned = PinnedWhileWaiting(*client);
+        placed = wait ? pinned >= 0.5 : pinned == 0;
+      }
+      INFO((wait ? "told wait" : "told off"));
+      CHECK(placed);
+      CHECK(testing::CpusOf(0) == before);
+    }
+    REQUIRE(::prlimit(daemon.pid(), RLIMIT_NOFILE, &files, nullptr) == 0);
+  });
+}
+
+TEST_CASE("the default setting times its thread's lone calls pinned and unpinned; a named "
+          "wait does not") {
   ::unsetenv("AGENTIX_CALLS_CPU");
   const std::set<int> before = testing::CpusOf(0);
-  REQUIRE(before.size() >= 2);  // pinning is only visible with two CPUs allowed
-  Daemon daemon("", /*calls_socket=*/true, {"--calls_cpu=probe", "--calls_cpu_reprobe_s=0.3"});
-  auto client = ConnectTo(daemon.url(), "", CallsWire::kFrames);
-  REQUIRE_OK(client->Remote<int64_t>("e2e_targets::add", 1, 2).status());  // the worker boots
-  pid_t probe_tid = 0;
-  for (const auto& task : std::filesystem::directory_iterator(
-           absl::StrCat("/proc/", daemon.pid(), "/task"))) {
-    std::ifstream comm(task.path() / "comm");
-    std::string name;
-    std::getline(comm, name);
-    // The prober's thread: the first of that name (a probe's echo thread
-    // renames itself, but is "agx-probe" for its first microseconds).
-    const pid_t tid = std::stoi(task.path().filename().string());
-    if (name == "agx-probe" && (probe_tid == 0 || tid < probe_tid)) probe_tid = tid;
-  }
-  REQUIRE(probe_tid > 0);
-  rlimit files{};
-  REQUIRE(::prlimit(daemon.pid(), RLIMIT_NOFILE, nullptr, &files) == 0);
-  cpu_set_t all, one;
-  CPU_ZERO(&all);
-  CPU_ZERO(&one);
-  for (int cpu : before) CPU_SET(cpu, &all);
-  CPU_SET(*before.begin(), &one);
-  for (const bool wait : {true, false, true}) {
-    // Calls with pauses between them (a re-probe waits for one) until the
-    // waits are placed as told. Forced again before each: a probe running
-    // when its thread's mask was changed gives its own mask back as it ends.
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    bool placed = false;
-    while (!placed && absl::Now() < deadline) {
-      if (wait) {
-        REQUIRE(::sched_setaffinity(probe_tid, sizeof(all), &all) == 0);
-        const rlimit none{3, files.rlim_max};
-        REQUIRE(::prlimit(daemon.pid(), RLIMIT_NOFILE, &none, nullptr) == 0);
-      } else {
-        REQUIRE(::prlimit(daemon.pid(), RLIMIT_NOFILE, &files, nullptr) == 0);
-        REQUIRE(::sched_setaffinity(probe_tid, sizeof(one), &one) == 0);
+  REQUIRE(before.size() >= 2);
+  Daemon daemon("", /*calls_socket=*/true, {"--calls_cpu=auto"});  // never says off
+  const int calls = client_internal::PinTrial::kFirstAfter +
+                    client_internal::PinTrial::kBlock * client_internal::PinTrial::kBlocks;
+  for (const bool named : {false, true}) {
+    if (named) ::setenv("AGENTIX_CALLS_CPU", "wait", 1);
+    absl::Duration pinned, unpinned;
+    bool running = true;
+    std::set<int> after;
+    OnFreshThread([&] {
+      auto client = ConnectTo(daemon.url(), "", CallsWire::kFrames);
+      for (int i = 0; i < calls; ++i) {
+        absl::StatusOr<int64_t> sum = client->Remote<int64_t>("e2e_targets::add", i, 1);
+        REQUIRE_OK(sum.status());
+        REQUIRE(*sum == i + 1);
       }
-      REQUIRE_OK(client->Remote<int64_t>("e2e_targets::add", 1, 2).status());
-      absl::SleepFor(absl::Milliseconds(150));
-      const double pinned = PinnedWhileWaiting(*client);
-      placed = wait ? pinned >= 0.5 : pinned == 0;
+      const client_internal::PinTrial& trial = client_internal::ThreadPinTrial();
+      pinned = trial.last_pinned();
+      unpinned = trial.last_unpinned();
+      running = trial.running();
+      after = testing::CpusOf(0);
+    });
+    INFO((named ? "AGENTIX_CALLS_CPU=wait" : "the default") << ": medians "
+         << absl::FormatDuration(pinned) << " pinned, " << absl::FormatDuration(unpinned)
+         << " unpinned");
+    CHECK_FALSE(running);
+    if (named) {
+      CHECK(pinned == absl::ZeroDuration());  // no trial: every lone call waits pinned
+    } else {
+      CHECK(pinned > absl::ZeroDuration());  // one whole trial, of real calls
+      CHECK(unpinned > absl::ZeroDuration());
     }
-    INFO((wait ? "told wait" : "told off"));
-    CHECK(placed);
-    CHECK(testing::CpusOf(0) == before);
+    CHECK(after == before);
   }
-  REQUIRE(::prlimit(daemon.pid(), RLIMIT_NOFILE, &files, nullptr) == 0);
+  ::unsetenv("AGENTIX_CALLS_CPU");
 }
 
 TEST_CASE("without PATH.calls the Calls stream stays on gRPC, unless the frame wire is required") {

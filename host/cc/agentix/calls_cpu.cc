@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <utility>
 
@@ -85,9 +86,64 @@ void PinBudget::NoteTimed(absl::Duration wait) {
   timed_wait_ = absl::ZeroDuration();
 }
 
+bool PinBudget::Resting() {
+  if (resting_ && backoff_.Over(now_())) resting_ = false;
+  return resting_;
+}
+
+void PinTrial::Begin(absl::Time now) {
+  if (block_ >= 0) return;
+  ++lone_calls_;
+  const bool due = first_done_ ? now >= next_at_ : lone_calls_ > kFirstAfter;
+  if (!due) return;
+  block_ = 0;
+  in_block_ = 0;
+  samples_[0].clear();
+  samples_[1].clear();
+}
+
+namespace {
+
+absl::Duration Median(std::vector<absl::Duration>& times) {
+  const size_t middle = times.size() / 2;
+  std::nth_element(times.begin(), times.begin() + middle, times.end());
+  if (times.size() % 2 == 1) return times[middle];
+  const absl::Duration upper = times[middle];
+  const absl::Duration lower = *std::max_element(times.begin(), times.begin() + middle);
+  return (lower + upper) / 2;
+}
+
+}  // namespace
+
+void PinTrial::End(absl::Duration took, absl::Time now) {
+  if (block_ < 0) return;
+  if (in_block_ >= kSkip) samples_[PinsNow() ? 1 : 0].push_back(took);
+  if (++in_block_ < kBlock) return;
+  in_block_ = 0;
+  if (++block_ < kBlocks) return;
+  last_unpinned_ = Median(samples_[0]);
+  last_pinned_ = Median(samples_[1]);
+  // Pinned stays on a tie: its rarest calls are the faster ones.
+  pin_ = !(absl::FDivDuration(last_unpinned_, last_pinned_) < kMargin);
+  block_ = -1;
+  first_done_ = true;
+  next_at_ = now + every_;
+  every_ = std::min(every_ * 2, kEvery);
+}
+
+PinBudget& ThreadPinBudget() {
+  thread_local PinBudget budget;
+  return budget;
+}
+
+PinTrial& ThreadPinTrial() {
+  thread_local PinTrial trial;
+  return trial;
+}
+
 bool ThreadPin::Pin(int cpu) {
   if (tid_ != 0 || cpu < 0 || cpu >= CPU_SETSIZE) return false;
-  thread_local PinBudget budget;
+  PinBudget& budget = ThreadPinBudget();
   bool timed = false;
   if (!budget.MayPin(&timed)) return false;
   CPU_ZERO(&original_);

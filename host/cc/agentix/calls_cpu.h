@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -66,6 +67,8 @@ class PinBudget {
   // A timed pin's run-queue wait while pinned.
   void NoteTimed(absl::Duration wait);
   bool resting() const { return resting_; }
+  // Whether the thread rests now (a back-off whose period is over ends here).
+  bool Resting();
 
  private:
   std::function<absl::Time()> now_;
@@ -76,6 +79,62 @@ class PinBudget {
   int64_t timed_ = 0;
   absl::Duration timed_wait_;
 };
+
+// Whether a thread's lone calls wait pinned, measured on those calls (the
+// default setting only, while the daemon says pin; as the Python host's
+// pinned_waits.PinTrial, docs/DECISIONS.md "stop-68" and "stop-69"). The
+// daemon's probe weighs two bare threads' round trips; what a real call's
+// two processes do on either side of a hand-off it does not see, and on
+// this project's VM a direct noop took 1.28x as long pinned. So after the
+// thread's first kFirstAfter lone calls, and again kFirstEvery after the
+// last trial (doubling up to kEvery), a trial runs kBlocks blocks of
+// kBlock lone calls, pinned and unpinned in turn, the first kSkip of each
+// block not timed (right after a switch the threads still sit where the
+// other way left them); unpinned is kept until the next trial when its
+// median is under kMargin x the pinned one. One per thread (ThreadPinTrial);
+// Begin and End only for calls alone in flight that the thread waits for
+// itself, and whose wait was what PinsNow said.
+class PinTrial {
+ public:
+  static constexpr int kBlock = 48;
+  static constexpr int kSkip = 8;
+  static constexpr int kBlocks = 6;
+  static constexpr double kMargin = 0.95;
+  static constexpr int64_t kFirstAfter = 64;
+  static constexpr absl::Duration kFirstEvery = absl::Seconds(1);
+  static constexpr absl::Duration kEvery = absl::Seconds(32);
+
+  // Whether the next lone call waits pinned: the running trial's block,
+  // else the last trial's answer (pinned before the first).
+  bool PinsNow() const { return block_ >= 0 ? block_ % 2 == 0 : pin_; }
+  bool running() const { return block_ >= 0; }
+  // The last trial's answer, and its medians (pinned, unpinned), zero
+  // before the first.
+  bool pin() const { return pin_; }
+  absl::Duration last_pinned() const { return last_pinned_; }
+  absl::Duration last_unpinned() const { return last_unpinned_; }
+
+  // A lone call starts at `now`: a trial starts with it when one is due.
+  void Begin(absl::Time now);
+  // A call Begin saw while running() ended after `took`.
+  void End(absl::Duration took, absl::Time now);
+
+ private:
+  bool pin_ = true;
+  int block_ = -1;  // the running trial's block (even: pinned); -1: none
+  int in_block_ = 0;
+  std::vector<absl::Duration> samples_[2];  // [unpinned, pinned]
+  int64_t lone_calls_ = 0;
+  bool first_done_ = false;
+  absl::Time next_at_;
+  absl::Duration every_ = kFirstEvery;
+  absl::Duration last_pinned_;
+  absl::Duration last_unpinned_;
+};
+
+// The calling thread's PinBudget and PinTrial.
+PinBudget& ThreadPinBudget();
+PinTrial& ThreadPinTrial();
 
 // One thread pinned to one CPU while it waits; Unpin gives it back its own
 // mask. Each is one sched_setaffinity, skipped when the mask already is the

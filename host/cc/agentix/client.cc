@@ -184,6 +184,10 @@ struct Call {
   // The caller's thread, pinned while it waits for this call alone
   // ($AGENTIX_CALLS_CPU; Connection::pinned_).
   ThreadPin pin;
+  // While its starter's PinTrial times it (Connection::timed_): when it
+  // started, and on which thread.
+  absl::Time lone_at;
+  std::thread::id timed_by;
 };
 
 // One Calls stream (on gRPC or the frame wire). Writers hold write_mu; the
@@ -366,11 +370,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (call->changed.WaitWithDeadline(&mu_, call->deadline) && !call->done) {
         call->in_wait = false;
         UnpinLocked(call.get());
+        EndTimedLocked(call.get(), /*waited=*/false);
         return TimeOutLocked(call);
       }
     }
     call->in_wait = false;
     UnpinLocked(call.get());
+    EndTimedLocked(call.get(), /*waited=*/true);
     AwaitSideChannelsLocked(*call);
     if (!call->status.ok()) return call->status;
     return std::move(call->result);
@@ -435,6 +441,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       absl::MutexLock lock(&mu_);
       call->abandoned = true;
       UnpinLocked(call.get());
+      EndTimedLocked(call.get(), /*waited=*/false);
       if (call->done) return;
       pending_.erase(call->id);
       stream = stream_;
@@ -543,15 +550,48 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Pinned waits: a call alone in flight that its caller waits for without
   // a deadline (the caller then reads its result itself) pins the caller's
   // thread to calls_cpu_ now, before it is written; a second call in flight
-  // unpins the thread pinned (overlapping calls run anywhere).
+  // unpins the thread pinned (overlapping calls run anywhere). With the
+  // default setting the thread's PinTrial says whether a lone call waits
+  // pinned, and times it while a trial runs (not while the thread's
+  // PinBudget rests: its calls could not wait pinned).
   void PlaceWaitLocked(Call* call, bool waited) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (pending_.size() == 1 && waited && call->deadline == absl::InfiniteFuture()) {
-      if (!told_off_.load(std::memory_order_relaxed) && call->pin.Pin(calls_cpu_)) {
-        pinned_ = call;
+      if (told_off_.load(std::memory_order_relaxed)) return;
+      bool pin = true;
+      if (follow_daemon_ && !ThreadPinBudget().Resting()) {
+        PinTrial& trial = ThreadPinTrial();
+        const absl::Time now = absl::Now();
+        trial.Begin(now);
+        pin = trial.PinsNow();
+        if (trial.running()) {
+          timed_ = call;
+          call->lone_at = now;
+          call->timed_by = std::this_thread::get_id();
+        }
       }
-    } else if (pinned_ != nullptr) {
-      UnpinLocked(pinned_);
+      if (pin && call->pin.Pin(calls_cpu_)) {
+        pinned_ = call;
+      } else if (pin && timed_ == call) {
+        timed_ = nullptr;  // it was to wait pinned and could not: not timed
+      }
+    } else {
+      timed_ = nullptr;  // calls overlap: none is a lone call
+      if (pinned_ != nullptr) UnpinLocked(pinned_);
     }
+  }
+
+  // `call` is over for its caller: the trial gets its time if it was the
+  // one timed and its caller (the thread whose trial it is) `waited` for
+  // its end — not after a time-out, an abandon, or a daemon's "off" meanwhile.
+  void EndTimedLocked(Call* call, bool waited) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (timed_ != call) return;
+    timed_ = nullptr;
+    if (!waited || call->timed_by != std::this_thread::get_id() ||
+        told_off_.load(std::memory_order_relaxed)) {
+      return;
+    }
+    const absl::Time now = absl::Now();
+    ThreadPinTrial().End(now - call->lone_at, now);
   }
 
   // Gives the thread `call` pinned its mask back (its caller is leaving).
@@ -983,6 +1023,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool follow_daemon_ = false;  // $AGENTIX_CALLS_CPU unset: ask the daemon
   std::atomic<bool> told_off_{false};  // a --calls_cpu=probe daemon said "off"
   Call* pinned_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // The lone call its starter's PinTrial times (PlaceWaitLocked), or null.
+  Call* timed_ ABSL_GUARDED_BY(mu_) = nullptr;
   // A thread is in Read() on the Calls stream (the read "token"); only it
   // uses response_.
   bool reading_ ABSL_GUARDED_BY(mu_) = false;
