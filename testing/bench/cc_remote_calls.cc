@@ -21,7 +21,8 @@
 // work is the difference). --noop-only stops there. --noops=N measures
 // only N sequential noops on the client's own wire after N/5 to warm up,
 // nothing interleaved (wake_ab.py): calls_wire, noop_p50_us, noop_p99_us,
-// noop_cpu_us_per_call, calls (warm-up included).
+// noop_cpu_us_per_call, calls (warm-up included), pin_trial (how the default
+// setting's trial of pinned and unpinned waits left them: PinTrial).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -40,6 +41,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "agentix/calls_cpu.h"
 #include "agentix/client.h"
 #include "agentix/runtime/v1/runtime.grpc.pb.h"
 #include "testing/bench/floor/floor_stats.h"
@@ -313,11 +315,17 @@ int Main(int argc, char** argv) {
       samples.push_back(Now() - start);
     }
     const double cpu_us = (CpuSeconds() - cpu) / plain_noops * 1e6;
+    // How the default setting's trials left this thread's waits (zero
+    // medians: no trial ran; a named setting, or too few calls).
+    const agentix::client_internal::PinTrial& trial = agentix::client_internal::ThreadPinTrial();
     std::printf(
         "{\"calls_wire\": \"%s\", \"noop_p50_us\": %.2f, \"noop_p99_us\": %.2f, "
-        "\"noop_cpu_us_per_call\": %.2f, \"calls\": %d}\n",
+        "\"noop_cpu_us_per_call\": %.2f, \"calls\": %d, \"pin_trial\": {\"pin\": %s, "
+        "\"pinned_us\": %.2f, \"unpinned_us\": %.2f}}\n",
         frames ? "frames" : "grpc", Percentile(samples, 0.5) * 1e6,
-        Percentile(samples, 0.99) * 1e6, cpu_us, plain_noops + plain_noops / 5 + 1);
+        Percentile(samples, 0.99) * 1e6, cpu_us, plain_noops + plain_noops / 5 + 1,
+        trial.pin() ? "true" : "false", absl::ToDoubleMicroseconds(trial.last_pinned()),
+        absl::ToDoubleMicroseconds(trial.last_unpinned()));
     return 0;
   }
   std::unique_ptr<Client> grpc_client;  // the A/B partner of a frame-wire client
