@@ -23,6 +23,8 @@
 // nothing interleaved (wake_ab.py): calls_wire, noop_p50_us, noop_p99_us,
 // noop_cpu_us_per_call, calls (warm-up included), pin_trial (how the default
 // setting's trial of pinned and unpinned waits left them: PinTrial).
+// --echo-mib=N [--echoes=R] only echoes N MiB R times (after one to warm
+// up): echo_ms_p50, cpu_ms_per_echo, minor_faults_per_echo (the client's).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -278,6 +280,8 @@ int Main(int argc, char** argv) {
   bool quick = false;
   bool noop_only = false;
   int plain_noops = 0;
+  int echo_mib = 0;
+  int echoes = 9;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--target=", 9) == 0) {
       target = argv[i] + 9;
@@ -287,12 +291,17 @@ int Main(int argc, char** argv) {
       noop_only = true;
     } else if (std::strncmp(argv[i], "--noops=", 8) == 0) {
       plain_noops = std::max(1, std::atoi(argv[i] + 8));
+    } else if (std::strncmp(argv[i], "--echo-mib=", 11) == 0) {
+      echo_mib = std::max(1, std::atoi(argv[i] + 11));
+    } else if (std::strncmp(argv[i], "--echoes=", 9) == 0) {
+      echoes = std::max(1, std::atoi(argv[i] + 9));
     } else if (std::strcmp(argv[i], "--no-deadlock-detection") == 0) {
       // Diagnosis: Debian's Abseil is built without NDEBUG, so every
       // absl::Mutex::Lock (the client's and gRPC's) runs deadlock detection.
       absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
     } else {
-      std::fprintf(stderr, "usage: cc_remote_calls --target=URL [--quick] [--noop-only] [--noops=N] [--no-deadlock-detection]\n");
+      std::fprintf(stderr, "usage: cc_remote_calls --target=URL [--quick] [--noop-only] [--noops=N] "
+                   "[--echo-mib=N [--echoes=R]] [--no-deadlock-detection]\n");
       return 2;
     }
   }
@@ -304,6 +313,27 @@ int Main(int argc, char** argv) {
   if (!connected.ok()) Die("connect", connected.status());
   Client& client = **connected;
   const bool frames = client.calls_wire() == CallsWire::kFrames;
+  if (echo_mib > 0) {
+    // One echo to warm up, then `echoes`: the median round trip, and the
+    // client's CPU and minor page faults per echo.
+    const size_t size = static_cast<size_t>(echo_mib) << 20;
+    absl::StatusOr<double> warm = EchoSeconds(client, size, 1);
+    if (!warm.ok()) Die("echo", warm.status());
+    rusage before{};
+    ::getrusage(RUSAGE_SELF, &before);
+    const double cpu = CpuSeconds();
+    absl::StatusOr<double> median = EchoSeconds(client, size, echoes);
+    if (!median.ok()) Die("echo", median.status());
+    const double cpu_ms = (CpuSeconds() - cpu) / (echoes + 1) * 1e3;  // (its warm-up echo too)
+    rusage after{};
+    ::getrusage(RUSAGE_SELF, &after);
+    std::printf(
+        "{\"calls_wire\": \"%s\", \"echo_mib\": %d, \"echo_ms_p50\": %.2f, "
+        "\"cpu_ms_per_echo\": %.2f, \"minor_faults_per_echo\": %.0f}\n",
+        frames ? "frames" : "grpc", echo_mib, *median * 1e3, cpu_ms,
+        static_cast<double>(after.ru_minflt - before.ru_minflt) / (echoes + 1));
+    return 0;
+  }
   if (plain_noops > 0) {
     for (int i = 0; i < plain_noops / 5 + 1; ++i) Noop(client);
     std::vector<double> samples;

@@ -173,6 +173,9 @@ struct Call {
   bool cancel_requested = false;
   absl::Status status;
   std::string result;  // ResultChunks + the CallResult's value
+  // The ResultChunks' bytes as they came, joined into `result` once the
+  // CallResult ends them (JoinResult).
+  std::vector<std::string> result_chunks;
   uint64_t log_seq = 0;
   uint64_t trace_seq = 0;
   // Streaming calls (null for others: an empty std::deque allocates).
@@ -720,7 +723,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     mu_.Lock();
     reading_ = false;
     if (ok) {
-      DispatchLocked(response_);
+      DispatchLocked(&response_);
     } else {
       if (stream_ == stream) stream_ = nullptr;
       broken_ = std::move(stream);
@@ -815,24 +818,48 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
   }
 
-  void DispatchLocked(const pb::CallsResponse& response)
+  // The call's value: its chunks and the CallResult's `last` bytes in one
+  // string of their exact size, allocated once. Appending 1 MiB chunks to
+  // a string doubled it at each step, and past glibc's mmap threshold: a
+  // 16 MiB value cost a fresh 32 MiB mapping, 4,096 page faults (~13 us
+  // each on this project's VM), every call. A value without chunks is
+  // taken as it is.
+  static void JoinResult(Call* call, std::string* last) {
+    if (call->result_chunks.empty()) {
+      call->result.swap(*last);
+      return;
+    }
+    size_t size = last->size();
+    for (const std::string& chunk : call->result_chunks) size += chunk.size();
+    call->result.reserve(size);
+    for (const std::string& chunk : call->result_chunks) call->result.append(chunk);
+    call->result.append(*last);
+    std::vector<std::string>().swap(call->result_chunks);
+  }
+
+  // Takes the bytes of `response`'s results and items (it is read into
+  // again next).
+  void DispatchLocked(pb::CallsResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     {
-      for (const pb::SandboxEvent& event : response.events()) {
+      for (pb::SandboxEvent& event : *response->mutable_events()) {
         switch (event.kind_case()) {
           case pb::SandboxEvent::kResultChunk: {
             Call* call = Find(event.result_chunk().call_id());
-            if (call != nullptr) call->result.append(event.result_chunk().data());
+            if (call != nullptr) {
+              call->result_chunks.emplace_back().swap(
+                  *event.mutable_result_chunk()->mutable_data());
+            }
             break;
           }
           case pb::SandboxEvent::kResult: {
-            const pb::CallResult& result = event.result();
+            pb::CallResult& result = *event.mutable_result();
             Call* call = Find(result.call_id());
             if (call == nullptr) {
               pending_acks_.push_back(result.call_id());
               break;
             }
-            call->result.append(result.value());
+            JoinResult(call, result.mutable_value());
             call->log_seq = result.log_seq();
             call->trace_seq = result.trace_seq();
             Finish(call, absl::OkStatus());
@@ -851,7 +878,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
             break;
           }
           case pb::SandboxEvent::kStreamItem: {
-            const pb::StreamItem& item = event.stream_item();
+            pb::StreamItem& item = *event.mutable_stream_item();
             Call* call = Find(item.call_id());
             // Items replayed after a resume arrive again: keep each once.
             if (call == nullptr || call->items == nullptr ||
@@ -859,7 +886,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
               break;
             }
             ++call->next_index;
-            call->items->push_back(item.value());
+            call->items->push_back(std::move(*item.mutable_value()));
             call->changed.SignalAll();
             break;
           }
@@ -975,6 +1002,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       acks.swap(pending_acks_);
       for (auto& [id, call] : pending_) {
         call->result.clear();  // the daemon replays chunks from the start
+        call->result_chunks.clear();
         calls.push_back(call);
       }
     }
