@@ -289,13 +289,22 @@ TEST_CASE("logs and spans of a call reach the subscriptions before its result") 
   CHECK((*logs)->last_seq() > 0);
 }
 
+// The daemon behind a cutting proxy, and one on the frame wire beside it
+// (PATH.calls of the proxy's path): Cut() breaks every connection of both.
+struct ProxiedDaemon {
+  Daemon daemon;
+  CuttingProxy proxy{daemon.dir() / "proxy.sock", daemon.socket()};
+  CuttingProxy calls_proxy{daemon.dir() / "proxy.sock.calls", daemon.calls_socket_path()};
+  void Cut() {
+    proxy.Cut();
+    calls_proxy.Cut();
+  }
+};
+
 TEST_CASE("calls in flight survive connection cuts: each runs once, results once") {
   const CallsWire wire = Wire();
-  Daemon daemon;
-  CuttingProxy proxy(daemon.dir() / "proxy.sock", daemon.socket());
-  // The frame wire beside it (PATH.calls of the proxy's path), cut with it.
-  CuttingProxy calls_proxy(daemon.dir() / "proxy.sock.calls", daemon.calls_socket_path());
-  auto client = ConnectTo(proxy.url(), "", wire);
+  ProxiedDaemon proxied;
+  auto client = ConnectTo(proxied.proxy.url(), "", wire);
   CHECK(client->calls_wire() == wire);
 
   constexpr int kCalls = 24;
@@ -317,8 +326,7 @@ TEST_CASE("calls in flight survive connection cuts: each runs once, results once
   // are buffered unconsumed (unacknowledged) here.
   std::thread cutter([&] {
     absl::SleepFor(absl::Milliseconds(100));
-    proxy.Cut();
-    calls_proxy.Cut();
+    proxied.Cut();
   });
   std::vector<int64_t> items;
   for (;;) {
@@ -328,8 +336,7 @@ TEST_CASE("calls in flight survive connection cuts: each runs once, results once
     items.push_back(**item);
     if (items.size() == 5 || items.size() == 15 || items.size() == 25) {
       absl::SleepFor(absl::Milliseconds(50));  // let the window fill
-      proxy.Cut();
-      calls_proxy.Cut();
+      proxied.Cut();
     }
   }
   for (int i = 0; i < kCalls; ++i) {
@@ -386,10 +393,8 @@ TEST_CASE("large arguments and results pass with the default 4 MiB receive limit
 
 TEST_CASE("large results come back whole when the connection is cut while their chunks flow") {
   const CallsWire wire = Wire();
-  Daemon daemon;
-  CuttingProxy proxy(daemon.dir() / "proxy.sock", daemon.socket());
-  CuttingProxy calls_proxy(daemon.dir() / "proxy.sock.calls", daemon.calls_socket_path());
-  auto client = ConnectTo(proxy.url(), "", wire);
+  ProxiedDaemon proxied;
+  auto client = ConnectTo(proxied.proxy.url(), "", wire);
   // A cut lands at a different point of each transfer: before the call,
   // among its ResultChunks (those received are dropped, the daemon replays
   // them all) or after. Whatever it hit, each value comes back exactly once,
@@ -400,8 +405,7 @@ TEST_CASE("large results come back whole when the connection is cut while their 
     absl::StatusOr<Call> call = client->Start("e2e_targets::echo", Arguments(big));
     REQUIRE_OK(call.status());
     absl::SleepFor(absl::Milliseconds(2 * i));
-    proxy.Cut();
-    calls_proxy.Cut();
+    proxied.Cut();
     absl::StatusOr<std::vector<char>> back = call->Wait<std::vector<char>>();
     REQUIRE_OK(back.status());
     CHECK(*back == big);
@@ -539,6 +543,27 @@ TEST_CASE("the Calls stream takes the frame wire by default on unix:// when PATH
   CHECK(Client::Connect(options).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
+// `n` sequential adds, each checked.
+void AddInARow(Client& client, int n) {
+  for (int i = 0; i < n; ++i) {
+    absl::StatusOr<int64_t> sum = client.Remote<int64_t>("e2e_targets::add", i, 1);
+    REQUIRE_OK(sum.status());
+    CHECK(*sum == i + 1);
+  }
+}
+
+// With $`name`=`value`, Connect fails INVALID_ARGUMENT naming both; the
+// variable is unset after.
+void CheckConnectRefuses(const Daemon& daemon, const char* name, const char* value) {
+  ::setenv(name, value, 1);
+  ConnectOptions options;
+  options.target = daemon.url();
+  absl::StatusOr<std::unique_ptr<Client>> refused = Client::Connect(options);
+  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(refused.status().message(), absl::StrCat(name, "=", value)));
+  ::unsetenv(name);
+}
+
 // The daemon's threads named `name` (/proc/PID/task/*/comm).
 int ThreadsNamed(pid_t pid, const std::string& name) {
   int count = 0;
@@ -572,11 +597,7 @@ TEST_CASE("the frame wire's Calls connection goes direct to the worker by defaul
   {
     auto client = ConnectTo(daemon.url());
     REQUIRE(client->calls_wire() == CallsWire::kFrames);
-    for (int i = 0; i < 20; ++i) {
-      absl::StatusOr<int64_t> sum = client->Remote<int64_t>("e2e_targets::add", i, 1);
-      REQUIRE_OK(sum.status());
-      CHECK(*sum == i + 1);
-    }
+    AddInARow(*client, 20);
     // Served by the worker: no daemon thread reads it.
     CHECK(SettlesAtFrameThreads(daemon.pid(), 0));
     // The worker dies under a direct call: a typed error, and the next call
@@ -598,13 +619,7 @@ TEST_CASE("the frame wire's Calls connection goes direct to the worker by defaul
     CHECK(*sum == 4);
     CHECK(SettlesAtFrameThreads(daemon.pid(), 1));
   }
-  ::setenv("AGENTIX_CALLS_DIRECT", "sideways", 1);
-  ConnectOptions options;
-  options.target = daemon.url();
-  absl::StatusOr<std::unique_ptr<Client>> refused = Client::Connect(options);
-  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(absl::StrContains(refused.status().message(), "AGENTIX_CALLS_DIRECT=sideways"));
-  ::unsetenv("AGENTIX_CALLS_DIRECT");
+  CheckConnectRefuses(daemon, "AGENTIX_CALLS_DIRECT", "sideways");
 }
 
 TEST_CASE("AGENTIX_CALLS_SPIN_US: a spinning frame-wire reader serves calls; a bad value "
@@ -614,18 +629,8 @@ TEST_CASE("AGENTIX_CALLS_SPIN_US: a spinning frame-wire reader serves calls; a b
   ::setenv("AGENTIX_CALLS_SPIN_US", "50", 1);
   auto client = ConnectTo(daemon.url());
   CHECK(client->calls_wire() == CallsWire::kFrames);
-  for (int i = 0; i < 20; ++i) {
-    absl::StatusOr<int64_t> sum = client->Remote<int64_t>("e2e_targets::add", i, 1);
-    REQUIRE_OK(sum.status());
-    CHECK(*sum == i + 1);
-  }
-  ::setenv("AGENTIX_CALLS_SPIN_US", "soon", 1);
-  ConnectOptions options;
-  options.target = daemon.url();
-  absl::StatusOr<std::unique_ptr<Client>> refused = Client::Connect(options);
-  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(absl::StrContains(refused.status().message(), "AGENTIX_CALLS_SPIN_US=soon"));
-  ::unsetenv("AGENTIX_CALLS_SPIN_US");
+  AddInARow(*client, 20);
+  CheckConnectRefuses(daemon, "AGENTIX_CALLS_SPIN_US", "soon");
 }
 
 TEST_CASE("AGENTIX_CALLS_CPU=wait pins a caller's thread only while its call waits alone") {
