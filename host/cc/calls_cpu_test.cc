@@ -218,7 +218,7 @@ TEST_CASE("the default's trial and budget are the calling thread's own") {
   }).join();
   CHECK(other != mine);
   CHECK(other_budget != &ThreadPinBudget());
-  CHECK_FALSE(ThreadPinBudget().Resting());
+  CHECK_FALSE(ThreadPinBudget().RestsNow());
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <exception>
@@ -564,17 +565,19 @@ void CheckConnectRefuses(const Daemon& daemon, const char* name, const char* val
   ::unsetenv(name);
 }
 
-// The daemon's threads named `name` (/proc/PID/task/*/comm).
-int ThreadsNamed(pid_t pid, const std::string& name) {
-  int count = 0;
+// The ids of the daemon's threads named `name` (/proc/PID/task/*/comm).
+std::vector<pid_t> ThreadsNamed(pid_t pid, const std::string& name) {
+  std::vector<pid_t> tids;
   std::error_code error;
   for (const auto& task : std::filesystem::directory_iterator(
            "/proc/" + std::to_string(pid) + "/task", error)) {
     std::ifstream comm(task.path() / "comm");
     std::string line;
-    if (std::getline(comm, line) && line == name) ++count;
+    if (std::getline(comm, line) && line == name) {
+      tids.push_back(std::stoi(task.path().filename().string()));
+    }
   }
-  return count;
+  return tids;
 }
 
 // Waits (bounded) until the daemon has `want` frame-wire connection threads:
@@ -582,7 +585,7 @@ int ThreadsNamed(pid_t pid, const std::string& name) {
 // the worker (direct calls) ends it right after the hand-over.
 bool SettlesAtFrameThreads(pid_t pid, int want) {
   const absl::Time deadline = absl::Now() + absl::Seconds(10 * kSlow);
-  while (ThreadsNamed(pid, "agx-frames") != want) {
+  while (static_cast<int>(ThreadsNamed(pid, "agx-frames").size()) != want) {
     if (absl::Now() > deadline) return false;
     absl::SleepFor(absl::Milliseconds(10));
   }
@@ -802,18 +805,11 @@ TEST_CASE("the default's pinned waits follow each changed answer of a daemon tha
     Daemon daemon("", /*calls_socket=*/true, {"--calls_cpu=probe", "--calls_cpu_reprobe_s=0.3"});
     auto client = ConnectTo(daemon.url(), "", CallsWire::kFrames);
     REQUIRE_OK(client->Remote<int64_t>("e2e_targets::add", 1, 2).status());  // the worker boots
-    pid_t probe_tid = 0;
-    for (const auto& task : std::filesystem::directory_iterator(
-             absl::StrCat("/proc/", daemon.pid(), "/task"))) {
-      std::ifstream comm(task.path() / "comm");
-      std::string name;
-      std::getline(comm, name);
-      // The prober's thread: the first of that name (a probe's echo thread
-      // renames itself, but is "agx-probe" for its first microseconds).
-      const pid_t tid = std::stoi(task.path().filename().string());
-      if (name == "agx-probe" && (probe_tid == 0 || tid < probe_tid)) probe_tid = tid;
-    }
-    REQUIRE(probe_tid > 0);
+    // The prober's thread: the first of that name (a probe's echo thread
+    // renames itself, but is "agx-probe" for its first microseconds).
+    const std::vector<pid_t> probes = ThreadsNamed(daemon.pid(), "agx-probe");
+    REQUIRE_FALSE(probes.empty());
+    const pid_t probe_tid = *std::min_element(probes.begin(), probes.end());
     rlimit files{};
     REQUIRE(::prlimit(daemon.pid(), RLIMIT_NOFILE, nullptr, &files) == 0);
     cpu_set_t all, one;

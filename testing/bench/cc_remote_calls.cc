@@ -23,7 +23,7 @@
 // nothing interleaved (wake_ab.py): calls_wire, noop_p50_us, noop_p99_us,
 // noop_cpu_us_per_call, calls (warm-up included), pin_trial (how the default
 // setting's trial of pinned and unpinned waits left them: PinTrial).
-// --echo-mib=N [--echoes=R] only echoes N MiB R times (after one to warm
+// --echo-mib=N [--echoes=R] only echoes N MiB R times (after two to warm
 // up): echo_ms_p50, cpu_ms_per_echo, minor_faults_per_echo (the client's).
 #include <algorithm>
 #include <atomic>
@@ -314,8 +314,9 @@ int Main(int argc, char** argv) {
   Client& client = **connected;
   const bool frames = client.calls_wire() == CallsWire::kFrames;
   if (echo_mib > 0) {
-    // One echo to warm up, then `echoes`: the median round trip, and the
-    // client's CPU and minor page faults per echo.
+    // EchoSeconds warms up with one echo of its own before it times
+    // `echoes`; this first echo keeps the client's first (cold) one out of
+    // the CPU and page-fault counts, which then cover EchoSeconds' echoes.
     const size_t size = static_cast<size_t>(echo_mib) << 20;
     absl::StatusOr<double> warm = EchoSeconds(client, size, 1);
     if (!warm.ok()) Die("echo", warm.status());

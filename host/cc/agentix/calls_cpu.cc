@@ -67,10 +67,7 @@ bool CallsCpuFollowsDaemon() {
 
 bool PinBudget::MayPin(bool* timed) {
   *timed = false;
-  if (resting_) {
-    if (!backoff_.Over(now_())) return false;
-    resting_ = false;
-  }
+  if (RestsNow()) return false;
   *timed = ++pins_ % kTimeEvery == 0;
   return true;
 }
@@ -86,7 +83,7 @@ void PinBudget::NoteTimed(absl::Duration wait) {
   timed_wait_ = absl::ZeroDuration();
 }
 
-bool PinBudget::Resting() {
+bool PinBudget::RestsNow() {
   if (resting_ && backoff_.Over(now_())) resting_ = false;
   return resting_;
 }

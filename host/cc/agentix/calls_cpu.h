@@ -67,8 +67,9 @@ class PinBudget {
   // A timed pin's run-queue wait while pinned.
   void NoteTimed(absl::Duration wait);
   bool resting() const { return resting_; }
-  // Whether the thread rests now (a back-off whose period is over ends here).
-  bool Resting();
+  // Whether the thread rests now (a back-off whose period is over ends here;
+  // resting() is the state as the last call left it).
+  bool RestsNow();
 
  private:
   std::function<absl::Time()> now_;

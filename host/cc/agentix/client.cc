@@ -561,7 +561,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (pending_.size() == 1 && waited && call->deadline == absl::InfiniteFuture()) {
       if (told_off_.load(std::memory_order_relaxed)) return;
       bool pin = true;
-      if (follow_daemon_ && !ThreadPinBudget().Resting()) {
+      if (follow_daemon_ && !ThreadPinBudget().RestsNow()) {
         PinTrial& trial = ThreadPinTrial();
         const absl::Time now = absl::Now();
         trial.Begin(now);
